@@ -1,0 +1,177 @@
+"""`localgen run`: one prompt in, the streamed answer out; built for shell pipelines."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.cli.output import ErrWriter, TextWriter
+from localgen.errors import UsageError
+
+
+def run(
+    prompt: Annotated[
+        str | None,
+        typer.Option("--prompt", "-p", show_default=False,
+                     help="The prompt. Text piped on stdin comes first, then this, a blank line between."),
+    ] = None,
+    model: o.Model = None,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Send the prompt as a plain completion, without the chat template.")
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", rich_help_panel=o.OUTPUT_PANEL,
+                           help="Print one JSON object at the end: text, finish reason, model, settings, stats.")
+    ] = False,
+    stats: Annotated[
+        bool, typer.Option("--stats", rich_help_panel=o.OUTPUT_PANEL, help="Print timings to stderr at the end.")
+    ] = False,
+    verbose: o.Verbose = False,
+    system: o.System = None,
+    temperature: o.Temperature = o.DEFAULTS.temperature,
+    top_k: o.TopK = o.DEFAULTS.top_k,
+    top_p: o.TopP = o.DEFAULTS.top_p,
+    min_p: o.MinP = o.DEFAULTS.min_p,
+    typical_p: o.TypicalP = o.DEFAULTS.typical_p,
+    repeat_penalty: o.RepeatPenalty = o.DEFAULTS.repeat_penalty,
+    repeat_last_n: o.RepeatLastN = o.DEFAULTS.repeat_last_n,
+    presence_penalty: o.PresencePenalty = o.DEFAULTS.presence_penalty,
+    frequency_penalty: o.FrequencyPenalty = o.DEFAULTS.frequency_penalty,
+    seed: o.Seed = None,
+    max_tokens: o.MaxTokens = o.DEFAULTS.max_tokens,
+    stop: o.Stop = None,
+    grammar: o.GrammarFile = None,
+    json_schema: o.JsonSchemaFile = None,
+    ctx: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = None,
+    batch_size: o.Batch = o.LOAD_DEFAULTS.n_batch,
+    ubatch_size: o.UBatch = o.LOAD_DEFAULTS.n_ubatch,
+    flash_attn: o.FlashAttn = o.LOAD_DEFAULTS.flash_attn,
+    cache_type_k: o.CacheK = o.LOAD_DEFAULTS.cache_type_k,
+    cache_type_v: o.CacheV = o.LOAD_DEFAULTS.cache_type_v,
+) -> None:
+    """Generate from one prompt and stream the answer to stdout.
+
+    stdout carries only the answer; loading messages, warnings and --stats go to stderr.
+    Exit codes: 0 done, 1 error, 2 bad usage, 130 interrupted.
+    """
+    from localgen.types import SamplingParams
+
+    text = _read_prompt(prompt)
+    if grammar and json_schema:
+        raise UsageError("--grammar and --json-schema cannot be combined")
+    if raw and system:
+        raise UsageError("--system needs the chat template; it cannot be combined with --raw")
+    gbnf = _grammar(grammar, json_schema)
+    sampling = SamplingParams(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, seed=seed, max_tokens=max_tokens, stop=tuple(stop or ()),
+        grammar=gbnf,
+    )
+    load = o.load_params(ctx, threads, gpu_layers, batch_size, ubatch_size, flash_attn, cache_type_k,
+                         cache_type_v)
+    from localgen.models.resolve import resolve
+
+    ref = resolve(model)
+    err = ErrWriter()
+    err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
+    from localgen.engine.llama import Engine
+
+    engine = Engine(ref, load, verbose=verbose)
+    try:
+        if raw:
+            tokens = engine.raw_tokens(text)
+        else:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": text}
+            ]
+            tokens = engine.chat_tokens(messages)
+        gen = engine.generate(tokens, sampling)
+        out = TextWriter(sys.stdout, enabled=not json_out)
+        try:
+            for chunk in gen:
+                if not out.write(chunk.text):  # the reader went away (`| head -1`): stop quietly
+                    gen.close()
+                    raise typer.Exit(0)
+        except KeyboardInterrupt:
+            gen.close()
+            out.end()
+            err.line("interrupted")
+            raise typer.Exit(130) from None
+        out.end()
+        assert gen.stats is not None
+        if gen.finish_reason == "context":
+            err.warn(f"stopped: the context window ({engine.n_ctx:,} tokens) is full; raise --ctx for more")
+        if stats:
+            err.stats(gen.stats)
+        if json_out:
+            _print_json(engine, gen, sampling)
+    finally:
+        engine.close()
+
+
+def _read_prompt(prompt: str | None) -> str:
+    piped = ""
+    stdin = sys.stdin
+    if stdin is not None and not stdin.closed and not stdin.isatty():
+        try:
+            piped = stdin.read()
+        except (OSError, ValueError):
+            piped = ""
+        except UnicodeDecodeError:
+            raise UsageError("stdin is not UTF-8 text") from None
+    parts = [p for p in (piped.strip("\n"), prompt) if p]
+    if not parts:
+        raise UsageError("no prompt: pass -p/--prompt, or pipe text on stdin")
+    return "\n\n".join(parts)
+
+
+def _grammar(grammar: Path | None, json_schema: Path | None) -> str | None:
+    if grammar:
+        text = grammar.read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            raise UsageError(f"the grammar file {grammar} is empty")
+        return text
+    if json_schema:
+        from localgen.engine.llama import grammar_from_json_schema
+
+        return grammar_from_json_schema(json_schema.read_text(encoding="utf-8", errors="replace"))
+    return None
+
+
+def _print_json(engine: Any, gen: Any, sampling: Any) -> None:
+    import json
+    from dataclasses import asdict
+
+    import localgen
+
+    ref = engine.model
+    settings = sampling.to_dict()
+    settings["grammar"] = sampling.grammar is not None
+    settings["seed"] = gen.seed
+    doc = {
+        "text": gen.text,
+        "finish_reason": gen.finish_reason,
+        "model": {
+            "name": ref.name,
+            "file": ref.path,
+            "source": ref.source,
+            "quantization": ref.quantization,
+            "architecture": ref.summary.architecture,
+            "parameters": ref.summary.n_params,
+            "file_size": ref.summary.file_size,
+        },
+        "seed": gen.seed,
+        "sampling": settings,
+        "load": asdict(engine.params),
+        "stats": gen.stats.to_dict(),
+        "localgen": localgen.__version__,
+    }
+    sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    sys.stdout.flush()

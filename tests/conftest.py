@@ -1,0 +1,115 @@
+"""Shared fixtures: an isolated LOCALGEN_HOME, a CLI runner, real models, and bad model files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.gguf_edit import rewrite_strings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One LOCALGEN_HOME for the session, so user files never touch the real home."""
+    path = tmp_path_factory.mktemp("home")
+    os.environ["LOCALGEN_HOME"] = str(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cli_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
+    env.update(LOCALGEN_HOME=str(home), PYTHONUNBUFFERED="1", NO_COLOR="1", HF_HUB_OFFLINE="1")
+    return env
+
+
+class CLI:
+    """Runs `python -m localgen` as a user would, with stdin, stdout and stderr kept apart."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "localgen", *args]
+
+    def __call__(self, *args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*args),
+            input=input if input is not None else "",
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+            cwd=ROOT,
+        )
+
+    def popen(self, *args: str, **kw: object) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.argv(*args), env=self.env, cwd=ROOT, **kw)  # type: ignore[call-overload]
+
+
+@pytest.fixture(scope="session")
+def cli(cli_env: dict[str, str]) -> CLI:
+    return CLI(cli_env)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(home: Path) -> Path:
+    from localgen.models.resolve import resolve
+
+    return Path(resolve("smollm2:135m").path)
+
+
+@pytest.fixture(scope="session")
+def gemma_path(home: Path) -> Path:
+    from localgen.models.resolve import resolve
+
+    return Path(resolve("gemma3:270m").path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_path: Path) -> Iterator[object]:
+    """The real SmolLM2 model, loaded once for every in-process engine test."""
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    engine = Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=2048))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def bad_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, Path]:
+    """Broken model files, built from the real SmolLM2."""
+    d = tmp_path_factory.mktemp("bad")
+    out = {}
+    (d / "text.gguf").write_text("this is not a model\n")
+    out["not_gguf"] = d / "text.gguf"
+    (d / "empty.gguf").write_bytes(b"")
+    out["empty"] = d / "empty.gguf"
+    with open(smollm2_path, "rb") as f:
+        (d / "truncated.gguf").write_bytes(f.read(20_000_000))
+    out["truncated"] = d / "truncated.gguf"
+    (d / "header.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2**60).to_bytes(8, "little") * 2)
+    out["hostile_header"] = d / "header.gguf"
+    edits = {
+        "unknown_arch": {"general.architecture": "frobnicator"},
+        "broken_template": {"tokenizer.chat_template": "{% for m in messages %}{{ m.content "},
+        "hostile_template": {"tokenizer.chat_template": "{{ ''.__class__.__mro__[1].__subclasses__() }}"},
+        "endless_template": {
+            "tokenizer.chat_template": "{% for a in range(100000) %}{% for b in range(100000) %}"
+            "{% endfor %}{% endfor %}"
+        },
+        "huge_template": {"tokenizer.chat_template": "{{ 'x' * 1000000000 }}"},
+        "no_template": {"tokenizer.chat_template": None},
+    }
+    for name, change in edits.items():
+        out[name] = rewrite_strings(smollm2_path, d / f"{name}.gguf", change)
+    return out

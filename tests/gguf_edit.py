@@ -1,0 +1,60 @@
+"""Build bad GGUF files for tests: copy a real model with some string metadata replaced."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+from localgen.models.gguf_meta import DEFAULT_ALIGNMENT, _Reader
+
+
+def _kv_string(key: str, value: str) -> bytes:
+    k, v = key.encode(), value.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<I", 8) + struct.pack("<Q", len(v)) + v
+
+
+def rewrite_strings(src: Path, dst: Path, changes: dict[str, str | None]) -> Path:
+    """Copy src to dst with string keys set (or removed when None); tensor data is copied unchanged."""
+    size = src.stat().st_size
+    with open(src, "rb") as f:
+        r = _Reader(f, size, str(src))
+        head = f.read(4) + r.read(4)
+        n_tensors = r.scalar("<Q")
+        n_kv = r.scalar("<Q")
+        kept: list[bytes] = []
+        align = DEFAULT_ALIGNMENT
+        for _ in range(n_kv):
+            start = f.tell()
+            key = r.string()
+            vtype = r.scalar("<I")
+            value = r.value(vtype)
+            end = f.tell()
+            if key == "general.alignment":
+                align = int(value)
+            if key in changes:
+                continue
+            f.seek(start)
+            kept.append(f.read(end - start))
+        for key, value in changes.items():
+            if value is not None:
+                kept.append(_kv_string(key, value))
+        tensors_start = f.tell()
+        for _ in range(n_tensors):
+            r.string()
+            n_dims = r.scalar("<I")
+            for _ in range(n_dims):
+                r.scalar("<Q")
+            r.scalar("<I")
+            r.scalar("<Q")
+        tensors_end = f.tell()
+        f.seek(tensors_start)
+        tensor_info = f.read(tensors_end - tensors_start)
+        data_offset = tensors_end + (-tensors_end % align)
+        header = head + struct.pack("<QQ", n_tensors, len(kept)) + b"".join(kept) + tensor_info
+        header += b"\0" * (-len(header) % align)
+        with open(dst, "wb") as out:
+            out.write(header)
+            f.seek(data_offset)
+            shutil.copyfileobj(f, out, 1 << 20)
+    return dst

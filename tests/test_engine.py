@@ -1,0 +1,89 @@
+"""The engine on the real SmolLM2, loaded once: prefix reuse, stop hold-back, UTF-8, stats, templates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from localgen.engine.template import ChatTemplate
+from localgen.errors import ContextOverflowError, TemplateError
+from localgen.types import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+
+
+def _run(engine: Any, tokens: list[int], sampling: SamplingParams) -> Any:
+    gen = engine.generate(tokens, sampling)
+    chunks = [c.text for c in gen]
+    assert "".join(chunks) == gen.text
+    return gen
+
+
+def test_second_turn_reuses_the_cached_prefix(smollm2_engine: Any) -> None:
+    turn1 = [{"role": "user", "content": "Name a fruit."}]
+    g1 = _run(smollm2_engine, smollm2_engine.chat_tokens(turn1), GREEDY)
+    turn2 = [*turn1, {"role": "assistant", "content": g1.text}, {"role": "user", "content": "Another one?"}]
+    tokens2 = smollm2_engine.chat_tokens(turn2)
+    g2 = _run(smollm2_engine, tokens2, GREEDY)
+    assert g2.stats.cached_tokens > g1.stats.prompt_tokens - 2
+    assert g2.stats.cached_tokens < g2.stats.prompt_tokens
+
+
+def test_stats_are_filled(smollm2_engine: Any) -> None:
+    g = _run(smollm2_engine, smollm2_engine.raw_tokens("The quick brown fox"), GREEDY)
+    s = g.stats
+    assert s.finish_reason == "length" and s.completion_tokens == 16
+    assert s.ttft_s is not None and s.ttft_s > 0
+    assert s.decode_tps is not None and s.decode_tps > 0
+    assert s.total_s >= s.ttft_s
+
+
+def test_greedy_is_deterministic(smollm2_engine: Any) -> None:
+    tokens = smollm2_engine.raw_tokens("Once upon a time")
+    assert _run(smollm2_engine, tokens, GREEDY).text == _run(smollm2_engine, tokens, GREEDY).text
+
+
+def test_stop_text_is_never_emitted_even_across_chunks(smollm2_engine: Any) -> None:
+    tokens = smollm2_engine.raw_tokens("1, 2, 3, 4, 5, 6, 7,")
+    full = _run(smollm2_engine, tokens, SamplingParams(temperature=0.0, max_tokens=20)).text
+    assert " 10," in full  # the greedy continuation counts on
+    g = _run(smollm2_engine, tokens, SamplingParams(temperature=0.0, max_tokens=20, stop=(" 10,",)))
+    assert g.finish_reason == "stop"
+    assert g.text == full[: full.index(" 10,")]
+
+
+def test_multibyte_characters_never_split(smollm2_engine: Any) -> None:
+    # A grammar forces bytes that the byte-level tokenizer splits across several tokens.
+    g = _run(smollm2_engine, smollm2_engine.raw_tokens("Emoji:"),
+             SamplingParams(temperature=0.0, max_tokens=20, grammar='root ::= "😀é€日本"'))
+    assert g.text == "😀é€日本"
+    assert "\ufffd" not in g.text
+    assert len(g.tokens) > 4
+
+
+def test_cancel_keeps_text_so_far(smollm2_engine: Any) -> None:
+    gen = smollm2_engine.generate(smollm2_engine.raw_tokens("Once upon a time"),
+                                  SamplingParams(temperature=0.0, max_tokens=100))
+    for i, _chunk in enumerate(gen):
+        if i == 3:
+            gen.cancel()
+    assert gen.finish_reason == "cancelled"
+    assert 3 <= gen.stats.completion_tokens <= 5
+
+
+def test_context_overflow_raises_before_generating(smollm2_engine: Any) -> None:
+    with pytest.raises(ContextOverflowError, match="context window is 2,048"):
+        smollm2_engine.generate(smollm2_engine.raw_tokens("word " * 3000), GREEDY)
+
+
+def test_template_renders_like_the_model_expects(smollm2_engine: Any) -> None:
+    text = smollm2_engine.template.render([{"role": "user", "content": "hi"}])
+    assert text.endswith("<|im_start|>assistant\n")
+    assert "<|im_start|>user\nhi<|im_end|>" in text
+
+
+def test_template_raise_exception_becomes_template_error() -> None:
+    t = ChatTemplate("{{ raise_exception('System role not supported') }}", "<s>", "</s>")
+    with pytest.raises(TemplateError, match="System role not supported"):
+        t.render([{"role": "system", "content": "x"}])

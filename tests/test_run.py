@@ -1,0 +1,266 @@
+"""`localgen run` driven as a user drives it: a subprocess, real models, stdout and stderr apart."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI
+
+QUICK = ["-n", "12", "--ctx", "512"]
+
+
+def test_streams_answer_to_stdout_only(cli: CLI) -> None:
+    r = cli("run", "-p", "Why is the sky blue?", "--seed", "1", *QUICK)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip(), "no answer on stdout"
+    assert r.stdout.endswith("\n")
+    assert "\x1b[" not in r.stdout, "escape codes in piped output"
+    assert r.stderr == "", "stderr should be silent in a pipe without --stats"
+
+
+def test_stats_go_to_stderr(cli: CLI) -> None:
+    r = cli("run", "-p", "Hello", "--stats", "--seed", "1", *QUICK)
+    assert r.returncode == 0, r.stderr
+    assert "prompt tokens" in r.stderr and "decode" in r.stderr and "first token" in r.stderr
+    assert "prompt tokens" not in r.stdout
+
+
+def test_json_reports_text_model_settings_and_stats(cli: CLI) -> None:
+    r = cli("run", "-p", "Name a colour.", "--json", "--seed", "7", "--temperature", "0.5", *QUICK)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 1, "--json prints exactly one object"
+    doc = json.loads(lines[0])
+    assert doc["finish_reason"] in ("length", "eos")
+    assert doc["model"]["name"] == "smollm2:135m"
+    assert doc["model"]["quantization"] == "Q4_1"
+    assert doc["model"]["file"].endswith(".gguf")
+    assert doc["seed"] == 7
+    assert doc["sampling"]["temperature"] == 0.5
+    assert doc["load"]["n_ctx"] == 512 and doc["load"]["n_threads"] >= 1
+    stats = doc["stats"]
+    assert stats["completion_tokens"] <= 12 and stats["prompt_tokens"] > 5
+    for key in ("load_s", "ttft_s", "prefill_tps", "decode_tps", "total_s", "cached_tokens"):
+        assert key in stats
+    assert doc["text"]
+
+
+def test_same_seed_same_text_and_no_seed_differs(cli: CLI) -> None:
+    args = ["run", "-p", "Write one sentence about a dog.", "-n", "24", "--ctx", "512", "--temperature", "1.0"]
+    a = cli(*args, "--seed", "42")
+    b = cli(*args, "--seed", "42")
+    assert a.returncode == b.returncode == 0
+    assert a.stdout == b.stdout
+    unseeded = [json.loads(cli(*args, "--json").stdout) for _ in range(3)]
+    assert len({d["seed"] for d in unseeded}) == 3, "each run without --seed picks a new seed"
+    assert len({d["text"] for d in unseeded}) > 1, "runs without --seed should differ"
+    # the seed an unseeded run reports reproduces it
+    again = json.loads(cli(*args, "--json", "--seed", str(unseeded[0]["seed"])).stdout)
+    assert again["text"] == unseeded[0]["text"]
+
+
+def test_stdin_and_prompt_combine(cli: CLI) -> None:
+    alone = json.loads(cli("run", "-p", "Summarize this.", "--json", *QUICK).stdout)
+    both = json.loads(
+        cli("run", "-p", "Summarize this.", "--json", *QUICK, input="The cat sat on the mat all day long.\n").stdout
+    )
+    only_stdin = cli("run", "--json", *QUICK, input="Say hello.\n")
+    assert only_stdin.returncode == 0, only_stdin.stderr
+    assert both["stats"]["prompt_tokens"] > alone["stats"]["prompt_tokens"] + 8
+
+
+def test_raw_completion_on_base_model(cli: CLI) -> None:
+    r = cli("run", "-m", "gemma3:270m", "--raw", "-p", "Paris is the capital of", "--temperature", "0", *QUICK)
+    assert r.returncode == 0, r.stderr
+    assert "France" in r.stdout
+
+
+def test_model_by_path(cli: CLI, smollm2_path: Path) -> None:
+    r = cli("run", "-m", str(smollm2_path), "-p", "Hi", "--json", *QUICK)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["source"] == "path"
+
+
+def test_stop_sequence(cli: CLI) -> None:
+    r = cli("run", "-p", "Count from 1 to 20, separated by commas.", "--temperature", "0", "-n", "60",
+            "--stop", "5", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["finish_reason"] == "stop"
+    assert "5" not in doc["text"] and "4" in doc["text"]
+
+
+def test_grammar_constrains_output(cli: CLI, tmp_path: Path) -> None:
+    g = tmp_path / "yesno.gbnf"
+    g.write_text('root ::= "yes" | "no"\n')
+    r = cli("run", "-p", "Is water wet?", "--grammar", str(g), "--json", "-n", "10")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["text"] in ("yes", "no")
+
+
+def test_json_schema_constrains_output(cli: CLI, tmp_path: Path) -> None:
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }))
+    r = cli("run", "-p", "Give me a person as JSON.", "--json-schema", str(schema), "--json", "-n", "60",
+            "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["finish_reason"] == "eos", doc
+    person = json.loads(doc["text"])
+    assert isinstance(person["name"], str) and isinstance(person["age"], int)
+
+
+def test_bad_grammar_is_a_clear_error(cli: CLI, tmp_path: Path) -> None:
+    g = tmp_path / "bad.gbnf"
+    g.write_text("root ::= ( unclosed\n")
+    r = cli("run", "-p", "x", "--grammar", str(g), *QUICK)
+    assert r.returncode == 1
+    assert r.stderr.startswith("localgen: error: the grammar does not parse: expecting")
+    assert r.stderr.count("\n") == 1
+    s = tmp_path / "bad.json"
+    s.write_text("{not json")
+    r = cli("run", "-p", "x", "--json-schema", str(s), *QUICK)
+    assert r.returncode == 1 and "not valid JSON" in r.stderr
+
+
+def test_system_prompt_is_used(cli: CLI) -> None:
+    plain = json.loads(cli("run", "-p", "Hi", "--json", *QUICK).stdout)
+    with_sys = json.loads(cli("run", "-p", "Hi", "--system", "You answer only in French, briefly.", "--json",
+                              *QUICK).stdout)
+    assert with_sys["stats"]["prompt_tokens"] != plain["stats"]["prompt_tokens"]
+
+
+def test_context_full_stops_with_warning(cli: CLI) -> None:
+    r = cli("run", "-p", "Tell me a very long story.", "--ctx", "64", "--json", "--temperature", "1",
+            "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    if doc["finish_reason"] != "eos":
+        assert doc["finish_reason"] == "context"
+        assert f"context window ({doc['load']['n_ctx']} tokens) is full" in r.stderr
+
+
+def test_prompt_longer_than_context_is_refused_before_generating(cli: CLI) -> None:
+    r = cli("run", "--ctx", "32", "-p", "word " * 400)
+    assert r.returncode == 1
+    assert "the prompt is" in r.stderr and "the context window is 256" in r.stderr
+    assert r.stdout == ""
+
+
+def test_pipe_to_head_ends_quietly(cli: CLI) -> None:
+    p = cli.popen("run", "-p", "List fifty animals, one per line.", "-n", "400", "--temperature", "0",
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    first = p.stdout.readline()
+    p.stdout.close()  # what `head -1` does after its line
+    t0 = time.monotonic()
+    rc = p.wait(timeout=60)
+    err = p.stderr.read().decode()
+    assert first.strip()
+    assert rc == 0, err
+    assert "Traceback" not in err and err == ""
+    assert time.monotonic() - t0 < 30, "generation should stop soon after the reader goes away"
+
+
+def test_ctrl_c_stops_generation_with_130(cli: CLI) -> None:
+    p = cli.popen("run", "-p", "Write a long essay about rivers.", "-n", "2000", "--temperature", "0",
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.read(8)  # generation has started
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=30)
+    err = p.stderr.read().decode()
+    assert rc == 130
+    assert "interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--top-p", "1.5"], "--top-p"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--ctx", "0"], "--ctx"),
+        (["--top-k", "-3"], "--top-k"),
+        (["--max-tokens", "-5"], "--max-tokens"),
+        (["--seed", "-1"], "--seed"),
+        (["--no-such-flag"], "No such option"),
+        (["--grammar", "/no/such/file"], "does not exist"),
+    ],
+)
+def test_bad_flags_are_one_line_usage_errors(cli: CLI, args: list[str], needle: str) -> None:
+    r = cli("run", "-p", "x", *args)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("localgen: error:")
+    assert needle in r.stderr
+    assert r.stdout == ""
+
+
+def test_conflicting_flags(cli: CLI, tmp_path: Path) -> None:
+    r = cli("run", "-p", "x", "--raw", "--system", "be brief")
+    assert r.returncode == 2 and "--system" in r.stderr
+    r = cli("run", "-p", "x", "--cache-type-v", "q8_0", "--no-flash-attn")
+    assert r.returncode == 2 and "flash attention" in r.stderr
+    r = cli("run", "-p", "x", "--cache-type-k", "q3_bogus")
+    assert r.returncode == 2 and "KV-cache type" in r.stderr
+
+
+def test_no_prompt_is_a_usage_error(cli: CLI) -> None:
+    r = cli("run")
+    assert r.returncode == 2
+    assert "no prompt" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("not_gguf", "not a GGUF file"),
+        ("empty", "is empty"),
+        ("truncated", "truncated"),
+        ("hostile_header", "not a usable GGUF file"),
+        ("unknown_arch", "does not know the architecture 'frobnicator'"),
+        ("broken_template", "chat template is broken"),
+        ("hostile_template", "unsafe"),
+        ("endless_template", "did not finish"),
+        ("huge_template", "unsafe"),
+        ("no_template", "has no chat template"),
+    ],
+)
+def test_bad_models_get_one_line_errors(cli: CLI, bad_models: dict[str, Path], name: str, needle: str) -> None:
+    r = cli("run", "-m", str(bad_models[name]), "-p", "hello", *QUICK, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("localgen: error:") and r.stderr.count("\n") == 1, r.stderr
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_model(cli: CLI) -> None:
+    r = cli("run", "-m", "/no/such/model.gguf", "-p", "x")
+    assert r.returncode == 1 and "no such model file" in r.stderr
+    r = cli("run", "-m", "not-a-model-name", "-p", "x")
+    assert r.returncode == 1 and "unknown model" in r.stderr
+
+
+def test_broken_template_model_still_runs_raw(cli: CLI, bad_models: dict[str, Path]) -> None:
+    r = cli("run", "-m", str(bad_models["broken_template"]), "--raw", "-p", "Once upon a time", *QUICK)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+
+
+def test_version_and_help(cli: CLI) -> None:
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("localgen ")
+    r = cli("run", "--help")
+    assert r.returncode == 0
+    for flag in ("--temperature", "--top-k", "--top-p", "--min-p", "--typical-p", "--repeat-penalty",
+                 "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "--seed", "--max-tokens",
+                 "--stop", "--system", "--grammar", "--json-schema", "--ctx", "--threads", "--gpu-layers"):
+        assert flag in r.stdout, flag
