@@ -11,6 +11,15 @@ FinishReason = Literal["stop", "eos", "length", "context", "cancelled"]
 KV_CACHE_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
 
+# Valid ranges, shared by the CLI flags and chat's /set (None: unbounded on that side).
+SAMPLING_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "temperature": (0.0, 5.0), "top_k": (0, None), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
+    "typical_p": (0.0, 1.0), "repeat_penalty": (0.0, 10.0), "repeat_last_n": (-1, None),
+    "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0), "seed": (0, 2**32 - 1),
+    "max_tokens": (-1, None),
+}
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Every sampling knob, with its default defined once (llama.cpp's defaults)."""

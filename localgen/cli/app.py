@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from localgen.cli.chat import chat
 from localgen.cli.run import run
 
 app = typer.Typer(
@@ -37,3 +38,4 @@ def main_options(
 
 
 app.command(name="run")(run)
+app.command(name="chat")(chat)

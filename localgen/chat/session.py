@@ -1,0 +1,186 @@
+"""A chat conversation: messages, the system prompt, trimming to the window, crash-safe saving."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localgen import paths
+from localgen.errors import LocalgenError, UsageError
+
+Message = dict[str, str]
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+FORMAT = 1
+
+
+def chats_dir() -> Path:
+    """Where conversations are saved."""
+    return paths.data_dir() / "chats"
+
+
+def check_name(name: str) -> str:
+    """A conversation name is a plain file-name-safe word; anything else is a usage error."""
+    if not _NAME.match(name):
+        raise UsageError(f"bad conversation name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+    return name
+
+
+def new_name() -> str:
+    """A fresh name from the clock, e.g. chat-20261122-061502."""
+    base = time.strftime("chat-%Y%m%d-%H%M%S")
+    name, n = base, 1
+    while (chats_dir() / f"{name}.json").exists():
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+@dataclass
+class ChatSession:
+    """The conversation so far. `messages` holds user and assistant turns; the system prompt is apart,
+    so trimming can never drop it."""
+
+    name: str
+    model: str
+    system: str | None = None
+    messages: list[Message] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+
+    def conversation(self) -> list[Message]:
+        """Messages as the template sees them, system prompt first."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.messages
+
+    def add(self, role: str, content: str) -> None:
+        """Append a turn."""
+        self.messages.append({"role": role, "content": content})
+
+    def undo(self) -> bool:
+        """Drop the last exchange (the last user message and everything after it)."""
+        for i in range(len(self.messages) - 1, -1, -1):
+            if self.messages[i]["role"] == "user":
+                del self.messages[i:]
+                return True
+        return False
+
+    def pop_answer(self) -> str | None:
+        """Remove the last assistant answer (for /retry); returns the user message it answered."""
+        if self.messages and self.messages[-1]["role"] == "assistant":
+            self.messages.pop()
+        if self.messages and self.messages[-1]["role"] == "user":
+            return self.messages[-1]["content"]
+        return None
+
+    def trim(self, fits: Callable[[list[Message]], bool]) -> int:
+        """Drop the oldest turns until `fits(conversation)`; the last user message and the system prompt
+        always stay. Returns how many messages were dropped."""
+        dropped = 0
+        while not fits(self.conversation()) and len(self.messages) > 1:
+            self.messages.pop(0)
+            dropped += 1
+            while len(self.messages) > 1 and self.messages[0]["role"] != "user":
+                self.messages.pop(0)  # a conversation restarts at a user turn
+                dropped += 1
+        return dropped
+
+    # ---- persistence --------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        """The file this conversation saves to."""
+        return chats_dir() / f"{self.name}.json"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The saved form."""
+        return {
+            "format": FORMAT, "name": self.name, "model": self.model, "system": self.system,
+            "messages": self.messages, "settings": self.settings, "created": self.created,
+            "updated": self.updated,
+        }
+
+    def save(self) -> Path:
+        """Write atomically: a temporary file, fsync, rename. A crash mid-write leaves the last save whole."""
+        self.updated = time.time()
+        target = self.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
+
+    @classmethod
+    def load(cls, name: str) -> ChatSession:
+        """Read a saved conversation by name."""
+        check_name(name)
+        path = chats_dir() / f"{name}.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise LocalgenError(f"no saved conversation named {name!r}", hint="see `localgen chat --list`") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise LocalgenError(f"the saved conversation {path} is unreadable: {e}") from None
+        try:
+            messages = [
+                {"role": str(m["role"]), "content": str(m["content"])}
+                for m in data["messages"]
+                if m.get("role") in ("user", "assistant")
+            ]
+            return cls(
+                name=name, model=str(data.get("model") or ""), system=data.get("system"), messages=messages,
+                settings=dict(data.get("settings") or {}), created=float(data.get("created", 0)),
+                updated=float(data.get("updated", 0)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise LocalgenError(f"the saved conversation {path} is not in localgen's format") from None
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One line of `chat --list`."""
+
+    name: str
+    model: str
+    turns: int
+    updated: float
+    preview: str
+
+
+def list_sessions() -> list[SessionInfo]:
+    """Saved conversations, most recent first; unreadable files are skipped, never removed."""
+    out = []
+    d = chats_dir()
+    if not d.is_dir():
+        return []
+    for p in d.glob("*.json"):
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+            msgs = data.get("messages") or []
+            first = next((m.get("content", "") for m in msgs if m.get("role") == "user"), "")
+            out.append(SessionInfo(
+                name=p.stem, model=str(data.get("model", "")),
+                turns=sum(1 for m in msgs if m.get("role") == "user"),
+                updated=float(data.get("updated", p.stat().st_mtime)), preview=" ".join(str(first).split())[:60],
+            ))
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue
+    return sorted(out, key=lambda s: s.updated, reverse=True)
+
+
+def latest() -> str | None:
+    """The most recently updated conversation's name."""
+    sessions = list_sessions()
+    return sessions[0].name if sessions else None

@@ -1,0 +1,120 @@
+"""Line input for the chat REPL (prompt_toolkit): history across runs, emacs keys, multi-line input,
+Tab completion of slash commands and their arguments, Ctrl-G to write the message in $EDITOR."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+COMMANDS = {
+    "/help": "show the commands",
+    "/set": "PARAM VALUE: change a sampling setting, or system / think / verbose / markdown",
+    "/show": "current model and settings",
+    "/system": "[TEXT]: show or set the system prompt",
+    "/clear": "forget the conversation (keeps the system prompt)",
+    "/undo": "drop the last exchange",
+    "/retry": "regenerate the last answer",
+    "/read": "FILE: attach a file to the next message",
+    "/save": "NAME: save the conversation under NAME (and keep saving there)",
+    "/load": "NAME: continue a saved conversation",
+    "/model": "NAME: switch model, keep the conversation",
+    "/stats": "the last answer's numbers",
+    "/context": "tokens used of the context window",
+    "/exit": "leave (also Ctrl-D)",
+}
+KEYS_HELP = (
+    "Enter sends · Alt-Enter (or Esc Enter) adds a line · a message starting with \"\"\" continues until "
+    "a closing \"\"\" · paste keeps newlines · Ctrl-G opens $EDITOR · Ctrl-C stops an answer · Ctrl-D leaves"
+)
+
+
+def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], models: Callable[[], list[str]]) -> Any:
+    """Completes /commands, /set names and values, /read paths, /load names and /model names."""
+    from prompt_toolkit.completion import Completer, Completion, PathCompleter
+    from prompt_toolkit.document import Document
+
+    set_names = [*settable, "system", "think", "verbose", "markdown"]
+    paths = PathCompleter(expanduser=True)
+
+    class SlashCompleter(Completer):
+        def get_completions(self, document: Any, complete_event: Any) -> Any:
+            text = document.text_before_cursor
+            if not text.startswith("/"):
+                return
+            if " " not in text:
+                for name, meta in COMMANDS.items():
+                    if name.startswith(text):
+                        yield Completion(name, -len(text), display_meta=meta)
+                return
+            cmd, _, rest = text.partition(" ")
+            if cmd == "/read":
+                yield from paths.get_completions(Document(rest, len(rest)), complete_event)
+                return
+            words = rest.split(" ")
+            options: list[str] = []
+            if cmd == "/set" and len(words) == 1:
+                options = set_names
+            elif cmd == "/set" and len(words) == 2 and words[0] in ("think", "verbose", "markdown"):
+                options = ["on", "off"]
+            elif cmd == "/load" and len(words) == 1:
+                options = sessions()
+            elif cmd == "/model" and len(words) == 1:
+                options = models()
+            word = words[-1]
+            for opt in options:
+                if opt.startswith(word):
+                    yield Completion(opt, -len(word))
+
+    return SlashCompleter()
+
+
+class LineInput:
+    """Reads one message; raises EOFError on Ctrl-D and KeyboardInterrupt on Ctrl-C."""
+
+    def __init__(self, history: Path, completer: Any) -> None:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory
+        from prompt_toolkit.key_binding import KeyBindings
+
+        history.parent.mkdir(parents=True, exist_ok=True)
+        kb = KeyBindings()
+
+        @kb.add("escape", "enter")
+        def _newline(event: Any) -> None:
+            event.current_buffer.insert_text("\n")
+
+        @kb.add("enter")
+        def _enter(event: Any) -> None:
+            buf = event.current_buffer
+            text = buf.text
+            if text.lstrip().startswith('"""') and text.count('"""') < 2:
+                buf.insert_text("\n")
+            else:
+                buf.validate_and_handle()
+
+        @kb.add("c-g")
+        def _editor(event: Any) -> None:
+            event.current_buffer.open_in_editor(validate_and_handle=False)
+
+        self.session: Any = PromptSession(
+            history=FileHistory(str(history)), completer=completer, key_bindings=kb, multiline=True,
+            enable_open_in_editor=True, complete_while_typing=False,
+            prompt_continuation=lambda width, line_number, is_soft_wrap: "... ".rjust(width),
+        )
+
+    def read(self, prompt: str = ">>> ") -> str:
+        """One message, with a \"\"\" block's quotes removed."""
+        text = str(self.session.prompt(prompt))
+        return unquote(text)
+
+
+def unquote(text: str) -> str:
+    """Strip the triple quotes of a multi-line block."""
+    s = text.strip()
+    if s.startswith('"""'):
+        s = s[3:]
+        if s.endswith('"""'):
+            s = s[:-3]
+        return s.strip("\n")
+    return text

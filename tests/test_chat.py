@@ -1,0 +1,231 @@
+"""`localgen chat`: the REPL in a real pseudo-terminal, scripted stdin, saving and resuming."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from localgen.chat.session import ChatSession
+from localgen.cli.render import PlainView, ThinkSplitter, split_blocks
+from tests.conftest import CLI, ROOT
+
+PROMPT = ">>>"
+
+
+def spawn(cli_env: dict[str, str], *args: str) -> Any:
+    env = dict(cli_env)
+    env.pop("NO_COLOR", None)
+    env["TERM"] = "xterm"
+    env["PROMPT_TOOLKIT_NO_CPR"] = "1"
+    child = pexpect.spawn(sys.executable, ["-m", "localgen", "chat", *args], env=env, cwd=str(ROOT),
+                          encoding="utf-8", timeout=60, dimensions=(40, 120))
+    child.expect("ready in")
+    child.expect_exact(PROMPT)
+    return child
+
+
+def send(child: Any, line: str, expect: str) -> str:
+    child.sendline(line)
+    child.expect(expect)
+    before = str(child.before)
+    child.expect_exact(PROMPT)
+    return before
+
+
+def test_repl_turns_and_slash_commands(cli_env: dict[str, str], home: Path, tmp_path: Path) -> None:
+    note = tmp_path / "note.txt"
+    note.write_text("The launch code is PELICAN-42.\n")
+    child = spawn(cli_env, "replchat", "-n", "16", "--temp", "0")
+    send(child, "Hello! Who are you?", r"tok/s")
+    send(child, "/set temperature 0.3", r"temperature = 0\.3")
+    send(child, "/show", r"temperature=0\.3")
+    send(child, "/context", r"tokens used")
+    send(child, "/stats", r"prompt tokens")
+    send(child, "/system Answer in one short sentence.", r"system prompt set")
+    send(child, "/retry", r"tok/s")
+    send(child, f"/read {note}", r"will be sent with your next message")
+    send(child, "What is the launch code?", r"tok/s")
+    send(child, "/set top_p 2", r"must be within")
+    send(child, "/bogus", r"unknown command")
+    send(child, "Thanks!", r"tok/s")
+    send(child, "/undo", r"last exchange dropped")
+    send(child, "/save savedchat", r"saved to")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    saved = json.loads((home / "data" / "chats" / "savedchat.json").read_text())
+    assert saved["system"] == "Answer in one short sentence."
+    users = [m["content"] for m in saved["messages"] if m["role"] == "user"]
+    assert users[0] == "Hello! Who are you?"
+    assert "PELICAN-42" in users[1] and users[1].endswith("What is the launch code?")
+    assert "Thanks!" not in users, "/undo dropped the last exchange"
+    assert saved["settings"]["temperature"] == 0.3
+    assert (home / "data" / "chats" / "replchat.json").exists(), "the autosave under the first name stays"
+
+
+def test_ctrl_c_stops_answer_and_keeps_it(cli_env: dict[str, str], home: Path) -> None:
+    child = spawn(cli_env, "interrupted", "-n", "3000", "--temp", "0")
+    child.sendline("Write a very long essay about the history of rivers.")
+    child.expect_exact("rivers.")  # the echo of the message
+    time.sleep(2)  # the answer is streaming (3,000 tokens take far longer)
+    child.sendcontrol("c")
+    child.expect("stopped; the partial answer is kept")
+    child.expect_exact(PROMPT)
+    child.sendcontrol("c")
+    child.expect("Ctrl-D")
+    child.expect_exact(PROMPT)
+    time.sleep(0.5)
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    saved = json.loads((home / "data" / "chats" / "interrupted.json").read_text())
+    assert saved["messages"][-1]["role"] == "assistant"
+    assert 0 < len(saved["messages"][-1]["content"]) < 3000 * 8
+
+
+def test_resume_and_list(cli: CLI, cli_env: dict[str, str]) -> None:
+    r = cli("chat", "resumable", "-n", "8", "--temp", "0", input="My name is Ada.\n")
+    assert r.returncode == 0, r.stderr
+    listing = cli("chat", "--list")
+    assert "resumable" in listing.stdout and "My name is Ada." in listing.stdout
+    child = spawn(cli_env, "--resume", "resumable", "-n", "8")
+    child.sendline("/context")
+    child.expect(r"2 messages")
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    again = cli("chat", "resumable", input="hi\n")
+    assert again.returncode == 2 and "--resume resumable" in again.stderr
+
+
+def test_resume_last_without_a_name(cli: CLI) -> None:
+    cli("chat", "latest-one", "-n", "4", input="Remember the number 7.\n")
+    r = cli("chat", "--resume", "-n", "4", input="/show\n")
+    assert r.returncode == 0, r.stderr
+    assert "conversation latest-one · 2 messages" in r.stderr
+
+
+def test_scripted_chat_prints_answers_plainly(cli: CLI) -> None:
+    script = 'Hello\n/set temperature 0\nWhat is 2+2?\n"""\nA message\non two lines\n"""\n'
+    r = cli("chat", "-n", "10", "--stats", input=script)
+    assert r.returncode == 0, r.stderr
+    assert len([ln for ln in r.stdout.splitlines() if ln.strip()]) >= 3
+    assert "\x1b[" not in r.stdout
+    assert r.stderr.count("tok/s") == 3
+    assert "temperature = 0.0" in r.stderr
+
+
+def test_context_overflow_drops_oldest_turns_once(cli: CLI) -> None:
+    long = "Please tell me everything you know about this topic in great detail: " + "rivers and lakes " * 12
+    r = cli("chat", "overflow", "-n", "40", "--ctx", "256", "--temp", "0", "--system", "Be helpful.",
+            input=(long + "\n") * 8)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("outgrew") == 1
+    assert "Traceback" not in r.stderr
+    cli("chat", "--list")
+    saved = ChatSession.load("overflow")
+    assert saved.system == "Be helpful."
+    assert len(saved.messages) < 16
+
+
+def test_model_without_template_cannot_chat(cli: CLI) -> None:
+    r = cli("chat", "-m", "gemma3:270m", input="hi\n")
+    assert r.returncode == 1
+    assert "has no chat template" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_switch_model_keeps_conversation(cli: CLI, smollm2_path: Path) -> None:
+    r = cli("chat", "switcher", "-n", "6", input=f"Hi\n/model {smollm2_path}\nAgain\n/context\n")
+    assert r.returncode == 0, r.stderr
+    assert "4 messages" in r.stderr
+
+
+def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:
+    r = cli("chat", "-n", "4", input="/set temperature hot\n")
+    assert r.returncode == 2 and "takes a number" in r.stderr
+    r = cli("chat", "--resume", "no-such-chat", input="hi\n")
+    assert r.returncode == 1 and "no saved conversation named" in r.stderr
+    r = cli("chat", "bad/name", input="hi\n")
+    assert r.returncode == 2 and "bad conversation name" in r.stderr
+
+
+def test_corrupt_save_is_reported_and_kept(cli: CLI, home: Path) -> None:
+    path = home / "data" / "chats" / "broken.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"messages": [')
+    r = cli("chat", "--resume", "broken", input="hi\n")
+    assert r.returncode == 1 and "unreadable" in r.stderr
+    assert path.read_text() == '{"messages": [', "a user's file is never overwritten or removed"
+
+
+def test_interrupted_save_keeps_the_previous_one(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = ChatSession(name="atomic", model="smollm2:135m")
+    s.add("user", "first")
+    s.save()
+    s.add("user", "second")
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(json, "dump", crash)
+    with pytest.raises(OSError):
+        s.save()
+    monkeypatch.undo()
+    assert [m["content"] for m in ChatSession.load("atomic").messages] == ["first"]
+    assert not list(s.path.parent.glob(".atomic*")), "no temporary file is left behind"
+
+
+def test_chat_turns_reuse_the_kv_cache(smollm2_engine: Any) -> None:
+    from localgen.chat.runner import ChatRunner
+    from localgen.types import SamplingParams
+
+    runner = ChatRunner(ChatSession(name="kv-test", model="x"), smollm2_engine,
+                        SamplingParams(temperature=0, max_tokens=8))
+    runner.session.save = lambda: Path()  # type: ignore[method-assign]
+    stats = []
+    for text in ["Hi there.", "What is a river?", "And a lake?"]:
+        gen, _ = runner.start(text)
+        list(gen)
+        runner.finish(gen)
+        stats.append(gen.stats)
+    for prev, cur in itertools.pairwise(stats):
+        assert cur.cached_tokens >= prev.prompt_tokens, "the earlier turns come from the cache"
+        assert cur.prompt_tokens - cur.cached_tokens < 30, "only the new turn is evaluated"
+
+
+def test_think_splitter_handles_tags_split_across_chunks() -> None:
+    sp = ThinkSplitter()
+    parts = []
+    for piece in ["<th", "ink>plan ", "it</th", "ink>\nThe answer."]:
+        parts += sp.feed(piece)
+    parts += sp.flush()
+    think = "".join(t for k, t in parts if k == "think")
+    answer = "".join(t for k, t in parts if k == "answer")
+    assert think == "plan it" and answer == "The answer."
+
+
+def test_plain_view_hides_thinking_when_off(capsys: pytest.CaptureFixture[str]) -> None:
+    view = PlainView(sys.stdout, show_think=False)
+    view.feed("<think>secret reasoning</think>Visible")
+    view.finish()
+    out = capsys.readouterr().out
+    assert out == "Visible\n"
+
+
+def test_split_blocks_never_splits_inside_code_fences() -> None:
+    text = "Intro\n\n```py\nx = 1\n\ny = 2\n```\n\nTail being written"
+    done, current = split_blocks(text)
+    assert done.endswith("```\n\n") and current == "Tail being written"
+    done, current = split_blocks("Intro\n\n```py\nx = 1\n\ny")
+    assert done == "Intro\n\n"
