@@ -48,3 +48,60 @@ def available_ram_bytes() -> int | None:
     except OSError:
         pass
     return None
+
+
+class GPU:
+    """One accelerator: name, total and free memory in bytes, and whether memory is unified (Apple)."""
+
+    def __init__(self, name: str, total: int, free: int, unified: bool = False) -> None:
+        self.name = name
+        self.total = total
+        self.free = free
+        self.unified = unified
+
+    def __repr__(self) -> str:
+        return f"GPU({self.name!r}, total={self.total}, free={self.free}, unified={self.unified})"
+
+
+def gpus() -> list[GPU]:
+    """NVIDIA GPUs (through nvidia-smi) or Apple Silicon's unified memory; [] when there is none."""
+    import platform
+    import shutil
+    import subprocess
+
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        total = total_ram_bytes() or 0
+        # Metal may use about three quarters of unified memory (recommendedMaxWorkingSetSize).
+        return [GPU("Apple Silicon (unified memory)", total * 3 // 4, total * 3 // 4, unified=True)]
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.strip().splitlines():
+        try:
+            gpu_name, total_mib, free_mib = (x.strip() for x in line.split(","))
+            found.append(GPU(gpu_name, int(float(total_mib)) << 20, int(float(free_mib)) << 20))
+        except ValueError:
+            continue
+    return found
+
+
+def cpu_name() -> str:
+    """The CPU model name, where the OS tells."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -60,6 +60,18 @@ class LoadParams:
     cache_type_v: str = "f16"
     use_mmap: bool = True
 
+    def __post_init__(self) -> None:
+        from localgen.errors import UsageError
+
+        for name in (self.cache_type_k, self.cache_type_v):
+            if name not in KV_CACHE_TYPES:
+                raise UsageError(f"unknown KV-cache type {name!r}; choose from {', '.join(KV_CACHE_TYPES)}")
+        if self.cache_type_v not in ("f16", "f32", "bf16") and not self.flash_attn:
+            raise UsageError(
+                f"a quantized V cache ({self.cache_type_v}) needs flash attention",
+                hint="drop --no-flash-attn, or use --cache-type-v f16",
+            )
+
 
 @dataclass(frozen=True)
 class GGUFSummary:
@@ -91,8 +103,11 @@ class ModelRef:
 
     name: str
     path: str
-    source: str  # "embedded" | "path" | "catalogue" | "hf"
+    source: str  # "embedded" | "path" | "hf"
     summary: GGUFSummary
+    repo: str | None = None
+    sha256: str | None = None  # known without hashing for cache blobs
+    sampling_defaults: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def quantization(self) -> str | None:

@@ -27,15 +27,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${LOCALGEN_VENV:-$root/.venv}
 py=${PYTHON:-}
 if [ -z "$py" ]; then
-  for candidate in python3.11 python3.12 python3.13 python3.10 python3; do
-    if "$candidate" -c 'import sys, venv; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then
+  for candidate in python3.11 python3.12 python3.13 python3; do
+    if "$candidate" -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; then
       py=$candidate; break
     fi
   done
 fi
-[ -n "$py" ] || { echo "install.sh: no python3 found (need 3.10 or newer)" >&2; exit 1; }
-"$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-  || { echo "install.sh: $py is older than 3.10" >&2; exit 1; }
+[ -n "$py" ] || { echo "install.sh: no python3 found (need 3.11 or newer)" >&2; exit 1; }
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || { echo "install.sh: $py is older than 3.11" >&2; exit 1; }
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "creating virtual environment in $venv" >&2

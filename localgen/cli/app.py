@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from localgen.cli.chat import chat
+from localgen.cli.models import list_models, pull, rm, show
 from localgen.cli.run import run
 
 app = typer.Typer(
@@ -39,3 +40,7 @@ def main_options(
 
 app.command(name="run")(run)
 app.command(name="chat")(chat)
+app.command(name="pull")(pull)
+app.command(name="list")(list_models)
+app.command(name="show")(show)
+app.command(name="rm")(rm)

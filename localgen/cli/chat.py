@@ -39,6 +39,7 @@ def chat(
                            help="When scripted (stdin not a terminal): print each answer's stats to stderr.")
     ] = False,
     model: o.Model = None,
+    offline: o.Offline = False,
     system: o.System = None,
     verbose: o.Verbose = False,
     temperature: o.Temperature = o.DEFAULTS.temperature,
@@ -72,7 +73,6 @@ def chat(
 
     from localgen.chat import session as sessions
     from localgen.chat.runner import ChatRunner
-    from localgen.types import SamplingParams
 
     if list_:
         _print_list(sessions.list_sessions())
@@ -98,19 +98,15 @@ def chat(
         "repeat_penalty": repeat_penalty, "repeat_last_n": repeat_last_n, "presence_penalty": presence_penalty,
         "frequency_penalty": frequency_penalty, "seed": seed, "max_tokens": max_tokens, "stop": tuple(stop or ()),
     }
-    # A resumed chat keeps its /set values, unless the same setting is given on the command line now.
-    for key, value in session.settings.items():
-        param = "stop" if key == "stop" else key
-        if key in flags and not _given(ctx, param):
-            flags[key] = tuple(value) if key == "stop" else value
-    sampling = SamplingParams(**flags)
     load = o.load_params(ctx_size, threads, gpu_layers, batch_size, ubatch_size, flash_attn, cache_type_k,
                          cache_type_v)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     ui = _UI(interactive=interactive, plain=plain or bool(os.environ.get("NO_COLOR")), stats=stats)
-    engine = _load(session.model, load, verbose, ui)
+    engine = _load(session.model, load, verbose, offline, ui)
+    # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win.
+    sampling = o.sampling_params(ctx, flags, engine.model.sampling_defaults, session.settings)
     runner = ChatRunner(session, engine, sampling)
-    ui.loader = lambda name: _load(name, load, verbose, ui)
+    ui.loader = lambda name: _load(name, load, verbose, offline, ui)
     try:
         engine.template  # noqa: B018 (a model without a usable chat template cannot chat: say so now)
         if interactive:
@@ -119,15 +115,6 @@ def chat(
             _scripted(runner, ui)
     finally:
         runner.engine.close()
-
-
-def _given(ctx: typer.Context, param: str) -> bool:
-    from typer._click.core import ParameterSource  # type: ignore[import-not-found]
-
-    try:
-        return ctx.get_parameter_source(param) not in (ParameterSource.DEFAULT, None)
-    except Exception:
-        return False
 
 
 @dataclass
@@ -162,14 +149,15 @@ class _UI:
             print(f"localgen: error: {text}", file=sys.stderr, flush=True)
 
 
-def _load(name: str, load: Any, verbose: bool, ui: _UI) -> Any:
-    from localgen.engine.llama import Engine
+def _load(name: str, load: Any, verbose: bool, offline: bool, ui: _UI) -> Any:
+    from localgen.cli.progress import make_progress
+    from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
 
-    ref = resolve(name)
+    ref = resolve(name, offline=offline, progress=make_progress())
     if ui.interactive:
         ui.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")
-    engine = Engine(ref, load, verbose=verbose)
+    engine: Any = open_engine(ref, load, verbose=verbose, warn=lambda text: ui.info(f"warning: {text}"))
     if ui.interactive:
         ui.info(f"{ref.name} ready in {engine.load_s:.2f} s · context {engine.n_ctx:,} tokens · /help for commands")
     return engine

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -140,8 +140,37 @@ JsonSchemaFile = Annotated[
                  show_default=False, help="Constrain output to JSON matching this JSON-schema file."),
 ]
 
+Offline = Annotated[
+    bool,
+    typer.Option("--offline", envvar="LOCALGEN_OFFLINE", rich_help_panel=MODEL_PANEL,
+                 help="Use only models already on disk; never touch the network (also HF_HUB_OFFLINE=1)."),
+]
+
 DEFAULTS = _D
 LOAD_DEFAULTS = _L
+
+
+def given(ctx: typer.Context, param: str) -> bool:
+    """Whether the user set this option (command line or env var), as opposed to its default."""
+    from typer._click.core import ParameterSource  # type: ignore[import-not-found]
+
+    try:
+        return ctx.get_parameter_source(param) not in (ParameterSource.DEFAULT, None)
+    except Exception:
+        return False
+
+
+def sampling_params(ctx: typer.Context, flags: dict[str, Any], *layers: dict[str, Any]) -> SamplingParams:
+    """Flags win where given; otherwise the last layer that sets a knob (catalogue defaults, then a chat's
+    saved /set values), otherwise the built-in default."""
+    values = dict(flags)
+    for key in values:
+        if given(ctx, key):
+            continue
+        for layer in layers:
+            if key in layer:
+                values[key] = tuple(layer[key]) if key == "stop" else layer[key]
+    return SamplingParams(**values)
 
 
 def load_params(

@@ -14,12 +14,14 @@ from localgen.errors import UsageError
 
 
 def run(
+    ctx_: typer.Context,
     prompt: Annotated[
         str | None,
         typer.Option("--prompt", "-p", show_default=False,
                      help="The prompt. Text piped on stdin comes first, then this, a blank line between."),
     ] = None,
     model: o.Model = None,
+    offline: o.Offline = False,
     raw: Annotated[
         bool, typer.Option("--raw", help="Send the prompt as a plain completion, without the chat template.")
     ] = False,
@@ -60,30 +62,29 @@ def run(
     stdout carries only the answer; loading messages, warnings and --stats go to stderr.
     Exit codes: 0 done, 1 error, 2 bad usage, 130 interrupted.
     """
-    from localgen.types import SamplingParams
-
     text = _read_prompt(prompt)
     if grammar and json_schema:
         raise UsageError("--grammar and --json-schema cannot be combined")
     if raw and system:
         raise UsageError("--system needs the chat template; it cannot be combined with --raw")
     gbnf = _grammar(grammar, json_schema)
-    sampling = SamplingParams(
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
-        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty, seed=seed, max_tokens=max_tokens, stop=tuple(stop or ()),
-        grammar=gbnf,
-    )
     load = o.load_params(ctx, threads, gpu_layers, batch_size, ubatch_size, flash_attn, cache_type_k,
                          cache_type_v)
+    from localgen.cli.progress import make_progress
+    from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
 
-    ref = resolve(model)
+    ref = resolve(model, offline=offline, progress=make_progress())
+    flags = {
+        "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "typical_p": typical_p,
+        "repeat_penalty": repeat_penalty, "repeat_last_n": repeat_last_n, "presence_penalty": presence_penalty,
+        "frequency_penalty": frequency_penalty, "seed": seed, "max_tokens": max_tokens, "stop": tuple(stop or ()),
+        "grammar": gbnf,
+    }
+    sampling = o.sampling_params(ctx_, flags, ref.sampling_defaults)
     err = ErrWriter()
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
-    from localgen.engine.llama import Engine
-
-    engine = Engine(ref, load, verbose=verbose)
+    engine: Any = open_engine(ref, load, verbose=verbose, warn=err.warn)
     try:
         if raw:
             tokens = engine.raw_tokens(text)

@@ -19,7 +19,6 @@ from localgen.errors import (
     GrammarError,
     ModelLoadError,
     TemplateError,
-    UsageError,
 )
 from localgen.types import KV_CACHE_TYPES, Chunk, FinishReason, LoadParams, ModelRef, SamplingParams, Stats
 
@@ -80,14 +79,6 @@ class Engine:
         self._lc = lc
         # During Llama() the bindings point fds 1 and 2 at /dev/null: lines are buffered, shown after.
         logs.set_echo(False)
-        for name in (params.cache_type_k, params.cache_type_v):
-            if name not in KV_CACHE_TYPES:
-                raise UsageError(f"unknown KV-cache type {name!r}; choose from {', '.join(KV_CACHE_TYPES)}")
-        if params.cache_type_v not in ("f16", "f32", "bf16") and not params.flash_attn:
-            raise UsageError(
-                f"a quantized V cache ({params.cache_type_v}) needs flash attention",
-                hint="drop --no-flash-attn, or use --cache-type-v f16",
-            )
         train_ctx = model.summary.context_length
         # llama.cpp rounds the window up to a multiple of 256, but the bindings size their token buffer
         # from the number passed in: pass the rounded number so the two agree.

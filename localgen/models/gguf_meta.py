@@ -159,10 +159,11 @@ def read_gguf(path: str) -> tuple[dict[str, Any], list[tuple[str, list[int], int
     return meta, tensors, data_offset
 
 
-def summarize(path: str) -> GGUFSummary:
-    """Read a GGUF header and summarize it; raises ModelFormatError for anything llama.cpp would choke on."""
+def summarize(path: str, file_size: int | None = None, check_data: bool = True) -> GGUFSummary:
+    """Read a GGUF header and summarize it; raises ModelFormatError for anything llama.cpp would choke on.
+    `file_size` stands in for the real size when `path` holds only the start of a remote file."""
     meta, tensors, data_offset = read_gguf(path)
-    size = os.path.getsize(path)
+    size = file_size if file_size is not None else os.path.getsize(path)
     arch = meta.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ModelFormatError(f"{path} has no general.architecture key; it is not a model GGUF")
@@ -178,7 +179,7 @@ def summarize(path: str) -> GGUFSummary:
         block = GGML_BLOCKS.get(ttype)
         if block is not None:
             end = max(end, data_offset + offset + (n // block[0]) * block[1])
-    if end > size:
+    if check_data and end > size:
         raise ModelFormatError(
             f"{path} is truncated: its tensors need {end:,} bytes, the file has {size:,}",
             hint="download it again (localgen pull verifies files)",

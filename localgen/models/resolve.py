@@ -1,25 +1,153 @@
-"""Turn what the user typed into a ModelRef: an embedded model name or a path to a .gguf file."""
+"""Turn what the user typed into a ModelRef: a local path, an embedded model, a catalogue name or a
+Hugging Face repo. Cached Hub files are used without touching the network; missing ones are pulled
+(unless offline). Every Hub file is verified against its SHA-256 before first use."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from localgen.errors import ModelNotFoundError
-from localgen.models import embedded
+from localgen.errors import LocalgenError, ModelNotFoundError
+from localgen.models import catalogue, download, embedded, hfcache, names, store
 from localgen.models.gguf_meta import summarize
+from localgen.models.quant import QuantOption, group_options, pick, rank
 from localgen.types import ModelRef
 
 
-def resolve(name: str | None) -> ModelRef:
-    """Resolve a model name or path; reads the GGUF header (bounded) to validate and summarize it."""
-    name = name or embedded.DEFAULT_MODEL
-    if name in embedded.EMBEDDED:
-        path = embedded.locate(embedded.EMBEDDED[name])
-        return ModelRef(name=name, path=str(path), source="embedded", summary=summarize(str(path)))
-    p = Path(name).expanduser()
-    if p.exists():
-        return ModelRef(name=p.name, path=str(p), source="path", summary=summarize(str(p)))
-    if name.endswith(".gguf") or "/" in name or name.startswith("."):
-        raise ModelNotFoundError(f"no such model file: {name}")
-    known = ", ".join(sorted(embedded.EMBEDDED))
-    raise ModelNotFoundError(f"unknown model {name!r}", hint=f"known models: {known}; or pass a path to a .gguf")
+@dataclass(frozen=True)
+class Target:
+    """A Hub model to find: repo, quant or file, revision, the name to show, catalogue defaults."""
+
+    spec: names.HubSpec
+    display: str
+    sampling: dict[str, object]
+    default_quant: str = "Q4_K_M"
+
+
+def resolve(name: str | None, offline: bool = False, progress: download.Progress | None = None,
+            pull_missing: bool = True) -> ModelRef:
+    """Resolve a model name to a verified local file and its GGUF summary."""
+    text = name or embedded.DEFAULT_MODEL
+    spec = names.parse(text)
+    if isinstance(spec, names.PathSpec):
+        if not spec.path.is_file() and not spec.path.exists():
+            raise ModelNotFoundError(f"no such model file: {spec.path}")
+        return ModelRef(name=spec.path.name, path=str(spec.path), source="path", summary=summarize(str(spec.path)))
+    if isinstance(spec, names.CatalogueSpec):
+        entry = _entry(spec.name)
+        if entry.embedded:
+            if spec.quant and spec.quant.upper() != entry.default_quant.upper():
+                raise ModelNotFoundError(f"{entry.name} ships only as {entry.default_quant}")
+            path = embedded.locate(embedded.EMBEDDED[entry.name])
+            return ModelRef(name=entry.name, path=str(path), source="embedded", summary=summarize(str(path)),
+                            sampling_defaults=entry.sampling)
+        assert entry.repo
+        quant = spec.quant or entry.default_quant
+        hub_spec = names.HubSpec(entry.repo, quant=quant, filename=entry.files.get(quant.upper()))
+        target = Target(hub_spec, f"{entry.name}@{quant.upper()}", entry.sampling, entry.default_quant)
+    else:
+        target = Target(spec, spec.display, {})
+    return _hub_model(target, offline or hfcache.offline_env(), progress or download.Quiet(), pull_missing)
+
+
+def _entry(name: str) -> catalogue.CatalogueEntry:
+    entries = catalogue.load()
+    if name not in entries:
+        close = [n for n in entries if n.split(":")[0] == name.split(":")[0]]
+        hint = f"did you mean {', '.join(close)}?" if close else "see `localgen list --catalogue`"
+        raise ModelNotFoundError(f"unknown model {name!r}", hint=f"{hint}; or give owner/repo or a .gguf path")
+    return entries[name]
+
+
+def _hub_model(t: Target, offline: bool, progress: download.Progress, pull_missing: bool) -> ModelRef:
+    s = t.spec
+    cached = store.find_cached(s.repo, s.revision, s.quant, s.filename)
+    if not s.quant and not s.filename and cached:
+        cached.sort(key=lambda f: ((f.quant or "").upper() != t.default_quant.upper(), -rank(f.quant or "")))
+    if cached:
+        return _from_cache(cached[0], t, progress)
+    if offline:
+        have = sorted({f"{f.repo}:{f.quant}" for f in store.cached_files()})
+        raise ModelNotFoundError(
+            f"{t.display} is not in the cache and localgen is offline",
+            hint=("cached: " + ", ".join(have[:8])) if have else "nothing is cached yet; pull without --offline",
+        )
+    if not pull_missing:
+        raise ModelNotFoundError(f"{t.display} is not downloaded", hint=f"localgen pull {t.display}")
+    return pull(t, progress)
+
+
+def _from_cache(f: store.CachedFile, t: Target, progress: download.Progress) -> ModelRef:
+    for part in store.split_parts(f):
+        _verify_blob(part.resolve(), progress)
+    name = t.display if t.spec.quant or t.spec.filename else f"{f.repo}:{f.quant}"
+    return ModelRef(name=name, path=str(f.link), source="hf", summary=summarize(str(f.link)), repo=f.repo,
+                    sha256=f.sha256, sampling_defaults=dict(t.sampling))
+
+
+def _verify_blob(blob: Path, progress: download.Progress) -> None:
+    """A cache blob is named by its SHA-256: hash it once (another tool may have written it unchecked)."""
+    if not hfcache.SHA256.match(blob.name) or download.is_verified(blob):
+        return
+    progress.start(f"verifying {blob.name[:12]}", blob.stat().st_size, 0)
+    actual = download.sha256_file(blob, progress)
+    progress.finish()
+    if actual != blob.name:
+        blob.unlink()
+        raise LocalgenError(f"a cached file failed its SHA-256 check and was removed: {blob}",
+                            hint="pull the model again")
+    download.mark_verified(blob)
+
+
+def choose(options: list[QuantOption], t: Target, repo: str) -> QuantOption:
+    """The option the name asks for; without a tag, the default quant, else the best that fits RAM."""
+    s = t.spec
+    if s.filename:
+        for o in options:
+            if any(f.name == s.filename for f in o.files):
+                return o
+        raise ModelNotFoundError(f"{repo} has no file {s.filename}")
+    if s.quant:
+        found = pick(options, s.quant)
+        if found is None:
+            tags = ", ".join(o.tag for o in options) or "no GGUF files"
+            raise ModelNotFoundError(f"{repo} has no quantization {s.quant.upper()}", hint=f"it has: {tags}")
+        return found
+    if not options:
+        raise ModelNotFoundError(f"{repo} has no GGUF model files")
+    default = pick(options, t.default_quant)
+    if default:
+        return default
+    from localgen import hardware
+
+    ram = hardware.available_ram_bytes() or hardware.total_ram_bytes() or 0
+    fitting = [o for o in options if o.size * 1.3 < ram] or options[:1]
+    return max(fitting, key=lambda o: rank(o.tag))
+
+
+def pull(t: Target, progress: download.Progress) -> ModelRef:
+    """Download (or finish downloading) a Hub model and return it."""
+    from localgen.models import hub
+
+    s = t.spec
+    listing = hub.list_repo(s.repo, s.revision)
+    option = choose(group_options(list(listing.files)), t, s.repo)
+    paths = [download.fetch(s.repo, listing.commit, s.revision, f, progress) for f in option.files]
+    name = t.display if s.quant or s.filename else f"{s.repo}:{option.tag}"
+    return ModelRef(name=name, path=str(paths[0]), source="hf", summary=summarize(str(paths[0])), repo=s.repo,
+                    sha256=option.first.sha256, sampling_defaults=dict(t.sampling))
+
+
+def target(name: str) -> Target:
+    """The Hub target behind a catalogue name or repo reference (for pull --list and show)."""
+    spec = names.parse(name)
+    if isinstance(spec, names.CatalogueSpec):
+        entry = _entry(spec.name)
+        if entry.embedded or not entry.repo:
+            raise LocalgenError(f"{entry.name} ships inside a Python package; there is nothing to pull")
+        quant = spec.quant or entry.default_quant
+        return Target(names.HubSpec(entry.repo, quant=quant, filename=entry.files.get(quant.upper())),
+                      f"{entry.name}@{quant.upper()}", entry.sampling, entry.default_quant)
+    if isinstance(spec, names.HubSpec):
+        return Target(spec, spec.display, {})
+    raise LocalgenError(f"{name} is a local file; there is nothing to pull")

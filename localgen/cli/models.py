@@ -1,0 +1,250 @@
+"""`localgen pull | list | show | rm`: get models, see what is here, look inside one, remove one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.errors import LocalgenError, UsageError
+
+Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return "-"
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.1f} GB"
+    return f"{n / (1 << 20):.0f} MB"
+
+
+def _params(n: int | None) -> str:
+    if not n:
+        return "-"
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    for r in [headers, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+# ---- pull ---------------------------------------------------------------------------------------------
+
+
+def pull(
+    name: Annotated[
+        str, typer.Argument(help="Catalogue name (qwen2.5:7b@Q8_0), owner/repo[:QUANT], or owner/repo/file.gguf.")
+    ],
+    list_quants: Annotated[
+        bool,
+        typer.Option("--list", help="List the repo's quantizations with size, memory estimate and fit; no download."),
+    ] = False,
+    ctx: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
+    json_out: Json = False,
+    offline: o.Offline = False,
+) -> None:
+    """Download a model into the shared Hugging Face cache, resumably, verified by SHA-256."""
+    from localgen.cli.progress import make_progress
+    from localgen.models import hfcache, resolve
+
+    target = resolve.target(name)
+    if offline or hfcache.offline_env():
+        raise UsageError("pull needs the network; it cannot run offline")
+    if list_quants:
+        _list_quants(target, ctx, json_out)
+        return
+    ref = resolve.pull(target, make_progress())
+    if json_out:
+        print(json.dumps({"name": ref.name, "file": ref.path, "sha256": ref.sha256,
+                          "quantization": ref.quantization, "size": ref.summary.file_size}))
+    else:
+        print(f"{ref.name}  {ref.quantization}  {_size(ref.summary.file_size)}  {ref.path}")
+
+
+def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
+    from localgen.engine.llama import backend_info
+    from localgen.models import fit, hub, store
+    from localgen.models.quant import group_options, rank
+
+    s = target.spec
+    listing = hub.list_repo(s.repo, s.revision)
+    options = group_options(list(listing.files))
+    if not options:
+        raise LocalgenError(f"{s.repo} has no GGUF model files")
+    smallest = min(options, key=lambda x: x.size)
+    summary: Any = hub.fetch_summary(s.repo, listing.commit, smallest.first.name, smallest.first.size,
+                                     split=len(smallest.files) > 1)
+    machine = fit.this_machine(bool(backend_info()["gpu_offload"]))
+    cached = {f.filename for f in store.cached_files(s.repo)}
+    rows: list[dict[str, Any]] = []
+    for opt in options:
+        est = fit.estimate(summary, opt.size, ctx)
+        rows.append({
+            "quantization": opt.tag, "files": [f.name for f in opt.files], "size": opt.size,
+            "bits_per_weight": round(opt.size * 8 / summary.n_params, 2) if summary.n_params else None,
+            "memory": est.total, "fit": fit.verdict(est, machine),
+            "downloaded": opt.first.name in cached,
+        })
+    ok = [r for r in rows if r["fit"] != fit.WONT_FIT]
+    default = next((r for r in ok if r["quantization"].upper() == target.default_quant.upper()), None)
+    best = default or (max(ok, key=lambda r: rank(r["quantization"])) if ok else None)
+    for r in rows:
+        r["recommended"] = r is best
+    if json_out:
+        print(json.dumps({"repo": s.repo, "commit": listing.commit, "context": ctx, "quantizations": rows}))
+        return
+    print(f"{s.repo} @ {listing.commit[:10]} · {summary.architecture} · {_params(summary.n_params)} parameters · "
+          f"memory estimated at --ctx {ctx}")
+    _table(
+        ["QUANT", "SIZE", "BPW", "MEMORY", "FIT", ""],
+        [[r["quantization"], _size(r["size"]), str(r["bits_per_weight"] or "-"), _size(r["memory"]), r["fit"],
+          " ".join(x for x in ("★ recommended" if r["recommended"] else "",
+                               "✓ downloaded" if r["downloaded"] else "") if x)]
+         for r in rows],
+    )
+
+
+# ---- list ---------------------------------------------------------------------------------------------
+
+
+def list_models(
+    json_out: Json = False,
+    show_catalogue: Annotated[bool, typer.Option("--catalogue", help="List the catalogue instead.")] = False,
+    offline: o.Offline = False,
+) -> None:
+    """Models on this machine: embedded ones and every GGUF in the Hugging Face cache (any tool's).
+    Never touches the network."""
+    from localgen.models import catalogue, embedded, store
+    from localgen.models.gguf_meta import summarize
+
+    entries = catalogue.load()
+    if show_catalogue:
+        rows: list[dict[str, Any]] = [{"name": e.name, "repo": e.repo or "(embedded)", "default_quant": e.default_quant,
+                 "context": e.context, "description": e.description} for e in entries.values()]
+        if json_out:
+            print(json.dumps(rows))
+        else:
+            _table(["NAME", "SOURCE", "QUANT", "CONTEXT", "DESCRIPTION"],
+                   [[r["name"], r["repo"], r["default_quant"], str(r["context"] or "-"), r["description"]]
+                    for r in rows])
+        return
+    by_repo = {(e.repo, e.default_quant.upper()): e.name for e in entries.values() if e.repo}
+    items: list[dict[str, Any]] = []
+    for name, model in embedded.EMBEDDED.items():
+        try:
+            path = embedded.locate(model)
+        except LocalgenError:
+            continue
+        items.append(_item(name, str(path), "embedded", summarize(str(path))))
+    for f in store.cached_files():
+        try:
+            summary = summarize(str(f.link), check_data=False)
+        except LocalgenError:
+            continue
+        quant = (f.quant or "?").upper()
+        name = by_repo.get((f.repo, quant), f"{f.repo}:{quant}")
+        item = _item(name, str(f.link), "hf cache", summary)
+        item["size"] = store.total_size(f)
+        items.append(item)
+    if json_out:
+        print(json.dumps(items))
+        return
+    if not items:
+        print("no models yet: localgen pull NAME (see localgen list --catalogue)", file=sys.stderr)
+        return
+    _table(["NAME", "QUANT", "SIZE", "PARAMS", "CONTEXT", "WHERE"],
+           [[i["name"], i["quantization"] or "-", _size(i["size"]), _params(i["parameters"]),
+             str(i["context_length"] or "-"), i["path"]] for i in items])
+
+
+def _item(name: str, path: str, source: str, s: Any) -> dict[str, Any]:
+    return {"name": name, "quantization": s.quantization, "size": s.file_size, "parameters": s.n_params,
+            "context_length": s.context_length, "architecture": s.architecture, "source": source, "path": path}
+
+
+# ---- show ---------------------------------------------------------------------------------------------
+
+
+def show(
+    name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], or path.")],
+    template: Annotated[bool, typer.Option("--template", help="Print the chat template, whole.")] = False,
+    json_out: Json = False,
+    offline: o.Offline = False,
+) -> None:
+    """What a model is, read from its GGUF header (bounded; weights are not loaded). Local files only."""
+    from localgen.models import download
+    from localgen.models.resolve import resolve
+
+    ref = resolve(name, offline=offline, pull_missing=False)
+    s = ref.summary
+    if template:
+        if not s.chat_template:
+            raise LocalgenError(f"{ref.name} has no chat template")
+        print(s.chat_template)
+        return
+    from pathlib import Path
+
+    sha = ref.sha256 or download.sha256_file(Path(ref.path).resolve())
+    doc: dict[str, Any] = {
+        "name": ref.name, "file": ref.path, "sha256": sha, "architecture": s.architecture, "model_name": s.name,
+        "parameters": s.n_params, "quantization": s.quantization, "size": s.file_size,
+        "context_length": s.context_length, "layers": s.n_layers, "embedding_length": s.n_embd,
+        "heads": s.n_head, "kv_heads": s.n_head_kv, "vocab_size": s.vocab_size, "license": s.license,
+        "chat_template": bool(s.chat_template),
+    }
+    if json_out:
+        doc["chat_template"] = s.chat_template
+        print(json.dumps(doc))
+        return
+    labels = {"model_name": "model", "size": "file size", "context_length": "context length",
+              "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary"}
+    for k, v in doc.items():
+        if k == "size":
+            v = _size(v)
+        elif k == "parameters":
+            v = f"{_params(v)} ({v:,})"
+        elif k == "chat_template":
+            v = "yes (--template prints it)" if v else "none (use --raw)"
+        print(f"{labels.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
+
+
+# ---- rm -----------------------------------------------------------------------------------------------
+
+
+def rm(
+    name: Annotated[
+        str, typer.Argument(help="Catalogue name or owner/repo[:QUANT] (every quantization without one).")
+    ],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    offline: o.Offline = False,
+) -> None:
+    """Remove a model's files from the cache; a blob another cached model still uses is kept."""
+    from localgen.models import names, store
+    from localgen.models.resolve import target
+
+    spec = names.parse(name)
+    if isinstance(spec, names.PathSpec):
+        raise UsageError("rm removes models from the cache; delete your own .gguf files yourself")
+    t = target(name)
+    quant = t.spec.quant if (isinstance(spec, names.CatalogueSpec) or t.spec.quant) else None
+    files = store.find_cached(t.spec.repo, t.spec.revision, quant, t.spec.filename)
+    if not files:
+        raise LocalgenError(f"{t.display} is not in the cache", hint="localgen list shows what is")
+    total = sum(store.total_size(f) for f in files)
+    desc = ", ".join(f"{f.repo}/{f.filename}" for f in files)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"would remove {desc} ({_size(total)}); pass --yes to confirm when not on a terminal")
+        if not typer.confirm(f"Remove {desc} ({_size(total)})?", default=False, err=True):
+            raise typer.Exit(1)
+    sizes = {p.resolve(): p.resolve().stat().st_size for f in files for p in store.split_parts(f) if p.exists()}
+    links, blobs = store.remove(files)
+    freed = sum(sizes.get(b, 0) for b in blobs)
+    kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
+    print(f"removed {len(links)} file(s), freed {_size(freed) if freed else '0 MB'}{kept}")

@@ -1,0 +1,85 @@
+"""Download progress on stderr: a Rich bar (bytes, rate, ETA) on a terminal, a few plain lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+class BarProgress:
+    """Rich progress bar."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._p = Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            TimeRemainingColumn(), console=Console(stderr=True), transient=False,
+        )
+        self._task: Any = None
+
+    def start(self, name: str, total: int, done: int) -> None:
+        if self._task is None:
+            self._p.start()
+        self._task = self._p.add_task(name, total=total, completed=done)
+
+    def advance(self, n: int) -> None:
+        if self._task is not None:
+            self._p.advance(self._task, n)
+
+    def finish(self) -> None:
+        self._p.stop()
+        self._task = None
+
+    def note(self, text: str) -> None:
+        self._p.console.print(text, style="dim", markup=False)
+
+
+class LineProgress:
+    """Plain lines: the start, every quarter, the end."""
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.total = 0
+        self.done = 0
+        self.next_mark = 25
+
+    def _line(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def start(self, name: str, total: int, done: int) -> None:
+        self.name, self.total, self.done = name, total, done
+        pct = done * 100 // total if total else 100
+        self.next_mark = (pct // 25 + 1) * 25
+        self._line(f"{name}: {_mb(total)}" + (f", resuming at {pct}%" if done else ""))
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        pct = self.done * 100 // self.total if self.total else 100
+        while pct >= self.next_mark and self.next_mark < 100:
+            self._line(f"{self.name}: {self.next_mark}%")
+            self.next_mark += 25
+
+    def finish(self) -> None:
+        if self.total and self.done >= self.total:
+            self._line(f"{self.name}: done")
+
+    def note(self, text: str) -> None:
+        self._line(text)
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):,.0f} MB"
+
+
+def make_progress() -> Any:
+    """The right progress display for stderr."""
+    return BarProgress() if sys.stderr.isatty() else LineProgress()

@@ -1,0 +1,275 @@
+"""Resumable, verified downloads into the shared HF cache.
+
+huggingface_hub no longer resumes across runs and checks only the size, so large files come through
+our own ranged transfer: bytes go to blobs/SHA256.incomplete (the name huggingface_hub uses too), a
+later pull continues from where that file ends, transient errors are retried, and the SHA-256 the Hub
+publishes is checked before the file becomes blobs/SHA256. A mismatch deletes the bytes. The blob lock is
+the one huggingface_hub takes, so two pulls (ours or theirs) never write the same file at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+from localgen import paths
+from localgen.errors import LocalgenError
+from localgen.models import hfcache, hub
+from localgen.models.quant import RemoteFile
+
+CHUNK = 1 << 20
+ATTEMPTS = 6
+TIMEOUT_S = 30
+MARGIN = 64 << 20  # keep this much disk free beyond the file
+
+
+class Progress(Protocol):
+    """What a download reports, for a progress bar or plain lines."""
+
+    def start(self, name: str, total: int, done: int) -> None: ...
+    def advance(self, n: int) -> None: ...
+    def finish(self) -> None: ...
+    def note(self, text: str) -> None: ...
+
+
+class Quiet:
+    """A Progress that reports nothing."""
+
+    def start(self, name: str, total: int, done: int) -> None:
+        pass
+
+    def advance(self, n: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+
+class DownloadError(LocalgenError):
+    """A transfer failed for good (after retries) or its bytes were wrong."""
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+# ---- which blobs are known good ----------------------------------------------------------------------
+
+
+def _verified_db() -> Path:
+    return paths.data_dir() / "verified-blobs.json"
+
+
+def _load_verified() -> dict[str, list[int]]:
+    try:
+        data = json.loads(_verified_db().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _key(blob: Path) -> tuple[str, list[int]]:
+    st = blob.stat()
+    return str(blob), [st.st_size, st.st_mtime_ns]
+
+
+def is_verified(blob: Path) -> bool:
+    """True if we hashed this exact file (path, size, mtime) and it matched."""
+    try:
+        k, v = _key(blob)
+    except OSError:
+        return False
+    return _load_verified().get(k) == v
+
+
+def mark_verified(blob: Path) -> None:
+    """Record a blob as checked (atomic rewrite of a small JSON file)."""
+    db = _load_verified()
+    k, v = _key(blob)
+    db[k] = v
+    target = _verified_db()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(db))
+    os.replace(tmp, target)
+
+
+def sha256_file(path: Path, progress: Progress | None = None) -> str:
+    """SHA-256 of a file, reporting progress."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK * 4):
+            digest.update(block)
+            if progress:
+                progress.advance(len(block))
+    return digest.hexdigest()
+
+
+# ---- the transfer ------------------------------------------------------------------------------------
+
+
+def fetch(repo: str, commit: str, revision: str, f: RemoteFile, progress: Progress) -> Path:
+    """Make one repo file present and verified in the cache; returns its snapshot path."""
+    if not f.sha256:
+        raise DownloadError(f"the Hub lists no SHA-256 for {f.name}, so it cannot be verified")
+    blob = hfcache.blob_path(repo, f.sha256)
+    hfcache.snapshot_path(repo, commit, f.name)  # validates the names before any write
+    with _locked(hfcache.lock_path(repo, f.sha256)):
+        if blob.exists() and not _check_existing(blob, f, progress):
+            blob.unlink()
+        if not blob.exists():
+            _transfer(repo, commit, f, blob, progress)
+    return hfcache.link_snapshot(repo, commit, f.name, f.sha256, revision)
+
+
+def _check_existing(blob: Path, f: RemoteFile, progress: Progress) -> bool:
+    """A blob another tool wrote is hashed once before we use it; a bad one is removed."""
+    if blob.stat().st_size != f.size:
+        progress.note(f"{f.name}: cached file has the wrong size; downloading it again")
+        return False
+    if is_verified(blob):
+        return True
+    progress.start(f"verifying {f.name}", f.size, 0)
+    ok = sha256_file(blob, progress) == f.sha256
+    progress.finish()
+    if ok:
+        mark_verified(blob)
+    else:
+        progress.note(f"{f.name}: cached file fails its SHA-256; downloading it again")
+    return ok
+
+
+def _transfer(repo: str, commit: str, f: RemoteFile, blob: Path, progress: Progress) -> None:
+    partial = blob.with_name(blob.name + ".incomplete")
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    have = partial.stat().st_size if partial.exists() else 0
+    if have > f.size:
+        partial.unlink()
+        have = 0
+    free = shutil.disk_usage(blob.parent).free
+    need = f.size - have
+    if free < need + MARGIN:
+        raise DownloadError(
+            f"not enough disk space for {f.name}: need {_gb(need + MARGIN)}, have {_gb(free)} in {blob.parent}",
+        )
+    digest = hashlib.sha256()
+    if have:
+        progress.note(f"{f.name}: resuming at {_gb(have)} of {_gb(f.size)}")
+        with open(partial, "rb") as existing:
+            while block := existing.read(CHUNK * 4):
+                digest.update(block)
+    url = hub.file_url(repo, commit, f.name)
+    headers = hub.auth_headers()
+    progress.start(f.name, f.size, have)
+    failures = 0
+    with open(partial, "ab") as out:
+        while have < f.size:
+            try:
+                have, restarted = _stream(url, headers, have, f.size, out, digest, progress)
+                if restarted:
+                    digest = hashlib.sha256()
+                    have, _ = _stream(url, headers, 0, f.size, out, digest, progress, truncate=True)
+                failures = 0
+            except _Transient as e:
+                out.flush()
+                have = out.tell()  # whatever arrived before the error is kept and hashed
+                failures += 1
+                if failures >= ATTEMPTS:
+                    progress.finish()
+                    raise DownloadError(
+                        f"downloading {f.name} failed after {ATTEMPTS} tries: {e}",
+                        hint="run the same command again: it resumes where it stopped",
+                    ) from None
+                progress.note(f"{f.name}: {e}; retrying")
+                time.sleep(min(8.0, 0.5 * 2 ** (failures - 1)))
+        out.flush()
+        os.fsync(out.fileno())
+    progress.finish()
+    if digest.hexdigest() != f.sha256:
+        partial.unlink(missing_ok=True)
+        raise DownloadError(
+            f"{f.name} does not match the SHA-256 the Hub publishes; the bad download was deleted",
+            hint="pull again; if it keeps failing the server or a proxy is corrupting it",
+        )
+    os.replace(partial, blob)
+    mark_verified(blob)
+
+
+class _Transient(Exception):
+    pass
+
+
+def _stream(
+    url: str, headers: dict[str, str], start: int, size: int, out: object, digest: object, progress: Progress,
+    truncate: bool = False,
+) -> tuple[int, bool]:
+    """Fetch bytes from `start`; returns (bytes now held, whether the server ignored the range)."""
+    from io import BufferedWriter
+
+    assert isinstance(out, BufferedWriter)
+    req = urllib.request.Request(url, headers={**headers, "Range": f"bytes={start}-"})
+    try:
+        resp = urllib.request.urlopen(req, timeout=TIMEOUT_S)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and start >= size:
+            return start, False
+        if e.code in (401, 403):
+            raise DownloadError(f"the Hub refused the download ({e.code})", hint="set HF_TOKEN") from None
+        if e.code == 404:
+            raise DownloadError("the file is gone from the Hub (404)") from None
+        raise _Transient(f"HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        raise _Transient(str(getattr(e, "reason", e))) from None
+    with resp:
+        if (resp.status == 200 and start > 0) or truncate:
+            if not truncate:
+                return start, True  # no range support: start again from 0
+            out.seek(0)
+            out.truncate()
+            start = 0
+        have = start
+        try:
+            while True:
+                block = resp.read(CHUNK)
+                if not block:
+                    break
+                if have + len(block) > size:
+                    raise DownloadError("the server sent more bytes than the file has")
+                out.write(block)
+                digest.update(block)  # type: ignore[attr-defined]
+                have += len(block)
+                progress.advance(len(block))
+        except (TimeoutError, OSError, http.client.HTTPException) as e:
+            out.flush()
+            raise _Transient(f"connection dropped at {_gb(have)}: {type(e).__name__}") from None
+    out.flush()
+    if have < size:
+        raise _Transient(f"connection closed at {_gb(have)} of {_gb(size)}")
+    return have, False
+
+
+def _gb(n: int) -> str:
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.1f} GB"
+    return f"{n / (1 << 20):.0f} MB"

@@ -1,0 +1,103 @@
+"""The Hugging Face hub cache layout, shared with huggingface_hub and llama.cpp's `-hf`:
+models--OWNER--REPO/{blobs/SHA256, snapshots/COMMIT/FILE -> ../../blobs/SHA256, refs/REVISION}."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from localgen.errors import LocalgenError
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def hub_cache() -> Path:
+    """The cache directory, from the same variables huggingface_hub reads (read now, not at import)."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+
+
+def offline_env() -> bool:
+    """HF_HUB_OFFLINE set to a true value."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_repo_id(repo: str) -> str:
+    """owner/name with safe characters only; never a path trick."""
+    if not REPO_ID.match(repo) or ".." in repo:
+        raise LocalgenError(f"{repo!r} is not a valid Hugging Face repo id (owner/name)")
+    return repo
+
+
+def safe_filename(name: str) -> str:
+    """A file name from the network, accepted only if it stays inside its snapshot folder."""
+    parts = name.split("/")
+    if (
+        not name or name.startswith("/") or "\\" in name or "\0" in name
+        or any(p in ("", ".", "..") for p in parts) or len(name) > 512
+    ):
+        raise LocalgenError(f"the Hub listed an unsafe file name {name!r}; refusing to use it")
+    return name
+
+
+def repo_dir(repo: str) -> Path:
+    """models--OWNER--REPO."""
+    return hub_cache() / ("models--" + check_repo_id(repo).replace("/", "--"))
+
+
+def blob_path(repo: str, sha256: str) -> Path:
+    """Where a verified file's bytes live."""
+    if not SHA256.match(sha256):
+        raise LocalgenError(f"the Hub gave a malformed SHA-256 {sha256!r}")
+    return repo_dir(repo) / "blobs" / sha256
+
+
+def lock_path(repo: str, sha256: str) -> Path:
+    """The lock huggingface_hub also takes for this blob, so the tools never write it at once."""
+    return hub_cache() / ".locks" / repo_dir(repo).name / f"{sha256}.lock"
+
+
+def snapshot_path(repo: str, commit: str, filename: str) -> Path:
+    """snapshots/COMMIT/FILE."""
+    if not COMMIT.match(commit):
+        raise LocalgenError(f"the Hub gave a malformed commit id {commit!r}")
+    return repo_dir(repo) / "snapshots" / commit / safe_filename(filename)
+
+
+def link_snapshot(repo: str, commit: str, filename: str, sha256: str, revision: str | None) -> Path:
+    """Point snapshots/COMMIT/FILE at the blob (relative link) and record refs/REVISION."""
+    link = snapshot_path(repo, commit, filename)
+    blob = blob_path(repo, sha256)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(blob, link.parent)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.lnk")
+    tmp.unlink(missing_ok=True)
+    os.symlink(rel, tmp)
+    os.replace(tmp, link)
+    if revision and not COMMIT.match(revision):
+        ref = repo_dir(repo) / "refs" / revision
+        if ".." in Path(revision).parts:
+            raise LocalgenError(f"unsafe revision name {revision!r}")
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(commit)
+    return link
+
+
+def cached_commit(repo: str, revision: str) -> str | None:
+    """The commit a revision points at in the cache (refs/REVISION), or the revision if it is a commit."""
+    if COMMIT.match(revision):
+        return revision
+    ref = repo_dir(repo) / "refs" / revision
+    try:
+        commit = ref.read_text().strip()
+    except OSError:
+        return None
+    return commit if COMMIT.match(commit) else None

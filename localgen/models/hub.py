@@ -1,0 +1,137 @@
+"""Talking to the Hugging Face Hub (or whatever HF_ENDPOINT names): repo listings through
+huggingface_hub (auth, endpoint, error codes), and the URLs and headers for our own transfers."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from localgen.errors import LocalgenError, ModelNotFoundError
+from localgen.models.hfcache import COMMIT, check_repo_id, safe_filename
+from localgen.models.quant import RemoteFile
+
+RETRIES = 3
+
+
+class HubUnreachableError(LocalgenError):
+    """No answer from the Hub."""
+
+
+@dataclass(frozen=True)
+class RepoListing:
+    """A repo at one commit: its files with sizes and SHA-256s."""
+
+    repo: str
+    revision: str
+    commit: str
+    files: tuple[RemoteFile, ...]
+
+
+def endpoint() -> str:
+    """HF_ENDPOINT, read now (huggingface_hub reads it once, at import)."""
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def file_url(repo: str, commit: str, filename: str) -> str:
+    """The resolve URL of one file at one commit."""
+    return f"{endpoint()}/{check_repo_id(repo)}/resolve/{commit}/{quote(safe_filename(filename))}"
+
+
+def auth_headers() -> dict[str, str]:
+    """Authorization (HF_TOKEN or the saved login) and user agent, as huggingface_hub builds them."""
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+    return dict(build_hf_headers(library_name="localgen"))
+
+
+def list_repo(repo: str, revision: str = "main") -> RepoListing:
+    """The repo's files at a revision, with the SHA-256 the Hub publishes for each LFS file."""
+    from huggingface_hub import HfApi
+    from huggingface_hub import errors as hf_errors
+
+    check_repo_id(repo)
+    api = HfApi(endpoint=endpoint(), library_name="localgen")
+    for attempt in range(RETRIES):
+        try:
+            info = api.model_info(repo, revision=revision, files_metadata=True, timeout=30)
+            break
+        except hf_errors.GatedRepoError:
+            raise LocalgenError(
+                f"{repo} is gated: accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)"
+            ) from None
+        except hf_errors.RevisionNotFoundError:
+            raise ModelNotFoundError(f"{repo} has no revision {revision!r}") from None
+        except hf_errors.RepositoryNotFoundError:
+            raise ModelNotFoundError(
+                f"no repo {repo} on the Hub (or it is private)",
+                hint="check the name; for a private repo set HF_TOKEN",
+            ) from None
+        except hf_errors.HfHubHTTPError as e:
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            if status in (401, 403):
+                raise LocalgenError(f"the Hub refused access to {repo} ({status})", hint="set HF_TOKEN") from None
+            if attempt + 1 == RETRIES or (status is not None and status < 500):
+                raise LocalgenError(f"the Hub answered {status or 'an error'} for {repo}") from None
+        except hf_errors.OfflineModeIsEnabled:
+            raise HubUnreachableError("HF_HUB_OFFLINE is set; only cached models can be used") from None
+        except (OSError, *_transport_errors()) as e:  # type: ignore[misc]
+            if attempt + 1 == RETRIES:
+                raise HubUnreachableError(
+                    f"cannot reach the Hub at {endpoint()}: {type(e).__name__}",
+                    hint="use --offline to run models already in the cache (localgen list)",
+                ) from None
+        time.sleep(0.5 * 2**attempt)
+    commit = info.sha or ""
+    if not COMMIT.match(commit):
+        raise LocalgenError(f"the Hub gave no valid commit for {repo}")
+    files = []
+    for s in info.siblings or []:
+        name = safe_filename(s.rfilename)
+        sha = s.lfs.sha256 if s.lfs else None
+        size = s.lfs.size if s.lfs else (s.size or 0)
+        files.append(RemoteFile(name=name, size=int(size), sha256=sha))
+    return RepoListing(repo=repo, revision=revision, commit=commit, files=tuple(files))
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP client's connection errors (huggingface_hub has moved from requests to httpx to httpx2)."""
+    import importlib
+
+    found: list[type[BaseException]] = []
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError")):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool) -> object:
+    """Summarize a remote GGUF from the start of the file (a few MB, fetched with Range requests)."""
+    import tempfile
+    import urllib.error
+    import urllib.request
+
+    from localgen.errors import ModelFormatError
+    from localgen.models.gguf_meta import summarize
+
+    url = file_url(repo, commit, filename)
+    want = 4 << 20
+    while True:
+        req = urllib.request.Request(url, headers={**auth_headers(), "Range": f"bytes=0-{min(want, size) - 1}"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                data = resp.read(want)
+        except (urllib.error.URLError, OSError) as e:
+            raise HubUnreachableError(f"cannot read the header of {filename}: {e}") from None
+        with tempfile.NamedTemporaryFile(suffix=".gguf") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            try:
+                return summarize(tmp.name, file_size=size, check_data=not split)
+            except ModelFormatError as e:
+                if "ends in the middle of its header" not in e.message or want >= min(size, 64 << 20):
+                    raise
+        want *= 4

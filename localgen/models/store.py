@@ -1,0 +1,120 @@
+"""What is on disk: GGUFs in the HF cache (ours and other tools'), found offline; safe removal."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from localgen.models import hfcache
+from localgen.models.quant import SPLIT_RE, is_model_gguf, quant_tag
+
+
+@dataclass(frozen=True)
+class CachedFile:
+    """A model GGUF in the cache: repo, commit, name in the repo, the snapshot link and its blob."""
+
+    repo: str
+    commit: str
+    filename: str
+    link: Path
+    blob: Path
+
+    @property
+    def quant(self) -> str | None:
+        """Quantization tag from the file name."""
+        return quant_tag(self.filename)
+
+    @property
+    def sha256(self) -> str | None:
+        """The blob's name is its SHA-256 for LFS files."""
+        return self.blob.name if hfcache.SHA256.match(self.blob.name) else None
+
+
+def _repo_from_dir(name: str) -> str | None:
+    if not name.startswith("models--"):
+        return None
+    parts = name[len("models--"):].split("--")
+    return "/".join(parts) if len(parts) == 2 else None
+
+
+def cached_files(repo: str | None = None) -> Iterator[CachedFile]:
+    """Every model GGUF (first split part only) in every snapshot; unreadable entries are skipped."""
+    root = hfcache.hub_cache()
+    dirs = [hfcache.repo_dir(repo)] if repo else sorted(root.glob("models--*"))
+    for d in dirs:
+        name = _repo_from_dir(d.name)
+        snaps = d / "snapshots"
+        if name is None or not snaps.is_dir():
+            continue
+        for commit_dir in sorted(snaps.iterdir()):
+            for path in sorted(commit_dir.rglob("*.gguf")):
+                rel = path.relative_to(commit_dir).as_posix()
+                m = SPLIT_RE.search(rel)
+                if not is_model_gguf(rel) or (m and m.group(1) != "00001"):
+                    continue
+                try:
+                    blob = path.resolve(strict=True)
+                except OSError:
+                    continue
+                yield CachedFile(repo=name, commit=commit_dir.name, filename=rel, link=path, blob=blob)
+
+
+def split_parts(f: CachedFile) -> list[Path]:
+    """All snapshot links of a (possibly split) model, in order."""
+    m = SPLIT_RE.search(f.filename)
+    if not m:
+        return [f.link]
+    n = int(m.group(2))
+    return [f.link.with_name(SPLIT_RE.sub(f"-{i:05d}-of-{n:05d}.gguf", f.link.name)) for i in range(1, n + 1)]
+
+
+def total_size(f: CachedFile) -> int:
+    """Bytes of all parts."""
+    return sum(p.stat().st_size for p in split_parts(f) if p.exists())
+
+
+def find_cached(repo: str, revision: str, want: str | None, filename: str | None) -> list[CachedFile]:
+    """Cached files of a repo for a quant tag or file name, preferring the revision's commit."""
+    commit = hfcache.cached_commit(repo, revision)
+    found = [f for f in cached_files(repo)
+             if (filename and f.filename == filename)
+             or (not filename and (want is None or (f.quant or "").upper() == want.upper()))]
+    found.sort(key=lambda f: f.commit != commit)
+    return found
+
+
+def remove(files: list[CachedFile]) -> tuple[list[Path], list[Path]]:
+    """Remove the snapshot links of these models; delete a blob only when no other link in the whole
+    cache still points at it. Returns (links removed, blobs deleted)."""
+    targets: list[Path] = []
+    for f in files:
+        targets.extend(p for p in split_parts(f) if p.is_symlink() or p.exists())
+    blobs = {p.resolve() for p in targets if p.exists()}
+    removing = {p.absolute() for p in targets}
+    still_used = set()
+    for other in hfcache.hub_cache().glob("models--*/snapshots/*/**/*"):
+        if other.absolute() in removing or not other.is_symlink():
+            continue
+        try:
+            still_used.add(other.resolve(strict=True))
+        except OSError:
+            continue
+    for p in targets:
+        p.unlink(missing_ok=True)
+        _prune_empty(p.parent)
+    deleted = []
+    for b in sorted(blobs):
+        if b not in still_used and b.parent.name == "blobs":
+            b.unlink(missing_ok=True)
+            deleted.append(b)
+    return targets, deleted
+
+
+def _prune_empty(d: Path) -> None:
+    while d.name and d.parent.name != "snapshots" and not any(d.iterdir()):
+        d.rmdir()
+        d = d.parent
+    if d.parent.name == "snapshots" and d.exists() and not any(d.iterdir()):
+        os.rmdir(d)

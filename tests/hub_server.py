@@ -1,0 +1,245 @@
+"""A loopback stand-in for the Hugging Face Hub, enough for huggingface_hub and localgen's transfers:
+GET /api/models/{repo}[/revision/{rev}] (with siblings and LFS SHA-256s), GET /api/models/{repo}/tree/{rev},
+HEAD/GET /{repo}/resolve/{rev}/{file} with X-Repo-Commit, X-Linked-Etag, X-Linked-Size and byte ranges,
+X-Error-Code on 4xx. Faults on demand: dropped connections, wrong bytes, 5xx, gated repos, slow transfers.
+It binds to 127.0.0.1 only and stops with the test session."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+@dataclass
+class HubFile:
+    """A file the fake Hub serves: bytes from a path (optionally corrupted), advertised size and SHA-256."""
+
+    source: Path | bytes
+    sha256: str = ""
+    corrupt_at: int | None = None  # flip one byte here while serving (same size, wrong bytes)
+
+    def __post_init__(self) -> None:
+        if not self.sha256:
+            h = hashlib.sha256()
+            if isinstance(self.source, bytes):
+                h.update(self.source)
+            else:
+                with open(self.source, "rb") as f:
+                    while block := f.read(1 << 22):
+                        h.update(block)
+            self.sha256 = h.hexdigest()
+
+    @property
+    def size(self) -> int:
+        return len(self.source) if isinstance(self.source, bytes) else self.source.stat().st_size
+
+    def read(self, start: int, end: int) -> bytes:
+        if isinstance(self.source, bytes):
+            data = self.source[start:end]
+        else:
+            with open(self.source, "rb") as f:
+                f.seek(start)
+                data = f.read(end - start)
+        if self.corrupt_at is not None and start <= self.corrupt_at < end:
+            i = self.corrupt_at - start
+            data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
+        return data
+
+
+@dataclass
+class HubRepo:
+    commit: str
+    files: dict[str, HubFile]
+    gated: bool = False
+
+
+@dataclass
+class FakeHub:
+    """State the tests set and read: repos, faults, and a log of what was sent."""
+
+    repos: dict[str, HubRepo] = field(default_factory=dict)
+    drop_after: dict[str, list[int]] = field(default_factory=dict)  # file -> byte offsets to drop at, used once each
+    fail_statuses: list[int] = field(default_factory=list)  # next API/resolve answers, used once each
+    delay_per_mb: float = 0.0
+    sent: dict[str, int] = field(default_factory=dict)  # file -> bytes sent in total
+    requests: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def reset(self) -> None:
+        with self.lock:
+            self.repos.clear()
+            self.drop_after.clear()
+            self.fail_statuses.clear()
+            self.delay_per_mb = 0.0
+            self.sent.clear()
+            self.requests.clear()
+
+
+def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
+    api = re.compile(r"^/api/models/([^/]+/[^/]+)(?:/revision/([^/]+)|/tree/([^/]+))?/?$")
+    resolve = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _error(self, status: int, code: str | None, message: str) -> None:
+            body = json.dumps({"error": message}).encode()
+            self.send_response(status)
+            if code:
+                self.send_header("X-Error-Code", code)
+                self.send_header("X-Error-Message", message)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _fault(self) -> bool:
+            with hub.lock:
+                status = hub.fail_statuses.pop(0) if hub.fail_statuses else None
+            if status:
+                self._error(status, None, f"injected {status}")
+                return True
+            return False
+
+        def do_HEAD(self) -> None:
+            self.do_GET()
+
+        def do_GET(self) -> None:
+            path = unquote(urlparse(self.path).path)
+            with hub.lock:
+                hub.requests.append(f"{self.command} {path} {self.headers.get('Range', '')}")
+            if self._fault():
+                return
+            m = api.match(path)
+            if m:
+                return self._api(m.group(1), m.group(2) or m.group(3) or "main", tree=m.group(3) is not None)
+            m = resolve.match(path)
+            if m:
+                return self._resolve(m.group(1), m.group(2), m.group(3))
+            self._error(404, "EntryNotFound", "no such endpoint")
+
+        def _repo(self, repo_id: str, revision: str) -> HubRepo | None:
+            repo = hub.repos.get(repo_id)
+            if repo is None:
+                self._error(401, "RepoNotFound", "Repository not found")
+                return None
+            if repo.gated and "authorization" not in {k.lower() for k in self.headers}:
+                self._error(401, "GatedRepo", "Access to this repo is restricted")
+                return None
+            if revision not in ("main", repo.commit):
+                self._error(404, "RevisionNotFound", "Revision not found")
+                return None
+            return repo
+
+        def _api(self, repo_id: str, revision: str, tree: bool) -> None:
+            repo = self._repo(repo_id, revision)
+            if repo is None:
+                return
+            if tree:
+                doc: object = [
+                    {"type": "file", "path": n, "size": f.size, "oid": f.sha256[:40],
+                     "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": 134}}
+                    for n, f in repo.files.items()
+                ]
+            else:
+                doc = {
+                    "id": repo_id, "modelId": repo_id, "sha": repo.commit, "private": False, "gated": repo.gated,
+                    "siblings": [
+                        {"rfilename": n, "size": f.size, "blobId": f.sha256[:40],
+                         "lfs": {"sha256": f.sha256, "size": f.size, "pointerSize": 134}}
+                        for n, f in repo.files.items()
+                    ],
+                }
+            body = json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _resolve(self, repo_id: str, revision: str, name: str) -> None:
+            repo = self._repo(repo_id, revision)
+            if repo is None:
+                return
+            f = repo.files.get(name)
+            if f is None:
+                self._error(404, "EntryNotFound", "Entry not found")
+                return
+            start, end = 0, f.size
+            rng = self.headers.get("Range")
+            status = 200
+            if rng:
+                m = re.match(r"bytes=(\d+)-(\d*)$", rng)
+                if m:
+                    start = int(m.group(1))
+                    end = min(f.size, int(m.group(2)) + 1) if m.group(2) else f.size
+                    if start >= f.size:
+                        self._error(416, None, "Range Not Satisfiable")
+                        return
+                    status = 206
+            self.send_response(status)
+            self.send_header("X-Repo-Commit", repo.commit)
+            self.send_header("X-Linked-Etag", f'"{f.sha256}"')
+            self.send_header("ETag", f'"{f.sha256}"')
+            self.send_header("X-Linked-Size", str(f.size))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(end - start))
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{f.size}")
+            self.end_headers()
+            if self.command == "HEAD":
+                return
+            pos = start
+            while pos < end:
+                n = min(1 << 20, end - pos)
+                with hub.lock:
+                    drops = hub.drop_after.get(name, [])
+                    cut = next((d for d in drops if pos <= d < pos + n), None)
+                    if cut is not None:
+                        drops.remove(cut)
+                if cut is not None:
+                    if cut > pos:
+                        self.wfile.write(f.read(pos, cut))
+                        with hub.lock:
+                            hub.sent[name] = hub.sent.get(name, 0) + cut - pos
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                try:
+                    self.wfile.write(f.read(pos, pos + n))
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+                with hub.lock:
+                    hub.sent[name] = hub.sent.get(name, 0) + n
+                pos += n
+                if hub.delay_per_mb:
+                    time.sleep(hub.delay_per_mb)
+
+    return Handler
+
+
+def start() -> tuple[FakeHub, ThreadingHTTPServer]:
+    """Start the fake Hub on a free loopback port."""
+    hub = FakeHub()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
+    server.daemon_threads = True
+    hub.port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return hub, server

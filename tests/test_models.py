@@ -1,0 +1,369 @@
+"""Models: names, the catalogue, pulls from a loopback Hub (resume, verify, faults), list/show/rm."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localgen.errors import LocalgenError
+from localgen.models import fit, names
+from localgen.models.quant import RemoteFile, group_options, pick, quant_tag
+from tests import hub_server
+from tests.conftest import ROOT
+
+REPO = "acme/SmolLM2-GGUF"
+FILE = "smollm2-135m-instruct-Q4_1.gguf"
+COMMIT = hashlib.sha1(b"acme").hexdigest()
+
+
+@pytest.fixture(scope="session")
+def fake_hub() -> Iterator[hub_server.FakeHub]:
+    hub, server = hub_server.start()
+    yield hub
+    server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def model_file(smollm2_path: Path) -> hub_server.HubFile:
+    return hub_server.HubFile(smollm2_path)
+
+
+@pytest.fixture
+def hub(fake_hub: hub_server.FakeHub, model_file: hub_server.HubFile) -> hub_server.FakeHub:
+    fake_hub.reset()
+    fake_hub.repos[REPO] = hub_server.HubRepo(COMMIT, {
+        FILE: model_file,
+        "smollm2-135m-instruct-Q8_0.gguf": hub_server.HubFile(model_file.source, model_file.sha256),
+        "README.md": hub_server.HubFile(b"# readme\n"),
+    })
+    return fake_hub
+
+
+@pytest.fixture
+def env(cli_env: dict[str, str], hub: hub_server.FakeHub, tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in cli_env.items() if k not in ("HF_HUB_OFFLINE", "HF_HOME")}
+    e.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hf"), LOCALGEN_HOME=str(tmp_path / "home"))
+    e.pop("HF_TOKEN", None)
+    return e
+
+
+def lg(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localgen", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+
+def blob(env: dict[str, str], sha: str, repo: str = REPO) -> Path:
+    return Path(env["HF_HUB_CACHE"]) / ("models--" + repo.replace("/", "--")) / "blobs" / sha
+
+
+# ---- names, quantizations, fit (no network) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("qwen2.5:7b", names.CatalogueSpec("qwen2.5:7b", None)),
+        ("qwen2.5:7b@q8_0", names.CatalogueSpec("qwen2.5:7b", "q8_0")),
+        ("owner/repo", names.HubSpec("owner/repo")),
+        ("owner/repo:Q4_K_M", names.HubSpec("owner/repo", quant="Q4_K_M")),
+        ("hf.co/owner/repo:q4_k_m", names.HubSpec("owner/repo", quant="q4_k_m")),
+        ("huggingface.co/owner/repo", names.HubSpec("owner/repo")),
+        ("owner/repo/sub/file.gguf", names.HubSpec("owner/repo", filename="sub/file.gguf")),
+        ("https://huggingface.co/o/r/resolve/main/f.gguf", names.HubSpec("o/r", filename="f.gguf")),
+        ("./x.gguf", names.PathSpec(Path("x.gguf"))),
+        ("models/x.gguf", names.PathSpec(Path("models/x.gguf"))),
+    ],
+)
+def test_name_forms(text: str, expected: object) -> None:
+    assert names.parse(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["owner/../etc", "own er/repo", "o/r/../../x.gguf", "o/r//x.gguf"])
+def test_unsafe_names_are_refused(bad: str) -> None:
+    with pytest.raises(LocalgenError):
+        names.parse(bad)
+
+
+def test_quant_tags_and_split_groups() -> None:
+    assert quant_tag("Qwen2.5-7B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
+    assert quant_tag("qwen2.5-7b-instruct-q8_0-00001-of-00003.gguf") == "Q8_0"
+    assert quant_tag("gemma-3-4b-it-UD-Q4_K_XL.gguf") == "UD-Q4_K_XL"
+    assert quant_tag("model-bf16.gguf") == "BF16"
+    files = [RemoteFile(n, 10, "0" * 64) for n in [
+        "m-Q8_0-00002-of-00002.gguf", "m-Q8_0-00001-of-00002.gguf", "m-Q4_K_M.gguf", "mmproj-m-f16.gguf",
+        "m-Q6_K-00001-of-00003.gguf",  # incomplete split: not offered
+        "README.md",
+    ]]
+    options = group_options(files)
+    assert [o.tag for o in options] == ["Q4_K_M", "Q8_0"]
+    q8 = pick(options, "q8_0")
+    assert q8 is not None and [f.name for f in q8.files] == ["m-Q8_0-00001-of-00002.gguf", "m-Q8_0-00002-of-00002.gguf"]
+    assert pick(options, "Q2_K") is None
+
+
+def test_fit_verdicts_and_gpu_layers(smollm2_engine: Any) -> None:
+    s = smollm2_engine.model.summary
+    e = fit.estimate(s, s.file_size, 4096)
+    assert e.kv == 30 * 4096 * 3 * (64 + 64) * 2  # layers × ctx × kv heads × (k + v dims) × f16
+    gb = 1 << 30
+    assert fit.verdict(e, fit.Machine(ram_available=16 * gb, gpu_free=24 * gb, offload=True)) == fit.FULL_GPU
+    assert fit.verdict(e, fit.Machine(ram_available=16 * gb, gpu_free=0, offload=False)) == fit.CPU_ONLY
+    assert fit.verdict(e, fit.Machine(ram_available=100 << 20, gpu_free=0, offload=False)) == fit.WONT_FIT
+    tight = fit.Machine(ram_available=16 * gb, gpu_free=e.total // 2 + e.overhead, offload=True)
+    assert fit.verdict(e, tight) == fit.PARTIAL_GPU
+    layers = fit.gpu_layers(s, e, tight)
+    assert 0 < layers < 30
+    assert fit.gpu_layers(s, e, fit.Machine(16 * gb, 24 * gb, True)) == -1
+    assert fit.gpu_layers(s, e, fit.Machine(16 * gb, 0, False)) == 0
+
+
+# ---- pull -------------------------------------------------------------------------------------------
+
+
+def test_clean_pull_lands_in_the_shared_hf_cache(env: dict[str, str], hub: hub_server.FakeHub,
+                                                 model_file: hub_server.HubFile) -> None:
+    r = lg(env, "pull", f"{REPO}:q4_1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"{REPO}:Q4_1  Q4_1  94 MB  ")
+    b = blob(env, model_file.sha256)
+    assert b.is_file() and b.stat().st_size == model_file.size
+    link = b.parent.parent / "snapshots" / COMMIT / FILE
+    assert link.is_symlink() and link.resolve() == b
+    assert (b.parent.parent / "refs" / "main").read_text() == COMMIT
+    assert hub.sent[FILE] == model_file.size
+    assert "25%" in r.stderr and "done" in r.stderr, "plain progress lines when not on a terminal"
+    # huggingface_hub finds our file in its own cache, offline
+    probe = ("from huggingface_hub import hf_hub_download; "
+             f"print(hf_hub_download('{REPO}', '{FILE}', local_files_only=True))")
+    found = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()).resolve() == b
+    # and localgen runs it offline, the quant tag case-insensitive
+    run = lg(env, "run", "-m", f"{REPO}:Q4_1", "--offline", "-p", "Hi", "-n", "4", "--json")
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["model"]["source"] == "hf" and doc["model"]["quantization"] == "Q4_1"
+    assert hub.sent[FILE] == model_file.size, "a cached model is not downloaded again"
+
+
+def test_run_pulls_a_missing_model_first(env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    r = lg(env, "run", "-m", f"{REPO}:Q4_1", "-p", "Hi", "-n", "4")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert FILE in hub.sent
+
+
+def test_dropped_connection_resumes_within_the_same_pull(env: dict[str, str], hub: hub_server.FakeHub,
+                                                         model_file: hub_server.HubFile) -> None:
+    hub.drop_after[FILE] = [30_000_000, 70_000_000]
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    assert "retrying" in r.stderr
+    assert hub.sent[FILE] < model_file.size * 1.05, "no restart from byte 0"
+    assert blob(env, model_file.sha256).is_file()
+
+
+def test_interrupted_pull_resumes_where_it_stopped(env: dict[str, str], hub: hub_server.FakeHub,
+                                                   model_file: hub_server.HubFile) -> None:
+    hub.delay_per_mb = 0.05
+    p = subprocess.Popen([sys.executable, "-m", "localgen", "pull", f"{REPO}:Q4_1"], env=env, cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    partial = blob(env, model_file.sha256).with_name(model_file.sha256 + ".incomplete")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not partial.exists() or partial.stat().st_size < 30_000_000):
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err.decode()
+    kept = partial.stat().st_size
+    assert kept >= 30_000_000
+    hub.delay_per_mb = 0.0
+    first_run = hub.sent[FILE]
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    assert "resuming" in r.stderr
+    second_run = hub.sent[FILE] - first_run
+    assert second_run <= model_file.size - kept + (1 << 20), "the second pull fetched only what was missing"
+    assert blob(env, model_file.sha256).is_file() and not partial.exists()
+
+
+def test_same_size_wrong_bytes_are_rejected_and_deleted(env: dict[str, str], hub: hub_server.FakeHub,
+                                                        model_file: hub_server.HubFile) -> None:
+    hub.repos[REPO].files[FILE] = hub_server.HubFile(model_file.source, model_file.sha256, corrupt_at=50_000_000)
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 1
+    last = r.stderr.splitlines()[-1]
+    assert last.startswith("localgen: error:") and "does not match the SHA-256" in last
+    blobs = blob(env, model_file.sha256).parent
+    assert not list(blobs.glob("*")), "neither the bad file nor a partial one is kept"
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "needle"),
+    [
+        (lambda hub: None, ["pull", "nobody/nothing"], "no repo nobody/nothing on the Hub"),
+        (lambda hub: setattr(hub.repos[REPO], "gated", True), ["pull", f"{REPO}:Q4_1"], "HF_TOKEN"),
+        (lambda hub: None, ["pull", f"{REPO}:Q9_9"], "has no quantization Q9_9 (it has: Q4_1, Q8_0)"),
+        (lambda hub: hub.fail_statuses.extend([503] * 10), ["pull", f"{REPO}:Q4_1"], "answered 503"),
+    ],
+)
+def test_hub_errors_are_one_line(env: dict[str, str], hub: hub_server.FakeHub, setup: Any, args: list[str],
+                                 needle: str) -> None:
+    setup(hub)
+    r = lg(env, *args)
+    assert r.returncode == 1, r.stderr
+    assert needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_transient_5xx_is_retried(env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    hub.fail_statuses.extend([503, 502])
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+
+
+def test_two_pulls_at_once_leave_one_good_copy(env: dict[str, str], hub: hub_server.FakeHub,
+                                               model_file: hub_server.HubFile) -> None:
+    hub.delay_per_mb = 0.01
+    procs = [subprocess.Popen([sys.executable, "-m", "localgen", "pull", f"{REPO}:Q4_1"], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+             for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    assert hub.sent[FILE] <= model_file.size * 1.02, "the second pull waited for the first instead of fetching"
+    blobs = list(blob(env, model_file.sha256).parent.iterdir())
+    assert [b.name for b in blobs] == [model_file.sha256]
+
+
+def test_offline_and_unreachable(env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    r = lg(env, "run", "-m", f"{REPO}:Q4_1", "--offline", "-p", "x")
+    assert r.returncode == 1 and "not in the cache and localgen is offline" in r.stderr
+    r = lg({**env, "HF_HUB_OFFLINE": "1"}, "run", "-m", f"{REPO}:Q4_1", "-p", "x")
+    assert r.returncode == 1 and "offline" in r.stderr
+    assert not hub.requests, "offline means no request at all"
+    dead = {**env, "HF_ENDPOINT": "http://127.0.0.1:9"}
+    r = lg(dead, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 1 and "cannot reach the Hub" in r.stderr and "--offline" in r.stderr
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    r = lg(dead, "run", "-m", f"{REPO}:Q4_1", "-p", "Hi", "-n", "3")
+    assert r.returncode == 0, "a cached model runs with the Hub unreachable"
+
+
+def test_not_enough_disk(env: dict[str, str], hub: hub_server.FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from localgen.models import download, resolve
+
+    for k in ("HF_ENDPOINT", "HF_HUB_CACHE", "LOCALGEN_HOME"):
+        monkeypatch.setenv(k, env[k])
+    real = shutil.disk_usage
+    monkeypatch.setattr(download.shutil, "disk_usage",
+                        lambda p: real(p)._replace(free=10 << 20))
+    with pytest.raises(LocalgenError, match=r"not enough disk space .*need 1\d\d MB, have 10 MB"):
+        resolve.pull(resolve.target(f"{REPO}:Q4_1"), download.Quiet())
+    assert FILE not in hub.sent
+
+
+def test_hostile_file_names_never_leave_the_cache(env: dict[str, str], hub: hub_server.FakeHub,
+                                                  tmp_path: Path) -> None:
+    hub.repos["evil/repo"] = hub_server.HubRepo(COMMIT, {"../../../../escaped-Q4_0.gguf": hub_server.HubFile(b"x")})
+    r = lg(env, "pull", "evil/repo:Q4_0")
+    assert r.returncode == 1 and "unsafe file name" in r.stderr
+    assert not list(tmp_path.rglob("escaped*"))
+
+
+def test_list_show_rm(env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile) -> None:
+    hub.repos["other/copy"] = hub_server.HubRepo(COMMIT, {"copy-Q4_1.gguf": model_file})
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    assert lg(env, "pull", f"{REPO}:Q8_0").returncode == 0  # same bytes: one blob, two names
+    assert lg(env, "pull", "other/copy").returncode == 0  # no tag: the only quantization there
+    listed = json.loads(lg(env, "list", "--json").stdout)
+    names_ = {i["name"] for i in listed}
+    assert {f"{REPO}:Q4_1", f"{REPO}:Q8_0", "other/copy:Q4_1", "smollm2:135m"} <= names_
+    shown = json.loads(lg(env, "show", f"{REPO}:Q4_1", "--json").stdout)
+    assert shown["architecture"] == "llama" and shown["layers"] == 30 and shown["kv_heads"] == 3
+    assert shown["sha256"] == model_file.sha256 and shown["quantization"] == "Q4_1"
+    assert shown["vocab_size"] == 49152 and shown["license"] == "apache-2.0"
+    text = lg(env, "show", f"{REPO}:Q4_1")
+    assert "context length" in text.stdout and "parameters" in text.stdout
+    tmpl = lg(env, "show", f"{REPO}:Q4_1", "--template")
+    assert "<|im_start|>" in tmpl.stdout
+    r = lg(env, "rm", f"{REPO}:Q4_1")
+    assert r.returncode == 2 and "--yes" in r.stderr, "not on a terminal: rm needs --yes"
+    r = lg(env, "rm", f"{REPO}:Q4_1", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert "kept" in r.stdout
+    assert blob(env, model_file.sha256).is_file(), "the Q8_0 name still uses the blob"
+    assert lg(env, "run", "-m", f"{REPO}:Q8_0", "--offline", "-p", "Hi", "-n", "2").returncode == 0
+    r = lg(env, "rm", f"{REPO}:Q8_0", "--yes")
+    assert r.returncode == 0 and "freed" in r.stdout and "kept" not in r.stdout
+    assert not blob(env, model_file.sha256).exists()
+    listed = {i["name"] for i in json.loads(lg(env, "list", "--json").stdout)}
+    assert f"{REPO}:Q4_1" not in listed and "other/copy:Q4_1" in listed
+    r = lg(env, "show", f"{REPO}:Q4_1")
+    assert r.returncode == 1 and "is not downloaded (localgen pull" in r.stderr
+    r = lg(env, "show", f"{REPO}:Q4_1", "--offline")
+    assert r.returncode == 1 and "not in the cache and localgen is offline" in r.stderr
+
+
+def test_pull_list_shows_fit_and_recommendation(env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    r = lg(env, "pull", REPO, "--list", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    rows = {q["quantization"]: q for q in doc["quantizations"]}
+    assert set(rows) == {"Q4_1", "Q8_0"}
+    assert rows["Q4_1"]["fit"] == "CPU only" and rows["Q4_1"]["memory"] > rows["Q4_1"]["size"]
+    assert sum(q["recommended"] for q in rows.values()) == 1
+    assert not any(q["downloaded"] for q in rows.values())
+    assert FILE not in hub.sent or hub.sent[FILE] < 70_000_000, "--list reads only the header"
+    table = lg(env, "pull", REPO, "--list")
+    assert "★ recommended" in table.stdout and "FIT" in table.stdout
+
+
+def test_user_catalogue_adds_entries_with_sampling_defaults(env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    cfg = Path(env["LOCALGEN_HOME"]) / "config"
+    cfg.mkdir(parents=True)
+    (cfg / "models.toml").write_text(
+        f'[models."tiny:test"]\nrepo = "{REPO}"\ndefault_quant = "Q4_1"\nsampling = {{ temperature = 0.0 }}\n'
+    )
+    doc = json.loads(lg(env, "run", "-m", "tiny:test", "-p", "Hi", "-n", "3", "--json").stdout)
+    assert doc["sampling"]["temperature"] == 0.0 and doc["model"]["name"] == "tiny:test@Q4_1"
+    doc = json.loads(lg(env, "run", "-m", "tiny:test", "-p", "Hi", "-n", "3", "--json", "--temp", "0.5").stdout)
+    assert doc["sampling"]["temperature"] == 0.5, "a flag beats the catalogue default"
+    cat = lg(env, "list", "--catalogue")
+    assert "tiny:test" in cat.stdout and "qwen2.5:7b" in cat.stdout and "llama3.2:3b" in cat.stdout
+    r = lg(env, "run", "-m", "qwen2.5:70b", "-p", "x", "--offline")
+    assert r.returncode == 1 and "unknown model 'qwen2.5:70b'" in r.stderr and "qwen2.5:7b" in r.stderr
+
+
+def test_a_cache_file_from_another_tool_is_verified_before_use(env: dict[str, str], hub: hub_server.FakeHub,
+                                                               model_file: hub_server.HubFile) -> None:
+    probe = f"from huggingface_hub import hf_hub_download; print(hf_hub_download('{REPO}', '{FILE}'))"
+    got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert FILE in {i["path"].rsplit("/", 1)[-1] for i in json.loads(lg(env, "list", "--json").stdout)}
+    b = blob(env, model_file.sha256)
+    with open(b, "r+b") as f:  # same size, one byte changed
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 1]))
+    r = lg(env, "run", "-m", f"{REPO}:Q4_1", "--offline", "-p", "x", "-n", "2")
+    assert r.returncode == 1 and "failed its SHA-256 check and was removed" in r.stderr
+    assert not b.exists()
+
+
+def test_embedded_catalogue_entry(cli: Any) -> None:
+    r = cli("run", "-m", "smollm2:135m@Q8_0", "-p", "x")
+    assert r.returncode == 1 and "ships only as Q4_1" in r.stderr
+    r = cli("pull", "smollm2:135m")
+    assert r.returncode == 1 and "nothing to pull" in r.stderr
