@@ -6,7 +6,9 @@ from typing import Annotated
 
 import typer
 
+from localgen.cli.bench import bench_app
 from localgen.cli.chat import chat
+from localgen.cli.doctor import doctor
 from localgen.cli.models import list_models, pull, rm, show
 from localgen.cli.run import run
 
@@ -44,3 +46,5 @@ app.command(name="pull")(pull)
 app.command(name="list")(list_models)
 app.command(name="show")(show)
 app.command(name="rm")(rm)
+app.add_typer(bench_app, name="bench")
+app.command(name="doctor")(doctor)

@@ -1,0 +1,116 @@
+"""Every benchmark run kept in a local SQLite file (data dir): list, fetch, compare."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localgen import paths
+from localgen.errors import LocalgenError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created REAL NOT NULL,
+    command TEXT NOT NULL,
+    system TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS results (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+"""
+
+
+def db_path() -> Path:
+    """The history file."""
+    return paths.data_dir() / "bench.sqlite"
+
+
+def _connect() -> sqlite3.Connection:
+    path = db_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        conn = sqlite3.connect(path, timeout=30)
+        conn.executescript(SCHEMA)
+    except sqlite3.DatabaseError as e:
+        raise LocalgenError(f"the benchmark history {path} is unreadable: {e}",
+                            hint="move it aside to start a new one; it is never overwritten") from None
+    return conn
+
+
+def start(command: str, system: dict[str, Any]) -> int:
+    """Open a run; results are added as they are measured, so an interrupted run keeps what it measured."""
+    with closing(_connect()) as conn, conn:
+        cur = conn.execute("INSERT INTO runs (created, command, system) VALUES (?, ?, ?)",
+                           (time.time(), command, json.dumps(system)))
+        return int(cur.lastrowid or 0)
+
+
+def add(run_id: int, seq: int, record: dict[str, Any]) -> None:
+    """Store one result."""
+    with closing(_connect()) as conn, conn:
+        conn.execute("INSERT INTO results (run_id, seq, record) VALUES (?, ?, ?)", (run_id, seq, json.dumps(record)))
+
+
+@dataclass(frozen=True)
+class Run:
+    """A stored run."""
+
+    id: int
+    created: float
+    command: str
+    system: dict[str, Any]
+    records: list[dict[str, Any]]
+
+
+def runs(limit: int = 50) -> list[Run]:
+    """Most recent first."""
+    with closing(_connect()) as conn:
+        rows = conn.execute(
+            "SELECT id, created, command, system FROM runs ORDER BY id DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [Run(i, c, cmd, json.loads(s), _records(conn, i)) for i, c, cmd, s in rows]
+
+
+def get(run_id: int) -> Run:
+    """One run, or a clear error."""
+    with closing(_connect()) as conn:
+        row = conn.execute("SELECT id, created, command, system FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise LocalgenError(f"no benchmark run {run_id}", hint="localgen bench history lists them")
+        return Run(row[0], row[1], row[2], json.loads(row[3]), _records(conn, run_id))
+
+
+def _records(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    rows = conn.execute("SELECT record FROM results WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
+    return [json.loads(r[0]) for r in rows]
+
+
+KEY_FIELDS = ("model_filename", "test", "n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn",
+              "type_k", "type_v")
+
+
+def compare(a: Run, b: Run) -> list[tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]]:
+    """Pair results of two runs by model file, test and settings: (key, A's record, B's record)."""
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(r.get(k) for k in KEY_FIELDS)
+
+    bmap = {key(r): r for r in b.records}
+    out: list[tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]] = []
+    seen = set()
+    for r in a.records:
+        k = key(r)
+        seen.add(k)
+        out.append((dict(zip(KEY_FIELDS, k, strict=True)), r, bmap.get(k)))
+    for r in b.records:
+        if key(r) not in seen:
+            out.append((dict(zip(KEY_FIELDS, key(r), strict=True)), None, r))
+    return out

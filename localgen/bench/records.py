@@ -1,0 +1,158 @@
+"""Benchmark results as llama-bench records (its field names, so its tooling reads them) plus ours,
+and the md / csv / json / jsonl writers."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import platform
+from typing import Any
+
+from localgen.bench.runner import Result
+
+# llama-bench's fields, in its order; ours follow.
+LLAMA_BENCH_FIELDS = [
+    "build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
+    "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "cpu_mask", "cpu_strict", "poll",
+    "type_k", "type_v", "n_gpu_layers", "split_mode", "main_gpu", "no_kv_offload", "flash_attn",
+    "tensor_split", "use_mmap", "embeddings", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns",
+    "stddev_ns", "avg_ts", "stddev_ts",
+]
+OUR_FIELDS = [
+    "test", "model_name", "load_s", "ttft_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "peak_rss_bytes",
+    "peak_gpu_bytes", "limit_ts", "limit_share", "localgen_version",
+]
+
+
+def system_info() -> dict[str, Any]:
+    """The machine and build, for the header and every record."""
+    import localgen
+    from localgen import hardware
+    from localgen.engine.llama import backend_info
+
+    b = backend_info()
+    gpus = hardware.gpus()
+    features = b["system_info"]
+    backends = "CPU"
+    if b["gpu_offload"]:
+        backends = "Metal" if platform.system() == "Darwin" else "CUDA" if gpus else "GPU"
+    return {
+        "cpu_info": hardware.cpu_name(), "cores": hardware.usable_cores(), "ram": hardware.total_ram_bytes(),
+        "gpu_info": ", ".join(f"{g.name} ({g.total >> 20} MiB)" for g in gpus), "backends": backends,
+        "build_commit": f"llama-cpp-python {b['llama_cpp_python']}", "build_number": 0,
+        "features": features, "localgen_version": localgen.__version__,
+    }
+
+
+def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
+    """One result as a flat dict."""
+    import statistics
+
+    c, t = r.config, r.test
+    avg_ns = int(statistics.fmean(r.samples_ns))
+    rec: dict[str, Any] = {
+        "build_commit": system["build_commit"], "build_number": system["build_number"],
+        "cpu_info": system["cpu_info"], "gpu_info": system["gpu_info"], "backends": system["backends"],
+        "model_filename": r.model["filename"], "model_type": r.model["type"], "model_size": r.model["size"],
+        "model_n_params": r.model["n_params"], "n_batch": c.n_batch, "n_ubatch": c.n_ubatch,
+        "n_threads": c.n_threads, "cpu_mask": "0x0", "cpu_strict": False, "poll": 50, "type_k": c.type_k,
+        "type_v": c.type_v, "n_gpu_layers": c.n_gpu_layers, "split_mode": "layer", "main_gpu": 0,
+        "no_kv_offload": False, "flash_attn": c.flash_attn, "tensor_split": "0.00", "use_mmap": True,
+        "embeddings": False, "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_depth": t.n_depth,
+        "test_time": r.test_time, "avg_ns": avg_ns,
+        "stddev_ns": int(statistics.stdev(r.samples_ns)) if len(r.samples_ns) > 1 else 0,
+        "avg_ts": round(r.avg_ts, 6), "stddev_ts": round(r.stddev_ts, 6),
+        "test": t.label, "model_name": r.model["name"], "load_s": round(r.load_s, 4),
+        "ttft_ms": round(r.ttft_ms, 3) if r.ttft_ms is not None else None,
+        "itl_p50_ms": r.itl_ms.get("p50"), "itl_p90_ms": r.itl_ms.get("p90"), "itl_p99_ms": r.itl_ms.get("p99"),
+        "peak_rss_bytes": r.peak_rss, "peak_gpu_bytes": r.peak_gpu,
+        "limit_ts": round(r.limit_ts, 2) if r.limit_ts else None,
+        "limit_share": round(r.avg_ts / r.limit_ts, 4) if r.limit_ts else None,
+        "localgen_version": system["localgen_version"],
+        "samples_ns": r.samples_ns, "samples_ts": [round(x, 6) for x in r.samples_ts],
+    }
+    return rec
+
+
+def swept(records: list[dict[str, Any]]) -> list[str]:
+    """Settings that vary between records, or differ from the defaults: they get their own column."""
+    keys = ["n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v"]
+    defaults = {"n_batch": 2048, "n_ubatch": 512, "flash_attn": True, "type_k": "f16", "type_v": "f16"}
+    cols = []
+    for k in keys:
+        values = {r[k] for r in records}
+        if len(values) > 1 or k in ("n_threads", "n_gpu_layers") or any(v != defaults.get(k, v) for v in values):
+            cols.append(k)
+    return cols
+
+
+SHORT = {"n_threads": "threads", "n_gpu_layers": "ngl", "n_batch": "n_batch", "n_ubatch": "n_ubatch",
+         "flash_attn": "fa", "type_k": "type_k", "type_v": "type_v"}
+
+
+def size_gib(n: int) -> str:
+    """llama-bench's size column."""
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.2f} MiB"
+
+
+def params_b(n: int) -> str:
+    """llama-bench's params column."""
+    return f"{n / 1e9:.2f} B"
+
+
+def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells of the llama-bench style table, with our extra columns after t/s."""
+    cols = swept(records)
+    headers = ["model", "size", "params", "backend", *[SHORT[c] for c in cols], "test", "t/s",
+               "ttft ms", "itl p50/p99 ms", "load s", "peak RSS", "of limit"]
+    cells = []
+    for r in records:
+        cells.append([
+            r["model_type"], size_gib(r["model_size"]), params_b(r["model_n_params"]), r["backends"],
+            *[str(int(r[c]) if isinstance(r[c], bool) else r[c]) for c in cols], r["test"],
+            f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
+            f"{r['ttft_ms']:.1f}" if r["ttft_ms"] is not None else "",
+            f"{r['itl_p50_ms']:.2f}/{r['itl_p99_ms']:.2f}" if r["itl_p50_ms"] is not None else "",
+            f"{r['load_s']:.2f}", size_gib(r["peak_rss_bytes"]) if r["peak_rss_bytes"] else "",
+            f"{r['limit_share'] * 100:.0f} %" if r["limit_share"] else "",
+        ])
+    return headers, cells
+
+
+def markdown(records: list[dict[str, Any]]) -> str:
+    """A Markdown table shaped like llama-bench's -o md."""
+    headers, cells = rows(records)
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    right = {"size", "params", "t/s", "ttft ms", "itl p50/p99 ms", "load s", "peak RSS", "of limit"}
+
+    def line(values: list[str]) -> str:
+        return "| " + " | ".join(v.rjust(w) if h in right else v.ljust(w)
+                                 for v, w, h in zip(values, widths, headers, strict=True)) + " |"
+
+    sep = "| " + " | ".join(("-" * (w - 1) + ":") if h in right else "-" * w
+                            for w, h in zip(widths, headers, strict=True)) + " |"
+    return "\n".join([line(headers), sep, *(line(c) for c in cells)]) + "\n"
+
+
+def to_csv(records: list[dict[str, Any]]) -> str:
+    """CSV with llama-bench's columns first (samples left out, as llama-bench does)."""
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=LLAMA_BENCH_FIELDS + OUR_FIELDS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in records:
+        w.writerow(r)
+    return out.getvalue()
+
+
+def to_json(records: list[dict[str, Any]]) -> str:
+    """A JSON array, as llama-bench -o json."""
+    return json.dumps(records, indent=2) + "\n"
+
+
+def to_jsonl(records: list[dict[str, Any]]) -> str:
+    """One JSON object per line, as llama-bench -o jsonl."""
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+FORMATS = {"md": markdown, "csv": to_csv, "json": to_json, "jsonl": to_jsonl}

@@ -1,0 +1,200 @@
+"""Runs a benchmark plan: one model load per configuration, a warm-up, then each test -r times.
+
+Per llama-bench: random tokens of the exact length, end-of-generation ignored, the KV cache cleared
+before each repetition (and filled to the depth, untimed). Beyond it: load time, time to first token,
+inter-token latency percentiles, peak RSS (and GPU memory used, where there is a GPU), the end-to-end
+test through the real `run` path, and each generation rate as a share of the memory-bandwidth limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from localgen.bench.sweep import LoadConfig, Plan, Test
+from localgen.types import LoadParams, SamplingParams
+
+E2E_PROMPT = "Write a detailed essay about the history of the printing press."
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """One configuration × test: samples and the derived numbers."""
+
+    config: LoadConfig
+    test: Test
+    model: dict[str, Any]
+    samples_ns: list[int]
+    samples_ts: list[float]
+    load_s: float
+    ttft_ms: float | None
+    itl_ms: dict[str, float]
+    peak_rss: int | None
+    peak_gpu: int | None
+    limit_ts: float | None
+    test_time: str
+
+    @property
+    def avg_ts(self) -> float:
+        """Mean tokens per second."""
+        return statistics.fmean(self.samples_ts)
+
+    @property
+    def stddev_ts(self) -> float:
+        """Sample standard deviation of tokens per second (0 for one sample)."""
+        return statistics.stdev(self.samples_ts) if len(self.samples_ts) > 1 else 0.0
+
+
+class Progress:
+    """Callbacks for a progress display; the default does nothing."""
+
+    def begin(self, total: int) -> None:
+        """`total` measurements (configurations × tests × repetitions)."""
+
+    def step(self, description: str) -> None:
+        """One repetition done."""
+
+    def end(self) -> None:
+        """All done."""
+
+
+def _reset_peak_rss() -> None:
+    try:  # Linux: writing 5 resets the peak resident set size (VmHWM)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _gpu_used() -> int | None:
+    from localgen import hardware
+
+    g = hardware.gpus()
+    if not g or g[0].unified:
+        return None
+    return sum(x.total - x.free for x in g)
+
+
+def _percentiles(times: list[float]) -> dict[str, float]:
+    if not times:
+        return {}
+    ms = sorted(t * 1000 for t in times)
+
+    def q(p: float) -> float:
+        i = min(len(ms) - 1, max(0, round(p * (len(ms) - 1))))
+        return round(ms[i], 3)
+
+    return {"p50": q(0.50), "p90": q(0.90), "p99": q(0.99)}
+
+
+def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = None,
+        open_model: Callable[[str], Any] | None = None) -> Iterator[Result]:
+    """Run the plan, yielding a Result per configuration and test as soon as it is measured."""
+    from localgen.engine.bench import BenchContext, model_desc, model_size
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+
+    progress = progress or Progress()
+    progress.begin(plan.size * plan.repetitions)
+    n_ctx = max(t.ctx_needed for t in plan.tests) + 64
+    refs: dict[str, Any] = {}
+    for cfg in plan.configs:
+        ref = refs.get(cfg.model) or (open_model(cfg.model) if open_model else resolve(cfg.model))
+        refs[cfg.model] = ref
+        params = LoadParams(n_ctx=n_ctx, n_threads=cfg.n_threads, n_threads_batch=cfg.n_threads,
+                            n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
+                            flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k, cache_type_v=cfg.type_v)
+        _reset_peak_rss()
+        engine = Engine(ref, params)
+        try:
+            size, n_params = model_size(engine)
+            model = {"name": ref.name, "filename": ref.path, "type": model_desc(engine), "size": size,
+                     "n_params": n_params}
+            limit = bandwidth / size if bandwidth and size else None
+            bench = BenchContext(engine)
+            bench.clear()
+            bench.prompt(min(plan.tests[0].n_prompt or 16, cfg.n_batch))  # warm-up: caches, threads, kernels
+            bench.generate(1)
+            for test in plan.tests:
+                yield _measure(engine, bench, cfg, test, model, plan.repetitions, progress, limit)
+        finally:
+            engine.close()
+    progress.end()
+
+
+def _measure(engine: Any, bench: Any, cfg: LoadConfig, test: Test, model: dict[str, Any], reps: int,
+             progress: Progress, limit: float | None) -> Result:
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    samples: list[float] = []
+    ttfts: list[float] = []
+    token_times: list[float] = []
+    for rep in range(reps):
+        bench.clear()
+        if test.kind == "e2e":
+            seconds, ttft, itl, n = _e2e(engine, test.n_gen, seed=rep + 1)
+            samples.append(seconds)
+            ttfts.append(ttft)
+            token_times += itl
+            tokens = n
+        else:
+            if test.n_depth:
+                bench.prompt(test.n_depth)
+            seconds = 0.0
+            if test.n_prompt:
+                seconds += bench.prompt(test.n_prompt)
+            if test.n_gen:
+                times = bench.generate(test.n_gen)
+                if test.kind == "pg":
+                    ttfts.append(seconds + times[0])
+                seconds += sum(times)
+                token_times += times
+            samples.append(seconds)
+            tokens = test.n_prompt + test.n_gen
+        progress.step(f"{model['name']} {test.label} ({rep + 1}/{reps})")
+    ts = [tokens / s for s in samples]
+    return Result(
+        config=cfg, test=test, model=model, samples_ns=[int(s * 1e9) for s in samples], samples_ts=ts,
+        load_s=engine.load_s, ttft_ms=statistics.fmean(ttfts) * 1000 if ttfts else None,
+        itl_ms=_percentiles(token_times), peak_rss=_peak_rss(), peak_gpu=_gpu_used(),
+        limit_ts=limit if test.kind in ("tg", "e2e") else None, test_time=started,
+    )
+
+
+def _e2e(engine: Any, n: int, seed: int) -> tuple[float, float, list[float], int]:
+    """The `run` path: chat template, tokenize, sample, detokenize. Returns (generation seconds, time to
+    first token, inter-token times, tokens generated); the rate counts generated tokens only."""
+    if engine.model.summary.chat_template:
+        tokens = engine.chat_tokens([{"role": "user", "content": E2E_PROMPT}])
+    else:  # a base model: the prompt as a plain completion, as `run --raw` sends it
+        tokens = engine.raw_tokens(E2E_PROMPT)
+    gen = engine.generate(tokens, SamplingParams(seed=seed, max_tokens=n))
+    t0 = time.perf_counter()
+    stamps = []
+    count = 0
+    for chunk in gen:
+        stamps.append((time.perf_counter(), chunk.n_tokens))
+        count = chunk.n_tokens
+    t_end = time.perf_counter()
+    first = stamps[0][0] if stamps else t_end
+    gaps = [(b - a) / max(1, nb - na) for (a, na), (b, nb) in itertools.pairwise(stamps)]
+    gen_s = max(t_end - first, 1e-9)
+    return gen_s * count / max(1, count - 1), first - t0, gaps, max(count, 1)

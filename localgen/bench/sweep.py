@@ -1,0 +1,186 @@
+"""Benchmark plans: llama-bench's value lists and ranges, and every combination of them.
+
+  1,2,4      a list          1-8        first to last, step 1
+  1-16*2     1, 2, 4, 8, 16 (multiply)  0-40+10    0, 10, 20, 30, 40 (add)
+Flags may also repeat (-t 1 -t 2); values add up in order, duplicates dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+from localgen.errors import UsageError
+from localgen.types import KV_CACHE_TYPES
+
+_RANGE = re.compile(r"^(-?\d+)-(-?\d+)(?:([*+])(\d+))?$")
+MAX_VALUES = 1000
+
+
+def int_values(flag: str, items: list[str] | None, default: list[int]) -> list[int]:
+    """Parse repeated, comma-separated integer lists and ranges."""
+    if not items:
+        return list(default)
+    out: list[int] = []
+    for item in items:
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            out.extend(_expand(flag, part))
+    seen: list[int] = []
+    for v in out:
+        if v not in seen:
+            seen.append(v)
+    return seen
+
+
+def _expand(flag: str, part: str) -> list[int]:
+    if re.fullmatch(r"-?\d+", part):
+        return [int(part)]
+    m = _RANGE.match(part)
+    if not m:
+        raise UsageError(f"{flag}: {part!r} is not a number, list or range (like 1-8, 1-16*2, 0-40+10)")
+    first, last, op, step_s = int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
+    step = int(step_s) if step_s else 1
+    if last < first:
+        raise UsageError(f"{flag}: range {part!r} ends before it starts")
+    if op == "*" and (step < 2 or first <= 0):
+        raise UsageError(f"{flag}: range {part!r} needs a factor of 2 or more and a positive start")
+    if op != "*" and step < 1:
+        raise UsageError(f"{flag}: range {part!r} needs a step of 1 or more")
+    values = []
+    v = first
+    while v <= last:
+        values.append(v)
+        v = v * step if op == "*" else v + step
+        if len(values) > MAX_VALUES:
+            raise UsageError(f"{flag}: range {part!r} has more than {MAX_VALUES} values")
+    return values
+
+
+def bool_values(flag: str, items: list[str] | None, default: list[bool]) -> list[bool]:
+    """0/1, on/off, true/false lists."""
+    if not items:
+        return list(default)
+    out: list[bool] = []
+    for part in ",".join(items).split(","):
+        p = part.strip().lower()
+        if p in ("1", "on", "true", "yes"):
+            v = True
+        elif p in ("0", "off", "false", "no"):
+            v = False
+        else:
+            raise UsageError(f"{flag}: {part!r} is not 0/1 or on/off")
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def str_values(flag: str, items: list[str] | None, default: list[str], allowed: list[str] | None = None) -> list[str]:
+    """Comma lists of words, checked against the allowed ones."""
+    if not items:
+        return list(default)
+    out: list[str] = []
+    for part in ",".join(items).split(","):
+        p = part.strip()
+        if not p:
+            continue
+        if allowed is not None and p.lower() not in allowed:
+            raise UsageError(f"{flag}: {p!r} is not one of {', '.join(allowed)}")
+        if p not in out:
+            out.append(p.lower() if allowed is not None else p)
+    return out
+
+
+def pairs(flag: str, items: list[str] | None) -> list[tuple[int, int]]:
+    """-pg 512,128 (repeatable): prompt and generation lengths."""
+    out = []
+    for item in items or []:
+        parts = [p.strip() for p in item.split(",")]
+        if len(parts) != 2 or not all(re.fullmatch(r"\d+", p) for p in parts):
+            raise UsageError(f"{flag}: {item!r} must be two numbers, PROMPT,GEN (like 512,128)")
+        out.append((int(parts[0]), int(parts[1])))
+    return out
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """What needs a model (re)load: the model and its load settings."""
+
+    model: str
+    n_threads: int
+    n_gpu_layers: int
+    n_batch: int
+    n_ubatch: int
+    flash_attn: bool
+    type_k: str
+    type_v: str
+
+
+@dataclass(frozen=True)
+class Test:
+    """One measurement: prompt tokens, generated tokens, depth; kind pp, tg, pg or e2e."""
+
+    kind: str
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+
+    @property
+    def label(self) -> str:
+        """llama-bench's test name: pp512, tg128, pp512+tg128, with ' @ d4096' at a depth."""
+        base = {"pp": f"pp{self.n_prompt}", "tg": f"tg{self.n_gen}",
+                "pg": f"pp{self.n_prompt}+tg{self.n_gen}", "e2e": f"e2e{self.n_gen}"}[self.kind]
+        return f"{base} @ d{self.n_depth}" if self.n_depth else base
+
+    @property
+    def ctx_needed(self) -> int:
+        """Context this test fills."""
+        return self.n_depth + self.n_prompt + self.n_gen
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every load configuration, and the tests each runs."""
+
+    configs: list[LoadConfig]
+    tests: list[Test]
+    repetitions: int
+
+    @property
+    def size(self) -> int:
+        """Measurements to make."""
+        return len(self.configs) * len(self.tests)
+
+
+def build(models: list[str], threads: list[int], ngl: list[int], batch: list[int], ubatch: list[int],
+          fa: list[bool], ctk: list[str], ctv: list[str], prompts: list[int], gens: list[int],
+          pg: list[tuple[int, int]], depths: list[int], reps: int, e2e: bool) -> Plan:
+    """Every combination, in llama-bench's order (models outermost)."""
+    for name, values, low in (("--threads", threads, 1), ("--batch-size", batch, 1), ("--ubatch-size", ubatch, 1),
+                              ("--n-prompt", prompts, 0), ("--n-gen", gens, 0), ("--n-depth", depths, 0),
+                              ("--n-gpu-layers", ngl, -1)):
+        bad = [v for v in values if v < low]
+        if bad:
+            raise UsageError(f"{name}: {bad[0]} is below {low}")
+    if reps < 1:
+        raise UsageError("--repetitions must be 1 or more")
+    for v in ctv:
+        if v not in ("f16", "f32", "bf16") and False in fa:
+            raise UsageError(f"a quantized V cache ({v}) needs flash attention; drop -fa 0 or that type")
+    configs = [LoadConfig(*c) for c in itertools.product(models, threads, ngl, batch, ubatch, fa, ctk, ctv)]
+    tests: list[Test] = []
+    for d in depths:
+        tests += [Test("pp", p, 0, d) for p in prompts if p > 0]
+        tests += [Test("tg", 0, n, d) for n in gens if n > 0]
+        tests += [Test("pg", p, n, d) for p, n in pg]
+    if e2e and gens and gens[0] > 0:
+        tests.append(Test("e2e", 0, gens[0], 0))  # the chat path: template, sampling, detokenizing
+    if not tests:
+        raise UsageError("nothing to measure: give -p, -n or -pg sizes above 0")
+    return Plan(configs, tests, reps)
+
+
+KV_TYPES = list(KV_CACHE_TYPES)

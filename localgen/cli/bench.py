@@ -1,0 +1,258 @@
+"""`localgen bench`: llama-bench's tests and sweeps plus load, TTFT, latency and memory; history; compare."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.errors import UsageError
+
+bench_app = typer.Typer(
+    help="Benchmark models and settings (llama-bench compatible), keep the results, compare runs.",
+    invoke_without_command=True, no_args_is_help=False, add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+SWEEP = "Sweep (lists 1,2,4 and ranges 1-8, 1-16*2, 0-40+10; flags may repeat)"
+
+
+Values = list[str] | None
+
+
+def _opt(*names: str, help: str, panel: str = SWEEP) -> Any:
+    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False)
+
+
+@bench_app.callback()
+def bench(
+    ctx: typer.Context,
+    model: Annotated[Values, _opt("--model", "-m", help="Models: names, repos, paths (default smollm2:135m).")] = None,
+    n_prompt: Annotated[Values, _opt("--n-prompt", "-p", help="Prompt lengths for pp tests (default 512).")] = None,
+    n_gen: Annotated[Values, _opt("--n-gen", "-n", help="Generation lengths for tg tests (default 128).")] = None,
+    pg: Annotated[Values, _opt("--prompt-gen", "-pg", help="PROMPT,GEN pairs for combined tests.")] = None,
+    n_depth: Annotated[Values, _opt("--n-depth", "-d", help="Context depths to test at (default 0).")] = None,
+    threads: Annotated[Values, _opt("--threads", "-t", help="CPU threads (default usable cores).")] = None,
+    ngl: Annotated[Values, _opt("--n-gpu-layers", "-ngl", help="GPU layers, -1 all (default all if offload).")] = None,
+    batch: Annotated[Values, _opt("--batch-size", "-b", help="Logical batch (default 2048).")] = None,
+    ubatch: Annotated[Values, _opt("--ubatch-size", "-ub", help="Physical batch (default 512).")] = None,
+    fa: Annotated[Values, _opt("--flash-attn", "-fa", help="Flash attention 0/1 (default 1).")] = None,
+    ctk: Annotated[Values, _opt("--cache-type-k", "-ctk", help="KV key types (default f16).")] = None,
+    ctv: Annotated[Values, _opt("--cache-type-v", "-ctv", help="KV value types (default f16).")] = None,
+    reps: Annotated[int, typer.Option("--repetitions", "-r", min=1, help="Repetitions of each test.")] = 5,
+    output: Annotated[
+        str | None,
+        typer.Option("--output", "-o", help="md, csv, json or jsonl (default: a table on a terminal, else md)."),
+    ] = None,
+    e2e: Annotated[
+        bool, typer.Option("--e2e/--no-e2e", help="Also time the real `run` path (template, sampling, detokenizing).")
+    ] = True,
+    offline: o.Offline = False,
+) -> None:
+    """Run benchmarks. With no subcommand this measures; `history` and `compare` read past runs."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from localgen.bench import history, records, sweep
+    from localgen.bench.bandwidth import measure
+    from localgen.bench.runner import run
+    from localgen.cli.progress import make_progress
+    from localgen.engine.llama import backend_info
+    from localgen.models.resolve import resolve
+    from localgen.types import KV_CACHE_TYPES
+
+    if output is not None and output not in records.FORMATS:
+        raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {output!r}")
+    from localgen import hardware
+
+    offload = bool(backend_info()["gpu_offload"])
+    kv = list(KV_CACHE_TYPES)
+    plan = sweep.build(
+        models=sweep.str_values("--model", model, ["smollm2:135m"]),
+        threads=sweep.int_values("--threads", threads, [hardware.usable_cores()]),
+        ngl=sweep.int_values("--n-gpu-layers", ngl, [-1 if offload else 0]),
+        batch=sweep.int_values("--batch-size", batch, [2048]),
+        ubatch=sweep.int_values("--ubatch-size", ubatch, [512]),
+        fa=sweep.bool_values("--flash-attn", fa, [True]),
+        ctk=sweep.str_values("--cache-type-k", ctk, ["f16"], kv),
+        ctv=sweep.str_values("--cache-type-v", ctv, ["f16"], kv),
+        prompts=sweep.int_values("--n-prompt", n_prompt, [512]),
+        gens=sweep.int_values("--n-gen", n_gen, [128]),
+        pg=sweep.pairs("--prompt-gen", pg), depths=sweep.int_values("--n-depth", n_depth, [0]),
+        reps=reps, e2e=e2e,
+    )
+    refs = {m: resolve(m, offline=offline, progress=make_progress()) for m in {c.model for c in plan.configs}}
+    system = records.system_info()
+    system["bandwidth"] = measure()
+    run_id = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
+    results: list[dict[str, Any]] = []
+    view = _ProgressView()
+    interrupted = False
+    try:
+        for result in run(plan, view, system["bandwidth"], open_model=refs.__getitem__):  # type: ignore[arg-type]
+            rec = records.record(result, system)
+            history.add(run_id, len(results), rec)
+            results.append(rec)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        view.end()
+    _emit(results, system, output)
+    print(f"saved as run {run_id}: localgen bench history {run_id}", file=sys.stderr)
+    if interrupted:
+        print("interrupted; the results above were measured and kept", file=sys.stderr)
+        raise typer.Exit(130)
+
+
+class _ProgressView:
+    """A Rich bar with configuration, repetition and ETA on a terminal; nothing in a pipe."""
+
+    def __init__(self) -> None:
+        self._p: Any = None
+        self._task: Any = None
+
+    def begin(self, total: int) -> None:
+        if not sys.stderr.isatty():
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+        self._p.start()
+        self._task = self._p.add_task("warming up", total=total)
+
+    def step(self, description: str) -> None:
+        if self._p is not None:
+            self._p.update(self._task, advance=1, description=description)
+
+    def end(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None
+
+
+def _header(system: dict[str, Any]) -> str:
+    ram = f"{system['ram'] / (1 << 30):.1f} GiB" if system.get("ram") else "?"
+    bw = f" · memory bandwidth {system['bandwidth'] / 1e9:.1f} GB/s" if system.get("bandwidth") else ""
+    return (f"localgen {system['localgen_version']} · {system['build_commit']} · backend {system['backends']}\n"
+            f"CPU {system['cpu_info']} · {system['cores']} cores · RAM {ram} · GPU {system['gpu_info'] or 'none'}{bw}")
+
+
+def _emit(results: list[dict[str, Any]], system: dict[str, Any], output: str | None) -> None:
+    from localgen.bench import records
+
+    if not results:
+        return
+    if output:
+        sys.stdout.write(records.FORMATS[output](results))
+    elif sys.stdout.isatty():
+        _rich_table(results, system)
+    else:
+        sys.stdout.write("".join(f"<!-- {line} -->\n" for line in _header(system).splitlines()))
+        sys.stdout.write(records.markdown(results))
+    sys.stdout.flush()
+
+
+def _rich_table(results: list[dict[str, Any]], system: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from localgen.bench import records
+
+    console = Console()
+    console.print(_header(system), style="dim", markup=False, highlight=False)
+    headers, cells = records.rows(results)
+    table = Table(show_edge=False, header_style="bold")
+    for h in headers:
+        table.add_column(h, justify="right" if h in ("size", "params", "t/s", "ttft ms", "load s", "peak RSS",
+                                                     "of limit", "itl p50/p99 ms") else "left")
+    for c in cells:
+        table.add_row(*c)
+    console.print(table)
+    console.print(bar_chart([(_label(r, results), r["avg_ts"]) for r in results]), markup=False, highlight=False)
+
+
+def _label(r: dict[str, Any], all_records: list[dict[str, Any]]) -> str:
+    from localgen.bench import records
+
+    settings = " ".join(f"{records.SHORT[c]}={int(r[c]) if isinstance(r[c], bool) else r[c]}"
+                        for c in records.swept(all_records))
+    many = len({x["model_filename"] for x in all_records}) > 1
+    return " ".join(x for x in ((r["model_name"] if many else ""), r["test"], settings) if x)
+
+
+def bar_chart(items: list[tuple[str, float]], width: int = 40) -> str:
+    """Horizontal bars of t/s, one per configuration and test."""
+    if not items:
+        return ""
+    top = max(v for _, v in items) or 1.0
+    pad = max(len(label) for label, _ in items)
+    lines = [f"{label.ljust(pad)}  {'█' * max(1, round(v / top * width))} {v:,.1f} t/s" for label, v in items]
+    return "\n".join(lines)
+
+
+@bench_app.command("history")
+def history_cmd(
+    run_id: Annotated[int | None, typer.Argument(help="Show this run; without it, list the runs.")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="md, csv, json or jsonl.")] = None,
+) -> None:
+    """Past benchmark runs (kept in the data dir), newest first; or one run in full."""
+    from localgen.bench import history, records
+
+    if run_id is None:
+        rows = history.runs()
+        if not rows:
+            print("no benchmark runs yet: localgen bench", file=sys.stderr)
+            return
+        print(f"{'ID':>4}  {'DATE':16}  {'RESULTS':>7}  COMMAND")
+        for r in rows:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created))
+            print(f"{r.id:>4}  {when:16}  {len(r.records):>7}  {r.command}")
+        return
+    run = history.get(run_id)
+    if output is not None and output not in records.FORMATS:
+        raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}")
+    _emit(run.records, run.system, output)
+
+
+@bench_app.command("compare")
+def compare_cmd(
+    a: Annotated[int, typer.Argument(help="The baseline run.")],
+    b: Annotated[int, typer.Argument(help="The run to compare with it.")],
+    json_out: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+) -> None:
+    """Two runs side by side: t/s of each matching test and configuration, and B/A."""
+    import json
+
+    from localgen.bench import history
+
+    ra, rb = history.get(a), history.get(b)
+    pairs = history.compare(ra, rb)
+    rows = []
+    for key, x, y in pairs:
+        ta = x["avg_ts"] if x else None
+        tb = y["avg_ts"] if y else None
+        name = (x or y or {}).get("model_name", key["model_filename"])
+        rows.append({**key, "model_name": name, "a_ts": ta, "b_ts": tb,
+                     "ratio": round(tb / ta, 4) if ta and tb else None})
+    if json_out:
+        print(json.dumps({"a": a, "b": b, "results": rows}))
+        return
+    settings = [k for k in ("n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v")
+                if len({r[k] for r in rows}) > 1]
+    head = ["model", "test", *settings, f"run {a} t/s", f"run {b} t/s", "B/A"]
+    cells = [[r["model_name"], r["test"], *[str(r[k]) for k in settings],
+              f"{r['a_ts']:.2f}" if r["a_ts"] else "-", f"{r['b_ts']:.2f}" if r["b_ts"] else "-",
+              f"{r['ratio']:.2f}x" if r["ratio"] else "-"] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
+    for line in [head, *cells]:
+        print("  ".join(v.rjust(w) if i >= len(head) - 3 else v.ljust(w)
+                        for i, (v, w) in enumerate(zip(line, widths, strict=True))).rstrip())
+    chart = [(f"{r['model_name']} {r['test']} run {a}", r["a_ts"] or 0.0) for r in rows]
+    chart += [(f"{r['model_name']} {r['test']} run {b}", r["b_ts"] or 0.0) for r in rows]
+    print()
+    print(bar_chart(sorted(chart, key=lambda x: x[0])))

@@ -1,0 +1,88 @@
+"""`localgen doctor`: the hardware, what this llama-cpp-python was built with, whether GPU offload
+works, and the exact rebuild command when a GPU is present but the build cannot use it."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Annotated
+
+import typer
+
+REBUILD = {
+    "cuda": 'scripts/install.sh --cuda   (or: CMAKE_ARGS="-DGGML_CUDA=on" pip install --no-cache-dir '
+            "--force-reinstall --no-deps llama-cpp-python)",
+    "metal": 'scripts/install.sh --metal   (or: CMAKE_ARGS="-DGGML_METAL=on" pip install --no-cache-dir '
+             "--force-reinstall --no-deps llama-cpp-python)",
+}
+
+
+def doctor(
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Load the default model and generate a few tokens.")
+    ] = True,
+) -> None:
+    """Check this machine and this build; exit 1 if something needs fixing."""
+    import localgen
+    from localgen import hardware
+    from localgen.engine.llama import backend_info
+
+    problems = 0
+    ram = hardware.total_ram_bytes() or 0
+    avail = hardware.available_ram_bytes() or 0
+    print(f"localgen {localgen.__version__} · Python {platform.python_version()} · {platform.system()} "
+          f"{platform.machine()}")
+    print(f"CPU       {hardware.cpu_name()} · {hardware.usable_cores()} usable cores")
+    print(f"RAM       {ram / (1 << 30):.1f} GiB ({avail / (1 << 30):.1f} GiB available)")
+    gpus = hardware.gpus()
+    if gpus:
+        for g in gpus:
+            print(f"GPU       {g.name} · {g.total / (1 << 30):.1f} GiB ({g.free / (1 << 30):.1f} GiB free)")
+    else:
+        print("GPU       none found (no nvidia-smi; not Apple Silicon)")
+    info = backend_info()
+    offload = bool(info["gpu_offload"])
+    print(f"build     llama-cpp-python {info['llama_cpp_python']} · GPU offload: "
+          f"{'yes' if offload else 'no (CPU-only build)'} · mmap: {'yes' if info['mmap'] else 'no'}")
+    print(f"features  {info['system_info']}")
+    if gpus and not offload:
+        kind = "metal" if gpus[0].unified else "cuda"
+        print("PROBLEM   a GPU is present but this llama-cpp-python cannot use it. Rebuild with:")
+        print(f"          {REBUILD[kind]}")
+        problems += 1
+    if check:
+        problems += _smoke_test(offload and bool(gpus))
+    if problems:
+        raise typer.Exit(1)
+
+
+def _smoke_test(gpu: bool) -> int:
+    from localgen.engine import logs
+    from localgen.engine.llama import Engine
+    from localgen.errors import LocalgenError
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams, SamplingParams
+
+    try:
+        ref = resolve(None, offline=True)
+        engine = Engine(ref, LoadParams(n_ctx=512, n_gpu_layers=-1 if gpu else 0))
+        gen = engine.generate(engine.raw_tokens("The sky is"), SamplingParams(temperature=0, max_tokens=16))
+        for _ in gen:
+            pass
+        engine.close()
+    except LocalgenError as e:
+        print(f"PROBLEM   the default model does not run: {e.message}")
+        return 1
+    s = gen.stats
+    where = "CPU"
+    if gpu:
+        offloaded = [ln for ln in logs.lines(200) if "offloaded" in ln and "layers to GPU" in ln]
+        where = offloaded[-1].split("load_tensors:")[-1].strip() if offloaded else "GPU (layer count not reported)"
+        if not offloaded:
+            print("PROBLEM   the load did not report layers offloaded to the GPU; run with --verbose to see why")
+            return 1
+    rate = f"{s.decode_tps:.1f} tok/s" if s and s.decode_tps else "?"
+    print(f"check     {ref.name} loaded in {engine.load_s:.2f} s and generated {s.completion_tokens if s else 0} "
+          f"tokens at {rate} on {where}: ok")
+    sys.stdout.flush()
+    return 0

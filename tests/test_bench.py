@@ -1,0 +1,173 @@
+"""`localgen bench`: flag forms, plans, every output format, history and compare, doctor; real SmolLM2."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from localgen.bench import sweep
+from localgen.errors import UsageError
+from tests.conftest import ROOT
+
+SMALL = ["-p", "32", "-n", "8", "-r", "2"]
+
+
+@pytest.mark.parametrize(
+    ("items", "expected"),
+    [
+        (["1,2,4"], [1, 2, 4]),
+        (["1-4"], [1, 2, 3, 4]),
+        (["1-16*2"], [1, 2, 4, 8, 16]),
+        (["0-40+10"], [0, 10, 20, 30, 40]),
+        (["1", "2", "2"], [1, 2]),  # repeated flags add up, duplicates dropped
+        (["1-3,8"], [1, 2, 3, 8]),
+        (["-1,0"], [-1, 0]),
+    ],
+)
+def test_int_lists_and_ranges(items: list[str], expected: list[int]) -> None:
+    assert sweep.int_values("-t", items, [9]) == expected
+
+
+@pytest.mark.parametrize("bad", ["x", "4-1", "1-8*1", "0-8*2", "1-8+0", "1..4", "1-999999"])
+def test_bad_ranges_are_usage_errors(bad: str) -> None:
+    with pytest.raises(UsageError):
+        sweep.int_values("-t", [bad], [1])
+
+
+def test_bools_types_pairs_and_plan() -> None:
+    assert sweep.bool_values("-fa", ["0,1", "on"], [True]) == [False, True]
+    with pytest.raises(UsageError):
+        sweep.bool_values("-fa", ["maybe"], [True])
+    assert sweep.str_values("-ctk", ["f16,q8_0"], ["f16"], sweep.KV_TYPES) == ["f16", "q8_0"]
+    with pytest.raises(UsageError):
+        sweep.str_values("-ctk", ["q3_bogus"], ["f16"], sweep.KV_TYPES)
+    assert sweep.pairs("-pg", ["512,128", "64,16"]) == [(512, 128), (64, 16)]
+    with pytest.raises(UsageError):
+        sweep.pairs("-pg", ["512"])
+    plan = sweep.build(["m1", "m2"], [1, 2], [0], [2048], [512], [True], ["f16"], ["f16"], [512], [128],
+                       [(512, 128)], [0, 4096], 3, e2e=True)
+    assert len(plan.configs) == 4
+    assert [t.label for t in plan.tests] == ["pp512", "tg128", "pp512+tg128", "pp512 @ d4096", "tg128 @ d4096",
+                                             "pp512+tg128 @ d4096", "e2e128"]
+    assert plan.tests[3].ctx_needed == 4096 + 512
+    with pytest.raises(UsageError, match="nothing to measure"):
+        sweep.build(["m"], [1], [0], [1], [1], [True], ["f16"], ["f16"], [0], [0], [], [0], 1, e2e=False)
+    with pytest.raises(UsageError, match="flash attention"):
+        sweep.build(["m"], [1], [0], [1], [1], [False], ["f16"], ["q8_0"], [8], [8], [], [0], 1, e2e=False)
+
+
+def bench(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localgen", "bench", *args], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def benv(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return {**cli_env, "LOCALGEN_HOME": str(tmp_path_factory.mktemp("benchhome"))}
+
+
+@pytest.fixture(scope="module")
+def jsonl_run(benv: dict[str, str]) -> list[dict[str, Any]]:
+    r = bench(benv, *SMALL, "-pg", "16,4", "-d", "0,32", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def test_jsonl_records_carry_llama_bench_fields_and_ours(jsonl_run: list[dict[str, Any]]) -> None:
+    tests = [r["test"] for r in jsonl_run]
+    assert tests == ["pp32", "tg8", "pp16+tg4", "pp32 @ d32", "tg8 @ d32", "pp16+tg4 @ d32", "e2e8"]
+    for r in jsonl_run:
+        for field in ("model_filename", "model_type", "model_size", "model_n_params", "n_prompt", "n_gen",
+                      "n_depth", "n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn", "type_k",
+                      "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts", "load_s",
+                      "peak_rss_bytes", "build_commit", "cpu_info", "backends", "test_time"):
+            assert field in r, field
+        assert len(r["samples_ts"]) == 2 and r["avg_ts"] > 0
+        assert r["peak_rss_bytes"] > 50 << 20
+    by = {r["test"]: r for r in jsonl_run}
+    assert by["pp32 @ d32"]["n_depth"] == 32 and by["pp32"]["n_prompt"] == 32 and by["tg8"]["n_gen"] == 8
+    assert by["tg8"]["itl_p50_ms"] <= by["tg8"]["itl_p99_ms"]
+    assert by["pp16+tg4"]["ttft_ms"] > 0 and by["e2e8"]["ttft_ms"] > 0
+    assert by["tg8"]["limit_ts"] > 0 and by["tg8"]["limit_share"] > 0
+    assert by["pp32"]["limit_ts"] is None
+
+
+def test_every_output_format(benv: dict[str, str]) -> None:
+    args = ["-p", "16", "-n", "4", "-r", "1", "--no-e2e"]
+    md = bench(benv, *args, "-o", "md")
+    assert md.returncode == 0, md.stderr
+    lines = md.stdout.splitlines()
+    assert lines[0].startswith("| model") and "t/s" in lines[0] and "test" in lines[0]
+    assert any("pp16" in ln and "±" in ln for ln in lines)
+    rows = list(csv.DictReader(io.StringIO(bench(benv, *args, "-o", "csv").stdout)))
+    assert [r["n_prompt"] for r in rows] == ["16", "0"] and float(rows[1]["avg_ts"]) > 0
+    assert list(rows[0])[:3] == ["build_commit", "build_number", "cpu_info"]
+    doc = json.loads(bench(benv, *args, "-o", "json").stdout)
+    assert isinstance(doc, list) and doc[0]["test"] == "pp16"
+    default = bench(benv, *args)  # not a terminal: Markdown with the system as comments
+    assert default.stdout.startswith("<!-- localgen") and "| model" in default.stdout
+    bad = bench(benv, *args, "-o", "xml")
+    assert bad.returncode == 2 and "--output must be one of" in bad.stderr
+
+
+def test_sweep_flags_reach_the_records(benv: dict[str, str]) -> None:
+    r = bench(benv, "-p", "16", "-n", "0", "-r", "1", "-t", "1-2", "-b", "16,32", "-ub", "16", "-fa", "0,1",
+              "-ctk", "f16", "-ctk", "q8_0", "--no-e2e", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(recs) == 2 * 2 * 2 * 2
+    assert {(x["n_threads"], x["n_batch"], x["flash_attn"], x["type_k"]) for x in recs} == {
+        (t, b, fa, k) for t in (1, 2) for b in (16, 32) for fa in (False, True) for k in ("f16", "q8_0")
+    }
+    assert {x["n_ubatch"] for x in recs} == {16}
+
+
+def test_history_and_compare(benv: dict[str, str], jsonl_run: list[dict[str, Any]]) -> None:
+    a = bench(benv, "-p", "16", "-n", "4", "-r", "1", "--no-e2e", "-t", "1", "-o", "json")
+    b = bench(benv, "-p", "16", "-n", "4", "-r", "1", "--no-e2e", "-t", "1", "-o", "json")
+    assert a.returncode == b.returncode == 0
+    ids = [int(s.split("run ")[1].split(":")[0]) for s in (a.stderr, b.stderr)]
+    listing = bench(benv, "history")
+    assert listing.returncode == 0
+    assert all(str(i) in listing.stdout for i in ids) and "localgen bench -p 16" in listing.stdout
+    shown = json.loads(bench(benv, "history", str(ids[0]), "-o", "json").stdout)
+    assert shown == json.loads(a.stdout)
+    cmp = bench(benv, "compare", str(ids[0]), str(ids[1]), "--json")
+    assert cmp.returncode == 0, cmp.stderr
+    rows = json.loads(cmp.stdout)["results"]
+    assert [r["test"] for r in rows] == ["pp16", "tg4"]
+    assert all(r["ratio"] and 0.2 < r["ratio"] < 5 for r in rows)
+    text = bench(benv, "compare", str(ids[0]), str(ids[1]))
+    assert "B/A" in text.stdout and "█" in text.stdout and "x" in text.stdout
+    missing = bench(benv, "history", "99999")
+    assert missing.returncode == 1 and "no benchmark run 99999" in missing.stderr
+
+
+def test_bad_bench_flags(benv: dict[str, str]) -> None:
+    r = bench(benv, "-t", "1-8*1")
+    assert r.returncode == 2 and "factor of 2" in r.stderr
+    r = bench(benv, "-p", "0", "-n", "0", "--no-e2e")
+    assert r.returncode == 2 and "nothing to measure" in r.stderr
+    r = bench(benv, "-m", "/no/such.gguf", "-p", "8", "-n", "0")
+    assert r.returncode == 1 and "no such model file" in r.stderr
+
+
+def test_doctor(cli_env: dict[str, str]) -> None:
+    r = subprocess.run([sys.executable, "-m", "localgen", "doctor"], env=cli_env, capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "GPU offload: no (CPU-only build)" in r.stdout or "GPU offload: yes" in r.stdout
+    assert "check     smollm2:135m" in r.stdout and ": ok" in r.stdout
+
+
+def test_bar_chart_scales() -> None:
+    from localgen.cli.bench import bar_chart
+
+    chart = bar_chart([("a", 100.0), ("bb", 50.0)], width=10).splitlines()
+    assert chart[0].count("█") == 10 and chart[1].count("█") == 5
