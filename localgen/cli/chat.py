@@ -109,12 +109,30 @@ def chat(
     ui.loader = lambda name: _load(name, load, verbose, offline, ui)
     try:
         engine.template  # noqa: B018 (a model without a usable chat template cannot chat: say so now)
+        if resume:
+            _restore_state(runner, ui)
         if interactive:
             _repl(runner, ui)
         else:
             _scripted(runner, ui)
     finally:
+        from localgen import promptcache
+
+        with contextlib.suppress(OSError):  # a cache: losing it costs time, never data
+            promptcache.save_chat(runner.engine, runner.session.name)
         runner.engine.close()
+
+
+def _restore_state(runner: Any, ui: _UI) -> None:
+    """Load the conversation's saved KV state, so the next turn does not re-read the history."""
+    from localgen import promptcache
+
+    conv = runner.session.conversation()
+    if not conv:
+        return
+    reused = promptcache.restore_chat(runner.engine, runner.session.name, runner.engine.chat_tokens(conv))
+    if reused:
+        ui.info(f"restored the KV state of {reused:,} tokens; the history is not re-read")
 
 
 @dataclass
@@ -384,7 +402,13 @@ def _command(text: str, runner: Any, ui: _UI) -> bool:
         if not arg:
             raise UsageError("usage: /load NAME")
         loaded = sessions.ChatSession.load(arg)
+        from localgen import promptcache
+
+        with contextlib.suppress(OSError):
+            promptcache.save_chat(runner.engine, session.name)
         runner.session = loaded
+        if loaded.messages:
+            promptcache.restore_chat(runner.engine, loaded.name, runner.engine.chat_tokens(loaded.conversation()))
         ui.info(f"continuing {loaded.name}: {len(loaded.messages)} messages")
     elif cmd == "/model":
         if not arg:

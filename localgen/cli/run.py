@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +35,17 @@ def run(
     ] = False,
     verbose: o.Verbose = False,
     system: o.System = None,
+    document: Annotated[
+        list[Path] | None,
+        typer.Option("--document", "-f", exists=True, dir_okay=False, readable=True, show_default=False,
+                     help="A text file to put before the prompt (repeatable); long ones are cached (--prompt-cache)."),
+    ] = None,
+    prompt_cache: Annotated[
+        bool,
+        typer.Option("--prompt-cache/--no-prompt-cache", rich_help_panel=o.MODEL_PANEL,
+                     help="Keep the KV state of a long shared prefix (documents, piped text, system prompt) on disk "
+                          "and load it next time instead of recomputing it."),
+    ] = True,
     temperature: o.Temperature = o.DEFAULTS.temperature,
     top_k: o.TopK = o.DEFAULTS.top_k,
     top_p: o.TopP = o.DEFAULTS.top_p,
@@ -62,7 +74,8 @@ def run(
     stdout carries only the answer; loading messages, warnings and --stats go to stderr.
     Exit codes: 0 done, 1 error, 2 bad usage, 130 interrupted.
     """
-    text = _read_prompt(prompt)
+    parts = [*(_read_document(d) for d in document or []), *_read_prompt(prompt)]
+    text = "\n\n".join(parts)
     if grammar and json_schema:
         raise UsageError("--grammar and --json-schema cannot be combined")
     if raw and system:
@@ -86,14 +99,26 @@ def run(
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
     engine: Any = open_engine(ref, load, verbose=verbose, warn=err.warn)
     try:
-        if raw:
-            tokens = engine.raw_tokens(text)
-        else:
+        def prompt_tokens(content: str) -> list[int]:
+            if raw:
+                return list(engine.raw_tokens(content))
             messages = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": text}
+                {"role": "user", "content": content}
             ]
-            tokens = engine.chat_tokens(messages)
-        gen = engine.generate(tokens, sampling)
+            return list(engine.chat_tokens(messages))
+
+        started = time.perf_counter()
+        tokens = prompt_tokens(text)
+        cache_use = "off"
+        if prompt_cache and len(tokens) < engine.n_ctx:
+            # The shared prefix: everything before the last part (the question that varies between runs).
+            head = prompt_tokens("\n\n".join(parts[:-1]) + "\n\n") if len(parts) > 1 else tokens[:0]
+            shared = next((i for i, (a, b) in enumerate(zip(head, tokens, strict=False)) if a != b),
+                          min(len(head), len(tokens)))
+            from localgen import promptcache
+
+            cache_use = promptcache.attach_prefix(engine, tokens[:shared])
+        gen = engine.generate(tokens, sampling, started=started)
         out = TextWriter(sys.stdout, enabled=not json_out)
         try:
             for chunk in gen:
@@ -112,12 +137,19 @@ def run(
         if stats:
             err.stats(gen.stats)
         if json_out:
-            _print_json(engine, gen, sampling)
+            _print_json(engine, gen, sampling, cache_use)
     finally:
         engine.close()
 
 
-def _read_prompt(prompt: str | None) -> str:
+def _read_document(path: Path) -> str:
+    try:
+        return f"{path.name}:\n\n{path.read_text(encoding='utf-8')}"
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text") from None
+
+
+def _read_prompt(prompt: str | None) -> list[str]:
     piped = ""
     stdin = sys.stdin
     if stdin is not None and not stdin.closed and not stdin.isatty():
@@ -130,7 +162,7 @@ def _read_prompt(prompt: str | None) -> str:
     parts = [p for p in (piped.strip("\n"), prompt) if p]
     if not parts:
         raise UsageError("no prompt: pass -p/--prompt, or pipe text on stdin")
-    return "\n\n".join(parts)
+    return parts
 
 
 def _grammar(grammar: Path | None, json_schema: Path | None) -> str | None:
@@ -146,7 +178,7 @@ def _grammar(grammar: Path | None, json_schema: Path | None) -> str | None:
     return None
 
 
-def _print_json(engine: Any, gen: Any, sampling: Any) -> None:
+def _print_json(engine: Any, gen: Any, sampling: Any, cache_use: str) -> None:
     import json
     from dataclasses import asdict
 
@@ -172,6 +204,7 @@ def _print_json(engine: Any, gen: Any, sampling: Any) -> None:
         "sampling": settings,
         "load": asdict(engine.params),
         "stats": gen.stats.to_dict(),
+        "prompt_cache": cache_use,
         "localgen": localgen.__version__,
     }
     sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")

@@ -230,8 +230,10 @@ class Engine:
             n -= 1  # the last prompt token is evaluated again to refresh the logits
         return n
 
-    def generate(self, tokens: list[int], sampling: SamplingParams) -> Generation:
-        """Start streaming a completion of `tokens`. Raises ContextOverflowError before any work."""
+    def generate(self, tokens: list[int], sampling: SamplingParams, started: float | None = None) -> Generation:
+        """Start streaming a completion of `tokens`. Raises ContextOverflowError before any work.
+        `started` (a perf_counter time) is when the request began, if prompt work was done before this
+        call (a prompt cache loaded or filled), so time to first token counts it."""
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt is {len(tokens):,} tokens; the context window is {self.n_ctx:,}",
@@ -244,7 +246,7 @@ class Engine:
             )
         if sampling.grammar:
             self.check_grammar(sampling.grammar)
-        return Generation(self, tokens, sampling)
+        return Generation(self, tokens, sampling, started)
 
     def perf(self) -> Any:
         """llama.cpp's perf counters for this context."""
@@ -263,7 +265,8 @@ class Engine:
 class Generation:
     """A lazy stream: iterate for Chunks; read .text, .finish_reason and .stats when it is done."""
 
-    def __init__(self, engine: Engine, tokens: list[int], sampling: SamplingParams) -> None:
+    def __init__(self, engine: Engine, tokens: list[int], sampling: SamplingParams,
+                 started: float | None = None) -> None:
         self.engine = engine
         self.prompt = tokens
         self.seed = sampling.seed if sampling.seed is not None else random.getrandbits(31)
@@ -273,6 +276,7 @@ class Generation:
         self.finish_reason: FinishReason | None = None
         self.stats: Stats | None = None
         self._cancel = False
+        self._started = started
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -298,7 +302,7 @@ class Generation:
         stops = [x for x in s.stop if x]
         hold = max((len(x) for x in stops), default=0)
         emitted = 0
-        t0 = time.perf_counter()
+        t0 = self._started if self._started is not None else time.perf_counter()
         t_first: float | None = None
         reason: FinishReason = "length"
         budget = eng.n_ctx - len(self.prompt)
