@@ -19,3 +19,17 @@ def measure(megabytes: int = 512, repeats: int = 5) -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t0)
     return 2 * src.nbytes / best
+
+
+def measure_isolated() -> float | None:
+    """measure() in a child process: a 1 GB copy in the benchmark's own process leaves its heap in a state
+    that slowed later token decoding by 12-15 % here."""
+    import subprocess
+    import sys
+
+    code = "from localgen.bench.bandwidth import measure; print(measure())"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+        return float(out.stdout.strip())
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None

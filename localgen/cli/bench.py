@@ -57,7 +57,7 @@ def bench(
     if ctx.invoked_subcommand is not None:
         return
     from localgen.bench import history, records, sweep
-    from localgen.bench.bandwidth import measure
+    from localgen.bench.bandwidth import measure_isolated
     from localgen.bench.runner import run
     from localgen.cli.progress import make_progress
     from localgen.engine.llama import backend_info
@@ -86,7 +86,7 @@ def bench(
     )
     refs = {m: resolve(m, offline=offline, progress=make_progress()) for m in {c.model for c in plan.configs}}
     system = records.system_info()
-    system["bandwidth"] = measure()
+    system["bandwidth"] = measure_isolated()
     run_id = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
     results: list[dict[str, Any]] = []
     view = _ProgressView()

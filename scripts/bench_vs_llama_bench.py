@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Do `localgen bench` numbers agree with llama.cpp's own llama-bench? (issue: bench, target within 5 %)
+
+Runs both on the same model file, threads, batch sizes and flash attention, alternating (llama-bench,
+localgen, llama-bench, ...) for several rounds so that machine drift hits both, and compares the median
+of each test's per-round means. llama-bench comes from ../shared/tools/build-llama-bench, which builds
+it from the llama.cpp sources vendored in the llama-cpp-python source package, with the same flags.
+
+usage: scripts/bench_vs_llama_bench.py LLAMA_BENCH [--model PATH] [--rounds 4] [-p 512] [-n 128] [-t N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def llama_bench(exe: str, model: str, p: int, n: int, t: int, reps: int) -> dict[str, float]:
+    out = subprocess.run([exe, "-m", model, "-p", str(p), "-n", str(n), "-t", str(t), "-fa", "1", "-b", "2048",
+                          "-ub", "512", "-r", str(reps), "-o", "jsonl"], capture_output=True, text=True, check=True)
+    recs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {(f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"): r["avg_ts"] for r in recs}
+
+
+def localgen_bench(model: str, p: int, n: int, t: int, reps: int, env: dict[str, str]) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-m", "localgen", "bench", "-m", model, "-p", str(p), "-n", str(n),
+                          "-t", str(t), "-fa", "1", "-b", "2048", "-ub", "512", "-r", str(reps), "--no-e2e",
+                          "-o", "jsonl"], capture_output=True, text=True, check=True, env=env)
+    return {json.loads(line)["test"]: json.loads(line)["avg_ts"] for line in out.stdout.splitlines()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("llama_bench")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-t", type=int, default=None)
+    ap.add_argument("-r", type=int, default=5)
+    a = ap.parse_args()
+    from localgen import hardware
+    from localgen.models.resolve import resolve
+
+    model = a.model or resolve("smollm2:135m").path
+    threads = a.t or hardware.usable_cores()
+    ours: dict[str, list[float]] = {}
+    theirs: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "LOCALGEN_HOME": home}
+        for rnd in range(a.rounds):
+            for k, v in llama_bench(a.llama_bench, model, a.p, a.n, threads, a.r).items():
+                theirs.setdefault(k, []).append(v)
+            for k, v in localgen_bench(model, a.p, a.n, threads, a.r, env).items():
+                ours.setdefault(k, []).append(v)
+            print(f"round {rnd + 1}: llama-bench " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in theirs.items())
+                  + " | localgen " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in ours.items()), flush=True)
+    print(f"{os.path.basename(model)}, {threads} threads, fa 1, median of {a.rounds} rounds of -r {a.r}:")
+    for k in theirs:
+        t, o = statistics.median(theirs[k]), statistics.median(ours[k])
+        print(f"  {k:8} llama-bench {t:8.2f} t/s   localgen {o:8.2f} t/s   localgen/llama-bench {o / t * 100:6.1f} %")
+
+
+if __name__ == "__main__":
+    main()
