@@ -20,7 +20,7 @@ LLAMA_BENCH_FIELDS = [
     "stddev_ns", "avg_ts", "stddev_ts",
 ]
 OUR_FIELDS = [
-    "test", "model_name", "load_s", "ttft_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "peak_rss_bytes",
+    "test", "n_parallel", "model_name", "load_s", "ttft_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "peak_rss_bytes",
     "peak_gpu_bytes", "limit_ts", "limit_share", "localgen_version",
 ]
 
@@ -63,7 +63,7 @@ def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
         "test_time": r.test_time, "avg_ns": avg_ns,
         "stddev_ns": int(statistics.stdev(r.samples_ns)) if len(r.samples_ns) > 1 else 0,
         "avg_ts": round(r.avg_ts, 6), "stddev_ts": round(r.stddev_ts, 6),
-        "test": t.label, "model_name": r.model["name"], "load_s": round(r.load_s, 4),
+        "test": t.label, "n_parallel": t.n_parallel, "model_name": r.model["name"], "load_s": round(r.load_s, 4),
         "ttft_ms": round(r.ttft_ms, 3) if r.ttft_ms is not None else None,
         "itl_p50_ms": r.itl_ms.get("p50"), "itl_p90_ms": r.itl_ms.get("p90"), "itl_p99_ms": r.itl_ms.get("p99"),
         "peak_rss_bytes": r.peak_rss, "peak_gpu_bytes": r.peak_gpu,

@@ -115,7 +115,8 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
 
     progress = progress or Progress()
     progress.begin(plan.size * plan.repetitions)
-    n_ctx = max(t.ctx_needed for t in plan.tests) + 64
+    n_ctx = max(t.ctx_needed for t in plan.tests if t.n_parallel == 1) + 64 if any(
+        t.n_parallel == 1 for t in plan.tests) else 512
     refs: dict[str, Any] = {}
     for cfg in plan.configs:
         ref = refs.get(cfg.model) or (open_model(cfg.model) if open_model else resolve(cfg.model))
@@ -135,7 +136,10 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
             bench.prompt(min(plan.tests[0].n_prompt or 16, cfg.n_batch))  # warm-up: caches, threads, kernels
             bench.generate(1)
             for test in plan.tests:
-                yield _measure(engine, bench, cfg, test, model, plan.repetitions, progress, limit)
+                if test.n_parallel > 1:
+                    yield _measure_parallel(engine, cfg, test, model, plan.repetitions, progress)
+                else:
+                    yield _measure(engine, bench, cfg, test, model, plan.repetitions, progress, limit)
         finally:
             engine.close()
     progress.end()
@@ -176,6 +180,34 @@ def _measure(engine: Any, bench: Any, cfg: LoadConfig, test: Test, model: dict[s
         load_s=engine.load_s, ttft_ms=statistics.fmean(ttfts) * 1000 if ttfts else None,
         itl_ms=_percentiles(token_times), peak_rss=_peak_rss(), peak_gpu=_gpu_used(),
         limit_ts=limit if test.kind in ("tg", "e2e") else None, test_time=started,
+    )
+
+
+def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str, Any], reps: int,
+                      progress: Progress) -> Result:
+    """Aggregate rates over n_parallel sequences decoded together (llama-batched-bench's S_PP / S_TG).
+    A tg test here also processes each sequence's prompt first (untimed in its rate), as that tool does."""
+    import random
+
+    from localgen.engine.batch import ParallelContext, bench_parallel
+
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    pc = ParallelContext(engine, test.n_parallel, test.n_prompt + test.n_gen + 16)
+    rng = random.Random(1234)
+    samples: list[float] = []
+    try:
+        bench_parallel(pc, min(test.n_prompt, 16) or 1, 1, rng)  # warm-up
+        for rep in range(reps):
+            t_pp, t_tg = bench_parallel(pc, test.n_prompt or 1, test.n_gen, rng)
+            samples.append(t_pp if test.n_gen == 0 else t_tg)
+            progress.step(f"{model['name']} {test.label} ({rep + 1}/{reps})")
+    finally:
+        pc.close()
+    tokens = test.n_parallel * (test.n_gen or test.n_prompt)
+    return Result(
+        config=cfg, test=test, model=model, samples_ns=[int(s * 1e9) for s in samples],
+        samples_ts=[tokens / s for s in samples], load_s=engine.load_s, ttft_ms=None, itl_ms={},
+        peak_rss=_peak_rss(), peak_gpu=_gpu_used(), limit_ts=None, test_time=started,
     )
 
 

@@ -127,12 +127,15 @@ class Test:
     n_prompt: int
     n_gen: int
     n_depth: int
+    n_parallel: int = 1
 
     @property
     def label(self) -> str:
         """llama-bench's test name: pp512, tg128, pp512+tg128, with ' @ d4096' at a depth."""
         base = {"pp": f"pp{self.n_prompt}", "tg": f"tg{self.n_gen}",
                 "pg": f"pp{self.n_prompt}+tg{self.n_gen}", "e2e": f"e2e{self.n_gen}"}[self.kind]
+        if self.n_parallel > 1:
+            base = f"{base} x{self.n_parallel}"
         return f"{base} @ d{self.n_depth}" if self.n_depth else base
 
     @property
@@ -157,7 +160,8 @@ class Plan:
 
 def build(models: list[str], threads: list[int], ngl: list[int], batch: list[int], ubatch: list[int],
           fa: list[bool], ctk: list[str], ctv: list[str], prompts: list[int], gens: list[int],
-          pg: list[tuple[int, int]], depths: list[int], reps: int, e2e: bool) -> Plan:
+          pg: list[tuple[int, int]], depths: list[int], reps: int, e2e: bool,
+          parallel: list[int] | None = None) -> Plan:
     """Every combination, in llama-bench's order (models outermost)."""
     for name, values, low in (("--threads", threads, 1), ("--batch-size", batch, 1), ("--ubatch-size", ubatch, 1),
                               ("--n-prompt", prompts, 0), ("--n-gen", gens, 0), ("--n-depth", depths, 0),
@@ -176,6 +180,14 @@ def build(models: list[str], threads: list[int], ngl: list[int], batch: list[int
         tests += [Test("pp", p, 0, d) for p in prompts if p > 0]
         tests += [Test("tg", 0, n, d) for n in gens if n > 0]
         tests += [Test("pg", p, n, d) for p, n in pg]
+    for b in parallel or []:
+        if b < 1:
+            raise UsageError(f"--parallel: {b} is below 1")
+        if b == 1:
+            continue  # the plain pp/tg tests above are the single-sequence baseline
+        p, n = (prompts[0] if prompts else 0), (gens[0] if gens else 0)
+        tests += [Test("pp", p, 0, 0, b)] if p else []
+        tests += [Test("tg", p, n, 0, b)] if n else []
     if e2e and gens and gens[0] > 0:
         tests.append(Test("e2e", 0, gens[0], 0))  # the chat path: template, sampling, detokenizing
     if not tests:

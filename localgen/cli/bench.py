@@ -43,6 +43,7 @@ def bench(
     fa: Annotated[Values, _opt("--flash-attn", "-fa", help="Flash attention 0/1 (default 1).")] = None,
     ctk: Annotated[Values, _opt("--cache-type-k", "-ctk", help="KV key types (default f16).")] = None,
     ctv: Annotated[Values, _opt("--cache-type-v", "-ctv", help="KV value types (default f16).")] = None,
+    parallel: Annotated[Values, _opt("--parallel", "-npl", help="Sequences decoded together: aggregate rates.")] = None,
     reps: Annotated[int, typer.Option("--repetitions", "-r", min=1, help="Repetitions of each test.")] = 5,
     output: Annotated[
         str | None,
@@ -82,7 +83,7 @@ def bench(
         prompts=sweep.int_values("--n-prompt", n_prompt, [512]),
         gens=sweep.int_values("--n-gen", n_gen, [128]),
         pg=sweep.pairs("--prompt-gen", pg), depths=sweep.int_values("--n-depth", n_depth, [0]),
-        reps=reps, e2e=e2e,
+        reps=reps, e2e=e2e, parallel=sweep.int_values("--parallel", parallel, []),
     )
     refs = {m: resolve(m, offline=offline, progress=make_progress()) for m in {c.model for c in plan.configs}}
     system = records.system_info()

@@ -25,7 +25,7 @@ class TextWriter:
             self.stream.write(text)
             self.stream.flush()
         except BrokenPipeError:
-            _silence_stdout()
+            silence_stdout()
             return False
         self.wrote = (self.wrote + text)[-1:]
         return True
@@ -36,7 +36,7 @@ class TextWriter:
             self.write("\n")
 
 
-def _silence_stdout() -> None:
+def silence_stdout() -> None:
     # Python flushes stdout again at exit; point it at /dev/null so that flush cannot fail.
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -26,6 +26,20 @@ def run(
     raw: Annotated[
         bool, typer.Option("--raw", help="Send the prompt as a plain completion, without the chat template.")
     ] = False,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", exists=True, dir_okay=False, readable=True, rich_help_panel="Many prompts",
+                     show_default=False, help="One prompt per line (or JSONL with \"prompt\" and per-line settings); "
+                                              "answers in input order, one per line."),
+    ] = None,
+    each_line: Annotated[
+        bool, typer.Option("--each-line", rich_help_panel="Many prompts",
+                           help="Each stdin line is a prompt (with -p as the instruction after it).")
+    ] = False,
+    parallel: Annotated[
+        int, typer.Option("--parallel", "-np", min=1, max=256, rich_help_panel="Many prompts",
+                          help="Sequences decoded together in one batch (continuous batching).")
+    ] = 1,
     json_out: Annotated[
         bool, typer.Option("--json", rich_help_panel=o.OUTPUT_PANEL,
                            help="Print one JSON object at the end: text, finish reason, model, settings, stats.")
@@ -74,7 +88,10 @@ def run(
     stdout carries only the answer; loading messages, warnings and --stats go to stderr.
     Exit codes: 0 done, 1 error, 2 bad usage, 130 interrupted.
     """
-    parts = [*(_read_document(d) for d in document or []), *_read_prompt(prompt)]
+    many = file is not None or each_line
+    if file is not None and each_line:
+        raise UsageError("--file and --each-line cannot be combined")
+    parts = [] if many else [*(_read_document(d) for d in document or []), *_read_prompt(prompt)]
     text = "\n\n".join(parts)
     if grammar and json_schema:
         raise UsageError("--grammar and --json-schema cannot be combined")
@@ -98,6 +115,21 @@ def run(
     err = ErrWriter()
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
     engine: Any = open_engine(ref, load, verbose=verbose, warn=err.warn)
+    if many:
+        from localgen.cli.batchrun import run_batch
+
+        try:
+            if file is not None:
+                with open(file, encoding="utf-8", errors="replace") as source:
+                    rc = run_batch(engine, source, prompt, system, raw, sampling, parallel, json_out, stats)
+            else:
+                rc = run_batch(engine, sys.stdin, prompt, system, raw, sampling, parallel, json_out, stats)
+        except KeyboardInterrupt:
+            err.line("interrupted")
+            raise typer.Exit(130) from None
+        finally:
+            engine.close()
+        raise typer.Exit(rc)
     try:
         def prompt_tokens(content: str) -> list[int]:
             if raw:

@@ -1,0 +1,253 @@
+"""Many prompts on one model: up to N sequences share one context and one KV cache and are decoded
+together, several sequence ids per llama_batch. Continuous batching: the moment a sequence finishes,
+its slot takes the next prompt. Each sequence has its own sampler chain (same stages and order as the
+single-stream path), so at temperature 0 each output is what the prompt gives alone."""
+
+from __future__ import annotations
+
+import codecs
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from localgen.errors import LocalgenError
+from localgen.types import KV_CACHE_TYPES, SamplingParams
+
+
+@dataclass
+class Request:
+    """One prompt to complete: its position in the input, tokens and sampling."""
+
+    index: int
+    tokens: list[int]
+    sampling: SamplingParams
+    seed: int = 0
+
+
+@dataclass
+class Completion:
+    """What one request produced."""
+
+    index: int
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    total_s: float
+    seed: int
+
+
+@dataclass
+class _Seq:
+    req: Request
+    slot: int
+    sampler: Any
+    started: float
+    pos: int = 0  # tokens of the prompt fed so far
+    pending: int | None = None  # sampled, not yet fed
+    out: list[int] = field(default_factory=list)
+    text: str = ""
+    decoder: Any = None
+    first: float | None = None
+
+
+class ParallelContext:
+    """A second context on the Engine's model with n_seq_max sequences, each with its own window."""
+
+    def __init__(self, engine: Any, n_parallel: int, n_ctx_per_seq: int) -> None:
+        lc = engine._lc
+        self.lc = lc
+        self.engine = engine
+        self.n_parallel = n_parallel
+        self.n_ctx_seq = -(-n_ctx_per_seq // 256) * 256
+        p = lc.llama_context_default_params()
+        prm = engine.params
+        p.n_ctx = self.n_ctx_seq * n_parallel
+        p.n_batch = max(prm.n_batch, n_parallel)
+        p.n_ubatch = max(min(prm.n_ubatch, p.n_batch), 1)
+        p.n_seq_max = n_parallel
+        p.n_threads = prm.n_threads
+        p.n_threads_batch = prm.n_threads_batch
+        p.flash_attn_type = 1 if prm.flash_attn else 0
+        p.type_k = KV_CACHE_TYPES[prm.cache_type_k]
+        p.type_v = KV_CACHE_TYPES[prm.cache_type_v]
+        p.kv_unified = False  # each sequence gets its own n_ctx_seq window
+        p.no_perf = False
+        self.ctx = lc.llama_init_from_model(engine.llm.model, p)
+        if not self.ctx:
+            raise LocalgenError(f"llama.cpp could not create a context for {n_parallel} sequences",
+                                hint="lower --parallel or --ctx")
+        self.n_batch = int(p.n_batch)
+        self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self.vocab = lc.llama_model_get_vocab(engine.llm.model)
+        self.n_vocab = engine.llm.n_vocab()
+
+    def close(self) -> None:
+        """Free the context and batch."""
+        if self.ctx:
+            self.lc.llama_batch_free(self.batch)
+            self.lc.llama_free(self.ctx)
+            self.ctx = None
+
+    def clear(self, seq: int = -1) -> None:
+        """Forget one sequence's KV entries (all with -1)."""
+        self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), seq, -1, -1)
+
+    def sampler(self, s: SamplingParams, seed: int) -> Any:
+        """A sampler chain with the single-stream path's stages and order."""
+        lc = self.lc
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        last_n = s.repeat_last_n if s.repeat_last_n >= 0 else self.n_ctx_seq
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_penalties(
+            self.n_vocab, last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
+        if s.grammar:
+            g = lc.llama_sampler_init_grammar(self.vocab, s.grammar.encode("utf-8"), b"root")
+            if not g:
+                lc.llama_sampler_free(chain)
+                raise LocalgenError("the grammar does not parse")
+            lc.llama_sampler_chain_add(chain, g)
+        if s.temperature == 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+        else:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(s.top_k))
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_typical(s.typical_p, 1))
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(s.top_p, 1))
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(s.min_p, 1))
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(s.temperature))
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed))
+        return chain
+
+    def _add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        b = self.batch
+        i = b.n_tokens
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq
+        b.logits[i] = 1 if logits else 0
+        b.n_tokens = i + 1
+        return int(i)
+
+    def run(self, requests: Iterator[Request], on_done: Callable[[Completion], None],
+            should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Complete every request, N at a time; `on_done` gets each Completion as it finishes."""
+        lc = self.lc
+        queue = requests
+        free = deque(range(self.n_parallel))
+        active: dict[int, _Seq] = {}
+        exhausted = False
+        while True:
+            while free and not exhausted and not should_stop():
+                req = next(queue, None)
+                if req is None:
+                    exhausted = True
+                    break
+                if len(req.tokens) >= self.n_ctx_seq:
+                    on_done(Completion(req.index, "", "error: the prompt is longer than the context window "
+                                       f"({len(req.tokens):,} ≥ {self.n_ctx_seq:,} tokens)", len(req.tokens), 0,
+                                       0.0, 0.0, req.seed))
+                    continue
+                slot = free.popleft()
+                self.clear(slot)
+                seq = _Seq(req, slot, self.sampler(req.sampling, req.seed), time.perf_counter(),
+                           decoder=codecs.getincrementaldecoder("utf-8")(errors="replace"))
+                active[slot] = seq
+            if not active:
+                return
+            self.batch.n_tokens = 0
+            wants: list[tuple[_Seq, int]] = []
+            room = self.n_batch
+            for seq in active.values():  # generating sequences first: one token each
+                if seq.pending is not None and room > 0:
+                    i = self._add(seq.pending, len(seq.req.tokens) + len(seq.out) - 1, seq.slot, True)
+                    seq.pending = None
+                    wants.append((seq, i))
+                    room -= 1
+            for seq in active.values():  # then prompt chunks, in the room left
+                left = len(seq.req.tokens) - seq.pos
+                if left <= 0 or room <= 0:
+                    continue
+                take = min(left, room)
+                for k in range(take):
+                    last = seq.pos + k == len(seq.req.tokens) - 1
+                    i = self._add(seq.req.tokens[seq.pos + k], seq.pos + k, seq.slot, last)
+                    if last:
+                        wants.append((seq, i))
+                seq.pos += take
+                room -= take
+            rc = lc.llama_decode(self.ctx, self.batch)
+            if rc != 0:
+                raise LocalgenError(f"llama_decode failed ({rc}) with {len(active)} sequences",
+                                    hint="lower --parallel or raise --ctx")
+            for seq, i in wants:
+                tok = int(lc.llama_sampler_sample(seq.sampler, self.ctx, i))
+                if seq.first is None:
+                    seq.first = time.perf_counter()
+                reason = self._step(seq, tok)
+                if reason is not None or should_stop():
+                    self._finish(seq, reason or "cancelled", active, free, on_done)
+
+    def _step(self, seq: _Seq, tok: int) -> str | None:
+        """Record a sampled token; the finish reason if the sequence is done."""
+        s = seq.req.sampling
+        if self.lc.llama_vocab_is_eog(self.vocab, tok):
+            return "eos"
+        seq.out.append(tok)
+        seq.text += seq.decoder.decode(self.engine.piece(tok))
+        for stop in s.stop:
+            if stop and stop in seq.text:
+                seq.text = seq.text[: seq.text.index(stop)]
+                return "stop"
+        if s.max_tokens > 0 and len(seq.out) >= s.max_tokens:
+            return "length"
+        if len(seq.req.tokens) + len(seq.out) >= self.n_ctx_seq:
+            return "context"
+        seq.pending = tok
+        return None
+
+    def _finish(self, seq: _Seq, reason: str, active: dict[int, _Seq], free: deque[int],
+                on_done: Callable[[Completion], None]) -> None:
+        if reason != "stop":
+            seq.text += seq.decoder.decode(b"", final=True)
+        now = time.perf_counter()
+        on_done(Completion(seq.req.index, seq.text, reason, len(seq.req.tokens), len(seq.out),
+                           (seq.first or now) - seq.started, now - seq.started, seq.req.seed))
+        self.lc.llama_sampler_free(seq.sampler)
+        del active[seq.slot]
+        free.append(seq.slot)
+
+
+def new_seed() -> int:
+    """A fresh seed for a request without one."""
+    return random.getrandbits(31)
+
+
+def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.Random) -> tuple[float, float]:
+    """llama-batched-bench's measurement: every sequence gets n_prompt random tokens (batched), then n_gen
+    steps decode one token per sequence together. Returns (prompt seconds, generation seconds)."""
+    lc = pc.lc
+    n = pc.n_parallel
+    pc.clear()
+    t0 = time.perf_counter()
+    pending = [(s, p) for s in range(n) for p in range(n_prompt)]
+    while pending:
+        pc.batch.n_tokens = 0
+        for s, p in pending[: pc.n_batch]:
+            pc._add(rng.randrange(pc.n_vocab), p, s, p == n_prompt - 1)
+        pending = pending[pc.n_batch:]
+        if lc.llama_decode(pc.ctx, pc.batch) != 0:
+            raise LocalgenError("llama_decode failed in the parallel benchmark", hint="lower --parallel")
+    lc.llama_synchronize(pc.ctx)
+    t1 = time.perf_counter()
+    for step in range(n_gen):
+        pc.batch.n_tokens = 0
+        for s in range(n):
+            pc._add(rng.randrange(pc.n_vocab), n_prompt + step, s, True)
+        if lc.llama_decode(pc.ctx, pc.batch) != 0:
+            raise LocalgenError("llama_decode failed in the parallel benchmark", hint="lower --parallel")
+    lc.llama_synchronize(pc.ctx)
+    return t1 - t0, time.perf_counter() - t1
