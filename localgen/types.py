@@ -136,6 +136,8 @@ class Stats:
     decode_tps: float | None
     total_s: float
     finish_reason: FinishReason
+    drafted: int | None = None  # speculative decoding: tokens proposed by the drafter
+    accepted: int | None = None  # ... and kept by the main model
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict, rounded for reading."""

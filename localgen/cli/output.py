@@ -60,6 +60,9 @@ def format_stats(s: Stats) -> str:
         parts.append(f"first token {s.ttft_s:.2f} s")
     parts.append(f"load {s.load_s:.2f} s")
     parts.append(f"total {s.total_s:.2f} s")
+    if s.drafted is not None:
+        rate = f" ({(s.accepted or 0) / s.drafted:.0%})" if s.drafted else ""
+        parts.append(f"drafted {s.drafted}, accepted {s.accepted}{rate}")
     parts.append(f"stop: {s.finish_reason}")
     return " · ".join(parts)
 

@@ -54,6 +54,20 @@ def run(
         typer.Option("--document", "-f", exists=True, dir_okay=False, readable=True, show_default=False,
                      help="A text file to put before the prompt (repeatable); long ones are cached (--prompt-cache)."),
     ] = None,
+    draft: Annotated[
+        str | None,
+        typer.Option("--draft", rich_help_panel="Speculative decoding", show_default=False,
+                     help="A small model with the same vocabulary proposes tokens; the model checks several at once."),
+    ] = None,
+    lookup: Annotated[
+        bool, typer.Option("--lookup", rich_help_panel="Speculative decoding",
+                           help="Draft from n-grams already in the context (prompt lookup): fast for summaries, "
+                                "code edits, extraction.")
+    ] = False,
+    draft_max: Annotated[
+        int, typer.Option("--draft-max", min=1, max=64, rich_help_panel="Speculative decoding",
+                          help="Most tokens drafted per step.")
+    ] = 6,
     prompt_cache: Annotated[
         bool,
         typer.Option("--prompt-cache/--no-prompt-cache", rich_help_panel=o.MODEL_PANEL,
@@ -98,6 +112,13 @@ def run(
     if raw and system:
         raise UsageError("--system needs the chat template; it cannot be combined with --raw")
     gbnf = _grammar(grammar, json_schema)
+    if (draft or lookup) and flash_attn:
+        # llama.cpp's flash-attention kernel for a batch of tokens rounds differently from its one-token
+        # kernel, so checking drafts in a batch would drift from plain decoding; without it they agree.
+        if o.given(ctx_, "flash_attn"):
+            ErrWriter().warn("with --flash-attn, speculative output can differ slightly from plain decoding")
+        else:
+            flash_attn = False
     load = o.load_params(ctx, threads, gpu_layers, batch_size, ubatch_size, flash_attn, cache_type_k,
                          cache_type_v)
     from localgen.cli.progress import make_progress
@@ -115,6 +136,23 @@ def run(
     err = ErrWriter()
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
     engine: Any = open_engine(ref, load, verbose=verbose, warn=err.warn)
+    drafter: Any = None
+    if draft and lookup:
+        engine.close()
+        raise UsageError("--draft and --lookup cannot be combined")
+    if draft or lookup:
+        from localgen.engine import speculative
+
+        if lookup:
+            drafter = speculative.LookupDrafter()
+        else:
+            err.status(f"loading the draft model {draft} ...")
+            try:
+                drafter = speculative.ModelDrafter(engine, open_engine(
+                    resolve(draft, offline=offline, progress=make_progress()), load, verbose=verbose, warn=err.warn))
+            except BaseException:
+                engine.close()
+                raise
     if many:
         from localgen.cli.batchrun import run_batch
 
@@ -150,7 +188,7 @@ def run(
             from localgen import promptcache
 
             cache_use = promptcache.attach_prefix(engine, tokens[:shared])
-        gen = engine.generate(tokens, sampling, started=started)
+        gen = engine.generate(tokens, sampling, started=started, drafter=drafter, draft_max=draft_max)
         out = TextWriter(sys.stdout, enabled=not json_out)
         try:
             for chunk in gen:
@@ -171,6 +209,8 @@ def run(
         if json_out:
             _print_json(engine, gen, sampling, cache_use)
     finally:
+        if drafter is not None:
+            drafter.close()
         engine.close()
 
 

@@ -99,27 +99,9 @@ class ParallelContext:
 
     def sampler(self, s: SamplingParams, seed: int) -> Any:
         """A sampler chain with the single-stream path's stages and order."""
-        lc = self.lc
-        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-        last_n = s.repeat_last_n if s.repeat_last_n >= 0 else self.n_ctx_seq
-        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_penalties(
-            self.n_vocab, last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
-        if s.grammar:
-            g = lc.llama_sampler_init_grammar(self.vocab, s.grammar.encode("utf-8"), b"root")
-            if not g:
-                lc.llama_sampler_free(chain)
-                raise LocalgenError("the grammar does not parse")
-            lc.llama_sampler_chain_add(chain, g)
-        if s.temperature == 0:
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
-        else:
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(s.top_k))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_typical(s.typical_p, 1))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(s.top_p, 1))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(s.min_p, 1))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(s.temperature))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed))
-        return chain
+        from localgen.engine import sampling
+
+        return sampling.build(self.lc, self.vocab, self.n_vocab, s, seed, self.n_ctx_seq)
 
     def _add(self, token: int, pos: int, seq: int, logits: bool) -> int:
         b = self.batch

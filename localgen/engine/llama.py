@@ -230,7 +230,8 @@ class Engine:
             n -= 1  # the last prompt token is evaluated again to refresh the logits
         return n
 
-    def generate(self, tokens: list[int], sampling: SamplingParams, started: float | None = None) -> Generation:
+    def generate(self, tokens: list[int], sampling: SamplingParams, started: float | None = None,
+                 drafter: Any = None, draft_max: int = 6) -> Generation:
         """Start streaming a completion of `tokens`. Raises ContextOverflowError before any work.
         `started` (a perf_counter time) is when the request began, if prompt work was done before this
         call (a prompt cache loaded or filled), so time to first token counts it."""
@@ -246,7 +247,7 @@ class Engine:
             )
         if sampling.grammar:
             self.check_grammar(sampling.grammar)
-        return Generation(self, tokens, sampling, started)
+        return Generation(self, tokens, sampling, started, drafter, draft_max)
 
     def perf(self) -> Any:
         """llama.cpp's perf counters for this context."""
@@ -266,7 +267,7 @@ class Generation:
     """A lazy stream: iterate for Chunks; read .text, .finish_reason and .stats when it is done."""
 
     def __init__(self, engine: Engine, tokens: list[int], sampling: SamplingParams,
-                 started: float | None = None) -> None:
+                 started: float | None = None, drafter: Any = None, draft_max: int = 6) -> None:
         self.engine = engine
         self.prompt = tokens
         self.seed = sampling.seed if sampling.seed is not None else random.getrandbits(31)
@@ -277,6 +278,9 @@ class Generation:
         self.stats: Stats | None = None
         self._cancel = False
         self._started = started
+        self.drafter = drafter
+        self.draft_max = draft_max
+        self.counters: Any = None
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -307,24 +311,26 @@ class Generation:
         reason: FinishReason = "length"
         budget = eng.n_ctx - len(self.prompt)
         limit = min(s.max_tokens, budget) if s.max_tokens > 0 else budget
-        gen = llm.generate(
-            self.prompt,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            min_p=s.min_p,
-            typical_p=s.typical_p,
-            temp=s.temperature,
-            repeat_penalty=s.repeat_penalty,
-            frequency_penalty=s.frequency_penalty,
-            presence_penalty=s.presence_penalty,
-            grammar=grammar,
-        )
+        t_last: float | None = None
+        if self.drafter is not None:
+            from localgen.engine import speculative
+
+            self.counters = speculative.Counters()
+            gen: Any = speculative.tokens(eng, self.prompt, s, self.seed, self.drafter, self.draft_max,
+                                          self.counters)
+        else:
+            gen = llm.generate(
+                self.prompt, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, typical_p=s.typical_p,
+                temp=s.temperature, repeat_penalty=s.repeat_penalty, frequency_penalty=s.frequency_penalty,
+                presence_penalty=s.presence_penalty, grammar=grammar,
+            )
         finished = False
         try:
             try:
                 for token in gen if limit > 0 else ():
+                    t_last = time.perf_counter()
                     if t_first is None:
-                        t_first = time.perf_counter()
+                        t_first = t_last
                     if eng.is_eog(token):
                         reason = "eos"
                         break
@@ -366,17 +372,22 @@ class Generation:
             finished = True
         finally:
             self.finish_reason = reason if finished else "cancelled"
-            self.stats = self._stats(t0, t_first, cached)
+            self.stats = self._stats(t0, t_first, t_last, cached)
 
     def close(self) -> None:
         """Stop the stream (if still running) and settle the stats as cancelled."""
         self._iter.close()  # type: ignore[attr-defined]
 
-    def _stats(self, t0: float, t_first: float | None, cached: int) -> Stats:
+    def _stats(self, t0: float, t_first: float | None, t_last: float | None, cached: int) -> Stats:
         perf = self.engine.perf()
         total = time.perf_counter() - t0
         prefill = perf.n_p_eval / (perf.t_p_eval_ms / 1000) if perf.t_p_eval_ms > 0 else None
         decode = perf.n_eval / (perf.t_eval_ms / 1000) if perf.t_eval_ms > 0 and perf.n_eval > 0 else None
+        c = self.counters
+        if c is not None:  # verification batches count as prompt work in llama.cpp's counters: use the clock
+            n = len(self.tokens)
+            decode = (n - 1) / (t_last - t_first) if t_first and t_last and t_last > t_first and n > 1 else None
+            prefill = (len(self.prompt) - cached) / (t_first - t0) if t_first and t_first > t0 else None
         assert self.finish_reason is not None
         return Stats(
             prompt_tokens=len(self.prompt),
@@ -388,6 +399,8 @@ class Generation:
             decode_tps=decode,
             total_s=total,
             finish_reason=self.finish_reason,
+            drafted=c.drafted if c is not None else None,
+            accepted=c.accepted if c is not None else None,
         )
 
 

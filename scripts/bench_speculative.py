@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Speculative decoding benchmark (issue: past one stream): the same greedy task with and without
+prompt lookup (and, optionally, a draft model), fresh processes, medians. The task copies from its
+prompt (an extraction), where lookup drafts are strong; the outputs must be identical.
+
+usage: scripts/bench_speculative.py [--model smollm2:135m] [--draft MODEL] [--reps 3] [-n 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+TEXT = "\n".join(
+    f"Item {i}: the {c} box holds {i * 3} apples, {i + 2} pears and a note saying 'ship to warehouse {i % 5}'."
+    for i, c in enumerate(["red", "blue", "green", "yellow", "black", "white", "purple", "orange"] * 2)
+)
+PROMPT = f"{TEXT}\n\nCopy the list above exactly, line by line."
+
+
+def once(model: str, n: int, extra: list[str], raw: bool) -> dict[str, object]:
+    # Speculation turns flash attention off (see README); the baseline does too, so both decode alike.
+    args = [sys.executable, "-m", "localgen", "run", "-m", model, "-p", PROMPT, "-n", str(n), "--temperature", "0",
+            "--json", "--no-prompt-cache", "--no-flash-attn", *(["--raw"] if raw else []), *extra]
+    return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2:135m")
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("-n", type=int, default=200)
+    ap.add_argument("--draft-max", default="2,4,6")
+    ap.add_argument("--raw", action="store_true", help="plain completion (for base models such as gemma3:270m)")
+    a = ap.parse_args()
+    variants: dict[str, list[str]] = {"plain": []}
+    for k in a.draft_max.split(","):
+        variants[f"lookup{k}"] = ["--lookup", "--draft-max", k]
+    if a.draft:
+        variants["draft"] = ["--draft", a.draft]
+    results: dict[str, list[dict[str, object]]] = {k: [] for k in variants}
+    for _ in range(a.reps):  # interleaved, so drift hits every variant
+        for k, extra in variants.items():
+            results[k].append(once(a.model, a.n, extra, a.raw))
+    base_text = results["plain"][0]["text"]
+    base = statistics.median(r["stats"]["decode_tps"] for r in results["plain"])  # type: ignore[index]
+    print(f"{a.model}, greedy, up to {a.n} tokens, median of {a.reps}")
+    for k, rs in results.items():
+        s = [r["stats"] for r in rs]
+        rate = statistics.median(x["decode_tps"] for x in s)  # type: ignore[index]
+        total = statistics.median(x["total_s"] for x in s)  # type: ignore[index]
+        same = all(r["text"] == base_text for r in rs)
+        acc = ""
+        if s[0].get("drafted"):  # type: ignore[union-attr]
+            d, ok = s[0]["drafted"], s[0]["accepted"]  # type: ignore[index]
+            acc = f" · drafted {d}, accepted {ok} ({ok / d:.0%})"
+        print(f"  {k:7} decode {rate:7.1f} tok/s · total {total:5.2f} s · speed-up {rate / base:4.2f}x · "
+              f"same text: {same}{acc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Speculative decoding: same output as plain decoding, drafts counted, mismatched vocabularies refused."""
+
+from __future__ import annotations
+
+import json
+
+from localgen.engine.speculative import LookupDrafter
+from tests.conftest import CLI
+
+TEXT = "\n".join(f"Item {i}: the box holds {i * 3} apples and a note for warehouse {i % 5}." for i in range(8))
+PROMPT = f"{TEXT}\n\nCopy the list above exactly."
+
+
+def test_lookup_finds_the_latest_continuation() -> None:
+    d = LookupDrafter(max_ngram=2)
+    assert d.propose([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3], 3) == [5, 6, 2]
+    assert d.propose([7, 8, 9], 3) == []
+    assert d.propose([1, 2, 1], 2) == [2, 1]
+
+
+def _run(cli: CLI, *extra: str) -> dict[str, object]:
+    r = cli("run", "-p", PROMPT, "-n", "80", "--json", "--no-prompt-cache", "--ctx", "1024", *extra)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_greedy_output_is_unchanged_by_lookup_and_draft(cli: CLI) -> None:
+    plain = _run(cli, "--temperature", "0", "--no-flash-attn")
+    lookup = _run(cli, "--temperature", "0", "--lookup", "--draft-max", "3")
+    draft = _run(cli, "--temperature", "0", "--draft", "smollm2:135m", "--draft-max", "4")
+    assert lookup["text"] == plain["text"] == draft["text"]
+    ls, ds = lookup["stats"], draft["stats"]
+    assert isinstance(ls, dict) and isinstance(ds, dict)
+    assert ls["drafted"] > 0 and 0 < ls["accepted"] <= ls["drafted"]
+    assert ds["accepted"] >= ds["drafted"] * 0.9, "a draft that is the model itself is almost always right"
+    assert lookup["load"]["flash_attn"] is False  # type: ignore[index]
+    assert plain["stats"]["drafted"] is None  # type: ignore[index]
+
+
+def test_sampling_with_lookup_is_reproducible_per_seed(cli: CLI) -> None:
+    a = _run(cli, "--temperature", "1.0", "--seed", "11", "--lookup")
+    b = _run(cli, "--temperature", "1.0", "--seed", "11", "--lookup")
+    c = _run(cli, "--temperature", "1.0", "--seed", "12", "--lookup")
+    assert a["text"] == b["text"] and a["text"] != c["text"]
+    assert a["stats"]["accepted"] > 0  # type: ignore[index]
+
+
+def test_bad_speculative_flags(cli: CLI) -> None:
+    r = cli("run", "-p", "hi", "--draft", "gemma3:270m")
+    assert r.returncode == 2 and "vocabulary" in r.stderr and r.stderr.count("\n") == 1
+    r = cli("run", "-p", "hi", "--draft", "smollm2:135m", "--lookup")
+    assert r.returncode == 2 and "cannot be combined" in r.stderr
+    r = cli("run", "-p", "hi", "--lookup", "--flash-attn", "-n", "4")
+    assert r.returncode == 0 and "can differ slightly" in r.stderr
