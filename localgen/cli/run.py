@@ -68,6 +68,15 @@ def run(
         int, typer.Option("--draft-max", min=1, max=64, rich_help_panel="Speculative decoding",
                           help="Most tokens drafted per step.")
     ] = 6,
+    beams: Annotated[
+        int | None, typer.Option("--beams", min=1, max=64, rich_help_panel="Beam search",
+                          help="Keep N hypotheses decoded together and print the best (1 = greedy). Sampling "
+                               "settings do not apply; --json lists all N with scores.", show_default=False)
+    ] = None,
+    length_penalty: Annotated[
+        float, typer.Option("--length-penalty", min=0.0, max=5.0, rich_help_panel="Beam search",
+                            help="Final score = log-probability / length ** this (higher favours longer answers).")
+    ] = 1.0,
     prompt_cache: Annotated[
         bool,
         typer.Option("--prompt-cache/--no-prompt-cache", rich_help_panel=o.MODEL_PANEL,
@@ -140,6 +149,9 @@ def run(
     if draft and lookup:
         engine.close()
         raise UsageError("--draft and --lookup cannot be combined")
+    if beams and (draft or lookup or many or gbnf):
+        engine.close()
+        raise UsageError("--beams cannot be combined with --draft, --lookup, --file, --each-line or a grammar")
     if draft or lookup:
         from localgen.engine import speculative
 
@@ -188,6 +200,9 @@ def run(
             from localgen import promptcache
 
             cache_use = promptcache.attach_prefix(engine, tokens[:shared])
+        if beams:
+            _run_beams(engine, ref, tokens, sampling, beams, length_penalty, json_out, stats, err)
+            return
         gen = engine.generate(tokens, sampling, started=started, drafter=drafter, draft_max=draft_max)
         out = TextWriter(sys.stdout, enabled=not json_out)
         try:
@@ -212,6 +227,37 @@ def run(
         if drafter is not None:
             drafter.close()
         engine.close()
+
+
+def _run_beams(engine: Any, ref: Any, tokens: list[int], sampling: Any, n: int, length_penalty: float,
+               json_out: bool, stats: bool, err: ErrWriter) -> None:
+    import json
+    from dataclasses import asdict
+
+    from localgen.engine.beams import search
+    from localgen.types import Stats
+
+    t0 = time.perf_counter()
+    result = search(engine, tokens, n, sampling.max_tokens, length_penalty, sampling.stop)
+    best = result.beams[0]
+    total = time.perf_counter() - t0
+    st = Stats(prompt_tokens=result.prompt_tokens, cached_tokens=0, completion_tokens=len(best.tokens),
+               load_s=engine.load_s, ttft_s=total, prefill_tps=result.prompt_tokens / result.prefill_s
+               if result.prefill_s else None,
+               decode_tps=result.decoded_tokens / result.decode_s if result.decode_s else None, total_s=total,
+               finish_reason=best.finish_reason)  # type: ignore[arg-type]
+    if stats:
+        err.stats(st)
+    if json_out:
+        doc = {"text": best.text, "finish_reason": best.finish_reason, "model": {"name": ref.name, "file": ref.path},
+               "beams": [{"text": h.text, "score": round(h.score, 5), "logprob": round(h.logprob, 5),
+                          "tokens": len(h.tokens), "finish_reason": h.finish_reason} for h in result.beams],
+               "length_penalty": length_penalty, "load": asdict(engine.params), "stats": st.to_dict()}
+        sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    else:
+        out = TextWriter(sys.stdout)
+        out.write(best.text)
+        out.end()
 
 
 def _read_document(path: Path) -> str:

@@ -58,7 +58,8 @@ class _Seq:
 class ParallelContext:
     """A second context on the Engine's model with n_seq_max sequences, each with its own window."""
 
-    def __init__(self, engine: Any, n_parallel: int, n_ctx_per_seq: int) -> None:
+    def __init__(self, engine: Any, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
+                 n_seq_max: int | None = None) -> None:
         lc = engine._lc
         self.lc = lc
         self.engine = engine
@@ -66,16 +67,17 @@ class ParallelContext:
         self.n_ctx_seq = -(-n_ctx_per_seq // 256) * 256
         p = lc.llama_context_default_params()
         prm = engine.params
-        p.n_ctx = self.n_ctx_seq * n_parallel
+        # unified: one pool of cells shared by all sequences (sequence copies share cells: beam search)
+        p.n_ctx = self.n_ctx_seq if unified else self.n_ctx_seq * n_parallel
         p.n_batch = max(prm.n_batch, n_parallel)
         p.n_ubatch = max(min(prm.n_ubatch, p.n_batch), 1)
-        p.n_seq_max = n_parallel
+        p.n_seq_max = n_seq_max or n_parallel
         p.n_threads = prm.n_threads
         p.n_threads_batch = prm.n_threads_batch
         p.flash_attn_type = 1 if prm.flash_attn else 0
         p.type_k = KV_CACHE_TYPES[prm.cache_type_k]
         p.type_v = KV_CACHE_TYPES[prm.cache_type_v]
-        p.kv_unified = False  # each sequence gets its own n_ctx_seq window
+        p.kv_unified = unified  # otherwise each sequence gets its own n_ctx_seq window
         p.no_perf = False
         self.ctx = lc.llama_init_from_model(engine.llm.model, p)
         if not self.ctx:

@@ -1,0 +1,129 @@
+"""Beam search: N hypotheses decoded together in one batch per step, sharing the prompt's KV cells
+through llama.cpp sequence copies (unified KV cache, so a copy shares cells instead of duplicating them).
+Hypotheses are ranked by total log-probability while searching, and finished ones by
+logprob / length ** length_penalty. With one beam it is exactly greedy decoding."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from localgen.errors import ContextOverflowError, LocalgenError
+
+
+@dataclass
+class Hypothesis:
+    """One beam: its tokens, summed log-probability, and why it ended."""
+
+    tokens: list[int]
+    logprob: float
+    finish_reason: str = "length"
+    text: str = ""
+    score: float = 0.0
+
+
+@dataclass
+class BeamResult:
+    """All hypotheses, best first, and timings."""
+
+    beams: list[Hypothesis]
+    prompt_tokens: int
+    decode_s: float
+    prefill_s: float
+    decoded_tokens: int
+
+
+def search(engine: Any, prompt: list[int], n_beams: int, max_new: int, length_penalty: float = 1.0,
+           stop: tuple[str, ...] = ()) -> BeamResult:
+    """Run beam search on the prompt; returns every hypothesis ranked."""
+    import numpy as np
+
+    from localgen.engine.batch import ParallelContext
+
+    if len(prompt) >= engine.n_ctx:
+        raise ContextOverflowError(f"the prompt is {len(prompt):,} tokens; the context window is {engine.n_ctx:,}")
+    budget = engine.n_ctx - len(prompt)
+    max_new = min(max_new, budget) if max_new > 0 else budget
+    pc = ParallelContext(engine, n_beams, len(prompt) + n_beams * max_new + 16, unified=True,
+                         n_seq_max=2 * n_beams)
+    lc, ctx = pc.lc, pc.ctx
+    mem = lc.llama_get_memory(ctx)
+    n_vocab = pc.n_vocab
+    try:
+        t0 = time.perf_counter()
+        idx = -1
+        for start in range(0, len(prompt), pc.n_batch):
+            pc.batch.n_tokens = 0
+            chunk = prompt[start:start + pc.n_batch]
+            for j, tok in enumerate(chunk):
+                idx = pc._add(tok, start + j, 0, start + j == len(prompt) - 1)
+            _decode(lc, ctx, pc.batch)
+        t1 = time.perf_counter()
+        live: list[tuple[Hypothesis, int, int]] = [(Hypothesis([], 0.0), 0, idx)]  # (hyp, seq id, logits row)
+        done: list[Hypothesis] = []
+        bank = 0
+        decoded = 0
+        for step in range(max_new):
+            cands: list[tuple[float, int, int]] = []  # (logprob, live index, token)
+            for li, (h, _seq, row) in enumerate(live):
+                logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).astype(np.float64)
+                m = logits.max()
+                logp = logits - m - np.log(np.exp(logits - m).sum())
+                top = np.argpartition(-logp, n_beams)[:n_beams] if n_vocab > n_beams else np.arange(n_vocab)
+                cands += [(h.logprob + float(logp[t]), li, int(t)) for t in top]
+            cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+            bank ^= 1
+            chosen: list[tuple[Hypothesis, int, int]] = []
+            pc.batch.n_tokens = 0
+            for lp, li, tok in cands:
+                if len(chosen) == n_beams:
+                    break
+                parent, pseq, _ = live[li]
+                h = Hypothesis([*parent.tokens, tok], lp)
+                if lc.llama_vocab_is_eog(pc.vocab, tok):
+                    h.tokens.pop()
+                    h.finish_reason = "eos"
+                    done.append(h)
+                    continue
+                seq = bank * n_beams + len(chosen)
+                lc.llama_memory_seq_rm(mem, seq, -1, -1)
+                lc.llama_memory_seq_cp(mem, pseq, seq, -1, -1)
+                row = pc._add(tok, len(prompt) + step, seq, True)
+                chosen.append((h, seq, row))
+            for _h, pseq, _r in live:
+                lc.llama_memory_seq_rm(mem, pseq, -1, -1)
+            live = chosen
+            if not live or len(done) >= n_beams:
+                break
+            if step + 1 == max_new:
+                break
+            _decode(lc, ctx, pc.batch)
+            decoded += len(live)
+            if stop and all(any(x in _text(engine, h.tokens) for x in stop) for h, _s, _r in live):
+                break
+        t2 = time.perf_counter()
+    finally:
+        pc.close()
+    # Early stopping: once N hypotheses have ended, unfinished ones are not ranked with them.
+    finals = done if len(done) >= n_beams else done + [h for h, _s, _r in live]
+    for h in finals:
+        h.text = _text(engine, h.tokens)
+        for x in stop:
+            if x and x in h.text:
+                h.text = h.text[: h.text.index(x)]
+                h.finish_reason = "stop"
+        h.score = h.logprob / max(1, len(h.tokens)) ** length_penalty
+    finals.sort(key=lambda h: -h.score)
+    return BeamResult(finals[:n_beams], len(prompt), t2 - t1, t1 - t0, decoded)
+
+
+def _decode(lc: Any, ctx: Any, batch: Any) -> None:
+    if lc.llama_decode(ctx, batch) != 0:
+        raise LocalgenError("llama_decode failed during beam search", hint="fewer --beams or a larger --ctx")
+
+
+def _text(engine: Any, tokens: list[int]) -> str:
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return "".join(dec.decode(engine.piece(t)) for t in tokens) + dec.decode(b"", final=True)
