@@ -93,11 +93,7 @@ def chat(
     if system is not None:
         session.system = system
 
-    flags: dict[str, Any] = {
-        "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "typical_p": typical_p,
-        "repeat_penalty": repeat_penalty, "repeat_last_n": repeat_last_n, "presence_penalty": presence_penalty,
-        "frequency_penalty": frequency_penalty, "seed": seed, "max_tokens": max_tokens, "stop": tuple(stop or ()),
-    }
+    flags = o.sampling_flags(locals())
     load = o.load_params(ctx_size, threads, gpu_layers, batch_size, ubatch_size, flash_attn, cache_type_k,
                          cache_type_v)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()

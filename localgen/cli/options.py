@@ -150,6 +150,17 @@ DEFAULTS = _D
 LOAD_DEFAULTS = _L
 
 
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
+                  "presence_penalty", "frequency_penalty", "seed", "max_tokens", "stop")
+
+
+def sampling_flags(values: dict[str, Any]) -> dict[str, Any]:
+    """The sampling flags from a command's parameters (pass `locals()`), by their SamplingParams names."""
+    flags = {k: values[k] for k in SAMPLING_FLAGS}
+    flags["stop"] = tuple(flags["stop"] or ())
+    return flags
+
+
 def given(ctx: typer.Context, param: str) -> bool:
     """Whether the user set this option (command line or env var), as opposed to its default."""
     from typer._click.core import ParameterSource  # type: ignore[import-not-found]

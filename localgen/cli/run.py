@@ -135,12 +135,7 @@ def run(
     from localgen.models.resolve import resolve
 
     ref = resolve(model, offline=offline, progress=make_progress())
-    flags = {
-        "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "typical_p": typical_p,
-        "repeat_penalty": repeat_penalty, "repeat_last_n": repeat_last_n, "presence_penalty": presence_penalty,
-        "frequency_penalty": frequency_penalty, "seed": seed, "max_tokens": max_tokens, "stop": tuple(stop or ()),
-        "grammar": gbnf,
-    }
+    flags = {**o.sampling_flags(locals()), "grammar": gbnf}
     sampling = o.sampling_params(ctx_, flags, ref.sampling_defaults)
     err = ErrWriter()
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
