@@ -59,6 +59,7 @@ class LoadParams:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     use_mmap: bool = True
+    repack: bool = True  # llama.cpp's repacked CPU weight layouts (faster; batches round differently)
 
     def __post_init__(self) -> None:
         from localgen.errors import UsageError

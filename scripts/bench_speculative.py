@@ -22,9 +22,10 @@ PROMPT = f"{TEXT}\n\nCopy the list above exactly, line by line."
 
 
 def once(model: str, n: int, extra: list[str], raw: bool) -> dict[str, object]:
-    # Speculation turns flash attention off (see README); the baseline does too, so both decode alike.
+    # Speculation turns flash attention and repacking off (see README); so does the baseline, so both
+    # compute alike.
     args = [sys.executable, "-m", "localgen", "run", "-m", model, "-p", PROMPT, "-n", str(n), "--temperature", "0",
-            "--json", "--no-prompt-cache", "--no-flash-attn", *(["--raw"] if raw else []), *extra]
+            "--json", "--no-prompt-cache", "--no-flash-attn", "--no-repack", *(["--raw"] if raw else []), *extra]
     return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
 
 

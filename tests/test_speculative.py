@@ -25,7 +25,7 @@ def _run(cli: CLI, *extra: str) -> dict[str, object]:
 
 
 def test_greedy_output_is_unchanged_by_lookup_and_draft(cli: CLI) -> None:
-    plain = _run(cli, "--temperature", "0", "--no-flash-attn")
+    plain = _run(cli, "--temperature", "0", "--no-flash-attn", "--no-repack")
     lookup = _run(cli, "--temperature", "0", "--lookup", "--draft-max", "3")
     draft = _run(cli, "--temperature", "0", "--draft", "smollm2:135m", "--draft-max", "4")
     assert lookup["text"] == plain["text"] == draft["text"]
@@ -33,8 +33,17 @@ def test_greedy_output_is_unchanged_by_lookup_and_draft(cli: CLI) -> None:
     assert isinstance(ls, dict) and isinstance(ds, dict)
     assert ls["drafted"] > 0 and 0 < ls["accepted"] <= ls["drafted"]
     assert ds["accepted"] >= ds["drafted"] * 0.9, "a draft that is the model itself is almost always right"
-    assert lookup["load"]["flash_attn"] is False  # type: ignore[index]
+    assert lookup["load"]["flash_attn"] is False and lookup["load"]["repack"] is False  # type: ignore[index]
     assert plain["stats"]["drafted"] is None  # type: ignore[index]
+
+
+def test_greedy_lookup_is_exact_on_repacked_q4_k_weights_too(cli: CLI) -> None:
+    args = ["run", "-m", "gemma3:270m", "--raw", "-p", PROMPT, "-n", "160", "--temperature", "0", "--json",
+            "--no-prompt-cache", "--ctx", "1024"]
+    plain = cli(*args, "--no-flash-attn", "--no-repack")
+    lookup = cli(*args, "--lookup", "--draft-max", "2")
+    assert plain.returncode == lookup.returncode == 0, lookup.stderr
+    assert json.loads(lookup.stdout)["text"] == json.loads(plain.stdout)["text"]
 
 
 def test_sampling_with_lookup_is_reproducible_per_seed(cli: CLI) -> None:
@@ -51,4 +60,6 @@ def test_bad_speculative_flags(cli: CLI) -> None:
     r = cli("run", "-p", "hi", "--draft", "smollm2:135m", "--lookup")
     assert r.returncode == 2 and "cannot be combined" in r.stderr
     r = cli("run", "-p", "hi", "--lookup", "--flash-attn", "-n", "4")
-    assert r.returncode == 0 and "can differ slightly" in r.stderr
+    assert r.returncode == 0 and "with --flash-attn, speculative output can differ slightly" in r.stderr
+    r = cli("run", "-p", "hi", "--lookup", "--repack", "-n", "4")
+    assert r.returncode == 0 and "with --repack" in r.stderr

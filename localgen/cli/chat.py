@@ -62,6 +62,7 @@ def chat(
     flash_attn: o.FlashAttn = o.LOAD_DEFAULTS.flash_attn,
     cache_type_k: o.CacheK = o.LOAD_DEFAULTS.cache_type_k,
     cache_type_v: o.CacheV = o.LOAD_DEFAULTS.cache_type_v,
+    repack: o.Repack = o.LOAD_DEFAULTS.repack,
 ) -> None:
     """Chat with a model. Type /help inside for commands.
 
@@ -95,7 +96,7 @@ def chat(
 
     flags = o.sampling_flags(locals())
     load = o.load_params(ctx_size, threads, gpu_layers, batch_size, ubatch_size, flash_attn, cache_type_k,
-                         cache_type_v)
+                         cache_type_v, repack)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     ui = _UI(interactive=interactive, plain=plain or bool(os.environ.get("NO_COLOR")), stats=stats)
     engine = _load(session.model, load, verbose, offline, ui)

@@ -56,6 +56,11 @@ FlashAttn = Annotated[
         help="Flash attention (faster prefill and decode; needed for a quantized V cache).",
     ),
 ]
+Repack = Annotated[
+    bool,
+    typer.Option("--repack/--no-repack", rich_help_panel=MODEL_PANEL,
+                 help="llama.cpp's repacked CPU weight layouts (faster prompt processing for some quantizations)."),
+]
 _kv_help = "KV-cache type for {}: " + ", ".join(KV_CACHE_TYPES) + "."
 CacheK = Annotated[
     str, typer.Option("--cache-type-k", "-ctk", rich_help_panel=MODEL_PANEL, help=_kv_help.format("keys"))
@@ -186,11 +191,11 @@ def sampling_params(ctx: typer.Context, flags: dict[str, Any], *layers: dict[str
 
 def load_params(
     ctx: int, threads: int | None, gpu_layers: int | None, batch: int, ubatch: int, flash_attn: bool,
-    cache_type_k: str, cache_type_v: str,
+    cache_type_k: str, cache_type_v: str, repack: bool = True,
 ) -> LoadParams:
     """LoadParams from the shared flags."""
     return LoadParams(
         n_ctx=ctx, n_threads=threads, n_threads_batch=threads, n_gpu_layers=gpu_layers, n_batch=batch,
         n_ubatch=ubatch, flash_attn=flash_attn, cache_type_k=cache_type_k.lower(),
-        cache_type_v=cache_type_v.lower(),
+        cache_type_v=cache_type_v.lower(), repack=repack,
     )

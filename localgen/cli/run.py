@@ -105,6 +105,7 @@ def run(
     flash_attn: o.FlashAttn = o.LOAD_DEFAULTS.flash_attn,
     cache_type_k: o.CacheK = o.LOAD_DEFAULTS.cache_type_k,
     cache_type_v: o.CacheV = o.LOAD_DEFAULTS.cache_type_v,
+    repack: o.Repack = o.LOAD_DEFAULTS.repack,
 ) -> None:
     """Generate from one prompt and stream the answer to stdout.
 
@@ -121,15 +122,18 @@ def run(
     if raw and system:
         raise UsageError("--system needs the chat template; it cannot be combined with --raw")
     gbnf = _grammar(grammar, json_schema)
-    if (draft or lookup) and flash_attn:
-        # llama.cpp's flash-attention kernel for a batch of tokens rounds differently from its one-token
-        # kernel, so checking drafts in a batch would drift from plain decoding; without it they agree.
-        if o.given(ctx_, "flash_attn"):
-            ErrWriter().warn("with --flash-attn, speculative output can differ slightly from plain decoding")
-        else:
-            flash_attn = False
+    if draft or lookup:
+        # llama.cpp's flash-attention kernel and its repacked CPU weights compute a batch of tokens with a
+        # different rounding than one token; checking drafts in a batch would then drift from plain
+        # decoding. Without them the two agree exactly (at temperature 0).
+        for flag, name in ((flash_attn, "flash_attn"), (repack, "repack")):
+            if flag and o.given(ctx_, name):
+                ErrWriter().warn(f"with --{name.replace('_', '-')}, speculative output can differ slightly "
+                                 "from plain decoding")
+        flash_attn = flash_attn and o.given(ctx_, "flash_attn")
+        repack = repack and o.given(ctx_, "repack")
     load = o.load_params(ctx, threads, gpu_layers, batch_size, ubatch_size, flash_attn, cache_type_k,
-                         cache_type_v)
+                         cache_type_v, repack)
     from localgen.cli.progress import make_progress
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve

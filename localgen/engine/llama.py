@@ -100,6 +100,7 @@ class Engine:
             cache_type_k=params.cache_type_k,
             cache_type_v=params.cache_type_v,
             use_mmap=params.use_mmap,
+            repack=params.repack,
         )
         logs.clear()
         t0 = time.perf_counter()
@@ -107,6 +108,14 @@ class Engine:
 
         original = llama_chat_format.Jinja2ChatFormatter
         llama_chat_format.Jinja2ChatFormatter = _NoTemplateCompile  # type: ignore[misc,assignment]
+        default_params = lc.llama_cpp.llama_model_default_params
+        if not params.repack:  # the bindings do not expose use_extra_bufts: set it on their default params
+            def no_repack() -> Any:
+                p = default_params()
+                p.use_extra_bufts = False
+                return p
+
+            lc.llama_cpp.llama_model_default_params = no_repack
         try:
             self.llm = lc.Llama(
                 model.path,
@@ -127,6 +136,7 @@ class Engine:
             raise self._load_error(str(e)) from None
         finally:
             llama_chat_format.Jinja2ChatFormatter = original  # type: ignore[misc]
+            lc.llama_cpp.llama_model_default_params = default_params
         self.load_s = time.perf_counter() - t0
         if verbose:
             logs.dump_to_stderr()
