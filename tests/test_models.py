@@ -367,3 +367,31 @@ def test_embedded_catalogue_entry(cli: Any) -> None:
     assert r.returncode == 1 and "ships only as Q4_1" in r.stderr
     r = cli("pull", "smollm2:135m")
     assert r.returncode == 1 and "nothing to pull" in r.stderr
+
+
+@pytest.fixture(scope="session")
+def split_parts(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    from tests.gguf_split import split_model
+
+    return split_model(smollm2_path, tmp_path_factory.mktemp("split"), "smol-Q4_1", 150)
+
+
+def test_split_gguf_downloads_and_loads_as_one_model(env: dict[str, str], hub: hub_server.FakeHub,
+                                                     split_parts: list[Path], smollm2_path: Path) -> None:
+    assert len(split_parts) == 2
+    hub.repos["acme/Split-GGUF"] = hub_server.HubRepo(COMMIT, {p.name: hub_server.HubFile(p) for p in split_parts})
+    r = lg(env, "pull", "acme/Split-GGUF:q4_1")
+    assert r.returncode == 0, r.stderr
+    assert all(hub.sent.get(p.name) == p.stat().st_size for p in split_parts), "both parts downloaded"
+    single = json.loads(lg(env, "run", "-m", str(smollm2_path), "-p", "Hi", "-n", "8", "--temperature", "0",
+                           "--json").stdout)
+    split = json.loads(lg(env, "run", "-m", "acme/Split-GGUF:Q4_1", "--offline", "-p", "Hi", "-n", "8",
+                          "--temperature", "0", "--json").stdout)
+    assert split["text"] == single["text"], "the split model is the same model"
+    shown = json.loads(lg(env, "show", "acme/Split-GGUF:Q4_1", "--json").stdout)
+    assert shown["parameters"] == 134_515_008 and shown["size"] == sum(p.stat().st_size for p in split_parts)
+    listed = [i for i in json.loads(lg(env, "list", "--json").stdout) if i["name"] == "acme/Split-GGUF:Q4_1"]
+    assert len(listed) == 1, "a split model is listed once"
+    r = lg(env, "rm", "acme/Split-GGUF", "--yes")
+    assert r.returncode == 0 and "removed 2 file(s)" in r.stdout
+    assert not list((Path(env["HF_HUB_CACHE"]) / "models--acme--Split-GGUF" / "blobs").iterdir())

@@ -159,6 +159,28 @@ def read_gguf(path: str) -> tuple[dict[str, Any], list[tuple[str, list[int], int
     return meta, tensors, data_offset
 
 
+def _split_totals(first: str, count: int, n_params: int, size: int) -> tuple[int, int]:
+    import re
+
+    m = re.search(r"-00001-of-(\d{5})\.gguf$", first)
+    if not m:
+        return n_params, size
+    for i in range(2, count + 1):
+        part = first[: m.start()] + f"-{i:05d}-of-{m.group(1)}.gguf"
+        try:
+            _meta, tensors, _off = read_gguf(part)
+            size += os.path.getsize(part)
+        except (ModelFormatError, OSError):
+            raise ModelFormatError(f"part {i} of the split model {first} is missing or unreadable",
+                                   hint="pull the model again") from None
+        for _name, dims, _t, _o in tensors:
+            n = 1
+            for d in dims:
+                n *= d
+            n_params += n
+    return n_params, size
+
+
 def summarize(path: str, file_size: int | None = None, check_data: bool = True) -> GGUFSummary:
     """Read a GGUF header and summarize it; raises ModelFormatError for anything llama.cpp would choke on.
     `file_size` stands in for the real size when `path` holds only the start of a remote file."""
@@ -191,6 +213,10 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True) 
             v = v[0] if v else None
         return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
+    parts = meta.get("split.count")
+    if isinstance(parts, int) and parts > 1 and file_size is None:
+        # A split model: parameters and bytes of every part (each part lists only its own tensors).
+        n_params, size = _split_totals(path, parts, n_params, size)
     n_embd, n_head = get_int("embedding_length"), get_int("attention.head_count")
     head_k = get_int("attention.key_length") or (n_embd // n_head if n_embd and n_head else None)
     tokens = meta.get("tokenizer.ggml.tokens")
