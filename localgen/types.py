@@ -20,6 +20,14 @@ SAMPLING_RANGES: dict[str, tuple[float | None, float | None]] = {
 }
 
 
+def in_range(key: str, value: Any) -> bool:
+    """Whether a value is a number within the knob's range."""
+    lo, hi = SAMPLING_RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (lo is None or value >= lo) and (hi is None or value <= hi)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Every sampling knob, with its default defined once (llama.cpp's defaults)."""

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 from localgen.chat.session import ChatSession
 from localgen.errors import UsageError
-from localgen.types import SAMPLING_RANGES, SamplingParams, Stats
+from localgen.types import SAMPLING_RANGES, SamplingParams, Stats, in_range
 
 # /set names a user may type, mapped to SamplingParams fields.
 ALIASES = {
@@ -34,8 +33,8 @@ def parse_setting(name: str, value: str) -> tuple[str, Any]:
         typed: Any = int(value) if isinstance(default, int) or key == "seed" else float(value)
     except ValueError:
         raise UsageError(f"{key} takes a number, not {value!r}") from None
-    lo, hi = SAMPLING_RANGES[key]
-    if (lo is not None and typed < lo) or (hi is not None and typed > hi):
+    if not in_range(key, typed):
+        lo, hi = SAMPLING_RANGES[key]
         bounds = f"{lo if lo is not None else '-inf'} to {hi if hi is not None else 'inf'}"
         raise UsageError(f"{key} must be within {bounds}, not {value}")
     return key, typed
@@ -99,5 +98,3 @@ class ChatRunner:
         self.session.model = model_name
         old.close()
 
-
-Factory = Callable[[str], Any]

@@ -59,13 +59,11 @@ def _parse(source: TextIO, instruction: str | None, system: str | None, base: Sa
 
 
 def _check(s: SamplingParams) -> None:
-    from localgen.types import SAMPLING_RANGES
+    from localgen.types import SAMPLING_RANGES, in_range
 
-    for key, (lo, hi) in SAMPLING_RANGES.items():
+    for key in SAMPLING_RANGES:
         v = getattr(s, key)
-        if v is None:
-            continue
-        if not isinstance(v, (int, float)) or (lo is not None and v < lo) or (hi is not None and v > hi):
+        if v is not None and not in_range(key, v):
             raise UsageError(f"{key}={v!r} is out of range")
 
 

@@ -194,9 +194,10 @@ def run(
         if prompt_cache and len(tokens) < engine.n_ctx:
             # The shared prefix: everything before the last part (the question that varies between runs).
             head = prompt_tokens("\n\n".join(parts[:-1]) + "\n\n") if len(parts) > 1 else tokens[:0]
-            shared = next((i for i, (a, b) in enumerate(zip(head, tokens, strict=False)) if a != b),
-                          min(len(head), len(tokens)))
             from localgen import promptcache
+            from localgen.engine.llama import common_prefix
+
+            shared = common_prefix(head, tokens)
 
             cache_use = promptcache.attach_prefix(engine, tokens[:shared])
         if beams:

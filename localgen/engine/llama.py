@@ -23,6 +23,16 @@ from localgen.errors import (
 from localgen.types import KV_CACHE_TYPES, Chunk, FinishReason, LoadParams, ModelRef, SamplingParams, Stats
 
 
+def common_prefix(a: Any, b: Any) -> int:
+    """Length of the common leading run of two token sequences."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _llama_cpp() -> Any:
     import llama_cpp  # heavy: loads the shared library and numpy
 
@@ -231,11 +241,7 @@ class Engine:
 
     def cached_prefix(self, tokens: list[int]) -> int:
         """How many leading prompt tokens the KV cache already holds and generate() will reuse."""
-        n = 0
-        for a, b in zip(self.llm._input_ids, tokens, strict=False):
-            if a != b:
-                break
-            n += 1
+        n = common_prefix(self.llm._input_ids, tokens)
         if n == len(tokens) and n > 0:
             n -= 1  # the last prompt token is evaluated again to refresh the logits
         return n

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from localgen.engine.llama import common_prefix
 from localgen.errors import LocalgenError, UsageError
 from localgen.types import SamplingParams
 
@@ -73,12 +74,8 @@ class ModelDrafter:
         d = self.engine.llm
         if len(context) + k >= self.engine.n_ctx:
             return []
-        keep = 0
-        for a, b in zip(d._input_ids, context, strict=False):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(context) - 1)  # evaluate at least the last token, for fresh logits
+        # evaluate at least the last token, for fresh logits
+        keep = min(common_prefix(d._input_ids, context), len(context) - 1)
         d.n_tokens = keep
         d.eval(context[keep:])
         out: list[int] = []
@@ -119,12 +116,7 @@ def tokens(engine: Any, prompt: list[int], s: SamplingParams, seed: int, drafter
     llm = engine.llm
     ctx = llm.ctx
     mem = lc.llama_get_memory(ctx)
-    keep = 0
-    for a, b in zip(llm._input_ids, prompt, strict=False):
-        if a != b:
-            break
-        keep += 1
-    keep = min(keep, len(prompt) - 1)
+    keep = min(common_prefix(llm._input_ids, prompt), len(prompt) - 1)
     llm.n_tokens = keep
     if prompt[keep:-1]:
         llm.eval(prompt[keep:-1])  # drops KV past `keep`, evaluates the rest of the prompt but its last token

@@ -18,11 +18,9 @@ def held_tokens(engine: Any) -> list[int]:
 def fill(engine: Any, tokens: list[int]) -> None:
     """Make the context hold exactly `tokens` (evaluating only what it does not hold yet)."""
     llm = engine.llm
-    keep = 0
-    for a, b in zip(llm._input_ids, tokens, strict=False):
-        if a != b:
-            break
-        keep += 1
+    from localgen.engine.llama import common_prefix
+
+    keep = common_prefix(llm._input_ids, tokens)
     llm.n_tokens = keep
     llm.eval(tokens[keep:])  # eval first drops KV entries past n_tokens
 

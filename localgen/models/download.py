@@ -143,19 +143,26 @@ def fetch(repo: str, commit: str, revision: str, f: RemoteFile, progress: Progre
     return hfcache.link_snapshot(repo, commit, f.name, f.sha256, revision)
 
 
-def _check_existing(blob: Path, f: RemoteFile, progress: Progress) -> bool:
-    """A blob another tool wrote is hashed once before we use it; a bad one is removed."""
-    if blob.stat().st_size != f.size:
-        progress.note(f"{f.name}: cached file has the wrong size; downloading it again")
-        return False
+def verify_blob(blob: Path, sha256: str, label: str, progress: Progress) -> bool:
+    """Hash a blob once (recorded afterwards) and compare it with the SHA-256 it should have."""
     if is_verified(blob):
         return True
-    progress.start(f"verifying {f.name}", f.size, 0)
-    ok = sha256_file(blob, progress) == f.sha256
+    progress.start(f"verifying {label}", blob.stat().st_size, 0)
+    ok = sha256_file(blob, progress) == sha256
     progress.finish()
     if ok:
         mark_verified(blob)
-    else:
+    return ok
+
+
+def _check_existing(blob: Path, f: RemoteFile, progress: Progress) -> bool:
+    """A blob another tool wrote is hashed once before we use it; a bad one is removed."""
+    assert f.sha256 is not None
+    if blob.stat().st_size != f.size:
+        progress.note(f"{f.name}: cached file has the wrong size; downloading it again")
+        return False
+    ok = verify_blob(blob, f.sha256, f.name, progress)
+    if not ok:
         progress.note(f"{f.name}: cached file fails its SHA-256; downloading it again")
     return ok
 

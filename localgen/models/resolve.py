@@ -41,13 +41,18 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
             path = embedded.locate(embedded.EMBEDDED[entry.name])
             return ModelRef(name=entry.name, path=str(path), source="embedded", summary=summarize(str(path)),
                             sampling_defaults=entry.sampling)
-        assert entry.repo
-        quant = spec.quant or entry.default_quant
-        hub_spec = names.HubSpec(entry.repo, quant=quant, filename=entry.files.get(quant.upper()))
-        target = Target(hub_spec, f"{entry.name}@{quant.upper()}", entry.sampling, entry.default_quant)
+        target = _catalogue_target(entry, spec.quant)
     else:
         target = Target(spec, spec.display, {})
     return _hub_model(target, offline or hfcache.offline_env(), progress or download.Quiet(), pull_missing)
+
+
+def _catalogue_target(entry: catalogue.CatalogueEntry, quant: str | None) -> Target:
+    """The Hub model a catalogue entry names, at a quantization (its default when None)."""
+    assert entry.repo
+    q = quant or entry.default_quant
+    spec = names.HubSpec(entry.repo, quant=q, filename=entry.files.get(q.upper()))
+    return Target(spec, f"{entry.name}@{q.upper()}", entry.sampling, entry.default_quant)
 
 
 def _entry(name: str) -> catalogue.CatalogueEntry:
@@ -87,16 +92,12 @@ def _from_cache(f: store.CachedFile, t: Target, progress: download.Progress) -> 
 
 def _verify_blob(blob: Path, progress: download.Progress) -> None:
     """A cache blob is named by its SHA-256: hash it once (another tool may have written it unchecked)."""
-    if not hfcache.SHA256.match(blob.name) or download.is_verified(blob):
+    if not hfcache.SHA256.match(blob.name):
         return
-    progress.start(f"verifying {blob.name[:12]}", blob.stat().st_size, 0)
-    actual = download.sha256_file(blob, progress)
-    progress.finish()
-    if actual != blob.name:
+    if not download.verify_blob(blob, blob.name, blob.name[:12], progress):
         blob.unlink()
         raise LocalgenError(f"a cached file failed its SHA-256 check and was removed: {blob}",
                             hint="pull the model again")
-    download.mark_verified(blob)
 
 
 def choose(options: list[QuantOption], t: Target, repo: str) -> QuantOption:
@@ -145,9 +146,7 @@ def target(name: str) -> Target:
         entry = _entry(spec.name)
         if entry.embedded or not entry.repo:
             raise LocalgenError(f"{entry.name} ships inside a Python package; there is nothing to pull")
-        quant = spec.quant or entry.default_quant
-        return Target(names.HubSpec(entry.repo, quant=quant, filename=entry.files.get(quant.upper())),
-                      f"{entry.name}@{quant.upper()}", entry.sampling, entry.default_quant)
+        return _catalogue_target(entry, spec.quant)
     if isinstance(spec, names.HubSpec):
         return Target(spec, spec.display, {})
     raise LocalgenError(f"{name} is a local file; there is nothing to pull")
