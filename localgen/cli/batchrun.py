@@ -68,7 +68,7 @@ def _check(s: SamplingParams) -> None:
 
 
 def run_batch(engine: Any, source: TextIO, instruction: str | None, system: str | None, raw: bool,
-              base: SamplingParams, parallel: int, json_out: bool, stats: bool) -> int:
+              base: SamplingParams, parallel: int, json_out: bool, stats: bool, exact: bool | None = None) -> int:
     """Complete every line; returns the exit status (1 if any line failed)."""
     from localgen.engine.batch import Completion, ParallelContext, Request, new_seed
 
@@ -124,14 +124,15 @@ def run_batch(engine: Any, source: TextIO, instruction: str | None, system: str 
     pc = ParallelContext(engine, parallel, n_ctx)
     t0 = time.perf_counter()
     try:
-        pc.run(requests(), done)
+        pc.run(requests(), done, exact=exact)
         flush()
     finally:
         pc.close()
     if stats:
         secs = time.perf_counter() - t0
         print(f"{totals['prompts']} prompts · {totals['tokens']} tokens generated in {secs:.2f} s · "
-              f"{totals['tokens'] / secs if secs else 0:.1f} tok/s aggregate · --parallel {parallel}"
+              f"{totals['tokens'] / secs if secs else 0:.1f} tok/s aggregate · --parallel {parallel} · "
+              f"{pc.rows / pc.steps if pc.steps else 0:.1f} sequences per decode call"
               + (f" · {failed[0]} failed" if failed[0] else ""), file=sys.stderr)
     return 1 if failed[0] else 0
 

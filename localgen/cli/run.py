@@ -40,6 +40,12 @@ def run(
         int, typer.Option("--parallel", "-np", min=1, max=256, rich_help_panel="Many prompts",
                           help="Sequences decoded together in one batch (continuous batching).")
     ] = 1,
+    exact: Annotated[
+        bool | None, typer.Option("--exact/--no-exact", rich_help_panel="Many prompts", show_default=False,
+                                  help="Keep each answer identical to running its prompt alone, batching only "
+                                       "through kernels that give a row the same result in any batch. Default: "
+                                       "for greedy (temperature 0) prompts. --no-exact batches everything.")
+    ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", rich_help_panel=o.OUTPUT_PANEL,
                            help="Print one JSON object at the end: text, finish reason, model, settings, stats.")
@@ -170,9 +176,9 @@ def run(
         try:
             if file is not None:
                 with open(file, encoding="utf-8", errors="replace") as source:
-                    rc = run_batch(engine, source, prompt, system, raw, sampling, parallel, json_out, stats)
+                    rc = run_batch(engine, source, prompt, system, raw, sampling, parallel, json_out, stats, exact)
             else:
-                rc = run_batch(engine, sys.stdin, prompt, system, raw, sampling, parallel, json_out, stats)
+                rc = run_batch(engine, sys.stdin, prompt, system, raw, sampling, parallel, json_out, stats, exact)
         except KeyboardInterrupt:
             err.line("interrupted")
             raise typer.Exit(130) from None
@@ -190,16 +196,20 @@ def run(
 
         started = time.perf_counter()
         tokens = prompt_tokens(text)
-        cache_use = "off"
-        if prompt_cache and len(tokens) < engine.n_ctx:
+        cache_use = "skipped" if prompt_cache else "off"
+        if len(parts) > 1 and len(tokens) < engine.n_ctx:
             # The shared prefix: everything before the last part (the question that varies between runs).
-            head = prompt_tokens("\n\n".join(parts[:-1]) + "\n\n") if len(parts) > 1 else tokens[:0]
             from localgen import promptcache
+            from localgen.engine import state
             from localgen.engine.llama import common_prefix
 
-            shared = common_prefix(head, tokens)
-
-            cache_use = promptcache.attach_prefix(engine, tokens[:shared])
+            shared = common_prefix(prompt_tokens("\n\n".join(parts[:-1]) + "\n\n"), tokens)
+            if prompt_cache:
+                cache_use = promptcache.attach_prefix(engine, tokens[:shared])
+            elif shared >= promptcache.MIN_PREFIX:
+                # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row
+                # differently in batches of other sizes, and the text must not depend on the cache.
+                state.fill(engine, tokens[:shared])
         if beams:
             _run_beams(engine, ref, tokens, sampling, beams, length_penalty, json_out, stats, err)
             return

@@ -6,9 +6,9 @@ single-stream path), so at temperature 0 each output is what the prompt gives al
 from __future__ import annotations
 
 import codecs
+import heapq
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +52,11 @@ class _Seq:
     out: list[int] = field(default_factory=list)
     text: str = ""
     decoder: Any = None
+
+    @property
+    def next_pos(self) -> int:
+        """The position of the token fed next (the last sampled one)."""
+        return len(self.req.tokens) + len(self.out) - 1
     first: float | None = None
 
 
@@ -69,6 +74,7 @@ class ParallelContext:
         prm = engine.params
         # unified: one pool of cells shared by all sequences (sequence copies share cells: beam search)
         p.n_ctx = self.n_ctx_seq if unified else self.n_ctx_seq * n_parallel
+        self.n_chunk = int(engine.llm.n_batch)  # prompt chunk per llama_decode, as in the single-stream path
         p.n_batch = max(prm.n_batch, n_parallel)
         p.n_ubatch = max(min(prm.n_ubatch, p.n_batch), 1)
         p.n_seq_max = n_seq_max or n_parallel
@@ -84,6 +90,8 @@ class ParallelContext:
             raise LocalgenError(f"llama.cpp could not create a context for {n_parallel} sequences",
                                 hint="lower --parallel or --ctx")
         self.n_batch = int(p.n_batch)
+        self.steps = 0  # generation llama_decode calls, and the rows they carried
+        self.rows = 0
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self.vocab = lc.llama_model_get_vocab(engine.llm.model)
         self.n_vocab = engine.llm.n_vocab()
@@ -117,16 +125,20 @@ class ParallelContext:
         return int(i)
 
     def run(self, requests: Iterator[Request], on_done: Callable[[Completion], None],
-            should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Complete every request, N at a time; `on_done` gets each Completion as it finishes."""
-        lc = self.lc
-        queue = requests
-        free = deque(range(self.n_parallel))
+            should_stop: Callable[[], bool] = lambda: False, exact: bool | None = None) -> None:
+        """Complete every request, N at a time; `on_done` gets each Completion as it finishes.
+
+        A new sequence's prompt is evaluated on its own, in the chunks the single-stream path uses, and
+        then every step decodes one token of each sequence, in slot order (llama.cpp cuts a batch for
+        separate KV streams into ubatches of consecutive sequence ids). So each sequence's numbers go
+        through the same kernels as when it runs alone, wherever those kernels give a row the same result
+        whatever else is in the batch."""
+        free = list(range(self.n_parallel))  # a heap: the lowest free slot first, to keep slots consecutive
         active: dict[int, _Seq] = {}
         exhausted = False
         while True:
             while free and not exhausted and not should_stop():
-                req = next(queue, None)
+                req = next(requests, None)
                 if req is None:
                     exhausted = True
                     break
@@ -135,45 +147,81 @@ class ParallelContext:
                                        f"({len(req.tokens):,} ≥ {self.n_ctx_seq:,} tokens)", len(req.tokens), 0,
                                        0.0, 0.0, req.seed))
                     continue
-                slot = free.popleft()
+                slot = heapq.heappop(free)
                 self.clear(slot)
                 seq = _Seq(req, slot, self.sampler(req.sampling, req.seed), time.perf_counter(),
                            decoder=codecs.getincrementaldecoder("utf-8")(errors="replace"))
                 active[slot] = seq
+                self._prefill(seq)
+                self._sample(seq, self.batch.n_tokens - 1, active, free, on_done, should_stop)
             if not active:
                 return
-            self.batch.n_tokens = 0
-            wants: list[tuple[_Seq, int]] = []
-            room = self.n_batch
-            for seq in active.values():  # generating sequences first: one token each
-                if seq.pending is not None and room > 0:
-                    i = self._add(seq.pending, len(seq.req.tokens) + len(seq.out) - 1, seq.slot, True)
+            for group in self.groups([active[slot] for slot in sorted(active)], exact):
+                self.batch.n_tokens = 0
+                wants: list[tuple[_Seq, int]] = []
+                for seq in group:
+                    assert seq.pending is not None
+                    wants.append((seq, self._add(seq.pending, seq.next_pos, seq.slot, True)))
                     seq.pending = None
-                    wants.append((seq, i))
-                    room -= 1
-            for seq in active.values():  # then prompt chunks, in the room left
-                left = len(seq.req.tokens) - seq.pos
-                if left <= 0 or room <= 0:
-                    continue
-                take = min(left, room)
-                for k in range(take):
-                    last = seq.pos + k == len(seq.req.tokens) - 1
-                    i = self._add(seq.req.tokens[seq.pos + k], seq.pos + k, seq.slot, last)
-                    if last:
-                        wants.append((seq, i))
-                seq.pos += take
-                room -= take
-            rc = lc.llama_decode(self.ctx, self.batch)
-            if rc != 0:
-                raise LocalgenError(f"llama_decode failed ({rc}) with {len(active)} sequences",
-                                    hint="lower --parallel or raise --ctx")
-            for seq, i in wants:
-                tok = int(lc.llama_sampler_sample(seq.sampler, self.ctx, i))
-                if seq.first is None:
-                    seq.first = time.perf_counter()
-                reason = self._step(seq, tok)
-                if reason is not None or should_stop():
-                    self._finish(seq, reason or "cancelled", active, free, on_done)
+                self._decode(len(wants))
+                self.steps += 1
+                self.rows += len(wants)
+                for seq, i in wants:
+                    self._sample(seq, i, active, free, on_done, should_stop)
+
+    def groups(self, seqs: list[_Seq], exact: bool | None) -> list[list[_Seq]]:
+        """Split one decoding step (sequences in slot order) into llama_decode calls.
+
+        A sequence that must come out exactly as it would alone (greedy ones, or all with exact=True;
+        none with exact=False) gets only batch-invariant kernels: at most 3 rows per call where weights
+        are repacked (4+ rows take a GEMM that quantizes activations differently from the one-row GEMV),
+        a call of its own once flash attention would split its KV range over threads alone (a single
+        query over 512+ cells), and on a GPU always one of its own (kernels there change with batch size).
+        The rest go together in one call."""
+        def needs_exact(seq: _Seq) -> bool:
+            s = seq.req.sampling
+            return exact if exact is not None else (s.temperature <= 0 or s.top_k == 1)
+
+        free = [s for s in seqs if not needs_exact(s)]
+        strict = [s for s in seqs if needs_exact(s)]
+        if not strict:
+            return [free] if free else []
+        alone = [s for s in strict if self.engine.offloaded or (
+            self.engine.params.flash_attn and self.n_ctx_seq >= 512 and s.next_pos >= 255)]
+        rest = [s for s in strict if s not in alone]
+        out = [[s] for s in alone]
+        if self.engine.repacked:
+            out += [rest[i:i + 3] for i in range(0, len(rest), 3)]
+            if free:
+                out.append(free)
+        elif rest or free:
+            out.append(sorted(rest + free, key=lambda s: s.slot))
+        return out
+
+    def _prefill(self, seq: _Seq) -> None:
+        """Evaluate a prompt alone, n_batch tokens per llama_decode (as Llama.eval does)."""
+        tokens = seq.req.tokens
+        for start in range(0, len(tokens), self.n_chunk):
+            self.batch.n_tokens = 0
+            chunk = tokens[start:start + self.n_chunk]
+            for k, tok in enumerate(chunk):
+                self._add(tok, start + k, seq.slot, k == len(chunk) - 1)
+            self._decode(1)
+
+    def _decode(self, n_seqs: int) -> None:
+        rc = self.lc.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise LocalgenError(f"llama_decode failed ({rc}) with {n_seqs} sequence{'s' if n_seqs != 1 else ''}",
+                                hint="lower --parallel or raise --ctx")
+
+    def _sample(self, seq: _Seq, i: int, active: dict[int, _Seq], free: list[int],
+                on_done: Callable[[Completion], None], should_stop: Callable[[], bool]) -> None:
+        tok = int(self.lc.llama_sampler_sample(seq.sampler, self.ctx, i))
+        if seq.first is None:
+            seq.first = time.perf_counter()
+        reason = self._step(seq, tok)
+        if reason is not None or should_stop():
+            self._finish(seq, reason or "cancelled", active, free, on_done)
 
     def _step(self, seq: _Seq, tok: int) -> str | None:
         """Record a sampled token; the finish reason if the sequence is done."""
@@ -193,7 +241,7 @@ class ParallelContext:
         seq.pending = tok
         return None
 
-    def _finish(self, seq: _Seq, reason: str, active: dict[int, _Seq], free: deque[int],
+    def _finish(self, seq: _Seq, reason: str, active: dict[int, _Seq], free: list[int],
                 on_done: Callable[[Completion], None]) -> None:
         if reason != "stop":
             seq.text += seq.decoder.decode(b"", final=True)
@@ -202,7 +250,7 @@ class ParallelContext:
                            (seq.first or now) - seq.started, now - seq.started, seq.req.seed))
         self.lc.llama_sampler_free(seq.sampler)
         del active[seq.slot]
-        free.append(seq.slot)
+        heapq.heappush(free, seq.slot)
 
 
 def new_seed() -> int:

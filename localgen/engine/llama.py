@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import dataclasses
 import random
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,9 @@ from localgen.errors import (
     TemplateError,
 )
 from localgen.types import KV_CACHE_TYPES, Chunk, FinishReason, LoadParams, ModelRef, SamplingParams, Stats
+
+# the load line that says some weights went into a repacked layout ("CPU_REPACK model buffer size = 12.66 MiB")
+_REPACK_BUFFER = re.compile(r"_REPACK model buffer size = *(?!0\.00 )[0-9.]+")
 
 
 def common_prefix(a: Any, b: Any) -> int:
@@ -148,6 +152,10 @@ class Engine:
             llama_chat_format.Jinja2ChatFormatter = original  # type: ignore[misc]
             lc.llama_cpp.llama_model_default_params = default_params
         self.load_s = time.perf_counter() - t0
+        # Which kernels this load uses, as far as batch invariance goes: llama.cpp's repacked CPU layouts
+        # compute 4+ rows of a batch differently from fewer, and GPU kernels change with the batch size.
+        self.repacked = any(_REPACK_BUFFER.search(line) for line in logs.lines(last=1000))
+        self.offloaded = n_gpu != 0 and bool(lc.llama_supports_gpu_offload())
         if verbose:
             logs.dump_to_stderr()
             logs.set_echo(True)
