@@ -1,7 +1,8 @@
 """Many prompts on one model: up to N sequences share one context and one KV cache and are decoded
 together, several sequence ids per llama_batch. Continuous batching: the moment a sequence finishes,
 its slot takes the next prompt. Each sequence has its own sampler chain (same stages and order as the
-single-stream path), so at temperature 0 each output is what the prompt gives alone."""
+single-stream path), and exact sequences meet only batch-invariant kernels (see `groups`), so at
+temperature 0 each output is what the prompt gives alone."""
 
 from __future__ import annotations
 
