@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -51,7 +52,14 @@ class CLI:
         )
 
     def popen(self, *args: str, **kw: object) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.argv(*args), env=self.env, cwd=ROOT, **kw)  # type: ignore[call-overload]
+        return subprocess.Popen(self.argv(*args), env=self.env, cwd=ROOT, preexec_fn=default_sigint,
+                                **kw)  # type: ignore[call-overload]
+
+
+def default_sigint() -> None:
+    """For a child the tests interrupt: a shell running the suite as a background job ignores SIGINT, and
+    children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")

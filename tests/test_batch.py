@@ -150,6 +150,9 @@ def test_conflicting_batch_flags(cli: CLI, tmp_path: Path) -> None:
     assert r.returncode == 2 and "cannot be combined" in r.stderr
     r = cli("run", "--file", str(f), "--parallel", "0")
     assert r.returncode == 2 and "--parallel" in r.stderr
+    for flags in (["--parallel", "4"], ["--no-exact"]):
+        r = cli("run", "-p", "hi", *flags)
+        assert r.returncode == 2 and "add --file FILE or --each-line" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bench_parallel_reports_aggregate_rates(cli: CLI) -> None:

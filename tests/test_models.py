@@ -18,7 +18,7 @@ from localgen.errors import LocalgenError
 from localgen.models import fit, names
 from localgen.models.quant import RemoteFile, group_options, pick, quant_tag
 from tests import hub_server
-from tests.conftest import ROOT
+from tests.conftest import ROOT, default_sigint
 
 REPO = "acme/SmolLM2-GGUF"
 FILE = "smollm2-135m-instruct-Q4_1.gguf"
@@ -176,7 +176,8 @@ def test_interrupted_pull_resumes_where_it_stopped(env: dict[str, str], hub: hub
                                                    model_file: hub_server.HubFile) -> None:
     hub.delay_per_mb = 0.05
     p = subprocess.Popen([sys.executable, "-m", "localgen", "pull", f"{REPO}:Q4_1"], env=env, cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         preexec_fn=default_sigint)
     partial = blob(env, model_file.sha256).with_name(model_file.sha256 + ".incomplete")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not partial.exists() or partial.stat().st_size < 30_000_000):

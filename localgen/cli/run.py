@@ -121,6 +121,9 @@ def run(
     many = file is not None or each_line
     if file is not None and each_line:
         raise UsageError("--file and --each-line cannot be combined")
+    if not many and (parallel > 1 or exact is not None):
+        raise UsageError(f"{'--parallel' if parallel > 1 else '--exact/--no-exact'} applies to many prompts: "
+                         "add --file FILE or --each-line")
     parts = [] if many else [*(_read_document(d) for d in document or []), *_read_prompt(prompt)]
     text = "\n\n".join(parts)
     if grammar and json_schema:
