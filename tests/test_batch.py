@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import subprocess
 from pathlib import Path
 
 from tests.conftest import CLI
@@ -161,3 +162,15 @@ def test_bench_parallel_reports_aggregate_rates(cli: CLI) -> None:
     recs = {x["test"]: x for x in map(json.loads, r.stdout.splitlines())}
     assert set(recs) == {"pp16", "tg8", "pp16 x2", "tg8 x2"}
     assert recs["tg8 x2"]["n_parallel"] == 2 and recs["tg8 x2"]["avg_ts"] > 0
+
+
+def test_many_prompts_piped_to_head_end_quietly(cli: CLI, tmp_path: Path) -> None:
+    f = tmp_path / "many.txt"
+    f.write_text("\n".join(f"Count to {i}." for i in range(40)) + "\n")
+    p = cli.popen("run", "--file", str(f), "-n", "8", "--parallel", "2", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    first = p.stdout.readline()
+    p.stdout.close()  # what `head -1` does after its line
+    rc = p.wait(timeout=120)
+    err = p.stderr.read().decode()
+    assert first.strip() and rc == 0 and err == "", err

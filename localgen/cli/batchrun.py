@@ -126,6 +126,8 @@ def run_batch(engine: Any, source: TextIO, instruction: str | None, system: str 
     try:
         pc.run(requests(), done, exact=exact)
         flush()
+    except BrokenPipeError:  # the reader went away (`| head -1`): stop quietly, as `run -p` does
+        return 0
     finally:
         pc.close()
     if stats:
