@@ -48,17 +48,16 @@ class _Seq:
     slot: int
     sampler: Any
     started: float
-    pos: int = 0  # tokens of the prompt fed so far
     pending: int | None = None  # sampled, not yet fed
     out: list[int] = field(default_factory=list)
     text: str = ""
     decoder: Any = None
+    first: float | None = None
 
     @property
     def next_pos(self) -> int:
         """The position of the token fed next (the last sampled one)."""
         return len(self.req.tokens) + len(self.out) - 1
-    first: float | None = None
 
 
 class ParallelContext:
