@@ -38,16 +38,21 @@ def total_ram_bytes() -> int | None:
         return None
 
 
-def available_ram_bytes() -> int | None:
-    """Memory available to new allocations (Linux MemAvailable), or None."""
+def proc_kib_field(path: str, key: str) -> int | None:
+    """A "Key:   123 kB" line of a Linux /proc file, in bytes; None where there is none."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
+
+
+def available_ram_bytes() -> int | None:
+    """Memory available to new allocations (Linux MemAvailable), or None."""
+    return proc_kib_field("/proc/meminfo", "MemAvailable")
 
 
 class GPU:

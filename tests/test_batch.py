@@ -14,32 +14,36 @@ PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a h
            "List three colors.", "Why do cats purr?"]
 
 
-def test_parallel_greedy_output_equals_running_alone(cli: CLI, tmp_path: Path) -> None:
-    f = tmp_path / "p.txt"
-    f.write_text("\n".join(PROMPTS) + "\n")
-    alone = []
-    for p in PROMPTS:
-        r = cli("run", "-p", p, "-n", "24", "--temperature", "0", "--no-prompt-cache", "--ctx", "512")
-        assert r.returncode == 0, r.stderr
-        alone.append(" ".join(r.stdout.split()))
-    for n in ("1", "3"):
-        r = cli("run", "--file", str(f), "-n", "24", "--temperature", "0", "--parallel", n, "--ctx", "512")
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.splitlines() == alone, f"--parallel {n} changed an answer"
-
-
-def _alone_and_parallel(cli: CLI, tmp_path: Path, prompts: list[str], common: list[str],
-                        parallel: str, *extra: str) -> tuple[list[str], list[str], str]:
-    f = tmp_path / "prompts.txt"
-    f.write_text("\n".join(prompts) + "\n")
-    alone = []
+def _alone(cli: CLI, prompts: list[str], common: list[str]) -> list[str]:
+    """Each prompt run on its own, its answer on one line as --file prints it."""
+    out = []
     for p in prompts:
         r = cli("run", "-p", p, "--no-prompt-cache", *common)
         assert r.returncode == 0, r.stderr
-        alone.append(" ".join(r.stdout.split()))
-    r = cli("run", "--file", str(f), "--parallel", parallel, "--stats", *common, *extra)
+        out.append(" ".join(r.stdout.split()))
+    return out
+
+
+def _batched(cli: CLI, path: Path, parallel: str, common: list[str], *extra: str) -> tuple[list[str], str]:
+    """`run --file` with --stats: the answer lines and stderr."""
+    r = cli("run", "--file", str(path), "--parallel", parallel, "--stats", *common, *extra)
     assert r.returncode == 0, r.stderr
-    return alone, r.stdout.splitlines(), r.stderr
+    return r.stdout.splitlines(), r.stderr
+
+
+def _prompt_file(tmp_path: Path, prompts: list[str]) -> Path:
+    f = tmp_path / "prompts.txt"
+    f.write_text("\n".join(prompts) + "\n")
+    return f
+
+
+def test_parallel_greedy_output_equals_running_alone(cli: CLI, tmp_path: Path) -> None:
+    common = ["-n", "24", "--temperature", "0", "--ctx", "512"]
+    f = _prompt_file(tmp_path, PROMPTS)
+    alone = _alone(cli, PROMPTS, common)
+    for n in ("1", "3"):
+        got, _ = _batched(cli, f, n, common)
+        assert got == alone, f"--parallel {n} changed an answer"
 
 
 def _rows_per_call(stderr: str) -> float:
@@ -52,12 +56,12 @@ def test_parallel_greedy_is_exact_with_repacked_weights(cli: CLI, tmp_path: Path
     prompts = ["The history of the Roman Empire begins", "Here is a Python function that reverses a list:",
                "The three largest cities in Japan are", "The main causes of the French Revolution were"]
     common = ["-m", "gemma3:270m", "--raw", "-n", "32", "--temperature", "0", "--ctx", "512"]
-    alone, got, err = _alone_and_parallel(cli, tmp_path, prompts, common, "4")
-    assert got == alone
+    f = _prompt_file(tmp_path, prompts)
+    got, err = _batched(cli, f, "4", common)
+    assert got == _alone(cli, prompts, common)
     assert _rows_per_call(err) <= 3  # never through the 4-row GEMM
-    r = cli("run", "--file", str(tmp_path / "prompts.txt"), "--parallel", "4", "--stats", "--no-exact", *common)
-    assert r.returncode == 0, r.stderr
-    assert _rows_per_call(r.stderr) > 3  # --no-exact: all four in each call
+    _, err = _batched(cli, f, "4", common, "--no-exact")
+    assert _rows_per_call(err) > 3  # --no-exact: all four in each call
 
 
 def test_parallel_greedy_is_exact_past_flash_attention_kv_split(cli: CLI, tmp_path: Path) -> None:
@@ -68,8 +72,8 @@ def test_parallel_greedy_is_exact_past_flash_attention_kv_split(cli: CLI, tmp_pa
     prompts = [f"Notes {i}: " + " ".join(rng.choice(words) for _ in range(260)) + ". Summary of the notes above:"
                for i in range(7)][4:]  # with --no-exact, the last of these drifts at its 5th token
     common = ["--raw", "-n", "24", "--temperature", "0", "--ctx", "1024"]
-    alone, got, _ = _alone_and_parallel(cli, tmp_path, prompts, common, "3")
-    assert got == alone
+    got, _ = _batched(cli, _prompt_file(tmp_path, prompts), "3", common)
+    assert got == _alone(cli, prompts, common)
 
 
 def test_decode_groups_keep_exact_sequences_on_invariant_kernels() -> None:

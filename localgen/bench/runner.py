@@ -71,13 +71,11 @@ def _reset_peak_rss() -> None:
 
 
 def _peak_rss() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    from localgen import hardware
+
+    peak_hwm = hardware.proc_kib_field("/proc/self/status", "VmHWM")
+    if peak_hwm is not None:
+        return peak_hwm
     import resource
     import sys
 

@@ -182,21 +182,19 @@ class ParallelContext:
             s = seq.req.sampling
             return exact if exact is not None else (s.temperature <= 0 or s.top_k == 1)
 
-        free = [s for s in seqs if not needs_exact(s)]
-        strict = [s for s in seqs if needs_exact(s)]
-        if not strict:
-            return [free] if free else []
-        alone = [s for s in strict if self.engine.offloaded or (
-            self.engine.params.flash_attn and self.n_ctx_seq >= 512 and s.next_pos >= 255)]
-        rest = [s for s in strict if s not in alone]
-        out = [[s] for s in alone]
-        if self.engine.repacked:
-            out += [rest[i:i + 3] for i in range(0, len(rest), 3)]
-            if free:
-                out.append(free)
-        elif rest or free:
-            out.append(sorted(rest + free, key=lambda s: s.slot))
-        return out
+        eng = self.engine
+        long_fa = eng.params.flash_attn and self.n_ctx_seq >= 512
+        alone: list[_Seq] = []
+        few: list[_Seq] = []  # at most 3 per call
+        rest: list[_Seq] = []  # all in one call
+        for seq in seqs:
+            if not needs_exact(seq):
+                rest.append(seq)
+            elif eng.offloaded or (long_fa and seq.next_pos >= 255):
+                alone.append(seq)
+            else:
+                (few if eng.repacked else rest).append(seq)
+        return [[s] for s in alone] + [few[i:i + 3] for i in range(0, len(few), 3)] + ([rest] if rest else [])
 
     def _prefill(self, seq: _Seq) -> None:
         """Evaluate a prompt alone, n_batch tokens per llama_decode (as Llama.eval does)."""
