@@ -19,6 +19,68 @@ def usable_cores() -> int:
     return max(n, 1)
 
 
+def physical_cores() -> int:
+    """Cores for token generation, as llama.cpp picks them: one thread per physical core (SMT siblings add
+    nothing to a memory-bound decode) and performance cores only on hybrid CPUs (E-cores stall the others),
+    within the CPU affinity and any cgroup CPU quota."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    n = _linux_physical(allowed) if allowed else None
+    if n is None:
+        n = _sysctl_int("hw.perflevel0.physicalcpu") or _sysctl_int("hw.physicalcpu")
+    if not n:
+        return usable_cores()
+    quota = _cgroup_cpu_quota()
+    return max(1, min(n, quota) if quota is not None else n)
+
+
+def _linux_physical(allowed: list[int]) -> int | None:
+    base = "/sys/devices/system/cpu"
+    performance = _cpu_list("/sys/devices/cpu_core/cpus")  # hybrid Intel: the P-cores
+    cores = set()
+    try:
+        for cpu in allowed:
+            if performance and cpu not in performance:
+                continue
+            with open(f"{base}/cpu{cpu}/topology/core_id") as f:
+                core = f.read().strip()
+            with open(f"{base}/cpu{cpu}/topology/physical_package_id") as f:
+                package = f.read().strip()
+            cores.add((package, core))
+    except OSError:
+        return None
+    return len(cores) or None
+
+
+def _cpu_list(path: str) -> set[int]:
+    """A Linux CPU list file ("0-7,16-23") as a set; empty where there is none."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return set()
+    out: set[int] = set()
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.update(range(int(a), int(b) + 1))
+        elif part.strip().isdigit():
+            out.add(int(part))
+    return out
+
+
+def _sysctl_int(name: str) -> int | None:
+    import platform
+    import subprocess
+
+    if platform.system() != "Darwin":
+        return None
+    try:
+        out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=2).stdout.strip()
+        return int(out) if out.isdigit() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _cgroup_cpu_quota() -> int | None:
     try:
         with open("/sys/fs/cgroup/cpu.max") as f:

@@ -11,26 +11,13 @@ FinishReason = Literal["stop", "eos", "length", "context", "cancelled"]
 KV_CACHE_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
 
-# Valid ranges, shared by the CLI flags and chat's /set (None: unbounded on that side).
-SAMPLING_RANGES: dict[str, tuple[float | None, float | None]] = {
-    "temperature": (0.0, 5.0), "top_k": (0, None), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
-    "typical_p": (0.0, 1.0), "repeat_penalty": (0.0, 10.0), "repeat_last_n": (-1, None),
-    "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0), "seed": (0, 2**32 - 1),
-    "max_tokens": (-1, None),
-}
-
-
-def in_range(key: str, value: Any) -> bool:
-    """Whether a value is a number within the knob's range."""
-    lo, hi = SAMPLING_RANGES[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return (lo is None or value >= lo) and (hi is None or value <= hi)
+DRY_BREAKERS = ("\n", ":", "\"", "*")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Every sampling knob, with its default defined once (llama.cpp's defaults)."""
+    """Every sampling knob, with its default defined once (llama.cpp's defaults). Ranges and types live in
+    settings.KNOBS; the sampler chain that applies them is engine/sampling.py."""
 
     temperature: float = 0.8
     top_k: int = 40
@@ -42,32 +29,67 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
-    max_tokens: int = -1  # -1: until end of generation or the context is full
+    max_tokens: int = -1  # -1: until end of generation or the context is full; 0: nothing
     stop: tuple[str, ...] = ()
+    mirostat: int = 0
+    mirostat_lr: float = 0.1
+    mirostat_ent: float = 5.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breaker: tuple[str, ...] = DRY_BREAKERS
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    top_n_sigma: float = -1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    ignore_eos: bool = False
     grammar: str | None = None  # GBNF text (a JSON schema is converted before it gets here)
+
+    @property
+    def greedy(self) -> bool:
+        """Whether sampling picks the likeliest token every time."""
+        return self.temperature <= 0 or (self.top_k == 1 and self.mirostat == 0)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON output and saved sessions."""
         d = asdict(self)
         d["stop"] = list(self.stop)
+        d["dry_sequence_breaker"] = list(self.dry_sequence_breaker)
+        d["logit_bias"] = [list(x) for x in self.logit_bias]
         return d
+
+
+SPLIT_MODES = ("none", "layer", "row")
+ROPE_SCALINGS = ("none", "linear", "yarn")
+NUMA_MODES = ("distribute", "isolate", "numactl")
 
 
 @dataclass(frozen=True)
 class LoadParams:
-    """How a model is loaded: context, threads, offload, batching, attention, KV cache."""
+    """How a model is loaded: context, threads, offload, batching, attention, KV cache, memory, RoPE."""
 
     n_ctx: int = 4096
-    n_threads: int | None = None  # None: from the CPU affinity
-    n_threads_batch: int | None = None
-    n_gpu_layers: int | None = None  # None: all layers when this build can offload, else 0
+    n_threads: int | None = None  # None: the physical cores this process may use
+    n_threads_batch: int | None = None  # None: every logical CPU this process may use
+    n_gpu_layers: int | None = None  # None: as many as fit when this build can offload, else 0
     n_batch: int = 512
     n_ubatch: int = 512
-    flash_attn: bool = True
+    flash_attn: bool | None = True  # None: auto (llama.cpp decides per model and device)
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     use_mmap: bool = True
-    repack: bool = True  # llama.cpp's repacked CPU weight layouts (faster; batches round differently)
+    use_mlock: bool = False
+    numa: str | None = None
+    repack: bool | None = None  # llama.cpp's repacked CPU weight layouts; None: where they pay (engine.repack)
+    split_mode: str = "layer"
+    tensor_split: tuple[float, ...] = ()
+    main_gpu: int = 0
+    rope_scaling: str | None = None  # None: from the model
+    rope_freq_base: float = 0.0  # 0: from the model
+    rope_freq_scale: float = 0.0  # 0: from the model
+    yarn_orig_ctx: int = 0  # 0: from the model
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) whose devices join the load
 
     def __post_init__(self) -> None:
         from localgen.errors import UsageError
@@ -75,11 +97,19 @@ class LoadParams:
         for name in (self.cache_type_k, self.cache_type_v):
             if name not in KV_CACHE_TYPES:
                 raise UsageError(f"unknown KV-cache type {name!r}; choose from {', '.join(KV_CACHE_TYPES)}")
-        if self.cache_type_v not in ("f16", "f32", "bf16") and not self.flash_attn:
+        if self.cache_type_v not in ("f16", "f32", "bf16") and self.flash_attn is False:
             raise UsageError(
                 f"a quantized V cache ({self.cache_type_v}) needs flash attention",
                 hint="drop --no-flash-attn, or use --cache-type-v f16",
             )
+        if self.split_mode not in SPLIT_MODES:
+            raise UsageError(f"unknown split mode {self.split_mode!r}; choose from {', '.join(SPLIT_MODES)}")
+        if self.rope_scaling is not None and self.rope_scaling not in ROPE_SCALINGS:
+            raise UsageError(f"unknown RoPE scaling {self.rope_scaling!r}; choose from {', '.join(ROPE_SCALINGS)}")
+        if self.numa is not None and self.numa not in NUMA_MODES:
+            raise UsageError(f"unknown NUMA strategy {self.numa!r}; choose from {', '.join(NUMA_MODES)}")
+        if any(x < 0 for x in self.tensor_split) or (self.tensor_split and not sum(self.tensor_split)):
+            raise UsageError("--tensor-split takes non-negative proportions, e.g. 3,1")
 
 
 @dataclass(frozen=True)
@@ -103,6 +133,7 @@ class GGUFSummary:
     chat_template: str | None
     license: str | None
     add_bos: bool | None
+    repackable_share: float | None = None  # share of weight bytes llama.cpp would repack on this CPU
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -124,12 +155,49 @@ class ModelRef:
         return self.summary.quantization
 
 
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate: a conversation (rendered with the model's chat template) or a raw prompt (a plain
+    completion), how to sample it, and what to report. The same request goes to any backend."""
+
+    messages: tuple[Message, ...] = ()
+    prompt: str | None = None  # a plain completion; then `messages` is empty
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    logprobs: int | None = None  # None: off; N: each token's log-probability and its N likeliest alternatives
+    shared: str | None = None  # the leading text of the last message (or prompt) that repeats across requests
+    prompt_cache: bool = False  # keep the KV state of `shared` on disk and reuse it (local backends)
+
+    @property
+    def raw(self) -> bool:
+        """A plain completion, no chat template."""
+        return self.prompt is not None
+
+
 @dataclass(frozen=True)
 class Chunk:
     """A piece of streamed text, with the token count so far."""
 
     text: str
     n_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability under the model, with the likeliest alternatives."""
+
+    text: str
+    token: int
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI's shape: token, logprob, bytes, top_logprobs."""
+        return {"token": self.text, "logprob": round(self.logprob, 5), "bytes": list(self.text.encode("utf-8")),
+                "top_logprobs": [{"token": t, "logprob": round(lp, 5), "bytes": list(t.encode("utf-8"))}
+                                 for t, lp in self.top]}
 
 
 @dataclass(frozen=True)

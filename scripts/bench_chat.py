@@ -22,17 +22,18 @@ def run(model: str, turns: int, answer: int, reuse: bool) -> list[tuple[int, int
     from localgen.chat.runner import ChatRunner
     from localgen.chat.session import ChatSession
     from localgen.engine.llama import Engine
+    from localgen.engine.local import LocalBackend
     from localgen.models.resolve import resolve
     from localgen.types import LoadParams, SamplingParams
 
     engine = Engine(resolve(model), LoadParams(n_ctx=4096))
-    runner = ChatRunner(ChatSession(name="bench", model=model), engine,
+    runner = ChatRunner(ChatSession(name="bench", model=model), LocalBackend(engine),
                         SamplingParams(temperature=0.0, max_tokens=answer))
     runner.session.save = lambda: Path()  # type: ignore[method-assign]
     rows = []
     for i in range(turns):
         if not reuse:
-            engine.llm.reset()
+            engine.clear()
         gen, _ = runner.start(QUESTIONS[i % len(QUESTIONS)])
         list(gen)
         runner.finish(gen)

@@ -14,8 +14,16 @@ def _kv_string(key: str, value: str) -> bytes:
     return struct.pack("<Q", len(k)) + k + struct.pack("<I", 8) + struct.pack("<Q", len(v)) + v
 
 
-def rewrite_strings(src: Path, dst: Path, changes: dict[str, str | None]) -> Path:
-    """Copy src to dst with string keys set (or removed when None); tensor data is copied unchanged."""
+def _kv(key: str, value: str | float) -> bytes:
+    if isinstance(value, str):
+        return _kv_string(key, value)
+    k = key.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<I", 6) + struct.pack("<f", value)  # float32
+
+
+def rewrite_strings(src: Path, dst: Path, changes: dict[str, str | float | None]) -> Path:
+    """Copy src to dst with keys set to strings or float32 values (or removed when None); tensor data is
+    copied unchanged."""
     size = src.stat().st_size
     with open(src, "rb") as f:
         r = _Reader(f, size, str(src))
@@ -38,7 +46,7 @@ def rewrite_strings(src: Path, dst: Path, changes: dict[str, str | None]) -> Pat
             kept.append(f.read(end - start))
         for key, value in changes.items():
             if value is not None:
-                kept.append(_kv_string(key, value))
+                kept.append(_kv(key, value))
         tensors_start = f.tell()
         for _ in range(n_tensors):
             r.string()

@@ -2,7 +2,8 @@
 GET /api/models/{repo}[/revision/{rev}] (with siblings and LFS SHA-256s), GET /api/models/{repo}/tree/{rev},
 HEAD/GET /{repo}/resolve/{rev}/{file} with X-Repo-Commit, X-Linked-Etag, X-Linked-Size and byte ranges,
 X-Error-Code on 4xx. Faults on demand: dropped connections, wrong bytes, 5xx, gated repos, slow transfers.
-It binds to 127.0.0.1 only and stops with the test session."""
+Like the real Hub's LFS and Xet files, file downloads can answer with a redirect to a second host (a "CDN"
+on 127.0.0.2), which records the headers it is sent. Both bind to loopback only and stop with the session."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ class HubFile:
 class HubRepo:
     commit: str
     files: dict[str, HubFile]
-    gated: bool = False
+    gated: bool = False  # the API and the files need a token
+    gated_files: bool = False  # the API answers; the files need a token (the real Hub's gated repos)
 
 
 @dataclass
@@ -72,6 +74,10 @@ class FakeHub:
     requests: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     port: int = 0
+    redirect_files: bool = False  # resolve answers 302 to the CDN host
+    cdn_port: int = 0
+    cdn_requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Authorization header)
+    hub_auth: list[str | None] = field(default_factory=list)  # Authorization headers the Hub itself saw
 
     @property
     def url(self) -> str:
@@ -85,9 +91,12 @@ class FakeHub:
             self.delay_per_mb = 0.0
             self.sent.clear()
             self.requests.clear()
+            self.redirect_files = False
+            self.cdn_requests.clear()
+            self.hub_auth.clear()
 
 
-def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
+def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
     api = re.compile(r"^/api/models/([^/]+/[^/]+)(?:/revision/([^/]+)|/tree/([^/]+))?/?$")
     resolve = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 
@@ -123,8 +132,12 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = unquote(urlparse(self.path).path)
             with hub.lock:
-                hub.requests.append(f"{self.command} {path} {self.headers.get('Range', '')}")
-            if self._fault():
+                if cdn:
+                    hub.cdn_requests.append((path, self.headers.get("Authorization")))
+                else:
+                    hub.requests.append(f"{self.command} {path} {self.headers.get('Range', '')}")
+                    hub.hub_auth.append(self.headers.get("Authorization"))
+            if not cdn and self._fault():
                 return
             m = api.match(path)
             if m:
@@ -134,12 +147,13 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return self._resolve(m.group(1), m.group(2), m.group(3))
             self._error(404, "EntryNotFound", "no such endpoint")
 
-        def _repo(self, repo_id: str, revision: str) -> HubRepo | None:
+        def _repo(self, repo_id: str, revision: str, file: bool = False) -> HubRepo | None:
             repo = hub.repos.get(repo_id)
             if repo is None:
                 self._error(401, "RepoNotFound", "Repository not found")
                 return None
-            if repo.gated and "authorization" not in {k.lower() for k in self.headers}:
+            gated = repo.gated or (file and repo.gated_files and not cdn)
+            if gated and "authorization" not in {k.lower() for k in self.headers}:
                 self._error(401, "GatedRepo", "Access to this repo is restricted")
                 return None
             if revision not in ("main", repo.commit):
@@ -174,12 +188,21 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _resolve(self, repo_id: str, revision: str, name: str) -> None:
-            repo = self._repo(repo_id, revision)
+            repo = self._repo(repo_id, revision, file=True)
             if repo is None:
                 return
             f = repo.files.get(name)
             if f is None:
                 self._error(404, "EntryNotFound", "Entry not found")
+                return
+            if hub.redirect_files and not cdn:
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.2:{hub.cdn_port}{self.path}")
+                self.send_header("X-Repo-Commit", repo.commit)
+                self.send_header("X-Linked-Etag", f'"{f.sha256}"')
+                self.send_header("X-Linked-Size", str(f.size))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
                 return
             start, end = 0, f.size
             rng = self.headers.get("Range")
@@ -236,10 +259,15 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
 
 def start() -> tuple[FakeHub, ThreadingHTTPServer]:
-    """Start the fake Hub on a free loopback port."""
+    """Start the fake Hub on a free loopback port, and its CDN on 127.0.0.2."""
     hub = FakeHub()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
     server.daemon_threads = True
     hub.port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    cdn = ThreadingHTTPServer(("127.0.0.2", 0), _handler(hub, cdn=True))
+    cdn.daemon_threads = True
+    hub.cdn_port = cdn.server_address[1]
+    threading.Thread(target=cdn.serve_forever, daemon=True).start()
+    server.cdn = cdn  # type: ignore[attr-defined]  (stopped with the hub)
     return hub, server

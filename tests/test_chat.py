@@ -126,17 +126,55 @@ def test_scripted_chat_prints_answers_plainly(cli: CLI) -> None:
     assert "temperature = 0.0" in r.stderr
 
 
-def test_context_overflow_drops_oldest_turns_once(cli: CLI) -> None:
+def test_a_full_window_never_deletes_history(cli: CLI) -> None:
     long = "Please tell me everything you know about this topic in great detail: " + "rivers and lakes " * 12
     r = cli("chat", "overflow", "-n", "40", "--ctx", "256", "--temp", "0", "--system", "Be helpful.",
             input=(long + "\n") * 8)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("outgrew") == 1
     assert "Traceback" not in r.stderr
-    cli("chat", "--list")
     saved = ChatSession.load("overflow")
     assert saved.system == "Be helpful."
-    assert len(saved.messages) < 16
+    assert len(saved.messages) == 16, "every turn is saved; only what is sent is cut to the window"
+    assert [m["role"] for m in saved.messages] == ["user", "assistant"] * 8
+    r = cli("chat", "--resume", "overflow", "--ctx", "8192", "-n", "4", input="/context\n")
+    assert r.returncode == 0, r.stderr
+    assert "16 messages" in r.stderr and "in the window" not in r.stderr, "a larger window sees it all again"
+
+
+def test_a_message_that_cannot_fit_is_refused_and_nothing_is_lost(cli: CLI) -> None:
+    r = cli("chat", "toolong", "-n", "8", "--ctx", "256", "--temp", "0", input="Hello there.\n")
+    assert r.returncode == 0, r.stderr
+    child_input = "word " * 400 + "\n"
+    r = cli("chat", "--resume", "toolong", "-n", "8", "--ctx", "256", input=child_input)
+    assert r.returncode == 1
+    assert "this message needs" in r.stderr and "the context window is 256" in r.stderr
+    assert r.stderr.count("localgen: error:") == 1 and "Traceback" not in r.stderr
+    saved = ChatSession.load("toolong")
+    assert [m["content"] for m in saved.messages if m["role"] == "user"] == ["Hello there."]
+    r = cli("chat", "--resume", "toolong", "-n", "8", input="/undo\n/context\n")
+    assert "last exchange dropped" in r.stderr and "0 messages" in r.stderr
+
+
+def test_save_never_overwrites_another_conversation(cli: CLI, home: Path) -> None:
+    cli("chat", "keepme", "-n", "4", input="Remember the number 7.\n")
+    before = (home / "data" / "chats" / "keepme.json").read_text()
+    r = cli("chat", "other", "-n", "4", input="Hi\n/save keepme\n")
+    assert r.returncode == 2 and "a conversation named 'keepme' exists" in r.stderr
+    assert (home / "data" / "chats" / "keepme.json").read_text() == before
+
+
+def test_load_clear_and_display_settings(cli: CLI) -> None:
+    r = cli("chat", "loadme", "-n", "4", input="/set temperature 0.3\n/set top_k 7\nHi\n")
+    assert r.returncode == 0, r.stderr
+    r = cli("chat", "host", "-n", "4", input="/load loadme\n/show\n/clear\n/context\n/set think off\n"
+                                              "/set markdown off\n/show\n")
+    assert r.returncode == 0, r.stderr
+    assert "continuing loadme: 2 messages" in r.stderr
+    assert "temperature=0.3" in r.stderr and "top_k=7" in r.stderr, "/load applies the loaded settings"
+    assert "conversation cleared" in r.stderr and "0 messages" in r.stderr
+    assert "think off" in r.stderr and "markdown off" in r.stderr
+    assert ChatSession.load("loadme").messages == [], "/clear clears the conversation it continues"
 
 
 def test_model_without_template_cannot_chat(cli: CLI) -> None:
@@ -188,9 +226,10 @@ def test_interrupted_save_keeps_the_previous_one(home: Path, monkeypatch: pytest
 
 def test_chat_turns_reuse_the_kv_cache(smollm2_engine: Any) -> None:
     from localgen.chat.runner import ChatRunner
+    from localgen.engine.local import LocalBackend
     from localgen.types import SamplingParams
 
-    runner = ChatRunner(ChatSession(name="kv-test", model="x"), smollm2_engine,
+    runner = ChatRunner(ChatSession(name="kv-test", model="x"), LocalBackend(smollm2_engine),
                         SamplingParams(temperature=0, max_tokens=8))
     runner.session.save = lambda: Path()  # type: ignore[method-assign]
     stats = []

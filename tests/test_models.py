@@ -30,6 +30,7 @@ def fake_hub() -> Iterator[hub_server.FakeHub]:
     hub, server = hub_server.start()
     yield hub
     server.shutdown()
+    server.cdn.shutdown()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
@@ -185,6 +186,7 @@ def test_interrupted_pull_resumes_where_it_stopped(env: dict[str, str], hub: hub
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 130, err.decode()
+    assert "interrupted" in err.decode() and "Traceback" not in err.decode()
     kept = partial.stat().st_size
     assert kept >= 30_000_000
     hub.delay_per_mb = 0.0
@@ -396,3 +398,75 @@ def test_split_gguf_downloads_and_loads_as_one_model(env: dict[str, str], hub: h
     r = lg(env, "rm", "acme/Split-GGUF", "--yes")
     assert r.returncode == 0 and "removed 2 file(s)" in r.stdout
     assert not list((Path(env["HF_HUB_CACHE"]) / "models--acme--Split-GGUF" / "blobs").iterdir())
+
+
+def test_the_token_never_leaves_the_hub_host(env: dict[str, str], hub: hub_server.FakeHub,
+                                             model_file: hub_server.HubFile) -> None:
+    hub.redirect_files = True
+    hub.drop_after[FILE] = [40_000_000]
+    r = lg({**env, "HF_TOKEN": "hf_secret_token_123"}, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    assert hub.cdn_requests, "the file came through the redirect"
+    assert all(auth is None for _path, auth in hub.cdn_requests), "the CDN host never sees Authorization"
+    assert any(a == "Bearer hf_secret_token_123" for a in hub.hub_auth), "the Hub itself gets the token"
+    assert len([p for p, _a in hub.cdn_requests if FILE in p]) >= 2, "the dropped transfer resumed through it"
+    assert blob(env, model_file.sha256).is_file(), "and the result was verified"
+
+
+def test_a_full_disk_stops_the_pull_at_once(env: dict[str, str], hub: hub_server.FakeHub,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from localgen.models import download, resolve
+
+    for k in ("HF_ENDPOINT", "HF_HUB_CACHE", "LOCALGEN_HOME"):
+        monkeypatch.setenv(k, env[k])
+    real = download._write
+    writes: list[int] = []
+
+    class FullDisk:
+        name = "blobs/x.incomplete"
+
+        def write(self, block: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def write(out: object, block: bytes) -> None:
+        writes.append(len(block))
+        real(FullDisk() if len(writes) > 3 else out, block)
+
+    monkeypatch.setattr(download, "_write", write)
+    with pytest.raises(download.DownloadError, match=r"cannot write .*No space left on device"):
+        resolve.pull(resolve.target(f"{REPO}:Q4_1"), download.Quiet())
+    gets = [r for r in hub.requests if r.startswith("GET") and FILE in r]
+    assert len(gets) == 1, "a disk error is not retried as if it were a dropped connection"
+
+
+def test_waiting_for_another_download_says_so(env: dict[str, str], hub: hub_server.FakeHub,
+                                              model_file: hub_server.HubFile) -> None:
+    from filelock import FileLock
+
+    locks = Path(env["HF_HUB_CACHE"]) / ".locks" / f"models--{REPO.replace('/', '--')}"
+    lock_path = locks / f"{model_file.sha256}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path))
+    lock.acquire()
+    p = subprocess.Popen([sys.executable, "-m", "localgen", "pull", f"{REPO}:Q4_1"], env=env, cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert p.stderr is not None
+    line = p.stderr.readline().decode()
+    assert "another process is downloading it; waiting" in line, line
+    lock.release()
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode()
+
+
+def test_gated_repo_in_pull_list_names_hf_token(env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    hub.repos[REPO].gated_files = True
+    r = lg(env, "pull", REPO, "--list")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "gated" in r.stderr and "HF_TOKEN" in r.stderr
+
+
+def test_the_models_layer_uses_a_portable_lock() -> None:
+    source = (ROOT / "localgen" / "models" / "download.py").read_text()
+    assert "fcntl" not in source and "from filelock import FileLock" in source

@@ -100,7 +100,7 @@ def test_chat_resume_restores_the_kv_state(env: dict[str, str]) -> None:
 
     r = chat("kv", text="Tell me about rivers.\nAnd lakes?\n")
     assert r.returncode == 0, r.stderr
-    assert (Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats" / "kv.state").exists()
+    assert list((Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("kv.*.state"))
     r = chat("--resume", "kv", "--stats", text="And seas?\n/stats\n")
     assert r.returncode == 0, r.stderr
     assert "restored the KV state" in r.stderr

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localgen import paths
+from localgen import paths, settings
 from localgen.errors import LocalgenError, UsageError
 
 Message = dict[str, str]
@@ -79,17 +79,17 @@ class ChatSession:
             return self.messages[-1]["content"]
         return None
 
-    def trim(self, fits: Callable[[list[Message]], bool]) -> int:
-        """Drop the oldest turns until `fits(conversation)`; the last user message and the system prompt
-        always stay. Returns how many messages were dropped."""
-        dropped = 0
-        while not fits(self.conversation()) and len(self.messages) > 1:
-            self.messages.pop(0)
-            dropped += 1
-            while len(self.messages) > 1 and self.messages[0]["role"] != "user":
-                self.messages.pop(0)  # a conversation restarts at a user turn
-                dropped += 1
-        return dropped
+    def window_start(self, fits: Callable[[list[Message]], bool], start: int = 0) -> int:
+        """The index of the first message to send so that `fits(system + messages[i:])`, from `start` on;
+        a window always begins at a user turn and keeps the last message. Nothing is removed: the saved
+        conversation keeps every turn."""
+        i = min(start, max(0, len(self.messages) - 1))
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        while i < len(self.messages) - 1 and not fits(head + self.messages[i:]):
+            i += 1
+            while i < len(self.messages) - 1 and self.messages[i]["role"] != "user":
+                i += 1  # a window restarts at a user turn
+        return i
 
     # ---- persistence --------------------------------------------------------------------------------
 
@@ -139,13 +139,22 @@ class ChatSession:
                 for m in data["messages"]
                 if m.get("role") in ("user", "assistant")
             ]
-            return cls(
-                name=name, model=str(data.get("model") or ""), system=data.get("system"), messages=messages,
-                settings=dict(data.get("settings") or {}), created=float(data.get("created", 0)),
-                updated=float(data.get("updated", 0)),
+            saved = dict(data.get("settings") or {})
+            system = data.get("system")
+            if system is not None and not isinstance(system, str):
+                raise ValueError("system")
+            session = cls(
+                name=name, model=str(data.get("model") or ""), system=system, messages=messages,
+                settings=saved, created=float(data.get("created", 0)), updated=float(data.get("updated", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             raise LocalgenError(f"the saved conversation {path} is not in localgen's format") from None
+        try:
+            settings.validate(session.settings)
+        except UsageError as e:
+            raise LocalgenError(f"the saved conversation {path} has a bad setting: {e.message}",
+                                hint="fix or remove it in the file; the file was left as it is") from None
+        return session
 
 
 @dataclass(frozen=True)

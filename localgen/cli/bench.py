@@ -97,6 +97,9 @@ def bench(
             rec = records.record(result, system)
             history.add(run_id, len(results), rec)
             results.append(rec)
+            if output == "jsonl":  # one line per result as it is measured, for pipelines
+                sys.stdout.write(records.FORMATS["jsonl"]([rec]))
+                sys.stdout.flush()
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -146,7 +149,7 @@ def _header(system: dict[str, Any]) -> str:
 def _emit(results: list[dict[str, Any]], system: dict[str, Any], output: str | None) -> None:
     from localgen.bench import records
 
-    if not results:
+    if not results or output == "jsonl":
         return
     if output:
         sys.stdout.write(records.FORMATS[output](results))

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
+from typing import Any
+
+# -fa takes an optional value (llama.cpp's `-fa on|off|auto`, or a bare `-fa`); click options cannot.
+_FA_FLAGS = ("-fa", "--flash-attn")
+_FA_VALUES = {"on", "off", "auto", "1", "0", "true", "false", "enabled", "disabled"}
+_FA_COMMANDS = {"run", "chat", "serve"}
+_WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENOTDIR,
+                 errno.EISDIR, errno.EFBIG}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -12,39 +21,104 @@ def main(argv: list[str] | None = None) -> None:
     import typer
 
     from localgen.cli.app import app
+    from localgen.cli.output import ErrWriter, ReaderGone, guard_stdout, silence_stdout
     from localgen.errors import LocalgenError
 
+    args = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     command = typer.main.get_command(app)
     debug = bool(os.environ.get("LOCALGEN_DEBUG"))
+    guard_stdout()
+    _watch_sigint()
+    err = ErrWriter()
+    rc: Any = 0
     try:
-        rc = command.main(args=argv, prog_name="localgen", standalone_mode=False)
+        rc = command.main(args=args, prog_name="localgen", standalone_mode=False)
     except typer.Exit as e:
         rc = e.exit_code
     except typer.Abort:
+        err.interrupted()
         rc = 130
     except typer.TyperException as e:  # usage errors: bad flag, value out of range, missing file
         ctx = getattr(e, "ctx", None)
         where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         message = e.format_message() if hasattr(e, "format_message") else str(e)
         if message.strip():  # empty for "no arguments": the help was already printed
-            _err(f"{message}{where}")
+            err.error(f"{message}{where}")
         rc = getattr(e, "exit_code", 2)
     except LocalgenError as e:
         if debug:
             raise
-        _err(e.message, e.hint)
+        err.error(e.message, e.hint)
         rc = e.exit_code
     except KeyboardInterrupt:
-        _err("interrupted")
+        err.interrupted()
         rc = 130
-    except BrokenPipeError:
+    except (ReaderGone, BrokenPipeError):  # the reader went away (`| head -1`): a normal end
+        silence_stdout()
         rc = 0
+    except OSError as e:
+        if debug:
+            raise
+        err.error(describe_os_error(e))
+        rc = 1
+    if rc == 130 and _sigint["seen"]:
+        err.interrupted()  # typer turns a KeyboardInterrupt it sees into a silent 130
     sys.exit(rc if isinstance(rc, int) else 0)
 
 
-def _err(message: str, hint: str | None = None) -> None:
-    text = f"localgen: error: {message}"
-    if hint:
-        text += f" ({hint})"
-    with contextlib.suppress(BrokenPipeError, ValueError):
-        print(text, file=sys.stderr, flush=True)
+_sigint = {"seen": False}
+
+
+def _watch_sigint() -> None:
+    """Note that Ctrl-C came (then raise KeyboardInterrupt as usual), so the exit can say "interrupted"."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # ignored (a background job) or handled by someone else: leave it so
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        _sigint["seen"] = True
+        raise KeyboardInterrupt
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGINT, on_sigint)
+
+
+def normalize_argv(args: list[str]) -> list[str]:
+    """`-fa`, `-fa on|off|auto` and `--flash-attn X` as one `--flash-attn=X` token (run, chat, serve)."""
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first not in _FA_COMMANDS:
+        return args
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            out += args[i:]
+            break
+        if a in _FA_FLAGS:
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if nxt is not None and nxt.lower() in _FA_VALUES:
+                out.append(f"--flash-attn={nxt}")
+                i += 2
+                continue
+            out.append("--flash-attn=on")
+        elif a.startswith("-fa="):
+            out.append("--flash-attn=" + a[4:])
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
+def describe_os_error(e: OSError) -> str:
+    """An OSError as one line a user can act on: `cannot write PATH: reason`."""
+    reason = e.strerror or str(e)
+    path = e.filename
+    if path is None:
+        return reason
+    if e.errno in _WRITE_ERRNOS:
+        return f"cannot write {os.fsdecode(path)}: {reason}"
+    if e.errno == errno.ENOENT:
+        return f"cannot read {os.fsdecode(path)}: {reason}"
+    return f"{os.fsdecode(path)}: {reason}"

@@ -1,4 +1,6 @@
-"""Options shared by run, chat and bench: each defined once, with its default, range and env var."""
+"""Options shared by run, chat, bench and serve: each defined once, its range and help taken from the
+one settings table (settings.KNOBS), with llama.cpp's spellings as aliases. `Flags` wraps a command's
+parameters; `load_params` and `sampling` turn them into the engine's types through the one validation."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localgen.settings import KNOBS
 from localgen.types import KV_CACHE_TYPES, LoadParams, SamplingParams
 
 _D = SamplingParams()
@@ -14,33 +17,51 @@ _L = LoadParams()
 MODEL_PANEL = "Model and loading"
 SAMPLING_PANEL = "Sampling"
 OUTPUT_PANEL = "Output"
+GPU_PANEL = "GPU, memory and long context"
+
+
+def _knob(name: str, *flags: str, **kw: Any) -> Any:
+    """A typer.Option for a sampling knob: flags, range and help from the table."""
+    k = KNOBS[name]
+    limits: dict[str, Any] = {}
+    if k.kind in ("int", "float"):
+        limits = {"min": k.lo, "max": k.hi}
+    return typer.Option(*flags, help=k.help, rich_help_panel=SAMPLING_PANEL, **limits, **kw)  # type: ignore[misc]
+
 
 Model = Annotated[
     str | None,
     typer.Option(
         "--model", "-m", envvar="LOCALGEN_MODEL", rich_help_panel=MODEL_PANEL, show_default=False,
-        help="Model name (e.g. smollm2:135m, the default) or path to a .gguf file.",
+        help="Model name (e.g. smollm2:135m, the default), owner/repo[:QUANT], or path to a .gguf file.",
     ),
 ]
 Ctx = Annotated[
     int,
     typer.Option(
-        "--ctx", "-c", min=16, envvar="LOCALGEN_CTX", rich_help_panel=MODEL_PANEL,
-        help="Context window in tokens (capped at the model's training context).",
+        "--ctx", "--ctx-size", "-c", min=16, envvar="LOCALGEN_CTX", rich_help_panel=MODEL_PANEL,
+        help="Context window in tokens (capped at the model's training context unless RoPE scaling is set).",
     ),
 ]
 Threads = Annotated[
     int | None,
     typer.Option(
         "--threads", "-t", min=1, max=1024, rich_help_panel=MODEL_PANEL, show_default=False,
-        help="CPU threads (default: the cores this process may use).",
+        help="CPU threads for generation (default: the physical performance cores this process may use).",
+    ),
+]
+ThreadsBatch = Annotated[
+    int | None,
+    typer.Option(
+        "--threads-batch", "-tb", min=1, max=1024, rich_help_panel=MODEL_PANEL, show_default=False,
+        help="CPU threads for prompt processing and batches (default: every logical CPU this process may use).",
     ),
 ]
 GpuLayers = Annotated[
     int | None,
     typer.Option(
-        "--gpu-layers", "-ngl", min=-1, rich_help_panel=MODEL_PANEL, show_default=False,
-        help="Layers to offload to the GPU; -1 all (default: all when this build can offload, else 0).",
+        "--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, rich_help_panel=MODEL_PANEL, show_default=False,
+        help="Layers to offload to the GPU; -1 all (default: as many as fit when this build can offload, else 0).",
     ),
 ]
 Batch = Annotated[
@@ -50,16 +71,21 @@ UBatch = Annotated[
     int, typer.Option("--ubatch-size", "-ub", min=1, rich_help_panel=MODEL_PANEL, help="Physical batch size.")
 ]
 FlashAttn = Annotated[
-    bool,
+    str | None,
     typer.Option(
-        "--flash-attn/--no-flash-attn", "-fa/-nofa", rich_help_panel=MODEL_PANEL,
-        help="Flash attention (faster prefill and decode; needed for a quantized V cache).",
+        "--flash-attn", "-fa", rich_help_panel=MODEL_PANEL, show_default=False, metavar="on|off|auto",
+        help="Flash attention (default on: faster prefill and decode; needed for a quantized V cache). "
+             "A bare -fa means on.",
     ),
 ]
+NoFlashAttn = Annotated[
+    bool, typer.Option("--no-flash-attn", "-nofa", rich_help_panel=MODEL_PANEL, help="Same as -fa off.")
+]
 Repack = Annotated[
-    bool,
-    typer.Option("--repack/--no-repack", rich_help_panel=MODEL_PANEL,
-                 help="llama.cpp's repacked CPU weight layouts (faster prompt processing for some quantizations)."),
+    bool | None,
+    typer.Option("--repack/--no-repack", rich_help_panel=MODEL_PANEL, show_default=False,
+                 help="llama.cpp's repacked CPU weight layouts (default: on where at least half the weights "
+                      "are of a repackable type, off on a GPU)."),
 ]
 _kv_help = "KV-cache type for {}: " + ", ".join(KV_CACHE_TYPES) + "."
 CacheK = Annotated[
@@ -68,81 +94,109 @@ CacheK = Annotated[
 CacheV = Annotated[
     str, typer.Option("--cache-type-v", "-ctv", rich_help_panel=MODEL_PANEL, help=_kv_help.format("values"))
 ]
+Mlock = Annotated[
+    bool, typer.Option("--mlock", rich_help_panel=GPU_PANEL, help="Keep the model in RAM (no swapping).")
+]
+NoMmap = Annotated[
+    bool, typer.Option("--no-mmap", rich_help_panel=GPU_PANEL,
+                       help="Read the model into memory instead of mapping it (slower load, no page faults).")
+]
+Numa = Annotated[
+    str | None,
+    typer.Option("--numa", rich_help_panel=GPU_PANEL, show_default=False, metavar="distribute|isolate|numactl",
+                 help="NUMA strategy on multi-socket machines."),
+]
+SplitMode = Annotated[
+    str, typer.Option("--split-mode", "-sm", rich_help_panel=GPU_PANEL, metavar="none|layer|row",
+                      help="How to split the model over several GPUs.")
+]
+TensorSplit = Annotated[
+    str | None,
+    typer.Option("--tensor-split", "-ts", rich_help_panel=GPU_PANEL, show_default=False, metavar="N,N,...",
+                 help="Proportions of the model per GPU (and RPC device), e.g. 3,1."),
+]
+MainGpu = Annotated[
+    int, typer.Option("--main-gpu", "-mg", min=0, rich_help_panel=GPU_PANEL,
+                      help="The GPU for the whole model with --split-mode none (and for scratch with row).")
+]
+RopeScaling = Annotated[
+    str | None,
+    typer.Option("--rope-scaling", rich_help_panel=GPU_PANEL, show_default=False, metavar="none|linear|yarn",
+                 help="RoPE scaling for contexts beyond training (YaRN for Qwen 2.5/3 past 32k)."),
+]
+RopeFreqBase = Annotated[
+    float, typer.Option("--rope-freq-base", min=0.0, rich_help_panel=GPU_PANEL,
+                        help="RoPE base frequency; 0 from the model.")
+]
+RopeFreqScale = Annotated[
+    float, typer.Option("--rope-freq-scale", min=0.0, rich_help_panel=GPU_PANEL,
+                        help="RoPE frequency scale (1/N stretches the context N times); 0 from the model.")
+]
+YarnOrigCtx = Annotated[
+    int, typer.Option("--yarn-orig-ctx", min=0, rich_help_panel=GPU_PANEL,
+                      help="YaRN: the model's original training context; 0 from the model.")
+]
+Rpc = Annotated[
+    str | None,
+    typer.Option("--rpc", envvar="LLAMA_ARG_RPC", rich_help_panel=GPU_PANEL, show_default=False,
+                 metavar="HOST:PORT,...",
+                 help="llama.cpp RPC servers (localgen rpc-server) whose devices take part of the model."),
+]
 Verbose = Annotated[
     bool, typer.Option("--verbose", rich_help_panel=OUTPUT_PANEL, help="Show llama.cpp's log lines on stderr.")
 ]
 
-Temperature = Annotated[
-    float,
-    typer.Option("--temperature", "--temp", min=0.0, max=5.0, rich_help_panel=SAMPLING_PANEL,
-                 help="Randomness; 0 is greedy."),
-]
-TopK = Annotated[
-    int, typer.Option("--top-k", min=0, rich_help_panel=SAMPLING_PANEL, help="Keep the K likeliest tokens; 0 off.")
-]
-TopP = Annotated[
-    float,
-    typer.Option("--top-p", min=0.0, max=1.0, rich_help_panel=SAMPLING_PANEL,
-                 help="Nucleus sampling: smallest set with this probability mass; 1 off."),
-]
-MinP = Annotated[
-    float,
-    typer.Option("--min-p", min=0.0, max=1.0, rich_help_panel=SAMPLING_PANEL,
-                 help="Drop tokens below this fraction of the likeliest one's probability; 0 off."),
-]
-TypicalP = Annotated[
-    float,
-    typer.Option("--typical-p", "--typical", min=0.0, max=1.0, rich_help_panel=SAMPLING_PANEL,
-                 help="Locally typical sampling; 1 off."),
-]
-RepeatPenalty = Annotated[
-    float,
-    typer.Option("--repeat-penalty", min=0.0, max=10.0, rich_help_panel=SAMPLING_PANEL,
-                 help="Penalize tokens seen in the last --repeat-last-n; 1 off."),
-]
-RepeatLastN = Annotated[
-    int,
-    typer.Option("--repeat-last-n", min=-1, rich_help_panel=SAMPLING_PANEL,
-                 help="Window for the penalties; 0 off, -1 the whole context."),
-]
-PresencePenalty = Annotated[
-    float,
-    typer.Option("--presence-penalty", min=-2.0, max=2.0, rich_help_panel=SAMPLING_PANEL,
-                 help="Flat penalty on tokens already present; 0 off."),
-]
-FrequencyPenalty = Annotated[
-    float,
-    typer.Option("--frequency-penalty", min=-2.0, max=2.0, rich_help_panel=SAMPLING_PANEL,
-                 help="Penalty growing with each repeat; 0 off."),
-]
-Seed = Annotated[
-    int | None,
-    typer.Option("--seed", "-s", min=0, max=2**32 - 1, rich_help_panel=SAMPLING_PANEL, show_default=False,
-                 help="Random seed: the same seed gives the same text (default: a new one each run)."),
-]
-MaxTokens = Annotated[
-    int,
-    typer.Option("--max-tokens", "-n", min=-1, rich_help_panel=SAMPLING_PANEL,
-                 help="Most tokens to generate; -1 until the model stops or the context is full."),
-]
-Stop = Annotated[
-    list[str] | None,
-    typer.Option("--stop", rich_help_panel=SAMPLING_PANEL, show_default=False,
-                 help="Stop before this text (repeatable)."),
-]
+Temperature = Annotated[float, _knob("temperature", "--temperature", "--temp")]
+TopK = Annotated[int, _knob("top_k", "--top-k")]
+TopP = Annotated[float, _knob("top_p", "--top-p")]
+MinP = Annotated[float, _knob("min_p", "--min-p")]
+TypicalP = Annotated[float, _knob("typical_p", "--typical-p", "--typical")]
+RepeatPenalty = Annotated[float, _knob("repeat_penalty", "--repeat-penalty")]
+RepeatLastN = Annotated[int, _knob("repeat_last_n", "--repeat-last-n")]
+PresencePenalty = Annotated[float, _knob("presence_penalty", "--presence-penalty")]
+FrequencyPenalty = Annotated[float, _knob("frequency_penalty", "--frequency-penalty")]
+Seed = Annotated[int | None, _knob("seed", "--seed", "-s", show_default=False)]
+MaxTokens = Annotated[int, _knob("max_tokens", "--max-tokens", "--n-predict", "-n")]
+Stop = Annotated[list[str] | None, _knob("stop", "--stop", show_default=False)]
+Mirostat = Annotated[int, _knob("mirostat", "--mirostat")]
+MirostatLr = Annotated[float, _knob("mirostat_lr", "--mirostat-lr")]
+MirostatEnt = Annotated[float, _knob("mirostat_ent", "--mirostat-ent")]
+DryMultiplier = Annotated[float, _knob("dry_multiplier", "--dry-multiplier")]
+DryBase = Annotated[float, _knob("dry_base", "--dry-base")]
+DryAllowedLength = Annotated[int, _knob("dry_allowed_length", "--dry-allowed-length")]
+DryPenaltyLastN = Annotated[int, _knob("dry_penalty_last_n", "--dry-penalty-last-n")]
+DrySequenceBreaker = Annotated[list[str] | None, _knob("dry_sequence_breaker", "--dry-sequence-breaker",
+                                                       show_default=False)]
+XtcProbability = Annotated[float, _knob("xtc_probability", "--xtc-probability")]
+XtcThreshold = Annotated[float, _knob("xtc_threshold", "--xtc-threshold")]
+TopNSigma = Annotated[float, _knob("top_n_sigma", "--top-n-sigma")]
+LogitBias = Annotated[list[str] | None, _knob("logit_bias", "--logit-bias", "-l", show_default=False)]
+IgnoreEos = Annotated[bool, _knob("ignore_eos", "--ignore-eos")]
 System = Annotated[
     str | None,
-    typer.Option("--system", rich_help_panel=SAMPLING_PANEL, show_default=False, help="System prompt."),
+    typer.Option("--system", "--system-prompt", "-sys", rich_help_panel=SAMPLING_PANEL, show_default=False,
+                 help="System prompt."),
 ]
 GrammarFile = Annotated[
     Path | None,
-    typer.Option("--grammar", exists=True, dir_okay=False, readable=True, rich_help_panel=SAMPLING_PANEL,
-                 show_default=False, help="Constrain output to a GBNF grammar file."),
+    typer.Option("--grammar", "--grammar-file", exists=True, dir_okay=False, readable=True,
+                 rich_help_panel=SAMPLING_PANEL, show_default=False, help="Constrain output to a GBNF grammar file."),
+]
+JsonSchema = Annotated[
+    str | None,
+    typer.Option("--json-schema", "-j", rich_help_panel=SAMPLING_PANEL, show_default=False,
+                 help="Constrain output to JSON matching this JSON schema (inline, or the path of a file)."),
 ]
 JsonSchemaFile = Annotated[
     Path | None,
-    typer.Option("--json-schema", exists=True, dir_okay=False, readable=True, rich_help_panel=SAMPLING_PANEL,
-                 show_default=False, help="Constrain output to JSON matching this JSON-schema file."),
+    typer.Option("--json-schema-file", "-jf", exists=True, dir_okay=False, readable=True,
+                 rich_help_panel=SAMPLING_PANEL, show_default=False, help="A file holding the JSON schema."),
+]
+Logprobs = Annotated[
+    int | None,
+    typer.Option("--logprobs", min=0, max=20, rich_help_panel=OUTPUT_PANEL, show_default=False,
+                 help="With --json (and JSONL output): each token's log-probability and its N likeliest "
+                      "alternatives."),
 ]
 
 Offline = Annotated[
@@ -153,49 +207,99 @@ Offline = Annotated[
 
 DEFAULTS = _D
 LOAD_DEFAULTS = _L
+SAMPLING_FLAGS = tuple(KNOBS)
 
 
-SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
-                  "presence_penalty", "frequency_penalty", "seed", "max_tokens", "stop")
+class Flags:
+    """A command's parameters by name, and whether the user gave each one (command line or env var)."""
+
+    def __init__(self, ctx: typer.Context, values: dict[str, Any]) -> None:
+        self._ctx = ctx
+        self._values = values
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A parameter, or `default` where the command has none."""
+        return self._values.get(name, default)
+
+    def given(self, name: str) -> bool:
+        """Whether the user set this parameter, as opposed to its default."""
+        from typer._click.core import ParameterSource  # type: ignore[import-not-found]
+
+        try:
+            return self._ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+        except Exception:
+            return False
 
 
-def sampling_flags(values: dict[str, Any]) -> dict[str, Any]:
-    """The sampling flags from a command's parameters (pass `locals()`), by their SamplingParams names."""
-    flags = {k: values[k] for k in SAMPLING_FLAGS}
-    flags["stop"] = tuple(flags["stop"] or ())
-    return flags
+def flash_attn(f: Flags) -> bool | None:
+    """-fa on|off|auto and --no-flash-attn, as LoadParams wants them (None: auto)."""
+    from localgen.errors import UsageError
 
-
-def given(ctx: typer.Context, param: str) -> bool:
-    """Whether the user set this option (command line or env var), as opposed to its default."""
-    from typer._click.core import ParameterSource  # type: ignore[import-not-found]
-
-    try:
-        return ctx.get_parameter_source(param) not in (ParameterSource.DEFAULT, None)
-    except Exception:
+    if f.get("no_flash_attn"):
         return False
+    value = f.get("flash_attn")
+    if value is None:
+        return LOAD_DEFAULTS.flash_attn
+    v = str(value).lower()
+    if v in ("on", "1", "true", "enabled"):
+        return True
+    if v in ("off", "0", "false", "disabled"):
+        return False
+    if v == "auto":
+        return None
+    raise UsageError(f"--flash-attn takes on, off or auto, not {value!r}")
 
 
-def sampling_params(ctx: typer.Context, flags: dict[str, Any], *layers: dict[str, Any]) -> SamplingParams:
-    """Flags win where given; otherwise the last layer that sets a knob (catalogue defaults, then a chat's
-    saved /set values), otherwise the built-in default."""
-    values = dict(flags)
-    for key in values:
-        if given(ctx, key):
-            continue
-        for layer in layers:
-            if key in layer:
-                values[key] = tuple(layer[key]) if key == "stop" else layer[key]
-    return SamplingParams(**values)
+def load_params(f: Flags, **override: Any) -> LoadParams:
+    """LoadParams from the shared flags (those a command lacks keep their defaults)."""
+    from localgen.errors import UsageError
 
-
-def load_params(
-    ctx: int, threads: int | None, gpu_layers: int | None, batch: int, ubatch: int, flash_attn: bool,
-    cache_type_k: str, cache_type_v: str, repack: bool = True,
-) -> LoadParams:
-    """LoadParams from the shared flags."""
-    return LoadParams(
-        n_ctx=ctx, n_threads=threads, n_threads_batch=threads, n_gpu_layers=gpu_layers, n_batch=batch,
-        n_ubatch=ubatch, flash_attn=flash_attn, cache_type_k=cache_type_k.lower(),
-        cache_type_v=cache_type_v.lower(), repack=repack,
+    split: tuple[float, ...] = ()
+    if f.get("tensor_split"):
+        try:
+            split = tuple(float(x) for x in str(f.tensor_split).replace("/", ",").split(",") if x.strip())
+        except ValueError:
+            raise UsageError(f"--tensor-split takes numbers, e.g. 3,1, not {f.tensor_split!r}") from None
+    rpc = tuple(x.strip() for x in str(f.get("rpc") or "").split(",") if x.strip())
+    values: dict[str, Any] = dict(
+        n_ctx=f.get("ctx", _L.n_ctx), n_threads=f.get("threads"), n_threads_batch=f.get("threads_batch"),
+        n_gpu_layers=f.get("gpu_layers"), n_batch=f.get("batch_size", _L.n_batch),
+        n_ubatch=f.get("ubatch_size", _L.n_ubatch), flash_attn=flash_attn(f),
+        cache_type_k=str(f.get("cache_type_k", _L.cache_type_k)).lower(),
+        cache_type_v=str(f.get("cache_type_v", _L.cache_type_v)).lower(), repack=f.get("repack"),
+        use_mmap=not f.get("no_mmap", False), use_mlock=bool(f.get("mlock", False)), numa=f.get("numa"),
+        split_mode=f.get("split_mode", _L.split_mode), tensor_split=split, main_gpu=f.get("main_gpu", 0),
+        rope_scaling=f.get("rope_scaling"), rope_freq_base=f.get("rope_freq_base", 0.0),
+        rope_freq_scale=f.get("rope_freq_scale", 0.0), yarn_orig_ctx=f.get("yarn_orig_ctx", 0), rpc=rpc,
     )
+    values.update(override)
+    return LoadParams(**values)
+
+
+def sampling(f: Flags, *layers: dict[str, Any], grammar: str | None = None) -> SamplingParams:
+    """Flags win where given; otherwise the last layer that sets a knob (catalogue defaults, then a chat's
+    saved /set values), otherwise the built-in default. Everything goes through settings.validate."""
+    from localgen import settings
+
+    values: dict[str, Any] = {}
+    for layer in layers:
+        values.update(settings.validate(layer))
+    for key in SAMPLING_FLAGS:
+        if key in f._values and (f.given(key) or key not in values):
+            v = f._values[key]
+            if key in ("stop", "dry_sequence_breaker", "logit_bias"):
+                if v is None:
+                    if key in values:
+                        continue
+                    v = getattr(_D, key)
+                elif key == "dry_sequence_breaker" and [x.lower() for x in v] == ["none"]:
+                    v = ()
+            values[key] = v
+    checked = settings.validate(values)
+    return SamplingParams(**checked, grammar=grammar)

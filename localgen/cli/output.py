@@ -4,9 +4,45 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
-from localgen.types import Stats
+from localgen.types import SamplingParams, Stats
+
+_said = {"interrupted": False}
+
+
+class ReaderGone(Exception):
+    """stdout's reader went away (`| head -1`). Not an OSError, so click does not turn it into exit 1."""
+
+
+class _GuardedStdout:
+    """Wraps sys.stdout: a write or flush to a closed pipe silences stdout and raises ReaderGone."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            silence_stdout()
+            raise ReaderGone from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            silence_stdout()
+            raise ReaderGone from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_stdout() -> None:
+    """Install the guard (once per process)."""
+    if not isinstance(sys.stdout, _GuardedStdout) and sys.stdout is not None:
+        sys.stdout = _GuardedStdout(sys.stdout)  # type: ignore[assignment]
 
 
 class TextWriter:
@@ -24,7 +60,7 @@ class TextWriter:
         try:
             self.stream.write(text)
             self.stream.flush()
-        except BrokenPipeError:
+        except (BrokenPipeError, ReaderGone):
             silence_stdout()
             return False
         self.wrote = (self.wrote + text)[-1:]
@@ -97,10 +133,46 @@ class ErrWriter:
         """A plain informational line."""
         self._print(text, "dim")
 
+    def interrupted(self) -> None:
+        """The one "interrupted" line of a Ctrl-C (printed once, whoever notices first)."""
+        if not _said["interrupted"]:
+            _said["interrupted"] = True
+            self._print("interrupted", "dim")
+
     def warn(self, text: str) -> None:
         """A warning, always shown."""
         self._print(f"warning: {text}", "yellow")
 
+    def error(self, message: str, hint: str | None = None) -> None:
+        """The one-line error: `localgen: error: message (hint)`."""
+        self._print(f"localgen: error: {message}" + (f" ({hint})" if hint else ""), "red")
+
     def stats(self, s: Stats) -> None:
         """The stats line."""
         self._print(format_stats(s), "dim")
+
+
+def answer_json(backend: Any, gen: Any, sampling: SamplingParams) -> str:
+    """`run --json`'s one object: text, finish reason, model, seed, settings, load, stats, logprobs."""
+    import json
+
+    import localgen
+
+    settings = sampling.to_dict()
+    settings["grammar"] = sampling.grammar is not None
+    settings["seed"] = gen.seed
+    info = backend.describe()
+    doc: dict[str, Any] = {
+        "text": gen.text,
+        "finish_reason": gen.finish_reason,
+        "model": info["model"],
+        "seed": gen.seed,
+        "sampling": settings,
+        "load": info["load"],
+        "stats": gen.stats.to_dict(),
+        "prompt_cache": gen.prompt_cache,
+        "localgen": localgen.__version__,
+    }
+    if gen.logprobs:
+        doc["logprobs"] = [t.to_dict() for t in gen.logprobs]
+    return json.dumps(doc, ensure_ascii=False)

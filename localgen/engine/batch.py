@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from localgen.backend import Completion
+from localgen.engine.stops import StopMatcher
 from localgen.errors import LocalgenError
 from localgen.types import KV_CACHE_TYPES, SamplingParams
 
@@ -26,20 +28,7 @@ class Request:
     tokens: list[int]
     sampling: SamplingParams
     seed: int = 0
-
-
-@dataclass
-class Completion:
-    """What one request produced."""
-
-    index: int
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    ttft_s: float
-    total_s: float
-    seed: int
+    logprobs: int | None = None
 
 
 @dataclass
@@ -52,7 +41,9 @@ class _Seq:
     out: list[int] = field(default_factory=list)
     text: str = ""
     decoder: Any = None
+    stops: Any = None
     first: float | None = None
+    logprobs: list[Any] = field(default_factory=list)
 
     @property
     def next_pos(self) -> int:
@@ -65,7 +56,7 @@ class ParallelContext:
 
     def __init__(self, engine: Any, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
                  n_seq_max: int | None = None) -> None:
-        lc = engine._lc
+        lc = engine.lib
         self.lc = lc
         self.engine = engine
         self.n_parallel = n_parallel
@@ -74,18 +65,18 @@ class ParallelContext:
         prm = engine.params
         # unified: one pool of cells shared by all sequences (sequence copies share cells: beam search)
         p.n_ctx = self.n_ctx_seq if unified else self.n_ctx_seq * n_parallel
-        self.n_chunk = int(engine.llm.n_batch)  # prompt chunk per llama_decode, as in the single-stream path
+        self.n_chunk = engine.n_batch  # prompt chunk per llama_decode, as in the single-stream path
         p.n_batch = max(prm.n_batch, n_parallel)
         p.n_ubatch = max(min(prm.n_ubatch, p.n_batch), 1)
         p.n_seq_max = n_seq_max or n_parallel
         p.n_threads = prm.n_threads
         p.n_threads_batch = prm.n_threads_batch
-        p.flash_attn_type = 1 if prm.flash_attn else 0
+        p.flash_attn_type = 1 if engine.flash_attn else 0
         p.type_k = KV_CACHE_TYPES[prm.cache_type_k]
         p.type_v = KV_CACHE_TYPES[prm.cache_type_v]
         p.kv_unified = unified  # otherwise each sequence gets its own n_ctx_seq window
         p.no_perf = False
-        self.ctx = lc.llama_init_from_model(engine.llm.model, p)
+        self.ctx = lc.llama_init_from_model(engine.model_ptr, p)
         if not self.ctx:
             raise LocalgenError(f"llama.cpp could not create a context for {n_parallel} sequences",
                                 hint="lower --parallel or --ctx")
@@ -93,8 +84,8 @@ class ParallelContext:
         self.steps = 0  # generation llama_decode calls, and the rows they carried
         self.rows = 0
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
-        self.vocab = lc.llama_model_get_vocab(engine.llm.model)
-        self.n_vocab = engine.llm.n_vocab()
+        self.vocab = engine.vocab
+        self.n_vocab = engine.n_vocab
 
     def close(self) -> None:
         """Free the context and batch."""
@@ -111,7 +102,13 @@ class ParallelContext:
         """A sampler chain with the single-stream path's stages and order."""
         from localgen.engine import sampling
 
-        return sampling.build(self.lc, self.vocab, self.n_vocab, s, seed, self.n_ctx_seq)
+        eog = self.engine.eog_tokens if s.ignore_eos else ()
+        return sampling.build(self.lc, self.vocab, self.n_vocab, s, seed, self.n_ctx_seq, eog)
+
+    def _logits(self, row: int) -> Any:
+        import numpy as np
+
+        return np.ctypeslib.as_array(self.lc.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
 
     def _add(self, token: int, pos: int, seq: int, logits: bool) -> int:
         b = self.batch
@@ -142,6 +139,9 @@ class ParallelContext:
                 if req is None:
                     exhausted = True
                     break
+                if req.sampling.max_tokens == 0:  # nothing to generate, as llama.cpp's -n 0
+                    on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
+                    continue
                 if len(req.tokens) >= self.n_ctx_seq:
                     on_done(Completion(req.index, "", "error: the prompt is longer than the context window "
                                        f"({len(req.tokens):,} ≥ {self.n_ctx_seq:,} tokens)", len(req.tokens), 0,
@@ -150,7 +150,8 @@ class ParallelContext:
                 slot = heapq.heappop(free)
                 self.clear(slot)
                 seq = _Seq(req, slot, self.sampler(req.sampling, req.seed), time.perf_counter(),
-                           decoder=codecs.getincrementaldecoder("utf-8")(errors="replace"))
+                           decoder=codecs.getincrementaldecoder("utf-8")(errors="replace"),
+                           stops=StopMatcher(req.sampling.stop))
                 active[slot] = seq
                 self._prefill(seq)
                 self._sample(seq, self.batch.n_tokens - 1, active, free, on_done, should_stop)
@@ -179,11 +180,10 @@ class ParallelContext:
         query over 512+ cells), and on a GPU always one of its own (kernels there change with batch size).
         The rest go together in one call."""
         def needs_exact(seq: _Seq) -> bool:
-            s = seq.req.sampling
-            return exact if exact is not None else (s.temperature <= 0 or s.top_k == 1)
+            return exact if exact is not None else seq.req.sampling.greedy
 
         eng = self.engine
-        long_fa = eng.params.flash_attn and self.n_ctx_seq >= 512
+        long_fa = eng.flash_attn and self.n_ctx_seq >= 512
         alone: list[_Seq] = []
         few: list[_Seq] = []  # at most 3 per call
         rest: list[_Seq] = []  # all in one call
@@ -215,6 +215,10 @@ class ParallelContext:
     def _sample(self, seq: _Seq, i: int, active: dict[int, _Seq], free: list[int],
                 on_done: Callable[[Completion], None], should_stop: Callable[[], bool]) -> None:
         tok = int(self.lc.llama_sampler_sample(seq.sampler, self.ctx, i))
+        if seq.req.logprobs is not None:
+            from localgen.engine.generate import token_logprob
+
+            seq.logprobs.append(token_logprob(self._logits(i), self.engine.piece, tok, seq.req.logprobs))
         if seq.first is None:
             seq.first = time.perf_counter()
         reason = self._step(seq, tok)
@@ -224,14 +228,14 @@ class ParallelContext:
     def _step(self, seq: _Seq, tok: int) -> str | None:
         """Record a sampled token; the finish reason if the sequence is done."""
         s = seq.req.sampling
-        if self.lc.llama_vocab_is_eog(self.vocab, tok):
+        if not s.ignore_eos and self.lc.llama_vocab_is_eog(self.vocab, tok):
             return "eos"
         seq.out.append(tok)
         seq.text += seq.decoder.decode(self.engine.piece(tok))
-        for stop in s.stop:
-            if stop and stop in seq.text:
-                seq.text = seq.text[: seq.text.index(stop)]
-                return "stop"
+        hit = seq.stops.find(seq.text)
+        if hit is not None:
+            seq.text = seq.text[:hit]
+            return "stop"
         if s.max_tokens > 0 and len(seq.out) >= s.max_tokens:
             return "length"
         if len(seq.req.tokens) + len(seq.out) >= self.n_ctx_seq:
@@ -245,7 +249,7 @@ class ParallelContext:
             seq.text += seq.decoder.decode(b"", final=True)
         now = time.perf_counter()
         on_done(Completion(seq.req.index, seq.text, reason, len(seq.req.tokens), len(seq.out),
-                           (seq.first or now) - seq.started, now - seq.started, seq.req.seed))
+                           (seq.first or now) - seq.started, now - seq.started, seq.req.seed, seq.logprobs))
         self.lc.llama_sampler_free(seq.sampler)
         del active[seq.slot]
         heapq.heappush(free, seq.slot)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from localgen.engine.stops import cut
 from localgen.errors import ContextOverflowError, LocalgenError
 
 
@@ -45,7 +46,9 @@ def search(engine: Any, prompt: list[int], n_beams: int, max_new: int, length_pe
     if len(prompt) >= engine.n_ctx:
         raise ContextOverflowError(f"the prompt is {len(prompt):,} tokens; the context window is {engine.n_ctx:,}")
     budget = engine.n_ctx - len(prompt)
-    max_new = min(max_new, budget) if max_new > 0 else budget
+    max_new = min(max_new, budget) if max_new >= 0 else budget
+    if max_new == 0:
+        return BeamResult([Hypothesis([], 0.0)], len(prompt), 0.0, 0.0, 0)
     pc = ParallelContext(engine, n_beams, len(prompt) + n_beams * max_new + 16, unified=True,
                          n_seq_max=2 * n_beams)
     lc, ctx = pc.lc, pc.ctx
@@ -101,7 +104,7 @@ def search(engine: Any, prompt: list[int], n_beams: int, max_new: int, length_pe
                 break
             _decode(lc, ctx, pc.batch)
             decoded += len(live)
-            if stop and all(any(x in _text(engine, h.tokens) for x in stop) for h, _s, _r in live):
+            if stop and all(cut(_text(engine, h.tokens), stop)[1] for h, _s, _r in live):
                 break
         t2 = time.perf_counter()
     finally:
@@ -109,11 +112,9 @@ def search(engine: Any, prompt: list[int], n_beams: int, max_new: int, length_pe
     # Early stopping: once N hypotheses have ended, unfinished ones are not ranked with them.
     finals = done if len(done) >= n_beams else done + [h for h, _s, _r in live]
     for h in finals:
-        h.text = _text(engine, h.tokens)
-        for x in stop:
-            if x and x in h.text:
-                h.text = h.text[: h.text.index(x)]
-                h.finish_reason = "stop"
+        h.text, stopped = cut(_text(engine, h.tokens), stop)
+        if stopped:
+            h.finish_reason = "stop"
         h.score = h.logprob / max(1, len(h.tokens)) ** length_penalty
     finals.sort(key=lambda h: -h.score)
     return BeamResult(finals[:n_beams], len(prompt), t2 - t1, t1 - t0, decoded)

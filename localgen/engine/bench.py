@@ -17,17 +17,15 @@ class BenchContext:
 
     def __init__(self, engine: Any, seed: int = 1234) -> None:
         self.engine = engine
-        self.lc = engine._lc
-        self.ctx = engine.llm.ctx
+        self.lc = engine.lib
+        self.ctx = engine.ctx
         self.n_batch = engine.params.n_batch
-        self.n_vocab = engine.llm.n_vocab()
+        self.n_vocab = engine.n_vocab
         self.rng = random.Random(seed)
 
     def clear(self) -> None:
         """Empty the KV cache (and the Engine's record of what it holds)."""
-        mem = self.lc.llama_get_memory(self.ctx)
-        self.lc.llama_memory_clear(mem, True)
-        self.engine.llm.n_tokens = 0
+        self.engine.clear()
 
     def _decode(self, tokens: list[int]) -> None:
         arr = (self.lc.llama_token * len(tokens))(*tokens)
@@ -64,13 +62,13 @@ class BenchContext:
 
 def model_desc(engine: Any) -> str:
     """llama.cpp's description of the model, e.g. "llama 135M Q4_1" (llama-bench's model_type)."""
-    lc = engine._lc
+    lc = engine.lib
     buf = ctypes.create_string_buffer(256)
-    lc.llama_model_desc(engine.llm.model, buf, len(buf))
+    lc.llama_model_desc(engine.model_ptr, buf, len(buf))
     return buf.value.decode("utf-8", errors="replace")
 
 
 def model_size(engine: Any) -> tuple[int, int]:
     """(bytes of weights, parameters), as llama.cpp counts them."""
-    lc = engine._lc
-    return int(lc.llama_model_size(engine.llm.model)), int(lc.llama_model_n_params(engine.llm.model))
+    lc = engine.lib
+    return int(lc.llama_model_size(engine.model_ptr)), int(lc.llama_model_n_params(engine.model_ptr))

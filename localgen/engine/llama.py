@@ -1,30 +1,45 @@
-"""The only place that talks to llama_cpp: load a model, build prompts, stream a generation."""
+"""The only place that talks to llama_cpp: load a model and a context through llama.cpp's own API, and
+keep the record of what the context's KV cache holds. Everything else asks the Engine."""
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import ctypes
-import dataclasses
-import random
+import os
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from localgen import hardware
 from localgen.engine import logs
 from localgen.engine.template import ChatTemplate
-from localgen.errors import (
-    ContextOverflowError,
-    GrammarError,
-    ModelLoadError,
-    TemplateError,
-)
-from localgen.types import KV_CACHE_TYPES, Chunk, FinishReason, LoadParams, ModelRef, SamplingParams, Stats
+from localgen.errors import ContextOverflowError, GrammarError, LocalgenError, ModelLoadError, TemplateError
+from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
 
 # the load line that says some weights went into a repacked layout ("CPU_REPACK model buffer size = 12.66 MiB")
 _REPACK_BUFFER = re.compile(r"_REPACK model buffer size = *(?!0\.00 )[0-9.]+")
+_FA_AUTO = re.compile(r"Flash Attention (enabled|not supported)")
+_SPLIT = {"none": 0, "layer": 1, "row": 2}
+_ROPE = {None: -1, "none": 0, "linear": 1, "yarn": 2}
+_NUMA = {"distribute": 1, "isolate": 2, "numactl": 3}
+_LOAD_NONE, _LOAD_MMAP, _LOAD_MLOCK, _LOAD_MMAP_MLOCK = 0, 1, 2, 3
+
+_lib: Any = None
+_numa_done = False
+
+
+def lib() -> Any:
+    """The bindings, imported once: our log callback installed and llama.cpp's backends initialized."""
+    global _lib
+    if _lib is None:
+        import llama_cpp  # heavy: loads the shared library and numpy
+
+        logs.install(llama_cpp)
+        llama_cpp.llama_backend_init()
+        _lib = llama_cpp
+    return _lib
 
 
 def common_prefix(a: Any, b: Any) -> int:
@@ -37,20 +52,16 @@ def common_prefix(a: Any, b: Any) -> int:
     return n
 
 
-def _llama_cpp() -> Any:
-    import llama_cpp  # heavy: loads the shared library and numpy
-
-    logs.install(llama_cpp)
-    return llama_cpp
-
-
 def backend_info() -> dict[str, Any]:
     """What this llama-cpp-python build offers (no model needed)."""
-    lc = _llama_cpp()
+    from localgen.engine import devices
+
+    lc = lib()
     return {
         "llama_cpp_python": lc.__version__,
-        "gpu_offload": bool(lc.llama_supports_gpu_offload()),
+        "gpu_offload": devices.has_gpu(),
         "mmap": bool(lc.llama_supports_mmap()),
+        "rpc": bool(lc.llama_supports_rpc()) if hasattr(lc, "llama_supports_rpc") else False,
         "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
     }
 
@@ -63,7 +74,7 @@ def grammar_from_json_schema(schema_text: str) -> str:
         json.loads(schema_text)
     except json.JSONDecodeError as e:
         raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
-    _llama_cpp()
+    lib()
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
@@ -72,99 +83,140 @@ def grammar_from_json_schema(schema_text: str) -> str:
         raise GrammarError(f"cannot turn the JSON schema into a grammar: {e}") from None
 
 
-class _NoTemplateCompile:
-    """Stands in for the bindings' formatter during load: they compile every GGUF template in Llama(),
-    so a broken one would make even --raw fail. We render templates ourselves (template.py)."""
+def default_repack(model: ModelRef, params: LoadParams) -> bool:
+    """Whether to use llama.cpp's repacked CPU weight layouts when the user did not say.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def to_chat_handler(self) -> None:
-        return None
+    Repacking speeds up prompt processing for the types it covers, but a model whose repackable share is
+    small gains nothing, and repacked weights compute 4+ rows of a batch differently from fewer, which
+    costs exact batching most of its speed. So: on where at least half the weights are of a repackable
+    type (Q4_0, IQ4_NL, Q4_K on x86 with AVX2; more on ARM), off otherwise and when layers go to a GPU."""
+    if params.n_gpu_layers not in (None, 0):
+        return False
+    share = model.summary.repackable_share
+    return share is None or share >= 0.5
 
 
 class Engine:
-    """One loaded model, used by one thread. Keeps its KV cache between generations (prefix reuse)."""
+    """One loaded model and its context, used by one thread. Keeps its KV cache between generations:
+    `held` says which tokens the cache holds, and only the methods below change it."""
 
-    def __init__(self, model: ModelRef, params: LoadParams, verbose: bool = False) -> None:
+    def __init__(self, model: ModelRef, params: LoadParams, verbose: bool = False, cpu_only: bool = False) -> None:
         self.model = model
         self.requested = params
-        lc = _llama_cpp()
-        self._lc = lc
-        # During Llama() the bindings point fds 1 and 2 at /dev/null: lines are buffered, shown after.
-        logs.set_echo(False)
+        lc = lib()
+        self.lib = lc
+        logs.set_echo(verbose)
         train_ctx = model.summary.context_length
-        # llama.cpp rounds the window up to a multiple of 256, but the bindings size their token buffer
-        # from the number passed in: pass the rounded number so the two agree.
+        # llama.cpp rounds the window up to a multiple of 256; ask for the rounded number so both agree.
         n_ctx = -(-params.n_ctx // 256) * 256
-        if train_ctx:
+        if train_ctx and not params.rope_scaling and not params.rope_freq_scale:
             n_ctx = min(n_ctx, train_ctx)
-        threads = params.n_threads or hardware.usable_cores()
-        n_gpu = params.n_gpu_layers
+        threads = params.n_threads or hardware.physical_cores()
+        from localgen.engine import devices
+
+        n_gpu = 0 if cpu_only else params.n_gpu_layers
         if n_gpu is None:
-            n_gpu = -1 if lc.llama_supports_gpu_offload() else 0
+            n_gpu = -1 if devices.has_gpu() else 0
+        repack = params.repack if params.repack is not None else default_repack(model, params)
         self.params = LoadParams(
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=params.n_threads_batch or threads,
-            n_gpu_layers=n_gpu,
-            n_batch=min(params.n_batch, n_ctx),
+            n_ctx=n_ctx, n_threads=threads, n_threads_batch=params.n_threads_batch or hardware.usable_cores(),
+            n_gpu_layers=n_gpu, n_batch=min(params.n_batch, n_ctx),
             n_ubatch=min(params.n_ubatch, params.n_batch, n_ctx),
-            flash_attn=params.flash_attn,
-            cache_type_k=params.cache_type_k,
-            cache_type_v=params.cache_type_v,
-            use_mmap=params.use_mmap,
-            repack=params.repack,
+            flash_attn=params.flash_attn, cache_type_k=params.cache_type_k, cache_type_v=params.cache_type_v,
+            use_mmap=params.use_mmap, use_mlock=params.use_mlock, numa=params.numa, repack=repack,
+            split_mode=params.split_mode, tensor_split=params.tensor_split, main_gpu=params.main_gpu,
+            rope_scaling=params.rope_scaling, rope_freq_base=params.rope_freq_base,
+            rope_freq_scale=params.rope_freq_scale, yarn_orig_ctx=params.yarn_orig_ctx, rpc=params.rpc,
         )
+        self._keep: list[Any] = []  # ctypes arrays the params point at, alive until the load is done
         logs.clear()
         t0 = time.perf_counter()
-        from llama_cpp import llama_chat_format
-
-        original = llama_chat_format.Jinja2ChatFormatter
-        llama_chat_format.Jinja2ChatFormatter = _NoTemplateCompile  # type: ignore[misc,assignment]
-        default_params = lc.llama_cpp.llama_model_default_params
-        if not params.repack:  # the bindings do not expose use_extra_bufts: set it on their default params
-            def no_repack() -> Any:
-                p = default_params()
-                p.use_extra_bufts = False
-                return p
-
-            lc.llama_cpp.llama_model_default_params = no_repack
+        self.model_ptr = self._load_model(lc, self.params, cpu_only)
         try:
-            self.llm = lc.Llama(
-                model.path,
-                n_ctx=n_ctx,
-                n_threads=self.params.n_threads,
-                n_threads_batch=self.params.n_threads_batch,
-                n_gpu_layers=n_gpu,
-                n_batch=self.params.n_batch,
-                n_ubatch=self.params.n_ubatch,
-                flash_attn=params.flash_attn,
-                type_k=KV_CACHE_TYPES[params.cache_type_k],
-                type_v=KV_CACHE_TYPES[params.cache_type_v],
-                use_mmap=params.use_mmap,
-                seed=random.getrandbits(31),
-                verbose=False,
-            )
-        except ValueError as e:
-            raise self._load_error(str(e)) from None
-        finally:
-            llama_chat_format.Jinja2ChatFormatter = original  # type: ignore[misc]
-            lc.llama_cpp.llama_model_default_params = default_params
+            self.ctx = self._new_context(lc, self.params)
+        except BaseException:
+            lc.llama_model_free(self.model_ptr)
+            raise
         self.load_s = time.perf_counter() - t0
+        self._keep.clear()
+        load_log = logs.lines(last=1000)
         # Which kernels this load uses, as far as batch invariance goes: llama.cpp's repacked CPU layouts
         # compute 4+ rows of a batch differently from fewer, and GPU kernels change with the batch size.
-        self.repacked = any(_REPACK_BUFFER.search(line) for line in logs.lines(last=1000))
-        self.offloaded = n_gpu != 0 and bool(lc.llama_supports_gpu_offload())
-        if verbose:
-            logs.dump_to_stderr()
-            logs.set_echo(True)
-        self.n_ctx = min(self.llm.n_ctx(), n_ctx)
-        self.params = dataclasses.replace(self.params, n_ctx=self.n_ctx)
-        self._vocab = lc.llama_model_get_vocab(self.llm.model)
+        self.repacked = any(_REPACK_BUFFER.search(line) for line in load_log)
+        self.offloaded = n_gpu != 0 and (devices.has_gpu() or bool(params.rpc))
+        if self.params.flash_attn is None:
+            chosen = next((m.group(1) for line in load_log if (m := _FA_AUTO.search(line))), None)
+            self.flash_attn = chosen == "enabled"
+        else:
+            self.flash_attn = bool(self.params.flash_attn)
+        self.vocab = lc.llama_model_get_vocab(self.model_ptr)
+        self.n_ctx = int(lc.llama_n_ctx(self.ctx))
+        self.n_batch = self.params.n_batch
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        self.params = LoadParams(**{**self.params.__dict__, "n_ctx": self.n_ctx})
+        self._batch = lc.llama_batch_init(max(self.n_batch, 1), 0, 1)
+        self._mem = lc.llama_get_memory(self.ctx)
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._held: list[int] = []
+        self._live = False  # logits of the last held token are available (row -1)
         self._template: ChatTemplate | None = None
-        self._add_bos = bool(lc.llama_vocab_get_add_bos(self._vocab))
+        self._eog: tuple[int, ...] | None = None
+        self._add_bos = bool(lc.llama_vocab_get_add_bos(self.vocab))
+
+    # ---- loading -------------------------------------------------------------------------------------
+
+    def _load_model(self, lc: Any, p: LoadParams, cpu_only: bool) -> Any:
+        global _numa_done
+        if p.numa and not _numa_done:
+            lc.llama_numa_init(_NUMA[p.numa])
+            _numa_done = True
+        mp = lc.llama_model_default_params()
+        mp.n_gpu_layers = p.n_gpu_layers if p.n_gpu_layers is not None else 0
+        mp.use_extra_bufts = bool(p.repack)
+        mp.split_mode = _SPLIT[p.split_mode]
+        mp.main_gpu = p.main_gpu
+        if p.tensor_split:
+            n = max(int(lc.llama_max_devices()), len(p.tensor_split))
+            split = (ctypes.c_float * n)(*p.tensor_split)
+            self._keep.append(split)
+            mp.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
+        if p.use_mlock:
+            mp.load_mode = _LOAD_MMAP_MLOCK if p.use_mmap else _LOAD_MLOCK
+        elif not p.use_mmap:
+            mp.load_mode = _LOAD_NONE
+        if cpu_only:  # no devices at all: nothing of the GPU backend is touched, not even for compute buffers
+            none = (ctypes.c_void_p * 1)(None)
+            self._keep.append(none)
+            mp.devices = ctypes.cast(none, ctypes.c_void_p)
+        elif p.rpc:
+            from localgen.engine import devices
+
+            devices.register_rpc(p.rpc)  # registered devices join the load, as with llama.cpp's --rpc
+        ptr = lc.llama_model_load_from_file(os.fsencode(self.model.path), mp)
+        if not ptr:
+            raise self._load_error("failed to load model")
+        return ptr
+
+    def _new_context(self, lc: Any, p: LoadParams) -> Any:
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = p.n_ctx
+        cp.n_batch = p.n_batch
+        cp.n_ubatch = p.n_ubatch
+        cp.n_seq_max = 1
+        cp.n_threads = p.n_threads
+        cp.n_threads_batch = p.n_threads_batch
+        cp.flash_attn_type = -1 if p.flash_attn is None else int(bool(p.flash_attn))
+        cp.type_k = KV_CACHE_TYPES[p.cache_type_k]
+        cp.type_v = KV_CACHE_TYPES[p.cache_type_v]
+        cp.rope_scaling_type = _ROPE[p.rope_scaling]
+        cp.rope_freq_base = p.rope_freq_base
+        cp.rope_freq_scale = p.rope_freq_scale
+        cp.yarn_orig_ctx = p.yarn_orig_ctx
+        cp.no_perf = False
+        ctx = lc.llama_init_from_model(self.model_ptr, cp)
+        if not ctx:
+            raise self._load_error("failed to create llama_context")
+        return ctx
 
     def _load_error(self, what: str) -> ModelLoadError:
         reason = logs.first_error()
@@ -185,12 +237,57 @@ class Engine:
             )
         return ModelLoadError(f"llama.cpp could not load {path}: {detail}", log=logs.lines())
 
-    # ---- prompts -------------------------------------------------------------------------------------
+    @property
+    def identity(self) -> str:
+        """What a saved KV state depends on: the model file, the settings that change the numbers in the
+        cache or how they were computed, and the llama.cpp build. States of any other identity are never
+        restored into this context."""
+        path = Path(self.model.path).resolve()
+        st = path.stat()
+        p = self.params
+        return "|".join(str(x) for x in (
+            path, st.st_size, st.st_mtime_ns, p.cache_type_k, p.cache_type_v, self.flash_attn, p.n_batch, p.n_ubatch,
+            p.repack, p.n_gpu_layers if self.offloaded else 0, p.rope_scaling, p.rope_freq_base, p.rope_freq_scale,
+            self.lib.__version__,
+        ))
 
-    def _token_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return str(self.llm.detokenize([token], special=True).decode("utf-8", errors="replace"))
+    # ---- tokens --------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        """Text to tokens; special-token text such as <|im_end|> becomes the control token."""
+        lc = self.lib
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        while True:
+            arr = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, True)
+            if n >= 0:
+                return list(arr[:n])
+            cap = -n
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """One token's bytes, leading space kept (detokenizing one token alone would strip it)."""
+        buf = self._piece_buf
+        n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        """A token as text, control tokens spelled out (<|im_end|>)."""
+        return self.piece(token, special=True).decode("utf-8", errors="replace") if token >= 0 else ""
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, <|im_end|>, ...)."""
+        return bool(self.lib.llama_vocab_is_eog(self.vocab, token))
+
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token of the vocabulary (for --ignore-eos)."""
+        if self._eog is None:
+            self._eog = tuple(t for t in range(self.n_vocab) if self.is_eog(t))
+        return self._eog
 
     @property
     def template(self) -> ChatTemplate:
@@ -202,9 +299,9 @@ class Engine:
                     f"{self.model.name} has no chat template (it may be a base model)",
                     hint="use --raw to send the prompt as a plain completion",
                 )
-            self._template = ChatTemplate(
-                source, self._token_text(self.llm.token_bos()), self._token_text(self.llm.token_eos())
-            )
+            lc = self.lib
+            self._template = ChatTemplate(source, self.token_text(lc.llama_vocab_bos(self.vocab)),
+                                          self.token_text(lc.llama_vocab_eos(self.vocab)))
         return self._template
 
     def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
@@ -218,47 +315,161 @@ class Engine:
         """Tokenize a plain completion prompt (BOS as the model asks)."""
         return self.tokenize(text, add_special=True)
 
-    def tokenize(self, text: str, add_special: bool) -> list[int]:
-        """Text to tokens; special-token text such as <|im_end|> becomes the control token."""
-        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=True))
-
-    def piece(self, token: int) -> bytes:
-        """One token's bytes, leading space kept (detokenizing one token alone would strip it)."""
-        buf = self._piece_buf
-        n = self._lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = self._lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-        return buf.raw[:n]
-
-    def is_eog(self, token: int) -> bool:
-        """True for end-of-generation tokens (EOS, EOT, <|im_end|>, ...)."""
-        return bool(self._lc.llama_vocab_is_eog(self._vocab, token))
-
     def check_grammar(self, gbnf: str) -> None:
-        """Parse a GBNF grammar natively; the bindings never check whether the parse failed."""
+        """Parse a GBNF grammar natively, so a bad one is an error before any work."""
         with _capture_fd2() as captured:
-            sampler = self._lc.llama_sampler_init_grammar(self._vocab, gbnf.encode("utf-8"), b"root")
+            sampler = self.lib.llama_sampler_init_grammar(self.vocab, gbnf.encode("utf-8"), b"root")
         if not sampler:
             why = next((ln.strip() for ln in captured() if "error" in ln), "")
             why = why.split("error parsing grammar:", 1)[-1].strip().rstrip(":")
             raise GrammarError("the grammar does not parse" + (f": {why}" if why else ""))
-        self._lc.llama_sampler_free(sampler)
+        self.lib.llama_sampler_free(sampler)
 
-    # ---- generation ----------------------------------------------------------------------------------
+    def sampler(self, s: SamplingParams, seed: int) -> Any:
+        """A sampler chain for this model (engine/sampling.py); free it with free_sampler."""
+        from localgen.engine import sampling
+
+        return sampling.build(self.lib, self.vocab, self.n_vocab, s, seed, self.n_ctx,
+                              self.eog_tokens if s.ignore_eos else ())
+
+    def free_sampler(self, chain: Any) -> None:
+        """Release a sampler chain."""
+        self.lib.llama_sampler_free(chain)
+
+    def sample(self, chain: Any, row: int = -1) -> int:
+        """Sample from the logits of one output row of the last decode (-1: the last row)."""
+        return int(self.lib.llama_sampler_sample(chain, self.ctx, row))
+
+    def logits(self, row: int = -1) -> Any:
+        """A numpy view of one output row's logits (valid until the next decode)."""
+        import numpy as np
+
+        return np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
+
+    # ---- the KV cache --------------------------------------------------------------------------------
+
+    @property
+    def held(self) -> list[int]:
+        """The tokens whose KV entries the cache holds, in position order (a copy)."""
+        return list(self._held)
 
     def cached_prefix(self, tokens: list[int]) -> int:
-        """How many leading prompt tokens the KV cache already holds and generate() will reuse."""
-        n = common_prefix(self.llm._input_ids, tokens)
-        if n == len(tokens) and n > 0:
-            n -= 1  # the last prompt token is evaluated again to refresh the logits
+        """How many leading tokens of `tokens` evaluate() will reuse (the last is always re-evaluated
+        unless its logits are still live)."""
+        n = common_prefix(self._held, tokens)
+        if n == len(tokens) and n > 0 and not (self._live and n == len(self._held)):
+            n -= 1
         return n
 
+    def truncate(self, n: int) -> None:
+        """Forget every held token from position n on."""
+        if n < len(self._held):
+            if not self.lib.llama_memory_seq_rm(self._mem, -1, n, -1):
+                self.clear()  # recurrent models cannot drop a tail: start over
+                return
+            del self._held[n:]
+            self._live = False
+
+    def clear(self) -> None:
+        """Empty the KV cache."""
+        self.lib.llama_memory_clear(self._mem, True)
+        self._held = []
+        self._live = False
+
+    def evaluate(self, tokens: list[int], logits: bool = True) -> int:
+        """Make the cache hold exactly `tokens`, evaluating only what it does not hold yet, in n_batch
+        pieces (llama.cpp rounds a row differently in batches of other sizes, so the pieces are always
+        cut the same way). With `logits`, the last token's logits are live afterwards. Returns how many
+        tokens were reused. Interrupted between pieces, the record stays true."""
+        if len(tokens) > self.n_ctx:
+            raise ContextOverflowError(f"{len(tokens):,} tokens do not fit the context window of {self.n_ctx:,}")
+        keep = self.cached_prefix(tokens) if logits else common_prefix(self._held, tokens)
+        self.truncate(keep)
+        for start in range(keep, len(tokens), self.n_batch):
+            self._decode(tokens[start:start + self.n_batch], all_logits=False)
+        return keep
+
+    def decode(self, tokens: list[int], all_logits: bool = True) -> None:
+        """Evaluate tokens after the held ones in one llama_decode (logits for every row, or the last)."""
+        if len(self._held) + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(f"the context window of {self.n_ctx:,} tokens is full")
+        self._decode(tokens, all_logits)
+
+    def _decode(self, tokens: list[int], all_logits: bool) -> None:
+        b = self._batch
+        pos = len(self._held)
+        n = len(tokens)
+        if n > self.n_batch:
+            raise LocalgenError(f"internal: a batch of {n} tokens exceeds n_batch {self.n_batch}")
+        for i, tok in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = pos + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = 1 if (all_logits or i == n - 1) else 0
+        b.n_tokens = n
+        rc = self.lib.llama_decode(self.ctx, b)
+        if rc != 0:
+            self._live = False
+            raise LocalgenError(f"llama_decode failed ({rc})", hint="the context may be full; raise --ctx")
+        self._held.extend(tokens)
+        self._live = True
+
+    def save_state(self, path: Path) -> int:
+        """Write the context's KV state and its tokens atomically; returns the file size."""
+        lc = self.lib
+        tokens = self._held
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        arr = (lc.llama_token * max(1, len(tokens)))(*tokens)
+        try:
+            if not lc.llama_state_save_file(self.ctx, os.fsencode(tmp), arr, len(tokens)):
+                raise OSError(f"llama.cpp could not write {tmp}")
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return path.stat().st_size
+
+    def load_state(self, path: Path) -> list[int] | None:
+        """Restore a saved state; returns its tokens, or None (the cache is then empty) if it does not load."""
+        lc = self.lib
+        cap = self.n_ctx
+        out = (lc.llama_token * cap)()
+        count = ctypes.c_size_t(0)
+        try:
+            ok = bool(lc.llama_state_load_file(self.ctx, os.fsencode(path), out, cap, ctypes.byref(count)))
+        except OSError:
+            ok = False
+        n = int(count.value)
+        if not ok or n == 0 or n > cap:
+            self.clear()
+            return None
+        self._held = list(out[:n])
+        self._live = False  # the logits are not restored: evaluate() re-evaluates the last token
+        return self.held
+
+    # ---- counters and lifetime -----------------------------------------------------------------------
+
+    def perf(self) -> Any:
+        """llama.cpp's perf counters for this context."""
+        return self.lib.llama_perf_context(self.ctx)
+
+    def reset_perf(self) -> None:
+        """Every request starts its counters from zero."""
+        self.lib.llama_perf_context_reset(self.ctx)
+
+    def synchronize(self) -> None:
+        """Wait for queued work (benchmarks time the device, not the queue)."""
+        self.lib.llama_synchronize(self.ctx)
+
     def generate(self, tokens: list[int], sampling: SamplingParams, started: float | None = None,
-                 drafter: Any = None, draft_max: int = 6) -> Generation:
-        """Start streaming a completion of `tokens`. Raises ContextOverflowError before any work.
-        `started` (a perf_counter time) is when the request began, if prompt work was done before this
-        call (a prompt cache loaded or filled), so time to first token counts it."""
+                 drafter: Any = None, draft_max: int = 6, logprobs: int | None = None) -> Any:
+        """Start streaming a completion of `tokens` (a Generation). Raises ContextOverflowError before any
+        work. `started` (a perf_counter time) is when the request began, if prompt work was done before
+        this call (a prompt cache loaded or filled), so time to first token counts it."""
+        from localgen.engine.generate import Generation
+
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt is {len(tokens):,} tokens; the context window is {self.n_ctx:,}",
@@ -271,167 +482,27 @@ class Engine:
             )
         if sampling.grammar:
             self.check_grammar(sampling.grammar)
-        return Generation(self, tokens, sampling, started, drafter, draft_max)
-
-    def perf(self) -> Any:
-        """llama.cpp's perf counters for this context."""
-        return self._lc.llama_perf_context(self.llm.ctx)
-
-    def reset_perf(self) -> None:
-        """The bindings reset counters only in verbose mode; every request starts from zero here."""
-        self._lc.llama_perf_context_reset(self.llm.ctx)
+        return Generation(self, tokens, sampling, started, drafter, draft_max, logprobs)
 
     def close(self) -> None:
-        """Free the model and context."""
+        """Free the context, the model and the batch (idempotent)."""
+        lc = self.lib
+        if getattr(self, "ctx", None):
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model_ptr", None):
+            lc.llama_model_free(self.model_ptr)
+            self.model_ptr = None
+
+    def __del__(self) -> None:
         with contextlib.suppress(Exception):
-            self.llm.close()
-
-
-class Generation:
-    """A lazy stream: iterate for Chunks; read .text, .finish_reason and .stats when it is done."""
-
-    def __init__(self, engine: Engine, tokens: list[int], sampling: SamplingParams,
-                 started: float | None = None, drafter: Any = None, draft_max: int = 6) -> None:
-        self.engine = engine
-        self.prompt = tokens
-        self.seed = sampling.seed if sampling.seed is not None else random.getrandbits(31)
-        self.sampling = sampling
-        self.text = ""
-        self.tokens: list[int] = []
-        self.finish_reason: FinishReason | None = None
-        self.stats: Stats | None = None
-        self._cancel = False
-        self._started = started
-        self.drafter = drafter
-        self.draft_max = draft_max
-        self.counters: Any = None
-        self._iter = self._run()
-
-    def __iter__(self) -> Iterator[Chunk]:
-        return self._iter
-
-    def cancel(self) -> None:
-        """Stop after the token being decoded; the text so far is kept."""
-        self._cancel = True
-
-    def _run(self) -> Iterator[Chunk]:
-        eng, s = self.engine, self.sampling
-        llm = eng.llm
-        cached = eng.cached_prefix(self.prompt)
-        llm.set_seed(self.seed)
-        llm.last_n_tokens_size = s.repeat_last_n if s.repeat_last_n >= 0 else eng.n_ctx
-        grammar = None
-        if s.grammar:
-            from llama_cpp.llama_grammar import LlamaGrammar
-
-            grammar = LlamaGrammar.from_string(s.grammar, verbose=False)
-        eng.reset_perf()
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stops = [x for x in s.stop if x]
-        hold = max((len(x) for x in stops), default=0)
-        emitted = 0
-        t0 = self._started if self._started is not None else time.perf_counter()
-        t_first: float | None = None
-        reason: FinishReason = "length"
-        budget = eng.n_ctx - len(self.prompt)
-        limit = min(s.max_tokens, budget) if s.max_tokens > 0 else budget
-        t_last: float | None = None
-        if self.drafter is not None:
-            from localgen.engine import speculative
-
-            self.counters = speculative.Counters()
-            gen: Any = speculative.tokens(eng, self.prompt, s, self.seed, self.drafter, self.draft_max,
-                                          self.counters)
-        else:
-            gen = llm.generate(
-                self.prompt, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, typical_p=s.typical_p,
-                temp=s.temperature, repeat_penalty=s.repeat_penalty, frequency_penalty=s.frequency_penalty,
-                presence_penalty=s.presence_penalty, grammar=grammar,
-            )
-        finished = False
-        try:
-            try:
-                for token in gen if limit > 0 else ():
-                    t_last = time.perf_counter()
-                    if t_first is None:
-                        t_first = t_last
-                    if eng.is_eog(token):
-                        reason = "eos"
-                        break
-                    self.tokens.append(token)
-                    self.text += decoder.decode(eng.piece(token))
-                    if stops:
-                        hit = _find_stop(self.text, stops, max(0, emitted - hold))
-                        if hit is not None:
-                            self.text = self.text[:hit]
-                            reason = "stop"
-                            if hit > emitted:
-                                yield Chunk(self.text[emitted:], len(self.tokens))
-                            emitted = len(self.text)
-                            break
-                        safe = len(self.text) - _partial_stop(self.text, stops)
-                    else:
-                        safe = len(self.text)
-                    if safe > emitted:
-                        yield Chunk(self.text[emitted:safe], len(self.tokens))
-                        emitted = safe
-                    if self._cancel:
-                        reason = "cancelled"
-                        break
-                    if len(self.tokens) >= limit:
-                        at_max = s.max_tokens > 0 and len(self.tokens) >= s.max_tokens
-                        reason = "length" if at_max else "context"
-                        break
-                else:
-                    if limit <= 0:
-                        reason = "context"
-            finally:
-                gen.close()
-            if reason != "stop":
-                # flush held-back text that turned out not to start a stop sequence
-                self.text += decoder.decode(b"", final=True)
-                if len(self.text) > emitted:
-                    tail, emitted = self.text[emitted:], len(self.text)
-                    yield Chunk(tail, len(self.tokens))
-            finished = True
-        finally:
-            self.finish_reason = reason if finished else "cancelled"
-            self.stats = self._stats(t0, t_first, t_last, cached)
-
-    def close(self) -> None:
-        """Stop the stream (if still running) and settle the stats as cancelled."""
-        self._iter.close()  # type: ignore[attr-defined]
-
-    def _stats(self, t0: float, t_first: float | None, t_last: float | None, cached: int) -> Stats:
-        perf = self.engine.perf()
-        total = time.perf_counter() - t0
-        prefill = perf.n_p_eval / (perf.t_p_eval_ms / 1000) if perf.t_p_eval_ms > 0 else None
-        decode = perf.n_eval / (perf.t_eval_ms / 1000) if perf.t_eval_ms > 0 and perf.n_eval > 0 else None
-        c = self.counters
-        if c is not None:  # verification batches count as prompt work in llama.cpp's counters: use the clock
-            n = len(self.tokens)
-            decode = (n - 1) / (t_last - t_first) if t_first and t_last and t_last > t_first and n > 1 else None
-            prefill = (len(self.prompt) - cached) / (t_first - t0) if t_first and t_first > t0 else None
-        assert self.finish_reason is not None
-        return Stats(
-            prompt_tokens=len(self.prompt),
-            cached_tokens=cached,
-            completion_tokens=len(self.tokens),
-            load_s=self.engine.load_s,
-            ttft_s=(t_first - t0) if t_first is not None else None,
-            prefill_tps=prefill,
-            decode_tps=decode,
-            total_s=total,
-            finish_reason=self.finish_reason,
-            drafted=c.drafted if c is not None else None,
-            accepted=c.accepted if c is not None else None,
-        )
+            self.close()
 
 
 @contextlib.contextmanager
 def _capture_fd2() -> Iterator[Any]:
     """Capture what native code writes straight to fd 2 (llama.cpp's grammar parser uses fprintf)."""
-    import os
     import sys
     import tempfile
 
@@ -449,24 +520,4 @@ def _capture_fd2() -> Iterator[Any]:
             lines.extend(tmp.read().decode("utf-8", errors="replace").splitlines())
 
 
-def _find_stop(text: str, stops: list[str], start: int) -> int | None:
-    best: int | None = None
-    for stop in stops:
-        i = text.find(stop, start)
-        if i != -1 and (best is None or i < best):
-            best = i
-    return best
-
-
-def _partial_stop(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of text that could begin a stop sequence (held back until known)."""
-    longest = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
-                longest = n
-                break
-    return longest
-
-
-__all__ = ["Engine", "Generation", "backend_info", "grammar_from_json_schema"]
+__all__ = ["Engine", "backend_info", "common_prefix", "grammar_from_json_schema", "lib"]

@@ -11,22 +11,20 @@ compute a batch of tokens exactly as one token at a time (flash attention does n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from localgen.engine.llama import common_prefix
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import UsageError
 from localgen.types import SamplingParams
 
 
 @dataclass
 class Counters:
-    """Drafted and accepted tokens, and main-model decode steps."""
+    """Drafted and accepted tokens."""
 
     drafted: int = 0
     accepted: int = 0
-    steps: int = 0
 
 
 class Drafter(Protocol):
@@ -66,36 +64,31 @@ class ModelDrafter:
     def __init__(self, target: Any, draft: Any) -> None:
         check_vocab(target, draft)
         self.engine = draft
-        lc = draft._lc
-        self.lc = lc
-        self.greedy = lc.llama_sampler_init_greedy()
+        self.greedy = draft.sampler(SamplingParams(temperature=0.0, repeat_penalty=1.0), 0)
 
     def propose(self, context: list[int], k: int) -> list[int]:
-        d = self.engine.llm
-        if len(context) + k >= self.engine.n_ctx:
+        d = self.engine
+        if len(context) + k >= d.n_ctx:
             return []
-        # evaluate at least the last token, for fresh logits
-        keep = min(common_prefix(d._input_ids, context), len(context) - 1)
-        d.n_tokens = keep
-        d.eval(context[keep:])
+        d.evaluate(context)
         out: list[int] = []
         for j in range(k):
-            tok = int(self.lc.llama_sampler_sample(self.greedy, d.ctx, -1))
-            if self.lc.llama_vocab_is_eog(self.engine._vocab, tok):
+            tok = d.sample(self.greedy)
+            if d.is_eog(tok):
                 break
             out.append(tok)
             if j < k - 1:
-                d.eval([tok])
+                d.decode([tok])
         return out
 
     def close(self) -> None:
-        self.lc.llama_sampler_free(self.greedy)
+        self.engine.free_sampler(self.greedy)
         self.engine.close()
 
 
 def check_vocab(target: Any, draft: Any) -> None:
     """Refuse a draft model whose vocabulary differs (size, or the text of sampled token ids)."""
-    nt, nd = target.llm.n_vocab(), draft.llm.n_vocab()
+    nt, nd = target.n_vocab, draft.n_vocab
     if nt != nd:
         raise UsageError(f"the draft model's vocabulary ({nd:,} tokens) differs from the model's ({nt:,})",
                          hint="pick a draft model of the same family")
@@ -107,45 +100,24 @@ def check_vocab(target: Any, draft: Any) -> None:
 
 
 def tokens(engine: Any, prompt: list[int], s: SamplingParams, seed: int, drafter: Drafter, k: int,
-           counters: Counters) -> Iterator[int]:
-    """Yield sampled tokens like Llama.generate(), checking drafts in batches. Keeps the bindings'
-    record of the KV cache (input_ids, n_tokens) true, so later prefix reuse works."""
-    from localgen.engine import sampling
-
-    lc = engine._lc
-    llm = engine.llm
-    ctx = llm.ctx
-    mem = lc.llama_get_memory(ctx)
-    keep = min(common_prefix(llm._input_ids, prompt), len(prompt) - 1)
-    llm.n_tokens = keep
-    if prompt[keep:-1]:
-        llm.eval(prompt[keep:-1])  # drops KV past `keep`, evaluates the rest of the prompt but its last token
-    else:
-        lc.llama_memory_seq_rm(mem, -1, keep, -1)
-    n_past = llm.n_tokens
+           counters: Counters, on_sample: Callable[[int, int], None] = lambda tok, row: None) -> Iterator[int]:
+    """Yield sampled tokens as the plain path does, checking drafts in batches. `on_sample(token, row)` is
+    called with each sampled token while its logits row is valid."""
+    engine.evaluate(prompt[:-1], logits=False)  # the last prompt token goes into the first checking batch
     context = list(prompt)
-    smpl = sampling.build(lc, engine._vocab, llm.n_vocab(), s, seed, engine.n_ctx)
-    batch = lc.llama_batch_init(k + 1, 0, 1)
-    valid = n_past
+    chain = engine.sampler(s, seed)
+    valid = len(engine.held)
     try:
         while True:
-            room = engine.n_ctx - n_past - 1
-            drafts = drafter.propose(context, min(k, room - 1)) if room > 1 else []
-            batch.n_tokens = 0
-            for i, tok in enumerate([context[-1], *drafts]):
-                batch.token[i] = tok
-                batch.pos[i] = n_past + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = 1
-            batch.n_tokens = 1 + len(drafts)
-            if lc.llama_decode(ctx, batch) != 0:
-                raise LocalgenError("llama_decode failed during speculative decoding", hint="raise --ctx")
-            counters.steps += 1
+            room = engine.n_ctx - len(engine.held) - 1
+            drafts = drafter.propose(context, min(k, room - 1, engine.n_batch - 1)) if room > 1 else []
+            base = len(engine.held)
+            engine.decode([context[-1], *drafts])
             counters.drafted += len(drafts)
-            valid = n_past + 1  # the last token is in the cache now
+            valid = base + 1  # the last token's entry is valid context
             for i in range(len(drafts) + 1):
-                y = int(lc.llama_sampler_sample(smpl, ctx, i))
+                y = engine.sample(chain, i)
+                on_sample(y, i)
                 hit = i < len(drafts) and y == drafts[i]
                 context.append(y)
                 if hit:
@@ -153,13 +125,8 @@ def tokens(engine: Any, prompt: list[int], s: SamplingParams, seed: int, drafter
                 yield y
                 if not hit:
                     break
-                valid += 1  # the accepted draft's cache entry is valid context
-            lc.llama_memory_seq_rm(mem, -1, valid, -1)
-            n_past = valid
+                valid += 1  # the accepted draft's entry is valid context
+            engine.truncate(valid)
     finally:
-        lc.llama_memory_seq_rm(mem, -1, valid, -1)
-        llm.input_ids[:valid] = context[:valid]
-        llm.n_tokens = valid
-        llm._requires_eval = True
-        lc.llama_sampler_free(smpl)
-        lc.llama_batch_free(batch)
+        engine.truncate(valid)  # drafts that were not checked, or were rejected, leave the cache
+        engine.free_sampler(chain)

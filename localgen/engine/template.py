@@ -17,31 +17,137 @@ MAX_OUTPUT = 4 << 20  # characters; a prompt this long would not fit any context
 MAX_SEQUENCE = 1 << 20  # result size of `*` on strings and lists
 
 
+MAX_WIDTH = 100_000  # widths, paddings and precisions in formats and string methods
+MAX_INT_BITS = 1 << 16  # results of ** and * on integers
+
+
 class _Timeout(Exception):
     pass
 
 
-def _environment() -> Any:
-    import jinja2.sandbox
+def _check_percent_format(fmt: str, args: Any) -> None:
+    """`fmt % args`: refuse widths or precisions past MAX_WIDTH (they allocate that many characters)."""
+    import re
+
     from jinja2.exceptions import SecurityError
 
+    values = args if isinstance(args, tuple) else (args,)
+    for m in re.finditer(r"%[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?", fmt):
+        for g in m.groups():
+            if g is None:
+                continue
+            n = max((abs(v) for v in values if isinstance(v, int)), default=0) if g == "*" else int(g)
+            if n > MAX_WIDTH:
+                raise SecurityError("format width too large")
+
+
+def _check_brace_format(fmt: str) -> None:
+    """`fmt.format(...)`: the same for the format specs of {} fields."""
+    import re
+    import string
+
+    from jinja2.exceptions import SecurityError
+
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return  # str.format raises the same error itself
+    for _literal, _name, spec, _conv in fields:
+        if spec and any(int(d) > MAX_WIDTH for d in re.findall(r"\d+", spec)):
+            raise SecurityError("format width too large")
+
+
+def _capped(name: str, fn: Any) -> Any:
+    """A string filter whose numeric arguments may not exceed MAX_WIDTH."""
+    def wrapper(value: Any, *args: Any, **kwargs: Any) -> Any:
+        from jinja2.exceptions import SecurityError
+
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_WIDTH:
+                raise SecurityError(f"{name} width too large")
+        return fn(value, *args, **kwargs)
+
+    return wrapper
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    """Hugging Face's tojson: plain json.dumps (no HTML escaping), non-ASCII kept."""
+    if isinstance(indent, int) and indent > MAX_WIDTH:
+        from jinja2.exceptions import SecurityError
+
+        raise SecurityError("tojson indent too large")
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _environment() -> Any:
+    import jinja2.sandbox
+    from jinja2 import nodes
+    from jinja2.exceptions import SecurityError
+    from jinja2.ext import Extension
+
+    class GenerationTag(Extension):
+        """HF's `{% generation %}...{% endgeneration %}` (marks assistant text for training masks): renders
+        its body, as transformers and llama-cpp-python do."""
+
+        tags = {"generation"}  # noqa: RUF012 (jinja's API)
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return str(caller())
+
     class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**"})
+        intercepted_binops = frozenset({"*", "**", "%"})
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "%":
+                if isinstance(left, str):
+                    _check_percent_format(left, right)
+                return left % right
+            ints = isinstance(left, int) and isinstance(right, int)
             if operator == "**":
                 if isinstance(right, (int, float)) and abs(right) > 64:
                     raise SecurityError("exponent too large")
+                if ints and right > 0 and abs(left) > 1 and left.bit_length() * right > MAX_INT_BITS:
+                    raise SecurityError("power too large")
                 return left**right
+            if ints and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                raise SecurityError("product too large")
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_SEQUENCE:
                     raise SecurityError("sequence repetition too large")
             return left * right
 
-    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    # HF's tojson keeps non-ASCII text as is.
+        def wrap_str_format(self, value: Any) -> Any:
+            wrapped = super().wrap_str_format(value)  # str.format and format_map, at attribute access
+            if wrapped is not None:
+                _check_brace_format(value.__self__)
+            return wrapped
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+            owner = getattr(__obj, "__self__", None)
+            if isinstance(owner, str) and getattr(__obj, "__name__", "") in ("center", "ljust", "rjust", "zfill",
+                                                                             "expandtabs"):
+                _capped(__obj.__name__, lambda v, *a, **k: None)(owner, *args, **kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
+
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", GenerationTag])
     env.policies["json.dumps_kwargs"] = {"ensure_ascii": False}
-    env.filters["tojson"] = lambda v, indent=None, **kw: json.dumps(v, ensure_ascii=False, indent=indent)
+    env.filters["tojson"] = _tojson
+    for name in ("center", "indent", "wordwrap", "truncate"):
+        env.filters[name] = _capped(name, env.filters[name])
+    percent = env.filters["format"]
+
+    def format_filter(value: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(value, str):
+            _check_percent_format(value, args)
+        return percent(value, *args, **kwargs)
+
+    env.filters["format"] = format_filter
     return env
 
 
@@ -49,14 +155,13 @@ class ChatTemplate:
     """A compiled GGUF chat template. Construction compiles it; render() runs it under the limits."""
 
     def __init__(self, source: str, bos_token: str, eos_token: str) -> None:
-        import jinja2
 
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
         try:
             self._template = _environment().from_string(source)
-        except jinja2.TemplateError as e:
+        except Exception as e:  # compiling untrusted source: a syntax error, or anything else it provokes
             raise TemplateError(
                 f"the model's chat template is broken: {_one_line(e)}",
                 hint="use --raw to send the prompt as plain text",
@@ -103,15 +208,19 @@ class ChatTemplate:
                 f"the model's chat template did not finish within {TIME_LIMIT_S:g} s",
                 hint="the template may be hostile; use --raw to send the prompt as plain text",
             ) from None
+        except TemplateError:
+            raise
         except jinja2.exceptions.SecurityError as e:
             raise TemplateError(f"the model's chat template tried something unsafe: {_one_line(e)}") from None
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        except RecursionError:
+            raise TemplateError("the model's chat template recursed without end") from None
+        except MemoryError:
+            raise TemplateError("the model's chat template tried to allocate too much memory") from None
+        except Exception as e:  # the template is untrusted code: whatever it raises is its fault
             raise TemplateError(
                 f"the model's chat template failed: {_one_line(e)}",
                 hint="use --raw to send the prompt as plain text",
             ) from None
-        except RecursionError:
-            raise TemplateError("the model's chat template recursed without end") from None
         finally:
             sys.settrace(previous)
         return "".join(out)

@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localgen import paths
-from localgen.errors import LocalgenError
-from localgen.types import SAMPLING_RANGES
+from localgen import paths, settings
+from localgen.errors import LocalgenError, UsageError
 
-SHIPPED = Path(__file__).with_name("models.toml")  # a link to the repo's top-level models.toml
+SHIPPED = Path(__file__).with_name("models.toml")  # package data; the repo's top-level models.toml links here
 
 
 @dataclass(frozen=True)
@@ -33,11 +32,14 @@ def user_file() -> Path:
     return paths.config_dir() / "models.toml"
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path, required: bool = False) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
+        if required:
+            raise LocalgenError(f"internal error: the model catalogue shipped with localgen is missing ({path})",
+                                hint="reinstall localgen") from None
         return {}
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise LocalgenError(f"cannot read the model catalogue {path}: {e}") from None
@@ -51,9 +53,12 @@ def _entry(name: str, raw: Any, source: Path) -> CatalogueEntry:
     if not isinstance(raw, dict):
         raise LocalgenError(f"{source}: entry {name!r} must be a table")
     sampling = raw.get("sampling", {}) or {}
-    unknown = set(sampling) - set(SAMPLING_RANGES)
-    if unknown:
-        raise LocalgenError(f"{source}: entry {name!r} has unknown sampling settings {sorted(unknown)}")
+    if not isinstance(sampling, dict):
+        raise LocalgenError(f"{source}: entry {name!r}: sampling must be a table")
+    try:
+        sampling = settings.validate(sampling)
+    except UsageError as e:
+        raise LocalgenError(f"{source}: entry {name!r}: {e.message}") from None
     if not raw.get("embedded") and not raw.get("repo"):
         raise LocalgenError(f"{source}: entry {name!r} needs a repo")
     return CatalogueEntry(
@@ -66,7 +71,7 @@ def _entry(name: str, raw: Any, source: Path) -> CatalogueEntry:
 def load() -> dict[str, CatalogueEntry]:
     """All entries by name; the user's file wins over the shipped one."""
     entries: dict[str, CatalogueEntry] = {}
-    for path in (SHIPPED, user_file()):
-        for name, raw in _read(path).items():
+    for path, required in ((SHIPPED, True), (user_file(), False)):
+        for name, raw in _read(path, required).items():
             entries[name] = _entry(name, raw, path)
     return entries

@@ -10,7 +10,7 @@ the one huggingface_hub takes, so two pulls (ours or theirs) never write the sam
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import hashlib
 import http.client
 import json
@@ -18,10 +18,9 @@ import os
 import shutil
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from localgen import paths
 from localgen.errors import LocalgenError
@@ -63,15 +62,26 @@ class DownloadError(LocalgenError):
     """A transfer failed for good (after retries) or its bytes were wrong."""
 
 
+# Errors of the local disk (not the connection): retrying cannot help, so a pull stops at once.
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
+
+
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path, label: str, progress: Progress) -> Iterator[None]:
+    """The blob lock huggingface_hub takes (filelock, portable); says so when another process holds it."""
+    from filelock import FileLock, Timeout
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        progress.note(f"{label}: another process is downloading it; waiting for it to finish (lock {path})")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 # ---- which blobs are known good ----------------------------------------------------------------------
@@ -135,7 +145,7 @@ def fetch(repo: str, commit: str, revision: str, f: RemoteFile, progress: Progre
         raise DownloadError(f"the Hub lists no SHA-256 for {f.name}, so it cannot be verified")
     blob = hfcache.blob_path(repo, f.sha256)
     hfcache.snapshot_path(repo, commit, f.name)  # validates the names before any write
-    with _locked(hfcache.lock_path(repo, f.sha256)):
+    with _locked(hfcache.lock_path(repo, f.sha256), f.name, progress):
         if blob.exists() and not _check_existing(blob, f, progress):
             blob.unlink()
         if not blob.exists():
@@ -190,7 +200,7 @@ def _transfer(repo: str, commit: str, f: RemoteFile, blob: Path, progress: Progr
     headers = hub.auth_headers()
     progress.start(f.name, f.size, have)
     failures = 0
-    with open(partial, "ab") as out:
+    with _open_partial(partial) as out:
         while have < f.size:
             try:
                 have, restarted = _stream(url, headers, have, f.size, out, digest, progress)
@@ -199,8 +209,8 @@ def _transfer(repo: str, commit: str, f: RemoteFile, blob: Path, progress: Progr
                     have, _ = _stream(url, headers, 0, f.size, out, digest, progress, truncate=True)
                 failures = 0
             except _Transient as e:
-                out.flush()
-                have = out.tell()  # whatever arrived before the error is kept and hashed
+                _flush(out, f.size)
+                have = out.tell()  # what arrived before the error is kept and hashed
                 failures += 1
                 if failures >= ATTEMPTS:
                     progress.finish()
@@ -210,8 +220,12 @@ def _transfer(repo: str, commit: str, f: RemoteFile, blob: Path, progress: Progr
                     ) from None
                 progress.note(f"{f.name}: {e}; retrying")
                 time.sleep(min(8.0, 0.5 * 2 ** (failures - 1)))
-        out.flush()
-        os.fsync(out.fileno())
+        try:
+            out.flush()
+            os.fsync(out.fileno())
+        except OSError as e:
+            progress.finish()
+            raise _disk_error(e, partial) from None
     progress.finish()
     if digest.hexdigest() != f.sha256:
         partial.unlink(missing_ok=True)
@@ -227,6 +241,30 @@ class _Transient(Exception):
     pass
 
 
+@contextlib.contextmanager
+def _open_partial(path: Path) -> Iterator[BinaryIO]:
+    try:
+        f = open(path, "ab")  # noqa: SIM115 (closed below)
+    except OSError as e:
+        raise _disk_error(e, path) from None
+    with f:
+        yield f
+
+
+def _disk_error(e: OSError, path: Path) -> DownloadError:
+    what = e.strerror or str(e)
+    hint = "free some disk space, then pull again: it resumes" if e.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    return DownloadError(f"cannot write {path}: {what}", hint=hint)
+
+
+def _write(out: object, block: bytes) -> None:
+    """Append to the partial file; a disk error is final (DownloadError), never retried."""
+    try:
+        out.write(block)  # type: ignore[attr-defined]
+    except OSError as e:
+        raise _disk_error(e, Path(str(getattr(out, "name", "the download")))) from None
+
+
 def _stream(
     url: str, headers: dict[str, str], start: int, size: int, out: object, digest: object, progress: Progress,
     truncate: bool = False,
@@ -235,14 +273,14 @@ def _stream(
     from io import BufferedWriter
 
     assert isinstance(out, BufferedWriter)
-    req = urllib.request.Request(url, headers={**headers, "Range": f"bytes={start}-"})
     try:
-        resp = urllib.request.urlopen(req, timeout=TIMEOUT_S)
+        resp = hub.open_url(url, {**headers, "Range": f"bytes={start}-"}, TIMEOUT_S)
     except urllib.error.HTTPError as e:
         if e.code == 416 and start >= size:
             return start, False
         if e.code in (401, 403):
-            raise DownloadError(f"the Hub refused the download ({e.code})", hint="set HF_TOKEN") from None
+            raise DownloadError(f"the Hub refused the download ({e.code}): the repo is gated or private",
+                                hint="accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)") from None
         if e.code == 404:
             raise DownloadError("the file is gone from the Hub (404)") from None
         raise _Transient(f"HTTP {e.code}") from None
@@ -263,17 +301,24 @@ def _stream(
                     break
                 if have + len(block) > size:
                     raise DownloadError("the server sent more bytes than the file has")
-                out.write(block)
+                _write(out, block)
                 digest.update(block)  # type: ignore[attr-defined]
                 have += len(block)
                 progress.advance(len(block))
         except (TimeoutError, OSError, http.client.HTTPException) as e:
-            out.flush()
+            _flush(out, size)
             raise _Transient(f"connection dropped at {_gb(have)}: {type(e).__name__}") from None
-    out.flush()
+    _flush(out, size)
     if have < size:
         raise _Transient(f"connection closed at {_gb(have)} of {_gb(size)}")
     return have, False
+
+
+def _flush(out: BinaryIO, size: int) -> None:
+    try:
+        out.flush()
+    except OSError as e:
+        raise _disk_error(e, Path(str(getattr(out, "name", "the download")))) from None
 
 
 def _gb(n: int) -> str:

@@ -65,7 +65,7 @@ def locate(model: EmbeddedModel) -> Path:
             raise missing
         return pkg / model.filename
     target = paths.data_dir() / "embedded" / model.filename
-    if target.is_file():
+    if target.is_file() and _intact(target, model.sha256):
         return target
     parts: list[Path] = []
     for package, filename in model.chunks:
@@ -77,7 +77,23 @@ def locate(model: EmbeddedModel) -> Path:
     return target
 
 
+def _intact(target: Path, sha256: str | None) -> bool:
+    """An assembled file is checked before use: once by SHA-256 (then remembered by size and mtime)."""
+    from localgen.models import download
+
+    if sha256 is None or download.is_verified(target):
+        return True
+    if download.sha256_file(target) == sha256:
+        download.mark_verified(target)
+        return True
+    return False
+
+
 def _assemble(parts: list[Path], target: Path, sha256: str | None) -> None:
+    """Concatenate the chunks into a temporary file, check it, fsync, then rename over the target: a crash
+    at any point leaves either nothing or a whole, verified file."""
+    from localgen.models import download
+
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
@@ -88,11 +104,29 @@ def _assemble(parts: list[Path], target: Path, sha256: str | None) -> None:
                     while block := f.read(1 << 20):
                         digest.update(block)
                         out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
         if sha256 and digest.hexdigest() != sha256:
             raise ModelNotFoundError(
                 f"the chunks of {target.name} assemble to the wrong SHA-256",
                 hint="reinstall the package that ships it",
             )
         os.replace(tmp, target)  # atomic: a concurrent assembler writes the same bytes
+        _fsync_dir(target.parent)
+        if sha256:
+            download.mark_verified(target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -23,13 +23,20 @@ class Machine:
     unified: bool = False
 
 
+# What a process's own GPU context takes before any model memory (CUDA: the primary context, cuBLAS
+# handles and workspace; measured about 0.5 GiB on an H100). nvidia-smi's free memory does not count it yet.
+GPU_CONTEXT_RESERVE = 640 << 20
+
+
 def this_machine(offload: bool) -> Machine:
-    """Read this machine's memory and GPUs."""
+    """Read this machine's memory and GPUs; GPU memory net of what our own GPU context will take."""
     g = hardware.gpus()
     ram = hardware.available_ram_bytes() or hardware.total_ram_bytes() or 0
     unified = bool(g and g[0].unified)
-    return Machine(ram_available=ram, gpu_free=sum(x.free for x in g) if offload else 0, offload=offload,
-                   unified=unified)
+    free = sum(x.free for x in g) if offload else 0
+    if free and not unified:
+        free = max(0, free - GPU_CONTEXT_RESERVE * len(g))
+    return Machine(ram_available=ram, gpu_free=free, offload=offload, unified=unified)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ hang or an out-of-memory (the gguf package's reader trusts the counts it reads).
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from typing import Any, BinaryIO
@@ -101,6 +102,17 @@ class _Reader:
         self.f.seek(n, os.SEEK_CUR)
 
 
+def _repackable_types() -> frozenset[int]:
+    """ggml types that llama.cpp's CPU backend repacks on this processor family (Q4_0, Q4_K, IQ4_NL, MXFP4
+    with AVX2 on x86; more on ARM)."""
+    import platform
+
+    machine = platform.machine().lower()
+    if machine in ("arm64", "aarch64"):
+        return frozenset({2, 8, 12, 13, 14, 20, 39})  # + Q8_0, Q5_K, Q6_K
+    return frozenset({2, 12, 20, 39})
+
+
 class _ArrayLen(int):
     """Stands in for a long array (token lists): only its length is kept."""
 
@@ -193,14 +205,21 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True) 
         raise ModelFormatError(f"{path} holds no tensors; it is not a model GGUF")
     n_params = 0
     end = data_offset
-    for _name, dims, ttype, offset in tensors:
+    repackable = weights = 0
+    kinds = _repackable_types()
+    for name, dims, ttype, offset in tensors:
         n = 1
         for d in dims:
             n *= d
         n_params += n
         block = GGML_BLOCKS.get(ttype)
         if block is not None:
-            end = max(end, data_offset + offset + (n // block[0]) * block[1])
+            nbytes = (n // block[0]) * block[1]
+            end = max(end, data_offset + offset + nbytes)
+            weights += nbytes
+            # matrices llama.cpp repacks: these types, 2-D, rows in multiples of 8, not the embedding lookup
+            if ttype in kinds and len(dims) == 2 and dims[1] % 8 == 0 and not name.startswith("token_embd"):
+                repackable += nbytes
     if check_data and end > size:
         raise ModelFormatError(
             f"{path} is truncated: its tensors need {end:,} bytes, the file has {size:,}",
@@ -211,7 +230,12 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True) 
         v = meta.get(f"{arch}.{key}")
         if isinstance(v, list):  # per-layer values (some models): take the first
             v = v[0] if v else None
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        if isinstance(v, float) and not (math.isfinite(v) and v.is_integer() and v >= 0):
+            raise ModelFormatError(f"{path} is not a usable GGUF file: {arch}.{key} is {v!r}, not a whole number",
+                                   hint="the file is corrupt or hostile; download it again")
+        return int(v)
 
     parts = meta.get("split.count")
     if isinstance(parts, int) and parts > 1 and file_size is None:
@@ -241,5 +265,6 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True) 
         chat_template=template if isinstance(template, str) and template.strip() else None,
         license=meta.get("general.license") if isinstance(meta.get("general.license"), str) else None,
         add_bos=add_bos if isinstance(add_bos, bool) else None,
+        repackable_share=repackable / weights if weights else None,
         metadata={k: v for k, v in meta.items() if not isinstance(v, _ArrayLen)},
     )

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from urllib.parse import quote
+from typing import Any
+from urllib.parse import quote, urlsplit
 
 from localgen.errors import LocalgenError, ModelNotFoundError
 from localgen.models.hfcache import COMMIT, check_repo_id, safe_filename
@@ -37,6 +38,26 @@ def endpoint() -> str:
 def file_url(repo: str, commit: str, filename: str) -> str:
     """The resolve URL of one file at one commit."""
     return f"{endpoint()}/{check_repo_id(repo)}/resolve/{commit}/{quote(safe_filename(filename))}"
+
+
+def open_url(url: str, headers: dict[str, str], timeout: float) -> Any:
+    """GET with urllib, following redirects, but never carrying Authorization to another host: every LFS
+    or Xet file on the Hub is a redirect to a CDN, and with a mirror in HF_ENDPOINT the target can be anyone
+    (huggingface_hub drops it the same way)."""
+    import urllib.request
+
+    class KeepTokenHome(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, hdrs: Any, newurl: str) -> Any:
+            new = super().redirect_request(req, fp, code, msg, hdrs, newurl)
+            if new is not None and urlsplit(newurl).hostname != urlsplit(req.full_url).hostname:
+                for name in list(new.headers):
+                    if name.lower() == "authorization":
+                        del new.headers[name]
+                new.unredirected_hdrs.pop("Authorization", None)
+            return new
+
+    opener = urllib.request.build_opener(KeepTokenHome)
+    return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
 
 
 def auth_headers() -> dict[str, str]:
@@ -71,7 +92,10 @@ def list_repo(repo: str, revision: str = "main") -> RepoListing:
         except hf_errors.HfHubHTTPError as e:
             status = getattr(getattr(e, "response", None), "status_code", None)
             if status in (401, 403):
-                raise LocalgenError(f"the Hub refused access to {repo} ({status})", hint="set HF_TOKEN") from None
+                raise LocalgenError(
+                    f"the Hub refused access to {repo} ({status}): it is gated or private",
+                    hint="accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)",
+                ) from None
             if attempt + 1 == RETRIES or (status is not None and status < 500):
                 raise LocalgenError(f"the Hub answered {status or 'an error'} for {repo}") from None
         except hf_errors.OfflineModeIsEnabled:
@@ -112,7 +136,6 @@ def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool)
     """Summarize a remote GGUF from the start of the file (a few MB, fetched with Range requests)."""
     import tempfile
     import urllib.error
-    import urllib.request
 
     from localgen.errors import ModelFormatError
     from localgen.models.gguf_meta import summarize
@@ -120,10 +143,16 @@ def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool)
     url = file_url(repo, commit, filename)
     want = 4 << 20
     while True:
-        req = urllib.request.Request(url, headers={**auth_headers(), "Range": f"bytes=0-{min(want, size) - 1}"})
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with open_url(url, {**auth_headers(), "Range": f"bytes=0-{min(want, size) - 1}"}, 30) as resp:
                 data = resp.read(want)
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                raise LocalgenError(
+                    f"{repo} is gated or private: the Hub refused its files ({e.code})",
+                    hint="accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)",
+                ) from None
+            raise HubUnreachableError(f"cannot read the header of {filename}: HTTP {e.code}") from None
         except (urllib.error.URLError, OSError) as e:
             raise HubUnreachableError(f"cannot read the header of {filename}: {e}") from None
         with tempfile.NamedTemporaryFile(suffix=".gguf") as tmp:

@@ -1,0 +1,89 @@
+"""The seam between the commands and whatever generates: `run`, `chat`, `bench` and `serve` hold a
+Backend and send it GenerationRequests. The local engine is one implementation (engine/local.py); a
+remote OpenAI-compatible endpoint is another. Stdlib only: nothing here loads a model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from localgen.types import Chunk, FinishReason, GenerationRequest, Stats, TokenLogprob
+
+
+class Generation(Protocol):
+    """A lazy stream: iterate for Chunks; .text, .finish_reason and .stats are final once it ends."""
+
+    text: str
+    seed: int
+    finish_reason: FinishReason | None
+    stats: Stats | None
+    logprobs: list[TokenLogprob]
+    prompt_cache: str  # "hit", "saved", "skipped", "unwritable" or "off"
+
+    def __iter__(self) -> Iterator[Chunk]: ...
+    def cancel(self) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class Completion:
+    """What one of many requests produced (run --file, serve's batch)."""
+
+    index: int
+    text: str
+    finish_reason: str  # a FinishReason, or "error: ..." for a request that could not run
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    total_s: float
+    seed: int
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Indexed:
+    """One of many requests, with its position in the input."""
+
+    index: int
+    request: GenerationRequest
+    seed: int
+
+
+class Backend(Protocol):
+    """Something that generates. `name` is the model as the user named it; `n_ctx` its window; `defaults`
+    the sampling settings recommended for it (under the user's)."""
+
+    name: str
+    defaults: dict[str, Any]
+
+    @property
+    def n_ctx(self) -> int:
+        """The context window in tokens."""
+        ...
+
+    def generate(self, request: GenerationRequest, started: float | None = None) -> Generation:
+        """Start a stream (raises ContextOverflowError, TemplateError, GrammarError before any work)."""
+        ...
+
+    def count(self, request: GenerationRequest) -> int:
+        """Prompt tokens the request takes."""
+        ...
+
+    def render(self, request: GenerationRequest) -> str:
+        """The prompt text as the model sees it (after the chat template)."""
+        ...
+
+    def run_many(self, requests: Iterable[Indexed], parallel: int, on_done: Callable[[Completion], None],
+                 exact: bool | None = None) -> dict[str, float]:
+        """Complete many requests, up to `parallel` at once; on_done gets each as it finishes (any order).
+        Returns counters for --stats (e.g. decode calls and rows)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The model and load settings, for --json and /show."""
+        ...
+
+    def close(self) -> None:
+        """Free what the backend holds."""
+        ...

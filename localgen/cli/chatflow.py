@@ -1,0 +1,280 @@
+"""What `localgen chat` does: pick or resume the conversation, load the model, then the REPL (on a
+terminal) or the scripted loop (stdin not a terminal), streaming each answer and saving after each turn."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from localgen.cli import options as o
+from localgen.cli.output import ErrWriter
+from localgen.errors import LocalgenError, UsageError
+
+
+@dataclass
+class ChatView:
+    """Where a chat's notices go: the Rich console on a terminal, stderr when scripted (stdout carries
+    only answers then)."""
+
+    interactive: bool
+    plain: bool
+    stats: bool
+    think: bool = True
+    footer: bool = True
+    markdown: bool = True
+    console: Any = None
+    loader: Any = None  # name -> backend, for /model and /load
+    flags: Any = None
+    attachments: list[str] = field(default_factory=list)
+    err: ErrWriter = field(default_factory=ErrWriter)
+
+    def __post_init__(self) -> None:
+        if self.interactive:
+            from rich.console import Console
+
+            self.console = Console(highlight=False, no_color=self.plain, soft_wrap=False)
+
+    def info(self, text: str) -> None:
+        """A notice: dim on the terminal; stderr when scripted."""
+        if self.console is not None:
+            self.console.print(text, style="dim", markup=False)
+        else:
+            self.err.line(text)
+
+    def error(self, message: str, hint: str | None = None) -> None:
+        """An error the chat survives (on a terminal) or ends with (scripted)."""
+        if self.console is not None:
+            self.console.print(f"error: {message}" + (f" ({hint})" if hint else ""), style="red", markup=False)
+        else:
+            self.err.error(message, hint)
+
+
+def start(f: o.Flags) -> None:
+    """The command: list, or open the conversation and chat."""
+    from localgen.chat import session as sessions
+    from localgen.chat.runner import ChatRunner
+
+    if f.list_:
+        _print_list(sessions.list_sessions())
+        return
+    session = _open_session(f)
+    o.sampling(f)  # the flags alone are valid, before anything loads
+    load = o.load_params(f)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    view = ChatView(interactive=interactive, plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats,
+                    flags=f)
+    view.loader = lambda name: load_backend(name, load, f, view)
+    backend = view.loader(session.model)
+    # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win.
+    runner = ChatRunner(session, backend, o.sampling(f, backend.defaults, session.settings))
+    try:
+        backend.render(runner.request([{"role": "user", "content": "hi"}]))  # no usable chat template: say so now
+        if f.resume:
+            restore_state(runner, view)
+        if interactive:
+            _repl(runner, view)
+        else:
+            _scripted(runner, view)
+    finally:
+        with contextlib.suppress(OSError):  # a cache: losing it costs time, never data
+            runner.backend.save_conversation(runner.session.name)
+        runner.backend.close()
+
+
+def _open_session(f: o.Flags) -> Any:
+    from localgen.chat import session as sessions
+
+    if f.resume:
+        chosen = f.name or sessions.latest()
+        if chosen is None:
+            raise LocalgenError("there is no saved conversation to resume", hint="start one with `localgen chat`")
+        session = sessions.ChatSession.load(chosen)
+    else:
+        if f.name and (sessions.chats_dir() / f"{sessions.check_name(f.name)}.json").exists():
+            raise UsageError(f"a conversation named {f.name!r} exists", hint=f"continue it with --resume {f.name}")
+        from localgen.models.embedded import DEFAULT_MODEL
+
+        session = sessions.ChatSession(name=f.name or sessions.new_name(), model=f.model or DEFAULT_MODEL)
+    if f.model:
+        session.model = f.model
+    if f.system is not None:
+        session.system = f.system
+    return session
+
+
+def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:
+    """Resolve and load a model for the chat."""
+    from localgen.cli.progress import make_progress
+    from localgen.engine.local import LocalBackend
+    from localgen.models.load import open_engine
+    from localgen.models.resolve import resolve
+
+    ref = resolve(name, offline=f.offline, progress=make_progress())
+    if view.interactive:
+        view.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")
+    engine = open_engine(ref, load, verbose=f.verbose, warn=lambda text: view.info(f"warning: {text}"))
+    if view.interactive:
+        view.info(f"{ref.name} ready in {engine.load_s:.2f} s · context {engine.n_ctx:,} tokens · /help for commands")
+    return LocalBackend(engine, warn=lambda text: view.info(f"warning: {text}"))
+
+
+def restore_state(runner: Any, view: ChatView) -> None:
+    """Load the conversation's saved KV state, so the next turn does not re-read the history."""
+    conv = runner.sent()
+    if not conv:
+        return
+    reused = runner.backend.restore_conversation(runner.session.name, runner.request(conv))
+    if reused:
+        view.info(f"restored the KV state of {reused:,} tokens; the history is not re-read")
+
+
+# ---- the two loops ------------------------------------------------------------------------------------
+
+
+def _repl(runner: Any, view: ChatView) -> None:
+    from localgen import paths
+    from localgen.chat import session as sessions
+    from localgen.chat.runner import SETTABLE
+    from localgen.cli.repl import LineInput, make_completer
+    from localgen.models.embedded import EMBEDDED
+
+    completer = make_completer(SETTABLE, lambda: [s.name for s in sessions.list_sessions()], lambda: sorted(EMBEDDED))
+    line_input = LineInput(paths.state_dir() / "chat_history", completer)
+    if runner.session.messages:
+        view.info(f"resumed {runner.session.name}: {len(runner.session.messages)} messages")
+    while True:
+        try:
+            text = line_input.read()
+        except KeyboardInterrupt:
+            view.info("(Ctrl-C stops an answer; to leave, press Ctrl-D or type /exit)")
+            continue
+        except EOFError:
+            return
+        if not handle(text, runner, view):
+            return
+
+
+def _scripted(runner: Any, view: ChatView) -> None:
+    block: list[str] | None = None
+    for raw in sys.stdin:
+        line = raw.rstrip("\n")
+        if block is not None:
+            if line.strip() == '"""':
+                text, block = "\n".join(block), None
+                if not handle(text, runner, view, command_ok=False):
+                    return
+            else:
+                block.append(line)
+            continue
+        if line.strip() == '"""':
+            block = []
+            continue
+        if line.strip() and not handle(line, runner, view):
+            return
+    if block:
+        handle("\n".join(block), runner, view, command_ok=False)
+
+
+def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> bool:
+    """One input: a /command or a message. False to leave. Scripted, an error ends the script."""
+    from localgen.cli.slash import run_command
+
+    if not text.strip():
+        return True
+    try:
+        if command_ok and text.startswith("/"):
+            return run_command(text, runner, view)
+        if view.attachments:
+            text = "\n\n".join([*view.attachments, text])
+            view.attachments.clear()
+        gen, first = runner.start(text)
+    except LocalgenError as e:
+        if not view.interactive:
+            raise
+        view.error(e.message, e.hint)
+        return True
+    stream(gen, runner, view, first)
+    return True
+
+
+def stream(gen: Any, runner: Any, view: ChatView, first: int) -> None:
+    """Show one answer as it comes, record it, and print its footer."""
+    from localgen.cli.render import make_view
+
+    if first and not runner.trim_noticed:
+        view.info(f"(the conversation outgrew the {runner.backend.n_ctx:,}-token context: the oldest turns are no "
+                  "longer sent to the model, but stay in the saved conversation; the system prompt is always sent)")
+        runner.trim_noticed = True
+    out = make_view(view.console if view.markdown else None, view.plain or not view.interactive, view.think)
+    with _cancel_on_sigint(gen) as pressed:
+        try:
+            for chunk in gen:
+                out.feed(chunk.text)
+        except KeyboardInterrupt:  # a second Ctrl-C: stop even inside a long prompt evaluation
+            gen.close()
+        finally:
+            out.finish()
+        interrupted = pressed()
+    runner.finish(gen)
+    s = gen.stats
+    if interrupted:
+        view.info("(stopped; the partial answer is kept)")
+    if s is None:
+        return
+    footer = _footer(s, runner.backend.n_ctx)
+    if view.interactive and view.footer:
+        view.info(footer)
+    elif not view.interactive and view.stats:
+        view.err.line(footer)
+    if s.finish_reason == "context":
+        view.info("(the answer filled the context window)")
+
+
+@contextlib.contextmanager
+def _cancel_on_sigint(gen: Any) -> Iterator[Callable[[], bool]]:
+    """First Ctrl-C cancels the answer between two tokens (the screen stays whole); a second raises."""
+    presses = 0
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal presses
+        presses += 1
+        gen.cancel()
+        if presses > 1:
+            raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread: keep the default behaviour
+        yield lambda: False
+        return
+    try:
+        yield lambda: presses > 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _footer(s: Any, n_ctx: int) -> str:
+    parts = [f"{s.completion_tokens} tokens"]
+    if s.decode_tps:
+        parts.append(f"{s.decode_tps:.1f} tok/s")
+    if s.ttft_s is not None:
+        parts.append(f"first token {s.ttft_s:.2f} s")
+    parts.append(f"context {s.prompt_tokens + s.completion_tokens:,}/{n_ctx:,}")
+    return " · ".join(parts)
+
+
+def _print_list(items: list[Any]) -> None:
+    import time
+
+    if not items:
+        print("no saved conversations")
+        return
+    for s in items:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated))
+        print(f"{s.name:30} {when}  {s.turns:3} turns  {s.model:16} {s.preview}")

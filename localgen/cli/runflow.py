@@ -1,0 +1,277 @@
+"""What `localgen run` does, as a short pipeline: the flags become a checked plan (every usage error
+before any download or load), the model is resolved and loaded into a backend, then one stream, beam
+search, or many prompts, and the output."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.cli.output import ErrWriter, TextWriter
+from localgen.errors import UsageError
+from localgen.types import GenerationRequest, SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """Everything `run` will do, decided before anything heavy happens."""
+
+    many: bool
+    parts: tuple[str, ...]  # single prompt: documents and stdin first, the question last
+    grammar: str | None
+    speculative: bool
+    flash_attn_given: bool
+    repack_given: bool
+    flash_attn_on: bool  # the user asked for it (with speculation: a warning)
+    repack_on: bool
+
+
+def execute(f: o.Flags) -> None:
+    """Run the command."""
+    plan = check(f)
+    o.sampling(f)  # the flags alone are valid, before the catalogue's defaults are known
+    err = ErrWriter()
+    backend = open_backend(f, plan, err)
+    try:
+        if plan.many:
+            raise typer.Exit(run_many(f, backend, err))
+        request = single_request(f, plan, backend)
+        if f.verbose_prompt:
+            err.line("prompt:\n" + backend.render(request))
+        if f.beams:
+            run_beams(f, backend, request, err)
+        else:
+            stream(f, backend, request, err)
+    finally:
+        backend.close()
+
+
+def check(f: o.Flags) -> RunPlan:
+    """Usage errors, all of them before any download or model load."""
+    many = f.file is not None or f.each_line
+    if f.prompt_arg is not None and f.prompt is not None:
+        raise UsageError("give the prompt once: as an argument or with -p, not both")
+    if f.file is not None and f.each_line:
+        raise UsageError("--file and --each-line cannot be combined")
+    if not many and (f.parallel > 1 or f.exact is not None):
+        raise UsageError(f"{'--parallel' if f.parallel > 1 else '--exact/--no-exact'} applies to many prompts: "
+                         "add --file FILE or --each-line")
+    if many:
+        dropped = [flag for flag, on in (("-f/--document", bool(f.document)), ("--draft", bool(f.draft)),
+                                         ("--lookup", f.lookup), ("--beams", bool(f.beams)),
+                                         ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache),
+                                         ("--verbose-prompt", f.verbose_prompt)) if on]
+        if dropped:
+            raise UsageError(f"{', '.join(dropped)} cannot be used with --file/--each-line (many prompts)")
+        if f.prompt_arg is not None:
+            raise UsageError("with --file/--each-line, give the instruction with -p, not as an argument")
+    schemas = [x for x in (f.grammar, f.json_schema, f.json_schema_file) if x]
+    if len(schemas) > 1:
+        raise UsageError("--grammar, --json-schema and --json-schema-file cannot be combined")
+    if f.raw and f.system:
+        raise UsageError("--system needs the chat template; it cannot be combined with --raw")
+    if f.draft and f.lookup:
+        raise UsageError("--draft and --lookup cannot be combined")
+    if f.beams and (f.draft or f.lookup or schemas):
+        raise UsageError("--beams cannot be combined with --draft, --lookup, a grammar or a JSON schema")
+    if f.logprobs is not None and not f.json_out:
+        raise UsageError("--logprobs adds to the JSON output: add --json")
+    if f.logprobs is not None and f.beams:
+        raise UsageError("--logprobs cannot be combined with --beams (--json lists each beam's log-probability)")
+    parts = () if many else tuple(_prompt_parts(f))
+    return RunPlan(many=many, parts=parts, grammar=_grammar(f), speculative=bool(f.draft or f.lookup),
+                   flash_attn_given=f.given("flash_attn") or f.no_flash_attn, repack_given=f.given("repack"),
+                   flash_attn_on=(f.given("flash_attn") and o.flash_attn(f) is not False),
+                   repack_on=f.given("repack") and bool(f.repack))
+
+
+def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> Any:
+    """Resolve (pulling if needed) and load the model, and the draft model for --draft."""
+    from localgen.cli.progress import make_progress
+    from localgen.engine import speculative
+    from localgen.engine.local import LocalBackend
+    from localgen.models.load import open_engine
+    from localgen.models.resolve import resolve
+
+    override: dict[str, Any] = {}
+    if plan.speculative:
+        # llama.cpp's flash-attention kernel and its repacked CPU weights compute a batch of tokens with a
+        # different rounding than one token; checking drafts in a batch would then drift from plain
+        # decoding. Without them the two agree exactly (at temperature 0).
+        for on, name in ((plan.flash_attn_on, "flash-attn"), (plan.repack_on, "repack")):
+            if on:
+                err.warn(f"with --{name}, speculative output can differ slightly from plain decoding")
+        if not plan.flash_attn_given:
+            override["flash_attn"] = False
+        if not plan.repack_given:
+            override["repack"] = False
+    load = o.load_params(f, **override)
+    ref = resolve(f.model, offline=f.offline, progress=make_progress())
+    draft_ref = resolve(f.draft, offline=f.offline, progress=make_progress()) if f.draft else None
+    err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
+    engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn)
+    drafter: Any = None
+    try:
+        if f.lookup:
+            drafter = speculative.LookupDrafter()
+        elif draft_ref is not None:
+            err.status(f"loading the draft model {draft_ref.name} ...")
+            drafter = speculative.ModelDrafter(engine, open_engine(draft_ref, load, verbose=f.verbose, warn=err.warn))
+    except BaseException:
+        engine.close()
+        raise
+    return LocalBackend(engine, drafter=drafter, draft_max=f.draft_max, warn=err.warn)
+
+
+def base_sampling(f: o.Flags, backend: Any, grammar: str | None) -> SamplingParams:
+    """The flags over the catalogue's recommended settings for this model."""
+    return o.sampling(f, backend.defaults, grammar=grammar)
+
+
+def single_request(f: o.Flags, plan: RunPlan, backend: Any) -> GenerationRequest:
+    """The one prompt as a request: documents and piped text first, the question last."""
+    text = "\n\n".join(plan.parts)
+    shared = "\n\n".join(plan.parts[:-1]) + "\n\n" if len(plan.parts) > 1 else None
+    sampling = base_sampling(f, backend, plan.grammar)
+    if f.raw:
+        return GenerationRequest(prompt=text, sampling=sampling, logprobs=f.logprobs, shared=shared,
+                                 prompt_cache=f.prompt_cache)
+    messages = ([{"role": "system", "content": f.system}] if f.system else []) + [{"role": "user", "content": text}]
+    return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=f.logprobs, shared=shared,
+                             prompt_cache=f.prompt_cache)
+
+
+def stream(f: o.Flags, backend: Any, request: GenerationRequest, err: ErrWriter) -> None:
+    """Stream one answer to stdout (or one JSON object at the end)."""
+    gen = backend.generate(request, started=time.perf_counter())
+    out = TextWriter(sys.stdout, enabled=not f.json_out)
+    try:
+        for chunk in gen:
+            if not out.write(chunk.text):  # the reader went away (`| head -1`): stop quietly
+                gen.close()
+                raise typer.Exit(0)
+    except KeyboardInterrupt:
+        gen.close()
+        out.end()
+        err.interrupted()
+        raise typer.Exit(130) from None
+    out.end()
+    assert gen.stats is not None
+    if gen.finish_reason == "context":
+        err.warn(f"stopped: the context window ({backend.n_ctx:,} tokens) is full; raise --ctx for more")
+    if f.stats:
+        err.stats(gen.stats)
+    if f.json_out:
+        from localgen.cli.output import answer_json
+
+        TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling) + "\n")
+
+
+def run_beams(f: o.Flags, backend: Any, request: GenerationRequest, err: ErrWriter) -> None:
+    """Beam search; the best hypothesis (or all, with --json)."""
+    import json
+
+    from localgen.types import Stats
+
+    t0 = time.perf_counter()
+    result = backend.beams(request, f.beams, f.length_penalty)
+    best = result.beams[0]
+    total = time.perf_counter() - t0
+    st = Stats(prompt_tokens=result.prompt_tokens, cached_tokens=0, completion_tokens=len(best.tokens),
+               load_s=backend.engine.load_s, ttft_s=total,
+               prefill_tps=result.prompt_tokens / result.prefill_s if result.prefill_s else None,
+               decode_tps=result.decoded_tokens / result.decode_s if result.decode_s else None, total_s=total,
+               finish_reason=best.finish_reason)  # type: ignore[arg-type]
+    if f.stats:
+        err.stats(st)
+    out = TextWriter(sys.stdout)
+    if f.json_out:
+        info = backend.describe()
+        doc = {"text": best.text, "finish_reason": best.finish_reason,
+               "model": {"name": info["model"]["name"], "file": info["model"]["file"]},
+               "beams": [{"text": h.text, "score": round(h.score, 5), "logprob": round(h.logprob, 5),
+                          "tokens": len(h.tokens), "finish_reason": h.finish_reason} for h in result.beams],
+               "length_penalty": f.length_penalty, "load": info["load"], "stats": st.to_dict()}
+        out.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    else:
+        out.write(best.text)
+        out.end()
+
+
+def run_many(f: o.Flags, backend: Any, err: ErrWriter) -> int:
+    """--file / --each-line; returns the exit status."""
+    from localgen.cli.batchrun import run_batch
+
+    base = base_sampling(f, backend, None)
+    source_path: Path | None = f.file
+    try:
+        if source_path is not None:
+            with open(source_path, encoding="utf-8", errors="replace") as source:
+                return run_batch(backend, source, f.prompt, f.system, f.raw, base, f.parallel, f.json_out, f.stats,
+                                 f.exact, f.logprobs)
+        return run_batch(backend, sys.stdin, f.prompt, f.system, f.raw, base, f.parallel, f.json_out, f.stats,
+                         f.exact, f.logprobs)
+    except KeyboardInterrupt:
+        err.interrupted()
+        return 130
+
+
+def _prompt_parts(f: o.Flags) -> list[str]:
+    """Documents (-f), piped stdin, then the prompt. A lone -f FILE with no other prompt is the prompt itself,
+    as llama.cpp's -f means."""
+    question = f.prompt if f.prompt is not None else f.prompt_arg
+    piped = "" if f.no_stdin else _read_stdin()
+    documents = list(f.document or [])
+    if question is None and not piped and len(documents) == 1:
+        return [_read_text(documents[0])]
+    parts = [*(f"{d.name}:\n\n{_read_text(d)}" for d in documents)]
+    parts += [p for p in (piped, question) if p]
+    if not parts:
+        raise UsageError("no prompt: give it as an argument or with -p, or pipe text on stdin")
+    return parts
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text") from None
+
+
+def _read_stdin() -> str:
+    stdin = sys.stdin
+    if stdin is None or stdin.closed or stdin.isatty():
+        return ""
+    try:
+        return stdin.read().strip("\n")
+    except (OSError, ValueError):
+        return ""
+    except UnicodeDecodeError:
+        raise UsageError("stdin is not UTF-8 text") from None
+
+
+def _grammar(f: o.Flags) -> str | None:
+    if f.grammar:
+        text = Path(f.grammar).read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            raise UsageError(f"the grammar file {f.grammar} is empty")
+        return text
+    schema: str | None = None
+    if f.json_schema_file:
+        schema = Path(f.json_schema_file).read_text(encoding="utf-8", errors="replace")
+    elif f.json_schema:
+        text = f.json_schema
+        if not text.lstrip().startswith(("{", "[")) and Path(text).expanduser().is_file():
+            text = Path(text).expanduser().read_text(encoding="utf-8", errors="replace")
+        schema = text
+    if schema is None:
+        return None
+    from localgen.engine.llama import grammar_from_json_schema
+
+    return grammar_from_json_schema(schema)

@@ -1,0 +1,139 @@
+"""The local implementation of the generation protocol (backend.py): requests become tokens through the
+model's chat template, go through one Engine, and come back as streams; many requests go through the
+continuous-batching ParallelContext; beam search is a local extra."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from localgen.backend import Completion, Indexed
+from localgen.engine.llama import Engine, common_prefix
+from localgen.errors import LocalgenError
+from localgen.types import GenerationRequest
+
+
+class LocalBackend:
+    """A loaded model behind the Backend protocol."""
+
+    def __init__(self, engine: Engine, drafter: Any = None, draft_max: int = 6,
+                 warn: Callable[[str], None] = lambda s: None) -> None:
+        self.engine = engine
+        self.drafter = drafter
+        self.draft_max = draft_max
+        self.warn = warn
+        self.name = engine.model.name
+        self.defaults = dict(engine.model.sampling_defaults)  # the catalogue's recommended sampling
+
+    @property
+    def n_ctx(self) -> int:
+        """The context window in tokens."""
+        return self.engine.n_ctx
+
+    def tokens(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt as tokens (chat template for messages; BOS as the model asks for raw)."""
+        if request.prompt is not None:
+            return self.engine.raw_tokens(request.prompt)
+        return self.engine.chat_tokens(list(request.messages))
+
+    def render(self, request: GenerationRequest) -> str:
+        """The prompt text the model sees."""
+        if request.prompt is not None:
+            return request.prompt
+        return self.engine.template.render(list(request.messages))
+
+    def count(self, request: GenerationRequest) -> int:
+        """Prompt tokens."""
+        return len(self.tokens(request))
+
+    def generate(self, request: GenerationRequest, started: float | None = None) -> Any:
+        """A stream of the answer; the shared prefix comes from (or goes to) the prompt cache first."""
+        from localgen.engine import promptcache
+
+        started = started if started is not None else time.perf_counter()
+        tokens = self.tokens(request)
+        cache = "skipped" if request.prompt_cache else "off"
+        if request.shared and len(tokens) < self.engine.n_ctx:
+            shared = common_prefix(self.tokens(_with_text(request, request.shared)), tokens)
+            if request.prompt_cache:
+                cache = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn)
+            elif shared >= promptcache.MIN_PREFIX:
+                # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row
+                # differently in batches of other sizes, and the text must not depend on the cache.
+                self.engine.evaluate(tokens[:shared], logits=False)
+        gen = self.engine.generate(tokens, request.sampling, started=started, drafter=self.drafter,
+                                   draft_max=self.draft_max, logprobs=request.logprobs)
+        gen.prompt_cache = cache
+        return gen
+
+    def run_many(self, requests: Iterable[Indexed], parallel: int, on_done: Callable[[Completion], None],
+                 exact: bool | None = None) -> dict[str, float]:
+        """Continuous batching over one ParallelContext (engine/batch.py)."""
+        from localgen.engine.batch import ParallelContext, Request
+
+        def prepared() -> Iterator[Request]:
+            for item in requests:
+                try:
+                    tokens = self.tokens(item.request)
+                except LocalgenError as e:
+                    on_done(Completion(item.index, "", f"error: {e.message}", 0, 0, 0.0, 0.0, item.seed))
+                    continue
+                yield Request(item.index, tokens, item.request.sampling, item.seed, item.request.logprobs)
+
+        pc = ParallelContext(self.engine, parallel, self.engine.n_ctx)
+        try:
+            pc.run(prepared(), on_done, exact=exact)
+        finally:
+            pc.close()
+        return {"steps": pc.steps, "rows": pc.rows}
+
+    def beams(self, request: GenerationRequest, n: int, length_penalty: float) -> Any:
+        """Beam search (engine/beams.py) on the request's prompt."""
+        from localgen.engine.beams import search
+
+        s = request.sampling
+        return search(self.engine, self.tokens(request), n, s.max_tokens, length_penalty, s.stop)
+
+    def save_conversation(self, name: str) -> None:
+        """Keep the KV state of a conversation for a later resume."""
+        from localgen.engine import promptcache
+
+        promptcache.save_chat(self.engine, name)
+
+    def restore_conversation(self, name: str, request: GenerationRequest) -> int:
+        """Load a conversation's saved KV state if it matches; returns the tokens reused."""
+        from localgen.engine import promptcache
+
+        return promptcache.restore_chat(self.engine, name, self.tokens(request))
+
+    def describe(self) -> dict[str, Any]:
+        """The model and how it was loaded."""
+        ref = self.engine.model
+        load = dataclasses.asdict(self.engine.params)
+        load["flash_attn"] = self.engine.flash_attn
+        load["tensor_split"] = list(load["tensor_split"])
+        load["rpc"] = list(load["rpc"])
+        return {
+            "model": {"name": ref.name, "file": ref.path, "source": ref.source, "quantization": ref.quantization,
+                      "architecture": ref.summary.architecture, "parameters": ref.summary.n_params,
+                      "file_size": ref.summary.file_size},
+            "load": load,
+        }
+
+    def close(self) -> None:
+        """Free the draft model (if any) and the engine."""
+        try:
+            if self.drafter is not None:
+                self.drafter.close()
+        finally:
+            self.engine.close()
+
+
+def _with_text(request: GenerationRequest, text: str) -> GenerationRequest:
+    """The same request with the last message's text (or the raw prompt) replaced."""
+    if request.prompt is not None:
+        return dataclasses.replace(request, prompt=text)
+    last = {**request.messages[-1], "content": text}
+    return dataclasses.replace(request, messages=(*request.messages[:-1], last))
