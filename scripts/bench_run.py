@@ -55,7 +55,10 @@ def localgen_path(model: str, n: int, threads: int, n_ctx: int) -> tuple[float, 
 
     ref = resolve(model)
     engine = Engine(ref, LoadParams(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=0))
-    tokens = engine.chat_tokens([{"role": "user", "content": PROMPT}])
+    if ref.summary.chat_template:
+        tokens = engine.chat_tokens([{"role": "user", "content": PROMPT}])
+    else:  # a base model (gemma3:270m): the prompt as a plain completion
+        tokens = engine.raw_tokens(PROMPT)
     gen = engine.generate(tokens, SamplingParams(temperature=0.0, max_tokens=n))
     count, first_count, t_first, t_last = 0, 0, 0.0, 0.0
     for chunk in gen:

@@ -128,7 +128,8 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
             size, n_params = model_size(engine)
             model = {"name": ref.name, "filename": ref.path, "type": model_desc(engine), "size": size,
                      "n_params": n_params}
-            limit = bandwidth / size if bandwidth and size else None
+            # the limit is host memory bandwidth over the weights: meaningless once layers are on a GPU
+            limit = bandwidth / size if bandwidth and size and not engine.offloaded else None
             bench = BenchContext(engine)
             bench.clear()
             bench.prompt(min(plan.tests[0].n_prompt or 16, cfg.n_batch))  # warm-up: caches, threads, kernels

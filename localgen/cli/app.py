@@ -1,25 +1,25 @@
-"""The Typer app: global options and the command table. Command bodies live one module per group."""
+"""The Typer app: global options and the command table. Command bodies live one module per group and
+are imported only for the command that runs (a one-shot `run` pays for nothing else)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated
 
 import typer
 
-from localgen.cli.bench import bench_app
-from localgen.cli.chat import chat
-from localgen.cli.doctor import doctor
-from localgen.cli.models import list_models, pull, rm, show
-from localgen.cli.run import run
-
-app = typer.Typer(
-    name="localgen",
-    help="Chat with and generate from local GGUF models (llama.cpp): fast, quiet, scriptable.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+# command name → (module, attribute): a function becomes a command, a Typer app a command group
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("localgen.cli.run", "run"),
+    "chat": ("localgen.cli.chat", "chat"),
+    "pull": ("localgen.cli.models", "pull"),
+    "list": ("localgen.cli.models", "list_models"),
+    "show": ("localgen.cli.models", "show"),
+    "rm": ("localgen.cli.models", "rm"),
+    "bench": ("localgen.cli.bench", "bench_app"),
+    "doctor": ("localgen.cli.doctor", "doctor"),
+}
+HELP = "Chat with and generate from local GGUF models (llama.cpp): fast, quiet, scriptable."
 
 
 def _version(value: bool) -> None:
@@ -30,7 +30,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def main_options(
     version: Annotated[
         bool,
@@ -40,11 +39,19 @@ def main_options(
     """Chat with and generate from local GGUF models (llama.cpp): fast, quiet, scriptable."""
 
 
-app.command(name="run")(run)
-app.command(name="chat")(chat)
-app.command(name="pull")(pull)
-app.command(name="list")(list_models)
-app.command(name="show")(show)
-app.command(name="rm")(rm)
-app.add_typer(bench_app, name="bench")
-app.command(name="doctor")(doctor)
+def build(only: str | None = None) -> typer.Typer:
+    """The app with every command, or with just `only` (the one about to run)."""
+    app = typer.Typer(
+        name="localgen", help=HELP, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(main_options)
+    for name, (module, attr) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        obj = getattr(importlib.import_module(module), attr)
+        if isinstance(obj, typer.Typer):
+            app.add_typer(obj, name=name)
+        else:
+            app.command(name=name)(obj)
+    return app

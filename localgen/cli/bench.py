@@ -36,7 +36,7 @@ def bench(
     n_gen: Annotated[Values, _opt("--n-gen", "-n", help="Generation lengths for tg tests (default 128).")] = None,
     pg: Annotated[Values, _opt("--prompt-gen", "-pg", help="PROMPT,GEN pairs for combined tests.")] = None,
     n_depth: Annotated[Values, _opt("--n-depth", "-d", help="Context depths to test at (default 0).")] = None,
-    threads: Annotated[Values, _opt("--threads", "-t", help="CPU threads (default usable cores).")] = None,
+    threads: Annotated[Values, _opt("--threads", "-t", help="CPU threads (default: physical cores).")] = None,
     ngl: Annotated[Values, _opt("--n-gpu-layers", "-ngl", help="GPU layers, -1 all (default all if offload).")] = None,
     batch: Annotated[Values, _opt("--batch-size", "-b", help="Logical batch (default 2048).")] = None,
     ubatch: Annotated[Values, _opt("--ubatch-size", "-ub", help="Physical batch (default 512).")] = None,
@@ -57,34 +57,49 @@ def bench(
     """Run benchmarks. With no subcommand this measures; `history` and `compare` read past runs."""
     if ctx.invoked_subcommand is not None:
         return
-    from localgen.bench import history, records, sweep
-    from localgen.bench.bandwidth import measure_isolated
-    from localgen.bench.runner import run
-    from localgen.cli.progress import make_progress
-    from localgen.engine.llama import backend_info
-    from localgen.models.resolve import resolve
-    from localgen.types import KV_CACHE_TYPES
+    from localgen.bench import records
 
     if output is not None and output not in records.FORMATS:
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {output!r}")
+    plan = _plan(model=model, threads=threads, ngl=ngl, batch=batch, ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv,
+                 n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=reps, e2e=e2e, parallel=parallel)
+    _measure(plan, output, offline)
+
+
+def _plan(**flags: Any) -> Any:
+    """The sweep: every combination of the flags' values, with llama-bench's defaults."""
     from localgen import hardware
+    from localgen.bench import sweep
+    from localgen.engine.lib import backend_info
+    from localgen.types import KV_CACHE_TYPES
 
     offload = bool(backend_info()["gpu_offload"])
     kv = list(KV_CACHE_TYPES)
-    plan = sweep.build(
-        models=sweep.str_values("--model", model, ["smollm2:135m"]),
-        threads=sweep.int_values("--threads", threads, [hardware.usable_cores()]),
-        ngl=sweep.int_values("--n-gpu-layers", ngl, [-1 if offload else 0]),
-        batch=sweep.int_values("--batch-size", batch, [2048]),
-        ubatch=sweep.int_values("--ubatch-size", ubatch, [512]),
-        fa=sweep.bool_values("--flash-attn", fa, [True]),
-        ctk=sweep.str_values("--cache-type-k", ctk, ["f16"], kv),
-        ctv=sweep.str_values("--cache-type-v", ctv, ["f16"], kv),
-        prompts=sweep.int_values("--n-prompt", n_prompt, [512]),
-        gens=sweep.int_values("--n-gen", n_gen, [128]),
-        pg=sweep.pairs("--prompt-gen", pg), depths=sweep.int_values("--n-depth", n_depth, [0]),
-        reps=reps, e2e=e2e, parallel=sweep.int_values("--parallel", parallel, []),
+    return sweep.build(
+        models=sweep.str_values("--model", flags["model"], ["smollm2:135m"]),
+        threads=sweep.int_values("--threads", flags["threads"], [hardware.physical_cores()]),
+        ngl=sweep.int_values("--n-gpu-layers", flags["ngl"], [-1 if offload else 0]),
+        batch=sweep.int_values("--batch-size", flags["batch"], [2048]),
+        ubatch=sweep.int_values("--ubatch-size", flags["ubatch"], [512]),
+        fa=sweep.bool_values("--flash-attn", flags["fa"], [True]),
+        ctk=sweep.str_values("--cache-type-k", flags["ctk"], ["f16"], kv),
+        ctv=sweep.str_values("--cache-type-v", flags["ctv"], ["f16"], kv),
+        prompts=sweep.int_values("--n-prompt", flags["n_prompt"], [512]),
+        gens=sweep.int_values("--n-gen", flags["n_gen"], [128]),
+        pg=sweep.pairs("--prompt-gen", flags["pg"]), depths=sweep.int_values("--n-depth", flags["n_depth"], [0]),
+        reps=flags["reps"], e2e=flags["e2e"], parallel=sweep.int_values("--parallel", flags["parallel"], []),
     )
+
+
+def _measure(plan: Any, output: str | None, offline: bool) -> None:
+    """Run the plan, keeping each result in the history as it comes; print them."""
+    from localgen.bench import history, records
+    from localgen.bench.bandwidth import measure_isolated
+    from localgen.bench.runner import run
+    from localgen.cli.output import ErrWriter
+    from localgen.cli.progress import make_progress
+    from localgen.models.resolve import resolve
+
     refs = {m: resolve(m, offline=offline, progress=make_progress()) for m in {c.model for c in plan.configs}}
     system = records.system_info()
     system["bandwidth"] = measure_isolated()
@@ -105,9 +120,10 @@ def bench(
     finally:
         view.end()
     _emit(results, system, output)
-    print(f"saved as run {run_id}: localgen bench history {run_id}", file=sys.stderr)
+    err = ErrWriter()
+    err.line(f"saved as run {run_id}: localgen bench history {run_id}")
     if interrupted:
-        print("interrupted; the results above were measured and kept", file=sys.stderr)
+        err.line("interrupted; the results above were measured and kept")
         raise typer.Exit(130)
 
 

@@ -217,6 +217,9 @@ def stream(gen: Any, runner: Any, view: ChatView, first: int) -> None:
                 out.feed(chunk.text)
         except KeyboardInterrupt:  # a second Ctrl-C: stop even inside a long prompt evaluation
             gen.close()
+        except BaseException:  # the reader went away, or worse: settle the stream before the engine goes
+            gen.close()
+            raise
         finally:
             out.finish()
         interrupted = pressed()

@@ -25,14 +25,15 @@ def doctor(
     """Check this machine and this build; exit 1 if something needs fixing."""
     import localgen
     from localgen import hardware
-    from localgen.engine.llama import backend_info
+    from localgen.engine.lib import backend_info
 
     problems = 0
     ram = hardware.total_ram_bytes() or 0
     avail = hardware.available_ram_bytes() or 0
     print(f"localgen {localgen.__version__} · Python {platform.python_version()} · {platform.system()} "
           f"{platform.machine()}")
-    print(f"CPU       {hardware.cpu_name()} · {hardware.usable_cores()} usable cores")
+    print(f"CPU       {hardware.cpu_name()} · threads: {hardware.physical_cores()} for generation (physical "
+          f"performance cores), {hardware.usable_cores()} for prompts and batches (logical CPUs usable)")
     print(f"RAM       {ram / (1 << 30):.1f} GiB ({avail / (1 << 30):.1f} GiB available)")
     gpus = hardware.gpus()
     if gpus:
@@ -43,7 +44,8 @@ def doctor(
     info = backend_info()
     offload = bool(info["gpu_offload"])
     print(f"build     llama-cpp-python {info['llama_cpp_python']} · GPU offload: "
-          f"{'yes' if offload else 'no (CPU-only build)'} · mmap: {'yes' if info['mmap'] else 'no'}")
+          f"{'yes' if offload else 'no (CPU-only build)'} · mmap: {'yes' if info['mmap'] else 'no'} · RPC: "
+          f"{'yes' if info['rpc'] else 'no'}")
     print(f"features  {info['system_info']}")
     if gpus and not offload:
         kind = "metal" if gpus[0].unified else "cuda"

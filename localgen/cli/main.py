@@ -20,12 +20,14 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback."""
     import typer
 
-    from localgen.cli.app import app
+    from localgen.cli import app, params
     from localgen.cli.output import ErrWriter, ReaderGone, guard_stdout, silence_stdout
     from localgen.errors import LocalgenError
 
+    params.install()
     args = normalize_argv(list(sys.argv[1:] if argv is None else argv))
-    command = typer.main.get_command(app)
+    first = next((a for a in args if not a.startswith("-")), None)
+    command = typer.main.get_command(app.build(first if first in app.COMMANDS else None))
     debug = bool(os.environ.get("LOCALGEN_DEBUG"))
     guard_stdout()
     _watch_sigint()

@@ -68,7 +68,7 @@ def pull(
 
 
 def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
-    from localgen.engine.llama import backend_info
+    from localgen.engine.lib import backend_info
     from localgen.models import fit, hub, store
     from localgen.models.quant import group_options, rank
 
@@ -121,7 +121,7 @@ def list_models(
     """Models on this machine: embedded ones and every GGUF in the Hugging Face cache (any tool's).
     Never touches the network."""
     from localgen.models import catalogue, embedded, store
-    from localgen.models.gguf_meta import summarize
+    from localgen.models.gguf_meta import read_summary
 
     entries = catalogue.load()
     if show_catalogue:
@@ -141,10 +141,10 @@ def list_models(
             path = embedded.locate(model)
         except LocalgenError:
             continue
-        items.append(_item(name, str(path), "embedded", summarize(str(path))))
+        items.append(_item(name, str(path), "embedded", read_summary(str(path))))
     for f in store.cached_files():
         try:
-            summary = summarize(str(f.link), check_data=False)
+            summary = read_summary(str(f.link), check_data=False)
         except LocalgenError:
             continue
         quant = (f.quant or "?").upper()
@@ -174,6 +174,10 @@ def _item(name: str, path: str, source: str, s: Any) -> dict[str, Any]:
 def show(
     name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], or path.")],
     template: Annotated[bool, typer.Option("--template", help="Print the chat template, whole.")] = False,
+    sha256: Annotated[
+        bool, typer.Option("--sha256", help="Compute the file's SHA-256 when it is not known yet (reads the whole "
+                                            "file, with a progress bar).")
+    ] = False,
     json_out: Json = False,
     offline: o.Offline = False,
 ) -> None:
@@ -190,7 +194,15 @@ def show(
         return
     from pathlib import Path
 
-    sha = ref.sha256 or download.sha256_file(Path(ref.path).resolve())
+    sha = ref.sha256 or _known_sha256(ref)
+    if sha is None and sha256:
+        from localgen.cli.progress import make_progress
+
+        target = Path(ref.path).resolve()
+        progress = make_progress()
+        progress.start(f"hashing {target.name}", target.stat().st_size, 0)
+        sha = download.sha256_file(target, progress)
+        progress.finish()
     doc: dict[str, Any] = {
         "name": ref.name, "file": ref.path, "sha256": sha, "architecture": s.architecture, "model_name": s.name,
         "parameters": s.n_params, "quantization": s.quantization, "size": s.file_size,
@@ -211,7 +223,22 @@ def show(
             v = f"{_params(v)} ({v:,})"
         elif k == "chat_template":
             v = "yes (--template prints it)" if v else "none (use --raw)"
+        elif k == "sha256" and v is None:
+            v = "not known yet (--sha256 computes it)"
         print(f"{labels.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
+
+
+def _known_sha256(ref: Any) -> str | None:
+    """A SHA-256 known without reading the file: a cache blob's name, or an embedded model's published one."""
+    from pathlib import Path
+
+    from localgen.models import embedded, hfcache
+
+    blob = Path(ref.path).resolve().name
+    if hfcache.SHA256.match(blob):
+        return blob
+    model = embedded.EMBEDDED.get(ref.name)
+    return model.sha256 if model is not None and ref.source == "embedded" else None
 
 
 # ---- rm -----------------------------------------------------------------------------------------------

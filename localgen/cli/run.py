@@ -17,7 +17,7 @@ SPEC = "Speculative decoding"
 def run(
     ctx_: typer.Context,
     prompt_arg: Annotated[
-        str | None, typer.Argument(metavar="[PROMPT]", show_default=False,
+        str | None, typer.Argument(metavar="PROMPT", show_default=False,
                                    help="The prompt (or use -p). Text piped on stdin comes first, a blank line "
                                         "between."),
     ] = None,

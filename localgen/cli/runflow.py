@@ -115,7 +115,7 @@ def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> Any:
     ref = resolve(f.model, offline=f.offline, progress=make_progress())
     draft_ref = resolve(f.draft, offline=f.offline, progress=make_progress()) if f.draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
-    engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn)
+    engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn, kv_tokens=_kv_tokens(f, plan, load.n_ctx))
     drafter: Any = None
     try:
         if f.lookup:
@@ -127,6 +127,17 @@ def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> Any:
         engine.close()
         raise
     return LocalBackend(engine, drafter=drafter, draft_max=f.draft_max, warn=err.warn)
+
+
+def _kv_tokens(f: o.Flags, plan: RunPlan, n_ctx: int) -> int | None:
+    """KV cells the run holds at once, for the memory estimate, when it is not one window."""
+    if plan.many and f.parallel > 1:
+        return int(f.parallel) * n_ctx
+    if f.beams:
+        from localgen.engine.beams import kv_cells
+
+        return kv_cells(0, int(f.beams), int(f.max_tokens), n_ctx) + n_ctx
+    return None
 
 
 def base_sampling(f: o.Flags, backend: Any, grammar: str | None) -> SamplingParams:
@@ -272,6 +283,6 @@ def _grammar(f: o.Flags) -> str | None:
         schema = text
     if schema is None:
         return None
-    from localgen.engine.llama import grammar_from_json_schema
+    from localgen.engine.grammar import grammar_from_json_schema
 
     return grammar_from_json_schema(schema)

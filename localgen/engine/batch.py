@@ -98,12 +98,12 @@ class ParallelContext:
         """Forget one sequence's KV entries (all with -1)."""
         self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), seq, -1, -1)
 
-    def sampler(self, s: SamplingParams, seed: int) -> Any:
+    def sampler(self, s: SamplingParams, seed: int, history: list[int] | tuple[int, ...] = ()) -> Any:
         """A sampler chain with the single-stream path's stages and order."""
         from localgen.engine import sampling
 
         eog = self.engine.eog_tokens if s.ignore_eos else ()
-        return sampling.build(self.lc, self.vocab, self.n_vocab, s, seed, self.n_ctx_seq, eog)
+        return sampling.build(self.lc, self.vocab, self.n_vocab, s, seed, self.n_ctx_seq, eog, history)
 
     def _logits(self, row: int) -> Any:
         import numpy as np
@@ -149,7 +149,7 @@ class ParallelContext:
                     continue
                 slot = heapq.heappop(free)
                 self.clear(slot)
-                seq = _Seq(req, slot, self.sampler(req.sampling, req.seed), time.perf_counter(),
+                seq = _Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(),
                            decoder=codecs.getincrementaldecoder("utf-8")(errors="replace"),
                            stops=StopMatcher(req.sampling.stop))
                 active[slot] = seq
@@ -175,7 +175,8 @@ class ParallelContext:
 
         A sequence that must come out exactly as it would alone (greedy ones, or all with exact=True;
         none with exact=False) gets only batch-invariant kernels: at most 3 rows per call where weights
-        are repacked (4+ rows take a GEMM that quantizes activations differently from the one-row GEMV),
+        are repacked or of a type whose CPU matmul computes 4+ rows differently (K- and IQ-quants: see
+        gguf_meta.BATCH_INVARIANT_TYPES),
         a call of its own once flash attention would split its KV range over threads alone (a single
         query over 512+ cells), and on a GPU always one of its own (kernels there change with batch size).
         The rest go together in one call."""
@@ -193,18 +194,23 @@ class ParallelContext:
             elif eng.offloaded or (long_fa and seq.next_pos >= 255):
                 alone.append(seq)
             else:
-                (few if eng.repacked else rest).append(seq)
+                (few if eng.rows_vary else rest).append(seq)
         return [[s] for s in alone] + [few[i:i + 3] for i in range(0, len(few), 3)] + ([rest] if rest else [])
 
     def _prefill(self, seq: _Seq) -> None:
-        """Evaluate a prompt alone, n_batch tokens per llama_decode (as Llama.eval does)."""
-        tokens = seq.req.tokens
+        self.prefill(seq.req.tokens, seq.slot)
+
+    def prefill(self, tokens: list[int], seq: int) -> int:
+        """Evaluate one sequence's prompt alone, in the single-stream path's n_batch pieces (llama.cpp rounds
+        a row differently in batches of other sizes); returns the batch row of the last token's logits."""
+        row = -1
         for start in range(0, len(tokens), self.n_chunk):
             self.batch.n_tokens = 0
             chunk = tokens[start:start + self.n_chunk]
             for k, tok in enumerate(chunk):
-                self._add(tok, start + k, seq.slot, k == len(chunk) - 1)
+                row = self._add(tok, start + k, seq, k == len(chunk) - 1)
             self._decode(1)
+        return row
 
     def _decode(self, n_seqs: int) -> None:
         rc = self.lc.llama_decode(self.ctx, self.batch)

@@ -13,6 +13,16 @@ from typing import Any
 from localgen.engine.stops import cut
 from localgen.errors import ContextOverflowError, LocalgenError
 
+# Without -n, beams stop here: each beam's tokens take their own KV cells (len(prompt) + N × max_new in all).
+DEFAULT_MAX_NEW = 256
+
+
+def kv_cells(prompt_len: int, n_beams: int, max_new: int, n_ctx: int) -> int:
+    """The KV cells a beam search holds at most (the prompt once, N continuations), for the memory estimate."""
+    budget = n_ctx - prompt_len
+    new = min(max_new, budget) if max_new >= 0 else min(budget, DEFAULT_MAX_NEW)
+    return prompt_len + n_beams * new + 16
+
 
 @dataclass
 class Hypothesis:
@@ -39,78 +49,27 @@ class BeamResult:
 def search(engine: Any, prompt: list[int], n_beams: int, max_new: int, length_penalty: float = 1.0,
            stop: tuple[str, ...] = ()) -> BeamResult:
     """Run beam search on the prompt; returns every hypothesis ranked."""
-    import numpy as np
-
     from localgen.engine.batch import ParallelContext
 
     if len(prompt) >= engine.n_ctx:
         raise ContextOverflowError(f"the prompt is {len(prompt):,} tokens; the context window is {engine.n_ctx:,}")
     budget = engine.n_ctx - len(prompt)
-    max_new = min(max_new, budget) if max_new >= 0 else budget
+    max_new = min(max_new, budget) if max_new >= 0 else min(budget, DEFAULT_MAX_NEW)
     if max_new == 0:
         return BeamResult([Hypothesis([], 0.0)], len(prompt), 0.0, 0.0, 0)
-    pc = ParallelContext(engine, n_beams, len(prompt) + n_beams * max_new + 16, unified=True,
+    engine.release_context()  # the beams work in a context of their own
+    pc = ParallelContext(engine, n_beams, kv_cells(len(prompt), n_beams, max_new, engine.n_ctx), unified=True,
                          n_seq_max=2 * n_beams)
-    lc, ctx = pc.lc, pc.ctx
-    mem = lc.llama_get_memory(ctx)
-    n_vocab = pc.n_vocab
     try:
         t0 = time.perf_counter()
-        idx = -1
-        for start in range(0, len(prompt), pc.n_batch):
-            pc.batch.n_tokens = 0
-            chunk = prompt[start:start + pc.n_batch]
-            for j, tok in enumerate(chunk):
-                idx = pc._add(tok, start + j, 0, start + j == len(prompt) - 1)
-            _decode(lc, ctx, pc.batch)
+        row = pc.prefill(prompt, 0)
         t1 = time.perf_counter()
-        live: list[tuple[Hypothesis, int, int]] = [(Hypothesis([], 0.0), 0, idx)]  # (hyp, seq id, logits row)
-        done: list[Hypothesis] = []
-        bank = 0
-        decoded = 0
-        for step in range(max_new):
-            cands: list[tuple[float, int, int]] = []  # (logprob, live index, token)
-            for li, (h, _seq, row) in enumerate(live):
-                logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).astype(np.float64)
-                m = logits.max()
-                logp = logits - m - np.log(np.exp(logits - m).sum())
-                top = np.argpartition(-logp, n_beams)[:n_beams] if n_vocab > n_beams else np.arange(n_vocab)
-                cands += [(h.logprob + float(logp[t]), li, int(t)) for t in top]
-            cands.sort(key=lambda c: (-c[0], c[1], c[2]))
-            bank ^= 1
-            chosen: list[tuple[Hypothesis, int, int]] = []
-            pc.batch.n_tokens = 0
-            for lp, li, tok in cands:
-                if len(chosen) == n_beams:
-                    break
-                parent, pseq, _ = live[li]
-                h = Hypothesis([*parent.tokens, tok], lp)
-                if lc.llama_vocab_is_eog(pc.vocab, tok):
-                    h.tokens.pop()
-                    h.finish_reason = "eos"
-                    done.append(h)
-                    continue
-                seq = bank * n_beams + len(chosen)
-                lc.llama_memory_seq_rm(mem, seq, -1, -1)
-                lc.llama_memory_seq_cp(mem, pseq, seq, -1, -1)
-                row = pc._add(tok, len(prompt) + step, seq, True)
-                chosen.append((h, seq, row))
-            for _h, pseq, _r in live:
-                lc.llama_memory_seq_rm(mem, pseq, -1, -1)
-            live = chosen
-            if not live or len(done) >= n_beams:
-                break
-            if step + 1 == max_new:
-                break
-            _decode(lc, ctx, pc.batch)
-            decoded += len(live)
-            if stop and all(cut(_text(engine, h.tokens), stop)[1] for h, _s, _r in live):
-                break
+        live, done, decoded = _steps(engine, pc, len(prompt), row, n_beams, max_new, stop)
         t2 = time.perf_counter()
     finally:
         pc.close()
     # Early stopping: once N hypotheses have ended, unfinished ones are not ranked with them.
-    finals = done if len(done) >= n_beams else done + [h for h, _s, _r in live]
+    finals = done if len(done) >= n_beams else done + live
     for h in finals:
         h.text, stopped = cut(_text(engine, h.tokens), stop)
         if stopped:
@@ -118,6 +77,60 @@ def search(engine: Any, prompt: list[int], n_beams: int, max_new: int, length_pe
         h.score = h.logprob / max(1, len(h.tokens)) ** length_penalty
     finals.sort(key=lambda h: -h.score)
     return BeamResult(finals[:n_beams], len(prompt), t2 - t1, t1 - t0, decoded)
+
+
+def _steps(engine: Any, pc: Any, n_prompt: int, row: int, n_beams: int, max_new: int,
+           stop: tuple[str, ...]) -> tuple[list[Hypothesis], list[Hypothesis], int]:
+    """Grow the beams step by step; returns (live hypotheses, finished ones, tokens decoded)."""
+    lc, ctx = pc.lc, pc.ctx
+    mem = lc.llama_get_memory(ctx)
+    live: list[tuple[Hypothesis, int, int]] = [(Hypothesis([], 0.0), 0, row)]  # (hyp, seq id, logits row)
+    done: list[Hypothesis] = []
+    bank = decoded = 0
+    for step in range(max_new):
+        cands = _candidates(pc, live, n_beams)
+        bank ^= 1
+        chosen: list[tuple[Hypothesis, int, int]] = []
+        pc.batch.n_tokens = 0
+        for lp, li, tok in cands:
+            if len(chosen) == n_beams:
+                break
+            parent, pseq, _ = live[li]
+            h = Hypothesis([*parent.tokens, tok], lp)
+            if lc.llama_vocab_is_eog(pc.vocab, tok):
+                h.tokens.pop()
+                h.finish_reason = "eos"
+                done.append(h)
+                continue
+            seq = bank * n_beams + len(chosen)
+            lc.llama_memory_seq_rm(mem, seq, -1, -1)
+            lc.llama_memory_seq_cp(mem, pseq, seq, -1, -1)
+            chosen.append((h, seq, pc._add(tok, n_prompt + step, seq, True)))
+        for _h, pseq, _r in live:
+            lc.llama_memory_seq_rm(mem, pseq, -1, -1)
+        live = chosen
+        if not live or len(done) >= n_beams or step + 1 == max_new:
+            break
+        _decode(lc, ctx, pc.batch)
+        decoded += len(live)
+        if stop and all(cut(_text(engine, h.tokens), stop)[1] for h, _s, _r in live):
+            break
+    return [h for h, _s, _r in live], done, decoded
+
+
+def _candidates(pc: Any, live: list[tuple[Hypothesis, int, int]], n_beams: int) -> list[tuple[float, int, int]]:
+    """The n_beams likeliest continuations of each live beam, best first: (summed logprob, beam, token)."""
+    import numpy as np
+
+    cands: list[tuple[float, int, int]] = []
+    for li, (h, _seq, row) in enumerate(live):
+        logits = np.ctypeslib.as_array(pc.lc.llama_get_logits_ith(pc.ctx, row), shape=(pc.n_vocab,)).astype(np.float64)
+        m = logits.max()
+        logp = logits - m - np.log(np.exp(logits - m).sum())
+        top = np.argpartition(-logp, n_beams)[:n_beams] if pc.n_vocab > n_beams else np.arange(pc.n_vocab)
+        cands += [(h.logprob + float(logp[t]), li, int(t)) for t in top]
+    cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+    return cands
 
 
 def _decode(lc: Any, ctx: Any, batch: Any) -> None:

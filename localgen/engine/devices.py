@@ -18,7 +18,7 @@ def _lib() -> Any:
     """libggml with the signatures used here (loaded by the bindings; registry functions live in it)."""
     global _ggml
     if _ggml is None:
-        from localgen.engine.llama import lib
+        from localgen.engine.lib import lib
 
         lib()
         from llama_cpp._ggml import libggml

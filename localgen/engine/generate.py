@@ -73,7 +73,7 @@ class Generation:
             yield from speculative.tokens(eng, self.prompt, self.sampling, self.seed, self.drafter, self.draft_max,
                                           self.counters, self._record_logprob)
             return
-        chain = eng.sampler(self.sampling, self.seed)
+        chain = eng.sampler(self.sampling, self.seed, self.prompt)
         try:
             eng.evaluate(self.prompt)
             while True:
@@ -146,10 +146,10 @@ class Generation:
             self.stats = self._stats(t0, t_first, t_last, cached)
 
     def _stats(self, t0: float, t_first: float | None, t_last: float | None, cached: int) -> Stats:
-        perf = self.engine.perf()
+        perf = self.engine.perf() if self.engine.alive else None  # a stream closed after its engine: no counters
         total = time.perf_counter() - t0
-        prefill = perf.n_p_eval / (perf.t_p_eval_ms / 1000) if perf.t_p_eval_ms > 0 else None
-        decode = perf.n_eval / (perf.t_eval_ms / 1000) if perf.t_eval_ms > 0 and perf.n_eval > 0 else None
+        prefill = perf.n_p_eval / (perf.t_p_eval_ms / 1000) if perf and perf.t_p_eval_ms > 0 else None
+        decode = perf.n_eval / (perf.t_eval_ms / 1000) if perf and perf.t_eval_ms > 0 and perf.n_eval > 0 else None
         c = self.counters
         if c is not None:  # verification batches count as prompt work in llama.cpp's counters: use the clock
             n = len(self.tokens)

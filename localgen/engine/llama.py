@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from localgen import hardware
 from localgen.engine import logs
+from localgen.engine.lib import common_prefix, default_repack, init_numa, lib
 from localgen.engine.template import ChatTemplate
-from localgen.errors import ContextOverflowError, GrammarError, LocalgenError, ModelLoadError, TemplateError
+from localgen.engine.vocab import Vocabulary
+from localgen.errors import ContextOverflowError, LocalgenError, ModelLoadError
 from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
 
 # the load line that says some weights went into a repacked layout ("CPU_REPACK model buffer size = 12.66 MiB")
@@ -26,77 +28,28 @@ _ROPE = {None: -1, "none": 0, "linear": 1, "yarn": 2}
 _NUMA = {"distribute": 1, "isolate": 2, "numactl": 3}
 _LOAD_NONE, _LOAD_MMAP, _LOAD_MLOCK, _LOAD_MMAP_MLOCK = 0, 1, 2, 3
 
-_lib: Any = None
-_numa_done = False
 
-
-def lib() -> Any:
-    """The bindings, imported once: our log callback installed and llama.cpp's backends initialized."""
-    global _lib
-    if _lib is None:
-        import llama_cpp  # heavy: loads the shared library and numpy
-
-        logs.install(llama_cpp)
-        llama_cpp.llama_backend_init()
-        _lib = llama_cpp
-    return _lib
-
-
-def common_prefix(a: Any, b: Any) -> int:
-    """Length of the common leading run of two token sequences."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def backend_info() -> dict[str, Any]:
-    """What this llama-cpp-python build offers (no model needed)."""
+def _resolved(model: ModelRef, params: LoadParams, cpu_only: bool) -> LoadParams:
+    """The load settings as they will be used: the window rounded to llama.cpp's multiple of 256 (and capped
+    at the training context unless RoPE scaling stretches it), threads, GPU layers, batch sizes, repacking."""
     from localgen.engine import devices
 
-    lc = lib()
-    return {
-        "llama_cpp_python": lc.__version__,
-        "gpu_offload": devices.has_gpu(),
-        "mmap": bool(lc.llama_supports_mmap()),
-        "rpc": bool(lc.llama_supports_rpc()) if hasattr(lc, "llama_supports_rpc") else False,
-        "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
-    }
+    train_ctx = model.summary.context_length
+    n_ctx = -(-params.n_ctx // 256) * 256
+    if train_ctx and not params.rope_scaling and not params.rope_freq_scale:
+        n_ctx = min(n_ctx, train_ctx)
+    n_gpu = 0 if cpu_only else params.n_gpu_layers
+    if n_gpu is None:
+        n_gpu = -1 if devices.has_gpu() else 0
+    repack = params.repack if params.repack is not None else default_repack(model, params)
+    return dataclasses.replace(
+        params, n_ctx=n_ctx, n_threads=params.n_threads or hardware.physical_cores(),
+        n_threads_batch=params.n_threads_batch or hardware.usable_cores(), n_gpu_layers=n_gpu,
+        n_batch=min(params.n_batch, n_ctx), n_ubatch=min(params.n_ubatch, params.n_batch, n_ctx), repack=repack,
+    )
 
 
-def grammar_from_json_schema(schema_text: str) -> str:
-    """Convert a JSON schema to GBNF, or raise GrammarError."""
-    import json
-
-    try:
-        json.loads(schema_text)
-    except json.JSONDecodeError as e:
-        raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
-    lib()
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        return str(json_schema_to_gbnf(schema_text))
-    except Exception as e:  # the converter raises bare Exceptions of many kinds for schemas it cannot handle
-        raise GrammarError(f"cannot turn the JSON schema into a grammar: {e}") from None
-
-
-def default_repack(model: ModelRef, params: LoadParams) -> bool:
-    """Whether to use llama.cpp's repacked CPU weight layouts when the user did not say.
-
-    Repacking speeds up prompt processing for the types it covers, but a model whose repackable share is
-    small gains nothing, and repacked weights compute 4+ rows of a batch differently from fewer, which
-    costs exact batching most of its speed. So: on where at least half the weights are of a repackable
-    type (Q4_0, IQ4_NL, Q4_K on x86 with AVX2; more on ARM), off otherwise and when layers go to a GPU."""
-    if params.n_gpu_layers not in (None, 0):
-        return False
-    share = model.summary.repackable_share
-    return share is None or share >= 0.5
-
-
-class Engine:
+class Engine(Vocabulary):
     """One loaded model and its context, used by one thread. Keeps its KV cache between generations:
     `held` says which tokens the cache holds, and only the methods below change it."""
 
@@ -106,34 +59,14 @@ class Engine:
         lc = lib()
         self.lib = lc
         logs.set_echo(verbose)
-        train_ctx = model.summary.context_length
-        # llama.cpp rounds the window up to a multiple of 256; ask for the rounded number so both agree.
-        n_ctx = -(-params.n_ctx // 256) * 256
-        if train_ctx and not params.rope_scaling and not params.rope_freq_scale:
-            n_ctx = min(n_ctx, train_ctx)
-        threads = params.n_threads or hardware.physical_cores()
-        from localgen.engine import devices
-
-        n_gpu = 0 if cpu_only else params.n_gpu_layers
-        if n_gpu is None:
-            n_gpu = -1 if devices.has_gpu() else 0
-        repack = params.repack if params.repack is not None else default_repack(model, params)
-        self.params = LoadParams(
-            n_ctx=n_ctx, n_threads=threads, n_threads_batch=params.n_threads_batch or hardware.usable_cores(),
-            n_gpu_layers=n_gpu, n_batch=min(params.n_batch, n_ctx),
-            n_ubatch=min(params.n_ubatch, params.n_batch, n_ctx),
-            flash_attn=params.flash_attn, cache_type_k=params.cache_type_k, cache_type_v=params.cache_type_v,
-            use_mmap=params.use_mmap, use_mlock=params.use_mlock, numa=params.numa, repack=repack,
-            split_mode=params.split_mode, tensor_split=params.tensor_split, main_gpu=params.main_gpu,
-            rope_scaling=params.rope_scaling, rope_freq_base=params.rope_freq_base,
-            rope_freq_scale=params.rope_freq_scale, yarn_orig_ctx=params.yarn_orig_ctx, rpc=params.rpc,
-        )
+        self.params = _resolved(model, params, cpu_only)
+        n_gpu = self.params.n_gpu_layers or 0
         self._keep: list[Any] = []  # ctypes arrays the params point at, alive until the load is done
         logs.clear()
         t0 = time.perf_counter()
         self.model_ptr = self._load_model(lc, self.params, cpu_only)
         try:
-            self.ctx = self._new_context(lc, self.params)
+            self._ctx = self._new_context(lc, self.params)
         except BaseException:
             lc.llama_model_free(self.model_ptr)
             raise
@@ -142,7 +75,11 @@ class Engine:
         load_log = logs.lines(last=1000)
         # Which kernels this load uses, as far as batch invariance goes: llama.cpp's repacked CPU layouts
         # compute 4+ rows of a batch differently from fewer, and GPU kernels change with the batch size.
+        from localgen.engine import devices
+
         self.repacked = any(_REPACK_BUFFER.search(line) for line in load_log)
+        # 4+ rows of a batch take other kernels (repacked layouts, K-quants): exact batching keeps to 3
+        self.rows_vary = self.repacked or self.model.summary.batch_variant
         self.offloaded = n_gpu != 0 and (devices.has_gpu() or bool(params.rpc))
         if self.params.flash_attn is None:
             chosen = next((m.group(1) for line in load_log if (m := _FA_AUTO.search(line))), None)
@@ -150,26 +87,23 @@ class Engine:
         else:
             self.flash_attn = bool(self.params.flash_attn)
         self.vocab = lc.llama_model_get_vocab(self.model_ptr)
-        self.n_ctx = int(lc.llama_n_ctx(self.ctx))
+        self.n_ctx = int(lc.llama_n_ctx(self._ctx))
         self.n_batch = self.params.n_batch
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
-        self.params = LoadParams(**{**self.params.__dict__, "n_ctx": self.n_ctx})
+        self.params = dataclasses.replace(self.params, n_ctx=self.n_ctx)
         self._batch = lc.llama_batch_init(max(self.n_batch, 1), 0, 1)
-        self._mem = lc.llama_get_memory(self.ctx)
+        self._mem = lc.llama_get_memory(self._ctx)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._held: list[int] = []
         self._live = False  # logits of the last held token are available (row -1)
         self._template: ChatTemplate | None = None
         self._eog: tuple[int, ...] | None = None
-        self._add_bos = bool(lc.llama_vocab_get_add_bos(self.vocab))
 
     # ---- loading -------------------------------------------------------------------------------------
 
     def _load_model(self, lc: Any, p: LoadParams, cpu_only: bool) -> Any:
-        global _numa_done
-        if p.numa and not _numa_done:
-            lc.llama_numa_init(_NUMA[p.numa])
-            _numa_done = True
+        if p.numa:
+            init_numa(_NUMA[p.numa])
         mp = lc.llama_model_default_params()
         mp.n_gpu_layers = p.n_gpu_layers if p.n_gpu_layers is not None else 0
         mp.use_extra_bufts = bool(p.repack)
@@ -238,6 +172,34 @@ class Engine:
         return ModelLoadError(f"llama.cpp could not load {path}: {detail}", log=logs.lines())
 
     @property
+    def ctx(self) -> Any:
+        """The llama.cpp context (created again after release_context)."""
+        if self._ctx is None:
+            if self.model_ptr is None:
+                raise LocalgenError("internal: the engine is closed")
+            self._ctx = self._new_context(self.lib, self.params)
+            self._mem = self.lib.llama_get_memory(self._ctx)
+        return self._ctx
+
+    @property
+    def alive(self) -> bool:
+        """Whether the model and its context are loaded (not closed, not released)."""
+        return getattr(self, "model_ptr", None) is not None and getattr(self, "_ctx", None) is not None
+
+    def _memory(self) -> Any:
+        self.ctx  # noqa: B018 (creates it again if released)
+        return self._mem
+
+    def release_context(self) -> None:
+        """Free the context and its KV cache while another context on the same model (batching, beam
+        search) does the work; the next use creates it again."""
+        if self._ctx is not None:
+            self.lib.llama_free(self._ctx)
+            self._ctx = None
+            self._held = []
+            self._live = False
+
+    @property
     def identity(self) -> str:
         """What a saved KV state depends on: the model file, the settings that change the numbers in the
         cache or how they were computed, and the llama.cpp build. States of any other identity are never
@@ -251,86 +213,12 @@ class Engine:
             self.lib.__version__,
         ))
 
-    # ---- tokens --------------------------------------------------------------------------------------
-
-    def tokenize(self, text: str, add_special: bool) -> list[int]:
-        """Text to tokens; special-token text such as <|im_end|> becomes the control token."""
-        lc = self.lib
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        while True:
-            arr = (lc.llama_token * cap)()
-            n = lc.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, True)
-            if n >= 0:
-                return list(arr[:n])
-            cap = -n
-
-    def piece(self, token: int, special: bool = False) -> bytes:
-        """One token's bytes, leading space kept (detokenizing one token alone would strip it)."""
-        buf = self._piece_buf
-        n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
-
-    def token_text(self, token: int) -> str:
-        """A token as text, control tokens spelled out (<|im_end|>)."""
-        return self.piece(token, special=True).decode("utf-8", errors="replace") if token >= 0 else ""
-
-    def is_eog(self, token: int) -> bool:
-        """True for end-of-generation tokens (EOS, EOT, <|im_end|>, ...)."""
-        return bool(self.lib.llama_vocab_is_eog(self.vocab, token))
-
-    @property
-    def eog_tokens(self) -> tuple[int, ...]:
-        """Every end-of-generation token of the vocabulary (for --ignore-eos)."""
-        if self._eog is None:
-            self._eog = tuple(t for t in range(self.n_vocab) if self.is_eog(t))
-        return self._eog
-
-    @property
-    def template(self) -> ChatTemplate:
-        """The model's chat template, compiled once; TemplateError when it has none or it is broken."""
-        if self._template is None:
-            source = self.model.summary.chat_template
-            if not source:
-                raise TemplateError(
-                    f"{self.model.name} has no chat template (it may be a base model)",
-                    hint="use --raw to send the prompt as a plain completion",
-                )
-            lc = self.lib
-            self._template = ChatTemplate(source, self.token_text(lc.llama_vocab_bos(self.vocab)),
-                                          self.token_text(lc.llama_vocab_eos(self.vocab)))
-        return self._template
-
-    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        """Render the conversation with the model's template and tokenize it (special tokens parsed)."""
-        text = self.template.render(messages)
-        bos = self.template.bos_token
-        add_special = not (bos and text.startswith(bos))
-        return self.tokenize(text, add_special=add_special)
-
-    def raw_tokens(self, text: str) -> list[int]:
-        """Tokenize a plain completion prompt (BOS as the model asks)."""
-        return self.tokenize(text, add_special=True)
-
-    def check_grammar(self, gbnf: str) -> None:
-        """Parse a GBNF grammar natively, so a bad one is an error before any work."""
-        with _capture_fd2() as captured:
-            sampler = self.lib.llama_sampler_init_grammar(self.vocab, gbnf.encode("utf-8"), b"root")
-        if not sampler:
-            why = next((ln.strip() for ln in captured() if "error" in ln), "")
-            why = why.split("error parsing grammar:", 1)[-1].strip().rstrip(":")
-            raise GrammarError("the grammar does not parse" + (f": {why}" if why else ""))
-        self.lib.llama_sampler_free(sampler)
-
-    def sampler(self, s: SamplingParams, seed: int) -> Any:
+    def sampler(self, s: SamplingParams, seed: int, history: list[int] | tuple[int, ...] = ()) -> Any:
         """A sampler chain for this model (engine/sampling.py); free it with free_sampler."""
         from localgen.engine import sampling
 
         return sampling.build(self.lib, self.vocab, self.n_vocab, s, seed, self.n_ctx,
-                              self.eog_tokens if s.ignore_eos else ())
+                              self.eog_tokens if s.ignore_eos else (), history)
 
     def free_sampler(self, chain: Any) -> None:
         """Release a sampler chain."""
@@ -364,7 +252,7 @@ class Engine:
     def truncate(self, n: int) -> None:
         """Forget every held token from position n on."""
         if n < len(self._held):
-            if not self.lib.llama_memory_seq_rm(self._mem, -1, n, -1):
+            if not self.lib.llama_memory_seq_rm(self._memory(), -1, n, -1):
                 self.clear()  # recurrent models cannot drop a tail: start over
                 return
             del self._held[n:]
@@ -372,7 +260,7 @@ class Engine:
 
     def clear(self) -> None:
         """Empty the KV cache."""
-        self.lib.llama_memory_clear(self._mem, True)
+        self.lib.llama_memory_clear(self._memory(), True)
         self._held = []
         self._live = False
 
@@ -475,7 +363,7 @@ class Engine:
                 f"the prompt is {len(tokens):,} tokens; the context window is {self.n_ctx:,}",
                 hint="shorten the prompt or raise --ctx"
                 + (
-                    f" (this model was trained on up to {self.model.summary.context_length:,})"
+                    f"; this model was trained on up to {self.model.summary.context_length:,}"
                     if self.model.summary.context_length
                     else ""
                 ),
@@ -487,10 +375,12 @@ class Engine:
     def close(self) -> None:
         """Free the context, the model and the batch (idempotent)."""
         lc = self.lib
-        if getattr(self, "ctx", None):
+        if getattr(self, "_batch", None) is not None:
             lc.llama_batch_free(self._batch)
-            lc.llama_free(self.ctx)
-            self.ctx = None
+            self._batch = None
+        if getattr(self, "_ctx", None) is not None:
+            lc.llama_free(self._ctx)
+            self._ctx = None
         if getattr(self, "model_ptr", None):
             lc.llama_model_free(self.model_ptr)
             self.model_ptr = None
@@ -500,24 +390,4 @@ class Engine:
             self.close()
 
 
-@contextlib.contextmanager
-def _capture_fd2() -> Iterator[Any]:
-    """Capture what native code writes straight to fd 2 (llama.cpp's grammar parser uses fprintf)."""
-    import sys
-    import tempfile
-
-    lines: list[str] = []
-    with tempfile.TemporaryFile() as tmp:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield lambda: lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            lines.extend(tmp.read().decode("utf-8", errors="replace").splitlines())
-
-
-__all__ = ["Engine", "backend_info", "common_prefix", "grammar_from_json_schema", "lib"]
+__all__ = ["Engine"]

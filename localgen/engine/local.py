@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from localgen.backend import Completion, Indexed
-from localgen.engine.llama import Engine, common_prefix
+from localgen.engine.lib import common_prefix
+from localgen.engine.llama import Engine
 from localgen.errors import LocalgenError
 from localgen.types import GenerationRequest
 
@@ -82,6 +83,7 @@ class LocalBackend:
                     continue
                 yield Request(item.index, tokens, item.request.sampling, item.seed, item.request.logprobs)
 
+        self.engine.release_context()  # its KV cache would sit unused beside the parallel one
         pc = ParallelContext(self.engine, parallel, self.engine.n_ctx)
         try:
             pc.run(prepared(), on_done, exact=exact)

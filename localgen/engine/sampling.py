@@ -13,9 +13,10 @@ from localgen.types import SamplingParams
 
 
 def build(lc: Any, vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx: int,
-          eog: tuple[int, ...] = ()) -> Any:
+          eog: tuple[int, ...] = (), history: list[int] | tuple[int, ...] = ()) -> Any:
     """A new sampler chain (free it with llama_sampler_free). `eog`: the end-of-generation tokens, banned
-    when s.ignore_eos."""
+    when s.ignore_eos. `history`: the prompt's tokens, which the penalties and DRY see as llama.cpp's own
+    tools feed them (a repeat of the prompt is a repeat too); the grammar and later stages never do."""
     chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
 
     def add(sampler: Any) -> None:
@@ -38,6 +39,11 @@ def build(lc: Any, vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx
         dry_last = s.dry_penalty_last_n if s.dry_penalty_last_n >= 0 else n_ctx
         add(lc.llama_sampler_init_dry(vocab, s.dry_multiplier, s.dry_base, s.dry_allowed_length, dry_last, arr_b,
                                       len(breakers)))
+    if history and (s.repeat_penalty != 1.0 or s.frequency_penalty or s.presence_penalty or s.dry_multiplier > 0):
+        window = max(s.repeat_last_n if s.repeat_last_n >= 0 else n_ctx,
+                     (s.dry_penalty_last_n if s.dry_penalty_last_n >= 0 else n_ctx) if s.dry_multiplier > 0 else 0)
+        for token in list(history)[-window:] if window else ():
+            lc.llama_sampler_accept(chain, token)
     if s.grammar:
         g = lc.llama_sampler_init_grammar(vocab, s.grammar.encode("utf-8"), b"root")
         if not g:

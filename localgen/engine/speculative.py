@@ -105,7 +105,7 @@ def tokens(engine: Any, prompt: list[int], s: SamplingParams, seed: int, drafter
     called with each sampled token while its logits row is valid."""
     engine.evaluate(prompt[:-1], logits=False)  # the last prompt token goes into the first checking batch
     context = list(prompt)
-    chain = engine.sampler(s, seed)
+    chain = engine.sampler(s, seed, prompt)
     valid = len(engine.held)
     try:
         while True:

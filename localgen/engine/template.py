@@ -80,16 +80,13 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separato
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _environment() -> Any:
-    import jinja2.sandbox
+def _generation_tag() -> Any:
+    """HF's `{% generation %}...{% endgeneration %}` (marks assistant text for training masks): renders its
+    body, as transformers and llama-cpp-python do."""
     from jinja2 import nodes
-    from jinja2.exceptions import SecurityError
     from jinja2.ext import Extension
 
     class GenerationTag(Extension):
-        """HF's `{% generation %}...{% endgeneration %}` (marks assistant text for training masks): renders
-        its body, as transformers and llama-cpp-python do."""
-
         tags = {"generation"}  # noqa: RUF012 (jinja's API)
 
         def parse(self, parser: Any) -> Any:
@@ -99,6 +96,14 @@ def _environment() -> Any:
 
         def _body(self, caller: Any) -> str:
             return str(caller())
+
+    return GenerationTag
+
+
+def _sandbox_class() -> Any:
+    """The immutable sandbox with caps on what a template's operators and string methods may allocate."""
+    import jinja2.sandbox
+    from jinja2.exceptions import SecurityError
 
     class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset({"*", "**", "%"})
@@ -135,7 +140,12 @@ def _environment() -> Any:
                 _capped(__obj.__name__, lambda v, *a, **k: None)(owner, *args, **kwargs)
             return super().call(__context, __obj, *args, **kwargs)
 
-    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", GenerationTag])
+    return Sandbox
+
+
+def _environment() -> Any:
+    env = _sandbox_class()(trim_blocks=True, lstrip_blocks=True,
+                           extensions=["jinja2.ext.loopcontrols", _generation_tag()])
     env.policies["json.dumps_kwargs"] = {"ensure_ascii": False}
     env.filters["tojson"] = _tojson
     for name in ("center", "indent", "wordwrap", "truncate"):

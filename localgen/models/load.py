@@ -22,10 +22,13 @@ def is_oom(e: ModelLoadError) -> bool:
 
 
 def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
-                warn: Callable[[str], None] = lambda s: None, factory: Callable[..., Any] | None = None) -> Any:
-    """Load `ref`; with --gpu-layers unset, offload as many layers as the estimate says fit. `factory`
-    builds the engine (tests pass one that fails the way a full GPU does)."""
-    from localgen.engine.llama import Engine, backend_info
+                warn: Callable[[str], None] = lambda s: None, factory: Callable[..., Any] | None = None,
+                kv_tokens: int | None = None) -> Any:
+    """Load `ref`; with --gpu-layers unset, offload as many layers as the estimate says fit. `kv_tokens`:
+    the KV cells the work will hold at once when not one window (--parallel: N windows; beams: N
+    continuations). `factory` builds the engine (tests pass one that fails the way a full GPU does)."""
+    from localgen.engine.lib import backend_info
+    from localgen.engine.llama import Engine
 
     make = factory or Engine
     cpu_only = False
@@ -36,6 +39,9 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
             machine = fit.this_machine(offload)
             est = fit.estimate(ref.summary, ref.summary.file_size, params.n_ctx, params.cache_type_k,
                                params.cache_type_v, params.n_ubatch)
+            if kv_tokens:  # several windows (or beams) at once: their cells, not one window's
+                est = dataclasses.replace(est, kv=fit.kv_bytes(ref.summary, kv_tokens, params.cache_type_k,
+                                                               params.cache_type_v))
             layers = fit.gpu_layers(ref.summary, est, machine)
             cpu_only = layers == 0
         params = dataclasses.replace(params, n_gpu_layers=layers)

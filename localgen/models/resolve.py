@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localgen.errors import LocalgenError, ModelNotFoundError
-from localgen.models import catalogue, download, embedded, hfcache, names, store
-from localgen.models.gguf_meta import summarize
+from localgen.models import catalogue, embedded, hfcache, names, store
+from localgen.models.gguf_meta import read_summary
 from localgen.models.quant import QuantOption, group_options, pick, rank
 from localgen.types import ModelRef
+
+if TYPE_CHECKING:  # the transfer code (urllib, http.client) loads only when a pull happens
+    from localgen.models import download
 
 
 @dataclass(frozen=True)
@@ -32,19 +36,25 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
     if isinstance(spec, names.PathSpec):
         if not spec.path.is_file() and not spec.path.exists():
             raise ModelNotFoundError(f"no such model file: {spec.path}")
-        return ModelRef(name=spec.path.name, path=str(spec.path), source="path", summary=summarize(str(spec.path)))
+        return ModelRef(name=spec.path.name, path=str(spec.path), source="path",
+                        summary=read_summary(str(spec.path)))
     if isinstance(spec, names.CatalogueSpec):
         entry = _entry(spec.name)
         if entry.embedded:
             if spec.quant and spec.quant.upper() != entry.default_quant.upper():
                 raise ModelNotFoundError(f"{entry.name} ships only as {entry.default_quant}")
             path = embedded.locate(embedded.EMBEDDED[entry.name])
-            return ModelRef(name=entry.name, path=str(path), source="embedded", summary=summarize(str(path)),
+            return ModelRef(name=entry.name, path=str(path), source="embedded",
+                            summary=read_summary(str(path)),
                             sampling_defaults=entry.sampling)
         target = _catalogue_target(entry, spec.quant)
     else:
         target = Target(spec, spec.display, {})
-    return _hub_model(target, offline or hfcache.offline_env(), progress or download.Quiet(), pull_missing)
+    if progress is None:
+        from localgen.models.download import Quiet
+
+        progress = Quiet()
+    return _hub_model(target, offline or hfcache.offline_env(), progress, pull_missing)
 
 
 def _catalogue_target(entry: catalogue.CatalogueEntry, quant: str | None) -> Target:
@@ -86,7 +96,8 @@ def _from_cache(f: store.CachedFile, t: Target, progress: download.Progress) -> 
     for part in store.split_parts(f):
         _verify_blob(part.resolve(), progress)
     name = t.display if t.spec.quant or t.spec.filename else f"{f.repo}:{f.quant}"
-    return ModelRef(name=name, path=str(f.link), source="hf", summary=summarize(str(f.link)), repo=f.repo,
+    return ModelRef(name=name, path=str(f.link), source="hf", summary=read_summary(str(f.link)),
+                    repo=f.repo,
                     sha256=f.sha256, sampling_defaults=dict(t.sampling))
 
 
@@ -94,6 +105,8 @@ def _verify_blob(blob: Path, progress: download.Progress) -> None:
     """A cache blob is named by its SHA-256: hash it once (another tool may have written it unchecked)."""
     if not hfcache.SHA256.match(blob.name):
         return
+    from localgen.models import download
+
     if not download.verify_blob(blob, blob.name, blob.name[:12], progress):
         blob.unlink()
         raise LocalgenError(f"a cached file failed its SHA-256 check and was removed: {blob}",
@@ -133,9 +146,12 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
     s = t.spec
     listing = hub.list_repo(s.repo, s.revision)
     option = choose(group_options(list(listing.files)), t, s.repo)
+    from localgen.models import download
+
     paths = [download.fetch(s.repo, listing.commit, s.revision, f, progress) for f in option.files]
     name = t.display if s.quant or s.filename else f"{s.repo}:{option.tag}"
-    return ModelRef(name=name, path=str(paths[0]), source="hf", summary=summarize(str(paths[0])), repo=s.repo,
+    return ModelRef(name=name, path=str(paths[0]), source="hf", summary=read_summary(str(paths[0])),
+                    repo=s.repo,
                     sha256=option.first.sha256, sampling_defaults=dict(t.sampling))
 
 

@@ -1,0 +1,123 @@
+"""The bindings' ctypes layer, imported once and lightly; what this build offers; defaults that depend on
+the model and the machine."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from localgen.engine import logs
+from localgen.errors import LocalgenError
+from localgen.types import LoadParams, ModelRef
+
+_lib: Any = None
+_numa_done = False
+
+
+def lib() -> Any:
+    """The bindings' ctypes layer, imported once: our log callback installed and llama.cpp's backends
+    initialized."""
+    global _lib
+    if _lib is None:
+        llama_cpp = _import_ctypes_layer()
+        logs.install(llama_cpp)
+        llama_cpp.llama_backend_init()
+        _lib = llama_cpp
+    return _lib
+
+
+def _import_ctypes_layer() -> Any:
+    """`llama_cpp.llama_cpp` (the ctypes declarations) without the package's __init__, which imports the
+    high-level Llama class, its chat formats, jinja2 and numpy (0.15 s of every start, none of it used
+    here). The package is stood in by a module whose other attributes load the real modules on first
+    use, so `llama_cpp.Llama` still works for code that wants it."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    if "llama_cpp" in sys.modules:  # already imported in full (by another library, or a test)
+        return sys.modules["llama_cpp"]
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise LocalgenError("llama-cpp-python is not installed", hint="run scripts/install.sh")
+    package = types.ModuleType("llama_cpp")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__file__ = spec.origin
+    sys.modules["llama_cpp"] = package
+    try:
+        layer = importlib.import_module("llama_cpp.llama_cpp")
+    except BaseException:
+        del sys.modules["llama_cpp"]
+        raise
+    package.__dict__.update({k: v for k, v in vars(layer).items() if not k.startswith("__")})
+    package.__dict__["__version__"] = _version(spec.origin)
+
+    def __getattr__(name: str) -> Any:  # Llama, LlamaGrammar, ...: from the high-level modules
+        for module in ("llama_cpp.llama", "llama_cpp.llama_grammar", "llama_cpp.llama_cache"):
+            found = vars(importlib.import_module(module))
+            if name in found:
+                return found[name]
+        raise AttributeError(f"module 'llama_cpp' has no attribute {name!r}")
+
+    package.__dict__["__getattr__"] = __getattr__
+    return package
+
+
+def _version(init_py: str | None) -> str:
+    """The bindings' __version__, read from their __init__.py (importlib.metadata costs 5 ms)."""
+    try:
+        with open(init_py or "", encoding="utf-8") as f:
+            m = re.search(r"^__version__ = [\"']([^\"']+)", f.read(), re.M)
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    import importlib.metadata
+
+    return importlib.metadata.version("llama-cpp-python")
+
+
+def init_numa(strategy: int) -> None:
+    """llama.cpp's NUMA strategy, set once per process before the first load."""
+    global _numa_done
+    if not _numa_done:
+        lib().llama_numa_init(strategy)
+        _numa_done = True
+
+
+def common_prefix(a: Any, b: Any) -> int:
+    """Length of the common leading run of two token sequences."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def backend_info() -> dict[str, Any]:
+    """What this llama-cpp-python build offers (no model needed)."""
+    from localgen.engine import devices
+
+    lc = lib()
+    return {
+        "llama_cpp_python": lc.__version__,
+        "gpu_offload": devices.has_gpu(),
+        "mmap": bool(lc.llama_supports_mmap()),
+        "rpc": bool(lc.llama_supports_rpc()) if hasattr(lc, "llama_supports_rpc") else False,
+        "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+    }
+
+
+def default_repack(model: ModelRef, params: LoadParams) -> bool:
+    """Whether to use llama.cpp's repacked CPU weight layouts when the user did not say.
+
+    Repacking speeds up prompt processing for the types it covers, but a model whose repackable share is
+    small gains nothing, and repacked weights compute 4+ rows of a batch differently from fewer, which
+    costs exact batching most of its speed. So: on where at least half the weights are of a repackable
+    type (Q4_0, IQ4_NL, Q4_K on x86 with AVX2; more on ARM), off otherwise and when layers go to a GPU."""
+    if params.n_gpu_layers not in (None, 0):
+        return False
+    share = model.summary.repackable_share
+    return share is None or share >= 0.5

@@ -1,0 +1,91 @@
+"""The model's vocabulary side of the Engine: tokenize, detokenize a token, end-of-generation tokens, the
+chat template, and grammars checked against the vocabulary."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from localgen.engine.template import ChatTemplate
+from localgen.errors import TemplateError
+from localgen.types import ModelRef
+
+
+class Vocabulary:
+    """Needs `lib`, `vocab`, `n_vocab`, `model` and `_piece_buf` (the Engine sets them at load)."""
+
+    lib: Any
+    vocab: Any
+    n_vocab: int
+    model: ModelRef
+    _piece_buf: Any
+    _template: ChatTemplate | None
+    _eog: tuple[int, ...] | None
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        """Text to tokens; special-token text such as <|im_end|> becomes the control token."""
+        lc = self.lib
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        while True:
+            arr = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, True)
+            if n >= 0:
+                return list(arr[:n])
+            cap = -n
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """One token's bytes, leading space kept (detokenizing one token alone would strip it)."""
+        buf = self._piece_buf
+        n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return bytes(buf.raw[:n])
+
+    def token_text(self, token: int) -> str:
+        """A token as text, control tokens spelled out (<|im_end|>)."""
+        return self.piece(token, special=True).decode("utf-8", errors="replace") if token >= 0 else ""
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, <|im_end|>, ...)."""
+        return bool(self.lib.llama_vocab_is_eog(self.vocab, token))
+
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token of the vocabulary (for --ignore-eos)."""
+        if self._eog is None:
+            self._eog = tuple(t for t in range(self.n_vocab) if self.is_eog(t))
+        return self._eog
+
+    @property
+    def template(self) -> ChatTemplate:
+        """The model's chat template, compiled once; TemplateError when it has none or it is broken."""
+        if self._template is None:
+            source = self.model.summary.chat_template
+            if not source:
+                raise TemplateError(
+                    f"{self.model.name} has no chat template (it may be a base model)",
+                    hint="use --raw to send the prompt as a plain completion",
+                )
+            lc = self.lib
+            self._template = ChatTemplate(source, self.token_text(lc.llama_vocab_bos(self.vocab)),
+                                          self.token_text(lc.llama_vocab_eos(self.vocab)))
+        return self._template
+
+    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        """Render the conversation with the model's template and tokenize it (special tokens parsed)."""
+        text = self.template.render(messages)
+        bos = self.template.bos_token
+        add_special = not (bos and text.startswith(bos))
+        return self.tokenize(text, add_special=add_special)
+
+    def raw_tokens(self, text: str) -> list[int]:
+        """Tokenize a plain completion prompt (BOS as the model asks)."""
+        return self.tokenize(text, add_special=True)
+
+    def check_grammar(self, gbnf: str) -> None:
+        """Parse a GBNF grammar natively, so a bad one is an error before any work."""
+        from localgen.engine.grammar import check_grammar
+
+        check_grammar(self.lib, self.vocab, gbnf)
