@@ -80,6 +80,14 @@ class Backend(Protocol):
         Returns counters for --stats (e.g. decode calls and rows)."""
         ...
 
+    def save_conversation(self, name: str) -> None:
+        """Keep what makes resuming conversation `name` cheap (a local KV state; nothing for a remote)."""
+        ...
+
+    def restore_conversation(self, name: str, request: GenerationRequest) -> int:
+        """Restore it if it still matches the request; returns the prompt tokens it saves."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """The model and load settings, for --json and /show."""
         ...

@@ -10,6 +10,7 @@ import platform
 from typing import Any
 
 from localgen.bench.runner import Result
+from localgen.units import format_bytes
 
 # llama-bench's fields, in its order; ours follow.
 LLAMA_BENCH_FIELDS = [
@@ -93,7 +94,7 @@ SHORT = {"n_threads": "threads", "n_gpu_layers": "ngl", "n_batch": "n_batch", "n
 
 def size_gib(n: int) -> str:
     """llama-bench's size column."""
-    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.2f} MiB"
+    return format_bytes(n, llama_bench=True)
 
 
 def params_b(n: int) -> str:

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from localgen import settings
+from localgen.backend import Backend
 from localgen.chat.session import ChatSession
 from localgen.errors import ContextOverflowError
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats
@@ -20,7 +21,7 @@ class ChatRunner:
     """Builds each turn's request from the conversation (the backend reuses the cached prefix), sends the
     newest turns that fit the window, and records answers."""
 
-    def __init__(self, session: ChatSession, backend: Any, sampling: SamplingParams) -> None:
+    def __init__(self, session: ChatSession, backend: Backend, sampling: SamplingParams) -> None:
         self.session = session
         self.backend = backend
         self.sampling = sampling
@@ -95,7 +96,7 @@ class ChatRunner:
         conv = self.sent()
         return (self.count(conv) if conv else 0), int(self.backend.n_ctx)
 
-    def switch(self, backend: Any, model_name: str) -> None:
+    def switch(self, backend: Backend, model_name: str) -> None:
         """Use another model for the rest of the conversation."""
         old = self.backend
         self.backend = backend

@@ -11,6 +11,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.errors import UsageError
+from localgen.units import format_bytes
 
 bench_app = typer.Typer(
     help="Benchmark models and settings (llama-bench compatible), keep the results, compare runs.",
@@ -156,7 +157,7 @@ class _ProgressView:
 
 
 def _header(system: dict[str, Any]) -> str:
-    ram = f"{system['ram'] / (1 << 30):.1f} GiB" if system.get("ram") else "?"
+    ram = format_bytes(system.get("ram")) if system.get("ram") else "?"
     bw = f" · memory bandwidth {system['bandwidth'] / 1e9:.1f} GB/s" if system.get("bandwidth") else ""
     return (f"localgen {system['localgen_version']} · {system['build_commit']} · backend {system['backends']}\n"
             f"CPU {system['cpu_info']} · {system['cores']} cores · RAM {ram} · GPU {system['gpu_info'] or 'none'}{bw}")

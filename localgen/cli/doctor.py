@@ -26,6 +26,7 @@ def doctor(
     import localgen
     from localgen import hardware
     from localgen.engine.lib import backend_info
+    from localgen.units import format_bytes
 
     problems = 0
     ram = hardware.total_ram_bytes() or 0
@@ -34,11 +35,11 @@ def doctor(
           f"{platform.machine()}")
     print(f"CPU       {hardware.cpu_name()} · threads: {hardware.physical_cores()} for generation (physical "
           f"performance cores), {hardware.usable_cores()} for prompts and batches (logical CPUs usable)")
-    print(f"RAM       {ram / (1 << 30):.1f} GiB ({avail / (1 << 30):.1f} GiB available)")
+    print(f"RAM       {format_bytes(ram)} ({format_bytes(avail)} available)")
     gpus = hardware.gpus()
     if gpus:
         for g in gpus:
-            print(f"GPU       {g.name} · {g.total / (1 << 30):.1f} GiB ({g.free / (1 << 30):.1f} GiB free)")
+            print(f"GPU       {g.name} · {format_bytes(g.total)} ({format_bytes(g.free)} free)")
     else:
         print("GPU       none found (no nvidia-smi; not Apple Silicon)")
     info = backend_info()

@@ -10,16 +10,9 @@ import typer
 
 from localgen.cli import options as o
 from localgen.errors import LocalgenError, UsageError
+from localgen.units import format_bytes
 
 Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
-
-
-def _size(n: int | None) -> str:
-    if not n:
-        return "-"
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.1f} GB"
-    return f"{n / (1 << 20):.0f} MB"
 
 
 def _params(n: int | None) -> str:
@@ -64,7 +57,7 @@ def pull(
         print(json.dumps({"name": ref.name, "file": ref.path, "sha256": ref.sha256,
                           "quantization": ref.quantization, "size": ref.summary.file_size}))
     else:
-        print(f"{ref.name}  {ref.quantization}  {_size(ref.summary.file_size)}  {ref.path}")
+        print(f"{ref.name}  {ref.quantization}  {format_bytes(ref.summary.file_size)}  {ref.path}")
 
 
 def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
@@ -103,7 +96,8 @@ def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
           f"memory estimated at --ctx {ctx}")
     _table(
         ["QUANT", "SIZE", "BPW", "MEMORY", "FIT", ""],
-        [[r["quantization"], _size(r["size"]), str(r["bits_per_weight"] or "-"), _size(r["memory"]), r["fit"],
+        [[r["quantization"], format_bytes(r["size"]), str(r["bits_per_weight"] or "-"), format_bytes(r["memory"]),
+          r["fit"],
           " ".join(x for x in ("★ recommended" if r["recommended"] else "",
                                "✓ downloaded" if r["downloaded"] else "") if x)]
          for r in rows],
@@ -159,7 +153,7 @@ def list_models(
         print("no models yet: localgen pull NAME (see localgen list --catalogue)", file=sys.stderr)
         return
     _table(["NAME", "QUANT", "SIZE", "PARAMS", "CONTEXT", "WHERE"],
-           [[i["name"], i["quantization"] or "-", _size(i["size"]), _params(i["parameters"]),
+           [[i["name"], i["quantization"] or "-", format_bytes(i["size"]), _params(i["parameters"]),
              str(i["context_length"] or "-"), i["path"]] for i in items])
 
 
@@ -218,7 +212,7 @@ def show(
               "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary"}
     for k, v in doc.items():
         if k == "size":
-            v = _size(v)
+            v = format_bytes(v)
         elif k == "parameters":
             v = f"{_params(v)} ({v:,})"
         elif k == "chat_template":
@@ -267,11 +261,12 @@ def rm(
     desc = ", ".join(f"{f.repo}/{f.filename}" for f in files)
     if not yes:
         if not sys.stdin.isatty():
-            raise UsageError(f"would remove {desc} ({_size(total)}); pass --yes to confirm when not on a terminal")
-        if not typer.confirm(f"Remove {desc} ({_size(total)})?", default=False, err=True):
+            raise UsageError(f"would remove {desc} ({format_bytes(total)}); pass --yes to confirm when not on a "
+                             "terminal")
+        if not typer.confirm(f"Remove {desc} ({format_bytes(total)})?", default=False, err=True):
             raise typer.Exit(1)
     sizes = {p.resolve(): p.resolve().stat().st_size for f in files for p in store.split_parts(f) if p.exists()}
     links, blobs = store.remove(files)
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
-    print(f"removed {len(links)} file(s), freed {_size(freed) if freed else '0 MB'}{kept}")
+    print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 MB'}{kept}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from localgen.units import format_bytes
+
 
 class BarProgress:
     """Rich progress bar."""
@@ -59,7 +61,7 @@ class LineProgress:
         self.name, self.total, self.done = name, total, done
         pct = done * 100 // total if total else 100
         self.next_mark = (pct // 25 + 1) * 25
-        self._line(f"{name}: {_mb(total)}" + (f", resuming at {pct}%" if done else ""))
+        self._line(f"{name}: {format_bytes(total)}" + (f", resuming at {pct}%" if done else ""))
 
     def advance(self, n: int) -> None:
         self.done += n
@@ -74,10 +76,6 @@ class LineProgress:
 
     def note(self, text: str) -> None:
         self._line(text)
-
-
-def _mb(n: int) -> str:
-    return f"{n / (1 << 20):,.0f} MB"
 
 
 def make_progress() -> Any:

@@ -8,7 +8,7 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -16,6 +16,10 @@ from localgen.cli import options as o
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.errors import UsageError
 from localgen.types import GenerationRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from localgen.backend import Backend
+    from localgen.engine.local import LocalBackend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +95,7 @@ def check(f: o.Flags) -> RunPlan:
                    repack_on=f.given("repack") and bool(f.repack))
 
 
-def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> Any:
+def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
     """Resolve (pulling if needed) and load the model, and the draft model for --draft."""
     from localgen.cli.progress import make_progress
     from localgen.engine import speculative
@@ -140,12 +144,12 @@ def _kv_tokens(f: o.Flags, plan: RunPlan, n_ctx: int) -> int | None:
     return None
 
 
-def base_sampling(f: o.Flags, backend: Any, grammar: str | None) -> SamplingParams:
+def base_sampling(f: o.Flags, backend: Backend, grammar: str | None) -> SamplingParams:
     """The flags over the catalogue's recommended settings for this model."""
     return o.sampling(f, backend.defaults, grammar=grammar)
 
 
-def single_request(f: o.Flags, plan: RunPlan, backend: Any) -> GenerationRequest:
+def single_request(f: o.Flags, plan: RunPlan, backend: Backend) -> GenerationRequest:
     """The one prompt as a request: documents and piped text first, the question last."""
     text = "\n\n".join(plan.parts)
     shared = "\n\n".join(plan.parts[:-1]) + "\n\n" if len(plan.parts) > 1 else None
@@ -158,7 +162,7 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Any) -> GenerationRequest
                              prompt_cache=f.prompt_cache)
 
 
-def stream(f: o.Flags, backend: Any, request: GenerationRequest, err: ErrWriter) -> None:
+def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWriter) -> None:
     """Stream one answer to stdout (or one JSON object at the end)."""
     gen = backend.generate(request, started=time.perf_counter())
     out = TextWriter(sys.stdout, enabled=not f.json_out)
@@ -184,7 +188,7 @@ def stream(f: o.Flags, backend: Any, request: GenerationRequest, err: ErrWriter)
         TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling) + "\n")
 
 
-def run_beams(f: o.Flags, backend: Any, request: GenerationRequest, err: ErrWriter) -> None:
+def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest, err: ErrWriter) -> None:
     """Beam search; the best hypothesis (or all, with --json)."""
     import json
 
@@ -215,7 +219,7 @@ def run_beams(f: o.Flags, backend: Any, request: GenerationRequest, err: ErrWrit
         out.end()
 
 
-def run_many(f: o.Flags, backend: Any, err: ErrWriter) -> int:
+def run_many(f: o.Flags, backend: Backend, err: ErrWriter) -> int:
     """--file / --each-line; returns the exit status."""
     from localgen.cli.batchrun import run_batch
 

@@ -12,12 +12,15 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
 from localgen.engine.stops import StopMatcher
 from localgen.errors import LocalgenError
 from localgen.types import KV_CACHE_TYPES, SamplingParams
+
+if TYPE_CHECKING:
+    from localgen.engine.llama import Engine
 
 
 @dataclass
@@ -54,7 +57,7 @@ class _Seq:
 class ParallelContext:
     """A second context on the Engine's model with n_seq_max sequences, each with its own window."""
 
-    def __init__(self, engine: Any, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
+    def __init__(self, engine: Engine, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
                  n_seq_max: int | None = None) -> None:
         lc = engine.lib
         self.lc = lc

@@ -8,10 +8,14 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localgen.engine.stops import cut
 from localgen.errors import ContextOverflowError, LocalgenError
+
+if TYPE_CHECKING:
+    from localgen.engine.batch import ParallelContext
+    from localgen.engine.llama import Engine
 
 # Without -n, beams stop here: each beam's tokens take their own KV cells (len(prompt) + N × max_new in all).
 DEFAULT_MAX_NEW = 256
@@ -46,7 +50,7 @@ class BeamResult:
     decoded_tokens: int
 
 
-def search(engine: Any, prompt: list[int], n_beams: int, max_new: int, length_penalty: float = 1.0,
+def search(engine: Engine, prompt: list[int], n_beams: int, max_new: int, length_penalty: float = 1.0,
            stop: tuple[str, ...] = ()) -> BeamResult:
     """Run beam search on the prompt; returns every hypothesis ranked."""
     from localgen.engine.batch import ParallelContext
@@ -79,7 +83,7 @@ def search(engine: Any, prompt: list[int], n_beams: int, max_new: int, length_pe
     return BeamResult(finals[:n_beams], len(prompt), t2 - t1, t1 - t0, decoded)
 
 
-def _steps(engine: Any, pc: Any, n_prompt: int, row: int, n_beams: int, max_new: int,
+def _steps(engine: Engine, pc: ParallelContext, n_prompt: int, row: int, n_beams: int, max_new: int,
            stop: tuple[str, ...]) -> tuple[list[Hypothesis], list[Hypothesis], int]:
     """Grow the beams step by step; returns (live hypotheses, finished ones, tokens decoded)."""
     lc, ctx = pc.lc, pc.ctx
@@ -118,7 +122,8 @@ def _steps(engine: Any, pc: Any, n_prompt: int, row: int, n_beams: int, max_new:
     return [h for h, _s, _r in live], done, decoded
 
 
-def _candidates(pc: Any, live: list[tuple[Hypothesis, int, int]], n_beams: int) -> list[tuple[float, int, int]]:
+def _candidates(pc: ParallelContext, live: list[tuple[Hypothesis, int, int]],
+                n_beams: int) -> list[tuple[float, int, int]]:
     """The n_beams likeliest continuations of each live beam, best first: (summed logprob, beam, token)."""
     import numpy as np
 
@@ -138,6 +143,6 @@ def _decode(lc: Any, ctx: Any, batch: Any) -> None:
         raise LocalgenError("llama_decode failed during beam search", hint="fewer --beams or a larger --ctx")
 
 
-def _text(engine: Any, tokens: list[int]) -> str:
+def _text(engine: Engine, tokens: list[int]) -> str:
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     return "".join(dec.decode(engine.piece(t)) for t in tokens) + dec.decode(b"", final=True)

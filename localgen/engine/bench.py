@@ -7,15 +7,18 @@ from __future__ import annotations
 import ctypes
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from localgen.errors import LocalgenError
+
+if TYPE_CHECKING:
+    from localgen.engine.llama import Engine
 
 
 class BenchContext:
     """Drives one Engine's context directly. After use, the Engine's own prefix cache is invalidated."""
 
-    def __init__(self, engine: Any, seed: int = 1234) -> None:
+    def __init__(self, engine: Engine, seed: int = 1234) -> None:
         self.engine = engine
         self.lc = engine.lib
         self.ctx = engine.ctx
@@ -60,7 +63,7 @@ class BenchContext:
         return times
 
 
-def model_desc(engine: Any) -> str:
+def model_desc(engine: Engine) -> str:
     """llama.cpp's description of the model, e.g. "llama 135M Q4_1" (llama-bench's model_type)."""
     lc = engine.lib
     buf = ctypes.create_string_buffer(256)
@@ -68,7 +71,7 @@ def model_desc(engine: Any) -> str:
     return buf.value.decode("utf-8", errors="replace")
 
 
-def model_size(engine: Any) -> tuple[int, int]:
+def model_size(engine: Engine) -> tuple[int, int]:
     """(bytes of weights, parameters), as llama.cpp counts them."""
     lc = engine.lib
     return int(lc.llama_model_size(engine.model_ptr)), int(lc.llama_model_n_params(engine.model_ptr))

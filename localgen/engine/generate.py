@@ -9,10 +9,13 @@ import random
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localgen.engine.stops import StopMatcher
 from localgen.types import Chunk, FinishReason, SamplingParams, Stats, TokenLogprob
+
+if TYPE_CHECKING:
+    from localgen.engine.llama import Engine
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ def limit_for(s: SamplingParams, prompt_len: int, n_ctx: int) -> _Limit:
 class Generation:
     """A lazy stream: iterate for Chunks; read .text, .finish_reason and .stats when it is done."""
 
-    def __init__(self, engine: Any, tokens: list[int], sampling: SamplingParams, started: float | None = None,
+    def __init__(self, engine: Engine, tokens: list[int], sampling: SamplingParams, started: float | None = None,
                  drafter: Any = None, draft_max: int = 6, logprobs: int | None = None) -> None:
         self.engine = engine
         self.prompt = tokens

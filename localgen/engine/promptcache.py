@@ -12,9 +12,12 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from localgen import paths
+
+if TYPE_CHECKING:
+    from localgen.engine.llama import Engine
 
 MIN_PREFIX = 256  # shorter prefixes are quicker to evaluate than to load
 DEFAULT_CAP_MB = 4096
@@ -33,14 +36,14 @@ def cap_bytes() -> int:
         return DEFAULT_CAP_MB << 20
 
 
-def _digest(engine: Any, tokens: list[int] | None = None) -> str:
+def _digest(engine: Engine, tokens: list[int] | None = None) -> str:
     h = hashlib.sha256(engine.identity.encode())
     if tokens is not None:
         h.update(b"|".join(str(t).encode() for t in tokens))
     return h.hexdigest()
 
 
-def attach_prefix(engine: Any, prefix: list[int], warn: Callable[[str], None] = lambda s: None) -> str:
+def attach_prefix(engine: Engine, prefix: list[int], warn: Callable[[str], None] = lambda s: None) -> str:
     """Make the engine hold `prefix`: from a saved state when there is one, else by evaluating it and
     saving the state. Returns "hit", "saved", "skipped" (prefix too short) or "unwritable"."""
     if len(prefix) < MIN_PREFIX:
@@ -65,12 +68,12 @@ def attach_prefix(engine: Any, prefix: list[int], warn: Callable[[str], None] = 
     return "saved"
 
 
-def chat_state_path(engine: Any, name: str) -> Path:
+def chat_state_path(engine: Engine, name: str) -> Path:
     """The saved KV state of a conversation, for this engine's identity."""
     return cache_root() / "chats" / f"{name}.{_digest(engine)[:16]}.state"
 
 
-def save_chat(engine: Any, name: str) -> None:
+def save_chat(engine: Engine, name: str) -> None:
     """Keep a conversation's KV state for --resume (nothing when the cache is not writable)."""
     if len(engine.held) >= 16:
         with contextlib.suppress(OSError):
@@ -78,7 +81,7 @@ def save_chat(engine: Any, name: str) -> None:
             evict()
 
 
-def restore_chat(engine: Any, name: str, conversation_tokens: list[int]) -> int:
+def restore_chat(engine: Engine, name: str, conversation_tokens: list[int]) -> int:
     """Load a conversation's state if it was saved by this identity and is a prefix of the conversation
     as rendered now; returns the tokens reused."""
     path = chat_state_path(engine, name)

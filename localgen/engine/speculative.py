@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from localgen.errors import UsageError
 from localgen.types import SamplingParams
+
+if TYPE_CHECKING:
+    from localgen.engine.llama import Engine
 
 
 @dataclass
@@ -61,7 +64,7 @@ class LookupDrafter:
 class ModelDrafter:
     """A small model with the same vocabulary, drafting greedily; its KV cache follows the context."""
 
-    def __init__(self, target: Any, draft: Any) -> None:
+    def __init__(self, target: Engine, draft: Engine) -> None:
         check_vocab(target, draft)
         self.engine = draft
         self.greedy = draft.sampler(SamplingParams(temperature=0.0, repeat_penalty=1.0), 0)
@@ -86,7 +89,7 @@ class ModelDrafter:
         self.engine.close()
 
 
-def check_vocab(target: Any, draft: Any) -> None:
+def check_vocab(target: Engine, draft: Engine) -> None:
     """Refuse a draft model whose vocabulary differs (size, or the text of sampled token ids)."""
     nt, nd = target.n_vocab, draft.n_vocab
     if nt != nd:
@@ -99,7 +102,7 @@ def check_vocab(target: Any, draft: Any) -> None:
                              hint="pick a draft model of the same family")
 
 
-def tokens(engine: Any, prompt: list[int], s: SamplingParams, seed: int, drafter: Drafter, k: int,
+def tokens(engine: Engine, prompt: list[int], s: SamplingParams, seed: int, drafter: Drafter, k: int,
            counters: Counters, on_sample: Callable[[int, int], None] = lambda tok, row: None) -> Iterator[int]:
     """Yield sampled tokens as the plain path does, checking drafts in batches. `on_sample(token, row)` is
     called with each sampled token while its logits row is valid."""

@@ -26,6 +26,7 @@ from localgen import paths
 from localgen.errors import LocalgenError
 from localgen.models import hfcache, hub
 from localgen.models.quant import RemoteFile
+from localgen.units import format_bytes
 
 CHUNK = 1 << 20
 ATTEMPTS = 6
@@ -188,11 +189,12 @@ def _transfer(repo: str, commit: str, f: RemoteFile, blob: Path, progress: Progr
     need = f.size - have
     if free < need + MARGIN:
         raise DownloadError(
-            f"not enough disk space for {f.name}: need {_gb(need + MARGIN)}, have {_gb(free)} in {blob.parent}",
+            f"not enough disk space for {f.name}: need {format_bytes(need + MARGIN)}, have {format_bytes(free)} "
+            f"in {blob.parent}",
         )
     digest = hashlib.sha256()
     if have:
-        progress.note(f"{f.name}: resuming at {_gb(have)} of {_gb(f.size)}")
+        progress.note(f"{f.name}: resuming at {format_bytes(have)} of {format_bytes(f.size)}")
         with open(partial, "rb") as existing:
             while block := existing.read(CHUNK * 4):
                 digest.update(block)
@@ -307,10 +309,10 @@ def _stream(
                 progress.advance(len(block))
         except (TimeoutError, OSError, http.client.HTTPException) as e:
             _flush(out, size)
-            raise _Transient(f"connection dropped at {_gb(have)}: {type(e).__name__}") from None
+            raise _Transient(f"connection dropped at {format_bytes(have)}: {type(e).__name__}") from None
     _flush(out, size)
     if have < size:
-        raise _Transient(f"connection closed at {_gb(have)} of {_gb(size)}")
+        raise _Transient(f"connection closed at {format_bytes(have)} of {format_bytes(size)}")
     return have, False
 
 
@@ -319,9 +321,3 @@ def _flush(out: BinaryIO, size: int) -> None:
         out.flush()
     except OSError as e:
         raise _disk_error(e, Path(str(getattr(out, "name", "the download")))) from None
-
-
-def _gb(n: int) -> str:
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.1f} GB"
-    return f"{n / (1 << 20):.0f} MB"
