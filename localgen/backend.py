@@ -39,6 +39,9 @@ class Completion:
     total_s: float
     seed: int
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens a slot's cache already held
+    prompt_s: float = 0.0  # evaluating the prompt
+    decode_s: float = 0.0  # generating
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,14 @@ import typer
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("localgen.cli.run", "run"),
     "chat": ("localgen.cli.chat", "chat"),
+    "serve": ("localgen.cli.serve", "serve"),
     "pull": ("localgen.cli.models", "pull"),
     "list": ("localgen.cli.models", "list_models"),
     "show": ("localgen.cli.models", "show"),
     "rm": ("localgen.cli.models", "rm"),
     "bench": ("localgen.cli.bench", "bench_app"),
     "doctor": ("localgen.cli.doctor", "doctor"),
+    "rpc-server": ("localgen.cli.rpc", "rpc_server"),
 }
 HELP = "Chat with and generate from local GGUF models (llama.cpp): fast, quiet, scriptable."
 

@@ -113,6 +113,17 @@ def normalize_argv(args: list[str]) -> list[str]:
     return out
 
 
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def describe_os_error(e: OSError) -> str:
     """An OSError as one line a user can act on: `cannot write PATH: reason`."""
     reason = e.strerror or str(e)

@@ -182,6 +182,9 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
         err.warn(f"stopped: the context window ({backend.n_ctx:,} tokens) is full; raise --ctx for more")
     if f.stats:
         err.stats(gen.stats)
+        placement = getattr(getattr(backend, "engine", None), "placement", {})
+        if len(placement) > 1:
+            err.line("weights: " + " · ".join(f"{dev} {mib:,.1f} MiB" for dev, mib in placement.items()))
     if f.json_out:
         from localgen.cli.output import answer_json
 

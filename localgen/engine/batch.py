@@ -23,15 +23,21 @@ if TYPE_CHECKING:
     from localgen.engine.llama import Engine
 
 
+END = object()  # what a request source returns when it has nothing more, ever
+
+
 @dataclass
 class Request:
-    """One prompt to complete: its position in the input, tokens and sampling."""
+    """One prompt to complete: its position in the input, tokens and sampling; optionally a callback for
+    each piece of text as it is decided (streaming) and a flag that cancels it."""
 
     index: int
     tokens: list[int]
     sampling: SamplingParams
     seed: int = 0
     logprobs: int | None = None
+    on_text: Callable[[str], None] | None = None
+    cancelled: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -47,6 +53,9 @@ class _Seq:
     stops: Any = None
     first: float | None = None
     logprobs: list[Any] = field(default_factory=list)
+    emitted: int = 0  # characters of text passed to on_text
+    cached: int = 0  # prompt tokens the slot's KV cache already held
+    prefilled: float = 0.0  # when the prompt was evaluated
 
     @property
     def next_pos(self) -> int:
@@ -84,6 +93,7 @@ class ParallelContext:
             raise LocalgenError(f"llama.cpp could not create a context for {n_parallel} sequences",
                                 hint="lower --parallel or --ctx")
         self.n_batch = int(p.n_batch)
+        self.held: dict[int, list[int]] = {}  # per slot: the tokens its KV cache holds (for reuse)
         self.steps = 0  # generation llama_decode calls, and the rows they carried
         self.rows = 0
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
@@ -124,42 +134,37 @@ class ParallelContext:
         b.n_tokens = i + 1
         return int(i)
 
-    def run(self, requests: Iterator[Request], on_done: Callable[[Completion], None],
-            should_stop: Callable[[], bool] = lambda: False, exact: bool | None = None) -> None:
+    def run(self, requests: Iterator[Request] | Callable[[bool], Any], on_done: Callable[[Completion], None],
+            should_stop: Callable[[], bool] = lambda: False, exact: bool | None = None,
+            reuse: bool = False) -> None:
         """Complete every request, N at a time; `on_done` gets each Completion as it finishes.
 
-        A new sequence's prompt is evaluated on its own, in the chunks the single-stream path uses, and
-        then every step decodes one token of each sequence, in slot order (llama.cpp cuts a batch for
-        separate KV streams into ubatches of consecutive sequence ids). So each sequence's numbers go
-        through the same kernels as when it runs alone, wherever those kernels give a row the same result
-        whatever else is in the batch."""
+        `requests` is an iterator, or a function `take(wait)` returning the next Request, None when there is
+        none yet (it may block when `wait`: nothing is running), or END. A new sequence's prompt is evaluated
+        on its own, in the chunks the single-stream path uses, and then every step decodes one token of each
+        sequence, in slot order (llama.cpp cuts a batch for separate KV streams into ubatches of consecutive
+        sequence ids). So each sequence's numbers go through the same kernels as when it runs alone, wherever
+        those kernels give a row the same result whatever else is in the batch. With `reuse`, a slot keeps
+        its last sequence's KV cache and a request that starts with those tokens evaluates only the rest (a
+        server's chat clients re-send the growing conversation)."""
+        take = requests if callable(requests) else _from_iterator(requests)
         free = list(range(self.n_parallel))  # a heap: the lowest free slot first, to keep slots consecutive
         active: dict[int, _Seq] = {}
         exhausted = False
         while True:
             while free and not exhausted and not should_stop():
-                req = next(requests, None)
-                if req is None:
+                req = take(not active)
+                if req is END:
                     exhausted = True
                     break
-                if req.sampling.max_tokens == 0:  # nothing to generate, as llama.cpp's -n 0
-                    on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
-                    continue
-                if len(req.tokens) >= self.n_ctx_seq:
-                    on_done(Completion(req.index, "", "error: the prompt is longer than the context window "
-                                       f"({len(req.tokens):,} ≥ {self.n_ctx_seq:,} tokens)", len(req.tokens), 0,
-                                       0.0, 0.0, req.seed))
-                    continue
-                slot = heapq.heappop(free)
-                self.clear(slot)
-                seq = _Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(),
-                           decoder=codecs.getincrementaldecoder("utf-8")(errors="replace"),
-                           stops=StopMatcher(req.sampling.stop))
-                active[slot] = seq
-                self._prefill(seq)
-                self._sample(seq, self.batch.n_tokens - 1, active, free, on_done, should_stop)
+                if req is None:
+                    break
+                self._admit(req, free, active, on_done, should_stop, reuse)
+            self._cancel(active, free, on_done)
             if not active:
-                return
+                if exhausted or should_stop():
+                    return
+                continue
             for group in self.groups([active[slot] for slot in sorted(active)], exact):
                 self.batch.n_tokens = 0
                 wants: list[tuple[_Seq, int]] = []
@@ -172,6 +177,46 @@ class ParallelContext:
                 self.rows += len(wants)
                 for seq, i in wants:
                     self._sample(seq, i, active, free, on_done, should_stop)
+
+    def _admit(self, req: Request, free: list[int], active: dict[int, _Seq], on_done: Callable[[Completion], None],
+               should_stop: Callable[[], bool], reuse: bool) -> None:
+        """Start a request in a free slot: its prompt evaluated (from what the slot holds, with `reuse`)."""
+        if req.sampling.max_tokens == 0:  # nothing to generate, as llama.cpp's -n 0
+            on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
+            return
+        if len(req.tokens) >= self.n_ctx_seq:
+            on_done(Completion(req.index, "", "error: the prompt is longer than the context window "
+                               f"({len(req.tokens):,} ≥ {self.n_ctx_seq:,} tokens)", len(req.tokens), 0,
+                               0.0, 0.0, req.seed))
+            return
+        slot, keep = self._pick_slot(free, req.tokens) if reuse else (heapq.heappop(free), 0)
+        seq = _Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(),
+                   decoder=codecs.getincrementaldecoder("utf-8")(errors="replace"),
+                   stops=StopMatcher(req.sampling.stop), cached=keep)
+        active[slot] = seq
+        self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), slot, keep, -1)
+        self.held[slot] = list(req.tokens)
+        row = self.prefill(req.tokens, slot, keep)
+        seq.prefilled = time.perf_counter()
+        self._sample(seq, row, active, free, on_done, should_stop)
+
+    def _pick_slot(self, free: list[int], tokens: list[int]) -> tuple[int, int]:
+        """The free slot whose cached tokens share the longest prefix with `tokens`, and how many to keep
+        (at least the last prompt token is evaluated again, for its logits)."""
+        from localgen.engine.lib import common_prefix
+
+        best, keep = free[0], 0
+        for slot in free:
+            n = min(common_prefix(self.held.get(slot, ()), tokens), len(tokens) - 1)
+            if n > keep or (n == keep and slot < best):
+                best, keep = slot, n
+        free.remove(best)
+        heapq.heapify(free)
+        return best, keep
+
+    def _cancel(self, active: dict[int, _Seq], free: list[int], on_done: Callable[[Completion], None]) -> None:
+        for seq in [s for s in active.values() if s.req.cancelled is not None and s.req.cancelled()]:
+            self._finish(seq, "cancelled", active, free, on_done)
 
     def groups(self, seqs: list[_Seq], exact: bool | None) -> list[list[_Seq]]:
         """Split one decoding step (sequences in slot order) into llama_decode calls.
@@ -200,14 +245,12 @@ class ParallelContext:
                 (few if eng.rows_vary else rest).append(seq)
         return [[s] for s in alone] + [few[i:i + 3] for i in range(0, len(few), 3)] + ([rest] if rest else [])
 
-    def _prefill(self, seq: _Seq) -> None:
-        self.prefill(seq.req.tokens, seq.slot)
-
-    def prefill(self, tokens: list[int], seq: int) -> int:
-        """Evaluate one sequence's prompt alone, in the single-stream path's n_batch pieces (llama.cpp rounds
-        a row differently in batches of other sizes); returns the batch row of the last token's logits."""
+    def prefill(self, tokens: list[int], seq: int, first: int = 0) -> int:
+        """Evaluate one sequence's prompt (from `start`: the cache holds the rest) alone, in the single-stream
+        path's n_batch pieces (llama.cpp rounds a row differently in batches of other sizes); returns the
+        batch row of the last token's logits."""
         row = -1
-        for start in range(0, len(tokens), self.n_chunk):
+        for start in range(first, len(tokens), self.n_chunk):
             self.batch.n_tokens = 0
             chunk = tokens[start:start + self.n_chunk]
             for k, tok in enumerate(chunk):
@@ -231,6 +274,8 @@ class ParallelContext:
         if seq.first is None:
             seq.first = time.perf_counter()
         reason = self._step(seq, tok)
+        if reason == "eos":
+            del seq.logprobs[len(seq.out):]  # the end token is not part of the answer
         if reason is not None or should_stop():
             self._finish(seq, reason or "cancelled", active, free, on_done)
 
@@ -240,11 +285,18 @@ class ParallelContext:
         if not s.ignore_eos and self.lc.llama_vocab_is_eog(self.vocab, tok):
             return "eos"
         seq.out.append(tok)
+        if len(seq.out) > 1:
+            self.held[seq.slot].append(seq.out[-2])  # fed at the step that sampled this one
         seq.text += seq.decoder.decode(self.engine.piece(tok))
         hit = seq.stops.find(seq.text)
         if hit is not None:
             seq.text = seq.text[:hit]
             return "stop"
+        if seq.req.on_text is not None:
+            safe = seq.stops.safe(seq.text)
+            if safe > seq.emitted:
+                seq.req.on_text(seq.text[seq.emitted:safe])
+                seq.emitted = safe
         if s.max_tokens > 0 and len(seq.out) >= s.max_tokens:
             return "length"
         if len(seq.req.tokens) + len(seq.out) >= self.n_ctx_seq:
@@ -256,12 +308,21 @@ class ParallelContext:
                 on_done: Callable[[Completion], None]) -> None:
         if reason != "stop":
             seq.text += seq.decoder.decode(b"", final=True)
+        if seq.req.on_text is not None and len(seq.text) > seq.emitted:
+            seq.req.on_text(seq.text[seq.emitted:])
+            seq.emitted = len(seq.text)
         now = time.perf_counter()
         on_done(Completion(seq.req.index, seq.text, reason, len(seq.req.tokens), len(seq.out),
-                           (seq.first or now) - seq.started, now - seq.started, seq.req.seed, seq.logprobs))
+                           (seq.first or now) - seq.started, now - seq.started, seq.req.seed, seq.logprobs,
+                           cached_tokens=seq.cached, prompt_s=seq.prefilled - seq.started,
+                           decode_s=now - seq.prefilled))
         self.lc.llama_sampler_free(seq.sampler)
         del active[seq.slot]
         heapq.heappush(free, seq.slot)
+
+
+def _from_iterator(it: Iterator[Request]) -> Callable[[bool], Any]:
+    return lambda wait: next(it, END)
 
 
 def new_seed() -> int:

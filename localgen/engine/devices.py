@@ -18,11 +18,10 @@ def _lib() -> Any:
     """libggml with the signatures used here (loaded by the bindings; registry functions live in it)."""
     global _ggml
     if _ggml is None:
-        from localgen.engine.lib import lib
+        from localgen.engine.lib import lib, libggml
 
         lib()
-        from llama_cpp._ggml import libggml
-
+        g = libggml()
         vp, sz = ctypes.c_void_p, ctypes.c_size_t
         sigs = {
             "ggml_backend_dev_count": ([], sz), "ggml_backend_dev_get": ([sz], vp),
@@ -34,10 +33,10 @@ def _lib() -> Any:
             "ggml_backend_register": ([vp], None),
         }
         for name, (args, res) in sigs.items():
-            fn = getattr(libggml, name)
+            fn = getattr(g, name)
             fn.argtypes = args
             fn.restype = res
-        _ggml = libggml
+        _ggml = g
     return _ggml
 
 
@@ -66,16 +65,80 @@ def devices() -> list[Device]:
     return out
 
 
+def start_rpc_server(endpoint: str, threads: int, cache_dir: str | None) -> None:
+    """Serve this machine's devices to llama.cpp RPC clients (blocks until the process ends): the GPUs if
+    there are any, else the CPU, through ggml_backend_rpc_start_server of this very build, so client and
+    server always speak the same protocol."""
+    g = _lib()
+    reg = g.ggml_backend_reg_by_name(b"RPC")
+    start = g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_start_server") if reg else None
+    if not start:
+        raise LocalgenError("this llama-cpp-python was built without RPC support",
+                            hint="rebuild it with scripts/install.sh (it builds with -DGGML_RPC=on)")
+    chosen = [i for i, d in enumerate(devices()) if d.kind in (GPU, IGPU) and not d.name.startswith("RPC")]
+    if not chosen:
+        chosen = [i for i, d in enumerate(devices()) if d.kind == CPU][:1]
+    arr = (ctypes.c_void_p * len(chosen))(*[g.ggml_backend_dev_get(i) for i in chosen])
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                          ctypes.POINTER(ctypes.c_void_p))(start)
+    fn(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, len(chosen), arr)
+
+
 def has_gpu() -> bool:
     """Whether this build sees a local GPU (RPC servers are not one: llama.cpp's own
     llama_supports_gpu_offload says yes for any build with RPC compiled in)."""
     return any(d.kind in (GPU, IGPU) and not d.name.startswith("RPC") for d in devices())
 
 
+RPC_PROTO_MAJOR = 7  # llama.cpp's RPC protocol of this build (ggml-rpc.h)
+_HELLO, _CAPS = 14, 24  # RPC_CMD_HELLO, RPC_CONN_CAPS_SIZE
+
+
+def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
+    """Check an RPC server before llama.cpp connects (it aborts the process when a server cannot be
+    reached or speaks another version): connect and exchange HELLO; returns its protocol version."""
+    import socket
+    import struct
+
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise LocalgenError(f"bad RPC server {endpoint!r}: use HOST:PORT")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as s:
+            s.sendall(bytes([_HELLO]) + struct.pack("<Q", _CAPS) + bytes(_CAPS))
+            head = _recv(s, 8)
+            size = struct.unpack("<Q", head)[0]
+            if size != 4 + _CAPS:
+                raise LocalgenError(f"the RPC server {endpoint} speaks another protocol (answer of {size} bytes)",
+                                    hint="run `localgen rpc-server` from the same llama-cpp-python build")
+            major, minor, patch = _recv(s, size)[:3]
+    except OSError as e:
+        raise LocalgenError(f"cannot reach the RPC server {endpoint}: {e.strerror or e}",
+                            hint="start it with `localgen rpc-server` on that machine") from None
+    if major != RPC_PROTO_MAJOR:
+        raise LocalgenError(f"the RPC server {endpoint} speaks protocol {major}.{minor}.{patch}; this build speaks "
+                            f"{RPC_PROTO_MAJOR}.x",
+                            hint="run `localgen rpc-server` from the same llama-cpp-python build")
+    return major, minor, patch
+
+
+def _recv(sock: Any, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        part = sock.recv(n - len(data))
+        if not part:
+            raise ConnectionError(0, "the server closed the connection")
+        data += part
+    return data
+
+
 def register_rpc(servers: tuple[str, ...]) -> list[Device]:
     """Add llama.cpp RPC servers (HOST:PORT) as devices, once each, as llama.cpp's --rpc does:
-    the RPC backend's ggml_backend_rpc_add_server proc address, then ggml_backend_register. Returns the
-    devices they bring."""
+    the RPC backend's ggml_backend_rpc_add_server proc address, then ggml_backend_register. Every server is
+    checked first (reachable, same protocol). Returns the devices they bring."""
+    for endpoint in servers:
+        if endpoint not in _registered:
+            rpc_hello(endpoint)
     g = _lib()
     reg = g.ggml_backend_reg_by_name(b"RPC")
     if not reg:

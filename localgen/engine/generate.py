@@ -114,6 +114,7 @@ class Generation:
                         t_first = t_last
                     if eng.is_eog(token) and not s.ignore_eos:
                         reason = "eos"
+                        del self.logprobs[len(self.tokens):]  # the end token is not part of the answer
                         break
                     self.tokens.append(token)
                     self.text += decoder.decode(eng.piece(token))

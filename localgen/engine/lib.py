@@ -21,9 +21,83 @@ def lib() -> Any:
     if _lib is None:
         llama_cpp = _import_ctypes_layer()
         logs.install(llama_cpp)
+        _install_abort_handler()
         llama_cpp.llama_backend_init()
         _lib = llama_cpp
     return _lib
+
+
+_abort_cb: Any = None  # the ctypes thunk; kept referenced
+_libggml: Any = None
+
+
+def libggml() -> Any:
+    """The ggml library llama.cpp itself uses. A wheel cannot hold symlinks, so it carries libggml.so and
+    libggml.so.0 as two files: loading the other one (as the bindings' _ggml module does) would give a second
+    device registry that llama.cpp never sees."""
+    import ctypes
+    import os
+
+    global _libggml
+    if _libggml is None:
+        lc = _lib if _lib is not None else _import_ctypes_layer()
+        libdir = os.path.join(os.path.dirname(lc.__file__ or ""), "lib")
+        mapped = _mapped("libggml.")
+        names = ([mapped] if mapped else []) + [os.path.join(libdir, n) for n in (
+            "libggml.so.0", "libggml.0.dylib", "libggml.so", "libggml.dylib", "ggml.dll")]
+        path = next((n for n in names if os.path.exists(n)), None)
+        if path is None:
+            raise OSError("libggml not found beside the bindings")
+        _libggml = ctypes.CDLL(path)
+    return _libggml
+
+
+def _mapped(prefix: str) -> str | None:
+    """The path of a shared library this process has mapped whose file name starts with `prefix` (Linux)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rsplit(None, 1)[-1]
+                if "/" in path and path.rsplit("/", 1)[-1].startswith(prefix) and ".so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _install_abort_handler() -> None:
+    """When llama.cpp meets a state it cannot go on from (GGML_ABORT: a GPU with no memory for its own
+    context, an RPC server that went away mid-generation), it aborts the process with a C backtrace. localgen
+    cannot continue either, but says so in one line and exits 1."""
+    import ctypes
+    import os
+    import sys
+
+    global _abort_cb
+    try:
+        setter = libggml().ggml_set_abort_callback
+    except (AttributeError, OSError):
+        return
+    callback_type = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+    def on_abort(message: bytes | None) -> None:
+        text = (message or b"").decode("utf-8", errors="replace").strip()
+        why = text.split(": ", 1)[-1] if ": " in text else text
+        hint = ""
+        if "RPC" in text:
+            hint = " (an RPC server went away or failed: a generation cannot go on without it; run again)"
+        elif "CUDA" in text or "out of memory" in text.lower():
+            hint = " (the GPU ran out of memory: try fewer --gpu-layers, a smaller --ctx, or free GPU memory)"
+        try:
+            sys.stderr.write(f"localgen: error: llama.cpp stopped: {why}{hint}\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(1)
+
+    _abort_cb = callback_type(on_abort)
+    setter.argtypes = [callback_type]
+    setter.restype = callback_type
+    setter(_abort_cb)
 
 
 def _import_ctypes_layer() -> Any:

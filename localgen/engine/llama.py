@@ -23,6 +23,7 @@ from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
 # the load line that says some weights went into a repacked layout ("CPU_REPACK model buffer size = 12.66 MiB")
 _REPACK_BUFFER = re.compile(r"_REPACK model buffer size = *(?!0\.00 )[0-9.]+")
 _FA_AUTO = re.compile(r"Flash Attention (enabled|not supported)")
+_BUFFER = re.compile(r"load_tensors:\s+(.+?) model buffer size =\s+([0-9.]+) MiB")
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
 _ROPE = {None: -1, "none": 0, "linear": 1, "yarn": 2}
 _NUMA = {"distribute": 1, "isolate": 2, "numactl": 3}
@@ -40,7 +41,7 @@ def _resolved(model: ModelRef, params: LoadParams, cpu_only: bool) -> LoadParams
         n_ctx = min(n_ctx, train_ctx)
     n_gpu = 0 if cpu_only else params.n_gpu_layers
     if n_gpu is None:
-        n_gpu = -1 if devices.has_gpu() else 0
+        n_gpu = -1 if devices.has_gpu() or params.rpc else 0  # RPC servers' devices take layers as GPUs do
     repack = params.repack if params.repack is not None else default_repack(model, params)
     return dataclasses.replace(
         params, n_ctx=n_ctx, n_threads=params.n_threads or hardware.physical_cores(),
@@ -78,6 +79,8 @@ class Engine(Vocabulary):
         from localgen.engine import devices
 
         self.repacked = any(_REPACK_BUFFER.search(line) for line in load_log)
+        # where the weights went: device → MiB ("CPU_Mapped", "CUDA0", "RPC0[host:port]"), from llama.cpp's log
+        self.placement = {m.group(1): float(m.group(2)) for line in load_log if (m := _BUFFER.search(line))}
         # 4+ rows of a batch take other kernels (repacked layouts, K-quants): exact batching keeps to 3
         self.rows_vary = self.repacked or self.model.summary.batch_variant
         self.offloaded = n_gpu != 0 and (devices.has_gpu() or bool(params.rpc))

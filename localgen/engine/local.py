@@ -117,6 +117,7 @@ class LocalBackend:
         load["flash_attn"] = self.engine.flash_attn
         load["tensor_split"] = list(load["tensor_split"])
         load["rpc"] = list(load["rpc"])
+        load["weights_mib"] = dict(self.engine.placement)  # where the weights went, by device
         return {
             "model": {"name": ref.name, "file": ref.path, "source": ref.source, "quantization": ref.quantization,
                       "architecture": ref.summary.architecture, "parameters": ref.summary.n_params,

@@ -32,7 +32,7 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
 
     make = factory or Engine
     cpu_only = False
-    if params.n_gpu_layers is None:
+    if params.n_gpu_layers is None and not params.rpc:  # with RPC servers every layer goes to the devices
         offload = bool(backend_info()["gpu_offload"])
         layers = 0
         if offload:

@@ -1,0 +1,189 @@
+"""`localgen serve`: the models behind OpenAI's and Ollama's HTTP APIs, on the continuous-batching engine.
+This module is the Typer signature and the start-up; localgen/serve/ is the server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.errors import LocalgenError, UsageError
+
+SERVE = "Server"
+
+
+def serve(
+    ctx: typer.Context,
+    models: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", envvar="LOCALGEN_MODEL", rich_help_panel=SERVE, show_default=False,
+                     help="A model to serve (repeatable; default smollm2:135m). Requests name it in `model`."),
+    ] = None,
+    host: Annotated[
+        str, typer.Option("--host", rich_help_panel=SERVE,
+                          help="Address to listen on. Anything but loopback is reachable by others: use an API key.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, rich_help_panel=SERVE, help="Port.")] = 11435,
+    parallel: Annotated[
+        int, typer.Option("--parallel", "-np", min=1, max=256, rich_help_panel=SERVE,
+                          help="Slots per model: requests decoded together (continuous batching).")
+    ] = 4,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="LOCALGEN_API_KEY", rich_help_panel=SERVE, show_default=False,
+                                 help="Require `Authorization: Bearer KEY` on every route but /health.")
+    ] = None,
+    api_key_file: Annotated[
+        Path | None, typer.Option("--api-key-file", exists=True, dir_okay=False, readable=True,
+                                  rich_help_panel=SERVE, show_default=False, help="Read the API key from a file.")
+    ] = None,
+    keep_alive: Annotated[
+        str, typer.Option("--keep-alive", rich_help_panel=SERVE,
+                          help="Unload a model after this long idle (e.g. 10m, 1h; -1 never); the next request "
+                               "loads it again.")
+    ] = "5m",
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", min=0, rich_help_panel=SERVE,
+                          help="Requests that may wait for a slot, per model; past it the answer is 503.")
+    ] = 64,
+    exact: Annotated[
+        bool | None, typer.Option("--exact/--no-exact", rich_help_panel=SERVE, show_default=False,
+                                  help="As with run --parallel: keep greedy answers identical to running alone "
+                                       "(the default), all answers (--exact), or batch everything (--no-exact).")
+    ] = None,
+    offline: o.Offline = False,
+    verbose: o.Verbose = False,
+    temperature: o.Temperature = o.DEFAULTS.temperature,
+    top_k: o.TopK = o.DEFAULTS.top_k,
+    top_p: o.TopP = o.DEFAULTS.top_p,
+    min_p: o.MinP = o.DEFAULTS.min_p,
+    repeat_penalty: o.RepeatPenalty = o.DEFAULTS.repeat_penalty,
+    seed: o.Seed = None,
+    max_tokens: o.MaxTokens = o.DEFAULTS.max_tokens,
+    ctx_size: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
+    threads: o.Threads = None,
+    threads_batch: o.ThreadsBatch = None,
+    gpu_layers: o.GpuLayers = None,
+    batch_size: o.Batch = o.LOAD_DEFAULTS.n_batch,
+    ubatch_size: o.UBatch = o.LOAD_DEFAULTS.n_ubatch,
+    flash_attn: o.FlashAttn = None,
+    no_flash_attn: o.NoFlashAttn = False,
+    cache_type_k: o.CacheK = o.LOAD_DEFAULTS.cache_type_k,
+    cache_type_v: o.CacheV = o.LOAD_DEFAULTS.cache_type_v,
+    repack: o.Repack = None,
+    mlock: o.Mlock = False,
+    no_mmap: o.NoMmap = False,
+    rpc: o.Rpc = None,
+) -> None:
+    """Serve models over HTTP: OpenAI's API under /v1 and Ollama's under /api, from one process.
+
+    Sampling flags set the defaults that requests override. Ctrl-C or SIGTERM finish the requests in
+    flight (for a few seconds) and exit 0.
+    """
+    values = dict(locals())
+    values["ctx"] = values.pop("ctx_size")
+    start(o.Flags(ctx, values))
+
+
+def start(f: o.Flags) -> None:
+    """Check everything, load the models, then listen until told to stop."""
+    import uvicorn
+
+    from localgen.cli.main import is_loopback
+    from localgen.cli.output import ErrWriter
+    from localgen.serve.app import ServeState, build
+    from localgen.serve.worker import parse_duration
+
+    err = ErrWriter()
+    key = _api_key(f)
+    keep = parse_duration(f.keep_alive)
+    o.sampling(f)  # the flags are valid before anything loads
+    given = {k: f.get(k) for k in o.SAMPLING_FLAGS if k in f._values and f.given(k)}
+    _check_port(f.host, f.port)
+    if not is_loopback(f.host) and not key:
+        err.warn(f"listening on {f.host} with no API key: anyone who can reach this port can use the models")
+    workers = _workers(f, keep, err)
+    state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given)
+    app = build(state)
+    config = uvicorn.Config(app, host=f.host, port=f.port, log_level="warning" if not f.verbose else "info",
+                            timeout_graceful_shutdown=5, access_log=f.verbose, lifespan="off")
+    server = _Server(config)
+    err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
+             f"at /v1, Ollama API at /api · {f.parallel} slots per model")
+    try:
+        server.run()
+    finally:
+        for w in workers:
+            w.stop(timeout=5)
+    if getattr(server, "started", True) is False:
+        raise LocalgenError(f"the server could not start on {f.host}:{f.port}")
+
+
+def _server_class() -> Any:
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that after a graceful shutdown on SIGTERM or Ctrl-C the process exits 0
+        (uvicorn raises the signal again, which would end it with 143 or a KeyboardInterrupt)."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop waiting for requests
+            else:
+                self.should_exit = True
+
+    return Server
+
+
+def _Server(config: Any) -> Any:
+    return _server_class()(config)
+
+
+def _workers(f: o.Flags, keep: float, err: Any) -> list[Any]:
+    from localgen.cli.progress import make_progress
+    from localgen.models.resolve import resolve
+    from localgen.serve.worker import ModelWorker
+
+    load = o.load_params(f)
+    names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
+    workers = []
+    for name in names:
+        ref = resolve(name, offline=f.offline, progress=make_progress())
+        w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact)
+        err.status(f"loading {ref.name} ...")
+        w.preload()
+        w.start()
+        workers.append(w)
+    return workers
+
+
+def _api_key(f: o.Flags) -> str | None:
+    if f.api_key and f.api_key_file:
+        raise UsageError("--api-key and --api-key-file cannot be combined")
+    if f.api_key_file:
+        key = Path(f.api_key_file).read_text(encoding="utf-8").strip()
+        if not key:
+            raise UsageError(f"the API key file {f.api_key_file} is empty")
+        return key
+    return str(f.api_key) if f.api_key else None
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _check_port(host: str, port: int) -> None:
+    """A port in use is a one-line error now, not a log line from the server later."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise LocalgenError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                                hint="pick another --port, or stop what is using it") from None

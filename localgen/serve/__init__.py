@@ -1,0 +1,1 @@
+"""localgen serve: OpenAI- and Ollama-compatible HTTP APIs on the continuous-batching engine."""

@@ -1,0 +1,176 @@
+"""Ollama's native API, enough for the official `ollama` Python client and front-ends that speak only Ollama:
+/api/chat and /api/generate (NDJSON streaming; durations in nanoseconds; keep_alive), /api/tags, /api/show,
+/api/ps, /api/version."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from localgen.errors import LocalgenError
+from localgen.serve.app import HTTPError, ServeState, events, messages, read_json, run_job, sampling, schema_grammar
+from localgen.serve.worker import parse_duration
+from localgen.types import GenerationRequest
+
+# Ollama's `options` → our settings
+OPTIONS = {
+    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "typical_p": "typical_p",
+    "num_predict": "max_tokens", "stop": "stop", "seed": "seed", "repeat_penalty": "repeat_penalty",
+    "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "mirostat": "mirostat", "mirostat_tau": "mirostat_ent",
+    "mirostat_eta": "mirostat_lr",
+}
+IGNORED = {"num_ctx", "num_batch", "num_gpu", "num_thread", "num_keep", "main_gpu", "use_mmap", "use_mlock",
+           "numa", "low_vram", "f16_kv", "vocab_only", "penalize_newline", "tfs_z"}  # load-time: set by `serve`
+
+
+def routes(state: ServeState) -> list[Route]:
+    """The /api routes."""
+
+    async def root(request: Request) -> Response:
+        return PlainTextResponse("Ollama is running (localgen)")
+
+    async def version(request: Request) -> Response:
+        import localgen
+
+        return JSONResponse({"version": localgen.__version__})
+
+    async def tags(request: Request) -> Response:
+        return JSONResponse({"models": [_model_entry(w) for w in state.workers.values()]})
+
+    async def ps(request: Request) -> Response:
+        return JSONResponse({"models": [{**_model_entry(w), "expires_at": _expires(w), "size_vram": 0}
+                                        for w in state.workers.values() if w.loaded]})
+
+    async def show(request: Request) -> Response:
+        body = await read_json(request)
+        w = state.worker(body.get("model") or body.get("name"))
+        s = w.ref.summary
+        return JSONResponse({
+            "modelfile": "", "parameters": "", "template": s.chat_template or "",
+            "details": _details(w), "capabilities": ["completion"],
+            "model_info": {"general.architecture": s.architecture, "general.parameter_count": s.n_params,
+                           f"{s.architecture}.context_length": s.context_length,
+                           f"{s.architecture}.block_count": s.n_layers,
+                           f"{s.architecture}.embedding_length": s.n_embd},
+        })
+
+    async def chat(request: Request) -> Response:
+        return await _generate(state, await read_json(request), chat=True)
+
+    async def generate(request: Request) -> Response:
+        return await _generate(state, await read_json(request), chat=False)
+
+    return [Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version), Route("/api/tags", tags),
+            Route("/api/ps", ps), Route("/api/show", show, methods=["POST"]),
+            Route("/api/chat", chat, methods=["POST"]), Route("/api/generate", generate, methods=["POST"])]
+
+
+def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -> GenerationRequest:
+    opts = body.get("options") or {}
+    if not isinstance(opts, dict):
+        raise HTTPError(400, "`options` must be an object")
+    unknown = set(opts) - set(OPTIONS) - IGNORED
+    if unknown:
+        raise HTTPError(400, f"unknown options: {', '.join(sorted(unknown))}")
+    values = {OPTIONS[k]: v for k, v in opts.items() if k in OPTIONS}
+    fmt = body.get("format")
+    grammar = schema_grammar(fmt) if fmt not in (None, "") else None
+    s = sampling(state, worker, values, grammar)
+    if chat:
+        return GenerationRequest(messages=messages(body.get("messages")), sampling=s)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise HTTPError(400, "`prompt` must be a string")
+    if body.get("raw") or not worker.ref.summary.chat_template:
+        return GenerationRequest(prompt=prompt, sampling=s)
+    system = body.get("system")
+    msgs = ([{"role": "system", "content": system}] if isinstance(system, str) and system else [])
+    return GenerationRequest(messages=(*msgs, {"role": "user", "content": prompt}), sampling=s)
+
+
+async def _generate(state: ServeState, body: dict[str, Any], chat: bool) -> Response:
+    worker = state.worker(body.get("model"))
+    keep_alive = None
+    if "keep_alive" in body:
+        try:
+            keep_alive = parse_duration(body["keep_alive"])
+        except LocalgenError as e:
+            raise HTTPError(400, e.message) from None
+    if (chat and body.get("messages") == []) or (not chat and body.get("prompt") in (None, "")):
+        # Ollama's way to load (or, with keep_alive 0, unload) a model without generating
+        if keep_alive is not None:
+            worker.keep_alive = keep_alive
+        if keep_alive == 0:
+            worker.unload()
+        return JSONResponse({**_head(worker), **({"message": {"role": "assistant", "content": ""}} if chat
+                                                 else {"response": ""}), "done": True,
+                             "done_reason": "unload" if keep_alive == 0 else "load"})
+    request = _request(state, worker, body, chat)
+    job, first = await run_job(state, worker, request, keep_alive)
+    stream = body.get("stream", True)  # Ollama streams unless told not to
+    if stream:
+        return StreamingResponse(_ndjson(worker, job, first, chat), media_type="application/x-ndjson")
+    text = ""
+    final = None
+    async for event in events(job, first):
+        if event[0] == "text":
+            text += event[1]
+        else:
+            final = event[1]
+    assert final is not None
+    return JSONResponse(_final(worker, job, final, chat, text))
+
+
+async def _ndjson(worker: Any, job: Any, first: tuple[Any, ...], chat: bool) -> AsyncIterator[bytes]:
+    async for event in events(job, first):
+        if event[0] == "text":
+            piece = {"message": {"role": "assistant", "content": event[1]}} if chat else {"response": event[1]}
+            yield (json.dumps({**_head(worker), **piece, "done": False}, ensure_ascii=False) + "\n").encode()
+        else:
+            yield (json.dumps(_final(worker, job, event[1], chat, ""), ensure_ascii=False) + "\n").encode()
+
+
+def _final(worker: Any, job: Any, c: Any, chat: bool, text: str) -> dict[str, Any]:
+    piece = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+    ns = 1_000_000_000
+    total = time.perf_counter() - job.enqueued
+    return {**_head(worker), **piece, "done": True,
+            "done_reason": "length" if c.finish_reason in ("length", "context") else "stop",
+            "total_duration": int(total * ns), "load_duration": int(job.load_s * ns),
+            "prompt_eval_count": c.prompt_tokens, "prompt_eval_duration": int(c.prompt_s * ns),
+            "eval_count": c.completion_tokens, "eval_duration": int(c.decode_s * ns)}
+
+
+def _head(worker: Any) -> dict[str, Any]:
+    now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+    return {"model": worker.name, "created_at": now}
+
+
+def _details(worker: Any) -> dict[str, Any]:
+    s = worker.ref.summary
+    n = s.n_params
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    return {"format": "gguf", "family": s.architecture, "families": [s.architecture], "parameter_size": size,
+            "quantization_level": s.quantization or "", "parent_model": ""}
+
+
+def _model_entry(worker: Any) -> dict[str, Any]:
+    import os
+
+    path = worker.ref.path
+    mtime = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.UTC).isoformat().replace("+00:00", "Z")
+    return {"name": worker.name, "model": worker.name, "modified_at": mtime, "size": worker.ref.summary.file_size,
+            "digest": worker.ref.sha256 or "", "details": _details(worker)}
+
+
+def _expires(worker: Any) -> str:
+    when = worker.expires_at if worker.expires_at is not None else time.time() + 10 * 365 * 86400
+    return datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,185 @@
+"""OpenAI's API, as llama-server and vLLM speak it: /v1/models, /v1/chat/completions, /v1/completions,
+streaming as server-sent events, `usage` (also in the last chunk with stream_options.include_usage),
+llama-server's `timings`, logprobs, and response_format mapped to a grammar."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from localgen.serve.app import HTTPError, ServeState, events, messages, read_json, run_job, sampling, schema_grammar
+from localgen.types import GenerationRequest
+
+# OpenAI's fields → our settings (llama-server's extensions pass through under their own names)
+FIELDS = {
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "typical_p": "typical_p",
+    "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "n_predict": "max_tokens",
+    "stop": "stop", "seed": "seed", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
+    "mirostat": "mirostat", "mirostat_tau": "mirostat_ent", "mirostat_eta": "mirostat_lr",
+    "dry_multiplier": "dry_multiplier", "dry_base": "dry_base", "dry_allowed_length": "dry_allowed_length",
+    "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold", "top_n_sigma": "top_n_sigma",
+    "logit_bias": "logit_bias", "ignore_eos": "ignore_eos",
+}
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "audio", "modalities", "prediction")
+
+
+def routes(state: ServeState) -> list[Route]:
+    """The /v1 routes."""
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen"}
+            for name in state.workers]})
+
+    async def chat(request: Request) -> Response:
+        return await _complete(state, await read_json(request), chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await _complete(state, await read_json(request), chat=False)
+
+    return [Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"])]
+
+
+def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -> GenerationRequest:
+    for key in UNSUPPORTED:
+        if body.get(key):
+            raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
+    n = body.get("n", 1)
+    if n != 1:
+        raise HTTPError(400, "only n=1 is supported: send the request n times (they run in parallel slots)",
+                        param="n")
+    values = {ours: body[theirs] for theirs, ours in FIELDS.items() if theirs in body}
+    grammar = None
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema") or {}
+        grammar = schema_grammar(spec.get("schema", spec) if isinstance(spec, dict) else None)
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        grammar = schema_grammar(fmt.get("schema", "json"))
+    elif fmt not in (None, {"type": "text"}) and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise HTTPError(400, "response_format must be text, json_object or json_schema", param="response_format")
+    logprobs = None
+    if body.get("logprobs"):
+        top = body.get("top_logprobs", 0) if chat else body.get("logprobs")
+        top = 0 if top is True else top
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise HTTPError(400, "top_logprobs must be an integer from 0 to 20", param="top_logprobs")
+        logprobs = top
+    s = sampling(state, worker, values, grammar)
+    if chat:
+        return GenerationRequest(messages=messages(body.get("messages")), sampling=s, logprobs=logprobs)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise HTTPError(400, "`prompt` must be a string (one prompt per request)", param="prompt")
+    if body.get("echo") or body.get("suffix"):
+        raise HTTPError(400, "`echo` and `suffix` are not supported", param="echo")
+    return GenerationRequest(prompt=prompt, sampling=s, logprobs=logprobs)
+
+
+async def _complete(state: ServeState, body: dict[str, Any], chat: bool) -> Response:
+    worker = state.worker(body.get("model"))
+    request = _request(state, worker, body, chat)
+    job, first = await run_job(state, worker, request)
+    ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    shape = _Shape(ident, worker.name, chat, request.logprobs is not None)
+    if not body.get("stream"):
+        text = ""
+        final = None
+        async for event in events(job, first):
+            if event[0] == "text":
+                text += event[1]
+            else:
+                final = event[1]
+        assert final is not None
+        return JSONResponse(shape.whole(final, text))
+    opts = body.get("stream_options") or {}
+    usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+    return StreamingResponse(_sse(shape, job, first, usage), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _sse(shape: _Shape, job: Any, first: tuple[Any, ...], usage: bool) -> AsyncIterator[bytes]:
+    if shape.chat:
+        yield _data(shape.chunk({"role": "assistant", "content": ""}, None))
+    async for event in events(job, first):
+        if event[0] == "text":
+            yield _data(shape.chunk({"content": event[1]} if shape.chat else event[1], None))
+            continue
+        c = event[1]
+        last = shape.chunk({} if shape.chat else "", _finish(c.finish_reason), c)
+        last["timings"] = _timings(c)
+        yield _data(last)
+        if usage:
+            yield _data({**shape.head(), "choices": [], "usage": _usage(c)})
+    yield b"data: [DONE]\n\n"
+
+
+def _data(doc: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(doc, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _finish(reason: str) -> str:
+    return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(reason, "stop")
+
+
+def _usage(c: Any) -> dict[str, Any]:
+    return {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+            "total_tokens": c.prompt_tokens + c.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": c.cached_tokens}}
+
+
+def _timings(c: Any) -> dict[str, Any]:
+    from localgen.serve.app import timings
+
+    return timings(c)
+
+
+class _Shape:
+    """Builds the response objects of one request."""
+
+    def __init__(self, ident: str, model: str, chat: bool, logprobs: bool) -> None:
+        self.ident, self.model, self.chat, self.logprobs = ident, model, chat, logprobs
+        self.created = int(time.time())
+        self._sent = 0  # logprobs already sent in stream chunks
+
+    def head(self) -> dict[str, Any]:
+        return {"id": self.ident, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model}
+
+    def chunk(self, delta: Any, finish: str | None, done: Any = None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if self.chat:
+            choice["delta"] = delta
+        else:
+            choice["text"] = delta
+        if done is not None and self.logprobs:
+            choice["logprobs"] = self._logprobs(done.logprobs)
+        return {**self.head(), "choices": [choice]}
+
+    def whole(self, c: Any, text: str) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(c.finish_reason),
+                                  "logprobs": self._logprobs(c.logprobs) if self.logprobs else None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {"id": self.ident, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice], "usage": _usage(c),
+                "timings": _timings(c)}
+
+    def _logprobs(self, items: list[Any]) -> dict[str, Any]:
+        if self.chat:
+            return {"content": [t.to_dict() for t in items]}
+        return {"tokens": [t.text for t in items], "token_logprobs": [t.logprob for t in items],
+                "top_logprobs": [{a: lp for a, lp in t.top} for t in items]}

@@ -1,0 +1,251 @@
+"""`localgen serve` over loopback, driven by the real `openai` and `ollama` clients and raw HTTP: both APIs,
+keys, streaming, batching, disconnects, a full queue, errors in each API's shape, keep-alive, shutdown."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import CLI, ROOT, default_sigint
+
+KEY = "sk-local-test"
+
+
+class Server:
+    """A `localgen serve` child process on a free loopback port."""
+
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen([sys.executable, "-m", "localgen", "serve", "--port", str(self.port), *args],
+                                     env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, preexec_fn=default_sigint)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(self.proc.stderr.read().decode() if self.proc.stderr else "died")
+            time.sleep(0.1)
+        raise RuntimeError("the server did not start")
+
+    def health(self) -> dict[str, Any]:
+        return dict(httpx.get(f"{self.url}/health", timeout=5).json()["models"]["smollm2:135m"])
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(cli_env, "--api-key", KEY, "-np", "4", "--ctx", "1024")
+    yield s
+    assert s.stop() == 0
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+def test_openai_client_streaming_usage_and_keys(server: Server) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    r = client.chat.completions.create(model="smollm2:135m", messages=[{"role": "user", "content": "Name a colour."}],
+                                       max_tokens=8, temperature=0)
+    assert r.choices[0].message.content and r.usage is not None and r.usage.completion_tokens <= 8
+    assert r.usage.prompt_tokens > 5
+    chunks = list(client.chat.completions.create(
+        model="smollm2:135m", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == r.choices[0].message.content
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["smollm2:135m"]
+    bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong")
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="smollm2:135m", messages=[{"role": "user", "content": "hi"}])
+    assert httpx.get(f"{server.url}/health").status_code == 200, "/health needs no key"
+
+
+def test_timings_logprobs_and_response_format(server: Server) -> None:
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=60, json={
+        "model": "smollm2:135m", "messages": [{"role": "user", "content": "Give me a person as JSON."}],
+        "max_tokens": 40, "temperature": 0, "logprobs": True, "top_logprobs": 2,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+            "type": "object", "properties": {"name": {"type": "string", "maxLength": 10}}, "required": ["name"]}}},
+    })
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert isinstance(json.loads(doc["choices"][0]["message"]["content"])["name"], str)
+    t = doc["timings"]
+    assert t["predicted_n"] == doc["usage"]["completion_tokens"] and t["prompt_n"] + t["cache_n"] == \
+        doc["usage"]["prompt_tokens"] and t["predicted_per_second"] > 0
+    lps = doc["choices"][0]["logprobs"]["content"]
+    assert len(lps) == doc["usage"]["completion_tokens"] and all(len(x["top_logprobs"]) == 2 for x in lps)
+
+
+def test_greedy_answer_is_runs_answer(server: Server, cli: CLI) -> None:
+    prompt = "The capital of Italy is"
+    alone = cli("run", "--raw", "-p", prompt, "-n", "16", "--temperature", "0", "--ctx", "1024").stdout.rstrip("\n")
+    r = httpx.post(f"{server.url}/v1/completions", headers=_auth(), timeout=60,
+                   json={"model": "smollm2:135m", "prompt": prompt, "max_tokens": 16, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == alone
+
+
+def test_ollama_client_chat_and_generate(server: Server) -> None:
+    import ollama
+
+    client = ollama.Client(host=server.url, headers=_auth())
+    chat = client.chat(model="smollm2:135m", messages=[{"role": "user", "content": "Name a colour."}],
+                       options={"num_predict": 8, "temperature": 0})
+    assert chat["message"]["content"] and chat["done"] and chat["eval_count"] <= 8
+    assert chat["prompt_eval_count"] > 5 and chat["eval_duration"] > 0
+    parts = list(client.generate(model="smollm2:135m", prompt="Hello", stream=True,
+                                 options={"num_predict": 6, "temperature": 0}))
+    assert parts[-1]["done"] and "".join(p["response"] for p in parts)
+    streamed = list(client.chat(model="smollm2:135m", messages=[{"role": "user", "content": "Name a colour."}],
+                                options={"num_predict": 8, "temperature": 0}, stream=True))
+    assert "".join(p["message"]["content"] for p in streamed) == chat["message"]["content"]
+    assert [m.model for m in client.list().models] == ["smollm2:135m"]
+    assert client.ps().models and client.show("smollm2:135m").details.quantization_level == "Q4_1"
+    assert httpx.get(f"{server.url}/api/version", headers=_auth()).json()["version"]
+
+
+def test_concurrent_requests_are_decoded_together(server: Server) -> None:
+    before = server.health()
+    results: list[int] = []
+
+    def one(i: int) -> None:
+        r = httpx.post(f"{server.url}/v1/completions", headers=_auth(), timeout=120, json={
+            "model": "smollm2:135m", "prompt": f"Story {i}: once upon a time", "max_tokens": 48,
+            "temperature": 0.8, "seed": i, "ignore_eos": True})
+        results.append(r.json()["usage"]["completion_tokens"])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = server.health()
+    assert sorted(results) == [48] * 4, "all four answered in full"
+    calls, rows = after["decode_calls"] - before["decode_calls"], after["rows"] - before["rows"]
+    assert rows / calls > 1.5, f"{rows} rows in {calls} calls: the requests shared decode calls"
+
+
+def test_errors_have_each_apis_shape_and_status(server: Server) -> None:
+    u, h = server.url, _auth()
+    r = httpx.post(f"{u}/v1/chat/completions", headers=h, content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(f"{u}/v1/chat/completions", headers=h, json={"model": "nope", "messages": [
+        {"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and "not served here" in r.json()["error"]["message"]
+    r = httpx.post(f"{u}/v1/chat/completions", headers=h, json={"model": "smollm2:135m", "temperature": 9,
+                                                                "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and "temperature must be within" in r.json()["error"]["message"]
+    r = httpx.post(f"{u}/v1/chat/completions", headers=h, json={"model": "smollm2:135m", "top_k": 2.5,
+                                                                "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and "top_k must be an integer" in r.json()["error"]["message"]
+    r = httpx.post(f"{u}/v1/chat/completions", headers=h, json={"model": "smollm2:135m", "n": 2,
+                                                                "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    r = httpx.post(f"{u}/v1/completions", headers=h, timeout=60,
+                   json={"model": "smollm2:135m", "prompt": "word " * 1500})
+    assert r.status_code == 413 and "context window" in r.json()["error"]["message"]
+    r = httpx.post(f"{u}/api/chat", headers=h, json={"model": "nope", "messages": []})
+    assert r.status_code == 404 and isinstance(r.json()["error"], str)
+    r = httpx.post(f"{u}/api/generate", headers=h, json={"model": "smollm2:135m", "prompt": "x",
+                                                         "options": {"bogus": 1}})
+    assert r.status_code == 400 and "unknown options" in r.json()["error"]
+
+
+def test_a_full_queue_is_503_and_a_disconnect_frees_the_slot(cli_env: dict[str, str]) -> None:
+    s = Server(cli_env, "-np", "1", "--max-queue", "0", "--ctx", "2048")
+    try:
+        body = {"model": "smollm2:135m", "prompt": "Once", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=60) as client, client.stream("POST", f"{s.url}/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            while not next(lines).startswith("data:"):
+                pass  # generating now, in the only slot
+            busy = httpx.post(f"{s.url}/v1/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=30)
+            assert busy.status_code == 503 and busy.json()["error"]["type"] == "server_error"
+        # the client went away mid-stream: the slot is free again at once, long before 1,500 tokens
+        deadline = time.monotonic() + 20
+        while s.health()["running"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert s.health()["running"] == 0
+        ok = httpx.post(f"{s.url}/v1/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=30)
+        assert ok.status_code == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_keep_alive_unloads_and_the_next_request_loads_again(cli_env: dict[str, str]) -> None:
+    s = Server(cli_env, "--keep-alive", "1s")
+    try:
+        import ollama
+
+        client = ollama.Client(host=s.url)
+        first = client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 2})
+        assert first["done"]
+        deadline = time.monotonic() + 20
+        while client.ps().models and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not client.ps().models and s.health()["loaded"] is False, "unloaded after 1 s idle"
+        again = client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 2})
+        assert again["done"] and again["load_duration"] > 0, "loaded again for this request"
+        gone = client.generate(model="smollm2:135m", prompt="", keep_alive=0)
+        assert gone["done_reason"] == "unload" and not client.ps().models
+    finally:
+        assert s.stop() == 0
+
+
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(cli_env: dict[str, str], tmp_path: Path) -> None:
+    s = Server(cli_env, "-np", "2")
+    got: dict[str, Any] = {}
+
+    def stream() -> None:
+        body = {"model": "smollm2:135m", "prompt": "Once", "max_tokens": 64, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=60) as r:
+            got["lines"] = [ln for ln in r.iter_lines() if ln.startswith("data:")]
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(0.5)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(60)
+    assert s.proc.wait(timeout=30) == 0
+    assert got["lines"][-1] == "data: [DONE]", "the stream in flight was finished, not cut"
+
+
+def test_serve_usage_errors(cli: CLI, tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = cli("serve", "--port", str(port))
+        assert r.returncode == 1 and "cannot listen on 127.0.0.1" in r.stderr and r.stderr.count("\n") == 1
+    empty = tmp_path / "key.txt"
+    empty.write_text("\n")
+    r = cli("serve", "--api-key-file", str(empty))
+    assert r.returncode == 2 and "is empty" in r.stderr
