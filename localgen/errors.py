@@ -46,3 +46,13 @@ class ContextOverflowError(LocalgenError):
 
 class GrammarError(LocalgenError):
     """A grammar or JSON schema for constrained output is invalid."""
+
+
+class RemoteError(LocalgenError):
+    """A remote endpoint failed: unreachable, refused, or broke its stream. `down` says the endpoint
+    itself is gone (others may take its work); `partial` that part of an answer had already arrived."""
+
+    def __init__(self, message: str, hint: str | None = None, down: bool = False, partial: bool = False) -> None:
+        super().__init__(message, hint)
+        self.down = down
+        self.partial = partial

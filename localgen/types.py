@@ -170,6 +170,7 @@ class GenerationRequest:
     logprobs: int | None = None  # None: off; N: each token's log-probability and its N likeliest alternatives
     shared: str | None = None  # the leading text of the last message (or prompt) that repeats across requests
     prompt_cache: bool = False  # keep the KV state of `shared` on disk and reuse it (local backends)
+    json_schema: str | None = None  # the schema behind sampling.grammar, for a remote server's response_format
 
     @property
     def raw(self) -> bool:
@@ -216,6 +217,8 @@ class Stats:
     finish_reason: FinishReason
     drafted: int | None = None  # speculative decoding: tokens proposed by the drafter
     accepted: int | None = None  # ... and kept by the main model
+    itl_p50_ms: float | None = None  # remote: the gaps between streamed pieces, measured by the client
+    itl_p99_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict, rounded for reading."""

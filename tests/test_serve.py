@@ -249,3 +249,17 @@ def test_serve_usage_errors(cli: CLI, tmp_path: Path) -> None:
     empty.write_text("\n")
     r = cli("serve", "--api-key-file", str(empty))
     assert r.returncode == 2 and "is empty" in r.stderr
+
+
+def test_a_growing_conversation_reuses_its_slot(server: Server) -> None:
+    conv = [{"role": "system", "content": "You are terse. " * 20}, {"role": "user", "content": "Name a colour."}]
+    body = {"model": "smollm2:135m", "max_tokens": 6, "temperature": 0}
+    first = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=60,
+                       json={**body, "messages": conv}).json()
+    conv += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "Another one."}]
+    second = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=60,
+                        json={**body, "messages": conv}).json()
+    t = second["timings"]
+    assert t["cache_n"] >= first["usage"]["prompt_tokens"], "turn 2 evaluated only what turn 1 had not"
+    assert t["prompt_n"] < second["usage"]["prompt_tokens"] // 2

@@ -105,7 +105,7 @@ def _percentiles(times: list[float]) -> dict[str, float]:
 
 
 def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = None,
-        open_model: Callable[[str], Any] | None = None) -> Iterator[Result]:
+        open_model: Callable[[str], Any] | None = None, rpc: tuple[str, ...] = ()) -> Iterator[Result]:
     """Run the plan, yielding a Result per configuration and test as soon as it is measured."""
     from localgen.engine.bench import BenchContext, model_desc, model_size
     from localgen.engine.llama import Engine
@@ -121,7 +121,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         refs[cfg.model] = ref
         params = LoadParams(n_ctx=n_ctx, n_threads=cfg.n_threads, n_threads_batch=cfg.n_threads,
                             n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-                            flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k, cache_type_v=cfg.type_v)
+                            flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k, cache_type_v=cfg.type_v, rpc=rpc)
         _reset_peak_rss()
         engine = Engine(ref, params)
         try:

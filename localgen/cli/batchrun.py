@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
 from localgen import settings
@@ -29,6 +30,7 @@ class _Line:
     sampling: SamplingParams
     ident: Any = None
     error: str | None = None
+    previous: str | None = None  # --resume-from: the earlier output line ("" when it is already in the file)
 
 
 def parse(source: TextIO, instruction: str | None, system: str | None, base: SamplingParams) -> Iterator[_Line]:
@@ -56,19 +58,41 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
             yield _Line(number, None, system, base, error=f"bad JSON line: {msg}")
 
 
-def run_batch(backend: Any, source: TextIO, instruction: str | None, system: str | None, raw: bool,
-              base: SamplingParams, parallel: int, json_out: bool, stats: bool, exact: bool | None = None,
-              logprobs: int | None = None) -> int:
+@dataclasses.dataclass(frozen=True)
+class BatchOptions:
+    """How `run --file` / `--each-line` runs and prints."""
+
+    instruction: str | None = None  # -p: appended to each line
+    system: str | None = None
+    raw: bool = False
+    parallel: int = 1
+    json_out: bool = False
+    stats: bool = False
+    exact: bool | None = None
+    logprobs: int | None = None
+    json_schema: str | None = None  # for a remote server's response_format
+    resume_from: Path | None = None  # an earlier JSONL output: its answered lines are not run again
+
+
+def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions) -> int:
     """Complete every line; returns the exit status (1 if any line failed)."""
     from localgen.engine.batch import new_seed
 
+    instruction, system, raw, json_out, logprobs = opts.instruction, opts.system, opts.raw, opts.json_out, opts.logprobs
     lines: dict[int, _Line] = {}
     ready: dict[int, tuple[_Line, Completion | None]] = {}
-    state = {"next": 1, "failed": 0, "tokens": 0, "prompts": 0}
+    state = {"next": 1, "failed": 0, "tokens": 0, "prompts": 0, "skipped": 0}
+    answered, copy = _resume(opts.resume_from)
 
     def requests() -> Iterator[Indexed]:
         for ln in parse(source, instruction, system, base):
             lines[ln.number] = ln
+            if ln.number in answered:
+                ln.previous = answered[ln.number] if copy else ""
+                ready[ln.number] = (ln, None)
+                state["skipped"] += 1
+                flush()
+                continue
             if ln.prompt is None:
                 ready[ln.number] = (ln, None)
                 flush()
@@ -77,11 +101,12 @@ def run_batch(backend: Any, source: TextIO, instruction: str | None, system: str
                 base.seed + ln.number - 1 if base.seed is not None else new_seed())
             sampling = dataclasses.replace(ln.sampling, seed=seed)
             if raw:
-                req = GenerationRequest(prompt=ln.prompt, sampling=sampling, logprobs=logprobs)
+                req = GenerationRequest(prompt=ln.prompt, sampling=sampling, logprobs=logprobs,
+                                        json_schema=opts.json_schema)
             else:
                 msgs = ([{"role": "system", "content": ln.system}] if ln.system else [])
                 req = GenerationRequest(messages=(*msgs, {"role": "user", "content": ln.prompt}), sampling=sampling,
-                                        logprobs=logprobs)
+                                        logprobs=logprobs, json_schema=opts.json_schema)
             yield Indexed(ln.number, req, seed)
 
     def done(c: Completion) -> None:
@@ -94,6 +119,11 @@ def run_batch(backend: Any, source: TextIO, instruction: str | None, system: str
     def flush() -> None:
         while state["next"] in ready:
             ln, c = ready.pop(state["next"])
+            if ln.previous is not None:
+                if ln.previous:
+                    sys.stdout.write(ln.previous + "\n")
+                state["next"] += 1
+                continue
             _emit(ln, c, json_out)
             if ln.error:
                 state["failed"] += 1
@@ -103,16 +133,56 @@ def run_batch(backend: Any, source: TextIO, instruction: str | None, system: str
             state["next"] += 1
 
     t0 = time.perf_counter()
-    counters = backend.run_many(requests(), parallel, done, exact=exact)
+    counters = backend.run_many(requests(), opts.parallel, done, exact=opts.exact)
     flush()
-    if stats:
+    if opts.stats:
         secs = time.perf_counter() - t0
         per_call = counters["rows"] / counters["steps"] if counters.get("steps") else 0
+        how = (f"{per_call:.1f} sequences per decode call" if counters.get("steps") else
+               _plural(len(getattr(backend, 'endpoints', ())), 'endpoint') + (
+                   f", {int(counters['retried'])} lines moved off a failed one" if counters.get("retried") else ""))
         print(f"{state['prompts']} prompts · {state['tokens']} tokens generated in {secs:.2f} s · "
-              f"{state['tokens'] / secs if secs else 0:.1f} tok/s aggregate · --parallel {parallel} · "
-              f"{per_call:.1f} sequences per decode call"
+              f"{state['tokens'] / secs if secs else 0:.1f} tok/s aggregate · --parallel {opts.parallel} · {how}"
+              + (f" · {state['skipped']} already answered" if state["skipped"] else "")
               + (f" · {state['failed']} failed" if state["failed"] else ""), file=sys.stderr)
     return 1 if state["failed"] else 0
+
+
+def _resume(path: Path | None) -> tuple[dict[int, str], bool]:
+    """The lines an earlier JSONL output answered (line number -> its output line), and whether to copy them
+    to this output: not when stdout appends to that same file (`>> OUTPUT.jsonl`)."""
+    if path is None:
+        return {}, False
+    import os
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}, True  # nothing answered yet: the first run of a job that will resume from its output
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read --resume-from {path}: {e}") from None
+    answered: dict[int, str] = {}
+    for raw in text.splitlines():
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            continue  # a line cut short by a crash: that line runs again
+        if isinstance(doc, dict) and isinstance(doc.get("line"), int) and "error" not in doc and "text" in doc:
+            answered[doc["line"]] = raw
+    try:
+        out, old = os.fstat(sys.stdout.fileno()), os.stat(path)
+        same = (out.st_dev, out.st_ino) == (old.st_dev, old.st_ino)
+        if same:
+            import fcntl
+
+            if not fcntl.fcntl(sys.stdout.fileno(), fcntl.F_GETFL) & os.O_APPEND:
+                raise UsageError(f"stdout writes over {path} (`>`), the file --resume-from reads",
+                                 hint=f"append with `>> {path}`, or write to a new file")
+    except (OSError, ValueError, AttributeError):
+        same = False
+    if same and text and not text.endswith("\n"):
+        sys.stdout.write("\n")  # end the line a crash cut short, so the next answer starts a line of its own
+    return answered, not same
 
 
 def _emit(ln: _Line, c: Completion | None, json_out: bool) -> None:
@@ -134,3 +204,7 @@ def _emit(ln: _Line, c: Completion | None, json_out: bool) -> None:
         out = " ".join(c.text.split()) if c is not None and not ln.error else ""
     sys.stdout.write(out + "\n")
     sys.stdout.flush()
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"

@@ -44,7 +44,9 @@ def bench(
     fa: Annotated[Values, _opt("--flash-attn", "-fa", help="Flash attention 0/1 (default 1).")] = None,
     ctk: Annotated[Values, _opt("--cache-type-k", "-ctk", help="KV key types (default f16).")] = None,
     ctv: Annotated[Values, _opt("--cache-type-v", "-ctv", help="KV value types (default f16).")] = None,
-    parallel: Annotated[Values, _opt("--parallel", "-npl", help="Sequences decoded together: aggregate rates.")] = None,
+    parallel: Annotated[Values, _opt("--parallel", "-npl", "--concurrency",
+                                     help="Sequences decoded together: aggregate rates (with --endpoint: requests in "
+                                          "flight).")] = None,
     reps: Annotated[int, typer.Option("--repetitions", "-r", min=1, help="Repetitions of each test.")] = 5,
     output: Annotated[
         str | None,
@@ -54,17 +56,121 @@ def bench(
         bool, typer.Option("--e2e/--no-e2e", help="Also time the real `run` path (template, sampling, detokenizing).")
     ] = True,
     offline: o.Offline = False,
+    rpc: o.Rpc = None,
+    endpoint: o.Endpoint = None,
+    api_key_env: o.ApiKeyEnv = None,
+    request_rate: Annotated[Values, _opt("--request-rate", help="With --endpoint: requests per second arriving as a "
+                                                                "Poisson process; inf sends them at once (default).",
+                                         panel=o.REMOTE_PANEL)] = None,
+    num_prompts: Annotated[
+        int | None, typer.Option("--num-prompts", min=1, rich_help_panel=o.REMOTE_PANEL, show_default=False,
+                                 help="With --endpoint: requests per sweep point (default: twice the concurrency, "
+                                      "at least 8).")
+    ] = None,
 ) -> None:
-    """Run benchmarks. With no subcommand this measures; `history` and `compare` read past runs."""
+    """Run benchmarks. With no subcommand this measures; `history` and `compare` read past runs.
+
+    With --endpoint URL it measures a running OpenAI-compatible server from the client instead, as `vllm bench
+    serve` does: -npl/--concurrency and --request-rate sweeps, -p prompt and -n answer lengths; output
+    tokens/s, requests/s, and time to first token, inter-token and end-to-end latency at p50/p90/p99.
+    """
     if ctx.invoked_subcommand is not None:
         return
     from localgen.bench import records
 
     if output is not None and output not in records.FORMATS:
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {output!r}")
+    if endpoint or (model and any(_is_named_endpoint(m) for m in model)):
+        local = {"--threads": threads, "--n-gpu-layers": ngl, "--batch-size": batch, "--ubatch-size": ubatch,
+                 "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv, "--n-depth": n_depth,
+                 "--prompt-gen": pg, "--rpc": rpc}
+        bad = [flag for flag, v in local.items() if v]
+        if bad:
+            raise UsageError(f"{', '.join(bad)} cannot be used with --endpoint (the server loads the model)")
+        _measure_remote(endpoint, api_key_env, model, parallel, request_rate, num_prompts, n_prompt, n_gen, output)
+        return
+    if request_rate or num_prompts or api_key_env:
+        raise UsageError("--request-rate, --num-prompts and --api-key-env go with --endpoint URL")
     plan = _plan(model=model, threads=threads, ngl=ngl, batch=batch, ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv,
-                 n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=reps, e2e=e2e, parallel=parallel)
-    _measure(plan, output, offline)
+                 n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=reps, e2e=e2e, parallel=parallel, rpc=rpc)
+    _measure(plan, output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
+
+
+def _is_named_endpoint(model: str) -> bool:
+    from localgen.remote.endpoints import named
+
+    head = model.partition("/")[0]
+    return "/" in model and not model.endswith(".gguf") and head in named()
+
+
+def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values, parallel: Values, rates: Values,
+                    num_prompts: int | None, n_prompt: Values, n_gen: Values, output: str | None) -> None:
+    """bench --endpoint: the sweep against a server, kept in the history labelled as client-side figures."""
+    from localgen.bench import history, serving, sweep
+    from localgen.cli.output import ErrWriter
+    from localgen.remote.client import RemoteClient, pick_model
+    from localgen.remote.endpoints import choose
+
+    concurrencies = sweep.int_values("--parallel/--concurrency", parallel, [1, 4])
+    rate_values: list[float] = []
+    for text in (v for item in (rates or ["inf"]) for v in item.split(",")):
+        try:
+            rate = float(text)
+        except ValueError:
+            raise UsageError(f"--request-rate takes numbers or inf, not {text!r}") from None
+        if not rate > 0:
+            raise UsageError(f"--request-rate must be above 0, not {text!r}")
+        rate_values.append(rate)
+    prompts = sweep.int_values("--n-prompt", n_prompt, [128])
+    gens = sweep.int_values("--n-gen", n_gen, [64])
+    targets = []
+    wanted: list[str | None] = list(models) if models else [None]
+    for m in wanted:
+        eps, model_id = choose(urls, key_env, m)
+        if not eps:
+            raise UsageError("--endpoint URL (or -m NAME/MODEL from endpoints.toml) names the server to measure")
+        targets.append((eps[0], model_id or pick_model(eps)))
+    import localgen
+
+    system = {"build_commit": "client-side", "build_number": 0, "cpu_info": "", "cores": 0, "ram": 0, "gpu_info": "",
+              "backends": "remote", "features": "", "localgen_version": localgen.__version__}
+    run_id = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
+    err = ErrWriter()
+    results: list[dict[str, Any]] = []
+    try:
+        for ep, model_id in targets:
+            client = RemoteClient(ep, model_id)
+            try:
+                for p in prompts:
+                    for g in gens:
+                        err.status(f"measuring {ep.label} {model_id}: prompt {p}, answer {g} ...")
+                        for rec in serving.run(client, ep.url, model_id, concurrencies, rate_values, num_prompts,
+                                               p, g, 1234, system):
+                            history.add(run_id, len(results), rec)
+                            results.append(rec)
+                            if output == "jsonl":
+                                sys.stdout.write(records_jsonl([rec]))
+                                sys.stdout.flush()
+                            if rec["requests"] == 0:
+                                raise UsageError(f"every request failed: {rec['first_error']}")
+            finally:
+                client.close()
+    except KeyboardInterrupt:
+        err.line("interrupted; the results above were measured and kept")
+        raise typer.Exit(130) from None
+    finally:
+        if results and output != "jsonl":
+            from localgen.bench import records
+
+            sys.stdout.write(records.FORMATS[output](results) if output else serving.markdown(results))
+            sys.stdout.flush()
+    err.line(f"saved as run {run_id}: localgen bench history {run_id} (client-side figures)")
+
+
+def records_jsonl(recs: list[dict[str, Any]]) -> str:
+    from localgen.bench import records
+
+    return records.FORMATS["jsonl"](recs)
 
 
 def _plan(**flags: Any) -> Any:
@@ -79,7 +185,7 @@ def _plan(**flags: Any) -> Any:
     return sweep.build(
         models=sweep.str_values("--model", flags["model"], ["smollm2:135m"]),
         threads=sweep.int_values("--threads", flags["threads"], [hardware.physical_cores()]),
-        ngl=sweep.int_values("--n-gpu-layers", flags["ngl"], [-1 if offload else 0]),
+        ngl=sweep.int_values("--n-gpu-layers", flags["ngl"], [-1 if offload or flags.get("rpc") else 0]),
         batch=sweep.int_values("--batch-size", flags["batch"], [2048]),
         ubatch=sweep.int_values("--ubatch-size", flags["ubatch"], [512]),
         fa=sweep.bool_values("--flash-attn", flags["fa"], [True]),
@@ -92,7 +198,7 @@ def _plan(**flags: Any) -> Any:
     )
 
 
-def _measure(plan: Any, output: str | None, offline: bool) -> None:
+def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] = ()) -> None:
     """Run the plan, keeping each result in the history as it comes; print them."""
     from localgen.bench import history, records
     from localgen.bench.bandwidth import measure_isolated
@@ -103,13 +209,17 @@ def _measure(plan: Any, output: str | None, offline: bool) -> None:
 
     refs = {m: resolve(m, offline=offline, progress=make_progress()) for m in {c.model for c in plan.configs}}
     system = records.system_info()
+    if rpc:
+        system["backends"] += "+RPC"
+        system["rpc"] = list(rpc)
     system["bandwidth"] = measure_isolated()
     run_id = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
     results: list[dict[str, Any]] = []
     view = _ProgressView()
     interrupted = False
     try:
-        for result in run(plan, view, system["bandwidth"], open_model=refs.__getitem__):  # type: ignore[arg-type]
+        for result in run(plan, view, system["bandwidth"], open_model=refs.__getitem__,  # type: ignore[arg-type]
+                          rpc=rpc):
             rec = records.record(result, system)
             history.add(run_id, len(results), rec)
             results.append(rec)
@@ -167,6 +277,12 @@ def _emit(results: list[dict[str, Any]], system: dict[str, Any], output: str | N
     from localgen.bench import records
 
     if not results or output == "jsonl":
+        return
+    if not output and any(r.get("client_side") for r in results):
+        from localgen.bench import serving
+
+        sys.stdout.write(serving.markdown(results))
+        sys.stdout.flush()
         return
     if output:
         sys.stdout.write(records.FORMATS[output](results))

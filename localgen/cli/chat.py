@@ -80,6 +80,8 @@ def chat(
     rope_freq_scale: o.RopeFreqScale = 0.0,
     yarn_orig_ctx: o.YarnOrigCtx = 0,
     rpc: o.Rpc = None,
+    endpoint: o.Endpoint = None,
+    api_key_env: o.ApiKeyEnv = None,
 ) -> None:
     """Chat with a model. Type /help inside for commands.
 

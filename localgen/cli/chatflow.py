@@ -62,13 +62,28 @@ def start(f: o.Flags) -> None:
     if f.list_:
         _print_list(sessions.list_sessions())
         return
+    from localgen.remote.endpoints import choose
+
+    endpoints, remote_model = choose(f.endpoint, f.api_key_env, f.model)
+    if endpoints:
+        bad = o.remote_conflicts(f)
+        if bad:
+            raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs "
+                             "the model)")
+        if not remote_model and not f.resume:
+            from localgen.remote.client import pick_model
+
+            remote_model = pick_model(endpoints)
+        if remote_model:
+            f._values["model"] = remote_model
     session = _open_session(f)
     o.sampling(f)  # the flags alone are valid, before anything loads
     load = o.load_params(f)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     view = ChatView(interactive=interactive, plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats,
                     flags=f)
-    view.loader = lambda name: load_backend(name, load, f, view)
+    view.loader = (lambda name: remote_backend(endpoints, name, f, view)) if endpoints else (
+        lambda name: load_backend(name, load, f, view))
     backend = view.loader(session.model)
     # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win.
     runner = ChatRunner(session, backend, o.sampling(f, backend.defaults, session.settings))
@@ -121,6 +136,17 @@ def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:
     if view.interactive:
         view.info(f"{ref.name} ready in {engine.load_s:.2f} s · context {engine.n_ctx:,} tokens · /help for commands")
     return LocalBackend(engine, warn=lambda text: view.info(f"warning: {text}"))
+
+
+def remote_backend(endpoints: list[Any], name: str, f: o.Flags, view: ChatView) -> Any:
+    """The chat's model on a remote endpoint (nothing loads here)."""
+    from localgen.remote.client import RemoteBackend
+
+    backend = RemoteBackend(endpoints, name, n_ctx=f.ctx if f.given("ctx") else None)
+    if view.interactive:
+        view.info(f"{name} on {', '.join(e.label for e in endpoints)} · context {backend.n_ctx:,} tokens · /help for "
+                  "commands")
+    return backend
 
 
 def restore_state(runner: Any, view: ChatView) -> None:
@@ -210,6 +236,8 @@ def stream(gen: Any, runner: Any, view: ChatView, first: int) -> None:
         view.info(f"(the conversation outgrew the {runner.backend.n_ctx:,}-token context: the oldest turns are no "
                   "longer sent to the model, but stay in the saved conversation; the system prompt is always sent)")
         runner.trim_noticed = True
+    from localgen.errors import RemoteError
+
     out = make_view(view.console if view.markdown else None, view.plain or not view.interactive, view.think)
     with _cancel_on_sigint(gen) as pressed:
         try:
@@ -217,6 +245,10 @@ def stream(gen: Any, runner: Any, view: ChatView, first: int) -> None:
                 out.feed(chunk.text)
         except KeyboardInterrupt:  # a second Ctrl-C: stop even inside a long prompt evaluation
             gen.close()
+        except RemoteError as e:  # the endpoint failed: keep what arrived, or take the question back
+            out.finish()
+            _remote_failed(e, gen, runner, view)
+            return
         except BaseException:  # the reader went away, or worse: settle the stream before the engine goes
             gen.close()
             raise
@@ -236,6 +268,19 @@ def stream(gen: Any, runner: Any, view: ChatView, first: int) -> None:
         view.err.line(footer)
     if s.finish_reason == "context":
         view.info("(the answer filled the context window)")
+
+
+def _remote_failed(e: Any, gen: Any, runner: Any, view: ChatView) -> None:
+    """A partial answer is kept (and said to be partial); with nothing received, the message is taken back
+    so that the conversation stays as it was. Scripted, the error then ends the chat."""
+    if gen.text:
+        runner.finish(gen)
+        e.message += " (the partial answer is kept)"
+    else:
+        runner.session.messages.pop()
+    if not view.interactive:
+        raise e
+    view.error(e.message, e.hint)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from localgen.cli import options as o
+
 REBUILD = {
     "cuda": 'scripts/install.sh --cuda   (or: CMAKE_ARGS="-DGGML_CUDA=on" pip install --no-cache-dir '
             "--force-reinstall --no-deps llama-cpp-python)",
@@ -21,6 +23,7 @@ def doctor(
     check: Annotated[
         bool, typer.Option("--check/--no-check", help="Load the default model and generate a few tokens.")
     ] = True,
+    rpc: o.Rpc = None,
 ) -> None:
     """Check this machine and this build; exit 1 if something needs fixing."""
     import localgen
@@ -53,13 +56,32 @@ def doctor(
         print("PROBLEM   a GPU is present but this llama-cpp-python cannot use it. Rebuild with:")
         print(f"          {REBUILD[kind]}")
         problems += 1
-    if check:
-        problems += _smoke_test(offload and bool(gpus))
+    servers = tuple(x.strip() for x in (rpc or "").split(",") if x.strip())
+    problems += _check_rpc(servers)
+    if check and not (servers and problems):
+        problems += _smoke_test(offload and bool(gpus), servers)
     if problems:
         raise typer.Exit(1)
 
 
-def _smoke_test(gpu: bool) -> int:
+def _check_rpc(servers: tuple[str, ...]) -> int:
+    """Each RPC server: reachable, same protocol, and the devices it brings."""
+    from localgen.engine import devices
+    from localgen.errors import LocalgenError
+
+    problems = 0
+    for endpoint in servers:
+        try:
+            major, minor, patch = devices.rpc_hello(endpoint)
+        except LocalgenError as e:
+            print(f"PROBLEM   {e.message}" + (f" ({e.hint})" if e.hint else ""))
+            problems += 1
+            continue
+        print(f"RPC       {endpoint} · protocol {major}.{minor}.{patch}: ok")
+    return problems
+
+
+def _smoke_test(gpu: bool, rpc: tuple[str, ...] = ()) -> int:
     from localgen.engine import logs
     from localgen.engine.llama import Engine
     from localgen.errors import LocalgenError
@@ -68,7 +90,7 @@ def _smoke_test(gpu: bool) -> int:
 
     try:
         ref = resolve(None, offline=True)
-        engine = Engine(ref, LoadParams(n_ctx=512, n_gpu_layers=-1 if gpu else 0))
+        engine = Engine(ref, LoadParams(n_ctx=512, n_gpu_layers=-1 if gpu or rpc else 0, rpc=rpc))
         gen = engine.generate(engine.raw_tokens("The sky is"), SamplingParams(temperature=0, max_tokens=16))
         for _ in gen:
             pass
@@ -84,6 +106,8 @@ def _smoke_test(gpu: bool) -> int:
         if not offloaded:
             print("PROBLEM   the load did not report layers offloaded to the GPU; run with --verbose to see why")
             return 1
+    if rpc:
+        where = " · ".join(f"{dev} {mib:,.1f} MiB" for dev, mib in engine.placement.items())
     rate = f"{s.decode_tps:.1f} tok/s" if s and s.decode_tps else "?"
     print(f"check     {ref.name} loaded in {engine.load_s:.2f} s and generated {s.completion_tokens if s else 0} "
           f"tokens at {rate} on {where}: ok")

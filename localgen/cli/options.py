@@ -142,6 +142,38 @@ Rpc = Annotated[
                  metavar="HOST:PORT,...",
                  help="llama.cpp RPC servers (localgen rpc-server) whose devices take part of the model."),
 ]
+REMOTE_PANEL = "Remote endpoints"
+Endpoint = Annotated[
+    list[str] | None,
+    typer.Option("--endpoint", envvar="LOCALGEN_ENDPOINT", rich_help_panel=REMOTE_PANEL, show_default=False,
+                 metavar="URL",
+                 help="An OpenAI-compatible server (vLLM, llama-server, Ollama, localgen serve, ...) to send the work "
+                      "to instead of loading a model here; -m names its model. Repeat to spread run --file lines."),
+]
+ApiKeyEnv = Annotated[
+    str | None,
+    typer.Option("--api-key-env", rich_help_panel=REMOTE_PANEL, show_default=False, metavar="NAME",
+                 help="The environment variable holding the endpoint's API key (none is read unless named)."),
+]
+# flags that only mean something where the model is loaded here
+LOCAL_ONLY = {
+    "threads": "--threads", "threads_batch": "--threads-batch", "gpu_layers": "--n-gpu-layers",
+    "batch_size": "--batch-size", "ubatch_size": "--ubatch-size", "flash_attn": "--flash-attn",
+    "no_flash_attn": "--no-flash-attn", "cache_type_k": "--cache-type-k", "cache_type_v": "--cache-type-v",
+    "repack": "--repack", "mlock": "--mlock", "no_mmap": "--no-mmap", "numa": "--numa", "split_mode": "--split-mode",
+    "tensor_split": "--tensor-split", "main_gpu": "--main-gpu", "rope_scaling": "--rope-scaling",
+    "rope_freq_base": "--rope-freq-base", "rope_freq_scale": "--rope-freq-scale", "yarn_orig_ctx": "--yarn-orig-ctx",
+    "rpc": "--rpc", "offline": "--offline", "verbose": "--verbose", "dry_sequence_breaker": "--dry-sequence-breaker",
+}
+
+
+def remote_conflicts(f: Flags, extra: dict[str, str] | None = None) -> list[str]:
+    """The flags given that a remote endpoint cannot honour (the load happens on the server)."""
+    names = {**LOCAL_ONLY, **(extra or {})}
+    return [flag for key, flag in names.items() if key in f._values and f.given(key) and f._values[key]
+            not in (None, False, [], ())]
+
+
 Verbose = Annotated[
     bool, typer.Option("--verbose", rich_help_panel=OUTPUT_PANEL, help="Show llama.cpp's log lines on stderr.")
 ]

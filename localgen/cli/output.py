@@ -94,6 +94,8 @@ def format_stats(s: Stats) -> str:
         parts.append(f"decode {s.decode_tps:,.1f} tok/s")
     if s.ttft_s is not None:
         parts.append(f"first token {s.ttft_s:.2f} s")
+    if s.itl_p50_ms is not None:
+        parts.append(f"inter-token p50 {s.itl_p50_ms:.1f} ms, p99 {s.itl_p99_ms or 0:.1f} ms")
     parts.append(f"load {s.load_s:.2f} s")
     parts.append(f"total {s.total_s:.2f} s")
     if s.drafted is not None:
@@ -175,4 +177,6 @@ def answer_json(backend: Any, gen: Any, sampling: SamplingParams) -> str:
     }
     if gen.logprobs:
         doc["logprobs"] = [t.to_dict() for t in gen.logprobs]
+    if getattr(gen, "server_timings", None):
+        doc["server_timings"] = gen.server_timings  # what a remote server reported (llama-server's shape)
     return json.dumps(doc, ensure_ascii=False)

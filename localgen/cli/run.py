@@ -152,6 +152,14 @@ def run(
     rope_freq_scale: o.RopeFreqScale = 0.0,
     yarn_orig_ctx: o.YarnOrigCtx = 0,
     rpc: o.Rpc = None,
+    endpoint: o.Endpoint = None,
+    api_key_env: o.ApiKeyEnv = None,
+    resume_from: Annotated[
+        Path | None,
+        typer.Option("--resume-from", dir_okay=False, rich_help_panel=MANY, show_default=False, metavar="OUTPUT.jsonl",
+                     help="With --file and --json: skip the lines this earlier output already answered (copying "
+                          "them, unless stdout appends to that same file)."),
+    ] = None,
 ) -> None:
     """Generate from one prompt (or many) and stream the answer to stdout.
 

@@ -34,6 +34,9 @@ class RunPlan:
     repack_given: bool
     flash_attn_on: bool  # the user asked for it (with speculation: a warning)
     repack_on: bool
+    schema: str | None = None  # the JSON schema behind `grammar` (a remote server takes the schema itself)
+    endpoints: tuple[Any, ...] = ()  # remote endpoints; empty: load the model here
+    model: str | None = None  # the model name (a remote model id with endpoints)
 
 
 def execute(f: o.Flags) -> None:
@@ -41,15 +44,15 @@ def execute(f: o.Flags) -> None:
     plan = check(f)
     o.sampling(f)  # the flags alone are valid, before the catalogue's defaults are known
     err = ErrWriter()
-    backend = open_backend(f, plan, err)
+    backend: Backend = remote_backend(f, plan) if plan.endpoints else open_backend(f, plan, err)
     try:
         if plan.many:
-            raise typer.Exit(run_many(f, backend, err))
+            raise typer.Exit(run_many(f, plan, backend, err))
         request = single_request(f, plan, backend)
         if f.verbose_prompt:
             err.line("prompt:\n" + backend.render(request))
         if f.beams:
-            run_beams(f, backend, request, err)
+            run_beams(f, backend, request, err)  # type: ignore[arg-type]  # local only (check)
         else:
             stream(f, backend, request, err)
     finally:
@@ -88,11 +91,46 @@ def check(f: o.Flags) -> RunPlan:
         raise UsageError("--logprobs adds to the JSON output: add --json")
     if f.logprobs is not None and f.beams:
         raise UsageError("--logprobs cannot be combined with --beams (--json lists each beam's log-probability)")
+    if f.resume_from is not None and (f.file is None or not f.json_out):
+        raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
+    endpoints, model = _endpoints(f)
+    if endpoints:
+        _check_remote(f)
     parts = () if many else tuple(_prompt_parts(f))
-    return RunPlan(many=many, parts=parts, grammar=_grammar(f), speculative=bool(f.draft or f.lookup),
+    grammar, schema = _grammar(f)
+    return RunPlan(many=many, parts=parts, grammar=grammar, speculative=bool(f.draft or f.lookup),
                    flash_attn_given=f.given("flash_attn") or f.no_flash_attn, repack_given=f.given("repack"),
                    flash_attn_on=(f.given("flash_attn") and o.flash_attn(f) is not False),
-                   repack_on=f.given("repack") and bool(f.repack))
+                   repack_on=f.given("repack") and bool(f.repack), schema=schema, endpoints=tuple(endpoints),
+                   model=model)
+
+
+def _endpoints(f: o.Flags) -> tuple[list[Any], str | None]:
+    from localgen.remote.endpoints import choose
+
+    return choose(f.endpoint, f.api_key_env, f.model)
+
+
+def _check_remote(f: o.Flags) -> None:
+    """Flags a remote server cannot honour are usage errors, never dropped."""
+    extra = {"draft": "--draft", "lookup": "--lookup", "beams": "--beams", "grammar": "--grammar (GBNF; "
+             "--json-schema works)", "verbose_prompt": "--verbose-prompt", "exact": "--exact/--no-exact"}
+    if f.given("prompt_cache") and f.prompt_cache:
+        extra["prompt_cache"] = "--prompt-cache"
+    bad = o.remote_conflicts(f, extra)
+    if f.given("exact") and "--exact/--no-exact" not in bad:
+        bad.append("--exact/--no-exact")
+    if bad:
+        raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs the "
+                         "model)")
+
+
+def remote_backend(f: o.Flags, plan: RunPlan) -> Backend:
+    """The endpoints as a backend, with the model they serve (the only one, when -m is not given)."""
+    from localgen.remote.client import RemoteBackend, pick_model
+
+    model = plan.model or pick_model(list(plan.endpoints))
+    return RemoteBackend(list(plan.endpoints), model, n_ctx=f.ctx if f.given("ctx") else None)
 
 
 def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
@@ -153,19 +191,24 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Backend) -> GenerationReq
     """The one prompt as a request: documents and piped text first, the question last."""
     text = "\n\n".join(plan.parts)
     shared = "\n\n".join(plan.parts[:-1]) + "\n\n" if len(plan.parts) > 1 else None
-    sampling = base_sampling(f, backend, plan.grammar)
+    remote = bool(plan.endpoints)
+    sampling = base_sampling(f, backend, None if remote else plan.grammar)
+    schema = plan.schema if remote else None
+    cache = f.prompt_cache and not remote
     if f.raw:
         return GenerationRequest(prompt=text, sampling=sampling, logprobs=f.logprobs, shared=shared,
-                                 prompt_cache=f.prompt_cache)
+                                 prompt_cache=cache, json_schema=schema)
     messages = ([{"role": "system", "content": f.system}] if f.system else []) + [{"role": "user", "content": text}]
     return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=f.logprobs, shared=shared,
-                             prompt_cache=f.prompt_cache)
+                             prompt_cache=cache, json_schema=schema)
 
 
 def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWriter) -> None:
     """Stream one answer to stdout (or one JSON object at the end)."""
     gen = backend.generate(request, started=time.perf_counter())
     out = TextWriter(sys.stdout, enabled=not f.json_out)
+    from localgen.errors import RemoteError
+
     try:
         for chunk in gen:
             if not out.write(chunk.text):  # the reader went away (`| head -1`): stop quietly
@@ -176,6 +219,14 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
         out.end()
         err.interrupted()
         raise typer.Exit(130) from None
+    except RemoteError as e:
+        out.end()
+        if f.json_out and e.partial:  # what arrived, marked as partial, then the one-line error
+            import json
+
+            TextWriter(sys.stdout).write(json.dumps({"text": gen.text, "partial": True, "error": e.message},
+                                                    ensure_ascii=False) + "\n")
+        raise
     out.end()
     assert gen.stats is not None
     if gen.finish_reason == "context":
@@ -222,19 +273,21 @@ def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest, err
         out.end()
 
 
-def run_many(f: o.Flags, backend: Backend, err: ErrWriter) -> int:
+def run_many(f: o.Flags, plan: RunPlan, backend: Backend, err: ErrWriter) -> int:
     """--file / --each-line; returns the exit status."""
-    from localgen.cli.batchrun import run_batch
+    from localgen.cli.batchrun import BatchOptions, run_batch
 
-    base = base_sampling(f, backend, None)
+    remote = bool(plan.endpoints)
+    base = base_sampling(f, backend, None if remote else plan.grammar)
+    opts = BatchOptions(instruction=f.prompt, system=f.system, raw=f.raw, parallel=f.parallel, json_out=f.json_out,
+                        stats=f.stats, exact=f.exact, logprobs=f.logprobs, json_schema=plan.schema if remote else None,
+                        resume_from=f.resume_from)
     source_path: Path | None = f.file
     try:
         if source_path is not None:
             with open(source_path, encoding="utf-8", errors="replace") as source:
-                return run_batch(backend, source, f.prompt, f.system, f.raw, base, f.parallel, f.json_out, f.stats,
-                                 f.exact, f.logprobs)
-        return run_batch(backend, sys.stdin, f.prompt, f.system, f.raw, base, f.parallel, f.json_out, f.stats,
-                         f.exact, f.logprobs)
+                return run_batch(backend, source, base, opts)
+        return run_batch(backend, sys.stdin, base, opts)
     except KeyboardInterrupt:
         err.interrupted()
         return 130
@@ -274,12 +327,13 @@ def _read_stdin() -> str:
         raise UsageError("stdin is not UTF-8 text") from None
 
 
-def _grammar(f: o.Flags) -> str | None:
+def _grammar(f: o.Flags) -> tuple[str | None, str | None]:
+    """The GBNF grammar, and the JSON schema it came from (if it did)."""
     if f.grammar:
         text = Path(f.grammar).read_text(encoding="utf-8", errors="replace")
         if not text.strip():
             raise UsageError(f"the grammar file {f.grammar} is empty")
-        return text
+        return text, None
     schema: str | None = None
     if f.json_schema_file:
         schema = Path(f.json_schema_file).read_text(encoding="utf-8", errors="replace")
@@ -289,7 +343,7 @@ def _grammar(f: o.Flags) -> str | None:
             text = Path(text).expanduser().read_text(encoding="utf-8", errors="replace")
         schema = text
     if schema is None:
-        return None
+        return None, None
     from localgen.engine.grammar import grammar_from_json_schema
 
-    return grammar_from_json_schema(schema)
+    return grammar_from_json_schema(schema), schema

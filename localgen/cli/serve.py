@@ -75,6 +75,7 @@ def serve(
     mlock: o.Mlock = False,
     no_mmap: o.NoMmap = False,
     rpc: o.Rpc = None,
+    tensor_split: o.TensorSplit = None,
 ) -> None:
     """Serve models over HTTP: OpenAI's API under /v1 and Ollama's under /api, from one process.
 

@@ -36,8 +36,8 @@ def routes(state: ServeState) -> list[Route]:
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen"}
-            for name in state.workers]})
+            {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen",
+             "max_model_len": w.n_ctx} for name, w in state.workers.items()]})
 
     async def chat(request: Request) -> Response:
         return await _complete(state, await read_json(request), chat=True)

@@ -1,0 +1,1 @@
+"""Remote OpenAI-compatible endpoints behind the Backend protocol."""

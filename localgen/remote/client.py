@@ -1,0 +1,532 @@
+"""The remote implementation of the generation protocol (backend.py): requests go to OpenAI-compatible
+servers (vLLM, SGLang, llama-server, Ollama's /v1, LM Studio, `localgen serve`) as streamed
+/chat/completions or /completions calls over httpx, and come back as the same Chunks and Stats as a local
+run, with time to first token and inter-token gaps measured here, on the client.
+
+The stream parser takes what real servers send: `:` keep-alive comments, a first chunk with only the role,
+no usage chunk, an error event mid-stream. 429 and 503 before the answer starts are retried with backoff
+(Retry-After honoured). Every other failure is one RemoteError, marked `partial` once text has arrived and
+`down` when the endpoint itself is gone (run --file then moves its lines to the other endpoints)."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from localgen.backend import Completion, Indexed
+from localgen.errors import RemoteError, UsageError
+from localgen.remote.endpoints import Endpoint
+from localgen.types import Chunk, FinishReason, GenerationRequest, SamplingParams, Stats
+
+_D = SamplingParams()
+RETRIES = 4  # after the first try, for 429 and 503
+BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up to 30 s)
+# llama-server's names for the knobs OpenAI's API lacks; sent only when they differ from the defaults
+EXTENSIONS = ("top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "mirostat", "dry_multiplier",
+              "dry_base", "dry_allowed_length", "dry_penalty_last_n", "xtc_probability", "xtc_threshold",
+              "top_n_sigma", "ignore_eos")
+_RENAMED = {"mirostat_lr": "mirostat_eta", "mirostat_ent": "mirostat_tau"}
+
+
+def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str, Any]:
+    """The JSON body for a request: OpenAI's fields, then llama-server's extensions where set."""
+    s = request.sampling
+    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+                            "temperature": s.temperature, "seed": seed}
+    if request.raw:
+        body["prompt"] = request.prompt
+    else:
+        body["messages"] = [dict(m) for m in request.messages]
+    if s.top_p != _D.top_p:
+        body["top_p"] = s.top_p
+    if s.max_tokens >= 0:
+        body["max_tokens"] = s.max_tokens
+    if s.stop:
+        body["stop"] = list(s.stop)
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(s, name):
+            body[name] = getattr(s, name)
+    if s.logit_bias:
+        body["logit_bias"] = {str(tok): bias for tok, bias in s.logit_bias}
+    for name in EXTENSIONS:
+        if getattr(s, name) != getattr(_D, name):
+            body[name] = getattr(s, name)
+    if s.mirostat:
+        body.update({theirs: getattr(s, ours) for ours, theirs in _RENAMED.items()})
+    if request.logprobs is not None:
+        if request.raw:
+            body["logprobs"] = request.logprobs
+        else:
+            body.update(logprobs=True, top_logprobs=request.logprobs)
+    if request.json_schema is not None:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "output", "schema": json.loads(request.json_schema)}}
+    return body
+
+
+def _percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p * (len(ordered) - 1))))]
+
+
+class RemoteGeneration:
+    """One streamed answer from an endpoint (iterate for Chunks; the rest is final once it ends)."""
+
+    prompt_cache = "off"
+
+    def __init__(self, client: RemoteClient, request: GenerationRequest, started: float) -> None:
+        self.client = client
+        self.request = request
+        self.started = started
+        self.seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(31)
+        self.text = ""
+        self.finish_reason: FinishReason | None = None
+        self.stats: Stats | None = None
+        self.logprobs: list[Any] = []
+        self.server_timings: dict[str, Any] | None = None
+        self.usage: dict[str, Any] | None = None
+        self.n = 0  # content pieces received
+        self.arrivals: list[float] = []
+        self._response: Any = None
+        self._stop = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop at the next piece; closing the stream tells the server to stop generating."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Close the stream now (Ctrl-C, a reader that went away)."""
+        self._stop.set()
+        if self._response is not None:
+            self._response.close()
+
+    def __iter__(self) -> Iterator[Chunk]:
+        try:
+            self._response = self.client.open(self.request, self.seed)
+            for piece, finish in self.client.events(self._response, self):
+                if piece:
+                    now = time.perf_counter()
+                    self.arrivals.append(now)
+                    self.text += piece
+                    self.n += 1
+                    yield Chunk(piece, self.n)
+                if finish is not None:
+                    self.finish_reason = finish
+                if self._stop.is_set():
+                    self.finish_reason = "cancelled"
+                    break
+        finally:
+            if self._response is not None:
+                self._response.close()
+            self._finish()
+
+    def _finish(self) -> None:
+        end = time.perf_counter()
+        u = self.usage or {}
+        t = self.server_timings or {}
+        completion = int(u.get("completion_tokens") or t.get("predicted_n") or self.n)
+        cached = int(t.get("cache_n") or (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        prompt = int(u.get("prompt_tokens") or (t.get("prompt_n", 0) + t.get("cache_n", 0)) or 0)
+        gaps = [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
+        decode = None
+        if len(self.arrivals) > 1:
+            decode = (completion - 1) / (self.arrivals[-1] - self.arrivals[0]) if completion > 1 else None
+        p50, p99 = _percentile(gaps, 0.5), _percentile(gaps, 0.99)
+        self.stats = Stats(
+            prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, load_s=0.0,
+            ttft_s=self.arrivals[0] - self.started if self.arrivals else None,
+            prefill_tps=t.get("prompt_per_second"), decode_tps=decode, total_s=end - self.started,
+            finish_reason=self.finish_reason or "cancelled",
+            itl_p50_ms=round(p50 * 1000, 3) if p50 is not None else None,
+            itl_p99_ms=round(p99 * 1000, 3) if p99 is not None else None)
+
+
+class RemoteClient:
+    """One endpoint over httpx: opening streams with retries, reading them into pieces."""
+
+    def __init__(self, endpoint: Endpoint, model: str, timeout: float = 600.0) -> None:
+        import httpx
+
+        self.endpoint = endpoint
+        self.model = model
+        headers = {"Accept": "text/event-stream", "User-Agent": "localgen"}
+        if endpoint.key:
+            headers["Authorization"] = f"Bearer {endpoint.key}"
+        # no redirects: the key goes only to the URL the user named
+        self.http = httpx.Client(base_url=endpoint.url, headers=headers, follow_redirects=False,
+                                 timeout=httpx.Timeout(timeout, connect=10.0))
+        self.dead: RemoteError | None = None
+
+    def close(self) -> None:
+        """Close the connections."""
+        self.http.close()
+
+    def get(self, path: str) -> Any:
+        """A GET as JSON (for /models and friends), or None when the server has no such route."""
+        import httpx
+
+        try:
+            r = self.http.get(path, timeout=10.0)
+        except httpx.ConnectError as e:
+            raise RemoteError(_connect_message(self.endpoint.label, e), down=True) from None
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        try:
+            return r.json()
+        except ValueError:
+            return None
+
+    def open(self, request: GenerationRequest, seed: int) -> Any:
+        """POST the request and return the streaming response once it is 200, retrying 429 and 503."""
+        import httpx
+
+        path = "/completions" if request.raw else "/chat/completions"
+        body = request_body(self.model, request, seed)
+        where = self.endpoint.label
+        for attempt in range(RETRIES + 1):
+            try:
+                r = self.http.send(self.http.build_request("POST", path, json=body), stream=True)
+            except httpx.ConnectTimeout:
+                raise RemoteError(f"{where} did not accept the connection within 10 s", down=True) from None
+            except httpx.ConnectError as e:
+                raise RemoteError(_connect_message(where, e), down=True) from None
+            except httpx.TimeoutException:
+                raise RemoteError(f"{where} did not answer in time", down=True) from None
+            except httpx.HTTPError as e:
+                raise RemoteError(f"{where}: {type(e).__name__}: {e}", down=True) from None
+            if r.status_code == 200:
+                kind = r.headers.get("content-type", "")
+                if "text/event-stream" not in kind and "json" not in kind:
+                    r.close()
+                    raise RemoteError(f"{where} answered with {kind or 'no content type'}, not an OpenAI stream",
+                                      hint="check the URL: it should be the API base, e.g. http://host:8000/v1")
+                return r
+            r.read()
+            if r.status_code in (429, 503) and attempt < RETRIES:
+                time.sleep(_backoff(attempt, r.headers.get("retry-after")))
+                continue
+            raise _status_error(where, r, self.model)
+        raise AssertionError("unreachable")
+
+    def events(self, response: Any, gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
+        """(text, finish reason) from an SSE stream (or one JSON body), keeping usage and timings on `gen`."""
+        import httpx
+
+        where = self.endpoint.label
+        if "json" in response.headers.get("content-type", "") and "event-stream" not in \
+                response.headers.get("content-type", ""):
+            response.read()
+            yield from self._whole(_json(response.text, where), gen)
+            return
+        finished = False
+        event = "message"
+        try:
+            for line in response.iter_lines():
+                if not line or line.startswith(":"):  # keep-alive comments, event separators
+                    if not line:
+                        event = "message"
+                    continue
+                field, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if field == "event":
+                    event = value
+                    continue
+                if field != "data":
+                    continue  # id:, retry: and unknown fields are ignored, as the SSE spec says
+                if value.strip() == "[DONE]":
+                    finished = True
+                    break
+                doc = _json(value, where)
+                if event == "error" or "error" in doc:
+                    raise RemoteError(f"{where} reported an error mid-answer: {_error_text(doc)}",
+                                      partial=gen.n > 0)
+                for piece, finish in self._chunk(doc, gen):
+                    finished = finished or finish is not None
+                    yield piece, finish
+        except httpx.HTTPError as e:
+            raise RemoteError(f"the stream from {where} broke after {gen.n} pieces ({type(e).__name__}: {e})"
+                              + ("; the answer is partial" if gen.n else ""), down=True, partial=gen.n > 0) from None
+        if not finished and not gen._stop.is_set():
+            raise RemoteError(f"the stream from {where} ended without finishing the answer"
+                              + (f" (after {gen.n} pieces; the answer is partial)" if gen.n else ""),
+                              down=True, partial=gen.n > 0)
+
+    def _chunk(self, doc: dict[str, Any], gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
+        if doc.get("usage"):
+            gen.usage = doc["usage"]
+        if isinstance(doc.get("timings"), dict):
+            gen.server_timings = doc["timings"]
+        choices = doc.get("choices")
+        if not isinstance(choices, list):
+            if doc.get("usage") or doc.get("timings"):
+                return
+            raise RemoteError(f"{self.endpoint.label} sent a chunk without choices: {json.dumps(doc)[:200]}",
+                              partial=gen.n > 0)
+        for choice in choices[:1]:
+            if not isinstance(choice, dict):
+                raise RemoteError(f"{self.endpoint.label} sent a malformed choice: {json.dumps(choice)[:200]}",
+                                  partial=gen.n > 0)
+            delta = choice.get("delta") if "delta" in choice else choice.get("message")
+            text = choice.get("text") if "text" in choice else (delta or {}).get("content")
+            if text is not None and not isinstance(text, str):
+                raise RemoteError(f"{self.endpoint.label} sent non-text content: {json.dumps(text)[:200]}",
+                                  partial=gen.n > 0)
+            _take_logprobs(choice.get("logprobs"), gen)
+            yield text or "", _finish(choice.get("finish_reason"))
+
+    def _whole(self, doc: dict[str, Any], gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
+        """A server that ignored stream: true and sent the whole answer at once."""
+        if "error" in doc:
+            raise RemoteError(f"{self.endpoint.label}: {_error_text(doc)}")
+        pieces = list(self._chunk(doc, gen))
+        if not pieces:
+            raise RemoteError(f"{self.endpoint.label} sent an answer without choices")
+        yield pieces[0][0], pieces[0][1] or "stop"
+
+
+def _take_logprobs(lp: Any, gen: RemoteGeneration) -> None:
+    from localgen.types import TokenLogprob
+
+    if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
+        return
+    for item in lp["content"]:
+        if isinstance(item, dict) and isinstance(item.get("token"), str):
+            top = tuple((t.get("token", ""), float(t.get("logprob", 0.0))) for t in item.get("top_logprobs") or []
+                        if isinstance(t, dict))
+            gen.logprobs.append(TokenLogprob(item["token"], -1, float(item.get("logprob", 0.0)), top))
+
+
+def _finish(reason: Any) -> FinishReason | None:
+    if reason is None:
+        return None
+    return "length" if reason == "length" else "stop"
+
+
+def _json(text: str, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise RemoteError(f"{where} sent something that is not JSON: {text[:120]!r}") from None
+    if not isinstance(doc, dict):
+        raise RemoteError(f"{where} sent JSON that is not an object: {text[:120]!r}")
+    return doc
+
+
+def _error_text(doc: dict[str, Any]) -> str:
+    err = doc.get("error", doc)
+    if isinstance(err, dict):
+        return str(err.get("message") or json.dumps(err)[:300])
+    return str(err)[:300]
+
+
+def _backoff(attempt: int, retry_after: str | None) -> float:
+    if retry_after:
+        try:
+            return min(30.0, max(0.0, float(retry_after)))
+        except ValueError:
+            pass
+    return float(BACKOFF_S * 2.0 ** attempt * (0.75 + random.random() / 2))
+
+
+def _connect_message(where: str, e: Exception) -> str:
+    text = str(e)
+    if "SSL" in text or "CERTIFICATE" in text.upper() or "TLS" in text:
+        return f"TLS failed with {where}: {text}"
+    return f"cannot reach {where}: {text or type(e).__name__}"
+
+
+def _status_error(where: str, r: Any, model: str) -> RemoteError:
+    try:
+        message = _error_text(r.json())
+    except ValueError:
+        message = r.text.strip().splitlines()[0][:200] if r.text.strip() else r.reason_phrase
+    status = r.status_code
+    if status in (301, 302, 303, 307, 308):
+        return RemoteError(f"{where} redirects to {r.headers.get('location')}; localgen does not follow redirects "
+                           "(the key stays with the URL you named)", hint="give the final URL with --endpoint")
+    if status in (401, 403):
+        return RemoteError(f"{where} refused the request ({status}): {message}",
+                           hint="name the variable holding the key with --api-key-env NAME")
+    if status == 404:
+        return RemoteError(f"{where} has no model {model!r} or no such route (404): {message}",
+                           hint="see its models with: curl URL/models")
+    if status in (429, 503):
+        return RemoteError(f"{where} is busy ({status}) after {RETRIES + 1} tries: {message}", down=status == 503)
+    if status >= 500:
+        return RemoteError(f"{where} failed ({status}): {message}", down=status in (502, 504))
+    return RemoteError(f"{where} rejected the request ({status}): {message}")
+
+
+def pick_model(endpoints: list[Endpoint]) -> str:
+    """The model when -m is not given: the endpoint's only one (from endpoints.toml or its /models)."""
+    ep = endpoints[0]
+    if ep.models:
+        return ep.models[0]
+    client = RemoteClient(ep, "")
+    try:
+        doc = client.get("/models")
+    finally:
+        client.close()
+    data = doc.get("data", []) if isinstance(doc, dict) else []
+    ids: list[str] = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    if len(ids) == 1:
+        return ids[0]
+    if not ids:
+        raise RemoteError(f"{ep.label} did not list its models", hint="name the model with -m")
+    raise UsageError(f"{ep.label} serves {len(ids)} models: name one with -m ({', '.join(ids[:8])})")
+
+
+class RemoteBackend:
+    """One or more OpenAI-compatible endpoints serving `model`, behind the Backend protocol. A single
+    stream goes to the first; run --file spreads lines over all of them."""
+
+    def __init__(self, endpoints: list[Endpoint], model: str, n_ctx: int | None = None) -> None:
+        self.endpoints = endpoints
+        self.clients = [RemoteClient(e, model) for e in endpoints]
+        self.name = model
+        self.defaults: dict[str, Any] = {}  # the server applies its own
+        self._n_ctx = n_ctx
+
+    @property
+    def n_ctx(self) -> int:
+        """The server's context window where it says (vLLM's max_model_len, llama-server's /props), else
+        the --ctx value."""
+        if self._n_ctx is None:
+            self._n_ctx = self._server_ctx() or 4096
+        return self._n_ctx
+
+    def _server_ctx(self) -> int | None:
+        c = self.clients[0]
+        models = c.get("/models")
+        for m in (models or {}).get("data", []) if isinstance(models, dict) else []:
+            if isinstance(m, dict) and m.get("id") == self.name:
+                for key in ("max_model_len", "context_length", "n_ctx"):
+                    if isinstance(m.get(key), int) and m[key] > 0:
+                        return int(m[key])
+        props = c.get(c.endpoint.url.rsplit("/v1", 1)[0] + "/props") if c.endpoint.url.endswith("/v1") else None
+        if isinstance(props, dict):
+            n = (props.get("default_generation_settings") or {}).get("n_ctx")
+            if isinstance(n, int) and n > 0:
+                return n
+        return None
+
+    def generate(self, request: GenerationRequest, started: float | None = None) -> RemoteGeneration:
+        """A stream from the first endpoint."""
+        return RemoteGeneration(self.clients[0], request, started if started is not None else time.perf_counter())
+
+    def count(self, request: GenerationRequest) -> int:
+        """An estimate (the server tokenizes): 1 token per 3 characters, plus a few per message."""
+        if request.raw:
+            return len(request.prompt or "") // 3 + 1
+        return sum(len(m["content"]) // 3 + 4 for m in request.messages) + 2
+
+    def render(self, request: GenerationRequest) -> str:
+        """The server applies its chat template; this is the conversation as it is sent."""
+        if request.raw:
+            return request.prompt or ""
+        return json.dumps(list(request.messages), ensure_ascii=False, indent=1)
+
+    def save_conversation(self, name: str) -> None:
+        """Nothing to keep: the server holds (or reuses) its own cache."""
+
+    def restore_conversation(self, name: str, request: GenerationRequest) -> int:
+        """Nothing to restore."""
+        return 0
+
+    def describe(self) -> dict[str, Any]:
+        """The model and where it runs."""
+        return {"model": {"name": self.name, "file": None, "endpoint": [e.url for e in self.endpoints]},
+                "load": {"remote": True}}
+
+    def close(self) -> None:
+        """Close every connection."""
+        for c in self.clients:
+            c.close()
+
+    def run_many(self, requests: Iterable[Indexed], parallel: int, on_done: Callable[[Completion], None],
+                 exact: bool | None = None) -> dict[str, float]:
+        """Up to `parallel` requests in flight per endpoint. A request whose endpoint dies goes back to the
+        front of the line for the others; only when every endpoint is gone do the rest fail."""
+        lock = threading.Lock()
+        source = iter(requests)
+        retry: deque[Indexed] = deque()
+        stop = threading.Event()
+        counts = {"requests": 0.0, "retried": 0.0}
+        last_error: list[str] = []
+
+        def take() -> Indexed | None:
+            with lock:
+                if retry:
+                    return retry.popleft()
+                try:
+                    return next(source)
+                except StopIteration:
+                    return None
+
+        def work(client: RemoteClient) -> None:
+            while not stop.is_set() and client.dead is None:
+                item = take()
+                if item is None:
+                    return
+                c = self._complete(client, item, stop)
+                if c is None:  # the endpoint is gone: another takes the line
+                    with lock:
+                        retry.appendleft(item)
+                        counts["retried"] += 1
+                        last_error[:] = [client.dead.message if client.dead else "gone"]
+                    return
+                with lock:
+                    counts["requests"] += 1
+                    on_done(c)
+
+        threads = [threading.Thread(target=work, args=(c,), daemon=True)
+                   for _ in range(max(1, parallel)) for c in self.clients]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+        except KeyboardInterrupt:
+            stop.set()
+            raise
+        # every endpoint is gone: what is left fails, each line with the reason
+        reason = f"every endpoint is gone (last: {last_error[0]})" if last_error else "every endpoint is gone"
+        while (item := take()) is not None:
+            on_done(Completion(item.index, "", f"error: {reason}", 0, 0, 0.0, 0.0, item.seed))
+        return {"steps": 0.0, "rows": 0.0, **counts}
+
+    def _complete(self, client: RemoteClient, item: Indexed, stop: threading.Event) -> Completion | None:
+        """One line on one endpoint: its Completion (an error one for a bad line), or None when the
+        endpoint died under it."""
+        gen = RemoteGeneration(client, _with_seed(item.request, item.seed), time.perf_counter())
+        try:
+            for _ in gen:
+                if stop.is_set():
+                    gen.close()
+        except RemoteError as e:
+            if e.down:
+                client.dead = e
+                return None
+            return Completion(item.index, "", f"error: {e.message}", 0, 0, 0.0, 0.0, item.seed)
+        s = gen.stats
+        assert s is not None
+        return Completion(item.index, gen.text, s.finish_reason, s.prompt_tokens, s.completion_tokens,
+                          s.ttft_s or 0.0, s.total_s, item.seed, gen.logprobs, s.cached_tokens)
+
+
+def _with_seed(request: GenerationRequest, seed: int) -> GenerationRequest:
+    import dataclasses
+
+    if request.sampling.seed == seed:
+        return request
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=seed))

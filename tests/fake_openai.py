@@ -1,0 +1,109 @@
+"""A small OpenAI-compatible server for the protocol's edges (Starlette on uvicorn, in a thread, on a
+loopback port). The model name picks the behaviour; every request's headers are kept for the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+def _chunk(content: str | None = None, role: str | None = None, finish: str | None = None) -> str:
+    delta: dict[str, Any] = {}
+    if role:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    doc = {"id": "x", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": delta, "finish_reason": finish}]}
+    return f"data: {json.dumps(doc)}\n\n"
+
+
+class FakeServer:
+    """Behaviours by model id:
+    - plain: ": ping" comments, a role-only first chunk, "Hello" " world", no usage chunk, [DONE]
+    - usage: as plain, with a usage chunk and llama-server timings
+    - error-mid: "Hel", then an `event: error` with a message
+    - broken: "Hel", then the connection ends with no [DONE]
+    - garbage: a data line that is not JSON
+    - busy-once: 429 (Retry-After: 0) on the first request, then as plain
+    - busy: always 503
+    - redirect: 307 to `redirect_to`
+    - html: a 200 text/html page (a wrong URL)
+    """
+
+    def __init__(self, redirect_to: str = "") -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.redirect_to = redirect_to
+        self.busy_once_seen = 0
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                                Route("/v1/models", self.models)])
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                                    lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(5)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "plain", "object": "model"}]})
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append({"headers": dict(request.headers), "body": body})
+        model = body.get("model")
+        if model == "redirect":
+            return RedirectResponse(self.redirect_to + "/v1/chat/completions", status_code=307)
+        if model == "busy":
+            return JSONResponse({"error": {"message": "overloaded"}}, status_code=503, headers={"Retry-After": "0"})
+        if model == "busy-once":
+            self.busy_once_seen += 1
+            if self.busy_once_seen == 1:
+                return JSONResponse({"error": {"message": "slow down"}}, status_code=429, headers={"Retry-After": "0"})
+        if model == "html":
+            return PlainTextResponse("<html>hi</html>", media_type="text/html")
+
+        async def stream() -> AsyncIterator[str]:
+            yield ": ping\n\n"
+            yield _chunk(role="assistant")
+            if model == "error-mid":
+                yield _chunk("Hel")
+                yield 'event: error\ndata: {"error": {"message": "the GPU fell over"}}\n\n'
+                return
+            if model == "broken":
+                yield _chunk("Hel")
+                await asyncio.sleep(0.05)
+                raise ConnectionResetError("cut")
+            if model == "garbage":
+                yield "data: <<not json>>\n\n"
+                return
+            yield _chunk("Hello")
+            yield ": keep-alive\n\n"
+            yield _chunk(" world")
+            yield _chunk(finish="stop")
+            if model == "usage":
+                yield ("data: " + json.dumps({"choices": [], "usage": {
+                    "prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9},
+                    "timings": {"cache_n": 3, "prompt_n": 4, "prompt_per_second": 100.0}}) + "\n\n")
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")

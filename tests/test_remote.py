@@ -1,0 +1,240 @@
+"""Remote endpoints: the protocol's edges against a fake OpenAI server, then `run`, `chat`, `bench` and
+`run --file` fan-out (with a server killed mid-batch, and --resume-from) against two real `localgen serve`
+processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import CLI
+from tests.fake_openai import FakeServer
+from tests.test_serve import Server
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeServer]:
+    s = FakeServer()
+    yield s
+    s.stop()
+
+
+def _run(cli: CLI, fake: FakeServer, model: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return cli("run", "--endpoint", fake.url, "-m", model, "-p", "hi", *args, timeout=60)
+
+
+def test_keep_alive_comments_role_chunk_and_no_usage(cli: CLI, fake: FakeServer) -> None:
+    r = _run(cli, fake, "plain", "--json", "--stats")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["text"] == "Hello world" and doc["finish_reason"] == "stop"
+    assert doc["stats"]["completion_tokens"] == 2, "without a usage chunk, the pieces are counted"
+    assert doc["stats"]["ttft_s"] is not None and "inter-token p50" in r.stderr
+    assert doc["model"]["endpoint"] == [f"{fake.url}/v1"]
+    r = _run(cli, fake, "usage", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["stats"]["prompt_tokens"] == 7 and doc["stats"]["cached_tokens"] == 3
+    assert doc["server_timings"]["prompt_per_second"] == 100.0
+    plain = _run(cli, fake, "plain")
+    assert plain.stdout == "Hello world\n" and plain.stderr == ""
+
+
+def test_request_carries_the_flags_and_schema(cli: CLI, fake: FakeServer) -> None:
+    fake.requests.clear()
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    r = _run(cli, fake, "plain", "--temperature", "0.3", "--top-k", "5", "--seed", "42", "-n", "9", "--stop", "END",
+             "--json-schema", schema, "--system", "Be brief.")
+    assert r.returncode == 0, r.stderr
+    body = fake.requests[-1]["body"]
+    assert body["temperature"] == 0.3 and body["top_k"] == 5 and body["seed"] == 42 and body["max_tokens"] == 9
+    assert body["stop"] == ["END"] and body["stream"] is True
+    assert body["response_format"]["json_schema"]["schema"] == json.loads(schema)
+    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+
+
+def test_a_429_is_retried_and_a_busy_server_is_reported(cli: CLI, fake: FakeServer) -> None:
+    fake.busy_once_seen = 0
+    r = _run(cli, fake, "busy-once")
+    assert r.returncode == 0 and r.stdout == "Hello world\n" and fake.busy_once_seen == 2
+    r = _run(cli, fake, "busy")
+    assert r.returncode == 1 and "busy (503) after 5 tries" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ("error-mid", "reported an error mid-answer: the GPU fell over"),
+    ("broken", "the answer is partial"),
+])
+def test_a_stream_that_fails_mid_answer_is_reported_as_partial(cli: CLI, fake: FakeServer, model: str,
+                                                               message: str) -> None:
+    r = _run(cli, fake, model)
+    assert r.returncode == 1 and r.stdout == "Hel\n", "what arrived stays on stdout"
+    assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    r = _run(cli, fake, model, "--json")
+    assert r.returncode == 1 and json.loads(r.stdout) == {"text": "Hel", "partial": True,
+                                                          "error": r.stderr.split("error: ", 1)[1].strip()}
+
+
+def test_bad_answers_and_addresses_are_one_line_errors(cli: CLI, fake: FakeServer) -> None:
+    cases = [
+        (_run(cli, fake, "garbage"), "not JSON"),
+        (_run(cli, fake, "html"), "not an OpenAI stream"),
+        (cli("run", "--endpoint", "http://127.0.0.1:1", "-m", "x", "-p", "hi"), "cannot reach 127.0.0.1:1"),
+        (cli("run", "--endpoint", fake.url.replace("http:", "https:"), "-m", "x", "-p", "hi"), "TLS failed"),
+    ]
+    for r, message in cases:
+        assert r.returncode == 1 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    for args, message in [
+        (("--draft", "x"), "--draft cannot be used with a remote endpoint"),
+        (("--beams", "2"), "--beams cannot be used"),
+        (("-t", "2"), "--threads cannot be used"),
+        (("--api-key-env", "LOCALGEN_TEST_UNSET"), "LOCALGEN_TEST_UNSET is not set"),
+    ]:
+        r = _run(cli, fake, "plain", *args)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+    r = cli("run", "--endpoint", "ftp://x", "-p", "hi")
+    assert r.returncode == 2 and "http:// or https://" in r.stderr
+
+
+def test_the_key_goes_only_where_the_user_said(cli: CLI, cli_env: dict[str, str], fake: FakeServer) -> None:
+    other = FakeServer()
+    try:
+        env = {**cli_env, "OPENAI_API_KEY": "sk-implicit", "MY_KEY": "sk-mine"}
+        fake.requests.clear()
+        subprocess.run(CLI(env).argv("run", "--endpoint", fake.url, "-m", "plain", "-p", "hi"), env=env,
+                       capture_output=True, timeout=60)
+        assert "authorization" not in fake.requests[-1]["headers"], "no implicit OPENAI_API_KEY"
+        subprocess.run(CLI(env).argv("run", "--endpoint", fake.url, "-m", "plain", "-p", "hi", "--api-key-env",
+                                     "MY_KEY"), env=env, capture_output=True, timeout=60)
+        assert fake.requests[-1]["headers"]["authorization"] == "Bearer sk-mine"
+        fake.redirect_to = other.url
+        r = subprocess.run(CLI(env).argv("run", "--endpoint", fake.url, "-m", "redirect", "-p", "hi",
+                                         "--api-key-env", "MY_KEY"), env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 1 and "does not follow redirects" in r.stderr and not other.requests
+    finally:
+        other.stop()
+
+
+def test_named_endpoints_from_the_config(cli: CLI, fake: FakeServer, home: Path) -> None:
+    config = home / "config"  # LOCALGEN_HOME/config (paths.config_dir)
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "endpoints.toml").write_text(f'[box]\nurl = "{fake.url}"\nmodels = ["plain", "usage"]\n')
+    try:
+        r = cli("run", "-m", "box/usage", "-p", "hi")
+        assert r.returncode == 0 and r.stdout == "Hello world\n", r.stderr
+        r = cli("run", "-m", "box", "-p", "hi")
+        assert r.returncode == 0 and r.stdout == "Hello world\n", r.stderr
+        r = cli("run", "-m", "box/other", "-p", "hi")
+        assert r.returncode == 2 and "box serves plain, usage" in r.stderr
+    finally:
+        (config / "endpoints.toml").unlink()
+
+
+# ---- two real servers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two(cli_env: dict[str, str]) -> Iterator[tuple[Server, Server]]:
+    a = Server(cli_env, "-np", "2", "-t", "1", "--ctx", "1024")
+    b = Server(cli_env, "-np", "2", "-t", "1", "--ctx", "1024")
+    yield a, b
+    for s in (a, b):
+        if s.proc.poll() is None:
+            s.stop()
+
+
+def _lines(path: Path, n: int) -> None:
+    path.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}.", "max_tokens": 12,
+                                        "temperature": 0}) + "\n" for i in range(1, n + 1)))
+
+
+def test_run_chat_and_bench_against_a_server(cli: CLI, two: tuple[Server, Server]) -> None:
+    a, _ = two
+    local = cli("run", "-p", "The capital of Italy is", "--raw", "-n", "12", "--temperature", "0", "--ctx", "1024")
+    remote = cli("run", "--endpoint", a.url, "-p", "The capital of Italy is", "--raw", "-n", "12",
+                 "--temperature", "0", "--stats")
+    assert remote.returncode == 0 and remote.stdout == local.stdout, "greedy over HTTP is the local answer"
+    assert "first token" in remote.stderr and "inter-token" in remote.stderr
+    r = cli("chat", "remote-chat", "--endpoint", a.url, "--temperature", "0", "-n", "8",
+            input="My name is Ann.\nWhat is my name?\n")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    r = cli("chat", "--resume", "remote-chat", "--endpoint", a.url, "-n", "8", input="Thanks.\n")
+    assert r.returncode == 0
+    saved = json.loads(next((Path(cli.env["LOCALGEN_HOME"])).rglob("remote-chat.json")).read_text())
+    assert [m["role"] for m in saved["messages"]] == ["user", "assistant"] * 3
+    r = cli("bench", "--endpoint", a.url, "-npl", "1,2", "--num-prompts", "2", "-p", "16", "-n", "8", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    recs = json.loads(r.stdout)
+    assert [x["n_parallel"] for x in recs] == [1, 2] and all(x["client_side"] and x["requests"] == 2 for x in recs)
+    assert all(x["avg_ts"] > 0 and x["ttft_ms"] > 0 and x["e2e_p99_ms"] >= x["e2e_p50_ms"] for x in recs)
+    hist = cli("bench", "history")
+    run_id = hist.stdout.splitlines()[1].split()[0]
+    assert "client-side figures" in cli("bench", "history", run_id).stdout
+
+
+def test_fan_out_keeps_order_and_survives_a_dead_server(cli: CLI, two: tuple[Server, Server],
+                                                        tmp_path: Path) -> None:
+    a, b = two
+    prompts = tmp_path / "in.jsonl"
+    _lines(prompts, 12)
+    before = [s.health()["rows"] for s in (a, b)]
+    first = cli("run", "--file", str(prompts), "--endpoint", a.url, "--endpoint", b.url, "-np", "2", "--json",
+                timeout=300)
+    assert first.returncode == 0, first.stderr
+    docs = [json.loads(x) for x in first.stdout.splitlines()]
+    assert [d["line"] for d in docs] == list(range(1, 13)) and all("error" not in d for d in docs)
+    assert all(s.health()["rows"] > n for s, n in zip((a, b), before, strict=True)), "both endpoints took lines"
+
+    # kill one server while lines are in flight: nothing is lost, the same answers come back
+    _lines(prompts, 12)
+    proc = cli.popen("run", "--file", str(prompts), "--endpoint", a.url, "--endpoint", b.url, "-np", "2", "--json",
+                     "--stats", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    got = [proc.stdout.readline()]
+    b.proc.send_signal(signal.SIGKILL)
+    b.proc.wait(10)
+    out, err = proc.communicate(timeout=300)
+    got += out.decode().splitlines(keepends=True)
+    assert proc.returncode == 0, err.decode()
+    again = [json.loads(x) for x in got]
+    assert [d["line"] for d in again] == list(range(1, 13)) and all("error" not in d for d in again)
+    assert [d["text"] for d in again] == [d["text"] for d in docs], "greedy answers do not depend on the endpoint"
+
+    # with every endpoint gone, the lines fail one by one and the exit status is 1
+    dead = cli("run", "--file", str(prompts), "--endpoint", b.url, "--json", timeout=60)
+    assert dead.returncode == 1 and all("every endpoint is gone" in json.loads(x)["error"]
+                                        for x in dead.stdout.splitlines())
+
+
+def test_resume_from_skips_answered_lines(cli: CLI, two: tuple[Server, Server], tmp_path: Path) -> None:
+    a, _ = two
+    prompts = tmp_path / "in.jsonl"
+    _lines(prompts, 6)
+    full = cli("run", "--file", str(prompts), "--endpoint", a.url, "--json", "--seed", "7")
+    assert full.returncode == 0
+    out = tmp_path / "out.jsonl"
+    out.write_text("".join(full.stdout.splitlines(keepends=True)[:4]) + '{"line": 5, "te')  # a crash mid-line
+    rows = a.health()["rows"]
+    with open(out, "a") as sink:
+        r = subprocess.run(cli.argv("run", "--file", str(prompts), "--endpoint", a.url, "--json", "--seed", "7",
+                                    "--resume-from", str(out), "--stats"), env=cli.env, stdout=sink,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 0 and "4 already answered" in r.stderr
+    assert out.read_text().splitlines()[4] == '{"line": 5, "te', "the torn line is left as it was"
+    new = [json.loads(x) for x in out.read_text().splitlines()[5:]]
+    assert [d["line"] for d in new] == [5, 6]
+    assert [d["text"] for d in new] == [json.loads(x)["text"] for x in full.stdout.splitlines()[4:]]
+    assert a.health()["rows"] > rows
+    copy = cli("run", "--file", str(prompts), "--endpoint", a.url, "--json", "--seed", "7", "--resume-from", str(out))
+    assert copy.returncode == 0 and [json.loads(x)["line"] for x in copy.stdout.splitlines()] == [1, 2, 3, 4, 5, 6]
+    with open(out, "w") as sink:  # `>` onto the file it reads: refused (the shell has already emptied it)
+        r = subprocess.run(cli.argv("run", "--file", str(prompts), "--json", "--resume-from", str(out)),
+                           env=cli.env, stdout=sink, stderr=subprocess.PIPE, text=True)
+    assert r.returncode == 2 and "append with" in r.stderr
+    assert httpx.get(f"{a.url}/health").status_code == 200

@@ -1,0 +1,90 @@
+"""llama.cpp RPC on loopback: two `localgen rpc-server` processes take SmolLM2's layers; the answer is the
+local one; a dead port is an error before anything loads; a server dying mid-answer is one line, exit 1."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import CLI
+
+PROMPT = "The capital of Italy is"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(cli: CLI) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    proc = cli.popen("rpc-server", "--port", str(port), "-t", "1", stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, f"127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("rpc-server did not start")
+
+
+@pytest.fixture(scope="module")
+def servers(cli: CLI) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
+    started = [_start(cli), _start(cli)]
+    yield started
+    for proc, _ in started:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_model_split_over_two_servers_answers_as_locally(cli: CLI,
+                                                            servers: list[tuple[subprocess.Popen[bytes], str]]) -> None:
+    rpc = ",".join(ep for _, ep in servers)
+    local = cli("run", "--raw", "-p", PROMPT, "-n", "12", "--temperature", "0", "--json")
+    remote = cli("run", "--raw", "-p", PROMPT, "-n", "12", "--temperature", "0", "--json", "--rpc", rpc, "--verbose")
+    assert remote.returncode == 0, remote.stderr
+    placed = json.loads(remote.stdout)["load"]["weights_mib"]
+    for _, ep in servers:
+        assert any(ep in dev and mib > 1 for dev, mib in placed.items()), f"weights on {ep}: {placed}"
+        assert any(ep in line and "buffer size" in line for line in remote.stderr.splitlines()), \
+            "llama.cpp's load log shows a buffer on each server"
+    assert json.loads(remote.stdout)["text"] == json.loads(local.stdout)["text"]
+    stats = cli("run", "--raw", "-p", PROMPT, "-n", "4", "--rpc", rpc, "--stats")
+    assert "weights: " in stats.stderr and all(ep in stats.stderr for _, ep in servers)
+    doctor = cli("doctor", "--rpc", rpc)
+    assert doctor.returncode == 0 and all(f"RPC       {ep}" in doctor.stdout for _, ep in servers)
+
+
+def test_a_dead_server_is_an_error_before_load(cli: CLI) -> None:
+    port = _free_port()
+    r = cli("run", "-p", "hi", "--rpc", f"127.0.0.1:{port}", "--verbose")
+    assert r.returncode == 1 and f"cannot reach the RPC server 127.0.0.1:{port}" in r.stderr
+    assert "load_tensors" not in r.stderr, "nothing was loaded"
+    r = cli("run", "-p", "hi", "--rpc", "nonsense")
+    assert r.returncode == 1 and "use HOST:PORT" in r.stderr
+
+
+def test_a_server_dying_mid_answer_is_one_line_and_exit_1(cli: CLI) -> None:
+    proc, ep = _start(cli)
+    try:
+        run = cli.popen("run", "--raw", "-p", "Once upon a time", "-n", "2000", "--ignore-eos", "--rpc", ep,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert run.stdout is not None
+        run.stdout.read(20)  # generating now
+        proc.kill()
+        _, err = run.communicate(timeout=60)
+        text = err.decode()
+        assert run.returncode == 1, text
+        assert "llama.cpp stopped" in text and text.count("localgen: error") == 1 and "Traceback" not in text
+    finally:
+        proc.kill()
+        proc.wait()
