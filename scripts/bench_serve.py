@@ -42,7 +42,7 @@ def start(target: str, model: str, path: str, port: int, a: argparse.Namespace, 
                "-c", str(a.ctx * a.clients), "-fa", "on", "--no-webui"]
     else:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_threads",
-               str(a.threads), "--n_ctx", str(a.ctx), "--flash_attn", "true"]
+               str(a.threads), "--n_ctx", str(a.ctx), "--flash_attn", "true", "--interrupt_requests", "false"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import httpx
 
@@ -67,7 +67,7 @@ def client(url: str, model: str, prompts: list[str], tokens: int, raw: bool, out
             body.update(prompt=prompt, ignore_eos=True)
             endpoint = "/v1/completions"
         else:
-            body.update(messages=[{"role": "user", "content": prompt}])
+            body.update(messages=[{"role": "user", "content": prompt}], ignore_eos=True)
             endpoint = "/v1/chat/completions"
         t0 = time.perf_counter()
         stamps: list[float] = []

@@ -40,6 +40,7 @@ class FakeServer:
     - busy: always 503
     - redirect: 307 to `redirect_to`
     - html: a 200 text/html page (a wrong URL)
+    - slow: "tick " every 50 ms, 200 times
     """
 
     def __init__(self, redirect_to: str = "") -> None:
@@ -93,6 +94,10 @@ class FakeServer:
                 yield _chunk("Hel")
                 await asyncio.sleep(0.05)
                 raise ConnectionResetError("cut")
+            if model == "slow":
+                for _ in range(200):
+                    yield _chunk("tick ")
+                    await asyncio.sleep(0.05)
             if model == "garbage":
                 yield "data: <<not json>>\n\n"
                 return

@@ -80,6 +80,28 @@ def test_a_stream_that_fails_mid_answer_is_reported_as_partial(cli: CLI, fake: F
                                                           "error": r.stderr.split("error: ", 1)[1].strip()}
 
 
+def test_ctrl_c_closes_the_stream_with_130(cli: CLI, fake: FakeServer) -> None:
+    p = cli.popen("run", "--endpoint", fake.url, "-m", "slow", "-p", "hi", stdout=subprocess.PIPE,
+                  stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.read(10)  # streaming now
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=30) == 130
+    err = p.stderr.read().decode()
+    assert "interrupted" in err and "Traceback" not in err
+
+
+def test_chat_keeps_a_partial_answer_and_takes_back_a_refused_turn(cli: CLI, fake: FakeServer, home: Path) -> None:
+    r = cli("chat", "remote-partial", "--endpoint", fake.url, "-m", "error-mid", input="hello\n")
+    assert r.returncode == 1 and "the partial answer is kept" in r.stderr and r.stderr.count("\n") == 1
+    saved = json.loads(next(home.rglob("remote-partial.json")).read_text())
+    assert [(m["role"], m["content"]) for m in saved["messages"]] == [("user", "hello"), ("assistant", "Hel")]
+    r = cli("chat", "--resume", "remote-partial", "--endpoint", fake.url, "-m", "busy", input="again\n")
+    assert r.returncode == 1 and "busy (503)" in r.stderr
+    saved = json.loads(next(home.rglob("remote-partial.json")).read_text())
+    assert len(saved["messages"]) == 2, "the refused turn was taken back"
+
+
 def test_bad_answers_and_addresses_are_one_line_errors(cli: CLI, fake: FakeServer) -> None:
     cases = [
         (_run(cli, fake, "garbage"), "not JSON"),
@@ -168,10 +190,12 @@ def test_run_chat_and_bench_against_a_server(cli: CLI, two: tuple[Server, Server
     assert r.returncode == 0
     saved = json.loads(next((Path(cli.env["LOCALGEN_HOME"])).rglob("remote-chat.json")).read_text())
     assert [m["role"] for m in saved["messages"]] == ["user", "assistant"] * 3
-    r = cli("bench", "--endpoint", a.url, "-npl", "1,2", "--num-prompts", "2", "-p", "16", "-n", "8", "-o", "json")
+    r = cli("bench", "--endpoint", a.url, "-npl", "1,2", "--request-rate", "50,inf", "--num-prompts", "2", "-p", "16",
+            "-n", "8", "-o", "json")
     assert r.returncode == 0, r.stderr
     recs = json.loads(r.stdout)
-    assert [x["n_parallel"] for x in recs] == [1, 2] and all(x["client_side"] and x["requests"] == 2 for x in recs)
+    assert [(x["n_parallel"], x["request_rate"]) for x in recs] == [(1, "50"), (1, "inf"), (2, "50"), (2, "inf")]
+    assert all(x["client_side"] and x["requests"] == 2 and x["backends"] == "remote" for x in recs)
     assert all(x["avg_ts"] > 0 and x["ttft_ms"] > 0 and x["e2e_p99_ms"] >= x["e2e_p50_ms"] for x in recs)
     hist = cli("bench", "history")
     run_id = hist.stdout.splitlines()[1].split()[0]
@@ -194,7 +218,8 @@ def test_fan_out_keeps_order_and_survives_a_dead_server(cli: CLI, two: tuple[Ser
     # kill one server while lines are in flight: nothing is lost, the same answers come back
     _lines(prompts, 12)
     proc = cli.popen("run", "--file", str(prompts), "--endpoint", a.url, "--endpoint", b.url, "-np", "2", "--json",
-                     "--stats", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                     "--stats", stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)  # no read-ahead:
+    # communicate() reads the pipe itself, so lines buffered by readline() would be missed
     assert proc.stdout is not None
     got = [proc.stdout.readline()]
     b.proc.send_signal(signal.SIGKILL)

@@ -245,6 +245,15 @@ def test_serve_usage_errors(cli: CLI, tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         r = cli("serve", "--port", str(port))
         assert r.returncode == 1 and "cannot listen on 127.0.0.1" in r.stderr and r.stderr.count("\n") == 1
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        free = str(s.getsockname()[1])
+    public = cli.popen("serve", "--host", "0.0.0.0", "--port", free, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert public.stderr is not None
+    first = public.stderr.readline().decode()
+    public.send_signal(signal.SIGTERM)
+    public.wait(timeout=60)
+    assert "no API key" in first and "anyone who can reach this port" in first
     empty = tmp_path / "key.txt"
     empty.write_text("\n")
     r = cli("serve", "--api-key-file", str(empty))

@@ -136,16 +136,20 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
     counters = backend.run_many(requests(), opts.parallel, done, exact=opts.exact)
     flush()
     if opts.stats:
-        secs = time.perf_counter() - t0
-        per_call = counters["rows"] / counters["steps"] if counters.get("steps") else 0
-        how = (f"{per_call:.1f} sequences per decode call" if counters.get("steps") else
-               _plural(len(getattr(backend, 'endpoints', ())), 'endpoint') + (
-                   f", {int(counters['retried'])} lines moved off a failed one" if counters.get("retried") else ""))
-        print(f"{state['prompts']} prompts · {state['tokens']} tokens generated in {secs:.2f} s · "
-              f"{state['tokens'] / secs if secs else 0:.1f} tok/s aggregate · --parallel {opts.parallel} · {how}"
-              + (f" · {state['skipped']} already answered" if state["skipped"] else "")
-              + (f" · {state['failed']} failed" if state["failed"] else ""), file=sys.stderr)
+        _print_stats(state, time.perf_counter() - t0, counters, opts.parallel, len(getattr(backend, "endpoints", ())))
     return 1 if state["failed"] else 0
+
+
+def _print_stats(state: dict[str, int], secs: float, counters: dict[str, float], parallel: int, endpoints: int) -> None:
+    """--stats for many prompts: aggregate rate, and how the work was shared."""
+    per_call = counters["rows"] / counters["steps"] if counters.get("steps") else 0
+    how = (f"{per_call:.1f} sequences per decode call" if counters.get("steps") else
+           _plural(endpoints, "endpoint") + (
+               f", {int(counters['retried'])} lines moved off a failed one" if counters.get("retried") else ""))
+    print(f"{state['prompts']} prompts · {state['tokens']} tokens generated in {secs:.2f} s · "
+          f"{state['tokens'] / secs if secs else 0:.1f} tok/s aggregate · --parallel {parallel} · {how}"
+          + (f" · {state['skipped']} already answered" if state["skipped"] else "")
+          + (f" · {state['failed']} failed" if state["failed"] else ""), file=sys.stderr)
 
 
 def _resume(path: Path | None) -> tuple[dict[int, str], bool]:

@@ -108,19 +108,12 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
     """bench --endpoint: the sweep against a server, kept in the history labelled as client-side figures."""
     from localgen.bench import history, serving, sweep
     from localgen.cli.output import ErrWriter
-    from localgen.remote.client import RemoteClient, pick_model
+    from localgen.remote.backend import pick_model
+    from localgen.remote.client import RemoteClient
     from localgen.remote.endpoints import choose
 
     concurrencies = sweep.int_values("--parallel/--concurrency", parallel, [1, 4])
-    rate_values: list[float] = []
-    for text in (v for item in (rates or ["inf"]) for v in item.split(",")):
-        try:
-            rate = float(text)
-        except ValueError:
-            raise UsageError(f"--request-rate takes numbers or inf, not {text!r}") from None
-        if not rate > 0:
-            raise UsageError(f"--request-rate must be above 0, not {text!r}")
-        rate_values.append(rate)
+    rate_values = _rates(rates)
     prompts = sweep.int_values("--n-prompt", n_prompt, [128])
     gens = sweep.int_values("--n-gen", n_gen, [64])
     targets = []
@@ -165,6 +158,20 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
             sys.stdout.write(records.FORMATS[output](results) if output else serving.markdown(results))
             sys.stdout.flush()
     err.line(f"saved as run {run_id}: localgen bench history {run_id} (client-side figures)")
+
+
+def _rates(rates: Values) -> list[float]:
+    """--request-rate values: positive numbers, or inf."""
+    out: list[float] = []
+    for text in (v for item in (rates or ["inf"]) for v in item.split(",")):
+        try:
+            rate = float(text)
+        except ValueError:
+            raise UsageError(f"--request-rate takes numbers or inf, not {text!r}") from None
+        if not rate > 0:
+            raise UsageError(f"--request-rate must be above 0, not {text!r}")
+        out.append(rate)
+    return out
 
 
 def records_jsonl(recs: list[dict[str, Any]]) -> str:

@@ -71,7 +71,7 @@ def start(f: o.Flags) -> None:
             raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs "
                              "the model)")
         if not remote_model and not f.resume:
-            from localgen.remote.client import pick_model
+            from localgen.remote.backend import pick_model
 
             remote_model = pick_model(endpoints)
         if remote_model:
@@ -140,7 +140,7 @@ def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:
 
 def remote_backend(endpoints: list[Any], name: str, f: o.Flags, view: ChatView) -> Any:
     """The chat's model on a remote endpoint (nothing loads here)."""
-    from localgen.remote.client import RemoteBackend
+    from localgen.remote.backend import RemoteBackend
 
     backend = RemoteBackend(endpoints, name, n_ctx=f.ctx if f.given("ctx") else None)
     if view.interactive:

@@ -127,7 +127,7 @@ def _check_remote(f: o.Flags) -> None:
 
 def remote_backend(f: o.Flags, plan: RunPlan) -> Backend:
     """The endpoints as a backend, with the model they serve (the only one, when -m is not given)."""
-    from localgen.remote.client import RemoteBackend, pick_model
+    from localgen.remote.backend import RemoteBackend, pick_model
 
     model = plan.model or pick_model(list(plan.endpoints))
     return RemoteBackend(list(plan.endpoints), model, n_ctx=f.ctx if f.given("ctx") else None)

@@ -1,0 +1,184 @@
+"""Remote endpoints behind the Backend protocol (backend.py): a single stream goes to the first endpoint;
+`run --file` spreads lines over all of them, with up to N in flight on each, and moves the lines of an
+endpoint that dies to the others."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from localgen.backend import Completion, Indexed
+from localgen.errors import RemoteError, UsageError
+from localgen.remote.client import RemoteClient, RemoteGeneration
+from localgen.remote.endpoints import Endpoint
+from localgen.types import GenerationRequest
+
+
+def pick_model(endpoints: list[Endpoint]) -> str:
+    """The model when -m is not given: the endpoint's only one (from endpoints.toml or its /models)."""
+    ep = endpoints[0]
+    if ep.models:
+        return ep.models[0]
+    client = RemoteClient(ep, "")
+    try:
+        doc = client.get("/models")
+    finally:
+        client.close()
+    data = doc.get("data", []) if isinstance(doc, dict) else []
+    ids: list[str] = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    if len(ids) == 1:
+        return ids[0]
+    if not ids:
+        raise RemoteError(f"{ep.label} did not list its models", hint="name the model with -m")
+    raise UsageError(f"{ep.label} serves {len(ids)} models: name one with -m ({', '.join(ids[:8])})")
+
+
+class RemoteBackend:
+    """One or more OpenAI-compatible endpoints serving `model`, behind the Backend protocol. A single
+    stream goes to the first; run --file spreads lines over all of them."""
+
+    def __init__(self, endpoints: list[Endpoint], model: str, n_ctx: int | None = None) -> None:
+        self.endpoints = endpoints
+        self.clients = [RemoteClient(e, model) for e in endpoints]
+        self.name = model
+        self.defaults: dict[str, Any] = {}  # the server applies its own
+        self._n_ctx = n_ctx
+
+    @property
+    def n_ctx(self) -> int:
+        """The server's context window where it says (vLLM's max_model_len, llama-server's /props), else
+        the --ctx value."""
+        if self._n_ctx is None:
+            self._n_ctx = self._server_ctx() or 4096
+        return self._n_ctx
+
+    def _server_ctx(self) -> int | None:
+        c = self.clients[0]
+        models = c.get("/models")
+        for m in (models or {}).get("data", []) if isinstance(models, dict) else []:
+            if isinstance(m, dict) and m.get("id") == self.name:
+                for key in ("max_model_len", "context_length", "n_ctx"):
+                    if isinstance(m.get(key), int) and m[key] > 0:
+                        return int(m[key])
+        props = c.get(c.endpoint.url.rsplit("/v1", 1)[0] + "/props") if c.endpoint.url.endswith("/v1") else None
+        if isinstance(props, dict):
+            n = (props.get("default_generation_settings") or {}).get("n_ctx")
+            if isinstance(n, int) and n > 0:
+                return n
+        return None
+
+    def generate(self, request: GenerationRequest, started: float | None = None) -> RemoteGeneration:
+        """A stream from the first endpoint."""
+        return RemoteGeneration(self.clients[0], request, started if started is not None else time.perf_counter())
+
+    def count(self, request: GenerationRequest) -> int:
+        """An estimate (the server tokenizes): 1 token per 3 characters, plus a few per message."""
+        if request.raw:
+            return len(request.prompt or "") // 3 + 1
+        return sum(len(m["content"]) // 3 + 4 for m in request.messages) + 2
+
+    def render(self, request: GenerationRequest) -> str:
+        """The server applies its chat template; this is the conversation as it is sent."""
+        if request.raw:
+            return request.prompt or ""
+        return json.dumps(list(request.messages), ensure_ascii=False, indent=1)
+
+    def save_conversation(self, name: str) -> None:
+        """Nothing to keep: the server holds (or reuses) its own cache."""
+
+    def restore_conversation(self, name: str, request: GenerationRequest) -> int:
+        """Nothing to restore."""
+        return 0
+
+    def describe(self) -> dict[str, Any]:
+        """The model and where it runs."""
+        return {"model": {"name": self.name, "file": None, "endpoint": [e.url for e in self.endpoints]},
+                "load": {"remote": True}}
+
+    def close(self) -> None:
+        """Close every connection."""
+        for c in self.clients:
+            c.close()
+
+    def run_many(self, requests: Iterable[Indexed], parallel: int, on_done: Callable[[Completion], None],
+                 exact: bool | None = None) -> dict[str, float]:
+        """Up to `parallel` requests in flight per endpoint. A request whose endpoint dies goes back to the
+        front of the line for the others; only when every endpoint is gone do the rest fail."""
+        lock = threading.Lock()
+        source = iter(requests)
+        retry: deque[Indexed] = deque()
+        stop = threading.Event()
+        counts = {"requests": 0.0, "retried": 0.0}
+        last_error: list[str] = []
+
+        def take() -> Indexed | None:
+            with lock:
+                if retry:
+                    return retry.popleft()
+                try:
+                    return next(source)
+                except StopIteration:
+                    return None
+
+        def work(client: RemoteClient) -> None:
+            while not stop.is_set() and client.dead is None:
+                item = take()
+                if item is None:
+                    return
+                c = self._complete(client, item, stop)
+                if c is None:  # the endpoint is gone: another takes the line
+                    with lock:
+                        retry.appendleft(item)
+                        counts["retried"] += 1
+                        last_error[:] = [client.dead.message if client.dead else "gone"]
+                    return
+                with lock:
+                    counts["requests"] += 1
+                    on_done(c)
+
+        threads = [threading.Thread(target=work, args=(c,), daemon=True)
+                   for _ in range(max(1, parallel)) for c in self.clients]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+        except KeyboardInterrupt:
+            stop.set()
+            raise
+        # every endpoint is gone: what is left fails, each line with the reason
+        reason = f"every endpoint is gone (last: {last_error[0]})" if last_error else "every endpoint is gone"
+        while (item := take()) is not None:
+            on_done(Completion(item.index, "", f"error: {reason}", 0, 0, 0.0, 0.0, item.seed))
+        return {"steps": 0.0, "rows": 0.0, **counts}
+
+    def _complete(self, client: RemoteClient, item: Indexed, stop: threading.Event) -> Completion | None:
+        """One line on one endpoint: its Completion (an error one for a bad line), or None when the
+        endpoint died under it."""
+        gen = RemoteGeneration(client, _with_seed(item.request, item.seed), time.perf_counter())
+        try:
+            for _ in gen:
+                if stop.is_set():
+                    gen.close()
+        except RemoteError as e:
+            if e.down:
+                client.dead = e
+                return None
+            return Completion(item.index, "", f"error: {e.message}", 0, 0, 0.0, 0.0, item.seed)
+        s = gen.stats
+        assert s is not None
+        return Completion(item.index, gen.text, s.finish_reason, s.prompt_tokens, s.completion_tokens,
+                          s.ttft_s or 0.0, s.total_s, item.seed, gen.logprobs, s.cached_tokens)
+
+
+def _with_seed(request: GenerationRequest, seed: int) -> GenerationRequest:
+    import dataclasses
+
+    if request.sampling.seed == seed:
+        return request
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=seed))
