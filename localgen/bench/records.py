@@ -30,7 +30,7 @@ def system_info() -> dict[str, Any]:
     """The machine and build, for the header and every record."""
     import localgen
     from localgen import hardware
-    from localgen.engine.lib import backend_info
+    from localgen.engine.devices import backend_info
 
     b = backend_info()
     gpus = hardware.gpus()

@@ -184,7 +184,7 @@ def _plan(**flags: Any) -> Any:
     """The sweep: every combination of the flags' values, with llama-bench's defaults."""
     from localgen import hardware
     from localgen.bench import sweep
-    from localgen.engine.lib import backend_info
+    from localgen.engine.devices import backend_info
     from localgen.types import KV_CACHE_TYPES
 
     offload = bool(backend_info()["gpu_offload"])

@@ -28,7 +28,7 @@ def doctor(
     """Check this machine and this build; exit 1 if something needs fixing."""
     import localgen
     from localgen import hardware
-    from localgen.engine.lib import backend_info
+    from localgen.engine.devices import backend_info
     from localgen.units import format_bytes
 
     problems = 0

@@ -61,7 +61,7 @@ def pull(
 
 
 def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
-    from localgen.engine.lib import backend_info
+    from localgen.engine.devices import backend_info
     from localgen.models import fit, hub, store
     from localgen.models.quant import group_options, rank
 

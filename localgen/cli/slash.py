@@ -87,7 +87,7 @@ def _undo(runner: Any, view: Any, arg: str) -> None:
 
 
 def _retry(runner: Any, view: Any, arg: str) -> None:
-    from localgen.cli.chatflow import stream
+    from localgen.cli.chatturn import stream
 
     if runner.session.pop_answer() is None:
         raise UsageError("nothing to retry")
@@ -124,7 +124,7 @@ def _save(runner: Any, view: Any, arg: str) -> None:
 def _load(runner: Any, view: Any, arg: str) -> None:
     from localgen.chat import session as sessions
     from localgen.cli import options as o
-    from localgen.cli.chatflow import restore_state
+    from localgen.cli.chatturn import restore_state
 
     if not arg:
         raise UsageError("usage: /load NAME")

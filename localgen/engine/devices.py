@@ -157,3 +157,17 @@ def register_rpc(servers: tuple[str, ...]) -> list[Device]:
         g.ggml_backend_register(server_reg)
         _registered.add(endpoint)
     return [d for d in devices() if d.name.startswith("RPC")]
+
+
+def backend_info() -> dict[str, Any]:
+    """What this llama-cpp-python build offers (no model needed)."""
+    from localgen.engine.lib import lib
+
+    lc = lib()
+    return {
+        "llama_cpp_python": lc.__version__,
+        "gpu_offload": has_gpu(),
+        "mmap": bool(lc.llama_supports_mmap()),
+        "rpc": bool(lc.llama_supports_rpc()) if hasattr(lc, "llama_supports_rpc") else False,
+        "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+    }

@@ -170,20 +170,6 @@ def common_prefix(a: Any, b: Any) -> int:
     return n
 
 
-def backend_info() -> dict[str, Any]:
-    """What this llama-cpp-python build offers (no model needed)."""
-    from localgen.engine import devices
-
-    lc = lib()
-    return {
-        "llama_cpp_python": lc.__version__,
-        "gpu_offload": devices.has_gpu(),
-        "mmap": bool(lc.llama_supports_mmap()),
-        "rpc": bool(lc.llama_supports_rpc()) if hasattr(lc, "llama_supports_rpc") else False,
-        "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
-    }
-
-
 def default_repack(model: ModelRef, params: LoadParams) -> bool:
     """Whether to use llama.cpp's repacked CPU weight layouts when the user did not say.
 
