@@ -201,3 +201,67 @@ def test_weight_types_decide_how_many_rows_an_exact_call_takes(smollm2_path: Pat
     out = tmp_path / "q6k.gguf"
     assert lc.llama_model_quantize(str(smollm2_path).encode(), str(out).encode(), ctypes.byref(p)) == 0
     assert read_summary(str(out)).batch_variant is True
+
+
+def test_serial_exact_runs_exact_sequences_one_after_another(smollm2_engine: object) -> None:
+    """With layers on a GPU a batch job runs its exact sequences one after another (each would decode in a
+    call of its own anyway, and switching sequences every call costs twice as much there); sampled ones
+    still batch beside them. Exercised here on the CPU: same answers, and exact ones never overlap."""
+    from typing import Any
+
+    from localgen.backend import Completion
+    from localgen.engine.batch import ParallelContext, Request
+    from localgen.types import SamplingParams
+
+    eng: Any = smollm2_engine
+    temps = [0.0, 0.8, 0.0, 0.8, 0.0, 0.8]
+
+    def go(serial: bool) -> tuple[list[str], int, int]:
+        reqs = [Request(i, eng.chat_tokens([{"role": "user", "content": PROMPTS[i % 5]}]),
+                        SamplingParams(temperature=t, max_tokens=10), seed=7) for i, t in enumerate(temps)]
+        done: dict[int, str] = {}
+        running: set[int] = set()
+        most = {"greedy": 0, "all": 0}
+        pc = ParallelContext(eng, 4, 512)
+        admit = pc._admit
+
+        def admitted(req: Request, *rest: Any, **kw: Any) -> None:
+            running.add(req.index)
+            most["greedy"] = max(most["greedy"], sum(1 for i in running if temps[i] == 0.0))
+            most["all"] = max(most["all"], len(running))
+            admit(req, *rest, **kw)
+
+        def on_done(c: Completion) -> None:
+            done[c.index] = c.text
+            running.discard(c.index)
+
+        pc._admit = admitted  # type: ignore[method-assign]
+        try:
+            pc.run(iter(reqs), on_done, serial_exact=serial)
+        finally:
+            pc.close()
+        return [done[i] for i in range(len(temps))], most["greedy"], most["all"]
+
+    free_texts, free_greedy, _ = go(False)
+    serial_texts, serial_greedy, serial_all = go(True)
+    assert serial_texts == free_texts  # greedy: exact either way; sampled: same seeds, same chains
+    assert free_greedy >= 2 and serial_greedy == 1
+    assert serial_all >= 2, "sampled sequences still run beside the exact one"
+
+
+def test_exact_requests_on_a_gpu_reuse_a_slot_only_to_continue_its_conversation() -> None:
+    from types import SimpleNamespace
+
+    from localgen.engine.batch import ParallelContext
+
+    system = list(range(100, 140))  # a shared system prompt
+    pc = SimpleNamespace(held={0: [*system, 1, 2, 3, 9, 9], 1: [*system, 5, 6]}, prompt_len={0: 43, 1: 42})
+
+    def pick(tokens: list[int], continuation_only: bool) -> tuple[int, int]:
+        return ParallelContext._pick_slot(pc, [0, 1], tokens, continuation_only)  # type: ignore[arg-type]
+
+    follow_up = [*system, 1, 2, 3, 9, 9, 4, 4]  # slot 0's conversation, grown
+    other = [*system, 7, 7]  # another conversation with the same system prompt
+    assert pick(follow_up, False) == (0, 45) and pick(follow_up, True) == (0, 45)
+    assert pick(other, False) == (0, 40)  # on batch-invariant CPU kernels the shared prefix is reused
+    assert pick(other, True) == (0, 0)  # on a GPU it would round differently from running alone

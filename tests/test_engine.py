@@ -90,3 +90,45 @@ def test_template_raise_exception_becomes_template_error() -> None:
     t = ChatTemplate("{{ raise_exception('System role not supported') }}", "<s>", "</s>")
     with pytest.raises(TemplateError, match="System role not supported"):
         t.render([{"role": "system", "content": "x"}])
+
+
+def test_ctrl_c_inside_a_llama_cpp_log_callback_is_raised_after_it(smollm2_engine: Any, monkeypatch: Any) -> None:
+    """On a GPU llama.cpp logs on every decode, so Ctrl-C's handler often runs inside our log callback, where
+    an exception cannot cross the C frames (ctypes prints and drops it). It is deferred and raised after."""
+    import signal
+
+    from localgen.cli import main
+    from localgen.engine import logs
+
+    class Interrupting:
+        def write(self, s: str) -> int:
+            signal.raise_signal(signal.SIGINT)  # the handler runs inside this call, within the callback
+            return len(s)
+
+        def flush(self) -> None:
+            pass
+
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        main._watch_sigint()
+        monkeypatch.setattr("sys.stderr", Interrupting())
+        logs.set_echo(True)
+        try:
+            logs._callback(2, b"CUDA Graph id 7 reused\n", None)  # through the real ctypes thunk
+        finally:
+            logs.set_echo(False)
+        monkeypatch.undo()
+        with pytest.raises(KeyboardInterrupt):
+            logs.raise_deferred()
+        logs.raise_deferred()  # raised once only
+        # and in the engine: the next decode raises it, with the cache record still true
+        tokens = smollm2_engine.chat_tokens([{"role": "user", "content": "Hi"}])
+        smollm2_engine.clear()
+        logs._deferred = True
+        with pytest.raises(KeyboardInterrupt):
+            smollm2_engine.evaluate(tokens)
+        assert len(smollm2_engine.held) == len(tokens)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        main._sigint["seen"] = False

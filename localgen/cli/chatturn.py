@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -86,6 +87,9 @@ def _cancel_on_sigint(gen: Any) -> Iterator[Callable[[], bool]]:
         presses += 1
         gen.cancel()
         if presses > 1:
+            logs = sys.modules.get("localgen.engine.logs")
+            if logs is not None and logs.defer_interrupt(frame):
+                return  # raised once llama.cpp returns (engine/logs.py)
             raise KeyboardInterrupt
 
     try:

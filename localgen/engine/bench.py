@@ -9,6 +9,7 @@ import random
 import time
 from typing import TYPE_CHECKING
 
+from localgen.engine import logs
 from localgen.errors import LocalgenError
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class BenchContext:
         rc = self.lc.llama_decode(self.ctx, batch)
         if rc != 0:
             raise LocalgenError(f"llama_decode failed ({rc}) during the benchmark", hint="try a smaller size or --ctx")
+        logs.raise_deferred()
 
     def tokens(self, n: int) -> list[int]:
         """n random token ids."""

@@ -73,6 +73,7 @@ class Engine(Vocabulary):
             raise
         self.load_s = time.perf_counter() - t0
         self._keep.clear()
+        logs.raise_deferred()  # a Ctrl-C during the load (which logs throughout)
         load_log = logs.lines(last=1000)
         # Which kernels this load uses, as far as batch invariance goes: llama.cpp's repacked CPU layouts
         # compute 4+ rows of a batch differently from fewer, and GPU kernels change with the batch size.
@@ -305,6 +306,7 @@ class Engine(Vocabulary):
             raise LocalgenError(f"llama_decode failed ({rc})", hint="the context may be full; raise --ctx")
         self._held.extend(tokens)
         self._live = True
+        logs.raise_deferred()
 
     def save_state(self, path: Path) -> int:
         """Write the context's KV state and its tokens atomically; returns the file size."""

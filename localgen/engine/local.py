@@ -86,7 +86,7 @@ class LocalBackend:
         self.engine.release_context()  # its KV cache would sit unused beside the parallel one
         pc = ParallelContext(self.engine, parallel, self.engine.n_ctx)
         try:
-            pc.run(prepared(), on_done, exact=exact)
+            pc.run(prepared(), on_done, exact=exact, serial_exact=self.engine.offloaded)
         finally:
             pc.close()
         return {"steps": pc.steps, "rows": pc.rows}

@@ -18,6 +18,24 @@ _partial_level = INFO
 _partial_text = ""
 _echo = False
 _callback: Any = None  # the ctypes thunk; kept referenced so it is not garbage-collected
+_deferred = False  # a Ctrl-C that arrived inside the callback, to raise after llama.cpp returns
+
+
+def _on_log(level: int, text: bytes, _user: Any) -> None:
+    global _partial_level, _partial_text
+    s = text.decode("utf-8", errors="replace")
+    with _lock:
+        if level == CONT:
+            level = _partial_level
+        _partial_level = level
+        _partial_text += s
+        while "\n" in _partial_text:
+            line, _partial_text = _partial_text.split("\n", 1)
+            if level == DEBUG:  # graph-building chatter; it would evict the lines that explain errors
+                continue
+            _ring.append((level, line))
+            if _echo:
+                print(f"llama.cpp: {line}", file=sys.stderr, flush=True)
 
 
 def install(llama_cpp: Any) -> None:
@@ -25,25 +43,30 @@ def install(llama_cpp: Any) -> None:
     global _callback
     if _callback is not None:
         return
-
-    def on_log(level: int, text: bytes, _user: Any) -> None:
-        global _partial_level, _partial_text
-        s = text.decode("utf-8", errors="replace")
-        with _lock:
-            if level == CONT:
-                level = _partial_level
-            _partial_level = level
-            _partial_text += s
-            while "\n" in _partial_text:
-                line, _partial_text = _partial_text.split("\n", 1)
-                if level == DEBUG:  # graph-building chatter; it would evict the lines that explain errors
-                    continue
-                _ring.append((level, line))
-                if _echo:
-                    print(f"llama.cpp: {line}", file=sys.stderr, flush=True)
-
-    _callback = llama_cpp.llama_log_callback(on_log)
+    _callback = llama_cpp.llama_log_callback(_on_log)
     llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+
+
+def defer_interrupt(frame: Any) -> bool:
+    """Whether a Ctrl-C handler is running inside llama.cpp's call back into Python. On a GPU llama.cpp logs
+    on every decode, so that is where Ctrl-C usually lands; an exception raised there cannot cross the C
+    frames (ctypes prints and drops it) and the generation would run on. If so, the interrupt is noted
+    instead, and `raise_deferred` raises it once llama.cpp has returned."""
+    global _deferred
+    while frame is not None:
+        if frame.f_code is _on_log.__code__:
+            _deferred = True
+            return True
+        frame = frame.f_back
+    return False
+
+
+def raise_deferred() -> None:
+    """Raise the KeyboardInterrupt a Ctrl-C inside a callback could not (called after each llama.cpp call)."""
+    global _deferred
+    if _deferred:
+        _deferred = False
+        raise KeyboardInterrupt
 
 
 def set_echo(on: bool) -> None:

@@ -106,11 +106,19 @@ def tokens(engine: Engine, prompt: list[int], s: SamplingParams, seed: int, draf
            counters: Counters, on_sample: Callable[[int, int], None] = lambda tok, row: None) -> Iterator[int]:
     """Yield sampled tokens as the plain path does, checking drafts in batches. `on_sample(token, row)` is
     called with each sampled token while its logits row is valid."""
-    engine.evaluate(prompt[:-1], logits=False)  # the last prompt token goes into the first checking batch
+    # The prompt is evaluated as the plain path evaluates it, and the first token sampled from the same
+    # logits: a GPU rounds a row differently when the batch around it has another shape, so a prompt cut
+    # elsewhere could change a near-tie greedy choice. After that, a check with no drafts is the plain path's
+    # one-token decode.
+    engine.evaluate(prompt)
     context = list(prompt)
     chain = engine.sampler(s, seed, prompt)
     valid = len(engine.held)
     try:
+        first = engine.sample(chain)
+        on_sample(first, -1)
+        context.append(first)
+        yield first
         while True:
             room = engine.n_ctx - len(engine.held) - 1
             drafts = drafter.propose(context, min(k, room - 1, engine.n_batch - 1)) if room > 1 else []
