@@ -134,7 +134,7 @@ class GGUFSummary:
     license: str | None
     add_bos: bool | None
     repackable_share: float | None = None  # share of weight bytes llama.cpp would repack on this CPU
-    batch_variant: bool = False  # some matrix is of a type whose batched CPU matmul rounds 4+ rows differently
+    exact_rows: int = 0  # most rows per batch whose CPU matmuls compute each row as alone (0: any number)
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 

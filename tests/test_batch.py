@@ -62,12 +62,17 @@ def test_parallel_greedy_is_exact_with_repacked_weights(cli: CLI, tmp_path: Path
     assert _rows_per_call(err) <= 3  # never through the 4-row GEMM
     _, err = _batched(cli, f, "4", common, "--no-exact")
     assert _rows_per_call(err) > 3  # --no-exact: all four in each call
-    # By default Gemma is not repacked (5 % of its weights could be), but its Q6_K matrices compute 4+ rows
-    # differently too, so exact batching still keeps to 3 rows per call.
+    # By default Gemma is not repacked (5 % of its weights could be); its K-quant matrices go through ggml's
+    # tiled matmul from 8 rows, which rounds differently: exact batching takes 7 per call, in turn.
     default = common[:-1]
-    got, err = _batched(cli, f, "4", default)
-    assert got == _alone(cli, prompts, default)
-    assert _rows_per_call(err) <= 3
+    more = [*prompts, "The recipe for bread needs", "A good name for a cat is", "The tallest mountain is",
+            "In the year 1900, the world"]
+    f = _prompt_file(tmp_path, more)
+    got, err = _batched(cli, f, "8", default)
+    assert got == _alone(cli, more, default)
+    assert 6 < _rows_per_call(err) <= 7
+    got, err = _batched(cli, f, "8", default, "--no-exact")
+    assert _rows_per_call(err) > 7
 
 
 def test_parallel_greedy_is_exact_past_flash_attention_kv_split(cli: CLI, tmp_path: Path) -> None:
@@ -93,23 +98,28 @@ def test_decode_groups_keep_exact_sequences_on_invariant_kernels() -> None:
         s.out = [7]
         return s
 
-    def pc(repacked: bool = False, offloaded: bool = False, flash_attn: bool = True) -> SimpleNamespace:
-        engine = SimpleNamespace(rows_vary=repacked, offloaded=offloaded, flash_attn=flash_attn)
-        return SimpleNamespace(engine=engine, n_ctx_seq=1024)
+    def pc(rows: int = 0, offloaded: bool = False, flash_attn: bool = True) -> SimpleNamespace:
+        engine = SimpleNamespace(exact_rows=rows, offloaded=offloaded, flash_attn=flash_attn)
+        return SimpleNamespace(engine=engine, n_ctx_seq=1024, turn=-1)
 
     def slots(p: SimpleNamespace, seqs: list[_Seq], exact: bool | None = None) -> list[list[int]]:
         return [[s.slot for s in g] for g in ParallelContext.groups(p, seqs, exact)]  # type: ignore[arg-type]
 
     greedy = [seq(i, 0.0) for i in range(8)]
     assert slots(pc(), greedy) == [list(range(8))]  # invariant kernels: one call
-    assert slots(pc(repacked=True), greedy) == [[0, 1, 2], [3, 4, 5], [6, 7]]
-    assert slots(pc(repacked=True), greedy, exact=False) == [list(range(8))]
+    assert slots(pc(rows=8), greedy) == [list(range(8))]
+    tiled = pc(rows=7)  # K-quants: 7 per call, in turn; the one left out goes first next step
+    assert [slots(tiled, greedy) for _ in range(3)] == [[[0, 1, 2, 3, 4, 5, 6]], [[7, 0, 1, 2, 3, 4, 5]],
+                                                        [[6, 7, 0, 1, 2, 3, 4]]]
+    repacked = pc(rows=3)
+    assert [slots(repacked, greedy) for _ in range(3)] == [[[0, 1, 2]], [[3, 4, 5]], [[6, 7, 0]]]
+    assert slots(pc(rows=3), greedy, exact=False) == [list(range(8))]
     assert slots(pc(offloaded=True), greedy[:3]) == [[0], [1], [2]]
     mixed = [seq(0, 0.0), seq(1, 0.8), seq(2, 0.0, pos=300), seq(3, 0.8), seq(4, 0.0)]
     assert slots(pc(), mixed) == [[2], [0, 1, 3, 4]]  # past 256 tokens with flash attention: alone
     assert slots(pc(flash_attn=False), mixed) == [[0, 1, 2, 3, 4]]
-    assert slots(pc(repacked=True), mixed) == [[2], [0, 4], [1, 3]]  # sampled ones batch freely
-    assert slots(pc(repacked=True), mixed, exact=True) == [[2], [0, 1, 3], [4]]
+    assert slots(pc(rows=3), mixed) == [[2], [0, 4], [1, 3]]  # sampled ones batch freely
+    assert slots(pc(rows=2), mixed, exact=True) == [[2], [0, 1]]  # 3 and 4 wait for the next step
 
 
 def test_file_lines_jsonl_blank_and_bad_lines(cli: CLI, tmp_path: Path) -> None:
@@ -193,14 +203,14 @@ def test_weight_types_decide_how_many_rows_an_exact_call_takes(smollm2_path: Pat
     from localgen.engine.lib import lib
     from localgen.models.gguf_meta import read_summary
 
-    assert read_summary(str(smollm2_path)).batch_variant is False  # Q4_1 and a Q8_0 embedding: any width
-    assert read_summary(str(gemma_path)).batch_variant is True  # Q4_K and Q6_K matrices
+    assert read_summary(str(smollm2_path)).exact_rows == 0  # Q4_1 and a Q8_0 embedding: any width
+    assert read_summary(str(gemma_path)).exact_rows == 7  # Q4_K and Q6_K: ggml's tiled matmul from 8 rows
     lc = lib()
     p = lc.llama_model_quantize_default_params()
     p.ftype, p.allow_requantize, p.nthread = 18, True, 2  # Q6_K (its 576-wide matrices fall back to Q8_0)
     out = tmp_path / "q6k.gguf"
     assert lc.llama_model_quantize(str(smollm2_path).encode(), str(out).encode(), ctypes.byref(p)) == 0
-    assert read_summary(str(out)).batch_variant is True
+    assert read_summary(str(out)).exact_rows == 7
 
 
 def test_serial_exact_runs_exact_sequences_one_after_another(smollm2_engine: object) -> None:

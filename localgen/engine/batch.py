@@ -101,6 +101,7 @@ class ParallelContext:
         self.n_batch = int(p.n_batch)
         self.held: dict[int, list[int]] = {}  # per slot: the tokens its KV cache holds (for reuse)
         self.prompt_len: dict[int, int] = {}  # per slot: its last request's prompt length
+        self.turn = -1  # the slot served last when exact sequences take turns (groups)
         self.steps = 0  # generation llama_decode calls, and the rows they carried
         self.rows = 0
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
@@ -239,19 +240,21 @@ class ParallelContext:
             self._finish(seq, "cancelled", active, free, on_done)
 
     def groups(self, seqs: list[_Seq], exact: bool | None) -> list[list[_Seq]]:
-        """Split one decoding step (sequences in slot order) into llama_decode calls.
+        """The llama_decode calls of one decoding step (sequences in slot order).
 
         A sequence that must come out exactly as it would alone (greedy ones, or all with exact=True;
-        none with exact=False) gets only batch-invariant kernels: at most 3 rows per call where weights
-        are repacked or of a type whose CPU matmul computes 4+ rows differently (K- and IQ-quants: see
-        gguf_meta.BATCH_INVARIANT_TYPES),
-        a call of its own once flash attention would split its KV range over threads alone (a single
-        query over 512+ cells), and on a GPU always one of its own (kernels there change with batch size).
-        The rest go together in one call."""
+        none with exact=False) gets only batch-invariant kernels: at most `engine.exact_rows` rows per call
+        where the weights' CPU matmul computes wider batches differently (repacked layouts: 3; K- and
+        IQ-quants, which ggml's tiled matmul takes from 8 rows: 7), a call of its own once flash attention
+        would split its KV range over threads alone (a single query over 512+ cells), and on a GPU always
+        one of its own (kernels there change with batch size). When more such sequences are waiting than
+        one call takes, the step decodes a full call of them, in turn, and the others wait for the next
+        step: a call of 7 rows costs about what a call of 1 does. The rest go together in one call."""
         eng = self.engine
         long_fa = eng.flash_attn and self.n_ctx_seq >= 512
+        cap = eng.exact_rows
         alone: list[_Seq] = []
-        few: list[_Seq] = []  # at most 3 per call
+        few: list[_Seq] = []  # at most `cap` per call
         rest: list[_Seq] = []  # all in one call
         for seq in seqs:
             if not _is_exact(seq.req, exact):
@@ -259,8 +262,12 @@ class ParallelContext:
             elif eng.offloaded or (long_fa and seq.next_pos >= 255):
                 alone.append(seq)
             else:
-                (few if eng.rows_vary else rest).append(seq)
-        return [[s] for s in alone] + [few[i:i + 3] for i in range(0, len(few), 3)] + ([rest] if rest else [])
+                (few if cap else rest).append(seq)
+        if len(few) > cap:  # the first `cap` after the last one served: each waits at most one step
+            nxt = next((i for i, s in enumerate(few) if s.slot > self.turn), 0)
+            few = (few[nxt:] + few[:nxt])[:cap]
+            self.turn = few[-1].slot
+        return [[s] for s in alone] + ([few] if few else []) + ([rest] if rest else [])
 
     def prefill(self, tokens: list[int], seq: int, first: int = 0) -> int:
         """Evaluate one sequence's prompt (from `start`: the cache holds the rest) alone, in the single-stream

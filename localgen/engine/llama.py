@@ -82,8 +82,10 @@ class Engine(Vocabulary):
         self.repacked = any(_REPACK_BUFFER.search(line) for line in load_log)
         # where the weights went: device → MiB ("CPU_Mapped", "CUDA0", "RPC0[host:port]"), from llama.cpp's log
         self.placement = {m.group(1): float(m.group(2)) for line in load_log if (m := _BUFFER.search(line))}
-        # 4+ rows of a batch take other kernels (repacked layouts, K-quants): exact batching keeps to 3
-        self.rows_vary = self.repacked or self.model.summary.batch_variant
+        # the most rows per call that compute each row as alone (0: any): repacked layouts take another
+        # kernel from 4 rows, ggml's tiled K-/IQ-quant matmul from 8 (models/gguf_meta.py)
+        rows = self.model.summary.exact_rows
+        self.exact_rows = 3 if self.repacked else rows
         self.offloaded = n_gpu != 0 and (devices.has_gpu() or bool(params.rpc))
         if self.params.flash_attn is None:
             chosen = next((m.group(1) for line in load_log if (m := _FA_AUTO.search(line))), None)
