@@ -275,3 +275,37 @@ def test_exact_requests_on_a_gpu_reuse_a_slot_only_to_continue_its_conversation(
     assert pick(follow_up, False) == (0, 45) and pick(follow_up, True) == (0, 45)
     assert pick(other, False) == (0, 40)  # on batch-invariant CPU kernels the shared prefix is reused
     assert pick(other, True) == (0, 0)  # on a GPU it would round differently from running alone
+
+
+def test_interleave_evaluates_one_new_prompt_between_decoding_steps(smollm2_engine: object) -> None:
+    """A server (interleave) does not stall running streams for a whole burst of new prompts."""
+    from typing import Any
+
+    from localgen.engine.batch import ParallelContext, Request
+    from localgen.types import SamplingParams
+
+    eng: Any = smollm2_engine
+
+    def admissions(interleave: bool) -> tuple[list[int], list[str]]:
+        reqs = [Request(i, eng.chat_tokens([{"role": "user", "content": p}]),
+                        SamplingParams(temperature=0.0, max_tokens=8)) for i, p in enumerate(PROMPTS[:4])]
+        pc = ParallelContext(eng, 4, 512)
+        at: list[int] = []
+        texts: dict[int, str] = {}
+        admit = pc._admit
+
+        def admitted(req: Request, *rest: Any, **kw: Any) -> None:
+            at.append(pc.steps)
+            admit(req, *rest, **kw)
+
+        pc._admit = admitted  # type: ignore[method-assign]
+        try:
+            pc.run(iter(reqs), lambda c: texts.__setitem__(c.index, c.text), interleave=interleave)
+        finally:
+            pc.close()
+        return at, [texts[i] for i in range(4)]
+
+    burst, texts = admissions(False)
+    spread, same = admissions(True)
+    assert burst == [0, 0, 0, 0] and spread == [0, 1, 2, 3]
+    assert same == texts

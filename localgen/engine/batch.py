@@ -144,7 +144,7 @@ class ParallelContext:
 
     def run(self, requests: Iterator[Request] | Callable[[bool], Any], on_done: Callable[[Completion], None],
             should_stop: Callable[[], bool] = lambda: False, exact: bool | None = None,
-            reuse: bool = False, serial_exact: bool = False) -> None:
+            reuse: bool = False, serial_exact: bool = False, interleave: bool = False) -> None:
         """Complete every request, N at a time; `on_done` gets each Completion as it finishes.
 
         `requests` is an iterator, or a function `take(wait)` returning the next Request, None when there is
@@ -157,14 +157,17 @@ class ParallelContext:
         server's chat clients re-send the growing conversation). With `serial_exact` (a batch job with layers
         on a GPU, where an exact sequence decodes in a call of its own anyway), exact sequences run one after
         another in the same slot: switching between sequences every call makes each call cost twice as much
-        there (H100, SmolLM2: 302 tok/s round-robin against 648 one at a time)."""
+        there (H100, SmolLM2: 302 tok/s round-robin against 648 one at a time). With `interleave` (a server
+        streaming to clients), while sequences are running at most one new prompt is evaluated between two
+        decoding steps, so a burst of arrivals does not stall every stream for all of their prompts."""
         take = requests if callable(requests) else _from_iterator(requests)
         free = list(range(self.n_parallel))  # a heap: the lowest free slot first, to keep slots consecutive
         active: dict[int, _Seq] = {}
         exhausted = False
         waiting: Request | None = None  # taken, held back until the exact sequence running ends
         while True:
-            while free and not exhausted and not should_stop():
+            admitted = 0
+            while free and not exhausted and not should_stop() and not (interleave and active and admitted):
                 req, waiting = (waiting, None) if waiting is not None else (take(not active), None)
                 if req is END:
                     exhausted = True
@@ -176,6 +179,7 @@ class ParallelContext:
                     break
                 self._admit(req, free, active, on_done, should_stop, reuse,
                             continuation_only=_is_exact(req, exact) and self.engine.offloaded)
+                admitted += 1
             self._cancel(active, free, on_done)
             if not active:
                 if (exhausted and waiting is None) or should_stop():

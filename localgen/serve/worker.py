@@ -177,7 +177,7 @@ class ModelWorker:
                 self.keep_alive = job.keep_alive
 
         try:
-            self.pc.run(take, done, exact=self.exact, reuse=True)
+            self.pc.run(take, done, exact=self.exact, reuse=True, interleave=True)
         except LocalgenError as e:  # a failed decode: every job in flight fails, the model stays usable
             for job in list(self._running.values()):
                 job.send("error", 500, e.message)
