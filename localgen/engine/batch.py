@@ -253,7 +253,8 @@ class ParallelContext:
         would split its KV range over threads alone (a single query over 512+ cells), and on a GPU always
         one of its own (kernels there change with batch size). When more such sequences are waiting than
         one call takes, the step decodes a full call of them, in turn, and the others wait for the next
-        step: a call of 7 rows costs about what a call of 1 does. The rest go together in one call."""
+        step (one full call per step, rather than a full one and a nearly empty one that pays for every
+        layer's pass again). The rest go together in one call."""
         eng = self.engine
         long_fa = eng.flash_attn and self.n_ctx_seq >= 512
         cap = eng.exact_rows
