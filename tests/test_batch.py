@@ -309,3 +309,16 @@ def test_interleave_evaluates_one_new_prompt_between_decoding_steps(smollm2_engi
     spread, same = admissions(True)
     assert burst == [0, 0, 0, 0] and spread == [0, 1, 2, 3]
     assert same == texts
+
+
+def test_exact_rows_follow_the_matrix_types_including_a_tied_embedding() -> None:
+    from localgen.models.gguf_meta import _tensor_totals
+
+    def rows(*tensors: tuple[str, int]) -> int:
+        return _tensor_totals([(name, [64, 128], ttype, 0) for name, ttype in tensors], 0)[4]
+
+    q8, q4k, q6k, iq4nl = 8, 12, 14, 20
+    assert rows(("token_embd.weight", q6k), ("blk.0.attn_q.weight", q8)) == 7  # tied: the output matmul
+    assert rows(("token_embd.weight", q6k), ("blk.0.attn_q.weight", q8), ("output.weight", q8)) == 0
+    assert rows(("blk.0.attn_q.weight", q4k), ("blk.0.ffn_up.weight", q8), ("output.weight", q8)) == 7
+    assert rows(("blk.0.attn_q.weight", q4k), ("blk.0.ffn_up.weight", iq4nl), ("output.weight", q8)) == 3
