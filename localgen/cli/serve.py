@@ -93,7 +93,8 @@ def start(f: o.Flags) -> None:
 
     from localgen.cli.main import is_loopback
     from localgen.cli.output import ErrWriter
-    from localgen.serve.app import ServeState, build
+    from localgen.serve.app import build
+    from localgen.serve.common import ServeState
     from localgen.serve.worker import parse_duration
 
     err = ErrWriter()

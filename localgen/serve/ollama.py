@@ -15,7 +15,17 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from localgen.errors import LocalgenError
-from localgen.serve.app import HTTPError, ServeState, events, messages, read_json, run_job, sampling, schema_grammar
+from localgen.serve.common import (
+    HTTPError,
+    ServeState,
+    collect,
+    events,
+    messages,
+    read_json,
+    run_job,
+    sampling,
+    schema_grammar,
+)
 from localgen.serve.worker import parse_duration
 from localgen.types import GenerationRequest
 
@@ -118,14 +128,7 @@ async def _generate(state: ServeState, body: dict[str, Any], chat: bool) -> Resp
     stream = body.get("stream", True)  # Ollama streams unless told not to
     if stream:
         return StreamingResponse(_ndjson(worker, job, first, chat), media_type="application/x-ndjson")
-    text = ""
-    final = None
-    async for event in events(job, first):
-        if event[0] == "text":
-            text += event[1]
-        else:
-            final = event[1]
-    assert final is not None
+    text, final = await collect(job, first)
     return JSONResponse(_final(worker, job, final, chat, text))
 
 

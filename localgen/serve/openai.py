@@ -14,7 +14,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localgen.serve.app import HTTPError, ServeState, events, messages, read_json, run_job, sampling, schema_grammar
+from localgen.serve.common import (
+    HTTPError,
+    ServeState,
+    collect,
+    events,
+    messages,
+    read_json,
+    run_job,
+    sampling,
+    schema_grammar,
+    timings,
+)
 from localgen.types import GenerationRequest
 
 # OpenAI's fields → our settings (llama-server's extensions pass through under their own names)
@@ -94,14 +105,7 @@ async def _complete(state: ServeState, body: dict[str, Any], chat: bool) -> Resp
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     shape = _Shape(ident, worker.name, chat, request.logprobs is not None)
     if not body.get("stream"):
-        text = ""
-        final = None
-        async for event in events(job, first):
-            if event[0] == "text":
-                text += event[1]
-            else:
-                final = event[1]
-        assert final is not None
+        text, final = await collect(job, first)
         return JSONResponse(shape.whole(final, text))
     opts = body.get("stream_options") or {}
     usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
@@ -140,7 +144,6 @@ def _usage(c: Any) -> dict[str, Any]:
 
 
 def _timings(c: Any) -> dict[str, Any]:
-    from localgen.serve.app import timings
 
     return timings(c)
 
