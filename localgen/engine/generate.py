@@ -15,7 +15,7 @@ from localgen.engine.stops import StopMatcher
 from localgen.types import Chunk, FinishReason, SamplingParams, Stats, TokenLogprob
 
 if TYPE_CHECKING:
-    from localgen.engine.llama import Engine
+    from localgen.engine.decoding import DecodingEngine
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,9 @@ def limit_for(s: SamplingParams, prompt_len: int, n_ctx: int) -> _Limit:
 class Generation:
     """A lazy stream: iterate for Chunks; read .text, .finish_reason and .stats when it is done."""
 
-    def __init__(self, engine: Engine, tokens: list[int], sampling: SamplingParams, started: float | None = None,
-                 drafter: Any = None, draft_max: int = 6, logprobs: int | None = None) -> None:
+    def __init__(self, engine: DecodingEngine, tokens: list[int], sampling: SamplingParams,
+                 started: float | None = None, drafter: Any = None, draft_max: int = 6,
+                 logprobs: int | None = None) -> None:
         self.engine = engine
         self.prompt = tokens
         self.seed = sampling.seed if sampling.seed is not None else random.getrandbits(31)

@@ -23,6 +23,10 @@ _deferred = False  # a Ctrl-C that arrived inside the callback, to raise after l
 
 def _on_log(level: int, text: bytes, _user: Any) -> None:
     global _partial_level, _partial_text
+    with _lock:
+        if level == DEBUG and not _partial_text and text.endswith(b"\n"):
+            _partial_level = DEBUG  # whole debug lines, dropped below anyway (CUDA logs one every decode)
+            return
     s = text.decode("utf-8", errors="replace")
     with _lock:
         if level == CONT:

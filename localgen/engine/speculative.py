@@ -19,6 +19,7 @@ from localgen.errors import UsageError
 from localgen.types import SamplingParams
 
 if TYPE_CHECKING:
+    from localgen.engine.decoding import DecodingEngine
     from localgen.engine.llama import Engine
 
 
@@ -102,7 +103,7 @@ def check_vocab(target: Engine, draft: Engine) -> None:
                              hint="pick a draft model of the same family")
 
 
-def tokens(engine: Engine, prompt: list[int], s: SamplingParams, seed: int, drafter: Drafter, k: int,
+def tokens(engine: DecodingEngine, prompt: list[int], s: SamplingParams, seed: int, drafter: Drafter, k: int,
            counters: Counters, on_sample: Callable[[int, int], None] = lambda tok, row: None) -> Iterator[int]:
     """Yield sampled tokens as the plain path does, checking drafts in batches. `on_sample(token, row)` is
     called with each sampled token while its logits row is valid."""
