@@ -1,5 +1,6 @@
-"""What a generation loop needs of an engine (engine/generate.py, speculative.tokens), as a Protocol, so
-those loops name no concrete Engine: engine/llama.py builds them, and they do not import it back."""
+"""What a generation loop and a draft model need of an engine (engine/generate.py, engine/speculative.py),
+as a Protocol, so those modules name no concrete Engine: engine/llama.py builds them, and they do not
+import it back."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from localgen.types import SamplingParams
 class DecodingEngine(Protocol):
     n_ctx: int
     n_batch: int
+    n_vocab: int
     load_s: float
 
     @property
@@ -29,3 +31,4 @@ class DecodingEngine(Protocol):
     def reset_perf(self) -> None: ...
     def piece(self, token: int, special: bool = False) -> bytes: ...
     def is_eog(self, token: int) -> bool: ...
+    def close(self) -> None: ...

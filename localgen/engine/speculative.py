@@ -20,7 +20,6 @@ from localgen.types import SamplingParams
 
 if TYPE_CHECKING:
     from localgen.engine.decoding import DecodingEngine
-    from localgen.engine.llama import Engine
 
 
 @dataclass
@@ -65,7 +64,7 @@ class LookupDrafter:
 class ModelDrafter:
     """A small model with the same vocabulary, drafting greedily; its KV cache follows the context."""
 
-    def __init__(self, target: Engine, draft: Engine) -> None:
+    def __init__(self, target: DecodingEngine, draft: DecodingEngine) -> None:
         check_vocab(target, draft)
         self.engine = draft
         self.greedy = draft.sampler(SamplingParams(temperature=0.0, repeat_penalty=1.0), 0)
@@ -90,7 +89,7 @@ class ModelDrafter:
         self.engine.close()
 
 
-def check_vocab(target: Engine, draft: Engine) -> None:
+def check_vocab(target: DecodingEngine, draft: DecodingEngine) -> None:
     """Refuse a draft model whose vocabulary differs (size, or the text of sampled token ids)."""
     nt, nd = target.n_vocab, draft.n_vocab
     if nt != nd:
