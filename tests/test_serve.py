@@ -155,7 +155,7 @@ def test_concurrent_requests_are_decoded_together(server: Server) -> None:
 
 def test_errors_have_each_apis_shape_and_status(server: Server) -> None:
     u, h = server.url, _auth()
-    r = httpx.post(f"{u}/v1/chat/completions", headers=h, content=b"{not json")
+    r = httpx.post(f"{u}/v1/chat/completions", headers={**h, "Content-Type": "application/json"}, content=b"{not json")
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(f"{u}/v1/chat/completions", headers=h, json={"model": "nope", "messages": [
         {"role": "user", "content": "x"}]})

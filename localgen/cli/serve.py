@@ -3,6 +3,7 @@ This module is the Typer signature and the start-up; localgen/serve/ is the serv
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,6 +48,17 @@ def serve(
         int, typer.Option("--max-queue", min=0, rich_help_panel=SERVE,
                           help="Requests that may wait for a slot, per model; past it the answer is 503.")
     ] = 64,
+    cors: Annotated[
+        list[str] | None,
+        typer.Option("--cors", rich_help_panel=SERVE, show_default=False,
+                     help="Also let web pages at this origin use the server (repeatable; globs such as "
+                          "https://*.example.com; * for any). Loopback pages are always allowed. Env: "
+                          "LOCALGEN_ORIGINS (comma-separated).")
+    ] = None,
+    max_body: Annotated[
+        str, typer.Option("--max-body", rich_help_panel=SERVE,
+                          help="Largest request body (e.g. 512k, 16M); larger ones get 413.")
+    ] = "16M",
     exact: Annotated[
         bool | None, typer.Option("--exact/--no-exact", rich_help_panel=SERVE, show_default=False,
                                   help="As with run --parallel: keep greedy answers identical to running alone "
@@ -95,11 +107,17 @@ def start(f: o.Flags) -> None:
     from localgen.cli.output import ErrWriter
     from localgen.serve.app import build
     from localgen.serve.common import ServeState
+    from localgen.serve.guard import Policy, origins_from
     from localgen.serve.worker import parse_duration
 
     err = ErrWriter()
     key = _api_key(f)
-    keep = parse_duration(f.keep_alive)
+    try:
+        keep = parse_duration(f.keep_alive)
+    except LocalgenError as e:
+        raise UsageError(f"--keep-alive: {e.message}") from None
+    policy = Policy(api_key=key, origins=origins_from(f.cors, os.environ.get("LOCALGEN_ORIGINS")),
+                    check_host=is_loopback(f.host), max_body=_max_body(f.max_body))
     o.sampling(f)  # the flags are valid before anything loads
     given = {k: f.get(k) for k in o.SAMPLING_FLAGS if k in f._values and f.given(k)}
     _check_port(f.host, f.port)
@@ -107,7 +125,7 @@ def start(f: o.Flags) -> None:
         err.warn(f"listening on {f.host} with no API key: anyone who can reach this port can use the models")
     workers = _workers(f, keep, err)
     state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given)
-    app = build(state)
+    app = build(state, policy)
     config = uvicorn.Config(app, host=f.host, port=f.port, log_level="warning" if not f.verbose else "info",
                             timeout_graceful_shutdown=5, access_log=f.verbose, lifespan="off")
     server = _Server(config)
@@ -160,6 +178,18 @@ def _workers(f: o.Flags, keep: float, err: Any) -> list[Any]:
         w.start()
         workers.append(w)
     return workers
+
+
+def _max_body(text: str) -> int:
+    from localgen.units import parse_bytes
+
+    try:
+        n = parse_bytes(text)
+    except ValueError as e:
+        raise UsageError(f"--max-body: {e}") from None
+    if n < 1024:
+        raise UsageError(f"--max-body: {text!r} is under 1k; no request would fit")
+    return n
 
 
 def _api_key(f: o.Flags) -> str | None:

@@ -105,6 +105,10 @@ class Engine(Vocabulary):
         self._template: ChatTemplate | None = None
         self._eog: tuple[int, ...] | None = None
 
+    def gpu_weight_bytes(self) -> int:
+        """Bytes of weights on GPU and RPC devices (not the CPU's buffers), from llama.cpp's load log."""
+        return int(sum(mib for dev, mib in self.placement.items() if not dev.upper().startswith("CPU")) * 2**20)
+
     # ---- loading -------------------------------------------------------------------------------------
 
     def _load_model(self, lc: Any, p: LoadParams, cpu_only: bool) -> Any:

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 from localgen import settings
+from localgen.backend import Completion
 from localgen.errors import LocalgenError, UsageError
-from localgen.serve.worker import Job, ModelWorker, QueueFull
+from localgen.serve.worker import Done, Event, Failed, Job, ModelWorker, Text
 from localgen.types import GenerationRequest, SamplingParams
 
 
@@ -28,6 +30,16 @@ class HTTPError(Exception):
         self.message = message
         self.kind = kind
         self.param = param
+
+
+def error_response(request: Request, e: HTTPError) -> Response:
+    """OpenAI's error object under /v1, Ollama's {"error": "..."} under /api."""
+    from starlette.responses import JSONResponse
+
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": e.message}, status_code=e.status)
+    return JSONResponse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}},
+                        status_code=e.status)
 
 
 @dataclass
@@ -49,15 +61,41 @@ class ServeState:
         return self.workers[name]
 
 
+# A JSON body nested deeper than this is refused before anything walks it (json.loads itself recurses).
+MAX_DEPTH = 64
+
+
 async def read_json(request: Request) -> dict[str, Any]:
-    """The body as a JSON object, or a 400."""
+    """The body as a JSON object of valid Unicode, or a 400 (the size and content type were checked by
+    serve/guard.py before the route ran)."""
     try:
         body = json.loads(await request.body() or b"{}")
+    except RecursionError:
+        raise HTTPError(400, f"the request body is nested too deeply (at most {MAX_DEPTH} levels)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise HTTPError(400, f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise HTTPError(400, "the request body must be a JSON object")
+    if _depth(body) > MAX_DEPTH:
+        raise HTTPError(400, f"the request body is nested too deeply (at most {MAX_DEPTH} levels)")
+    try:  # JSON's \ud800 escapes decode to lone surrogates, which no tokenizer can take
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise HTTPError(400, "the request body holds invalid Unicode (a lone surrogate, "
+                             f"\\u{ord(e.object[e.start]):04x}): send UTF-8 text") from None
     return body
+
+
+def _depth(doc: Any) -> int:
+    """How deeply a decoded JSON document nests (iteratively: no recursion to exhaust)."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        node, d = todo.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, d)
+            if d <= MAX_DEPTH:
+                todo.extend((child, d + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def sampling(state: ServeState, worker: ModelWorker, values: dict[str, Any],
@@ -73,15 +111,69 @@ def sampling(state: ServeState, worker: ModelWorker, values: dict[str, Any],
     return dataclasses.replace(chosen, grammar=grammar)
 
 
-def schema_grammar(schema: Any) -> str:
-    """A JSON schema (an object, or "json" for any JSON object) as a grammar."""
+# A JSON schema's text, and the grammar made from it, are bounded: the converter expands repetition counts
+# (minLength: 100000 gave 500 KB of grammar), and the worker parses the grammar between decoding steps.
+MAX_SCHEMA_CHARS = 64 * 1024
+MAX_GRAMMAR_CHARS = 128 * 1024
+MAX_REPEAT = 4096  # minLength/maxLength/minItems/maxItems/minProperties/maxProperties
+
+
+async def schema_grammar(schema: Any, param: str = "response_format") -> str:
+    """A JSON schema (an object, or "json" for any JSON object) as a grammar, built off the event loop and
+    bounded in size; a 400 for a schema that cannot be one."""
+    import asyncio
+
     from localgen.engine.grammar import grammar_from_json_schema
 
+    if schema not in ("json", None, True) and not isinstance(schema, dict):
+        raise HTTPError(400, "the schema must be a JSON object", param=param)
     text = json.dumps({"type": "object"} if schema in ("json", None, True) else schema)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise HTTPError(400, f"the JSON schema is {len(text):,} characters; at most {MAX_SCHEMA_CHARS:,}", param=param)
+    big = _big_repeat(schema)
+    if big:
+        raise HTTPError(400, f"the JSON schema's {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,} here", param=param)
     try:
-        return grammar_from_json_schema(text)
+        grammar = await asyncio.to_thread(grammar_from_json_schema, text)
+    except RecursionError:
+        raise HTTPError(400, "the JSON schema nests or refers to itself too deeply", param=param) from None
     except LocalgenError as e:
-        raise HTTPError(400, e.message, param="response_format") from None
+        raise HTTPError(400, e.message, param=param) from None
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise HTTPError(400, f"the JSON schema makes a grammar of {len(grammar):,} characters; at most "
+                             f"{MAX_GRAMMAR_CHARS:,}", param=param)
+    return grammar
+
+
+def _big_repeat(schema: Any) -> tuple[str, int] | None:
+    """The first repetition bound in a schema over MAX_REPEAT, as (keyword, value)."""
+    keys = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
+            "maxContains")
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            for k in keys:
+                v = node.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT:
+                    return k, int(v)
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return None
+
+
+def check_prompt_size(worker: ModelWorker, texts: list[str]) -> None:
+    """A 413 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it
+    (no vocabulary here averages anywhere near CHARS_PER_TOKEN characters a token)."""
+    chars = sum(len(t) for t in texts)
+    most = CHARS_PER_TOKEN * worker.n_ctx
+    if chars > most:
+        raise HTTPError(413, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
+                             f"takes at most {most:,} here", param="prompt")
+
+
+CHARS_PER_TOKEN = 32
 
 
 def messages(raw: Any) -> tuple[dict[str, str], ...]:
@@ -107,7 +199,7 @@ def messages(raw: Any) -> tuple[dict[str, str], ...]:
 
 
 async def run_job(state: ServeState, worker: ModelWorker, request: GenerationRequest,
-                  keep_alive: float | None = None) -> tuple[Job, tuple[Any, ...]]:
+                  keep_alive: float | None = None) -> tuple[Job, Event]:
     """Queue a job and wait for its first event (text, done or error): errors surface as HTTPError here,
     before any response starts."""
     import asyncio
@@ -115,38 +207,60 @@ async def run_job(state: ServeState, worker: ModelWorker, request: GenerationReq
     job = Job(request, asyncio.get_running_loop(), keep_alive=keep_alive)
     try:
         worker.submit(job)
-    except QueueFull as e:
+    except LocalgenError as e:  # a full queue, or a worker that has stopped
         raise HTTPError(503, e.message, "server_error") from None
-    first = await job.events.get()
-    if first[0] == "error":
-        raise HTTPError(first[1], first[2], "invalid_request_error" if first[1] < 500 else "server_error")
+    try:
+        first = await job.events.get()
+    except BaseException:  # the handler was cancelled (the client left while queued)
+        job.cancelled.set()
+        raise
+    if isinstance(first, Failed):
+        raise HTTPError(first.status, first.message, "invalid_request_error" if first.status < 500 else "server_error")
     return job, first
 
 
-async def events(job: Job, first: tuple[Any, ...]) -> AsyncIterator[tuple[Any, ...]]:
-    """The job's events from the first on; cancels the job if the client goes away mid-stream."""
+async def events(job: Job, first: Event) -> AsyncIterator[Event]:
+    """The job's events from the first on, ending with its Done or Failed; cancels the job if the client
+    goes away mid-stream."""
     event = first
     try:
         while True:
             yield event
-            if event[0] != "text":
+            if not isinstance(event, Text):
                 return
             event = await job.events.get()
     finally:
         job.cancelled.set()  # a no-op once done; stops generation at once when the client left
 
 
-async def collect(job: Job, first: tuple[Any, ...]) -> tuple[str, Any]:
-    """A non-streamed answer: the whole text and the final Completion."""
+async def collect(job: Job, first: Event, request: Request) -> tuple[str, Completion]:
+    """A non-streamed answer: the whole text and the final Completion. A client that disconnects while it
+    waits cancels the job (as a stream's does); an error after the first token is an HTTPError."""
+    import asyncio
+
+    watcher = asyncio.ensure_future(_watch_disconnect(request, job))
     text = ""
-    final = None
-    async for event in events(job, first):
-        if event[0] == "text":
-            text += event[1]
-        else:
-            final = event[1]
-    assert final is not None
-    return text, final
+    try:
+        async for event in events(job, first):
+            if isinstance(event, Text):
+                text += event.text
+            elif isinstance(event, Done):
+                return text, event.completion
+            else:
+                raise HTTPError(event.status, event.message,
+                                "invalid_request_error" if event.status < 500 else "server_error")
+    finally:
+        watcher.cancel()
+    raise AssertionError("a job's events end with Done or Failed")
+
+
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client disconnects (the body has been read: the next message is that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancelled.set()
+            return
 
 
 def timings(c: Any) -> dict[str, Any]:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import time
@@ -18,6 +19,7 @@ from localgen.errors import LocalgenError
 from localgen.serve.common import (
     HTTPError,
     ServeState,
+    check_prompt_size,
     collect,
     events,
     messages,
@@ -26,7 +28,7 @@ from localgen.serve.common import (
     sampling,
     schema_grammar,
 )
-from localgen.serve.worker import parse_duration
+from localgen.serve.worker import Done, Event, Text, parse_duration
 from localgen.types import GenerationRequest
 
 # Ollama's `options` → our settings
@@ -56,7 +58,7 @@ def routes(state: ServeState) -> list[Route]:
         return JSONResponse({"models": [_model_entry(w) for w in state.workers.values()]})
 
     async def ps(request: Request) -> Response:
-        return JSONResponse({"models": [{**_model_entry(w), "expires_at": _expires(w), "size_vram": 0}
+        return JSONResponse({"models": [{**_model_entry(w), "expires_at": _expires(w), "size_vram": w.vram_bytes}
                                         for w in state.workers.values() if w.loaded]})
 
     async def show(request: Request) -> Response:
@@ -73,17 +75,17 @@ def routes(state: ServeState) -> list[Route]:
         })
 
     async def chat(request: Request) -> Response:
-        return await _generate(state, await read_json(request), chat=True)
+        return await _generate(state, request, await read_json(request), chat=True)
 
     async def generate(request: Request) -> Response:
-        return await _generate(state, await read_json(request), chat=False)
+        return await _generate(state, request, await read_json(request), chat=False)
 
     return [Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version), Route("/api/tags", tags),
             Route("/api/ps", ps), Route("/api/show", show, methods=["POST"]),
             Route("/api/chat", chat, methods=["POST"]), Route("/api/generate", generate, methods=["POST"])]
 
 
-def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -> GenerationRequest:
+async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -> GenerationRequest:
     opts = body.get("options") or {}
     if not isinstance(opts, dict):
         raise HTTPError(400, "`options` must be an object")
@@ -92,21 +94,24 @@ def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -
         raise HTTPError(400, f"unknown options: {', '.join(sorted(unknown))}")
     values = {OPTIONS[k]: v for k, v in opts.items() if k in OPTIONS}
     fmt = body.get("format")
-    grammar = schema_grammar(fmt) if fmt not in (None, "") else None
+    grammar = await schema_grammar(fmt, "format") if fmt not in (None, "") else None
     s = sampling(state, worker, values, grammar)
     if chat:
-        return GenerationRequest(messages=messages(body.get("messages")), sampling=s)
+        msgs = messages(body.get("messages"))
+        check_prompt_size(worker, [m["content"] for m in msgs])
+        return GenerationRequest(messages=msgs, sampling=s)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise HTTPError(400, "`prompt` must be a string")
+    system = body.get("system")
+    check_prompt_size(worker, [prompt, system if isinstance(system, str) else ""])
     if body.get("raw") or not worker.ref.summary.chat_template:
         return GenerationRequest(prompt=prompt, sampling=s)
-    system = body.get("system")
-    msgs = ([{"role": "system", "content": system}] if isinstance(system, str) and system else [])
-    return GenerationRequest(messages=(*msgs, {"role": "user", "content": prompt}), sampling=s)
+    head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
+    return GenerationRequest(messages=(*head, {"role": "user", "content": prompt}), sampling=s)
 
 
-async def _generate(state: ServeState, body: dict[str, Any], chat: bool) -> Response:
+async def _generate(state: ServeState, http: Request, body: dict[str, Any], chat: bool) -> Response:
     worker = state.worker(body.get("model"))
     keep_alive = None
     if "keep_alive" in body:
@@ -118,27 +123,32 @@ async def _generate(state: ServeState, body: dict[str, Any], chat: bool) -> Resp
         # Ollama's way to load (or, with keep_alive 0, unload) a model without generating
         if keep_alive is not None:
             worker.keep_alive = keep_alive
-        if keep_alive == 0:
-            worker.unload()
+        if keep_alive == 0:  # the worker thread unloads once its jobs end; an idle one at once
+            unloaded = worker.request_unload()
+            if not worker.busy:
+                await asyncio.to_thread(unloaded.wait, 10)
         return JSONResponse({**_head(worker), **({"message": {"role": "assistant", "content": ""}} if chat
                                                  else {"response": ""}), "done": True,
                              "done_reason": "unload" if keep_alive == 0 else "load"})
-    request = _request(state, worker, body, chat)
+    request = await _request(state, worker, body, chat)
     job, first = await run_job(state, worker, request, keep_alive)
     stream = body.get("stream", True)  # Ollama streams unless told not to
     if stream:
         return StreamingResponse(_ndjson(worker, job, first, chat), media_type="application/x-ndjson")
-    text, final = await collect(job, first)
+    text, final = await collect(job, first, http)
     return JSONResponse(_final(worker, job, final, chat, text))
 
 
-async def _ndjson(worker: Any, job: Any, first: tuple[Any, ...], chat: bool) -> AsyncIterator[bytes]:
+async def _ndjson(worker: Any, job: Any, first: Event, chat: bool) -> AsyncIterator[bytes]:
     async for event in events(job, first):
-        if event[0] == "text":
-            piece = {"message": {"role": "assistant", "content": event[1]}} if chat else {"response": event[1]}
-            yield (json.dumps({**_head(worker), **piece, "done": False}, ensure_ascii=False) + "\n").encode()
-        else:
-            yield (json.dumps(_final(worker, job, event[1], chat, ""), ensure_ascii=False) + "\n").encode()
+        if isinstance(event, Text):
+            piece = {"message": {"role": "assistant", "content": event.text}} if chat else {"response": event.text}
+            doc = {**_head(worker), **piece, "done": False}
+        elif isinstance(event, Done):
+            doc = _final(worker, job, event.completion, chat, "")
+        else:  # after the first token: Ollama's error line, which its client raises as a ResponseError
+            doc = {"error": event.message}
+        yield (json.dumps(doc, ensure_ascii=False) + "\n").encode()
 
 
 def _final(worker: Any, job: Any, c: Any, chat: bool, text: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from localgen.serve.common import (
     HTTPError,
     ServeState,
+    check_prompt_size,
     collect,
     events,
     messages,
@@ -26,6 +27,7 @@ from localgen.serve.common import (
     schema_grammar,
     timings,
 )
+from localgen.serve.worker import Event, Failed, Text
 from localgen.types import GenerationRequest
 
 # OpenAI's fields → our settings (llama-server's extensions pass through under their own names)
@@ -51,16 +53,16 @@ def routes(state: ServeState) -> list[Route]:
              "max_model_len": w.n_ctx} for name, w in state.workers.items()]})
 
     async def chat(request: Request) -> Response:
-        return await _complete(state, await read_json(request), chat=True)
+        return await _complete(state, request, await read_json(request), chat=True)
 
     async def completions(request: Request) -> Response:
-        return await _complete(state, await read_json(request), chat=False)
+        return await _complete(state, request, await read_json(request), chat=False)
 
     return [Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"])]
 
 
-def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -> GenerationRequest:
+async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -> GenerationRequest:
     for key in UNSUPPORTED:
         if body.get(key):
             raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
@@ -73,9 +75,9 @@ def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         spec = fmt.get("json_schema") or {}
-        grammar = schema_grammar(spec.get("schema", spec) if isinstance(spec, dict) else None)
+        grammar = await schema_grammar(spec.get("schema", spec) if isinstance(spec, dict) else None)
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
-        grammar = schema_grammar(fmt.get("schema", "json"))
+        grammar = await schema_grammar(fmt.get("schema", "json"))
     elif fmt not in (None, {"type": "text"}) and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise HTTPError(400, "response_format must be text, json_object or json_schema", param="response_format")
     logprobs = None
@@ -87,7 +89,9 @@ def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -
         logprobs = top
     s = sampling(state, worker, values, grammar)
     if chat:
-        return GenerationRequest(messages=messages(body.get("messages")), sampling=s, logprobs=logprobs)
+        msgs = messages(body.get("messages"))
+        check_prompt_size(worker, [m["content"] for m in msgs])
+        return GenerationRequest(messages=msgs, sampling=s, logprobs=logprobs)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -95,17 +99,18 @@ def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -
         raise HTTPError(400, "`prompt` must be a string (one prompt per request)", param="prompt")
     if body.get("echo") or body.get("suffix"):
         raise HTTPError(400, "`echo` and `suffix` are not supported", param="echo")
+    check_prompt_size(worker, [prompt])
     return GenerationRequest(prompt=prompt, sampling=s, logprobs=logprobs)
 
 
-async def _complete(state: ServeState, body: dict[str, Any], chat: bool) -> Response:
+async def _complete(state: ServeState, http: Request, body: dict[str, Any], chat: bool) -> Response:
     worker = state.worker(body.get("model"))
-    request = _request(state, worker, body, chat)
+    request = await _request(state, worker, body, chat)
     job, first = await run_job(state, worker, request)
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     shape = _Shape(ident, worker.name, chat, request.logprobs is not None)
     if not body.get("stream"):
-        text, final = await collect(job, first)
+        text, final = await collect(job, first, http)
         return JSONResponse(shape.whole(final, text))
     opts = body.get("stream_options") or {}
     usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
@@ -113,14 +118,18 @@ async def _complete(state: ServeState, body: dict[str, Any], chat: bool) -> Resp
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _sse(shape: _Shape, job: Any, first: tuple[Any, ...], usage: bool) -> AsyncIterator[bytes]:
+async def _sse(shape: _Shape, job: Any, first: Event, usage: bool) -> AsyncIterator[bytes]:
     if shape.chat:
         yield _data(shape.chunk({"role": "assistant", "content": ""}, None))
     async for event in events(job, first):
-        if event[0] == "text":
-            yield _data(shape.chunk({"content": event[1]} if shape.chat else event[1], None))
+        if isinstance(event, Text):
+            yield _data(shape.chunk({"content": event.text} if shape.chat else event.text, None))
             continue
-        c = event[1]
+        if isinstance(event, Failed):  # after the first token: OpenAI's error event, and no [DONE]
+            kind = "invalid_request_error" if event.status < 500 else "server_error"
+            yield _data({"error": {"message": event.message, "type": kind, "param": None, "code": event.status}})
+            return
+        c = event.completion
         last = shape.chunk({} if shape.chat else "", _finish(c.finish_reason), c)
         last["timings"] = _timings(c)
         yield _data(last)
@@ -144,7 +153,6 @@ def _usage(c: Any) -> dict[str, Any]:
 
 
 def _timings(c: Any) -> dict[str, Any]:
-
     return timings(c)
 
 

@@ -1,16 +1,21 @@
 """One served model: a thread that owns its Engine and a ParallelContext with N slots, and runs the
 continuous-batching loop over the jobs the HTTP handlers queue. Text goes back to each handler's asyncio
-queue as it is decided; a job whose client went away is cancelled at the next step; the model unloads
-after its keep-alive and loads again on the next job."""
+queue as typed events as it is decided; a job whose client went away is cancelled at the next step; the
+model unloads after its keep-alive (or when asked) and loads again on the next job. Only this thread
+touches the engine: loading, decoding and unloading all happen here, so nothing frees a model under a
+running decode. One job that fails, for any reason, fails alone; the thread keeps serving."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import queue
 import random
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,35 +24,73 @@ from localgen.backend import Completion
 from localgen.errors import LocalgenError
 from localgen.types import GenerationRequest, LoadParams, ModelRef
 
+INTERNAL = "internal error (the server's log has the details)"
+
 
 class QueueFull(LocalgenError):
     """Every slot is busy and the queue is at its bound."""
 
 
+@dataclass(frozen=True)
+class Text:
+    """A piece of the answer, as it is decided."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The job finished; its Completion carries the finish reason, counts and timings."""
+
+    completion: Completion
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The job failed (before or after its first Text) with an HTTP status and a message for the client."""
+
+    status: int
+    message: str
+
+
+Event = Text | Done | Failed
+
+
 @dataclass(eq=False)
 class Job:
-    """One HTTP request's generation. `events` receives ("text", str), then ("done", Completion) or
-    ("error", status, message)."""
+    """One HTTP request's generation. `events` receives Text events, then one Done or Failed."""
 
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    seed: int = field(default_factory=lambda: random.getrandbits(31))
+    seed: int = -1  # the request's seed, else a fresh one (set in __post_init__)
     enqueued: float = field(default_factory=time.perf_counter)
     keep_alive: float | None = None  # seconds the model stays loaded after this job (Ollama's keep_alive)
     load_s: float = 0.0  # time spent loading the model for this job
     on_end: Callable[[], None] | None = None  # told once, when the job ends (done or error)
 
-    def send(self, *event: Any) -> None:
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            s = self.request.sampling.seed
+            self.seed = s if s is not None else random.getrandbits(31)
+
+    def send(self, event: Event) -> None:
         """Hand an event to the handler's event loop (from the worker thread)."""
-        if event[0] in ("done", "error") and self.on_end is not None:
+        if isinstance(event, (Done, Failed)) and self.on_end is not None:
             end, self.on_end = self.on_end, None
             end()
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the server is shutting down: nobody is listening any more
             self.cancelled.set()
+
+
+@dataclass(eq=False)
+class _Unload:
+    """A request to free the model, handled by the worker thread once nothing runs."""
+
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 class ModelWorker:
@@ -63,20 +106,25 @@ class ModelWorker:
         self.max_queue = max_queue
         self.warn = warn
         self.exact = exact
-        self.jobs: queue.Queue[Job] = queue.Queue()
+        self.jobs: queue.Queue[Job | _Unload] = queue.Queue()
         self.backend: Any = None
         self.pc: Any = None
         self.n_ctx = load.n_ctx
         self.idle_since = time.monotonic()
         self.expires_at: float | None = None
+        self.failures = 0  # jobs failed by an internal error
+        self.last_error: str | None = None
+        self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
+        self.vram_bytes = 0  # model bytes on the GPU (an estimate from the offloaded layers)
         self._stop = threading.Event()
         self._ids = itertools.count(1)
         self._running: dict[int, Job] = {}
+        self._unloads: list[_Unload] = []  # asked for while jobs ran
         self.calls = self.rows = 0  # decode calls and rows of contexts already unloaded
         self.outstanding = 0  # jobs queued or running
         self._count_lock = threading.Lock()
         self.thread = threading.Thread(target=self._serve, name=f"localgen-{self.name}", daemon=True)
-        self.lock = threading.Lock()  # guards backend/pc for readers on other threads (/api/ps, tokenize)
+        self.lock = threading.Lock()  # guards backend/pc for readers on other threads (/api/ps)
 
     # ---- from the HTTP side -----------------------------------------------------------------------
 
@@ -85,12 +133,16 @@ class ModelWorker:
         self.thread.start()
 
     def preload(self) -> None:
-        """Load now, in the caller's thread (so `serve` reports a broken model before it listens)."""
+        """Load now, in the caller's thread, before the worker thread starts (so `serve` reports a broken
+        model before it listens)."""
+        assert not self.thread.is_alive()
         with self.lock:
             self._ensure_loaded()
 
     def submit(self, job: Job) -> None:
         """Queue a job; QueueFull when every slot is busy and `max_queue` jobs already wait."""
+        if not self.alive:
+            raise LocalgenError(f"{self.name}: the model's worker has stopped ({self.dead or 'shutting down'})")
         with self._count_lock:
             if self.outstanding >= self.parallel + self.max_queue:
                 raise QueueFull(f"{self.name}: all {self.parallel} slots are busy and {self.max_queue} requests "
@@ -98,6 +150,20 @@ class ModelWorker:
             self.outstanding += 1
         job.on_end = self._ended
         self.jobs.put(job)
+
+    def request_unload(self) -> threading.Event:
+        """Ask the worker thread to free the model as soon as no job runs; the event is set once it has."""
+        req = _Unload()
+        if not self.thread.is_alive():
+            req.done.set()
+        else:
+            self.jobs.put(req)
+        return req.done
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job runs or waits."""
+        return self.outstanding > 0
 
     def _ended(self) -> None:
         with self._count_lock:
@@ -113,12 +179,18 @@ class ModelWorker:
             job.cancelled.set()
         self.thread.join(5)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the thread serves (or will, once started)."""
+        return self.dead is None and not self._stop.is_set()
+
     def status(self) -> dict[str, Any]:
-        """Slots, queue and batching counters (for /health)."""
+        """Slots, queue, batching counters and failures (for /health)."""
         pc = self.pc
-        return {"loaded": self.loaded, "slots": self.parallel, "running": len(self._running),
+        return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel, "running": len(self._running),
                 "queued": self.jobs.qsize(), "decode_calls": self.calls + (pc.steps if pc else 0),
-                "rows": self.rows + (pc.rows if pc else 0)}
+                "rows": self.rows + (pc.rows if pc else 0), "failed_jobs": self.failures,
+                "last_error": self.dead or self.last_error}
 
     @property
     def loaded(self) -> bool:
@@ -128,23 +200,76 @@ class ModelWorker:
     # ---- the thread -------------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
+        item: Job | _Unload | None = None
+        try:
+            while not self._stop.is_set():
+                item = None
+                try:
+                    item = self.jobs.get(timeout=0.25)
+                except queue.Empty:
+                    self._maybe_unload()
+                    continue
+                if isinstance(item, _Unload):
+                    self._unload()
+                    item.done.set()
+                    continue
+                if self._load_for(item):
+                    self._batch(item)
+                self._after_batch()
+        except BaseException as e:  # the thread is going: say so, and fail whatever waits
+            self.dead = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            self._internal(e, "the worker thread stopped")
+            stopped = Failed(500, f"{self.name}: the model's worker stopped")
+            if isinstance(item, Job):
+                item.send(stopped)
+            self._drain(stopped)
+            raise
+
+    def _load_for(self, job: Job) -> bool:
+        """Load the model if it is not loaded; False (the job failed) when it cannot be."""
+        try:
+            with self.lock:
+                t0 = time.perf_counter()
+                was_loaded = self.loaded
+                self._ensure_loaded()
+                job.load_s = 0.0 if was_loaded else time.perf_counter() - t0
+            return True
+        except LocalgenError as e:
+            job.send(Failed(500, f"cannot load {self.name}: {e.message}"))
+        except Exception as e:
+            self._internal(e, "loading the model")
+            job.send(Failed(500, f"cannot load {self.name}: {INTERNAL}"))
+        return False
+
+    def _after_batch(self) -> None:
+        self.idle_since = time.monotonic()
+        if self._unloads:
+            self._unload()
+            for req in self._unloads:
+                req.done.set()
+            self._unloads.clear()
+
+    def _drain(self, event: Failed) -> None:
+        for job in list(self._running.values()):
+            job.send(event)
+        self._running.clear()
+        while True:
             try:
-                job = self.jobs.get(timeout=0.25)
+                item = self.jobs.get_nowait()
             except queue.Empty:
-                self._maybe_unload()
-                continue
-            try:
-                with self.lock:
-                    t0 = time.perf_counter()
-                    was_loaded = self.loaded
-                    self._ensure_loaded()
-                    job.load_s = 0.0 if was_loaded else time.perf_counter() - t0
-            except LocalgenError as e:
-                job.send("error", 500, f"cannot load {self.name}: {e.message}")
-                continue
-            self._batch(job)
-            self.idle_since = time.monotonic()
+                return
+            if isinstance(item, _Unload):
+                item.done.set()
+            else:
+                item.send(event)
+
+    def _internal(self, e: BaseException, where: str) -> None:
+        """An error that is a bug or a fault, not the client's: counted, and logged with its traceback."""
+        self.failures += 1
+        self.last_error = f"{where}: {type(e).__name__}"
+        text = "".join(traceback.format_exception(e)).rstrip()
+        with contextlib.suppress(OSError, ValueError):  # no stderr left to log to
+            print(f"localgen serve: {self.name}: internal error while {where}\n{text}", file=sys.stderr, flush=True)
 
     def _batch(self, first: Job) -> None:
         """Run the continuous-batching loop until the queue has been empty for a moment."""
@@ -153,57 +278,80 @@ class ModelWorker:
         waiting = [first]
 
         def take(wait: bool) -> Any:
-            if waiting:
-                job = waiting.pop()
-            else:
-                try:
-                    job = self.jobs.get(timeout=0.05) if wait else self.jobs.get_nowait()
-                except queue.Empty:
-                    return END if wait or self._stop.is_set() else None
-            return self._prepare(job, Request) or None
+            while True:
+                if waiting:
+                    item: Job | _Unload = waiting.pop()
+                else:
+                    try:
+                        item = self.jobs.get(timeout=0.05) if wait else self.jobs.get_nowait()
+                    except queue.Empty:
+                        return END if wait or self._stop.is_set() else None
+                if isinstance(item, _Unload):  # handled once this loop ends
+                    self._unloads.append(item)
+                    return END if wait else None
+                return self._prepare(item, Request) or None
 
         def done(c: Completion) -> None:
             job = self._running.pop(c.index, None)
             if job is None:
                 return
             if c.finish_reason == "cancelled":
-                job.send("error", 499, "cancelled")
+                job.send(Failed(499, "cancelled"))
             elif c.finish_reason.startswith("error: "):
-                job.send("error", 413 if "longer than the context" in c.finish_reason else 400,
-                         c.finish_reason[len("error: "):])
+                job.send(Failed(413 if "longer than the context" in c.finish_reason else 400,
+                                c.finish_reason[len("error: "):]))
             else:
-                job.send("done", c)
+                job.send(Done(c))
             if job.keep_alive is not None:
                 self.keep_alive = job.keep_alive
 
         try:
             self.pc.run(take, done, exact=self.exact, reuse=True, interleave=True)
         except LocalgenError as e:  # a failed decode: every job in flight fails, the model stays usable
-            for job in list(self._running.values()):
-                job.send("error", 500, e.message)
-            self._running.clear()
+            self._drain_running(Failed(500, e.message))
+        except Exception as e:  # a bug or a fault: the jobs in flight fail, the slots start afresh
+            self._internal(e, "decoding")
+            self._drain_running(Failed(500, INTERNAL))
+            self._reset_slots()
+
+    def _drain_running(self, event: Failed) -> None:
+        for job in list(self._running.values()):
+            job.send(event)
+        self._running.clear()
+
+    def _reset_slots(self) -> None:
+        """Forget every slot's cache after an unexpected failure: nothing half-done is reused."""
+        pc = self.pc
+        if pc is not None and pc.ctx:
+            pc.clear()
+            pc.held.clear()
+            pc.prompt_len.clear()
 
     def _prepare(self, job: Job, request_type: Any) -> Any:
         """The job as a batch Request (tokenized here, in the thread that owns the engine), or None after
         telling the client why it cannot run."""
         if job.cancelled.is_set():
-            job.send("error", 499, "the client went away")
+            job.send(Failed(499, "the client went away"))
             return None
         try:
             tokens = self.backend.tokens(job.request)
             if job.request.sampling.grammar:
                 self.backend.engine.check_grammar(job.request.sampling.grammar)
         except LocalgenError as e:
-            job.send("error", 400, e.message)
+            job.send(Failed(400, e.message))
+            return None
+        except Exception as e:
+            self._internal(e, "preparing a request")
+            job.send(Failed(500, INTERNAL))
             return None
         if len(tokens) >= self.pc.n_ctx_seq:
-            job.send("error", 413, f"the prompt is {len(tokens):,} tokens; each slot's context window is "
-                                   f"{self.pc.n_ctx_seq:,}")
+            job.send(Failed(413, f"the prompt is {len(tokens):,} tokens; each slot's context window is "
+                                 f"{self.pc.n_ctx_seq:,}"))
             return None
         index = next(self._ids)
         self._running[index] = job
         return request_type(index, tokens, job.request.sampling, job.seed, job.request.logprobs,
-                            on_text=lambda text: job.send("text", text), cancelled=job.cancelled.is_set)
+                            on_text=lambda text: job.send(Text(text)), cancelled=job.cancelled.is_set)
 
     def _ensure_loaded(self) -> None:
         if self.backend is not None:
@@ -216,6 +364,7 @@ class ModelWorker:
         engine.release_context()  # the slots have their own
         self.backend = LocalBackend(engine, warn=self.warn)
         self.n_ctx = engine.n_ctx
+        self.vram_bytes = engine.gpu_weight_bytes()
         self.pc = ParallelContext(engine, self.parallel, engine.n_ctx)
         self.idle_since = time.monotonic()
 
@@ -228,10 +377,10 @@ class ModelWorker:
             return
         self.expires_at = time.time() + self.keep_alive - (time.monotonic() - self.idle_since)
         if time.monotonic() - self.idle_since >= self.keep_alive:
-            self.unload()
+            self._unload()
 
-    def unload(self) -> None:
-        """Free the model (it loads again on the next job)."""
+    def _unload(self) -> None:
+        """Free the model (it loads again on the next job). Only the worker thread calls this."""
         with self.lock:
             if self.pc is not None:
                 self.calls += self.pc.steps
@@ -242,25 +391,36 @@ class ModelWorker:
                 self.backend.close()
                 self.backend = None
             self.expires_at = None
+            self.vram_bytes = 0
+
+
+# Longer than this is "never" (Ollama's keep_alive takes any duration; a date past year 9999 is an error).
+NEVER_AFTER = 100 * 365 * 86400.0
 
 
 def parse_duration(value: Any) -> float:
-    """Ollama's keep_alive: seconds as a number, or "10m", "1h30m", "45s"; negative: never unload."""
+    """Ollama's keep_alive: seconds as a number, or "10m", "1h30m", "45s"; negative (or over a century):
+    never unload. Not a number, infinite or NaN is an error."""
+    import math
     import re
 
     if isinstance(value, bool):
         raise LocalgenError(f"bad duration {value!r}")
     if isinstance(value, (int, float)):
-        return float(value)
-    text = str(value).strip().lower()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    m = re.fullmatch(r"(-)?((?:\d+(?:\.\d+)?(?:h|m|s|ms))+)", text)
-    if not m:
-        raise LocalgenError(f"bad duration {value!r}: use seconds, or e.g. 10m, 1h30m, -1 for never")
-    total = 0.0
-    for amount, unit in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", m.group(2)):
-        total += float(amount) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[unit]
-    return -total if m.group(1) else total
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        try:
+            seconds = float(text)
+        except ValueError:
+            m = re.fullmatch(r"(-)?((?:\d+(?:\.\d+)?(?:h|m|s|ms))+)", text)
+            if not m:
+                raise LocalgenError(f"bad duration {str(value)[:40]!r}: use seconds, or e.g. 10m, 1h30m, -1 for "
+                                    "never") from None
+            seconds = 0.0
+            for amount, unit in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", m.group(2)):
+                seconds += float(amount) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[unit]
+            seconds = -seconds if m.group(1) else seconds
+    if not math.isfinite(seconds):
+        raise LocalgenError(f"bad duration {str(value)[:40]!r}: it must be finite (-1 for never)")
+    return -1.0 if seconds > NEVER_AFTER else seconds

@@ -1,0 +1,163 @@
+"""What every request passes before a route, outermost first: the Host check (against DNS rebinding, while
+serving on loopback), the Origin allow-list (a web page may use the server only from an allowed origin;
+CORS headers for those), the API key, and for a request with a body: JSON's content type and a size bound.
+Clients that are not browsers send no Origin and pass the origin check as they are."""
+
+from __future__ import annotations
+
+import fnmatch
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+
+from localgen.serve.common import HTTPError, error_response
+
+ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+# Ollama's defaults: pages served from this machine, and the desktop shells that embed them.
+LOOPBACK_ORIGINS = tuple(f"{scheme}://{host}{port}" for host in ("localhost", "127.0.0.1", "[::1]", "0.0.0.0")
+                         for scheme in ("http", "https") for port in ("", ":*"))
+APP_ORIGINS = ("app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*")
+DEFAULT_ORIGINS = LOOPBACK_ORIGINS + APP_ORIGINS
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The server's gate: API key, allowed origins (glob patterns; "*" any), whether the Host header must
+    name this machine, and the largest request body."""
+
+    api_key: str | None = None
+    origins: tuple[str, ...] = DEFAULT_ORIGINS
+    check_host: bool = True
+    max_body: int = 16 << 20
+
+    def origin_allowed(self, origin: str) -> bool:
+        """Whether a page at this origin may use the server."""
+        o = origin.strip().lower()
+        return any(p == "*" or fnmatch.fnmatchcase(o, p.lower()) for p in self.origins)
+
+
+def origins_from(extra: list[str] | None, env: str | None) -> tuple[str, ...]:
+    """The default origins, widened by --cors (repeatable) and LOCALGEN_ORIGINS (comma-separated)."""
+    more = [*(extra or []), *((env or "").split(","))]
+    return DEFAULT_ORIGINS + tuple(o.strip().rstrip("/") for o in more if o.strip())
+
+
+def host_allowed(host: str) -> bool:
+    """A Host header that can only mean this machine: an IP address, localhost (or *.localhost), or this
+    machine's own name. A DNS name an attacker controls that resolves to 127.0.0.1 is none of these."""
+    import socket
+
+    name = host.strip().lower()
+    if name.startswith("["):  # [::1]:port
+        name = name[1:name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    name = name.rstrip(".")
+    if not name:
+        return True  # HTTP/1.0 without Host: not a browser
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return name == "localhost" or name.endswith(".localhost") or name == socket.gethostname().lower()
+
+
+class Gate:
+    """The ASGI middleware that applies a Policy (Starlette's CORSMiddleware sits inside it for the headers
+    and preflights of allowed origins)."""
+
+    def __init__(self, app: ASGIApp, policy: Policy) -> None:
+        self.app = app
+        self.policy = policy
+        self.key = policy.api_key.encode() if policy.api_key else None
+        self.cors = _cors(self._after_origin, policy)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if self.policy.check_host and not host_allowed(headers.get("host", "")):
+            await _refuse(scope, receive, send, HTTPError(
+                403, f"Host {headers.get('host', '')[:100]!r} is not this machine's name: a server on loopback "
+                     "answers only to localhost or an IP address (a guard against DNS rebinding)",
+                "permission_error"))
+            return
+        origin = headers.get("origin")
+        if origin is not None and not self.policy.origin_allowed(origin):
+            await _refuse(scope, receive, send, HTTPError(
+                403, f"requests from web pages at {origin[:100]} are not allowed: start serve with --cors "
+                     f"{origin[:100]} (or set LOCALGEN_ORIGINS)", "permission_error"))
+            return
+        await self.cors(scope, receive, send)
+
+    async def _after_origin(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = Headers(scope=scope)
+        path = scope["path"]
+        if self.key is not None and path not in ("/health", "/"):
+            auth = headers.get("authorization", "").encode("latin-1", "replace")
+            given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+            if not given or not hmac.compare_digest(given, self.key):
+                await _refuse(scope, receive, send, HTTPError(
+                    401, "a valid API key is needed (Authorization: Bearer KEY)", "authentication_error"))
+                return
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if kind != "application/json":
+            await _refuse(scope, receive, send, HTTPError(
+                415, f"the body must be JSON, sent with Content-Type: application/json (got {kind or 'none'!r}; "
+                     "with curl, use --json or -H 'Content-Type: application/json')"))
+            return
+        limit = self.policy.max_body
+        declared = headers.get("content-length", "")
+        too_big = HTTPError(413, f"the request body is over the limit of {limit:,} bytes (serve --max-body)")
+        if declared.isdigit() and int(declared) > limit:
+            await _refuse(scope, receive, send, too_big)
+            return
+        body = bytearray()
+        while True:  # read it all here (Starlette would too), counting, so no route sees a body over the limit
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > limit:
+                await _refuse(scope, receive, send, too_big)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return dict(await receive())
+
+        await self.app(scope, replay, send)
+
+
+async def _refuse(scope: dict[str, Any], receive: Any, send: Any, e: HTTPError) -> None:
+    response = error_response(Request(scope), e)
+    await response(scope, receive, send)
+
+
+def _cors(app: ASGIApp, policy: Policy) -> ASGIApp:
+    """Starlette's CORSMiddleware, matching origins by the policy's patterns."""
+    from starlette.middleware.cors import CORSMiddleware
+
+    class Cors(CORSMiddleware):
+        def is_allowed_origin(self, origin: str) -> bool:
+            return policy.origin_allowed(origin)
+
+    return Cors(app, allow_methods=["GET", "POST", "DELETE", "OPTIONS", "HEAD"],  # type: ignore[arg-type]
+                allow_headers=["*"], max_age=600)

@@ -1,0 +1,382 @@
+"""`serve` under hostile input, faults and browsers: bad Unicode, unload mid-stream, seeds, limits, origins
+and hosts, disconnects, errors after the first token, a worker that fails or dies. Faults are injected into
+an in-process server (the real model, worker thread, app and uvicorn, on loopback); the rest runs against a
+`localgen serve` child as a user would."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.test_serve import Server
+
+MODEL = "smollm2:135m"
+JSON = {"Content-Type": "application/json"}
+
+
+class InProcess:
+    """The real app and a real ModelWorker on SmolLM2, served by uvicorn in a thread of this process, so a
+    test can break the worker's insides."""
+
+    def __init__(self, smollm2_path: Path, **policy: Any) -> None:
+        import uvicorn
+
+        from localgen.models.resolve import resolve
+        from localgen.serve.app import build
+        from localgen.serve.common import ServeState
+        from localgen.serve.guard import Policy
+        from localgen.serve.worker import ModelWorker
+        from localgen.types import LoadParams
+
+        ref = resolve(str(smollm2_path))
+        self.worker = ModelWorker(ref, LoadParams(n_ctx=1024), parallel=2, keep_alive=-1, max_queue=4)
+        self.worker.preload()
+        self.worker.start()
+        self.state = ServeState(workers={MODEL: self.worker})
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(build(self.state, Policy(**policy)), host="127.0.0.1", port=self.port,
+                                log_level="critical", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.worker.stop()
+
+
+@pytest.fixture(scope="module")
+def inproc(smollm2_path: Path) -> Iterator[InProcess]:
+    s = InProcess(smollm2_path, max_body=64 * 1024)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def child(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(cli_env, "-np", "2", "--ctx", "4096")
+    yield s
+    assert s.stop() == 0
+
+
+def _complete(url: str, **body: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json={"model": MODEL, "max_tokens": 4, "temperature": 0, **body},
+                      timeout=120)
+
+
+def _still_answers(url: str) -> None:
+    r = _complete(url, prompt="The capital of France is")
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
+    assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"
+
+
+# ---- 1. invalid Unicode -----------------------------------------------------------------------------
+
+def test_a_lone_surrogate_is_a_400_and_the_model_keeps_serving(child: Server) -> None:
+    raw = b'{"model": "smollm2:135m", "prompt": "hi \\ud800", "max_tokens": 2}'
+    r = httpx.post(f"{child.url}/v1/completions", content=raw, headers=JSON, timeout=30)
+    assert r.status_code == 400 and "invalid Unicode" in r.json()["error"]["message"]
+    raw = b'{"model": "smollm2:135m", "messages": [{"role": "user", "content": "\\udcff"}], "stream": false}'
+    r = httpx.post(f"{child.url}/api/chat", content=raw, headers=JSON, timeout=30)
+    assert r.status_code == 400 and "invalid Unicode" in r.json()["error"]
+    _still_answers(child.url)
+
+
+def test_any_exception_fails_one_job_and_health_tells(inproc: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = inproc.worker
+    real = w.backend.tokens
+
+    def tokens(request: Any) -> list[int]:
+        if request.prompt == "boom":
+            raise UnicodeEncodeError("utf-8", "x", 0, 1, "a fault that is not a LocalgenError")
+        return list(real(request))
+
+    monkeypatch.setattr(w.backend, "tokens", tokens)
+    before = w.failures
+    r = _complete(inproc.url, prompt="boom")
+    assert r.status_code == 500 and r.json()["error"]["message"].startswith("internal error")
+    assert "UnicodeEncodeError" not in r.text, "no internals in an error body"
+    health = httpx.get(f"{inproc.url}/health").json()
+    assert health["models"][MODEL]["failed_jobs"] == before + 1
+    assert "preparing a request" in health["models"][MODEL]["last_error"]
+    _still_answers(inproc.url)
+
+
+def test_a_fault_mid_decode_fails_those_jobs_only(inproc: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    pc = inproc.worker.pc
+    real = pc._decode
+    calls = {"n": 0}
+
+    def decode(n: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise ZeroDivisionError("a bug in the decoding loop")
+        real(n)
+
+    monkeypatch.setattr(pc, "_decode", decode)
+    r = _complete(inproc.url, prompt="Once upon a time", max_tokens=20, ignore_eos=True)
+    assert r.status_code == 500 and "ZeroDivisionError" not in r.text
+    monkeypatch.undo()
+    _still_answers(inproc.url)
+
+
+# ---- 6. an error after the first token -------------------------------------------------------------
+
+def test_an_error_after_the_first_token_is_an_error_event(inproc: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ollama
+    import openai
+
+    from localgen.errors import LocalgenError
+
+    pc = inproc.worker.pc
+    real = pc._decode
+    calls = {"n": 0}
+
+    def decode(n: int) -> None:
+        calls["n"] += 1
+        if calls["n"] % 6 == 0:
+            raise LocalgenError("llama_decode failed (1) with 1 sequence")
+        real(n)
+
+    monkeypatch.setattr(pc, "_decode", decode)
+    client = openai.OpenAI(base_url=f"{inproc.url}/v1", api_key="x")
+    got: list[str] = []
+    calls["n"] = 0
+    with pytest.raises(openai.APIError, match="llama_decode failed"):
+        for chunk in client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=30, stream=True,
+                                               extra_body={"ignore_eos": True}):
+            got.append(chunk.choices[0].text)
+    assert "".join(got), "text came before the error"
+    calls["n"] = 0
+    parts: list[str] = []
+    with pytest.raises(ollama.ResponseError, match="llama_decode failed"):
+        for part in ollama.Client(host=inproc.url).generate(model=MODEL, prompt="Once upon a time", raw=True,
+                                                            options={"num_predict": 30}, stream=True):
+            parts.append(part["response"])
+    assert "".join(parts)
+    calls["n"] = 0
+    r = _complete(inproc.url, prompt="Once upon a time", max_tokens=30, ignore_eos=True)
+    assert r.status_code == 500 and "llama_decode failed" in r.json()["error"]["message"]
+    monkeypatch.undo()
+    _still_answers(inproc.url)
+
+
+def test_a_dead_worker_is_a_503_everywhere(smollm2_path: Path) -> None:
+    s = InProcess(smollm2_path)
+    try:
+        w = s.worker
+
+        def die(job: Any) -> None:
+            raise SystemExit("simulated death of the worker thread")
+
+        w._batch = die  # type: ignore[method-assign]
+        r = _complete(s.url, prompt="hi")
+        assert r.status_code == 500
+        w.thread.join(5)
+        health = httpx.get(f"{s.url}/health")
+        assert health.status_code == 503 and health.json()["models"][MODEL]["alive"] is False
+        assert "SystemExit" in health.json()["models"][MODEL]["last_error"]
+        again = _complete(s.url, prompt="hi")
+        assert again.status_code == 503 and "worker has stopped" in again.json()["error"]["message"]
+    finally:
+        s.close()
+
+
+# ---- 2. keep_alive 0 during a stream ---------------------------------------------------------------
+
+def test_unload_during_a_stream_waits_for_it_and_keeps_the_server(child: Server) -> None:
+    import ollama
+
+    got: dict[str, Any] = {}
+
+    def stream() -> None:
+        body = {"model": MODEL, "prompt": "Once", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{child.url}/v1/completions", json=body, timeout=120) as r:
+            got["lines"] = [ln for ln in r.iter_lines() if ln.startswith("data:")]
+
+    t = threading.Thread(target=stream)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not child.health()["running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    gone = ollama.Client(host=child.url).generate(model=MODEL, prompt="", keep_alive=0)
+    assert gone["done_reason"] == "unload"
+    t.join(120)
+    assert got["lines"][-1] == "data: [DONE]"
+    last = json.loads(got["lines"][-2][5:])
+    assert last["timings"]["predicted_n"] == 200, "the stream ran to its end"
+    deadline = time.monotonic() + 10
+    while child.health()["loaded"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert child.health()["loaded"] is False, "then the model was unloaded"
+    _still_answers(child.url)
+    httpx.post(f"{child.url}/api/generate", json={"model": MODEL, "prompt": "", "keep_alive": "5m"}, timeout=30)
+
+
+# ---- 3. seeds --------------------------------------------------------------------------------------
+
+def test_the_request_seed_decides_the_sample(child: Server) -> None:
+    import ollama
+
+    def sample(seed: int) -> str:
+        r = _complete(child.url, prompt="My favourite animal is", max_tokens=12, temperature=1.5, seed=seed)
+        return str(r.json()["choices"][0]["text"])
+
+    assert sample(7) == sample(7)
+    assert len({sample(7), sample(8), sample(9)}) > 1, "other seeds give other samples"
+    client = ollama.Client(host=child.url)
+
+    def ollama_sample(seed: int) -> str:
+        return str(client.generate(model=MODEL, prompt="My favourite animal is", raw=True,
+                                   options={"seed": seed, "temperature": 1.5, "num_predict": 12})["response"])
+
+    assert ollama_sample(3) == ollama_sample(3) == sample(3), "options.seed is the same seed"
+
+
+def test_serve_seed_is_every_requests_default(smollm2_path: Path) -> None:
+    s = InProcess(smollm2_path)
+    s.state.flag_sampling = {"seed": 11}
+    try:
+        texts = {_complete(s.url, prompt="My favourite animal is", max_tokens=12, temperature=1.5)
+                 .json()["choices"][0]["text"] for _ in range(2)}
+        seeded = _complete(s.url, prompt="My favourite animal is", max_tokens=12, temperature=1.5,
+                           seed=11).json()["choices"][0]["text"]
+        assert texts == {seeded}
+    finally:
+        s.close()
+
+
+# ---- 4. limits, content type, origins, hosts -------------------------------------------------------
+
+def test_a_body_over_the_limit_is_a_413(inproc: InProcess) -> None:
+    r = _complete(inproc.url, prompt="x" * 70_000)
+    assert r.status_code == 413 and "over the limit of 65,536 bytes" in r.json()["error"]["message"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        yield b'{"model": "smollm2:135m", "prompt": "'
+        for _ in range(100):
+            yield b"y" * 1000
+        yield b'"}'
+
+    r = httpx.post(f"{inproc.url}/v1/completions", content=chunks(), headers=JSON, timeout=30)
+    assert r.status_code == 413
+    _still_answers(inproc.url)
+
+
+def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(child: Server) -> None:
+    r = _complete(child.url, prompt="word " * 30_000)  # 150,000 characters for a 4,096-token window
+    assert r.status_code == 413 and "characters" in r.json()["error"]["message"]
+    r = httpx.post(f"{child.url}/api/chat", json={"model": MODEL, "stream": False, "messages": [
+        {"role": "user", "content": "word " * 30_000}]}, timeout=30)
+    assert r.status_code == 413
+
+
+def test_grammar_bounds_and_deep_nesting_are_400s_without_internals(child: Server) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 100000}}}
+    r = httpx.post(f"{child.url}/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    assert r.status_code == 400 and "minLength is 100,000" in r.json()["error"]["message"]
+    r = httpx.post(f"{child.url}/api/generate", timeout=30, json={"model": MODEL, "prompt": "x", "format": schema})
+    assert r.status_code == 400 and "minLength" in r.json()["error"]
+    for depth in (100, 100_000):
+        deep = b'{"model": "smollm2:135m", "prompt": "x", "a": ' + b"[" * depth + b"]" * depth + b"}"
+        r = httpx.post(f"{child.url}/v1/completions", content=deep, headers=JSON, timeout=30)
+        assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
+        assert "Recursion" not in r.text
+    _still_answers(child.url)
+
+
+def test_a_body_must_be_json(child: Server) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1})
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = httpx.post(f"{child.url}/v1/completions", content=body, headers={"Content-Type": kind}, timeout=30)
+        assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
+    r = httpx.post(f"{child.url}/api/generate", content=body, headers={"Content-Type": "text/plain"}, timeout=30)
+    assert r.status_code == 415 and "application/json" in r.json()["error"]
+    r = httpx.post(f"{child.url}/v1/completions", content=body,
+                   headers={"Content-Type": "application/json; charset=utf-8"}, timeout=30)
+    assert r.status_code == 200
+
+
+def test_foreign_origins_are_refused_and_loopback_pages_get_cors(child: Server) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    evil = {"Origin": "https://evil.example"}
+    r = httpx.post(f"{child.url}/v1/completions", json=body, headers=evil, timeout=30)
+    assert r.status_code == 403 and "--cors https://evil.example" in r.json()["error"]["message"]
+    r = httpx.options(f"{child.url}/v1/completions", headers={**evil, "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+    page = {"Origin": "http://localhost:5173"}
+    r = httpx.options(f"{child.url}/v1/completions", headers={
+        **page, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:5173"
+    r = httpx.post(f"{child.url}/v1/completions", json=body, headers=page, timeout=30)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:5173"
+    assert httpx.get(f"{child.url}/api/tags", headers=evil).status_code == 403, "reads are refused too"
+
+
+def test_cors_flag_and_env_widen_the_origins(cli_env: dict[str, str]) -> None:
+    s = Server({**cli_env, "LOCALGEN_ORIGINS": "https://a.example, https://*.b.example"}, "--cors",
+               "https://c.example", "--max-body", "1M")
+    try:
+        for origin, status in (("https://a.example", 200), ("https://x.b.example", 200), ("https://c.example", 200),
+                               ("https://d.example", 403)):
+            r = httpx.get(f"{s.url}/v1/models", headers={"Origin": origin}, timeout=30)
+            assert r.status_code == status, origin
+    finally:
+        assert s.stop() == 0
+
+
+def test_dns_rebinding_hosts_are_refused_on_loopback(child: Server) -> None:
+    for host, status in ((f"attacker.example:{child.port}", 403), (f"localhost:{child.port}", 200),
+                         (f"127.0.0.1:{child.port}", 200), (f"[::1]:{child.port}", 200),
+                         (f"app.localhost:{child.port}", 200)):
+        r = httpx.get(f"{child.url}/v1/models", headers={"Host": host}, timeout=30)
+        assert r.status_code == status, host
+    assert "DNS rebinding" in httpx.get(f"{child.url}/api/tags", headers={"Host": "rebind.example"}).json()["error"]
+
+
+# ---- 5. a non-streamed client that leaves ----------------------------------------------------------
+
+def test_a_non_streamed_request_is_cancelled_when_its_client_leaves(child: Server) -> None:
+    body = {"model": MODEL, "prompt": "Once", "max_tokens": 3000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{child.url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.5))
+    deadline = time.monotonic() + 5  # 3,000 tokens would take far longer than this
+    while child.health()["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert child.health()["running"] == 0, "generation stopped when the client left"
+    _still_answers(child.url)
+
+
+# ---- 10. keep_alive that is not a duration, and /api/ps ----------------------------------------------
+
+def test_keep_alive_inf_and_nan_are_400s_and_ps_still_answers(child: Server) -> None:
+    for value in (b"Infinity", b"NaN", b'"inf"', b"1e400"):
+        raw = b'{"model": "smollm2:135m", "prompt": "", "keep_alive": ' + value + b"}"
+        r = httpx.post(f"{child.url}/api/generate", content=raw, headers=JSON, timeout=30)
+        assert r.status_code == 400 and "finite" in r.json()["error"], value
+    r = httpx.post(f"{child.url}/api/generate", json={"model": MODEL, "prompt": "", "keep_alive": 1e300}, timeout=30)
+    assert r.status_code == 200
+    ps = httpx.get(f"{child.url}/api/ps", timeout=30)
+    assert ps.status_code == 200 and ps.json()["models"][0]["expires_at"].startswith(("2", "3"))
+    from localgen.engine.devices import has_gpu
+
+    vram = ps.json()["models"][0]["size_vram"]
+    assert vram > 50_000_000 if has_gpu() else vram == 0, "the weights on the GPU (none without one)"
+    httpx.post(f"{child.url}/api/generate", json={"model": MODEL, "prompt": "", "keep_alive": "5m"}, timeout=30)
