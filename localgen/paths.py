@@ -51,3 +51,29 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir(APP))
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only its owner can enter (0700), made if missing; chats, prompt states and the
+    log hold what people typed and read. One made before this rule is tightened too."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o700)
+    except OSError:  # not ours to change (a shared mount): the files are still 0600
+        pass
+    return path
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable (on filesystems that need it; a no-op where it cannot be done)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -10,9 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from localgen.errors import UsageError
+from localgen.text import checked as checked_text
 from localgen.types import SamplingParams
 
 INT, FLOAT, TEXTS, BIAS, BOOL = "int", "float", "texts", "bias", "bool"
+INT32 = 2**31 - 1  # llama.cpp takes these as C ints: larger values would wrap (top_k 2**32 became 0, "off")
+MAX_TEXTS, MAX_TEXT_CHARS = 64, 1000  # stop strings and DRY breakers: each is matched against every token
 
 
 @dataclass(frozen=True)
@@ -29,17 +32,17 @@ class Knob:
 
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("temperature", FLOAT, 0.0, 5.0, "Randomness; 0 is greedy."),
-    Knob("top_k", INT, 0, None, "Keep the K likeliest tokens; 0 off."),
+    Knob("top_k", INT, 0, INT32, "Keep the K likeliest tokens; 0 off."),
     Knob("top_p", FLOAT, 0.0, 1.0, "Nucleus sampling: smallest set with this probability mass; 1 off."),
     Knob("min_p", FLOAT, 0.0, 1.0, "Drop tokens below this fraction of the likeliest one's probability; 0 off."),
     Knob("typical_p", FLOAT, 0.0, 1.0, "Locally typical sampling; 1 off."),
     Knob("repeat_penalty", FLOAT, 0.0, 10.0, "Penalize tokens seen in the last --repeat-last-n; 1 off."),
-    Knob("repeat_last_n", INT, -1, None, "Window for the penalties; 0 off, -1 the whole context."),
+    Knob("repeat_last_n", INT, -1, INT32, "Window for the penalties; 0 off, -1 the whole context."),
     Knob("presence_penalty", FLOAT, -2.0, 2.0, "Flat penalty on tokens already present; 0 off."),
     Knob("frequency_penalty", FLOAT, -2.0, 2.0, "Penalty growing with each repeat; 0 off."),
     Knob("seed", INT, 0, 2**32 - 1, "Random seed: the same seed gives the same text (default: a new one each run).",
          nullable=True),
-    Knob("max_tokens", INT, -1, None, "Most tokens to generate; 0 none, -1 until the model stops or the context "
+    Knob("max_tokens", INT, -1, INT32, "Most tokens to generate; 0 none, -1 until the model stops or the context "
                                       "is full."),
     Knob("stop", TEXTS, help="Stop before this text (repeatable); it is never printed."),
     Knob("mirostat", INT, 0, 2, "Mirostat sampling: 1 or 2 (replaces top-k/p, min-p, typical, XTC); 0 off."),
@@ -47,8 +50,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("mirostat_ent", FLOAT, 0.0, 100.0, "Mirostat target entropy (tau)."),
     Knob("dry_multiplier", FLOAT, 0.0, 100.0, "DRY repetition penalty strength; 0 off."),
     Knob("dry_base", FLOAT, 1.0, 10.0, "DRY penalty base."),
-    Knob("dry_allowed_length", INT, 0, None, "DRY: repeats up to this length go unpenalized."),
-    Knob("dry_penalty_last_n", INT, -1, None, "DRY window in tokens; -1 the whole context, 0 off."),
+    Knob("dry_allowed_length", INT, 0, INT32, "DRY: repeats up to this length go unpenalized."),
+    Knob("dry_penalty_last_n", INT, -1, INT32, "DRY window in tokens; -1 the whole context, 0 off."),
     Knob("dry_sequence_breaker", TEXTS, help="DRY sequence breakers (repeatable; replaces the defaults; 'none' "
                                              "for none)."),
     Knob("xtc_probability", FLOAT, 0.0, 1.0, "XTC: chance of removing the top choices; 0 off."),
@@ -91,10 +94,14 @@ def check(name: str, value: Any) -> Any:
         return value
     if k.kind == TEXTS:
         if isinstance(value, str):  # OpenAI accepts one stop string as well as a list
-            return (value,) if value else ()
-        if isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
-            return tuple(x for x in value if x)
-        raise UsageError(f"{name} must be a string or a list of strings, not {value!r}")
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+            raise UsageError(f"{name} must be a string or a list of strings, not {str(value)[:80]!r}")
+        if len(value) > MAX_TEXTS or any(len(x) > MAX_TEXT_CHARS for x in value):
+            raise UsageError(f"{name}: at most {MAX_TEXTS} strings of at most {MAX_TEXT_CHARS} characters each")
+        for x in value:
+            checked_text(x, name)
+        return tuple(x for x in value if x)
     if k.kind == BIAS:
         return _check_bias(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -128,7 +135,7 @@ def _check_bias(value: Any) -> tuple[tuple[int, float], ...]:
         tok, bias = item
         if isinstance(tok, str) and tok.strip().isdigit():
             tok = int(tok)
-        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= INT32:
             raise UsageError(f"logit_bias: a token id must be a non-negative integer, not {tok!r}")
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias):
             raise UsageError(f"logit_bias: the bias of token {tok} must be a number, not {bias!r}")

@@ -91,11 +91,13 @@ def test_decode_groups_keep_exact_sequences_on_invariant_kernels() -> None:
     from types import SimpleNamespace
 
     from localgen.engine.batch import ParallelContext, Request, _Seq
+    from localgen.engine.sequence import Limit, SequenceDecoder
     from localgen.types import SamplingParams
 
     def seq(slot: int, temperature: float, pos: int = 10) -> _Seq:
-        s = _Seq(Request(slot, [1] * pos, SamplingParams(temperature=temperature)), slot, None, 0.0)
-        s.out = [7]
+        dec = SequenceDecoder(lambda t: b"x", lambda t: False, (), Limit(100, True))
+        s = _Seq(Request(slot, [1] * pos, SamplingParams(temperature=temperature)), slot, None, 0.0, dec)
+        dec.push(7)
         return s
 
     def pc(rows: int = 0, offloaded: bool = False, flash_attn: bool = True) -> SimpleNamespace:

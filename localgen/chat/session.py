@@ -32,13 +32,18 @@ def check_name(name: str) -> str:
 
 
 def new_name() -> str:
-    """A fresh name from the clock, e.g. chat-20261122-061502."""
+    """A fresh name from the clock, e.g. chat-20261122-061502 (claimed only at the first save: see save)."""
     base = time.strftime("chat-%Y%m%d-%H%M%S")
-    name, n = base, 1
+    name = base
     while (chats_dir() / f"{name}.json").exists():
-        n += 1
-        name = f"{base}-{n}"
+        name = _next_name(name)
     return name
+
+
+def _next_name(name: str) -> str:
+    """chat-...-061502 → chat-...-061502-2 → chat-...-061502-3."""
+    base, _, n = name.rpartition("-")
+    return f"{base}-{int(n) + 1}" if base.count("-") >= 2 and n.isdigit() and len(n) < 4 else f"{name}-2"
 
 
 @dataclass
@@ -53,6 +58,8 @@ class ChatSession:
     settings: dict[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    fresh: bool = False  # a new conversation: its first save claims the name, never overwriting another's
+    auto_named: bool = False  # the name came from the clock: if taken meanwhile, the next free one is used
 
     def conversation(self) -> list[Message]:
         """Messages as the template sees them, system prompt first."""
@@ -107,20 +114,41 @@ class ChatSession:
         }
 
     def save(self) -> Path:
-        """Write atomically: a temporary file, fsync, rename. A crash mid-write leaves the last save whole."""
+        """Write atomically: a temporary file (0600, in a 0700 folder), fsync, rename, fsync the folder. A
+        crash mid-write leaves the last save whole. A new conversation first claims its file (O_EXCL), so two
+        chats started in the same second never write over each other."""
         self.updated = time.time()
+        paths.private_dir(chats_dir())
+        if self.fresh:
+            self._claim()
         target = self.path
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with open(fd, "w", encoding="utf-8") as f:
                 json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
+            paths.fsync_dir(target.parent)
         finally:
             tmp.unlink(missing_ok=True)
         return target
+
+    def _claim(self) -> None:
+        """Create this conversation's file exclusively, taking the next free name if an automatic one was
+        taken meanwhile; a chosen name that was taken is an error, and nothing is overwritten."""
+        while True:
+            try:
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                if not self.auto_named:
+                    raise LocalgenError(f"a conversation named {self.name!r} was saved by another chat meanwhile",
+                                        hint="/save NAME keeps this one under another name") from None
+                self.name = _next_name(self.name)
+                continue
+            self.fresh = False
+            return
 
     @classmethod
     def load(cls, name: str) -> ChatSession:

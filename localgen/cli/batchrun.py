@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from localgen import settings
 from localgen.backend import Completion, Indexed
 from localgen.errors import UsageError
+from localgen.text import checked, problem
 from localgen.types import GenerationRequest, SamplingParams
 
 
@@ -41,6 +42,10 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
             yield _Line(number, None, system, base)
             continue
         if not line.lstrip().startswith("{"):
+            why = problem(line)
+            if why is not None:
+                yield _Line(number, None, system, base, error=f"the line is not valid UTF-8 text: {why}")
+                continue
             yield _Line(number, "\n\n".join(p for p in (line, instruction) if p), system, base)
             continue
         try:
@@ -49,6 +54,9 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
                 raise UsageError('needs a "prompt" string')
             if "system" in obj and not isinstance(obj["system"], (str, type(None))):
                 raise UsageError('"system" must be a string')
+            checked(obj["prompt"], '"prompt"')
+            if obj.get("system") is not None:
+                checked(obj["system"], '"system"')
             knobs = {k: v for k, v in obj.items() if k not in ("prompt", "system", "id")}
             sampling = settings.apply(base, knobs)
             text = "\n\n".join(p for p in (obj["prompt"], instruction) if p)
@@ -98,7 +106,7 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
                 flush()
                 continue
             seed = ln.sampling.seed if ln.sampling.seed is not None else (
-                base.seed + ln.number - 1 if base.seed is not None else new_seed())
+                (base.seed + ln.number - 1) % 2**32 if base.seed is not None else new_seed())
             sampling = dataclasses.replace(ln.sampling, seed=seed)
             if raw:
                 req = GenerationRequest(prompt=ln.prompt, sampling=sampling, logprobs=logprobs,

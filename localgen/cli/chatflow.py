@@ -13,6 +13,7 @@ from localgen.cli import options as o
 from localgen.cli.chatturn import restore_state, stream
 from localgen.cli.output import ErrWriter
 from localgen.errors import LocalgenError, UsageError
+from localgen.text import checked
 
 
 @dataclass
@@ -113,11 +114,12 @@ def _open_session(f: o.Flags) -> Any:
             raise UsageError(f"a conversation named {f.name!r} exists", hint=f"continue it with --resume {f.name}")
         from localgen.models.embedded import DEFAULT_MODEL
 
-        session = sessions.ChatSession(name=f.name or sessions.new_name(), model=f.model or DEFAULT_MODEL)
+        session = sessions.ChatSession(name=f.name or sessions.new_name(), model=f.model or DEFAULT_MODEL,
+                                       fresh=True, auto_named=not f.name)
     if f.model:
         session.model = f.model
     if f.system is not None:
-        session.system = f.system
+        session.system = checked(f.system, "--system")
     return session
 
 
@@ -207,7 +209,7 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
         if view.attachments:
             text = "\n\n".join([*view.attachments, text])
             view.attachments.clear()
-        gen, first = runner.start(text)
+        gen, first = runner.start(checked(text, "the message"))
     except LocalgenError as e:
         if not view.interactive:
             raise

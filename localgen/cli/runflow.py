@@ -15,6 +15,7 @@ import typer
 from localgen.cli import options as o
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.errors import UsageError
+from localgen.text import checked
 from localgen.types import GenerationRequest, SamplingParams
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ def check(f: o.Flags) -> RunPlan:
         raise UsageError("--grammar, --json-schema and --json-schema-file cannot be combined")
     if f.raw and f.system:
         raise UsageError("--system needs the chat template; it cannot be combined with --raw")
+    if f.system:
+        checked(f.system, "--system")
     if f.draft and f.lookup:
         raise UsageError("--draft and --lookup cannot be combined")
     if f.beams and (f.draft or f.lookup or schemas):
@@ -302,6 +305,8 @@ def _prompt_parts(f: o.Flags) -> list[str]:
     if question is None and not piped and len(documents) == 1:
         return [_read_text(documents[0])]
     parts = [*(f"{d.name}:\n\n{_read_text(d)}" for d in documents)]
+    if question is not None:
+        checked(question, "the prompt")
     parts += [p for p in (piped, question) if p]
     if not parts:
         raise UsageError("no prompt: give it as an argument or with -p, or pipe text on stdin")
@@ -320,11 +325,12 @@ def _read_stdin() -> str:
     if stdin is None or stdin.closed or stdin.isatty():
         return ""
     try:
-        return stdin.read().strip("\n")
-    except (OSError, ValueError):
-        return ""
+        text = stdin.read().strip("\n")
     except UnicodeDecodeError:
         raise UsageError("stdin is not UTF-8 text") from None
+    except (OSError, ValueError):
+        return ""
+    return checked(text, "stdin")
 
 
 def _grammar(f: o.Flags) -> tuple[str | None, str | None]:

@@ -117,6 +117,8 @@ def _save(runner: Any, view: Any, arg: str) -> None:
         if answer.strip().lower() not in ("y", "yes"):
             view.info("not saved")
             return
+    if name != runner.session.name:  # a new file is claimed; one the user agreed to overwrite is not
+        runner.session.fresh, runner.session.auto_named = not target.exists(), False
     runner.session.name = name
     view.info(f"saved to {runner.session.save()}")
 

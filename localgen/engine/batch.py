@@ -6,17 +6,16 @@ temperature 0 each output is what the prompt gives alone."""
 
 from __future__ import annotations
 
-import codecs
 import heapq
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
 from localgen.engine import logs
-from localgen.engine.stops import StopMatcher
+from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import LocalgenError
 from localgen.types import KV_CACHE_TYPES, SamplingParams
 
@@ -47,21 +46,16 @@ class _Seq:
     slot: int
     sampler: Any
     started: float
+    dec: SequenceDecoder  # tokens → text, stops, limits, finish reason (engine/sequence.py)
     pending: int | None = None  # sampled, not yet fed
-    out: list[int] = field(default_factory=list)
-    text: str = ""
-    decoder: Any = None
-    stops: Any = None
     first: float | None = None
-    logprobs: list[Any] = field(default_factory=list)
-    emitted: int = 0  # characters of text passed to on_text
     cached: int = 0  # prompt tokens the slot's KV cache already held
     prefilled: float = 0.0  # when the prompt was evaluated
 
     @property
     def next_pos(self) -> int:
         """The position of the token fed next (the last sampled one)."""
-        return len(self.req.tokens) + len(self.out) - 1
+        return len(self.req.tokens) + len(self.dec.tokens) - 1
 
 
 def _is_exact(req: Request, exact: bool | None) -> bool:
@@ -212,9 +206,9 @@ class ParallelContext:
                                0.0, 0.0, req.seed))
             return
         slot, keep = self._pick_slot(free, req.tokens, continuation_only) if reuse else (heapq.heappop(free), 0)
-        seq = _Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(),
-                   decoder=codecs.getincrementaldecoder("utf-8")(errors="replace"),
-                   stops=StopMatcher(req.sampling.stop), cached=keep)
+        dec = SequenceDecoder.for_request(self.engine.piece, self.engine.is_eog, req.sampling, len(req.tokens),
+                                          self.n_ctx_seq)
+        seq = _Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(), dec, cached=keep)
         active[slot] = seq
         self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), slot, keep, -1)
         self.held[slot] = list(req.tokens)
@@ -300,50 +294,34 @@ class ParallelContext:
         if seq.req.logprobs is not None:
             from localgen.engine.generate import token_logprob
 
-            seq.logprobs.append(token_logprob(self._logits(i), self.engine.piece, tok, seq.req.logprobs))
+            seq.dec.logprobs.append(token_logprob(self._logits(i), self.engine.piece, tok, seq.req.logprobs))
         if seq.first is None:
             seq.first = time.perf_counter()
         reason = self._step(seq, tok)
-        if reason == "eos":
-            del seq.logprobs[len(seq.out):]  # the end token is not part of the answer
         if reason is not None or should_stop():
             self._finish(seq, reason or "cancelled", active, free, on_done)
 
     def _step(self, seq: _Seq, tok: int) -> str | None:
         """Record a sampled token; the finish reason if the sequence is done."""
-        s = seq.req.sampling
-        if not s.ignore_eos and self.lc.llama_vocab_is_eog(self.vocab, tok):
-            return "eos"
-        seq.out.append(tok)
-        if len(seq.out) > 1:
-            self.held[seq.slot].append(seq.out[-2])  # fed at the step that sampled this one
-        seq.text += seq.decoder.decode(self.engine.piece(tok))
-        hit = seq.stops.find(seq.text)
-        if hit is not None:
-            seq.text = seq.text[:hit]
-            return "stop"
-        if seq.req.on_text is not None:
-            safe = seq.stops.safe(seq.text)
-            if safe > seq.emitted:
-                seq.req.on_text(seq.text[seq.emitted:safe])
-                seq.emitted = safe
-        if s.max_tokens > 0 and len(seq.out) >= s.max_tokens:
-            return "length"
-        if len(seq.req.tokens) + len(seq.out) >= self.n_ctx_seq:
-            return "context"
-        seq.pending = tok
-        return None
+        dec = seq.dec
+        text = dec.push(tok)
+        if dec.reason != "eos" and len(dec.tokens) > 1:
+            self.held[seq.slot].append(dec.tokens[-2])  # fed at the step that sampled this one
+        if text and seq.req.on_text is not None:
+            seq.req.on_text(text)
+        if dec.reason is None:
+            seq.pending = tok
+        return dec.reason
 
     def _finish(self, seq: _Seq, reason: str, active: dict[int, _Seq], free: list[int],
                 on_done: Callable[[Completion], None]) -> None:
-        if reason != "stop":
-            seq.text += seq.decoder.decode(b"", final=True)
-        if seq.req.on_text is not None and len(seq.text) > seq.emitted:
-            seq.req.on_text(seq.text[seq.emitted:])
-            seq.emitted = len(seq.text)
+        dec = seq.dec
+        tail = dec.end("cancelled" if reason == "cancelled" else dec.limit.reason)
+        if tail and seq.req.on_text is not None:
+            seq.req.on_text(tail)
         now = time.perf_counter()
-        on_done(Completion(seq.req.index, seq.text, reason, len(seq.req.tokens), len(seq.out),
-                           (seq.first or now) - seq.started, now - seq.started, seq.req.seed, seq.logprobs,
+        on_done(Completion(seq.req.index, dec.text, dec.reason or reason, len(seq.req.tokens), len(dec.tokens),
+                           (seq.first or now) - seq.started, now - seq.started, seq.req.seed, dec.logprobs,
                            cached_tokens=seq.cached, prompt_s=seq.prefilled - seq.started,
                            decode_s=now - seq.prefilled))
         self.lc.llama_sampler_free(seq.sampler)

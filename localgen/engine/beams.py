@@ -5,12 +5,11 @@ logprob / length ** length_penalty. With one beam it is exactly greedy decoding.
 
 from __future__ import annotations
 
-import codecs
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localgen.engine.stops import cut
+from localgen.engine.sequence import decode_all
 from localgen.errors import ContextOverflowError, LocalgenError
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ def search(engine: Engine, prompt: list[int], n_beams: int, max_new: int, length
     # Early stopping: once N hypotheses have ended, unfinished ones are not ranked with them.
     finals = done if len(done) >= n_beams else done + live
     for h in finals:
-        h.text, stopped = cut(_text(engine, h.tokens), stop)
+        h.text, stopped = decode_all(engine.piece, h.tokens, stop)
         if stopped:
             h.finish_reason = "stop"
         h.score = h.logprob / max(1, len(h.tokens)) ** length_penalty
@@ -117,7 +116,7 @@ def _steps(engine: Engine, pc: ParallelContext, n_prompt: int, row: int, n_beams
             break
         _decode(lc, ctx, pc.batch)
         decoded += len(live)
-        if stop and all(cut(_text(engine, h.tokens), stop)[1] for h, _s, _r in live):
+        if stop and all(decode_all(engine.piece, h.tokens, stop)[1] for h, _s, _r in live):
             break
     return [h for h, _s, _r in live], done, decoded
 
@@ -141,8 +140,3 @@ def _candidates(pc: ParallelContext, live: list[tuple[Hypothesis, int, int]],
 def _decode(lc: Any, ctx: Any, batch: Any) -> None:
     if lc.llama_decode(ctx, batch) != 0:
         raise LocalgenError("llama_decode failed during beam search", hint="fewer --beams or a larger --ctx")
-
-
-def _text(engine: Engine, tokens: list[int]) -> str:
-    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    return "".join(dec.decode(engine.piece(t)) for t in tokens) + dec.decode(b"", final=True)

@@ -4,32 +4,16 @@ until they are known not to be one, and stats at the end."""
 
 from __future__ import annotations
 
-import codecs
 import random
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localgen.engine.stops import StopMatcher
+from localgen.engine.sequence import SequenceDecoder
 from localgen.types import Chunk, FinishReason, SamplingParams, Stats, TokenLogprob
 
 if TYPE_CHECKING:
     from localgen.engine.decoding import DecodingEngine
-
-
-@dataclass(frozen=True)
-class _Limit:
-    tokens: int  # most tokens to generate
-    by_request: bool  # the request's max_tokens (finish "length"), not the window (finish "context")
-
-
-def limit_for(s: SamplingParams, prompt_len: int, n_ctx: int) -> _Limit:
-    """How many tokens may be generated: max_tokens (0: none, -1: no limit), within the window."""
-    room = max(0, n_ctx - prompt_len)
-    if s.max_tokens >= 0 and s.max_tokens <= room:
-        return _Limit(s.max_tokens, True)
-    return _Limit(room, False)
 
 
 class Generation:
@@ -42,9 +26,7 @@ class Generation:
         self.prompt = tokens
         self.seed = sampling.seed if sampling.seed is not None else random.getrandbits(31)
         self.sampling = sampling
-        self.text = ""
-        self.tokens: list[int] = []
-        self.logprobs: list[TokenLogprob] = []
+        self.seq = SequenceDecoder.for_request(engine.piece, engine.is_eog, sampling, len(tokens), engine.n_ctx)
         self.finish_reason: FinishReason | None = None
         self.stats: Stats | None = None
         self._cancel = False
@@ -58,6 +40,21 @@ class Generation:
 
     def __iter__(self) -> Iterator[Chunk]:
         return self._iter
+
+    @property
+    def text(self) -> str:
+        """The answer so far (all of it once the stream has ended)."""
+        return self.seq.text
+
+    @property
+    def tokens(self) -> list[int]:
+        """The answer's tokens so far."""
+        return self.seq.tokens
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        """One per answer token, when asked for."""
+        return self.seq.logprobs
 
     def cancel(self) -> None:
         """Stop after the token being decoded; the text so far is kept."""
@@ -94,60 +91,37 @@ class Generation:
             self.logprobs.append(token_logprob(eng.logits(row), eng.piece, token, self.n_logprobs))
 
     def _run(self) -> Iterator[Chunk]:
-        eng, s = self.engine, self.sampling
+        eng, seq = self.engine, self.seq
         cached = eng.cached_prefix(self.prompt)
         eng.reset_perf()
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stops = StopMatcher(s.stop)
-        emitted = 0
         t0 = self._started if self._started is not None else time.perf_counter()
         t_first: float | None = None
         t_last: float | None = None
-        limit = limit_for(s, len(self.prompt), eng.n_ctx)
-        reason: FinishReason = "length" if limit.by_request else "context"
         finished = False
-        gen = self._tokens() if limit.tokens > 0 else _no_tokens()
+        gen = self._tokens() if seq.limit.tokens > 0 else _no_tokens()
         try:
             try:
                 for token in gen:
                     t_last = time.perf_counter()
                     if t_first is None:
                         t_first = t_last
-                    if eng.is_eog(token) and not s.ignore_eos:
-                        reason = "eos"
-                        del self.logprobs[len(self.tokens):]  # the end token is not part of the answer
-                        break
-                    self.tokens.append(token)
-                    self.text += decoder.decode(eng.piece(token))
-                    hit = stops.find(self.text)
-                    if hit is not None:
-                        self.text = self.text[:hit]
-                        reason = "stop"
-                        if hit > emitted:
-                            yield Chunk(self.text[emitted:], len(self.tokens))
-                        emitted = len(self.text)
-                        break
-                    safe = stops.safe(self.text)
-                    if safe > emitted:
-                        yield Chunk(self.text[emitted:safe], len(self.tokens))
-                        emitted = safe
-                    if self._cancel:
-                        reason = "cancelled"
-                        break
-                    if len(self.tokens) >= limit.tokens:
-                        reason = "length" if limit.by_request else "context"
+                    text = seq.push(token)
+                    if text:
+                        yield Chunk(text, len(seq.tokens))
+                    if seq.reason is None and self._cancel:  # asked while the chunk was out
+                        text = seq.end("cancelled")
+                        if text:
+                            yield Chunk(text, len(seq.tokens))
+                    if seq.reason is not None:
                         break
             finally:
                 gen.close()
-            if reason != "stop":
-                # flush held-back text that turned out not to start a stop sequence
-                self.text += decoder.decode(b"", final=True)
-                if len(self.text) > emitted:
-                    tail, emitted = self.text[emitted:], len(self.text)
-                    yield Chunk(tail, len(self.tokens))
+            text = seq.end(seq.limit.reason)  # no token at all (a limit of 0)
+            if text:
+                yield Chunk(text, len(seq.tokens))
             finished = True
         finally:
-            self.finish_reason = reason if finished else "cancelled"
+            self.finish_reason = seq.reason if finished and seq.reason is not None else "cancelled"
             self.stats = self._stats(t0, t_first, t_last, cached)
 
     def _stats(self, t0: float, t_first: float | None, t_last: float | None, cached: int) -> Stats:

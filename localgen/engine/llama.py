@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from localgen import hardware
+from localgen import hardware, paths
 from localgen.engine import logs
 from localgen.engine.lib import common_prefix, default_repack, init_numa, lib
 from localgen.engine.template import ChatTemplate
@@ -318,13 +318,16 @@ class Engine(Vocabulary):
         """Write the context's KV state and its tokens atomically; returns the file size."""
         lc = self.lib
         tokens = self._held
-        path.parent.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(path.parent)  # a state holds the text of its prompt
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         arr = (lc.llama_token * max(1, len(tokens)))(*tokens)
         try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))  # llama.cpp keeps the mode
             if not lc.llama_state_save_file(self.ctx, os.fsencode(tmp), arr, len(tokens)):
                 raise OSError(f"llama.cpp could not write {tmp}")
+            os.chmod(tmp, 0o600)
             os.replace(tmp, path)
+            paths.fsync_dir(path.parent)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()

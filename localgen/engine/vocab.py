@@ -8,6 +8,7 @@ from typing import Any
 
 from localgen.engine.template import ChatTemplate
 from localgen.errors import TemplateError
+from localgen.text import problem
 from localgen.types import ModelRef
 
 
@@ -25,7 +26,10 @@ class Vocabulary:
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         """Text to tokens; special-token text such as <|im_end|> becomes the control token."""
         lc = self.lib
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # the input boundary refuses these; never a traceback from here either
+            raise TemplateError(f"the text is not valid UTF-8: {problem(text)}") from None
         cap = len(data) + 8
         while True:
             arr = (lc.llama_token * cap)()

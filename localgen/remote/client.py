@@ -10,6 +10,7 @@ no usage chunk, an error event mid-stream. 429 and 503 before the answer starts 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import threading
@@ -226,30 +227,35 @@ class RemoteClient:
             yield from self._whole(_json(response.text, where), gen)
             return
         finished = False
-        event = "message"
+        event, data = "message", list[str]()  # one SSE event: its type and its data lines (joined by "\n")
         try:
-            for line in response.iter_lines():
-                if not line or line.startswith(":"):  # keep-alive comments, event separators
-                    if not line:
-                        event = "message"
+            # a stream that ends without a blank line still ends its last event
+            for line in itertools.chain(response.iter_lines(), [""]):
+                if not line:
+                    if data:
+                        text, kind = "\n".join(data), event
+                        event, data = "message", []
+                        if text.strip() == "[DONE]":
+                            finished = True
+                            break
+                        doc = _json(text, where)
+                        if kind == "error" or "error" in doc:
+                            raise RemoteError(f"{where} reported an error mid-answer: {_error_text(doc)}",
+                                              partial=gen.n > 0)
+                        for piece, finish in self._chunk(doc, gen):
+                            finished = finished or finish is not None
+                            yield piece, finish
+                    event = "message"
+                    continue
+                if line.startswith(":"):  # keep-alive comments
                     continue
                 field, _, value = line.partition(":")
                 value = value[1:] if value.startswith(" ") else value
                 if field == "event":
                     event = value
-                    continue
-                if field != "data":
-                    continue  # id:, retry: and unknown fields are ignored, as the SSE spec says
-                if value.strip() == "[DONE]":
-                    finished = True
-                    break
-                doc = _json(value, where)
-                if event == "error" or "error" in doc:
-                    raise RemoteError(f"{where} reported an error mid-answer: {_error_text(doc)}",
-                                      partial=gen.n > 0)
-                for piece, finish in self._chunk(doc, gen):
-                    finished = finished or finish is not None
-                    yield piece, finish
+                elif field == "data":
+                    data.append(value)
+                # id:, retry: and unknown fields are ignored, as the SSE spec says
         except httpx.HTTPError as e:
             raise RemoteError(f"the stream from {where} broke after {gen.n} pieces ({type(e).__name__}: {e})"
                               + ("; the answer is partial" if gen.n else ""), down=True, partial=gen.n > 0) from None

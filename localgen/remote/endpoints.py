@@ -47,12 +47,24 @@ def base_url(url: str) -> str:
     a path (`https://api.example.com/openai/v1`) is taken as it is."""
     text = url.strip()
     parts = urlsplit(text)
+    shown = redacted(text)
+    if "@" in parts.netloc:  # it would end up in errors, --json and the bench history
+        raise UsageError(f"--endpoint URLs may not carry credentials ({shown})",
+                         hint="put the key in an environment variable and name it with --api-key-env NAME")
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"--endpoint needs an http:// or https:// URL, not {url!r}")
+        raise UsageError(f"--endpoint needs an http:// or https:// URL, not {shown!r}")
     if parts.query or parts.fragment:
-        raise UsageError(f"--endpoint takes a base URL without ?query or #fragment: {url!r}")
+        raise UsageError(f"--endpoint takes a base URL without ?query or #fragment: {shown!r}")
     path = parts.path.rstrip("/")
     return f"{parts.scheme}://{parts.netloc}{path or '/v1'}"
+
+
+def redacted(url: str) -> str:
+    """The URL with any user:password@ replaced by ***@, for messages."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
 
 
 def read_key(env_name: str | None) -> str | None:
@@ -90,7 +102,11 @@ def named() -> dict[str, Endpoint]:
             raise UsageError(f"{path}: [{name}] models must be a list of strings")
         if key_env is not None and not isinstance(key_env, str):
             raise UsageError(f"{path}: [{name}] api_key_env must be a variable name")
-        out[name] = Endpoint(base_url(table["url"]), read_key(key_env), name, tuple(models))
+        try:
+            url = base_url(table["url"])
+        except UsageError as e:
+            raise UsageError(f"{path}: [{name}] {e.message}", hint=e.hint) from None
+        out[name] = Endpoint(url, read_key(key_env), name, tuple(models))
     return out
 
 
