@@ -121,3 +121,17 @@ def bad_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> 
     for name, change in edits.items():
         out[name] = rewrite_strings(smollm2_path, d / f"{name}.gguf", change)
     return out
+
+
+def assert_same_greedy_text(got: list[str], want: list[str], why: str) -> None:
+    """Greedy answers from two kernel paths (RPC against local, one server against another, drafts checked
+    in batches against one token at a time) are bit-identical on the CPU build, where every one of those
+    paths computes a row with the same kernels. A GPU's kernels change with the batch's shape and with where
+    the layers sit, and a near tie can then go the other way: there the answers must still all be there,
+    but need not match to the bit."""
+    from localgen.engine.devices import has_gpu
+
+    if has_gpu():
+        assert len(got) == len(want) and all(got), why
+    else:
+        assert got == want, why

@@ -41,6 +41,7 @@ class FakeServer:
     - redirect: 307 to `redirect_to`
     - html: a 200 text/html page (a wrong URL)
     - slow: "tick " every 50 ms, 200 times
+    - multiline: one event's JSON split over many `data:` lines (the SSE spec joins them with newlines)
     """
 
     def __init__(self, redirect_to: str = "") -> None:
@@ -98,6 +99,11 @@ class FakeServer:
                 for _ in range(200):
                     yield _chunk("tick ")
                     await asyncio.sleep(0.05)
+            if model == "multiline":
+                doc = json.dumps({"id": "x", "object": "chat.completion.chunk", "choices": [
+                    {"index": 0, "delta": {"content": "Hello world"}, "finish_reason": "stop"}]}, indent=1)
+                yield "".join(f"data:{line}\n" for line in doc.splitlines()) + "\ndata: [DONE]\n\n"
+                return
             if model == "garbage":
                 yield "data: <<not json>>\n\n"
                 return

@@ -69,6 +69,7 @@ class FakeHub:
     repos: dict[str, HubRepo] = field(default_factory=dict)
     drop_after: dict[str, list[int]] = field(default_factory=dict)  # file -> byte offsets to drop at, used once each
     fail_statuses: list[int] = field(default_factory=list)  # next API/resolve answers, used once each
+    fail_downloads: list[int] = field(default_factory=list)  # next file GETs (the download loop), used once each
     delay_per_mb: float = 0.0
     sent: dict[str, int] = field(default_factory=dict)  # file -> bytes sent in total
     requests: list[str] = field(default_factory=list)
@@ -88,6 +89,7 @@ class FakeHub:
             self.repos.clear()
             self.drop_after.clear()
             self.fail_statuses.clear()
+            self.fail_downloads.clear()
             self.delay_per_mb = 0.0
             self.sent.clear()
             self.requests.clear()
@@ -203,6 +205,11 @@ def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
                 self.send_header("X-Linked-Size", str(f.size))
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            with hub.lock:
+                failure = hub.fail_downloads.pop(0) if self.command == "GET" and hub.fail_downloads else None
+            if failure:
+                self._error(failure, None, f"injected {failure} into the download")
                 return
             start, end = 0, f.size
             rng = self.headers.get("Range")

@@ -227,10 +227,16 @@ def test_hub_errors_are_one_line(env: dict[str, str], hub: hub_server.FakeHub, s
     assert needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
-def test_transient_5xx_is_retried(env: dict[str, str], hub: hub_server.FakeHub) -> None:
-    hub.fail_statuses.extend([503, 502])
+def test_transient_5xx_is_retried(env: dict[str, str], hub: hub_server.FakeHub,
+                                  model_file: hub_server.HubFile) -> None:
+    hub.fail_statuses.append(503)  # the listing
+    hub.fail_downloads.extend([503, 502])  # the file's own download loop, twice
     r = lg(env, "pull", f"{REPO}:Q4_1")
     assert r.returncode == 0, r.stderr
+    gets = [q for q in hub.requests if q.startswith("GET") and FILE in q]
+    assert len(gets) == 3, gets
+    assert "HTTP 503; retrying" in r.stderr and "HTTP 502; retrying" in r.stderr
+    assert hub.sent[FILE] == model_file.size, "the file came whole after the failures"
 
 
 def test_two_pulls_at_once_leave_one_good_copy(env: dict[str, str], hub: hub_server.FakeHub,
@@ -470,8 +476,3 @@ def test_gated_repo_in_pull_list_names_hf_token(env: dict[str, str], hub: hub_se
     r = lg(env, "pull", REPO, "--list")
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "gated" in r.stderr and "HF_TOKEN" in r.stderr
-
-
-def test_the_models_layer_uses_a_portable_lock() -> None:
-    source = (ROOT / "localgen" / "models" / "download.py").read_text()
-    assert "fcntl" not in source and "from filelock import FileLock" in source

@@ -380,3 +380,17 @@ def test_keep_alive_inf_and_nan_are_400s_and_ps_still_answers(child: Server) -> 
     vram = ps.json()["models"][0]["size_vram"]
     assert vram > 50_000_000 if has_gpu() else vram == 0, "the weights on the GPU (none without one)"
     httpx.post(f"{child.url}/api/generate", json={"model": MODEL, "prompt": "", "keep_alive": "5m"}, timeout=30)
+
+
+# ---- the hostile-client script, as the README tells people to run it -------------------------------
+
+def test_the_hostile_client_script_passes(cli_env: dict[str, str]) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "hostile_serve.py")], env=cli_env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "12 of 12 checks held" in r.stdout and "FAIL" not in r.stdout

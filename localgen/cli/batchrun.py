@@ -32,6 +32,7 @@ class _Line:
     ident: Any = None
     error: str | None = None
     previous: str | None = None  # --resume-from: the earlier output line ("" when it is already in the file)
+    seeded: bool = False  # the JSON line has a "seed" of its own
 
 
 def parse(source: TextIO, instruction: str | None, system: str | None, base: SamplingParams) -> Iterator[_Line]:
@@ -60,7 +61,7 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
             knobs = {k: v for k, v in obj.items() if k not in ("prompt", "system", "id")}
             sampling = settings.apply(base, knobs)
             text = "\n\n".join(p for p in (obj["prompt"], instruction) if p)
-            yield _Line(number, text, obj.get("system", system), sampling, obj.get("id"))
+            yield _Line(number, text, obj.get("system", system), sampling, obj.get("id"), seeded="seed" in knobs)
         except (ValueError, UsageError) as e:
             msg = e.message if isinstance(e, UsageError) else str(e)
             yield _Line(number, None, system, base, error=f"bad JSON line: {msg}")
@@ -105,8 +106,10 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
                 ready[ln.number] = (ln, None)
                 flush()
                 continue
-            seed = ln.sampling.seed if ln.sampling.seed is not None else (
-                (base.seed + ln.number - 1) % 2**32 if base.seed is not None else new_seed())
+            if ln.seeded:  # the line's own seed (null: a fresh one)
+                seed = ln.sampling.seed if ln.sampling.seed is not None else new_seed()
+            else:  # --seed + line - 1, within the seed's range; without --seed a fresh one
+                seed = (base.seed + ln.number - 1) % 2**32 if base.seed is not None else new_seed()
             sampling = dataclasses.replace(ln.sampling, seed=seed)
             if raw:
                 req = GenerationRequest(prompt=ln.prompt, sampling=sampling, logprobs=logprobs,

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""A hostile client for `localgen serve`: bad Unicode, a huge body, deep nesting, the wrong content type, a
+foreign Origin and Host, disconnects (streamed and not), an unload mid-stream, a slow reader, and a crowd of
+concurrent connections against a small queue. Each check prints PASS or FAIL; the last one asks the model
+for an answer, which must still come. Exits 1 if any check failed.
+
+    scripts/hostile_serve.py                      # starts `localgen serve -np 2 --max-queue 8` itself
+    scripts/hostile_serve.py --url http://127.0.0.1:11435 --max-queue 8 --slots 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+JSON = {"Content-Type": "application/json"}
+
+
+class Checks:
+    def __init__(self, url: str, model: str, key: str | None) -> None:
+        self.url, self.model = url, model
+        self.auth = {"Authorization": f"Bearer {key}"} if key else {}
+        self.failed: list[str] = []
+
+    def check(self, name: str, fn: Callable[[], str | None]) -> None:
+        t0 = time.perf_counter()
+        try:
+            problem = fn()
+        except Exception as e:  # a check that blew up failed, whatever the reason
+            problem = f"{type(e).__name__}: {e}"
+        took = time.perf_counter() - t0
+        print(f"{'PASS' if problem is None else 'FAIL'}  {name:44} {took:6.2f} s" + (f"  {problem}" if problem else ""),
+              flush=True)
+        if problem is not None:
+            self.failed.append(name)
+
+    def post(self, path: str, content: bytes | None = None, headers: dict[str, str] | None = None,
+             timeout: float = 60, **body: object) -> httpx.Response:
+        data = content if content is not None else json.dumps({"model": self.model, **body}).encode()
+        return httpx.post(self.url + path, content=data, headers={**JSON, **self.auth, **(headers or {})},
+                          timeout=timeout)
+
+    def health(self) -> dict[str, object]:
+        doc = httpx.get(f"{self.url}/health", timeout=10).json()
+        return dict(doc["models"][self.model] if self.model in doc["models"] else next(iter(doc["models"].values())))
+
+    def idle_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if not self.health()["running"]:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def answers(self) -> str | None:
+        r = self.post("/v1/completions", prompt="The capital of France is", max_tokens=4, temperature=0)
+        if r.status_code != 200:
+            return f"{r.status_code}: {r.text[:200]}"
+        return None if httpx.get(f"{self.url}/health", timeout=10).json()["status"] == "ok" else "health not ok"
+
+    # ---- the checks ---------------------------------------------------------------------------------
+
+    def bad_unicode(self) -> str | None:
+        raw = json.dumps({"model": self.model, "prompt": "x", "max_tokens": 2}).replace('"x"', '"hi \\ud800"')
+        r = self.post("/v1/completions", content=raw.encode())
+        return None if r.status_code == 400 else f"status {r.status_code}"
+
+    def huge_body(self) -> str | None:
+        r = self.post("/v1/completions", prompt="x" * (64 << 20), max_tokens=1)
+        return None if r.status_code == 413 else f"status {r.status_code}"
+
+    def deep_nesting(self) -> str | None:
+        raw = b'{"model": "m", "prompt": "x", "a": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+        r = self.post("/v1/completions", content=raw)
+        if r.status_code != 400:
+            return f"status {r.status_code}"
+        return "internals in the error body" if "Error" in r.text or "Traceback" in r.text else None
+
+    def wrong_content_type(self) -> str | None:
+        body = json.dumps({"model": self.model, "prompt": "x", "max_tokens": 1}).encode()
+        r = self.post("/v1/completions", content=body, headers={"Content-Type": "text/plain"})
+        return None if r.status_code == 415 else f"status {r.status_code}"
+
+    def foreign_origin(self) -> str | None:
+        r = self.post("/v1/completions", headers={"Origin": "https://evil.example"}, prompt="x", max_tokens=1)
+        pre = httpx.options(f"{self.url}/v1/completions", headers={"Origin": "https://evil.example",
+                                                                    "Access-Control-Request-Method": "POST"})
+        return None if r.status_code == 403 and pre.status_code == 403 else f"status {r.status_code}/{pre.status_code}"
+
+    def rebinding_host(self) -> str | None:
+        r = httpx.get(f"{self.url}/v1/models", headers={**self.auth, "Host": "attacker.example"}, timeout=10)
+        return None if r.status_code == 403 else f"status {r.status_code} (fine if serving off loopback)"
+
+    def disconnect_mid_stream(self) -> str | None:
+        body = {"model": self.model, "prompt": "Once", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{self.url}/v1/completions", json=body, headers=self.auth, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    break
+        return None if self.idle_within(5) else "still generating 5 s after the client left"
+
+    def disconnect_non_streamed(self) -> str | None:
+        try:
+            self.post("/v1/completions", timeout=1.5, prompt="Once", max_tokens=4000, ignore_eos=True)
+            return "answered before the client gave up"
+        except httpx.TimeoutException:
+            pass
+        return None if self.idle_within(5) else "still generating 5 s after the client left"
+
+    def unload_mid_stream(self) -> str | None:
+        got: dict[str, list[str]] = {}
+
+        def stream() -> None:
+            body = {"model": self.model, "prompt": "Once", "max_tokens": 150, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", f"{self.url}/v1/completions", json=body, headers=self.auth, timeout=120) as r:
+                got["lines"] = [ln for ln in r.iter_lines() if ln.startswith("data:")]
+
+        t = threading.Thread(target=stream)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not self.health()["running"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        r = self.post("/api/generate", prompt="", keep_alive=0)
+        t.join(120)
+        self.post("/api/generate", prompt="", keep_alive="5m")  # loaded again, for the rest
+        if r.status_code != 200:
+            return f"unload answered {r.status_code}"
+        lines = got.get("lines", [])
+        return None if lines and lines[-1] == "data: [DONE]" else "the stream did not finish"
+
+    def slow_reader(self) -> str | None:
+        body = {"model": self.model, "prompt": "Once", "max_tokens": 64, "ignore_eos": True, "stream": True}
+        pieces = 0
+        with httpx.stream("POST", f"{self.url}/v1/completions", json=body, headers=self.auth, timeout=120) as r:
+            lines = r.iter_lines()
+            next(lines)
+            other = self.post("/v1/completions", prompt="Hello", max_tokens=8, temperature=0)  # while it stalls
+            for line in lines:
+                pieces += line.startswith("data:")
+                time.sleep(0.02)
+        if other.status_code != 200:
+            return f"another client got {other.status_code} while one read slowly"
+        return None if pieces >= 64 else f"only {pieces} pieces reached the slow reader"
+
+    def crowd(self, n: int, max_queue: int, slots: int) -> str | None:
+        async def one(client: httpx.AsyncClient) -> int:
+            r = await client.post(f"{self.url}/v1/completions", headers={**JSON, **self.auth}, content=json.dumps(
+                {"model": self.model, "prompt": "Tell me a story", "max_tokens": 16, "ignore_eos": True}))
+            return r.status_code
+
+        async def all_of_them() -> list[int]:
+            limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+            async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+                return await asyncio.gather(*(one(client) for _ in range(n)))
+
+        codes = asyncio.run(all_of_them())
+        ok, busy = codes.count(200), codes.count(503)
+        if ok + busy != n:
+            return f"unexpected answers: {sorted(set(codes))}"
+        if ok < slots + max_queue:
+            return f"only {ok} of {n} were served (slots + queue = {slots + max_queue})"
+        print(f"      {n} connections: {ok} answered, {busy} told 503 (queue full)")
+        return None
+
+
+def _start_server(max_queue: int, slots: int) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-m", "localgen", "serve", "--port", str(port), "-np", str(slots),
+                             "--max-queue", str(max_queue), "--ctx", "8192"], cwd=root, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            raise SystemExit("localgen serve did not start")
+    raise SystemExit("localgen serve did not answer in 120 s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--url", help="a running server (default: start one)")
+    ap.add_argument("--model", default="smollm2:135m")
+    ap.add_argument("--api-key")
+    ap.add_argument("--max-queue", type=int, default=8, help="the server's --max-queue")
+    ap.add_argument("--slots", type=int, default=2, help="the server's -np")
+    ap.add_argument("--crowd", type=int, default=200, help="concurrent connections")
+    args = ap.parse_args()
+    proc = None
+    url = args.url
+    if url is None:
+        proc, url = _start_server(args.max_queue, args.slots)
+    c = Checks(url.rstrip("/"), args.model, args.api_key)
+    try:
+        c.check("invalid Unicode is a 400", c.bad_unicode)
+        c.check("a 64 MiB body is a 413", c.huge_body)
+        c.check("200,000 levels of nesting are a 400", c.deep_nesting)
+        c.check("text/plain is a 415", c.wrong_content_type)
+        c.check("a foreign Origin is a 403 (and its preflight)", c.foreign_origin)
+        c.check("a rebinding Host is a 403", c.rebinding_host)
+        c.check("a stream's client leaves: generation stops", c.disconnect_mid_stream)
+        c.check("a waiting client leaves: generation stops", c.disconnect_non_streamed)
+        c.check("unload mid-stream: the stream finishes", c.unload_mid_stream)
+        c.check("a slow reader holds up no one", c.slow_reader)
+        c.check(f"{args.crowd} connections, --max-queue {args.max_queue}",
+                lambda: c.crowd(args.crowd, args.max_queue, args.slots))
+        c.check("the model still answers", c.answers)
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    failed = f"; failed: {', '.join(c.failed)}" if c.failed else ""
+    print(f"hostile_serve: {12 - len(c.failed)} of 12 checks held{failed}")
+    return 1 if c.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Hostile input and faults outside `serve`: text that is not UTF-8 at every CLI boundary, settings past
+what llama.cpp's C ints hold, chats started in the same second, private files, credentials in URLs, the Hub
+token on a downgrading redirect, multi-line SSE events, and the environment variables the README lists."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI
+from tests.fake_openai import FakeServer
+
+BAD = os.fsdecode(b"caf\xe9")  # argv as Python holds a byte that is not UTF-8
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str], code: int, needle: str) -> None:
+    assert r.returncode == code, r.stderr
+    assert needle in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_text_that_is_not_utf8_is_a_one_line_error_at_every_boundary(cli: CLI, tmp_path: Path) -> None:
+    _one_line_error(cli("run", "-p", BAD, "-n", "2"), 2, "the prompt is not valid UTF-8 text: byte 0xe9")
+    _one_line_error(cli("run", BAD, "-n", "2"), 2, "the prompt is not valid UTF-8 text")
+    _one_line_error(cli("run", "-p", "hi", "--system", BAD), 2, "--system is not valid UTF-8 text")
+    _one_line_error(cli("run", "-p", "hi", "--stop", BAD), 2, "stop is not valid UTF-8 text")
+    r = subprocess.run(cli.argv("run", "-n", "2"), input=b"caf\xe9 au lait", capture_output=True, env=cli.env)
+    assert r.returncode == 2 and b"stdin is not valid UTF-8 text" in r.stderr and r.stderr.count(b"\n") == 1
+    r = subprocess.run(cli.argv("chat", "-n", "2"), input=b"caf\xe9\n", capture_output=True, env=cli.env)
+    assert r.returncode == 2 and b"the message is not valid UTF-8 text" in r.stderr
+
+
+def test_a_bad_line_fails_alone_in_a_batch(cli: CLI, tmp_path: Path) -> None:
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text('{"prompt": "a \\ud800 b"}\n{"prompt": "The sky is"}\n{"prompt": "x", "top_k": 4294967296}\n')
+    r = cli("run", "--file", str(jsonl), "--raw", "-n", "3", "--temperature", "0", "--json")
+    assert r.returncode == 1, r.stderr
+    docs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert "lone surrogate" in docs[0]["error"] and docs[1]["text"] and "top_k must be within" in docs[2]["error"]
+    r = subprocess.run(cli.argv("run", "--each-line", "--raw", "-n", "3", "--temperature", "0"),
+                       input=b"caf\xe9 au lait\nThe sky is\n", capture_output=True, env=cli.env)
+    lines = r.stdout.decode().split("\n")
+    assert r.returncode == 1 and lines[0] == "" and lines[1], r.stdout
+    assert b"line 1: the line is not valid UTF-8 text" in r.stderr
+
+
+def test_integer_settings_stop_at_what_a_c_int_holds(cli: CLI) -> None:
+    _one_line_error(cli("run", "-p", "hi", "--top-k", str(2**32)), 2, "--top-k")
+    _one_line_error(cli("run", "-p", "hi", "--logit-bias", f"{2**40}+1"), 2, "logit_bias")
+    from localgen import settings
+    from localgen.errors import UsageError
+
+    for name in ("top_k", "repeat_last_n", "max_tokens", "dry_allowed_length", "dry_penalty_last_n"):
+        with pytest.raises(UsageError, match="must be within"):
+            settings.check(name, 2**31)
+        assert settings.check(name, 2**31 - 1) == 2**31 - 1
+
+
+def test_the_per_line_seed_of_a_batch_stays_in_range(cli: CLI, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.txt"
+    prompts.write_text('One\nTwo\n{"prompt": "Three", "seed": 5}\n')
+    r = cli("run", "--file", str(prompts), "--raw", "-n", "2", "--seed", str(2**32 - 1), "--json")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["seed"] for x in r.stdout.splitlines()] == [2**32 - 1, 0, 5], "--seed + line - 1"
+
+
+def test_chats_started_in_the_same_second_never_overwrite_each_other(home: Path) -> None:
+    from localgen.chat import session as sessions
+    from localgen.errors import LocalgenError
+
+    name = sessions.new_name()
+    a = sessions.ChatSession(name=name, model="m", fresh=True, auto_named=True)
+    b = sessions.ChatSession(name=name, model="m", fresh=True, auto_named=True)
+    a.add("user", "first chat")
+    b.add("user", "second chat")
+    pa, pb = a.save(), b.save()
+    assert pa != pb and b.name == f"{name}-2"
+    assert json.loads(pa.read_text())["messages"][0]["content"] == "first chat"
+    assert json.loads(pb.read_text())["messages"][0]["content"] == "second chat"
+    b.add("user", "more")
+    assert b.save() == pb, "later saves stay in the file it claimed"
+    mine = sessions.ChatSession(name="chosen-name", model="m", fresh=True)
+    theirs = sessions.ChatSession(name="chosen-name", model="m", fresh=True)
+    theirs.add("user", "theirs")
+    theirs.save()
+    with pytest.raises(LocalgenError, match="saved by another chat meanwhile"):
+        mine.save()
+    assert "theirs" in (sessions.chats_dir() / "chosen-name.json").read_text()
+
+
+def test_saved_chats_and_prompt_states_are_private(cli: CLI, home: Path, smollm2_engine: object) -> None:
+    r = cli("chat", "private-one", "-n", "2", "--temperature", "0", input="hello\n")
+    assert r.returncode == 0, r.stderr
+    from localgen.chat.session import chats_dir
+
+    saved = chats_dir() / "private-one.json"
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600 and stat.S_IMODE(chats_dir().stat().st_mode) == 0o700
+    from localgen.engine import promptcache
+
+    state = promptcache.cache_root() / "private-test.state"
+    smollm2_engine.evaluate(smollm2_engine.raw_tokens("Some document text"))  # type: ignore[attr-defined]
+    smollm2_engine.save_state(state)  # type: ignore[attr-defined]
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
+    assert stat.S_IMODE(state.parent.stat().st_mode) == 0o700
+    state.unlink()
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeServer]:
+    s = FakeServer()
+    yield s
+    s.stop()
+
+
+def test_credentials_in_an_endpoint_url_are_refused_and_never_shown(cli: CLI, fake: FakeServer, home: Path) -> None:
+    url = fake.url.replace("http://", "http://bob:hunter2@")
+    for args in (["run", "--endpoint", url, "-p", "hi"], ["bench", "--endpoint", url]):
+        r = cli(*args)
+        _one_line_error(r, 2, "may not carry credentials")
+        assert "hunter2" not in r.stderr and "bob" not in r.stderr and "--api-key-env" in r.stderr
+    config = home / "config"
+    config.mkdir(exist_ok=True)
+    (config / "endpoints.toml").write_text(f'[box]\nurl = "{url}"\n')
+    try:
+        r = cli("run", "-m", "box/plain", "-p", "hi")
+        _one_line_error(r, 2, "[box] --endpoint URLs may not carry credentials")
+        assert "hunter2" not in r.stderr
+    finally:
+        (config / "endpoints.toml").unlink()
+
+
+def test_the_hub_token_never_follows_a_redirect_down_to_http() -> None:
+    from localgen.models.hub import keeps_token
+
+    assert keeps_token("https://hub.example/a", "https://hub.example/b")
+    assert keeps_token("http://127.0.0.1:8/a", "http://127.0.0.1:8/b")
+    assert not keeps_token("https://hub.example/a", "http://hub.example/b"), "https → http on the same host"
+    assert not keeps_token("https://hub.example/a", "https://cdn.example/b")
+
+
+def test_a_multi_line_sse_event_is_one_event(cli: CLI, fake: FakeServer) -> None:
+    r = cli("run", "--endpoint", fake.url, "-m", "multiline", "-p", "hi", timeout=60)
+    assert r.returncode == 0 and r.stdout == "Hello world\n", r.stderr
+
+
+def test_the_environment_variables_the_readme_lists(cli: CLI, fake: FakeServer) -> None:
+    r = subprocess.run(cli.argv("run", "-m", "plain", "-p", "hi"), capture_output=True, text=True,
+                       env={**cli.env, "LOCALGEN_ENDPOINT": fake.url}, timeout=60)
+    assert r.returncode == 0 and r.stdout == "Hello world\n", r.stderr
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run(cli.argv("run", "-p", "hi"), capture_output=True, text=True,
+                       env={**cli.env, "LLAMA_ARG_RPC": f"127.0.0.1:{port}"}, timeout=60)
+    assert r.returncode == 1 and f"cannot reach the RPC server 127.0.0.1:{port}" in r.stderr
+    from tests.test_serve import Server
+
+    server = Server({**cli.env, "LOCALGEN_API_KEY": "sk-from-env"})
+    try:
+        import httpx
+
+        body = {"model": "smollm2:135m", "prompt": "hi", "max_tokens": 1}
+        assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=30).status_code == 401
+        ok = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30,
+                        headers={"Authorization": "Bearer sk-from-env"})
+        assert ok.status_code == 200
+    finally:
+        assert server.stop() == 0
