@@ -236,6 +236,7 @@ def _transfer(repo: str, commit: str, f: RemoteFile, blob: Path, progress: Progr
             hint="pull again; if it keeps failing the server or a proxy is corrupting it",
         )
     os.replace(partial, blob)
+    paths.fsync_dir(blob.parent)
     mark_verified(blob)
 
 

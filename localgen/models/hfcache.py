@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+from localgen import paths
 from localgen.errors import LocalgenError
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -82,6 +83,7 @@ def link_snapshot(repo: str, commit: str, filename: str, sha256: str, revision: 
     tmp.unlink(missing_ok=True)
     os.symlink(rel, tmp)
     os.replace(tmp, link)
+    paths.fsync_dir(link.parent)
     if revision and not COMMIT.match(revision):
         ref = repo_dir(repo) / "refs" / revision
         if ".." in Path(revision).parts:
