@@ -6,6 +6,7 @@ only moves forward (each turn's prompt then extends the last one, and the KV cac
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from localgen import settings
@@ -28,6 +29,8 @@ class ChatRunner:
         self.last_stats: Stats | None = None
         self.first = 0  # the first message sent to the model
         self.trim_noticed = False
+        self.last_request: GenerationRequest | None = None
+        self.on_answer: Callable[[GenerationRequest, Any], None] | None = None  # told of each recorded answer
 
     def set(self, name: str, value: str) -> str:
         """Change one sampling setting (validated as flags are); returns a confirmation."""
@@ -77,13 +80,16 @@ class ChatRunner:
                 f"for the answer; the context window is {n_ctx:,}",
                 hint="shorten it, or restart with a larger --ctx; the conversation is kept",
             )
-        return self.backend.generate(self.request(self.sent())), self.first
+        self.last_request = self.request(self.sent())
+        return self.backend.generate(self.last_request), self.first
 
     def finish(self, gen: Any) -> None:
         """Record the answer (also a cancelled one: what was generated is kept)."""
         self.session.add("assistant", gen.text)
         self.last_stats = gen.stats
         self.session.save()
+        if self.on_answer is not None and self.last_request is not None:
+            self.on_answer(self.last_request, gen)
 
     def forget(self) -> None:
         """After /clear or /undo: the window cannot start past the end."""

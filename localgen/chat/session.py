@@ -58,6 +58,7 @@ class ChatSession:
     settings: dict[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    log_id: str | None = None  # this chat's conversation in the log (localgen logs --cid)
     fresh: bool = False  # a new conversation: its first save claims the name, never overwriting another's
     auto_named: bool = False  # the name came from the clock: if taken meanwhile, the next free one is used
 
@@ -110,7 +111,7 @@ class ChatSession:
         return {
             "format": FORMAT, "name": self.name, "model": self.model, "system": self.system,
             "messages": self.messages, "settings": self.settings, "created": self.created,
-            "updated": self.updated,
+            "updated": self.updated, "log_id": self.log_id,
         }
 
     def save(self) -> Path:
@@ -174,6 +175,7 @@ class ChatSession:
             session = cls(
                 name=name, model=str(data.get("model") or ""), system=system, messages=messages,
                 settings=saved, created=float(data.get("created", 0)), updated=float(data.get("updated", 0)),
+                log_id=str(data["log_id"]) if data.get("log_id") else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             raise LocalgenError(f"the saved conversation {path} is not in localgen's format") from None

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm": ("localgen.cli.models", "rm"),
     "bench": ("localgen.cli.bench", "bench_app"),
     "doctor": ("localgen.cli.doctor", "doctor"),
+    "logs": ("localgen.cli.logs", "logs_app"),
     "rpc-server": ("localgen.cli.rpc", "rpc_server"),
 }
 HELP = "Chat with and generate from local GGUF models (llama.cpp): fast, quiet, scriptable."

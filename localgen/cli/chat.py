@@ -18,7 +18,8 @@ def chat(
                        help="Conversation name (default: one from the clock). With --resume: the one to go on with."),
     ] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", "-r", help="Continue the last conversation, or NAME.")
+        bool, typer.Option("--resume", "-r", help="Continue the last conversation, or NAME (a saved chat, or a "
+                                                  "conversation id from `localgen logs`).")
     ] = False,
     list_: Annotated[bool, typer.Option("--list", "-l", help="List saved conversations and exit.")] = False,
     plain: Annotated[
@@ -32,6 +33,7 @@ def chat(
     model: o.Model = None,
     offline: o.Offline = False,
     system: o.System = None,
+    no_log: o.NoLog = False,
     verbose: o.Verbose = False,
     temperature: o.Temperature = o.DEFAULTS.temperature,
     top_k: o.TopK = o.DEFAULTS.top_k,

@@ -87,6 +87,7 @@ def start(f: o.Flags) -> None:
     backend = view.loader(session.model)
     # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win.
     runner = ChatRunner(session, backend, o.sampling(f, backend.defaults, session.settings))
+    runner.on_answer = lambda request, gen: _log_turn(f, view, runner, request, gen, remote=bool(endpoints))
     try:
         backend.render(runner.request([{"role": "user", "content": "hi"}]))  # no usable chat template: say so now
         if f.resume:
@@ -108,7 +109,10 @@ def _open_session(f: o.Flags) -> Any:
         chosen = f.name or sessions.latest()
         if chosen is None:
             raise LocalgenError("there is no saved conversation to resume", hint="start one with `localgen chat`")
-        session = sessions.ChatSession.load(chosen)
+        if f.name and not (sessions.chats_dir() / f"{sessions.check_name(f.name)}.json").exists():
+            session = _from_log(f, f.name)  # a conversation id from `localgen logs`
+        else:
+            session = sessions.ChatSession.load(chosen)
     else:
         if f.name and (sessions.chats_dir() / f"{sessions.check_name(f.name)}.json").exists():
             raise UsageError(f"a conversation named {f.name!r} exists", hint=f"continue it with --resume {f.name}")
@@ -121,6 +125,47 @@ def _open_session(f: o.Flags) -> Any:
     if f.system is not None:
         session.system = checked(f.system, "--system")
     return session
+
+
+def _from_log(f: o.Flags, cid: str) -> Any:
+    """A chat that continues a logged conversation (a `run` thread, or a chat whose file is gone)."""
+    from localgen.chat import session as sessions
+    from localgen.log import store
+    from localgen.models.embedded import DEFAULT_MODEL
+
+    try:
+        entries = store.conversation(cid)
+    except store.LogError:
+        raise LocalgenError(f"no saved conversation or logged conversation named {cid!r}",
+                            hint="see `localgen chat --list` and `localgen logs`") from None
+    messages = [m for e in entries for m in ({"role": "user", "content": e.prompt},
+                                             {"role": "assistant", "content": e.response})]
+    last = entries[-1]
+    return sessions.ChatSession(name=cid, model=last.model_spec or f.model or DEFAULT_MODEL, system=last.system,
+                                messages=messages, fresh=True, log_id=cid)
+
+
+def _log_turn(f: o.Flags, view: Any, runner: Any, request: Any, gen: Any, remote: bool) -> None:
+    """Each answer goes to the log, in the chat's own conversation there."""
+    from localgen.cli import logflow
+    from localgen.log import store
+
+    session = runner.session
+    if session.log_id is None:
+        session.log_id = store.new_id()
+        session.save()
+    logflow.record(f, _Warn(view), runner.backend, request, session.log_id, gen.text, gen.stats,
+                   str(gen.finish_reason), source="chat", remote=remote)
+
+
+class _Warn:
+    """ErrWriter's warn() for logflow, as a chat notice."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+
+    def warn(self, text: str) -> None:
+        self.view.error(text)
 
 
 def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:

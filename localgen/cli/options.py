@@ -204,6 +204,12 @@ XtcThreshold = Annotated[float, _knob("xtc_threshold", "--xtc-threshold")]
 TopNSigma = Annotated[float, _knob("top_n_sigma", "--top-n-sigma")]
 LogitBias = Annotated[list[str] | None, _knob("logit_bias", "--logit-bias", "-l", show_default=False)]
 IgnoreEos = Annotated[bool, _knob("ignore_eos", "--ignore-eos")]
+LOG_PANEL = "Log"
+NoLog = Annotated[
+    bool, typer.Option("--no-log", rich_help_panel=LOG_PANEL,
+                       help="Keep this out of the log of prompts and answers (`localgen logs`).")
+]
+
 System = Annotated[
     str | None,
     typer.Option("--system", "--system-prompt", "-sys", rich_help_panel=SAMPLING_PANEL, show_default=False,

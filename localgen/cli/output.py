@@ -154,8 +154,9 @@ class ErrWriter:
         self._print(format_stats(s), "dim")
 
 
-def answer_json(backend: Any, gen: Any, sampling: SamplingParams) -> str:
-    """`run --json`'s one object: text, finish reason, model, seed, settings, load, stats, logprobs."""
+def answer_json(backend: Any, gen: Any, sampling: SamplingParams, conversation_id: str | None = None) -> str:
+    """`run --json`'s one object: text, finish reason, model, seed, settings, load, stats, logprobs, and the
+    conversation's id in the log."""
     import json
 
     import localgen
@@ -175,6 +176,8 @@ def answer_json(backend: Any, gen: Any, sampling: SamplingParams) -> str:
         "prompt_cache": gen.prompt_cache,
         "localgen": localgen.__version__,
     }
+    if conversation_id:
+        doc["conversation_id"] = conversation_id
     if gen.logprobs:
         doc["logprobs"] = [t.to_dict() for t in gen.logprobs]
     if getattr(gen, "server_timings", None):

@@ -67,6 +67,16 @@ def run(
                            help="Print the prompt as the model sees it (after the chat template) to stderr first.")
     ] = False,
     system: o.System = None,
+    continue_: Annotated[
+        bool, typer.Option("--continue", "-C", rich_help_panel=o.LOG_PANEL,
+                           help="Continue the last conversation in the log: its turns go before this prompt, with "
+                                "its system prompt and model unless --system or -m say otherwise.")
+    ] = False,
+    cid: Annotated[
+        str | None, typer.Option("--cid", rich_help_panel=o.LOG_PANEL, show_default=False,
+                                 help="Continue this conversation from the log (`localgen logs` shows the ids).")
+    ] = None,
+    no_log: o.NoLog = False,
     document: Annotated[
         list[Path] | None,
         typer.Option("--document", "-f", exists=True, dir_okay=False, readable=True, show_default=False,

@@ -16,7 +16,7 @@ from localgen.cli import options as o
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.errors import UsageError
 from localgen.text import checked
-from localgen.types import GenerationRequest, SamplingParams
+from localgen.types import GenerationRequest, Message, SamplingParams
 
 if TYPE_CHECKING:
     from localgen.backend import Backend
@@ -42,20 +42,32 @@ class RunPlan:
 
 def execute(f: o.Flags) -> None:
     """Run the command."""
+    from localgen.cli import logflow
+
+    many = f.file is not None or f.each_line
+    continuing = f.continue_ or f.cid
+    if continuing and (many or f.raw):
+        raise UsageError(f"{'--continue' if f.continue_ else '--cid'} continues a chat: it cannot be combined with "
+                         f"{'--file/--each-line' if many else '--raw'}")
+    thread = None if many else logflow.thread_for(f)
+    if thread is not None:
+        logflow.continue_with(f, thread)
     plan = check(f)
     o.sampling(f)  # the flags alone are valid, before the catalogue's defaults are known
     err = ErrWriter()
     backend: Backend = remote_backend(f, plan) if plan.endpoints else open_backend(f, plan, err)
     try:
-        if plan.many:
+        if plan.many or thread is None:
             raise typer.Exit(run_many(f, plan, backend, err))
-        request = single_request(f, plan, backend)
+        request = single_request(f, plan, backend, thread.turns)
         if f.verbose_prompt:
             err.line("prompt:\n" + backend.render(request))
         if f.beams:
-            run_beams(f, backend, request, err)  # type: ignore[arg-type]  # local only (check)
+            text, stats, finish = run_beams(f, backend, request, err)  # type: ignore[arg-type]  # local only
         else:
-            stream(f, backend, request, err)
+            gen = stream(f, backend, request, err, thread.cid)
+            text, stats, finish = gen.text, gen.stats, str(gen.finish_reason)
+        logflow.record(f, err, backend, request, thread.cid, text, stats, finish, remote=bool(plan.endpoints))
     finally:
         backend.close()
 
@@ -190,8 +202,10 @@ def base_sampling(f: o.Flags, backend: Backend, grammar: str | None) -> Sampling
     return o.sampling(f, backend.defaults, grammar=grammar)
 
 
-def single_request(f: o.Flags, plan: RunPlan, backend: Backend) -> GenerationRequest:
-    """The one prompt as a request: documents and piped text first, the question last."""
+def single_request(f: o.Flags, plan: RunPlan, backend: Backend,
+                   turns: list[Message] | None = None) -> GenerationRequest:
+    """The one prompt as a request: earlier turns of a continued conversation, then documents and piped
+    text, the question last."""
     text = "\n\n".join(plan.parts)
     shared = "\n\n".join(plan.parts[:-1]) + "\n\n" if len(plan.parts) > 1 else None
     remote = bool(plan.endpoints)
@@ -201,13 +215,14 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Backend) -> GenerationReq
     if f.raw:
         return GenerationRequest(prompt=text, sampling=sampling, logprobs=f.logprobs, shared=shared,
                                  prompt_cache=cache, json_schema=schema)
-    messages = ([{"role": "system", "content": f.system}] if f.system else []) + [{"role": "user", "content": text}]
+    messages = ([{"role": "system", "content": f.system}] if f.system else []) + list(turns or []) + [
+        {"role": "user", "content": text}]
     return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=f.logprobs, shared=shared,
                              prompt_cache=cache, json_schema=schema)
 
 
-def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWriter) -> None:
-    """Stream one answer to stdout (or one JSON object at the end)."""
+def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWriter, cid: str | None = None) -> Any:
+    """Stream one answer to stdout (or one JSON object at the end); returns the finished Generation."""
     gen = backend.generate(request, started=time.perf_counter())
     out = TextWriter(sys.stdout, enabled=not f.json_out)
     from localgen.errors import RemoteError
@@ -242,11 +257,13 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
     if f.json_out:
         from localgen.cli.output import answer_json
 
-        TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling) + "\n")
+        TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid) + "\n")
+    return gen
 
 
-def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest, err: ErrWriter) -> None:
-    """Beam search; the best hypothesis (or all, with --json)."""
+def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest,
+              err: ErrWriter) -> tuple[str, Any, str]:
+    """Beam search; the best hypothesis (or all, with --json). Returns its text, stats and finish reason."""
     import json
 
     from localgen.types import Stats
@@ -274,6 +291,7 @@ def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest, err
     else:
         out.write(best.text)
         out.end()
+    return best.text, st, best.finish_reason
 
 
 def run_many(f: o.Flags, plan: RunPlan, backend: Backend, err: ErrWriter) -> int:

@@ -1,0 +1,90 @@
+"""`localgen logs`: the log of prompts and answers — the latest, a full-text search, one conversation —
+and `logs path|on|off|status`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+logs_app = typer.Typer(name="logs", invoke_without_command=True, no_args_is_help=False,
+                       help="Show logged prompts and answers (every run and chat exchange): the latest, matches "
+                            "of -q, a conversation; `logs path|on|off|status`.")
+
+
+@logs_app.callback()
+def logs(
+    ctx: typer.Context,
+    count: Annotated[int, typer.Option("--count", "-n", min=0, help="How many (0: all).")] = 3,
+    query: Annotated[
+        str | None, typer.Option("--query", "-q", show_default=False,
+                                 help="Full-text search of prompts and answers, best matches first.")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", show_default=False, help="Only this model.")] = None,
+    cid: Annotated[
+        str | None, typer.Option("--cid", show_default=False, help="Only this conversation (all of it with -n 0).")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="A JSON array of the exchanges.")] = False,
+) -> None:
+    """Show the latest logged exchanges, oldest first (or the best matches of -q)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import json
+    import sys
+
+    from localgen.cli.output import ErrWriter, TextWriter
+    from localgen.log import store
+
+    if not store.path().exists():
+        ErrWriter().line(f"nothing is logged yet (the log will be {store.path()})")
+        return
+    entries = store.recent(count, query=query, model=model, cid=cid)
+    out = TextWriter(sys.stdout)
+    if json_out:
+        from dataclasses import asdict
+
+        out.write(json.dumps([asdict(e) for e in entries], ensure_ascii=False, indent=1) + "\n")
+        return
+    for e in entries:
+        head = f"# {e.datetime_utc.replace('T', ' ')}  {e.model}  conversation {e.conversation_id}"
+        parts = [head, ""]
+        if e.system:
+            parts += ["## System", "", e.system, ""]
+        parts += ["## Prompt", "", e.prompt, "", "## Response", "", e.response, ""]
+        if not out.write("\n".join(parts) + "\n"):
+            return
+
+
+@logs_app.command("path")
+def path() -> None:
+    """Print where the log is."""
+    from localgen.log import store
+
+    typer.echo(str(store.path()))
+
+
+@logs_app.command("on")
+def on() -> None:
+    """Log every run and chat exchange (the default)."""
+    from localgen.log import store
+
+    store.set_enabled(True)
+    typer.echo("logging is on", err=True)
+
+
+@logs_app.command("off")
+def off() -> None:
+    """Stop logging until `localgen logs on` (what is logged stays)."""
+    from localgen.log import store
+
+    store.set_enabled(False)
+    typer.echo("logging is off", err=True)
+
+
+@logs_app.command("status")
+def status() -> None:
+    """Whether logging is on, where the log is, and how many exchanges it holds."""
+    from localgen.log import store
+
+    n = store.count() if store.path().exists() else 0
+    typer.echo(f"logging is {'on' if store.enabled() else 'off'} · {store.path()} · {n:,} exchanges")

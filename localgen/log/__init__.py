@@ -1,0 +1,1 @@
+"""The log of every `run` and `chat` exchange (log/store.py)."""

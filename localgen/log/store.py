@@ -1,0 +1,224 @@
+"""The log: every `run` and `chat` exchange in one SQLite database in the data dir (WAL, mode 0600 in a
+0700 folder), with full-text search over prompts and answers (FTS5), grouped into conversations that
+`run -c` and `chat --resume ID` continue.
+
+The schema and its FTS index with their triggers are made once by sqlite-utils (under a file lock, so
+concurrent first runs cannot race). Writing a row, which every one-shot `run` does, is one INSERT through
+the standard library's sqlite3: importing sqlite-utils costs ~100 ms, a tenth of a second that a shell
+pipeline would pay on every call. Readers (`localgen logs`) use sqlite-utils' search. Concurrent writers
+wait for each other (busy timeout), so no row is lost and nobody is locked out; any failure of the log is a
+LogError, which callers turn into a one-line warning: the log never stops an answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localgen import paths
+from localgen.errors import LocalgenError
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another one (a pipeline of many runs)
+COLUMNS = {
+    "id": str, "conversation_id": str, "datetime_utc": str, "source": str, "model": str, "model_spec": str,
+    "endpoint": str, "system": str, "prompt": str, "response": str, "settings": str, "finish_reason": str,
+    "prompt_tokens": int, "completion_tokens": int, "cached_tokens": int, "ttft_s": float, "total_s": float,
+    "decode_tps": float,
+}
+
+
+class LogError(LocalgenError):
+    """The log cannot be read or written (damaged, read-only, no space)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One exchange: what was asked, what came back, with which model and settings, how fast."""
+
+    conversation_id: str
+    source: str  # "run" or "chat"
+    model: str  # the model's name as shown (or the server's model id)
+    prompt: str
+    response: str
+    model_spec: str | None = None  # what -m said (None: the default), to load the same model again with -c
+    endpoint: str | None = None  # the remote endpoint, if any
+    system: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    ttft_s: float | None = None
+    total_s: float | None = None
+    decode_tps: float | None = None
+    id: str = ""
+    datetime_utc: str = ""
+
+
+def path() -> Path:
+    """Where the log is."""
+    return paths.data_dir() / "logs" / "logs.db"
+
+
+def _off_marker() -> Path:
+    return paths.config_dir() / "logs-off"
+
+
+def enabled() -> bool:
+    """Whether exchanges are logged (`localgen logs off` turns it off until `on`)."""
+    return not _off_marker().exists()
+
+
+def set_enabled(on: bool) -> None:
+    """Turn logging on or off for every later run and chat."""
+    marker = _off_marker()
+    if on:
+        marker.unlink(missing_ok=True)
+    else:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("localgen does not log exchanges while this file exists (`localgen logs on`)\n")
+
+
+def new_id() -> str:
+    """A unique id that sorts by time: milliseconds, then randomness (20 hex digits)."""
+    return f"{int(time.time() * 1000):012x}{secrets.token_hex(4)}"
+
+
+@contextmanager
+def _connect(create: bool) -> Iterator[sqlite3.Connection]:
+    """A connection with the schema in place (made if `create`); LogError for anything that goes wrong."""
+    db = path()
+    try:
+        if not db.exists():
+            if not create:
+                raise LogError(f"there is no log yet at {db}")
+            paths.private_dir(db.parent)
+            with suppress(FileExistsError):  # SQLite gives its -wal and -shm files the same mode
+                os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    except (OSError, sqlite3.Error) as e:
+        raise LogError(f"the log at {db} cannot be opened: {e}") from None
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version < SCHEMA_VERSION:
+            if not create:
+                raise LogError(f"the log at {db} is empty")
+            _make_schema(db)
+        elif version > SCHEMA_VERSION:
+            raise LogError(f"the log at {db} was written by a newer localgen (schema {version})")
+        yield conn
+    except sqlite3.Error as e:
+        raise LogError(f"the log at {db} is unusable: {e}") from None
+    finally:
+        conn.close()
+
+
+def _make_schema(db: Path) -> None:
+    """The table, its FTS5 index and the triggers that keep it current (once, whoever gets there first)."""
+    import sqlite_utils
+    from filelock import FileLock
+
+    with FileLock(str(db) + ".lock"):
+        conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
+        try:
+            if conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+                return
+            conn.execute("PRAGMA journal_mode=WAL")
+            s = sqlite_utils.Database(conn)
+            table = s.table("responses")
+            table.create(COLUMNS, pk="id", not_null={"id", "conversation_id", "datetime_utc", "prompt", "response"})
+            table.create_index(["conversation_id", "datetime_utc"])
+            table.create_index(["datetime_utc"])
+            table.enable_fts(["prompt", "response"], fts_version="FTS5", create_triggers=True)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.commit()
+        finally:
+            conn.close()
+
+
+def record(entry: Entry) -> str:
+    """Add one exchange; returns its id. LogError if the log cannot take it."""
+    row = asdict(entry)
+    row["id"] = entry.id or new_id()
+    row["datetime_utc"] = entry.datetime_utc or time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    row["settings"] = json.dumps(entry.settings, ensure_ascii=False, default=str)
+    names = list(COLUMNS)
+    with _connect(create=True) as conn:
+        conn.execute(f"INSERT INTO responses ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                     [row[n] for n in names])
+    return str(row["id"])
+
+
+def _entry(row: dict[str, Any]) -> Entry:
+    values = {k: row[k] for k in COLUMNS if k in row}
+    try:
+        values["settings"] = json.loads(values.get("settings") or "{}")
+    except ValueError:
+        values["settings"] = {}
+    for k in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+        values[k] = values.get(k) or 0
+    for k in ("source", "model", "prompt", "response", "finish_reason"):
+        values[k] = values.get(k) or ""
+    return Entry(**values)
+
+
+def conversation(cid: str) -> list[Entry]:
+    """A conversation's exchanges, oldest first; LogError when there is none with that id."""
+    with _connect(create=False) as conn:
+        conn.row_factory = sqlite3.Row
+        rows = conn.execute("SELECT * FROM responses WHERE conversation_id = ? ORDER BY datetime_utc, id",
+                            (cid,)).fetchall()
+    if not rows:
+        raise LogError(f"the log has no conversation {cid!r}", hint="`localgen logs` lists recent ones")
+    return [_entry(dict(r)) for r in rows]
+
+
+def last_conversation() -> str | None:
+    """The id of the conversation with the latest exchange, or None when the log is empty."""
+    try:
+        with _connect(create=False) as conn:
+            row = conn.execute("SELECT conversation_id FROM responses ORDER BY datetime_utc DESC, id DESC "
+                               "LIMIT 1").fetchone()
+    except LogError:
+        if not path().exists():
+            return None
+        raise
+    return str(row[0]) if row else None
+
+
+def count() -> int:
+    """How many exchanges the log holds."""
+    with _connect(create=False) as conn:
+        return int(conn.execute("SELECT count(*) FROM responses").fetchone()[0])
+
+
+def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: str | None = None) -> list[Entry]:
+    """The latest `n` exchanges (0: all), oldest first; with `query`, the best full-text matches of prompts
+    and answers; filtered by model and conversation."""
+    import sqlite_utils
+
+    where, args = [], []
+    if model:
+        where.append("model = ?")
+        args.append(model)
+    if cid:
+        where.append("conversation_id = ?")
+        args.append(cid)
+    with _connect(create=False) as conn:
+        db = sqlite_utils.Database(conn)
+        table = db.table("responses")
+        clause = " AND ".join(where) or None
+        if query:
+            rows = list(table.search(query, where=clause, where_args=args, limit=n or None, quote=True))
+        else:
+            rows = list(table.rows_where(clause, args, order_by="datetime_utc DESC, id DESC", limit=n or None))
+            rows.reverse()
+    return [_entry(r) for r in rows]

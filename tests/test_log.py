@@ -1,0 +1,139 @@
+"""The log of prompts and answers: every run and chat exchange in SQLite, `logs` (-n, -q, -m, --cid, --json,
+path, on, off, status), `run --continue` / `--cid`, `chat --resume ID`, concurrent writers, and a damaged or
+unwritable log that never stops an answer. Each test has a home of its own, so rows are counted exactly."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI
+
+N = ["-n", "6", "--temperature", "0"]
+
+
+@pytest.fixture
+def lcli(cli_env: dict[str, str], tmp_path: Path) -> CLI:
+    return CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+
+
+def _db(lcli: CLI) -> Path:
+    return Path(lcli.env["LOCALGEN_HOME"]) / "data" / "logs" / "logs.db"
+
+
+def _logged(lcli: CLI, *args: str) -> list[dict[str, object]]:
+    r = lcli("logs", "-n", "0", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return list(json.loads(r.stdout))
+
+
+def test_every_run_is_logged_and_found(lcli: CLI) -> None:
+    r = lcli("run", "Name a fruit that is yellow.", *N, "--system", "Be brief.")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    answer = r.stdout.strip()
+    rows = _logged(lcli)
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["prompt"] == "Name a fruit that is yellow." and row["response"] == answer
+    assert row["system"] == "Be brief." and row["model"] == "smollm2:135m" and row["source"] == "run"
+    assert row["completion_tokens"] == 6 and row["prompt_tokens"] > 10 and row["finish_reason"] == "length"
+    assert row["settings"]["temperature"] == 0.0 and row["decode_tps"] > 0  # type: ignore[index]
+    word = max(answer.split(), key=len).strip(".,!")
+    assert [x["response"] for x in _logged(lcli, "-q", word)] == [answer], "-q finds a word of the answer"
+    assert _logged(lcli, "-q", "zyzzyva") == []
+    assert _logged(lcli, "-m", "other-model") == []
+    shown = lcli("logs")
+    assert "## Prompt\n\nName a fruit that is yellow." in shown.stdout and answer in shown.stdout
+    db = _db(lcli)
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600 and stat.S_IMODE(db.parent.stat().st_mode) == 0o700
+    assert lcli("logs", "path").stdout.strip() == str(db)
+    assert "1 exchanges" in lcli("logs", "status").stdout
+
+
+def test_continue_sends_the_earlier_turns(lcli: CLI) -> None:
+    first = json.loads(lcli("run", "My name is Ada.", *N, "--json").stdout)
+    second = lcli("run", "--continue", "What is my name?", *N, "--json", "--verbose-prompt")
+    assert second.returncode == 0, second.stderr
+    doc = json.loads(second.stdout)
+    alone = json.loads(lcli("run", "What is my name?", *N, "--json", "--no-log").stdout)
+    s1, s2, s0 = first["stats"], doc["stats"], alone["stats"]
+    assert s2["prompt_tokens"] > s1["prompt_tokens"] + s1["completion_tokens"], "the first exchange went first"
+    assert s2["prompt_tokens"] > s0["prompt_tokens"] + s1["completion_tokens"], "more than the question alone"
+    assert "My name is Ada." in second.stderr and first["text"] in second.stderr
+    assert doc["conversation_id"] == first["conversation_id"]
+    third = json.loads(lcli("run", "--cid", str(first["conversation_id"]), "And again?", *N, "--json").stdout)
+    assert third["stats"]["prompt_tokens"] > s2["prompt_tokens"] + s2["completion_tokens"]
+    rows = _logged(lcli, "--cid", str(first["conversation_id"]))
+    assert [x["prompt"] for x in rows] == ["My name is Ada.", "What is my name?", "And again?"]
+    r = lcli("run", "--cid", "nonexistent", "hi")
+    assert r.returncode == 1 and "no conversation 'nonexistent'" in r.stderr and r.stderr.count("\n") == 1
+    r = lcli("run", "--continue", "--raw", "hi")
+    assert r.returncode == 2 and "cannot be combined with --raw" in r.stderr
+
+
+def test_continue_with_an_empty_log_is_a_usage_error(lcli: CLI) -> None:
+    r = lcli("run", "--continue", "hi")
+    assert r.returncode == 2 and "the log has no conversation yet" in r.stderr
+
+
+def test_no_log_and_logs_off(lcli: CLI) -> None:
+    assert lcli("run", "One.", *N).returncode == 0
+    assert lcli("run", "Two.", *N, "--no-log").returncode == 0
+    assert lcli("logs", "off").returncode == 0
+    assert lcli("run", "Three.", *N).returncode == 0
+    assert "logging is off" in lcli("logs", "status").stdout
+    assert lcli("logs", "on").returncode == 0
+    assert lcli("run", "Four.", *N).returncode == 0
+    assert [x["prompt"] for x in _logged(lcli)] == ["One.", "Four."]
+
+
+def test_chat_turns_are_logged_and_a_logged_conversation_resumes(lcli: CLI) -> None:
+    r = lcli("chat", *N, input="Remember the word banana.\nWhat was the word?\n")
+    assert r.returncode == 0, r.stderr
+    rows = _logged(lcli)
+    assert [x["prompt"] for x in rows] == ["Remember the word banana.", "What was the word?"]
+    assert {x["source"] for x in rows} == {"chat"} and len({x["conversation_id"] for x in rows}) == 1
+    run = json.loads(lcli("run", "A logged run.", *N, "--json").stdout)
+    again = lcli("chat", "--resume", str(run["conversation_id"]), *N, "--stats", input="Go on.\n")
+    assert again.returncode == 0, again.stderr
+    rows = _logged(lcli, "--cid", str(run["conversation_id"]))
+    assert [x["prompt"] for x in rows] == ["A logged run.", "Go on."] and rows[1]["source"] == "chat"
+    before, after = rows
+    assert int(str(after["prompt_tokens"])) > int(str(before["prompt_tokens"])) + int(str(before["completion_tokens"]))
+    r = lcli("chat", "--resume", "no-such-thing", input="hi\n")
+    assert r.returncode == 1 and "no saved conversation or logged conversation" in r.stderr
+
+
+def test_twenty_runs_at_once_leave_twenty_rows(lcli: CLI) -> None:
+    assert lcli("run", "Warm up the log.", "-n", "1").returncode == 0  # the schema exists; now only inserts race
+    procs = [subprocess.Popen(lcli.argv("run", f"Say the number {i}.", "-n", "2", "--threads", "1"), env=lcli.env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+             for i in range(20)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and not err, err.decode()
+    prompts = {str(x["prompt"]) for x in _logged(lcli)}
+    assert prompts >= {f"Say the number {i}." for i in range(20)} and len(prompts) == 21
+
+
+def test_a_damaged_or_unwritable_log_never_stops_an_answer(lcli: CLI) -> None:
+    assert lcli("run", "First.", *N).returncode == 0
+    db = _db(lcli)
+    for name in list(db.parent.iterdir()):
+        name.unlink()
+    db.write_bytes(b"this is not a database, just some bytes " * 100)
+    r = lcli("run", "Second.", *N)
+    assert r.returncode == 0 and r.stdout.strip(), "the answer came"
+    assert r.stderr.count("\n") == 1 and "the log at" in r.stderr and "this answer was not logged" in r.stderr
+    bad = lcli("logs")
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    assert db.read_bytes().startswith(b"this is not a database"), "the damaged file is left as it was"
+    db.unlink()
+    db.parent.rmdir()
+    db.parent.write_text("a file where the log's folder should be")  # nothing can be written there
+    r = lcli("run", "Third.", *N)
+    assert r.returncode == 0 and r.stdout.strip() and "this answer was not logged" in r.stderr
