@@ -105,7 +105,7 @@ def test_chat_turns_are_logged_and_a_logged_conversation_resumes(lcli: CLI) -> N
     before, after = rows
     assert int(str(after["prompt_tokens"])) > int(str(before["prompt_tokens"])) + int(str(before["completion_tokens"]))
     r = lcli("chat", "--resume", "no-such-thing", input="hi\n")
-    assert r.returncode == 1 and "no saved conversation or logged conversation" in r.stderr
+    assert r.returncode == 1 and "nor a conversation with that id in the log" in r.stderr
 
 
 def test_twenty_runs_at_once_leave_twenty_rows(lcli: CLI) -> None:

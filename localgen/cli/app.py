@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("localgen.cli.bench", "bench_app"),
     "doctor": ("localgen.cli.doctor", "doctor"),
     "logs": ("localgen.cli.logs", "logs_app"),
+    "embed": ("localgen.cli.embed", "embed"),
+    "similar": ("localgen.cli.embed", "similar"),
     "rpc-server": ("localgen.cli.rpc", "rpc_server"),
 }
 HELP = "Chat with and generate from local GGUF models (llama.cpp): fast, quiet, scriptable."

@@ -136,7 +136,7 @@ def _from_log(f: o.Flags, cid: str) -> Any:
     try:
         entries = store.conversation(cid)
     except store.LogError:
-        raise LocalgenError(f"no saved conversation or logged conversation named {cid!r}",
+        raise LocalgenError(f"no saved conversation named {cid!r}, nor a conversation with that id in the log",
                             hint="see `localgen chat --list` and `localgen logs`") from None
     messages = [m for e in entries for m in ({"role": "user", "content": e.prompt},
                                              {"role": "assistant", "content": e.response})]

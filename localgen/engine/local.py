@@ -27,6 +27,7 @@ class LocalBackend:
         self.warn = warn
         self.name = engine.model.name
         self.defaults = dict(engine.model.sampling_defaults)  # the catalogue's recommended sampling
+        self._embedder: Any = None
 
     @property
     def n_ctx(self) -> int:
@@ -125,9 +126,29 @@ class LocalBackend:
             "load": load,
         }
 
+    def embedder(self, pooling: str | None = None) -> Any:
+        """The model's embeddings context (made on first use, again when another pooling is asked for)."""
+        from localgen.engine.embed import Embedder
+
+        current = self._embedder
+        if current is None or (pooling is not None and current.pooling != pooling):
+            if current is not None:
+                current.close()
+            self._embedder = None
+            self._embedder = Embedder(self.engine, pooling)
+        return self._embedder
+
+    def embed(self, texts: list[str], pooling: str | None = None, normalize: bool = True,
+              dimensions: int | None = None, truncate: bool = False) -> list[Any]:
+        """One Embedding per text, in order (engine/embed.py)."""
+        emb = self.embedder(pooling)
+        return list(emb.embed([emb.tokens(t, truncate) for t in texts], normalize, dimensions))
+
     def close(self) -> None:
-        """Free the draft model (if any) and the engine."""
+        """Free the embeddings context, the draft model (if any) and the engine."""
         try:
+            if self._embedder is not None:
+                self._embedder.close()
             if self.drafter is not None:
                 self.drafter.close()
         finally:

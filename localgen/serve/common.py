@@ -17,7 +17,7 @@ from starlette.responses import Response
 from localgen import settings
 from localgen.backend import Completion
 from localgen.errors import LocalgenError, UsageError
-from localgen.serve.worker import Done, Event, Failed, Job, ModelWorker, Text
+from localgen.serve.worker import Done, EmbedJob, Event, Failed, Job, ModelWorker, Text
 from localgen.types import GenerationRequest, SamplingParams
 
 
@@ -261,6 +261,41 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
         if message["type"] == "http.disconnect":
             job.cancelled.set()
             return
+
+
+MAX_INPUTS = 2048  # texts in one embeddings request (OpenAI's bound)
+
+
+def embed_inputs(raw: Any, param: str = "input") -> list[str]:
+    """An embeddings request's input: a string or a non-empty list of strings (token arrays are refused)."""
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise HTTPError(400, f"`{param}` must be a string or a non-empty list of strings", param=param)
+    if len(texts) > MAX_INPUTS:
+        raise HTTPError(400, f"at most {MAX_INPUTS:,} inputs in one request, not {len(texts):,}", param=param)
+    if any(not t for t in texts):
+        raise HTTPError(400, "an empty string has no embedding", param=param)
+    return texts
+
+
+async def embed(worker: ModelWorker, texts: list[str], dimensions: Any = None, truncate: bool = False) -> list[Any]:
+    """Embed on the worker's thread (between decoding steps); the Embeddings, or an HTTPError."""
+    import asyncio
+
+    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
+        raise HTTPError(400, "`dimensions` must be a positive integer", param="dimensions")
+    for t in texts:
+        check_prompt_size(worker, [t])
+    job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate)
+    try:
+        worker.submit(job)
+    except LocalgenError as e:
+        raise HTTPError(503, e.message, "server_error") from None
+    result = await job.result
+    if isinstance(result, Failed):
+        raise HTTPError(result.status, result.message,
+                        "invalid_request_error" if result.status < 500 else "server_error")
+    return list(result)
 
 
 def timings(c: Any) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from localgen.serve.common import (
     ServeState,
     check_prompt_size,
     collect,
+    embed,
+    embed_inputs,
     events,
     messages,
     read_json,
@@ -80,9 +82,32 @@ def routes(state: ServeState) -> list[Route]:
     async def generate(request: Request) -> Response:
         return await _generate(state, request, await read_json(request), chat=False)
 
+    async def embed_route(request: Request) -> Response:
+        """/api/embed: `input` a string or strings; `truncate` (default true) cuts texts to the window."""
+        body = await read_json(request)
+        worker = state.worker(body.get("model"))
+        truncate = body.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise HTTPError(400, "`truncate` must be true or false")
+        t0 = time.perf_counter()
+        vectors = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), truncate)
+        ns = 1_000_000_000
+        return JSONResponse({"model": worker.name, "embeddings": [v.vector for v in vectors],
+                             "total_duration": int((time.perf_counter() - t0) * ns), "load_duration": 0,
+                             "prompt_eval_count": sum(v.tokens for v in vectors)})
+
+    async def embeddings_legacy(request: Request) -> Response:
+        """/api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
+        body = await read_json(request)
+        worker = state.worker(body.get("model"))
+        vectors = await embed(worker, embed_inputs(body.get("prompt"), "prompt"), None, True)
+        return JSONResponse({"embedding": vectors[0].vector})
+
     return [Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version), Route("/api/tags", tags),
             Route("/api/ps", ps), Route("/api/show", show, methods=["POST"]),
-            Route("/api/chat", chat, methods=["POST"]), Route("/api/generate", generate, methods=["POST"])]
+            Route("/api/chat", chat, methods=["POST"]), Route("/api/generate", generate, methods=["POST"]),
+            Route("/api/embed", embed_route, methods=["POST"]),
+            Route("/api/embeddings", embeddings_legacy, methods=["POST"])]
 
 
 async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -> GenerationRequest:

@@ -19,6 +19,8 @@ from localgen.serve.common import (
     ServeState,
     check_prompt_size,
     collect,
+    embed,
+    embed_inputs,
     events,
     messages,
     read_json,
@@ -58,8 +60,33 @@ def routes(state: ServeState) -> list[Route]:
     async def completions(request: Request) -> Response:
         return await _complete(state, request, await read_json(request), chat=False)
 
+    async def embeddings(request: Request) -> Response:
+        body = await read_json(request)
+        worker = state.worker(body.get("model"))
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise HTTPError(400, "encoding_format must be float or base64", param="encoding_format")
+        texts = embed_inputs(body.get("input"))
+        vectors = await embed(worker, texts, body.get("dimensions"))
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(v.vector, fmt)}
+                for i, v in enumerate(vectors)]
+        used = sum(v.tokens for v in vectors)
+        return JSONResponse({"object": "list", "data": data, "model": worker.name,
+                             "usage": {"prompt_tokens": used, "total_tokens": used}})
+
     return [Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"])]
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"])]
+
+
+def _encoded(vec: list[float], fmt: str) -> Any:
+    if fmt == "float":
+        return vec
+    import base64
+
+    from localgen.embeddings.store import pack
+
+    return base64.b64encode(pack(vec)).decode()
 
 
 async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -> GenerationRequest:

@@ -87,6 +87,33 @@ class Job:
 
 
 @dataclass(eq=False)
+class EmbedJob:
+    """Texts to embed on the worker's model; `result` gets the Embeddings, or a Failed."""
+
+    texts: list[str]
+    loop: asyncio.AbstractEventLoop
+    dimensions: int | None = None
+    truncate: bool = False
+    result: asyncio.Future[Any] = field(init=False)
+    on_end: Callable[[], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.result = self.loop.create_future()
+
+    def send(self, value: Any) -> None:
+        """Hand the result to the handler's event loop (from the worker thread)."""
+        if self.on_end is not None:
+            end, self.on_end = self.on_end, None
+            end()
+        with contextlib.suppress(RuntimeError):  # the server is shutting down
+            self.loop.call_soon_threadsafe(self._settle, value)
+
+    def _settle(self, value: Any) -> None:
+        if not self.result.done():  # a handler cancelled meanwhile leaves a cancelled future
+            self.result.set_result(value)
+
+
+@dataclass(eq=False)
 class _Unload:
     """A request to free the model, handled by the worker thread once nothing runs."""
 
@@ -106,7 +133,7 @@ class ModelWorker:
         self.max_queue = max_queue
         self.warn = warn
         self.exact = exact
-        self.jobs: queue.Queue[Job | _Unload] = queue.Queue()
+        self.jobs: queue.Queue[Job | EmbedJob | _Unload] = queue.Queue()
         self.backend: Any = None
         self.pc: Any = None
         self.n_ctx = load.n_ctx
@@ -139,7 +166,7 @@ class ModelWorker:
         with self.lock:
             self._ensure_loaded()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job | EmbedJob) -> None:
         """Queue a job; QueueFull when every slot is busy and `max_queue` jobs already wait."""
         if not self.alive:
             raise LocalgenError(f"{self.name}: the model's worker has stopped ({self.dead or 'shutting down'})")
@@ -200,7 +227,7 @@ class ModelWorker:
     # ---- the thread -------------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        item: Job | _Unload | None = None
+        item: Job | EmbedJob | _Unload | None = None
         try:
             while not self._stop.is_set():
                 item = None
@@ -213,6 +240,11 @@ class ModelWorker:
                     self._unload()
                     item.done.set()
                     continue
+                if isinstance(item, EmbedJob):
+                    if self._load_for(item):
+                        self._embed(item)
+                    self.idle_since = time.monotonic()
+                    continue
                 if self._load_for(item):
                     self._batch(item)
                 self._after_batch()
@@ -220,19 +252,20 @@ class ModelWorker:
             self.dead = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             self._internal(e, "the worker thread stopped")
             stopped = Failed(500, f"{self.name}: the model's worker stopped")
-            if isinstance(item, Job):
+            if isinstance(item, (Job, EmbedJob)):
                 item.send(stopped)
             self._drain(stopped)
             raise
 
-    def _load_for(self, job: Job) -> bool:
+    def _load_for(self, job: Job | EmbedJob) -> bool:
         """Load the model if it is not loaded; False (the job failed) when it cannot be."""
         try:
             with self.lock:
                 t0 = time.perf_counter()
                 was_loaded = self.loaded
                 self._ensure_loaded()
-                job.load_s = 0.0 if was_loaded else time.perf_counter() - t0
+                if isinstance(job, Job):
+                    job.load_s = 0.0 if was_loaded else time.perf_counter() - t0
             return True
         except LocalgenError as e:
             job.send(Failed(500, f"cannot load {self.name}: {e.message}"))
@@ -240,6 +273,20 @@ class ModelWorker:
             self._internal(e, "loading the model")
             job.send(Failed(500, f"cannot load {self.name}: {INTERNAL}"))
         return False
+
+    def _embed(self, job: EmbedJob) -> None:
+        """Embed in this thread (between decoding steps when streams run): the Embeddings, or a Failed."""
+        from localgen.engine.embed import ContextTooSmall
+
+        try:
+            job.send(self.backend.embed(job.texts, None, True, job.dimensions, job.truncate))
+        except ContextTooSmall as e:
+            job.send(Failed(413, e.message))
+        except LocalgenError as e:
+            job.send(Failed(400, e.message))
+        except Exception as e:
+            self._internal(e, "embedding")
+            job.send(Failed(500, INTERNAL))
 
     def _after_batch(self) -> None:
         self.idle_since = time.monotonic()
@@ -280,7 +327,7 @@ class ModelWorker:
         def take(wait: bool) -> Any:
             while True:
                 if waiting:
-                    item: Job | _Unload = waiting.pop()
+                    item: Job | EmbedJob | _Unload = waiting.pop()
                 else:
                     try:
                         item = self.jobs.get(timeout=0.05) if wait else self.jobs.get_nowait()
@@ -289,6 +336,9 @@ class ModelWorker:
                 if isinstance(item, _Unload):  # handled once this loop ends
                     self._unloads.append(item)
                     return END if wait else None
+                if isinstance(item, EmbedJob):  # quick: done here, between two decoding steps
+                    self._embed(item)
+                    continue
                 return self._prepare(item, Request) or None
 
         def done(c: Completion) -> None:

@@ -1,0 +1,218 @@
+"""`localgen embed` (texts to vectors: NDJSON, or one JSON object; --store into a collection) and
+`localgen similar` (the nearest texts of a collection)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.errors import UsageError
+
+EMBED = "Embeddings"
+Pooling = Annotated[
+    str | None,
+    typer.Option("--pooling", rich_help_panel=EMBED, show_default=False,
+                 help="mean, cls or last (default: the model's own; mean for chat models, which name none)."),
+]
+
+
+def embed(
+    ctx: typer.Context,
+    texts: Annotated[
+        list[str] | None,
+        typer.Argument(show_default=False, help="Texts to embed (default: one per line of stdin, or --file)."),
+    ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", exists=True, dir_okay=False, readable=True, show_default=False, rich_help_panel=EMBED,
+                     help='One text per line, or JSON lines {"id": ..., "text": ...}.'),
+    ] = None,
+    model: o.Model = None,
+    offline: o.Offline = False,
+    pooling: Pooling = None,
+    normalize: Annotated[
+        bool, typer.Option("--normalize/--no-normalize", rich_help_panel=EMBED, help="Scale each vector to length 1.")
+    ] = True,
+    dimensions: Annotated[
+        int | None, typer.Option("--dimensions", min=1, rich_help_panel=EMBED, show_default=False,
+                                 help="Keep the first N dimensions (Matryoshka models), normalised again.")
+    ] = None,
+    truncate: Annotated[
+        bool, typer.Option("--truncate", rich_help_panel=EMBED,
+                           help="Embed the first --ctx tokens of a longer text instead of refusing it.")
+    ] = False,
+    fmt: Annotated[
+        str, typer.Option("--format", rich_help_panel=o.OUTPUT_PANEL,
+                          help="float (a JSON list) or base64 (little-endian float32, as OpenAI's API sends).")
+    ] = "float",
+    json_out: Annotated[
+        bool, typer.Option("--json", rich_help_panel=o.OUTPUT_PANEL,
+                           help="One JSON object (model, pooling, dimensions, data, tokens) instead of NDJSON.")
+    ] = False,
+    store: Annotated[
+        str | None, typer.Option("--store", rich_help_panel=EMBED, show_default=False,
+                                 help="Keep the vectors, ids and texts in this collection (see `similar`); an "
+                                      "unchanged text is not embedded again.")
+    ] = None,
+    ctx_size: o.Ctx = 2048,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = None,
+    verbose: o.Verbose = False,
+) -> None:
+    """Turn texts into embedding vectors, one per text: NDJSON lines {"id", "embedding", "tokens"}."""
+    values = dict(locals())
+    values["ctx"] = values.pop("ctx_size")
+    run_embed(o.Flags(ctx, values))
+
+
+def similar(
+    ctx: typer.Context,
+    collection: Annotated[str, typer.Argument(help="A collection made with `embed --store`.")],
+    query: Annotated[str, typer.Argument(help="The text to find neighbours of.")],
+    count: Annotated[int, typer.Option("--count", "-n", min=1, help="How many.")] = 10,
+    offline: o.Offline = False,
+    threads: o.Threads = None,
+    verbose: o.Verbose = False,
+) -> None:
+    """The texts of a collection nearest to a query (cosine similarity), best first, as NDJSON."""
+    values = dict(locals())
+    values.pop("ctx")  # the Typer context; the model loads with the default window
+    run_similar(o.Flags(ctx, values))
+
+
+def _inputs(f: o.Flags) -> list[tuple[str, str]]:
+    """(id, text) pairs: the arguments, else --file, else stdin lines; blank lines are skipped."""
+    import json
+
+    from localgen.text import checked
+
+    if f.texts:
+        if f.file:
+            raise UsageError("give texts as arguments or with --file, not both")
+        return [(str(i), checked(t, f"text {i}")) for i, t in enumerate(f.texts, 1)]
+    if f.file:
+        try:
+            lines = Path(f.file).read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise UsageError(f"{f.file} is not UTF-8 text") from None
+    elif sys.stdin is not None and not sys.stdin.isatty():
+        lines = sys.stdin.read().splitlines()
+    else:
+        raise UsageError("nothing to embed: give texts as arguments, --file, or lines on stdin")
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        ident, text = str(n), line
+        if line.lstrip().startswith("{"):
+            try:
+                doc = json.loads(line)
+                text = doc.get("text", doc.get("content"))
+                if not isinstance(text, str):
+                    raise ValueError('needs a "text" string')
+                ident = str(doc.get("id", n))
+            except (ValueError, AttributeError) as e:
+                raise UsageError(f"line {n}: bad JSON line: {e}") from None
+        out.append((ident, checked(text, f"line {n}")))
+    if not out:
+        raise UsageError("nothing to embed: every line is blank")
+    return out
+
+
+def _backend(f: o.Flags, model: str | None) -> Any:
+    from localgen.cli.output import ErrWriter
+    from localgen.cli.progress import make_progress
+    from localgen.engine.local import LocalBackend
+    from localgen.models.load import open_engine
+    from localgen.models.resolve import resolve
+
+    err = ErrWriter()
+    ref = resolve(model, offline=f.offline, progress=make_progress())
+    engine = open_engine(ref, o.load_params(f), verbose=f.verbose, warn=err.warn)
+    return LocalBackend(engine, warn=err.warn)
+
+
+def run_embed(f: o.Flags) -> None:
+    """Embed, print or store."""
+    import base64
+    import json
+
+    from localgen.cli.output import ErrWriter, TextWriter
+    from localgen.embeddings import store as collections
+    from localgen.engine.embed import POOLING
+
+    if f.fmt not in ("float", "base64"):
+        raise UsageError(f"--format takes float or base64, not {f.fmt!r}")
+    if f.pooling is not None and f.pooling not in POOLING:
+        raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
+    items = _inputs(f)
+    backend = _backend(f, f.model)
+    try:
+        name = backend.name
+        if f.store:
+            skip = collections.unchanged(f.store, items)
+            todo = [(i, t) for i, t in items if i not in skip]
+        else:
+            skip, todo = set(), items
+        vectors = backend.embed([t for _, t in todo], f.pooling, f.normalize, f.dimensions, f.truncate)
+        pooling = backend.embedder(f.pooling).pooling
+    finally:
+        backend.close()
+    if f.store:
+        dims = len(vectors[0].vector) if vectors else (f.dimensions or 0)
+        coll = collections.Collection(f.store, name, f.model, pooling, dims, f.normalize)
+        if vectors or not skip:
+            collections.ensure(coll)
+        collections.put(f.store, [(i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)])
+        ErrWriter().line(f"{f.store}: {len(todo):,} embedded and stored, {len(skip):,} unchanged")
+        return
+    out = TextWriter(sys.stdout)
+
+    def shown(vec: list[float]) -> Any:
+        return base64.b64encode(collections.pack(vec)).decode() if f.fmt == "base64" else vec
+
+    data = [{"id": i, "embedding": shown(v.vector), "tokens": v.tokens}
+            for (i, _), v in zip(todo, vectors, strict=True)]
+    if f.json_out:
+        doc = {"model": name, "pooling": pooling, "dimensions": len(vectors[0].vector), "normalized": f.normalize,
+               "data": data, "tokens": sum(v.tokens for v in vectors)}
+        out.write(json.dumps(doc) + "\n")
+        return
+    for d in data:
+        if not out.write(json.dumps(d) + "\n"):
+            return
+
+
+def run_similar(f: o.Flags) -> None:
+    """Embed the query as the collection was made, and rank its texts by cosine similarity."""
+    import json
+
+    import numpy as np
+
+    from localgen.cli.output import TextWriter
+    from localgen.embeddings import store as collections
+    from localgen.text import checked
+
+    coll = collections.get(f.collection)
+    rows = collections.vectors(f.collection)
+    backend = _backend(f, coll.model_spec)
+    try:
+        q = backend.embed([checked(f.query, "the query")], coll.pooling, coll.normalized,
+                          coll.dimensions if coll.dimensions else None, truncate=True)[0].vector
+    finally:
+        backend.close()
+    if not rows:
+        return
+    matrix = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), -1).astype(np.float64)
+    qv = np.asarray(q, dtype=np.float64)
+    scores = matrix @ qv / (np.linalg.norm(matrix, axis=1) * np.linalg.norm(qv) + 1e-30)
+    out = TextWriter(sys.stdout)
+    for k in np.argsort(-scores, kind="stable")[:f.count]:
+        ident, text, _ = rows[int(k)]
+        if not out.write(json.dumps({"id": ident, "score": round(float(scores[k]), 6), "content": text},
+                                    ensure_ascii=False) + "\n"):
+            return

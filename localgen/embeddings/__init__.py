@@ -1,0 +1,1 @@
+"""Collections of embeddings (embeddings/store.py)."""

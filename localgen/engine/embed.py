@@ -1,0 +1,175 @@
+"""Embeddings: texts to vectors through a context of their own on the loaded model (embeddings on, the
+model's pooling or the one asked for), many texts per llama_decode, as llama.cpp's llama-embedding batches
+them (each text a sequence, every token an output, the cache cleared between batches), then L2-normalised
+unless asked not to be."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from localgen.engine import logs
+from localgen.errors import LocalgenError, UsageError
+
+if TYPE_CHECKING:
+    from localgen.engine.llama import Engine
+
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+POOLING_NAMES = {v: k for k, v in POOLING.items()}
+MAX_SEQS = 64  # texts per llama_decode (llama.cpp's limit on sequence ids is 256)
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """One text's vector and how many tokens it took."""
+
+    vector: list[float]
+    tokens: int
+
+
+class Embedder:
+    """An embeddings context on an Engine's model; `embed` turns texts into vectors. Pooling: as asked,
+    else the model's own (embedding models name theirs), else mean (chat models name none)."""
+
+    def __init__(self, engine: Engine, pooling: str | None = None, n_ctx: int | None = None) -> None:
+        lc = engine.lib
+        self.lc = lc
+        self.engine = engine
+        n_ctx = n_ctx or engine.n_ctx
+        p = lc.llama_context_default_params()
+        prm = engine.params
+        p.n_ctx = n_ctx
+        p.n_batch = n_ctx  # a text must fit one ubatch: models with non-causal attention need it whole
+        p.n_ubatch = n_ctx
+        p.n_seq_max = MAX_SEQS
+        p.kv_unified = True  # every sequence of a batch draws on the same n_ctx cells
+        p.n_threads = prm.n_threads
+        p.n_threads_batch = prm.n_threads_batch
+        p.embeddings = True
+        p.pooling_type = POOLING[pooling] if pooling else -1  # -1: the model's own (its GGUF's pooling_type)
+        p.flash_attn_type = 1 if engine.flash_attn else 0
+        p.no_perf = True
+        self.ctx = lc.llama_init_from_model(engine.model_ptr, p)
+        if not self.ctx:
+            raise LocalgenError("llama.cpp could not create an embeddings context", hint="lower --ctx")
+        self.n_ctx = n_ctx
+        self.pooling = POOLING_NAMES.get(int(lc.llama_pooling_type(self.ctx)), "none")
+        if self.pooling == "none" and pooling is None:  # a chat model names none: average its tokens
+            lc.llama_free(self.ctx)
+            p.pooling_type = POOLING["mean"]
+            self.ctx = lc.llama_init_from_model(engine.model_ptr, p)
+            if not self.ctx:
+                raise LocalgenError("llama.cpp could not create an embeddings context", hint="lower --ctx")
+            self.pooling = "mean"
+        if self.pooling == "none":
+            self.close()
+            raise UsageError("--pooling none gives one vector per token, not one per text",
+                             hint="choose --pooling mean, cls or last")
+        if self.pooling == "rank":
+            self.close()
+            raise UsageError(f"{engine.model.name} is a reranker: its pooling gives scores, not embeddings",
+                             hint="use `localgen rerank`, or --pooling mean, cls or last")
+        model = engine.model_ptr
+        self.n_embd = int(lc.llama_model_n_embd_out(model)) if hasattr(lc, "llama_model_n_embd_out") else 0
+        self.n_embd = self.n_embd or int(lc.llama_model_n_embd(model))
+        self.encoder_only = bool(lc.llama_model_has_encoder(model)) and not bool(lc.llama_model_has_decoder(model))
+        self.batch = lc.llama_batch_init(n_ctx, 0, 1)
+        self.mem = lc.llama_get_memory(self.ctx)
+
+    def close(self) -> None:
+        """Free the context."""
+        if self.ctx:
+            if getattr(self, "batch", None) is not None:
+                self.lc.llama_batch_free(self.batch)
+            self.lc.llama_free(self.ctx)
+            self.ctx = None
+
+    def tokens(self, text: str, truncate: bool = False) -> list[int]:
+        """A text's tokens as llama-embedding makes them (special tokens added and parsed); too long for the
+        window is an error, or cut to it with `truncate`."""
+        toks = self.engine.tokenize(text, add_special=True)
+        if len(toks) > self.n_ctx:
+            if not truncate:
+                raise ContextTooSmall(len(toks), self.n_ctx)
+            toks = toks[:self.n_ctx]
+        return toks
+
+    def embed(self, token_lists: list[list[int]], normalize: bool = True,
+              dimensions: int | None = None) -> list[Embedding]:
+        """One vector per token list, in order; texts are packed into as few llama_decode calls as fit."""
+        out: list[Embedding] = []
+        pending: list[list[int]] = []
+        used = 0
+        for toks in token_lists:
+            if not toks:
+                raise UsageError("an empty text has no embedding")
+            if pending and (used + len(toks) > self.n_ctx or len(pending) == MAX_SEQS):
+                out += self._run(pending, normalize, dimensions)
+                pending, used = [], 0
+            pending.append(toks)
+            used += len(toks)
+        if pending:
+            out += self._run(pending, normalize, dimensions)
+        return out
+
+    def _run(self, seqs: list[list[int]], normalize: bool, dimensions: int | None) -> list[Embedding]:
+        lc, b = self.lc, self.batch
+        lc.llama_memory_clear(self.mem, True)
+        n = 0
+        for s, toks in enumerate(seqs):
+            for pos, tok in enumerate(toks):
+                b.token[n] = tok
+                b.pos[n] = pos
+                b.n_seq_id[n] = 1
+                b.seq_id[n][0] = s
+                b.logits[n] = 1  # as llama-embedding: every token an output
+                n += 1
+        b.n_tokens = n
+        rc = lc.llama_encode(self.ctx, b) if self.encoder_only else lc.llama_decode(self.ctx, b)
+        logs.raise_deferred()
+        if rc != 0:
+            raise LocalgenError(f"llama.cpp could not embed {len(seqs)} text{'s' if len(seqs) > 1 else ''} ({rc})")
+        result = []
+        for s, toks in enumerate(seqs):
+            ptr = lc.llama_get_embeddings_seq(self.ctx, s)
+            if not ptr:
+                raise LocalgenError("llama.cpp returned no pooled embedding")
+            vec = [float(ptr[i]) for i in range(self.n_embd)]
+            result.append(Embedding(finish(vec, normalize, dimensions), len(toks)))
+        return result
+
+
+class ContextTooSmall(UsageError):
+    """A text longer than the embeddings window."""
+
+    def __init__(self, n: int, n_ctx: int) -> None:
+        super().__init__(f"a text is {n:,} tokens; the embeddings window is {n_ctx:,}",
+                         hint="raise --ctx, or --truncate to embed its first tokens")
+        self.n = n
+
+
+def finish(vec: list[float], normalize: bool, dimensions: int | None) -> list[float]:
+    """Cut to `dimensions` (Matryoshka models keep meaning in the first ones), then L2-normalise."""
+    if dimensions is not None:
+        if not 1 <= dimensions <= len(vec):
+            raise UsageError(f"--dimensions must be within 1 to {len(vec)} (the model's size), not {dimensions}")
+        vec = vec[:dimensions]
+    if normalize:
+        norm = math.sqrt(sum(x * x for x in vec))
+        if norm > 0:
+            vec = [x / norm for x in vec]
+    return vec
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    """Cosine similarity of two vectors."""
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    na = math.sqrt(sum(x * x for x in a))
+    nb = math.sqrt(sum(y * y for y in b))
+    return dot / (na * nb) if na and nb else 0.0
+
+
+def describe_pooling(p: Any) -> str:
+    """A pooling value as its name."""
+    return POOLING_NAMES.get(int(p), str(p))
