@@ -61,6 +61,7 @@ def embed(
     ctx_size: o.Ctx = 2048,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = None,
+    repack: o.Repack = None,
     verbose: o.Verbose = False,
 ) -> None:
     """Turn texts into embedding vectors, one per text: NDJSON lines {"id", "embedding", "tokens"}."""
@@ -132,7 +133,10 @@ def _backend(f: o.Flags, model: str | None) -> Any:
 
     err = ErrWriter()
     ref = resolve(model, offline=f.offline, progress=make_progress())
-    engine = open_engine(ref, o.load_params(f), verbose=f.verbose, warn=err.warn)
+    # Embedding is prompt processing only, where llama.cpp's repacked CPU layouts pay (and are its default);
+    # generation's reason to leave them off (exact batching) does not apply.
+    load = o.load_params(f, **({} if f.get("repack") is not None else {"repack": True}))
+    engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn)
     return LocalBackend(engine, warn=err.warn)
 
 

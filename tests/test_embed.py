@@ -1,0 +1,144 @@
+"""Embeddings: `localgen embed` (arguments, stdin, --file, formats, pooling, dimensions, truncation), the
+vectors against llama.cpp's own llama-embedding (kept in tests/data/ beside the script that regenerates
+them), collections (`embed --store`, `similar`), and serve's /v1/embeddings and /api/embed driven by the
+real `openai` and `ollama` clients."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI, ROOT
+from tests.test_serve import Server
+
+TEXTS = ["The cat sat on the mat.", "A feline rested on the rug.", "Quarterly revenue grew 8 percent."]
+
+
+def _cos(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+@pytest.fixture
+def ecli(cli_env: dict[str, str], tmp_path: Path) -> CLI:
+    return CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+
+
+def _vectors(r: object) -> list[list[float]]:
+    out = r.stdout  # type: ignore[attr-defined]
+    return [json.loads(line)["embedding"] for line in out.splitlines()]
+
+
+def test_embed_prints_one_normalised_vector_per_text(cli: CLI) -> None:
+    r = cli("embed", *TEXTS)
+    assert r.returncode == 0, r.stderr
+    docs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [d["id"] for d in docs] == ["1", "2", "3"] and all(d["tokens"] > 3 for d in docs)
+    vecs = [d["embedding"] for d in docs]
+    assert all(len(v) == 576 and abs(math.sqrt(sum(x * x for x in v)) - 1) < 1e-6 for v in vecs)
+    assert _cos(vecs[0], vecs[1]) > _cos(vecs[0], vecs[2]), "the two sentences about a cat are nearer"
+    alone = _vectors(cli("embed", TEXTS[2]))[0]
+    assert _cos(alone, vecs[2]) > 0.99999, "a text batched with others embeds as it does alone"
+    piped = cli("embed", input="\n".join(TEXTS) + "\n\n")
+    assert _vectors(piped) == vecs, "stdin lines, blank ones skipped"
+
+
+def test_embed_options(cli: CLI, tmp_path: Path) -> None:
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"id": "a", "text": "first"}\n{"id": "b", "text": "second"}\n')
+    r = cli("embed", "--file", str(f), "--json", "--dimensions", "64")
+    doc = json.loads(r.stdout)
+    assert doc["model"] == "smollm2:135m" and doc["pooling"] == "mean" and doc["dimensions"] == 64
+    assert [d["id"] for d in doc["data"]] == ["a", "b"] and all(len(d["embedding"]) == 64 for d in doc["data"])
+    assert abs(math.sqrt(sum(x * x for x in doc["data"][0]["embedding"])) - 1) < 1e-6, "normalised after the cut"
+    b64 = json.loads(cli("embed", "first", "--format", "base64").stdout)["embedding"]
+    raw = base64.b64decode(b64)
+    floats = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    plain = _vectors(cli("embed", "first"))[0]
+    assert max(abs(x - y) for x, y in zip(floats, plain, strict=True)) < 1e-6
+    unnormed = _vectors(cli("embed", "first", "--no-normalize"))[0]
+    assert math.sqrt(sum(x * x for x in unnormed)) > 1.5
+    mean, last = (_vectors(cli("embed", TEXTS[0], "--pooling", p))[0] for p in ("mean", "last"))
+    assert _cos(last, mean) < 0.999, "another pooling, another vector"
+    long = "word " * 3000
+    r = cli("embed", long, "--ctx", "512")
+    assert r.returncode == 2 and "the embeddings window is 512" in r.stderr and "--truncate" in r.stderr
+    assert cli("embed", long, "--ctx", "512", "--truncate").returncode == 0
+    for args, needle in ((["--format", "hex", "x"], "--format takes float or base64"),
+                         (["--pooling", "max", "x"], "--pooling takes mean, cls or last"),
+                         (["--dimensions", "9999", "x"], "--dimensions must be within 1 to 576"),
+                         ([], "nothing to embed")):
+        r = cli("embed", *args)
+        assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_vectors_match_llama_cpps_llama_embedding(cli: CLI, model: str, gemma_path: Path) -> None:
+    """tests/data/llama_embedding_<model>.json holds llama-embedding's vectors (same vendored llama.cpp,
+    same texts and pooling); scripts/embeddings_reference.py regenerates them and compares live."""
+    ref = json.loads((ROOT / "tests" / "data" / f"llama_embedding_{model}.json").read_text())
+    ours = _vectors(cli("embed", "-m", ref["model"], "--pooling", ref["pooling"], *ref["texts"]))
+    sims = [_cos(mine, theirs) for mine, theirs in zip(ours, ref["embeddings"], strict=True)]
+    assert min(sims) > 1 - 1e-4, sims
+
+
+def test_collections_store_skip_unchanged_and_find_neighbours(ecli: CLI, tmp_path: Path) -> None:
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join([*TEXTS, "Stocks fell sharply on Monday."]) + "\n")
+    r = ecli("embed", "--file", str(docs), "--store", "notes")
+    assert r.returncode == 0 and r.stdout == "" and "4 embedded and stored, 0 unchanged" in r.stderr
+    docs.write_text("\n".join([*TEXTS, "Stocks rose on Tuesday."]) + "\n")
+    r = ecli("embed", "--file", str(docs), "--store", "notes")
+    assert "1 embedded and stored, 3 unchanged" in r.stderr, "only the changed text was embedded again"
+    r = ecli("similar", "notes", "a kitten on a carpet", "-n", "2")
+    assert r.returncode == 0, r.stderr
+    hits = [json.loads(line) for line in r.stdout.splitlines()]
+    assert {h["id"] for h in hits} == {"1", "2"} and hits[0]["score"] >= hits[1]["score"]
+    assert hits[0]["content"] in TEXTS[:2]
+    r = ecli("embed", "x", "--store", "notes", "--dimensions", "32")
+    assert r.returncode == 2 and "holds smollm2:135m vectors" in r.stderr
+    r = ecli("similar", "nope", "x")
+    assert r.returncode == 2 and "no collection named 'nope' (there are: notes)" in r.stderr
+    db = Path(ecli.env["LOCALGEN_HOME"]) / "data" / "embeddings" / "embeddings.db"
+    assert oct(db.stat().st_mode & 0o777) == "0o600" and oct(db.parent.stat().st_mode & 0o777) == "0o700"
+
+
+@pytest.fixture(scope="module")
+def server(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(cli_env, "-np", "2")
+    yield s
+    assert s.stop() == 0
+
+
+def test_serve_embeddings_for_the_openai_and_ollama_clients(server: Server, cli: CLI) -> None:
+    import ollama
+    import openai
+
+    local = _vectors(cli("embed", *TEXTS))
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x")
+    r = client.embeddings.create(model="smollm2:135m", input=TEXTS)
+    assert [d.index for d in r.data] == [0, 1, 2] and r.usage.prompt_tokens > 9
+    for d, want in zip(r.data, local, strict=True):
+        assert _cos(d.embedding, want) > 1 - 1e-5, "the server embeds as `localgen embed` does"
+    short = client.embeddings.create(model="smollm2:135m", input="hello", dimensions=32, encoding_format="base64")
+    assert len(base64.b64decode(str(short.data[0].embedding))) == 32 * 4, "32 float32s"
+    o = ollama.Client(host=server.url)
+    e = o.embed(model="smollm2:135m", input=TEXTS)
+    assert len(e.embeddings) == 3 and _cos(list(e.embeddings[0]), local[0]) > 1 - 1e-5
+    legacy = o.embeddings(model="smollm2:135m", prompt=TEXTS[1])
+    assert _cos(list(legacy.embedding), local[1]) > 1 - 1e-5
+    import httpx
+
+    bad = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": [1, 2]})
+    assert bad.status_code == 400 and "list of strings" in bad.json()["error"]["message"]
+    long = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": "word " * 6000})
+    assert long.status_code == 413
+    ok = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "word " * 6000}, timeout=60)
+    assert ok.status_code == 200, "Ollama truncates by default"
+    assert server.health()["alive"]
