@@ -142,3 +142,80 @@ def test_serve_embeddings_for_the_openai_and_ollama_clients(server: Server, cli:
     ok = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "word " * 6000}, timeout=60)
     assert ok.status_code == 200, "Ollama truncates by default"
     assert server.health()["alive"]
+
+
+# ---- a model's own pooling, reranking, and models refusing what they cannot do (tests/tiny_bert.py) ----
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tests.tiny_bert import build
+
+    d = tmp_path_factory.mktemp("tiny")
+    return {"bert": build(d / "tiny-bert.gguf"), "reranker": build(d / "tiny-bert-reranker.gguf", rank=True)}
+
+
+def test_an_embedding_model_names_its_own_pooling(cli: CLI, tiny: dict[str, Path]) -> None:
+    ref = json.loads((ROOT / "tests" / "data" / "llama_embedding_tiny_bert.json").read_text())
+    r = cli("embed", "-m", str(tiny["bert"]), *ref["texts"], "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["pooling"] == "cls" and doc["dimensions"] == 64, "read from the GGUF, not chosen by localgen"
+    sims = [_cos(d["embedding"], want) for d, want in zip(doc["data"], ref["embeddings"], strict=True)]
+    assert min(sims) > 1 - 1e-4, sims
+
+
+def test_rerank_scores_match_llama_cpps(cli: CLI, tiny: dict[str, Path], tmp_path: Path) -> None:
+    ref = json.loads((ROOT / "tests" / "data" / "llama_rerank_tiny_bert.json").read_text())
+    r = cli("rerank", "-m", str(tiny["reranker"]), ref["query"], *ref["documents"])
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [g["score"] for g in got] == sorted((g["score"] for g in got), reverse=True), "best first"
+    for g in got:
+        i = int(g["id"]) - 1
+        assert abs(g["score"] - ref["scores"][i]) < 1e-5 and g["document"] == ref["documents"][i]
+    f = tmp_path / "docs.jsonl"
+    f.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(ref["documents"])))
+    top = [json.loads(line) for line in cli("rerank", "-m", str(tiny["reranker"]), ref["query"], "--file", str(f),
+                                            "--top", "2").stdout.splitlines()]
+    assert [t["id"] for t in top] == [f"d{int(g['id']) - 1}" for g in got[:2]]
+
+
+def test_models_refuse_what_they_cannot_do(cli: CLI, tiny: dict[str, Path]) -> None:
+    for args, needle in ((["run", "-m", str(tiny["bert"]), "-p", "hi"], "is an encoder model"),
+                         (["run", "-m", str(tiny["bert"]), "--raw", "-p", "hi"], "is an encoder model"),
+                         (["embed", "-m", str(tiny["reranker"]), "x"], "is a reranker"),
+                         (["rerank", "query", "a document"], "smollm2:135m is not a reranker"),
+                         (["rerank", "-m", str(tiny["bert"]), "query", "doc"],
+                          "is not a reranker (its pooling is cls")):
+        r = cli(*args)
+        assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+    r = cli("chat", "-m", str(tiny["bert"]), input="hi\n")
+    assert r.returncode == 2 and "is an encoder model" in r.stderr
+
+
+def test_serve_reranks_and_refuses_chat_on_an_encoder(cli_env: dict[str, str], tiny: dict[str, Path]) -> None:
+    import httpx
+
+    ref = json.loads((ROOT / "tests" / "data" / "llama_rerank_tiny_bert.json").read_text())
+    s = Server(cli_env, "-m", str(tiny["bert"]), "-m", str(tiny["reranker"]))
+    try:
+        r = httpx.post(f"{s.url}/v1/rerank", timeout=60, json={
+            "model": "tiny-bert-reranker.gguf", "query": ref["query"], "documents": ref["documents"], "top_n": 3,
+            "return_documents": True})
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        assert len(doc["results"]) == 3 and doc["usage"]["prompt_tokens"] > 20
+        for res in doc["results"]:
+            assert abs(res["relevance_score"] - ref["scores"][res["index"]]) < 1e-5
+            assert res["document"]["text"] == ref["documents"][res["index"]]
+        scores = [res["relevance_score"] for res in doc["results"]]
+        assert scores == sorted(scores, reverse=True)
+        chat = httpx.post(f"{s.url}/v1/chat/completions", timeout=60, json={
+            "model": "tiny-bert.gguf", "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 400 and "is an encoder model" in chat.json()["error"]["message"]
+        emb = httpx.post(f"{s.url}/v1/embeddings", timeout=60, json={"model": "tiny-bert-reranker.gguf", "input": "x"})
+        assert emb.status_code == 400 and "is a reranker" in emb.json()["error"]["message"]
+        ok = httpx.post(f"{s.url}/v1/embeddings", timeout=60, json={"model": "tiny-bert.gguf", "input": "the cat"})
+        assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 64
+    finally:
+        assert s.stop() == 0

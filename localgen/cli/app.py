@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("localgen.cli.logs", "logs_app"),
     "embed": ("localgen.cli.embed", "embed"),
     "similar": ("localgen.cli.embed", "similar"),
+    "rerank": ("localgen.cli.embed", "rerank"),
     "rpc-server": ("localgen.cli.rpc", "rpc_server"),
 }
 HELP = "Chat with and generate from local GGUF models (llama.cpp): fast, quiet, scriptable."

@@ -181,7 +181,13 @@ def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:
     engine = open_engine(ref, load, verbose=f.verbose, warn=lambda text: view.info(f"warning: {text}"))
     if view.interactive:
         view.info(f"{ref.name} ready in {engine.load_s:.2f} s · context {engine.n_ctx:,} tokens · /help for commands")
-    return LocalBackend(engine, warn=lambda text: view.info(f"warning: {text}"))
+    backend = LocalBackend(engine, warn=lambda text: view.info(f"warning: {text}"))
+    try:
+        backend.check_generates()  # an encoder model cannot chat
+    except BaseException:
+        backend.close()
+        raise
+    return backend
 
 
 def remote_backend(endpoints: list[Any], name: str, f: o.Flags, view: ChatView) -> Any:

@@ -1,5 +1,5 @@
-"""`localgen embed` (texts to vectors: NDJSON, or one JSON object; --store into a collection) and
-`localgen similar` (the nearest texts of a collection)."""
+"""`localgen embed` (texts to vectors: NDJSON, or one JSON object; --store into a collection),
+`localgen similar` (the nearest texts of a collection) and `localgen rerank` (documents by relevance)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,61 @@ def similar(
     values = dict(locals())
     values.pop("ctx")  # the Typer context; the model loads with the default window
     run_similar(o.Flags(ctx, values))
+
+
+def rerank(
+    ctx: typer.Context,
+    query: Annotated[str, typer.Argument(help="What the documents are scored against.")],
+    documents: Annotated[
+        list[str] | None,
+        typer.Argument(show_default=False, help="Documents (default: one per line of stdin, or --file)."),
+    ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", exists=True, dir_okay=False, readable=True, show_default=False, rich_help_panel=EMBED,
+                     help='One document per line, or JSON lines {"id": ..., "text": ...}.'),
+    ] = None,
+    model: o.Model = None,
+    offline: o.Offline = False,
+    top: Annotated[int | None, typer.Option("--top", "-n", min=1, show_default=False, help="Only the best N.")] = None,
+    truncate: Annotated[
+        bool, typer.Option("--truncate", rich_help_panel=EMBED,
+                           help="Score the first --ctx tokens of a longer pair instead of refusing it.")
+    ] = False,
+    ctx_size: o.Ctx = 2048,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = None,
+    repack: o.Repack = None,
+    verbose: o.Verbose = False,
+) -> None:
+    """Score documents against a query with a reranker model: NDJSON {"id", "score", "document"}, best first."""
+    values = dict(locals())
+    values["ctx"] = values.pop("ctx_size")
+    values["texts"] = values.pop("documents")
+    run_rerank(o.Flags(ctx, values))
+
+
+def run_rerank(f: o.Flags) -> None:
+    """Score each document (reranker models only) and print them by relevance."""
+    import json
+
+    from localgen.cli.output import TextWriter
+    from localgen.text import checked
+
+    query = checked(f.query, "the query")
+    items = _inputs(f)
+    backend = _backend(f, f.model)
+    try:
+        scored = backend.rerank(query, [t for _, t in items], f.truncate)
+    finally:
+        backend.close()
+    order = sorted(range(len(items)), key=lambda i: -scored[i][0])[:f.top or len(items)]
+    out = TextWriter(sys.stdout)
+    for i in order:
+        ident, text = items[i]
+        if not out.write(json.dumps({"id": ident, "score": round(scored[i][0], 6), "document": text},
+                                    ensure_ascii=False) + "\n"):
+            return
 
 
 def _inputs(f: o.Flags) -> list[tuple[str, str]]:

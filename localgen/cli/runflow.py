@@ -57,6 +57,8 @@ def execute(f: o.Flags) -> None:
     err = ErrWriter()
     backend: Backend = remote_backend(f, plan) if plan.endpoints else open_backend(f, plan, err)
     try:
+        if not plan.endpoints:
+            backend.check_generates()  # type: ignore[attr-defined]  # LocalBackend: an encoder cannot
         if plan.many or thread is None:
             raise typer.Exit(run_many(f, plan, backend, err))
         request = single_request(f, plan, backend, thread.turns)

@@ -32,7 +32,8 @@ class Embedder:
     """An embeddings context on an Engine's model; `embed` turns texts into vectors. Pooling: as asked,
     else the model's own (embedding models name theirs), else mean (chat models name none)."""
 
-    def __init__(self, engine: Engine, pooling: str | None = None, n_ctx: int | None = None) -> None:
+    def __init__(self, engine: Engine, pooling: str | None = None, n_ctx: int | None = None,
+                 scores: bool = False) -> None:
         lc = engine.lib
         self.lc = lc
         self.engine = engine
@@ -55,7 +56,12 @@ class Embedder:
             raise LocalgenError("llama.cpp could not create an embeddings context", hint="lower --ctx")
         self.n_ctx = n_ctx
         self.pooling = POOLING_NAMES.get(int(lc.llama_pooling_type(self.ctx)), "none")
-        if self.pooling == "none" and pooling is None:  # a chat model names none: average its tokens
+        if scores:
+            if self.pooling != "rank":
+                self.close()
+                raise UsageError(f"{engine.model.name} is not a reranker (its pooling is {self.pooling}, not rank)",
+                                 hint="use a reranker model, e.g. a bge-reranker GGUF")
+        elif self.pooling == "none" and pooling is None:  # a chat model names none: average its tokens
             lc.llama_free(self.ctx)
             p.pooling_type = POOLING["mean"]
             self.ctx = lc.llama_init_from_model(engine.model_ptr, p)
@@ -66,13 +72,15 @@ class Embedder:
             self.close()
             raise UsageError("--pooling none gives one vector per token, not one per text",
                              hint="choose --pooling mean, cls or last")
-        if self.pooling == "rank":
+        if self.pooling == "rank" and not scores:
             self.close()
             raise UsageError(f"{engine.model.name} is a reranker: its pooling gives scores, not embeddings",
                              hint="use `localgen rerank`, or --pooling mean, cls or last")
         model = engine.model_ptr
         self.n_embd = int(lc.llama_model_n_embd_out(model)) if hasattr(lc, "llama_model_n_embd_out") else 0
         self.n_embd = self.n_embd or int(lc.llama_model_n_embd(model))
+        if scores:
+            self.n_embd = max(1, int(lc.llama_model_n_cls_out(model)))  # a reranker's output: its scores
         self.encoder_only = bool(lc.llama_model_has_encoder(model)) and not bool(lc.llama_model_has_decoder(model))
         self.batch = lc.llama_batch_init(n_ctx, 0, 1)
         self.mem = lc.llama_get_memory(self.ctx)
@@ -94,6 +102,26 @@ class Embedder:
                 raise ContextTooSmall(len(toks), self.n_ctx)
             toks = toks[:self.n_ctx]
         return toks
+
+    def pair_tokens(self, query: str, document: str, truncate: bool = False) -> list[int]:
+        """A (query, document) pair as llama.cpp's llama-embedding tokenizes it for a reranker: through the
+        model's "rerank" template when it has one, else query, the EOS and SEP texts the vocabulary adds,
+        then the document."""
+        import ctypes
+
+        lc, vocab = self.lc, self.engine.vocab
+        template = lc.llama_model_chat_template(self.engine.model_ptr, b"rerank")
+        if template:
+            text = ctypes.string_at(template).decode("utf-8", "replace")
+            prompt = text.replace("{query}", query).replace("{document}", document)
+        else:
+            between = ""
+            if lc.llama_vocab_get_add_eos(vocab):
+                between += self.engine.token_text(int(lc.llama_vocab_eos(vocab)))
+            if lc.llama_vocab_get_add_sep(vocab):
+                between += self.engine.token_text(int(lc.llama_vocab_sep(vocab)))
+            prompt = query + between + document
+        return self.tokens(prompt, truncate)
 
     def embed(self, token_lists: list[list[int]], normalize: bool = True,
               dimensions: int | None = None) -> list[Embedding]:

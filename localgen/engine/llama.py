@@ -105,6 +105,18 @@ class Engine(Vocabulary):
         self._template: ChatTemplate | None = None
         self._eog: tuple[int, ...] | None = None
 
+    @property
+    def encoder_only(self) -> bool:
+        """Whether the model is an encoder alone: a T5 encoder, or one whose attention is not causal (BERT and
+        kin). It embeds and scores, and cannot generate."""
+        lc, m = self.lib, self.model_ptr
+        if bool(lc.llama_model_has_encoder(m)) and not bool(lc.llama_model_has_decoder(m)):
+            return True
+        buf = ctypes.create_string_buffer(16)
+        key = f"{self.model.summary.architecture}.attention.causal".encode()
+        n = lc.llama_model_meta_val_str(m, key, buf, len(buf))
+        return n > 0 and buf.value.decode().lower() == "false"
+
     def gpu_weight_bytes(self) -> int:
         """Bytes of weights on GPU and RPC devices (not the CPU's buffers), from llama.cpp's load log."""
         return int(sum(mib for dev, mib in self.placement.items() if not dev.upper().startswith("CPU")) * 2**20)

@@ -12,7 +12,7 @@ from typing import Any
 from localgen.backend import Completion, Indexed
 from localgen.engine.lib import common_prefix
 from localgen.engine.llama import Engine
-from localgen.errors import LocalgenError
+from localgen.errors import LocalgenError, UsageError
 from localgen.types import GenerationRequest
 
 
@@ -28,6 +28,13 @@ class LocalBackend:
         self.name = engine.model.name
         self.defaults = dict(engine.model.sampling_defaults)  # the catalogue's recommended sampling
         self._embedder: Any = None
+        self._scorer: Any = None  # the reranking context
+
+    def check_generates(self) -> None:
+        """A UsageError for a model that cannot generate text (an encoder: embeddings and scores only)."""
+        if self.engine.encoder_only:
+            raise UsageError(f"{self.name} is an encoder model: it makes embeddings (or rerank scores), not text",
+                             hint="use `localgen embed` or `localgen rerank` with it")
 
     @property
     def n_ctx(self) -> int:
@@ -52,6 +59,7 @@ class LocalBackend:
 
     def generate(self, request: GenerationRequest, started: float | None = None) -> Any:
         """A stream of the answer; the shared prefix comes from (or goes to) the prompt cache first."""
+        self.check_generates()
         from localgen.engine import promptcache
 
         started = started if started is not None else time.perf_counter()
@@ -73,6 +81,7 @@ class LocalBackend:
     def run_many(self, requests: Iterable[Indexed], parallel: int, on_done: Callable[[Completion], None],
                  exact: bool | None = None) -> dict[str, float]:
         """Continuous batching over one ParallelContext (engine/batch.py)."""
+        self.check_generates()
         from localgen.engine.batch import ParallelContext, Request
 
         def prepared() -> Iterator[Request]:
@@ -94,6 +103,7 @@ class LocalBackend:
 
     def beams(self, request: GenerationRequest, n: int, length_penalty: float) -> Any:
         """Beam search (engine/beams.py) on the request's prompt."""
+        self.check_generates()
         from localgen.engine.beams import search
 
         s = request.sampling
@@ -144,11 +154,22 @@ class LocalBackend:
         emb = self.embedder(pooling)
         return list(emb.embed([emb.tokens(t, truncate) for t in texts], normalize, dimensions))
 
+    def rerank(self, query: str, documents: list[str], truncate: bool = False) -> list[tuple[float, int]]:
+        """Each document's relevance score for the query (a reranker model), in order, with its tokens."""
+        from localgen.engine.embed import Embedder
+
+        if self._scorer is None:
+            self._scorer = Embedder(self.engine, scores=True)
+        sc = self._scorer
+        out = sc.embed([sc.pair_tokens(query, d, truncate) for d in documents], normalize=False)
+        return [(e.vector[0], e.tokens) for e in out]
+
     def close(self) -> None:
-        """Free the embeddings context, the draft model (if any) and the engine."""
+        """Free the embeddings contexts, the draft model (if any) and the engine."""
         try:
-            if self._embedder is not None:
-                self._embedder.close()
+            for ctx in (self._embedder, self._scorer):
+                if ctx is not None:
+                    ctx.close()
             if self.drafter is not None:
                 self.drafter.close()
         finally:

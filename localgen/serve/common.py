@@ -278,15 +278,17 @@ def embed_inputs(raw: Any, param: str = "input") -> list[str]:
     return texts
 
 
-async def embed(worker: ModelWorker, texts: list[str], dimensions: Any = None, truncate: bool = False) -> list[Any]:
-    """Embed on the worker's thread (between decoding steps); the Embeddings, or an HTTPError."""
+async def embed(worker: ModelWorker, texts: list[str], dimensions: Any = None, truncate: bool = False,
+                query: str | None = None) -> list[Any]:
+    """Embed (or with a query, rerank) on the worker's thread, between decoding steps; the Embeddings (or
+    (score, tokens) pairs), or an HTTPError."""
     import asyncio
 
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
         raise HTTPError(400, "`dimensions` must be a positive integer", param="dimensions")
     for t in texts:
         check_prompt_size(worker, [t])
-    job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate)
+    job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate, query)
     try:
         worker.submit(job)
     except LocalgenError as e:

@@ -74,9 +74,30 @@ def routes(state: ServeState) -> list[Route]:
         return JSONResponse({"object": "list", "data": data, "model": worker.name,
                              "usage": {"prompt_tokens": used, "total_tokens": used}})
 
+    async def rerank(request: Request) -> Response:
+        """llama-server's /v1/rerank, in the shape Jina's and Cohere's APIs share: results by relevance."""
+        body = await read_json(request)
+        worker = state.worker(body.get("model"))
+        query = body.get("query")
+        if not isinstance(query, str) or not query:
+            raise HTTPError(400, "`query` must be a non-empty string", param="query")
+        docs = embed_inputs(body.get("documents"), "documents")
+        top = body.get("top_n", len(docs))
+        if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+            raise HTTPError(400, "`top_n` must be a positive integer", param="top_n")
+        keep = body.get("return_documents", False)
+        scored = await embed(worker, docs, None, True, query=query)
+        order = sorted(range(len(docs)), key=lambda i: -scored[i][0])[:top]
+        results = [{"index": i, "relevance_score": scored[i][0], **({"document": {"text": docs[i]}} if keep else {})}
+                   for i in order]
+        used = sum(t for _, t in scored)
+        return JSONResponse({"model": worker.name, "object": "list", "results": results,
+                             "usage": {"prompt_tokens": used, "total_tokens": used}})
+
     return [Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/embeddings", embeddings, methods=["POST"])]
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
+            Route("/v1/rerank", rerank, methods=["POST"]), Route("/rerank", rerank, methods=["POST"])]
 
 
 def _encoded(vec: list[float], fmt: str) -> Any:

@@ -88,12 +88,14 @@ class Job:
 
 @dataclass(eq=False)
 class EmbedJob:
-    """Texts to embed on the worker's model; `result` gets the Embeddings, or a Failed."""
+    """Texts to embed (or, with a query, to score) on the worker's model; `result` gets the Embeddings (or
+    (score, tokens) pairs), or a Failed."""
 
     texts: list[str]
     loop: asyncio.AbstractEventLoop
     dimensions: int | None = None
     truncate: bool = False
+    query: str | None = None  # set: score each text as a document for this query (a reranker)
     result: asyncio.Future[Any] = field(init=False)
     on_end: Callable[[], None] | None = None
 
@@ -279,7 +281,10 @@ class ModelWorker:
         from localgen.engine.embed import ContextTooSmall
 
         try:
-            job.send(self.backend.embed(job.texts, None, True, job.dimensions, job.truncate))
+            if job.query is not None:
+                job.send(self.backend.rerank(job.query, job.texts, job.truncate))
+            else:
+                job.send(self.backend.embed(job.texts, None, True, job.dimensions, job.truncate))
         except ContextTooSmall as e:
             job.send(Failed(413, e.message))
         except LocalgenError as e:
@@ -384,6 +389,7 @@ class ModelWorker:
             job.send(Failed(499, "the client went away"))
             return None
         try:
+            self.backend.check_generates()
             tokens = self.backend.tokens(job.request)
             if job.request.sampling.grammar:
                 self.backend.engine.check_grammar(job.request.sampling.grammar)
