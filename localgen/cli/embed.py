@@ -19,6 +19,12 @@ Pooling = Annotated[
                  help="mean, cls or last (default: the model's own; mean for chat models, which name none)."),
 ]
 
+InputFile = Annotated[
+    Path | None,
+    typer.Option("--file", exists=True, dir_okay=False, readable=True, show_default=False, rich_help_panel=EMBED,
+                 help='One text per line, or JSON lines {"id": ..., "text": ...}.'),
+]
+
 
 def embed(
     ctx: typer.Context,
@@ -26,11 +32,7 @@ def embed(
         list[str] | None,
         typer.Argument(show_default=False, help="Texts to embed (default: one per line of stdin, or --file)."),
     ] = None,
-    file: Annotated[
-        Path | None,
-        typer.Option("--file", exists=True, dir_okay=False, readable=True, show_default=False, rich_help_panel=EMBED,
-                     help='One text per line, or JSON lines {"id": ..., "text": ...}.'),
-    ] = None,
+    file: InputFile = None,
     model: o.Model = None,
     offline: o.Offline = False,
     pooling: Pooling = None,
@@ -92,11 +94,7 @@ def rerank(
         list[str] | None,
         typer.Argument(show_default=False, help="Documents (default: one per line of stdin, or --file)."),
     ] = None,
-    file: Annotated[
-        Path | None,
-        typer.Option("--file", exists=True, dir_okay=False, readable=True, show_default=False, rich_help_panel=EMBED,
-                     help='One document per line, or JSON lines {"id": ..., "text": ...}.'),
-    ] = None,
+    file: InputFile = None,
     model: o.Model = None,
     offline: o.Offline = False,
     top: Annotated[int | None, typer.Option("--top", "-n", min=1, show_default=False, help="Only the best N.")] = None,
