@@ -115,9 +115,9 @@ def servers(a: argparse.Namespace, path: str, items: list[str]) -> None:
     """One client, batches of 64, against each running server."""
     pl, pn = _free_port(), _free_port()
     llama = _start([a.llama_server, "-m", path, "--embeddings", "--pooling", "mean", "-c", "2048", "-b", "2048",
-                    "-ub", "2048", "-t", str(a.threads), "--port", str(pl), "-np", "1"], f"http://127.0.0.1:{pl}")
+                    "-ub", "2048", "-t", str(a.threads), "--port", str(pl)], f"http://127.0.0.1:{pl}")
     ours = _start([sys.executable, "-m", "localgen", "serve", "-m", a.model, "--port", str(pn), "--threads",
-                   str(a.threads), "-np", "1"], f"http://127.0.0.1:{pn}")
+                   str(a.threads)], f"http://127.0.0.1:{pn}")  # each server's own default slots
     try:
         _client(f"http://127.0.0.1:{pl}", a.model, items[:64])  # warm both
         _client(f"http://127.0.0.1:{pn}", a.model, items[:64])
