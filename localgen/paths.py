@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -62,6 +63,15 @@ def private_dir(path: Path) -> Path:
             path.chmod(0o700)
     except OSError:  # not ours to change (a shared mount): the files are still 0600
         pass
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """`path` as a file only its owner can read (0600, in a 0700 folder), made empty if missing; a file that
+    exists is left as it is."""
+    private_dir(path.parent)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     return path
 
 

@@ -124,37 +124,34 @@ def _open_session(f: o.Flags) -> Any:
         session.model = f.model
     if f.system is not None:
         session.system = checked(f.system, "--system")
+    if session.log_id is None:  # its conversation in the log, saved with the chat from the first turn on
+        from localgen.log.store import new_id
+
+        session.log_id = new_id()
     return session
 
 
 def _from_log(f: o.Flags, cid: str) -> Any:
     """A chat that continues a logged conversation (a `run` thread, or a chat whose file is gone)."""
     from localgen.chat import session as sessions
+    from localgen.cli.logflow import logged_thread
     from localgen.log import store
     from localgen.models.embedded import DEFAULT_MODEL
 
     try:
-        entries = store.conversation(cid)
+        thread = logged_thread(cid)
     except store.LogError:
         raise LocalgenError(f"no saved conversation named {cid!r}, nor a conversation with that id in the log",
                             hint="see `localgen chat --list` and `localgen logs`") from None
-    messages = [m for e in entries for m in ({"role": "user", "content": e.prompt},
-                                             {"role": "assistant", "content": e.response})]
-    last = entries[-1]
-    return sessions.ChatSession(name=cid, model=last.model_spec or f.model or DEFAULT_MODEL, system=last.system,
-                                messages=messages, fresh=True, log_id=cid)
+    return sessions.ChatSession(name=cid, model=thread.model_spec or f.model or DEFAULT_MODEL, system=thread.system,
+                                messages=thread.turns, fresh=True, log_id=cid)
 
 
 def _log_turn(f: o.Flags, view: Any, runner: Any, request: Any, gen: Any, remote: bool) -> None:
     """Each answer goes to the log, in the chat's own conversation there."""
     from localgen.cli import logflow
-    from localgen.log import store
 
-    session = runner.session
-    if session.log_id is None:
-        session.log_id = store.new_id()
-        session.save()
-    logflow.record(f, _Warn(view), runner.backend, request, session.log_id, gen.text, gen.stats,
+    logflow.record(f, _Warn(view), runner.backend, request, runner.session.log_id, gen.text, gen.stats,
                    str(gen.finish_reason), source="chat", remote=remote)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -117,9 +118,7 @@ def rerank(
 
 def run_rerank(f: o.Flags) -> None:
     """Score each document (reranker models only) and print them by relevance."""
-    import json
 
-    from localgen.cli.output import TextWriter
     from localgen.text import checked
 
     query = checked(f.query, "the query")
@@ -130,11 +129,18 @@ def run_rerank(f: o.Flags) -> None:
     finally:
         backend.close()
     order = sorted(range(len(items)), key=lambda i: -scored[i][0])[:f.top or len(items)]
+    _ndjson({"id": items[i][0], "score": round(scored[i][0], 6), "document": items[i][1]} for i in order)
+
+
+def _ndjson(docs: Iterable[dict[str, Any]]) -> None:
+    """One JSON object a line on stdout, stopping quietly when the reader goes away."""
+    import json
+
+    from localgen.cli.output import TextWriter
+
     out = TextWriter(sys.stdout)
-    for i in order:
-        ident, text = items[i]
-        if not out.write(json.dumps({"id": ident, "score": round(scored[i][0], 6), "document": text},
-                                    ensure_ascii=False) + "\n"):
+    for d in docs:
+        if not out.write(json.dumps(d, ensure_ascii=False) + "\n"):
             return
 
 
@@ -195,10 +201,8 @@ def _backend(f: o.Flags, model: str | None) -> Any:
 
 def run_embed(f: o.Flags) -> None:
     """Embed, print or store."""
-    import base64
-    import json
 
-    from localgen.cli.output import ErrWriter, TextWriter
+    from localgen.cli.output import ErrWriter
     from localgen.embeddings import store as collections
     from localgen.engine.embed import POOLING
 
@@ -227,30 +231,21 @@ def run_embed(f: o.Flags) -> None:
         collections.put(f.store, [(i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)])
         ErrWriter().line(f"{f.store}: {len(todo):,} embedded and stored, {len(skip):,} unchanged")
         return
-    out = TextWriter(sys.stdout)
-
-    def shown(vec: list[float]) -> Any:
-        return base64.b64encode(collections.pack(vec)).decode() if f.fmt == "base64" else vec
-
-    data = [{"id": i, "embedding": shown(v.vector), "tokens": v.tokens}
+    data = [{"id": i, "embedding": collections.b64(v.vector) if f.fmt == "base64" else v.vector, "tokens": v.tokens}
             for (i, _), v in zip(todo, vectors, strict=True)]
     if f.json_out:
         doc = {"model": name, "pooling": pooling, "dimensions": len(vectors[0].vector), "normalized": f.normalize,
                "data": data, "tokens": sum(v.tokens for v in vectors)}
-        out.write(json.dumps(doc) + "\n")
+        _ndjson([doc])
         return
-    for d in data:
-        if not out.write(json.dumps(d) + "\n"):
-            return
+    _ndjson(data)
 
 
 def run_similar(f: o.Flags) -> None:
     """Embed the query as the collection was made, and rank its texts by cosine similarity."""
-    import json
 
     import numpy as np
 
-    from localgen.cli.output import TextWriter
     from localgen.embeddings import store as collections
     from localgen.text import checked
 
@@ -267,9 +262,5 @@ def run_similar(f: o.Flags) -> None:
     matrix = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), -1).astype(np.float64)
     qv = np.asarray(q, dtype=np.float64)
     scores = matrix @ qv / (np.linalg.norm(matrix, axis=1) * np.linalg.norm(qv) + 1e-30)
-    out = TextWriter(sys.stdout)
-    for k in np.argsort(-scores, kind="stable")[:f.count]:
-        ident, text, _ = rows[int(k)]
-        if not out.write(json.dumps({"id": ident, "score": round(float(scores[k]), 6), "content": text},
-                                    ensure_ascii=False) + "\n"):
-            return
+    best = np.argsort(-scores, kind="stable")[:f.count]
+    _ndjson({"id": rows[int(k)][0], "score": round(float(scores[k]), 6), "content": rows[int(k)][1]} for k in best)

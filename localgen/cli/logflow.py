@@ -33,6 +33,13 @@ def thread_for(f: o.Flags) -> Thread:
         cid = store.last_conversation()
         if cid is None:
             raise UsageError("--continue: the log has no conversation yet", hint="run without --continue first")
+    return logged_thread(cid)
+
+
+def logged_thread(cid: str) -> Thread:
+    """A logged conversation's turns, system prompt and model (a LogError when there is none)."""
+    from localgen.log import store
+
     entries = store.conversation(cid)
     turns: list[Message] = []
     for e in entries:

@@ -59,7 +59,7 @@ def execute(f: o.Flags) -> None:
     try:
         if not plan.endpoints:
             backend.check_generates()  # type: ignore[attr-defined]  # LocalBackend: an encoder cannot
-        if plan.many or thread is None:
+        if thread is None:  # --file / --each-line
             raise typer.Exit(run_many(f, plan, backend, err))
         request = single_request(f, plan, backend, thread.turns)
         if f.verbose_prompt:

@@ -6,11 +6,9 @@ is not embedded again (as `llm embed-multi` does)."""
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 import time
 from collections.abc import Iterable
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,9 +41,7 @@ def _db(create: bool) -> Any:
     if not db_path.exists():
         if not create:
             raise UsageError("there are no collections yet", hint="make one with `localgen embed --store NAME`")
-        paths.private_dir(db_path.parent)
-        with suppress(FileExistsError):
-            os.close(os.open(db_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        paths.private_file(db_path)
     try:
         db = sqlite_utils.Database(db_path)
         db.conn.execute("PRAGMA busy_timeout = 30000")
@@ -122,3 +118,10 @@ def vectors(name: str) -> list[tuple[str, str, bytes]]:
 def pack(vec: list[float]) -> bytes:
     """float32, little-endian (what OpenAI's base64 encoding holds too)."""
     return struct.pack(f"<{len(vec)}f", *vec)
+
+
+def b64(vec: list[float]) -> str:
+    """A vector as OpenAI's API sends it with encoding_format base64: packed float32, base64."""
+    import base64
+
+    return base64.b64encode(pack(vec)).decode()

@@ -235,7 +235,7 @@ class ParallelContext:
 
     def _cancel(self, active: dict[int, _Seq], free: list[int], on_done: Callable[[Completion], None]) -> None:
         for seq in [s for s in active.values() if s.req.cancelled is not None and s.req.cancelled()]:
-            self._finish(seq, "cancelled", active, free, on_done)
+            self._finish(seq, active, free, on_done)
 
     def groups(self, seqs: list[_Seq], exact: bool | None) -> list[list[_Seq]]:
         """The llama_decode calls of one decoding step (sequences in slot order).
@@ -297,9 +297,8 @@ class ParallelContext:
             seq.dec.logprobs.append(token_logprob(self._logits(i), self.engine.piece, tok, seq.req.logprobs))
         if seq.first is None:
             seq.first = time.perf_counter()
-        reason = self._step(seq, tok)
-        if reason is not None or should_stop():
-            self._finish(seq, reason or "cancelled", active, free, on_done)
+        if self._step(seq, tok) is not None or should_stop():
+            self._finish(seq, active, free, on_done)
 
     def _step(self, seq: _Seq, tok: int) -> str | None:
         """Record a sampled token; the finish reason if the sequence is done."""
@@ -313,14 +312,16 @@ class ParallelContext:
             seq.pending = tok
         return dec.reason
 
-    def _finish(self, seq: _Seq, reason: str, active: dict[int, _Seq], free: list[int],
+    def _finish(self, seq: _Seq, active: dict[int, _Seq], free: list[int],
                 on_done: Callable[[Completion], None]) -> None:
+        """Hand on a sequence that ended (or, not ended yet, is cancelled) and free its slot."""
         dec = seq.dec
-        tail = dec.end("cancelled" if reason == "cancelled" else dec.limit.reason)
+        tail = dec.end("cancelled")  # a no-op for a sequence that ended by itself
         if tail and seq.req.on_text is not None:
             seq.req.on_text(tail)
         now = time.perf_counter()
-        on_done(Completion(seq.req.index, dec.text, dec.reason or reason, len(seq.req.tokens), len(dec.tokens),
+        assert dec.reason is not None
+        on_done(Completion(seq.req.index, dec.text, dec.reason, len(seq.req.tokens), len(dec.tokens),
                            (seq.first or now) - seq.started, now - seq.started, seq.req.seed, dec.logprobs,
                            cached_tokens=seq.cached, prompt_s=seq.prefilled - seq.started,
                            decode_s=now - seq.prefilled))

@@ -32,12 +32,11 @@ class Embedder:
     """An embeddings context on an Engine's model; `embed` turns texts into vectors. Pooling: as asked,
     else the model's own (embedding models name theirs), else mean (chat models name none)."""
 
-    def __init__(self, engine: Engine, pooling: str | None = None, n_ctx: int | None = None,
-                 scores: bool = False) -> None:
+    def __init__(self, engine: Engine, pooling: str | None = None, scores: bool = False) -> None:
         lc = engine.lib
         self.lc = lc
         self.engine = engine
-        n_ctx = n_ctx or engine.n_ctx
+        n_ctx = engine.n_ctx
         p = lc.llama_context_default_params()
         prm = engine.params
         p.n_ctx = n_ctx
@@ -51,9 +50,7 @@ class Embedder:
         p.pooling_type = POOLING[pooling] if pooling else -1  # -1: the model's own (its GGUF's pooling_type)
         p.flash_attn_type = 1 if engine.flash_attn else 0
         p.no_perf = True
-        self.ctx = lc.llama_init_from_model(engine.model_ptr, p)
-        if not self.ctx:
-            raise LocalgenError("llama.cpp could not create an embeddings context", hint="lower --ctx")
+        self.ctx = _context(engine, p)
         self.n_ctx = n_ctx
         self.pooling = POOLING_NAMES.get(int(lc.llama_pooling_type(self.ctx)), "none")
         if scores:
@@ -64,9 +61,7 @@ class Embedder:
         elif self.pooling == "none" and pooling is None:  # a chat model names none: average its tokens
             lc.llama_free(self.ctx)
             p.pooling_type = POOLING["mean"]
-            self.ctx = lc.llama_init_from_model(engine.model_ptr, p)
-            if not self.ctx:
-                raise LocalgenError("llama.cpp could not create an embeddings context", hint="lower --ctx")
+            self.ctx = _context(engine, p)
             self.pooling = "mean"
         if self.pooling == "none":
             self.close()
@@ -81,7 +76,6 @@ class Embedder:
         self.n_embd = self.n_embd or int(lc.llama_model_n_embd(model))
         if scores:
             self.n_embd = max(1, int(lc.llama_model_n_cls_out(model)))  # a reranker's output: its scores
-        self.encoder_only = bool(lc.llama_model_has_encoder(model)) and not bool(lc.llama_model_has_decoder(model))
         self.batch = lc.llama_batch_init(n_ctx, 0, 1)
         self.mem = lc.llama_get_memory(self.ctx)
 
@@ -154,7 +148,7 @@ class Embedder:
                 b.logits[n] = 1  # as llama-embedding: every token an output
                 n += 1
         b.n_tokens = n
-        rc = lc.llama_encode(self.ctx, b) if self.encoder_only else lc.llama_decode(self.ctx, b)
+        rc = lc.llama_encode(self.ctx, b) if self.engine.uses_encode else lc.llama_decode(self.ctx, b)
         logs.raise_deferred()
         if rc != 0:
             raise LocalgenError(f"llama.cpp could not embed {len(seqs)} text{'s' if len(seqs) > 1 else ''} ({rc})")
@@ -166,6 +160,14 @@ class Embedder:
             vec = [float(ptr[i]) for i in range(self.n_embd)]
             result.append(Embedding(finish(vec, normalize, dimensions), len(toks)))
         return result
+
+
+def _context(engine: Engine, params: Any) -> Any:
+    """A llama.cpp context on the engine's model with these parameters, or a LocalgenError."""
+    ctx = engine.lib.llama_init_from_model(engine.model_ptr, params)
+    if not ctx:
+        raise LocalgenError("llama.cpp could not create an embeddings context", hint="lower --ctx")
+    return ctx
 
 
 class ContextTooSmall(UsageError):
@@ -188,16 +190,3 @@ def finish(vec: list[float], normalize: bool, dimensions: int | None) -> list[fl
         if norm > 0:
             vec = [x / norm for x in vec]
     return vec
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    """Cosine similarity of two vectors."""
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    na = math.sqrt(sum(x * x for x in a))
-    nb = math.sqrt(sum(y * y for y in b))
-    return dot / (na * nb) if na and nb else 0.0
-
-
-def describe_pooling(p: Any) -> str:
-    """A pooling value as its name."""
-    return POOLING_NAMES.get(int(p), str(p))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import os
 import re
 import time
@@ -105,13 +106,19 @@ class Engine(Vocabulary):
         self._template: ChatTemplate | None = None
         self._eog: tuple[int, ...] | None = None
 
-    @property
+    @functools.cached_property
+    def uses_encode(self) -> bool:
+        """Whether the model runs through llama_encode (an encoder with no decoder: a T5 encoder)."""
+        lc, m = self.lib, self.model_ptr
+        return bool(lc.llama_model_has_encoder(m)) and not bool(lc.llama_model_has_decoder(m))
+
+    @functools.cached_property
     def encoder_only(self) -> bool:
         """Whether the model is an encoder alone: a T5 encoder, or one whose attention is not causal (BERT and
-        kin). It embeds and scores, and cannot generate."""
-        lc, m = self.lib, self.model_ptr
-        if bool(lc.llama_model_has_encoder(m)) and not bool(lc.llama_model_has_decoder(m)):
+        kin). It embeds and scores, and cannot generate. Read once: every generate asks."""
+        if self.uses_encode:
             return True
+        lc, m = self.lib, self.model_ptr
         buf = ctypes.create_string_buffer(16)
         key = f"{self.model.summary.architecture}.attention.causal".encode()
         n = lc.llama_model_meta_val_str(m, key, buf, len(buf))

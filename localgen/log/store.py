@@ -12,12 +12,11 @@ LogError, which callers turn into a one-line warning: the log never stops an ans
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import sqlite3
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,9 +99,7 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
         if not db.exists():
             if not create:
                 raise LogError(f"there is no log yet at {db}")
-            paths.private_dir(db.parent)
-            with suppress(FileExistsError):  # SQLite gives its -wal and -shm files the same mode
-                os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            paths.private_file(db)  # SQLite gives its -wal and -shm files the same mode
         conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     except (OSError, sqlite3.Error) as e:
         raise LogError(f"the log at {db} cannot be opened: {e}") from None

@@ -232,9 +232,10 @@ class RemoteClient:
             # a stream that ends without a blank line still ends its last event
             for line in itertools.chain(response.iter_lines(), [""]):
                 if not line:
-                    if data:
-                        text, kind = "\n".join(data), event
-                        event, data = "message", []
+                    pending, kind = data, event
+                    event, data = "message", []  # the next event starts afresh
+                    if pending:
+                        text = "\n".join(pending)
                         if text.strip() == "[DONE]":
                             finished = True
                             break
@@ -245,7 +246,6 @@ class RemoteClient:
                         for piece, finish in self._chunk(doc, gen):
                             finished = finished or finish is not None
                             yield piece, finish
-                    event = "message"
                     continue
                 if line.startswith(":"):  # keep-alive comments
                     continue

@@ -32,6 +32,11 @@ class HTTPError(Exception):
         self.param = param
 
 
+def http_error(f: Failed) -> HTTPError:
+    """A worker's Failed as the HTTPError it answers with (a client error below 500, else the server's)."""
+    return HTTPError(f.status, f.message, "invalid_request_error" if f.status < 500 else "server_error")
+
+
 def error_response(request: Request, e: HTTPError) -> Response:
     """OpenAI's error object under /v1, Ollama's {"error": "..."} under /api."""
     from starlette.responses import JSONResponse
@@ -163,6 +168,9 @@ def _big_repeat(schema: Any) -> tuple[str, int] | None:
     return None
 
 
+CHARS_PER_TOKEN = 32
+
+
 def check_prompt_size(worker: ModelWorker, texts: list[str]) -> None:
     """A 413 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it
     (no vocabulary here averages anywhere near CHARS_PER_TOKEN characters a token)."""
@@ -171,9 +179,6 @@ def check_prompt_size(worker: ModelWorker, texts: list[str]) -> None:
     if chars > most:
         raise HTTPError(413, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
                              f"takes at most {most:,} here", param="prompt")
-
-
-CHARS_PER_TOKEN = 32
 
 
 def messages(raw: Any) -> tuple[dict[str, str], ...]:
@@ -215,7 +220,7 @@ async def run_job(state: ServeState, worker: ModelWorker, request: GenerationReq
         job.cancelled.set()
         raise
     if isinstance(first, Failed):
-        raise HTTPError(first.status, first.message, "invalid_request_error" if first.status < 500 else "server_error")
+        raise http_error(first)
     return job, first
 
 
@@ -247,8 +252,7 @@ async def collect(job: Job, first: Event, request: Request) -> tuple[str, Comple
             elif isinstance(event, Done):
                 return text, event.completion
             else:
-                raise HTTPError(event.status, event.message,
-                                "invalid_request_error" if event.status < 500 else "server_error")
+                raise http_error(event)
     finally:
         watcher.cancel()
     raise AssertionError("a job's events end with Done or Failed")
@@ -295,8 +299,7 @@ async def embed(worker: ModelWorker, texts: list[str], dimensions: Any = None, t
         raise HTTPError(503, e.message, "server_error") from None
     result = await job.result
     if isinstance(result, Failed):
-        raise HTTPError(result.status, result.message,
-                        "invalid_request_error" if result.status < 500 else "server_error")
+        raise http_error(result)
     return list(result)
 
 

@@ -22,6 +22,7 @@ from localgen.serve.common import (
     embed,
     embed_inputs,
     events,
+    http_error,
     messages,
     read_json,
     run_job,
@@ -101,13 +102,9 @@ def routes(state: ServeState) -> list[Route]:
 
 
 def _encoded(vec: list[float], fmt: str) -> Any:
-    if fmt == "float":
-        return vec
-    import base64
+    from localgen.embeddings.store import b64
 
-    from localgen.embeddings.store import pack
-
-    return base64.b64encode(pack(vec)).decode()
+    return vec if fmt == "float" else b64(vec)
 
 
 async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: bool) -> GenerationRequest:
@@ -174,8 +171,8 @@ async def _sse(shape: _Shape, job: Any, first: Event, usage: bool) -> AsyncItera
             yield _data(shape.chunk({"content": event.text} if shape.chat else event.text, None))
             continue
         if isinstance(event, Failed):  # after the first token: OpenAI's error event, and no [DONE]
-            kind = "invalid_request_error" if event.status < 500 else "server_error"
-            yield _data({"error": {"message": event.message, "type": kind, "param": None, "code": event.status}})
+            e = http_error(event)
+            yield _data({"error": {"message": e.message, "type": e.kind, "param": None, "code": e.status}})
             return
         c = event.completion
         last = shape.chunk({} if shape.chat else "", _finish(c.finish_reason), c)

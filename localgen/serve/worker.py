@@ -144,7 +144,7 @@ class ModelWorker:
         self.failures = 0  # jobs failed by an internal error
         self.last_error: str | None = None
         self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
-        self.vram_bytes = 0  # model bytes on the GPU (an estimate from the offloaded layers)
+        self.vram_bytes = 0  # bytes of weights llama.cpp placed on GPUs (from its load log)
         self._stop = threading.Event()
         self._ids = itertools.count(1)
         self._running: dict[int, Job] = {}
@@ -302,9 +302,8 @@ class ModelWorker:
             self._unloads.clear()
 
     def _drain(self, event: Failed) -> None:
-        for job in list(self._running.values()):
-            job.send(event)
-        self._running.clear()
+        """Fail the jobs in flight and every job still queued."""
+        self._drain_running(event)
         while True:
             try:
                 item = self.jobs.get_nowait()
