@@ -171,6 +171,7 @@ class GenerationRequest:
     shared: str | None = None  # the leading text of the last message (or prompt) that repeats across requests
     prompt_cache: bool = False  # keep the KV state of `shared` on disk and reuse it (local backends)
     json_schema: str | None = None  # the schema behind sampling.grammar, for a remote server's response_format
+    exact: bool = False  # served beside a throughput batch: the answer `run` gives alone (a request's "exact")
 
     @property
     def raw(self) -> bool:

@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
 """Serving under load: N concurrent streaming clients, each sending R requests one after another (prompts of
 W words, M tokens each), against `localgen serve`, llama.cpp's llama-server, or llama-cpp-python's server.
-Reports aggregate generation rate (tokens / wall time of the whole load) and time to first token and
-inter-token latency p50/p99 as the clients see them. (issue: localgen serve)
+Reports aggregate generation rate (completion tokens from each stream's usage / wall time of the whole load),
+time to first token and inter-token latency p50/p99 as the clients see them (the timer starts before the
+POST, TTFT is the first chunk with text, ITL the gaps after it, as vLLM's benchmark client measures).
 
-usage: scripts/bench_serve.py [--model gemma3:270m] [--clients 8] [--requests 2] [--words 48] [--tokens 64]
-                              [--threads 2] [--target localgen|llama-server|llama-cpp-python]
-                              [--llama-server /tmp/llama-bench-build/bin/llama-server]
+With --against PATH/llama-server, both servers run side by side and the rounds alternate (localgen,
+llama-server, localgen, ...) for every client count and temperature; medians and ratios are printed.
+--system-words N gives every request the same N-word system prompt (a shared prefix: 8 clients × ~1,000
+tokens shows what reusing it across slots saves; --localgen-args=--no-share-prefix recomputes it).
+
+usage: scripts/bench_serve.py [--model gemma3:270m] [--clients 1,8,32] [--temperatures 0,0.8]
+                              [--requests 2] [--words 48] [--tokens 64] [--threads 2] [--rounds 3]
+                              [--against /tmp/lsrv/bin/llama-server] [--system-words 0]
+                              [--target localgen|llama-server|llama-cpp-python] [--localgen-args "..."]
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ import argparse
 import json
 import os
 import random
+import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,54 +42,63 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(target: str, model: str, path: str, port: int, a: argparse.Namespace, env: dict[str, str]) -> Any:
+def start(target: str, model: str, path: str, port: int, a: argparse.Namespace, env: dict[str, str],
+          clients: int) -> Any:
     if target == "localgen":
-        cmd = [sys.executable, "-m", "localgen", "serve", "-m", model, "--port", str(port), "-np", str(a.clients),
-               "-t", str(a.threads), "-c", str(a.ctx)]
+        cmd = [sys.executable, "-m", "localgen", "serve", "-m", model, "--port", str(port), "-np", str(clients),
+               "-t", str(a.threads), "-c", str(a.ctx), *shlex.split(a.localgen_args)]
     elif target == "llama-server":
-        cmd = [a.llama_server, "-m", path, "--port", str(port), "-np", str(a.clients), "-t", str(a.threads),
-               "-c", str(a.ctx * a.clients), "-fa", "on", "--no-webui"]
+        cmd = [a.llama_server, "-m", path, "--port", str(port), "-np", str(clients), "-t", str(a.threads),
+               "-c", str(a.ctx * clients), "-fa", "on", "--no-webui", *shlex.split(a.llama_args)]
     else:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_threads",
                str(a.threads), "--n_ctx", str(a.ctx), "--flash_attn", "true", "--interrupt_requests", "false"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import httpx
 
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.2)
+        if proc.poll() is not None:
+            break
     proc.kill()
-    raise SystemExit(f"{target} did not start")
+    raise SystemExit(f"{target} did not start: {' '.join(cmd)}")
 
 
-def client(url: str, model: str, prompts: list[str], tokens: int, raw: bool, out: list[dict[str, Any]]) -> None:
+def client(url: str, model: str, prompts: list[str], tokens: int, raw: bool, temperature: float, system: str,
+           out: list[dict[str, Any]]) -> None:
     import httpx
 
     for prompt in prompts:
-        body: dict[str, Any] = {"model": model, "max_tokens": tokens, "stream": True, "temperature": 0.8,
-                                "seed": random.getrandbits(31)}
+        body: dict[str, Any] = {"model": model, "max_tokens": tokens, "stream": True, "temperature": temperature,
+                                "seed": random.getrandbits(31), "ignore_eos": True,
+                                "stream_options": {"include_usage": True}}
         if raw:
-            body.update(prompt=prompt, ignore_eos=True)
+            body.update(prompt=(system + "\n\n" if system else "") + prompt)
             endpoint = "/v1/completions"
         else:
-            body.update(messages=[{"role": "user", "content": prompt}], ignore_eos=True)
+            msgs = [{"role": "system", "content": system}] if system else []
+            body.update(messages=[*msgs, {"role": "user", "content": prompt}])
             endpoint = "/v1/chat/completions"
         t0 = time.perf_counter()
         stamps: list[float] = []
+        used = 0
         with httpx.stream("POST", url + endpoint, json=body, timeout=600) as r:
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 doc = json.loads(line[6:])
+                if doc.get("usage"):
+                    used = doc["usage"].get("completion_tokens", 0)
                 choice = (doc.get("choices") or [{}])[0]
                 piece = choice.get("text") or (choice.get("delta") or {}).get("content")
                 if piece:
                     stamps.append(time.perf_counter())
-        out.append({"t0": t0, "stamps": stamps})
+        out.append({"t0": t0, "stamps": stamps, "tokens": used or len(stamps)})
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -88,52 +106,87 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p * (len(xs) - 1)))] if xs else float("nan")
 
 
+def load(url: str, model: str, prompts: list[list[str]], tokens: int, raw: bool, temperature: float,
+         system: str) -> dict[str, float]:
+    """One round: every client's requests; aggregate tok/s, TTFT p50 (s), ITL p99 (ms)."""
+    results: list[dict[str, Any]] = []
+    threads = [threading.Thread(target=client, args=(url, model, p, tokens, raw, temperature, system, results))
+               for p in prompts]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    n = sum(r["tokens"] for r in results)
+    ttft = [r["stamps"][0] - r["t0"] for r in results if r["stamps"]]
+    itl = [b - a_ for r in results for a_, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
+    return {"tok_s": n / wall, "ttft": pct(ttft, 0.5), "ttft99": pct(ttft, 0.99), "itl50": pct(itl, 0.5) * 1000,
+            "itl99": pct(itl, 0.99) * 1000}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gemma3:270m")
-    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--clients", default="8", help="comma-separated client counts (each gets -np that many)")
+    ap.add_argument("--temperatures", default="0.8", help="comma-separated")
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--words", type=int, default=48)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--ctx", type=int, default=512, help="context per slot")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--system-words", type=int, default=0)
     ap.add_argument("--target", default="localgen", choices=["localgen", "llama-server", "llama-cpp-python"])
-    ap.add_argument("--llama-server", default="/tmp/llama-bench-build/bin/llama-server")
+    ap.add_argument("--against", metavar="LLAMA_SERVER", help="alternate rounds with this llama-server")
+    ap.add_argument("--llama-server", default="/tmp/lsrv/bin/llama-server")
+    ap.add_argument("--localgen-args", default="")
+    ap.add_argument("--llama-args", default="")
     a = ap.parse_args()
     from localgen.models.resolve import resolve
 
     ref = resolve(a.model)
     raw = not ref.summary.chat_template  # a base model: plain completions, run to the token count
+    targets = ["localgen", "llama-server"] if a.against else [a.target]
+    if a.against:
+        a.llama_server = a.against
     rng = random.Random(7)
-    prompts = [[" ".join(rng.choice(WORDS) for _ in range(a.words)) for _ in range(a.requests)]
-               for _ in range(a.clients)]
-    port = free_port()
+    system = " ".join(rng.choice(WORDS) for _ in range(a.system_words))
+    print(f"{ref.name}: {a.requests} requests per client, {a.words}-word prompts"
+          + (f" after a shared {a.system_words}-word system prompt" if system else "")
+          + f", {a.tokens} tokens, {a.threads} threads, {a.rounds} rounds; median of rounds")
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
-        proc = start(a.target, ref.name, ref.path, port, a, env)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            client(url, ref.name, ["warm up"], 4, raw, [])
-            results: list[dict[str, Any]] = []
-            threads = [threading.Thread(target=client, args=(url, ref.name, p, a.tokens, raw, results))
-                       for p in prompts]
-            t0 = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - t0
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-    n = sum(len(r["stamps"]) for r in results)
-    ttft = [r["stamps"][0] - r["t0"] for r in results if r["stamps"]]
-    itl = [b - a_ for r in results for a_, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
-    print(f"{a.target}, {ref.name}: {a.clients} clients x {a.requests} requests, {a.words}-word prompts, "
-          f"{a.tokens} tokens, {a.threads} threads")
-    print(f"  aggregate {n / wall:7.1f} tok/s ({n} streamed pieces in {wall:.2f} s)")
-    print(f"  TTFT p50 {pct(ttft, 0.5):.2f} s  p99 {pct(ttft, 0.99):.2f} s")
-    print(f"  ITL  p50 {pct(itl, 0.5) * 1000:.0f} ms  p99 {pct(itl, 0.99) * 1000:.0f} ms")
+        for clients in [int(c) for c in a.clients.split(",")]:
+            procs: dict[str, tuple[Any, str]] = {}
+            try:
+                for t in targets:
+                    port = free_port()
+                    procs[t] = (start(t, ref.name, ref.path, port, a, env, clients), f"http://127.0.0.1:{port}")
+                    client(procs[t][1], ref.name, ["warm up"], 4, raw, 0.0, "", [])
+                for temp in [float(x) for x in a.temperatures.split(",")]:
+                    got: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
+                    for r in range(a.rounds):
+                        prompts = [[" ".join(rng.choice(WORDS) for _ in range(a.words)) for _ in range(a.requests)]
+                                   for _ in range(clients)]
+                        for t in targets if r % 2 == 0 else targets[::-1]:
+                            got[t].append(load(procs[t][1], ref.name, prompts, a.tokens, raw, temp, system))
+                    med = {t: {k: statistics.median(x[k] for x in got[t]) for k in got[t][0]} for t in targets}
+                    for t in targets:
+                        m = med[t]
+                        print(f"  {clients:>3} clients, T={temp:<3} {t:<13} {m['tok_s']:8.1f} tok/s  "
+                              f"TTFT p50 {m['ttft'] * 1000:6.0f} ms p99 {m['ttft99'] * 1000:6.0f} ms  "
+                              f"ITL p50 {m['itl50']:5.0f} ms p99 {m['itl99']:5.0f} ms")
+                    if a.against:
+                        lg, ls = med["localgen"], med["llama-server"]
+                        print(f"  {clients:>3} clients, T={temp:<3} ratio         {lg['tok_s'] / ls['tok_s']:8.2f}x  "
+                              f"TTFT p50 {lg['ttft'] / ls['ttft']:.2f}x  ITL p99 {lg['itl99'] / ls['itl99']:.2f}x"
+                              "  (tok/s: higher is better; latencies: lower)")
+                    sys.stdout.flush()
+            finally:
+                for proc, _ in procs.values():
+                    proc.terminate()
+                    proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

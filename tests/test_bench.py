@@ -174,3 +174,14 @@ def test_bar_chart_scales() -> None:
 
     chart = bar_chart([("a", 100.0), ("bb", 50.0)], width=10).splitlines()
     assert chart[0].count("█") == 10 and chart[1].count("█") == 5
+
+
+def test_the_size_word_follows_the_parameter_count() -> None:
+    from localgen.engine.bench import fix_size_word
+
+    # llama.cpp calls any 32-layer Llama with SmolLM2's vocabulary "3B": an 8B-shaped one has 7.4 B parameters
+    assert fix_size_word("llama 3B Q4_K - Medium", 7_378_612_224) == "llama 7.4B Q4_K - Medium"
+    assert fix_size_word("llama ?B Q4_1", 134_515_008) == "llama ?B Q4_1"
+    assert fix_size_word("llama 135M Q4_1", 134_515_008) == "llama 135M Q4_1"
+    assert fix_size_word("gemma3 270M Q4_K - Medium", 268_098_176) == "gemma3 270M Q4_K - Medium"
+    assert fix_size_word("llama 8B Q4_K - Medium", 8_030_261_248) == "llama 8B Q4_K - Medium"

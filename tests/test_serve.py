@@ -272,3 +272,39 @@ def test_a_growing_conversation_reuses_its_slot(server: Server) -> None:
     t = second["timings"]
     assert t["cache_n"] >= first["usage"]["prompt_tokens"], "turn 2 evaluated only what turn 1 had not"
     assert t["prompt_n"] < second["usage"]["prompt_tokens"] // 2
+
+
+def test_an_exact_request_gets_runs_answer_while_others_stream(server: Server, cli: CLI) -> None:
+    """The server batches for throughput here (health says so); a request that asks for `exact` gets the
+    answer `run` gives alone, even while other streams run beside it."""
+    import ollama
+    import openai
+
+    assert server.health()["batching"] == "throughput"
+    question = "What is the capital of France?"
+    alone = cli("run", "-p", question, "-n", "16", "--temperature", "0", "--ctx", "1024").stdout.rstrip("\n")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    busy = [threading.Thread(target=lambda i=i: client.completions.create(
+        model="smollm2:135m", prompt=f"Story {i}:", max_tokens=40, temperature=0.8, seed=i,
+        extra_body={"ignore_eos": True})) for i in range(2)]
+    for t in busy:
+        t.start()
+    got = client.chat.completions.create(model="smollm2:135m", messages=[{"role": "user", "content": question}],
+                                         max_tokens=16, temperature=0, extra_body={"exact": True})
+    via_ollama = ollama.Client(host=server.url, headers=_auth()).chat(
+        model="smollm2:135m", messages=[{"role": "user", "content": question}],
+        options={"num_predict": 16, "temperature": 0, "exact": True})  # type: ignore[typeddict-unknown-key]
+    for t in busy:
+        t.join()
+    assert got.choices[0].message.content == alone and via_ollama["message"]["content"] == alone
+    bad = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=30, json={
+        "model": "smollm2:135m", "messages": [{"role": "user", "content": "hi"}], "exact": "yes"})
+    assert bad.status_code == 400 and "exact" in bad.json()["error"]["message"]
+
+
+def test_the_start_up_line_says_which_batching_mode_and_why(cli_env: dict[str, str]) -> None:
+    for flags, want in (([], "throughput batching: every request batched; exactness would cost"),
+                        (["--exact"], "exact batching: --exact")):
+        s = Server(cli_env, "-np", "2", "--ctx", "512", *flags)
+        assert s.stop() == 0
+        assert s.proc.stderr is not None and want in s.proc.stderr.read().decode()

@@ -184,20 +184,23 @@ def _measure(engine: Any, bench: Any, cfg: LoadConfig, test: Test, model: dict[s
 
 def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str, Any], reps: int,
                       progress: Progress) -> Result:
-    """Aggregate rates over n_parallel sequences decoded together (llama-batched-bench's S_PP / S_TG).
-    A tg test here also processes each sequence's prompt first (untimed in its rate), as that tool does."""
+    """Aggregate rates over n_parallel sequences decoded together (llama-batched-bench's S_PP / S_TG), on the
+    context `serve` makes here. The prompts go through the batch scheduler that `serve` and `run --file` use
+    (engine/batch.py); a tg test then decodes every sequence together (untimed prompts first, as that tool
+    does)."""
     import random
 
-    from localgen.engine.batch import ParallelContext, bench_parallel
+    from localgen.engine.batch import ParallelContext, batching_mode, bench_parallel
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    pc = ParallelContext(engine, test.n_parallel, test.n_prompt + test.n_gen + 16)
+    mode = batching_mode(engine, None)  # the context and scheduler `serve` and `run --file` use here
+    pc = ParallelContext(engine, test.n_parallel, test.n_prompt + test.n_gen + 16, pooled=mode.throughput)
     rng = random.Random(1234)
     samples: list[float] = []
     try:
         bench_parallel(pc, min(test.n_prompt, 16) or 1, 1, rng)  # warm-up
         for rep in range(reps):
-            t_pp, t_tg = bench_parallel(pc, test.n_prompt or 1, test.n_gen, rng)
+            t_pp, t_tg = bench_parallel(pc, test.n_prompt or 1, test.n_gen, rng, mode.exact)
             samples.append(t_pp if test.n_gen == 0 else t_tg)
             progress.step(f"{model['name']} {test.label} ({rep + 1}/{reps})")
     finally:

@@ -154,7 +154,9 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
 def _print_stats(state: dict[str, int], secs: float, counters: dict[str, float], parallel: int, endpoints: int) -> None:
     """--stats for many prompts: aggregate rate, and how the work was shared."""
     per_call = counters["rows"] / counters["steps"] if counters.get("steps") else 0
-    how = (f"{per_call:.1f} sequences per decode call" if counters.get("steps") else
+    mode = ("throughput" if counters.get("throughput") else "exact") + " batching"
+    shared = f", {int(counters['shared']):,} prompt tokens shared" if counters.get("shared") else ""
+    how = (f"{mode}, {per_call:.1f} sequences per decode call{shared}" if counters.get("steps") else
            _plural(endpoints, "endpoint") + (
                f", {int(counters['retried'])} lines moved off a failed one" if counters.get("retried") else ""))
     print(f"{state['prompts']} prompts · {state['tokens']} tokens generated in {secs:.2f} s · "

@@ -49,9 +49,11 @@ def run(
     ] = 1,
     exact: Annotated[
         bool | None, typer.Option("--exact/--no-exact", rich_help_panel=MANY, show_default=False,
-                                  help="Keep each answer identical to running its prompt alone, batching only "
-                                       "through kernels that give a row the same result in any batch. Default: "
-                                       "for greedy (temperature 0) prompts. --no-exact batches everything.")
+                                  help="--exact: keep each answer identical to running its prompt alone, "
+                                       "batching only through kernels that give a row the same result in any "
+                                       "batch. Default: that, for greedy prompts, where it is free; elsewhere (a "
+                                       "GPU; K-quant or repacked weights, flash attention on a CPU) every prompt "
+                                       "is batched for throughput (--stats says which). --no-exact: always batch.")
     ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", rich_help_panel=o.OUTPUT_PANEL,

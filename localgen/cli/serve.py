@@ -61,9 +61,19 @@ def serve(
     ] = "16M",
     exact: Annotated[
         bool | None, typer.Option("--exact/--no-exact", rich_help_panel=SERVE, show_default=False,
-                                  help="As with run --parallel: keep greedy answers identical to running alone "
-                                       "(the default), all answers (--exact), or batch everything (--no-exact).")
+                                  help="Batching mode. Default: every request batched for throughput wherever "
+                                       "exactness costs more than 10 % (a GPU; K-quant or repacked weights, "
+                                       "flash attention on a CPU), else greedy answers identical to running "
+                                       "alone. --exact: every answer identical to running alone, at that price; "
+                                       "--no-exact: batch everything. The start-up line says which and why. A "
+                                       "request may ask with \"exact\": true (Ollama: options.exact).")
     ] = None,
+    share_prefix: Annotated[
+        bool, typer.Option("--share-prefix/--no-share-prefix", rich_help_panel=SERVE,
+                           help="In throughput batching, start a new prompt from the longest prefix any slot "
+                                "holds (a system prompt, few-shot examples), sharing its KV cells instead of "
+                                "evaluating it again.")
+    ] = True,
     offline: o.Offline = False,
     verbose: o.Verbose = False,
     temperature: o.Temperature = o.DEFAULTS.temperature,
@@ -131,6 +141,9 @@ def start(f: o.Flags) -> None:
     server = _Server(config)
     err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
              f"at /v1, Ollama API at /api · {f.parallel} slots per model")
+    for w in workers:
+        if w.mode is not None:
+            err.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
     try:
         server.run()
     finally:
@@ -172,7 +185,8 @@ def _workers(f: o.Flags, keep: float, err: Any) -> list[Any]:
     workers = []
     for name in names:
         ref = resolve(name, offline=f.offline, progress=make_progress())
-        w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact)
+        w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact,
+                        share_prefixes=f.share_prefix)
         err.status(f"loading {ref.name} ...")
         w.preload()
         w.start()

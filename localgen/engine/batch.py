@@ -1,8 +1,17 @@
 """Many prompts on one model: up to N sequences share one context and one KV cache and are decoded
 together, several sequence ids per llama_batch. Continuous batching: the moment a sequence finishes,
 its slot takes the next prompt. Each sequence has its own sampler chain (same stages and order as the
-single-stream path), and exact sequences meet only batch-invariant kernels (see `groups`), so at
-temperature 0 each output is what the prompt gives alone."""
+single-stream path).
+
+Two schedulers, one per mode (`Mode`, chosen by `batching_mode`):
+- throughput (the default wherever exactness costs more than 10 %): one pool of KV cells for every slot;
+  each step is one llama_decode that carries a token of every decoding sequence plus chunks of the new
+  prompts (many prompts in one call), so arrivals neither stall the running streams nor wait behind
+  them; a new prompt starts from the longest prefix any slot holds (a system prompt, few-shot examples),
+  its cells shared, not recomputed. A request that asks for exactness runs on the engine's own
+  single-sequence context beside the batch, one at a time (`_Solo`).
+- exact: each slot its own KV stream, and exact sequences meet only batch-invariant kernels (see
+  `groups`), so at temperature 0 each output is what the prompt gives alone."""
 
 from __future__ import annotations
 
@@ -26,6 +35,48 @@ if TYPE_CHECKING:
 END = object()  # what a request source returns when it has nothing more, ever
 
 
+@dataclass(frozen=True)
+class Mode:
+    """How a batch of requests is scheduled: `exact` as ParallelContext.run takes it (None: greedy requests
+    exact; True: all), or `throughput` (every request batched, the mixed scheduler); and why."""
+
+    throughput: bool
+    exact: bool | None
+    why: str
+
+    @property
+    def name(self) -> str:
+        """One word for start-up lines and JSON."""
+        return "throughput" if self.throughput else "exact"
+
+
+def exact_price(engine: Engine) -> str | None:
+    """Why keeping greedy answers identical to running alone costs more than 10 % of batched speed on this
+    load, or None where it is (nearly) free: CPU weights whose matmul computes a row the same in any batch,
+    and no flash attention (which gives a long sequence a call of its own)."""
+    if engine.offloaded:
+        return "on a GPU the kernels change with the batch size, so each exact sequence decodes alone"
+    if engine.exact_rows:
+        return f"this model's CPU kernels compute more than {engine.exact_rows} rows differently"
+    if engine.flash_attn:
+        return "flash attention splits a long sequence's keys differently in a batch"
+    return None
+
+
+def batching_mode(engine: Engine, exact: bool | None) -> Mode:
+    """The mode for `--exact` (True), `--no-exact` (False) or the default (None): exact for greedy requests
+    where that is free, throughput elsewhere."""
+    if exact is True:
+        return Mode(False, True, "--exact: every answer identical to running alone")
+    if exact is False:
+        return Mode(True, False, "--no-exact: every request batched")
+    price = exact_price(engine)
+    if price is None:
+        return Mode(False, None, "greedy answers identical to running alone (free with this model here)")
+    return Mode(True, False, f"every request batched; exactness would cost more than 10 % ({price}): --exact "
+                             "forces it")
+
+
 @dataclass
 class Request:
     """One prompt to complete: its position in the input, tokens and sampling; optionally a callback for
@@ -38,6 +89,7 @@ class Request:
     logprobs: int | None = None
     on_text: Callable[[str], None] | None = None
     cancelled: Callable[[], bool] | None = None
+    exact: bool = False  # in the throughput scheduler: run alone, on the engine's own context (`_Solo`)
 
 
 @dataclass
@@ -49,8 +101,9 @@ class _Seq:
     dec: SequenceDecoder  # tokens → text, stops, limits, finish reason (engine/sequence.py)
     pending: int | None = None  # sampled, not yet fed
     first: float | None = None
-    cached: int = 0  # prompt tokens the slot's KV cache already held
+    cached: int = 0  # prompt tokens the slot's KV cache already held (or shared from another slot)
     prefilled: float = 0.0  # when the prompt was evaluated
+    filled: int = 0  # prompt tokens evaluated so far (the throughput scheduler evaluates prompts in chunks)
 
     @property
     def next_pos(self) -> int:
@@ -59,15 +112,18 @@ class _Seq:
 
 
 def _is_exact(req: Request, exact: bool | None) -> bool:
-    """Whether a request must come out as it would alone: greedy ones by default (see `groups`)."""
-    return exact if exact is not None else req.sampling.greedy
+    """Whether a request must come out as it would alone: greedy ones by default, and any that asks (see
+    `groups`)."""
+    return req.exact or (exact if exact is not None else req.sampling.greedy)
 
 
 class ParallelContext:
     """A second context on the Engine's model with n_seq_max sequences, each with its own window."""
 
     def __init__(self, engine: Engine, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
-                 n_seq_max: int | None = None) -> None:
+                 n_seq_max: int | None = None, pooled: bool = False) -> None:
+        """`unified`: one pool of n_ctx_per_seq cells (beam search); `pooled`: one pool of n_ctx_per_seq cells
+        per slot, shared by all (the throughput scheduler); else each slot its own stream of cells."""
         lc = engine.lib
         self.lc = lc
         self.engine = engine
@@ -80,13 +136,17 @@ class ParallelContext:
         self.n_chunk = engine.n_batch  # prompt chunk per llama_decode, as in the single-stream path
         p.n_batch = max(prm.n_batch, n_parallel)
         p.n_ubatch = max(min(prm.n_ubatch, p.n_batch), 1)
+        self.pooled = pooled
+        # the throughput scheduler's tokens per step: one ubatch (one pass over the weights), so a burst of
+        # prompts costs each running stream one such pass per step, never a whole burst's
+        self.step_tokens = int(p.n_ubatch)
         p.n_seq_max = n_seq_max or n_parallel
         p.n_threads = prm.n_threads
         p.n_threads_batch = prm.n_threads_batch
         p.flash_attn_type = 1 if engine.flash_attn else 0
         p.type_k = KV_CACHE_TYPES[prm.cache_type_k]
         p.type_v = KV_CACHE_TYPES[prm.cache_type_v]
-        p.kv_unified = unified  # otherwise each sequence gets its own n_ctx_seq window
+        p.kv_unified = unified or pooled  # otherwise each sequence gets its own n_ctx_seq window
         p.no_perf = False
         self.ctx = lc.llama_init_from_model(engine.model_ptr, p)
         if not self.ctx:
@@ -98,12 +158,19 @@ class ParallelContext:
         self.turn = -1  # the slot served last when exact sequences take turns (groups)
         self.steps = 0  # generation llama_decode calls, and the rows they carried
         self.rows = 0
+        self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
+        self.shared = 0  # prompt tokens taken from another slot's cells instead of evaluated
+        self.share_prefixes = True  # the throughput scheduler may start a prompt from another slot's cells
+        self._solo: _Solo | None = None
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self.vocab = engine.vocab
         self.n_vocab = engine.n_vocab
 
     def close(self) -> None:
         """Free the context and batch."""
+        if self._solo is not None:
+            self._solo.close()
+            self._solo = None
         if self.ctx:
             self.lc.llama_batch_free(self.batch)
             self.lc.llama_free(self.ctx)
@@ -155,6 +222,9 @@ class ParallelContext:
         streaming to clients), while sequences are running at most one new prompt is evaluated between two
         decoding steps, so a burst of arrivals does not stall every stream for all of their prompts."""
         take = requests if callable(requests) else _from_iterator(requests)
+        if self.pooled:
+            self._run_mixed(take, on_done, should_stop, reuse)
+            return
         free = list(range(self.n_parallel))  # a heap: the lowest free slot first, to keep slots consecutive
         active: dict[int, _Seq] = {}
         exhausted = False
@@ -179,6 +249,7 @@ class ParallelContext:
                 if (exhausted and waiting is None) or should_stop():
                     return
                 continue
+            self.rounds += 1
             for group in self.groups([active[slot] for slot in sorted(active)], exact):
                 self.batch.n_tokens = 0
                 wants: list[tuple[_Seq, int]] = []
@@ -192,18 +263,133 @@ class ParallelContext:
                 for seq, i in wants:
                     self._sample(seq, i, active, free, on_done, should_stop)
 
+    # ---- the throughput scheduler (a pooled context) ----------------------------------------------------
+
+    def _run_mixed(self, take: Callable[[bool], Any], on_done: Callable[[Completion], None],
+                   should_stop: Callable[[], bool], reuse: bool) -> None:
+        """Every step: admit whatever waits (while slots are free), then one llama_decode with the next token
+        of every decoding sequence and, in the room left in one ubatch, chunks of the prompts being
+        evaluated, oldest first. A request marked exact waits for the solo lane instead."""
+        free = list(range(self.n_parallel))
+        active: dict[int, _Seq] = {}
+        solo_queue: list[Request] = []
+        exhausted = False
+        while True:
+            while free and not exhausted and not should_stop():
+                req = take(not active and self._solo is None and not solo_queue)
+                if req is END:
+                    exhausted = True
+                    break
+                if req is None:
+                    break
+                if req.exact:
+                    solo_queue.append(req)
+                    continue
+                self._start(req, free, active, on_done, reuse)
+            self._cancel(active, free, on_done)
+            if self._solo is None and solo_queue and not should_stop():
+                self._solo = _Solo(self, solo_queue.pop(0), on_done)
+            if not active and self._solo is None:
+                if (exhausted and not solo_queue) or should_stop():
+                    return
+                continue
+            self.rounds += 1
+            if active:
+                self._mixed_step(active, free, on_done, should_stop)
+            if self._solo is not None and self._solo.step(should_stop()):
+                self._solo = None
+
+    def _start(self, req: Request, free: list[int], active: dict[int, _Seq],
+               on_done: Callable[[Completion], None], reuse: bool) -> None:
+        """Give a request a slot, its prompt to be evaluated from the longest prefix that any slot holds."""
+        if req.sampling.max_tokens == 0 or len(req.tokens) >= self.n_ctx_seq:
+            self._refuse(req, on_done, self.n_ctx_seq)
+            return
+        slot, keep = self._pick_slot(free, req.tokens, False) if reuse else (heapq.heappop(free), 0)
+        mem = self.lc.llama_get_memory(self.ctx)
+        if reuse and self.share_prefixes:
+            src, n = self._best_source(req.tokens, slot)
+            if n > keep:  # another slot (running or idle) holds more of this prompt: share its cells
+                self.lc.llama_memory_seq_rm(mem, slot, -1, -1)
+                self.lc.llama_memory_seq_cp(mem, src, slot, 0, n)
+                self.shared += n
+                keep = n
+        self.lc.llama_memory_seq_rm(mem, slot, keep, -1)
+        dec = SequenceDecoder.for_request(self.engine.piece, self.engine.is_eog, req.sampling, len(req.tokens),
+                                          self.n_ctx_seq)
+        seq = _Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(), dec,
+                   cached=keep, filled=keep)
+        active[slot] = seq
+        self.held[slot] = list(req.tokens[:keep])
+        self.prompt_len[slot] = len(req.tokens)
+
+    def _best_source(self, tokens: list[int], slot: int) -> tuple[int, int]:
+        """The slot other than `slot` whose evaluated tokens share the longest prefix with `tokens`, and how
+        many of them can be shared (the last prompt token is always evaluated, for its logits)."""
+        from localgen.engine.lib import common_prefix
+
+        best, n = -1, 0
+        for other, held in self.held.items():
+            if other != slot:
+                k = min(common_prefix(held, tokens), len(tokens) - 1)
+                if k > n:
+                    best, n = other, k
+        return best, n
+
+    def _mixed_step(self, active: dict[int, _Seq], free: list[int], on_done: Callable[[Completion], None],
+                    should_stop: Callable[[], bool]) -> None:
+        self.batch.n_tokens = 0
+        wants: list[tuple[_Seq, int]] = []
+        for slot in sorted(active):
+            seq = active[slot]
+            if seq.pending is not None:
+                wants.append((seq, self._add(seq.pending, seq.next_pos, slot, True)))
+                seq.pending = None
+        decoding = len(wants)
+        room = min(self.n_batch, max(self.step_tokens, decoding + 1)) - decoding
+        filling = sorted((s for s in active.values() if s.filled < len(s.req.tokens)), key=lambda s: s.started)
+        done: list[_Seq] = []
+        for seq in filling:
+            if room <= 0:
+                break
+            tokens = seq.req.tokens
+            start = seq.filled
+            end = min(len(tokens), start + room)
+            row = -1
+            for pos in range(start, end):
+                row = self._add(tokens[pos], pos, seq.slot, pos == len(tokens) - 1)
+            self.held[seq.slot].extend(tokens[start:end])
+            seq.filled = end
+            room -= end - start
+            if end == len(tokens):
+                wants.append((seq, row))
+                done.append(seq)
+        self._decode(len(active))
+        self.steps += 1
+        self.rows += decoding
+        now = time.perf_counter()
+        for seq in done:
+            seq.prefilled = now
+        for seq, i in wants:
+            self._sample(seq, i, active, free, on_done, should_stop)
+
+    @staticmethod
+    def _refuse(req: Request, on_done: Callable[[Completion], None], n_ctx: int) -> None:
+        """A request with nothing to generate (as llama.cpp's -n 0), or a prompt that does not fit a slot."""
+        if req.sampling.max_tokens == 0:
+            on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
+        else:
+            on_done(Completion(req.index, "", "error: the prompt is longer than the context window "
+                               f"({len(req.tokens):,} ≥ {n_ctx:,} tokens)", len(req.tokens), 0,
+                               0.0, 0.0, req.seed))
+
     def _admit(self, req: Request, free: list[int], active: dict[int, _Seq], on_done: Callable[[Completion], None],
                should_stop: Callable[[], bool], reuse: bool, continuation_only: bool = False) -> None:
         """Start a request in a free slot: its prompt evaluated (from what the slot holds, with `reuse`).
         `continuation_only` (an exact request on a GPU, whose kernels round a prompt cut at another place
         differently): reuse a slot only to continue its conversation, never for a shared prefix alone."""
-        if req.sampling.max_tokens == 0:  # nothing to generate, as llama.cpp's -n 0
-            on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
-            return
-        if len(req.tokens) >= self.n_ctx_seq:
-            on_done(Completion(req.index, "", "error: the prompt is longer than the context window "
-                               f"({len(req.tokens):,} ≥ {self.n_ctx_seq:,} tokens)", len(req.tokens), 0,
-                               0.0, 0.0, req.seed))
+        if req.sampling.max_tokens == 0 or len(req.tokens) >= self.n_ctx_seq:
+            self._refuse(req, on_done, self.n_ctx_seq)
             return
         slot, keep = self._pick_slot(free, req.tokens, continuation_only) if reuse else (heapq.heappop(free), 0)
         dec = SequenceDecoder.for_request(self.engine.piece, self.engine.is_eog, req.sampling, len(req.tokens),
@@ -323,11 +509,73 @@ class ParallelContext:
         assert dec.reason is not None
         on_done(Completion(seq.req.index, dec.text, dec.reason, len(seq.req.tokens), len(dec.tokens),
                            (seq.first or now) - seq.started, now - seq.started, seq.req.seed, dec.logprobs,
-                           cached_tokens=seq.cached, prompt_s=seq.prefilled - seq.started,
-                           decode_s=now - seq.prefilled))
+                           cached_tokens=seq.cached, prompt_s=(seq.prefilled or now) - seq.started,
+                           decode_s=now - (seq.prefilled or now)))
         self.lc.llama_sampler_free(seq.sampler)
         del active[seq.slot]
         heapq.heappush(free, seq.slot)
+
+
+class _Solo:
+    """A request that asks for exactness while the throughput scheduler runs: `run`'s own path on the engine's
+    single-sequence context (Engine.evaluate, sample, decode: what `run` does with this prompt alone), one
+    token per scheduler step beside the batch. One at a time; the context is made on first use and kept."""
+
+    def __init__(self, pc: ParallelContext, req: Request, on_done: Callable[[Completion], None]) -> None:
+        eng = pc.engine
+        self.eng, self.req, self.on_done = eng, req, on_done
+        self.started = time.perf_counter()
+        self.dec = SequenceDecoder.for_request(eng.piece, eng.is_eog, req.sampling, len(req.tokens), eng.n_ctx)
+        self.chain: Any = None
+        self.first: float | None = None
+        self.cached = 0
+        self.prefilled = self.started
+
+    def step(self, stop: bool) -> bool:
+        """The prompt (first call) or one token; True once the request has ended (and been handed on)."""
+        eng, req = self.eng, self.req
+        if self.chain is None:
+            if req.sampling.max_tokens == 0 or len(req.tokens) >= eng.n_ctx:
+                ParallelContext._refuse(req, self.on_done, eng.n_ctx)
+                return True
+            self.chain = eng.sampler(req.sampling, req.seed, req.tokens)
+            self.cached = eng.evaluate(req.tokens)
+            self.prefilled = time.perf_counter()
+        if stop or (req.cancelled is not None and req.cancelled()):
+            return self._finish()
+        tok = eng.sample(self.chain)
+        if req.logprobs is not None:
+            from localgen.engine.generate import token_logprob
+
+            self.dec.logprobs.append(token_logprob(eng.logits(), eng.piece, tok, req.logprobs))
+        self.first = self.first or time.perf_counter()
+        text = self.dec.push(tok)
+        if text and req.on_text is not None:
+            req.on_text(text)
+        if self.dec.reason is not None:
+            return self._finish()
+        eng.decode([tok])
+        return False
+
+    def _finish(self) -> bool:
+        dec, req = self.dec, self.req
+        tail = dec.end("cancelled")
+        if tail and req.on_text is not None:
+            req.on_text(tail)
+        now = time.perf_counter()
+        assert dec.reason is not None
+        self.close()
+        self.on_done(Completion(req.index, dec.text, dec.reason, len(req.tokens), len(dec.tokens),
+                                (self.first or now) - self.started, now - self.started, req.seed, dec.logprobs,
+                                cached_tokens=self.cached, prompt_s=self.prefilled - self.started,
+                                decode_s=now - self.prefilled))
+        return True
+
+    def close(self) -> None:
+        """Free the sampler chain."""
+        if self.chain is not None:
+            self.eng.free_sampler(self.chain)
+            self.chain = None
 
 
 def _from_iterator(it: Iterator[Request]) -> Callable[[bool], Any]:
@@ -339,21 +587,19 @@ def new_seed() -> int:
     return random.getrandbits(31)
 
 
-def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.Random) -> tuple[float, float]:
-    """llama-batched-bench's measurement: every sequence gets n_prompt random tokens (batched), then n_gen
-    steps decode one token per sequence together. Returns (prompt seconds, generation seconds)."""
+def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.Random,
+                   exact: bool | None = False) -> tuple[float, float]:
+    """llama-batched-bench's measurement: every sequence gets n_prompt random tokens, evaluated as the batch
+    scheduler evaluates a burst of new requests (`run`, each asking for one token), then n_gen steps decode
+    one token per sequence together. Returns (prompt seconds, generation seconds)."""
     lc = pc.lc
     n = pc.n_parallel
     pc.clear()
+    pc.held.clear()
+    prompts = [[rng.randrange(pc.n_vocab) for _ in range(n_prompt)] for _ in range(n)]
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     t0 = time.perf_counter()
-    pending = [(s, p) for s in range(n) for p in range(n_prompt)]
-    while pending:
-        pc.batch.n_tokens = 0
-        for s, p in pending[: pc.n_batch]:
-            pc._add(rng.randrange(pc.n_vocab), p, s, p == n_prompt - 1)
-        pending = pending[pc.n_batch:]
-        if lc.llama_decode(pc.ctx, pc.batch) != 0:
-            raise LocalgenError("llama_decode failed in the parallel benchmark", hint="lower --parallel")
+    pc.run(iter([Request(i, p, one) for i, p in enumerate(prompts)]), lambda c: None, exact=exact)
     lc.llama_synchronize(pc.ctx)
     t1 = time.perf_counter()
     for step in range(n_gen):

@@ -66,11 +66,27 @@ class BenchContext:
 
 
 def model_desc(engine: Engine) -> str:
-    """llama.cpp's description of the model, e.g. "llama 135M Q4_1" (llama-bench's model_type)."""
+    """llama.cpp's description of the model, e.g. "llama 135M Q4_1" (llama-bench's model_type), with the size
+    word corrected when it is not the parameter count: llama.cpp guesses it from the layer count and vocabulary
+    (32 layers and a 49,152-token vocabulary read "3B" whatever the width)."""
     lc = engine.lib
     buf = ctypes.create_string_buffer(256)
     lc.llama_model_desc(engine.model_ptr, buf, len(buf))
-    return buf.value.decode("utf-8", errors="replace")
+    return fix_size_word(buf.value.decode("utf-8", errors="replace"), int(lc.llama_model_n_params(engine.model_ptr)))
+
+
+def fix_size_word(desc: str, n_params: int) -> str:
+    """`desc` with its size word ("3B", "135M") replaced by the parameter count when they differ by over 1.5×."""
+    import re
+
+    m = re.search(r"\b(\d+(?:\.\d+)?)([MB])\b", desc)
+    if not m or n_params <= 0:
+        return desc
+    said = float(m.group(1)) * (1e9 if m.group(2) == "B" else 1e6)
+    if 1 / 1.5 <= n_params / said <= 1.5:
+        return desc
+    word = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{round(n_params / 1e6)}M"
+    return desc[:m.start()] + word + desc[m.end():]
 
 
 def model_size(engine: Engine) -> tuple[int, int]:

@@ -80,9 +80,10 @@ class LocalBackend:
 
     def run_many(self, requests: Iterable[Indexed], parallel: int, on_done: Callable[[Completion], None],
                  exact: bool | None = None) -> dict[str, float]:
-        """Continuous batching over one ParallelContext (engine/batch.py)."""
+        """Continuous batching over one ParallelContext (engine/batch.py), in the mode `exact` asks for (the
+        default: exact where that is free, else the throughput scheduler)."""
         self.check_generates()
-        from localgen.engine.batch import ParallelContext, Request
+        from localgen.engine.batch import ParallelContext, Request, batching_mode
 
         def prepared() -> Iterator[Request]:
             for item in requests:
@@ -94,12 +95,13 @@ class LocalBackend:
                 yield Request(item.index, tokens, item.request.sampling, item.seed, item.request.logprobs)
 
         self.engine.release_context()  # its KV cache would sit unused beside the parallel one
-        pc = ParallelContext(self.engine, parallel, self.engine.n_ctx)
+        mode = batching_mode(self.engine, exact)
+        pc = ParallelContext(self.engine, parallel, self.engine.n_ctx, pooled=mode.throughput)
         try:
-            pc.run(prepared(), on_done, exact=exact, serial_exact=self.engine.offloaded)
+            pc.run(prepared(), on_done, exact=mode.exact, serial_exact=self.engine.offloaded, reuse=mode.throughput)
         finally:
             pc.close()
-        return {"steps": pc.steps, "rows": pc.rows}
+        return {"steps": pc.steps, "rows": pc.rows, "throughput": float(mode.throughput), "shared": float(pc.shared)}
 
     def beams(self, request: GenerationRequest, n: int, length_penalty: float) -> Any:
         """Beam search (engine/beams.py) on the request's prompt."""

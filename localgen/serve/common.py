@@ -168,6 +168,15 @@ def _big_repeat(schema: Any) -> tuple[str, int] | None:
     return None
 
 
+def exact_field(where: dict[str, Any], name: str) -> bool:
+    """localgen's request extension `exact` (OpenAI: top level; Ollama: options.exact): true asks for the
+    answer this prompt gives alone, even where the server batches for throughput."""
+    value = where.get("exact", False)
+    if not isinstance(value, bool):
+        raise HTTPError(400, f"`{name}` must be true or false", param=name)
+    return value
+
+
 CHARS_PER_TOKEN = 32
 
 

@@ -24,6 +24,7 @@ from localgen.serve.common import (
     embed,
     embed_inputs,
     events,
+    exact_field,
     messages,
     read_json,
     run_job,
@@ -114,26 +115,27 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     opts = body.get("options") or {}
     if not isinstance(opts, dict):
         raise HTTPError(400, "`options` must be an object")
-    unknown = set(opts) - set(OPTIONS) - IGNORED
+    unknown = set(opts) - set(OPTIONS) - IGNORED - {"exact"}
     if unknown:
         raise HTTPError(400, f"unknown options: {', '.join(sorted(unknown))}")
     values = {OPTIONS[k]: v for k, v in opts.items() if k in OPTIONS}
     fmt = body.get("format")
     grammar = await schema_grammar(fmt, "format") if fmt not in (None, "") else None
     s = sampling(state, worker, values, grammar)
+    exact = exact_field(opts, "options.exact")
     if chat:
         msgs = messages(body.get("messages"))
         check_prompt_size(worker, [m["content"] for m in msgs])
-        return GenerationRequest(messages=msgs, sampling=s)
+        return GenerationRequest(messages=msgs, sampling=s, exact=exact)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise HTTPError(400, "`prompt` must be a string")
     system = body.get("system")
     check_prompt_size(worker, [prompt, system if isinstance(system, str) else ""])
     if body.get("raw") or not worker.ref.summary.chat_template:
-        return GenerationRequest(prompt=prompt, sampling=s)
+        return GenerationRequest(prompt=prompt, sampling=s, exact=exact)
     head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
-    return GenerationRequest(messages=(*head, {"role": "user", "content": prompt}), sampling=s)
+    return GenerationRequest(messages=(*head, {"role": "user", "content": prompt}), sampling=s, exact=exact)
 
 
 async def _generate(state: ServeState, http: Request, body: dict[str, Any], chat: bool) -> Response:

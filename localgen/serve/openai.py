@@ -22,6 +22,7 @@ from localgen.serve.common import (
     embed,
     embed_inputs,
     events,
+    exact_field,
     http_error,
     messages,
     read_json,
@@ -133,10 +134,11 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
             raise HTTPError(400, "top_logprobs must be an integer from 0 to 20", param="top_logprobs")
         logprobs = top
     s = sampling(state, worker, values, grammar)
+    exact = exact_field(body, "exact")
     if chat:
         msgs = messages(body.get("messages"))
         check_prompt_size(worker, [m["content"] for m in msgs])
-        return GenerationRequest(messages=msgs, sampling=s, logprobs=logprobs)
+        return GenerationRequest(messages=msgs, sampling=s, logprobs=logprobs, exact=exact)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -145,7 +147,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     if body.get("echo") or body.get("suffix"):
         raise HTTPError(400, "`echo` and `suffix` are not supported", param="echo")
     check_prompt_size(worker, [prompt])
-    return GenerationRequest(prompt=prompt, sampling=s, logprobs=logprobs)
+    return GenerationRequest(prompt=prompt, sampling=s, logprobs=logprobs, exact=exact)
 
 
 async def _complete(state: ServeState, http: Request, body: dict[str, Any], chat: bool) -> Response:

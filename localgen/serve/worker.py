@@ -126,7 +126,8 @@ class ModelWorker:
     """A model, its slots and its thread."""
 
     def __init__(self, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, max_queue: int,
-                 warn: Callable[[str], None] = lambda s: None, exact: bool | None = None) -> None:
+                 warn: Callable[[str], None] = lambda s: None, exact: bool | None = None,
+                 share_prefixes: bool = True) -> None:
         self.ref = ref
         self.name = ref.name
         self.load = load
@@ -135,6 +136,7 @@ class ModelWorker:
         self.max_queue = max_queue
         self.warn = warn
         self.exact = exact
+        self.share_prefixes = share_prefixes
         self.jobs: queue.Queue[Job | EmbedJob | _Unload] = queue.Queue()
         self.backend: Any = None
         self.pc: Any = None
@@ -145,6 +147,7 @@ class ModelWorker:
         self.last_error: str | None = None
         self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
         self.vram_bytes = 0  # bytes of weights llama.cpp placed on GPUs (from its load log)
+        self.mode: Any = None  # the batching Mode (engine/batch.py), known once the model has loaded
         self._stop = threading.Event()
         self._ids = itertools.count(1)
         self._running: dict[int, Job] = {}
@@ -218,7 +221,8 @@ class ModelWorker:
         pc = self.pc
         return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel, "running": len(self._running),
                 "queued": self.jobs.qsize(), "decode_calls": self.calls + (pc.steps if pc else 0),
-                "rows": self.rows + (pc.rows if pc else 0), "failed_jobs": self.failures,
+                "rows": self.rows + (pc.rows if pc else 0), "shared_prompt_tokens": pc.shared if pc else 0,
+                "batching": self.mode.name if self.mode else None, "failed_jobs": self.failures,
                 "last_error": self.dead or self.last_error}
 
     @property
@@ -360,7 +364,7 @@ class ModelWorker:
                 self.keep_alive = job.keep_alive
 
         try:
-            self.pc.run(take, done, exact=self.exact, reuse=True, interleave=True)
+            self.pc.run(take, done, exact=self.mode.exact, reuse=True, interleave=True)
         except LocalgenError as e:  # a failed decode: every job in flight fails, the model stays usable
             self._drain_running(Failed(500, e.message))
         except Exception as e:  # a bug or a fault: the jobs in flight fail, the slots start afresh
@@ -406,12 +410,13 @@ class ModelWorker:
         index = next(self._ids)
         self._running[index] = job
         return request_type(index, tokens, job.request.sampling, job.seed, job.request.logprobs,
-                            on_text=lambda text: job.send(Text(text)), cancelled=job.cancelled.is_set)
+                            on_text=lambda text: job.send(Text(text)), cancelled=job.cancelled.is_set,
+                            exact=job.request.exact)
 
     def _ensure_loaded(self) -> None:
         if self.backend is not None:
             return
-        from localgen.engine.batch import ParallelContext
+        from localgen.engine.batch import ParallelContext, batching_mode
         from localgen.engine.local import LocalBackend
         from localgen.models.load import open_engine
 
@@ -420,7 +425,9 @@ class ModelWorker:
         self.backend = LocalBackend(engine, warn=self.warn)
         self.n_ctx = engine.n_ctx
         self.vram_bytes = engine.gpu_weight_bytes()
-        self.pc = ParallelContext(engine, self.parallel, engine.n_ctx)
+        self.mode = batching_mode(engine, self.exact)
+        self.pc = ParallelContext(engine, self.parallel, engine.n_ctx, pooled=self.mode.throughput)
+        self.pc.share_prefixes = self.share_prefixes
         self.idle_since = time.monotonic()
 
     def _maybe_unload(self) -> None:

@@ -1,0 +1,157 @@
+"""The throughput scheduler (engine/batch.py, a pooled ParallelContext): many prompts in one call, prompts
+cut into chunks and mixed into the decoding steps, shared prefixes, the exact lane beside it, and which
+mode runs by default."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from localgen.engine.batch import END, ParallelContext, Request, batching_mode, exact_price
+from localgen.types import SamplingParams
+
+PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",
+           "List three colors."]
+
+
+def _chat(eng: Any, text: str) -> list[int]:
+    return list(eng.chat_tokens([{"role": "user", "content": text}]))
+
+
+def _greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def test_the_prompts_of_many_new_requests_are_evaluated_in_one_call(smollm2_engine: object) -> None:
+    eng: Any = smollm2_engine
+    pc = ParallelContext(eng, 4, 512, pooled=True)
+    done: dict[int, Any] = {}
+    try:
+        pc.run(iter([Request(i, _chat(eng, p), _greedy(8)) for i, p in enumerate(PROMPTS)]),
+               lambda c: done.__setitem__(c.index, c))
+    finally:
+        pc.close()
+    # one call evaluates all four prompts and gives each its first token; seven more decode four rows each
+    assert pc.steps == 8 and pc.rows == 4 * 7
+    assert sorted(done) == [0, 1, 2, 3] and all(c.completion_tokens == 8 for c in done.values())
+
+
+def test_a_burst_of_long_prompts_never_stalls_a_running_stream(smollm2_engine: object) -> None:
+    """While four ~300-token prompts (more than one ubatch together) are evaluated chunk by chunk, the stream
+    that was already running gets a token at every step; the new ones start as their prompts complete."""
+    eng: Any = smollm2_engine
+    long = [_chat(eng, f"Document {i}: " + "the river runs past the old mill and on to the sea. " * 25)
+            for i in range(4)]
+    assert sum(map(len, long)) > 512
+    pc = ParallelContext(eng, 5, 1024, pooled=True)
+    sampled: list[tuple[int, int]] = []  # (step, request) for every token sampled
+    queue: list[Any] = [Request(0, _chat(eng, PROMPTS[0]), _greedy(24))]
+    ended: set[int] = set()
+    sample = pc._sample
+
+    def record(seq: Any, *rest: Any) -> None:
+        sampled.append((pc.steps, seq.req.index))
+        sample(seq, *rest)
+        if seq.req.index == 0 and len(seq.dec.tokens) == 3:  # request 0 streams: the burst arrives
+            queue.extend(Request(i + 1, t, _greedy(4)) for i, t in enumerate(long))
+
+    def take(wait: bool) -> Any:
+        return queue.pop(0) if queue else END if len(ended) == 5 else None
+
+    pc._sample = record  # type: ignore[method-assign]
+    try:
+        pc.run(take, lambda c: ended.add(c.index))
+    finally:
+        pc.close()
+    assert ended == {0, 1, 2, 3, 4}
+    steps_of_0 = [step for step, i in sampled if i == 0]
+    assert steps_of_0 == list(range(steps_of_0[0], steps_of_0[0] + 24)), "a token at every step"
+    firsts = {i: min(step for step, j in sampled if j == i) for i in range(1, 5)}
+    assert max(firsts.values()) - steps_of_0[2] <= 3, "the burst took a few one-ubatch steps, not one each"
+    assert len(set(firsts.values())) > 1, "the burst's prompts were cut into chunks across steps"
+
+
+def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engine: object) -> None:
+    """A request whose system prompt a running slot already holds shares those cells instead of evaluating
+    them; when that slot moves on to another prompt, the cells stay for the one that shares them."""
+    eng: Any = smollm2_engine
+    system = "You are a careful assistant. Answer in one short sentence. " * 12
+
+    def conv(q: str) -> list[int]:
+        return list(eng.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": q}]))
+
+    first, second, other = conv("Name a river."), conv("Name a mountain."), _chat(eng, "Count to three.")
+    prefix = 0
+    while first[prefix] == second[prefix]:
+        prefix += 1
+    assert prefix > 100
+    pc = ParallelContext(eng, 2, 1024, pooled=True)
+    queue = [Request(0, first, _greedy(3))]
+    done: dict[int, Any] = {}
+    positions: list[int] = []  # where request 1's cells begin, at each of its tokens
+
+    def take(wait: bool) -> Any:
+        return queue.pop(0) if queue else END if len(done) == 3 else None
+
+    sample = pc._sample
+
+    def record(seq: Any, *rest: Any) -> None:
+        sample(seq, *rest)
+        if seq.req.index == 0 and len(seq.dec.tokens) == 2:  # the first request runs: the second arrives
+            queue.append(Request(1, second, _greedy(12)))
+        if seq.req.index == 1 and len(seq.dec.tokens) == 2:  # slot 0 is free again: it takes another prompt
+            queue.append(Request(2, other, _greedy(2)))
+        if seq.req.index == 1:
+            positions.append(int(pc.lc.llama_memory_seq_pos_min(pc.lc.llama_get_memory(pc.ctx), seq.slot)))
+
+    pc._sample = record  # type: ignore[method-assign]
+    try:
+        pc.run(take, lambda c: done.__setitem__(c.index, c), reuse=True)
+    finally:
+        pc.close()
+    assert pc.shared == prefix and done[1].cached_tokens == prefix
+    assert done[1].completion_tokens == 12 and done[2].completion_tokens == 2
+    assert positions and set(positions) == {0}, "the shared cells stayed with the second request throughout"
+
+
+def test_an_exact_request_beside_the_batch_gets_the_answer_it_gets_alone(smollm2_engine: object) -> None:
+    eng: Any = smollm2_engine
+    sampling = SamplingParams(temperature=0.0, max_tokens=16)
+    prompt = _chat(eng, PROMPTS[1])
+    gen = eng.generate(prompt, sampling)
+    alone = "".join(c.text for c in gen)
+    pc = ParallelContext(eng, 3, 512, pooled=True)
+    done: dict[int, Any] = {}
+    reqs = [Request(0, _chat(eng, PROMPTS[0]), _greedy(20)), Request(1, prompt, sampling, exact=True),
+            Request(2, _chat(eng, PROMPTS[2]), _greedy(20))]
+    try:
+        pc.run(iter(reqs), lambda c: done.__setitem__(c.index, c))
+    finally:
+        pc.close()
+    assert done[1].text == alone and done[1].finish_reason == gen.finish_reason
+    assert done[0].completion_tokens == done[2].completion_tokens == 20
+
+
+def _engine(**kw: Any) -> Any:
+    return SimpleNamespace(**{"offloaded": False, "exact_rows": 0, "flash_attn": False, **kw})
+
+
+@pytest.mark.parametrize(("kw", "throughput"), [
+    ({}, False), ({"offloaded": True}, True), ({"exact_rows": 7}, True), ({"flash_attn": True}, True)])
+def test_exactness_is_the_default_only_where_it_is_free(kw: dict[str, Any], throughput: bool) -> None:
+    eng = _engine(**kw)
+    mode = batching_mode(eng, None)
+    assert mode.throughput == throughput and (exact_price(eng) is None) != throughput
+    assert mode.exact is (False if throughput else None)
+    assert "--exact forces it" in mode.why if throughput else "free" in mode.why
+    assert batching_mode(eng, True).exact is True and not batching_mode(eng, True).throughput
+    assert batching_mode(eng, False).throughput
+
+
+def test_smollm2_here_batches_for_throughput_by_default(smollm2_engine: object) -> None:
+    from localgen.engine.devices import has_gpu
+
+    mode = batching_mode(smollm2_engine, None)  # type: ignore[arg-type]
+    assert mode.throughput and ("GPU" if has_gpu() else "flash attention") in mode.why
