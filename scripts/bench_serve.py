@@ -45,7 +45,8 @@ def free_port() -> int:
 def start(target: str, model: str, path: str, port: int, a: argparse.Namespace, env: dict[str, str],
           clients: int) -> Any:
     if target == "localgen":
-        cmd = [sys.executable, "-m", "localgen", "serve", "-m", model, "--port", str(port), "-np", str(clients),
+        cmd = [sys.executable, "-m", "localgen", "serve", "-m", path if a.model.endswith(".gguf") else model,
+               "--port", str(port), "-np", str(clients),
                "-t", str(a.threads), "-c", str(a.ctx), *shlex.split(a.localgen_args)]
     elif target == "llama-server":
         cmd = [a.llama_server, "-m", path, "--port", str(port), "-np", str(clients), "-t", str(a.threads),

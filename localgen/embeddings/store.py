@@ -35,7 +35,9 @@ def path() -> Path:
 
 
 def _db(create: bool) -> Any:
-    import sqlite_utils
+    from localgen.log.store import sqlite_utils_module
+
+    sqlite_utils = sqlite_utils_module()
 
     db_path = path()
     if not db_path.exists():
