@@ -316,7 +316,7 @@ def test_sampler_paths_agree_with_penalties_on(cli: CLI, tmp_path: Path, smollm2
     plain = cli("run", "-p", prompt, *common, *penalty)
     f = tmp_path / "p.jsonl"
     f.write_text((json.dumps({"prompt": prompt}) + "\n") * 2)
-    batched = cli("run", "--file", str(f), "--parallel", "2", "--json", *common, *penalty)
+    batched = cli("run", "--file", str(f), "--parallel", "2", "--exact", "--json", *common, *penalty)
     without = cli("run", "-p", prompt, *common)
     assert plain.returncode == batched.returncode == without.returncode == 0
     texts = [json.loads(x)["text"] for x in batched.stdout.splitlines()]

@@ -163,8 +163,9 @@ def test_named_endpoints_from_the_config(cli: CLI, fake: FakeServer, home: Path)
 
 @pytest.fixture(scope="module")
 def two(cli_env: dict[str, str]) -> Iterator[tuple[Server, Server]]:
-    a = Server(cli_env, "-np", "2", "-t", "1", "--ctx", "1024")
-    b = Server(cli_env, "-np", "2", "-t", "1", "--ctx", "1024")
+    # --exact: a line's greedy answer must not depend on which endpoint, or which neighbours, it gets
+    a = Server(cli_env, "-np", "2", "-t", "1", "--ctx", "1024", "--exact")
+    b = Server(cli_env, "-np", "2", "-t", "1", "--ctx", "1024", "--exact")
     yield a, b
     for s in (a, b):
         if s.proc.poll() is None:
