@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from localgen.engine.batch import END, ParallelContext, Request, batching_mode, exact_price
+from localgen.engine.batch import END, ParallelContext, Request
+from localgen.engine.batchmode import batching_mode, exact_price
 from localgen.types import SamplingParams
 
 PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",

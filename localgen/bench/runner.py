@@ -190,7 +190,9 @@ def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str,
     does)."""
     import random
 
-    from localgen.engine.batch import ParallelContext, batching_mode, bench_parallel
+    from localgen.engine.batch import ParallelContext
+    from localgen.engine.batchmode import batching_mode
+    from localgen.engine.bench import bench_parallel
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     mode = batching_mode(engine, None)  # the context and scheduler `serve` and `run --file` use here

@@ -35,7 +35,7 @@ def path() -> Path:
 
 
 def _db(create: bool) -> Any:
-    from localgen.log.store import sqlite_utils_module
+    from localgen.sqlitedb import sqlite_utils_module
 
     sqlite_utils = sqlite_utils_module()
 

@@ -3,7 +3,7 @@ together, several sequence ids per llama_batch. Continuous batching: the moment 
 its slot takes the next prompt. Each sequence has its own sampler chain (same stages and order as the
 single-stream path).
 
-Two schedulers, one per mode (`Mode`, chosen by `batching_mode`):
+Two schedulers, one per mode (engine/batchmode.py):
 - throughput (the default wherever exactness costs more than 10 %): one pool of KV cells for every slot;
   each step is one llama_decode that carries a token of every decoding sequence plus chunks of the new
   prompts (many prompts in one call), so arrivals neither stall the running streams nor wait behind
@@ -33,48 +33,6 @@ if TYPE_CHECKING:
 
 
 END = object()  # what a request source returns when it has nothing more, ever
-
-
-@dataclass(frozen=True)
-class Mode:
-    """How a batch of requests is scheduled: `exact` as ParallelContext.run takes it (None: greedy requests
-    exact; True: all), or `throughput` (every request batched, the mixed scheduler); and why."""
-
-    throughput: bool
-    exact: bool | None
-    why: str
-
-    @property
-    def name(self) -> str:
-        """One word for start-up lines and JSON."""
-        return "throughput" if self.throughput else "exact"
-
-
-def exact_price(engine: Engine) -> str | None:
-    """Why keeping greedy answers identical to running alone costs more than 10 % of batched speed on this
-    load, or None where it is (nearly) free: CPU weights whose matmul computes a row the same in any batch,
-    and no flash attention (which gives a long sequence a call of its own)."""
-    if engine.offloaded:
-        return "on a GPU the kernels change with the batch size, so each exact sequence decodes alone"
-    if engine.exact_rows:
-        return f"this model's CPU kernels compute more than {engine.exact_rows} rows differently"
-    if engine.flash_attn:
-        return "flash attention splits a long sequence's keys differently in a batch"
-    return None
-
-
-def batching_mode(engine: Engine, exact: bool | None) -> Mode:
-    """The mode for `--exact` (True), `--no-exact` (False) or the default (None): exact for greedy requests
-    where that is free, throughput elsewhere."""
-    if exact is True:
-        return Mode(False, True, "--exact: every answer identical to running alone")
-    if exact is False:
-        return Mode(True, False, "--no-exact: every request batched")
-    price = exact_price(engine)
-    if price is None:
-        return Mode(False, None, "greedy answers identical to running alone (free with this model here)")
-    return Mode(True, False, f"every request batched; exactness would cost more than 10 % ({price}): --exact "
-                             "forces it")
 
 
 @dataclass
@@ -121,7 +79,7 @@ class ParallelContext:
     """A second context on the Engine's model with n_seq_max sequences, each with its own window."""
 
     def __init__(self, engine: Engine, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
-                 n_seq_max: int | None = None, pooled: bool = False) -> None:
+                 n_seq_max: int | None = None, pooled: bool = False, share_prefixes: bool = True) -> None:
         """`unified`: one pool of n_ctx_per_seq cells (beam search); `pooled`: one pool of n_ctx_per_seq cells
         per slot, shared by all (the throughput scheduler); else each slot its own stream of cells."""
         lc = engine.lib
@@ -162,7 +120,7 @@ class ParallelContext:
         self.rows = 0
         self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
         self.shared = 0  # prompt tokens taken from another slot's cells instead of evaluated
-        self.share_prefixes = True  # the throughput scheduler may start a prompt from another slot's cells
+        self.share_prefixes = share_prefixes  # the throughput scheduler may start a prompt from another slot's cells
         self._solo: _Solo | None = None
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self.vocab = engine.vocab
@@ -301,15 +259,17 @@ class ParallelContext:
             if self._solo is not None and self._solo.step(should_stop()):
                 self._solo = None
 
-    def _start(self, req: Request, free: list[int], active: dict[int, _Seq],
-               on_done: Callable[[Completion], None], reuse: bool) -> None:
-        """Give a request a slot, its prompt to be evaluated from the longest prefix that any slot holds."""
+    def _start(self, req: Request, free: list[int], active: dict[int, _Seq], on_done: Callable[[Completion], None],
+               reuse: bool, continuation_only: bool = False) -> _Seq | None:
+        """Give a request a slot (with `reuse`, the free one that holds most of its prompt; in a pooled context,
+        cells shared from any slot that holds more), its prompt still to be evaluated from `filled`. None when
+        it was answered at once (nothing to generate, or a prompt that does not fit)."""
         if req.sampling.max_tokens == 0 or len(req.tokens) >= self.n_ctx_seq:
             self._refuse(req, on_done, self.n_ctx_seq)
-            return
-        slot, keep = self._pick_slot(free, req.tokens, False) if reuse else (heapq.heappop(free), 0)
+            return None
+        slot, keep = self._pick_slot(free, req.tokens, continuation_only) if reuse else (heapq.heappop(free), 0)
         mem = self.lc.llama_get_memory(self.ctx)
-        if reuse and self.share_prefixes:
+        if reuse and self.pooled and self.share_prefixes:
             src, n = self._best_source(req.tokens, slot)
             if n > keep:  # another slot (running or idle) holds more of this prompt: share its cells
                 self.lc.llama_memory_seq_rm(mem, slot, -1, -1)
@@ -324,6 +284,7 @@ class ParallelContext:
         active[slot] = seq
         self.held[slot] = list(req.tokens[:keep])
         self.prompt_len[slot] = len(req.tokens)
+        return seq
 
     def _best_source(self, tokens: list[int], slot: int) -> tuple[int, int]:
         """The slot other than `slot` whose evaluated tokens share the longest prefix with `tokens`, and how
@@ -387,21 +348,15 @@ class ParallelContext:
 
     def _admit(self, req: Request, free: list[int], active: dict[int, _Seq], on_done: Callable[[Completion], None],
                should_stop: Callable[[], bool], reuse: bool, continuation_only: bool = False) -> None:
-        """Start a request in a free slot: its prompt evaluated (from what the slot holds, with `reuse`).
-        `continuation_only` (an exact request on a GPU, whose kernels round a prompt cut at another place
-        differently): reuse a slot only to continue its conversation, never for a shared prefix alone."""
-        if req.sampling.max_tokens == 0 or len(req.tokens) >= self.n_ctx_seq:
-            self._refuse(req, on_done, self.n_ctx_seq)
+        """Start a request in a free slot: its prompt evaluated at once, alone (from what the slot holds, with
+        `reuse`). `continuation_only` (an exact request on a GPU, whose kernels round a prompt cut at another
+        place differently): reuse a slot only to continue its conversation, never for a shared prefix alone."""
+        seq = self._start(req, free, active, on_done, reuse, continuation_only)
+        if seq is None:
             return
-        slot, keep = self._pick_slot(free, req.tokens, continuation_only) if reuse else (heapq.heappop(free), 0)
-        dec = SequenceDecoder.for_request(self.engine.piece, self.engine.is_eog, req.sampling, len(req.tokens),
-                                          self.n_ctx_seq)
-        seq = _Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(), dec, cached=keep)
-        active[slot] = seq
-        self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), slot, keep, -1)
-        self.held[slot] = list(req.tokens)
-        self.prompt_len[slot] = len(req.tokens)
-        row = self.prefill(req.tokens, slot, keep)
+        row = self.prefill(req.tokens, seq.slot, seq.filled)
+        self.held[seq.slot].extend(req.tokens[seq.filled:])
+        seq.filled = len(req.tokens)
         seq.prefilled = time.perf_counter()
         self._sample(seq, row, active, free, on_done, should_stop)
 
@@ -479,43 +434,49 @@ class ParallelContext:
     def _sample(self, seq: _Seq, i: int, active: dict[int, _Seq], free: list[int],
                 on_done: Callable[[Completion], None], should_stop: Callable[[], bool]) -> None:
         tok = int(self.lc.llama_sampler_sample(seq.sampler, self.ctx, i))
-        if seq.req.logprobs is not None:
-            from localgen.engine.generate import token_logprob
-
-            seq.dec.logprobs.append(token_logprob(self._logits(i), self.engine.piece, tok, seq.req.logprobs))
-        if seq.first is None:
-            seq.first = time.perf_counter()
-        if self._step(seq, tok) is not None or should_stop():
-            self._finish(seq, active, free, on_done)
-
-    def _step(self, seq: _Seq, tok: int) -> str | None:
-        """Record a sampled token; the finish reason if the sequence is done."""
+        _accept(seq, tok, lambda: self._logits(i), self.engine.piece)
         dec = seq.dec
-        text = dec.push(tok)
         if dec.reason != "eos" and len(dec.tokens) > 1:
             self.held[seq.slot].append(dec.tokens[-2])  # fed at the step that sampled this one
-        if text and seq.req.on_text is not None:
-            seq.req.on_text(text)
         if dec.reason is None:
             seq.pending = tok
-        return dec.reason
+        if dec.reason is not None or should_stop():
+            self._finish(seq, active, free, on_done)
 
     def _finish(self, seq: _Seq, active: dict[int, _Seq], free: list[int],
                 on_done: Callable[[Completion], None]) -> None:
         """Hand on a sequence that ended (or, not ended yet, is cancelled) and free its slot."""
-        dec = seq.dec
-        tail = dec.end("cancelled")  # a no-op for a sequence that ended by itself
-        if tail and seq.req.on_text is not None:
-            seq.req.on_text(tail)
-        now = time.perf_counter()
-        assert dec.reason is not None
-        on_done(Completion(seq.req.index, dec.text, dec.reason, len(seq.req.tokens), len(dec.tokens),
-                           (seq.first or now) - seq.started, now - seq.started, seq.req.seed, dec.logprobs,
-                           cached_tokens=seq.cached, prompt_s=(seq.prefilled or now) - seq.started,
-                           decode_s=now - (seq.prefilled or now)))
+        on_done(_completion(seq))
         self.lc.llama_sampler_free(seq.sampler)
         del active[seq.slot]
         heapq.heappush(free, seq.slot)
+
+
+def _accept(seq: _Seq, tok: int, logits: Callable[[], Any], piece: Callable[[int], bytes]) -> None:
+    """Record a sampled token: its log-probability (when asked), the first token's time, the text it makes."""
+    if seq.req.logprobs is not None:
+        from localgen.engine.generate import token_logprob
+
+        seq.dec.logprobs.append(token_logprob(logits(), piece, tok, seq.req.logprobs))
+    if seq.first is None:
+        seq.first = time.perf_counter()
+    text = seq.dec.push(tok)
+    if text and seq.req.on_text is not None:
+        seq.req.on_text(text)
+
+
+def _completion(seq: _Seq) -> Completion:
+    """End a sequence (as cancelled, if it had not ended by itself) and say how it went."""
+    dec, req = seq.dec, seq.req
+    tail = dec.end("cancelled")  # a no-op for a sequence that ended by itself
+    if tail and req.on_text is not None:
+        req.on_text(tail)
+    now = time.perf_counter()
+    prefilled = seq.prefilled or now
+    assert dec.reason is not None
+    return Completion(req.index, dec.text, dec.reason, len(req.tokens), len(dec.tokens),
+                      (seq.first or now) - seq.started, now - seq.started, req.seed, dec.logprobs,
+                      cached_tokens=seq.cached, prompt_s=prefilled - seq.started, decode_s=now - prefilled)
 
 
 class _Solo:
@@ -525,59 +486,40 @@ class _Solo:
 
     def __init__(self, pc: ParallelContext, req: Request, on_done: Callable[[Completion], None]) -> None:
         eng = pc.engine
-        self.eng, self.req, self.on_done = eng, req, on_done
-        self.started = time.perf_counter()
-        self.dec = SequenceDecoder.for_request(eng.piece, eng.is_eog, req.sampling, len(req.tokens), eng.n_ctx)
-        self.chain: Any = None
-        self.first: float | None = None
-        self.cached = 0
-        self.prefilled = self.started
+        self.eng, self.on_done = eng, on_done
+        dec = SequenceDecoder.for_request(eng.piece, eng.is_eog, req.sampling, len(req.tokens), eng.n_ctx)
+        self.seq = _Seq(req, -1, None, time.perf_counter(), dec)
 
     def step(self, stop: bool) -> bool:
         """The prompt (first call) or one token; True once the request has ended (and been handed on)."""
-        eng, req = self.eng, self.req
-        if self.chain is None:
+        eng, seq = self.eng, self.seq
+        req = seq.req
+        if seq.sampler is None:
             if req.sampling.max_tokens == 0 or len(req.tokens) >= eng.n_ctx:
                 ParallelContext._refuse(req, self.on_done, eng.n_ctx)
                 return True
-            self.chain = eng.sampler(req.sampling, req.seed, req.tokens)
-            self.cached = eng.evaluate(req.tokens)
-            self.prefilled = time.perf_counter()
+            seq.sampler = eng.sampler(req.sampling, req.seed, req.tokens)
+            seq.cached = eng.evaluate(req.tokens)
+            seq.prefilled = time.perf_counter()
         if stop or (req.cancelled is not None and req.cancelled()):
             return self._finish()
-        tok = eng.sample(self.chain)
-        if req.logprobs is not None:
-            from localgen.engine.generate import token_logprob
-
-            self.dec.logprobs.append(token_logprob(eng.logits(), eng.piece, tok, req.logprobs))
-        self.first = self.first or time.perf_counter()
-        text = self.dec.push(tok)
-        if text and req.on_text is not None:
-            req.on_text(text)
-        if self.dec.reason is not None:
+        tok = eng.sample(seq.sampler)
+        _accept(seq, tok, eng.logits, eng.piece)
+        if seq.dec.reason is not None:
             return self._finish()
         eng.decode([tok])
         return False
 
     def _finish(self) -> bool:
-        dec, req = self.dec, self.req
-        tail = dec.end("cancelled")
-        if tail and req.on_text is not None:
-            req.on_text(tail)
-        now = time.perf_counter()
-        assert dec.reason is not None
         self.close()
-        self.on_done(Completion(req.index, dec.text, dec.reason, len(req.tokens), len(dec.tokens),
-                                (self.first or now) - self.started, now - self.started, req.seed, dec.logprobs,
-                                cached_tokens=self.cached, prompt_s=self.prefilled - self.started,
-                                decode_s=now - self.prefilled))
+        self.on_done(_completion(self.seq))
         return True
 
     def close(self) -> None:
         """Free the sampler chain."""
-        if self.chain is not None:
-            self.eng.free_sampler(self.chain)
-            self.chain = None
+        if self.seq.sampler is not None:
+            self.eng.free_sampler(self.seq.sampler)
+            self.seq.sampler = None
 
 
 def _from_iterator(it: Iterator[Request]) -> Callable[[bool], Any]:
@@ -587,28 +529,3 @@ def _from_iterator(it: Iterator[Request]) -> Callable[[bool], Any]:
 def new_seed() -> int:
     """A fresh seed for a request without one."""
     return random.getrandbits(31)
-
-
-def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.Random,
-                   exact: bool | None = False) -> tuple[float, float]:
-    """llama-batched-bench's measurement: every sequence gets n_prompt random tokens, evaluated as the batch
-    scheduler evaluates a burst of new requests (`run`, each asking for one token), then n_gen steps decode
-    one token per sequence together. Returns (prompt seconds, generation seconds)."""
-    lc = pc.lc
-    n = pc.n_parallel
-    pc.clear()
-    pc.held.clear()
-    prompts = [[rng.randrange(pc.n_vocab) for _ in range(n_prompt)] for _ in range(n)]
-    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    t0 = time.perf_counter()
-    pc.run(iter([Request(i, p, one) for i, p in enumerate(prompts)]), lambda c: None, exact=exact)
-    lc.llama_synchronize(pc.ctx)
-    t1 = time.perf_counter()
-    for step in range(n_gen):
-        pc.batch.n_tokens = 0
-        for s in range(n):
-            pc._add(rng.randrange(pc.n_vocab), n_prompt + step, s, True)
-        if lc.llama_decode(pc.ctx, pc.batch) != 0:
-            raise LocalgenError("llama_decode failed in the parallel benchmark", hint="lower --parallel")
-    lc.llama_synchronize(pc.ctx)
-    return t1 - t0, time.perf_counter() - t1

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 
 from localgen.engine import logs
 from localgen.errors import LocalgenError
+from localgen.types import SamplingParams
 
 if TYPE_CHECKING:
+    from localgen.engine.batch import ParallelContext
     from localgen.engine.llama import Engine
 
 
@@ -93,3 +95,30 @@ def model_size(engine: Engine) -> tuple[int, int]:
     """(bytes of weights, parameters), as llama.cpp counts them."""
     lc = engine.lib
     return int(lc.llama_model_size(engine.model_ptr)), int(lc.llama_model_n_params(engine.model_ptr))
+
+
+def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.Random,
+                   exact: bool | None = False) -> tuple[float, float]:
+    """llama-batched-bench's measurement: every sequence gets n_prompt random tokens, evaluated as the batch
+    scheduler evaluates a burst of new requests (`run`, each asking for one token), then n_gen steps decode
+    one token per sequence together. Returns (prompt seconds, generation seconds)."""
+    from localgen.engine.batch import Request
+
+    lc = pc.lc
+    n = pc.n_parallel
+    pc.clear()
+    pc.held.clear()
+    prompts = [[rng.randrange(pc.n_vocab) for _ in range(n_prompt)] for _ in range(n)]
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    t0 = time.perf_counter()
+    pc.run(iter([Request(i, p, one) for i, p in enumerate(prompts)]), lambda c: None, exact=exact)
+    lc.llama_synchronize(pc.ctx)
+    t1 = time.perf_counter()
+    for step in range(n_gen):
+        pc.batch.n_tokens = 0
+        for s in range(n):
+            pc._add(rng.randrange(pc.n_vocab), n_prompt + step, s, True)
+        if lc.llama_decode(pc.ctx, pc.batch) != 0:
+            raise LocalgenError("llama_decode failed in the parallel benchmark", hint="lower --parallel")
+    lc.llama_synchronize(pc.ctx)
+    return t1 - t0, time.perf_counter() - t1

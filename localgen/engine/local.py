@@ -83,7 +83,8 @@ class LocalBackend:
         """Continuous batching over one ParallelContext (engine/batch.py), in the mode `exact` asks for (the
         default: exact where that is free, else the throughput scheduler)."""
         self.check_generates()
-        from localgen.engine.batch import ParallelContext, Request, batching_mode
+        from localgen.engine.batch import ParallelContext, Request
+        from localgen.engine.batchmode import batching_mode
 
         def prepared() -> Iterator[Request]:
             for item in requests:

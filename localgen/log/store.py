@@ -118,28 +118,11 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
-def sqlite_utils_module() -> Any:
-    """sqlite_utils, imported without pandas: it imports pandas (and so pyarrow) at import time when they are
-    installed, only to map pandas.Timestamp, which we never store. That costs a data-science venv half a second,
-    and on a CUDA machine pyarrow's import after llama.cpp's libraries aborted the process (free(): invalid
-    pointer, H100 image of 2026-11-23)."""
-    import sys
-
-    if "sqlite_utils" in sys.modules or "pandas" in sys.modules:
-        import sqlite_utils
-
-        return sqlite_utils
-    sys.modules["pandas"] = None  # type: ignore[assignment]  # `import pandas` raises ImportError meanwhile
-    try:
-        import sqlite_utils
-    finally:
-        del sys.modules["pandas"]
-    return sqlite_utils
-
-
 def _make_schema(db: Path) -> None:
     """The table, its FTS5 index and the triggers that keep it current (once, whoever gets there first)."""
     from filelock import FileLock
+
+    from localgen.sqlitedb import sqlite_utils_module
 
     sqlite_utils = sqlite_utils_module()
 
@@ -220,6 +203,8 @@ def count() -> int:
 def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: str | None = None) -> list[Entry]:
     """The latest `n` exchanges (0: all), oldest first; with `query`, the best full-text matches of prompts
     and answers; filtered by model and conversation."""
+    from localgen.sqlitedb import sqlite_utils_module
+
     sqlite_utils = sqlite_utils_module()
 
     where, args = [], []

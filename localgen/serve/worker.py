@@ -416,7 +416,8 @@ class ModelWorker:
     def _ensure_loaded(self) -> None:
         if self.backend is not None:
             return
-        from localgen.engine.batch import ParallelContext, batching_mode
+        from localgen.engine.batch import ParallelContext
+        from localgen.engine.batchmode import batching_mode
         from localgen.engine.local import LocalBackend
         from localgen.models.load import open_engine
 
@@ -426,8 +427,8 @@ class ModelWorker:
         self.n_ctx = engine.n_ctx
         self.vram_bytes = engine.gpu_weight_bytes()
         self.mode = batching_mode(engine, self.exact)
-        self.pc = ParallelContext(engine, self.parallel, engine.n_ctx, pooled=self.mode.throughput)
-        self.pc.share_prefixes = self.share_prefixes
+        self.pc = ParallelContext(engine, self.parallel, engine.n_ctx, pooled=self.mode.throughput,
+                                  share_prefixes=self.share_prefixes)
         self.idle_since = time.monotonic()
 
     def _maybe_unload(self) -> None:

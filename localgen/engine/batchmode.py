@@ -1,0 +1,52 @@
+"""Which batch scheduler a load gets (engine/batch.py): exact where keeping greedy answers identical to
+running alone is (nearly) free, throughput elsewhere; --exact / --no-exact force one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localgen.engine.llama import Engine
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How a batch of requests is scheduled: `exact` as ParallelContext.run takes it (None: greedy requests
+    exact; True: all), or `throughput` (every request batched, the mixed scheduler); and why."""
+
+    throughput: bool
+    exact: bool | None
+    why: str
+
+    @property
+    def name(self) -> str:
+        """One word for start-up lines and JSON."""
+        return "throughput" if self.throughput else "exact"
+
+
+def exact_price(engine: Engine) -> str | None:
+    """Why keeping greedy answers identical to running alone costs more than 10 % of batched speed on this
+    load, or None where it is (nearly) free: CPU weights whose matmul computes a row the same in any batch,
+    and no flash attention (which gives a long sequence a call of its own)."""
+    if engine.offloaded:
+        return "on a GPU the kernels change with the batch size, so each exact sequence decodes alone"
+    if engine.exact_rows:
+        return f"this model's CPU kernels compute more than {engine.exact_rows} rows differently"
+    if engine.flash_attn:
+        return "flash attention splits a long sequence's keys differently in a batch"
+    return None
+
+
+def batching_mode(engine: Engine, exact: bool | None) -> Mode:
+    """The mode for `--exact` (True), `--no-exact` (False) or the default (None): exact for greedy requests
+    where that is free, throughput elsewhere."""
+    if exact is True:
+        return Mode(False, True, "--exact: every answer identical to running alone")
+    if exact is False:
+        return Mode(True, False, "--no-exact: every request batched")
+    price = exact_price(engine)
+    if price is None:
+        return Mode(False, None, "greedy answers identical to running alone (free with this model here)")
+    return Mode(True, False, f"every request batched; exactness would cost more than 10 % ({price}): --exact "
+                             "forces it")
