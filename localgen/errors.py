@@ -56,3 +56,7 @@ class RemoteError(LocalgenError):
         super().__init__(message, hint)
         self.down = down
         self.partial = partial
+
+
+class ToolError(LocalgenError):
+    """A tool definition, a model's call to a tool, or a tool's run went wrong."""

@@ -45,6 +45,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
     grammar: str | None = None  # GBNF text (a JSON schema is converted before it gets here)
+    grammar_triggers: tuple[str, ...] = ()  # regexes: the grammar waits for one to match (lazy), then constrains
 
     @property
     def greedy(self) -> bool:
@@ -156,7 +157,7 @@ class ModelRef:
         return self.summary.quantization
 
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool result's tool_call_id
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,8 @@ class GenerationRequest:
     prompt_cache: bool = False  # keep the KV state of `shared` on disk and reuse it (local backends)
     json_schema: str | None = None  # the schema behind sampling.grammar, for a remote server's response_format
     exact: bool = False  # served beside a throughput batch: the answer `run` gives alone (a request's "exact")
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI tool objects, given to the chat template as `tools`
+    template_args: tuple[tuple[str, Any], ...] = ()  # more template variables (enable_thinking)
 
     @property
     def raw(self) -> bool:

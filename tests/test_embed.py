@@ -85,7 +85,9 @@ def test_vectors_match_llama_cpps_llama_embedding(cli: CLI, model: str, gemma_pa
     ref = json.loads((ROOT / "tests" / "data" / f"llama_embedding_{model}.json").read_text())
     ours = _vectors(cli("embed", "-m", ref["model"], "--pooling", ref["pooling"], *ref["texts"]))
     sims = [_cos(mine, theirs) for mine, theirs in zip(ours, ref["embeddings"], strict=True)]
-    assert min(sims) > 1 - 1e-4, sims
+    # The stored vectors come from one CPU; llama.cpp's K-quant kernels round differently on another
+    # (Gemma's Q4_K_M gave 0.99945 on a Xeon without AVX-512 against a fixture made elsewhere).
+    assert min(sims) > 1 - 1e-3, sims
 
 
 def test_collections_store_skip_unchanged_and_find_neighbours(ecli: CLI, tmp_path: Path) -> None:

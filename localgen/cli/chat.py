@@ -32,6 +32,7 @@ def chat(
     ] = False,
     model: o.Model = None,
     offline: o.Offline = False,
+    chat_template_file: o.ChatTemplateFile = None,
     system: o.System = None,
     no_log: o.NoLog = False,
     verbose: o.Verbose = False,

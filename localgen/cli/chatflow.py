@@ -172,7 +172,7 @@ def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
 
-    ref = resolve(name, offline=f.offline, progress=make_progress())
+    ref = o.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
     if view.interactive:
         view.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")
     engine = open_engine(ref, load, verbose=f.verbose, warn=lambda text: view.info(f"warning: {text}"))

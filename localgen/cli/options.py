@@ -237,6 +237,63 @@ Logprobs = Annotated[
                       "alternatives."),
 ]
 
+ChatTemplateFile = Annotated[
+    Path | None,
+    typer.Option("--chat-template-file", exists=True, dir_okay=False, readable=True, rich_help_panel=MODEL_PANEL,
+                 show_default=False,
+                 help="A Jinja chat template to use instead of the model's own (e.g. one that renders tools)."),
+]
+TOOLS_PANEL = "Tools"
+Functions = Annotated[
+    list[Path] | None,
+    typer.Option("--functions", exists=True, dir_okay=False, readable=True, rich_help_panel=TOOLS_PANEL,
+                 show_default=False,
+                 help="A Python file whose public functions the model may call; type hints and docstrings make "
+                      "each tool's schema (repeatable)."),
+]
+Mcp = Annotated[
+    list[str] | None,
+    typer.Option("--mcp", rich_help_panel=TOOLS_PANEL, show_default=False,
+                 help="An MCP server whose tools the model may call: a command line (\"uvx some-server\", over "
+                      "stdio) or an http(s) URL (streamable HTTP). Repeatable."),
+]
+ToolChoice = Annotated[
+    str, typer.Option("--tool-choice", rich_help_panel=TOOLS_PANEL,
+                      help="auto (the model decides), required (its first answer must call a tool), none, or a "
+                           "tool's name (its first answer calls that tool).")
+]
+ToolSteps = Annotated[
+    int, typer.Option("--tool-steps", min=1, max=100, rich_help_panel=TOOLS_PANEL,
+                      help="At most this many rounds of tool calls for one prompt.")
+]
+Yes = Annotated[
+    bool, typer.Option("--yes", "-y", rich_help_panel=TOOLS_PANEL,
+                       help="Run the model's tool calls without asking first.")
+]
+ToolTimeout = Annotated[
+    float, typer.Option("--tool-timeout", min=0.1, rich_help_panel=TOOLS_PANEL,
+                        help="Seconds one tool call may take before it fails.")
+]
+
+
+def with_template(f: Flags, ref: Any) -> Any:
+    """The model with --chat-template-file's template in place of its own."""
+    import dataclasses
+
+    path = f.get("chat_template_file")
+    if path is None:
+        return ref
+    from localgen.errors import UsageError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read the chat template {path}: {e}") from None
+    if not text.strip():
+        raise UsageError(f"the chat template file {path} is empty")
+    return dataclasses.replace(ref, summary=dataclasses.replace(ref.summary, chat_template=text))
+
+
 Offline = Annotated[
     bool,
     typer.Option("--offline", envvar="LOCALGEN_OFFLINE", rich_help_panel=MODEL_PANEL,

@@ -153,8 +153,20 @@ class ErrWriter:
         """The stats line."""
         self._print(format_stats(s), "dim")
 
+    def raw(self, text: str) -> None:
+        """Streamed text (a model's thinking), dimmed on a terminal, no newline added."""
+        try:
+            if self._console is not None:
+                self._console.print(text, style="dim", markup=False, end="")
+            else:
+                self.stream.write(text)
+                self.stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
 
-def answer_json(backend: Any, gen: Any, sampling: SamplingParams, conversation_id: str | None = None) -> str:
+
+def answer_json(backend: Any, gen: Any, sampling: SamplingParams, conversation_id: str | None = None,
+                extra: dict[str, Any] | None = None) -> str:
     """`run --json`'s one object: text, finish reason, model, seed, settings, load, stats, logprobs, and the
     conversation's id in the log."""
     import json
@@ -182,4 +194,5 @@ def answer_json(backend: Any, gen: Any, sampling: SamplingParams, conversation_i
         doc["logprobs"] = [t.to_dict() for t in gen.logprobs]
     if getattr(gen, "server_timings", None):
         doc["server_timings"] = gen.server_timings  # what a remote server reported (llama-server's shape)
+    doc.update(extra or {})
     return json.dumps(doc, ensure_ascii=False)

@@ -26,6 +26,18 @@ def run(
     ] = None,
     model: o.Model = None,
     offline: o.Offline = False,
+    chat_template_file: o.ChatTemplateFile = None,
+    functions: o.Functions = None,
+    mcp: o.Mcp = None,
+    tool_choice: o.ToolChoice = "auto",
+    tool_steps: o.ToolSteps = 8,
+    yes: o.Yes = False,
+    tool_timeout: o.ToolTimeout = 30.0,
+    show_thinking: Annotated[
+        bool, typer.Option("--show-thinking", rich_help_panel=o.OUTPUT_PANEL,
+                           help="Print a reasoning model's thinking to stderr (only the answer goes to stdout; "
+                                "--json carries both).")
+    ] = False,
     raw: Annotated[
         bool, typer.Option("--raw", help="Send the prompt as a plain completion, without the chat template.")
     ] = False,

@@ -55,7 +55,13 @@ def execute(f: o.Flags) -> None:
     plan = check(f)
     o.sampling(f)  # the flags alone are valid, before the catalogue's defaults are known
     err = ErrWriter()
-    backend: Backend = remote_backend(f, plan) if plan.endpoints else open_backend(f, plan, err)
+    toolbox = _toolbox(f)
+    try:
+        backend: Backend = remote_backend(f, plan) if plan.endpoints else open_backend(f, plan, err)
+    except BaseException:
+        if toolbox is not None:
+            toolbox.close()
+        raise
     try:
         if not plan.endpoints:
             backend.check_generates()  # type: ignore[attr-defined]  # LocalBackend: an encoder cannot
@@ -66,12 +72,27 @@ def execute(f: o.Flags) -> None:
             err.line("prompt:\n" + backend.render(request))
         if f.beams:
             text, stats, finish = run_beams(f, backend, request, err)  # type: ignore[arg-type]  # local only
+        elif toolbox is not None:
+            from localgen.cli.toolflow import run_with_tools
+
+            text, stats, finish = run_with_tools(f, backend, request, toolbox, err, thread.cid)
         else:
-            gen = stream(f, backend, request, err, thread.cid)
-            text, stats, finish = gen.text, gen.stats, str(gen.finish_reason)
+            gen, text = stream(f, backend, request, err, thread.cid)
+            stats, finish = gen.stats, str(gen.finish_reason)
         logflow.record(f, err, backend, request, thread.cid, text, stats, finish, remote=bool(plan.endpoints))
     finally:
         backend.close()
+        if toolbox is not None:
+            toolbox.close()
+
+
+def _toolbox(f: o.Flags) -> Any:
+    """The tools of --functions and --mcp, loaded and started (None without them)."""
+    if not (f.functions or f.mcp):
+        return None
+    from localgen.tools.loop import Toolbox
+
+    return Toolbox.open(list(f.functions or []), list(f.mcp or []))
 
 
 def check(f: o.Flags) -> RunPlan:
@@ -108,6 +129,15 @@ def check(f: o.Flags) -> RunPlan:
         raise UsageError("--logprobs adds to the JSON output: add --json")
     if f.logprobs is not None and f.beams:
         raise UsageError("--logprobs cannot be combined with --beams (--json lists each beam's log-probability)")
+    if f.functions or f.mcp:
+        dropped = [flag for flag, on in (("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(f.beams)),
+                                         ("a grammar or JSON schema", bool(schemas)),
+                                         ("--endpoint", bool(f.endpoint))) if on]
+        if dropped:
+            raise UsageError(f"tools (--functions, --mcp) cannot be combined with {', '.join(dropped)}")
+        if not f.yes:
+            raise UsageError("the model may call tools, and run cannot ask first: add --yes to let the calls run",
+                             hint="or use `localgen chat`, which asks before each call")
     if f.resume_from is not None and (f.file is None or not f.json_out):
         raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
     endpoints, model = _endpoints(f)
@@ -171,7 +201,7 @@ def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
         if not plan.repack_given:
             override["repack"] = False
     load = o.load_params(f, **override)
-    ref = resolve(f.model, offline=f.offline, progress=make_progress())
+    ref = o.with_template(f, resolve(f.model, offline=f.offline, progress=make_progress()))
     draft_ref = resolve(f.draft, offline=f.offline, progress=make_progress()) if f.draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn, kv_tokens=_kv_tokens(f, plan, load.n_ctx))
@@ -223,17 +253,36 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Backend,
                              prompt_cache=cache, json_schema=schema)
 
 
-def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWriter, cid: str | None = None) -> Any:
-    """Stream one answer to stdout (or one JSON object at the end); returns the finished Generation."""
+def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWriter,
+           cid: str | None = None) -> tuple[Any, str]:
+    """Stream one answer to stdout (or one JSON object at the end), its reasoning apart (to stderr with
+    --show-thinking); returns the finished Generation and the answer without the reasoning."""
+    from localgen.tools.plan import answer_stream
+    from localgen.tools.stream import Piece
+
     gen = backend.generate(request, started=time.perf_counter())
     out = TextWriter(sys.stdout, enabled=not f.json_out)
+    thinking = ThinkingWriter(err, on=bool(f.get("show_thinking")) and not f.json_out)
+    answer = answer_stream(None, template_of(backend), request.template_args, split_reasoning=not request.raw)
     from localgen.errors import RemoteError
+
+    def write(events: list[Any]) -> bool:
+        for ev in events:
+            if isinstance(ev, Piece) and ev.kind == "reasoning":
+                thinking.write(ev.text)
+            elif isinstance(ev, Piece):
+                thinking.end()
+                if not out.write(ev.text):
+                    return False
+        return True
 
     try:
         for chunk in gen:
-            if not out.write(chunk.text):  # the reader went away (`| head -1`): stop quietly
+            if not write(answer.feed(chunk.text)):  # the reader went away (`| head -1`): stop quietly
                 gen.close()
                 raise typer.Exit(0)
+        write(answer.finish())
+        thinking.end()
     except KeyboardInterrupt:
         gen.close()
         out.end()
@@ -259,8 +308,36 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
     if f.json_out:
         from localgen.cli.output import answer_json
 
-        TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid) + "\n")
-    return gen
+        extra = {"text": answer.content, "reasoning": answer.reasoning} if answer.reasoning else {}
+        TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, extra) + "\n")
+    return gen, answer.content
+
+
+def template_of(backend: Any) -> str | None:
+    """The chat template the backend renders with (None for a remote one)."""
+    engine = getattr(backend, "engine", None)
+    return engine.model.summary.chat_template if engine is not None else None
+
+
+class ThinkingWriter:
+    """A reasoning model's thinking on stderr, dimmed, between a header and a rule (or nothing when off)."""
+
+    def __init__(self, err: ErrWriter, on: bool) -> None:
+        self.err, self.on, self.open = err, on, False
+
+    def write(self, text: str) -> None:
+        if not self.on or not text:
+            return
+        if not self.open:
+            self.err.line("thinking:")
+            self.open = True
+        self.err.raw(text)
+
+    def end(self) -> None:
+        if self.open:
+            self.err.raw("\n")
+            self.err.line("answer:")
+            self.open = False
 
 
 def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest,

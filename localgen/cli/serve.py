@@ -75,6 +75,7 @@ def serve(
                                 "evaluating it again.")
     ] = True,
     offline: o.Offline = False,
+    chat_template_file: o.ChatTemplateFile = None,
     verbose: o.Verbose = False,
     temperature: o.Temperature = o.DEFAULTS.temperature,
     top_k: o.TopK = o.DEFAULTS.top_k,
@@ -184,7 +185,7 @@ def _workers(f: o.Flags, keep: float, err: Any) -> list[Any]:
     names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
     workers = []
     for name in names:
-        ref = resolve(name, offline=f.offline, progress=make_progress())
+        ref = o.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
         w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact,
                         share_prefixes=f.share_prefix)
         err.status(f"loading {ref.name} ...")

@@ -4,6 +4,7 @@ continuous-batching ParallelContext; beam search is a local extra."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -45,13 +46,13 @@ class LocalBackend:
         """The request's prompt as tokens (chat template for messages; BOS as the model asks for raw)."""
         if request.prompt is not None:
             return self.engine.raw_tokens(request.prompt)
-        return self.engine.chat_tokens(list(request.messages))
+        return self.engine.chat_tokens(template_messages(request.messages), **template_extra(request))
 
     def render(self, request: GenerationRequest) -> str:
         """The prompt text the model sees."""
         if request.prompt is not None:
             return request.prompt
-        return self.engine.template.render(list(request.messages))
+        return self.engine.template.render(template_messages(request.messages), **template_extra(request))
 
     def count(self, request: GenerationRequest) -> int:
         """Prompt tokens."""
@@ -177,6 +178,35 @@ class LocalBackend:
                 self.drafter.close()
         finally:
             self.engine.close()
+
+
+def template_messages(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as chat templates expect them: a tool call's arguments as an object, not OpenAI's JSON string
+    (templates write them with `tojson`; llama.cpp's server converts them the same way)."""
+    import json
+
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls:
+            fixed = []
+            for c in calls:
+                fn = dict(c.get("function", {}))
+                if isinstance(fn.get("arguments"), str):
+                    with contextlib.suppress(ValueError):
+                        fn["arguments"] = json.loads(fn["arguments"])
+                fixed.append({**c, "function": fn})
+            m = {**m, "tool_calls": fixed}
+        out.append(m)
+    return out
+
+
+def template_extra(request: GenerationRequest) -> dict[str, Any]:
+    """The template variables a request adds: its tools, and any others it sets (enable_thinking)."""
+    extra: dict[str, Any] = dict(request.template_args)
+    if request.tools:
+        extra["tools"] = list(request.tools)
+    return extra
 
 
 def _with_text(request: GenerationRequest, text: str) -> GenerationRequest:

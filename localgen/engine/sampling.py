@@ -45,7 +45,13 @@ def build(lc: Any, vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx
         for token in list(history)[-window:] if window else ():
             lc.llama_sampler_accept(chain, token)
     if s.grammar:
-        g = lc.llama_sampler_init_grammar(vocab, s.grammar.encode("utf-8"), b"root")
+        if s.grammar_triggers:  # lazy: free text until a trigger matches, then the grammar from its start on
+            pats = [p.encode("utf-8") for p in s.grammar_triggers]
+            arr_p = (ctypes.c_char_p * len(pats))(*pats)
+            g = lc.llama_sampler_init_grammar_lazy_patterns(vocab, s.grammar.encode("utf-8"), b"root", arr_p,
+                                                           len(pats), None, 0)
+        else:
+            g = lc.llama_sampler_init_grammar(vocab, s.grammar.encode("utf-8"), b"root")
         if not g:
             lc.llama_sampler_free(chain)
             raise GrammarError("the grammar does not parse")

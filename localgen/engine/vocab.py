@@ -77,9 +77,10 @@ class Vocabulary:
                                           self.token_text(lc.llama_vocab_eos(self.vocab)))
         return self._template
 
-    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        """Render the conversation with the model's template and tokenize it (special tokens parsed)."""
-        text = self.template.render(messages)
+    def chat_tokens(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
+        """Render the conversation with the model's template (and `extra` variables: tools) and tokenize it
+        (special tokens parsed)."""
+        text = self.template.render(messages, **extra)
         bos = self.template.bos_token
         add_special = not (bos and text.startswith(bos))
         return self.tokenize(text, add_special=add_special)

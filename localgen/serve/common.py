@@ -190,14 +190,15 @@ def check_prompt_size(worker: ModelWorker, texts: list[str]) -> None:
                              f"takes at most {most:,} here", param="prompt")
 
 
-def messages(raw: Any) -> tuple[dict[str, str], ...]:
-    """Chat messages with string content (OpenAI's text parts are joined); anything else is a 400."""
+def messages(raw: Any) -> tuple[dict[str, Any], ...]:
+    """Chat messages with string content (OpenAI's text parts are joined): an assistant's tool_calls and a
+    tool result's tool_call_id (or Ollama's tool_name) are kept; anything else is a 400."""
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "`messages` must be a non-empty list", param="messages")
     out = []
     for m in raw:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
-            raise HTTPError(400, "each message needs a role: system, user or assistant", param="messages")
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
+            raise HTTPError(400, "each message needs a role: system, user, assistant or tool", param="messages")
         content = m.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
@@ -208,8 +209,32 @@ def messages(raw: Any) -> tuple[dict[str, str], ...]:
         if not isinstance(content, str):
             raise HTTPError(400, "message content must be a string or text parts", param="messages")
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": content})
+        msg: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"])
+        if role == "tool":
+            for key in ("tool_call_id", "name", "tool_name"):
+                if isinstance(m.get(key), str):
+                    msg["name" if key == "tool_name" else key] = m[key]
+        out.append(msg)
     return tuple(out)
+
+
+def _tool_calls(raw: Any) -> list[dict[str, Any]]:
+    """An assistant message's earlier calls, as OpenAI writes them (Ollama's arguments are an object)."""
+    if not isinstance(raw, list):
+        raise HTTPError(400, "tool_calls must be a list", param="messages")
+    calls = []
+    for i, c in enumerate(raw):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise HTTPError(400, "each tool call needs function.name", param="messages")
+        args = fn.get("arguments", {})
+        if not isinstance(args, (str, dict)):
+            raise HTTPError(400, "a tool call's arguments must be a JSON string or an object", param="messages")
+        calls.append({"id": str(c.get("id") or f"call_{i}"), "type": "function",
+                      "function": {"name": fn["name"], "arguments": args}})
+    return calls
 
 
 async def run_job(state: ServeState, worker: ModelWorker, request: GenerationRequest,

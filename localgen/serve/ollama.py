@@ -31,7 +31,9 @@ from localgen.serve.common import (
     sampling,
     schema_grammar,
 )
+from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.serve.worker import Done, Event, Text, parse_duration
+from localgen.tools.stream import AnswerStream, Piece
 from localgen.types import GenerationRequest
 
 # Ollama's `options` → our settings
@@ -126,7 +128,11 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     if chat:
         msgs = messages(body.get("messages"))
         check_prompt_size(worker, [m["content"] for m in msgs])
-        return GenerationRequest(messages=msgs, sampling=s, exact=exact)
+        think = body.get("think")
+        if think is not None and not isinstance(think, bool):
+            raise HTTPError(400, "`think` must be true or false")
+        args = (("enable_thinking", think),) if think is not None else ()
+        return GenerationRequest(messages=msgs, sampling=s, exact=exact, template_args=args)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise HTTPError(400, "`prompt` must be a string")
@@ -158,28 +164,60 @@ async def _generate(state: ServeState, http: Request, body: dict[str, Any], chat
                                                  else {"response": ""}), "done": True,
                              "done_reason": "unload" if keep_alive == 0 else "load"})
     request = await _request(state, worker, body, chat)
+    answer = None
+    if chat:
+        plan = await tool_plan(worker, body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+        request = apply_plan(plan, request)
+        answer = stream_for(worker, plan, request)
     job, first = await run_job(state, worker, request, keep_alive)
     stream = body.get("stream", True)  # Ollama streams unless told not to
     if stream:
-        return StreamingResponse(_ndjson(worker, job, first, chat), media_type="application/x-ndjson")
+        return StreamingResponse(_ndjson(worker, job, first, chat, answer), media_type="application/x-ndjson")
     text, final = await collect(job, first, http)
-    return JSONResponse(_final(worker, job, final, chat, text))
+    if answer is None:
+        return JSONResponse(_final(worker, job, final, chat, text))
+    return JSONResponse(_final(worker, job, final, chat, "", _message(answer.feed(text) + answer.finish())))
 
 
-async def _ndjson(worker: Any, job: Any, first: Event, chat: bool) -> AsyncIterator[bytes]:
+def _message(events: list[Any]) -> dict[str, Any]:
+    """Ollama's assistant message for what the answer stage gave out: content, thinking, tool_calls (with
+    arguments as an object)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": ""}
+    for e in events:
+        if isinstance(e, Piece):
+            key = "content" if e.kind == "content" else "thinking"
+            msg[key] = msg.get(key, "") + e.text
+        else:
+            msg.setdefault("tool_calls", []).append({"function": {"name": e.name, "arguments": e.args}})
+    return msg
+
+
+async def _ndjson(worker: Any, job: Any, first: Event, chat: bool,
+                  answer: AnswerStream | None) -> AsyncIterator[bytes]:
     async for event in events(job, first):
         if isinstance(event, Text):
-            piece = {"message": {"role": "assistant", "content": event.text}} if chat else {"response": event.text}
+            if answer is not None:
+                pieces = answer.feed(event.text)
+                if not pieces:
+                    continue
+                piece: dict[str, Any] = {"message": _message(pieces)}
+            else:
+                piece = {"message": {"role": "assistant", "content": event.text}} if chat else {"response": event.text}
             doc = {**_head(worker), **piece, "done": False}
         elif isinstance(event, Done):
+            rest = _message(answer.finish()) if answer is not None else None
+            if rest is not None and (rest["content"] or len(rest) > 2):
+                yield (json.dumps({**_head(worker), "message": rest, "done": False}, ensure_ascii=False)
+                       + "\n").encode()
             doc = _final(worker, job, event.completion, chat, "")
         else:  # after the first token: Ollama's error line, which its client raises as a ResponseError
             doc = {"error": event.message}
         yield (json.dumps(doc, ensure_ascii=False) + "\n").encode()
 
 
-def _final(worker: Any, job: Any, c: Any, chat: bool, text: str) -> dict[str, Any]:
-    piece = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+def _final(worker: Any, job: Any, c: Any, chat: bool, text: str,
+           message: dict[str, Any] | None = None) -> dict[str, Any]:
+    piece = ({"message": message or {"role": "assistant", "content": text}} if chat else {"response": text})
     ns = 1_000_000_000
     total = time.perf_counter() - job.enqueued
     return {**_head(worker), **piece, "done": True,

@@ -1,6 +1,7 @@
 """OpenAI's API, as llama-server and vLLM speak it: /v1/models, /v1/chat/completions, /v1/completions,
 streaming as server-sent events, `usage` (also in the last chunk with stream_options.include_usage),
-llama-server's `timings`, logprobs, and response_format mapped to a grammar."""
+llama-server's `timings`, logprobs, response_format mapped to a grammar, tools and tool_calls (streamed as
+deltas), and reasoning apart in `reasoning_content`."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ from localgen.serve.common import (
     schema_grammar,
     timings,
 )
+from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.serve.worker import Event, Failed, Text
+from localgen.tools.stream import AnswerStream, Piece
 from localgen.types import GenerationRequest
 
 # OpenAI's fields → our settings (llama-server's extensions pass through under their own names)
@@ -45,7 +48,7 @@ FIELDS = {
     "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold", "top_n_sigma": "top_n_sigma",
     "logit_bias": "logit_bias", "ignore_eos": "ignore_eos",
 }
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "audio", "modalities", "prediction")
+UNSUPPORTED = ("functions", "function_call", "audio", "modalities", "prediction")
 
 
 def routes(state: ServeState) -> list[Route]:
@@ -138,7 +141,8 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     if chat:
         msgs = messages(body.get("messages"))
         check_prompt_size(worker, [m["content"] for m in msgs])
-        return GenerationRequest(messages=msgs, sampling=s, logprobs=logprobs, exact=exact)
+        return GenerationRequest(messages=msgs, sampling=s, logprobs=logprobs, exact=exact,
+                                 template_args=_template_args(body))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -150,34 +154,74 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     return GenerationRequest(prompt=prompt, sampling=s, logprobs=logprobs, exact=exact)
 
 
+def _template_args(body: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Template variables a request may set: chat_template_kwargs (llama-server's and vLLM's field), with
+    enable_thinking, which reasoning templates read."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict) or not all(isinstance(v, (bool, int, float, str)) for v in kwargs.values()):
+        raise HTTPError(400, "chat_template_kwargs must be an object of plain values", param="chat_template_kwargs")
+    return tuple(sorted(kwargs.items()))
+
+
 async def _complete(state: ServeState, http: Request, body: dict[str, Any], chat: bool) -> Response:
     worker = state.worker(body.get("model"))
     request = await _request(state, worker, body, chat)
+    plan = None
+    if chat:
+        plan = await tool_plan(worker, body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+        request = apply_plan(plan, request)
+    split = body.get("reasoning_format", "auto") != "none"
+    answer = stream_for(worker, plan, request, split) if chat else None
     job, first = await run_job(state, worker, request)
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     shape = _Shape(ident, worker.name, chat, request.logprobs is not None)
     if not body.get("stream"):
         text, final = await collect(job, first, http)
-        return JSONResponse(shape.whole(final, text))
+        return JSONResponse(shape.whole(final, text, answer))
     opts = body.get("stream_options") or {}
     usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
-    return StreamingResponse(_sse(shape, job, first, usage), media_type="text/event-stream",
+    return StreamingResponse(_sse(shape, job, first, usage, answer), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _sse(shape: _Shape, job: Any, first: Event, usage: bool) -> AsyncIterator[bytes]:
+def _deltas(pieces: list[Any], calls: list[Any]) -> list[dict[str, Any]]:
+    """A chat stream's deltas for what the answer stage gave out: content, reasoning_content, and each tool
+    call as OpenAI streams one (id, name and empty arguments first, then the arguments)."""
+    out: list[dict[str, Any]] = []
+    for p in pieces:
+        if isinstance(p, Piece):
+            out.append({"content": p.text} if p.kind == "content" else {"reasoning_content": p.text})
+            continue
+        index = len(calls)
+        calls.append(p)
+        out.append({"tool_calls": [{"index": index, "id": p.id, "type": "function",
+                                    "function": {"name": p.name, "arguments": ""}}]})
+        out.append({"tool_calls": [{"index": index, "function": {"arguments": p.arguments}}]})
+    return out
+
+
+async def _sse(shape: _Shape, job: Any, first: Event, usage: bool,
+               answer: AnswerStream | None) -> AsyncIterator[bytes]:
+    calls: list[Any] = []
     if shape.chat:
         yield _data(shape.chunk({"role": "assistant", "content": ""}, None))
     async for event in events(job, first):
         if isinstance(event, Text):
-            yield _data(shape.chunk({"content": event.text} if shape.chat else event.text, None))
+            if answer is None:
+                yield _data(shape.chunk({"content": event.text} if shape.chat else event.text, None))
+                continue
+            for delta in _deltas(answer.feed(event.text), calls):
+                yield _data(shape.chunk(delta, None))
             continue
         if isinstance(event, Failed):  # after the first token: OpenAI's error event, and no [DONE]
             e = http_error(event)
             yield _data({"error": {"message": e.message, "type": e.kind, "param": None, "code": e.status}})
             return
+        if answer is not None:
+            for delta in _deltas(answer.finish(), calls):
+                yield _data(shape.chunk(delta, None))
         c = event.completion
-        last = shape.chunk({} if shape.chat else "", _finish(c.finish_reason), c)
+        last = shape.chunk({} if shape.chat else "", "tool_calls" if calls else _finish(c.finish_reason), c)
         last["timings"] = _timings(c)
         yield _data(last)
         if usage:
@@ -225,10 +269,22 @@ class _Shape:
             choice["logprobs"] = self._logprobs(done.logprobs)
         return {**self.head(), "choices": [choice]}
 
-    def whole(self, c: Any, text: str) -> dict[str, Any]:
+    def whole(self, c: Any, text: str, answer: AnswerStream | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(c.finish_reason),
                                   "logprobs": self._logprobs(c.logprobs) if self.logprobs else None}
-        if self.chat:
+        if self.chat and answer is not None:
+            answer.feed(text)
+            answer.finish()
+            message: dict[str, Any] = {"role": "assistant", "content": answer.content or None}
+            if answer.reasoning:
+                message["reasoning_content"] = answer.reasoning
+            if answer.calls:
+                message["tool_calls"] = [call.to_openai() for call in answer.calls]
+                choice["finish_reason"] = "tool_calls"
+            elif message["content"] is None:
+                message["content"] = ""
+            choice["message"] = message
+        elif self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text

@@ -1,0 +1,64 @@
+"""Tools and reasoning in both APIs: a request's `tools` and `tool_choice` become a ToolPlan (the grammar
+built off the event loop, bounded as response_format's is), and the answer goes through the one stream stage
+(tools/stream.py) before either API shapes it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from localgen.errors import LocalgenError
+from localgen.serve.common import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, HTTPError, _big_repeat
+from localgen.serve.worker import ModelWorker
+from localgen.tools.plan import ToolPlan, answer_stream, make_plan, with_tools
+from localgen.tools.stream import AnswerStream
+from localgen.types import GenerationRequest
+
+
+async def tool_plan(worker: ModelWorker, tools: Any, choice: Any, parallel: Any) -> ToolPlan | None:
+    """The request's tools for this model (None without tools), or a 400 that says what is wrong."""
+    from localgen.tools.spec import parse_tools
+
+    if tools in (None, []):
+        if choice not in (None, "auto", "none"):
+            raise HTTPError(400, "tool_choice needs tools", param="tool_choice")
+        return None
+    if parallel is None:
+        parallel = True
+    if not isinstance(parallel, bool):
+        raise HTTPError(400, "parallel_tool_calls must be true or false", param="parallel_tool_calls")
+    text = json.dumps(tools)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise HTTPError(400, f"the tools are {len(text):,} characters of JSON; at most {MAX_SCHEMA_CHARS:,}",
+                        param="tools")
+    big = _big_repeat(tools)
+    if big:
+        raise HTTPError(400, f"a tool schema's {big[0]} is {big[1]:,}; at most 4,096 here", param="tools")
+    try:
+        specs = parse_tools(tools)
+        plan = await asyncio.to_thread(make_plan, worker.ref.summary.chat_template, specs, choice, parallel)
+    except RecursionError:
+        raise HTTPError(400, "a tool schema nests or refers to itself too deeply", param="tools") from None
+    except LocalgenError as e:
+        raise HTTPError(400, e.message, param="tool_choice" if "tool_choice" in e.message else "tools") from None
+    if plan.constraint is not None and len(plan.constraint.grammar) > MAX_GRAMMAR_CHARS:
+        raise HTTPError(400, f"the tools make a grammar of {len(plan.constraint.grammar):,} characters; at most "
+                             f"{MAX_GRAMMAR_CHARS:,}", param="tools")
+    return plan
+
+
+def apply_plan(plan: ToolPlan | None, request: GenerationRequest) -> GenerationRequest:
+    """The request with its tools in the template (or system prompt) and the grammar."""
+    if plan is None:
+        return request
+    try:
+        return with_tools(plan, request)
+    except LocalgenError as e:
+        raise HTTPError(400, e.message, param="tools") from None
+
+
+def stream_for(worker: ModelWorker, plan: ToolPlan | None, request: GenerationRequest,
+               split_reasoning: bool = True) -> AnswerStream:
+    """The stage that reads this request's answer."""
+    return answer_stream(plan, worker.ref.summary.chat_template, request.template_args, split_reasoning)

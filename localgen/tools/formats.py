@@ -1,0 +1,273 @@
+"""How each model family writes a tool call, found from its chat template: where a call begins (the
+trigger), how to read calls back out of the answer, and a grammar that makes every call valid JSON for its
+tool's schema. The grammar is lazy (llama.cpp waits for the trigger, then constrains the rest) unless the
+request forces a call (tool_choice required or a named function), when it constrains from the first token.
+
+Families: Hermes/Qwen `<tool_call>{json}</tool_call>`; Llama 3.x `{"name": ..., "parameters": ...}` (after
+`<|python_tag|>` or bare); Mistral `[TOOL_CALLS][{...}]` and `[TOOL_CALLS]name[ARGS]{...}`; FunctionGemma
+`<start_function_call>call:name{k:<escape>v<escape>}<end_function_call>`; and, for templates that know no
+tools, a generic JSON answer ({"tool_call": ...} or {"response": ...}) described in the system prompt, as
+llama-server's generic format does."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from localgen.tools.spec import ToolCall, ToolSpec
+
+# Ways a template's generation prompt may open a reasoning block, with their closing tags.
+THINK_TAGS = (("<think>", "</think>"), ("<thinking>", "</thinking>"), ("[THINK]", "[/THINK]"),
+              ("<|START_THINKING|>", "<|END_THINKING|>"))
+
+
+@dataclass(frozen=True)
+class Format:
+    """One family's tool-call format. `triggers`: literal strings where a call begins in the answer;
+    `whole`: the whole answer is one JSON document (generic); `start_only`: a call may only open the answer
+    (Llama 3.x JSON, which has no marker of its own)."""
+
+    name: str
+    triggers: tuple[str, ...] = ()
+    whole: bool = False
+    start_only: bool = False
+    closes: str | None = None  # the text that ends one call (a call is complete before the answer ends)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """The calls in `text` (the answer from the trigger on), and any text that is not a call."""
+        return _PARSERS[self.name](text)
+
+
+FORMATS = {
+    "hermes": Format("hermes", ("<tool_call>",), closes="</tool_call>"),
+    "llama3": Format("llama3", ("<|python_tag|>", '{"name"', '{"type"'), start_only=True),
+    "mistral": Format("mistral", ("[TOOL_CALLS]",)),
+    "functiongemma": Format("functiongemma", ("<start_function_call>",), closes="<end_function_call>"),
+    "generic": Format("generic", whole=True),
+}
+
+
+def detect(template: str | None) -> Format:
+    """The format a chat template's source implies (generic when it renders no tools of its own)."""
+    src = template or ""
+    if "tools" not in src:
+        return FORMATS["generic"]
+    if "<tool_call>" in src:
+        return FORMATS["hermes"]
+    if "[TOOL_CALLS]" in src:
+        return FORMATS["mistral"]
+    if "<start_function_call>" in src:
+        return FORMATS["functiongemma"]
+    if "<|python_tag|>" in src or "ipython" in src:
+        return FORMATS["llama3"]
+    return FORMATS["generic"]
+
+
+def generic_system_prompt(tools: tuple[ToolSpec, ...], forced: bool, parallel: bool) -> str:
+    """The instructions a template without tools support gets in its system prompt (llama-server's generic
+    format says the same in its own words)."""
+    listing = json.dumps([t.to_openai()["function"] for t in tools], ensure_ascii=False, indent=2)
+    call = ('{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}' if parallel
+            else '{"tool_call": {"name": ..., "arguments": {...}}}')
+    answer = call if forced else f'either {call} to call a tool, or {{"response": "..."}} to answer the user'
+    return (f"You can call these tools:\n{listing}\n\nRespond in JSON: {answer}. "
+            "A tool's result comes back in a message with role tool.")
+
+
+# ---- grammars ---------------------------------------------------------------------------------------------
+
+def _json_rules(schema: dict[str, Any], root_name: str) -> str:
+    """GBNF for one JSON schema, with its root rule renamed (the converter names it `root`)."""
+    from localgen.engine.grammar import grammar_from_json_schema
+
+    gbnf = grammar_from_json_schema(json.dumps(schema))
+    return re.sub(r"^root\s*::=", f"{root_name} ::=", gbnf, count=1, flags=re.MULTILINE)
+
+
+def _call_schema(tool: ToolSpec, args_key: str = "arguments") -> dict[str, Any]:
+    return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: tool.parameters},
+            "required": ["name", args_key], "additionalProperties": False}
+
+
+def _alternatives(tools: tuple[ToolSpec, ...], args_key: str = "arguments") -> dict[str, Any]:
+    schemas = [_call_schema(t, args_key) for t in tools]
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar and, when lazy, the regex patterns that start it."""
+
+    grammar: str
+    triggers: tuple[str, ...] = ()
+
+
+def constraint(fmt: Format, tools: tuple[ToolSpec, ...], forced: bool, parallel: bool,
+               content_allowed: bool = True) -> Constraint | None:
+    """The grammar that keeps calls to `tools` valid in `fmt` (None where the format has no JSON body to
+    constrain: FunctionGemma's calls are checked after parsing instead)."""
+    if fmt.name == "hermes":
+        body = _json_rules(_alternatives(tools), "tool-json")
+        g = ('root ::= tool-block' + (' ("\\n" tool-block)*' if parallel else '') + '\n'
+             'tool-block ::= "<tool_call>" "\\n"? tool-json "\\n"? "</tool_call>"\n' + body)
+        return Constraint(g, () if forced else (re.escape("<tool_call>"),))
+    if fmt.name == "llama3":
+        body = _json_rules(_alternatives(tools, "parameters"), "tool-json")
+        g = 'root ::= tool-json' + (' (";" " "? tool-json)*' if parallel else '') + '\n' + body
+        return Constraint(g, () if forced else (r'^\s*(\{\s*")',))
+    if fmt.name == "mistral":
+        body = _json_rules({"type": "array", "items": _alternatives(tools), "minItems": 1,
+                            **({} if parallel else {"maxItems": 1})}, "tool-json")
+        return Constraint('root ::= "[TOOL_CALLS]" tool-json\n' + body,
+                          () if forced else (re.escape("[TOOL_CALLS]"),))
+    if fmt.name == "generic":
+        call = _alternatives(tools)
+        calls: dict[str, Any] = (
+            {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
+             "required": ["tool_calls"], "additionalProperties": False} if parallel else
+            {"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
+             "additionalProperties": False})
+        reply = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
+                 "additionalProperties": False}
+        schema = calls if forced or not content_allowed else {"anyOf": [calls, reply]}
+        return Constraint(_json_rules(schema, "root"))
+    return None
+
+
+# ---- parsers ----------------------------------------------------------------------------------------------
+
+def _call(name: Any, args: Any) -> ToolCall | None:
+    if not isinstance(name, str) or not name:
+        return None
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(name, json.dumps(args, ensure_ascii=False))
+
+
+def _objects(text: str) -> list[tuple[int, int, Any]]:
+    """Every top-level JSON value in `text` with its span (text between them is skipped)."""
+    dec = json.JSONDecoder()
+    out, i = [], 0
+    while i < len(text):
+        j = min((k for k in (text.find("{", i), text.find("[", i)) if k >= 0), default=-1)
+        if j < 0:
+            break
+        try:
+            value, end = dec.raw_decode(text, j)
+        except ValueError:
+            i = j + 1
+            continue
+        out.append((j, end, value))
+        i = end
+    return out
+
+
+def _parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
+    calls, rest, pos = [], [], 0
+    for m in re.finditer(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.DOTALL):
+        rest.append(text[pos:m.start()])
+        pos = m.end()
+        objs = _objects(m.group(1))
+        call = _call(objs[0][2].get("name"), objs[0][2].get("arguments", objs[0][2].get("parameters"))) \
+            if objs and isinstance(objs[0][2], dict) else None
+        if call is None:
+            rest.append(m.group(0))
+        else:
+            calls.append(call)
+    rest.append(text[pos:])
+    return "".join(rest).strip(), calls
+
+
+def _parse_llama3(text: str) -> tuple[str, list[ToolCall]]:
+    body = text.strip()
+    if body.startswith("<|python_tag|>"):
+        body = body[len("<|python_tag|>"):]
+    calls, rest, pos = [], [], 0
+    for start, end, value in _objects(body):
+        call = _call(value.get("name"), value.get("parameters", value.get("arguments"))) \
+            if isinstance(value, dict) else None
+        if call is None:
+            continue
+        rest.append(body[pos:start])
+        calls.append(call)
+        pos = end
+    if not calls:
+        return text, []
+    rest.append(body[pos:])
+    leftover = "".join(rest).replace(";", " ").strip()
+    return leftover, calls
+
+
+def _parse_mistral(text: str) -> tuple[str, list[ToolCall]]:
+    head, _, body = text.partition("[TOOL_CALLS]")
+    calls: list[ToolCall] = []
+    named = re.match(r"\s*([\w.-]+)\[ARGS\]", body)
+    if named:  # the newer form: one or more `name[ARGS]{...}`, each after its own [TOOL_CALLS]
+        for m in re.finditer(r"([\w.-]+)\[ARGS\]", body):
+            after = body[m.end():]
+            objs = _objects(after)
+            if objs and not after[:objs[0][0]].strip():
+                call = _call(m.group(1), objs[0][2])
+                if call:
+                    calls.append(call)
+        return head.strip(), calls
+    objs = _objects(body)
+    if objs and isinstance(objs[0][2], list):
+        for item in objs[0][2]:
+            call = _call(item.get("name"), item.get("arguments")) if isinstance(item, dict) else None
+            if call:
+                calls.append(call)
+    return (head.strip(), calls) if calls else (text, [])
+
+
+def _gemma_value(raw: str) -> Any:
+    raw = raw.strip()
+    if raw.startswith("<escape>") and raw.endswith("<escape>"):
+        return raw[len("<escape>"):-len("<escape>")]
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _parse_functiongemma(text: str) -> tuple[str, list[ToolCall]]:
+    calls, rest, pos = [], [], 0
+    for m in re.finditer(r"<start_function_call>\s*call:([\w.-]+)\{(.*?)\}\s*(?:<end_function_call>|$)", text,
+                         re.DOTALL):
+        rest.append(text[pos:m.start()])
+        pos = m.end()
+        args = {}
+        for km in re.finditer(r"([\w.-]+):(<escape>.*?<escape>|[^,]*)(?:,|$)", m.group(2), re.DOTALL):
+            args[km.group(1)] = _gemma_value(km.group(2))
+        call = _call(m.group(1), args)
+        if call:
+            calls.append(call)
+    rest.append(text[pos:])
+    return "".join(rest).strip(), calls
+
+
+def _parse_generic(text: str) -> tuple[str, list[ToolCall]]:
+    objs = _objects(text)
+    if not objs or not isinstance(objs[0][2], dict):
+        return text, []
+    doc = objs[0][2]
+    if "response" in doc and isinstance(doc["response"], str):
+        return doc["response"], []
+    many = doc.get("tool_calls")
+    items: list[Any] = many if isinstance(many, list) else [doc.get("tool_call")]
+    calls = [c for c in (_call(i.get("name"), i.get("arguments")) if isinstance(i, dict) else None
+                         for i in items) if c]
+    return ("", calls) if calls else (text, [])
+
+
+_PARSERS = {"hermes": _parse_hermes, "llama3": _parse_llama3, "mistral": _parse_mistral,
+            "functiongemma": _parse_functiongemma, "generic": _parse_generic}

@@ -1,0 +1,183 @@
+"""The tool loop of `run` and `chat`: generate; if the answer calls tools, check each call against its
+schema, ask (unless allowed), run it with a timeout, give the result back in a `tool` message, and generate
+again, until the model answers without a call or the step bound is reached. The tools come from Python
+files and MCP servers (a Toolbox). Any failure is a ToolError, and the caller keeps none of the turn."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localgen.errors import ToolError
+from localgen.tools.plan import ToolPlan, answer_stream, make_plan, with_tools
+from localgen.tools.spec import ToolCall, ToolSpec, check_call
+from localgen.tools.stream import Piece
+from localgen.types import GenerationRequest, Message
+
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a call returned (or that the user declined it)."""
+
+    call: ToolCall
+    text: str
+    declined: bool = False
+
+
+class Toolbox:
+    """The tools of one run or chat, from Python files and MCP servers, callable by name."""
+
+    def __init__(self) -> None:
+        self.specs: tuple[ToolSpec, ...] = ()
+        self._runners: dict[str, Callable[[dict[str, Any], float], str]] = {}
+        self._servers: list[Any] = []
+
+    @classmethod
+    def open(cls, functions: list[Path], servers: list[str]) -> Toolbox:
+        """Load the files and start the servers (closing what started if any fails)."""
+        from localgen.tools import functions as fn_source
+
+        box = cls()
+        try:
+            for path in functions:
+                for spec, fn in fn_source.load(path):
+                    box._add(spec, _python_runner(spec.name, fn))
+            for target in servers:
+                from localgen.tools.mcp import McpServer
+
+                server = McpServer(target)
+                box._servers.append(server)
+                for spec in server.tools:
+                    box._add(spec, _mcp_runner(server, spec.name))
+        except BaseException:
+            box.close()
+            raise
+        return box
+
+    def _add(self, spec: ToolSpec, runner: Callable[[dict[str, Any], float], str]) -> None:
+        if spec.name in self._runners:
+            raise ToolError(f"two tools are named {spec.name!r}")
+        self.specs += (spec,)
+        self._runners[spec.name] = runner
+
+    def call(self, call: ToolCall, timeout: float) -> str:
+        """Run a checked call; its result with secrets from the environment taken out."""
+        check_call(call, self.specs)
+        return redact(self._runners[call.name](call.args, timeout))
+
+    def close(self) -> None:
+        """Stop the MCP servers."""
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
+
+
+def _python_runner(name: str, fn: Callable[..., Any]) -> Callable[[dict[str, Any], float], str]:
+    def run(args: dict[str, Any], timeout: float) -> str:
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = fn(**args)
+            except BaseException as e:  # the tool's own failure, reported as one line
+                box["error"] = e
+
+        worker = threading.Thread(target=target, name=f"tool {name}", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():  # a thread cannot be killed: it is left behind, and the answer fails
+            raise ToolError(f"{name} did not finish within {timeout:g} s (--tool-timeout)")
+        if "error" in box:
+            e = box["error"]
+            raise ToolError(f"{name} failed: {type(e).__name__}: {e}")
+        value = box.get("value")
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+    return run
+
+
+def _mcp_runner(server: Any, name: str) -> Callable[[dict[str, Any], float], str]:
+    return lambda args, timeout: str(server.call(name, args, timeout))
+
+
+def redact(text: str) -> str:
+    """The text with the values of secret-looking environment variables (keys, tokens, passwords) replaced."""
+    for key, value in os.environ.items():
+        if len(value) >= 8 and SECRET_NAME.search(key) and value in text:
+            text = text.replace(value, f"[{key} redacted]")
+    return text
+
+
+@dataclass
+class Turn:
+    """What one prompt produced: the answer, its reasoning, each call with its result, the messages to add
+    to the conversation, and the generations (for stats)."""
+
+    text: str = ""
+    reasoning: str = ""
+    results: list[ToolResult] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    generations: list[Any] = field(default_factory=list)
+
+
+def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, toolbox: Toolbox | None,
+             approve: Callable[[ToolCall], bool], show: Callable[[Any], None], steps: int, timeout: float,
+             template: str | None, split_reasoning: bool = True, first: ToolPlan | None = None) -> Turn:
+    """Generate for `request` (its messages end with the user's), running tools until a plain answer. `show`
+    sees every Piece, ToolCall and ToolResult as it happens. `first`: the plan of the first round, when it
+    differs (a call forced by --tool-choice)."""
+    turn = Turn()
+    rounds = plan
+    for step in range(steps + 1):
+        plan = first if step == 0 and first is not None else rounds
+        messages = (*request.messages, *turn.messages)
+        req = dataclasses.replace(request, messages=messages)
+        if plan is not None:
+            req = with_tools(plan, req)
+        stream = answer_stream(plan, template, req.template_args, split_reasoning)
+        gen = backend.generate(req)
+        turn.generations.append(gen)
+        for chunk in gen:
+            for event in stream.feed(chunk.text):
+                show(event)
+        for event in stream.finish():
+            show(event)
+        turn.reasoning += stream.reasoning
+        if not stream.calls:
+            turn.text = stream.content
+            turn.messages.append({"role": "assistant", "content": stream.content})
+            return turn
+        if toolbox is None:
+            raise ToolError("the model called a tool, but none were given")
+        turn.messages.append({"role": "assistant", "content": stream.content,
+                              "tool_calls": [c.to_openai() for c in stream.calls]})
+        for call in stream.calls:
+            check_call(call, toolbox.specs)
+            if approve(call):
+                result = ToolResult(call, toolbox.call(call, timeout))
+            else:
+                result = ToolResult(call, "The user declined to run this tool call.", declined=True)
+            show(result)
+            turn.results.append(result)
+            turn.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
+                                  "content": result.text})
+    raise ToolError(f"the model was still calling tools after {steps} rounds", hint="raise --tool-steps")
+
+
+def plan_for(template: str | None, toolbox: Toolbox | None, choice: Any = "auto") -> ToolPlan | None:
+    """The plan for a run or chat with these tools (None without tools)."""
+    if toolbox is None or not toolbox.specs:
+        return None
+    return make_plan(template, toolbox.specs, choice, True)
+
+
+__all__ = ["Piece", "ToolResult", "Toolbox", "Turn", "plan_for", "run_turn"]

@@ -1,0 +1,109 @@
+"""Tools from MCP servers, through the `mcp` SDK: a command line starts a server over stdio (with only the
+SDK's safe subset of the environment, so secrets stay out of it), an http(s) URL reaches one over streamable
+HTTP. The SDK is asynchronous; a server's session lives on its own event loop in a thread, and `run` and
+`chat` call it with a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+from localgen.errors import ToolError
+from localgen.tools.spec import ToolSpec, check_schema
+
+CONNECT_TIMEOUT_S = 30.0
+
+
+class McpServer:
+    """One MCP server: its tools, and calls to them."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.label = target if len(target) <= 60 else target[:57] + "..."
+        self.tools: tuple[ToolSpec, ...] = ()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp {self.label}", daemon=True)
+        self._thread.start()
+        self._stack = contextlib.AsyncExitStack()
+        self._session: Any = None
+        try:
+            self.tools = self._wait(self._connect(), CONNECT_TIMEOUT_S, "starting")
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float, doing: str) -> Any:
+        import concurrent.futures
+
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise ToolError(f"the MCP server {self.label} did not answer within {timeout:g} s ({doing})") from None
+        except ToolError:
+            raise
+        except Exception as e:  # the SDK's errors, a dead process, a refused connection: one line each
+            raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}") from None
+
+    async def _connect(self) -> tuple[ToolSpec, ...]:
+        from mcp import ClientSession, StdioServerParameters
+        from mcp.client.stdio import stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+
+        if self.target.startswith(("http://", "https://")):
+            transport = streamable_http_client(self.target)
+        else:
+            argv = shlex.split(self.target)
+            if not argv:
+                raise ToolError("--mcp needs a command line or a URL")
+            import os
+            import sys
+
+            errlog = open(os.devnull, "w") if not sys.stderr.isatty() else sys.stderr  # noqa: SIM115
+            transport = stdio_client(StdioServerParameters(command=argv[0], args=argv[1:]), errlog=errlog)
+        read, write = await self._stack.enter_async_context(transport)
+        self._session = await self._stack.enter_async_context(ClientSession(read, write))
+        await self._session.initialize()
+        listed = await self._session.list_tools()
+        out = []
+        for t in listed.tools:
+            schema = dict(t.input_schema or {"type": "object", "properties": {}})
+            check_schema(schema, f"the MCP server {self.label}'s tool {t.name}")
+            out.append(ToolSpec(t.name, t.description or "", schema))
+        return tuple(out)
+
+    def call(self, name: str, args: dict[str, Any], timeout: float) -> str:
+        """The tool's result as text (a ToolError when the server reports an error, dies, or times out)."""
+        result = self._wait(self._session.call_tool(name, args), timeout, f"calling {name}")
+        parts = []
+        for block in result.content:
+            text = getattr(block, "text", None)
+            parts.append(text if isinstance(text, str) else f"[{getattr(block, 'type', 'content')}]")
+        text = "\n".join(parts)
+        if not text and result.structured_content is not None:
+            import json
+
+            text = json.dumps(result.structured_content, ensure_ascii=False)
+        if result.is_error:
+            raise ToolError(f"{name} failed: {text or 'the MCP server reported an error'}")
+        return text
+
+    def close(self) -> None:
+        """End the session and the server process."""
+        if self._loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._stack.aclose(), self._loop).result(5)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, BaseExceptionGroup) and e.exceptions:
+        return _why(e.exceptions[0])
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

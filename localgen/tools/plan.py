@@ -1,0 +1,141 @@
+"""A request with tools, made ready for the model: which format its template speaks, what the template
+receives, the grammar (lazy or from the first token) that keeps the calls valid, and the stream stage that
+reads the answer back. Used the same way by `serve`, `run` and `chat`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from localgen.errors import ToolError
+from localgen.tools.formats import Constraint, Format, constraint, detect, generic_system_prompt
+from localgen.tools.spec import ToolSpec
+from localgen.tools.stream import AnswerStream, opened_thinking
+from localgen.types import GenerationRequest, Message
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a request's tools and tool_choice mean for this model. `fmt` None: calls are not looked for."""
+
+    tools: tuple[ToolSpec, ...]
+    fmt: Format | None
+    choice: str  # auto | required | none | a tool's name
+    parallel: bool
+    constraint: Constraint | None
+
+    @property
+    def forced(self) -> bool:
+        """The answer must be a call (required, or a named tool)."""
+        return self.choice not in ("auto", "none")
+
+
+def make_plan(template: str | None, tools: tuple[ToolSpec, ...], choice: Any = "auto",
+              parallel: bool = True) -> ToolPlan:
+    """Check tool_choice against the tools and build the grammar (a ToolError for what cannot work)."""
+    name = _choice(choice)
+    if name not in ("auto", "none", "required") and all(t.name != name for t in tools):
+        raise ToolError(f"tool_choice names {name!r}, which is not among the tools")
+    if not tools or name == "none":
+        return ToolPlan(tools, None, "none" if tools else "auto", parallel, None)
+    fmt = detect(template)
+    allowed = tuple(t for t in tools if t.name == name) or tools
+    forced = name != "auto"
+    return ToolPlan(tools, fmt, name, parallel, constraint(fmt, allowed, forced, parallel))
+
+
+def _choice(choice: Any) -> str:
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str) and choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict) \
+            and isinstance(choice["function"].get("name"), str):
+        return str(choice["function"]["name"])
+    raise ToolError('tool_choice must be "auto", "none", "required" or {"type": "function", '
+                    '"function": {"name": ...}}')
+
+
+def with_tools(plan: ToolPlan, request: GenerationRequest) -> GenerationRequest:
+    """The request as the model gets it: tools for the template (or, for a template that knows none, in
+    the system prompt), and the grammar."""
+    if plan.fmt is None:
+        return dataclasses.replace(request, messages=_plain_history(request.messages)) if plan.tools else request
+    sampling = request.sampling
+    if plan.constraint is not None:
+        if sampling.grammar:
+            raise ToolError("a grammar or response_format cannot be combined with tools")
+        sampling = dataclasses.replace(sampling, grammar=plan.constraint.grammar,
+                                       grammar_triggers=plan.constraint.triggers)
+    if plan.fmt.name == "generic":
+        return dataclasses.replace(request, messages=_generic_messages(plan, request.messages), sampling=sampling)
+    return dataclasses.replace(request, tools=tuple(t.to_openai() for t in plan.tools), sampling=sampling)
+
+
+def answer_stream(plan: ToolPlan | None, template: str | None, template_args: tuple[tuple[str, Any], ...] = (),
+                  split_reasoning: bool = True) -> AnswerStream:
+    """The stage that reads this request's answer: calls in the plan's format, reasoning apart (also when
+    the template's generation prompt leaves a thinking block open)."""
+    opened = thinking_opened_by(template, template_args) if split_reasoning else None
+    return AnswerStream(plan.fmt if plan else None, opened, split_reasoning)
+
+
+def _generic_messages(plan: ToolPlan, messages: tuple[Message, ...]) -> tuple[Message, ...]:
+    """Tools described in the system prompt; earlier calls and results written as the JSON the format uses,
+    in roles every template takes."""
+    rules = generic_system_prompt(plan.tools, plan.forced, plan.parallel)
+    out = list(_plain_history(messages))
+    if out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{rules}"}
+    else:
+        out.insert(0, {"role": "system", "content": rules})
+    return tuple(out)
+
+
+def _plain_history(messages: tuple[Message, ...]) -> tuple[Message, ...]:
+    """Assistant calls as JSON text, tool results as user messages: for templates without tool roles."""
+    names: dict[str, str] = {}
+    out: list[Message] = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": _args(c["function"].get("arguments"))}
+                     for c in m["tool_calls"]]
+            names.update({c.get("id", ""): c["function"]["name"] for c in m["tool_calls"]})
+            doc = {"tool_calls": calls} if len(calls) > 1 else {"tool_call": calls[0]}
+            out.append({"role": "assistant", "content": json.dumps(doc, ensure_ascii=False)})
+        elif m["role"] == "tool":
+            name = m.get("name") or names.get(m.get("tool_call_id", ""), "tool")
+            out.append({"role": "user", "content": json.dumps({"tool_response": {"name": name,
+                                                                                 "content": m["content"]}},
+                                                              ensure_ascii=False)})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return tuple(out)
+
+
+def _args(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+@functools.lru_cache(maxsize=32)
+def thinking_opened_by(template: str | None, template_args: tuple[tuple[str, Any], ...] = ()) -> tuple[str, str] | None:
+    """Whether the template's generation prompt opens a thinking block itself (Qwen3, DeepSeek-R1 style), so
+    the answer starts inside it: found by rendering a one-line conversation."""
+    from localgen.engine.template import ChatTemplate
+    from localgen.errors import TemplateError
+
+    if not template:
+        return None
+    try:
+        prompt = ChatTemplate(template, "", "").render([{"role": "user", "content": "hi"}], **dict(template_args))
+    except TemplateError:
+        return None
+    return opened_thinking(prompt)

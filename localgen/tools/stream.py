@@ -1,0 +1,170 @@
+"""The one stage between a model's streamed text and what a client sees: reasoning (a `<think>` block at
+the start of the answer, or one the prompt already opened) goes apart from the content, and tool calls are
+cut out of the content and parsed. `serve` (both APIs), `run` and `chat` all put their text through it.
+
+Text that could be the beginning of a tag or a call marker is held back until the next piece decides, as
+stop strings are; a call is given out as soon as its closing marker arrives (else at the end)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localgen.tools.formats import THINK_TAGS, Format
+from localgen.tools.spec import ToolCall
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Streamed text of one kind: "content" or "reasoning"."""
+
+    kind: str
+    text: str
+
+
+Event = Piece | ToolCall
+
+
+def opened_thinking(prompt: str) -> tuple[str, str] | None:
+    """The reasoning tags whose block the rendered prompt leaves open (the template started the thinking)."""
+    tail = prompt.rstrip()
+    for open_tag, close_tag in THINK_TAGS:
+        if tail.endswith(open_tag):
+            return open_tag, close_tag
+    return None
+
+
+def _held(text: str, markers: tuple[str, ...]) -> int:
+    """How many trailing characters of `text` could begin one of `markers`."""
+    best = 0
+    for m in markers:
+        for n in range(min(len(m) - 1, len(text)), best, -1):
+            if text.endswith(m[:n]):
+                best = n
+                break
+    return best
+
+
+@dataclass
+class AnswerStream:
+    """Feed it the answer's text piece by piece; it gives back Pieces and ToolCalls. `fmt` None: no tools
+    (calls are not looked for). `thinking`: the tags of a block the prompt opened, if any."""
+
+    fmt: Format | None = None
+    thinking: tuple[str, str] | None = None
+    split_reasoning: bool = True
+    content: str = ""
+    reasoning: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+    _buf: str = ""
+    _state: str = "start"  # start | think | content | call
+    _close: str = ""
+    _strip: bool = False  # drop the whitespace that follows a closed reasoning block
+    _said: bool = False  # content has been given out
+
+    def __post_init__(self) -> None:
+        if self.thinking and self.split_reasoning:
+            self._state, self._close = "think", self.thinking[1]
+
+    def feed(self, text: str) -> list[Event]:
+        """Take the next piece of the answer."""
+        self._buf += text
+        return self._advance(final=False)
+
+    def finish(self) -> list[Event]:
+        """The answer has ended: give out what was held back, and the calls not yet given."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> list[Event]:
+        out: list[Event] = []
+        while True:
+            before = (self._state, len(self._buf))
+            getattr(self, "_" + self._state)(out, final)
+            if (self._state, len(self._buf)) == before:
+                return out
+
+    def _emit(self, out: list[Event], kind: str, text: str) -> None:
+        if kind == "content" and self._strip:
+            text = text.lstrip()
+            self._strip = not text
+        if not text:
+            return
+        if kind == "content":
+            self.content += text
+            self._said = True
+        else:
+            self.reasoning += text
+        if out and isinstance(out[-1], Piece) and out[-1].kind == kind:
+            out[-1] = Piece(kind, out[-1].text + text)
+        else:
+            out.append(Piece(kind, text))
+
+    def _start(self, out: list[Event], final: bool) -> None:
+        lead = self._buf.lstrip()
+        if self.split_reasoning:
+            for open_tag, close_tag in THINK_TAGS:
+                if lead.startswith(open_tag):
+                    self._buf, self._state, self._close = lead[len(open_tag):], "think", close_tag
+                    return
+                if open_tag.startswith(lead) and not final:
+                    return  # "" or "<thi": wait for more
+        self._state = "call" if self.fmt is not None and self.fmt.whole else "content"
+
+    def _think(self, out: list[Event], final: bool) -> None:
+        at = self._buf.find(self._close)
+        if at >= 0:
+            self._emit(out, "reasoning", self._buf[:at])
+            self._buf = self._buf[at + len(self._close):]
+            self._state, self._strip = ("call" if self.fmt is not None and self.fmt.whole else "content"), True
+            return
+        keep = 0 if final else _held(self._buf, (self._close,))
+        self._emit(out, "reasoning", self._buf[:len(self._buf) - keep])
+        self._buf = self._buf[len(self._buf) - keep:]
+
+    def _content(self, out: list[Event], final: bool) -> None:
+        fmt = self.fmt
+        if fmt is None or not fmt.triggers:
+            self._emit(out, "content", self._buf)
+            self._buf = ""
+            return
+        if fmt.start_only:
+            lead = self._buf.lstrip()
+            if not self._said and any(lead.startswith(t) for t in fmt.triggers):
+                self._state, self._buf = "call", lead
+                return
+            if not self._said and not final and any(t.startswith(lead) for t in fmt.triggers):
+                return
+            self._emit(out, "content", self._buf)
+            self._buf = ""
+            return
+        hits = [i for i in (self._buf.find(t) for t in fmt.triggers) if i >= 0]
+        if hits:
+            at = min(hits)
+            self._emit(out, "content", self._buf[:at].rstrip() if at else "")
+            self._state, self._buf = "call", self._buf[at:]
+            return
+        keep = 0 if final else _held(self._buf, fmt.triggers)
+        self._emit(out, "content", self._buf[:len(self._buf) - keep])
+        self._buf = self._buf[len(self._buf) - keep:]
+
+    def _call(self, out: list[Event], final: bool) -> None:
+        fmt = self.fmt
+        assert fmt is not None
+        if fmt.closes and not final:
+            at = self._buf.find(fmt.closes)
+            if at < 0:
+                return
+            block, self._buf = self._buf[:at + len(fmt.closes)], self._buf[at + len(fmt.closes):]
+            self._give(out, block)
+            self._state, self._strip = "content", True
+            return
+        if final and self._buf:
+            block, self._buf = self._buf, ""
+            self._give(out, block)
+
+    def _give(self, out: list[Event], block: str) -> None:
+        assert self.fmt is not None
+        text, calls = self.fmt.parse(block)
+        if text:
+            self._emit(out, "content", text)
+        self.calls.extend(calls)
+        out.extend(calls)

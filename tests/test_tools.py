@@ -1,0 +1,376 @@
+"""Tool calling and reasoning: the families' call formats and the stream stage (unit), the grammars parsed by
+llama.cpp, `serve` with tools through the real `openai` and `ollama` clients, reasoning kept out of content,
+and `run --functions/--mcp` with a real model (SmolLM2 with Qwen2.5's template, which renders tools) and a
+stdio MCP server written with the `mcp` SDK (tests/mcp_server.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import CLI, ROOT
+from tests.test_serve import Server
+
+TEMPLATES = ROOT / "tests" / "data" / "templates"
+QWEN = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
+R1 = TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["C", "F"]}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
+                                         "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
+                                                        "required": ["zone"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _events(fmt: str | None, text: str, step: int = 3, thinking: tuple[str, str] | None = None) -> list[Any]:
+    from localgen.tools.formats import FORMATS
+    from localgen.tools.stream import AnswerStream
+
+    stream = AnswerStream(FORMATS[fmt] if fmt else None, thinking)
+    out: list[Any] = []
+    for i in range(0, len(text), step):
+        out += stream.feed(text[i:i + step])
+    return out + stream.finish()
+
+
+def _calls(events: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    from localgen.tools.spec import ToolCall
+
+    return [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)]
+
+
+def _text(events: list[Any], kind: str) -> str:
+    from localgen.tools.stream import Piece
+
+    return "".join(e.text for e in events if isinstance(e, Piece) and e.kind == kind)
+
+
+@pytest.mark.parametrize(("fmt", "text", "content"), [
+    ("hermes", 'Let me check.<tool_call>\n{"name": "w", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>{"name": "w", "arguments": {"city": "Rome"}}</tool_call>', "Let me check."),
+    ("llama3", '<|python_tag|>{"name": "w", "parameters": {"city": "Paris"}}; '
+               '{"name": "w", "parameters": {"city": "Rome"}}', ""),
+    ("mistral", '[TOOL_CALLS][{"name": "w", "arguments": {"city": "Paris"}}, '
+                '{"name": "w", "arguments": {"city": "Rome"}}]', ""),
+    ("mistral", '[TOOL_CALLS]w[ARGS]{"city": "Paris"}[TOOL_CALLS]w[ARGS]{"city": "Rome"}', ""),
+    ("functiongemma", "<start_function_call>call:w{city:<escape>Paris<escape>}<end_function_call>"
+                      "<start_function_call>call:w{city:<escape>Rome<escape>}<end_function_call>", ""),
+    ("generic", '{"tool_calls": [{"name": "w", "arguments": {"city": "Paris"}}, '
+                '{"name": "w", "arguments": {"city": "Rome"}}]}', ""),
+])
+def test_each_family_format_parses_streamed_calls(fmt: str, text: str, content: str) -> None:
+    for step in (1, 4, len(text)):
+        events = _events(fmt, text, step)
+        assert _calls(events) == [("w", {"city": "Paris"}), ("w", {"city": "Rome"})], (fmt, step)
+        assert _text(events, "content") == content
+
+
+def test_text_without_a_call_stays_content_and_reasoning_goes_apart() -> None:
+    assert _text(_events("hermes", "I call no <tools> here, <tool_ only."), "content") == \
+        "I call no <tools> here, <tool_ only."
+    assert _text(_events("llama3", 'Answer: {"name": 1}'), "content") == 'Answer: {"name": 1}'
+    assert _calls(_events("generic", '{"response": "Hi there"}')) == []
+    assert _text(_events("generic", '{"response": "Hi there"}'), "content") == "Hi there"
+    events = _events("hermes", "<think>Paris? Use the tool.</think>\n\n<tool_call>{\"name\": \"w\", "
+                               "\"arguments\": {}}</tool_call>", step=2)
+    assert _text(events, "reasoning") == "Paris? Use the tool."
+    assert _text(events, "content") == "" and _calls(events) == [("w", {})]
+    opened = _events(None, "still thinking</think>The answer.", 2, thinking=("<think>", "</think>"))
+    assert _text(opened, "reasoning") == "still thinking" and _text(opened, "content") == "The answer."
+
+
+def test_templates_are_recognised() -> None:
+    from localgen.tools.formats import detect
+
+    found = {p.stem: detect(p.read_text()).name for p in TEMPLATES.glob("*.jinja")}
+    assert found == {"Qwen-Qwen2.5-7B-Instruct": "hermes", "Qwen-Qwen3-0.6B": "hermes",
+                     "meta-llama-Llama-3.2-3B-Instruct": "llama3", "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
+                     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "generic"}
+
+
+def test_tool_grammars_parse_natively(smollm2_engine: Any) -> None:
+    from localgen.tools.formats import FORMATS, constraint
+    from localgen.tools.spec import parse_tools
+
+    tools = parse_tools([WEATHER, TIME])
+    for fmt in FORMATS.values():
+        for forced in (False, True):
+            c = constraint(fmt, tools, forced, True)
+            if c is not None:
+                smollm2_engine.check_grammar(c.grammar)
+                assert bool(c.triggers) == (not forced and fmt.name != "generic")
+
+
+def test_bad_tool_definitions_are_refused() -> None:
+    from localgen.errors import ToolError
+    from localgen.tools.spec import ToolCall, check_call, parse_tools
+
+    with pytest.raises(ToolError, match="not a valid JSON Schema"):
+        parse_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                                   "properties": {"a": {"type": 5}}}}}])
+    with pytest.raises(ToolError, match="name"):
+        parse_tools([{"type": "function", "function": {"name": "no spaces"}}])
+    tools = parse_tools([WEATHER])
+    with pytest.raises(ToolError, match="not a tool here"):
+        check_call(ToolCall("launch", "{}"), tools)
+    with pytest.raises(ToolError, match="fail its schema"):
+        check_call(ToolCall("get_weather", '{"city": 3}'), tools)
+    assert check_call(ToolCall("get_weather", '{"city": "Oslo"}'), tools).name == "get_weather"
+
+
+def test_functions_file_becomes_tool_schemas() -> None:
+    from localgen.tools.functions import load
+
+    tools = {spec.name: spec for spec, _ in load(ROOT / "tests" / "tool_functions.py")}
+    w = tools["get_weather"]
+    assert w.description == "Get the current weather in a city."
+    assert w.parameters["required"] == ["city"]
+    assert w.parameters["properties"]["city"] == {"type": "string", "description": "the city name"}
+    assert w.parameters["properties"]["unit"]["enum"] == ["C", "F"]
+
+
+# ---- serve ------------------------------------------------------------------------------------------------
+
+def _serving(cli_env: dict[str, str], template: Path, slots: str) -> Iterator[Server]:
+    s = Server(cli_env, "-np", slots, "--ctx", "2048", "--chat-template-file", str(template))
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def tool_server(cli_env: dict[str, str]) -> Iterator[Server]:
+    yield from _serving(cli_env, QWEN, "2")
+
+
+def _client(server: Server) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+
+
+def test_openai_client_gets_valid_tool_calls_streamed_and_whole(tool_server: Server) -> None:
+    client = _client(tool_server)
+    kw: dict[str, Any] = {"model": "smollm2:135m", "messages": ASK, "tools": [WEATHER, TIME], "temperature": 0,
+                          "max_tokens": 120, "tool_choice": "required", "parallel_tool_calls": False}
+    r = client.chat.completions.create(**kw)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls
+    assert calls and len(calls) == 1 and calls[0].id.startswith("call_") and calls[0].type == "function"
+    args = json.loads(calls[0].function.arguments)
+    assert calls[0].function.name in ("get_weather", "get_time")
+    assert (calls[0].function.name, set(args) - {"unit"}) in (("get_weather", {"city"}), ("get_time", {"zone"}))
+    # streamed: deltas that the client accumulates into the same call
+    name, arguments, finish = "", "", None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        delta = chunk.choices[0].delta
+        assert not delta.content
+        for tc in delta.tool_calls or []:
+            assert tc.index == 0
+            name += tc.function.name or ""
+            arguments += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (name, json.loads(arguments), finish) == (calls[0].function.name, args, "tool_calls")
+
+
+def test_named_tool_choice_parallel_calls_and_tool_results(tool_server: Server) -> None:
+    client = _client(tool_server)
+    r = client.chat.completions.create(
+        model="smollm2:135m", messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=200,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = r.choices[0].message.tool_calls
+    assert calls and all(c.function.name == "get_weather" for c in calls)
+    assert all(isinstance(json.loads(c.function.arguments)["city"], str) for c in calls)
+    assert len({c.id for c in calls}) == len(calls)
+    # the call and its result go back through the template (role tool, tool_call_id)
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [calls[0].model_dump()]},
+               {"role": "tool", "tool_call_id": calls[0].id, "content": "It is 21 C and sunny in Paris."}]
+    r2 = client.chat.completions.create(model="smollm2:135m", messages=history, tools=[WEATHER], temperature=0,
+                                        max_tokens=40, tool_choice="none")
+    assert r2.choices[0].finish_reason in ("stop", "length") and r2.choices[0].message.content
+    assert not r2.choices[0].message.tool_calls
+
+
+def test_bad_tool_requests_are_400s(tool_server: Server) -> None:
+    url = f"{tool_server.url}/v1/chat/completions"
+    bad_schema = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                             "properties": {"a": {"type": "nope"}}}}}
+    for body, words in (({"tools": [bad_schema]}, "not a valid JSON Schema"),
+                        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+                         "not among the tools"),
+                        ({"tools": "get_weather"}, "must be a list"),
+                        ({"tool_choice": "required"}, "tool_choice needs tools"),
+                        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "cannot be combined")):
+        r = httpx.post(url, json={"model": "smollm2:135m", "messages": ASK, "max_tokens": 4, **body}, timeout=30)
+        assert r.status_code == 400, body
+        assert words in r.json()["error"]["message"]
+    assert httpx.get(f"{tool_server.url}/health", timeout=5).status_code == 200
+
+
+def test_ollama_client_tool_calls(tool_server: Server) -> None:
+    import ollama
+
+    client = ollama.Client(host=tool_server.url)
+    r = client.chat(model="smollm2:135m", messages=ASK, tools=[WEATHER], options={"temperature": 0,
+                                                                                   "num_predict": 120})
+    calls = r.message.tool_calls or []
+    # auto: this small model may answer or call; either way a call is a valid get_weather call
+    assert all(c.function.name == "get_weather" and isinstance(c.function.arguments["city"], str) for c in calls)
+    history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "It is 21 C and sunny in Paris.", "tool_name": "get_weather"}]
+    r2 = client.chat(model="smollm2:135m", messages=history, tools=[WEATHER],
+                     options={"temperature": 0, "num_predict": 30})
+    assert r2.message.content or r2.message.tool_calls
+
+
+def test_ollama_forced_call_through_raw_api(tool_server: Server) -> None:
+    r = httpx.post(f"{tool_server.url}/api/chat", json={
+        "model": "smollm2:135m", "messages": ASK, "tools": [WEATHER], "stream": False, "tool_choice": "required",
+        "options": {"temperature": 0, "num_predict": 120}}, timeout=60)
+    assert r.status_code == 200
+    calls = r.json()["message"]["tool_calls"]
+    assert calls and calls[0]["function"]["name"] == "get_weather"
+    assert isinstance(calls[0]["function"]["arguments"]["city"], str)
+
+
+@pytest.fixture(scope="module")
+def reasoning_server(cli_env: dict[str, str]) -> Iterator[Server]:
+    yield from _serving(cli_env, R1, "1")
+
+
+def test_reasoning_never_leaks_into_content(reasoning_server: Server) -> None:
+    """DeepSeek-R1's template opens <think> in the generation prompt; SmolLM2 never closes it, so the whole
+    answer is reasoning: none of it may reach `content`, streamed or not, in either API."""
+    client = _client(reasoning_server)
+    kw: dict[str, Any] = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+                          "temperature": 0, "max_tokens": 24}
+    whole = client.chat.completions.create(**kw).choices[0].message
+    reasoning = whole.model_extra["reasoning_content"]
+    assert reasoning and not whole.content
+    streamed = {"content": "", "reasoning": ""}
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        delta = chunk.choices[0].delta
+        streamed["content"] += delta.content or ""
+        streamed["reasoning"] += (delta.model_extra or {}).get("reasoning_content") or ""
+    assert streamed == {"content": "", "reasoning": reasoning}
+    raw = httpx.post(f"{reasoning_server.url}/v1/chat/completions", json={**kw, "reasoning_format": "none"},
+                     timeout=60).json()["choices"][0]["message"]
+    assert raw["content"] == reasoning and "reasoning_content" not in raw
+    r = httpx.post(f"{reasoning_server.url}/api/chat", json={
+        "model": "smollm2:135m", "messages": kw["messages"], "stream": False,
+        "options": {"temperature": 0, "num_predict": 24}}, timeout=60).json()["message"]
+    assert r["thinking"] == reasoning and r["content"] == ""
+
+
+# ---- run --------------------------------------------------------------------------------------------------
+
+def _run(cli: CLI, *args: str, env: dict[str, str] | None = None) -> Any:
+    base = ("run", "-m", "smollm2:135m", "--chat-template-file", str(QWEN), "--temperature", "0", "-n", "120")
+    if env is None:
+        return cli(*base, *args)
+    return CLI({**cli.env, **env})(*base, *args)
+
+
+def test_run_functions_calls_the_tool_and_reports_it(cli: CLI) -> None:
+    fns = str(ROOT / "tests" / "tool_functions.py")
+    r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "--json", "Weather in Paris?")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["tool_calls"] and doc["steps"] >= 2
+    first = doc["tool_calls"][0]
+    assert first["name"] == "get_weather" and isinstance(first["arguments"]["city"], str)
+    unit, city = first["arguments"].get("unit", "C"), first["arguments"]["city"]
+    assert first["result"] == f"It is 21 {unit} and sunny in {city}."
+    assert "tool call: get_weather(" in r.stderr and "tool result: It is 21" in r.stderr
+    plain = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "Weather in Paris?")
+    assert plain.returncode == 0 and plain.stdout.strip() == doc["text"].strip()
+
+
+def test_run_tool_failures_are_one_line_errors(cli: CLI) -> None:
+    fns = str(ROOT / "tests" / "tool_functions.py")
+    r = _run(cli, "--functions", fns, "Weather?")
+    assert r.returncode == 2 and "add --yes" in r.stderr and not r.stdout
+    r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "explode", "Go.")
+    assert r.returncode == 1 and "explode failed: ValueError: boom" in r.stderr and "Traceback" not in r.stderr
+    r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "stall", "--tool-timeout", "1", "Go.")
+    assert r.returncode == 1 and "stall did not finish within 1 s" in r.stderr
+    r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "nosuch", "Go.")
+    assert r.returncode == 1 and "not among the tools" in r.stderr
+    r = _run(cli, "--functions", str(ROOT / "tests" / "conftest.py"), "--yes", "--raw", "Go.")
+    assert r.returncode == 2 and "--raw" in r.stderr
+
+
+def test_run_keeps_secrets_from_the_model(cli: CLI) -> None:
+    fns = str(ROOT / "tests" / "tool_functions.py")
+    r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "secret", "--json", "Get it.",
+             env={"TEST_API_TOKEN": "abcdefgh12345678"})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["tool_calls"][0]["result"] == "token=[TEST_API_TOKEN redacted]"
+    assert "abcdefgh12345678" not in r.stdout + r.stderr
+
+
+def test_run_with_a_stdio_mcp_server(cli: CLI) -> None:
+    server = f"{sys.executable} {ROOT / 'tests' / 'mcp_server.py'}"
+    r = _run(cli, "--mcp", server, "--yes", "--tool-choice", "add", "--json", "What is 2 + 3?",
+             env={"TEST_API_TOKEN": "abcdefgh12345678"})
+    assert r.returncode == 0, r.stderr
+    calls = json.loads(r.stdout)["tool_calls"]
+    assert calls and calls[0]["name"] == "add"
+    assert calls[0]["result"] == str(calls[0]["arguments"]["a"] + calls[0]["arguments"]["b"])
+    r = _run(cli, "--mcp", server, "--yes", "--tool-choice", "leak", "--json", "Leak.",
+             env={"TEST_API_TOKEN": "abcdefgh12345678"})
+    assert json.loads(r.stdout)["tool_calls"][0]["result"] == "token=unset"  # the server never got the secret
+    r = _run(cli, "--mcp", server, "--yes", "--tool-choice", "crash", "Crash.")
+    assert r.returncode == 1 and "failed (calling crash)" in r.stderr and "Traceback" not in r.stderr
+    r = _run(cli, "--mcp", "no-such-mcp-server-command", "--yes", "Go.")
+    assert r.returncode == 1 and "no-such-mcp-server-command failed (starting)" in r.stderr
+
+
+def test_run_hides_thinking_unless_asked(cli: CLI) -> None:
+    base = ("run", "-m", "smollm2:135m", "--chat-template-file", str(R1), "--temperature", "0", "-n", "16")
+    hidden = cli(*base, "Why is the sky blue?")
+    shown = cli(*base, "--show-thinking", "Why is the sky blue?")
+    doc = json.loads(cli(*base, "--json", "Why is the sky blue?").stdout)
+    assert hidden.returncode == shown.returncode == 0
+    assert hidden.stdout == "" and doc["text"] == "" and doc["reasoning"]
+    assert doc["reasoning"].strip()[:20] in shown.stderr and "thinking:" in shown.stderr
+    assert Path(R1).exists()
+
+
+def test_run_with_a_streamable_http_mcp_server(cli: CLI) -> None:
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "mcp_server.py"), "--http", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        r = _run(cli, "--mcp", f"http://127.0.0.1:{port}/mcp", "--yes", "--tool-choice", "add", "--tool-steps", "2",
+                 "--json", "What is 2 + 3?")
+        assert r.returncode == 0, r.stderr
+        calls = json.loads(r.stdout)["tool_calls"]
+        assert calls[0]["name"] == "add"
+        assert calls[0]["result"] == str(calls[0]["arguments"]["a"] + calls[0]["arguments"]["b"])
+    finally:
+        proc.terminate()
+        proc.wait(10)
