@@ -257,46 +257,33 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
            cid: str | None = None) -> tuple[Any, str]:
     """Stream one answer to stdout (or one JSON object at the end), its reasoning apart (to stderr with
     --show-thinking); returns the finished Generation and the answer without the reasoning."""
+    from localgen.cli.toolflow import AnswerWriter, template_of
+    from localgen.errors import RemoteError
     from localgen.tools.plan import answer_stream
-    from localgen.tools.stream import Piece
 
     gen = backend.generate(request, started=time.perf_counter())
-    out = TextWriter(sys.stdout, enabled=not f.json_out)
-    thinking = ThinkingWriter(err, on=bool(f.get("show_thinking")) and not f.json_out)
+    writer = AnswerWriter(f, err)
     answer = answer_stream(None, template_of(backend), request.template_args, split_reasoning=not request.raw)
-    from localgen.errors import RemoteError
-
-    def write(events: list[Any]) -> bool:
-        for ev in events:
-            if isinstance(ev, Piece) and ev.kind == "reasoning":
-                thinking.write(ev.text)
-            elif isinstance(ev, Piece):
-                thinking.end()
-                if not out.write(ev.text):
-                    return False
-        return True
-
     try:
         for chunk in gen:
-            if not write(answer.feed(chunk.text)):  # the reader went away (`| head -1`): stop quietly
+            if not writer.show(answer.feed(chunk.text)):  # the reader went away (`| head -1`): stop quietly
                 gen.close()
                 raise typer.Exit(0)
-        write(answer.finish())
-        thinking.end()
+        writer.show(answer.finish())
     except KeyboardInterrupt:
         gen.close()
-        out.end()
+        writer.end()
         err.interrupted()
         raise typer.Exit(130) from None
     except RemoteError as e:
-        out.end()
+        writer.end()
         if f.json_out and e.partial:  # what arrived, marked as partial, then the one-line error
             import json
 
             TextWriter(sys.stdout).write(json.dumps({"text": gen.text, "partial": True, "error": e.message},
                                                     ensure_ascii=False) + "\n")
         raise
-    out.end()
+    writer.end()
     assert gen.stats is not None
     if gen.finish_reason == "context":
         err.warn(f"stopped: the context window ({backend.n_ctx:,} tokens) is full; raise --ctx for more")
@@ -311,33 +298,6 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
         extra = {"text": answer.content, "reasoning": answer.reasoning} if answer.reasoning else {}
         TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, extra) + "\n")
     return gen, answer.content
-
-
-def template_of(backend: Any) -> str | None:
-    """The chat template the backend renders with (None for a remote one)."""
-    engine = getattr(backend, "engine", None)
-    return engine.model.summary.chat_template if engine is not None else None
-
-
-class ThinkingWriter:
-    """A reasoning model's thinking on stderr, dimmed, between a header and a rule (or nothing when off)."""
-
-    def __init__(self, err: ErrWriter, on: bool) -> None:
-        self.err, self.on, self.open = err, on, False
-
-    def write(self, text: str) -> None:
-        if not self.on or not text:
-            return
-        if not self.open:
-            self.err.line("thinking:")
-            self.open = True
-        self.err.raw(text)
-
-    def end(self) -> None:
-        if self.open:
-            self.err.raw("\n")
-            self.err.line("answer:")
-            self.open = False
 
 
 def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest,

@@ -1,12 +1,11 @@
-"""Tools in `run` and `chat`: the answer streams to stdout, each call and its result are shown on stderr
-(run) or in the conversation (chat), chat asks before each call (y / n / always for this tool), and
-`run --json` lists the calls with their results."""
+"""How `run` shows an answer that may think and call tools: the answer streams to stdout, the thinking to
+stderr with --show-thinking, each call and its result on stderr; and `run --functions/--mcp`, whose --json
+lists the calls with their results."""
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -31,40 +30,88 @@ def result_line(result: Any) -> str:
     return f"tool result: {text[:RESULT_PREVIEW]}{'…' if len(text) > RESULT_PREVIEW else ''}"
 
 
+def template_of(backend: Any) -> str | None:
+    """The chat template the backend renders with (None for a remote one)."""
+    engine = getattr(backend, "engine", None)
+    return engine.model.summary.chat_template if engine is not None else None
+
+
+class ThinkingWriter:
+    """A reasoning model's thinking on stderr, dimmed, under a "thinking:" line (or nothing when off)."""
+
+    def __init__(self, err: ErrWriter, on: bool) -> None:
+        self.err, self.on, self.open = err, on, False
+
+    def write(self, text: str) -> None:
+        if not self.on or not text:
+            return
+        if not self.open:
+            self.err.line("thinking:")
+            self.open = True
+        self.err.raw(text)
+
+    def end(self) -> None:
+        if self.open:
+            self.err.raw("\n")
+            self.err.line("answer:")
+            self.open = False
+
+
+class AnswerWriter:
+    """The answer stage's events, where a person reads them: content to stdout, thinking (when shown),
+    calls and results to stderr."""
+
+    def __init__(self, f: o.Flags, err: ErrWriter) -> None:
+        self.err = err
+        self.out = TextWriter(sys.stdout, enabled=not f.json_out)
+        self.thinking = ThinkingWriter(err, on=bool(f.get("show_thinking")) and not f.json_out)
+
+    def show(self, events: list[Any]) -> bool:
+        """Write the events; False once the reader of stdout has gone away (`| head -1`)."""
+        from localgen.tools.loop import ToolResult
+        from localgen.tools.stream import Piece
+
+        for event in events:
+            if isinstance(event, Piece) and event.kind == "reasoning":
+                self.thinking.write(event.text)
+                continue
+            self.thinking.end()
+            if isinstance(event, Piece):
+                if not self.out.write(event.text):
+                    return False
+            elif isinstance(event, ToolResult):
+                self.err.line(result_line(event))
+            else:
+                self.err.line(call_line(event))
+        return True
+
+    def end(self) -> None:
+        """The answer is over: close the thinking and the line."""
+        self.thinking.end()
+        self.out.end()
+
+
 def run_with_tools(f: o.Flags, backend: Any, request: GenerationRequest, toolbox: Any, err: ErrWriter,
                    cid: str | None) -> tuple[str, Any, str]:
     """`run --functions/--mcp --yes`: the loop, the answer on stdout; returns text, stats, finish reason."""
-    from localgen.cli.runflow import ThinkingWriter, template_of
-    from localgen.tools.loop import ToolResult, plan_for, run_turn
-    from localgen.tools.spec import ToolCall
-    from localgen.tools.stream import Piece
+    from localgen.tools.loop import plan_for, run_turn
 
-    out = TextWriter(sys.stdout, enabled=not f.json_out)
-    thinking = ThinkingWriter(err, on=bool(f.get("show_thinking")) and not f.json_out)
+    writer = AnswerWriter(f, err)
     template = template_of(backend)
 
     def show(event: Any) -> None:
-        if isinstance(event, Piece) and event.kind == "reasoning":
-            thinking.write(event.text)
-        elif isinstance(event, Piece):
-            thinking.end()
-            if not out.write(event.text):
-                raise typer.Exit(0)
-        elif isinstance(event, ToolCall):
-            thinking.end()
-            err.line(call_line(event))
-        elif isinstance(event, ToolResult):
-            err.line(result_line(event))
+        if not writer.show([event]):
+            raise typer.Exit(0)
 
     t0 = time.perf_counter()
     try:
         turn = run_turn(backend, request, plan_for(template, toolbox), toolbox, lambda call: True, show,
                         f.tool_steps, f.tool_timeout, template, first=first_plan(f, template, toolbox))
     except KeyboardInterrupt:
-        out.end()
+        writer.end()
         err.interrupted()
         raise typer.Exit(130) from None
-    out.end()
+    writer.end()
     gen = turn.generations[-1]
     if f.stats:
         err.stats(gen.stats)
@@ -88,28 +135,3 @@ def first_plan(f: o.Flags, template: str | None, toolbox: Any) -> Any:
         return None
     name = choice if choice in ("required", "none") else {"type": "function", "function": {"name": choice}}
     return plan_for(template, toolbox, name)  # type: ignore[arg-type]
-
-
-class Approver:
-    """chat's question before each call: y (this once), n (not this one), a (always this tool, this chat)."""
-
-    def __init__(self, ask: Callable[[str], str], yes: bool = False) -> None:
-        self.ask = ask
-        self.yes = yes
-        self.always: set[str] = set()
-
-    def __call__(self, call: Any) -> bool:
-        if self.yes or call.name in self.always:
-            return True
-        while True:
-            answer = self.ask(f"run {call.name}({call.arguments})? [y]es / [n]o / [a]lways for {call.name}: ")
-            a = answer.strip().lower()
-            if a in ("y", "yes"):
-                return True
-            if a in ("n", "no", ""):
-                return False
-            if a in ("a", "always"):
-                self.always.add(call.name)
-                return True
-
-

@@ -132,22 +132,34 @@ async def schema_grammar(schema: Any, param: str = "response_format") -> str:
 
     if schema not in ("json", None, True) and not isinstance(schema, dict):
         raise HTTPError(400, "the schema must be a JSON object", param=param)
-    text = json.dumps({"type": "object"} if schema in ("json", None, True) else schema)
-    if len(text) > MAX_SCHEMA_CHARS:
-        raise HTTPError(400, f"the JSON schema is {len(text):,} characters; at most {MAX_SCHEMA_CHARS:,}", param=param)
-    big = _big_repeat(schema)
-    if big:
-        raise HTTPError(400, f"the JSON schema's {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,} here", param=param)
+    text = bounded_schema({"type": "object"} if schema in ("json", None, True) else schema, param,
+                          "the JSON schema")
     try:
         grammar = await asyncio.to_thread(grammar_from_json_schema, text)
     except RecursionError:
         raise HTTPError(400, "the JSON schema nests or refers to itself too deeply", param=param) from None
     except LocalgenError as e:
         raise HTTPError(400, e.message, param=param) from None
-    if len(grammar) > MAX_GRAMMAR_CHARS:
-        raise HTTPError(400, f"the JSON schema makes a grammar of {len(grammar):,} characters; at most "
-                             f"{MAX_GRAMMAR_CHARS:,}", param=param)
+    check_grammar_size(grammar, param, "the JSON schema")
     return grammar
+
+
+def bounded_schema(schema: Any, param: str, what: str) -> str:
+    """A schema (or tools) as JSON text, or a 400 when it is too long or repeats too much for a grammar."""
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise HTTPError(400, f"{what} is {len(text):,} characters; at most {MAX_SCHEMA_CHARS:,}", param=param)
+    big = _big_repeat(schema)
+    if big:
+        raise HTTPError(400, f"{what}'s {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,} here", param=param)
+    return text
+
+
+def check_grammar_size(grammar: str, param: str, what: str) -> None:
+    """A 400 for a grammar too large for the worker to parse between decoding steps."""
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise HTTPError(400, f"{what} makes a grammar of {len(grammar):,} characters; at most "
+                             f"{MAX_GRAMMAR_CHARS:,}", param=param)
 
 
 def _big_repeat(schema: Any) -> tuple[str, int] | None:

@@ -205,9 +205,9 @@ async def _ndjson(worker: Any, job: Any, first: Event, chat: bool,
                 piece = {"message": {"role": "assistant", "content": event.text}} if chat else {"response": event.text}
             doc = {**_head(worker), **piece, "done": False}
         elif isinstance(event, Done):
-            rest = _message(answer.finish()) if answer is not None else None
-            if rest is not None and (rest["content"] or len(rest) > 2):
-                yield (json.dumps({**_head(worker), "message": rest, "done": False}, ensure_ascii=False)
+            rest = answer.finish() if answer is not None else []
+            if rest:
+                yield (json.dumps({**_head(worker), "message": _message(rest), "done": False}, ensure_ascii=False)
                        + "\n").encode()
             doc = _final(worker, job, event.completion, chat, "")
         else:  # after the first token: Ollama's error line, which its client raises as a ResponseError

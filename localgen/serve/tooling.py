@@ -5,11 +5,10 @@ built off the event loop, bounded as response_format's is), and the answer goes 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from localgen.errors import LocalgenError
-from localgen.serve.common import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, HTTPError, _big_repeat
+from localgen.serve.common import HTTPError, bounded_schema, check_grammar_size
 from localgen.serve.worker import ModelWorker
 from localgen.tools.plan import ToolPlan, answer_stream, make_plan, with_tools
 from localgen.tools.stream import AnswerStream
@@ -28,13 +27,7 @@ async def tool_plan(worker: ModelWorker, tools: Any, choice: Any, parallel: Any)
         parallel = True
     if not isinstance(parallel, bool):
         raise HTTPError(400, "parallel_tool_calls must be true or false", param="parallel_tool_calls")
-    text = json.dumps(tools)
-    if len(text) > MAX_SCHEMA_CHARS:
-        raise HTTPError(400, f"the tools are {len(text):,} characters of JSON; at most {MAX_SCHEMA_CHARS:,}",
-                        param="tools")
-    big = _big_repeat(tools)
-    if big:
-        raise HTTPError(400, f"a tool schema's {big[0]} is {big[1]:,}; at most 4,096 here", param="tools")
+    bounded_schema(tools, "tools", "the tools' JSON")
     try:
         specs = parse_tools(tools)
         plan = await asyncio.to_thread(make_plan, worker.ref.summary.chat_template, specs, choice, parallel)
@@ -42,9 +35,8 @@ async def tool_plan(worker: ModelWorker, tools: Any, choice: Any, parallel: Any)
         raise HTTPError(400, "a tool schema nests or refers to itself too deeply", param="tools") from None
     except LocalgenError as e:
         raise HTTPError(400, e.message, param="tool_choice" if "tool_choice" in e.message else "tools") from None
-    if plan.constraint is not None and len(plan.constraint.grammar) > MAX_GRAMMAR_CHARS:
-        raise HTTPError(400, f"the tools make a grammar of {len(plan.constraint.grammar):,} characters; at most "
-                             f"{MAX_GRAMMAR_CHARS:,}", param="tools")
+    if plan.constraint is not None:
+        check_grammar_size(plan.constraint.grammar, "tools", "the tools' JSON")
     return plan
 
 

@@ -18,7 +18,6 @@ from typing import Any
 from localgen.errors import ToolError
 from localgen.tools.plan import ToolPlan, answer_stream, make_plan, with_tools
 from localgen.tools.spec import ToolCall, ToolSpec, check_call
-from localgen.tools.stream import Piece
 from localgen.types import GenerationRequest, Message
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
@@ -179,5 +178,3 @@ def plan_for(template: str | None, toolbox: Toolbox | None, choice: Any = "auto"
         return None
     return make_plan(template, toolbox.specs, choice, True)
 
-
-__all__ = ["Piece", "ToolResult", "Toolbox", "Turn", "plan_for", "run_turn"]

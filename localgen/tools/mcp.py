@@ -64,7 +64,9 @@ class McpServer:
             import os
             import sys
 
-            errlog = open(os.devnull, "w") if not sys.stderr.isatty() else sys.stderr  # noqa: SIM115
+            errlog = sys.stderr  # a server's own log lines: on a terminal; closed with the session otherwise
+            if not sys.stderr.isatty():
+                errlog = self._stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115
             transport = stdio_client(StdioServerParameters(command=argv[0], args=argv[1:]), errlog=errlog)
         read, write = await self._stack.enter_async_context(transport)
         self._session = await self._stack.enter_async_context(ClientSession(read, write))
