@@ -95,13 +95,14 @@ def test_parallel_greedy_is_exact_past_flash_attention_kv_split(cli: CLI, tmp_pa
 def test_decode_groups_keep_exact_sequences_on_invariant_kernels() -> None:
     from types import SimpleNamespace
 
-    from localgen.engine.batch import ParallelContext, Request, _Seq
+    from localgen.engine.batch import ParallelContext
+    from localgen.engine.batchseq import Request, Seq
     from localgen.engine.sequence import Limit, SequenceDecoder
     from localgen.types import SamplingParams
 
-    def seq(slot: int, temperature: float, pos: int = 10) -> _Seq:
+    def seq(slot: int, temperature: float, pos: int = 10) -> Seq:
         dec = SequenceDecoder(lambda t: b"x", lambda t: False, (), Limit(100, True))
-        s = _Seq(Request(slot, [1] * pos, SamplingParams(temperature=temperature)), slot, None, 0.0, dec)
+        s = Seq(Request(slot, [1] * pos, SamplingParams(temperature=temperature)), slot, None, 0.0, dec)
         dec.push(7)
         return s
 
@@ -109,7 +110,7 @@ def test_decode_groups_keep_exact_sequences_on_invariant_kernels() -> None:
         engine = SimpleNamespace(exact_rows=rows, offloaded=offloaded, flash_attn=flash_attn)
         return SimpleNamespace(engine=engine, n_ctx_seq=1024, turn=-1)
 
-    def slots(p: SimpleNamespace, seqs: list[_Seq], exact: bool | None = None) -> list[list[int]]:
+    def slots(p: SimpleNamespace, seqs: list[Seq], exact: bool | None = None) -> list[list[int]]:
         return [[s.slot for s in g] for g in ParallelContext.groups(p, seqs, exact)]  # type: ignore[arg-type]
 
     greedy = [seq(i, 0.0) for i in range(8)]
@@ -227,7 +228,8 @@ def test_serial_exact_runs_exact_sequences_one_after_another(smollm2_engine: obj
     from typing import Any
 
     from localgen.backend import Completion
-    from localgen.engine.batch import ParallelContext, Request
+    from localgen.engine.batch import ParallelContext
+    from localgen.engine.batchseq import Request
     from localgen.types import SamplingParams
 
     eng: Any = smollm2_engine
@@ -290,7 +292,8 @@ def test_interleave_evaluates_one_new_prompt_between_decoding_steps(smollm2_engi
     calls: with layers on a GPU every exact sequence decodes in a call of its own, so calls per step grow."""
     from typing import Any
 
-    from localgen.engine.batch import ParallelContext, Request
+    from localgen.engine.batch import ParallelContext
+    from localgen.engine.batchseq import Request
     from localgen.types import SamplingParams
 
     eng: Any = smollm2_engine

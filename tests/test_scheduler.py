@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from localgen.engine.batch import END, ParallelContext, Request
+from localgen.engine.batch import ParallelContext
 from localgen.engine.batchmode import batching_mode, exact_price
+from localgen.engine.batchseq import END, Request
 from localgen.types import SamplingParams
 
 PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",

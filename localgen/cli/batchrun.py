@@ -85,7 +85,7 @@ class BatchOptions:
 
 def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions) -> int:
     """Complete every line; returns the exit status (1 if any line failed)."""
-    from localgen.engine.batch import new_seed
+    from localgen.engine.batchseq import new_seed
 
     instruction, system, raw, json_out, logprobs = opts.instruction, opts.system, opts.raw, opts.json_out, opts.logprobs
     lines: dict[int, _Line] = {}

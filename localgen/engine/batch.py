@@ -9,70 +9,37 @@ Two schedulers, one per mode (engine/batchmode.py):
   prompts (many prompts in one call), so arrivals neither stall the running streams nor wait behind
   them; a new prompt starts from the longest prefix any slot holds (a system prompt, few-shot examples),
   its cells shared, not recomputed. A request that asks for exactness runs on the engine's own
-  single-sequence context beside the batch, one at a time (`_Solo`).
+  single-sequence context beside the batch, one at a time (`Solo`, in engine/batchseq.py with the
+  per-sequence state).
 - exact: each slot its own KV stream, and exact sequences meet only batch-invariant kernels (see
   `groups`), so at temperature 0 each output is what the prompt gives alone."""
 
 from __future__ import annotations
 
 import heapq
-import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
 from localgen.engine import logs
+from localgen.engine.batchseq import (
+    END,
+    Request,
+    Seq,
+    Solo,
+    accept,
+    completion,
+    from_iterator,
+    is_exact,
+    refuse,
+)
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import LocalgenError
 from localgen.types import KV_CACHE_TYPES, SamplingParams
 
 if TYPE_CHECKING:
     from localgen.engine.llama import Engine
-
-
-END = object()  # what a request source returns when it has nothing more, ever
-
-
-@dataclass
-class Request:
-    """One prompt to complete: its position in the input, tokens and sampling; optionally a callback for
-    each piece of text as it is decided (streaming) and a flag that cancels it."""
-
-    index: int
-    tokens: list[int]
-    sampling: SamplingParams
-    seed: int = 0
-    logprobs: int | None = None
-    on_text: Callable[[str], None] | None = None
-    cancelled: Callable[[], bool] | None = None
-    exact: bool = False  # in the throughput scheduler: run alone, on the engine's own context (`_Solo`)
-
-
-@dataclass
-class _Seq:
-    req: Request
-    slot: int
-    sampler: Any
-    started: float
-    dec: SequenceDecoder  # tokens → text, stops, limits, finish reason (engine/sequence.py)
-    pending: int | None = None  # sampled, not yet fed
-    first: float | None = None
-    cached: int = 0  # prompt tokens the slot's KV cache already held (or shared from another slot)
-    prefilled: float = 0.0  # when the prompt was evaluated
-    filled: int = 0  # prompt tokens evaluated so far (the throughput scheduler evaluates prompts in chunks)
-
-    @property
-    def next_pos(self) -> int:
-        """The position of the token fed next (the last sampled one)."""
-        return len(self.req.tokens) + len(self.dec.tokens) - 1
-
-
-def _is_exact(req: Request, exact: bool | None) -> bool:
-    """Whether a request must come out as it would alone: greedy ones by default, and any that asks (see
-    `groups`)."""
-    return req.exact or (exact if exact is not None else req.sampling.greedy)
 
 
 class ParallelContext:
@@ -121,7 +88,7 @@ class ParallelContext:
         self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
         self.shared = 0  # prompt tokens taken from another slot's cells instead of evaluated
         self.share_prefixes = share_prefixes  # the throughput scheduler may start a prompt from another slot's cells
-        self._solo: _Solo | None = None
+        self._solo: Solo | None = None
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self.vocab = engine.vocab
         self.n_vocab = engine.n_vocab
@@ -181,12 +148,12 @@ class ParallelContext:
         there (H100, SmolLM2: 302 tok/s round-robin against 648 one at a time). With `interleave` (a server
         streaming to clients), while sequences are running at most one new prompt is evaluated between two
         decoding steps, so a burst of arrivals does not stall every stream for all of their prompts."""
-        take = requests if callable(requests) else _from_iterator(requests)
+        take = requests if callable(requests) else from_iterator(requests)
         if self.pooled:
             self._run_mixed(take, on_done, should_stop, reuse)
             return
         free = list(range(self.n_parallel))  # a heap: the lowest free slot first, to keep slots consecutive
-        active: dict[int, _Seq] = {}
+        active: dict[int, Seq] = {}
         exhausted = False
         waiting: Request | None = None  # taken, held back until the exact sequence running ends
         while True:
@@ -198,11 +165,11 @@ class ParallelContext:
                     break
                 if req is None:
                     break
-                if serial_exact and _is_exact(req, exact) and any(_is_exact(q.req, exact) for q in active.values()):
+                if serial_exact and is_exact(req, exact) and any(is_exact(q.req, exact) for q in active.values()):
                     waiting = req
                     break
                 self._admit(req, free, active, on_done, should_stop, reuse,
-                            continuation_only=_is_exact(req, exact) and self.engine.offloaded)
+                            continuation_only=is_exact(req, exact) and self.engine.offloaded)
                 admitted += 1
             self._cancel(active, free, on_done)
             if not active:
@@ -212,7 +179,7 @@ class ParallelContext:
             self.rounds += 1
             for group in self.groups([active[slot] for slot in sorted(active)], exact):
                 self.batch.n_tokens = 0
-                wants: list[tuple[_Seq, int]] = []
+                wants: list[tuple[Seq, int]] = []
                 for seq in group:
                     assert seq.pending is not None
                     wants.append((seq, self._add(seq.pending, seq.next_pos, seq.slot, True)))
@@ -231,7 +198,7 @@ class ParallelContext:
         of every decoding sequence and, in the room left in one ubatch, chunks of the prompts being
         evaluated, oldest first. A request marked exact waits for the solo lane instead."""
         free = list(range(self.n_parallel))
-        active: dict[int, _Seq] = {}
+        active: dict[int, Seq] = {}
         solo_queue: list[Request] = []
         exhausted = False
         while True:
@@ -248,7 +215,7 @@ class ParallelContext:
                 self._start(req, free, active, on_done, reuse)
             self._cancel(active, free, on_done)
             if self._solo is None and solo_queue and not should_stop():
-                self._solo = _Solo(self, solo_queue.pop(0), on_done)
+                self._solo = Solo(self.engine, solo_queue.pop(0), on_done)
             if not active and self._solo is None:
                 if (exhausted and not solo_queue) or should_stop():
                     return
@@ -259,13 +226,13 @@ class ParallelContext:
             if self._solo is not None and self._solo.step(should_stop()):
                 self._solo = None
 
-    def _start(self, req: Request, free: list[int], active: dict[int, _Seq], on_done: Callable[[Completion], None],
-               reuse: bool, continuation_only: bool = False) -> _Seq | None:
+    def _start(self, req: Request, free: list[int], active: dict[int, Seq], on_done: Callable[[Completion], None],
+               reuse: bool, continuation_only: bool = False) -> Seq | None:
         """Give a request a slot (with `reuse`, the free one that holds most of its prompt; in a pooled context,
         cells shared from any slot that holds more), its prompt still to be evaluated from `filled`. None when
         it was answered at once (nothing to generate, or a prompt that does not fit)."""
         if req.sampling.max_tokens == 0 or len(req.tokens) >= self.n_ctx_seq:
-            self._refuse(req, on_done, self.n_ctx_seq)
+            refuse(req, on_done, self.n_ctx_seq)
             return None
         slot, keep = self._pick_slot(free, req.tokens, continuation_only) if reuse else (heapq.heappop(free), 0)
         mem = self.lc.llama_get_memory(self.ctx)
@@ -279,7 +246,7 @@ class ParallelContext:
         self.lc.llama_memory_seq_rm(mem, slot, keep, -1)
         dec = SequenceDecoder.for_request(self.engine.piece, self.engine.is_eog, req.sampling, len(req.tokens),
                                           self.n_ctx_seq)
-        seq = _Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(), dec,
+        seq = Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(), dec,
                    cached=keep, filled=keep)
         active[slot] = seq
         self.held[slot] = list(req.tokens[:keep])
@@ -299,10 +266,10 @@ class ParallelContext:
                     best, n = other, k
         return best, n
 
-    def _mixed_step(self, active: dict[int, _Seq], free: list[int], on_done: Callable[[Completion], None],
+    def _mixed_step(self, active: dict[int, Seq], free: list[int], on_done: Callable[[Completion], None],
                     should_stop: Callable[[], bool]) -> None:
         self.batch.n_tokens = 0
-        wants: list[tuple[_Seq, int]] = []
+        wants: list[tuple[Seq, int]] = []
         for slot in sorted(active):
             seq = active[slot]
             if seq.pending is not None:
@@ -311,7 +278,7 @@ class ParallelContext:
         decoding = len(wants)
         room = min(self.n_batch, max(self.step_tokens, decoding + 1)) - decoding
         filling = sorted((s for s in active.values() if s.filled < len(s.req.tokens)), key=lambda s: s.started)
-        done: list[_Seq] = []
+        done: list[Seq] = []
         for seq in filling:
             if room <= 0:
                 break
@@ -336,17 +303,7 @@ class ParallelContext:
         for seq, i in wants:
             self._sample(seq, i, active, free, on_done, should_stop)
 
-    @staticmethod
-    def _refuse(req: Request, on_done: Callable[[Completion], None], n_ctx: int) -> None:
-        """A request with nothing to generate (as llama.cpp's -n 0), or a prompt that does not fit a slot."""
-        if req.sampling.max_tokens == 0:
-            on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
-        else:
-            on_done(Completion(req.index, "", "error: the prompt is longer than the context window "
-                               f"({len(req.tokens):,} ≥ {n_ctx:,} tokens)", len(req.tokens), 0,
-                               0.0, 0.0, req.seed))
-
-    def _admit(self, req: Request, free: list[int], active: dict[int, _Seq], on_done: Callable[[Completion], None],
+    def _admit(self, req: Request, free: list[int], active: dict[int, Seq], on_done: Callable[[Completion], None],
                should_stop: Callable[[], bool], reuse: bool, continuation_only: bool = False) -> None:
         """Start a request in a free slot: its prompt evaluated at once, alone (from what the slot holds, with
         `reuse`). `continuation_only` (an exact request on a GPU, whose kernels round a prompt cut at another
@@ -376,11 +333,11 @@ class ParallelContext:
         heapq.heapify(free)
         return best, keep
 
-    def _cancel(self, active: dict[int, _Seq], free: list[int], on_done: Callable[[Completion], None]) -> None:
+    def _cancel(self, active: dict[int, Seq], free: list[int], on_done: Callable[[Completion], None]) -> None:
         for seq in [s for s in active.values() if s.req.cancelled is not None and s.req.cancelled()]:
             self._finish(seq, active, free, on_done)
 
-    def groups(self, seqs: list[_Seq], exact: bool | None) -> list[list[_Seq]]:
+    def groups(self, seqs: list[Seq], exact: bool | None) -> list[list[Seq]]:
         """The llama_decode calls of one decoding step (sequences in slot order).
 
         A sequence that must come out exactly as it would alone (greedy ones, or all with exact=True;
@@ -395,11 +352,11 @@ class ParallelContext:
         eng = self.engine
         long_fa = eng.flash_attn and self.n_ctx_seq >= 512
         cap = eng.exact_rows
-        alone: list[_Seq] = []
-        few: list[_Seq] = []  # at most `cap` per call
-        rest: list[_Seq] = []  # all in one call
+        alone: list[Seq] = []
+        few: list[Seq] = []  # at most `cap` per call
+        rest: list[Seq] = []  # all in one call
         for seq in seqs:
-            if not _is_exact(seq.req, exact):
+            if not is_exact(seq.req, exact):
                 rest.append(seq)
             elif eng.offloaded or (long_fa and seq.next_pos >= 255):
                 alone.append(seq)
@@ -431,10 +388,10 @@ class ParallelContext:
                                 hint="lower --parallel or raise --ctx")
         logs.raise_deferred()
 
-    def _sample(self, seq: _Seq, i: int, active: dict[int, _Seq], free: list[int],
+    def _sample(self, seq: Seq, i: int, active: dict[int, Seq], free: list[int],
                 on_done: Callable[[Completion], None], should_stop: Callable[[], bool]) -> None:
         tok = int(self.lc.llama_sampler_sample(seq.sampler, self.ctx, i))
-        _accept(seq, tok, lambda: self._logits(i), self.engine.piece)
+        accept(seq, tok, lambda: self._logits(i), self.engine.piece)
         dec = seq.dec
         if dec.reason != "eos" and len(dec.tokens) > 1:
             self.held[seq.slot].append(dec.tokens[-2])  # fed at the step that sampled this one
@@ -443,89 +400,10 @@ class ParallelContext:
         if dec.reason is not None or should_stop():
             self._finish(seq, active, free, on_done)
 
-    def _finish(self, seq: _Seq, active: dict[int, _Seq], free: list[int],
+    def _finish(self, seq: Seq, active: dict[int, Seq], free: list[int],
                 on_done: Callable[[Completion], None]) -> None:
         """Hand on a sequence that ended (or, not ended yet, is cancelled) and free its slot."""
-        on_done(_completion(seq))
+        on_done(completion(seq))
         self.lc.llama_sampler_free(seq.sampler)
         del active[seq.slot]
         heapq.heappush(free, seq.slot)
-
-
-def _accept(seq: _Seq, tok: int, logits: Callable[[], Any], piece: Callable[[int], bytes]) -> None:
-    """Record a sampled token: its log-probability (when asked), the first token's time, the text it makes."""
-    if seq.req.logprobs is not None:
-        from localgen.engine.generate import token_logprob
-
-        seq.dec.logprobs.append(token_logprob(logits(), piece, tok, seq.req.logprobs))
-    if seq.first is None:
-        seq.first = time.perf_counter()
-    text = seq.dec.push(tok)
-    if text and seq.req.on_text is not None:
-        seq.req.on_text(text)
-
-
-def _completion(seq: _Seq) -> Completion:
-    """End a sequence (as cancelled, if it had not ended by itself) and say how it went."""
-    dec, req = seq.dec, seq.req
-    tail = dec.end("cancelled")  # a no-op for a sequence that ended by itself
-    if tail and req.on_text is not None:
-        req.on_text(tail)
-    now = time.perf_counter()
-    prefilled = seq.prefilled or now
-    assert dec.reason is not None
-    return Completion(req.index, dec.text, dec.reason, len(req.tokens), len(dec.tokens),
-                      (seq.first or now) - seq.started, now - seq.started, req.seed, dec.logprobs,
-                      cached_tokens=seq.cached, prompt_s=prefilled - seq.started, decode_s=now - prefilled)
-
-
-class _Solo:
-    """A request that asks for exactness while the throughput scheduler runs: `run`'s own path on the engine's
-    single-sequence context (Engine.evaluate, sample, decode: what `run` does with this prompt alone), one
-    token per scheduler step beside the batch. One at a time; the context is made on first use and kept."""
-
-    def __init__(self, pc: ParallelContext, req: Request, on_done: Callable[[Completion], None]) -> None:
-        eng = pc.engine
-        self.eng, self.on_done = eng, on_done
-        dec = SequenceDecoder.for_request(eng.piece, eng.is_eog, req.sampling, len(req.tokens), eng.n_ctx)
-        self.seq = _Seq(req, -1, None, time.perf_counter(), dec)
-
-    def step(self, stop: bool) -> bool:
-        """The prompt (first call) or one token; True once the request has ended (and been handed on)."""
-        eng, seq = self.eng, self.seq
-        req = seq.req
-        if seq.sampler is None:
-            if req.sampling.max_tokens == 0 or len(req.tokens) >= eng.n_ctx:
-                ParallelContext._refuse(req, self.on_done, eng.n_ctx)
-                return True
-            seq.sampler = eng.sampler(req.sampling, req.seed, req.tokens)
-            seq.cached = eng.evaluate(req.tokens)
-            seq.prefilled = time.perf_counter()
-        if stop or (req.cancelled is not None and req.cancelled()):
-            return self._finish()
-        tok = eng.sample(seq.sampler)
-        _accept(seq, tok, eng.logits, eng.piece)
-        if seq.dec.reason is not None:
-            return self._finish()
-        eng.decode([tok])
-        return False
-
-    def _finish(self) -> bool:
-        self.close()
-        self.on_done(_completion(self.seq))
-        return True
-
-    def close(self) -> None:
-        """Free the sampler chain."""
-        if self.seq.sampler is not None:
-            self.eng.free_sampler(self.seq.sampler)
-            self.seq.sampler = None
-
-
-def _from_iterator(it: Iterator[Request]) -> Callable[[bool], Any]:
-    return lambda wait: next(it, END)
-
-
-def new_seed() -> int:
-    """A fresh seed for a request without one."""
-    return random.getrandbits(31)

@@ -102,7 +102,7 @@ def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.R
     """llama-batched-bench's measurement: every sequence gets n_prompt random tokens, evaluated as the batch
     scheduler evaluates a burst of new requests (`run`, each asking for one token), then n_gen steps decode
     one token per sequence together. Returns (prompt seconds, generation seconds)."""
-    from localgen.engine.batch import Request
+    from localgen.engine.batchseq import Request
 
     lc = pc.lc
     n = pc.n_parallel

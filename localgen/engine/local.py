@@ -84,8 +84,9 @@ class LocalBackend:
         """Continuous batching over one ParallelContext (engine/batch.py), in the mode `exact` asks for (the
         default: exact where that is free, else the throughput scheduler)."""
         self.check_generates()
-        from localgen.engine.batch import ParallelContext, Request
+        from localgen.engine.batch import ParallelContext
         from localgen.engine.batchmode import batching_mode
+        from localgen.engine.batchseq import Request
 
         def prepared() -> Iterator[Request]:
             for item in requests:

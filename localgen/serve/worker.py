@@ -328,7 +328,7 @@ class ModelWorker:
 
     def _batch(self, first: Job) -> None:
         """Run the continuous-batching loop until the queue has been empty for a moment."""
-        from localgen.engine.batch import END, Request
+        from localgen.engine.batchseq import END, Request
 
         waiting = [first]
 

@@ -1,0 +1,149 @@
+"""One sequence of the batch schedulers (engine/batch.py): the request, its running state, accepting a
+sampled token, the Completion it ends with, and `Solo`, which runs an exact request on the engine's own
+context beside a throughput batch."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from localgen.backend import Completion
+from localgen.engine.sequence import SequenceDecoder
+from localgen.types import SamplingParams
+
+if TYPE_CHECKING:
+    from localgen.engine.llama import Engine
+
+
+END = object()  # what a request source returns when it has nothing more, ever
+
+
+@dataclass
+class Request:
+    """One prompt to complete: its position in the input, tokens and sampling; optionally a callback for
+    each piece of text as it is decided (streaming) and a flag that cancels it."""
+
+    index: int
+    tokens: list[int]
+    sampling: SamplingParams
+    seed: int = 0
+    logprobs: int | None = None
+    on_text: Callable[[str], None] | None = None
+    cancelled: Callable[[], bool] | None = None
+    exact: bool = False  # in the throughput scheduler: run alone, on the engine's own context (`Solo`)
+
+
+@dataclass
+class Seq:
+    req: Request
+    slot: int
+    sampler: Any
+    started: float
+    dec: SequenceDecoder  # tokens → text, stops, limits, finish reason (engine/sequence.py)
+    pending: int | None = None  # sampled, not yet fed
+    first: float | None = None
+    cached: int = 0  # prompt tokens the slot's KV cache already held (or shared from another slot)
+    prefilled: float = 0.0  # when the prompt was evaluated
+    filled: int = 0  # prompt tokens evaluated so far (the throughput scheduler evaluates prompts in chunks)
+
+    @property
+    def next_pos(self) -> int:
+        """The position of the token fed next (the last sampled one)."""
+        return len(self.req.tokens) + len(self.dec.tokens) - 1
+
+
+def is_exact(req: Request, exact: bool | None) -> bool:
+    """Whether a request must come out as it would alone: greedy ones by default, and any that asks (see
+    `groups`)."""
+    return req.exact or (exact if exact is not None else req.sampling.greedy)
+
+
+def refuse(req: Request, on_done: Callable[[Completion], None], n_ctx: int) -> None:
+    """A request with nothing to generate (as llama.cpp's -n 0), or a prompt that does not fit a slot."""
+    if req.sampling.max_tokens == 0:
+        on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
+    else:
+        on_done(Completion(req.index, "", "error: the prompt is longer than the context window "
+                           f"({len(req.tokens):,} ≥ {n_ctx:,} tokens)", len(req.tokens), 0,
+                           0.0, 0.0, req.seed))
+
+
+def accept(seq: Seq, tok: int, logits: Callable[[], Any], piece: Callable[[int], bytes]) -> None:
+    """Record a sampled token: its log-probability (when asked), the first token's time, the text it makes."""
+    if seq.req.logprobs is not None:
+        from localgen.engine.generate import token_logprob
+
+        seq.dec.logprobs.append(token_logprob(logits(), piece, tok, seq.req.logprobs))
+    if seq.first is None:
+        seq.first = time.perf_counter()
+    text = seq.dec.push(tok)
+    if text and seq.req.on_text is not None:
+        seq.req.on_text(text)
+
+
+def completion(seq: Seq) -> Completion:
+    """End a sequence (as cancelled, if it had not ended by itself) and say how it went."""
+    dec, req = seq.dec, seq.req
+    tail = dec.end("cancelled")  # a no-op for a sequence that ended by itself
+    if tail and req.on_text is not None:
+        req.on_text(tail)
+    now = time.perf_counter()
+    prefilled = seq.prefilled or now
+    assert dec.reason is not None
+    return Completion(req.index, dec.text, dec.reason, len(req.tokens), len(dec.tokens),
+                      (seq.first or now) - seq.started, now - seq.started, req.seed, dec.logprobs,
+                      cached_tokens=seq.cached, prompt_s=prefilled - seq.started, decode_s=now - prefilled)
+
+
+class Solo:
+    """A request that asks for exactness while the throughput scheduler runs: `run`'s own path on the engine's
+    single-sequence context (Engine.evaluate, sample, decode: what `run` does with this prompt alone), one
+    token per scheduler step beside the batch. One at a time; the context is made on first use and kept."""
+
+    def __init__(self, eng: Engine, req: Request, on_done: Callable[[Completion], None]) -> None:
+        self.eng, self.on_done = eng, on_done
+        dec = SequenceDecoder.for_request(eng.piece, eng.is_eog, req.sampling, len(req.tokens), eng.n_ctx)
+        self.seq = Seq(req, -1, None, time.perf_counter(), dec)
+
+    def step(self, stop: bool) -> bool:
+        """The prompt (first call) or one token; True once the request has ended (and been handed on)."""
+        eng, seq = self.eng, self.seq
+        req = seq.req
+        if seq.sampler is None:
+            if req.sampling.max_tokens == 0 or len(req.tokens) >= eng.n_ctx:
+                refuse(req, self.on_done, eng.n_ctx)
+                return True
+            seq.sampler = eng.sampler(req.sampling, req.seed, req.tokens)
+            seq.cached = eng.evaluate(req.tokens)
+            seq.prefilled = time.perf_counter()
+        if stop or (req.cancelled is not None and req.cancelled()):
+            return self._finish()
+        tok = eng.sample(seq.sampler)
+        accept(seq, tok, eng.logits, eng.piece)
+        if seq.dec.reason is not None:
+            return self._finish()
+        eng.decode([tok])
+        return False
+
+    def _finish(self) -> bool:
+        self.close()
+        self.on_done(completion(self.seq))
+        return True
+
+    def close(self) -> None:
+        """Free the sampler chain."""
+        if self.seq.sampler is not None:
+            self.eng.free_sampler(self.seq.sampler)
+            self.seq.sampler = None
+
+
+def from_iterator(it: Iterator[Request]) -> Callable[[bool], Any]:
+    return lambda wait: next(it, END)
+
+
+def new_seed() -> int:
+    """A fresh seed for a request without one."""
+    return random.getrandbits(31)
