@@ -13,7 +13,7 @@ import pexpect
 import pytest
 
 from localgen.chat.session import ChatSession
-from localgen.cli.render import PlainView, ThinkSplitter, split_blocks
+from localgen.cli.render import PlainView, split_blocks
 from tests.conftest import CLI, ROOT
 
 PROMPT = ">>>"
@@ -227,6 +227,7 @@ def test_interrupted_save_keeps_the_previous_one(home: Path, monkeypatch: pytest
 def test_chat_turns_reuse_the_kv_cache(smollm2_engine: Any) -> None:
     from localgen.chat.runner import ChatRunner
     from localgen.engine.local import LocalBackend
+    from localgen.tools.loop import Turn
     from localgen.types import SamplingParams
 
     runner = ChatRunner(ChatSession(name="kv-test", model="x"), LocalBackend(smollm2_engine),
@@ -234,32 +235,33 @@ def test_chat_turns_reuse_the_kv_cache(smollm2_engine: Any) -> None:
     runner.session.save = lambda: Path()  # type: ignore[method-assign]
     stats = []
     for text in ["Hi there.", "What is a river?", "And a lake?"]:
-        gen, _ = runner.start(text)
-        list(gen)
-        runner.finish(gen)
-        stats.append(gen.stats)
+        runner.start(text)
+        turn = runner.reply(lambda event: None, lambda call: False, Turn())
+        runner.record(turn)
+        stats.append(turn.generations[-1].stats)
     for prev, cur in itertools.pairwise(stats):
         assert cur.cached_tokens >= prev.prompt_tokens, "the earlier turns come from the cache"
         assert cur.prompt_tokens - cur.cached_tokens < 30, "only the new turn is evaluated"
 
 
-def test_think_splitter_handles_tags_split_across_chunks() -> None:
-    sp = ThinkSplitter()
-    parts = []
-    for piece in ["<th", "ink>plan ", "it</th", "ink>\nThe answer."]:
-        parts += sp.feed(piece)
-    parts += sp.flush()
-    think = "".join(t for k, t in parts if k == "think")
-    answer = "".join(t for k, t in parts if k == "answer")
-    assert think == "plan it" and answer == "The answer."
+def test_plain_view_shows_or_hides_thinking_and_puts_calls_on_the_notice_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from localgen.tools.loop import ToolResult
+    from localgen.tools.spec import ToolCall
+    from localgen.tools.stream import Piece
 
-
-def test_plain_view_hides_thinking_when_off(capsys: pytest.CaptureFixture[str]) -> None:
-    view = PlainView(sys.stdout, show_think=False)
-    view.feed("<think>secret reasoning</think>Visible")
-    view.finish()
-    out = capsys.readouterr().out
-    assert out == "Visible\n"
+    notices: list[str] = []
+    events = [Piece("reasoning", "secret reasoning"), Piece("content", "Visible"),
+              ToolCall("add", '{"a": 1}'), ToolResult(ToolCall("add", '{"a": 1}'), "2"), Piece("content", "Done")]
+    for think in (False, True):
+        view = PlainView(sys.stdout, show_think=think, notice=notices.append)
+        for event in events:
+            view.show(event)
+        view.finish()
+    hidden, shown = capsys.readouterr().out.split("Done\n")[:2]
+    assert hidden == "Visible\n"
+    assert shown == "[thinking]\nsecret reasoning\n[/thinking]\nVisible\n"
+    assert notices == ['tool call: add({"a": 1})', "tool result: 2"] * 2
 
 
 def test_split_blocks_never_splits_inside_code_fences() -> None:

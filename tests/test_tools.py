@@ -12,22 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pexpect
 import pytest
 
+from scripts.tools_reference import TIME, WEATHER, calls_of
 from tests.conftest import CLI, ROOT
 from tests.test_serve import Server
 
 TEMPLATES = ROOT / "tests" / "data" / "templates"
 QWEN = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
 R1 = TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "unit": {"type": "string", "enum": ["C", "F"]}},
-                   "required": ["city"]}}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
-                                         "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
-                                                        "required": ["zone"]}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -216,6 +210,27 @@ def test_bad_tool_requests_are_400s(tool_server: Server) -> None:
     assert httpx.get(f"{tool_server.url}/health", timeout=5).status_code == 200
 
 
+def test_tool_calls_match_llama_server(tool_server: Server) -> None:
+    """The requests of scripts/tools_reference.py, whose answers from llama-server --jinja (same vendored
+    llama.cpp, same model, Qwen2.5's template, greedy) are stored in tests/data/llama_server_tools.json: the
+    prompt we render is llama-server's, text for text, and the calls parsed from our answer are its calls
+    (names and arguments). The script keeps only cases whose answers do not flip with prompt caching."""
+    from localgen.engine.local import template_messages
+    from localgen.engine.template import ChatTemplate
+
+    doc = json.loads((ROOT / "tests" / "data" / "llama_server_tools.json").read_text())
+    assert doc["template"] == QWEN.name and len(doc["cases"]) >= 4
+    assert any(len(c["tool_calls"]) > 1 for c in doc["cases"]) and any(not c["tool_calls"] for c in doc["cases"])
+    template = ChatTemplate(QWEN.read_text(), "", "")
+    client = _client(tool_server)
+    for case in doc["cases"]:
+        request = case["request"]
+        assert template.render(template_messages(request["messages"]), tools=request["tools"]) == case["prompt"]
+        r = client.chat.completions.create(model="smollm2:135m", **request, **doc["settings"])
+        assert calls_of(r.choices[0].message) == case["tool_calls"], case["name"]
+        assert r.choices[0].finish_reason == case["finish_reason"], case["name"]
+
+
 def test_ollama_client_tool_calls(tool_server: Server) -> None:
     import ollama
 
@@ -294,6 +309,8 @@ def test_run_functions_calls_the_tool_and_reports_it(cli: CLI) -> None:
     assert "tool call: get_weather(" in r.stderr and "tool result: It is 21" in r.stderr
     plain = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "Weather in Paris?")
     assert plain.returncode == 0 and plain.stdout.strip() == doc["text"].strip()
+    shown = _run(cli, "--functions", fns, "--yes", "--verbose-prompt", "-n", "1", "Hi")
+    assert "<tools>" in shown.stderr and '"name": "get_weather"' in shown.stderr, "--verbose-prompt shows the tools"
 
 
 def test_run_tool_failures_are_one_line_errors(cli: CLI) -> None:
@@ -374,3 +391,108 @@ def test_run_with_a_streamable_http_mcp_server(cli: CLI) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+CHAT_TOOLS = ("-m", "smollm2:135m", "--chat-template-file", str(QWEN), "--temperature", "0", "-n", "40")
+MCP = f"{sys.executable} {ROOT / 'tests' / 'mcp_server.py'}"
+
+
+def test_chat_on_a_terminal_asks_before_each_call_and_shows_the_result(cli_env: dict[str, str], home: Path) -> None:
+    from localgen.chat.session import ChatSession
+    from tests.test_chat import PROMPT, send, spawn
+
+    child = spawn(cli_env, "toolchat", *CHAT_TOOLS, "--mcp", MCP, "--tool-choice", "add")
+    child.sendline("What is 2 + 3?")
+    child.expect(r"tool call: add\((\{.*?\})\)")
+    args = json.loads(child.match.group(1))
+    child.expect_exact("[y]es / [n]o / [a]lways for add:")
+    child.sendline("y")
+    child.expect(r"tool result: (\d+)")
+    assert int(child.match.group(1)) == args["a"] + args["b"]
+    child.expect(r"1 tool call · ")
+    child.expect_exact(PROMPT)
+    child.sendline("And 4 + 4?")
+    child.expect_exact("[y]es / [n]o / [a]lways for add:")
+    child.sendline("n")
+    child.expect_exact("tool add: declined")
+    child.expect_exact(PROMPT)
+    child.sendline("And 5 + 5?")
+    child.expect_exact("[y]es / [n]o / [a]lways for add:")
+    child.sendline("a")
+    child.expect("tool result: ")
+    child.expect_exact(PROMPT)
+    child.sendline("And 6 + 6?")
+    child.expect(r"tool call: add\(")
+    assert child.expect([r"tool result: ", r"\[y\]es / \[n\]o"]) == 0, "always: no second question for add"
+    child.expect_exact(PROMPT)
+    send(child, "/tools", r"add\(a, b\) \(runs without asking\)")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    messages = ChatSession.load("toolchat").messages
+    assert [m["role"] for m in messages[:4]] == ["user", "assistant", "tool", "assistant"]
+    call = messages[1]["tool_calls"][0]
+    assert call["function"]["name"] == "add" and messages[2]["tool_call_id"] == call["id"]
+    assert messages[2]["content"] == str(args["a"] + args["b"])
+    assert messages[6]["content"] == "The user declined to run this tool call."
+
+
+def test_chat_tool_failure_takes_the_question_back(cli_env: dict[str, str], home: Path) -> None:
+    from tests.test_chat import PROMPT, send, spawn
+
+    fns = str(ROOT / "tests" / "tool_functions.py")
+    child = spawn(cli_env, "toolfail", *CHAT_TOOLS, "--functions", fns, "--tool-choice", "explode", "--yes")
+    child.sendline("Go.")
+    child.expect("explode failed: ValueError: boom")
+    child.expect("the conversation is as it was")
+    child.expect_exact(PROMPT)
+    send(child, "/tools", r"explode\(reason\) \(runs without asking\)")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    assert not (home / "data" / "chats" / "toolfail.json").exists(), "nothing of the failed turn is saved"
+
+
+def test_scripted_chat_needs_yes_and_shows_calls_on_stderr(cli: CLI, home: Path) -> None:
+    from localgen.chat.session import ChatSession
+
+    r = cli("chat", "scripted-tools", *CHAT_TOOLS, "--mcp", MCP, input="What is 2 + 3?\n")
+    assert r.returncode == 2 and "add --yes" in r.stderr and "Traceback" not in r.stderr
+    r = cli("chat", "scripted-tools", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "add",
+            input="What is 2 + 3?\n")
+    assert r.returncode == 0, r.stderr
+    assert "tool call: add(" in r.stderr and "tool result: " in r.stderr and "tool call" not in r.stdout
+    roles = [m["role"] for m in ChatSession.load("scripted-tools").messages]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    r = cli("chat", "scripted-crash", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "crash",
+            input="Crash.\n")
+    assert r.returncode == 1 and "failed (calling crash)" in r.stderr and "Traceback" not in r.stderr
+    assert not (home / "data" / "chats" / "scripted-crash.json").exists(), "nothing of the failed turn is saved"
+    r = cli("chat", "--tool-steps", "3", *CHAT_TOOLS, input="Hi\n")
+    assert r.returncode == 2 and "go with tools" in r.stderr
+
+
+def test_chat_saves_reasoning_apart_and_resumes_tool_turns_without_tools(cli: CLI, home: Path) -> None:
+    from localgen.chat.runner import ChatRunner
+    from localgen.chat.session import ChatSession
+    from localgen.types import SamplingParams
+
+    r = cli("chat", "thinkchat", "-m", "smollm2:135m", "--chat-template-file", str(R1), "--temperature", "0",
+            "-n", "16", input="Why is the sky blue?\n")
+    assert r.returncode == 0, r.stderr
+    answer = ChatSession.load("thinkchat").messages[1]
+    assert answer["content"] == "" and answer["reasoning_content"].strip()
+    assert "[thinking]" in r.stdout and answer["reasoning_content"].strip()[:20] in r.stdout
+    hidden = cli("chat", "--resume", "thinkchat", "--chat-template-file", str(R1), "-n", "16",
+                 input="/set think off\nAnd the sea?\n")
+    assert hidden.returncode == 0 and "[thinking]" not in hidden.stdout
+    # a conversation with calls, resumed without tools: its calls and results go as plain turns
+    r = cli("chat", "resumed-tools", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "add",
+            input="What is 2 + 3?\n")
+    assert r.returncode == 0, r.stderr
+    saved = ChatSession.load("resumed-tools")
+    runner = ChatRunner(saved, backend=None, sampling=SamplingParams())  # type: ignore[arg-type]
+    sent = runner.request(runner.sent()).messages
+    assert [m["role"] for m in sent] == ["user", "assistant", "user", "assistant"]
+    assert json.loads(sent[1]["content"])["tool_call"]["name"] == "add"
+    assert json.loads(sent[2]["content"])["tool_response"]["name"] == "add"
+    again = cli("chat", "--resume", "resumed-tools", "-n", "8", input="Thanks.\n")
+    assert again.returncode == 0 and again.stdout.strip(), again.stderr

@@ -1,4 +1,5 @@
-"""One chat: a ChatSession bound to a backend and the current sampling settings. No UI here.
+"""One chat: a ChatSession bound to a backend, the current sampling settings and the chat's tools. No UI
+here: a turn's events go to a `show` callback and each tool call to an `approve` one.
 
 The whole conversation is kept and saved; only what is sent to the model is cut to the window. The window
 only moves forward (each turn's prompt then extends the last one, and the KV cache is reused)."""
@@ -30,7 +31,13 @@ class ChatRunner:
         self.first = 0  # the first message sent to the model
         self.trim_noticed = False
         self.last_request: GenerationRequest | None = None
-        self.on_answer: Callable[[GenerationRequest, Any], None] | None = None  # told of each recorded answer
+        self.on_answer: Callable[[GenerationRequest, Any, str], None] | None = None  # told of each recorded answer
+        self.toolbox: Any = None  # the chat's tools (tools/loop.py Toolbox), or None
+        self.tool_choice: Any = "auto"  # the first round of each answer: auto, required, or a tool's name
+        self.tool_steps = 8
+        self.tool_timeout = 30.0
+        self.gen: Any = None  # the generation under way
+        self.stopping = False  # the answer under way was asked to stop
 
     def set(self, name: str, value: str) -> str:
         """Change one sampling setting (validated as flags are); returns a confirmation."""
@@ -46,30 +53,52 @@ class ChatRunner:
         return max(16, min(want, n_ctx // 2))
 
     def request(self, messages: list[Message]) -> GenerationRequest:
-        """A request for these messages with the current settings."""
+        """A request for these messages with the current settings. Without tools, earlier calls and results
+        are written as plain turns (a template need not know tool roles)."""
+        if self.toolbox is None and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            from localgen.tools.plan import plain_history
+
+            messages = list(plain_history(tuple(messages)))
         return GenerationRequest(messages=tuple(messages), sampling=self.sampling)
 
     def count(self, messages: list[Message]) -> int:
-        """Prompt tokens of a conversation as the template renders it."""
-        return int(self.backend.count(self.request(messages)))
+        """Prompt tokens of a conversation as the template renders it (with the tools, when there are any)."""
+        request = self.request(messages)
+        plan = self.plan()
+        if plan is not None:
+            from localgen.tools.plan import with_tools
+
+            request = with_tools(plan, request)
+        return int(self.backend.count(request))
+
+    def template(self) -> str | None:
+        """The chat template the model renders with (None for a remote one)."""
+        engine = getattr(self.backend, "engine", None)
+        return engine.model.summary.chat_template if engine is not None else None
+
+    def plan(self, choice: Any = "auto") -> Any:
+        """The tools' plan for this model (None without tools)."""
+        from localgen.tools.loop import plan_for
+
+        return plan_for(self.template(), self.toolbox, choice)
 
     def sent(self) -> list[Message]:
         """What the model sees now: the system prompt and the messages of the window."""
         head = [{"role": "system", "content": self.session.system}] if self.session.system else []
         return head + self.session.messages[self.first:]
 
-    def start(self, user_text: str) -> tuple[Any, int]:
-        """Add the user turn and start the answer; returns (Generation, messages left out of the window).
-        A message that cannot fit even alone is refused and the conversation stays as it was."""
+    def start(self, user_text: str) -> int:
+        """Add the user turn and get its answer ready (see prepare); returns the messages left out of the
+        window. A message that cannot fit even alone is refused and the conversation stays as it was."""
         self.session.add("user", user_text)
         try:
-            return self.answer()
+            return self.prepare()
         except BaseException:
             self.session.messages.pop()
             raise
 
-    def answer(self) -> tuple[Any, int]:
-        """Start an answer to the conversation as it stands (used by start and /retry)."""
+    def prepare(self) -> int:
+        """Fit the conversation as it stands to the window for the next answer (used by start and /retry)."""
         n_ctx = int(self.backend.n_ctx)
         limit = n_ctx - self.reserve()
         self.first = self.session.window_start(lambda conv: self.count(conv) <= limit, self.first)
@@ -81,15 +110,41 @@ class ChatRunner:
                 hint="shorten it, or restart with a larger --ctx; the conversation is kept",
             )
         self.last_request = self.request(self.sent())
-        return self.backend.generate(self.last_request), self.first
+        return self.first
 
-    def finish(self, gen: Any) -> None:
-        """Record the answer (also a cancelled one: what was generated is kept)."""
-        self.session.add("assistant", gen.text)
-        self.last_stats = gen.stats
+    def reply(self, show: Callable[[Any], None], approve: Callable[[Any], bool], turn: Any) -> Any:
+        """Answer the prepared request into `turn` (tools/loop.py Turn), running the tools the model calls
+        (each after `approve`), until a plain answer. `show` sees every event as it happens. Whatever
+        raises, `turn` holds what is settled so far (see record)."""
+        from localgen.tools.loop import run_turn
+
+        assert self.last_request is not None
+        self.stopping = False
+        plan = self.plan()
+        first = self.plan(self.tool_choice) if plan is not None and self.tool_choice != "auto" else None
+        return run_turn(self, self.last_request, plan, self.toolbox, approve, show, self.tool_steps,
+                        self.tool_timeout, self.template(), first=first, turn=turn,
+                        stopped=lambda: self.stopping)
+
+    def generate(self, request: GenerationRequest) -> Any:
+        """The backend's generation, kept so that stop() can reach it (reply's rounds come through here)."""
+        self.gen = self.backend.generate(request)
+        return self.gen
+
+    def stop(self) -> None:
+        """Stop the answer under way between two tokens; no further round starts."""
+        self.stopping = True
+        if self.gen is not None:
+            self.gen.cancel()
+
+    def record(self, turn: Any) -> None:
+        """Add the turn's settled messages (also a stopped answer's: what was generated is kept), and save."""
+        self.session.messages.extend(turn.messages)
+        gen = turn.generations[-1] if turn.generations else None
+        self.last_stats = gen.stats if gen is not None else None
         self.session.save()
-        if self.on_answer is not None and self.last_request is not None:
-            self.on_answer(self.last_request, gen)
+        if self.on_answer is not None and self.last_request is not None and gen is not None:
+            self.on_answer(self.last_request, gen, turn.text)
 
     def forget(self) -> None:
         """After /clear or /undo: the window cannot start past the end."""

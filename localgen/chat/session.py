@@ -14,7 +14,8 @@ from typing import Any
 from localgen import paths, settings
 from localgen.errors import LocalgenError, UsageError
 
-Message = dict[str, str]
+Message = dict[str, Any]
+TOOL_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 FORMAT = 1
 
@@ -48,8 +49,8 @@ def _next_name(name: str) -> str:
 
 @dataclass
 class ChatSession:
-    """The conversation so far. `messages` holds user and assistant turns; the system prompt is apart,
-    so trimming can never drop it."""
+    """The conversation so far. `messages` holds user and assistant turns (an assistant turn may carry
+    tool_calls, answered by `tool` messages); the system prompt is apart, so trimming can never drop it."""
 
     name: str
     model: str
@@ -80,11 +81,12 @@ class ChatSession:
         return False
 
     def pop_answer(self) -> str | None:
-        """Remove the last assistant answer (for /retry); returns the user message it answered."""
-        if self.messages and self.messages[-1]["role"] == "assistant":
+        """Remove the last answer, with its tool calls and results (for /retry); returns the user message it
+        answered."""
+        while self.messages and self.messages[-1]["role"] in ("assistant", "tool"):
             self.messages.pop()
         if self.messages and self.messages[-1]["role"] == "user":
-            return self.messages[-1]["content"]
+            return str(self.messages[-1]["content"])
         return None
 
     def window_start(self, fits: Callable[[list[Message]], bool], start: int = 0) -> int:
@@ -163,11 +165,7 @@ class ChatSession:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise LocalgenError(f"the saved conversation {path} is unreadable: {e}") from None
         try:
-            messages = [
-                {"role": str(m["role"]), "content": str(m["content"])}
-                for m in data["messages"]
-                if m.get("role") in ("user", "assistant")
-            ]
+            messages = [_message(m) for m in data["messages"] if m.get("role") in ("user", "assistant", "tool")]
             saved = dict(data.get("settings") or {})
             system = data.get("system")
             if system is not None and not isinstance(system, str):
@@ -185,6 +183,24 @@ class ChatSession:
             raise LocalgenError(f"the saved conversation {path} has a bad setting: {e.message}",
                                 hint="fix or remove it in the file; the file was left as it is") from None
         return session
+
+
+def _message(m: dict[str, Any]) -> Message:
+    """A saved message: role and content, and the tool fields it has (calls, a result's call id and name,
+    the reasoning)."""
+    out: Message = {"role": str(m["role"]), "content": str(m["content"])}
+    for key in TOOL_KEYS:
+        value = m.get(key)
+        if key == "tool_calls":
+            if isinstance(value, list) and all(_is_call(c) for c in value):
+                out[key] = value
+        elif isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def _is_call(c: Any) -> bool:
+    return isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,12 @@ def chat(
                            help="When scripted (stdin not a terminal): print each answer's stats to stderr.")
     ] = False,
     model: o.Model = None,
+    functions: o.Functions = None,
+    mcp: o.Mcp = None,
+    yes: o.Yes = False,
+    tool_choice: o.ToolChoice = "auto",
+    tool_steps: o.ToolSteps = 8,
+    tool_timeout: o.ToolTimeout = 30.0,
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
     system: o.System = None,
@@ -88,9 +94,10 @@ def chat(
 ) -> None:
     """Chat with a model. Type /help inside for commands.
 
-    Every conversation is saved as it goes; --resume continues one. With stdin not a terminal, each
-    line is a message (a block between two \"\"\" lines is one message; lines starting with / are
-    commands) and answers are printed plainly.
+    Every conversation is saved as it goes; --resume continues one. With --functions or --mcp the model
+    may call tools; each call is shown and runs only once you approve it (y / n / always), unless --yes.
+    With stdin not a terminal, each line is a message (a block between two \"\"\" lines is one message;
+    lines starting with / are commands) and answers are printed plainly.
     """
     from localgen.cli.chatflow import start
 

@@ -12,6 +12,7 @@ from typing import Any
 from localgen.cli import options as o
 from localgen.cli.chatturn import restore_state, stream
 from localgen.cli.output import ErrWriter
+from localgen.cli.toolflow import open_toolbox
 from localgen.errors import LocalgenError, UsageError
 from localgen.text import checked
 
@@ -32,6 +33,14 @@ class ChatView:
     flags: Any = None
     attachments: list[str] = field(default_factory=list)
     err: ErrWriter = field(default_factory=ErrWriter)
+    yes: bool = False  # tool calls run without asking (--yes)
+    always: set[str] = field(default_factory=set)  # tools the user allowed for the rest of the chat
+
+    def ask(self, question: str) -> str:
+        """A question to the user on the terminal (scripted chats never ask: they need --yes)."""
+        if self.console is None:
+            raise EOFError
+        return str(self.console.input(question, markup=False))
 
     def __post_init__(self) -> None:
         if self.interactive:
@@ -76,19 +85,42 @@ def start(f: o.Flags) -> None:
             remote_model = pick_model(endpoints)
         if remote_model:
             f._values["model"] = remote_model
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    tools = bool(f.functions or f.mcp)
+    if tools and endpoints:
+        raise UsageError("tools (--functions, --mcp) cannot be used with a remote endpoint")
+    if tools and not interactive and not f.yes:
+        raise UsageError("the model may call tools, and a scripted chat (stdin not a terminal) cannot ask first: "
+                         "add --yes to let the calls run")
+    if not tools and (f.given("tool_choice") or f.given("tool_steps") or f.given("tool_timeout")):
+        raise UsageError("--tool-choice, --tool-steps and --tool-timeout go with tools: add --functions or --mcp")
     session = _open_session(f)
     o.sampling(f)  # the flags alone are valid, before anything loads
     load = o.load_params(f)
-    interactive = sys.stdin.isatty() and sys.stdout.isatty()
     view = ChatView(interactive=interactive, plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats,
-                    flags=f)
+                    flags=f, yes=f.yes)
     view.loader = (lambda name: remote_backend(endpoints, name, f, view)) if endpoints else (
         lambda name: load_backend(name, load, f, view))
-    backend = view.loader(session.model)
+    toolbox = open_toolbox(f)
+    try:
+        backend = view.loader(session.model)
+    except BaseException:
+        if toolbox is not None:
+            toolbox.close()
+        raise
     # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win.
     runner = ChatRunner(session, backend, o.sampling(f, backend.defaults, session.settings))
-    runner.on_answer = lambda request, gen: _log_turn(f, view, runner, request, gen, remote=bool(endpoints))
+    runner.on_answer = lambda request, gen, text: _log_turn(f, view, runner, request, gen, text,
+                                                            remote=bool(endpoints))
+    runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, f.tool_steps, f.tool_timeout
+    runner.tool_choice = f.tool_choice
     try:
+        if toolbox is not None:
+            runner.plan(runner.tool_choice)  # a tool_choice naming no tool is refused now
+            if interactive:
+                names = ", ".join(t.name for t in toolbox.specs)
+                view.info(f"tools: {names} · " + ("calls run without asking (--yes)" if f.yes else
+                                                     "each call asks first (y / n / always)"))
         backend.render(runner.request([{"role": "user", "content": "hi"}]))  # no usable chat template: say so now
         if f.resume:
             restore_state(runner, view)
@@ -100,6 +132,8 @@ def start(f: o.Flags) -> None:
         with contextlib.suppress(OSError):  # a cache: losing it costs time, never data
             runner.backend.save_conversation(runner.session.name)
         runner.backend.close()
+        if toolbox is not None:
+            toolbox.close()
 
 
 def _open_session(f: o.Flags) -> Any:
@@ -147,11 +181,11 @@ def _from_log(f: o.Flags, cid: str) -> Any:
                                 messages=thread.turns, fresh=True, log_id=cid)
 
 
-def _log_turn(f: o.Flags, view: Any, runner: Any, request: Any, gen: Any, remote: bool) -> None:
+def _log_turn(f: o.Flags, view: Any, runner: Any, request: Any, gen: Any, text: str, remote: bool) -> None:
     """Each answer goes to the log, in the chat's own conversation there."""
     from localgen.cli import logflow
 
-    logflow.record(f, _Warn(view), runner.backend, request, runner.session.log_id, gen.text, gen.stats,
+    logflow.record(f, _Warn(view), runner.backend, request, runner.session.log_id, text, gen.stats,
                    str(gen.finish_reason), source="chat", remote=remote)
 
 
@@ -257,13 +291,13 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
         if view.attachments:
             text = "\n\n".join([*view.attachments, text])
             view.attachments.clear()
-        gen, first = runner.start(checked(text, "the message"))
+        first = runner.start(checked(text, "the message"))
     except LocalgenError as e:
         if not view.interactive:
             raise
         view.error(e.message, e.hint)
         return True
-    stream(gen, runner, view, first)
+    stream(runner, view, first)
     return True
 
 

@@ -1,6 +1,7 @@
-"""One chat turn on screen: stream an answer as it comes (Ctrl-C cancels it between two tokens), record it,
-print its footer; a remote failure keeps a partial answer or takes the question back; restoring a saved
-KV state. Used by the chat loops (chatflow.py) and the slash commands (slash.py)."""
+"""One chat turn on screen: stream an answer as it comes (Ctrl-C cancels it between two tokens), with each
+tool call shown, asked for (y / n / always) and its result shown; record it, print its footer; a remote
+failure keeps a partial answer or takes the question back, a tool's failure takes it back; restoring a
+saved KV state. Used by the chat loops (chatflow.py) and the slash commands (slash.py)."""
 
 from __future__ import annotations
 
@@ -21,40 +22,54 @@ def restore_state(runner: Any, view: Any) -> None:
         view.info(f"restored the KV state of {reused:,} tokens; the history is not re-read")
 
 
-def stream(gen: Any, runner: Any, view: Any, first: int) -> None:
-    """Show one answer as it comes, record it, and print its footer."""
-    from localgen.cli.render import make_view
+def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None) -> None:
+    """Show one answer as it comes (with the tools it calls, each asked for first unless allowed), record
+    it, and print its footer. A tool's failure takes the whole turn back: the question goes, or, for
+    /retry, the answer it replaced (`restore`) comes back."""
+    from localgen.errors import RemoteError, ToolError
+    from localgen.tools.loop import Turn
 
     if first and not runner.trim_noticed:
         view.info(f"(the conversation outgrew the {runner.backend.n_ctx:,}-token context: the oldest turns are no "
                   "longer sent to the model, but stay in the saved conversation; the system prompt is always sent)")
         runner.trim_noticed = True
-    from localgen.errors import RemoteError
-
-    out = make_view(view.console if view.markdown else None, view.plain or not view.interactive, view.think)
-    with _cancel_on_sigint(gen) as pressed:
+    screen = _Screen(view)
+    turn = Turn()
+    with _cancel_on_sigint(runner) as pressed:
         try:
-            for chunk in gen:
-                out.feed(chunk.text)
+            runner.reply(screen.show, lambda call: _approve(call, runner, view, screen), turn)
         except KeyboardInterrupt:  # a second Ctrl-C: stop even inside a long prompt evaluation
-            gen.close()
+            if runner.gen is not None:
+                runner.gen.close()
         except RemoteError as e:  # the endpoint failed: keep what arrived, or take the question back
-            out.finish()
-            _remote_failed(e, gen, runner, view)
+            screen.finish()
+            _remote_failed(e, turn, runner, view, restore)
+            return
+        except ToolError as e:  # nothing of the turn is kept: the question is taken back
+            screen.finish()
+            if turn.generations and runner.gen is not None:
+                runner.gen.close()
+            _take_back(runner, restore)
+            if not view.interactive:
+                raise
+            view.error(e.message, e.hint or "the message was taken back; the conversation is as it was")
             return
         except BaseException:  # the reader went away, or worse: settle the stream before the engine goes
-            gen.close()
+            if runner.gen is not None:
+                runner.gen.close()
             raise
         finally:
-            out.finish()
-        interrupted = pressed()
-    runner.finish(gen)
-    s = gen.stats
+            screen.finish()
+        interrupted = pressed() or runner.stopping
+    runner.record(turn)
+    s = runner.last_stats
     if interrupted:
         view.info("(stopped; the partial answer is kept)")
     if s is None:
         return
     footer = _footer(s, runner.backend.n_ctx)
+    if len(turn.generations) > 1:
+        footer = f"{len(turn.results)} tool call{'s' if len(turn.results) != 1 else ''} · " + footer
     if view.interactive and view.footer:
         view.info(footer)
     elif not view.interactive and view.stats:
@@ -63,21 +78,74 @@ def stream(gen: Any, runner: Any, view: Any, first: int) -> None:
         view.info("(the answer filled the context window)")
 
 
-def _remote_failed(e: Any, gen: Any, runner: Any, view: Any) -> None:
+class _Screen:
+    """The answer's view, made anew after each question to the user (a live region cannot span a prompt)."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.out: Any = None
+
+    def show(self, event: Any) -> None:
+        from localgen.cli.render import make_view
+
+        if self.out is None:
+            v = self.view
+            self.out = make_view(v.console if v.markdown else None, v.plain or not v.interactive, v.think, v.info)
+        self.out.show(event)
+
+    def finish(self) -> None:
+        if self.out is not None:
+            self.out.finish()
+            self.out = None
+
+
+def _approve(call: Any, runner: Any, view: Any, screen: _Screen) -> bool:
+    """Whether a tool call may run: yes with --yes or "always" for this tool; otherwise the user is asked
+    (y / n / a). Ctrl-C at the question declines the call and stops the answer."""
+    if runner.stopping:
+        return False
+    if view.yes or call.name in view.always:
+        return True
+    screen.finish()
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        reply = view.ask(f"run {call.name}? [y]es / [n]o / [a]lways for {call.name}: ")
+    except (KeyboardInterrupt, EOFError):
+        reply = ""
+        runner.stop()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    word = reply.strip().lower()
+    if word in ("a", "always"):
+        view.always.add(call.name)
+        return True
+    return word in ("y", "yes")
+
+
+def _take_back(runner: Any, restore: list[Any] | None) -> None:
+    """The conversation as it was before the turn."""
+    if restore is None:
+        runner.session.messages.pop()
+    else:
+        runner.session.messages.extend(restore)
+
+
+def _remote_failed(e: Any, turn: Any, runner: Any, view: Any, restore: list[Any] | None) -> None:
     """A partial answer is kept (and said to be partial); with nothing received, the message is taken back
     so that the conversation stays as it was. Scripted, the error then ends the chat."""
-    if gen.text:
-        runner.finish(gen)
+    if turn.messages:
+        runner.record(turn)
         e.message += " (the partial answer is kept)"
     else:
-        runner.session.messages.pop()
+        _take_back(runner, restore)
     if not view.interactive:
         raise e
     view.error(e.message, e.hint)
 
 
 @contextlib.contextmanager
-def _cancel_on_sigint(gen: Any) -> Iterator[Callable[[], bool]]:
+def _cancel_on_sigint(runner: Any) -> Iterator[Callable[[], bool]]:
     """First Ctrl-C cancels the answer between two tokens (the screen stays whole); a second raises."""
     presses = 0
     previous = signal.getsignal(signal.SIGINT)
@@ -85,7 +153,7 @@ def _cancel_on_sigint(gen: Any) -> Iterator[Callable[[], bool]]:
     def on_sigint(signum: int, frame: Any) -> None:
         nonlocal presses
         presses += 1
-        gen.cancel()
+        runner.stop()
         if presses > 1:
             logs = sys.modules.get("localgen.engine.logs")
             if logs is not None and logs.defer_interrupt(frame):

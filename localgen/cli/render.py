@@ -1,4 +1,5 @@
-"""How an answer appears while it streams: thinking dimmed and apart, the answer as live Markdown.
+"""How an answer appears while it streams: the answer stage's events (tools/stream.py) shown, thinking
+dimmed and apart (or hidden), tool calls and their results as notices, the answer as live Markdown.
 
 Live Markdown cost stays flat as the answer grows: finished blocks (text before a blank line outside
 a code fence) are printed once, for good; only the block being written is re-rendered, at most 12
@@ -9,63 +10,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-class ThinkSplitter:
-    """Splits streamed text into ("think", text) and ("answer", text) parts, tags never emitted."""
-
-    def __init__(self) -> None:
-        self.state = "start"  # start -> think | answer
-        self.pending = ""
-
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        """Parts for the new text; a possible partial tag is held back until known."""
-        self.pending += text
-        out: list[tuple[str, str]] = []
-        while self.pending:
-            if self.state == "start":
-                stripped = self.pending.lstrip()
-                if stripped.startswith(THINK_OPEN):
-                    self.pending = stripped[len(THINK_OPEN):]
-                    self.state = "think"
-                elif THINK_OPEN.startswith(stripped):
-                    break  # maybe the tag, not yet complete
-                else:
-                    self.state = "answer"
-            elif self.state == "think":
-                i = self.pending.find(THINK_CLOSE)
-                if i >= 0:
-                    if i:
-                        out.append(("think", self.pending[:i]))
-                    self.pending = self.pending[i + len(THINK_CLOSE):].lstrip("\n")
-                    self.state = "answer"
-                    continue
-                keep = _partial_tail(self.pending, THINK_CLOSE)
-                if len(self.pending) > keep:
-                    out.append(("think", self.pending[: len(self.pending) - keep]))
-                    self.pending = self.pending[len(self.pending) - keep:]
-                break
-            else:
-                out.append(("answer", self.pending))
-                self.pending = ""
-        return out
-
-    def flush(self) -> list[tuple[str, str]]:
-        """Whatever is held back, at the end of the stream."""
-        text, self.pending = self.pending, ""
-        if not text:
-            return []
-        return [("think" if self.state == "think" else "answer", text)]
-
-
-def _partial_tail(text: str, tag: str) -> int:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 def split_blocks(text: str) -> tuple[str, str]:
@@ -84,30 +30,42 @@ def split_blocks(text: str) -> tuple[str, str]:
 
 
 class PlainView:
-    """Plain text: for pipes, --plain and NO_COLOR. Thinking is shown between markers, or hidden."""
+    """Plain text: for pipes, --plain and NO_COLOR. Thinking is shown between markers, or hidden; calls and
+    results go to `notice` (stderr when scripted)."""
 
-    def __init__(self, out: TextIO, show_think: bool) -> None:
+    def __init__(self, out: TextIO, show_think: bool, notice: Callable[[str], None] | None = None) -> None:
         self.out = out
         self.show_think = show_think
-        self.splitter = ThinkSplitter()
+        self.notice = notice
         self.mode = ""
         self.last = ""
 
-    def feed(self, text: str) -> None:
-        """Write a streamed piece."""
-        self._write_parts(self.splitter.feed(text))
+    def show(self, event: Any) -> None:
+        """Write one event of the answer stage."""
+        kind, text = _kind(event)
+        if kind == "think" and not self.show_think:
+            return
+        if kind == "line":
+            self._close()
+            if self.last and self.last != "\n":
+                self._w("\n")
+            if self.notice is not None:
+                self.notice(text)
+            else:
+                self._w(text + "\n")
+            return
+        if kind != self.mode:
+            if kind == "think":
+                self._w("[thinking]\n")
+            else:
+                self._close()
+            self.mode = kind
+        self._w(text)
 
-    def _write_parts(self, parts: list[tuple[str, str]]) -> None:
-        for kind, piece in parts:
-            if kind == "think" and not self.show_think:
-                continue
-            if kind != self.mode:
-                if kind == "think":
-                    self._w("[thinking]\n")
-                elif self.mode == "think":
-                    self._w("\n[/thinking]\n")
-                self.mode = kind
-            self._w(piece)
+    def _close(self) -> None:
+        if self.mode == "think":
+            self._w("\n[/thinking]\n")
+        self.mode = ""
 
     def _w(self, s: str) -> None:
         if s:
@@ -117,11 +75,23 @@ class PlainView:
 
     def finish(self) -> None:
         """End of the answer."""
-        self._write_parts(self.splitter.flush())
-        if self.mode == "think":
-            self._w("\n[/thinking]\n")
+        self._close()
         if self.last and self.last != "\n":
             self._w("\n")
+        self.last = ""
+
+
+def _kind(event: Any) -> tuple[str, str]:
+    """("think" | "answer" | "line", text) for an event: a Piece, a ToolCall or a ToolResult."""
+    from localgen.cli.toolflow import call_line, result_line
+    from localgen.tools.loop import ToolResult
+    from localgen.tools.stream import Piece
+
+    if isinstance(event, Piece):
+        return ("think" if event.kind == "reasoning" else "answer"), event.text
+    if isinstance(event, ToolResult):
+        return "line", result_line(event)
+    return "line", call_line(event)
 
 
 class RichView:
@@ -135,17 +105,20 @@ class RichView:
         self.console = console
         self.show_think = show_think
         self.markdown = markdown
-        self.splitter = ThinkSplitter()
         self.answer = ""  # the block being written (finished blocks are already printed)
         self.thinking = False
         self.live = Live(console=console, auto_refresh=False, transient=True, vertical_overflow="crop")
         self.live.start()
         self.last_refresh = 0.0
 
-    def feed(self, text: str) -> None:
-        """Show a streamed piece."""
-        for kind, piece in self.splitter.feed(text):
-            self._part(kind, piece)
+    def show(self, event: Any) -> None:
+        """Show one event of the answer stage."""
+        kind, text = _kind(event)
+        if kind == "line":
+            self._flush()
+            self.live.console.print(text, style="yellow", markup=False, highlight=False)
+        else:
+            self._part(kind, text)
         now = time.monotonic()
         if now - self.last_refresh >= self.REFRESH_S:
             self._refresh()
@@ -186,10 +159,18 @@ class RichView:
         shown = "\n".join(lines[-height:]) if len(lines) > height else self.answer
         self.live.update(self._renderable(shown), refresh=True)
 
+    def _flush(self) -> None:
+        """End the thinking line, and print the block being written for good."""
+        if self.thinking:
+            self.live.console.print()
+            self.thinking = False
+        if self.answer.strip():
+            self.live.console.print(self._renderable(self.answer))
+        self.answer = ""
+        self.live.update("", refresh=True)
+
     def finish(self) -> None:
         """Print the last block for good and leave the live region."""
-        for kind, piece in self.splitter.flush():
-            self._part(kind, piece)
         self.live.update("", refresh=True)
         self.live.stop()
         if self.thinking:
@@ -199,8 +180,9 @@ class RichView:
         self.answer = ""
 
 
-def make_view(console: Any | None, plain: bool, show_think: bool) -> Any:
+def make_view(console: Any | None, plain: bool, show_think: bool,
+              notice: Callable[[str], None] | None = None) -> Any:
     """RichView on a terminal with rendering on; PlainView otherwise."""
     if console is None or plain:
-        return PlainView(sys.stdout, show_think)
+        return PlainView(sys.stdout, show_think, notice)
     return RichView(console, show_think)

@@ -21,6 +21,7 @@ COMMANDS = {
     "/model": "NAME: switch model, keep the conversation",
     "/stats": "the last answer's numbers",
     "/context": "tokens used of the context window",
+    "/tools": "the tools the model may call (--functions, --mcp)",
     "/exit": "leave (also Ctrl-D)",
 }
 KEYS_HELP = (

@@ -55,7 +55,9 @@ def execute(f: o.Flags) -> None:
     plan = check(f)
     o.sampling(f)  # the flags alone are valid, before the catalogue's defaults are known
     err = ErrWriter()
-    toolbox = _toolbox(f)
+    from localgen.cli.toolflow import open_toolbox
+
+    toolbox = open_toolbox(f)
     try:
         backend: Backend = remote_backend(f, plan) if plan.endpoints else open_backend(f, plan, err)
     except BaseException:
@@ -69,7 +71,7 @@ def execute(f: o.Flags) -> None:
             raise typer.Exit(run_many(f, plan, backend, err))
         request = single_request(f, plan, backend, thread.turns)
         if f.verbose_prompt:
-            err.line("prompt:\n" + backend.render(request))
+            err.line("prompt:\n" + backend.render(_as_sent(f, backend, request, toolbox)))
         if f.beams:
             text, stats, finish = run_beams(f, backend, request, err)  # type: ignore[arg-type]  # local only
         elif toolbox is not None:
@@ -86,13 +88,17 @@ def execute(f: o.Flags) -> None:
             toolbox.close()
 
 
-def _toolbox(f: o.Flags) -> Any:
-    """The tools of --functions and --mcp, loaded and started (None without them)."""
-    if not (f.functions or f.mcp):
-        return None
-    from localgen.tools.loop import Toolbox
+def _as_sent(f: o.Flags, backend: Backend, request: GenerationRequest, toolbox: Any) -> GenerationRequest:
+    """The request as the model gets it first: with the tools (in the template, or the system prompt)."""
+    if toolbox is None:
+        return request
+    from localgen.cli.toolflow import first_plan, template_of
+    from localgen.tools.loop import plan_for
+    from localgen.tools.plan import with_tools
 
-    return Toolbox.open(list(f.functions or []), list(f.mcp or []))
+    template = template_of(backend)
+    plan = first_plan(f, template, toolbox) or plan_for(template, toolbox)
+    return with_tools(plan, request) if plan is not None else request
 
 
 def check(f: o.Flags) -> RunPlan:

@@ -89,10 +89,18 @@ def _undo(runner: Any, view: Any, arg: str) -> None:
 def _retry(runner: Any, view: Any, arg: str) -> None:
     from localgen.cli.chatturn import stream
 
+    messages = runner.session.messages
+    kept = list(messages)
     if runner.session.pop_answer() is None:
+        messages[:] = kept
         raise UsageError("nothing to retry")
-    gen, first = runner.answer()
-    stream(gen, runner, view, first)
+    old = kept[len(messages):]  # the answer being replaced: it comes back if the new one fails
+    try:
+        first = runner.prepare()
+    except BaseException:
+        messages.extend(old)
+        raise
+    stream(runner, view, first, restore=old)
 
 
 def _read(runner: Any, view: Any, arg: str) -> None:
@@ -183,8 +191,18 @@ def _read_attachment(path: Path) -> str:
     return f"Contents of {path.name}:\n\n{text}"
 
 
+def _tools(runner: Any, view: Any, arg: str) -> None:
+    if runner.toolbox is None:
+        view.info("no tools: start the chat with --functions FILE.py or --mcp SERVER")
+        return
+    for spec in runner.toolbox.specs:
+        params = ", ".join(spec.parameters.get("properties", {}))
+        allowed = " (runs without asking)" if view.yes or spec.name in view.always else ""
+        view.info(f"{spec.name}({params}){allowed}: {spec.description.splitlines()[0] if spec.description else ''}")
+
+
 COMMANDS: dict[str, Handler] = {
     "/exit": _exit, "/bye": _exit, "/quit": _exit, "/help": _help, "/?": _help, "/set": _set, "/show": _show,
     "/system": _system, "/clear": _clear, "/undo": _undo, "/retry": _retry, "/read": _read, "/save": _save,
-    "/load": _load, "/model": _model, "/stats": _stats, "/context": _context,
+    "/load": _load, "/model": _model, "/stats": _stats, "/context": _context, "/tools": _tools,
 }

@@ -30,6 +30,15 @@ def result_line(result: Any) -> str:
     return f"tool result: {text[:RESULT_PREVIEW]}{'…' if len(text) > RESULT_PREVIEW else ''}"
 
 
+def open_toolbox(f: o.Flags) -> Any:
+    """The tools of --functions and --mcp, loaded and started (None without them)."""
+    if not (f.functions or f.mcp):
+        return None
+    from localgen.tools.loop import Toolbox
+
+    return Toolbox.open(list(f.functions or []), list(f.mcp or []))
+
+
 def template_of(backend: Any) -> str | None:
     """The chat template the backend renders with (None for a remote one)."""
     engine = getattr(backend, "engine", None)
@@ -131,7 +140,4 @@ def first_plan(f: o.Flags, template: str | None, toolbox: Any) -> Any:
     from localgen.tools.loop import plan_for
 
     choice = f.get("tool_choice") or "auto"
-    if choice == "auto":
-        return None
-    name = choice if choice in ("required", "none") else {"type": "function", "function": {"name": choice}}
-    return plan_for(template, toolbox, name)  # type: ignore[arg-type]
+    return None if choice == "auto" else plan_for(template, toolbox, choice)

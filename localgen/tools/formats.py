@@ -78,12 +78,35 @@ def generic_system_prompt(tools: tuple[ToolSpec, ...], forced: bool, parallel: b
 
 # ---- grammars ---------------------------------------------------------------------------------------------
 
+# llama.cpp's own converter (common/json-schema-to-grammar.cpp, which llama-server uses) lets JSON break
+# lines and indent; the bindings' Python port allows one space. Calls follow llama-server's whitespace, so
+# that a model writes the same call under both.
+SPACE_RULE = r'space ::= | " " | "\n"{1,2} [ \t]{0,20}'
+CHAR_RULE = r'char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})'  # no raw control characters
+
+
 def _json_rules(schema: dict[str, Any], root_name: str) -> str:
     """GBNF for one JSON schema, with its root rule renamed (the converter names it `root`)."""
     from localgen.engine.grammar import grammar_from_json_schema
 
     gbnf = grammar_from_json_schema(json.dumps(schema))
+    gbnf = re.sub(r"^space\s*::=.*$", lambda m: SPACE_RULE, gbnf, count=1, flags=re.MULTILINE)
+    gbnf = re.sub(r"^char\s*::=.*$", lambda m: CHAR_RULE, gbnf, count=1, flags=re.MULTILINE)
     return re.sub(r"^root\s*::=", f"{root_name} ::=", gbnf, count=1, flags=re.MULTILINE)
+
+
+def _hermes(tools: tuple[ToolSpec, ...], parallel: bool) -> str:
+    """Hermes/Qwen calls as llama-server's grammar writes them: `<tool_call>`, a newline, then the call
+    objects (several, comma-separated, when parallel), whitespace allowed between every two tokens."""
+    args = _json_rules({"type": "object", "properties": {f"toolargs{i}": t.parameters for i, t in enumerate(tools)}},
+                       "toolargs-all")
+    each = "\n".join(
+        f'tool-{i} ::= "{{" space "\\"name\\"" space ":" space {json.dumps(json.dumps(t.name))} space "," space '
+        f'"\\"arguments\\"" space ":" space toolargs{i} space "}}"' for i, t in enumerate(tools))
+    more = ' (space "," space tool-json)*' if parallel else ""
+    return (f'root ::= tool-call space{" (tool-call space)*" if parallel else ""}\n'
+            f'tool-call ::= "<tool_call>\\n" space tool-json{more} space "</tool_call>"\n'
+            f'tool-json ::= {" | ".join(f"tool-{i}" for i in range(len(tools)))}\n{each}\n{args}')
 
 
 def _call_schema(tool: ToolSpec, args_key: str = "arguments") -> dict[str, Any]:
@@ -109,10 +132,9 @@ def constraint(fmt: Format, tools: tuple[ToolSpec, ...], forced: bool, parallel:
     """The grammar that keeps calls to `tools` valid in `fmt` (None where the format has no JSON body to
     constrain: FunctionGemma's calls are checked after parsing instead)."""
     if fmt.name == "hermes":
-        body = _json_rules(_alternatives(tools), "tool-json")
-        g = ('root ::= tool-block' + (' ("\\n" tool-block)*' if parallel else '') + '\n'
-             'tool-block ::= "<tool_call>" "\\n"? tool-json "\\n"? "</tool_call>"\n' + body)
-        return Constraint(g, () if forced else (re.escape("<tool_call>"),))
+        # Lazy from "<tool_call>" and a newline, as llama-server: a model that names the tag in a sentence
+        # ("use the <tool_call> function") is not forced into a call.
+        return Constraint(_hermes(tools, parallel), () if forced else (re.escape("<tool_call>\n"),))
     if fmt.name == "llama3":
         body = _json_rules(_alternatives(tools, "parameters"), "tool-json")
         g = 'root ::= tool-json' + (' (";" " "? tool-json)*' if parallel else '') + '\n' + body
@@ -172,17 +194,17 @@ def _objects(text: str) -> list[tuple[int, int, Any]]:
 
 
 def _parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
-    calls, rest, pos = [], [], 0
+    calls: list[ToolCall] = []
+    rest, pos = [], 0
     for m in re.finditer(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.DOTALL):
         rest.append(text[pos:m.start()])
         pos = m.end()
-        objs = _objects(m.group(1))
-        call = _call(objs[0][2].get("name"), objs[0][2].get("arguments", objs[0][2].get("parameters"))) \
-            if objs and isinstance(objs[0][2], dict) else None
-        if call is None:
+        found = [_call(v.get("name"), v.get("arguments", v.get("parameters"))) if isinstance(v, dict) else None
+                 for _, _, v in _objects(m.group(1))]  # one object, or several comma-separated (parallel)
+        if not found or None in found:
             rest.append(m.group(0))
         else:
-            calls.append(call)
+            calls.extend(c for c in found if c is not None)
     rest.append(text[pos:])
     return "".join(rest).strip(), calls
 

@@ -130,11 +130,14 @@ class Turn:
 
 def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, toolbox: Toolbox | None,
              approve: Callable[[ToolCall], bool], show: Callable[[Any], None], steps: int, timeout: float,
-             template: str | None, split_reasoning: bool = True, first: ToolPlan | None = None) -> Turn:
+             template: str | None, split_reasoning: bool = True, first: ToolPlan | None = None,
+             turn: Turn | None = None, stopped: Callable[[], bool] = lambda: False) -> Turn:
     """Generate for `request` (its messages end with the user's), running tools until a plain answer. `show`
     sees every Piece, ToolCall and ToolResult as it happens. `first`: the plan of the first round, when it
-    differs (a call forced by --tool-choice)."""
-    turn = Turn()
+    differs (a call forced by --tool-choice). Into `turn` go only settled messages: a round's calls with all
+    their results, and an answer, also one cut short (an error, an interrupt, or `stopped()`: its calls are
+    then not run)."""
+    turn = Turn() if turn is None else turn
     rounds = plan
     for step in range(steps + 1):
         plan = first if step == 0 and first is not None else rounds
@@ -145,20 +148,25 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
         stream = answer_stream(plan, template, req.template_args, split_reasoning)
         gen = backend.generate(req)
         turn.generations.append(gen)
-        for chunk in gen:
-            for event in stream.feed(chunk.text):
+        try:
+            for chunk in gen:
+                for event in stream.feed(chunk.text):
+                    show(event)
+            for event in stream.finish():
                 show(event)
-        for event in stream.finish():
-            show(event)
+        except BaseException:
+            stream.finish()
+            if stream.content or stream.reasoning:  # what was said is kept by a caller that keeps partial answers
+                _answer(turn, stream)
+            raise
         turn.reasoning += stream.reasoning
-        if not stream.calls:
-            turn.text = stream.content
-            turn.messages.append({"role": "assistant", "content": stream.content})
+        if not stream.calls or stopped():
+            _answer(turn, stream)
             return turn
         if toolbox is None:
             raise ToolError("the model called a tool, but none were given")
-        turn.messages.append({"role": "assistant", "content": stream.content,
-                              "tool_calls": [c.to_openai() for c in stream.calls]})
+        settled: list[Message] = [{**_said(stream), "tool_calls": [c.to_openai() for c in stream.calls]}]
+        done: list[ToolResult] = []
         for call in stream.calls:
             check_call(call, toolbox.specs)
             if approve(call):
@@ -166,15 +174,34 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
             else:
                 result = ToolResult(call, "The user declined to run this tool call.", declined=True)
             show(result)
-            turn.results.append(result)
-            turn.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
-                                  "content": result.text})
+            done.append(result)
+            settled.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.text})
+        turn.results += done
+        turn.messages += settled
+        if stopped():
+            return turn
     raise ToolError(f"the model was still calling tools after {steps} rounds", hint="raise --tool-steps")
 
 
-def plan_for(template: str | None, toolbox: Toolbox | None, choice: Any = "auto") -> ToolPlan | None:
-    """The plan for a run or chat with these tools (None without tools)."""
+def _said(stream: Any) -> Message:
+    """The assistant message of a round: its content, and its reasoning apart (templates that show earlier
+    reasoning read `reasoning_content`)."""
+    message: Message = {"role": "assistant", "content": stream.content}
+    if stream.reasoning:
+        message["reasoning_content"] = stream.reasoning
+    return message
+
+
+def _answer(turn: Turn, stream: Any) -> None:
+    turn.text = stream.content
+    turn.messages.append(_said(stream))
+
+
+def plan_for(template: str | None, toolbox: Toolbox | None, choice: str = "auto") -> ToolPlan | None:
+    """The plan for a run or chat with these tools (None without tools). `choice`: --tool-choice's word:
+    auto, required, none, or a tool's name."""
     if toolbox is None or not toolbox.specs:
         return None
-    return make_plan(template, toolbox.specs, choice, True)
+    named = choice if choice in ("auto", "required", "none") else {"type": "function", "function": {"name": choice}}
+    return make_plan(template, toolbox.specs, named, True)
 

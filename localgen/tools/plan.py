@@ -63,7 +63,7 @@ def with_tools(plan: ToolPlan, request: GenerationRequest) -> GenerationRequest:
     """The request as the model gets it: tools for the template (or, for a template that knows none, in
     the system prompt), and the grammar."""
     if plan.fmt is None:
-        return dataclasses.replace(request, messages=_plain_history(request.messages)) if plan.tools else request
+        return dataclasses.replace(request, messages=plain_history(request.messages)) if plan.tools else request
     sampling = request.sampling
     if plan.constraint is not None:
         if sampling.grammar:
@@ -80,14 +80,15 @@ def answer_stream(plan: ToolPlan | None, template: str | None, template_args: tu
     """The stage that reads this request's answer: calls in the plan's format, reasoning apart (also when
     the template's generation prompt leaves a thinking block open)."""
     opened = thinking_opened_by(template, template_args) if split_reasoning else None
-    return AnswerStream(plan.fmt if plan else None, opened, split_reasoning)
+    names = frozenset(t.name for t in plan.tools) if plan else None
+    return AnswerStream(plan.fmt if plan else None, opened, split_reasoning, names)
 
 
 def _generic_messages(plan: ToolPlan, messages: tuple[Message, ...]) -> tuple[Message, ...]:
     """Tools described in the system prompt; earlier calls and results written as the JSON the format uses,
     in roles every template takes."""
     rules = generic_system_prompt(plan.tools, plan.forced, plan.parallel)
-    out = list(_plain_history(messages))
+    out = list(plain_history(messages))
     if out and out[0]["role"] == "system":
         out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{rules}"}
     else:
@@ -95,7 +96,7 @@ def _generic_messages(plan: ToolPlan, messages: tuple[Message, ...]) -> tuple[Me
     return tuple(out)
 
 
-def _plain_history(messages: tuple[Message, ...]) -> tuple[Message, ...]:
+def plain_history(messages: tuple[Message, ...]) -> tuple[Message, ...]:
     """Assistant calls as JSON text, tool results as user messages: for templates without tool roles."""
     names: dict[str, str] = {}
     out: list[Message] = []

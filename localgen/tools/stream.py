@@ -47,11 +47,13 @@ def _held(text: str, markers: tuple[str, ...]) -> int:
 @dataclass
 class AnswerStream:
     """Feed it the answer's text piece by piece; it gives back Pieces and ToolCalls. `fmt` None: no tools
-    (calls are not looked for). `thinking`: the tags of a block the prompt opened, if any."""
+    (calls are not looked for). `thinking`: the tags of a block the prompt opened, if any. A call that names
+    no tool in `names` stays text, as llama-server's parser leaves it."""
 
     fmt: Format | None = None
     thinking: tuple[str, str] | None = None
     split_reasoning: bool = True
+    names: frozenset[str] | None = None  # the tools that may be called (None: any name)
     content: str = ""
     reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
@@ -60,6 +62,7 @@ class AnswerStream:
     _close: str = ""
     _strip: bool = False  # drop the whitespace that follows a closed reasoning block
     _said: bool = False  # content has been given out
+    _gap: str = ""  # whitespace before a call marker
 
     def __post_init__(self) -> None:
         if self.thinking and self.split_reasoning:
@@ -139,7 +142,9 @@ class AnswerStream:
         hits = [i for i in (self._buf.find(t) for t in fmt.triggers) if i >= 0]
         if hits:
             at = min(hits)
-            self._emit(out, "content", self._buf[:at].rstrip() if at else "")
+            said = self._buf[:at].rstrip()
+            self._emit(out, "content", said)
+            self._gap = self._buf[len(said):at]  # given back if what follows is no call after all
             self._state, self._buf = "call", self._buf[at:]
             return
         keep = 0 if final else _held(self._buf, fmt.triggers)
@@ -164,7 +169,10 @@ class AnswerStream:
     def _give(self, out: list[Event], block: str) -> None:
         assert self.fmt is not None
         text, calls = self.fmt.parse(block)
+        if self.names is not None and any(c.name not in self.names for c in calls):
+            text, calls = block, []  # a call to no tool that was given is no call: the text stays content
         if text:
-            self._emit(out, "content", text)
+            self._emit(out, "content", (self._gap if not calls else "") + text)
+        self._gap = ""
         self.calls.extend(calls)
         out.extend(calls)
