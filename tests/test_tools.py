@@ -496,3 +496,60 @@ def test_chat_saves_reasoning_apart_and_resumes_tool_turns_without_tools(cli: CL
     assert json.loads(sent[2]["content"])["tool_response"]["name"] == "add"
     again = cli("chat", "--resume", "resumed-tools", "-n", "8", input="Thanks.\n")
     assert again.returncode == 0 and again.stdout.strip(), again.stderr
+
+
+def test_a_repeated_call_ends_the_round_and_runs_once() -> None:
+    """SmolLM2 under a forced choice writes the same call again and again until the tokens run out; the
+    loop stops the generation at the first repeat and runs the call once."""
+    from types import SimpleNamespace
+
+    from localgen.tools.loop import Toolbox, plan_for, run_turn
+    from localgen.types import GenerationRequest, SamplingParams
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+
+    class Gen:
+        def __init__(self, pieces: list[str]) -> None:
+            self.pieces, self.read, self.cancelled = pieces, 0, False
+
+        def __iter__(self) -> Iterator[Any]:
+            for piece in self.pieces:
+                if self.cancelled:
+                    return
+                self.read += 1
+                yield SimpleNamespace(text=piece)
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    gens = [Gen([call] * 50), Gen(["It is sunny."])]
+    backend = SimpleNamespace(generate=lambda request: gens.pop(0) if gens else None)
+    box = Toolbox.open([ROOT / "tests" / "tool_functions.py"], [])
+    template = QWEN.read_text()
+    first = gens[0]
+    turn = run_turn(backend, GenerationRequest(messages=tuple(ASK), sampling=SamplingParams(temperature=0)),
+                    plan_for(template, box), box, lambda c: True, lambda e: None, 4, 5.0, template,
+                    first=plan_for(template, box, "get_weather"))
+    assert first.cancelled and first.read == 2, "generation stops at the first repeat"
+    assert [r.text for r in turn.results] == ["It is 21 C and sunny in Paris."]
+    assert [m["role"] for m in turn.messages] == ["assistant", "tool", "assistant"]
+    assert len(turn.messages[0]["tool_calls"]) == 1 and turn.text == "It is sunny."
+
+
+def test_chat_folds_thinking_on_a_terminal(cli_env: dict[str, str], home: Path) -> None:
+    from localgen.chat.session import ChatSession
+    from tests.test_chat import PROMPT, spawn
+
+    child = spawn(cli_env, "foldchat", "-m", "smollm2:135m", "--chat-template-file", str(R1), "--temperature", "0",
+                  "-n", "16")
+    child.sendline("Why is the sky blue?")
+    child.expect(r"thought \((\d+) words\) · /think shows it")
+    words = int(child.match.group(1))
+    child.expect_exact(PROMPT)
+    reasoning = ChatSession.load("foldchat").messages[1]["reasoning_content"]
+    assert words == len(reasoning.split()) > 0
+    child.sendline("/think")
+    child.expect_exact(" ".join(reasoning.split()[:3]))
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)

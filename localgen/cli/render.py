@@ -95,7 +95,8 @@ def _kind(event: Any) -> tuple[str, str]:
 
 
 class RichView:
-    """A terminal: thinking dimmed, the answer rendered as Markdown as it streams."""
+    """A terminal: thinking streams dimmed in the live region and is folded to one line once the answer
+    begins (`/think` shows it whole); the answer is rendered as Markdown as it streams."""
 
     REFRESH_S = 1 / 12
 
@@ -107,6 +108,7 @@ class RichView:
         self.markdown = markdown
         self.answer = ""  # the block being written (finished blocks are already printed)
         self.thinking = False
+        self.reasoning = ""  # this block of thinking, shown live until it is folded
         self.live = Live(console=console, auto_refresh=False, transient=True, vertical_overflow="crop")
         self.live.start()
         self.last_refresh = 0.0
@@ -127,14 +129,10 @@ class RichView:
     def _part(self, kind: str, piece: str) -> None:
         if kind == "think":
             if self.show_think:
-                if not self.thinking:
-                    self.live.console.print("thinking…", style="dim italic")
-                    self.thinking = True
-                self.live.console.print(piece, style="dim", end="", markup=False, highlight=False)
+                self.thinking = True
+                self.reasoning += piece
             return
-        if self.thinking:
-            self.live.console.print()
-            self.thinking = False
+        self._fold()
         self.answer += piece
         done, self.answer = split_blocks(self.answer)
         if done.strip():
@@ -149,7 +147,23 @@ class RichView:
 
         return Text(text)
 
+    def _fold(self) -> None:
+        """The thinking so far becomes one dim line."""
+        if self.thinking:
+            words = len(self.reasoning.split())
+            self.live.update("", refresh=True)
+            self.live.console.print(f"▸ thought ({words:,} words) · /think shows it", style="dim italic",
+                                    markup=False, highlight=False)
+            self.thinking, self.reasoning = False, ""
+
     def _refresh(self) -> None:
+        if self.thinking:
+            from rich.text import Text
+
+            height = max(4, self.console.size.height - 2)
+            tail = "\n".join(self.reasoning.splitlines()[-(height - 1):])
+            self.live.update(Text("thinking…\n" + tail, style="dim"), refresh=True)
+            return
         if not self.answer.strip():
             self.live.update("", refresh=True)
             return
@@ -160,10 +174,8 @@ class RichView:
         self.live.update(self._renderable(shown), refresh=True)
 
     def _flush(self) -> None:
-        """End the thinking line, and print the block being written for good."""
-        if self.thinking:
-            self.live.console.print()
-            self.thinking = False
+        """Fold the thinking, and print the block being written for good."""
+        self._fold()
         if self.answer.strip():
             self.live.console.print(self._renderable(self.answer))
         self.answer = ""
@@ -171,10 +183,9 @@ class RichView:
 
     def finish(self) -> None:
         """Print the last block for good and leave the live region."""
+        self._fold()
         self.live.update("", refresh=True)
         self.live.stop()
-        if self.thinking:
-            self.console.print()
         if self.answer.strip():
             self.console.print(self._renderable(self.answer))
         self.answer = ""

@@ -22,6 +22,7 @@ COMMANDS = {
     "/stats": "the last answer's numbers",
     "/context": "tokens used of the context window",
     "/tools": "the tools the model may call (--functions, --mcp)",
+    "/think": "the last answer's thinking, whole (it is folded to one line)",
     "/exit": "leave (also Ctrl-D)",
 }
 KEYS_HELP = (

@@ -191,6 +191,18 @@ def _read_attachment(path: Path) -> str:
     return f"Contents of {path.name}:\n\n{text}"
 
 
+def _think(runner: Any, view: Any, arg: str) -> None:
+    said = next((m for m in reversed(runner.session.messages) if m["role"] == "assistant"), None)
+    reasoning = said.get("reasoning_content") if said else None
+    if not reasoning:
+        view.info("the last answer has no thinking")
+        return
+    if view.console is not None:
+        view.console.print(reasoning.strip(), style="dim", markup=False, highlight=False)
+    else:
+        print(reasoning.strip())
+
+
 def _tools(runner: Any, view: Any, arg: str) -> None:
     if runner.toolbox is None:
         view.info("no tools: start the chat with --functions FILE.py or --mcp SERVER")
@@ -205,4 +217,5 @@ COMMANDS: dict[str, Handler] = {
     "/exit": _exit, "/bye": _exit, "/quit": _exit, "/help": _help, "/?": _help, "/set": _set, "/show": _show,
     "/system": _system, "/clear": _clear, "/undo": _undo, "/retry": _retry, "/read": _read, "/save": _save,
     "/load": _load, "/model": _model, "/stats": _stats, "/context": _context, "/tools": _tools,
+    "/think": _think,
 }

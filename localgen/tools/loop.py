@@ -134,9 +134,9 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
              turn: Turn | None = None, stopped: Callable[[], bool] = lambda: False) -> Turn:
     """Generate for `request` (its messages end with the user's), running tools until a plain answer. `show`
     sees every Piece, ToolCall and ToolResult as it happens. `first`: the plan of the first round, when it
-    differs (a call forced by --tool-choice). Into `turn` go only settled messages: a round's calls with all
-    their results, and an answer, also one cut short (an error, an interrupt, or `stopped()`: its calls are
-    then not run)."""
+    differs (a call forced by --tool-choice). A repeated call ends its round and runs once. Into `turn` go
+    only settled messages: a round's calls with all their results, and an answer, also one cut short (an
+    error, an interrupt, or `stopped()`: its calls are then not run)."""
     turn = Turn() if turn is None else turn
     rounds = plan
     for step in range(steps + 1):
@@ -149,11 +149,7 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
         gen = backend.generate(req)
         turn.generations.append(gen)
         try:
-            for chunk in gen:
-                for event in stream.feed(chunk.text):
-                    show(event)
-            for event in stream.finish():
-                show(event)
+            _stream_round(gen, stream, show)
         except BaseException:
             stream.finish()
             if stream.content or stream.reasoning:  # what was said is kept by a caller that keeps partial answers
@@ -165,9 +161,10 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
             return turn
         if toolbox is None:
             raise ToolError("the model called a tool, but none were given")
-        settled: list[Message] = [{**_said(stream), "tool_calls": [c.to_openai() for c in stream.calls]}]
+        calls = list({(c.name, c.arguments): c for c in reversed(stream.calls)}.values())[::-1]  # each once
+        settled: list[Message] = [{**_said(stream), "tool_calls": [c.to_openai() for c in calls]}]
         done: list[ToolResult] = []
-        for call in stream.calls:
+        for call in calls:
             check_call(call, toolbox.specs)
             if approve(call):
                 result = ToolResult(call, toolbox.call(call, timeout))
@@ -181,6 +178,25 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
         if stopped():
             return turn
     raise ToolError(f"the model was still calling tools after {steps} rounds", hint="raise --tool-steps")
+
+
+def _stream_round(gen: Any, stream: Any, show: Callable[[Any], None]) -> None:
+    """Show one round's events as they come. A call the round already made, made again, stops the
+    generation there (a small model repeats its call until the tokens run out) and is not shown."""
+    said: set[tuple[str, str]] = set()
+
+    def events() -> Any:
+        for chunk in gen:
+            yield from stream.feed(chunk.text)
+        yield from stream.finish()
+
+    for event in events():
+        if isinstance(event, ToolCall):
+            if (event.name, event.arguments) in said:
+                gen.cancel()
+                continue
+            said.add((event.name, event.arguments))
+        show(event)
 
 
 def _said(stream: Any) -> Message:
