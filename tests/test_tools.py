@@ -15,7 +15,7 @@ import httpx
 import pexpect
 import pytest
 
-from scripts.tools_reference import TIME, WEATHER, calls_of
+from scripts.tools_reference import TIME, WEATHER, calls_of, render
 from tests.conftest import CLI, ROOT
 from tests.test_serve import Server
 
@@ -215,17 +215,13 @@ def test_tool_calls_match_llama_server(tool_server: Server) -> None:
     llama.cpp, same model, Qwen2.5's template, greedy) are stored in tests/data/llama_server_tools.json: the
     prompt we render is llama-server's, text for text, and the calls parsed from our answer are its calls
     (names and arguments). The script keeps only cases whose answers do not flip with prompt caching."""
-    from localgen.engine.local import template_messages
-    from localgen.engine.template import ChatTemplate
-
     doc = json.loads((ROOT / "tests" / "data" / "llama_server_tools.json").read_text())
     assert doc["template"] == QWEN.name and len(doc["cases"]) >= 4
     assert any(len(c["tool_calls"]) > 1 for c in doc["cases"]) and any(not c["tool_calls"] for c in doc["cases"])
-    template = ChatTemplate(QWEN.read_text(), "", "")
     client = _client(tool_server)
     for case in doc["cases"]:
         request = case["request"]
-        assert template.render(template_messages(request["messages"]), tools=request["tools"]) == case["prompt"]
+        assert render(request) == case["prompt"]
         r = client.chat.completions.create(model="smollm2:135m", **request, **doc["settings"])
         assert calls_of(r.choices[0].message) == case["tool_calls"], case["name"]
         assert r.choices[0].finish_reason == case["finish_reason"], case["name"]

@@ -33,11 +33,12 @@ class ChatRunner:
         self.last_request: GenerationRequest | None = None
         self.on_answer: Callable[[GenerationRequest, Any, str], None] | None = None  # told of each recorded answer
         self.toolbox: Any = None  # the chat's tools (tools/loop.py Toolbox), or None
-        self.tool_choice: Any = "auto"  # the first round of each answer: auto, required, or a tool's name
+        self.tool_choice = "auto"  # the first round of each answer: auto, required, or a tool's name
         self.tool_steps = 8
         self.tool_timeout = 30.0
         self.gen: Any = None  # the generation under way
         self.stopping = False  # the answer under way was asked to stop
+        self._plans: dict[tuple[str | None, str], Any] = {}  # plan() by (template, tool choice)
 
     def set(self, name: str, value: str) -> str:
         """Change one sampling setting (validated as flags are); returns a confirmation."""
@@ -73,14 +74,19 @@ class ChatRunner:
 
     def template(self) -> str | None:
         """The chat template the model renders with (None for a remote one)."""
-        engine = getattr(self.backend, "engine", None)
-        return engine.model.summary.chat_template if engine is not None else None
+        from localgen.tools.plan import template_of
 
-    def plan(self, choice: Any = "auto") -> Any:
-        """The tools' plan for this model (None without tools)."""
+        return template_of(self.backend)
+
+    def plan(self, choice: str = "auto") -> Any:
+        """The tools' plan for this model (None without tools), made once per template and choice: counting
+        each window a turn considers would otherwise build the tools' grammar again every time."""
         from localgen.tools.loop import plan_for
 
-        return plan_for(self.template(), self.toolbox, choice)
+        key = (self.template(), choice)
+        if key not in self._plans:
+            self._plans[key] = plan_for(key[0], self.toolbox, choice)
+        return self._plans[key]
 
     def sent(self) -> list[Message]:
         """What the model sees now: the system prompt and the messages of the window."""

@@ -13,8 +13,8 @@ from typing import Any
 
 from localgen import paths, settings
 from localgen.errors import LocalgenError, UsageError
+from localgen.types import Message
 
-Message = dict[str, Any]
 TOOL_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 FORMAT = 1

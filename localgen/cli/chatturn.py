@@ -47,8 +47,6 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
             return
         except ToolError as e:  # nothing of the turn is kept: the question is taken back
             screen.finish()
-            if turn.generations and runner.gen is not None:
-                runner.gen.close()
             _take_back(runner, restore)
             if not view.interactive:
                 raise

@@ -92,9 +92,9 @@ def _as_sent(f: o.Flags, backend: Backend, request: GenerationRequest, toolbox: 
     """The request as the model gets it first: with the tools (in the template, or the system prompt)."""
     if toolbox is None:
         return request
-    from localgen.cli.toolflow import first_plan, template_of
+    from localgen.cli.toolflow import first_plan
     from localgen.tools.loop import plan_for
-    from localgen.tools.plan import with_tools
+    from localgen.tools.plan import template_of, with_tools
 
     template = template_of(backend)
     plan = first_plan(f, template, toolbox) or plan_for(template, toolbox)
@@ -263,9 +263,9 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
            cid: str | None = None) -> tuple[Any, str]:
     """Stream one answer to stdout (or one JSON object at the end), its reasoning apart (to stderr with
     --show-thinking); returns the finished Generation and the answer without the reasoning."""
-    from localgen.cli.toolflow import AnswerWriter, template_of
+    from localgen.cli.toolflow import AnswerWriter
     from localgen.errors import RemoteError
-    from localgen.tools.plan import answer_stream
+    from localgen.tools.plan import answer_stream, template_of
 
     gen = backend.generate(request, started=time.perf_counter())
     writer = AnswerWriter(f, err)

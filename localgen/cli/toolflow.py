@@ -39,12 +39,6 @@ def open_toolbox(f: o.Flags) -> Any:
     return Toolbox.open(list(f.functions or []), list(f.mcp or []))
 
 
-def template_of(backend: Any) -> str | None:
-    """The chat template the backend renders with (None for a remote one)."""
-    engine = getattr(backend, "engine", None)
-    return engine.model.summary.chat_template if engine is not None else None
-
-
 class ThinkingWriter:
     """A reasoning model's thinking on stderr, dimmed, under a "thinking:" line (or nothing when off)."""
 
@@ -104,6 +98,7 @@ def run_with_tools(f: o.Flags, backend: Any, request: GenerationRequest, toolbox
                    cid: str | None) -> tuple[str, Any, str]:
     """`run --functions/--mcp --yes`: the loop, the answer on stdout; returns text, stats, finish reason."""
     from localgen.tools.loop import plan_for, run_turn
+    from localgen.tools.plan import template_of
 
     writer = AnswerWriter(f, err)
     template = template_of(backend)

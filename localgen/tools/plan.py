@@ -75,6 +75,12 @@ def with_tools(plan: ToolPlan, request: GenerationRequest) -> GenerationRequest:
     return dataclasses.replace(request, tools=tuple(t.to_openai() for t in plan.tools), sampling=sampling)
 
 
+def template_of(backend: Any) -> str | None:
+    """The chat template a backend renders with (None for a remote one, whose server renders)."""
+    engine = getattr(backend, "engine", None)
+    return engine.model.summary.chat_template if engine is not None else None
+
+
 def answer_stream(plan: ToolPlan | None, template: str | None, template_args: tuple[tuple[str, Any], ...] = (),
                   split_reasoning: bool = True) -> AnswerStream:
     """The stage that reads this request's answer: calls in the plan's format, reasoning apart (also when
