@@ -150,6 +150,7 @@ class ModelRef:
     repo: str | None = None
     sha256: str | None = None  # known without hashing for cache blobs
     sampling_defaults: dict[str, Any] = field(default_factory=dict, compare=False)
+    mmproj: str | None = None  # the multimodal projector's file (images, audio), when the model has one
 
     @property
     def quantization(self) -> str | None:
@@ -223,6 +224,8 @@ class Stats:
     accepted: int | None = None  # ... and kept by the main model
     itl_p50_ms: float | None = None  # remote: the gaps between streamed pieces, measured by the client
     itl_p99_ms: float | None = None
+    media_tokens: int | None = None  # images and audio: the embeddings they take in the prompt
+    encode_s: float | None = None  # ... and the encoder's time for this request (0: reused from the cache)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict, rounded for reading."""

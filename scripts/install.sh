@@ -28,7 +28,8 @@ done
 # wheel to a CUDA install (or a wheel built without RPC to this one). localgen keeps its own wheel cache keyed
 # by the version range and the flags, and every pip call that could build llama-cpp-python gets the flags
 # (CMAKE_ARGS is exported) and a constraint pinning the installed build, so pip never rebuilds or upgrades it.
-cmake_args="-DLLAVA_BUILD=OFF -DGGML_RPC=on"
+# LLAVA_BUILD (on by default) builds libmtmd, which reads images and audio for multimodal models.
+cmake_args="-DLLAVA_BUILD=ON -DGGML_RPC=on"
 case "$backend" in
   cuda) cmake_args="$cmake_args -DGGML_CUDA=on" ;;
   metal) cmake_args="$cmake_args -DGGML_METAL=on" ;;

@@ -39,6 +39,7 @@ def chat(
     tool_timeout: o.ToolTimeout = 30.0,
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
+    mmproj: o.MmProj = None,
     system: o.System = None,
     no_log: o.NoLog = False,
     verbose: o.Verbose = False,

@@ -9,6 +9,7 @@ from typing import Any
 
 from localgen.cli import options as o
 from localgen.errors import UsageError
+from localgen.media import text_of
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats
 
 
@@ -64,8 +65,8 @@ def record(f: o.Flags, err: Any, backend: Any, request: GenerationRequest, cid: 
     if f.get("no_log") or not store.enabled():
         return
     if request.messages:
-        prompt = request.messages[-1]["content"]
-        system = next((m["content"] for m in request.messages if m["role"] == "system"), None)
+        prompt = text_of(request.messages[-1]["content"])
+        system = next((text_of(m["content"]) for m in request.messages if m["role"] == "system"), None)
     else:
         prompt, system = request.prompt or "", None
     info = backend.describe()["model"]

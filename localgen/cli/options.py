@@ -243,6 +243,11 @@ ChatTemplateFile = Annotated[
                  show_default=False,
                  help="A Jinja chat template to use instead of the model's own (e.g. one that renders tools)."),
 ]
+MmProj = Annotated[
+    Path | None,
+    typer.Option("--mmproj", dir_okay=False, rich_help_panel=MODEL_PANEL, show_default=False,
+                 help="A multimodal projector (mmproj GGUF) for the model: lets it read images or audio."),
+]
 TOOLS_PANEL = "Tools"
 Functions = Annotated[
     list[Path] | None,
@@ -277,9 +282,17 @@ ToolTimeout = Annotated[
 
 
 def with_template(f: Flags, ref: Any) -> Any:
-    """The model with --chat-template-file's template in place of its own."""
+    """The model with --chat-template-file's template in place of its own, and --mmproj's projector (checked
+    against the model's width from the two headers, before anything loads)."""
     import dataclasses
 
+    proj = f.get("mmproj")
+    if proj is not None:
+        from localgen.models import mmproj
+
+        info = mmproj.read(str(proj))
+        mmproj.check_fits(info, ref.summary, ref.name)
+        ref = dataclasses.replace(ref, mmproj=str(proj))
     path = f.get("chat_template_file")
     if path is None:
         return ref

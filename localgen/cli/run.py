@@ -27,6 +27,19 @@ def run(
     model: o.Model = None,
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
+    mmproj: o.MmProj = None,
+    image: Annotated[
+        list[Path] | None,
+        typer.Option("--image", dir_okay=False, show_default=False, rich_help_panel="Images and audio",
+                     help="An image for the model to read (PNG, JPEG, GIF, BMP); repeat for more. Needs a vision "
+                          "model (or --mmproj)."),
+    ] = None,
+    attach: Annotated[
+        list[str] | None,
+        typer.Option("--attach", "-a", show_default=False, rich_help_panel="Images and audio",
+                     help="An image or audio clip (WAV, MP3, FLAC) by content: a path, an http(s) URL, or - for "
+                          "stdin's bytes; repeatable."),
+    ] = None,
     functions: o.Functions = None,
     mcp: o.Mcp = None,
     tool_choice: o.ToolChoice = "auto",

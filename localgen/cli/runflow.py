@@ -38,6 +38,7 @@ class RunPlan:
     schema: str | None = None  # the JSON schema behind `grammar` (a remote server takes the schema itself)
     endpoints: tuple[Any, ...] = ()  # remote endpoints; empty: load the model here
     model: str | None = None  # the model name (a remote model id with endpoints)
+    media: tuple[Any, ...] = ()  # images and audio (--image, -a), read and checked before the load
 
 
 def execute(f: o.Flags) -> None:
@@ -146,16 +147,42 @@ def check(f: o.Flags) -> RunPlan:
                              hint="or use `localgen chat`, which asks before each call")
     if f.resume_from is not None and (f.file is None or not f.json_out):
         raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
+    attached = _attachments(f, many, bool(schemas))
     endpoints, model = _endpoints(f)
     if endpoints:
         _check_remote(f)
-    parts = () if many else tuple(_prompt_parts(f))
+    parts = () if many else tuple(_prompt_parts(f, stdin_taken=any(a == "-" for a in f.attach or ())))
     grammar, schema = _grammar(f)
     return RunPlan(many=many, parts=parts, grammar=grammar, speculative=bool(f.draft or f.lookup),
                    flash_attn_given=f.given("flash_attn") or f.no_flash_attn, repack_given=f.given("repack"),
                    flash_attn_on=(f.given("flash_attn") and o.flash_attn(f) is not False),
                    repack_on=f.given("repack") and bool(f.repack), schema=schema, endpoints=tuple(endpoints),
-                   model=model)
+                   model=model, media=attached)
+
+
+def _attachments(f: o.Flags, many: bool, constrained: bool) -> tuple[Any, ...]:
+    """--image and -a/--attach, read and checked (format, size, pixels) before anything loads."""
+    images, attach = list(f.image or ()), list(f.attach or ())
+    if not images and not attach:
+        return ()
+    dropped = [flag for flag, on in (("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(f.beams)),
+                                     ("--draft/--lookup", bool(f.draft or f.lookup)),
+                                     ("--endpoint", bool(f.endpoint)),
+                                     ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache)) if on]
+    if dropped:
+        raise UsageError(f"images and audio (--image, -a) cannot be combined with {', '.join(dropped)}")
+    if attach.count("-") > 1:
+        raise UsageError("stdin can be read once: give -a - only once")
+    from localgen import media
+
+    out = []
+    for spec in images:
+        m = media.read(str(spec))
+        if m.kind != "image":
+            raise UsageError(f"--image {spec} is {m.format} audio: attach it with -a")
+        out.append(m)
+    out += [media.read(spec) for spec in attach]
+    return tuple(out)
 
 
 def _endpoints(f: o.Flags) -> tuple[list[Any], str | None]:
@@ -253,8 +280,10 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Backend,
     if f.raw:
         return GenerationRequest(prompt=text, sampling=sampling, logprobs=f.logprobs, shared=shared,
                                  prompt_cache=cache, json_schema=schema)
+    from localgen import media
+
     messages = ([{"role": "system", "content": f.system}] if f.system else []) + list(turns or []) + [
-        {"role": "user", "content": text}]
+        {"role": "user", "content": media.content(text, list(plan.media))}]
     return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=f.logprobs, shared=shared,
                              prompt_cache=cache, json_schema=schema)
 
@@ -359,11 +388,11 @@ def run_many(f: o.Flags, plan: RunPlan, backend: Backend, err: ErrWriter) -> int
         return 130
 
 
-def _prompt_parts(f: o.Flags) -> list[str]:
+def _prompt_parts(f: o.Flags, stdin_taken: bool = False) -> list[str]:
     """Documents (-f), piped stdin, then the prompt. A lone -f FILE with no other prompt is the prompt itself,
-    as llama.cpp's -f means."""
+    as llama.cpp's -f means. `stdin_taken`: stdin's bytes are an attachment (-a -)."""
     question = f.prompt if f.prompt is not None else f.prompt_arg
-    piped = "" if f.no_stdin else _read_stdin()
+    piped = "" if f.no_stdin or stdin_taken else _read_stdin()
     documents = list(f.document or [])
     if question is None and not piped and len(documents) == 1:
         return [_read_text(documents[0])]

@@ -76,6 +76,7 @@ def serve(
     ] = True,
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
+    mmproj: o.MmProj = None,
     verbose: o.Verbose = False,
     temperature: o.Temperature = o.DEFAULTS.temperature,
     top_k: o.TopK = o.DEFAULTS.top_k,

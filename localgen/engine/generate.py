@@ -74,7 +74,8 @@ class Generation:
             yield from speculative.tokens(eng, self.prompt, self.sampling, self.seed, self.drafter, self.draft_max,
                                           self.counters, self._record_logprob)
             return
-        chain = eng.sampler(self.sampling, self.seed, self.prompt)
+        history = [t for t in self.prompt if t >= 0] if getattr(self.prompt, "spans", None) else self.prompt
+        chain = eng.sampler(self.sampling, self.seed, history)  # media placeholders are no tokens
         try:
             eng.evaluate(self.prompt)
             while True:
@@ -147,6 +148,8 @@ class Generation:
             finish_reason=self.finish_reason,
             drafted=c.drafted if c is not None else None,
             accepted=c.accepted if c is not None else None,
+            media_tokens=getattr(self.prompt, "media_tokens", None),
+            encode_s=getattr(self.engine, "encode_s", None) if getattr(self.prompt, "spans", None) else None,
         )
 
 

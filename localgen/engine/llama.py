@@ -16,6 +16,7 @@ from typing import Any
 from localgen import hardware, paths
 from localgen.engine import logs
 from localgen.engine.lib import common_prefix, default_repack, init_numa, lib
+from localgen.engine.mtmd import safe_prefix
 from localgen.engine.template import ChatTemplate
 from localgen.engine.vocab import Vocabulary
 from localgen.errors import ContextOverflowError, LocalgenError, ModelLoadError
@@ -103,6 +104,8 @@ class Engine(Vocabulary):
         self._piece_buf = ctypes.create_string_buffer(256)
         self._held: list[int] = []
         self._live = False  # logits of the last held token are available (row -1)
+        self.media_tokens = 0  # media embeddings the last evaluate() decoded, and the encoder's seconds
+        self.encode_s = 0.0
         self._template: ChatTemplate | None = None
         self._eog: tuple[int, ...] | None = None
 
@@ -272,11 +275,11 @@ class Engine(Vocabulary):
 
     def cached_prefix(self, tokens: list[int]) -> int:
         """How many leading tokens of `tokens` evaluate() will reuse (the last is always re-evaluated
-        unless its logits are still live)."""
+        unless its logits are still live; a media span is reused whole or not at all)."""
         n = common_prefix(self._held, tokens)
         if n == len(tokens) and n > 0 and not (self._live and n == len(self._held)):
             n -= 1
-        return n
+        return safe_prefix(tokens, n)
 
     def truncate(self, n: int) -> None:
         """Forget every held token from position n on."""
@@ -300,10 +303,33 @@ class Engine(Vocabulary):
         tokens were reused. Interrupted between pieces, the record stays true."""
         if len(tokens) > self.n_ctx:
             raise ContextOverflowError(f"{len(tokens):,} tokens do not fit the context window of {self.n_ctx:,}")
-        keep = self.cached_prefix(tokens) if logits else common_prefix(self._held, tokens)
+        keep = self.cached_prefix(tokens) if logits else safe_prefix(tokens, common_prefix(self._held, tokens))
         self.truncate(keep)
-        for start in range(keep, len(tokens), self.n_batch):
-            self._decode(tokens[start:start + self.n_batch], all_logits=False)
+        self.media_tokens, self.encode_s = 0, 0.0
+        spans = getattr(tokens, "spans", None)
+        if not spans:
+            for start in range(keep, len(tokens), self.n_batch):
+                self._decode(tokens[start:start + self.n_batch], all_logits=False)
+            return keep
+        # a prompt with images or audio (engine/mtmd.py): text in n_batch pieces up to each media span, which
+        # encodes and decodes itself; the spans already held are not encoded again
+        pos = keep
+        for start in sorted(spans):
+            span = spans[start]
+            if start + span.n_pos <= keep:
+                continue
+            for piece in range(pos, start, self.n_batch):
+                self._decode(tokens[piece:min(piece + self.n_batch, start)], all_logits=False)
+            if start + span.n_pos > self.n_ctx:
+                raise ContextOverflowError(f"the {span.kind} does not fit the context window of {self.n_ctx:,}")
+            _, seconds = span.evaluate(self.ctx, start, 0, self.n_batch)
+            self._held.extend(tokens[start:start + span.n_pos])
+            self._live = False
+            self.media_tokens += span.n_tokens
+            self.encode_s += seconds
+            pos = start + span.n_pos
+        for piece in range(pos, len(tokens), self.n_batch):
+            self._decode(tokens[piece:piece + self.n_batch], all_logits=False)
         return keep
 
     def decode(self, tokens: list[int], all_logits: bool = True) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from localgen import media
 from localgen.backend import Completion, Indexed
 from localgen.engine.lib import common_prefix
 from localgen.engine.llama import Engine
@@ -30,6 +31,7 @@ class LocalBackend:
         self.defaults = dict(engine.model.sampling_defaults)  # the catalogue's recommended sampling
         self._embedder: Any = None
         self._scorer: Any = None  # the reranking context
+        self._projector: Any = None  # engine/mtmd.py's Projector, loaded with the first image or clip
 
     def check_generates(self) -> None:
         """A UsageError for a model that cannot generate text (an encoder: embeddings and scores only)."""
@@ -43,16 +45,53 @@ class LocalBackend:
         return self.engine.n_ctx
 
     def tokens(self, request: GenerationRequest) -> list[int]:
-        """The request's prompt as tokens (chat template for messages; BOS as the model asks for raw)."""
+        """The request's prompt as tokens (chat template for messages; BOS as the model asks for raw). With
+        images or audio, an mtmd Prompt: their positions hold placeholders, and its spans evaluate them."""
         if request.prompt is not None:
             return self.engine.raw_tokens(request.prompt)
+        if media.has_media(request.messages):
+            proj = self.projector()
+            messages, found = media.split(request.messages, proj.marker)
+            proj.check(found, self.name)
+            text = self.engine.template.render(template_messages(messages), **template_extra(request))
+            bos = self.engine.template.bos_token
+            prompt: list[int] = proj.tokenize(text, found, add_special=not (bos and text.startswith(bos)))
+            return prompt
         return self.engine.chat_tokens(template_messages(request.messages), **template_extra(request))
 
     def render(self, request: GenerationRequest) -> str:
-        """The prompt text the model sees."""
+        """The prompt text the model sees (media as libmtmd's marker)."""
         if request.prompt is not None:
             return request.prompt
-        return self.engine.template.render(template_messages(request.messages), **template_extra(request))
+        messages = request.messages
+        if media.has_media(messages):
+            messages = tuple(media.split(messages, "<__media__>")[0])
+        return self.engine.template.render(template_messages(messages), **template_extra(request))
+
+    @property
+    def modalities(self) -> list[str]:
+        """What the model reads besides text, from its projector's header (nothing loads)."""
+        if not self.engine.model.mmproj:
+            return []
+        from localgen.models import mmproj
+
+        return list(mmproj.read(self.engine.model.mmproj).modalities)
+
+    def projector(self) -> Any:
+        """The model's projector, loaded on first use; a UsageError for a model without one."""
+        if self._projector is None:
+            path = self.engine.model.mmproj
+            if not path:
+                raise media.MediaError(f"{self.name} reads text only: it has no multimodal projector",
+                                       hint="give its mmproj file with --mmproj, or pick a vision model "
+                                            "(`localgen list --catalogue`)")
+            from localgen.engine.mtmd import Projector, available
+
+            missing = available()
+            if missing:
+                raise LocalgenError(missing, hint="reinstall with scripts/install.sh (it builds libmtmd)")
+            self._projector = Projector(self.engine, path, use_gpu=self.engine.offloaded)
+        return self._projector
 
     def count(self, request: GenerationRequest) -> int:
         """Prompt tokens."""
@@ -66,7 +105,7 @@ class LocalBackend:
         started = started if started is not None else time.perf_counter()
         tokens = self.tokens(request)
         cache = "skipped" if request.prompt_cache else "off"
-        if request.shared and len(tokens) < self.engine.n_ctx:
+        if request.shared and len(tokens) < self.engine.n_ctx and not getattr(tokens, "spans", None):
             shared = common_prefix(self.tokens(_with_text(request, request.shared)), tokens)
             if request.prompt_cache:
                 cache = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn)
@@ -74,7 +113,11 @@ class LocalBackend:
                 # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row
                 # differently in batches of other sizes, and the text must not depend on the cache.
                 self.engine.evaluate(tokens[:shared], logits=False)
-        gen = self.engine.generate(tokens, request.sampling, started=started, drafter=self.drafter,
+        drafter = self.drafter
+        if drafter is not None and getattr(tokens, "spans", None):
+            drafter = None  # the draft model cannot see the image
+            self.warn("speculative decoding is off for a prompt with images or audio")
+        gen = self.engine.generate(tokens, request.sampling, started=started, drafter=drafter,
                                    draft_max=self.draft_max, logprobs=request.logprobs)
         gen.prompt_cache = cache
         return gen
@@ -172,6 +215,9 @@ class LocalBackend:
     def close(self) -> None:
         """Free the embeddings contexts, the draft model (if any) and the engine."""
         try:
+            if self._projector is not None:
+                self._projector.close()
+                self._projector = None
             for ctx in (self._embedder, self._scorer):
                 if ctx is not None:
                     ctx.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localgen.errors import LocalgenError, ModelNotFoundError
-from localgen.models import catalogue, embedded, hfcache, names, store
+from localgen.models import catalogue, embedded, hfcache, mmproj, names, store
 from localgen.models.gguf_meta import read_summary
 from localgen.models.quant import QuantOption, group_options, pick, rank
 from localgen.types import ModelRef
@@ -96,9 +96,12 @@ def _from_cache(f: store.CachedFile, t: Target, progress: download.Progress) -> 
     for part in store.split_parts(f):
         _verify_blob(part.resolve(), progress)
     name = t.display if t.spec.quant or t.spec.filename else f"{f.repo}:{f.quant}"
+    proj = mmproj.in_folder(Path(f.link).parent)  # pulled with the model, into the same snapshot
+    if proj is not None:
+        _verify_blob(proj.resolve(), progress)
     return ModelRef(name=name, path=str(f.link), source="hf", summary=read_summary(str(f.link)),
                     repo=f.repo,
-                    sha256=f.sha256, sampling_defaults=dict(t.sampling))
+                    sha256=f.sha256, sampling_defaults=dict(t.sampling), mmproj=str(proj) if proj else None)
 
 
 def _verify_blob(blob: Path, progress: download.Progress) -> None:
@@ -149,10 +152,17 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
     from localgen.models import download
 
     paths = [download.fetch(s.repo, listing.commit, s.revision, f, progress) for f in option.files]
+    # a vision or audio model's projector comes with it (llama.cpp's convention: mmproj-*.gguf in the repo)
+    proj_name = mmproj.choose([f.name for f in listing.files])
+    proj = None
+    if proj_name is not None:
+        entry = next(f for f in listing.files if f.name == proj_name)
+        proj = download.fetch(s.repo, listing.commit, s.revision, entry, progress)
     name = t.display if s.quant or s.filename else f"{s.repo}:{option.tag}"
     return ModelRef(name=name, path=str(paths[0]), source="hf", summary=read_summary(str(paths[0])),
                     repo=s.repo,
-                    sha256=option.first.sha256, sampling_defaults=dict(t.sampling))
+                    sha256=option.first.sha256, sampling_defaults=dict(t.sampling),
+                    mmproj=str(proj) if proj else None)
 
 
 def target(name: str) -> Target:

@@ -1,0 +1,243 @@
+"""Images and audio through llama.cpp's libmtmd: a projector (mmproj) loaded beside an Engine's model turns
+a rendered prompt with media markers and its media into a Prompt: the text tokens, and for each image or
+clip a run of placeholder ids (one per position it takes) that the KV record holds like tokens. A
+placeholder is derived from the media's SHA-256, so a conversation's second turn finds its image already in
+the cache and does not encode it again. Spans evaluate themselves (encode, then decode the embeddings) into
+any context and sequence: the single stream (Engine.evaluate) and the batch slots (engine/batch.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from localgen.engine import logs
+from localgen.errors import LocalgenError, ModelLoadError
+from localgen.media import Media, MediaError, check_seconds
+
+if TYPE_CHECKING:
+    from localgen.engine.llama import Engine
+
+_CHUNK_TEXT, _CHUNK_IMAGE, _CHUNK_AUDIO = 0, 1, 2
+
+
+def available() -> str | None:
+    """None when this llama-cpp-python build has libmtmd, else why not."""
+    try:
+        from localgen.engine.lib import lib
+
+        lib()
+        _bindings()
+    except (ImportError, OSError, FileNotFoundError, RuntimeError) as e:
+        return f"libmtmd is not in this llama-cpp-python build ({str(e).splitlines()[0][:120]})"
+    return None
+
+
+def _bindings() -> Any:
+    """llama_cpp.mtmd_cpp, imported as a submodule (`from llama_cpp import` would reach the package's high-level
+    modules through engine/lib.py's stand-in, and they install a logger that prints to stderr)."""
+    import importlib
+
+    return importlib.import_module("llama_cpp.mtmd_cpp")
+
+
+def placeholder(media_id: str) -> int:
+    """The id a media chunk's positions hold in the KV record: negative (never a vocabulary token)."""
+    try:
+        value = int(media_id[:8], 16)
+    except ValueError:
+        value = hash(media_id)
+    return -1 - (int(value) & 0x3FFFFFFF)
+
+
+@dataclass
+class Span:
+    """One media chunk of a Prompt: `n_pos` positions from its start, `n_tokens` embeddings."""
+
+    projector: Projector
+    chunk: Any  # mtmd_input_chunk pointer, owned by the Prompt's chunks
+    kind: str
+    n_pos: int
+    n_tokens: int
+
+    def evaluate(self, lctx: Any, n_past: int, seq_id: int, n_batch: int) -> tuple[int, float]:
+        """Encode the media and decode its embeddings at `n_past` in `seq_id`; returns the positions after it
+        and the seconds the encoder took."""
+        mt, ctx = self.projector.mt, self.projector.ctx
+        t0 = time.perf_counter()
+        rc = mt.mtmd_encode_chunk(ctx, self.chunk)
+        logs.raise_deferred()
+        encode_s = time.perf_counter() - t0
+        if rc != 0:
+            raise LocalgenError(f"libmtmd could not encode the {self.kind} ({rc})", hint=logs.first_error())
+        embd = mt.mtmd_get_output_embd(ctx)
+        new = ctypes.c_int32(0)
+        rc = mt.mtmd_helper_decode_image_chunk(ctx, lctx, self.chunk, embd, n_past, seq_id, n_batch,
+                                               ctypes.byref(new), mt.mtmd_helper_post_decode_callback(), None)
+        logs.raise_deferred()
+        if rc != 0:
+            raise LocalgenError(f"llama_decode failed on the {self.kind}'s embeddings ({rc})",
+                                hint="the context may be full; raise --ctx")
+        return int(new.value), encode_s
+
+
+class Prompt(list[int]):
+    """A prompt's tokens, media positions as placeholder ids, with the spans that evaluate them (by start
+    index). Slicing gives plain lists: only whole prompts carry their spans."""
+
+    spans: dict[int, Span]
+    media_tokens: int
+    _owner: Any
+
+    def __init__(self, tokens: list[int], spans: dict[int, Span], owner: Any) -> None:
+        super().__init__(tokens)
+        self.spans = spans
+        self.media_tokens = sum(s.n_tokens for s in spans.values())
+        self._owner = owner  # keeps the mtmd chunks alive as long as the prompt
+
+
+def safe_prefix(tokens: Any, n: int) -> int:
+    """`n` moved back to the start of a media span it would cut (a span is evaluated whole or not at all)."""
+    for start, span in getattr(tokens, "spans", {}).items():
+        if start < n < start + span.n_pos:
+            return start
+    return n
+
+
+@dataclass
+class _Chunks:
+    """Owns an mtmd_input_chunks; freed with the last Prompt that uses it."""
+
+    mt: Any
+    ptr: Any
+    keep: list[Any] = field(default_factory=list)
+
+    def __del__(self) -> None:
+        if self.ptr:
+            self.mt.mtmd_input_chunks_free(self.ptr)
+            self.ptr = None
+
+
+class Projector:
+    """A multimodal projector loaded for one Engine's model."""
+
+    def __init__(self, engine: Engine, path: str, use_gpu: bool = True) -> None:
+        self.mt = mt = _bindings()
+        self.path = path
+        if logs._callback is not None:  # route clip's and mtmd's log lines through ours (quiet unless --verbose)
+            mt.mtmd_helper_log_set(logs._callback, ctypes.c_void_p(0))
+        p = mt.mtmd_context_params_default()
+        p.use_gpu = use_gpu
+        p.print_timings = False
+        p.n_threads = engine.params.n_threads_batch or engine.params.n_threads or 1
+        p.flash_attn_type = int(bool(engine.flash_attn))
+        logs.clear()
+        t0 = time.perf_counter()
+        self.ctx = mt.mtmd_init_from_file(os.fsencode(path), engine.model_ptr, p)
+        logs.raise_deferred()
+        if not self.ctx:
+            raise ModelLoadError(f"libmtmd could not load the projector {path}: {logs.first_error() or 'failed'}",
+                                 log=logs.lines())
+        self.load_s = time.perf_counter() - t0
+        self.vision = bool(mt.mtmd_support_vision(self.ctx))
+        self.audio = bool(mt.mtmd_support_audio(self.ctx))
+        self.sample_rate = int(mt.mtmd_get_audio_sample_rate(self.ctx)) if self.audio else 0
+        self.marker = (mt.mtmd_default_marker() or b"<__media__>").decode()
+        self._cache: OrderedDict[tuple[Any, ...], Prompt] = OrderedDict()
+
+    @property
+    def modalities(self) -> list[str]:
+        return [m for m, on in (("image", self.vision), ("audio", self.audio)) if on]
+
+    def check(self, media: list[Media], model: str) -> None:
+        """A MediaError for media this projector does not read."""
+        for m in media:
+            if m.kind == "image" and not self.vision:
+                raise MediaError(f"{model}'s projector reads audio, not images ({m.label()})")
+            if m.kind == "audio" and not self.audio:
+                raise MediaError(f"{model}'s projector reads images, not audio ({m.label()})")
+
+    def tokenize(self, text: str, media: list[Media], add_special: bool) -> Prompt:
+        """The prompt with its media as chunks. The last few are kept, so counting a chat's window and then
+        generating from it tokenizes (and preprocesses its images) once."""
+        key = (text, tuple(m.sha256 for m in media), add_special)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        prompt = self._tokenize(text, media, add_special)
+        self._cache[key] = prompt
+        while len(self._cache) > 4:
+            self._cache.popitem(last=False)
+        return prompt
+
+    def _tokenize(self, text: str, media: list[Media], add_special: bool) -> Prompt:
+        mt, ctx = self.mt, self.ctx
+        found = text.count(self.marker)
+        if found != len(media):
+            raise MediaError(f"the prompt has {found} media marker{'s' if found != 1 else ''} "
+                             f"({self.marker}) for {len(media)} attachment{'s' if len(media) != 1 else ''}")
+        bitmaps = []
+        try:
+            for m in media:
+                bitmaps.append(self._bitmap(m))
+            owner = _Chunks(mt, mt.mtmd_input_chunks_init())
+            data = text.encode("utf-8")
+            inp = mt.mtmd_input_text(text=data, text_len=len(data), add_special=add_special, parse_special=True)
+            arr = (mt.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
+            rc = mt.mtmd_tokenize(ctx, owner.ptr, ctypes.byref(inp), arr, len(bitmaps))
+            logs.raise_deferred()
+        finally:
+            for b in bitmaps:
+                mt.mtmd_bitmap_free(b)
+        if rc == 2:
+            raise MediaError(f"libmtmd could not preprocess the image: {logs.first_error() or 'failed'}")
+        if rc != 0:
+            raise MediaError(f"libmtmd could not tokenize the prompt ({rc}): {logs.first_error() or 'failed'}")
+        tokens: list[int] = []
+        spans: dict[int, Span] = {}
+        for i in range(mt.mtmd_input_chunks_size(owner.ptr)):
+            chunk = mt.mtmd_input_chunks_get(owner.ptr, i)
+            kind = mt.mtmd_input_chunk_get_type(chunk)
+            if kind == _CHUNK_TEXT:
+                n = ctypes.c_size_t(0)
+                ptr = mt.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                tokens.extend(ptr[:n.value])
+                continue
+            n_pos = int(mt.mtmd_input_chunk_get_n_pos(chunk))
+            n_tok = int(mt.mtmd_input_chunk_get_n_tokens(chunk))
+            media_id = (mt.mtmd_input_chunk_get_id(chunk) or b"0").decode()
+            spans[len(tokens)] = Span(self, chunk, "audio" if kind == _CHUNK_AUDIO else "image", n_pos, n_tok)
+            tokens.extend([placeholder(media_id)] * n_pos)
+        return Prompt(tokens, spans, owner)
+
+    def _bitmap(self, m: Media) -> Any:
+        mt = self.mt
+        buf = (ctypes.c_uint8 * len(m.data)).from_buffer_copy(m.data)
+        bmp = mt.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(m.data), False, None)
+        logs.raise_deferred()
+        if not bmp:
+            raise MediaError(f"{m.source} is a corrupt or unreadable {m.format} {m.kind}")
+        if m.kind == "audio" and self.sample_rate:
+            seconds = mt.mtmd_bitmap_get_n_bytes(bmp) / 4 / self.sample_rate  # mono float samples
+            try:
+                check_seconds(seconds, m.source)
+            except MediaError:
+                mt.mtmd_bitmap_free(bmp)
+                raise
+        mt.mtmd_bitmap_set_id(bmp, m.sha256[:16].encode())
+        return bmp
+
+    def close(self) -> None:
+        self._cache.clear()
+        if getattr(self, "ctx", None):
+            self.mt.mtmd_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
