@@ -77,6 +77,10 @@ def serve(
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
     mmproj: o.MmProj = None,
+    allow_image_urls: Annotated[
+        bool, typer.Option("--allow-image-urls", help="Fetch http(s) image URLs in requests (off: only data: URIs "
+                                                      "and base64, so clients cannot make the server fetch URLs).")
+    ] = False,
     verbose: o.Verbose = False,
     temperature: o.Temperature = o.DEFAULTS.temperature,
     top_k: o.TopK = o.DEFAULTS.top_k,
@@ -136,7 +140,8 @@ def start(f: o.Flags) -> None:
     if not is_loopback(f.host) and not key:
         err.warn(f"listening on {f.host} with no API key: anyone who can reach this port can use the models")
     workers = _workers(f, keep, err)
-    state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given)
+    state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
+                       allow_image_urls=f.allow_image_urls)
     app = build(state, policy)
     config = uvicorn.Config(app, host=f.host, port=f.port, log_level="warning" if not f.verbose else "info",
                             timeout_graceful_shutdown=5, access_log=f.verbose, lifespan="off")

@@ -34,6 +34,7 @@ from localgen.engine.batchseq import (
     is_exact,
     refuse,
 )
+from localgen.engine.mtmd import safe_prefix
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import LocalgenError
 from localgen.types import KV_CACHE_TYPES, SamplingParams
@@ -235,9 +236,11 @@ class ParallelContext:
             refuse(req, on_done, self.n_ctx_seq)
             return None
         slot, keep = self._pick_slot(free, req.tokens, continuation_only) if reuse else (heapq.heappop(free), 0)
+        keep = safe_prefix(req.tokens, keep)  # an image is evaluated whole or not at all
         mem = self.lc.llama_get_memory(self.ctx)
         if reuse and self.pooled and self.share_prefixes:
             src, n = self._best_source(req.tokens, slot)
+            n = safe_prefix(req.tokens, n)
             if n > keep:  # another slot (running or idle) holds more of this prompt: share its cells
                 self.lc.llama_memory_seq_rm(mem, slot, -1, -1)
                 self.lc.llama_memory_seq_cp(mem, src, slot, 0, n)
@@ -278,13 +281,15 @@ class ParallelContext:
         decoding = len(wants)
         room = min(self.n_batch, max(self.step_tokens, decoding + 1)) - decoding
         filling = sorted((s for s in active.values() if s.filled < len(s.req.tokens)), key=lambda s: s.started)
+        for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
+            self._media(seq.req.tokens, seq.slot, seq)
         done: list[Seq] = []
         for seq in filling:
             if room <= 0:
                 break
             tokens = seq.req.tokens
             start = seq.filled
-            end = min(len(tokens), start + room)
+            end = min(len(tokens), start + room, _next_span(tokens, start))
             row = -1
             for pos in range(start, end):
                 row = self._add(tokens[pos], pos, seq.slot, pos == len(tokens) - 1)
@@ -368,10 +373,26 @@ class ParallelContext:
             self.turn = few[-1].slot
         return [[s] for s in alone] + ([few] if few else []) + ([rest] if rest else [])
 
+    def _media(self, tokens: list[int], slot: int, seq: Seq | None = None, at: int | None = None) -> int:
+        """Evaluate the media spans that start where the slot's prompt is filled to (`seq.filled`, or `at`);
+        returns the position after them."""
+        spans = getattr(tokens, "spans", None)
+        pos = seq.filled if seq is not None else (at or 0)
+        while spans and pos in spans:
+            span = spans[pos]
+            span.evaluate(self.ctx, pos, slot, self.n_batch)
+            self.held[slot].extend(tokens[pos:pos + span.n_pos])
+            pos += span.n_pos
+            if seq is not None:
+                seq.filled = pos
+        return pos
+
     def prefill(self, tokens: list[int], seq: int, first: int = 0) -> int:
         """Evaluate one sequence's prompt (from `start`: the cache holds the rest) alone, in the single-stream
         path's n_batch pieces (llama.cpp rounds a row differently in batches of other sizes); returns the
-        batch row of the last token's logits."""
+        batch row of the last token's logits. Media spans evaluate themselves between the pieces."""
+        if getattr(tokens, "spans", None):
+            return self._prefill_media(tokens, seq, first)
         row = -1
         for start in range(first, len(tokens), self.n_chunk):
             self.batch.n_tokens = 0
@@ -379,6 +400,22 @@ class ParallelContext:
             for k, tok in enumerate(chunk):
                 row = self._add(tok, start + k, seq, k == len(chunk) - 1)
             self._decode(1)
+        return row
+
+    def _prefill_media(self, tokens: list[int], seq: int, first: int) -> int:
+        row, pos = -1, first
+        held = list(self.held.get(seq, []))
+        while pos < len(tokens):
+            pos = self._media(tokens, seq, at=pos)
+            end = min(len(tokens), pos + self.n_chunk, _next_span(tokens, pos))
+            if end <= pos:
+                continue
+            self.batch.n_tokens = 0
+            for k in range(pos, end):
+                row = self._add(tokens[k], k, seq, k == len(tokens) - 1)
+            self._decode(1)
+            pos = end
+        self.held[seq] = held  # the caller records the whole prompt
         return row
 
     def _decode(self, n_seqs: int) -> None:
@@ -407,3 +444,11 @@ class ParallelContext:
         self.lc.llama_sampler_free(seq.sampler)
         del active[seq.slot]
         heapq.heappush(free, seq.slot)
+
+
+def _next_span(tokens: list[int], start: int) -> int:
+    """Where the next media span at or after `start` begins (len(tokens) when none)."""
+    spans = getattr(tokens, "spans", None)
+    if not spans:
+        return len(tokens)
+    return min((s for s in spans if s >= start), default=len(tokens))

@@ -74,8 +74,7 @@ class Generation:
             yield from speculative.tokens(eng, self.prompt, self.sampling, self.seed, self.drafter, self.draft_max,
                                           self.counters, self._record_logprob)
             return
-        history = [t for t in self.prompt if t >= 0] if getattr(self.prompt, "spans", None) else self.prompt
-        chain = eng.sampler(self.sampling, self.seed, history)  # media placeholders are no tokens
+        chain = eng.sampler(self.sampling, self.seed, self.prompt)
         try:
             eng.evaluate(self.prompt)
             while True:

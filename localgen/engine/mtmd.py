@@ -104,7 +104,7 @@ def safe_prefix(tokens: Any, n: int) -> int:
     """`n` moved back to the start of a media span it would cut (a span is evaluated whole or not at all)."""
     for start, span in getattr(tokens, "spans", {}).items():
         if start < n < start + span.n_pos:
-            return start
+            return int(start)
     return n
 
 

@@ -43,7 +43,8 @@ def build(lc: Any, vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx
         window = max(s.repeat_last_n if s.repeat_last_n >= 0 else n_ctx,
                      (s.dry_penalty_last_n if s.dry_penalty_last_n >= 0 else n_ctx) if s.dry_multiplier > 0 else 0)
         for token in list(history)[-window:] if window else ():
-            lc.llama_sampler_accept(chain, token)
+            if token >= 0:  # an image's or clip's positions hold negative placeholders (engine/mtmd.py)
+                lc.llama_sampler_accept(chain, token)
     if s.grammar:
         if s.grammar_triggers:  # lazy: free text until a trigger matches, then the grammar from its start on
             pats = [p.encode("utf-8") for p in s.grammar_triggers]

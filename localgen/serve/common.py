@@ -54,6 +54,7 @@ class ServeState:
     workers: dict[str, ModelWorker]
     api_key: str | None = None
     flag_sampling: dict[str, Any] = field(default_factory=dict)  # the sampling flags `serve` was given
+    allow_image_urls: bool = False  # fetch http(s) image URLs (else only data: URIs: no server-side requests)
     started: float = field(default_factory=time.time)
 
     def worker(self, name: Any) -> ModelWorker:
@@ -195,16 +196,21 @@ CHARS_PER_TOKEN = 32
 def check_prompt_size(worker: ModelWorker, texts: list[str]) -> None:
     """A 413 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it
     (no vocabulary here averages anywhere near CHARS_PER_TOKEN characters a token)."""
-    chars = sum(len(t) for t in texts)
+    from localgen.media import text_of
+
+    chars = sum(len(text_of(t)) for t in texts)
     most = CHARS_PER_TOKEN * worker.n_ctx
     if chars > most:
         raise HTTPError(413, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
                              f"takes at most {most:,} here", param="prompt")
 
 
-def messages(raw: Any) -> tuple[dict[str, Any], ...]:
-    """Chat messages with string content (OpenAI's text parts are joined): an assistant's tool_calls and a
-    tool result's tool_call_id (or Ollama's tool_name) are kept; anything else is a 400."""
+def messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:
+    """Chat messages with string content (OpenAI's text parts are joined; with an image or audio part, the
+    parts stay, each medium read and checked here, a fetched URL as a data: URI): an assistant's tool_calls
+    and a tool result's tool_call_id (or Ollama's tool_name, and its `images`) are kept; anything else is a
+    400."""
+    from localgen import media
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "`messages` must be a non-empty list", param="messages")
     out = []
@@ -212,14 +218,31 @@ def messages(raw: Any) -> tuple[dict[str, Any], ...]:
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
             raise HTTPError(400, "each message needs a role: system, user, assistant or tool", param="messages")
         content = m.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise HTTPError(400, "only text content is supported", param="messages")
-            content = "".join(str(p.get("text", "")) for p in content)
+        images = m.get("images")  # Ollama: base64 strings beside the text
+        if images is not None:
+            if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+                raise HTTPError(400, "`images` must be a list of base64 strings", param="messages")
+            text = content if isinstance(content, str) else ""
+            content = [*({"type": "image_url", "image_url": {"url": i}} for i in images),
+                       {"type": "text", "text": text}]
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}, ...]
+            if not all(isinstance(p, dict) for p in content):
+                raise HTTPError(400, "each content part must be an object", param="messages")
+            if all(p.get("type") == "text" for p in content):
+                content = "".join(str(p.get("text", "")) for p in content)
+            else:
+                parts = []
+                for p in content:
+                    try:
+                        found = media.part_media(p, allow_http=allow_urls)
+                    except media.MediaError as e:
+                        raise HTTPError(400, e.message, param="messages") from None
+                    parts.append(p if found is None else found.part())
+                content = parts
         if content is None:
             content = ""
-        if not isinstance(content, str):
-            raise HTTPError(400, "message content must be a string or text parts", param="messages")
+        if not isinstance(content, (str, list)):
+            raise HTTPError(400, "message content must be a string or content parts", param="messages")
         role = "system" if m["role"] == "developer" else m["role"]
         msg: dict[str, Any] = {"role": role, "content": content}
         if role == "assistant" and m.get("tool_calls"):

@@ -126,7 +126,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     s = sampling(state, worker, values, grammar)
     exact = exact_field(opts, "options.exact")
     if chat:
-        msgs = messages(body.get("messages"))
+        msgs = messages(body.get("messages"), state.allow_image_urls)
         check_prompt_size(worker, [m["content"] for m in msgs])
         think = body.get("think")
         if think is not None and not isinstance(think, bool):
@@ -141,7 +141,11 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     if body.get("raw") or not worker.ref.summary.chat_template:
         return GenerationRequest(prompt=prompt, sampling=s, exact=exact)
     head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
-    return GenerationRequest(messages=(*head, {"role": "user", "content": prompt}), sampling=s, exact=exact)
+    user: dict[str, Any] = {"role": "user", "content": prompt}
+    if body.get("images") is not None:
+        user["images"] = body["images"]
+        (user,) = messages([user])
+    return GenerationRequest(messages=(*head, user), sampling=s, exact=exact)
 
 
 async def _generate(state: ServeState, http: Request, body: dict[str, Any], chat: bool) -> Response:
