@@ -93,10 +93,13 @@ class ChatRunner:
         head = [{"role": "system", "content": self.session.system}] if self.session.system else []
         return head + self.session.messages[self.first:]
 
-    def start(self, user_text: str) -> int:
-        """Add the user turn and get its answer ready (see prepare); returns the messages left out of the
-        window. A message that cannot fit even alone is refused and the conversation stays as it was."""
-        self.session.add("user", user_text)
+    def start(self, user_text: str, media: list[Any] | None = None) -> int:
+        """Add the user turn (with its images or audio, if any) and get its answer ready (see prepare); returns
+        the messages left out of the window. A message that cannot fit even alone is refused and the
+        conversation stays as it was."""
+        from localgen.media import content
+
+        self.session.add("user", content(user_text, list(media or [])))
         try:
             return self.prepare()
         except BaseException:

@@ -13,6 +13,7 @@ from typing import Any
 
 from localgen import paths, settings
 from localgen.errors import LocalgenError, UsageError
+from localgen.media import text_of
 from localgen.types import Message
 
 TOOL_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
@@ -68,7 +69,7 @@ class ChatSession:
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + self.messages
 
-    def add(self, role: str, content: str) -> None:
+    def add(self, role: str, content: str | list[dict[str, Any]]) -> None:
         """Append a turn."""
         self.messages.append({"role": role, "content": content})
 
@@ -86,7 +87,7 @@ class ChatSession:
         while self.messages and self.messages[-1]["role"] in ("assistant", "tool"):
             self.messages.pop()
         if self.messages and self.messages[-1]["role"] == "user":
-            return str(self.messages[-1]["content"])
+            return text_of(self.messages[-1]["content"])
         return None
 
     def window_start(self, fits: Callable[[list[Message]], bool], start: int = 0) -> int:
@@ -188,7 +189,12 @@ class ChatSession:
 def _message(m: dict[str, Any]) -> Message:
     """A saved message: role and content, and the tool fields it has (calls, a result's call id and name,
     the reasoning)."""
-    out: Message = {"role": str(m["role"]), "content": str(m["content"])}
+    content = m["content"]
+    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content):
+        kept: Any = content  # text with images or audio: OpenAI's content parts (checked again when sent)
+    else:
+        kept = str(content)
+    out: Message = {"role": str(m["role"]), "content": kept}
     for key in TOOL_KEYS:
         value = m.get(key)
         if key == "tool_calls":
@@ -224,7 +230,7 @@ def list_sessions() -> list[SessionInfo]:
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
             msgs = data.get("messages") or []
-            first = next((m.get("content", "") for m in msgs if m.get("role") == "user"), "")
+            first = text_of(next((m.get("content", "") for m in msgs if m.get("role") == "user"), ""))
             out.append(SessionInfo(
                 name=p.stem, model=str(data.get("model", "")),
                 turns=sum(1 for m in msgs if m.get("role") == "user"),

@@ -32,6 +32,7 @@ class ChatView:
     loader: Any = None  # name -> backend, for /model and /load
     flags: Any = None
     attachments: list[str] = field(default_factory=list)
+    media: list[Any] = field(default_factory=list)  # images and audio for the next message (/image, /audio)
     err: ErrWriter = field(default_factory=ErrWriter)
     yes: bool = False  # tool calls run without asking (--yes)
     always: set[str] = field(default_factory=set)  # tools the user allowed for the rest of the chat
@@ -288,16 +289,33 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
     try:
         if command_ok and text.startswith("/"):
             return run_command(text, runner, view)
+        if view.interactive and attach_dropped(text, view):
+            return True
         if view.attachments:
             text = "\n\n".join([*view.attachments, text])
             view.attachments.clear()
-        first = runner.start(checked(text, "the message"))
+        first = runner.start(checked(text, "the message"), view.media)
+        view.media.clear()
     except LocalgenError as e:
         if not view.interactive:
             raise
         view.error(e.message, e.hint)
         return True
     stream(runner, view, first)
+    return True
+
+
+def attach_dropped(text: str, view: ChatView) -> bool:
+    """A line that is only the path of an image or audio file (a file dropped on the terminal) attaches it to
+    the next message instead of sending the path as text."""
+    from localgen import media
+
+    path = media.dropped_path(text)
+    if path is None:
+        return False
+    found = media.read(str(path))
+    view.media.append(found)
+    view.info(f"attached {found.label()}: it goes with your next message (/detach drops it)")
     return True
 
 

@@ -89,7 +89,7 @@ def format_stats(s: Stats) -> str:
         prompt += f" ({s.cached_tokens} cached)"
     parts = [prompt, f"{s.completion_tokens} generated"]
     if s.media_tokens:
-        enc = f", encoded in {s.encode_s:.2f} s" if s.encode_s else ", from the cache"
+        enc = f", encoded in {s.encode_s * 1000:,.0f} ms" if s.encode_s else ", from the cache"
         parts.insert(1, f"media {s.media_tokens} tokens{enc}")
     if s.prefill_tps:
         parts.append(f"prefill {s.prefill_tps:,.1f} tok/s")

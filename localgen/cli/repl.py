@@ -16,6 +16,9 @@ COMMANDS = {
     "/undo": "drop the last exchange",
     "/retry": "regenerate the last answer",
     "/read": "FILE: attach a file to the next message",
+    "/image": "FILE: attach an image to the next message (or drop the file on the terminal)",
+    "/audio": "FILE: attach an audio clip (WAV, MP3, FLAC) to the next message",
+    "/detach": "drop what is attached to the next message",
     "/save": "NAME: save the conversation under NAME (and keep saving there)",
     "/load": "NAME: continue a saved conversation",
     "/model": "NAME: switch model, keep the conversation",
@@ -50,7 +53,7 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
                         yield Completion(name, -len(text), display_meta=meta)
                 return
             cmd, _, rest = text.partition(" ")
-            if cmd == "/read":
+            if cmd in ("/read", "/image", "/audio"):
                 yield from paths.get_completions(Document(rest, len(rest)), complete_event)
                 return
             words = rest.split(" ")

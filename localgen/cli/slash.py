@@ -110,6 +110,28 @@ def _read(runner: Any, view: Any, arg: str) -> None:
     view.info(f"{arg} will be sent with your next message")
 
 
+def _media(kind: str) -> Handler:
+    def attach(runner: Any, view: Any, arg: str) -> None:
+        from localgen import media
+
+        if not arg:
+            raise UsageError(f"usage: /{kind} FILE (or an http(s) URL)")
+        found = media.read(arg.strip().strip("'\""))
+        if found.kind != kind:
+            raise UsageError(f"{arg} is {'audio' if found.kind == 'audio' else 'an image'}: use /{found.kind}")
+        view.media.append(found)
+        view.info(f"{found.label()} will be sent with your next message")
+
+    return attach
+
+
+def _detach(runner: Any, view: Any, arg: str) -> None:
+    n = len(view.media) + len(view.attachments)
+    view.media.clear()
+    view.attachments.clear()
+    view.info(f"dropped {n} attachment{'s' if n != 1 else ''}" if n else "nothing is attached")
+
+
 def _save(runner: Any, view: Any, arg: str) -> None:
     from localgen.chat import session as sessions
 
@@ -217,5 +239,5 @@ COMMANDS: dict[str, Handler] = {
     "/exit": _exit, "/bye": _exit, "/quit": _exit, "/help": _help, "/?": _help, "/set": _set, "/show": _show,
     "/system": _system, "/clear": _clear, "/undo": _undo, "/retry": _retry, "/read": _read, "/save": _save,
     "/load": _load, "/model": _model, "/stats": _stats, "/context": _context, "/tools": _tools,
-    "/think": _think,
+    "/think": _think, "/image": _media("image"), "/audio": _media("audio"), "/detach": _detach,
 }
