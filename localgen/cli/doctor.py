@@ -51,6 +51,14 @@ def doctor(
           f"{'yes' if offload else 'no (CPU-only build)'} · mmap: {'yes' if info['mmap'] else 'no'} · RPC: "
           f"{'yes' if info['rpc'] else 'no'}")
     print(f"features  {info['system_info']}")
+    from localgen.engine.mtmd import available
+
+    missing = available()
+    if missing:
+        print(f"media     images and audio: no · {missing}; scripts/install.sh builds it")
+    else:
+        print("media     images and audio: yes (libmtmd; a model reads them with its projector: --mmproj, or a "
+              "vision or audio model from the catalogue)")
     if gpus and not offload:
         kind = "metal" if gpus[0].unified else "cuda"
         print("PROBLEM   a GPU is present but this llama-cpp-python cannot use it. Rebuild with:")

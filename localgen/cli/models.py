@@ -174,12 +174,20 @@ def show(
     ] = False,
     json_out: Json = False,
     offline: o.Offline = False,
+    mmproj: o.MmProj = None,
 ) -> None:
     """What a model is, read from its GGUF header (bounded; weights are not loaded). Local files only."""
+    import dataclasses
+
     from localgen.models import download
     from localgen.models.resolve import resolve
 
     ref = resolve(name, offline=offline, pull_missing=False)
+    if mmproj is not None:
+        from localgen.models import mmproj as projectors
+
+        projectors.check_fits(projectors.read(str(mmproj)), ref.summary, ref.name)
+        ref = dataclasses.replace(ref, mmproj=str(mmproj))
     s = ref.summary
     if template:
         if not s.chat_template:
@@ -203,6 +211,8 @@ def show(
         "context_length": s.context_length, "layers": s.n_layers, "embedding_length": s.n_embd,
         "heads": s.n_head, "kv_heads": s.n_head_kv, "vocab_size": s.vocab_size, "license": s.license,
         "chat_template": bool(s.chat_template),
+        "modalities": ["text", *(_projector(ref) or [])],
+        "projector": ref.mmproj,
     }
     if json_out:
         doc["chat_template"] = s.chat_template
@@ -219,7 +229,20 @@ def show(
             v = "yes (--template prints it)" if v else "none (use --raw)"
         elif k == "sha256" and v is None:
             v = "not known yet (--sha256 computes it)"
+        elif k == "modalities":
+            v = ", ".join(v)
+        elif k == "projector" and v is None:
+            continue
         print(f"{labels.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
+
+
+def _projector(ref: Any) -> list[str]:
+    """What the model's projector reads besides text (from its header), when it has one."""
+    if not ref.mmproj:
+        return []
+    from localgen.models import mmproj
+
+    return list(mmproj.read(ref.mmproj).modalities)
 
 
 def _known_sha256(ref: Any) -> str | None:
