@@ -83,7 +83,7 @@ def bench(cli: str, runs: int) -> None:
         prompt = "Describe this picture in detail."
         cli_args = [cli, "-m", smollm2(), "--mmproj", str(proj), "--jinja", "--temp", "0", "-n", "64",
                     "--ignore-eos", "-p", prompt, "--image", str(pic)]
-        ours = localgen_cmd(proj, [pic], prompt, 64) + ["--ignore-eos"]
+        ours = [*localgen_cmd(proj, [pic], prompt, 64), "--ignore-eos"]
         times: dict[str, list[float]] = {"llama-mtmd-cli": [], "localgen": []}
         for _ in range(runs):
             for name, args in (("llama-mtmd-cli", cli_args), ("localgen", ours)):

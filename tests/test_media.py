@@ -1,0 +1,293 @@
+"""Images and audio through libmtmd: the real SmolLM2 with a seeded random-weight projector
+(scripts/make_mmproj.py), compared with llama-mtmd-cli's texts (tests/data/llama_mtmd_cli.json, written by
+scripts/mtmd_reference.py --write); run, chat and serve; the bad-input corpus."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import sys
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import CLI, ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from make_mmproj import png, write_mmproj
+
+FIXTURE = json.loads((ROOT / "tests" / "data" / "llama_mtmd_cli.json").read_text())["cases"]
+
+
+@pytest.fixture(scope="module")
+def mm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The projector the fixture was made with, a projector for a wider model, and the pictures."""
+    d = tmp_path_factory.mktemp("mm")
+    out = {"proj": write_mmproj(d / "proj.gguf"), "wide": write_mmproj(d / "wide.gguf", n_embd_text=640)}
+    for case in FIXTURE:
+        for size in case["images"]:
+            w, h = (int(v) for v in size.split("x"))
+            out[size] = d / f"pic-{size}.png"
+            out[size].write_bytes(png(w, h))
+    return out
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+
+def _png_header(w: int, h: int, idat: bytes = b"") -> bytes:
+    body = _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + body + (_chunk(b"IDAT", idat) + _chunk(b"IEND", b"") if idat else b"")
+
+
+def _wav(seconds: float, rate: int = 8000) -> bytes:
+    n = int(seconds * rate)
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate, 1, 8)
+    return b"RIFF" + struct.pack("<I", 36 + n) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + \
+        struct.pack("<I", n) + b"\x80" * n
+
+
+BAD = {
+    "empty": (b"", "is empty"),
+    "truncated PNG": (b"\x89PNG\r\n\x1a\n\0\0", "truncated or corrupt PNG"),
+    "enormous PNG": (_png_header(100_000, 100_000), "100000×100000 pixels"),
+    "zero-size PNG": (_png_header(0, 10), "size of 0×10"),
+    "JPEG with no frame": (b"\xff\xd8\xff\xe0\x00\x10JFIF\0" + b"\0" * 20, "truncated or corrupt JPEG"),
+    "WebP": (b"RIFF\x10\0\0\0WEBPVP8 " + b"\0" * 16, "is WebP"),
+    "TIFF": (b"II*\x00" + b"\0" * 16, "is TIFF"),
+    "text": (b"hello, this is not a picture", "not an image or audio file"),
+    "eleven minutes of WAV": (_wav(660), "11.0 minutes of audio"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_media_is_one_clear_error(name: str) -> None:
+    from localgen import media
+
+    data, words = BAD[name]
+    with pytest.raises(media.MediaError) as e:
+        media.sniff(data, "x")
+    assert words in e.value.message
+
+
+def test_media_sources_and_parts(tmp_path: Path) -> None:
+    from localgen import media
+
+    pic = png(40, 30)
+    m = media.read("-", stdin=_Bytes(pic))
+    assert (m.kind, m.format, m.width, m.height, m.source) == ("image", "PNG", 40, 30, "stdin")
+    part = m.part()
+    assert part["image_url"]["url"].startswith("data:image/png;base64,")
+    assert media.part_media(part).data == m.data
+    assert media.from_url(base64.b64encode(pic).decode(), allow_http=False).data == pic  # Ollama: bare base64
+    with pytest.raises(media.MediaError, match="--allow-image-urls"):
+        media.from_url("http://127.0.0.1:9/x.png", allow_http=False)
+    with pytest.raises(media.MediaError, match="not valid base64"):
+        media.from_url("data:image/png;base64,@@@@", allow_http=False)
+    wav = media.sniff(_wav(2.5), "clip.wav")
+    assert (wav.kind, wav.seconds) == ("audio", 2.5)
+    with pytest.raises(media.MediaError, match="holds WAV audio"):
+        media.part_media({"type": "image_url", "image_url": {"url": "data:audio/wav;base64,"
+                                                             + base64.b64encode(_wav(1)).decode()}})
+    messages, found = media.split([{"role": "user", "content": media.content("Describe.", [m])}], "<M>")
+    assert messages[0]["content"] == "<M>Describe."  # llama-mtmd-cli puts the marker first
+    assert [f.data for f in found] == [m.data]
+    assert media.text_of(media.content("Describe.", [m])) == "[image] Describe."
+    f = tmp_path / "my photo.png"
+    f.write_bytes(pic)
+    assert media.dropped_path(f"'{f}'") == f
+    assert media.dropped_path(str(f).replace(" ", "\\ ")) == f
+    assert media.dropped_path(f"look at {f}") is None
+
+
+class _Bytes:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self, n: int) -> bytes:
+        return self.data[:n]
+
+
+@pytest.mark.parametrize("case", FIXTURE, ids=[c["prompt"] for c in FIXTURE])
+def test_run_writes_what_llama_mtmd_cli_writes(cli: CLI, mm: dict[str, Path], case: dict[str, Any]) -> None:
+    args = ["run", "--mmproj", str(mm["proj"]), "--temp", "0", "-n", str(case["max_tokens"]), "-p", case["prompt"]]
+    for size in case["images"]:
+        args += ["--image", str(mm[size])]
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == case["text"]
+
+
+def test_run_attach_stdin_json_stats_and_show(cli: CLI, mm: dict[str, Path]) -> None:
+    case = FIXTURE[0]
+    pic = mm[case["images"][0]].read_bytes()
+    import subprocess
+
+    r = subprocess.run(cli.argv("run", "--mmproj", str(mm["proj"]), "--temp", "0", "-n", str(case["max_tokens"]),
+                                "-a", "-", "-p", case["prompt"], "--json"),
+                       input=pic, capture_output=True, env=cli.env, cwd=ROOT, timeout=120)  # the picture's bytes
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["text"] == case["text"]
+    assert doc["stats"]["media_tokens"] == 16 and doc["stats"]["encode_s"] > 0
+    s = cli("show", "smollm2:135m", "--mmproj", str(mm["proj"]), "--json")
+    assert json.loads(s.stdout)["modalities"] == ["text", "image"]
+    d = cli("doctor", "--no-check")
+    assert "images and audio: yes" in d.stdout
+
+
+def test_bad_input_at_the_command_line(cli: CLI, mm: dict[str, Path], tmp_path: Path, smollm2_path: Path) -> None:
+    pic = str(mm["96x64"])
+    corrupt = tmp_path / "corrupt.png"
+    corrupt.write_bytes(_png_header(64, 64, b"garbage" * 10))
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(_wav(1.0))
+    cases = [
+        (["--image", pic], "reads text only: it has no multimodal projector"),
+        (["--mmproj", str(mm["wide"]), "--image", pic], "makes embeddings of 640 values, but smollm2:135m takes 576"),
+        (["--mmproj", str(smollm2_path), "--image", pic], "not a multimodal projector"),
+        (["--mmproj", str(mm["proj"]), "--image", str(corrupt)], "corrupt or unreadable PNG"),
+        (["--mmproj", str(mm["proj"]), "-a", str(clip)], "reads images, not audio"),
+        (["--mmproj", str(mm["proj"]), "--image", str(clip)], "is WAV audio: attach it with -a"),
+        (["--mmproj", str(mm["proj"]), "--image", str(tmp_path / "missing.png")], "no such file"),
+        (["--mmproj", str(mm["proj"]), "--image", pic, "--raw"], "cannot be combined with --raw"),
+    ]
+    for extra, words in cases:
+        r = cli("run", "-p", "Describe it.", "-n", "4", *extra)
+        assert r.returncode != 0, (extra, r.stdout)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], (extra, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def test_second_turn_does_not_encode_the_image_again(smollm2_engine: Any, mm: dict[str, Path]) -> None:
+    import dataclasses
+
+    from localgen import media
+    from localgen.engine.local import LocalBackend
+    from localgen.types import GenerationRequest, SamplingParams
+
+    eng = smollm2_engine
+    eng.model = dataclasses.replace(eng.model, mmproj=str(mm["proj"]))
+    backend = LocalBackend(eng)
+    try:
+        pic = media.read(str(mm["96x64"]))
+        turn1 = ({"role": "user", "content": media.content("What is in this picture?", [pic])},)
+        req = GenerationRequest(messages=turn1, sampling=SamplingParams(temperature=0.0, max_tokens=8, seed=1))
+        g1 = backend.generate(req)
+        a1 = "".join(c.text for c in g1)
+        turn2 = (*turn1, {"role": "assistant", "content": a1}, {"role": "user", "content": "And the colours?"})
+        g2 = backend.generate(dataclasses.replace(req, messages=turn2))
+        "".join(c.text for c in g2)
+        assert g1.stats.media_tokens == g2.stats.media_tokens == 16
+        assert g1.stats.encode_s > 0 and g2.stats.encode_s == 0  # turn 2 found the image in the KV cache
+        assert g2.stats.cached_tokens >= g1.stats.prompt_tokens
+        g3 = backend.generate(dataclasses.replace(req, messages=({**turn1[0], "content": media.content(
+            "What is in this picture?", [media.read(str(mm["64x64"]))])},)))  # another picture: encoded
+        "".join(c.text for c in g3)
+        assert g3.stats.encode_s > 0 and g3.stats.cached_tokens < g3.stats.prompt_tokens - 16  # the text before it
+    finally:
+        if backend._projector is not None:
+            backend._projector.close()
+        eng.model = dataclasses.replace(eng.model, mmproj=None)
+        eng.clear()
+
+
+@pytest.fixture(scope="module")
+def vserver(cli_env: dict[str, str], mm: dict[str, Path]) -> Iterator[Any]:
+    from tests.test_serve import Server
+
+    s = Server(cli_env, "--mmproj", str(mm["proj"]), "-np", "2", "--ctx", "1024")
+    yield s
+    s.stop()
+
+
+def test_serve_images_through_the_openai_and_ollama_clients(vserver: Any, mm: dict[str, Path]) -> None:
+    import ollama
+    import openai
+
+    case = FIXTURE[0]
+    pic = mm[case["images"][0]].read_bytes()
+    url = "data:image/png;base64," + base64.b64encode(pic).decode()
+    client = openai.OpenAI(base_url=f"{vserver.url}/v1", api_key="none")
+    out = client.chat.completions.create(
+        model="smollm2:135m", temperature=0, max_tokens=case["max_tokens"], extra_body={"exact": True},
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                {"type": "text", "text": case["prompt"]}]}])
+    assert out.choices[0].message.content == case["text"]  # `run`'s answer, which is llama-mtmd-cli's
+    o = ollama.Client(host=vserver.url).chat(
+        model="smollm2:135m", options={"temperature": 0, "num_predict": case["max_tokens"], "exact": True},
+        messages=[{"role": "user", "content": case["prompt"], "images": [pic]}])
+    assert o.message.content == case["text"]
+    # two at once, batched (the throughput scheduler evaluates each slot's image into its own sequence)
+    import concurrent.futures
+
+    def ask(_: int) -> str:
+        r = client.chat.completions.create(
+            model="smollm2:135m", temperature=0, max_tokens=8,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                    {"type": "text", "text": case["prompt"]}]}])
+        return str(r.choices[0].message.content)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        answers = list(ex.map(ask, range(2)))
+    assert answers[0] == answers[1] and answers[0]
+
+
+def test_serve_refuses_bad_media_and_stays_up(vserver: Any) -> None:
+    def part(url: str) -> dict[str, Any]:
+        return {"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is it?"}]}]}
+
+    b64 = lambda data: "data:image/png;base64," + base64.b64encode(data).decode()  # noqa: E731
+    cases = [
+        (part("http://127.0.0.1:9/cat.png"), "--allow-image-urls"),
+        (part(b64(_png_header(100_000, 100_000))), "megapixels"),
+        (part(b64(_png_header(64, 64, b"garbage" * 10))), "corrupt or unreadable PNG"),
+        (part("data:image/png;base64,!!!"), "not valid base64"),
+        (part(b64(b"II*\x00" + b"\0" * 16)), "TIFF"),
+        ({"model": "smollm2:135m", "messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": base64.b64encode(_wav(1)).decode(), "format": "wav"}}]}]},
+         "reads images, not audio"),
+        ({"model": "smollm2:135m", "messages": [{"role": "user", "content": [{"type": "video", "x": 1}]}]},
+         "unsupported content part type"),
+    ]
+    for body, words in cases:
+        r = httpx.post(f"{vserver.url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 400, (words, r.text)
+        assert words in r.json()["error"]["message"]
+    r = httpx.post(f"{vserver.url}/api/chat", json={"model": "smollm2:135m", "stream": False, "messages": [
+        {"role": "user", "content": "hi", "images": ["not base64!"]}]}, timeout=60)
+    assert r.status_code == 400 and "base64" in r.text
+    assert httpx.get(f"{vserver.url}/health", timeout=5).status_code == 200
+
+
+def test_chat_attaches_images_and_keeps_them_in_the_cache(cli_env: dict[str, str], home: Path,
+                                                          mm: dict[str, Path]) -> None:
+    from tests.test_chat import send, spawn
+
+    child = spawn(cli_env, "picchat", "--mmproj", str(mm["proj"]), "-n", "8", "--temp", "0")
+    send(child, f"/image {mm['96x64']}", "will be sent with your next message")
+    send(child, "What is in this picture?", r"tok/s")
+    send(child, f"'{mm['64x64']}'", r"attached pic-64x64\.png \(image, 64×64\)")  # a file dropped on the terminal
+    send(child, "And this one?", r"tok/s")
+    out = send(child, "/stats", r"stop: ")
+    assert "media 32 tokens" in out and "cached)" in out  # the first picture came from the KV cache
+    send(child, "/audio " + str(mm["96x64"]), r"is an image: use /image")
+    child.sendline("/exit")
+    child.expect(pexpect_eof())
+    saved = json.loads((home / "data" / "chats" / "picchat.json").read_text())
+    kinds = [p["type"] for m in saved["messages"] if isinstance(m["content"], list) for p in m["content"]]
+    assert kinds.count("image_url") == 2
+
+
+def pexpect_eof() -> Any:
+    import pexpect
+
+    return pexpect.EOF
