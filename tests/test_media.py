@@ -225,6 +225,10 @@ def test_serve_images_through_the_openai_and_ollama_clients(vserver: Any, mm: di
         model="smollm2:135m", options={"temperature": 0, "num_predict": case["max_tokens"], "exact": True},
         messages=[{"role": "user", "content": case["prompt"], "images": [pic]}])
     assert o.message.content == case["text"]
+    g = httpx.post(f"{vserver.url}/api/generate", timeout=60, json={
+        "model": "smollm2:135m", "prompt": case["prompt"], "images": [base64.b64encode(pic).decode()],
+        "stream": False, "options": {"temperature": 0, "num_predict": case["max_tokens"], "exact": True}})
+    assert g.json()["response"] == case["text"]
     # two at once, batched (the throughput scheduler evaluates each slot's image into its own sequence)
     import concurrent.futures
 
@@ -285,6 +289,12 @@ def test_chat_attaches_images_and_keeps_them_in_the_cache(cli_env: dict[str, str
     saved = json.loads((home / "data" / "chats" / "picchat.json").read_text())
     kinds = [p["type"] for m in saved["messages"] if isinstance(m["content"], list) for p in m["content"]]
     assert kinds.count("image_url") == 2
+    child = spawn(cli_env, "--resume", "picchat", "--mmproj", str(mm["proj"]), "-n", "8", "--temp", "0")
+    send(child, "Which was brighter?", r"tok/s")  # the resumed history still holds both pictures
+    out = send(child, "/stats", r"stop: ")
+    assert "media 32 tokens" in out
+    child.sendline("/exit")
+    child.expect(pexpect_eof())
 
 
 def pexpect_eof() -> Any:
