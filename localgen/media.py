@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import re
 import struct
@@ -18,6 +19,7 @@ from localgen.errors import UsageError
 
 Kind = Literal["image", "audio"]
 
+MARKER = "<__media__>"  # libmtmd's default media marker: where each image or clip goes in the rendered prompt
 MAX_BYTES = 64 * 2**20  # one attachment, encoded
 MAX_PIXELS = 50_000_000  # width × height, read from the header before any decode (a 50-megapixel photo)
 MAX_SIDE = 16_384
@@ -49,7 +51,7 @@ class Media:
     height: int = 0
     seconds: float | None = None  # audio, when the header tells
 
-    @property
+    @functools.cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 

@@ -177,17 +177,13 @@ def show(
     mmproj: o.MmProj = None,
 ) -> None:
     """What a model is, read from its GGUF header (bounded; weights are not loaded). Local files only."""
-    import dataclasses
-
     from localgen.models import download
+    from localgen.models import mmproj as projectors
     from localgen.models.resolve import resolve
 
     ref = resolve(name, offline=offline, pull_missing=False)
     if mmproj is not None:
-        from localgen.models import mmproj as projectors
-
-        projectors.check_fits(projectors.read(str(mmproj)), ref.summary, ref.name)
-        ref = dataclasses.replace(ref, mmproj=str(mmproj))
+        ref = projectors.attach(ref, str(mmproj))
     s = ref.summary
     if template:
         if not s.chat_template:
@@ -211,7 +207,7 @@ def show(
         "context_length": s.context_length, "layers": s.n_layers, "embedding_length": s.n_embd,
         "heads": s.n_head, "kv_heads": s.n_head_kv, "vocab_size": s.vocab_size, "license": s.license,
         "chat_template": bool(s.chat_template),
-        "modalities": ["text", *(_projector(ref) or [])],
+        "modalities": ["text", *projectors.modalities(ref)],
         "projector": ref.mmproj,
     }
     if json_out:
@@ -234,15 +230,6 @@ def show(
         elif k == "projector" and v is None:
             continue
         print(f"{labels.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
-
-
-def _projector(ref: Any) -> list[str]:
-    """What the model's projector reads besides text (from its header), when it has one."""
-    if not ref.mmproj:
-        return []
-    from localgen.models import mmproj
-
-    return list(mmproj.read(ref.mmproj).modalities)
 
 
 def _known_sha256(ref: Any) -> str | None:

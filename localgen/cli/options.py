@@ -290,9 +290,7 @@ def with_template(f: Flags, ref: Any) -> Any:
     if proj is not None:
         from localgen.models import mmproj
 
-        info = mmproj.read(str(proj))
-        mmproj.check_fits(info, ref.summary, ref.name)
-        ref = dataclasses.replace(ref, mmproj=str(proj))
+        ref = mmproj.attach(ref, str(proj))
     path = f.get("chat_template_file")
     if path is None:
         return ref

@@ -147,7 +147,7 @@ def check(f: o.Flags) -> RunPlan:
                              hint="or use `localgen chat`, which asks before each call")
     if f.resume_from is not None and (f.file is None or not f.json_out):
         raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
-    attached = _attachments(f, many, bool(schemas))
+    attached = _attachments(f, many)
     endpoints, model = _endpoints(f)
     if endpoints:
         _check_remote(f)
@@ -160,7 +160,7 @@ def check(f: o.Flags) -> RunPlan:
                    model=model, media=attached)
 
 
-def _attachments(f: o.Flags, many: bool, constrained: bool) -> tuple[Any, ...]:
+def _attachments(f: o.Flags, many: bool) -> tuple[Any, ...]:
     """--image and -a/--attach, read and checked (format, size, pixels) before anything loads."""
     images, attach = list(f.image or ()), list(f.attach or ())
     if not images and not attach:

@@ -34,7 +34,7 @@ from localgen.engine.batchseq import (
     is_exact,
     refuse,
 )
-from localgen.engine.mtmd import safe_prefix
+from localgen.engine.lib import safe_prefix
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import LocalgenError
 from localgen.types import KV_CACHE_TYPES, SamplingParams
@@ -282,7 +282,9 @@ class ParallelContext:
         room = min(self.n_batch, max(self.step_tokens, decoding + 1)) - decoding
         filling = sorted((s for s in active.values() if s.filled < len(s.req.tokens)), key=lambda s: s.started)
         for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
-            self._media(seq.req.tokens, seq.slot, seq)
+            end = self._media(seq.req.tokens, seq.slot, seq.filled)
+            self.held[seq.slot].extend(seq.req.tokens[seq.filled:end])
+            seq.filled = end
         done: list[Seq] = []
         for seq in filling:
             if room <= 0:
@@ -373,49 +375,30 @@ class ParallelContext:
             self.turn = few[-1].slot
         return [[s] for s in alone] + ([few] if few else []) + ([rest] if rest else [])
 
-    def _media(self, tokens: list[int], slot: int, seq: Seq | None = None, at: int | None = None) -> int:
-        """Evaluate the media spans that start where the slot's prompt is filled to (`seq.filled`, or `at`);
-        returns the position after them."""
-        spans = getattr(tokens, "spans", None)
-        pos = seq.filled if seq is not None else (at or 0)
-        while spans and pos in spans:
-            span = spans[pos]
-            span.evaluate(self.ctx, pos, slot, self.n_batch)
-            self.held[slot].extend(tokens[pos:pos + span.n_pos])
-            pos += span.n_pos
-            if seq is not None:
-                seq.filled = pos
+    def _media(self, tokens: list[int], slot: int, pos: int) -> int:
+        """Evaluate into the slot the media spans that start at `pos`; returns the position after them (`pos`
+        when none starts there). The caller records them as held."""
+        spans = getattr(tokens, "spans", {})
+        while pos in spans:
+            spans[pos].evaluate(self.ctx, pos, slot, self.n_batch)
+            pos += spans[pos].n_pos
         return pos
 
     def prefill(self, tokens: list[int], seq: int, first: int = 0) -> int:
         """Evaluate one sequence's prompt (from `start`: the cache holds the rest) alone, in the single-stream
         path's n_batch pieces (llama.cpp rounds a row differently in batches of other sizes); returns the
         batch row of the last token's logits. Media spans evaluate themselves between the pieces."""
-        if getattr(tokens, "spans", None):
-            return self._prefill_media(tokens, seq, first)
-        row = -1
-        for start in range(first, len(tokens), self.n_chunk):
+        row, start = -1, first
+        while start < len(tokens):
+            start = self._media(tokens, seq, start)
+            if start >= len(tokens):
+                break
+            end = min(len(tokens), start + self.n_chunk, _next_span(tokens, start))
             self.batch.n_tokens = 0
-            chunk = tokens[start:start + self.n_chunk]
-            for k, tok in enumerate(chunk):
-                row = self._add(tok, start + k, seq, k == len(chunk) - 1)
+            for k in range(start, end):
+                row = self._add(tokens[k], k, seq, k == end - 1)
             self._decode(1)
-        return row
-
-    def _prefill_media(self, tokens: list[int], seq: int, first: int) -> int:
-        row, pos = -1, first
-        held = list(self.held.get(seq, []))
-        while pos < len(tokens):
-            pos = self._media(tokens, seq, at=pos)
-            end = min(len(tokens), pos + self.n_chunk, _next_span(tokens, pos))
-            if end <= pos:
-                continue
-            self.batch.n_tokens = 0
-            for k in range(pos, end):
-                row = self._add(tokens[k], k, seq, k == len(tokens) - 1)
-            self._decode(1)
-            pos = end
-        self.held[seq] = held  # the caller records the whole prompt
+            start = end
         return row
 
     def _decode(self, n_seqs: int) -> None:

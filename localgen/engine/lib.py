@@ -170,6 +170,15 @@ def common_prefix(a: Any, b: Any) -> int:
     return n
 
 
+def safe_prefix(tokens: Any, n: int) -> int:
+    """`n` moved back to the start of a media span it would cut (engine/mtmd.py's Prompt: a span is evaluated
+    whole or not at all)."""
+    for start, span in getattr(tokens, "spans", {}).items():
+        if start < n < start + span.n_pos:
+            return int(start)
+    return n
+
+
 def default_repack(model: ModelRef, params: LoadParams) -> bool:
     """Whether to use llama.cpp's repacked CPU weight layouts when the user did not say.
 

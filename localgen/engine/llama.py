@@ -15,8 +15,7 @@ from typing import Any
 
 from localgen import hardware, paths
 from localgen.engine import logs
-from localgen.engine.lib import common_prefix, default_repack, init_numa, lib
-from localgen.engine.mtmd import safe_prefix
+from localgen.engine.lib import common_prefix, default_repack, init_numa, lib, safe_prefix
 from localgen.engine.template import ChatTemplate
 from localgen.engine.vocab import Vocabulary
 from localgen.errors import ContextOverflowError, LocalgenError, ModelLoadError
@@ -104,8 +103,7 @@ class Engine(Vocabulary):
         self._piece_buf = ctypes.create_string_buffer(256)
         self._held: list[int] = []
         self._live = False  # logits of the last held token are available (row -1)
-        self.media_tokens = 0  # media embeddings the last evaluate() decoded, and the encoder's seconds
-        self.encode_s = 0.0
+        self.encode_s = 0.0  # the media encoder's seconds in the last evaluate()
         self._template: ChatTemplate | None = None
         self._eog: tuple[int, ...] | None = None
 
@@ -305,14 +303,10 @@ class Engine(Vocabulary):
             raise ContextOverflowError(f"{len(tokens):,} tokens do not fit the context window of {self.n_ctx:,}")
         keep = self.cached_prefix(tokens) if logits else safe_prefix(tokens, common_prefix(self._held, tokens))
         self.truncate(keep)
-        self.media_tokens, self.encode_s = 0, 0.0
-        spans = getattr(tokens, "spans", None)
-        if not spans:
-            for start in range(keep, len(tokens), self.n_batch):
-                self._decode(tokens[start:start + self.n_batch], all_logits=False)
-            return keep
-        # a prompt with images or audio (engine/mtmd.py): text in n_batch pieces up to each media span, which
+        self.encode_s = 0.0
+        # with images or audio (engine/mtmd.py's Prompt): text in n_batch pieces up to each media span, which
         # encodes and decodes itself; the spans already held are not encoded again
+        spans = getattr(tokens, "spans", {})
         pos = keep
         for start in sorted(spans):
             span = spans[start]
@@ -320,13 +314,9 @@ class Engine(Vocabulary):
                 continue
             for piece in range(pos, start, self.n_batch):
                 self._decode(tokens[piece:min(piece + self.n_batch, start)], all_logits=False)
-            if start + span.n_pos > self.n_ctx:
-                raise ContextOverflowError(f"the {span.kind} does not fit the context window of {self.n_ctx:,}")
-            _, seconds = span.evaluate(self.ctx, start, 0, self.n_batch)
+            self.encode_s += span.evaluate(self.ctx, start, 0, self.n_batch)
             self._held.extend(tokens[start:start + span.n_pos])
             self._live = False
-            self.media_tokens += span.n_tokens
-            self.encode_s += seconds
             pos = start + span.n_pos
         for piece in range(pos, len(tokens), self.n_batch):
             self._decode(tokens[piece:piece + self.n_batch], all_logits=False)

@@ -53,9 +53,8 @@ class LocalBackend:
             proj = self.projector()
             messages, found = media.split(request.messages, proj.marker)
             proj.check(found, self.name)
-            text = self.engine.template.render(template_messages(messages), **template_extra(request))
-            bos = self.engine.template.bos_token
-            prompt: list[int] = proj.tokenize(text, found, add_special=not (bos and text.startswith(bos)))
+            text, add_special = self.engine.chat_text(template_messages(messages), **template_extra(request))
+            prompt: list[int] = proj.tokenize(text, found, add_special)
             return prompt
         return self.engine.chat_tokens(template_messages(request.messages), **template_extra(request))
 
@@ -65,17 +64,8 @@ class LocalBackend:
             return request.prompt
         messages = request.messages
         if media.has_media(messages):
-            messages = tuple(media.split(messages, "<__media__>")[0])
+            messages = tuple(media.split(messages, media.MARKER)[0])
         return self.engine.template.render(template_messages(messages), **template_extra(request))
-
-    @property
-    def modalities(self) -> list[str]:
-        """What the model reads besides text, from its projector's header (nothing loads)."""
-        if not self.engine.model.mmproj:
-            return []
-        from localgen.models import mmproj
-
-        return list(mmproj.read(self.engine.model.mmproj).modalities)
 
     def projector(self) -> Any:
         """The model's projector, loaded on first use; a UsageError for a model without one."""

@@ -12,12 +12,12 @@ import ctypes
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localgen.engine import logs
 from localgen.errors import LocalgenError, ModelLoadError
-from localgen.media import Media, MediaError, check_seconds
+from localgen.media import MARKER, Media, MediaError, check_seconds
 
 if TYPE_CHECKING:
     from localgen.engine.llama import Engine
@@ -64,9 +64,9 @@ class Span:
     n_pos: int
     n_tokens: int
 
-    def evaluate(self, lctx: Any, n_past: int, seq_id: int, n_batch: int) -> tuple[int, float]:
-        """Encode the media and decode its embeddings at `n_past` in `seq_id`; returns the positions after it
-        and the seconds the encoder took."""
+    def evaluate(self, lctx: Any, n_past: int, seq_id: int, n_batch: int) -> float:
+        """Encode the media and decode its embeddings at `n_past` in `seq_id` (it then takes `n_pos`
+        positions); returns the seconds the encoder took."""
         mt, ctx = self.projector.mt, self.projector.ctx
         t0 = time.perf_counter()
         rc = mt.mtmd_encode_chunk(ctx, self.chunk)
@@ -82,7 +82,7 @@ class Span:
         if rc != 0:
             raise LocalgenError(f"llama_decode failed on the {self.kind}'s embeddings ({rc})",
                                 hint="the context may be full; raise --ctx")
-        return int(new.value), encode_s
+        return encode_s
 
 
 class Prompt(list[int]):
@@ -100,21 +100,12 @@ class Prompt(list[int]):
         self._owner = owner  # keeps the mtmd chunks alive as long as the prompt
 
 
-def safe_prefix(tokens: Any, n: int) -> int:
-    """`n` moved back to the start of a media span it would cut (a span is evaluated whole or not at all)."""
-    for start, span in getattr(tokens, "spans", {}).items():
-        if start < n < start + span.n_pos:
-            return int(start)
-    return n
-
-
 @dataclass
 class _Chunks:
     """Owns an mtmd_input_chunks; freed with the last Prompt that uses it."""
 
     mt: Any
     ptr: Any
-    keep: list[Any] = field(default_factory=list)
 
     def __del__(self) -> None:
         if self.ptr:
@@ -146,12 +137,8 @@ class Projector:
         self.vision = bool(mt.mtmd_support_vision(self.ctx))
         self.audio = bool(mt.mtmd_support_audio(self.ctx))
         self.sample_rate = int(mt.mtmd_get_audio_sample_rate(self.ctx)) if self.audio else 0
-        self.marker = (mt.mtmd_default_marker() or b"<__media__>").decode()
+        self.marker = (mt.mtmd_default_marker() or MARKER.encode()).decode()
         self._cache: OrderedDict[tuple[Any, ...], Prompt] = OrderedDict()
-
-    @property
-    def modalities(self) -> list[str]:
-        return [m for m, on in (("image", self.vision), ("audio", self.audio)) if on]
 
     def check(self, media: list[Media], model: str) -> None:
         """A MediaError for media this projector does not read."""

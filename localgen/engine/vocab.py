@@ -80,10 +80,13 @@ class Vocabulary:
     def chat_tokens(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
         """Render the conversation with the model's template (and `extra` variables: tools) and tokenize it
         (special tokens parsed)."""
+        return self.tokenize(*self.chat_text(messages, **extra))
+
+    def chat_text(self, messages: list[dict[str, Any]], **extra: Any) -> tuple[str, bool]:
+        """The rendered conversation, and whether tokenizing it adds BOS (not when the template wrote it)."""
         text = self.template.render(messages, **extra)
         bos = self.template.bos_token
-        add_special = not (bos and text.startswith(bos))
-        return self.tokenize(text, add_special=add_special)
+        return text, not (bos and text.startswith(bos))
 
     def raw_tokens(self, text: str) -> list[int]:
         """Tokenize a plain completion prompt (BOS as the model asks)."""

@@ -25,7 +25,6 @@ class CatalogueEntry:
     context: int | None = None
     files: dict[str, str] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
-    mmproj: bool = False  # the repo holds a projector (mmproj-*.gguf) that `pull` fetches with the model
 
 
 def user_file() -> Path:
@@ -66,7 +65,6 @@ def _entry(name: str, raw: Any, source: Path) -> CatalogueEntry:
         name=name, description=str(raw.get("description", "")), repo=raw.get("repo"),
         embedded=bool(raw.get("embedded", False)), default_quant=str(raw.get("default_quant", "Q4_K_M")),
         context=raw.get("context"), files=dict(raw.get("files", {}) or {}), sampling=dict(sampling),
-        mmproj=bool(raw.get("mmproj", False)),
     )
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localgen.errors import ModelFormatError, UsageError
-from localgen.types import GGUFSummary
+from localgen.types import GGUFSummary, ModelRef
 
 _PREFER = ("Q8_0", "F16", "BF16", "F32")  # llama.cpp's own repos ship these; Q8_0 loses nothing visible
 
@@ -70,6 +70,19 @@ def read(path: str) -> ProjectorInfo:
     kind = meta.get("clip.projector_type") or meta.get("clip.vision.projector_type") or meta.get(
         "clip.audio.projector_type")
     return ProjectorInfo(str(p), tuple(mods), n, kind if isinstance(kind, str) else None)
+
+
+def attach(ref: ModelRef, path: str) -> ModelRef:
+    """The model with the projector at `path`, once its header says it fits (--mmproj)."""
+    import dataclasses
+
+    check_fits(read(path), ref.summary, ref.name)
+    return dataclasses.replace(ref, mmproj=path)
+
+
+def modalities(ref: ModelRef) -> list[str]:
+    """What the model reads besides text, from its projector's header (none without one)."""
+    return list(read(ref.mmproj).modalities) if ref.mmproj else []
 
 
 def check_fits(info: ProjectorInfo, model: GGUFSummary, model_name: str) -> None:
