@@ -18,39 +18,79 @@ import struct
 import sys
 import zlib
 from pathlib import Path
+from typing import Any
+
+
+class _Random:
+    """Seeded weights: the same bytes on every machine."""
+
+    def __init__(self, seed: int) -> None:
+        import numpy as np
+
+        self.rng = np.random.RandomState(seed)
+
+    def w(self, *shape: int, std: float = 0.02) -> Any:
+        import numpy as np
+
+        return (self.rng.standard_normal(shape) * std).astype(np.float32)
+
+
+def _ones(*shape: int) -> Any:
+    import numpy as np
+
+    return np.ones(shape, dtype=np.float32)
+
+
+def _zeros(*shape: int) -> Any:
+    import numpy as np
+
+    return np.zeros(shape, dtype=np.float32)
+
+
+def _blocks(out: Any, prefix: str, r: _Random, n_layer: int, n_embd: int, n_ff: int, k_bias: bool) -> None:
+    """A ViT's (or Whisper's) transformer blocks: attention with biases, two layer norms, a GELU FFN."""
+    for i in range(n_layer):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            out.add_tensor(f"{prefix}.blk.{i}.{name}.weight", r.w(n_embd, n_embd))
+            if k_bias or name != "attn_k":
+                out.add_tensor(f"{prefix}.blk.{i}.{name}.bias", _zeros(n_embd))
+        for name in ("ln1", "ln2"):
+            out.add_tensor(f"{prefix}.blk.{i}.{name}.weight", _ones(n_embd))
+            out.add_tensor(f"{prefix}.blk.{i}.{name}.bias", _zeros(n_embd))
+        out.add_tensor(f"{prefix}.blk.{i}.ffn_up.weight", r.w(n_ff, n_embd))
+        out.add_tensor(f"{prefix}.blk.{i}.ffn_up.bias", _zeros(n_ff))
+        out.add_tensor(f"{prefix}.blk.{i}.ffn_down.weight", r.w(n_embd, n_ff))
+        out.add_tensor(f"{prefix}.blk.{i}.ffn_down.bias", _zeros(n_embd))
+
+
+def _header(path: Path, kind: str, modality: str, n_embd: int, n_ff: int, n_layer: int, n_embd_text: int,
+            n_head: int, eps: float) -> Any:
+    """A GGUF writer with a projector's common header: its type, its one modality and the encoder's shape."""
+    import gguf
+
+    out = gguf.GGUFWriter(str(path), "clip")
+    out.add_string("general.name", f"localgen test {modality} projector (random weights)")
+    out.add_string("clip.projector_type", kind)
+    out.add_bool("clip.has_vision_encoder", modality == "vision")
+    out.add_bool("clip.has_audio_encoder", modality == "audio")
+    out.add_uint32(f"clip.{modality}.embedding_length", n_embd)
+    out.add_uint32(f"clip.{modality}.feed_forward_length", n_ff)
+    out.add_uint32(f"clip.{modality}.block_count", n_layer)
+    out.add_uint32(f"clip.{modality}.projection_dim", n_embd_text)
+    out.add_uint32(f"clip.{modality}.attention.head_count", n_head)
+    out.add_float32(f"clip.{modality}.attention.layer_norm_epsilon", eps)
+    return out
 
 
 def write_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0, image_size: int = 64, patch: int = 16,
                  n_embd: int = 64, n_ff: int = 128, n_layer: int = 2, n_head: int = 4) -> Path:
     """A seeded mlp projector for a text model whose embeddings have `n_embd_text` values."""
-    import gguf
-    import numpy as np
-
-    rng = np.random.RandomState(seed)
-
-    def w(*shape: int, std: float = 0.02) -> np.ndarray:
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
-
-    def zeros(n: int) -> np.ndarray:
-        return np.zeros(n, dtype=np.float32)
-
-    out = gguf.GGUFWriter(str(path), "clip")
-    out.add_string("general.name", "localgen test projector (random weights)")
-    out.add_string("clip.projector_type", "mlp")
-    out.add_bool("clip.has_vision_encoder", True)
-    out.add_bool("clip.has_audio_encoder", False)
+    r = _Random(seed)
+    w, ones, zeros = r.w, _ones, _zeros
+    out = _header(path, "mlp", "vision", n_embd, n_ff, n_layer, n_embd_text, n_head, 1e-6)
     out.add_bool("clip.use_gelu", True)
     out.add_uint32("clip.vision.image_size", image_size)
     out.add_uint32("clip.vision.patch_size", patch)
-    out.add_uint32("clip.vision.embedding_length", n_embd)
-    out.add_uint32("clip.vision.feed_forward_length", n_ff)
-    out.add_uint32("clip.vision.block_count", n_layer)
-    out.add_uint32("clip.vision.projection_dim", n_embd_text)
-    out.add_uint32("clip.vision.attention.head_count", n_head)
-    out.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     out.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     out.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     n_patches = (image_size // patch) ** 2
@@ -60,18 +100,7 @@ def write_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0, image_size: 
     out.add_tensor("v.position_embd.weight", w(n_patches + 1, n_embd))
     out.add_tensor("v.pre_ln.weight", ones(n_embd))
     out.add_tensor("v.pre_ln.bias", zeros(n_embd))
-    for i in range(n_layer):
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            out.add_tensor(f"v.blk.{i}.{name}.weight", w(n_embd, n_embd))
-            out.add_tensor(f"v.blk.{i}.{name}.bias", zeros(n_embd))
-        out.add_tensor(f"v.blk.{i}.ln1.weight", ones(n_embd))
-        out.add_tensor(f"v.blk.{i}.ln1.bias", zeros(n_embd))
-        out.add_tensor(f"v.blk.{i}.ln2.weight", ones(n_embd))
-        out.add_tensor(f"v.blk.{i}.ln2.bias", zeros(n_embd))
-        out.add_tensor(f"v.blk.{i}.ffn_up.weight", w(n_ff, n_embd))
-        out.add_tensor(f"v.blk.{i}.ffn_up.bias", zeros(n_ff))
-        out.add_tensor(f"v.blk.{i}.ffn_down.weight", w(n_embd, n_ff))
-        out.add_tensor(f"v.blk.{i}.ffn_down.bias", zeros(n_embd))
+    _blocks(out, "v", r, n_layer, n_embd, n_ff, k_bias=True)
     out.add_tensor("mm.0.weight", w(n_embd_text, n_embd, std=0.3))
     out.add_tensor("mm.0.bias", zeros(n_embd_text))
     out.add_tensor("mm.2.weight", w(n_embd_text, n_embd_text, std=0.1))
@@ -81,6 +110,58 @@ def write_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0, image_size: 
     out.write_tensors_to_file()
     out.close()
     return path
+
+
+def write_audio_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0, n_mel: int = 80, n_embd: int = 64,
+                       n_ff: int = 128, n_layer: int = 2, n_head: int = 4, stack: int = 4, n_proj: int = 256) -> Path:
+    """A seeded audio projector of Ultravox's kind (projector type ultravox: a Whisper encoder, two
+    convolutions then transformer blocks, its frames stacked by `stack`, then an RMS-normed SwiGLU MLP) for
+    a text model whose embeddings have `n_embd_text` values. A 30-second window becomes 375 tokens. (With
+    Ultravox's own factor, 8, this llama.cpp aborts: it expects 187 tokens and its graph makes 188.)"""
+    r = _Random(seed)
+    w, ones, zeros = r.w, _ones, _zeros
+    out = _header(path, "ultravox", "audio", n_embd, n_ff, n_layer, n_embd_text, n_head, 1e-5)
+    out.add_uint32("clip.audio.num_mel_bins", n_mel)
+    out.add_uint32("clip.audio.projector.stack_factor", stack)
+    # the convolutions' biases are (channels, 1), as Whisper's converter writes them, to broadcast over time
+    out.add_tensor("a.conv1d.1.weight", w(n_embd, n_mel, 3, std=0.1))
+    out.add_tensor("a.conv1d.1.bias", zeros(n_embd, 1))
+    out.add_tensor("a.conv1d.2.weight", w(n_embd, n_embd, 3, std=0.1))
+    out.add_tensor("a.conv1d.2.bias", zeros(n_embd, 1))
+    out.add_tensor("a.position_embd.weight", w(1500, n_embd))
+    _blocks(out, "a", r, n_layer, n_embd, n_ff, k_bias=False)  # Whisper's key projection has no bias
+    out.add_tensor("a.post_ln.weight", ones(n_embd))
+    out.add_tensor("a.post_ln.bias", zeros(n_embd))
+    out.add_tensor("mm.a.norm_pre.weight", ones(n_embd * stack))
+    out.add_tensor("mm.a.mlp.1.weight", w(2 * n_proj, n_embd * stack, std=0.1))
+    out.add_tensor("mm.a.norm_mid.weight", ones(n_proj))
+    out.add_tensor("mm.a.mlp.2.weight", w(n_embd_text, n_proj, std=0.1))
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    return path
+
+
+def wav(seconds: float = 1.5, rate: int = 16000, tones: tuple[float, ...] = (440.0, 660.0)) -> bytes:
+    """A 16-bit mono WAV of `tones` played one after another, as bytes (deterministic, stdlib only)."""
+    import io
+    import math
+    import wave
+
+    n = int(seconds * rate)
+    per = max(1, n // len(tones))
+    frames = bytearray()
+    for i in range(n):
+        f = tones[min(i // per, len(tones) - 1)]
+        frames += struct.pack("<h", int(12000 * math.sin(2 * math.pi * f * i / rate)))
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(bytes(frames))
+    return buf.getvalue()
 
 
 def png(width: int = 96, height: int = 64) -> bytes:

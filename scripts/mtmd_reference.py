@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""localgen against llama.cpp's llama-mtmd-cli on the same files: SmolLM2-135M with the seeded random-weight
-projector of scripts/make_mmproj.py, greedy, so both must write the same text for the same picture and
-prompt (the plumbing: preprocessing, encode, positions, decoding). Build llama-mtmd-cli from the same
-vendored sources with `../shared/tools/build-llama-bench --with llama-mtmd-cli`.
+"""localgen against llama.cpp's llama-mtmd-cli on the same files.
+
+SmolLM2-135M with the seeded random-weight projectors of scripts/make_mmproj.py (a vision one and an
+audio one), greedy, so both must write the same text for the same pictures or sounds and prompt (the
+plumbing: preprocessing, encode, positions, decoding). Build llama-mtmd-cli from the same vendored sources with
+`../shared/tools/build-llama-bench --with llama-mtmd-cli`.
 
     scripts/mtmd_reference.py --cli PATH            compare, case by case
     scripts/mtmd_reference.py --cli PATH --write    store llama-mtmd-cli's texts in tests/data (CI compares
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,14 +29,36 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "llama_mtmd_cli.json"
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from make_mmproj import png, write_mmproj  # noqa: E402
+from make_mmproj import png, wav, write_audio_mmproj, write_mmproj  # noqa: E402
 
-# (pictures by size, prompt, tokens)
+# (media, prompt, tokens): a picture is named by its size ("96x64"), a sound by its length ("1.5s");
+# a case is all pictures or all sounds, since each projector has one modality. Every case runs with
+# --ignore-eos: SmolLM2 often ends its answer at once after random-weight sound tokens.
 CASES = [
     (["96x64"], "What is in this picture?", 32),
     (["200x120"], "Describe the colours.", 24),
     (["96x64", "64x64"], "Compare the two pictures.", 24),
+    (["1.5s"], "What do you hear?", 24),
+    (["32s"], "What do you hear?", 16),  # two 30-second windows
 ]
+# the tones of each sound
+TONES = {"1.5s": (440.0, 660.0), "32s": (300.0, 500.0, 700.0)}
+
+
+def is_audio(name: str) -> bool:
+    return name.endswith("s")
+
+
+def write_media(folder: Path, name: str) -> Path:
+    """The picture or the sound `name` (see CASES), written into `folder`."""
+    if is_audio(name):
+        path = folder / f"sound-{name}.wav"
+        path.write_bytes(wav(float(name[:-1]), tones=TONES[name]))
+    else:
+        w, h = (int(v) for v in name.split("x"))
+        path = folder / f"pic-{name}.png"
+        path.write_bytes(png(w, h))
+    return path
 
 
 def smollm2() -> str:
@@ -42,34 +67,31 @@ def smollm2() -> str:
     return str(embedded.locate(embedded.EMBEDDED["smollm2:135m"]))
 
 
-def materials(folder: Path) -> tuple[Path, dict[str, Path]]:
-    """The projector and the pictures every case uses."""
-    proj = write_mmproj(folder / "proj.gguf")
-    pics = {}
-    for size in sorted({s for c in CASES for s in c[0]}):
-        w, h = (int(v) for v in size.split("x"))
-        pics[size] = folder / f"pic-{size}.png"
-        pics[size].write_bytes(png(w, h))
-    return proj, pics
+def materials(folder: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+    """The projectors ("vision", "audio") and the media every case uses."""
+    projs = {"vision": write_mmproj(folder / "proj.gguf"), "audio": write_audio_mmproj(folder / "audio.gguf")}
+    return projs, {name: write_media(folder, name) for name in sorted({m for c in CASES for m in c[0]})}
 
 
-def cli_text(cli: str, proj: Path, images: list[Path], prompt: str, n: int) -> str:
-    args = [cli, "-m", smollm2(), "--mmproj", str(proj), "--jinja", "--temp", "0", "-n", str(n), "-p", prompt]
-    for img in images:
-        args += ["--image", str(img)]
+def cli_text(cli: str, proj: Path, media: list[Path], prompt: str, n: int) -> str:
+    args = [cli, "-m", smollm2(), "--mmproj", str(proj), "--jinja", "--temp", "0", "-n", str(n), "--ignore-eos",
+            "-p", prompt]
+    for m in media:
+        args += ["--audio" if m.suffix == ".wav" else "--image", str(m)]
     out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=300)
     return out.stdout.strip()
 
 
-def localgen_cmd(proj: Path, images: list[Path], prompt: str, n: int) -> list[str]:
-    args = [sys.executable, "-m", "localgen", "run", "--mmproj", str(proj), "--temp", "0", "-n", str(n), "-p", prompt]
-    for img in images:
-        args += ["--image", str(img)]
+def localgen_cmd(proj: Path, media: list[Path], prompt: str, n: int) -> list[str]:
+    args = [sys.executable, "-m", "localgen", "run", "--mmproj", str(proj), "--temp", "0", "-n", str(n),
+            "--ignore-eos", "-p", prompt]
+    for m in media:
+        args += ["--attach", str(m)]
     return args
 
 
-def localgen_text(proj: Path, images: list[Path], prompt: str, n: int) -> str:
-    out = subprocess.run(localgen_cmd(proj, images, prompt, n), capture_output=True, text=True, check=True,
+def localgen_text(proj: Path, media: list[Path], prompt: str, n: int) -> str:
+    out = subprocess.run(localgen_cmd(proj, media, prompt, n), capture_output=True, text=True, check=True,
                          timeout=300)
     return out.stdout.strip()
 
@@ -83,12 +105,18 @@ def bench(cli: str, runs: int) -> None:
         prompt = "Describe this picture in detail."
         cli_args = [cli, "-m", smollm2(), "--mmproj", str(proj), "--jinja", "--temp", "0", "-n", "64",
                     "--ignore-eos", "-p", prompt, "--image", str(pic)]
-        ours = [*localgen_cmd(proj, [pic], prompt, 64), "--ignore-eos"]
+        ours = localgen_cmd(proj, [pic], prompt, 64)
+        # as on a user's machine, localgen starts from compiled bytecode: an install writes it, and so does
+        # the first run (a test machine may set PYTHONDONTWRITEBYTECODE, which would recompile ~60 modules,
+        # about 55 ms, on every start)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "localgen")], check=True,
+                       capture_output=True)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         times: dict[str, list[float]] = {"llama-mtmd-cli": [], "localgen": []}
         for _ in range(runs):
             for name, args in (("llama-mtmd-cli", cli_args), ("localgen", ours)):
                 t0 = time.perf_counter()
-                subprocess.run(args, capture_output=True, check=True, timeout=300)
+                subprocess.run(args, capture_output=True, check=True, timeout=300, env=env)
                 times[name].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) for k, v in times.items()}
         for k, v in med.items():
@@ -109,15 +137,16 @@ def main(argv: list[str]) -> int:
         return 0
     rows, same = [], 0
     with tempfile.TemporaryDirectory() as d:
-        proj, pics = materials(Path(d))
-        for sizes, prompt, n in CASES:
-            images = [pics[s] for s in sizes]
-            theirs = cli_text(a.cli, proj, images, prompt, n)
-            ours = localgen_text(proj, images, prompt, n)
+        projs, files = materials(Path(d))
+        for names, prompt, n in CASES:
+            proj = projs["audio" if is_audio(names[0]) else "vision"]
+            media = [files[m] for m in names]
+            theirs = cli_text(a.cli, proj, media, prompt, n)
+            ours = localgen_text(proj, media, prompt, n)
             same += theirs == ours
-            print(f"{'same' if theirs == ours else 'DIFFERENT'}: {sizes} {prompt!r}\n  llama-mtmd-cli: {theirs!r}\n"
+            print(f"{'same' if theirs == ours else 'DIFFERENT'}: {names} {prompt!r}\n  llama-mtmd-cli: {theirs!r}\n"
                   f"  localgen:       {ours!r}")
-            rows.append({"images": sizes, "prompt": prompt, "max_tokens": n, "text": theirs})
+            rows.append({"media": names, "prompt": prompt, "max_tokens": n, "text": theirs})
     print(f"{same} of {len(CASES)} cases the same")
     if a.write:
         FIXTURE.write_text(json.dumps({"generated_by": "scripts/mtmd_reference.py --write", "cases": rows},

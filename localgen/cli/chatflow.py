@@ -287,10 +287,10 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
     if not text.strip():
         return True
     try:
+        if view.interactive and attach_dropped(text, runner, view):  # before commands: a path starts with /
+            return True
         if command_ok and text.startswith("/"):
             return run_command(text, runner, view)
-        if view.interactive and attach_dropped(text, view):
-            return True
         if view.attachments:
             text = "\n\n".join([*view.attachments, text])
             view.attachments.clear()
@@ -305,18 +305,19 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
     return True
 
 
-def attach_dropped(text: str, view: ChatView) -> bool:
+def attach_dropped(text: str, runner: Any, view: ChatView) -> bool:
     """A line that is only the path of an image or audio file (a file dropped on the terminal) attaches it to
     the next message instead of sending the path as text."""
     from localgen import media
+    from localgen.cli.slash import attach_media
 
     path = media.dropped_path(text)
     if path is None:
         return False
-    found = media.read(str(path))
-    view.media.append(found)
-    view.info(f"attached {found.label()}: it goes with your next message (/detach drops it)")
+    attach_media(runner, view, media.read(str(path)))
+    view.info(f"attached {view.media[-1].label()}: it goes with your next message (/detach drops it)")
     return True
+
 
 
 def _print_list(items: list[Any]) -> None:

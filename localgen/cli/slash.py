@@ -119,10 +119,19 @@ def _media(kind: str) -> Handler:
         found = media.read(arg.strip().strip("'\""))
         if found.kind != kind:
             raise UsageError(f"{arg} is {'audio' if found.kind == 'audio' else 'an image'}: use /{found.kind}")
-        view.media.append(found)
+        attach_media(runner, view, found)
         view.info(f"{found.label()} will be sent with your next message")
 
     return attach
+
+
+def attach_media(runner: Any, view: Any, found: Any) -> None:
+    """Keep `found` for the next message, once the model says it can read it (a local model's projector is
+    loaded here; a remote endpoint is asked when the message goes)."""
+    check = getattr(runner.backend, "check_media", None)
+    if check is not None:
+        check([found])
+    view.media.append(found)
 
 
 def _detach(runner: Any, view: Any, arg: str) -> None:

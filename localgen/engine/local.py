@@ -67,6 +67,10 @@ class LocalBackend:
             messages = tuple(media.split(messages, media.MARKER)[0])
         return self.engine.template.render(template_messages(messages), **template_extra(request))
 
+    def check_media(self, found: list[Any]) -> None:
+        """A MediaError now, as they are attached, for images or audio this model cannot read."""
+        self.projector().check(found, self.name)
+
     def projector(self) -> Any:
         """The model's projector, loaded on first use; a UsageError for a model without one."""
         if self._projector is None:

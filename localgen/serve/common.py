@@ -4,6 +4,7 @@ its text comes back as it is decided. No generation logic here."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -203,6 +204,17 @@ def check_prompt_size(worker: ModelWorker, texts: list[str]) -> None:
     if chars > most:
         raise HTTPError(413, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
                              f"takes at most {most:,} here", param="prompt")
+
+
+async def read_messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:
+    """messages(), off the event loop when they hold media: decoding up to 64 MiB of base64, or fetching an
+    image URL, must not stall every other client."""
+    from localgen import media
+
+    if isinstance(raw, list) and (media.has_media(raw) or any(isinstance(m, dict) and m.get("images")
+                                                              for m in raw)):
+        return await asyncio.to_thread(messages, raw, allow_urls)
+    return messages(raw, allow_urls)
 
 
 def messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:

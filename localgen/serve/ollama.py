@@ -25,8 +25,8 @@ from localgen.serve.common import (
     embed_inputs,
     events,
     exact_field,
-    messages,
     read_json,
+    read_messages,
     run_job,
     sampling,
     schema_grammar,
@@ -126,7 +126,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     s = sampling(state, worker, values, grammar)
     exact = exact_field(opts, "options.exact")
     if chat:
-        msgs = messages(body.get("messages"), state.allow_image_urls)
+        msgs = await read_messages(body.get("messages"), state.allow_image_urls)
         check_prompt_size(worker, [m["content"] for m in msgs])
         think = body.get("think")
         if think is not None and not isinstance(think, bool):
@@ -139,12 +139,15 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     system = body.get("system")
     check_prompt_size(worker, [prompt, system if isinstance(system, str) else ""])
     if body.get("raw") or not worker.ref.summary.chat_template:
+        if body.get("images"):
+            raise HTTPError(400, "`images` need the model's chat template: they cannot go with a raw prompt"
+                            if body.get("raw") else f"{worker.ref.name} has no chat template to place `images` in")
         return GenerationRequest(prompt=prompt, sampling=s, exact=exact)
     head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
     user: dict[str, Any] = {"role": "user", "content": prompt}
     if body.get("images") is not None:
         user["images"] = body["images"]
-        (user,) = messages([user])
+        (user,) = await read_messages([user])
     return GenerationRequest(messages=(*head, user), sampling=s, exact=exact)
 
 

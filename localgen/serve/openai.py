@@ -25,8 +25,8 @@ from localgen.serve.common import (
     events,
     exact_field,
     http_error,
-    messages,
     read_json,
+    read_messages,
     run_job,
     sampling,
     schema_grammar,
@@ -139,7 +139,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     s = sampling(state, worker, values, grammar)
     exact = exact_field(body, "exact")
     if chat:
-        msgs = messages(body.get("messages"), state.allow_image_urls)
+        msgs = await read_messages(body.get("messages"), state.allow_image_urls)
         check_prompt_size(worker, [m["content"] for m in msgs])
         return GenerationRequest(messages=msgs, sampling=s, logprobs=logprobs, exact=exact,
                                  template_args=_template_args(body))
