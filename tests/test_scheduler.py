@@ -49,6 +49,9 @@ def test_a_burst_of_long_prompts_never_stalls_a_running_stream(smollm2_engine: o
             for i in range(4)]
     assert sum(map(len, long)) > 512
     pc = ParallelContext(eng, 5, 1024, pooled=True)
+    # a GPU's steps (one ubatch each), made small here: on a CPU a step takes a whole n_batch instead
+    assert (pc.step_tokens, pc.n_batch, pc.one_pool) == (2048, 2048, False)
+    pc.step_tokens = 128
     sampled: list[tuple[int, int]] = []  # (step, request) for every token sampled
     queue: list[Any] = [Request(0, _chat(eng, PROMPTS[0]), _greedy(24))]
     ended: set[int] = set()
@@ -92,6 +95,7 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
         prefix += 1
     assert prefix > 100
     pc = ParallelContext(eng, 2, 1024, pooled=True)
+    assert not pc.one_pool  # on a CPU each slot has its own stream: the cells come in a copy of the stream
     queue = [Request(0, first, _greedy(3))]
     done: dict[int, Any] = {}
     positions: list[int] = []  # where request 1's cells begin, at each of its tokens

@@ -60,21 +60,28 @@ class ParallelContext:
         # unified: one pool of cells shared by all sequences (sequence copies share cells: beam search)
         p.n_ctx = self.n_ctx_seq if unified else self.n_ctx_seq * n_parallel
         self.n_chunk = engine.n_batch  # prompt chunk per llama_decode, as in the single-stream path
-        p.n_batch = max(prm.n_batch, n_parallel)
+        # the throughput scheduler takes up to llama-server's n_batch (2048) tokens per step, in ubatches
+        p.n_batch = max(prm.n_batch, n_parallel, 2048 if pooled else 0)
         p.n_ubatch = max(min(prm.n_ubatch, p.n_batch), 1)
         self.pooled = pooled
         # the throughput scheduler's tokens per step: one ubatch (one pass over the weights) on a GPU, so a
-        # burst of prompts costs each running stream one such pass per step, never a whole burst's; on a CPU,
-        # where a pass costs in proportion to its rows, 128 (Gemma 3 270M, 2 cores, 32 clients: ITL p99 645
-        # ms with 512, at llama-server's 0.95-0.99x throughput)
-        self.step_tokens = int(p.n_ubatch) if engine.offloaded else min(int(p.n_ubatch), 128)
+        # burst of prompts costs each running stream one such pass per step, never a whole burst's. On a CPU a
+        # pass costs in proportion to its rows, so cutting prompts into steps does not lower what they cost
+        # the running streams, it only spreads it over more of their tokens (and delays the new ones' first
+        # token): a whole n_batch per step, as llama-server takes. (Gemma 3 270M, 2 cores, 32 clients × 2
+        # requests: steps of 128 stalled the streams at ~100 steps of 0.4 s, ITL p99 2.7x llama-server's.)
+        self.step_tokens = int(p.n_ubatch) if engine.offloaded else int(p.n_batch)
         p.n_seq_max = n_seq_max or n_parallel
         p.n_threads = prm.n_threads
         p.n_threads_batch = prm.n_threads_batch
         p.flash_attn_type = 1 if engine.flash_attn else 0
         p.type_k = KV_CACHE_TYPES[prm.cache_type_k]
         p.type_v = KV_CACHE_TYPES[prm.cache_type_v]
-        p.kv_unified = unified or pooled  # otherwise each sequence gets its own n_ctx_seq window
+        # the throughput scheduler's cells: one pool on a GPU; on a CPU each slot its own stream, as
+        # llama-server -np N keeps them, since in a pool every row's attention spans every slot's cells
+        # (Gemma 3 270M, 2 cores, 32 sequences: 8 % slower decoding steps in a pool)
+        self.one_pool = unified or (pooled and engine.offloaded)
+        p.kv_unified = self.one_pool  # otherwise each sequence gets its own n_ctx_seq window
         p.no_perf = False
         self.ctx = lc.llama_init_from_model(engine.model_ptr, p)
         if not self.ctx:
@@ -243,7 +250,10 @@ class ParallelContext:
             n = safe_prefix(req.tokens, n)
             if n > keep:  # another slot (running or idle) holds more of this prompt: share its cells
                 self.lc.llama_memory_seq_rm(mem, slot, -1, -1)
-                self.lc.llama_memory_seq_cp(mem, src, slot, 0, n)
+                if self.one_pool:
+                    self.lc.llama_memory_seq_cp(mem, src, slot, 0, n)
+                else:  # between streams llama.cpp copies only a whole one (~5 ms here): copy, drop the rest
+                    self.lc.llama_memory_seq_cp(mem, src, slot, -1, -1)
                 self.shared += n
                 keep = n
         self.lc.llama_memory_seq_rm(mem, slot, keep, -1)
@@ -279,8 +289,8 @@ class ParallelContext:
                 wants.append((seq, self._add(seq.pending, seq.next_pos, slot, True)))
                 seq.pending = None
         decoding = len(wants)
-        room = min(self.n_batch, max(self.step_tokens, decoding + 1)) - decoding
         filling = sorted((s for s in active.values() if s.filled < len(s.req.tokens)), key=lambda s: s.started)
+        room = min(self.n_batch, max(self.step_tokens, decoding + 1)) - decoding
         for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
             end = self._media(seq.req.tokens, seq.slot, seq.filled)
             self.held[seq.slot].extend(seq.req.tokens[seq.filled:end])
