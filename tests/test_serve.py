@@ -172,6 +172,9 @@ def test_errors_have_each_apis_shape_and_status(server: Server) -> None:
     r = httpx.post(f"{u}/v1/completions", headers=h, timeout=60,
                    json={"model": "smollm2:135m", "prompt": "word " * 1500})
     assert r.status_code == 413 and "context window" in r.json()["error"]["message"]
+    for path in ("/v1/chat/completions", "/api/chat"):  # a message that is not an object
+        r = httpx.post(f"{u}{path}", headers=h, json={"model": "smollm2:135m", "messages": ["hi"]})
+        assert r.status_code == 400, r.text
     r = httpx.post(f"{u}/api/chat", headers=h, json={"model": "nope", "messages": []})
     assert r.status_code == 404 and isinstance(r.json()["error"], str)
     r = httpx.post(f"{u}/api/generate", headers=h, json={"model": "smollm2:135m", "prompt": "x",

@@ -314,10 +314,10 @@ def attach_dropped(text: str, runner: Any, view: ChatView) -> bool:
     path = media.dropped_path(text)
     if path is None:
         return False
-    attach_media(runner, view, media.read(str(path)))
-    view.info(f"attached {view.media[-1].label()}: it goes with your next message (/detach drops it)")
+    found = media.read(str(path))
+    attach_media(runner, view, found)
+    view.info(f"attached {found.label()}: it goes with your next message (/detach drops it)")
     return True
-
 
 
 def _print_list(items: list[Any]) -> None:

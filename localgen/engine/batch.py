@@ -289,8 +289,8 @@ class ParallelContext:
                 wants.append((seq, self._add(seq.pending, seq.next_pos, slot, True)))
                 seq.pending = None
         decoding = len(wants)
-        filling = sorted((s for s in active.values() if s.filled < len(s.req.tokens)), key=lambda s: s.started)
         room = min(self.n_batch, max(self.step_tokens, decoding + 1)) - decoding
+        filling = sorted((s for s in active.values() if s.filled < len(s.req.tokens)), key=lambda s: s.started)
         for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
             end = self._media(seq.req.tokens, seq.slot, seq.filled)
             self.held[seq.slot].extend(seq.req.tokens[seq.filled:end])

@@ -207,12 +207,10 @@ def check_prompt_size(worker: ModelWorker, texts: list[str]) -> None:
 
 
 async def read_messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:
-    """messages(), off the event loop when they hold media: decoding up to 64 MiB of base64, or fetching an
-    image URL, must not stall every other client."""
-    from localgen import media
-
-    if isinstance(raw, list) and (media.has_media(raw) or any(isinstance(m, dict) and m.get("images")
-                                                              for m in raw)):
+    """messages(), off the event loop when they may hold media (content parts, Ollama's `images`): decoding up
+    to 64 MiB of base64, or fetching an image URL, must not stall every other client."""
+    if isinstance(raw, list) and any(isinstance(m, dict) and (isinstance(m.get("content"), list) or m.get("images"))
+                                     for m in raw):
         return await asyncio.to_thread(messages, raw, allow_urls)
     return messages(raw, allow_urls)
 
@@ -249,7 +247,9 @@ def messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:
                         found = media.part_media(p, allow_http=allow_urls)
                     except media.MediaError as e:
                         raise HTTPError(400, e.message, param="messages") from None
-                    parts.append(p if found is None else found.part())
+                    if found is not None and found.source.lower().startswith(("http://", "https://")):
+                        p = found.part()  # fetched: carried as a data: URI; anything else as sent
+                    parts.append(p)
                 content = parts
         if content is None:
             content = ""
