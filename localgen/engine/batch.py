@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
-from localgen.engine import logs
+from localgen.engine import logs, sampling
 from localgen.engine.batchseq import (
     END,
     Request,
@@ -117,8 +117,6 @@ class ParallelContext:
 
     def sampler(self, s: SamplingParams, seed: int, history: list[int] | tuple[int, ...] = ()) -> Any:
         """A sampler chain with the single-stream path's stages and order."""
-        from localgen.engine import sampling
-
         eog = self.engine.eog_tokens if s.ignore_eos else ()
         return sampling.build(self.lc, self.vocab, self.n_vocab, s, seed, self.n_ctx_seq, eog, history)
 
@@ -420,7 +418,7 @@ class ParallelContext:
 
     def _sample(self, seq: Seq, i: int, active: dict[int, Seq], free: list[int],
                 on_done: Callable[[Completion], None], should_stop: Callable[[], bool]) -> None:
-        tok = int(self.lc.llama_sampler_sample(seq.sampler, self.ctx, i))
+        tok = sampling.pick(self.lc, self.ctx, seq.sampler, i, self.n_vocab, top_k=self.pooled)
         accept(seq, tok, lambda: self._logits(i), self.engine.piece)
         dec = seq.dec
         if dec.reason != "eos" and len(dec.tokens) > 1:
@@ -434,7 +432,7 @@ class ParallelContext:
                 on_done: Callable[[Completion], None]) -> None:
         """Hand on a sequence that ended (or, not ended yet, is cancelled) and free its slot."""
         on_done(completion(seq))
-        self.lc.llama_sampler_free(seq.sampler)
+        self.lc.llama_sampler_free(seq.sampler.ptr)
         del active[seq.slot]
         heapq.heappush(free, seq.slot)
 

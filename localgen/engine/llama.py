@@ -252,11 +252,14 @@ class Engine(Vocabulary):
 
     def free_sampler(self, chain: Any) -> None:
         """Release a sampler chain."""
-        self.lib.llama_sampler_free(chain)
+        self.lib.llama_sampler_free(chain.ptr)
 
     def sample(self, chain: Any, row: int = -1) -> int:
-        """Sample from the logits of one output row of the last decode (-1: the last row)."""
-        return int(self.lib.llama_sampler_sample(chain, self.ctx, row))
+        """Sample from the logits of one output row of the last decode (-1: the last row), as
+        llama_sampler_sample does (a greedy chain by the row's argmax: engine/sampling.py)."""
+        from localgen.engine import sampling
+
+        return sampling.pick(self.lib, self.ctx, chain, row, self.n_vocab)
 
     def logits(self, row: int = -1) -> Any:
         """A numpy view of one output row's logits (valid until the next decode)."""

@@ -81,9 +81,54 @@ class Job:
             end, self.on_end = self.on_end, None
             end()
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            _outbox(self.loop).put(self.events, event)
         except RuntimeError:  # the server is shutting down: nobody is listening any more
             self.cancelled.set()
+
+
+class _Outbox:
+    """Events from the worker thread to one event loop, handed over together: one wake-up of the loop per
+    decoding step (every stream's text in it), not one per token and stream. Each wake-up is a write to the
+    loop's self-pipe and a pass of the loop on a core that the decoding threads are using."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list[tuple[asyncio.Queue[Event], Event]] = []
+
+    def put(self, events: asyncio.Queue[Event], event: Event) -> None:
+        with self.lock:
+            self.items.append((events, event))
+            if len(self.items) > 1:  # a hand-over is already scheduled and has not run yet
+                return
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:
+            with self.lock:
+                self.items.clear()
+            raise
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for events, event in items:
+            events.put_nowait(event)
+
+
+_OUTBOXES: dict[asyncio.AbstractEventLoop, _Outbox] = {}
+_OUTBOX_LOCK = threading.Lock()
+
+
+def _outbox(loop: asyncio.AbstractEventLoop) -> _Outbox:
+    with _OUTBOX_LOCK:
+        box = _OUTBOXES.get(loop)
+        if box is None:
+            if loop.is_closed():
+                raise RuntimeError("event loop is closed")
+            for old in [lp for lp in _OUTBOXES if lp.is_closed()]:
+                del _OUTBOXES[old]
+            box = _OUTBOXES[loop] = _Outbox(loop)
+        return box
 
 
 @dataclass(eq=False)

@@ -1,0 +1,143 @@
+"""engine/sampling.py's shortcuts choose what llama_sampler_sample's pass over the whole vocabulary chooses:
+the argmax for a greedy chain, a top-k chain given only the logits that can survive top-k. Checked on real
+logits (SmolLM2, 49,152 tokens) and on rows made to tie, seed by seed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from localgen.engine import sampling
+from localgen.engine.batch import ParallelContext
+from localgen.types import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def decoded(smollm2_engine: Any) -> Any:
+    """A pooled context holding one decode with 4 output rows (four different prompts' last tokens)."""
+    eng: Any = smollm2_engine
+    pc = ParallelContext(eng, 4, 256, pooled=True)
+    prompts = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Roses are red,"]
+    pc.batch.n_tokens = 0
+    for slot, p in enumerate(prompts):
+        toks = list(eng.tokenize(p, add_special=True))
+        for pos, t in enumerate(toks):
+            pc._add(t, pos, slot, pos == len(toks) - 1)
+    pc._decode(4)
+    rows = [i for i in range(pc.batch.n_tokens) if pc.batch.logits[i]]
+    yield pc, rows
+    pc.close()
+
+
+def _both(pc: Any, s: SamplingParams, seed: int, row: int, draws: int = 3) -> tuple[list[int], list[int]]:
+    """`draws` tokens from the same logits row by the full pass and by pick, each with a fresh chain."""
+    lc, n_vocab = pc.lc, pc.n_vocab
+    full, short = pc.sampler(s, seed), pc.sampler(s, seed)
+    try:
+        a = [int(lc.llama_sampler_sample(full.ptr, pc.ctx, row)) for _ in range(draws)]
+        b = [sampling.pick(lc, pc.ctx, short, row, n_vocab, top_k=True) for _ in range(draws)]
+    finally:
+        lc.llama_sampler_free(full.ptr)
+        lc.llama_sampler_free(short.ptr)
+    return a, b
+
+
+def test_which_chains_take_a_shortcut() -> None:
+    S, n = SamplingParams, 49152
+    assert sampling.shortcut(S(temperature=0), n) == sampling.GREEDY
+    assert sampling.shortcut(S(temperature=0, ignore_eos=True), n) == sampling.GREEDY
+    assert sampling.shortcut(S(temperature=0.8), n) == sampling.TOP_K
+    assert sampling.shortcut(S(temperature=0.8, repeat_penalty=1.1, repeat_last_n=0), n) == sampling.TOP_K
+    for s in (S(temperature=0, repeat_penalty=1.1), S(temperature=0.8, presence_penalty=0.5),
+              S(temperature=0, frequency_penalty=0.1), S(temperature=0.8, dry_multiplier=0.8),
+              S(temperature=0, logit_bias=((5, 2.0),)), S(temperature=0.8, grammar='root ::= "a"'),
+              S(temperature=0.8, mirostat=2), S(temperature=0.8, top_n_sigma=1.0), S(temperature=0.8, top_k=0),
+              S(temperature=0.8, top_k=1000)):
+        assert sampling.shortcut(s, n) == sampling.FULL, s
+    assert sampling.shortcut(S(temperature=0.8), 1000) == sampling.FULL  # too few tokens for 512 groups
+
+
+def test_greedy_shortcut_is_the_greedy_stage(decoded: Any) -> None:
+    pc, rows = decoded
+    for row in rows:
+        a, b = _both(pc, SamplingParams(temperature=0.0), 0, row, draws=1)
+        assert a == b == [int(np.argmax(pc._logits(row)))]
+
+
+def test_banned_end_of_generation_tokens_stay_banned(decoded: Any) -> None:
+    """ignore_eos bans the end tokens with a bias of -inf; the greedy shortcut masks them the same way."""
+    pc, rows = decoded
+    lc = pc.lc
+    for row in rows:
+        best = int(np.argmax(pc._logits(row)))
+        full = pc.sampler(SamplingParams(temperature=0.0, logit_bias=((best, float("-inf")),)), 0)
+        short = sampling.Chain(pc.sampler(SamplingParams(temperature=0.0), 0).ptr, sampling.GREEDY, 40, (best,))
+        try:
+            a = int(lc.llama_sampler_sample(full.ptr, pc.ctx, row))
+            b = sampling.pick(lc, pc.ctx, short, row, pc.n_vocab)
+        finally:
+            lc.llama_sampler_free(full.ptr)
+            lc.llama_sampler_free(short.ptr)
+        assert a == b != best
+
+
+@pytest.mark.parametrize("s", [
+    SamplingParams(temperature=0.8),
+    SamplingParams(temperature=1.5, top_k=100, top_p=1.0, min_p=0.0),
+    SamplingParams(temperature=1.0, top_k=5, typical_p=0.9),
+    SamplingParams(temperature=1.2, top_k=60, xtc_probability=0.7, xtc_threshold=0.05),
+    SamplingParams(temperature=0.8, ignore_eos=True),
+], ids=["defaults", "wide", "typical", "xtc", "ignore_eos"])
+def test_top_k_shortcut_draws_what_the_full_pass_draws(decoded: Any, s: SamplingParams) -> None:
+    pc, rows = decoded
+    assert sampling.shortcut(s, pc.n_vocab) == sampling.TOP_K
+    for row in rows:
+        for seed in range(12):
+            a, b = _both(pc, s, seed, row)
+            assert a == b, (row, seed)
+
+
+def test_top_k_shortcut_only_where_allowed(decoded: Any) -> None:
+    """Without top_k=True (an exact request), a top-k chain takes the full pass: same draws either way."""
+    pc, rows = decoded
+    s = SamplingParams(temperature=0.8)
+    chain = pc.sampler(s, 7)
+    ref = pc.sampler(s, 7)
+    try:
+        assert chain.shortcut == sampling.TOP_K
+        got = [sampling.pick(pc.lc, pc.ctx, chain, rows[0], pc.n_vocab) for _ in range(4)]
+        want = [int(pc.lc.llama_sampler_sample(ref.ptr, pc.ctx, rows[0])) for _ in range(4)]
+    finally:
+        pc.lc.llama_sampler_free(chain.ptr)
+        pc.lc.llama_sampler_free(ref.ptr)
+    assert got == want
+
+
+def test_top_k_candidates_keep_every_logit_that_can_survive() -> None:
+    """Rows whose k best lie side by side or all in one of the bound's groups, with many ties at the k-th place, random, and with a banned token
+    among the best: the candidates hold every id top-k may keep (all at or above the k-th largest logit)."""
+    rng = np.random.default_rng(3)
+    n, k = 49152, 40
+    for case in ("one run", "one group", "ties", "random", "banned"):
+        row = rng.standard_normal(n).astype(np.float32)
+        banned: tuple[int, ...] = ()
+        if case == "one run":
+            row[96 * 7: 96 * 7 + k] = 50 + np.arange(k, dtype=np.float32)
+        elif case == "one group":  # every 512th logit: the bound's groups
+            row[7: 7 + 512 * k: 512] = 50 + np.arange(k, dtype=np.float32)
+        elif case == "ties":
+            row[rng.choice(n, 300, replace=False)] = 9.0
+        elif case == "banned":
+            banned = (int(np.argmax(row)),)
+        ids = sampling.top_k_candidates(row, k, banned)
+        assert ids is not None
+        kept = row.copy()
+        kept[list(banned)] = -np.inf
+        kth = np.sort(kept)[::-1][k - 1]
+        assert set(np.flatnonzero(kept >= kth)) <= set(ids.tolist()), case
+        assert not set(banned) & set(ids.tolist())
+        assert list(ids) == sorted(ids)
+    nan = np.full(n, np.nan, dtype=np.float32)
+    assert sampling.top_k_candidates(nan, k) is None
