@@ -70,8 +70,8 @@ def start(target: str, model: str, path: str, port: int, a: argparse.Namespace, 
     raise SystemExit(f"{target} did not start: {' '.join(cmd)}")
 
 
-def client(url: str, model: str, prompts: list[str], tokens: int, raw: bool, temperature: float, system: str,
-           out: list[dict[str, Any]]) -> None:
+def client(http: Any, url: str, model: str, prompts: list[str], tokens: int, raw: bool, temperature: float,
+           system: str, out: list[dict[str, Any]]) -> None:
     import httpx
 
     for prompt in prompts:
@@ -88,17 +88,24 @@ def client(url: str, model: str, prompts: list[str], tokens: int, raw: bool, tem
         t0 = time.perf_counter()
         stamps: list[float] = []
         used = 0
-        with httpx.stream("POST", url + endpoint, json=body, timeout=600) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                doc = json.loads(line[6:])
-                if doc.get("usage"):
-                    used = doc["usage"].get("completion_tokens", 0)
-                choice = (doc.get("choices") or [{}])[0]
-                piece = choice.get("text") or (choice.get("delta") or {}).get("content")
-                if piece:
-                    stamps.append(time.perf_counter())
+        for attempt in range(3):  # as the openai client retries (max_retries=2) a kept-alive connection that
+            try:              # the server closed just as it was reused; the clock keeps running
+                with http.stream("POST", url + endpoint, json=body) as r:
+                    for line in r.iter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        doc = json.loads(line[6:])
+                        if doc.get("usage"):
+                            used = doc["usage"].get("completion_tokens", 0)
+                        choice = (doc.get("choices") or [{}])[0]
+                        piece = choice.get("text") or (choice.get("delta") or {}).get("content")
+                        if piece:
+                            stamps.append(time.perf_counter())
+                break
+            except (httpx.RemoteProtocolError, httpx.ConnectError) as e:
+                if stamps or attempt == 2:
+                    raise
+                print(f"  (retried a request to {url}: {e})", file=sys.stderr)
         out.append({"t0": t0, "stamps": stamps, "tokens": used or len(stamps)})
 
 
@@ -110,15 +117,23 @@ def pct(xs: list[float], p: float) -> float:
 def load(url: str, model: str, prompts: list[list[str]], tokens: int, raw: bool, temperature: float,
          system: str) -> dict[str, float]:
     """One round: every client's requests; aggregate tok/s, TTFT p50 (s), ITL p99 (ms)."""
+    import httpx
+
     results: list[dict[str, Any]] = []
-    threads = [threading.Thread(target=client, args=(url, model, p, tokens, raw, temperature, system, results))
-               for p in prompts]
+    # one HTTP client per simulated user, made before the clock starts and kept across its requests, as an
+    # application keeps its `openai` client (a client made per request spends ~0.2 s here building its TLS
+    # context, on the cores the server uses, inside every TTFT)
+    https = [httpx.Client(timeout=600) for _ in prompts]
+    threads = [threading.Thread(target=client, args=(h, url, model, p, tokens, raw, temperature, system, results))
+               for h, p in zip(https, prompts, strict=True)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    for h in https:
+        h.close()
     n = sum(r["tokens"] for r in results)
     ttft = [r["stamps"][0] - r["t0"] for r in results if r["stamps"]]
     itl = [b - a_ for r in results for a_, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
@@ -156,6 +171,8 @@ def main() -> None:
     print(f"{ref.name}: {a.requests} requests per client, {a.words}-word prompts"
           + (f" after a shared {a.system_words}-word system prompt" if system else "")
           + f", {a.tokens} tokens, {a.threads} threads, {a.rounds} rounds; median of rounds")
+    import httpx
+
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
         for clients in [int(c) for c in a.clients.split(",")]:
@@ -164,7 +181,8 @@ def main() -> None:
                 for t in targets:
                     port = free_port()
                     procs[t] = (start(t, ref.name, ref.path, port, a, env, clients), f"http://127.0.0.1:{port}")
-                    client(procs[t][1], ref.name, ["warm up"], 4, raw, 0.0, "", [])
+                    with httpx.Client(timeout=600) as http:
+                        client(http, procs[t][1], ref.name, ["warm up"], 4, raw, 0.0, "", [])
                 for temp in [float(x) for x in a.temperatures.split(",")]:
                     got: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
                     for r in range(a.rounds):

@@ -190,6 +190,13 @@ def test_bench_parallel_reports_aggregate_rates(cli: CLI) -> None:
     recs = {x["test"]: x for x in map(json.loads, r.stdout.splitlines())}
     assert set(recs) == {"pp16", "tg8", "pp16 x2", "tg8 x2"}
     assert recs["tg8 x2"]["n_parallel"] == 2 and recs["tg8 x2"]["avg_ts"] > 0
+    # the mode serve and run --file use here (flash attention on a CPU: throughput), or the one asked for
+    assert recs["tg8 x2"]["batching"] == "throughput" and recs["tg8"]["batching"] is None
+    r = cli("bench", "-p", "16", "-n", "8", "-r", "1", "-npl", "2", "--exact", "--no-e2e", "-o", "md")
+    assert r.returncode == 0, r.stderr
+    assert "pp16 x2 (exact)" in r.stdout and "tg8 x2 (exact)" in r.stdout
+    r = cli("bench", "-p", "16", "-n", "8", "--exact")
+    assert r.returncode == 2 and "add --parallel N" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_many_prompts_piped_to_head_end_quietly(cli: CLI, tmp_path: Path) -> None:

@@ -116,8 +116,9 @@ def test_top_k_shortcut_only_where_allowed(decoded: Any) -> None:
 
 
 def test_top_k_candidates_keep_every_logit_that_can_survive() -> None:
-    """Rows whose k best lie side by side or all in one of the bound's groups, with many ties at the k-th place, random, and with a banned token
-    among the best: the candidates hold every id top-k may keep (all at or above the k-th largest logit)."""
+    """Rows whose k best lie side by side or all in one of the bound's groups, with many ties at the k-th
+    place, random, and with a banned token among the best: the candidates hold every id top-k may keep (all
+    at or above the k-th largest logit)."""
     rng = np.random.default_rng(3)
     n, k = 49152, 40
     for case in ("one run", "one group", "ties", "random", "banned"):

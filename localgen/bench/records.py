@@ -22,7 +22,7 @@ LLAMA_BENCH_FIELDS = [
 ]
 OUR_FIELDS = [
     "test", "n_parallel", "model_name", "load_s", "ttft_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "peak_rss_bytes",
-    "peak_gpu_bytes", "limit_ts", "limit_share", "localgen_version",
+    "peak_gpu_bytes", "limit_ts", "limit_share", "batching", "localgen_version",
 ]
 
 
@@ -70,6 +70,7 @@ def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
         "peak_rss_bytes": r.peak_rss, "peak_gpu_bytes": r.peak_gpu,
         "limit_ts": round(r.limit_ts, 2) if r.limit_ts else None,
         "limit_share": round(r.avg_ts / r.limit_ts, 4) if r.limit_ts else None,
+        "batching": r.batching,
         "localgen_version": system["localgen_version"],
         "samples_ns": r.samples_ns, "samples_ts": [round(x, 6) for x in r.samples_ts],
     }
@@ -111,7 +112,8 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     for r in records:
         cells.append([
             r["model_type"], size_gib(r["model_size"]), params_b(r["model_n_params"]), r["backends"],
-            *[str(int(r[c]) if isinstance(r[c], bool) else r[c]) for c in cols], r["test"],
+            *[str(int(r[c]) if isinstance(r[c], bool) else r[c]) for c in cols],
+            r["test"] + (f" ({r['batching']})" if r.get("batching") else ""),
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
             f"{r['ttft_ms']:.1f}" if r["ttft_ms"] is not None else "",
             f"{r['itl_p50_ms']:.2f}/{r['itl_p99_ms']:.2f}" if r["itl_p50_ms"] is not None else "",

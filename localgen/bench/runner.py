@@ -37,6 +37,7 @@ class Result:
     peak_gpu: int | None
     limit_ts: float | None
     test_time: str
+    batching: str | None = None  # -npl tests: the scheduler's mode, "exact" or "throughput"
 
     @property
     def avg_ts(self) -> float:
@@ -136,7 +137,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
             bench.generate(1)
             for test in plan.tests:
                 if test.n_parallel > 1:
-                    yield _measure_parallel(engine, cfg, test, model, plan.repetitions, progress)
+                    yield _measure_parallel(engine, cfg, test, model, plan.repetitions, progress, plan.exact)
                 else:
                     yield _measure(engine, bench, cfg, test, model, plan.repetitions, progress, limit)
         finally:
@@ -183,11 +184,11 @@ def _measure(engine: Any, bench: Any, cfg: LoadConfig, test: Test, model: dict[s
 
 
 def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str, Any], reps: int,
-                      progress: Progress) -> Result:
+                      progress: Progress, exact: bool | None = None) -> Result:
     """Aggregate rates over n_parallel sequences decoded together (llama-batched-bench's S_PP / S_TG), on the
     context `serve` makes here. The prompts go through the batch scheduler that `serve` and `run --file` use
     (engine/batch.py); a tg test then decodes every sequence together (untimed prompts first, as that tool
-    does)."""
+    does). `exact`: --exact / --no-exact, else the mode `serve` would use."""
     import random
 
     from localgen.engine.batch import ParallelContext
@@ -195,7 +196,7 @@ def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str,
     from localgen.engine.bench import bench_parallel
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    mode = batching_mode(engine, None)  # the context and scheduler `serve` and `run --file` use here
+    mode = batching_mode(engine, exact)  # the context and scheduler `serve` and `run --file` use here
     pc = ParallelContext(engine, test.n_parallel, test.n_prompt + test.n_gen + 16, pooled=mode.throughput)
     rng = random.Random(1234)
     samples: list[float] = []
@@ -211,7 +212,7 @@ def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str,
     return Result(
         config=cfg, test=test, model=model, samples_ns=[int(s * 1e9) for s in samples],
         samples_ts=[tokens / s for s in samples], load_s=engine.load_s, ttft_ms=None, itl_ms={},
-        peak_rss=_peak_rss(), peak_gpu=_gpu_used(), limit_ts=None, test_time=started,
+        peak_rss=_peak_rss(), peak_gpu=_gpu_used(), limit_ts=None, test_time=started, batching=mode.name,
     )
 
 

@@ -151,6 +151,7 @@ class Plan:
     configs: list[LoadConfig]
     tests: list[Test]
     repetitions: int
+    exact: bool | None = None  # -npl tests' batching mode: --exact (True), --no-exact (False), else serve's
 
     @property
     def size(self) -> int:
@@ -161,7 +162,7 @@ class Plan:
 def build(models: list[str], threads: list[int], ngl: list[int], batch: list[int], ubatch: list[int],
           fa: list[bool], ctk: list[str], ctv: list[str], prompts: list[int], gens: list[int],
           pg: list[tuple[int, int]], depths: list[int], reps: int, e2e: bool,
-          parallel: list[int] | None = None) -> Plan:
+          parallel: list[int] | None = None, exact: bool | None = None) -> Plan:
     """Every combination, in llama-bench's order (models outermost)."""
     for name, values, low in (("--threads", threads, 1), ("--batch-size", batch, 1), ("--ubatch-size", ubatch, 1),
                               ("--n-prompt", prompts, 0), ("--n-gen", gens, 0), ("--n-depth", depths, 0),
@@ -192,7 +193,10 @@ def build(models: list[str], threads: list[int], ngl: list[int], batch: list[int
         tests.append(Test("e2e", 0, gens[0], 0))  # the chat path: template, sampling, detokenizing
     if not tests:
         raise UsageError("nothing to measure: give -p, -n or -pg sizes above 0")
-    return Plan(configs, tests, reps)
+    if exact is not None and not any(t.n_parallel > 1 for t in tests):
+        flag = "--exact" if exact else "--no-exact"
+        raise UsageError(f"{flag} sets how -npl sequences are batched: add --parallel N (N above 1)")
+    return Plan(configs, tests, reps, exact)
 
 
 KV_TYPES = list(KV_CACHE_TYPES)

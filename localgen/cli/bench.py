@@ -47,6 +47,12 @@ def bench(
     parallel: Annotated[Values, _opt("--parallel", "-npl", "--concurrency",
                                      help="Sequences decoded together: aggregate rates (with --endpoint: requests in "
                                           "flight).")] = None,
+    exact: Annotated[
+        bool | None, typer.Option("--exact/--no-exact", show_default=False,
+                                  help="With -npl: the batching mode of the sequences decoded together. Default: "
+                                       "the one `serve` and `run --file` use here (throughput wherever exactness "
+                                       "costs more than 10 %). --exact: every answer as if alone, at that price.")
+    ] = None,
     reps: Annotated[int, typer.Option("--repetitions", "-r", min=1, help="Repetitions of each test.")] = 5,
     output: Annotated[
         str | None,
@@ -83,7 +89,7 @@ def bench(
     if endpoint or (model and any(_is_named_endpoint(m) for m in model)):
         local = {"--threads": threads, "--n-gpu-layers": ngl, "--batch-size": batch, "--ubatch-size": ubatch,
                  "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv, "--n-depth": n_depth,
-                 "--prompt-gen": pg, "--rpc": rpc}
+                 "--prompt-gen": pg, "--rpc": rpc, "--exact/--no-exact": exact is not None}
         bad = [flag for flag, v in local.items() if v]
         if bad:
             raise UsageError(f"{', '.join(bad)} cannot be used with --endpoint (the server loads the model)")
@@ -92,7 +98,8 @@ def bench(
     if request_rate or num_prompts or api_key_env:
         raise UsageError("--request-rate, --num-prompts and --api-key-env go with --endpoint URL")
     plan = _plan(model=model, threads=threads, ngl=ngl, batch=batch, ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv,
-                 n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=reps, e2e=e2e, parallel=parallel, rpc=rpc)
+                 n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=reps, e2e=e2e, parallel=parallel, rpc=rpc,
+                 exact=exact)
     _measure(plan, output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
 
 
@@ -202,6 +209,7 @@ def _plan(**flags: Any) -> Any:
         gens=sweep.int_values("--n-gen", flags["n_gen"], [128]),
         pg=sweep.pairs("--prompt-gen", flags["pg"]), depths=sweep.int_values("--n-depth", flags["n_depth"], [0]),
         reps=flags["reps"], e2e=flags["e2e"], parallel=sweep.int_values("--parallel", flags["parallel"], []),
+        exact=flags.get("exact"),
     )
 
 

@@ -87,8 +87,9 @@ TOKEN_DATA = [("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]  # llama_token_data
 def top_k_candidates(logits: Any, k: int, banned: tuple[int, ...] = ()) -> Any:
     """The ids (ascending) of every logit at or above the k-th largest of the maxima of BLOCKS disjoint groups
     of logits, less `banned`: a superset of the ids top-k can keep, ties at the k-th place included (those k
-    maxima are k distinct logits, so the k-th largest logit is at least the bound). None when fewer than k are left (banned tokens
-    among the best, or NaN logits): then only the full pass chooses as llama.cpp would."""
+    maxima are k distinct logits, so the k-th largest logit is at least the bound). None when fewer than k
+    are left (banned tokens among the best, or NaN logits): then only the full pass chooses as llama.cpp
+    would."""
     import numpy as np
 
     per = len(logits) // BLOCKS
