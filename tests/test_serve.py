@@ -312,35 +312,3 @@ def test_the_start_up_line_says_which_batching_mode_and_why(cli_env: dict[str, s
         assert s.stop() == 0
         assert s.proc.stderr is not None and want in s.proc.stderr.read().decode()
 
-
-def test_an_idle_worker_gathers_a_burst_but_not_a_lone_request() -> None:
-    """serve/worker.py's _gather: with one connection open it returns at once; with three open it waits (up to
-    GATHER_S) for the other two requests to be queued, so that their prompts share the first step."""
-    import asyncio
-    import queue
-    import threading
-    import time
-
-    from localgen.serve.worker import GATHER_S, _gather
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        jobs: queue.Queue[object] = queue.Queue()
-        t0 = time.perf_counter()
-        _gather(loop, jobs, connections=1)
-        assert time.perf_counter() - t0 < GATHER_S / 3  # a lone request waits only for one round trip
-        for delay in (0.004, 0.008):  # two more requests, reaching the queue a few ms apart
-            loop.call_soon_threadsafe(loop.call_later, delay, jobs.put, object())
-        t0 = time.perf_counter()
-        _gather(loop, jobs, connections=3)
-        waited = time.perf_counter() - t0
-        assert jobs.qsize() == 2 and 0.007 < waited < GATHER_S
-        t0 = time.perf_counter()
-        _gather(loop, queue.Queue(), connections=5)  # connections that send nothing: the wait is bounded
-        assert GATHER_S <= time.perf_counter() - t0 < GATHER_S + 0.02
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        loop.close()

@@ -146,8 +146,6 @@ def start(f: o.Flags) -> None:
     config = uvicorn.Config(app, host=f.host, port=f.port, log_level="warning" if not f.verbose else "info",
                             timeout_graceful_shutdown=5, access_log=f.verbose, lifespan="off")
     server = _Server(config)
-    for w in workers:  # a burst's size, for an idle worker gathering it (serve/worker.py, _gather)
-        w.connections = lambda: len(server.server_state.connections)
     err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
              f"at /v1, Ollama API at /api · {f.parallel} slots per model")
     for w in workers:

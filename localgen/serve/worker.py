@@ -115,38 +115,6 @@ class _Outbox:
             events.put_nowait(event)
 
 
-GATHER_S = 0.03  # the longest a request that finds the server idle waits for others arriving with it
-
-
-def _gather(loop: asyncio.AbstractEventLoop, jobs: queue.Queue[Any], connections: int = 0) -> None:
-    """Before an idle scheduler starts on a request, wait while the event loop is still reading requests that
-    came with it (a burst: clients that start together, or a wave of follow-ups), up to GATHER_S, so that
-    their prompts go into the first step together. Each of them takes the loop a few ms of Python
-    (parsing, template, queueing): starting at once would run the first arrival's prompt alone and make
-    every other one wait for that step. An idle loop answers a round trip in well under a millisecond:
-    then nothing more is being read, and a lone request loses only that. Clients that start together reach
-    the server over a few ms, though, some not sent yet while the loop idles: while fewer requests have come
-    than `connections` are open (HTTP clients keep theirs between requests), the wait goes on, still up to
-    GATHER_S."""
-    deadline = time.perf_counter() + GATHER_S
-    while True:
-        queued = jobs.qsize()
-        t0 = time.perf_counter()
-        if t0 >= deadline:
-            return
-        answered = threading.Event()
-        try:
-            loop.call_soon_threadsafe(answered.set)
-        except RuntimeError:  # the loop is closed: the server is stopping
-            return
-        answered.wait(deadline - t0)
-        idle = jobs.qsize() == queued and time.perf_counter() - t0 < 0.001
-        if idle and 1 + jobs.qsize() >= connections:
-            return
-        if idle:  # requests may be on their way over open connections: look again shortly
-            time.sleep(0.001)
-
-
 _OUTBOXES: dict[asyncio.AbstractEventLoop, _Outbox] = {}
 _OUTBOX_LOCK = threading.Lock()
 
@@ -223,7 +191,6 @@ class ModelWorker:
         self.failures = 0  # jobs failed by an internal error
         self.last_error: str | None = None
         self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
-        self.connections: Callable[[], int] = lambda: 0  # open HTTP connections (set by `serve`)
         self.vram_bytes = 0  # bytes of weights llama.cpp placed on GPUs (from its load log)
         self.mode: Any = None  # the batching Mode (engine/batch.py), known once the model has loaded
         self._stop = threading.Event()
@@ -419,8 +386,6 @@ class ModelWorker:
                         item = self.jobs.get(timeout=0.05) if wait else self.jobs.get_nowait()
                     except queue.Empty:
                         return END if wait or self._stop.is_set() else None
-                if wait and isinstance(item, Job):  # nothing runs: let a burst of arrivals in first
-                    _gather(item.loop, self.jobs, self.connections())
                 if isinstance(item, _Unload):  # handled once this loop ends
                     self._unloads.append(item)
                     return END if wait else None
