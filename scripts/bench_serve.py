@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Any
 
+import httpx
+
 WORDS = ["river", "mountain", "city", "forest", "history", "science", "music", "garden", "ocean", "planet",
          "window", "letter", "bridge", "market", "silver", "engine", "winter", "forest", "signal", "theory"]
 
@@ -55,8 +57,6 @@ def start(target: str, model: str, path: str, port: int, a: argparse.Namespace, 
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_threads",
                str(a.threads), "--n_ctx", str(a.ctx), "--flash_attn", "true", "--interrupt_requests", "false"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import httpx
-
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
@@ -72,8 +72,6 @@ def start(target: str, model: str, path: str, port: int, a: argparse.Namespace, 
 
 def client(http: Any, url: str, model: str, prompts: list[str], tokens: int, raw: bool, temperature: float,
            system: str, out: list[dict[str, Any]]) -> None:
-    import httpx
-
     for prompt in prompts:
         body: dict[str, Any] = {"model": model, "max_tokens": tokens, "stream": True, "temperature": temperature,
                                 "seed": random.getrandbits(31), "ignore_eos": True,
@@ -117,22 +115,20 @@ def pct(xs: list[float], p: float) -> float:
 def load(url: str, model: str, prompts: list[list[str]], tokens: int, raw: bool, temperature: float,
          system: str) -> dict[str, float]:
     """One round: every client's requests; aggregate tok/s, TTFT p50 (s), ITL p99 (ms)."""
-    import httpx
-
     results: list[dict[str, Any]] = []
     # one HTTP client per simulated user, made before the clock starts and kept across its requests, as an
     # application keeps its `openai` client (a client made per request spends ~0.2 s here building its TLS
     # context, on the cores the server uses, inside every TTFT)
-    https = [httpx.Client(timeout=600) for _ in prompts]
+    sessions = [httpx.Client(timeout=600) for _ in prompts]
     threads = [threading.Thread(target=client, args=(h, url, model, p, tokens, raw, temperature, system, results))
-               for h, p in zip(https, prompts, strict=True)]
+               for h, p in zip(sessions, prompts, strict=True)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    for h in https:
+    for h in sessions:
         h.close()
     n = sum(r["tokens"] for r in results)
     ttft = [r["stamps"][0] - r["t0"] for r in results if r["stamps"]]
@@ -171,8 +167,6 @@ def main() -> None:
     print(f"{ref.name}: {a.requests} requests per client, {a.words}-word prompts"
           + (f" after a shared {a.system_words}-word system prompt" if system else "")
           + f", {a.tokens} tokens, {a.threads} threads, {a.rounds} rounds; median of rounds")
-    import httpx
-
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
         for clients in [int(c) for c in a.clients.split(",")]:

@@ -34,7 +34,7 @@ from localgen.engine.batchseq import (
     is_exact,
     refuse,
 )
-from localgen.engine.lib import safe_prefix
+from localgen.engine.lib import logits_row, safe_prefix
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import LocalgenError
 from localgen.types import KV_CACHE_TYPES, SamplingParams
@@ -121,9 +121,7 @@ class ParallelContext:
         return sampling.build(self.lc, self.vocab, self.n_vocab, s, seed, self.n_ctx_seq, eog, history)
 
     def _logits(self, row: int) -> Any:
-        import numpy as np
-
-        return np.ctypeslib.as_array(self.lc.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
+        return logits_row(self.lc, self.ctx, row, self.n_vocab)
 
     def _add(self, token: int, pos: int, seq: int, logits: bool) -> int:
         b = self.batch

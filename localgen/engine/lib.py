@@ -160,6 +160,13 @@ def init_numa(strategy: int) -> None:
         _numa_done = True
 
 
+def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
+    """A numpy view of one output row's logits of the last decode (-1: the last row); valid until the next."""
+    import numpy as np
+
+    return np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, row), shape=(n_vocab,))
+
+
 def common_prefix(a: Any, b: Any) -> int:
     """Length of the common leading run of two token sequences."""
     n = 0

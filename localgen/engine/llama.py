@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from localgen import hardware, paths
-from localgen.engine import logs
-from localgen.engine.lib import common_prefix, default_repack, init_numa, lib, safe_prefix
+from localgen.engine import logs, sampling
+from localgen.engine.lib import common_prefix, default_repack, init_numa, lib, logits_row, safe_prefix
 from localgen.engine.template import ChatTemplate
 from localgen.engine.vocab import Vocabulary
 from localgen.errors import ContextOverflowError, LocalgenError, ModelLoadError
@@ -245,8 +245,6 @@ class Engine(Vocabulary):
 
     def sampler(self, s: SamplingParams, seed: int, history: list[int] | tuple[int, ...] = ()) -> Any:
         """A sampler chain for this model (engine/sampling.py); free it with free_sampler."""
-        from localgen.engine import sampling
-
         return sampling.build(self.lib, self.vocab, self.n_vocab, s, seed, self.n_ctx,
                               self.eog_tokens if s.ignore_eos else (), history)
 
@@ -257,15 +255,11 @@ class Engine(Vocabulary):
     def sample(self, chain: Any, row: int = -1) -> int:
         """Sample from the logits of one output row of the last decode (-1: the last row), as
         llama_sampler_sample does (a greedy chain by the row's argmax: engine/sampling.py)."""
-        from localgen.engine import sampling
-
         return sampling.pick(self.lib, self.ctx, chain, row, self.n_vocab)
 
     def logits(self, row: int = -1) -> Any:
         """A numpy view of one output row's logits (valid until the next decode)."""
-        import numpy as np
-
-        return np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
+        return logits_row(self.lib, self.ctx, row, self.n_vocab)
 
     # ---- the KV cache --------------------------------------------------------------------------------
 

@@ -18,10 +18,12 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
+from localgen.engine.lib import logits_row
 from localgen.errors import GrammarError
 from localgen.types import SamplingParams
 
 GREEDY, TOP_K, FULL = "greedy", "top-k", "full"
+TOKEN_DATA = [("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]  # llama_token_data
 BLOCKS = 512  # groups of logits whose maxima bound top-k from below (k at most BLOCKS // 4)
 
 
@@ -57,7 +59,7 @@ def pick(lc: Any, ctx: Any, chain: Chain, row: int, n_vocab: int, top_k: bool = 
         return int(lc.llama_sampler_sample(chain.ptr, ctx, row))
     import numpy as np
 
-    logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, row), shape=(n_vocab,))
+    logits = logits_row(lc, ctx, row, n_vocab)
     if how == GREEDY:
         tok = int(logits.argmax())
         if chain.banned and tok in chain.banned:
@@ -79,9 +81,6 @@ def pick(lc: Any, ctx: Any, chain: Chain, row: int, n_vocab: int, top_k: bool = 
         tok = int(arr.data[arr.selected].id)
     lc.llama_sampler_accept(chain.ptr, tok)
     return tok
-
-
-TOKEN_DATA = [("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]  # llama_token_data
 
 
 def top_k_candidates(logits: Any, k: int, banned: tuple[int, ...] = ()) -> Any:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,11 +70,13 @@ class Job:
     keep_alive: float | None = None  # seconds the model stays loaded after this job (Ollama's keep_alive)
     load_s: float = 0.0  # time spent loading the model for this job
     on_end: Callable[[], None] | None = None  # told once, when the job ends (done or error)
+    outbox: _Outbox = field(init=False)  # the loop's, shared by its jobs (made on the loop's thread)
 
     def __post_init__(self) -> None:
         if self.seed < 0:
             s = self.request.sampling.seed
             self.seed = s if s is not None else random.getrandbits(31)
+        self.outbox = _OUTBOXES.get(self.loop) or _OUTBOXES.setdefault(self.loop, _Outbox(self.loop))
 
     def send(self, event: Event) -> None:
         """Hand an event to the handler's event loop (from the worker thread)."""
@@ -81,7 +84,7 @@ class Job:
             end, self.on_end = self.on_end, None
             end()
         try:
-            _outbox(self.loop).put(self.events, event)
+            self.outbox.put(self.events, event)
         except RuntimeError:  # the server is shutting down: nobody is listening any more
             self.cancelled.set()
 
@@ -115,20 +118,8 @@ class _Outbox:
             events.put_nowait(event)
 
 
-_OUTBOXES: dict[asyncio.AbstractEventLoop, _Outbox] = {}
-_OUTBOX_LOCK = threading.Lock()
-
-
-def _outbox(loop: asyncio.AbstractEventLoop) -> _Outbox:
-    with _OUTBOX_LOCK:
-        box = _OUTBOXES.get(loop)
-        if box is None:
-            if loop.is_closed():
-                raise RuntimeError("event loop is closed")
-            for old in [lp for lp in _OUTBOXES if lp.is_closed()]:
-                del _OUTBOXES[old]
-            box = _OUTBOXES[loop] = _Outbox(loop)
-        return box
+# one outbox per event loop, looked up only on that loop's thread (as a Job is made); gone with the loop
+_OUTBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Outbox] = weakref.WeakKeyDictionary()
 
 
 @dataclass(eq=False)
