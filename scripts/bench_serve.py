@@ -9,11 +9,17 @@ With --against PATH/llama-server, both servers run side by side and the rounds a
 llama-server, localgen, ...) for every client count and temperature; medians and ratios are printed.
 --system-words N gives every request the same N-word system prompt (a shared prefix: 8 clients × ~1,000
 tokens shows what reusing it across slots saves; --localgen-args=--no-share-prefix recomputes it).
+--conversation makes each client's requests the turns of one chat, and --slots N gives the servers fewer
+slots than clients: conversations then take each other's slots, and a server that keeps the slots it gives
+up in host memory (localgen's and llama-server's --cache-ram; --localgen-args="--cache-ram 0" turns it off)
+evaluates only each turn's new tokens ("prompt cached": the share of prompt tokens the server took from a
+cache, from its `timings`).
 
 usage: scripts/bench_serve.py [--model gemma3:270m] [--clients 1,8,32] [--temperatures 0,0.8]
                               [--requests 2] [--words 48] [--tokens 64] [--threads 2] [--rounds 3]
                               [--against /tmp/lsrv/bin/llama-server] [--system-words 0]
                               [--target localgen|llama-server|llama-cpp-python] [--localgen-args "..."]
+                              [--conversation] [--slots N]
 """
 
 from __future__ import annotations
@@ -48,11 +54,11 @@ def start(target: str, model: str, path: str, port: int, a: argparse.Namespace, 
           clients: int) -> Any:
     if target == "localgen":
         cmd = [sys.executable, "-m", "localgen", "serve", "-m", path if a.model.endswith(".gguf") else model,
-               "--port", str(port), "-np", str(clients),
+               "--port", str(port), "-np", str(a.slots or clients),
                "-t", str(a.threads), "-c", str(a.ctx), *shlex.split(a.localgen_args)]
     elif target == "llama-server":
-        cmd = [a.llama_server, "-m", path, "--port", str(port), "-np", str(clients), "-t", str(a.threads),
-               "-c", str(a.ctx * clients), "-fa", "on", "--no-webui", *shlex.split(a.llama_args)]
+        cmd = [a.llama_server, "-m", path, "--port", str(port), "-np", str(a.slots or clients), "-t", str(a.threads),
+               "-c", str(a.ctx * (a.slots or clients)), "-fa", "on", "--no-webui", *shlex.split(a.llama_args)]
     else:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_threads",
                str(a.threads), "--n_ctx", str(a.ctx), "--flash_attn", "true", "--interrupt_requests", "false"]
@@ -71,21 +77,27 @@ def start(target: str, model: str, path: str, port: int, a: argparse.Namespace, 
 
 
 def client(http: Any, url: str, model: str, prompts: list[str], tokens: int, raw: bool, temperature: float,
-           system: str, out: list[dict[str, Any]]) -> None:
+           system: str, out: list[dict[str, Any]], conversation: bool = False) -> None:
+    """Send `prompts` one after another; with `conversation`, as the turns of one chat (each request carries
+    the earlier turns and answers, as a chat client re-sends them)."""
+    history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     for prompt in prompts:
         body: dict[str, Any] = {"model": model, "max_tokens": tokens, "stream": True, "temperature": temperature,
                                 "seed": random.getrandbits(31), "ignore_eos": True,
                                 "stream_options": {"include_usage": True}}
+        if not conversation:
+            history = [{"role": "system", "content": system}] if system else []
+        history.append({"role": "user", "content": prompt})
         if raw:
-            body.update(prompt=(system + "\n\n" if system else "") + prompt)
+            body.update(prompt="\n\n".join(m["content"] for m in history))
             endpoint = "/v1/completions"
         else:
-            msgs = [{"role": "system", "content": system}] if system else []
-            body.update(messages=[*msgs, {"role": "user", "content": prompt}])
+            body.update(messages=list(history))
             endpoint = "/v1/chat/completions"
         t0 = time.perf_counter()
         stamps: list[float] = []
-        used = 0
+        pieces: list[str] = []
+        used = prompt_n = cache_n = 0
         for attempt in range(3):  # as the openai client retries (max_retries=2) a kept-alive connection that
             try:              # the server closed just as it was reused; the clock keeps running
                 with http.stream("POST", url + endpoint, json=body) as r:
@@ -95,16 +107,22 @@ def client(http: Any, url: str, model: str, prompts: list[str], tokens: int, raw
                         doc = json.loads(line[6:])
                         if doc.get("usage"):
                             used = doc["usage"].get("completion_tokens", 0)
+                        if doc.get("timings"):
+                            prompt_n = doc["timings"].get("prompt_n", 0)
+                            cache_n = doc["timings"].get("cache_n", 0)
                         choice = (doc.get("choices") or [{}])[0]
                         piece = choice.get("text") or (choice.get("delta") or {}).get("content")
                         if piece:
                             stamps.append(time.perf_counter())
+                            pieces.append(piece)
                 break
             except (httpx.RemoteProtocolError, httpx.ConnectError) as e:
                 if stamps or attempt == 2:
                     raise
                 print(f"  (retried a request to {url}: {e})", file=sys.stderr)
-        out.append({"t0": t0, "stamps": stamps, "tokens": used or len(stamps)})
+        out.append({"t0": t0, "stamps": stamps, "tokens": used or len(stamps), "prompt_n": prompt_n,
+                    "cache_n": cache_n})
+        history.append({"role": "assistant", "content": "".join(pieces)})
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -113,14 +131,15 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def load(url: str, model: str, prompts: list[list[str]], tokens: int, raw: bool, temperature: float,
-         system: str) -> dict[str, float]:
+         system: str, conversation: bool = False) -> dict[str, float]:
     """One round: every client's requests; aggregate tok/s, TTFT p50 (s), ITL p99 (ms)."""
     results: list[dict[str, Any]] = []
     # one HTTP client per simulated user, made before the clock starts and kept across its requests, as an
     # application keeps its `openai` client (a client made per request spends ~0.2 s here building its TLS
     # context, on the cores the server uses, inside every TTFT)
     sessions = [httpx.Client(timeout=600) for _ in prompts]
-    threads = [threading.Thread(target=client, args=(h, url, model, p, tokens, raw, temperature, system, results))
+    threads = [threading.Thread(target=client,
+                                args=(h, url, model, p, tokens, raw, temperature, system, results, conversation))
                for h, p in zip(sessions, prompts, strict=True)]
     t0 = time.perf_counter()
     for t in threads:
@@ -133,8 +152,10 @@ def load(url: str, model: str, prompts: list[list[str]], tokens: int, raw: bool,
     n = sum(r["tokens"] for r in results)
     ttft = [r["stamps"][0] - r["t0"] for r in results if r["stamps"]]
     itl = [b - a_ for r in results for a_, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
+    evaluated = sum(r["prompt_n"] for r in results)
+    cached = sum(r["cache_n"] for r in results)
     return {"tok_s": n / wall, "ttft": pct(ttft, 0.5), "ttft99": pct(ttft, 0.99), "itl50": pct(itl, 0.5) * 1000,
-            "itl99": pct(itl, 0.99) * 1000}
+            "itl99": pct(itl, 0.99) * 1000, "cached": cached / max(1, cached + evaluated)}
 
 
 def main() -> None:
@@ -149,6 +170,9 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512, help="context per slot")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--system-words", type=int, default=0)
+    ap.add_argument("--conversation", action="store_true",
+                    help="each client's requests are the turns of one chat (earlier turns re-sent)")
+    ap.add_argument("--slots", type=int, default=0, help="-np for both servers (default: the client count)")
     ap.add_argument("--target", default="localgen", choices=["localgen", "llama-server", "llama-cpp-python"])
     ap.add_argument("--against", metavar="LLAMA_SERVER", help="alternate rounds with this llama-server")
     ap.add_argument("--llama-server", default="/tmp/lsrv/bin/llama-server")
@@ -164,9 +188,11 @@ def main() -> None:
         a.llama_server = a.against
     rng = random.Random(7)
     system = " ".join(rng.choice(WORDS) for _ in range(a.system_words))
-    print(f"{ref.name}: {a.requests} requests per client, {a.words}-word prompts"
+    print(f"{ref.name}: {a.requests} {'turns of a chat' if a.conversation else 'requests'} per client, "
+          f"{a.words}-word prompts"
           + (f" after a shared {a.system_words}-word system prompt" if system else "")
-          + f", {a.tokens} tokens, {a.threads} threads, {a.rounds} rounds; median of rounds")
+          + f", {a.tokens} tokens, {a.threads} threads, {a.rounds} rounds"
+          + (f", {a.slots} slots" if a.slots else "") + "; median of rounds")
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
         for clients in [int(c) for c in a.clients.split(",")]:
@@ -183,13 +209,15 @@ def main() -> None:
                         prompts = [[" ".join(rng.choice(WORDS) for _ in range(a.words)) for _ in range(a.requests)]
                                    for _ in range(clients)]
                         for t in targets if r % 2 == 0 else targets[::-1]:
-                            got[t].append(load(procs[t][1], ref.name, prompts, a.tokens, raw, temp, system))
+                            got[t].append(load(procs[t][1], ref.name, prompts, a.tokens, raw, temp, system,
+                                               a.conversation))
                     med = {t: {k: statistics.median(x[k] for x in got[t]) for k in got[t][0]} for t in targets}
                     for t in targets:
                         m = med[t]
                         print(f"  {clients:>3} clients, T={temp:<3} {t:<13} {m['tok_s']:8.1f} tok/s  "
                               f"TTFT p50 {m['ttft'] * 1000:6.0f} ms p99 {m['ttft99'] * 1000:6.0f} ms  "
-                              f"ITL p50 {m['itl50']:5.0f} ms p99 {m['itl99']:5.0f} ms")
+                              f"ITL p50 {m['itl50']:5.0f} ms p99 {m['itl99']:5.0f} ms  "
+                              f"prompt cached {m['cached']:4.0%}")
                     if a.against:
                         lg, ls = med["localgen"], med["llama-server"]
                         print(f"  {clients:>3} clients, T={temp:<3} ratio         {lg['tok_s'] / ls['tok_s']:8.2f}x  "

@@ -124,6 +124,71 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
     assert positions and set(positions) == {0}, "the shared cells stayed with the second request throughout"
 
 
+def _conversation(eng: Any, system: str, *turns: str) -> list[int]:
+    roles = ["user", "assistant"]
+    msgs = [{"role": "system", "content": system}] + [
+        {"role": roles[i % 2], "content": t} for i, t in enumerate(turns)]
+    return list(eng.chat_tokens(msgs))
+
+
+def _one_slot(eng: Any, reqs: list[Request], cache_ram: int, pooled: bool = True) -> tuple[dict[int, Any], Any]:
+    """Run `reqs` one after another in a single slot (as a server with -np 1 would), with host memory for
+    saved slots; the completions, and the host cache's counters."""
+    pc = ParallelContext(eng, 1, 1024, pooled=pooled, cache_ram=cache_ram)
+    done: dict[int, Any] = {}
+    try:
+        pc.run(iter(reqs), lambda c: done.__setitem__(c.index, c), reuse=True)
+        return done, pc.host.status() if pc.host else None
+    finally:
+        pc.close()
+
+
+@pytest.mark.parametrize("pooled", [True, False], ids=["throughput", "exact"])
+def test_a_conversation_that_lost_its_slot_comes_back_from_host_memory(smollm2_engine: object,
+                                                                       pooled: bool) -> None:
+    """Conversation A, then B in the same (only) slot, then A's next turn: A's KV state was saved to host
+    memory before B took the slot and is copied back, so A's next turn evaluates only what is new, and
+    answers exactly as it does when A never lost the slot (the same cells, bit for bit)."""
+    eng: Any = smollm2_engine
+    a_sys = "You are a careful assistant who answers about geography in one short sentence. " * 8
+    b_sys = "You are a poet. Every answer is a rhyming couplet about the weather and the sea. " * 8
+    a1 = _conversation(eng, a_sys, "Name a river in Europe.")
+    b1 = _conversation(eng, b_sys, "Write about rain.")
+    first, _ = _one_slot(eng, [Request(0, a1, _greedy(8))], 0, pooled)
+    a2 = _conversation(eng, a_sys, "Name a river in Europe.", first[0].text, "And one in Asia?")
+    kept, _ = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(2, a2, _greedy(8))], 0, pooled)
+    lost, _ = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(1, b1, _greedy(8)), Request(2, a2, _greedy(8))],
+                        0, pooled)
+    back, counters = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(1, b1, _greedy(8)),
+                                     Request(2, a2, _greedy(8))], -1, pooled)
+    assert kept[2].cached_tokens >= len(a1) > 100
+    assert lost[2].cached_tokens < 10, "without host memory B's prompt took the slot's cells (but its first words)"
+    assert back[2].cached_tokens == kept[2].cached_tokens
+    assert back[2].text == kept[2].text and back[2].completion_tokens == 8
+    assert counters["saves"] == 2 and counters["loads"] == 1  # A before B, B before A's second turn
+    assert counters["loaded_tokens"] == kept[2].cached_tokens
+    assert counters["entries"] == 1 and counters["bytes"] > 0  # B's state; A's is in the slot again
+
+
+def test_host_memory_keeps_the_most_recent_states_under_its_limit(smollm2_engine: object) -> None:
+    """With room for one saved state, a second saved state pushes out the first; a state larger than the
+    whole limit is not saved at all; prefixes under 64 tokens are evaluated again, not saved."""
+    eng: Any = smollm2_engine
+    convs = [_conversation(eng, f"System prompt number {i}. " + "Answer briefly and politely. " * 20, "Hi.")
+             for i in range(3)]
+    reqs = [Request(i, t, _greedy(4)) for i, t in enumerate(convs)]
+    _, unlimited = _one_slot(eng, reqs, -1)
+    assert unlimited["entries"] == 2 and unlimited["saves"] == 2
+    one = unlimited["bytes"] // 2 + 4096  # room for one state, not two
+    _, limited = _one_slot(eng, reqs, one)
+    assert limited["entries"] == 1 and limited["saves"] == 2 and limited["bytes"] <= one
+    _, tiny = _one_slot(eng, reqs, 4096)
+    assert tiny["entries"] == 0 and tiny["saves"] == 0
+    short = [Request(i, _chat(eng, p), _greedy(4)) for i, p in enumerate(PROMPTS[:2])]
+    _, counters = _one_slot(eng, short, -1)
+    assert counters["saves"] == 0
+
+
 def test_an_exact_request_beside_the_batch_gets_the_answer_it_gets_alone(smollm2_engine: object) -> None:
     eng: Any = smollm2_engine
     sampling = SamplingParams(temperature=0.0, max_tokens=16)

@@ -261,6 +261,9 @@ def test_serve_usage_errors(cli: CLI, tmp_path: Path) -> None:
     empty.write_text("\n")
     r = cli("serve", "--api-key-file", str(empty))
     assert r.returncode == 2 and "is empty" in r.stderr
+    for bad in ("lots", "-2", "1.5X"):
+        r = cli("serve", "--cache-ram", bad)
+        assert r.returncode == 2 and "--cache-ram" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_a_growing_conversation_reuses_its_slot(server: Server) -> None:
@@ -275,6 +278,33 @@ def test_a_growing_conversation_reuses_its_slot(server: Server) -> None:
     t = second["timings"]
     assert t["cache_n"] >= first["usage"]["prompt_tokens"], "turn 2 evaluated only what turn 1 had not"
     assert t["prompt_n"] < second["usage"]["prompt_tokens"] // 2
+
+
+def test_a_conversation_whose_slot_was_taken_comes_back_from_host_memory(cli_env: dict[str, str]) -> None:
+    """One slot, two conversations taking turns: each turn takes the slot from the other conversation, whose
+    KV state goes to host memory (--cache-ram, MiB as llama-server's) and comes back for its next turn."""
+    import openai
+
+    s = Server(cli_env, "-np", "1", "--ctx", "1024", "--cache-ram", "64")
+    try:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none")
+        convs = [[{"role": "system", "content": f"You are assistant {name}. " + "Answer tersely. " * 40},
+                  {"role": "user", "content": "Name a colour."}] for name in ("Ada", "Bob")]
+        firsts = []
+        for conv in convs:
+            r = client.chat.completions.create(model="smollm2:135m", messages=conv, max_tokens=4, temperature=0)
+            firsts.append(r.usage.prompt_tokens if r.usage else 0)
+            conv += [{"role": "assistant", "content": r.choices[0].message.content or ""},
+                     {"role": "user", "content": "Another one."}]
+        again = client.chat.completions.with_raw_response.create(model="smollm2:135m", messages=convs[0],
+                                                                 max_tokens=4, temperature=0)
+        timings = json.loads(again.text)["timings"]
+        assert timings["cache_n"] >= firsts[0] > 100, "Ada's first turn came back from host memory"
+        cache = s.health()["prompt_cache"]
+        assert cache["limit_bytes"] == 64 << 20 and cache["loads"] == 1 and cache["saves"] == 2
+        assert cache["loaded_tokens"] == timings["cache_n"] and 0 < cache["bytes"] <= 64 << 20
+    finally:
+        assert s.stop() == 0
 
 
 def test_an_exact_request_gets_runs_answer_while_others_stream(server: Server, cli: CLI) -> None:

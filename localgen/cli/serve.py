@@ -74,6 +74,13 @@ def serve(
                                 "holds (a system prompt, few-shot examples), sharing its KV cells instead of "
                                 "evaluating it again.")
     ] = True,
+    cache_ram: Annotated[
+        str, typer.Option("--cache-ram", rich_help_panel=SERVE,
+                          help="Host memory per model for the KV state of prompts that a reused slot would "
+                               "discard, so that a conversation (or a system prompt) coming back is copied in, "
+                               "not evaluated again: a number is MiB, as llama-server's --cache-ram; or 512M, "
+                               "4G; 0 off; -1 no limit. auto: 8G or a quarter of RAM, whichever is less.")
+    ] = "auto",
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
     mmproj: o.MmProj = None,
@@ -139,7 +146,8 @@ def start(f: o.Flags) -> None:
     _check_port(f.host, f.port)
     if not is_loopback(f.host) and not key:
         err.warn(f"listening on {f.host} with no API key: anyone who can reach this port can use the models")
-    workers = _workers(f, keep, err)
+    cache_ram = _cache_ram(f.cache_ram)
+    workers = _workers(f, keep, cache_ram, err)
     state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
                        allow_image_urls=f.allow_image_urls)
     app = build(state, policy)
@@ -182,7 +190,7 @@ def _Server(config: Any) -> Any:
     return _server_class()(config)
 
 
-def _workers(f: o.Flags, keep: float, err: Any) -> list[Any]:
+def _workers(f: o.Flags, keep: float, cache_ram: int, err: Any) -> list[Any]:
     from localgen.cli.progress import make_progress
     from localgen.models.resolve import resolve
     from localgen.serve.worker import ModelWorker
@@ -193,12 +201,29 @@ def _workers(f: o.Flags, keep: float, err: Any) -> list[Any]:
     for name in names:
         ref = o.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
         w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact,
-                        share_prefixes=f.share_prefix)
+                        share_prefixes=f.share_prefix, cache_ram=cache_ram)
         err.status(f"loading {ref.name} ...")
         w.preload()
         w.start()
         workers.append(w)
     return workers
+
+
+def _cache_ram(text: str) -> int:
+    """--cache-ram in bytes (-1 no limit, 0 off): a plain number is MiB, as llama-server's."""
+    from localgen import hardware
+    from localgen.units import parse_bytes
+
+    value = text.strip().lower()
+    if value == "auto":
+        return min(8 << 30, (hardware.total_ram_bytes() or 32 << 30) // 4)
+    if value == "-1":
+        return -1
+    try:
+        return int(value) << 20 if value.isdigit() else parse_bytes(value)
+    except ValueError:
+        raise UsageError(f"--cache-ram: {text!r} is not a size: use MiB (as llama-server), 512M, 4G, 0 (off), "
+                         "-1 (no limit) or auto") from None
 
 
 def _max_body(text: str) -> int:

@@ -34,7 +34,8 @@ from localgen.engine.batchseq import (
     is_exact,
     refuse,
 )
-from localgen.engine.lib import logits_row, safe_prefix
+from localgen.engine.hostcache import MIN_TOKENS, HostCache
+from localgen.engine.lib import common_prefix, logits_row, safe_prefix
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import LocalgenError
 from localgen.types import KV_CACHE_TYPES, SamplingParams
@@ -47,9 +48,12 @@ class ParallelContext:
     """A second context on the Engine's model with n_seq_max sequences, each with its own window."""
 
     def __init__(self, engine: Engine, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
-                 n_seq_max: int | None = None, pooled: bool = False, share_prefixes: bool = True) -> None:
+                 n_seq_max: int | None = None, pooled: bool = False, share_prefixes: bool = True,
+                 cache_ram: int = 0) -> None:
         """`unified`: one pool of n_ctx_per_seq cells (beam search); `pooled`: one pool of n_ctx_per_seq cells
-        per slot, shared by all (the throughput scheduler); else each slot its own stream of cells."""
+        per slot, shared by all (the throughput scheduler); else each slot its own stream of cells.
+        `cache_ram`: bytes of host memory for slot states saved before a slot is reused (engine/hostcache.py;
+        -1 no limit, 0 none); used where requests run with `reuse`."""
         lc = engine.lib
         self.lc = lc
         self.engine = engine
@@ -96,6 +100,7 @@ class ParallelContext:
         self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
         self.shared = 0  # prompt tokens taken from another slot's cells instead of evaluated
         self.share_prefixes = share_prefixes  # the throughput scheduler may start a prompt from another slot's cells
+        self.host = HostCache(lc, cache_ram) if cache_ram else None
         self._solo: Solo | None = None
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self.vocab = engine.vocab
@@ -241,17 +246,28 @@ class ParallelContext:
         slot, keep = self._pick_slot(free, req.tokens, continuation_only) if reuse else (heapq.heappop(free), 0)
         keep = safe_prefix(req.tokens, keep)  # an image is evaluated whole or not at all
         mem = self.lc.llama_get_memory(self.ctx)
+        src, n = -1, 0  # another slot (running or idle) that holds more of this prompt: its cells are shared
         if reuse and self.pooled and self.share_prefixes:
             src, n = self._best_source(req.tokens, slot)
             n = safe_prefix(req.tokens, n)
-            if n > keep:  # another slot (running or idle) holds more of this prompt: share its cells
-                self.lc.llama_memory_seq_rm(mem, slot, -1, -1)
-                if self.one_pool:
-                    self.lc.llama_memory_seq_cp(mem, src, slot, 0, n)
-                else:  # between streams llama.cpp copies only a whole one (~5 ms here): copy, drop the rest
-                    self.lc.llama_memory_seq_cp(mem, src, slot, -1, -1)
-                self.shared += n
-                keep = n
+        entry, m = None, 0  # a saved state in host memory that holds more of it still: copied in
+        if reuse and self.host is not None:
+            entry, m = self.host.best(req.tokens)
+            m = safe_prefix(req.tokens, min(m, len(req.tokens) - 1))
+            if entry is not None and continuation_only and m < entry.prompt_len:
+                m = 0
+            self._spill(slot, keep if max(n, m) <= keep else 0)
+        if entry is not None and m > max(keep, n):
+            self.lc.llama_memory_seq_rm(mem, slot, -1, -1)
+            keep = m if self.host is not None and self.host.load(self.ctx, slot, entry, m) else 0
+        elif n > keep:
+            self.lc.llama_memory_seq_rm(mem, slot, -1, -1)
+            if self.one_pool:
+                self.lc.llama_memory_seq_cp(mem, src, slot, 0, n)
+            else:  # between streams llama.cpp copies only a whole one (~5 ms here): copy, drop the rest
+                self.lc.llama_memory_seq_cp(mem, src, slot, -1, -1)
+            self.shared += n
+            keep = n
         self.lc.llama_memory_seq_rm(mem, slot, keep, -1)
         dec = SequenceDecoder.for_request(self.engine.piece, self.engine.is_eog, req.sampling, len(req.tokens),
                                           self.n_ctx_seq)
@@ -262,11 +278,20 @@ class ParallelContext:
         self.prompt_len[slot] = len(req.tokens)
         return seq
 
+    def _spill(self, slot: int, kept: int) -> None:
+        """Save to host memory what `slot` holds before it keeps only `kept` of it, unless that loses little or
+        another slot holds it all."""
+        held = self.held.get(slot)
+        if self.host is None or not held or len(held) - kept < MIN_TOKENS:
+            return
+        n = len(held)
+        if any(other != slot and len(h) >= n and h[:n] == held for other, h in self.held.items()):
+            return
+        self.host.save(self.ctx, slot, held, self.prompt_len.get(slot, n))
+
     def _best_source(self, tokens: list[int], slot: int) -> tuple[int, int]:
         """The slot other than `slot` whose evaluated tokens share the longest prefix with `tokens`, and how
         many of them can be shared (the last prompt token is always evaluated, for its logits)."""
-        from localgen.engine.lib import common_prefix
-
         best, n = -1, 0
         for other, held in self.held.items():
             if other != slot:
@@ -333,8 +358,6 @@ class ParallelContext:
     def _pick_slot(self, free: list[int], tokens: list[int], continuation_only: bool) -> tuple[int, int]:
         """The free slot whose cached tokens share the longest prefix with `tokens`, and how many to keep
         (at least the last prompt token is evaluated again, for its logits)."""
-        from localgen.engine.lib import common_prefix
-
         best, keep = free[0], 0
         for slot in free:
             n = min(common_prefix(self.held.get(slot, ()), tokens), len(tokens) - 1)

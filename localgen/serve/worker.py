@@ -163,7 +163,7 @@ class ModelWorker:
 
     def __init__(self, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, max_queue: int,
                  warn: Callable[[str], None] = lambda s: None, exact: bool | None = None,
-                 share_prefixes: bool = True) -> None:
+                 share_prefixes: bool = True, cache_ram: int = 0) -> None:
         self.ref = ref
         self.name = ref.name
         self.load = load
@@ -173,6 +173,7 @@ class ModelWorker:
         self.warn = warn
         self.exact = exact
         self.share_prefixes = share_prefixes
+        self.cache_ram = cache_ram  # bytes for slot states saved in host memory (-1 no limit, 0 off)
         self.jobs: queue.Queue[Job | EmbedJob | _Unload] = queue.Queue()
         self.backend: Any = None
         self.pc: Any = None
@@ -258,6 +259,7 @@ class ModelWorker:
         return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel, "running": len(self._running),
                 "queued": self.jobs.qsize(), "decode_calls": self.calls + (pc.steps if pc else 0),
                 "rows": self.rows + (pc.rows if pc else 0), "shared_prompt_tokens": pc.shared if pc else 0,
+                "prompt_cache": pc.host.status() if pc and pc.host else None,
                 "batching": self.mode.name if self.mode else None, "failed_jobs": self.failures,
                 "last_error": self.dead or self.last_error}
 
@@ -420,6 +422,8 @@ class ModelWorker:
             pc.clear()
             pc.held.clear()
             pc.prompt_len.clear()
+            if pc.host is not None:
+                pc.host.clear()
 
     def _prepare(self, job: Job, request_type: Any) -> Any:
         """The job as a batch Request (tokenized here, in the thread that owns the engine), or None after
@@ -464,7 +468,7 @@ class ModelWorker:
         self.vram_bytes = engine.gpu_weight_bytes()
         self.mode = batching_mode(engine, self.exact)
         self.pc = ParallelContext(engine, self.parallel, engine.n_ctx, pooled=self.mode.throughput,
-                                  share_prefixes=self.share_prefixes)
+                                  share_prefixes=self.share_prefixes, cache_ram=self.cache_ram)
         self.idle_since = time.monotonic()
 
     def _maybe_unload(self) -> None:

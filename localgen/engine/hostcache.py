@@ -1,0 +1,117 @@
+"""Prefixes kept in host memory when the slots need the room (serve's --cache-ram).
+
+Before a slot is given to a request that would discard most of what it holds (another conversation, a
+different system prompt), its KV state is copied out (llama_state_seq_get_data_ext); a later request that
+starts with those tokens (the conversation coming back, more clients than slots) has it copied into its
+slot instead of evaluating the prefix again. As llama-server's --cache-ram keeps them: the least recently
+used entry goes first when the limit needs room, and an entry that the slot now holds whole is dropped
+(the slot saves it again when it is reused)."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+from localgen.engine.lib import common_prefix
+
+# fewer tokens than this are evaluated again rather than saved (a fraction of a second on a CPU)
+MIN_TOKENS = 64
+
+
+@dataclass
+class Entry:
+    """One saved slot: the tokens its KV cache held, the prompt length of the request that left them (the
+    rest were generated), and the state bytes."""
+
+    tokens: list[int]
+    prompt_len: int
+    data: Any
+    size: int
+
+
+class HostCache:
+    """Saved slot states under a byte limit (<= 0: no limit), least recently used first out."""
+
+    def __init__(self, lc: Any, limit_bytes: int) -> None:
+        self.lc = lc
+        self.limit = limit_bytes
+        self.entries: list[Entry] = []  # least recently used first
+        self.saves = 0  # states copied out
+        self.loads = 0  # states copied back into a slot
+        self.loaded_tokens = 0  # prompt tokens those loads spared evaluating
+
+    @property
+    def bytes(self) -> int:
+        """Host memory the entries take."""
+        return sum(e.size for e in self.entries)
+
+    def status(self) -> dict[str, int]:
+        """Counters for /health."""
+        return {"entries": len(self.entries), "tokens": sum(len(e.tokens) for e in self.entries),
+                "bytes": self.bytes, "limit_bytes": self.limit, "saves": self.saves, "loads": self.loads,
+                "loaded_tokens": self.loaded_tokens}
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self.entries.clear()
+
+    def save(self, ctx: Any, seq: int, tokens: list[int], prompt_len: int) -> bool:
+        """Copy sequence `seq`'s KV state (which holds `tokens`) out of the context; False when it is too short,
+        already saved (a prefix of an entry), or larger than the limit."""
+        if len(tokens) < MIN_TOKENS:
+            return False
+        if any(len(e.tokens) >= len(tokens) and _starts(e.tokens, tokens) for e in self.entries):
+            return False
+        size = int(self.lc.llama_state_seq_get_size_ext(ctx, seq, 0))
+        if size <= 0 or (self.limit > 0 and size > self.limit):
+            return False
+        # entries that this one contains are obsolete; then the least recently used go until it fits
+        self.entries = [e for e in self.entries if not (len(e.tokens) < len(tokens) and _starts(tokens, e.tokens))]
+        while self.entries and self.limit > 0 and self.bytes + size > self.limit:
+            self.entries.pop(0)
+        import numpy
+
+        data = numpy.empty(size, dtype=numpy.uint8)  # not zeroed first: llama.cpp writes every byte
+        written = int(self.lc.llama_state_seq_get_data_ext(ctx, _pointer(data), size, seq, 0))
+        if written != size:
+            return False
+        self.entries.append(Entry(list(tokens), prompt_len, data, size))
+        self.saves += 1
+        return True
+
+    def best(self, tokens: list[int]) -> tuple[Entry | None, int]:
+        """The entry that shares the longest prefix with `tokens` (worth loading: 64 tokens or more, and at
+        least a quarter of the entry, since loading copies all of it), and that prefix's length."""
+        best: Entry | None = None
+        n = MIN_TOKENS - 1
+        for e in self.entries:
+            if len(e.tokens) > n and e.tokens[:n + 1] == tokens[:n + 1]:
+                k = common_prefix(e.tokens, tokens)
+                if k > n and 4 * k >= len(e.tokens):
+                    best, n = e, k
+        return (best, n) if best is not None else (None, 0)
+
+    def load(self, ctx: Any, seq: int, entry: Entry, used: int) -> bool:
+        """Copy `entry` into sequence `seq` (which must be empty) and count `used` of its tokens as spared; the
+        entry stays, most recently used, unless the slot now holds all of it. False when llama.cpp could not
+        place it (the sequence is then left empty)."""
+        n = int(self.lc.llama_state_seq_set_data_ext(ctx, _pointer(entry.data), entry.size, seq, 0))
+        if n != entry.size:
+            self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(ctx), seq, -1, -1)
+            return False
+        self.entries.remove(entry)
+        if used < len(entry.tokens):
+            self.entries.append(entry)
+        self.loads += 1
+        self.loaded_tokens += used
+        return True
+
+
+def _pointer(data: Any) -> Any:
+    return data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+
+
+def _starts(seq: list[int], prefix: list[int]) -> bool:
+    """Whether `seq` begins with `prefix`."""
+    return len(seq) >= len(prefix) and seq[:len(prefix)] == prefix
