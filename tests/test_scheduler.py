@@ -170,6 +170,41 @@ def test_a_conversation_that_lost_its_slot_comes_back_from_host_memory(smollm2_e
     assert counters["entries"] == 1 and counters["bytes"] > 0  # B's state; A's is in the slot again
 
 
+def test_a_saved_state_comes_back_into_another_slot(smollm2_engine: object) -> None:
+    """Saved from slot 1 (B takes it while X runs in slot 0), loaded into slot 0 (free first, when X ends):
+    each slot has its own stream of cells, and the state lands in the new slot's. On the exact scheduler,
+    where A's next turn is evaluated alone and decoded on batch-invariant kernels beside B, it answers as
+    when A kept its slot."""
+    eng: Any = smollm2_engine
+    a_sys = "You are a careful assistant who answers about geography in one short sentence. " * 8
+    a1 = _conversation(eng, a_sys, "Name a river in Europe.")
+    first, _ = _one_slot(eng, [Request(0, a1, _greedy(4))], 0)
+    a2 = _conversation(eng, a_sys, "Name a river in Europe.", first[0].text, "And one in Asia?")
+    kept, _ = _one_slot(eng, [Request(0, a1, _greedy(4)), Request(1, a2, _greedy(8))], 0, pooled=False)
+    x = _chat(eng, "Count from one to twenty.")
+    b1 = _conversation(eng, "You are a poet who writes about the weather and the sea. " * 8, "Write about rain.")
+    pc = ParallelContext(eng, 2, 1024, cache_ram=-1)
+    done: dict[int, Any] = {}
+    slots: dict[int, int] = {}
+    sample = pc._sample
+
+    def record(seq: Any, *rest: Any) -> None:
+        slots[seq.req.index] = seq.slot
+        sample(seq, *rest)
+
+    pc._sample = record  # type: ignore[method-assign]
+    reqs = [Request(9, x, _greedy(20)), Request(0, a1, _greedy(4)), Request(2, b1, _greedy(40)),
+            Request(1, a2, _greedy(8))]
+    try:
+        pc.run(iter(reqs), lambda c: done.__setitem__(c.index, c), reuse=True)
+        counters = pc.host.status() if pc.host else {}
+    finally:
+        pc.close()
+    assert slots == {9: 0, 0: 1, 2: 1, 1: 0}, "A saved from slot 1, its next turn in slot 0"
+    assert counters["loads"] == 1 and done[1].cached_tokens == kept[1].cached_tokens > len(a1) - 1
+    assert done[1].text == kept[1].text
+
+
 def test_host_memory_keeps_the_most_recent_states_under_its_limit(smollm2_engine: object) -> None:
     """With room for one saved state, a second saved state pushes out the first; a state larger than the
     whole limit is not saved at all; prefixes under 64 tokens are evaluated again, not saved."""

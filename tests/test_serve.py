@@ -287,6 +287,7 @@ def test_a_conversation_whose_slot_was_taken_comes_back_from_host_memory(cli_env
 
     s = Server(cli_env, "-np", "1", "--ctx", "1024", "--cache-ram", "64")
     try:
+        assert s.health()["prompt_cache"]["limit_bytes"] == 64 << 20
         client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none")
         convs = [[{"role": "system", "content": f"You are assistant {name}. " + "Answer tersely. " * 40},
                   {"role": "user", "content": "Name a colour."}] for name in ("Ada", "Bob")]
@@ -336,9 +337,14 @@ def test_an_exact_request_gets_runs_answer_while_others_stream(server: Server, c
 
 
 def test_the_start_up_line_says_which_batching_mode_and_why(cli_env: dict[str, str]) -> None:
-    for flags, want in (([], "throughput batching: every request batched; exactness would cost"),
-                        (["--exact"], "exact batching: --exact")):
+    for flags, want, cache in (([], "throughput batching: every request batched; exactness would cost",
+                                "2 slots per model · prompt cache in RAM: up to "),
+                               (["--exact", "--cache-ram", "0"], "exact batching: --exact",
+                                "2 slots per model · no prompt cache in RAM")):
         s = Server(cli_env, "-np", "2", "--ctx", "512", *flags)
+        off = s.health()["prompt_cache"] is None
         assert s.stop() == 0
-        assert s.proc.stderr is not None and want in s.proc.stderr.read().decode()
+        assert s.proc.stderr is not None
+        said = s.proc.stderr.read().decode()
+        assert want in said and cache in said and off == ("0" in flags)
 

@@ -76,10 +76,9 @@ def serve(
     ] = True,
     cache_ram: Annotated[
         str, typer.Option("--cache-ram", rich_help_panel=SERVE,
-                          help="Host memory per model for the KV state of prompts that a reused slot would "
-                               "discard, so that a conversation (or a system prompt) coming back is copied in, "
-                               "not evaluated again: a number is MiB, as llama-server's --cache-ram; or 512M, "
-                               "4G; 0 off; -1 no limit. auto: 8G or a quarter of RAM, whichever is less.")
+                          help="Host memory per model for what a reused slot would discard: a conversation "
+                               "coming back is copied in, not evaluated again. MiB (as llama-server's), or "
+                               "512M, 4G; 0 off; -1 no limit; auto: 8G or a quarter of RAM if less.")
     ] = "auto",
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
@@ -132,6 +131,7 @@ def start(f: o.Flags) -> None:
     from localgen.serve.common import ServeState
     from localgen.serve.guard import Policy, origins_from
     from localgen.serve.worker import parse_duration
+    from localgen.units import format_bytes
 
     err = ErrWriter()
     key = _api_key(f)
@@ -155,7 +155,9 @@ def start(f: o.Flags) -> None:
                             timeout_graceful_shutdown=5, access_log=f.verbose, lifespan="off")
     server = _Server(config)
     err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
-             f"at /v1, Ollama API at /api · {f.parallel} slots per model")
+             f"at /v1, Ollama API at /api · {f.parallel} slot{'s' if f.parallel != 1 else ''} per model · "
+             + ("no prompt cache in RAM" if not cache_ram else "prompt cache in RAM: "
+                + ("no limit" if cache_ram < 0 else f"up to {format_bytes(cache_ram)}") + " per model"))
     for w in workers:
         if w.mode is not None:
             err.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
