@@ -37,14 +37,10 @@ class HostCache:
         self.lc = lc
         self.limit = limit_bytes
         self.entries: list[Entry] = []  # least recently used first
+        self.bytes = 0  # host memory the entries take
         self.saves = 0  # states copied out
         self.loads = 0  # states copied back into a slot
         self.loaded_tokens = 0  # prompt tokens those loads spared evaluating
-
-    @property
-    def bytes(self) -> int:
-        """Host memory the entries take."""
-        return sum(e.size for e in self.entries)
 
     def status(self) -> dict[str, int]:
         """Counters for /health."""
@@ -55,6 +51,7 @@ class HostCache:
     def clear(self) -> None:
         """Forget every entry."""
         self.entries.clear()
+        self.bytes = 0
 
     def save(self, ctx: Any, seq: int, tokens: list[int], prompt_len: int) -> bool:
         """Copy sequence `seq`'s KV state (which holds `tokens`) out of the context; False when it is too short,
@@ -68,8 +65,9 @@ class HostCache:
             return False
         # entries that this one contains are obsolete; then the least recently used go until it fits
         self.entries = [e for e in self.entries if not (len(e.tokens) < len(tokens) and _starts(tokens, e.tokens))]
+        self.bytes = sum(e.size for e in self.entries)
         while self.entries and self.limit > 0 and self.bytes + size > self.limit:
-            self.entries.pop(0)
+            self.bytes -= self.entries.pop(0).size
         import numpy
 
         data = numpy.empty(size, dtype=numpy.uint8)  # not zeroed first: llama.cpp writes every byte
@@ -77,6 +75,7 @@ class HostCache:
         if written != size:
             return False
         self.entries.append(Entry(list(tokens), prompt_len, data, size))
+        self.bytes += size
         self.saves += 1
         return True
 
@@ -103,6 +102,8 @@ class HostCache:
         self.entries.remove(entry)
         if used < len(entry.tokens):
             self.entries.append(entry)
+        else:
+            self.bytes -= entry.size
         self.loads += 1
         self.loaded_tokens += used
         return True
