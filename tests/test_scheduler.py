@@ -4,6 +4,7 @@ mode runs by default."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -203,6 +204,30 @@ def test_a_saved_state_comes_back_into_another_slot(smollm2_engine: object) -> N
     assert slots == {9: 0, 0: 1, 2: 1, 1: 0}, "A saved from slot 1, its next turn in slot 0"
     assert counters["loads"] == 1 and done[1].cached_tokens == kept[1].cached_tokens > len(a1) - 1
     assert done[1].text == kept[1].text
+
+
+def test_a_model_with_sliding_window_layers_comes_back_from_host_memory_too(gemma_path: Path) -> None:
+    """Gemma 3 keeps two caches (full and sliding-window layers); its saved state holds both, and a text's
+    next part answers as when the text kept its slot, on both schedulers."""
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    eng = Engine(resolve(str(gemma_path)), LoadParams(n_ctx=2048))
+    try:
+        text = "The history of rivers and the mountains they cross. " * 15
+        a1 = eng.tokenize(text, True)
+        b1 = eng.tokenize("A recipe for bread, flour and water and salt. " * 15, True)
+        for pooled in (False, True):
+            first, _ = _one_slot(eng, [Request(0, a1, _greedy(8))], 0, pooled)
+            a2 = eng.tokenize(text + first[0].text + " And then", True)
+            kept, _ = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(2, a2, _greedy(16))], 0, pooled)
+            back, counters = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(1, b1, _greedy(8)),
+                                             Request(2, a2, _greedy(16))], -1, pooled)
+            assert counters["loads"] == 1 and back[2].cached_tokens == kept[2].cached_tokens >= len(a1)
+            assert back[2].text == kept[2].text
+    finally:
+        eng.close()
 
 
 def test_host_memory_keeps_the_most_recent_states_under_its_limit(smollm2_engine: object) -> None:
