@@ -120,7 +120,7 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
         pc.run(take, lambda c: done.__setitem__(c.index, c), reuse=True)
     finally:
         pc.close()
-    assert pc.shared == prefix and done[1].cached_tokens == prefix
+    assert pc.slots.shared == prefix and done[1].cached_tokens == prefix
     assert done[1].completion_tokens == 12 and done[2].completion_tokens == 2
     assert positions and set(positions) == {0}, "the shared cells stayed with the second request throughout"
 
@@ -139,7 +139,7 @@ def _one_slot(eng: Any, reqs: list[Request], cache_ram: int, pooled: bool = True
     done: dict[int, Any] = {}
     try:
         pc.run(iter(reqs), lambda c: done.__setitem__(c.index, c), reuse=True)
-        return done, pc.host.status() if pc.host else None
+        return done, pc.slots.host.status() if pc.slots.host else None
     finally:
         pc.close()
 
@@ -198,7 +198,7 @@ def test_a_saved_state_comes_back_into_another_slot(smollm2_engine: object) -> N
             Request(1, a2, _greedy(8))]
     try:
         pc.run(iter(reqs), lambda c: done.__setitem__(c.index, c), reuse=True)
-        counters = pc.host.status() if pc.host else {}
+        counters = pc.slots.host.status() if pc.slots.host else {}
     finally:
         pc.close()
     assert slots == {9: 0, 0: 1, 2: 1, 1: 0}, "A saved from slot 1, its next turn in slot 0"

@@ -131,7 +131,6 @@ def start(f: o.Flags) -> None:
     from localgen.serve.common import ServeState
     from localgen.serve.guard import Policy, origins_from
     from localgen.serve.worker import parse_duration
-    from localgen.units import format_bytes
 
     err = ErrWriter()
     key = _api_key(f)
@@ -156,8 +155,7 @@ def start(f: o.Flags) -> None:
     server = _Server(config)
     err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
              f"at /v1, Ollama API at /api · {f.parallel} slot{'s' if f.parallel != 1 else ''} per model · "
-             + ("no prompt cache in RAM" if not cache_ram else "prompt cache in RAM: "
-                + ("no limit" if cache_ram < 0 else f"up to {format_bytes(cache_ram)}") + " per model"))
+             f"{_cache_ram_label(cache_ram)}")
     for w in workers:
         if w.mode is not None:
             err.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
@@ -226,6 +224,14 @@ def _cache_ram(text: str) -> int:
     except ValueError:
         raise UsageError(f"--cache-ram: {text!r} is not a size: use MiB (as llama-server), 512M, 4G, 0 (off), "
                          "-1 (no limit) or auto") from None
+
+
+def _cache_ram_label(n: int) -> str:
+    from localgen.units import format_bytes
+
+    if not n:
+        return "no prompt cache in RAM"
+    return f"prompt cache in RAM: {'no limit' if n < 0 else 'up to ' + format_bytes(n)} per model"
 
 
 def _max_body(text: str) -> int:

@@ -34,9 +34,9 @@ from localgen.engine.batchseq import (
     is_exact,
     refuse,
 )
-from localgen.engine.hostcache import MIN_TOKENS, HostCache
-from localgen.engine.lib import common_prefix, logits_row, safe_prefix
+from localgen.engine.lib import logits_row
 from localgen.engine.sequence import SequenceDecoder
+from localgen.engine.slots import Slots
 from localgen.errors import LocalgenError
 from localgen.types import KV_CACHE_TYPES, SamplingParams
 
@@ -92,15 +92,11 @@ class ParallelContext:
             raise LocalgenError(f"llama.cpp could not create a context for {n_parallel} sequences",
                                 hint="lower --parallel or --ctx")
         self.n_batch = int(p.n_batch)
-        self.held: dict[int, list[int]] = {}  # per slot: the tokens its KV cache holds (for reuse)
-        self.prompt_len: dict[int, int] = {}  # per slot: its last request's prompt length
+        self.slots = Slots(lc, self.ctx, share_prefixes, self.one_pool, cache_ram)  # what each slot's cells hold
         self.turn = -1  # the slot served last when exact sequences take turns (groups)
         self.steps = 0  # generation llama_decode calls, and the rows they carried
         self.rows = 0
         self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
-        self.shared = 0  # prompt tokens taken from another slot's cells instead of evaluated
-        self.share_prefixes = share_prefixes  # the throughput scheduler may start a prompt from another slot's cells
-        self.host = HostCache(lc, cache_ram) if cache_ram else None
         self._solo: Solo | None = None
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self.vocab = engine.vocab
@@ -243,62 +239,14 @@ class ParallelContext:
         if req.sampling.max_tokens == 0 or len(req.tokens) >= self.n_ctx_seq:
             refuse(req, on_done, self.n_ctx_seq)
             return None
-        slot, keep = self._pick_slot(free, req.tokens, continuation_only) if reuse else (heapq.heappop(free), 0)
-        keep = safe_prefix(req.tokens, keep)  # an image is evaluated whole or not at all
-        mem = self.lc.llama_get_memory(self.ctx)
-        src, n = -1, 0  # another slot (running or idle) that holds more of this prompt: its cells are shared
-        if reuse and self.pooled and self.share_prefixes:
-            src, n = self._best_source(req.tokens, slot)
-            n = safe_prefix(req.tokens, n)
-        entry, m = None, 0  # a saved state in host memory that holds more of it still: copied in
-        if reuse and self.host is not None:
-            entry, m = self.host.best(req.tokens)
-            m = safe_prefix(req.tokens, min(m, len(req.tokens) - 1))
-            if entry is not None and continuation_only and m < entry.prompt_len:
-                m = 0
-            self._spill(slot, keep if max(n, m) <= keep else 0)
-        if entry is not None and m > max(keep, n):
-            self.lc.llama_memory_seq_rm(mem, slot, -1, -1)
-            keep = m if self.host is not None and self.host.load(self.ctx, slot, entry, m) else 0
-        elif n > keep:
-            self.lc.llama_memory_seq_rm(mem, slot, -1, -1)
-            if self.one_pool:
-                self.lc.llama_memory_seq_cp(mem, src, slot, 0, n)
-            else:  # between streams llama.cpp copies only a whole one (~5 ms here): copy, drop the rest
-                self.lc.llama_memory_seq_cp(mem, src, slot, -1, -1)
-            self.shared += n
-            keep = n
-        self.lc.llama_memory_seq_rm(mem, slot, keep, -1)
+        slot, keep = self.slots.pick(free, req.tokens, continuation_only) if reuse else (heapq.heappop(free), 0)
+        keep = self.slots.fill(slot, req.tokens, keep, reuse, reuse and self.pooled, continuation_only)
         dec = SequenceDecoder.for_request(self.engine.piece, self.engine.is_eog, req.sampling, len(req.tokens),
                                           self.n_ctx_seq)
         seq = Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(), dec,
                    cached=keep, filled=keep)
         active[slot] = seq
-        self.held[slot] = list(req.tokens[:keep])
-        self.prompt_len[slot] = len(req.tokens)
         return seq
-
-    def _spill(self, slot: int, kept: int) -> None:
-        """Save to host memory what `slot` holds before it keeps only `kept` of it, unless that loses little or
-        another slot holds it all."""
-        held = self.held.get(slot)
-        if self.host is None or not held or len(held) - kept < MIN_TOKENS:
-            return
-        n = len(held)
-        if any(other != slot and len(h) >= n and h[:n] == held for other, h in self.held.items()):
-            return
-        self.host.save(self.ctx, slot, held, self.prompt_len.get(slot, n))
-
-    def _best_source(self, tokens: list[int], slot: int) -> tuple[int, int]:
-        """The slot other than `slot` whose evaluated tokens share the longest prefix with `tokens`, and how
-        many of them can be shared (the last prompt token is always evaluated, for its logits)."""
-        best, n = -1, 0
-        for other, held in self.held.items():
-            if other != slot:
-                k = min(common_prefix(held, tokens), len(tokens) - 1)
-                if k > n:
-                    best, n = other, k
-        return best, n
 
     def _mixed_step(self, active: dict[int, Seq], free: list[int], on_done: Callable[[Completion], None],
                     should_stop: Callable[[], bool]) -> None:
@@ -314,7 +262,7 @@ class ParallelContext:
         filling = sorted((s for s in active.values() if s.filled < len(s.req.tokens)), key=lambda s: s.started)
         for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
             end = self._media(seq.req.tokens, seq.slot, seq.filled)
-            self.held[seq.slot].extend(seq.req.tokens[seq.filled:end])
+            self.slots.held[seq.slot].extend(seq.req.tokens[seq.filled:end])
             seq.filled = end
         done: list[Seq] = []
         for seq in filling:
@@ -326,7 +274,7 @@ class ParallelContext:
             row = -1
             for pos in range(start, end):
                 row = self._add(tokens[pos], pos, seq.slot, pos == len(tokens) - 1)
-            self.held[seq.slot].extend(tokens[start:end])
+            self.slots.held[seq.slot].extend(tokens[start:end])
             seq.filled = end
             room -= end - start
             if end == len(tokens):
@@ -350,24 +298,10 @@ class ParallelContext:
         if seq is None:
             return
         row = self.prefill(req.tokens, seq.slot, seq.filled)
-        self.held[seq.slot].extend(req.tokens[seq.filled:])
+        self.slots.held[seq.slot].extend(req.tokens[seq.filled:])
         seq.filled = len(req.tokens)
         seq.prefilled = time.perf_counter()
         self._sample(seq, row, active, free, on_done, should_stop)
-
-    def _pick_slot(self, free: list[int], tokens: list[int], continuation_only: bool) -> tuple[int, int]:
-        """The free slot whose cached tokens share the longest prefix with `tokens`, and how many to keep
-        (at least the last prompt token is evaluated again, for its logits)."""
-        best, keep = free[0], 0
-        for slot in free:
-            n = min(common_prefix(self.held.get(slot, ()), tokens), len(tokens) - 1)
-            if continuation_only and n < self.prompt_len.get(slot, 0):
-                n = 0  # another conversation that shares a prefix (a system prompt): start afresh
-            if n > keep or (n == keep and slot < best):
-                best, keep = slot, n
-        free.remove(best)
-        heapq.heapify(free)
-        return best, keep
 
     def _cancel(self, active: dict[int, Seq], free: list[int], on_done: Callable[[Completion], None]) -> None:
         for seq in [s for s in active.values() if s.req.cancelled is not None and s.req.cancelled()]:
@@ -443,7 +377,7 @@ class ParallelContext:
         accept(seq, tok, lambda: self._logits(i), self.engine.piece)
         dec = seq.dec
         if dec.reason != "eos" and len(dec.tokens) > 1:
-            self.held[seq.slot].append(dec.tokens[-2])  # fed at the step that sampled this one
+            self.slots.held[seq.slot].append(dec.tokens[-2])  # fed at the step that sampled this one
         if dec.reason is None:
             seq.pending = tok
         if dec.reason is not None or should_stop():

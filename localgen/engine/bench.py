@@ -107,7 +107,7 @@ def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.R
     lc = pc.lc
     n = pc.n_parallel
     pc.clear()
-    pc.held.clear()
+    pc.slots.reset()
     prompts = [[rng.randrange(pc.n_vocab) for _ in range(n_prompt)] for _ in range(n)]
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     t0 = time.perf_counter()

@@ -13,7 +13,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from localgen.engine.lib import common_prefix
+from localgen.engine.lib import common_prefix, starts_with
 
 # fewer tokens than this are evaluated again rather than saved (a fraction of a second on a CPU)
 MIN_TOKENS = 64
@@ -58,13 +58,13 @@ class HostCache:
         already saved (a prefix of an entry), or larger than the limit."""
         if len(tokens) < MIN_TOKENS:
             return False
-        if any(len(e.tokens) >= len(tokens) and _starts(e.tokens, tokens) for e in self.entries):
+        if any(starts_with(e.tokens, tokens) for e in self.entries):
             return False
         size = int(self.lc.llama_state_seq_get_size_ext(ctx, seq, 0))
         if size <= 0 or (self.limit > 0 and size > self.limit):
             return False
         # entries that this one contains are obsolete; then the least recently used go until it fits
-        self.entries = [e for e in self.entries if not (len(e.tokens) < len(tokens) and _starts(tokens, e.tokens))]
+        self.entries = [e for e in self.entries if not (len(e.tokens) < len(tokens) and starts_with(tokens, e.tokens))]
         self.bytes = sum(e.size for e in self.entries)
         while self.entries and self.limit > 0 and self.bytes + size > self.limit:
             self.bytes -= self.entries.pop(0).size
@@ -111,8 +111,3 @@ class HostCache:
 
 def _pointer(data: Any) -> Any:
     return data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-
-
-def _starts(seq: list[int], prefix: list[int]) -> bool:
-    """Whether `seq` begins with `prefix`."""
-    return len(seq) >= len(prefix) and seq[:len(prefix)] == prefix

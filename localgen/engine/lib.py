@@ -177,6 +177,11 @@ def common_prefix(a: Any, b: Any) -> int:
     return n
 
 
+def starts_with(seq: Any, prefix: Any) -> bool:
+    """Whether token sequence `seq` begins with `prefix`."""
+    return len(seq) >= len(prefix) and seq[:len(prefix)] == prefix
+
+
 def safe_prefix(tokens: Any, n: int) -> int:
     """`n` moved back to the start of a media span it would cut (engine/mtmd.py's Prompt: a span is evaluated
     whole or not at all)."""

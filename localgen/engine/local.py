@@ -141,7 +141,8 @@ class LocalBackend:
             pc.run(prepared(), on_done, exact=mode.exact, serial_exact=self.engine.offloaded, reuse=mode.throughput)
         finally:
             pc.close()
-        return {"steps": pc.steps, "rows": pc.rows, "throughput": float(mode.throughput), "shared": float(pc.shared)}
+        return {"steps": pc.steps, "rows": pc.rows, "throughput": float(mode.throughput),
+                "shared": float(pc.slots.shared)}
 
     def beams(self, request: GenerationRequest, n: int, length_penalty: float) -> Any:
         """Beam search (engine/beams.py) on the request's prompt."""

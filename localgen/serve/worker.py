@@ -258,8 +258,8 @@ class ModelWorker:
         pc = self.pc
         return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel, "running": len(self._running),
                 "queued": self.jobs.qsize(), "decode_calls": self.calls + (pc.steps if pc else 0),
-                "rows": self.rows + (pc.rows if pc else 0), "shared_prompt_tokens": pc.shared if pc else 0,
-                "prompt_cache": pc.host.status() if pc and pc.host else None,
+                "rows": self.rows + (pc.rows if pc else 0), "shared_prompt_tokens": pc.slots.shared if pc else 0,
+                "prompt_cache": pc.slots.host.status() if pc and pc.slots.host else None,
                 "batching": self.mode.name if self.mode else None, "failed_jobs": self.failures,
                 "last_error": self.dead or self.last_error}
 
@@ -420,10 +420,7 @@ class ModelWorker:
         pc = self.pc
         if pc is not None and pc.ctx:
             pc.clear()
-            pc.held.clear()
-            pc.prompt_len.clear()
-            if pc.host is not None:
-                pc.host.clear()
+            pc.slots.reset()
 
     def _prepare(self, job: Job, request_type: Any) -> Any:
         """The job as a batch Request (tokenized here, in the thread that owns the engine), or None after

@@ -1,0 +1,105 @@
+"""The slots of a ParallelContext: the tokens each slot's KV cells hold, and where a new request's prompt
+starts from (the batch schedulers in engine/batch.py decide when). The longest of three prefixes wins: the
+free slot's own cells (a conversation continued), another slot's cells (a shared system prompt: shared in
+one pool, a copy of the stream cut back between streams), or a slot state saved in host memory
+(engine/hostcache.py) before its slot went to another request."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from localgen.engine.hostcache import MIN_TOKENS, HostCache
+from localgen.engine.lib import common_prefix, safe_prefix, starts_with
+
+
+class Slots:
+    """Per slot: `held`, the tokens its cells hold (for reuse), and `prompt_len`, its last request's prompt
+    length. `shared` counts prompt tokens taken from another slot's cells; `host` is the host-memory cache
+    (None when off)."""
+
+    def __init__(self, lc: Any, ctx: Any, share: bool, one_pool: bool, cache_ram: int) -> None:
+        self.lc = lc
+        self.ctx = ctx
+        self.share = share  # a prompt may start from another slot's cells (the throughput scheduler)
+        self.one_pool = one_pool  # one pool of cells (sharing is a cell copy), else a stream per slot
+        self.held: dict[int, list[int]] = {}
+        self.prompt_len: dict[int, int] = {}
+        self.shared = 0
+        self.host = HostCache(lc, cache_ram) if cache_ram else None
+
+    def reset(self) -> None:
+        """Forget what every slot holds (their cells were cleared) and every saved state."""
+        self.held.clear()
+        self.prompt_len.clear()
+        if self.host is not None:
+            self.host.clear()
+
+    def pick(self, free: list[int], tokens: list[int], continuation_only: bool) -> tuple[int, int]:
+        """Take from the heap `free` the slot whose cached tokens share the longest prefix with `tokens`, and
+        say how many to keep (at least the last prompt token is evaluated again, for its logits).
+        `continuation_only`: reuse a slot only to continue its conversation, never for a shared prefix alone."""
+        best, keep = free[0], 0
+        for slot in free:
+            n = min(common_prefix(self.held.get(slot, ()), tokens), len(tokens) - 1)
+            if continuation_only and n < self.prompt_len.get(slot, 0):
+                n = 0  # another conversation that shares a prefix (a system prompt): start afresh
+            if n > keep or (n == keep and slot < best):
+                best, keep = slot, n
+        free.remove(best)
+        heapq.heapify(free)
+        return best, keep
+
+    def fill(self, slot: int, tokens: list[int], keep: int, reuse: bool, share: bool,
+             continuation_only: bool) -> int:
+        """Start `slot` on `tokens`, keeping `keep` of its own cells; with `reuse`, from the longest prefix of
+        `tokens` that another slot (with `share`) or a saved state holds, if longer, saving first what the slot
+        loses. Returns how many prompt tokens its cells now hold (the rest are to be evaluated)."""
+        lc = self.lc
+        mem = lc.llama_get_memory(self.ctx)
+        keep = safe_prefix(tokens, keep)  # an image is evaluated whole or not at all
+        src, n = self._best_source(tokens, slot) if share and self.share else (-1, 0)
+        n = safe_prefix(tokens, n)
+        entry, m = None, 0
+        if reuse and self.host is not None:
+            entry, m = self.host.best(tokens)
+            m = safe_prefix(tokens, min(m, len(tokens) - 1))
+            if entry is not None and continuation_only and m < entry.prompt_len:
+                m = 0
+            self._spill(slot, keep if max(n, m) <= keep else 0)
+        if self.host is not None and entry is not None and m > max(keep, n):
+            lc.llama_memory_seq_rm(mem, slot, -1, -1)
+            keep = m if self.host.load(self.ctx, slot, entry, m) else 0
+        elif n > keep:
+            lc.llama_memory_seq_rm(mem, slot, -1, -1)
+            if self.one_pool:
+                lc.llama_memory_seq_cp(mem, src, slot, 0, n)
+            else:  # between streams llama.cpp copies only a whole one (~5 ms here): copy, drop the rest
+                lc.llama_memory_seq_cp(mem, src, slot, -1, -1)
+            self.shared += n
+            keep = n
+        lc.llama_memory_seq_rm(mem, slot, keep, -1)
+        self.held[slot] = list(tokens[:keep])
+        self.prompt_len[slot] = len(tokens)
+        return keep
+
+    def _spill(self, slot: int, kept: int) -> None:
+        """Save to host memory what `slot` holds before it keeps only `kept` of it, unless that loses little or
+        another slot holds it all."""
+        held = self.held.get(slot)
+        if self.host is None or not held or len(held) - kept < MIN_TOKENS:
+            return
+        if any(other != slot and starts_with(h, held) for other, h in self.held.items()):
+            return
+        self.host.save(self.ctx, slot, held, self.prompt_len.get(slot, len(held)))
+
+    def _best_source(self, tokens: list[int], slot: int) -> tuple[int, int]:
+        """The slot other than `slot` whose evaluated tokens share the longest prefix with `tokens`, and how
+        many of them can be shared (the last prompt token is always evaluated, for its logits)."""
+        best, n = -1, 0
+        for other, held in self.held.items():
+            if other != slot:
+                k = min(common_prefix(held, tokens), len(tokens) - 1)
+                if k > n:
+                    best, n = other, k
+        return best, n
