@@ -50,10 +50,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(target: str, model: str, path: str, port: int, a: argparse.Namespace, env: dict[str, str],
+def start(target: str, path: str, port: int, a: argparse.Namespace, env: dict[str, str],
           clients: int) -> Any:
     if target == "localgen":
-        cmd = [sys.executable, "-m", "localgen", "serve", "-m", path if a.model.endswith(".gguf") else model,
+        # the file llama-server reads, not the name: a name would make this server (its LOCALGEN_HOME a fresh
+        # directory) assemble an embedded model anew, and a file just written decoded with a stall every
+        # ~0.5 s on this machine (either server: ITL p99 1.4x), which made the comparison unfair
+        cmd = [sys.executable, "-m", "localgen", "serve", "-m", path,
                "--port", str(port), "-np", str(a.slots or clients),
                "-t", str(a.threads), "-c", str(a.ctx), *shlex.split(a.localgen_args)]
     elif target == "llama-server":
@@ -197,19 +200,21 @@ def main() -> None:
         env = {**os.environ, "LOCALGEN_HOME": home}
         for clients in [int(c) for c in a.clients.split(",")]:
             procs: dict[str, tuple[Any, str]] = {}
+            names: dict[str, str] = {}  # each server's id for the model
             try:
                 for t in targets:
                     port = free_port()
-                    procs[t] = (start(t, ref.name, ref.path, port, a, env, clients), f"http://127.0.0.1:{port}")
+                    procs[t] = (start(t, ref.path, port, a, env, clients), f"http://127.0.0.1:{port}")
                     with httpx.Client(timeout=600) as http:
-                        client(http, procs[t][1], ref.name, ["warm up"], 4, raw, 0.0, "", [])
+                        names[t] = http.get(procs[t][1] + "/v1/models").json()["data"][0]["id"]
+                        client(http, procs[t][1], names[t], ["warm up"], 4, raw, 0.0, "", [])
                 for temp in [float(x) for x in a.temperatures.split(",")]:
                     got: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
                     for r in range(a.rounds):
                         prompts = [[" ".join(rng.choice(WORDS) for _ in range(a.words)) for _ in range(a.requests)]
                                    for _ in range(clients)]
                         for t in targets if r % 2 == 0 else targets[::-1]:
-                            got[t].append(load(procs[t][1], ref.name, prompts, a.tokens, raw, temp, system,
+                            got[t].append(load(procs[t][1], names[t], prompts, a.tokens, raw, temp, system,
                                                a.conversation))
                     med = {t: {k: statistics.median(x[k] for x in got[t]) for k in got[t][0]} for t in targets}
                     for t in targets:

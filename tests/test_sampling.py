@@ -142,3 +142,21 @@ def test_top_k_candidates_keep_every_logit_that_can_survive() -> None:
         assert list(ids) == sorted(ids)
     nan = np.full(n, np.nan, dtype=np.float32)
     assert sampling.top_k_candidates(nan, k) is None
+
+
+def test_banned_tokens_among_the_best_keep_the_shortcut() -> None:
+    """ignore_eos bans end-of-generation tokens that are often among a row's best: the bound leaves room for
+    them, so the candidates still hold k ids (the shortcut holds, no full pass), and every id top-k keeps."""
+    rng = np.random.default_rng(5)
+    n, k = 262144, 40
+    for _ in range(20):
+        row = rng.standard_normal(n).astype(np.float32)
+        banned = tuple(int(i) for i in np.argsort(row)[::-1][:3])  # the three best are banned
+        ids = sampling.top_k_candidates(row, k, banned)
+        assert ids is not None and len(ids) >= k
+        kept = row.copy()
+        kept[list(banned)] = -np.inf
+        kth = np.sort(kept)[::-1][k - 1]
+        assert set(np.flatnonzero(kept >= kth)) <= set(ids.tolist())
+        assert not set(banned) & set(ids.tolist())
+    assert sampling.top_k_candidates(row, sampling.BLOCKS - 2, banned) is None, "more than the groups allow"

@@ -151,7 +151,7 @@ def start(f: o.Flags) -> None:
                        allow_image_urls=f.allow_image_urls)
     app = build(state, policy)
     config = uvicorn.Config(app, host=f.host, port=f.port, log_level="warning" if not f.verbose else "info",
-                            timeout_graceful_shutdown=5, access_log=f.verbose, lifespan="off")
+                            timeout_graceful_shutdown=5, access_log=f.verbose, lifespan="on")
     server = _Server(config)
     err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
              f"at /v1, Ollama API at /api · {f.parallel} slot{'s' if f.parallel != 1 else ''} per model · "

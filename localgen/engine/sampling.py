@@ -9,7 +9,8 @@ the chain allows: llama_sampler_sample copies every logit into a candidate array
 A greedy chain (no bias, penalties, DRY or grammar) is the row's argmax, the greedy stage's own choice (the
 first of equal maxima). A chain whose first working stage is top-k may, where a request is not exact, be
 given only the candidates that can survive top-k: every logit at or above the k-th largest of the maxima of
-512 groups of logits, a bound at or below the row's k-th largest logit; the stages after top-k then see what they see
+512 groups of logits (k plus the banned tokens' count, with ignore_eos), a bound at or below the row's k-th
+largest logit; the stages after top-k then see what they see
 after a full pass (only which of several equal logits at the k-th place survives may differ)."""
 
 from __future__ import annotations
@@ -84,19 +85,28 @@ def pick(lc: Any, ctx: Any, chain: Chain, row: int, n_vocab: int, top_k: bool = 
 
 
 def top_k_candidates(logits: Any, k: int, banned: tuple[int, ...] = ()) -> Any:
-    """The ids (ascending) of every logit at or above the k-th largest of the maxima of BLOCKS disjoint groups
-    of logits, less `banned`: a superset of the ids top-k can keep, ties at the k-th place included (those k
-    maxima are k distinct logits, so the k-th largest logit is at least the bound). None when fewer than k
-    are left (banned tokens among the best, or NaN logits): then only the full pass chooses as llama.cpp
-    would."""
+    """The ids (ascending) of every logit at or above the (k + len(banned))-th largest of the maxima of BLOCKS
+    disjoint groups of logits, less `banned`: a superset of the ids top-k can keep, ties at the k-th place
+    included (those maxima are k + len(banned) distinct logits, at least k of them not banned, so the k-th
+    largest logit left after the ban is at least the bound). The ban's margin matters: an end-of-generation
+    token is often among a row's best, and with a bound of the k-th maximum a banned one among the k left
+    too few candidates (ignore_eos, Gemma 3 270M: a third of the rows took the full pass). None when fewer
+    than k are left (NaN logits, or more banned tokens than the groups allow): then only the full pass chooses
+    as llama.cpp would."""
     import numpy as np
 
+    kk = k + len(banned)
+    if kk > BLOCKS:
+        return None
     per = len(logits) // BLOCKS
     maxima = logits[:per * BLOCKS].reshape(per, BLOCKS).max(axis=0)  # group j: logits j, j+BLOCKS, j+2·BLOCKS…
-    bound = np.partition(maxima, BLOCKS - k)[BLOCKS - k]
+    bound = np.partition(maxima, BLOCKS - kk)[BLOCKS - kk]
     ids = np.flatnonzero(logits >= bound)
     if banned:
-        ids = ids[~np.isin(ids, banned)]
+        keep = np.ones(len(ids), dtype=bool)
+        for b in banned:  # a few tokens: cheaper than np.isin's sort
+            keep &= ids != b
+        ids = ids[keep]
     return ids if len(ids) >= k else None
 
 
