@@ -52,16 +52,17 @@ def free_port() -> int:
 
 def start(target: str, path: str, port: int, a: argparse.Namespace, env: dict[str, str],
           clients: int) -> Any:
+    slots = a.slots or clients
     if target == "localgen":
         # the file llama-server reads, not the name: a name would make this server (its LOCALGEN_HOME a fresh
         # directory) assemble an embedded model anew, and a file just written decoded with a stall every
         # ~0.5 s on this machine (either server: ITL p99 1.4x), which made the comparison unfair
         cmd = [sys.executable, "-m", "localgen", "serve", "-m", path,
-               "--port", str(port), "-np", str(a.slots or clients),
+               "--port", str(port), "-np", str(slots),
                "-t", str(a.threads), "-c", str(a.ctx), *shlex.split(a.localgen_args)]
     elif target == "llama-server":
-        cmd = [a.llama_server, "-m", path, "--port", str(port), "-np", str(a.slots or clients), "-t", str(a.threads),
-               "-c", str(a.ctx * (a.slots or clients)), "-fa", "on", "--no-webui", *shlex.split(a.llama_args)]
+        cmd = [a.llama_server, "-m", path, "--port", str(port), "-np", str(slots), "-t", str(a.threads),
+               "-c", str(a.ctx * slots), "-fa", "on", "--no-webui", *shlex.split(a.llama_args)]
     else:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_threads",
                str(a.threads), "--n_ctx", str(a.ctx), "--flash_attn", "true", "--interrupt_requests", "false"]

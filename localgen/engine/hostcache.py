@@ -64,8 +64,9 @@ class HostCache:
         if size <= 0 or (self.limit > 0 and size > self.limit):
             return False
         # entries that this one contains are obsolete; then the least recently used go until it fits
-        self.entries = [e for e in self.entries if not (len(e.tokens) < len(tokens) and starts_with(tokens, e.tokens))]
-        self.bytes = sum(e.size for e in self.entries)
+        for e in [e for e in self.entries if len(e.tokens) < len(tokens) and starts_with(tokens, e.tokens)]:
+            self.entries.remove(e)
+            self.bytes -= e.size
         while self.entries and self.limit > 0 and self.bytes + size > self.limit:
             self.bytes -= self.entries.pop(0).size
         import numpy

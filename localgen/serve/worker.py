@@ -472,8 +472,8 @@ class ModelWorker:
                 # only in the thread that decodes from now on: llama.cpp's CPU backend (OpenMP) keeps a
                 # team of threads per calling thread, and a warm-up decode in the loading thread made every
                 # later step in the worker thread ~60 % slower (Gemma 3 270M, 2 cores); `_serve` warms a
-                # preloaded model
-                pc.warm_up()
+                # preloaded model. A job waits for this load: it need not pay for ignore_eos's token scan
+                pc.warm_up(eog=False)
         except BaseException:
             if pc is not None:
                 pc.close()
