@@ -81,6 +81,48 @@ def test_a_burst_of_long_prompts_never_stalls_a_running_stream(smollm2_engine: o
     assert len(set(firsts.values())) > 1, "the burst's prompts were cut into chunks across steps"
 
 
+def test_a_step_lays_its_rows_out_in_slot_order_whatever_slots_the_prompts_got(smollm2_engine: object) -> None:
+    """Prompts that continue what other slots hold get those slots, out of arrival order; the step that
+    evaluates them still lays out its rows slot by slot, each slot's rows together. With a KV stream per slot,
+    llama.cpp cuts a batch into ubatches of consecutive sequence ids, so rows out of order cost many small
+    ubatches (a pass over the weights each: a 12 % slower step for 31 prompts on Gemma 3 270M, 2 cores)."""
+    eng: Any = smollm2_engine
+    first = [_chat(eng, f"Story {k}: " + "a fox and a crow share a long road through the hills. " * 4)
+             for k in range(4)]
+    extra = list(eng.raw_tokens(" And then?"))[-3:]
+    pc = ParallelContext(eng, 4, 512, pooled=True)
+    assert not pc.one_pool  # the CPU layout: a stream per slot
+    calls: list[list[int]] = []  # the sequence id of every row, per llama_decode
+    slots: dict[int, int] = {}
+    decode, sample = pc._decode, pc._sample
+
+    def record_decode(n: int) -> None:
+        calls.append([int(pc.batch.seq_id[i][0]) for i in range(pc.batch.n_tokens)])
+        decode(n)
+
+    def record_sample(seq: Any, *rest: Any) -> None:
+        slots[seq.req.index] = seq.slot
+        sample(seq, *rest)
+
+    pc._decode = record_decode  # type: ignore[method-assign]
+    pc._sample = record_sample  # type: ignore[method-assign]
+    done: dict[int, Any] = {}
+    try:
+        pc.run(iter([Request(k, t, _greedy(2)) for k, t in enumerate(first)]), lambda c: None, reuse=True)
+        assert [slots[k] for k in range(4)] == [0, 1, 2, 3]
+        calls.clear()
+        # arrivals continue the slots' prompts in reverse: request 4 continues slot 3's, ..., 7 slot 0's
+        later = [Request(4 + k, first[3 - k] + extra, _greedy(2)) for k in range(4)]
+        pc.run(iter(later), lambda c: done.__setitem__(c.index, c), reuse=True)
+    finally:
+        pc.close()
+    assert [slots[4 + k] for k in range(4)] == [3, 2, 1, 0], "each prompt took the slot holding its prefix"
+    assert all(done[4 + k].cached_tokens == len(first[3 - k]) for k in range(4))
+    assert len(calls[0]) == 4 * len(extra), "the four prompts' new tokens in one call"
+    for ids in calls:
+        assert ids == sorted(ids), f"rows out of slot order: {ids}"
+
+
 def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engine: object) -> None:
     """A request whose system prompt a running slot already holds shares those cells instead of evaluating
     them; when that slot moves on to another prompt, the cells stay for the one that shares them."""

@@ -277,36 +277,42 @@ class ParallelContext:
 
     def _mixed_step(self, active: dict[int, Seq], free: list[int], on_done: Callable[[Completion], None],
                     should_stop: Callable[[], bool]) -> None:
-        self.batch.n_tokens = 0
-        wants: list[tuple[Seq, int]] = []
-        for slot in sorted(active):
-            seq = active[slot]
-            if seq.pending is not None:
-                wants.append((seq, self._add(seq.pending, seq.next_pos, slot, True)))
-                seq.pending = None
-        decoding = len(wants)
+        decoding = sum(1 for s in active.values() if s.pending is not None)
         room = min(self.n_batch, max(self.step_tokens, decoding + 1)) - decoding
         filling = sorted((s for s in active.values() if s.filled < len(s.req.tokens)), key=lambda s: s.started)
         for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
             end = self._media(seq.req.tokens, seq.slot, seq.filled)
             self.slots.held[seq.slot].extend(seq.req.tokens[seq.filled:end])
             seq.filled = end
-        done: list[Seq] = []
+        chunks: dict[int, int] = {}  # slot -> end of the prompt chunk it evaluates in this step (oldest first)
         for seq in filling:
             if room <= 0:
                 break
-            tokens = seq.req.tokens
-            start = seq.filled
-            end = min(len(tokens), start + room, _next_span(tokens, start))
-            row = -1
-            for pos in range(start, end):
-                row = self._add(tokens[pos], pos, seq.slot, pos == len(tokens) - 1)
-            self.slots.held[seq.slot].extend(tokens[start:end])
-            seq.filled = end
-            room -= end - start
-            if end == len(tokens):
-                wants.append((seq, row))
-                done.append(seq)
+            end = min(len(seq.req.tokens), seq.filled + room, _next_span(seq.req.tokens, seq.filled))
+            chunks[seq.slot] = end
+            room -= end - seq.filled
+        # rows in slot order, each slot's together: with a KV stream per slot llama.cpp cuts a batch into
+        # ubatches of consecutive sequence ids (split_equal), so slots out of order (a prompt given the slot
+        # that held its prefix) cut it into many small ubatches, each a pass over the weights (Gemma 3 270M,
+        # 2 cores, 31 prompts in shuffled slots: a 12 % slower step)
+        self.batch.n_tokens = 0
+        wants: list[tuple[Seq, int]] = []
+        done: list[Seq] = []
+        for slot in sorted(active):
+            seq = active[slot]
+            if seq.pending is not None:
+                wants.append((seq, self._add(seq.pending, seq.next_pos, slot, True)))
+                seq.pending = None
+            elif slot in chunks:
+                tokens, start, end = seq.req.tokens, seq.filled, chunks[slot]
+                row = -1
+                for pos in range(start, end):
+                    row = self._add(tokens[pos], pos, slot, pos == len(tokens) - 1)
+                self.slots.held[slot].extend(tokens[start:end])
+                seq.filled = end
+                if end == len(tokens):
+                    wants.append((seq, row))
+                    done.append(seq)
         self._decode(len(active))
         self.steps += 1
         self.rows += decoding
