@@ -14,12 +14,15 @@ slots than clients: conversations then take each other's slots, and a server tha
 up in host memory (localgen's and llama-server's --cache-ram; --localgen-args="--cache-ram 0" turns it off)
 evaluates only each turn's new tokens ("prompt cached": the share of prompt tokens the server took from a
 cache, from its `timings`).
+--whole sends requests that do not stream: instead of TTFT and ITL it reports each request's time (p50) and
+the server's own decoding time per token (the median of its `timings`' predicted_ms / predicted_n), which
+leaves out the hand-over of every token to the HTTP side.
 
 usage: scripts/bench_serve.py [--model gemma3:270m] [--clients 1,8,32] [--temperatures 0,0.8]
                               [--requests 2] [--words 48] [--tokens 64] [--threads 2] [--rounds 3]
                               [--against /tmp/lsrv/bin/llama-server] [--system-words 0]
                               [--target localgen|llama-server|llama-cpp-python] [--localgen-args "..."]
-                              [--conversation] [--slots N]
+                              [--conversation] [--slots N] [--whole]
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def start(target: str, path: str, port: int, a: argparse.Namespace, env: dict[st
 
 
 def client(http: Any, url: str, model: str, prompts: list[str], tokens: int, raw: bool, temperature: float,
-           system: str, out: list[dict[str, Any]], conversation: bool = False) -> None:
+           system: str, out: list[dict[str, Any]], conversation: bool = False, whole: bool = False) -> None:
     """Send `prompts` one after another; with `conversation`, as the turns of one chat (each request carries
     the earlier turns and answers, as a chat client re-sends them)."""
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
@@ -102,6 +105,24 @@ def client(http: Any, url: str, model: str, prompts: list[str], tokens: int, raw
         stamps: list[float] = []
         pieces: list[str] = []
         used = prompt_n = cache_n = 0
+        if whole:
+            body.update(stream=False)
+            del body["stream_options"]
+            for attempt in range(3):
+                try:
+                    doc = http.post(url + endpoint, json=body).json()
+                    break
+                except (httpx.RemoteProtocolError, httpx.ConnectError) as e:
+                    if attempt == 2:
+                        raise
+                    print(f"  (retried a request to {url}: {e})", file=sys.stderr)
+            timings = doc.get("timings") or {}
+            choice = doc["choices"][0]
+            out.append({"t0": t0, "stamps": [], "t1": time.perf_counter(), "tokens": doc["usage"]["completion_tokens"],
+                        "prompt_n": timings.get("prompt_n", 0), "cache_n": timings.get("cache_n", 0),
+                        "ms_token": timings["predicted_ms"] / max(1, timings["predicted_n"])})
+            history.append({"role": "assistant", "content": choice.get("text") or choice["message"]["content"]})
+            continue
         for attempt in range(3):  # as the openai client retries (max_retries=2) a kept-alive connection that
             try:              # the server closed just as it was reused; the clock keeps running
                 with http.stream("POST", url + endpoint, json=body) as r:
@@ -135,15 +156,17 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def load(url: str, model: str, prompts: list[list[str]], tokens: int, raw: bool, temperature: float,
-         system: str, conversation: bool = False) -> dict[str, float]:
-    """One round: every client's requests; aggregate tok/s, TTFT p50 (s), ITL p99 (ms)."""
+         system: str, conversation: bool = False, whole: bool = False) -> dict[str, float]:
+    """One round: every client's requests; aggregate tok/s, TTFT p50 (s), ITL p99 (ms) (with `whole`: request
+    time p50 (s) and the server's decoding ms per token instead)."""
     results: list[dict[str, Any]] = []
     # one HTTP client per simulated user, made before the clock starts and kept across its requests, as an
     # application keeps its `openai` client (a client made per request spends ~0.2 s here building its TLS
     # context, on the cores the server uses, inside every TTFT)
     sessions = [httpx.Client(timeout=600) for _ in prompts]
     threads = [threading.Thread(target=client,
-                                args=(h, url, model, p, tokens, raw, temperature, system, results, conversation))
+                                args=(h, url, model, p, tokens, raw, temperature, system, results, conversation,
+                                      whole))
                for h, p in zip(sessions, prompts, strict=True)]
     t0 = time.perf_counter()
     for t in threads:
@@ -158,6 +181,10 @@ def load(url: str, model: str, prompts: list[list[str]], tokens: int, raw: bool,
     itl = [b - a_ for r in results for a_, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
     evaluated = sum(r["prompt_n"] for r in results)
     cached = sum(r["cache_n"] for r in results)
+    if whole:
+        return {"tok_s": n / wall, "req": pct([r["t1"] - r["t0"] for r in results], 0.5),
+                "ms_token": statistics.median(r["ms_token"] for r in results),
+                "cached": cached / max(1, cached + evaluated)}
     return {"tok_s": n / wall, "ttft": pct(ttft, 0.5), "ttft99": pct(ttft, 0.99), "itl50": pct(itl, 0.5) * 1000,
             "itl99": pct(itl, 0.99) * 1000, "cached": cached / max(1, cached + evaluated)}
 
@@ -177,6 +204,8 @@ def main() -> None:
     ap.add_argument("--conversation", action="store_true",
                     help="each client's requests are the turns of one chat (earlier turns re-sent)")
     ap.add_argument("--slots", type=int, default=0, help="-np for both servers (default: the client count)")
+    ap.add_argument("--whole", action="store_true", help="requests that do not stream: request time and the "
+                    "server's decoding ms per token instead of TTFT and ITL")
     ap.add_argument("--target", default="localgen", choices=["localgen", "llama-server", "llama-cpp-python"])
     ap.add_argument("--against", metavar="LLAMA_SERVER", help="alternate rounds with this llama-server")
     ap.add_argument("--llama-server", default="/tmp/lsrv/bin/llama-server")
@@ -216,15 +245,25 @@ def main() -> None:
                                    for _ in range(clients)]
                         for t in targets if r % 2 == 0 else targets[::-1]:
                             got[t].append(load(procs[t][1], names[t], prompts, a.tokens, raw, temp, system,
-                                               a.conversation))
+                                               a.conversation, a.whole))
                     med = {t: {k: statistics.median(x[k] for x in got[t]) for k in got[t][0]} for t in targets}
                     for t in targets:
                         m = med[t]
+                        if a.whole:
+                            print(f"  {clients:>3} clients, T={temp:<3} {t:<13} {m['tok_s']:8.1f} tok/s  "
+                                  f"request p50 {m['req'] * 1000:6.0f} ms  decoding {m['ms_token']:.3f} ms/token  "
+                                  f"prompt cached {m['cached']:4.0%}")
+                            continue
                         print(f"  {clients:>3} clients, T={temp:<3} {t:<13} {m['tok_s']:8.1f} tok/s  "
                               f"TTFT p50 {m['ttft'] * 1000:6.0f} ms p99 {m['ttft99'] * 1000:6.0f} ms  "
                               f"ITL p50 {m['itl50']:5.0f} ms p99 {m['itl99']:5.0f} ms  "
                               f"prompt cached {m['cached']:4.0%}")
-                    if a.against:
+                    if a.against and a.whole:
+                        lg, ls = med["localgen"], med["llama-server"]
+                        print(f"  {clients:>3} clients, T={temp:<3} ratio         {lg['tok_s'] / ls['tok_s']:8.2f}x  "
+                              f"request p50 {lg['req'] / ls['req']:.3f}x  decoding ms/token "
+                              f"{lg['ms_token'] / ls['ms_token']:.3f}x  (tok/s: higher is better; times: lower)")
+                    elif a.against:
                         lg, ls = med["localgen"], med["llama-server"]
                         print(f"  {clients:>3} clients, T={temp:<3} ratio         {lg['tok_s'] / ls['tok_s']:8.2f}x  "
                               f"TTFT p50 {lg['ttft'] / ls['ttft']:.2f}x  ITL p99 {lg['itl99'] / ls['itl99']:.2f}x"

@@ -121,8 +121,8 @@ def test_top_k_candidates_keep_every_logit_that_can_survive() -> None:
     at or above the k-th largest logit)."""
     rng = np.random.default_rng(3)
     n, k = 49152, 40
-    for case in ("one run", "one group", "ties", "random", "banned"):
-        row = rng.standard_normal(n).astype(np.float32)
+    for case in ("one run", "one group", "ties", "random", "banned", "tail"):
+        row = rng.standard_normal(n + (77 if case == "tail" else 0)).astype(np.float32)
         banned: tuple[int, ...] = ()
         if case == "one run":
             row[96 * 7: 96 * 7 + k] = 50 + np.arange(k, dtype=np.float32)
@@ -132,6 +132,8 @@ def test_top_k_candidates_keep_every_logit_that_can_survive() -> None:
             row[rng.choice(n, 300, replace=False)] = 9.0
         elif case == "banned":
             banned = (int(np.argmax(row)),)
+        elif case == "tail":  # the best few past the last whole group
+            row[n + 10: n + 20] = 50.0
         ids = sampling.top_k_candidates(row, k, banned)
         assert ids is not None
         kept = row.copy()
@@ -139,7 +141,7 @@ def test_top_k_candidates_keep_every_logit_that_can_survive() -> None:
         kth = np.sort(kept)[::-1][k - 1]
         assert set(np.flatnonzero(kept >= kth)) <= set(ids.tolist()), case
         assert not set(banned) & set(ids.tolist())
-        assert list(ids) == sorted(ids)
+        assert list(ids) == sorted(ids) and len(set(ids.tolist())) == len(ids)
     nan = np.full(n, np.nan, dtype=np.float32)
     assert sampling.top_k_candidates(nan, k) is None
 
@@ -160,3 +162,40 @@ def test_banned_tokens_among_the_best_keep_the_shortcut() -> None:
         assert set(np.flatnonzero(kept >= kth)) <= set(ids.tolist())
         assert not set(banned) & set(ids.tolist())
     assert sampling.top_k_candidates(row, sampling.BLOCKS - 2, banned) is None, "more than the groups allow"
+
+
+def test_logits_views_follow_each_row_and_each_decode(smollm2_engine: Any) -> None:
+    """logits_row keeps its numpy views by address: every row of every decode reads what llama.cpp holds for
+    it then (checked against a fresh view of the bindings' own pointer), as the rows move and the output
+    buffer grows."""
+    from localgen.engine.lib import logits_row
+
+    eng: Any = smollm2_engine
+    pc = ParallelContext(eng, 4, 256, pooled=True)
+    lc = pc.lc
+
+    def fresh(row: int) -> Any:
+        return np.ctypeslib.as_array(lc.llama_get_logits_ith(pc.ctx, row), shape=(pc.n_vocab,)).copy()
+
+    try:
+        seen: list[Any] = []
+        for n_rows, prompt in ((1, "Once upon a time"), (4, "The capital of France is"), (2, "Roses are red,"),
+                               (4, "def fibonacci(n):")):
+            pc.clear()
+            pc.batch.n_tokens = 0
+            toks = list(eng.tokenize(prompt, add_special=True))
+            for slot in range(n_rows):  # each slot's prompt ends on a different token: rows that differ
+                seq = [*toks, toks[-1 - slot]]
+                for pos, t in enumerate(seq):
+                    pc._add(t, pos, slot, pos == len(seq) - 1)
+            pc._decode(n_rows)
+            rows = [i for i in range(pc.batch.n_tokens) if pc.batch.logits[i]]
+            got = [logits_row(lc, pc.ctx, r, pc.n_vocab).copy() for r in rows]
+            for r, g in zip(rows, got, strict=True):
+                assert np.array_equal(g, fresh(r))
+            assert np.array_equal(logits_row(lc, pc.ctx, -1, pc.n_vocab), fresh(-1))
+            assert all(not np.array_equal(got[0], g) for g in got[1:]), "rows differ"
+            assert all(not np.array_equal(got[0], s) for s in seen), "each decode's values, not an old one's"
+            seen.append(got[0])
+    finally:
+        pc.close()

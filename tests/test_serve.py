@@ -88,6 +88,16 @@ def test_openai_client_streaming_usage_and_keys(server: Server) -> None:
     assert httpx.get(f"{server.url}/health").status_code == 200, "/health needs no key"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the child's /proc maps")
+def test_serve_runs_on_uvloop_and_httptools(server: Server) -> None:
+    """uvicorn picks its C event loop and HTTP parser when they are installed; the install brings them."""
+    r = httpx.post(f"{server.url}/v1/completions", headers=_auth(),
+                   json={"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 1})
+    assert r.status_code == 200
+    maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
+    assert "/uvloop/loop." in maps and "/httptools/parser/parser." in maps
+
+
 def test_timings_logprobs_and_response_format(server: Server) -> None:
     r = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=60, json={
         "model": "smollm2:135m", "messages": [{"role": "user", "content": "Give me a person as JSON."}],

@@ -176,6 +176,40 @@ def test_an_error_after_the_first_token_is_an_error_event(inproc: InProcess, mon
     _still_answers(inproc.url)
 
 
+def test_a_non_streamed_answer_is_handed_over_once(inproc: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that does not stream gets its whole answer in one event (no per-token wake-ups of the event
+    loop), and it is the text the same request streams."""
+    import ollama
+    import openai
+
+    from localgen.serve.worker import Job
+
+    sent: list[tuple[bool, str]] = []
+    real = Job.send
+
+    def send(self: Job, event: Any) -> None:
+        sent.append((self.stream, type(event).__name__))
+        real(self, event)
+
+    monkeypatch.setattr(Job, "send", send)
+    kw: dict[str, Any] = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}
+    client = openai.OpenAI(base_url=f"{inproc.url}/v1", api_key="x")
+    whole = client.completions.create(**kw).choices[0].text
+    assert sent == [(False, "Done")]
+    sent.clear()
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True) if c.choices)
+    assert streamed == whole and whole.strip()
+    assert sent.count((True, "Text")) >= 2 and sent[-1] == (True, "Done")
+    sent.clear()
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}],
+            "options": {"num_predict": 8, "temperature": 0}}
+    said = ollama.Client(host=inproc.url).chat(**chat)["message"]["content"]
+    assert sent == [(False, "Done")] and said.strip()
+    sent.clear()
+    parts = "".join(p["message"]["content"] for p in ollama.Client(host=inproc.url).chat(**chat, stream=True))
+    assert parts == said and sent[-1] == (True, "Done")
+
+
 def test_the_model_is_warmed_up_in_the_thread_that_decodes(smollm2_path: Path) -> None:
     """A model is warmed (a decode, then an empty cache) in its worker thread, never in the thread that
     preloaded it (a decode there made every later step ~60 % slower), and again after a reload. (Greedy

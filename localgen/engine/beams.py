@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from localgen.engine.lib import logits_row
 from localgen.engine.sequence import decode_all
 from localgen.errors import ContextOverflowError, LocalgenError
 
@@ -128,7 +129,7 @@ def _candidates(pc: ParallelContext, live: list[tuple[Hypothesis, int, int]],
 
     cands: list[tuple[float, int, int]] = []
     for li, (h, _seq, row) in enumerate(live):
-        logits = np.ctypeslib.as_array(pc.lc.llama_get_logits_ith(pc.ctx, row), shape=(pc.n_vocab,)).astype(np.float64)
+        logits = logits_row(pc.lc, pc.ctx, row, pc.n_vocab).astype(np.float64)
         m = logits.max()
         logp = logits - m - np.log(np.exp(logits - m).sum())
         top = np.argpartition(-logp, n_beams)[:n_beams] if pc.n_vocab > n_beams else np.arange(pc.n_vocab)

@@ -160,11 +160,37 @@ def init_numa(strategy: int) -> None:
         _numa_done = True
 
 
+_logits_ith: Any = None  # llama_get_logits_ith returning the address as an int (the bindings' gives a pointer)
+_views: dict[tuple[int, int], Any] = {}  # (address, n_vocab) → a numpy view of the floats there
+_MAX_VIEWS = 4096
+
+
 def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
-    """A numpy view of one output row's logits of the last decode (-1: the last row); valid until the next."""
+    """A numpy view of one output row's logits of the last decode (-1: the last row); valid until the next.
+
+    A view only points at memory (it owns nothing), so one made for an address serves every later row that
+    llama.cpp places there: making a view costs ~25 µs cold, a serving step's pick makes one or more per
+    token, and the rows sit at a few addresses, reused from step to step."""
+    import ctypes
+
     import numpy as np
 
-    return np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, row), shape=(n_vocab,))
+    global _logits_ith
+    if _logits_ith is None:
+        fn = lc._lib["llama_get_logits_ith"]  # a new function object: the bindings' own keeps its restype
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p
+        _logits_ith = fn
+    address = _logits_ith(ctx, row)
+    if not address:
+        raise LocalgenError(f"llama.cpp has no logits for output row {row}")
+    key = (address, n_vocab)
+    view = _views.get(key)
+    if view is None:
+        if len(_views) >= _MAX_VIEWS:  # buffers reallocated many times over: start afresh
+            _views.clear()
+        view = np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+        _views[key] = view
+    return view
 
 
 def common_prefix(a: Any, b: Any) -> int:

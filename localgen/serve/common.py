@@ -286,15 +286,9 @@ def _tool_calls(raw: Any) -> list[dict[str, Any]]:
 
 async def run_job(state: ServeState, worker: ModelWorker, request: GenerationRequest,
                   keep_alive: float | None = None) -> tuple[Job, Event]:
-    """Queue a job and wait for its first event (text, done or error): errors surface as HTTPError here,
-    before any response starts."""
-    import asyncio
-
-    job = Job(request, asyncio.get_running_loop(), keep_alive=keep_alive)
-    try:
-        worker.submit(job)
-    except LocalgenError as e:  # a full queue, or a worker that has stopped
-        raise HTTPError(503, e.message, "server_error") from None
+    """Queue a streamed job and wait for its first event (text, done or error): errors surface as HTTPError
+    here, before any response starts."""
+    job = _submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive))
     try:
         first = await job.events.get()
     except BaseException:  # the handler was cancelled (the client left while queued)
@@ -303,6 +297,33 @@ async def run_job(state: ServeState, worker: ModelWorker, request: GenerationReq
     if isinstance(first, Failed):
         raise http_error(first)
     return job, first
+
+
+async def run_whole(state: ServeState, worker: ModelWorker, request: GenerationRequest, http: Request,
+                    keep_alive: float | None = None) -> tuple[Job, Completion]:
+    """A non-streamed answer: the job and its final Completion (whose text is the whole answer). The job
+    sends no Text events, so no decoding step wakes the event loop for it; a client that disconnects while
+    it waits (queued or generating) cancels the job; an error is an HTTPError."""
+    job = _submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive, stream=False))
+    watcher = asyncio.ensure_future(_watch_disconnect(http, job))
+    try:
+        event = await job.events.get()
+    finally:
+        watcher.cancel()
+        job.cancelled.set()  # a no-op once done; stops generation at once when the handler was cancelled
+    if isinstance(event, Done):
+        return job, event.completion
+    if isinstance(event, Failed):
+        raise http_error(event)
+    raise AssertionError("a job that does not stream sends only its Done or Failed")
+
+
+def _submit(worker: ModelWorker, job: Job) -> Job:
+    try:
+        worker.submit(job)
+    except LocalgenError as e:  # a full queue, or a worker that has stopped
+        raise HTTPError(503, e.message, "server_error") from None
+    return job
 
 
 async def events(job: Job, first: Event) -> AsyncIterator[Event]:
@@ -317,26 +338,6 @@ async def events(job: Job, first: Event) -> AsyncIterator[Event]:
             event = await job.events.get()
     finally:
         job.cancelled.set()  # a no-op once done; stops generation at once when the client left
-
-
-async def collect(job: Job, first: Event, request: Request) -> tuple[str, Completion]:
-    """A non-streamed answer: the whole text and the final Completion. A client that disconnects while it
-    waits cancels the job (as a stream's does); an error after the first token is an HTTPError."""
-    import asyncio
-
-    watcher = asyncio.ensure_future(_watch_disconnect(request, job))
-    text = ""
-    try:
-        async for event in events(job, first):
-            if isinstance(event, Text):
-                text += event.text
-            elif isinstance(event, Done):
-                return text, event.completion
-            else:
-                raise http_error(event)
-    finally:
-        watcher.cancel()
-    raise AssertionError("a job's events end with Done or Failed")
 
 
 async def _watch_disconnect(request: Request, job: Job) -> None:

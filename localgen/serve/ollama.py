@@ -20,7 +20,6 @@ from localgen.serve.common import (
     HTTPError,
     ServeState,
     check_prompt_size,
-    collect,
     embed,
     embed_inputs,
     events,
@@ -28,6 +27,7 @@ from localgen.serve.common import (
     read_json,
     read_messages,
     run_job,
+    run_whole,
     sampling,
     schema_grammar,
 )
@@ -176,11 +176,11 @@ async def _generate(state: ServeState, http: Request, body: dict[str, Any], chat
         plan = await tool_plan(worker, body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
         request = apply_plan(plan, request)
         answer = stream_for(worker, plan, request)
-    job, first = await run_job(state, worker, request, keep_alive)
-    stream = body.get("stream", True)  # Ollama streams unless told not to
-    if stream:
+    if body.get("stream", True):  # Ollama streams unless told not to
+        job, first = await run_job(state, worker, request, keep_alive)
         return StreamingResponse(_ndjson(worker, job, first, chat, answer), media_type="application/x-ndjson")
-    text, final = await collect(job, first, http)
+    job, final = await run_whole(state, worker, request, http, keep_alive)
+    text = final.text
     if answer is None:
         return JSONResponse(_final(worker, job, final, chat, text))
     return JSONResponse(_final(worker, job, final, chat, "", _message(answer.feed(text) + answer.finish())))

@@ -19,7 +19,6 @@ from localgen.serve.common import (
     HTTPError,
     ServeState,
     check_prompt_size,
-    collect,
     embed,
     embed_inputs,
     events,
@@ -28,6 +27,7 @@ from localgen.serve.common import (
     read_json,
     read_messages,
     run_job,
+    run_whole,
     sampling,
     schema_grammar,
     timings,
@@ -172,12 +172,12 @@ async def _complete(state: ServeState, http: Request, body: dict[str, Any], chat
         request = apply_plan(plan, request)
     split = body.get("reasoning_format", "auto") != "none"
     answer = stream_for(worker, plan, request, split) if chat else None
-    job, first = await run_job(state, worker, request)
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     shape = _Shape(ident, worker.name, chat, request.logprobs is not None)
     if not body.get("stream"):
-        text, final = await collect(job, first, http)
-        return JSONResponse(shape.whole(final, text, answer))
+        _, final = await run_whole(state, worker, request, http)
+        return JSONResponse(shape.whole(final, final.text, answer))
+    job, first = await run_job(state, worker, request)
     opts = body.get("stream_options") or {}
     usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
     return StreamingResponse(_sse(shape, job, first, usage, answer), media_type="text/event-stream",
