@@ -36,6 +36,11 @@ class Chain:
     shortcut: str  # GREEDY, TOP_K or FULL
     k: int
     banned: tuple[int, ...]  # end-of-generation tokens a logit bias of -inf bans (ignore_eos)
+    # the top-k shortcut's candidate buffer (llama_token_data entries) and the llama_token_data_array that
+    # points at it, made on first use and grown as needed: a pick then allocates nothing
+    buf: Any = None
+    arr: Any = None
+    data: Any = None  # buf's address as arr.data wants it (a stage may move arr.data: XTC drops the best)
 
 
 def shortcut(s: SamplingParams, n_vocab: int) -> str:
@@ -71,11 +76,16 @@ def pick(lc: Any, ctx: Any, chain: Chain, row: int, n_vocab: int, top_k: bool = 
         ids = top_k_candidates(logits, chain.k, chain.banned)
         if ids is None:
             return int(lc.llama_sampler_sample(chain.ptr, ctx, row))
-        data = np.zeros(len(ids), dtype=TOKEN_DATA)
-        data["id"] = ids
-        data["logit"] = logits[ids]
-        arr = lc.llama_token_data_array(data.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), len(ids), -1,
-                                        False)
+        n = len(ids)
+        if chain.buf is None or len(chain.buf) < n:
+            chain.buf = np.zeros(max(n, 2 * BLOCKS), dtype=TOKEN_DATA)
+            chain.data = chain.buf.ctypes.data_as(ctypes.POINTER(lc.llama_token_data))
+            chain.arr = lc.llama_token_data_array(chain.data, 0, -1, False)
+        data, arr = chain.buf, chain.arr
+        data["id"][:n] = ids
+        data["logit"][:n] = logits[ids]
+        data["p"][:n] = 0.0
+        arr.data, arr.size, arr.selected, arr.sorted = chain.data, n, -1, False
         lc.llama_sampler_apply(chain.ptr, ctypes.byref(arr))
         if not 0 <= arr.selected < arr.size:
             raise RuntimeError("the sampler chain selected no token")
