@@ -171,12 +171,10 @@ def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
     A view only points at memory (it owns nothing), so one made for an address serves every later row that
     llama.cpp places there: making a view costs ~25 µs cold, a serving step's pick makes one or more per
     token, and the rows sit at a few addresses, reused from step to step."""
-    import ctypes
-
-    import numpy as np
-
     global _logits_ith
     if _logits_ith is None:
+        import ctypes
+
         fn = lc._lib["llama_get_logits_ith"]  # a new function object: the bindings' own keeps its restype
         fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p
         _logits_ith = fn
@@ -185,7 +183,11 @@ def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
         raise LocalgenError(f"llama.cpp has no logits for output row {row}")
     key = (address, n_vocab)
     view = _views.get(key)
-    if view is None:
+    if view is None:  # the imports only here: the per-token path is the lookup above
+        import ctypes
+
+        import numpy as np
+
         if len(_views) >= _MAX_VIEWS:  # buffers reallocated many times over: start afresh
             _views.clear()
         view = np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
