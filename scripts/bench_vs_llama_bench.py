@@ -6,7 +6,12 @@ localgen, llama-bench, ...) for several rounds so that machine drift hits both, 
 of each test's per-round means. llama-bench comes from ../shared/tools/build-llama-bench, which builds
 it from the llama.cpp sources vendored in the llama-cpp-python source package, with the same flags.
 
+With `--batched LLAMA_BATCHED_BENCH --npl 8,32` it compares `localgen bench -npl` (several sequences decoded
+together, through the scheduler `serve` and `run --file` use) with llama.cpp's llama-batched-bench instead:
+S_PP (every sequence's prompt evaluated, tokens per second) against `ppP xN`, S_TG against `tgN xN`.
+
 usage: scripts/bench_vs_llama_bench.py LLAMA_BENCH [--model PATH] [--rounds 4] [-p 512] [-n 128] [-t N]
+       scripts/bench_vs_llama_bench.py --batched LLAMA_BATCHED_BENCH --npl 8,32 [--model PATH] [-p 512] ...
 """
 
 from __future__ import annotations
@@ -27,16 +32,35 @@ def llama_bench(exe: str, model: str, p: int, n: int, t: int, reps: int) -> dict
     return {(f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"): r["avg_ts"] for r in recs}
 
 
-def localgen_bench(model: str, p: int, n: int, t: int, reps: int, env: dict[str, str]) -> dict[str, float]:
+def batched_bench(exe: str, model: str, p: int, n: int, t: int, npl: list[int]) -> dict[str, float]:
+    """llama-batched-bench's S_PP and S_TG for each sequence count, named as `localgen bench -npl` names them."""
+    out = subprocess.run([exe, "-m", model, "-npp", str(p), "-ntg", str(n), "-npl", ",".join(map(str, npl)),
+                          "-c", str(max(npl) * (p + n)), "-t", str(t), "-fa", "on", "-b", "2048", "-ub", "512",
+                          "--output-format", "jsonl"], capture_output=True, text=True, check=True)
+    found: dict[str, float] = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            found[f"pp{p} x{r['pl']}"] = r["speed_pp"]
+            found[f"tg{n} x{r['pl']}"] = r["speed_tg"]
+    return found
+
+
+def localgen_bench(model: str, p: int, n: int, t: int, reps: int, env: dict[str, str],
+                   npl: list[int] | None = None) -> dict[str, float]:
+    more = ["-npl", ",".join(map(str, npl))] if npl else []
     out = subprocess.run([sys.executable, "-m", "localgen", "bench", "-m", model, "-p", str(p), "-n", str(n),
                           "-t", str(t), "-fa", "1", "-b", "2048", "-ub", "512", "-r", str(reps), "--no-e2e",
-                          "-o", "jsonl"], capture_output=True, text=True, check=True, env=env)
-    return {json.loads(line)["test"]: json.loads(line)["avg_ts"] for line in out.stdout.splitlines()}
+                          *more, "-o", "jsonl"], capture_output=True, text=True, check=True, env=env)
+    found = {json.loads(line)["test"]: json.loads(line)["avg_ts"] for line in out.stdout.splitlines()}
+    return {k: v for k, v in found.items() if " x" in k} if npl else found
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("llama_bench")
+    ap.add_argument("llama_bench", nargs="?")
+    ap.add_argument("--batched", metavar="LLAMA_BATCHED_BENCH", help="compare -npl with llama-batched-bench")
+    ap.add_argument("--npl", default="8,32", help="sequence counts for --batched")
     ap.add_argument("--model", default=None)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("-p", type=int, default=512)
@@ -44,6 +68,10 @@ def main() -> None:
     ap.add_argument("-t", type=int, default=None)
     ap.add_argument("-r", type=int, default=5)
     a = ap.parse_args()
+    if not (a.llama_bench or a.batched):
+        ap.error("give LLAMA_BENCH, or --batched LLAMA_BATCHED_BENCH")
+    npl = [int(x) for x in a.npl.split(",")] if a.batched else None
+    name = "llama-batched-bench" if a.batched else "llama-bench"
     from localgen import hardware
     from localgen.models.resolve import resolve
 
@@ -54,16 +82,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
         for rnd in range(a.rounds):
-            for k, v in llama_bench(a.llama_bench, model, a.p, a.n, threads, a.r).items():
+            got = (batched_bench(a.batched, model, a.p, a.n, threads, npl) if npl
+                   else llama_bench(a.llama_bench, model, a.p, a.n, threads, a.r))
+            for k, v in got.items():
                 theirs.setdefault(k, []).append(v)
-            for k, v in localgen_bench(model, a.p, a.n, threads, a.r, env).items():
+            for k, v in localgen_bench(model, a.p, a.n, threads, a.r, env, npl).items():
                 ours.setdefault(k, []).append(v)
-            print(f"round {rnd + 1}: llama-bench " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in theirs.items())
+            print(f"round {rnd + 1}: {name} " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in theirs.items())
                   + " | localgen " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in ours.items()), flush=True)
-    print(f"{os.path.basename(model)}, {threads} threads, fa 1, median of {a.rounds} rounds of -r {a.r}:")
+    print(f"{os.path.basename(model)}, {threads} threads, fa 1, median of {a.rounds} rounds"
+          + ("" if npl else f" of -r {a.r}") + ":")
     for k in theirs:
-        t, o = statistics.median(theirs[k]), statistics.median(ours[k])
-        print(f"  {k:8} llama-bench {t:8.2f} t/s   localgen {o:8.2f} t/s   localgen/llama-bench {o / t * 100:6.1f} %")
+        t, o = statistics.median(theirs[k]), statistics.median(ours.get(k, [float("nan")]))
+        print(f"  {k:10} {name} {t:8.2f} t/s   localgen {o:8.2f} t/s   localgen/{name} {o / t * 100:6.1f} %")
 
 
 if __name__ == "__main__":
