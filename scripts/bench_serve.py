@@ -206,6 +206,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=0, help="-np for both servers (default: the client count)")
     ap.add_argument("--whole", action="store_true", help="requests that do not stream: request time and the "
                     "server's decoding ms per token instead of TTFT and ITL")
+    ap.add_argument("--each-round", action="store_true", help="also print every round's figures (the medians "
+                    "hide how far closed-loop rounds swing)")
     ap.add_argument("--target", default="localgen", choices=["localgen", "llama-server", "llama-cpp-python"])
     ap.add_argument("--against", metavar="LLAMA_SERVER", help="alternate rounds with this llama-server")
     ap.add_argument("--llama-server", default="/tmp/lsrv/bin/llama-server")
@@ -246,6 +248,12 @@ def main() -> None:
                         for t in targets if r % 2 == 0 else targets[::-1]:
                             got[t].append(load(procs[t][1], names[t], prompts, a.tokens, raw, temp, system,
                                                a.conversation, a.whole))
+                            if a.each_round:
+                                m = got[t][-1]
+                                print(f"      round {r + 1} {t:<13} {m['tok_s']:8.1f} tok/s  " + (
+                                    f"request p50 {m['req'] * 1000:6.0f} ms  decoding {m['ms_token']:.3f} ms/token"
+                                    if a.whole else f"TTFT p50 {m['ttft'] * 1000:6.0f} ms  "
+                                                    f"ITL p99 {m['itl99']:5.0f} ms"), flush=True)
                     med = {t: {k: statistics.median(x[k] for x in got[t]) for k in got[t][0]} for t in targets}
                     for t in targets:
                         m = med[t]
