@@ -189,6 +189,15 @@ def load(url: str, model: str, prompts: list[list[str]], tokens: int, raw: bool,
             "itl99": pct(itl, 0.99) * 1000, "cached": cached / max(1, cached + evaluated)}
 
 
+def describe(m: dict[str, float], whole: bool) -> str:
+    """One round's figures, or the medians of rounds, as printed."""
+    if whole:
+        return (f"{m['tok_s']:8.1f} tok/s  request p50 {m['req'] * 1000:6.0f} ms  "
+                f"decoding {m['ms_token']:.3f} ms/token")
+    return (f"{m['tok_s']:8.1f} tok/s  TTFT p50 {m['ttft'] * 1000:6.0f} ms p99 {m['ttft99'] * 1000:6.0f} ms  "
+            f"ITL p50 {m['itl50']:5.0f} ms p99 {m['itl99']:5.0f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gemma3:270m")
@@ -249,33 +258,19 @@ def main() -> None:
                             got[t].append(load(procs[t][1], names[t], prompts, a.tokens, raw, temp, system,
                                                a.conversation, a.whole))
                             if a.each_round:
-                                m = got[t][-1]
-                                print(f"      round {r + 1} {t:<13} {m['tok_s']:8.1f} tok/s  " + (
-                                    f"request p50 {m['req'] * 1000:6.0f} ms  decoding {m['ms_token']:.3f} ms/token"
-                                    if a.whole else f"TTFT p50 {m['ttft'] * 1000:6.0f} ms  "
-                                                    f"ITL p99 {m['itl99']:5.0f} ms"), flush=True)
+                                print(f"      round {r + 1} {t:<13} {describe(got[t][-1], a.whole)}", flush=True)
                     med = {t: {k: statistics.median(x[k] for x in got[t]) for k in got[t][0]} for t in targets}
                     for t in targets:
-                        m = med[t]
-                        if a.whole:
-                            print(f"  {clients:>3} clients, T={temp:<3} {t:<13} {m['tok_s']:8.1f} tok/s  "
-                                  f"request p50 {m['req'] * 1000:6.0f} ms  decoding {m['ms_token']:.3f} ms/token  "
-                                  f"prompt cached {m['cached']:4.0%}")
-                            continue
-                        print(f"  {clients:>3} clients, T={temp:<3} {t:<13} {m['tok_s']:8.1f} tok/s  "
-                              f"TTFT p50 {m['ttft'] * 1000:6.0f} ms p99 {m['ttft99'] * 1000:6.0f} ms  "
-                              f"ITL p50 {m['itl50']:5.0f} ms p99 {m['itl99']:5.0f} ms  "
-                              f"prompt cached {m['cached']:4.0%}")
-                    if a.against and a.whole:
+                        print(f"  {clients:>3} clients, T={temp:<3} {t:<13} {describe(med[t], a.whole)}  "
+                              f"prompt cached {med[t]['cached']:4.0%}")
+                    if a.against:
                         lg, ls = med["localgen"], med["llama-server"]
                         print(f"  {clients:>3} clients, T={temp:<3} ratio         {lg['tok_s'] / ls['tok_s']:8.2f}x  "
-                              f"request p50 {lg['req'] / ls['req']:.3f}x  decoding ms/token "
-                              f"{lg['ms_token'] / ls['ms_token']:.3f}x  (tok/s: higher is better; times: lower)")
-                    elif a.against:
-                        lg, ls = med["localgen"], med["llama-server"]
-                        print(f"  {clients:>3} clients, T={temp:<3} ratio         {lg['tok_s'] / ls['tok_s']:8.2f}x  "
-                              f"TTFT p50 {lg['ttft'] / ls['ttft']:.2f}x  ITL p99 {lg['itl99'] / ls['itl99']:.2f}x"
-                              "  (tok/s: higher is better; latencies: lower)")
+                              + (f"request p50 {lg['req'] / ls['req']:.3f}x  decoding ms/token "
+                                 f"{lg['ms_token'] / ls['ms_token']:.3f}x  (tok/s: higher is better; times: lower)"
+                                 if a.whole else
+                                 f"TTFT p50 {lg['ttft'] / ls['ttft']:.2f}x  ITL p99 {lg['itl99'] / ls['itl99']:.2f}x"
+                                 "  (tok/s: higher is better; latencies: lower)"))
                     sys.stdout.flush()
             finally:
                 for proc, _ in procs.values():
