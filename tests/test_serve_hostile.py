@@ -212,8 +212,9 @@ def test_a_non_streamed_answer_is_handed_over_once(inproc: InProcess, monkeypatc
 
 def test_the_model_is_warmed_up_in_the_thread_that_decodes(smollm2_path: Path) -> None:
     """A model is warmed (a decode, then an empty cache) in its worker thread, never in the thread that
-    preloaded it (a decode there made every later step ~60 % slower), and again after a reload. (Greedy
-    answers still equal `run`'s: tests/test_serve.py.)"""
+    preloaded it (a decode there made every later step ~60 % slower), and again after a reload. The chat
+    template is compiled then too, not by the first request. (Greedy answers still equal `run`'s:
+    tests/test_serve.py.)"""
     s = InProcess(smollm2_path)
     try:
         w = s.worker
@@ -221,6 +222,7 @@ def test_the_model_is_warmed_up_in_the_thread_that_decodes(smollm2_path: Path) -
         while w.pc.warmed_in is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert w.pc.warmed_in == w.thread.ident != threading.get_ident()
+        assert w.backend.engine._template is not None, "the chat template compiled before any request"
         lc, pc = w.pc.lc, w.pc
         mem = lc.llama_get_memory(pc.ctx)
         assert [lc.llama_memory_seq_pos_max(mem, q) for q in range(2)] == [-1, -1], "the warm-up left no cells"
