@@ -12,13 +12,13 @@ usage: scripts/bench_first_request.py [--model smollm2:135m] [--starts 4] [--set
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -29,24 +29,16 @@ QUESTIONS = ["Tell me about rivers.", "Name three mountains.", "Why is the sky b
 
 
 def ttfts(url: str) -> list[float]:
-    """Time to the first chunk with text of each question, in seconds."""
+    """Time to the first chunk with text of each question, in seconds (bench_serve's client, a connection a
+    question: llama-server sometimes drops a kept-alive one as it is reused)."""
     model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-    out = []
-    for q in QUESTIONS:  # a connection each: llama-server sometimes drops a kept-alive one as it is reused
-        body = {"model": model, "max_tokens": 4, "stream": True, "temperature": 0,
-                "messages": [{"role": "user", "content": q}]}
-        t0 = time.perf_counter()
-        first = None
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
-            for line in r.iter_lines():
-                if first is None and line.startswith("data: {"):
-                    choice = (json.loads(line[6:]).get("choices") or [{}])[0]
-                    if (choice.get("delta") or {}).get("content"):
-                        first = time.perf_counter() - t0
-        if first is None:
+    out: list[dict[str, Any]] = []
+    for q in QUESTIONS:
+        with httpx.Client(timeout=120) as http:
+            bench_serve.client(http, url, model, [q], 4, False, 0.0, "", out)
+        if not out[-1]["stamps"]:
             raise SystemExit(f"{url}: no text in the answer to {q!r}")
-        out.append(first)
-    return out
+    return [r["stamps"][0] - r["t0"] for r in out]
 
 
 def main() -> None:

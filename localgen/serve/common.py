@@ -284,7 +284,7 @@ def _tool_calls(raw: Any) -> list[dict[str, Any]]:
     return calls
 
 
-async def run_job(state: ServeState, worker: ModelWorker, request: GenerationRequest,
+async def run_job(worker: ModelWorker, request: GenerationRequest,
                   keep_alive: float | None = None) -> tuple[Job, Event]:
     """Queue a streamed job and wait for its first event (text, done or error): errors surface as HTTPError
     here, before any response starts."""
@@ -299,7 +299,7 @@ async def run_job(state: ServeState, worker: ModelWorker, request: GenerationReq
     return job, first
 
 
-async def run_whole(state: ServeState, worker: ModelWorker, request: GenerationRequest, http: Request,
+async def run_whole(worker: ModelWorker, request: GenerationRequest, http: Request,
                     keep_alive: float | None = None) -> tuple[Job, Completion]:
     """A non-streamed answer: the job and its final Completion (whose text is the whole answer). The job
     sends no Text events, so no decoding step wakes the event loop for it; a client that disconnects while

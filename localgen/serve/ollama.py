@@ -177,9 +177,9 @@ async def _generate(state: ServeState, http: Request, body: dict[str, Any], chat
         request = apply_plan(plan, request)
         answer = stream_for(worker, plan, request)
     if body.get("stream", True):  # Ollama streams unless told not to
-        job, first = await run_job(state, worker, request, keep_alive)
+        job, first = await run_job(worker, request, keep_alive)
         return StreamingResponse(_ndjson(worker, job, first, chat, answer), media_type="application/x-ndjson")
-    job, final = await run_whole(state, worker, request, http, keep_alive)
+    job, final = await run_whole(worker, request, http, keep_alive)
     text = final.text
     if answer is None:
         return JSONResponse(_final(worker, job, final, chat, text))

@@ -175,9 +175,9 @@ async def _complete(state: ServeState, http: Request, body: dict[str, Any], chat
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     shape = _Shape(ident, worker.name, chat, request.logprobs is not None)
     if not body.get("stream"):
-        _, final = await run_whole(state, worker, request, http)
+        _, final = await run_whole(worker, request, http)
         return JSONResponse(shape.whole(final, final.text, answer))
-    job, first = await run_job(state, worker, request)
+    job, first = await run_job(worker, request)
     opts = body.get("stream_options") or {}
     usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
     return StreamingResponse(_sse(shape, job, first, usage, answer), media_type="text/event-stream",
