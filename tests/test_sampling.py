@@ -99,6 +99,31 @@ def test_top_k_shortcut_draws_what_the_full_pass_draws(decoded: Any, s: Sampling
             assert a == b, (row, seed)
 
 
+def test_top_k_shortcut_bans_what_ignore_eos_bans(decoded: Any) -> None:
+    """Banned tokens among the candidates (the row's two best, banned as ignore_eos bans end-of-generation
+    tokens): the chain's logit bias bans them there as in the full pass, so the draws are the full pass's and
+    never a banned token."""
+    pc, rows = decoded
+    lc = pc.lc
+    s = SamplingParams(temperature=1.5, ignore_eos=True)
+    for row in rows:
+        logits = pc._logits(row)
+        banned = tuple(int(i) for i in np.argsort(logits)[::-1][:2])
+        ids = sampling.top_k_candidates(logits, s.top_k, banned)
+        assert ids is not None and set(banned) <= set(ids.tolist())
+        for seed in range(12):
+            full, short = (sampling.build(lc, pc.vocab, pc.n_vocab, s, seed, pc.n_ctx_seq, banned) for _ in range(2))
+            try:
+                assert short.shortcut == sampling.TOP_K and short.banned == banned
+                a = [int(lc.llama_sampler_sample(full.ptr, pc.ctx, row)) for _ in range(3)]
+                b = [sampling.pick(lc, pc.ctx, short, row, pc.n_vocab, top_k=True) for _ in range(3)]
+            finally:
+                lc.llama_sampler_free(full.ptr)
+                lc.llama_sampler_free(short.ptr)
+            assert a == b, (row, seed)
+            assert not set(b) & set(banned), (row, seed)
+
+
 def test_top_k_shortcut_only_where_allowed(decoded: Any) -> None:
     """Without top_k=True (an exact request), a top-k chain takes the full pass: same draws either way."""
     pc, rows = decoded
@@ -118,7 +143,8 @@ def test_top_k_shortcut_only_where_allowed(decoded: Any) -> None:
 def test_top_k_candidates_keep_every_logit_that_can_survive() -> None:
     """Rows whose k best lie side by side or all in one of the bound's groups, with many ties at the k-th
     place, random, and with a banned token among the best: the candidates hold every id top-k may keep (all
-    at or above the k-th largest logit)."""
+    at or above the k-th largest logit once the banned are banned), and at least k that are not banned (the
+    chain's logit bias bans the banned among them)."""
     rng = np.random.default_rng(3)
     n, k = 49152, 40
     for case in ("one run", "one group", "ties", "random", "banned", "tail"):
@@ -140,7 +166,7 @@ def test_top_k_candidates_keep_every_logit_that_can_survive() -> None:
         kept[list(banned)] = -np.inf
         kth = np.sort(kept)[::-1][k - 1]
         assert set(np.flatnonzero(kept >= kth)) <= set(ids.tolist()), case
-        assert not set(banned) & set(ids.tolist())
+        assert len(set(ids.tolist()) - set(banned)) >= k, case
         assert list(ids) == sorted(ids) and len(set(ids.tolist())) == len(ids)
     nan = np.full(n, np.nan, dtype=np.float32)
     assert sampling.top_k_candidates(nan, k) is None
@@ -148,19 +174,19 @@ def test_top_k_candidates_keep_every_logit_that_can_survive() -> None:
 
 def test_banned_tokens_among_the_best_keep_the_shortcut() -> None:
     """ignore_eos bans end-of-generation tokens that are often among a row's best: the bound leaves room for
-    them, so the candidates still hold k ids (the shortcut holds, no full pass), and every id top-k keeps."""
+    them, so the candidates still hold k ids besides them (the shortcut holds, no full pass), and every id
+    top-k keeps."""
     rng = np.random.default_rng(5)
     n, k = 262144, 40
     for _ in range(20):
         row = rng.standard_normal(n).astype(np.float32)
         banned = tuple(int(i) for i in np.argsort(row)[::-1][:3])  # the three best are banned
         ids = sampling.top_k_candidates(row, k, banned)
-        assert ids is not None and len(ids) >= k
+        assert ids is not None and len(set(ids.tolist()) - set(banned)) >= k
         kept = row.copy()
         kept[list(banned)] = -np.inf
         kth = np.sort(kept)[::-1][k - 1]
         assert set(np.flatnonzero(kept >= kth)) <= set(ids.tolist())
-        assert not set(banned) & set(ids.tolist())
     assert sampling.top_k_candidates(row, sampling.BLOCKS - 2, banned) is None, "more than the groups allow"
 
 
