@@ -102,7 +102,7 @@ def top_k_candidates(logits: Any, k: int, banned: tuple[int, ...] = ()) -> Any:
     """The ids (ascending) of every logit at or above the (k + len(banned))-th largest of the maxima of BLOCKS
     disjoint groups of logits: a superset of the ids top-k can keep, ties at the k-th place included. The
     banned tokens may be among them: the chain's logit-bias stage, before top-k, bans them (-inf) as it does
-    in a full pass, and top-k drops them (filtering them here took ~25 µs a pick in place, SmolLM2). The ban's
+    in a full pass, and top-k drops them (filtering them out here cost ~15 µs a pick in place, SmolLM2). The ban's
     margin matters: an end-of-generation token is often among a row's best, and with a bound of the k-th
     maximum a banned one among the k left too few candidates (ignore_eos, Gemma 3 270M: a third of the rows
     took the full pass). The k + len(banned) maxima at or above the bound are as many distinct logits, at
