@@ -11,6 +11,7 @@ import functools
 import hashlib
 import re
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -32,11 +33,42 @@ _MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "i
          "WAV": "audio/wav", "MP3": "audio/mpeg", "FLAC": "audio/flac"}
 _KNOWN_OTHER = ((b"RIFF", 8, b"WEBP", "WebP"), (b"II*\x00", 0, b"", "TIFF"), (b"MM\x00*", 0, b"", "TIFF"),
                 (b"%PDF", 0, b"", "PDF"), (b"OggS", 0, b"", "Ogg"), (b"\x1aE\xdf\xa3", 0, b"", "WebM/Matroska"))
+_PNG_END = b"IEND\xaeB`\x82"  # the last chunk's type and CRC (the same in every PNG)
 _DATA_URI = re.compile(r"data:([\w.+/-]*)((?:;[\w.+-]+=[\w.+-]+)*)(;base64)?,", re.I)
 
 
 class MediaError(UsageError):
     """An attachment that cannot be used: unreadable, unsupported, too large, corrupt."""
+
+
+# A message carries an attachment as a data: URI or base64, so whatever reads it back (libmtmd's decode, the
+# audio length) would name it "data URI": the source each part was made from is kept here, by the SHA-256 of
+# its bytes, so that an error names the file or URL the user gave. The oldest go first past the bound.
+_SOURCES: dict[str, str] = {}
+_SOURCES_LOCK = threading.Lock()
+MAX_SOURCES = 256
+
+
+def _remember(m: Media) -> None:
+    if m.source in ("data URI", "base64 data"):
+        return
+    with _SOURCES_LOCK:
+        _SOURCES.pop(m.sha256, None)
+        _SOURCES[m.sha256] = m.source
+        while len(_SOURCES) > MAX_SOURCES:
+            del _SOURCES[next(iter(_SOURCES))]
+
+
+def _sniff_part(data: bytes, default: str) -> Media:
+    """sniff() for bytes read back from a content part, named by the source the part was made from."""
+    if not _SOURCES:  # nothing made a part here (serve without image URLs): no hash to take
+        return sniff(data, default)
+    digest = hashlib.sha256(data).hexdigest()
+    with _SOURCES_LOCK:
+        source = _SOURCES.get(digest, default)
+    m = sniff(data, source)
+    m.__dict__["sha256"] = digest  # the cached_property's value: libmtmd's id needs it, taken once
+    return m
 
 
 @dataclass(frozen=True)
@@ -67,7 +99,8 @@ class Media:
         return f"{name} ({self.kind}{size}{dur})"
 
     def part(self) -> dict[str, Any]:
-        """The OpenAI content part that carries it."""
+        """The OpenAI content part that carries it (its source remembered, for errors about the part)."""
+        _remember(self)
         b64 = base64.b64encode(self.data).decode("ascii")
         if self.kind == "image":
             return {"type": "image_url", "image_url": {"url": f"data:{self.mime};base64,{b64}"}}
@@ -87,7 +120,10 @@ def sniff(data: bytes, source: str) -> Media:
         if len(data) < 33 or data[12:16] != b"IHDR":
             raise MediaError(f"{source} is a truncated or corrupt PNG")
         w, h = struct.unpack(">II", data[16:24])
-        return _image("PNG", data, source, w, h)
+        image = _image("PNG", data, source, w, h)
+        if _PNG_END not in data:  # libmtmd's decoder (stb_image) reads chunks up to this one
+            raise MediaError(f"{source} is a truncated PNG: it ends before its IEND chunk")
+        return image
     if head.startswith(b"\xff\xd8\xff"):
         w, h = _jpeg_size(data, source)
         return _image("JPEG", data, source, w, h)
@@ -247,8 +283,8 @@ def from_url(url: str, allow_http: bool) -> Media:
         if not m.group(3):
             from urllib.parse import unquote_to_bytes
 
-            return sniff(unquote_to_bytes(body), "data URI")
-        return sniff(_b64(body), "data URI")
+            return _sniff_part(unquote_to_bytes(body), "data URI")
+        return _sniff_part(_b64(body), "data URI")
     if re.match(r"https?://", url, re.I):
         if not allow_http:
             raise MediaError("image URLs are not fetched by this server (start it with --allow-image-urls); "
@@ -256,7 +292,7 @@ def from_url(url: str, allow_http: bool) -> Media:
         return fetch(url)
     if re.match(r"[a-z][a-z0-9+.-]*:", url, re.I) and not re.match(r"[A-Za-z0-9+/]{8}", url):
         raise MediaError(f"unsupported media URL scheme: {url.split(':', 1)[0]}:")
-    return sniff(_b64(url), "base64 data")
+    return _sniff_part(_b64(url), "base64 data")
 
 
 def _b64(text: str) -> bytes:

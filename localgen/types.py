@@ -75,8 +75,9 @@ class LoadParams:
     n_threads_batch: int | None = None  # None: every logical CPU this process may use
     n_gpu_layers: int | None = None  # None: as many as fit when this build can offload, else 0
     n_batch: int = 512
-    n_ubatch: int = 512
-    flash_attn: bool | None = True  # None: auto (llama.cpp decides per model and device)
+    n_ubatch: int | None = None  # None: tuned, else 512
+    # None: this machine's tuning record for the model, else localgen's rule (tuning.py); "auto": llama.cpp's
+    flash_attn: bool | str | None = None
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     use_mmap: bool = True
@@ -91,6 +92,7 @@ class LoadParams:
     rope_freq_scale: float = 0.0  # 0: from the model
     yarn_orig_ctx: int = 0  # 0: from the model
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) whose devices join the load
+    streams: int = 1  # sequences decoded together (serve's --parallel): which tuning record applies
 
     def __post_init__(self) -> None:
         from localgen.errors import UsageError
@@ -98,6 +100,8 @@ class LoadParams:
         for name in (self.cache_type_k, self.cache_type_v):
             if name not in KV_CACHE_TYPES:
                 raise UsageError(f"unknown KV-cache type {name!r}; choose from {', '.join(KV_CACHE_TYPES)}")
+        if self.flash_attn not in (None, True, False, "auto"):
+            raise UsageError(f"--flash-attn takes on, off or auto, not {self.flash_attn!r}")
         if self.cache_type_v not in ("f16", "f32", "bf16") and self.flash_attn is False:
             raise UsageError(
                 f"a quantized V cache ({self.cache_type_v}) needs flash attention",

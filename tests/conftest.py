@@ -16,19 +16,45 @@ from tests.gguf_edit import rewrite_strings
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# where huggingface_hub finds a cache or a token; none of the real home's may reach a test
+HF_PRIVATE = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
+              "HF_XET_CACHE", "HF_ASSETS_CACHE", "HF_STORED_TOKENS_PATH")
+BIG_TEMP_FILE = 1 << 20
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_big_temp_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Model copies, pulls into per-test Hub caches and assembled Gemmas add up to gigabytes per run, and
+    pytest keeps the last three runs' temporary folders: at the end of the session files past 1 MiB go,
+    the small ones (logs, configs, prompts) stay for reading after a failure."""
+    yield
+    for path in tmp_path_factory.getbasetemp().rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_size > BIG_TEMP_FILE:
+            path.unlink()
+
+
 @pytest.fixture(scope="session")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One LOCALGEN_HOME for the session, so user files never touch the real home."""
+    """One LOCALGEN_HOME for the session, so user files never touch the real home; Hugging Face's cache and
+    token are the session's too (HF_HOME, HF_HUB_CACHE), in this process and in every child."""
     path = tmp_path_factory.mktemp("home")
+    hf = tmp_path_factory.mktemp("hf-home")
     os.environ["LOCALGEN_HOME"] = str(path)
+    for k in HF_PRIVATE:
+        os.environ.pop(k, None)
+    os.environ.update(HF_HOME=str(hf), HF_HUB_CACHE=str(hf / "hub"))
     return path
 
 
 @pytest.fixture(scope="session")
 def cli_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
-    env.update(LOCALGEN_HOME=str(home), PYTHONUNBUFFERED="1", NO_COLOR="1", HF_HUB_OFFLINE="1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_") and k not in HF_PRIVATE}
+    env.update(LOCALGEN_HOME=str(home), PYTHONUNBUFFERED="1", NO_COLOR="1", HF_HUB_OFFLINE="1",
+               HF_HOME=os.environ["HF_HOME"], HF_HUB_CACHE=os.environ["HF_HUB_CACHE"])
     return env
+
+
+SAFETY_NET_S = 900  # a hung child fails the test; a slow one (two busy cores) must not
 
 
 class CLI:
@@ -40,7 +66,8 @@ class CLI:
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "localgen", *args]
 
-    def __call__(self, *args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def __call__(self, *args: str, input: str | None = None,
+                 timeout: float = SAFETY_NET_S) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             self.argv(*args),
             input=input if input is not None else "",
@@ -123,15 +150,25 @@ def bad_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> 
     return out
 
 
+GPU_SHARED_PREFIX = 16  # characters, about four tokens: a near tie that early is rare, a broken path is not
+
+
+def shared_prefix(a: str, b: str) -> int:
+    """How many leading characters two texts have in common."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 def assert_same_greedy_text(got: list[str], want: list[str], why: str) -> None:
     """Greedy answers from two kernel paths (RPC against local, one server against another, drafts checked
     in batches against one token at a time) are bit-identical on the CPU build, where every one of those
     paths computes a row with the same kernels. A GPU's kernels change with the batch's shape and with where
-    the layers sit, and a near tie can then go the other way: there the answers must still all be there,
-    but need not match to the bit."""
+    the layers sit, and a near tie can then go the other way some tokens in: there each answer must still
+    begin as its counterpart does (its first 16 characters, or all of a shorter one)."""
     from localgen.engine.devices import has_gpu
 
     if has_gpu():
-        assert len(got) == len(want) and all(got), why
+        assert len(got) == len(want), why
+        for g, w in zip(got, want, strict=True):
+            assert g and shared_prefix(g, w) >= min(len(w), GPU_SHARED_PREFIX), f"{why}: {g!r} against {w!r}"
     else:
         assert got == want, why

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.conftest import CLI
+from tests.conftest import CLI, GPU_SHARED_PREFIX, shared_prefix
 
 PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",
            "List three colors.", "Why do cats purr?"]
@@ -45,10 +45,15 @@ def test_parallel_greedy_output_equals_running_alone(cli: CLI, tmp_path: Path) -
         got, err = _batched(cli, f, n, common, "--exact")
         assert got == alone, f"--parallel {n} changed an answer"
         assert "exact batching" in err
-    # Without --exact this model batches for throughput here (flash attention makes exactness costly): the
-    # answers are sound, each came to its end, and --stats says which mode ran.
+    # Without --exact the mode is the one this model and machine get by default (--stats says which): the
+    # prompts are still batched, and the answers keep that mode's promise.
     got, err = _batched(cli, f, "3", common)
-    assert "throughput batching" in err and len(got) == len(PROMPTS) and all(got)
+    assert _rows_per_call(err) > 2, "the default batches: up to three sequences in each decode call"
+    if "exact batching" in err:
+        assert got == alone, "the default kept exactness, so every answer is the one it gives alone"
+    else:  # sound answers, as running alone gives them until a near tie some tokens in
+        assert "throughput batching" in err and len(got) == len(PROMPTS)
+        assert all(shared_prefix(mine, solo) >= GPU_SHARED_PREFIX for mine, solo in zip(got, alone, strict=True)), got
 
 
 def _rows_per_call(stderr: str) -> float:
@@ -206,7 +211,7 @@ def test_many_prompts_piped_to_head_end_quietly(cli: CLI, tmp_path: Path) -> Non
     assert p.stdout is not None and p.stderr is not None
     first = p.stdout.readline()
     p.stdout.close()  # what `head -1` does after its line
-    rc = p.wait(timeout=120)
+    rc = p.wait(timeout=900)  # a safety net
     err = p.stderr.read().decode()
     assert first.strip() and rc == 0 and err == "", err
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -64,7 +66,7 @@ def test_bools_types_pairs_and_plan() -> None:
 
 def bench(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "localgen", "bench", *args], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL)
+                          text=True, timeout=900, cwd=ROOT, stdin=subprocess.DEVNULL)  # a safety net
 
 
 @pytest.fixture(scope="module")
@@ -119,16 +121,57 @@ def test_every_output_format(benv: dict[str, str]) -> None:
     assert bad.returncode == 2 and "--output must be one of" in bad.stderr
 
 
-def test_sweep_flags_reach_the_records(benv: dict[str, str]) -> None:
+def test_sweep_flags_reach_the_records_and_llama_cpp(benv: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     r = bench(benv, "-p", "16", "-n", "0", "-r", "1", "-t", "1-2", "-b", "16,32", "-ub", "16", "-fa", "0,1",
               "-ctk", "f16", "-ctk", "q8_0", "--no-e2e", "-o", "jsonl")
     assert r.returncode == 0, r.stderr
     recs = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(recs) == 2 * 2 * 2 * 2
-    assert {(x["n_threads"], x["n_batch"], x["flash_attn"], x["type_k"]) for x in recs} == {
-        (t, b, fa, k) for t in (1, 2) for b in (16, 32) for fa in (False, True) for k in ("f16", "q8_0")
-    }
+    want = {(t, b, fa, k) for t in (1, 2) for b in (16, 32) for fa in (False, True) for k in ("f16", "q8_0")}
+    assert {(x["n_threads"], x["n_batch"], x["flash_attn"], x["type_k"]) for x in recs} == want
     assert {x["n_ubatch"] for x in recs} == {16}
+    # The same flags, planned and run in this process: each context llama.cpp measured with is the one asked
+    # for, as llama.cpp itself reports it (its getters, and its log of the context and the KV cache it built).
+    from localgen.bench import runner
+    from localgen.cli.bench import _plan
+    from localgen.engine import logs
+    from localgen.engine.bench import BenchContext
+
+    seen: set[tuple[int, int, bool, str, int]] = set()
+    measure = BenchContext.prompt
+
+    def prompt(self: BenchContext, n: int) -> float:
+        lc, ctx, log = self.lc, self.ctx, "\n".join(logs.lines(last=1000))
+        fa = re.findall(r"llama_context: flash_attn += (\w+)", log)[-1]
+        k = re.findall(r"llama_kv_cache: size = .* K \((\w+)\)", log)[-1]
+        assert lc.llama_n_threads(ctx) == lc.llama_n_threads_batch(ctx)
+        seen.add((lc.llama_n_threads(ctx), lc.llama_n_batch(ctx), fa == "enabled", k, lc.llama_n_ubatch(ctx)))
+        return measure(self, n)
+
+    monkeypatch.setattr(BenchContext, "prompt", prompt)
+    plan = _plan(model=None, threads=["1-2"], ngl=None, batch=["16,32"], ubatch=["16"], fa=["0,1"],
+                 ctk=["f16", "q8_0"], ctv=None, n_prompt=["16"], n_gen=["0"], pg=None, n_depth=None, reps=1,
+                 e2e=False, parallel=None, rpc=None)
+    assert len(list(runner.run(plan))) == 16
+    assert seen == {(*x, 16) for x in want}
+
+
+def test_default_threads_are_the_physical_cores_this_process_may_use(benv: dict[str, str]) -> None:
+    """One thread per physical core, counted within the CPU affinity (and cgroup quota), not per logical CPU
+    of the machine."""
+    from localgen import hardware
+
+    args = ["-p", "16", "-n", "0", "-r", "1", "--no-e2e", "-o", "jsonl"]
+    r = bench(benv, *args)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["n_threads"] for x in r.stdout.splitlines()] == [hardware.physical_cores()]
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    one = subprocess.run([sys.executable, "-m", "localgen", "bench", *args], env=benv, capture_output=True,
+                         text=True, timeout=900, cwd=ROOT, stdin=subprocess.DEVNULL,
+                         preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    assert one.returncode == 0, one.stderr
+    assert [json.loads(x)["n_threads"] for x in one.stdout.splitlines()] == [1], "pinned to one CPU: one thread"
 
 
 def test_history_and_compare(benv: dict[str, str], jsonl_run: list[dict[str, Any]]) -> None:

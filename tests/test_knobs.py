@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,14 @@ def test_logprobs_in_json_and_jsonl(cli: CLI, tmp_path: Path) -> None:
     assert [t["token"] for t in line["logprobs"]] == [t["token"] for t in lps]
 
 
-def test_load_settings_reach_llama_cpp(cli: CLI) -> None:
+def _greedy_logprobs(cli: CLI, *extra: str) -> list[Any]:
+    r = cli("run", "-p", "The capital of France is", "--raw", "-n", "3", "--temperature", "0", "--json",
+            "--logprobs", "3", "--ctx", "512", "--no-prompt-cache", *extra)
+    assert r.returncode == 0, r.stderr
+    return list(json.loads(r.stdout)["logprobs"])
+
+
+def test_load_settings_reach_llama_cpp(cli: CLI, smollm2_path: Path) -> None:
     r = cli("run", "-p", "hi", "-n", "2", "--json", "--mlock", "--no-mmap", "--split-mode", "none",
             "--tensor-split", "3,1", "--main-gpu", "0", "--rope-scaling", "yarn", "--rope-freq-scale", "0.5",
             "--yarn-orig-ctx", "8192", "-c", "16384", "-tb", "1", "--verbose")
@@ -99,7 +107,29 @@ def test_load_settings_reach_llama_cpp(cli: CLI) -> None:
     assert load["tensor_split"] == [3.0, 1.0] and load["rope_scaling"] == "yarn" and load["rope_freq_scale"] == 0.5
     assert load["n_ctx"] == 16384, "RoPE scaling lifts the cap at the training context (8,192)"
     assert load["n_threads_batch"] == 1
-    assert "freq_scale" in r.stderr and "0.5" in r.stderr  # llama.cpp's own log of the context it built
+    # what llama.cpp's own log says it did (the split and GPU settings act only with layers on a GPU)
+    assert "(load_mode = mlock)" in r.stderr, "--no-mmap --mlock: read into locked memory"
+    assert set(load["weights_mib"]) == {"CPU"}, "--no-mmap: the weights in a buffer of their own, not CPU_Mapped"
+    assert re.search(r"llama_context: n_ctx += 16384", r.stderr) and re.search(r"freq_scale += 0\.5", r.stderr)
+    assert "custom YaRN scaling detected" in r.stderr
+    # and what it computes: the same greedy step's log-probabilities move with each RoPE setting
+    plain = _greedy_logprobs(cli)
+    assert _greedy_logprobs(cli, "--rope-freq-base", "100000")[0] == plain[0], "SmolLM2's own base: no change"
+    for knob in (["--rope-freq-scale", "0.25"], ["--rope-freq-base", "1000"],
+                 ["--rope-scaling", "yarn", "--rope-freq-scale", "0.25", "--yarn-orig-ctx", "8192"]):
+        moved = _greedy_logprobs(cli, *knob)[0]
+        assert moved["logprob"] != pytest.approx(plain[0]["logprob"], abs=1e-3), knob
+    # -tb has no effect on the numbers: llama.cpp's context says how many threads it was given
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    engine = Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=256, n_threads=1, n_threads_batch=1))
+    try:
+        lc = engine.lib
+        assert (lc.llama_n_threads(engine.ctx), lc.llama_n_threads_batch(engine.ctx)) == (1, 1)
+    finally:
+        engine.close()
     r = cli("run", "-p", "hi", "--split-mode", "diagonal")
     assert r.returncode == 2 and "unknown split mode" in r.stderr
     r = cli("run", "-p", "hi", "--tensor-split", "a,b")

@@ -51,13 +51,26 @@ def hub(fake_hub: hub_server.FakeHub, model_file: hub_server.HubFile) -> hub_ser
 
 @pytest.fixture
 def env(cli_env: dict[str, str], hub: hub_server.FakeHub, tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in cli_env.items() if k not in ("HF_HUB_OFFLINE", "HF_HOME")}
+    # HF_HOME stays the session's (conftest), so no saved login of the real home's is sent to the fake Hub
+    e = {k: v for k, v in cli_env.items() if k != "HF_HUB_OFFLINE"}
     e.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hf"), LOCALGEN_HOME=str(tmp_path / "home"))
-    e.pop("HF_TOKEN", None)
     return e
 
 
-def lg(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def test_hugging_face_cache_and_token_are_the_sessions(cli_env: dict[str, str], env: dict[str, str],
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Whatever the real home holds (a cache, a saved login, HF_TOKEN), a test sees none of it."""
+    base = tmp_path_factory.getbasetemp()
+    for e in (cli_env, env):
+        assert Path(e["HF_HOME"]).is_relative_to(base) and Path(e["HF_HUB_CACHE"]).is_relative_to(base)
+        assert not {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH"} & set(e)
+    probe = "from huggingface_hub import constants, get_token; print(get_token(), constants.HF_HUB_CACHE)"
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["None", env["HF_HUB_CACHE"]]
+
+
+def lg(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "localgen", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
 
@@ -134,7 +147,7 @@ def test_clean_pull_lands_in_the_shared_hf_cache(env: dict[str, str], hub: hub_s
                                                  model_file: hub_server.HubFile) -> None:
     r = lg(env, "pull", f"{REPO}:q4_1")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(f"{REPO}:Q4_1  Q4_1  94 MB  ")
+    assert r.stdout.startswith(f"{REPO}:Q4_1  Q4_1  94 MiB  ")
     b = blob(env, model_file.sha256)
     assert b.is_file() and b.stat().st_size == model_file.size
     link = b.parent.parent / "snapshots" / COMMIT / FILE
@@ -277,7 +290,7 @@ def test_not_enough_disk(env: dict[str, str], hub: hub_server.FakeHub, monkeypat
     real = shutil.disk_usage
     monkeypatch.setattr(download.shutil, "disk_usage",
                         lambda p: real(p)._replace(free=10 << 20))
-    with pytest.raises(LocalgenError, match=r"not enough disk space .*need 1\d\d MB, have 10 MB"):
+    with pytest.raises(LocalgenError, match=r"not enough disk space .*need 1\d\d MiB, have 10 MiB"):
         resolve.pull(resolve.target(f"{REPO}:Q4_1"), download.Quiet())
     assert FILE not in hub.sent
 

@@ -5,8 +5,10 @@ processes on loopback."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,8 +211,7 @@ def test_fan_out_keeps_order_and_survives_a_dead_server(cli: CLI, two: tuple[Ser
     prompts = tmp_path / "in.jsonl"
     _lines(prompts, 12)
     before = [s.health()["rows"] for s in (a, b)]
-    first = cli("run", "--file", str(prompts), "--endpoint", a.url, "--endpoint", b.url, "-np", "2", "--json",
-                timeout=300)
+    first = cli("run", "--file", str(prompts), "--endpoint", a.url, "--endpoint", b.url, "-np", "2", "--json")
     assert first.returncode == 0, first.stderr
     docs = [json.loads(x) for x in first.stdout.splitlines()]
     assert [d["line"] for d in docs] == list(range(1, 13)) and all("error" not in d for d in docs)
@@ -223,11 +224,18 @@ def test_fan_out_keeps_order_and_survives_a_dead_server(cli: CLI, two: tuple[Ser
     # communicate() reads the pipe itself, so lines buffered by readline() would be missed
     assert proc.stdout is not None
     got = [proc.stdout.readline()]
+    # b dies with both its slots busy: even if one line ends in the moment before the kill, one is in flight
+    deadline = time.monotonic() + 600  # a safety net; the wait is for b to be generating
+    while (busy := b.health()["running"]) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    assert busy == 2, "b has lines in flight when it dies"
     b.proc.send_signal(signal.SIGKILL)
-    b.proc.wait(10)
-    out, err = proc.communicate(timeout=300)
+    b.proc.wait(60)
+    out, err = proc.communicate(timeout=900)
     got += out.decode().splitlines(keepends=True)
     assert proc.returncode == 0, err.decode()
+    moved = re.search(r"(\d+) lines moved off a failed one", err.decode())
+    assert moved and int(moved.group(1)) >= 1, f"the lines b had were retried on a: {err.decode()}"
     again = [json.loads(x) for x in got]
     assert [d["line"] for d in again] == list(range(1, 13)) and all("error" not in d for d in again)
     assert_same_greedy_text([d["text"] for d in again], [d["text"] for d in docs],
@@ -237,6 +245,28 @@ def test_fan_out_keeps_order_and_survives_a_dead_server(cli: CLI, two: tuple[Ser
     dead = cli("run", "--file", str(prompts), "--endpoint", b.url, "--json", timeout=60)
     assert dead.returncode == 1 and all("every endpoint is gone" in json.loads(x)["error"]
                                         for x in dead.stdout.splitlines())
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_greedy_texts_from_two_paths_must_agree_or_on_a_gpu_begin_alike(monkeypatch: pytest.MonkeyPatch,
+                                                                       gpu: bool) -> None:
+    from localgen.engine import devices
+
+    monkeypatch.setattr(devices, "has_gpu", lambda: gpu)
+    same = "The number 3 is a prime number, the second"
+    late = "The number 3 is a prime number, and odd"  # a near tie some tokens in
+    assert_same_greedy_text([same], [same], "same")
+    for early in ("A prime, 3 is the second", "", "The number 8"):
+        with pytest.raises(AssertionError):
+            assert_same_greedy_text([early], [same], "an answer that differs from its first tokens")
+    if gpu:
+        assert_same_greedy_text([late], [same], "a near tie after the first tokens")
+        assert_same_greedy_text(["Yes"], ["Yes"], "a short answer must be whole")
+        with pytest.raises(AssertionError):
+            assert_same_greedy_text(["Ye"], ["Yes"], "a short answer must be whole")
+    else:
+        with pytest.raises(AssertionError):
+            assert_same_greedy_text([late], [same], "on a CPU the paths are bit-identical")
 
 
 def test_resume_from_skips_answered_lines(cli: CLI, two: tuple[Server, Server], tmp_path: Path) -> None:
@@ -251,7 +281,7 @@ def test_resume_from_skips_answered_lines(cli: CLI, two: tuple[Server, Server], 
     with open(out, "a") as sink:
         r = subprocess.run(cli.argv("run", "--file", str(prompts), "--endpoint", a.url, "--json", "--seed", "7",
                                     "--resume-from", str(out), "--stats"), env=cli.env, stdout=sink,
-                           stderr=subprocess.PIPE, text=True, timeout=120)
+                           stderr=subprocess.PIPE, text=True, timeout=600)
     assert r.returncode == 0 and "4 already answered" in r.stderr
     assert out.read_text().splitlines()[4] == '{"line": 5, "te', "the torn line is left as it was"
     new = [json.loads(x) for x in out.read_text().splitlines()[5:]]

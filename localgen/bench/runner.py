@@ -125,6 +125,9 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                             flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k, cache_type_v=cfg.type_v, rpc=rpc)
         _reset_peak_rss()
         engine = Engine(ref, params)
+        # the settings the load chose where the sweep left them open (tuning record or rule), as measured
+        cfg = dataclasses.replace(cfg, n_threads=engine.params.n_threads, n_ubatch=engine.params.n_ubatch,
+                                  flash_attn=engine.flash_attn)
         try:
             size, n_params = model_size(engine)
             model = {"name": ref.name, "filename": ref.path, "type": model_desc(engine), "size": size,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from localgen.errors import UsageError
@@ -110,11 +111,11 @@ class LoadConfig:
     """What needs a model (re)load: the model and its load settings."""
 
     model: str
-    n_threads: int
+    n_threads: int | None  # None: the load's default (the model's tuning record, else the rule)
     n_gpu_layers: int
     n_batch: int
-    n_ubatch: int
-    flash_attn: bool
+    n_ubatch: int | None  # None: likewise
+    flash_attn: bool | None  # None: likewise
     type_k: str
     type_v: str
 
@@ -159,15 +160,15 @@ class Plan:
         return len(self.configs) * len(self.tests)
 
 
-def build(models: list[str], threads: list[int], ngl: list[int], batch: list[int], ubatch: list[int],
-          fa: list[bool], ctk: list[str], ctv: list[str], prompts: list[int], gens: list[int],
-          pg: list[tuple[int, int]], depths: list[int], reps: int, e2e: bool,
+def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batch: list[int],
+          ubatch: Sequence[int | None], fa: Sequence[bool | None], ctk: list[str], ctv: list[str],
+          prompts: list[int], gens: list[int], pg: list[tuple[int, int]], depths: list[int], reps: int, e2e: bool,
           parallel: list[int] | None = None, exact: bool | None = None) -> Plan:
     """Every combination, in llama-bench's order (models outermost)."""
     for name, values, low in (("--threads", threads, 1), ("--batch-size", batch, 1), ("--ubatch-size", ubatch, 1),
                               ("--n-prompt", prompts, 0), ("--n-gen", gens, 0), ("--n-depth", depths, 0),
                               ("--n-gpu-layers", ngl, -1)):
-        bad = [v for v in values if v < low]
+        bad = [v for v in values if v is not None and v < low]
         if bad:
             raise UsageError(f"{name}: {bad[0]} is below {low}")
     if reps < 1:

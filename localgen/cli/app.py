@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm": ("localgen.cli.models", "rm"),
     "bench": ("localgen.cli.bench", "bench_app"),
     "doctor": ("localgen.cli.doctor", "doctor"),
+    "tune": ("localgen.cli.tune", "tune"),
     "logs": ("localgen.cli.logs", "logs_app"),
     "embed": ("localgen.cli.embed", "embed"),
     "similar": ("localgen.cli.embed", "similar"),

@@ -37,11 +37,16 @@ def bench(
     n_gen: Annotated[Values, _opt("--n-gen", "-n", help="Generation lengths for tg tests (default 128).")] = None,
     pg: Annotated[Values, _opt("--prompt-gen", "-pg", help="PROMPT,GEN pairs for combined tests.")] = None,
     n_depth: Annotated[Values, _opt("--n-depth", "-d", help="Context depths to test at (default 0).")] = None,
-    threads: Annotated[Values, _opt("--threads", "-t", help="CPU threads (default: physical cores).")] = None,
+    threads: Annotated[Values, _opt("--threads", "-t", help="CPU threads (default: the model's tuning "
+                                                             "record, else the physical cores this process may "
+                                                             "use).")] = None,
     ngl: Annotated[Values, _opt("--n-gpu-layers", "-ngl", help="GPU layers, -1 all (default all if offload).")] = None,
     batch: Annotated[Values, _opt("--batch-size", "-b", help="Logical batch (default 2048).")] = None,
-    ubatch: Annotated[Values, _opt("--ubatch-size", "-ub", help="Physical batch (default 512).")] = None,
-    fa: Annotated[Values, _opt("--flash-attn", "-fa", help="Flash attention 0/1 (default 1).")] = None,
+    ubatch: Annotated[Values, _opt("--ubatch-size", "-ub",
+                                   help="Physical batch (default: the model's tuning record, else 512).")] = None,
+    fa: Annotated[Values, _opt("--flash-attn", "-fa", help="Flash attention 0/1 (default: the model's "
+                                                                     "tuning record, else the rule; see `localgen "
+                                                                     "tune`).")] = None,
     ctk: Annotated[Values, _opt("--cache-type-k", "-ctk", help="KV key types (default f16).")] = None,
     ctv: Annotated[Values, _opt("--cache-type-v", "-ctv", help="KV value types (default f16).")] = None,
     parallel: Annotated[Values, _opt("--parallel", "-npl", "--concurrency",
@@ -189,7 +194,6 @@ def records_jsonl(recs: list[dict[str, Any]]) -> str:
 
 def _plan(**flags: Any) -> Any:
     """The sweep: every combination of the flags' values, with llama-bench's defaults."""
-    from localgen import hardware
     from localgen.bench import sweep
     from localgen.engine.devices import backend_info
     from localgen.types import KV_CACHE_TYPES
@@ -198,11 +202,12 @@ def _plan(**flags: Any) -> Any:
     kv = list(KV_CACHE_TYPES)
     return sweep.build(
         models=sweep.str_values("--model", flags["model"], ["smollm2:135m"]),
-        threads=sweep.int_values("--threads", flags["threads"], [hardware.physical_cores()]),
+        # threads, physical batch and flash attention not given: the load's defaults (tuning record, else rule)
+        threads=sweep.int_values("--threads", flags["threads"], []) or [None],
         ngl=sweep.int_values("--n-gpu-layers", flags["ngl"], [-1 if offload or flags.get("rpc") else 0]),
         batch=sweep.int_values("--batch-size", flags["batch"], [2048]),
-        ubatch=sweep.int_values("--ubatch-size", flags["ubatch"], [512]),
-        fa=sweep.bool_values("--flash-attn", flags["fa"], [True]),
+        ubatch=sweep.int_values("--ubatch-size", flags["ubatch"], []) or [None],
+        fa=sweep.bool_values("--flash-attn", flags["fa"], []) or [None],
         ctk=sweep.str_values("--cache-type-k", flags["ctk"], ["f16"], kv),
         ctv=sweep.str_values("--cache-type-v", flags["ctv"], ["f16"], kv),
         prompts=sweep.int_values("--n-prompt", flags["n_prompt"], [512]),

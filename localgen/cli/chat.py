@@ -11,7 +11,7 @@ from localgen.cli import options as o
 
 
 def chat(
-    ctx: typer.Context,
+    ctx_: typer.Context,
     name: Annotated[
         str | None,
         typer.Argument(show_default=False,
@@ -68,7 +68,10 @@ def chat(
     top_n_sigma: o.TopNSigma = o.DEFAULTS.top_n_sigma,
     logit_bias: o.LogitBias = None,
     ignore_eos: o.IgnoreEos = False,
-    ctx_size: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
+    grammar: o.GrammarFile = None,
+    json_schema: o.JsonSchema = None,
+    json_schema_file: o.JsonSchemaFile = None,
+    ctx: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
     threads: o.Threads = None,
     threads_batch: o.ThreadsBatch = None,
     gpu_layers: o.GpuLayers = None,
@@ -97,11 +100,10 @@ def chat(
 
     Every conversation is saved as it goes; --resume continues one. With --functions or --mcp the model
     may call tools; each call is shown and runs only once you approve it (y / n / always), unless --yes.
+    --grammar, --json-schema and --json-schema-file constrain every answer.
     With stdin not a terminal, each line is a message (a block between two \"\"\" lines is one message;
     lines starting with / are commands) and answers are printed plainly.
     """
     from localgen.cli.chatflow import start
 
-    values = dict(locals())
-    values["ctx"] = values.pop("ctx_size")
-    start(o.Flags(ctx, values))
+    start(o.Flags(ctx_, dict(locals())))

@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from localgen.chat.runner import ChatRunner
 from localgen.cli import options as o
 from localgen.cli.chatturn import restore_state, stream
 from localgen.cli.output import ErrWriter
@@ -67,7 +68,6 @@ class ChatView:
 def start(f: o.Flags) -> None:
     """The command: list, or open the conversation and chat."""
     from localgen.chat import session as sessions
-    from localgen.chat.runner import ChatRunner
 
     if f.list_:
         _print_list(sessions.list_sessions())
@@ -76,7 +76,7 @@ def start(f: o.Flags) -> None:
 
     endpoints, remote_model = choose(f.endpoint, f.api_key_env, f.model)
     if endpoints:
-        bad = o.remote_conflicts(f)
+        bad = o.remote_conflicts(f, {"grammar": "--grammar (GBNF; --json-schema works)"})
         if bad:
             raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs "
                              "the model)")
@@ -90,6 +90,8 @@ def start(f: o.Flags) -> None:
     tools = bool(f.functions or f.mcp)
     if tools and endpoints:
         raise UsageError("tools (--functions, --mcp) cannot be used with a remote endpoint")
+    if tools and (f.grammar or f.json_schema or f.json_schema_file):
+        raise UsageError("tools (--functions, --mcp) cannot be combined with a grammar or JSON schema")
     if tools and not interactive and not f.yes:
         raise UsageError("the model may call tools, and a scripted chat (stdin not a terminal) cannot ask first: "
                          "add --yes to let the calls run")
@@ -97,6 +99,7 @@ def start(f: o.Flags) -> None:
         raise UsageError("--tool-choice, --tool-steps and --tool-timeout go with tools: add --functions or --mcp")
     session = _open_session(f)
     o.sampling(f)  # the flags alone are valid, before anything loads
+    grammar, schema = o.output_grammar(f)
     load = o.load_params(f)
     view = ChatView(interactive=interactive, plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats,
                     flags=f, yes=f.yes)
@@ -109,13 +112,18 @@ def start(f: o.Flags) -> None:
         if toolbox is not None:
             toolbox.close()
         raise
-    # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win.
-    runner = ChatRunner(session, backend, o.sampling(f, backend.defaults, session.settings))
+    # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win. The grammar
+    # constrains every answer: locally as a sampling setting, remotely as the schema a server takes.
+    runner = (_SchemaRunner(session, backend, o.sampling(f, backend.defaults, session.settings), schema)
+              if endpoints and schema is not None else
+              ChatRunner(session, backend, o.sampling(f, backend.defaults, session.settings, grammar=grammar)))
     runner.on_answer = lambda request, gen, text: _log_turn(f, view, runner, request, gen, text,
                                                             remote=bool(endpoints))
     runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, f.tool_steps, f.tool_timeout
     runner.tool_choice = f.tool_choice
     try:
+        if grammar is not None and not endpoints:
+            backend.engine.check_grammar(grammar)  # a grammar that does not parse fails now, not at the first turn
         if toolbox is not None:
             runner.plan(runner.tool_choice)  # a tool_choice naming no tool is refused now
             if interactive:
@@ -135,6 +143,18 @@ def start(f: o.Flags) -> None:
         runner.backend.close()
         if toolbox is not None:
             toolbox.close()
+
+
+class _SchemaRunner(ChatRunner):
+    """A chat on a remote endpoint whose every answer follows a JSON schema: each request carries it, for
+    the server's response_format (a server builds its own grammar)."""
+
+    def __init__(self, session: Any, backend: Any, sampling: Any, schema: str) -> None:
+        super().__init__(session, backend, sampling)
+        self.schema = schema
+
+    def request(self, messages: list[Any]) -> Any:
+        return replace(super().request(messages), json_schema=self.schema)
 
 
 def _open_session(f: o.Flags) -> Any:
@@ -213,6 +233,9 @@ def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:
     engine = open_engine(ref, load, verbose=f.verbose, warn=lambda text: view.info(f"warning: {text}"))
     if view.interactive:
         view.info(f"{ref.name} ready in {engine.load_s:.2f} s · context {engine.n_ctx:,} tokens · /help for commands")
+    from localgen.cli.hints import tune_tip
+
+    tune_tip(view.interactive, view.info, ref.name, ref.path, engine.origins)
     backend = LocalBackend(engine, warn=lambda text: view.info(f"warning: {text}"))
     try:
         backend.check_generates()  # an encoder model cannot chat

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import platform
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -89,6 +89,17 @@ def _check_rpc(servers: tuple[str, ...]) -> int:
     return problems
 
 
+def settings_line(params: Any, origins: dict[str, str]) -> str:
+    """Each tunable load setting, its value and where it came from (flag, tuning record, rule)."""
+    from localgen.tuning import TUNABLE
+
+    def shown(name: str) -> str:
+        v = getattr(params, name)
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+    return " · ".join(f"{name} {shown(name)} ({origins.get(name, 'default')})" for name in TUNABLE)
+
+
 def _smoke_test(gpu: bool, rpc: tuple[str, ...] = ()) -> int:
     from localgen.engine import logs
     from localgen.engine.llama import Engine
@@ -119,5 +130,6 @@ def _smoke_test(gpu: bool, rpc: tuple[str, ...] = ()) -> int:
     rate = f"{s.decode_tps:.1f} tok/s" if s and s.decode_tps else "?"
     print(f"check     {ref.name} loaded in {engine.load_s:.2f} s and generated {s.completion_tokens if s else 0} "
           f"tokens at {rate} on {where}: ok")
+    print("settings  " + settings_line(engine.params, engine.origins))
     sys.stdout.flush()
     return 0

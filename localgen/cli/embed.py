@@ -80,6 +80,7 @@ def similar(
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="How many.")] = 10,
     offline: o.Offline = False,
     threads: o.Threads = None,
+    repack: o.Repack = None,  # as the collection was embedded: the layouts round differently
     verbose: o.Verbose = False,
 ) -> None:
     """The texts of a collection nearest to a query (cosine similarity), best first, as NDJSON."""

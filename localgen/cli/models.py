@@ -58,6 +58,9 @@ def pull(
                           "quantization": ref.quantization, "size": ref.summary.file_size}))
     else:
         print(f"{ref.name}  {ref.quantization}  {format_bytes(ref.summary.file_size)}  {ref.path}")
+    from localgen.cli.hints import tune_tip
+
+    tune_tip(sys.stderr.isatty(), lambda text: print(text, file=sys.stderr), ref.name, ref.path)
 
 
 def _list_quants(target: Any, ctx: int, json_out: bool) -> None:

@@ -47,14 +47,16 @@ Threads = Annotated[
     int | None,
     typer.Option(
         "--threads", "-t", min=1, max=1024, rich_help_panel=MODEL_PANEL, show_default=False,
-        help="CPU threads for generation (default: the physical performance cores this process may use).",
+        help="CPU threads for generation (default: the model's tuning record, else the physical performance "
+             "cores this process may use).",
     ),
 ]
 ThreadsBatch = Annotated[
     int | None,
     typer.Option(
         "--threads-batch", "-tb", min=1, max=1024, rich_help_panel=MODEL_PANEL, show_default=False,
-        help="CPU threads for prompt processing and batches (default: every logical CPU this process may use).",
+        help="CPU threads for prompt processing and batches (default: the model's tuning record, else every "
+             "logical CPU this process may use).",
     ),
 ]
 GpuLayers = Annotated[
@@ -68,14 +70,16 @@ Batch = Annotated[
     int, typer.Option("--batch-size", "-b", min=1, rich_help_panel=MODEL_PANEL, help="Logical batch size.")
 ]
 UBatch = Annotated[
-    int, typer.Option("--ubatch-size", "-ub", min=1, rich_help_panel=MODEL_PANEL, help="Physical batch size.")
+    int | None,
+    typer.Option("--ubatch-size", "-ub", min=1, rich_help_panel=MODEL_PANEL, show_default=False,
+                 help="Physical batch size (default: the model's tuning record, else 512)."),
 ]
 FlashAttn = Annotated[
     str | None,
     typer.Option(
         "--flash-attn", "-fa", rich_help_panel=MODEL_PANEL, show_default=False, metavar="on|off|auto",
-        help="Flash attention (default on: faster prefill and decode; needed for a quantized V cache). "
-             "A bare -fa means on.",
+        help="Flash attention (default: the model's tuning record, else on; `localgen tune` measures "
+             "which is faster here). auto: llama.cpp decides. A bare -fa means on.",
     ),
 ]
 NoFlashAttn = Annotated[
@@ -84,8 +88,8 @@ NoFlashAttn = Annotated[
 Repack = Annotated[
     bool | None,
     typer.Option("--repack/--no-repack", rich_help_panel=MODEL_PANEL, show_default=False,
-                 help="llama.cpp's repacked CPU weight layouts (default: on where at least half the weights "
-                      "are of a repackable type, off on a GPU)."),
+                 help="llama.cpp's repacked CPU weight layouts (default: the model's tuning record, else on "
+                      "where at least half the weights are of a repackable type, off on a GPU)."),
 ]
 _kv_help = "KV-cache type for {}: " + ", ".join(KV_CACHE_TYPES) + "."
 CacheK = Annotated[
@@ -202,7 +206,8 @@ DrySequenceBreaker = Annotated[list[str] | None, _knob("dry_sequence_breaker", "
 XtcProbability = Annotated[float, _knob("xtc_probability", "--xtc-probability")]
 XtcThreshold = Annotated[float, _knob("xtc_threshold", "--xtc-threshold")]
 TopNSigma = Annotated[float, _knob("top_n_sigma", "--top-n-sigma")]
-LogitBias = Annotated[list[str] | None, _knob("logit_bias", "--logit-bias", "-l", show_default=False)]
+# no -l: chat's -l is --list, and a short option means one thing in every command
+LogitBias = Annotated[list[str] | None, _knob("logit_bias", "--logit-bias", show_default=False)]
 IgnoreEos = Annotated[bool, _knob("ignore_eos", "--ignore-eos")]
 LOG_PANEL = "Log"
 NoLog = Annotated[
@@ -305,6 +310,32 @@ def with_template(f: Flags, ref: Any) -> Any:
     return dataclasses.replace(ref, summary=dataclasses.replace(ref.summary, chat_template=text))
 
 
+def output_grammar(f: Flags) -> tuple[str | None, str | None]:
+    """The GBNF grammar of --grammar, -j/--json-schema or -jf/--json-schema-file, and the JSON schema it came
+    from (a remote server takes the schema itself); (None, None) without them."""
+    from localgen.errors import UsageError
+
+    if len([x for x in (f.get("grammar"), f.get("json_schema"), f.get("json_schema_file")) if x]) > 1:
+        raise UsageError("--grammar, --json-schema and --json-schema-file cannot be combined")
+    if f.get("grammar"):
+        text = Path(f.grammar).read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            raise UsageError(f"the grammar file {f.grammar} is empty")
+        return text, None
+    schema: str | None = None
+    if f.get("json_schema_file"):
+        schema = Path(f.json_schema_file).read_text(encoding="utf-8", errors="replace")
+    elif f.get("json_schema"):
+        schema = f.json_schema
+        if not schema.lstrip().startswith(("{", "[")) and Path(schema).expanduser().is_file():
+            schema = Path(schema).expanduser().read_text(encoding="utf-8", errors="replace")
+    if schema is None:
+        return None, None
+    from localgen.engine.grammar import grammar_from_json_schema
+
+    return grammar_from_json_schema(schema), schema
+
+
 Offline = Annotated[
     bool,
     typer.Option("--offline", envvar="LOCALGEN_OFFLINE", rich_help_panel=MODEL_PANEL,
@@ -343,22 +374,22 @@ class Flags:
             return False
 
 
-def flash_attn(f: Flags) -> bool | None:
-    """-fa on|off|auto and --no-flash-attn, as LoadParams wants them (None: auto)."""
+def flash_attn(f: Flags) -> bool | str | None:
+    """-fa on|off|auto and --no-flash-attn, as LoadParams wants them (None: not given)."""
     from localgen.errors import UsageError
 
     if f.get("no_flash_attn"):
         return False
     value = f.get("flash_attn")
     if value is None:
-        return LOAD_DEFAULTS.flash_attn
+        return None  # the tuning record's, else the rule's (engine/defaults.py)
     v = str(value).lower()
     if v in ("on", "1", "true", "enabled"):
         return True
     if v in ("off", "0", "false", "disabled"):
         return False
     if v == "auto":
-        return None
+        return "auto"
     raise UsageError(f"--flash-attn takes on, off or auto, not {value!r}")
 
 
@@ -376,7 +407,7 @@ def load_params(f: Flags, **override: Any) -> LoadParams:
     values: dict[str, Any] = dict(
         n_ctx=f.get("ctx", _L.n_ctx), n_threads=f.get("threads"), n_threads_batch=f.get("threads_batch"),
         n_gpu_layers=f.get("gpu_layers"), n_batch=f.get("batch_size", _L.n_batch),
-        n_ubatch=f.get("ubatch_size", _L.n_ubatch), flash_attn=flash_attn(f),
+        n_ubatch=f.get("ubatch_size"), flash_attn=flash_attn(f),
         cache_type_k=str(f.get("cache_type_k", _L.cache_type_k)).lower(),
         cache_type_v=str(f.get("cache_type_v", _L.cache_type_v)).lower(), repack=f.get("repack"),
         use_mmap=not f.get("no_mmap", False), use_mlock=bool(f.get("mlock", False)), numa=f.get("numa"),

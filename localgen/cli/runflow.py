@@ -238,6 +238,9 @@ def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
     draft_ref = resolve(f.draft, offline=f.offline, progress=make_progress()) if f.draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn, kv_tokens=_kv_tokens(f, plan, load.n_ctx))
+    from localgen.cli.hints import tune_tip
+
+    tune_tip(err.tty, err.line, ref.name, ref.path, engine.origins)
     drafter: Any = None
     try:
         if f.lookup:

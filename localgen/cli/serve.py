@@ -16,7 +16,7 @@ SERVE = "Server"
 
 
 def serve(
-    ctx: typer.Context,
+    ctx_: typer.Context,
     models: Annotated[
         list[str] | None,
         typer.Option("--model", "-m", envvar="LOCALGEN_MODEL", rich_help_panel=SERVE, show_default=False,
@@ -87,15 +87,36 @@ def serve(
         bool, typer.Option("--allow-image-urls", help="Fetch http(s) image URLs in requests (off: only data: URIs "
                                                       "and base64, so clients cannot make the server fetch URLs).")
     ] = False,
-    verbose: o.Verbose = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", rich_help_panel=o.OUTPUT_PANEL,
+                           help="Log each request (uvicorn's access log) and the server's info lines on stderr.")
+    ] = False,
     temperature: o.Temperature = o.DEFAULTS.temperature,
     top_k: o.TopK = o.DEFAULTS.top_k,
     top_p: o.TopP = o.DEFAULTS.top_p,
     min_p: o.MinP = o.DEFAULTS.min_p,
+    typical_p: o.TypicalP = o.DEFAULTS.typical_p,
     repeat_penalty: o.RepeatPenalty = o.DEFAULTS.repeat_penalty,
+    repeat_last_n: o.RepeatLastN = o.DEFAULTS.repeat_last_n,
+    presence_penalty: o.PresencePenalty = o.DEFAULTS.presence_penalty,
+    frequency_penalty: o.FrequencyPenalty = o.DEFAULTS.frequency_penalty,
     seed: o.Seed = None,
     max_tokens: o.MaxTokens = o.DEFAULTS.max_tokens,
-    ctx_size: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
+    stop: o.Stop = None,
+    mirostat: o.Mirostat = o.DEFAULTS.mirostat,
+    mirostat_lr: o.MirostatLr = o.DEFAULTS.mirostat_lr,
+    mirostat_ent: o.MirostatEnt = o.DEFAULTS.mirostat_ent,
+    dry_multiplier: o.DryMultiplier = o.DEFAULTS.dry_multiplier,
+    dry_base: o.DryBase = o.DEFAULTS.dry_base,
+    dry_allowed_length: o.DryAllowedLength = o.DEFAULTS.dry_allowed_length,
+    dry_penalty_last_n: o.DryPenaltyLastN = o.DEFAULTS.dry_penalty_last_n,
+    dry_sequence_breaker: o.DrySequenceBreaker = None,
+    xtc_probability: o.XtcProbability = o.DEFAULTS.xtc_probability,
+    xtc_threshold: o.XtcThreshold = o.DEFAULTS.xtc_threshold,
+    top_n_sigma: o.TopNSigma = o.DEFAULTS.top_n_sigma,
+    logit_bias: o.LogitBias = None,
+    ignore_eos: o.IgnoreEos = False,
+    ctx: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
     threads: o.Threads = None,
     threads_batch: o.ThreadsBatch = None,
     gpu_layers: o.GpuLayers = None,
@@ -116,9 +137,13 @@ def serve(
     Sampling flags set the defaults that requests override. Ctrl-C or SIGTERM finish the requests in
     flight (for a few seconds) and exit 0.
     """
-    values = dict(locals())
-    values["ctx"] = values.pop("ctx_size")
-    start(o.Flags(ctx, values))
+    start(o.Flags(ctx_, dict(locals())))
+
+
+def flag_sampling(f: o.Flags) -> dict[str, Any]:
+    """The sampling flags given, validated as `run` takes them: the server's defaults for its requests."""
+    params = o.sampling(f)
+    return {k: getattr(params, k) for k in o.SAMPLING_FLAGS if k in f._values and f.given(k)}
 
 
 def start(f: o.Flags) -> None:
@@ -140,8 +165,7 @@ def start(f: o.Flags) -> None:
         raise UsageError(f"--keep-alive: {e.message}") from None
     policy = Policy(api_key=key, origins=origins_from(f.cors, os.environ.get("LOCALGEN_ORIGINS")),
                     check_host=is_loopback(f.host), max_body=_max_body(f.max_body))
-    o.sampling(f)  # the flags are valid before anything loads
-    given = {k: f.get(k) for k in o.SAMPLING_FLAGS if k in f._values and f.given(k)}
+    given = flag_sampling(f)  # the flags are valid before anything loads
     _check_port(f.host, f.port)
     if not is_loopback(f.host) and not key:
         err.warn(f"listening on {f.host} with no API key: anyone who can reach this port can use the models")
@@ -195,7 +219,7 @@ def _workers(f: o.Flags, keep: float, cache_ram: int, err: Any) -> list[Any]:
     from localgen.models.resolve import resolve
     from localgen.serve.worker import ModelWorker
 
-    load = o.load_params(f)
+    load = o.load_params(f, streams=f.parallel)  # the tuning record for this many streams, if one was made
     names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
     workers = []
     for name in names:

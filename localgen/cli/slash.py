@@ -176,8 +176,9 @@ def _load(runner: Any, view: Any, arg: str) -> None:
         runner.switch(view.loader(loaded.model), loaded.model)  # its own model, as --resume takes it
     else:
         loaded.model = runner.session.model
-    # its own /set values under the command-line flags, as --resume applies them
-    runner.adopt(loaded, o.sampling(view.flags, runner.backend.defaults, loaded.settings))
+    # its own /set values under the command-line flags, as --resume applies them; the chat's grammar stays
+    runner.adopt(loaded, o.sampling(view.flags, runner.backend.defaults, loaded.settings,
+                                    grammar=runner.sampling.grammar))
     restore_state(runner, view)
     view.info(f"continuing {loaded.name}: {len(loaded.messages)} messages")
 

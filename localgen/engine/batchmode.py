@@ -30,7 +30,8 @@ def exact_price(engine: Engine) -> str | None:
     load, or None where it is (nearly) free: CPU weights whose matmul computes a row the same in any batch,
     and no flash attention (which gives a long sequence a call of its own)."""
     if engine.offloaded:
-        return "on a GPU the kernels change with the batch size, so each exact sequence decodes alone"
+        return ("offloaded layers (a GPU's or an RPC server's devices) may compute a row differently in another "
+                "batch size, so each exact sequence would decode alone")
     if engine.exact_rows:
         return f"this model's CPU kernels compute more than {engine.exact_rows} rows differently"
     if engine.flash_attn:

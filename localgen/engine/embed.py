@@ -48,7 +48,10 @@ class Embedder:
         p.n_threads_batch = prm.n_threads_batch
         p.embeddings = True
         p.pooling_type = POOLING[pooling] if pooling else -1  # -1: the model's own (its GGUF's pooling_type)
-        p.flash_attn_type = 1 if engine.flash_attn else 0
+        # prompt-only work: flash attention as given, else llama.cpp's own choice (what llama-embedding does;
+        # the tuning record and the rule weigh decoding, which embeddings never do)
+        given = engine.origins.get("flash_attn") == "flag"
+        p.flash_attn_type = (1 if engine.flash_attn else 0) if given else -1
         p.no_perf = True
         self.ctx = _context(engine, p)
         self.n_ctx = n_ctx

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from localgen import hardware, paths
+from localgen import paths
 from localgen.engine import logs, sampling
-from localgen.engine.lib import common_prefix, default_repack, init_numa, lib, logits_row, safe_prefix
+from localgen.engine.lib import common_prefix, init_numa, lib, logits_row, safe_prefix
 from localgen.engine.template import ChatTemplate
 from localgen.engine.vocab import Vocabulary
 from localgen.errors import ContextOverflowError, LocalgenError, ModelLoadError
@@ -31,26 +31,6 @@ _NUMA = {"distribute": 1, "isolate": 2, "numactl": 3}
 _LOAD_NONE, _LOAD_MMAP, _LOAD_MLOCK, _LOAD_MMAP_MLOCK = 0, 1, 2, 3
 
 
-def _resolved(model: ModelRef, params: LoadParams, cpu_only: bool) -> LoadParams:
-    """The load settings as they will be used: the window rounded to llama.cpp's multiple of 256 (and capped
-    at the training context unless RoPE scaling stretches it), threads, GPU layers, batch sizes, repacking."""
-    from localgen.engine import devices
-
-    train_ctx = model.summary.context_length
-    n_ctx = -(-params.n_ctx // 256) * 256
-    if train_ctx and not params.rope_scaling and not params.rope_freq_scale:
-        n_ctx = min(n_ctx, train_ctx)
-    n_gpu = 0 if cpu_only else params.n_gpu_layers
-    if n_gpu is None:
-        n_gpu = -1 if devices.has_gpu() or params.rpc else 0  # RPC servers' devices take layers as GPUs do
-    repack = params.repack if params.repack is not None else default_repack(model, params)
-    return dataclasses.replace(
-        params, n_ctx=n_ctx, n_threads=params.n_threads or hardware.physical_cores(),
-        n_threads_batch=params.n_threads_batch or hardware.usable_cores(), n_gpu_layers=n_gpu,
-        n_batch=min(params.n_batch, n_ctx), n_ubatch=min(params.n_ubatch, params.n_batch, n_ctx), repack=repack,
-    )
-
-
 class Engine(Vocabulary):
     """One loaded model and its context, used by one thread. Keeps its KV cache between generations:
     `held` says which tokens the cache holds, and only the methods below change it."""
@@ -61,7 +41,9 @@ class Engine(Vocabulary):
         lc = lib()
         self.lib = lc
         logs.set_echo(verbose)
-        self.params = _resolved(model, params, cpu_only)
+        from localgen.engine.defaults import resolve
+
+        self.params, self.origins = resolve(model, params, cpu_only)  # origins: setting → flag, tuned, rule
         n_gpu = self.params.n_gpu_layers or 0
         self._keep: list[Any] = []  # ctypes arrays the params point at, alive until the load is done
         logs.clear()
@@ -88,7 +70,7 @@ class Engine(Vocabulary):
         rows = self.model.summary.exact_rows
         self.exact_rows = 3 if self.repacked else rows
         self.offloaded = n_gpu != 0 and (devices.has_gpu() or bool(params.rpc))
-        if self.params.flash_attn is None:
+        if self.params.flash_attn == "auto":
             chosen = next((m.group(1) for line in load_log if (m := _FA_AUTO.search(line))), None)
             self.flash_attn = chosen == "enabled"
         else:
@@ -169,7 +151,7 @@ class Engine(Vocabulary):
         cp.n_seq_max = 1
         cp.n_threads = p.n_threads
         cp.n_threads_batch = p.n_threads_batch
-        cp.flash_attn_type = -1 if p.flash_attn is None else int(bool(p.flash_attn))
+        cp.flash_attn_type = -1 if p.flash_attn == "auto" else int(bool(p.flash_attn))
         cp.type_k = KV_CACHE_TYPES[p.cache_type_k]
         cp.type_v = KV_CACHE_TYPES[p.cache_type_v]
         cp.rope_scaling_type = _ROPE[p.rope_scaling]

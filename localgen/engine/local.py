@@ -172,6 +172,7 @@ class LocalBackend:
         load["tensor_split"] = list(load["tensor_split"])
         load["rpc"] = list(load["rpc"])
         load["weights_mib"] = dict(self.engine.placement)  # where the weights went, by device
+        load["origins"] = dict(self.engine.origins)  # each tunable setting: flag, tuned on DATE, or rule: why
         return {
             "model": {"name": ref.name, "file": ref.path, "source": ref.source, "quantization": ref.quantization,
                       "architecture": ref.summary.architecture, "parameters": ref.summary.n_params,

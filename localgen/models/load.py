@@ -38,7 +38,7 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
         if offload:
             machine = fit.this_machine(offload)
             est = fit.estimate(ref.summary, ref.summary.file_size, params.n_ctx, params.cache_type_k,
-                               params.cache_type_v, params.n_ubatch)
+                               params.cache_type_v, params.n_ubatch or 512)
             if kv_tokens:  # several windows (or beams) at once: their cells, not one window's
                 est = dataclasses.replace(est, kv=fit.kv_bytes(ref.summary, kv_tokens, params.cache_type_k,
                                                                params.cache_type_v))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localgen.errors import ModelFormatError, UsageError
+from localgen.models.quant import quant_tag
 from localgen.types import GGUFSummary, ModelRef
 
 _PREFER = ("Q8_0", "F16", "BF16", "F32")  # llama.cpp's own repos ship these; Q8_0 loses nothing visible
@@ -32,9 +33,11 @@ def is_mmproj(name: str) -> bool:
 def choose(names: list[str]) -> str | None:
     """The projector to fetch among a repo's files (Q8_0, else F16, ...), or None."""
     found = sorted(n for n in names if is_mmproj(n))
+    # the tag as a whole token of the name: "f16" is inside "bf16"
+    tags = {n: (quant_tag(n) or "").removeprefix("UD-") for n in found}
     for tag in _PREFER:
         for n in found:
-            if tag.lower() in n.lower():
+            if tags[n] == tag:
                 return n
     return found[0] if found else None
 

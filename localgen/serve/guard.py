@@ -5,9 +5,10 @@ Clients that are not browsers send no Origin and pass the origin check as they a
 
 from __future__ import annotations
 
-import fnmatch
+import functools
 import hmac
 import ipaddress
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +29,8 @@ DEFAULT_ORIGINS = LOOPBACK_ORIGINS + APP_ORIGINS
 
 @dataclass(frozen=True)
 class Policy:
-    """The server's gate: API key, allowed origins (glob patterns; "*" any), whether the Host header must
-    name this machine, and the largest request body."""
+    """The server's gate: API key, allowed origins (patterns whose only wildcard is `*`; "*" alone: any),
+    whether the Host header must name this machine, and the largest request body."""
 
     api_key: str | None = None
     origins: tuple[str, ...] = DEFAULT_ORIGINS
@@ -39,7 +40,14 @@ class Policy:
     def origin_allowed(self, origin: str) -> bool:
         """Whether a page at this origin may use the server."""
         o = origin.strip().lower()
-        return any(p == "*" or fnmatch.fnmatchcase(o, p.lower()) for p in self.origins)
+        return any(p == "*" or _origin_pattern(p.lower()).fullmatch(o) is not None for p in self.origins)
+
+
+@functools.lru_cache(maxsize=256)
+def _origin_pattern(pattern: str) -> re.Pattern[str]:
+    """An origin pattern as a regex: `*` matches any run of characters, every other character only itself
+    (fnmatch would read the brackets of `[::1]` as a character class, and `?` as a wildcard)."""
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
 
 
 def origins_from(extra: list[str] | None, env: str | None) -> tuple[str, ...]:

@@ -48,7 +48,13 @@ FIELDS = {
     "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold", "top_n_sigma": "top_n_sigma",
     "logit_bias": "logit_bias", "ignore_eos": "ignore_eos",
 }
-UNSUPPORTED = ("functions", "function_call", "audio", "modalities", "prediction")
+UNSUPPORTED = ("functions", "function_call", "prediction")
+# Names the chat template's renderer sets itself (engine/template.py's render(), and `tools` from the
+# request's own field): chat_template_kwargs may not replace them.
+TEMPLATE_OWN = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                "strftime_now")
+# chat_template_kwargs that templates test for truth: "no" would be taken as yes
+TEMPLATE_BOOLS = ("enable_thinking", "thinking")
 
 
 def routes(state: ServeState) -> list[Route]:
@@ -115,6 +121,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     for key in UNSUPPORTED:
         if body.get(key):
             raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
+    _check_text_output(body)
     n = body.get("n", 1)
     if n != 1:
         raise HTTPError(400, "only n=1 is supported: send the request n times (they run in parallel slots)",
@@ -154,12 +161,38 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     return GenerationRequest(prompt=prompt, sampling=s, logprobs=logprobs, exact=exact)
 
 
+def _check_text_output(body: dict[str, Any]) -> None:
+    """`modalities` may ask for text (OpenAI's clients send ["text"]); audio output is a 400."""
+    mods = body.get("modalities")
+    if mods is not None and (not isinstance(mods, list) or not all(isinstance(m, str) for m in mods)):
+        raise HTTPError(400, "`modalities` must be a list of strings, such as [\"text\"]", param="modalities")
+    other = [m for m in mods or () if m != "text"]
+    if other:
+        raise HTTPError(400, f"this server answers in text only: `modalities` cannot ask for "
+                             f"{', '.join(repr(m) for m in other)}", param="modalities")
+    if body.get("audio"):
+        raise HTTPError(400, "this server answers in text only: `audio` (spoken output) is not supported",
+                        param="audio")
+
+
 def _template_args(body: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Template variables a request may set: chat_template_kwargs (llama-server's and vLLM's field), with
     enable_thinking, which reasoning templates read."""
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict) or not all(isinstance(v, (bool, int, float, str)) for v in kwargs.values()):
-        raise HTTPError(400, "chat_template_kwargs must be an object of plain values", param="chat_template_kwargs")
+    name = "chat_template_kwargs"
+    kwargs = body.get(name)
+    if kwargs is None:
+        return ()
+    if not isinstance(kwargs, dict):
+        raise HTTPError(400, f"`{name}` must be an object of template variables", param=name)
+    for key, value in kwargs.items():
+        if key in TEMPLATE_OWN:
+            raise HTTPError(400, f"`{name}.{key}` cannot be set: the server gives the chat template this "
+                                 "variable itself", param=f"{name}.{key}")
+        if key in TEMPLATE_BOOLS and not isinstance(value, bool):
+            raise HTTPError(400, f"`{name}.{key}` must be true or false, not {json.dumps(value)[:40]}",
+                            param=f"{name}.{key}")
+        if not isinstance(value, (bool, int, float, str)):
+            raise HTTPError(400, f"`{name}.{key}` must be a string, a number or true/false", param=f"{name}.{key}")
     return tuple(sorted(kwargs.items()))
 
 
@@ -213,10 +246,10 @@ async def _sse(shape: _Shape, job: Any, first: Event, usage: bool,
             for delta in _deltas(answer.feed(event.text), calls):
                 yield _data(shape.chunk(delta, None))
             continue
-        if isinstance(event, Failed):  # after the first token: OpenAI's error event, and no [DONE]
+        if isinstance(event, Failed):  # after the first token: OpenAI's error event, then [DONE] as after any end
             e = http_error(event)
             yield _data({"error": {"message": e.message, "type": e.kind, "param": None, "code": e.status}})
-            return
+            continue  # the job's last event
         if answer is not None:
             for delta in _deltas(answer.finish(), calls):
                 yield _data(shape.chunk(delta, None))

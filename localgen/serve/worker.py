@@ -193,6 +193,7 @@ class ModelWorker:
         self._unloads: list[_Unload] = []  # asked for while jobs ran
         self.calls = self.rows = 0  # decode calls and rows of contexts already unloaded
         self.outstanding = 0  # jobs queued or running
+        self._open: set[Job | EmbedJob] = set()  # those jobs (for fail_all)
         self._count_lock = threading.Lock()
         self.thread = threading.Thread(target=self._serve, name=f"localgen-{self.name}", daemon=True)
         self.lock = threading.Lock()  # guards backend/pc for readers on other threads (/api/ps)
@@ -219,7 +220,8 @@ class ModelWorker:
                 raise QueueFull(f"{self.name}: all {self.parallel} slots are busy and {self.max_queue} requests "
                                 "wait")
             self.outstanding += 1
-        job.on_end = self._ended
+            self._open.add(job)
+        job.on_end = lambda: self._ended(job)
         self.jobs.put(job)
 
     def request_unload(self) -> threading.Event:
@@ -236,9 +238,23 @@ class ModelWorker:
         """Whether a job runs or waits."""
         return self.outstanding > 0
 
-    def _ended(self) -> None:
+    def _ended(self, job: Job | EmbedJob) -> None:
         with self._count_lock:
-            self.outstanding -= 1
+            if job in self._open:  # once, though fail_all and this thread may both end it
+                self._open.discard(job)
+                self.outstanding -= 1
+
+    def fail_all(self, event: Failed) -> None:
+        """Take no more jobs and end every one queued or running with `event` now (the server is stopping),
+        told from the event loop's thread, so that a decoding step slow to come cannot delay the answers; the
+        worker's thread drops the jobs at its next step (their later events find nobody reading)."""
+        self._stop.set()
+        with self._count_lock:
+            jobs = list(self._open)
+        for job in jobs:
+            if isinstance(job, Job):
+                job.cancelled.set()
+            job.send(event)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop after the running jobs (cancelled if they outlast `timeout`), and free the model."""
@@ -263,7 +279,19 @@ class ModelWorker:
                 "rows": self.rows + (pc.rows if pc else 0), "shared_prompt_tokens": pc.slots.shared if pc else 0,
                 "prompt_cache": pc.slots.host.status() if pc and pc.slots.host else None,
                 "batching": self.mode.name if self.mode else None, "failed_jobs": self.failures,
-                "last_error": self.dead or self.last_error}
+                "last_error": self.dead or self.last_error, "settings": self.settings}
+
+    @property
+    def settings(self) -> dict[str, Any] | None:
+        """The loaded model's tunable load settings: each one's value and where it came from (flag, tuning
+        record, rule); None while nothing is loaded."""
+        backend = self.backend
+        if backend is None:
+            return None
+        from localgen.tuning import TUNABLE
+
+        eng = backend.engine
+        return {k: {"value": getattr(eng.params, k), "from": eng.origins.get(k, "default")} for k in TUNABLE}
 
     @property
     def loaded(self) -> bool:

@@ -1,0 +1,336 @@
+"""`localgen tune`: measure which load settings make a typical exchange fastest for a model on this machine,
+and keep the winner as that model's defaults here (localgen/tuning.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+
+
+def tune(
+    model: o.Model = None,
+    depth: Annotated[
+        int | None,
+        typer.Option("--depth", "-d", min=0, max=131072, show_default=False,
+                     help="Tokens already in the context for the deep measurement (default 1,500, or what the "
+                          "model's window leaves room for)."),
+    ] = None,
+    parallel: Annotated[
+        int, typer.Option("--parallel", "-np", min=1, max=64,
+                          help="Streams decoded together, as `serve --parallel N` runs them: the objective is their "
+                               "aggregate time, kept in a record of its own."),
+    ] = 1,
+    show: Annotated[bool, typer.Option("--show", help="List the tuning records and exit.")] = False,
+    reset: Annotated[
+        bool, typer.Option("--reset", help="Forget the tuning records (with -m: that model's only) and exit.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the record as one JSON object.")] = False,
+    offline: o.Offline = False,
+) -> None:
+    """Find the fastest load settings for a model on this machine and make them its defaults here."""
+    from localgen import tuning
+
+    if show:
+        _show(tuning.records(), as_json)
+        return
+    if reset:
+        sha = None
+        if model is not None:
+            sha = tuning.file_sha256(_resolve(model, offline).path)
+        n = tuning.reset(sha)
+        print(f"forgot {n} tuning record{'s' if n != 1 else ''}", file=sys.stderr)
+        return
+    ref = _resolve(model, offline)
+    _run(ref, depth, parallel, as_json)
+
+
+def _resolve(model: str | None, offline: bool) -> Any:
+    from localgen.cli.progress import make_progress
+    from localgen.models.resolve import resolve
+
+    return resolve(model, offline=offline, progress=make_progress())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    configs: list[tuple[bool, bool]]  # (repack, flash attention), the rule's first
+    depths: tuple[int, ...]
+    threads: tuple[int, ...]  # () with GPU offload: the load's own
+    ubatches: tuple[int, ...]  # tried on the winning configuration only
+    steps: int  # decoding steps a measurement (their median)
+    offloaded: bool
+    rule: dict[str, Any]
+
+    def jobs(self, threads: tuple[int, ...]) -> list[Any]:
+        """A configuration's measurements: a prompt and decoding steps at each depth with each thread count."""
+        from localgen.engine.tune import Job
+
+        return [Job(w, d, t) for d in self.depths for t in threads for w in ("pp", "tg")]
+
+    def batch_jobs(self, threads_batch: int) -> list[Any]:
+        from localgen.engine.tune import Job
+
+        return [Job("pp", d, threads_batch, u) for d in self.depths for u in self.ubatches if u != 512]
+
+    @property
+    def count(self) -> int:
+        n_threads = max(1, len(self.threads))
+        return len(self.configs) * 2 * len(self.depths) * n_threads + len(self.batch_jobs(1))
+
+
+def _plan(ref: Any, depth: int | None) -> _Plan:
+    from localgen import hardware
+    from localgen.engine import devices
+    from localgen.engine.defaults import resolve
+    from localgen.errors import UsageError
+    from localgen.types import LoadParams
+
+    rule, _ = resolve(ref, LoadParams(), cpu_only=False, use_records=False)
+    offloaded = bool(rule.n_gpu_layers) and devices.has_gpu()
+    window = ref.summary.context_length or 4096
+    room = window - 2 * 512  # the prompt and the answer's steps after the depth
+    if depth is None:
+        depth = max(0, min(1500, room))
+    elif depth > room:
+        raise UsageError(f"--depth {depth} leaves no room for a 512-token prompt in the model's {window}-token "
+                         "window", hint=f"use --depth {max(0, room)} or less")
+    repacks = [bool(rule.repack)]
+    if not offloaded and (ref.summary.repackable_share or 0) > 0:
+        repacks.append(not rule.repack)
+    fas = [bool(rule.flash_attn), not rule.flash_attn]
+    configs = [(r, f) for r in repacks for f in fas]
+    threads: tuple[int, ...] = () if offloaded else tuple(sorted(
+        {hardware.physical_cores(), hardware.usable_cores(), max(1, hardware.usable_cores() - 1)}, reverse=True))
+    ubatches = (512,) if offloaded else (512, 256, 128)
+    settings = {k: getattr(rule, k) for k in ("flash_attn", "repack", "n_threads", "n_threads_batch", "n_ubatch")}
+    return _Plan(configs, tuple(sorted({0, depth})), threads, ubatches, 16, offloaded, settings)
+
+
+def _run(ref: Any, depth: int | None, parallel: int, as_json: bool) -> None:
+    from localgen import tuning
+    from localgen.cli.output import ErrWriter
+    from localgen.engine.defaults import build_id, device_id
+
+    plan = _plan(ref, depth)
+    err = ErrWriter()
+    _warn_if_busy(err)
+    points: dict[tuple[bool, bool], list[Any]] = {}
+    view = _View(plan.count)
+    interrupted = False
+    started = time.perf_counter()
+    try:
+        for i, (repack, fa) in enumerate(plan.configs):
+            _measure(ref, plan, parallel, (repack, fa), None, points, view, err if i == 0 else None)
+        table = _rank(points, plan, parallel)
+        if plan.batch_jobs(1):  # the physical batch, on the winner only (it changes prompts, not decoding)
+            best = table[0]
+            _measure(ref, plan, parallel, (best["repack"], best["flash_attn"]), best["n_threads_batch"], points,
+                     view, None)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        view.end()
+    table = _rank(points, plan, parallel)
+    if not table:
+        err.line("interrupted before a configuration was measured whole; nothing kept")
+        raise typer.Exit(130)
+    best = table[0]
+    record = tuning.Record(
+        key=tuning.Key(tuning.file_sha256(ref.path), build_id(), device_id(plan.offloaded), parallel),
+        model=ref.name, size=_size(ref.path), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        settings={k: best[k] for k in tuning.TUNABLE}, depth=max(plan.depths), exchange_s=best["total_s"],
+        table=table, partial=interrupted,
+    )
+    tuning.save(record)
+    if as_json:
+        import json
+
+        sys.stdout.write(json.dumps(record.to_json()) + "\n")
+    else:
+        _print_table(table, plan, parallel)
+    took = time.perf_counter() - started
+    what = "the best of what was measured before the interrupt" if interrupted else "the winner"
+    err.line(f"tuned {ref.name} in {took:.0f} s; {what} is now its default here for "
+             f"{'run, chat and bench' if parallel == 1 else f'serve --parallel {parallel}'} (a flag still wins; "
+             "localgen tune --show lists records, --reset forgets them)")
+    if interrupted:
+        raise typer.Exit(130)
+
+
+def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], threads_batch: int | None,
+             points: dict[tuple[bool, bool], list[Any]], view: Any, err: Any) -> None:
+    """One configuration's measurements (with `threads_batch`: its other physical batch sizes) into `points`."""
+    from localgen.engine.tune import Probe, measure
+
+    repack, fa = config
+    probe = Probe(ref, repack, fa, max(plan.depths) + 512 + plan.steps + 8, parallel, cpu_only=not plan.offloaded)
+    try:
+        own = (probe.engine.params.n_threads_batch or 1,)
+        threads = plan.threads or own
+        if err is not None:
+            _estimate(probe, plan, threads, err)
+        view.start(f"repack {_onoff(repack)} · flash attention {_onoff(fa)}")
+        jobs = plan.batch_jobs(threads_batch) if threads_batch is not None else plan.jobs(threads)
+        got = points.setdefault(config, [])
+
+        def keep(point: Any) -> None:
+            if point is not None:
+                got.append(point)
+            view.advance()
+
+        measure(probe, jobs, plan.steps, keep)
+        what = "its other batch sizes" if threads_batch is not None else f"{len(jobs)} figures"
+        view.note(f"measured repack {_onoff(repack)} · flash attention {_onoff(fa)}: {what}")
+    finally:
+        probe.close()
+
+
+def _warn_if_busy(err: Any) -> None:
+    """Other work on the cores skews every figure (and favours fewer threads): say so before measuring."""
+    import os
+
+    from localgen import hardware
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return
+    if load > 0.5 * hardware.usable_cores():
+        err.warn(f"this machine is busy (load {load:.1f} on {hardware.usable_cores()} cores): the figures will "
+                 "reflect it; tune on a quiet machine for defaults that hold")
+
+
+def _size(path: str) -> int:
+    import os
+
+    return os.stat(path).st_size
+
+
+def _onoff(v: bool) -> str:
+    return "on" if v else "off"
+
+
+def _estimate(probe: Any, plan: _Plan, threads: tuple[int, ...], err: Any) -> None:
+    """Time one prompt and a few steps at depth 0, and say how long the whole sweep will take."""
+    t = max(threads)
+    probe.fill(32, t)
+    probe.prompt(t, 512)
+    pp = probe.prompt(t, 512)
+    tg = probe.step(t, 4)
+    deep = 1.0 + max(plan.depths) / 2048  # attention over the depth: a rough allowance
+    per_config = len(plan.depths) * len(threads) * (pp + plan.steps * tg) * deep + sum(plan.depths) / 512 * pp
+    batches = len(plan.batch_jobs(1)) * pp * deep + sum(plan.depths) / 512 * pp
+    seconds = len(plan.configs) * per_config + batches
+    err.line(f"tuning {probe.engine.model.name}: {len(plan.configs)} configurations × {len(threads)} thread counts "
+             f"at depths {' and '.join(f'{d:,}' for d in plan.depths)}, then {len(plan.ubatches)} batch sizes; "
+             f"about {seconds:.0f} s (Ctrl-C keeps what was measured)")
+
+
+TIE = 0.02  # within this share of the fastest, the settings closest to the rule's win (the figures' noise)
+
+
+def _rank(points: dict[tuple[bool, bool], list[Any]], plan: _Plan, parallel: int) -> list[dict[str, Any]]:
+    """Every combination measured whole, fastest first; among those within TIE of the fastest, the one that
+    differs least from the rule's settings goes first."""
+    from localgen.engine.tune import exchange
+
+    rows = []
+    for (repack, fa), pts in points.items():
+        threads = sorted({p.threads for p in pts})
+        ubatches = sorted({p.ubatch for p in pts if p.what == "pp"})
+        for t, tb, u in itertools.product(threads, threads, ubatches):
+            if parallel > 1 and t != tb:
+                continue  # a step of several streams is a batch: only the batch threads count
+            per = [exchange(pts, (d,), t, tb, u, parallel) for d in plan.depths]
+            if any(x is None for x in per):
+                continue
+            rows.append({"flash_attn": fa, "repack": repack, "n_threads": t, "n_threads_batch": tb, "n_ubatch": u,
+                         "by_depth_s": {str(d): round(float(x or 0), 4) for d, x in zip(plan.depths, per, strict=True)},
+                         "total_s": round(sum(float(x or 0) for x in per), 4)})
+    rows.sort(key=lambda r: r["total_s"])
+    if rows:
+        near = [r for r in rows if r["total_s"] <= rows[0]["total_s"] * (1 + TIE)]
+        pick = min(near, key=lambda r: (sum(r[k] != v for k, v in plan.rule.items()), r["total_s"]))
+        rows.remove(pick)
+        rows.insert(0, pick)
+    return rows
+
+
+def _print_table(table: list[dict[str, Any]], plan: _Plan, parallel: int) -> None:
+    depths = plan.depths
+    what = f"{parallel} streams' exchanges" if parallel > 1 else "one exchange"
+    print(f"time of {what} (512-token prompt, 256-token answer) at each depth, fastest first")
+    head = f"{'':3} {'flash-attn':>10} {'repack':>6} {'threads':>7} {'-tb':>4} {'ubatch':>6}"
+    head += "".join(f" {'depth ' + format(d, ','):>12}" for d in depths) + f" {'total':>8} {'vs best':>8}"
+    print(head)
+    best = table[0]["total_s"]
+    for i, r in enumerate(table[:8]):
+        mark = "1st" if i == 0 else "2nd" if i == 1 else ""
+        line = (f"{mark:3} {_onoff(r['flash_attn']):>10} {_onoff(r['repack']):>6} {r['n_threads']:>7} "
+                f"{r['n_threads_batch']:>4} {r['n_ubatch']:>6}")
+        line += "".join(f" {r['by_depth_s'][str(d)]:>11.2f}s" for d in depths)
+        line += f" {r['total_s']:>7.2f}s {r['total_s'] / best:>7.2f}×"
+        print(line)
+    if len(table) > 8:
+        print(f"    ... {len(table) - 8} slower combinations (--json lists all)")
+
+
+def _show(records: list[Any], as_json: bool) -> None:
+    if as_json:
+        import json
+
+        for r in records:
+            sys.stdout.write(json.dumps(r.to_json()) + "\n")
+        return
+    if not records:
+        print("no tuning records (localgen tune -m MODEL makes one)", file=sys.stderr)
+        return
+    for r in records:
+        s = r.settings
+        streams = f" · {r.key.streams} streams" if r.key.streams > 1 else ""
+        partial = " (partial)" if r.partial else ""
+        print(f"{r.model}{streams} · tuned {r.day}{partial} · flash-attn {_onoff(s['flash_attn'])} · repack "
+              f"{_onoff(s['repack'])} · threads {s['n_threads']}/{s['n_threads_batch']} · ubatch {s['n_ubatch']} · "
+              f"{r.exchange_s:.2f} s · {r.key.device} · {r.key.build} · sha256 {r.key.sha256[:12]}")
+
+
+class _View:
+    """A Rich bar on a terminal's stderr; nothing in a pipe."""
+
+    def __init__(self, total: int) -> None:
+        self._p: Any = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._p = Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(),
+                               console=Console(stderr=True), transient=True)
+            self._p.start()
+            self._task = self._p.add_task("tuning", total=total)
+
+    def start(self, what: str) -> None:
+        if self._p is not None:
+            self._p.update(self._task, description=what)
+
+    def note(self, text: str) -> None:
+        """A line above the bar (or alone, in a pipe)."""
+        if self._p is not None:
+            self._p.console.print(text, style="dim", markup=False, highlight=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def advance(self) -> None:
+        if self._p is not None:
+            self._p.advance(self._task)
+
+    def end(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None

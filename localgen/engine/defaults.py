@@ -1,0 +1,101 @@
+"""The load settings as they will be used, and where each came from: a flag (or the caller), this machine's
+tuning record for the model (localgen/tuning.py), or the rule where nothing was measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from typing import Any
+
+from localgen import hardware, tuning
+from localgen.engine.lib import default_repack
+from localgen.types import LoadParams, ModelRef
+
+UBATCH = 512  # llama.cpp's default physical batch
+
+
+@functools.cache
+def build_id() -> str:
+    """This llama.cpp build: the bindings' version and a digest of what llama.cpp says it was built with."""
+    from localgen.engine.lib import lib
+
+    lc = lib()
+    info = lc.llama_print_system_info().decode("utf-8", errors="replace").strip()
+    return f"llama-cpp-python {lc.__version__} · {hashlib.sha256(info.encode()).hexdigest()[:12]}"
+
+
+def device_id(offloaded: bool) -> str:
+    """The device a load computes on: the CPU (model, cores the process may use), or the GPUs it offloads to."""
+    if offloaded:
+        from localgen.engine import devices
+
+        names = sorted(d.description or d.name for d in devices.devices()
+                       if d.kind in (devices.GPU, devices.IGPU) and not d.name.startswith("RPC"))
+        return "GPU " + " + ".join(names or ["(RPC)"])
+    return f"CPU {hardware.cpu_name()} · {hardware.physical_cores()} physical / {hardware.usable_cores()} usable"
+
+
+def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
+            use_records: bool = True) -> tuple[LoadParams, dict[str, str]]:
+    """The settings a load uses (the window rounded to llama.cpp's multiple of 256 and capped at the training
+    context unless RoPE scaling stretches it; threads, GPU layers, batch sizes, repacking, flash attention),
+    and for each tunable one where it came from: "flag", "tuned on DATE", or "rule: why"."""
+    from localgen.engine import devices
+
+    train_ctx = model.summary.context_length
+    n_ctx = -(-params.n_ctx // 256) * 256
+    if train_ctx and not params.rope_scaling and not params.rope_freq_scale:
+        n_ctx = min(n_ctx, train_ctx)
+    n_gpu = 0 if cpu_only else params.n_gpu_layers
+    if n_gpu is None:
+        n_gpu = -1 if devices.has_gpu() or params.rpc else 0  # RPC servers' devices take layers as GPUs do
+    offloaded = n_gpu != 0 and (devices.has_gpu() or bool(params.rpc))
+    given = {name: getattr(params, name) for name in tuning.TUNABLE if getattr(params, name) is not None}
+    origins = dict.fromkeys(given, "flag")
+    record = None
+    if use_records and len(given) < len(tuning.TUNABLE) and not params.rpc:
+        record = tuning.find(model.path, build_id(), device_id(offloaded), params.streams)
+    chosen: dict[str, Any] = {}
+    if record is not None:
+        how = "partly tuned" if record.partial else "tuned"
+        for name in tuning.TUNABLE:
+            if name not in given and name in record.settings:
+                chosen[name] = record.settings[name]
+                origins[name] = f"{how} on {record.day}"
+    for name, (value, why) in _rules(model, params, n_gpu, offloaded).items():
+        if name not in given and name not in chosen:
+            chosen[name] = value
+            origins[name] = why
+    # a quantized V cache cannot be read without flash attention, whatever was measured
+    if "flash_attn" not in given and params.cache_type_v not in ("f16", "f32", "bf16") and not chosen["flash_attn"]:
+        chosen["flash_attn"], origins["flash_attn"] = True, f"needed by the {params.cache_type_v} V cache"
+    values = {**chosen, **given}
+    n_batch = min(params.n_batch, n_ctx)
+    resolved = dataclasses.replace(
+        params, n_ctx=n_ctx, n_threads=values["n_threads"], n_threads_batch=values["n_threads_batch"],
+        n_gpu_layers=n_gpu, n_batch=n_batch, n_ubatch=min(int(values["n_ubatch"]), n_batch, n_ctx),
+        repack=bool(values["repack"]), flash_attn=values["flash_attn"],
+    )
+    return resolved, origins
+
+
+def _rules(model: ModelRef, params: LoadParams, n_gpu: int | None,
+           offloaded: bool) -> dict[str, tuple[Any, str]]:
+    """Each tunable's value and reason where neither a flag nor a record sets it."""
+    fa, fa_why = tuning.rule_flash_attn(offloaded)
+    share = model.summary.repackable_share
+    repack = default_repack(model, dataclasses.replace(params, n_gpu_layers=n_gpu))
+    if offloaded:
+        repack_why = "rule: off with GPU offload"
+    elif share is None:
+        repack_why = "rule: on (share of repackable weights unknown)"
+    else:
+        repack_why = f"rule: {'on' if repack else 'off'} ({share:.0%} of the weights repackable here)"
+    return {
+        "flash_attn": (fa, fa_why),
+        "repack": (repack, repack_why),
+        "n_threads": (hardware.physical_cores(), "rule: physical cores"),
+        "n_threads_batch": (hardware.usable_cores(), "rule: usable cores"),
+        "n_ubatch": (UBATCH, "rule: llama.cpp's default"),
+    }

@@ -1,0 +1,189 @@
+"""`localgen tune`'s measurements: for one load (repacking) and one context (flash attention), the prompt and
+decode rates at depth 0 and at a depth of real use, for each thread count and physical batch size, the way
+llama-bench measures (random tokens, no sampling, synchronized). With several streams, decoding is one step of
+one token per stream, as serve's scheduler runs them."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from localgen.engine import logs
+from localgen.errors import LocalgenError
+from localgen.types import LoadParams, ModelRef
+
+PROMPT = 512  # the exchange: a 512-token prompt...
+ANSWER = 256  # ...and a 256-token answer
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measurement: `seconds` for `what` ("pp" for PROMPT tokens, "tg" for one decoding step) at `depth`,
+    with these threads (batch threads for prompts and multi-stream steps) and physical batch."""
+
+    what: str
+    depth: int
+    threads: int
+    ubatch: int
+    seconds: float
+
+
+class Probe:
+    """One model load and one context with `streams` sequences, driven directly."""
+
+    def __init__(self, model: ModelRef, repack: bool, flash_attn: bool, n_ctx_seq: int, streams: int,
+                 cpu_only: bool, seed: int = 1234) -> None:
+        from localgen.engine.llama import Engine
+        from localgen.types import KV_CACHE_TYPES
+
+        self.engine = Engine(model, LoadParams(n_ctx=256, repack=repack, flash_attn=flash_attn, n_threads=1,
+                                               n_threads_batch=1, n_ubatch=PROMPT, n_batch=PROMPT),
+                             cpu_only=cpu_only)
+        if self.engine.encoder_only:
+            self.engine.close()
+            raise LocalgenError(f"{model.name} does not generate (an embedding or reranking model): tune measures "
+                                "generation", hint="tune a model that chats or completes text")
+        self.engine.release_context()
+        lc = self.lc = self.engine.lib
+        self.streams = streams
+        p = lc.llama_context_default_params()
+        self.n_ctx_seq = -(-n_ctx_seq // 256) * 256
+        p.n_ctx = self.n_ctx_seq * streams
+        p.n_batch = p.n_ubatch = max(PROMPT, streams)
+        p.n_seq_max = streams
+        p.kv_unified = False  # each stream its own cells, as serve keeps them on a CPU
+        p.flash_attn_type = int(flash_attn)
+        p.type_k = p.type_v = KV_CACHE_TYPES["f16"]
+        self.ctx = lc.llama_init_from_model(self.engine.model_ptr, p)
+        if not self.ctx:
+            self.engine.close()
+            raise LocalgenError(f"llama.cpp could not create a {p.n_ctx}-token context to tune in",
+                                hint="tune with a smaller --depth or fewer --parallel streams")
+        self.mem = lc.llama_get_memory(self.ctx)
+        self.batch = lc.llama_batch_init(max(PROMPT, streams), 0, 1)
+        self.n_vocab = self.engine.n_vocab
+        self.rng = random.Random(seed)
+        self.depth = 0
+
+    def close(self) -> None:
+        if self.ctx:
+            self.lc.llama_batch_free(self.batch)
+            self.lc.llama_free(self.ctx)
+            self.ctx = None
+        self.engine.close()
+
+    def _decode(self, rows: list[tuple[int, int]], threads: int, threads_batch: int) -> None:
+        """Decode (position, sequence) rows of random tokens."""
+        lc, b = self.lc, self.batch
+        lc.llama_set_n_threads(self.ctx, threads, threads_batch)
+        b.n_tokens = len(rows)
+        for i, (pos, seq) in enumerate(rows):
+            b.token[i] = self.rng.randrange(self.n_vocab)
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = 0
+        b.logits[len(rows) - 1] = 1
+        rc = lc.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise LocalgenError(f"llama_decode failed ({rc}) while tuning", hint="try a smaller --depth")
+        lc.llama_synchronize(self.ctx)
+        logs.raise_deferred()
+
+    def fill(self, depth: int, threads: int) -> None:
+        """Make every stream hold `depth` tokens (stream 0 evaluated, the others copies of it)."""
+        self.lc.llama_memory_clear(self.mem, True)
+        for start in range(0, depth, PROMPT):
+            self._decode([(p, 0) for p in range(start, min(depth, start + PROMPT))], threads, threads)
+        for s in range(1, self.streams):
+            self.lc.llama_memory_seq_cp(self.mem, 0, s, -1, -1)
+        self.depth = depth
+
+    def _back(self) -> None:
+        for s in range(self.streams):
+            self.lc.llama_memory_seq_rm(self.mem, s, self.depth, -1)
+
+    def prompt(self, threads: int, ubatch: int) -> float:
+        """Seconds to evaluate PROMPT tokens after the depth in stream 0, `ubatch` tokens a call."""
+        t0 = time.perf_counter()
+        for start in range(0, PROMPT, ubatch):
+            n = min(ubatch, PROMPT - start)
+            self._decode([(self.depth + start + i, 0) for i in range(n)], threads, threads)
+        took = time.perf_counter() - t0
+        self._back()
+        return took
+
+    def step(self, threads: int, n: int) -> float:
+        """Median seconds of one decoding step (a token for each stream), over `n` steps after the depth."""
+        times = []
+        for k in range(n):
+            t0 = time.perf_counter()
+            self._decode([(self.depth + k, s) for s in range(self.streams)], threads, threads)
+            times.append(time.perf_counter() - t0)
+        self._back()
+        return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A measurement to make: "pp" (PROMPT tokens, `ubatch` a call) or "tg" (decoding steps) at `depth`."""
+
+    what: str
+    depth: int
+    threads: int
+    ubatch: int = PROMPT
+
+
+PRUNE = 1.25  # a thread count this much slower than the best at depth 0 is not measured deeper
+
+
+def _lost(out: list[Point], job: Job) -> bool:
+    """Whether `job`'s thread count already lost clearly at the shallowest depth (same kind, same batch)."""
+    if not out:
+        return False
+    first = min(p.depth for p in out)
+    peers = [p for p in out if p.depth == first and p.what == job.what and (job.what == "tg" or p.ubatch == job.ubatch)]
+    mine = [p.seconds for p in peers if p.threads == job.threads]
+    return bool(mine) and job.depth > first and mine[0] > PRUNE * min(p.seconds for p in peers)
+
+
+def measure(probe: Probe, jobs: list[Job], steps: int, on_point: Callable[[Point | None], Any]) -> list[Point]:
+    """Each job in turn (the context filled again when the depth changes); `on_point` sees each result, and
+    None for a job skipped because its thread count lost by more than PRUNE at depth 0."""
+    out: list[Point] = []
+    warm = max(j.threads for j in jobs)
+    probe.fill(32, warm)  # the compute graph's first allocation is not measured
+    probe.prompt(warm, PROMPT)
+    probe.depth = -1
+    for job in sorted(jobs, key=lambda j: j.depth):
+        if _lost(out, job):
+            on_point(None)
+            continue
+        if probe.depth != job.depth:
+            probe.fill(job.depth, warm)
+        secs = probe.prompt(job.threads, job.ubatch) if job.what == "pp" else probe.step(job.threads, steps)
+        out.append(Point(job.what, job.depth, job.threads, job.ubatch if job.what == "pp" else 0, secs))
+        on_point(out[-1])
+    return out
+
+
+def exchange(points: list[Point], depths: tuple[int, ...], threads: int, threads_batch: int, ubatch: int,
+             streams: int = 1) -> float | None:
+    """One exchange (PROMPT tokens in, ANSWER out, per stream) at each depth, summed; None if not all measured.
+    With one stream, prompts use the batch threads and decoding the generation threads, as llama.cpp does;
+    with several, a step is a batch too."""
+    total = 0.0
+    for d in depths:
+        pp = [p.seconds for p in points if p.what == "pp" and p.depth == d and p.threads == threads_batch
+              and p.ubatch == ubatch]
+        tg_threads = threads if streams == 1 else threads_batch
+        tg = [p.seconds for p in points if p.what == "tg" and p.depth == d and p.threads == tg_threads]
+        if not pp or not tg:
+            return None
+        total += pp[0] * streams + ANSWER * tg[0]
+    return total
+

@@ -1,0 +1,191 @@
+"""Tuning records and the rule: which load settings are fastest for a model on this machine.
+
+`localgen tune` measures; a record keeps its winner, keyed by the model file's SHA-256, the llama.cpp build
+and the device, and a load uses it only when all three match. Where no record matches, `rule()` picks, from
+what scripts/bench_defaults.py measured (docs: the README's "Defaults and `localgen tune`"). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localgen import paths
+
+# the load settings a record holds, in the order they are shown
+TUNABLE = ("flash_attn", "repack", "n_threads", "n_threads_batch", "n_ubatch")
+FORMAT = 1
+_MAX_HASHES = 64  # remembered file hashes (path, size, mtime → SHA-256), newest kept
+
+
+@dataclass(frozen=True)
+class Key:
+    """What a measurement depends on: the model file, the llama.cpp build, the device, and the load (streams
+    decoding together: 1 for run and chat, serve's --parallel N)."""
+
+    sha256: str
+    build: str
+    device: str
+    streams: int = 1
+
+
+@dataclass(frozen=True)
+class Record:
+    """One tune's outcome: the winning settings and what each measured configuration cost."""
+
+    key: Key
+    model: str  # the name it was tuned under, for people
+    size: int  # the model file's bytes (a cheap first check before hashing)
+    date: str  # ISO 8601, UTC
+    settings: dict[str, Any]
+    depth: int  # the deep measurement's prompt tokens already in the cache
+    exchange_s: float  # the winner's objective: one exchange at depth 0 plus one at `depth`
+    table: list[dict[str, Any]] = field(default_factory=list)  # every configuration measured, best first
+    partial: bool = False  # interrupted: the best of what was measured (the defaults are measured first)
+
+    @property
+    def day(self) -> str:
+        return self.date[:10]
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return d
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Record:
+        return Record(key=Key(**d["key"]), model=str(d["model"]), size=int(d["size"]), date=str(d["date"]),
+                      settings=dict(d["settings"]), depth=int(d["depth"]), exchange_s=float(d["exchange_s"]),
+                      table=list(d.get("table", [])), partial=bool(d.get("partial", False)))
+
+
+def store_path() -> Path:
+    """The records' file, in the state directory (records can be lost without harm: `tune` makes them again)."""
+    return paths.state_dir() / "tuning.json"
+
+
+def _read() -> dict[str, Any]:
+    try:
+        doc = json.loads(store_path().read_text())
+    except (OSError, ValueError):
+        return {"format": FORMAT, "records": [], "hashes": []}
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        return {"format": FORMAT, "records": [], "hashes": []}
+    doc.setdefault("records", [])
+    doc.setdefault("hashes", [])
+    return doc
+
+
+def _write(doc: dict[str, Any]) -> None:
+    path = paths.private_file(store_path())
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _locked() -> Any:
+    """The records' file locked for a read-change-write (two tunes at once both keep theirs)."""
+    from filelock import FileLock
+
+    path = store_path()
+    paths.private_dir(path.parent)
+    with FileLock(str(path) + ".lock", timeout=30):
+        yield
+
+
+def records() -> list[Record]:
+    """Every record, as stored (ones this version cannot read are skipped)."""
+    out = []
+    for d in _read()["records"]:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            out.append(Record.from_json(d))
+    return out
+
+
+def save(record: Record) -> None:
+    """Keep `record`, replacing any of the same key."""
+    with _locked():
+        doc = _read()
+        doc["records"] = [d for d in doc["records"] if d.get("key") != dataclasses.asdict(record.key)]
+        doc["records"].append(record.to_json())
+        _write(doc)
+
+
+def reset(sha256: str | None = None) -> int:
+    """Forget every record (or those of one model file); how many were forgotten."""
+    with _locked():
+        doc = _read()
+        before = len(doc["records"])
+        doc["records"] = [d for d in doc["records"]
+                          if sha256 is not None and d.get("key", {}).get("sha256") != sha256]
+        _write(doc)
+        return before - len(doc["records"])
+
+
+def file_sha256(path: str | Path) -> str:
+    """The file's SHA-256, remembered by (path, size, mtime) so that a load pays for it once per file."""
+    p = Path(path).resolve()
+    st = p.stat()
+    stamp = [str(p), st.st_size, st.st_mtime_ns]
+    for entry in _read()["hashes"]:
+        if isinstance(entry, list) and entry[:3] == stamp:
+            return str(entry[3])
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    digest = h.hexdigest()
+    with contextlib.suppress(OSError, TimeoutError), _locked():
+        doc = _read()
+        doc["hashes"] = [e for e in doc["hashes"] if isinstance(e, list) and e[:1] != stamp[:1]]
+        doc["hashes"] = [*doc["hashes"], [*stamp, digest]][-_MAX_HASHES:]
+        _write(doc)
+    return digest
+
+
+def find(model_path: str | Path, build: str, device: str, streams: int = 1) -> Record | None:
+    """The record for this file, build, device and load, if one was made. A file no record's size matches is
+    never hashed. A record for `streams` > 1 falls back to the single-stream one."""
+    try:
+        size = Path(model_path).stat().st_size
+    except OSError:
+        return None
+    candidates = [r for r in records() if r.size == size and r.key.build == build and r.key.device == device]
+    if not candidates:
+        return None
+    sha = file_sha256(model_path)
+    for want in (streams, 1):
+        for r in candidates:
+            if r.key.sha256 == sha and r.key.streams == want:
+                return r
+    return None
+
+
+# ---- the rule, where nothing was measured ----------------------------------------------------------------
+
+
+def rule_flash_attn(offloaded: bool) -> tuple[bool, str]:
+    """Flash attention where nothing was measured: on, as llama.cpp's `auto` has it on every device here.
+
+    scripts/bench_defaults.py on 2 cores (this build; medians of fresh runs, one exchange at depth 0 and at
+    1,500 tokens): with it on, SmolLM2 and Gemma 3 were as fast as the fastest alternative or faster; off
+    cost up to 1.17× (the README's "Defaults and `localgen tune`" has the table)."""
+    return True, "rule: on" + (" (GPU offload)" if offloaded else "")
+
+
+def first_sight(model_path: str | Path) -> bool:
+    """Whether no load or pull here has seen this model file before; marks it seen (for the one-time tip)."""
+    key = str(Path(model_path).resolve())
+    if key in _read().get("seen", []):
+        return False
+    with contextlib.suppress(OSError, TimeoutError), _locked():
+        doc = _read()
+        doc["seen"] = [*doc.get("seen", []), key][-1000:]
+        _write(doc)
+    return True

@@ -1,0 +1,153 @@
+"""Flags that must reach what they promise (issue #47): chat's -l lists, chat's grammar flags constrain every
+answer, serve's sampling flags are the defaults of its requests, --ctx bounds a remote chat's window, and
+serve's start-up line says what an RPC-only offload is. Driven in-process through Typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from localgen import settings
+from localgen.cli import app, params
+from tests.fake_openai import FakeServer
+
+
+def invoke(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Any:
+    """The CLI in this process, as `localgen ARGS` (stdout and stderr apart)."""
+    params.install()
+    return CliRunner().invoke(app.build(), list(args), input=input, env={"COLUMNS": "200", **(env or {})})
+
+
+def _help_flags(command: str) -> set[str]:
+    """The words of `localgen COMMAND --help` (Rich writes aliases as --a,--b)."""
+    r = invoke(command, "--help")
+    assert r.exit_code == 0, r.output
+    return set(r.stdout.replace(",", " ").split())
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeServer]:
+    s = FakeServer()
+    yield s
+    s.stop()
+
+
+def test_chat_l_lists_the_saved_conversations(home: Path, fake: FakeServer) -> None:
+    r = invoke("chat", "listed-by-l", "--endpoint", fake.url, "-m", "plain", input="hello\n")
+    assert r.exit_code == 0, r.output
+    r = invoke("chat", "-l")
+    assert r.exit_code == 0, r.output
+    assert "listed-by-l" in r.stdout and r.stderr == ""
+    assert invoke("chat", "--list").stdout == r.stdout
+
+
+def test_chat_takes_run_s_grammar_flags(home: Path) -> None:
+    listed = _help_flags("chat")
+    for flag in ("--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file"):
+        assert flag in listed, flag
+
+
+def test_chat_json_schema_goes_with_every_request_to_a_remote_server(home: Path, fake: FakeServer) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fake.requests.clear()
+    r = invoke("chat", "schema-remote", "--endpoint", fake.url, "-m", "plain", "-j", json.dumps(schema),
+               input="one\ntwo\n")
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "Hello world\nHello world\n"
+    assert [q["body"]["response_format"]["json_schema"]["schema"] for q in fake.requests] == [schema, schema]
+
+
+def test_chat_grammar_constrains_every_answer_of_a_local_model(home: Path, tmp_path: Path,
+                                                               fake: FakeServer) -> None:
+    assert invoke("chat", "grammar-loaded", "--endpoint", fake.url, "-m", "plain", input="hello\n").exit_code == 0
+    gbnf = tmp_path / "yesno.gbnf"
+    gbnf.write_text('root ::= "yes" | "no"\n')
+    r = invoke("chat", "grammar-local", "-m", "smollm2:135m", "--grammar", str(gbnf), "--temperature", "0", "-n", "8",
+               "--ctx", "512", input="Is the sky blue?\n/load grammar-loaded\nWhat is the capital of France?\n")
+    assert r.exit_code == 0, r.output
+    answers = r.stdout.split()
+    assert len(answers) == 2 and set(answers) <= {"yes", "no"}, "also after /load: " + r.stdout
+
+
+def test_chat_refuses_a_gbnf_grammar_for_a_remote_server(home: Path, fake: FakeServer, tmp_path: Path) -> None:
+    gbnf = tmp_path / "g.gbnf"
+    gbnf.write_text('root ::= "a"\n')
+    r = invoke("chat", "--endpoint", fake.url, "-m", "plain", "--grammar", str(gbnf), input="hi\n")
+    assert r.exit_code != 0 and "--grammar (GBNF; --json-schema works)" in str(r.exception)
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_chat_ctx_bounds_the_window_of_a_server_that_reports_none(home: Path, fake: FakeServer, how: str) -> None:
+    long = "word " * 120  # about 200 tokens by the remote estimate: two of them do not fit in 300
+    args, env = (["--ctx", "300"], {}) if how == "flag" else ([], {"LOCALGEN_CTX": "300"})
+    fake.requests.clear()
+    r = invoke("chat", f"ctx-{how}", "--endpoint", fake.url, "-m", "plain", *args, env=env,
+               input=f"/context\nfirst {long}\nsecond {long}\n")
+    assert r.exit_code == 0, r.output
+    assert "of 300 tokens used" in r.stderr
+    sent = [[m["content"][:6] for m in q["body"]["messages"]] for q in fake.requests]
+    assert sent == [["first "], ["second"]], "the first exchange no longer fits the 300-token window"
+
+
+@pytest.fixture()
+def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """`serve` up to the point where it would load models and listen: what it built is kept here."""
+    from localgen.cli import serve as serve_cli
+    from localgen.engine import batchmode, devices
+    from localgen.serve import app as serve_app
+
+    got: dict[str, Any] = {}
+    # an engine with layers offloaded, as one with --rpc servers and no GPU here is
+    engine = SimpleNamespace(offloaded=True, exact_rows=0, flash_attn=False)
+    mode = batchmode.batching_mode(engine, None)  # type: ignore[arg-type]
+    worker = SimpleNamespace(name="m", mode=mode, stop=lambda timeout: None)
+    build = serve_app.build
+
+    def keep(state: Any, policy: Any) -> Any:
+        got["state"] = state
+        return build(state, policy)
+
+    monkeypatch.setattr(serve_cli, "_workers", lambda *a: [worker])
+    monkeypatch.setattr(serve_cli, "_Server", lambda config: SimpleNamespace(run=lambda: None))
+    monkeypatch.setattr(serve_app, "build", keep)
+    monkeypatch.setattr(devices, "has_gpu", lambda: False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        got["port"] = str(s.getsockname()[1])
+    return got
+
+
+def test_serve_sampling_flags_are_the_defaults_of_requests(started: dict[str, Any]) -> None:
+    from localgen.serve.common import sampling
+
+    r = invoke("serve", "--port", started["port"], "--stop", "END", "--stop", "STOP", "--top-n-sigma", "2",
+               "--dry-sequence-breaker", "none", "--logit-bias", "15+1.5", "--ignore-eos")
+    assert r.exit_code == 0, r.output
+    state = started["state"]
+    worker = SimpleNamespace(ref=SimpleNamespace(sampling_defaults={"top_n_sigma": 1.0, "top_k": 20}))
+    s = sampling(state, worker, {"temperature": 0.2})  # type: ignore[arg-type]
+    assert s.stop == ("END", "STOP") and s.top_n_sigma == 2.0 and s.dry_sequence_breaker == ()
+    assert s.logit_bias == ((15, 1.5),) and s.ignore_eos and s.temperature == 0.2 and s.top_k == 20
+    s = sampling(state, worker, {"stop": ["OWN"], "top_n_sigma": None})  # type: ignore[arg-type]
+    assert s.stop == ("OWN",) and s.top_n_sigma == 2.0, "a request's own field wins; a null one does not"
+
+
+def test_serve_help_lists_every_sampling_flag() -> None:
+    listed = _help_flags("serve")
+    missing = [k for k in settings.KNOBS if f"--{k.replace('_', '-')}" not in listed]
+    assert not missing
+
+
+def test_serve_with_rpc_servers_alone_says_no_gpu(started: dict[str, Any]) -> None:
+    r = invoke("serve", "--port", started["port"], "--rpc", "127.0.0.1:50052")
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stderr.splitlines() if "batching:" in ln)
+    assert "on a GPU" not in line and "RPC server" in line, line
+    assert line.strip().endswith("--exact forces it")

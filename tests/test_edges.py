@@ -1,0 +1,287 @@
+"""Edges from issues #42 and #47: origin patterns with brackets, a projector's quantization read as a whole tag,
+errors that name the attachment the user gave, `modalities` and `chat_template_kwargs` in chat requests, and a
+shutdown with requests in flight."""
+
+from __future__ import annotations
+
+import json
+import signal
+import struct
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import CLI, ROOT
+from tests.test_serve import Server
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from make_mmproj import png, write_mmproj
+
+MODEL = "smollm2:135m"
+
+
+# ---- #47.4: origins ----------------------------------------------------------------------------------
+
+def test_origin_patterns_have_only_star_as_a_wildcard() -> None:
+    from localgen.serve.guard import Policy, origins_from
+
+    policy = Policy()
+    for allowed in ("http://[::1]:5173", "http://[::1]", "https://[::1]:8443", "http://localhost:3000",
+                    "https://127.0.0.1", "http://0.0.0.0:8080", "app://obsidian.md", "vscode-webview://abc"):
+        assert policy.origin_allowed(allowed), allowed
+    for refused in ("http://1:5173", "http://:5173", "http://[::2]:5173", "http://evil.test", "https://evil.test",
+                    "http://localhost.evil.test", "http://127.0.0.1.evil.test"):
+        assert not policy.origin_allowed(refused), refused
+    extra = Policy(origins=origins_from(["http://a?.test", "https://*.example.test"], None))
+    assert extra.origin_allowed("http://a?.test") and not extra.origin_allowed("http://ab.test"), "? is itself"
+    assert extra.origin_allowed("https://app.example.test") and not extra.origin_allowed("https://example.test")
+
+
+def test_the_gate_lets_a_bracketed_loopback_page_in_with_cors_headers() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from localgen.serve.guard import Gate, Policy
+
+    async def hello(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("hi")
+
+    client = TestClient(Gate(Starlette(routes=[Route("/v1/models", hello)]), Policy(check_host=False)))
+    ok = client.get("/v1/models", headers={"Origin": "http://[::1]:5173"})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://[::1]:5173"
+    pre = client.options("/v1/models", headers={"Origin": "http://[::1]:5173", "Access-Control-Request-Method": "POST"})
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://[::1]:5173"
+    refused = client.get("/v1/models", headers={"Origin": "http://1:5173"})
+    assert refused.status_code == 403 and "--cors http://1:5173" in refused.json()["error"]["message"]
+
+
+# ---- #47.6: the projector pull picks --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("names", "want"), [
+    (["mmproj-Qwen2.5-VL-3B-bf16.gguf", "mmproj-Qwen2.5-VL-3B-f16.gguf"], "mmproj-Qwen2.5-VL-3B-f16.gguf"),
+    (["mmproj-BF16.gguf", "mmproj-F16.gguf", "model-Q4_K_M.gguf"], "mmproj-F16.gguf"),
+    (["mmproj-model-bf16.gguf", "mmproj-model-f32.gguf"], "mmproj-model-bf16.gguf"),
+    (["mmproj-x-f16.gguf", "mmproj-x-Q8_0.gguf", "mmproj-x-bf16.gguf"], "mmproj-x-Q8_0.gguf"),
+    (["sub/mmproj-x-bf16.gguf", "sub/mmproj-x-F16.gguf"], "sub/mmproj-x-F16.gguf"),
+    (["mmproj-x-bf16.gguf"], "mmproj-x-bf16.gguf"),
+    (["mmproj-x-Q8_0_L.gguf", "mmproj-x-bf16.gguf"], "mmproj-x-bf16.gguf"),
+    (["model-f16.gguf"], None),
+])
+def test_the_projector_is_chosen_by_whole_quantization_tags(names: list[str], want: str | None) -> None:
+    from localgen.models.mmproj import choose
+
+    assert choose(names) == want
+
+
+def test_a_pulled_projector_is_found_by_whole_tags(tmp_path: Path) -> None:
+    from localgen.models.mmproj import in_folder
+
+    for name in ("mmproj-m-bf16.gguf", "mmproj-m-f16.gguf", "m-Q4_K_M.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    assert in_folder(tmp_path) == tmp_path / "mmproj-m-f16.gguf"
+
+
+# ---- #47.8: errors name the attachment the user gave -------------------------------------------------
+
+def _wav(seconds: float, rate: int = 8000) -> bytes:
+    n = int(seconds * rate)
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate, 1, 8)
+    return (b"RIFF" + struct.pack("<I", 36 + n) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data"
+            + struct.pack("<I", n) + b"\x80" * n)
+
+
+def _corrupt_png() -> bytes:
+    """Whole chunks up to IEND, but the IDAT is not zlib data: only the decoder can tell."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", b"garbage" * 4) + chunk(b"IEND", b""))
+
+
+def test_a_truncated_png_is_named_by_its_path_when_read(tmp_path: Path) -> None:
+    from localgen import media
+
+    whole = png(96, 64)
+    cut = tmp_path / "trunc.png"
+    cut.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(media.MediaError) as e:
+        media.read(str(cut))
+    assert e.value.message == f"{cut} is a truncated PNG: it ends before its IEND chunk"
+    (tmp_path / "whole.png").write_bytes(whole)
+    assert media.read(str(tmp_path / "whole.png")).format == "PNG"
+
+
+def test_parts_read_back_keep_the_name_they_were_made_from(tmp_path: Path) -> None:
+    """run and chat carry an attachment as a data: URI or base64 in the message; libmtmd's decode and the
+    audio length check see the Media read back from it, whose source must still be the user's file."""
+    from localgen import media
+
+    pic, clip = tmp_path / "broken.png", tmp_path / "clip.wav"
+    pic.write_bytes(_corrupt_png())
+    clip.write_bytes(_wav(1.25))
+    parts = media.content("Describe.", [media.read(str(pic)), media.read(str(clip))])
+    _, found = media.split([{"role": "user", "content": parts}], media.MARKER)
+    assert [m.source for m in found] == [str(pic), str(clip)]
+    assert found[0].sha256 == media.sniff(_corrupt_png(), "x").sha256
+    with pytest.raises(media.MediaError, match=f"^{clip} is 12.0 minutes of audio"):
+        media.check_seconds(720, found[1].source)
+    # bytes no part was made from here (a client's data: URI, Ollama's base64) are named as what they are
+    other = png(10, 10)
+    assert media.from_url("data:image/png;base64," + _b64(other), allow_http=False).source == "data URI"
+    assert media.from_url(_b64(other), allow_http=False).source == "base64 data"
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
+def test_run_names_the_attachment_it_cannot_use(cli: CLI, tmp_path: Path) -> None:
+    proj = write_mmproj(tmp_path / "proj.gguf")
+    whole = png(96, 64)
+    cut, broken = tmp_path / "trunc.png", tmp_path / "broken.png"
+    cut.write_bytes(whole[:len(whole) // 2])
+    broken.write_bytes(_corrupt_png())
+    for path, words in ((cut, "is a truncated PNG"), (broken, "is a corrupt or unreadable PNG image")):
+        r = cli("run", "--mmproj", str(proj), "-a", str(path), "-p", "Describe it.", "-n", "4")
+        assert r.returncode != 0 and r.stdout == ""
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{path} {words}" in lines[0], r.stderr
+
+
+# ---- #47.9, #47.10, #42: modalities and chat_template_kwargs ------------------------------------------
+
+def _chat_request(body: dict[str, Any]) -> Any:
+    """serve's OpenAI request parsing, in process, for a worker that only needs its defaults and window."""
+    import asyncio
+
+    from localgen.serve import openai
+    from localgen.serve.common import ServeState
+
+    worker = SimpleNamespace(ref=SimpleNamespace(sampling_defaults={}), n_ctx=2048)
+    state = ServeState(workers={})
+    full = {"messages": [{"role": "user", "content": "Hi"}], **body}
+    return asyncio.run(openai._request(state, worker, full, chat=True))
+
+
+def test_modalities_text_is_accepted_and_audio_output_refused() -> None:
+    from localgen.serve.common import HTTPError
+
+    assert _chat_request({"modalities": ["text"]}).messages[0]["content"] == "Hi"
+    assert _chat_request({"modalities": []}).messages
+    for body, param, words in [
+        ({"modalities": ["text", "audio"]}, "modalities", "answers in text only: `modalities` cannot ask for 'audio'"),
+        ({"modalities": "text"}, "modalities", "must be a list of strings"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "answers in text only: `audio`"),
+    ]:
+        with pytest.raises(HTTPError) as e:
+            _chat_request(body)
+        assert (e.value.status, e.value.param) == (400, param) and words in e.value.message, body
+
+
+@pytest.mark.parametrize(("kwargs", "param", "words"), [
+    ({"enable_thinking": "no"}, "chat_template_kwargs.enable_thinking", "must be true or false, not \"no\""),
+    ({"enable_thinking": 0}, "chat_template_kwargs.enable_thinking", "must be true or false"),
+    ({"messages": []}, "chat_template_kwargs.messages", "the server gives the chat template this variable"),
+    ({"add_generation_prompt": False}, "chat_template_kwargs.add_generation_prompt", "cannot be set"),
+    ({"bos_token": "<s>"}, "chat_template_kwargs.bos_token", "cannot be set"),
+    ({"eos_token": "</s>"}, "chat_template_kwargs.eos_token", "cannot be set"),
+    ({"tools": "x"}, "chat_template_kwargs.tools", "cannot be set"),
+    ({"custom": {"a": 1}}, "chat_template_kwargs.custom", "a string, a number or true/false"),
+    ([], "chat_template_kwargs", "must be an object"),
+    ("enable_thinking", "chat_template_kwargs", "must be an object"),
+    (False, "chat_template_kwargs", "must be an object"),
+])
+def test_bad_chat_template_kwargs_are_400_naming_the_field(kwargs: Any, param: str, words: str) -> None:
+    from localgen.serve.common import HTTPError
+
+    with pytest.raises(HTTPError) as e:
+        _chat_request({"chat_template_kwargs": kwargs})
+    assert (e.value.status, e.value.param) == (400, param) and words in e.value.message
+
+
+def test_good_chat_template_kwargs_reach_the_template() -> None:
+    got = _chat_request({"chat_template_kwargs": {"enable_thinking": False, "reasoning_effort": "low"}})
+    assert got.template_args == (("enable_thinking", False), ("reasoning_effort", "low"))
+    assert _chat_request({"chat_template_kwargs": None}).template_args == ()
+
+
+@pytest.fixture(scope="module")
+def server(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(cli_env, "-np", "2", "--ctx", "1024")
+    yield s
+    assert s.stop() == 0
+
+
+def test_served_chat_takes_modalities_text_and_refuses_colliding_kwargs(server: Server) -> None:
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    said = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                          modalities=["text"])
+    assert said.choices[0].message.content is not None
+    for kwargs in ({"messages": "x"}, {"add_generation_prompt": False}, {"enable_thinking": "no"}):
+        with pytest.raises(BadRequestError) as e:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                           extra_body={"chat_template_kwargs": kwargs})
+        assert e.value.status_code == 400 and next(iter(kwargs)) in str(e.value.body), kwargs
+    assert server.health()["failed_jobs"] == 0, "no request reached the worker to fail there"
+
+
+# ---- #47.7: shutdown with requests in flight -----------------------------------------------------------
+
+def test_sigterm_ends_every_request_in_flight_in_its_apis_error_shape(cli_env: dict[str, str]) -> None:
+    s = Server(cli_env, "-np", "2", "--ctx", "4096")
+    body = {"model": MODEL, "prompt": "Once", "max_tokens": 4000, "ignore_eos": True}
+    got: dict[str, Any] = {}
+    first_token = threading.Event()
+
+    def stream() -> None:
+        lines = []
+        with httpx.stream("POST", f"{s.url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    lines.append(line)
+                    first_token.set()
+        got["stream"] = lines
+
+    def whole() -> None:
+        got["whole"] = httpx.post(f"{s.url}/v1/completions", json=body, timeout=120)
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=whole)]
+    try:
+        for t in threads:
+            t.start()
+        assert first_token.wait(60), "the stream produced its first token"
+        deadline = time.monotonic() + 60
+        while s.health()["running"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.health()["running"] == 2, "both requests are generating"
+        s.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert s.proc.wait(timeout=30) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    stderr = s.proc.stderr.read().decode() if s.proc.stderr else ""
+    r = got["whole"]
+    assert r.status_code == 503 and r.headers["content-type"] == "application/json", r.text
+    assert r.json()["error"]["type"] == "server_error" and "shutting down" in r.json()["error"]["message"]
+    lines = got["stream"]
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    error = json.loads(lines[-2][5:])["error"]
+    assert error["code"] == 503 and "shutting down" in error["message"]
+    assert "Traceback" not in stderr and "timeout graceful shutdown exceeded" not in stderr, stderr

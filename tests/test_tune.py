@@ -1,0 +1,228 @@
+"""`localgen tune` and tuning records: a record sets a model's load defaults only for its file, llama.cpp build
+and device; a flag wins over it; without one the rule decides; tune keeps what it measured on Ctrl-C."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import CLI, ROOT
+
+SETTINGS = {"flash_attn": False, "repack": False, "n_threads": 1, "n_threads_batch": 1, "n_ubatch": 128}
+
+
+@pytest.fixture
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Records of this test only (the session's home keeps none, so other tests load with the rule)."""
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _ref(path: Path) -> Any:
+    from localgen.models.resolve import resolve
+
+    return resolve(str(path))
+
+
+def _record(ref: Any, settings: dict[str, Any] = SETTINGS, streams: int = 1, **key: str) -> Any:
+    from localgen import tuning
+    from localgen.engine.defaults import build_id, device_id
+
+    k = tuning.Key(tuning.file_sha256(ref.path), build_id(), device_id(False), streams)
+    return tuning.Record(key=dataclasses.replace(k, **key), model=ref.name, size=os.stat(ref.path).st_size,
+                         date="2026-11-25T10:00:00Z", settings=dict(settings), depth=1500, exchange_s=1.0)
+
+
+def _resolve(ref: Any, **params: Any) -> tuple[Any, dict[str, str]]:
+    from localgen.engine.defaults import resolve
+    from localgen.types import LoadParams
+
+    return resolve(ref, LoadParams(**params), cpu_only=True)
+
+
+def test_a_record_for_this_file_build_and_device_sets_the_defaults(own_home: Path, smollm2_path: Path) -> None:
+    from localgen import tuning
+
+    ref = _ref(smollm2_path)
+    tuning.save(_record(ref))
+    params, origins = _resolve(ref)
+    assert (params.flash_attn, params.repack, params.n_threads, params.n_threads_batch, params.n_ubatch) == (
+        False, False, 1, 1, 128)
+    assert set(origins.values()) == {"tuned on 2026-11-25"}
+
+
+@pytest.mark.parametrize("field", ["build", "device"])
+def test_a_record_made_with_another_build_or_device_is_not_used(own_home: Path, smollm2_path: Path,
+                                                                field: str) -> None:
+    from localgen import tuning
+
+    ref = _ref(smollm2_path)
+    tuning.save(_record(ref, **{field: "something else"}))
+    params, origins = _resolve(ref)
+    assert all(v.startswith("rule") for v in origins.values()), origins
+    assert params.flash_attn is True and params.n_ubatch == 512  # the rule's
+
+
+def test_a_record_made_for_another_file_of_the_same_size_is_not_used(own_home: Path, smollm2_path: Path,
+                                                                     tmp_path: Path) -> None:
+    from localgen import tuning
+
+    other = tmp_path / "other.gguf"
+    shutil.copyfile(smollm2_path, other)
+    with open(other, "r+b") as f:  # one byte of the last tensor's data: same size, same header, another file
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    tuning.save(_record(_ref(other)))
+    _, origins = _resolve(_ref(smollm2_path))
+    assert all(v.startswith("rule") for v in origins.values()), origins
+    assert _resolve(_ref(other))[1]["n_ubatch"] == "tuned on 2026-11-25"
+
+
+def test_flags_win_over_the_record(own_home: Path, smollm2_path: Path) -> None:
+    from localgen import tuning
+
+    ref = _ref(smollm2_path)
+    tuning.save(_record(ref))
+    params, origins = _resolve(ref, flash_attn=True, n_threads=2)
+    assert params.flash_attn is True and params.n_threads == 2 and params.n_ubatch == 128
+    assert origins["flash_attn"] == origins["n_threads"] == "flag"
+    assert origins["n_ubatch"] == "tuned on 2026-11-25"
+
+
+def test_serve_uses_the_record_for_its_streams_else_the_single_stream_one(own_home: Path,
+                                                                          smollm2_path: Path) -> None:
+    from localgen import tuning
+
+    ref = _ref(smollm2_path)
+    tuning.save(_record(ref))
+    tuning.save(_record(ref, {**SETTINGS, "n_ubatch": 256, "n_threads": 2}, streams=4))
+    assert _resolve(ref, streams=4)[0].n_ubatch == 256
+    assert _resolve(ref, streams=2)[0].n_ubatch == 128
+    assert _resolve(ref)[0].n_ubatch == 128
+    assert tuning.reset() == 2 and tuning.records() == []
+
+
+def test_the_rule_without_a_record(own_home: Path, smollm2_path: Path, gemma_path: Path) -> None:
+    from localgen import hardware, tuning
+
+    for path in (smollm2_path, gemma_path):
+        params, why = _resolve(_ref(path))
+        assert (params.flash_attn, params.n_ubatch) == (True, 512) and why["flash_attn"] == "rule: on"
+        assert (params.n_threads, params.n_threads_batch) == (hardware.physical_cores(), hardware.usable_cores())
+    gemma, why = _resolve(_ref(gemma_path))
+    assert gemma.repack is False and "5% of the weights repackable" in why["repack"]
+    # a record that turns flash attention off still gets it with a quantized V cache, which cannot do without
+    tuning.save(_record(_ref(smollm2_path)))
+    quantized, why = _resolve(_ref(smollm2_path), cache_type_v="q8_0")
+    assert quantized.flash_attn is True and why["flash_attn"] == "needed by the q8_0 V cache"
+    assert _resolve(_ref(smollm2_path))[0].flash_attn is False
+
+
+def _json(cli: CLI, *args: str) -> Any:
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_tune_makes_the_record_that_run_then_uses(cli_env: dict[str, str], tmp_path: Path) -> None:
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
+    rec = _json(cli, "tune", "--depth", "128", "--json")
+    table = rec["table"]
+    assert rec["settings"] == {k: table[0][k] for k in SETTINGS} and not rec["partial"]
+    assert {(r["flash_attn"]) for r in table} == {True, False}  # both measured
+    assert {r["n_ubatch"] for r in table} == {512, 256, 128}  # on the winner
+    assert all(set(r["by_depth_s"]) == {"0", "128"} and r["total_s"] > 0 for r in table)
+    assert min(r["total_s"] for r in table) >= table[0]["total_s"] / 1.021  # the winner is within the tie band
+    shown = cli("tune", "--show")
+    assert "smollm2:135m" in shown.stdout and "tuned 20" in shown.stdout
+    load = _json(cli, "run", "hi", "-n", "1", "--json")["load"]
+    assert all(v.startswith("tuned on") for v in load["origins"].values()), load["origins"]
+    assert load["flash_attn"] == rec["settings"]["flash_attn"] and load["n_ubatch"] == rec["settings"]["n_ubatch"]
+    flagged = _json(cli, "run", "hi", "-n", "1", "--json", "-fa", "on", "-t", "2")["load"]
+    assert flagged["origins"]["flash_attn"] == flagged["origins"]["n_threads"] == "flag"
+    assert flagged["flash_attn"] is True and flagged["n_threads"] == 2
+    assert "forgot 1 tuning record" in cli("tune", "--reset").stderr
+    assert all(v.startswith("rule") for v in _json(cli, "run", "hi", "-n", "1", "--json")["load"]["origins"].values())
+
+
+def test_serve_tunes_for_its_streams_and_health_says_where_settings_came_from(cli_env: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    from tests.test_serve import Server
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path)}
+    rec = _json(CLI(env), "tune", "--parallel", "2", "--depth", "64", "--json")
+    assert rec["key"]["streams"] == 2 and all(r["n_threads"] == r["n_threads_batch"] for r in rec["table"])
+    server = Server(env, "-np", "2", "--ctx", "1024", "-ub", "256")
+    try:
+        settings = httpx.get(f"{server.url}/health").json()["models"]["smollm2:135m"]["settings"]
+    finally:
+        assert server.stop() == 0
+    assert settings["n_ubatch"] == {"value": 256, "from": "flag"}
+    assert settings["flash_attn"] == {"value": rec["settings"]["flash_attn"], "from": f"tuned on {rec['date'][:10]}"}
+    assert settings["n_threads_batch"]["value"] == rec["settings"]["n_threads_batch"]
+
+
+def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], tmp_path: Path) -> None:
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
+    p = cli.popen("tune", "--depth", "128", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = []
+    assert p.stderr is not None
+    for raw in p.stderr:
+        seen.append(raw.decode())
+        if raw.startswith(b"measured "):  # the first configuration is measured whole
+            p.send_signal(signal.SIGINT)
+            break
+    out, rest = p.communicate(timeout=600)
+    stderr = "".join(seen) + rest.decode()
+    assert p.returncode == 130, stderr
+    assert "before the interrupt" in stderr and "Traceback" not in stderr
+    assert b"fastest first" in out
+    rec = _json(cli, "tune", "--show", "--json")
+    assert rec["partial"] is True and rec["settings"]["flash_attn"] is True  # the rule's, measured first
+    assert "(partial)" in cli("tune", "--show").stdout
+
+
+def test_tune_refuses_a_depth_the_window_cannot_hold(cli: CLI) -> None:
+    r = cli("tune", "--depth", "100000")
+    assert r.returncode == 2 and "leaves no room" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_tune_tip_is_said_once_per_model_and_only_on_a_terminal(own_home: Path, smollm2_path: Path) -> None:
+    from localgen.cli.hints import tune_tip
+
+    said: list[str] = []
+    path = str(smollm2_path)
+    tune_tip(False, said.append, "m", path, {"flash_attn": "rule: on"})  # a pipe: never
+    tune_tip(True, said.append, "m", path, {"flash_attn": "tuned on 2026-11-25"})  # tuned already
+    assert said == []
+    tune_tip(True, said.append, "m", path, {"flash_attn": "rule: on"})
+    tune_tip(True, said.append, "m", path, {"flash_attn": "rule: on"})
+    assert len(said) == 1 and "`localgen tune -m m`" in said[0]
+
+
+def test_run_on_a_terminal_tips_once_and_a_pipe_never(cli_env: dict[str, str], tmp_path: Path) -> None:
+    import pexpect
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path)}
+    piped = CLI(env)("run", "hi", "-n", "1")
+    assert piped.returncode == 0 and "tip:" not in piped.stderr
+    outputs = []
+    for _ in range(2):
+        child = pexpect.spawn(sys.executable, ["-m", "localgen", "run", "hi", "-n", "1"], env=env, cwd=str(ROOT),
+                              encoding="utf-8", timeout=600)
+        child.expect(pexpect.EOF)
+        outputs.append(child.before)
+    assert "tip: `localgen tune -m smollm2:135m`" in outputs[0]
+    assert "tip:" not in outputs[1]
