@@ -172,8 +172,9 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
     repack, fa = config
     probe = Probe(ref, repack, fa, max(plan.depths) + 512 + plan.steps + 8, parallel, cpu_only=not plan.offloaded)
     try:
-        own = (probe.engine.params.n_threads_batch or 1,)
-        threads = plan.threads or own
+        from localgen import hardware
+
+        threads = plan.threads or (hardware.physical_cores(),)  # offloaded: the CPU's share is small
         if err is not None:
             _estimate(probe, plan, threads, err)
         view.start(f"repack {_onoff(repack)} · flash attention {_onoff(fa)}")
@@ -193,18 +194,43 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
 
 
 def _warn_if_busy(err: Any) -> None:
-    """Other work on the cores skews every figure (and favours fewer threads): say so before measuring."""
+    """Other work on the cores skews every figure (and favours fewer threads): say so before measuring. Busy:
+    over a quarter of the CPU time of a half-second sample (Linux), else a load average over half the cores."""
     import os
 
     from localgen import hardware
 
+    cores = hardware.usable_cores()
+    share = _busy_share()
+    if share is not None:
+        busy, what = share > 0.25, f"{share:.0%} of its CPU time in use"
+    else:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            return
+        busy, what = load > 0.5 * cores, f"load {load:.1f} on {cores} cores"
+    if busy:
+        err.warn(f"this machine is busy ({what}): the figures will reflect it; tune on a quiet machine for "
+                 "defaults that hold")
+
+
+def _busy_share(seconds: float = 0.5) -> float | None:
+    """The share of all CPUs' time spent busy over `seconds` (/proc/stat), or None where it cannot be read."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
     try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return
-    if load > 0.5 * hardware.usable_cores():
-        err.warn(f"this machine is busy (load {load:.1f} on {hardware.usable_cores()} cores): the figures will "
-                 "reflect it; tune on a quiet machine for defaults that hold")
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return (total - (idle1 - idle0)) / total if total > 0 else None
 
 
 def _size(path: str) -> int:
