@@ -176,7 +176,7 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
 
         threads = plan.threads or (hardware.physical_cores(),)  # offloaded: the CPU's share is small
         if err is not None:
-            _estimate(probe, plan, threads, err)
+            _estimate(probe, plan, threads, view)
         view.start(f"repack {_onoff(repack)} · flash attention {_onoff(fa)}")
         jobs = plan.batch_jobs(threads_batch) if threads_batch is not None else plan.jobs(threads)
         got = points.setdefault(config, [])
@@ -243,7 +243,7 @@ def _onoff(v: bool) -> str:
     return "on" if v else "off"
 
 
-def _estimate(probe: Any, plan: _Plan, threads: tuple[int, ...], err: Any) -> None:
+def _estimate(probe: Any, plan: _Plan, threads: tuple[int, ...], view: Any) -> None:
     """Time one prompt and a few steps at depth 0, and say how long the whole sweep will take."""
     t = max(threads)
     probe.fill(32, t)
@@ -254,7 +254,7 @@ def _estimate(probe: Any, plan: _Plan, threads: tuple[int, ...], err: Any) -> No
     per_config = len(plan.depths) * len(threads) * (pp + plan.steps * tg) * deep + sum(plan.depths) / 512 * pp
     batches = len(plan.batch_jobs(1)) * pp * deep + sum(plan.depths) / 512 * pp
     seconds = len(plan.configs) * per_config + batches
-    err.line(f"tuning {probe.engine.model.name}: {len(plan.configs)} configurations × {len(threads)} thread counts "
+    view.note(f"tuning {probe.engine.model.name}: {len(plan.configs)} configurations × {len(threads)} thread counts "
              f"at depths {' and '.join(f'{d:,}' for d in plan.depths)}, then {len(plan.ubatches)} batch sizes; "
              f"about {seconds:.0f} s (Ctrl-C keeps what was measured)")
 
