@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fake_openai import FakeServer
 from tests.gguf_edit import rewrite_strings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,3 +173,11 @@ def assert_same_greedy_text(got: list[str], want: list[str], why: str) -> None:
             assert g and shared_prefix(g, w) >= min(len(w), GPU_SHARED_PREFIX), f"{why}: {g!r} against {w!r}"
     else:
         assert got == want, why
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeServer]:
+    """A fake OpenAI-compatible server on loopback (tests/fake_openai.py), one per test module."""
+    s = FakeServer()
+    yield s
+    s.stop()

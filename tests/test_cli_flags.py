@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -30,13 +29,6 @@ def _help_flags(command: str) -> set[str]:
     r = invoke(command, "--help")
     assert r.exit_code == 0, r.output
     return set(r.stdout.replace(",", " ").split())
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeServer]:
-    s = FakeServer()
-    yield s
-    s.stop()
 
 
 def test_chat_l_lists_the_saved_conversations(home: Path, fake: FakeServer) -> None:

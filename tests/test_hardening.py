@@ -8,7 +8,6 @@ import json
 import os
 import stat
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,13 +107,6 @@ def test_saved_chats_and_prompt_states_are_private(cli: CLI, home: Path, smollm2
     assert stat.S_IMODE(state.stat().st_mode) == 0o600
     assert stat.S_IMODE(state.parent.stat().st_mode) == 0o700
     state.unlink()
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeServer]:
-    s = FakeServer()
-    yield s
-    s.stop()
 
 
 def test_credentials_in_an_endpoint_url_are_refused_and_never_shown(cli: CLI, fake: FakeServer, home: Path) -> None:

@@ -20,13 +20,6 @@ from tests.fake_openai import FakeServer
 from tests.test_serve import Server
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeServer]:
-    s = FakeServer()
-    yield s
-    s.stop()
-
-
 def _run(cli: CLI, fake: FakeServer, model: str, *args: str) -> subprocess.CompletedProcess[str]:
     return cli("run", "--endpoint", fake.url, "-m", model, "-p", "hi", *args, timeout=60)
 

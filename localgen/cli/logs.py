@@ -39,6 +39,9 @@ def logs(
         ErrWriter().line(f"nothing is logged yet (the log will be {store.path()})")
         return
     entries = store.recent(count, query=query, model=model, cid=cid)
+    if not entries:
+        what = " and ".join(f"{k} {v!r}" for k, v in (("-q", query), ("-m", model), ("--cid", cid)) if v)
+        ErrWriter().line(f"no logged exchange matches {what}" if what else "the log holds no exchange yet")
     out = TextWriter(sys.stdout)
     if json_out:
         from dataclasses import asdict

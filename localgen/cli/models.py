@@ -46,6 +46,10 @@ def pull(
     from localgen.cli.progress import make_progress
     from localgen.models import hfcache, resolve
 
+    model = resolve.embedded_model(name)
+    if model is not None:
+        _pull_embedded(name, model, list_quants, json_out)
+        return
     target = resolve.target(name)
     if offline or hfcache.offline_env():
         raise UsageError("pull needs the network; it cannot run offline")
@@ -61,6 +65,24 @@ def pull(
     from localgen.cli.hints import tune_tip
 
     tune_tip(sys.stderr.isatty(), lambda text: print(text, file=sys.stderr), ref.name, ref.path)
+
+
+def _pull_embedded(name: str, model: Any, list_quants: bool, json_out: bool) -> None:
+    """`pull` of a model that ships inside a Python package: nothing to download, so say where it is (or, when
+    its package is missing, how to install it)."""
+    from localgen.models import embedded
+    from localgen.models.resolve import resolve
+
+    if list_quants:
+        raise UsageError(f"{model.name} ships inside a Python package in one quantization; there is no list")
+    ref = resolve(name, offline=True, pull_missing=False)  # assembles a chunked one once
+    print(f"{ref.name} is already installed: it ships inside the Python package {embedded.pip_names(model)[0]}",
+          file=sys.stderr)
+    if json_out:
+        print(json.dumps({"name": ref.name, "file": ref.path, "sha256": ref.sha256 or model.sha256,
+                          "quantization": ref.quantization, "size": ref.summary.file_size}))
+    else:
+        print(f"{ref.name}  {ref.quantization}  {format_bytes(ref.summary.file_size)}  {ref.path}")
 
 
 def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
@@ -260,26 +282,53 @@ def rm(
 ) -> None:
     """Remove a model's files from the cache; a blob another cached model still uses is kept."""
     from localgen.models import names, store
-    from localgen.models.resolve import target
+    from localgen.models.resolve import embedded_model, target
 
     spec = names.parse(name)
     if isinstance(spec, names.PathSpec):
         raise UsageError("rm removes models from the cache; delete your own .gguf files yourself")
+    model = embedded_model(name)
+    if model is not None:
+        _rm_embedded(model, yes)
+        return
     t = target(name)
     quant = t.spec.quant if (isinstance(spec, names.CatalogueSpec) or t.spec.quant) else None
     files = store.find_cached(t.spec.repo, t.spec.revision, quant, t.spec.filename)
     if not files:
         raise LocalgenError(f"{t.display} is not in the cache", hint="localgen list shows what is")
     total = sum(store.total_size(f) for f in files)
-    desc = ", ".join(f"{f.repo}/{f.filename}" for f in files)
-    if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError(f"would remove {desc} ({format_bytes(total)}); pass --yes to confirm when not on a "
-                             "terminal")
-        if not typer.confirm(f"Remove {desc} ({format_bytes(total)})?", default=False, err=True):
-            raise typer.Exit(1)
+    _confirm(", ".join(f"{f.repo}/{f.filename}" for f in files), total, yes)
     sizes = {p.resolve(): p.resolve().stat().st_size for f in files for p in store.split_parts(f) if p.exists()}
     links, blobs = store.remove(files)
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
     print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 MB'}{kept}")
+
+
+def _confirm(desc: str, total: int, yes: bool) -> None:
+    """Ask before removing (or want --yes when not on a terminal); a no is exit 1."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"would remove {desc} ({format_bytes(total)}); pass --yes to confirm when not on a terminal")
+    if not typer.confirm(f"Remove {desc} ({format_bytes(total)})?", default=False, err=True):
+        raise typer.Exit(1)
+
+
+def _rm_embedded(model: Any, yes: bool) -> None:
+    """`rm` of a model that ships inside Python packages: pip owns those; only the copy localgen assembles
+    from a chunked model's packages is localgen's to remove."""
+    from localgen.models import embedded
+
+    pip = " ".join(embedded.pip_names(model))
+    copy = embedded.assembled_path(model)
+    if copy is None:
+        raise LocalgenError(f"{model.name} ships inside the Python package {pip}, which localgen does not remove: "
+                            f"nothing was removed (pip uninstall {pip} removes it)")
+    if not copy.is_file():
+        raise LocalgenError(f"{model.name} has not been assembled, so localgen holds nothing of it to remove; its "
+                            f"chunks ship inside Python packages (pip uninstall {pip} removes them)")
+    _confirm(f"the assembled copy of {model.name} ({copy})", copy.stat().st_size, yes)
+    freed = embedded.remove_assembled(model)
+    print(f"removed the assembled copy of {model.name}, freed {format_bytes(freed) if freed else '0 MB'}; its "
+          f"chunks stay inside Python packages (pip uninstall {pip} removes them; the next use assembles it again)")

@@ -221,9 +221,10 @@ System = Annotated[
                  help="System prompt."),
 ]
 GrammarFile = Annotated[
-    Path | None,
-    typer.Option("--grammar", "--grammar-file", exists=True, dir_okay=False, readable=True,
-                 rich_help_panel=SAMPLING_PANEL, show_default=False, help="Constrain output to a GBNF grammar file."),
+    str | None,
+    typer.Option("--grammar", "--grammar-file", rich_help_panel=SAMPLING_PANEL, show_default=False,
+                 help="Constrain output to a GBNF grammar: the path of a file, or the grammar itself "
+                      "(root ::= \"yes\" | \"no\")."),
 ]
 JsonSchema = Annotated[
     str | None,
@@ -317,11 +318,8 @@ def output_grammar(f: Flags) -> tuple[str | None, str | None]:
 
     if len([x for x in (f.get("grammar"), f.get("json_schema"), f.get("json_schema_file")) if x]) > 1:
         raise UsageError("--grammar, --json-schema and --json-schema-file cannot be combined")
-    if f.get("grammar"):
-        text = Path(f.grammar).read_text(encoding="utf-8", errors="replace")
-        if not text.strip():
-            raise UsageError(f"the grammar file {f.grammar} is empty")
-        return text, None
+    if f.get("grammar") is not None:
+        return _gbnf(str(f.grammar)), None
     schema: str | None = None
     if f.get("json_schema_file"):
         schema = Path(f.json_schema_file).read_text(encoding="utf-8", errors="replace")
@@ -334,6 +332,29 @@ def output_grammar(f: Flags) -> tuple[str | None, str | None]:
     from localgen.engine.grammar import grammar_from_json_schema
 
     return grammar_from_json_schema(schema), schema
+
+
+def _gbnf(value: str) -> str:
+    """--grammar's GBNF: the file it names when one exists, else the value itself when it has a rule (llama.cpp
+    parses it when the model loads, where a vocabulary is at hand)."""
+    from localgen.errors import UsageError
+
+    if not value.strip():
+        raise UsageError("--grammar is empty: give a GBNF file or the grammar itself (root ::= ...)")
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise UsageError(f"cannot read the grammar file {value}: {e.strerror or e}") from None
+        if not text.strip():
+            raise UsageError(f"the grammar file {value} is empty")
+        return text
+    if "::=" in value:
+        return value
+    what = "is a directory" if path.is_dir() else "does not exist"
+    raise UsageError(f"--grammar {value[:100]!r}: the file {what}, and the text is not GBNF (a grammar has rules, "
+                     "such as root ::= \"yes\" | \"no\")")
 
 
 Offline = Annotated[

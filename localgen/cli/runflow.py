@@ -152,7 +152,7 @@ def check(f: o.Flags) -> RunPlan:
     if endpoints:
         _check_remote(f)
     parts = () if many else tuple(_prompt_parts(f, stdin_taken=any(a == "-" for a in f.attach or ())))
-    grammar, schema = _grammar(f)
+    grammar, schema = o.output_grammar(f)
     return RunPlan(many=many, parts=parts, grammar=grammar, speculative=bool(f.draft or f.lookup),
                    flash_attn_given=f.given("flash_attn") or f.no_flash_attn, repack_given=f.given("repack"),
                    flash_attn_on=(f.given("flash_attn") and o.flash_attn(f) is not False),
@@ -426,25 +426,3 @@ def _read_stdin() -> str:
     except (OSError, ValueError):
         return ""
     return checked(text, "stdin")
-
-
-def _grammar(f: o.Flags) -> tuple[str | None, str | None]:
-    """The GBNF grammar, and the JSON schema it came from (if it did)."""
-    if f.grammar:
-        text = Path(f.grammar).read_text(encoding="utf-8", errors="replace")
-        if not text.strip():
-            raise UsageError(f"the grammar file {f.grammar} is empty")
-        return text, None
-    schema: str | None = None
-    if f.json_schema_file:
-        schema = Path(f.json_schema_file).read_text(encoding="utf-8", errors="replace")
-    elif f.json_schema:
-        text = f.json_schema
-        if not text.lstrip().startswith(("{", "[")) and Path(text).expanduser().is_file():
-            text = Path(text).expanduser().read_text(encoding="utf-8", errors="replace")
-        schema = text
-    if schema is None:
-        return None, None
-    from localgen.engine.grammar import grammar_from_json_schema
-
-    return grammar_from_json_schema(schema), schema

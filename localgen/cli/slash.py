@@ -56,7 +56,10 @@ def _set(runner: Any, view: Any, arg: str) -> None:
 def _show(runner: Any, view: Any, arg: str) -> None:
     info = runner.backend.describe()["model"]
     session = runner.session
-    view.info(f"model {info['name']} ({info['quantization']}) · {info['file']}")
+    if info.get("endpoint"):  # a remote model: the server knows its file and quantization, we do not
+        view.info(f"model {info['name']} · at {', '.join(info['endpoint'])}")
+    else:
+        view.info(f"model {info['name']} ({info['quantization']}) · {info['file']}")
     view.info(f"conversation {session.name} · {len(session.messages)} messages · saved at {session.path}")
     view.info(f"system: {session.system!r}")
     view.info(" · ".join(f"{k}={v!r}" for k, v in runner.sampling.to_dict().items() if k != "grammar"))

@@ -1,14 +1,17 @@
 """Collections: named sets of embeddings with their ids and texts, in one SQLite database in the data dir
-(through sqlite-utils; mode 0600 in a 0700 folder). A collection remembers the model, pooling and size it
-was made with, so every later text and query is embedded the same way; a text whose SHA-256 is unchanged
-is not embedded again (as `llm embed-multi` does)."""
+(through sqlite-utils; mode 0600 in a 0700 folder; WAL, a busy timeout, and the tables made once under a file
+lock, so several `embed --store` processes can write at once). A collection remembers the model, pooling and
+size it was made with, so every later text and query is embedded the same way; a text whose SHA-256 is
+unchanged is not embedded again (as `llm embed-multi` does)."""
 
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,19 @@ def path() -> Path:
     return paths.data_dir() / "embeddings" / "embeddings.db"
 
 
-def _db(create: bool) -> Any:
+BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another (several `embed --store` at once)
+TABLES = ("collections", "embeddings")
+
+
+def _unusable(db_path: Path, e: sqlite3.Error) -> LocalgenError:
+    return LocalgenError(f"the collections database {db_path} is unusable: {e}",
+                         hint="move it aside and store the collections again with `localgen embed --store`")
+
+
+@contextmanager
+def _db(create: bool) -> Iterator[Any]:
+    """The database (its tables made first if `create`); any SQLite failure, in here or in the caller's
+    statements, is one LocalgenError naming the file."""
     from localgen.sqlitedb import sqlite_utils_module
 
     sqlite_utils = sqlite_utils_module()
@@ -44,28 +59,55 @@ def _db(create: bool) -> Any:
         if not create:
             raise UsageError("there are no collections yet", hint="make one with `localgen embed --store NAME`")
         paths.private_file(db_path)
+    conn = None
     try:
-        db = sqlite_utils.Database(db_path)
-        db.conn.execute("PRAGMA busy_timeout = 30000")
-        if create and "collections" not in db.table_names():
-            db.conn.execute("PRAGMA journal_mode=WAL")
+        conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_S)
+        db = sqlite_utils.Database(conn)
+        missing = [t for t in TABLES if t not in db.table_names()]
+        if create and (missing or conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal"):
+            _make_schema(db_path)
+        elif missing:
+            raise LocalgenError(f"the collections database {db_path} has no {' or '.join(missing)} table",
+                                hint="it is damaged or not localgen's: move it aside and store the collections "
+                                     "again with `localgen embed --store`")
+        yield db
+    except sqlite3.Error as e:  # sqlite3.DatabaseError and kin: a damaged file, a lock held past the timeout
+        raise _unusable(db_path, e) from None
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def _make_schema(db_path: Path) -> None:
+    """WAL (readers never wait for a writer) and the tables, once, whoever gets there first (a file lock: the
+    switch to WAL needs the database to itself)."""
+    from filelock import FileLock
+
+    from localgen.sqlitedb import sqlite_utils_module
+
+    sqlite_utils = sqlite_utils_module()
+    with FileLock(str(db_path) + ".lock"):
+        conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_S)
+        try:
+            db = sqlite_utils.Database(conn)
+            conn.execute("PRAGMA journal_mode=WAL")
             db.table("collections").create({"name": str, "model": str, "model_spec": str, "pooling": str,
-                                      "dimensions": int, "normalized": int, "created": float}, pk="name",
-                                     if_not_exists=True)
+                                            "dimensions": int, "normalized": int, "created": float}, pk="name",
+                                           if_not_exists=True)
             db.table("embeddings").create({"collection": str, "id": str, "content": str, "content_hash": str,
-                                     "embedding": bytes, "updated": float}, pk=("collection", "id"),
-                                    if_not_exists=True)
-        return db
-    except Exception as e:  # sqlite3.DatabaseError and kin: a damaged file
-        raise LocalgenError(f"the collections database {db_path} is unusable: {e}") from None
+                                           "embedding": bytes, "updated": float}, pk=("collection", "id"),
+                                          if_not_exists=True)
+            conn.commit()
+        finally:
+            conn.close()
 
 
 def get(name: str) -> Collection:
     """A collection by name; an error naming the ones there are."""
-    db = _db(create=False)
-    rows = list(db.table("collections").rows_where("name = ?", [name])) if "collections" in db.table_names() else []
+    with _db(create=False) as db:
+        rows = list(db.table("collections").rows_where("name = ?", [name]))
+        names = [r["name"] for r in db["collections"].rows] if not rows else []
     if not rows:
-        names = [r["name"] for r in db["collections"].rows] if "collections" in db.table_names() else []
         raise UsageError(f"no collection named {name!r}" + (f" (there are: {', '.join(names)})" if names else ""))
     r = rows[0]
     return Collection(r["name"], r["model"], r["model_spec"], r["pooling"], int(r["dimensions"]),
@@ -73,15 +115,14 @@ def get(name: str) -> Collection:
 
 
 def ensure(c: Collection) -> None:
-    """Create the collection, or check that it was made the same way."""
-    db = _db(create=True)
-    rows = list(db.table("collections").rows_where("name = ?", [c.name]))
-    if not rows:
-        db.table("collections").insert({"name": c.name, "model": c.model, "model_spec": c.model_spec,
-                                        "pooling": c.pooling, "dimensions": c.dimensions,
-                                        "normalized": int(c.normalized), "created": time.time()})
-        return
-    r = rows[0]
+    """Create the collection, or check that it was made the same way (several processes may create it at once:
+    the first row stays, and the others are checked against it)."""
+    with _db(create=True) as db:
+        with db.conn:
+            db.conn.execute("INSERT OR IGNORE INTO collections (name, model, model_spec, pooling, dimensions, "
+                            "normalized, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (c.name, c.model, c.model_spec, c.pooling, c.dimensions, int(c.normalized), time.time()))
+        r = next(iter(db.table("collections").rows_where("name = ?", [c.name])))
     if (r["model"], r["pooling"], int(r["dimensions"])) != (c.model, c.pooling, c.dimensions):
         raise UsageError(f"collection {c.name!r} holds {r['model']} vectors ({r['pooling']} pooling, "
                          f"{r['dimensions']} dimensions), not {c.model} ({c.pooling}, {c.dimensions})",
@@ -95,26 +136,27 @@ def content_hash(text: str) -> str:
 
 def unchanged(name: str, items: Iterable[tuple[str, str]]) -> set[str]:
     """Of (id, text) pairs, the ids stored with the same text already."""
-    db = _db(create=True)
-    stored = {r["id"]: r["content_hash"] for r in db.query(
-        "SELECT id, content_hash FROM embeddings WHERE collection = ?", [name])}
+    with _db(create=True) as db:
+        stored = {r["id"]: r["content_hash"] for r in db.query(
+            "SELECT id, content_hash FROM embeddings WHERE collection = ?", [name])}
     return {i for i, text in items if stored.get(i) == content_hash(text)}
 
 
 def put(name: str, rows: list[tuple[str, str, list[float]]]) -> None:
     """Store (id, text, vector) rows, replacing what the ids held."""
-    db = _db(create=True)
     now = time.time()
-    db.table("embeddings").upsert_all(
-        [{"collection": name, "id": i, "content": text, "content_hash": content_hash(text), "embedding": pack(vec),
-          "updated": now} for i, text, vec in rows], pk=("collection", "id"))
+    with _db(create=True) as db, db.conn:  # one transaction: every row or none
+        db.conn.executemany(
+            "INSERT OR REPLACE INTO embeddings (collection, id, content, content_hash, embedding, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [(name, i, text, content_hash(text), pack(vec), now) for i, text, vec in rows])
 
 
 def vectors(name: str) -> list[tuple[str, str, bytes]]:
     """Every (id, text, packed vector) of a collection."""
-    db = _db(create=False)
-    return [(r["id"], r["content"], r["embedding"]) for r in db.query(
-        "SELECT id, content, embedding FROM embeddings WHERE collection = ?", [name])]
+    with _db(create=False) as db:
+        return [(r["id"], r["content"], r["embedding"]) for r in db.query(
+            "SELECT id, content, embedding FROM embeddings WHERE collection = ?", [name])]
 
 
 def pack(vec: list[float]) -> bytes:

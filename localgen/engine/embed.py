@@ -81,6 +81,7 @@ class Embedder:
             self.n_embd = max(1, int(lc.llama_model_n_cls_out(model)))  # a reranker's output: its scores
         self.batch = lc.llama_batch_init(n_ctx, 0, 1)
         self.mem = lc.llama_get_memory(self.ctx)
+        self._checked_query: str | None = None  # the last query pair_tokens found room for
 
     def close(self) -> None:
         """Free the context."""
@@ -101,9 +102,19 @@ class Embedder:
         return toks
 
     def pair_tokens(self, query: str, document: str, truncate: bool = False) -> list[int]:
-        """A (query, document) pair as llama.cpp's llama-embedding tokenizes it for a reranker: through the
-        model's "rerank" template when it has one, else query, the EOS and SEP texts the vocabulary adds,
-        then the document."""
+        """A (query, document) pair as llama.cpp's llama-embedding tokenizes it for a reranker (_pair_text).
+        The query is never cut: one that leaves no room for a document is a QueryTooLong (checked once per
+        query); with `truncate`, the pair's end (the document, as templates put the query first) is cut to fit."""
+        if query != self._checked_query:
+            fixed = len(self.engine.tokenize(self._pair_text(query, ""), add_special=True))
+            if fixed >= self.n_ctx:  # cut to the window, every pair would be the query alone: equal scores
+                raise QueryTooLong(fixed, self.n_ctx)
+            self._checked_query = query
+        return self.tokens(self._pair_text(query, document), truncate)
+
+    def _pair_text(self, query: str, document: str) -> str:
+        """The pair's text: the model's "rerank" template when it has one, else query, the EOS and SEP texts
+        the vocabulary adds, then the document."""
         import ctypes
 
         lc, vocab = self.lc, self.engine.vocab
@@ -118,7 +129,7 @@ class Embedder:
             if lc.llama_vocab_get_add_sep(vocab):
                 between += self.engine.token_text(int(lc.llama_vocab_sep(vocab)))
             prompt = query + between + document
-        return self.tokens(prompt, truncate)
+        return prompt
 
     def embed(self, token_lists: list[list[int]], normalize: bool = True,
               dimensions: int | None = None) -> list[Embedding]:
@@ -180,6 +191,14 @@ class ContextTooSmall(UsageError):
         super().__init__(f"a text is {n:,} tokens; the embeddings window is {n_ctx:,}",
                          hint="raise --ctx, or --truncate to embed its first tokens")
         self.n = n
+
+
+class QueryTooLong(UsageError):
+    """A rerank query that leaves no room in the window for a document."""
+
+    def __init__(self, n: int, n_ctx: int) -> None:
+        super().__init__(f"the query is {n:,} tokens with the model's separators; the reranker's window of "
+                         f"{n_ctx:,} must hold it and some of each document", hint="shorten the query, or raise --ctx")
 
 
 def finish(vec: list[float], normalize: bool, dimensions: int | None) -> list[float]:

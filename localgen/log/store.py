@@ -5,7 +5,9 @@
 The schema and its FTS index with their triggers are made once by sqlite-utils (under a file lock, so
 concurrent first runs cannot race). Writing a row, which every one-shot `run` does, is one INSERT through
 the standard library's sqlite3: importing sqlite-utils costs ~100 ms, a tenth of a second that a shell
-pipeline would pay on every call. Readers (`localgen logs`) use sqlite-utils' search. Concurrent writers
+pipeline would pay on every call. Readers (`localgen logs`) query the FTS5 table with each word of -q as a
+quoted phrase (fts_query); a full-text table that has gone missing is made again from the rows by the first
+reader or writer to meet it. Concurrent writers
 wait for each other (busy timeout), so no row is lost and nobody is locked out; any failure of the log is a
 LogError, which callers turn into a one-line warning: the log never stops an answer."""
 
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen import paths
-from localgen.errors import LocalgenError
+from localgen.errors import LocalgenError, UsageError
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another one (a pipeline of many runs)
@@ -151,10 +153,56 @@ def record(entry: Entry) -> str:
     row["datetime_utc"] = entry.datetime_utc or time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     row["settings"] = json.dumps(entry.settings, ensure_ascii=False, default=str)
     names = list(COLUMNS)
-    with _connect(create=True) as conn:
-        conn.execute(f"INSERT INTO responses ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                     [row[n] for n in names])
+    insert = f"INSERT INTO responses ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+    for again in (False, True):
+        with _connect(create=True) as conn:
+            try:
+                conn.execute(insert, [row[n] for n in names])
+                break
+            except sqlite3.OperationalError as e:
+                if again or not _fts_missing(conn, e):
+                    raise
+        _rebuild_fts(path())  # then again on a new connection: this one still holds the old schema
     return str(row["id"])
+
+
+def _fts_missing(conn: sqlite3.Connection, e: sqlite3.Error) -> bool:
+    """Whether `e` came from the full-text table being gone (dropped by hand, or by a tool that does not know
+    FTS5): the rows are intact and the index can be made again from them."""
+    if "no such table" not in str(e) or "responses_fts" not in str(e):
+        return False
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'responses_fts'").fetchone() is None
+
+
+def _rebuild_fts(db: Path) -> None:
+    """Make the full-text table and its triggers again from the rows (once, whoever gets there first)."""
+    from filelock import FileLock
+
+    from localgen.sqlitedb import sqlite_utils_module
+
+    sqlite_utils = sqlite_utils_module()
+    try:
+        with FileLock(str(db) + ".lock"):
+            conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
+            try:
+                if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'responses_fts'").fetchone() is not None:
+                    return
+                for suffix in ("ai", "ad", "au"):  # they name the missing table: every insert would fail
+                    conn.execute(f"DROP TRIGGER IF EXISTS responses_{suffix}")
+                sqlite_utils.Database(conn).table("responses").enable_fts(["prompt", "response"],
+                                                                          fts_version="FTS5", create_triggers=True)
+                conn.commit()
+            finally:
+                conn.close()
+    except (OSError, sqlite3.Error) as e:
+        raise LogError(f"the log at {db} has lost its full-text index, which cannot be made again: {e}") from None
+
+
+def fts_query(text: str) -> str:
+    """Plain words as an FTS5 query that matches them all, whatever they hold: each word a quoted phrase
+    (so `AND`, `*`, `"` or `-` are searched for, not parsed); words with no letter or digit are dropped."""
+    words = [w for w in text.split() if any(c.isalnum() for c in w)]
+    return " ".join('"' + w.replace('"', '""') + '"' for w in words)
 
 
 def _entry(row: dict[str, Any]) -> Entry:
@@ -202,25 +250,35 @@ def count() -> int:
 
 def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: str | None = None) -> list[Entry]:
     """The latest `n` exchanges (0: all), oldest first; with `query`, the best full-text matches of prompts
-    and answers; filtered by model and conversation."""
-    from localgen.sqlitedb import sqlite_utils_module
-
-    sqlite_utils = sqlite_utils_module()
-
+    and answers (its words, as plain words: fts_query); filtered by model and conversation."""
     where, args = [], []
     if model:
-        where.append("model = ?")
+        where.append("r.model = ?")
         args.append(model)
     if cid:
-        where.append("conversation_id = ?")
+        where.append("r.conversation_id = ?")
         args.append(cid)
-    with _connect(create=False) as conn:
-        db = sqlite_utils.Database(conn)
-        table = db.table("responses")
-        clause = " AND ".join(where) or None
-        if query:
-            rows = list(table.search(query, where=clause, where_args=args, limit=n or None, quote=True))
-        else:
-            rows = list(table.rows_where(clause, args, order_by="datetime_utc DESC, id DESC", limit=n or None))
-            rows.reverse()
-    return [_entry(r) for r in rows]
+    match = fts_query(query) if query else ""
+    if query and not match:
+        raise UsageError(f"-q {query!r} has no word to search for", hint="give letters or digits")
+    limit = f" LIMIT {int(n)}" if n else ""
+    filters = " WHERE " + " AND ".join(where) if where else ""
+    if not query:
+        with _connect(create=False) as conn:
+            conn.row_factory = sqlite3.Row
+            rows = conn.execute(f"SELECT r.* FROM responses r{filters} ORDER BY r.datetime_utc DESC, r.id DESC{limit}",
+                                args).fetchall()[::-1]
+        return [_entry(dict(r)) for r in rows]
+    sql = ("SELECT r.* FROM responses r JOIN (SELECT rowid, rank FROM responses_fts WHERE responses_fts MATCH ?) f "
+           f"ON f.rowid = r.rowid{filters} ORDER BY f.rank{limit}")
+    for again in (False, True):
+        with _connect(create=False) as conn:
+            conn.row_factory = sqlite3.Row
+            try:
+                rows = conn.execute(sql, [match, *args]).fetchall()
+                break
+            except sqlite3.OperationalError as e:
+                if again or not _fts_missing(conn, e):
+                    raise
+        _rebuild_fts(path())
+    return [_entry(dict(r)) for r in rows]

