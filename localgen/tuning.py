@@ -54,8 +54,7 @@ class Record:
         return self.date[:10]
 
     def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        return d
+        return dataclasses.asdict(self)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Record:

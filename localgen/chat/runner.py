@@ -36,6 +36,7 @@ class ChatRunner:
         self.tool_choice = "auto"  # the first round of each answer: auto, required, or a tool's name
         self.tool_steps = 8
         self.tool_timeout = 30.0
+        self.json_schema: str | None = None  # sent with every request (a remote server builds its own grammar)
         self.gen: Any = None  # the generation under way
         self.stopping = False  # the answer under way was asked to stop
         self._plans: dict[tuple[str | None, str], Any] = {}  # plan() by (template, tool choice)
@@ -60,7 +61,7 @@ class ChatRunner:
             from localgen.tools.plan import plain_history
 
             messages = list(plain_history(tuple(messages)))
-        return GenerationRequest(messages=tuple(messages), sampling=self.sampling)
+        return GenerationRequest(messages=tuple(messages), sampling=self.sampling, json_schema=self.json_schema)
 
     def count(self, messages: list[Message]) -> int:
         """Prompt tokens of a conversation as the template renders it (with the tools, when there are any)."""

@@ -6,10 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from localgen.chat.runner import ChatRunner
 from localgen.cli import options as o
 from localgen.cli.chatturn import restore_state, stream
 from localgen.cli.output import ErrWriter
@@ -68,6 +67,7 @@ class ChatView:
 def start(f: o.Flags) -> None:
     """The command: list, or open the conversation and chat."""
     from localgen.chat import session as sessions
+    from localgen.chat.runner import ChatRunner
 
     if f.list_:
         _print_list(sessions.list_sessions())
@@ -114,9 +114,10 @@ def start(f: o.Flags) -> None:
         raise
     # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win. The grammar
     # constrains every answer: locally as a sampling setting, remotely as the schema a server takes.
-    runner = (_SchemaRunner(session, backend, o.sampling(f, backend.defaults, session.settings), schema)
-              if endpoints and schema is not None else
-              ChatRunner(session, backend, o.sampling(f, backend.defaults, session.settings, grammar=grammar)))
+    remote_schema = bool(endpoints) and schema is not None
+    runner = ChatRunner(session, backend, o.sampling(f, backend.defaults, session.settings,
+                                                     grammar=None if remote_schema else grammar))
+    runner.json_schema = schema if remote_schema else None
     runner.on_answer = lambda request, gen, text: _log_turn(f, view, runner, request, gen, text,
                                                             remote=bool(endpoints))
     runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, f.tool_steps, f.tool_timeout
@@ -143,18 +144,6 @@ def start(f: o.Flags) -> None:
         runner.backend.close()
         if toolbox is not None:
             toolbox.close()
-
-
-class _SchemaRunner(ChatRunner):
-    """A chat on a remote endpoint whose every answer follows a JSON schema: each request carries it, for
-    the server's response_format (a server builds its own grammar)."""
-
-    def __init__(self, session: Any, backend: Any, sampling: Any, schema: str) -> None:
-        super().__init__(session, backend, sampling)
-        self.schema = schema
-
-    def request(self, messages: list[Any]) -> Any:
-        return replace(super().request(messages), json_schema=self.schema)
 
 
 def _open_session(f: o.Flags) -> Any:

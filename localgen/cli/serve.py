@@ -152,7 +152,7 @@ def start(f: o.Flags) -> None:
 
     from localgen.cli.main import is_loopback
     from localgen.cli.output import ErrWriter
-    from localgen.serve.app import build
+    from localgen.serve.app import DRAIN_S, build
     from localgen.serve.common import ServeState
     from localgen.serve.guard import Policy, origins_from
     from localgen.serve.worker import parse_duration
@@ -175,7 +175,7 @@ def start(f: o.Flags) -> None:
                        allow_image_urls=f.allow_image_urls)
     app = build(state, policy)
     config = uvicorn.Config(app, host=f.host, port=f.port, log_level="warning" if not f.verbose else "info",
-                            timeout_graceful_shutdown=5, access_log=f.verbose, lifespan="on")
+                            timeout_graceful_shutdown=int(DRAIN_S) + 1, access_log=f.verbose, lifespan="on")
     server = _Server(config)
     err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
              f"at /v1, Ollama API at /api · {f.parallel} slot{'s' if f.parallel != 1 else ''} per model · "

@@ -23,7 +23,7 @@ from localgen.serve.common import HTTPError, ServeState, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.worker import INTERNAL, Failed
 
-# After SIGTERM or Ctrl-C, uvicorn waits 5 s for the requests in flight (cli/serve.py's
+# After SIGTERM or Ctrl-C, uvicorn waits DRAIN_S + 1 s for the requests in flight (cli/serve.py's
 # timeout_graceful_shutdown), then cancels them: a stream cut with no error event, a plain-text 500. Our jobs
 # still running this long after the signal (at once on a second signal) end first, as each API's 503.
 DRAIN_S = 4.0
