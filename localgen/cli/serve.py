@@ -177,6 +177,7 @@ def start(f: o.Flags) -> None:
     config = uvicorn.Config(app, host=f.host, port=f.port, log_level="warning" if not f.verbose else "info",
                             timeout_graceful_shutdown=int(DRAIN_S) + 1, access_log=f.verbose, lifespan="on")
     server = _Server(config)
+    server.on_exit = app.state.drain.signal
     err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
              f"at /v1, Ollama API at /api · {f.parallel} slot{'s' if f.parallel != 1 else ''} per model · "
              f"{_cache_ram_label(cache_ram)}")
@@ -201,11 +202,15 @@ def _server_class() -> Any:
         """uvicorn's server, except that after a graceful shutdown on SIGTERM or Ctrl-C the process exits 0
         (uvicorn raises the signal again, which would end it with 143 or a KeyboardInterrupt)."""
 
+        on_exit: Any = None  # serve/app.py's Drain.signal: our jobs end as 503s before uvicorn cancels them
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True  # a second Ctrl-C: stop waiting for requests
             else:
                 self.should_exit = True
+            if self.on_exit is not None:
+                self.on_exit()
 
     return Server
 

@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
 from starlette.applications import Starlette
@@ -55,54 +52,42 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
         # inside the first request's time to first token
         async with anyio.create_task_group():
             pass
-        with _on_exit_signals(asyncio.get_running_loop(), lambda: _fail_all(state)):
-            yield
+        drain.loop = asyncio.get_running_loop()
+        yield
 
+    drain = Drain(state)
     app = Starlette(routes=routes, exception_handlers={HTTPError: on_error, Exception: on_unexpected},
                     lifespan=lifespan)
+    app.state.drain = drain
     app.add_middleware(Gate, policy=policy or Policy(api_key=state.api_key))  # type: ignore[arg-type]
     return app
 
 
-def _fail_all(state: ServeState) -> None:
-    for w in state.workers.values():
-        w.fail_all(Failed(503, f"{w.name}: {STOPPING}"))
+class Drain:
+    """Ends our jobs still running DRAIN_S after the server's first exit signal, at once on a second one.
+    The server (cli/serve.py's uvicorn.Server, which owns the signals) calls `signal` from its handle_exit;
+    the timer runs on the app's loop, noted at start-up."""
 
+    def __init__(self, state: ServeState) -> None:
+        self.state = state
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
-@contextlib.contextmanager
-def _on_exit_signals(loop: asyncio.AbstractEventLoop, stop_jobs: Callable[[], None]) -> Iterator[None]:
-    """Run `stop_jobs` on the loop DRAIN_S after SIGINT or SIGTERM (at once on a second one); the handler that
-    was there (uvicorn's, which starts its graceful shutdown) still runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may handle signals (an app served from another thread: no hook)
-        return
-    timer: asyncio.TimerHandle | None = None
+    def signal(self) -> None:
+        """An exit signal came (from a signal handler: only hand over to the loop)."""
+        if self.loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                self.loop.call_soon_threadsafe(self._on_loop)
 
-    def on_loop() -> None:
-        nonlocal timer
-        if timer is None:
-            timer = loop.call_later(DRAIN_S, stop_jobs)
+    def _on_loop(self) -> None:
+        if self._timer is None and self.loop is not None:
+            self._timer = self.loop.call_later(DRAIN_S, self.fail_all)
         else:
-            timer.cancel()
-            stop_jobs()
+            if self._timer is not None:
+                self._timer.cancel()
+            self.fail_all()
 
-    def handler(sig: int, frame: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop has closed
-            loop.call_soon_threadsafe(on_loop)
-        previous = before[sig]
-        if callable(previous):
-            previous(sig, frame)
-        elif previous == signal.SIG_DFL:
-            signal.signal(sig, previous)
-            signal.raise_signal(sig)
-
-    signals = (signal.SIGINT, signal.SIGTERM)
-    before: dict[int, Any] = {sig: signal.getsignal(sig) for sig in signals}
-    for sig in signals:
-        signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig in signals:
-            if signal.getsignal(sig) is handler:
-                signal.signal(sig, before[sig])
+    def fail_all(self) -> None:
+        """Every job of every model ends now, as its API's 503."""
+        for w in self.state.workers.values():
+            w.fail_all(Failed(503, f"{w.name}: {STOPPING}"))
