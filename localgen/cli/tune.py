@@ -3,10 +3,13 @@ and keep the winner as that model's defaults here (localgen/tuning.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
+import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import typer
@@ -126,14 +129,15 @@ def _run(ref: Any, depth: int | None, parallel: int, as_json: bool) -> None:
     interrupted = False
     started = time.perf_counter()
     try:
-        for i, (repack, fa) in enumerate(plan.configs):
-            _measure(ref, plan, parallel, (repack, fa), None, points, view, err if i == 0 else None)
-        table = _rank(points, plan, parallel)
-        if plan.batch_jobs(1):  # the physical batch, on the winner only (it changes prompts, not decoding)
-            best = table[0]
-            _measure(ref, plan, parallel, (best["repack"], best["flash_attn"]), best["n_threads_batch"], points,
-                     view, None)
-    except KeyboardInterrupt:
+        with _stop_on_sigint() as stop:
+            for i, (repack, fa) in enumerate(plan.configs):
+                _measure(ref, plan, parallel, (repack, fa), None, points, view, err if i == 0 else None, stop)
+            table = _rank(points, plan, parallel)
+            if plan.batch_jobs(1):  # the physical batch, on the winner only (it changes prompts, not decoding)
+                best = table[0]
+                _measure(ref, plan, parallel, (best["repack"], best["flash_attn"]), best["n_threads_batch"],
+                         points, view, None, stop)
+    except (_Stopped, KeyboardInterrupt):
         interrupted = True
     finally:
         view.end()
@@ -164,11 +168,49 @@ def _run(ref: Any, depth: int | None, parallel: int, as_json: bool) -> None:
         raise typer.Exit(130)
 
 
+class _Stopped(Exception):
+    """Ctrl-C was pressed: raised at the next point between two measurements."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigint() -> Iterator[Callable[[], None]]:
+    """Ctrl-C only notes the request; the measuring code calls the yielded check between two measurements, so
+    no exception ever lands inside a model load, a context's creation or its freeing (one that did crashed the
+    process now and then). A second Ctrl-C interrupts at once."""
+    presses = 0
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal presses
+        presses += 1
+        if presses > 1:
+            logs = sys.modules.get("localgen.engine.logs")
+            if logs is not None and logs.defer_interrupt(frame):
+                return  # raised once llama.cpp returns (engine/logs.py)
+            raise KeyboardInterrupt
+
+    def check() -> None:
+        if presses:
+            raise _Stopped
+
+    try:
+        signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread: Ctrl-C keeps its default behaviour
+        yield check
+        return
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], threads_batch: int | None,
-             points: dict[tuple[bool, bool], list[Any]], view: Any, err: Any) -> None:
-    """One configuration's measurements (with `threads_batch`: its other physical batch sizes) into `points`."""
+             points: dict[tuple[bool, bool], list[Any]], view: Any, err: Any, stop: Callable[[], None]) -> None:
+    """One configuration's measurements (with `threads_batch`: its other physical batch sizes) into `points`;
+    `stop` raises between two measurements once Ctrl-C was pressed."""
     from localgen.engine.tune import Probe, measure
 
+    stop()
     repack, fa = config
     probe = Probe(ref, repack, fa, max(plan.depths) + 512 + plan.steps + 8, parallel, cpu_only=not plan.offloaded)
     try:
@@ -185,6 +227,7 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
             if point is not None:
                 got.append(point)
             view.advance()
+            stop()
 
         measure(probe, jobs, plan.steps, keep)
         what = "its other batch sizes" if threads_batch is not None else f"{len(jobs)} figures"
