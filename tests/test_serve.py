@@ -4,10 +4,12 @@ keys, streaming, batching, disconnects, a full queue, errors in each API's shape
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,15 +25,21 @@ KEY = "sk-local-test"
 
 
 class Server:
-    """A `localgen serve` child process on a free loopback port."""
+    """A `localgen serve` child process on a free loopback port. Its stderr goes to a file that `proc.stderr`
+    reads, not to a pipe: the server writes a line per request, and a pipe nobody reads until the end would
+    fill (64 KiB) and block it."""
 
     def __init__(self, env: dict[str, str], *args: str) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
+        log = tempfile.NamedTemporaryFile(prefix="localgen-serve-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen([sys.executable, "-m", "localgen", "serve", "--port", str(self.port), *args],
-                                     env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=log,
                                      stdin=subprocess.DEVNULL, preexec_fn=default_sigint)
+        log.close()
+        self.proc.stderr = open(log.name, "rb")  # noqa: SIM115  # its own offset: reads all, from the start
+        os.unlink(log.name)  # the child's descriptor keeps the file until it exits
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 600  # a safety net: a slow start on busy cores is still a start
         while time.monotonic() < deadline:

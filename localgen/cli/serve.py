@@ -13,6 +13,8 @@ from localgen.cli import options as o
 from localgen.errors import LocalgenError, UsageError
 
 SERVE = "Server"
+MAX_FETCHES = 8  # image URL fetches at once, per server
+FETCH_WAIT_S = 2.0  # how long a fetch waits for one of them before its request gets 503
 
 
 def serve(
@@ -85,11 +87,27 @@ def serve(
     mmproj: o.MmProj = None,
     allow_image_urls: Annotated[
         bool, typer.Option("--allow-image-urls", help="Fetch http(s) image URLs in requests (off: only data: URIs "
-                                                      "and base64, so clients cannot make the server fetch URLs).")
+                                                      "and base64, so clients cannot make the server fetch URLs). "
+                                                      "Loopback, private, link-local and cloud metadata addresses "
+                                                      "are refused, after redirects and DNS too.")
+    ] = False,
+    allow_private_urls: Annotated[
+        bool, typer.Option("--allow-private-urls",
+                           help="With --allow-image-urls, also fetch from loopback, private and link-local "
+                                "addresses (a LAN's own image server); any client can then reach them.")
+    ] = False,
+    fetch_timeout: Annotated[
+        float, typer.Option("--fetch-timeout", min=0.1, max=600,
+                            help="Seconds an image URL's fetch may take, connect and body together; "
+                                 f"{MAX_FETCHES} run at once, and one that waits over {FETCH_WAIT_S:g} s gets 503.")
+    ] = 10.0,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", rich_help_panel=o.OUTPUT_PANEL,
+                           help="No access line per request on stderr (method, path, status, tokens, ms).")
     ] = False,
     verbose: Annotated[
         bool, typer.Option("--verbose", rich_help_panel=o.OUTPUT_PANEL,
-                           help="Log each request (uvicorn's access log) and the server's info lines on stderr.")
+                           help="Also show uvicorn's info lines on stderr.")
     ] = False,
     temperature: o.Temperature = o.DEFAULTS.temperature,
     top_k: o.TopK = o.DEFAULTS.top_k,
@@ -152,12 +170,15 @@ def start(f: o.Flags) -> None:
 
     from localgen.cli.main import is_loopback
     from localgen.cli.output import ErrWriter
+    from localgen.fetch import Fetcher, FetchPool
     from localgen.serve.app import DRAIN_S, build
     from localgen.serve.common import ServeState
     from localgen.serve.guard import Policy, origins_from
     from localgen.serve.worker import parse_duration
 
     err = ErrWriter()
+    if f.allow_private_urls and not f.allow_image_urls:
+        raise UsageError("--allow-private-urls needs --allow-image-urls (without it no URL is fetched)")
     key = _api_key(f)
     try:
         keep = parse_duration(f.keep_alive)
@@ -174,8 +195,12 @@ def start(f: o.Flags) -> None:
     state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
                        allow_image_urls=f.allow_image_urls)
     app = build(state, policy)
+    app.state.front.pool = FetchPool(Fetcher(private=f.allow_private_urls, timeout=f.fetch_timeout),
+                                     size=MAX_FETCHES, wait=FETCH_WAIT_S)
+    app.state.front.log = None if f.quiet else _access_line
+    # our access line (serve/app.py's FrontDoor) replaces uvicorn's, which is off even with --verbose
     config = uvicorn.Config(app, host=f.host, port=f.port, log_level="warning" if not f.verbose else "info",
-                            timeout_graceful_shutdown=int(DRAIN_S) + 1, access_log=f.verbose, lifespan="on")
+                            timeout_graceful_shutdown=int(DRAIN_S) + 1, access_log=False, lifespan="on")
     server = _Server(config)
     server.on_exit = app.state.drain.signal
     err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
@@ -191,6 +216,15 @@ def start(f: o.Flags) -> None:
             w.stop(timeout=5)
     if getattr(server, "started", True) is False:
         raise LocalgenError(f"the server could not start on {f.host}:{f.port}")
+
+
+def _access_line(line: str) -> None:
+    """One request's line on stderr: a plain write (line-buffered), no styling, cheap per request."""
+    import contextlib
+    import sys
+
+    with contextlib.suppress(BrokenPipeError, ValueError):  # a closed stderr must not fail the request
+        sys.stderr.write(line + "\n")
 
 
 def _server_class() -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from localgen.engine import logs
 from localgen.errors import LocalgenError, ModelLoadError
-from localgen.media import MARKER, Media, MediaError, check_seconds
+from localgen.media import Media, MediaError, check_seconds
 
 if TYPE_CHECKING:
     from localgen.engine.llama import Engine
@@ -126,6 +127,9 @@ class Projector:
         p.print_timings = False
         p.n_threads = engine.params.n_threads_batch or engine.params.n_threads or 1
         p.flash_attn_type = int(bool(engine.flash_attn))
+        # a marker of this projector's own, so that a literal `<__media__>` in someone's text stays text
+        self.marker = f"<__media_{secrets.token_hex(8)}__>"
+        p.media_marker = self.marker.encode()
         logs.clear()
         t0 = time.perf_counter()
         self.ctx = mt.mtmd_init_from_file(os.fsencode(path), engine.model_ptr, p)
@@ -137,7 +141,6 @@ class Projector:
         self.vision = bool(mt.mtmd_support_vision(self.ctx))
         self.audio = bool(mt.mtmd_support_audio(self.ctx))
         self.sample_rate = int(mt.mtmd_get_audio_sample_rate(self.ctx)) if self.audio else 0
-        self.marker = (mt.mtmd_default_marker() or MARKER.encode()).decode()
         self._cache: OrderedDict[tuple[Any, ...], Prompt] = OrderedDict()
 
     def check(self, media: list[Media], model: str) -> None:
