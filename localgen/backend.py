@@ -42,6 +42,7 @@ class Completion:
     cached_tokens: int = 0  # prompt tokens a slot's cache already held
     prompt_s: float = 0.0  # evaluating the prompt
     decode_s: float = 0.0  # generating
+    error: Exception | None = None  # why a request could not run (its finish_reason then says "error: ...")
 
 
 @dataclass(frozen=True)

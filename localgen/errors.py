@@ -60,3 +60,51 @@ class RemoteError(LocalgenError):
 
 class ToolError(LocalgenError):
     """A tool definition, a model's call to a tool, or a tool's run went wrong."""
+
+
+# ---- a served request's faults: raised where the fault is found, each with the HTTP status it answers with
+# (serve/common.py maps them to each API's error shape, in one place)
+
+
+class ServeError(LocalgenError):
+    """A request the server cannot complete; `status` is the HTTP status it answers with, `param` the request
+    field at fault (when one is)."""
+
+    status = 500
+    param: str | None = None
+
+
+class BadRequest(ServeError):
+    """The request is malformed or asks for something impossible."""
+
+    status = 400
+
+
+class PromptTooLong(BadRequest):
+    """The prompt (or a text to embed) does not fit the window."""
+
+    status = 413
+
+
+class NotFound(ServeError):
+    """No such model or route."""
+
+    status = 404
+
+
+class Cancelled(ServeError):
+    """The client went away or the job was aborted (nginx's 499: nobody reads the answer)."""
+
+    status = 499
+
+
+class Overloaded(ServeError):
+    """Every slot is busy and the queue is full, or the server is shutting down."""
+
+    status = 503
+
+
+class Internal(ServeError):
+    """A bug or a fault, not the client's: the details go to the server's log."""
+
+    status = 500

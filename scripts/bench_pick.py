@@ -44,7 +44,7 @@ def main() -> None:
     pc = ParallelContext(engine, 1, 2048, pooled=True)
     pc.warm_up()
     clock = {"pick": 0.0, "picks": 0, "decode": 0.0, "steps": 0.0, "n_steps": 0}
-    pick, decode = sampling.pick, pc._decode
+    pick, decode = sampling.pick, pc.decode
 
     def timed_pick(*args: Any, **kwargs: Any) -> int:
         t = time.perf_counter()
@@ -63,7 +63,7 @@ def main() -> None:
             clock["n_steps"] += 1
 
     sampling.pick = timed_pick  # batch.py calls it through the module
-    pc._decode = timed_decode  # type: ignore[method-assign]
+    pc.decode = timed_decode  # type: ignore[method-assign]
     tokens = list(engine.tokenize(PROMPT, True))
     s = SamplingParams(temperature=a.temperature, max_tokens=a.tokens, ignore_eos=not a.no_ignore_eos)
     picks, others, decodes = [], [], []

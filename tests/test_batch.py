@@ -239,9 +239,9 @@ def test_serial_exact_runs_exact_sequences_one_after_another(smollm2_engine: obj
     still batch beside them. Exercised here on the CPU: same answers, and exact ones never overlap."""
     from typing import Any
 
-    from localgen.backend import Completion
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchseq import Request
+    from localgen.engine.scheduler import Finished, Scheduler
     from localgen.types import SamplingParams
 
     eng: Any = smollm2_engine
@@ -251,24 +251,17 @@ def test_serial_exact_runs_exact_sequences_one_after_another(smollm2_engine: obj
         reqs = [Request(i, eng.chat_tokens([{"role": "user", "content": PROMPTS[i % 5]}]),
                         SamplingParams(temperature=t, max_tokens=10), seed=7) for i, t in enumerate(temps)]
         done: dict[int, str] = {}
-        running: set[int] = set()
         most = {"greedy": 0, "all": 0}
         pc = ParallelContext(eng, 4, 512)
-        admit = pc._admit
-
-        def admitted(req: Request, *rest: Any, **kw: Any) -> None:
-            running.add(req.index)
-            most["greedy"] = max(most["greedy"], sum(1 for i in running if temps[i] == 0.0))
-            most["all"] = max(most["all"], len(running))
-            admit(req, *rest, **kw)
-
-        def on_done(c: Completion) -> None:
-            done[c.index] = c.text
-            running.discard(c.index)
-
-        pc._admit = admitted  # type: ignore[method-assign]
+        sched = Scheduler(pc, serial_exact=serial)
+        for r in reqs:
+            sched.add(r)
         try:
-            pc.run(iter(reqs), on_done, serial_exact=serial)
+            while not sched.idle:
+                done.update({o.id: o.completion.text for o in sched.step() if isinstance(o, Finished)})
+                running = [seq.req.index for seq in sched.active.values()]
+                most["greedy"] = max(most["greedy"], sum(1 for i in running if temps[i] == 0.0))
+                most["all"] = max(most["all"], len(running))
         finally:
             pc.close()
         return [done[i] for i in range(len(temps))], most["greedy"], most["all"]
@@ -300,12 +293,13 @@ def test_exact_requests_on_a_gpu_reuse_a_slot_only_to_continue_its_conversation(
 
 def test_interleave_evaluates_one_new_prompt_between_decoding_steps(smollm2_engine: object) -> None:
     """A server (interleave) does not stall running streams for a whole burst of new prompts: in the exact
-    scheduler, one new prompt is admitted per scheduler step (`rounds`). Counted in steps, not llama_decode
+    scheduler, one new prompt is admitted per scheduler step. Counted in steps, not llama_decode
     calls: with layers on a GPU every exact sequence decodes in a call of its own, so calls per step grow."""
     from typing import Any
 
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchseq import Request
+    from localgen.engine.scheduler import Finished, Scheduler
     from localgen.types import SamplingParams
 
     eng: Any = smollm2_engine
@@ -314,20 +308,21 @@ def test_interleave_evaluates_one_new_prompt_between_decoding_steps(smollm2_engi
         reqs = [Request(i, eng.chat_tokens([{"role": "user", "content": p}]),
                         SamplingParams(temperature=0.0, max_tokens=8)) for i, p in enumerate(PROMPTS[:4])]
         pc = ParallelContext(eng, 4, 512)
-        at: list[int] = []
+        sched = Scheduler(pc, interleave=interleave)
+        for r in reqs:
+            sched.add(r)
+        at: dict[int, int] = {}  # the step in which each request started
         texts: dict[int, str] = {}
-        admit = pc._admit
-
-        def admitted(req: Request, *rest: Any, **kw: Any) -> None:
-            at.append(pc.rounds)
-            admit(req, *rest, **kw)
-
-        pc._admit = admitted  # type: ignore[method-assign]
         try:
-            pc.run(iter(reqs), lambda c: texts.__setitem__(c.index, c.text), interleave=interleave)
+            step = 0
+            while not sched.idle:
+                texts.update({o.id: o.completion.text for o in sched.step() if isinstance(o, Finished)})
+                for i in [seq.req.index for seq in sched.active.values()] + list(texts):
+                    at.setdefault(i, step)
+                step += 1
         finally:
             pc.close()
-        return at, [texts[i] for i in range(4)]
+        return [at[i] for i in range(4)], [texts[i] for i in range(4)]
 
     burst, texts = admissions(False)
     spread, same = admissions(True)

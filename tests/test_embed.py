@@ -141,7 +141,7 @@ def test_similar_embeds_the_query_with_the_layouts_the_collection_was_embedded_w
 
 @pytest.fixture(scope="module")
 def server(cli_env: dict[str, str]) -> Iterator[Server]:
-    s = Server(cli_env, "-np", "2")
+    s = Server(cli_env, "-np", "2", "--ctx", "1024")  # a window-long text is cheap to embed (truncation)
     yield s
     assert s.stop() == 0
 
@@ -167,10 +167,10 @@ def test_serve_embeddings_for_the_openai_and_ollama_clients(server: Server, cli:
 
     bad = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": [1, 2]})
     assert bad.status_code == 400 and "list of strings" in bad.json()["error"]["message"]
-    long = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": "word " * 6000})
-    assert long.status_code == 413
-    ok = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "word " * 6000}, timeout=60)
-    assert ok.status_code == 200, "Ollama truncates by default"
+    long = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": "word " * 1500})
+    assert long.status_code == 413 and "window is 1,024" in long.json()["error"]["message"]
+    ok = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "word " * 1500}, timeout=120)
+    assert ok.status_code == 200 and ok.json()["prompt_eval_count"] == 1024, "Ollama truncates by default"
     assert server.health()["alive"]
 
 

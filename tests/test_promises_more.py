@@ -189,7 +189,8 @@ def test_serve_no_share_prefix_reaches_the_worker(home: Path, monkeypatch: pytes
 
 def test_a_scheduler_without_shared_prefixes_recomputes_a_busy_slots_prefix(smollm2_engine: object) -> None:
     from localgen.engine.batch import ParallelContext
-    from localgen.engine.batchseq import END, Request
+    from localgen.engine.batchseq import Request
+    from localgen.engine.scheduler import Finished, Scheduler
     from localgen.types import SamplingParams
 
     eng: Any = smollm2_engine
@@ -203,21 +204,15 @@ def test_a_scheduler_without_shared_prefixes_recomputes_a_busy_slots_prefix(smol
 
     def run(share: bool) -> tuple[int, int]:
         pc = ParallelContext(eng, 2, 1024, pooled=True, share_prefixes=share)
-        queue = [Request(0, conv("Name a river."), greedy(6))]
+        sched = Scheduler(pc, reuse=True)
+        sched.add(Request(0, conv("Name a river."), greedy(6)))
         done: dict[int, Any] = {}
-        sample = pc._sample
-
-        def record(seq: Any, *rest: Any) -> None:
-            sample(seq, *rest)
-            if seq.req.index == 0 and len(seq.dec.tokens) == 2:  # the first request runs: the second arrives
-                queue.append(Request(1, conv("Name a mountain."), greedy(2)))
-
-        def take(wait: bool) -> Any:
-            return queue.pop(0) if queue else END if len(done) == 2 else None
-
-        pc._sample = record  # type: ignore[method-assign,assignment]
         try:
-            pc.run(take, lambda c: done.__setitem__(c.index, c), reuse=True)
+            while not sched.idle:
+                done.update({o.id: o.completion for o in sched.step() if isinstance(o, Finished)})
+                running = {seq.req.index: len(seq.dec.tokens) for seq in sched.active.values()}
+                if running.get(0) == 2 and 1 not in running:  # the first request runs: the second arrives
+                    sched.add(Request(1, conv("Name a mountain."), greedy(2)))
         finally:
             pc.close()
         return pc.slots.shared, done[1].cached_tokens

@@ -24,8 +24,8 @@ def decoded(smollm2_engine: Any) -> Any:
     for slot, p in enumerate(prompts):
         toks = list(eng.tokenize(p, add_special=True))
         for pos, t in enumerate(toks):
-            pc._add(t, pos, slot, pos == len(toks) - 1)
-    pc._decode(4)
+            pc.add(t, pos, slot, pos == len(toks) - 1)
+    pc.decode(4)
     rows = [i for i in range(pc.batch.n_tokens) if pc.batch.logits[i]]
     yield pc, rows
     pc.close()
@@ -63,7 +63,7 @@ def test_greedy_shortcut_is_the_greedy_stage(decoded: Any) -> None:
     pc, rows = decoded
     for row in rows:
         a, b = _both(pc, SamplingParams(temperature=0.0), 0, row, draws=1)
-        assert a == b == [int(np.argmax(pc._logits(row)))]
+        assert a == b == [int(np.argmax(pc.logits(row)))]
 
 
 def test_banned_end_of_generation_tokens_stay_banned(decoded: Any) -> None:
@@ -71,7 +71,7 @@ def test_banned_end_of_generation_tokens_stay_banned(decoded: Any) -> None:
     pc, rows = decoded
     lc = pc.lc
     for row in rows:
-        best = int(np.argmax(pc._logits(row)))
+        best = int(np.argmax(pc.logits(row)))
         full = pc.sampler(SamplingParams(temperature=0.0, logit_bias=((best, float("-inf")),)), 0)
         short = sampling.Chain(pc.sampler(SamplingParams(temperature=0.0), 0).ptr, sampling.GREEDY, 40, (best,))
         try:
@@ -107,7 +107,7 @@ def test_top_k_shortcut_bans_what_ignore_eos_bans(decoded: Any) -> None:
     lc = pc.lc
     s = SamplingParams(temperature=1.5, ignore_eos=True)
     for row in rows:
-        logits = pc._logits(row)
+        logits = pc.logits(row)
         banned = tuple(int(i) for i in np.argsort(logits)[::-1][:2])
         ids = sampling.top_k_candidates(logits, s.top_k, banned)
         assert ids is not None and set(banned) <= set(ids.tolist())
@@ -213,8 +213,8 @@ def test_logits_views_follow_each_row_and_each_decode(smollm2_engine: Any) -> No
             for slot in range(n_rows):  # each slot's prompt ends on a different token: rows that differ
                 seq = [*toks, toks[-1 - slot]]
                 for pos, t in enumerate(seq):
-                    pc._add(t, pos, slot, pos == len(seq) - 1)
-            pc._decode(n_rows)
+                    pc.add(t, pos, slot, pos == len(seq) - 1)
+            pc.decode(n_rows)
             rows = [i for i in range(pc.batch.n_tokens) if pc.batch.logits[i]]
             got = [logits_row(lc, pc.ctx, r, pc.n_vocab).copy() for r in rows]
             for r, g in zip(rows, got, strict=True):

@@ -12,7 +12,8 @@ import pytest
 
 from localgen.engine.batch import ParallelContext
 from localgen.engine.batchmode import batching_mode, exact_price
-from localgen.engine.batchseq import END, Request
+from localgen.engine.batchseq import Request
+from localgen.engine.scheduler import Finished, Scheduler
 from localgen.types import SamplingParams
 
 PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",
@@ -42,6 +43,17 @@ def test_the_prompts_of_many_new_requests_are_evaluated_in_one_call(smollm2_engi
     assert sorted(done) == [0, 1, 2, 3] and all(c.completion_tokens == 8 for c in done.values())
 
 
+def _finished(outputs: list[Any], done: dict[int, Any]) -> None:
+    done.update({o.id: o.completion for o in outputs if isinstance(o, Finished)})
+
+
+def _tokens(sched: Scheduler, done: dict[int, Any]) -> dict[int, int]:
+    """How many tokens each request has, running or ended."""
+    got = {seq.req.index: len(seq.dec.tokens) for seq in sched.active.values()}
+    got.update({i: c.completion_tokens for i, c in done.items()})
+    return got
+
+
 def test_a_burst_of_long_prompts_never_stalls_a_running_stream(smollm2_engine: object) -> None:
     """While four ~300-token prompts (more than one ubatch together) are evaluated chunk by chunk, the stream
     that was already running gets a token at every step; the new ones start as their prompts complete."""
@@ -53,31 +65,26 @@ def test_a_burst_of_long_prompts_never_stalls_a_running_stream(smollm2_engine: o
     # a GPU's steps (one ubatch each), made small here: on a CPU a step takes a whole n_batch instead
     assert (pc.step_tokens, pc.n_batch, pc.one_pool) == (2048, 2048, False)
     pc.step_tokens = 128
-    sampled: list[tuple[int, int]] = []  # (step, request) for every token sampled
-    queue: list[Any] = [Request(0, _chat(eng, PROMPTS[0]), _greedy(24))]
-    ended: set[int] = set()
-    sample = pc._sample
-
-    def record(seq: Any, *rest: Any) -> None:
-        sampled.append((pc.steps, seq.req.index))
-        sample(seq, *rest)
-        if seq.req.index == 0 and len(seq.dec.tokens) == 3:  # request 0 streams: the burst arrives
-            queue.extend(Request(i + 1, t, _greedy(4)) for i, t in enumerate(long))
-
-    def take(wait: bool) -> Any:
-        return queue.pop(0) if queue else END if len(ended) == 5 else None
-
-    pc._sample = record  # type: ignore[method-assign]
+    sched = Scheduler(pc)
+    sched.add(Request(0, _chat(eng, PROMPTS[0]), _greedy(24)))
+    done: dict[int, Any] = {}
+    history: list[dict[int, int]] = []  # each request's tokens after each step
     try:
-        pc.run(take, lambda c: ended.add(c.index))
+        while not sched.idle:
+            _finished(sched.step(), done)
+            history.append(_tokens(sched, done))
+            if len(history[-1]) == 1 and history[-1][0] == 3:  # request 0 streams: the burst arrives
+                for i, t in enumerate(long):
+                    sched.add(Request(i + 1, t, _greedy(4)))
     finally:
         pc.close()
-    assert ended == {0, 1, 2, 3, 4}
-    steps_of_0 = [step for step, i in sampled if i == 0]
-    assert steps_of_0 == list(range(steps_of_0[0], steps_of_0[0] + 24)), "a token at every step"
-    firsts = {i: min(step for step, j in sampled if j == i) for i in range(1, 5)}
+    assert set(done) == {0, 1, 2, 3, 4}
+    of_0 = [h[0] for h in history]
+    first = of_0.index(1)
+    assert of_0[first:first + 24] == list(range(1, 25)), "a token at every step"
+    firsts = {i: next(k for k, h in enumerate(history) if h.get(i, 0) >= 1) for i in range(1, 5)}
     room = pc.step_tokens - 1  # the running stream's row takes one place in each step
-    assert max(firsts.values()) - steps_of_0[2] <= -(-sum(map(len, long)) // room) + 1, "chunks filled each step"
+    assert max(firsts.values()) - of_0.index(3) <= -(-sum(map(len, long)) // room) + 1, "chunks filled each step"
     assert len(set(firsts.values())) > 1, "the burst's prompts were cut into chunks across steps"
 
 
@@ -92,28 +99,25 @@ def test_a_step_lays_its_rows_out_in_slot_order_whatever_slots_the_prompts_got(s
     extra = list(eng.raw_tokens(" And then?"))[-3:]
     pc = ParallelContext(eng, 4, 512, pooled=True)
     assert not pc.one_pool  # the CPU layout: a stream per slot
-    calls: list[list[int]] = []  # the sequence id of every row, per llama_decode
+    calls: list[list[int]] = []  # the sequence id of every row of each step's llama_decode (one a step)
     slots: dict[int, int] = {}
-    decode, sample = pc._decode, pc._sample
-
-    def record_decode(n: int) -> None:
-        calls.append([int(pc.batch.seq_id[i][0]) for i in range(pc.batch.n_tokens)])
-        decode(n)
-
-    def record_sample(seq: Any, *rest: Any) -> None:
-        slots[seq.req.index] = seq.slot
-        sample(seq, *rest)
-
-    pc._decode = record_decode  # type: ignore[method-assign]
-    pc._sample = record_sample  # type: ignore[method-assign]
     done: dict[int, Any] = {}
+
+    def drive(reqs: list[Request]) -> None:
+        sched = Scheduler(pc, reuse=True)
+        for r in reqs:
+            sched.add(r)
+        while not sched.idle:
+            _finished(sched.step(), done)
+            calls.append([int(pc.batch.seq_id[i][0]) for i in range(pc.batch.n_tokens)])
+            slots.update({seq.req.index: slot for slot, seq in sched.active.items()})
+
     try:
-        pc.run(iter([Request(k, t, _greedy(2)) for k, t in enumerate(first)]), lambda c: None, reuse=True)
+        drive([Request(k, t, _greedy(2)) for k, t in enumerate(first)])
         assert [slots[k] for k in range(4)] == [0, 1, 2, 3]
         calls.clear()
         # arrivals continue the slots' prompts in reverse: request 4 continues slot 3's, ..., 7 slot 0's
-        later = [Request(4 + k, first[3 - k] + extra, _greedy(2)) for k in range(4)]
-        pc.run(iter(later), lambda c: done.__setitem__(c.index, c), reuse=True)
+        drive([Request(4 + k, first[3 - k] + extra, _greedy(2)) for k in range(4)])
     finally:
         pc.close()
     assert [slots[4 + k] for k in range(4)] == [3, 2, 1, 0], "each prompt took the slot holding its prefix"
@@ -139,27 +143,21 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
     assert prefix > 100
     pc = ParallelContext(eng, 2, 1024, pooled=True)
     assert not pc.one_pool  # on a CPU each slot has its own stream: the cells come in a copy of the stream
-    queue = [Request(0, first, _greedy(3))]
+    sched = Scheduler(pc, reuse=True)
+    sched.add(Request(0, first, _greedy(3)))
     done: dict[int, Any] = {}
-    positions: list[int] = []  # where request 1's cells begin, at each of its tokens
-
-    def take(wait: bool) -> Any:
-        return queue.pop(0) if queue else END if len(done) == 3 else None
-
-    sample = pc._sample
-
-    def record(seq: Any, *rest: Any) -> None:
-        sample(seq, *rest)
-        if seq.req.index == 0 and len(seq.dec.tokens) == 2:  # the first request runs: the second arrives
-            queue.append(Request(1, second, _greedy(12)))
-        if seq.req.index == 1 and len(seq.dec.tokens) == 2:  # slot 0 is free again: it takes another prompt
-            queue.append(Request(2, other, _greedy(2)))
-        if seq.req.index == 1:
-            positions.append(int(pc.lc.llama_memory_seq_pos_min(pc.lc.llama_get_memory(pc.ctx), seq.slot)))
-
-    pc._sample = record  # type: ignore[method-assign]
+    positions: list[int] = []  # where request 1's cells begin, after each step
+    mem = pc.lc.llama_get_memory(pc.ctx)
     try:
-        pc.run(take, lambda c: done.__setitem__(c.index, c), reuse=True)
+        while not sched.idle:
+            _finished(sched.step(), done)
+            now = _tokens(sched, done)
+            if now.get(0) == 2 and 1 not in now:  # the first request runs: the second arrives
+                sched.add(Request(1, second, _greedy(12)))
+            if now.get(1) == 2 and 2 not in now:  # slot 0 is free again: it takes another prompt
+                sched.add(Request(2, other, _greedy(2)))
+            positions += [int(pc.lc.llama_memory_seq_pos_min(mem, slot)) for slot, seq in sched.active.items()
+                          if seq.req.index == 1]
     finally:
         pc.close()
     assert pc.slots.shared == prefix and done[1].cached_tokens == prefix
@@ -227,19 +225,16 @@ def test_a_saved_state_comes_back_into_another_slot(smollm2_engine: object) -> N
     x = _chat(eng, "Count from one to twenty.")
     b1 = _conversation(eng, "You are a poet who writes about the weather and the sea. " * 8, "Write about rain.")
     pc = ParallelContext(eng, 2, 1024, cache_ram=-1)
+    sched = Scheduler(pc, reuse=True)
     done: dict[int, Any] = {}
     slots: dict[int, int] = {}
-    sample = pc._sample
-
-    def record(seq: Any, *rest: Any) -> None:
-        slots[seq.req.index] = seq.slot
-        sample(seq, *rest)
-
-    pc._sample = record  # type: ignore[method-assign]
-    reqs = [Request(9, x, _greedy(20)), Request(0, a1, _greedy(4)), Request(2, b1, _greedy(40)),
-            Request(1, a2, _greedy(8))]
+    for r in [Request(9, x, _greedy(20)), Request(0, a1, _greedy(4)), Request(2, b1, _greedy(40)),
+              Request(1, a2, _greedy(8))]:
+        sched.add(r)
     try:
-        pc.run(iter(reqs), lambda c: done.__setitem__(c.index, c), reuse=True)
+        while not sched.idle:
+            _finished(sched.step(), done)
+            slots.update({seq.req.index: slot for slot, seq in sched.active.items()})
         counters = pc.slots.host.status() if pc.slots.host else {}
     finally:
         pc.close()

@@ -119,7 +119,7 @@ def test_any_exception_fails_one_job_and_health_tells(inproc: InProcess, monkeyp
 
 def test_a_fault_mid_decode_fails_those_jobs_only(inproc: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     pc = inproc.worker.pc
-    real = pc._decode
+    real = pc.decode
     calls = {"n": 0}
 
     def decode(n: int) -> None:
@@ -128,7 +128,7 @@ def test_a_fault_mid_decode_fails_those_jobs_only(inproc: InProcess, monkeypatch
             raise ZeroDivisionError("a bug in the decoding loop")
         real(n)
 
-    monkeypatch.setattr(pc, "_decode", decode)
+    monkeypatch.setattr(pc, "decode", decode)
     r = _complete(inproc.url, prompt="Once upon a time", max_tokens=20, ignore_eos=True)
     assert r.status_code == 500 and "ZeroDivisionError" not in r.text
     monkeypatch.undo()
@@ -144,7 +144,7 @@ def test_an_error_after_the_first_token_is_an_error_event(inproc: InProcess, mon
     from localgen.errors import LocalgenError
 
     pc = inproc.worker.pc
-    real = pc._decode
+    real = pc.decode
     calls = {"n": 0}
 
     def decode(n: int) -> None:
@@ -153,7 +153,7 @@ def test_an_error_after_the_first_token_is_an_error_event(inproc: InProcess, mon
             raise LocalgenError("llama_decode failed (1) with 1 sequence")
         real(n)
 
-    monkeypatch.setattr(pc, "_decode", decode)
+    monkeypatch.setattr(pc, "decode", decode)
     client = openai.OpenAI(base_url=f"{inproc.url}/v1", api_key="x")
     got: list[str] = []
     calls["n"] = 0
@@ -241,10 +241,10 @@ def test_a_dead_worker_is_a_503_everywhere(smollm2_path: Path) -> None:
     try:
         w = s.worker
 
-        def die(job: Any) -> None:
+        def die() -> None:
             raise SystemExit("simulated death of the worker thread")
 
-        w._batch = die  # type: ignore[method-assign]
+        w.sched.step = die  # the scheduler's next step kills the thread
         r = _complete(s.url, prompt="hi")
         assert r.status_code == 500
         w.thread.join(5)

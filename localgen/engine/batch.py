@@ -16,27 +16,14 @@ Two schedulers, one per mode (engine/batchmode.py):
 
 from __future__ import annotations
 
-import heapq
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
 from localgen.engine import logs, sampling
-from localgen.engine.batchseq import (
-    END,
-    Request,
-    Seq,
-    Solo,
-    accept,
-    completion,
-    from_iterator,
-    is_exact,
-    refuse,
-)
+from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact
 from localgen.engine.lib import logits_row
-from localgen.engine.sequence import SequenceDecoder
 from localgen.engine.slots import Slots
 from localgen.errors import LocalgenError
 from localgen.types import KV_CACHE_TYPES, SamplingParams
@@ -98,7 +85,6 @@ class ParallelContext:
         self.steps = 0  # generation llama_decode calls, and the rows they carried
         self.rows = 0
         self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
-        self._solo: Solo | None = None
         self.warmed_in: int | None = None  # the thread that ran warm_up (its OpenMP team decodes)
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self.vocab = engine.vocab
@@ -106,9 +92,6 @@ class ParallelContext:
 
     def close(self) -> None:
         """Free the context and batch."""
-        if self._solo is not None:
-            self._solo.close()
-            self._solo = None
         if self.ctx:
             self.lc.llama_batch_free(self.batch)
             self.lc.llama_free(self.ctx)
@@ -129,8 +112,8 @@ class ParallelContext:
         tokens = [t for t in (lc.llama_vocab_bos(self.vocab), lc.llama_vocab_eos(self.vocab)) if t >= 0] or [0]
         self.batch.n_tokens = 0
         for k, t in enumerate(tokens):
-            self._add(t, k, 0, k == len(tokens) - 1)
-        self._decode(1)
+            self.add(t, k, 0, k == len(tokens) - 1)
+        self.decode(1)
         lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
         lc.llama_synchronize(self.ctx)
         lc.llama_perf_context_reset(self.ctx)
@@ -148,10 +131,10 @@ class ParallelContext:
         eog = self.engine.eog_tokens if s.ignore_eos else ()
         return sampling.build(self.lc, self.vocab, self.n_vocab, s, seed, self.n_ctx_seq, eog, history)
 
-    def _logits(self, row: int) -> Any:
+    def logits(self, row: int) -> Any:
         return logits_row(self.lc, self.ctx, row, self.n_vocab)
 
-    def _add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
         b = self.batch
         i = b.n_tokens
         b.token[i] = token
@@ -165,180 +148,32 @@ class ParallelContext:
     def run(self, requests: Iterator[Request] | Callable[[bool], Any], on_done: Callable[[Completion], None],
             should_stop: Callable[[], bool] = lambda: False, exact: bool | None = None,
             reuse: bool = False, serial_exact: bool = False, interleave: bool = False) -> None:
-        """Complete every request, N at a time; `on_done` gets each Completion as it finishes.
+        """Complete every request, N at a time, through a Scheduler (engine/scheduler.py; the options are its
+        own); `on_done` gets each Completion as it finishes. `requests` is an iterator, or a function
+        `take(wait)` returning the next Request, None when there is none yet (it may block when `wait`:
+        nothing is running), or END. Once `should_stop` says so, what runs ends as cancelled."""
+        from localgen.engine.scheduler import Finished, Scheduler
 
-        `requests` is an iterator, or a function `take(wait)` returning the next Request, None when there is
-        none yet (it may block when `wait`: nothing is running), or END. A new sequence's prompt is evaluated
-        on its own, in the chunks the single-stream path uses, and then every step decodes one token of each
-        sequence, in slot order (llama.cpp cuts a batch for separate KV streams into ubatches of consecutive
-        sequence ids). So each sequence's numbers go through the same kernels as when it runs alone, wherever
-        those kernels give a row the same result whatever else is in the batch. With `reuse`, a slot keeps
-        its last sequence's KV cache and a request that starts with those tokens evaluates only the rest (a
-        server's chat clients re-send the growing conversation). With `serial_exact` (a batch job with layers
-        on a GPU, where an exact sequence decodes in a call of its own anyway), exact sequences run one after
-        another in the same slot: switching between sequences every call makes each call cost twice as much
-        there (H100, SmolLM2: 302 tok/s round-robin against 648 one at a time). With `interleave` (a server
-        streaming to clients), while sequences are running at most one new prompt is evaluated between two
-        decoding steps, so a burst of arrivals does not stall every stream for all of their prompts."""
         take = requests if callable(requests) else from_iterator(requests)
-        if self.pooled:
-            self._run_mixed(take, on_done, should_stop, reuse)
-            return
-        free = list(range(self.n_parallel))  # a heap: the lowest free slot first, to keep slots consecutive
-        active: dict[int, Seq] = {}
-        exhausted = False
-        waiting: Request | None = None  # taken, held back until the exact sequence running ends
+        sched = Scheduler(self, exact, reuse, interleave, serial_exact)
+        exhausted = stopping = False
         while True:
-            admitted = 0
-            while free and not exhausted and not should_stop() and not (interleave and active and admitted):
-                req, waiting = (waiting, None) if waiting is not None else (take(not active), None)
+            while not exhausted and not stopping and sched.room > 0:
+                req = take(sched.idle)
                 if req is END:
                     exhausted = True
-                    break
-                if req is None:
-                    break
-                if serial_exact and is_exact(req, exact) and any(is_exact(q.req, exact) for q in active.values()):
-                    waiting = req
-                    break
-                self._admit(req, free, active, on_done, should_stop, reuse,
-                            continuation_only=is_exact(req, exact) and self.engine.offloaded)
-                admitted += 1
-            self._cancel(active, free, on_done)
-            if not active:
-                if (exhausted and waiting is None) or should_stop():
-                    return
-                continue
-            self.rounds += 1
-            for group in self.groups([active[slot] for slot in sorted(active)], exact):
-                self.batch.n_tokens = 0
-                wants: list[tuple[Seq, int]] = []
-                for seq in group:
-                    assert seq.pending is not None
-                    wants.append((seq, self._add(seq.pending, seq.next_pos, seq.slot, True)))
-                    seq.pending = None
-                self._decode(len(wants))
-                self.steps += 1
-                self.rows += len(wants)
-                for seq, i in wants:
-                    self._sample(seq, i, active, free, on_done, should_stop)
-
-    # ---- the throughput scheduler (a pooled context) ----------------------------------------------------
-
-    def _run_mixed(self, take: Callable[[bool], Any], on_done: Callable[[Completion], None],
-                   should_stop: Callable[[], bool], reuse: bool) -> None:
-        """Every step: admit whatever waits (while slots are free), then one llama_decode with the next token
-        of every decoding sequence and, in the room left in one ubatch, chunks of the prompts being
-        evaluated, oldest first. A request marked exact waits for the solo lane instead."""
-        free = list(range(self.n_parallel))
-        active: dict[int, Seq] = {}
-        solo_queue: list[Request] = []
-        exhausted = False
-        while True:
-            while free and not exhausted and not should_stop():
-                req = take(not active and self._solo is None and not solo_queue)
-                if req is END:
-                    exhausted = True
-                    break
-                if req is None:
-                    break
-                if req.exact:
-                    solo_queue.append(req)
+                elif req is not None:
+                    sched.add(req)
                     continue
-                self._start(req, free, active, on_done, reuse)
-            self._cancel(active, free, on_done)
-            if self._solo is None and solo_queue and not should_stop():
-                self._solo = Solo(self.engine, solo_queue.pop(0), on_done)
-            if not active and self._solo is None:
-                if (exhausted and not solo_queue) or should_stop():
-                    return
-                continue
-            self.rounds += 1
-            if active:
-                self._mixed_step(active, free, on_done, should_stop)
-            if self._solo is not None and self._solo.step(should_stop()):
-                self._solo = None
-
-    def _start(self, req: Request, free: list[int], active: dict[int, Seq], on_done: Callable[[Completion], None],
-               reuse: bool, continuation_only: bool = False) -> Seq | None:
-        """Give a request a slot (with `reuse`, the free one that holds most of its prompt; in a pooled context,
-        cells shared from any slot that holds more), its prompt still to be evaluated from `filled`. None when
-        it was answered at once (nothing to generate, or a prompt that does not fit)."""
-        if req.sampling.max_tokens == 0 or len(req.tokens) >= self.n_ctx_seq:
-            refuse(req, on_done, self.n_ctx_seq)
-            return None
-        slot, keep = self.slots.pick(free, req.tokens, continuation_only) if reuse else (heapq.heappop(free), 0)
-        keep = self.slots.fill(slot, req.tokens, keep, reuse, reuse and self.pooled, continuation_only)
-        dec = SequenceDecoder.for_request(self.engine.piece, self.engine.is_eog, req.sampling, len(req.tokens),
-                                          self.n_ctx_seq)
-        seq = Seq(req, slot, self.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(), dec,
-                   cached=keep, filled=keep)
-        active[slot] = seq
-        return seq
-
-    def _mixed_step(self, active: dict[int, Seq], free: list[int], on_done: Callable[[Completion], None],
-                    should_stop: Callable[[], bool]) -> None:
-        decoding = sum(1 for s in active.values() if s.pending is not None)
-        room = min(self.n_batch, max(self.step_tokens, decoding + 1)) - decoding
-        filling = sorted((s for s in active.values() if s.filled < len(s.req.tokens)), key=lambda s: s.started)
-        for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
-            end = self._media(seq.req.tokens, seq.slot, seq.filled)
-            self.slots.held[seq.slot].extend(seq.req.tokens[seq.filled:end])
-            seq.filled = end
-        chunks: dict[int, int] = {}  # slot -> end of the prompt chunk it evaluates in this step (oldest first)
-        for seq in filling:
-            if room <= 0:
                 break
-            end = min(len(seq.req.tokens), seq.filled + room, _next_span(seq.req.tokens, seq.filled))
-            chunks[seq.slot] = end
-            room -= end - seq.filled
-        # rows in slot order, each slot's together: with a KV stream per slot llama.cpp cuts a batch into
-        # ubatches of consecutive sequence ids (split_equal), so slots out of order (a prompt given the slot
-        # that held its prefix) cut it into many small ubatches, each a pass over the weights (Gemma 3 270M,
-        # 2 cores, 31 prompts in shuffled slots: a 12 % slower step)
-        self.batch.n_tokens = 0
-        wants: list[tuple[Seq, int]] = []
-        done: list[Seq] = []
-        for slot in sorted(active):
-            seq = active[slot]
-            if seq.pending is not None:
-                wants.append((seq, self._add(seq.pending, seq.next_pos, slot, True)))
-                seq.pending = None
-            elif slot in chunks:
-                tokens, start, end = seq.req.tokens, seq.filled, chunks[slot]
-                row = -1
-                for pos in range(start, end):
-                    row = self._add(tokens[pos], pos, slot, pos == len(tokens) - 1)
-                self.slots.held[slot].extend(tokens[start:end])
-                seq.filled = end
-                if end == len(tokens):
-                    wants.append((seq, row))
-                    done.append(seq)
-        self._decode(len(active))
-        self.steps += 1
-        self.rows += decoding
-        now = time.perf_counter()
-        for seq in done:
-            seq.prefilled = now
-        for seq, i in wants:
-            self._sample(seq, i, active, free, on_done, should_stop)
-
-    def _admit(self, req: Request, free: list[int], active: dict[int, Seq], on_done: Callable[[Completion], None],
-               should_stop: Callable[[], bool], reuse: bool, continuation_only: bool = False) -> None:
-        """Start a request in a free slot: its prompt evaluated at once, alone (from what the slot holds, with
-        `reuse`). `continuation_only` (an exact request on a GPU, whose kernels round a prompt cut at another
-        place differently): reuse a slot only to continue its conversation, never for a shared prefix alone."""
-        seq = self._start(req, free, active, on_done, reuse, continuation_only)
-        if seq is None:
-            return
-        row = self.prefill(req.tokens, seq.slot, seq.filled)
-        self.slots.held[seq.slot].extend(req.tokens[seq.filled:])
-        seq.filled = len(req.tokens)
-        seq.prefilled = time.perf_counter()
-        self._sample(seq, row, active, free, on_done, should_stop)
-
-    def _cancel(self, active: dict[int, Seq], free: list[int], on_done: Callable[[Completion], None]) -> None:
-        for seq in [s for s in active.values() if s.req.cancelled is not None and s.req.cancelled()]:
-            self._finish(seq, active, free, on_done)
+            if not stopping and should_stop():
+                stopping = True
+                sched.abort_all()
+            for out in sched.step():
+                if isinstance(out, Finished):
+                    on_done(out.completion)
+            if sched.idle and (exhausted or stopping):
+                return
 
     def groups(self, seqs: list[Seq], exact: bool | None) -> list[list[Seq]]:
         """The llama_decode calls of one decoding step (sequences in slot order).
@@ -371,7 +206,7 @@ class ParallelContext:
             self.turn = few[-1].slot
         return [[s] for s in alone] + ([few] if few else []) + ([rest] if rest else [])
 
-    def _media(self, tokens: list[int], slot: int, pos: int) -> int:
+    def media(self, tokens: list[int], slot: int, pos: int) -> int:
         """Evaluate into the slot the media spans that start at `pos`; returns the position after them (`pos`
         when none starts there). The caller records them as held."""
         spans = getattr(tokens, "spans", {})
@@ -386,46 +221,25 @@ class ParallelContext:
         batch row of the last token's logits. Media spans evaluate themselves between the pieces."""
         row, start = -1, first
         while start < len(tokens):
-            start = self._media(tokens, seq, start)
+            start = self.media(tokens, seq, start)
             if start >= len(tokens):
                 break
-            end = min(len(tokens), start + self.n_chunk, _next_span(tokens, start))
+            end = min(len(tokens), start + self.n_chunk, next_span(tokens, start))
             self.batch.n_tokens = 0
             for k in range(start, end):
-                row = self._add(tokens[k], k, seq, k == end - 1)
-            self._decode(1)
+                row = self.add(tokens[k], k, seq, k == end - 1)
+            self.decode(1)
             start = end
         return row
 
-    def _decode(self, n_seqs: int) -> None:
+    def decode(self, n_seqs: int) -> None:
         rc = self.lc.llama_decode(self.ctx, self.batch)
         if rc != 0:
             raise LocalgenError(f"llama_decode failed ({rc}) with {n_seqs} sequence{'s' if n_seqs != 1 else ''}",
                                 hint="lower --parallel or raise --ctx")
         logs.raise_deferred()
 
-    def _sample(self, seq: Seq, i: int, active: dict[int, Seq], free: list[int],
-                on_done: Callable[[Completion], None], should_stop: Callable[[], bool]) -> None:
-        tok = sampling.pick(self.lc, self.ctx, seq.sampler, i, self.n_vocab, top_k=self.pooled)
-        accept(seq, tok, lambda: self._logits(i), self.engine.piece)
-        dec = seq.dec
-        if dec.reason != "eos" and len(dec.tokens) > 1:
-            self.slots.held[seq.slot].append(dec.tokens[-2])  # fed at the step that sampled this one
-        if dec.reason is None:
-            seq.pending = tok
-        if dec.reason is not None or should_stop():
-            self._finish(seq, active, free, on_done)
-
-    def _finish(self, seq: Seq, active: dict[int, Seq], free: list[int],
-                on_done: Callable[[Completion], None]) -> None:
-        """Hand on a sequence that ended (or, not ended yet, is cancelled) and free its slot."""
-        on_done(completion(seq))
-        self.lc.llama_sampler_free(seq.sampler.ptr)
-        del active[seq.slot]
-        heapq.heappush(free, seq.slot)
-
-
-def _next_span(tokens: list[int], start: int) -> int:
+def next_span(tokens: list[int], start: int) -> int:
     """Where the next media span at or after `start` begins (len(tokens) when none)."""
     spans = getattr(tokens, "spans", None)
     if not spans:

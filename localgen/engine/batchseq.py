@@ -7,11 +7,12 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
 from localgen.engine.sequence import SequenceDecoder
+from localgen.errors import PromptTooLong
 from localgen.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -23,16 +24,13 @@ END = object()  # what a request source returns when it has nothing more, ever
 
 @dataclass
 class Request:
-    """One prompt to complete: its position in the input, tokens and sampling; optionally a callback for
-    each piece of text as it is decided (streaming) and a flag that cancels it."""
+    """One prompt to complete: its id (unique among the scheduler's jobs), tokens and sampling."""
 
     index: int
     tokens: list[int]
     sampling: SamplingParams
     seed: int = 0
     logprobs: int | None = None
-    on_text: Callable[[str], None] | None = None
-    cancelled: Callable[[], bool] | None = None
     exact: bool = False  # in the throughput scheduler: run alone, on the engine's own context (`Solo`)
 
 
@@ -48,6 +46,7 @@ class Seq:
     cached: int = 0  # prompt tokens the slot's KV cache already held (or shared from another slot)
     prefilled: float = 0.0  # when the prompt was evaluated
     filled: int = 0  # prompt tokens evaluated so far (the throughput scheduler evaluates prompts in chunks)
+    text: list[str] = field(default_factory=list)  # pieces of text decided since the scheduler last took them
 
     @property
     def next_pos(self) -> int:
@@ -66,9 +65,8 @@ def refuse(req: Request, on_done: Callable[[Completion], None], n_ctx: int) -> N
     if req.sampling.max_tokens == 0:
         on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
     else:
-        on_done(Completion(req.index, "", "error: the prompt is longer than the context window "
-                           f"({len(req.tokens):,} ≥ {n_ctx:,} tokens)", len(req.tokens), 0,
-                           0.0, 0.0, req.seed))
+        e = PromptTooLong(f"the prompt is longer than the context window ({len(req.tokens):,} ≥ {n_ctx:,} tokens)")
+        on_done(Completion(req.index, "", f"error: {e.message}", len(req.tokens), 0, 0.0, 0.0, req.seed, error=e))
 
 
 def accept(seq: Seq, tok: int, logits: Callable[[], Any], piece: Callable[[int], bytes]) -> None:
@@ -80,16 +78,16 @@ def accept(seq: Seq, tok: int, logits: Callable[[], Any], piece: Callable[[int],
     if seq.first is None:
         seq.first = time.perf_counter()
     text = seq.dec.push(tok)
-    if text and seq.req.on_text is not None:
-        seq.req.on_text(text)
+    if text:
+        seq.text.append(text)
 
 
 def completion(seq: Seq) -> Completion:
     """End a sequence (as cancelled, if it had not ended by itself) and say how it went."""
     dec, req = seq.dec, seq.req
     tail = dec.end("cancelled")  # a no-op for a sequence that ended by itself
-    if tail and req.on_text is not None:
-        req.on_text(tail)
+    if tail:
+        seq.text.append(tail)
     now = time.perf_counter()
     prefilled = seq.prefilled or now
     assert dec.reason is not None
@@ -109,7 +107,8 @@ class Solo:
         self.seq = Seq(req, -1, None, time.perf_counter(), dec)
 
     def step(self, stop: bool) -> bool:
-        """The prompt (first call) or one token; True once the request has ended (and been handed on)."""
+        """The prompt (first call) or one token; True once the request has ended (and been handed on); with
+        `stop`, it ends now (cancelled)."""
         eng, seq = self.eng, self.seq
         req = seq.req
         if seq.sampler is None:
@@ -119,7 +118,7 @@ class Solo:
             seq.sampler = eng.sampler(req.sampling, req.seed, req.tokens)
             seq.cached = eng.evaluate(req.tokens)
             seq.prefilled = time.perf_counter()
-        if stop or (req.cancelled is not None and req.cancelled()):
+        if stop:
             return self._finish()
         tok = eng.sample(seq.sampler)
         accept(seq, tok, eng.logits, eng.piece)

@@ -109,7 +109,7 @@ def _steps(engine: Engine, pc: ParallelContext, n_prompt: int, row: int, n_beams
             seq = bank * n_beams + len(chosen)
             lc.llama_memory_seq_rm(mem, seq, -1, -1)
             lc.llama_memory_seq_cp(mem, pseq, seq, -1, -1)
-            chosen.append((h, seq, pc._add(tok, n_prompt + step, seq, True)))
+            chosen.append((h, seq, pc.add(tok, n_prompt + step, seq, True)))
         for _h, pseq, _r in live:
             lc.llama_memory_seq_rm(mem, pseq, -1, -1)
         live = chosen

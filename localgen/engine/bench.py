@@ -117,7 +117,7 @@ def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.R
     for step in range(n_gen):
         pc.batch.n_tokens = 0
         for s in range(n):
-            pc._add(rng.randrange(pc.n_vocab), n_prompt + step, s, True)
+            pc.add(rng.randrange(pc.n_vocab), n_prompt + step, s, True)
         if lc.llama_decode(pc.ctx, pc.batch) != 0:
             raise LocalgenError("llama_decode failed in the parallel benchmark", hint="lower --parallel")
     lc.llama_synchronize(pc.ctx)

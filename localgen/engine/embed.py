@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localgen.engine import logs
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import BadRequest, LocalgenError, PromptTooLong, UsageError
 
 if TYPE_CHECKING:
     from localgen.engine.llama import Engine
@@ -184,7 +184,55 @@ def _context(engine: Engine, params: Any) -> Any:
     return ctx
 
 
-class ContextTooSmall(UsageError):
+class EmbedTask:
+    """An embeddings (or, with `query`, rerank) request as a scheduler task (engine/scheduler.py): each `step`
+    tokenizes and encodes the next texts that fit its budget of tokens (at least one whole text: a pooled
+    text is encoded whole), so a large request runs a slice at a time between decoding steps and stops
+    between two slices when aborted. `value`: the Embeddings, or (score, tokens) pairs for rerank."""
+
+    def __init__(self, id: int, embedder: Embedder, texts: list[str], normalize: bool = True,
+                 dimensions: int | None = None, truncate: bool = False, query: str | None = None) -> None:
+        self.id = id
+        self.embedder = embedder
+        self.texts = texts
+        self.normalize = normalize and query is None
+        self.dimensions = dimensions
+        self.truncate = truncate
+        self.query = query
+        self.done: list[Embedding] = []
+        self._next: list[int] | None = None  # the next text's tokens, made by a step that had no room for them
+
+    def _tokens(self, text: str) -> list[int]:
+        emb = self.embedder
+        return emb.pair_tokens(self.query, text, self.truncate) if self.query is not None else \
+            emb.tokens(text, self.truncate)
+
+    def step(self, budget: int | None = None) -> bool:
+        """Encode the next slice (texts of up to `budget` tokens in all, else the window); True once all are."""
+        emb = self.embedder
+        budget = min(budget or emb.n_ctx, emb.n_ctx)
+        batch: list[list[int]] = []
+        used = 0
+        while len(self.done) + len(batch) < len(self.texts) and len(batch) < MAX_SEQS:
+            toks = self._next if self._next is not None else self._tokens(self.texts[len(self.done) + len(batch)])
+            self._next = None
+            if batch and used + len(toks) > budget:
+                self._next = toks
+                break
+            batch.append(toks)
+            used += len(toks)
+        if batch:
+            self.done += emb.embed(batch, self.normalize, self.dimensions)
+        return len(self.done) == len(self.texts)
+
+    @property
+    def value(self) -> list[Any]:
+        if self.query is not None:
+            return [(e.vector[0], e.tokens) for e in self.done]
+        return self.done
+
+
+class ContextTooSmall(UsageError, PromptTooLong):
     """A text longer than the embeddings window."""
 
     def __init__(self, n: int, n_ctx: int) -> None:
@@ -193,8 +241,10 @@ class ContextTooSmall(UsageError):
         self.n = n
 
 
-class QueryTooLong(UsageError):
+class QueryTooLong(UsageError, BadRequest):
     """A rerank query that leaves no room in the window for a document."""
+
+    param = "query"
 
     def __init__(self, n: int, n_ctx: int) -> None:
         super().__init__(f"the query is {n:,} tokens with the model's separators; the reranker's window of "

@@ -198,13 +198,17 @@ class LocalBackend:
         emb = self.embedder(pooling)
         return list(emb.embed([emb.tokens(t, truncate) for t in texts], normalize, dimensions))
 
-    def rerank(self, query: str, documents: list[str], truncate: bool = False) -> list[tuple[float, int]]:
-        """Each document's relevance score for the query (a reranker model), in order, with its tokens."""
+    def scorer(self) -> Any:
+        """The model's reranking context (made on first use)."""
         from localgen.engine.embed import Embedder
 
         if self._scorer is None:
             self._scorer = Embedder(self.engine, scores=True)
-        sc = self._scorer
+        return self._scorer
+
+    def rerank(self, query: str, documents: list[str], truncate: bool = False) -> list[tuple[float, int]]:
+        """Each document's relevance score for the query (a reranker model), in order, with its tokens."""
+        sc = self.scorer()
         out = sc.embed([sc.pair_tokens(query, d, truncate) for d in documents], normalize=False)
         return [(e.vector[0], e.tokens) for e in out]
 

@@ -35,7 +35,7 @@ class HTTPError(Exception):
 
 def http_error(f: Failed) -> HTTPError:
     """A worker's Failed as the HTTPError it answers with (a client error below 500, else the server's)."""
-    return HTTPError(f.status, f.message, "invalid_request_error" if f.status < 500 else "server_error")
+    return HTTPError(f.status, f.message, "invalid_request_error" if f.status < 500 else "server_error", f.param)
 
 
 def error_response(request: Request, e: HTTPError) -> Response:
@@ -208,18 +208,23 @@ def check_prompt_size(worker: ModelWorker, texts: list[str]) -> None:
 
 async def read_messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:
     """messages(), off the event loop when they may hold media (content parts, Ollama's `images`): decoding up
-    to 64 MiB of base64, or fetching an image URL, must not stall every other client."""
+    to 64 MiB of base64 must not stall every other client. Image URLs (with allow_urls) are fetched and
+    checked first, in the server's own bounded pool (serve/app.py's fetch_media), never the loop's default one."""
     if isinstance(raw, list) and any(isinstance(m, dict) and (isinstance(m.get("content"), list) or m.get("images"))
                                      for m in raw):
-        return await asyncio.to_thread(messages, raw, allow_urls)
+        from localgen.serve.app import fetch_media
+
+        fetched = await fetch_media(raw) if allow_urls else None
+        return await asyncio.to_thread(messages, raw, allow_urls, fetched)
     return messages(raw, allow_urls)
 
 
-def messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:
+def messages(raw: Any, allow_urls: bool = False,
+             fetched: dict[str, Any] | None = None) -> tuple[dict[str, Any], ...]:
     """Chat messages with string content (OpenAI's text parts are joined; with an image or audio part, the
-    parts stay, each medium read and checked here, a fetched URL as a data: URI): an assistant's tool_calls
-    and a tool result's tool_call_id (or Ollama's tool_name, and its `images`) are kept; anything else is a
-    400."""
+    parts stay, each medium read and checked here, a fetched URL as a data: URI; `fetched`: the Media
+    read_messages fetched, by URL): an assistant's tool_calls and a tool result's tool_call_id (or Ollama's
+    tool_name, and its `images`) are kept; anything else is a 400."""
     from localgen import media
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "`messages` must be a non-empty list", param="messages")
@@ -243,6 +248,14 @@ def messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:
             else:
                 parts = []
                 for p in content:
+                    inner = p.get("image_url") if p.get("type") == "image_url" else None
+                    url = inner.get("url") if isinstance(inner, dict) else inner
+                    if fetched and isinstance(url, str) and url in fetched:
+                        if fetched[url].kind != "image":
+                            raise HTTPError(400, f"an image_url part holds {fetched[url].format} audio",
+                                            param="messages")
+                        parts.append(fetched[url].part())
+                        continue
                     try:
                         found = media.part_media(p, allow_http=allow_urls)
                     except media.MediaError as e:
@@ -340,7 +353,7 @@ async def events(job: Job, first: Event) -> AsyncIterator[Event]:
         job.cancelled.set()  # a no-op once done; stops generation at once when the client left
 
 
-async def _watch_disconnect(request: Request, job: Job) -> None:
+async def _watch_disconnect(request: Request, job: Job | EmbedJob) -> None:
     """Cancel the job when the client disconnects (the body has been read: the next message is that)."""
     while True:
         message = await request.receive()
@@ -365,9 +378,10 @@ def embed_inputs(raw: Any, param: str = "input") -> list[str]:
 
 
 async def embed(worker: ModelWorker, texts: list[str], dimensions: Any = None, truncate: bool = False,
-                query: str | None = None) -> list[Any]:
-    """Embed (or with a query, rerank) on the worker's thread, between decoding steps; the Embeddings (or
-    (score, tokens) pairs), or an HTTPError."""
+                query: str | None = None, http: Request | None = None) -> list[Any]:
+    """Embed (or with a query, rerank) on the worker's thread, a slice at a time between decoding steps; the
+    Embeddings (or (score, tokens) pairs), or an HTTPError. A client that disconnects (`http`) or a handler
+    cancelled stops the job at its next slice."""
     import asyncio
 
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
@@ -379,7 +393,13 @@ async def embed(worker: ModelWorker, texts: list[str], dimensions: Any = None, t
         worker.submit(job)
     except LocalgenError as e:
         raise HTTPError(503, e.message, "server_error") from None
-    result = await job.result
+    watcher = asyncio.ensure_future(_watch_disconnect(http, job)) if http is not None else None
+    try:
+        result = await job.result
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        job.cancelled.set()  # a no-op once done; stops the job at its next slice when the handler was cancelled
     if isinstance(result, Failed):
         raise http_error(result)
     return list(result)

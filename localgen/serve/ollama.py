@@ -93,7 +93,7 @@ def routes(state: ServeState) -> list[Route]:
         if not isinstance(truncate, bool):
             raise HTTPError(400, "`truncate` must be true or false")
         t0 = time.perf_counter()
-        vectors = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), truncate)
+        vectors = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), truncate, http=request)
         ns = 1_000_000_000
         return JSONResponse({"model": worker.name, "embeddings": [v.vector for v in vectors],
                              "total_duration": int((time.perf_counter() - t0) * ns), "load_duration": 0,
@@ -103,7 +103,7 @@ def routes(state: ServeState) -> list[Route]:
         """/api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
         body = await read_json(request)
         worker = state.worker(body.get("model"))
-        vectors = await embed(worker, embed_inputs(body.get("prompt"), "prompt"), None, True)
+        vectors = await embed(worker, embed_inputs(body.get("prompt"), "prompt"), None, True, http=request)
         return JSONResponse({"embedding": vectors[0].vector})
 
     return [Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version), Route("/api/tags", tags),

@@ -78,7 +78,7 @@ def routes(state: ServeState) -> list[Route]:
         if fmt not in ("float", "base64"):
             raise HTTPError(400, "encoding_format must be float or base64", param="encoding_format")
         texts = embed_inputs(body.get("input"))
-        vectors = await embed(worker, texts, body.get("dimensions"))
+        vectors = await embed(worker, texts, body.get("dimensions"), http=request)
         data = [{"object": "embedding", "index": i, "embedding": _encoded(v.vector, fmt)}
                 for i, v in enumerate(vectors)]
         used = sum(v.tokens for v in vectors)
@@ -102,12 +102,8 @@ def routes(state: ServeState) -> list[Route]:
         if isinstance(top, bool) or not isinstance(top, int) or top < 1:
             raise HTTPError(400, "`top_n` must be a positive integer", param="top_n")
         keep = body.get("return_documents", False)
-        try:  # documents are cut to fit beside the query; one with no room left is a 400 (embed.py QueryTooLong)
-            scored = await embed(worker, docs, None, True, query=query)
-        except HTTPError as e:
-            if e.status == 400 and e.message.startswith("the query is"):
-                e.param = "query"
-            raise
+        # documents are cut to fit beside the query; one with no room left is a 400 (embed.py QueryTooLong)
+        scored = await embed(worker, docs, None, True, query=query, http=request)
         order = sorted(range(len(docs)), key=lambda i: -scored[i][0])[:top]
         results = [{"index": i, "relevance_score": scored[i][0], **({"document": {"text": docs[i]}} if keep else {})}
                    for i in order]

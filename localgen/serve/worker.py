@@ -1,156 +1,42 @@
-"""One served model: a thread that owns its Engine and a ParallelContext with N slots, and runs the
-continuous-batching loop over the jobs the HTTP handlers queue. Text goes back to each handler's asyncio
-queue as typed events as it is decided; a job whose client went away is cancelled at the next step; the
-model unloads after its keep-alive (or when asked) and loads again on the next job. Only this thread
-touches the engine: loading, decoding and unloading all happen here, so nothing frees a model under a
-running decode. One job that fails, for any reason, fails alone; the thread keeps serving."""
+"""One served model: a thread that owns its Engine, a ParallelContext with N slots and the Scheduler over
+them (engine/scheduler.py), and runs a short loop: take the jobs the HTTP handlers queue (generation,
+embeddings, rerank) and the aborts of those whose client went away, step the scheduler, publish what came of
+the step to each handler's event loop as typed events (serve/jobs.py). The model unloads after its
+keep-alive (or when asked) and loads again on the next job. Only this thread touches the engine: loading,
+decoding and unloading all happen here, so nothing frees a model under a running decode. One job that
+fails, for any reason, fails alone; the thread keeps serving."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import queue
-import random
 import sys
 import threading
 import time
 import traceback
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from localgen.backend import Completion
 from localgen.errors import LocalgenError
-from localgen.types import GenerationRequest, LoadParams, ModelRef
+from localgen.serve.jobs import (
+    INTERNAL,
+    Done,
+    EmbedJob,
+    Event,
+    Failed,
+    Job,
+    QueueFull,
+    Text,
+    failed,
+    parse_duration,
+)
+from localgen.types import LoadParams, ModelRef
 
-INTERNAL = "internal error (the server's log has the details)"
-
-
-class QueueFull(LocalgenError):
-    """Every slot is busy and the queue is at its bound."""
-
-
-@dataclass(frozen=True)
-class Text:
-    """A piece of the answer, as it is decided."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class Done:
-    """The job finished; its Completion carries the finish reason, counts and timings."""
-
-    completion: Completion
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The job failed (before or after its first Text) with an HTTP status and a message for the client."""
-
-    status: int
-    message: str
-
-
-Event = Text | Done | Failed
-
-
-@dataclass(eq=False)
-class Job:
-    """One HTTP request's generation. `events` receives Text events (when it streams), then one Done or
-    Failed."""
-
-    request: GenerationRequest
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    seed: int = -1  # the request's seed, else a fresh one (set in __post_init__)
-    enqueued: float = field(default_factory=time.perf_counter)
-    keep_alive: float | None = None  # seconds the model stays loaded after this job (Ollama's keep_alive)
-    load_s: float = 0.0  # time spent loading the model for this job
-    on_end: Callable[[], None] | None = None  # told once, when the job ends (done or error)
-    stream: bool = True  # False: no Text events, only the Done (its Completion has the whole text) or Failed
-    outbox: _Outbox = field(init=False)  # the loop's, shared by its jobs (made on the loop's thread)
-
-    def __post_init__(self) -> None:
-        if self.seed < 0:
-            s = self.request.sampling.seed
-            self.seed = s if s is not None else random.getrandbits(31)
-        self.outbox = _OUTBOXES.get(self.loop) or _OUTBOXES.setdefault(self.loop, _Outbox(self.loop))
-
-    def send(self, event: Event) -> None:
-        """Hand an event to the handler's event loop (from the worker thread)."""
-        if isinstance(event, (Done, Failed)) and self.on_end is not None:
-            end, self.on_end = self.on_end, None
-            end()
-        try:
-            self.outbox.put(self.events, event)
-        except RuntimeError:  # the server is shutting down: nobody is listening any more
-            self.cancelled.set()
-
-
-class _Outbox:
-    """Events from the worker thread to one event loop, handed over together: one wake-up of the loop per
-    decoding step (every stream's text in it), not one per token and stream. Each wake-up is a write to the
-    loop's self-pipe and a pass of the loop on a core that the decoding threads are using."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.lock = threading.Lock()
-        self.items: list[tuple[asyncio.Queue[Event], Event]] = []
-
-    def put(self, events: asyncio.Queue[Event], event: Event) -> None:
-        with self.lock:
-            self.items.append((events, event))
-            if len(self.items) > 1:  # a hand-over is already scheduled and has not run yet
-                return
-        try:
-            self.loop.call_soon_threadsafe(self._deliver)
-        except RuntimeError:
-            with self.lock:
-                self.items.clear()
-            raise
-
-    def _deliver(self) -> None:
-        with self.lock:
-            items, self.items = self.items, []
-        for events, event in items:
-            events.put_nowait(event)
-
-
-# one outbox per event loop, looked up only on that loop's thread (as a Job is made); gone with the loop
-_OUTBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Outbox] = weakref.WeakKeyDictionary()
-
-
-@dataclass(eq=False)
-class EmbedJob:
-    """Texts to embed (or, with a query, to score) on the worker's model; `result` gets the Embeddings (or
-    (score, tokens) pairs), or a Failed."""
-
-    texts: list[str]
-    loop: asyncio.AbstractEventLoop
-    dimensions: int | None = None
-    truncate: bool = False
-    query: str | None = None  # set: score each text as a document for this query (a reranker)
-    result: asyncio.Future[Any] = field(init=False)
-    on_end: Callable[[], None] | None = None
-
-    def __post_init__(self) -> None:
-        self.result = self.loop.create_future()
-
-    def send(self, value: Any) -> None:
-        """Hand the result to the handler's event loop (from the worker thread)."""
-        if self.on_end is not None:
-            end, self.on_end = self.on_end, None
-            end()
-        with contextlib.suppress(RuntimeError):  # the server is shutting down
-            self.loop.call_soon_threadsafe(self._settle, value)
-
-    def _settle(self, value: Any) -> None:
-        if not self.result.done():  # a handler cancelled meanwhile leaves a cancelled future
-            self.result.set_result(value)
+__all__ = ["INTERNAL", "Done", "EmbedJob", "Event", "Failed", "Job", "ModelWorker", "QueueFull", "Text",
+           "parse_duration"]
 
 
 @dataclass(eq=False)
@@ -189,7 +75,9 @@ class ModelWorker:
         self.mode: Any = None  # the batching Mode (engine/batch.py), known once the model has loaded
         self._stop = threading.Event()
         self._ids = itertools.count(1)
-        self._running: dict[int, Job] = {}
+        self._running: dict[int, Job | EmbedJob] = {}  # by scheduler job id
+        self._aborting: set[int] = set()  # ids aborted in the scheduler, not ended yet
+        self.sched: Any = None  # the Scheduler (engine/scheduler.py), made with the model's load
         self._unloads: list[_Unload] = []  # asked for while jobs ran
         self.calls = self.rows = 0  # decode calls and rows of contexts already unloaded
         self.outstanding = 0  # jobs queued or running
@@ -301,38 +189,103 @@ class ModelWorker:
     # ---- the thread -------------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        item: Job | EmbedJob | _Unload | None = None
+        """Take new jobs and aborts, step the scheduler, publish what came of it; idle, unload when due."""
         try:
             if self.pc is not None:  # preloaded in another thread: warm it here, where it will decode
                 self._warm_template()
                 self.pc.warm_up()
             while not self._stop.is_set():
-                item = None
-                try:
-                    item = self.jobs.get(timeout=0.25)
-                except queue.Empty:
-                    self._maybe_unload()
+                running = self.sched is not None and not self.sched.idle
+                self._intake(wait=not running)
+                if self.sched is not None and not self.sched.idle:
+                    self._abort_cancelled()
+                    self._step()
                     continue
-                if isinstance(item, _Unload):
+                if self._unloads:
                     self._unload()
-                    item.done.set()
-                    continue
-                if isinstance(item, EmbedJob):
-                    if self._load_for(item):
-                        self._embed(item)
-                    self.idle_since = time.monotonic()
-                    continue
-                if self._load_for(item):
-                    self._batch(item)
-                self._after_batch()
+                    for req in self._unloads:
+                        req.done.set()
+                    self._unloads.clear()
+                self._maybe_unload()
         except BaseException as e:  # the thread is going: say so, and fail whatever waits
             self.dead = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             self._internal(e, "the worker thread stopped")
-            stopped = Failed(500, f"{self.name}: the model's worker stopped")
-            if isinstance(item, (Job, EmbedJob)):
-                item.send(stopped)
-            self._drain(stopped)
+            self._drain(Failed(500, f"{self.name}: the model's worker stopped"))
             raise
+
+    def _intake(self, wait: bool) -> None:
+        """Move queued jobs to the scheduler (loading the model first if it is not loaded); with `wait`
+        (nothing runs) block a moment for the first."""
+        while True:
+            try:
+                item = self.jobs.get(timeout=0.25) if wait else self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            wait = False
+            if isinstance(item, _Unload):  # once nothing runs
+                self._unloads.append(item)
+                continue
+            if item.cancelled.is_set():
+                item.send(Failed(499, "the client went away"))
+                continue
+            if not self._load_for(item):
+                continue
+            job_id = next(self._ids)
+            job = self._prepare(job_id, item) if isinstance(item, Job) else self._task(job_id, item)
+            if job is not None:
+                self._running[job_id] = item
+                self.sched.add(job)
+
+    def _abort_cancelled(self) -> None:
+        """Abort in the scheduler each job whose client went away (it ends at the next step)."""
+        for job_id, job in self._running.items():
+            if job.cancelled.is_set() and job_id not in self._aborting:
+                self._aborting.add(job_id)
+                self.sched.abort(job_id)
+
+    def _step(self) -> None:
+        """One scheduler step and its outputs. A failed decode fails the jobs in flight alone: the slots
+        start afresh and the model stays loaded."""
+        from localgen.engine.scheduler import Finished, Piece
+
+        try:
+            outputs = self.sched.step()
+        except Exception as e:  # a failed decode is the server's fault (500), with llama.cpp's reason
+            if not isinstance(e, LocalgenError):
+                self._internal(e, "decoding")
+            self._drain_running(Failed(500, e.message) if isinstance(e, LocalgenError) else Failed(500, INTERNAL))
+            self._reset_slots()
+            return
+        for out in outputs:
+            job = self._running.get(out.id)
+            if job is None:
+                continue
+            if isinstance(out, Piece):
+                if isinstance(job, Job) and job.stream:
+                    job.send(Text(out.text))
+                continue
+            del self._running[out.id]
+            self._aborting.discard(out.id)
+            if isinstance(out, Finished):
+                self._finished(job, out.completion)
+            elif out.error is not None:
+                if not isinstance(out.error, LocalgenError):
+                    self._internal(out.error, "embedding")
+                job.send(failed(out.error))
+            else:
+                job.send(out.value)
+        if self.sched.idle:
+            self.idle_since = time.monotonic()
+
+    def _finished(self, job: Any, c: Completion) -> None:
+        if c.error is not None:
+            job.send(failed(c.error))
+        elif c.finish_reason == "cancelled":
+            job.send(Failed(499, "cancelled"))
+        else:
+            job.send(Done(c))
+        if job.keep_alive is not None:
+            self.keep_alive = job.keep_alive
 
     def _warm_template(self) -> None:
         """Compile now what the first chat request would: the chat template (with jinja's import), and the check
@@ -364,30 +317,19 @@ class ModelWorker:
             job.send(Failed(500, f"cannot load {self.name}: {INTERNAL}"))
         return False
 
-    def _embed(self, job: EmbedJob) -> None:
-        """Embed in this thread (between decoding steps when streams run): the Embeddings, or a Failed."""
-        from localgen.engine.embed import ContextTooSmall
+    def _task(self, job_id: int, job: EmbedJob) -> Any:
+        """An embeddings or rerank job as a scheduler task (engine/embed.py), or None after telling the client
+        why it cannot run."""
+        from localgen.engine.embed import EmbedTask
 
         try:
-            if job.query is not None:
-                job.send(self.backend.rerank(job.query, job.texts, job.truncate))
-            else:
-                job.send(self.backend.embed(job.texts, None, True, job.dimensions, job.truncate))
-        except ContextTooSmall as e:
-            job.send(Failed(413, e.message))
-        except LocalgenError as e:
-            job.send(Failed(400, e.message))
+            emb = self.backend.scorer() if job.query is not None else self.backend.embedder()
+            return EmbedTask(job_id, emb, job.texts, True, job.dimensions, job.truncate, job.query)
         except Exception as e:
-            self._internal(e, "embedding")
-            job.send(Failed(500, INTERNAL))
-
-    def _after_batch(self) -> None:
-        self.idle_since = time.monotonic()
-        if self._unloads:
-            self._unload()
-            for req in self._unloads:
-                req.done.set()
-            self._unloads.clear()
+            if not isinstance(e, LocalgenError):
+                self._internal(e, "embedding")
+            job.send(failed(e))
+            return None
 
     def _drain(self, event: Failed) -> None:
         """Fail the jobs in flight and every job still queued."""
@@ -410,93 +352,42 @@ class ModelWorker:
         with contextlib.suppress(OSError, ValueError):  # no stderr left to log to
             print(f"localgen serve: {self.name}: internal error while {where}\n{text}", file=sys.stderr, flush=True)
 
-    def _batch(self, first: Job) -> None:
-        """Run the continuous-batching loop until the queue has been empty for a moment."""
-        from localgen.engine.batchseq import END, Request
-
-        waiting = [first]
-
-        def take(wait: bool) -> Any:
-            while True:
-                if waiting:
-                    item: Job | EmbedJob | _Unload = waiting.pop()
-                else:
-                    try:
-                        item = self.jobs.get(timeout=0.05) if wait else self.jobs.get_nowait()
-                    except queue.Empty:
-                        return END if wait or self._stop.is_set() else None
-                if isinstance(item, _Unload):  # handled once this loop ends
-                    self._unloads.append(item)
-                    return END if wait else None
-                if isinstance(item, EmbedJob):  # quick: done here, between two decoding steps
-                    self._embed(item)
-                    continue
-                return self._prepare(item, Request) or None
-
-        def done(c: Completion) -> None:
-            job = self._running.pop(c.index, None)
-            if job is None:
-                return
-            if c.finish_reason == "cancelled":
-                job.send(Failed(499, "cancelled"))
-            elif c.finish_reason.startswith("error: "):
-                job.send(Failed(413 if "longer than the context" in c.finish_reason else 400,
-                                c.finish_reason[len("error: "):]))
-            else:
-                job.send(Done(c))
-            if job.keep_alive is not None:
-                self.keep_alive = job.keep_alive
-
-        try:
-            self.pc.run(take, done, exact=self.mode.exact, reuse=True, interleave=True)
-        except LocalgenError as e:  # a failed decode: every job in flight fails, the model stays usable
-            self._drain_running(Failed(500, e.message))
-        except Exception as e:  # a bug or a fault: the jobs in flight fail, the slots start afresh
-            self._internal(e, "decoding")
-            self._drain_running(Failed(500, INTERNAL))
-            self._reset_slots()
-
     def _drain_running(self, event: Failed) -> None:
         for job in list(self._running.values()):
             job.send(event)
         self._running.clear()
+        self._aborting.clear()
+        if self.sched is not None:
+            self.sched.close()
 
     def _reset_slots(self) -> None:
-        """Forget every slot's cache after an unexpected failure: nothing half-done is reused."""
+        """Forget every slot's cache after a failure: nothing half-done is reused."""
         pc = self.pc
         if pc is not None and pc.ctx:
             pc.clear()
             pc.slots.reset()
 
-    def _prepare(self, job: Job, request_type: Any) -> Any:
-        """The job as a batch Request (tokenized here, in the thread that owns the engine), or None after
+    def _prepare(self, job_id: int, job: Job) -> Any:
+        """The job as a scheduler Request (tokenized here, in the thread that owns the engine), or None after
         telling the client why it cannot run."""
-        if job.cancelled.is_set():
-            job.send(Failed(499, "the client went away"))
-            return None
+        from localgen.engine.batchseq import Request
+
         try:
             self.backend.check_generates()
             tokens = self.backend.tokens(job.request)
             if job.request.sampling.grammar:
                 self.backend.engine.check_grammar(job.request.sampling.grammar)
-        except LocalgenError as e:
-            job.send(Failed(400, e.message))
-            return None
         except Exception as e:
-            self._internal(e, "preparing a request")
-            job.send(Failed(500, INTERNAL))
+            if not isinstance(e, LocalgenError):
+                self._internal(e, "preparing a request")
+            job.send(failed(e))
             return None
         if len(tokens) >= self.pc.n_ctx_seq:
             job.send(Failed(413, f"the prompt is {len(tokens):,} tokens; each slot's context window is "
                                  f"{self.pc.n_ctx_seq:,}"))
             return None
-        index = next(self._ids)
-        self._running[index] = job
-        # a job that does not stream gets no Text events: each would wake the event loop, a step's
-        # hand-over that costs the decoding thread ~0.2 ms of a 10 ms token on 2 cores (SmolLM2)
-        on_text = (lambda text: job.send(Text(text))) if job.stream else None
-        return request_type(index, tokens, job.request.sampling, job.seed, job.request.logprobs,
-                            on_text=on_text, cancelled=job.cancelled.is_set, exact=job.request.exact)
+        return Request(job_id, tokens, job.request.sampling, job.seed, job.request.logprobs,
+                       exact=job.request.exact)
 
     def _ensure_loaded(self) -> None:
         if self.backend is not None:
@@ -525,7 +416,10 @@ class ModelWorker:
                 pc.close()
             backend.close()  # a failed load holds nothing: the next job loads again
             raise
+        from localgen.engine.scheduler import Scheduler
+
         self.backend, self.pc, self.mode = backend, pc, mode
+        self.sched = Scheduler(pc, mode.exact, reuse=True, interleave=True)
         self.n_ctx = engine.n_ctx
         self.vram_bytes = engine.gpu_weight_bytes()
         self.idle_since = time.monotonic()
@@ -544,6 +438,9 @@ class ModelWorker:
     def _unload(self) -> None:
         """Free the model (it loads again on the next job). Only the worker thread calls this."""
         with self.lock:
+            if self.sched is not None:
+                self.sched.close()
+                self.sched = None
             if self.pc is not None:
                 self.calls += self.pc.steps
                 self.rows += self.pc.rows
@@ -554,35 +451,3 @@ class ModelWorker:
                 self.backend = None
             self.expires_at = None
             self.vram_bytes = 0
-
-
-# Longer than this is "never" (Ollama's keep_alive takes any duration; a date past year 9999 is an error).
-NEVER_AFTER = 100 * 365 * 86400.0
-
-
-def parse_duration(value: Any) -> float:
-    """Ollama's keep_alive: seconds as a number, or "10m", "1h30m", "45s"; negative (or over a century):
-    never unload. Not a number, infinite or NaN is an error."""
-    import math
-    import re
-
-    if isinstance(value, bool):
-        raise LocalgenError(f"bad duration {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        text = str(value).strip().lower()
-        try:
-            seconds = float(text)
-        except ValueError:
-            m = re.fullmatch(r"(-)?((?:\d+(?:\.\d+)?(?:h|m|s|ms))+)", text)
-            if not m:
-                raise LocalgenError(f"bad duration {str(value)[:40]!r}: use seconds, or e.g. 10m, 1h30m, -1 for "
-                                    "never") from None
-            seconds = 0.0
-            for amount, unit in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", m.group(2)):
-                seconds += float(amount) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[unit]
-            seconds = -seconds if m.group(1) else seconds
-    if not math.isfinite(seconds):
-        raise LocalgenError(f"bad duration {str(value)[:40]!r}: it must be finite (-1 for never)")
-    return -1.0 if seconds > NEVER_AFTER else seconds

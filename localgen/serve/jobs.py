@@ -1,0 +1,192 @@
+"""What passes between serve's HTTP handlers and a model's worker thread: the jobs a handler queues
+(`Job` for generation, `EmbedJob` for embeddings and rerank), the events that come back (`Text`, `Done`,
+`Failed`), handed to the handler's event loop one wake-up per step, and `failed`, the one place where an
+error becomes an HTTP status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from localgen.backend import Completion
+from localgen.errors import LocalgenError, Overloaded, ServeError
+from localgen.types import GenerationRequest
+
+INTERNAL = "internal error (the server's log has the details)"
+
+
+class QueueFull(Overloaded):
+    """Every slot is busy and the queue is at its bound."""
+
+
+@dataclass(frozen=True)
+class Text:
+    """A piece of the answer, as it is decided."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The job finished; its Completion carries the finish reason, counts and timings."""
+
+    completion: Completion
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The job failed (before or after its first Text) with an HTTP status and a message for the client."""
+
+    status: int
+    message: str
+    param: str | None = None  # the request field at fault, when one is
+
+
+Event = Text | Done | Failed
+
+
+@dataclass(eq=False)
+class Job:
+    """One HTTP request's generation. `events` receives Text events (when it streams), then one Done or
+    Failed."""
+
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    seed: int = -1  # the request's seed, else a fresh one (set in __post_init__)
+    enqueued: float = field(default_factory=time.perf_counter)
+    keep_alive: float | None = None  # seconds the model stays loaded after this job (Ollama's keep_alive)
+    load_s: float = 0.0  # time spent loading the model for this job
+    on_end: Callable[[], None] | None = None  # told once, when the job ends (done or error)
+    stream: bool = True  # False: no Text events, only the Done (its Completion has the whole text) or Failed
+    outbox: _Outbox = field(init=False)  # the loop's, shared by its jobs (made on the loop's thread)
+
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            s = self.request.sampling.seed
+            self.seed = s if s is not None else random.getrandbits(31)
+        self.outbox = _OUTBOXES.get(self.loop) or _OUTBOXES.setdefault(self.loop, _Outbox(self.loop))
+
+    def send(self, event: Event) -> None:
+        """Hand an event to the handler's event loop (from the worker thread)."""
+        if isinstance(event, (Done, Failed)) and self.on_end is not None:
+            end, self.on_end = self.on_end, None
+            end()
+        try:
+            self.outbox.put(self.events, event)
+        except RuntimeError:  # the server is shutting down: nobody is listening any more
+            self.cancelled.set()
+
+
+class _Outbox:
+    """Events from the worker thread to one event loop, handed over together: one wake-up of the loop per
+    decoding step (every stream's text in it), not one per token and stream. Each wake-up is a write to the
+    loop's self-pipe and a pass of the loop on a core that the decoding threads are using."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list[tuple[asyncio.Queue[Event], Event]] = []
+
+    def put(self, events: asyncio.Queue[Event], event: Event) -> None:
+        with self.lock:
+            self.items.append((events, event))
+            if len(self.items) > 1:  # a hand-over is already scheduled and has not run yet
+                return
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:
+            with self.lock:
+                self.items.clear()
+            raise
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for events, event in items:
+            events.put_nowait(event)
+
+
+# one outbox per event loop, looked up only on that loop's thread (as a Job is made); gone with the loop
+_OUTBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Outbox] = weakref.WeakKeyDictionary()
+
+
+@dataclass(eq=False)
+class EmbedJob:
+    """Texts to embed (or, with a query, to score) on the worker's model; `result` gets the Embeddings (or
+    (score, tokens) pairs), or a Failed."""
+
+    texts: list[str]
+    loop: asyncio.AbstractEventLoop
+    dimensions: int | None = None
+    truncate: bool = False
+    query: str | None = None  # set: score each text as a document for this query (a reranker)
+    result: asyncio.Future[Any] = field(init=False)
+    on_end: Callable[[], None] | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)  # the client left: stop between slices
+
+    def __post_init__(self) -> None:
+        self.result = self.loop.create_future()
+
+    def send(self, value: Any) -> None:
+        """Hand the result to the handler's event loop (from the worker thread)."""
+        if self.on_end is not None:
+            end, self.on_end = self.on_end, None
+            end()
+        with contextlib.suppress(RuntimeError):  # the server is shutting down
+            self.loop.call_soon_threadsafe(self._settle, value)
+
+    def _settle(self, value: Any) -> None:
+        if not self.result.done():  # a handler cancelled meanwhile leaves a cancelled future
+            self.result.set_result(value)
+
+
+def failed(e: BaseException) -> Failed:
+    """An error as the Failed a client gets: a typed ServeError's own status (errors.py), 400 for any other
+    LocalgenError (the request asked for something this model cannot do), else an internal 500 whose details
+    stay in the server's log."""
+    if isinstance(e, ServeError):
+        return Failed(e.status, e.message, e.param)
+    if isinstance(e, LocalgenError):
+        return Failed(400, e.message)
+    return Failed(500, INTERNAL)
+
+
+# Longer than this is "never" (Ollama's keep_alive takes any duration; a date past year 9999 is an error).
+NEVER_AFTER = 100 * 365 * 86400.0
+
+
+def parse_duration(value: Any) -> float:
+    """Ollama's keep_alive: seconds as a number, or "10m", "1h30m", "45s"; negative (or over a century):
+    never unload. Not a number, infinite or NaN is an error."""
+    import math
+    import re
+
+    if isinstance(value, bool):
+        raise LocalgenError(f"bad duration {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        try:
+            seconds = float(text)
+        except ValueError:
+            m = re.fullmatch(r"(-)?((?:\d+(?:\.\d+)?(?:h|m|s|ms))+)", text)
+            if not m:
+                raise LocalgenError(f"bad duration {str(value)[:40]!r}: use seconds, or e.g. 10m, 1h30m, -1 for "
+                                    "never") from None
+            seconds = 0.0
+            for amount, unit in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", m.group(2)):
+                seconds += float(amount) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[unit]
+            seconds = -seconds if m.group(1) else seconds
+    if not math.isfinite(seconds):
+        raise LocalgenError(f"bad duration {str(value)[:40]!r}: it must be finite (-1 for never)")
+    return -1.0 if seconds > NEVER_AFTER else seconds
