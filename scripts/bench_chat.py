@@ -3,13 +3,19 @@
 cache reused across turns (what `localgen chat` does) and, for contrast, with the cache cleared before
 every turn (the whole history re-evaluated).
 
-usage: scripts/bench_chat.py [--model smollm2:135m] [--turns 10] [--answer 48]
+The model is loaded once; the whole conversation is held --samples times (at least 3) in each mode, the two
+modes alternating (each goes first every other time), the cache emptied before each conversation. Answers
+are greedy, so every sample of a turn has the same prompt; each turn's figure is the median of its samples.
+
+usage: scripts/bench_chat.py [--model smollm2:135m] [--turns 10] [--answer 48] [--samples 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
+from typing import Any
 
 QUESTIONS = [
     "Tell me about rivers.", "Which is the longest river?", "What about lakes?", "How do glaciers form?",
@@ -18,15 +24,15 @@ QUESTIONS = [
 ]
 
 
-def run(model: str, turns: int, answer: int, reuse: bool) -> list[tuple[int, int, float]]:
+def conversation(engine: Any, model: str, turns: int, answer: int, reuse: bool) -> list[tuple[int, int, float]]:
+    """One conversation from an empty cache: (prompt tokens, cached tokens, time to first token) per turn."""
     from localgen.chat.runner import ChatRunner
     from localgen.chat.session import ChatSession
-    from localgen.engine.llama import Engine
     from localgen.engine.local import LocalBackend
-    from localgen.models.resolve import resolve
-    from localgen.types import LoadParams, SamplingParams
+    from localgen.tools.loop import Turn
+    from localgen.types import SamplingParams
 
-    engine = Engine(resolve(model), LoadParams(n_ctx=4096))
+    engine.clear()
     runner = ChatRunner(ChatSession(name="bench", model=model), LocalBackend(engine),
                         SamplingParams(temperature=0.0, max_tokens=answer))
     runner.session.save = lambda: Path()  # type: ignore[method-assign]
@@ -34,12 +40,13 @@ def run(model: str, turns: int, answer: int, reuse: bool) -> list[tuple[int, int
     for i in range(turns):
         if not reuse:
             engine.clear()
-        gen, _ = runner.start(QUESTIONS[i % len(QUESTIONS)])
-        list(gen)
-        runner.finish(gen)
-        s = gen.stats
+        runner.start(QUESTIONS[i % len(QUESTIONS)])
+        turn = Turn()
+        runner.reply(lambda event: None, lambda call: False, turn)  # no tools: nothing to approve
+        runner.record(turn)
+        s = runner.last_stats
+        assert s is not None
         rows.append((s.prompt_tokens, s.cached_tokens, s.ttft_s or 0.0))
-    engine.close()
     return rows
 
 
@@ -48,15 +55,38 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2:135m")
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--answer", type=int, default=48)
+    ap.add_argument("--samples", type=int, default=3, help="conversations per mode; each turn's median (3 or more)")
     a = ap.parse_args()
-    reuse = run(a.model, a.turns, a.answer, True)
-    fresh = run(a.model, a.turns, a.answer, False)
-    print(f"{a.model}, {a.answer}-token answers, greedy")
+    if a.samples < 3:
+        ap.error("--samples must be at least 3 (medians of 3 or more)")
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    engine = Engine(resolve(a.model), LoadParams(n_ctx=4096))
+    samples: dict[bool, list[list[tuple[int, int, float]]]] = {True: [], False: []}
+    try:
+        for k in range(a.samples):
+            for reuse in ((True, False) if k % 2 == 0 else (False, True)):
+                samples[reuse].append(conversation(engine, a.model, a.turns, a.answer, reuse))
+    finally:
+        engine.close()
+    for reuse, runs in samples.items():  # greedy: the same prompts every time, or the medians mix turns
+        if any([r[:2] for r in run] != [r[:2] for r in runs[0]] for run in runs):
+            raise SystemExit(f"the {'reused' if reuse else 'cleared'} conversations differ between samples")
+
+    def ttft(reuse: bool, turn: int) -> float:
+        return statistics.median(run[turn][2] for run in samples[reuse])
+
+    reused = samples[True][0]
+    print(f"{a.model}, {a.answer}-token answers, greedy, medians of {a.samples} conversations per mode")
     print("turn  prompt  cached  ttft(reuse)  ttft(no reuse)")
-    for i, (r, f) in enumerate(zip(reuse, fresh, strict=False), 1):
-        print(f"{i:4}  {r[0]:6}  {r[1]:6}  {r[2] * 1000:8.0f} ms  {f[2] * 1000:10.0f} ms")
-    print(f"turn {a.turns} / turn 1 time to first token: {reuse[-1][2] / reuse[0][2]:.2f}x with reuse, "
-          f"{fresh[-1][2] / fresh[0][2]:.2f}x without")
+    for i in range(a.turns):
+        print(f"{i + 1:4}  {reused[i][0]:6}  {reused[i][1]:6}  {ttft(True, i) * 1000:8.0f} ms  "
+              f"{ttft(False, i) * 1000:10.0f} ms")
+    last = a.turns - 1
+    print(f"turn {a.turns} / turn 1 time to first token: {ttft(True, last) / ttft(True, 0):.2f}x with reuse, "
+          f"{ttft(False, last) / ttft(False, 0):.2f}x without")
 
 
 if __name__ == "__main__":

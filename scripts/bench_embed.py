@@ -2,13 +2,20 @@
 """Embedding throughput: N short texts, the same model, pooling (mean), threads and window everywhere,
 alternating runs, medians.
 
+Both sides run with the same settings, the ones localgen's embeddings context uses (engine/embed.py): a
+window of --ctx cells (2048) shared by every sequence (llama.cpp's unified KV cache), logical and physical
+batch equal to the window, and up to 64 texts per llama_decode (embed.MAX_SEQS): llama-embedding and
+llama-server get `-c CTX -b CTX -ub CTX -np 64 --kv-unified`, localgen `--ctx CTX` (and serve `-b CTX -ub
+CTX`). localgen serve's embeddings do not use its generation slots, so it runs with one (`-np 1`), which
+changes nothing for them and keeps 63 idle windows out of its memory.
+
 - `localgen embed --file` against llama.cpp's llama-embedding (built from the same vendored llama.cpp):
   wall time of each command, the load included, as a user pays it;
 - with --llama-server: one client sending batches of 64 to `/v1/embeddings` of llama-server
   (`--embeddings`) and of `localgen serve`, both already running: the time to embed all N.
 
 usage: scripts/bench_embed.py --llama-embedding PATH [--llama-server PATH] [--model smollm2:135m]
-                              [--texts 1000] [--reps 3]
+                              [--texts 1000] [--reps 3] [--threads 2] [--ctx 2048]
 """
 
 from __future__ import annotations
@@ -32,6 +39,11 @@ def texts(n: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))) + "." for _ in range(n)]
 
 
+def llama_settings(ctx: int, seqs: int) -> list[str]:
+    """llama.cpp's flags for localgen's embeddings context: one window, shared, batches as wide as it."""
+    return ["-c", str(ctx), "-b", str(ctx), "-ub", str(ctx), "-np", str(seqs), "--kv-unified"]
+
+
 def timed(cmd: list[str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
@@ -46,10 +58,15 @@ def main() -> int:
     ap.add_argument("--texts", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=2048, help="the window (and batch) of both sides")
     a = ap.parse_args()
+    if a.reps < 3:
+        ap.error("--reps must be at least 3 (medians of 3 or more)")
     sys.path.insert(0, str(ROOT))
+    from localgen.engine.embed import MAX_SEQS
     from localgen.models.resolve import resolve
 
+    a.seqs = MAX_SEQS
     path = str(resolve(a.model).path)
     items = texts(a.texts)
     with tempfile.TemporaryDirectory() as d:
@@ -57,17 +74,19 @@ def main() -> int:
         f.write_text("\n".join(items) + "\n")
         sep = "<#sep#>"
         ours = [sys.executable, "-m", "localgen", "embed", "-m", a.model, "--file", str(f), "--pooling", "mean",
-                "--threads", str(a.threads), "--ctx", "2048"]
+                "--threads", str(a.threads), "--ctx", str(a.ctx)]
         theirs = [a.llama_embedding, "-m", path, "-p", sep.join(items), "--embd-separator", sep, "--pooling", "mean",
-                  "-c", "2048", "-b", "2048", "-ub", "2048", "-t", str(a.threads), "--embd-output-format", "json",
+                  *llama_settings(a.ctx, a.seqs), "-t", str(a.threads), "--embd-output-format", "json",
                   "--no-warmup"]
         timed(ours)  # warm the page cache for both
+        timed(theirs)
         t_ours, t_theirs = [], []
-        for _ in range(a.reps):
-            t_ours.append(timed(ours))
-            t_theirs.append(timed(theirs))
+        for rep in range(a.reps):  # alternated: each goes first every other round
+            for cmd, into in ((ours, t_ours), (theirs, t_theirs))[:: 1 if rep % 2 == 0 else -1]:
+                into.append(timed(cmd))
     mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
-    print(f"{a.model}: {a.texts} texts of 6-14 words, mean pooling, --threads {a.threads}, medians of {a.reps}")
+    print(f"{a.model}: {a.texts} texts of 6-14 words, mean pooling, --threads {a.threads}, window {a.ctx} "
+          f"(batch {a.ctx}, up to {a.seqs} texts per decode, unified KV) on both sides, medians of {a.reps}")
     print(f"  localgen embed --file   {mo:6.2f} s  {a.texts / mo:7.1f} texts/s")
     print(f"  llama-embedding         {mt:6.2f} s  {a.texts / mt:7.1f} texts/s")
     print(f"  ratio (llama-embedding time / ours) {mt / mo:.2f}x")
@@ -114,17 +133,20 @@ def _client(url: str, model: str, items: list[str]) -> float:
 def servers(a: argparse.Namespace, path: str, items: list[str]) -> None:
     """One client, batches of 64, against each running server."""
     pl, pn = _free_port(), _free_port()
-    llama = _start([a.llama_server, "-m", path, "--embeddings", "--pooling", "mean", "-c", "2048", "-b", "2048",
-                    "-ub", "2048", "-t", str(a.threads), "--port", str(pl)], f"http://127.0.0.1:{pl}")
+    llama = _start([a.llama_server, "-m", path, "--embeddings", "--pooling", "mean", *llama_settings(a.ctx, a.seqs),
+                    "-t", str(a.threads), "--port", str(pl)], f"http://127.0.0.1:{pl}")
     ours = _start([sys.executable, "-m", "localgen", "serve", "-m", a.model, "--port", str(pn), "--threads",
-                   str(a.threads)], f"http://127.0.0.1:{pn}")  # each server's own default slots
+                   str(a.threads), "--ctx", str(a.ctx), "-b", str(a.ctx), "-ub", str(a.ctx), "-np", "1"],
+                  f"http://127.0.0.1:{pn}")
+    urls = {"llama": f"http://127.0.0.1:{pl}", "ours": f"http://127.0.0.1:{pn}"}
     try:
-        _client(f"http://127.0.0.1:{pl}", a.model, items[:64])  # warm both
-        _client(f"http://127.0.0.1:{pn}", a.model, items[:64])
-        t_l, t_n = [], []
-        for _ in range(a.reps):
-            t_l.append(_client(f"http://127.0.0.1:{pl}", a.model, items))
-            t_n.append(_client(f"http://127.0.0.1:{pn}", a.model, items))
+        for url in urls.values():  # warm both
+            _client(url, a.model, items[:64])
+        t: dict[str, list[float]] = {"llama": [], "ours": []}
+        for rep in range(a.reps):  # alternated: each goes first every other round
+            for key in (["llama", "ours"] if rep % 2 == 0 else ["ours", "llama"]):
+                t[key].append(_client(urls[key], a.model, items))
+        t_l, t_n = t["llama"], t["ours"]
     finally:
         for p in (llama, ours):
             p.terminate()

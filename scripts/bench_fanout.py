@@ -4,7 +4,12 @@ against one endpoint with --parallel 2N (the same total in flight). The threads 
 set-ups use the same cores: two servers with T/2 threads each, or one with T. Reports wall time and
 aggregate tok/s, and checks that the greedy answers are the same both ways. (issue: beyond one machine)
 
+All three servers are started first (an idle server takes no CPU); after one warm-up job each way, the two
+set-ups run alternately, each going first every other round, for --reps rounds (at least 3), and each row
+is the median of its rounds (with the fastest and slowest beside it).
+
 usage: scripts/bench_fanout.py [--model smollm2:135m] [--lines 32] [--tokens 48] [--parallel 4] [--threads 2]
+                               [--reps 3]
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,37 +69,47 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3, help="timed rounds of each set-up (at least 3)")
     a = ap.parse_args()
+    if a.reps < 3:
+        ap.error("--reps must be at least 3 (medians of 3 or more)")
+    times: dict[str, list[float]] = {"one": [], "two": []}
+    answers: dict[str, list[list[dict[str, Any]]]] = {"one": [], "two": []}
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
         path = Path(home) / "in.jsonl"
         path.write_text("".join(json.dumps({"prompt": f"Write two sentences about the number {i}.",
                                             "max_tokens": a.tokens, "temperature": 0, "ignore_eos": True}) + "\n"
                                 for i in range(1, a.lines + 1)))
-        results = {}
-        one, url = serve(a.model, 2 * a.parallel, a.threads, env)
+        procs: list[Any] = []
         try:
-            job([url], 2 * a.parallel, path, env)  # warm-up
-            results["one"] = job([url], 2 * a.parallel, path, env)
+            one, url = serve(a.model, 2 * a.parallel, a.threads, env)
+            procs.append(one)
+            pair = [serve(a.model, a.parallel, max(1, a.threads // 2), env) for _ in range(2)]
+            procs += [p for p, _ in pair]
+            setups = {"one": ([url], 2 * a.parallel), "two": ([u for _, u in pair], a.parallel)}
+            for urls, parallel in setups.values():  # warm-up
+                job(urls, parallel, path, env)
+            for rep in range(a.reps):  # alternated: each set-up goes first every other round
+                for name in (["one", "two"] if rep % 2 == 0 else ["two", "one"]):
+                    secs, docs = job(*setups[name], path, env)
+                    times[name].append(secs)
+                    answers[name].append(docs)
         finally:
-            one.terminate()
-            one.wait(30)
-        pair = [serve(a.model, a.parallel, max(1, a.threads // 2), env) for _ in range(2)]
-        try:
-            urls = [u for _, u in pair]
-            job(urls, a.parallel, path, env)
-            results["two"] = job(urls, a.parallel, path, env)
-        finally:
-            for p, _ in pair:
+            for p in procs:
                 p.terminate()
                 p.wait(30)
-    for name, (secs, docs) in results.items():
-        tokens = sum(d.get("completion_tokens", 0) for d in docs)
+    print(f"{a.model}: {a.lines} lines x {a.tokens} tokens, greedy; medians of {a.reps} alternated rounds")
+    for name in ("one", "two"):
+        tokens = sum(d.get("completion_tokens", 0) for d in answers[name][0])
+        secs = statistics.median(times[name])
         label = (f"1 endpoint, --parallel {2 * a.parallel}, {a.threads} threads" if name == "one" else
                  f"2 endpoints, --parallel {a.parallel} each, {max(1, a.threads // 2)} thread(s) each")
-        print(f"{label}: {a.lines} lines, {tokens} tokens in {secs:.2f} s = {tokens / secs:.1f} tok/s")
-    same = [d["text"] for d in results["one"][1]] == [d["text"] for d in results["two"][1]]
-    print(f"answers identical: {same}")
+        print(f"{label}: {tokens} tokens in {secs:.2f} s (min {min(times[name]):.2f}, max {max(times[name]):.2f}) "
+              f"= {tokens / secs:.1f} tok/s")
+    print(f"ratio (2 endpoints / 1, tok/s): {statistics.median(times['one']) / statistics.median(times['two']):.2f}x")
+    texts = {tuple(d["text"] for d in docs) for name in answers for docs in answers[name]}
+    print(f"answers identical (every round, both set-ups): {len(texts) == 1}")
 
 
 if __name__ == "__main__":

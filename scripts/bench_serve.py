@@ -6,7 +6,8 @@ time to first token and inter-token latency p50/p99 as the clients see them (the
 POST, TTFT is the first chunk with text, ITL the gaps after it, as vLLM's benchmark client measures).
 
 With --against PATH/llama-server, both servers run side by side and the rounds alternate (localgen,
-llama-server, localgen, ...) for every client count and temperature; medians and ratios are printed.
+llama-server, localgen, ...) for every client count and temperature; medians and ratios are printed. Every
+row is the median of --rounds rounds, at least 3.
 --system-words N gives every request the same N-word system prompt (a shared prefix: 8 clients × ~1,000
 tokens shows what reusing it across slots saves; --localgen-args=--no-share-prefix recomputes it).
 --conversation makes each client's requests the turns of one chat, and --slots N gives the servers fewer
@@ -208,7 +209,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512, help="context per slot")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds per setting; every figure is their median (3 or more)")
     ap.add_argument("--system-words", type=int, default=0)
     ap.add_argument("--conversation", action="store_true",
                     help="each client's requests are the turns of one chat (earlier turns re-sent)")
@@ -223,6 +225,8 @@ def main() -> None:
     ap.add_argument("--localgen-args", default="")
     ap.add_argument("--llama-args", default="")
     a = ap.parse_args()
+    if a.rounds < 3:  # a median of two is their mean: one swinging round moves it by half its swing
+        ap.error("--rounds must be at least 3 (medians of 3 or more)")
     from localgen.models.resolve import resolve
 
     ref = resolve(a.model)

@@ -1,0 +1,208 @@
+"""Every `localgen ...` command shown in the docs' fenced code blocks parses (issue #47, "docs examples that
+run"): a flag renamed or removed, a value a choice no longer takes, a subcommand that moved, each fails this
+suite instead of misleading a reader. The commands are parsed in-process by the real Typer/Click command
+(after `normalize_argv`, as `localgen.cli.main` does), up to the point where the command body would run:
+nothing is loaded, nothing touches the network, so examples that need a GPU, a server or a model that is
+not installed are checked too.
+
+Which lines are commands:
+- blocks fenced as `sh`, `bash` or `shell`: every line (comments dropped, `\\` continuations joined,
+  here-document bodies skipped);
+- blocks fenced as `console`, `text` or with no language: only lines after a `$ ` prompt (the others are
+  output);
+- within a line, each pipeline stage or `&&`/`;`-separated command whose program is `localgen` (or a path
+  ending in `/localgen`), after any leading `NAME=value` assignments (those are set in the environment for
+  the parse, since they can give an option's value);
+- placeholders: the generic synopsis `[options]` is dropped, and an optional part in brackets that starts
+  with a flag (`[-m MODEL]`, `[--json]`) is checked as if it were given. Values in capitals (`NAME`, `ID`)
+  are just values; file names are created, empty, in a scratch directory that the parse runs in, so
+  options that require an existing file accept them.
+
+Values are checked as far as the options declare them (types, ranges, choices, files that must exist);
+values a command body checks itself (`bench -o`, `embed --format`) are not.
+
+Checked by breaking it (on a copy of README.md, parsed with this module's functions): `chat -l` made
+`chat -L`, `--grammar yesno.gbnf` made `--grammer`, `bench compare 3 5` made `bench compare 3` and `logs
+path` made `logs paths` each failed on exactly its line ("No such option: -L", "Missing argument 'b'.",
+"No such command 'paths'"); the unchanged README passes."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+FENCE = re.compile(r"^\s*```\s*([\w+-]*)\s*$")
+SCRIPT_LANGS = {"sh", "bash", "shell", "zsh"}
+PROMPT_LANGS = {"console", "text", "", "shell-session"}
+SEPARATORS = {"|", "||", "&&", ";", "&", "|&"}
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
+FILE_ARG = re.compile(r"^[\w./~-]+\.(txt|md|gbnf|gguf|jsonl|json|png|jpg|jpeg|wav|mp3|flac|py|jinja|csv|tsv)$")
+# at least this many: a change to the extraction that silently drops most examples fails here
+AT_LEAST = 60
+
+
+@dataclass(frozen=True)
+class Example:
+    """One `localgen` command from a doc: where it is, the environment it sets, its arguments."""
+
+    where: str
+    env: tuple[tuple[str, str], ...]
+    argv: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.where} localgen {' '.join(self.argv)}"
+
+
+def _unplaceholder(line: str) -> str:
+    line = line.replace("[options]", "")
+    return re.sub(r"\[(-[^\[\]]*)\]", r"\1", line)
+
+
+def _command_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, command text) for each shell command in the file's fenced blocks."""
+    out: list[tuple[int, str]] = []
+    lang: str | None = None
+    heredoc: str | None = None
+    pending: tuple[int, str] | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        fence = FENCE.match(line)
+        if fence:
+            lang = fence.group(1).lower() if lang is None else None
+            pending = None
+            continue
+        if lang is None or (lang not in SCRIPT_LANGS and lang not in PROMPT_LANGS):
+            continue
+        if heredoc is not None:
+            if line.strip() == heredoc:
+                heredoc = None
+            continue
+        body = line.strip()
+        if pending is not None:
+            start, head = pending
+            body = head + " " + body
+        elif lang in PROMPT_LANGS:
+            if not body.startswith("$ "):
+                continue
+            body = body[2:]
+            start = number
+        else:
+            start = number
+        if body.endswith("\\"):
+            pending = (start, body[:-1])
+            continue
+        pending = None
+        m = HEREDOC.search(body)
+        if m:
+            heredoc = m.group(1)
+        out.append((start, body))
+    return out
+
+
+def _examples(path: Path) -> list[Example]:
+    found: list[Example] = []
+    for number, line in _command_lines(path.read_text(encoding="utf-8")):
+        lex = shlex.shlex(_unplaceholder(line), posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        tokens = list(lex)
+        stages: list[list[str]] = [[]]
+        for tok in tokens:
+            if tok in SEPARATORS:
+                stages.append([])
+            else:
+                stages[-1].append(tok)
+        for stage in stages:
+            words: list[str] = []
+            skip = False
+            for tok in stage:  # redirections and their targets are the shell's, not the command's
+                if skip:
+                    skip = False
+                elif set(tok) <= set("<>&"):
+                    skip = True
+                else:
+                    words.append(tok)
+            env = []
+            while words and ASSIGNMENT.match(words[0]):
+                name, _, value = words.pop(0).partition("=")
+                env.append((name, value))
+            if words and (words[0] == "localgen" or words[0].endswith("/localgen")):
+                where = f"{path.relative_to(ROOT)}:{number}"
+                found.append(Example(where, tuple(env), tuple(words[1:])))
+    return found
+
+
+EXAMPLES = [e for doc in DOCS for e in _examples(doc)]
+
+
+def test_the_docs_have_as_many_examples_as_expected() -> None:
+    assert len(EXAMPLES) >= AT_LEAST, [str(e) for e in EXAMPLES]
+    where = {e.where.split(":")[0] for e in EXAMPLES}
+    assert "README.md" in where
+
+
+def _parse(argv: list[str]) -> list[str]:
+    """Parse `localgen ARGV` as main() would, down to the command that would run; its path comes back.
+    A usage error (unknown option, missing value, bad choice, extra argument, unknown command) raises."""
+    import typer
+
+    from localgen.cli import app, params
+    from localgen.cli.main import normalize_argv
+
+    params.install()
+    args = normalize_argv(list(argv))
+    command: Any = typer.main.get_command(app.build())
+    ctx = command.make_context("localgen", args, resilient_parsing=False)
+    path = ["localgen"]
+    while hasattr(command, "resolve_command") and (ctx._protected_args or ctx.args):
+        name, command, rest = command.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+        path.append(name)
+        ctx = command.make_context(name, rest, parent=ctx, resilient_parsing=False)
+    if hasattr(command, "resolve_command") and not getattr(command, "invoke_without_command", False):
+        raise AssertionError(f"{' '.join(path)} needs a subcommand")
+    return path
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=str)
+def test_every_doc_command_parses(example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer import Exit
+    from typer._click.exceptions import UsageError
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    for name, value in example.env:
+        monkeypatch.setenv(name, value)
+    work = tmp_path / "work"
+    work.mkdir()
+    for arg in example.argv:  # files the example names exist, so "the file does not exist" is no failure
+        if FILE_ARG.match(arg) and not arg.startswith(("/", "~")):
+            (work / arg).parent.mkdir(parents=True, exist_ok=True)
+            (work / arg).touch()
+    monkeypatch.chdir(work)
+    try:
+        path = _parse(list(example.argv))
+    except UsageError as e:
+        pytest.fail(f"{example}: {e.format_message()}")
+    except Exit:
+        return  # an eager option (--version) ends the parse: it parsed
+    assert len(path) >= 2, f"{example}: names no command"
+
+
+def test_a_renamed_flag_would_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check has teeth: an option that does not exist, a missing value, a bad choice and an unknown
+    command are each a usage error, and a good command is not."""
+    from typer._click.exceptions import UsageError
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    assert _parse(["run", "-p", "hi", "--temperature", "0.2"]) == ["localgen", "run"]
+    assert _parse(["bench", "compare", "3", "5"]) == ["localgen", "bench", "compare"]
+    for bad in (["run", "-p", "hi", "--temprature", "0.2"], ["run", "-p"], ["serve", "--numa", "everywhere"],
+                ["frobnicate"], ["bench", "histroy"], ["chat", "a", "b"]):
+        with pytest.raises(UsageError):
+            _parse(bad)
