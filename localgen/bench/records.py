@@ -10,7 +10,6 @@ import platform
 from typing import Any
 
 from localgen.bench.runner import Result
-from localgen.units import format_bytes
 
 # llama-bench's fields, in its order; ours follow.
 LLAMA_BENCH_FIELDS = [
@@ -94,13 +93,16 @@ SHORT = {"n_threads": "threads", "n_gpu_layers": "ngl", "n_batch": "n_batch", "n
 
 
 def size_gib(n: int) -> str:
-    """llama-bench's size column."""
-    return format_bytes(n, llama_bench=True)
+    """llama-bench's size column: MiB below a GiB ("303.54 MiB"), else GiB ("4.58 GiB"), as that tool prints
+    them (units.format_bytes' llama-bench style turns to GiB at 256 MiB: "0.30 GiB")."""
+    if not n:
+        return "-"
+    return f"{n / (1 << 20):.2f} MiB" if n < 1 << 30 else f"{n / (1 << 30):.2f} GiB"
 
 
 def params_b(n: int) -> str:
-    """llama-bench's params column."""
-    return f"{n / 1e9:.2f} B"
+    """llama-bench's params column: millions below a billion ("134.52 M"), else billions ("7.24 B")."""
+    return f"{n / 1e6:.2f} M" if n < 1_000_000_000 else f"{n / 1e9:.2f} B"
 
 
 def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from localgen.bench.sweep import LoadConfig, Plan, Test
+from localgen.bench.sweep import LoadConfig, Plan, Rates, Test
 from localgen.types import LoadParams, SamplingParams
 
 E2E_PROMPT = "Write a detailed essay about the history of the printing press."
@@ -51,10 +51,17 @@ class Result:
 
 
 class Progress:
-    """Callbacks for a progress display; the default does nothing."""
+    """Callbacks for a progress display; the default does nothing. A display may raise from `loading` or `step`
+    to stop the run there: between two measurements, never inside a model load or a context's freeing."""
 
     def begin(self, total: int) -> None:
         """`total` measurements (configurations × tests × repetitions)."""
+
+    def loading(self, description: str) -> None:
+        """A configuration's model is about to load."""
+
+    def estimate(self, seconds: float) -> None:
+        """About how long the whole plan takes, from a first quick measurement (once, before the first test)."""
 
     def step(self, description: str) -> None:
         """One repetition done."""
@@ -117,7 +124,9 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
     n_ctx = max(t.ctx_needed for t in plan.tests if t.n_parallel == 1) + 64 if any(
         t.n_parallel == 1 for t in plan.tests) else 512
     refs: dict[str, Any] = {}
+    probed = False
     for cfg in plan.configs:
+        progress.loading(_describe(cfg))
         ref = refs.get(cfg.model) or (open_model(cfg.model) if open_model else resolve(cfg.model))
         refs[cfg.model] = ref
         params = LoadParams(n_ctx=n_ctx, n_threads=cfg.n_threads, n_threads_batch=cfg.n_threads,
@@ -136,8 +145,13 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
             limit = bandwidth / size if bandwidth and size and not engine.offloaded else None
             bench = BenchContext(engine)
             bench.clear()
+            warm = time.perf_counter()
             bench.prompt(min(plan.tests[0].n_prompt or 16, cfg.n_batch))  # warm-up: caches, threads, kernels
             bench.generate(1)
+            if not probed:
+                room = min(cfg.n_batch, n_ctx - PROBE_GEN - 1)
+                progress.estimate(plan.seconds(_probe(bench, room, engine.load_s + time.perf_counter() - warm)))
+                probed = True
             for test in plan.tests:
                 if test.n_parallel > 1:
                     yield _measure_parallel(engine, cfg, test, model, plan.repetitions, progress, plan.exact)
@@ -146,6 +160,29 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         finally:
             engine.close()
     progress.end()
+
+
+PROBE_PROMPT, PROBE_GEN = 64, 4
+
+
+def _probe(bench: Any, room: int, load_s: float) -> Rates:
+    """A first quick measurement, warm: a short prompt (of at most `room` tokens) and a few generated tokens,
+    well under a second for most models here, to foresee the sweep's length."""
+    bench.clear()
+    n = max(1, min(PROBE_PROMPT, room))
+    prompt_s = bench.prompt(n) / n
+    gen_s = statistics.fmean(bench.generate(PROBE_GEN))
+    bench.clear()
+    return Rates(prompt_s=prompt_s, gen_s=gen_s, load_s=load_s)
+
+
+def _describe(cfg: LoadConfig) -> str:
+    """The configuration in a few words, for a progress display."""
+    settings = [f"t={cfg.n_threads}" if cfg.n_threads else "", f"ngl={cfg.n_gpu_layers}", f"b={cfg.n_batch}",
+                f"ub={cfg.n_ubatch}" if cfg.n_ubatch else "",
+                f"fa={int(cfg.flash_attn)}" if cfg.flash_attn is not None else "", f"ctk={cfg.type_k}",
+                f"ctv={cfg.type_v}"]
+    return f"loading {cfg.model.rsplit('/', 1)[-1]} " + " ".join(x for x in settings if x)
 
 
 def _measure(engine: Any, bench: Any, cfg: LoadConfig, test: Test, model: dict[str, Any], reps: int,

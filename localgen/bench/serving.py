@@ -41,16 +41,29 @@ class Point:
 
 
 def prompt_text(words: int, rng: random.Random) -> str:
-    """About `words` tokens of filler, different per request (so no server cache makes it free)."""
+    """About `words` tokens of filler."""
     return " ".join(rng.choice(WORDS) for _ in range(max(1, words)))
 
 
-def measure(client: Any, concurrency: int, rate: float, n: int, prompt_words: int, gen: int, seed: int) -> Point:
+def prompts(n: int, words: int, seed: int, same: bool = False) -> list[str]:
+    """n prompts of about `words` words. Each begins with a nonce of its own, drawn afresh on every call, so
+    no request shares more than the chat template's opening with any other of this run or an earlier one,
+    and a server's prefix cache cannot make its time to first token look short. `same`: one fixed prompt
+    for every request (seeded), to measure the server with its cache warm."""
+    if same:
+        return [prompt_text(words, random.Random(seed))] * n
+    nonce = random.SystemRandom()
+    rng = random.Random(seed)
+    return [f"{nonce.getrandbits(32):08x} {prompt_text(words - 1, rng)}" for _ in range(n)]
+
+
+def measure(client: Any, concurrency: int, rate: float, n: int, prompt_words: int, gen: int, seed: int,
+            same_prompt: bool = False) -> Point:
     """Send n requests at most `concurrency` at a time, arriving at `rate` per second."""
     from localgen.remote.client import RemoteGeneration
 
     rng = random.Random(seed)
-    prompts = [prompt_text(prompt_words, rng) for _ in range(n)]
+    texts = prompts(n, prompt_words, seed, same_prompt)
     arrivals, t = [], 0.0
     for _ in range(n):
         arrivals.append(t)
@@ -62,7 +75,7 @@ def measure(client: Any, concurrency: int, rate: float, n: int, prompt_words: in
 
     def one(i: int) -> None:
         try:
-            request = GenerationRequest(messages=({"role": "user", "content": prompts[i]},),
+            request = GenerationRequest(messages=({"role": "user", "content": texts[i]},),
                                         sampling=SamplingParams(**{**sampling.__dict__, "seed": seed + i}))
             g = RemoteGeneration(client, request, time.perf_counter())
             for _ in g:
@@ -107,7 +120,8 @@ def _q(values: list[float], p: float) -> float | None:
     return round(ms[min(len(ms) - 1, max(0, round(p * (len(ms) - 1))))], 3)
 
 
-def record(p: Point, url: str, model: str, gen: int, system: dict[str, Any]) -> dict[str, Any]:
+def record(p: Point, url: str, model: str, gen: int, system: dict[str, Any], same_prompt: bool = False
+           ) -> dict[str, Any]:
     """A sweep point as a history record: llama-bench's fields where they mean something, ours after."""
     done = len(p.e2e)
     tps = p.output_tokens / p.duration if p.duration else 0.0
@@ -131,17 +145,30 @@ def record(p: Point, url: str, model: str, gen: int, system: dict[str, Any]) -> 
         "req_per_s": round(done / p.duration, 4) if p.duration else 0.0,
         "ttft_p90_ms": _q(p.ttft, 0.9), "ttft_p99_ms": _q(p.ttft, 0.99),
         "e2e_p50_ms": _q(p.e2e, 0.5), "e2e_p90_ms": _q(p.e2e, 0.9), "e2e_p99_ms": _q(p.e2e, 0.99),
-        "first_error": p.errors[0] if p.errors else None,
+        "first_error": p.errors[0] if p.errors else None, "same_prompt": same_prompt,
     }
 
 
 def run(client: Any, url: str, model: str, concurrencies: list[int], rates: list[float], num_prompts: int | None,
-        prompt_words: int, gen: int, seed: int, system: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The sweep, a record per point as it is measured."""
+        prompt_words: int, gen: int, seed: int, system: dict[str, Any], same_prompt: bool = False
+        ) -> Iterator[dict[str, Any]]:
+    """The sweep, a record per point as it is measured (`same_prompt`: see prompts())."""
     for c in concurrencies:
         for r in rates:
             n = num_prompts or max(8, 2 * c)
-            yield record(measure(client, c, r, n, prompt_words, gen, seed), url, model, gen, system)
+            yield record(measure(client, c, r, n, prompt_words, gen, seed, same_prompt), url, model, gen, system,
+                         same_prompt)
+
+
+def seconds(points: list[tuple[int, float, int, int]], e2e_s: float, gen: int) -> float:
+    """About how long sweep points (concurrency, rate, requests, answer tokens) take if each request takes
+    e2e_s per `gen` tokens of answer, as the first point's did (a server that slows under load takes longer),
+    or as long as their arrivals at `rate` take."""
+    total = 0.0
+    for c, rate, n, g in points:
+        per = e2e_s * g / max(1, gen)
+        total += max(math.ceil(n / c) * per, 0.0 if math.isinf(rate) else (n - 1) / rate + per)
+    return total
 
 
 def table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
@@ -160,10 +187,13 @@ def table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     return headers, cells
 
 
+LABEL = "client-side figures (network, queueing and HTTP included; not llama-bench numbers)"
+
+
 def markdown(records: list[dict[str, Any]]) -> str:
     """The serving table in Markdown, with the client-side label."""
     headers, cells = table(records)
-    lines = ["client-side figures (network, queueing and HTTP included; not llama-bench numbers)", "",
+    lines = [LABEL, "",
              "| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(c) + " |" for c in cells]
     return "\n".join(lines) + "\n"

@@ -146,6 +146,22 @@ class Test:
 
 
 @dataclass(frozen=True)
+class Rates:
+    """A first quick measurement on the first configuration, to foresee how long a plan takes."""
+
+    prompt_s: float  # seconds per prompt token
+    gen_s: float  # seconds per generated token
+    load_s: float  # seconds to load the model and warm it up
+
+
+DEPTH_ALLOWANCE = 2048  # attention over the context: each this many tokens of it add a token's cost, roughly
+
+
+def _deep(tokens: int) -> float:
+    return 1.0 + tokens / DEPTH_ALLOWANCE
+
+
+@dataclass(frozen=True)
 class Plan:
     """Every load configuration, and the tests each runs."""
 
@@ -158,6 +174,22 @@ class Plan:
     def size(self) -> int:
         """Measurements to make."""
         return len(self.configs) * len(self.tests)
+
+    def seconds(self, rates: Rates) -> float:
+        """About how long the plan takes at the first configuration's rates: a rough figure (other
+        configurations, depth and batching are allowances), for a line before the sweep starts."""
+        per_config = rates.load_s
+        for t in self.tests:
+            prompt = (t.n_depth + t.n_prompt) * rates.prompt_s * _deep(t.n_depth + t.n_prompt // 2)
+            gen = t.n_gen * rates.gen_s * _deep(t.n_depth + t.n_prompt + t.n_gen // 2)
+            if t.kind == "e2e":  # a chat-templated prompt of some 40 tokens, then the answer
+                rep = 40 * rates.prompt_s + gen
+            elif t.n_parallel > 1:  # every sequence's prompt; a step of several costs more than one
+                rep = t.n_parallel * prompt + gen * (1 + (t.n_parallel - 1) / 4)
+            else:
+                rep = prompt + gen
+            per_config += rep * (self.repetitions + (t.n_parallel > 1))  # -npl tests have their own warm-up
+        return len(self.configs) * per_config
 
 
 def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batch: list[int],

@@ -1,0 +1,370 @@
+"""`localgen bench` at its edges (issue #42): a long sweep says how long it will take and how far it is, Ctrl-C
+keeps what was measured (and never lands inside a model's freeing), `--endpoint` prompts that no prefix cache
+can flatter, a table that fits 100 columns, `compare` with a figure missing, sizes and counts as labelled.
+Real SmolLM2 runs with small sizes; the fake OpenAI server for `--endpoint`."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from localgen.bench import sweep
+from localgen.cli import app, params
+from tests.conftest import ROOT, default_sigint
+from tests.fake_openai import FakeServer
+
+
+def invoke(*args: str) -> Any:
+    """`localgen ARGS` in this process (stdout and stderr apart, neither a terminal)."""
+    params.install()
+    return CliRunner().invoke(app.build(), list(args), env={"COLUMNS": "200"})
+
+
+@pytest.fixture()
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A benchmark history of this test's own."""
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    return tmp_path
+
+
+def _run_id(stderr: str) -> int:
+    m = re.search(r"saved as run (\d+)", stderr)
+    assert m, stderr
+    return int(m.group(1))
+
+
+# ---- a long sweep: its length first, then a line per row in a pipe, and Ctrl-C keeps the rows ------------
+
+def _line(stream: Any, within: float = 120.0) -> str:
+    """The next line from a child's unbuffered pipe (so nothing waits in a buffer the selector cannot see), or ""
+    if none came in time: a safety net, so that a child which says nothing fails the test instead of hanging it."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ)
+        if not sel.select(within):
+            return ""
+    return bytes(stream.readline()).decode()
+
+
+def test_a_long_sweep_says_how_long_then_reports_each_row_and_ctrl_c_keeps_them(cli_env: dict[str, str],
+                                                                                tmp_path: Path) -> None:
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path)}
+    # 1,000 generation tests, tg1 to tg1000: minutes of work even on a GPU, the first row within a second
+    p = subprocess.Popen([sys.executable, "-m", "localgen", "bench", "-p", "0", "-n", "1-1000", "-r", "1",
+                          "--no-e2e", "-o", "jsonl"], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, preexec_fn=default_sigint)
+    assert p.stdout is not None and p.stderr is not None
+    try:
+        said = _line(p.stderr)
+        assert re.fullmatch(r"bench: 1 configuration × 1,000 tests × 1 repetition: about (\d+ min|\d+ h \d+ min|\d+ s) "
+                            r"\(Ctrl-C stops after the current repetition and keeps the rows measured\)\n", said), said
+        first = json.loads(_line(p.stdout) or "null")
+        assert first and first["test"] == "tg1"
+        progress = _line(p.stderr)
+        assert re.fullmatch(r"bench: 1/1,000 smollm2:135m tg1: [\d,.]+ t/s, about .+ left\n", progress), progress
+        p.send_signal(signal.SIGINT)
+        out_b, err_b = p.communicate(timeout=300)  # a safety net: it stops after the repetition under way
+        out, err = out_b.decode(), err_b.decode()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 130, err
+    rows = [first, *map(json.loads, out.splitlines())]
+    assert 1 <= len(rows) < 1000 and [r["test"] for r in rows] == [f"tg{i}" for i in range(1, len(rows) + 1)]
+    assert err.rstrip().endswith("interrupted; the results above were measured and kept")
+    assert "Traceback" not in err and err.count("interrupted") == 1
+    kept = subprocess.run([sys.executable, "-m", "localgen", "bench", "history", str(_run_id(err)), "-o", "json"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert [r["test"] for r in json.loads(kept.stdout)] == [r["test"] for r in rows]
+
+
+def test_on_a_terminal_it_says_how_long_and_draws_a_bar_on_stderr_only(cli_env: dict[str, str],
+                                                                        tmp_path: Path) -> None:
+    import pty
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path), "COLUMNS": "100", "TERM": "xterm"}
+    env.pop("NO_COLOR", None)
+    main, sub = pty.openpty()
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "localgen", "bench", "-p", "8", "-n", "2", "-r", "2", "--no-e2e",
+                              "-o", "jsonl"], env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=sub)
+        os.close(sub)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            screen += chunk
+        out, _ = p.communicate(timeout=300)
+    finally:
+        os.close(main)
+    assert p.returncode == 0
+    assert [json.loads(x)["test"] for x in out.decode().splitlines()] == ["pp8", "tg2"], "stdout: results only"
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
+    assert re.search(r"bench: 1 configuration × 2 tests × 2 repetitions: about \d+ s", text), text
+    assert "━" in text or "█" in text or "2/4" in text, f"a progress bar: {text!r}"
+
+
+def test_a_short_sweep_in_a_pipe_keeps_stderr_to_one_line(own_home: Path) -> None:
+    r = invoke("bench", "-p", "8", "-n", "2", "-r", "1", "--no-e2e", "-o", "jsonl")
+    assert r.exit_code == 0, r.stderr
+    assert [json.loads(x)["test"] for x in r.stdout.splitlines()] == ["pp8", "tg2"]
+    assert re.fullmatch(r"saved as run \d+: localgen bench history \d+\n", r.stderr)
+
+
+def test_the_foreseen_length_grows_with_the_work() -> None:
+    def plan(configs: int = 1, reps: int = 5, depth: int = 0, parallel: list[int] | None = None) -> sweep.Plan:
+        return sweep.build(["m"], list(range(1, configs + 1)), [0], [2048], [None], [None], ["f16"], ["f16"], [512],
+                           [128], [], [depth], reps, e2e=True, parallel=parallel)
+
+    rates = sweep.Rates(prompt_s=0.001, gen_s=0.01, load_s=0.5)
+    one = plan().seconds(rates)
+    # pp512 + tg128 + e2e128, 5 times, and a load: about 0.5 + 5 × (0.512 + 1.28 + 1.32) s
+    assert 14 < one < 17
+    assert plan(configs=3).seconds(rates) == pytest.approx(3 * one)
+    assert plan(reps=10).seconds(rates) > 1.9 * one - 1
+    assert plan(depth=4096).seconds(rates) > 2 * one
+    assert plan(parallel=[8]).seconds(rates) > one + 5 * 8 * 0.512
+
+
+def test_ctrl_c_inside_a_models_freeing_lets_it_finish_and_stops_before_the_next_load(
+        own_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception raised inside a model load or a context's freeing crashed the process now and then
+    (SIGSEGV, as `tune` did): a first Ctrl-C is acted on between two measurements only."""
+    from localgen.engine.llama import Engine
+
+    freed: list[int] = []
+    loads: list[int] = []
+    real_close, real_init = Engine.close, Engine.__init__
+
+    def close(self: Engine) -> None:
+        if not freed:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the first configuration's model is freed
+            time.sleep(0.2)
+        real_close(self)
+        freed.append(1)
+
+    def init(self: Engine, *a: Any, **kw: Any) -> None:
+        loads.append(1)
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(Engine, "close", close)
+    monkeypatch.setattr(Engine, "__init__", init)
+    r = invoke("bench", "-p", "8", "-n", "0", "-r", "1", "-t", "1,2", "--no-e2e", "-o", "jsonl")
+    assert freed and loads == [1], "the freeing finished, and the second configuration was never loaded"
+    assert r.exit_code == 130
+    assert [json.loads(x)["n_threads"] for x in r.stdout.splitlines()] == [1]
+    assert "interrupted; the results above were measured and kept" in r.stderr
+
+
+# ---- bench --endpoint: prompts a prefix cache cannot flatter ----------------------------------------------
+
+def _sweep(fake: FakeServer, *args: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """The prompts one `bench --endpoint` run sent (2 sweep points of 3 requests), and its records."""
+    before = len(fake.requests)
+    r = invoke("bench", "--endpoint", fake.url, "-m", "plain", "-npl", "1,2", "--num-prompts", "3", "-p", "6", "-n",
+               "4", "-o", "json", *args)
+    assert r.exit_code == 0, r.stderr
+    recs: list[dict[str, Any]] = json.loads(r.stdout)
+    assert [rec["same_prompt"] for rec in recs] == [bool(args)] * 2
+    return [q["body"]["messages"][-1]["content"] for q in fake.requests[before:]], recs
+
+
+def _prompts(fake: FakeServer, *args: str) -> list[str]:
+    return _sweep(fake, *args)[0]
+
+
+def test_endpoint_prompts_differ_per_request_across_points_and_runs(fake: FakeServer, own_home: Path) -> None:
+    first, second = _prompts(fake), _prompts(fake)
+    assert len(first) == len(second) == 6
+    every = first + second
+    assert len(set(every)) == len(every), "no request repeats an earlier one"
+    # not even their openings: the first word is a nonce of each request's own
+    assert len({p.split()[0] for p in every}) == len(every)
+    assert all(len(p.split()) == 6 for p in every), "-p words, the nonce included"
+
+
+def test_an_endpoint_sweep_foresees_its_length_from_its_first_point(fake: FakeServer, own_home: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from localgen.bench import serving
+
+    # 8 requests, 2 at a time, 1 s each: 4 s; arriving at 1 a second, the last at about 7 s, then 1 s more
+    assert serving.seconds([(2, math.inf, 8, 64)], 1.0, 64) == 4.0
+    assert serving.seconds([(2, 1.0, 8, 64)], 1.0, 64) == 8.0
+    assert serving.seconds([(1, math.inf, 2, 128)], 1.0, 64) == 4.0, "twice the answer, twice the time"
+    seen: list[tuple[Any, ...]] = []
+    real = serving.seconds
+
+    def foresee(points: Any, e2e_s: float, gen: int) -> float:
+        seen.append((list(points), e2e_s, gen))
+        return real(points, e2e_s, gen) + 600  # a long sweep, as a slow server's would be
+    monkeypatch.setattr(serving, "seconds", foresee)
+    r = invoke("bench", "--endpoint", fake.url, "-m", "plain", "-npl", "1,2", "--request-rate", "inf,50",
+               "--num-prompts", "2", "-p", "6", "-n", "4", "-o", "jsonl")
+    assert r.exit_code == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 4
+    assert seen == [([(1, 50.0, 2, 4), (2, math.inf, 2, 4), (2, 50.0, 2, 4)], seen[0][1], 4)] and seen[0][1] > 0
+    lines = r.stderr.splitlines()
+    assert re.fullmatch(r"bench: 4 sweep points: about 10 min \(Ctrl-C keeps the rows measured\)", lines[0])
+    assert re.fullmatch(r"bench: 1/4 plain serve c1 rinf: [\d,.]+ t/s, about .+ left", lines[1]), lines[1]
+    assert re.fullmatch(r"bench: 4/4 plain serve c2 r50: [\d,.]+ t/s", lines[4]), lines[4]
+
+
+def test_same_prompt_keeps_one_prompt_for_every_request(fake: FakeServer, own_home: Path) -> None:
+    got = _prompts(fake, "--same-prompt")
+    assert len(got) == 6 and len(set(got)) == 1
+    from localgen.errors import UsageError
+
+    r = invoke("bench", "--same-prompt", "-p", "8", "-n", "0", "--no-e2e")
+    assert isinstance(r.exception, UsageError), r.exception  # exit status 2 at the command line
+    assert "--same-prompt" in str(r.exception) and "--endpoint" in str(r.exception)
+
+
+# ---- output: a table that fits, compare with a figure missing, sizes and parameters as llama-bench -----
+
+@pytest.fixture(scope="module")
+def swept_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """A real run with swept settings (their columns widen the table)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LOCALGEN_HOME", str(tmp_path_factory.mktemp("swept")))
+    try:
+        r = invoke("bench", "-p", "16", "-n", "4", "-pg", "16,4", "-r", "1", "-t", "1,2", "-ub", "16", "--no-e2e",
+                   "-o", "json")
+    finally:
+        mp.undo()
+    assert r.exit_code == 0, r.stderr
+    recs: list[dict[str, Any]] = json.loads(r.stdout)
+    return recs
+
+
+def _render(recs: list[dict[str, Any]], width: int) -> str:
+    from rich.console import Console
+
+    from localgen.bench import records
+    from localgen.cli.bench import _rich_table
+
+    system = {**records.system_info(), "bandwidth": 12.3e9}
+    buf = io.StringIO()
+    _rich_table(recs, system, Console(file=buf, width=width, color_system=None, force_terminal=False))
+    return buf.getvalue()
+
+
+def test_the_table_fits_100_columns_with_every_number_whole(swept_run: list[dict[str, Any]]) -> None:
+    from localgen.bench import records
+
+    out = _render(swept_run, 100)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert "…" not in out
+    tokens = set(re.findall(r"[^\s│┃]+", out))
+    _, cells = records.rows(swept_run)
+    for row in cells:
+        for cell in row:
+            for word in cell.split():  # every figure whole: wrapped between words if at all, never inside one
+                assert word in tokens, f"{word} (of {cell!r}) is cut or missing"
+    # llama-bench's columns come first: t/s in the first table, with the test it belongs to
+    first = next(line for line in lines if "┃" in line)
+    assert "test" in first and "t/s" in first
+    wide = _render(swept_run, 250)
+    assert sum("┃" in line for line in wide.splitlines()) == 1, "one table where it fits"
+
+
+def test_the_client_side_table_fits_100_columns(fake: FakeServer, own_home: Path) -> None:
+    from rich.console import Console
+
+    from localgen.bench import serving
+    from localgen.cli.bench import _emit_serving
+
+    _, recs = _sweep(fake)
+    buf = io.StringIO()
+    _emit_serving(recs, Console(file=buf, width=100, color_system=None))
+    out = buf.getvalue()
+    assert out.startswith(serving.LABEL) and max(len(line) for line in out.splitlines()) <= 100
+    tokens = set(re.findall(r"[^\s│┃]+", out))
+    for row in serving.table(recs)[1]:
+        assert all(word in tokens for cell in row for word in cell.split()), row
+
+
+def test_sizes_and_parameters_read_as_llama_bench_writes_them(swept_run: list[dict[str, Any]]) -> None:
+    from localgen.bench import records
+
+    headers, cells = records.rows(swept_run)
+    row = dict(zip(headers, cells[0], strict=True))
+    rec = swept_run[0]
+    assert row["size"] == f"{rec['model_size'] / (1 << 20):.2f} MiB"
+    assert row["peak RSS"] == f"{rec['peak_rss_bytes'] / (1 << 20):.2f} MiB"
+    assert row["params"] == f"{rec['model_n_params'] / 1e6:.2f} M"  # 134.52 M, not "0.13 B"
+    assert records.params_b(7_241_732_096) == "7.24 B"
+    # MiB up to a GiB, as llama-bench: a 303 MiB peak is not "0.30 GiB"
+    assert records.size_gib(318_283_776) == "303.54 MiB" and records.size_gib(4_918_000_000) == "4.58 GiB"
+
+
+def test_compare_leaves_a_missing_figure_empty(own_home: Path) -> None:
+    a = invoke("bench", "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-t", "1", "-o", "json")
+    b = invoke("bench", "-p", "8,16", "-n", "0", "-r", "1", "--no-e2e", "-t", "1", "-o", "json")
+    assert a.exit_code == b.exit_code == 0
+    ia, ib = _run_id(a.stderr), _run_id(b.stderr)
+    doc = json.loads(invoke("bench", "compare", str(ia), str(ib), "--json").stdout)
+    missing = next(r for r in doc["results"] if r["test"] == "pp16")
+    assert missing["a_ts"] is None and missing["ratio"] is None and missing["b_ts"] > 0
+    text = invoke("bench", "compare", str(ia), str(ib))
+    assert text.exit_code == 0, text.stderr
+    lines = text.stdout.splitlines()
+    row = next(line for line in lines if " pp16 " in f" {line} " and "█" not in line)
+    assert re.search(r"pp16\s+[\d.]+\s*$", row), f"run {ia}'s figure and B/A stay empty: {row!r}"
+    bar = next(line for line in lines if f"pp16 run {ia}" in line)
+    assert "█" not in bar and "t/s" not in bar and "0.0" not in bar
+    assert "█" in next(line for line in lines if f"pp16 run {ib}" in line)
+
+
+def test_bar_chart_fits_its_columns_and_draws_no_bar_for_a_missing_figure() -> None:
+    from localgen.cli.bench import bar_chart
+
+    chart = bar_chart([("short", 100.0), ("x" * 90, 50.0), ("gone", None)], columns=100).splitlines()
+    assert max(len(line) for line in chart) <= 100
+    assert "gone" in chart and not any(line.startswith("█") and "gone" in line for line in chart)
+    assert chart[chart.index("x" * 90) + 1].count("█") > 0
+
+
+# ---- count flags: one spelling ----------------------------------------------------------------------------
+
+def test_every_how_many_option_is_spelled_n() -> None:
+    """An option that says how many of a command's results (`similar`, `rerank`, `logs`) or tokens (`run`,
+    `chat`, `serve`; bench's -n/--n-gen, as llama-bench) is -n. bench's other counts cannot be: -r/--repetitions
+    and --num-prompts keep llama-bench's and vLLM's spellings, since -n is already --n-gen there."""
+    import typer
+
+    found: dict[str, Any] = {}
+
+    def walk(command: Any, path: str) -> None:
+        found[path] = command
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}".strip())
+
+    params.install()
+    walk(typer.main.get_command(app.build()), "")
+    counts = {(path, o.name): [*o.opts, *o.secondary_opts] for path, c in found.items() for o in c.params
+              if o.param_type_name == "option" and re.match(r"(How many|Only the best N|Most tokens to generate|"
+                                                          r"Generation lengths)", o.help or "")}
+    assert {path for path, _ in counts} >= {"run", "chat", "serve", "similar", "rerank", "logs", "bench"}
+    assert all("-n" in names for names in counts.values()), counts
+    bench = {n for o in found["bench"].params for n in o.opts}
+    assert {"-r", "--repetitions", "--num-prompts"} <= bench
