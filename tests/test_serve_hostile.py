@@ -182,7 +182,7 @@ def test_a_non_streamed_answer_is_handed_over_once(inproc: InProcess, monkeypatc
     import ollama
     import openai
 
-    from localgen.serve.worker import Job
+    from localgen.serve.jobs import Job
 
     sent: list[tuple[bool, str]] = []
     real = Job.send

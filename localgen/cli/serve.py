@@ -174,7 +174,7 @@ def start(f: o.Flags) -> None:
     from localgen.serve.app import DRAIN_S, build
     from localgen.serve.common import ServeState
     from localgen.serve.guard import Policy, origins_from
-    from localgen.serve.worker import parse_duration
+    from localgen.serve.jobs import parse_duration
 
     err = ErrWriter()
     if f.allow_private_urls and not f.allow_image_urls:

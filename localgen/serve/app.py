@@ -25,7 +25,7 @@ from localgen.fetch import FetchPool
 from localgen.serve import ollama, openai
 from localgen.serve.common import HTTPError, ServeState, error_response
 from localgen.serve.guard import Gate, Policy
-from localgen.serve.worker import INTERNAL, Failed
+from localgen.serve.jobs import INTERNAL, Failed
 
 # After SIGTERM or Ctrl-C, uvicorn waits DRAIN_S + 1 s for the requests in flight (cli/serve.py's
 # timeout_graceful_shutdown), then cancels them: a stream cut with no error event, a plain-text 500. Our jobs

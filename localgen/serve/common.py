@@ -18,7 +18,8 @@ from starlette.responses import Response
 from localgen import settings
 from localgen.backend import Completion
 from localgen.errors import LocalgenError, UsageError
-from localgen.serve.worker import Done, EmbedJob, Event, Failed, Job, ModelWorker, Text
+from localgen.serve.jobs import Done, EmbedJob, Event, Failed, Job, Text
+from localgen.serve.worker import ModelWorker
 from localgen.types import GenerationRequest, SamplingParams
 
 

@@ -149,6 +149,13 @@ class EmbedJob:
             self.result.set_result(value)
 
 
+@dataclass(eq=False)
+class Unload:
+    """A request to free the model, handled by the worker thread once nothing runs."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 def failed(e: BaseException) -> Failed:
     """An error as the Failed a client gets: a typed ServeError's own status (errors.py), 400 for any other
     LocalgenError (the request asked for something this model cannot do), else an internal 500 whose details

@@ -31,8 +31,8 @@ from localgen.serve.common import (
     sampling,
     schema_grammar,
 )
+from localgen.serve.jobs import Done, Event, Text, parse_duration
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
-from localgen.serve.worker import Done, Event, Text, parse_duration
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.types import GenerationRequest
 

@@ -32,8 +32,8 @@ from localgen.serve.common import (
     schema_grammar,
     timings,
 )
+from localgen.serve.jobs import Event, Failed, Text
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
-from localgen.serve.worker import Event, Failed, Text
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.types import GenerationRequest
 

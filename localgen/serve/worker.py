@@ -1,10 +1,8 @@
 """One served model: a thread that owns its Engine, a ParallelContext with N slots and the Scheduler over
-them (engine/scheduler.py), and runs a short loop: take the jobs the HTTP handlers queue (generation,
-embeddings, rerank) and the aborts of those whose client went away, step the scheduler, publish what came of
-the step to each handler's event loop as typed events (serve/jobs.py). The model unloads after its
-keep-alive (or when asked) and loads again on the next job. Only this thread touches the engine: loading,
-decoding and unloading all happen here, so nothing frees a model under a running decode. One job that
-fails, for any reason, fails alone; the thread keeps serving."""
+them (engine/scheduler.py), in a short loop: take the handlers' jobs and the aborts of those whose client
+left, step the scheduler, publish each step's outputs as typed events (serve/jobs.py). Only this thread
+touches the engine (load, decode, unload after the keep-alive), so nothing frees a model under a running
+decode; a job that fails, for any reason, fails alone."""
 
 from __future__ import annotations
 
@@ -16,34 +14,23 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from localgen.backend import Completion
-from localgen.errors import LocalgenError
+from localgen.errors import LocalgenError, PromptTooLong
 from localgen.serve.jobs import (
     INTERNAL,
     Done,
     EmbedJob,
-    Event,
     Failed,
     Job,
     QueueFull,
     Text,
+    Unload,
     failed,
-    parse_duration,
 )
+from localgen.serve.model import warm_template
 from localgen.types import LoadParams, ModelRef
-
-__all__ = ["INTERNAL", "Done", "EmbedJob", "Event", "Failed", "Job", "ModelWorker", "QueueFull", "Text",
-           "parse_duration"]
-
-
-@dataclass(eq=False)
-class _Unload:
-    """A request to free the model, handled by the worker thread once nothing runs."""
-
-    done: threading.Event = field(default_factory=threading.Event)
 
 
 class ModelWorker:
@@ -62,13 +49,14 @@ class ModelWorker:
         self.exact = exact
         self.share_prefixes = share_prefixes
         self.cache_ram = cache_ram  # bytes for slot states saved in host memory (-1 no limit, 0 off)
-        self.jobs: queue.Queue[Job | EmbedJob | _Unload] = queue.Queue()
+        self.jobs: queue.Queue[Job | EmbedJob | Unload] = queue.Queue()
         self.backend: Any = None
         self.pc: Any = None
         self.n_ctx = load.n_ctx
         self.idle_since = time.monotonic()
         self.expires_at: float | None = None
         self.failures = 0  # jobs failed by an internal error
+        self.aborted = 0  # jobs stopped before their end because their client left
         self.last_error: str | None = None
         self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
         self.vram_bytes = 0  # bytes of weights llama.cpp placed on GPUs (from its load log)
@@ -78,7 +66,7 @@ class ModelWorker:
         self._running: dict[int, Job | EmbedJob] = {}  # by scheduler job id
         self._aborting: set[int] = set()  # ids aborted in the scheduler, not ended yet
         self.sched: Any = None  # the Scheduler (engine/scheduler.py), made with the model's load
-        self._unloads: list[_Unload] = []  # asked for while jobs ran
+        self._unloads: list[Unload] = []  # asked for while jobs ran
         self.calls = self.rows = 0  # decode calls and rows of contexts already unloaded
         self.outstanding = 0  # jobs queued or running
         self._open: set[Job | EmbedJob] = set()  # those jobs (for fail_all)
@@ -88,8 +76,7 @@ class ModelWorker:
 
     # ---- from the HTTP side -----------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the thread (the model loads on the first job, or now with `preload`)."""
+    def start(self) -> None:  # the thread (the model loads on the first job, or now with `preload`)
         self.thread.start()
 
     def preload(self) -> None:
@@ -114,7 +101,7 @@ class ModelWorker:
 
     def request_unload(self) -> threading.Event:
         """Ask the worker thread to free the model as soon as no job runs; the event is set once it has."""
-        req = _Unload()
+        req = Unload()
         if not self.thread.is_alive():
             req.done.set()
         else:
@@ -122,8 +109,7 @@ class ModelWorker:
         return req.done
 
     @property
-    def busy(self) -> bool:
-        """Whether a job runs or waits."""
+    def busy(self) -> bool:  # whether a job runs or waits
         return self.outstanding > 0
 
     def _ended(self, job: Job | EmbedJob) -> None:
@@ -167,7 +153,7 @@ class ModelWorker:
                 "rows": self.rows + (pc.rows if pc else 0), "shared_prompt_tokens": pc.slots.shared if pc else 0,
                 "prompt_cache": pc.slots.host.status() if pc and pc.slots.host else None,
                 "batching": self.mode.name if self.mode else None, "failed_jobs": self.failures,
-                "last_error": self.dead or self.last_error, "settings": self.settings}
+                "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": self.settings}
 
     @property
     def settings(self) -> dict[str, Any] | None:
@@ -182,8 +168,7 @@ class ModelWorker:
         return {k: {"value": getattr(eng.params, k), "from": eng.origins.get(k, "default")} for k in TUNABLE}
 
     @property
-    def loaded(self) -> bool:
-        """Whether the model is in memory now."""
+    def loaded(self) -> bool:  # whether the model is in memory now
         return self.backend is not None
 
     # ---- the thread -------------------------------------------------------------------------------
@@ -192,7 +177,7 @@ class ModelWorker:
         """Take new jobs and aborts, step the scheduler, publish what came of it; idle, unload when due."""
         try:
             if self.pc is not None:  # preloaded in another thread: warm it here, where it will decode
-                self._warm_template()
+                warm_template(self.backend)
                 self.pc.warm_up()
             while not self._stop.is_set():
                 running = self.sched is not None and not self.sched.idle
@@ -222,10 +207,11 @@ class ModelWorker:
             except queue.Empty:
                 return
             wait = False
-            if isinstance(item, _Unload):  # once nothing runs
+            if isinstance(item, Unload):  # once nothing runs
                 self._unloads.append(item)
                 continue
             if item.cancelled.is_set():
+                self.aborted += 1
                 item.send(Failed(499, "the client went away"))
                 continue
             if not self._load_for(item):
@@ -254,7 +240,6 @@ class ModelWorker:
             if not isinstance(e, LocalgenError):
                 self._internal(e, "decoding")
             self._drain_running(Failed(500, e.message) if isinstance(e, LocalgenError) else Failed(500, INTERNAL))
-            self._reset_slots()
             return
         for out in outputs:
             job = self._running.get(out.id)
@@ -265,19 +250,20 @@ class ModelWorker:
                     job.send(Text(out.text))
                 continue
             del self._running[out.id]
-            self._aborting.discard(out.id)
+            if out.id in self._aborting:
+                self._aborting.discard(out.id)
+                self.aborted += 1
             if isinstance(out, Finished):
                 self._finished(job, out.completion)
             elif out.error is not None:
-                if not isinstance(out.error, LocalgenError):
-                    self._internal(out.error, "embedding")
-                job.send(failed(out.error))
+                self._fail(job, out.error, "embedding")
             else:
                 job.send(out.value)
         if self.sched.idle:
             self.idle_since = time.monotonic()
 
     def _finished(self, job: Any, c: Completion) -> None:
+        """A generation job's end as its event: Done, or why it did not finish."""
         if c.error is not None:
             job.send(failed(c.error))
         elif c.finish_reason == "cancelled":
@@ -286,19 +272,6 @@ class ModelWorker:
             job.send(Done(c))
         if job.keep_alive is not None:
             self.keep_alive = job.keep_alive
-
-    def _warm_template(self) -> None:
-        """Compile now what the first chat request would: the chat template (with jinja's import), and the check
-        whether its generation prompt opens a thinking block (cached for the event loop, which asks it of every
-        request). SmolLM2, 2 cores: the first chat request's time to first token fell from 152 to 109 ms, as
-        llama-server's 110 (scripts/bench_first_request.py)."""
-        from localgen.tools.plan import thinking_opened_by
-
-        try:
-            template = self.backend.engine.template
-        except LocalgenError:
-            return  # a base model (raw prompts only), or a broken template that each chat request reports
-        thinking_opened_by(template.source)
 
     def _load_for(self, job: Job | EmbedJob) -> bool:
         """Load the model if it is not loaded; False (the job failed) when it cannot be."""
@@ -326,23 +299,25 @@ class ModelWorker:
             emb = self.backend.scorer() if job.query is not None else self.backend.embedder()
             return EmbedTask(job_id, emb, job.texts, True, job.dimensions, job.truncate, job.query)
         except Exception as e:
-            if not isinstance(e, LocalgenError):
-                self._internal(e, "embedding")
-            job.send(failed(e))
-            return None
+            return self._fail(job, e, "embedding")
 
-    def _drain(self, event: Failed) -> None:
-        """Fail the jobs in flight and every job still queued."""
+    def _drain(self, event: Failed) -> None:  # the jobs in flight and every job still queued
         self._drain_running(event)
         while True:
             try:
                 item = self.jobs.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, _Unload):
+            if isinstance(item, Unload):
                 item.done.set()
             else:
                 item.send(event)
+
+    def _fail(self, job: Job | EmbedJob, e: BaseException, where: str) -> None:
+        """Tell the client why its job failed; a fault that is not the client's is logged and counted."""
+        if not isinstance(e, LocalgenError):
+            self._internal(e, where)
+        job.send(failed(e))
 
     def _internal(self, e: BaseException, where: str) -> None:
         """An error that is a bug or a fault, not the client's: counted, and logged with its traceback."""
@@ -353,19 +328,16 @@ class ModelWorker:
             print(f"localgen serve: {self.name}: internal error while {where}\n{text}", file=sys.stderr, flush=True)
 
     def _drain_running(self, event: Failed) -> None:
+        """Fail the jobs in flight, and forget every slot's cache: nothing half-done is reused."""
         for job in list(self._running.values()):
             job.send(event)
         self._running.clear()
         self._aborting.clear()
         if self.sched is not None:
             self.sched.close()
-
-    def _reset_slots(self) -> None:
-        """Forget every slot's cache after a failure: nothing half-done is reused."""
-        pc = self.pc
-        if pc is not None and pc.ctx:
-            pc.clear()
-            pc.slots.reset()
+        if self.pc is not None and self.pc.ctx:
+            self.pc.clear()
+            self.pc.slots.reset()
 
     def _prepare(self, job_id: int, job: Job) -> Any:
         """The job as a scheduler Request (tokenized here, in the thread that owns the engine), or None after
@@ -378,50 +350,25 @@ class ModelWorker:
             if job.request.sampling.grammar:
                 self.backend.engine.check_grammar(job.request.sampling.grammar)
         except Exception as e:
-            if not isinstance(e, LocalgenError):
-                self._internal(e, "preparing a request")
-            job.send(failed(e))
-            return None
+            return self._fail(job, e, "preparing a request")
         if len(tokens) >= self.pc.n_ctx_seq:
-            job.send(Failed(413, f"the prompt is {len(tokens):,} tokens; each slot's context window is "
-                                 f"{self.pc.n_ctx_seq:,}"))
-            return None
+            return self._fail(job, PromptTooLong(f"the prompt is {len(tokens):,} tokens; each slot's context "
+                                                 f"window is {self.pc.n_ctx_seq:,}"), "")
         return Request(job_id, tokens, job.request.sampling, job.seed, job.request.logprobs,
                        exact=job.request.exact)
 
     def _ensure_loaded(self) -> None:
         if self.backend is not None:
             return
-        from localgen.engine.batch import ParallelContext
-        from localgen.engine.batchmode import batching_mode
-        from localgen.engine.local import LocalBackend
-        from localgen.models.load import open_engine
-
-        engine = open_engine(self.ref, self.load, warn=self.warn, kv_tokens=self.parallel * self.load.n_ctx)
-        engine.release_context()  # the slots have their own
-        backend = LocalBackend(engine, warn=self.warn)
-        pc = None
-        try:
-            mode = batching_mode(engine, self.exact)
-            pc = ParallelContext(engine, self.parallel, engine.n_ctx, pooled=mode.throughput,
-                                 share_prefixes=self.share_prefixes, cache_ram=self.cache_ram)
-            if threading.current_thread() is self.thread:
-                # only in the thread that decodes from now on: llama.cpp's CPU backend (OpenMP) keeps a
-                # team of threads per calling thread, and a warm-up decode in the loading thread made every
-                # later step in the worker thread ~60 % slower (Gemma 3 270M, 2 cores); `_serve` warms a
-                # preloaded model. A job waits for this load: it need not pay for ignore_eos's token scan
-                pc.warm_up(eog=False)
-        except BaseException:
-            if pc is not None:
-                pc.close()
-            backend.close()  # a failed load holds nothing: the next job loads again
-            raise
         from localgen.engine.scheduler import Scheduler
+        from localgen.serve.model import open_model
 
+        backend, pc, mode = open_model(self.ref, self.load, self.parallel, self.exact, self.share_prefixes,
+                                       self.cache_ram, self.warn, warm=threading.current_thread() is self.thread)
         self.backend, self.pc, self.mode = backend, pc, mode
         self.sched = Scheduler(pc, mode.exact, reuse=True, interleave=True)
-        self.n_ctx = engine.n_ctx
-        self.vram_bytes = engine.gpu_weight_bytes()
+        self.n_ctx = backend.engine.n_ctx
+        self.vram_bytes = backend.engine.gpu_weight_bytes()
         self.idle_since = time.monotonic()
 
     def _maybe_unload(self) -> None:

@@ -1,0 +1,228 @@
+"""The two batching policies of the Scheduler (engine/scheduler.py), chosen by engine/batchmode.py: each
+admits waiting generation requests to free slots and runs one generation round a step."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from localgen.backend import Completion
+from localgen.engine.batch import next_span
+from localgen.engine.batchseq import Request, Seq, Solo, is_exact
+
+if TYPE_CHECKING:
+    from localgen.engine.scheduler import Scheduler
+
+
+class Policy(Protocol):
+    """How a scheduler admits and runs generation requests (its batch state lives in the Scheduler)."""
+
+    @property
+    def waiting(self) -> int: ...
+
+    def add(self, req: Request) -> None: ...
+
+    def abort(self, ids: set[int]) -> None: ...
+
+    def waiting_ids(self) -> set[int]: ...
+
+    @property
+    def idle(self) -> bool: ...
+
+    def step(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _cancelled(req: Request) -> Completion:
+    """The Completion of a request aborted before it started."""
+    return Completion(req.index, "", "cancelled", len(req.tokens), 0, 0.0, 0.0, req.seed)
+
+
+class Throughput:
+    """One llama_decode a step: the next token of every decoding sequence and, in the room left, chunks of
+    the prompts being evaluated, oldest first. A request marked exact waits for the solo lane instead (one at
+    a time, on the engine's own context: batchseq.Solo)."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+        self.queue: list[Request] = []
+        self.solo_queue: list[Request] = []
+        self.solo: Solo | None = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    def add(self, req: Request) -> None:
+        (self.solo_queue if req.exact else self.queue).append(req)
+
+    def waiting_ids(self) -> set[int]:
+        ids = {r.index for r in self.queue + self.solo_queue}
+        return ids | ({self.solo.seq.req.index} if self.solo is not None else set())
+
+    def abort(self, ids: set[int]) -> None:
+        for q in (self.queue, self.solo_queue):
+            for req in [r for r in q if r.index in ids]:
+                q.remove(req)
+                self.s.done(_cancelled(req))
+        if self.solo is not None and self.solo.seq.req.index in ids:
+            self._solo_step(stop=True)
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and not self.solo_queue and self.solo is None
+
+    def step(self) -> None:
+        s = self.s
+        while s.free and self.queue:
+            s.start(self.queue.pop(0))
+        if self.solo is None and self.solo_queue:
+            self.solo = Solo(s.pc.engine, self.solo_queue.pop(0), self._solo_done)
+        if s.active:
+            s.pc.rounds += 1
+            self._mixed_step()
+        if self.solo is not None:
+            self._solo_step(stop=False)
+
+    def close(self) -> None:
+        if self.solo is not None:
+            self.solo.close()
+            self.solo = None
+        self.queue.clear()
+        self.solo_queue.clear()
+
+    def _solo_step(self, stop: bool) -> None:
+        assert self.solo is not None
+        if self.solo.step(stop):
+            self.solo = None
+        elif self.solo.seq.text:
+            self.s.flush(self.solo.seq)
+
+    def _solo_done(self, c: Completion) -> None:
+        assert self.solo is not None
+        self.s.flush(self.solo.seq)
+        self.s.done(c)
+
+    def _mixed_step(self) -> None:
+        s = self.s
+        pc, active = s.pc, s.active
+        decoding = sum(1 for q in active.values() if q.pending is not None)
+        room = min(pc.n_batch, max(pc.step_tokens, decoding + 1)) - decoding
+        filling = sorted((q for q in active.values() if q.filled < len(q.req.tokens)), key=lambda q: q.started)
+        for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
+            end = pc.media(seq.req.tokens, seq.slot, seq.filled)
+            pc.slots.held[seq.slot].extend(seq.req.tokens[seq.filled:end])
+            seq.filled = end
+        chunks: dict[int, int] = {}  # slot -> end of the prompt chunk it evaluates in this step (oldest first)
+        for seq in filling:
+            if room <= 0:
+                break
+            end = min(len(seq.req.tokens), seq.filled + room, next_span(seq.req.tokens, seq.filled))
+            chunks[seq.slot] = end
+            room -= end - seq.filled
+        # rows in slot order, each slot's together: with a KV stream per slot llama.cpp cuts a batch into
+        # ubatches of consecutive sequence ids (split_equal), so slots out of order (a prompt given the slot
+        # that held its prefix) cut it into many small ubatches, each a pass over the weights (Gemma 3 270M,
+        # 2 cores, 31 prompts in shuffled slots: a 12 % slower step)
+        pc.batch.n_tokens = 0
+        wants: list[tuple[Seq, int]] = []
+        done: list[Seq] = []
+        for slot in sorted(active):
+            seq = active[slot]
+            if seq.pending is not None:
+                wants.append((seq, pc.add(seq.pending, seq.next_pos, slot, True)))
+                seq.pending = None
+            elif slot in chunks:
+                tokens, start, end = seq.req.tokens, seq.filled, chunks[slot]
+                row = -1
+                for pos in range(start, end):
+                    row = pc.add(tokens[pos], pos, slot, pos == len(tokens) - 1)
+                pc.slots.held[slot].extend(tokens[start:end])
+                seq.filled = end
+                if end == len(tokens):
+                    wants.append((seq, row))
+                    done.append(seq)
+        pc.decode(len(active))
+        pc.steps += 1
+        pc.rows += decoding
+        now = time.perf_counter()
+        for seq in done:
+            seq.prefilled = now
+        for seq, i in wants:
+            s.sample(seq, i)
+
+
+class Exact:
+    """Each new prompt evaluated alone, in the single-stream path's pieces; then one decoding round in the
+    batch-invariant groups of ParallelContext.groups, so at temperature 0 each output is what the prompt
+    gives alone."""
+
+    def __init__(self, s: Scheduler, interleave: bool, serial_exact: bool) -> None:
+        self.s = s
+        self.interleave = interleave
+        self.serial_exact = serial_exact
+        self.queue: list[Request] = []
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    def add(self, req: Request) -> None:
+        self.queue.append(req)
+
+    def waiting_ids(self) -> set[int]:
+        return {r.index for r in self.queue}
+
+    def abort(self, ids: set[int]) -> None:
+        for req in [r for r in self.queue if r.index in ids]:
+            self.queue.remove(req)
+            self.s.done(_cancelled(req))
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue
+
+    def step(self) -> None:
+        s = self.s
+        pc, exact = s.pc, s.exact
+        admitted = 0
+        while s.free and self.queue and not (self.interleave and s.active and admitted):
+            req = self.queue[0]
+            if self.serial_exact and is_exact(req, exact) and any(is_exact(q.req, exact) for q in s.active.values()):
+                break  # held back until the exact sequence running ends
+            self.queue.pop(0)
+            self._admit(req, continuation_only=is_exact(req, exact) and pc.engine.offloaded)
+            admitted += 1
+        if not s.active:
+            return
+        pc.rounds += 1
+        for group in pc.groups([s.active[slot] for slot in sorted(s.active)], exact):
+            pc.batch.n_tokens = 0
+            wants: list[tuple[Seq, int]] = []
+            for seq in group:
+                assert seq.pending is not None
+                wants.append((seq, pc.add(seq.pending, seq.next_pos, seq.slot, True)))
+                seq.pending = None
+            pc.decode(len(wants))
+            pc.steps += 1
+            pc.rows += len(wants)
+            for seq, i in wants:
+                s.sample(seq, i)
+
+    def close(self) -> None:
+        self.queue.clear()
+
+    def _admit(self, req: Request, continuation_only: bool) -> None:
+        """Start a request in a free slot: its prompt evaluated at once, alone (from what the slot holds, with
+        `reuse`). `continuation_only` (an exact request on a GPU, whose kernels round a prompt cut at another
+        place differently): reuse a slot only to continue its conversation, never for a shared prefix alone."""
+        s = self.s
+        seq = s.start(req, continuation_only)
+        if seq is None:
+            return
+        row = s.pc.prefill(req.tokens, seq.slot, seq.filled)
+        s.pc.slots.held[seq.slot].extend(req.tokens[seq.filled:])
+        seq.filled = len(req.tokens)
+        seq.prefilled = time.perf_counter()
+        s.sample(seq, row)

@@ -1,0 +1,130 @@
+"""The serving core (engine/scheduler.py) through its public API: jobs added, steps taken, outputs read.
+A large embeddings task runs a slice a step beside a stream; aborts end any job at the next step; faults
+come out as typed errors with the status they answer with. And in a real server: an embeddings request
+whose client leaves is aborted, not computed to its end."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from localgen.engine.batch import ParallelContext
+from localgen.engine.batchseq import Request
+from localgen.engine.embed import ContextTooSmall, Embedder, EmbedTask
+from localgen.engine.scheduler import SLICE_TOKENS, Finished, Piece, Result, Scheduler
+from localgen.errors import Cancelled, PromptTooLong
+from localgen.types import SamplingParams
+from tests.test_serve import Server
+
+
+def _greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def _chat(eng: Any, text: str) -> list[int]:
+    return list(eng.chat_tokens([{"role": "user", "content": text}]))
+
+
+@pytest.fixture
+def core(smollm2_engine: object) -> Any:
+    eng: Any = smollm2_engine
+    pc = ParallelContext(eng, 2, 512, pooled=True)
+    emb = Embedder(eng)
+    yield eng, pc, emb
+    emb.close()
+    pc.close()
+
+
+def test_a_large_embeddings_task_runs_a_slice_a_step_beside_a_stream(core: Any) -> None:
+    eng, pc, emb = core
+    texts = [f"note {i}: the weather is fine today, and the river is calm" for i in range(300)]
+    sched = Scheduler(pc)
+    sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(10)))
+    task = EmbedTask(1, emb, texts)
+    sched.add(task)
+    per_step: list[tuple[int, int]] = []  # (the stream's tokens, texts embedded) after each step
+    result: Result | None = None
+    text = ""
+    while not sched.idle:
+        outs = sched.step()
+        text += "".join(o.text for o in outs if isinstance(o, Piece) and o.id == 0)
+        result = next((o for o in outs if isinstance(o, Result)), result)
+        stream = next((len(s.dec.tokens) for s in sched.active.values() if s.req.index == 0), None)
+        per_step.append((stream if stream is not None else -1, len(task.done)))
+    assert result is not None and result.error is None and len(result.value) == len(texts)
+    while_streaming = [(k, n) for k, (tok, n) in enumerate(per_step) if tok >= 0]
+    assert [per_step[k][0] for k, _ in while_streaming] == list(range(1, len(while_streaming) + 1)), \
+        "the stream got a token at every step"
+    per_text = len(emb.tokens(texts[0]))
+    slices = [b - a for (_, a), (_, b) in itertools.pairwise(while_streaming)]
+    assert slices and max(slices) * per_text <= SLICE_TOKENS + per_text, "a bounded slice a step while it streams"
+    assert len(task.done) == len(texts) and sum(slices) < len(texts), "the rest once the stream had ended"
+    alone = emb.embed([emb.tokens(t) for t in texts[:3]])  # in other company: rounded differently
+    for got, want in zip(result.value[:3], alone, strict=True):
+        assert sum(a * b for a, b in zip(got.vector, want.vector, strict=True)) > 0.999, "each text's own vector"
+    assert text, "the stream's text came out as Pieces"
+
+
+def test_an_abort_ends_a_waiting_a_running_and_a_task_job_at_the_next_step(core: Any) -> None:
+    eng, pc, emb = core
+    sched = Scheduler(pc)
+    sched.add(Request(1, _chat(eng, "Count to a hundred."), _greedy(50)))
+    sched.add(Request(2, _chat(eng, "Name a colour."), _greedy(50)))
+    sched.add(Request(3, _chat(eng, "Name a river."), _greedy(50)))  # two slots: this one waits
+    sched.add(EmbedTask(4, emb, [f"text {i} about the sea" for i in range(2000)]))
+    for _ in range(3):
+        sched.step()
+    assert len(sched.active) == 2 and sched.room < 0
+    for job_id in (1, 3, 4):
+        sched.abort(job_id)
+    outs = sched.step()
+    ended = {o.id: o for o in outs if isinstance(o, (Finished, Result))}
+    assert set(ended) == {1, 3, 4}
+    assert ended[1].completion.finish_reason == "cancelled" and 1 <= ended[1].completion.completion_tokens < 50
+    assert ended[3].completion.finish_reason == "cancelled" and ended[3].completion.completion_tokens == 0
+    assert isinstance(ended[4].error, Cancelled) and ended[4].error.status == 499
+    assert sched.ids() == {2}, "job 2 runs on; job 3 never took a slot"
+    sched.abort_all()
+    sched.step()
+    assert sched.idle and sorted(sched.free) == [0, 1], "every slot free again"
+
+
+def test_faults_come_out_as_typed_errors(core: Any) -> None:
+    _eng, pc, emb = core
+    sched = Scheduler(pc)
+    sched.add(Request(1, list(range(10, 10 + pc.n_ctx_seq)), _greedy(4)))
+    sched.add(EmbedTask(2, emb, ["fine", "word " * 3000]))
+    outs: list[Any] = []
+    while not sched.idle:
+        outs += sched.step()
+    too_long = next(o for o in outs if isinstance(o, Finished)).completion
+    assert isinstance(too_long.error, PromptTooLong) and too_long.error.status == 413
+    failed = next(o for o in outs if isinstance(o, Result))
+    assert isinstance(failed.error, ContextTooSmall) and failed.error.status == 413
+
+
+@pytest.fixture(scope="module")
+def server(cli_env: dict[str, str]) -> Any:
+    s = Server(cli_env, "-np", "2", "--ctx", "1024")
+    yield s
+    assert s.stop() == 0
+
+
+def test_an_embeddings_request_whose_client_leaves_is_aborted(server: Any) -> None:
+    texts = [f"note {i}: the weather is fine today" for i in range(2000)]  # ~24,000 tokens: many seconds
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": texts}, timeout=1.0)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        health = server.health()
+        if health["aborted_jobs"] == 1 and health["running"] == 0:
+            break
+        time.sleep(0.1)
+    assert health["aborted_jobs"] == 1 and health["running"] == 0, health
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "model": "smollm2:135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert r.status_code == 200 and server.health()["aborted_jobs"] == 1
