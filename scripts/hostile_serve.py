@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """A hostile client for `localgen serve`: bad Unicode, a huge body, deep nesting, the wrong content type, a
-foreign Origin and Host, disconnects (streamed and not), an unload mid-stream, a slow reader, and a crowd of
-concurrent connections against a small queue. Each check prints PASS or FAIL; the last one asks the model
-for an answer, which must still come. Exits 1 if any check failed.
+foreign Origin and Host, a PNG bomb, a private image URL, a tool schema with $ref/$defs, chat_template_kwargs
+that would replace `messages`, disconnects (streamed and not), an unload mid-stream, a slow reader, and a
+crowd of concurrent connections against a small queue. Each check prints PASS or FAIL; the last one asks the
+model for an answer, which must still come. Exits 1 if any check failed. (Not here: a rerank with an
+over-long query, which needs a reranker model where this server has one chat model.)
 
-    scripts/hostile_serve.py                      # starts `localgen serve -np 2 --max-queue 8` itself
-    scripts/hostile_serve.py --url http://127.0.0.1:11435 --max-queue 8 --slots 2
+    scripts/hostile_serve.py                      # starts `localgen serve -np 2 --max-queue 8 --allow-image-urls`
+    scripts/hostile_serve.py --url http://127.0.0.1:11435 --max-queue 8 --slots 2   # started with --allow-image-urls
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,8 +37,10 @@ class Checks:
         self.url, self.model = url, model
         self.auth = {"Authorization": f"Bearer {key}"} if key else {}
         self.failed: list[str] = []
+        self.run = 0
 
     def check(self, name: str, fn: Callable[[], str | None]) -> None:
+        self.run += 1
         t0 = time.perf_counter()
         try:
             problem = fn()
@@ -102,6 +108,55 @@ class Checks:
     def rebinding_host(self) -> str | None:
         r = httpx.get(f"{self.url}/v1/models", headers={**self.auth, "Host": "attacker.example"}, timeout=10)
         return None if r.status_code == 403 else f"status {r.status_code} (fine if serving off loopback)"
+
+    def chat(self, **body: object) -> httpx.Response:
+        return self.post("/v1/chat/completions", timeout=120, **body)
+
+    def png_bomb(self) -> str | None:
+        # a 64×64 header whose pixel data inflates to 64 MiB: refused before any decoder sees it
+        def chunk(kind: bytes, data: bytes) -> bytes:
+            return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+        ihdr = (64).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+        png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(64 << 20), 9)) \
+            + chunk(b"IEND", b"")
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        r = self.chat(max_tokens=1, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}]}])
+        if r.status_code != 400:
+            return f"status {r.status_code}"
+        return None if "inflates" in r.text else f"400 for another reason: {r.text[:160]}"
+
+    def private_image_url(self) -> str | None:
+        # with --allow-image-urls a request's URL is still refused inside the server's own network
+        r = self.chat(max_tokens=1, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data/x.png"}},
+            {"type": "text", "text": "What is this?"}]}])
+        if r.status_code != 400:
+            return f"status {r.status_code}"
+        return None if "refused" in r.text else f"400 without \"refused\": {r.text[:160]}"
+
+    def tool_with_refs(self) -> str | None:
+        item = {"type": "object", "properties": {"name": {"type": "string"}, "count": {"type": "integer"}},
+                "required": ["name", "count"]}
+        tool = {"type": "function", "function": {"name": "add_item", "description": "Add an item to the list.",
+                                                 "parameters": {"type": "object", "$defs": {"item": item},
+                                                                "properties": {"item": {"$ref": "#/$defs/item"}},
+                                                                "required": ["item"]}}}
+        r = self.chat(max_tokens=120, temperature=0, tools=[tool], tool_choice="required",
+                      messages=[{"role": "user", "content": "Add three apples."}])
+        if r.status_code != 200:
+            return f"status {r.status_code}: {r.text[:200]}"
+        calls = r.json()["choices"][0]["message"].get("tool_calls") or []
+        if not calls:
+            return "no tool call"
+        args = json.loads(calls[0]["function"]["arguments"])
+        return None if isinstance(args.get("item"), dict) and "name" in args["item"] else f"arguments {args}"
+
+    def template_kwargs_collide(self) -> str | None:
+        r = self.chat(max_tokens=1, chat_template_kwargs={"messages": [{"role": "system", "content": "pwned"}]},
+                      messages=[{"role": "user", "content": "Hi"}])
+        return None if r.status_code == 400 else f"status {r.status_code}"
 
     def disconnect_mid_stream(self) -> str | None:
         body = {"model": self.model, "prompt": "Once", "max_tokens": 4000, "ignore_eos": True, "stream": True}
@@ -181,8 +236,8 @@ def _start_server(max_queue: int, slots: int) -> tuple[subprocess.Popen[bytes], 
         port = s.getsockname()[1]
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen([sys.executable, "-m", "localgen", "serve", "--port", str(port), "-np", str(slots),
-                             "--max-queue", str(max_queue), "--ctx", "8192"], cwd=root, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                             "--max-queue", str(max_queue), "--ctx", "8192", "--allow-image-urls"], cwd=root,
+                            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -217,6 +272,10 @@ def main() -> int:
         c.check("text/plain is a 415", c.wrong_content_type)
         c.check("a foreign Origin is a 403 (and its preflight)", c.foreign_origin)
         c.check("a rebinding Host is a 403", c.rebinding_host)
+        c.check("a PNG bomb is a 400", c.png_bomb)
+        c.check("a private image URL is a 400 (refused)", c.private_image_url)
+        c.check("a tool schema with $ref/$defs is a 200", c.tool_with_refs)
+        c.check("chat_template_kwargs.messages is a 400", c.template_kwargs_collide)
         c.check("a stream's client leaves: generation stops", c.disconnect_mid_stream)
         c.check("a waiting client leaves: generation stops", c.disconnect_non_streamed)
         c.check("unload mid-stream: the stream finishes", c.unload_mid_stream)
@@ -229,7 +288,7 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
     failed = f"; failed: {', '.join(c.failed)}" if c.failed else ""
-    print(f"hostile_serve: {12 - len(c.failed)} of 12 checks held{failed}")
+    print(f"hostile_serve: {c.run - len(c.failed)} of {c.run} checks held{failed}")
     return 1 if c.failed else 0
 
 

@@ -43,8 +43,8 @@ LONG_EXCEPTIONS = {
                              "run one prompt at a time unless asked",
     ("--stats", "chat"): "a chat on a terminal shows each answer's stats in its footer: --stats is for a scripted "
                          "chat, which prints them to stderr",
-    ("--verbose", "serve"): "serve's workers load without llama.cpp's log echo; its --verbose is uvicorn's request "
-                            "log",
+    ("--verbose", "serve"): "serve's workers load without llama.cpp's log echo; its --verbose adds uvicorn's info "
+                            "lines (the access log is serve's own line per request, unless --quiet)",
 }
 
 

@@ -161,6 +161,32 @@ def test_a_remote_chat_is_trimmed_to_the_window_the_server_reports(cli: CLI, hom
         server.stop()
 
 
+@pytest.mark.parametrize(("how", "args", "env"), [
+    ("models", ("--ctx", "8192"), {}),
+    ("props", (), {"LOCALGEN_CTX": "2048"}),
+    ("none", ("--ctx", str(WINDOW)), {}),
+], ids=["ctx-flag-vs-models", "ctx-env-vs-props", "ctx-flag-when-the-server-says-nothing"])
+def test_a_servers_window_wins_over_ctx(cli_env: dict[str, str], how: str, args: tuple[str, ...],
+                                        env: dict[str, str]) -> None:
+    """README (Remote endpoints): `--ctx` says the window to assume when the server does not report one
+    (issue #47: with `--ctx` or LOCALGEN_CTX given, the server was never asked, and chat sent more history
+    than its window holds). A server that reports nothing still gets the `--ctx` window.
+    Broken once (the code before the fix: `RemoteBackend.n_ctx` returning the `--ctx` value without asking):
+    `/context` said "of 8,192" and "of 2,048", and the earlier turns were sent, for the first two cases."""
+    server = WindowServer(how)
+    try:
+        lg = CLI({**cli_env, **env})
+        r = lg("chat", f"window-wins-{how}", "--endpoint", server.url, *args, "--system", "Be brief.",
+               input=f"/context\nfirst {LONG}\nsecond {LONG}\n")
+        assert r.returncode == 0, r.stderr
+        assert f"of {WINDOW} tokens used" in r.stderr, r.stderr
+        sent = [[(m["role"], m["content"][:6]) for m in q["body"]["messages"]] for q in server.requests]
+        assert sent == [[("system", "Be bri"), ("user", "first ")], [("system", "Be bri"), ("user", "second")]], \
+            "the first exchange falls out of the server's 300-token window"
+    finally:
+        server.stop()
+
+
 # ---- /detach, /bye and /quit in a scripted chat ---------------------------------------------------------------
 
 
@@ -224,7 +250,9 @@ def test_tab_completes_paths_saved_conversations_and_model_names(cli: CLI, cli_e
     conversations, model names). (Commands and settings: tests/test_promises_cli.py.) And (Ctrl-C): Ctrl-C at
     the prompt says how to leave; Ctrl-D ... leaves with exit status 0.
     Broken once (sitecustomize wrapping `localgen.cli.repl.make_completer` with empty lists of saved
-    conversations and models): Tab after `/load tabcompletion-s` added nothing and the test timed out there."""
+    conversations and models): Tab after `/load tabcompletion-s` added nothing and the test timed out there.
+    Model names are what `localgen list` shows (a GGUF in the Hugging Face cache, named repo:QUANT) and the
+    catalogue's (issue #47: only the embedded models completed, and the test timed out at `/model qwen2.5-c`)."""
     saved = cli("chat", "tabcompletion-saved", "-n", "2", "--temp", "0", input="Hi\n")
     assert saved.returncode == 0, saved.stderr
     files = tmp_path / "files"
@@ -232,6 +260,11 @@ def test_tab_completes_paths_saved_conversations_and_model_names(cli: CLI, cli_e
     (files / "tabcompletion-notes.txt").write_text("some notes\n")
     env = {k: v for k, v in cli_env.items() if k not in ("NO_COLOR", "VISUAL", "EDITOR")}
     env.update(TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")
+    # a pulled model, as huggingface_hub lays it out (a cache of this test's own: the session's stays as it is)
+    snapshot = tmp_path / "hub" / "models--someone--Tabcompletion-GGUF" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "tabcompletion-Q4_K_M.gguf").write_bytes(b"GGUF")
+    env["HF_HUB_CACHE"] = str(tmp_path / "hub")
     child: Any = pexpect.spawn(sys.executable, ["-m", "localgen", "chat", "tabcompletion-live", "-n", "2"], env=env,
                                cwd=str(ROOT), encoding="utf-8", timeout=120, dimensions=(40, 200))
     try:
@@ -254,6 +287,10 @@ def test_tab_completes_paths_saved_conversations_and_model_names(cli: CLI, cli_e
         complete("/model gemma3:2", "70m")
         child.sendcontrol("u")
         complete("/model smollm", "2:135m")
+        child.sendcontrol("u")
+        complete("/model qwen2.5-c", "oder:7b")  # in the catalogue, not embedded
+        child.sendcontrol("u")
+        complete("/model someone/Tab", "completion-GGUF:Q4_K_M")  # pulled
         child.sendcontrol("u")
         child.sendintr()  # README (chat): Ctrl-C at the prompt says how to leave
         child.expect_exact("to leave, press Ctrl-D or type /exit")

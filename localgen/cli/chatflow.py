@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,7 +136,7 @@ def start(f: o.Flags) -> None:
         if f.resume:
             restore_state(runner, view)
         if interactive:
-            _repl(runner, view)
+            _repl(runner, view, endpoints)
         else:
             _scripted(runner, view)
     finally:
@@ -238,7 +239,7 @@ def remote_backend(endpoints: list[Any], name: str, f: o.Flags, view: ChatView) 
     """The chat's model on a remote endpoint (nothing loads here)."""
     from localgen.remote.backend import RemoteBackend
 
-    backend = RemoteBackend(endpoints, name, n_ctx=f.ctx if f.given("ctx") else None)
+    backend = RemoteBackend(endpoints, name, assumed_ctx=f.ctx if f.given("ctx") else None)
     if view.interactive:
         view.info(f"{name} on {', '.join(e.label for e in endpoints)} · context {backend.n_ctx:,} tokens · /help for "
                   "commands")
@@ -248,14 +249,14 @@ def remote_backend(endpoints: list[Any], name: str, f: o.Flags, view: ChatView) 
 # ---- the two loops ------------------------------------------------------------------------------------
 
 
-def _repl(runner: Any, view: ChatView) -> None:
+def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     from localgen import paths
     from localgen.chat import session as sessions
     from localgen.chat.runner import SETTABLE
     from localgen.cli.repl import LineInput, make_completer
-    from localgen.models.embedded import EMBEDDED
 
-    completer = make_completer(SETTABLE, lambda: [s.name for s in sessions.list_sessions()], lambda: sorted(EMBEDDED))
+    completer = make_completer(SETTABLE, lambda: [s.name for s in sessions.list_sessions()],
+                               _model_names(endpoints))
     line_input = LineInput(paths.state_dir() / "chat_history", completer)
     if runner.session.messages:
         view.info(f"resumed {runner.session.name}: {len(runner.session.messages)} messages")
@@ -269,6 +270,46 @@ def _repl(runner: Any, view: ChatView) -> None:
             return
         if not handle(text, runner, view):
             return
+
+
+def _model_names(endpoints: list[Any]) -> Callable[[], list[str]]:
+    """What /model completes, found the first time Tab needs it and kept for the chat: the models of a remote
+    chat's endpoint; else what `localgen list` shows (embedded models, GGUFs in the Hugging Face cache) and
+    the catalogue's names."""
+    found: list[list[str]] = []  # empty until the first Tab after /model
+
+    def names() -> list[str]:
+        if not found:
+            found.append(sorted(set(_remote_names(endpoints[0]) if endpoints else _local_names())))
+        return found[0]
+
+    return names
+
+
+def _remote_names(endpoint: Any) -> list[str]:
+    from localgen.remote.backend import served_models
+
+    try:
+        return served_models(endpoint)
+    except LocalgenError:  # the server went away: nothing to offer, and the chat says so at the next turn
+        return []
+
+
+def _local_names() -> list[str]:
+    from localgen.models import catalogue, store
+    from localgen.models.embedded import EMBEDDED
+
+    names = list(EMBEDDED)
+    try:
+        entries = catalogue.load()
+    except LocalgenError:  # a broken user models.toml: the chat reports it where a name is resolved
+        entries = {}
+    names.extend(entries)
+    by_repo = {(e.repo, e.default_quant.upper()): e.name for e in entries.values() if e.repo}
+    for cached in store.cached_files():  # named as `localgen list` names them
+        quant = (cached.quant or "?").upper()
+        names.append(by_repo.get((cached.repo, quant), f"{cached.repo}:{quant}"))
+    return names
 
 
 def _scripted(runner: Any, view: ChatView) -> None:

@@ -210,7 +210,7 @@ def remote_backend(f: o.Flags, plan: RunPlan) -> Backend:
     from localgen.remote.backend import RemoteBackend, pick_model
 
     model = plan.model or pick_model(list(plan.endpoints))
-    return RemoteBackend(list(plan.endpoints), model, n_ctx=f.ctx if f.given("ctx") else None)
+    return RemoteBackend(list(plan.endpoints), model, assumed_ctx=f.ctx if f.given("ctx") else None)
 
 
 def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:

@@ -18,18 +18,25 @@ from localgen.remote.endpoints import Endpoint
 from localgen.types import GenerationRequest
 
 
-def pick_model(endpoints: list[Endpoint]) -> str:
-    """The model when -m is not given: the endpoint's only one (from endpoints.toml or its /models)."""
-    ep = endpoints[0]
-    if ep.models:
-        return ep.models[0]
-    client = RemoteClient(ep, "")
+def served_models(endpoint: Endpoint) -> list[str]:
+    """The model ids an endpoint serves: from endpoints.toml, else its /models (empty when it lists none)."""
+    if endpoint.models:
+        return list(endpoint.models)
+    client = RemoteClient(endpoint, "")
     try:
         doc = client.get("/models")
     finally:
         client.close()
     data = doc.get("data", []) if isinstance(doc, dict) else []
-    ids: list[str] = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def pick_model(endpoints: list[Endpoint]) -> str:
+    """The model when -m is not given: the endpoint's only one (from endpoints.toml or its /models)."""
+    ep = endpoints[0]
+    if ep.models:
+        return ep.models[0]
+    ids = served_models(ep)
     if len(ids) == 1:
         return ids[0]
     if not ids:
@@ -41,19 +48,20 @@ class RemoteBackend:
     """One or more OpenAI-compatible endpoints serving `model`, behind the Backend protocol. A single
     stream goes to the first; run --file spreads lines over all of them."""
 
-    def __init__(self, endpoints: list[Endpoint], model: str, n_ctx: int | None = None) -> None:
+    def __init__(self, endpoints: list[Endpoint], model: str, assumed_ctx: int | None = None) -> None:
         self.endpoints = endpoints
         self.clients = [RemoteClient(e, model) for e in endpoints]
         self.name = model
         self.defaults: dict[str, Any] = {}  # the server applies its own
-        self._n_ctx = n_ctx
+        self._assumed_ctx = assumed_ctx  # --ctx: only for a server that does not report its window
+        self._n_ctx: int | None = None
 
     @property
     def n_ctx(self) -> int:
         """The server's context window where it says (vLLM's max_model_len, llama-server's /props), else
-        the --ctx value."""
+        the --ctx value, else 4096. Asked once."""
         if self._n_ctx is None:
-            self._n_ctx = self._server_ctx() or 4096
+            self._n_ctx = self._server_ctx() or self._assumed_ctx or 4096
         return self._n_ctx
 
     def _server_ctx(self) -> int | None:

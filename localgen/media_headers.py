@@ -1,0 +1,327 @@
+"""The header readers behind media.sniff: an image's size and an audio clip's length read from the bytes,
+with the checks that bound what libmtmd's decoders (stb_image, miniaudio) will spend on them. Stdlib only;
+nothing here decodes pixels or samples."""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from typing import Any
+
+from localgen.errors import UsageError
+
+MAX_PIXELS = 50_000_000  # width × height, read from the header before any decode (a 50-megapixel photo)
+MAX_SIDE = 16_384
+MAX_AUDIO_S = 600.0  # ten minutes
+_PNG_END = b"IEND\xaeB`\x82"  # the last chunk's type and CRC (the same in every PNG)
+
+
+class MediaError(UsageError):
+    """An attachment that cannot be used: unreadable, unsupported, too large, corrupt."""
+
+
+def check_size(fmt: str, source: str, w: int, h: int) -> None:
+    """A MediaError for an image whose header gives no size, or one past MAX_SIDE or MAX_PIXELS."""
+    if w <= 0 or h <= 0:
+        raise MediaError(f"{source} is a corrupt {fmt}: its header gives a size of {w}×{h}")
+    if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
+        raise MediaError(f"{source} is {w}×{h} pixels; an image may have at most {MAX_PIXELS / 1e6:.0f} "
+                         f"megapixels and {MAX_SIDE:,} pixels a side", hint="scale it down first")
+
+
+def check_seconds(seconds: float, source: str, more: bool = False) -> None:
+    """A MediaError for audio longer than MAX_AUDIO_S (`more`: counting stopped there, so it is longer)."""
+    if seconds > MAX_AUDIO_S:
+        size = f"more than {MAX_AUDIO_S / 60:.1f}" if more else f"{seconds / 60:.1f}"
+        raise MediaError(f"{source} is {size} minutes of audio; at most {MAX_AUDIO_S / 60:.0f} minutes are taken",
+                         hint="cut it into shorter pieces")
+
+
+# Each reader below bounds what the decoder will spend before it runs: stb_image (PNG, JPEG, GIF, BMP) sizes
+# its buffers from the header, and inflates a PNG's IDAT stream to its end whatever the header says;
+# miniaudio (WAV, MP3, FLAC) decodes as many samples as the header claims (WAV, FLAC, an MP3's Xing
+# header) or, for an MP3 without one, as many frames as the file holds. Loops over a file's structure are
+# capped, so no input costs more than a few hundred thousand steps here.
+MAX_STEPS = 100_000
+_PNG_KINDS = {0: (1, (1, 2, 4, 8, 16)), 2: (3, (8, 16)), 3: (1, (1, 2, 4, 8)), 4: (2, (8, 16)), 6: (4, (8, 16))}
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+PNG_SLACK = 1 << 20  # past the header's size: stb_image ignores what follows it, as some encoders write more
+_INFLATE_IN, _INFLATE_OUT = 1 << 16, 1 << 20  # per zlib call: 64 KiB read, 1 MiB written (then dropped)
+
+
+def png_size(data: bytes, source: str) -> tuple[int, int]:
+    """A PNG's width and height, once its IDAT stream is known to inflate to no more than its header's size
+    (stb_image would inflate it all)."""
+    if len(data) < 33 or data[12:16] != b"IHDR":
+        raise MediaError(f"{source} is a truncated or corrupt PNG")
+    w, h, depth, kind, method, filt, interlace = struct.unpack(">IIBBBBB", data[16:29])
+    check_size("PNG", source, w, h)
+    if kind not in _PNG_KINDS or depth not in _PNG_KINDS[kind][1] or method or filt or interlace > 1:
+        raise MediaError(f"{source} is a corrupt PNG: colour type {kind} at {depth} bits (compression {method}, "
+                         f"filter {filt}, interlace {interlace}) is not one the PNG standard has")
+    bits = _PNG_KINDS[kind][0] * depth
+    if interlace:  # Adam7: seven sub-images, each row with its filter byte; an empty pass has no rows
+        size = sum(((h - y0 + dy - 1) // dy) * (1 + (((w - x0 + dx - 1) // dx) * bits + 7) // 8)
+                   for x0, y0, dx, dy in _ADAM7 if w > x0 and h > y0)
+    else:
+        size = h * (1 + (w * bits + 7) // 8)
+    _png_inflates_within(data, _png_idat(data, source), source, f"{w}×{h}", size)
+    return w, h
+
+
+def _png_idat(data: bytes, source: str) -> list[tuple[int, int]]:
+    """Where each IDAT chunk's data lies, up to IEND."""
+    spans: list[tuple[int, int]] = []
+    i, n = 8, len(data)
+    for _ in range(MAX_STEPS):
+        if i + 12 > n:
+            break
+        (length,) = struct.unpack(">I", data[i:i + 4])
+        kind, end = data[i + 4:i + 8], i + 8 + length
+        if end + 4 > n:
+            break
+        if kind == b"IDAT":
+            spans.append((i + 8, end))
+        elif kind == b"IEND":
+            return spans
+        i = end + 4
+    else:
+        raise MediaError(f"{source} is a corrupt PNG: more than {MAX_STEPS:,} chunks")
+    if _PNG_END not in data:  # libmtmd's decoder (stb_image) reads chunks up to this one
+        raise MediaError(f"{source} is a truncated PNG: it ends before its IEND chunk")
+    raise MediaError(f"{source} is a corrupt PNG: a chunk runs past the end of the file")
+
+
+def _png_inflates_within(data: bytes, spans: list[tuple[int, int]], source: str, dims: str, size: int) -> None:
+    """Inflate the IDAT stream a piece at a time, counting and dropping the output, to `size` bytes and
+    PNG_SLACK more. Other damage is the decoder's to report (it stops there too); a stream zlib refuses after
+    its header is refused here, as stb_image's inflater is more lenient (incomplete Huffman codes)."""
+    limit = size + PNG_SLACK
+    too_much = (f"{source} is a corrupt PNG: its pixel data inflates to more than {limit:,} bytes, where its "
+                f"{dims} header needs {size:,}")
+    head = b"".join(data[a:min(b, a + 2)] for a, b in spans[:3])[:2]
+    if len(head) < 2 or (head[0] * 256 + head[1]) % 31 or head[0] & 0x0F != 8 or head[1] & 0x20:
+        return  # stb_image stops at these two bytes
+    d = zlib.decompressobj()
+    out = 0
+    view = memoryview(data)
+    try:
+        for a, b in spans:
+            for at in range(a, b, _INFLATE_IN):
+                piece: bytes | memoryview = view[at:min(b, at + _INFLATE_IN)]
+                while piece and not d.eof:
+                    out += len(d.decompress(piece, _INFLATE_OUT))
+                    if out > limit:
+                        raise MediaError(too_much)
+                    piece = d.unconsumed_tail
+        while not d.eof:  # what zlib holds back once the input is all in
+            got = len(d.decompress(b"", _INFLATE_OUT))
+            out += got
+            if out > limit:
+                raise MediaError(too_much)
+            if not got:
+                break
+    except zlib.error as e:
+        raise MediaError(f"{source} is a corrupt PNG: its pixel data is not valid deflate data "
+                         f"({str(e).rsplit(': ', 1)[-1]})") from None
+
+
+BMP_HEADERS = (12, 16, 40, 52, 56, 64, 108, 124)  # BITMAPCOREHEADER, OS/2 2.x (16, 64), BITMAPINFOHEADER, V2-V5
+_BMP_HINT = "save it as a PNG (or a Windows BMP without RLE compression)"
+
+
+def bmp_size(data: bytes, source: str) -> tuple[int, int]:
+    """A BMP's width and height, of a kind stb_image reads, with all the pixel rows its header promises."""
+    header = struct.unpack("<I", data[14:18])[0]
+    if header in (12, 16, 64):
+        raise MediaError(f"{source} is an OS/2 BMP ({header}-byte header), which localgen cannot read",
+                         hint=_BMP_HINT)
+    if header == 52:
+        raise MediaError(f"{source} is a BMP with a {header}-byte header, which localgen cannot read", hint=_BMP_HINT)
+    if len(data) < 14 + 40:
+        raise MediaError(f"{source} is a truncated or corrupt BMP")
+    (offset,) = struct.unpack("<I", data[10:14])
+    w, h, planes, bpp, compression = struct.unpack("<iiHHI", data[18:34])
+    h = abs(h)  # negative: rows top to bottom
+    check_size("BMP", source, w, h)
+    if compression in (1, 2):
+        raise MediaError(f"{source} is a run-length encoded (RLE) BMP, which localgen cannot read", hint=_BMP_HINT)
+    if compression in (4, 5):
+        raise MediaError(f"{source} is a BMP holding a {'JPEG' if compression == 4 else 'PNG'}, which localgen "
+                         "cannot read", hint=_BMP_HINT)
+    if planes != 1 or bpp not in (1, 4, 8, 16, 24, 32) or compression not in (0, 3) or \
+            (compression == 3 and bpp not in (16, 32)):
+        raise MediaError(f"{source} is a BMP of a kind localgen cannot read ({bpp} bits a pixel, compression "
+                         f"{compression}, {planes} planes)", hint=_BMP_HINT)
+    need = offset + (w * bpp + 31) // 32 * 4 * (h - 1) + (w * bpp + 7) // 8  # the last row's padding may be cut
+    if offset < 14 + header or len(data) < need:
+        raise MediaError(f"{source} is a truncated BMP: its {w}×{h} pixels at {bpp} bits need {need:,} bytes "
+                         f"and it has {len(data):,}")
+    return w, h
+
+
+_JPEG_KINDS = {0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical", 0xC7: "hierarchical",
+               0xC9: "arithmetic-coded", 0xCA: "arithmetic-coded", 0xCB: "arithmetic-coded",
+               0xCD: "hierarchical", 0xCE: "hierarchical", 0xCF: "hierarchical"}  # stb_image: SOF0-2 only
+
+
+def jpeg_size(data: bytes, source: str) -> tuple[int, int]:
+    """Width and height from the first start-of-frame marker, of a kind stb_image decodes."""
+    i, n = 2, len(data)
+    for _ in range(MAX_STEPS):
+        if i + 4 > n or data[i] != 0xFF:
+            break
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        (length,) = struct.unpack(">H", data[i + 2:i + 4])
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if i + 10 > n:
+                break
+            bits, h, w, parts = struct.unpack(">BHHB", data[i + 4:i + 10])
+            if marker in _JPEG_KINDS or bits != 8 or parts not in (1, 3, 4):
+                kind = _JPEG_KINDS.get(marker) or (f"{bits}-bit" if bits != 8 else f"{parts}-component")
+                raise MediaError(f"{source} is a JPEG of a kind localgen cannot read ({kind})",
+                                 hint="save it as a baseline or progressive 8-bit JPEG, or a PNG")
+            return w, h
+        if length < 2:
+            break
+        i += 2 + length
+    raise MediaError(f"{source} is a truncated or corrupt JPEG (no frame header)")
+
+
+def gif_size(data: bytes, source: str) -> tuple[int, int]:
+    """A GIF's logical screen: stb_image decodes the first frame, inside it."""
+    if len(data) < 13:
+        raise MediaError(f"{source} is a truncated or corrupt GIF")
+    w, h = struct.unpack("<HH", data[6:10])
+    return int(w), int(h)
+
+
+def webp_size(data: bytes) -> str:
+    """` (W×H pixels)` from a WebP's VP8, VP8L or VP8X chunk, or nothing."""
+    kind = data[12:16]
+    if kind == b"VP8 " and len(data) >= 30 and data[23:26] == b"\x9d\x01\x2a":
+        w, h = (v & 0x3FFF for v in struct.unpack("<HH", data[26:30]))
+    elif kind == b"VP8L" and len(data) >= 25 and data[20] == 0x2F:
+        (bits,) = struct.unpack("<I", data[21:25])
+        w, h = (bits & 0x3FFF) + 1, (bits >> 14 & 0x3FFF) + 1
+    elif kind == b"VP8X" and len(data) >= 30:
+        w, h = int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
+    else:
+        return ""
+    return f" ({w}×{h} pixels)"
+
+
+# WAV codecs miniaudio decodes, and the samples a block of each holds (ADPCM: a few header bytes, then 4 bits
+# a sample); PCM's frame size is its channels × bits, whatever the header's block alignment says.
+_WAV_CODECS = {1: "PCM", 3: "float", 6: "A-law", 7: "µ-law", 2: "MS ADPCM", 0x11: "IMA ADPCM"}
+
+
+def wav_seconds(data: bytes, source: str) -> float:
+    """The length of a WAV file from its fmt and data chunks (the data that is there, as miniaudio reads)."""
+    i, codec, channels, rate, block, bits = 12, 0, 0, 0, 0, 0
+    for _ in range(MAX_STEPS):
+        if i + 8 > len(data):
+            break
+        cid, size = data[i:i + 4], struct.unpack("<I", data[i + 4:i + 8])[0]
+        if cid == b"fmt " and i + 24 <= len(data):
+            codec, channels, rate, _, block, bits = struct.unpack("<HHIIHH", data[i + 8:i + 24])
+            if codec == 0xFFFE and size >= 40 and i + 34 <= len(data):  # WAVE_FORMAT_EXTENSIBLE: the subformat
+                (codec,) = struct.unpack("<H", data[i + 32:i + 34])
+        elif cid == b"data":
+            if not rate or not block or not channels:
+                break
+            if codec not in _WAV_CODECS:
+                raise MediaError(f"{source} is a WAV in a codec localgen cannot read (format 0x{codec:04X})",
+                                 hint="convert it to PCM WAV, MP3 or FLAC")
+            size = min(size, len(data) - i - 8) if size != 0xFFFFFFFF else len(data) - i - 8
+            if codec in (2, 0x11):
+                head = (7 if codec == 2 else 4) * channels
+                per_block = max(1, (block - head) * 2 // channels + (2 if codec == 2 else 1))
+                return size / block * per_block / rate
+            frame = channels * bits // 8 if bits and bits % 8 == 0 else block
+            return size / max(1, min(frame, block)) / rate
+        i += 8 + size + (size & 1)
+    raise MediaError(f"{source} is a truncated or corrupt WAV (no fmt or data chunk)")
+
+
+def flac_seconds(data: bytes, source: str) -> float:
+    """The length from FLAC's STREAMINFO block, which miniaudio decodes that many samples of."""
+    if len(data) < 8 + 34 or data[4] & 0x7F != 0:
+        raise MediaError(f"{source} is a truncated or corrupt FLAC (no STREAMINFO block)")
+    info = int.from_bytes(data[18:26], "big")  # after 10 bytes of block and frame sizes
+    rate = info >> 44
+    total = info & ((1 << 36) - 1)
+    if not rate:
+        raise MediaError(f"{source} is a corrupt FLAC: its STREAMINFO gives a sample rate of 0")
+    if not total:
+        raise MediaError(f"{source} is a FLAC that does not give its length (its STREAMINFO says 0 samples), "
+                         "which localgen cannot read", hint="re-encode it, e.g. `ffmpeg -i IN -c:a flac OUT.flac`")
+    return total / rate
+
+
+# MPEG audio: a frame header's second byte (sync, version not 01, layer not 00) and third (bitrate not 1111,
+# sample rate not 11) as byte sets, so a regular expression finds the next frame at C's speed.
+def _byteset(ok: Any) -> bytes:
+    return b"[" + b"".join(re.escape(bytes([b])) for b in range(256) if ok(b)) + b"]"
+
+
+MP3_FRAME = re.compile(b"\xff" + _byteset(lambda b: b >> 5 == 7 and b >> 3 & 3 != 1 and b >> 1 & 3 != 0)
+                        + _byteset(lambda b: b >> 4 != 15 and b >> 2 & 3 != 3), re.S)
+_MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
+_MP3_KBPS = {(True, 1): (0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448),
+             (True, 2): (0, 32, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384),
+             (True, 3): (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+             (False, 1): (0, 32, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256),
+             (False, 2): (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)}
+
+
+def mp3_seconds(data: bytes, source: str) -> float | None:
+    """An MP3's length: what its Xing/Info (or VBRI) header claims, and its frames counted from their headers
+    with no decoding (miniaudio decodes them all when there is no Xing header); the count stops past
+    MAX_AUDIO_S. None when no frame is found (the decoder then says what is wrong)."""
+    i = 0
+    if data.startswith(b"ID3") and len(data) >= 10:  # ID3v2: a syncsafe size, maybe a footer
+        i = 10 + sum((b & 0x7F) << (7 * (3 - k)) for k, b in enumerate(data[6:10])) + (10 if data[5] & 0x10 else 0)
+    counted, claimed = 0.0, None
+    while counted <= MAX_AUDIO_S:  # a frame is at least 8 ms: at most 75,000 steps
+        m = MP3_FRAME.search(data, i)
+        if m is None:
+            break
+        at = m.start()
+        b1, b2 = data[at + 1], data[at + 2]
+        version, layer = b1 >> 3 & 3, 4 - (b1 >> 1 & 3)
+        mpeg1 = version == 3
+        rate = _MP3_RATES[version][b2 >> 2 & 3]
+        samples = 384 if layer == 1 else 1152 if layer == 2 or mpeg1 else 576
+        kbps = _MP3_KBPS[(mpeg1, layer if mpeg1 else min(layer, 2))][b2 >> 4]
+        if not counted:
+            claimed = _mp3_claimed(data, at, mpeg1, samples / rate)
+        counted += samples / rate
+        if not kbps:  # free format: the next frame is found by its header
+            i = at + 3
+        elif layer == 1:
+            i = at + (12_000 * kbps // rate + (b2 >> 1 & 1)) * 4
+        else:
+            i = at + samples // 8 * 1000 * kbps // rate + (b2 >> 1 & 1)
+    check_seconds(counted, source, more=True)
+    return claimed if claimed is not None else counted or None
+
+
+def _mp3_claimed(data: bytes, at: int, mpeg1: bool, frame_s: float) -> float | None:
+    """The length a first frame's Xing/Info or VBRI header gives, if any."""
+    mono = at + 3 < len(data) and data[at + 3] >> 6 == 3
+    x = at + 4 + ((17 if mono else 32) if mpeg1 else (9 if mono else 17))  # after the side information
+    frames = 0
+    if data[x:x + 4] in (b"Xing", b"Info") and len(data) >= x + 12:
+        flags, n = struct.unpack(">II", data[x + 4:x + 12])
+        frames = n if flags & 1 else 0
+    elif data[at + 36:at + 40] == b"VBRI" and len(data) >= at + 54:
+        (frames,) = struct.unpack(">I", data[at + 50:at + 54])
+    return frames * frame_s if frames else None
