@@ -3,18 +3,17 @@ and keep the winner as that model's defaults here (localgen/tuning.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.stopping import Stopped, stop_on_sigint
 
 
 def tune(
@@ -129,7 +128,7 @@ def _run(ref: Any, depth: int | None, parallel: int, as_json: bool) -> None:
     interrupted = False
     started = time.perf_counter()
     try:
-        with _stop_on_sigint() as stop:
+        with stop_on_sigint() as stop:
             for i, (repack, fa) in enumerate(plan.configs):
                 _measure(ref, plan, parallel, (repack, fa), None, points, view, err if i == 0 else None, stop)
             table = _rank(points, plan, parallel)
@@ -137,7 +136,7 @@ def _run(ref: Any, depth: int | None, parallel: int, as_json: bool) -> None:
                 best = table[0]
                 _measure(ref, plan, parallel, (best["repack"], best["flash_attn"]), best["n_threads_batch"],
                          points, view, None, stop)
-    except (_Stopped, KeyboardInterrupt):
+    except (Stopped, KeyboardInterrupt):
         interrupted = True
     finally:
         view.end()
@@ -166,42 +165,6 @@ def _run(ref: Any, depth: int | None, parallel: int, as_json: bool) -> None:
              "localgen tune --show lists records, --reset forgets them)")
     if interrupted:
         raise typer.Exit(130)
-
-
-class _Stopped(Exception):
-    """Ctrl-C was pressed: raised at the next point between two measurements."""
-
-
-@contextlib.contextmanager
-def _stop_on_sigint() -> Iterator[Callable[[], None]]:
-    """Ctrl-C only notes the request; the measuring code calls the yielded check between two measurements, so
-    no exception ever lands inside a model load, a context's creation or its freeing (one that did crashed the
-    process now and then). A second Ctrl-C interrupts at once."""
-    presses = 0
-    previous = signal.getsignal(signal.SIGINT)
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        nonlocal presses
-        presses += 1
-        if presses > 1:
-            logs = sys.modules.get("localgen.engine.logs")
-            if logs is not None and logs.defer_interrupt(frame):
-                return  # raised once llama.cpp returns (engine/logs.py)
-            raise KeyboardInterrupt
-
-    def check() -> None:
-        if presses:
-            raise _Stopped
-
-    try:
-        signal.signal(signal.SIGINT, on_sigint)
-    except ValueError:  # not the main thread: Ctrl-C keeps its default behaviour
-        yield check
-        return
-    try:
-        yield check
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], threads_batch: int | None,
