@@ -14,6 +14,10 @@ from localgen.tools.plan import ToolPlan, answer_stream, make_plan, with_tools
 from localgen.tools.stream import AnswerStream
 from localgen.types import GenerationRequest
 
+# Tools in one request. Each costs about 300 characters of grammar (under MAX_GRAMMAR_CHARS), a few dozen
+# tokens of prompt, and a branch the grammar follows at each token; 1,000 build in ~40 ms, which is bounded.
+MAX_TOOLS = 256
+
 
 async def tool_plan(worker: ModelWorker, tools: Any, choice: Any, parallel: Any) -> ToolPlan | None:
     """The request's tools for this model (None without tools), or a 400 that says what is wrong."""
@@ -27,6 +31,9 @@ async def tool_plan(worker: ModelWorker, tools: Any, choice: Any, parallel: Any)
         parallel = True
     if not isinstance(parallel, bool):
         raise HTTPError(400, "parallel_tool_calls must be true or false", param="parallel_tool_calls")
+    if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+        raise HTTPError(400, f"`tools` holds {len(tools):,} tools; at most {MAX_TOOLS:,} in one request",
+                        param="tools")
     bounded_schema(tools, "tools", "the tools' JSON")
     try:
         specs = parse_tools(tools)

@@ -39,6 +39,15 @@ class Format:
         """The calls in `text` (the answer from the trigger on), and any text that is not a call."""
         return _PARSERS[self.name](text)
 
+    def complete_calls(self, text: str, start: int = 0) -> tuple[list[ToolCall], int]:
+        """The calls complete in an answer still being written, for a format whose answer is one document
+        (generic: the items of `tool_calls` closed so far; none for the others), read from `start` (0, or
+        the position this returned last time, for the text grown since), and where to read on from."""
+        if not self.whole:
+            return [], start
+        items, end = _items(text, _GENERIC_LIST, start)
+        return [c for c in (_item_call(v) for v in items) if c is not None], end
+
 
 FORMATS = {
     "hermes": Format("hermes", ("<tool_call>",), closes="</tool_call>"),
@@ -85,38 +94,37 @@ SPACE_RULE = r'space ::= | " " | "\n"{1,2} [ \t]{0,20}'
 CHAR_RULE = r'char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})'  # no raw control characters
 
 
-def _json_rules(schema: dict[str, Any], root_name: str) -> str:
-    """GBNF for one JSON schema, with its root rule renamed (the converter names it `root`)."""
-    from localgen.engine.grammar import grammar_from_json_schema
-
-    gbnf = grammar_from_json_schema(json.dumps(schema))
+def _fix_space(gbnf: str) -> str:
     gbnf = re.sub(r"^space\s*::=.*$", lambda m: SPACE_RULE, gbnf, count=1, flags=re.MULTILINE)
-    gbnf = re.sub(r"^char\s*::=.*$", lambda m: CHAR_RULE, gbnf, count=1, flags=re.MULTILINE)
-    return re.sub(r"^root\s*::=", f"{root_name} ::=", gbnf, count=1, flags=re.MULTILINE)
+    return re.sub(r"^char\s*::=.*$", lambda m: CHAR_RULE, gbnf, count=1, flags=re.MULTILINE)
+
+
+def _literal(text: str) -> str:
+    """A GBNF literal for a JSON string (JSON's escapes are GBNF's)."""
+    return json.dumps(json.dumps(text))
+
+
+def _call_rules(tools: tuple[ToolSpec, ...], args_key: str = "arguments") -> str:
+    """GBNF for one call to any of `tools` (`tool-json`: {"name": ..., "<args_key>": {...}}), and `string`.
+    Each tool's arguments are converted once, under its own rule names (`targs<i>-...`), with the rules
+    they share written once: a grammar for N tools grows as N, and builds in time linear in N."""
+    from localgen.engine.grammar import schema_rules
+
+    rules, names = schema_rules([*(t.parameters for t in tools), {"type": "string"}], "targs")
+    each = "\n".join(
+        f'tool-{i} ::= "{{" space "\\"name\\"" space ":" space {_literal(t.name)} space "," space '
+        f'{_literal(args_key)} space ":" space {names[i]} space "}}"' for i, t in enumerate(tools))
+    return (f'tool-json ::= {" | ".join(f"tool-{i}" for i in range(len(tools)))}\n{each}\n'
+            f'{_fix_space(rules)}')
 
 
 def _hermes(tools: tuple[ToolSpec, ...], parallel: bool) -> str:
     """Hermes/Qwen calls as llama-server's grammar writes them: `<tool_call>`, a newline, then the call
     objects (several, comma-separated, when parallel), whitespace allowed between every two tokens."""
-    args = _json_rules({"type": "object", "properties": {f"toolargs{i}": t.parameters for i, t in enumerate(tools)}},
-                       "toolargs-all")
-    each = "\n".join(
-        f'tool-{i} ::= "{{" space "\\"name\\"" space ":" space {json.dumps(json.dumps(t.name))} space "," space '
-        f'"\\"arguments\\"" space ":" space toolargs{i} space "}}"' for i, t in enumerate(tools))
     more = ' (space "," space tool-json)*' if parallel else ""
     return (f'root ::= tool-call space{" (tool-call space)*" if parallel else ""}\n'
             f'tool-call ::= "<tool_call>\\n" space tool-json{more} space "</tool_call>"\n'
-            f'tool-json ::= {" | ".join(f"tool-{i}" for i in range(len(tools)))}\n{each}\n{args}')
-
-
-def _call_schema(tool: ToolSpec, args_key: str = "arguments") -> dict[str, Any]:
-    return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: tool.parameters},
-            "required": ["name", args_key], "additionalProperties": False}
-
-
-def _alternatives(tools: tuple[ToolSpec, ...], args_key: str = "arguments") -> dict[str, Any]:
-    schemas = [_call_schema(t, args_key) for t in tools]
-    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+            f'{_call_rules(tools)}')
 
 
 @dataclass(frozen=True)
@@ -128,33 +136,33 @@ class Constraint:
 
 
 def constraint(fmt: Format, tools: tuple[ToolSpec, ...], forced: bool, parallel: bool,
-               content_allowed: bool = True) -> Constraint | None:
+               content_allowed: bool = True, calls_allowed: bool = True) -> Constraint | None:
     """The grammar that keeps calls to `tools` valid in `fmt` (None where the format has no JSON body to
-    constrain: FunctionGemma's calls are checked after parsing instead)."""
+    constrain: FunctionGemma's calls are checked after parsing instead). `calls_allowed` False: the generic
+    format's answer must be a reply (the loop's last round, after a repeated call)."""
     if fmt.name == "hermes":
         # Lazy from "<tool_call>" and a newline, as llama-server: a model that names the tag in a sentence
         # ("use the <tool_call> function") is not forced into a call.
         return Constraint(_hermes(tools, parallel), () if forced else (re.escape("<tool_call>\n"),))
     if fmt.name == "llama3":
-        body = _json_rules(_alternatives(tools, "parameters"), "tool-json")
-        g = 'root ::= tool-json' + (' (";" " "? tool-json)*' if parallel else '') + '\n' + body
-        return Constraint(g, () if forced else (r'^\s*(\{\s*")',))
+        g = 'root ::= tool-json space' + (' (";" " "? tool-json space)*' if parallel else '') + '\n'
+        return Constraint(g + _call_rules(tools, "parameters"), () if forced else (r'^\s*(\{\s*")',))
     if fmt.name == "mistral":
-        body = _json_rules({"type": "array", "items": _alternatives(tools), "minItems": 1,
-                            **({} if parallel else {"maxItems": 1})}, "tool-json")
-        return Constraint('root ::= "[TOOL_CALLS]" tool-json\n' + body,
+        more = ' ("," space tool-json space)*' if parallel else ""
+        return Constraint(f'root ::= "[TOOL_CALLS]" "[" space tool-json space{more} "]" space\n' + _call_rules(tools),
                           () if forced else (re.escape("[TOOL_CALLS]"),))
     if fmt.name == "generic":
-        call = _alternatives(tools)
-        calls: dict[str, Any] = (
-            {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
-             "required": ["tool_calls"], "additionalProperties": False} if parallel else
-            {"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
-             "additionalProperties": False})
-        reply = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
-                 "additionalProperties": False}
-        schema = calls if forced or not content_allowed else {"anyOf": [calls, reply]}
-        return Constraint(_json_rules(schema, "root"))
+        calls = ('"{" space "\\"tool_calls\\"" space ":" space "[" space tool-json space '
+                 '("," space tool-json space)* "]" space "}" space' if parallel else
+                 '"{" space "\\"tool_call\\"" space ":" space tool-json space "}" space')
+        reply = '"{" space "\\"response\\"" space ":" space string "}" space'
+        if not calls_allowed:
+            root = "reply"
+        elif forced or not content_allowed:
+            root = "calls"
+        else:
+            root = "calls | reply"
+        return Constraint(f"root ::= {root}\ncalls ::= {calls}\nreply ::= {reply}\n{_call_rules(tools)}")
     return None
 
 
@@ -193,6 +201,36 @@ def _objects(text: str) -> list[tuple[int, int, Any]]:
     return out
 
 
+_GENERIC_LIST = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*')
+_MISTRAL_LIST = re.compile(r'\s*\[\s*')
+_SEPARATOR = re.compile(r"\s*,?\s*")  # before an item: a comma after the one before it
+
+
+def _items(text: str, head: re.Pattern[str], start: int = 0) -> tuple[list[Any], int]:
+    """The complete items of a JSON array that `head` opens at the start of `text`, also when the text is
+    cut off (an answer that reached max_tokens in the middle of its calls), from `start` (0: the array's
+    head; else where the last call left off); and where the next item begins."""
+    pos = start
+    if not pos:
+        m = head.match(text)
+        if not m:
+            return [], 0
+        pos = m.end()
+    dec, out = json.JSONDecoder(), list[Any]()
+    while True:
+        sep = _SEPARATOR.match(text, pos)
+        try:
+            value, end = dec.raw_decode(text, sep.end() if sep else pos)
+        except ValueError:  # not written yet (or the array's end)
+            return out, pos
+        out.append(value)
+        pos = end
+
+
+def _item_call(item: Any) -> ToolCall | None:
+    return _call(item.get("name"), item.get("arguments")) if isinstance(item, dict) else None
+
+
 def _parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
     calls: list[ToolCall] = []
     rest, pos = [], 0
@@ -202,6 +240,8 @@ def _parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
         found = [_call(v.get("name"), v.get("arguments", v.get("parameters"))) if isinstance(v, dict) else None
                  for _, _, v in _objects(m.group(1))]  # one object, or several comma-separated (parallel)
         if not found or None in found:
+            if calls and not m.group(0).rstrip().endswith("</tool_call>"):
+                continue  # a call cut off by max_tokens after whole ones: not text for the user
             rest.append(m.group(0))
         else:
             calls.extend(c for c in found if c is not None)
@@ -224,7 +264,10 @@ def _parse_llama3(text: str) -> tuple[str, list[ToolCall]]:
         pos = end
     if not calls:
         return text, []
-    rest.append(body[pos:])
+    tail = body[pos:]
+    if tail.strip(" ;\n").startswith("{"):  # a call cut off by max_tokens after whole ones
+        tail = ""
+    rest.append(tail)
     leftover = "".join(rest).replace(";", " ").strip()
     return leftover, calls
 
@@ -242,12 +285,10 @@ def _parse_mistral(text: str) -> tuple[str, list[ToolCall]]:
                 if call:
                     calls.append(call)
         return head.strip(), calls
-    objs = _objects(body)
-    if objs and isinstance(objs[0][2], list):
-        for item in objs[0][2]:
-            call = _call(item.get("name"), item.get("arguments")) if isinstance(item, dict) else None
-            if call:
-                calls.append(call)
+    for item in _items(body, _MISTRAL_LIST)[0]:  # the array, or as much of it as was written
+        call = _item_call(item)
+        if call:
+            calls.append(call)
     return (head.strip(), calls) if calls else (text, [])
 
 
@@ -278,6 +319,12 @@ def _parse_functiongemma(text: str) -> tuple[str, list[ToolCall]]:
 
 
 def _parse_generic(text: str) -> tuple[str, list[ToolCall]]:
+    cut = FORMATS["generic"].complete_calls(text)[0]
+    try:
+        json.JSONDecoder().raw_decode(text.lstrip())
+    except ValueError:  # cut off by max_tokens: the calls it completed, if any
+        if cut:
+            return "", cut
     objs = _objects(text)
     if not objs or not isinstance(objs[0][2], dict):
         return text, []

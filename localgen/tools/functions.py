@@ -25,6 +25,9 @@ def load(path: Path) -> list[tuple[ToolSpec, Callable[..., Any]]]:
     if spec is None or spec.loader is None:
         raise ToolError(f"{path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules[spec.name] = module  # where pydantic resolves the module's own annotations (`from __future__`)
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:
@@ -50,10 +53,11 @@ def describe(fn: Callable[..., Any], where: Path | str = "") -> ToolSpec:
     doc = inspect.getdoc(fn) or ""
     props: dict[str, Any] = {}
     required: list[str] = []
+    defs: dict[str, Any] = {}
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        schema = _schema(hints.get(p.name, str))
+        schema = _schema(hints.get(p.name, str), defs)
         note = _param_doc(doc, p.name)
         if note:
             schema["description"] = note
@@ -65,7 +69,35 @@ def describe(fn: Callable[..., Any], where: Path | str = "") -> ToolSpec:
     params: dict[str, Any] = {"type": "object", "properties": props}
     if required:
         params["required"] = required
+    if defs:
+        params["$defs"] = defs
     return ToolSpec(name, doc.split("\n\n")[0].strip(), params)
+
+
+def call_args(fn: Callable[..., Any], args: dict[str, Any]) -> dict[str, Any]:
+    """The model's JSON arguments as the function takes them: a pydantic model, dataclass, enum (...)
+    parameter gets its instance, built by pydantic; a ToolError says which argument does not fit."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # described already, so they resolved then
+        return args
+    out = dict(args)
+    for key, value in args.items():
+        hint = hints.get(key)
+        if hint is None or not _needs_pydantic(hint):
+            continue
+        from pydantic import TypeAdapter, ValidationError
+
+        try:
+            adapter: TypeAdapter[Any] = TypeAdapter(hint)
+        except Exception:  # a class pydantic cannot build (described as a string): the value as it came
+            continue
+        try:
+            out[key] = adapter.validate_python(value)
+        except ValidationError as e:
+            first = e.errors()[0] if e.errors() else {"msg": str(e)}
+            raise ToolError(f"{fn.__name__}: argument {key} does not fit its type: {first['msg']}") from None
+    return out
 
 
 def _jsonable(v: Any) -> bool:
@@ -76,20 +108,40 @@ def _jsonable(v: Any) -> bool:
     return True
 
 
-def _schema(hint: Any) -> dict[str, Any]:
+def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's JSON Schema: plain types here, anything else (pydantic models, dataclasses, enums,
+    TypedDicts) from pydantic, whose `$defs` go to the tool's own (`defs`), where its `$ref`s point."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint in _SIMPLE:
         return {"type": _SIMPLE[hint]}
+    if hint is typing.Any:
+        return {}
     if origin is typing.Literal:
         return {"enum": list(args)}
     if origin in (typing.Union, types.UnionType):
         kinds = [a for a in args if a is not type(None)]
-        return _schema(kinds[0]) if len(kinds) == 1 else {"anyOf": [_schema(a) for a in kinds]}
+        return _schema(kinds[0], defs) if len(kinds) == 1 else {"anyOf": [_schema(a, defs) for a in kinds]}
     if origin in (list, tuple, set, frozenset):
-        return {"type": "array", **({"items": _schema(args[0])} if args else {})}
+        return {"type": "array", **({"items": _schema(args[0], defs)} if args else {})}
     if origin is dict:
         return {"type": "object"}
+    if _needs_pydantic(hint):
+        from pydantic import TypeAdapter
+
+        try:
+            schema = dict(TypeAdapter(hint).json_schema(ref_template="#/$defs/{model}"))
+        except Exception:  # a class pydantic cannot describe: a string, as before pydantic was asked
+            return {"type": "string"}
+        defs.update(schema.pop("$defs", {}))
+        return schema
     return {"type": "string"}
+
+
+def _needs_pydantic(hint: Any) -> bool:
+    """Whether a type, or one inside it (list[Model]), is a class JSON has no word for."""
+    if isinstance(hint, type):
+        return hint not in _SIMPLE and hint is not type(None)
+    return any(_needs_pydantic(a) for a in typing.get_args(hint) if typing.get_origin(hint) is not typing.Literal)
 
 
 def _param_doc(doc: str, name: str) -> str:

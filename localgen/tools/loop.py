@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen.errors import ToolError
-from localgen.tools.plan import ToolPlan, answer_stream, make_plan, with_tools
+from localgen.tools.plan import ToolPlan, answer_plan, answer_stream, make_plan, with_tools
 from localgen.tools.spec import ToolCall, ToolSpec, check_call
 from localgen.types import GenerationRequest, Message
 
@@ -81,8 +81,11 @@ class Toolbox:
 
 
 def _python_runner(name: str, fn: Callable[..., Any]) -> Callable[[dict[str, Any], float], str]:
+    from localgen.tools.functions import call_args
+
     def run(args: dict[str, Any], timeout: float) -> str:
         box: dict[str, Any] = {}
+        args = call_args(fn, args)
 
         def target() -> None:
             try:
@@ -98,10 +101,26 @@ def _python_runner(name: str, fn: Callable[..., Any]) -> Callable[[dict[str, Any
         if "error" in box:
             e = box["error"]
             raise ToolError(f"{name} failed: {type(e).__name__}: {e}")
-        value = box.get("value")
-        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        return _as_text(name, box.get("value"))
 
     return run
+
+
+def _as_text(name: str, value: Any) -> str:
+    """A function's result as the model reads it: a string as it is, JSON's own types as JSON, anything
+    else (a set, an object, a cycle) as its str()."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list, tuple, int, float, bool)) or value is None:
+        try:
+            return json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError, RecursionError):  # a cycle, keys that are not strings
+            pass
+    try:
+        return str(value)
+    except Exception as e:  # the value's own __str__ failed: one line, not a traceback
+        raise ToolError(f"{name} returned a {type(value).__name__} that cannot be shown as text: "
+                        f"{type(e).__name__}: {e}") from None
 
 
 def _mcp_runner(server: Any, name: str) -> Callable[[dict[str, Any], float], str]:
@@ -134,13 +153,19 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
              turn: Turn | None = None, stopped: Callable[[], bool] = lambda: False) -> Turn:
     """Generate for `request` (its messages end with the user's), running tools until a plain answer. `show`
     sees every Piece, ToolCall and ToolResult as it happens. `first`: the plan of the first round, when it
-    differs (a call forced by --tool-choice). A repeated call ends its round and runs once. Into `turn` go
+    differs (a call forced by --tool-choice). A repeated call ends its round and runs once; a round that
+    only repeats calls of earlier rounds (whose results the model has) is dropped, and the next round must
+    answer (a small model asks for the same result again and again otherwise). Into `turn` go
     only settled messages: a round's calls with all their results, and an answer, also one cut short (an
     error, an interrupt, or `stopped()`: its calls are then not run)."""
     turn = Turn() if turn is None else turn
     rounds = plan
+    made: set[tuple[str, str]] = set()  # the calls of earlier rounds
+    answering = False
     for step in range(steps + 1):
         plan = first if step == 0 and first is not None else rounds
+        if answering and plan is not None:
+            plan = answer_plan(plan)
         messages = (*request.messages, *turn.messages)
         req = dataclasses.replace(request, messages=messages)
         if plan is not None:
@@ -149,7 +174,7 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
         gen = backend.generate(req)
         turn.generations.append(gen)
         try:
-            _stream_round(gen, stream, show)
+            _stream_round(gen, stream, show, made)
         except BaseException:
             stream.finish()
             if stream.content or stream.reasoning:  # what was said is kept by a caller that keeps partial answers
@@ -161,7 +186,11 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
             return turn
         if toolbox is None:
             raise ToolError("the model called a tool, but none were given")
-        calls = list({(c.name, c.arguments): c for c in reversed(stream.calls)}.values())[::-1]  # each once
+        calls = [c for c in stream.calls if (c.name, c.arguments) not in made]  # the stream gives each once
+        if not calls:
+            answering = True
+            continue
+        made.update((c.name, c.arguments) for c in calls)
         settled: list[Message] = [{**_said(stream), "tool_calls": [c.to_openai() for c in calls]}]
         done: list[ToolResult] = []
         for call in calls:
@@ -180,22 +209,22 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
     raise ToolError(f"the model was still calling tools after {steps} rounds", hint="raise --tool-steps")
 
 
-def _stream_round(gen: Any, stream: Any, show: Callable[[Any], None]) -> None:
-    """Show one round's events as they come. A call the round already made, made again, stops the
-    generation there (a small model repeats its call until the tokens run out) and is not shown."""
-    said: set[tuple[str, str]] = set()
+def _stream_round(gen: Any, stream: Any, show: Callable[[Any], None], made: set[tuple[str, str]]) -> None:
+    """Show one round's events as they come. A call the round (or an earlier one: `made`) already made,
+    made again, stops the generation there (a small model repeats its call until the tokens run out) and is
+    not shown."""
 
     def events() -> Any:
         for chunk in gen:
             yield from stream.feed(chunk.text)
+            if stream.repeats:
+                gen.cancel()
         yield from stream.finish()
 
     for event in events():
-        if isinstance(event, ToolCall):
-            if (event.name, event.arguments) in said:
-                gen.cancel()
-                continue
-            said.add((event.name, event.arguments))
+        if isinstance(event, ToolCall) and (event.name, event.arguments) in made:
+            gen.cancel()
+            continue
         show(event)
 
 

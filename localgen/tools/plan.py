@@ -47,6 +47,15 @@ def make_plan(template: str | None, tools: tuple[ToolSpec, ...], choice: Any = "
     return ToolPlan(tools, fmt, name, parallel, constraint(fmt, allowed, forced, parallel))
 
 
+def answer_plan(plan: ToolPlan) -> ToolPlan:
+    """The plan of a round that must answer, not call: the generic format keeps its tools in the system
+    prompt and its JSON, with a grammar that admits only {"response": ...}; other formats get none."""
+    if plan.fmt is not None and plan.fmt.name == "generic":
+        reply = constraint(plan.fmt, plan.tools, False, plan.parallel, calls_allowed=False)
+        return ToolPlan(plan.tools, plan.fmt, "none", plan.parallel, reply)
+    return ToolPlan(plan.tools, None, "none", plan.parallel, None)
+
+
 def _choice(choice: Any) -> str:
     if choice is None:
         return "auto"

@@ -48,7 +48,9 @@ def _held(text: str, markers: tuple[str, ...]) -> int:
 class AnswerStream:
     """Feed it the answer's text piece by piece; it gives back Pieces and ToolCalls. `fmt` None: no tools
     (calls are not looked for). `thinking`: the tags of a block the prompt opened, if any. A call that names
-    no tool in `names` stays text, as llama-server's parser leaves it."""
+    no tool in `names` stays text, as llama-server's parser leaves it. A call identical to one already given
+    (same name and arguments) is not given again, and counts in `repeats`: a small model writes its call
+    again and again until the tokens run out, and whoever generates may stop there."""
 
     fmt: Format | None = None
     thinking: tuple[str, str] | None = None
@@ -57,6 +59,9 @@ class AnswerStream:
     content: str = ""
     reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
+    repeats: int = 0
+    _seen: int = 0  # calls read from the answer so far, repeats included (a whole-document format's count)
+    _scan: int = 0  # where reading the document's next call begins (-1: read at the end only)
     _buf: str = ""
     _state: str = "start"  # start | think | content | call
     _close: str = ""
@@ -154,6 +159,15 @@ class AnswerStream:
     def _call(self, out: list[Event], final: bool) -> None:
         fmt = self.fmt
         assert fmt is not None
+        if fmt.whole and not final:  # one document: each call as its item closes (a repeat is seen at once)
+            if self._scan >= 0:
+                done, self._scan = fmt.complete_calls(self._buf, self._scan)
+                if self.names is None or all(c.name in self.names for c in done):
+                    self._add(out, done)
+                    self._seen += len(done)
+                else:
+                    self._scan = -1  # a call to no tool given: the end decides, as text
+            return
         if fmt.closes and not final:
             at = self._buf.find(fmt.closes)
             if at < 0:
@@ -171,8 +185,19 @@ class AnswerStream:
         text, calls = self.fmt.parse(block)
         if self.names is not None and any(c.name not in self.names for c in calls):
             text, calls = block, []  # a call to no tool that was given is no call: the text stays content
+        if self.fmt.whole and self._seen:  # given as they closed
+            text, calls = "", calls[self._seen:]
+        if not calls and self.calls and self.fmt.closes and not block.rstrip().endswith(self.fmt.closes):
+            text = ""  # a call cut off by max_tokens after whole ones: no text for the user
         if text:
             self._emit(out, "content", (self._gap if not calls else "") + text)
         self._gap = ""
-        self.calls.extend(calls)
-        out.extend(calls)
+        self._add(out, calls)
+
+    def _add(self, out: list[Event], calls: list[ToolCall]) -> None:
+        for call in calls:
+            if any((c.name, c.arguments) == (call.name, call.arguments) for c in self.calls):
+                self.repeats += 1
+                continue
+            self.calls.append(call)
+            out.append(call)

@@ -1,0 +1,408 @@
+"""Tool schemas as real tools write them (pydantic v2 and the MCP SDK: `$defs`/`$ref`, `anyOf`, `allOf`,
+`enum`, `const`, nullable types), recursion bounded, 1,000 tools; a repeated call stopped; the default model
+(SmolLM2 with its own template, so the generic JSON format) through a whole tool round trip; and a
+`--functions` result that JSON cannot hold. In-process for the grammars and the stream stage, `serve` and
+`run --functions/--mcp` as a user drives them."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import Iterator
+from enum import StrEnum
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Literal
+
+import httpx
+import jsonschema
+import pytest
+from pydantic import BaseModel
+
+from tests.conftest import CLI
+from tests.test_serve import Server
+
+
+class Unit(StrEnum):
+    C = "C"
+    F = "F"
+
+
+class Address(BaseModel):
+    street: str
+    city: str | None = None
+
+
+class Person(BaseModel):
+    name: str
+    kind: Literal["friend", "colleague"]
+    unit: Unit = Unit.C
+    home: Address
+    others: list[Address] = []
+
+
+class Place(BaseModel):
+    city: str
+    country: str | None = None
+
+
+class Visit(BaseModel):
+    place: Place
+
+
+class Node(BaseModel):
+    value: int
+    children: list[Node] = []
+
+
+# what older generators (and hand-written MCP tools) send: `definitions`, allOf around a $ref, a type list,
+# OpenAPI's `nullable`, a const, a title where the type should be (pydantic's `Any`)
+HAND = {"type": "object", "definitions": {"Unit": {"type": "string", "enum": ["C", "F"]}},
+        "properties": {"unit": {"allOf": [{"$ref": "#/definitions/Unit"}], "description": "the unit"},
+                       "note": {"type": ["string", "null"]}, "count": {"type": "integer", "nullable": True},
+                       "mode": {"const": "fast"}, "extra": {"title": "Extra"}},
+        "required": ["unit", "mode"]}
+SCHEMAS = {"pydantic": Person.model_json_schema(), "recursive": Node.model_json_schema(), "hand-written": HAND}
+
+
+def _tool(name: str, params: dict[str, Any], description: str = "") -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
+
+
+def test_pydantic_and_mcp_style_schemas_make_grammars_in_every_format(smollm2_engine: Any) -> None:
+    from localgen.tools.formats import FORMATS, constraint
+    from localgen.tools.spec import parse_tools
+
+    tools = parse_tools([_tool(f"t_{k.replace('-', '_')}", s) for k, s in SCHEMAS.items()])
+    for fmt in FORMATS.values():
+        for forced in (False, True):
+            c = constraint(fmt, tools, forced, True)
+            if c is not None:
+                smollm2_engine.check_grammar(c.grammar)  # llama.cpp's parser takes it
+    from localgen.engine.grammar import grammar_from_json_schema, resolve_schema
+
+    for schema in SCHEMAS.values():  # response_format and --json-schema take the same schemas
+        smollm2_engine.check_grammar(grammar_from_json_schema(json.dumps(schema)))
+        assert "$ref" not in json.dumps(resolve_schema(schema))
+    plain = resolve_schema(HAND)["properties"]
+    assert plain["unit"]["enum"] == ["C", "F"]
+    assert plain["note"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
+    assert {"type": "null"} in plain["count"]["anyOf"]
+
+
+def test_recursive_references_are_bounded_not_a_recursion_error() -> None:
+    from localgen.engine.grammar import REF_DEPTH, grammar_from_json_schema, resolve_schema
+    from localgen.errors import GrammarError
+
+    tree = resolve_schema(Node.model_json_schema())
+    depth, node = 0, tree
+    while "properties" in node:  # value, children: [Node ...], down to any JSON
+        node, depth = node["properties"]["children"]["items"], depth + 1
+    assert depth == REF_DEPTH and node == {"type": "value"}
+    itself = {"type": "object", "properties": {"next": {"$ref": "#"}, "a": {"$ref": "#/$defs/A"}},
+              "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/B"}, {"type": "null"}]},
+                        "B": {"type": "array", "items": {"$ref": "#/$defs/A"}}}}
+    assert "root ::=" in grammar_from_json_schema(json.dumps(itself))
+    fan: dict[str, Any] = {"$defs": {f"D{i}": {"type": "object", "properties": {
+        "x": {"$ref": f"#/$defs/D{i + 1}"}, "y": {"$ref": f"#/$defs/D{i + 1}"}}} for i in range(30)},
+        "$ref": "#/$defs/D0"}
+    fan["$defs"]["D30"] = {"type": "string"}
+    with pytest.raises(GrammarError, match="subschemas once its \\$refs are inlined"):
+        resolve_schema(fan)  # 2**30 nodes if expanded
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(5000):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(GrammarError, match="nests too deeply"):
+        resolve_schema(deep)
+    for ref in ("#/$defs/Missing", "https://example.com/schema.json", "#anchor"):
+        with pytest.raises(GrammarError, match="reference"):
+            resolve_schema({"type": "object", "properties": {"a": {"$ref": ref}}})
+
+
+def test_a_thousand_tools_make_a_grammar_that_grows_with_them(smollm2_engine: Any) -> None:
+    from localgen.tools.plan import make_plan
+    from localgen.tools.spec import ToolSpec
+
+    tools = tuple(ToolSpec(f"tool_{i}", f"Tool {i}", {"type": "object", "properties": {
+        "city": {"type": "string"}, "n": {"type": "integer"}}, "required": ["city"]}) for i in range(1000))
+    for template in (None, "tools <tool_call>", "tools [TOOL_CALLS]", "tools <|python_tag|>"):
+        plan = make_plan(template, tools, "required")
+        assert plan.constraint is not None
+        assert len(plan.constraint.grammar) < 400 * len(tools), "rules shared, not repeated per tool"
+        smollm2_engine.check_grammar(plan.constraint.grammar)
+
+
+def _events(fmt: str, text: str, step: int) -> tuple[Any, list[Any]]:
+    from localgen.tools.formats import FORMATS
+    from localgen.tools.stream import AnswerStream
+
+    stream = AnswerStream(FORMATS[fmt])
+    out: list[Any] = []
+    for i in range(0, len(text), step):
+        out += stream.feed(text[i:i + step])
+    return stream, out + stream.finish()
+
+
+CALL = {"name": "get_time", "arguments": {}}
+REPEATED = {  # each format's answer when the model writes the same call until max_tokens cuts it off
+    "generic": '{"tool_calls": [' + ", ".join([json.dumps(CALL)] * 6) + ', {"name": "get_ti',
+    "hermes": ("<tool_call>\n" + json.dumps(CALL) + "\n</tool_call>\n") * 4 + '<tool_call>\n{"name": "get',
+    "mistral": "[TOOL_CALLS][" + ", ".join([json.dumps(CALL)] * 5) + ', {"name": "g',
+    "llama3": "; ".join(json.dumps({"name": "get_time", "parameters": {}}) for _ in range(4)) + '; {"na',
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(REPEATED))
+def test_a_call_repeated_until_max_tokens_is_one_call_and_no_text(fmt: str) -> None:
+    from localgen.tools.spec import ToolCall
+
+    for step in (1, 5, 10_000):
+        stream, events = _events(fmt, REPEATED[fmt], step)
+        calls = [e for e in events if isinstance(e, ToolCall)]
+        assert [(c.name, c.arguments) for c in calls] == [("get_time", "{}")], (fmt, step)
+        assert stream.content == "" and stream.repeats >= 3, (fmt, step)
+    if fmt == "generic":  # the first call is given as soon as its object closes, so a repeat stops generation
+        stream, events = _events(fmt, REPEATED[fmt][:60], 60)
+        assert [e.name for e in events if isinstance(e, ToolCall)] == ["get_time"]
+
+
+class _Gen:
+    """A scripted generation: its pieces, until cancelled."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces, self.read, self.cancelled = pieces, 0, False
+
+    def __iter__(self) -> Iterator[Any]:
+        for piece in self.pieces:
+            if self.cancelled:
+                return
+            self.read += 1
+            yield SimpleNamespace(text=piece)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _functions(tmp_path: Path, source: str) -> Path:
+    path = tmp_path / "fns.py"
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+WEATHER_FN = '''
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        return f"It is 21 C and sunny in {city}."
+'''
+
+
+def test_a_call_repeated_in_the_next_round_makes_that_round_answer(tmp_path: Path) -> None:
+    """SmolLM2 given a tool's result asks for the same call again; the loop does not run it again but
+    makes the model answer (the generic format: a grammar that admits only {"response": ...})."""
+    from localgen.tools.loop import Toolbox, plan_for, run_turn
+    from localgen.types import GenerationRequest, SamplingParams
+
+    call = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+    gens = [_Gen([call]), _Gen([call[:40], call[40:]]), _Gen(['{"response": "It is sunny."}'])]
+    grammars: list[str] = []
+
+    def generate(request: Any) -> _Gen:
+        grammars.append(request.sampling.grammar)
+        return gens.pop(0)
+
+    box = Toolbox.open([_functions(tmp_path, WEATHER_FN)], [])
+    turn = run_turn(SimpleNamespace(generate=generate),
+                    GenerationRequest(messages=({"role": "user", "content": "Weather in Paris?"},),
+                                      sampling=SamplingParams(temperature=0)),
+                    plan_for(None, box), box, lambda c: True, lambda e: None, 8, 5.0, None)
+    assert [r.text for r in turn.results] == ["It is 21 C and sunny in Paris."]
+    assert turn.text == "It is sunny."
+    assert grammars[2].startswith("root ::= reply\n")
+    assert [m["role"] for m in turn.messages] == ["assistant", "tool", "assistant"]
+
+
+def test_functions_with_pydantic_parameters_and_results_json_cannot_hold(tmp_path: Path) -> None:
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.plan import make_plan
+    from localgen.tools.spec import ToolCall
+
+    path = _functions(tmp_path, '''
+        from __future__ import annotations
+        from pydantic import BaseModel
+
+        class Street(BaseModel):
+            name: str
+
+        class Place(BaseModel):
+            city: str
+            streets: list[Street] = []
+
+        class Opaque:
+            def __str__(self) -> str:
+                raise RuntimeError("no text")
+
+        def visit(place: Place) -> str:
+            """Visit a place."""
+            return f"{type(place).__name__} {place.city} {[s.name for s in place.streets]}"
+
+        def numbers() -> set[int]:
+            """Some numbers."""
+            return {3, 1, 2}
+
+        def cycle() -> list[object]:
+            """A list that holds itself."""
+            a: list[object] = []
+            a.append(a)
+            return a
+
+        def tuple_keys() -> dict[tuple[int, int], int]:
+            """Keys JSON cannot have."""
+            return {(1, 2): 3}
+
+        def opaque() -> Opaque:
+            """An object with no text."""
+            return Opaque()
+    ''')
+    box = Toolbox.open([path], [])
+    try:
+        visit = next(t for t in box.specs if t.name == "visit")
+        assert visit.parameters["properties"]["place"]["properties"]["city"] == {"title": "City", "type": "string"}
+        assert "Street" in visit.parameters["$defs"]  # the nested model's $ref resolves in the tool's schema
+        make_plan(None, box.specs)
+        args = {"place": {"city": "Oslo", "streets": [{"name": "Karl Johans gate"}]}}
+        jsonschema.validate(args, visit.parameters)
+        assert box.call(ToolCall("visit", json.dumps(args)), 5) == "Place Oslo ['Karl Johans gate']"
+        assert box.call(ToolCall("numbers", "{}"), 5) == "{1, 2, 3}"
+        assert box.call(ToolCall("cycle", "{}"), 5) == "[[...]]"
+        assert box.call(ToolCall("tuple_keys", "{}"), 5) == "{(1, 2): 3}"
+        with pytest.raises(ToolError, match="opaque returned a Opaque that cannot be shown as text"):
+            box.call(ToolCall("opaque", "{}"), 5)
+    finally:
+        box.close()
+
+
+# ---- run ----------------------------------------------------------------------------------------------------
+
+def _run(cli: CLI, *args: str) -> Any:
+    return cli("run", "-m", "smollm2:135m", "--temperature", "0", *args)
+
+
+def test_the_default_model_finishes_a_function_round_trip(cli: CLI, tmp_path: Path) -> None:
+    r = _run(cli, "--functions", str(_functions(tmp_path, WEATHER_FN)), "--yes", "-n", "64", "--json",
+             "What is the weather in Paris?")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [c["name"] for c in doc["tool_calls"]] == ["get_weather"]
+    assert doc["text"].strip() and not doc["text"].lstrip().startswith("{"), "an answer, not a call as text"
+    assert "still calling tools" not in r.stderr
+
+
+def test_a_function_returning_a_set_gives_its_text(cli: CLI, tmp_path: Path) -> None:
+    path = _functions(tmp_path, '''
+        def numbers() -> set[int]:
+            """Some numbers."""
+            return {1, 2, 3}
+    ''')
+    r = _run(cli, "--functions", str(path), "--yes", "--tool-choice", "numbers", "-n", "48", "--json",
+             "Give me the numbers.")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tool_calls"][0]["result"] == "{1, 2, 3}"
+    assert "Traceback" not in r.stderr
+
+
+MCP_SERVER = '''
+    from pydantic import BaseModel
+    from mcp.server.mcpserver import MCPServer
+
+    app = MCPServer("schemas")
+
+    class Address(BaseModel):
+        city: str
+        street: str | None = None
+
+    @app.tool()
+    def locate(address: Address) -> str:
+        """Find an address."""
+        return f"found {address.city}"
+
+    app.run()
+'''
+
+
+def test_mcp_tools_with_refs_work(cli: CLI, tmp_path: Path) -> None:
+    server = tmp_path / "mcp_schemas.py"
+    server.write_text(textwrap.dedent(MCP_SERVER))
+    r = _run(cli, "--mcp", f"{sys.executable} {server}", "--yes", "--tool-choice", "locate", "-n", "64",
+             "--json", "Where is Paris?")
+    assert r.returncode == 0, r.stderr
+    calls = json.loads(r.stdout)["tool_calls"]
+    assert calls[0]["name"] == "locate"
+    assert calls[0]["result"] == f"found {calls[0]['arguments']['address']['city']}"
+
+
+# ---- serve --------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def plain_server(cli_env: dict[str, str]) -> Iterator[Server]:
+    """SmolLM2 with its own template, which renders no tools: the generic format."""
+    s = Server(cli_env, "-np", "2", "--ctx", "4096")
+    yield s
+    assert s.stop() == 0
+
+
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = _tool("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                "Get the current weather in a city.")
+
+
+def _chat(server: Server, **body: Any) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/chat/completions",
+                      json={"messages": ASK, "temperature": 0, "max_tokens": 96, **body}, timeout=600)
+
+
+def test_serve_takes_ref_tools_and_the_default_model_calls_them(plain_server: Server) -> None:
+    visit = _tool("plan_visit", Visit.model_json_schema(), "Plan a visit to a place.")
+    assert "$ref" in json.dumps(visit)
+    for tools, choice in (([WEATHER], "auto"), ([visit], "required")):
+        r = _chat(plain_server, tools=tools, tool_choice=choice)
+        assert r.status_code == 200, r.text
+        choice_ = r.json()["choices"][0]
+        assert choice_["finish_reason"] == "tool_calls" and not choice_["message"]["content"], choice_
+        for call in choice_["message"]["tool_calls"]:
+            name = call["function"]["name"]
+            schema = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == name)
+            jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
+    tree = {"type": "json_schema", "json_schema": {"name": "tree", "schema": Node.model_json_schema()}}
+    r = _chat(plain_server, response_format=tree, max_tokens=48,
+              messages=[{"role": "user", "content": "A tree of numbers as JSON."}])
+    assert r.status_code == 200, r.text
+    remote = _tool("f", {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}})
+    r = _chat(plain_server, tools=[remote], max_tokens=4)
+    assert r.status_code == 400 and "only local ones" in r.json()["error"]["message"]
+    many = [_tool(f"tool_{i}", {"type": "object", "properties": {}}) for i in range(1000)]
+    r = _chat(plain_server, tools=many, max_tokens=4)
+    assert r.status_code == 400 and "1,000 tools; at most" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "tools"
+
+
+def test_serve_gives_a_call_repeated_until_max_tokens_once(plain_server: Server) -> None:
+    """SmolLM2 forced to call a tool with no arguments writes the same call until max_tokens: the answer is
+    that call once, whole or streamed, the first time (prompt not cached) and the second (cached)."""
+    clock = _tool("get_time", {"type": "object", "properties": {}}, "The current time.")
+    body = {"tools": [clock], "tool_choice": "required", "max_tokens": 64}
+    for _ in range(2):
+        r = _chat(plain_server, **body).json()
+        message = r["choices"][0]["message"]
+        assert r["choices"][0]["finish_reason"] == "tool_calls" and not message["content"], r
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == \
+            [("get_time", "{}")]
+    with httpx.stream("POST", f"{plain_server.url}/v1/chat/completions", timeout=600,
+                      json={"messages": ASK, "temperature": 0, "stream": True, **body}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+    assert not "".join(d.get("content") or "" for d in deltas)
+    assert [d["tool_calls"][0]["function"]["name"] for d in deltas if d.get("tool_calls")
+            and "name" in d["tool_calls"][0]["function"]] == ["get_time"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
