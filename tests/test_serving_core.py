@@ -107,6 +107,18 @@ def test_faults_come_out_as_typed_errors(core: Any) -> None:
     assert isinstance(failed.error, ContextTooSmall) and failed.error.status == 413
 
 
+def test_a_cancelled_task_stops_inside_its_slice_and_the_embedder_goes_on(core: Any) -> None:
+    """llama.cpp's abort callback asks the task's `cancelled` while it computes: a window-long text is not
+    encoded to its end for an absent client (the test cancels before the first operation)."""
+    _eng, pc, emb = core
+    sched = Scheduler(pc)
+    sched.add(EmbedTask(1, emb, ["the river runs past the old mill. " * 40], cancelled=lambda: True))
+    outs = sched.step()
+    assert len(outs) == 1 and isinstance(outs[0], Result) and isinstance(outs[0].error, Cancelled)
+    again = EmbedTask(2, emb, ["the river runs past the old mill."])
+    assert again.step(None) and len(again.value) == 1, "the next task is encoded as usual"
+
+
 @pytest.fixture(scope="module")
 def server(cli_env: dict[str, str]) -> Any:
     s = Server(cli_env, "-np", "2", "--ctx", "1024")

@@ -6,11 +6,12 @@ unless asked not to be."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localgen.engine import logs
-from localgen.errors import BadRequest, LocalgenError, PromptTooLong, UsageError
+from localgen.errors import BadRequest, Cancelled, LocalgenError, PromptTooLong, UsageError
 
 if TYPE_CHECKING:
     from localgen.engine.llama import Engine
@@ -82,6 +83,20 @@ class Embedder:
         self.batch = lc.llama_batch_init(n_ctx, 0, 1)
         self.mem = lc.llama_get_memory(self.ctx)
         self._checked_query: str | None = None  # the last query pair_tokens found room for
+        self._abort: Any = None  # the ctypes thunk llama.cpp calls while it computes (abort_when)
+
+    def abort_when(self, cancelled: Callable[[], bool] | None) -> None:
+        """While set, llama.cpp asks `cancelled` between the operations of a computation and stops it when it
+        says so (the encode then raises Cancelled): a window-long text need not be encoded to its end for an
+        absent client. Only for a thread that takes no Ctrl-C (serve's worker): an exception raised in the
+        callback could not cross llama.cpp's frames."""
+        lc = self.lc
+        if cancelled is None:
+            lc.llama_set_abort_callback(self.ctx, lc.ggml_abort_callback(0), None)
+            self._abort = None
+            return
+        self._abort = lc.ggml_abort_callback(lambda _data: bool(cancelled()))
+        lc.llama_set_abort_callback(self.ctx, self._abort, None)
 
     def close(self) -> None:
         """Free the context."""
@@ -164,6 +179,8 @@ class Embedder:
         b.n_tokens = n
         rc = lc.llama_encode(self.ctx, b) if self.engine.uses_encode else lc.llama_decode(self.ctx, b)
         logs.raise_deferred()
+        if rc == 2 and self._abort is not None:  # llama.cpp's "aborted": abort_when's check said so
+            raise Cancelled("cancelled")
         if rc != 0:
             raise LocalgenError(f"llama.cpp could not embed {len(seqs)} text{'s' if len(seqs) > 1 else ''} ({rc})")
         result = []
@@ -191,8 +208,11 @@ class EmbedTask:
     between two slices when aborted. `value`: the Embeddings, or (score, tokens) pairs for rerank."""
 
     def __init__(self, id: int, embedder: Embedder, texts: list[str], normalize: bool = True,
-                 dimensions: int | None = None, truncate: bool = False, query: str | None = None) -> None:
+                 dimensions: int | None = None, truncate: bool = False, query: str | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> None:
+        """`cancelled` (from another thread): stop even inside a slice, through llama.cpp's abort callback."""
         self.id = id
+        self.cancelled = cancelled
         self.embedder = embedder
         self.texts = texts
         self.normalize = normalize and query is None
@@ -222,7 +242,11 @@ class EmbedTask:
             batch.append(toks)
             used += len(toks)
         if batch:
-            self.done += emb.embed(batch, self.normalize, self.dimensions)
+            emb.abort_when(self.cancelled)
+            try:
+                self.done += emb.embed(batch, self.normalize, self.dimensions)
+            finally:
+                emb.abort_when(None)
         return len(self.done) == len(self.texts)
 
     @property

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localgen.backend import Completion
-from localgen.errors import LocalgenError, PromptTooLong
+from localgen.errors import Cancelled, LocalgenError, PromptTooLong
 from localgen.serve.jobs import (
     INTERNAL,
     Done,
@@ -250,7 +250,7 @@ class ModelWorker:
                     job.send(Text(out.text))
                 continue
             del self._running[out.id]
-            if out.id in self._aborting:
+            if out.id in self._aborting or isinstance(getattr(out, "error", None), Cancelled):
                 self._aborting.discard(out.id)
                 self.aborted += 1
             if isinstance(out, Finished):
@@ -297,7 +297,8 @@ class ModelWorker:
 
         try:
             emb = self.backend.scorer() if job.query is not None else self.backend.embedder()
-            return EmbedTask(job_id, emb, job.texts, True, job.dimensions, job.truncate, job.query)
+            return EmbedTask(job_id, emb, job.texts, True, job.dimensions, job.truncate, job.query,
+                             job.cancelled.is_set)
         except Exception as e:
             return self._fail(job, e, "embedding")
 
@@ -313,8 +314,7 @@ class ModelWorker:
             else:
                 item.send(event)
 
-    def _fail(self, job: Job | EmbedJob, e: BaseException, where: str) -> None:
-        """Tell the client why its job failed; a fault that is not the client's is logged and counted."""
+    def _fail(self, job: Job | EmbedJob, e: BaseException, where: str) -> None:  # a fault not the client's: logged
         if not isinstance(e, LocalgenError):
             self._internal(e, where)
         job.send(failed(e))
