@@ -389,18 +389,23 @@ def test_serve_takes_ref_tools_and_the_default_model_calls_them(plain_server: Se
 
 def test_serve_gives_a_call_repeated_until_max_tokens_once(plain_server: Server) -> None:
     """SmolLM2 forced to call a tool with no arguments writes the same call until max_tokens: the answer is
-    that call once, whole or streamed, the first time (prompt not cached) and the second (cached)."""
+    that call once, whole or streamed, the first time (prompt not cached) and the second (cached), and serve
+    stops generating at the first repeat (as the CLI does), well before max_tokens."""
     clock = _tool("get_time", {"type": "object", "properties": {}}, "The current time.")
-    body = {"tools": [clock], "tool_choice": "required", "max_tokens": 64}
+    body = {"tools": [clock], "tool_choice": "required", "max_tokens": 160}
     for _ in range(2):
         r = _chat(plain_server, **body).json()
         message = r["choices"][0]["message"]
         assert r["choices"][0]["finish_reason"] == "tool_calls" and not message["content"], r
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == \
             [("get_time", "{}")]
+        assert r["usage"]["completion_tokens"] < 80, "stopped at the first repeat, not at max_tokens"
     with httpx.stream("POST", f"{plain_server.url}/v1/chat/completions", timeout=600,
-                      json={"messages": ASK, "temperature": 0, "stream": True, **body}) as s:
+                      json={"messages": ASK, "temperature": 0, "stream": True, **body,
+                            "stream_options": {"include_usage": True}}) as s:
         chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert chunks[-1]["usage"]["completion_tokens"] < 80, "the stream stopped at the first repeat too"
+    chunks = chunks[:-1]  # the usage chunk has no choices
     deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
     assert not "".join(d.get("content") or "" for d in deltas)
     assert [d["tool_calls"][0]["function"]["name"] for d in deltas if d.get("tool_calls")

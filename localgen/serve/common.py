@@ -314,14 +314,19 @@ async def run_job(worker: ModelWorker, request: GenerationRequest,
 
 
 async def run_whole(worker: ModelWorker, request: GenerationRequest, http: Request,
-                    keep_alive: float | None = None) -> tuple[Job, Completion]:
+                    keep_alive: float | None = None, watch: Any = None) -> tuple[Job, Completion]:
     """A non-streamed answer: the job and its final Completion (whose text is the whole answer). The job
     sends no Text events, so no decoding step wakes the event loop for it; a client that disconnects while
-    it waits (queued or generating) cancels the job; an error is an HTTPError."""
-    job = _submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive, stream=False))
+    it waits (queued or generating) cancels the job; an error is an HTTPError. With `watch` (an answer
+    stage of its own, for a request with tools), the text is read as it comes, and the job ends as soon as
+    the model repeats a tool call it already made (what a small model does until max_tokens)."""
+    job = _submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive, stream=watch is not None))
     watcher = asyncio.ensure_future(_watch_disconnect(http, job))
     try:
         event = await job.events.get()
+        while isinstance(event, Text):
+            watch_repeats(job, watch, event.text)
+            event = await job.events.get()
     finally:
         watcher.cancel()
         job.cancelled.set()  # a no-op once done; stops generation at once when the handler was cancelled
@@ -330,6 +335,17 @@ async def run_whole(worker: ModelWorker, request: GenerationRequest, http: Reque
     if isinstance(event, Failed):
         raise http_error(event)
     raise AssertionError("a job that does not stream sends only its Done or Failed")
+
+
+def watch_repeats(job: Job, answer: Any, text: str | None = None) -> list[Any]:
+    """Feed the answer stage (if any) and end the job, as finished, once the model repeats a tool call it
+    already made; the stage's events."""
+    if answer is None:
+        return []
+    pieces = answer.feed(text) if text is not None else []
+    if answer.repeats:
+        job.finish.set()
+    return list(pieces)
 
 
 def _submit(worker: ModelWorker, job: Job) -> Job:

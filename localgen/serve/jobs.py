@@ -61,6 +61,9 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # the handler has what it needs (a model repeating a tool call it already made): end the job now, as
+    # finished; its Done carries what was generated
+    finish: threading.Event = field(default_factory=threading.Event)
     seed: int = -1  # the request's seed, else a fresh one (set in __post_init__)
     enqueued: float = field(default_factory=time.perf_counter)
     keep_alive: float | None = None  # seconds the model stays loaded after this job (Ollama's keep_alive)
@@ -154,6 +157,11 @@ class Unload:
     """A request to free the model, handled by the worker thread once nothing runs."""
 
     done: threading.Event = field(default_factory=threading.Event)
+
+
+def finishing(job: Any) -> bool:
+    """Whether a job's handler asked it to end now as finished (Job.finish)."""
+    return isinstance(job, Job) and job.finish.is_set()
 
 
 def failed(e: BaseException) -> Failed:

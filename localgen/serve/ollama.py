@@ -30,6 +30,7 @@ from localgen.serve.common import (
     run_whole,
     sampling,
     schema_grammar,
+    watch_repeats,
 )
 from localgen.serve.jobs import Done, Event, Text, parse_duration
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
@@ -179,7 +180,8 @@ async def _generate(state: ServeState, http: Request, body: dict[str, Any], chat
     if body.get("stream", True):  # Ollama streams unless told not to
         job, first = await run_job(worker, request, keep_alive)
         return StreamingResponse(_ndjson(worker, job, first, chat, answer), media_type="application/x-ndjson")
-    job, final = await run_whole(worker, request, http, keep_alive)
+    watch = stream_for(worker, plan, request) if answer is not None and plan is not None else None
+    job, final = await run_whole(worker, request, http, keep_alive, watch)
     text = final.text
     if answer is None:
         return JSONResponse(_final(worker, job, final, chat, text))
@@ -204,7 +206,7 @@ async def _ndjson(worker: Any, job: Any, first: Event, chat: bool,
     async for event in events(job, first):
         if isinstance(event, Text):
             if answer is not None:
-                pieces = answer.feed(event.text)
+                pieces = watch_repeats(job, answer, event.text)
                 if not pieces:
                     continue
                 piece: dict[str, Any] = {"message": _message(pieces)}

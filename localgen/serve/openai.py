@@ -31,6 +31,7 @@ from localgen.serve.common import (
     sampling,
     schema_grammar,
     timings,
+    watch_repeats,
 )
 from localgen.serve.jobs import Event, Failed, Text
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
@@ -214,7 +215,8 @@ async def _complete(state: ServeState, http: Request, body: dict[str, Any], chat
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     shape = _Shape(ident, worker.name, chat, request.logprobs is not None)
     if not body.get("stream"):
-        _, final = await run_whole(worker, request, http)
+        watch = stream_for(worker, plan, request, split) if plan is not None else None
+        _, final = await run_whole(worker, request, http, watch=watch)
         return JSONResponse(shape.whole(final, final.text, answer))
     job, first = await run_job(worker, request)
     opts = body.get("stream_options") or {}
@@ -249,7 +251,7 @@ async def _sse(shape: _Shape, job: Any, first: Event, usage: bool,
             if answer is None:
                 yield _data(shape.chunk({"content": event.text} if shape.chat else event.text, None))
                 continue
-            for delta in _deltas(answer.feed(event.text), calls):
+            for delta in _deltas(watch_repeats(job, answer, event.text), calls):
                 yield _data(shape.chunk(delta, None))
             continue
         if isinstance(event, Failed):  # after the first token: OpenAI's error event, then [DONE] as after any end

@@ -7,6 +7,7 @@ decode; a job that fails, for any reason, fails alone."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import queue
 import sys
@@ -18,17 +19,7 @@ from typing import Any
 
 from localgen.backend import Completion
 from localgen.errors import Cancelled, LocalgenError, PromptTooLong
-from localgen.serve.jobs import (
-    INTERNAL,
-    Done,
-    EmbedJob,
-    Failed,
-    Job,
-    QueueFull,
-    Text,
-    Unload,
-    failed,
-)
+from localgen.serve.jobs import INTERNAL, Done, EmbedJob, Failed, Job, QueueFull, Text, Unload, failed, finishing
 from localgen.serve.model import warm_template
 from localgen.types import LoadParams, ModelRef
 
@@ -225,7 +216,7 @@ class ModelWorker:
     def _abort_cancelled(self) -> None:
         """Abort in the scheduler each job whose client went away (it ends at the next step)."""
         for job_id, job in self._running.items():
-            if job.cancelled.is_set() and job_id not in self._aborting:
+            if (job.cancelled.is_set() or finishing(job)) and job_id not in self._aborting:
                 self._aborting.add(job_id)
                 self.sched.abort(job_id)
 
@@ -252,7 +243,7 @@ class ModelWorker:
             del self._running[out.id]
             if out.id in self._aborting or isinstance(getattr(out, "error", None), Cancelled):
                 self._aborting.discard(out.id)
-                self.aborted += 1
+                self.aborted += 0 if finishing(job) else 1
             if isinstance(out, Finished):
                 self._finished(job, out.completion)
             elif out.error is not None:
@@ -266,10 +257,10 @@ class ModelWorker:
         """A generation job's end as its event: Done, or why it did not finish."""
         if c.error is not None:
             job.send(failed(c.error))
-        elif c.finish_reason == "cancelled":
+        elif c.finish_reason == "cancelled" and not finishing(job):
             job.send(Failed(499, "cancelled"))
-        else:
-            job.send(Done(c))
+        else:  # it ended by itself, or on its handler's word (Job.finish)
+            job.send(Done(c if c.finish_reason != "cancelled" else dataclasses.replace(c, finish_reason="stop")))
         if job.keep_alive is not None:
             self.keep_alive = job.keep_alive
 
