@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """A hostile client for `localgen serve`: bad Unicode, a huge body, deep nesting, the wrong content type, a
 foreign Origin and Host, a PNG bomb, a private image URL, a tool schema with $ref/$defs, chat_template_kwargs
-that would replace `messages`, disconnects (streamed and not), an unload mid-stream, a slow reader, and a
-crowd of concurrent connections against a small queue. Each check prints PASS or FAIL; the last one asks the
-model for an answer, which must still come. Exits 1 if any check failed. (Not here: a rerank with an
-over-long query, which needs a reranker model where this server has one chat model.)
+that would replace `messages`, a tool call the model repeats, a rerank query too long for the window,
+disconnects (streamed and not), an unload mid-stream, a slow reader, and a crowd of concurrent connections
+against a small queue. Each check prints PASS or FAIL; the last one asks the model for an answer, which must
+still come. Exits 1 if any check failed.
 
     scripts/hostile_serve.py                      # starts `localgen serve -np 2 --max-queue 8 --allow-image-urls`
     scripts/hostile_serve.py --url http://127.0.0.1:11435 --max-queue 8 --slots 2   # started with --allow-image-urls
@@ -153,6 +153,29 @@ class Checks:
         args = json.loads(calls[0]["function"]["arguments"])
         return None if isinstance(args.get("item"), dict) and "name" in args["item"] else f"arguments {args}"
 
+    def repeated_tool_call(self) -> str | None:
+        # SmolLM2 made to call a tool without arguments writes the same call until max_tokens: one call comes
+        # back, and generation stops at the first repeat
+        clock = {"type": "function", "function": {"name": "get_time", "description": "The current time.",
+                                                  "parameters": {"type": "object", "properties": {}}}}
+        r = self.chat(max_tokens=160, temperature=0, tools=[clock], tool_choice="required",
+                      messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+        if r.status_code != 200:
+            return f"status {r.status_code}: {r.text[:200]}"
+        doc = r.json()
+        calls = doc["choices"][0]["message"].get("tool_calls") or []
+        if [c["function"]["name"] for c in calls] != ["get_time"]:
+            return f"calls {calls}"
+        used = doc["usage"]["completion_tokens"]
+        return None if used < 160 else f"generated to max_tokens ({used} tokens)"
+
+    def rerank_long_query(self) -> str | None:
+        # a query the window cannot hold is refused before it is tokenized with every document
+        r = self.post("/v1/rerank", timeout=60, query="word " * 200_000, documents=["a", "b"])
+        if r.status_code != 400:
+            return f"status {r.status_code}"
+        return None if r.json()["error"].get("param") == "query" else f"400 without param query: {r.text[:160]}"
+
     def template_kwargs_collide(self) -> str | None:
         r = self.chat(max_tokens=1, chat_template_kwargs={"messages": [{"role": "system", "content": "pwned"}]},
                       messages=[{"role": "user", "content": "Hi"}])
@@ -276,6 +299,8 @@ def main() -> int:
         c.check("a private image URL is a 400 (refused)", c.private_image_url)
         c.check("a tool schema with $ref/$defs is a 200", c.tool_with_refs)
         c.check("chat_template_kwargs.messages is a 400", c.template_kwargs_collide)
+        c.check("a repeated tool call is one call, stopped early", c.repeated_tool_call)
+        c.check("a rerank query too long for the window is a 400", c.rerank_long_query)
         c.check("a stream's client leaves: generation stops", c.disconnect_mid_stream)
         c.check("a waiting client leaves: generation stops", c.disconnect_non_streamed)
         c.check("unload mid-stream: the stream finishes", c.unload_mid_stream)
