@@ -152,7 +152,7 @@ def parse_bias(text: str) -> tuple[int, float]:
                 return int(s[:i]), float(s[i:])
             except ValueError:
                 break
-    raise UsageError(f"bad --logit-bias {text!r}: use TOKEN_ID followed by +BIAS or -BIAS, e.g. 15043+1 or 15043-inf")
+    raise UsageError(f"bad logit bias {text!r}: use TOKEN_ID followed by +BIAS or -BIAS, e.g. 15043+1 or 15043-inf")
 
 
 def validate(values: Mapping[str, Any], where: str = "") -> dict[str, Any]:

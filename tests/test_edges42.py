@@ -166,3 +166,14 @@ def test_logs_query_with_no_match_says_so(hcli: CLI, logged: Path) -> None:
     assert r.returncode == 0 and r.stdout == "" and "no logged exchange matches -q 'zyzzyva'" in r.stderr
     r = hcli("logs", "-q", "zyzzyva", "--json")
     assert r.returncode == 0 and json.loads(r.stdout) == [] and "no logged exchange matches" in r.stderr
+
+
+def test_serve_errors_name_the_api_field_not_a_cli_flag() -> None:
+    """A request's bad logit_bias item is named as the request spells it (settings are shared with the CLI,
+    whose users know the flag by the same words); no `--flag` in what a client reads."""
+    from localgen import settings
+    from localgen.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        settings.validate({"logit_bias": ["abc"]})
+    assert "logit bias 'abc'" in e.value.message and "--" not in e.value.message
