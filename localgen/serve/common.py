@@ -321,7 +321,7 @@ async def run_whole(worker: ModelWorker, request: GenerationRequest, http: Reque
     stage of its own, for a request with tools), the text is read as it comes, and the job ends as soon as
     the model repeats a tool call it already made (what a small model does until max_tokens)."""
     job = _submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive, stream=watch is not None))
-    watcher = asyncio.ensure_future(_watch_disconnect(http, job))
+    watcher = asyncio.ensure_future(watch_disconnect(http, job))
     try:
         event = await job.events.get()
         while isinstance(event, Text):
@@ -370,56 +370,13 @@ async def events(job: Job, first: Event) -> AsyncIterator[Event]:
         job.cancelled.set()  # a no-op once done; stops generation at once when the client left
 
 
-async def _watch_disconnect(request: Request, job: Job | EmbedJob) -> None:
+async def watch_disconnect(request: Request, job: Job | EmbedJob) -> None:
     """Cancel the job when the client disconnects (the body has been read: the next message is that)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             job.cancelled.set()
             return
-
-
-MAX_INPUTS = 2048  # texts in one embeddings request (OpenAI's bound)
-
-
-def embed_inputs(raw: Any, param: str = "input") -> list[str]:
-    """An embeddings request's input: a string or a non-empty list of strings (token arrays are refused)."""
-    texts = [raw] if isinstance(raw, str) else raw
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise HTTPError(400, f"`{param}` must be a string or a non-empty list of strings", param=param)
-    if len(texts) > MAX_INPUTS:
-        raise HTTPError(400, f"at most {MAX_INPUTS:,} inputs in one request, not {len(texts):,}", param=param)
-    if any(not t for t in texts):
-        raise HTTPError(400, "an empty string has no embedding", param=param)
-    return texts
-
-
-async def embed(worker: ModelWorker, texts: list[str], dimensions: Any = None, truncate: bool = False,
-                query: str | None = None, http: Request | None = None) -> list[Any]:
-    """Embed (or with a query, rerank) on the worker's thread, a slice at a time between decoding steps; the
-    Embeddings (or (score, tokens) pairs), or an HTTPError. A client that disconnects (`http`) or a handler
-    cancelled stops the job at its next slice."""
-    import asyncio
-
-    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
-        raise HTTPError(400, "`dimensions` must be a positive integer", param="dimensions")
-    for t in texts:
-        check_prompt_size(worker, [t])
-    job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate, query)
-    try:
-        worker.submit(job)
-    except LocalgenError as e:
-        raise HTTPError(503, e.message, "server_error") from None
-    watcher = asyncio.ensure_future(_watch_disconnect(http, job)) if http is not None else None
-    try:
-        result = await job.result
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-        job.cancelled.set()  # a no-op once done; stops the job at its next slice when the handler was cancelled
-    if isinstance(result, Failed):
-        raise http_error(result)
-    return list(result)
 
 
 def timings(c: Any) -> dict[str, Any]:

@@ -20,8 +20,6 @@ from localgen.serve.common import (
     HTTPError,
     ServeState,
     check_prompt_size,
-    embed,
-    embed_inputs,
     events,
     exact_field,
     read_json,
@@ -32,6 +30,7 @@ from localgen.serve.common import (
     schema_grammar,
     watch_repeats,
 )
+from localgen.serve.embeds import embed, embed_inputs
 from localgen.serve.jobs import Done, Event, Text, parse_duration
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece

@@ -19,8 +19,6 @@ from localgen.serve.common import (
     HTTPError,
     ServeState,
     check_prompt_size,
-    embed,
-    embed_inputs,
     events,
     exact_field,
     http_error,
@@ -33,6 +31,7 @@ from localgen.serve.common import (
     timings,
     watch_repeats,
 )
+from localgen.serve.embeds import embed, embed_inputs
 from localgen.serve.jobs import Event, Failed, Text
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece
