@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,3 +182,22 @@ def fake() -> Iterator[FakeServer]:
     s = FakeServer()
     yield s
     s.stop()
+
+
+class ScriptedGen:
+    """A scripted generation for the tool loop's tests: its pieces, until cancelled."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces, self.read, self.cancelled = pieces, 0, False
+
+    def __iter__(self) -> Iterator[Any]:
+        from types import SimpleNamespace
+
+        for piece in self.pieces:
+            if self.cancelled:
+                return
+            self.read += 1
+            yield SimpleNamespace(text=piece)
+
+    def cancel(self) -> None:
+        self.cancelled = True

@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from tests.conftest import CLI
+from tests.conftest import CLI, ScriptedGen
 from tests.test_serve import Server
 
 
@@ -167,21 +167,7 @@ def test_a_call_repeated_until_max_tokens_is_one_call_and_no_text(fmt: str) -> N
         assert [e.name for e in events if isinstance(e, ToolCall)] == ["get_time"]
 
 
-class _Gen:
-    """A scripted generation: its pieces, until cancelled."""
-
-    def __init__(self, pieces: list[str]) -> None:
-        self.pieces, self.read, self.cancelled = pieces, 0, False
-
-    def __iter__(self) -> Iterator[Any]:
-        for piece in self.pieces:
-            if self.cancelled:
-                return
-            self.read += 1
-            yield SimpleNamespace(text=piece)
-
-    def cancel(self) -> None:
-        self.cancelled = True
+_Gen = ScriptedGen
 
 
 def _functions(tmp_path: Path, source: str) -> Path:

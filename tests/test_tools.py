@@ -507,19 +507,7 @@ def test_a_repeated_call_ends_the_round_and_runs_once() -> None:
 
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
 
-    class Gen:
-        def __init__(self, pieces: list[str]) -> None:
-            self.pieces, self.read, self.cancelled = pieces, 0, False
-
-        def __iter__(self) -> Iterator[Any]:
-            for piece in self.pieces:
-                if self.cancelled:
-                    return
-                self.read += 1
-                yield SimpleNamespace(text=piece)
-
-        def cancel(self) -> None:
-            self.cancelled = True
+    from tests.conftest import ScriptedGen as Gen
 
     gens = [Gen([call] * 50), Gen(["It is sunny."])]
     backend = SimpleNamespace(generate=lambda request: gens.pop(0) if gens else None)
