@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
 from localgen.engine import logs, sampling
-from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact
+from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact, next_span
 from localgen.engine.lib import logits_row
 from localgen.engine.slots import Slots
 from localgen.errors import LocalgenError
@@ -238,10 +238,3 @@ class ParallelContext:
             raise LocalgenError(f"llama_decode failed ({rc}) with {n_seqs} sequence{'s' if n_seqs != 1 else ''}",
                                 hint="lower --parallel or raise --ctx")
         logs.raise_deferred()
-
-def next_span(tokens: list[int], start: int) -> int:
-    """Where the next media span at or after `start` begins (len(tokens) when none)."""
-    spans = getattr(tokens, "spans", None)
-    if not spans:
-        return len(tokens)
-    return min((s for s in spans if s >= start), default=len(tokens))

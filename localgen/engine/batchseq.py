@@ -146,3 +146,11 @@ def from_iterator(it: Iterator[Request]) -> Callable[[bool], Any]:
 def new_seed() -> int:
     """A fresh seed for a request without one."""
     return random.getrandbits(31)
+
+
+def next_span(tokens: list[int], start: int) -> int:
+    """Where the next media span at or after `start` begins (len(tokens) when none)."""
+    spans = getattr(tokens, "spans", None)
+    if not spans:
+        return len(tokens)
+    return min((s for s in spans if s >= start), default=len(tokens))

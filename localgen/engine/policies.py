@@ -1,17 +1,14 @@
 """The two batching policies of the Scheduler (engine/scheduler.py), chosen by engine/batchmode.py: each
-admits waiting generation requests to free slots and runs one generation round a step."""
+admits waiting generation requests to free slots and runs one generation round a step. A policy is given
+its Scheduler (typed Any: the scheduler imports this module, and the engine keeps no import circles)."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from localgen.backend import Completion
-from localgen.engine.batch import next_span
-from localgen.engine.batchseq import Request, Seq, Solo, is_exact
-
-if TYPE_CHECKING:
-    from localgen.engine.scheduler import Scheduler
+from localgen.engine.batchseq import Request, Seq, Solo, is_exact, next_span
 
 
 class Policy(Protocol):
@@ -44,7 +41,7 @@ class Throughput:
     the prompts being evaluated, oldest first. A request marked exact waits for the solo lane instead (one at
     a time, on the engine's own context: batchseq.Solo)."""
 
-    def __init__(self, s: Scheduler) -> None:
+    def __init__(self, s: Any) -> None:
         self.s = s
         self.queue: list[Request] = []
         self.solo_queue: list[Request] = []
@@ -158,7 +155,7 @@ class Exact:
     batch-invariant groups of ParallelContext.groups, so at temperature 0 each output is what the prompt
     gives alone."""
 
-    def __init__(self, s: Scheduler, interleave: bool, serial_exact: bool) -> None:
+    def __init__(self, s: Any, interleave: bool, serial_exact: bool) -> None:
         self.s = s
         self.interleave = interleave
         self.serial_exact = serial_exact

@@ -18,16 +18,14 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from localgen.backend import Completion
 from localgen.engine import sampling
 from localgen.engine.batchseq import Request, Seq, accept, completion, refuse
+from localgen.engine.policies import Exact, Policy, Throughput
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import Cancelled
-
-if TYPE_CHECKING:
-    from localgen.engine.batch import ParallelContext
 
 # a task's tokens per slice while sequences are decoding: each slice is one step's work beside their tokens,
 # so it bounds their longest gap (SmolLM2's embeddings on 2 cores: 0.38 s a slice of 128 tokens, 0.95 s of
@@ -81,7 +79,7 @@ class Task(Protocol):
 class Scheduler:
     """The batch state (free slots, running sequences, waiting requests, tasks) and the policy that runs it."""
 
-    def __init__(self, pc: ParallelContext, exact: bool | None = None, reuse: bool = False,
+    def __init__(self, pc: Any, exact: bool | None = None, reuse: bool = False,
                  interleave: bool = False, serial_exact: bool = False) -> None:
         """`exact`: which requests must come out as they would alone (None: the greedy ones); `reuse`: a slot
         keeps its last sequence's cells for a request that starts with those tokens; `interleave` (exact
@@ -95,8 +93,6 @@ class Scheduler:
         self.tasks: list[Task] = []
         self.out: list[Output] = []
         self._aborted: set[int] = set()
-        from localgen.engine.policies import Exact, Policy, Throughput
-
         self.policy: Policy = Throughput(self) if pc.pooled else Exact(self, interleave, serial_exact)
 
     # ---- the API -------------------------------------------------------------------------------------
