@@ -18,13 +18,16 @@ Which lines are commands:
   are just values; file names are created, empty, in a scratch directory that the parse runs in, so
   options that require an existing file accept them.
 
+The files are README.md and every page of the docs site (docs/**/*.md; a test checks that each page in
+mkdocs.yml's nav is among them), and every command and subcommand must appear in some example.
+
 Values are checked as far as the options declare them (types, ranges, choices, files that must exist);
 values a command body checks itself (`bench -o`, `embed --format`) are not.
 
-Checked by breaking it (on a copy of README.md, parsed with this module's functions): `chat -l` made
-`chat -L`, `--grammar yesno.gbnf` made `--grammer`, `bench compare 3 5` made `bench compare 3` and `logs
-path` made `logs paths` each failed on exactly its line ("No such option: -L", "Missing argument 'b'.",
-"No such command 'paths'"); the unchanged README passes."""
+Checked by breaking it (on a copy of the old README.md, whose examples are now in docs/, parsed with this
+module's functions): `chat -l` made `chat -L`, `--grammar yesno.gbnf` made `--grammer`, `bench compare 3 5`
+made `bench compare 3` and `logs path` made `logs paths` each failed on exactly its line ("No such option:
+-L", "Missing argument 'b'.", "No such command 'paths'"); the unchanged README passed."""
 
 from __future__ import annotations
 
@@ -146,6 +149,39 @@ def test_the_docs_have_as_many_examples_as_expected() -> None:
     assert len(EXAMPLES) >= AT_LEAST, [str(e) for e in EXAMPLES]
     where = {e.where.split(":")[0] for e in EXAMPLES}
     assert "README.md" in where
+
+
+def _site_pages() -> list[Path]:
+    """The pages in mkdocs.yml's nav, in order (lines `- Title: page.md`, at any depth)."""
+    text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    nav = text[text.index("\nnav:"):]
+    return [ROOT / "docs" / m.group(1) for m in re.finditer(r"^\s*-\s[^:\n]*:\s*(\S+\.md)\s*$", nav, re.M)]
+
+
+def test_every_site_page_is_checked() -> None:
+    """Each page of the docs site is among the files whose examples are parsed, and each docs/*.md is a page
+    of the site (mkdocs build --strict also refuses a page left out of the nav)."""
+    pages = _site_pages()
+    assert len(pages) >= 15, pages
+    assert set(pages) <= set(DOCS), sorted(set(pages) - set(DOCS))
+    assert {p for p in DOCS if p.parent == ROOT / "docs"} == set(pages)
+
+
+def test_every_command_has_an_example() -> None:
+    """Every command and subcommand of the CLI (`localgen --help`'s list, `bench history`, `logs path`, ...)
+    appears in at least one example, so a page per command cannot silently lose its examples."""
+    import typer
+
+    from localgen.cli import app
+
+    root: Any = typer.main.get_command(app.build())
+    wanted: set[tuple[str, ...]] = set()
+    for name, cmd in root.commands.items():
+        wanted.add((name,))
+        for sub in getattr(cmd, "commands", {}):
+            wanted.add((name, sub))
+    shown: set[tuple[str, ...]] = {e.argv[:1] for e in EXAMPLES} | {e.argv[:2] for e in EXAMPLES}
+    assert not wanted - shown, sorted(wanted - shown)
 
 
 def _parse(argv: list[str]) -> list[str]:
