@@ -2,7 +2,11 @@
 
 A GGUF file is untrusted input. Every length read from it is checked against what is left of the file and
 against fixed caps before anything is allocated, so a hostile header ends in ModelFormatError rather than a
-hang or an out-of-memory (the gguf package's reader trusts the counts it reads).
+hang or an out-of-memory.
+
+Not the `gguf` package (the tests' reference for this reader and its tables): its GGUFReader makes numpy views
+of every token and score before it returns, and trusts the counts it reads: a cold summary of SmolLM2 took
+2.4 s and 191 MiB with it, 67 ms and 14 MiB here (docs/benchmarks.md, "Reading GGUF metadata").
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
 
-# llama_ftype values (general.file_type) to the names users know.
+# llama_ftype values (general.file_type) to the names users know. This table and the next are gguf's
+# LlamaFileType and GGML_QUANT_SIZES (tests/test_gguf_meta.py fails when gguf adds a type).
 FILE_TYPES = {
     0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
     12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",

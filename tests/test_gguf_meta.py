@@ -1,0 +1,208 @@
+"""The GGUF header reader in process: it agrees with the `gguf` package (its tables and what GGUFWriter
+writes), and a corrupt or hostile header ends in one ModelFormatError line without allocating what the file
+claims."""
+
+from __future__ import annotations
+
+import struct
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localgen.errors import ModelFormatError
+from localgen.models import gguf_meta
+
+
+def _by_gguf(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[int], int, int]], int]:
+    """read_gguf()'s result as GGUFReader sees the file (long arrays as their length)."""
+    from gguf import GGUFReader, GGUFValueType
+
+    r = GGUFReader(path)
+    meta: dict[str, Any] = {}
+    for key, field in r.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        long = field.types[0] == GGUFValueType.ARRAY and len(field.data) > gguf_meta.MAX_ARRAY_KEEP
+        meta[key] = len(field.data) if long else field.contents()
+    tensors = [(t.name, [int(d) for d in t.shape], int(t.tensor_type), t.data_offset - r.data_offset)
+               for t in r.tensors]
+    return meta, tensors, r.data_offset
+
+
+def _write(path: Path, tensors: bool = True, nested: bool = True) -> Path:
+    """A small model GGUF with a value of every type, long arrays, a 64-byte alignment and quantized tensors."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_custom_alignment(64)
+    w.add_name("tiny")
+    w.add_context_length(4096)
+    w.add_block_count(2)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_file_type(7)
+    w.add_chat_template("{{ messages[0]['content'] }}")
+    w.add_add_bos_token(True)
+    w.add_token_list([f"tok{i}é".encode() for i in range(300)])
+    w.add_token_scores([float(-i) for i in range(300)])
+    for name, vtype, value in [("u8", GGUFValueType.UINT8, 200), ("i8", GGUFValueType.INT8, -5),
+                               ("u16", GGUFValueType.UINT16, 60000), ("i16", GGUFValueType.INT16, -300),
+                               ("u32", GGUFValueType.UINT32, 4_000_000_000), ("i32", GGUFValueType.INT32, -70000),
+                               ("f32", GGUFValueType.FLOAT32, 0.5), ("u64", GGUFValueType.UINT64, 1 << 40),
+                               ("i64", GGUFValueType.INT64, -(1 << 40)), ("f64", GGUFValueType.FLOAT64, 0.1),
+                               ("flag", GGUFValueType.BOOL, False), ("text", GGUFValueType.STRING, "ünï")]:
+        w.add_key_value(f"test.{name}", value, vtype)
+    w.add_array("test.short", [3, 1, 4])
+    w.add_array("test.words", ["a", "bc"])
+    if nested:  # GGUFReader flattens these, so gguf_split cannot copy them
+        w.add_array("test.nested", [[1, 2], [3]])
+    if tensors:
+        w.add_tensor("token_embd.weight", np.arange(64 * 8, dtype=np.float32).reshape(8, 64))
+        w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float16))
+        q8 = np.zeros((64, 64 // 32 * 34), dtype=np.uint8)  # 64 rows of two Q8_0 blocks
+        w.add_tensor("output.weight", q8, raw_dtype=GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_the_tables_are_the_gguf_packages() -> None:
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, LlamaFileType
+
+    blocks = {int(t): size for t, size in GGML_QUANT_SIZES.items()}
+    assert blocks == gguf_meta.GGML_BLOCKS
+    names = {int(t): t.name.removeprefix("MOSTLY_") for t in LlamaFileType if t.name != "GUESSED"}
+    names[0] = "F32"  # gguf calls it ALL_F32
+    assert names == gguf_meta.FILE_TYPES
+    assert (gguf_meta._STRING, gguf_meta._ARRAY) == (GGUFValueType.STRING, GGUFValueType.ARRAY)
+    widths = {t: struct.calcsize(fmt) for t, fmt in gguf_meta._SCALARS.items()}
+    assert widths == {int(t): np.dtype(d).itemsize for t, d in GGUFReader.gguf_scalar_to_np.items()}
+
+
+def test_reads_what_gguf_writes(tmp_path: Path) -> None:
+    path = _write(tmp_path / "tiny.gguf")
+    meta, tensors, data_offset = gguf_meta.read_gguf(str(path))
+    want_meta, want_tensors, want_offset = _by_gguf(path)
+    want_meta["test.nested"] = [[1, 2], [3]]  # GGUFReader flattens nested arrays; llama.cpp does not
+    assert meta == want_meta
+    assert isinstance(meta["tokenizer.ggml.tokens"], gguf_meta._ArrayLen)
+    assert (tensors, data_offset) == (want_tensors, want_offset) and data_offset % 64 == 0
+    s = gguf_meta.summarize(str(path))
+    assert (s.architecture, s.name, s.quantization, s.context_length, s.vocab_size) == \
+        ("llama", "tiny", "Q8_0", 4096, 300)
+    assert (s.n_params, s.add_bos, s.chat_template) == (8 * 64 + 2 * 64 * 64, True, "{{ messages[0]['content'] }}")
+    assert "tokenizer.ggml.tokens" not in s.metadata and s.metadata["test.text"] == "ünï"
+
+
+def test_summary_errors(tmp_path: Path) -> None:
+    no_tensors = _write(tmp_path / "kv-only.gguf", tensors=False)
+    with pytest.raises(ModelFormatError, match="holds no tensors"):
+        gguf_meta.summarize(str(no_tensors))
+    full = _write(tmp_path / "full.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(full[:-100])
+    with pytest.raises(ModelFormatError, match=r"is truncated: its tensors need [\d,]+ bytes, the file has"):
+        gguf_meta.summarize(str(cut))
+    assert gguf_meta.summarize(str(cut), check_data=False).architecture == "llama"
+    with pytest.raises(ModelFormatError, match="ends in the middle of its header"):
+        gguf_meta.read_gguf(_cut_at(full, tmp_path, "test.text"))
+
+
+def _cut_at(data: bytes, tmp_path: Path, key: str) -> str:
+    path = tmp_path / "half.gguf"
+    path.write_bytes(data[: data.index(key.encode()) + len(key) + 6])
+    return str(path)
+
+
+def test_split_models_add_up_their_parts(tmp_path: Path) -> None:
+    from tests.gguf_split import split_model
+
+    one = _write(tmp_path / "one.gguf", nested=False)
+    parts = split_model(one, tmp_path / "split", "tiny-Q8_0", 1)
+    assert len(parts) == 3
+    whole, first = gguf_meta.summarize(str(one)), gguf_meta.summarize(str(parts[0]))
+    assert first.n_params == whole.n_params and first.file_size == sum(p.stat().st_size for p in parts)
+    parts[2].unlink()
+    with pytest.raises(ModelFormatError, match=r"part 3 of the split model .* is missing or unreadable"):
+        gguf_meta.summarize(str(parts[0]))
+
+
+# ---- hostile and broken headers -----------------------------------------------------------------------------
+
+def _s(text: str | bytes, length: int | None = None) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw) if length is None else length) + raw
+
+
+def _head(n_tensors: int, n_kv: int, version: int = 3) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv)
+
+
+def _kv(key: str, vtype: int, body: bytes) -> bytes:
+    return _s(key) + struct.pack("<I", vtype) + body
+
+
+def _array(itype: int, count: int, body: bytes = b"") -> bytes:
+    return struct.pack("<IQ", itype, count) + body
+
+
+ARCH = _kv("general.architecture", 8, _s("llama"))
+HOSTILE = {
+    "2^60 keys": (_head(0, 1 << 60), "claims 1152921504606846976 metadata keys"),
+    "2^60 tensors": (_head(1 << 60, 1), "and 1152921504606846976 tensors"),
+    "a 2^60-byte key": (_head(0, 1) + _s("k", 1 << 60), "a string of 1152921504606846976 bytes"),
+    "a 2^40-byte value": (_head(0, 1) + _kv("k", 8, _s("v", 1 << 40)), "beyond any sane size"),
+    "a string past the end": (_head(0, 1) + _kv("k", 8, _s("v", 1000)), "ends in the middle of its header"),
+    "2^60 bytes in an array": (_head(0, 1) + _kv("k", 9, _array(0, 1 << 60)), "more than the file could hold"),
+    "2^60 strings in an array": (_head(0, 1) + _kv("k", 9, _array(8, 1 << 60)), "more than the file could hold"),
+    "strings past the end": (_head(0, 1) + _kv("k", 9, _array(8, 100, _s("a") * 10)) + bytes(120),
+                             "ends in the middle of its header"),
+    "a string of 2^40 bytes in a long array": (
+        _head(0, 1) + _kv("k", 9, _array(8, 100, _s("a") + _s("b", 1 << 40))) + bytes(800), "beyond any sane size"),
+    "2^28 floats in a small file": (_head(0, 1) + _kv("k", 9, _array(6, 1 << 28)), "more than the file could hold"),
+    "1 MiB of floats past the end": (_head(0, 1) + _kv("k", 9, _array(6, 1 << 18)) + bytes(300_000),
+                                     "ends in the middle of its header"),
+    "100 kB of floats past the end": (_head(0, 1) + _kv("k", 9, _array(6, 25_000)) + bytes(90_000),
+                                      "ends in the middle of its header"),
+    "arrays nested 4 deep": (_head(0, 1) + _kv("k", 9, _array(9, 1, _array(9, 1, _array(9, 1, _array(9, 1))))),
+                             "arrays nested too deeply"),
+    "an unknown value type": (_head(0, 1) + _kv("k", 99, b""), "unknown metadata value type 99"),
+    "an unknown array item type": (_head(0, 1) + _kv("k", 9, _array(77, 1)), "unknown array item type 77"),
+    "2^31 dimensions": (_head(1, 1) + ARCH + _s("t") + struct.pack("<I", 1 << 31), "has 2147483648 dimensions"),
+    "alignment 3": (_head(0, 2) + ARCH + _kv("general.alignment", 4, struct.pack("<I", 3)), "bad alignment 3"),
+    "alignment 0": (_head(0, 2) + ARCH + _kv("general.alignment", 4, struct.pack("<I", 0)), "bad alignment 0"),
+    "version 1": (_head(0, 0, version=1), "unsupported GGUF version 1"),
+    "a cut count": (_head(0, 0)[:-3], "ends in the middle of its header"),
+    "empty": (b"", "the file is empty"),
+    "text": (b"this is not a model\n", "is not a GGUF file (wrong magic bytes)"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_headers_are_one_line_format_errors(tmp_path: Path, name: str) -> None:
+    data, needle = HOSTILE[name]
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(data)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelFormatError) as caught:
+            gguf_meta.read_gguf(str(path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    message = str(caught.value)
+    assert needle in message and str(path) in message and "\n" not in message, message
+    assert peak < 1 << 20, f"{peak} bytes allocated for {name}"  # nothing sized by what the file claims
+
+
+def test_paths_that_are_not_files(tmp_path: Path) -> None:
+    with pytest.raises(ModelFormatError, match=r"is a directory, not a \.gguf file"):
+        gguf_meta.read_gguf(str(tmp_path))
+    with pytest.raises(ModelFormatError, match=r"cannot read .*missing\.gguf: No such file"):
+        gguf_meta.read_gguf(str(tmp_path / "missing.gguf"))
