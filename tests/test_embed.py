@@ -194,6 +194,41 @@ def test_an_embedding_model_names_its_own_pooling(cli: CLI, tiny: dict[str, Path
     assert min(sims) > 1 - 1e-4, sims
 
 
+def test_rerank_tokenizes_the_query_once_and_pairs_as_a_whole_text_would(tiny: dict[str, Path]) -> None:
+    """#41: a rerank request's query is tokenized once, not once per document, and each pair's tokens are
+    still what tokenizing the whole pair gives ([CLS] query [SEP] [SEP] document [SEP]: llama-embedding puts the
+    EOS and the SEP text between, both [SEP] in BERT's vocabulary)."""
+    from localgen.engine.embed import Embedder
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    eng = Engine(resolve(str(tiny["reranker"])), LoadParams(n_ctx=512))
+    emb = Embedder(eng, scores=True)
+    query = "what is the capital of france"
+    docs = ["paris is the capital of france", "", " a cat sat on the mat", "llamas are native to south america"]
+    seen: list[str] = []
+    tokenize = eng.tokenize
+
+    def counting(text: str, add_special: bool) -> list[int]:
+        seen.append(text)
+        return tokenize(text, add_special)
+
+    eng.tokenize = counting  # type: ignore[method-assign]
+    try:
+        pairs = [emb.pair_tokens(query, d) for d in docs]
+        with_query = sum(query in t for t in seen)
+        pairs += [emb.pair_tokens(query, d) for d in docs * 25]
+        assert sum(query in t for t in seen) == with_query, "100 more documents tokenized the query again"
+    finally:
+        eng.tokenize = tokenize  # type: ignore[method-assign]
+        emb.close()
+    cls_, sep = tokenize("[CLS]", False), tokenize("[SEP]", False)
+    for d, got in zip(docs, pairs, strict=False):
+        assert got == tokenize(query + "[SEP][SEP]" + d, True), d
+        assert got[:1] == cls_ and got[-1:] == sep and got.count(sep[0]) == 3, got
+
+
 def test_rerank_scores_match_llama_cpps(cli: CLI, tiny: dict[str, Path], tmp_path: Path) -> None:
     ref = json.loads((ROOT / "tests" / "data" / "llama_rerank_tiny_bert.json").read_text())
     r = cli("rerank", "-m", str(tiny["reranker"]), ref["query"], *ref["documents"])

@@ -37,6 +37,8 @@ class Pictures:
     def __init__(self) -> None:
         self.picture = png(32, 32)
         self.hung_up: list[float] = []  # when each slow body's reader went away (monotonic)
+        self.slow_started = 0  # slow bodies begun
+        self.cut = threading.Event()  # set: slow bodies end now, cut short (their fetch fails)
         pictures = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -69,6 +71,7 @@ class Pictures:
                 self.end_headers()
 
             def _slow(self) -> None:
+                pictures.slow_started += 1
                 self.send_response(200)
                 self.send_header("Content-Type", "image/png")
                 self.send_header("Content-Length", str(len(pictures.picture)))
@@ -77,7 +80,9 @@ class Pictures:
                     for b in pictures.picture[:200]:
                         self.wfile.write(bytes([b]))
                         self.wfile.flush()
-                        time.sleep(0.3)
+                        if pictures.cut.wait(0.3):
+                            self.close_connection = True
+                            return
                 except OSError:
                     pictures.hung_up.append(time.monotonic())
 
@@ -312,27 +317,38 @@ def test_a_fetch_stops_when_its_client_leaves(lan: Server, pictures: Pictures) -
     assert pictures.hung_up[-1] - start < FETCH_TIMEOUT, "the fetch stopped when its client left, not at the deadline"
 
 
-def test_slow_urls_fill_only_their_own_pool(lan: Server, pictures: Pictures) -> None:
+def test_slow_urls_fill_only_their_own_pool(cli_env: dict[str, str], proj: Path, pictures: Pictures) -> None:
     """A dozen slow URLs take every fetch thread (and wait for one, then 503): a request with a JSON schema
-    (whose grammar is built on the loop's default pool) still answers while they are in flight."""
+    (whose grammar is built on the loop's default pool) still answers while they are in flight. Their bodies
+    last until the test cuts them (a deadline far off), so a busy machine cannot end them first."""
+    s = Server(cli_env, "--mmproj", str(proj), "-np", "2", "--ctx", "1024", "--allow-image-urls",
+               "--allow-private-urls", "--fetch-timeout", "600")
     got: list[httpx.Response] = []
-    slow = [threading.Thread(target=lambda i=i: got.append(_ask(lan, f"{pictures.url}/slow.png?{i}")))
+    slow = [threading.Thread(target=lambda i=i: got.append(_ask(s, f"{pictures.url}/slow.png?{i}", timeout=600)))
             for i in range(12)]
-    for t in slow:
-        t.start()
-    time.sleep(0.5)
-    plain = httpx.post(f"{lan.url}/v1/chat/completions", timeout=60, json={
-        "model": "smollm2:135m", "max_tokens": 8, "temperature": 0,
-        "messages": [{"role": "user", "content": "Give me a name as JSON."}],
-        "response_format": {"type": "json_object"}})
-    still = sum(t.is_alive() for t in slow)
-    for t in slow:
-        t.join(60)
-    assert plain.status_code == 200, plain.text
-    assert still > 0, "the plain request answered while the slow fetches were still in flight"
+    before = pictures.slow_started
+    try:
+        for t in slow:
+            t.start()
+        give_up = time.monotonic() + 300  # a guard against a hang, not a timing
+        while (pictures.slow_started - before < 8 or len(got) < 4) and time.monotonic() < give_up:
+            time.sleep(0.05)  # until 8 fetches are under way and 4 were turned away
+        assert len(got) == 4 and pictures.slow_started - before == 8, [r.text for r in got]
+        plain = httpx.post(f"{s.url}/v1/chat/completions", timeout=600, json={
+            "model": "smollm2:135m", "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": "Give me a name as JSON."}],
+            "response_format": {"type": "json_object"}})
+        assert plain.status_code == 200, plain.text
+        assert len(got) == 4, "the plain request answered while the 8 slow fetches were still in flight"
+    finally:
+        pictures.cut.set()
+        for t in slow:
+            t.join(120)
+        pictures.cut.clear()
+        s.stop()
     busy = [r for r in got if r.status_code == 503]
     assert len(busy) == 4 and all("8 URL fetches are in flight" in r.json()["error"]["message"] for r in busy)
-    assert sorted(r.status_code for r in got) == [400] * 8 + [503] * 4
+    assert sorted(r.status_code for r in got) == [400] * 8 + [503] * 4, [r.text for r in got]
 
 
 def test_the_access_log_is_one_line_per_request(lan: Server, guarded: Server) -> None:

@@ -140,3 +140,86 @@ def test_an_embeddings_request_whose_client_leaves_is_aborted(server: Any) -> No
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
         "model": "smollm2:135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
     assert r.status_code == 200 and server.health()["aborted_jobs"] == 1
+
+
+# ---- prompts with images or audio are made off the model's thread (serve/prepare.py) ----
+
+def test_media_prompts_are_made_in_the_media_thread_and_wake_the_worker() -> None:
+    import threading
+
+    from localgen.serve.prepare import MediaPrep
+
+    class Backend:  # what MediaPrep asks of a LocalBackend
+        def __init__(self) -> None:
+            self.loaded_in: list[str] = []
+            self.made_in: list[str] = []
+
+        def check_generates(self) -> None:
+            pass
+
+        def projector(self) -> None:
+            self.loaded_in.append(threading.current_thread().name)
+
+        def tokens(self, request: Any) -> list[int]:
+            self.made_in.append(threading.current_thread().name)
+            if request == "bad":
+                raise PromptTooLong("too long")
+            return [1, 2, 3]
+
+    class Job:
+        def __init__(self, request: str) -> None:
+            self.request = request
+
+    woken = threading.Semaphore(0)
+    prep = MediaPrep(woken.release)
+    backend = Backend()
+    prep.submit(1, Job("fine"), backend)
+    prep.submit(2, Job("bad"), backend)
+    assert prep.pending == 2
+    ready: list[Any] = []
+    while len(ready) < 2:
+        assert woken.acquire(timeout=30), "the media thread never woke the worker"
+        ready += prep.ready()
+    prep.close()
+    got = {job_id: (prompt, type(error).__name__ if error else None) for job_id, _job, prompt, error in ready}
+    assert got == {1: ([1, 2, 3], None), 2: (None, "PromptTooLong")}
+    assert backend.loaded_in == [threading.current_thread().name] * 2, "the projector loads in the model's thread"
+    assert backend.made_in and all(n.startswith("localgen-media") for n in backend.made_in), backend.made_in
+    assert prep.pending == 0
+
+
+def test_an_exact_long_prompt_is_evaluated_a_piece_a_step_beside_a_stream(smollm2_engine: object) -> None:
+    """The exact policy (serve's on a CPU) evaluates a new prompt in the single-stream path's n_batch pieces,
+    one a step while other sequences decode, so a long prompt holds a running stream up for one piece at a
+    time; the answer is still the one the prompt gets alone."""
+    eng: Any = smollm2_engine
+    long_text = " ".join(f"Item {i} is a small blue stone found by the river." for i in range(110))
+    long_prompt = _chat(eng, "Here is a list. " + long_text + " Which colour are the stones?")
+    pc = ParallelContext(eng, 2, 2048)
+    assert len(long_prompt) > 2 * pc.n_chunk, (len(long_prompt), pc.n_chunk)
+    sampling = _greedy(8)
+    gen = eng.generate(long_prompt, sampling)
+    alone = "".join(c.text for c in gen)
+    sched = Scheduler(pc, exact=None, reuse=True, interleave=True)
+    answers: dict[int, str] = {0: "", 1: ""}
+    trace: list[tuple[int, int]] = []  # (the stream's tokens, the long prompt's evaluated tokens) per step
+    try:
+        sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(30)))
+        sched.step()
+        sched.add(Request(1, long_prompt, sampling))
+        while not sched.idle:
+            for o in sched.step():
+                if isinstance(o, Piece):
+                    answers[o.id] += o.text
+            by_id = {s.req.index: s for s in sched.active.values()}
+            if 1 in by_id and 0 in by_id:
+                trace.append((len(by_id[0].dec.tokens), by_id[1].filled))
+    finally:
+        sched.close()
+        pc.close()
+    assert answers[1] == alone, "pieces beside a stream change nothing in an exact answer"
+    filling = [(tok, filled) for tok, filled in trace if filled < len(long_prompt)]
+    assert len(filling) >= 2, trace
+    for (tok0, f0), (tok1, f1) in itertools.pairwise(filling):
+        assert 0 < f1 - f0 <= pc.n_chunk, "one piece of the prompt a step"
+        assert tok1 == tok0 + 1, "and the stream's next token in the same step"

@@ -216,21 +216,26 @@ class ParallelContext:
         return pos
 
     def prefill(self, tokens: list[int], seq: int, first: int = 0) -> int:
-        """Evaluate one sequence's prompt (from `start`: the cache holds the rest) alone, in the single-stream
+        """Evaluate one sequence's prompt (from `first`: the cache holds the rest) alone, in the single-stream
         path's n_batch pieces (llama.cpp rounds a row differently in batches of other sizes); returns the
         batch row of the last token's logits. Media spans evaluate themselves between the pieces."""
         row, start = -1, first
         while start < len(tokens):
-            start = self.media(tokens, seq, start)
-            if start >= len(tokens):
-                break
-            end = min(len(tokens), start + self.n_chunk, next_span(tokens, start))
-            self.batch.n_tokens = 0
-            for k in range(start, end):
-                row = self.add(tokens[k], k, seq, k == end - 1)
-            self.decode(1)
-            start = end
+            start, row = self.prefill_piece(tokens, seq, start, row)
         return row
+
+    def prefill_piece(self, tokens: list[int], seq: int, start: int, row: int = -1) -> tuple[int, int]:
+        """One piece of `prefill` (a media span before it, if one comes first): where the next starts, and
+        the batch row of the piece's last token (`row` when there was only media)."""
+        start = self.media(tokens, seq, start)
+        if start >= len(tokens):
+            return start, row
+        end = min(len(tokens), start + self.n_chunk, next_span(tokens, start))
+        self.batch.n_tokens = 0
+        for k in range(start, end):
+            row = self.add(tokens[k], k, seq, k == end - 1)
+        self.decode(1)
+        return end, row
 
     def decode(self, n_seqs: int) -> None:
         rc = self.lc.llama_decode(self.ctx, self.batch)

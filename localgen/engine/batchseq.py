@@ -105,10 +105,11 @@ class Solo:
         self.eng, self.on_done = eng, on_done
         dec = SequenceDecoder.for_request(eng.piece, eng.is_eog, req.sampling, len(req.tokens), eng.n_ctx)
         self.seq = Seq(req, -1, None, time.perf_counter(), dec)
+        self._pieces: Iterator[int] | None = None  # the prompt's pieces still to evaluate
 
     def step(self, stop: bool) -> bool:
-        """The prompt (first call) or one token; True once the request has ended (and been handed on); with
-        `stop`, it ends now (cancelled)."""
+        """One piece of the prompt (n_batch tokens, as `run` cuts it) or one token; True once the request has
+        ended (and been handed on); with `stop`, it ends now (cancelled)."""
         eng, seq = self.eng, self.seq
         req = seq.req
         if seq.sampler is None:
@@ -116,10 +117,14 @@ class Solo:
                 refuse(req, self.on_done, eng.n_ctx)
                 return True
             seq.sampler = eng.sampler(req.sampling, req.seed, req.tokens)
-            seq.cached = eng.evaluate(req.tokens)
-            seq.prefilled = time.perf_counter()
+            seq.cached, self._pieces = eng.evaluating(req.tokens)
         if stop:
             return self._finish()
+        if self._pieces is not None:
+            if next(self._pieces, len(req.tokens)) < len(req.tokens):
+                return False
+            self._pieces = None
+            seq.prefilled = time.perf_counter()
         tok = eng.sample(seq.sampler)
         accept(seq, tok, eng.logits, eng.piece)
         if seq.dec.reason is not None:

@@ -82,7 +82,8 @@ class Embedder:
             self.n_embd = max(1, int(lc.llama_model_n_cls_out(model)))  # a reranker's output: its scores
         self.batch = lc.llama_batch_init(n_ctx, 0, 1)
         self.mem = lc.llama_get_memory(self.ctx)
-        self._checked_query: str | None = None  # the last query pair_tokens found room for
+        self._query: str | None = None  # the last query pair_tokens found room for, and its splice
+        self._splice: _Splice | None = None
         self._abort: Any = None  # the ctypes thunk llama.cpp calls while it computes (abort_when)
 
     def abort_when(self, cancelled: Callable[[], bool] | None) -> None:
@@ -118,14 +119,23 @@ class Embedder:
 
     def pair_tokens(self, query: str, document: str, truncate: bool = False) -> list[int]:
         """A (query, document) pair as llama.cpp's llama-embedding tokenizes it for a reranker (_pair_text).
-        The query is never cut: one that leaves no room for a document is a QueryTooLong (checked once per
-        query); with `truncate`, the pair's end (the document, as templates put the query first) is cut to fit."""
-        if query != self._checked_query:
-            fixed = len(self.engine.tokenize(self._pair_text(query, ""), add_special=True))
-            if fixed >= self.n_ctx:  # cut to the window, every pair would be the query alone: equal scores
-                raise QueryTooLong(fixed, self.n_ctx)
-            self._checked_query = query
-        return self.tokens(self._pair_text(query, document), truncate)
+        The query is never cut: one that leaves no room for a document is a QueryTooLong; with `truncate`, the
+        pair's end (the document, as templates put the query first) is cut to fit. The query is tokenized once
+        per query, not once per document, where a special token parts it from the document (_Splice)."""
+        if query != self._query:
+            whole = self.engine.tokenize(self._pair_text(query, ""), add_special=True)
+            if len(whole) >= self.n_ctx:  # cut to the window, every pair would be the query alone: equal scores
+                raise QueryTooLong(len(whole), self.n_ctx)
+            self._splice = _Splice.make(self, query)
+            self._query = query
+        if self._splice is None:
+            return self.tokens(self._pair_text(query, document), truncate)
+        toks = self._splice.join(self.engine.tokenize(document, add_special=False))
+        if len(toks) > self.n_ctx:
+            if not truncate:
+                raise ContextTooSmall(len(toks), self.n_ctx)
+            toks = toks[:self.n_ctx]
+        return toks
 
     def _pair_text(self, query: str, document: str) -> str:
         """The pair's text: the model's "rerank" template when it has one, else query, the EOS and SEP texts
@@ -191,6 +201,47 @@ class Embedder:
             vec = [float(ptr[i]) for i in range(self.n_embd)]
             result.append(Embedding(finish(vec, normalize, dimensions), len(toks)))
         return result
+
+
+@dataclass(frozen=True)
+class _Splice:
+    """A query's pair tokens around the place of the document: `head` (the start tokens, the query, up to a
+    special token) and `tail` (from a special token, or nothing, to the end tokens). llama.cpp's tokenizer
+    parts text at special tokens first and tokenizes each piece alone, so head + document's tokens + tail is
+    what tokenizing the whole pair gives; checked on the pair with an empty document and with a word."""
+
+    head: list[int]
+    tail: list[int]
+
+    def join(self, document: list[int]) -> list[int]:
+        return self.head + document + self.tail
+
+    @staticmethod
+    def make(emb: Embedder, query: str) -> _Splice | None:
+        """The splice for `query`, or None where no special token parts query and document (a template with
+        text between them: such pairs are tokenized whole, query and all)."""
+        lc, eng = emb.lc, emb.engine
+        marker = "\x00"  # never in a text the template's parts could merge with
+        before, _, after = emb._pair_text(query, marker).partition(marker)
+        ends = eng.tokenize("", add_special=True)  # the start and end tokens the vocabulary adds to any text
+        n_start = 1 if ends and lc.llama_vocab_get_add_bos(eng.vocab) else 0
+        head = ends[:n_start] + eng.tokenize(before, add_special=False)
+        tail = eng.tokenize(after, add_special=False) + ends[n_start:]
+        strip = lc.LLAMA_TOKEN_ATTR_LSTRIP | lc.LLAMA_TOKEN_ATTR_RSTRIP
+        special = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_USER_DEFINED
+
+        def parts(tok: int) -> bool:
+            attr = int(lc.llama_vocab_get_attr(eng.vocab, tok))
+            return bool(attr & special) and not attr & strip
+
+        if len(head) == n_start or not parts(head[-1]) or (after and not parts(tail[0])):
+            return None
+        splice = _Splice(head, tail)
+        for doc in ("", "word"):
+            whole = eng.tokenize(emb._pair_text(query, doc), add_special=True)
+            if splice.join(eng.tokenize(doc, add_special=False)) != whole:
+                return None
+        return splice
 
 
 def _context(engine: Engine, params: Any) -> Any:

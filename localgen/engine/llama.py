@@ -10,6 +10,7 @@ import functools
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -278,11 +279,22 @@ class Engine(Vocabulary):
         pieces (llama.cpp rounds a row differently in batches of other sizes, so the pieces are always
         cut the same way). With `logits`, the last token's logits are live afterwards. Returns how many
         tokens were reused. Interrupted between pieces, the record stays true."""
+        keep, pieces = self.evaluating(tokens, logits)
+        for _ in pieces:
+            pass
+        return keep
+
+    def evaluating(self, tokens: list[int], logits: bool = True) -> tuple[int, Iterator[int]]:
+        """`evaluate` a piece at a time: how many tokens are reused, and an iterator that evaluates the next
+        piece (or media span) each time it is advanced, yielding how many tokens the cache then holds."""
         if len(tokens) > self.n_ctx:
             raise ContextOverflowError(f"{len(tokens):,} tokens do not fit the context window of {self.n_ctx:,}")
         keep = self.cached_prefix(tokens) if logits else safe_prefix(tokens, common_prefix(self._held, tokens))
         self.truncate(keep)
         self.encode_s = 0.0
+        return keep, self._pieces(tokens, keep)
+
+    def _pieces(self, tokens: list[int], keep: int) -> Iterator[int]:
         # with images or audio (engine/mtmd.py's Prompt): text in n_batch pieces up to each media span, which
         # encodes and decodes itself; the spans already held are not encoded again
         spans = getattr(tokens, "spans", {})
@@ -293,13 +305,15 @@ class Engine(Vocabulary):
                 continue
             for piece in range(pos, start, self.n_batch):
                 self._decode(tokens[piece:min(piece + self.n_batch, start)], all_logits=False)
+                yield len(self._held)
             self.encode_s += span.evaluate(self.ctx, start, 0, self.n_batch)
             self._held.extend(tokens[start:start + span.n_pos])
             self._live = False
             pos = start + span.n_pos
+            yield len(self._held)
         for piece in range(pos, len(tokens), self.n_batch):
             self._decode(tokens[piece:piece + self.n_batch], all_logits=False)
-        return keep
+            yield len(self._held)
 
     def decode(self, tokens: list[int], all_logits: bool = True) -> None:
         """Evaluate tokens after the held ones in one llama_decode (logits for every row, or the last)."""

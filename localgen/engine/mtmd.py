@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import os
 import secrets
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ class Projector:
         self.audio = bool(mt.mtmd_support_audio(self.ctx))
         self.sample_rate = int(mt.mtmd_get_audio_sample_rate(self.ctx)) if self.audio else 0
         self._cache: OrderedDict[tuple[Any, ...], Prompt] = OrderedDict()
+        self._lock = threading.Lock()  # serve makes prompts in a media thread (serve/prepare.py)
 
     def check(self, media: list[Media], model: str) -> None:
         """A MediaError for media this projector does not read."""
@@ -155,15 +157,16 @@ class Projector:
         """The prompt with its media as chunks. The last few are kept, so counting a chat's window and then
         generating from it tokenizes (and preprocesses its images) once."""
         key = (text, tuple(m.sha256 for m in media), add_special)
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
-        prompt = self._tokenize(text, media, add_special)
-        self._cache[key] = prompt
-        while len(self._cache) > 4:
-            self._cache.popitem(last=False)
-        return prompt
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+            prompt = self._tokenize(text, media, add_special)
+            self._cache[key] = prompt
+            while len(self._cache) > 4:
+                self._cache.popitem(last=False)
+            return prompt
 
     def _tokenize(self, text: str, media: list[Media], add_special: bool) -> Prompt:
         mt, ctx = self.mt, self.ctx
@@ -223,7 +226,8 @@ class Projector:
         return bmp
 
     def close(self) -> None:
-        self._cache.clear()
+        with self._lock:
+            self._cache.clear()
         if getattr(self, "ctx", None):
             self.mt.mtmd_free(self.ctx)
             self.ctx = None

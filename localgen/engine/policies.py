@@ -151,8 +151,9 @@ class Throughput:
 
 
 class Exact:
-    """Each new prompt evaluated alone, in the single-stream path's pieces; then one decoding round in the
-    batch-invariant groups of ParallelContext.groups, so at temperature 0 each output is what the prompt
+    """Each new prompt evaluated alone, in the single-stream path's pieces (with `interleave`, one piece a
+    step, so a long prompt never holds up the running streams for more than one); then one decoding round in
+    the batch-invariant groups of ParallelContext.groups, so at temperature 0 each output is what the prompt
     gives alone."""
 
     def __init__(self, s: Any, interleave: bool, serial_exact: bool) -> None:
@@ -160,6 +161,8 @@ class Exact:
         self.interleave = interleave
         self.serial_exact = serial_exact
         self.queue: list[Request] = []
+        self.filling: list[Seq] = []  # admitted, their prompts partly evaluated (oldest first)
+        self._rows: dict[int, int] = {}  # slot -> the batch row of its last piece's last token
 
     @property
     def waiting(self) -> int:
@@ -175,6 +178,7 @@ class Exact:
         for req in [r for r in self.queue if r.index in ids]:
             self.queue.remove(req)
             self.s.done(_cancelled(req))
+        self.filling = [q for q in self.filling if q.req.index not in ids]  # the scheduler ends them
 
     @property
     def idle(self) -> bool:
@@ -191,10 +195,14 @@ class Exact:
             self.queue.pop(0)
             self._admit(req, continuation_only=is_exact(req, exact) and pc.engine.offloaded)
             admitted += 1
-        if not s.active:
+        self.filling = [q for q in self.filling if s.active.get(q.slot) is q]
+        if self.filling:
+            self._fill(self.filling[0] if self.interleave else None)
+        decoding = [s.active[slot] for slot in sorted(s.active) if s.active[slot].pending is not None]
+        if not decoding:
             return
         pc.rounds += 1
-        for group in pc.groups([s.active[slot] for slot in sorted(s.active)], exact):
+        for group in pc.groups(decoding, exact):
             pc.batch.n_tokens = 0
             wants: list[tuple[Seq, int]] = []
             for seq in group:
@@ -209,17 +217,32 @@ class Exact:
 
     def close(self) -> None:
         self.queue.clear()
+        self.filling.clear()
 
     def _admit(self, req: Request, continuation_only: bool) -> None:
-        """Start a request in a free slot: its prompt evaluated at once, alone (from what the slot holds, with
-        `reuse`). `continuation_only` (an exact request on a GPU, whose kernels round a prompt cut at another
-        place differently): reuse a slot only to continue its conversation, never for a shared prefix alone."""
+        """Start a request in a free slot, its prompt to be evaluated from what the slot holds (with `reuse`).
+        `continuation_only` (an exact request on a GPU, whose kernels round a prompt cut at another place
+        differently): reuse a slot only to continue its conversation, never for a shared prefix alone."""
+        seq = self.s.start(req, continuation_only)
+        if seq is not None:
+            self.filling.append(seq)
+            self._rows[seq.slot] = -1
+
+    def _fill(self, only: Seq | None) -> None:
+        """One piece of `only`'s prompt, or every admitted prompt whole; a prompt evaluated to its end samples
+        its first token."""
         s = self.s
-        seq = s.start(req, continuation_only)
-        if seq is None:
-            return
-        row = s.pc.prefill(req.tokens, seq.slot, seq.filled)
-        s.pc.slots.held[seq.slot].extend(req.tokens[seq.filled:])
-        seq.filled = len(req.tokens)
-        seq.prefilled = time.perf_counter()
-        s.sample(seq, row)
+        for seq in [only] if only is not None else list(self.filling):
+            tokens, start = seq.req.tokens, seq.filled
+            end, row = start, self._rows.get(seq.slot, -1)
+            while end < len(tokens):
+                end, row = s.pc.prefill_piece(tokens, seq.slot, end, row)
+                if only is not None:
+                    break
+            s.pc.slots.held[seq.slot].extend(tokens[start:end])
+            seq.filled = end
+            self._rows[seq.slot] = row
+            if end == len(tokens):
+                self.filling.remove(seq)
+                seq.prefilled = time.perf_counter()
+                s.sample(seq, self._rows.pop(seq.slot))

@@ -1,13 +1,14 @@
 """One served model: a thread that owns its Engine, a ParallelContext with N slots and the Scheduler over
 them (engine/scheduler.py), in a short loop: take the handlers' jobs and the aborts of those whose client
 left, step the scheduler, publish each step's outputs as typed events (serve/jobs.py). Only this thread
-touches the engine (load, decode, unload after the keep-alive), so nothing frees a model under a running
-decode; a job that fails, for any reason, fails alone."""
+loads, decodes and unloads (a media thread makes prompts with images or audio: serve/prepare.py), so
+nothing frees a model under a running decode; a job that fails, for any reason, fails alone."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import queue
 import sys
@@ -18,9 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from localgen.backend import Completion
-from localgen.errors import Cancelled, LocalgenError, PromptTooLong
+from localgen.errors import Cancelled, LocalgenError
 from localgen.serve.jobs import INTERNAL, Done, EmbedJob, Failed, Job, QueueFull, Text, Unload, failed, finishing
 from localgen.serve.model import warm_template
+from localgen.serve.prepare import MediaPrep, has_media, request, task
 from localgen.types import LoadParams, ModelRef
 
 
@@ -40,7 +42,8 @@ class ModelWorker:
         self.exact = exact
         self.share_prefixes = share_prefixes
         self.cache_ram = cache_ram  # bytes for slot states saved in host memory (-1 no limit, 0 off)
-        self.jobs: queue.Queue[Job | EmbedJob | Unload] = queue.Queue()
+        self.jobs: queue.Queue[Job | EmbedJob | Unload | None] = queue.Queue()  # None: a prompt is ready
+        self.prep = MediaPrep(lambda: self.jobs.put(None))  # prompts with images or audio, made off this thread
         self.backend: Any = None
         self.pc: Any = None
         self.n_ctx = load.n_ctx
@@ -173,9 +176,12 @@ class ModelWorker:
             while not self._stop.is_set():
                 running = self.sched is not None and not self.sched.idle
                 self._intake(wait=not running)
+                self._admit_prepared()
                 if self.sched is not None and not self.sched.idle:
                     self._abort_cancelled()
                     self._step()
+                    continue
+                if self.prep.pending:
                     continue
                 if self._unloads:
                     self._unload()
@@ -188,6 +194,8 @@ class ModelWorker:
             self._internal(e, "the worker thread stopped")
             self._drain(Failed(500, f"{self.name}: the model's worker stopped"))
             raise
+        finally:
+            self.prep.close()
 
     def _intake(self, wait: bool) -> None:
         """Move queued jobs to the scheduler (loading the model first if it is not loaded); with `wait`
@@ -198,6 +206,8 @@ class ModelWorker:
             except queue.Empty:
                 return
             wait = False
+            if item is None:  # the media thread made a prompt (_admit_prepared takes it)
+                continue
             if isinstance(item, Unload):  # once nothing runs
                 self._unloads.append(item)
                 continue
@@ -207,11 +217,37 @@ class ModelWorker:
                 continue
             if not self._load_for(item):
                 continue
-            job_id = next(self._ids)
-            job = self._prepare(job_id, item) if isinstance(item, Job) else self._task(job_id, item)
-            if job is not None:
-                self._running[job_id] = item
-                self.sched.add(job)
+            job_id, backend = next(self._ids), self.backend
+            if isinstance(item, EmbedJob):
+                self._admit(job_id, item, functools.partial(task, backend, job_id, item))
+            elif has_media(item):  # its prompt is made in the media thread (_admit_prepared takes it on)
+                try:
+                    self.prep.submit(job_id, item, backend)
+                except Exception as e:
+                    self._fail(item, e, "preparing a request")
+            else:
+                self._admit(job_id, item, functools.partial(request, backend, self.pc, job_id, item))
+
+    def _admit(self, job_id: int, job: Job | EmbedJob, make: Callable[[], Any]) -> None:
+        """Into the scheduler: the work `make` turns the job into (serve/prepare.py), or the job fails alone."""
+        try:
+            work = make()
+        except Exception as e:
+            self._fail(job, e, "preparing a request")
+            return
+        self._running[job_id] = job
+        self.sched.add(work)
+
+    def _admit_prepared(self) -> None:
+        """Jobs whose prompt the media thread has made."""
+        for job_id, job, prompt, error in self.prep.ready():
+            if job.cancelled.is_set():
+                self.aborted += 1
+                job.send(Failed(499, "the client went away"))
+            elif error is not None:
+                self._fail(job, error, "preparing a request")
+            else:
+                self._admit(job_id, job, functools.partial(request, self.backend, self.pc, job_id, job, prompt))
 
     def _abort_cancelled(self) -> None:
         """Abort in the scheduler each job whose client went away (it ends at the next step)."""
@@ -281,20 +317,10 @@ class ModelWorker:
             job.send(Failed(500, f"cannot load {self.name}: {INTERNAL}"))
         return False
 
-    def _task(self, job_id: int, job: EmbedJob) -> Any:
-        """An embeddings or rerank job as a scheduler task (engine/embed.py), or None after telling the client
-        why it cannot run."""
-        from localgen.engine.embed import EmbedTask
-
-        try:
-            emb = self.backend.scorer() if job.query is not None else self.backend.embedder()
-            return EmbedTask(job_id, emb, job.texts, True, job.dimensions, job.truncate, job.query,
-                             job.cancelled.is_set)
-        except Exception as e:
-            return self._fail(job, e, "embedding")
-
     def _drain(self, event: Failed) -> None:  # the jobs in flight and every job still queued
         self._drain_running(event)
+        for job in self.prep.clear():
+            job.send(event)
         while True:
             try:
                 item = self.jobs.get_nowait()
@@ -302,7 +328,7 @@ class ModelWorker:
                 return
             if isinstance(item, Unload):
                 item.done.set()
-            else:
+            elif item is not None:
                 item.send(event)
 
     def _fail(self, job: Job | EmbedJob, e: BaseException, where: str) -> None:  # a fault not the client's: logged
@@ -329,24 +355,6 @@ class ModelWorker:
         if self.pc is not None and self.pc.ctx:
             self.pc.clear()
             self.pc.slots.reset()
-
-    def _prepare(self, job_id: int, job: Job) -> Any:
-        """The job as a scheduler Request (tokenized here, in the thread that owns the engine), or None after
-        telling the client why it cannot run."""
-        from localgen.engine.batchseq import Request
-
-        try:
-            self.backend.check_generates()
-            tokens = self.backend.tokens(job.request)
-            if job.request.sampling.grammar:
-                self.backend.engine.check_grammar(job.request.sampling.grammar)
-        except Exception as e:
-            return self._fail(job, e, "preparing a request")
-        if len(tokens) >= self.pc.n_ctx_seq:
-            return self._fail(job, PromptTooLong(f"the prompt is {len(tokens):,} tokens; each slot's context "
-                                                 f"window is {self.pc.n_ctx_seq:,}"), "")
-        return Request(job_id, tokens, job.request.sampling, job.seed, job.request.logprobs,
-                       exact=job.request.exact)
 
     def _ensure_loaded(self) -> None:
         if self.backend is not None:
