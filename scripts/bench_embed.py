@@ -14,7 +14,7 @@ changes nothing for them and keeps 63 idle windows out of its memory.
 - with --llama-server: one client sending batches of 64 to `/v1/embeddings` of llama-server
   (`--embeddings`) and of `localgen serve`, both already running: the time to embed all N.
 
-usage: scripts/bench_embed.py --llama-embedding PATH [--llama-server PATH] [--model smollm2:135m]
+usage: scripts/bench_embed.py [--llama-embedding PATH] [--llama-server PATH] [--model smollm2:135m]
                               [--texts 1000] [--reps 3] [--threads 2] [--ctx 2048]
 """
 
@@ -52,7 +52,7 @@ def timed(cmd: list[str]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--llama-embedding", required=True)
+    ap.add_argument("--llama-embedding", help="compare `localgen embed --file` with this llama-embedding")
     ap.add_argument("--llama-server", help="also compare /v1/embeddings of llama-server and localgen serve")
     ap.add_argument("--model", default="smollm2:135m")
     ap.add_argument("--texts", type=int, default=1000)
@@ -62,6 +62,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.reps < 3:
         ap.error("--reps must be at least 3 (medians of 3 or more)")
+    if not a.llama_embedding and not a.llama_server:
+        ap.error("give --llama-embedding, --llama-server or both")
     sys.path.insert(0, str(ROOT))
     from localgen.engine.embed import MAX_SEQS
     from localgen.models.resolve import resolve
@@ -69,6 +71,15 @@ def main() -> int:
     a.seqs = MAX_SEQS
     path = str(resolve(a.model).path)
     items = texts(a.texts)
+    if a.llama_embedding:
+        commands(a, path, items)
+    if a.llama_server:
+        servers(a, path, items)
+    return 0
+
+
+def commands(a: argparse.Namespace, path: str, items: list[str]) -> None:
+    """`localgen embed --file` against llama-embedding, each a whole command, load included."""
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "texts.txt"
         f.write_text("\n".join(items) + "\n")
@@ -90,9 +101,6 @@ def main() -> int:
     print(f"  localgen embed --file   {mo:6.2f} s  {a.texts / mo:7.1f} texts/s")
     print(f"  llama-embedding         {mt:6.2f} s  {a.texts / mt:7.1f} texts/s")
     print(f"  ratio (llama-embedding time / ours) {mt / mo:.2f}x")
-    if a.llama_server:
-        servers(a, path, items)
-    return 0
 
 
 def _free_port() -> int:

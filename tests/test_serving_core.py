@@ -223,3 +223,46 @@ def test_an_exact_long_prompt_is_evaluated_a_piece_a_step_beside_a_stream(smollm
     for (tok0, f0), (tok1, f1) in itertools.pairwise(filling):
         assert 0 < f1 - f0 <= pc.n_chunk, "one piece of the prompt a step"
         assert tok1 == tok0 + 1, "and the stream's next token in the same step"
+
+
+@pytest.mark.parametrize("drain", ["0", "600"])
+def test_drain_timeout_is_how_long_requests_in_flight_go_on_after_sigterm(cli_env: dict[str, str],
+                                                                           drain: str) -> None:
+    """serve --drain-timeout: after SIGTERM the requests in flight go on for that long. With 600 s, a stream
+    longer than the default drain (4 s: 1,200 tokens) ends as it would have (its last chunk, then [DONE]); with
+    0 it ends at once with a 503 error event. The server exits 0 either way."""
+    import json
+    import signal
+    import threading
+
+    s = Server(cli_env, "-np", "1", "--drain-timeout", drain)
+    lines: list[str] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        body = {"model": "smollm2:135m", "prompt": "Once", "max_tokens": 1200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=600) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    lines.append(line)
+                    first.set()
+
+    t = threading.Thread(target=stream)
+    try:
+        t.start()
+        assert first.wait(120), "the stream produced its first token"
+        s.proc.send_signal(signal.SIGTERM)
+        t.join(600)
+        assert s.proc.wait(timeout=600) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    chunks = [json.loads(line[5:]) for line in lines[:-1]]
+    if drain == "0":
+        assert chunks[-1]["error"]["code"] == 503 and "shutting down" in chunks[-1]["error"]["message"]
+        assert len(chunks) < 600, "cut at the signal, not run to its end"
+        return
+    assert not any("error" in c for c in chunks), chunks[-2:]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert sum(1 for c in chunks if c["choices"][0]["text"]) >= 1000, "every token came, not a cut stream"

@@ -3,6 +3,7 @@ This module is the Typer signature and the start-up; localgen/serve/ is the serv
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -101,6 +102,11 @@ def serve(
                             help="Seconds an image URL's fetch may take, connect and body together; "
                                  f"{MAX_FETCHES} run at once, and one that waits over {FETCH_WAIT_S:g} s gets 503.")
     ] = 10.0,
+    drain_timeout: Annotated[
+        float, typer.Option("--drain-timeout", min=0, max=3600,
+                            help="Seconds the requests in flight may go on after Ctrl-C or SIGTERM; those still "
+                                 "running then end with a 503 (a second signal ends them at once).")
+    ] = 4.0,
     quiet: Annotated[
         bool, typer.Option("--quiet", rich_help_panel=o.OUTPUT_PANEL,
                            help="No access line per request on stderr (method, path, status, tokens, ms).")
@@ -171,7 +177,7 @@ def start(f: o.Flags) -> None:
     from localgen.cli.main import is_loopback
     from localgen.cli.output import ErrWriter
     from localgen.fetch import Fetcher, FetchPool
-    from localgen.serve.app import DRAIN_S, build
+    from localgen.serve.app import build
     from localgen.serve.common import ServeState
     from localgen.serve.guard import Policy, origins_from
     from localgen.serve.jobs import parse_duration
@@ -200,9 +206,11 @@ def start(f: o.Flags) -> None:
     app.state.front.log = None if f.quiet else _access_line
     # our access line (serve/app.py's FrontDoor) replaces uvicorn's, which is off even with --verbose
     config = uvicorn.Config(app, host=f.host, port=f.port, log_level="warning" if not f.verbose else "info",
-                            timeout_graceful_shutdown=int(DRAIN_S) + 1, access_log=False, lifespan="on")
+                            timeout_graceful_shutdown=math.ceil(f.drain_timeout) + 1, access_log=False,
+                            lifespan="on")
     server = _Server(config)
     server.on_exit = app.state.drain.signal
+    app.state.drain.seconds = f.drain_timeout
     err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
              f"at /v1, Ollama API at /api · {f.parallel} slot{'s' if f.parallel != 1 else ''} per model · "
              f"{_cache_ram_label(cache_ram)}")

@@ -27,9 +27,10 @@ from localgen.serve.common import HTTPError, ServeState, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.jobs import INTERNAL, Failed
 
-# After SIGTERM or Ctrl-C, uvicorn waits DRAIN_S + 1 s for the requests in flight (cli/serve.py's
+# After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve.py's
 # timeout_graceful_shutdown), then cancels them: a stream cut with no error event, a plain-text 500. Our jobs
-# still running this long after the signal (at once on a second signal) end first, as each API's 503.
+# still running after the drain time (serve --drain-timeout; at once on a second signal) end first, as each
+# API's 503.
 DRAIN_S = 4.0
 STOPPING = "the server is shutting down"
 
@@ -219,7 +220,7 @@ def _tokens(counts: dict[bytes, int]) -> str:
 
 
 class Drain:
-    """Ends our jobs still running DRAIN_S after the server's first exit signal, at once on a second one.
+    """Ends our jobs still running `seconds` after the server's first exit signal, at once on a second one.
     The server (cli/serve.py's uvicorn.Server, which owns the signals) calls `signal` from its handle_exit;
     the timer runs on the app's loop, noted at start-up."""
 
@@ -228,6 +229,7 @@ class Drain:
         self.front = front
         self.loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.seconds = DRAIN_S  # serve --drain-timeout
 
     def signal(self) -> None:
         """An exit signal came (from a signal handler: only hand over to the loop)."""
@@ -238,7 +240,7 @@ class Drain:
     def _on_loop(self) -> None:
         self.front.pool.close()  # a request still fetching its image would not finish in time: it ends now
         if self._timer is None and self.loop is not None:
-            self._timer = self.loop.call_later(DRAIN_S, self.fail_all)
+            self._timer = self.loop.call_later(self.seconds, self.fail_all)
         else:
             if self._timer is not None:
                 self._timer.cancel()
