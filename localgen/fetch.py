@@ -177,7 +177,6 @@ def _tls() -> Any:
 def _client(clock: _Clock, private: bool, proxies: bool) -> httpx.Client:
     import urllib.request
 
-    import httpcore
     import httpx
 
     import localgen
@@ -188,9 +187,9 @@ def _client(clock: _Clock, private: bool, proxies: bool) -> httpx.Client:
         # is kept between reads
         return httpx.Client(trust_env=True, follow_redirects=False, timeout=httpx.Timeout(clock.timeout),
                             headers=headers)
-    transport = httpx.HTTPTransport(verify=_tls())
-    # httpx takes no network backend: its pool is replaced by one with ours (same TLS context)
-    transport._pool = httpcore.ConnectionPool(ssl_context=_tls(), network_backend=_backend(clock, private))
+    from localgen._compat import httpx_transport
+
+    transport = httpx_transport(_tls(), _backend(clock, private))  # httpx takes no network backend itself
     return httpx.Client(transport=transport, trust_env=False, follow_redirects=False,
                         timeout=httpx.Timeout(clock.timeout), headers=headers)
 

@@ -54,6 +54,11 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir(APP))
 
 
+def endpoints_file() -> Path:
+    """The user's named remote endpoints (remote/endpoints.py reads it; a run checks it exists first)."""
+    return config_dir() / "endpoints.toml"
+
+
 def private_dir(path: Path) -> Path:
     """`path` as a directory only its owner can enter (0700), made if missing; chats, prompt states and the
     log hold what people typed and read. One made before this rule is tightened too."""

@@ -3,14 +3,20 @@
 (import, load with n_ctx=4096, one chat completion, print), alternating runs, medians; also
 `localgen --help` and the GGUF header summary of a Llama-3-sized vocabulary (128k tokens, 280k merges),
 read cold and from the summary cache. (issue: fast where a user feels it; target run ≤ 1.05× bare.)
+Also the time each spends importing (the sum of `python -X importtime`'s top-level entries, one run).
 
-usage: scripts/bench_startup.py [--model smollm2:135m] [--runs 7] [--tokens 64] [--threads 2]
+--baseline DIR times a second localgen source tree in the same alternation (before and after a change, on
+the same machine load): e.g. `git worktree add /tmp/base HEAD` or `git archive HEAD localgen | tar -x -C DIR`.
+
+usage: scripts/bench_startup.py [--model smollm2:135m] [--runs 7] [--tokens 64] [--threads 2] [--baseline DIR]
+                               [--no-header]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,11 +35,36 @@ print(out["choices"][0]["message"]["content"])
 """
 
 
-def wall(cmd: list[str], env: dict[str, str]) -> float:
+def timed(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system, all threads) of one run. On a busy machine the CPU time
+    moves less than the wall time; with --threads above 1 it counts llama.cpp's threads spinning too."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                   check=True)
-    return time.perf_counter() - t0
+                   check=True, cwd=cwd)
+    spent = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return spent, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def wall(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> float:
+    return timed(cmd, env, cwd)[0]
+
+
+def import_seconds(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[float, int]:
+    """Seconds spent importing (top-level entries of -X importtime, nested ones are inside them) and the
+    number of modules imported, in one run of `cmd` (a Python command line)."""
+    done = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, check=True, cwd=cwd)
+    total, count = 0, 0
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        _, cumulative, name = line.split("|", 2)
+        count += 1
+        if not name.startswith("  "):  # one space after the bar: a top-level import
+            total += int(cumulative)
+    return total / 1e6, count
 
 
 def llama3_header(path: Path) -> None:
@@ -64,29 +95,52 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-header", action="store_true", help="skip the Llama-3-sized GGUF header timing")
+    ap.add_argument("--baseline", metavar="DIR", help="another localgen source tree (holding localgen/) to time "
+                                                       "alongside, e.g. the last commit's")
     a = ap.parse_args()
     from localgen.models.resolve import resolve
 
     path = resolve(a.model).path
     with tempfile.TemporaryDirectory() as home:
-        env = {**os.environ, "LOCALGEN_HOME": home}
+        # as users run it: with bytecode caching (the warm-up writes localgen's .pyc files; site-packages has
+        # the bindings' already), else every run of localgen recompiles its modules and the bare script does not
+        env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "LOCALGEN_HOME": home}
         ours = [sys.executable, "-m", "localgen", "run", "-m", a.model, "-p", PROMPT, "--temperature", "0",
                 "--max-tokens", str(a.tokens), "--threads", str(a.threads)]
         bare = [sys.executable, "-c", BARE, path, str(a.tokens), str(a.threads), PROMPT]
-        wall(ours, env)  # warm the page cache and localgen's summary cache, as every later run finds them
+        here = str(Path(__file__).resolve().parents[1])  # `-m localgen` imports the tree in the working directory
+        trees = {"localgen run": here}
+        if a.baseline:
+            if not (Path(a.baseline) / "localgen" / "__init__.py").is_file():
+                ap.error(f"--baseline {a.baseline}: no localgen/ package there")
+            trees["baseline run"] = str(Path(a.baseline).resolve())
+        for cwd in trees.values():
+            wall(ours, env, cwd)  # warm the page cache and localgen's summary cache, as every later run finds them
         wall(bare, env)
-        t_ours, t_bare = [], []
+        t_bare: list[tuple[float, float]] = []
+        times: dict[str, list[tuple[float, float]]] = {label: [] for label in trees}
         for _ in range(a.runs):
-            t_bare.append(wall(bare, env))
-            t_ours.append(wall(ours, env))
-        helps = [wall([sys.executable, "-m", "localgen", "--help"], env) for _ in range(a.runs)]
-        ratios = [o / b for o, b in zip(t_ours, t_bare, strict=True)]
-        print(f"{a.model}: {a.tokens} tokens, --threads {a.threads}, medians of {a.runs} alternating runs")
-        print(f"  bare llama-cpp-python  {statistics.median(t_bare):.3f} s")
-        print(f"  localgen run           {statistics.median(t_ours):.3f} s  "
-              f"({statistics.median(t_ours) / statistics.median(t_bare):.2f}x; median paired ratio "
-              f"{statistics.median(ratios):.2f}x)")
+            t_bare.append(timed(bare, env))
+            for label, cwd in trees.items():
+                times[label].append(timed(ours, env, cwd))
+        helps = [wall([sys.executable, "-m", "localgen", "--help"], env, here) for _ in range(a.runs)]
+        print(f"{a.model}: {a.tokens} tokens, --threads {a.threads}, medians of {a.runs} alternating runs "
+              f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+        print(f"  {'':<22} {'wall':>8} {'ratio':>7} {'paired':>7}   {'CPU':>8} {'ratio':>7}   imports")
+        mb, mc = (statistics.median(t[i] for t in t_bare) for i in (0, 1))
+        spent, count = import_seconds(bare, env)
+        print(f"  {'bare llama-cpp-python':<22} {mb:7.3f}s {'':>7} {'':>7}   {mc:7.3f}s {'':>7}   "
+              f"{spent:.3f} s, {count} modules")
+        for label, cwd in trees.items():
+            w, c = (statistics.median(t[i] for t in times[label]) for i in (0, 1))
+            paired = statistics.median(o[0] / b[0] for o, b in zip(times[label], t_bare, strict=True))
+            spent, count = import_seconds(ours, env, cwd)
+            print(f"  {label:<22} {w:7.3f}s {w / mb:6.3f}x {paired:6.3f}x   {c:7.3f}s {c / mc:6.3f}x   "
+                  f"{spent:.3f} s, {count} modules")
         print(f"  localgen --help        {statistics.median(helps):.3f} s")
+        if a.no_header:
+            return
         try:
             big = Path(home) / "llama3-header.gguf"
             llama3_header(big)

@@ -9,7 +9,6 @@ from typing import Any
 
 from localgen.cli import options as o
 from localgen.errors import UsageError
-from localgen.media import text_of
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats
 
 
@@ -65,8 +64,8 @@ def record(f: o.Flags, err: Any, backend: Any, request: GenerationRequest, cid: 
     if f.get("no_log") or not store.enabled():
         return
     if request.messages:
-        prompt = text_of(request.messages[-1]["content"])
-        system = next((text_of(m["content"]) for m in request.messages if m["role"] == "system"), None)
+        prompt = _text(request.messages[-1]["content"])
+        system = next((_text(m["content"]) for m in request.messages if m["role"] == "system"), None)
     else:
         prompt, system = request.prompt or "", None
     info = backend.describe()["model"]
@@ -82,6 +81,15 @@ def record(f: o.Flags, err: Any, backend: Any, request: GenerationRequest, cid: 
         store.record(entry)
     except store.LogError as e:
         err.warn(f"{e.message}; this answer was not logged")
+
+
+def _text(content: Any) -> str:
+    """A message's text; media.py is read only for content with images or audio (a list of parts)."""
+    if isinstance(content, str):
+        return content
+    from localgen.media import text_of
+
+    return text_of(content)
 
 
 def _settings(s: SamplingParams) -> dict[str, Any]:

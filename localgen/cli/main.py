@@ -8,10 +8,6 @@ import os
 import sys
 from typing import Any
 
-# -fa takes an optional value (llama.cpp's `-fa on|off|auto`, or a bare `-fa`); click options cannot.
-_FA_FLAGS = ("-fa", "--flash-attn")
-_FA_VALUES = {"on", "off", "auto", "1", "0", "true", "false", "enabled", "disabled"}
-_FA_COMMANDS = {"run", "chat", "serve"}
 _WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENOTDIR,
                  errno.EISDIR, errno.EFBIG}
 
@@ -20,11 +16,12 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback."""
     import typer
 
-    from localgen.cli import app, params
+    from localgen._compat import fast_typer_coercion
+    from localgen.cli import app
     from localgen.cli.output import ErrWriter, ReaderGone, guard_stdout, silence_stdout
     from localgen.errors import LocalgenError
 
-    params.install()
+    fast_typer_coercion()
     args = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     first = next((a for a in args if not a.startswith("-")), None)
     command = typer.main.get_command(app.build(first if first in app.COMMANDS else None))
@@ -90,30 +87,10 @@ def _watch_sigint() -> None:
 
 
 def normalize_argv(args: list[str]) -> list[str]:
-    """`-fa`, `-fa on|off|auto` and `--flash-attn X` as one `--flash-attn=X` token (run, chat, serve)."""
-    first = next((a for a in args if not a.startswith("-")), None)
-    if first not in _FA_COMMANDS:
-        return args
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--":
-            out += args[i:]
-            break
-        if a in _FA_FLAGS:
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            if nxt is not None and nxt.lower() in _FA_VALUES:
-                out.append(f"--flash-attn={nxt}")
-                i += 2
-                continue
-            out.append("--flash-attn=on")
-        elif a.startswith("-fa="):
-            out.append("--flash-attn=" + a[4:])
-        else:
-            out.append(a)
-        i += 1
-    return out
+    """`-fa`, `-fa on|off|auto` and `--flash-attn X` as one `--flash-attn=X` word (run, chat, serve)."""
+    from localgen._compat import flash_attn_argv
+
+    return flash_attn_argv(args)
 
 
 def is_loopback(host: str) -> bool:

@@ -387,12 +387,8 @@ class Flags:
 
     def given(self, name: str) -> bool:
         """Whether the user set this parameter, as opposed to its default."""
-        from typer._click.core import ParameterSource  # type: ignore[import-not-found]
-
-        try:
-            return self._ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
-        except Exception:
-            return False
+        source = self._ctx.get_parameter_source(name)  # None: no such parameter
+        return source is not None and source.name != "DEFAULT"  # command line, env var, default map, prompt
 
 
 def flash_attn(f: Flags) -> bool | str | None:

@@ -9,6 +9,7 @@ from typing import Any, TextIO
 from localgen.types import SamplingParams, Stats
 
 _said = {"interrupted": False}
+RESULT_PREVIEW = 300  # characters of a tool's result shown
 
 
 class ReaderGone(Exception):
@@ -166,6 +167,73 @@ class ErrWriter:
                 self.stream.flush()
         except (BrokenPipeError, ValueError):
             pass
+
+
+def call_line(call: Any) -> str:
+    """How a tool call is shown: name(arguments)."""
+    return f"tool call: {call.name}({call.arguments})"
+
+
+def result_line(result: Any) -> str:
+    """How a tool's result is shown, cut to RESULT_PREVIEW characters."""
+    if result.declined:
+        return f"tool {result.call.name}: declined"
+    text = " ".join(result.text.split())
+    return f"tool result: {text[:RESULT_PREVIEW]}{'…' if len(text) > RESULT_PREVIEW else ''}"
+
+
+class ThinkingWriter:
+    """A reasoning model's thinking on stderr, dimmed, under a "thinking:" line (or nothing when off)."""
+
+    def __init__(self, err: ErrWriter, on: bool) -> None:
+        self.err, self.on, self.open = err, on, False
+
+    def write(self, text: str) -> None:
+        if not self.on or not text:
+            return
+        if not self.open:
+            self.err.line("thinking:")
+            self.open = True
+        self.err.raw(text)
+
+    def end(self) -> None:
+        if self.open:
+            self.err.raw("\n")
+            self.err.line("answer:")
+            self.open = False
+
+
+class AnswerWriter:
+    """An answer's events (tools/stream.py), where a person reads them: content to stdout (unless --json),
+    thinking (when shown), tool calls and results to stderr."""
+
+    def __init__(self, err: ErrWriter, json_out: bool = False, show_thinking: bool = False) -> None:
+        self.err = err
+        self.out = TextWriter(sys.stdout, enabled=not json_out)
+        self.thinking = ThinkingWriter(err, on=show_thinking and not json_out)
+
+    def show(self, events: list[Any]) -> bool:
+        """Write the events; False once the reader of stdout has gone away (`| head -1`)."""
+        from localgen.tools.stream import Piece
+
+        for event in events:
+            if isinstance(event, Piece) and event.kind == "reasoning":
+                self.thinking.write(event.text)
+                continue
+            self.thinking.end()
+            if isinstance(event, Piece):
+                if not self.out.write(event.text):
+                    return False
+                continue
+            from localgen.tools.loop import ToolResult  # only an answer with tools has other events
+
+            self.err.line(result_line(event) if isinstance(event, ToolResult) else call_line(event))
+        return True
+
+    def end(self) -> None:
+        """The answer is over: close the thinking and the line."""
+        self.thinking.end()
+        self.out.end()
 
 
 def answer_json(backend: Any, gen: Any, sampling: SamplingParams, conversation_id: str | None = None,

@@ -83,7 +83,7 @@ class PlainView:
 
 def _kind(event: Any) -> tuple[str, str]:
     """("think" | "answer" | "line", text) for an event: a Piece, a ToolCall or a ToolResult."""
-    from localgen.cli.toolflow import call_line, result_line
+    from localgen.cli.output import call_line, result_line
     from localgen.tools.loop import ToolResult
     from localgen.tools.stream import Piece
 

@@ -56,9 +56,11 @@ def execute(f: o.Flags) -> None:
     plan = check(f)
     o.sampling(f)  # the flags alone are valid, before the catalogue's defaults are known
     err = ErrWriter()
-    from localgen.cli.toolflow import open_toolbox
+    toolbox = None
+    if f.functions or f.mcp:
+        from localgen.cli.toolflow import open_toolbox
 
-    toolbox = open_toolbox(f)
+        toolbox = open_toolbox(f)
     try:
         backend: Backend = remote_backend(f, plan) if plan.endpoints else open_backend(f, plan, err)
     except BaseException:
@@ -95,7 +97,8 @@ def _as_sent(f: o.Flags, backend: Backend, request: GenerationRequest, toolbox: 
         return request
     from localgen.cli.toolflow import first_plan
     from localgen.tools.loop import plan_for
-    from localgen.tools.plan import template_of, with_tools
+    from localgen.tools.plan import with_tools
+    from localgen.tools.stream import template_of
 
     template = template_of(backend)
     plan = first_plan(f, template, toolbox) or plan_for(template, toolbox)
@@ -186,6 +189,10 @@ def _attachments(f: o.Flags, many: bool) -> tuple[Any, ...]:
 
 
 def _endpoints(f: o.Flags) -> tuple[list[Any], str | None]:
+    from localgen.paths import endpoints_file
+
+    if not (f.endpoint or f.api_key_env) and (not f.model or not endpoints_file().is_file()):
+        return [], f.model  # nothing can be remote: the remote code stays unloaded
     from localgen.remote.endpoints import choose
 
     return choose(f.endpoint, f.api_key_env, f.model)
@@ -216,7 +223,6 @@ def remote_backend(f: o.Flags, plan: RunPlan) -> Backend:
 def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
     """Resolve (pulling if needed) and load the model, and the draft model for --draft."""
     from localgen.cli.progress import make_progress
-    from localgen.engine import speculative
     from localgen.engine.local import LocalBackend
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
@@ -244,10 +250,14 @@ def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
     drafter: Any = None
     try:
         if f.lookup:
-            drafter = speculative.LookupDrafter()
+            from localgen.engine.speculative import LookupDrafter
+
+            drafter = LookupDrafter()
         elif draft_ref is not None:
+            from localgen.engine.speculative import ModelDrafter
+
             err.status(f"loading the draft model {draft_ref.name} ...")
-            drafter = speculative.ModelDrafter(engine, open_engine(draft_ref, load, verbose=f.verbose, warn=err.warn))
+            drafter = ModelDrafter(engine, open_engine(draft_ref, load, verbose=f.verbose, warn=err.warn))
     except BaseException:
         engine.close()
         raise
@@ -283,10 +293,13 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Backend,
     if f.raw:
         return GenerationRequest(prompt=text, sampling=sampling, logprobs=f.logprobs, shared=shared,
                                  prompt_cache=cache, json_schema=schema)
-    from localgen import media
+    content: Any = text
+    if plan.media:
+        from localgen import media
 
+        content = media.content(text, list(plan.media))
     messages = ([{"role": "system", "content": f.system}] if f.system else []) + list(turns or []) + [
-        {"role": "user", "content": media.content(text, list(plan.media))}]
+        {"role": "user", "content": content}]
     return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=f.logprobs, shared=shared,
                              prompt_cache=cache, json_schema=schema)
 
@@ -295,12 +308,12 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
            cid: str | None = None) -> tuple[Any, str]:
     """Stream one answer to stdout (or one JSON object at the end), its reasoning apart (to stderr with
     --show-thinking); returns the finished Generation and the answer without the reasoning."""
-    from localgen.cli.toolflow import AnswerWriter
+    from localgen.cli.output import AnswerWriter
     from localgen.errors import RemoteError
-    from localgen.tools.plan import answer_stream, template_of
+    from localgen.tools.stream import answer_stream, template_of
 
     gen = backend.generate(request, started=time.perf_counter())
-    writer = AnswerWriter(f, err)
+    writer = AnswerWriter(err, json_out=f.json_out, show_thinking=bool(f.get("show_thinking")))
     answer = answer_stream(None, template_of(backend), request.template_args, split_reasoning=not request.raw)
     try:
         for chunk in gen:

@@ -1,6 +1,5 @@
-"""How `run` shows an answer that may think and call tools: the answer streams to stdout, the thinking to
-stderr with --show-thinking, each call and its result on stderr; and `run --functions/--mcp`, whose --json
-lists the calls with their results."""
+"""`run --functions/--mcp`: the tools opened, the loop run with its answer on stdout (each call and its
+result on stderr, through output.AnswerWriter), and --json listing the calls with their results."""
 
 from __future__ import annotations
 
@@ -11,23 +10,8 @@ from typing import Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.output import ErrWriter, TextWriter
+from localgen.cli.output import AnswerWriter, ErrWriter, TextWriter
 from localgen.types import GenerationRequest
-
-RESULT_PREVIEW = 300  # characters of a tool's result shown
-
-
-def call_line(call: Any) -> str:
-    """How a call is shown: name(arguments)."""
-    return f"tool call: {call.name}({call.arguments})"
-
-
-def result_line(result: Any) -> str:
-    """How a result is shown, cut to RESULT_PREVIEW characters."""
-    if result.declined:
-        return f"tool {result.call.name}: declined"
-    text = " ".join(result.text.split())
-    return f"tool result: {text[:RESULT_PREVIEW]}{'…' if len(text) > RESULT_PREVIEW else ''}"
 
 
 def open_toolbox(f: o.Flags) -> Any:
@@ -39,68 +23,13 @@ def open_toolbox(f: o.Flags) -> Any:
     return Toolbox.open(list(f.functions or []), list(f.mcp or []))
 
 
-class ThinkingWriter:
-    """A reasoning model's thinking on stderr, dimmed, under a "thinking:" line (or nothing when off)."""
-
-    def __init__(self, err: ErrWriter, on: bool) -> None:
-        self.err, self.on, self.open = err, on, False
-
-    def write(self, text: str) -> None:
-        if not self.on or not text:
-            return
-        if not self.open:
-            self.err.line("thinking:")
-            self.open = True
-        self.err.raw(text)
-
-    def end(self) -> None:
-        if self.open:
-            self.err.raw("\n")
-            self.err.line("answer:")
-            self.open = False
-
-
-class AnswerWriter:
-    """The answer stage's events, where a person reads them: content to stdout, thinking (when shown),
-    calls and results to stderr."""
-
-    def __init__(self, f: o.Flags, err: ErrWriter) -> None:
-        self.err = err
-        self.out = TextWriter(sys.stdout, enabled=not f.json_out)
-        self.thinking = ThinkingWriter(err, on=bool(f.get("show_thinking")) and not f.json_out)
-
-    def show(self, events: list[Any]) -> bool:
-        """Write the events; False once the reader of stdout has gone away (`| head -1`)."""
-        from localgen.tools.loop import ToolResult
-        from localgen.tools.stream import Piece
-
-        for event in events:
-            if isinstance(event, Piece) and event.kind == "reasoning":
-                self.thinking.write(event.text)
-                continue
-            self.thinking.end()
-            if isinstance(event, Piece):
-                if not self.out.write(event.text):
-                    return False
-            elif isinstance(event, ToolResult):
-                self.err.line(result_line(event))
-            else:
-                self.err.line(call_line(event))
-        return True
-
-    def end(self) -> None:
-        """The answer is over: close the thinking and the line."""
-        self.thinking.end()
-        self.out.end()
-
-
 def run_with_tools(f: o.Flags, backend: Any, request: GenerationRequest, toolbox: Any, err: ErrWriter,
                    cid: str | None) -> tuple[str, Any, str]:
     """`run --functions/--mcp --yes`: the loop, the answer on stdout; returns text, stats, finish reason."""
     from localgen.tools.loop import plan_for, run_turn
-    from localgen.tools.plan import template_of
+    from localgen.tools.stream import template_of
 
-    writer = AnswerWriter(f, err)
+    writer = AnswerWriter(err, json_out=f.json_out, show_thinking=bool(f.get("show_thinking")))
     template = template_of(backend)
 
     def show(event: Any) -> None:

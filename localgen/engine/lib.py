@@ -3,7 +3,6 @@ the model and the machine."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from localgen.engine import logs
@@ -101,55 +100,10 @@ def _install_abort_handler() -> None:
 
 
 def _import_ctypes_layer() -> Any:
-    """`llama_cpp.llama_cpp` (the ctypes declarations) without the package's __init__, which imports the
-    high-level Llama class, its chat formats, jinja2 and numpy (0.15 s of every start, none of it used
-    here). The package is stood in by a module whose other attributes load the real modules on first
-    use, so `llama_cpp.Llama` still works for code that wants it."""
-    import importlib
-    import importlib.util
-    import sys
-    import types
+    """`llama_cpp` with its ctypes declarations, without the package's heavy __init__ (localgen/_compat.py)."""
+    from localgen._compat import llama_cpp_ctypes_layer
 
-    if "llama_cpp" in sys.modules:  # already imported in full (by another library, or a test)
-        return sys.modules["llama_cpp"]
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.submodule_search_locations:
-        raise LocalgenError("llama-cpp-python is not installed", hint="run scripts/install.sh")
-    package = types.ModuleType("llama_cpp")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__file__ = spec.origin
-    sys.modules["llama_cpp"] = package
-    try:
-        layer = importlib.import_module("llama_cpp.llama_cpp")
-    except BaseException:
-        del sys.modules["llama_cpp"]
-        raise
-    package.__dict__.update({k: v for k, v in vars(layer).items() if not k.startswith("__")})
-    package.__dict__["__version__"] = _version(spec.origin)
-
-    def __getattr__(name: str) -> Any:  # Llama, LlamaGrammar, ...: from the high-level modules
-        for module in ("llama_cpp.llama", "llama_cpp.llama_grammar", "llama_cpp.llama_cache"):
-            found = vars(importlib.import_module(module))
-            if name in found:
-                return found[name]
-        raise AttributeError(f"module 'llama_cpp' has no attribute {name!r}")
-
-    package.__dict__["__getattr__"] = __getattr__
-    return package
-
-
-def _version(init_py: str | None) -> str:
-    """The bindings' __version__, read from their __init__.py (importlib.metadata costs 5 ms)."""
-    try:
-        with open(init_py or "", encoding="utf-8") as f:
-            m = re.search(r"^__version__ = [\"']([^\"']+)", f.read(), re.M)
-        if m:
-            return m.group(1)
-    except OSError:
-        pass
-    import importlib.metadata
-
-    return importlib.metadata.version("llama-cpp-python")
+    return llama_cpp_ctypes_layer()
 
 
 def init_numa(strategy: int) -> None:
@@ -175,7 +129,9 @@ def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
     if _logits_ith is None:
         import ctypes
 
-        fn = lc._lib["llama_get_logits_ith"]  # a new function object: the bindings' own keeps its restype
+        from localgen._compat import bindings_function
+
+        fn = bindings_function(lc, "llama_get_logits_ith")  # a new object: the bindings' own keeps its restype
         fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p
         _logits_ith = fn
     address = _logits_ith(ctx, row)

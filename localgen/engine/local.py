@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from localgen import media
 from localgen.backend import Completion, Indexed
 from localgen.engine.lib import common_prefix
 from localgen.engine.llama import Engine
@@ -49,7 +48,9 @@ class LocalBackend:
         images or audio, an mtmd Prompt: their positions hold placeholders, and its spans evaluate them."""
         if request.prompt is not None:
             return self.engine.raw_tokens(request.prompt)
-        if media.has_media(request.messages):
+        if _has_media(request.messages):
+            from localgen import media
+
             proj = self.projector()
             messages, found = media.split(request.messages, proj.marker)
             proj.check(found, self.name)
@@ -63,7 +64,9 @@ class LocalBackend:
         if request.prompt is not None:
             return request.prompt
         messages = request.messages
-        if media.has_media(messages):
+        if _has_media(messages):
+            from localgen import media
+
             messages = tuple(media.split(messages, media.MARKER)[0])
         return self.engine.template.render(template_messages(messages), **template_extra(request))
 
@@ -76,9 +79,11 @@ class LocalBackend:
         if self._projector is None:
             path = self.engine.model.mmproj
             if not path:
-                raise media.MediaError(f"{self.name} reads text only: it has no multimodal projector",
-                                       hint="give its mmproj file with --mmproj, or pick a vision model "
-                                            "(`localgen list --catalogue`)")
+                from localgen.media import MediaError
+
+                raise MediaError(f"{self.name} reads text only: it has no multimodal projector",
+                                 hint="give its mmproj file with --mmproj, or pick a vision model "
+                                      "(`localgen list --catalogue`)")
             from localgen.engine.mtmd import Projector, available
 
             missing = available()
@@ -94,12 +99,12 @@ class LocalBackend:
     def generate(self, request: GenerationRequest, started: float | None = None) -> Any:
         """A stream of the answer; the shared prefix comes from (or goes to) the prompt cache first."""
         self.check_generates()
-        from localgen.engine import promptcache
-
         started = started if started is not None else time.perf_counter()
         tokens = self.tokens(request)
         cache = "skipped" if request.prompt_cache else "off"
         if request.shared and len(tokens) < self.engine.n_ctx and not getattr(tokens, "spans", None):
+            from localgen.engine import promptcache
+
             shared = common_prefix(self.tokens(_with_text(request, request.shared)), tokens)
             if request.prompt_cache:
                 cache = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn)
@@ -262,3 +267,13 @@ def _with_text(request: GenerationRequest, text: str) -> GenerationRequest:
         return dataclasses.replace(request, prompt=text)
     last = {**request.messages[-1], "content": text}
     return dataclasses.replace(request, messages=(*request.messages[:-1], last))
+
+
+def _has_media(messages: Iterable[dict[str, Any]]) -> bool:
+    """Whether a message holds images or audio. Only list content can (a text-only request never imports
+    media.py, which a plain run does not need); media.has_media decides for the rest."""
+    if not any(isinstance(m.get("content"), list) for m in messages):
+        return False
+    from localgen import media
+
+    return media.has_media(messages)

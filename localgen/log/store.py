@@ -14,7 +14,7 @@ LogError, which callers turn into a one-line warning: the log never stops an ans
 from __future__ import annotations
 
 import json
-import secrets
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -90,7 +90,7 @@ def set_enabled(on: bool) -> None:
 
 def new_id() -> str:
     """A unique id that sorts by time: milliseconds, then randomness (20 hex digits)."""
-    return f"{int(time.time() * 1000):012x}{secrets.token_hex(4)}"
+    return f"{int(time.time() * 1000):012x}{os.urandom(4).hex()}"
 
 
 @contextmanager
@@ -124,7 +124,7 @@ def _make_schema(db: Path) -> None:
     """The table, its FTS5 index and the triggers that keep it current (once, whoever gets there first)."""
     from filelock import FileLock
 
-    from localgen.sqlitedb import sqlite_utils_module
+    from localgen._compat import sqlite_utils_module
 
     sqlite_utils = sqlite_utils_module()
 
@@ -178,7 +178,7 @@ def _rebuild_fts(db: Path) -> None:
     """Make the full-text table and its triggers again from the rows (once, whoever gets there first)."""
     from filelock import FileLock
 
-    from localgen.sqlitedb import sqlite_utils_module
+    from localgen._compat import sqlite_utils_module
 
     sqlite_utils = sqlite_utils_module()
     try:

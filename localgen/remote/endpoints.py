@@ -37,9 +37,9 @@ class Endpoint:
 
 def endpoints_file() -> Path:
     """The user's named endpoints."""
-    from localgen.paths import config_dir
+    from localgen import paths
 
-    return config_dir() / "endpoints.toml"
+    return paths.endpoints_file()
 
 
 def base_url(url: str) -> str:

@@ -18,10 +18,6 @@ from typing import Any
 
 from localgen.tools.spec import ToolCall, ToolSpec
 
-# Ways a template's generation prompt may open a reasoning block, with their closing tags.
-THINK_TAGS = (("<think>", "</think>"), ("<thinking>", "</thinking>"), ("[THINK]", "[/THINK]"),
-              ("<|START_THINKING|>", "<|END_THINKING|>"))
-
 
 @dataclass(frozen=True)
 class Format:

@@ -5,7 +5,6 @@ reads the answer back. Used the same way by `serve`, `run` and `chat`."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +12,11 @@ from typing import Any
 from localgen.errors import ToolError
 from localgen.tools.formats import Constraint, Format, constraint, detect, generic_system_prompt
 from localgen.tools.spec import ToolSpec
-from localgen.tools.stream import AnswerStream, opened_thinking
+
+# These three live with the answer stream, which a plain answer (no tools) needs without this module.
+from localgen.tools.stream import answer_stream as answer_stream
+from localgen.tools.stream import template_of as template_of
+from localgen.tools.stream import thinking_opened_by as thinking_opened_by
 from localgen.types import GenerationRequest, Message
 
 
@@ -84,21 +87,6 @@ def with_tools(plan: ToolPlan, request: GenerationRequest) -> GenerationRequest:
     return dataclasses.replace(request, tools=tuple(t.to_openai() for t in plan.tools), sampling=sampling)
 
 
-def template_of(backend: Any) -> str | None:
-    """The chat template a backend renders with (None for a remote one, whose server renders)."""
-    engine = getattr(backend, "engine", None)
-    return engine.model.summary.chat_template if engine is not None else None
-
-
-def answer_stream(plan: ToolPlan | None, template: str | None, template_args: tuple[tuple[str, Any], ...] = (),
-                  split_reasoning: bool = True) -> AnswerStream:
-    """The stage that reads this request's answer: calls in the plan's format, reasoning apart (also when
-    the template's generation prompt leaves a thinking block open)."""
-    opened = thinking_opened_by(template, template_args) if split_reasoning else None
-    names = frozenset(t.name for t in plan.tools) if plan else None
-    return AnswerStream(plan.fmt if plan else None, opened, split_reasoning, names)
-
-
 def _generic_messages(plan: ToolPlan, messages: tuple[Message, ...]) -> tuple[Message, ...]:
     """Tools described in the system prompt; earlier calls and results written as the JSON the format uses,
     in roles every template takes."""
@@ -139,19 +127,3 @@ def _args(raw: Any) -> Any:
         except ValueError:
             return raw
     return raw
-
-
-@functools.lru_cache(maxsize=32)
-def thinking_opened_by(template: str | None, template_args: tuple[tuple[str, Any], ...] = ()) -> tuple[str, str] | None:
-    """Whether the template's generation prompt opens a thinking block itself (Qwen3, DeepSeek-R1 style), so
-    the answer starts inside it: found by rendering a one-line conversation."""
-    from localgen.engine.template import ChatTemplate
-    from localgen.errors import TemplateError
-
-    if not template:
-        return None
-    try:
-        prompt = ChatTemplate(template, "", "").render([{"role": "user", "content": "hi"}], **dict(template_args))
-    except TemplateError:
-        return None
-    return opened_thinking(prompt)

@@ -7,10 +7,18 @@ stop strings are; a call is given out as soon as its closing marker arrives (els
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from localgen.tools.formats import THINK_TAGS, Format
-from localgen.tools.spec import ToolCall
+if TYPE_CHECKING:  # a plain answer (no tools) needs neither: `run -p` imports this module alone of tools/
+    from localgen.tools.formats import Format
+    from localgen.tools.plan import ToolPlan
+    from localgen.tools.spec import ToolCall
+
+# Ways a template's generation prompt may open a reasoning block, with their closing tags.
+THINK_TAGS = (("<think>", "</think>"), ("<thinking>", "</thinking>"), ("[THINK]", "[/THINK]"),
+              ("<|START_THINKING|>", "<|END_THINKING|>"))
 
 
 @dataclass(frozen=True)
@@ -21,7 +29,38 @@ class Piece:
     text: str
 
 
-Event = Piece | ToolCall
+Event: TypeAlias = "Piece | ToolCall"
+
+
+def template_of(backend: Any) -> str | None:
+    """The chat template a backend renders with (None for a remote one, whose server renders)."""
+    engine = getattr(backend, "engine", None)
+    return engine.model.summary.chat_template if engine is not None else None
+
+
+def answer_stream(plan: ToolPlan | None, template: str | None, template_args: tuple[tuple[str, Any], ...] = (),
+                  split_reasoning: bool = True) -> AnswerStream:
+    """The stage that reads this request's answer: calls in the plan's format, reasoning apart (also when
+    the template's generation prompt leaves a thinking block open)."""
+    opened = thinking_opened_by(template, template_args) if split_reasoning else None
+    names = frozenset(t.name for t in plan.tools) if plan else None
+    return AnswerStream(plan.fmt if plan else None, opened, split_reasoning, names)
+
+
+@functools.lru_cache(maxsize=32)
+def thinking_opened_by(template: str | None, template_args: tuple[tuple[str, Any], ...] = ()) -> tuple[str, str] | None:
+    """Whether the template's generation prompt opens a thinking block itself (Qwen3, DeepSeek-R1 style), so
+    the answer starts inside it: found by rendering a one-line conversation."""
+    from localgen.engine.template import ChatTemplate
+    from localgen.errors import TemplateError
+
+    if not template:
+        return None
+    try:
+        prompt = ChatTemplate(template, "", "").render([{"role": "user", "content": "hi"}], **dict(template_args))
+    except TemplateError:
+        return None
+    return opened_thinking(prompt)
 
 
 def opened_thinking(prompt: str) -> tuple[str, str] | None:
