@@ -199,6 +199,7 @@ def llama_cpp_ctypes_layer() -> Any:
     package = types.ModuleType("llama_cpp")
     package.__path__ = list(spec.submodule_search_locations)
     package.__file__ = spec.origin
+    package.__spec__ = spec  # find_spec("llama_cpp") on the stand-in then answers as for the real package
     sys.modules["llama_cpp"] = package
     try:
         layer = importlib.import_module("llama_cpp.llama_cpp")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +24,37 @@ ROOT = Path(__file__).resolve().parent.parent
 HF_PRIVATE = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
               "HF_XET_CACHE", "HF_ASSETS_CACHE", "HF_STORED_TOKENS_PATH")
 BIG_TEMP_FILE = 1 << 20
+
+# The markers follow from what a test uses, so a new test is classified without its author remembering
+# (registered in pyproject.toml; `scripts/test --quick` runs `-m "not slow"`). `slow`: one of these fixtures,
+# used directly or through another (a module's server started from `cli_env`), a process started in the
+# test's body, or Gemma. A model loaded in this process by a command shows in none of them: mark it by hand.
+SLOW_FIXTURES = frozenset({"cli", "cli_env", "smollm2_engine", "gemma_path", "bad_models"})
+SPAWNS = re.compile(r"\bsubprocess\.|\bpexpect\.|\.popen\(|\bPopen\(")
+GEMMA = re.compile(r"gemma_path|gemma3:270m")
+GPU = re.compile(r"has_gpu|assert_same_greedy_text|GPU_SHARED_PREFIX")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks `slow` (starts a process or a server, or loads a model), `gemma` (needs Gemma 3 270M) and `gpu`
+    (what it asserts depends on whether layers sit on a GPU: worth a run on a GPU machine, `-m gpu`)."""
+    sources: dict[object, str] = {}
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        fn = getattr(item, "function", None)
+        if fn not in sources:
+            try:
+                sources[fn] = inspect.getsource(fn) if fn is not None else ""
+            except (OSError, TypeError):
+                sources[fn] = ""
+        src = sources[fn]
+        gemma = "gemma_path" in used or GEMMA.search(src) is not None
+        if used & SLOW_FIXTURES or SPAWNS.search(src) or gemma:
+            item.add_marker(pytest.mark.slow)
+        if gemma:
+            item.add_marker(pytest.mark.gemma)
+        if GPU.search(src):
+            item.add_marker(pytest.mark.gpu)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -94,6 +127,41 @@ def default_sigint() -> None:
 @pytest.fixture(scope="session")
 def cli(cli_env: dict[str, str]) -> CLI:
     return CLI(cli_env)
+
+
+class InProcessCLI:
+    """`localgen ARGS` in this process, through the entry point a subprocess runs (localgen.cli.main.main):
+    the same parsing, validation and one-line errors, without a Python start per call. For what ends before a
+    model loads; what generates or needs a process of its own (signals, pipes, a terminal) takes `cli`."""
+
+    def __init__(self, env: dict[str, str | None]) -> None:
+        self.env = env
+
+    def __call__(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        from typer.testing import CliRunner
+
+        from localgen.cli.main import main
+
+        handler = signal.getsignal(signal.SIGINT)  # main() installs its own; the test session keeps pytest's
+        try:
+            with CliRunner().isolation(input=input or "", env=self.env) as (out, err, _):
+                try:
+                    main(list(args))
+                    rc = 0
+                except SystemExit as e:
+                    rc = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+                stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+        finally:
+            signal.signal(signal.SIGINT, handler)
+        return subprocess.CompletedProcess(["localgen", *args], rc, stdout, stderr)
+
+
+@pytest.fixture(scope="session")
+def cli_in_process(home: Path) -> InProcessCLI:
+    """`cli`'s environment (the session's home, no colour, offline, no other LOCALGEN_*), set while a call runs."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("LOCALGEN_") or k in HF_PRIVATE}
+    env.update(LOCALGEN_HOME=str(home), NO_COLOR="1", HF_HUB_OFFLINE="1")
+    return InProcessCLI(env)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.conftest import CLI, GPU_SHARED_PREFIX, shared_prefix
+from tests.conftest import CLI, GPU_SHARED_PREFIX, InProcessCLI, shared_prefix
 
 PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",
            "List three colors.", "Why do cats purr?"]
@@ -177,7 +177,8 @@ def test_a_prompt_longer_than_its_window_fails_alone(cli: CLI, tmp_path: Path) -
     assert "longer than the context window" in docs[1]["error"]
 
 
-def test_conflicting_batch_flags(cli: CLI, tmp_path: Path) -> None:
+def test_conflicting_batch_flags(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    cli = cli_in_process
     f = tmp_path / "a.txt"
     f.write_text("hi\n")
     r = cli("run", "--file", str(f), "--each-line")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import CLI
+from tests.conftest import CLI, InProcessCLI
 
 
 @pytest.mark.parametrize("prompt", ["What is the capital of France?", "Write a haiku about snow."])
@@ -32,8 +32,8 @@ def test_beams_are_ranked_with_scores(cli: CLI) -> None:
         assert b["score"] == pytest.approx(b["logprob"] / max(1, b["tokens"]), abs=1e-4)
 
 
-def test_beams_conflicts(cli: CLI) -> None:
-    r = cli("run", "-p", "x", "--beams", "2", "--lookup")
+def test_beams_conflicts(cli_in_process: InProcessCLI) -> None:
+    r = cli_in_process("run", "-p", "x", "--beams", "2", "--lookup")
     assert r.returncode == 2 and "--beams cannot be combined" in r.stderr
-    r = cli("run", "-p", "x", "--beams", "0")
+    r = cli_in_process("run", "-p", "x", "--beams", "0")
     assert r.returncode == 2 and "--beams" in r.stderr

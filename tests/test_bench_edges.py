@@ -123,6 +123,7 @@ def test_on_a_terminal_it_says_how_long_and_draws_a_bar_on_stderr_only(cli_env: 
     assert "━" in text or "█" in text or "2/4" in text, f"a progress bar: {text!r}"
 
 
+@pytest.mark.slow  # benchmarks SmolLM2 in this process
 def test_a_short_sweep_in_a_pipe_keeps_stderr_to_one_line(own_home: Path) -> None:
     r = invoke("bench", "-p", "8", "-n", "2", "-r", "1", "--no-e2e", "-o", "jsonl")
     assert r.exit_code == 0, r.stderr
@@ -145,6 +146,7 @@ def test_the_foreseen_length_grows_with_the_work() -> None:
     assert plan(parallel=[8]).seconds(rates) > one + 5 * 8 * 0.512
 
 
+@pytest.mark.slow  # benchmarks SmolLM2 in this process
 def test_ctrl_c_inside_a_models_freeing_lets_it_finish_and_stops_before_the_next_load(
         own_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An exception raised inside a model load or a context's freeing crashed the process now and then
@@ -267,6 +269,7 @@ def _render(recs: list[dict[str, Any]], width: int) -> str:
     return buf.getvalue()
 
 
+@pytest.mark.slow  # benchmarks SmolLM2 in this process
 def test_the_table_fits_100_columns_with_every_number_whole(swept_run: list[dict[str, Any]]) -> None:
     from localgen.bench import records
 
@@ -303,6 +306,7 @@ def test_the_client_side_table_fits_100_columns(fake: FakeServer, own_home: Path
         assert all(word in tokens for cell in row for word in cell.split()), row
 
 
+@pytest.mark.slow  # benchmarks SmolLM2 in this process
 def test_sizes_and_parameters_read_as_llama_bench_writes_them(swept_run: list[dict[str, Any]]) -> None:
     from localgen.bench import records
 
@@ -317,6 +321,7 @@ def test_sizes_and_parameters_read_as_llama_bench_writes_them(swept_run: list[di
     assert records.size_gib(318_283_776) == "303.54 MiB" and records.size_gib(4_918_000_000) == "4.58 GiB"
 
 
+@pytest.mark.slow  # benchmarks SmolLM2 in this process
 def test_compare_leaves_a_missing_figure_empty(own_home: Path) -> None:
     a = invoke("bench", "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-t", "1", "-o", "json")
     b = invoke("bench", "-p", "8,16", "-n", "0", "-r", "1", "--no-e2e", "-t", "1", "-o", "json")

@@ -56,6 +56,7 @@ def test_chat_json_schema_goes_with_every_request_to_a_remote_server(home: Path,
     assert [q["body"]["response_format"]["json_schema"]["schema"] for q in fake.requests] == [schema, schema]
 
 
+@pytest.mark.slow  # chats with SmolLM2 in this process
 def test_chat_grammar_constrains_every_answer_of_a_local_model(home: Path, tmp_path: Path,
                                                                fake: FakeServer) -> None:
     assert invoke("chat", "grammar-loaded", "--endpoint", fake.url, "-m", "plain", input="hello\n").exit_code == 0

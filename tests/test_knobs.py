@@ -47,19 +47,11 @@ def test_each_sampler_changes_the_text_and_the_paths_agree(cli: CLI, tmp_path: P
     assert json.loads(r.stdout.splitlines()[0])["text"] == alone, f"--parallel applies {knob} alike"
 
 
-def test_logit_bias_bans_the_greedy_first_token(cli: CLI) -> None:
+def test_logit_bias_bans_the_greedy_first_token(cli: CLI, smollm2_engine: Any) -> None:
     greedy = json.loads(cli("run", "-p", "Say hello.", "-n", "3", "--temperature", "0", "--json", "--logprobs",
                             "0").stdout)
     first = greedy["logprobs"][0]
-    from localgen.engine.llama import Engine
-    from localgen.models.resolve import resolve
-    from localgen.types import LoadParams
-
-    engine = Engine(resolve("smollm2:135m"), LoadParams(n_ctx=256))
-    try:
-        token = engine.tokenize(first["token"], add_special=False)[0]
-    finally:
-        engine.close()
+    token = smollm2_engine.tokenize(first["token"], add_special=False)[0]  # the session's SmolLM2: same vocabulary
     banned = json.loads(cli("run", "-p", "Say hello.", "-n", "3", "--temperature", "0", "--json", "--logit-bias",
                             f"{token}-inf").stdout)
     assert not banned["text"].startswith(first["token"])

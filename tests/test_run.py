@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI
+from tests.conftest import CLI, InProcessCLI
 
 QUICK = ["-n", "12", "--ctx", "512"]
 
@@ -197,15 +197,16 @@ def test_ctrl_c_stops_generation_with_130(cli: CLI) -> None:
         (["--grammar", "/no/such/file"], "does not exist"),
     ],
 )
-def test_bad_flags_are_one_line_usage_errors(cli: CLI, args: list[str], needle: str) -> None:
-    r = cli("run", "-p", "x", *args)
+def test_bad_flags_are_one_line_usage_errors(cli_in_process: InProcessCLI, args: list[str], needle: str) -> None:
+    r = cli_in_process("run", "-p", "x", *args)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("localgen: error:")
     assert needle in r.stderr
     assert r.stdout == ""
 
 
-def test_conflicting_flags(cli: CLI, tmp_path: Path) -> None:
+def test_conflicting_flags(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    cli = cli_in_process
     r = cli("run", "-p", "x", "--raw", "--system", "be brief")
     assert r.returncode == 2 and "--system" in r.stderr
     r = cli("run", "-p", "x", "--cache-type-v", "q8_0", "--no-flash-attn")
@@ -214,8 +215,8 @@ def test_conflicting_flags(cli: CLI, tmp_path: Path) -> None:
     assert r.returncode == 2 and "KV-cache type" in r.stderr
 
 
-def test_no_prompt_is_a_usage_error(cli: CLI) -> None:
-    r = cli("run")
+def test_no_prompt_is_a_usage_error(cli_in_process: InProcessCLI) -> None:
+    r = cli_in_process("run")
     assert r.returncode == 2
     assert "no prompt" in r.stderr
 
@@ -243,10 +244,10 @@ def test_bad_models_get_one_line_errors(cli: CLI, bad_models: dict[str, Path], n
     assert "Traceback" not in r.stderr
 
 
-def test_missing_model(cli: CLI) -> None:
-    r = cli("run", "-m", "/no/such/model.gguf", "-p", "x")
+def test_missing_model(cli_in_process: InProcessCLI) -> None:
+    r = cli_in_process("run", "-m", "/no/such/model.gguf", "-p", "x")
     assert r.returncode == 1 and "no such model file" in r.stderr
-    r = cli("run", "-m", "not-a-model-name", "-p", "x")
+    r = cli_in_process("run", "-m", "not-a-model-name", "-p", "x")
     assert r.returncode == 1 and "unknown model" in r.stderr
 
 

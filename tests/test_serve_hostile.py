@@ -20,6 +20,7 @@ from tests.test_serve import Server
 
 MODEL = "smollm2:135m"
 JSON = {"Content-Type": "application/json"}
+pytestmark = pytest.mark.slow  # every test talks to a server on SmolLM2 (a child process or one in this process)
 
 
 class InProcess:
