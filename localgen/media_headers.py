@@ -290,7 +290,7 @@ def mp3_seconds(data: bytes, source: str) -> float | None:
     if data.startswith(b"ID3") and len(data) >= 10:  # ID3v2: a syncsafe size, maybe a footer
         i = 10 + sum((b & 0x7F) << (7 * (3 - k)) for k, b in enumerate(data[6:10])) + (10 if data[5] & 0x10 else 0)
     counted, claimed = 0.0, None
-    while counted <= MAX_AUDIO_S:  # a frame is at least 8 ms: at most 75,000 steps
+    while counted <= MAX_AUDIO_S:  # a frame is at least 8 milliseconds: at most 75,000 steps
         m = MP3_FRAME.search(data, i)
         if m is None:
             break

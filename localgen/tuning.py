@@ -2,7 +2,8 @@
 
 `localgen tune` measures; a record keeps its winner, keyed by the model file's SHA-256, the llama.cpp build
 and the device, and a load uses it only when all three match. Where no record matches, `rule()` picks, from
-what scripts/bench_defaults.py measured (docs: the README's "Defaults and `localgen tune`"). Stdlib only.
+what scripts/bench_defaults.py measured (docs/tune.md; the figures: docs/benchmarks.md, "Defaults and
+`localgen tune`"). Stdlib only.
 """
 
 from __future__ import annotations
@@ -173,8 +174,8 @@ def rule_flash_attn(offloaded: bool) -> tuple[bool, str]:
     """Flash attention where nothing was measured: on, as llama.cpp's `auto` has it on every device here.
 
     scripts/bench_defaults.py on 2 cores (this build; medians of fresh runs, one exchange at depth 0 and at
-    1,500 tokens): with it on, SmolLM2 and Gemma 3 were as fast as the fastest alternative or faster; off
-    cost up to 1.17× (the README's "Defaults and `localgen tune`" has the table)."""
+    1,500 tokens): with it on, SmolLM2 and Gemma 3 were as fast as the fastest alternative or faster, and off
+    was slower (docs/benchmarks.md, "Defaults and `localgen tune`" has the table)."""
     return True, "rule: on" + (" (GPU offload)" if offloaded else "")
 
 

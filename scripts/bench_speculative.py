@@ -23,7 +23,8 @@ TEXT = "\n".join(
 PROMPT = f"{TEXT}\n\nCopy the list above exactly, line by line."
 
 
-PINNED = ["--no-flash-attn", "--no-repack"]  # what speculation turns off unless asked (see README)
+# what speculation turns off unless asked (docs/run.md, Speculative decoding)
+PINNED = ["--no-flash-attn", "--no-repack"]
 
 
 def once(model: str, n: int, extra: list[str], raw: bool) -> dict[str, object]:

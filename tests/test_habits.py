@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import ast
+import io
 import json
+import re
+import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +151,40 @@ def test_show_in_a_chat_with_an_endpoint(home: Path, fake: FakeServer) -> None:
     assert r.stdout == "Hello world\n"
     assert f"model plain · at {fake.url}/v1\n" in r.stderr
     assert "conversation show-remote · 2 messages" in r.stderr
+
+
+# ---- issue #45: benchmark figures live on docs/benchmarks.md, never in code comments ----------------------
+
+# A measured figure: a time in ms or µs, a rate in tok/s, a ratio written as "1.2× " or "2.7x " (a number, then
+# × or x, then a space: "640×480" and "3.x" are not ratios), or "12 % slower/faster". Seconds, sizes and plain
+# counts are left out: they are mostly design limits ("at most 30 s", "64 KiB read"), not results.
+FIGURE = re.compile(r"~?\d[\d.,]*\s?(ms|µs|tok/s)\b|\d+(\.\d+)?\s?[×x]\s|\d+\s?%\s(slower|faster)")
+FIGURES_ALLOWED = {"localgen/models/gguf_meta.py"}  # issue #45 item 7 asked for its one figure, with a pointer
+
+
+def comments_and_docstrings(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every comment token and every module, class and function docstring in `source`."""
+    found = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT]
+    tree = ast.parse(source)
+    for node in [tree, *ast.walk(tree)]:
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                found.append((node.body[0].lineno, doc))
+    return found
+
+
+def test_no_code_comment_quotes_a_measured_figure() -> None:
+    """Benchmark figures go stale in comments: a comment says why in words and points at the section of
+    docs/benchmarks.md that holds the figure, with its date, machine and command. A figure here is what
+    FIGURE matches (times in ms or µs, tok/s, "N× " ratios, "N % slower/faster")."""
+    root = Path(__file__).resolve().parents[1]
+    hits = []
+    for path in sorted((root / "localgen").rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        if name in FIGURES_ALLOWED:
+            continue
+        for line, text in comments_and_docstrings(path.read_text(encoding="utf-8")):
+            hits += [f"{name}:{line}: {m.group(0).strip()!r}" for m in FIGURE.finditer(text)]
+    assert not hits, "measured figures in comments (move them to docs/benchmarks.md):\n" + "\n".join(hits)

@@ -60,8 +60,8 @@ class ParallelContext:
         # burst of prompts costs each running stream one such pass per step, never a whole burst's. On a CPU a
         # pass costs in proportion to its rows, so cutting prompts into steps does not lower what they cost
         # the running streams, it only spreads it over more of their tokens (and delays the new ones' first
-        # token): a whole n_batch per step, as llama-server takes. (Gemma 3 270M, 2 cores, 32 clients × 2
-        # requests: steps of 128 stalled the streams at ~100 steps of 0.4 s, ITL p99 2.7x llama-server's.)
+        # token): a whole n_batch per step, as llama-server takes. (Small steps spread a burst's stall over
+        # many of the streams' steps: docs/benchmarks.md, Costs noted in the code.)
         self.step_tokens = int(p.n_ubatch) if engine.offloaded else int(p.n_batch)
         p.n_seq_max = n_seq_max or n_parallel
         p.n_threads = prm.n_threads
@@ -71,7 +71,7 @@ class ParallelContext:
         p.type_v = KV_CACHE_TYPES[prm.cache_type_v]
         # the throughput scheduler's cells: one pool on a GPU; on a CPU each slot its own stream, as
         # llama-server -np N keeps them, since in a pool every row's attention spans every slot's cells
-        # (Gemma 3 270M, 2 cores, 32 sequences: 8 % slower decoding steps in a pool)
+        # (decoding steps are slower in a pool: docs/benchmarks.md, Costs inside a step)
         self.one_pool = unified or (pooled and engine.offloaded)
         p.kv_unified = self.one_pool  # otherwise each sequence gets its own n_ctx_seq window
         p.no_perf = False
@@ -102,8 +102,8 @@ class ParallelContext:
         then forget them and reset the counters, so that the first request does not pay for the compute
         graph's first allocation. Also loads now what the first request would load: numpy (sampling) and,
         with `eog` (when no request waits for the load), the vocabulary's end-of-generation tokens, which
-        only ignore_eos needs (a scan of every token: ~0.1 s for Gemma 3's 262k). Gemma 3 270M on 2 cores:
-        the first request's time to first token fell from ~290 to ~90 ms."""
+        only ignore_eos needs (a scan of every token, slow for a large vocabulary). The first request's time to
+        first token is then the later ones' (docs/benchmarks.md, Warm-up; the scan: Costs noted in the code)."""
         import numpy  # noqa: F401  (sampling's first pick imports it)
 
         lc = self.lc

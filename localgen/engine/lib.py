@@ -123,8 +123,9 @@ def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
     """A numpy view of one output row's logits of the last decode (-1: the last row); valid until the next.
 
     A view only points at memory (it owns nothing), so one made for an address serves every later row that
-    llama.cpp places there: making a view costs ~25 µs cold, a serving step's pick makes one or more per
-    token, and the rows sit at a few addresses, reused from step to step."""
+    llama.cpp places there: making a view is not free (docs/benchmarks.md, `localgen serve` against
+    llama-server), a serving step's pick makes one or more per token, and the rows sit at a few addresses,
+    reused from step to step."""
     global _logits_ith
     if _logits_ith is None:
         import ctypes

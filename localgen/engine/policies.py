@@ -120,8 +120,8 @@ class Throughput:
             room -= end - seq.filled
         # rows in slot order, each slot's together: with a KV stream per slot llama.cpp cuts a batch into
         # ubatches of consecutive sequence ids (split_equal), so slots out of order (a prompt given the slot
-        # that held its prefix) cut it into many small ubatches, each a pass over the weights (Gemma 3 270M,
-        # 2 cores, 31 prompts in shuffled slots: a 12 % slower step)
+        # that held its prefix) cut it into many small ubatches, each a pass over the weights, and the step is
+        # slower (docs/benchmarks.md, Costs inside a step)
         pc.batch.n_tokens = 0
         wants: list[tuple[Seq, int]] = []
         done: list[Seq] = []

@@ -4,8 +4,9 @@ greedy, or top-n-sigma → top-k → typical → top-p → min-p → XTC → tem
 → mirostat). Settings at their "off" value add no stage.
 
 `pick` chooses the next token as llama_sampler_sample would, without its pass over the whole vocabulary where
-the chain allows: llama_sampler_sample copies every logit into a candidate array (262,144 entries for Gemma 3:
-~0.4-0.8 ms a row on a 2-core CPU, and 3 MB allocated at a chain's first use) before the first stage runs.
+the chain allows: llama_sampler_sample copies every logit into a candidate array (262,144 entries for Gemma 3,
+allocated at a chain's first use) before the first stage runs, which on a CPU was most of a step's sampling
+(docs/benchmarks.md, Costs inside a step).
 A greedy chain (no bias, penalties, DRY or grammar) is the row's argmax, the greedy stage's own choice (the
 first of equal maxima). A chain whose first working stage is top-k may, where a request is not exact, be
 given only the candidates that can survive top-k: every logit at or above the k-th largest of the maxima of
@@ -102,12 +103,13 @@ def top_k_candidates(logits: Any, k: int, banned: tuple[int, ...] = ()) -> Any:
     """The ids (ascending) of every logit at or above the (k + len(banned))-th largest of the maxima of BLOCKS
     disjoint groups of logits: a superset of the ids top-k can keep, ties at the k-th place included. The
     banned tokens may be among them: the chain's logit-bias stage, before top-k, bans them (-inf) as it does
-    in a full pass, and top-k drops them (filtering them out here cost ~15 µs a pick in place, SmolLM2). The ban's
-    margin matters: an end-of-generation token is often among a row's best, and with a bound of the k-th
-    maximum a banned one among the k left too few candidates (ignore_eos, Gemma 3 270M: a third of the rows
-    took the full pass). The k + len(banned) maxima at or above the bound are as many distinct logits, at
-    least k of them not banned. None when fewer than k + len(banned) are found (NaN logits, or more banned
-    tokens than the groups allow): then only the full pass chooses as llama.cpp would."""
+    in a full pass, and top-k drops them (filtering them out here in numpy made a pick slower: docs/benchmarks.md,
+    `localgen serve` against llama-server). The ban's margin matters: an end-of-generation token is often among
+    a row's best, and with a bound of the k-th maximum a banned one among the k left too few candidates, and
+    with ignore_eos many of Gemma 3 270M's rows took the full pass (same section). The k + len(banned) maxima
+    at or above the bound are as many distinct logits, at least k of them not banned. None when fewer than
+    k + len(banned) are found (NaN logits, or more banned tokens than the groups allow): then only the full
+    pass chooses as llama.cpp would."""
     import numpy as np
 
     kk = k + len(banned)

@@ -28,8 +28,8 @@ from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import Cancelled
 
 # a task's tokens per slice while sequences are decoding: each slice is one step's work beside their tokens,
-# so it bounds their longest gap (SmolLM2's embeddings on 2 cores: 0.38 s a slice of 128 tokens, 0.95 s of
-# 256, 1.7 s of 512); with nothing decoding a slice takes what its window holds
+# so it bounds their longest gap (a slice's time grows with its tokens: docs/benchmarks.md, Costs noted in
+# the code); with nothing decoding a slice takes what its window holds
 SLICE_TOKENS = 128
 
 

@@ -74,8 +74,8 @@ class Slots:
             lc.llama_memory_seq_rm(mem, slot, -1, -1)
             if self.one_pool:
                 lc.llama_memory_seq_cp(mem, src, slot, 0, n)
-            else:  # between streams llama.cpp copies only a whole one (~5 ms here): copy, drop the rest
-                lc.llama_memory_seq_cp(mem, src, slot, -1, -1)
+            else:  # between streams llama.cpp copies only a whole one: copy, drop the rest
+                lc.llama_memory_seq_cp(mem, src, slot, -1, -1)  # its cost: docs/benchmarks.md, Costs noted in the code
             self.shared += n
             keep = n
         lc.llama_memory_seq_rm(mem, slot, keep, -1)

@@ -4,12 +4,12 @@
 
 The schema and its FTS index with their triggers are made once by sqlite-utils (under a file lock, so
 concurrent first runs cannot race). Writing a row, which every one-shot `run` does, is one INSERT through
-the standard library's sqlite3: importing sqlite-utils costs ~100 ms, a tenth of a second that a shell
-pipeline would pay on every call. Readers (`localgen logs`) query the FTS5 table with each word of -q as a
-quoted phrase (fts_query); a full-text table that has gone missing is made again from the rows by the first
-reader or writer to meet it. Concurrent writers
-wait for each other (busy timeout), so no row is lost and nobody is locked out; any failure of the log is a
-LogError, which callers turn into a one-line warning: the log never stops an answer."""
+the standard library's sqlite3: importing sqlite-utils costs far more than writing the row, and a shell
+pipeline would pay it on every call (docs/benchmarks.md, The log). Readers (`localgen logs`) query the FTS5
+table with each word of -q as a quoted phrase (fts_query); a full-text table that has gone missing is made
+again from the rows by the first reader or writer to meet it. Concurrent writers wait for each other (busy
+timeout), so no row is lost and nobody is locked out; any failure of the log is a LogError, which callers
+turn into a one-line warning: the log never stops an answer."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ class Machine:
 
 
 # What a process's own GPU context takes before any model memory (CUDA: the primary context, cuBLAS
-# handles and workspace; measured about 0.5 GiB on an H100). nvidia-smi's free memory does not count it yet.
+# handles and workspace; its size on an H100: docs/benchmarks.md, Costs noted in the code). nvidia-smi's free
+# memory does not count it yet.
 GPU_CONTEXT_RESERVE = 640 << 20
 
 

@@ -6,7 +6,7 @@ hang or an out-of-memory.
 
 Not the `gguf` package (the tests' reference for this reader and its tables): its GGUFReader makes numpy views
 of every token and score before it returns, and trusts the counts it reads: a cold summary of SmolLM2 took
-2.4 s and 191 MiB with it, 67 ms and 14 MiB here (docs/benchmarks.md, "Reading GGUF metadata").
+36× as long with it, and more memory (docs/benchmarks.md, "Reading GGUF metadata").
 """
 
 from __future__ import annotations

@@ -56,8 +56,8 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # load anyio's asyncio backend now: a streamed response's task group would import it (~35 ms here)
-        # inside the first request's time to first token
+        # load anyio's asyncio backend now: a streamed response's task group would import it inside the first
+        # request's time to first token (its cost: docs/benchmarks.md, Costs noted in the code)
         async with anyio.create_task_group():
             pass
         drain.loop = asyncio.get_running_loop()

@@ -15,8 +15,8 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
     """The LocalBackend, the ParallelContext of `parallel` slots, and the batching Mode; nothing held when it
     fails. `warm`: decode a warm-up now (only in the thread that decodes from now on: llama.cpp's CPU backend
     (OpenMP) keeps a team of threads per calling thread, and a warm-up decode in the loading thread made every
-    later step in the worker thread ~60 % slower (Gemma 3 270M, 2 cores); the worker warms a preloaded model
-    itself)."""
+    later step in the worker thread much slower (docs/benchmarks.md, Warm-up); the worker warms a preloaded
+    model itself)."""
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchmode import batching_mode
     from localgen.engine.local import LocalBackend
@@ -43,8 +43,8 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
 def warm_template(backend: Any) -> None:
     """Compile now what the first chat request would: the chat template (with jinja's import), and the check
     whether its generation prompt opens a thinking block (cached for the event loop, which asks it of every
-    request). SmolLM2, 2 cores: the first chat request's time to first token fell from 152 to 109 ms, as
-    llama-server's 110 (scripts/bench_first_request.py)."""
+    request), so the first chat request's time to first token is llama-server's, not more (docs/benchmarks.md,
+    Warm-up; scripts/bench_first_request.py)."""
     from localgen.tools.plan import thinking_opened_by
 
     try:

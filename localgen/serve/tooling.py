@@ -15,7 +15,8 @@ from localgen.tools.stream import AnswerStream
 from localgen.types import GenerationRequest
 
 # Tools in one request. Each costs about 300 characters of grammar (under MAX_GRAMMAR_CHARS), a few dozen
-# tokens of prompt, and a branch the grammar follows at each token; 1,000 build in ~40 ms, which is bounded.
+# tokens of prompt, and a branch the grammar follows at each token; even 1,000 build quickly, so the build
+# is bounded (docs/benchmarks.md, Tools).
 MAX_TOOLS = 256
 
 
