@@ -1,5 +1,6 @@
-"""Every sampling setting once: its type, range and meaning, and the one validation that flags, `/set`,
-JSONL lines, catalogue entries, saved chats and HTTP requests all go through. Stdlib only."""
+"""Every generation and load setting once: its type, range, meaning and spellings (the CLI's, OpenAI's,
+llama.cpp's, Ollama's), and the one validation that flags, `/set`, JSONL lines, catalogue entries, saved chats
+and HTTP requests all go through. The CLI's options and the HTTP routes' field names are derived from here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from localgen.errors import UsageError
 from localgen.text import checked as checked_text
-from localgen.types import SamplingParams
+from localgen.types import KV_CACHE_TYPES, LoadParams, SamplingParams
 
 INT, FLOAT, TEXTS, BIAS, BOOL = "int", "float", "texts", "bias", "bool"
 INT32 = 2**31 - 1  # llama.cpp takes these as C ints: larger values would wrap (top_k 2**32 became 0, "off")
@@ -20,7 +21,8 @@ MAX_TEXTS, MAX_TEXT_CHARS = 64, 1000  # stop strings and DRY breakers: each is m
 
 @dataclass(frozen=True)
 class Knob:
-    """One sampling setting: its kind, inclusive range (None: open on that side), and one-line help."""
+    """One sampling setting: its kind, inclusive range (None: open on that side), one-line help, and how each
+    front end spells it. The default is SamplingParams' field (types.py), so it too is written once."""
 
     name: str
     kind: str
@@ -28,45 +30,97 @@ class Knob:
     hi: float | None = None
     help: str = ""
     nullable: bool = False  # None is a value (seed: random)
+    flags: tuple[str, ...] = ()  # the CLI's (ours first, then llama.cpp's); default: --name-with-dashes
+    openai: str | None = None  # OpenAI's request field, where OpenAI has one
+    llamacpp: str | None = None  # llama-server's request field (its extension where OpenAI has none)
+    ollama: str | None = None  # Ollama's `options` key, where Ollama has one
+    also: tuple[str, ...] = ()  # other names requests and JSONL lines use
+
+    @property
+    def cli(self) -> tuple[str, ...]:
+        return self.flags or ("--" + self.name.replace("_", "-"),)
+
+    @property
+    def default(self) -> Any:
+        return getattr(_DEFAULTS, self.name)
+
+
+_DEFAULTS = SamplingParams()
+
+
+def _k(name: str, kind: str, lo: float | None = None, hi: float | None = None, help: str = "", *,
+       openai: bool = False, ollama: bool | str = False, llamacpp: str | None = None, **kw: Any) -> Knob:
+    """A knob spelled `name` by every front end that has it, unless told otherwise: OpenAI's field where
+    `openai`, Ollama's option where `ollama` (a string: its own spelling); llama-server's field always."""
+    return Knob(name, kind, lo, hi, help, openai=name if openai else None, llamacpp=llamacpp or name,
+                ollama=(ollama if isinstance(ollama, str) else name) if ollama else None, **kw)
 
 
 KNOBS: dict[str, Knob] = {k.name: k for k in (
-    Knob("temperature", FLOAT, 0.0, 5.0, "Randomness; 0 is greedy."),
-    Knob("top_k", INT, 0, INT32, "Keep the K likeliest tokens; 0 off."),
-    Knob("top_p", FLOAT, 0.0, 1.0, "Nucleus sampling: smallest set with this probability mass; 1 off."),
-    Knob("min_p", FLOAT, 0.0, 1.0, "Drop tokens below this fraction of the likeliest one's probability; 0 off."),
-    Knob("typical_p", FLOAT, 0.0, 1.0, "Locally typical sampling; 1 off."),
-    Knob("repeat_penalty", FLOAT, 0.0, 10.0, "Penalize tokens seen in the last --repeat-last-n; 1 off."),
-    Knob("repeat_last_n", INT, -1, INT32, "Window for the penalties; 0 off, -1 the whole context."),
-    Knob("presence_penalty", FLOAT, -2.0, 2.0, "Flat penalty on tokens already present; 0 off."),
-    Knob("frequency_penalty", FLOAT, -2.0, 2.0, "Penalty growing with each repeat; 0 off."),
-    Knob("seed", INT, 0, 2**32 - 1, "Random seed: the same seed gives the same text (default: a new one each run).",
-         nullable=True),
-    Knob("max_tokens", INT, -1, INT32, "Most tokens to generate; 0 none, -1 until the model stops or the context "
-                                      "is full."),
-    Knob("stop", TEXTS, help="Stop before this text (repeatable); it is never printed."),
-    Knob("mirostat", INT, 0, 2, "Mirostat sampling: 1 or 2 (replaces top-k/p, min-p, typical, XTC); 0 off."),
-    Knob("mirostat_lr", FLOAT, 0.0, 1.0, "Mirostat learning rate (eta)."),
-    Knob("mirostat_ent", FLOAT, 0.0, 100.0, "Mirostat target entropy (tau)."),
-    Knob("dry_multiplier", FLOAT, 0.0, 100.0, "DRY repetition penalty strength; 0 off."),
-    Knob("dry_base", FLOAT, 1.0, 10.0, "DRY penalty base."),
-    Knob("dry_allowed_length", INT, 0, INT32, "DRY: repeats up to this length go unpenalized."),
-    Knob("dry_penalty_last_n", INT, -1, INT32, "DRY window in tokens; -1 the whole context, 0 off."),
-    Knob("dry_sequence_breaker", TEXTS, help="DRY sequence breakers (repeatable; replaces the defaults; 'none' "
-                                             "for none)."),
-    Knob("xtc_probability", FLOAT, 0.0, 1.0, "XTC: chance of removing the top choices; 0 off."),
-    Knob("xtc_threshold", FLOAT, 0.0, 1.0, "XTC: tokens above this probability count as top choices."),
-    Knob("top_n_sigma", FLOAT, -1.0, 100.0, "Keep tokens within N standard deviations of the top logit; -1 off."),
-    Knob("logit_bias", BIAS, help="TOKEN(+|-)BIAS, e.g. 15043+1.5 or 15043-inf (repeatable)."),
-    Knob("ignore_eos", BOOL, help="Never stop at end-of-generation tokens."),
+    _k("temperature", FLOAT, 0.0, 5.0, "Randomness; 0 is greedy.", openai=True, ollama=True,
+       flags=("--temperature", "--temp")),
+    _k("top_k", INT, 0, INT32, "Keep the K likeliest tokens; 0 off.", ollama=True),
+    _k("top_p", FLOAT, 0.0, 1.0, "Nucleus sampling: smallest set with this probability mass; 1 off.", openai=True,
+       ollama=True),
+    _k("min_p", FLOAT, 0.0, 1.0, "Drop tokens below this fraction of the likeliest one's probability; 0 off.",
+       ollama=True),
+    _k("typical_p", FLOAT, 0.0, 1.0, "Locally typical sampling; 1 off.", ollama=True,
+       flags=("--typical-p", "--typical")),
+    _k("repeat_penalty", FLOAT, 0.0, 10.0, "Penalize tokens seen in the last --repeat-last-n; 1 off.", ollama=True),
+    _k("repeat_last_n", INT, -1, INT32, "Window for the penalties; 0 off, -1 the whole context.", ollama=True),
+    _k("presence_penalty", FLOAT, -2.0, 2.0, "Flat penalty on tokens already present; 0 off.", openai=True,
+       ollama=True),
+    _k("frequency_penalty", FLOAT, -2.0, 2.0, "Penalty growing with each repeat; 0 off.", openai=True, ollama=True),
+    _k("seed", INT, 0, 2**32 - 1, "Random seed: the same seed gives the same text (default: a new one each run).",
+       openai=True, ollama=True, nullable=True, flags=("--seed", "-s")),
+    _k("max_tokens", INT, -1, INT32, "Most tokens to generate; 0 none, -1 until the model stops or the context is "
+                                     "full.", openai=True, ollama="num_predict", llamacpp="n_predict",
+       flags=("--max-tokens", "--n-predict", "-n"), also=("max_completion_tokens",)),
+    _k("stop", TEXTS, help="Stop before this text (repeatable); it is never printed.", openai=True, ollama=True),
+    _k("mirostat", INT, 0, 2, "Mirostat sampling: 1 or 2 (replaces top-k/p, min-p, typical, XTC); 0 off.",
+       ollama=True),
+    _k("mirostat_lr", FLOAT, 0.0, 1.0, "Mirostat learning rate (eta).", ollama="mirostat_eta",
+       llamacpp="mirostat_eta"),
+    _k("mirostat_ent", FLOAT, 0.0, 100.0, "Mirostat target entropy (tau).", ollama="mirostat_tau",
+       llamacpp="mirostat_tau"),
+    _k("dry_multiplier", FLOAT, 0.0, 100.0, "DRY repetition penalty strength; 0 off."),
+    _k("dry_base", FLOAT, 1.0, 10.0, "DRY penalty base."),
+    _k("dry_allowed_length", INT, 0, INT32, "DRY: repeats up to this length go unpenalized."),
+    _k("dry_penalty_last_n", INT, -1, INT32, "DRY window in tokens; -1 the whole context, 0 off."),
+    _k("dry_sequence_breaker", TEXTS, help="DRY sequence breakers (repeatable; replaces the defaults; 'none' for "
+                                           "none).", llamacpp="dry_sequence_breakers"),
+    _k("xtc_probability", FLOAT, 0.0, 1.0, "XTC: chance of removing the top choices; 0 off."),
+    _k("xtc_threshold", FLOAT, 0.0, 1.0, "XTC: tokens above this probability count as top choices."),
+    _k("top_n_sigma", FLOAT, -1.0, 100.0, "Keep tokens within N standard deviations of the top logit; -1 off."),
+    _k("logit_bias", BIAS, help="TOKEN(+|-)BIAS, e.g. 15043+1.5 or 15043-inf (repeatable).", openai=True),
+    _k("ignore_eos", BOOL, help="Never stop at end-of-generation tokens."),
 )}
 
+
+def spellings(api: str) -> dict[str, str]:
+    """A front end's names for the knobs → the knobs' names. api: "openai" (OpenAI's fields, then
+    llama-server's for the rest, as llama-server's /v1 takes them), "ollama" (Ollama's options; llama-server's
+    names where Ollama has none), "llamacpp", or "any" (every name anyone uses: JSONL lines, /set)."""
+    out: dict[str, str] = {}
+    for k in KNOBS.values():
+        names: tuple[str | None, ...]
+        if api == "openai":
+            names = (k.openai, k.llamacpp, *k.also)
+        elif api == "ollama":
+            names = (k.ollama,) if k.ollama else (k.llamacpp,)
+        elif api == "llamacpp":
+            names = (k.llamacpp,)
+        else:
+            names = (k.name, k.openai, k.llamacpp, k.ollama, *k.also,
+                     *(f.lstrip("-").replace("-", "_") for f in k.cli if f.startswith("--")))
+        for n in names:
+            if n:
+                out.setdefault(n, k.name)
+    return out
+
+
 # Names people type (llama.cpp's, Ollama's, OpenAI's, and ours with dashes) → the field.
-ALIASES = {
-    "temp": "temperature", "typical": "typical_p", "num_predict": "max_tokens", "n_predict": "max_tokens",
-    "max_completion_tokens": "max_tokens", "mirostat_eta": "mirostat_lr", "mirostat_tau": "mirostat_ent",
-    "repeat_last_n": "repeat_last_n", "dry_sequence_breakers": "dry_sequence_breaker",
-}
+ALIASES = spellings("any")
 
 
 def field_name(name: str) -> str | None:
@@ -206,3 +260,82 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, tuple):
         return [jsonable(v) for v in value]
     return value
+
+
+@dataclass(frozen=True)
+class LoadKnob:
+    """One load setting as the CLI takes it: the command's parameter `name`, the LoadParams field it sets
+    (its default is that field's, so it is written once), its flags (ours, then llama.cpp's), help, and
+    Ollama's option for it. `kind` is INT, FLOAT, BOOL, TEXT, or SWITCH (--x/--no-x, unset by default)."""
+
+    name: str
+    kind: str
+    flags: tuple[str, ...]
+    help: str
+    field: str | None = None  # None: not one LoadParams field as it stands (the CLI's shape differs)
+    lo: float | None = None
+    hi: float | None = None
+    panel: str = "model"  # or "gpu": GPU, memory and long context
+    envvar: str | None = None
+    metavar: str | None = None
+    ollama: str | None = None  # Ollama's `options` key (serve loads before requests: it is not taken per request)
+    cli_default: Any = None  # where `field` is None
+
+    @property
+    def default(self) -> Any:
+        return getattr(_LOAD_DEFAULTS, self.field) if self.field else self.cli_default
+
+
+TEXT, SWITCH = "text", "switch"
+_LOAD_DEFAULTS = LoadParams()
+_KV = ", ".join(KV_CACHE_TYPES)
+GPU = "gpu"
+
+LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
+    LoadKnob("ctx", INT, ("--ctx", "--ctx-size", "-c"), "Context window in tokens (capped at the model's "
+             "training context unless RoPE scaling is set).", "n_ctx", lo=16, envvar="LOCALGEN_CTX", ollama="num_ctx"),
+    LoadKnob("threads", INT, ("--threads", "-t"), "CPU threads for generation (default: the model's tuning record, "
+             "else the physical performance cores this process may use).", "n_threads", 1, 1024, ollama="num_thread"),
+    LoadKnob("threads_batch", INT, ("--threads-batch", "-tb"), "CPU threads for prompt processing and batches "
+             "(default: the model's tuning record, else every logical CPU this process may use).", "n_threads_batch",
+             1, 1024),
+    LoadKnob("gpu_layers", INT, ("--gpu-layers", "--n-gpu-layers", "-ngl"), "Layers to offload to the GPU; -1 all "
+             "(default: as many as fit when this build can offload, else 0).", "n_gpu_layers", -1, ollama="num_gpu"),
+    LoadKnob("batch_size", INT, ("--batch-size", "-b"), "Logical batch size.", "n_batch", 1, ollama="num_batch"),
+    LoadKnob("ubatch_size", INT, ("--ubatch-size", "-ub"), "Physical batch size (default: the model's tuning "
+             "record, else 512).", "n_ubatch", 1),
+    LoadKnob("flash_attn", TEXT, ("--flash-attn", "-fa"), "Flash attention (default: the model's tuning record, "
+             "else on; `localgen tune` measures which is faster here). auto: llama.cpp decides. A bare -fa means on.",
+             metavar="on|off|auto"),
+    LoadKnob("no_flash_attn", BOOL, ("--no-flash-attn", "-nofa"), "Same as -fa off.", cli_default=False),
+    LoadKnob("cache_type_k", TEXT, ("--cache-type-k", "-ctk"), f"KV-cache type for keys: {_KV}.", "cache_type_k"),
+    LoadKnob("cache_type_v", TEXT, ("--cache-type-v", "-ctv"), f"KV-cache type for values: {_KV}.", "cache_type_v"),
+    LoadKnob("repack", SWITCH, ("--repack/--no-repack",), "llama.cpp's repacked CPU weight layouts (default: the "
+             "model's tuning record, else on where at least half the weights are of a repackable type, off on a "
+             "GPU).", "repack"),
+    LoadKnob("mlock", BOOL, ("--mlock",), "Keep the model in RAM (no swapping).", panel=GPU, ollama="use_mlock",
+             cli_default=False),
+    LoadKnob("no_mmap", BOOL, ("--no-mmap",), "Read the model into memory instead of mapping it (slower load, no "
+             "page faults).", panel=GPU, cli_default=False),
+    LoadKnob("numa", TEXT, ("--numa",), "NUMA strategy on multi-socket machines.", "numa", panel=GPU,
+             metavar="distribute|isolate|numactl", ollama="numa"),
+    LoadKnob("split_mode", TEXT, ("--split-mode", "-sm"), "How to split the model over several GPUs.", "split_mode",
+             panel=GPU, metavar="none|layer|row"),
+    LoadKnob("tensor_split", TEXT, ("--tensor-split", "-ts"), "Proportions of the model per GPU (and RPC device), "
+             "e.g. 3,1.", panel=GPU, metavar="N,N,..."),
+    LoadKnob("main_gpu", INT, ("--main-gpu", "-mg"), "The GPU for the whole model with --split-mode none (and for "
+             "scratch with row).", "main_gpu", 0, panel=GPU, ollama="main_gpu"),
+    LoadKnob("rope_scaling", TEXT, ("--rope-scaling",), "RoPE scaling for contexts beyond training (YaRN for Qwen "
+             "2.5/3 past 32k).", "rope_scaling", panel=GPU, metavar="none|linear|yarn"),
+    LoadKnob("rope_freq_base", FLOAT, ("--rope-freq-base",), "RoPE base frequency; 0 from the model.",
+             "rope_freq_base", 0.0, panel=GPU),
+    LoadKnob("rope_freq_scale", FLOAT, ("--rope-freq-scale",), "RoPE frequency scale (1/N stretches the context N "
+             "times); 0 from the model.", "rope_freq_scale", 0.0, panel=GPU),
+    LoadKnob("yarn_orig_ctx", INT, ("--yarn-orig-ctx",), "YaRN: the model's original training context; 0 from the "
+             "model.", "yarn_orig_ctx", 0, panel=GPU),
+    LoadKnob("rpc", TEXT, ("--rpc",), "llama.cpp RPC servers (localgen rpc-server) whose devices take part of the "
+             "model.", panel=GPU, envvar="LLAMA_ARG_RPC", metavar="HOST:PORT,..."),
+)}
+# Ollama's options that only mean something when a model loads, which `serve` did at start: taken and let be
+OLLAMA_LOAD_OPTIONS = frozenset({k.ollama for k in LOAD_KNOBS.values() if k.ollama} | {
+    "num_keep", "use_mmap", "low_vram", "f16_kv", "vocab_only", "penalize_newline", "tfs_z"})

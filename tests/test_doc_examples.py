@@ -238,7 +238,7 @@ def test_a_renamed_flag_would_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
     assert _parse(["run", "-p", "hi", "--temperature", "0.2"]) == ["localgen", "run"]
     assert _parse(["bench", "compare", "3", "5"]) == ["localgen", "bench", "compare"]
-    for bad in (["run", "-p", "hi", "--temprature", "0.2"], ["run", "-p"], ["serve", "--numa", "everywhere"],
+    for bad in (["run", "-p", "hi", "--temprature", "0.2"], ["run", "-p"], ["serve", "--ctx", "many"],
                 ["frobnicate"], ["bench", "histroy"], ["chat", "a", "b"]):
         with pytest.raises(UsageError):
             _parse(bad)

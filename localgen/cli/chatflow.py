@@ -239,7 +239,7 @@ def remote_backend(endpoints: list[Any], name: str, f: o.Flags, view: ChatView) 
     """The chat's model on a remote endpoint (nothing loads here)."""
     from localgen.remote.backend import RemoteBackend
 
-    backend = RemoteBackend(endpoints, name, assumed_ctx=f.ctx if f.given("ctx") else None)
+    backend = RemoteBackend(endpoints, name, assumed_ctx=f.knobs.get("ctx") if f.knobs.given("ctx") else None)
     if view.interactive:
         view.info(f"{name} on {', '.join(e.label for e in endpoints)} · context {backend.n_ctx:,} tokens · /help for "
                   "commands")

@@ -195,7 +195,7 @@ def _backend(f: o.Flags, model: str | None) -> Any:
     ref = resolve(model, offline=f.offline, progress=make_progress())
     # Embedding is prompt processing only, where llama.cpp's repacked CPU layouts pay (and are its default);
     # generation's reason to leave them off (exact batching) does not apply.
-    load = o.load_params(f, **({} if f.get("repack") is not None else {"repack": True}))
+    load = o.load_params(f, **({} if f.knobs.get("repack") is not None else {"repack": True}))
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn)
     return LocalBackend(engine, warn=err.warn)
 

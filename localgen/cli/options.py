@@ -4,13 +4,17 @@ parameters; `load_params` and `sampling` turn them into the engine's types throu
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from localgen.settings import KNOBS
-from localgen.types import KV_CACHE_TYPES, LoadParams, SamplingParams
+from localgen.settings import BIAS, BOOL, FLOAT, GPU, INT, KNOBS, LOAD_KNOBS, SWITCH, TEXT, TEXTS, Knob, LoadKnob
+from localgen.types import LoadParams, SamplingParams
 
 _D = SamplingParams()
 _L = LoadParams()
@@ -20,13 +24,49 @@ OUTPUT_PANEL = "Output"
 GPU_PANEL = "GPU, memory and long context"
 
 
-def _knob(name: str, *flags: str, **kw: Any) -> Any:
-    """A typer.Option for a sampling knob: flags, range and help from the table."""
-    k = KNOBS[name]
+def _option(k: Knob | LoadKnob, **kw: Any) -> Any:
+    """A typer.Option from a table entry: its flags, help, range, panel, env var and metavar."""
     limits: dict[str, Any] = {}
-    if k.kind in ("int", "float"):
+    if k.kind in (INT, FLOAT):
         limits = {"min": k.lo, "max": k.hi}
-    return typer.Option(*flags, help=k.help, rich_help_panel=SAMPLING_PANEL, **limits, **kw)  # type: ignore[misc]
+    if isinstance(k, LoadKnob):
+        kw.update(rich_help_panel=GPU_PANEL if k.panel == GPU else MODEL_PANEL, envvar=k.envvar, metavar=k.metavar)
+        flags = k.flags
+    else:
+        kw.update(rich_help_panel=SAMPLING_PANEL)
+        flags = k.cli
+    if k.default is None or (isinstance(k, Knob) and k.kind in (TEXTS, BIAS)):
+        kw["show_default"] = False
+    return typer.Option(*flags, help=k.help, **limits, **kw)  # type: ignore[misc]
+
+
+def _python_type(k: Knob | LoadKnob) -> Any:
+    """The parameter's type as Typer reads it."""
+    if k.kind in (TEXTS, BIAS):
+        return list[str] | None
+    base: Any = {INT: int, FLOAT: float, BOOL: bool, TEXT: str, SWITCH: bool}[k.kind]
+    return base | None if k.default is None else base
+
+
+def _cli_default(k: Knob | LoadKnob) -> Any:
+    return None if isinstance(k, Knob) and k.kind in (TEXTS, BIAS) else k.default
+
+
+def _entry(name: str) -> Knob | LoadKnob:
+    return KNOBS[name] if name in KNOBS else LOAD_KNOBS[name]
+
+
+def option(name: str, **kw: Any) -> Any:
+    """The typer.Option of a setting (a sampling knob's or a load setting's name), for a command that takes it
+    alone: `ctx: Annotated[int, o.option("ctx")] = 2048`."""
+    return _option(_entry(name), **kw)
+
+
+def annotation(name: str) -> Any:
+    """The Annotated type of a setting's CLI parameter, as the commands that take every setting get it."""
+    k = _entry(name)
+    return Annotated[_python_type(k), _option(k)]
+
 
 
 Model = Annotated[
@@ -36,116 +76,14 @@ Model = Annotated[
         help="Model name (e.g. smollm2:135m, the default), owner/repo[:QUANT], or path to a .gguf file.",
     ),
 ]
-Ctx = Annotated[
-    int,
-    typer.Option(
-        "--ctx", "--ctx-size", "-c", min=16, envvar="LOCALGEN_CTX", rich_help_panel=MODEL_PANEL,
-        help="Context window in tokens (capped at the model's training context unless RoPE scaling is set).",
-    ),
-]
-Threads = Annotated[
-    int | None,
-    typer.Option(
-        "--threads", "-t", min=1, max=1024, rich_help_panel=MODEL_PANEL, show_default=False,
-        help="CPU threads for generation (default: the model's tuning record, else the physical performance "
-             "cores this process may use).",
-    ),
-]
-ThreadsBatch = Annotated[
-    int | None,
-    typer.Option(
-        "--threads-batch", "-tb", min=1, max=1024, rich_help_panel=MODEL_PANEL, show_default=False,
-        help="CPU threads for prompt processing and batches (default: the model's tuning record, else every "
-             "logical CPU this process may use).",
-    ),
-]
-GpuLayers = Annotated[
-    int | None,
-    typer.Option(
-        "--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, rich_help_panel=MODEL_PANEL, show_default=False,
-        help="Layers to offload to the GPU; -1 all (default: as many as fit when this build can offload, else 0).",
-    ),
-]
-Batch = Annotated[
-    int, typer.Option("--batch-size", "-b", min=1, rich_help_panel=MODEL_PANEL, help="Logical batch size.")
-]
-UBatch = Annotated[
-    int | None,
-    typer.Option("--ubatch-size", "-ub", min=1, rich_help_panel=MODEL_PANEL, show_default=False,
-                 help="Physical batch size (default: the model's tuning record, else 512)."),
-]
-FlashAttn = Annotated[
-    str | None,
-    typer.Option(
-        "--flash-attn", "-fa", rich_help_panel=MODEL_PANEL, show_default=False, metavar="on|off|auto",
-        help="Flash attention (default: the model's tuning record, else on; `localgen tune` measures "
-             "which is faster here). auto: llama.cpp decides. A bare -fa means on.",
-    ),
-]
-NoFlashAttn = Annotated[
-    bool, typer.Option("--no-flash-attn", "-nofa", rich_help_panel=MODEL_PANEL, help="Same as -fa off.")
-]
-Repack = Annotated[
-    bool | None,
-    typer.Option("--repack/--no-repack", rich_help_panel=MODEL_PANEL, show_default=False,
-                 help="llama.cpp's repacked CPU weight layouts (default: the model's tuning record, else on "
-                      "where at least half the weights are of a repackable type, off on a GPU)."),
-]
-_kv_help = "KV-cache type for {}: " + ", ".join(KV_CACHE_TYPES) + "."
-CacheK = Annotated[
-    str, typer.Option("--cache-type-k", "-ctk", rich_help_panel=MODEL_PANEL, help=_kv_help.format("keys"))
-]
-CacheV = Annotated[
-    str, typer.Option("--cache-type-v", "-ctv", rich_help_panel=MODEL_PANEL, help=_kv_help.format("values"))
-]
-Mlock = Annotated[
-    bool, typer.Option("--mlock", rich_help_panel=GPU_PANEL, help="Keep the model in RAM (no swapping).")
-]
-NoMmap = Annotated[
-    bool, typer.Option("--no-mmap", rich_help_panel=GPU_PANEL,
-                       help="Read the model into memory instead of mapping it (slower load, no page faults).")
-]
-Numa = Annotated[
-    str | None,
-    typer.Option("--numa", rich_help_panel=GPU_PANEL, show_default=False, metavar="distribute|isolate|numactl",
-                 help="NUMA strategy on multi-socket machines."),
-]
-SplitMode = Annotated[
-    str, typer.Option("--split-mode", "-sm", rich_help_panel=GPU_PANEL, metavar="none|layer|row",
-                      help="How to split the model over several GPUs.")
-]
-TensorSplit = Annotated[
-    str | None,
-    typer.Option("--tensor-split", "-ts", rich_help_panel=GPU_PANEL, show_default=False, metavar="N,N,...",
-                 help="Proportions of the model per GPU (and RPC device), e.g. 3,1."),
-]
-MainGpu = Annotated[
-    int, typer.Option("--main-gpu", "-mg", min=0, rich_help_panel=GPU_PANEL,
-                      help="The GPU for the whole model with --split-mode none (and for scratch with row).")
-]
-RopeScaling = Annotated[
-    str | None,
-    typer.Option("--rope-scaling", rich_help_panel=GPU_PANEL, show_default=False, metavar="none|linear|yarn",
-                 help="RoPE scaling for contexts beyond training (YaRN for Qwen 2.5/3 past 32k)."),
-]
-RopeFreqBase = Annotated[
-    float, typer.Option("--rope-freq-base", min=0.0, rich_help_panel=GPU_PANEL,
-                        help="RoPE base frequency; 0 from the model.")
-]
-RopeFreqScale = Annotated[
-    float, typer.Option("--rope-freq-scale", min=0.0, rich_help_panel=GPU_PANEL,
-                        help="RoPE frequency scale (1/N stretches the context N times); 0 from the model.")
-]
-YarnOrigCtx = Annotated[
-    int, typer.Option("--yarn-orig-ctx", min=0, rich_help_panel=GPU_PANEL,
-                      help="YaRN: the model's original training context; 0 from the model.")
-]
-Rpc = Annotated[
-    str | None,
-    typer.Option("--rpc", envvar="LLAMA_ARG_RPC", rich_help_panel=GPU_PANEL, show_default=False,
-                 metavar="HOST:PORT,...",
-                 help="llama.cpp RPC servers (localgen rpc-server) whose devices take part of the model."),
-]
+Ctx = Annotated[int, option("ctx")]
+Threads = Annotated[int | None, option("threads")]
+ThreadsBatch = Annotated[int | None, option("threads_batch")]
+GpuLayers = Annotated[int | None, option("gpu_layers")]
+Batch = Annotated[int, option("batch_size")]
+UBatch = Annotated[int | None, option("ubatch_size")]
+Repack = Annotated[bool | None, option("repack")]
+Rpc = Annotated[str | None, option("rpc")]
 REMOTE_PANEL = "Remote endpoints"
 Endpoint = Annotated[
     list[str] | None,
@@ -159,56 +97,10 @@ ApiKeyEnv = Annotated[
     typer.Option("--api-key-env", rich_help_panel=REMOTE_PANEL, show_default=False, metavar="NAME",
                  help="The environment variable holding the endpoint's API key (none is read unless named)."),
 ]
-# flags that only mean something where the model is loaded here
-LOCAL_ONLY = {
-    "threads": "--threads", "threads_batch": "--threads-batch", "gpu_layers": "--n-gpu-layers",
-    "batch_size": "--batch-size", "ubatch_size": "--ubatch-size", "flash_attn": "--flash-attn",
-    "no_flash_attn": "--no-flash-attn", "cache_type_k": "--cache-type-k", "cache_type_v": "--cache-type-v",
-    "repack": "--repack", "mlock": "--mlock", "no_mmap": "--no-mmap", "numa": "--numa", "split_mode": "--split-mode",
-    "tensor_split": "--tensor-split", "main_gpu": "--main-gpu", "rope_scaling": "--rope-scaling",
-    "rope_freq_base": "--rope-freq-base", "rope_freq_scale": "--rope-freq-scale", "yarn_orig_ctx": "--yarn-orig-ctx",
-    "rpc": "--rpc", "offline": "--offline", "verbose": "--verbose", "dry_sequence_breaker": "--dry-sequence-breaker",
-}
-
-
-def remote_conflicts(f: Flags, extra: dict[str, str] | None = None) -> list[str]:
-    """The flags given that a remote endpoint cannot honour (the load happens on the server)."""
-    names = {**LOCAL_ONLY, **(extra or {})}
-    return [flag for key, flag in names.items() if key in f._values and f.given(key) and f._values[key]
-            not in (None, False, [], ())]
-
-
 Verbose = Annotated[
     bool, typer.Option("--verbose", rich_help_panel=OUTPUT_PANEL, help="Show llama.cpp's log lines on stderr.")
 ]
 
-Temperature = Annotated[float, _knob("temperature", "--temperature", "--temp")]
-TopK = Annotated[int, _knob("top_k", "--top-k")]
-TopP = Annotated[float, _knob("top_p", "--top-p")]
-MinP = Annotated[float, _knob("min_p", "--min-p")]
-TypicalP = Annotated[float, _knob("typical_p", "--typical-p", "--typical")]
-RepeatPenalty = Annotated[float, _knob("repeat_penalty", "--repeat-penalty")]
-RepeatLastN = Annotated[int, _knob("repeat_last_n", "--repeat-last-n")]
-PresencePenalty = Annotated[float, _knob("presence_penalty", "--presence-penalty")]
-FrequencyPenalty = Annotated[float, _knob("frequency_penalty", "--frequency-penalty")]
-Seed = Annotated[int | None, _knob("seed", "--seed", "-s", show_default=False)]
-MaxTokens = Annotated[int, _knob("max_tokens", "--max-tokens", "--n-predict", "-n")]
-Stop = Annotated[list[str] | None, _knob("stop", "--stop", show_default=False)]
-Mirostat = Annotated[int, _knob("mirostat", "--mirostat")]
-MirostatLr = Annotated[float, _knob("mirostat_lr", "--mirostat-lr")]
-MirostatEnt = Annotated[float, _knob("mirostat_ent", "--mirostat-ent")]
-DryMultiplier = Annotated[float, _knob("dry_multiplier", "--dry-multiplier")]
-DryBase = Annotated[float, _knob("dry_base", "--dry-base")]
-DryAllowedLength = Annotated[int, _knob("dry_allowed_length", "--dry-allowed-length")]
-DryPenaltyLastN = Annotated[int, _knob("dry_penalty_last_n", "--dry-penalty-last-n")]
-DrySequenceBreaker = Annotated[list[str] | None, _knob("dry_sequence_breaker", "--dry-sequence-breaker",
-                                                       show_default=False)]
-XtcProbability = Annotated[float, _knob("xtc_probability", "--xtc-probability")]
-XtcThreshold = Annotated[float, _knob("xtc_threshold", "--xtc-threshold")]
-TopNSigma = Annotated[float, _knob("top_n_sigma", "--top-n-sigma")]
-# no -l: chat's -l is --list, and a short option means one thing in every command
-LogitBias = Annotated[list[str] | None, _knob("logit_bias", "--logit-bias", show_default=False)]
-IgnoreEos = Annotated[bool, _knob("ignore_eos", "--ignore-eos")]
 LOG_PANEL = "Log"
 NoLog = Annotated[
     bool, typer.Option("--no-log", rich_help_panel=LOG_PANEL,
@@ -365,15 +257,143 @@ Offline = Annotated[
 
 DEFAULTS = _D
 LOAD_DEFAULTS = _L
-SAMPLING_FLAGS = tuple(KNOBS)
+LOAD_ALL = tuple(LOAD_KNOBS)
+# what only means something where the model loads here (a remote endpoint loads on its side)
+_LOCAL_EXTRA = {"offline": "--offline", "verbose": "--verbose"}
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The generation and load settings a command took, typed by the one table (settings.py), and which of
+    them the user set (command line or environment) as opposed to their defaults."""
+
+    values: Mapping[str, Any]
+    given_names: frozenset[str]
+
+    @classmethod
+    def of(cls, ctx: typer.Context, values: Mapping[str, Any]) -> Knobs:
+        """The settings among a command's parameters."""
+        names = [n for n in values if n in KNOBS or n in LOAD_KNOBS]
+        return cls({n: values[n] for n in names}, frozenset(n for n in names if _given(ctx, n)))
+
+    def given(self, name: str) -> bool:
+        return name in self.given_names
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A setting's value as the command took it, or `default` where the command does not take it."""
+        return self.values.get(name, default)
+
+    def flash_attn(self) -> bool | str | None:
+        """-fa on|off|auto and --no-flash-attn, as LoadParams wants them (None: not given)."""
+        from localgen.errors import UsageError
+
+        if self.get("no_flash_attn"):
+            return False
+        value = self.get("flash_attn")
+        if value is None:
+            return None  # the tuning record's, else the rule's (engine/defaults.py)
+        v = str(value).lower()
+        if v in ("on", "1", "true", "enabled"):
+            return True
+        if v in ("off", "0", "false", "disabled"):
+            return False
+        if v == "auto":
+            return "auto"
+        raise UsageError(f"--flash-attn takes on, off or auto, not {value!r}")
+
+    def load(self, **override: Any) -> LoadParams:
+        """LoadParams from the load settings (those the command lacks keep their defaults)."""
+        from localgen.errors import UsageError
+
+        split: tuple[float, ...] = ()
+        text = self.get("tensor_split")
+        if text:
+            try:
+                split = tuple(float(x) for x in str(text).replace("/", ",").split(",") if x.strip())
+            except ValueError:
+                raise UsageError(f"--tensor-split takes numbers, e.g. 3,1, not {text!r}") from None
+        values: dict[str, Any] = {k.field: self.values[k.name] for k in LOAD_KNOBS.values()
+                                  if k.field and k.name in self.values}
+        for name in ("cache_type_k", "cache_type_v"):
+            if name in values:
+                values[name] = str(values[name]).lower()
+        values.update(
+            flash_attn=self.flash_attn(), tensor_split=split, use_mmap=not self.get("no_mmap", False),
+            use_mlock=bool(self.get("mlock", False)),
+            rpc=tuple(x.strip() for x in str(self.get("rpc") or "").split(",") if x.strip()))
+        values.update(override)
+        return LoadParams(**values)
+
+    def sampling(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:
+        """The sampling flags where given; otherwise the last layer that sets a knob (catalogue defaults, then a
+        chat's saved /set values); otherwise the flag's default. Everything goes through settings.validate."""
+        from localgen import settings
+
+        values: dict[str, Any] = {}
+        for layer in layers:
+            values.update(settings.validate(layer))
+        for key, v in self.values.items():
+            if key not in KNOBS or not (self.given(key) or key not in values):
+                continue
+            if KNOBS[key].kind in (TEXTS, BIAS) and v is None:  # the flag's default
+                if key in values:
+                    continue
+                v = getattr(_D, key)
+            elif key == "dry_sequence_breaker" and [x.lower() for x in v] == ["none"]:
+                v = ()
+            values[key] = v
+        return SamplingParams(**settings.validate(values), grammar=grammar)
+
+    def remote_conflicts(self) -> list[str]:
+        """The load settings given, which a remote endpoint cannot honour (the model loads on the server); the
+        context is not among them (it trims the history here)."""
+        return [LOAD_KNOBS[n].flags[0].split("/")[0] for n in self.values
+                if n in LOAD_KNOBS and n != "ctx" and self.given(n) and self.values[n] not in (None, False, [], ())]
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)  # None: no such parameter
+    return source is not None and source.name != "DEFAULT"  # command line, env var, default map, prompt
+
+
+def with_knobs(sampling: bool = True, load: tuple[str, ...] = LOAD_ALL,
+               ) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the table's settings as options: every sampling knob (when `sampling`) and the load
+    settings named in `load`, each built from its entry (settings.py). The command declares a parameter
+    `knobs: Knobs` and receives them there, typed, with which the user set; Typer sees the options. The
+    command takes a typer.Context too (which says what the user set)."""
+    names = [*(KNOBS if sampling else ()), *load]
+
+    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != "knobs"]
+        context = next(p.name for p in own if p.annotation is typer.Context)
+        added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=annotation(n),
+                                   default=_cli_default(_entry(n))) for n in names]
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind == p.POSITIONAL_OR_KEYWORD else p
+                  for p in own]
+
+        @functools.wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> None:
+            values = {n: kwargs.pop(n) for n in names}
+            ctx = kwargs[context]
+            fn(*args, **kwargs, knobs=Knobs(values, frozenset(n for n in names if _given(ctx, n))))
+
+        command.__signature__ = sig.replace(parameters=[*params, *added])  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in [*params, *added]} | {"return": None}
+        return command
+
+    return wrap
 
 
 class Flags:
-    """A command's parameters by name, and whether the user gave each one (command line or env var)."""
+    """A command's own parameters by name, whether the user gave each one, and its settings (`knobs`)."""
 
     def __init__(self, ctx: typer.Context, values: dict[str, Any]) -> None:
         self._ctx = ctx
-        self._values = values
+        knobs = values.pop("knobs", None)
+        self.knobs: Knobs = knobs if isinstance(knobs, Knobs) else Knobs.of(ctx, values)
+        self._values = {k: v for k, v in values.items() if k not in self.knobs.values}
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -387,73 +407,26 @@ class Flags:
 
     def given(self, name: str) -> bool:
         """Whether the user set this parameter, as opposed to its default."""
-        source = self._ctx.get_parameter_source(name)  # None: no such parameter
-        return source is not None and source.name != "DEFAULT"  # command line, env var, default map, prompt
+        return _given(self._ctx, name)
+
+
+def remote_conflicts(f: Flags, extra: dict[str, str] | None = None) -> list[str]:
+    """The flags given that a remote endpoint cannot honour (the load happens on the server): the load settings,
+    --offline, --verbose, and the command's `extra` ones (parameter → flag)."""
+    others = [flag for name, flag in {**_LOCAL_EXTRA, **(extra or {})}.items()
+              if f.given(name) and f.get(name) not in (None, False, [], ())]
+    return f.knobs.remote_conflicts() + others
 
 
 def flash_attn(f: Flags) -> bool | str | None:
-    """-fa on|off|auto and --no-flash-attn, as LoadParams wants them (None: not given)."""
-    from localgen.errors import UsageError
-
-    if f.get("no_flash_attn"):
-        return False
-    value = f.get("flash_attn")
-    if value is None:
-        return None  # the tuning record's, else the rule's (engine/defaults.py)
-    v = str(value).lower()
-    if v in ("on", "1", "true", "enabled"):
-        return True
-    if v in ("off", "0", "false", "disabled"):
-        return False
-    if v == "auto":
-        return "auto"
-    raise UsageError(f"--flash-attn takes on, off or auto, not {value!r}")
+    return f.knobs.flash_attn()
 
 
 def load_params(f: Flags, **override: Any) -> LoadParams:
     """LoadParams from the shared flags (those a command lacks keep their defaults)."""
-    from localgen.errors import UsageError
-
-    split: tuple[float, ...] = ()
-    if f.get("tensor_split"):
-        try:
-            split = tuple(float(x) for x in str(f.tensor_split).replace("/", ",").split(",") if x.strip())
-        except ValueError:
-            raise UsageError(f"--tensor-split takes numbers, e.g. 3,1, not {f.tensor_split!r}") from None
-    rpc = tuple(x.strip() for x in str(f.get("rpc") or "").split(",") if x.strip())
-    values: dict[str, Any] = dict(
-        n_ctx=f.get("ctx", _L.n_ctx), n_threads=f.get("threads"), n_threads_batch=f.get("threads_batch"),
-        n_gpu_layers=f.get("gpu_layers"), n_batch=f.get("batch_size", _L.n_batch),
-        n_ubatch=f.get("ubatch_size"), flash_attn=flash_attn(f),
-        cache_type_k=str(f.get("cache_type_k", _L.cache_type_k)).lower(),
-        cache_type_v=str(f.get("cache_type_v", _L.cache_type_v)).lower(), repack=f.get("repack"),
-        use_mmap=not f.get("no_mmap", False), use_mlock=bool(f.get("mlock", False)), numa=f.get("numa"),
-        split_mode=f.get("split_mode", _L.split_mode), tensor_split=split, main_gpu=f.get("main_gpu", 0),
-        rope_scaling=f.get("rope_scaling"), rope_freq_base=f.get("rope_freq_base", 0.0),
-        rope_freq_scale=f.get("rope_freq_scale", 0.0), yarn_orig_ctx=f.get("yarn_orig_ctx", 0), rpc=rpc,
-    )
-    values.update(override)
-    return LoadParams(**values)
+    return f.knobs.load(**override)
 
 
 def sampling(f: Flags, *layers: dict[str, Any], grammar: str | None = None) -> SamplingParams:
-    """Flags win where given; otherwise the last layer that sets a knob (catalogue defaults, then a chat's
-    saved /set values), otherwise the built-in default. Everything goes through settings.validate."""
-    from localgen import settings
-
-    values: dict[str, Any] = {}
-    for layer in layers:
-        values.update(settings.validate(layer))
-    for key in SAMPLING_FLAGS:
-        if key in f._values and (f.given(key) or key not in values):
-            v = f._values[key]
-            if key in ("stop", "dry_sequence_breaker", "logit_bias"):
-                if v is None:
-                    if key in values:
-                        continue
-                    v = getattr(_D, key)
-                elif key == "dry_sequence_breaker" and [x.lower() for x in v] == ["none"]:
-                    v = ()
-            values[key] = v
-    checked = settings.validate(values)
-    return SamplingParams(**checked, grammar=grammar)
+    """Flags win where given; otherwise the last layer that sets a knob, otherwise the built-in default."""
+    return f.knobs.sampling(*layers, grammar=grammar)

@@ -14,6 +14,7 @@ MANY = "Many prompts"
 SPEC = "Speculative decoding"
 
 
+@o.with_knobs()
 def run(
     ctx_: typer.Context,
     prompt_arg: Annotated[
@@ -139,56 +140,9 @@ def run(
                      help="Keep the KV state of a long shared prefix (documents, piped text, system prompt) on disk "
                           "and load it next time instead of recomputing it."),
     ] = True,
-    temperature: o.Temperature = o.DEFAULTS.temperature,
-    top_k: o.TopK = o.DEFAULTS.top_k,
-    top_p: o.TopP = o.DEFAULTS.top_p,
-    min_p: o.MinP = o.DEFAULTS.min_p,
-    typical_p: o.TypicalP = o.DEFAULTS.typical_p,
-    repeat_penalty: o.RepeatPenalty = o.DEFAULTS.repeat_penalty,
-    repeat_last_n: o.RepeatLastN = o.DEFAULTS.repeat_last_n,
-    presence_penalty: o.PresencePenalty = o.DEFAULTS.presence_penalty,
-    frequency_penalty: o.FrequencyPenalty = o.DEFAULTS.frequency_penalty,
-    seed: o.Seed = None,
-    max_tokens: o.MaxTokens = o.DEFAULTS.max_tokens,
-    stop: o.Stop = None,
-    mirostat: o.Mirostat = o.DEFAULTS.mirostat,
-    mirostat_lr: o.MirostatLr = o.DEFAULTS.mirostat_lr,
-    mirostat_ent: o.MirostatEnt = o.DEFAULTS.mirostat_ent,
-    dry_multiplier: o.DryMultiplier = o.DEFAULTS.dry_multiplier,
-    dry_base: o.DryBase = o.DEFAULTS.dry_base,
-    dry_allowed_length: o.DryAllowedLength = o.DEFAULTS.dry_allowed_length,
-    dry_penalty_last_n: o.DryPenaltyLastN = o.DEFAULTS.dry_penalty_last_n,
-    dry_sequence_breaker: o.DrySequenceBreaker = None,
-    xtc_probability: o.XtcProbability = o.DEFAULTS.xtc_probability,
-    xtc_threshold: o.XtcThreshold = o.DEFAULTS.xtc_threshold,
-    top_n_sigma: o.TopNSigma = o.DEFAULTS.top_n_sigma,
-    logit_bias: o.LogitBias = None,
-    ignore_eos: o.IgnoreEos = False,
     grammar: o.GrammarFile = None,
     json_schema: o.JsonSchema = None,
     json_schema_file: o.JsonSchemaFile = None,
-    ctx: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
-    threads: o.Threads = None,
-    threads_batch: o.ThreadsBatch = None,
-    gpu_layers: o.GpuLayers = None,
-    batch_size: o.Batch = o.LOAD_DEFAULTS.n_batch,
-    ubatch_size: o.UBatch = o.LOAD_DEFAULTS.n_ubatch,
-    flash_attn: o.FlashAttn = None,
-    no_flash_attn: o.NoFlashAttn = False,
-    cache_type_k: o.CacheK = o.LOAD_DEFAULTS.cache_type_k,
-    cache_type_v: o.CacheV = o.LOAD_DEFAULTS.cache_type_v,
-    repack: o.Repack = None,
-    mlock: o.Mlock = False,
-    no_mmap: o.NoMmap = False,
-    numa: o.Numa = None,
-    split_mode: o.SplitMode = o.LOAD_DEFAULTS.split_mode,
-    tensor_split: o.TensorSplit = None,
-    main_gpu: o.MainGpu = 0,
-    rope_scaling: o.RopeScaling = None,
-    rope_freq_base: o.RopeFreqBase = 0.0,
-    rope_freq_scale: o.RopeFreqScale = 0.0,
-    yarn_orig_ctx: o.YarnOrigCtx = 0,
-    rpc: o.Rpc = None,
     endpoint: o.Endpoint = None,
     api_key_env: o.ApiKeyEnv = None,
     resume_from: Annotated[
@@ -197,6 +151,8 @@ def run(
                      help="With --file and --json: skip the lines this earlier output already answered (copying "
                           "them, unless stdout appends to that same file)."),
     ] = None,
+    *,
+    knobs: o.Knobs,
 ) -> None:
     """Generate from one prompt (or many) and stream the answer to stdout.
 

@@ -157,9 +157,11 @@ def check(f: o.Flags) -> RunPlan:
     parts = () if many else tuple(_prompt_parts(f, stdin_taken=any(a == "-" for a in f.attach or ())))
     grammar, schema = o.output_grammar(f)
     return RunPlan(many=many, parts=parts, grammar=grammar, speculative=bool(f.draft or f.lookup),
-                   flash_attn_given=f.given("flash_attn") or f.no_flash_attn, repack_given=f.given("repack"),
-                   flash_attn_on=(f.given("flash_attn") and o.flash_attn(f) is not False),
-                   repack_on=f.given("repack") and bool(f.repack), schema=schema, endpoints=tuple(endpoints),
+                   flash_attn_given=f.knobs.given("flash_attn") or f.knobs.get("no_flash_attn"),
+                   repack_given=f.knobs.given("repack"),
+                   flash_attn_on=(f.knobs.given("flash_attn") and f.knobs.flash_attn() is not False),
+                   repack_on=f.knobs.given("repack") and bool(f.knobs.get("repack")), schema=schema,
+                   endpoints=tuple(endpoints),
                    model=model, media=attached)
 
 
@@ -217,7 +219,7 @@ def remote_backend(f: o.Flags, plan: RunPlan) -> Backend:
     from localgen.remote.backend import RemoteBackend, pick_model
 
     model = plan.model or pick_model(list(plan.endpoints))
-    return RemoteBackend(list(plan.endpoints), model, assumed_ctx=f.ctx if f.given("ctx") else None)
+    return RemoteBackend(list(plan.endpoints), model, assumed_ctx=f.knobs.get("ctx") if f.knobs.given("ctx") else None)
 
 
 def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
@@ -271,7 +273,7 @@ def _kv_tokens(f: o.Flags, plan: RunPlan, n_ctx: int) -> int | None:
     if f.beams:
         from localgen.engine.beams import kv_cells
 
-        return kv_cells(0, int(f.beams), int(f.max_tokens), n_ctx) + n_ctx
+        return kv_cells(0, int(f.beams), int(f.knobs.get("max_tokens")), n_ctx) + n_ctx
     return None
 
 

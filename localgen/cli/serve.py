@@ -12,12 +12,14 @@ import typer
 
 from localgen.cli import options as o
 from localgen.errors import LocalgenError, UsageError
+from localgen.settings import KNOBS
 
 SERVE = "Server"
 MAX_FETCHES = 8  # image URL fetches at once, per server
 FETCH_WAIT_S = 2.0  # how long a fetch waits for one of them before its request gets 503
 
 
+@o.with_knobs()
 def serve(
     ctx_: typer.Context,
     models: Annotated[
@@ -115,46 +117,8 @@ def serve(
         bool, typer.Option("--verbose", rich_help_panel=o.OUTPUT_PANEL,
                            help="Also show uvicorn's info lines on stderr.")
     ] = False,
-    temperature: o.Temperature = o.DEFAULTS.temperature,
-    top_k: o.TopK = o.DEFAULTS.top_k,
-    top_p: o.TopP = o.DEFAULTS.top_p,
-    min_p: o.MinP = o.DEFAULTS.min_p,
-    typical_p: o.TypicalP = o.DEFAULTS.typical_p,
-    repeat_penalty: o.RepeatPenalty = o.DEFAULTS.repeat_penalty,
-    repeat_last_n: o.RepeatLastN = o.DEFAULTS.repeat_last_n,
-    presence_penalty: o.PresencePenalty = o.DEFAULTS.presence_penalty,
-    frequency_penalty: o.FrequencyPenalty = o.DEFAULTS.frequency_penalty,
-    seed: o.Seed = None,
-    max_tokens: o.MaxTokens = o.DEFAULTS.max_tokens,
-    stop: o.Stop = None,
-    mirostat: o.Mirostat = o.DEFAULTS.mirostat,
-    mirostat_lr: o.MirostatLr = o.DEFAULTS.mirostat_lr,
-    mirostat_ent: o.MirostatEnt = o.DEFAULTS.mirostat_ent,
-    dry_multiplier: o.DryMultiplier = o.DEFAULTS.dry_multiplier,
-    dry_base: o.DryBase = o.DEFAULTS.dry_base,
-    dry_allowed_length: o.DryAllowedLength = o.DEFAULTS.dry_allowed_length,
-    dry_penalty_last_n: o.DryPenaltyLastN = o.DEFAULTS.dry_penalty_last_n,
-    dry_sequence_breaker: o.DrySequenceBreaker = None,
-    xtc_probability: o.XtcProbability = o.DEFAULTS.xtc_probability,
-    xtc_threshold: o.XtcThreshold = o.DEFAULTS.xtc_threshold,
-    top_n_sigma: o.TopNSigma = o.DEFAULTS.top_n_sigma,
-    logit_bias: o.LogitBias = None,
-    ignore_eos: o.IgnoreEos = False,
-    ctx: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
-    threads: o.Threads = None,
-    threads_batch: o.ThreadsBatch = None,
-    gpu_layers: o.GpuLayers = None,
-    batch_size: o.Batch = o.LOAD_DEFAULTS.n_batch,
-    ubatch_size: o.UBatch = o.LOAD_DEFAULTS.n_ubatch,
-    flash_attn: o.FlashAttn = None,
-    no_flash_attn: o.NoFlashAttn = False,
-    cache_type_k: o.CacheK = o.LOAD_DEFAULTS.cache_type_k,
-    cache_type_v: o.CacheV = o.LOAD_DEFAULTS.cache_type_v,
-    repack: o.Repack = None,
-    mlock: o.Mlock = False,
-    no_mmap: o.NoMmap = False,
-    rpc: o.Rpc = None,
-    tensor_split: o.TensorSplit = None,
+    *,
+    knobs: o.Knobs,
 ) -> None:
     """Serve models over HTTP: OpenAI's API under /v1 and Ollama's under /api, from one process.
 
@@ -166,8 +130,8 @@ def serve(
 
 def flag_sampling(f: o.Flags) -> dict[str, Any]:
     """The sampling flags given, validated as `run` takes them: the server's defaults for its requests."""
-    params = o.sampling(f)
-    return {k: getattr(params, k) for k in o.SAMPLING_FLAGS if k in f._values and f.given(k)}
+    params = f.knobs.sampling()
+    return {k: getattr(params, k) for k in f.knobs.values if k in KNOBS and f.knobs.given(k)}
 
 
 def start(f: o.Flags) -> None:

@@ -20,20 +20,16 @@ from typing import Any
 
 from localgen.errors import RemoteError
 from localgen.remote.endpoints import Endpoint
-from localgen.types import Chunk, FinishReason, GenerationRequest, SamplingParams, Stats
+from localgen.settings import KNOBS
+from localgen.types import Chunk, FinishReason, GenerationRequest, Stats
 
-_D = SamplingParams()
 RETRIES = 4  # after the first try, for 429 and 503
 BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up to 30 s)
-# llama-server's names for the knobs OpenAI's API lacks; sent only when they differ from the defaults
-EXTENSIONS = ("top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "mirostat", "dry_multiplier",
-              "dry_base", "dry_allowed_length", "dry_penalty_last_n", "xtc_probability", "xtc_threshold",
-              "top_n_sigma", "ignore_eos")
-_RENAMED = {"mirostat_lr": "mirostat_eta", "mirostat_ent": "mirostat_tau"}
 
 
 def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str, Any]:
-    """The JSON body for a request: OpenAI's fields, then llama-server's extensions where set."""
+    """The JSON body for a request: the temperature and seed, then each setting that differs from its default
+    under OpenAI's name, else llama-server's (settings.py's table)."""
     s = request.sampling
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
                             "temperature": s.temperature, "seed": seed}
@@ -41,22 +37,17 @@ def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str,
         body["prompt"] = request.prompt
     else:
         body["messages"] = [dict(m) for m in request.messages]
-    if s.top_p != _D.top_p:
-        body["top_p"] = s.top_p
-    if s.max_tokens >= 0:
-        body["max_tokens"] = s.max_tokens
-    if s.stop:
-        body["stop"] = list(s.stop)
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(s, name):
-            body[name] = getattr(s, name)
-    if s.logit_bias:
-        body["logit_bias"] = {str(tok): bias for tok, bias in s.logit_bias}
-    for name in EXTENSIONS:
-        if getattr(s, name) != getattr(_D, name):
-            body[name] = getattr(s, name)
-    if s.mirostat:
-        body.update({theirs: getattr(s, ours) for ours, theirs in _RENAMED.items()})
+    for k in KNOBS.values():
+        value = getattr(s, k.name)
+        if k.name in ("temperature", "seed") or value == k.default:
+            continue
+        if k.name == "logit_bias":
+            value = {str(tok): bias for tok, bias in value}
+        elif isinstance(value, tuple):
+            value = list(value)
+        body[k.openai or k.llamacpp or k.name] = value
+    if s.mirostat:  # its rate and target go with it, defaults or not
+        body.update({KNOBS[n].llamacpp or n: getattr(s, n) for n in ("mirostat_lr", "mirostat_ent")})
     if request.logprobs is not None:
         if request.raw:
             body["logprobs"] = request.logprobs

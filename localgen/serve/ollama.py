@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from localgen import settings
 from localgen.errors import LocalgenError
 from localgen.serve.common import (
     HTTPError,
@@ -36,16 +37,9 @@ from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.types import GenerationRequest
 
-# Ollama's `options` → our settings
-OPTIONS = {
-    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "typical_p": "typical_p",
-    "num_predict": "max_tokens", "stop": "stop", "seed": "seed", "repeat_penalty": "repeat_penalty",
-    "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "mirostat": "mirostat", "mirostat_tau": "mirostat_ent",
-    "mirostat_eta": "mirostat_lr",
-}
-IGNORED = {"num_ctx", "num_batch", "num_gpu", "num_thread", "num_keep", "main_gpu", "use_mmap", "use_mlock",
-           "numa", "low_vram", "f16_kv", "vocab_only", "penalize_newline", "tfs_z"}  # load-time: set by `serve`
+# Ollama's `options` → our settings (settings.py's table; llama-server's names for what Ollama lacks)
+OPTIONS = settings.spellings("ollama")
+IGNORED = settings.OLLAMA_LOAD_OPTIONS  # load-time: `serve` loaded the model before any request
 
 
 def routes(state: ServeState) -> list[Route]:

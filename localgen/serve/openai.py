@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from localgen import settings
 from localgen.serve.common import (
     HTTPError,
     ServeState,
@@ -37,17 +38,8 @@ from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.types import GenerationRequest
 
-# OpenAI's fields → our settings (llama-server's extensions pass through under their own names)
-FIELDS = {
-    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "typical_p": "typical_p",
-    "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "n_predict": "max_tokens",
-    "stop": "stop", "seed": "seed", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
-    "mirostat": "mirostat", "mirostat_tau": "mirostat_ent", "mirostat_eta": "mirostat_lr",
-    "dry_multiplier": "dry_multiplier", "dry_base": "dry_base", "dry_allowed_length": "dry_allowed_length",
-    "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold", "top_n_sigma": "top_n_sigma",
-    "logit_bias": "logit_bias", "ignore_eos": "ignore_eos",
-}
+# OpenAI's fields, then llama-server's extensions under their own names → our settings (settings.py's table)
+FIELDS = settings.spellings("openai")
 UNSUPPORTED = ("functions", "function_call", "prediction")
 # Names the chat template's renderer sets itself (engine/template.py's render(), and `tools` from the
 # request's own field): chat_template_kwargs may not replace them.

@@ -1,0 +1,161 @@
+"""The one table of settings (settings.py): every sampling knob and load setting is declared once, and the
+CLI's options, the HTTP routes' field names, JSONL and `/set` spellings and what a remote endpoint is sent are
+derived from it. In process: no model loads."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import typer
+
+from localgen import settings
+from localgen.cli import options as o
+from localgen.settings import KNOBS, LOAD_KNOBS
+from localgen.types import GenerationRequest, LoadParams, SamplingParams
+
+
+def _options(command: str) -> dict[str, Any]:
+    """A command's click parameters by name."""
+    from localgen.cli.app import build
+
+    group = typer.main.get_command(build(command))
+    cmd = group.commands[command]  # type: ignore[attr-defined]
+    return {p.name: p for p in cmd.params}
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "serve"])
+def test_every_setting_is_an_option_as_the_table_declares_it(command: str) -> None:
+    params = _options(command)
+    for k in KNOBS.values():
+        p = params[k.name]
+        assert p.opts + p.secondary_opts == list(k.cli), k.name
+        assert p.help == k.help
+        if k.kind in (settings.INT, settings.FLOAT):
+            assert (p.min, p.max) == (k.lo, k.hi), k.name
+            assert p.default == k.default, k.name
+    for lk in LOAD_KNOBS.values():
+        p = params[lk.name]
+        flags = [f for spec in lk.flags for f in spec.split("/")]
+        assert p.opts + p.secondary_opts == flags, lk.name
+        assert p.help == lk.help and p.envvar == lk.envvar, lk.name
+        assert p.default == lk.default, lk.name
+
+
+def test_defaults_are_the_typed_records_own() -> None:
+    """The sampling knobs are SamplingParams' fields (less the grammar, which is no knob), one to one; a load
+    setting that names a LoadParams field takes its default from there."""
+    fields = {f.name for f in dataclasses.fields(SamplingParams)} - {"grammar", "grammar_lazy", "grammar_triggers"}
+    assert set(KNOBS) == fields
+    load_fields = {f.name for f in dataclasses.fields(LoadParams)}
+    for lk in LOAD_KNOBS.values():
+        if lk.field:
+            assert lk.field in load_fields and lk.default == getattr(LoadParams(), lk.field)
+
+
+def test_each_front_end_reaches_every_knob() -> None:
+    """OpenAI's names (llama-server's for what OpenAI lacks) and Ollama's (llama-server's for what Ollama lacks)
+    each reach every knob; JSONL and /set take all of them and ours with dashes."""
+    for api in ("openai", "ollama", "llamacpp", "any"):
+        assert set(settings.spellings(api).values()) == set(KNOBS), api
+    openai = settings.spellings("openai")
+    assert openai["max_completion_tokens"] == openai["n_predict"] == openai["max_tokens"] == "max_tokens"
+    assert openai["mirostat_tau"] == "mirostat_ent" and openai["dry_sequence_breakers"] == "dry_sequence_breaker"
+    ollama = settings.spellings("ollama")
+    assert ollama["num_predict"] == "max_tokens" and ollama["mirostat_eta"] == "mirostat_lr"
+    assert "max_tokens" not in ollama  # Ollama spells it num_predict
+    for name in ("temp", "typical", "n_predict", "num_predict", "max-tokens", "dry_sequence_breakers"):
+        assert settings.field_name(name) is not None, name
+    assert "num_ctx" in settings.OLLAMA_LOAD_OPTIONS and "num_thread" in settings.OLLAMA_LOAD_OPTIONS
+
+
+def test_the_server_routes_take_the_tables_names() -> None:
+    from localgen.serve import ollama, openai
+
+    assert openai.FIELDS == settings.spellings("openai")
+    assert ollama.OPTIONS == settings.spellings("ollama") and ollama.IGNORED == settings.OLLAMA_LOAD_OPTIONS
+
+
+def _far_from_default() -> SamplingParams:
+    """Every knob set to a valid value other than its default."""
+    values: dict[str, Any] = {}
+    for k in KNOBS.values():
+        if k.kind == settings.BOOL:
+            values[k.name] = not k.default
+        elif k.kind == settings.TEXTS:
+            values[k.name] = ("END", "###")
+        elif k.kind == settings.BIAS:
+            values[k.name] = ((15043, -2.5),)
+        elif k.name == "mirostat":
+            values[k.name] = 2
+        elif k.name == "seed":
+            values[k.name] = 7
+        else:
+            lo, hi = k.lo if k.lo is not None else -1.0, k.hi if k.hi is not None else 100.0
+            mid = (max(lo, -2.0) + min(hi, 3.0)) / 2
+            if mid == k.default:
+                mid = min(hi, mid + 1)
+            values[k.name] = int(mid) if k.kind == settings.INT else mid
+    return SamplingParams(**settings.validate(values))
+
+
+def test_what_a_remote_endpoint_is_sent_our_server_reads_back_whole() -> None:
+    """A request sent to an endpoint (remote/client.py) names every setting that differs from its default as
+    the table spells it; our own /v1 route's mapping reads each one back to the same value."""
+    from localgen.remote.client import request_body
+    from localgen.serve import openai
+
+    s = _far_from_default()
+    body = request_body("m", GenerationRequest(messages=({"role": "user", "content": "hi"},), sampling=s), seed=7)
+    values = {openai.FIELDS[k]: v for k, v in body.items() if k in openai.FIELDS}
+    assert set(values) == set(KNOBS)
+    assert settings.apply(SamplingParams(), values) == s
+
+
+def test_a_default_is_not_sent_to_a_remote_endpoint() -> None:
+    from localgen.remote.client import request_body
+
+    body = request_body("m", GenerationRequest(messages=({"role": "user", "content": "hi"},),
+                                               sampling=SamplingParams()), seed=3)
+    sent = {k for k in body if k in settings.spellings("openai")}
+    assert sent == {"temperature", "seed"}
+
+
+def test_knobs_layer_flags_over_model_defaults_over_built_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flag the user gave wins over a layer (a model's recommended settings, a chat's /set); a layer wins over
+    a flag's default; `--dry-sequence-breaker none` is none; the load settings build LoadParams."""
+    values = {k.name: (None if k.kind in (settings.TEXTS, settings.BIAS) else k.default) for k in KNOBS.values()}
+    values |= {lk.name: lk.default for lk in LOAD_KNOBS.values()}
+    values |= {"temperature": 0.3, "dry_sequence_breaker": ["none"], "ctx": 1024, "tensor_split": "3,1",
+               "no_mmap": True, "flash_attn": "auto"}
+    knobs = o.Knobs(values, frozenset({"temperature", "dry_sequence_breaker", "ctx"}))
+    s = knobs.sampling({"temperature": 0.9, "top_k": 5, "stop": ["X"]})
+    assert (s.temperature, s.top_k, s.stop, s.dry_sequence_breaker) == (0.3, 5, ("X",), ())
+    load = knobs.load()
+    assert (load.n_ctx, load.tensor_split, load.use_mmap, load.flash_attn) == (1024, (3.0, 1.0), False, "auto")
+    assert knobs.remote_conflicts() == []  # the context is not a load-only flag: it trims history here
+    given = o.Knobs(values, frozenset({"no_mmap", "flash_attn"}))
+    assert given.remote_conflicts() == ["--flash-attn", "--no-mmap"]
+
+
+def test_a_new_knob_is_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Add an entry to the table and every front end knows it: an option of run (with its help), a field of
+    OpenAI's requests and of Ollama's options, a JSONL/`/set` name."""
+    knob = settings._k("top_a", settings.FLOAT, 0.0, 1.0, "Top-A sampling; 0 off.", ollama=True)
+    monkeypatch.setitem(KNOBS, "top_a", knob)
+    # ... and its field in SamplingParams, with its default, which the sampler chain reads
+    with_top_a = dataclasses.make_dataclass("P", [("top_a", float, 0.0)], bases=(SamplingParams,), frozen=True)
+    monkeypatch.setattr(settings, "_DEFAULTS", with_top_a())
+    assert settings.spellings("openai")["top_a"] == settings.spellings("ollama")["top_a"] == "top_a"
+    monkeypatch.setattr(settings, "ALIASES", settings.spellings("any"))
+    assert settings.field_name("top-a") == "top_a"
+
+    def cmd(ctx_: typer.Context, *, knobs: o.Knobs) -> None:
+        raise AssertionError
+
+    wrapped = o.with_knobs(load=())(cmd)
+    import inspect
+
+    p = inspect.signature(wrapped).parameters["top_a"]
+    assert p.annotation.__metadata__[0].help == "Top-A sampling; 0 off."
