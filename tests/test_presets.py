@@ -223,3 +223,21 @@ def test_run_uses_the_presets_settings_and_flags_win(cli_env: dict[str, str], tm
     doc = json.loads(r.stdout)
     assert (doc["sampling"]["max_tokens"], doc["sampling"]["temperature"], doc["load"]["n_ctx"]) == (2, 0.5, 512)
     assert "Be kind." in r.stderr and "You are terse." not in r.stderr and "Hello." in r.stderr
+
+
+def test_a_presets_template_and_a_chat_on_a_preset(cli_env: dict[str, str], tmp_path: Path) -> None:
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"
+    text = f'FROM smollm2:135m\nPARAMETER num_predict 2\nTEMPLATE """{template}"""\n'
+    r = cli("create", "tpl", "-f", "-", input=text)
+    assert r.returncode == 0, r.stderr
+    r = cli("run", "-m", "tpl", "-p", "Sky?", "--verbose-prompt")
+    assert r.returncode == 0, r.stderr
+    assert "prompt:\n[user] Sky?\n[assistant]" in r.stderr
+
+    assert cli("create", "terse", "-f", "-", input=TERSE).returncode == 0
+    r = cli("chat", "onchat", "-m", "terse", input="Sky?\n")
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((tmp_path / "home" / "data" / "chats" / "onchat.json").read_text())
+    assert saved["system"] == "You are terse.\nAnswer in one word."
+    assert [m["content"] for m in saved["messages"][:3]] == ["Hi", "Hello.", "Sky?"]
