@@ -66,7 +66,7 @@ def test_a_modelfile_parses_ollamas_syntax() -> None:
 
 @pytest.mark.parametrize("text", [
     'say "hi"', "two\nlines", ' padded ', 'ends with a quote"', 'has """ inside\nand a newline', "# not a comment",
-    "tab\there", "back\\slash",
+    "tab\there", "back\\slash", "\n", " ",
 ])
 def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     m = modelfile.Modelfile(base="smollm2:135m", parameters={"stop": (text,), "seed": None, "ignore_eos": True,
@@ -87,6 +87,7 @@ def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     ("FROM smollm2:135m\n\nSYSTEM \"\"\"never\nclosed\n", ["line 3", '"""']),
     ("FROM smollm2:135m\nSYSTEM \"open\n", ["line 2", "never closed"]),
     ("FROM smollm2:135m\nSYSTEM\n", ["line 2", "SYSTEM needs a value"]),
+    ("FROM smollm2:135m\nSYSTEM \"\"\n", ["line 2", "SYSTEM needs a value"]),
     ("FROM smollm2:135m\nFROM qwen3:0.6b\n", ["line 2", "second FROM"]),
     ("FROM smollm2:135m\nADAPTER ./lora.gguf\n", ["line 2", "ADAPTER is not supported yet"]),
     ("# only a comment\nSYSTEM hi\n", ["no FROM line"]),
@@ -159,6 +160,11 @@ def test_rm_removes_the_preset_never_its_base(pcli: InProcessCLI, tmp_path: Path
     r = pcli("create", "mine", "-f", "-", input=f"FROM {model}\n")
     assert r.returncode == 0, r.stderr
     one_error(pcli("rm", "mine"), "would remove the preset mine", "--yes")
+    model.rename(tmp_path / "moved.gguf")  # the base is gone: list says so, the Modelfile is still shown
+    assert "preset of " + str(model) + " (missing)" in pcli("list").stdout
+    assert pcli("show", "mine", "--modelfile").stdout == f"FROM {model}\n"
+    one_error(pcli("run", "-m", "mine", "-p", "hi"), "no such model file")
+    (tmp_path / "moved.gguf").rename(model)
     r = pcli("rm", "mine", "--yes")
     assert (r.returncode, r.stdout) == (0, "removed the preset mine\n"), r.stderr
     assert model.is_file() and model.stat().st_size == smollm2_path.stat().st_size
@@ -192,8 +198,13 @@ def test_create_keeps_what_exists(pcli: InProcessCLI, tmp_path: Path) -> None:
     r = pcli("create", "bot", "--force", "-f", "-", input="FROM smollm2:135m\nSYSTEM two\n")
     assert r.returncode == 0 and "SYSTEM two" in pcli("show", "bot", "--modelfile").stdout
     # a damaged preset file is named, never a traceback; rm still removes it
-    (tmp_path / "home" / "data" / "presets" / "bot.json").write_text("{not json")
-    one_error(pcli("run", "-m", "bot", "-p", "hi"), "damaged")
+    saved = tmp_path / "home" / "data" / "presets" / "bot.json"
+    doc = json.loads(saved.read_text())
+    for damage in ("{not json", json.dumps({**doc, "parameters": []}),
+                   json.dumps({**doc, "parameters": {"temperature": "hot"}})):
+        saved.write_text(damage)
+        one_error(pcli("run", "-m", "bot", "-p", "hi"), "damaged")
+        one_error(pcli("show", "bot"), "damaged")
     assert pcli("rm", "bot", "--yes").returncode == 0
     one_error(pcli("pull", "nosuch"), "unknown model")
 

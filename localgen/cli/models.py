@@ -231,10 +231,10 @@ def show(
     from localgen.models import mmproj as projectors
     from localgen.models.resolve import resolve
 
-    ref = resolve(name, offline=offline, pull_missing=False)
-    if as_modelfile:
-        print(_modelfile(name, ref), end="")
+    if as_modelfile:  # a preset's own, even when its base is gone; a model's from its catalogue entry
+        print(_modelfile(name, offline), end="")
         return
+    ref = resolve(name, offline=offline, pull_missing=False)
     if mmproj is not None:
         ref = projectors.attach(ref, str(mmproj))
     s = ref.summary
@@ -285,13 +285,15 @@ def show(
         print(f"{labels.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
 
 
-def _modelfile(name: str, ref: Any) -> str:
+def _modelfile(name: str, offline: bool) -> str:
     """A preset's own Modelfile; for a model, FROM it with its catalogue sampling defaults."""
     from localgen.models import modelfile, presets
+    from localgen.models.resolve import resolve
 
     p = presets.find(name)
     if p is not None:
         return modelfile.write(p.spec)
+    ref = resolve(name, offline=offline, pull_missing=False)
     return modelfile.write(modelfile.Modelfile(base=name, parameters=dict(ref.sampling_defaults)))
 
 

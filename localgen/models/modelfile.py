@@ -65,7 +65,7 @@ def parse(text: str, where: str = "Modelfile") -> Modelfile:
         src.i += 1
         if not line or line.startswith("#"):
             continue
-        word, _, rest = line.partition(" ") if " " in line else line.partition("\t")
+        word, rest = _split(line)
         instr = word.upper()
         if instr not in INSTRUCTIONS:
             raise src.error(number, f"unknown instruction {word!r} (localgen reads {', '.join(INSTRUCTIONS[:5])})")
@@ -73,7 +73,7 @@ def parse(text: str, where: str = "Modelfile") -> Modelfile:
         if instr == "ADAPTER":
             raise src.error(number, "ADAPTER is not supported yet: localgen does not load LoRA adapters")
         if instr in ("PARAMETER", "MESSAGE"):
-            key, _, rest = rest.partition(" ") if " " in rest else rest.partition("\t")
+            key, rest = _split(rest)
             if not key:
                 raise src.error(number, f"{instr} needs a name and a value")
             value = _value(src, rest.strip(), number, f"{instr} {key}")
@@ -122,6 +122,12 @@ def parse(text: str, where: str = "Modelfile") -> Modelfile:
                      template=single.get("TEMPLATE"), messages=tuple(messages))
 
 
+def _split(text: str) -> tuple[str, str]:
+    """The first word and the rest (any whitespace between)."""
+    parts = text.split(None, 1)
+    return (parts[0], parts[1] if len(parts) > 1 else "") if parts else ("", "")
+
+
 def _repeated(name: str, values: list[str]) -> Any:
     if name == "logit_bias":
         return settings.check(name, [settings.parse_bias(v) for v in values])
@@ -160,7 +166,7 @@ def _value(src: _Lines, rest: str, number: int, what: str) -> str:
             raise src.error(number, f"{what}: text after the closing quote")
     else:
         value = rest
-    if not value.strip():
+    if not value:  # a quoted value may be only whitespace (PARAMETER stop "\n")
         raise src.error(number, f"{what} needs a value")
     return value
 

@@ -65,7 +65,7 @@ def find(name: str) -> Preset | None:
         raise LocalgenError(f"cannot read the preset {path}: {e}") from None
     try:
         return _from_json(name, json.loads(raw))
-    except (ValueError, TypeError, KeyError, UsageError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, UsageError) as e:
         why = e.message if isinstance(e, UsageError) else str(e)
         raise LocalgenError(f"the preset file {path} is damaged: {why}",
                             hint=f"create it again, or remove it with localgen rm {name}") from None
