@@ -155,6 +155,10 @@ class ModelRef:
     sha256: str | None = None  # known without hashing for cache blobs
     sampling_defaults: dict[str, Any] = field(default_factory=dict, compare=False)
     mmproj: str | None = None  # the multimodal projector's file (images, audio), when the model has one
+    # a preset's (models/presets.py): the default system prompt, turns before the conversation, the context size
+    system: str | None = None
+    messages: tuple[dict[str, str], ...] = field(default=(), compare=False)
+    context: int | None = None
 
     @property
     def quantization(self) -> str | None:

@@ -24,6 +24,7 @@ SHORT_EXCEPTIONS = {
     ("-n", "similar"): "how many results, as head -n (there are no tokens to generate)",
     ("-n", "rerank"): "how many results, as head -n (there are no tokens to generate)",
     ("-n", "logs"): "how many entries, as head -n (there are no tokens to generate)",
+    ("-f", "create"): "Ollama's `ollama create NAME -f Modelfile`: a file read, as run's -f reads a document",
 }
 
 # llama-bench's load flags: each takes a list of values to sweep, with llama-bench's help and defaults

@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("localgen.cli.models", "list_models"),
     "show": ("localgen.cli.models", "show"),
     "rm": ("localgen.cli.models", "rm"),
+    "create": ("localgen.cli.presets", "create"),
+    "cp": ("localgen.cli.presets", "cp"),
     "bench": ("localgen.cli.bench", "bench_app"),
     "doctor": ("localgen.cli.doctor", "doctor"),
     "tune": ("localgen.cli.tune", "tune"),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localgen.cli import options as o
+from localgen.cli import presetflow
 from localgen.cli.chatturn import restore_state, stream
 from localgen.cli.output import ErrWriter
 from localgen.cli.toolflow import open_toolbox
@@ -113,6 +114,7 @@ def start(f: o.Flags) -> None:
         if toolbox is not None:
             toolbox.close()
         raise
+    presetflow.adopt(session, backend)
     # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win. The grammar
     # constrains every answer: locally as a sampling setting, remotely as the schema a server takes.
     remote_schema = bool(endpoints) and schema is not None
@@ -218,6 +220,7 @@ def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:
     from localgen.models.resolve import resolve
 
     ref = o.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
+    load = presetflow.load_params(ref, load, f.given("ctx"))
     if view.interactive:
         view.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")
     engine = open_engine(ref, load, verbose=f.verbose, warn=lambda text: view.info(f"warning: {text}"))

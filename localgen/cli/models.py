@@ -1,4 +1,5 @@
-"""`localgen pull | list | show | rm`: get models, see what is here, look inside one, remove one."""
+"""`localgen pull | list | show | rm`: get models, see what is here, look inside one, remove one (a preset
+too: list, show and rm take presets, see cli/presets.py)."""
 
 from __future__ import annotations
 
@@ -171,6 +172,7 @@ def list_models(
         item = _item(name, str(f.link), "hf cache", summary)
         item["size"] = store.total_size(f)
         items.append(item)
+    items.extend(_preset_items())
     if json_out:
         print(json.dumps(items))
         return
@@ -180,6 +182,26 @@ def list_models(
     _table(["NAME", "QUANT", "SIZE", "PARAMS", "CONTEXT", "WHERE"],
            [[i["name"], i["quantization"] or "-", format_bytes(i["size"]), _params(i["parameters"]),
              str(i["context_length"] or "-"), i["path"]] for i in items])
+
+
+def _preset_items() -> list[dict[str, Any]]:
+    """Presets, each with its base model's figures (a base no longer here shows as missing)."""
+    from localgen.models import presets
+    from localgen.models.resolve import resolve
+
+    items = []
+    for p in presets.all_presets():
+        try:
+            ref = resolve(p.name, offline=True, pull_missing=False)
+        except LocalgenError:
+            items.append({"name": p.name, "quantization": None, "size": 0, "parameters": None,
+                          "context_length": None, "architecture": None, "source": "preset", "base": p.base,
+                          "path": f"preset of {p.base} (missing)"})
+            continue
+        item = _item(p.name, f"preset of {p.base}", "preset", ref.summary)
+        item["base"] = p.base
+        items.append(item)
+    return items
 
 
 def _item(name: str, path: str, source: str, s: Any) -> dict[str, Any]:
@@ -200,12 +222,18 @@ def show(
     json_out: Json = False,
     offline: o.Offline = False,
     mmproj: o.MmProj = None,
+    as_modelfile: Annotated[
+        bool, typer.Option("--modelfile", help="Print a Modelfile that `localgen create` makes this model from.")
+    ] = False,
 ) -> None:
     """What a model is, read from its GGUF header (bounded; weights are not loaded). Local files only."""
     from localgen.models import download
     from localgen.models import mmproj as projectors
     from localgen.models.resolve import resolve
 
+    if as_modelfile:  # a preset's own, even when its base is gone; a model's from its catalogue entry
+        print(_modelfile(name, offline), end="")
+        return
     ref = resolve(name, offline=offline, pull_missing=False)
     if mmproj is not None:
         ref = projectors.attach(ref, str(mmproj))
@@ -257,6 +285,18 @@ def show(
         print(f"{labels.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
 
 
+def _modelfile(name: str, offline: bool) -> str:
+    """A preset's own Modelfile; for a model, FROM it with its catalogue sampling defaults."""
+    from localgen.models import modelfile, presets
+    from localgen.models.resolve import resolve
+
+    p = presets.find(name)
+    if p is not None:
+        return modelfile.write(p.spec)
+    ref = resolve(name, offline=offline, pull_missing=False)
+    return modelfile.write(modelfile.Modelfile(base=name, parameters=dict(ref.sampling_defaults)))
+
+
 def _known_sha256(ref: Any) -> str | None:
     """A SHA-256 known without reading the file: a cache blob's name, or an embedded model's published one."""
     from pathlib import Path
@@ -275,15 +315,22 @@ def _known_sha256(ref: Any) -> str | None:
 
 def rm(
     name: Annotated[
-        str, typer.Argument(help="Catalogue name or owner/repo[:QUANT] (every quantization without one).")
+        str, typer.Argument(help="Catalogue name, owner/repo[:QUANT] (every quantization without one), or a "
+                                 "preset.")
     ],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     offline: o.Offline = False,
 ) -> None:
-    """Remove a model's files from the cache; a blob another cached model still uses is kept."""
-    from localgen.models import names, store
+    """Remove a model's files from the cache; a blob another cached model still uses is kept. A preset: only
+    the preset goes, never its base model's files."""
+    from localgen.models import names, presets, store
     from localgen.models.resolve import embedded_model, target
 
+    if presets.exists(name):
+        _confirm(f"the preset {name} (its base model stays)", 0, yes, size=False)
+        presets.remove(name)
+        print(f"removed the preset {name}")
+        return
     spec = names.parse(name)
     if isinstance(spec, names.PathSpec):
         raise UsageError("rm removes models from the cache; delete your own .gguf files yourself")
@@ -305,13 +352,14 @@ def rm(
     print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 MB'}{kept}")
 
 
-def _confirm(desc: str, total: int, yes: bool) -> None:
+def _confirm(desc: str, total: int, yes: bool, size: bool = True) -> None:
     """Ask before removing (or want --yes when not on a terminal); a no is exit 1."""
     if yes:
         return
+    what = f"{desc} ({format_bytes(total)})" if size else desc
     if not sys.stdin.isatty():
-        raise UsageError(f"would remove {desc} ({format_bytes(total)}); pass --yes to confirm when not on a terminal")
-    if not typer.confirm(f"Remove {desc} ({format_bytes(total)})?", default=False, err=True):
+        raise UsageError(f"would remove {what}; pass --yes to confirm when not on a terminal")
+    if not typer.confirm(f"Remove {what}?", default=False, err=True):
         raise typer.Exit(1)
 
 

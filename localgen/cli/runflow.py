@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli import presetflow
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.errors import UsageError
 from localgen.text import checked
@@ -243,6 +244,7 @@ def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
             override["repack"] = False
     load = o.load_params(f, **override)
     ref = o.with_template(f, resolve(f.model, offline=f.offline, progress=make_progress()))
+    load = presetflow.load_params(ref, load, f.given("ctx"))
     draft_ref = resolve(f.draft, offline=f.offline, progress=make_progress()) if f.draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn, kv_tokens=_kv_tokens(f, plan, load.n_ctx))
@@ -300,7 +302,7 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Backend,
         from localgen import media
 
         content = media.content(text, list(plan.media))
-    messages = ([{"role": "system", "content": f.system}] if f.system else []) + list(turns or []) + [
+    messages = presetflow.head(backend, f.system, continued=bool(turns)) + list(turns or []) + [
         {"role": "user", "content": content}]
     return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=f.logprobs, shared=shared,
                              prompt_cache=cache, json_schema=schema)
@@ -392,7 +394,8 @@ def run_many(f: o.Flags, plan: RunPlan, backend: Backend, err: ErrWriter) -> int
 
     remote = bool(plan.endpoints)
     base = base_sampling(f, backend, None if remote else plan.grammar)
-    opts = BatchOptions(instruction=f.prompt, system=f.system, raw=f.raw, parallel=f.parallel, json_out=f.json_out,
+    system = presetflow.system(backend, f.system)
+    opts = BatchOptions(instruction=f.prompt, system=system, raw=f.raw, parallel=f.parallel, json_out=f.json_out,
                         stats=f.stats, exact=f.exact, logprobs=f.logprobs, json_schema=plan.schema if remote else None,
                         resume_from=f.resume_from)
     source_path: Path | None = f.file

@@ -15,7 +15,7 @@ from localgen.models.quant import QuantOption, group_options, pick, rank
 from localgen.types import ModelRef
 
 if TYPE_CHECKING:  # the transfer code (urllib, http.client) loads only when a pull happens
-    from localgen.models import download
+    from localgen.models import download, presets
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,11 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
         return ModelRef(name=spec.path.name, path=str(spec.path), source="path",
                         summary=read_summary(str(spec.path)))
     if isinstance(spec, names.CatalogueSpec):
+        preset = _preset(spec)
+        if preset is not None:
+            from localgen.models import presets
+
+            return presets.apply(preset, resolve(preset.base, offline, progress, pull_missing))
         entry = _entry(spec.name)
         if entry.embedded:
             if spec.quant and spec.quant.upper() != entry.default_quant.upper():
@@ -55,6 +60,18 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
 
         progress = Quiet()
     return _hub_model(target, offline or hfcache.offline_env(), progress, pull_missing)
+
+
+def _preset(spec: names.CatalogueSpec) -> presets.Preset | None:
+    """The preset a name means (a catalogue entry of that name wins; create refuses such a name)."""
+    if spec.name in catalogue.load():
+        return None
+    from localgen.models import presets
+
+    found = presets.find(spec.name)
+    if found is not None and spec.quant:
+        raise ModelNotFoundError(f"{spec.name} is a preset of {found.base}; it takes no @QUANT")
+    return found
 
 
 def _catalogue_target(entry: catalogue.CatalogueEntry, quant: str | None) -> Target:
@@ -179,6 +196,10 @@ def target(name: str) -> Target:
     """The Hub target behind a catalogue name or repo reference (for pull --list and show)."""
     spec = names.parse(name)
     if isinstance(spec, names.CatalogueSpec):
+        preset = _preset(spec)
+        if preset is not None:
+            raise LocalgenError(f"{spec.name} is a preset of {preset.base}; it has no files of its own",
+                                hint=f"localgen pull {preset.base}")
         entry = _entry(spec.name)
         if entry.embedded or not entry.repo:
             raise LocalgenError(f"{entry.name} ships inside a Python package; there is nothing to pull")

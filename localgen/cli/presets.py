@@ -1,0 +1,63 @@
+"""`localgen create | cp`: presets, a name for a model with settings layered on it (models/presets.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from localgen.errors import UsageError
+
+Force = Annotated[bool, typer.Option("--force", help="Replace a preset of that name.")]
+Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
+
+
+def create(
+    name: Annotated[str, typer.Argument(help="The preset's name, e.g. mybot or mybot:short.")],
+    file: Annotated[
+        str, typer.Option("--file", "-f", show_default=False,
+                          help="The Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE); - reads stdin.")
+    ],
+    force: Force = False,
+    json_out: Json = False,
+) -> None:
+    """Make a preset from a Modelfile: a name usable wherever a model name is. Its base must be on this
+    machine; every value is checked now."""
+    from localgen.models.presets import create_preset
+
+    if file == "-":
+        text, where = sys.stdin.read(), "stdin"
+    else:
+        from pathlib import Path
+
+        try:
+            text = Path(file).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read the Modelfile {file}: {e}") from None
+        where = file
+    preset = create_preset(name, text, where=where, force=force)
+    _done(preset, json_out)
+
+
+def cp(
+    src: Annotated[str, typer.Argument(help="A preset, or any model name run takes.")],
+    dst: Annotated[str, typer.Argument(help="The new preset's name.")],
+    force: Force = False,
+    json_out: Json = False,
+) -> None:
+    """Copy a preset, or give a model a preset name of its own."""
+    from localgen.models.presets import copy
+
+    _done(copy(src, dst, force=force), json_out)
+
+
+def _done(preset: object, json_out: bool) -> None:
+    from localgen.models.presets import Preset
+
+    assert isinstance(preset, Preset)
+    if json_out:
+        print(json.dumps({"name": preset.name, "base": preset.base}))
+    else:
+        print(f"{preset.name}  preset of {preset.base}")

@@ -1,0 +1,230 @@
+"""The subset of Ollama's Modelfile that localgen reads and writes: FROM, PARAMETER, SYSTEM, TEMPLATE,
+MESSAGE (ADAPTER is recognised and refused: the engine loads no LoRA adapters yet).
+
+Syntax as Ollama's: one instruction per line, its name in any case; `#` starts a comment line; a value is
+bare text, a "quoted string" (with \\" \\\\ and \\n escapes) or a \"\"\"multi-line string\"\"\". PARAMETER takes
+Ollama's names (num_predict, mirostat_tau, ...) or localgen's, and num_ctx, the context size to load with;
+`PARAMETER stop` repeats. Every value is checked here, so a preset never fails for its settings at use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from localgen import settings
+from localgen.errors import UsageError
+from localgen.text import checked
+
+INSTRUCTIONS = ("FROM", "PARAMETER", "SYSTEM", "TEMPLATE", "MESSAGE", "ADAPTER")
+ROLES = ("system", "user", "assistant")
+MIN_CTX = 16  # as --ctx
+# localgen's field → Ollama's name, where they differ (what `show --modelfile` writes)
+OLLAMA_NAMES = {"max_tokens": "num_predict", "mirostat_ent": "mirostat_tau", "mirostat_lr": "mirostat_eta"}
+REPEATED = ("stop", "dry_sequence_breaker", "logit_bias")
+# Ollama's load-time parameters: localgen takes them as flags of run, chat and serve
+LOAD_FLAGS = {"num_gpu": "--gpu-layers", "num_thread": "--threads", "num_batch": "--batch-size",
+              "main_gpu": "--main-gpu", "use_mmap": "--no-mmap", "use_mlock": "--mlock", "numa": "--numa"}
+
+
+@dataclass(frozen=True)
+class Modelfile:
+    """What a Modelfile says: the base model's name and the settings layered on it."""
+
+    base: str
+    parameters: dict[str, Any] = field(default_factory=dict)  # settings fields, typed and checked
+    context: int | None = None
+    system: str | None = None
+    template: str | None = None
+    messages: tuple[dict[str, str], ...] = ()
+
+
+class _Lines:
+    """The file's lines and a cursor; errors name the line where the instruction starts."""
+
+    def __init__(self, text: str, where: str) -> None:
+        self.lines = text.splitlines()
+        self.where = where
+        self.i = 0
+
+    def error(self, number: int, message: str) -> UsageError:
+        return UsageError(f"{self.where} line {number}: {message}")
+
+
+def parse(text: str, where: str = "Modelfile") -> Modelfile:
+    """Parse and check a Modelfile; a UsageError names the line of the first problem."""
+    src = _Lines(checked(text, where), where)
+    base: str | None = None
+    params: dict[str, Any] = {}
+    repeated: dict[str, list[str]] = {}
+    context: int | None = None
+    single: dict[str, str] = {}
+    messages: list[dict[str, str]] = []
+    while src.i < len(src.lines):
+        number = src.i + 1
+        line = src.lines[src.i].strip()
+        src.i += 1
+        if not line or line.startswith("#"):
+            continue
+        word, rest = _split(line)
+        instr = word.upper()
+        if instr not in INSTRUCTIONS:
+            raise src.error(number, f"unknown instruction {word!r} (localgen reads {', '.join(INSTRUCTIONS[:5])})")
+        rest = rest.strip()
+        if instr == "ADAPTER":
+            raise src.error(number, "ADAPTER is not supported yet: localgen does not load LoRA adapters")
+        if instr in ("PARAMETER", "MESSAGE"):
+            key, rest = _split(rest)
+            if not key:
+                raise src.error(number, f"{instr} needs a name and a value")
+            value = _value(src, rest.strip(), number, f"{instr} {key}")
+            if instr == "MESSAGE":
+                if key.lower() not in ROLES:
+                    raise src.error(number, f"MESSAGE takes a role ({', '.join(ROLES)}), not {key!r}")
+                messages.append({"role": key.lower(), "content": value})
+                continue
+            name = key.lower()
+            if name == "num_ctx":
+                context = _context(src, number, value)
+                continue
+            if name in LOAD_FLAGS:
+                raise src.error(number, f"PARAMETER {name} is not kept in a preset; give {LOAD_FLAGS[name]} "
+                                        "to run, chat or serve")
+            fieldname = settings.field_name(name)
+            if fieldname is None:
+                raise src.error(number, f"unknown PARAMETER {key!r}")
+            if fieldname in REPEATED:
+                repeated.setdefault(fieldname, []).append(value)
+                continue
+            if fieldname in params:
+                raise src.error(number, f"PARAMETER {key} is given twice")
+            try:
+                params[fieldname] = settings.parse_text(fieldname, value)[1]
+            except UsageError as e:
+                raise src.error(number, e.message) from None
+            continue
+        value = _value(src, rest, number, instr)
+        if instr == "FROM":
+            if base is not None:
+                raise src.error(number, "a second FROM: a Modelfile has one base model")
+            base = value
+        elif instr in single:
+            raise src.error(number, f"a second {instr}")
+        else:
+            single[instr] = value
+    if base is None:
+        raise UsageError(f"{where}: no FROM line: name the base model, e.g. FROM smollm2:135m")
+    for name, values in repeated.items():
+        try:
+            params[name] = _repeated(name, values)
+        except UsageError as e:
+            raise UsageError(f"{where}: PARAMETER {name}: {e.message}") from None
+    return Modelfile(base=base, parameters=params, context=context, system=single.get("SYSTEM"),
+                     template=single.get("TEMPLATE"), messages=tuple(messages))
+
+
+def _split(text: str) -> tuple[str, str]:
+    """The first word and the rest (any whitespace between)."""
+    parts = text.split(None, 1)
+    return (parts[0], parts[1] if len(parts) > 1 else "") if parts else ("", "")
+
+
+def _repeated(name: str, values: list[str]) -> Any:
+    if name == "logit_bias":
+        return settings.check(name, [settings.parse_bias(v) for v in values])
+    return settings.check(name, values)
+
+
+def _context(src: _Lines, number: int, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise src.error(number, f"num_ctx takes an integer, not {value!r}") from None
+    if n < MIN_CTX or n > settings.INT32:
+        raise src.error(number, f"num_ctx must be within {MIN_CTX} to {settings.INT32}, not {n}")
+    return n
+
+
+def _value(src: _Lines, rest: str, number: int, what: str) -> str:
+    """The instruction's value: bare, "quoted" or \"\"\"multi-line\"\"\" (which may run over the next lines)."""
+    if rest.startswith('"""'):
+        body = rest[3:]
+        parts: list[str] = []
+        while '"""' not in body:
+            parts.append(body)
+            if src.i >= len(src.lines):
+                raise src.error(number, f'{what}: the """ string is never closed')
+            body = src.lines[src.i]
+            src.i += 1
+        end = body.index('"""')
+        parts.append(body[:end])
+        if body[end + 3:].strip():
+            raise src.error(src.i if parts[1:] else number, f'{what}: text after the closing """')
+        value = "\n".join(parts)
+    elif rest.startswith('"'):
+        value, tail = _quoted(src, rest, number, what)
+        if tail.strip():
+            raise src.error(number, f"{what}: text after the closing quote")
+    else:
+        value = rest
+    if not value:  # a quoted value may be only whitespace (PARAMETER stop "\n")
+        raise src.error(number, f"{what} needs a value")
+    return value
+
+
+def _quoted(src: _Lines, rest: str, number: int, what: str) -> tuple[str, str]:
+    out: list[str] = []
+    i = 1
+    while i < len(rest):
+        c = rest[i]
+        if c == "\\" and i + 1 < len(rest):
+            nxt = rest[i + 1]
+            out.append({"n": "\n", "t": "\t"}.get(nxt, nxt))
+            i += 2
+            continue
+        if c == '"':
+            return "".join(out), rest[i + 1:]
+        out.append(c)
+        i += 1
+    raise src.error(number, f"{what}: the quoted string is never closed")
+
+
+# ---- writing ------------------------------------------------------------------------------------------
+
+
+def quote(text: str) -> str:
+    """A value as a Modelfile writes it: bare when that reads back the same, else quoted."""
+    if text and "\n" not in text and text == text.strip() and not text.startswith(('"', "#")):
+        return text
+    if "\n" in text and '"""' not in text and not text.endswith('"') and text.strip():
+        return f'"""{text}"""'
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{escaped}"'
+
+
+def _setting_text(name: str, value: Any) -> list[str]:
+    if name in REPEATED:
+        if name == "logit_bias":
+            return [f"{tok}{bias:+g}" for tok, bias in value]
+        return [quote(v) for v in value]
+    if value is None:
+        return ["none"]
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    return [repr(value) if isinstance(value, float) else str(value)]
+
+
+def write(m: Modelfile) -> str:
+    """The Modelfile text that parses back to `m`."""
+    lines = [f"FROM {quote(m.base)}"]
+    if m.context is not None:
+        lines.append(f"PARAMETER num_ctx {m.context}")
+    for name, value in m.parameters.items():
+        for text in _setting_text(name, value):
+            lines.append(f"PARAMETER {OLLAMA_NAMES.get(name, name)} {text}")
+    if m.system is not None:
+        lines.append(f"SYSTEM {quote(m.system)}")
+    if m.template is not None:
+        lines.append(f"TEMPLATE {quote(m.template)}")
+    for msg in m.messages:
+        lines.append(f"MESSAGE {msg['role']} {quote(msg['content'])}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,216 @@
+"""Presets: a name for a model with settings layered on it, made from a Modelfile (`localgen create`) and
+kept as one small JSON file each in the data dir. A preset's name works wherever a model name does: it
+resolves to its base model with the preset's sampling defaults, system prompt, messages, context size and
+chat template. A preset never owns model files, so removing one removes only the preset."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localgen import paths, settings
+from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
+from localgen.models import modelfile
+from localgen.types import ModelRef
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}(:[A-Za-z0-9][A-Za-z0-9._-]{0,39})?$")
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named base model and the settings its Modelfile gave."""
+
+    name: str
+    spec: modelfile.Modelfile
+
+    @property
+    def base(self) -> str:
+        """The base model's name (a catalogue name, a Hub repo or an absolute path)."""
+        return self.spec.base
+
+
+def presets_dir() -> Path:
+    """One JSON file per preset."""
+    return paths.data_dir() / "presets"
+
+
+def check_name(name: str) -> str:
+    """A preset name: letters, digits, `.`, `_`, `-`, and one optional `:tag`, as Ollama's names."""
+    if not NAME.match(name):
+        raise UsageError(f"bad preset name {name!r}: use letters, digits, '.', '_', '-' and an optional ':tag', "
+                         "e.g. mybot or mybot:short")
+    return name
+
+
+def _file(name: str) -> Path:
+    return presets_dir() / f"{name.replace(':', '@')}.json"  # '@' is never in a name; ':' is not in a Windows path
+
+
+def find(name: str) -> Preset | None:
+    """The preset of that name, or None; a file that is not a valid preset is an error naming it."""
+    if not NAME.match(name):
+        return None
+    path = _file(name)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise LocalgenError(f"cannot read the preset {path}: {e}") from None
+    try:
+        return _from_json(name, json.loads(raw))
+    except (ValueError, TypeError, KeyError, AttributeError, UsageError) as e:
+        why = e.message if isinstance(e, UsageError) else str(e)
+        raise LocalgenError(f"the preset file {path} is damaged: {why}",
+                            hint=f"create it again, or remove it with localgen rm {name}") from None
+
+
+def all_presets() -> list[Preset]:
+    """Every readable preset, by name (damaged files are left for `show` and `rm` to name)."""
+    found = []
+    d = presets_dir()
+    for path in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            p = find(path.stem.replace("@", ":"))
+        except LocalgenError:
+            continue
+        if p is not None:
+            found.append(p)
+    return found
+
+
+def _to_json(p: Preset) -> dict[str, Any]:
+    s = p.spec
+    return {"format": FORMAT, "name": p.name, "base": s.base,
+            "parameters": {k: settings.jsonable(v) for k, v in s.parameters.items()},
+            "context": s.context, "system": s.system, "template": s.template, "messages": list(s.messages)}
+
+
+def _from_json(name: str, d: dict[str, Any]) -> Preset:
+    """Read back through the Modelfile parser's checks, so a hand-edited file is held to the same rules."""
+    if d.get("format") != FORMAT or d.get("name") != name or not isinstance(d.get("base"), str):
+        raise ValueError("not a localgen preset of this version")
+    params = {k: tuple(tuple(x) for x in v) if k == "logit_bias" else v for k, v in d["parameters"].items()}
+    spec = modelfile.Modelfile(base=d["base"], parameters=settings.validate(params), context=d.get("context"),
+                               system=d.get("system"), template=d.get("template"),
+                               messages=tuple({"role": str(m["role"]), "content": str(m["content"])}
+                                              for m in d.get("messages") or ()))
+    modelfile.parse(modelfile.write(spec))  # every value as create checks it
+    return Preset(name, spec)
+
+
+def _save(p: Preset, replace: bool) -> None:
+    path = _file(p.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not replace:
+        raise UsageError(f"a preset named {p.name!r} exists", hint="--force replaces it; localgen rm removes it")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(_to_json(p), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)  # a reader sees the old preset or the new one, never half of one
+
+
+def _check_new_name(name: str) -> None:
+    from localgen.models import catalogue
+
+    check_name(name)
+    if name in catalogue.load():
+        raise UsageError(f"{name!r} is a catalogue model's name; a preset needs a name of its own")
+
+
+def create_preset(name: str, text: str, where: str = "Modelfile", force: bool = False) -> Preset:
+    """Parse a Modelfile, check its base is on this machine (without the network), and save it as `name`
+    (`--force`: replacing a preset of that name). The function `localgen create` and /api/create call."""
+    _check_new_name(name)
+    spec = modelfile.parse(text, where)
+    spec = _on_base(spec, where)
+    if spec.template is not None:
+        _check_template(spec.template, where)
+    preset = Preset(name, spec)
+    _save(preset, force)
+    return preset
+
+
+def copy(src: str, dst: str, force: bool = False) -> Preset:
+    """`localgen cp`: a preset copied, or a model (any name `run` takes) given a preset name of its own."""
+    _check_new_name(dst)
+    p = find(src)
+    if p is None:
+        spec = _on_base(modelfile.Modelfile(base=src), "cp")
+        p = Preset(dst, spec)
+    preset = dataclasses.replace(p, name=dst)
+    _save(preset, force)
+    return preset
+
+
+def exists(name: str) -> bool:
+    """Whether a preset file of that name is here (readable or not)."""
+    return bool(NAME.match(name)) and _file(name).exists()
+
+
+def remove(name: str) -> bool:
+    """Remove a preset's file (never a model's); False when there is no such preset."""
+    if not NAME.match(name):
+        return False
+    try:
+        _file(name).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _on_base(spec: modelfile.Modelfile, where: str) -> modelfile.Modelfile:
+    """FROM another preset: that preset's settings under this one's. FROM a model: it must be on this machine
+    (checked offline); a path is kept absolute."""
+    parent = find(spec.base)
+    if parent is not None:
+        up = parent.spec
+        return modelfile.Modelfile(
+            base=up.base, parameters={**up.parameters, **spec.parameters},
+            context=spec.context if spec.context is not None else up.context,
+            system=spec.system if spec.system is not None else up.system,
+            template=spec.template if spec.template is not None else up.template,
+            messages=spec.messages or up.messages)
+    from localgen.models import names
+    from localgen.models.resolve import resolve
+
+    try:
+        ref = resolve(spec.base, offline=True, pull_missing=False)
+    except ModelNotFoundError as e:
+        raise LocalgenError(f"{where}: FROM {spec.base}: {e.message}",
+                            hint=f"pull it first: localgen pull {spec.base}") from None
+    if ref.summary.chat_template is None and spec.template is None and (spec.system or spec.messages):
+        raise UsageError(f"{where}: {spec.base} has no chat template, so SYSTEM and MESSAGE cannot apply; "
+                         "give a TEMPLATE")
+    if isinstance(names.parse(spec.base), names.PathSpec):
+        return dataclasses.replace(spec, base=str(Path(ref.path).resolve()))
+    return spec
+
+
+def _check_template(source: str, where: str) -> None:
+    """A TEMPLATE is a Jinja chat template, as in a GGUF (not Ollama's Go template): it must compile."""
+    from localgen.engine.template import ChatTemplate
+    from localgen.errors import TemplateError
+
+    if "{{ ." in source or "{{." in source:
+        raise UsageError(f"{where}: TEMPLATE looks like an Ollama Go template; localgen takes a Jinja chat "
+                         "template, as GGUF files carry")
+    try:
+        ChatTemplate(source, "", "")
+    except TemplateError as e:
+        raise UsageError(f"{where}: TEMPLATE does not compile: {e.message.split(': ', 1)[-1]}") from None
+
+
+def apply(p: Preset, ref: ModelRef) -> ModelRef:
+    """The base model as the preset makes it: its settings over the base's sampling defaults, its template in
+    place of the GGUF's."""
+    s = p.spec
+    summary = dataclasses.replace(ref.summary, chat_template=s.template) if s.template else ref.summary
+    return dataclasses.replace(ref, name=p.name, summary=summary,
+                               sampling_defaults={**ref.sampling_defaults, **s.parameters},
+                               system=s.system, messages=s.messages, context=s.context)

@@ -1,0 +1,254 @@
+"""Presets (#43 item 5): Modelfiles parsed and written, `localgen create | cp` and presets in list, show and rm,
+through the real CLI; a preset's settings in a real run of SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from localgen.errors import UsageError
+from localgen.models import modelfile
+from tests.conftest import CLI, HF_PRIVATE, InProcessCLI
+
+TERSE = '''# a terse helper
+from smollm2:135m
+PARAMETER temperature 0
+Parameter num_predict 3
+PARAMETER stop "<|im_end|>"
+PARAMETER stop "User:"
+PARAMETER mirostat_tau 4.5
+PARAMETER num_ctx 1024
+SYSTEM """You are terse.
+Answer in one word."""
+MESSAGE user Hi
+MESSAGE assistant "Hello."
+'''
+
+
+@pytest.fixture
+def pcli(tmp_path: Path) -> InProcessCLI:
+    """The CLI in process with a home of this test's own, so presets never leak between tests."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("LOCALGEN_") or k in HF_PRIVATE}
+    env.update(LOCALGEN_HOME=str(tmp_path / "home"), NO_COLOR="1", HF_HUB_OFFLINE="1")
+    return InProcessCLI(env)
+
+
+def one_error(r: subprocess.CompletedProcess[str], *words: str) -> str:
+    """A failure said in one line (and perhaps a hint), nothing on stdout, no traceback."""
+    assert r.returncode != 0, (r.stdout, r.stderr)
+    assert r.stdout == "", r.stdout
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("localgen: error: "), r.stderr
+    assert all(line.startswith("hint: ") for line in lines[1:]) or len(lines) == 1, r.stderr
+    for w in words:
+        assert w in lines[0], (w, r.stderr)
+    return lines[0]
+
+
+# ---- the Modelfile ------------------------------------------------------------------------------------
+
+
+def test_a_modelfile_parses_ollamas_syntax() -> None:
+    m = modelfile.parse(TERSE)
+    assert m.base == "smollm2:135m"
+    assert m.parameters == {"temperature": 0.0, "max_tokens": 3, "stop": ("<|im_end|>", "User:"),
+                            "mirostat_ent": 4.5}
+    assert m.context == 1024
+    assert m.system == "You are terse.\nAnswer in one word."
+    assert m.messages == ({"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."})
+
+
+@pytest.mark.parametrize("text", [
+    'say "hi"', "two\nlines", ' padded ', 'ends with a quote"', 'has """ inside\nand a newline', "# not a comment",
+    "tab\there", "back\\slash", "\n", " ",
+])
+def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
+    m = modelfile.Modelfile(base="smollm2:135m", parameters={"stop": (text,), "seed": None, "ignore_eos": True,
+                                                             "logit_bias": ((15043, 1.5), (2, float("-inf")))},
+                            system=text, template=None, messages=({"role": "user", "content": text},))
+    assert modelfile.parse(modelfile.write(m)) == m
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("FROM smollm2:135m\nFORM x\n", ["line 2", "unknown instruction 'FORM'"]),
+    ("FROM smollm2:135m\nPARAMETER temperature hot\n", ["line 2", "temperature"]),
+    ("FROM smollm2:135m\nPARAMETER top_k 1.5\n", ["line 2", "top_k"]),
+    ("FROM smollm2:135m\nPARAMETER temperature 9\n", ["line 2", "temperature must be within"]),
+    ("FROM smollm2:135m\nPARAMETER warmth 1\n", ["line 2", "unknown PARAMETER 'warmth'"]),
+    ("FROM smollm2:135m\nPARAMETER num_ctx 8\n", ["line 2", "num_ctx"]),
+    ("FROM smollm2:135m\nPARAMETER num_gpu 99\n", ["line 2", "--gpu-layers"]),
+    ("FROM smollm2:135m\nMESSAGE robot hi\n", ["line 2", "role"]),
+    ("FROM smollm2:135m\n\nSYSTEM \"\"\"never\nclosed\n", ["line 3", '"""']),
+    ("FROM smollm2:135m\nSYSTEM \"open\n", ["line 2", "never closed"]),
+    ("FROM smollm2:135m\nSYSTEM\n", ["line 2", "SYSTEM needs a value"]),
+    ("FROM smollm2:135m\nSYSTEM \"\"\n", ["line 2", "SYSTEM needs a value"]),
+    ("FROM smollm2:135m\nFROM qwen3:0.6b\n", ["line 2", "second FROM"]),
+    ("FROM smollm2:135m\nADAPTER ./lora.gguf\n", ["line 2", "ADAPTER is not supported yet"]),
+    ("# only a comment\nSYSTEM hi\n", ["no FROM line"]),
+])
+def test_a_bad_modelfile_is_one_error_naming_its_line(text: str, words: list[str]) -> None:
+    with pytest.raises(UsageError) as e:
+        modelfile.parse(text)
+    for w in words:
+        assert w in e.value.message, e.value.message
+
+
+# ---- create, list, show, cp, rm ------------------------------------------------------------------------
+
+
+def test_create_list_show_and_a_modelfile_that_round_trips(pcli: InProcessCLI, tmp_path: Path) -> None:
+    (tmp_path / "Modelfile").write_text(TERSE)
+    r = pcli("create", "terse", "-f", str(tmp_path / "Modelfile"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "terse  preset of smollm2:135m\n"
+
+    r = pcli("list", "--json")
+    item = next(i for i in json.loads(r.stdout) if i["name"] == "terse")
+    assert item["source"] == "preset" and item["base"] == "smollm2:135m" and item["architecture"] == "llama"
+    assert "preset of smollm2:135m" in pcli("list").stdout
+
+    shown = pcli("show", "terse", "--modelfile").stdout
+    assert modelfile.parse(shown) == modelfile.parse(TERSE)
+    assert "PARAMETER num_predict 3" in shown and "PARAMETER mirostat_tau 4.5" in shown  # Ollama's names
+    r = pcli("create", "again", "-f", "-", input=shown)  # stdin
+    assert r.returncode == 0, r.stderr
+    assert pcli("show", "again", "--modelfile").stdout == shown
+    home = tmp_path / "home" / "data" / "presets"
+    a, b = (json.loads((home / f"{n}.json").read_text()) for n in ("terse", "again"))
+    assert {**a, "name": "x"} == {**b, "name": "x"}
+
+    r = pcli("show", "terse", "--json")  # the rest of show reads the base model's header
+    assert json.loads(r.stdout)["architecture"] == "llama"
+    # a plain model's Modelfile: FROM it, with its catalogue sampling defaults
+    assert modelfile.parse(pcli("show", "smollm2:135m", "--modelfile").stdout) == modelfile.Modelfile(
+        base="smollm2:135m", parameters={"temperature": 0.2, "top_p": 0.9})
+
+
+def test_cp_copies_a_preset_or_names_a_model(pcli: InProcessCLI, tmp_path: Path) -> None:
+    (tmp_path / "Modelfile").write_text(TERSE)
+    assert pcli("create", "terse", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    r = pcli("cp", "terse", "terse:copy")
+    assert (r.returncode, r.stdout) == (0, "terse:copy  preset of smollm2:135m\n"), r.stderr
+    assert pcli("show", "terse:copy", "--modelfile").stdout == pcli("show", "terse", "--modelfile").stdout
+    assert pcli("cp", "smollm2:135m", "plain").returncode == 0
+    assert pcli("show", "plain", "--modelfile").stdout == "FROM smollm2:135m\n"
+    one_error(pcli("cp", "terse", "plain"), "a preset named 'plain' exists")
+    assert pcli("cp", "terse", "plain", "--force").returncode == 0
+    assert "num_predict 3" in pcli("show", "plain", "--modelfile").stdout
+    one_error(pcli("cp", "nosuch:model", "x"), "FROM nosuch:model", "unknown model")
+
+
+def test_from_a_preset_layers_on_it(pcli: InProcessCLI, tmp_path: Path) -> None:
+    (tmp_path / "Modelfile").write_text(TERSE)
+    assert pcli("create", "terse", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    r = pcli("create", "hot", "-f", "-", input="FROM terse\nPARAMETER temperature 0.9\n")
+    assert r.returncode == 0, r.stderr
+    m = modelfile.parse(pcli("show", "hot", "--modelfile").stdout)
+    assert m.base == "smollm2:135m" and m.parameters["temperature"] == 0.9 and m.parameters["max_tokens"] == 3
+    assert m.system == modelfile.parse(TERSE).system
+
+
+def test_rm_removes_the_preset_never_its_base(pcli: InProcessCLI, tmp_path: Path, smollm2_path: Path) -> None:
+    model = tmp_path / "mine.gguf"
+    shutil.copyfile(smollm2_path, model)
+    r = pcli("create", "mine", "-f", "-", input=f"FROM {model}\n")
+    assert r.returncode == 0, r.stderr
+    one_error(pcli("rm", "mine"), "would remove the preset mine", "--yes")
+    model.rename(tmp_path / "moved.gguf")  # the base is gone: list says so, the Modelfile is still shown
+    assert "preset of " + str(model) + " (missing)" in pcli("list").stdout
+    assert pcli("show", "mine", "--modelfile").stdout == f"FROM {model}\n"
+    one_error(pcli("run", "-m", "mine", "-p", "hi"), "no such model file")
+    (tmp_path / "moved.gguf").rename(model)
+    r = pcli("rm", "mine", "--yes")
+    assert (r.returncode, r.stdout) == (0, "removed the preset mine\n"), r.stderr
+    assert model.is_file() and model.stat().st_size == smollm2_path.stat().st_size
+    assert not any(i["name"] == "mine" for i in json.loads(pcli("list", "--json").stdout))
+    one_error(pcli("show", "mine"), "unknown model 'mine'")
+
+
+@pytest.mark.parametrize(("name", "modelfile_text", "words"), [
+    ("bot", "FROM smollm2:135m\nFORM x\n", ["stdin line 2", "unknown instruction"]),
+    ("bot", "FROM smollm2:135m\nPARAMETER top_p 2\n", ["stdin line 2", "top_p must be within"]),
+    ("bot", "SYSTEM hi\n", ["no FROM line"]),
+    ("bot", "FROM nosuch:model\n", ["FROM nosuch:model", "unknown model"]),
+    ("bot", "FROM ./nowhere.gguf\n", ["FROM ./nowhere.gguf", "no such model file"]),
+    ("bot", "FROM smollm2:135m\nTEMPLATE {{ .Prompt }}\n", ["Ollama Go template"]),
+    ("bot", "FROM smollm2:135m\nTEMPLATE {% if %}\n", ["TEMPLATE does not compile"]),
+    ("bot", "FROM smollm2:135m\nADAPTER ./lora.gguf\n", ["ADAPTER is not supported yet"]),
+    ("smollm2:135m", "FROM smollm2:135m\n", ["catalogue model's name"]),
+    ("a/b", "FROM smollm2:135m\n", ["bad preset name 'a/b'"]),
+])
+def test_create_refuses_in_one_line(pcli: InProcessCLI, name: str, modelfile_text: str, words: list[str]) -> None:
+    one_error(pcli("create", name, "-f", "-", input=modelfile_text), *words)
+    assert not any(i.get("source") == "preset" for i in json.loads(pcli("list", "--json").stdout))
+
+
+def test_create_keeps_what_exists(pcli: InProcessCLI, tmp_path: Path) -> None:
+    one_error(pcli("create", "bot", "-f", str(tmp_path / "missing")), "cannot read the Modelfile")
+    assert pcli("create", "bot", "-f", "-", input="FROM smollm2:135m\nSYSTEM one\n").returncode == 0
+    one_error(pcli("create", "bot", "-f", "-", input="FROM smollm2:135m\nSYSTEM two\n"),
+              "a preset named 'bot' exists")
+    assert "SYSTEM one" in pcli("show", "bot", "--modelfile").stdout
+    r = pcli("create", "bot", "--force", "-f", "-", input="FROM smollm2:135m\nSYSTEM two\n")
+    assert r.returncode == 0 and "SYSTEM two" in pcli("show", "bot", "--modelfile").stdout
+    # a damaged preset file is named, never a traceback; rm still removes it
+    saved = tmp_path / "home" / "data" / "presets" / "bot.json"
+    doc = json.loads(saved.read_text())
+    for damage in ("{not json", json.dumps({**doc, "parameters": []}),
+                   json.dumps({**doc, "parameters": {"temperature": "hot"}})):
+        saved.write_text(damage)
+        one_error(pcli("run", "-m", "bot", "-p", "hi"), "damaged")
+        one_error(pcli("show", "bot"), "damaged")
+    assert pcli("rm", "bot", "--yes").returncode == 0
+    one_error(pcli("pull", "nosuch"), "unknown model")
+
+
+# ---- a preset in a real run ---------------------------------------------------------------------------
+
+
+def test_run_uses_the_presets_settings_and_flags_win(cli_env: dict[str, str], tmp_path: Path) -> None:
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    r = cli("create", "terse", "-f", "-", input=TERSE)
+    assert r.returncode == 0, r.stderr
+    r = cli("run", "-m", "terse", "-p", "What colour is the sky?", "--json", "--verbose-prompt")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["model"]["name"] == "terse"
+    s = doc["sampling"]
+    assert (s["temperature"], s["max_tokens"], s["stop"], s["mirostat_ent"]) == (0.0, 3, ["<|im_end|>", "User:"], 4.5)
+    assert s["top_p"] == 0.9  # the base's catalogue default, under the preset's
+    assert doc["stats"]["completion_tokens"] <= 3 and doc["load"]["n_ctx"] == 1024
+    prompt = r.stderr[r.stderr.index("prompt:"):]
+    assert prompt.index("You are terse.\nAnswer in one word.") < prompt.index("Hi") < prompt.index("Hello.") \
+        < prompt.index("What colour is the sky?")
+
+    r = cli("run", "-m", "terse", "-p", "Sky?", "--json", "--verbose-prompt", "-n", "2", "--temperature", "0.5",
+            "--system", "Be kind.", "--ctx", "512")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["sampling"]["max_tokens"], doc["sampling"]["temperature"], doc["load"]["n_ctx"]) == (2, 0.5, 512)
+    assert "Be kind." in r.stderr and "You are terse." not in r.stderr and "Hello." in r.stderr
+
+
+def test_a_presets_template_and_a_chat_on_a_preset(cli_env: dict[str, str], tmp_path: Path) -> None:
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"
+    text = f'FROM smollm2:135m\nPARAMETER num_predict 2\nTEMPLATE """{template}"""\n'
+    r = cli("create", "tpl", "-f", "-", input=text)
+    assert r.returncode == 0, r.stderr
+    r = cli("run", "-m", "tpl", "-p", "Sky?", "--verbose-prompt")
+    assert r.returncode == 0, r.stderr
+    assert "prompt:\n[user] Sky?\n[assistant]" in r.stderr
+
+    assert cli("create", "terse", "-f", "-", input=TERSE).returncode == 0
+    r = cli("chat", "onchat", "-m", "terse", input="Sky?\n")
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((tmp_path / "home" / "data" / "chats" / "onchat.json").read_text())
+    assert saved["system"] == "You are terse.\nAnswer in one word."
+    assert [m["content"] for m in saved["messages"][:3]] == ["Hi", "Hello.", "Sky?"]
