@@ -73,8 +73,8 @@ def test_each_front_end_reaches_every_knob() -> None:
 def test_the_server_routes_take_the_tables_names() -> None:
     from localgen.serve import ollama, openai
 
-    assert openai.FIELDS == settings.spellings("openai")
-    assert ollama.OPTIONS == settings.spellings("ollama") and ollama.IGNORED == settings.OLLAMA_LOAD_OPTIONS
+    assert settings.spellings("openai") == openai.FIELDS
+    assert settings.spellings("ollama") == ollama.OPTIONS and ollama.IGNORED == settings.OLLAMA_LOAD_OPTIONS
 
 
 def _far_from_default() -> SamplingParams:

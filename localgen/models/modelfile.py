@@ -18,12 +18,12 @@ from localgen.text import checked
 INSTRUCTIONS = ("FROM", "PARAMETER", "SYSTEM", "TEMPLATE", "MESSAGE", "ADAPTER")
 ROLES = ("system", "user", "assistant")
 MIN_CTX = 16  # as --ctx
-# localgen's field → Ollama's name, where they differ (what `show --modelfile` writes)
-OLLAMA_NAMES = {"max_tokens": "num_predict", "mirostat_ent": "mirostat_tau", "mirostat_lr": "mirostat_eta"}
+# localgen's field → Ollama's name, where they differ (what `show --modelfile` writes): the settings table's
+OLLAMA_NAMES = {k.name: k.ollama for k in settings.KNOBS.values() if k.ollama and k.ollama != k.name}
 REPEATED = ("stop", "dry_sequence_breaker", "logit_bias")
-# Ollama's load-time parameters: localgen takes them as flags of run, chat and serve
-LOAD_FLAGS = {"num_gpu": "--gpu-layers", "num_thread": "--threads", "num_batch": "--batch-size",
-              "main_gpu": "--main-gpu", "use_mmap": "--no-mmap", "use_mlock": "--mlock", "numa": "--numa"}
+# Ollama's load-time parameters but num_ctx: localgen takes them as flags of run, chat and serve
+LOAD_FLAGS = {k.ollama: k.flags[0] for k in settings.LOAD_KNOBS.values() if k.ollama and k.ollama != "num_ctx"} | {
+    "use_mmap": "--no-mmap"}
 
 
 @dataclass(frozen=True)
