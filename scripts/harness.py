@@ -1,9 +1,10 @@
 """What the benchmark and reference scripts share: a free port, a server process that is always stopped, rounds
-that alternate between the things compared, medians, percentiles and ratios, timed runs, a tool's path checked.
+that alternate between the things compared, medians, percentiles and ratios, timed runs, a tool's path checked,
+and a GGUF header the size of Llama 3's.
 
 The scripts import it as `import harness` (run as `python scripts/x.py`, scripts/ is first on sys.path); a
 script that tests import as `scripts.x` imports it inside the function that needs it. Nothing here imports
-localgen, httpx or a model, so a script's `--help` stays quick.
+localgen, httpx or a model at import, so a script's `--help` stays quick.
 """
 
 from __future__ import annotations
@@ -147,4 +148,28 @@ def executable(path: str) -> str:
     """An argparse `type`: the program at `path` (or found on PATH), else a usage error naming it."""
     if shutil.which(path) is None:
         raise argparse.ArgumentTypeError(f"no program at {path} (build it, or give its path)")
+    return path
+
+
+def llama3_header(path: Path) -> Path:
+    """A GGUF with a Llama-3-sized tokenizer (128k tokens, 280k merges) and one tiny tensor, for timing how
+    headers are read. Needs numpy and gguf (dev dependencies): ImportError without them."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_context_length(8192)
+    w.add_block_count(32)
+    w.add_embedding_length(4096)
+    w.add_head_count(32)
+    w.add_head_count_kv(8)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"tok{i}".encode() for i in range(128_256)])
+    w.add_token_merges([f"m{i} x{i}" for i in range(280_147)])
+    w.add_token_types([1] * 128_256)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return path
