@@ -4,7 +4,7 @@ and a GGUF header the size of Llama 3's.
 
 The scripts import it as `import harness` (run as `python scripts/x.py`, scripts/ is first on sys.path); a
 script that tests import as `scripts.x` imports it inside the function that needs it. Nothing here imports
-localgen, httpx or a model at import, so a script's `--help` stays quick.
+localgen, httpx or numpy at import, so a script's `--help` stays quick.
 """
 
 from __future__ import annotations
@@ -31,10 +31,6 @@ class ServerError(SystemExit):
     """A server that exited or never answered: a SystemExit, so a script ends with this one line (exit 1)."""
 
 
-# no proxy from the environment: the servers are on 127.0.0.1
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick)."""
     with socket.socket() as s:
@@ -44,8 +40,9 @@ def free_port() -> int:
 
 def answers(url: str, timeout: float = 1.0) -> bool:
     """Whether a GET of `url` answers 200 now."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy: the servers are local
     try:
-        with _DIRECT.open(url, timeout=timeout) as r:
+        with direct.open(url, timeout=timeout) as r:
             return int(r.status) == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
