@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
+from functools import partial
+
+import harness
 
 SUBJECTS = ["the Roman Empire", "photosynthesis", "reversing a list in Python", "the largest cities in Japan",
             "baking bread", "the Moon landing", "the French Revolution", "installing a package with pip"]
@@ -45,20 +47,17 @@ def main() -> None:
     # --exact named: the default is throughput batching wherever exactness costs more (engine/batchmode.py)
     modes = {"one at a time": (1, []), "--exact": (a.parallel, ["--exact"]),
              "--no-exact": (a.parallel, ["--no-exact"])}
-    rates: dict[str, list[float]] = {k: [] for k in modes}
-    per_call: dict[str, float] = {}
-    texts: dict[str, str] = {}
-    for _ in range(a.reps):
-        for name, (par, extra) in modes.items():
-            tps, rows, out = once(a.model, f.name, a.n, par, extra, a.raw)
-            rates[name].append(tps)
-            per_call[name] = rows
-            texts[name] = out
+    runs = harness.alternate({name: partial(once, a.model, f.name, a.n, par, extra, a.raw)
+                              for name, (par, extra) in modes.items()}, a.reps, flip=False)
+    rates = {name: [tps for tps, _, _ in got] for name, got in runs.items()}
+    per_call = {name: got[-1][1] for name, got in runs.items()}  # the last round's
+    texts = {name: got[-1][2] for name, got in runs.items()}
     print(f"{a.model}: {a.prompts} prompts x {a.n} tokens, --parallel {a.parallel}, median of {a.reps}")
-    base = statistics.median(rates["one at a time"])
+    base = harness.median(rates["one at a time"])
     for name in modes:
-        med = statistics.median(rates[name])
-        print(f"  {name:14} {med:7.1f} tok/s  {med / base:4.2f}x  {per_call[name]:.1f} sequences per call")
+        med = harness.median(rates[name])
+        print(f"  {name:14} {med:7.1f} tok/s  {harness.ratio(med, base, '4.2f')}  "
+              f"{per_call[name]:.1f} sequences per call")
     same = texts["--exact"] == texts["one at a time"]
     alone = texts["one at a time"].splitlines()
     differ = sum(x != y for x, y in zip(texts["--no-exact"].splitlines(), alone, strict=False))

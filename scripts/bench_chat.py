@@ -13,9 +13,11 @@ usage: scripts/bench_chat.py [--model smollm2:135m] [--turns 10] [--answer 48] [
 from __future__ import annotations
 
 import argparse
-import statistics
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import harness
 
 QUESTIONS = [
     "Tell me about rivers.", "Which is the longest river?", "What about lakes?", "How do glaciers form?",
@@ -64,11 +66,9 @@ def main() -> None:
     from localgen.types import LoadParams
 
     engine = Engine(resolve(a.model), LoadParams(n_ctx=4096))
-    samples: dict[bool, list[list[tuple[int, int, float]]]] = {True: [], False: []}
-    try:
-        for k in range(a.samples):
-            for reuse in ((True, False) if k % 2 == 0 else (False, True)):
-                samples[reuse].append(conversation(engine, a.model, a.turns, a.answer, reuse))
+    try:  # the two modes alternate, each going first every other time
+        samples = harness.alternate({reuse: partial(conversation, engine, a.model, a.turns, a.answer, reuse)
+                                     for reuse in (True, False)}, a.samples)
     finally:
         engine.close()
     for reuse, runs in samples.items():  # greedy: the same prompts every time, or the medians mix turns
@@ -76,7 +76,7 @@ def main() -> None:
             raise SystemExit(f"the {'reused' if reuse else 'cleared'} conversations differ between samples")
 
     def ttft(reuse: bool, turn: int) -> float:
-        return statistics.median(run[turn][2] for run in samples[reuse])
+        return harness.median(run[turn][2] for run in samples[reuse])
 
     reused = samples[True][0]
     print(f"{a.model}, {a.answer}-token answers, greedy, medians of {a.samples} conversations per mode")
@@ -85,8 +85,8 @@ def main() -> None:
         print(f"{i + 1:4}  {reused[i][0]:6}  {reused[i][1]:6}  {ttft(True, i) * 1000:8.0f} ms  "
               f"{ttft(False, i) * 1000:10.0f} ms")
     last = a.turns - 1
-    print(f"turn {a.turns} / turn 1 time to first token: {ttft(True, last) / ttft(True, 0):.2f}x with reuse, "
-          f"{ttft(False, last) / ttft(False, 0):.2f}x without")
+    print(f"turn {a.turns} / turn 1 time to first token: {harness.ratio(ttft(True, last), ttft(True, 0))} with reuse, "
+          f"{harness.ratio(ttft(False, last), ttft(False, 0))} without")
 
 
 if __name__ == "__main__":

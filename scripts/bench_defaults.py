@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,17 +119,16 @@ def main() -> None:
         return
     for model in a.model or ["smollm2:135m", "gemma3:270m"]:
         configs = alternatives(model, a)
-        times: dict[str, dict[str, list[float]]] = {label: {"0": [], str(a.depth): []} for label, _, _ in configs}
-        used: dict[str, dict[str, Any]] = {}
-        for rep in range(a.reps):
-            order = configs if rep % 2 == 0 else configs[::-1]  # alternate, so drift hits every configuration
-            for label, settings, use_records in order:
-                got = run_child(model, settings, a, use_records)
-                for d in times[label]:
-                    times[label][d].append(got[d])
-                used[label] = {**got["settings"], "flash_attn_used": got["flash_attn_used"]}
+        def progress(rep: int, _: object, model: str = model) -> None:
             print(f"{model}: round {rep + 1} of {a.reps} done", file=sys.stderr, flush=True)
-        med = {label: {d: statistics.median(v) for d, v in t.items()} for label, t in times.items()}
+
+        # alternated, so drift hits every configuration
+        runs = harness.alternate({label: partial(run_child, model, settings, a, use_records)
+                                  for label, settings, use_records in configs}, a.reps, after=progress)
+        med = {label: {d: harness.median(got[d] for got in runs[label]) for d in ("0", str(a.depth))}
+               for label in runs}
+        used = {label: {**got[-1]["settings"], "flash_attn_used": got[-1]["flash_attn_used"]}
+                for label, got in runs.items()}
         best = {d: min(m[d] for m in med.values()) for d in ("0", str(a.depth))}
         print(f"\n{model}: one exchange (512-token prompt, {a.answer}-token answer), median of {a.reps} fresh runs")
         print(f"{'configuration':26} {'fa':>4} {'repack':>6} {'-t':>3} {'-tb':>3} {'-ub':>4} "

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
+
+import harness
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["river", "mountain", "city", "forest", "history", "science", "music", "garden", "ocean", "planet",
@@ -44,16 +45,12 @@ def llama_settings(ctx: int, seqs: int) -> list[str]:
     return ["-c", str(ctx), "-b", str(ctx), "-ub", str(ctx), "-np", str(seqs), "--kv-unified"]
 
 
-def timed(cmd: list[str]) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    return time.perf_counter() - t0
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--llama-embedding", help="compare `localgen embed --file` with this llama-embedding")
-    ap.add_argument("--llama-server", help="also compare /v1/embeddings of llama-server and localgen serve")
+    ap.add_argument("--llama-embedding", type=harness.executable,
+                    help="compare `localgen embed --file` with this llama-embedding")
+    ap.add_argument("--llama-server", type=harness.executable,
+                    help="also compare /v1/embeddings of llama-server and localgen serve")
     ap.add_argument("--model", default="smollm2:135m")
     ap.add_argument("--texts", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
@@ -89,81 +86,51 @@ def commands(a: argparse.Namespace, path: str, items: list[str]) -> None:
         theirs = [a.llama_embedding, "-m", path, "-p", sep.join(items), "--embd-separator", sep, "--pooling", "mean",
                   *llama_settings(a.ctx, a.seqs), "-t", str(a.threads), "--embd-output-format", "json",
                   "--no-warmup"]
-        timed(ours)  # warm the page cache for both
-        timed(theirs)
-        t_ours, t_theirs = [], []
-        for rep in range(a.reps):  # alternated: each goes first every other round
-            for cmd, into in ((ours, t_ours), (theirs, t_theirs))[:: 1 if rep % 2 == 0 else -1]:
-                into.append(timed(cmd))
-    mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
+        harness.run_timed(ours, cwd=ROOT)  # warm the page cache for both
+        harness.run_timed(theirs, cwd=ROOT)
+        t = harness.alternate({"ours": partial(harness.run_timed, ours, cwd=ROOT),
+                               "theirs": partial(harness.run_timed, theirs, cwd=ROOT)}, a.reps)
+    mo, mt = harness.median(t["ours"]), harness.median(t["theirs"])
     print(f"{a.model}: {a.texts} texts of 6-14 words, mean pooling, --threads {a.threads}, window {a.ctx} "
           f"(batch {a.ctx}, up to {a.seqs} texts per decode, unified KV) on both sides, medians of {a.reps}")
     print(f"  localgen embed --file   {mo:6.2f} s  {a.texts / mo:7.1f} texts/s")
     print(f"  llama-embedding         {mt:6.2f} s  {a.texts / mt:7.1f} texts/s")
-    print(f"  ratio (llama-embedding time / ours) {mt / mo:.2f}x")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(cmd: list[str], url: str) -> subprocess.Popen[bytes]:
-    import httpx
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"{cmd[0]} did not come up")
+    print(f"  ratio (llama-embedding time / ours) {harness.ratio(mt, mo)}")
 
 
 def _client(url: str, model: str, items: list[str]) -> float:
+    """Seconds to embed `items`, 64 a request, one after another."""
     import httpx
 
-    t0 = time.perf_counter()
-    with httpx.Client(timeout=600) as c:
-        for k in range(0, len(items), 64):
-            r = c.post(f"{url}/v1/embeddings", json={"model": model, "input": items[k:k + 64]})
-            r.raise_for_status()
-            assert len(r.json()["data"]) == len(items[k:k + 64])
-    return time.perf_counter() - t0
+    def embed_all() -> None:
+        with httpx.Client(timeout=600) as c:
+            for k in range(0, len(items), 64):
+                r = c.post(f"{url}/v1/embeddings", json={"model": model, "input": items[k:k + 64]})
+                r.raise_for_status()
+                assert len(r.json()["data"]) == len(items[k:k + 64])
+
+    return harness.timed(embed_all)[0]
 
 
 def servers(a: argparse.Namespace, path: str, items: list[str]) -> None:
     """One client, batches of 64, against each running server."""
-    pl, pn = _free_port(), _free_port()
-    llama = _start([a.llama_server, "-m", path, "--embeddings", "--pooling", "mean", *llama_settings(a.ctx, a.seqs),
-                    "-t", str(a.threads), "--port", str(pl)], f"http://127.0.0.1:{pl}")
-    ours = _start([sys.executable, "-m", "localgen", "serve", "-m", a.model, "--port", str(pn), "--threads",
-                   str(a.threads), "--ctx", str(a.ctx), "-b", str(a.ctx), "-ub", str(a.ctx), "-np", "1"],
-                  f"http://127.0.0.1:{pn}")
+    pl, pn = harness.free_port(), harness.free_port()
     urls = {"llama": f"http://127.0.0.1:{pl}", "ours": f"http://127.0.0.1:{pn}"}
-    try:
+    cmds = {"llama": [a.llama_server, "-m", path, "--embeddings", "--pooling", "mean",
+                      *llama_settings(a.ctx, a.seqs), "-t", str(a.threads), "--port", str(pl)],
+            "ours": [sys.executable, "-m", "localgen", "serve", "-m", a.model, "--port", str(pn), "--threads",
+                     str(a.threads), "--ctx", str(a.ctx), "-b", str(a.ctx), "-ub", str(a.ctx), "-np", "1"]}
+    with ExitStack() as running:
+        for key, cmd in cmds.items():
+            running.enter_context(harness.server(cmd, urls[key] + "/health", cwd=ROOT))
         for url in urls.values():  # warm both
             _client(url, a.model, items[:64])
-        t: dict[str, list[float]] = {"llama": [], "ours": []}
-        for rep in range(a.reps):  # alternated: each goes first every other round
-            for key in (["llama", "ours"] if rep % 2 == 0 else ["ours", "llama"]):
-                t[key].append(_client(urls[key], a.model, items))
-        t_l, t_n = t["llama"], t["ours"]
-    finally:
-        for p in (llama, ours):
-            p.terminate()
-            p.wait(30)
-    ml, mn = statistics.median(t_l), statistics.median(t_n)
+        t = harness.alternate({key: partial(_client, url, a.model, items) for key, url in urls.items()}, a.reps)
+    ml, mn = harness.median(t["llama"]), harness.median(t["ours"])
     print("  one client, batches of 64, /v1/embeddings of a running server:")
     print(f"  localgen serve          {mn:6.2f} s  {len(items) / mn:7.1f} texts/s")
     print(f"  llama-server            {ml:6.2f} s  {len(items) / ml:7.1f} texts/s")
-    print(f"  ratio (llama-server time / localgen serve) {ml / mn:.2f}x")
+    print(f"  ratio (llama-server time / localgen serve) {harness.ratio(ml, mn)}")
 
 
 if __name__ == "__main__":

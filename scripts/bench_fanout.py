@@ -17,49 +17,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+import harness
 
 
-def serve(model: str, parallel: int, threads: int, env: dict[str, str]) -> tuple[Any, str]:
-    import httpx
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localgen", "serve", "-m", model, "--port", str(port), "-np",
-                             str(parallel), "-t", str(threads), "--threads-batch", str(threads), "--ctx", "1024"],
-                            env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+@contextmanager
+def serve(model: str, parallel: int, threads: int, env: dict[str, str]) -> Iterator[str]:
+    """A `localgen serve` with `parallel` slots and `threads` threads; yields its URL."""
+    port = harness.free_port()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("the server did not start")
+    with harness.server([sys.executable, "-m", "localgen", "serve", "-m", model, "--port", str(port), "-np",
+                         str(parallel), "-t", str(threads), "--threads-batch", str(threads), "--ctx", "1024"],
+                        url + "/health", env=env, name="localgen serve"):
+        yield url
 
 
 def job(urls: list[str], parallel: int, path: Path, env: dict[str, str]) -> tuple[float, list[dict[str, Any]]]:
     args = [sys.executable, "-m", "localgen", "run", "--file", str(path), "--json", "-np", str(parallel)]
     for u in urls:
         args += ["--endpoint", u]
-    t0 = time.perf_counter()
-    r = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
-    return time.perf_counter() - t0, [json.loads(x) for x in r.stdout.splitlines()]
+    secs, r = harness.timed(lambda: subprocess.run(args, env=env, capture_output=True, text=True, check=True))
+    return secs, [json.loads(x) for x in r.stdout.splitlines()]
 
 
 def main() -> None:
@@ -73,41 +59,31 @@ def main() -> None:
     a = ap.parse_args()
     if a.reps < 3:
         ap.error("--reps must be at least 3 (medians of 3 or more)")
-    times: dict[str, list[float]] = {"one": [], "two": []}
-    answers: dict[str, list[list[dict[str, Any]]]] = {"one": [], "two": []}
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
         path = Path(home) / "in.jsonl"
         path.write_text("".join(json.dumps({"prompt": f"Write two sentences about the number {i}.",
                                             "max_tokens": a.tokens, "temperature": 0, "ignore_eos": True}) + "\n"
                                 for i in range(1, a.lines + 1)))
-        procs: list[Any] = []
-        try:
-            one, url = serve(a.model, 2 * a.parallel, a.threads, env)
-            procs.append(one)
-            pair = [serve(a.model, a.parallel, max(1, a.threads // 2), env) for _ in range(2)]
-            procs += [p for p, _ in pair]
-            setups = {"one": ([url], 2 * a.parallel), "two": ([u for _, u in pair], a.parallel)}
+        with ExitStack() as running:
+            url = running.enter_context(serve(a.model, 2 * a.parallel, a.threads, env))
+            pair = [running.enter_context(serve(a.model, a.parallel, max(1, a.threads // 2), env)) for _ in range(2)]
+            setups = {"one": ([url], 2 * a.parallel), "two": (pair, a.parallel)}
             for urls, parallel in setups.values():  # warm-up
                 job(urls, parallel, path, env)
-            for rep in range(a.reps):  # alternated: each set-up goes first every other round
-                for name in (["one", "two"] if rep % 2 == 0 else ["two", "one"]):
-                    secs, docs = job(*setups[name], path, env)
-                    times[name].append(secs)
-                    answers[name].append(docs)
-        finally:
-            for p in procs:
-                p.terminate()
-                p.wait(30)
+            runs = harness.alternate({name: partial(job, *setup, path, env) for name, setup in setups.items()}, a.reps)
+    times = {name: [secs for secs, _ in got] for name, got in runs.items()}
+    answers = {name: [docs for _, docs in got] for name, got in runs.items()}
     print(f"{a.model}: {a.lines} lines x {a.tokens} tokens, greedy; medians of {a.reps} alternated rounds")
     for name in ("one", "two"):
         tokens = sum(d.get("completion_tokens", 0) for d in answers[name][0])
-        secs = statistics.median(times[name])
+        secs = harness.median(times[name])
         label = (f"1 endpoint, --parallel {2 * a.parallel}, {a.threads} threads" if name == "one" else
                  f"2 endpoints, --parallel {a.parallel} each, {max(1, a.threads // 2)} thread(s) each")
         print(f"{label}: {tokens} tokens in {secs:.2f} s (min {min(times[name]):.2f}, max {max(times[name]):.2f}) "
               f"= {tokens / secs:.1f} tok/s")
-    print(f"ratio (2 endpoints / 1, tok/s): {statistics.median(times['one']) / statistics.median(times['two']):.2f}x")
+    one, two = harness.median(times["one"]), harness.median(times["two"])
+    print(f"ratio (2 endpoints / 1, tok/s): {harness.ratio(one, two)}")
     texts = {tuple(d["text"] for d in docs) for name in answers for docs in answers[name]}
     print(f"answers identical (every round, both set-ups): {len(texts) == 1}")
 

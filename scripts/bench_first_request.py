@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
+from functools import partial
 from typing import Any
 
-import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # its server start, for the same flags
+import harness
+import httpx
 
 QUESTIONS = ["Tell me about rivers.", "Name three mountains.", "Why is the sky blue?"]
 
@@ -47,7 +44,8 @@ def main() -> None:
     ap.add_argument("--starts", type=int, default=4)
     ap.add_argument("--settle", type=float, default=1.5, help="seconds between ready and the first request")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--against", metavar="LLAMA_SERVER", help="alternate starts with this llama-server")
+    ap.add_argument("--against", metavar="LLAMA_SERVER", type=harness.executable,
+                    help="alternate starts with this llama-server")
     a = ap.parse_args()
     from localgen.models.resolve import resolve
 
@@ -58,24 +56,24 @@ def main() -> None:
     opts = argparse.Namespace(slots=8, threads=a.threads, ctx=2048, localgen_args="", llama_args="",
                               llama_server=a.against)
     targets = ["localgen", "llama-server"] if a.against else ["localgen"]
-    seen: dict[str, list[list[float]]] = {t: [] for t in targets}
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
-        for k in range(a.starts):
+
+        def first_requests(target: str) -> list[float]:
+            with bench_serve.start(target, str(ref.path), opts, env, 8) as url:
+                time.sleep(a.settle)
+                return ttfts(url)
+
+        def show(k: int, seen: dict[str, list[list[float]]]) -> None:
             for target in targets:
-                port = bench_serve.free_port()
-                proc = bench_serve.start(target, str(ref.path), port, opts, env, 8)
-                try:
-                    time.sleep(a.settle)
-                    got = ttfts(f"http://127.0.0.1:{port}")
-                finally:
-                    proc.terminate()
-                    proc.wait()
-                seen[target].append(got)
-                print(f"start {k + 1} {target:12} TTFT " + " ".join(f"{t * 1000:.0f}" for t in got) + " ms")
+                print(f"start {k + 1} {target:12} TTFT " + " ".join(f"{t * 1000:.0f}" for t in seen[target][-1])
+                      + " ms")
+
+        seen = harness.alternate({t: partial(first_requests, t) for t in targets}, a.starts, flip=False,
+                                 after=show)
     for target, runs in seen.items():
-        first = statistics.median(r[0] for r in runs) * 1000
-        later = statistics.median(t for r in runs for t in r[1:]) * 1000
+        first = harness.median(r[0] for r in runs) * 1000
+        later = harness.median(t for r in runs for t in r[1:]) * 1000
         print(f"{target:12} first request {first:.0f} ms, later ones {later:.0f} ms (medians)")
 
 

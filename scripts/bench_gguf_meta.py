@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,29 +77,6 @@ def baseline_module(rev: str) -> types.ModuleType:
     return module
 
 
-def llama3_header(path: Path) -> Path:
-    """A GGUF with a Llama-3-sized tokenizer and one tiny tensor."""
-    import numpy as np
-    from gguf import GGUFWriter
-
-    w = GGUFWriter(str(path), "llama")
-    w.add_context_length(8192)
-    w.add_block_count(32)
-    w.add_embedding_length(4096)
-    w.add_head_count(32)
-    w.add_head_count_kv(8)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"tok{i}".encode() for i in range(128_256)])
-    w.add_token_merges([f"m{i} x{i}" for i in range(280_147)])
-    w.add_token_types([1] * 128_256)
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def cases(tmp: Path, skip: set[str]) -> dict[str, str]:
     from localgen.models import embedded
 
@@ -111,19 +87,15 @@ def cases(tmp: Path, skip: set[str]) -> dict[str, str]:
         except Exception as e:  # not installed here: say so and go on
             print(f"(no Gemma 3 270M: {e})", file=sys.stderr)
     if "llama3" not in skip:
-        out["llama3-vocab"] = str(llama3_header(tmp / "llama3-header.gguf"))
+        import harness
+
+        out["llama3-vocab"] = str(harness.llama3_header(tmp / "llama3-header.gguf"))
     if "split" not in skip:
         from tests.gguf_split import split_model
 
         parts = split_model(Path(out["smollm2"]), tmp / "split", "smol-Q4_1", 100)
         out[f"split x{len(parts)}"] = str(parts[0])
     return out
-
-
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def fresh(code: str, *args: str) -> tuple[float, float]:
@@ -153,11 +125,12 @@ SUMMARIZE = {
 }
 
 
-def median_ms(xs: list[float]) -> str:
-    return f"{statistics.median(xs) * 1000:9.1f} ms"
-
-
 def main() -> None:
+    import harness  # here: a child process imports this module as scripts.bench_gguf_meta
+
+    def median_ms(xs: list[float]) -> str:
+        return f"{harness.median(xs) * 1000:9.1f} ms"
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--baseline", metavar="REV", help="also time gguf_meta.py as it was at this git revision")
@@ -173,47 +146,42 @@ def main() -> None:
         readers[f"localgen@{a.baseline}"] = (baseline_module(a.baseline), None)
     import gguf  # noqa: F401 (imported once here, so the in-process times below are of reading alone)
 
+    def summarize(module: types.ModuleType, reader: Callable[[str], Meta] | None, path: str) -> float:
+        with patched_reader(module, reader):
+            return harness.timed(partial(module.summarize, path))[0]
+
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
           f"medians of {a.runs} alternating runs")
     with tempfile.TemporaryDirectory() as tmp:
         paths = cases(Path(tmp), set(filter(None, a.skip.split(","))))
         print("\nsummarize(path), in process (imports done):")
         for case, path in paths.items():
-            times: dict[str, list[float]] = {label: [] for label in readers}
             seen = {}
             for label, (module, reader) in readers.items():  # warm the page cache; check they agree
                 with patched_reader(module, reader):
                     seen[label] = module.summarize(path)
             if any(s != seen["localgen"] for s in seen.values()):
                 print(f"  ({case}: the readers' summaries differ)")
-            for _ in range(a.runs):
-                for label, (module, reader) in readers.items():
-                    with patched_reader(module, reader):
-                        times[label].append(timed(partial(module.summarize, path)))
-            mine = statistics.median(times["localgen"])
+            times = harness.alternate({label: partial(summarize, *r, path) for label, r in readers.items()}, a.runs,
+                                      flip=False)
+            mine = harness.median(times["localgen"])
             print(f"  {case:<14} " + "  ".join(
-                f"{label} {median_ms(t)} ({statistics.median(t) / mine:5.1f}x)" for label, t in times.items()))
+                f"{label} {median_ms(t)} ({harness.ratio(harness.median(t), mine, '5.1f')})"
+                for label, t in times.items()))
         print("\nfresh process, wall time and peak RSS:")
-        walls: dict[str, list[float]] = {label: [] for label in PROCS}
-        rss: dict[str, float] = {}
-        for _ in range(a.runs):
-            for label, code in PROCS.items():
-                w, rss[label] = fresh(code)
-                walls[label].append(w)
-        for label in PROCS:
-            print(f"  {label:<40} {median_ms(walls[label])}  {rss[label]:6.0f} MiB")
-        extra = statistics.median(walls["import numpy, gguf"]) - statistics.median(walls["import numpy"])
+        runs = harness.alternate({label: partial(fresh, code) for label, code in PROCS.items()}, a.runs, flip=False)
+        for label, got in runs.items():  # the RSS of the last run
+            print(f"  {label:<40} {median_ms([w for w, _ in got])}  {got[-1][1]:6.0f} MiB")
+        walls = {label: [w for w, _ in got] for label, got in runs.items()}
+        extra = harness.median(walls["import numpy, gguf"]) - harness.median(walls["import numpy"])
         print(f"  (gguf over numpy, as on `run`, where llama_cpp imports numpy anyway: {extra * 1000:.1f} ms)")
         for case in ("smollm2", "gemma3-270m"):
             if case not in paths:
                 continue
-            walls = {label: [] for label in SUMMARIZE}
-            for _ in range(a.runs):
-                for label, code in SUMMARIZE.items():
-                    w, rss[label] = fresh(code, paths[case])
-                    walls[label].append(w)
-            for label in SUMMARIZE:
-                print(f"  {label + ' ' + case:<40} {median_ms(walls[label])}  {rss[label]:6.0f} MiB")
+            runs = harness.alternate({label: partial(fresh, code, paths[case]) for label, code in SUMMARIZE.items()},
+                                     a.runs, flip=False)
+            for label, got in runs.items():
+                print(f"  {label + ' ' + case:<40} {median_ms([w for w, _ in got])}  {got[-1][1]:6.0f} MiB")
 
 
 if __name__ == "__main__":

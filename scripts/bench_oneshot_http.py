@@ -9,13 +9,10 @@ usage: scripts/bench_oneshot_http.py [--model smollm2:135m] [--runs 7] [--thread
 from __future__ import annotations
 
 import argparse
-import socket
-import statistics
-import subprocess
 import sys
-import time
+from functools import partial
 
-import httpx
+import harness
 
 
 def main() -> None:
@@ -25,32 +22,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     lg = [sys.executable, "-m", "localgen"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([*lg, "serve", "-m", a.model, "--port", str(port), "-np", "1", "-t", str(a.threads)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = harness.free_port()
     url = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        args = ["run", "-p", "Name three primary colors.", "-n", "64", "--temperature", "0"]
-        times: dict[str, list[float]] = {"in-process": [], "over HTTP": []}
-        for _ in range(a.runs):
-            ways = (("in-process", ["-m", a.model, "-t", str(a.threads)]), ("over HTTP", ["--endpoint", url]))
-            for kind, extra in ways:
-                t0 = time.perf_counter()
-                subprocess.run([*lg, *args, *extra], capture_output=True, check=True)
-                times[kind].append(time.perf_counter() - t0)
-    finally:
-        server.terminate()
-        server.wait(30)
+    serve = [*lg, "serve", "-m", a.model, "--port", str(port), "-np", "1", "-t", str(a.threads)]
+    with harness.server(serve, url + "/health", timeout=300, name="localgen serve"):
+        args = [*lg, "run", "-p", "Name three primary colors.", "-n", "64", "--temperature", "0"]
+        ways = {"in-process": [*args, "-m", a.model, "-t", str(a.threads)], "over HTTP": [*args, "--endpoint", url]}
+        times = harness.alternate({kind: partial(harness.run_timed, cmd) for kind, cmd in ways.items()}, a.runs,
+                                  flip=False)
     for kind, values in times.items():
-        print(f"{kind:10}  median {statistics.median(values):.3f} s  ({', '.join(f'{v:.3f}' for v in values)})")
+        print(f"{kind:10}  median {harness.median(values):.3f} s  ({', '.join(f'{v:.3f}' for v in values)})")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,12 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import harness
 
 
 def document(path: Path, words: int) -> None:
@@ -51,12 +52,12 @@ def main() -> None:
         first = ttft(a.model, doc, questions[-1], True, env)  # evaluates and saves the prefix
         warm = [ttft(a.model, doc, q, True, env) for q in questions[: a.reps]]
         size = sum(p.stat().st_size for p in Path(tmp).rglob("*.state"))
-    c, w = statistics.median(x[0] for x in cold), statistics.median(x[0] for x in warm)
+    c, w = harness.median(x[0] for x in cold), harness.median(x[0] for x in warm)
     print(f"{a.model}: prompt {cold[0][1]} tokens, cached prefix {warm[0][2]} tokens, state file {size / 1e6:.0f} MB")
     print(f"  time to first token, prefix recomputed: {c * 1000:8.0f} ms (median of {a.reps})")
     print(f"  first run with the cache (evaluate + save): {first[0] * 1000:8.0f} ms ({first[3]})")
     print(f"  time to first token, prefix loaded:     {w * 1000:8.0f} ms (median of {a.reps}; {warm[0][3]})")
-    print(f"  speed-up: {c / w:.1f}x (target >= 20x)")
+    print(f"  speed-up: {harness.ratio(c, w, '.1f')} (target >= 20x)")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,11 @@ usage: scripts/bench_run.py [--model NAME_OR_PATH] [--tokens 256] [--reps 5] [--
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import harness
 
 PROMPT = "Write a long, detailed essay about the history of the printing press."
 
@@ -73,13 +73,9 @@ def localgen_path(model: str, n: int, threads: int, n_ctx: int) -> tuple[float, 
 
 
 def startup(args: list[str], reps: int) -> float:
+    """The median wall time of `localgen ARGS` (the installed entry point)."""
     exe = Path(sys.executable).with_name("localgen")
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        subprocess.run([str(exe), *args], stdout=subprocess.DEVNULL, check=True)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return harness.median(harness.run_timed([str(exe), *args]) for _ in range(reps))
 
 
 def main() -> None:
@@ -94,17 +90,17 @@ def main() -> None:
 
     threads = a.threads or hardware.usable_cores()
     ours, bare = [], []
-    for rep in range(a.reps):
+    for rep in range(a.reps):  # alternated; the bare loop gets the prompt tokens and file of the run before it
         rate, tokens, path = localgen_path(a.model, a.tokens, threads, a.ctx)
         ours.append(rate)
         bare.append(bare_loop(path, tokens, a.tokens, threads, a.ctx))
         print(f"rep {rep + 1}: localgen {ours[-1]:.1f} tok/s   bare generate() {bare[-1]:.1f} tok/s", flush=True)
-    mo, mb = statistics.median(ours), statistics.median(bare)
+    mo, mb = harness.median(ours), harness.median(bare)
     print(f"decode, {a.model}, {threads} threads, {a.tokens} tokens, greedy, median of {a.reps}:")
     print(f"  localgen run path   {mo:8.1f} tok/s")
     print(f"  bare generate loop  {mb:8.1f} tok/s")
     print(f"  ratio of medians    {mo / mb * 100:8.1f} %   (target >= 97 %)")
-    paired = statistics.median(o / b for o, b in zip(ours, bare, strict=True))
+    paired = harness.paired_ratio(ours, bare)
     print(f"  median paired ratio {paired * 100:8.1f} %   (each rep's two runs back to back; robust to drift)")
     print(f"startup: localgen --help {startup(['--help'], 9) * 1000:.0f} ms, "
           f"--version {startup(['--version'], 9) * 1000:.0f} ms (median of 9; target --help < 300 ms)")

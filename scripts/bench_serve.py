@@ -33,55 +33,48 @@ import json
 import os
 import random
 import shlex
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from functools import partial
 from typing import Any
 
+import harness
 import httpx
 
 WORDS = ["river", "mountain", "city", "forest", "history", "science", "music", "garden", "ocean", "planet",
          "window", "letter", "bridge", "market", "silver", "engine", "winter", "forest", "signal", "theory"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start(target: str, path: str, port: int, a: argparse.Namespace, env: dict[str, str],
-          clients: int) -> Any:
+def command(target: str, path: str, port: int, a: argparse.Namespace, clients: int) -> list[str]:
+    """The command line that starts `target` on `path` with the script's settings (a.slots or one slot a client)."""
     slots = a.slots or clients
     if target == "localgen":
         # the file llama-server reads, not the name: a name would make this server (its LOCALGEN_HOME a fresh
         # directory) assemble an embedded model anew, and a file just written decoded with a stall every
         # ~0.5 s on this machine (either server: ITL p99 1.4x), which made the comparison unfair
-        cmd = [sys.executable, "-m", "localgen", "serve", "-m", path,
-               "--port", str(port), "-np", str(slots),
-               "-t", str(a.threads), "-c", str(a.ctx), *shlex.split(a.localgen_args)]
-    elif target == "llama-server":
-        cmd = [a.llama_server, "-m", path, "--port", str(port), "-np", str(slots), "-t", str(a.threads),
-               "-c", str(a.ctx * slots), "-fa", "on", "--no-webui", *shlex.split(a.llama_args)]
-    else:
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_threads",
-               str(a.threads), "--n_ctx", str(a.ctx), "--flash_attn", "true", "--interrupt_requests", "false"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-        if proc.poll() is not None:
-            break
-    proc.kill()
-    raise SystemExit(f"{target} did not start: {' '.join(cmd)}")
+        return [sys.executable, "-m", "localgen", "serve", "-m", path,
+                "--port", str(port), "-np", str(slots),
+                "-t", str(a.threads), "-c", str(a.ctx), *shlex.split(a.localgen_args)]
+    if target == "llama-server":
+        return [a.llama_server, "-m", path, "--port", str(port), "-np", str(slots), "-t", str(a.threads),
+                "-c", str(a.ctx * slots), "-fa", "on", "--no-webui", *shlex.split(a.llama_args)]
+    return [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_threads",
+            str(a.threads), "--n_ctx", str(a.ctx), "--flash_attn", "true", "--interrupt_requests", "false"]
+
+
+@contextmanager
+def start(target: str, path: str, a: argparse.Namespace, env: dict[str, str], clients: int) -> Iterator[str]:
+    """`target` started and answering (its /v1/models: llama-cpp-python's server has no /health); yields its
+    base URL and stops it on the way out."""
+    port = harness.free_port()
+    url = f"http://127.0.0.1:{port}"
+    with harness.server(command(target, path, port, a, clients), url + "/v1/models", timeout=300, env=env,
+                        name=target):
+        yield url
 
 
 def client(http: Any, url: str, model: str, prompts: list[str], tokens: int, raw: bool, temperature: float,
@@ -151,11 +144,6 @@ def client(http: Any, url: str, model: str, prompts: list[str], tokens: int, raw
         history.append({"role": "assistant", "content": "".join(pieces)})
 
 
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(p * (len(xs) - 1)))] if xs else float("nan")
-
-
 def load(url: str, model: str, prompts: list[list[str]], tokens: int, raw: bool, temperature: float,
          system: str, conversation: bool = False, whole: bool = False) -> dict[str, float]:
     """One round: every client's requests; aggregate tok/s, TTFT p50 (s), ITL p99 (ms) (with `whole`: request
@@ -183,11 +171,18 @@ def load(url: str, model: str, prompts: list[list[str]], tokens: int, raw: bool,
     evaluated = sum(r["prompt_n"] for r in results)
     cached = sum(r["cache_n"] for r in results)
     if whole:
-        return {"tok_s": n / wall, "req": pct([r["t1"] - r["t0"] for r in results], 0.5),
-                "ms_token": statistics.median(r["ms_token"] for r in results),
+        return {"tok_s": n / wall, "req": harness.percentile([r["t1"] - r["t0"] for r in results], 0.5),
+                "ms_token": harness.median(r["ms_token"] for r in results),
                 "cached": cached / max(1, cached + evaluated)}
+    pct = harness.percentile
     return {"tok_s": n / wall, "ttft": pct(ttft, 0.5), "ttft99": pct(ttft, 0.99), "itl50": pct(itl, 0.5) * 1000,
             "itl99": pct(itl, 0.99) * 1000, "cached": cached / max(1, cached + evaluated)}
+
+
+def load_next(rounds: Iterator[list[list[str]]], url: str, model: str, tokens: int, raw: bool, temperature: float,
+              system: str, conversation: bool, whole: bool) -> dict[str, float]:
+    """load() with the next round's prompts (each target has its own iterator over the same rounds)."""
+    return load(url, model, next(rounds), tokens, raw, temperature, system, conversation, whole)
 
 
 def describe(m: dict[str, float], whole: bool) -> str:
@@ -244,42 +239,41 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
         for clients in [int(c) for c in a.clients.split(",")]:
-            procs: dict[str, tuple[Any, str]] = {}
-            names: dict[str, str] = {}  # each server's id for the model
-            try:
-                for t in targets:
-                    port = free_port()
-                    procs[t] = (start(t, ref.path, port, a, env, clients), f"http://127.0.0.1:{port}")
+            with ExitStack() as running:
+                urls = {t: running.enter_context(start(t, ref.path, a, env, clients)) for t in targets}
+                names: dict[str, str] = {}  # each server's id for the model
+                for t, url in urls.items():
                     with httpx.Client(timeout=600) as http:
-                        names[t] = http.get(procs[t][1] + "/v1/models").json()["data"][0]["id"]
-                        client(http, procs[t][1], names[t], ["warm up"], 4, raw, 0.0, "", [])
+                        names[t] = http.get(url + "/v1/models").json()["data"][0]["id"]
+                        client(http, url, names[t], ["warm up"], 4, raw, 0.0, "", [])
                 for temp in [float(x) for x in a.temperatures.split(",")]:
-                    got: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
-                    for r in range(a.rounds):
-                        prompts = [[" ".join(rng.choice(WORDS) for _ in range(a.words)) for _ in range(a.requests)]
-                                   for _ in range(clients)]
-                        for t in targets if r % 2 == 0 else targets[::-1]:
-                            got[t].append(load(procs[t][1], names[t], prompts, a.tokens, raw, temp, system,
-                                               a.conversation, a.whole))
-                            if a.each_round:
-                                print(f"      round {r + 1} {t:<13} {describe(got[t][-1], a.whole)}", flush=True)
-                    med = {t: {k: statistics.median(x[k] for x in got[t]) for k in got[t][0]} for t in targets}
+                    # every round's prompts, the same for each target in that round
+                    rounds = [[[" ".join(rng.choice(WORDS) for _ in range(a.words)) for _ in range(a.requests)]
+                               for _ in range(clients)] for _ in range(a.rounds)]
+                    cases = {t: partial(load_next, iter(rounds), urls[t], names[t], a.tokens, raw, temp, system,
+                                        a.conversation, a.whole) for t in targets}
+
+                    def each_round(r: int, got: dict[str, list[dict[str, float]]]) -> None:
+                        for t in harness.order(targets, r):  # as they ran
+                            print(f"      round {r + 1} {t:<13} {describe(got[t][-1], a.whole)}", flush=True)
+
+                    got = harness.alternate(cases, a.rounds, after=each_round if a.each_round else None)
+                    med = {t: {k: harness.median(x[k] for x in got[t]) for k in got[t][0]} for t in targets}
                     for t in targets:
                         print(f"  {clients:>3} clients, T={temp:<3} {t:<13} {describe(med[t], a.whole)}  "
                               f"prompt cached {med[t]['cached']:4.0%}")
                     if a.against:
                         lg, ls = med["localgen"], med["llama-server"]
-                        print(f"  {clients:>3} clients, T={temp:<3} ratio         {lg['tok_s'] / ls['tok_s']:8.2f}x  "
-                              + (f"request p50 {lg['req'] / ls['req']:.3f}x  decoding ms/token "
-                                 f"{lg['ms_token'] / ls['ms_token']:.3f}x  (tok/s: higher is better; times: lower)"
+                        print(f"  {clients:>3} clients, T={temp:<3} ratio         "
+                              f"{harness.ratio(lg['tok_s'], ls['tok_s'], '8.2f')}  "
+                              + (f"request p50 {harness.ratio(lg['req'], ls['req'], '.3f')}  decoding ms/token "
+                                 f"{harness.ratio(lg['ms_token'], ls['ms_token'], '.3f')}  "
+                                 "(tok/s: higher is better; times: lower)"
                                  if a.whole else
-                                 f"TTFT p50 {lg['ttft'] / ls['ttft']:.2f}x  ITL p99 {lg['itl99'] / ls['itl99']:.2f}x"
+                                 f"TTFT p50 {harness.ratio(lg['ttft'], ls['ttft'])}  "
+                                 f"ITL p99 {harness.ratio(lg['itl99'], ls['itl99'])}"
                                  "  (tok/s: higher is better; latencies: lower)"))
                     sys.stdout.flush()
-            finally:
-                for proc, _ in procs.values():
-                    proc.terminate()
-                    proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

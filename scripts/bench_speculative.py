@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
+from functools import partial
+
+import harness
 
 TEXT = "\n".join(
     f"Item {i}: the {c} box holds {i * 3} apples, {i + 2} pears and a note saying 'ship to warehouse {i % 5}'."
@@ -47,25 +49,24 @@ def main() -> None:
         variants[f"lookup{k}"] = ["--lookup", "--draft-max", k]
     if a.draft:
         variants["draft"] = ["--draft", a.draft]
-    results: dict[str, list[dict[str, object]]] = {k: [] for k in variants}
-    for _ in range(a.reps):  # interleaved, so drift hits every variant
-        for k, extra in variants.items():
-            results[k].append(once(a.model, a.n, extra, a.raw))
+    # interleaved, so drift hits every variant
+    results = harness.alternate({k: partial(once, a.model, a.n, extra, a.raw) for k, extra in variants.items()},
+                                a.reps, flip=False)
     base_text = results["plain"][0]["text"]
-    base = statistics.median(r["stats"]["decode_tps"] for r in results["default"])  # type: ignore[index]
+    base = harness.median(r["stats"]["decode_tps"] for r in results["default"])  # type: ignore[index]
     print(f"{a.model}, greedy, up to {a.n} tokens, median of {a.reps}; speed-up against the default settings; "
           f"plain pins {' '.join(PINNED)}, as speculation does")
     for k, rs in results.items():
         s = [r["stats"] for r in rs]
-        rate = statistics.median(x["decode_tps"] for x in s)  # type: ignore[index]
-        total = statistics.median(x["total_s"] for x in s)  # type: ignore[index]
+        rate = harness.median(x["decode_tps"] for x in s)  # type: ignore[index]
+        total = harness.median(x["total_s"] for x in s)  # type: ignore[index]
         same = all(r["text"] == base_text for r in rs) if k != "default" else "(not compared)"
         acc = ""
         if s[0].get("drafted"):  # type: ignore[union-attr]
             d, ok = s[0]["drafted"], s[0]["accepted"]  # type: ignore[index]
             acc = f" · drafted {d}, accepted {ok} ({ok / d:.0%})"
-        print(f"  {k:7} decode {rate:7.1f} tok/s · total {total:5.2f} s · speed-up {rate / base:4.2f}x · "
-              f"same text: {same}{acc}")
+        print(f"  {k:7} decode {rate:7.1f} tok/s · total {total:5.2f} s · "
+              f"speed-up {harness.ratio(rate, base, '4.2f')} · same text: {same}{acc}")
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
+
+import harness
 
 PROMPT = "Name three primary colors."
 BARE = """
@@ -39,16 +40,9 @@ def timed(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[
     """Wall seconds and CPU seconds (user + system, all threads) of one run. On a busy machine the CPU time
     moves less than the wall time; with --threads above 1 it counts llama.cpp's threads spinning too."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                   check=True, cwd=cwd)
-    spent = time.perf_counter() - t0
+    spent = harness.run_timed(cmd, env=env, cwd=cwd)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return spent, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
-def wall(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> float:
-    return timed(cmd, env, cwd)[0]
 
 
 def import_seconds(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[float, int]:
@@ -65,28 +59,6 @@ def import_seconds(cmd: list[str], env: dict[str, str], cwd: str | None = None) 
         if not name.startswith("  "):  # one space after the bar: a top-level import
             total += int(cumulative)
     return total / 1e6, count
-
-
-def llama3_header(path: Path) -> None:
-    """A GGUF with a Llama-3-sized tokenizer and one tiny tensor (for the header-summary timing)."""
-    import numpy as np
-    from gguf import GGUFWriter  # dev dependency
-
-    w = GGUFWriter(str(path), "llama")
-    w.add_context_length(8192)
-    w.add_block_count(32)
-    w.add_embedding_length(4096)
-    w.add_head_count(32)
-    w.add_head_count_kv(8)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"tok{i}".encode() for i in range(128_256)])
-    w.add_token_merges([f"m{i} x{i}" for i in range(280_147)])
-    w.add_token_types([1] * 128_256)
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def main() -> None:
@@ -115,50 +87,43 @@ def main() -> None:
             if not (Path(a.baseline) / "localgen" / "__init__.py").is_file():
                 ap.error(f"--baseline {a.baseline}: no localgen/ package there")
             trees["baseline run"] = str(Path(a.baseline).resolve())
-        for cwd in trees.values():
-            wall(ours, env, cwd)  # warm the page cache and localgen's summary cache, as every later run finds them
-        wall(bare, env)
-        t_bare: list[tuple[float, float]] = []
-        times: dict[str, list[tuple[float, float]]] = {label: [] for label in trees}
-        for _ in range(a.runs):
-            t_bare.append(timed(bare, env))
-            for label, cwd in trees.items():
-                times[label].append(timed(ours, env, cwd))
-        helps = [wall([sys.executable, "-m", "localgen", "--help"], env, here) for _ in range(a.runs)]
+        for cwd in trees.values():  # warm the page cache and localgen's summary cache, as every later run finds them
+            harness.run_timed(ours, env=env, cwd=cwd)
+        harness.run_timed(bare, env=env)
+        cases = {"bare": partial(timed, bare, env), **{label: partial(timed, ours, env, cwd)
+                                                      for label, cwd in trees.items()}}
+        times = harness.alternate(cases, a.runs, flip=False)
+        t_bare = times["bare"]
+        helps = [harness.run_timed([sys.executable, "-m", "localgen", "--help"], env=env, cwd=here)
+                 for _ in range(a.runs)]
         print(f"{a.model}: {a.tokens} tokens, --threads {a.threads}, medians of {a.runs} alternating runs "
               f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
         print(f"  {'':<22} {'wall':>8} {'ratio':>7} {'paired':>7}   {'CPU':>8} {'ratio':>7}   imports")
-        mb, mc = (statistics.median(t[i] for t in t_bare) for i in (0, 1))
+        mb, mc = (harness.median(t[i] for t in t_bare) for i in (0, 1))
         spent, count = import_seconds(bare, env)
         print(f"  {'bare llama-cpp-python':<22} {mb:7.3f}s {'':>7} {'':>7}   {mc:7.3f}s {'':>7}   "
               f"{spent:.3f} s, {count} modules")
         for label, cwd in trees.items():
-            w, c = (statistics.median(t[i] for t in times[label]) for i in (0, 1))
-            paired = statistics.median(o[0] / b[0] for o, b in zip(times[label], t_bare, strict=True))
+            w, c = (harness.median(t[i] for t in times[label]) for i in (0, 1))
+            paired = harness.paired_ratio([o[0] for o in times[label]], [b[0] for b in t_bare])
             spent, count = import_seconds(ours, env, cwd)
-            print(f"  {label:<22} {w:7.3f}s {w / mb:6.3f}x {paired:6.3f}x   {c:7.3f}s {c / mc:6.3f}x   "
+            print(f"  {label:<22} {w:7.3f}s {harness.ratio(w, mb, '6.3f')} {paired:6.3f}x   {c:7.3f}s "
+                  f"{harness.ratio(c, mc, '6.3f')}   "
                   f"{spent:.3f} s, {count} modules")
-        print(f"  localgen --help        {statistics.median(helps):.3f} s")
+        print(f"  localgen --help        {harness.median(helps):.3f} s")
         if a.no_header:
             return
         try:
-            big = Path(home) / "llama3-header.gguf"
-            llama3_header(big)
+            big = harness.llama3_header(Path(home) / "llama3-header.gguf")
         except ImportError:
             return
         from localgen.models import gguf_meta
 
-        cold = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            gguf_meta.read_summary(str(big), use_cache=False)
-            cold.append(time.perf_counter() - t0)
+        cold = [harness.timed(partial(gguf_meta.read_summary, str(big), use_cache=False))[0] for _ in range(3)]
         os.environ["LOCALGEN_HOME"] = home
         gguf_meta.read_summary(str(big))
-        t0 = time.perf_counter()
-        gguf_meta.read_summary(str(big))
-        cached = time.perf_counter() - t0
-        print(f"  Llama-3-sized header   {statistics.median(cold) * 1000:.0f} ms read, {cached * 1000:.1f} ms cached")
+        cached = harness.timed(partial(gguf_meta.read_summary, str(big)))[0]
+        print(f"  Llama-3-sized header   {harness.median(cold) * 1000:.0f} ms read, {cached * 1000:.1f} ms cached")
 
 
 if __name__ == "__main__":

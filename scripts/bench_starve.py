@@ -21,15 +21,16 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import harness
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,39 +38,16 @@ WAIT_S = 180.0  # the longest a case waits for an answer; longer is reported as 
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Serve:
-    def __init__(self, tree: Path, *args: str) -> None:
-        self.port = _port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "localgen", "serve", "--port", str(self.port), *args],
-                                     env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                raise SystemExit(f"serve from {tree} exited ({self.proc.returncode})")
-            time.sleep(0.2)
-        raise SystemExit("serve did not come up")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+@contextlib.contextmanager
+def serve(tree: Path, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`localgen serve` from the source tree `tree`; yields the process and its URL, stopped with SIGINT (as
+    Ctrl-C stops it) on the way out."""
+    port = harness.free_port()
+    url = f"http://127.0.0.1:{port}"
+    with harness.server([sys.executable, "-m", "localgen", "serve", "--port", str(port), *args], url + "/health",
+                        timeout=300, env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree,
+                        stop_signal=signal.SIGINT, name=f"serve from {tree}") as proc:
+        yield proc, url
 
 
 def _stream(url: str, gaps: list[float], stop: threading.Event, last_at: list[float]) -> None:
@@ -93,22 +71,21 @@ def _stream(url: str, gaps: list[float], stop: threading.Event, last_at: list[fl
 def starve(tree: Path, texts: list[str]) -> dict[str, float]:
     """Case 1: the longest gap of a running stream while the embeddings request runs and is abandoned, and
     the time a new chat takes to answer after the abandon."""
-    s = Serve(tree, "-np", "2")
-    try:
+    with serve(tree, "-np", "2") as (_, url):
         gaps: list[float] = []
         stop = threading.Event()
         last_at = [time.perf_counter()]
-        t = threading.Thread(target=_stream, args=(s.url, gaps, stop, last_at), daemon=True)
+        t = threading.Thread(target=_stream, args=(url, gaps, stop, last_at), daemon=True)
         t.start()
         while len(gaps) < 5:
             time.sleep(0.05)
         before = max(gaps)
         mark = len(gaps)
         with contextlib.suppress(httpx.TimeoutException):  # the client gives up after 2 s
-            httpx.post(f"{s.url}/v1/embeddings", json={"model": "smollm2:135m", "input": texts}, timeout=2)
+            httpx.post(f"{url}/v1/embeddings", json={"model": "smollm2:135m", "input": texts}, timeout=2)
         t0 = time.perf_counter()
         try:
-            r = httpx.post(f"{s.url}/v1/chat/completions", timeout=WAIT_S, json={
+            r = httpx.post(f"{url}/v1/chat/completions", timeout=WAIT_S, json={
                 "model": "smollm2:135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
             assert r.status_code == 200, r.text
             answered = time.perf_counter() - t0
@@ -118,8 +95,6 @@ def starve(tree: Path, texts: list[str]) -> dict[str, float]:
         during = max([*gaps[mark:], time.perf_counter() - last_at[0]])  # a stream stalled now counts until now
         stop.set()
         return {"gap_before_s": before, "gap_during_s": during, "new_chat_s": answered}
-    finally:
-        s.close()
 
 
 class _Slow(BaseHTTPRequestHandler):
@@ -150,30 +125,33 @@ def sigterm(tree: Path, proj: Path) -> dict[str, float]:
     helptext = subprocess.run([sys.executable, "-m", "localgen", "serve", "--help"], cwd=tree, text=True,
                               capture_output=True, env={**os.environ, "PYTHONPATH": str(tree)}).stdout
     private = ["--allow-private-urls"] if "--allow-private-urls" in helptext else []
-    s = Serve(tree, "--mmproj", str(proj), "-np", "2", "--allow-image-urls", *private)
     try:
-        url = f"http://127.0.0.1:{pics.server_address[1]}/slow.png"
-        body = {"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": url}}]}]}
-
-        def ask() -> None:
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=120)
-
-        for _ in range(6):
-            threading.Thread(target=ask, daemon=True).start()
-        time.sleep(2)
-        t0 = time.perf_counter()
-        s.proc.send_signal(signal.SIGTERM)
-        try:
-            s.proc.wait(60)
-            took = time.perf_counter() - t0
-        except subprocess.TimeoutExpired:
-            took = float("inf")
-        return {"sigterm_exit_s": took}
+        with serve(tree, "--mmproj", str(proj), "-np", "2", "--allow-image-urls", *private) as (proc, url):
+            return _sigterm_exit(proc, url, f"http://127.0.0.1:{pics.server_address[1]}/slow.png")
     finally:
-        s.close()
         pics.shutdown()
+
+
+def _sigterm_exit(proc: subprocess.Popen[bytes], url: str, image: str) -> dict[str, float]:
+    """Six chats waiting on the image at `image`, then SIGTERM: seconds until `proc` exits."""
+    body = {"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": image}}]}]}
+
+    def ask() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+
+    for _ in range(6):
+        threading.Thread(target=ask, daemon=True).start()
+    time.sleep(2)
+    t0 = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+        took = time.perf_counter() - t0
+    except subprocess.TimeoutExpired:
+        took = float("inf")
+    return {"sigterm_exit_s": took}
 
 
 def main() -> None:

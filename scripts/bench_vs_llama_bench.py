@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
+from functools import partial
+
+import harness
 
 
 def llama_bench(exe: str, model: str, p: int, n: int, t: int, reps: int) -> dict[str, float]:
@@ -58,8 +60,9 @@ def localgen_bench(model: str, p: int, n: int, t: int, reps: int, env: dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("llama_bench", nargs="?")
-    ap.add_argument("--batched", metavar="LLAMA_BATCHED_BENCH", help="compare -npl with llama-batched-bench")
+    ap.add_argument("llama_bench", nargs="?", type=harness.executable)
+    ap.add_argument("--batched", metavar="LLAMA_BATCHED_BENCH", type=harness.executable,
+                    help="compare -npl with llama-batched-bench")
     ap.add_argument("--npl", default="8,32", help="sequence counts for --batched")
     ap.add_argument("--model", default=None)
     ap.add_argument("--rounds", type=int, default=4)
@@ -77,23 +80,23 @@ def main() -> None:
 
     model = a.model or resolve("smollm2:135m").path
     threads = a.t or hardware.usable_cores()
-    ours: dict[str, list[float]] = {}
-    theirs: dict[str, list[float]] = {}
+
+    def show(rnd: int, got: dict[str, list[dict[str, float]]]) -> None:
+        print(f"round {rnd + 1}: {name} " + ", ".join(f"{k} {v:.1f}" for k, v in got["theirs"][-1].items())
+              + " | localgen " + ", ".join(f"{k} {v:.1f}" for k, v in got["ours"][-1].items()), flush=True)
+
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
-        for rnd in range(a.rounds):
-            got = (batched_bench(a.batched, model, a.p, a.n, threads, npl) if npl
-                   else llama_bench(a.llama_bench, model, a.p, a.n, threads, a.r))
-            for k, v in got.items():
-                theirs.setdefault(k, []).append(v)
-            for k, v in localgen_bench(model, a.p, a.n, threads, a.r, env, npl).items():
-                ours.setdefault(k, []).append(v)
-            print(f"round {rnd + 1}: {name} " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in theirs.items())
-                  + " | localgen " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in ours.items()), flush=True)
+        runs = harness.alternate({
+            "theirs": (partial(batched_bench, a.batched, model, a.p, a.n, threads, npl) if npl
+                       else partial(llama_bench, a.llama_bench, model, a.p, a.n, threads, a.r)),
+            "ours": partial(localgen_bench, model, a.p, a.n, threads, a.r, env, npl)}, a.rounds, flip=False, after=show)
+    theirs = {k: [got[k] for got in runs["theirs"] if k in got] for k in runs["theirs"][0]}
+    ours = {k: [got[k] for got in runs["ours"] if k in got] for k in runs["ours"][0]}
     print(f"{os.path.basename(model)}, {threads} threads, fa 1, median of {a.rounds} rounds"
           + ("" if npl else f" of -r {a.r}") + ":")
     for k in theirs:
-        t, o = statistics.median(theirs[k]), statistics.median(ours.get(k, [float("nan")]))
+        t, o = harness.median(theirs[k]), harness.median(ours.get(k, [float("nan")]))
         print(f"  {k:10} {name} {t:8.2f} t/s   localgen {o:8.2f} t/s   localgen/{name} {o / t * 100:6.1f} %")
 
 

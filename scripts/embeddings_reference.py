@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
+
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["The cat sat on the mat.", "A feline rested on the rug.", "Quarterly revenue grew 8 percent.",
          "Llamas are members of the camel family, native to South America.", "def add(a, b):\n    return a + b"]
@@ -103,7 +105,7 @@ def _save(name: str, doc: dict[str, object]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--llama-embedding", required=True)
+    ap.add_argument("--llama-embedding", required=True, type=harness.executable)
     ap.add_argument("--models", default="smollm2:135m,gemma3:270m")
     ap.add_argument("--write", action="store_true", help="save the reference vectors under tests/data/")
     a = ap.parse_args()

@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -27,6 +25,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+import harness
 import httpx
 
 JSON = {"Content-Type": "application/json"}
@@ -253,25 +252,13 @@ class Checks:
         return None
 
 
-def _start_server(max_queue: int, slots: int) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def _server(port: int, max_queue: int, slots: int) -> contextlib.AbstractContextManager[object]:
+    """A `localgen serve` for the checks on `port` (its log shown), stopped with SIGTERM at the end."""
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen([sys.executable, "-m", "localgen", "serve", "--port", str(port), "-np", str(slots),
-                             "--max-queue", str(max_queue), "--ctx", "8192", "--allow-image-urls"], cwd=root,
-                            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-        if proc.poll() is not None:
-            raise SystemExit("localgen serve did not start")
-    raise SystemExit("localgen serve did not answer in 120 s")
+    return harness.server([sys.executable, "-m", "localgen", "serve", "--port", str(port), "-np", str(slots),
+                           "--max-queue", str(max_queue), "--ctx", "8192", "--allow-image-urls"],
+                          f"http://127.0.0.1:{port}/health", cwd=root, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                          quiet=False, grace=60, name="localgen serve")
 
 
 def main() -> int:
@@ -283,12 +270,10 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=2, help="the server's -np")
     ap.add_argument("--crowd", type=int, default=200, help="concurrent connections")
     args = ap.parse_args()
-    proc = None
-    url = args.url
-    if url is None:
-        proc, url = _start_server(args.max_queue, args.slots)
+    port = harness.free_port()
+    url = args.url or f"http://127.0.0.1:{port}"
     c = Checks(url.rstrip("/"), args.model, args.api_key)
-    try:
+    with contextlib.nullcontext() if args.url else _server(port, args.max_queue, args.slots):
         c.check("invalid Unicode is a 400", c.bad_unicode)
         c.check("a 64 MiB body is a 413", c.huge_body)
         c.check("200,000 levels of nesting are a 400", c.deep_nesting)
@@ -308,10 +293,6 @@ def main() -> int:
         c.check(f"{args.crowd} connections, --max-queue {args.max_queue}",
                 lambda: c.crowd(args.crowd, args.max_queue, args.slots))
         c.check("the model still answers", c.answers)
-    finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
     failed = f"; failed: {', '.join(c.failed)}" if c.failed else ""
     print(f"hostile_serve: {c.run - len(c.failed)} of {c.run} checks held{failed}")
     return 1 if c.failed else 0

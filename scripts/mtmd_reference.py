@@ -18,17 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "llama_mtmd_cli.json"
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import harness  # noqa: E402
 from make_mmproj import png, wav, write_audio_mmproj, write_mmproj  # noqa: E402
 
 # (media, prompt, tokens): a picture is named by its size ("96x64"), a sound by its length ("1.5s");
@@ -112,22 +112,20 @@ def bench(cli: str, runs: int) -> None:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "localgen")], check=True,
                        capture_output=True)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        times: dict[str, list[float]] = {"llama-mtmd-cli": [], "localgen": []}
-        for _ in range(runs):
-            for name, args in (("llama-mtmd-cli", cli_args), ("localgen", ours)):
-                t0 = time.perf_counter()
-                subprocess.run(args, capture_output=True, check=True, timeout=300, env=env)
-                times[name].append(time.perf_counter() - t0)
-        med = {k: statistics.median(v) for k, v in times.items()}
+        times = harness.alternate({name: partial(harness.run_timed, args, env=env, timeout=300)
+                                   for name, args in (("llama-mtmd-cli", cli_args), ("localgen", ours))}, runs,
+                                  flip=False)
+        med = {k: harness.median(v) for k, v in times.items()}
         for k, v in med.items():
             print(f"{k:15} median {v:.3f} s over {runs} runs (min {min(times[k]):.3f} s)")
-        print(f"localgen is {med['llama-mtmd-cli'] / med['localgen']:.3f}x llama-mtmd-cli's speed, end to end "
-              "(one 640x480 image, 64 tokens, process start included)")
+        speed = harness.ratio(med["llama-mtmd-cli"], med["localgen"], ".3f")
+        print(f"localgen is {speed} llama-mtmd-cli's speed, end to end (one 640x480 image, 64 tokens, process start "
+              "included)")
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cli", required=True, help="llama-mtmd-cli built from the same sources")
+    ap.add_argument("--cli", required=True, type=harness.executable, help="llama-mtmd-cli built from the same sources")
     ap.add_argument("--write", action="store_true", help="store llama-mtmd-cli's texts as the test fixture")
     ap.add_argument("--bench", action="store_true", help="time one image and 64 tokens end to end")
     ap.add_argument("-r", "--runs", type=int, default=5)

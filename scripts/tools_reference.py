@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -75,28 +72,6 @@ CASES: dict[str, dict[str, Any]] = {
 SETTINGS = {"temperature": 0, "max_tokens": 96}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
-    import httpx
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode})")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{url} did not start")
-
-
 def calls_of(message: Any) -> list[dict[str, Any]]:
     """The parsed calls of an answer: names and decoded arguments (ids and whitespace are not compared)."""
     return [{"name": c.function.name, "arguments": json.loads(c.function.arguments)}
@@ -123,8 +98,10 @@ def render(case: dict[str, Any]) -> str:
 
 
 def main() -> int:
+    import harness  # here: tests import this module as scripts.tools_reference, without scripts/ on sys.path
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--llama-server", required=True, type=harness.executable)
     ap.add_argument("--write", action="store_true", help="save llama-server's prompts and calls under tests/data/")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -133,16 +110,13 @@ def main() -> int:
     from localgen.models.resolve import resolve
 
     path = str(resolve(MODEL).path)
-    lp, op = _free_port(), _free_port()
-    theirs_proc = subprocess.Popen([a.llama_server, "-m", path, "--jinja", "--chat-template-file", str(TEMPLATE),
-                                    "--port", str(lp), "-c", "2048", "-np", "1", "-t", "2"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ours_proc = subprocess.Popen([sys.executable, "-m", "localgen", "serve", "-m", MODEL, "--port", str(op),
-                                  "--chat-template-file", str(TEMPLATE), "-np", "2", "--ctx", "2048"],
-                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait(f"http://127.0.0.1:{lp}", theirs_proc)
-        _wait(f"http://127.0.0.1:{op}", ours_proc)
+    lp, op = harness.free_port(), harness.free_port()
+    theirs_cmd = [a.llama_server, "-m", path, "--jinja", "--chat-template-file", str(TEMPLATE), "--port", str(lp),
+                  "-c", "2048", "-np", "1", "-t", "2"]
+    ours_cmd = [sys.executable, "-m", "localgen", "serve", "-m", MODEL, "--port", str(op), "--chat-template-file",
+                str(TEMPLATE), "-np", "2", "--ctx", "2048"]
+    with (harness.server(theirs_cmd, f"http://127.0.0.1:{lp}/health", name="llama-server"),
+          harness.server(ours_cmd, f"http://127.0.0.1:{op}/health", cwd=ROOT, name="localgen serve")):
         theirs, cached, prompts = {}, {}, {}
         for name, case in CASES.items():
             theirs[name] = ask(f"http://127.0.0.1:{lp}/v1", case, {"cache_prompt": False})
@@ -150,10 +124,6 @@ def main() -> int:
             prompts[name] = httpx.post(f"http://127.0.0.1:{lp}/apply-template", json=case, timeout=60).json()["prompt"]
         first = {name: ask(f"http://127.0.0.1:{op}/v1", case) for name, case in CASES.items()}
         second = {name: ask(f"http://127.0.0.1:{op}/v1", case) for name, case in reversed(CASES.items())}
-    finally:
-        for p in (theirs_proc, ours_proc):
-            p.terminate()
-            p.wait(timeout=30)
     same, stable = 0, []
     for name, case in CASES.items():
         prompt_same = render(case) == prompts[name]
