@@ -378,3 +378,78 @@ def test_the_start_up_line_says_which_batching_mode_and_why(cli_env: dict[str, s
         said = s.proc.stderr.read().decode()
         assert want in said and cache in said and off == ("0" in flags)
 
+
+
+# ---- Anthropic's Messages API ------------------------------------------------------------------------------
+
+def test_anthropic_client_whole_streamed_counted_and_keyed(server: Server) -> None:
+    """The real `anthropic` SDK: the same greedy text as /v1/chat/completions, whole and streamed, usage that
+    adds up, count_tokens equal to the prompt's tokens, x-api-key, and a claude-* name served by the one model."""
+    import anthropic
+    import openai
+
+    ask = [{"role": "user", "content": "Name a colour."}]
+    want = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY).chat.completions.create(
+        model="smollm2:135m", messages=ask, max_tokens=8, temperature=0)  # type: ignore[arg-type]
+    client = anthropic.Anthropic(base_url=server.url, api_key=KEY)
+    r = client.messages.create(model="smollm2:135m", max_tokens=8, messages=ask,  # type: ignore[arg-type]
+                               system="You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+                               extra_body={"temperature": 0})
+    assert [b.type for b in r.content] == ["text"] and r.role == "assistant" and r.id.startswith("msg_")
+    assert r.content[0].text == want.choices[0].message.content  # type: ignore[union-attr]
+    assert r.stop_reason == "max_tokens" and r.usage.output_tokens == 8
+    assert want.usage is not None
+    assert r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0) == want.usage.prompt_tokens
+    with client.messages.stream(model="claude-sonnet-4-5", max_tokens=8, messages=ask,  # type: ignore[arg-type]
+                                system="You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+                                extra_body={"temperature": 0}) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == r.content[0].text and final.stop_reason == "max_tokens" and final.usage.output_tokens == 8
+    calls = server.health()["decode_calls"]
+    counted = client.messages.count_tokens(model="smollm2:135m", messages=ask,  # type: ignore[arg-type]
+                                           system="You are a helpful AI assistant named SmolLM, trained by "
+                                                  "Hugging Face")
+    assert counted.input_tokens == want.usage.prompt_tokens
+    assert server.health()["decode_calls"] == calls, "counting evaluates nothing"
+    stop = client.messages.create(model="smollm2:135m", max_tokens=40, messages=ask,  # type: ignore[arg-type]
+                                  stop_sequences=[" "], extra_body={"temperature": 0})
+    assert stop.stop_reason == "stop_sequence" and stop.stop_sequence == " " and " " not in stop.content[0].text  # type: ignore[union-attr]
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.url, api_key="wrong").messages.create(
+            model="smollm2:135m", max_tokens=1, messages=ask)  # type: ignore[arg-type]
+
+
+def test_anthropic_errors_have_anthropics_shape(server: Server) -> None:
+    url = f"{server.url}/v1/messages"
+    head = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+    for body, words in (({"model": "smollm2:135m", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": []}, "messages"),
+                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "system", "content": "x"}]},
+                         "role"),
+                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                          "thinking": {"type": "enabled"}}, "budget_tokens"),
+                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                          "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "custom tools"),
+                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                          "output_config": {"effort": "extreme"}}, "effort")):
+        r = httpx.post(url, headers=head, json=body, timeout=60)
+        doc = r.json()
+        assert r.status_code == 400 and doc["type"] == "error", r.text
+        assert doc["error"]["type"] == "invalid_request_error" and words in doc["error"]["message"], r.text
+    r = httpx.post(url, headers=head, json={"model": "gpt-5", "max_tokens": 4,
+                                            "messages": [{"role": "user", "content": "x"}]}, timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = httpx.post(url, json={"model": "smollm2:135m", "max_tokens": 4, "messages": []}, timeout=60)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def test_anthropic_json_output_follows_the_schema(server: Server) -> None:
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"],
+              "additionalProperties": False}
+    r = httpx.post(f"{server.url}/v1/messages", headers={"x-api-key": KEY}, timeout=120, json={
+        "model": "smollm2:135m", "max_tokens": 40, "temperature": 0,
+        "messages": [{"role": "user", "content": "Name a colour as JSON."}],
+        "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    assert isinstance(json.loads(r.json()["content"][0]["text"])["colour"], str)

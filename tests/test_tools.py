@@ -540,3 +540,57 @@ def test_chat_folds_thinking_on_a_terminal(cli_env: dict[str, str], home: Path) 
     child.expect_exact(PROMPT)
     child.sendline("/exit")
     child.expect(pexpect.EOF)
+
+
+# ---- Anthropic's Messages API: tools and thinking ----------------------------------------------------------
+
+def _anthropic_tool(spec: dict[str, Any]) -> dict[str, Any]:
+    fn = spec["function"]
+    return {"name": fn["name"], "description": fn.get("description", ""), "input_schema": fn["parameters"]}
+
+
+def test_anthropic_client_tool_round_trip(tool_server: Server) -> None:
+    """tool_choice any: a tool_use block (whole and streamed, the same call), stop_reason tool_use; the call and
+    a tool_result go back, and the model answers in text."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=tool_server.url, api_key="none")
+    kw: dict[str, Any] = {"model": "smollm2:135m", "max_tokens": 120, "messages": ASK,
+                          "tools": [_anthropic_tool(WEATHER), _anthropic_tool(TIME)],
+                          "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+                          "extra_body": {"temperature": 0}}
+    r = client.messages.create(**kw)
+    assert r.stop_reason == "tool_use"
+    uses = [b for b in r.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].id.startswith("toolu_") and uses[0].name in ("get_weather", "get_time")
+    with client.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    streamed = [b for b in final.content if b.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and [(b.name, b.input) for b in streamed] == [(uses[0].name, uses[0].input)]
+    history = [*ASK, {"role": "assistant", "content": [u.model_dump() for u in uses]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                             "content": "It is 21 C and sunny in Paris."}]}]
+    r2 = client.messages.create(**{**kw, "messages": history, "tool_choice": {"type": "none"}})
+    assert r2.stop_reason in ("end_turn", "max_tokens") and r2.content[0].type == "text" and r2.content[0].text
+
+
+def test_anthropic_thinking_blocks(reasoning_server: Server) -> None:
+    """The model's reasoning is a thinking block (whole) and thinking_delta events (streamed), never text."""
+    import anthropic
+
+    client = _client(reasoning_server)
+    kw: dict[str, Any] = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+                          "temperature": 0, "max_tokens": 24}
+    reasoning = client.chat.completions.create(**kw).choices[0].message.model_extra["reasoning_content"]
+    a = anthropic.Anthropic(base_url=reasoning_server.url, api_key="none")
+    akw: dict[str, Any] = {"model": "smollm2:135m", "messages": kw["messages"], "max_tokens": 24,
+                           "thinking": {"type": "enabled", "budget_tokens": 1024}, "extra_body": {"temperature": 0}}
+    r = a.messages.create(**akw)
+    assert [b.type for b in r.content] == ["thinking"] and r.content[0].thinking == reasoning
+    kinds, thought = [], ""
+    with a.messages.stream(**akw) as stream:
+        for event in stream:
+            if event.type == "content_block_delta":
+                kinds.append(event.delta.type)
+                thought += getattr(event.delta, "thinking", "") or ""
+    assert thought == reasoning and set(kinds) <= {"thinking_delta", "signature_delta"}

@@ -40,11 +40,15 @@ def http_error(f: Failed) -> HTTPError:
 
 
 def error_response(request: Request, e: HTTPError) -> Response:
-    """OpenAI's error object under /v1, Ollama's {"error": "..."} under /api."""
+    """OpenAI's error object under /v1, Anthropic's under /v1/messages, Ollama's {"error": "..."} under /api."""
     from starlette.responses import JSONResponse
 
     if request.url.path.startswith("/api/"):
         return JSONResponse({"error": e.message}, status_code=e.status)
+    if request.url.path.startswith("/v1/messages"):
+        from localgen.serve.anthropic import error_body
+
+        return JSONResponse(error_body(e.status, e.message), status_code=e.status)
     return JSONResponse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}},
                         status_code=e.status)
 

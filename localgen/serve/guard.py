@@ -117,9 +117,11 @@ class Gate:
         if self.key is not None and path not in ("/health", "/"):
             auth = headers.get("authorization", "").encode("latin-1", "replace")
             given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+            given = given or headers.get("x-api-key", "").strip().encode("latin-1", "replace")  # Anthropic's
             if not given or not hmac.compare_digest(given, self.key):
                 await _refuse(scope, receive, send, HTTPError(
-                    401, "a valid API key is needed (Authorization: Bearer KEY)", "authentication_error"))
+                    401, "a valid API key is needed (Authorization: Bearer KEY, or x-api-key: KEY)",
+                    "authentication_error"))
                 return
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
