@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen.fetch import FetchPool
-from localgen.serve import anthropic, ollama, openai
+from localgen.serve import anthropic, ollama, openai, responses
 from localgen.serve.common import HTTPError, ServeState, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.jobs import INTERNAL, Failed
@@ -44,7 +44,8 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
         ok = all(m["alive"] for m in models.values())
         return JSONResponse({"status": "ok" if ok else "error", "models": models}, status_code=200 if ok else 503)
 
-    routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *ollama.routes(state)]
+    routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *responses.routes(state),
+              *ollama.routes(state)]
 
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPError)
