@@ -357,7 +357,8 @@ class _Shape:
 
 
 def _usage(c: Any) -> dict[str, Any]:
-    return {"input_tokens": c.prompt_tokens, "input_tokens_details": {"cached_tokens": c.cached_tokens},
+    return {"input_tokens": c.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": c.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": c.prompt_tokens + c.completion_tokens}
 
