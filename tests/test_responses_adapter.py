@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from localgen.serve import responses as r
 from localgen.serve.common import HTTPError
-from localgen.serve.responsestore import ResponseStore
+from localgen.serve.responsestore import MAX_AGE_S, MAX_RESPONSES, ResponseStore
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.types import GenerationRequest, SamplingParams
@@ -44,6 +45,9 @@ def test_input_items_become_the_chat_messages_every_route_uses() -> None:
         {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}
     assert msgs[3] == {"role": "tool", "tool_call_id": "call_1", "content": "42", "name": "f"}
     assert msgs[4] == {"role": "tool", "tool_call_id": "call_2", "content": "7", "name": "g"}
+    url = r._input_messages([{"role": "user", "content": [{"type": "input_image",
+                                                            "image_url": "https://example.com/a.png"}]}])
+    assert url[0]["content"] == [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
     # a function call with no assistant message before it is an assistant message of its own
     alone = r._input_messages([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])
     assert alone == [{"role": "assistant", "content": "", "tool_calls": [
@@ -73,9 +77,10 @@ def test_function_tools_and_tool_choice_as_chat_completions() -> None:
                                                        "parameters": {"type": "object"}}}]
     assert r._choice("required") == "required" and r._choice(None) is None
     assert r._choice({"type": "function", "name": "f"}) == {"type": "function", "function": {"name": "f"}}
-    with pytest.raises(HTTPError) as e:
-        r._tools([{"type": "web_search"}])
-    assert e.value.param == "tools" and "only function tools" in e.value.message
+    for other in ("web_search", "file_search"):
+        with pytest.raises(HTTPError) as e:
+            r._tools([{"type": other}])
+        assert e.value.param == "tools" and "only function tools" in e.value.message
     for bad in ("sometimes", {"type": "allowed_tools"}, {"type": "function"}):
         with pytest.raises(HTTPError) as e:
             r._choice(bad)
@@ -94,7 +99,7 @@ def test_text_format_is_a_grammar_and_effort_the_templates_switch() -> None:
             asyncio.run(r._text_format(bad))
         assert e.value.param == param
     assert r._effort({"effort": "none"}) is False and r._effort({"effort": "minimal"}) is False
-    assert r._effort({"effort": "low"}) is True and r._effort({"effort": "high"}) is True
+    assert all(r._effort({"effort": e}) is True for e in ("low", "medium", "high", "xhigh", "max"))
     assert r._effort(None) is None and r._effort({"summary": "auto"}) is None
     with pytest.raises(HTTPError) as e:
         r._effort({"effort": "huge"})
@@ -106,6 +111,8 @@ def test_text_format_is_a_grammar_and_effort_the_templates_switch() -> None:
     ({"include": ["everything"]}, "include"),
     ({"metadata": "x"}, "metadata"),
     ({"background": True}, "background"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),
 ])
 def test_options_this_server_cannot_honour_are_400s(body: dict[str, Any], param: str) -> None:
     with pytest.raises(HTTPError) as e:
@@ -133,8 +140,11 @@ def test_the_response_object_is_the_sdks() -> None:
     answer = AnswerStream()
     answer.reasoning, answer.content = "thought", "Paris."
     answer.calls = [ToolCall("f", '{"a": 1}', "call_1")]
-    doc = _shape({"instructions": "Be brief."}).whole(_done(), answer)
+    doc = _shape({"instructions": "Be brief.", "metadata": {"a": "b"}, "max_output_tokens": 9,
+                  "tool_choice": {"type": "function", "name": "f"}}).whole(_done(), answer)
     parsed = Response.model_validate(doc)
+    assert parsed.metadata == {"a": "b"} and parsed.max_output_tokens == 9 and parsed.tools[0].name == "f"
+    assert parsed.tool_choice.type == "function"  # type: ignore[union-attr]
     assert [o.type for o in parsed.output] == ["reasoning", "message", "function_call"]
     assert parsed.output_text == "Paris." and parsed.status == "completed" and parsed.instructions == "Be brief."
     assert parsed.usage is not None and parsed.usage.total_tokens == 13
@@ -182,6 +192,24 @@ def test_stream_events_are_the_sdks_in_order() -> None:
     assert [e.output_index for e in events if e.type == "response.output_item.done"] == [0, 1, 2]
 
 
+def test_an_error_after_the_stream_began_is_response_failed() -> None:
+    from openai.types.responses import ResponseFailedEvent
+
+    from localgen.serve.jobs import Failed, Text
+
+    async def run() -> list[bytes]:
+        job = SimpleNamespace(events=asyncio.Queue(), cancelled=threading.Event(), finish=threading.Event())
+        job.events.put_nowait(Failed(503, "the server is shutting down"))
+        return [chunk async for chunk in r._sse(_shape(), job, Text("Hi"), AnswerStream())]
+
+    chunks = asyncio.run(run())
+    last = json.loads(chunks[-1].decode().split("data: ", 1)[1])
+    failed = ResponseFailedEvent.model_validate(last)
+    assert failed.response.status == "failed" and failed.response.error is not None
+    assert failed.response.error.code == "server_error" and "shutting down" in failed.response.error.message
+    assert failed.response.output_text == "Hi"
+
+
 def test_the_store_keeps_loads_deletes_expires_and_bounds(tmp_path: Path) -> None:
     now = [1000.0]
     store = ResponseStore(tmp_path / "responses" / "responses.db", most=3, max_age_s=100, clock=lambda: now[0])
@@ -203,3 +231,4 @@ def test_the_store_keeps_loads_deletes_expires_and_bounds(tmp_path: Path) -> Non
     with sqlite3.connect(tmp_path / "responses" / "responses.db") as db:
         kept = sorted(row[0] for row in db.execute("SELECT id FROM responses"))
     assert kept == ["resp_5", "resp_6"]
+    assert MAX_RESPONSES == 1000 and MAX_AGE_S == 30 * 24 * 3600  # the bounds docs/api.md gives

@@ -471,6 +471,8 @@ async def _sse(shape: _Shape, job: Any, first: Any, answer: AnswerStream) -> Asy
         if isinstance(event, Failed):  # after the stream began: the response fails, with its error
             e = http_error(event)
             error = {"code": "server_error" if e.status >= 500 else "invalid_prompt", "message": e.message}
+            for chunk in items.close("incomplete"):  # what was said so far stays in the output
+                yield chunk
             yield items.event("response.failed", response=shape.response("failed", items.output, error=error))
             return
         for chunk in items.events(answer.finish()):
