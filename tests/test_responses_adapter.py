@@ -1,6 +1,7 @@
-"""OpenAI's Responses API as the adapter reads it (serve/responses.py), in process: input items to chat
-messages, tools and tool_choice to chat completions', text.format and reasoning.effort, the response object
-and stream events as the `openai` SDK's own types validate them, and the store (serve/responsestore.py).
+"""OpenAI's Responses API as the adapter reads it (serve/responses.py, serve/responseitems.py), in process:
+input items to chat messages, tools and tool_choice to chat completions', text.format and reasoning.effort,
+the response object and stream events as the `openai` SDK's own types validate them, and the store
+(serve/responsestore.py).
 The routes themselves, with the real `openai` SDK and a model: tests/test_serve.py and tests/test_tools.py."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from localgen.serve import responseitems as items_
 from localgen.serve import responses as r
 from localgen.serve.common import HTTPError
 from localgen.serve.responsestore import MAX_AGE_S, MAX_RESPONSES, ResponseStore
@@ -124,9 +126,9 @@ def test_known_options_are_accepted() -> None:
     r._check_options({"truncation": "disabled", "include": ["reasoning.encrypted_content"], "metadata": {"a": "b"}})
 
 
-def _shape(body: dict[str, Any] | None = None) -> r._Shape:
+def _shape(body: dict[str, Any] | None = None) -> items_.Shape:
     request = GenerationRequest(messages=({"role": "user", "content": "x"},), sampling=SamplingParams())
-    return r._Shape({"model": "m", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+    return items_.Shape({"model": "m", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
                      **(body or {})}, "m", request, None, [])
 
 
@@ -160,13 +162,13 @@ def test_stream_events_are_the_sdks_in_order() -> None:
     from openai.types.responses import ResponseStreamEvent
     from pydantic import TypeAdapter
 
-    items = r._Items(_shape())
+    items = items_.Items(_shape())
     raw = [items.event("response.created", response=items.shape.response("in_progress", []))]
     raw += items.events([Piece("reasoning", "hm"), Piece("reasoning", "m"), Piece("content", "Pa"),
                          Piece("content", "ris"), ToolCall("f", '{"a": 1}', "call_1")])
     raw += items.close("completed")
     raw.append(items.event("response.completed", response=items.shape.response("completed", items.output,
-                                                                                r._usage(_done()))))
+                                                                                items_.usage(_done()))))
     adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
     events = []
     for chunk in raw:
