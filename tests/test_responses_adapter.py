@@ -50,6 +50,11 @@ def test_input_items_become_the_chat_messages_every_route_uses() -> None:
     url = r._input_messages([{"role": "user", "content": [{"type": "input_image",
                                                             "image_url": "https://example.com/a.png"}]}])
     assert url[0]["content"] == [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
+    # an output answering a call made in the conversation it continues is named too
+    earlier = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "h", "arguments": "{}"}}]}]
+    assert r._input_messages([{"type": "function_call_output", "call_id": "call_9", "output": "ok"}], earlier) == [
+        {"role": "tool", "tool_call_id": "call_9", "content": "ok", "name": "h"}]
     # a function call with no assistant message before it is an assistant message of its own
     alone = r._input_messages([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])
     assert alone == [{"role": "assistant", "content": "", "tool_calls": [

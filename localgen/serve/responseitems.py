@@ -35,11 +35,11 @@ class Shape:
             "tools": [{"type": "function", "name": t.get("name"), "description": t.get("description"),
                        "parameters": t.get("parameters"), "strict": t.get("strict")} for t in tools],
             "tool_choice": body.get("tool_choice") or "auto",
-            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
             "temperature": request.sampling.temperature, "top_p": request.sampling.top_p,
             "max_output_tokens": body.get("max_output_tokens"),
             "previous_response_id": body.get("previous_response_id"), "store": self.store is not None,
-            "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
+            "text": {**(body.get("text") or {}), "format": (body.get("text") or {}).get("format") or {"type": "text"}},
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
             "truncation": body.get("truncation") or "disabled", "user": body.get("user"),
         }

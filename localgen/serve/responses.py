@@ -126,7 +126,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any],
         raise HTTPError(400, "max_output_tokens must be a positive integer", param="max_output_tokens")
     grammar = await _text_format(body.get("text"))
     enable_thinking = _effort(body.get("reasoning"))
-    raw = [*history, *_input_messages(body.get("input"))]
+    raw = [*history, *_input_messages(body.get("input"), history)]
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise HTTPError(400, "instructions must be a string", param="instructions")
@@ -189,7 +189,7 @@ def _effort(reasoning: Any) -> bool | None:
     return effort not in ("none", "minimal")
 
 
-def _input_messages(raw: Any) -> list[dict[str, Any]]:
+def _input_messages(raw: Any, history: list[dict[str, Any]] | tuple[()] = ()) -> list[dict[str, Any]]:
     """`input` (a string, or items) as chat messages: message items by role, function_call items as an
     assistant's tool_calls, function_call_output items as tool messages; reasoning items are dropped."""
     if isinstance(raw, str):
@@ -197,7 +197,8 @@ def _input_messages(raw: Any) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "input must be a string or a non-empty list of items", param="input")
     out: list[dict[str, Any]] = []
-    names: dict[str, str] = {}  # call_id → the tool's name, for the output that answers it
+    # call_id → the tool's name (from this input or the conversation it continues), for the output answering it
+    names = {c["id"]: c["function"]["name"] for m in history for c in m.get("tool_calls") or ()}
     for item in raw:
         if not isinstance(item, dict):
             raise HTTPError(400, "each input item must be an object", param="input")
