@@ -533,8 +533,9 @@ def test_responses_errors_and_json_output(server: Server) -> None:
     r = httpx.post(url, headers=head, timeout=120, json={"model": "smollm2:135m", "input": "x", "max_output_tokens": 1,
                                                           "prompt_cache_key": "k", "service_tier": "auto"})
     assert r.status_code == 200 and r.json()["status"] == "incomplete", r.text
-    r = httpx.get(f"{url}/resp_unknown", headers=head, timeout=60)
-    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+    for method in ("GET", "DELETE"):
+        r = httpx.request(method, f"{url}/resp_unknown", headers=head, timeout=60)
+        assert r.status_code == 404 and r.json()["error"]["param"] == "response_id", r.text
     assert httpx.post(url, json={"model": "smollm2:135m", "input": "x"}, timeout=60).status_code == 401
     schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"],
               "additionalProperties": False}
