@@ -46,12 +46,14 @@ class Shape:
 
     def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
                  error: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The response object, with the request's settings echoed."""
         return {"id": self.ident, "object": "response", "created_at": self.created, "status": status,
                 "model": self.model, "output": output, "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "usage": usage, **self.echo}
 
     def whole(self, c: Any, answer: AnswerStream) -> dict[str, Any]:
+        """The response of a finished answer that was not streamed."""
         status = self.status(c, bool(answer.calls))
         output: list[dict[str, Any]] = []
         if answer.reasoning:
@@ -63,6 +65,7 @@ class Shape:
 
     @staticmethod
     def status(c: Any, calls: bool) -> str:
+        """incomplete when the answer was cut at max_output_tokens (or the window), else completed."""
         return "incomplete" if c.finish_reason in ("length", "context") and not calls else "completed"
 
     async def keep(self, doc: dict[str, Any], answer: AnswerStream) -> None:
@@ -115,11 +118,13 @@ class Items:
         self.calls: list[ToolCall] = []
 
     def event(self, kind: str, **doc: Any) -> bytes:
+        """One server-sent event, numbered."""
         data = json.dumps({"type": kind, "sequence_number": self.seq, **doc}, ensure_ascii=False)
         self.seq += 1
         return f"event: {kind}\ndata: {data}\n\n".encode()
 
     def events(self, pieces: list[Any]) -> list[bytes]:
+        """The events for pieces of the answer (text, reasoning, tool calls)."""
         out: list[bytes] = []
         for p in pieces:
             if isinstance(p, ToolCall):
@@ -139,6 +144,7 @@ class Items:
         return out
 
     def open(self, kind: str) -> list[bytes]:
+        """Open an output item (reasoning or message) and its content part."""
         self.kind, self.ident, self.text = kind, new_id("rs" if kind == "reasoning" else "msg"), ""
         index = len(self.output)
         item = _reasoning(self.ident, "", "in_progress") if kind == "reasoning" else \
@@ -149,6 +155,7 @@ class Items:
                            part=part)]
 
     def close(self, status: str) -> list[bytes]:
+        """Close the open item (if any): its .done events, whole."""
         if self.kind is None:
             return []
         at = {"item_id": self.ident, "output_index": len(self.output), "content_index": 0}
