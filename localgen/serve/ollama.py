@@ -24,7 +24,6 @@ from localgen.serve.common import (
     events,
     exact_field,
     read_json,
-    read_messages,
     run_job,
     run_whole,
     sampling,
@@ -32,6 +31,7 @@ from localgen.serve.common import (
     watch_repeats,
 )
 from localgen.serve.embeds import embed, embed_inputs
+from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Done, Event, Text, parse_duration
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece

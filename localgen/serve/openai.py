@@ -24,7 +24,6 @@ from localgen.serve.common import (
     exact_field,
     http_error,
     read_json,
-    read_messages,
     run_job,
     run_whole,
     sampling,
@@ -33,6 +32,7 @@ from localgen.serve.common import (
     watch_repeats,
 )
 from localgen.serve.embeds import embed, embed_inputs
+from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Event, Failed, Text
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece
