@@ -59,10 +59,13 @@ def routes(state: ServeState) -> list[Route]:
 
 
 def _worker(state: ServeState, name: Any) -> Any:
-    """The model asked for; a claude-* name (what Claude Code asks for unless told) is the model served, when
-    only one is."""
-    if isinstance(name, str) and name.startswith("claude-") and name not in state.workers and len(state.workers) == 1:
-        return next(iter(state.workers.values()))
+    """The model asked for; a claude-* name (what Claude Code asks for unless told) that is not a model here
+    is the server's default model (its one -m model, or the default one)."""
+    if isinstance(name, str) and name.startswith("claude-") and name not in state.workers:
+        try:
+            return state.worker(name)
+        except HTTPError:
+            return state.worker(None)
     return state.worker(name)
 
 

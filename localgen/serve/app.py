@@ -40,9 +40,12 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
     async def health(request: Request) -> Response:
         """Liveness for load balancers and scripts, with each model's slots at a glance: 503 when a model's
         worker has stopped."""
-        models = {name: w.status() for name, w in state.workers.items()}
+        models = {name: w.status() for name, w in list(state.workers.items())}
         ok = all(m["alive"] for m in models.values())
-        return JSONResponse({"status": "ok" if ok else "error", "models": models}, status_code=200 if ok else 503)
+        doc: dict[str, Any] = {"status": "ok" if ok else "error", "models": models}
+        if state.residency is not None:
+            doc["residency"] = state.residency.status()
+        return JSONResponse(doc, status_code=200 if ok else 503)
 
     routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *ollama.routes(state)]
 

@@ -20,7 +20,7 @@ from localgen.backend import Completion
 from localgen.errors import LocalgenError, UsageError
 from localgen.serve.jobs import Done, EmbedJob, Event, Failed, Job, Text
 from localgen.serve.worker import ModelWorker
-from localgen.types import GenerationRequest, SamplingParams
+from localgen.types import GenerationRequest, ModelRef, SamplingParams
 
 
 class HTTPError(Exception):
@@ -71,15 +71,44 @@ class ServeState:
     flag_sampling: dict[str, Any] = field(default_factory=dict)  # the sampling flags `serve` was given
     allow_image_urls: bool = False  # fetch http(s) image URLs (else only data: URIs: no server-side requests)
     started: float = field(default_factory=time.time)
+    default: str | None = None  # the model of a request that names none (serve's one -m model, or the default)
+    on_demand: Any = None  # serve/ondemand.py: installed models beside the workers, made when asked for
+    residency: Any = None  # serve/residency.py: which models stay loaded
 
     def worker(self, name: Any) -> ModelWorker:
-        """The worker for a request's `model` (the only one when a single model is served and none is named)."""
-        if (name is None or name == "") and len(self.workers) == 1:
-            return next(iter(self.workers.values()))
-        if not isinstance(name, str) or name not in self.workers:
-            raise HTTPError(404, f"model {name!r} is not served here (served: {', '.join(self.workers)})",
-                            "not_found_error", "model")
-        return self.workers[name]
+        """The worker for a request's `model`: one served, or an installed model (its worker made now); the
+        default model when none is named."""
+        if name is None or name == "":
+            name = self.default if self.default is not None else next(iter(self.workers)) if len(
+                self.workers) == 1 else None
+        if isinstance(name, str) and name in self.workers:
+            return self.workers[name]
+        if isinstance(name, str) and self.on_demand is not None:
+            w = self.on_demand.worker(name, self.workers)
+            if w is not None:
+                self.workers.setdefault(w.name, w)
+                return self.workers[w.name]
+        offered = ", ".join(self.names()[:20])
+        raise HTTPError(404, f"model {name!r} is not served here (served: {offered})", "not_found_error", "model")
+
+    def names(self) -> list[str]:
+        """Every model a request may name: those served now, then (on demand) the others on disk."""
+        served = list(self.workers)
+        return self.on_demand.names(served) if self.on_demand is not None else served
+
+    def offered(self) -> list[tuple[str, ModelRef, ModelWorker | None]]:
+        """What the listings show: each worker's model, then each model on disk without one yet."""
+        out: list[tuple[str, ModelRef, ModelWorker | None]] = [(n, w.ref, w) for n, w in self.workers.items()]
+        if self.on_demand is not None:
+            out += [(n, ref, None) for n, ref in self.on_demand.refs(self.workers)]
+        return out
+
+    def window(self, ref: ModelRef, worker: ModelWorker | None) -> int:
+        """A slot's window: the loaded model's, else the context it will load with."""
+        if worker is not None:
+            return int(worker.n_ctx)
+        n_ctx = int(self.on_demand.load.n_ctx) if self.on_demand is not None else 0
+        return min(n_ctx, ref.summary.context_length) if ref.summary.context_length else n_ctx
 
 
 # A JSON body nested deeper than this is refused before anything walks it (json.loads itself recurses).

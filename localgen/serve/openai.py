@@ -5,6 +5,7 @@ deltas), and reasoning apart in `reasoning_content`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -53,9 +54,10 @@ def routes(state: ServeState) -> list[Route]:
     """The /v1 routes."""
 
     async def models(request: Request) -> Response:
+        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen",
-             "max_model_len": w.n_ctx} for name, w in state.workers.items()]})
+             "max_model_len": state.window(ref, w)} for name, ref, w in offered]})
 
     async def chat(request: Request) -> Response:
         return await _complete(state, request, await read_json(request), chat=True)
