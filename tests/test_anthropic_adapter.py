@@ -13,7 +13,7 @@ import pytest
 
 from localgen import settings
 from localgen.serve import anthropic as a
-from localgen.serve.common import HTTPError
+from localgen.serve.common import HTTPError, anthropic_error
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,9 +89,9 @@ def test_thinking_and_effort_turn_the_templates_switch() -> None:
 
 
 def test_errors_in_anthropics_shape() -> None:
-    assert a.error_body(404, "no") == {"type": "error", "error": {"type": "not_found_error", "message": "no"}}
-    assert a.error_body(503, "busy")["error"]["type"] == "overloaded_error"
-    assert a.error_body(500, "x")["error"]["type"] == "api_error"
+    assert anthropic_error(404, "no") == {"type": "error", "error": {"type": "not_found_error", "message": "no"}}
+    assert anthropic_error(503, "busy")["error"]["type"] == "overloaded_error"
+    assert anthropic_error(500, "x")["error"]["type"] == "api_error"
 
 
 def test_the_api_page_names_every_field_the_routes_read() -> None:

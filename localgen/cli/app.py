@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("localgen.cli.run", "run"),
     "chat": ("localgen.cli.chat", "chat"),
     "serve": ("localgen.cli.serve", "serve"),
+    "ps": ("localgen.cli.ps", "ps"),
     "pull": ("localgen.cli.models", "pull"),
     "list": ("localgen.cli.models", "list_models"),
     "show": ("localgen.cli.models", "show"),

@@ -140,8 +140,8 @@ def list_models(
 ) -> None:
     """Models on this machine: embedded ones and every GGUF in the Hugging Face cache (any tool's).
     Never touches the network."""
-    from localgen.models import catalogue, embedded, store
-    from localgen.models.gguf_meta import read_summary
+    from localgen.models import catalogue
+    from localgen.models.installed import installed
 
     entries = catalogue.load()
     if show_catalogue:
@@ -154,25 +154,7 @@ def list_models(
                    [[r["name"], r["repo"], r["default_quant"], str(r["context"] or "-"), r["description"]]
                     for r in rows])
         return
-    by_repo = {(e.repo, e.default_quant.upper()): e.name for e in entries.values() if e.repo}
-    items: list[dict[str, Any]] = []
-    for name, model in embedded.EMBEDDED.items():
-        try:
-            path = embedded.locate(model)
-        except LocalgenError:
-            continue
-        items.append(_item(name, str(path), "embedded", read_summary(str(path))))
-    for f in store.cached_files():
-        try:
-            summary = read_summary(str(f.link), check_data=False)
-        except LocalgenError:
-            continue
-        quant = (f.quant or "?").upper()
-        name = by_repo.get((f.repo, quant), f"{f.repo}:{quant}")
-        item = _item(name, str(f.link), "hf cache", summary)
-        item["size"] = store.total_size(f)
-        items.append(item)
-    items.extend(_preset_items())
+    items = installed()
     if json_out:
         print(json.dumps(items))
         return
@@ -182,31 +164,6 @@ def list_models(
     _table(["NAME", "QUANT", "SIZE", "PARAMS", "CONTEXT", "WHERE"],
            [[i["name"], i["quantization"] or "-", format_bytes(i["size"]), _params(i["parameters"]),
              str(i["context_length"] or "-"), i["path"]] for i in items])
-
-
-def _preset_items() -> list[dict[str, Any]]:
-    """Presets, each with its base model's figures (a base no longer here shows as missing)."""
-    from localgen.models import presets
-    from localgen.models.resolve import resolve
-
-    items = []
-    for p in presets.all_presets():
-        try:
-            ref = resolve(p.name, offline=True, pull_missing=False)
-        except LocalgenError:
-            items.append({"name": p.name, "quantization": None, "size": 0, "parameters": None,
-                          "context_length": None, "architecture": None, "source": "preset", "base": p.base,
-                          "path": f"preset of {p.base} (missing)"})
-            continue
-        item = _item(p.name, f"preset of {p.base}", "preset", ref.summary)
-        item["base"] = p.base
-        items.append(item)
-    return items
-
-
-def _item(name: str, path: str, source: str, s: Any) -> dict[str, Any]:
-    return {"name": name, "quantization": s.quantization, "size": s.file_size, "parameters": s.n_params,
-            "context_length": s.context_length, "architecture": s.architecture, "source": source, "path": path}
 
 
 # ---- show ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -37,7 +37,7 @@ def create(
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"cannot read the Modelfile {file}: {e}") from None
         where = file
-    preset = create_preset(name, text, where=where, force=force)
+    preset = create_preset(name, text, _on_disk, where=where, force=force)
     _done(preset, json_out)
 
 
@@ -50,7 +50,7 @@ def cp(
     """Copy a preset, or give a model a preset name of its own."""
     from localgen.models.presets import copy
 
-    _done(copy(src, dst, force=force), json_out)
+    _done(copy(src, dst, _on_disk, force=force), json_out)
 
 
 def _done(preset: object, json_out: bool) -> None:
@@ -61,3 +61,10 @@ def _done(preset: object, json_out: bool) -> None:
         print(json.dumps({"name": preset.name, "base": preset.base}))
     else:
         print(f"{preset.name}  preset of {preset.base}")
+
+
+def _on_disk(name: str) -> Any:
+    """The model a preset's base names, from what is on this machine (no download)."""
+    from localgen.models.resolve import resolve
+
+    return resolve(name, offline=True, pull_missing=False)

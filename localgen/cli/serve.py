@@ -13,6 +13,7 @@ import typer
 from localgen.cli import options as o
 from localgen.errors import LocalgenError, UsageError
 from localgen.settings import KNOBS
+from localgen.units import format_bytes, parse_bytes
 
 SERVE = "Server"
 MAX_FETCHES = 8  # image URL fetches at once, per server
@@ -25,7 +26,8 @@ def serve(
     models: Annotated[
         list[str] | None,
         typer.Option("--model", "-m", envvar="LOCALGEN_MODEL", rich_help_panel=SERVE, show_default=False,
-                     help="A model to serve (repeatable; default smollm2:135m). Requests name it in `model`."),
+                     help="A model to load at start and keep loaded (repeatable; default: smollm2:135m, loaded at "
+                          "start but unloaded to make room). Requests name a model in `model`."),
     ] = None,
     host: Annotated[
         str, typer.Option("--host", rich_help_panel=SERVE,
@@ -53,6 +55,22 @@ def serve(
         int, typer.Option("--max-queue", min=0, rich_help_panel=SERVE,
                           help="Requests that may wait for a slot, per model; past it the answer is 503.")
     ] = 64,
+    max_models: Annotated[
+        int | None, typer.Option("--max-models", min=1, max=64, rich_help_panel=SERVE, show_default=False,
+                                 help="Models loaded at once (default: 3, or 3 per GPU); to load another, the least "
+                                      "recently used idle one that -m did not name is unloaded.")
+    ] = None,
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", rich_help_panel=SERVE, show_default=False, metavar="SIZE",
+                                 help="Memory the loaded models may take together, each by its estimate (weights, "
+                                      "KV cache, buffers), e.g. 12G (default: 90% of this machine's RAM, plus its "
+                                      "GPUs' memory when offloading).")
+    ] = None,
+    on_demand: Annotated[
+        bool, typer.Option("--on-demand/--no-on-demand", rich_help_panel=SERVE,
+                           help="Offer every model on this machine (localgen list) by name, loading one when a "
+                                "request names it; --no-on-demand: only the -m models.")
+    ] = True,
     cors: Annotated[
         list[str] | None,
         typer.Option("--cors", rich_help_panel=SERVE, show_default=False,
@@ -161,9 +179,12 @@ def start(f: o.Flags) -> None:
     if not is_loopback(f.host) and not key:
         err.warn(f"listening on {f.host} with no API key: anyone who can reach this port can use the models")
     cache_ram = _cache_ram(f.cache_ram)
-    workers = _workers(f, keep, cache_ram, err)
+    residency = _residency(f)
+    workers = _workers(f, keep, cache_ram, err, residency)
     state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
-                       allow_image_urls=f.allow_image_urls)
+                       allow_image_urls=f.allow_image_urls, default=workers[0].name if len(workers) == 1 else None,
+                       on_demand=_on_demand(f, keep, cache_ram, err, residency) if f.on_demand else None,
+                       residency=residency)
     app = build(state, policy)
     app.state.front.pool = FetchPool(Fetcher(private=f.allow_private_urls, timeout=f.fetch_timeout),
                                      size=MAX_FETCHES, wait=FETCH_WAIT_S)
@@ -175,8 +196,11 @@ def start(f: o.Flags) -> None:
     server = _Server(config)
     server.on_exit = app.state.drain.signal
     app.state.drain.seconds = f.drain_timeout
-    err.line(f"localgen serve: {', '.join(state.workers)} on http://{_url_host(f.host)}:{f.port} · OpenAI API "
-             f"at /v1, Ollama API at /api · {f.parallel} slot{'s' if f.parallel != 1 else ''} per model · "
+    others = " (and every model here, on demand)" if f.on_demand else ""
+    err.line(f"localgen serve: {', '.join(state.workers)}{others} on http://{_url_host(f.host)}:{f.port} · OpenAI "
+             f"API at /v1, Anthropic's at /v1/messages, Ollama's at /api · {f.parallel} slot"
+             f"{'s' if f.parallel != 1 else ''} per model · at most {residency.max_models} model"
+             f"{'s' if residency.max_models != 1 else ''} or {format_bytes(residency.budget)} loaded · "
              f"{_cache_ram_label(cache_ram)}")
     for w in workers:
         if w.mode is not None:
@@ -184,7 +208,7 @@ def start(f: o.Flags) -> None:
     try:
         server.run()
     finally:
-        for w in workers:
+        for w in list(state.workers.values()):
             w.stop(timeout=5)
     if getattr(server, "started", True) is False:
         raise LocalgenError(f"the server could not start on {f.host}:{f.port}")
@@ -225,7 +249,45 @@ def _Server(config: Any) -> Any:
     return _server_class()(config)
 
 
-def _workers(f: o.Flags, keep: float, cache_ram: int, err: Any) -> list[Any]:
+def _residency(f: o.Flags) -> Any:
+    """How many models, and how much memory, may be loaded at once (serve/residency.py)."""
+    from localgen import hardware
+    from localgen.serve.residency import Residency, default_budget
+
+    gpus = [g for g in hardware.gpus() if not g.unified]
+    offload = f.knobs.get("gpu_layers") != 0 and bool(hardware.gpus())
+    if f.max_memory is not None:
+        try:
+            budget = parse_bytes(f.max_memory)
+        except (LocalgenError, ValueError):
+            raise UsageError(f"--max-memory takes a size such as 12G or 800M, not {f.max_memory!r}") from None
+    else:
+        budget = default_budget(offload)
+    return Residency(budget=budget, max_models=f.max_models or 3 * max(1, len(gpus) if offload else 1))
+
+
+def _on_demand(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any) -> Any:
+    """Every model on this machine, its worker made when a request first names it (serve/ondemand.py)."""
+    from localgen.models.installed import installed
+    from localgen.models.resolve import resolve
+    from localgen.serve.ondemand import OnDemand
+    from localgen.serve.worker import ModelWorker
+
+    load = o.load_params(f, streams=f.parallel)
+
+    def make(ref: Any) -> Any:
+        w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact,
+                        share_prefixes=f.share_prefix, cache_ram=cache_ram, residency=residency, pinned=False)
+        w.start()
+        return w
+
+    def listing() -> list[str]:
+        return [i["name"] for i in installed() if i.get("architecture") is not None]
+
+    return OnDemand(make, lambda name: resolve(name, offline=True, pull_missing=False), listing, load)
+
+
+def _workers(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any) -> list[Any]:
     from localgen.cli.progress import make_progress
     from localgen.models.resolve import resolve
     from localgen.serve.worker import ModelWorker
@@ -236,7 +298,8 @@ def _workers(f: o.Flags, keep: float, cache_ram: int, err: Any) -> list[Any]:
     for name in names:
         ref = o.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
         w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact,
-                        share_prefixes=f.share_prefix, cache_ram=cache_ram)
+                        share_prefixes=f.share_prefix, cache_ram=cache_ram, residency=residency,
+                        pinned=bool(f.models))  # -m pins; the default model, loaded at start, may make room
         err.status(f"loading {ref.name} ...")
         w.preload()
         w.start()

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,12 +124,17 @@ def _check_new_name(name: str) -> None:
         raise UsageError(f"{name!r} is a catalogue model's name; a preset needs a name of its own")
 
 
-def create_preset(name: str, text: str, where: str = "Modelfile", force: bool = False) -> Preset:
+# The model a name means, from what is on this machine (models/resolve.py's resolve, offline, given by the
+# caller: resolve() reads presets, so this module does not import it)
+BaseLookup = Callable[[str], ModelRef]
+
+
+def create_preset(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", force: bool = False) -> Preset:
     """Parse a Modelfile, check its base is on this machine (without the network), and save it as `name`
     (`--force`: replacing a preset of that name). The function `localgen create` and /api/create call."""
     _check_new_name(name)
     spec = modelfile.parse(text, where)
-    spec = _on_base(spec, where)
+    spec = _on_base(spec, where, lookup)
     if spec.template is not None:
         _check_template(spec.template, where)
     preset = Preset(name, spec)
@@ -136,12 +142,12 @@ def create_preset(name: str, text: str, where: str = "Modelfile", force: bool = 
     return preset
 
 
-def copy(src: str, dst: str, force: bool = False) -> Preset:
+def copy(src: str, dst: str, lookup: BaseLookup, force: bool = False) -> Preset:
     """`localgen cp`: a preset copied, or a model (any name `run` takes) given a preset name of its own."""
     _check_new_name(dst)
     p = find(src)
     if p is None:
-        spec = _on_base(modelfile.Modelfile(base=src), "cp")
+        spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup)
         p = Preset(dst, spec)
     preset = dataclasses.replace(p, name=dst)
     _save(preset, force)
@@ -164,7 +170,7 @@ def remove(name: str) -> bool:
     return True
 
 
-def _on_base(spec: modelfile.Modelfile, where: str) -> modelfile.Modelfile:
+def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup) -> modelfile.Modelfile:
     """FROM another preset: that preset's settings under this one's. FROM a model: it must be on this machine
     (checked offline); a path is kept absolute."""
     parent = find(spec.base)
@@ -177,10 +183,9 @@ def _on_base(spec: modelfile.Modelfile, where: str) -> modelfile.Modelfile:
             template=spec.template if spec.template is not None else up.template,
             messages=spec.messages or up.messages)
     from localgen.models import names
-    from localgen.models.resolve import resolve
 
     try:
-        ref = resolve(spec.base, offline=True, pull_missing=False)
+        ref = lookup(spec.base)
     except ModelNotFoundError as e:
         raise LocalgenError(f"{where}: FROM {spec.base}: {e.message}",
                             hint=f"pull it first: localgen pull {spec.base}") from None

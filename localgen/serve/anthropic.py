@@ -17,17 +17,18 @@ from starlette.routing import Route
 from localgen.serve.common import (
     HTTPError,
     ServeState,
+    anthropic_error,
     check_prompt_size,
     events,
     http_error,
     read_json,
-    read_messages,
     run_job,
     run_whole,
     sampling,
     schema_grammar,
     watch_repeats,
 )
+from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Failed, Text
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.spec import ToolCall
@@ -38,17 +39,6 @@ from localgen.types import GenerationRequest
 FIELDS = {"max_tokens": "max_tokens", "stop_sequences": "stop", "temperature": "temperature", "top_p": "top_p",
           "top_k": "top_k"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
-# error kinds by status, as Anthropic names them
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 499: "invalid_request_error",
-               503: "overloaded_error"}
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """Anthropic's error object."""
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
-
-
 def routes(state: ServeState) -> list[Route]:
     """The Messages routes."""
 
@@ -69,10 +59,13 @@ def routes(state: ServeState) -> list[Route]:
 
 
 def _worker(state: ServeState, name: Any) -> Any:
-    """The model asked for; a claude-* name (what Claude Code asks for unless told) is the model served, when
-    only one is."""
-    if isinstance(name, str) and name.startswith("claude-") and name not in state.workers and len(state.workers) == 1:
-        return next(iter(state.workers.values()))
+    """The model asked for; a claude-* name (what Claude Code asks for unless told) that is not a model here
+    is the server's default model (its one -m model, or the default one)."""
+    if isinstance(name, str) and name.startswith("claude-") and name not in state.workers:
+        try:
+            return state.worker(name)
+        except HTTPError:
+            return state.worker(None)
     return state.worker(name)
 
 
@@ -364,7 +357,7 @@ async def _sse(shape: _Shape, job: Any, first: Any, answer: AnswerStream) -> Asy
             continue
         if isinstance(event, Failed):  # after the answer began: Anthropic's error event ends the stream
             e = http_error(event)
-            yield _event("error", {"error": error_body(e.status, e.message)["error"]})
+            yield _event("error", {"error": anthropic_error(e.status, e.message)["error"]})
             return
         for chunk in blocks.events(answer.finish()):
             yield chunk

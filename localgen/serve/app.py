@@ -9,9 +9,8 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +24,7 @@ from localgen.fetch import FetchPool
 from localgen.serve import anthropic, ollama, openai, responses
 from localgen.serve.common import HTTPError, ServeState, error_response
 from localgen.serve.guard import Gate, Policy
+from localgen.serve.incoming import INCOMING, Incoming
 from localgen.serve.jobs import INTERNAL, Failed
 
 # After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve.py's
@@ -40,9 +40,12 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
     async def health(request: Request) -> Response:
         """Liveness for load balancers and scripts, with each model's slots at a glance: 503 when a model's
         worker has stopped."""
-        models = {name: w.status() for name, w in state.workers.items()}
+        models = {name: w.status() for name, w in list(state.workers.items())}
         ok = all(m["alive"] for m in models.values())
-        return JSONResponse({"status": "ok" if ok else "error", "models": models}, status_code=200 if ok else 503)
+        doc: dict[str, Any] = {"status": "ok" if ok else "error", "models": models}
+        if state.residency is not None:
+            doc["residency"] = state.residency.status()
+        return JSONResponse(doc, status_code=200 if ok else 503)
 
     routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *responses.routes(state),
               *ollama.routes(state)]
@@ -82,82 +85,6 @@ class Front:
 
     pool: FetchPool = field(default_factory=FetchPool)
     log: Callable[[str], None] | None = None
-
-
-@dataclass(frozen=True)
-class Incoming:
-    """The request being answered, as fetch_media needs it: the pool for its URLs, and its ASGI receive
-    (whose next message, once the body is read, says that the client left)."""
-
-    pool: FetchPool
-    receive: Callable[[], Awaitable[dict[str, Any]]]
-
-
-INCOMING: ContextVar[Incoming | None] = ContextVar("localgen_incoming", default=None)
-
-
-def _media_urls(raw: list[Any]) -> list[str]:
-    """The http(s) URLs of a request's image parts (and Ollama's `images`), each once."""
-    urls = []
-    for m in raw:
-        if not isinstance(m, dict):
-            continue
-        content, images = m.get("content"), m.get("images")
-        for p in content if isinstance(content, list) else []:
-            inner = p.get("image_url") if isinstance(p, dict) and p.get("type") == "image_url" else None
-            urls.append(inner.get("url") if isinstance(inner, dict) else inner)
-        urls.extend(images if isinstance(images, list) else [])
-    return list(dict.fromkeys(u for u in urls if isinstance(u, str) and u[:8].lower().startswith(("http://",
-                                                                                                   "https://"))))
-
-
-async def fetch_media(raw: list[Any]) -> dict[str, Any] | None:
-    """The Media at each http(s) URL of a request's messages (serve/common.py's read_messages), fetched at once
-    in the request's pool: None when there are none, a 400 saying why one failed, a 503 when the pool is full
-    or closing; every fetch stops when one fails or the client leaves."""
-    import functools
-
-    from localgen import media
-    from localgen.fetch import FetchBusy, FetchError, default_pool
-
-    urls = _media_urls(raw)
-    if not urls:
-        return None
-    incoming = INCOMING.get()
-    pool = incoming.pool if incoming is not None else default_pool()
-
-    async def one(url: str) -> Any:
-        try:
-            return await pool.run(functools.partial(media.fetch, url, pool.fetcher))
-        except FetchError as e:  # the pool's own: busy, closing, past the deadline
-            if isinstance(e, FetchBusy):
-                raise
-            raise media.MediaError(f"cannot fetch {url}: {e.message}") from None
-
-    tasks = {url: asyncio.ensure_future(one(url)) for url in urls}
-    gone = asyncio.ensure_future(_client_left(incoming.receive)) if incoming is not None else None
-    waiting: set[asyncio.Future[Any]] = {*tasks.values(), *([gone] if gone else [])}
-    try:
-        while not all(t.done() for t in tasks.values()):
-            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if gone is not None and gone in done:
-                raise HTTPError(499, "the client went away")
-            for t in done:
-                t.result()  # the first failure ends them all
-    except FetchBusy as e:
-        raise HTTPError(503, e.message, "server_error") from None
-    except media.MediaError as e:
-        raise HTTPError(400, e.message, param="messages") from None
-    finally:
-        for t in (*tasks.values(), *([gone] if gone else [])):
-            t.cancel()  # a fetch told to stop stops reading within fetch.POLL_S
-    return {url: t.result() for url, t in tasks.items()}
-
-
-async def _client_left(receive: Any) -> None:
-    """Returns when the client disconnects (the body has been read: nothing else comes)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 # a response's token counts, from the usage it ends with (OpenAI's usage, Ollama's eval counts)

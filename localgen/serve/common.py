@@ -20,7 +20,7 @@ from localgen.backend import Completion
 from localgen.errors import LocalgenError, UsageError
 from localgen.serve.jobs import Done, EmbedJob, Event, Failed, Job, Text
 from localgen.serve.worker import ModelWorker
-from localgen.types import GenerationRequest, SamplingParams
+from localgen.types import GenerationRequest, ModelRef, SamplingParams
 
 
 class HTTPError(Exception):
@@ -39,6 +39,17 @@ def http_error(f: Failed) -> HTTPError:
     return HTTPError(f.status, f.message, "invalid_request_error" if f.status < 500 else "server_error", f.param)
 
 
+# error kinds by status, as Anthropic names them
+ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 499: "invalid_request_error",
+               503: "overloaded_error"}
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error object."""
+    return {"type": "error", "error": {"type": ANTHROPIC_ERRORS.get(status, "api_error"), "message": message}}
+
+
 def error_response(request: Request, e: HTTPError) -> Response:
     """OpenAI's error object under /v1, Anthropic's under /v1/messages, Ollama's {"error": "..."} under /api."""
     from starlette.responses import JSONResponse
@@ -46,9 +57,7 @@ def error_response(request: Request, e: HTTPError) -> Response:
     if request.url.path.startswith("/api/"):
         return JSONResponse({"error": e.message}, status_code=e.status)
     if request.url.path.startswith("/v1/messages"):
-        from localgen.serve.anthropic import error_body
-
-        return JSONResponse(error_body(e.status, e.message), status_code=e.status)
+        return JSONResponse(anthropic_error(e.status, e.message), status_code=e.status)
     return JSONResponse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}},
                         status_code=e.status)
 
@@ -62,15 +71,44 @@ class ServeState:
     flag_sampling: dict[str, Any] = field(default_factory=dict)  # the sampling flags `serve` was given
     allow_image_urls: bool = False  # fetch http(s) image URLs (else only data: URIs: no server-side requests)
     started: float = field(default_factory=time.time)
+    default: str | None = None  # the model of a request that names none (serve's one -m model, or the default)
+    on_demand: Any = None  # serve/ondemand.py: installed models beside the workers, made when asked for
+    residency: Any = None  # serve/residency.py: which models stay loaded
 
     def worker(self, name: Any) -> ModelWorker:
-        """The worker for a request's `model` (the only one when a single model is served and none is named)."""
-        if (name is None or name == "") and len(self.workers) == 1:
-            return next(iter(self.workers.values()))
-        if not isinstance(name, str) or name not in self.workers:
-            raise HTTPError(404, f"model {name!r} is not served here (served: {', '.join(self.workers)})",
-                            "not_found_error", "model")
-        return self.workers[name]
+        """The worker for a request's `model`: one served, or an installed model (its worker made now); the
+        default model when none is named."""
+        if name is None or name == "":
+            name = self.default if self.default is not None else next(iter(self.workers)) if len(
+                self.workers) == 1 else None
+        if isinstance(name, str) and name in self.workers:
+            return self.workers[name]
+        if isinstance(name, str) and self.on_demand is not None:
+            w = self.on_demand.worker(name, self.workers)
+            if w is not None:
+                self.workers.setdefault(w.name, w)
+                return self.workers[w.name]
+        offered = ", ".join(self.names()[:20])
+        raise HTTPError(404, f"model {name!r} is not served here (served: {offered})", "not_found_error", "model")
+
+    def names(self) -> list[str]:
+        """Every model a request may name: those served now, then (on demand) the others on disk."""
+        served = list(self.workers)
+        return self.on_demand.names(served) if self.on_demand is not None else served
+
+    def offered(self) -> list[tuple[str, ModelRef, ModelWorker | None]]:
+        """What the listings show: each worker's model, then each model on disk without one yet."""
+        out: list[tuple[str, ModelRef, ModelWorker | None]] = [(n, w.ref, w) for n, w in self.workers.items()]
+        if self.on_demand is not None:
+            out += [(n, ref, None) for n, ref in self.on_demand.refs(self.workers)]
+        return out
+
+    def window(self, ref: ModelRef, worker: ModelWorker | None) -> int:
+        """A slot's window: the loaded model's, else the context it will load with."""
+        if worker is not None:
+            return int(worker.n_ctx)
+        n_ctx = int(self.on_demand.load.n_ctx) if self.on_demand is not None else 0
+        return min(n_ctx, ref.summary.context_length) if ref.summary.context_length else n_ctx
 
 
 # A JSON body nested deeper than this is refused before anything walks it (json.loads itself recurses).
@@ -209,97 +247,6 @@ def check_prompt_size(worker: ModelWorker, texts: list[str]) -> None:
     if chars > most:
         raise HTTPError(413, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
                              f"takes at most {most:,} here", param="prompt")
-
-
-async def read_messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:
-    """messages(), off the event loop when they may hold media (content parts, Ollama's `images`): decoding up
-    to 64 MiB of base64 must not stall every other client. Image URLs (with allow_urls) are fetched and
-    checked first, in the server's own bounded pool (serve/app.py's fetch_media), never the loop's default one."""
-    if isinstance(raw, list) and any(isinstance(m, dict) and (isinstance(m.get("content"), list) or m.get("images"))
-                                     for m in raw):
-        from localgen.serve.app import fetch_media
-
-        fetched = await fetch_media(raw) if allow_urls else None
-        return await asyncio.to_thread(messages, raw, allow_urls, fetched)
-    return messages(raw, allow_urls)
-
-
-def messages(raw: Any, allow_urls: bool = False,
-             fetched: dict[str, Any] | None = None) -> tuple[dict[str, Any], ...]:
-    """Chat messages with string content (OpenAI's text parts are joined; with an image or audio part, the
-    parts stay, each medium read and checked here, a fetched URL as a data: URI; `fetched`: the Media
-    read_messages fetched, by URL): an assistant's tool_calls and a tool result's tool_call_id (or Ollama's
-    tool_name, and its `images`) are kept; anything else is a 400."""
-    from localgen import media
-    if not isinstance(raw, list) or not raw:
-        raise HTTPError(400, "`messages` must be a non-empty list", param="messages")
-    out = []
-    for m in raw:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
-            raise HTTPError(400, "each message needs a role: system, user, assistant or tool", param="messages")
-        content = m.get("content")
-        images = m.get("images")  # Ollama: base64 strings beside the text
-        if images is not None:
-            if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
-                raise HTTPError(400, "`images` must be a list of base64 strings", param="messages")
-            text = content if isinstance(content, str) else ""
-            content = [*({"type": "image_url", "image_url": {"url": i}} for i in images),
-                       {"type": "text", "text": text}]
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}, ...]
-            if not all(isinstance(p, dict) for p in content):
-                raise HTTPError(400, "each content part must be an object", param="messages")
-            if all(p.get("type") == "text" for p in content):
-                content = "".join(str(p.get("text", "")) for p in content)
-            else:
-                parts = []
-                for p in content:
-                    inner = p.get("image_url") if p.get("type") == "image_url" else None
-                    url = inner.get("url") if isinstance(inner, dict) else inner
-                    if fetched and isinstance(url, str) and url in fetched:
-                        if fetched[url].kind != "image":
-                            raise HTTPError(400, f"an image_url part holds {fetched[url].format} audio",
-                                            param="messages")
-                        parts.append(fetched[url].part())
-                        continue
-                    try:
-                        found = media.part_media(p, allow_http=allow_urls)
-                    except media.MediaError as e:
-                        raise HTTPError(400, e.message, param="messages") from None
-                    if found is not None and found.source.lower().startswith(("http://", "https://")):
-                        p = found.part()  # fetched: carried as a data: URI; anything else as sent
-                    parts.append(p)
-                content = parts
-        if content is None:
-            content = ""
-        if not isinstance(content, (str, list)):
-            raise HTTPError(400, "message content must be a string or content parts", param="messages")
-        role = "system" if m["role"] == "developer" else m["role"]
-        msg: dict[str, Any] = {"role": role, "content": content}
-        if role == "assistant" and m.get("tool_calls"):
-            msg["tool_calls"] = _tool_calls(m["tool_calls"])
-        if role == "tool":
-            for key in ("tool_call_id", "name", "tool_name"):
-                if isinstance(m.get(key), str):
-                    msg["name" if key == "tool_name" else key] = m[key]
-        out.append(msg)
-    return tuple(out)
-
-
-def _tool_calls(raw: Any) -> list[dict[str, Any]]:
-    """An assistant message's earlier calls, as OpenAI writes them (Ollama's arguments are an object)."""
-    if not isinstance(raw, list):
-        raise HTTPError(400, "tool_calls must be a list", param="messages")
-    calls = []
-    for i, c in enumerate(raw):
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise HTTPError(400, "each tool call needs function.name", param="messages")
-        args = fn.get("arguments", {})
-        if not isinstance(args, (str, dict)):
-            raise HTTPError(400, "a tool call's arguments must be a JSON string or an object", param="messages")
-        calls.append({"id": str(c.get("id") or f"call_{i}"), "type": "function",
-                      "function": {"name": fn["name"], "arguments": args}})
-    return calls
 
 
 async def run_job(worker: ModelWorker, request: GenerationRequest,

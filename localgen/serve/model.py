@@ -52,3 +52,17 @@ def warm_template(backend: Any) -> None:
     except LocalgenError:
         return  # a base model (raw prompts only), or a broken template that each chat request reports
     thinking_opened_by(template.source)
+
+
+def footprint(ref: ModelRef, load: LoadParams, parallel: int) -> int:
+    """The bytes loading `ref` for `parallel` slots will take (models/footprint.py's estimate, every device):
+    what serve's residency (serve/residency.py) sets against its budget."""
+    import dataclasses
+
+    from localgen.models.footprint import of_file
+
+    s = ref.summary
+    n_ctx = min(load.n_ctx, s.context_length) if s.context_length else load.n_ctx
+    layers = load.n_gpu_layers if load.n_gpu_layers is not None else 0
+    cells = dataclasses.replace(load, n_ctx=n_ctx * parallel)
+    return of_file(ref.path, s, cells, n_seq=parallel, gpu_layers=layers).total

@@ -24,7 +24,6 @@ from localgen.serve.common import (
     events,
     exact_field,
     read_json,
-    read_messages,
     run_job,
     run_whole,
     sampling,
@@ -32,10 +31,11 @@ from localgen.serve.common import (
     watch_repeats,
 )
 from localgen.serve.embeds import embed, embed_inputs
+from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Done, Event, Text, parse_duration
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece
-from localgen.types import GenerationRequest
+from localgen.types import GenerationRequest, ModelRef
 
 # Ollama's `options` → our settings (settings.py's table; llama-server's names for what Ollama lacks)
 OPTIONS = settings.spellings("ollama")
@@ -54,11 +54,14 @@ def routes(state: ServeState) -> list[Route]:
         return JSONResponse({"version": localgen.__version__})
 
     async def tags(request: Request) -> Response:
-        return JSONResponse({"models": [_model_entry(w) for w in state.workers.values()]})
+        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
+        return JSONResponse({"models": [_model_entry(name, ref) for name, ref, _ in offered]})
 
     async def ps(request: Request) -> Response:
-        return JSONResponse({"models": [{**_model_entry(w), "expires_at": _expires(w), "size_vram": w.vram_bytes}
-                                        for w in state.workers.values() if w.loaded]})
+        return JSONResponse({"models": [{**_model_entry(w.name, w.ref), "size": w.need or w.ref.summary.file_size,
+                                         "expires_at": _expires(w), "size_vram": w.vram_bytes,
+                                         "context_length": w.n_ctx}
+                                        for w in list(state.workers.values()) if w.loaded]})
 
     async def show(request: Request) -> Response:
         body = await read_json(request)
@@ -66,7 +69,7 @@ def routes(state: ServeState) -> list[Route]:
         s = w.ref.summary
         return JSONResponse({
             "modelfile": "", "parameters": "", "template": s.chat_template or "",
-            "details": _details(w), "capabilities": ["completion"],
+            "details": _details(w.ref), "capabilities": ["completion"],
             "model_info": {"general.architecture": s.architecture, "general.parameter_count": s.n_params,
                            f"{s.architecture}.context_length": s.context_length,
                            f"{s.architecture}.block_count": s.n_layers,
@@ -234,21 +237,21 @@ def _head(worker: Any) -> dict[str, Any]:
     return {"model": worker.name, "created_at": now}
 
 
-def _details(worker: Any) -> dict[str, Any]:
-    s = worker.ref.summary
+def _details(ref: ModelRef) -> dict[str, Any]:
+    s = ref.summary
     n = s.n_params
     size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
     return {"format": "gguf", "family": s.architecture, "families": [s.architecture], "parameter_size": size,
             "quantization_level": s.quantization or "", "parent_model": ""}
 
 
-def _model_entry(worker: Any) -> dict[str, Any]:
+def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
     import os
 
-    path = worker.ref.path
-    mtime = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.UTC).isoformat().replace("+00:00", "Z")
-    return {"name": worker.name, "model": worker.name, "modified_at": mtime, "size": worker.ref.summary.file_size,
-            "digest": worker.ref.sha256 or "", "details": _details(worker)}
+    mtime = datetime.datetime.fromtimestamp(os.path.getmtime(ref.path), datetime.UTC).isoformat().replace(
+        "+00:00", "Z")
+    return {"name": name, "model": name, "modified_at": mtime, "size": ref.summary.file_size,
+            "digest": ref.sha256 or "", "details": _details(ref)}
 
 
 def _expires(worker: Any) -> str:

@@ -5,6 +5,7 @@ deltas), and reasoning apart in `reasoning_content`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -24,7 +25,6 @@ from localgen.serve.common import (
     exact_field,
     http_error,
     read_json,
-    read_messages,
     run_job,
     run_whole,
     sampling,
@@ -33,6 +33,7 @@ from localgen.serve.common import (
     watch_repeats,
 )
 from localgen.serve.embeds import embed, embed_inputs
+from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Event, Failed, Text
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece
@@ -53,9 +54,10 @@ def routes(state: ServeState) -> list[Route]:
     """The /v1 routes."""
 
     async def models(request: Request) -> Response:
+        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen",
-             "max_model_len": w.n_ctx} for name, w in state.workers.items()]})
+             "max_model_len": state.window(ref, w)} for name, ref, w in offered]})
 
     async def chat(request: Request) -> Response:
         return await _complete(state, request, await read_json(request), chat=True)

@@ -23,13 +23,13 @@ from localgen.serve.common import (
     events,
     http_error,
     read_json,
-    read_messages,
     run_job,
     run_whole,
     sampling,
     schema_grammar,
     watch_repeats,
 )
+from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Failed, Text
 from localgen.serve.responseitems import Items, Shape, usage
 from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, default_path

@@ -23,6 +23,7 @@ from localgen.errors import Cancelled, LocalgenError
 from localgen.serve.jobs import INTERNAL, Done, EmbedJob, Failed, Job, QueueFull, Text, Unload, failed, finishing
 from localgen.serve.model import warm_template
 from localgen.serve.prepare import MediaPrep, has_media, request, task
+from localgen.serve.residency import NoRoom
 from localgen.types import LoadParams, ModelRef
 
 
@@ -31,7 +32,7 @@ class ModelWorker:
 
     def __init__(self, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, max_queue: int,
                  warn: Callable[[str], None] = lambda s: None, exact: bool | None = None,
-                 share_prefixes: bool = True, cache_ram: int = 0) -> None:
+                 share_prefixes: bool = True, cache_ram: int = 0, residency: Any = None, pinned: bool = True) -> None:
         self.ref = ref
         self.name = ref.name
         self.load = load
@@ -42,6 +43,10 @@ class ModelWorker:
         self.exact = exact
         self.share_prefixes = share_prefixes
         self.cache_ram = cache_ram  # bytes for slot states saved in host memory (-1 no limit, 0 off)
+        self.residency = residency  # serve/residency.py: asked for room before each load (None: no limits)
+        self.pinned = pinned  # never unloaded to make room for another model (serve -m)
+        self.last_used = time.monotonic()  # the last job's arrival: the least recently used goes first
+        self.need = 0  # bytes the model takes loaded, by its estimate (serve/model.py's footprint)
         self.jobs: queue.Queue[Job | EmbedJob | Unload | None] = queue.Queue()  # None: a prompt is ready
         self.prep = MediaPrep(lambda: self.jobs.put(None))  # prompts with images or audio, made off this thread
         self.backend: Any = None
@@ -90,6 +95,7 @@ class ModelWorker:
                                 "wait")
             self.outstanding += 1
             self._open.add(job)
+            self.last_used = time.monotonic()
         job.on_end = lambda: self._ended(job)
         self.jobs.put(job)
 
@@ -310,6 +316,8 @@ class ModelWorker:
                 if isinstance(job, Job):
                     job.load_s = 0.0 if was_loaded else time.perf_counter() - t0
             return True
+        except NoRoom as e:
+            job.send(Failed(503, e.message))
         except LocalgenError as e:
             job.send(Failed(500, f"cannot load {self.name}: {e.message}"))
         except Exception as e:
@@ -360,10 +368,18 @@ class ModelWorker:
         if self.backend is not None:
             return
         from localgen.engine.scheduler import Scheduler
-        from localgen.serve.model import open_model
+        from localgen.serve.model import footprint, open_model
 
-        backend, pc, mode = open_model(self.ref, self.load, self.parallel, self.exact, self.share_prefixes,
-                                       self.cache_ram, self.warn, warm=threading.current_thread() is self.thread)
+        self.need = footprint(self.ref, self.load, self.parallel)
+        if self.residency is not None:
+            self.residency.admit(self, self.need)
+        try:
+            backend, pc, mode = open_model(self.ref, self.load, self.parallel, self.exact, self.share_prefixes,
+                                           self.cache_ram, self.warn, warm=threading.current_thread() is self.thread)
+        except BaseException:
+            if self.residency is not None:
+                self.residency.released(self)
+            raise
         self.backend, self.pc, self.mode = backend, pc, mode
         self.sched = Scheduler(pc, mode.exact, reuse=True, interleave=True)
         self.n_ctx = backend.engine.n_ctx
@@ -397,3 +413,5 @@ class ModelWorker:
                 self.backend = None
             self.expires_at = None
             self.vram_bytes = 0
+        if self.residency is not None:
+            self.residency.released(self)

@@ -1,0 +1,54 @@
+"""`localgen ps`: the models a running `localgen serve` has loaded, asked over its Ollama route /api/ps."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated
+
+import typer
+
+from localgen.errors import LocalgenError
+
+
+def ps(
+    host: Annotated[str, typer.Option("--host", help="The server's address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="The server's port.")] = 11435,
+    json_out: Annotated[bool, typer.Option("--json", help="The server's answer as JSON.")] = False,
+) -> None:
+    """The models a running server has loaded: size, where (CPU or GPU), context, and when each unloads.
+    Its API key, if it has one, is read from LOCALGEN_API_KEY."""
+    import datetime
+
+    import httpx
+
+    from localgen.units import format_bytes
+
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    key = os.environ.get("LOCALGEN_API_KEY")
+    try:
+        r = httpx.get(f"{url}/api/ps", headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=10)
+    except httpx.HTTPError:
+        raise LocalgenError(f"no localgen serve is running at {url}", hint="start one with localgen serve, or give "
+                            "--host and --port") from None
+    if r.status_code != 200:
+        raise LocalgenError(f"{url}/api/ps answered {r.status_code}: {r.text[:200]}")
+    models = r.json().get("models", [])
+    if json_out:
+        print(json.dumps(models))
+        return
+    if not models:
+        print(f"no model is loaded at {url}")
+        return
+    now = datetime.datetime.now(datetime.UTC)
+    rows = [["NAME", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]]
+    for m in models:
+        vram, size = m.get("size_vram", 0), m.get("size", 0)
+        where = "100% CPU" if not vram else f"{min(100, round(100 * vram / max(size, 1)))}% GPU"
+        until = datetime.datetime.fromisoformat(m["expires_at"].replace("Z", "+00:00"))
+        left = (until - now).total_seconds()
+        rows.append([m["name"], format_bytes(size), where, f"{m.get('context_length', 0):,}",
+                     "forever" if left > 365 * 86400 else f"{max(0, round(left / 60))} minutes from now"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

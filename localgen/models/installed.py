@@ -1,0 +1,61 @@
+"""The models on this machine, by the names `run -m` takes: embedded ones, every GGUF in the Hugging Face
+cache (any tool's; a catalogue entry's name where one matches), and presets (with their base's figures).
+What `localgen list` prints and what `serve` offers. Never touches the network."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localgen.errors import LocalgenError
+
+
+def _item(name: str, path: str, source: str, s: Any) -> dict[str, Any]:
+    return {"name": name, "quantization": s.quantization, "size": s.file_size, "parameters": s.n_params,
+            "context_length": s.context_length, "architecture": s.architecture, "source": source, "path": path}
+
+
+def installed() -> list[dict[str, Any]]:
+    """Each model here: name, quantization, size, parameters, context_length, architecture, source
+    (embedded, hf cache, preset) and path; a preset whose base is gone says so and has no figures."""
+    from localgen.models import catalogue, embedded, store
+    from localgen.models.gguf_meta import read_summary
+
+    entries = catalogue.load()
+    by_repo = {(e.repo, e.default_quant.upper()): e.name for e in entries.values() if e.repo}
+    items: list[dict[str, Any]] = []
+    for name, model in embedded.EMBEDDED.items():
+        try:
+            path = embedded.locate(model)
+        except LocalgenError:
+            continue
+        items.append(_item(name, str(path), "embedded", read_summary(str(path))))
+    for f in store.cached_files():
+        try:
+            summary = read_summary(str(f.link), check_data=False)
+        except LocalgenError:
+            continue
+        quant = (f.quant or "?").upper()
+        name = by_repo.get((f.repo, quant), f"{f.repo}:{quant}")
+        item = _item(name, str(f.link), "hf cache", summary)
+        item["size"] = store.total_size(f)
+        items.append(item)
+    return items + _presets()
+
+
+def _presets() -> list[dict[str, Any]]:
+    from localgen.models import presets
+    from localgen.models.resolve import resolve
+
+    items = []
+    for p in presets.all_presets():
+        try:
+            ref = resolve(p.name, offline=True, pull_missing=False)
+        except LocalgenError:
+            items.append({"name": p.name, "quantization": None, "size": 0, "parameters": None,
+                          "context_length": None, "architecture": None, "source": "preset", "base": p.base,
+                          "path": f"preset of {p.base} (missing)"})
+            continue
+        item = _item(p.name, f"preset of {p.base}", "preset", ref.summary)
+        item["base"] = p.base
+        items.append(item)
+    return items

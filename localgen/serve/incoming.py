@@ -1,0 +1,179 @@
+"""What a request brings in: its chat messages, checked (media read off the event loop), and the media at
+their http(s) URLs, fetched in the request's own bounded pool (Incoming, set per request by serve/app.py's
+FrontDoor), stopping when the client leaves."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from localgen.fetch import FetchPool
+from localgen.serve.common import HTTPError
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """The request being answered, as fetch_media needs it: the pool for its URLs, and its ASGI receive
+    (whose next message, once the body is read, says that the client left)."""
+
+    pool: FetchPool
+    receive: Callable[[], Awaitable[dict[str, Any]]]
+
+
+INCOMING: ContextVar[Incoming | None] = ContextVar("localgen_incoming", default=None)
+
+
+def _media_urls(raw: list[Any]) -> list[str]:
+    """The http(s) URLs of a request's image parts (and Ollama's `images`), each once."""
+    urls = []
+    for m in raw:
+        if not isinstance(m, dict):
+            continue
+        content, images = m.get("content"), m.get("images")
+        for p in content if isinstance(content, list) else []:
+            inner = p.get("image_url") if isinstance(p, dict) and p.get("type") == "image_url" else None
+            urls.append(inner.get("url") if isinstance(inner, dict) else inner)
+        urls.extend(images if isinstance(images, list) else [])
+    return list(dict.fromkeys(u for u in urls if isinstance(u, str) and u[:8].lower().startswith(("http://",
+                                                                                                   "https://"))))
+
+
+async def fetch_media(raw: list[Any]) -> dict[str, Any] | None:
+    """The Media at each http(s) URL of a request's messages (serve/common.py's read_messages), fetched at once
+    in the request's pool: None when there are none, a 400 saying why one failed, a 503 when the pool is full
+    or closing; every fetch stops when one fails or the client leaves."""
+    import functools
+
+    from localgen import media
+    from localgen.fetch import FetchBusy, FetchError, default_pool
+
+    urls = _media_urls(raw)
+    if not urls:
+        return None
+    incoming = INCOMING.get()
+    pool = incoming.pool if incoming is not None else default_pool()
+
+    async def one(url: str) -> Any:
+        try:
+            return await pool.run(functools.partial(media.fetch, url, pool.fetcher))
+        except FetchError as e:  # the pool's own: busy, closing, past the deadline
+            if isinstance(e, FetchBusy):
+                raise
+            raise media.MediaError(f"cannot fetch {url}: {e.message}") from None
+
+    tasks = {url: asyncio.ensure_future(one(url)) for url in urls}
+    gone = asyncio.ensure_future(_client_left(incoming.receive)) if incoming is not None else None
+    waiting: set[asyncio.Future[Any]] = {*tasks.values(), *([gone] if gone else [])}
+    try:
+        while not all(t.done() for t in tasks.values()):
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if gone is not None and gone in done:
+                raise HTTPError(499, "the client went away")
+            for t in done:
+                t.result()  # the first failure ends them all
+    except FetchBusy as e:
+        raise HTTPError(503, e.message, "server_error") from None
+    except media.MediaError as e:
+        raise HTTPError(400, e.message, param="messages") from None
+    finally:
+        for t in (*tasks.values(), *([gone] if gone else [])):
+            t.cancel()  # a fetch told to stop stops reading within fetch.POLL_S
+    return {url: t.result() for url, t in tasks.items()}
+
+
+async def _client_left(receive: Any) -> None:
+    """Returns when the client disconnects (the body has been read: nothing else comes)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def read_messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:
+    """messages(), off the event loop when they may hold media (content parts, Ollama's `images`): decoding up
+    to 64 MiB of base64 must not stall every other client. Image URLs (with allow_urls) are fetched and
+    checked first, in the server's own bounded pool (fetch_media), never the loop's default one."""
+    if isinstance(raw, list) and any(isinstance(m, dict) and (isinstance(m.get("content"), list) or m.get("images"))
+                                     for m in raw):
+        fetched = await fetch_media(raw) if allow_urls else None
+        return await asyncio.to_thread(messages, raw, allow_urls, fetched)
+    return messages(raw, allow_urls)
+
+
+def messages(raw: Any, allow_urls: bool = False,
+             fetched: dict[str, Any] | None = None) -> tuple[dict[str, Any], ...]:
+    """Chat messages with string content (OpenAI's text parts are joined; with an image or audio part, the
+    parts stay, each medium read and checked here, a fetched URL as a data: URI; `fetched`: the Media
+    read_messages fetched, by URL): an assistant's tool_calls and a tool result's tool_call_id (or Ollama's
+    tool_name, and its `images`) are kept; anything else is a 400."""
+    from localgen import media
+    if not isinstance(raw, list) or not raw:
+        raise HTTPError(400, "`messages` must be a non-empty list", param="messages")
+    out = []
+    for m in raw:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
+            raise HTTPError(400, "each message needs a role: system, user, assistant or tool", param="messages")
+        content = m.get("content")
+        images = m.get("images")  # Ollama: base64 strings beside the text
+        if images is not None:
+            if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+                raise HTTPError(400, "`images` must be a list of base64 strings", param="messages")
+            text = content if isinstance(content, str) else ""
+            content = [*({"type": "image_url", "image_url": {"url": i}} for i in images),
+                       {"type": "text", "text": text}]
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}, ...]
+            if not all(isinstance(p, dict) for p in content):
+                raise HTTPError(400, "each content part must be an object", param="messages")
+            if all(p.get("type") == "text" for p in content):
+                content = "".join(str(p.get("text", "")) for p in content)
+            else:
+                parts = []
+                for p in content:
+                    inner = p.get("image_url") if p.get("type") == "image_url" else None
+                    url = inner.get("url") if isinstance(inner, dict) else inner
+                    if fetched and isinstance(url, str) and url in fetched:
+                        if fetched[url].kind != "image":
+                            raise HTTPError(400, f"an image_url part holds {fetched[url].format} audio",
+                                            param="messages")
+                        parts.append(fetched[url].part())
+                        continue
+                    try:
+                        found = media.part_media(p, allow_http=allow_urls)
+                    except media.MediaError as e:
+                        raise HTTPError(400, e.message, param="messages") from None
+                    if found is not None and found.source.lower().startswith(("http://", "https://")):
+                        p = found.part()  # fetched: carried as a data: URI; anything else as sent
+                    parts.append(p)
+                content = parts
+        if content is None:
+            content = ""
+        if not isinstance(content, (str, list)):
+            raise HTTPError(400, "message content must be a string or content parts", param="messages")
+        role = "system" if m["role"] == "developer" else m["role"]
+        msg: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"])
+        if role == "tool":
+            for key in ("tool_call_id", "name", "tool_name"):
+                if isinstance(m.get(key), str):
+                    msg["name" if key == "tool_name" else key] = m[key]
+        out.append(msg)
+    return tuple(out)
+
+
+def _tool_calls(raw: Any) -> list[dict[str, Any]]:
+    """An assistant message's earlier calls, as OpenAI writes them (Ollama's arguments are an object)."""
+    if not isinstance(raw, list):
+        raise HTTPError(400, "tool_calls must be a list", param="messages")
+    calls = []
+    for i, c in enumerate(raw):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise HTTPError(400, "each tool call needs function.name", param="messages")
+        args = fn.get("arguments", {})
+        if not isinstance(args, (str, dict)):
+            raise HTTPError(400, "a tool call's arguments must be a JSON string or an object", param="messages")
+        calls.append({"id": str(c.get("id") or f"call_{i}"), "type": "function",
+                      "function": {"name": fn["name"], "arguments": args}})
+    return calls

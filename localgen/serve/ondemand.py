@@ -1,0 +1,60 @@
+"""Every installed model, offered beside those `serve -m` named (#43): a request that names one makes its
+worker (which loads the model on its first job, within serve/residency.py's room, and unloads it when idle);
+the listings (/v1/models, /api/tags) name them all. Names are those `localgen list` prints: a request cannot
+name a file path, a Hub repo to download, or anything else `run -m` would take."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from localgen.errors import LocalgenError
+from localgen.types import LoadParams, ModelRef
+
+
+class OnDemand:
+    """Installed models, looked up offline by name, and a worker made for each when first asked for."""
+
+    def __init__(self, make: Callable[[ModelRef], Any], lookup: Callable[[str], ModelRef],
+                 listing: Callable[[], list[str]], load: LoadParams) -> None:
+        self.load = load  # what each loads with
+        self.make = make  # a started ModelWorker for a model (not loaded yet)
+        self.lookup = lookup  # a name → its model on disk, without the network (LocalgenError: none)
+        self.listing = listing  # the names of the models on disk
+        self.aliases: dict[str, str] = {}  # a name asked for → the worker's name, when they differ
+
+    def worker(self, name: str, workers: dict[str, Any]) -> Any:
+        """The worker for `name` (made now unless one serves that model), or None when no such model is here;
+        the caller keeps it in `workers`."""
+        if name in self.aliases:
+            return workers[self.aliases[name]]
+        if name not in self.listing():  # only a model on disk by its name: never a path a request makes up
+            return None
+        try:
+            ref = self.lookup(name)
+        except LocalgenError:
+            return None
+        same = next((w for w in workers.values() if w.ref.name == ref.name and w.ref.path == ref.path), None)
+        w = same or self.make(ref)
+        if w.name != name:
+            self.aliases[name] = w.name
+        return w
+
+    def names(self, served: list[str]) -> list[str]:
+        """The models offered: those served now first, then the rest on disk (each once)."""
+        return list(dict.fromkeys([*served, *(n for n in self.listing() if n not in self.aliases)]))
+
+    def refs(self, workers: dict[str, Any]) -> list[tuple[str, ModelRef]]:
+        """The models on disk that no worker serves yet, by name (for the listings)."""
+        held = {(w.ref.name, w.ref.path) for w in workers.values()}
+        out = []
+        for name in self.names(list(workers)):
+            if name in workers:
+                continue
+            try:
+                ref = self.lookup(name)
+            except LocalgenError:
+                continue  # gone since it was listed, or a preset whose base is gone
+            if (ref.name, ref.path) not in held:
+                out.append((name, ref))
+        return out

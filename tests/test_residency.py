@@ -1,0 +1,228 @@
+"""Serving every installed model on demand within a memory budget and a count (#43): serve/residency.py's
+rules in process, with stand-in workers; then a real server holding one model at a time, SmolLM2 and Gemma 3
+asked for in turn through the real `ollama` client: both answer, /api/ps and `localgen ps` show the swap, and
+a request during a swap waits rather than fails."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from localgen.serve.residency import NoRoom, Residency, TooBig
+from tests.conftest import CLI
+from tests.test_serve import Server
+
+MB = 1 << 20
+
+
+class Stand:
+    """A worker as residency sees it: a name, pinned or not, busy or not, when last used; unloading on request
+    frees its room, as the worker thread does."""
+
+    def __init__(self, r: Residency, name: str, pinned: bool = False, busy: bool = False) -> None:
+        self.r, self.name, self.pinned, self.busy = r, name, pinned, busy
+        self.last_used = time.monotonic()
+        self.unloaded = 0
+
+    def request_unload(self) -> threading.Event:
+        done = threading.Event()
+        self.unloaded += 1
+        self.r.released(self)
+        done.set()
+        return done
+
+
+def test_the_least_recently_used_idle_model_makes_room() -> None:
+    r = Residency(budget=1000 * MB, max_models=2)
+    a, b, c = (Stand(r, n) for n in "abc")
+    r.admit(a, 300 * MB)
+    r.admit(b, 300 * MB)
+    a.last_used = time.monotonic()  # b is now the least recently used
+    r.admit(c, 300 * MB)  # the count is full: b goes
+    assert (a.unloaded, b.unloaded) == (0, 1) and r.status()["loaded"] == ["a", "c"]
+    d = Stand(r, "d")
+    r.admit(d, 800 * MB)  # the count makes c go (used before a was used again), then the bytes make a go
+    assert r.status()["loaded"] == ["d"] and r.evictions == 3 and r.loads == 4
+
+
+def test_pinned_and_busy_models_are_never_evicted() -> None:
+    r = Residency(budget=1000 * MB, max_models=2, wait_s=0.3)
+    pinned, busy = Stand(r, "pinned", pinned=True), Stand(r, "busy", busy=True)
+    r.admit(pinned, 100 * MB)
+    r.admit(busy, 100 * MB)
+    t0 = time.monotonic()
+    with pytest.raises(NoRoom, match="pinned or busy"):
+        r.admit(Stand(r, "new"), 100 * MB)
+    assert time.monotonic() - t0 >= 0.3 and pinned.unloaded == busy.unloaded == 0
+
+
+def test_a_load_waits_for_a_busy_model_to_finish() -> None:
+    r = Residency(budget=1000 * MB, max_models=1, wait_s=30)
+    busy = Stand(r, "busy", busy=True)
+    r.admit(busy, 100 * MB)
+    threading.Timer(0.3, lambda: setattr(busy, "busy", False)).start()  # its job ends
+    r.admit(Stand(r, "next"), 100 * MB)
+    assert busy.unloaded == 1
+
+
+def test_a_model_bigger_than_the_budget_says_what_it_needs() -> None:
+    r = Residency(budget=500 * MB, max_models=3)
+    with pytest.raises(TooBig, match=r"needs about 800 MiB .* budget for loaded models is 500 MiB"):
+        r.admit(Stand(r, "big"), 800 * MB)
+
+
+def test_on_demand_makes_one_worker_per_model() -> None:
+    from localgen.errors import ModelNotFoundError
+    from localgen.serve.common import HTTPError, ServeState
+    from localgen.serve.ondemand import OnDemand
+    from localgen.types import LoadParams, ModelRef
+
+    made: list[str] = []
+
+    class W:
+        def __init__(self, ref: ModelRef) -> None:
+            self.ref, self.name = ref, ref.name
+            made.append(ref.name)
+
+    def lookup(name: str) -> Any:
+        if name not in ("m:1", "m"):
+            raise ModelNotFoundError(f"no model {name}")
+        return ModelRef(name="m:1", path="/m.gguf", source="embedded", summary=None)  # type: ignore[arg-type]
+
+    state = ServeState(workers={}, on_demand=OnDemand(W, lookup, lambda: ["m:1", "m"], LoadParams()))
+    w = state.worker("m:1")
+    assert state.worker("m") is w and state.worker("m:1") is w and made == ["m:1"]
+    for path in ("/etc/passwd", "../m.gguf", "owner/repo:Q4_K_M"):  # never a name that is not on the list
+        with pytest.raises(HTTPError):
+            state.worker(path)
+    assert state.names() == ["m:1"]  # "m" asked for that model: it is listed once
+    with pytest.raises(HTTPError) as e:
+        state.worker("nope")
+    assert e.value.status == 404 and "m:1" in e.value.message
+
+
+# ---- a real server -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def one_at_a_time(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(cli_env, "--max-models", "1", "-np", "1", "--ctx", "512")
+    yield s
+    assert s.stop() == 0
+
+
+def _loaded(server: Server) -> list[str]:
+    return [m["name"] for m in httpx.get(f"{server.url}/api/ps", timeout=30).json()["models"]]
+
+
+def test_two_models_in_turn_under_a_budget_for_one(one_at_a_time: Server, cli: CLI) -> None:
+    import ollama
+
+    client = ollama.Client(host=one_at_a_time.url)
+    names = [m.model for m in client.list().models]
+    assert names[0] == "smollm2:135m" and "gemma3:270m" in names, names
+    assert _loaded(one_at_a_time) == ["smollm2:135m"]  # the default, loaded at start
+    for name in ("gemma3:270m", "smollm2:135m", "gemma3:270m"):
+        r = client.generate(model=name, prompt="Say hi.", options={"num_predict": 4, "temperature": 0})
+        assert r.response and r.done
+        assert _loaded(one_at_a_time) == [name]
+    ps = cli("ps", "--port", str(one_at_a_time.port))
+    assert ps.returncode == 0 and "gemma3:270m" in ps.stdout and "100% CPU" in ps.stdout, ps.stderr
+    health = httpx.get(f"{one_at_a_time.url}/health", timeout=30).json()["residency"]
+    assert health["max_models"] == 1 and health["evictions"] >= 3 and health["loaded"] == ["gemma3:270m"]
+
+
+def test_a_request_during_a_swap_waits(one_at_a_time: Server) -> None:
+    """SmolLM2 generates 200 tokens while Gemma is asked for: Gemma's request waits for SmolLM2 to finish (it is
+    busy, so it is not evicted), then both have answered."""
+    url = f"{one_at_a_time.url}/api/generate"
+    results: dict[str, Any] = {}
+
+    def ask(name: str, n: int) -> None:
+        results[name] = httpx.post(url, timeout=600, json={"model": name, "prompt": "Count to 100.", "stream": False,
+                                                            "options": {"num_predict": n, "temperature": 0,
+                                                                        "ignore_eos": True}})
+
+    first = threading.Thread(target=ask, args=("smollm2:135m", 200))
+    first.start()
+    deadline = time.monotonic() + 300
+    while "smollm2:135m" not in _loaded(one_at_a_time) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ask("gemma3:270m", 4)
+    first.join()
+    assert {n: r.status_code for n, r in results.items()} == {"smollm2:135m": 200, "gemma3:270m": 200}
+    assert results["smollm2:135m"].json()["eval_count"] == 200
+
+
+def test_ps_with_no_server(cli: CLI) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = cli("ps", "--port", str(port))
+    assert r.returncode == 1 and "no localgen serve is running" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_defaults_three_models_and_most_of_the_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--max-models 3 (per GPU when offloading), --max-memory 90 % of RAM (plus GPU memory when offloading);
+    a size in the flag's units, and a bad one is a usage error."""
+    from localgen import hardware
+    from localgen.cli import serve
+    from localgen.errors import UsageError
+
+    class F:
+        max_models: int | None = None
+        max_memory: str | None = None
+
+        class knobs:
+            @staticmethod
+            def get(name: str) -> Any:
+                return None
+
+    monkeypatch.setattr(hardware, "gpus", lambda: [])
+    monkeypatch.setattr(hardware, "total_ram_bytes", lambda: 10 * 1024 * MB)
+    r = serve._residency(F())  # type: ignore[arg-type]
+    assert (r.max_models, r.budget) == (3, int(10 * 1024 * MB * 0.9))
+    two = [hardware.GPU("a", 8 * 1024 * MB, 0), hardware.GPU("b", 8 * 1024 * MB, 0)]
+    monkeypatch.setattr(hardware, "gpus", lambda: two)
+    r = serve._residency(F())  # type: ignore[arg-type]
+    assert (r.max_models, r.budget) == (6, int(26 * 1024 * MB * 0.9))
+    F.max_memory, F.max_models = "12G", 2
+    r = serve._residency(F())  # type: ignore[arg-type]
+    assert (r.max_models, r.budget) == (2, 12 * 1024 * MB)
+    F.max_memory = "lots"
+    with pytest.raises(UsageError, match="--max-memory takes a size"):
+        serve._residency(F())  # type: ignore[arg-type]
+
+
+def test_a_load_with_no_room_is_a_503_for_its_request() -> None:
+    import asyncio
+
+    from localgen.serve.jobs import Failed, Job
+    from localgen.serve.worker import ModelWorker
+    from localgen.types import GenerationRequest, LoadParams, ModelRef
+
+    class Full:
+        def admit(self, worker: Any, need: int) -> None:
+            raise NoRoom("no room to load m: the models loaded (a) are pinned or busy")
+
+        def released(self, worker: Any) -> None:
+            raise AssertionError("nothing was held")
+
+    ref = ModelRef(name="m", path=str(__file__), source="path", summary=None)  # type: ignore[arg-type]
+    w = ModelWorker(ref, LoadParams(), 1, -1, 4, residency=Full(), pinned=False)
+    w.__dict__["_ensure_loaded"] = lambda: Full().admit(w, 1)  # the footprint of a real file is not the point
+    loop = asyncio.new_event_loop()
+    try:
+        job = Job(GenerationRequest(prompt="x"), loop)
+        sent: list[Any] = []
+        job.send = sent.append  # type: ignore[method-assign]
+        assert w._load_for(job) is False
+        assert isinstance(sent[0], Failed) and sent[0].status == 503 and "pinned or busy" in sent[0].message
+    finally:
+        loop.close()
