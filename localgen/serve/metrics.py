@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from localgen.serve.common import ServeState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# 1 ms to 60 s: a token on a GPU takes a few ms, a first token behind a long prompt on a CPU tens of seconds
+# buckets from a millisecond to a minute: a token on a GPU takes a few ms, a first token behind a long prompt on
+# a CPU can take tens of seconds
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 OTHER = "other"  # the route of a path no route takes: raw paths as labels would grow without bound
 
@@ -88,6 +89,7 @@ class Gauges(Collector):
         self.state = state
 
     def collect(self) -> Iterator[Metric]:
+        """The gauges as they are now (prometheus_client calls this at each scrape)."""
         queued = GaugeMetricFamily("localgen_queue_depth", "requests waiting for a slot", labels=["model"])
         running = GaugeMetricFamily("localgen_running_requests", "requests in a slot", labels=["model"])
         loaded = GaugeMetricFamily("localgen_model_loaded", "1 while the model is loaded", labels=["model"])
