@@ -199,9 +199,9 @@ def start(f: o.Flags) -> None:
     others = " (and every model here, on demand)" if f.on_demand else ""
     err.line(f"localgen serve: {', '.join(state.workers)}{others} on http://{_url_host(f.host)}:{f.port} · OpenAI "
              f"API at /v1, Anthropic's at /v1/messages, Ollama's at /api · {f.parallel} slot"
-             f"{'s' if f.parallel != 1 else ''} per model · at most {residency.max_models} model"
-             f"{'s' if residency.max_models != 1 else ''} or {format_bytes(residency.budget)} loaded · "
-             f"{_cache_ram_label(cache_ram)}")
+             f"{'s' if f.parallel != 1 else ''} per model · {_cache_ram_label(cache_ram)} · at most "
+             f"{residency.max_models} model{'s' if residency.max_models != 1 else ''} or "
+             f"{format_bytes(residency.budget)} loaded")
     for w in workers:
         if w.mode is not None:
             err.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
