@@ -159,3 +159,26 @@ def test_a_new_knob_is_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
 
     p = inspect.signature(wrapped).parameters["top_a"]
     assert p.annotation.__metadata__[0].help == "Top-A sampling; 0 off."
+
+
+def test_option_groups_reach_the_command_typed() -> None:
+    """A command that declares `tools: o.ToolOptions` takes each of the group's fields as an option, and receives
+    the group, typed, with what the user gave (run and chat take the tool, output and remote groups)."""
+    from typer.testing import CliRunner
+
+    got: list[Any] = []
+
+    def cmd(ctx_: typer.Context, *, tools: o.ToolOptions, output: o.OutputFormat, knobs: o.Knobs) -> None:
+        got.append((tools, output, knobs))
+
+    app = typer.Typer()
+    app.command()(o.with_knobs(load=())(cmd))
+    r = CliRunner().invoke(app, ["--tool-choice", "required", "--yes", "-j", "{}", "--top-k", "5"])
+    assert r.exit_code == 0, r.output
+    tools, output, knobs = got[0]
+    assert tools == o.ToolOptions(tool_choice="required", yes=True) and not tools.any
+    assert output == o.OutputFormat(json_schema="{}") and knobs.given("top_k") and knobs.get("top_k") == 5
+    for command in ("run", "chat"):
+        params = _options(command)
+        for group in (o.ToolOptions, o.OutputFormat, o.RemoteOptions):
+            assert {f.name for f in dataclasses.fields(group)} <= set(params), (command, group)

@@ -76,7 +76,7 @@ def start(f: o.Flags) -> None:
         return
     from localgen.remote.endpoints import choose
 
-    endpoints, remote_model = choose(f.endpoint, f.api_key_env, f.model)
+    endpoints, remote_model = choose(f.remote.endpoint, f.remote.api_key_env, f.model)
     if endpoints:
         bad = o.remote_conflicts(f, {"grammar": "--grammar (GBNF; --json-schema works)"})
         if bad:
@@ -89,12 +89,12 @@ def start(f: o.Flags) -> None:
         if remote_model:
             f._values["model"] = remote_model
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
-    tools = bool(f.functions or f.mcp)
+    tools = f.tools.any
     if tools and endpoints:
         raise UsageError("tools (--functions, --mcp) cannot be used with a remote endpoint")
-    if tools and (f.grammar or f.json_schema or f.json_schema_file):
+    if tools and (f.output.grammar or f.output.json_schema or f.output.json_schema_file):
         raise UsageError("tools (--functions, --mcp) cannot be combined with a grammar or JSON schema")
-    if tools and not interactive and not f.yes:
+    if tools and not interactive and not f.tools.yes:
         raise UsageError("the model may call tools, and a scripted chat (stdin not a terminal) cannot ask first: "
                          "add --yes to let the calls run")
     if not tools and (f.given("tool_choice") or f.given("tool_steps") or f.given("tool_timeout")):
@@ -104,7 +104,7 @@ def start(f: o.Flags) -> None:
     grammar, schema = o.output_grammar(f)
     load = o.load_params(f)
     view = ChatView(interactive=interactive, plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats,
-                    flags=f, yes=f.yes)
+                    flags=f, yes=f.tools.yes)
     view.loader = (lambda name: remote_backend(endpoints, name, f, view)) if endpoints else (
         lambda name: load_backend(name, load, f, view))
     toolbox = open_toolbox(f)
@@ -123,8 +123,8 @@ def start(f: o.Flags) -> None:
     runner.json_schema = schema if remote_schema else None
     runner.on_answer = lambda request, gen, text: _log_turn(f, view, runner, request, gen, text,
                                                             remote=bool(endpoints))
-    runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, f.tool_steps, f.tool_timeout
-    runner.tool_choice = f.tool_choice
+    runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, f.tools.tool_steps, f.tools.tool_timeout
+    runner.tool_choice = f.tools.tool_choice
     try:
         if grammar is not None and not endpoints:
             backend.engine.check_grammar(grammar)  # a grammar that does not parse fails now, not at the first turn
@@ -132,7 +132,7 @@ def start(f: o.Flags) -> None:
             runner.plan(runner.tool_choice)  # a tool_choice naming no tool is refused now
             if interactive:
                 names = ", ".join(t.name for t in toolbox.specs)
-                view.info(f"tools: {names} · " + ("calls run without asking (--yes)" if f.yes else
+                view.info(f"tools: {names} · " + ("calls run without asking (--yes)" if f.tools.yes else
                                                      "each call asks first (y / n / always)"))
         backend.render(runner.request([{"role": "user", "content": "hi"}]))  # no usable chat template: say so now
         if f.resume:

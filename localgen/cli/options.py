@@ -4,8 +4,10 @@ parameters; `load_params` and `sampling` turn them into the engine's types throu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +181,45 @@ ToolTimeout = Annotated[
 ]
 
 
+class OptionGroup:
+    """Options a command takes together, as a frozen dataclass whose fields are Typer options: with_knobs()
+    gives the command each field as an option, and the command the group, typed."""
+
+
+@dataclass(frozen=True)
+class ToolOptions(OptionGroup):
+    """The tools a run or chat may call, and how."""
+
+    functions: Functions = None
+    mcp: Mcp = None
+    tool_choice: ToolChoice = "auto"
+    tool_steps: ToolSteps = 8
+    yes: Yes = False
+    tool_timeout: ToolTimeout = 30.0
+
+    @property
+    def any(self) -> bool:
+        """Whether any tool was given."""
+        return bool(self.functions or self.mcp)
+
+
+@dataclass(frozen=True)
+class OutputFormat(OptionGroup):
+    """What the answer must be: a GBNF grammar, or JSON matching a schema."""
+
+    grammar: GrammarFile = None
+    json_schema: JsonSchema = None
+    json_schema_file: JsonSchemaFile = None
+
+
+@dataclass(frozen=True)
+class RemoteOptions(OptionGroup):
+    """Endpoints to send the work to instead of loading a model here."""
+
+    endpoint: Endpoint = None
+    api_key_env: ApiKeyEnv = None
+
+
 def with_template(f: Flags, ref: Any) -> Any:
     """The model with --chat-template-file's template in place of its own, and --mmproj's projector (checked
     against the model's width from the two headers, before anything loads)."""
@@ -208,15 +249,16 @@ def output_grammar(f: Flags) -> tuple[str | None, str | None]:
     from (a remote server takes the schema itself); (None, None) without them."""
     from localgen.errors import UsageError
 
-    if len([x for x in (f.get("grammar"), f.get("json_schema"), f.get("json_schema_file")) if x]) > 1:
+    out = f.output
+    if len([x for x in (out.grammar, out.json_schema, out.json_schema_file) if x]) > 1:
         raise UsageError("--grammar, --json-schema and --json-schema-file cannot be combined")
-    if f.get("grammar") is not None:
-        return _gbnf(str(f.grammar)), None
+    if out.grammar is not None:
+        return _gbnf(str(out.grammar)), None
     schema: str | None = None
-    if f.get("json_schema_file"):
-        schema = Path(f.json_schema_file).read_text(encoding="utf-8", errors="replace")
-    elif f.get("json_schema"):
-        schema = f.json_schema
+    if out.json_schema_file:
+        schema = Path(out.json_schema_file).read_text(encoding="utf-8", errors="replace")
+    elif out.json_schema:
+        schema = out.json_schema
         if not schema.lstrip().startswith(("{", "[")) and Path(schema).expanduser().is_file():
             schema = Path(schema).expanduser().read_text(encoding="utf-8", errors="replace")
     if schema is None:
@@ -366,16 +408,22 @@ def with_knobs(sampling: bool = True, load: tuple[str, ...] = LOAD_ALL,
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         sig = inspect.signature(fn, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.name != "knobs"]
+        groups = {p.name: p.annotation for p in sig.parameters.values()
+                  if isinstance(p.annotation, type) and issubclass(p.annotation, OptionGroup)}
+        own = [p for p in sig.parameters.values() if p.name != "knobs" and p.name not in groups]
         context = next(p.name for p in own if p.annotation is typer.Context)
-        added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=annotation(n),
-                                   default=_cli_default(_entry(n))) for n in names]
+        fields = {g: _group_params(cls) for g, cls in groups.items()}
+        added = [p for ps in fields.values() for p in ps]
+        added += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=annotation(n),
+                                    default=_cli_default(_entry(n))) for n in names]
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind == p.POSITIONAL_OR_KEYWORD else p
                   for p in own]
 
         @functools.wraps(fn)
         def command(*args: Any, **kwargs: Any) -> None:
             values = {n: kwargs.pop(n) for n in names}
+            for g, cls in groups.items():
+                kwargs[g] = cls(**{p.name: kwargs.pop(p.name) for p in fields[g]})
             ctx = kwargs[context]
             fn(*args, **kwargs, knobs=Knobs(values, frozenset(n for n in names if _given(ctx, n))))
 
@@ -386,24 +434,55 @@ def with_knobs(sampling: bool = True, load: tuple[str, ...] = LOAD_ALL,
     return wrap
 
 
+def _group_params(cls: type[OptionGroup]) -> list[inspect.Parameter]:
+    """A group's fields as keyword parameters, with their Typer options."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name], default=f.default)
+            for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+
+_G = typing.TypeVar("_G", bound=OptionGroup)
+
+
 class Flags:
-    """A command's own parameters by name, whether the user gave each one, and its settings (`knobs`)."""
+    """A command's own parameters by name, whether the user gave each one, its settings (`knobs`), and its
+    option groups typed (`tools`, `output`, `remote`: each group the command takes)."""
 
     def __init__(self, ctx: typer.Context, values: dict[str, Any]) -> None:
         self._ctx = ctx
         knobs = values.pop("knobs", None)
         self.knobs: Knobs = knobs if isinstance(knobs, Knobs) else Knobs.of(ctx, values)
         self._values = {k: v for k, v in values.items() if k not in self.knobs.values}
+        self._grouped = {f.name: getattr(g, f.name) for g in self._values.values() if isinstance(g, OptionGroup)
+                         for f in dataclasses.fields(g)}  # type: ignore[arg-type]
+
+    @property
+    def tools(self) -> ToolOptions:
+        return self._group("tools", ToolOptions)
+
+    @property
+    def output(self) -> OutputFormat:
+        return self._group("output", OutputFormat)
+
+    @property
+    def remote(self) -> RemoteOptions:
+        return self._group("remote", RemoteOptions)
+
+    def _group(self, name: str, cls: type[_G]) -> _G:
+        g = self._values.get(name)
+        return g if isinstance(g, cls) else cls()  # a command without the group: its defaults
 
     def __getattr__(self, name: str) -> Any:
         try:
             return self._values[name]
         except KeyError:
+            if name in self._grouped:
+                return self._grouped[name]
             raise AttributeError(name) from None
 
     def get(self, name: str, default: Any = None) -> Any:
-        """A parameter, or `default` where the command has none."""
-        return self._values.get(name, default)
+        """A parameter (a group's field too), or `default` where the command has none."""
+        return self._values.get(name, self._grouped.get(name, default))
 
     def given(self, name: str) -> bool:
         """Whether the user set this parameter, as opposed to its default."""

@@ -41,12 +41,6 @@ def run(
                      help="An image or audio clip (WAV, MP3, FLAC) by content: a path, an http(s) URL, or - for "
                           "stdin's bytes; repeatable."),
     ] = None,
-    functions: o.Functions = None,
-    mcp: o.Mcp = None,
-    tool_choice: o.ToolChoice = "auto",
-    tool_steps: o.ToolSteps = 8,
-    yes: o.Yes = False,
-    tool_timeout: o.ToolTimeout = 30.0,
     show_thinking: Annotated[
         bool, typer.Option("--show-thinking", rich_help_panel=o.OUTPUT_PANEL,
                            help="Print a reasoning model's thinking to stderr (only the answer goes to stdout; "
@@ -140,11 +134,6 @@ def run(
                      help="Keep the KV state of a long shared prefix (documents, piped text, system prompt) on disk "
                           "and load it next time instead of recomputing it."),
     ] = True,
-    grammar: o.GrammarFile = None,
-    json_schema: o.JsonSchema = None,
-    json_schema_file: o.JsonSchemaFile = None,
-    endpoint: o.Endpoint = None,
-    api_key_env: o.ApiKeyEnv = None,
     resume_from: Annotated[
         Path | None,
         typer.Option("--resume-from", dir_okay=False, rich_help_panel=MANY, show_default=False, metavar="OUTPUT.jsonl",
@@ -152,6 +141,9 @@ def run(
                           "them, unless stdout appends to that same file)."),
     ] = None,
     *,
+    tools: o.ToolOptions,
+    output: o.OutputFormat,
+    remote: o.RemoteOptions,
     knobs: o.Knobs,
 ) -> None:
     """Generate from one prompt (or many) and stream the answer to stdout.

@@ -58,7 +58,7 @@ def execute(f: o.Flags) -> None:
     o.sampling(f)  # the flags alone are valid, before the catalogue's defaults are known
     err = ErrWriter()
     toolbox = None
-    if f.functions or f.mcp:
+    if f.tools.any:
         from localgen.cli.toolflow import open_toolbox
 
         toolbox = open_toolbox(f)
@@ -125,7 +125,7 @@ def check(f: o.Flags) -> RunPlan:
             raise UsageError(f"{', '.join(dropped)} cannot be used with --file/--each-line (many prompts)")
         if f.prompt_arg is not None:
             raise UsageError("with --file/--each-line, give the instruction with -p, not as an argument")
-    schemas = [x for x in (f.grammar, f.json_schema, f.json_schema_file) if x]
+    schemas = [x for x in (f.output.grammar, f.output.json_schema, f.output.json_schema_file) if x]
     if len(schemas) > 1:
         raise UsageError("--grammar, --json-schema and --json-schema-file cannot be combined")
     if f.raw and f.system:
@@ -140,13 +140,13 @@ def check(f: o.Flags) -> RunPlan:
         raise UsageError("--logprobs adds to the JSON output: add --json")
     if f.logprobs is not None and f.beams:
         raise UsageError("--logprobs cannot be combined with --beams (--json lists each beam's log-probability)")
-    if f.functions or f.mcp:
+    if f.tools.any:
         dropped = [flag for flag, on in (("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(f.beams)),
                                          ("a grammar or JSON schema", bool(schemas)),
-                                         ("--endpoint", bool(f.endpoint))) if on]
+                                         ("--endpoint", bool(f.remote.endpoint))) if on]
         if dropped:
             raise UsageError(f"tools (--functions, --mcp) cannot be combined with {', '.join(dropped)}")
-        if not f.yes:
+        if not f.tools.yes:
             raise UsageError("the model may call tools, and run cannot ask first: add --yes to let the calls run",
                              hint="or use `localgen chat`, which asks before each call")
     if f.resume_from is not None and (f.file is None or not f.json_out):
@@ -173,7 +173,7 @@ def _attachments(f: o.Flags, many: bool) -> tuple[Any, ...]:
         return ()
     dropped = [flag for flag, on in (("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(f.beams)),
                                      ("--draft/--lookup", bool(f.draft or f.lookup)),
-                                     ("--endpoint", bool(f.endpoint)),
+                                     ("--endpoint", bool(f.remote.endpoint)),
                                      ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache)) if on]
     if dropped:
         raise UsageError(f"images and audio (--image, -a) cannot be combined with {', '.join(dropped)}")
@@ -194,11 +194,11 @@ def _attachments(f: o.Flags, many: bool) -> tuple[Any, ...]:
 def _endpoints(f: o.Flags) -> tuple[list[Any], str | None]:
     from localgen.paths import endpoints_file
 
-    if not (f.endpoint or f.api_key_env) and (not f.model or not endpoints_file().is_file()):
+    if not (f.remote.endpoint or f.remote.api_key_env) and (not f.model or not endpoints_file().is_file()):
         return [], f.model  # nothing can be remote: the remote code stays unloaded
     from localgen.remote.endpoints import choose
 
-    return choose(f.endpoint, f.api_key_env, f.model)
+    return choose(f.remote.endpoint, f.remote.api_key_env, f.model)
 
 
 def _check_remote(f: o.Flags) -> None:

@@ -16,11 +16,11 @@ from localgen.types import GenerationRequest
 
 def open_toolbox(f: o.Flags) -> Any:
     """The tools of --functions and --mcp, loaded and started (None without them)."""
-    if not (f.functions or f.mcp):
+    if not f.tools.any:
         return None
     from localgen.tools.loop import Toolbox
 
-    return Toolbox.open(list(f.functions or []), list(f.mcp or []))
+    return Toolbox.open(list(f.tools.functions or []), list(f.tools.mcp or []))
 
 
 def run_with_tools(f: o.Flags, backend: Any, request: GenerationRequest, toolbox: Any, err: ErrWriter,
@@ -39,7 +39,7 @@ def run_with_tools(f: o.Flags, backend: Any, request: GenerationRequest, toolbox
     t0 = time.perf_counter()
     try:
         turn = run_turn(backend, request, plan_for(template, toolbox), toolbox, lambda call: True, show,
-                        f.tool_steps, f.tool_timeout, template, first=first_plan(f, template, toolbox))
+                        f.tools.tool_steps, f.tools.tool_timeout, template, first=first_plan(f, template, toolbox))
     except KeyboardInterrupt:
         writer.end()
         err.interrupted()
@@ -63,5 +63,5 @@ def first_plan(f: o.Flags, template: str | None, toolbox: Any) -> Any:
     """--tool-choice's plan for the first round (None: auto); later rounds are auto, so the loop can end."""
     from localgen.tools.loop import plan_for
 
-    choice = f.get("tool_choice") or "auto"
+    choice = f.tools.tool_choice or "auto"
     return None if choice == "auto" else plan_for(template, toolbox, choice)
