@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen.fetch import FetchPool
-from localgen.serve import anthropic, ollama, openai
+from localgen.serve import anthropic, manage, ollama, openai
 from localgen.serve.common import HTTPError, ServeState, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.incoming import INCOMING, Incoming
@@ -47,7 +47,8 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
             doc["residency"] = state.residency.status()
         return JSONResponse(doc, status_code=200 if ok else 503)
 
-    routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *ollama.routes(state)]
+    routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *ollama.routes(state),
+              *manage.routes(state)]
 
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPError)

@@ -74,6 +74,7 @@ class ServeState:
     default: str | None = None  # the model of a request that names none (serve's one -m model, or the default)
     on_demand: Any = None  # serve/ondemand.py: installed models beside the workers, made when asked for
     residency: Any = None  # serve/residency.py: which models stay loaded
+    offline: bool = False  # serve --offline: /api/pull is refused
 
     def worker(self, name: Any) -> ModelWorker:
         """The worker for a request's `model`: one served, or an installed model (its worker made now); the
