@@ -149,10 +149,11 @@ def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> No
                          parameters={"num_predict": 3, "temperature": 0})
     assert done.status == "success"
     assert "mgr-bot" in _names(client)
-    plain = client.generate(model="smollm2:135m", prompt="Say hi.", options={"temperature": 0, "num_predict": 8})
     bot = client.generate(model="mgr-bot", prompt="Say hi.")
     assert bot.eval_count == 3  # the preset's num_predict
-    assert bot.prompt_eval_count > plain.prompt_eval_count  # its system prompt went in
+    given = client.generate(model="smollm2:135m", prompt="Say hi.", system="You are a pirate. Answer as one.",
+                            options={"temperature": 0, "num_predict": 3})
+    assert (bot.prompt_eval_count, bot.response) == (given.prompt_eval_count, given.response)  # its SYSTEM
     assert "SYSTEM" in client.show("mgr-bot").modelfile and "num_predict" in client.show("mgr-bot").parameters
     assert client.copy("mgr-bot", "mgr-bot2").status == "success"
     assert client.generate(model="mgr-bot2", prompt="Say hi.").eval_count == 3

@@ -301,11 +301,23 @@ def watch_repeats(job: Job, answer: Any, text: str | None = None) -> list[Any]:
 
 
 def _submit(worker: ModelWorker, job: Job) -> Job:
+    job.request = with_preset(worker.ref, job.request)
     try:
         worker.submit(job)
     except LocalgenError as e:  # a full queue, or a worker that has stopped
         raise HTTPError(503, e.message, "server_error") from None
     return job
+
+
+def with_preset(ref: ModelRef, request: GenerationRequest) -> GenerationRequest:
+    """A chat request to a preset (models/presets.py): its SYSTEM where the request gives none, then its
+    MESSAGE turns before the conversation, as `run` and `chat` place them (cli/presetflow.py)."""
+    if not request.messages or (ref.system is None and not ref.messages):
+        return request
+    msgs = list(request.messages)
+    head = [msgs.pop(0)] if msgs[0].get("role") == "system" else (
+        [{"role": "system", "content": ref.system}] if ref.system else [])
+    return dataclasses.replace(request, messages=(*head, *(dict(m) for m in ref.messages), *msgs))
 
 
 async def events(job: Job, first: Event) -> AsyncIterator[Event]:
