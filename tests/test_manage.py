@@ -132,6 +132,33 @@ def test_pull_streams_progress_and_the_model_answers_at_once(server: Server, cli
     assert hub.sent[FILE] == size
 
 
+def test_lm_studio_ttl_sets_how_long_the_model_stays(server: Server, client: Any) -> None:
+    import time
+
+    import openai
+
+    oa = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    msgs: Any = [{"role": "user", "content": "Say hi."}]
+    oa.chat.completions.create(model=PULLED, messages=msgs, max_tokens=2, extra_body={"ttl": 3600})
+
+    def left() -> float:  # seconds until it unloads, by /api/ps (the worker sets it once the job has ended)
+        (ps,) = [m for m in client.ps().models if m.model == PULLED]
+        return float(ps.expires_at.timestamp() - time.time())
+
+    deadline = time.monotonic() + 30
+    while left() < 3500 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert 3500 < left() <= 3600
+    oa.chat.completions.create(model=PULLED, messages=msgs, max_tokens=2, extra_body={"ttl": 0})
+    deadline = time.monotonic() + 30
+    while PULLED in [m.model for m in client.ps().models] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert PULLED not in [m.model for m in client.ps().models]  # unloaded once idle
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": PULLED, "messages": msgs, "ttl": "1h"},
+                   timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ttl"
+
+
 def test_pull_errors(server: Server) -> None:
     assert "has no quantization Q2_K" in _error(server, "POST", "/api/pull", {"model": f"{REPO}:Q2_K"}, 404)
     assert "acme/none" in _error(server, "POST", "/api/pull", {"model": "acme/none"}, 404)
