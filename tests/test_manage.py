@@ -23,6 +23,7 @@ REPO = "acme/SmolLM2-GGUF"
 FILE = "smollm2-135m-instruct-Q4_1.gguf"
 PULLED = f"{REPO}:Q4_1"
 COMMIT = hashlib.sha1(b"acme-manage").hexdigest()
+SLOW, SLOW_FILE = "acme/Slow-GGUF", "slow-Q4_1.gguf"
 OPTS = {"num_predict": 4, "temperature": 0}
 
 
@@ -80,6 +81,7 @@ def hub(smollm2_path: Path) -> Iterator[hub_server.FakeHub]:
     fake, server = hub_server.start()
     fake.repos[REPO] = hub_server.HubRepo(COMMIT, {FILE: hub_server.HubFile(smollm2_path),
                                                    "README.md": hub_server.HubFile(b"# readme\n")})
+    fake.repos[SLOW] = hub_server.HubRepo(COMMIT, {SLOW_FILE: hub_server.HubFile(smollm2_path)})
     yield fake
     server.shutdown()
     server.cdn.shutdown()  # type: ignore[attr-defined]
@@ -130,6 +132,50 @@ def test_pull_streams_progress_and_the_model_answers_at_once(server: Server, cli
     assert r.done and r.eval_count and r.eval_count <= 4
     assert client.pull(PULLED).status == "success"  # a second pull: verified in the cache, nothing sent
     assert hub.sent[FILE] == size
+
+
+def test_a_client_that_leaves_stops_the_pull_and_the_next_resumes(server: Server, client: Any,
+                                                                     hub: hub_server.FakeHub) -> None:
+    import json
+    import time
+
+    size = hub.repos[SLOW].files[SLOW_FILE].size
+    hub.delay_per_mb = 0.05
+    try:
+        with httpx.stream("POST", f"{server.url}/api/pull", json={"model": f"{SLOW}:Q4_1"}, timeout=60) as r:
+            for line in r.iter_lines():
+                if json.loads(line).get("completed", 0) > 8 << 20:
+                    break  # the client leaves mid-download
+        sent, settled = -1, 0
+        while settled < 10:  # until the Hub has sent nothing more for a second
+            time.sleep(0.1)
+            settled = settled + 1 if hub.sent.get(SLOW_FILE, 0) == sent else 0
+            sent = hub.sent.get(SLOW_FILE, 0)
+    finally:
+        hub.delay_per_mb = 0.0
+    assert 8 << 20 < sent < size
+    assert f"{SLOW}:Q4_1" not in _names(client)
+    again = [x.status for x in client.pull(f"{SLOW}:Q4_1", stream=True)]
+    assert again[-1] == "success" and any(x.startswith(f"{SLOW_FILE}: resuming at ") for x in again), again
+    assert size <= hub.sent[SLOW_FILE] < sent + size  # it went on from what it had, not from the start
+    assert f"{SLOW}:Q4_1" in _names(client)
+
+
+def test_a_model_in_use_is_not_deleted(server: Server, client: Any) -> None:
+    import time
+
+    slow = f"{SLOW}:Q4_1"
+    body = {"model": slow, "prompt": "Count to a hundred.", "options": {"num_predict": 400, "ignore_eos": True,
+                                                                 "temperature": 0}}
+    with httpx.stream("POST", f"{server.url}/api/generate", json=body, timeout=60) as r:
+        lines = r.iter_lines()  # held: a generator dropped would close the response
+        next(lines)  # it is generating
+        assert "is answering requests" in _error(server, "DELETE", "/api/delete", {"model": slow}, 409)
+    deadline = time.monotonic() + 30  # the request ends as its client leaves, at the worker's next step
+    while httpx.request("DELETE", f"{server.url}/api/delete", json={"model": slow}, timeout=60).status_code == 409:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert slow not in _names(client)
 
 
 def test_lm_studio_ttl_sets_how_long_the_model_stays(server: Server, client: Any) -> None:
