@@ -74,6 +74,24 @@ def test_an_offline_server_refuses_to_pull() -> None:
     assert e.value.status == 403
 
 
+def test_a_pinned_or_busy_model_is_not_retired_and_a_file_of_your_own_is_not_deleted(smollm2_path: Path) -> None:
+    from localgen.models.resolve import resolve
+
+    class Stand:
+        def __init__(self, name: str, pinned: bool, busy: bool) -> None:
+            self.name, self.pinned, self.busy = name, pinned, busy
+            self.ref = resolve(str(smollm2_path))  # a path: source "path"
+
+    for stand, says in ((Stand("a", True, False), "named by serve -m"), (Stand("b", False, True), "answering")):
+        with pytest.raises(HTTPError, match=says) as e:
+            asyncio.run(manage._retire(ServeState(workers={}), [stand]))  # type: ignore[list-item]
+        assert e.value.status == 409
+    own = Stand("mine.gguf", False, False)
+    with pytest.raises(HTTPError, match="did not download") as e:
+        asyncio.run(manage._delete(ServeState(workers={"mine.gguf": own}), "mine.gguf"))  # type: ignore[dict-item]
+    assert e.value.status == 400
+
+
 # ---- a real server, its Hub on loopback -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -171,6 +189,7 @@ def test_a_model_in_use_is_not_deleted(server: Server, client: Any) -> None:
         lines = r.iter_lines()  # held: a generator dropped would close the response
         next(lines)  # it is generating
         assert "is answering requests" in _error(server, "DELETE", "/api/delete", {"model": slow}, 409)
+        assert "is answering requests" in _error(server, "POST", "/models/unload", {"model": slow}, 409)
     deadline = time.monotonic() + 30  # the request ends as its client leaves, at the worker's next step
     while httpx.request("DELETE", f"{server.url}/api/delete", json={"model": slow}, timeout=60).status_code == 409:
         assert time.monotonic() < deadline
@@ -205,7 +224,16 @@ def test_lm_studio_ttl_sets_how_long_the_model_stays(server: Server, client: Any
     assert r.status_code == 400 and r.json()["error"]["param"] == "ttl"
 
 
-def test_pull_errors(server: Server) -> None:
+def test_pull_errors(server: Server, client: Any, hub: hub_server.FakeHub) -> None:
+    import ollama
+
+    assert client.pull("smollm2:135m").status == "success"  # it ships inside a Python package: here already
+    hub.repos["acme/Gated-GGUF"] = hub_server.HubRepo(COMMIT, {"gated-Q4_1.gguf": hub.repos[REPO].files[FILE]},
+                                                      gated_files=True)
+    assert "refused the download" in _error(server, "POST", "/api/pull",
+                                            {"model": "acme/Gated-GGUF:Q4_1", "stream": False}, 502)
+    with pytest.raises(ollama.ResponseError, match="refused the download"):  # its line after progress began
+        list(client.pull("acme/Gated-GGUF:Q4_1", stream=True))
     assert "has no quantization Q2_K" in _error(server, "POST", "/api/pull", {"model": f"{REPO}:Q2_K"}, 404)
     assert "acme/none" in _error(server, "POST", "/api/pull", {"model": "acme/none"}, 404)
     _error(server, "POST", "/api/pull", {"model": "/etc/passwd"}, 400)
@@ -222,6 +250,12 @@ def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> No
                          parameters={"num_predict": 3, "temperature": 0})
     assert done.status == "success"
     assert "mgr-bot" in _names(client)
+    assert client.generate(model="mgr-bot", prompt="Say hi.").eval_count == 3
+    assert client.create(model="mgr-bot", from_="smollm2:135m", system="You are a pirate. Answer as one.",
+                         parameters={"num_predict": 2, "temperature": 0}).status == "success"
+    assert client.generate(model="mgr-bot", prompt="Say hi.").eval_count == 2  # replaced, as Ollama's create
+    client.create(model="mgr-bot", from_="smollm2:135m", system="You are a pirate. Answer as one.",
+                  parameters={"num_predict": 3, "temperature": 0})
     bot = client.generate(model="mgr-bot", prompt="Say hi.")
     assert bot.eval_count == 3  # the preset's num_predict
     given = client.generate(model="smollm2:135m", prompt="Say hi.", system="You are a pirate. Answer as one.",
@@ -238,6 +272,8 @@ def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> No
     assert client.delete("mgr-bot").status == "success"
     assert "bad preset name" in _error(server, "POST", "/api/copy", {"source": PULLED, "destination": "a b"}, 400)
     _error(server, "POST", "/api/copy", {"source": "nope", "destination": "x"}, 404)
+    assert "catalogue model" in _error(server, "POST", "/api/copy",
+                                       {"source": PULLED, "destination": "gemma3:270m"}, 400)
     assert "FROM nope" in _error(server, "POST", "/api/create", {"model": "x", "from": "nope"}, 400)
     assert "Go template" in _error(server, "POST", "/api/create",
                                    {"model": "x", "from": PULLED, "template": "{{ .Prompt }}"}, 400)
@@ -256,8 +292,11 @@ def test_router_load_unload_then_delete(server: Server, client: Any, hub: hub_se
     assert httpx.post(f"{server.url}/models/load", json={"model": PULLED}, timeout=300).json() == {"success": True}
     assert status()[PULLED] == "loaded" and PULLED in [m.model for m in client.ps().models]
     _error(server, "DELETE", "/api/delete", {"model": "smollm2:135m"}, 400)  # it ships in a Python package
-    assert client.delete(PULLED).status == "success"  # unloaded first
-    assert PULLED not in _names(client) and PULLED not in [m.model for m in client.ps().models]
+    client.create(model="mgr-over", from_=PULLED)
+    assert client.generate(model="mgr-over", prompt="Say hi.", options=OPTS).done
+    assert client.delete(PULLED).status == "success"  # unloaded first, and the preset's worker on it too
+    loaded = [m.model for m in client.ps().models]
+    assert PULLED not in _names(client) and PULLED not in loaded and "mgr-over" not in loaded
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model=PULLED, prompt="Say hi.")
     assert e.value.status_code == 404
