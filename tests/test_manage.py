@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from localgen.serve import manage
+from localgen.serve import describe, manage
 from localgen.serve.common import HTTPError, ServeState
 from tests import hub_server
 from tests.test_serve import Server
@@ -30,17 +30,17 @@ OPTS = {"num_predict": 4, "temperature": 0}
 # ---- in process ----------------------------------------------------------------------------------------------
 
 def test_create_writes_a_modelfile_from_the_requests_fields() -> None:
-    text = manage.modelfile_text({"from": "smollm2:135m", "system": "Be brief.\nVery.",
+    text = describe.modelfile_text({"from": "smollm2:135m", "system": "Be brief.\nVery.",
                                   "parameters": {"num_predict": 3, "stop": ["a", "b"], "temperature": 0},
                                   "messages": [{"role": "user", "content": "hi"}]})
     assert text == ('FROM smollm2:135m\nPARAMETER num_predict 3\nPARAMETER stop a\nPARAMETER stop b\n'
                     'PARAMETER temperature 0\nSYSTEM """Be brief.\nVery."""\nMESSAGE user hi\n')
-    assert manage.modelfile_text({"modelfile": "FROM x\n", "from": "y"}) == "FROM x\n"  # older clients' text
+    assert describe.modelfile_text({"modelfile": "FROM x\n", "from": "y"}) == "FROM x\n"  # older clients' text
     for bad, says in (({"from": "x", "quantize": "q4_K_M"}, "`quantize` is not supported"),
                       ({}, "`from` must name"), ({"from": "x", "parameters": [1]}, "`parameters` must be an object"),
                       ({"from": "x", "messages": [{"role": "user"}]}, "`content` string")):
         with pytest.raises(HTTPError, match=says) as e:
-            manage.modelfile_text(bad)
+            describe.modelfile_text(bad)
         assert e.value.status == 400
 
 
@@ -50,7 +50,7 @@ def test_show_reads_the_header_without_loading(smollm2_path: Path) -> None:
     from localgen.models.resolve import resolve
 
     ref = resolve("smollm2:135m", offline=True, pull_missing=False)
-    doc = manage.show_doc("smollm2:135m", ref)
+    doc = describe.show_doc("smollm2:135m", ref)
     assert doc["modelfile"].startswith("FROM smollm2:135m\n")
     assert doc["model_info"]["general.architecture"] == "llama"
     assert doc["model_info"]["llama.context_length"] == ref.summary.context_length
@@ -58,14 +58,14 @@ def test_show_reads_the_header_without_loading(smollm2_path: Path) -> None:
     assert doc["template"] == ref.summary.chat_template and doc["details"]["format"] == "gguf"
     assert doc["capabilities"][0] == "completion"
     with_params = dataclasses.replace(ref, sampling_defaults={"temperature": 0.2, "stop": ("x", "y")}, context=1024)
-    lines = manage.parameters_text(with_params).splitlines()
+    lines = describe.parameters_text(with_params).splitlines()
     assert [line.split() for line in lines] == [["num_ctx", "1024"], ["temperature", "0.2"], ["stop", "x"],
                                                 ["stop", "y"]]
     tools = dataclasses.replace(ref, summary=dataclasses.replace(
         ref.summary, chat_template="{% if tools %}{{ tools }}{% endif %}{% if enable_thinking %}{% endif %}"))
-    assert manage.capabilities(tools) == ["completion", "tools", "thinking"]
+    assert describe.capabilities(tools) == ["completion", "tools", "thinking"]
     bert = dataclasses.replace(ref, summary=dataclasses.replace(ref.summary, architecture="bert"))
-    assert manage.capabilities(bert) == ["embedding"]
+    assert describe.capabilities(bert) == ["embedding"]
 
 
 def test_an_offline_server_refuses_to_pull() -> None:
