@@ -47,7 +47,7 @@ def routes(state: ServeState) -> list[Route]:
             raise HTTPError(400, "`source` and `destination` must be model names")
         from localgen.models import presets
 
-        _offered(state, src)
+        await asyncio.to_thread(_offered, state, src)  # the listing reads GGUF headers
         await _retire(state, [w for w in list(state.workers.values()) if w.name == dst])
         try:
             await asyncio.to_thread(presets.copy, src, dst, _lookup(state), True)
