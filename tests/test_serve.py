@@ -453,3 +453,94 @@ def test_anthropic_json_output_follows_the_schema(server: Server) -> None:
         "output_config": {"format": {"type": "json_schema", "schema": schema}}})
     assert r.status_code == 200, r.text
     assert isinstance(json.loads(r.json()["content"][0]["text"])["colour"], str)
+
+
+# ---- OpenAI's Responses API --------------------------------------------------------------------------------
+
+def test_responses_client_whole_streamed_continued_and_stored(server: Server) -> None:
+    """The real `openai` SDK's client.responses: the same greedy text as /v1/chat/completions, whole and
+    streamed (the response.* events, numbered, ending in response.incomplete with usage at max_output_tokens);
+    previous_response_id continues the stored conversation; GET finds it, DELETE forgets it; store: false
+    keeps nothing."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    ask = [{"role": "user", "content": "Name a colour."}]
+    want = client.chat.completions.create(model="smollm2:135m", messages=ask, max_tokens=8,  # type: ignore[arg-type]
+                                          temperature=0)
+    assert want.usage is not None
+    r = client.responses.create(model="smollm2:135m", input="Name a colour.", max_output_tokens=8, temperature=0)
+    assert r.id.startswith("resp_") and r.output_text == want.choices[0].message.content
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    assert r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage is not None and r.usage.output_tokens == 8 and r.usage.input_tokens == want.usage.prompt_tokens
+    assert r.store is True and r.max_output_tokens == 8 and r.temperature == 0
+    events = list(client.responses.create(model="smollm2:135m", input=ask,  # type: ignore[arg-type]
+                                          max_output_tokens=8, temperature=0, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events[:4]] == ["response.created", "response.in_progress", "response.output_item.added",
+                                            "response.content_part.added"]
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    last = events[-1]
+    assert text == r.output_text and last.type == "response.incomplete"
+    assert last.response.output_text == text and last.response.usage is not None
+    assert last.response.usage.output_tokens == 8
+    r2 = client.responses.create(model="smollm2:135m", input="Another one?", previous_response_id=r.id,
+                                 max_output_tokens=8, temperature=0)
+    again = client.chat.completions.create(model="smollm2:135m", max_tokens=1, messages=[  # type: ignore[arg-type]
+        *ask, {"role": "assistant", "content": r.output_text}, {"role": "user", "content": "Another one?"}])
+    assert r2.previous_response_id == r.id and r2.usage is not None and again.usage is not None
+    assert r2.usage.input_tokens == again.usage.prompt_tokens > r.usage.input_tokens
+    # instructions are a system message ahead of the input, and a follow-up does not carry them over
+    brief = client.responses.create(model="smollm2:135m", input="Name a colour.", instructions="Be brief.",
+                                    max_output_tokens=1, temperature=0)
+    told = client.chat.completions.create(model="smollm2:135m", max_tokens=1, messages=[  # type: ignore[arg-type]
+        {"role": "system", "content": "Be brief."}, *ask])
+    assert brief.usage is not None and told.usage is not None and brief.instructions == "Be brief."
+    assert brief.usage.input_tokens == told.usage.prompt_tokens
+    later = client.responses.create(model="smollm2:135m", input="Another one?", previous_response_id=brief.id,
+                                    max_output_tokens=1, temperature=0)
+    untold = client.chat.completions.create(model="smollm2:135m", max_tokens=1, messages=[  # type: ignore[arg-type]
+        *ask, {"role": "assistant", "content": brief.output_text}, {"role": "user", "content": "Another one?"}])
+    assert later.usage is not None and untold.usage is not None
+    assert later.usage.input_tokens == untold.usage.prompt_tokens
+    got = client.responses.retrieve(r.id)
+    assert got.id == r.id and got.output_text == r.output_text
+    gone = httpx.delete(f"{server.url}/v1/responses/{r.id}", headers=_auth(), timeout=60)
+    assert gone.json() == {"id": r.id, "object": "response.deleted", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="smollm2:135m", input="x", previous_response_id=r.id, max_output_tokens=1)
+    assert "not found" in e.value.message
+    unstored = client.responses.create(model="smollm2:135m", input="x", max_output_tokens=1, store=False)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_responses_errors_and_json_output(server: Server) -> None:
+    url, head = f"{server.url}/v1/responses", _auth()
+    for body, param in (({"input": []}, "input"),
+                        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+                        ({"input": "x", "truncation": "auto"}, "truncation"),
+                        ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
+                        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+                        ({"input": [{"type": "item_reference", "id": "x"}]}, "input")):
+        r = httpx.post(url, headers=head, json={"model": "smollm2:135m", **body}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(url, headers=head, timeout=120, json={"model": "smollm2:135m", "input": "x", "max_output_tokens": 1,
+                                                          "prompt_cache_key": "k", "service_tier": "auto"})
+    assert r.status_code == 200 and r.json()["status"] == "incomplete", r.text
+    for method in ("GET", "DELETE"):
+        r = httpx.request(method, f"{url}/resp_unknown", headers=head, timeout=60)
+        assert r.status_code == 404 and r.json()["error"]["param"] == "response_id", r.text
+    assert httpx.post(url, json={"model": "smollm2:135m", "input": "x"}, timeout=60).status_code == 401
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"],
+              "additionalProperties": False}
+    r = httpx.post(url, headers=head, timeout=120, json={
+        "model": "smollm2:135m", "max_output_tokens": 40, "temperature": 0, "input": "Name a colour as JSON.",
+        "text": {"format": {"type": "json_schema", "name": "colour", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    assert isinstance(json.loads(r.json()["output"][0]["content"][0]["text"])["colour"], str)

@@ -29,6 +29,7 @@ NOT_LOADED = (
     "localgen.cli.logs", "localgen.cli.serve", "localgen.cli.chat", "localgen.sqlitedb",
     "sqlite_utils", "httpx", "httpcore", "starlette", "uvicorn", "sse_starlette", "pydantic", "huggingface_hub",
     "rich", "prompt_toolkit", "mcp", "openai", "gguf", "pandas", "filelock", "llama_cpp.llama",
+    "prometheus_client",
 )
 
 

@@ -594,3 +594,56 @@ def test_anthropic_thinking_blocks(reasoning_server: Server) -> None:
                 kinds.append(event.delta.type)
                 thought += getattr(event.delta, "thinking", "") or ""
     assert thought == reasoning and set(kinds) <= {"thinking_delta", "signature_delta"}
+
+
+# ---- OpenAI's Responses API: function calls and reasoning items --------------------------------------------
+
+def _responses_tool(spec: dict[str, Any]) -> dict[str, Any]:
+    fn = spec["function"]
+    return {"type": "function", "name": fn["name"], "description": fn.get("description", ""),
+            "parameters": fn["parameters"], "strict": False}
+
+
+def test_responses_client_function_call_round_trip(tool_server: Server) -> None:
+    """tool_choice required: a function_call item (whole and streamed, the call chat completions makes); its
+    function_call_output goes back, after previous_response_id or with the call as items, and the model
+    answers in text."""
+    client = _client(tool_server)
+    kw: dict[str, Any] = {"model": "smollm2:135m", "input": ASK[0]["content"], "temperature": 0,
+                          "tools": [_responses_tool(WEATHER), _responses_tool(TIME)], "tool_choice": "required",
+                          "parallel_tool_calls": False, "max_output_tokens": 120}
+    want = client.chat.completions.create(model="smollm2:135m", messages=ASK, tools=[WEATHER, TIME], temperature=0,
+                                          max_tokens=120, tool_choice="required", parallel_tool_calls=False)
+    wanted = want.choices[0].message.tool_calls[0].function
+    r = client.responses.create(**kw)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert r.status == "completed" and len(calls) == 1 and calls[0].id.startswith("fc_")
+    assert (calls[0].name, json.loads(calls[0].arguments)) == (wanted.name, json.loads(wanted.arguments))
+    events = list(client.responses.create(**kw, stream=True))
+    streamed = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(c.type, c.name, c.arguments) for c in streamed] == [("function_call", calls[0].name, calls[0].arguments)]
+    assert events[-1].type == "response.completed"
+    result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "It is 21 C and sunny in Paris."}
+    after: dict[str, Any] = {**kw, "tool_choice": "none", "max_output_tokens": 40}
+    r2 = client.responses.create(**{**after, "previous_response_id": r.id, "input": [result]})
+    assert r2.status in ("completed", "incomplete") and r2.output[-1].type == "message" and r2.output_text
+    items = [ASK[0], calls[0].model_dump(exclude_none=True), result]
+    r3 = client.responses.create(**{**after, "input": items, "store": False})
+    assert r3.usage is not None and r2.usage is not None and r3.usage.input_tokens == r2.usage.input_tokens
+
+
+def test_responses_reasoning_items(reasoning_server: Server) -> None:
+    """The model's reasoning is a reasoning item (whole) and response.reasoning_text events (streamed), never
+    output_text."""
+    client = _client(reasoning_server)
+    kw: dict[str, Any] = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+                          "temperature": 0, "max_tokens": 24}
+    reasoning = client.chat.completions.create(**kw).choices[0].message.model_extra["reasoning_content"]
+    rkw: dict[str, Any] = {"model": "smollm2:135m", "input": "Why is the sky blue?", "temperature": 0,
+                           "max_output_tokens": 24, "reasoning": {"effort": "high"}}
+    r = client.responses.create(**rkw)
+    assert [o.type for o in r.output] == ["reasoning"] and r.output[0].content[0].text == reasoning
+    assert r.output_text == ""
+    events = list(client.responses.create(**rkw, stream=True))
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert thought == reasoning and not any(e.type == "response.output_text.delta" for e in events)

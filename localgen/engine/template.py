@@ -4,6 +4,7 @@ string and list arithmetic, a cap on the output, and a time limit enforced insid
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import sys
 import time
@@ -143,7 +144,9 @@ def _sandbox_class() -> Any:
     return Sandbox
 
 
+@functools.lru_cache(maxsize=1)
 def _environment() -> Any:
+    """One sandboxed environment for every template (its filters are pure; Jinja renders concurrently)."""
     env = _sandbox_class()(trim_blocks=True, lstrip_blocks=True,
                            extensions=["jinja2.ext.loopcontrols", _generation_tag()])
     env.policies["json.dumps_kwargs"] = {"ensure_ascii": False}
@@ -161,6 +164,13 @@ def _environment() -> Any:
     return env
 
 
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str) -> Any:
+    """A template's source compiled once per process: the engine's template and the answer stage's look at
+    the same model's (tools/stream.py thinking_opened_by), and serve's models keep theirs."""
+    return _environment().from_string(source)
+
+
 class ChatTemplate:
     """A compiled GGUF chat template. Construction compiles it; render() runs it under the limits."""
 
@@ -170,7 +180,7 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         try:
-            self._template = _environment().from_string(source)
+            self._template = _compiled(source)
         except Exception as e:  # compiling untrusted source: a syntax error, or anything else it provokes
             raise TemplateError(
                 f"the model's chat template is broken: {_one_line(e)}",

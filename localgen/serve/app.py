@@ -21,11 +21,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen.fetch import FetchPool
-from localgen.serve import anthropic, manage, ollama, openai
+from localgen.serve import anthropic, manage, ollama, openai, responses
 from localgen.serve.common import HTTPError, ServeState, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.incoming import INCOMING, Incoming
 from localgen.serve.jobs import INTERNAL, Failed
+from localgen.serve.metrics import Metrics
 
 # After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve.py's
 # timeout_graceful_shutdown), then cancels them: a stream cut with no error event, a plain-text 500. Our jobs
@@ -47,8 +48,11 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
             doc["residency"] = state.residency.status()
         return JSONResponse(doc, status_code=200 if ok else 503)
 
-    routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *ollama.routes(state),
-              *manage.routes(state)]
+    routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *responses.routes(state),
+              *ollama.routes(state), *manage.routes(state)]
+    metrics = Metrics(state, routes)
+    routes.append(Route("/metrics", metrics.endpoint))
+    state.on_completion = metrics.observe
 
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPError)
@@ -67,7 +71,7 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
         drain.loop = asyncio.get_running_loop()
         yield
 
-    front = Front()
+    front = Front(metrics=metrics)
     drain = Drain(state, front)
     app = Starlette(routes=routes, exception_handlers={HTTPError: on_error, Exception: on_unexpected},
                     lifespan=lifespan)
@@ -80,11 +84,12 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
 
 @dataclass
 class Front:
-    """What the outermost layer gives each request: the pool that fetches its image URLs, and where its
-    access line goes (None: no access log)."""
+    """What the outermost layer gives each request: the pool that fetches its image URLs, where its access
+    line goes (None: no access log), and the metrics that count it."""
 
     pool: FetchPool = field(default_factory=FetchPool)
     log: Callable[[str], None] | None = None
+    metrics: Metrics | None = None
 
 
 # a response's token counts, from the usage it ends with (OpenAI's usage, Ollama's eval counts)
@@ -93,8 +98,9 @@ _TAIL = 2048
 
 
 class FrontDoor:
-    """Pure ASGI, outermost: each request's Incoming in context, and when the access log is on, one line
-    per request when it ends: method, path, status, tokens when the body says, milliseconds."""
+    """Pure ASGI, outermost: each request's Incoming in context; when it ends, its count in the metrics by
+    route and status, and when the access log is on, one line: method, path, status, tokens when the body
+    says, milliseconds."""
 
     def __init__(self, app: Any, front: Front) -> None:
         self.app = app
@@ -105,16 +111,13 @@ class FrontDoor:
             await self.app(scope, receive, send)
             return
         token = INCOMING.set(Incoming(self.front.pool, receive))
-        log = self.front.log
         try:
-            if log is None:
-                await self.app(scope, receive, send)
-            else:
-                await self._logged(log, scope, receive, send)
+            await self._observed(scope, receive, send)
         finally:
             INCOMING.reset(token)
 
-    async def _logged(self, log: Callable[[str], None], scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _observed(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        log, metrics = self.front.log, self.front.metrics
         start = time.perf_counter()
         status = 0
         counts: dict[bytes, int] = {}
@@ -123,7 +126,7 @@ class FrontDoor:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-            elif message["type"] == "http.response.body":
+            elif log is not None and message["type"] == "http.response.body":
                 tail = message.get("body", b"")[-_TAIL:]
                 if b'_tokens"' in tail or b'eval_count"' in tail:
                     counts.update((k, int(v)) for k, v in _COUNTS.findall(tail))
@@ -132,9 +135,12 @@ class FrontDoor:
         try:
             await self.app(scope, receive, sending)
         finally:
-            ms = (time.perf_counter() - start) * 1000
-            path = scope["path"] if scope["path"].isprintable() else repr(scope["path"])  # %0A: no forged lines
-            log(f"{scope['method']} {path} {status or '-'}{_tokens(counts)} {ms:.0f} ms")
+            seconds = time.perf_counter() - start
+            if metrics is not None:
+                metrics.request(scope, status, seconds)
+            if log is not None:
+                path = scope["path"] if scope["path"].isprintable() else repr(scope["path"])  # %0A: no forged lines
+                log(f"{scope['method']} {path} {status or '-'}{_tokens(counts)} {seconds * 1000:.0f} ms")
 
 
 def _tokens(counts: dict[bytes, int]) -> str:

@@ -74,11 +74,17 @@ class ServeState:
     default: str | None = None  # the model of a request that names none (serve's one -m model, or the default)
     on_demand: Any = None  # serve/ondemand.py: installed models beside the workers, made when asked for
     residency: Any = None  # serve/residency.py: which models stay loaded
+    on_completion: Any = None  # serve/metrics.py's: each finished generation, given to every worker asked for
     offline: bool = False  # serve --offline: /api/pull is refused
 
     def worker(self, name: Any) -> ModelWorker:
         """The worker for a request's `model`: one served, or an installed model (its worker made now); the
         default model when none is named."""
+        w = self._worker(name)
+        w.on_completion = self.on_completion  # every request passes here: pinned and on-demand workers alike
+        return w
+
+    def _worker(self, name: Any) -> ModelWorker:
         if name is None or name == "":
             name = self.default if self.default is not None else next(iter(self.workers)) if len(
                 self.workers) == 1 else None

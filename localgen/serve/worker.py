@@ -60,6 +60,7 @@ class ModelWorker:
         self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
         self.vram_bytes = 0  # bytes of weights llama.cpp placed on GPUs (from its load log)
         self.mode: Any = None  # the batching Mode (engine/batch.py), known once the model has loaded
+        self.on_completion: Callable[[str, Completion], None] | None = None  # serve/metrics.py's count
         self._stop = threading.Event()
         self._ids = itertools.count(1)
         self._running: dict[int, Job | EmbedJob] = {}  # by scheduler job id
@@ -297,6 +298,11 @@ class ModelWorker:
 
     def _finished(self, job: Any, c: Completion) -> None:
         """A generation job's end as its event: Done, or why it did not finish."""
+        if self.on_completion is not None and c.error is None:  # counted before the client can ask /metrics
+            try:
+                self.on_completion(self.name, c)
+            except Exception as e:  # a metrics fault is logged, and never fails the request
+                self._internal(e, "counting metrics")
         if c.error is not None:
             job.send(failed(c.error))
         elif c.finish_reason == "cancelled" and not finishing(job):

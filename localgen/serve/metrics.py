@@ -1,0 +1,113 @@
+"""GET /metrics in Prometheus' text format (#43): requests by route and status and how long each took (counted
+by the outermost layer, app.py's FrontDoor), tokens in and out, time to first token and inter-token latency
+per model (from each finished generation, reported by its worker's thread), and at each scrape the queues, the
+loaded models and their memory, the budget, loads and evictions (read then from the workers and residency, so
+never stale). Each app has its own registry: several apps in one process never share counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Match
+
+if TYPE_CHECKING:
+    from localgen.backend import Completion
+    from localgen.serve.common import ServeState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# buckets from a millisecond to a minute: a token on a GPU takes a few ms, a first token behind a long prompt on
+# a CPU can take tens of seconds
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+OTHER = "other"  # the route of a path no route takes: raw paths as labels would grow without bound
+
+
+class Metrics:
+    """One app's metrics: its registry, the counters and histograms it fills, and the gauges read at scrape."""
+
+    def __init__(self, state: ServeState, routes: Sequence[BaseRoute] = ()) -> None:
+        self.routes = routes  # the app's routes (the list itself: a route added later is matched too)
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("localgen_requests", "HTTP requests by route and status", ["route", "status"],
+                                registry=r)
+        self.request_seconds = Histogram("localgen_request_seconds", "HTTP requests' time, to the response's end",
+                                         ["route"], buckets=BUCKETS, registry=r)
+        self.prompt_tokens = Counter("localgen_prompt_tokens", "prompt tokens of finished generations", ["model"],
+                                     registry=r)
+        self.generated_tokens = Counter("localgen_generated_tokens", "tokens generated", ["model"], registry=r)
+        self.ttft = Histogram("localgen_time_to_first_token_seconds", "time to each generation's first token",
+                              ["model"], buckets=BUCKETS, registry=r)
+        self.itl = Histogram("localgen_inter_token_seconds",
+                             "each generation's mean time between tokens: (total - TTFT) / (tokens - 1)",
+                             ["model"], buckets=BUCKETS, registry=r)
+        r.register(Gauges(state))
+
+    def route(self, scope: dict[str, Any]) -> str:
+        """The path template of the route that takes this request (`other` when none does)."""
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match is not Match.NONE:  # PARTIAL: the path is the route's, the method is not (405)
+                return str(getattr(route, "path", OTHER))
+        return OTHER
+
+    def request(self, scope: dict[str, Any], status: int, seconds: float) -> None:
+        """A request has ended (status 0: no response began)."""
+        route = self.route(scope)
+        self.requests.labels(route, str(status) if status else "none").inc()
+        self.request_seconds.labels(route).observe(seconds)
+
+    def observe(self, model: str, c: Completion) -> None:
+        """A generation has finished (on its worker's thread): its tokens, TTFT once it made a token, ITL
+        once it made two."""
+        self.prompt_tokens.labels(model).inc(c.prompt_tokens)
+        self.generated_tokens.labels(model).inc(c.completion_tokens)
+        if c.completion_tokens >= 1:
+            self.ttft.labels(model).observe(c.ttft_s)
+        if c.completion_tokens >= 2:
+            self.itl.labels(model).observe(max(0.0, c.total_s - c.ttft_s) / (c.completion_tokens - 1))
+
+    def text(self) -> bytes:
+        """The exposition, in Prometheus' text format."""
+        return generate_latest(self.registry)
+
+    async def endpoint(self, request: Request) -> Response:
+        """GET /metrics."""
+        return Response(self.text(), media_type=CONTENT_TYPE)
+
+
+class Gauges(Collector):
+    """What holds now, read at each scrape: each model's queue, running requests, whether it is loaded and
+    the memory it holds by its estimate; the budget, loads and evictions."""
+
+    def __init__(self, state: ServeState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        """The gauges as they are now (prometheus_client calls this at each scrape)."""
+        queued = GaugeMetricFamily("localgen_queue_depth", "requests waiting for a slot", labels=["model"])
+        running = GaugeMetricFamily("localgen_running_requests", "requests in a slot", labels=["model"])
+        loaded = GaugeMetricFamily("localgen_model_loaded", "1 while the model is loaded", labels=["model"])
+        memory = GaugeMetricFamily("localgen_model_memory_bytes", "a loaded model's memory, by its estimate "
+                                   "(weights, KV cache and buffers)", labels=["model"])
+        for name, w in list(self.state.workers.items()):
+            in_slots = min(w.outstanding, len(w._running))
+            queued.add_metric([name], max(0, w.outstanding - in_slots))
+            running.add_metric([name], in_slots)
+            on = w.loaded
+            loaded.add_metric([name], 1 if on else 0)
+            memory.add_metric([name], w.need if on else 0)
+        yield from (queued, running, loaded, memory)
+        residency = self.state.residency
+        if residency is not None:
+            s = residency.status()
+            yield GaugeMetricFamily("localgen_memory_budget_bytes", "memory for the loaded models together "
+                                    "(--max-memory)", value=s["budget_bytes"])
+            yield CounterMetricFamily("localgen_loads", "models loaded", value=s["loads"])
+            yield CounterMetricFamily("localgen_evictions", "models unloaded to make room for another",
+                                      value=s["evictions"])

@@ -1,0 +1,186 @@
+"""The Responses API's shapes (serve/responses.py reads the requests): the response object with the request's
+settings echoed, the output items an answer's pieces become (reasoning, message, function_call), and the
+`response.*` events that stream them, numbered, each item opened, streamed and closed before the next."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from localgen.serve.responsestore import ResponseStore
+from localgen.tools.spec import ToolCall
+from localgen.tools.stream import AnswerStream
+from localgen.types import GenerationRequest
+
+
+def new_id(prefix: str) -> str:
+    """A new id for a response or an output item: resp_…, msg_…, rs_…, fc_…."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class Shape:
+    """Builds one request's response object and output items, and keeps it when asked to."""
+
+    def __init__(self, body: dict[str, Any], model: str, request: GenerationRequest, store: ResponseStore | None,
+                 conversation: list[dict[str, Any]]) -> None:
+        self.ident, self.created, self.model, self.store = new_id("resp"), int(time.time()), model, store
+        self.conversation = conversation
+        tools = body.get("tools") or []
+        reasoning: dict[str, Any] = body.get("reasoning") or {}
+        self.echo = {
+            "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
+            "tools": [{"type": "function", "name": t.get("name"), "description": t.get("description"),
+                       "parameters": t.get("parameters"), "strict": t.get("strict")} for t in tools],
+            "tool_choice": body.get("tool_choice") or "auto",
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+            "temperature": request.sampling.temperature, "top_p": request.sampling.top_p,
+            "max_output_tokens": body.get("max_output_tokens"),
+            "previous_response_id": body.get("previous_response_id"), "store": self.store is not None,
+            "text": {**(body.get("text") or {}), "format": (body.get("text") or {}).get("format") or {"type": "text"}},
+            "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+            "truncation": body.get("truncation") or "disabled", "user": body.get("user"),
+        }
+
+    def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+                 error: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The response object, with the request's settings echoed."""
+        return {"id": self.ident, "object": "response", "created_at": self.created, "status": status,
+                "model": self.model, "output": output, "error": error,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "usage": usage, **self.echo}
+
+    def whole(self, c: Any, answer: AnswerStream) -> dict[str, Any]:
+        """The response of a finished answer that was not streamed."""
+        status = self.status(c, bool(answer.calls))
+        output: list[dict[str, Any]] = []
+        if answer.reasoning:
+            output.append(_reasoning(new_id("rs"), answer.reasoning, "completed"))
+        if answer.content or not (answer.calls or answer.reasoning):  # an empty answer is one empty message
+            output.append(_message_item(new_id("msg"), answer.content, status))
+        output += [_call_item(new_id("fc"), call, "completed") for call in answer.calls]
+        return self.response(status, output, usage(c))
+
+    @staticmethod
+    def status(c: Any, calls: bool) -> str:
+        """incomplete when the answer was cut at max_output_tokens (or the window), else completed."""
+        return "incomplete" if c.finish_reason in ("length", "context") and not calls else "completed"
+
+    async def keep(self, doc: dict[str, Any], answer: AnswerStream) -> None:
+        """Store the response and its conversation with the answer as an assistant message (when `store`)."""
+        if self.store is None:
+            return
+        said: dict[str, Any] = {"role": "assistant", "content": answer.content}
+        if answer.calls:
+            said["tool_calls"] = [call.to_openai() for call in answer.calls]
+        await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, said])
+
+
+def usage(c: Any) -> dict[str, Any]:
+    """The Responses API's usage object for a finished answer."""
+    return {"input_tokens": c.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": c.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": c.prompt_tokens + c.completion_tokens}
+
+
+def _reasoning(ident: str, text: str, status: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": ident, "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}] if text else []}
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _message_item(ident: str, text: str | None, status: str) -> dict[str, Any]:
+    return {"type": "message", "id": ident, "status": status, "role": "assistant",
+            "content": [] if text is None else [_output_text(text)]}
+
+
+def _call_item(ident: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:
+    return {"type": "function_call", "id": ident, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments if arguments is None else arguments, "status": status}
+
+
+class Items:
+    """The stream's output items: a piece of another kind than the open item's closes it and opens its own."""
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []  # the items closed so far, whole
+        self.kind: str | None = None  # the open item's: reasoning or message
+        self.ident = ""
+        self.text = ""
+        self.calls: list[ToolCall] = []
+
+    def event(self, kind: str, **doc: Any) -> bytes:
+        """One server-sent event, numbered."""
+        data = json.dumps({"type": kind, "sequence_number": self.seq, **doc}, ensure_ascii=False)
+        self.seq += 1
+        return f"event: {kind}\ndata: {data}\n\n".encode()
+
+    def events(self, pieces: list[Any]) -> list[bytes]:
+        """The events for pieces of the answer (text, reasoning, tool calls)."""
+        out: list[bytes] = []
+        for p in pieces:
+            if isinstance(p, ToolCall):
+                out += self.close("completed")
+                out += self._call(p)
+                continue
+            kind = "reasoning" if p.kind == "reasoning" else "message"
+            if kind != self.kind:
+                out += self.close("completed")
+                out += self.open(kind)
+            self.text += p.text
+            at = {"item_id": self.ident, "output_index": len(self.output), "content_index": 0}
+            if kind == "reasoning":
+                out.append(self.event("response.reasoning_text.delta", **at, delta=p.text))
+            else:
+                out.append(self.event("response.output_text.delta", **at, delta=p.text, logprobs=[]))
+        return out
+
+    def open(self, kind: str) -> list[bytes]:
+        """Open an output item (reasoning or message) and its content part."""
+        self.kind, self.ident, self.text = kind, new_id("rs" if kind == "reasoning" else "msg"), ""
+        index = len(self.output)
+        item = _reasoning(self.ident, "", "in_progress") if kind == "reasoning" else \
+            _message_item(self.ident, None, "in_progress")
+        part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else _output_text("")
+        return [self.event("response.output_item.added", output_index=index, item=item),
+                self.event("response.content_part.added", item_id=self.ident, output_index=index, content_index=0,
+                           part=part)]
+
+    def close(self, status: str) -> list[bytes]:
+        """Close the open item (if any): its .done events, whole."""
+        if self.kind is None:
+            return []
+        at = {"item_id": self.ident, "output_index": len(self.output), "content_index": 0}
+        if self.kind == "reasoning":
+            item = _reasoning(self.ident, self.text, "completed")
+            part: dict[str, Any] = {"type": "reasoning_text", "text": self.text}
+            done = self.event("response.reasoning_text.done", **at, text=self.text)
+        else:
+            item = _message_item(self.ident, self.text, status)
+            part = _output_text(self.text)
+            done = self.event("response.output_text.done", **at, text=self.text, logprobs=[])
+        out = [done, self.event("response.content_part.done", **at, part=part),
+               self.event("response.output_item.done", output_index=len(self.output), item=item)]
+        self.output.append(item)
+        self.kind = None
+        return out
+
+    def _call(self, call: ToolCall) -> list[bytes]:
+        self.calls.append(call)
+        ident, index = new_id("fc"), len(self.output)
+        at = {"item_id": ident, "output_index": index}
+        item = _call_item(ident, call, "completed")
+        self.output.append(item)
+        return [self.event("response.output_item.added", output_index=index,
+                           item=_call_item(ident, call, "in_progress", "")),
+                self.event("response.function_call_arguments.delta", **at, delta=call.arguments),
+                self.event("response.function_call_arguments.done", **at, arguments=call.arguments),
+                self.event("response.output_item.done", output_index=index, item=item)]

@@ -1,0 +1,93 @@
+"""The responses `POST /v1/responses` stores (`store`, on unless false): each response's JSON and its
+conversation (the chat messages that went in and the answer as messages), so `previous_response_id` can
+continue it and `GET`/`DELETE /v1/responses/{id}` can find it. One SQLite file in the data dir (0600 in a
+0700 folder), bounded: at most MAX_RESPONSES, the oldest dropped first, none older than MAX_AGE_S (both
+applied on each write; an expired one is never read). The standard library's sqlite3, as the log's writer
+(log/store.py): one table, no full-text index, so sqlite-utils would add only its import time. Every call
+opens its own connection under one lock: the server calls these from worker threads (asyncio.to_thread)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localgen import paths
+
+MAX_RESPONSES = 1000
+MAX_AGE_S = 30 * 24 * 3600.0
+BUSY_TIMEOUT_S = 30.0
+# a stored conversation's JSON, at most (serve's default body limit): a follow-up cannot grow one past it
+MAX_CONVERSATION_CHARS = 16 << 20
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A stored response: its JSON as it was answered, and the conversation a follow-up continues."""
+
+    response: dict[str, Any]
+    conversation: list[dict[str, Any]]
+
+
+def default_path() -> Path:
+    """Where the server keeps its stored responses."""
+    return paths.data_dir() / "responses" / "responses.db"
+
+
+class ResponseStore:
+    """Stored responses by id, bounded in number and age."""
+
+    def __init__(self, path: Path, most: int = MAX_RESPONSES, max_age_s: float = MAX_AGE_S,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path, self.most, self.max_age_s, self.clock = path, most, max_age_s, clock
+        self._lock = threading.Lock()
+        self._made = False
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if not self._made:
+                paths.private_file(self.path)
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
+            try:
+                if not self._made:
+                    db.execute("PRAGMA journal_mode=WAL")
+                    db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL NOT NULL, "
+                               "response TEXT NOT NULL, conversation TEXT NOT NULL)")
+                    db.execute("CREATE INDEX IF NOT EXISTS responses_created ON responses (created)")
+                    self._made = True
+                with db:  # one transaction
+                    yield db
+            finally:
+                db.close()
+
+    def save(self, ident: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        """Keep a response (replacing one of the same id), then drop the expired and those past the bound."""
+        now = self.clock()
+        with self._db() as db:
+            db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
+                       (ident, now, json.dumps(response, ensure_ascii=False),
+                        json.dumps(conversation, ensure_ascii=False)))
+            db.execute("DELETE FROM responses WHERE created < ?", (now - self.max_age_s,))
+            db.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY created DESC, "
+                       "rowid DESC LIMIT ?)", (self.most,))
+
+    def load(self, ident: str) -> Stored | None:
+        """The stored response, or None when it is unknown, deleted or expired."""
+        with self._db() as db:
+            row = db.execute("SELECT response, conversation FROM responses WHERE id = ? AND created >= ?",
+                             (ident, self.clock() - self.max_age_s)).fetchone()
+        return None if row is None else Stored(json.loads(row[0]), json.loads(row[1]))
+
+    def delete(self, ident: str) -> bool:
+        """Forget a response; whether there was one to forget."""
+        with self._db() as db:
+            gone = db.execute("DELETE FROM responses WHERE id = ? AND created >= ?",
+                              (ident, self.clock() - self.max_age_s)).rowcount
+        return gone > 0

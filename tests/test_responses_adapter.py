@@ -1,0 +1,241 @@
+"""OpenAI's Responses API as the adapter reads it (serve/responses.py, serve/responseitems.py), in process:
+input items to chat messages, tools and tool_choice to chat completions', text.format and reasoning.effort,
+the response object and stream events as the `openai` SDK's own types validate them, and the store
+(serve/responsestore.py).
+The routes themselves, with the real `openai` SDK and a model: tests/test_serve.py and tests/test_tools.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from localgen.serve import responseitems as items_
+from localgen.serve import responses as r
+from localgen.serve.common import HTTPError
+from localgen.serve.responsestore import MAX_AGE_S, MAX_RESPONSES, ResponseStore
+from localgen.tools.spec import ToolCall
+from localgen.tools.stream import AnswerStream, Piece
+from localgen.types import GenerationRequest, SamplingParams
+
+
+def test_input_items_become_the_chat_messages_every_route_uses() -> None:
+    assert r._input_messages("Hi") == [{"role": "user", "content": "Hi"}]
+    msgs = r._input_messages([
+        {"role": "developer", "content": "Be brief."},
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Look "},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBO"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Calling.",
+                                                               "annotations": []}]},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": '{"a": 1}'},
+        {"type": "function_call", "call_id": "call_2", "name": "g", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "7"}]},
+    ])
+    assert msgs[0] == {"role": "developer", "content": "Be brief."}
+    assert msgs[1]["content"] == [{"type": "text", "text": "Look "},
+                                  {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}}]
+    assert msgs[2] == {"role": "assistant", "content": "Calling.", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}
+    assert msgs[3] == {"role": "tool", "tool_call_id": "call_1", "content": "42", "name": "f"}
+    assert msgs[4] == {"role": "tool", "tool_call_id": "call_2", "content": "7", "name": "g"}
+    url = r._input_messages([{"role": "user", "content": [{"type": "input_image",
+                                                            "image_url": "https://example.com/a.png"}]}])
+    assert url[0]["content"] == [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
+    # an output answering a call made in the conversation it continues is named too
+    earlier = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "h", "arguments": "{}"}}]}]
+    assert r._input_messages([{"type": "function_call_output", "call_id": "call_9", "output": "ok"}], earlier) == [
+        {"role": "tool", "tool_call_id": "call_9", "content": "ok", "name": "h"}]
+    # a function call with no assistant message before it is an assistant message of its own
+    alone = r._input_messages([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])
+    assert alone == [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+
+
+@pytest.mark.parametrize(("raw", "words"), [
+    ([], "input"),
+    (5, "input"),
+    ([{"type": "item_reference", "id": "x"}], "'item_reference'"),
+    ([{"role": "tool", "content": "x"}], "role"),
+    ([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}], "'input_file'"),
+    ([{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}], "image_url"),
+    ([{"type": "function_call", "name": "f", "arguments": "{}"}], "call_id"),
+    ([{"type": "function_call_output", "call_id": "c"}], "output"),
+])
+def test_bad_input_items_are_400s_that_name_the_field(raw: Any, words: str) -> None:
+    with pytest.raises(HTTPError) as e:
+        r._input_messages(raw)
+    assert e.value.status == 400 and e.value.param == "input" and words in e.value.message
+
+
+def test_function_tools_and_tool_choice_as_chat_completions() -> None:
+    tools = r._tools([{"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"},
+                       "strict": True}])
+    assert tools == [{"type": "function", "function": {"name": "f", "description": "d",
+                                                       "parameters": {"type": "object"}}}]
+    assert r._choice("required") == "required" and r._choice(None) is None
+    assert r._choice({"type": "function", "name": "f"}) == {"type": "function", "function": {"name": "f"}}
+    for other in ("web_search", "file_search"):
+        with pytest.raises(HTTPError) as e:
+            r._tools([{"type": other}])
+        assert e.value.param == "tools" and "only function tools" in e.value.message
+    for bad in ("sometimes", {"type": "allowed_tools"}, {"type": "function"}):
+        with pytest.raises(HTTPError) as e:
+            r._choice(bad)
+        assert e.value.param == "tool_choice"
+
+
+def test_text_format_is_a_grammar_and_effort_the_templates_switch() -> None:
+    assert asyncio.run(r._text_format({"format": {"type": "text"}})) is None
+    assert "root" in (asyncio.run(r._text_format({"format": {"type": "json_object"}})) or "")
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}}}
+    assert "colour" in (asyncio.run(r._text_format({"format": {"type": "json_schema", "name": "c",
+                                                               "schema": schema}})) or "")
+    for bad, param in (({"format": {"type": "json_schema"}}, "text.format.schema"),
+                       ({"format": {"type": "grammar"}}, "text.format"), ("json", "text")):
+        with pytest.raises(HTTPError) as e:
+            asyncio.run(r._text_format(bad))
+        assert e.value.param == param
+    assert r._effort({"effort": "none"}) is False and r._effort({"effort": "minimal"}) is False
+    assert all(r._effort({"effort": e}) is True for e in ("low", "medium", "high", "xhigh", "max"))
+    assert r._effort(None) is None and r._effort({"summary": "auto"}) is None
+    with pytest.raises(HTTPError) as e:
+        r._effort({"effort": "huge"})
+    assert e.value.param == "reasoning.effort"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"truncation": "auto"}, "truncation"),
+    ({"include": ["everything"]}, "include"),
+    ({"metadata": "x"}, "metadata"),
+    ({"background": True}, "background"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+])
+def test_options_this_server_cannot_honour_are_400s(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(HTTPError) as e:
+        r._check_options(body)
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_known_options_are_accepted() -> None:
+    r._check_options({"truncation": "disabled", "include": ["reasoning.encrypted_content"], "metadata": {"a": "b"}})
+
+
+def _shape(body: dict[str, Any] | None = None) -> items_.Shape:
+    request = GenerationRequest(messages=({"role": "user", "content": "x"},), sampling=SamplingParams())
+    return items_.Shape({"model": "m", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                     **(body or {})}, "m", request, None, [])
+
+
+def _done(finish: str = "eos") -> Any:
+    return SimpleNamespace(finish_reason=finish, prompt_tokens=10, cached_tokens=4, completion_tokens=3)
+
+
+def test_the_response_object_is_the_sdks() -> None:
+    from openai.types.responses import Response
+
+    answer = AnswerStream()
+    answer.reasoning, answer.content = "thought", "Paris."
+    answer.calls = [ToolCall("f", '{"a": 1}', "call_1")]
+    doc = _shape({"instructions": "Be brief.", "metadata": {"a": "b"}, "max_output_tokens": 9,
+                  "tool_choice": {"type": "function", "name": "f"}}).whole(_done(), answer)
+    parsed = Response.model_validate(doc)
+    assert parsed.metadata == {"a": "b"} and parsed.max_output_tokens == 9 and parsed.tools[0].name == "f"
+    assert parsed.tool_choice.type == "function"  # type: ignore[union-attr]
+    assert [o.type for o in parsed.output] == ["reasoning", "message", "function_call"]
+    assert parsed.output_text == "Paris." and parsed.status == "completed" and parsed.instructions == "Be brief."
+    assert parsed.usage is not None and parsed.usage.total_tokens == 13
+    assert parsed.usage.input_tokens_details.cached_tokens == 4
+    cut = Response.model_validate(_shape().whole(_done("length"), AnswerStream()))
+    assert cut.status == "incomplete" and cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens" and cut.output_text == ""
+
+
+def test_stream_events_are_the_sdks_in_order() -> None:
+    """Every event validates as the SDK's ResponseStreamEvent, sequence numbers count up, and each output
+    item opens, streams and closes before the next."""
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    items = items_.Items(_shape())
+    raw = [items.event("response.created", response=items.shape.response("in_progress", []))]
+    raw += items.events([Piece("reasoning", "hm"), Piece("reasoning", "m"), Piece("content", "Pa"),
+                         Piece("content", "ris"), ToolCall("f", '{"a": 1}', "call_1")])
+    raw += items.close("completed")
+    raw.append(items.event("response.completed", response=items.shape.response("completed", items.output,
+                                                                                items_.usage(_done()))))
+    adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+    events = []
+    for chunk in raw:
+        head, data = chunk.decode().rstrip("\n").split("\n")
+        doc = json.loads(data.removeprefix("data: "))
+        assert head == f"event: {doc['type']}"
+        events.append(adapter.validate_python(doc))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
+    final = events[-1].response
+    assert [o.type for o in final.output] == ["reasoning", "message", "function_call"]
+    assert final.output_text == "Paris" and final.output[0].content[0].text == "hmm"
+    assert [e.output_index for e in events if e.type == "response.output_item.done"] == [0, 1, 2]
+
+
+def test_an_error_after_the_stream_began_is_response_failed() -> None:
+    from openai.types.responses import ResponseFailedEvent
+
+    from localgen.serve.jobs import Failed, Text
+
+    async def run() -> list[bytes]:
+        job = SimpleNamespace(events=asyncio.Queue(), cancelled=threading.Event(), finish=threading.Event())
+        job.events.put_nowait(Failed(503, "the server is shutting down"))
+        return [chunk async for chunk in r._sse(_shape(), job, Text("Hi"), AnswerStream())]
+
+    chunks = asyncio.run(run())
+    last = json.loads(chunks[-1].decode().split("data: ", 1)[1])
+    failed = ResponseFailedEvent.model_validate(last)
+    assert failed.response.status == "failed" and failed.response.error is not None
+    assert failed.response.error.code == "server_error" and "shutting down" in failed.response.error.message
+    assert failed.response.output_text == "Hi"
+
+
+def test_the_store_keeps_loads_deletes_expires_and_bounds(tmp_path: Path) -> None:
+    now = [1000.0]
+    store = ResponseStore(tmp_path / "responses" / "responses.db", most=3, max_age_s=100, clock=lambda: now[0])
+    convo = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    store.save("resp_1", {"id": "resp_1"}, convo)
+    found = store.load("resp_1")
+    assert found is not None and found.response == {"id": "resp_1"} and found.conversation == convo
+    assert (tmp_path / "responses" / "responses.db").stat().st_mode & 0o777 == 0o600
+    assert store.delete("resp_1") and store.load("resp_1") is None and not store.delete("resp_1")
+    for i in range(2, 6):  # at most 3: the oldest goes first
+        now[0] += 1
+        store.save(f"resp_{i}", {"id": f"resp_{i}"}, [])
+    assert store.load("resp_2") is None and all(store.load(f"resp_{i}") for i in (3, 4, 5))
+    now[0] += 99.5  # resp_3 (saved at 1002) is past 100 s old, resp_5 (at 1004) is not
+    assert store.load("resp_3") is None and store.load("resp_5") is not None
+    store.save("resp_6", {"id": "resp_6"}, [])  # a write drops the expired rows
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "responses" / "responses.db") as db:
+        kept = sorted(row[0] for row in db.execute("SELECT id FROM responses"))
+    assert kept == ["resp_5", "resp_6"]
+    assert MAX_RESPONSES == 1000 and MAX_AGE_S == 30 * 24 * 3600  # the bounds docs/api.md gives
