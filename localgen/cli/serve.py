@@ -184,7 +184,7 @@ def start(f: o.Flags) -> None:
     state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
                        allow_image_urls=f.allow_image_urls, default=workers[0].name if len(workers) == 1 else None,
                        on_demand=_on_demand(f, keep, cache_ram, err, residency) if f.on_demand else None,
-                       residency=residency)
+                       residency=residency, offline=f.offline)
     app = build(state, policy)
     app.state.front.pool = FetchPool(Fetcher(private=f.allow_private_urls, timeout=f.fetch_timeout),
                                      size=MAX_FETCHES, wait=FETCH_WAIT_S)

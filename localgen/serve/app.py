@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen.fetch import FetchPool
-from localgen.serve import anthropic, ollama, openai, responses
+from localgen.serve import anthropic, manage, ollama, openai, responses
 from localgen.serve.common import HTTPError, ServeState, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.incoming import INCOMING, Incoming
@@ -49,7 +49,7 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
         return JSONResponse(doc, status_code=200 if ok else 503)
 
     routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *responses.routes(state),
-              *ollama.routes(state)]
+              *ollama.routes(state), *manage.routes(state)]
     metrics = Metrics(state, routes)
     routes.append(Route("/metrics", metrics.endpoint))
     state.on_completion = metrics.observe

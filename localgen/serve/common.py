@@ -75,6 +75,7 @@ class ServeState:
     on_demand: Any = None  # serve/ondemand.py: installed models beside the workers, made when asked for
     residency: Any = None  # serve/residency.py: which models stay loaded
     on_completion: Any = None  # serve/metrics.py's: each finished generation, given to every worker asked for
+    offline: bool = False  # serve --offline: /api/pull is refused
 
     def worker(self, name: Any) -> ModelWorker:
         """The worker for a request's `model`: one served, or an installed model (its worker made now); the
@@ -306,11 +307,23 @@ def watch_repeats(job: Job, answer: Any, text: str | None = None) -> list[Any]:
 
 
 def _submit(worker: ModelWorker, job: Job) -> Job:
+    job.request = with_preset(worker.ref, job.request)
     try:
         worker.submit(job)
     except LocalgenError as e:  # a full queue, or a worker that has stopped
         raise HTTPError(503, e.message, "server_error") from None
     return job
+
+
+def with_preset(ref: ModelRef, request: GenerationRequest) -> GenerationRequest:
+    """A chat request to a preset (models/presets.py): its SYSTEM where the request gives none, then its
+    MESSAGE turns before the conversation, as `run` and `chat` place them (cli/presetflow.py)."""
+    if not request.messages or (ref.system is None and not ref.messages):
+        return request
+    msgs = list(request.messages)
+    head = [msgs.pop(0)] if msgs[0].get("role") == "system" else (
+        [{"role": "system", "content": ref.system}] if ref.system else [])
+    return dataclasses.replace(request, messages=(*head, *(dict(m) for m in ref.messages), *msgs))
 
 
 async def events(job: Job, first: Event) -> AsyncIterator[Event]:

@@ -1,6 +1,6 @@
 """Ollama's native API, enough for the official `ollama` Python client and front-ends that speak only Ollama:
-/api/chat and /api/generate (NDJSON streaming; durations in nanoseconds; keep_alive), /api/tags, /api/show,
-/api/ps, /api/version."""
+/api/chat and /api/generate (NDJSON streaming; durations in nanoseconds; keep_alive), /api/tags, /api/ps,
+/api/version (/api/show and the routes that manage models: serve/manage.py)."""
 
 from __future__ import annotations
 
@@ -63,19 +63,6 @@ def routes(state: ServeState) -> list[Route]:
                                          "context_length": w.n_ctx}
                                         for w in list(state.workers.values()) if w.loaded]})
 
-    async def show(request: Request) -> Response:
-        body = await read_json(request)
-        w = state.worker(body.get("model") or body.get("name"))
-        s = w.ref.summary
-        return JSONResponse({
-            "modelfile": "", "parameters": "", "template": s.chat_template or "",
-            "details": _details(w.ref), "capabilities": ["completion"],
-            "model_info": {"general.architecture": s.architecture, "general.parameter_count": s.n_params,
-                           f"{s.architecture}.context_length": s.context_length,
-                           f"{s.architecture}.block_count": s.n_layers,
-                           f"{s.architecture}.embedding_length": s.n_embd},
-        })
-
     async def chat(request: Request) -> Response:
         return await _generate(state, request, await read_json(request), chat=True)
 
@@ -104,7 +91,7 @@ def routes(state: ServeState) -> list[Route]:
         return JSONResponse({"embedding": vectors[0].vector})
 
     return [Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version), Route("/api/tags", tags),
-            Route("/api/ps", ps), Route("/api/show", show, methods=["POST"]),
+            Route("/api/ps", ps),
             Route("/api/chat", chat, methods=["POST"]), Route("/api/generate", generate, methods=["POST"]),
             Route("/api/embed", embed_route, methods=["POST"]),
             Route("/api/embeddings", embeddings_legacy, methods=["POST"])]

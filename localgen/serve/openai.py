@@ -198,6 +198,7 @@ def _template_args(body: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 async def _complete(state: ServeState, http: Request, body: dict[str, Any], chat: bool) -> Response:
     worker = state.worker(body.get("model"))
+    ttl = _ttl(body.get("ttl"))
     request = await _request(state, worker, body, chat)
     plan = None
     if chat:
@@ -209,13 +210,22 @@ async def _complete(state: ServeState, http: Request, body: dict[str, Any], chat
     shape = _Shape(ident, worker.name, chat, request.logprobs is not None)
     if not body.get("stream"):
         watch = stream_for(worker, plan, request, split) if plan is not None else None
-        _, final = await run_whole(worker, request, http, watch=watch)
+        _, final = await run_whole(worker, request, http, ttl, watch)
         return JSONResponse(shape.whole(final, final.text, answer))
-    job, first = await run_job(worker, request)
+    job, first = await run_job(worker, request, ttl)
     opts = body.get("stream_options") or {}
     usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
     return StreamingResponse(_sse(shape, job, first, usage, answer), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _ttl(value: Any) -> float | None:
+    """LM Studio's `ttl`: seconds the model stays loaded once idle after this request (as Ollama's keep_alive)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise HTTPError(400, "`ttl` must be a number of seconds, 0 or more", param="ttl")
+    return float(value)
 
 
 def _deltas(pieces: list[Any], calls: list[Any]) -> list[dict[str, Any]]:

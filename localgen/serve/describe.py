@@ -1,0 +1,121 @@
+"""What /api/show says of a model (from its GGUF header and preset, nothing loaded) and the Modelfile an
+/api/create request's fields mean: text and dictionaries, no HTTP beyond the 400 for a bad field."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from localgen.errors import LocalgenError
+from localgen.serve.common import HTTPError
+from localgen.types import ModelRef
+
+
+def show_doc(name: str, ref: ModelRef) -> dict[str, Any]:
+    """Ollama's /api/show for a model, from its GGUF header and preset (nothing loaded)."""
+    from localgen.serve.ollama import _details
+
+    s = ref.summary
+    doc: dict[str, Any] = {"modelfile": modelfile_of(name, ref), "parameters": parameters_text(ref),
+                           "template": s.chat_template or "", "details": _details(ref), "model_info": model_info(s),
+                           "capabilities": capabilities(ref)}
+    if ref.system:
+        doc["system"] = ref.system
+    if s.license:
+        doc["license"] = s.license
+    return doc
+
+
+def modelfile_of(name: str, ref: ModelRef) -> str:
+    """What `localgen show --modelfile` prints: a preset's own Modelfile; for a model, FROM it with its
+    sampling defaults."""
+    from localgen.models import modelfile, presets
+
+    p = presets.find(name)
+    if p is not None:
+        return modelfile.write(p.spec)
+    return modelfile.write(modelfile.Modelfile(base=name, parameters=dict(ref.sampling_defaults)))
+
+
+def parameters_text(ref: ModelRef) -> str:
+    """Ollama's `parameters`: one `name value` a line (Ollama's names), the model's sampling defaults."""
+    from localgen.models import modelfile
+
+    text = modelfile.write(modelfile.Modelfile(base="x", parameters=dict(ref.sampling_defaults),
+                                               context=ref.context))
+    rows = [line.removeprefix("PARAMETER ").split(" ", 1) for line in text.splitlines()
+            if line.startswith("PARAMETER ")]
+    return "\n".join(f"{k:<30} {v}" for k, v in rows)
+
+
+def model_info(s: Any) -> dict[str, Any]:
+    """Ollama's `model_info` keys, from the GGUF summary."""
+    a = s.architecture
+    info: dict[str, Any] = {"general.architecture": a, "general.parameter_count": s.n_params}
+    if s.name:
+        info["general.name"] = s.name
+    if s.quantization:
+        info["general.file_type"] = s.quantization
+    for key, value in (("context_length", s.context_length), ("embedding_length", s.n_embd),
+                       ("block_count", s.n_layers), ("attention.head_count", s.n_head),
+                       ("attention.head_count_kv", s.n_head_kv), ("vocab_size", s.vocab_size)):
+        if value is not None:
+            info[f"{a}.{key}"] = value
+    return info
+
+
+def capabilities(ref: ModelRef) -> list[str]:
+    """What the model does, as Ollama names it: completion or embedding, tools when its chat template
+    renders tools, thinking when it has a thinking switch or block, vision and audio with a projector."""
+    from localgen.models import mmproj
+
+    s = ref.summary
+    causal = s.metadata.get(f"{s.architecture}.attention.causal")
+    encoder = causal is False or str(causal).lower() == "false" or s.architecture in ("bert", "t5encoder")
+    out = ["embedding"] if encoder else ["completion"]
+    template = s.chat_template or ""
+    if not encoder and "tools" in template:
+        out.append("tools")
+    if not encoder and ("enable_thinking" in template or "<think>" in template):
+        out.append("thinking")
+    with contextlib.suppress(LocalgenError):  # a projector that cannot be read says so when the model loads
+        out += mmproj.modalities(ref)
+    return out
+
+
+def modelfile_text(body: dict[str, Any]) -> str:
+    """The Modelfile a /api/create request means: its `modelfile` text (older clients), or one written from
+    `from`, `system`, `template`, `parameters` and `messages`."""
+    from localgen.models.modelfile import quote
+
+    for unsupported in ("quantize", "files", "adapters"):
+        if body.get(unsupported):
+            raise HTTPError(400, f"`{unsupported}` is not supported: a preset takes a model already here "
+                                 "(`from`) with settings over it")
+    if isinstance(body.get("modelfile"), str) and body["modelfile"].strip():
+        return str(body["modelfile"])
+    base = body.get("from")
+    if not isinstance(base, str) or not base:
+        raise HTTPError(400, "`from` must name the model the preset is made from")
+    lines = [f"FROM {quote(base)}"]
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise HTTPError(400, "`parameters` must be an object")
+    for key, value in params.items():
+        for v in value if isinstance(value, list) else [value]:
+            text = ("true" if v else "false") if isinstance(v, bool) else str(v)
+            lines.append(f"PARAMETER {key} {quote(text)}")
+    for field in ("system", "template"):
+        value = body.get(field)
+        if value is not None:
+            if not isinstance(value, str):
+                raise HTTPError(400, f"`{field}` must be a string")
+            lines.append(f"{field.upper()} {quote(value)}")
+    messages = body.get("messages") or []
+    if not isinstance(messages, list):
+        raise HTTPError(400, "`messages` must be a list")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise HTTPError(400, "each of `messages` must have a `role` and a `content` string")
+        lines.append(f"MESSAGE {m['role']} {quote(m['content'])}")
+    return "\n".join(lines) + "\n"

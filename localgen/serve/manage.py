@@ -1,0 +1,347 @@
+"""Model management over HTTP (#43 items 4 and 5), as Ollama's clients and llama-server's router call it:
+/api/pull (the same resumable, verified download as `localgen pull`, its progress as NDJSON lines),
+/api/delete, /api/copy, /api/create (presets, as `localgen rm | cp | create`), /api/show (without loading the
+model), and the router's GET /models, POST /models/load and /models/unload. Names are those `localgen list`
+prints: a request never names a file path to read, copy or delete."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
+from localgen.serve.common import HTTPError, ServeState, http_error, read_json
+from localgen.serve.describe import modelfile_text, show_doc
+from localgen.serve.worker import ModelWorker
+from localgen.types import GenerationRequest, ModelRef, SamplingParams
+
+UNLOAD_WAIT_S = 30.0
+PROGRESS_EVERY_S = 0.25  # at most this often a progress line per file while its bytes come
+
+
+def routes(state: ServeState) -> list[Route]:
+    """The model-management routes."""
+
+    async def pull(request: Request) -> Response:
+        body = await read_json(request)
+        name = _name(body)
+        return await _pull(state, name, body.get("stream", True) is not False)
+
+    async def delete(request: Request) -> Response:
+        name = _name(await read_json(request))
+        await _delete(state, name)
+        return JSONResponse({})
+
+    async def copy(request: Request) -> Response:
+        body = await read_json(request)
+        src, dst = body.get("source"), body.get("destination")
+        if not isinstance(src, str) or not src or not isinstance(dst, str) or not dst:
+            raise HTTPError(400, "`source` and `destination` must be model names")
+        from localgen.models import presets
+
+        await asyncio.to_thread(_offered, state, src)  # the listing reads GGUF headers
+        await _retire(state, [w for w in list(state.workers.values()) if w.name == dst])
+        try:
+            await asyncio.to_thread(presets.copy, src, dst, _lookup(state), True)
+        except ModelNotFoundError as e:
+            raise HTTPError(404, e.message) from None
+        except LocalgenError as e:
+            raise HTTPError(400, e.message) from None
+        return JSONResponse({})
+
+    async def create(request: Request) -> Response:
+        body = await read_json(request)
+        name = _name(body)
+        text = modelfile_text(body)
+        from localgen.models import presets
+
+        await _retire(state, [w for w in list(state.workers.values()) if w.name == name])
+        try:  # a preset of that name is replaced, as Ollama's create replaces a model
+            await asyncio.to_thread(presets.create_preset, name, text, _lookup(state), "the request", True)
+        except LocalgenError as e:
+            raise HTTPError(404 if isinstance(e, ModelNotFoundError) else 400, e.message) from None
+        lines = [{"status": "reading model metadata"}, {"status": f"writing the preset {name}"},
+                 {"status": "success"}]
+        return _answer(lines, body.get("stream", True) is not False)
+
+    async def show(request: Request) -> Response:
+        body = await read_json(request)
+        name = _name(body)
+        ref = await asyncio.to_thread(_ref, state, name)
+        return JSONResponse(await asyncio.to_thread(show_doc, name, ref))
+
+    async def router_list(request: Request) -> Response:
+        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "owned_by": "localgen", "path": ref.path,
+             "status": {"value": "loaded" if w is not None and w.loaded else "unloaded"}}
+            for name, ref, w in offered]})
+
+    async def router_load(request: Request) -> Response:
+        worker = state.worker(_name(await read_json(request)))
+        await _load(worker)
+        return JSONResponse({"success": True})
+
+    async def router_unload(request: Request) -> Response:
+        worker = state.worker(_name(await read_json(request)))
+        if worker.busy:
+            raise HTTPError(409, f"{worker.name} is answering requests; unload it once they end")
+        await asyncio.to_thread(worker.request_unload().wait, UNLOAD_WAIT_S)
+        return JSONResponse({"success": True})
+
+    return [Route("/api/pull", pull, methods=["POST"]), Route("/api/delete", delete, methods=["DELETE"]),
+            Route("/api/copy", copy, methods=["POST"]), Route("/api/create", create, methods=["POST"]),
+            Route("/api/show", show, methods=["POST"]), Route("/models", router_list),
+            Route("/models/load", router_load, methods=["POST"]),
+            Route("/models/unload", router_unload, methods=["POST"])]
+
+
+def _name(body: dict[str, Any]) -> str:
+    """The request's model name (`model`, or the older `name`)."""
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str) or not name:
+        raise HTTPError(400, "`model` must be a model's name")
+    return name
+
+
+def _offered(state: ServeState, name: str) -> None:
+    """A 404 unless `name` is a model this server offers (or a preset)."""
+    from localgen.models import presets
+
+    if name in state.workers or presets.exists(name) or name in state.names():
+        return
+    raise HTTPError(404, f"model {name!r} is not here (localgen list shows what is)", "not_found_error", "model")
+
+
+def _lookup(state: ServeState) -> Any:
+    """The base lookup for presets: a model offered here, found offline; never a path or a Hub repo."""
+    from localgen.models.resolve import resolve
+
+    def lookup(name: str) -> ModelRef:
+        if name not in state.workers and name not in state.names():
+            raise ModelNotFoundError(f"model {name!r} is not here (localgen list shows what is)")
+        return resolve(name, offline=True, pull_missing=False)
+
+    return lookup
+
+
+def _ref(state: ServeState, name: str) -> ModelRef:
+    """An offered model's ModelRef, without loading it (a 404 for any other name)."""
+    if name in state.workers:
+        return state.workers[name].ref
+    if state.on_demand is not None and name in state.on_demand.aliases:
+        return state.workers[state.on_demand.aliases[name]].ref
+    _offered(state, name)
+    try:
+        ref: ModelRef = _lookup(state)(name)
+    except ModelNotFoundError as e:
+        raise HTTPError(404, e.message, "not_found_error", "model") from None
+    except LocalgenError as e:
+        raise HTTPError(400, e.message) from None
+    return ref
+
+
+# ---- pull -------------------------------------------------------------------------------------------------
+
+
+class Stopped(Exception):
+    """The client went away: the download stops where it is (the next pull resumes it)."""
+
+
+class Lines:
+    """A download.Progress that hands Ollama's progress objects to the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, out: asyncio.Queue[Any], stop: threading.Event) -> None:
+        self.loop, self.out, self.stop = loop, out, stop
+        self.name, self.total, self.done, self.last = "", 0, 0, 0.0
+        self.verified = False  # said "verifying sha256 digest" (a cached file hashed now)
+
+    def put(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+    def _line(self) -> None:
+        self.last = time.monotonic()
+        self.put({"status": f"pulling {self.name}", "digest": self.name, "total": self.total,
+                  "completed": self.done})
+
+    def start(self, name: str, total: int, done: int) -> None:
+        if self.stop.is_set():
+            raise Stopped
+        if name.startswith("verifying "):
+            self.name, self.verified = "", True
+            self.put({"status": "verifying sha256 digest"})
+            return
+        self.name, self.total, self.done = name, total, done
+        self._line()
+
+    def advance(self, n: int) -> None:
+        if self.stop.is_set():
+            raise Stopped
+        self.done += n
+        if self.name and time.monotonic() - self.last >= PROGRESS_EVERY_S:
+            self._line()
+
+    def finish(self) -> None:
+        if self.name:
+            self._line()
+
+    def note(self, text: str) -> None:
+        self.put({"status": text})
+
+
+def _pull_error(e: BaseException) -> HTTPError:
+    from localgen.models.download import DownloadError
+    from localgen.models.hub import HubUnreachableError
+
+    assert isinstance(e, LocalgenError)
+    if isinstance(e, ModelNotFoundError):
+        return HTTPError(404, e.message, "not_found_error", "model")
+    if isinstance(e, UsageError):
+        return HTTPError(400, e.message)
+    if isinstance(e, (DownloadError, HubUnreachableError)):
+        return HTTPError(502, e.message, "server_error")
+    return HTTPError(500, e.message, "server_error")
+
+
+async def _pull(state: ServeState, name: str, stream: bool) -> Response:
+    from localgen.models import hfcache, resolve
+
+    if resolve.embedded_model(name) is not None:  # it ships inside a Python package: already here
+        return _answer([{"status": "success"}], stream)
+    try:
+        target = resolve.target(name)
+    except ModelNotFoundError as e:
+        raise HTTPError(404, e.message, "not_found_error", "model") from None
+    except LocalgenError as e:
+        raise HTTPError(400, e.message) from None
+    if state.offline or hfcache.offline_env():
+        raise HTTPError(403, "this server is offline (serve --offline, or HF_HUB_OFFLINE): it cannot pull")
+    loop = asyncio.get_running_loop()
+    out: asyncio.Queue[Any] = asyncio.Queue()
+    stop = threading.Event()
+    lines = Lines(loop, out, stop)
+
+    def work() -> None:
+        try:
+            resolve.pull(target, lines)
+        except (LocalgenError, Stopped) as e:
+            lines.put(e)
+        except BaseException as e:  # a bug: its traceback goes to the server's log, the client gets a 500
+            lines.put(e)
+            raise
+        else:
+            lines.put(None)
+
+    threading.Thread(target=work, name="localgen-pull", daemon=True).start()
+    if not stream:
+        try:
+            while (item := await out.get()) is not None and not isinstance(item, BaseException):
+                pass
+        finally:
+            stop.set()
+        if isinstance(item, BaseException):
+            raise _pull_error(item) if isinstance(item, LocalgenError) else item
+        return JSONResponse({"status": "success"})
+    first = await out.get()  # the listing's errors (no such repo, no such quantization) before any line
+    if isinstance(first, BaseException):
+        stop.set()
+        raise _pull_error(first) if isinstance(first, LocalgenError) else first
+
+    async def lines_out() -> AsyncIterator[bytes]:
+        item = first
+        try:
+            yield b'{"status": "pulling manifest"}\n'
+            while item is not None:
+                if isinstance(item, LocalgenError):
+                    yield (json.dumps({"error": item.message}) + "\n").encode()
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield (json.dumps(item) + "\n").encode()
+                item = await out.get()
+            if not lines.verified:  # a download is hashed as its bytes come, and checked at its end
+                yield b'{"status": "verifying sha256 digest"}\n'
+            yield b'{"status": "success"}\n'
+        finally:
+            stop.set()  # the client left (or the pull ended): a download still running stops
+
+    return StreamingResponse(lines_out(), media_type="application/x-ndjson")
+
+
+def _answer(lines: list[dict[str, Any]], stream: bool) -> Response:
+    if not stream:
+        return JSONResponse(lines[-1])
+    return Response("".join(json.dumps(x) + "\n" for x in lines), media_type="application/x-ndjson")
+
+
+# ---- delete, and a model's workers retired -----------------------------------------------------------------
+
+
+async def _retire(state: ServeState, workers: list[ModelWorker]) -> None:
+    """Unload and stop these workers and stop offering them (a 409 when one is busy or pinned by serve -m)."""
+    for w in workers:
+        if w.pinned:
+            raise HTTPError(409, f"{w.name} was named by serve -m: it stays for the server's life")
+        if w.busy:
+            raise HTTPError(409, f"{w.name} is answering requests; try again once they end")
+    for w in workers:
+        await asyncio.to_thread(w.request_unload().wait, UNLOAD_WAIT_S)
+        await asyncio.to_thread(w.stop)
+        state.workers.pop(w.name, None)
+        if state.on_demand is not None:
+            for alias, held in list(state.on_demand.aliases.items()):
+                if held == w.name:
+                    del state.on_demand.aliases[alias]
+
+
+async def _delete(state: ServeState, name: str) -> None:
+    from localgen.models import presets
+
+    if presets.exists(name):  # only the preset goes, never its base model's files
+        await _retire(state, [w for w in list(state.workers.values()) if w.name == name])
+        presets.remove(name)
+        return
+    ref = await asyncio.to_thread(_ref, state, name)
+    if ref.source == "embedded":
+        raise HTTPError(400, f"{ref.name} ships inside a Python package, which localgen does not remove")
+    if ref.source != "hf":
+        raise HTTPError(400, f"{ref.name} is a file localgen did not download; delete it yourself")
+    # every worker on that file goes: the model's own, and its presets'
+    await _retire(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path])
+    await asyncio.to_thread(_remove_files, ref)
+
+
+def _remove_files(ref: ModelRef) -> None:
+    from localgen.models import store
+
+    files = [f for f in store.cached_files(ref.repo) if str(f.link) == ref.path]
+    if not files:
+        raise HTTPError(404, f"{ref.name} is not in the cache", "not_found_error", "model")
+    store.remove(files)
+
+
+# ---- load --------------------------------------------------------------------------------------------------
+
+
+async def _load(worker: ModelWorker) -> None:
+    """Load the model now: a job told to finish before its first step, so loading is all it does."""
+    from localgen.serve.jobs import Failed, Job
+
+    job = Job(GenerationRequest(prompt=" ", sampling=SamplingParams(max_tokens=1)), asyncio.get_running_loop(),
+              stream=False)
+    job.finish.set()
+    try:
+        worker.submit(job)
+    except LocalgenError as e:  # a full queue, or a worker that has stopped
+        raise HTTPError(503, e.message, "server_error") from None
+    event = await job.events.get()
+    if isinstance(event, Failed):
+        raise http_error(event)

@@ -1,0 +1,304 @@
+"""Model management over HTTP (#43 items 4 and 5): what /api/show and /api/create write, in process; then one
+real server, its Hub the loopback stand-in (tests/hub_server.py), driven by the real `ollama` client: pull
+(streamed progress, then the model is listed and answers), show, create (its system prompt and num_predict in
+effect), copy, ps, delete (then a 404), llama-server's router routes, and errors as one-line JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from localgen.serve import describe, manage
+from localgen.serve.common import HTTPError, ServeState
+from tests import hub_server
+from tests.test_serve import Server
+
+REPO = "acme/SmolLM2-GGUF"
+FILE = "smollm2-135m-instruct-Q4_1.gguf"
+PULLED = f"{REPO}:Q4_1"
+COMMIT = hashlib.sha1(b"acme-manage").hexdigest()
+SLOW, SLOW_FILE = "acme/Slow-GGUF", "slow-Q4_1.gguf"
+OPTS = {"num_predict": 4, "temperature": 0}
+
+
+# ---- in process ----------------------------------------------------------------------------------------------
+
+def test_create_writes_a_modelfile_from_the_requests_fields() -> None:
+    text = describe.modelfile_text({"from": "smollm2:135m", "system": "Be brief.\nVery.",
+                                  "parameters": {"num_predict": 3, "stop": ["a", "b"], "temperature": 0},
+                                  "messages": [{"role": "user", "content": "hi"}]})
+    assert text == ('FROM smollm2:135m\nPARAMETER num_predict 3\nPARAMETER stop a\nPARAMETER stop b\n'
+                    'PARAMETER temperature 0\nSYSTEM """Be brief.\nVery."""\nMESSAGE user hi\n')
+    assert describe.modelfile_text({"modelfile": "FROM x\n", "from": "y"}) == "FROM x\n"  # older clients' text
+    for bad, says in (({"from": "x", "quantize": "q4_K_M"}, "`quantize` is not supported"),
+                      ({}, "`from` must name"), ({"from": "x", "parameters": [1]}, "`parameters` must be an object"),
+                      ({"from": "x", "messages": [{"role": "user"}]}, "`content` string")):
+        with pytest.raises(HTTPError, match=says) as e:
+            describe.modelfile_text(bad)
+        assert e.value.status == 400
+
+
+def test_show_reads_the_header_without_loading(smollm2_path: Path) -> None:
+    import dataclasses
+
+    from localgen.models.resolve import resolve
+
+    ref = resolve("smollm2:135m", offline=True, pull_missing=False)
+    doc = describe.show_doc("smollm2:135m", ref)
+    assert doc["modelfile"].startswith("FROM smollm2:135m\n")
+    assert doc["model_info"]["general.architecture"] == "llama"
+    assert doc["model_info"]["llama.context_length"] == ref.summary.context_length
+    assert doc["model_info"]["general.parameter_count"] == ref.summary.n_params
+    assert doc["template"] == ref.summary.chat_template and doc["details"]["format"] == "gguf"
+    assert doc["capabilities"][0] == "completion"
+    with_params = dataclasses.replace(ref, sampling_defaults={"temperature": 0.2, "stop": ("x", "y")}, context=1024)
+    lines = describe.parameters_text(with_params).splitlines()
+    assert [line.split() for line in lines] == [["num_ctx", "1024"], ["temperature", "0.2"], ["stop", "x"],
+                                                ["stop", "y"]]
+    tools = dataclasses.replace(ref, summary=dataclasses.replace(
+        ref.summary, chat_template="{% if tools %}{{ tools }}{% endif %}{% if enable_thinking %}{% endif %}"))
+    assert describe.capabilities(tools) == ["completion", "tools", "thinking"]
+    bert = dataclasses.replace(ref, summary=dataclasses.replace(ref.summary, architecture="bert"))
+    assert describe.capabilities(bert) == ["embedding"]
+
+
+def test_an_offline_server_refuses_to_pull() -> None:
+    with pytest.raises(HTTPError, match="offline") as e:
+        asyncio.run(manage._pull(ServeState(workers={}, offline=True), PULLED, True))
+    assert e.value.status == 403
+
+
+def test_a_pinned_or_busy_model_is_not_retired_and_a_file_of_your_own_is_not_deleted(smollm2_path: Path) -> None:
+    from localgen.models.resolve import resolve
+
+    class Stand:
+        def __init__(self, name: str, pinned: bool, busy: bool) -> None:
+            self.name, self.pinned, self.busy = name, pinned, busy
+            self.ref = resolve(str(smollm2_path))  # a path: source "path"
+
+    for stand, says in ((Stand("a", True, False), "named by serve -m"), (Stand("b", False, True), "answering")):
+        with pytest.raises(HTTPError, match=says) as e:
+            asyncio.run(manage._retire(ServeState(workers={}), [stand]))  # type: ignore[list-item]
+        assert e.value.status == 409
+    own = Stand("mine.gguf", False, False)
+    with pytest.raises(HTTPError, match="did not download") as e:
+        asyncio.run(manage._delete(ServeState(workers={"mine.gguf": own}), "mine.gguf"))  # type: ignore[dict-item]
+    assert e.value.status == 400
+
+
+# ---- a real server, its Hub on loopback -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hub(smollm2_path: Path) -> Iterator[hub_server.FakeHub]:
+    fake, server = hub_server.start()
+    fake.repos[REPO] = hub_server.HubRepo(COMMIT, {FILE: hub_server.HubFile(smollm2_path),
+                                                   "README.md": hub_server.HubFile(b"# readme\n")})
+    fake.repos[SLOW] = hub_server.HubRepo(COMMIT, {SLOW_FILE: hub_server.HubFile(smollm2_path)})
+    yield fake
+    server.shutdown()
+    server.cdn.shutdown()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def server(cli_env: dict[str, str], hub: hub_server.FakeHub,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    env = {k: v for k, v in cli_env.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path_factory.mktemp("manage-hf")))
+    s = Server(env, "-np", "1", "--ctx", "512")
+    yield s
+    assert s.stop() == 0
+    log = s.proc.stderr.read().decode() if s.proc.stderr else ""
+    assert "Traceback" not in log, log
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Any:
+    import ollama
+
+    return ollama.Client(host=server.url)
+
+
+def _names(client: Any) -> list[str]:
+    return [m.model for m in client.list().models]
+
+
+def _error(server: Server, method: str, path: str, body: dict[str, Any], status: int) -> str:
+    r = httpx.request(method, f"{server.url}{path}", json=body, timeout=120)
+    assert r.status_code == status, r.text
+    doc = r.json()
+    assert list(doc) == ["error"] and "\n" not in doc["error"], doc
+    return str(doc["error"])
+
+
+def test_pull_streams_progress_and_the_model_answers_at_once(server: Server, client: Any,
+                                                            hub: hub_server.FakeHub) -> None:
+    assert PULLED not in _names(client)
+    lines = list(client.pull(PULLED, stream=True))
+    statuses = [x.status for x in lines]
+    assert statuses[0] == "pulling manifest" and statuses[-2:] == ["verifying sha256 digest", "success"], statuses
+    progress = [x for x in lines if x.status == f"pulling {FILE}"]
+    size = hub.repos[REPO].files[FILE].size
+    assert progress and progress[-1].total == progress[-1].completed == size and progress[-1].digest == FILE
+    assert PULLED in _names(client)
+    r = client.generate(model=PULLED, prompt="Say hi.", options=OPTS)
+    assert r.done and r.eval_count and r.eval_count <= 4
+    assert client.pull(PULLED).status == "success"  # a second pull: verified in the cache, nothing sent
+    assert hub.sent[FILE] == size
+
+
+def test_a_client_that_leaves_stops_the_pull_and_the_next_resumes(server: Server, client: Any,
+                                                                     hub: hub_server.FakeHub) -> None:
+    import json
+    import time
+
+    size = hub.repos[SLOW].files[SLOW_FILE].size
+    hub.delay_per_mb = 0.05
+    try:
+        with httpx.stream("POST", f"{server.url}/api/pull", json={"model": f"{SLOW}:Q4_1"}, timeout=60) as r:
+            for line in r.iter_lines():
+                if json.loads(line).get("completed", 0) > 8 << 20:
+                    break  # the client leaves mid-download
+        sent, settled = -1, 0
+        while settled < 10:  # until the Hub has sent nothing more for a second
+            time.sleep(0.1)
+            settled = settled + 1 if hub.sent.get(SLOW_FILE, 0) == sent else 0
+            sent = hub.sent.get(SLOW_FILE, 0)
+    finally:
+        hub.delay_per_mb = 0.0
+    assert 8 << 20 < sent < size
+    assert f"{SLOW}:Q4_1" not in _names(client)
+    again = [x.status for x in client.pull(f"{SLOW}:Q4_1", stream=True)]
+    assert again[-1] == "success" and any(x.startswith(f"{SLOW_FILE}: resuming at ") for x in again), again
+    assert size <= hub.sent[SLOW_FILE] < sent + size  # it went on from what it had, not from the start
+    assert f"{SLOW}:Q4_1" in _names(client)
+
+
+def test_a_model_in_use_is_not_deleted(server: Server, client: Any) -> None:
+    import time
+
+    slow = f"{SLOW}:Q4_1"
+    body = {"model": slow, "prompt": "Count to a hundred.", "options": {"num_predict": 400, "ignore_eos": True,
+                                                                 "temperature": 0}}
+    with httpx.stream("POST", f"{server.url}/api/generate", json=body, timeout=60) as r:
+        lines = r.iter_lines()  # held: a generator dropped would close the response
+        next(lines)  # it is generating
+        assert "is answering requests" in _error(server, "DELETE", "/api/delete", {"model": slow}, 409)
+        assert "is answering requests" in _error(server, "POST", "/models/unload", {"model": slow}, 409)
+    deadline = time.monotonic() + 30  # the request ends as its client leaves, at the worker's next step
+    while httpx.request("DELETE", f"{server.url}/api/delete", json={"model": slow}, timeout=60).status_code == 409:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert slow not in _names(client)
+
+
+def test_lm_studio_ttl_sets_how_long_the_model_stays(server: Server, client: Any) -> None:
+    import time
+
+    import openai
+
+    oa = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    msgs: Any = [{"role": "user", "content": "Say hi."}]
+    oa.chat.completions.create(model=PULLED, messages=msgs, max_tokens=2, extra_body={"ttl": 3600})
+
+    def left() -> float:  # seconds until it unloads, by /api/ps (the worker sets it once the job has ended)
+        (ps,) = [m for m in client.ps().models if m.model == PULLED]
+        return float(ps.expires_at.timestamp() - time.time())
+
+    deadline = time.monotonic() + 30
+    while left() < 3500 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert 3500 < left() <= 3600
+    oa.chat.completions.create(model=PULLED, messages=msgs, max_tokens=2, extra_body={"ttl": 0})
+    deadline = time.monotonic() + 30
+    while PULLED in [m.model for m in client.ps().models] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert PULLED not in [m.model for m in client.ps().models]  # unloaded once idle
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": PULLED, "messages": msgs, "ttl": "1h"},
+                   timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ttl"
+
+
+def test_pull_errors(server: Server, client: Any, hub: hub_server.FakeHub) -> None:
+    import ollama
+
+    assert client.pull("smollm2:135m").status == "success"  # it ships inside a Python package: here already
+    hub.repos["acme/Gated-GGUF"] = hub_server.HubRepo(COMMIT, {"gated-Q4_1.gguf": hub.repos[REPO].files[FILE]},
+                                                      gated_files=True)
+    assert "refused the download" in _error(server, "POST", "/api/pull",
+                                            {"model": "acme/Gated-GGUF:Q4_1", "stream": False}, 502)
+    with pytest.raises(ollama.ResponseError, match="refused the download"):  # its line after progress began
+        list(client.pull("acme/Gated-GGUF:Q4_1", stream=True))
+    assert "has no quantization Q2_K" in _error(server, "POST", "/api/pull", {"model": f"{REPO}:Q2_K"}, 404)
+    assert "acme/none" in _error(server, "POST", "/api/pull", {"model": "acme/none"}, 404)
+    _error(server, "POST", "/api/pull", {"model": "/etc/passwd"}, 400)
+    _error(server, "POST", "/api/pull", {}, 400)
+
+
+def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> None:
+    import ollama
+
+    shown = client.show(PULLED)
+    assert shown.modelfile.startswith(f"FROM {PULLED}") and shown.template and shown.capabilities == ["completion"]
+    assert shown.modelinfo["general.architecture"] == "llama" and shown.details.format == "gguf"
+    done = client.create(model="mgr-bot", from_="smollm2:135m", system="You are a pirate. Answer as one.",
+                         parameters={"num_predict": 3, "temperature": 0})
+    assert done.status == "success"
+    assert "mgr-bot" in _names(client)
+    assert client.generate(model="mgr-bot", prompt="Say hi.").eval_count == 3
+    assert client.create(model="mgr-bot", from_="smollm2:135m", system="You are a pirate. Answer as one.",
+                         parameters={"num_predict": 2, "temperature": 0}).status == "success"
+    assert client.generate(model="mgr-bot", prompt="Say hi.").eval_count == 2  # replaced, as Ollama's create
+    client.create(model="mgr-bot", from_="smollm2:135m", system="You are a pirate. Answer as one.",
+                  parameters={"num_predict": 3, "temperature": 0})
+    bot = client.generate(model="mgr-bot", prompt="Say hi.")
+    assert bot.eval_count == 3  # the preset's num_predict
+    given = client.generate(model="smollm2:135m", prompt="Say hi.", system="You are a pirate. Answer as one.",
+                            options={"temperature": 0, "num_predict": 3})
+    assert (bot.prompt_eval_count, bot.response) == (given.prompt_eval_count, given.response)  # its SYSTEM
+    assert "SYSTEM" in client.show("mgr-bot").modelfile and "num_predict" in client.show("mgr-bot").parameters
+    assert client.copy("mgr-bot", "mgr-bot2").status == "success"
+    assert client.generate(model="mgr-bot2", prompt="Say hi.").eval_count == 3
+    assert client.delete("mgr-bot2").status == "success"
+    assert "mgr-bot2" not in _names(client) and "mgr-bot" in _names(client)
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model="mgr-bot2", prompt="Say hi.")
+    assert e.value.status_code == 404
+    assert client.delete("mgr-bot").status == "success"
+    assert "bad preset name" in _error(server, "POST", "/api/copy", {"source": PULLED, "destination": "a b"}, 400)
+    _error(server, "POST", "/api/copy", {"source": "nope", "destination": "x"}, 404)
+    assert "catalogue model" in _error(server, "POST", "/api/copy",
+                                       {"source": PULLED, "destination": "gemma3:270m"}, 400)
+    assert "FROM nope" in _error(server, "POST", "/api/create", {"model": "x", "from": "nope"}, 400)
+    assert "Go template" in _error(server, "POST", "/api/create",
+                                   {"model": "x", "from": PULLED, "template": "{{ .Prompt }}"}, 400)
+    _error(server, "POST", "/api/show", {"model": "/etc/passwd"}, 404)
+
+
+def test_router_load_unload_then_delete(server: Server, client: Any, hub: hub_server.FakeHub) -> None:
+    import ollama
+
+    def status() -> dict[str, str]:
+        doc = httpx.get(f"{server.url}/models", timeout=30).json()
+        return {m["id"]: m["status"]["value"] for m in doc["data"]}
+
+    assert httpx.post(f"{server.url}/models/unload", json={"model": PULLED}, timeout=60).json() == {"success": True}
+    assert status()[PULLED] == "unloaded"
+    assert httpx.post(f"{server.url}/models/load", json={"model": PULLED}, timeout=300).json() == {"success": True}
+    assert status()[PULLED] == "loaded" and PULLED in [m.model for m in client.ps().models]
+    _error(server, "DELETE", "/api/delete", {"model": "smollm2:135m"}, 400)  # it ships in a Python package
+    client.create(model="mgr-over", from_=PULLED)
+    assert client.generate(model="mgr-over", prompt="Say hi.", options=OPTS).done
+    assert client.delete(PULLED).status == "success"  # unloaded first, and the preset's worker on it too
+    loaded = [m.model for m in client.ps().models]
+    assert PULLED not in _names(client) and PULLED not in loaded and "mgr-over" not in loaded
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model=PULLED, prompt="Say hi.")
+    assert e.value.status_code == 404
+    _error(server, "DELETE", "/api/delete", {"model": PULLED}, 404)
+    _error(server, "POST", "/models/load", {"model": PULLED}, 404)
