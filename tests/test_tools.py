@@ -647,3 +647,14 @@ def test_responses_reasoning_items(reasoning_server: Server) -> None:
     events = list(client.responses.create(**rkw, stream=True))
     thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert thought == reasoning and not any(e.type == "response.output_text.delta" for e in events)
+
+
+def test_ollama_think_takes_a_level(reasoning_server: Server) -> None:
+    """Ollama's think: true, false, or "low"/"medium"/"high" (each turns the thinking on); anything else is a 400."""
+    url = f"{reasoning_server.url}/api/chat"
+    body: dict[str, Any] = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "Hi"}], "stream": False,
+                            "options": {"num_predict": 2, "temperature": 0}}
+    for think in (True, False, "low", "high"):
+        assert httpx.post(url, json={**body, "think": think}, timeout=120).status_code == 200, think
+    r = httpx.post(url, json={**body, "think": "sometimes"}, timeout=120)
+    assert r.status_code == 400 and "think" in r.json()["error"]

@@ -37,6 +37,7 @@ class ChatRunner:
         self.tool_steps = 8
         self.tool_timeout = 30.0
         self.json_schema: str | None = None  # sent with every request (a remote server builds its own grammar)
+        self.thinking: bool | None = None  # the template's thinking switch (--think, /set reasoning); None: default
         self.gen: Any = None  # the generation under way
         self.stopping = False  # the answer under way was asked to stop
         self._plans: dict[tuple[str | None, str], Any] = {}  # plan() by (template, tool choice)
@@ -61,7 +62,9 @@ class ChatRunner:
             from localgen.tools.plan import plain_history
 
             messages = list(plain_history(tuple(messages)))
-        return GenerationRequest(messages=tuple(messages), sampling=self.sampling, json_schema=self.json_schema)
+        args = (("enable_thinking", self.thinking),) if self.thinking is not None else ()
+        return GenerationRequest(messages=tuple(messages), sampling=self.sampling, json_schema=self.json_schema,
+                                 template_args=args)
 
     def count(self, messages: list[Message]) -> int:
         """Prompt tokens of a conversation as the template renders it (with the tools, when there are any)."""

@@ -81,6 +81,7 @@ class BatchOptions:
     logprobs: int | None = None
     json_schema: str | None = None  # for a remote server's response_format
     resume_from: Path | None = None  # an earlier JSONL output: its answered lines are not run again
+    think: bool | None = None  # the template's thinking switch (--think/--no-think); None: its default
 
 
 def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions) -> int:
@@ -117,7 +118,9 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
             else:
                 msgs = ([{"role": "system", "content": ln.system}] if ln.system else [])
                 req = GenerationRequest(messages=(*msgs, {"role": "user", "content": ln.prompt}), sampling=sampling,
-                                        logprobs=logprobs, json_schema=opts.json_schema)
+                                        logprobs=logprobs, json_schema=opts.json_schema,
+                                        template_args=(("enable_thinking", opts.think),) if opts.think is not None
+                                        else ())
             yield Indexed(ln.number, req, seed)
 
     def done(c: Completion) -> None:

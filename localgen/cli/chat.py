@@ -38,6 +38,7 @@ def chat(
     system: o.System = None,
     no_log: o.NoLog = False,
     verbose: o.Verbose = False,
+    think: o.Think = None,
     *,
     tools: o.ToolOptions,
     output: o.OutputFormat,

@@ -125,6 +125,7 @@ def start(f: o.Flags) -> None:
                                                             remote=bool(endpoints))
     runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, f.tools.tool_steps, f.tools.tool_timeout
     runner.tool_choice = f.tools.tool_choice
+    runner.thinking = f.think
     try:
         if grammar is not None and not endpoints:
             backend.engine.check_grammar(grammar)  # a grammar that does not parse fails now, not at the first turn

@@ -130,6 +130,12 @@ JsonSchemaFile = Annotated[
     typer.Option("--json-schema-file", "-jf", exists=True, dir_okay=False, readable=True,
                  rich_help_panel=SAMPLING_PANEL, show_default=False, help="A file holding the JSON schema."),
 ]
+Think = Annotated[
+    bool | None,
+    typer.Option("--think/--no-think", rich_help_panel=SAMPLING_PANEL, show_default=False,
+                 help="Turn a reasoning model's thinking on or off through its chat template's switch "
+                      "(enable_thinking, as Qwen3's); default: the template's own default."),
+]
 Logprobs = Annotated[
     int | None,
     typer.Option("--logprobs", min=0, max=20, rich_help_panel=OUTPUT_PANEL, show_default=False,

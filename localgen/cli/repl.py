@@ -9,7 +9,7 @@ from typing import Any
 
 COMMANDS = {
     "/help": "show the commands",
-    "/set": "PARAM VALUE: change a sampling setting, or system / think / verbose / markdown",
+    "/set": "PARAM VALUE: change a sampling setting, or system / think / verbose / markdown / reasoning",
     "/show": "current model and settings",
     "/system": "[TEXT]: show or set the system prompt",
     "/clear": "forget the conversation (keeps the system prompt)",
@@ -39,7 +39,7 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
     from prompt_toolkit.completion import Completer, Completion, PathCompleter
     from prompt_toolkit.document import Document
 
-    set_names = [*settable, "system", "think", "verbose", "markdown"]
+    set_names = [*settable, "system", "think", "verbose", "markdown", "reasoning"]
     paths = PathCompleter(expanduser=True)
 
     class SlashCompleter(Completer):
@@ -62,6 +62,8 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
                 options = set_names
             elif cmd == "/set" and len(words) == 2 and words[0] in ("think", "verbose", "markdown"):
                 options = ["on", "off"]
+            elif cmd == "/set" and len(words) == 2 and words[0] == "reasoning":
+                options = ["on", "off", "default"]
             elif cmd == "/load" and len(words) == 1:
                 options = sessions()
             elif cmd == "/model" and len(words) == 1:

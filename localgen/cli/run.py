@@ -89,6 +89,7 @@ def run(
                            help="Print the prompt as the model sees it (after the chat template) to stderr first.")
     ] = False,
     system: o.System = None,
+    think: o.Think = None,
     continue_: Annotated[
         bool, typer.Option("--continue", "-C", rich_help_panel=o.LOG_PANEL,
                            help="Continue the last conversation in the log: its turns go before this prompt, with "

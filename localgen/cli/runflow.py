@@ -297,6 +297,7 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Backend,
     if f.raw:
         return GenerationRequest(prompt=text, sampling=sampling, logprobs=f.logprobs, shared=shared,
                                  prompt_cache=cache, json_schema=schema)
+    thinking = (("enable_thinking", f.think),) if f.think is not None else ()
     content: Any = text
     if plan.media:
         from localgen import media
@@ -305,7 +306,7 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Backend,
     messages = presetflow.head(backend, f.system, continued=bool(turns)) + list(turns or []) + [
         {"role": "user", "content": content}]
     return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=f.logprobs, shared=shared,
-                             prompt_cache=cache, json_schema=schema)
+                             prompt_cache=cache, json_schema=schema, template_args=thinking)
 
 
 def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWriter,
@@ -397,7 +398,7 @@ def run_many(f: o.Flags, plan: RunPlan, backend: Backend, err: ErrWriter) -> int
     system = presetflow.system(backend, f.system)
     opts = BatchOptions(instruction=f.prompt, system=system, raw=f.raw, parallel=f.parallel, json_out=f.json_out,
                         stats=f.stats, exact=f.exact, logprobs=f.logprobs, json_schema=plan.schema if remote else None,
-                        resume_from=f.resume_from)
+                        resume_from=f.resume_from, think=f.think)
     source_path: Path | None = f.file
     try:
         if source_path is not None:

@@ -43,6 +43,12 @@ def _set(runner: Any, view: Any, arg: str) -> None:
     if key == "system":
         runner.session.system = value or None
         view.info("system prompt set" if value else "system prompt removed")
+    elif key == "reasoning":
+        if value not in ("on", "off", "default"):
+            raise UsageError("/set reasoning takes on, off or default (the chat template's own)")
+        runner.thinking = None if value == "default" else value == "on"
+        view.info(f"reasoning {value}: the template's thinking switch (enable_thinking)"
+                  + (" is left as it is" if value == "default" else f" is {value}"))
     elif key in ("think", "verbose", "markdown"):
         if value not in ("on", "off"):
             raise UsageError(f"/set {key} takes on or off")

@@ -37,6 +37,8 @@ def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str,
         body["prompt"] = request.prompt
     else:
         body["messages"] = [dict(m) for m in request.messages]
+        if request.template_args:  # the thinking switch: llama-server's and vLLM's chat_template_kwargs
+            body["chat_template_kwargs"] = dict(request.template_args)
     for k in KNOBS.values():
         value = getattr(s, k.name)
         if k.name in ("temperature", "seed") or value == k.default:

@@ -113,9 +113,9 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
         msgs = await read_messages(body.get("messages"), state.allow_image_urls)
         check_prompt_size(worker, [m["content"] for m in msgs])
         think = body.get("think")
-        if think is not None and not isinstance(think, bool):
-            raise HTTPError(400, "`think` must be true or false")
-        args = (("enable_thinking", think),) if think is not None else ()
+        if think is not None and not isinstance(think, bool) and think not in ("low", "medium", "high"):
+            raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"")
+        args = (("enable_thinking", think is not False),) if think is not None else ()
         return GenerationRequest(messages=msgs, sampling=s, exact=exact, template_args=args)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):

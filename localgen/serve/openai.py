@@ -46,6 +46,7 @@ UNSUPPORTED = ("functions", "function_call", "prediction")
 # request's own field): chat_template_kwargs may not replace them.
 TEMPLATE_OWN = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
                 "strftime_now")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 # chat_template_kwargs that templates test for truth: "no" would be taken as yes
 TEMPLATE_BOOLS = ("enable_thinking", "thinking")
 
@@ -180,8 +181,12 @@ def _template_args(body: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     enable_thinking, which reasoning templates read."""
     name = "chat_template_kwargs"
     kwargs = body.get(name)
-    if kwargs is None:
-        return ()
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise HTTPError(400, f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}",
+                        param="reasoning_effort")
+    if kwargs is None:  # the effort turns the template's thinking switch: none and minimal off, the rest on
+        return (("enable_thinking", effort not in ("none", "minimal")),) if effort is not None else ()
     if not isinstance(kwargs, dict):
         raise HTTPError(400, f"`{name}` must be an object of template variables", param=name)
     for key, value in kwargs.items():
@@ -193,6 +198,8 @@ def _template_args(body: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
                             param=f"{name}.{key}")
         if not isinstance(value, (bool, int, float, str)):
             raise HTTPError(400, f"`{name}.{key}` must be a string, a number or true/false", param=f"{name}.{key}")
+    if effort is not None:
+        kwargs = {"enable_thinking": effort not in ("none", "minimal"), **kwargs}  # an explicit switch wins
     return tuple(sorted(kwargs.items()))
 
 
