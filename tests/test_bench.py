@@ -134,8 +134,8 @@ def test_sweep_flags_reach_the_records_and_llama_cpp(benv: dict[str, str], monke
     # for, as llama.cpp itself reports it (its getters, and its log of the context and the KV cache it built).
     from localgen.bench import runner
     from localgen.cli.bench import _plan
-    from localgen.engine import logs
     from localgen.engine.bench import BenchContext
+    from localgen.native import logs
 
     seen: set[tuple[int, int, bool, str, int]] = set()
     measure = BenchContext.prompt

@@ -157,7 +157,7 @@ def test_physical_cores_count_cores_not_siblings(monkeypatch: pytest.MonkeyPatch
 
 
 def test_repacking_by_default_only_where_it_pays(cli: CLI, gemma_path: Path) -> None:
-    from localgen.engine.lib import default_repack
+    from localgen.engine.defaults import default_repack
     from localgen.models.gguf_meta import read_summary
     from localgen.types import LoadParams, ModelRef
 

@@ -194,7 +194,7 @@ def test_logits_views_follow_each_row_and_each_decode(smollm2_engine: Any) -> No
     """logits_row keeps its numpy views by address: every row of every decode reads what llama.cpp holds for
     it then (checked against a fresh view of the bindings' own pointer), as the rows move and the output
     buffer grows."""
-    from localgen.engine.lib import logits_row
+    from localgen.native.lib import logits_row
 
     eng: Any = smollm2_engine
     pc = ParallelContext(eng, 4, 256, pooled=True)

@@ -321,7 +321,7 @@ def test_exactness_is_the_default_only_where_it_is_free(kw: dict[str, Any], thro
 
 
 def test_smollm2_here_batches_for_throughput_by_default(smollm2_engine: object) -> None:
-    from localgen.engine.devices import has_gpu
+    from localgen.native.devices import has_gpu
 
     mode = batching_mode(smollm2_engine, None)  # type: ignore[arg-type]
     assert mode.throughput and ("GPU" if has_gpu() else "flash attention") in mode.why

@@ -436,7 +436,7 @@ def test_keep_alive_inf_and_nan_are_400s_and_ps_still_answers(child: Server) -> 
     assert r.status_code == 200
     ps = httpx.get(f"{child.url}/api/ps", timeout=30)
     assert ps.status_code == 200 and ps.json()["models"][0]["expires_at"].startswith(("2", "3"))
-    from localgen.engine.devices import has_gpu
+    from localgen.native.devices import has_gpu
 
     vram = ps.json()["models"][0]["size_vram"]
     assert vram > 50_000_000 if has_gpu() else vram == 0, "the weights on the GPU (none without one)"

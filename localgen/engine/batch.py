@@ -21,11 +21,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
-from localgen.engine import logs, sampling
+from localgen.engine import sampling
 from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact, next_span
-from localgen.engine.lib import logits_row
 from localgen.engine.slots import Slots
 from localgen.errors import LocalgenError
+from localgen.native import logs
+from localgen.native.lib import logits_row
 from localgen.types import KV_CACHE_TYPES, SamplingParams
 
 if TYPE_CHECKING:

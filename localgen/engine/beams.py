@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localgen.engine.lib import logits_row
 from localgen.engine.sequence import decode_all
 from localgen.errors import ContextOverflowError, LocalgenError
+from localgen.native.lib import logits_row
 
 if TYPE_CHECKING:
     from localgen.engine.batch import ParallelContext

@@ -9,8 +9,8 @@ import random
 import time
 from typing import TYPE_CHECKING
 
-from localgen.engine import logs
 from localgen.errors import LocalgenError
+from localgen.native import logs
 from localgen.types import SamplingParams
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localgen.engine import logs
 from localgen.errors import BadRequest, Cancelled, LocalgenError, PromptTooLong, UsageError
+from localgen.native import logs
 
 if TYPE_CHECKING:
     from localgen.engine.llama import Engine

@@ -13,7 +13,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from localgen.engine.lib import common_prefix, starts_with
+from localgen.engine.tokens import common_prefix, starts_with
 
 # fewer tokens than this are evaluated again rather than saved (a fraction of a second on a CPU)
 MIN_TOKENS = 64

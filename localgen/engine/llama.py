@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from localgen import paths
-from localgen.engine import logs, sampling
-from localgen.engine.lib import common_prefix, init_numa, lib, logits_row, safe_prefix
+from localgen.engine import sampling
 from localgen.engine.template import ChatTemplate
+from localgen.engine.tokens import common_prefix, safe_prefix
 from localgen.engine.vocab import Vocabulary
 from localgen.errors import ContextOverflowError, LocalgenError, ModelLoadError
+from localgen.native import logs
+from localgen.native.lib import init_numa, lib, logits_row
 from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
 
 # the load line that says some weights went into a repacked layout ("CPU_REPACK model buffer size = 12.66 MiB")
@@ -61,7 +63,7 @@ class Engine(Vocabulary):
         load_log = logs.lines(last=1000)
         # Which kernels this load uses, as far as batch invariance goes: llama.cpp's repacked CPU layouts
         # compute 4+ rows of a batch differently from fewer, and GPU kernels change with the batch size.
-        from localgen.engine import devices
+        from localgen.native import devices
 
         self.repacked = any(_REPACK_BUFFER.search(line) for line in load_log)
         # where the weights went: device → MiB ("CPU_Mapped", "CUDA0", "RPC0[host:port]"), from llama.cpp's log
@@ -136,7 +138,7 @@ class Engine(Vocabulary):
             self._keep.append(none)
             mp.devices = ctypes.cast(none, ctypes.c_void_p)
         elif p.rpc:
-            from localgen.engine import devices
+            from localgen.native import devices
 
             devices.register_rpc(p.rpc)  # registered devices join the load, as with llama.cpp's --rpc
         ptr = lc.llama_model_load_from_file(os.fsencode(self.model.path), mp)
@@ -295,7 +297,7 @@ class Engine(Vocabulary):
         return keep, self._pieces(tokens, keep)
 
     def _pieces(self, tokens: list[int], keep: int) -> Iterator[int]:
-        # with images or audio (engine/mtmd.py's Prompt): text in n_batch pieces up to each media span, which
+        # with images or audio (native/mtmd.py's Prompt): text in n_batch pieces up to each media span, which
         # encodes and decodes itself; the spans already held are not encoded again
         spans = getattr(tokens, "spans", {})
         pos = keep

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from localgen.backend import Completion, Indexed
-from localgen.engine.lib import common_prefix
 from localgen.engine.llama import Engine
+from localgen.engine.tokens import common_prefix
 from localgen.errors import LocalgenError, UsageError
 from localgen.types import GenerationRequest
 
@@ -30,7 +30,7 @@ class LocalBackend:
         self.defaults = dict(engine.model.sampling_defaults)  # the catalogue's recommended sampling
         self._embedder: Any = None
         self._scorer: Any = None  # the reranking context
-        self._projector: Any = None  # engine/mtmd.py's Projector, loaded with the first image or clip
+        self._projector: Any = None  # native/mtmd.py's Projector, loaded with the first image or clip
 
     def check_generates(self) -> None:
         """A UsageError for a model that cannot generate text (an encoder: embeddings and scores only)."""
@@ -84,12 +84,14 @@ class LocalBackend:
                 raise MediaError(f"{self.name} reads text only: it has no multimodal projector",
                                  hint="give its mmproj file with --mmproj, or pick a vision model "
                                       "(`localgen list --catalogue`)")
-            from localgen.engine.mtmd import Projector, available
+            from localgen.native.mtmd import Projector, available
 
             missing = available()
             if missing:
                 raise LocalgenError(missing, hint="reinstall with scripts/install.sh (it builds libmtmd)")
-            self._projector = Projector(self.engine, path, use_gpu=self.engine.offloaded)
+            e = self.engine
+            self._projector = Projector(e.model_ptr, path, e.params.n_threads_batch or e.params.n_threads or 1,
+                                        e.flash_attn, use_gpu=e.offloaded)
         return self._projector
 
     def count(self, request: GenerationRequest) -> int:

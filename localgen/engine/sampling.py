@@ -21,8 +21,8 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from localgen.engine.lib import logits_row
 from localgen.errors import GrammarError
+from localgen.native.lib import logits_row
 from localgen.types import SamplingParams
 
 GREEDY, TOP_K, FULL = "greedy", "top-k", "full"
@@ -153,7 +153,7 @@ def build(lc: Any, vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx
         window = max(s.repeat_last_n if s.repeat_last_n >= 0 else n_ctx,
                      (s.dry_penalty_last_n if s.dry_penalty_last_n >= 0 else n_ctx) if s.dry_multiplier > 0 else 0)
         for token in list(history)[-window:] if window else ():
-            if token >= 0:  # an image's or clip's positions hold negative placeholders (engine/mtmd.py)
+            if token >= 0:  # an image's or clip's positions hold negative placeholders (native/mtmd.py)
                 lc.llama_sampler_accept(chain, token)
     if s.grammar:
         if s.grammar_triggers:  # lazy: free text until a trigger matches, then the grammar from its start on

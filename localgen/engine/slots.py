@@ -10,7 +10,7 @@ import heapq
 from typing import Any
 
 from localgen.engine.hostcache import MIN_TOKENS, HostCache
-from localgen.engine.lib import common_prefix, safe_prefix, starts_with
+from localgen.engine.tokens import common_prefix, safe_prefix, starts_with
 
 
 class Slots:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localgen.engine import logs
 from localgen.errors import LocalgenError
+from localgen.native import logs
 from localgen.types import LoadParams, ModelRef
 
 PROMPT = 512  # the exchange: a 512-token prompt...

@@ -94,6 +94,6 @@ class Vocabulary:
 
     def check_grammar(self, gbnf: str) -> None:
         """Parse a GBNF grammar natively, so a bad one is an error before any work."""
-        from localgen.engine.grammar import check_grammar
+        from localgen.native.grammar import check_grammar
 
         check_grammar(self.lib, self.vocab, gbnf)

@@ -1,13 +1,12 @@
-"""The bindings' ctypes layer, imported once and lightly; what this build offers; defaults that depend on
-the model and the machine."""
+"""The bindings' ctypes layer, imported once and lightly (our log callback and abort handler installed);
+the libggml llama.cpp maps; one output row's logits as a numpy view."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from localgen.engine import logs
 from localgen.errors import LocalgenError
-from localgen.types import LoadParams, ModelRef
+from localgen.native import logs
 
 _lib: Any = None
 _numa_done = False
@@ -106,6 +105,16 @@ def _import_ctypes_layer() -> Any:
     return llama_cpp_ctypes_layer()
 
 
+def version() -> str:
+    """The bindings' version (llama-cpp-python's)."""
+    return str(lib().__version__)
+
+
+def system_info() -> str:
+    """What llama.cpp says it was built with and uses on this machine (llama_print_system_info)."""
+    return str(lib().llama_print_system_info().decode("utf-8", errors="replace").strip())
+
+
 def init_numa(strategy: int) -> None:
     """llama.cpp's NUMA strategy, set once per process before the first load."""
     global _numa_done
@@ -150,40 +159,3 @@ def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
         view = np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
         _views[key] = view
     return view
-
-
-def common_prefix(a: Any, b: Any) -> int:
-    """Length of the common leading run of two token sequences."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def starts_with(seq: Any, prefix: Any) -> bool:
-    """Whether token sequence `seq` begins with `prefix`."""
-    return len(seq) >= len(prefix) and seq[:len(prefix)] == prefix
-
-
-def safe_prefix(tokens: Any, n: int) -> int:
-    """`n` moved back to the start of a media span it would cut (engine/mtmd.py's Prompt: a span is evaluated
-    whole or not at all)."""
-    for start, span in getattr(tokens, "spans", {}).items():
-        if start < n < start + span.n_pos:
-            return int(start)
-    return n
-
-
-def default_repack(model: ModelRef, params: LoadParams) -> bool:
-    """Whether to use llama.cpp's repacked CPU weight layouts when the user did not say.
-
-    Repacking speeds up prompt processing for the types it covers, but a model whose repackable share is
-    small gains nothing, and repacked weights compute 4+ rows of a batch differently from fewer, which
-    costs exact batching most of its speed. So: on where at least half the weights are of a repackable
-    type (Q4_0, IQ4_NL, Q4_K on x86 with AVX2; more on ARM), off otherwise and when layers go to a GPU."""
-    if params.n_gpu_layers not in (None, 0):
-        return False
-    share = model.summary.repackable_share
-    return share is None or share >= 0.5
