@@ -8,7 +8,6 @@ import ctypes
 import dataclasses
 import functools
 import os
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,12 +21,9 @@ from localgen.engine.vocab import Vocabulary
 from localgen.errors import ContextOverflowError, LocalgenError, ModelLoadError
 from localgen.native import logs
 from localgen.native.lib import init_numa, lib, logits_row
+from localgen.native.report import last_load
 from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
 
-# the load line that says some weights went into a repacked layout ("CPU_REPACK model buffer size = 12.66 MiB")
-_REPACK_BUFFER = re.compile(r"_REPACK model buffer size = *(?!0\.00 )[0-9.]+")
-_FA_AUTO = re.compile(r"Flash Attention (enabled|not supported)")
-_BUFFER = re.compile(r"load_tensors:\s+(.+?) model buffer size =\s+([0-9.]+) MiB")
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
 _ROPE = {None: -1, "none": 0, "linear": 1, "yarn": 2}
 _NUMA = {"distribute": 1, "isolate": 2, "numactl": 3}
@@ -60,22 +56,21 @@ class Engine(Vocabulary):
         self.load_s = time.perf_counter() - t0
         self._keep.clear()
         logs.raise_deferred()  # a Ctrl-C during the load (which logs throughout)
-        load_log = logs.lines(last=1000)
+        self.load_report = last_load()  # what llama.cpp's log said about this load (native/report.py)
         # Which kernels this load uses, as far as batch invariance goes: llama.cpp's repacked CPU layouts
         # compute 4+ rows of a batch differently from fewer, and GPU kernels change with the batch size.
         from localgen.native import devices
 
-        self.repacked = any(_REPACK_BUFFER.search(line) for line in load_log)
+        self.repacked = self.load_report.repacked
         # where the weights went: device → MiB ("CPU_Mapped", "CUDA0", "RPC0[host:port]"), from llama.cpp's log
-        self.placement = {m.group(1): float(m.group(2)) for line in load_log if (m := _BUFFER.search(line))}
+        self.placement = self.load_report.placement
         # the most rows per call that compute each row as alone (0: any): repacked layouts take another
         # kernel from 4 rows, ggml's tiled K-/IQ-quant matmul from 8 (models/gguf_meta.py)
         rows = self.model.summary.exact_rows
         self.exact_rows = 3 if self.repacked else rows
         self.offloaded = n_gpu != 0 and (devices.has_gpu() or bool(params.rpc))
         if self.params.flash_attn == "auto":
-            chosen = next((m.group(1) for line in load_log if (m := _FA_AUTO.search(line))), None)
-            self.flash_attn = chosen == "enabled"
+            self.flash_attn = self.load_report.flash_attn_auto is True
         else:
             self.flash_attn = bool(self.params.flash_attn)
         self.vocab = lc.llama_model_get_vocab(self.model_ptr)
