@@ -20,16 +20,13 @@ LEFT: dict[str, int] = {
     "localgen/engine/bench.py": 12,
     "localgen/engine/embed.py": 26,
     "localgen/engine/hostcache.py": 5,
-    "localgen/engine/llama.py": 30,
-    "localgen/engine/sampling.py": 29,
-    "localgen/engine/scheduler.py": 2,
     "localgen/engine/slots.py": 6,
     "localgen/engine/tune.py": 12,
-    "localgen/engine/vocab.py": 7,
 }
-# Modules above the native layer that still take the bindings' handle itself (engine/llama.py hands it to
-# the others as Engine.lib): the same ratchet.
-HANDLE_LEFT = {"localgen/engine/llama.py"}
+# Modules above the native layer that still take the bindings' handle itself (and hand it on to slots.py,
+# hostcache.py and beams.py): the same ratchet.
+HANDLE_LEFT = {"localgen/engine/batch.py", "localgen/engine/bench.py", "localgen/engine/embed.py",
+               "localgen/engine/tune.py"}
 
 
 def _outside_native() -> list[Path]:

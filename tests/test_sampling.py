@@ -1,4 +1,4 @@
-"""engine/sampling.py's shortcuts choose what llama_sampler_sample's pass over the whole vocabulary chooses:
+"""native/sampler.py's shortcuts choose what llama_sampler_sample's pass over the whole vocabulary chooses:
 the argmax for a greedy chain, a top-k chain given only the logits that can survive top-k. Checked on real
 logits (SmolLM2, 49,152 tokens) and on rows made to tie, seed by seed."""
 
@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from localgen.engine import sampling
 from localgen.engine.batch import ParallelContext
+from localgen.native import sampler as sampling
 from localgen.types import SamplingParams
 
 
@@ -37,7 +37,7 @@ def _both(pc: Any, s: SamplingParams, seed: int, row: int, draws: int = 3) -> tu
     full, short = pc.sampler(s, seed), pc.sampler(s, seed)
     try:
         a = [int(lc.llama_sampler_sample(full.ptr, pc.ctx, row)) for _ in range(draws)]
-        b = [sampling.pick(lc, pc.ctx, short, row, n_vocab, top_k=True) for _ in range(draws)]
+        b = [sampling.pick(pc.ctx, short, row, n_vocab, top_k=True) for _ in range(draws)]
     finally:
         lc.llama_sampler_free(full.ptr)
         lc.llama_sampler_free(short.ptr)
@@ -76,7 +76,7 @@ def test_banned_end_of_generation_tokens_stay_banned(decoded: Any) -> None:
         short = sampling.Chain(pc.sampler(SamplingParams(temperature=0.0), 0).ptr, sampling.GREEDY, 40, (best,))
         try:
             a = int(lc.llama_sampler_sample(full.ptr, pc.ctx, row))
-            b = sampling.pick(lc, pc.ctx, short, row, pc.n_vocab)
+            b = sampling.pick(pc.ctx, short, row, pc.n_vocab)
         finally:
             lc.llama_sampler_free(full.ptr)
             lc.llama_sampler_free(short.ptr)
@@ -112,11 +112,11 @@ def test_top_k_shortcut_bans_what_ignore_eos_bans(decoded: Any) -> None:
         ids = sampling.top_k_candidates(logits, s.top_k, banned)
         assert ids is not None and set(banned) <= set(ids.tolist())
         for seed in range(12):
-            full, short = (sampling.build(lc, pc.vocab, pc.n_vocab, s, seed, pc.n_ctx_seq, banned) for _ in range(2))
+            full, short = (sampling.build(pc.vocab, pc.n_vocab, s, seed, pc.n_ctx_seq, banned) for _ in range(2))
             try:
                 assert short.shortcut == sampling.TOP_K and short.banned == banned
                 a = [int(lc.llama_sampler_sample(full.ptr, pc.ctx, row)) for _ in range(3)]
-                b = [sampling.pick(lc, pc.ctx, short, row, pc.n_vocab, top_k=True) for _ in range(3)]
+                b = [sampling.pick(pc.ctx, short, row, pc.n_vocab, top_k=True) for _ in range(3)]
             finally:
                 lc.llama_sampler_free(full.ptr)
                 lc.llama_sampler_free(short.ptr)
@@ -132,7 +132,7 @@ def test_top_k_shortcut_only_where_allowed(decoded: Any) -> None:
     ref = pc.sampler(s, 7)
     try:
         assert chain.shortcut == sampling.TOP_K
-        got = [sampling.pick(pc.lc, pc.ctx, chain, rows[0], pc.n_vocab) for _ in range(4)]
+        got = [sampling.pick(pc.ctx, chain, rows[0], pc.n_vocab) for _ in range(4)]
         want = [int(pc.lc.llama_sampler_sample(ref.ptr, pc.ctx, rows[0])) for _ in range(4)]
     finally:
         pc.lc.llama_sampler_free(chain.ptr)
@@ -216,10 +216,10 @@ def test_logits_views_follow_each_row_and_each_decode(smollm2_engine: Any) -> No
                     pc.add(t, pos, slot, pos == len(seq) - 1)
             pc.decode(n_rows)
             rows = [i for i in range(pc.batch.n_tokens) if pc.batch.logits[i]]
-            got = [logits_row(lc, pc.ctx, r, pc.n_vocab).copy() for r in rows]
+            got = [logits_row(pc.ctx, r, pc.n_vocab).copy() for r in rows]
             for r, g in zip(rows, got, strict=True):
                 assert np.array_equal(g, fresh(r))
-            assert np.array_equal(logits_row(lc, pc.ctx, -1, pc.n_vocab), fresh(-1))
+            assert np.array_equal(logits_row(pc.ctx, -1, pc.n_vocab), fresh(-1))
             assert all(not np.array_equal(got[0], g) for g in got[1:]), "rows differ"
             assert all(not np.array_equal(got[0], s) for s in seen), "each decode's values, not an old one's"
             seen.append(got[0])

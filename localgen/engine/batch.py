@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
-from localgen.engine import sampling
 from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact, next_span
 from localgen.engine.slots import Slots
 from localgen.errors import LocalgenError
 from localgen.native import logs
-from localgen.native.lib import logits_row
+from localgen.native import sampler as chains
+from localgen.native.lib import lib, logits_row
 from localgen.types import KV_CACHE_TYPES, SamplingParams
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class ParallelContext:
         per slot, shared by all (the throughput scheduler); else each slot its own stream of cells.
         `cache_ram`: bytes of host memory for slot states saved before a slot is reused (engine/hostcache.py;
         -1 no limit, 0 none); used where requests run with `reuse`."""
-        lc = engine.lib
+        lc = lib()
         self.lc = lc
         self.engine = engine
         self.n_parallel = n_parallel
@@ -130,10 +130,10 @@ class ParallelContext:
     def sampler(self, s: SamplingParams, seed: int, history: list[int] | tuple[int, ...] = ()) -> Any:
         """A sampler chain with the single-stream path's stages and order."""
         eog = self.engine.eog_tokens if s.ignore_eos else ()
-        return sampling.build(self.lc, self.vocab, self.n_vocab, s, seed, self.n_ctx_seq, eog, history)
+        return chains.build(self.vocab, self.n_vocab, s, seed, self.n_ctx_seq, eog, history)
 
     def logits(self, row: int) -> Any:
-        return logits_row(self.lc, self.ctx, row, self.n_vocab)
+        return logits_row(self.ctx, row, self.n_vocab)
 
     def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
         b = self.batch

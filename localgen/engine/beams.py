@@ -129,7 +129,7 @@ def _candidates(pc: ParallelContext, live: list[tuple[Hypothesis, int, int]],
 
     cands: list[tuple[float, int, int]] = []
     for li, (h, _seq, row) in enumerate(live):
-        logits = logits_row(pc.lc, pc.ctx, row, pc.n_vocab).astype(np.float64)
+        logits = logits_row(pc.ctx, row, pc.n_vocab).astype(np.float64)
         m = logits.max()
         logp = logits - m - np.log(np.exp(logits - m).sum())
         top = np.argpartition(-logp, n_beams)[:n_beams] if pc.n_vocab > n_beams else np.arange(pc.n_vocab)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from localgen.errors import LocalgenError
 from localgen.native import logs
+from localgen.native.lib import lib
 from localgen.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ class BenchContext:
 
     def __init__(self, engine: Engine, seed: int = 1234) -> None:
         self.engine = engine
-        self.lc = engine.lib
+        self.lc = lib()
         self.ctx = engine.ctx
         self.n_batch = engine.params.n_batch
         self.n_vocab = engine.n_vocab
@@ -71,7 +72,7 @@ def model_desc(engine: Engine) -> str:
     """llama.cpp's description of the model, e.g. "llama 135M Q4_1" (llama-bench's model_type), with the size
     word corrected when it is not the parameter count: llama.cpp guesses it from the layer count and vocabulary
     (32 layers and a 49,152-token vocabulary read "3B" whatever the width)."""
-    lc = engine.lib
+    lc = lib()
     buf = ctypes.create_string_buffer(256)
     lc.llama_model_desc(engine.model_ptr, buf, len(buf))
     return fix_size_word(buf.value.decode("utf-8", errors="replace"), int(lc.llama_model_n_params(engine.model_ptr)))
@@ -93,7 +94,7 @@ def fix_size_word(desc: str, n_params: int) -> str:
 
 def model_size(engine: Engine) -> tuple[int, int]:
     """(bytes of weights, parameters), as llama.cpp counts them."""
-    lc = engine.lib
+    lc = lib()
     return int(lc.llama_model_size(engine.model_ptr)), int(lc.llama_model_n_params(engine.model_ptr))
 
 

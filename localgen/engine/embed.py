@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from localgen.errors import BadRequest, Cancelled, LocalgenError, PromptTooLong, UsageError
 from localgen.native import logs
+from localgen.native.lib import lib
 
 if TYPE_CHECKING:
     from localgen.engine.llama import Engine
@@ -34,7 +35,7 @@ class Embedder:
     else the model's own (embedding models name theirs), else mean (chat models name none)."""
 
     def __init__(self, engine: Engine, pooling: str | None = None, scores: bool = False) -> None:
-        lc = engine.lib
+        lc = lib()
         self.lc = lc
         self.engine = engine
         n_ctx = engine.n_ctx
@@ -246,7 +247,7 @@ class _Splice:
 
 def _context(engine: Engine, params: Any) -> Any:
     """A llama.cpp context on the engine's model with these parameters, or a LocalgenError."""
-    ctx = engine.lib.llama_init_from_model(engine.model_ptr, params)
+    ctx = lib().llama_init_from_model(engine.model_ptr, params)
     if not ctx:
         raise LocalgenError("llama.cpp could not create an embeddings context", hint="lower --ctx")
     return ctx

@@ -14,6 +14,7 @@ from typing import Any
 
 from localgen.errors import LocalgenError
 from localgen.native import logs
+from localgen.native.lib import lib
 from localgen.types import LoadParams, ModelRef
 
 PROMPT = 512  # the exchange: a 512-token prompt...
@@ -48,7 +49,7 @@ class Probe:
             raise LocalgenError(f"{model.name} does not generate (an embedding or reranking model): tune measures "
                                 "generation", hint="tune a model that chats or completes text")
         self.engine.release_context()
-        lc = self.lc = self.engine.lib
+        lc = self.lc = lib()
         self.streams = streams
         p = lc.llama_context_default_params()
         self.n_ctx_seq = -(-n_ctx_seq // 256) * 256

@@ -22,9 +22,12 @@ def schema_converter() -> Any:
         prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
 
 
-def check_grammar(lc: Any, vocab: Any, gbnf: str) -> None:
+def check_grammar(vocab: Any, gbnf: str) -> None:
     """Parse a GBNF grammar natively, so a bad one is an error before any work (the bindings never check
     whether the parse failed; the parser's message goes straight to fd 2, and is captured from there)."""
+    from localgen.native.lib import lib
+
+    lc = lib()
     with _capture_fd2() as captured:
         sampler = lc.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), b"root")
     if not sampler:

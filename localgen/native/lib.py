@@ -128,7 +128,7 @@ _views: dict[tuple[int, int], Any] = {}  # (address, n_vocab) → a numpy view o
 _MAX_VIEWS = 4096
 
 
-def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
+def logits_row(ctx: Any, row: int, n_vocab: int) -> Any:
     """A numpy view of one output row's logits of the last decode (-1: the last row); valid until the next.
 
     A view only points at memory (it owns nothing), so one made for an address serves every later row that
@@ -141,7 +141,7 @@ def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
 
         from localgen._compat import bindings_function
 
-        fn = bindings_function(lc, "llama_get_logits_ith")  # a new object: the bindings' own keeps its restype
+        fn = bindings_function(lib(), "llama_get_logits_ith")  # a new object: the bindings' own keeps its restype
         fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p
         _logits_ith = fn
     address = _logits_ith(ctx, row)

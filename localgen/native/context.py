@@ -1,0 +1,123 @@
+"""A llama.cpp context and its memory (the KV cache): made on a model, decoded into, its sequences copied and
+dropped, its state saved and restored, its perf counters; freed."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+from localgen.native.lib import lib
+
+
+def new(model: Any, **fields: Any) -> Any:
+    """A context on `model`: llama.cpp's default llama_context_params with `fields` set (n_ctx=..., ...);
+    None where llama.cpp could not make it (its log says why)."""
+    lc = lib()
+    p = lc.llama_context_default_params()
+    for name, value in fields.items():
+        if not hasattr(p, name):
+            raise TypeError(f"llama_context_params has no field {name!r}")
+        setattr(p, name, value)
+    return lc.llama_init_from_model(model, p) or None
+
+
+def free(ctx: Any) -> None:
+    """Free a context and its KV cache."""
+    lib().llama_free(ctx)
+
+
+def n_ctx(ctx: Any) -> int:
+    """The context's window in tokens, as llama.cpp made it."""
+    return int(lib().llama_n_ctx(ctx))
+
+
+def decode(ctx: Any, batch: Any) -> int:
+    """llama_decode of a batch: 0 when done, else llama.cpp's code."""
+    return int(lib().llama_decode(ctx, batch))
+
+
+def encode(ctx: Any, batch: Any) -> int:
+    """llama_encode of a batch (encoder models): 0 when done, else llama.cpp's code."""
+    return int(lib().llama_encode(ctx, batch))
+
+
+def synchronize(ctx: Any) -> None:
+    """Wait for the context's queued work."""
+    lib().llama_synchronize(ctx)
+
+
+def set_threads(ctx: Any, threads: int, threads_batch: int) -> None:
+    """The threads a decode uses (one token; a batch)."""
+    lib().llama_set_n_threads(ctx, threads, threads_batch)
+
+
+def perf(ctx: Any) -> Any:
+    """llama.cpp's perf counters (llama_perf_context_data: t_p_eval_ms, n_p_eval, t_eval_ms, n_eval, ...)."""
+    return lib().llama_perf_context(ctx)
+
+
+def reset_perf(ctx: Any) -> None:
+    """Start the perf counters from zero."""
+    lib().llama_perf_context_reset(ctx)
+
+
+# ---- the memory (KV cache) ----------------------------------------------------------------------------
+
+
+def memory(ctx: Any) -> Any:
+    """The context's memory handle (owned by the context)."""
+    return lib().llama_get_memory(ctx)
+
+
+def seq_rm(mem: Any, seq: int, p0: int, p1: int) -> bool:
+    """Drop positions [p0, p1) of a sequence (-1: every sequence; -1 ends: open); False where the memory
+    cannot (a recurrent model's tail)."""
+    return bool(lib().llama_memory_seq_rm(mem, seq, p0, p1))
+
+
+def seq_cp(mem: Any, src: int, dst: int, p0: int, p1: int) -> None:
+    """Copy positions [p0, p1) of sequence `src` into `dst` (cells are shared, not copied)."""
+    lib().llama_memory_seq_cp(mem, src, dst, p0, p1)
+
+
+def clear(mem: Any, data: bool = True) -> None:
+    """Empty the memory (with `data`, its buffers too)."""
+    lib().llama_memory_clear(mem, data)
+
+
+# ---- saved state --------------------------------------------------------------------------------------
+
+
+def save_file(ctx: Any, path: str | os.PathLike[str], tokens: list[int]) -> bool:
+    """Write the context's state and its tokens to a file; False where llama.cpp could not."""
+    lc = lib()
+    arr = (lc.llama_token * max(1, len(tokens)))(*tokens)
+    return bool(lc.llama_state_save_file(ctx, os.fsencode(path), arr, len(tokens)))
+
+
+def load_file(ctx: Any, path: str | os.PathLike[str], cap: int) -> list[int] | None:
+    """Restore a saved state of up to `cap` tokens; its tokens, or None where it does not load (or an OSError)."""
+    lc = lib()
+    out = (lc.llama_token * cap)()
+    count = ctypes.c_size_t(0)
+    ok = bool(lc.llama_state_load_file(ctx, os.fsencode(path), out, cap, ctypes.byref(count)))
+    n = int(count.value)
+    if not ok or n == 0 or n > cap:
+        return None
+    return list(out[:n])
+
+
+def seq_state_size(ctx: Any, seq: int) -> int:
+    """The bytes of one sequence's state (llama_state_seq_get_size_ext)."""
+    return int(lib().llama_state_seq_get_size_ext(ctx, seq, 0))
+
+
+def seq_state_get(ctx: Any, dst: Any, size: int, seq: int) -> int:
+    """Copy one sequence's state into `dst` (a pointer to `size` bytes); the bytes written."""
+    return int(lib().llama_state_seq_get_data_ext(ctx, dst, size, seq, 0))
+
+
+def seq_state_set(ctx: Any, src: Any, size: int, seq: int) -> int:
+    """Restore one sequence's state from `src` (a pointer to `size` bytes); the bytes read (0: failed)."""
+    return int(lib().llama_state_seq_set_data_ext(ctx, src, size, seq, 0))
