@@ -15,18 +15,11 @@ _NATIVE_NAME = re.compile(r"^(llama|ggml|mtmd|clip)_[a-z0-9_]+$")
 # how many such names each uses: a ratchet while the calls move behind the wrappers of localgen/native/.
 # A module may only go down; one that reaches 0 leaves the table.
 LEFT: dict[str, int] = {
-    "localgen/engine/batch.py": 15,
-    "localgen/engine/beams.py": 6,
-    "localgen/engine/bench.py": 12,
     "localgen/engine/embed.py": 26,
-    "localgen/engine/hostcache.py": 5,
-    "localgen/engine/slots.py": 6,
     "localgen/engine/tune.py": 12,
 }
-# Modules above the native layer that still take the bindings' handle itself (and hand it on to slots.py,
-# hostcache.py and beams.py): the same ratchet.
-HANDLE_LEFT = {"localgen/engine/batch.py", "localgen/engine/bench.py", "localgen/engine/embed.py",
-               "localgen/engine/tune.py"}
+# Modules above the native layer that still take the bindings' handle itself: the same ratchet.
+HANDLE_LEFT = {"localgen/engine/embed.py", "localgen/engine/tune.py"}
 
 
 def _outside_native() -> list[Path]:

@@ -11,6 +11,7 @@ import pytest
 
 from localgen.engine.batch import ParallelContext
 from localgen.native import sampler as sampling
+from localgen.native.lib import lib
 from localgen.types import SamplingParams
 
 
@@ -33,7 +34,7 @@ def decoded(smollm2_engine: Any) -> Any:
 
 def _both(pc: Any, s: SamplingParams, seed: int, row: int, draws: int = 3) -> tuple[list[int], list[int]]:
     """`draws` tokens from the same logits row by the full pass and by pick, each with a fresh chain."""
-    lc, n_vocab = pc.lc, pc.n_vocab
+    lc, n_vocab = lib(), pc.n_vocab
     full, short = pc.sampler(s, seed), pc.sampler(s, seed)
     try:
         a = [int(lc.llama_sampler_sample(full.ptr, pc.ctx, row)) for _ in range(draws)]
@@ -69,7 +70,7 @@ def test_greedy_shortcut_is_the_greedy_stage(decoded: Any) -> None:
 def test_banned_end_of_generation_tokens_stay_banned(decoded: Any) -> None:
     """ignore_eos bans the end tokens with a bias of -inf; the greedy shortcut masks them the same way."""
     pc, rows = decoded
-    lc = pc.lc
+    lc = lib()
     for row in rows:
         best = int(np.argmax(pc.logits(row)))
         full = pc.sampler(SamplingParams(temperature=0.0, logit_bias=((best, float("-inf")),)), 0)
@@ -104,7 +105,7 @@ def test_top_k_shortcut_bans_what_ignore_eos_bans(decoded: Any) -> None:
     tokens): the chain's logit bias bans them there as in the full pass, so the draws are the full pass's and
     never a banned token."""
     pc, rows = decoded
-    lc = pc.lc
+    lc = lib()
     s = SamplingParams(temperature=1.5, ignore_eos=True)
     for row in rows:
         logits = pc.logits(row)
@@ -133,10 +134,10 @@ def test_top_k_shortcut_only_where_allowed(decoded: Any) -> None:
     try:
         assert chain.shortcut == sampling.TOP_K
         got = [sampling.pick(pc.ctx, chain, rows[0], pc.n_vocab) for _ in range(4)]
-        want = [int(pc.lc.llama_sampler_sample(ref.ptr, pc.ctx, rows[0])) for _ in range(4)]
+        want = [int(lib().llama_sampler_sample(ref.ptr, pc.ctx, rows[0])) for _ in range(4)]
     finally:
-        pc.lc.llama_sampler_free(chain.ptr)
-        pc.lc.llama_sampler_free(ref.ptr)
+        lib().llama_sampler_free(chain.ptr)
+        lib().llama_sampler_free(ref.ptr)
     assert got == want
 
 
@@ -198,7 +199,7 @@ def test_logits_views_follow_each_row_and_each_decode(smollm2_engine: Any) -> No
 
     eng: Any = smollm2_engine
     pc = ParallelContext(eng, 4, 256, pooled=True)
-    lc = pc.lc
+    lc = lib()
 
     def fresh(row: int) -> Any:
         return np.ctypeslib.as_array(lc.llama_get_logits_ith(pc.ctx, row), shape=(pc.n_vocab,)).copy()

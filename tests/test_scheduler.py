@@ -14,6 +14,7 @@ from localgen.engine.batch import ParallelContext
 from localgen.engine.batchmode import batching_mode, exact_price
 from localgen.engine.batchseq import Request
 from localgen.engine.scheduler import Finished, Scheduler
+from localgen.native.lib import lib
 from localgen.types import SamplingParams
 
 PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",
@@ -147,7 +148,7 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
     sched.add(Request(0, first, _greedy(3)))
     done: dict[int, Any] = {}
     positions: list[int] = []  # where request 1's cells begin, after each step
-    mem = pc.lc.llama_get_memory(pc.ctx)
+    mem = lib().llama_get_memory(pc.ctx)
     try:
         while not sched.idle:
             _finished(sched.step(), done)
@@ -156,7 +157,7 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
                 sched.add(Request(1, second, _greedy(12)))
             if now.get(1) == 2 and 2 not in now:  # slot 0 is free again: it takes another prompt
                 sched.add(Request(2, other, _greedy(2)))
-            positions += [int(pc.lc.llama_memory_seq_pos_min(mem, slot)) for slot, seq in sched.active.items()
+            positions += [int(lib().llama_memory_seq_pos_min(mem, slot)) for slot, seq in sched.active.items()
                           if seq.req.index == 1]
     finally:
         pc.close()

@@ -224,7 +224,9 @@ def test_the_model_is_warmed_up_in_the_thread_that_decodes(smollm2_path: Path) -
             time.sleep(0.02)
         assert w.pc.warmed_in == w.thread.ident != threading.get_ident()
         assert w.backend.engine._template is not None, "the chat template compiled before any request"
-        lc, pc = w.pc.lc, w.pc
+        from localgen.native.lib import lib
+
+        lc, pc = lib(), w.pc
         mem = lc.llama_get_memory(pc.ctx)
         assert [lc.llama_memory_seq_pos_max(mem, q) for q in range(2)] == [-1, -1], "the warm-up left no cells"
         assert not pc.slots.held

@@ -113,11 +113,16 @@ def seq_state_size(ctx: Any, seq: int) -> int:
     return int(lib().llama_state_seq_get_size_ext(ctx, seq, 0))
 
 
-def seq_state_get(ctx: Any, dst: Any, size: int, seq: int) -> int:
-    """Copy one sequence's state into `dst` (a pointer to `size` bytes); the bytes written."""
-    return int(lib().llama_state_seq_get_data_ext(ctx, dst, size, seq, 0))
+def seq_state_get(ctx: Any, seq: int, data: Any) -> int:
+    """Copy one sequence's state into `data` (a numpy uint8 array of its size); the bytes written."""
+    return int(lib().llama_state_seq_get_data_ext(ctx, _bytes(data), len(data), seq, 0))
 
 
-def seq_state_set(ctx: Any, src: Any, size: int, seq: int) -> int:
-    """Restore one sequence's state from `src` (a pointer to `size` bytes); the bytes read (0: failed)."""
-    return int(lib().llama_state_seq_set_data_ext(ctx, src, size, seq, 0))
+def seq_state_set(ctx: Any, seq: int, data: Any, size: int) -> int:
+    """Restore one sequence's state from the first `size` bytes of `data` (a numpy uint8 array); the bytes
+    read (not `size`: it failed)."""
+    return int(lib().llama_state_seq_set_data_ext(ctx, _bytes(data), size, seq, 0))
+
+
+def _bytes(data: Any) -> Any:
+    return data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
