@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from typing import Any
 
 from localgen.native.lib import lib
@@ -126,3 +127,31 @@ def seq_state_set(ctx: Any, seq: int, data: Any, size: int) -> int:
 
 def _bytes(data: Any) -> Any:
     return data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+
+
+# ---- embeddings ---------------------------------------------------------------------------------------
+
+
+def pooling_type(ctx: Any) -> int:
+    """The context's pooling (llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank)."""
+    return int(lib().llama_pooling_type(ctx))
+
+
+def embeddings_seq(ctx: Any, seq: int, n: int) -> list[float] | None:
+    """The pooled output of sequence `seq` after the last decode, its first `n` floats; None where there is none."""
+    ptr = lib().llama_get_embeddings_seq(ctx, seq)
+    if not ptr:
+        return None
+    return [float(ptr[i]) for i in range(n)]
+
+
+def set_abort(ctx: Any, cancelled: Callable[[], bool] | None) -> Any:
+    """Have llama.cpp ask `cancelled` between the operations of a computation and stop it when it says so
+    (None: never). Returns the ctypes thunk, to keep referenced while it is set (None when cleared)."""
+    lc = lib()
+    if cancelled is None:
+        lc.llama_set_abort_callback(ctx, lc.ggml_abort_callback(0), None)
+        return None
+    thunk = lc.ggml_abort_callback(lambda _data: bool(cancelled()))
+    lc.llama_set_abort_callback(ctx, thunk, None)
+    return thunk

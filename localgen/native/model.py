@@ -86,3 +86,22 @@ def n_params(model: Any) -> int:
 def size(model: Any) -> int:
     """The bytes of the model's weights."""
     return int(lib().llama_model_size(model))
+
+
+def n_embd_out(model: Any) -> int:
+    """The width of the model's output embeddings (llama_model_n_embd_out where this build has it, else
+    llama_model_n_embd)."""
+    lc = lib()
+    n = int(lc.llama_model_n_embd_out(model)) if hasattr(lc, "llama_model_n_embd_out") else 0
+    return n or int(lc.llama_model_n_embd(model))
+
+
+def n_cls_out(model: Any) -> int:
+    """A classifier's (a reranker's) output count."""
+    return int(lib().llama_model_n_cls_out(model))
+
+
+def chat_template(model: Any, name: str) -> str | None:
+    """The model's named chat template ("rerank"), or None."""
+    ptr = lib().llama_model_chat_template(model, name.encode())
+    return ctypes.string_at(ptr).decode("utf-8", "replace") if ptr else None

@@ -58,3 +58,33 @@ def bos(vocab: Any) -> int:
 def eos(vocab: Any) -> int:
     """The end-of-sequence token."""
     return int(lib().llama_vocab_eos(vocab))
+
+
+def sep(vocab: Any) -> int:
+    """The separator token."""
+    return int(lib().llama_vocab_sep(vocab))
+
+
+def adds_bos(vocab: Any) -> bool:
+    """Whether tokenizing with special tokens adds BOS."""
+    return bool(lib().llama_vocab_get_add_bos(vocab))
+
+
+def adds_eos(vocab: Any) -> bool:
+    """Whether tokenizing with special tokens adds EOS."""
+    return bool(lib().llama_vocab_get_add_eos(vocab))
+
+
+def adds_sep(vocab: Any) -> bool:
+    """Whether the vocabulary puts SEP between the texts of a pair."""
+    return bool(lib().llama_vocab_get_add_sep(vocab))
+
+
+def parts_text(vocab: Any, token: int) -> bool:
+    """Whether a token is special (control or user-defined) and strips no spaces around it: the tokenizer parts
+    text at such tokens and tokenizes each piece alone."""
+    lc = lib()
+    strip = lc.LLAMA_TOKEN_ATTR_LSTRIP | lc.LLAMA_TOKEN_ATTR_RSTRIP
+    special = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_USER_DEFINED
+    attr = int(lc.llama_vocab_get_attr(vocab, token))
+    return bool(attr & special) and not attr & strip
