@@ -30,6 +30,7 @@ from localgen.native import model as native_model
 from localgen.native import sampler as chains
 from localgen.native import vocab as native_vocab
 from localgen.native.lib import logits_row
+from localgen.native.prompt import spans_of
 from localgen.types import KV_CACHE_TYPES, SamplingParams
 
 if TYPE_CHECKING:
@@ -207,7 +208,7 @@ class ParallelContext:
     def media(self, tokens: list[int], slot: int, pos: int) -> int:
         """Evaluate into the slot the media spans that start at `pos`; returns the position after them (`pos`
         when none starts there). The caller records them as held."""
-        spans = getattr(tokens, "spans", {})
+        spans = spans_of(tokens)
         while pos in spans:
             spans[pos].evaluate(self.ctx, pos, slot, self.n_batch)
             pos += spans[pos].n_pos

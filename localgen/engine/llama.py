@@ -23,6 +23,7 @@ from localgen.native import model as native_model
 from localgen.native import sampler as chains
 from localgen.native import vocab as native_vocab
 from localgen.native.lib import init_numa, logits_row, version
+from localgen.native.prompt import spans_of
 from localgen.native.report import last_load
 from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
 
@@ -269,9 +270,9 @@ class Engine(Vocabulary):
         return keep, self._pieces(tokens, keep)
 
     def _pieces(self, tokens: list[int], keep: int) -> Iterator[int]:
-        # with images or audio (native/mtmd.py's Prompt): text in n_batch pieces up to each media span, which
+        # with images or audio (native/prompt.py's Prompt): text in n_batch pieces up to each media span, which
         # encodes and decodes itself; the spans already held are not encoded again
-        spans = getattr(tokens, "spans", {})
+        spans = spans_of(tokens)
         pos = keep
         for start in sorted(spans):
             span = spans[start]

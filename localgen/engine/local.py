@@ -14,6 +14,7 @@ from localgen.backend import Completion, Indexed
 from localgen.engine.llama import Engine
 from localgen.engine.tokens import common_prefix
 from localgen.errors import LocalgenError, UsageError
+from localgen.native.prompt import spans_of
 from localgen.types import GenerationRequest
 
 
@@ -104,7 +105,7 @@ class LocalBackend:
         started = started if started is not None else time.perf_counter()
         tokens = self.tokens(request)
         cache = "skipped" if request.prompt_cache else "off"
-        if request.shared and len(tokens) < self.engine.n_ctx and not getattr(tokens, "spans", None):
+        if request.shared and len(tokens) < self.engine.n_ctx and not spans_of(tokens):
             from localgen.engine import promptcache
 
             shared = common_prefix(self.tokens(_with_text(request, request.shared)), tokens)
@@ -115,7 +116,7 @@ class LocalBackend:
                 # differently in batches of other sizes, and the text must not depend on the cache.
                 self.engine.evaluate(tokens[:shared], logits=False)
         drafter = self.drafter
-        if drafter is not None and getattr(tokens, "spans", None):
+        if drafter is not None and spans_of(tokens):
             drafter = None  # the draft model cannot see the image
             self.warn("speculative decoding is off for a prompt with images or audio")
         gen = self.engine.generate(tokens, request.sampling, started=started, drafter=drafter,

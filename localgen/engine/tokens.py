@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from localgen.native.prompt import spans_of
+
 
 def common_prefix(a: Any, b: Any) -> int:
     """Length of the common leading run of two token sequences."""
@@ -21,9 +23,9 @@ def starts_with(seq: Any, prefix: Any) -> bool:
 
 
 def safe_prefix(tokens: Any, n: int) -> int:
-    """`n` moved back to the start of a media span it would cut (native/mtmd.py's Prompt: a span is evaluated
+    """`n` moved back to the start of a media span it would cut (native/prompt.py's Prompt: a span is evaluated
     whole or not at all)."""
-    for start, span in getattr(tokens, "spans", {}).items():
+    for start, span in spans_of(tokens).items():
         if start < n < start + span.n_pos:
             return int(start)
     return n

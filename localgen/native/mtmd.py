@@ -21,6 +21,7 @@ from typing import Any
 from localgen.errors import LocalgenError, ModelLoadError
 from localgen.media import Media, MediaError, check_seconds
 from localgen.native import logs
+from localgen.native.prompt import MediaSpan, Prompt
 
 _CHUNK_TEXT, _CHUNK_IMAGE, _CHUNK_AUDIO = 0, 1, 2
 
@@ -83,21 +84,6 @@ class Span:
             raise LocalgenError(f"llama_decode failed on the {self.kind}'s embeddings ({rc})",
                                 hint="the context may be full; raise --ctx")
         return encode_s
-
-
-class Prompt(list[int]):
-    """A prompt's tokens, media positions as placeholder ids, with the spans that evaluate them (by start
-    index). Slicing gives plain lists: only whole prompts carry their spans."""
-
-    spans: dict[int, Span]
-    media_tokens: int
-    _owner: Any
-
-    def __init__(self, tokens: list[int], spans: dict[int, Span], owner: Any) -> None:
-        super().__init__(tokens)
-        self.spans = spans
-        self.media_tokens = sum(s.n_tokens for s in spans.values())
-        self._owner = owner  # keeps the mtmd chunks alive as long as the prompt
 
 
 @dataclass
@@ -190,7 +176,7 @@ class Projector:
         if rc != 0:
             raise MediaError(f"libmtmd could not tokenize the prompt ({rc}): {logs.first_error() or 'failed'}")
         tokens: list[int] = []
-        spans: dict[int, Span] = {}
+        spans: dict[int, MediaSpan] = {}
         for i in range(mt.mtmd_input_chunks_size(owner.ptr)):
             chunk = mt.mtmd_input_chunks_get(owner.ptr, i)
             kind = mt.mtmd_input_chunk_get_type(chunk)
