@@ -349,7 +349,7 @@ class Engine(Vocabulary):
 
     # ---- counters and lifetime -----------------------------------------------------------------------
 
-    def perf(self) -> Any:
+    def perf(self) -> context.Perf:
         """llama.cpp's perf counters for this context."""
         return context.perf(self.ctx)
 

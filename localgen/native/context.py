@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from localgen.native.lib import lib
@@ -53,9 +54,20 @@ def set_threads(ctx: Any, threads: int, threads_batch: int) -> None:
     lib().llama_set_n_threads(ctx, threads, threads_batch)
 
 
-def perf(ctx: Any) -> Any:
-    """llama.cpp's perf counters (llama_perf_context_data: t_p_eval_ms, n_p_eval, t_eval_ms, n_eval, ...)."""
-    return lib().llama_perf_context(ctx)
+@dataclass(frozen=True)
+class Perf:
+    """llama.cpp's perf counters of a context since their last reset (llama_perf_context_data)."""
+
+    t_p_eval_ms: float  # prompt evaluation
+    n_p_eval: int
+    t_eval_ms: float  # one-token decodes
+    n_eval: int
+
+
+def perf(ctx: Any) -> Perf:
+    """The context's perf counters."""
+    d = lib().llama_perf_context(ctx)
+    return Perf(float(d.t_p_eval_ms), int(d.n_p_eval), float(d.t_eval_ms), int(d.n_eval))
 
 
 def reset_perf(ctx: Any) -> None:
