@@ -27,7 +27,7 @@ def decoded(smollm2_engine: Any) -> Any:
         for pos, t in enumerate(toks):
             pc.add(t, pos, slot, pos == len(toks) - 1)
     pc.decode(4)
-    rows = [i for i in range(pc.batch.n_tokens) if pc.batch.logits[i]]
+    rows = [i for i in range(pc.batch.n_tokens) if pc.batch.wants_logits(i)]
     yield pc, rows
     pc.close()
 
@@ -216,7 +216,7 @@ def test_logits_views_follow_each_row_and_each_decode(smollm2_engine: Any) -> No
                 for pos, t in enumerate(seq):
                     pc.add(t, pos, slot, pos == len(seq) - 1)
             pc.decode(n_rows)
-            rows = [i for i in range(pc.batch.n_tokens) if pc.batch.logits[i]]
+            rows = [i for i in range(pc.batch.n_tokens) if pc.batch.wants_logits(i)]
             got = [logits_row(pc.ctx, r, pc.n_vocab).copy() for r in rows]
             for r, g in zip(rows, got, strict=True):
                 assert np.array_equal(g, fresh(r))

@@ -24,11 +24,11 @@ from localgen.backend import Completion
 from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact, next_span
 from localgen.engine.slots import Slots
 from localgen.errors import LocalgenError
-from localgen.native import batch as native_batch
 from localgen.native import context, logs
 from localgen.native import model as native_model
 from localgen.native import sampler as chains
 from localgen.native import vocab as native_vocab
+from localgen.native.batch import Batch
 from localgen.native.lib import logits_row
 from localgen.native.prompt import spans_of
 from localgen.types import KV_CACHE_TYPES, SamplingParams
@@ -86,14 +86,14 @@ class ParallelContext:
         self.rows = 0
         self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
         self.warmed_in: int | None = None  # the thread that ran warm_up (its OpenMP team decodes)
-        self.batch = native_batch.new(self.n_batch)
+        self.batch = Batch(self.n_batch)
         self.vocab = engine.vocab
         self.n_vocab = engine.n_vocab
 
     def close(self) -> None:
         """Free the context and batch."""
         if self.ctx:
-            native_batch.free(self.batch)
+            self.batch.free()
             context.free(self.ctx)
             self.ctx = None
 
@@ -134,15 +134,7 @@ class ParallelContext:
         return logits_row(self.ctx, row, self.n_vocab)
 
     def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
-        b = self.batch
-        i = b.n_tokens
-        b.token[i] = token
-        b.pos[i] = pos
-        b.n_seq_id[i] = 1
-        b.seq_id[i][0] = seq
-        b.logits[i] = 1 if logits else 0
-        b.n_tokens = i + 1
-        return int(i)
+        return self.batch.add(token, pos, seq, logits)
 
     def run(self, requests: Iterator[Request] | Callable[[bool], Any], on_done: Callable[[Completion], None],
             should_stop: Callable[[], bool] = lambda: False, exact: bool | None = None,

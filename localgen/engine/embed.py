@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localgen.errors import BadRequest, Cancelled, LocalgenError, PromptTooLong, UsageError
-from localgen.native import batch as native_batch
 from localgen.native import context, logs
 from localgen.native import model as native_model
 from localgen.native import vocab as native_vocab
+from localgen.native.batch import Batch
 
 if TYPE_CHECKING:
     from localgen.engine.llama import Engine
@@ -76,7 +76,7 @@ class Embedder:
         self.n_embd = native_model.n_embd_out(model)
         if scores:
             self.n_embd = max(1, native_model.n_cls_out(model))  # a reranker's output: its scores
-        self.batch = native_batch.new(n_ctx)
+        self.batch = Batch(n_ctx)
         self.mem = context.memory(self.ctx)
         self._query: str | None = None  # the last query pair_tokens found room for, and its splice
         self._splice: _Splice | None = None
@@ -93,7 +93,7 @@ class Embedder:
         """Free the context."""
         if self.ctx:
             if getattr(self, "batch", None) is not None:
-                native_batch.free(self.batch)
+                self.batch.free()
             context.free(self.ctx)
             self.ctx = None
 
@@ -164,16 +164,10 @@ class Embedder:
     def _run(self, seqs: list[list[int]], normalize: bool, dimensions: int | None) -> list[Embedding]:
         b = self.batch
         context.clear(self.mem, True)
-        n = 0
+        b.n_tokens = 0
         for s, toks in enumerate(seqs):
             for pos, tok in enumerate(toks):
-                b.token[n] = tok
-                b.pos[n] = pos
-                b.n_seq_id[n] = 1
-                b.seq_id[n][0] = s
-                b.logits[n] = 1  # as llama-embedding: every token an output
-                n += 1
-        b.n_tokens = n
+                b.add(tok, pos, s, True)  # as llama-embedding: every token an output
         rc = context.encode(self.ctx, b) if self.engine.uses_encode else context.decode(self.ctx, b)
         logs.raise_deferred()
         if rc == 2 and self._abort is not None:  # llama.cpp's "aborted": abort_when's check said so

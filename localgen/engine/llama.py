@@ -17,11 +17,11 @@ from localgen.engine.template import ChatTemplate
 from localgen.engine.tokens import common_prefix, safe_prefix
 from localgen.engine.vocab import Vocabulary
 from localgen.errors import ContextOverflowError, LocalgenError, ModelLoadError
-from localgen.native import batch as native_batch
 from localgen.native import context, logs
 from localgen.native import model as native_model
 from localgen.native import sampler as chains
 from localgen.native import vocab as native_vocab
+from localgen.native.batch import Batch
 from localgen.native.lib import init_numa, logits_row, version
 from localgen.native.prompt import spans_of
 from localgen.native.report import last_load
@@ -76,7 +76,7 @@ class Engine(Vocabulary):
         self.n_batch = self.params.n_batch
         self.n_vocab = native_vocab.n_tokens(self.vocab)
         self.params = dataclasses.replace(self.params, n_ctx=self.n_ctx)
-        self._batch = native_batch.new(max(self.n_batch, 1))
+        self._batch = Batch(max(self.n_batch, 1))
         self._mem = context.memory(self._ctx)
         self._piece_buf = native_vocab.piece_buffer()
         self._held: list[int] = []
@@ -297,19 +297,11 @@ class Engine(Vocabulary):
         self._decode(tokens, all_logits)
 
     def _decode(self, tokens: list[int], all_logits: bool) -> None:
-        b = self._batch
-        pos = len(self._held)
         n = len(tokens)
         if n > self.n_batch:
             raise LocalgenError(f"internal: a batch of {n} tokens exceeds n_batch {self.n_batch}")
-        for i, tok in enumerate(tokens):
-            b.token[i] = tok
-            b.pos[i] = pos + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = 1 if (all_logits or i == n - 1) else 0
-        b.n_tokens = n
-        rc = context.decode(self.ctx, b)
+        self._batch.set_tokens(tokens, len(self._held), 0, all_logits)
+        rc = context.decode(self.ctx, self._batch)
         if rc != 0:
             self._live = False
             raise LocalgenError(f"llama_decode failed ({rc})", hint="the context may be full; raise --ctx")
@@ -385,8 +377,7 @@ class Engine(Vocabulary):
     def close(self) -> None:
         """Free the context, the model and the batch (idempotent)."""
         if getattr(self, "_batch", None) is not None:
-            native_batch.free(self._batch)
-            self._batch = None
+            self._batch.free()  # idempotent
         if getattr(self, "_ctx", None) is not None:
             context.free(self._ctx)
             self._ctx = None

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from localgen.errors import LocalgenError
-from localgen.native import batch as native_batch
 from localgen.native import context, logs
+from localgen.native.batch import Batch
 from localgen.types import LoadParams, ModelRef
 
 PROMPT = 512  # the exchange: a 512-token prompt...
@@ -62,14 +62,14 @@ class Probe:
             raise LocalgenError(f"llama.cpp could not create a {n_ctx}-token context to tune in",
                                 hint="tune with a smaller --depth or fewer --parallel streams")
         self.mem = context.memory(self.ctx)
-        self.batch = native_batch.new(max(PROMPT, streams))
+        self.batch = Batch(max(PROMPT, streams))
         self.n_vocab = self.engine.n_vocab
         self.rng = random.Random(seed)
         self.depth = 0
 
     def close(self) -> None:
         if self.ctx:
-            native_batch.free(self.batch)
+            self.batch.free()
             context.free(self.ctx)
             self.ctx = None
         self.engine.close()
@@ -78,14 +78,9 @@ class Probe:
         """Decode (position, sequence) rows of random tokens."""
         b = self.batch
         context.set_threads(self.ctx, threads, threads_batch)
-        b.n_tokens = len(rows)
+        b.n_tokens = 0
         for i, (pos, seq) in enumerate(rows):
-            b.token[i] = self.rng.randrange(self.n_vocab)
-            b.pos[i] = pos
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
-            b.logits[i] = 0
-        b.logits[len(rows) - 1] = 1
+            b.add(self.rng.randrange(self.n_vocab), pos, seq, i == len(rows) - 1)
         rc = context.decode(self.ctx, b)
         if rc != 0:
             raise LocalgenError(f"llama_decode failed ({rc}) while tuning", hint="try a smaller --depth")

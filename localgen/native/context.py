@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from localgen.native.batch import Batch
 from localgen.native.lib import lib
 
 
@@ -35,13 +36,14 @@ def n_ctx(ctx: Any) -> int:
 
 
 def decode(ctx: Any, batch: Any) -> int:
-    """llama_decode of a batch: 0 when done, else llama.cpp's code."""
-    return int(lib().llama_decode(ctx, batch))
+    """llama_decode of a batch (a native/batch.py Batch, or what batch.of_tokens gives): 0 when done, else
+    llama.cpp's code."""
+    return int(lib().llama_decode(ctx, batch.raw if isinstance(batch, Batch) else batch))
 
 
-def encode(ctx: Any, batch: Any) -> int:
+def encode(ctx: Any, batch: Batch) -> int:
     """llama_encode of a batch (encoder models): 0 when done, else llama.cpp's code."""
-    return int(lib().llama_encode(ctx, batch))
+    return int(lib().llama_encode(ctx, batch.raw))
 
 
 def synchronize(ctx: Any) -> None:
