@@ -1,5 +1,5 @@
-"""The only place that talks to llama_cpp: load a model and a context through llama.cpp's own API, and
-keep the record of what the context's KV cache holds. Everything else asks the Engine."""
+"""The Engine: a model and its context loaded through llama.cpp's own API (the native layer's wrappers), and
+the record of what the context's KV cache holds. Everything above the engine asks the Engine."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from localgen.native import model as native_model
 from localgen.native import sampler as chains
 from localgen.native import vocab as native_vocab
 from localgen.native.batch import Batch
-from localgen.native.lib import init_numa, logits_row, version
+from localgen.native.lib import init_numa, logits_row, ready, version
 from localgen.native.prompt import spans_of
 from localgen.native.report import last_load
 from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
@@ -39,6 +39,7 @@ class Engine(Vocabulary):
     def __init__(self, model: ModelRef, params: LoadParams, verbose: bool = False, cpu_only: bool = False) -> None:
         self.model = model
         self.requested = params
+        ready()  # the bindings and llama.cpp's backends, before anything of this load is logged
         logs.set_echo(verbose)
         from localgen.engine.defaults import resolve
 

@@ -105,6 +105,11 @@ def _import_ctypes_layer() -> Any:
     return llama_cpp_ctypes_layer()
 
 
+def ready() -> None:
+    """The bindings imported and llama.cpp's backends initialized, once (what lib() does first)."""
+    lib()
+
+
 def version() -> str:
     """The bindings' version (llama-cpp-python's)."""
     return str(lib().__version__)
