@@ -110,7 +110,7 @@ def test_a_step_lays_its_rows_out_in_slot_order_whatever_slots_the_prompts_got(s
             sched.add(r)
         while not sched.idle:
             _finished(sched.step(), done)
-            calls.append([int(pc.batch.seq_id[i][0]) for i in range(pc.batch.n_tokens)])
+            calls.append([pc.batch.seq(i) for i in range(pc.batch.n_tokens)])
             slots.update({seq.req.index: slot for slot, seq in sched.active.items()})
 
     try:

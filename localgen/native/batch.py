@@ -48,6 +48,10 @@ class Batch:
             b.logits[i] = 1 if (all_logits or i == n - 1) else 0
         b.n_tokens = n
 
+    def seq(self, row: int) -> int:
+        """A row's sequence id."""
+        return int(self.raw.seq_id[row][0])
+
     def wants_logits(self, row: int) -> bool:
         """Whether a row's logits are computed."""
         return bool(self.raw.logits[row])
