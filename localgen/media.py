@@ -1,7 +1,7 @@
 """Images and audio given with a prompt: read (a file, a URL, stdin, a data: URI, base64), recognised by
 their bytes, bounded before anything decodes them, and carried in messages as OpenAI content parts
 (`image_url` with a data: URI, `input_audio` with base64), so a chat file, `run` and `serve` hold them the
-same way. Stdlib only: libmtmd decodes them later (engine/mtmd.py); the header readers that bound them are
+same way. Stdlib only: libmtmd decodes them later (native/mtmd.py); the header readers that bound them are
 in media_headers.py."""
 
 from __future__ import annotations

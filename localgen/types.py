@@ -17,7 +17,7 @@ DRY_BREAKERS = ("\n", ":", "\"", "*")
 @dataclass(frozen=True)
 class SamplingParams:
     """Every sampling knob, with its default defined once (llama.cpp's defaults). Ranges and types live in
-    settings.KNOBS; the sampler chain that applies them is engine/sampling.py."""
+    settings.KNOBS; the sampler chain that applies them is native/sampler.py."""
 
     temperature: float = 0.8
     top_k: int = 40

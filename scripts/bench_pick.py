@@ -20,11 +20,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localgen.engine import sampling
 from localgen.engine.batch import ParallelContext
 from localgen.engine.batchseq import Request
 from localgen.engine.llama import Engine
 from localgen.models.resolve import resolve
+from localgen.native import sampler as sampling
 from localgen.types import LoadParams, SamplingParams
 
 PROMPT = "Tell me a long story about dragons, rivers and the mountains between them."
@@ -62,7 +62,7 @@ def main() -> None:
             clock["steps"] += d
             clock["n_steps"] += 1
 
-    sampling.pick = timed_pick  # batch.py calls it through the module
+    sampling.pick = timed_pick  # the scheduler calls it through the module
     pc.decode = timed_decode  # type: ignore[method-assign]
     tokens = list(engine.tokenize(PROMPT, True))
     s = SamplingParams(temperature=a.temperature, max_tokens=a.tokens, ignore_eos=not a.no_ignore_eos)

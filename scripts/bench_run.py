@@ -26,7 +26,7 @@ PROMPT = "Write a long, detailed essay about the history of the printing press."
 def bare_loop(path: str, tokens: list[int], n: int, threads: int, n_ctx: int) -> float:
     import llama_cpp
 
-    from localgen.engine import logs
+    from localgen.native import logs
 
     logs.install(llama_cpp)  # same quiet logging as localgen, so the comparison is only the loop
     llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,

@@ -235,7 +235,7 @@ def assert_same_greedy_text(got: list[str], want: list[str], why: str) -> None:
     paths computes a row with the same kernels. A GPU's kernels change with the batch's shape and with where
     the layers sit, and a near tie can then go the other way some tokens in: there each answer must still
     begin as its counterpart does (its first 16 characters, or all of a shorter one)."""
-    from localgen.engine.devices import has_gpu
+    from localgen.native.devices import has_gpu
 
     if has_gpu():
         assert len(got) == len(want), why

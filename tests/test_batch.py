@@ -221,8 +221,8 @@ def test_weight_types_decide_how_many_rows_an_exact_call_takes(smollm2_path: Pat
                                                              tmp_path: Path) -> None:
     import ctypes
 
-    from localgen.engine.lib import lib
     from localgen.models.gguf_meta import read_summary
+    from localgen.native.lib import lib
 
     assert read_summary(str(smollm2_path)).exact_rows == 0  # Q4_1 and a Q8_0 embedding: any width
     assert read_summary(str(gemma_path)).exact_rows == 7  # Q4_K and Q6_K: ggml's tiled matmul from 8 rows

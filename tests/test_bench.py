@@ -134,14 +134,15 @@ def test_sweep_flags_reach_the_records_and_llama_cpp(benv: dict[str, str], monke
     # for, as llama.cpp itself reports it (its getters, and its log of the context and the KV cache it built).
     from localgen.bench import runner
     from localgen.cli.bench import _plan
-    from localgen.engine import logs
     from localgen.engine.bench import BenchContext
+    from localgen.native import logs
+    from localgen.native.lib import lib
 
     seen: set[tuple[int, int, bool, str, int]] = set()
     measure = BenchContext.prompt
 
     def prompt(self: BenchContext, n: int) -> float:
-        lc, ctx, log = self.lc, self.ctx, "\n".join(logs.lines(last=1000))
+        lc, ctx, log = lib(), self.ctx, "\n".join(logs.lines(last=1000))
         fa = re.findall(r"llama_context: flash_attn += (\w+)", log)[-1]
         k = re.findall(r"llama_kv_cache: size = .* K \((\w+)\)", log)[-1]
         assert lc.llama_n_threads(ctx) == lc.llama_n_threads_batch(ctx)

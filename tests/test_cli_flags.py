@@ -93,7 +93,8 @@ def test_chat_ctx_bounds_the_window_of_a_server_that_reports_none(home: Path, fa
 def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """`serve` up to the point where it would load models and listen: what it built is kept here."""
     from localgen.cli import serve as serve_cli
-    from localgen.engine import batchmode, devices
+    from localgen.engine import batchmode
+    from localgen.native import devices
     from localgen.serve import app as serve_app
 
     got: dict[str, Any] = {}

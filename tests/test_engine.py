@@ -98,7 +98,7 @@ def test_ctrl_c_inside_a_llama_cpp_log_callback_is_raised_after_it(smollm2_engin
     import signal
 
     from localgen.cli import main
-    from localgen.engine import logs
+    from localgen.native import logs
 
     class Interrupting:
         def write(self, s: str) -> int:

@@ -118,7 +118,9 @@ def test_load_settings_reach_llama_cpp(cli: CLI, smollm2_path: Path) -> None:
 
     engine = Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=256, n_threads=1, n_threads_batch=1))
     try:
-        lc = engine.lib
+        from localgen.native.lib import lib
+
+        lc = lib()
         assert (lc.llama_n_threads(engine.ctx), lc.llama_n_threads_batch(engine.ctx)) == (1, 1)
     finally:
         engine.close()
@@ -157,7 +159,7 @@ def test_physical_cores_count_cores_not_siblings(monkeypatch: pytest.MonkeyPatch
 
 
 def test_repacking_by_default_only_where_it_pays(cli: CLI, gemma_path: Path) -> None:
-    from localgen.engine.lib import default_repack
+    from localgen.engine.defaults import default_repack
     from localgen.models.gguf_meta import read_summary
     from localgen.types import LoadParams, ModelRef
 

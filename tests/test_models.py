@@ -343,8 +343,8 @@ def test_pull_list_shows_fit_and_recommendation(env: dict[str, str], hub: hub_se
     doc = json.loads(r.stdout)
     rows = {q["quantization"]: q for q in doc["quantizations"]}
     assert set(rows) == {"Q4_1", "Q8_0"}
-    from localgen.engine.devices import backend_info
     from localgen.models.fit import this_machine
+    from localgen.native.devices import backend_info
 
     machine = this_machine(bool(backend_info()["gpu_offload"]))  # on a GPU machine the small model fits there
     expected = "full GPU" if machine.offload and machine.gpu_free > rows["Q4_1"]["memory"] else "CPU only"

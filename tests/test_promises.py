@@ -369,7 +369,7 @@ def test_localgen_environment_variables(cli_env: dict[str, str], smollm2_path: P
 
 
 def test_doctor_exits_1_when_a_gpu_cannot_be_used(cli_env: dict[str, str], tmp_path: Path) -> None:
-    from localgen.engine.devices import backend_info
+    from localgen.native.devices import backend_info
 
     if backend_info()["gpu_offload"]:
         pytest.skip("this build can use a GPU")

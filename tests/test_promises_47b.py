@@ -36,7 +36,7 @@ def test_serve_with_rpc_exits_1_with_one_line_when_its_rpc_server_dies(cli: CLI,
     ... you get one line — `localgen: error: llama.cpp stopped: Remote RPC server crashed or returned
     malformed response` — and exit status 1 ... a `serve` with `--rpc` exits too, and a supervisor has to
     restart it.
-    Broken once (sitecustomize making `localgen.engine.lib._install_abort_handler` a no-op): serve died of
+    Broken once (sitecustomize making `localgen.native.lib._install_abort_handler` a no-op): serve died of
     SIGABRT (status -6), and this test failed on the exit status."""
     rpc, endpoint = _start(cli)
     server: Server | None = None

@@ -243,7 +243,7 @@ def test_fan_out_keeps_order_and_survives_a_dead_server(cli: CLI, two: tuple[Ser
 @pytest.mark.parametrize("gpu", [False, True])
 def test_greedy_texts_from_two_paths_must_agree_or_on_a_gpu_begin_alike(monkeypatch: pytest.MonkeyPatch,
                                                                        gpu: bool) -> None:
-    from localgen.engine import devices
+    from localgen.native import devices
 
     monkeypatch.setattr(devices, "has_gpu", lambda: gpu)
     same = "The number 3 is a prime number, the second"

@@ -1,4 +1,4 @@
-"""engine/sampling.py's shortcuts choose what llama_sampler_sample's pass over the whole vocabulary chooses:
+"""native/sampler.py's shortcuts choose what llama_sampler_sample's pass over the whole vocabulary chooses:
 the argmax for a greedy chain, a top-k chain given only the logits that can survive top-k. Checked on real
 logits (SmolLM2, 49,152 tokens) and on rows made to tie, seed by seed."""
 
@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from localgen.engine import sampling
 from localgen.engine.batch import ParallelContext
+from localgen.native import sampler as sampling
+from localgen.native.lib import lib
 from localgen.types import SamplingParams
 
 
@@ -26,18 +27,18 @@ def decoded(smollm2_engine: Any) -> Any:
         for pos, t in enumerate(toks):
             pc.add(t, pos, slot, pos == len(toks) - 1)
     pc.decode(4)
-    rows = [i for i in range(pc.batch.n_tokens) if pc.batch.logits[i]]
+    rows = [i for i in range(pc.batch.n_tokens) if pc.batch.wants_logits(i)]
     yield pc, rows
     pc.close()
 
 
 def _both(pc: Any, s: SamplingParams, seed: int, row: int, draws: int = 3) -> tuple[list[int], list[int]]:
     """`draws` tokens from the same logits row by the full pass and by pick, each with a fresh chain."""
-    lc, n_vocab = pc.lc, pc.n_vocab
+    lc, n_vocab = lib(), pc.n_vocab
     full, short = pc.sampler(s, seed), pc.sampler(s, seed)
     try:
         a = [int(lc.llama_sampler_sample(full.ptr, pc.ctx, row)) for _ in range(draws)]
-        b = [sampling.pick(lc, pc.ctx, short, row, n_vocab, top_k=True) for _ in range(draws)]
+        b = [sampling.pick(pc.ctx, short, row, n_vocab, top_k=True) for _ in range(draws)]
     finally:
         lc.llama_sampler_free(full.ptr)
         lc.llama_sampler_free(short.ptr)
@@ -69,14 +70,14 @@ def test_greedy_shortcut_is_the_greedy_stage(decoded: Any) -> None:
 def test_banned_end_of_generation_tokens_stay_banned(decoded: Any) -> None:
     """ignore_eos bans the end tokens with a bias of -inf; the greedy shortcut masks them the same way."""
     pc, rows = decoded
-    lc = pc.lc
+    lc = lib()
     for row in rows:
         best = int(np.argmax(pc.logits(row)))
         full = pc.sampler(SamplingParams(temperature=0.0, logit_bias=((best, float("-inf")),)), 0)
         short = sampling.Chain(pc.sampler(SamplingParams(temperature=0.0), 0).ptr, sampling.GREEDY, 40, (best,))
         try:
             a = int(lc.llama_sampler_sample(full.ptr, pc.ctx, row))
-            b = sampling.pick(lc, pc.ctx, short, row, pc.n_vocab)
+            b = sampling.pick(pc.ctx, short, row, pc.n_vocab)
         finally:
             lc.llama_sampler_free(full.ptr)
             lc.llama_sampler_free(short.ptr)
@@ -104,7 +105,7 @@ def test_top_k_shortcut_bans_what_ignore_eos_bans(decoded: Any) -> None:
     tokens): the chain's logit bias bans them there as in the full pass, so the draws are the full pass's and
     never a banned token."""
     pc, rows = decoded
-    lc = pc.lc
+    lc = lib()
     s = SamplingParams(temperature=1.5, ignore_eos=True)
     for row in rows:
         logits = pc.logits(row)
@@ -112,11 +113,11 @@ def test_top_k_shortcut_bans_what_ignore_eos_bans(decoded: Any) -> None:
         ids = sampling.top_k_candidates(logits, s.top_k, banned)
         assert ids is not None and set(banned) <= set(ids.tolist())
         for seed in range(12):
-            full, short = (sampling.build(lc, pc.vocab, pc.n_vocab, s, seed, pc.n_ctx_seq, banned) for _ in range(2))
+            full, short = (sampling.build(pc.vocab, pc.n_vocab, s, seed, pc.n_ctx_seq, banned) for _ in range(2))
             try:
                 assert short.shortcut == sampling.TOP_K and short.banned == banned
                 a = [int(lc.llama_sampler_sample(full.ptr, pc.ctx, row)) for _ in range(3)]
-                b = [sampling.pick(lc, pc.ctx, short, row, pc.n_vocab, top_k=True) for _ in range(3)]
+                b = [sampling.pick(pc.ctx, short, row, pc.n_vocab, top_k=True) for _ in range(3)]
             finally:
                 lc.llama_sampler_free(full.ptr)
                 lc.llama_sampler_free(short.ptr)
@@ -132,11 +133,11 @@ def test_top_k_shortcut_only_where_allowed(decoded: Any) -> None:
     ref = pc.sampler(s, 7)
     try:
         assert chain.shortcut == sampling.TOP_K
-        got = [sampling.pick(pc.lc, pc.ctx, chain, rows[0], pc.n_vocab) for _ in range(4)]
-        want = [int(pc.lc.llama_sampler_sample(ref.ptr, pc.ctx, rows[0])) for _ in range(4)]
+        got = [sampling.pick(pc.ctx, chain, rows[0], pc.n_vocab) for _ in range(4)]
+        want = [int(lib().llama_sampler_sample(ref.ptr, pc.ctx, rows[0])) for _ in range(4)]
     finally:
-        pc.lc.llama_sampler_free(chain.ptr)
-        pc.lc.llama_sampler_free(ref.ptr)
+        lib().llama_sampler_free(chain.ptr)
+        lib().llama_sampler_free(ref.ptr)
     assert got == want
 
 
@@ -194,11 +195,11 @@ def test_logits_views_follow_each_row_and_each_decode(smollm2_engine: Any) -> No
     """logits_row keeps its numpy views by address: every row of every decode reads what llama.cpp holds for
     it then (checked against a fresh view of the bindings' own pointer), as the rows move and the output
     buffer grows."""
-    from localgen.engine.lib import logits_row
+    from localgen.native.lib import logits_row
 
     eng: Any = smollm2_engine
     pc = ParallelContext(eng, 4, 256, pooled=True)
-    lc = pc.lc
+    lc = lib()
 
     def fresh(row: int) -> Any:
         return np.ctypeslib.as_array(lc.llama_get_logits_ith(pc.ctx, row), shape=(pc.n_vocab,)).copy()
@@ -215,11 +216,11 @@ def test_logits_views_follow_each_row_and_each_decode(smollm2_engine: Any) -> No
                 for pos, t in enumerate(seq):
                     pc.add(t, pos, slot, pos == len(seq) - 1)
             pc.decode(n_rows)
-            rows = [i for i in range(pc.batch.n_tokens) if pc.batch.logits[i]]
-            got = [logits_row(lc, pc.ctx, r, pc.n_vocab).copy() for r in rows]
+            rows = [i for i in range(pc.batch.n_tokens) if pc.batch.wants_logits(i)]
+            got = [logits_row(pc.ctx, r, pc.n_vocab).copy() for r in rows]
             for r, g in zip(rows, got, strict=True):
                 assert np.array_equal(g, fresh(r))
-            assert np.array_equal(logits_row(lc, pc.ctx, -1, pc.n_vocab), fresh(-1))
+            assert np.array_equal(logits_row(pc.ctx, -1, pc.n_vocab), fresh(-1))
             assert all(not np.array_equal(got[0], g) for g in got[1:]), "rows differ"
             assert all(not np.array_equal(got[0], s) for s in seen), "each decode's values, not an old one's"
             seen.append(got[0])

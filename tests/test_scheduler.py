@@ -14,6 +14,7 @@ from localgen.engine.batch import ParallelContext
 from localgen.engine.batchmode import batching_mode, exact_price
 from localgen.engine.batchseq import Request
 from localgen.engine.scheduler import Finished, Scheduler
+from localgen.native.lib import lib
 from localgen.types import SamplingParams
 
 PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",
@@ -109,7 +110,7 @@ def test_a_step_lays_its_rows_out_in_slot_order_whatever_slots_the_prompts_got(s
             sched.add(r)
         while not sched.idle:
             _finished(sched.step(), done)
-            calls.append([int(pc.batch.seq_id[i][0]) for i in range(pc.batch.n_tokens)])
+            calls.append([pc.batch.seq(i) for i in range(pc.batch.n_tokens)])
             slots.update({seq.req.index: slot for slot, seq in sched.active.items()})
 
     try:
@@ -147,7 +148,7 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
     sched.add(Request(0, first, _greedy(3)))
     done: dict[int, Any] = {}
     positions: list[int] = []  # where request 1's cells begin, after each step
-    mem = pc.lc.llama_get_memory(pc.ctx)
+    mem = lib().llama_get_memory(pc.ctx)
     try:
         while not sched.idle:
             _finished(sched.step(), done)
@@ -156,7 +157,7 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
                 sched.add(Request(1, second, _greedy(12)))
             if now.get(1) == 2 and 2 not in now:  # slot 0 is free again: it takes another prompt
                 sched.add(Request(2, other, _greedy(2)))
-            positions += [int(pc.lc.llama_memory_seq_pos_min(mem, slot)) for slot, seq in sched.active.items()
+            positions += [int(lib().llama_memory_seq_pos_min(mem, slot)) for slot, seq in sched.active.items()
                           if seq.req.index == 1]
     finally:
         pc.close()
@@ -321,7 +322,7 @@ def test_exactness_is_the_default_only_where_it_is_free(kw: dict[str, Any], thro
 
 
 def test_smollm2_here_batches_for_throughput_by_default(smollm2_engine: object) -> None:
-    from localgen.engine.devices import has_gpu
+    from localgen.native.devices import has_gpu
 
     mode = batching_mode(smollm2_engine, None)  # type: ignore[arg-type]
     assert mode.throughput and ("GPU" if has_gpu() else "flash attention") in mode.why

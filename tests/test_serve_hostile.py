@@ -224,7 +224,9 @@ def test_the_model_is_warmed_up_in_the_thread_that_decodes(smollm2_path: Path) -
             time.sleep(0.02)
         assert w.pc.warmed_in == w.thread.ident != threading.get_ident()
         assert w.backend.engine._template is not None, "the chat template compiled before any request"
-        lc, pc = w.pc.lc, w.pc
+        from localgen.native.lib import lib
+
+        lc, pc = lib(), w.pc
         mem = lc.llama_get_memory(pc.ctx)
         assert [lc.llama_memory_seq_pos_max(mem, q) for q in range(2)] == [-1, -1], "the warm-up left no cells"
         assert not pc.slots.held
@@ -436,7 +438,7 @@ def test_keep_alive_inf_and_nan_are_400s_and_ps_still_answers(child: Server) -> 
     assert r.status_code == 200
     ps = httpx.get(f"{child.url}/api/ps", timeout=30)
     assert ps.status_code == 200 and ps.json()["models"][0]["expires_at"].startswith(("2", "3"))
-    from localgen.engine.devices import has_gpu
+    from localgen.native.devices import has_gpu
 
     vram = ps.json()["models"][0]["size_vram"]
     assert vram > 50_000_000 if has_gpu() else vram == 0, "the weights on the GPU (none without one)"

@@ -24,7 +24,7 @@ NOT_LOADED = (
     "localgen.tools.loop", "localgen.tools.plan", "localgen.tools.formats", "localgen.tools.spec",
     "localgen.tools.functions", "localgen.tools.mcp", "localgen.cli.toolflow", "localgen.remote",
     "localgen.media", "localgen.media_headers", "localgen.fetch", "localgen.serve", "localgen.chat",
-    "localgen.bench", "localgen.embeddings", "localgen.engine.speculative", "localgen.engine.mtmd",
+    "localgen.bench", "localgen.embeddings", "localgen.engine.speculative", "localgen.native.mtmd",
     "localgen.engine.embed", "localgen.engine.batch", "localgen.engine.scheduler", "localgen.engine.beams",
     "localgen.cli.logs", "localgen.cli.serve", "localgen.cli.chat", "localgen.sqlitedb",
     "sqlite_utils", "httpx", "httpcore", "starlette", "uvicorn", "sse_starlette", "pydantic", "huggingface_hub",

@@ -29,7 +29,7 @@ def system_info() -> dict[str, Any]:
     """The machine and build, for the header and every record."""
     import localgen
     from localgen import hardware
-    from localgen.engine.devices import backend_info
+    from localgen.native.devices import backend_info
 
     b = backend_info()
     gpus = hardware.gpus()

@@ -219,7 +219,7 @@ def records_jsonl(recs: list[dict[str, Any]]) -> str:
 def _plan(**flags: Any) -> Any:
     """The sweep: every combination of the flags' values, with llama-bench's defaults."""
     from localgen.bench import sweep
-    from localgen.engine.devices import backend_info
+    from localgen.native.devices import backend_info
     from localgen.types import KV_CACHE_TYPES
 
     offload = bool(backend_info()["gpu_offload"])

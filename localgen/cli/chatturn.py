@@ -153,9 +153,9 @@ def _cancel_on_sigint(runner: Any) -> Iterator[Callable[[], bool]]:
         presses += 1
         runner.stop()
         if presses > 1:
-            logs = sys.modules.get("localgen.engine.logs")
+            logs = sys.modules.get("localgen.native.logs")
             if logs is not None and logs.defer_interrupt(frame):
-                return  # raised once llama.cpp returns (engine/logs.py)
+                return  # raised once llama.cpp returns (native/logs.py)
             raise KeyboardInterrupt
 
     try:

@@ -28,7 +28,7 @@ def doctor(
     """Check this machine and this build; exit 1 if something needs fixing."""
     import localgen
     from localgen import hardware
-    from localgen.engine.devices import backend_info
+    from localgen.native.devices import backend_info
     from localgen.units import format_bytes
 
     problems = 0
@@ -51,7 +51,7 @@ def doctor(
           f"{'yes' if offload else 'no (CPU-only build)'} · mmap: {'yes' if info['mmap'] else 'no'} · RPC: "
           f"{'yes' if info['rpc'] else 'no'}")
     print(f"features  {info['system_info']}")
-    from localgen.engine.mtmd import available
+    from localgen.native.mtmd import available
 
     missing = available()
     if missing:
@@ -74,8 +74,8 @@ def doctor(
 
 def _check_rpc(servers: tuple[str, ...]) -> int:
     """Each RPC server: reachable, same protocol, and the devices it brings."""
-    from localgen.engine import devices
     from localgen.errors import LocalgenError
+    from localgen.native import devices
 
     problems = 0
     for endpoint in servers:
@@ -101,10 +101,10 @@ def settings_line(params: Any, origins: dict[str, str]) -> str:
 
 
 def _smoke_test(gpu: bool, rpc: tuple[str, ...] = ()) -> int:
-    from localgen.engine import logs
     from localgen.engine.llama import Engine
     from localgen.errors import LocalgenError
     from localgen.models.resolve import resolve
+    from localgen.native import logs
     from localgen.types import LoadParams, SamplingParams
 
     try:

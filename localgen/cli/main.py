@@ -77,7 +77,7 @@ def _watch_sigint() -> None:
 
     def on_sigint(signum: int, frame: Any) -> None:
         _sigint["seen"] = True
-        logs = sys.modules.get("localgen.engine.logs")  # not loaded: no llama.cpp callback can be running
+        logs = sys.modules.get("localgen.native.logs")  # not loaded: no llama.cpp callback can be running
         if logs is not None and logs.defer_interrupt(frame):
             return  # raised once llama.cpp returns: an exception cannot cross its C frames
         raise KeyboardInterrupt

@@ -87,9 +87,9 @@ def _pull_embedded(name: str, model: Any, list_quants: bool, json_out: bool) -> 
 
 
 def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
-    from localgen.engine.devices import backend_info
     from localgen.models import fit, hub, store
     from localgen.models.quant import group_options, rank
+    from localgen.native.devices import backend_info
 
     s = target.spec
     listing = hub.list_repo(s.repo, s.revision)

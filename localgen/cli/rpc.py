@@ -28,7 +28,7 @@ def rpc_server(
     from localgen import hardware, paths
     from localgen.cli.main import is_loopback
     from localgen.cli.output import ErrWriter
-    from localgen.engine import devices
+    from localgen.native import devices
 
     err = ErrWriter()
     if not is_loopback(host):

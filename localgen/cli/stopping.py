@@ -25,9 +25,9 @@ def stop_on_sigint() -> Iterator[Callable[[], None]]:
         nonlocal presses
         presses += 1
         if presses > 1:
-            logs = sys.modules.get("localgen.engine.logs")
+            logs = sys.modules.get("localgen.native.logs")
             if logs is not None and logs.defer_interrupt(frame):
-                return  # raised once llama.cpp returns (engine/logs.py)
+                return  # raised once llama.cpp returns (native/logs.py)
             raise KeyboardInterrupt
 
     def check() -> None:

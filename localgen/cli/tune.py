@@ -89,9 +89,9 @@ class _Plan:
 
 def _plan(ref: Any, depth: int | None) -> _Plan:
     from localgen import hardware
-    from localgen.engine import devices
     from localgen.engine.defaults import resolve
     from localgen.errors import UsageError
+    from localgen.native import devices
     from localgen.types import LoadParams
 
     rule, _ = resolve(ref, LoadParams(), cpu_only=False, use_records=False)

@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from localgen.backend import Completion
-from localgen.engine import logs, sampling
 from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact, next_span
-from localgen.engine.lib import logits_row
 from localgen.engine.slots import Slots
 from localgen.errors import LocalgenError
+from localgen.native import context, logs
+from localgen.native import model as native_model
+from localgen.native import sampler as chains
+from localgen.native import vocab as native_vocab
+from localgen.native.batch import Batch
+from localgen.native.lib import logits_row
+from localgen.native.prompt import spans_of
 from localgen.types import KV_CACHE_TYPES, SamplingParams
 
 if TYPE_CHECKING:
@@ -42,19 +47,16 @@ class ParallelContext:
         per slot, shared by all (the throughput scheduler); else each slot its own stream of cells.
         `cache_ram`: bytes of host memory for slot states saved before a slot is reused (engine/hostcache.py;
         -1 no limit, 0 none); used where requests run with `reuse`."""
-        lc = engine.lib
-        self.lc = lc
         self.engine = engine
         self.n_parallel = n_parallel
         self.n_ctx_seq = -(-n_ctx_per_seq // 256) * 256
-        p = lc.llama_context_default_params()
         prm = engine.params
         # unified: one pool of cells shared by all sequences (sequence copies share cells: beam search)
-        p.n_ctx = self.n_ctx_seq if unified else self.n_ctx_seq * n_parallel
+        n_ctx = self.n_ctx_seq if unified else self.n_ctx_seq * n_parallel
         self.n_chunk = engine.n_batch  # prompt chunk per llama_decode, as in the single-stream path
         # the throughput scheduler takes up to llama-server's n_batch (2048) tokens per step, in ubatches
-        p.n_batch = max(prm.n_batch, n_parallel, 2048 if pooled else 0)
-        p.n_ubatch = max(min(prm.n_ubatch, p.n_batch), 1)
+        n_batch = max(prm.n_batch, n_parallel, 2048 if pooled else 0)
+        n_ubatch = max(min(cast(int, prm.n_ubatch), n_batch), 1)  # resolved at load
         self.pooled = pooled
         # the throughput scheduler's tokens per step: one ubatch (one pass over the weights) on a GPU, so a
         # burst of prompts costs each running stream one such pass per step, never a whole burst's. On a CPU a
@@ -62,39 +64,37 @@ class ParallelContext:
         # the running streams, it only spreads it over more of their tokens (and delays the new ones' first
         # token): a whole n_batch per step, as llama-server takes. (Small steps spread a burst's stall over
         # many of the streams' steps: docs/benchmarks.md, Costs noted in the code.)
-        self.step_tokens = int(p.n_ubatch) if engine.offloaded else int(p.n_batch)
-        p.n_seq_max = n_seq_max or n_parallel
-        p.n_threads = prm.n_threads
-        p.n_threads_batch = prm.n_threads_batch
-        p.flash_attn_type = 1 if engine.flash_attn else 0
-        p.type_k = KV_CACHE_TYPES[prm.cache_type_k]
-        p.type_v = KV_CACHE_TYPES[prm.cache_type_v]
+        self.step_tokens = n_ubatch if engine.offloaded else n_batch
         # the throughput scheduler's cells: one pool on a GPU; on a CPU each slot its own stream, as
         # llama-server -np N keeps them, since in a pool every row's attention spans every slot's cells
         # (decoding steps are slower in a pool: docs/benchmarks.md, Costs inside a step)
         self.one_pool = unified or (pooled and engine.offloaded)
-        p.kv_unified = self.one_pool  # otherwise each sequence gets its own n_ctx_seq window
-        p.no_perf = False
-        self.ctx = lc.llama_init_from_model(engine.model_ptr, p)
+        self.ctx = context.new(
+            engine.model_ptr, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max or n_parallel,
+            n_threads=prm.n_threads, n_threads_batch=prm.n_threads_batch,
+            flash_attn_type=1 if engine.flash_attn else 0, type_k=KV_CACHE_TYPES[prm.cache_type_k],
+            type_v=KV_CACHE_TYPES[prm.cache_type_v],
+            kv_unified=self.one_pool,  # otherwise each sequence gets its own n_ctx_seq window
+            no_perf=False)
         if not self.ctx:
             raise LocalgenError(f"llama.cpp could not create a context for {n_parallel} sequences",
                                 hint="lower --parallel or --ctx")
-        self.n_batch = int(p.n_batch)
-        self.slots = Slots(lc, self.ctx, share_prefixes, self.one_pool, cache_ram)  # what each slot's cells hold
+        self.n_batch = n_batch
+        self.slots = Slots(self.ctx, share_prefixes, self.one_pool, cache_ram)  # what each slot's cells hold
         self.turn = -1  # the slot served last when exact sequences take turns (groups)
         self.steps = 0  # generation llama_decode calls, and the rows they carried
         self.rows = 0
         self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
         self.warmed_in: int | None = None  # the thread that ran warm_up (its OpenMP team decodes)
-        self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self.batch = Batch(self.n_batch)
         self.vocab = engine.vocab
         self.n_vocab = engine.n_vocab
 
     def close(self) -> None:
         """Free the context and batch."""
         if self.ctx:
-            self.lc.llama_batch_free(self.batch)
-            self.lc.llama_free(self.ctx)
+            self.batch.free()
+            context.free(self.ctx)
             self.ctx = None
 
     def warm_up(self, eog: bool = True) -> None:
@@ -106,17 +106,16 @@ class ParallelContext:
         first token is then the later ones' (docs/benchmarks.md, Warm-up; the scan: Costs noted in the code)."""
         import numpy  # noqa: F401  (sampling's first pick imports it)
 
-        lc = self.lc
-        if self.engine.encoder_only or lc.llama_model_has_encoder(self.engine.model_ptr):
+        if self.engine.encoder_only or native_model.has_encoder(self.engine.model_ptr):
             return  # no decoder to warm (T5 would need an encode first, as llama.cpp's warm-up does)
-        tokens = [t for t in (lc.llama_vocab_bos(self.vocab), lc.llama_vocab_eos(self.vocab)) if t >= 0] or [0]
+        tokens = [t for t in (native_vocab.bos(self.vocab), native_vocab.eos(self.vocab)) if t >= 0] or [0]
         self.batch.n_tokens = 0
         for k, t in enumerate(tokens):
             self.add(t, k, 0, k == len(tokens) - 1)
         self.decode(1)
-        lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
-        lc.llama_synchronize(self.ctx)
-        lc.llama_perf_context_reset(self.ctx)
+        context.clear(context.memory(self.ctx), True)
+        context.synchronize(self.ctx)
+        context.reset_perf(self.ctx)
         self.batch.n_tokens = 0
         if eog:
             _ = self.engine.eog_tokens
@@ -124,26 +123,18 @@ class ParallelContext:
 
     def clear(self, seq: int = -1) -> None:
         """Forget one sequence's KV entries (all with -1)."""
-        self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), seq, -1, -1)
+        context.seq_rm(context.memory(self.ctx), seq, -1, -1)
 
     def sampler(self, s: SamplingParams, seed: int, history: list[int] | tuple[int, ...] = ()) -> Any:
         """A sampler chain with the single-stream path's stages and order."""
         eog = self.engine.eog_tokens if s.ignore_eos else ()
-        return sampling.build(self.lc, self.vocab, self.n_vocab, s, seed, self.n_ctx_seq, eog, history)
+        return chains.build(self.vocab, self.n_vocab, s, seed, self.n_ctx_seq, eog, history)
 
     def logits(self, row: int) -> Any:
-        return logits_row(self.lc, self.ctx, row, self.n_vocab)
+        return logits_row(self.ctx, row, self.n_vocab)
 
     def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
-        b = self.batch
-        i = b.n_tokens
-        b.token[i] = token
-        b.pos[i] = pos
-        b.n_seq_id[i] = 1
-        b.seq_id[i][0] = seq
-        b.logits[i] = 1 if logits else 0
-        b.n_tokens = i + 1
-        return int(i)
+        return self.batch.add(token, pos, seq, logits)
 
     def run(self, requests: Iterator[Request] | Callable[[bool], Any], on_done: Callable[[Completion], None],
             should_stop: Callable[[], bool] = lambda: False, exact: bool | None = None,
@@ -209,7 +200,7 @@ class ParallelContext:
     def media(self, tokens: list[int], slot: int, pos: int) -> int:
         """Evaluate into the slot the media spans that start at `pos`; returns the position after them (`pos`
         when none starts there). The caller records them as held."""
-        spans = getattr(tokens, "spans", {})
+        spans = spans_of(tokens)
         while pos in spans:
             spans[pos].evaluate(self.ctx, pos, slot, self.n_batch)
             pos += spans[pos].n_pos
@@ -238,7 +229,7 @@ class ParallelContext:
         return end, row
 
     def decode(self, n_seqs: int) -> None:
-        rc = self.lc.llama_decode(self.ctx, self.batch)
+        rc = context.decode(self.ctx, self.batch)
         if rc != 0:
             raise LocalgenError(f"llama_decode failed ({rc}) with {n_seqs} sequence{'s' if n_seqs != 1 else ''}",
                                 hint="lower --parallel or raise --ctx")

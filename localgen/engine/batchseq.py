@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from localgen.backend import Completion
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import PromptTooLong
+from localgen.native.prompt import spans_of
 from localgen.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def new_seed() -> int:
 
 def next_span(tokens: list[int], start: int) -> int:
     """Where the next media span at or after `start` begins (len(tokens) when none)."""
-    spans = getattr(tokens, "spans", None)
+    spans = spans_of(tokens)
     if not spans:
         return len(tokens)
     return min((s for s in spans if s >= start), default=len(tokens))

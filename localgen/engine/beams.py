@@ -9,9 +9,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localgen.engine.lib import logits_row
 from localgen.engine.sequence import decode_all
 from localgen.errors import ContextOverflowError, LocalgenError
+from localgen.native import context
+from localgen.native import vocab as native_vocab
+from localgen.native.lib import logits_row
 
 if TYPE_CHECKING:
     from localgen.engine.batch import ParallelContext
@@ -86,8 +88,8 @@ def search(engine: Engine, prompt: list[int], n_beams: int, max_new: int, length
 def _steps(engine: Engine, pc: ParallelContext, n_prompt: int, row: int, n_beams: int, max_new: int,
            stop: tuple[str, ...]) -> tuple[list[Hypothesis], list[Hypothesis], int]:
     """Grow the beams step by step; returns (live hypotheses, finished ones, tokens decoded)."""
-    lc, ctx = pc.lc, pc.ctx
-    mem = lc.llama_get_memory(ctx)
+    ctx = pc.ctx
+    mem = context.memory(ctx)
     live: list[tuple[Hypothesis, int, int]] = [(Hypothesis([], 0.0), 0, row)]  # (hyp, seq id, logits row)
     done: list[Hypothesis] = []
     bank = decoded = 0
@@ -101,21 +103,21 @@ def _steps(engine: Engine, pc: ParallelContext, n_prompt: int, row: int, n_beams
                 break
             parent, pseq, _ = live[li]
             h = Hypothesis([*parent.tokens, tok], lp)
-            if lc.llama_vocab_is_eog(pc.vocab, tok):
+            if native_vocab.is_eog(pc.vocab, tok):
                 h.tokens.pop()
                 h.finish_reason = "eos"
                 done.append(h)
                 continue
             seq = bank * n_beams + len(chosen)
-            lc.llama_memory_seq_rm(mem, seq, -1, -1)
-            lc.llama_memory_seq_cp(mem, pseq, seq, -1, -1)
+            context.seq_rm(mem, seq, -1, -1)
+            context.seq_cp(mem, pseq, seq, -1, -1)
             chosen.append((h, seq, pc.add(tok, n_prompt + step, seq, True)))
         for _h, pseq, _r in live:
-            lc.llama_memory_seq_rm(mem, pseq, -1, -1)
+            context.seq_rm(mem, pseq, -1, -1)
         live = chosen
         if not live or len(done) >= n_beams or step + 1 == max_new:
             break
-        _decode(lc, ctx, pc.batch)
+        _decode(ctx, pc.batch)
         decoded += len(live)
         if stop and all(decode_all(engine.piece, h.tokens, stop)[1] for h, _s, _r in live):
             break
@@ -129,7 +131,7 @@ def _candidates(pc: ParallelContext, live: list[tuple[Hypothesis, int, int]],
 
     cands: list[tuple[float, int, int]] = []
     for li, (h, _seq, row) in enumerate(live):
-        logits = logits_row(pc.lc, pc.ctx, row, pc.n_vocab).astype(np.float64)
+        logits = logits_row(pc.ctx, row, pc.n_vocab).astype(np.float64)
         m = logits.max()
         logp = logits - m - np.log(np.exp(logits - m).sum())
         top = np.argpartition(-logp, n_beams)[:n_beams] if pc.n_vocab > n_beams else np.arange(pc.n_vocab)
@@ -138,6 +140,6 @@ def _candidates(pc: ParallelContext, live: list[tuple[Hypothesis, int, int]],
     return cands
 
 
-def _decode(lc: Any, ctx: Any, batch: Any) -> None:
-    if lc.llama_decode(ctx, batch) != 0:
+def _decode(ctx: Any, batch: Any) -> None:
+    if context.decode(ctx, batch) != 0:
         raise LocalgenError("llama_decode failed during beam search", hint="fewer --beams or a larger --ctx")

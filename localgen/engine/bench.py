@@ -4,13 +4,14 @@ with no sampling and no end-of-generation check."""
 
 from __future__ import annotations
 
-import ctypes
 import random
 import time
 from typing import TYPE_CHECKING
 
-from localgen.engine import logs
 from localgen.errors import LocalgenError
+from localgen.native import batch as native_batch
+from localgen.native import context, logs
+from localgen.native import model as native_model
 from localgen.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ class BenchContext:
 
     def __init__(self, engine: Engine, seed: int = 1234) -> None:
         self.engine = engine
-        self.lc = engine.lib
         self.ctx = engine.ctx
         self.n_batch = engine.params.n_batch
         self.n_vocab = engine.n_vocab
@@ -34,9 +34,8 @@ class BenchContext:
         self.engine.clear()
 
     def _decode(self, tokens: list[int]) -> None:
-        arr = (self.lc.llama_token * len(tokens))(*tokens)
-        batch = self.lc.llama_batch_get_one(arr, len(tokens))
-        rc = self.lc.llama_decode(self.ctx, batch)
+        batch, _keep = native_batch.of_tokens(tokens)
+        rc = context.decode(self.ctx, batch)
         if rc != 0:
             raise LocalgenError(f"llama_decode failed ({rc}) during the benchmark", hint="try a smaller size or --ctx")
         logs.raise_deferred()
@@ -51,7 +50,7 @@ class BenchContext:
         t0 = time.perf_counter()
         for i in range(0, n, self.n_batch):
             self._decode(toks[i:i + self.n_batch])
-        self.lc.llama_synchronize(self.ctx)
+        context.synchronize(self.ctx)
         return time.perf_counter() - t0
 
     def generate(self, n: int) -> list[float]:
@@ -61,7 +60,7 @@ class BenchContext:
         for _ in range(n):
             t0 = time.perf_counter()
             self._decode([tok])
-            self.lc.llama_synchronize(self.ctx)
+            context.synchronize(self.ctx)
             times.append(time.perf_counter() - t0)
             tok = self.rng.randrange(self.n_vocab)
         return times
@@ -71,10 +70,7 @@ def model_desc(engine: Engine) -> str:
     """llama.cpp's description of the model, e.g. "llama 135M Q4_1" (llama-bench's model_type), with the size
     word corrected when it is not the parameter count: llama.cpp guesses it from the layer count and vocabulary
     (32 layers and a 49,152-token vocabulary read "3B" whatever the width)."""
-    lc = engine.lib
-    buf = ctypes.create_string_buffer(256)
-    lc.llama_model_desc(engine.model_ptr, buf, len(buf))
-    return fix_size_word(buf.value.decode("utf-8", errors="replace"), int(lc.llama_model_n_params(engine.model_ptr)))
+    return fix_size_word(native_model.desc(engine.model_ptr), native_model.n_params(engine.model_ptr))
 
 
 def fix_size_word(desc: str, n_params: int) -> str:
@@ -93,8 +89,7 @@ def fix_size_word(desc: str, n_params: int) -> str:
 
 def model_size(engine: Engine) -> tuple[int, int]:
     """(bytes of weights, parameters), as llama.cpp counts them."""
-    lc = engine.lib
-    return int(lc.llama_model_size(engine.model_ptr)), int(lc.llama_model_n_params(engine.model_ptr))
+    return native_model.size(engine.model_ptr), native_model.n_params(engine.model_ptr)
 
 
 def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.Random,
@@ -104,7 +99,6 @@ def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.R
     one token per sequence together. Returns (prompt seconds, generation seconds)."""
     from localgen.engine.batchseq import Request
 
-    lc = pc.lc
     n = pc.n_parallel
     pc.clear()
     pc.slots.reset()
@@ -112,13 +106,13 @@ def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.R
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     t0 = time.perf_counter()
     pc.run(iter([Request(i, p, one) for i, p in enumerate(prompts)]), lambda c: None, exact=exact)
-    lc.llama_synchronize(pc.ctx)
+    context.synchronize(pc.ctx)
     t1 = time.perf_counter()
     for step in range(n_gen):
         pc.batch.n_tokens = 0
         for s in range(n):
             pc.add(rng.randrange(pc.n_vocab), n_prompt + step, s, True)
-        if lc.llama_decode(pc.ctx, pc.batch) != 0:
+        if context.decode(pc.ctx, pc.batch) != 0:
             raise LocalgenError("llama_decode failed in the parallel benchmark", hint="lower --parallel")
-    lc.llama_synchronize(pc.ctx)
+    context.synchronize(pc.ctx)
     return t1 - t0, time.perf_counter() - t1

@@ -9,7 +9,6 @@ import hashlib
 from typing import Any
 
 from localgen import hardware, tuning
-from localgen.engine.lib import default_repack
 from localgen.types import LoadParams, ModelRef
 
 UBATCH = 512  # llama.cpp's default physical batch
@@ -18,17 +17,16 @@ UBATCH = 512  # llama.cpp's default physical batch
 @functools.cache
 def build_id() -> str:
     """This llama.cpp build: the bindings' version and a digest of what llama.cpp says it was built with."""
-    from localgen.engine.lib import lib
+    from localgen.native.lib import system_info, version
 
-    lc = lib()
-    info = lc.llama_print_system_info().decode("utf-8", errors="replace").strip()
-    return f"llama-cpp-python {lc.__version__} · {hashlib.sha256(info.encode()).hexdigest()[:12]}"
+    info = system_info()
+    return f"llama-cpp-python {version()} · {hashlib.sha256(info.encode()).hexdigest()[:12]}"
 
 
 def device_id(offloaded: bool) -> str:
     """The device a load computes on: the CPU (model, cores the process may use), or the GPUs it offloads to."""
     if offloaded:
-        from localgen.engine import devices
+        from localgen.native import devices
 
         names = sorted(d.description or d.name for d in devices.devices()
                        if d.kind in (devices.GPU, devices.IGPU) and not d.name.startswith("RPC"))
@@ -41,7 +39,7 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
     """The settings a load uses (the window rounded to llama.cpp's multiple of 256 and capped at the training
     context unless RoPE scaling stretches it; threads, GPU layers, batch sizes, repacking, flash attention),
     and for each tunable one where it came from: "flag", "tuned on DATE", or "rule: why"."""
-    from localgen.engine import devices
+    from localgen.native import devices
 
     train_ctx = model.summary.context_length
     n_ctx = -(-params.n_ctx // 256) * 256
@@ -99,3 +97,16 @@ def _rules(model: ModelRef, params: LoadParams, n_gpu: int | None,
         "n_threads_batch": (hardware.usable_cores(), "rule: usable cores"),
         "n_ubatch": (UBATCH, "rule: llama.cpp's default"),
     }
+
+
+def default_repack(model: ModelRef, params: LoadParams) -> bool:
+    """Whether to use llama.cpp's repacked CPU weight layouts when the user did not say.
+
+    Repacking speeds up prompt processing for the types it covers, but a model whose repackable share is
+    small gains nothing, and repacked weights compute 4+ rows of a batch differently from fewer, which
+    costs exact batching most of its speed. So: on where at least half the weights are of a repackable
+    type (Q4_0, IQ4_NL, Q4_K on x86 with AVX2; more on ARM), off otherwise and when layers go to a GPU."""
+    if params.n_gpu_layers not in (None, 0):
+        return False
+    share = model.summary.repackable_share
+    return share is None or share >= 0.5

@@ -10,8 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localgen.engine import logs
 from localgen.errors import BadRequest, Cancelled, LocalgenError, PromptTooLong, UsageError
+from localgen.native import context, logs
+from localgen.native import model as native_model
+from localgen.native import vocab as native_vocab
+from localgen.native.batch import Batch
 
 if TYPE_CHECKING:
     from localgen.engine.llama import Engine
@@ -34,37 +37,31 @@ class Embedder:
     else the model's own (embedding models name theirs), else mean (chat models name none)."""
 
     def __init__(self, engine: Engine, pooling: str | None = None, scores: bool = False) -> None:
-        lc = engine.lib
-        self.lc = lc
         self.engine = engine
         n_ctx = engine.n_ctx
-        p = lc.llama_context_default_params()
         prm = engine.params
-        p.n_ctx = n_ctx
-        p.n_batch = n_ctx  # a text must fit one ubatch: models with non-causal attention need it whole
-        p.n_ubatch = n_ctx
-        p.n_seq_max = MAX_SEQS
-        p.kv_unified = True  # every sequence of a batch draws on the same n_ctx cells
-        p.n_threads = prm.n_threads
-        p.n_threads_batch = prm.n_threads_batch
-        p.embeddings = True
-        p.pooling_type = POOLING[pooling] if pooling else -1  # -1: the model's own (its GGUF's pooling_type)
         # prompt-only work: flash attention as given, else llama.cpp's own choice (what llama-embedding does;
         # the tuning record and the rule weigh decoding, which embeddings never do)
         given = engine.origins.get("flash_attn") == "flag"
-        p.flash_attn_type = (1 if engine.flash_attn else 0) if given else -1
-        p.no_perf = True
+        p: dict[str, Any] = dict(
+            n_ctx=n_ctx,
+            n_batch=n_ctx,  # a text must fit one ubatch: models with non-causal attention need it whole
+            n_ubatch=n_ctx, n_seq_max=MAX_SEQS,
+            kv_unified=True,  # every sequence of a batch draws on the same n_ctx cells
+            n_threads=prm.n_threads, n_threads_batch=prm.n_threads_batch, embeddings=True,
+            pooling_type=POOLING[pooling] if pooling else -1,  # -1: the model's own (its GGUF's pooling_type)
+            flash_attn_type=(1 if engine.flash_attn else 0) if given else -1, no_perf=True)
         self.ctx = _context(engine, p)
         self.n_ctx = n_ctx
-        self.pooling = POOLING_NAMES.get(int(lc.llama_pooling_type(self.ctx)), "none")
+        self.pooling = POOLING_NAMES.get(context.pooling_type(self.ctx), "none")
         if scores:
             if self.pooling != "rank":
                 self.close()
                 raise UsageError(f"{engine.model.name} is not a reranker (its pooling is {self.pooling}, not rank)",
                                  hint="use a reranker model, e.g. a bge-reranker GGUF")
         elif self.pooling == "none" and pooling is None:  # a chat model names none: average its tokens
-            lc.llama_free(self.ctx)
-            p.pooling_type = POOLING["mean"]
+            context.free(self.ctx)
+            p["pooling_type"] = POOLING["mean"]
             self.ctx = _context(engine, p)
             self.pooling = "mean"
         if self.pooling == "none":
@@ -76,12 +73,11 @@ class Embedder:
             raise UsageError(f"{engine.model.name} is a reranker: its pooling gives scores, not embeddings",
                              hint="use `localgen rerank`, or --pooling mean, cls or last")
         model = engine.model_ptr
-        self.n_embd = int(lc.llama_model_n_embd_out(model)) if hasattr(lc, "llama_model_n_embd_out") else 0
-        self.n_embd = self.n_embd or int(lc.llama_model_n_embd(model))
+        self.n_embd = native_model.n_embd_out(model)
         if scores:
-            self.n_embd = max(1, int(lc.llama_model_n_cls_out(model)))  # a reranker's output: its scores
-        self.batch = lc.llama_batch_init(n_ctx, 0, 1)
-        self.mem = lc.llama_get_memory(self.ctx)
+            self.n_embd = max(1, native_model.n_cls_out(model))  # a reranker's output: its scores
+        self.batch = Batch(n_ctx)
+        self.mem = context.memory(self.ctx)
         self._query: str | None = None  # the last query pair_tokens found room for, and its splice
         self._splice: _Splice | None = None
         self._abort: Any = None  # the ctypes thunk llama.cpp calls while it computes (abort_when)
@@ -91,20 +87,14 @@ class Embedder:
         says so (the encode then raises Cancelled): a window-long text need not be encoded to its end for an
         absent client. Only for a thread that takes no Ctrl-C (serve's worker): an exception raised in the
         callback could not cross llama.cpp's frames."""
-        lc = self.lc
-        if cancelled is None:
-            lc.llama_set_abort_callback(self.ctx, lc.ggml_abort_callback(0), None)
-            self._abort = None
-            return
-        self._abort = lc.ggml_abort_callback(lambda _data: bool(cancelled()))
-        lc.llama_set_abort_callback(self.ctx, self._abort, None)
+        self._abort = context.set_abort(self.ctx, cancelled)
 
     def close(self) -> None:
         """Free the context."""
         if self.ctx:
             if getattr(self, "batch", None) is not None:
-                self.lc.llama_batch_free(self.batch)
-            self.lc.llama_free(self.ctx)
+                self.batch.free()
+            context.free(self.ctx)
             self.ctx = None
 
     def tokens(self, text: str, truncate: bool = False) -> list[int]:
@@ -140,19 +130,16 @@ class Embedder:
     def _pair_text(self, query: str, document: str) -> str:
         """The pair's text: the model's "rerank" template when it has one, else query, the EOS and SEP texts
         the vocabulary adds, then the document."""
-        import ctypes
-
-        lc, vocab = self.lc, self.engine.vocab
-        template = lc.llama_model_chat_template(self.engine.model_ptr, b"rerank")
-        if template:
-            text = ctypes.string_at(template).decode("utf-8", "replace")
+        vocab = self.engine.vocab
+        text = native_model.chat_template(self.engine.model_ptr, "rerank")
+        if text is not None:
             prompt = text.replace("{query}", query).replace("{document}", document)
         else:
             between = ""
-            if lc.llama_vocab_get_add_eos(vocab):
-                between += self.engine.token_text(int(lc.llama_vocab_eos(vocab)))
-            if lc.llama_vocab_get_add_sep(vocab):
-                between += self.engine.token_text(int(lc.llama_vocab_sep(vocab)))
+            if native_vocab.adds_eos(vocab):
+                between += self.engine.token_text(native_vocab.eos(vocab))
+            if native_vocab.adds_sep(vocab):
+                between += self.engine.token_text(native_vocab.sep(vocab))
             prompt = query + between + document
         return prompt
 
@@ -175,19 +162,13 @@ class Embedder:
         return out
 
     def _run(self, seqs: list[list[int]], normalize: bool, dimensions: int | None) -> list[Embedding]:
-        lc, b = self.lc, self.batch
-        lc.llama_memory_clear(self.mem, True)
-        n = 0
+        b = self.batch
+        context.clear(self.mem, True)
+        b.n_tokens = 0
         for s, toks in enumerate(seqs):
             for pos, tok in enumerate(toks):
-                b.token[n] = tok
-                b.pos[n] = pos
-                b.n_seq_id[n] = 1
-                b.seq_id[n][0] = s
-                b.logits[n] = 1  # as llama-embedding: every token an output
-                n += 1
-        b.n_tokens = n
-        rc = lc.llama_encode(self.ctx, b) if self.engine.uses_encode else lc.llama_decode(self.ctx, b)
+                b.add(tok, pos, s, True)  # as llama-embedding: every token an output
+        rc = context.encode(self.ctx, b) if self.engine.uses_encode else context.decode(self.ctx, b)
         logs.raise_deferred()
         if rc == 2 and self._abort is not None:  # llama.cpp's "aborted": abort_when's check said so
             raise Cancelled("cancelled")
@@ -195,10 +176,9 @@ class Embedder:
             raise LocalgenError(f"llama.cpp could not embed {len(seqs)} text{'s' if len(seqs) > 1 else ''} ({rc})")
         result = []
         for s, toks in enumerate(seqs):
-            ptr = lc.llama_get_embeddings_seq(self.ctx, s)
-            if not ptr:
+            vec = context.embeddings_seq(self.ctx, s, self.n_embd)
+            if vec is None:
                 raise LocalgenError("llama.cpp returned no pooled embedding")
-            vec = [float(ptr[i]) for i in range(self.n_embd)]
             result.append(Embedding(finish(vec, normalize, dimensions), len(toks)))
         return result
 
@@ -220,19 +200,16 @@ class _Splice:
     def make(emb: Embedder, query: str) -> _Splice | None:
         """The splice for `query`, or None where no special token parts query and document (a template with
         text between them: such pairs are tokenized whole, query and all)."""
-        lc, eng = emb.lc, emb.engine
+        eng = emb.engine
         marker = "\x00"  # never in a text the template's parts could merge with
         before, _, after = emb._pair_text(query, marker).partition(marker)
         ends = eng.tokenize("", add_special=True)  # the start and end tokens the vocabulary adds to any text
-        n_start = 1 if ends and lc.llama_vocab_get_add_bos(eng.vocab) else 0
+        n_start = 1 if ends and native_vocab.adds_bos(eng.vocab) else 0
         head = ends[:n_start] + eng.tokenize(before, add_special=False)
         tail = eng.tokenize(after, add_special=False) + ends[n_start:]
-        strip = lc.LLAMA_TOKEN_ATTR_LSTRIP | lc.LLAMA_TOKEN_ATTR_RSTRIP
-        special = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_USER_DEFINED
 
         def parts(tok: int) -> bool:
-            attr = int(lc.llama_vocab_get_attr(eng.vocab, tok))
-            return bool(attr & special) and not attr & strip
+            return native_vocab.parts_text(eng.vocab, tok)
 
         if len(head) == n_start or not parts(head[-1]) or (after and not parts(tail[0])):
             return None
@@ -244,9 +221,9 @@ class _Splice:
         return splice
 
 
-def _context(engine: Engine, params: Any) -> Any:
+def _context(engine: Engine, params: dict[str, Any]) -> Any:
     """A llama.cpp context on the engine's model with these parameters, or a LocalgenError."""
-    ctx = engine.lib.llama_init_from_model(engine.model_ptr, params)
+    ctx = context.new(engine.model_ptr, **params)
     if not ctx:
         raise LocalgenError("llama.cpp could not create an embeddings context", hint="lower --ctx")
     return ctx

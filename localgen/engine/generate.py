@@ -10,6 +10,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from localgen.engine.sequence import SequenceDecoder
+from localgen.native.prompt import media_tokens_of, spans_of
 from localgen.types import Chunk, FinishReason, SamplingParams, Stats, TokenLogprob
 
 if TYPE_CHECKING:
@@ -147,8 +148,8 @@ class Generation:
             finish_reason=self.finish_reason,
             drafted=c.drafted if c is not None else None,
             accepted=c.accepted if c is not None else None,
-            media_tokens=getattr(self.prompt, "media_tokens", None),
-            encode_s=getattr(self.engine, "encode_s", None) if getattr(self.prompt, "spans", None) else None,
+            media_tokens=media_tokens_of(self.prompt),
+            encode_s=getattr(self.engine, "encode_s", None) if spans_of(self.prompt) else None,
         )
 
 

@@ -8,10 +8,8 @@ the root, and on two definitions with one name."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -152,13 +150,9 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
     """GBNF for several schemas at once, sharing their common rules: the rules' text, and the name of each
     schema's rule. `prefix` names the rules (schema i's is `{prefix}{i}`); "" gives one schema's grammar,
     rooted at `root`."""
-    from localgen.engine.lib import lib
+    from localgen.native.grammar import schema_converter
 
-    lib()
-    from llama_cpp.llama_grammar import SchemaConverter
-
-    converter: Any = SchemaConverter(  # type: ignore[no-untyped-call]
-        prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = schema_converter()
     names: list[str] = []
     try:
         for i, schema in enumerate(schemas):
@@ -170,35 +164,3 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
         raise GrammarError("the JSON schema nests too deeply to become a grammar") from None
     except Exception as e:  # the converter raises bare Exceptions of many kinds for schemas it cannot handle
         raise GrammarError(f"cannot turn the JSON schema into a grammar: {e}") from None
-
-
-def check_grammar(lc: Any, vocab: Any, gbnf: str) -> None:
-    """Parse a GBNF grammar natively, so a bad one is an error before any work (the bindings never check
-    whether the parse failed; the parser's message goes straight to fd 2, and is captured from there)."""
-    with _capture_fd2() as captured:
-        sampler = lc.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), b"root")
-    if not sampler:
-        why = next((ln.strip() for ln in captured() if "error" in ln), "")
-        why = why.split("error parsing grammar:", 1)[-1].strip().rstrip(":")
-        raise GrammarError("the grammar does not parse" + (f": {why}" if why else ""))
-    lc.llama_sampler_free(sampler)
-
-
-@contextlib.contextmanager
-def _capture_fd2() -> Iterator[Any]:
-    """Capture what native code writes straight to fd 2 (llama.cpp's grammar parser uses fprintf)."""
-    import sys
-    import tempfile
-
-    lines: list[str] = []
-    with tempfile.TemporaryFile() as tmp:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield lambda: lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            lines.extend(tmp.read().decode("utf-8", errors="replace").splitlines())

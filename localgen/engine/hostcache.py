@@ -9,11 +9,11 @@ used entry goes first when the limit needs room, and an entry that the slot now 
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from localgen.engine.lib import common_prefix, starts_with
+from localgen.engine.tokens import common_prefix, starts_with
+from localgen.native import context
 
 # fewer tokens than this are evaluated again rather than saved (a fraction of a second on a CPU)
 MIN_TOKENS = 64
@@ -33,8 +33,7 @@ class Entry:
 class HostCache:
     """Saved slot states under a byte limit (<= 0: no limit), least recently used first out."""
 
-    def __init__(self, lc: Any, limit_bytes: int) -> None:
-        self.lc = lc
+    def __init__(self, limit_bytes: int) -> None:
         self.limit = limit_bytes
         self.entries: list[Entry] = []  # least recently used first
         self.bytes = 0  # host memory the entries take
@@ -60,7 +59,7 @@ class HostCache:
             return False
         if any(starts_with(e.tokens, tokens) for e in self.entries):
             return False
-        size = int(self.lc.llama_state_seq_get_size_ext(ctx, seq, 0))
+        size = context.seq_state_size(ctx, seq)
         if size <= 0 or (self.limit > 0 and size > self.limit):
             return False
         # entries that this one contains are obsolete; then the least recently used go until it fits
@@ -72,7 +71,7 @@ class HostCache:
         import numpy
 
         data = numpy.empty(size, dtype=numpy.uint8)  # not zeroed first: llama.cpp writes every byte
-        written = int(self.lc.llama_state_seq_get_data_ext(ctx, _pointer(data), size, seq, 0))
+        written = context.seq_state_get(ctx, seq, data)
         if written != size:
             return False
         self.entries.append(Entry(list(tokens), prompt_len, data, size))
@@ -96,9 +95,9 @@ class HostCache:
         """Copy `entry` into sequence `seq` (which must be empty) and count `used` of its tokens as spared; the
         entry stays, most recently used, unless the slot now holds all of it. False when llama.cpp could not
         place it (the sequence is then left empty)."""
-        n = int(self.lc.llama_state_seq_set_data_ext(ctx, _pointer(entry.data), entry.size, seq, 0))
+        n = context.seq_state_set(ctx, seq, entry.data, entry.size)
         if n != entry.size:
-            self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(ctx), seq, -1, -1)
+            context.seq_rm(context.memory(ctx), seq, -1, -1)
             return False
         self.entries.remove(entry)
         if used < len(entry.tokens):
@@ -109,6 +108,3 @@ class HostCache:
         self.loaded_tokens += used
         return True
 
-
-def _pointer(data: Any) -> Any:
-    return data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))

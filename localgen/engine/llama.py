@@ -1,35 +1,35 @@
-"""The only place that talks to llama_cpp: load a model and a context through llama.cpp's own API, and
-keep the record of what the context's KV cache holds. Everything else asks the Engine."""
+"""The Engine: a model and its context loaded through llama.cpp's own API (the native layer's wrappers), and
+the record of what the context's KV cache holds. Everything above the engine asks the Engine."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import os
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from localgen import paths
-from localgen.engine import logs, sampling
-from localgen.engine.lib import common_prefix, init_numa, lib, logits_row, safe_prefix
 from localgen.engine.template import ChatTemplate
+from localgen.engine.tokens import common_prefix, safe_prefix
 from localgen.engine.vocab import Vocabulary
 from localgen.errors import ContextOverflowError, LocalgenError, ModelLoadError
+from localgen.native import context, logs
+from localgen.native import model as native_model
+from localgen.native import sampler as chains
+from localgen.native import vocab as native_vocab
+from localgen.native.batch import Batch
+from localgen.native.lib import init_numa, logits_row, ready, version
+from localgen.native.prompt import spans_of
+from localgen.native.report import last_load
 from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
 
-# the load line that says some weights went into a repacked layout ("CPU_REPACK model buffer size = 12.66 MiB")
-_REPACK_BUFFER = re.compile(r"_REPACK model buffer size = *(?!0\.00 )[0-9.]+")
-_FA_AUTO = re.compile(r"Flash Attention (enabled|not supported)")
-_BUFFER = re.compile(r"load_tensors:\s+(.+?) model buffer size =\s+([0-9.]+) MiB")
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
 _ROPE = {None: -1, "none": 0, "linear": 1, "yarn": 2}
 _NUMA = {"distribute": 1, "isolate": 2, "numactl": 3}
-_LOAD_NONE, _LOAD_MMAP, _LOAD_MLOCK, _LOAD_MMAP_MLOCK = 0, 1, 2, 3
 
 
 class Engine(Vocabulary):
@@ -39,51 +39,47 @@ class Engine(Vocabulary):
     def __init__(self, model: ModelRef, params: LoadParams, verbose: bool = False, cpu_only: bool = False) -> None:
         self.model = model
         self.requested = params
-        lc = lib()
-        self.lib = lc
+        ready()  # the bindings and llama.cpp's backends, before anything of this load is logged
         logs.set_echo(verbose)
         from localgen.engine.defaults import resolve
 
         self.params, self.origins = resolve(model, params, cpu_only)  # origins: setting → flag, tuned, rule
         n_gpu = self.params.n_gpu_layers or 0
-        self._keep: list[Any] = []  # ctypes arrays the params point at, alive until the load is done
         logs.clear()
         t0 = time.perf_counter()
-        self.model_ptr = self._load_model(lc, self.params, cpu_only)
+        self.model_ptr = self._load_model(self.params, cpu_only)
         try:
-            self._ctx = self._new_context(lc, self.params)
+            self._ctx = self._new_context(self.params)
         except BaseException:
-            lc.llama_model_free(self.model_ptr)
+            native_model.free(self.model_ptr)
             raise
         self.load_s = time.perf_counter() - t0
-        self._keep.clear()
         logs.raise_deferred()  # a Ctrl-C during the load (which logs throughout)
-        load_log = logs.lines(last=1000)
+        self.load_report = last_load()  # what llama.cpp's log said about this load (native/report.py)
         # Which kernels this load uses, as far as batch invariance goes: llama.cpp's repacked CPU layouts
         # compute 4+ rows of a batch differently from fewer, and GPU kernels change with the batch size.
-        from localgen.engine import devices
+        from localgen.native import devices
 
-        self.repacked = any(_REPACK_BUFFER.search(line) for line in load_log)
+        self.repacked = self.load_report.repacked
         # where the weights went: device → MiB ("CPU_Mapped", "CUDA0", "RPC0[host:port]"), from llama.cpp's log
-        self.placement = {m.group(1): float(m.group(2)) for line in load_log if (m := _BUFFER.search(line))}
+        self.placement = self.load_report.placement
         # the most rows per call that compute each row as alone (0: any): repacked layouts take another
         # kernel from 4 rows, ggml's tiled K-/IQ-quant matmul from 8 (models/gguf_meta.py)
         rows = self.model.summary.exact_rows
         self.exact_rows = 3 if self.repacked else rows
         self.offloaded = n_gpu != 0 and (devices.has_gpu() or bool(params.rpc))
         if self.params.flash_attn == "auto":
-            chosen = next((m.group(1) for line in load_log if (m := _FA_AUTO.search(line))), None)
-            self.flash_attn = chosen == "enabled"
+            self.flash_attn = self.load_report.flash_attn_auto is True
         else:
             self.flash_attn = bool(self.params.flash_attn)
-        self.vocab = lc.llama_model_get_vocab(self.model_ptr)
-        self.n_ctx = int(lc.llama_n_ctx(self._ctx))
+        self.vocab = native_vocab.of_model(self.model_ptr)
+        self.n_ctx = context.n_ctx(self._ctx)
         self.n_batch = self.params.n_batch
-        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        self.n_vocab = native_vocab.n_tokens(self.vocab)
         self.params = dataclasses.replace(self.params, n_ctx=self.n_ctx)
-        self._batch = lc.llama_batch_init(max(self.n_batch, 1), 0, 1)
-        self._mem = lc.llama_get_memory(self._ctx)
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self._batch = Batch(max(self.n_batch, 1))
+        self._mem = context.memory(self._ctx)
+        self._piece_buf = native_vocab.piece_buffer()
         self._held: list[int] = []
         self._live = False  # logits of the last held token are available (row -1)
         self.encode_s = 0.0  # the media encoder's seconds in the last evaluate()
@@ -93,8 +89,8 @@ class Engine(Vocabulary):
     @functools.cached_property
     def uses_encode(self) -> bool:
         """Whether the model runs through llama_encode (an encoder with no decoder: a T5 encoder)."""
-        lc, m = self.lib, self.model_ptr
-        return bool(lc.llama_model_has_encoder(m)) and not bool(lc.llama_model_has_decoder(m))
+        m = self.model_ptr
+        return native_model.has_encoder(m) and not native_model.has_decoder(m)
 
     @functools.cached_property
     def encoder_only(self) -> bool:
@@ -102,11 +98,8 @@ class Engine(Vocabulary):
         kin). It embeds and scores, and cannot generate. Read once: every generate asks."""
         if self.uses_encode:
             return True
-        lc, m = self.lib, self.model_ptr
-        buf = ctypes.create_string_buffer(16)
-        key = f"{self.model.summary.architecture}.attention.causal".encode()
-        n = lc.llama_model_meta_val_str(m, key, buf, len(buf))
-        return n > 0 and buf.value.decode().lower() == "false"
+        causal = native_model.meta_str(self.model_ptr, f"{self.model.summary.architecture}.attention.causal")
+        return causal is not None and causal.lower() == "false"
 
     def gpu_weight_bytes(self) -> int:
         """Bytes of weights on GPU and RPC devices (not the CPU's buffers), from llama.cpp's load log."""
@@ -114,53 +107,36 @@ class Engine(Vocabulary):
 
     # ---- loading -------------------------------------------------------------------------------------
 
-    def _load_model(self, lc: Any, p: LoadParams, cpu_only: bool) -> Any:
+    def _load_model(self, p: LoadParams, cpu_only: bool) -> Any:
         if p.numa:
             init_numa(_NUMA[p.numa])
-        mp = lc.llama_model_default_params()
-        mp.n_gpu_layers = p.n_gpu_layers if p.n_gpu_layers is not None else 0
-        mp.use_extra_bufts = bool(p.repack)
-        mp.split_mode = _SPLIT[p.split_mode]
-        mp.main_gpu = p.main_gpu
-        if p.tensor_split:
-            n = max(int(lc.llama_max_devices()), len(p.tensor_split))
-            split = (ctypes.c_float * n)(*p.tensor_split)
-            self._keep.append(split)
-            mp.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
+        load_mode = None
         if p.use_mlock:
-            mp.load_mode = _LOAD_MMAP_MLOCK if p.use_mmap else _LOAD_MLOCK
+            load_mode = native_model.LOAD_MMAP_MLOCK if p.use_mmap else native_model.LOAD_MLOCK
         elif not p.use_mmap:
-            mp.load_mode = _LOAD_NONE
-        if cpu_only:  # no devices at all: nothing of the GPU backend is touched, not even for compute buffers
-            none = (ctypes.c_void_p * 1)(None)
-            self._keep.append(none)
-            mp.devices = ctypes.cast(none, ctypes.c_void_p)
-        elif p.rpc:
-            from localgen.engine import devices
+            load_mode = native_model.LOAD_NONE
+        if not cpu_only and p.rpc:
+            from localgen.native import devices
 
             devices.register_rpc(p.rpc)  # registered devices join the load, as with llama.cpp's --rpc
-        ptr = lc.llama_model_load_from_file(os.fsencode(self.model.path), mp)
+        options = native_model.ModelOptions(
+            n_gpu_layers=p.n_gpu_layers if p.n_gpu_layers is not None else 0, use_extra_bufts=bool(p.repack),
+            split_mode=_SPLIT[p.split_mode], main_gpu=p.main_gpu, tensor_split=tuple(p.tensor_split or ()),
+            load_mode=load_mode,
+            no_devices=cpu_only)  # no devices at all: nothing of the GPU backend is touched, not even for compute
+        ptr = native_model.load(str(self.model.path), options)
         if not ptr:
             raise self._load_error("failed to load model")
         return ptr
 
-    def _new_context(self, lc: Any, p: LoadParams) -> Any:
-        cp = lc.llama_context_default_params()
-        cp.n_ctx = p.n_ctx
-        cp.n_batch = p.n_batch
-        cp.n_ubatch = p.n_ubatch
-        cp.n_seq_max = 1
-        cp.n_threads = p.n_threads
-        cp.n_threads_batch = p.n_threads_batch
-        cp.flash_attn_type = -1 if p.flash_attn == "auto" else int(bool(p.flash_attn))
-        cp.type_k = KV_CACHE_TYPES[p.cache_type_k]
-        cp.type_v = KV_CACHE_TYPES[p.cache_type_v]
-        cp.rope_scaling_type = _ROPE[p.rope_scaling]
-        cp.rope_freq_base = p.rope_freq_base
-        cp.rope_freq_scale = p.rope_freq_scale
-        cp.yarn_orig_ctx = p.yarn_orig_ctx
-        cp.no_perf = False
-        ctx = lc.llama_init_from_model(self.model_ptr, cp)
+    def _new_context(self, p: LoadParams) -> Any:
+        ctx = context.new(
+            self.model_ptr, n_ctx=p.n_ctx, n_batch=p.n_batch, n_ubatch=p.n_ubatch, n_seq_max=1,
+            n_threads=p.n_threads, n_threads_batch=p.n_threads_batch,
+            flash_attn_type=-1 if p.flash_attn == "auto" else int(bool(p.flash_attn)),
+            type_k=KV_CACHE_TYPES[p.cache_type_k], type_v=KV_CACHE_TYPES[p.cache_type_v],
+            rope_scaling_type=_ROPE[p.rope_scaling], rope_freq_base=p.rope_freq_base,
+            rope_freq_scale=p.rope_freq_scale, yarn_orig_ctx=p.yarn_orig_ctx, no_perf=False)
         if not ctx:
             raise self._load_error("failed to create llama_context")
         return ctx
@@ -190,8 +166,8 @@ class Engine(Vocabulary):
         if self._ctx is None:
             if self.model_ptr is None:
                 raise LocalgenError("internal: the engine is closed")
-            self._ctx = self._new_context(self.lib, self.params)
-            self._mem = self.lib.llama_get_memory(self._ctx)
+            self._ctx = self._new_context(self.params)
+            self._mem = context.memory(self._ctx)
         return self._ctx
 
     @property
@@ -207,7 +183,7 @@ class Engine(Vocabulary):
         """Free the context and its KV cache while another context on the same model (batching, beam
         search) does the work; the next use creates it again."""
         if self._ctx is not None:
-            self.lib.llama_free(self._ctx)
+            context.free(self._ctx)
             self._ctx = None
             self._held = []
             self._live = False
@@ -223,26 +199,26 @@ class Engine(Vocabulary):
         return "|".join(str(x) for x in (
             path, st.st_size, st.st_mtime_ns, p.cache_type_k, p.cache_type_v, self.flash_attn, p.n_batch, p.n_ubatch,
             p.repack, p.n_gpu_layers if self.offloaded else 0, p.rope_scaling, p.rope_freq_base, p.rope_freq_scale,
-            self.lib.__version__,
+            version(),
         ))
 
     def sampler(self, s: SamplingParams, seed: int, history: list[int] | tuple[int, ...] = ()) -> Any:
-        """A sampler chain for this model (engine/sampling.py); free it with free_sampler."""
-        return sampling.build(self.lib, self.vocab, self.n_vocab, s, seed, self.n_ctx,
+        """A sampler chain for this model (native/sampler.py); free it with free_sampler."""
+        return chains.build(self.vocab, self.n_vocab, s, seed, self.n_ctx,
                               self.eog_tokens if s.ignore_eos else (), history)
 
     def free_sampler(self, chain: Any) -> None:
         """Release a sampler chain."""
-        self.lib.llama_sampler_free(chain.ptr)
+        chains.free(chain)
 
     def sample(self, chain: Any, row: int = -1) -> int:
         """Sample from the logits of one output row of the last decode (-1: the last row), as
-        llama_sampler_sample does (a greedy chain by the row's argmax: engine/sampling.py)."""
-        return sampling.pick(self.lib, self.ctx, chain, row, self.n_vocab)
+        llama_sampler_sample does (a greedy chain by the row's argmax: native/sampler.py)."""
+        return chains.pick(self.ctx, chain, row, self.n_vocab)
 
     def logits(self, row: int = -1) -> Any:
         """A numpy view of one output row's logits (valid until the next decode)."""
-        return logits_row(self.lib, self.ctx, row, self.n_vocab)
+        return logits_row(self.ctx, row, self.n_vocab)
 
     # ---- the KV cache --------------------------------------------------------------------------------
 
@@ -262,7 +238,7 @@ class Engine(Vocabulary):
     def truncate(self, n: int) -> None:
         """Forget every held token from position n on."""
         if n < len(self._held):
-            if not self.lib.llama_memory_seq_rm(self._memory(), -1, n, -1):
+            if not context.seq_rm(self._memory(), -1, n, -1):
                 self.clear()  # recurrent models cannot drop a tail: start over
                 return
             del self._held[n:]
@@ -270,7 +246,7 @@ class Engine(Vocabulary):
 
     def clear(self) -> None:
         """Empty the KV cache."""
-        self.lib.llama_memory_clear(self._memory(), True)
+        context.clear(self._memory(), True)
         self._held = []
         self._live = False
 
@@ -295,9 +271,9 @@ class Engine(Vocabulary):
         return keep, self._pieces(tokens, keep)
 
     def _pieces(self, tokens: list[int], keep: int) -> Iterator[int]:
-        # with images or audio (engine/mtmd.py's Prompt): text in n_batch pieces up to each media span, which
+        # with images or audio (native/prompt.py's Prompt): text in n_batch pieces up to each media span, which
         # encodes and decodes itself; the spans already held are not encoded again
-        spans = getattr(tokens, "spans", {})
+        spans = spans_of(tokens)
         pos = keep
         for start in sorted(spans):
             span = spans[start]
@@ -322,19 +298,11 @@ class Engine(Vocabulary):
         self._decode(tokens, all_logits)
 
     def _decode(self, tokens: list[int], all_logits: bool) -> None:
-        b = self._batch
-        pos = len(self._held)
         n = len(tokens)
         if n > self.n_batch:
             raise LocalgenError(f"internal: a batch of {n} tokens exceeds n_batch {self.n_batch}")
-        for i, tok in enumerate(tokens):
-            b.token[i] = tok
-            b.pos[i] = pos + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = 1 if (all_logits or i == n - 1) else 0
-        b.n_tokens = n
-        rc = self.lib.llama_decode(self.ctx, b)
+        self._batch.set_tokens(tokens, len(self._held), 0, all_logits)
+        rc = context.decode(self.ctx, self._batch)
         if rc != 0:
             self._live = False
             raise LocalgenError(f"llama_decode failed ({rc})", hint="the context may be full; raise --ctx")
@@ -344,14 +312,12 @@ class Engine(Vocabulary):
 
     def save_state(self, path: Path) -> int:
         """Write the context's KV state and its tokens atomically; returns the file size."""
-        lc = self.lib
         tokens = self._held
         paths.private_dir(path.parent)  # a state holds the text of its prompt
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        arr = (lc.llama_token * max(1, len(tokens)))(*tokens)
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))  # llama.cpp keeps the mode
-            if not lc.llama_state_save_file(self.ctx, os.fsencode(tmp), arr, len(tokens)):
+            if not context.save_file(self.ctx, tmp, tokens):
                 raise OSError(f"llama.cpp could not write {tmp}")
             os.chmod(tmp, 0o600)
             os.replace(tmp, path)
@@ -363,35 +329,30 @@ class Engine(Vocabulary):
 
     def load_state(self, path: Path) -> list[int] | None:
         """Restore a saved state; returns its tokens, or None (the cache is then empty) if it does not load."""
-        lc = self.lib
-        cap = self.n_ctx
-        out = (lc.llama_token * cap)()
-        count = ctypes.c_size_t(0)
         try:
-            ok = bool(lc.llama_state_load_file(self.ctx, os.fsencode(path), out, cap, ctypes.byref(count)))
+            held = context.load_file(self.ctx, path, self.n_ctx)
         except OSError:
-            ok = False
-        n = int(count.value)
-        if not ok or n == 0 or n > cap:
+            held = None
+        if held is None:
             self.clear()
             return None
-        self._held = list(out[:n])
+        self._held = held
         self._live = False  # the logits are not restored: evaluate() re-evaluates the last token
         return self.held
 
     # ---- counters and lifetime -----------------------------------------------------------------------
 
-    def perf(self) -> Any:
+    def perf(self) -> context.Perf:
         """llama.cpp's perf counters for this context."""
-        return self.lib.llama_perf_context(self.ctx)
+        return context.perf(self.ctx)
 
     def reset_perf(self) -> None:
         """Every request starts its counters from zero."""
-        self.lib.llama_perf_context_reset(self.ctx)
+        context.reset_perf(self.ctx)
 
     def synchronize(self) -> None:
         """Wait for queued work (benchmarks time the device, not the queue)."""
-        self.lib.llama_synchronize(self.ctx)
+        context.synchronize(self.ctx)
 
     def generate(self, tokens: list[int], sampling: SamplingParams, started: float | None = None,
                  drafter: Any = None, draft_max: int = 6, logprobs: int | None = None) -> Any:
@@ -416,15 +377,13 @@ class Engine(Vocabulary):
 
     def close(self) -> None:
         """Free the context, the model and the batch (idempotent)."""
-        lc = self.lib
         if getattr(self, "_batch", None) is not None:
-            lc.llama_batch_free(self._batch)
-            self._batch = None
+            self._batch.free()  # idempotent
         if getattr(self, "_ctx", None) is not None:
-            lc.llama_free(self._ctx)
+            context.free(self._ctx)
             self._ctx = None
         if getattr(self, "model_ptr", None):
-            lc.llama_model_free(self.model_ptr)
+            native_model.free(self.model_ptr)
             self.model_ptr = None
 
     def __del__(self) -> None:

@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from localgen.backend import Completion, Indexed
-from localgen.engine.lib import common_prefix
 from localgen.engine.llama import Engine
+from localgen.engine.tokens import common_prefix
 from localgen.errors import LocalgenError, UsageError
+from localgen.native.prompt import spans_of
 from localgen.types import GenerationRequest
 
 
@@ -30,7 +31,7 @@ class LocalBackend:
         self.defaults = dict(engine.model.sampling_defaults)  # the catalogue's recommended sampling
         self._embedder: Any = None
         self._scorer: Any = None  # the reranking context
-        self._projector: Any = None  # engine/mtmd.py's Projector, loaded with the first image or clip
+        self._projector: Any = None  # native/mtmd.py's Projector, loaded with the first image or clip
 
     def check_generates(self) -> None:
         """A UsageError for a model that cannot generate text (an encoder: embeddings and scores only)."""
@@ -84,12 +85,14 @@ class LocalBackend:
                 raise MediaError(f"{self.name} reads text only: it has no multimodal projector",
                                  hint="give its mmproj file with --mmproj, or pick a vision model "
                                       "(`localgen list --catalogue`)")
-            from localgen.engine.mtmd import Projector, available
+            from localgen.native.mtmd import Projector, available
 
             missing = available()
             if missing:
                 raise LocalgenError(missing, hint="reinstall with scripts/install.sh (it builds libmtmd)")
-            self._projector = Projector(self.engine, path, use_gpu=self.engine.offloaded)
+            e = self.engine
+            self._projector = Projector(e.model_ptr, path, e.params.n_threads_batch or e.params.n_threads or 1,
+                                        e.flash_attn, use_gpu=e.offloaded)
         return self._projector
 
     def count(self, request: GenerationRequest) -> int:
@@ -102,7 +105,7 @@ class LocalBackend:
         started = started if started is not None else time.perf_counter()
         tokens = self.tokens(request)
         cache = "skipped" if request.prompt_cache else "off"
-        if request.shared and len(tokens) < self.engine.n_ctx and not getattr(tokens, "spans", None):
+        if request.shared and len(tokens) < self.engine.n_ctx and not spans_of(tokens):
             from localgen.engine import promptcache
 
             shared = common_prefix(self.tokens(_with_text(request, request.shared)), tokens)
@@ -113,7 +116,7 @@ class LocalBackend:
                 # differently in batches of other sizes, and the text must not depend on the cache.
                 self.engine.evaluate(tokens[:shared], logits=False)
         drafter = self.drafter
-        if drafter is not None and getattr(tokens, "spans", None):
+        if drafter is not None and spans_of(tokens):
             drafter = None  # the draft model cannot see the image
             self.warn("speculative decoding is off for a prompt with images or audio")
         gen = self.engine.generate(tokens, request.sampling, started=started, drafter=drafter,

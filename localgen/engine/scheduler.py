@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from localgen.backend import Completion
-from localgen.engine import sampling
 from localgen.engine.batchseq import Request, Seq, accept, completion, refuse
 from localgen.engine.policies import Exact, Policy, Throughput
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import Cancelled
+from localgen.native import sampler as chains
 
 # a task's tokens per slice while sequences are decoding: each slice is one step's work beside their tokens,
 # so it bounds their longest gap (a slice's time grows with its tokens: docs/benchmarks.md, Costs noted in
@@ -144,7 +144,7 @@ class Scheduler:
     def close(self) -> None:
         """Drop every job without outputs and free what they hold (after a fault, or when the model goes)."""
         for seq in list(self.active.values()):
-            self.pc.lc.llama_sampler_free(seq.sampler.ptr)
+            chains.free(seq.sampler)
         self.active.clear()
         self.policy.close()
         for task in self.tasks:
@@ -213,7 +213,7 @@ class Scheduler:
     def sample(self, seq: Seq, row: int) -> None:
         """Sample the sequence's next token from a batch row; finish it if that ended it."""
         pc = self.pc
-        tok = sampling.pick(pc.lc, pc.ctx, seq.sampler, row, pc.n_vocab, top_k=pc.pooled)
+        tok = chains.pick(pc.ctx, seq.sampler, row, pc.n_vocab, top_k=pc.pooled)
         accept(seq, tok, lambda: pc.logits(row), pc.engine.piece)
         dec = seq.dec
         if dec.reason != "eos" and len(dec.tokens) > 1:
@@ -228,7 +228,7 @@ class Scheduler:
         c = completion(seq)
         self.flush(seq)
         self.done(c)
-        self.pc.lc.llama_sampler_free(seq.sampler.ptr)
+        chains.free(seq.sampler)
         del self.active[seq.slot]
         heapq.heappush(self.free, seq.slot)
 

@@ -10,7 +10,8 @@ import heapq
 from typing import Any
 
 from localgen.engine.hostcache import MIN_TOKENS, HostCache
-from localgen.engine.lib import common_prefix, safe_prefix, starts_with
+from localgen.engine.tokens import common_prefix, safe_prefix, starts_with
+from localgen.native import context
 
 
 class Slots:
@@ -18,15 +19,14 @@ class Slots:
     length. `shared` counts prompt tokens taken from another slot's cells; `host` is the host-memory cache
     (None when off)."""
 
-    def __init__(self, lc: Any, ctx: Any, share: bool, one_pool: bool, cache_ram: int) -> None:
-        self.lc = lc
+    def __init__(self, ctx: Any, share: bool, one_pool: bool, cache_ram: int) -> None:
         self.ctx = ctx
         self.share = share  # a prompt may start from another slot's cells (the throughput scheduler)
         self.one_pool = one_pool  # one pool of cells (sharing is a cell copy), else a stream per slot
         self.held: dict[int, list[int]] = {}
         self.prompt_len: dict[int, int] = {}
         self.shared = 0
-        self.host = HostCache(lc, cache_ram) if cache_ram else None
+        self.host = HostCache(cache_ram) if cache_ram else None
 
     def reset(self) -> None:
         """Forget what every slot holds (their cells were cleared) and every saved state."""
@@ -55,8 +55,7 @@ class Slots:
         """Start `slot` on `tokens`, keeping `keep` of its own cells; with `reuse`, from the longest prefix of
         `tokens` that another slot (with `share`) or a saved state holds, if longer, saving first what the slot
         loses. Returns how many prompt tokens its cells now hold (the rest are to be evaluated)."""
-        lc = self.lc
-        mem = lc.llama_get_memory(self.ctx)
+        mem = context.memory(self.ctx)
         keep = safe_prefix(tokens, keep)  # an image is evaluated whole or not at all
         src, n = self._best_source(tokens, slot) if share and self.share else (-1, 0)
         n = safe_prefix(tokens, n)
@@ -68,17 +67,17 @@ class Slots:
                 m = 0
             self._spill(slot, keep if max(n, m) <= keep else 0)
         if self.host is not None and entry is not None and m > max(keep, n):
-            lc.llama_memory_seq_rm(mem, slot, -1, -1)
+            context.seq_rm(mem, slot, -1, -1)
             keep = m if self.host.load(self.ctx, slot, entry, m) else 0
         elif n > keep:
-            lc.llama_memory_seq_rm(mem, slot, -1, -1)
+            context.seq_rm(mem, slot, -1, -1)
             if self.one_pool:
-                lc.llama_memory_seq_cp(mem, src, slot, 0, n)
+                context.seq_cp(mem, src, slot, 0, n)
             else:  # between streams llama.cpp copies only a whole one: copy, drop the rest
-                lc.llama_memory_seq_cp(mem, src, slot, -1, -1)  # its cost: docs/benchmarks.md, Costs noted in the code
+                context.seq_cp(mem, src, slot, -1, -1)  # its cost: docs/benchmarks.md, Costs noted in the code
             self.shared += n
             keep = n
-        lc.llama_memory_seq_rm(mem, slot, keep, -1)
+        context.seq_rm(mem, slot, keep, -1)
         self.held[slot] = list(tokens[:keep])
         self.prompt_len[slot] = len(tokens)
         return keep

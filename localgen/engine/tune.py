@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localgen.engine import logs
 from localgen.errors import LocalgenError
+from localgen.native import context, logs
+from localgen.native.batch import Batch
 from localgen.types import LoadParams, ModelRef
 
 PROMPT = 512  # the exchange: a 512-token prompt...
@@ -48,64 +49,56 @@ class Probe:
             raise LocalgenError(f"{model.name} does not generate (an embedding or reranking model): tune measures "
                                 "generation", hint="tune a model that chats or completes text")
         self.engine.release_context()
-        lc = self.lc = self.engine.lib
         self.streams = streams
-        p = lc.llama_context_default_params()
         self.n_ctx_seq = -(-n_ctx_seq // 256) * 256
-        p.n_ctx = self.n_ctx_seq * streams
-        p.n_batch = p.n_ubatch = max(PROMPT, streams)
-        p.n_seq_max = streams
-        p.kv_unified = False  # each stream its own cells, as serve keeps them on a CPU
-        p.flash_attn_type = int(flash_attn)
-        p.type_k = p.type_v = KV_CACHE_TYPES["f16"]
-        self.ctx = lc.llama_init_from_model(self.engine.model_ptr, p)
+        n_ctx = self.n_ctx_seq * streams
+        self.ctx = context.new(
+            self.engine.model_ptr, n_ctx=n_ctx, n_batch=max(PROMPT, streams), n_ubatch=max(PROMPT, streams),
+            n_seq_max=streams,
+            kv_unified=False,  # each stream its own cells, as serve keeps them on a CPU
+            flash_attn_type=int(flash_attn), type_k=KV_CACHE_TYPES["f16"], type_v=KV_CACHE_TYPES["f16"])
         if not self.ctx:
             self.engine.close()
-            raise LocalgenError(f"llama.cpp could not create a {p.n_ctx}-token context to tune in",
+            raise LocalgenError(f"llama.cpp could not create a {n_ctx}-token context to tune in",
                                 hint="tune with a smaller --depth or fewer --parallel streams")
-        self.mem = lc.llama_get_memory(self.ctx)
-        self.batch = lc.llama_batch_init(max(PROMPT, streams), 0, 1)
+        self.mem = context.memory(self.ctx)
+        self.batch = Batch(max(PROMPT, streams))
         self.n_vocab = self.engine.n_vocab
         self.rng = random.Random(seed)
         self.depth = 0
 
     def close(self) -> None:
         if self.ctx:
-            self.lc.llama_batch_free(self.batch)
-            self.lc.llama_free(self.ctx)
+            self.batch.free()
+            context.free(self.ctx)
             self.ctx = None
         self.engine.close()
 
     def _decode(self, rows: list[tuple[int, int]], threads: int, threads_batch: int) -> None:
         """Decode (position, sequence) rows of random tokens."""
-        lc, b = self.lc, self.batch
-        lc.llama_set_n_threads(self.ctx, threads, threads_batch)
-        b.n_tokens = len(rows)
+        b = self.batch
+        context.set_threads(self.ctx, threads, threads_batch)
+        b.n_tokens = 0
         for i, (pos, seq) in enumerate(rows):
-            b.token[i] = self.rng.randrange(self.n_vocab)
-            b.pos[i] = pos
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
-            b.logits[i] = 0
-        b.logits[len(rows) - 1] = 1
-        rc = lc.llama_decode(self.ctx, b)
+            b.add(self.rng.randrange(self.n_vocab), pos, seq, i == len(rows) - 1)
+        rc = context.decode(self.ctx, b)
         if rc != 0:
             raise LocalgenError(f"llama_decode failed ({rc}) while tuning", hint="try a smaller --depth")
-        lc.llama_synchronize(self.ctx)
+        context.synchronize(self.ctx)
         logs.raise_deferred()
 
     def fill(self, depth: int, threads: int) -> None:
         """Make every stream hold `depth` tokens (stream 0 evaluated, the others copies of it)."""
-        self.lc.llama_memory_clear(self.mem, True)
+        context.clear(self.mem, True)
         for start in range(0, depth, PROMPT):
             self._decode([(p, 0) for p in range(start, min(depth, start + PROMPT))], threads, threads)
         for s in range(1, self.streams):
-            self.lc.llama_memory_seq_cp(self.mem, 0, s, -1, -1)
+            context.seq_cp(self.mem, 0, s, -1, -1)
         self.depth = depth
 
     def _back(self) -> None:
         for s in range(self.streams):
-            self.lc.llama_memory_seq_rm(self.mem, s, self.depth, -1)
+            context.seq_rm(self.mem, s, self.depth, -1)
 
     def prompt(self, threads: int, ubatch: int) -> float:
         """Seconds to evaluate PROMPT tokens after the depth in stream 0, `ubatch` tokens a call."""

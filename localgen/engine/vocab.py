@@ -3,19 +3,18 @@ chat template, and grammars checked against the vocabulary."""
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 from localgen.engine.template import ChatTemplate
 from localgen.errors import TemplateError
+from localgen.native import vocab as native_vocab
 from localgen.text import problem
 from localgen.types import ModelRef
 
 
 class Vocabulary:
-    """Needs `lib`, `vocab`, `n_vocab`, `model` and `_piece_buf` (the Engine sets them at load)."""
+    """Needs `vocab`, `n_vocab`, `model` and `_piece_buf` (the Engine sets them at load)."""
 
-    lib: Any
     vocab: Any
     n_vocab: int
     model: ModelRef
@@ -25,27 +24,15 @@ class Vocabulary:
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         """Text to tokens; special-token text such as <|im_end|> becomes the control token."""
-        lc = self.lib
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:  # the input boundary refuses these; never a traceback from here either
             raise TemplateError(f"the text is not valid UTF-8: {problem(text)}") from None
-        cap = len(data) + 8
-        while True:
-            arr = (lc.llama_token * cap)()
-            n = lc.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, True)
-            if n >= 0:
-                return list(arr[:n])
-            cap = -n
+        return native_vocab.tokenize(self.vocab, data, add_special)
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """One token's bytes, leading space kept (detokenizing one token alone would strip it)."""
-        buf = self._piece_buf
-        n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        return bytes(buf.raw[:n])
+        return native_vocab.piece(self.vocab, token, self._piece_buf, special)
 
     def token_text(self, token: int) -> str:
         """A token as text, control tokens spelled out (<|im_end|>)."""
@@ -53,7 +40,7 @@ class Vocabulary:
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, EOT, <|im_end|>, ...)."""
-        return bool(self.lib.llama_vocab_is_eog(self.vocab, token))
+        return native_vocab.is_eog(self.vocab, token)
 
     @property
     def eog_tokens(self) -> tuple[int, ...]:
@@ -72,9 +59,8 @@ class Vocabulary:
                     f"{self.model.name} has no chat template (it may be a base model)",
                     hint="use --raw to send the prompt as a plain completion",
                 )
-            lc = self.lib
-            self._template = ChatTemplate(source, self.token_text(lc.llama_vocab_bos(self.vocab)),
-                                          self.token_text(lc.llama_vocab_eos(self.vocab)))
+            self._template = ChatTemplate(source, self.token_text(native_vocab.bos(self.vocab)),
+                                          self.token_text(native_vocab.eos(self.vocab)))
         return self._template
 
     def chat_tokens(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
@@ -94,6 +80,6 @@ class Vocabulary:
 
     def check_grammar(self, gbnf: str) -> None:
         """Parse a GBNF grammar natively, so a bad one is an error before any work."""
-        from localgen.engine.grammar import check_grammar
+        from localgen.native.grammar import check_grammar
 
-        check_grammar(self.lib, self.vocab, gbnf)
+        check_grammar(self.vocab, gbnf)

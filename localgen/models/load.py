@@ -27,8 +27,8 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     """Load `ref`; with --gpu-layers unset, offload as many layers as the estimate says fit. `kv_tokens`:
     the KV cells the work will hold at once when not one window (--parallel: N windows; beams: N
     continuations). `factory` builds the engine (tests pass one that fails the way a full GPU does)."""
-    from localgen.engine.devices import backend_info
     from localgen.engine.llama import Engine
+    from localgen.native.devices import backend_info
 
     make = factory or Engine
     cpu_only = False

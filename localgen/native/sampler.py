@@ -21,8 +21,8 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from localgen.engine.lib import logits_row
 from localgen.errors import GrammarError
+from localgen.native.lib import lib, logits_row
 from localgen.types import SamplingParams
 
 GREEDY, TOP_K, FULL = "greedy", "top-k", "full"
@@ -32,7 +32,7 @@ BLOCKS = 512  # groups of logits whose maxima bound top-k from below (k at most 
 
 @dataclass
 class Chain:
-    """A llama.cpp sampler chain (`ptr`, free it with llama_sampler_free) and how `pick` may shortcut it."""
+    """A llama.cpp sampler chain (`ptr`, free it with `free`) and how `pick` may shortcut it."""
 
     ptr: Any
     shortcut: str  # GREEDY, TOP_K or FULL
@@ -60,15 +60,16 @@ def shortcut(s: SamplingParams, n_vocab: int) -> str:
     return TOP_K
 
 
-def pick(lc: Any, ctx: Any, chain: Chain, row: int, n_vocab: int, top_k: bool = False) -> int:
+def pick(ctx: Any, chain: Chain, row: int, n_vocab: int, top_k: bool = False) -> int:
     """The token `chain` chooses from output row `row` of the last decode (-1: the last), accepted into the
     chain as llama_sampler_sample accepts it. `top_k`: the caller allows the top-k shortcut (not exact)."""
+    lc = lib()
     how = chain.shortcut
     if how == FULL or (how == TOP_K and not top_k):
         return int(lc.llama_sampler_sample(chain.ptr, ctx, row))
     import numpy as np
 
-    logits = logits_row(lc, ctx, row, n_vocab)
+    logits = logits_row(ctx, row, n_vocab)
     if how == GREEDY:
         tok = int(logits.argmax())
         if chain.banned and tok in chain.banned:
@@ -122,11 +123,12 @@ def top_k_candidates(logits: Any, k: int, banned: tuple[int, ...] = ()) -> Any:
     return ids if len(ids) >= kk else None
 
 
-def build(lc: Any, vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx: int,
+def build(vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx: int,
           eog: tuple[int, ...] = (), history: list[int] | tuple[int, ...] = ()) -> Chain:
-    """A new sampler chain (free its `ptr` with llama_sampler_free). `eog`: the end-of-generation tokens, banned
+    """A new sampler chain (free it with `free`). `eog`: the end-of-generation tokens, banned
     when s.ignore_eos. `history`: the prompt's tokens, which the penalties and DRY see as llama.cpp's own
     tools feed them (a repeat of the prompt is a repeat too); the grammar and later stages never do."""
+    lc = lib()
     chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
 
     def add(sampler: Any) -> None:
@@ -153,7 +155,7 @@ def build(lc: Any, vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx
         window = max(s.repeat_last_n if s.repeat_last_n >= 0 else n_ctx,
                      (s.dry_penalty_last_n if s.dry_penalty_last_n >= 0 else n_ctx) if s.dry_multiplier > 0 else 0)
         for token in list(history)[-window:] if window else ():
-            if token >= 0:  # an image's or clip's positions hold negative placeholders (engine/mtmd.py)
+            if token >= 0:  # an image's or clip's positions hold negative placeholders (native/mtmd.py)
                 lc.llama_sampler_accept(chain, token)
     if s.grammar:
         if s.grammar_triggers:  # lazy: free text until a trigger matches, then the grammar from its start on
@@ -187,4 +189,9 @@ def build(lc: Any, vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx
         add(lc.llama_sampler_init_temp(s.temperature))
         add(lc.llama_sampler_init_dist(seed))
     return Chain(chain, shortcut(s, n_vocab), s.top_k, tuple(eog) if s.ignore_eos else ())
+
+
+def free(chain: Chain) -> None:
+    """Release a sampler chain."""
+    lib().llama_sampler_free(chain.ptr)
 

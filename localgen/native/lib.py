@@ -1,13 +1,12 @@
-"""The bindings' ctypes layer, imported once and lightly; what this build offers; defaults that depend on
-the model and the machine."""
+"""The bindings' ctypes layer, imported once and lightly (our log callback and abort handler installed);
+the libggml llama.cpp maps; one output row's logits as a numpy view."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from localgen.engine import logs
 from localgen.errors import LocalgenError
-from localgen.types import LoadParams, ModelRef
+from localgen.native import logs
 
 _lib: Any = None
 _numa_done = False
@@ -106,6 +105,21 @@ def _import_ctypes_layer() -> Any:
     return llama_cpp_ctypes_layer()
 
 
+def ready() -> None:
+    """The bindings imported and llama.cpp's backends initialized, once (what lib() does first)."""
+    lib()
+
+
+def version() -> str:
+    """The bindings' version (llama-cpp-python's)."""
+    return str(lib().__version__)
+
+
+def system_info() -> str:
+    """What llama.cpp says it was built with and uses on this machine (llama_print_system_info)."""
+    return str(lib().llama_print_system_info().decode("utf-8", errors="replace").strip())
+
+
 def init_numa(strategy: int) -> None:
     """llama.cpp's NUMA strategy, set once per process before the first load."""
     global _numa_done
@@ -119,7 +133,7 @@ _views: dict[tuple[int, int], Any] = {}  # (address, n_vocab) → a numpy view o
 _MAX_VIEWS = 4096
 
 
-def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
+def logits_row(ctx: Any, row: int, n_vocab: int) -> Any:
     """A numpy view of one output row's logits of the last decode (-1: the last row); valid until the next.
 
     A view only points at memory (it owns nothing), so one made for an address serves every later row that
@@ -132,7 +146,7 @@ def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
 
         from localgen._compat import bindings_function
 
-        fn = bindings_function(lc, "llama_get_logits_ith")  # a new object: the bindings' own keeps its restype
+        fn = bindings_function(lib(), "llama_get_logits_ith")  # a new object: the bindings' own keeps its restype
         fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p
         _logits_ith = fn
     address = _logits_ith(ctx, row)
@@ -150,40 +164,3 @@ def logits_row(lc: Any, ctx: Any, row: int, n_vocab: int) -> Any:
         view = np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
         _views[key] = view
     return view
-
-
-def common_prefix(a: Any, b: Any) -> int:
-    """Length of the common leading run of two token sequences."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def starts_with(seq: Any, prefix: Any) -> bool:
-    """Whether token sequence `seq` begins with `prefix`."""
-    return len(seq) >= len(prefix) and seq[:len(prefix)] == prefix
-
-
-def safe_prefix(tokens: Any, n: int) -> int:
-    """`n` moved back to the start of a media span it would cut (engine/mtmd.py's Prompt: a span is evaluated
-    whole or not at all)."""
-    for start, span in getattr(tokens, "spans", {}).items():
-        if start < n < start + span.n_pos:
-            return int(start)
-    return n
-
-
-def default_repack(model: ModelRef, params: LoadParams) -> bool:
-    """Whether to use llama.cpp's repacked CPU weight layouts when the user did not say.
-
-    Repacking speeds up prompt processing for the types it covers, but a model whose repackable share is
-    small gains nothing, and repacked weights compute 4+ rows of a batch differently from fewer, which
-    costs exact batching most of its speed. So: on where at least half the weights are of a repackable
-    type (Q4_0, IQ4_NL, Q4_K on x86 with AVX2; more on ARM), off otherwise and when layers go to a GPU."""
-    if params.n_gpu_layers not in (None, 0):
-        return False
-    share = model.summary.repackable_share
-    return share is None or share >= 0.5

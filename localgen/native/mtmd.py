@@ -3,7 +3,8 @@ a rendered prompt with media markers and its media into a Prompt: the text token
 clip a run of placeholder ids (one per position it takes) that the KV record holds like tokens. A
 placeholder is derived from the media's SHA-256, so a conversation's second turn finds its image already in
 the cache and does not encode it again. Spans evaluate themselves (encode, then decode the embeddings) into
-any context and sequence: the single stream (Engine.evaluate) and the batch slots (engine/batch.py)."""
+any context and sequence: the single stream (Engine.evaluate) and the batch slots (engine/batch.py). Bindings
+glue only: the Engine hands it its model pointer."""
 
 from __future__ import annotations
 
@@ -15,14 +16,12 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from localgen.engine import logs
 from localgen.errors import LocalgenError, ModelLoadError
 from localgen.media import Media, MediaError, check_seconds
-
-if TYPE_CHECKING:
-    from localgen.engine.llama import Engine
+from localgen.native import logs
+from localgen.native.prompt import MediaSpan, Prompt
 
 _CHUNK_TEXT, _CHUNK_IMAGE, _CHUNK_AUDIO = 0, 1, 2
 
@@ -30,7 +29,7 @@ _CHUNK_TEXT, _CHUNK_IMAGE, _CHUNK_AUDIO = 0, 1, 2
 def available() -> str | None:
     """None when this llama-cpp-python build has libmtmd, else why not."""
     try:
-        from localgen.engine.lib import lib
+        from localgen.native.lib import lib
 
         lib()
         _bindings()
@@ -41,7 +40,7 @@ def available() -> str | None:
 
 def _bindings() -> Any:
     """llama_cpp.mtmd_cpp, imported as a submodule (`from llama_cpp import` would reach the package's high-level
-    modules through engine/lib.py's stand-in, and they install a logger that prints to stderr)."""
+    modules through native/lib.py's stand-in, and they install a logger that prints to stderr)."""
     import importlib
 
     return importlib.import_module("llama_cpp.mtmd_cpp")
@@ -87,21 +86,6 @@ class Span:
         return encode_s
 
 
-class Prompt(list[int]):
-    """A prompt's tokens, media positions as placeholder ids, with the spans that evaluate them (by start
-    index). Slicing gives plain lists: only whole prompts carry their spans."""
-
-    spans: dict[int, Span]
-    media_tokens: int
-    _owner: Any
-
-    def __init__(self, tokens: list[int], spans: dict[int, Span], owner: Any) -> None:
-        super().__init__(tokens)
-        self.spans = spans
-        self.media_tokens = sum(s.n_tokens for s in spans.values())
-        self._owner = owner  # keeps the mtmd chunks alive as long as the prompt
-
-
 @dataclass
 class _Chunks:
     """Owns an mtmd_input_chunks; freed with the last Prompt that uses it."""
@@ -116,9 +100,9 @@ class _Chunks:
 
 
 class Projector:
-    """A multimodal projector loaded for one Engine's model."""
+    """A multimodal projector loaded for one model (a llama_model pointer)."""
 
-    def __init__(self, engine: Engine, path: str, use_gpu: bool = True) -> None:
+    def __init__(self, model_ptr: Any, path: str, n_threads: int, flash_attn: bool, use_gpu: bool = True) -> None:
         self.mt = mt = _bindings()
         self.path = path
         if logs._callback is not None:  # route clip's and mtmd's log lines through ours (quiet unless --verbose)
@@ -126,14 +110,14 @@ class Projector:
         p = mt.mtmd_context_params_default()
         p.use_gpu = use_gpu
         p.print_timings = False
-        p.n_threads = engine.params.n_threads_batch or engine.params.n_threads or 1
-        p.flash_attn_type = int(bool(engine.flash_attn))
+        p.n_threads = n_threads
+        p.flash_attn_type = int(bool(flash_attn))
         # a marker of this projector's own, so that a literal `<__media__>` in someone's text stays text
         self.marker = f"<__media_{secrets.token_hex(8)}__>"
         p.media_marker = self.marker.encode()
         logs.clear()
         t0 = time.perf_counter()
-        self.ctx = mt.mtmd_init_from_file(os.fsencode(path), engine.model_ptr, p)
+        self.ctx = mt.mtmd_init_from_file(os.fsencode(path), model_ptr, p)
         logs.raise_deferred()
         if not self.ctx:
             raise ModelLoadError(f"libmtmd could not load the projector {path}: {logs.first_error() or 'failed'}",
@@ -192,7 +176,7 @@ class Projector:
         if rc != 0:
             raise MediaError(f"libmtmd could not tokenize the prompt ({rc}): {logs.first_error() or 'failed'}")
         tokens: list[int] = []
-        spans: dict[int, Span] = {}
+        spans: dict[int, MediaSpan] = {}
         for i in range(mt.mtmd_input_chunks_size(owner.ptr)):
             chunk = mt.mtmd_input_chunks_get(owner.ptr, i)
             kind = mt.mtmd_input_chunk_get_type(chunk)

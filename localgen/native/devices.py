@@ -18,7 +18,7 @@ def _lib() -> Any:
     """libggml with the signatures used here (loaded by the bindings; registry functions live in it)."""
     global _ggml
     if _ggml is None:
-        from localgen.engine.lib import lib, libggml
+        from localgen.native.lib import lib, libggml
 
         lib()
         g = libggml()
@@ -161,7 +161,7 @@ def register_rpc(servers: tuple[str, ...]) -> list[Device]:
 
 def backend_info() -> dict[str, Any]:
     """What this llama-cpp-python build offers (no model needed)."""
-    from localgen.engine.lib import lib
+    from localgen.native.lib import lib
 
     lc = lib()
     return {

@@ -1,0 +1,171 @@
+"""A llama.cpp context and its memory (the KV cache): made on a model, decoded into, its sequences copied and
+dropped, its state saved and restored, its perf counters; freed."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from localgen.native.batch import Batch
+from localgen.native.lib import lib
+
+
+def new(model: Any, **fields: Any) -> Any:
+    """A context on `model`: llama.cpp's default llama_context_params with `fields` set (n_ctx=..., ...);
+    None where llama.cpp could not make it (its log says why)."""
+    lc = lib()
+    p = lc.llama_context_default_params()
+    for name, value in fields.items():
+        if not hasattr(p, name):
+            raise TypeError(f"llama_context_params has no field {name!r}")
+        setattr(p, name, value)
+    return lc.llama_init_from_model(model, p) or None
+
+
+def free(ctx: Any) -> None:
+    """Free a context and its KV cache."""
+    lib().llama_free(ctx)
+
+
+def n_ctx(ctx: Any) -> int:
+    """The context's window in tokens, as llama.cpp made it."""
+    return int(lib().llama_n_ctx(ctx))
+
+
+def decode(ctx: Any, batch: Any) -> int:
+    """llama_decode of a batch (a native/batch.py Batch, or what batch.of_tokens gives): 0 when done, else
+    llama.cpp's code."""
+    return int(lib().llama_decode(ctx, batch.raw if isinstance(batch, Batch) else batch))
+
+
+def encode(ctx: Any, batch: Batch) -> int:
+    """llama_encode of a batch (encoder models): 0 when done, else llama.cpp's code."""
+    return int(lib().llama_encode(ctx, batch.raw))
+
+
+def synchronize(ctx: Any) -> None:
+    """Wait for the context's queued work."""
+    lib().llama_synchronize(ctx)
+
+
+def set_threads(ctx: Any, threads: int, threads_batch: int) -> None:
+    """The threads a decode uses (one token; a batch)."""
+    lib().llama_set_n_threads(ctx, threads, threads_batch)
+
+
+@dataclass(frozen=True)
+class Perf:
+    """llama.cpp's perf counters of a context since their last reset (llama_perf_context_data)."""
+
+    t_p_eval_ms: float  # prompt evaluation
+    n_p_eval: int
+    t_eval_ms: float  # one-token decodes
+    n_eval: int
+
+
+def perf(ctx: Any) -> Perf:
+    """The context's perf counters."""
+    d = lib().llama_perf_context(ctx)
+    return Perf(float(d.t_p_eval_ms), int(d.n_p_eval), float(d.t_eval_ms), int(d.n_eval))
+
+
+def reset_perf(ctx: Any) -> None:
+    """Start the perf counters from zero."""
+    lib().llama_perf_context_reset(ctx)
+
+
+# ---- the memory (KV cache) ----------------------------------------------------------------------------
+
+
+def memory(ctx: Any) -> Any:
+    """The context's memory handle (owned by the context)."""
+    return lib().llama_get_memory(ctx)
+
+
+def seq_rm(mem: Any, seq: int, p0: int, p1: int) -> bool:
+    """Drop positions [p0, p1) of a sequence (-1: every sequence; -1 ends: open); False where the memory
+    cannot (a recurrent model's tail)."""
+    return bool(lib().llama_memory_seq_rm(mem, seq, p0, p1))
+
+
+def seq_cp(mem: Any, src: int, dst: int, p0: int, p1: int) -> None:
+    """Copy positions [p0, p1) of sequence `src` into `dst` (cells are shared, not copied)."""
+    lib().llama_memory_seq_cp(mem, src, dst, p0, p1)
+
+
+def clear(mem: Any, data: bool = True) -> None:
+    """Empty the memory (with `data`, its buffers too)."""
+    lib().llama_memory_clear(mem, data)
+
+
+# ---- saved state --------------------------------------------------------------------------------------
+
+
+def save_file(ctx: Any, path: str | os.PathLike[str], tokens: list[int]) -> bool:
+    """Write the context's state and its tokens to a file; False where llama.cpp could not."""
+    lc = lib()
+    arr = (lc.llama_token * max(1, len(tokens)))(*tokens)
+    return bool(lc.llama_state_save_file(ctx, os.fsencode(path), arr, len(tokens)))
+
+
+def load_file(ctx: Any, path: str | os.PathLike[str], cap: int) -> list[int] | None:
+    """Restore a saved state of up to `cap` tokens; its tokens, or None where it does not load (or an OSError)."""
+    lc = lib()
+    out = (lc.llama_token * cap)()
+    count = ctypes.c_size_t(0)
+    ok = bool(lc.llama_state_load_file(ctx, os.fsencode(path), out, cap, ctypes.byref(count)))
+    n = int(count.value)
+    if not ok or n == 0 or n > cap:
+        return None
+    return list(out[:n])
+
+
+def seq_state_size(ctx: Any, seq: int) -> int:
+    """The bytes of one sequence's state (llama_state_seq_get_size_ext)."""
+    return int(lib().llama_state_seq_get_size_ext(ctx, seq, 0))
+
+
+def seq_state_get(ctx: Any, seq: int, data: Any) -> int:
+    """Copy one sequence's state into `data` (a numpy uint8 array of its size); the bytes written."""
+    return int(lib().llama_state_seq_get_data_ext(ctx, _bytes(data), len(data), seq, 0))
+
+
+def seq_state_set(ctx: Any, seq: int, data: Any, size: int) -> int:
+    """Restore one sequence's state from the first `size` bytes of `data` (a numpy uint8 array); the bytes
+    read (not `size`: it failed)."""
+    return int(lib().llama_state_seq_set_data_ext(ctx, _bytes(data), size, seq, 0))
+
+
+def _bytes(data: Any) -> Any:
+    return data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+
+
+# ---- embeddings ---------------------------------------------------------------------------------------
+
+
+def pooling_type(ctx: Any) -> int:
+    """The context's pooling (llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank)."""
+    return int(lib().llama_pooling_type(ctx))
+
+
+def embeddings_seq(ctx: Any, seq: int, n: int) -> list[float] | None:
+    """The pooled output of sequence `seq` after the last decode, its first `n` floats; None where there is none."""
+    ptr = lib().llama_get_embeddings_seq(ctx, seq)
+    if not ptr:
+        return None
+    return [float(ptr[i]) for i in range(n)]
+
+
+def set_abort(ctx: Any, cancelled: Callable[[], bool] | None) -> Any:
+    """Have llama.cpp ask `cancelled` between the operations of a computation and stop it when it says so
+    (None: never). Returns the ctypes thunk, to keep referenced while it is set (None when cleared)."""
+    lc = lib()
+    if cancelled is None:
+        lc.llama_set_abort_callback(ctx, lc.ggml_abort_callback(0), None)
+        return None
+    thunk = lc.ggml_abort_callback(lambda _data: bool(cancelled()))
+    lc.llama_set_abort_callback(ctx, thunk, None)
+    return thunk

@@ -1,0 +1,57 @@
+"""llama.cpp's grammar pieces: the bindings' JSON-schema converter, and GBNF checked by llama.cpp's own parser
+before any work (engine/grammar.py makes the schemas and grammars)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from localgen.errors import GrammarError
+
+
+def schema_converter() -> Any:
+    """The bindings' SchemaConverter (llama_cpp.llama_grammar), set as localgen uses it."""
+    from localgen.native.lib import lib
+
+    lib()
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    return SchemaConverter(  # type: ignore[no-untyped-call]
+        prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+
+def check_grammar(vocab: Any, gbnf: str) -> None:
+    """Parse a GBNF grammar natively, so a bad one is an error before any work (the bindings never check
+    whether the parse failed; the parser's message goes straight to fd 2, and is captured from there)."""
+    from localgen.native.lib import lib
+
+    lc = lib()
+    with _capture_fd2() as captured:
+        sampler = lc.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), b"root")
+    if not sampler:
+        why = next((ln.strip() for ln in captured() if "error" in ln), "")
+        why = why.split("error parsing grammar:", 1)[-1].strip().rstrip(":")
+        raise GrammarError("the grammar does not parse" + (f": {why}" if why else ""))
+    lc.llama_sampler_free(sampler)
+
+
+@contextlib.contextmanager
+def _capture_fd2() -> Iterator[Any]:
+    """Capture what native code writes straight to fd 2 (llama.cpp's grammar parser uses fprintf)."""
+    import sys
+    import tempfile
+
+    lines: list[str] = []
+    with tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lambda: lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode("utf-8", errors="replace").splitlines())
