@@ -77,6 +77,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
                                      "full.", openai=True, ollama="num_predict", llamacpp="n_predict",
        flags=("--max-tokens", "--n-predict", "-n"), also=("max_completion_tokens",)),
     _k("stop", TEXTS, help="Stop before this text (repeatable); it is never printed.", openai=True, ollama=True),
+    _k("reasoning_budget", INT, -1, INT32, "Most tokens a reasoning model may think: past them its thinking is "
+                                           "closed (the end tag put in) and it answers; -1 no limit, 0 none."),
     _k("mirostat", INT, 0, 2, "Mirostat sampling: 1 or 2 (replaces top-k/p, min-p, typical, XTC); 0 off.",
        ollama=True),
     _k("mirostat_lr", FLOAT, 0.0, 1.0, "Mirostat learning rate (eta).", ollama="mirostat_eta",

@@ -30,6 +30,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: int | None = None
     max_tokens: int = -1  # -1: until end of generation or the context is full; 0: nothing
+    reasoning_budget: int = -1  # tokens of thinking before the block is closed for the model (engine/budget.py)
     stop: tuple[str, ...] = ()
     mirostat: int = 0
     mirostat_lr: float = 0.1

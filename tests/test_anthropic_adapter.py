@@ -79,7 +79,7 @@ def test_thinking_and_effort_turn_the_templates_switch() -> None:
     assert a._thinking({"type": "adaptive"}) is True
     assert a._thinking({"type": "disabled"}) is False
     assert a._thinking(None) is None
-    assert asyncio.run(a._output_config({"effort": "low"})) == (None, False)
+    assert asyncio.run(a._output_config({"effort": "low"})) == (None, True)  # on, with a budget (common.py)
     assert asyncio.run(a._output_config({"effort": "max"})) == (None, True)
     grammar, _ = asyncio.run(a._output_config({"format": {"type": "json_schema", "schema": {"type": "object"}}}))
     assert grammar and "root" in grammar

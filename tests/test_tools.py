@@ -658,3 +658,24 @@ def test_ollama_think_takes_a_level(reasoning_server: Server) -> None:
         assert httpx.post(url, json={**body, "think": think}, timeout=120).status_code == 200, think
     r = httpx.post(url, json={**body, "think": "sometimes"}, timeout=120)
     assert r.status_code == 400 and "think" in r.json()["error"]
+
+
+def test_a_reasoning_budget_closes_the_thinking_in_serve(reasoning_server: Server) -> None:
+    """R1's template opens <think>, which SmolLM2 never closes: with a budget the block is closed for it and an
+    answer follows, in /v1 (reasoning_budget), Anthropic's API (budget_tokens) and Ollama's (a think level
+    sets the budget, not tested for length here: 1,024 tokens)."""
+    import anthropic
+
+    client = _client(reasoning_server)
+    kw: dict[str, Any] = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+                          "temperature": 0, "max_tokens": 24}
+    free = client.chat.completions.create(**kw).choices[0].message
+    bounded = client.chat.completions.create(**kw, extra_body={"reasoning_budget": 5}).choices[0].message
+    assert not free.content and bounded.content
+    assert len(bounded.model_extra["reasoning_content"]) < len(free.model_extra["reasoning_content"])
+    a = anthropic.Anthropic(base_url=reasoning_server.url, api_key="none")
+    r = a.messages.create(model="smollm2:135m", messages=kw["messages"], max_tokens=24,
+                          thinking={"type": "enabled", "budget_tokens": 5}, extra_body={"temperature": 0})
+    kinds = [b.type for b in r.content]
+    assert kinds == ["thinking", "text"] and r.content[0].thinking.strip() == \
+        bounded.model_extra["reasoning_content"].strip() and r.content[1].text.strip() == bounded.content.strip()

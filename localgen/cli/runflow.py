@@ -136,6 +136,8 @@ def check(f: o.Flags) -> RunPlan:
         raise UsageError("--draft and --lookup cannot be combined")
     if f.beams and (f.draft or f.lookup or schemas):
         raise UsageError("--beams cannot be combined with --draft, --lookup, a grammar or a JSON schema")
+    if f.knobs.get("reasoning_budget", -1) >= 0 and (f.draft or f.lookup or f.beams):
+        raise UsageError("--reasoning-budget cannot be combined with --draft, --lookup or --beams")
     if f.logprobs is not None and not f.json_out:
         raise UsageError("--logprobs adds to the JSON output: add --json")
     if f.logprobs is not None and f.beams:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
+from localgen.engine.budget import budget_for, feed
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import PromptTooLong
 from localgen.native.prompt import spans_of
@@ -48,6 +49,7 @@ class Seq:
     prefilled: float = 0.0  # when the prompt was evaluated
     filled: int = 0  # prompt tokens evaluated so far (the throughput scheduler evaluates prompts in chunks)
     text: list[str] = field(default_factory=list)  # pieces of text decided since the scheduler last took them
+    budget: Any = None  # its reasoning budget (engine/budget.py), if it has one
 
     @property
     def next_pos(self) -> int:
@@ -68,6 +70,16 @@ def refuse(req: Request, on_done: Callable[[Completion], None], n_ctx: int) -> N
     else:
         e = PromptTooLong(f"the prompt is longer than the context window ({len(req.tokens):,} ≥ {n_ctx:,} tokens)")
         on_done(Completion(req.index, "", f"error: {e.message}", len(req.tokens), 0, 0.0, 0.0, req.seed, error=e))
+
+
+def pick(seq: Seq, sample: Callable[[], int], fed: Callable[[Any, int], None]) -> int:
+    """The sequence's next token: the one its reasoning budget feeds (accepted into its chain by `fed`),
+    else what `sample` picks."""
+    tok: int | None = seq.budget.forced() if seq.budget is not None else None
+    if tok is None:
+        return sample()
+    fed(seq.sampler, tok)
+    return tok
 
 
 def accept(seq: Seq, tok: int, logits: Callable[[], Any], piece: Callable[[int], bytes]) -> None:
@@ -118,6 +130,7 @@ class Solo:
                 refuse(req, self.on_done, eng.n_ctx)
                 return True
             seq.sampler = eng.sampler(req.sampling, req.seed, req.tokens)
+            seq.budget = budget_for(eng, req.sampling, req.tokens)
             seq.cached, self._pieces = eng.evaluating(req.tokens)
         if stop:
             return self._finish()
@@ -126,8 +139,9 @@ class Solo:
                 return False
             self._pieces = None
             seq.prefilled = time.perf_counter()
-        tok = eng.sample(seq.sampler)
+        tok = pick(seq, lambda: eng.sample(seq.sampler), eng.accept)
         accept(seq, tok, eng.logits, eng.piece)
+        feed(seq.budget, eng, tok)
         if seq.dec.reason is not None:
             return self._finish()
         eng.decode([tok])

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from localgen.engine.budget import budget_for, feed
 from localgen.engine.sequence import SequenceDecoder
 from localgen.native.prompt import media_tokens_of, spans_of
 from localgen.types import Chunk, FinishReason, SamplingParams, Stats, TokenLogprob
@@ -76,10 +77,16 @@ class Generation:
                                           self.counters, self._record_logprob)
             return
         chain = eng.sampler(self.sampling, self.seed, self.prompt)
+        budget = budget_for(eng, self.sampling, self.prompt)
         try:
             eng.evaluate(self.prompt)
             while True:
-                tok = eng.sample(chain)
+                tok = budget.forced() if budget is not None else None
+                if tok is None:
+                    tok = eng.sample(chain)
+                else:
+                    eng.accept(chain, tok)
+                feed(budget, eng, tok)
                 self._record_logprob(tok, -1)
                 yield tok
                 eng.decode([tok])

@@ -211,6 +211,10 @@ class Engine(Vocabulary):
         """Release a sampler chain."""
         chains.free(chain)
 
+    def accept(self, chain: Any, tok: int) -> None:
+        """A token chosen without the chain (a reasoning budget's close tag), accepted into it."""
+        chains.accept(chain, tok)
+
     def sample(self, chain: Any, row: int = -1) -> int:
         """Sample from the logits of one output row of the last decode (-1: the last row), as
         llama_sampler_sample does (a greedy chain by the row's argmax: native/sampler.py)."""

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from localgen.backend import Completion
-from localgen.engine.batchseq import Request, Seq, accept, completion, refuse
+from localgen.engine.batchseq import Request, Seq, accept, completion, pick, refuse
+from localgen.engine.budget import budget_for, feed
 from localgen.engine.policies import Exact, Policy, Throughput
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import Cancelled
@@ -206,15 +207,16 @@ class Scheduler:
         eng = pc.engine
         dec = SequenceDecoder.for_request(eng.piece, eng.is_eog, req.sampling, len(req.tokens), pc.n_ctx_seq)
         seq = Seq(req, slot, pc.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(), dec,
-                  cached=keep, filled=keep)
+                  cached=keep, filled=keep, budget=budget_for(eng, req.sampling, req.tokens))
         self.active[slot] = seq
         return seq
 
     def sample(self, seq: Seq, row: int) -> None:
         """Sample the sequence's next token from a batch row; finish it if that ended it."""
         pc = self.pc
-        tok = chains.pick(pc.ctx, seq.sampler, row, pc.n_vocab, top_k=pc.pooled)
+        tok = pick(seq, lambda: chains.pick(pc.ctx, seq.sampler, row, pc.n_vocab, top_k=pc.pooled), chains.accept)
         accept(seq, tok, lambda: pc.logits(row), pc.engine.piece)
+        feed(seq.budget, pc.engine, tok)
         dec = seq.dec
         if dec.reason != "eos" and len(dec.tokens) > 1:
             pc.slots.held[seq.slot].append(dec.tokens[-2])  # fed at the step that sampled this one

@@ -191,6 +191,12 @@ def build(vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx: int,
     return Chain(chain, shortcut(s, n_vocab), s.top_k, tuple(eog) if s.ignore_eos else ())
 
 
+def accept(chain: Chain, tok: int) -> None:
+    """Tell the chain a token was chosen without it (fed, as a reasoning budget's close tag): its penalties
+    and grammar see it as they see what they pick."""
+    lib().llama_sampler_accept(chain.ptr, tok)
+
+
 def free(chain: Chain) -> None:
     """Release a sampler chain."""
     lib().llama_sampler_free(chain.ptr)

@@ -19,6 +19,7 @@ from localgen.serve.common import (
     ServeState,
     anthropic_error,
     check_prompt_size,
+    effort_budget,
     events,
     http_error,
     read_json,
@@ -103,6 +104,11 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], countin
     thinking = _thinking(body.get("thinking"))
     if thinking is not None:
         enable_thinking = thinking
+        budget = body["thinking"].get("budget_tokens")
+        if isinstance(budget, int) and not isinstance(budget, bool):
+            values.setdefault("reasoning_budget", budget)
+    config = body.get("output_config")
+    effort_budget(values, config.get("effort") if isinstance(config, dict) else None)
     msgs = await read_messages(_chat_messages(body.get("system"), body.get("messages")), state.allow_image_urls)
     check_prompt_size(worker, [m["content"] for m in msgs])
     args = (("enable_thinking", enable_thinking),) if enable_thinking is not None else ()
@@ -126,7 +132,7 @@ async def _output_config(config: Any) -> tuple[str | None, bool | None]:
     effort = config.get("effort")
     if effort is not None and effort not in EFFORTS:
         raise HTTPError(400, f"output_config.effort must be one of {', '.join(EFFORTS)}", param="output_config.effort")
-    return grammar, None if effort is None else effort != "low"
+    return grammar, None if effort is None else True
 
 
 def _thinking(config: Any) -> bool | None:

@@ -155,6 +155,17 @@ def _depth(doc: Any) -> int:
     return deepest
 
 
+# An effort level as a reasoning budget in tokens: the lower levels bound the thinking, the higher leave it
+# unbounded (none and minimal turn it off, through the template's switch)
+EFFORT_BUDGETS = {"low": 1024, "medium": 4096}
+
+
+def effort_budget(values: dict[str, Any], effort: Any) -> None:
+    """The reasoning budget an effort level sets (engine/budget.py), unless the request set one itself."""
+    if isinstance(effort, str) and effort in EFFORT_BUDGETS:
+        values.setdefault("reasoning_budget", EFFORT_BUDGETS[effort])
+
+
 def sampling(state: ServeState, worker: ModelWorker, values: dict[str, Any],
              grammar: str | None = None) -> SamplingParams:
     """The request's settings over the flags `serve` was given over the model's recommended ones, all

@@ -21,6 +21,7 @@ from localgen.serve.common import (
     HTTPError,
     ServeState,
     check_prompt_size,
+    effort_budget,
     events,
     exact_field,
     read_json,
@@ -105,6 +106,11 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     if unknown:
         raise HTTPError(400, f"unknown options: {', '.join(sorted(unknown))}")
     values = {OPTIONS[k]: v for k, v in opts.items() if k in OPTIONS}
+    think = body.get("think")
+    if think is not None and not isinstance(think, bool) and think not in ("low", "medium", "high"):
+        raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"")
+    effort_budget(values, think)  # a level bounds the thinking as reasoning_effort does
+    args = (("enable_thinking", think is not False),) if think is not None else ()
     fmt = body.get("format")
     grammar = await schema_grammar(fmt, "format") if fmt not in (None, "") else None
     s = sampling(state, worker, values, grammar)
@@ -112,10 +118,6 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     if chat:
         msgs = await read_messages(body.get("messages"), state.allow_image_urls)
         check_prompt_size(worker, [m["content"] for m in msgs])
-        think = body.get("think")
-        if think is not None and not isinstance(think, bool) and think not in ("low", "medium", "high"):
-            raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"")
-        args = (("enable_thinking", think is not False),) if think is not None else ()
         return GenerationRequest(messages=msgs, sampling=s, exact=exact, template_args=args)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
@@ -132,7 +134,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     if body.get("images") is not None:
         user["images"] = body["images"]
         (user,) = await read_messages([user])
-    return GenerationRequest(messages=(*head, user), sampling=s, exact=exact)
+    return GenerationRequest(messages=(*head, user), sampling=s, exact=exact, template_args=args)
 
 
 async def _generate(state: ServeState, http: Request, body: dict[str, Any], chat: bool) -> Response:

@@ -21,6 +21,7 @@ from localgen.serve.common import (
     HTTPError,
     ServeState,
     check_prompt_size,
+    effort_budget,
     events,
     exact_field,
     http_error,
@@ -128,6 +129,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
         raise HTTPError(400, "only n=1 is supported: send the request n times (they run in parallel slots)",
                         param="n")
     values = {ours: body[theirs] for theirs, ours in FIELDS.items() if theirs in body}
+    effort_budget(values, body.get("reasoning_effort"))
     grammar = None
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":

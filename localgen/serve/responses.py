@@ -20,6 +20,7 @@ from localgen.serve.common import (
     HTTPError,
     ServeState,
     check_prompt_size,
+    effort_budget,
     events,
     http_error,
     read_json,
@@ -126,6 +127,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any],
         raise HTTPError(400, "max_output_tokens must be a positive integer", param="max_output_tokens")
     grammar = await _text_format(body.get("text"))
     enable_thinking = _effort(body.get("reasoning"))
+    effort_budget(values, body["reasoning"].get("effort") if enable_thinking else None)
     raw = [*history, *_input_messages(body.get("input"), history)]
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):

@@ -11,14 +11,13 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from localgen.engine.budget import THINK_TAGS  # the ways a reasoning block opens, with their closing tags
+
 if TYPE_CHECKING:  # a plain answer (no tools) needs neither: `run -p` imports this module alone of tools/
     from localgen.tools.formats import Format
     from localgen.tools.plan import ToolPlan
     from localgen.tools.spec import ToolCall
 
-# Ways a template's generation prompt may open a reasoning block, with their closing tags.
-THINK_TAGS = (("<think>", "</think>"), ("<thinking>", "</thinking>"), ("[THINK]", "[/THINK]"),
-              ("<|START_THINKING|>", "<|END_THINKING|>"))
 
 
 @dataclass(frozen=True)
