@@ -68,13 +68,14 @@ def _answer(r: Any) -> dict[str, Any]:
     return dict(json.loads(r.stdout.splitlines()[0]))
 
 
-def test_run_closes_the_thinking_and_answers(cli: CLI, tmp_path: Path) -> None:
+def test_run_closes_the_thinking_and_answers(cli: CLI, tmp_path: Path, smollm2_engine: Any) -> None:
     base = ("run", "--chat-template-file", str(R1), "-n", "24", "--temperature", "0", "--json", "--no-log")
     free = _answer(cli(*base, "Why is the sky blue?"))
     bounded = _answer(cli(*base, "--reasoning-budget", "5", "Why is the sky blue?"))
     assert free["text"] == "" and free["reasoning"], "SmolLM2 never closes R1's block by itself"
     assert bounded["text"] and len(bounded["reasoning"]) < len(free["reasoning"])
     assert free["reasoning"].startswith(bounded["reasoning"].rstrip("\n")), "the same thinking, cut short"
+    assert len(smollm2_engine.tokenize(bounded["reasoning"].strip(), False)) <= 5, "never past the budget"
     lines = tmp_path / "in.txt"
     lines.write_text("Why is the sky blue?\n")
     many = _answer(cli(*base, "--reasoning-budget", "5", "--file", str(lines)))

@@ -544,3 +544,25 @@ def test_responses_errors_and_json_output(server: Server) -> None:
         "text": {"format": {"type": "json_schema", "name": "colour", "schema": schema}}})
     assert r.status_code == 200, r.text
     assert isinstance(json.loads(r.json()["output"][0]["content"][0]["text"])["colour"], str)
+
+
+def test_messages_match_llama_servers_and_chat_completions(server: Server) -> None:
+    """scripts/messages_reference.py's conversations: localgen's /v1/messages gives llama-server's greedy answers
+    (tests/data/llama_server_messages.json, from the same vendored llama.cpp) and the same text as its own
+    /v1/chat/completions for the conversation."""
+    ref = json.loads((ROOT / "tests" / "data" / "llama_server_messages.json").read_text())
+    for name, case in ref["cases"].items():
+        want = ref["answers"]["smollm2:135m"][name]
+        r = httpx.post(f"{server.url}/v1/messages", headers={"x-api-key": KEY}, timeout=300, json={
+            "model": "smollm2:135m", "max_tokens": ref["max_tokens"], "temperature": 0, **case})
+        assert r.status_code == 200, r.text
+        assert "".join(b["text"] for b in r.json()["content"] if b["type"] == "text") == want, name
+        system = case.get("system")
+        if isinstance(system, list):
+            system = "".join(b["text"] for b in system)
+        msgs = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": m["role"], "content": m["content"] if isinstance(m["content"], str)
+             else "".join(b["text"] for b in m["content"])} for m in case["messages"]]
+        chat = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=300, json={
+            "model": "smollm2:135m", "max_tokens": ref["max_tokens"], "temperature": 0, "messages": msgs}).json()
+        assert chat["choices"][0]["message"]["content"] == want, name
