@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Models on demand (#43): one `localgen serve --max-models 1` asked for two models in turn, so each request
 unloads the other. Per round: the time to load a model that was not loaded (Ollama's load_duration), the
-whole request's time (the other model's eviction included), and the time to first token of a request whose
-2,000-token prefix the model had evaluated before it was unloaded, against the same request while the model
-stayed loaded. Medians over the rounds.
+whole request's time (the other model's eviction included), and the time to first token and prefill of a
+request whose 2,000-token prefix the model had evaluated before it was unloaded, against the same request
+while the model stayed loaded. Once with warm reloads (the prompt cache kept on disk across the reload, the
+default) and once with --no-warm-reload. Medians over the rounds.
 
 usage: scripts/bench_residency.py [--a smollm2:135m] [--b gemma3:270m] [--rounds 3] [--prefix 2000]
                                   [--threads 2]
@@ -53,30 +54,38 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     document = " ".join(f"Fact {i}: the river {i} flows north." for i in range(args.prefix // 12))
     ask = document + "\n\nWhich way does river 7 flow?"
-    cmd = [sys.executable, "-m", "localgen", "serve", "--port", str(port), "--max-models", "1", "-np", "1",
-           "--ctx", str(args.prefix + 1024), "-t", str(args.threads), "--quiet"]
-    rows: dict[str, list[float]] = {k: [] for k in ("load a", "load b", "swap to a", "swap to b", "ttft warm",
-                                                    "prefill warm", "ttft after reload", "prefill after reload")}
-    with harness.server(cmd, url + "/health", timeout=300, env=dict(os.environ)):
-        generate(url, args.a, ask)  # the prefix evaluated once (and the first request's own costs paid)
-        for _ in range(args.rounds):
-            warm = generate(url, args.a, ask)  # still loaded: the prefix is in its slot
-            b = generate(url, args.b, "Say hi.")  # a goes
-            back = generate(url, args.a, ask)  # a again: loaded, the prefix evaluated again
-            rows["load b"].append(b["load_duration"] / NS)
-            rows["swap to b"].append(b["total"])
-            rows["load a"].append(back["load_duration"] / NS)
-            rows["swap to a"].append(back["total"])
-            rows["ttft warm"].append(warm["ttft"])
-            rows["prefill warm"].append(warm["prompt_eval_duration"] / NS)
-            rows["ttft after reload"].append(back["ttft"])
-            rows["prefill after reload"].append(back["prompt_eval_duration"] / NS)
-        evictions = httpx.get(url + "/health").json()["residency"]["evictions"]
+    names = ("load a", "load b", "swap to a", "swap to b", "ttft warm", "prefill warm", "ttft after reload",
+             "prefill after reload")
+    rows: dict[str, dict[str, list[float]]] = {}
+    for mode, flag in (("warm reload", "--warm-reload"), ("no warm reload", "--no-warm-reload")):
+        port = harness.free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "localgen", "serve", "--port", str(port), "--max-models", "1", "-np", "1",
+               "--ctx", str(args.prefix + 1024), "-t", str(args.threads), "--quiet", flag]
+        got: dict[str, list[float]] = {k: [] for k in names}
+        with harness.server(cmd, url + "/health", timeout=300, env=dict(os.environ)):
+            generate(url, args.a, ask)  # the prefix evaluated once (and the first request's own costs paid)
+            for _ in range(args.rounds):
+                warm = generate(url, args.a, ask)  # still loaded: the prefix is in its slot
+                b = generate(url, args.b, "Say hi.")  # a goes
+                back = generate(url, args.a, ask)  # a again: loaded, its prefix found on disk or evaluated again
+                got["load b"].append(b["load_duration"] / NS)
+                got["swap to b"].append(b["total"])
+                got["load a"].append(back["load_duration"] / NS)
+                got["swap to a"].append(back["total"])
+                got["ttft warm"].append(warm["ttft"])
+                got["prefill warm"].append(warm["prompt_eval_duration"] / NS)
+                got["ttft after reload"].append(back["ttft"])
+                got["prefill after reload"].append(back["prompt_eval_duration"] / NS)
+            evictions = httpx.get(url + "/health").json()["residency"]["evictions"]
+        rows[mode] = got
+        print(f"{mode}: {evictions} evictions", file=sys.stderr)
     print(f"{args.a} and {args.b} in turn under --max-models 1, {args.rounds} rounds, a {args.prefix}-token prefix; "
-          f"{evictions} evictions; medians in seconds")
-    for k, xs in rows.items():
-        print(f"  {k:22s} {harness.median(xs):7.3f}")
-
+          "medians in seconds")
+    print(f"  {'':22s} {'warm reload':>12s} {'no warm reload':>15s}")
+    for k in names:
+        warm, cold = harness.median(rows["warm reload"][k]), harness.median(rows["no warm reload"][k])
+        print(f"  {k:22s} {warm:12.3f} {cold:15.3f}")
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -226,3 +227,37 @@ def test_a_load_with_no_room_is_a_503_for_its_request() -> None:
         assert isinstance(sent[0], Failed) and sent[0].status == 503 and "pinned or busy" in sent[0].message
     finally:
         loop.close()
+
+
+def _prefix_reuse(server: Server, while_away: Any = lambda: None) -> int:
+    """SmolLM2 answers a long question, Gemma 3 takes its place, SmolLM2 answers it again: how many prompt
+    tokens that second answer found already evaluated (llama-server's timings.cache_n)."""
+    ask = {"messages": [{"role": "user", "content": " ".join(f"Fact {i}: river {i} flows north." for i in range(40))
+                         + "\nWhich way does river 7 flow?"}], "max_tokens": 2, "temperature": 0}
+    url = f"{server.url}/v1/chat/completions"
+    assert httpx.post(url, json={**ask, "model": "smollm2:135m"}, timeout=600).status_code == 200
+    assert httpx.post(url, json={**ask, "model": "gemma3:270m"}, timeout=600).status_code in (200, 400)
+    assert _loaded(server) == ["gemma3:270m"]
+    while_away()
+    again = httpx.post(url, json={**ask, "model": "smollm2:135m"}, timeout=600).json()
+    return int(again["timings"]["cache_n"])
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_reload_finds_the_prefixes_it_held(cli_env: dict[str, str], warm: bool, tmp_path: Path) -> None:
+    """With warm reloads (the default) the prompt cache of an evicted model waits on disk and comes back with
+    it: the same long question after the reload evaluates only its last token; without, all of it again."""
+    s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path)}, "--max-models", "1", "-np", "1", "--ctx", "1024",
+               *(() if warm else ("--no-warm-reload",)))
+    seen_on_disk: list[Path] = []
+    try:
+        reused = _prefix_reuse(s, lambda: seen_on_disk.extend((tmp_path / "cache" / "serve-warm").glob("*/*.state")))
+        health = httpx.get(f"{s.url}/health", timeout=30).json()["models"]["smollm2:135m"]
+    finally:
+        assert s.stop() == 0
+    if warm:
+        assert reused > 300 and health["warm_restored"] >= 1 and health["prompt_cache"]["loads"] >= 1
+        assert seen_on_disk and not list((tmp_path / "cache" / "serve-warm").glob("*/*.state")), \
+            "written at the eviction, read back at the reload, then removed"
+    else:
+        assert reused == 0 and health["warm_restored"] == 0

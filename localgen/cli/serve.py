@@ -66,6 +66,12 @@ def serve(
                                       "KV cache, buffers), e.g. 12G (default: 90% of this machine's RAM, plus its "
                                       "GPUs' memory when offloading).")
     ] = None,
+    warm_reload: Annotated[
+        bool, typer.Option("--warm-reload/--no-warm-reload", rich_help_panel=SERVE,
+                           help="When a model unloads (idle, or to make room), write its prompt cache in RAM (the "
+                                "prefixes its slots held) to disk, and read it back when it loads again, so the "
+                                "first requests after a reload do not evaluate those prefixes again.")
+    ] = True,
     on_demand: Annotated[
         bool, typer.Option("--on-demand/--no-on-demand", rich_help_panel=SERVE,
                            help="Offer every model on this machine (localgen list) by name, loading one when a "
@@ -249,6 +255,13 @@ def _Server(config: Any) -> Any:
     return _server_class()(config)
 
 
+def _warm_dir(f: o.Flags) -> Any:
+    """Where unloaded models' prompt caches wait (None: --no-warm-reload)."""
+    from localgen import paths
+
+    return paths.cache_dir() / "serve-warm" if f.warm_reload else None
+
+
 def _residency(f: o.Flags) -> Any:
     """How many models, and how much memory, may be loaded at once (serve/residency.py)."""
     from localgen import hardware
@@ -277,7 +290,8 @@ def _on_demand(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any
 
     def make(ref: Any) -> Any:
         w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact,
-                        share_prefixes=f.share_prefix, cache_ram=cache_ram, residency=residency, pinned=False)
+                        share_prefixes=f.share_prefix, cache_ram=cache_ram, residency=residency, pinned=False,
+                        warm_dir=_warm_dir(f))
         w.start()
         return w
 
@@ -299,7 +313,8 @@ def _workers(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any) 
         ref = o.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
         w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact,
                         share_prefixes=f.share_prefix, cache_ram=cache_ram, residency=residency,
-                        pinned=bool(f.models))  # -m pins; the default model, loaded at start, may make room
+                        pinned=bool(f.models),  # -m pins; the default model, loaded at start, may make room
+                        warm_dir=_warm_dir(f))
         err.status(f"loading {ref.name} ...")
         w.preload()
         w.start()

@@ -10,6 +10,7 @@ used entry goes first when the limit needs room, and an entry that the slot now 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from localgen.engine.tokens import common_prefix, starts_with
@@ -78,6 +79,47 @@ class HostCache:
         self.bytes += size
         self.saves += 1
         return True
+
+    def dump(self, folder: Path) -> int:
+        """Write every entry to `folder` (a state file and its tokens each), most recently used last: what a
+        model unloaded to make room or idle keeps on disk for its next load (serve's warm reloads). The bytes
+        written."""
+        import json
+
+        folder.mkdir(parents=True, exist_ok=True)
+        total = 0
+        for i, e in enumerate(self.entries):
+            (folder / f"{i:04d}.state").write_bytes(memoryview(e.data)[:e.size])
+            (folder / f"{i:04d}.json").write_text(json.dumps({"tokens": e.tokens, "prompt_len": e.prompt_len}))
+            total += e.size
+        return total
+
+    def restore(self, folder: Path) -> int:
+        """Read back what dump() wrote, within the limit (the most recently used kept first), and remove the
+        files; the entries restored."""
+        import json
+        import shutil
+
+        import numpy
+
+        found = sorted(folder.glob("*.state")) if folder.is_dir() else []
+        taken: list[Entry] = []
+        room = self.limit - self.bytes if self.limit > 0 else None
+        for state in reversed(found):  # the most recently used first, while they fit
+            try:
+                meta = json.loads(state.with_suffix(".json").read_text())
+                data = numpy.fromfile(state, dtype=numpy.uint8)
+            except (OSError, ValueError):
+                continue  # a damaged file is a state not restored, never an error
+            if room is not None and data.size > room:
+                continue
+            taken.append(Entry(list(meta["tokens"]), int(meta["prompt_len"]), data, int(data.size)))
+            room = None if room is None else room - data.size
+        for e in reversed(taken):
+            self.entries.append(e)
+            self.bytes += e.size
+        shutil.rmtree(folder, ignore_errors=True)
+        return len(taken)
 
     def best(self, tokens: list[int]) -> tuple[Entry | None, int]:
         """The entry that shares the longest prefix with `tokens` (worth loading: 64 tokens or more, and at

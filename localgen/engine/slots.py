@@ -82,6 +82,21 @@ class Slots:
         self.prompt_len[slot] = len(tokens)
         return keep
 
+    def persist(self, folder: Any) -> int:
+        """Every slot's cells saved to host memory, then the host cache written to `folder`: the prefixes a
+        model held, kept on disk while it is unloaded (serve's warm reloads). The bytes written (0 when the
+        host cache is off)."""
+        if self.host is None:
+            return 0
+        for slot in list(self.held):
+            self._spill(slot, 0)
+        return self.host.dump(folder)
+
+    def restore(self, folder: Any) -> int:
+        """What persist() wrote, back into the host cache (a request with one of those prefixes then copies it
+        into its slot instead of evaluating it); the entries restored."""
+        return self.host.restore(folder) if self.host is not None else 0
+
     def _spill(self, slot: int, kept: int) -> None:
         """Save to host memory what `slot` holds before it keeps only `kept` of it, unless that loses little or
         another slot holds it all."""

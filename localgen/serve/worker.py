@@ -32,7 +32,8 @@ class ModelWorker:
 
     def __init__(self, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, max_queue: int,
                  warn: Callable[[str], None] = lambda s: None, exact: bool | None = None,
-                 share_prefixes: bool = True, cache_ram: int = 0, residency: Any = None, pinned: bool = True) -> None:
+                 share_prefixes: bool = True, cache_ram: int = 0, residency: Any = None, pinned: bool = True,
+                 warm_dir: Any = None) -> None:
         self.ref = ref
         self.name = ref.name
         self.load = load
@@ -47,6 +48,8 @@ class ModelWorker:
         self.pinned = pinned  # never unloaded to make room for another model (serve -m)
         self.last_used = time.monotonic()  # the last job's arrival: the least recently used goes first
         self.need = 0  # bytes the model takes loaded, by its estimate (serve/model.py's footprint)
+        self.warm_dir = warm_dir  # where its prompt cache waits while it is unloaded (None: warm reloads off)
+        self.warm_restored = 0  # prefixes a load found there
         self.jobs: queue.Queue[Job | EmbedJob | Unload | None] = queue.Queue()  # None: a prompt is ready
         self.prep = MediaPrep(lambda: self.jobs.put(None))  # prompts with images or audio, made off this thread
         self.backend: Any = None
@@ -154,7 +157,8 @@ class ModelWorker:
                 "rows": self.rows + (pc.rows if pc else 0), "shared_prompt_tokens": pc.slots.shared if pc else 0,
                 "prompt_cache": pc.slots.host.status() if pc and pc.slots.host else None,
                 "batching": self.mode.name if self.mode else None, "failed_jobs": self.failures,
-                "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": self.settings}
+                "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": self.settings,
+                "warm_restored": self.warm_restored}
 
     @property
     def settings(self) -> dict[str, Any] | None:
@@ -389,8 +393,23 @@ class ModelWorker:
         self.backend, self.pc, self.mode = backend, pc, mode
         self.sched = Scheduler(pc, mode.exact, reuse=True, interleave=True)
         self.n_ctx = backend.engine.n_ctx
+        self._warm(lambda folder: setattr(self, "warm_restored", pc.slots.restore(folder)))
         self.vram_bytes = backend.engine.gpu_weight_bytes()
         self.idle_since = time.monotonic()
+
+    def _warm(self, act: Callable[[Any], Any]) -> None:
+        """Warm reloads: `act` on this model's folder (its prompt cache written there as it unloads, read back
+        as it loads again); a failure is logged and costs only the warmth."""
+        if self.warm_dir is None or self.backend is None:
+            return
+        import hashlib
+        from pathlib import Path
+
+        try:
+            key = f"{self.backend.engine.identity}|{self.parallel}|{self.n_ctx}"
+            act(Path(self.warm_dir) / hashlib.sha256(key.encode()).hexdigest()[:24])
+        except Exception as e:
+            self._internal(e, "keeping the prompt cache across a reload")
 
     def _maybe_unload(self) -> None:
         if self.backend is None:
@@ -410,6 +429,8 @@ class ModelWorker:
                 self.sched.close()
                 self.sched = None
             if self.pc is not None:
+                pc = self.pc
+                self._warm(lambda folder: pc.slots.persist(folder))
                 self.calls += self.pc.steps
                 self.rows += self.pc.rows
                 self.pc.close()
