@@ -288,3 +288,18 @@ def test_resume_from_skips_answered_lines(cli: CLI, two: tuple[Server, Server], 
                            env=cli.env, stdout=sink, stderr=subprocess.PIPE, text=True)
     assert r.returncode == 2 and "append with" in r.stderr
     assert httpx.get(f"{a.url}/health").status_code == 200
+
+
+def test_without_m_the_servers_default_is_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server listing several models: the one it marks default (localgen serve's), else a usage error."""
+    from localgen.errors import UsageError
+    from localgen.remote import backend
+    from localgen.remote.endpoints import Endpoint
+
+    ep = Endpoint(url="http://127.0.0.1:1/v1")
+    listed = [{"id": "a"}, {"id": "b", "default": True}]
+    monkeypatch.setattr(backend, "_listed", lambda e: listed)
+    assert backend.pick_model([ep]) == "b"
+    listed[1].pop("default")
+    with pytest.raises(UsageError, match="serves 2 models"):
+        backend.pick_model([ep])

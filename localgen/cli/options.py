@@ -132,7 +132,7 @@ JsonSchemaFile = Annotated[
 ]
 Think = Annotated[
     bool | None,
-    typer.Option("--think/--no-think", rich_help_panel=SAMPLING_PANEL, show_default=False,
+    typer.Option("--think/--no-think", rich_help_panel="Reasoning", show_default=False,
                  help="Turn a reasoning model's thinking on or off through its chat template's switch "
                       "(enable_thinking, as Qwen3's); default: the template's own default."),
 ]

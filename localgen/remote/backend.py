@@ -20,25 +20,36 @@ from localgen.types import GenerationRequest
 
 def served_models(endpoint: Endpoint) -> list[str]:
     """The model ids an endpoint serves: from endpoints.toml, else its /models (empty when it lists none)."""
+    return [m["id"] for m in _listed(endpoint)]
+
+
+def _listed(endpoint: Endpoint) -> list[dict[str, Any]]:
+    """The entries of an endpoint's model list (endpoints.toml's names, else its /models)."""
     if endpoint.models:
-        return list(endpoint.models)
+        return [{"id": m} for m in endpoint.models]
     client = RemoteClient(endpoint, "")
     try:
         doc = client.get("/models")
     finally:
         client.close()
     data = doc.get("data", []) if isinstance(doc, dict) else []
-    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
 def pick_model(endpoints: list[Endpoint]) -> str:
-    """The model when -m is not given: the endpoint's only one (from endpoints.toml or its /models)."""
+    """The model when -m is not given: the endpoint's only one (from endpoints.toml or its /models), or the one
+    it marks as its default (localgen serve offers every model it has, its default marked)."""
     ep = endpoints[0]
     if ep.models:
         return ep.models[0]
-    ids = served_models(ep)
+    listed = _listed(ep)
+    ids: list[str] = [m["id"] for m in listed]
     if len(ids) == 1:
         return ids[0]
+    # the one it marks default: localgen serve's model for a request that names none
+    chosen: list[str] = [m["id"] for m in listed if m.get("default") is True]
+    if len(chosen) == 1:
+        return chosen[0]
     if not ids:
         raise RemoteError(f"{ep.label} did not list its models", hint="name the model with -m")
     raise UsageError(f"{ep.label} serves {len(ids)} models: name one with -m ({', '.join(ids[:8])})")

@@ -59,7 +59,8 @@ def routes(state: ServeState) -> list[Route]:
         offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen",
-             "max_model_len": state.window(ref, w)} for name, ref, w in offered]})
+             "max_model_len": state.window(ref, w), **({"default": True} if name == state.default else {})}
+            for name, ref, w in offered]})
 
     async def chat(request: Request) -> Response:
         return await _complete(state, request, await read_json(request), chat=True)
