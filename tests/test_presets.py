@@ -252,3 +252,27 @@ def test_a_presets_template_and_a_chat_on_a_preset(cli_env: dict[str, str], tmp_
     saved = json.loads((tmp_path / "home" / "data" / "chats" / "onchat.json").read_text())
     assert saved["system"] == "You are terse.\nAnswer in one word."
     assert [m["content"] for m in saved["messages"][:3]] == ["Hi", "Hello.", "Sky?"]
+
+
+def test_serve_and_bench_take_a_preset(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """serve offers a preset by name and loads it with its num_ctx (unless --ctx is given); bench measures it."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    assert CLI(env)("create", "terse", "-f", "-", input=TERSE).returncode == 0
+    s = Server(env, "-np", "1")
+    try:
+        windows = {m["id"]: m["max_model_len"] for m in httpx.get(f"{s.url}/v1/models", timeout=60).json()["data"]}
+        assert windows["terse"] == 1024, windows  # its num_ctx, before it loads
+        r = httpx.post(f"{s.url}/v1/chat/completions", timeout=300,
+                       json={"model": "terse", "messages": [{"role": "user", "content": "Sky?"}]})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3, r.text  # its num_predict
+        loaded = {m["name"]: m["context_length"] for m in httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]}
+        assert loaded["terse"] == 1024
+    finally:
+        assert s.stop() == 0
+    r = CLI(env)("bench", "-m", "terse", "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[0])["n_prompt"] == 8

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli import presetflow
 from localgen.errors import LocalgenError, UsageError
 from localgen.settings import KNOBS
 from localgen.units import format_bytes, parse_bytes
@@ -289,7 +290,8 @@ def _on_demand(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any
     load = o.load_params(f, streams=f.parallel)
 
     def make(ref: Any) -> Any:
-        w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact,
+        w = ModelWorker(ref, presetflow.load_params(ref, load, f.knobs.given("ctx")), f.parallel, keep, f.max_queue,
+                        warn=err.warn, exact=f.exact,
                         share_prefixes=f.share_prefix, cache_ram=cache_ram, residency=residency, pinned=False,
                         warm_dir=_warm_dir(f))
         w.start()
@@ -298,7 +300,8 @@ def _on_demand(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any
     def listing() -> list[str]:
         return [i["name"] for i in installed() if i.get("architecture") is not None]
 
-    return OnDemand(make, lambda name: resolve(name, offline=True, pull_missing=False), listing, load)
+    return OnDemand(make, lambda name: resolve(name, offline=True, pull_missing=False), listing, load,
+                    f.knobs.given("ctx"))
 
 
 def _workers(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any) -> list[Any]:
@@ -311,7 +314,8 @@ def _workers(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any) 
     workers = []
     for name in names:
         ref = o.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
-        w = ModelWorker(ref, load, f.parallel, keep, f.max_queue, warn=err.warn, exact=f.exact,
+        w = ModelWorker(ref, presetflow.load_params(ref, load, f.knobs.given("ctx")), f.parallel, keep,
+                        f.max_queue, warn=err.warn, exact=f.exact,
                         share_prefixes=f.share_prefix, cache_ram=cache_ram, residency=residency,
                         pinned=bool(f.models),  # -m pins; the default model, loaded at start, may make room
                         warm_dir=_warm_dir(f))

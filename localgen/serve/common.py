@@ -115,6 +115,8 @@ class ServeState:
         if worker is not None:
             return int(worker.n_ctx)
         n_ctx = int(self.on_demand.load.n_ctx) if self.on_demand is not None else 0
+        if ref.context is not None and not (self.on_demand is not None and self.on_demand.ctx_given):
+            n_ctx = ref.context  # a preset's num_ctx
         return min(n_ctx, ref.summary.context_length) if ref.summary.context_length else n_ctx
 
 

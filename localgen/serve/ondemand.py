@@ -16,8 +16,9 @@ class OnDemand:
     """Installed models, looked up offline by name, and a worker made for each when first asked for."""
 
     def __init__(self, make: Callable[[ModelRef], Any], lookup: Callable[[str], ModelRef],
-                 listing: Callable[[], list[str]], load: LoadParams) -> None:
-        self.load = load  # what each loads with
+                 listing: Callable[[], list[str]], load: LoadParams, ctx_given: bool = False) -> None:
+        self.load = load  # what each loads with (a preset's num_ctx in place of the context, unless --ctx was given)
+        self.ctx_given = ctx_given
         self.make = make  # a started ModelWorker for a model (not loaded yet)
         self.lookup = lookup  # a name → its model on disk, without the network (LocalgenError: none)
         self.listing = listing  # the names of the models on disk
