@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from localgen.native.report import LoadReport, parse_load_log
 
 _LOG = [
@@ -29,3 +31,17 @@ def test_an_empty_repack_buffer_and_no_word_on_flash_attention() -> None:
     assert report.flash_attn_auto is False
     assert report.offloaded is None
     assert parse_load_log([]).flash_attn_auto is None
+
+
+def test_doctor_reads_the_gpu_offload_from_the_load_report(monkeypatch: Any, capsys: Any, home: Any) -> None:
+    """doctor's check says where the layers went from the engine's LoadReport, not by reading the log itself:
+    a load that reports no layers offloaded is a PROBLEM; one that does names it."""
+    from localgen.cli import doctor
+    from localgen.engine import llama
+
+    monkeypatch.setattr(llama, "last_load", lambda: LoadReport())
+    assert doctor._smoke_test(gpu=True) == 1
+    assert "did not report layers offloaded to the GPU" in capsys.readouterr().out
+    monkeypatch.setattr(llama, "last_load", lambda: LoadReport(offloaded="offloaded 31/31 layers to GPU"))
+    assert doctor._smoke_test(gpu=True) == 0
+    assert "on offloaded 31/31 layers to GPU: ok" in capsys.readouterr().out

@@ -104,7 +104,6 @@ def _smoke_test(gpu: bool, rpc: tuple[str, ...] = ()) -> int:
     from localgen.engine.llama import Engine
     from localgen.errors import LocalgenError
     from localgen.models.resolve import resolve
-    from localgen.native import logs
     from localgen.types import LoadParams, SamplingParams
 
     try:
@@ -120,8 +119,8 @@ def _smoke_test(gpu: bool, rpc: tuple[str, ...] = ()) -> int:
     s = gen.stats
     where = "CPU"
     if gpu:
-        offloaded = [ln for ln in logs.lines(200) if "offloaded" in ln and "layers to GPU" in ln]
-        where = offloaded[-1].split("load_tensors:")[-1].strip() if offloaded else "GPU (layer count not reported)"
+        offloaded = engine.load_report.offloaded  # "offloaded 31/31 layers to GPU" (native/report.py)
+        where = offloaded or "GPU (layer count not reported)"
         if not offloaded:
             print("PROBLEM   the load did not report layers offloaded to the GPU; run with --verbose to see why")
             return 1
