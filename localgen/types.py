@@ -243,3 +243,8 @@ class Stats:
             if isinstance(v, float):
                 d[k] = round(v, 4)
         return d
+
+
+def thinking_args(on: bool | None) -> tuple[tuple[str, Any], ...]:
+    """GenerationRequest.template_args for the template's thinking switch (None: the template's default)."""
+    return (("enable_thinking", on),) if on is not None else ()

@@ -14,7 +14,7 @@ from localgen import settings
 from localgen.backend import Backend
 from localgen.chat.session import ChatSession
 from localgen.errors import ContextOverflowError
-from localgen.types import GenerationRequest, Message, SamplingParams, Stats
+from localgen.types import GenerationRequest, Message, SamplingParams, Stats, thinking_args
 
 SETTABLE = sorted(settings.KNOBS)
 
@@ -62,9 +62,8 @@ class ChatRunner:
             from localgen.tools.plan import plain_history
 
             messages = list(plain_history(tuple(messages)))
-        args = (("enable_thinking", self.thinking),) if self.thinking is not None else ()
         return GenerationRequest(messages=tuple(messages), sampling=self.sampling, json_schema=self.json_schema,
-                                 template_args=args)
+                                 template_args=thinking_args(self.thinking))
 
     def count(self, messages: list[Message]) -> int:
         """Prompt tokens of a conversation as the template renders it (with the tools, when there are any)."""

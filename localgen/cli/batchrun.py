@@ -20,7 +20,7 @@ from localgen import settings
 from localgen.backend import Completion, Indexed
 from localgen.errors import UsageError
 from localgen.text import checked, problem
-from localgen.types import GenerationRequest, SamplingParams
+from localgen.types import GenerationRequest, SamplingParams, thinking_args
 
 
 @dataclasses.dataclass
@@ -119,8 +119,7 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
                 msgs = ([{"role": "system", "content": ln.system}] if ln.system else [])
                 req = GenerationRequest(messages=(*msgs, {"role": "user", "content": ln.prompt}), sampling=sampling,
                                         logprobs=logprobs, json_schema=opts.json_schema,
-                                        template_args=(("enable_thinking", opts.think),) if opts.think is not None
-                                        else ())
+                                        template_args=thinking_args(opts.think))
             yield Indexed(ln.number, req, seed)
 
     def done(c: Completion) -> None:

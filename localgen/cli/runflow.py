@@ -17,7 +17,7 @@ from localgen.cli import presetflow
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.errors import UsageError
 from localgen.text import checked
-from localgen.types import GenerationRequest, Message, SamplingParams
+from localgen.types import GenerationRequest, Message, SamplingParams, thinking_args
 
 if TYPE_CHECKING:
     from localgen.backend import Backend
@@ -299,7 +299,7 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Backend,
     if f.raw:
         return GenerationRequest(prompt=text, sampling=sampling, logprobs=f.logprobs, shared=shared,
                                  prompt_cache=cache, json_schema=schema)
-    thinking = (("enable_thinking", f.think),) if f.think is not None else ()
+    thinking = thinking_args(f.think)
     content: Any = text
     if plan.media:
         from localgen import media

@@ -34,7 +34,7 @@ from localgen.serve.jobs import Failed, Text
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream, Piece
-from localgen.types import GenerationRequest
+from localgen.types import GenerationRequest, thinking_args
 
 # Anthropic's fields → our settings (temperature, top_p and top_k arrive from older clients, or extra_body)
 FIELDS = {"max_tokens": "max_tokens", "stop_sequences": "stop", "temperature": "temperature", "top_p": "top_p",
@@ -111,7 +111,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], countin
     effort_budget(values, config.get("effort") if isinstance(config, dict) else None)
     msgs = await read_messages(_chat_messages(body.get("system"), body.get("messages")), state.allow_image_urls)
     check_prompt_size(worker, [m["content"] for m in msgs])
-    args = (("enable_thinking", enable_thinking),) if enable_thinking is not None else ()
+    args = thinking_args(enable_thinking)
     return GenerationRequest(messages=msgs, sampling=sampling(state, worker, values, grammar), template_args=args)
 
 

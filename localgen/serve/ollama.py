@@ -36,7 +36,7 @@ from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Done, Event, Text, parse_duration
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece
-from localgen.types import GenerationRequest, ModelRef
+from localgen.types import GenerationRequest, ModelRef, thinking_args
 
 # Ollama's `options` → our settings (settings.py's table; llama-server's names for what Ollama lacks)
 OPTIONS = settings.spellings("ollama")
@@ -110,7 +110,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any], chat: b
     if think is not None and not isinstance(think, bool) and think not in ("low", "medium", "high"):
         raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"")
     effort_budget(values, think)  # a level bounds the thinking as reasoning_effort does
-    args = (("enable_thinking", think is not False),) if think is not None else ()
+    args = thinking_args(None if think is None else think is not False)
     fmt = body.get("format")
     grammar = await schema_grammar(fmt, "format") if fmt not in (None, "") else None
     s = sampling(state, worker, values, grammar)

@@ -38,7 +38,7 @@ from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Event, Failed, Text
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece
-from localgen.types import GenerationRequest
+from localgen.types import GenerationRequest, thinking_args
 
 # OpenAI's fields, then llama-server's extensions under their own names → our settings (settings.py's table)
 FIELDS = settings.spellings("openai")
@@ -189,7 +189,7 @@ def _template_args(body: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
         raise HTTPError(400, f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}",
                         param="reasoning_effort")
     if kwargs is None:  # the effort turns the template's thinking switch: none and minimal off, the rest on
-        return (("enable_thinking", effort not in ("none", "minimal")),) if effort is not None else ()
+        return thinking_args(None if effort is None else effort not in ("none", "minimal"))
     if not isinstance(kwargs, dict):
         raise HTTPError(400, f"`{name}` must be an object of template variables", param=name)
     for key, value in kwargs.items():

@@ -36,7 +36,7 @@ from localgen.serve.responseitems import Items, Shape, usage
 from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, default_path
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream
-from localgen.types import GenerationRequest
+from localgen.types import GenerationRequest, thinking_args
 
 # the sampling fields chat completions reads (settings.py's table), and the Responses API's own max_output_tokens
 FIELDS = {**settings.spellings("openai"), "max_output_tokens": "max_tokens"}
@@ -135,7 +135,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any],
     lead = [{"role": "system", "content": instructions}] if instructions else []
     msgs = await read_messages([*lead, *raw], state.allow_image_urls)
     check_prompt_size(worker, [m["content"] for m in msgs])
-    args = (("enable_thinking", enable_thinking),) if enable_thinking is not None else ()
+    args = thinking_args(enable_thinking)
     request = GenerationRequest(messages=msgs, sampling=sampling(state, worker, values, grammar), template_args=args)
     return request, list(msgs[len(lead):])
 
