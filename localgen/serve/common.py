@@ -86,8 +86,9 @@ class ServeState:
 
     def _worker(self, name: Any) -> ModelWorker:
         if name is None or name == "":
-            name = self.default if self.default is not None else next(iter(self.workers)) if len(
-                self.workers) == 1 else None
+            name = self.default
+            if name is None and len(self.workers) == 1:
+                name = next(iter(self.workers))
         if isinstance(name, str) and name in self.workers:
             return self.workers[name]
         if isinstance(name, str) and self.on_demand is not None:
