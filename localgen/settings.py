@@ -335,6 +335,10 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
              "times); 0 from the model.", "rope_freq_scale", 0.0, panel=GPU),
     LoadKnob("yarn_orig_ctx", INT, ("--yarn-orig-ctx",), "YaRN: the model's original training context; 0 from the "
              "model.", "yarn_orig_ctx", 0, panel=GPU),
+    LoadKnob("lora", TEXT, ("--lora",), "LoRA adapters (GGUF) to apply over the model, comma-separated; each "
+             "is made for one base model.", metavar="FILE,..."),
+    LoadKnob("lora_scaled", TEXT, ("--lora-scaled",), "LoRA adapters with a scale each (0 turns one off, 1 is "
+             "--lora's).", metavar="FILE:SCALE,..."),
     LoadKnob("rpc", TEXT, ("--rpc",), "llama.cpp RPC servers (localgen rpc-server) whose devices take part of the "
              "model.", panel=GPU, envvar="LLAMA_ARG_RPC", metavar="HOST:PORT,..."),
 )}

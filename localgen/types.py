@@ -93,6 +93,7 @@ class LoadParams:
     rope_freq_scale: float = 0.0  # 0: from the model
     yarn_orig_ctx: int = 0  # 0: from the model
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) whose devices join the load
+    lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters (GGUF path, scale) applied over the model's own
     streams: int = 1  # sequences decoded together (serve's --parallel): which tuning record applies
 
     def __post_init__(self) -> None:
@@ -160,6 +161,7 @@ class ModelRef:
     system: str | None = None
     messages: tuple[dict[str, str], ...] = field(default=(), compare=False)
     context: int | None = None
+    adapters: tuple[tuple[str, float], ...] = ()  # a preset's LoRA adapters (GGUF path, scale): ADAPTER lines
 
     @property
     def quantization(self) -> str | None:

@@ -89,7 +89,8 @@ def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     ("FROM smollm2:135m\nSYSTEM\n", ["line 2", "SYSTEM needs a value"]),
     ("FROM smollm2:135m\nSYSTEM \"\"\n", ["line 2", "SYSTEM needs a value"]),
     ("FROM smollm2:135m\nFROM qwen3:0.6b\n", ["line 2", "second FROM"]),
-    ("FROM smollm2:135m\nADAPTER ./lora.gguf\n", ["line 2", "ADAPTER is not supported yet"]),
+    ("FROM smollm2:135m\nADAPTER ./lora.gguf\n", ["line 2", "ADAPTER takes an absolute path here"]),
+    ("FROM smollm2:135m\nADAPTER /a/peft-folder\n", ["line 2", "is not a .gguf file"]),
     ("# only a comment\nSYSTEM hi\n", ["no FROM line"]),
 ])
 def test_a_bad_modelfile_is_one_error_naming_its_line(text: str, words: list[str]) -> None:
@@ -180,7 +181,8 @@ def test_rm_removes_the_preset_never_its_base(pcli: InProcessCLI, tmp_path: Path
     ("bot", "FROM ./nowhere.gguf\n", ["FROM ./nowhere.gguf", "no such model file"]),
     ("bot", "FROM smollm2:135m\nTEMPLATE {{ .Prompt }}\n", ["Ollama Go template"]),
     ("bot", "FROM smollm2:135m\nTEMPLATE {% if %}\n", ["TEMPLATE does not compile"]),
-    ("bot", "FROM smollm2:135m\nADAPTER ./lora.gguf\n", ["ADAPTER is not supported yet"]),
+    ("bot", "FROM smollm2:135m\nADAPTER ./lora.gguf\n", ["ADAPTER takes an absolute path here"]),
+    ("bot", "FROM smollm2:135m\nADAPTER /nowhere/lora.gguf\n", ["ADAPTER: the LoRA adapter cannot read"]),
     ("smollm2:135m", "FROM smollm2:135m\n", ["catalogue model's name"]),
     ("a/b", "FROM smollm2:135m\n", ["bad preset name 'a/b'"]),
 ])

@@ -219,13 +219,15 @@ def show(
         "chat_template": bool(s.chat_template),
         "modalities": ["text", *projectors.modalities(ref)],
         "projector": ref.mmproj,
+        "adapters": [path for path, _ in ref.adapters],  # a preset's LoRA adapters (ADAPTER)
     }
     if json_out:
         doc["chat_template"] = s.chat_template
         print(json.dumps(doc))
         return
     labels = {"model_name": "model", "size": "file size", "context_length": "context length",
-              "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary"}
+              "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary",
+              "adapters": "LoRA adapters"}
     for k, v in doc.items():
         if k == "size":
             v = format_bytes(v)
@@ -237,8 +239,10 @@ def show(
             v = "not known yet (--sha256 computes it)"
         elif k == "modalities":
             v = ", ".join(v)
-        elif k == "projector" and v is None:
+        elif k in ("projector", "adapters") and not v:
             continue
+        elif k == "adapters":
+            v = ", ".join(v)
         print(f"{labels.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
 
 

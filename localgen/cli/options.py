@@ -368,7 +368,8 @@ class Knobs:
         values.update(
             flash_attn=self.flash_attn(), tensor_split=split, use_mmap=not self.get("no_mmap", False),
             use_mlock=bool(self.get("mlock", False)),
-            rpc=tuple(x.strip() for x in str(self.get("rpc") or "").split(",") if x.strip()))
+            rpc=tuple(x.strip() for x in str(self.get("rpc") or "").split(",") if x.strip()),
+            lora=lora_adapters(self.get("lora"), self.get("lora_scaled")))
         values.update(override)
         return LoadParams(**values)
 
@@ -397,6 +398,34 @@ class Knobs:
         context is not among them (it trims the history here)."""
         return [LOAD_KNOBS[n].flags[0].split("/")[0] for n in self.values
                 if n in LOAD_KNOBS and n != "ctx" and self.given(n) and self.values[n] not in (None, False, [], ())]
+
+
+def lora_adapters(plain: str | None, scaled: str | None) -> tuple[tuple[str, float], ...]:
+    """--lora FILE,... and --lora-scaled FILE:SCALE,... (llama.cpp's spellings) as (absolute path, scale)
+    pairs; a file that is not there is an error before anything loads."""
+    from localgen.errors import UsageError
+
+    pairs: list[tuple[str, float]] = [(x, 1.0) for x in _items(plain)]
+    for item in _items(scaled):
+        path, sep, text = item.rpartition(":")
+        try:
+            scale = float(text)
+        except ValueError:
+            scale = float("nan")
+        if not sep or not path or scale != scale or abs(scale) > 1e6:
+            raise UsageError(f"--lora-scaled takes FILE:SCALE (e.g. style.gguf:0.5), not {item!r}")
+        pairs.append((path, scale))
+    out = []
+    for path, scale in pairs:
+        full = Path(path).expanduser()
+        if not full.is_file():
+            raise UsageError(f"no LoRA adapter file {path!r}")
+        out.append((str(full.resolve()), scale))
+    return tuple(out)
+
+
+def _items(text: str | None) -> list[str]:
+    return [x.strip() for x in str(text or "").split(",") if x.strip()]
 
 
 def _given(ctx: typer.Context, name: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -18,7 +19,7 @@ def create(
     name: Annotated[str, typer.Argument(help="The preset's name, e.g. mybot or mybot:short.")],
     file: Annotated[
         str, typer.Option("--file", "-f", show_default=False,
-                          help="The Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE); - reads stdin.")
+                          help="The Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE, ADAPTER); - reads stdin.")
     ],
     force: Force = False,
     json_out: Json = False,
@@ -27,17 +28,17 @@ def create(
     machine; every value is checked now."""
     from localgen.models.presets import create_preset
 
+    folder = None  # stdin: ADAPTER paths must be absolute
     if file == "-":
         text, where = sys.stdin.read(), "stdin"
     else:
-        from pathlib import Path
-
         try:
             text = Path(file).expanduser().read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"cannot read the Modelfile {file}: {e}") from None
         where = file
-    preset = create_preset(name, text, _on_disk, where=where, force=force)
+        folder = Path(file).expanduser().resolve().parent
+    preset = create_preset(name, text, _on_disk, where=where, force=force, folder=folder)
     _done(preset, json_out)
 
 

@@ -3,6 +3,7 @@ This module is the Typer signature and the start-up; localgen/serve/ is the serv
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -287,7 +288,8 @@ def _on_demand(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any
     from localgen.serve.ondemand import OnDemand
     from localgen.serve.worker import ModelWorker
 
-    load = o.load_params(f, streams=f.parallel)
+    # --lora is for the models loaded at start; one loaded on demand takes its preset's ADAPTER lines
+    load = dataclasses.replace(o.load_params(f, streams=f.parallel), lora=())
 
     def make(ref: Any) -> Any:
         w = ModelWorker(ref, presetflow.load_params(ref, load, f.knobs.given("ctx")), f.parallel, keep, f.max_queue,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen import paths
+from localgen.engine import adapters
 from localgen.engine.template import ChatTemplate
 from localgen.engine.tokens import common_prefix, safe_prefix
 from localgen.engine.vocab import Vocabulary
@@ -49,9 +50,11 @@ class Engine(Vocabulary):
         t0 = time.perf_counter()
         self.model_ptr = self._load_model(self.params, cpu_only)
         try:
+            self.adapters = adapters.load(self.model_ptr, self.model, self.params.lora)
             self._ctx = self._new_context(self.params)
         except BaseException:
             native_model.free(self.model_ptr)
+            self.model_ptr = None  # close() (from __del__) must not free it again
             raise
         self.load_s = time.perf_counter() - t0
         logs.raise_deferred()  # a Ctrl-C during the load (which logs throughout)
@@ -199,7 +202,7 @@ class Engine(Vocabulary):
         return "|".join(str(x) for x in (
             path, st.st_size, st.st_mtime_ns, p.cache_type_k, p.cache_type_v, self.flash_attn, p.n_batch, p.n_ubatch,
             p.repack, p.n_gpu_layers if self.offloaded else 0, p.rope_scaling, p.rope_freq_base, p.rope_freq_scale,
-            version(),
+            version(), *adapters.identity(self.adapters),
         ))
 
     def sampler(self, s: SamplingParams, seed: int, history: list[int] | tuple[int, ...] = ()) -> Any:

@@ -28,8 +28,10 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     the KV cells the work will hold at once when not one window (--parallel: N windows; beams: N
     continuations). `factory` builds the engine (tests pass one that fails the way a full GPU does)."""
     from localgen.engine.llama import Engine
+    from localgen.models import lora
     from localgen.native.devices import backend_info
 
+    lora.check_all(ref, params.lora)  # before the weights load
     make = factory or Engine
     cpu_only = False
     if params.n_gpu_layers is None and not params.rpc:  # with RPC servers every layer goes to the devices

@@ -1,5 +1,6 @@
 """The subset of Ollama's Modelfile that localgen reads and writes: FROM, PARAMETER, SYSTEM, TEMPLATE,
-MESSAGE (ADAPTER is recognised and refused: the engine loads no LoRA adapters yet).
+MESSAGE and ADAPTER (a LoRA adapter GGUF, by path: relative to the Modelfile's folder, absolute where the text
+has no folder, as over HTTP).
 
 Syntax as Ollama's: one instruction per line, its name in any case; `#` starts a comment line; a value is
 bare text, a "quoted string" (with \\" \\\\ and \\n escapes) or a \"\"\"multi-line string\"\"\". PARAMETER takes
@@ -9,6 +10,7 @@ Ollama's names (num_predict, mirostat_tau, ...) or localgen's, and num_ctx, the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from localgen import settings
@@ -36,6 +38,7 @@ class Modelfile:
     system: str | None = None
     template: str | None = None
     messages: tuple[dict[str, str], ...] = ()
+    adapters: tuple[str, ...] = ()  # LoRA adapter GGUFs, absolute paths, applied at scale 1 in this order
 
 
 class _Lines:
@@ -50,8 +53,9 @@ class _Lines:
         return UsageError(f"{self.where} line {number}: {message}")
 
 
-def parse(text: str, where: str = "Modelfile") -> Modelfile:
-    """Parse and check a Modelfile; a UsageError names the line of the first problem."""
+def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Modelfile:
+    """Parse and check a Modelfile; a UsageError names the line of the first problem. `folder`: where a
+    relative ADAPTER path starts (the Modelfile's own folder); None: ADAPTER takes absolute paths only."""
     src = _Lines(checked(text, where), where)
     base: str | None = None
     params: dict[str, Any] = {}
@@ -59,6 +63,7 @@ def parse(text: str, where: str = "Modelfile") -> Modelfile:
     context: int | None = None
     single: dict[str, str] = {}
     messages: list[dict[str, str]] = []
+    adapters: list[str] = []
     while src.i < len(src.lines):
         number = src.i + 1
         line = src.lines[src.i].strip()
@@ -68,10 +73,11 @@ def parse(text: str, where: str = "Modelfile") -> Modelfile:
         word, rest = _split(line)
         instr = word.upper()
         if instr not in INSTRUCTIONS:
-            raise src.error(number, f"unknown instruction {word!r} (localgen reads {', '.join(INSTRUCTIONS[:5])})")
+            raise src.error(number, f"unknown instruction {word!r} (localgen reads {', '.join(INSTRUCTIONS)})")
         rest = rest.strip()
         if instr == "ADAPTER":
-            raise src.error(number, "ADAPTER is not supported yet: localgen does not load LoRA adapters")
+            adapters.append(_adapter(src, number, _value(src, rest, number, instr), folder))
+            continue
         if instr in ("PARAMETER", "MESSAGE"):
             key, rest = _split(rest)
             if not key:
@@ -119,7 +125,20 @@ def parse(text: str, where: str = "Modelfile") -> Modelfile:
         except UsageError as e:
             raise UsageError(f"{where}: PARAMETER {name}: {e.message}") from None
     return Modelfile(base=base, parameters=params, context=context, system=single.get("SYSTEM"),
-                     template=single.get("TEMPLATE"), messages=tuple(messages))
+                     template=single.get("TEMPLATE"), messages=tuple(messages), adapters=tuple(adapters))
+
+
+def _adapter(src: _Lines, number: int, value: str, folder: Path | None) -> str:
+    """ADAPTER's path, absolute (create checks the file against the base; a load checks it again)."""
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        if folder is None:
+            raise src.error(number, f"ADAPTER takes an absolute path here, not {value!r}")
+        path = folder / path
+    if path.suffix.lower() != ".gguf" or path.is_dir():
+        raise src.error(number, f"ADAPTER {path} is not a .gguf file: localgen applies LoRA adapters in GGUF "
+                                "(llama.cpp's convert_lora_to_gguf.py makes one from a PEFT folder)")
+    return str(path.resolve())
 
 
 def _split(text: str) -> tuple[str, str]:
@@ -215,7 +234,7 @@ def _setting_text(name: str, value: Any) -> list[str]:
 
 def write(m: Modelfile) -> str:
     """The Modelfile text that parses back to `m`."""
-    lines = [f"FROM {quote(m.base)}"]
+    lines = [f"FROM {quote(m.base)}", *(f"ADAPTER {quote(a)}" for a in m.adapters)]
     if m.context is not None:
         lines.append(f"PARAMETER num_ctx {m.context}")
     for name, value in m.parameters.items():

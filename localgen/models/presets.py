@@ -1,7 +1,8 @@
 """Presets: a name for a model with settings layered on it, made from a Modelfile (`localgen create`) and
 kept as one small JSON file each in the data dir. A preset's name works wherever a model name does: it
 resolves to its base model with the preset's sampling defaults, system prompt, messages, context size and
-chat template. A preset never owns model files, so removing one removes only the preset."""
+chat template, and its LoRA adapters. A preset never owns model files (an adapter stays where ADAPTER named
+it), so removing one removes only the preset."""
 
 from __future__ import annotations
 
@@ -90,7 +91,8 @@ def _to_json(p: Preset) -> dict[str, Any]:
     s = p.spec
     return {"format": FORMAT, "name": p.name, "base": s.base,
             "parameters": {k: settings.jsonable(v) for k, v in s.parameters.items()},
-            "context": s.context, "system": s.system, "template": s.template, "messages": list(s.messages)}
+            "context": s.context, "system": s.system, "template": s.template, "messages": list(s.messages),
+            "adapters": list(s.adapters)}
 
 
 def _from_json(name: str, d: dict[str, Any]) -> Preset:
@@ -101,7 +103,8 @@ def _from_json(name: str, d: dict[str, Any]) -> Preset:
     spec = modelfile.Modelfile(base=d["base"], parameters=settings.validate(params), context=d.get("context"),
                                system=d.get("system"), template=d.get("template"),
                                messages=tuple({"role": str(m["role"]), "content": str(m["content"])}
-                                              for m in d.get("messages") or ()))
+                                              for m in d.get("messages") or ()),
+                               adapters=tuple(str(a) for a in d.get("adapters") or ()))
     modelfile.parse(modelfile.write(spec))  # every value as create checks it
     return Preset(name, spec)
 
@@ -129,12 +132,23 @@ def _check_new_name(name: str) -> None:
 BaseLookup = Callable[[str], ModelRef]
 
 
-def create_preset(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", force: bool = False) -> Preset:
-    """Parse a Modelfile, check its base is on this machine (without the network), and save it as `name`
-    (`--force`: replacing a preset of that name). The function `localgen create` and /api/create call."""
+def create_preset(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", force: bool = False,
+                  folder: Path | None = None) -> Preset:
+    """Parse a Modelfile, check its base is on this machine (without the network) and its adapters are made for
+    that base, and save it as `name` (`--force`: replacing a preset of that name). `folder`: the Modelfile's,
+    where relative ADAPTER paths start. The function `localgen create` and /api/create call."""
     _check_new_name(name)
-    spec = modelfile.parse(text, where)
+    spec = modelfile.parse(text, where, folder)
     spec = _on_base(spec, where, lookup)
+    if spec.adapters:
+        from localgen.models import lora
+
+        ref = lookup(spec.base)
+        for path in spec.adapters:
+            try:
+                lora.check(path, ref.summary.architecture, spec.base)
+            except UsageError as e:
+                raise UsageError(f"{where}: ADAPTER: {e.message}", hint=e.hint) from None
     if spec.template is not None:
         _check_template(spec.template, where)
     preset = Preset(name, spec)
@@ -181,7 +195,7 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup) -> model
             context=spec.context if spec.context is not None else up.context,
             system=spec.system if spec.system is not None else up.system,
             template=spec.template if spec.template is not None else up.template,
-            messages=spec.messages or up.messages)
+            messages=spec.messages or up.messages, adapters=(*up.adapters, *spec.adapters))
     from localgen.models import names
 
     try:
@@ -218,4 +232,5 @@ def apply(p: Preset, ref: ModelRef) -> ModelRef:
     summary = dataclasses.replace(ref.summary, chat_template=s.template) if s.template else ref.summary
     return dataclasses.replace(ref, name=p.name, summary=summary,
                                sampling_defaults={**ref.sampling_defaults, **s.parameters},
-                               system=s.system, messages=s.messages, context=s.context)
+                               system=s.system, messages=s.messages, context=s.context,
+                               adapters=tuple((a, 1.0) for a in s.adapters))

@@ -9,20 +9,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from localgen.native import lora
 from localgen.native.batch import Batch
 from localgen.native.lib import lib
 
 
 def new(model: Any, **fields: Any) -> Any:
-    """A context on `model`: llama.cpp's default llama_context_params with `fields` set (n_ctx=..., ...);
-    None where llama.cpp could not make it (its log says why)."""
+    """A context on `model`: llama.cpp's default llama_context_params with `fields` set (n_ctx=..., ...), and
+    the model's LoRA adapters set on it; None where llama.cpp could not make it (its log says why)."""
     lc = lib()
     p = lc.llama_context_default_params()
     for name, value in fields.items():
         if not hasattr(p, name):
             raise TypeError(f"llama_context_params has no field {name!r}")
         setattr(p, name, value)
-    return lc.llama_init_from_model(model, p) or None
+    ctx = lc.llama_init_from_model(model, p) or None
+    if ctx is not None and not lora.applied(model, ctx):  # the model's LoRA adapters (native/lora.py)
+        lc.llama_free(ctx)
+        return None
+    return ctx
 
 
 def free(ctx: Any) -> None:

@@ -50,7 +50,10 @@ def load(path: str, options: ModelOptions) -> Any:
 
 
 def free(model: Any) -> None:
-    """Free a loaded model."""
+    """Free a loaded model (and the LoRA adapters loaded onto it)."""
+    from localgen.native import lora
+
+    lora.detach(model)
     lib().llama_model_free(model)
 
 

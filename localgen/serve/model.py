@@ -65,4 +65,14 @@ def footprint(ref: ModelRef, load: LoadParams, parallel: int) -> int:
     n_ctx = min(load.n_ctx, s.context_length) if s.context_length else load.n_ctx
     layers = load.n_gpu_layers if load.n_gpu_layers is not None else 0
     cells = dataclasses.replace(load, n_ctx=n_ctx * parallel)
-    return of_file(ref.path, s, cells, n_seq=parallel, gpu_layers=layers).total
+    adapters = sum(_size(path) for path, _ in (*ref.adapters, *load.lora))  # LoRA weights load beside the model's
+    return of_file(ref.path, s, cells, n_seq=parallel, gpu_layers=layers).total + adapters
+
+
+def _size(path: str) -> int:
+    import os
+
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0  # the load says the file is missing
