@@ -12,6 +12,7 @@ import typer
 
 from localgen import settings
 from localgen.cli import options as o
+from localgen.cli.knobs import Knobs
 from localgen.settings import KNOBS, LOAD_KNOBS
 from localgen.types import GenerationRequest, LoadParams, SamplingParams
 
@@ -129,13 +130,13 @@ def test_knobs_layer_flags_over_model_defaults_over_built_in(monkeypatch: pytest
     values |= {lk.name: lk.default for lk in LOAD_KNOBS.values()}
     values |= {"temperature": 0.3, "dry_sequence_breaker": ["none"], "ctx": 1024, "tensor_split": "3,1",
                "no_mmap": True, "flash_attn": "auto"}
-    knobs = o.Knobs(values, frozenset({"temperature", "dry_sequence_breaker", "ctx"}))
+    knobs = Knobs(values, frozenset({"temperature", "dry_sequence_breaker", "ctx"}))
     s = knobs.sampling({"temperature": 0.9, "top_k": 5, "stop": ["X"]})
     assert (s.temperature, s.top_k, s.stop, s.dry_sequence_breaker) == (0.3, 5, ("X",), ())
     load = knobs.load()
     assert (load.n_ctx, load.tensor_split, load.use_mmap, load.flash_attn) == (1024, (3.0, 1.0), False, "auto")
     assert knobs.remote_conflicts() == []  # the context is not a load-only flag: it trims history here
-    given = o.Knobs(values, frozenset({"no_mmap", "flash_attn"}))
+    given = Knobs(values, frozenset({"no_mmap", "flash_attn"}))
     assert given.remote_conflicts() == ["--flash-attn", "--no-mmap"]
 
 
@@ -151,7 +152,7 @@ def test_a_new_knob_is_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(settings, "ALIASES", settings.spellings("any"))
     assert settings.field_name("top-a") == "top_a"
 
-    def cmd(ctx_: typer.Context, *, knobs: o.Knobs) -> None:
+    def cmd(ctx_: typer.Context, *, knobs: Knobs) -> None:
         raise AssertionError
 
     wrapped = o.with_knobs(load=())(cmd)
@@ -168,7 +169,7 @@ def test_option_groups_reach_the_command_typed() -> None:
 
     got: list[Any] = []
 
-    def cmd(ctx_: typer.Context, *, tools: o.ToolOptions, output: o.OutputFormat, knobs: o.Knobs) -> None:
+    def cmd(ctx_: typer.Context, *, tools: o.ToolOptions, output: o.OutputFormat, knobs: Knobs) -> None:
         got.append((tools, output, knobs))
 
     app = typer.Typer()

@@ -86,9 +86,7 @@ class BatchOptions:
 
 def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions) -> int:
     """Complete every line; returns the exit status (1 if any line failed)."""
-    from localgen.engine.batchseq import new_seed
-
-    instruction, system, raw, json_out, logprobs = opts.instruction, opts.system, opts.raw, opts.json_out, opts.logprobs
+    instruction, system, json_out = opts.instruction, opts.system, opts.json_out
     lines: dict[int, _Line] = {}
     ready: dict[int, tuple[_Line, Completion | None]] = {}
     state = {"next": 1, "failed": 0, "tokens": 0, "prompts": 0, "skipped": 0}
@@ -107,20 +105,7 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
                 ready[ln.number] = (ln, None)
                 flush()
                 continue
-            if ln.seeded:  # the line's own seed (null: a fresh one)
-                seed = ln.sampling.seed if ln.sampling.seed is not None else new_seed()
-            else:  # --seed + line - 1, within the seed's range; without --seed a fresh one
-                seed = (base.seed + ln.number - 1) % 2**32 if base.seed is not None else new_seed()
-            sampling = dataclasses.replace(ln.sampling, seed=seed)
-            if raw:
-                req = GenerationRequest(prompt=ln.prompt, sampling=sampling, logprobs=logprobs,
-                                        json_schema=opts.json_schema)
-            else:
-                msgs = ([{"role": "system", "content": ln.system}] if ln.system else [])
-                req = GenerationRequest(messages=(*msgs, {"role": "user", "content": ln.prompt}), sampling=sampling,
-                                        logprobs=logprobs, json_schema=opts.json_schema,
-                                        template_args=thinking_args(opts.think))
-            yield Indexed(ln.number, req, seed)
+            yield _request(ln, ln.prompt, base, opts)
 
     def done(c: Completion) -> None:
         ln = lines[c.index]
@@ -151,6 +136,26 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
     if opts.stats:
         _print_stats(state, time.perf_counter() - t0, counters, opts.parallel, len(getattr(backend, "endpoints", ())))
     return 1 if state["failed"] else 0
+
+
+def _request(ln: _Line, prompt: str, base: SamplingParams, opts: BatchOptions) -> Indexed:
+    """A line's request, with its seed: the line's own (null: a fresh one), else --seed + line - 1 (within the
+    seed's range), else a fresh one."""
+    from localgen.engine.batchseq import new_seed
+
+    if ln.seeded:
+        seed = ln.sampling.seed if ln.sampling.seed is not None else new_seed()
+    else:
+        seed = (base.seed + ln.number - 1) % 2**32 if base.seed is not None else new_seed()
+    sampling = dataclasses.replace(ln.sampling, seed=seed)
+    if opts.raw:
+        req = GenerationRequest(prompt=prompt, sampling=sampling, logprobs=opts.logprobs, json_schema=opts.json_schema)
+    else:
+        msgs = ([{"role": "system", "content": ln.system}] if ln.system else [])
+        req = GenerationRequest(messages=(*msgs, {"role": "user", "content": prompt}), sampling=sampling,
+                                logprobs=opts.logprobs, json_schema=opts.json_schema,
+                                template_args=thinking_args(opts.think))
+    return Indexed(ln.number, req, seed)
 
 
 def _print_stats(state: dict[str, int], secs: float, counters: dict[str, float], parallel: int, endpoints: int) -> None:

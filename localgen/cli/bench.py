@@ -129,21 +129,13 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
     """bench --endpoint: the sweep against a server, kept in the history labelled as client-side figures."""
     from localgen.bench import history, serving, sweep
     from localgen.cli.output import ErrWriter
-    from localgen.remote.backend import pick_model
     from localgen.remote.client import RemoteClient
-    from localgen.remote.endpoints import choose
 
     concurrencies = sweep.int_values("--parallel/--concurrency", parallel, [1, 4])
     rate_values = _rates(rates)
     prompts = sweep.int_values("--n-prompt", n_prompt, [128])
     gens = sweep.int_values("--n-gen", n_gen, [64])
-    targets = []
-    wanted: list[str | None] = list(models) if models else [None]
-    for m in wanted:
-        eps, model_id = choose(urls, key_env, m)
-        if not eps:
-            raise UsageError("--endpoint URL (or -m NAME/MODEL from endpoints.toml) names the server to measure")
-        targets.append((eps[0], model_id or pick_model(eps)))
+    targets = _remote_targets(urls, key_env, models)
     import localgen
 
     system = {"build_commit": "client-side", "build_number": 0, "cpu_info": "", "cores": 0, "ram": 0, "gpu_info": "",
@@ -186,14 +178,34 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
     finally:
         view.end()
         if results and output != "jsonl":
-            from localgen.bench import records
-
-            if output:
-                sys.stdout.write(records.FORMATS[output](results))
-            else:
-                emit_serving(results)
-            sys.stdout.flush()
+            _print_results(results, output)
     err.line(f"saved as run {run_id}: localgen bench history {run_id} (client-side figures)")
+
+
+def _remote_targets(urls: list[str] | None, key_env: str | None, models: Values) -> list[tuple[Any, str]]:
+    """(endpoint, model id) for each model named (the endpoint's own model where none is)."""
+    from localgen.remote.backend import pick_model
+    from localgen.remote.endpoints import choose
+
+    targets = []
+    wanted: list[str | None] = list(models) if models else [None]
+    for m in wanted:
+        eps, model_id = choose(urls, key_env, m)
+        if not eps:
+            raise UsageError("--endpoint URL (or -m NAME/MODEL from endpoints.toml) names the server to measure")
+        targets.append((eps[0], model_id or pick_model(eps)))
+    return targets
+
+
+def _print_results(results: list[dict[str, Any]], output: str | None) -> None:
+    """The sweep's table, or its rows in the --output format."""
+    from localgen.bench import records
+
+    if output:
+        sys.stdout.write(records.FORMATS[output](results))
+    else:
+        emit_serving(results)
+    sys.stdout.flush()
 
 
 def _rates(rates: Values) -> list[float]:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.knobs import Knobs
 
 
 @o.with_knobs()
@@ -43,7 +44,7 @@ def chat(
     tools: o.ToolOptions,
     output: o.OutputFormat,
     remote: o.RemoteOptions,
-    knobs: o.Knobs,
+    knobs: Knobs,
 ) -> None:
     """Chat with a model. Type /help inside for commands.
 

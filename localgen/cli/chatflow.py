@@ -74,31 +74,9 @@ def start(f: o.Flags) -> None:
     if f.list_:
         _print_list(sessions.list_sessions())
         return
-    from localgen.remote.endpoints import choose
-
-    endpoints, remote_model = choose(f.remote.endpoint, f.remote.api_key_env, f.model)
-    if endpoints:
-        bad = o.remote_conflicts(f, {"grammar": "--grammar (GBNF; --json-schema works)"})
-        if bad:
-            raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs "
-                             "the model)")
-        if not remote_model and not f.resume:
-            from localgen.remote.backend import pick_model
-
-            remote_model = pick_model(endpoints)
-        if remote_model:
-            f._values["model"] = remote_model
+    endpoints = _endpoints(f)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
-    tools = f.tools.any
-    if tools and endpoints:
-        raise UsageError("tools (--functions, --mcp) cannot be used with a remote endpoint")
-    if tools and (f.output.grammar or f.output.json_schema or f.output.json_schema_file):
-        raise UsageError("tools (--functions, --mcp) cannot be combined with a grammar or JSON schema")
-    if tools and not interactive and not f.tools.yes:
-        raise UsageError("the model may call tools, and a scripted chat (stdin not a terminal) cannot ask first: "
-                         "add --yes to let the calls run")
-    if not tools and (f.given("tool_choice") or f.given("tool_steps") or f.given("tool_timeout")):
-        raise UsageError("--tool-choice, --tool-steps and --tool-timeout go with tools: add --functions or --mcp")
+    _check_tools(f, bool(endpoints), interactive)
     session = _open_session(f)
     o.sampling(f)  # the flags alone are valid, before anything loads
     grammar, schema = o.output_grammar(f)
@@ -148,6 +126,40 @@ def start(f: o.Flags) -> None:
         runner.backend.close()
         if toolbox is not None:
             toolbox.close()
+
+
+def _endpoints(f: o.Flags) -> list[Any]:
+    """The remote endpoints chat sends to (none: the model loads here); the flags they cannot honour are
+    refused, and the model is the one named, else the endpoint's."""
+    from localgen.remote.endpoints import choose
+
+    endpoints, remote_model = choose(f.remote.endpoint, f.remote.api_key_env, f.model)
+    if endpoints:
+        bad = o.remote_conflicts(f, {"grammar": "--grammar (GBNF; --json-schema works)"})
+        if bad:
+            raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs "
+                             "the model)")
+        if not remote_model and not f.resume:
+            from localgen.remote.backend import pick_model
+
+            remote_model = pick_model(endpoints)
+        if remote_model:
+            f._values["model"] = remote_model
+    return list(endpoints)
+
+
+def _check_tools(f: o.Flags, remote: bool, interactive: bool) -> None:
+    """The tool flags go together, and not with what cannot take them."""
+    tools = f.tools.any
+    if tools and remote:
+        raise UsageError("tools (--functions, --mcp) cannot be used with a remote endpoint")
+    if tools and (f.output.grammar or f.output.json_schema or f.output.json_schema_file):
+        raise UsageError("tools (--functions, --mcp) cannot be combined with a grammar or JSON schema")
+    if tools and not interactive and not f.tools.yes:
+        raise UsageError("the model may call tools, and a scripted chat (stdin not a terminal) cannot ask first: "
+                         "add --yes to let the calls run")
+    if not tools and (f.given("tool_choice") or f.given("tool_steps") or f.given("tool_timeout")):
+        raise UsageError("--tool-choice, --tool-steps and --tool-timeout go with tools: add --functions or --mcp")
 
 
 def _open_session(f: o.Flags) -> Any:

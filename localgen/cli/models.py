@@ -184,7 +184,6 @@ def show(
     ] = False,
 ) -> None:
     """What a model is, read from its GGUF header (bounded; weights are not loaded). Local files only."""
-    from localgen.models import download
     from localgen.models import mmproj as projectors
     from localgen.models.resolve import resolve
 
@@ -200,10 +199,24 @@ def show(
             raise LocalgenError(f"{ref.name} has no chat template")
         print(s.chat_template)
         return
+    doc = _show_doc(ref, sha256)
+    if json_out:
+        doc["chat_template"] = s.chat_template
+        print(json.dumps(doc))
+        return
+    _print_doc(doc)
+
+
+def _show_doc(ref: Any, hash_now: bool) -> dict[str, Any]:
+    """What `show` says of a model (`hash_now`: compute an unknown SHA-256, with a progress bar)."""
     from pathlib import Path
 
+    from localgen.models import download
+    from localgen.models import mmproj as projectors
+
+    s = ref.summary
     sha = ref.sha256 or _known_sha256(ref)
-    if sha is None and sha256:
+    if sha is None and hash_now:
         from localgen.cli.progress import make_progress
 
         target = Path(ref.path).resolve()
@@ -211,7 +224,7 @@ def show(
         progress.start(f"hashing {target.name}", target.stat().st_size, 0)
         sha = download.sha256_file(target, progress)
         progress.finish()
-    doc: dict[str, Any] = {
+    return {
         "name": ref.name, "file": ref.path, "sha256": sha, "architecture": s.architecture, "model_name": s.name,
         "parameters": s.n_params, "quantization": s.quantization, "size": s.file_size,
         "context_length": s.context_length, "layers": s.n_layers, "embedding_length": s.n_embd,
@@ -221,13 +234,15 @@ def show(
         "projector": ref.mmproj,
         "adapters": [path for path, _ in ref.adapters],  # a preset's LoRA adapters (ADAPTER)
     }
-    if json_out:
-        doc["chat_template"] = s.chat_template
-        print(json.dumps(doc))
-        return
-    labels = {"model_name": "model", "size": "file size", "context_length": "context length",
-              "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary",
-              "adapters": "LoRA adapters"}
+
+
+_LABELS = {"model_name": "model", "size": "file size", "context_length": "context length",
+           "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary",
+           "adapters": "LoRA adapters"}
+
+
+def _print_doc(doc: dict[str, Any]) -> None:
+    """`show`'s lines: a label and a value each."""
     for k, v in doc.items():
         if k == "size":
             v = format_bytes(v)
@@ -237,13 +252,11 @@ def show(
             v = "yes (--template prints it)" if v else "none (use --raw)"
         elif k == "sha256" and v is None:
             v = "not known yet (--sha256 computes it)"
-        elif k == "modalities":
-            v = ", ".join(v)
         elif k in ("projector", "adapters") and not v:
             continue
-        elif k == "adapters":
+        elif k in ("modalities", "adapters"):
             v = ", ".join(v)
-        print(f"{labels.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
+        print(f"{_LABELS.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
 
 
 def _modelfile(name: str, offline: bool) -> str:

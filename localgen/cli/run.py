@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.knobs import Knobs
 
 MANY = "Many prompts"
 SPEC = "Speculative decoding"
@@ -145,7 +146,7 @@ def run(
     tools: o.ToolOptions,
     output: o.OutputFormat,
     remote: o.RemoteOptions,
-    knobs: o.Knobs,
+    knobs: Knobs,
 ) -> None:
     """Generate from one prompt (or many) and stream the answer to stdout.
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli import presetflow
+from localgen.cli import presetflow, runinput
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.errors import UsageError
 from localgen.text import checked
@@ -153,11 +153,11 @@ def check(f: o.Flags) -> RunPlan:
                              hint="or use `localgen chat`, which asks before each call")
     if f.resume_from is not None and (f.file is None or not f.json_out):
         raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
-    attached = _attachments(f, many)
+    attached = runinput.attachments(f, many)
     endpoints, model = _endpoints(f)
     if endpoints:
         _check_remote(f)
-    parts = () if many else tuple(_prompt_parts(f, stdin_taken=any(a == "-" for a in f.attach or ())))
+    parts = () if many else tuple(runinput.prompt_parts(f, stdin_taken=any(a == "-" for a in f.attach or ())))
     grammar, schema = o.output_grammar(f)
     return RunPlan(many=many, parts=parts, grammar=grammar, speculative=bool(f.draft or f.lookup),
                    flash_attn_given=f.knobs.given("flash_attn") or f.knobs.get("no_flash_attn"),
@@ -166,31 +166,6 @@ def check(f: o.Flags) -> RunPlan:
                    repack_on=f.knobs.given("repack") and bool(f.knobs.get("repack")), schema=schema,
                    endpoints=tuple(endpoints),
                    model=model, media=attached)
-
-
-def _attachments(f: o.Flags, many: bool) -> tuple[Any, ...]:
-    """--image and -a/--attach, read and checked (format, size, pixels) before anything loads."""
-    images, attach = list(f.image or ()), list(f.attach or ())
-    if not images and not attach:
-        return ()
-    dropped = [flag for flag, on in (("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(f.beams)),
-                                     ("--draft/--lookup", bool(f.draft or f.lookup)),
-                                     ("--endpoint", bool(f.remote.endpoint)),
-                                     ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache)) if on]
-    if dropped:
-        raise UsageError(f"images and audio (--image, -a) cannot be combined with {', '.join(dropped)}")
-    if attach.count("-") > 1:
-        raise UsageError("stdin can be read once: give -a - only once")
-    from localgen import media
-
-    out = []
-    for spec in images:
-        m = media.read(str(spec))
-        if m.kind != "image":
-            raise UsageError(f"--image {spec} is {m.format} audio: attach it with -a")
-        out.append(m)
-    out += [media.read(spec) for spec in attach]
-    return tuple(out)
 
 
 def _endpoints(f: o.Flags) -> tuple[list[Any], str | None]:
@@ -410,40 +385,3 @@ def run_many(f: o.Flags, plan: RunPlan, backend: Backend, err: ErrWriter) -> int
     except KeyboardInterrupt:
         err.interrupted()
         return 130
-
-
-def _prompt_parts(f: o.Flags, stdin_taken: bool = False) -> list[str]:
-    """Documents (-f), piped stdin, then the prompt. A lone -f FILE with no other prompt is the prompt itself,
-    as llama.cpp's -f means. `stdin_taken`: stdin's bytes are an attachment (-a -)."""
-    question = f.prompt if f.prompt is not None else f.prompt_arg
-    piped = "" if f.no_stdin or stdin_taken else _read_stdin()
-    documents = list(f.document or [])
-    if question is None and not piped and len(documents) == 1:
-        return [_read_text(documents[0])]
-    parts = [*(f"{d.name}:\n\n{_read_text(d)}" for d in documents)]
-    if question is not None:
-        checked(question, "the prompt")
-    parts += [p for p in (piped, question) if p]
-    if not parts:
-        raise UsageError("no prompt: give it as an argument or with -p, or pipe text on stdin")
-    return parts
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{path} is not UTF-8 text") from None
-
-
-def _read_stdin() -> str:
-    stdin = sys.stdin
-    if stdin is None or stdin.closed or stdin.isatty():
-        return ""
-    try:
-        text = stdin.read().strip("\n")
-    except UnicodeDecodeError:
-        raise UsageError("stdin is not UTF-8 text") from None
-    except (OSError, ValueError):
-        return ""
-    return checked(text, "stdin")

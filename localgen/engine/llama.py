@@ -13,24 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from localgen import paths
-from localgen.engine import adapters
+from localgen.engine import adapters, loading
 from localgen.engine.template import ChatTemplate
 from localgen.engine.tokens import common_prefix, safe_prefix
 from localgen.engine.vocab import Vocabulary
-from localgen.errors import ContextOverflowError, LocalgenError, ModelLoadError
+from localgen.errors import ContextOverflowError, LocalgenError
 from localgen.native import context, logs
 from localgen.native import model as native_model
 from localgen.native import sampler as chains
 from localgen.native import vocab as native_vocab
 from localgen.native.batch import Batch
-from localgen.native.lib import init_numa, logits_row, ready, version
+from localgen.native.lib import logits_row, ready, version
 from localgen.native.prompt import spans_of
 from localgen.native.report import last_load
 from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
 
-_SPLIT = {"none": 0, "layer": 1, "row": 2}
 _ROPE = {None: -1, "none": 0, "linear": 1, "yarn": 2}
-_NUMA = {"distribute": 1, "isolate": 2, "numactl": 3}
 
 
 class Engine(Vocabulary):
@@ -48,7 +46,7 @@ class Engine(Vocabulary):
         n_gpu = self.params.n_gpu_layers or 0
         logs.clear()
         t0 = time.perf_counter()
-        self.model_ptr = self._load_model(self.params, cpu_only)
+        self.model_ptr = loading.load_model(self.model, self.params, cpu_only)
         try:
             self.adapters = adapters.load(self.model_ptr, self.model, self.params.lora)
             self._ctx = self._new_context(self.params)
@@ -110,28 +108,6 @@ class Engine(Vocabulary):
 
     # ---- loading -------------------------------------------------------------------------------------
 
-    def _load_model(self, p: LoadParams, cpu_only: bool) -> Any:
-        if p.numa:
-            init_numa(_NUMA[p.numa])
-        load_mode = None
-        if p.use_mlock:
-            load_mode = native_model.LOAD_MMAP_MLOCK if p.use_mmap else native_model.LOAD_MLOCK
-        elif not p.use_mmap:
-            load_mode = native_model.LOAD_NONE
-        if not cpu_only and p.rpc:
-            from localgen.native import devices
-
-            devices.register_rpc(p.rpc)  # registered devices join the load, as with llama.cpp's --rpc
-        options = native_model.ModelOptions(
-            n_gpu_layers=p.n_gpu_layers if p.n_gpu_layers is not None else 0, use_extra_bufts=bool(p.repack),
-            split_mode=_SPLIT[p.split_mode], main_gpu=p.main_gpu, tensor_split=tuple(p.tensor_split or ()),
-            load_mode=load_mode,
-            no_devices=cpu_only)  # no devices at all: nothing of the GPU backend is touched, not even for compute
-        ptr = native_model.load(str(self.model.path), options)
-        if not ptr:
-            raise self._load_error("failed to load model")
-        return ptr
-
     def _new_context(self, p: LoadParams) -> Any:
         ctx = context.new(
             self.model_ptr, n_ctx=p.n_ctx, n_batch=p.n_batch, n_ubatch=p.n_ubatch, n_seq_max=1,
@@ -141,27 +117,8 @@ class Engine(Vocabulary):
             rope_scaling_type=_ROPE[p.rope_scaling], rope_freq_base=p.rope_freq_base,
             rope_freq_scale=p.rope_freq_scale, yarn_orig_ctx=p.yarn_orig_ctx, no_perf=False)
         if not ctx:
-            raise self._load_error("failed to create llama_context")
+            raise loading.error(self.model, "failed to create llama_context")
         return ctx
-
-    def _load_error(self, what: str) -> ModelLoadError:
-        reason = logs.first_error()
-        path = self.model.path
-        if "context" in what:
-            return ModelLoadError(
-                f"llama.cpp could not create a context for {self.model.name}: {reason or what}",
-                hint="try a smaller --ctx, or the default KV-cache types",
-                log=logs.lines(),
-            )
-        detail = reason or what
-        if "unknown model architecture" in detail:
-            arch = self.model.summary.architecture
-            return ModelLoadError(
-                f"this llama.cpp build does not know the architecture {arch!r} of {path}",
-                hint="upgrade llama-cpp-python (scripts/install.sh) or pick a supported model",
-                log=logs.lines(),
-            )
-        return ModelLoadError(f"llama.cpp could not load {path}: {detail}", log=logs.lines())
 
     @property
     def ctx(self) -> Any:

@@ -57,13 +57,7 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Mo
     """Parse and check a Modelfile; a UsageError names the line of the first problem. `folder`: where a
     relative ADAPTER path starts (the Modelfile's own folder); None: ADAPTER takes absolute paths only."""
     src = _Lines(checked(text, where), where)
-    base: str | None = None
-    params: dict[str, Any] = {}
-    repeated: dict[str, list[str]] = {}
-    context: int | None = None
-    single: dict[str, str] = {}
-    messages: list[dict[str, str]] = []
-    adapters: list[str] = []
+    got = _Found()
     while src.i < len(src.lines):
         number = src.i + 1
         line = src.lines[src.i].strip()
@@ -75,9 +69,6 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Mo
         if instr not in INSTRUCTIONS:
             raise src.error(number, f"unknown instruction {word!r} (localgen reads {', '.join(INSTRUCTIONS)})")
         rest = rest.strip()
-        if instr == "ADAPTER":
-            adapters.append(_adapter(src, number, _value(src, rest, number, instr), folder))
-            continue
         if instr in ("PARAMETER", "MESSAGE"):
             key, rest = _split(rest)
             if not key:
@@ -86,46 +77,63 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Mo
             if instr == "MESSAGE":
                 if key.lower() not in ROLES:
                     raise src.error(number, f"MESSAGE takes a role ({', '.join(ROLES)}), not {key!r}")
-                messages.append({"role": key.lower(), "content": value})
-                continue
-            name = key.lower()
-            if name == "num_ctx":
-                context = _context(src, number, value)
-                continue
-            if name in LOAD_FLAGS:
-                raise src.error(number, f"PARAMETER {name} is not kept in a preset; give {LOAD_FLAGS[name]} "
-                                        "to run, chat or serve")
-            fieldname = settings.field_name(name)
-            if fieldname is None:
-                raise src.error(number, f"unknown PARAMETER {key!r}")
-            if fieldname in REPEATED:
-                repeated.setdefault(fieldname, []).append(value)
-                continue
-            if fieldname in params:
-                raise src.error(number, f"PARAMETER {key} is given twice")
-            try:
-                params[fieldname] = settings.parse_text(fieldname, value)[1]
-            except UsageError as e:
-                raise src.error(number, e.message) from None
+                got.messages.append({"role": key.lower(), "content": value})
+            else:
+                _parameter(src, number, key, value, got)
             continue
         value = _value(src, rest, number, instr)
-        if instr == "FROM":
-            if base is not None:
-                raise src.error(number, "a second FROM: a Modelfile has one base model")
-            base = value
-        elif instr in single:
-            raise src.error(number, f"a second {instr}")
+        if instr == "ADAPTER":
+            got.adapters.append(_adapter(src, number, value, folder))
+        elif instr in got.single:
+            raise src.error(number, "a second FROM: a Modelfile has one base model" if instr == "FROM"
+                            else f"a second {instr}")
         else:
-            single[instr] = value
-    if base is None:
+            got.single[instr] = value
+    if "FROM" not in got.single:
         raise UsageError(f"{where}: no FROM line: name the base model, e.g. FROM smollm2:135m")
-    for name, values in repeated.items():
+    for name, values in got.repeated.items():
         try:
-            params[name] = _repeated(name, values)
+            got.params[name] = _repeated(name, values)
         except UsageError as e:
             raise UsageError(f"{where}: PARAMETER {name}: {e.message}") from None
-    return Modelfile(base=base, parameters=params, context=context, system=single.get("SYSTEM"),
-                     template=single.get("TEMPLATE"), messages=tuple(messages), adapters=tuple(adapters))
+    return Modelfile(base=got.single["FROM"], parameters=got.params, context=got.context,
+                     system=got.single.get("SYSTEM"), template=got.single.get("TEMPLATE"),
+                     messages=tuple(got.messages), adapters=tuple(got.adapters))
+
+
+@dataclass
+class _Found:
+    """What the lines read so far say."""
+
+    single: dict[str, str] = field(default_factory=dict)  # FROM, SYSTEM, TEMPLATE
+    params: dict[str, Any] = field(default_factory=dict)
+    repeated: dict[str, list[str]] = field(default_factory=dict)
+    context: int | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+    adapters: list[str] = field(default_factory=list)
+
+
+def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> None:
+    """One PARAMETER line: num_ctx, a repeated setting, or one given once."""
+    name = key.lower()
+    if name == "num_ctx":
+        got.context = _context(src, number, value)
+        return
+    if name in LOAD_FLAGS:
+        raise src.error(number, f"PARAMETER {name} is not kept in a preset; give {LOAD_FLAGS[name]} "
+                                "to run, chat or serve")
+    fieldname = settings.field_name(name)
+    if fieldname is None:
+        raise src.error(number, f"unknown PARAMETER {key!r}")
+    if fieldname in REPEATED:
+        got.repeated.setdefault(fieldname, []).append(value)
+        return
+    if fieldname in got.params:
+        raise src.error(number, f"PARAMETER {key} is given twice")
+    try:
+        got.params[fieldname] = settings.parse_text(fieldname, value)[1]
+    except UsageError as e:
+        raise src.error(number, e.message) from None
 
 
 def _adapter(src: _Lines, number: int, value: str, folder: Path | None) -> str:

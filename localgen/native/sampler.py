@@ -169,26 +169,26 @@ def build(vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx: int,
             lc.llama_sampler_free(chain)
             raise GrammarError("the grammar does not parse")
         add(g)
-    if s.temperature <= 0:
-        add(lc.llama_sampler_init_greedy())
-    elif s.mirostat:
-        add(lc.llama_sampler_init_temp(s.temperature))
-        if s.mirostat == 1:
-            add(lc.llama_sampler_init_mirostat(n_vocab, seed, s.mirostat_ent, s.mirostat_lr, 100))
-        else:
-            add(lc.llama_sampler_init_mirostat_v2(seed, s.mirostat_ent, s.mirostat_lr))
-    else:
-        if s.top_n_sigma > 0:
-            add(lc.llama_sampler_init_top_n_sigma(s.top_n_sigma))
-        add(lc.llama_sampler_init_top_k(s.top_k))
-        add(lc.llama_sampler_init_typical(s.typical_p, 1))
-        add(lc.llama_sampler_init_top_p(s.top_p, 1))
-        add(lc.llama_sampler_init_min_p(s.min_p, 1))
-        if s.xtc_probability > 0:
-            add(lc.llama_sampler_init_xtc(s.xtc_probability, s.xtc_threshold, 1, seed))
-        add(lc.llama_sampler_init_temp(s.temperature))
-        add(lc.llama_sampler_init_dist(seed))
+    for stage in _pickers(lc, s, n_vocab, seed):
+        add(stage)
     return Chain(chain, shortcut(s, n_vocab), s.top_k, tuple(eog) if s.ignore_eos else ())
+
+
+def _pickers(lc: Any, s: SamplingParams, n_vocab: int, seed: int) -> list[Any]:
+    """The chain's last stages, which pick the token: greedy, Mirostat, or the truncations, then temperature and
+    the seeded draw (llama.cpp's own order)."""
+    if s.temperature <= 0:
+        return [lc.llama_sampler_init_greedy()]
+    if s.mirostat:
+        pick = (lc.llama_sampler_init_mirostat(n_vocab, seed, s.mirostat_ent, s.mirostat_lr, 100) if s.mirostat == 1
+                else lc.llama_sampler_init_mirostat_v2(seed, s.mirostat_ent, s.mirostat_lr))
+        return [lc.llama_sampler_init_temp(s.temperature), pick]
+    out = [lc.llama_sampler_init_top_n_sigma(s.top_n_sigma)] if s.top_n_sigma > 0 else []
+    out += [lc.llama_sampler_init_top_k(s.top_k), lc.llama_sampler_init_typical(s.typical_p, 1),
+            lc.llama_sampler_init_top_p(s.top_p, 1), lc.llama_sampler_init_min_p(s.min_p, 1)]
+    if s.xtc_probability > 0:
+        out.append(lc.llama_sampler_init_xtc(s.xtc_probability, s.xtc_threshold, 1, seed))
+    return [*out, lc.llama_sampler_init_temp(s.temperature), lc.llama_sampler_init_dist(seed)]
 
 
 def accept(chain: Chain, tok: int) -> None:

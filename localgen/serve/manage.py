@@ -29,6 +29,11 @@ PROGRESS_EVERY_S = 0.25  # at most this often a progress line per file while its
 
 def routes(state: ServeState) -> list[Route]:
     """The model-management routes."""
+    return [*_model_routes(state), *_preset_routes(state)]
+
+
+def _model_routes(state: ServeState) -> list[Route]:
+    """Pull and delete (Ollama's), and llama-server's router routes: list, load, unload."""
 
     async def pull(request: Request) -> Response:
         body = await read_json(request)
@@ -39,6 +44,33 @@ def routes(state: ServeState) -> list[Route]:
         name = _name(await read_json(request))
         await _delete(state, name)
         return JSONResponse({})
+
+    async def router_list(request: Request) -> Response:
+        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "owned_by": "localgen", "path": ref.path,
+             "status": {"value": "loaded" if w is not None and w.loaded else "unloaded"}}
+            for name, ref, w in offered]})
+
+    async def router_load(request: Request) -> Response:
+        worker = state.worker(_name(await read_json(request)))
+        await _load(worker)
+        return JSONResponse({"success": True})
+
+    async def router_unload(request: Request) -> Response:
+        worker = state.worker(_name(await read_json(request)))
+        if worker.busy:
+            raise HTTPError(409, f"{worker.name} is answering requests; unload it once they end")
+        await asyncio.to_thread(worker.request_unload().wait, UNLOAD_WAIT_S)
+        return JSONResponse({"success": True})
+
+    return [Route("/api/pull", pull, methods=["POST"]), Route("/api/delete", delete, methods=["DELETE"]),
+            Route("/models", router_list), Route("/models/load", router_load, methods=["POST"]),
+            Route("/models/unload", router_unload, methods=["POST"])]
+
+
+def _preset_routes(state: ServeState) -> list[Route]:
+    """Ollama's copy, create and show."""
 
     async def copy(request: Request) -> Response:
         body = await read_json(request)
@@ -78,30 +110,8 @@ def routes(state: ServeState) -> list[Route]:
         ref = await asyncio.to_thread(_ref, state, name)
         return JSONResponse(await asyncio.to_thread(show_doc, name, ref))
 
-    async def router_list(request: Request) -> Response:
-        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "owned_by": "localgen", "path": ref.path,
-             "status": {"value": "loaded" if w is not None and w.loaded else "unloaded"}}
-            for name, ref, w in offered]})
-
-    async def router_load(request: Request) -> Response:
-        worker = state.worker(_name(await read_json(request)))
-        await _load(worker)
-        return JSONResponse({"success": True})
-
-    async def router_unload(request: Request) -> Response:
-        worker = state.worker(_name(await read_json(request)))
-        if worker.busy:
-            raise HTTPError(409, f"{worker.name} is answering requests; unload it once they end")
-        await asyncio.to_thread(worker.request_unload().wait, UNLOAD_WAIT_S)
-        return JSONResponse({"success": True})
-
-    return [Route("/api/pull", pull, methods=["POST"]), Route("/api/delete", delete, methods=["DELETE"]),
-            Route("/api/copy", copy, methods=["POST"]), Route("/api/create", create, methods=["POST"]),
-            Route("/api/show", show, methods=["POST"]), Route("/models", router_list),
-            Route("/models/load", router_load, methods=["POST"]),
-            Route("/models/unload", router_unload, methods=["POST"])]
+    return [Route("/api/copy", copy, methods=["POST"]), Route("/api/create", create, methods=["POST"]),
+            Route("/api/show", show, methods=["POST"])]
 
 
 def _name(body: dict[str, Any]) -> str:
@@ -211,23 +221,14 @@ def _pull_error(e: BaseException) -> HTTPError:
     return HTTPError(500, e.message, "server_error")
 
 
-async def _pull(state: ServeState, name: str, stream: bool) -> Response:
-    from localgen.models import hfcache, resolve
+def _pulling(target: Any) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
+    """Start the pull in a thread: its progress lines come on the queue, then None when done or the error; the
+    event stops it (the client left); Lines says whether the download was verified."""
+    from localgen.models import resolve
 
-    if resolve.embedded_model(name) is not None:  # it ships inside a Python package: already here
-        return _answer([{"status": "success"}], stream)
-    try:
-        target = resolve.target(name)
-    except ModelNotFoundError as e:
-        raise HTTPError(404, e.message, "not_found_error", "model") from None
-    except LocalgenError as e:
-        raise HTTPError(400, e.message) from None
-    if state.offline or hfcache.offline_env():
-        raise HTTPError(403, "this server is offline (serve --offline, or HF_HUB_OFFLINE): it cannot pull")
-    loop = asyncio.get_running_loop()
     out: asyncio.Queue[Any] = asyncio.Queue()
     stop = threading.Event()
-    lines = Lines(loop, out, stop)
+    lines = Lines(asyncio.get_running_loop(), out, stop)
 
     def work() -> None:
         try:
@@ -241,6 +242,23 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
             lines.put(None)
 
     threading.Thread(target=work, name="localgen-pull", daemon=True).start()
+    return out, stop, lines
+
+
+async def _pull(state: ServeState, name: str, stream: bool) -> Response:
+    from localgen.models import hfcache, resolve
+
+    if resolve.embedded_model(name) is not None:  # it ships inside a Python package: already here
+        return _answer([{"status": "success"}], stream)
+    try:
+        target = resolve.target(name)
+    except ModelNotFoundError as e:
+        raise HTTPError(404, e.message, "not_found_error", "model") from None
+    except LocalgenError as e:
+        raise HTTPError(400, e.message) from None
+    if state.offline or hfcache.offline_env():
+        raise HTTPError(403, "this server is offline (serve --offline, or HF_HUB_OFFLINE): it cannot pull")
+    out, stop, lines = _pulling(target)
     if not stream:
         try:
             while (item := await out.get()) is not None and not isinstance(item, BaseException):

@@ -24,11 +24,12 @@ from localgen.serve.jobs import INTERNAL, Done, EmbedJob, Failed, Job, QueueFull
 from localgen.serve.model import warm_template
 from localgen.serve.prepare import MediaPrep, has_media, request, task
 from localgen.serve.residency import NoRoom
+from localgen.serve.workerload import Residence
 from localgen.types import LoadParams, ModelRef
 
 
-class ModelWorker:
-    """A model, its slots and its thread."""
+class ModelWorker(Residence):
+    """A model, its slots and its thread (loading and unloading it: serve/workerload.py)."""
 
     def __init__(self, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, max_queue: int,
                  warn: Callable[[str], None] = lambda s: None, exact: bool | None = None,
@@ -373,72 +374,3 @@ class ModelWorker:
         if self.pc is not None and self.pc.ctx:
             self.pc.clear()
             self.pc.slots.reset()
-
-    def _ensure_loaded(self) -> None:
-        if self.backend is not None:
-            return
-        from localgen.engine.scheduler import Scheduler
-        from localgen.serve.model import footprint, open_model
-
-        self.need = footprint(self.ref, self.load, self.parallel)
-        if self.residency is not None:
-            self.residency.admit(self, self.need)
-        try:
-            backend, pc, mode = open_model(self.ref, self.load, self.parallel, self.exact, self.share_prefixes,
-                                           self.cache_ram, self.warn, warm=threading.current_thread() is self.thread)
-        except BaseException:
-            if self.residency is not None:
-                self.residency.released(self)
-            raise
-        self.backend, self.pc, self.mode = backend, pc, mode
-        self.sched = Scheduler(pc, mode.exact, reuse=True, interleave=True)
-        self.n_ctx = backend.engine.n_ctx
-        self._warm(lambda folder: setattr(self, "warm_restored", pc.slots.restore(folder)))
-        self.vram_bytes = backend.engine.gpu_weight_bytes()
-        self.idle_since = time.monotonic()
-
-    def _warm(self, act: Callable[[Any], Any]) -> None:
-        """Warm reloads: `act` on this model's folder (its prompt cache written there as it unloads, read back
-        as it loads again); a failure is logged and costs only the warmth."""
-        if self.warm_dir is None or self.backend is None:
-            return
-        import hashlib
-        from pathlib import Path
-
-        try:
-            key = f"{self.backend.engine.identity}|{self.parallel}|{self.n_ctx}"
-            act(Path(self.warm_dir) / hashlib.sha256(key.encode()).hexdigest()[:24])
-        except Exception as e:
-            self._internal(e, "keeping the prompt cache across a reload")
-
-    def _maybe_unload(self) -> None:
-        if self.backend is None:
-            self.expires_at = None
-            return
-        if self.keep_alive < 0:
-            self.expires_at = None
-            return
-        self.expires_at = time.time() + self.keep_alive - (time.monotonic() - self.idle_since)
-        if time.monotonic() - self.idle_since >= self.keep_alive:
-            self._unload()
-
-    def _unload(self) -> None:
-        """Free the model (it loads again on the next job). Only the worker thread calls this."""
-        with self.lock:
-            if self.sched is not None:
-                self.sched.close()
-                self.sched = None
-            if self.pc is not None:
-                pc = self.pc
-                self._warm(lambda folder: pc.slots.persist(folder))
-                self.calls += self.pc.steps
-                self.rows += self.pc.rows
-                self.pc.close()
-                self.pc = None
-            if self.backend is not None:
-                self.backend.close()
-                self.backend = None
-            self.expires_at = None
-            self.vram_bytes = 0
-        if self.residency is not None:
-            self.residency.released(self)
