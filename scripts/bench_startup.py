@@ -9,7 +9,7 @@ Also the time each spends importing (the sum of `python -X importtime`'s top-lev
 the same machine load): e.g. `git worktree add /tmp/base HEAD` or `git archive HEAD localgen | tar -x -C DIR`.
 
 usage: scripts/bench_startup.py [--model smollm2:135m] [--runs 7] [--tokens 64] [--threads 2] [--baseline DIR]
-                               [--no-header]
+                               [--no-header] [--fa-off]
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-header", action="store_true", help="skip the Llama-3-sized GGUF header timing")
+    ap.add_argument("--fa-off", action="store_true", help="also time `localgen run -fa off`: the bare script runs "
+                                                          "without flash attention (the bindings' default), localgen "
+                                                          "with it unless a tuning record says otherwise")
     ap.add_argument("--baseline", metavar="DIR", help="another localgen source tree (holding localgen/) to time "
                                                        "alongside, e.g. the last commit's")
     a = ap.parse_args()
@@ -90,7 +93,9 @@ def main() -> None:
         for cwd in trees.values():  # warm the page cache and localgen's summary cache, as every later run finds them
             harness.run_timed(ours, env=env, cwd=cwd)
         harness.run_timed(bare, env=env)
-        cases = {"bare": partial(timed, bare, env), **{label: partial(timed, ours, env, cwd)
+        if a.fa_off:
+            trees["localgen run -fa off"] = here
+        cases = {"bare": partial(timed, bare, env), **{label: partial(timed, _fa(ours, label), env, cwd)
                                                       for label, cwd in trees.items()}}
         times = harness.alternate(cases, a.runs, flip=False)
         t_bare = times["bare"]
@@ -106,7 +111,7 @@ def main() -> None:
         for label, cwd in trees.items():
             w, c = (harness.median(t[i] for t in times[label]) for i in (0, 1))
             paired = harness.paired_ratio([o[0] for o in times[label]], [b[0] for b in t_bare])
-            spent, count = import_seconds(ours, env, cwd)
+            spent, count = import_seconds(_fa(ours, label), env, cwd)
             print(f"  {label:<22} {w:7.3f}s {harness.ratio(w, mb, '6.3f')} {paired:6.3f}x   {c:7.3f}s "
                   f"{harness.ratio(c, mc, '6.3f')}   "
                   f"{spent:.3f} s, {count} modules")
@@ -124,6 +129,10 @@ def main() -> None:
         gguf_meta.read_summary(str(big))
         cached = harness.timed(partial(gguf_meta.read_summary, str(big)))[0]
         print(f"  Llama-3-sized header   {harness.median(cold) * 1000:.0f} ms read, {cached * 1000:.1f} ms cached")
+
+
+def _fa(cmd: list[str], label: str) -> list[str]:
+    return [*cmd, "-fa", "off"] if label.endswith("-fa off") else cmd
 
 
 if __name__ == "__main__":
