@@ -189,6 +189,9 @@ def test_a_preset_with_an_adapter_in_run_and_in_serve(cli_env: dict[str, str], a
             assert got.json()["choices"][0]["text"] == ANSWERS[scale][prompt], (model, prompt)
         shown = httpx.post(f"{server.url}/api/show", json={"model": "styled"}, timeout=60).json()
         assert f"ADAPTER {adapter}" in shown["modelfile"]
+        made = httpx.post(f"{server.url}/api/create", timeout=60, json={
+            "model": "x", "modelfile": f"FROM smollm2:135m\nADAPTER {adapter}\n"})  # a path on the server's machine
+        assert made.status_code == 400 and "ADAPTER names a file on the server's machine" in made.json()["error"]
     finally:
         assert server.stop() == 0
     log = server.proc.stderr.read().decode() if server.proc.stderr else ""

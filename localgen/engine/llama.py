@@ -49,6 +49,7 @@ class Engine(Vocabulary):
         self.model_ptr = loading.load_model(self.model, self.params, cpu_only)
         try:
             self.adapters = adapters.load(self.model_ptr, self.model, self.params.lora)
+            self._adapter_ids = adapters.identity(self.adapters)  # as the files were when they loaded
             self._ctx = self._new_context(self.params)
         except BaseException:
             native_model.free(self.model_ptr)
@@ -159,7 +160,7 @@ class Engine(Vocabulary):
         return "|".join(str(x) for x in (
             path, st.st_size, st.st_mtime_ns, p.cache_type_k, p.cache_type_v, self.flash_attn, p.n_batch, p.n_ubatch,
             p.repack, p.n_gpu_layers if self.offloaded else 0, p.rope_scaling, p.rope_freq_base, p.rope_freq_scale,
-            version(), *adapters.identity(self.adapters),
+            version(), *self._adapter_ids,
         ))
 
     def sampler(self, s: SamplingParams, seed: int, history: list[int] | tuple[int, ...] = ()) -> Any:

@@ -90,7 +90,7 @@ def modelfile_text(body: dict[str, Any]) -> str:
 
     for unsupported in ("quantize", "files", "adapters"):
         if body.get(unsupported):
-            hint = " (an adapter on this machine: ADAPTER /path in `modelfile`)" if unsupported == "adapters" else ""
+            hint = " (a preset with a LoRA: localgen create, on the server)" if unsupported == "adapters" else ""
             raise HTTPError(400, f"`{unsupported}` is not supported: a preset takes a model already here "
                                  f"(`from`) with settings over it{hint}")
     if isinstance(body.get("modelfile"), str) and body["modelfile"].strip():

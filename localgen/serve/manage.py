@@ -93,7 +93,15 @@ def _preset_routes(state: ServeState) -> list[Route]:
         body = await read_json(request)
         name = _name(body)
         text = modelfile_text(body)
-        from localgen.models import presets
+        from localgen.models import modelfile, presets
+
+        try:
+            adapters = modelfile.parse(text, "the request").adapters
+        except LocalgenError as e:
+            raise HTTPError(400, e.message) from None
+        if adapters:  # as FROM, never a path on this machine from a client
+            raise HTTPError(400, "ADAPTER names a file on the server's machine: create that preset there, with "
+                                 "localgen create (a preset made so is served by its name)")
 
         await _retire(state, [w for w in list(state.workers.values()) if w.name == name])
         try:  # a preset of that name is replaced, as Ollama's create replaces a model
