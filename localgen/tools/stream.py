@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from localgen.engine.budget import THINK_TAGS  # the ways a reasoning block opens, with their closing tags
 
 if TYPE_CHECKING:  # a plain answer (no tools) needs neither: `run -p` imports this module alone of tools/
     from localgen.tools.formats import Format
-    from localgen.tools.plan import ToolPlan
-    from localgen.tools.spec import ToolCall
+    from localgen.tools.spec import ToolCall, ToolSpec
+
+
+class Plan(Protocol):
+    """What the answer stream reads of a request's tool plan (tools/plan.py's ToolPlan, which imports this
+    module): the format calls come in, and the tools a call may name."""
+
+    @property
+    def fmt(self) -> Format | None: ...
+
+    @property
+    def tools(self) -> tuple[ToolSpec, ...]: ...
 
 
 
@@ -37,7 +47,7 @@ def template_of(backend: Any) -> str | None:
     return engine.model.summary.chat_template if engine is not None else None
 
 
-def answer_stream(plan: ToolPlan | None, template: str | None, template_args: tuple[tuple[str, Any], ...] = (),
+def answer_stream(plan: Plan | None, template: str | None, template_args: tuple[tuple[str, Any], ...] = (),
                   split_reasoning: bool = True) -> AnswerStream:
     """The stage that reads this request's answer: calls in the plan's format, reasoning apart (also when
     the template's generation prompt leaves a thinking block open)."""
