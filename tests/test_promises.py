@@ -425,7 +425,7 @@ def test_positional_prompt_and_llama_cpp_spellings(cli: CLI, tmp_path: Path) -> 
     g = tmp_path / "yn.gbnf"
     g.write_text('root ::= "yes" | "no"\n')
     assert cli("run", "Is water wet?", "--grammar-file", str(g), "-n", "4").stdout.strip() in ("yes", "no")
-    wide = subprocess.run([*cli.argv("run", "--help")], env={**cli.env, "COLUMNS": "220"}, capture_output=True,
+    wide = subprocess.run([*cli.argv("run", "--help-all")], env={**cli.env, "COLUMNS": "220"}, capture_output=True,
                           text=True, cwd=ROOT, timeout=60)
     assert "-md" in wide.stdout and "--model-draft" in wide.stdout and "--n-predict" in wide.stdout
 

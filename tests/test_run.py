@@ -260,7 +260,7 @@ def test_broken_template_model_still_runs_raw(cli: CLI, bad_models: dict[str, Pa
 def test_version_and_help(cli: CLI) -> None:
     r = cli("--version")
     assert r.returncode == 0 and r.stdout.startswith("localgen ")
-    r = cli("run", "--help")
+    r = cli("run", "--help-all")
     assert r.returncode == 0
     for flag in ("--temperature", "--top-k", "--top-p", "--min-p", "--typical-p", "--repeat-penalty",
                  "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "--seed", "--max-tokens",

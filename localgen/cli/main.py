@@ -22,9 +22,13 @@ def main(argv: list[str] | None = None) -> None:
     from localgen.errors import LocalgenError
 
     fast_typer_coercion()
-    args = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    from localgen.cli import helpall
+
+    args, show_all = helpall.wanted(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
     first = next((a for a in args if not a.startswith("-")), None)
     command = typer.main.get_command(app.build(first if first in app.COMMANDS else None))
+    if not show_all:
+        helpall.trim(command, first)
     debug = bool(os.environ.get("LOCALGEN_DEBUG"))
     guard_stdout()
     _watch_sigint()
