@@ -10,7 +10,9 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.benchoptions import Measuring, ServingSweep
 from localgen.cli.benchview import ProgressView, bar_chart, emit, emit_serving
+from localgen.cli.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
 from localgen.errors import UsageError
 
@@ -31,6 +33,7 @@ def _opt(*names: str, help: str, panel: str = SWEEP) -> Any:
 
 
 @bench_app.callback()
+@o.with_knobs(sampling=False, load=())
 def bench(
     ctx: typer.Context,
     model: Annotated[Values, _opt("--model", "-m", help="Models: names, repos, paths (default smollm2:135m).")] = None,
@@ -53,38 +56,13 @@ def bench(
     parallel: Annotated[Values, _opt("--parallel", "-npl", "--concurrency",
                                      help="Sequences decoded together: aggregate rates (with --endpoint: requests in "
                                           "flight).")] = None,
-    exact: Annotated[
-        bool | None, typer.Option("--exact/--no-exact", show_default=False,
-                                  help="With -npl: the batching mode of the sequences decoded together. Default: "
-                                       "the one `serve` and `run --file` use here (throughput wherever exactness "
-                                       "costs more than 10 %). --exact: every answer as if alone, at that price.")
-    ] = None,
-    reps: Annotated[int, typer.Option("--repetitions", "-r", min=1, help="Repetitions of each test.")] = 5,
-    output: Annotated[
-        str | None,
-        typer.Option("--output", "-o", help="md, csv, json or jsonl (default: a table on a terminal, else md)."),
-    ] = None,
-    e2e: Annotated[
-        bool, typer.Option("--e2e/--no-e2e", help="Also time the real `run` path (template, sampling, detokenizing).")
-    ] = True,
     offline: o.Offline = False,
     rpc: o.Rpc = None,
-    endpoint: o.Endpoint = None,
-    api_key_env: o.ApiKeyEnv = None,
-    request_rate: Annotated[Values, _opt("--request-rate", help="With --endpoint: requests per second arriving as a "
-                                                                "Poisson process; inf sends them at once (default).",
-                                         panel=o.REMOTE_PANEL)] = None,
-    num_prompts: Annotated[
-        int | None, typer.Option("--num-prompts", min=1, rich_help_panel=o.REMOTE_PANEL, show_default=False,
-                                 help="With --endpoint: requests per sweep point (default: twice the concurrency, "
-                                      "at least 8).")
-    ] = None,
-    same_prompt: Annotated[
-        bool, typer.Option("--same-prompt", rich_help_panel=o.REMOTE_PANEL,
-                           help="With --endpoint: send one fixed prompt every time, to measure the server with its "
-                                "prefix cache warm. Default: each request begins with a random nonce of its own, so "
-                                "no cached prefix shortens its time to first token.")
-    ] = False,
+    *,
+    measuring: Measuring,
+    remote: o.RemoteOptions,
+    serving: ServingSweep,
+    knobs: Knobs,
 ) -> None:
     """Run benchmarks. With no subcommand this measures; `history` and `compare` read past runs.
 
@@ -96,24 +74,24 @@ def bench(
         return
     from localgen.bench import records
 
-    if output is not None and output not in records.FORMATS:
-        raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {output!r}")
-    if endpoint or (model and any(_is_named_endpoint(m) for m in model)):
+    if measuring.output is not None and measuring.output not in records.FORMATS:
+        raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {measuring.output!r}")
+    if remote.endpoint or (model and any(_is_named_endpoint(m) for m in model)):
         local = {"--threads": threads, "--n-gpu-layers": ngl, "--batch-size": batch, "--ubatch-size": ubatch,
                  "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv, "--n-depth": n_depth,
-                 "--prompt-gen": pg, "--rpc": rpc, "--exact/--no-exact": exact is not None}
+                 "--prompt-gen": pg, "--rpc": rpc, "--exact/--no-exact": measuring.exact is not None}
         bad = [flag for flag, v in local.items() if v]
         if bad:
             raise UsageError(f"{', '.join(bad)} cannot be used with --endpoint (the server loads the model)")
-        _measure_remote(endpoint, api_key_env, model, parallel, request_rate, num_prompts, n_prompt, n_gen, output,
-                        same_prompt)
+        _measure_remote(remote.endpoint, remote.api_key_env, model, parallel, serving.request_rate,
+                        serving.num_prompts, n_prompt, n_gen, measuring.output, serving.same_prompt)
         return
-    if request_rate or num_prompts or api_key_env or same_prompt:
+    if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
         raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
     plan = _plan(model=model, threads=threads, ngl=ngl, batch=batch, ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv,
-                 n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=reps, e2e=e2e, parallel=parallel, rpc=rpc,
-                 exact=exact)
-    _measure(plan, output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
+                 n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=measuring.reps, e2e=measuring.e2e,
+                 parallel=parallel, rpc=rpc, exact=measuring.exact)
+    _measure(plan, measuring.output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
 
 
 def _is_named_endpoint(model: str) -> bool:

@@ -1,0 +1,59 @@
+"""bench's option groups (frozen dataclasses whose fields are Typer options; with_knobs() gives bench each
+field as an option and the group to the command): how each test is measured and shown, and the serving
+sweep against an endpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.cli.options import OptionGroup
+
+Values = list[str] | None
+
+
+def _opt(*names: str, help: str, panel: str) -> Any:
+    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False)
+
+
+@dataclass(frozen=True)
+class Measuring(OptionGroup):
+    """How each test is measured, and how the results are shown."""
+
+    reps: Annotated[int, typer.Option("--repetitions", "-r", min=1, help="Repetitions of each test.")] = 5
+    exact: Annotated[
+        bool | None, typer.Option("--exact/--no-exact", show_default=False,
+                                  help="With -npl: the batching mode of the sequences decoded together. Default: "
+                                       "the one `serve` and `run --file` use here (throughput wherever exactness "
+                                       "costs more than 10 %). --exact: every answer as if alone, at that price.")
+    ] = None
+    output: Annotated[
+        str | None,
+        typer.Option("--output", "-o", help="md, csv, json or jsonl (default: a table on a terminal, else md)."),
+    ] = None
+    e2e: Annotated[
+        bool, typer.Option("--e2e/--no-e2e", help="Also time the real `run` path (template, sampling, detokenizing).")
+    ] = True
+
+
+@dataclass(frozen=True)
+class ServingSweep(OptionGroup):
+    """With --endpoint: how requests arrive, how many, and whether they share a prompt."""
+
+    request_rate: Annotated[Values, _opt("--request-rate", help="With --endpoint: requests per second arriving as a "
+                                                                "Poisson process; inf sends them at once (default).",
+                                         panel=o.REMOTE_PANEL)] = None
+    num_prompts: Annotated[
+        int | None, typer.Option("--num-prompts", min=1, rich_help_panel=o.REMOTE_PANEL, show_default=False,
+                                 help="With --endpoint: requests per sweep point (default: twice the concurrency, "
+                                      "at least 8).")
+    ] = None
+    same_prompt: Annotated[
+        bool, typer.Option("--same-prompt", rich_help_panel=o.REMOTE_PANEL,
+                           help="With --endpoint: send one fixed prompt every time, to measure the server with its "
+                                "prefix cache warm. Default: each request begins with a random nonce of its own, so "
+                                "no cached prefix shortens its time to first token.")
+    ] = False
