@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from localgen.cli import flagfiles, presetflow
 from localgen.cli import options as o
-from localgen.cli import presetflow
 from localgen.cli.chatturn import restore_state, stream
 from localgen.cli.output import ErrWriter
 from localgen.cli.toolflow import open_toolbox
@@ -79,7 +79,7 @@ def start(f: o.Flags) -> None:
     _check_tools(f, bool(endpoints), interactive)
     session = _open_session(f)
     o.sampling(f)  # the flags alone are valid, before anything loads
-    grammar, schema = o.output_grammar(f)
+    grammar, schema = flagfiles.output_grammar(f)
     load = o.load_params(f)
     view = ChatView(interactive=interactive, plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats,
                     flags=f, yes=f.tools.yes)
@@ -232,7 +232,7 @@ def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
 
-    ref = o.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
+    ref = flagfiles.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
     load = presetflow.load_params(ref, load, f.given("ctx"))
     if view.interactive:
         view.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from localgen.cli import flagfiles, presetflow, runinput
 from localgen.cli import options as o
-from localgen.cli import presetflow, runinput
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.errors import UsageError
 from localgen.text import checked
@@ -158,7 +158,7 @@ def check(f: o.Flags) -> RunPlan:
     if endpoints:
         _check_remote(f)
     parts = () if many else tuple(runinput.prompt_parts(f, stdin_taken=any(a == "-" for a in f.attach or ())))
-    grammar, schema = o.output_grammar(f)
+    grammar, schema = flagfiles.output_grammar(f)
     return RunPlan(many=many, parts=parts, grammar=grammar, speculative=bool(f.draft or f.lookup),
                    flash_attn_given=f.knobs.given("flash_attn") or f.knobs.get("no_flash_attn"),
                    repack_given=f.knobs.given("repack"),
@@ -220,7 +220,7 @@ def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
         if not plan.repack_given:
             override["repack"] = False
     load = o.load_params(f, **override)
-    ref = o.with_template(f, resolve(f.model, offline=f.offline, progress=make_progress()))
+    ref = flagfiles.with_template(f, resolve(f.model, offline=f.offline, progress=make_progress()))
     load = presetflow.load_params(ref, load, f.given("ctx"))
     draft_ref = resolve(f.draft, offline=f.offline, progress=make_progress()) if f.draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")

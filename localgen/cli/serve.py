@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
+from localgen.cli import flagfiles, presetflow
 from localgen.cli import options as o
-from localgen.cli import presetflow
 from localgen.cli.knobs import Knobs
 from localgen.cli.serveoptions import (
     FETCH_WAIT_S,
@@ -229,7 +229,7 @@ def _workers(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any) 
     names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
     workers = []
     for name in names:
-        ref = o.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
+        ref = flagfiles.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
         w = ModelWorker(ref, presetflow.load_params(ref, load, f.knobs.given("ctx")), f.parallel, keep,
                         f.max_queue, warn=err.warn, exact=f.exact,
                         share_prefixes=f.share_prefix, cache_ram=cache_ram, residency=residency,
