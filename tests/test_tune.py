@@ -162,7 +162,8 @@ def test_serve_tunes_for_its_streams_and_health_says_where_settings_came_from(cl
     from tests.test_serve import Server
 
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path)}
-    rec = _json(CLI(env), "tune", "--parallel", "2", "--depth", "64", "--json")
+    # depth 0: one depth, the least tune measures; nothing is pruned there, so every thread count is in the table
+    rec = _json(CLI(env), "tune", "--parallel", "2", "--depth", "0", "--json")
     assert rec["key"]["streams"] == 2 and all(r["n_threads"] == r["n_threads_batch"] for r in rec["table"])
     server = Server(env, "-np", "2", "--ctx", "1024", "-ub", "256")
     try:
@@ -176,7 +177,7 @@ def test_serve_tunes_for_its_streams_and_health_says_where_settings_came_from(cl
 
 def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], tmp_path: Path) -> None:
     cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
-    p = cli.popen("tune", "--depth", "128", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = cli.popen("tune", "--depth", "0", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # one depth: the least
     seen = []
     assert p.stderr is not None
     for raw in p.stderr:
