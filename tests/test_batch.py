@@ -190,7 +190,7 @@ def test_conflicting_batch_flags(cli_in_process: InProcessCLI, tmp_path: Path) -
         assert r.returncode == 2 and "add --file FILE or --each-line" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_bench_parallel_reports_aggregate_rates(cli: CLI) -> None:
+def test_bench_parallel_reports_aggregate_rates(cli: CLI, cli_in_process: InProcessCLI) -> None:
     r = cli("bench", "-p", "16", "-n", "8", "-r", "1", "--parallel", "1,2", "--no-e2e", "-o", "jsonl")
     assert r.returncode == 0, r.stderr
     recs = {x["test"]: x for x in map(json.loads, r.stdout.splitlines())}
@@ -201,7 +201,7 @@ def test_bench_parallel_reports_aggregate_rates(cli: CLI) -> None:
     r = cli("bench", "-p", "16", "-n", "8", "-r", "1", "-npl", "2", "--exact", "--no-e2e", "-o", "md")
     assert r.returncode == 0, r.stderr
     assert "pp16 x2 (exact)" in r.stdout and "tg8 x2 (exact)" in r.stdout
-    r = cli("bench", "-p", "16", "-n", "8", "--exact")
+    r = cli_in_process("bench", "-p", "16", "-n", "8", "--exact")  # a usage error: before any model loads
     assert r.returncode == 2 and "add --parallel N" in r.stderr and "Traceback" not in r.stderr
 
 

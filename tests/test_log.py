@@ -5,8 +5,11 @@ unwritable log that never stops an answer. Each test has a home of its own, so r
 from __future__ import annotations
 
 import json
+import sqlite3
 import stat
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -108,16 +111,41 @@ def test_chat_turns_are_logged_and_a_logged_conversation_resumes(lcli: CLI) -> N
     assert r.returncode == 1 and "nor a conversation with that id in the log" in r.stderr
 
 
-def test_twenty_runs_at_once_leave_twenty_rows(lcli: CLI) -> None:
+RACERS = 6
+
+
+def test_six_runs_at_once_leave_six_rows(lcli: CLI) -> None:
+    """Concurrent writers wait for each other. The test holds the log's write lock while the runs answer, so
+    their inserts are certain to meet: each prints its answer, then waits on the lock (a run cannot end while
+    it is held), and once it is let go they all race for it at the same moment."""
     assert lcli("run", "Warm up the log.", "-n", "1").returncode == 0  # the schema exists; now only inserts race
-    procs = [subprocess.Popen(lcli.argv("run", f"Say the number {i}.", "-n", "2", "--threads", "1"), env=lcli.env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-             for i in range(20)]
+    answered: list[float] = []
+    hold = sqlite3.connect(_db(lcli), isolation_level=None)
+    hold.execute("BEGIN IMMEDIATE")  # the write lock, as a writer holds it
+    try:
+        procs = [subprocess.Popen(lcli.argv("run", f"Say the number {i}.", "-n", "2", "--threads", "1"),
+                                  env=lcli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  stdin=subprocess.DEVNULL) for i in range(RACERS)]
+        readers = [threading.Thread(target=lambda p=p: (p.stdout.readline(), answered.append(time.monotonic())))
+                   for p in procs]
+        for t in readers:
+            t.start()
+        # until every run has answered, or for 15 s after the first did: well within the 30 s a writer waits
+        while len(answered) < RACERS and not (answered and time.monotonic() - answered[0] > 15):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        waiting = [p for p in procs if p.poll() is None]
+        assert len(answered) >= 2 and len(waiting) == RACERS, "the runs answered, and none could end: they wait"
+    finally:
+        hold.rollback()
+        hold.close()
+    for t in readers:
+        t.join(timeout=300)
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0 and not err, err.decode()
     prompts = {str(x["prompt"]) for x in _logged(lcli)}
-    assert prompts >= {f"Say the number {i}." for i in range(20)} and len(prompts) == 21
+    assert prompts >= {f"Say the number {i}." for i in range(RACERS)} and len(prompts) == RACERS + 1
 
 
 def test_a_damaged_or_unwritable_log_never_stops_an_answer(lcli: CLI) -> None:
