@@ -72,6 +72,20 @@ def test_serve_rerank_answers_400_for_a_query_longer_than_the_window(cli_env: di
 
 # ---- collections: many writers at once, a damaged database ----
 
+def _wait_reading_stdin(procs: list[subprocess.Popen[str]], cap: float = 5.0) -> None:
+    """Until each process sleeps in a pipe read (its stdin: it reads no other pipe before), as Linux's
+    /proc/PID/wchan tells; one second without /proc (the old fixed wait), at most `cap` where wchan is hidden."""
+    start = time.monotonic()
+    while time.monotonic() < start + cap:
+        try:
+            if all("pipe_read" in Path(f"/proc/{p.pid}/wchan").read_text() for p in procs):
+                return
+        except OSError:
+            time.sleep(max(0.0, start + 1 - time.monotonic()))
+            return
+        time.sleep(0.01)
+
+
 def test_embed_store_from_four_processes_at_once_keeps_every_text(cli_env: dict[str, str], tiny: dict[str, Path],
                                                                    tmp_path: Path) -> None:
     for n in range(6):  # rounds, each on a new database: the race is on its first writes, and one may miss it
@@ -84,7 +98,7 @@ def test_embed_store_from_four_processes_at_once_keeps_every_text(cli_env: dict[
             proc.stdin.write("".join(json.dumps({"id": f"p{p}-{i}", "text": f"the cat {p} sat on mat {i}"}) + "\n"
                                      for i in range(5)))
             proc.stdin.flush()
-        time.sleep(1)  # every process started and waiting (a slower start only makes the race less likely)
+        _wait_reading_stdin(procs)  # every one started and waiting (a slower start only makes the race less likely)
         for proc in procs:  # then all go at once
             assert proc.stdin is not None
             proc.stdin.close()

@@ -41,7 +41,8 @@ def core(smollm2_engine: object) -> Any:
 
 def test_a_large_embeddings_task_runs_a_slice_a_step_beside_a_stream(core: Any) -> None:
     eng, pc, emb = core
-    texts = [f"note {i}: the weather is fine today, and the river is calm" for i in range(300)]
+    # 120 texts: about 70 go in bounded slices while the 10-token stream runs, the rest in one step after it
+    texts = [f"note {i}: the weather is fine today, and the river is calm" for i in range(120)]
     sched = Scheduler(pc)
     sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(10)))
     task = EmbedTask(1, emb, texts)
@@ -193,7 +194,8 @@ def test_an_exact_long_prompt_is_evaluated_a_piece_a_step_beside_a_stream(smollm
     one a step while other sequences decode, so a long prompt holds a running stream up for one piece at a
     time; the answer is still the one the prompt gets alone."""
     eng: Any = smollm2_engine
-    long_text = " ".join(f"Item {i} is a small blue stone found by the river." for i in range(110))
+    # about 1,130 tokens: just past two pieces (2 x n_batch, 512 each), so three steps evaluate it
+    long_text = " ".join(f"Item {i} is a small blue stone found by the river." for i in range(78))
     long_prompt = _chat(eng, "Here is a list. " + long_text + " Which colour are the stones?")
     pc = ParallelContext(eng, 2, 2048)
     assert len(long_prompt) > 2 * pc.n_chunk, (len(long_prompt), pc.n_chunk)
@@ -204,7 +206,7 @@ def test_an_exact_long_prompt_is_evaluated_a_piece_a_step_beside_a_stream(smollm
     answers: dict[int, str] = {0: "", 1: ""}
     trace: list[tuple[int, int]] = []  # (the stream's tokens, the long prompt's evaluated tokens) per step
     try:
-        sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(30)))
+        sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(12)))  # still running past the 3 pieces
         sched.step()
         sched.add(Request(1, long_prompt, sampling))
         while not sched.idle:
