@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
-from localgen.engine.budget import budget_for, feed
+from localgen.engine.budget import budget_for, feed, pick
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import PromptTooLong
 from localgen.native.prompt import spans_of
@@ -72,16 +72,6 @@ def refuse(req: Request, on_done: Callable[[Completion], None], n_ctx: int) -> N
         on_done(Completion(req.index, "", f"error: {e.message}", len(req.tokens), 0, 0.0, 0.0, req.seed, error=e))
 
 
-def pick(seq: Seq, sample: Callable[[], int], fed: Callable[[Any, int], None]) -> int:
-    """The sequence's next token: the one its reasoning budget feeds (accepted into its chain by `fed`),
-    else what `sample` picks."""
-    tok: int | None = seq.budget.forced() if seq.budget is not None else None
-    if tok is None:
-        return sample()
-    fed(seq.sampler, tok)
-    return tok
-
-
 def accept(seq: Seq, tok: int, logits: Callable[[], Any], piece: Callable[[int], bytes]) -> None:
     """Record a sampled token: its log-probability (when asked), the first token's time, the text it makes."""
     if seq.req.logprobs is not None:
@@ -139,7 +129,7 @@ class Solo:
                 return False
             self._pieces = None
             seq.prefilled = time.perf_counter()
-        tok = pick(seq, lambda: eng.sample(seq.sampler), eng.accept)
+        tok = pick(seq.budget, seq.sampler, lambda: eng.sample(seq.sampler), eng.accept)
         accept(seq, tok, eng.logits, eng.piece)
         feed(seq.budget, eng, tok)
         if seq.dec.reason is not None:

@@ -5,6 +5,7 @@ template's generation prompt opened counts from the first token; one the model o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from localgen.types import SamplingParams
@@ -64,6 +65,16 @@ def budget_for(vocab: Any, s: SamplingParams, prompt: list[int]) -> Budget | Non
         return None
     tail = b"".join(vocab.piece(t, special=True) for t in prompt[-16:] if t >= 0).decode("utf-8", "replace")
     return Budget(s.reasoning_budget, lambda text: vocab.tokenize(text, False), opened_by(tail))
+
+
+def pick(budget: Budget | None, chain: Any, sample: Callable[[], int], accept: Callable[[Any, int], None]) -> int:
+    """The next token: the one the budget feeds (accepted into the sampler chain by `accept`), else what
+    `sample` picks. The single stream, the scheduler and Solo all choose this way."""
+    tok = budget.forced() if budget is not None else None
+    if tok is None:
+        return sample()
+    accept(chain, tok)
+    return tok
 
 
 def feed(budget: Budget | None, vocab: Any, token: int) -> None:

@@ -4,12 +4,13 @@ until they are known not to be one, and stats at the end."""
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from localgen.engine.budget import budget_for, feed
+from localgen.engine.budget import budget_for, feed, pick
 from localgen.engine.sequence import SequenceDecoder
 from localgen.native.prompt import media_tokens_of, spans_of
 from localgen.types import Chunk, FinishReason, SamplingParams, Stats, TokenLogprob
@@ -78,14 +79,11 @@ class Generation:
             return
         chain = eng.sampler(self.sampling, self.seed, self.prompt)
         budget = budget_for(eng, self.sampling, self.prompt)
+        sample = functools.partial(eng.sample, chain)
         try:
             eng.evaluate(self.prompt)
             while True:
-                tok = budget.forced() if budget is not None else None
-                if tok is None:
-                    tok = eng.sample(chain)
-                else:
-                    eng.accept(chain, tok)
+                tok = pick(budget, chain, sample, eng.accept)
                 feed(budget, eng, tok)
                 self._record_logprob(tok, -1)
                 yield tok

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from localgen.backend import Completion
-from localgen.engine.batchseq import Request, Seq, accept, completion, pick, refuse
-from localgen.engine.budget import budget_for, feed
+from localgen.engine.batchseq import Request, Seq, accept, completion, refuse
+from localgen.engine.budget import budget_for, feed, pick
 from localgen.engine.policies import Exact, Policy, Throughput
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import Cancelled
@@ -214,7 +214,8 @@ class Scheduler:
     def sample(self, seq: Seq, row: int) -> None:
         """Sample the sequence's next token from a batch row; finish it if that ended it."""
         pc = self.pc
-        tok = pick(seq, lambda: chains.pick(pc.ctx, seq.sampler, row, pc.n_vocab, top_k=pc.pooled), chains.accept)
+        tok = pick(seq.budget, seq.sampler, lambda: chains.pick(pc.ctx, seq.sampler, row, pc.n_vocab, top_k=pc.pooled),
+                   chains.accept)
         accept(seq, tok, lambda: pc.logits(row), pc.engine.piece)
         feed(seq.budget, pc.engine, tok)
         dec = seq.dec
