@@ -141,6 +141,22 @@ def run_timed(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: 
                                         stderr=subprocess.DEVNULL, timeout=timeout))[0]
 
 
+def same_answers(theirs: Mapping[str, Mapping[str, str]], ours: Mapping[str, Mapping[str, str]],
+                 peer: str = "llama-server") -> bool:
+    """Print each pair of answers (by group, then case) as the same or DIFFERENT, then how many are the same:
+    a reference script's comparison of llama.cpp's answers with localgen's. True when all are."""
+    same = total = 0
+    for group, cases in theirs.items():
+        for case, want in cases.items():
+            got = ours[group][case]
+            total += 1
+            same += got == want
+            print(f"{'same' if got == want else 'DIFFERENT'}  {group} / {case}\n  {peer + ':':<14}{want!r}\n"
+                  f"  {'localgen:':<14}{got!r}")
+    print(f"{same} of {total} the same")
+    return same == total
+
+
 def executable(path: str) -> str:
     """An argparse `type`: the program at `path` (or found on PATH), else a usage error naming it."""
     if shutil.which(path) is None:

@@ -78,19 +78,12 @@ def main() -> int:
         sha = hashlib.sha256(adapter.read_bytes()).hexdigest()
         want = theirs(args.llama_server, model, adapter)
         got = ours(adapter)
-    same = 0
-    for scale in want:
-        for prompt in PROMPTS:
-            ok = got[scale][prompt] == want[scale][prompt]
-            same += ok
-            print(f"{'same' if ok else 'DIFFERENT'}  scale {scale} / {prompt!r}\n  llama-server: "
-                  f"{want[scale][prompt]!r}\n  localgen:     {got[scale][prompt]!r}")
-    print(f"{same} of {len(SCALES) * len(PROMPTS)} the same")
+    all_same = harness.same_answers(want, got)  # by scale, then prompt
     if args.write:
         doc = {"model": "smollm2:135m", "adapter_sha256": sha, "n_predict": N_PREDICT, "answers": want}
         FIXTURE.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {FIXTURE}")
-    return 0 if same == len(SCALES) * len(PROMPTS) else 1
+    return 0 if all_same else 1
 
 
 if __name__ == "__main__":

@@ -69,18 +69,11 @@ def main() -> int:
     cmd = [sys.executable, "-m", "localgen", "serve", "--port", str(port), "-np", "1", "--ctx", "2048", "--quiet"]
     with harness.server(cmd, url + "/health", timeout=300, env=dict(os.environ)):
         ours = {model: {name: ask(url, model, case) for name, case in CASES.items()} for model in MODELS}
-    same = 0
-    for model in MODELS:
-        for name in CASES:
-            ok = ours[model][name] == theirs[model][name]
-            same += ok
-            print(f"{'same' if ok else 'DIFFERENT'}  {model} / {name}\n  llama-server: {theirs[model][name]!r}\n"
-                  f"  localgen:     {ours[model][name]!r}")
-    print(f"{same} of {len(MODELS) * len(CASES)} the same")
+    all_same = harness.same_answers(theirs, ours)  # by model, then conversation
     if args.write:
         FIXTURE.write_text(json.dumps({"max_tokens": MAX_TOKENS, "cases": CASES, "answers": theirs}, indent=1) + "\n")
         print(f"wrote {FIXTURE}")
-    return 0 if same == len(MODELS) * len(CASES) else 1
+    return 0 if all_same else 1
 
 
 if __name__ == "__main__":

@@ -152,3 +152,11 @@ def test_every_script_answers_help() -> None:
     for script, r in done.items():
         assert r.returncode == 0, f"{script.name}: {r.stderr}"
         assert r.stdout.startswith("usage:"), script.name
+
+
+def test_same_answers_prints_each_pair_and_says_whether_all_agree(capsys: pytest.CaptureFixture[str]) -> None:
+    theirs = {"1.0": {"a": "x", "b": "y"}}
+    assert harness.same_answers(theirs, {"1.0": {"a": "x", "b": "y"}})
+    assert not harness.same_answers(theirs, {"1.0": {"a": "x", "b": "z"}})
+    out = capsys.readouterr().out
+    assert "2 of 2 the same" in out and "1 of 2 the same" in out and "DIFFERENT  1.0 / b" in out

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.benchoptions import Measuring, ServingSweep
+from localgen.cli.benchoptions import Measuring, ServingSweep, Values, sweep
 from localgen.cli.benchview import ProgressView, bar_chart, emit, emit_serving
 from localgen.cli.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
@@ -22,40 +22,32 @@ bench_app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-SWEEP = "Sweep (lists 1,2,4 and ranges 1-8, 1-16*2, 0-40+10; flags may repeat)"
-
-
-Values = list[str] | None
-
-
-def _opt(*names: str, help: str, panel: str = SWEEP) -> Any:
-    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False)
 
 
 @bench_app.callback()
 @o.with_knobs(sampling=False, load=())
 def bench(
     ctx: typer.Context,
-    model: Annotated[Values, _opt("--model", "-m", help="Models: names, repos, paths (default smollm2:135m).")] = None,
-    n_prompt: Annotated[Values, _opt("--n-prompt", "-p", help="Prompt lengths for pp tests (default 512).")] = None,
-    n_gen: Annotated[Values, _opt("--n-gen", "-n", help="Generation lengths for tg tests (default 128).")] = None,
-    pg: Annotated[Values, _opt("--prompt-gen", "-pg", help="PROMPT,GEN pairs for combined tests.")] = None,
-    n_depth: Annotated[Values, _opt("--n-depth", "-d", help="Context depths to test at (default 0).")] = None,
-    threads: Annotated[Values, _opt("--threads", "-t", help="CPU threads (default: the model's tuning "
-                                                             "record, else the physical cores this process may "
-                                                             "use).")] = None,
-    ngl: Annotated[Values, _opt("--n-gpu-layers", "-ngl", help="GPU layers, -1 all (default all if offload).")] = None,
-    batch: Annotated[Values, _opt("--batch-size", "-b", help="Logical batch (default 2048).")] = None,
-    ubatch: Annotated[Values, _opt("--ubatch-size", "-ub",
-                                   help="Physical batch (default: the model's tuning record, else 512).")] = None,
-    fa: Annotated[Values, _opt("--flash-attn", "-fa", help="Flash attention 0/1 (default: the model's "
-                                                                     "tuning record, else the rule; see `localgen "
-                                                                     "tune`).")] = None,
-    ctk: Annotated[Values, _opt("--cache-type-k", "-ctk", help="KV key types (default f16).")] = None,
-    ctv: Annotated[Values, _opt("--cache-type-v", "-ctv", help="KV value types (default f16).")] = None,
-    parallel: Annotated[Values, _opt("--parallel", "-npl", "--concurrency",
-                                     help="Sequences decoded together: aggregate rates (with --endpoint: requests in "
-                                          "flight).")] = None,
+    model: Annotated[Values, sweep("--model", "-m", help="Models: names, repos, paths (default smollm2:135m).")] = None,
+    n_prompt: Annotated[Values, sweep("--n-prompt", "-p", help="Prompt lengths for pp tests (default 512).")] = None,
+    n_gen: Annotated[Values, sweep("--n-gen", "-n", help="Generation lengths for tg tests (default 128).")] = None,
+    pg: Annotated[Values, sweep("--prompt-gen", "-pg", help="PROMPT,GEN pairs for combined tests.")] = None,
+    n_depth: Annotated[Values, sweep("--n-depth", "-d", help="Context depths to test at (default 0).")] = None,
+    threads: Annotated[Values, sweep("--threads", "-t", help="CPU threads (default: the model's tuning "
+                                                              "record, else the physical cores this process may "
+                                                              "use).")] = None,
+    ngl: Annotated[Values, sweep("--n-gpu-layers", "-ngl", help="GPU layers, -1 all (default all if offload).")] = None,
+    batch: Annotated[Values, sweep("--batch-size", "-b", help="Logical batch (default 2048).")] = None,
+    ubatch: Annotated[Values, sweep("--ubatch-size", "-ub",
+                                    help="Physical batch (default: the model's tuning record, else 512).")] = None,
+    fa: Annotated[Values, sweep("--flash-attn", "-fa", help="Flash attention 0/1 (default: the model's "
+                                                                      "tuning record, else the rule; see `localgen "
+                                                                      "tune`).")] = None,
+    ctk: Annotated[Values, sweep("--cache-type-k", "-ctk", help="KV key types (default f16).")] = None,
+    ctv: Annotated[Values, sweep("--cache-type-v", "-ctv", help="KV value types (default f16).")] = None,
+    parallel: Annotated[Values, sweep("--parallel", "-npl", "--concurrency",
+                                      help="Sequences decoded together: aggregate rates (with --endpoint: requests in "
+                                           "flight).")] = None,
     offline: o.Offline = False,
     rpc: o.Rpc = None,
     *,

@@ -12,10 +12,12 @@ import typer
 from localgen.cli import options as o
 from localgen.cli.options import OptionGroup
 
-Values = list[str] | None
+SWEEP = "Sweep (lists 1,2,4 and ranges 1-8, 1-16*2, 0-40+10; flags may repeat)"
+Values = list[str] | None  # a sweep flag's values as given: lists and ranges, the flag repeatable
 
 
-def _opt(*names: str, help: str, panel: str) -> Any:
+def sweep(*names: str, help: str, panel: str = SWEEP) -> Any:
+    """A sweep flag's typer.Option (bench's own and its groups')."""
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False)
 
 
@@ -43,9 +45,9 @@ class Measuring(OptionGroup):
 class ServingSweep(OptionGroup):
     """With --endpoint: how requests arrive, how many, and whether they share a prompt."""
 
-    request_rate: Annotated[Values, _opt("--request-rate", help="With --endpoint: requests per second arriving as a "
-                                                                "Poisson process; inf sends them at once (default).",
-                                         panel=o.REMOTE_PANEL)] = None
+    request_rate: Annotated[Values, sweep("--request-rate", help="With --endpoint: requests per second arriving as a "
+                                                                 "Poisson process; inf sends them at once (default).",
+                                          panel=o.REMOTE_PANEL)] = None
     num_prompts: Annotated[
         int | None, typer.Option("--num-prompts", min=1, rich_help_panel=o.REMOTE_PANEL, show_default=False,
                                  help="With --endpoint: requests per sweep point (default: twice the concurrency, "

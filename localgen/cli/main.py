@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     args, show_all = helpall.wanted(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
     first = next((a for a in args if not a.startswith("-")), None)
     command = typer.main.get_command(app.build(first if first in app.COMMANDS else None))
-    if not show_all:
+    if not show_all and ("--help" in args or "-h" in args):  # hidden matters to the help alone
         helpall.trim(command, first)
     debug = bool(os.environ.get("LOCALGEN_DEBUG"))
     guard_stdout()
