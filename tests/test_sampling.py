@@ -67,6 +67,26 @@ def test_greedy_shortcut_is_the_greedy_stage(decoded: Any) -> None:
         assert a == b == [int(np.argmax(pc.logits(row)))]
 
 
+def test_greedy_picks_before_numpy_is_imported_are_the_same_tokens(decoded: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until numpy is imported (a one-shot `run` never imports it), a greedy chain takes llama.cpp's own pass,
+    for as many logits as the import would cost, then the argmax: both choose the same token, row by row."""
+    pc, rows = decoded
+    monkeypatch.setattr(sampling, "numpy_imported", lambda: False)
+    monkeypatch.setattr(sampling, "NUMPY_IMPORT_ENTRIES", 2 * pc.n_vocab)  # two picks through llama.cpp
+    chain = pc.sampler(SamplingParams(temperature=0.0), 0)
+    try:
+        assert chain.shortcut == sampling.GREEDY
+        for row in rows:
+            want = int(np.argmax(pc.logits(row)))
+            before = chain.copied
+            assert sampling.pick(pc.ctx, chain, row, pc.n_vocab) == want
+            assert chain.copied == min(before + pc.n_vocab, 2 * pc.n_vocab)  # llama.cpp's pass, then numpy's
+    finally:
+        lib().llama_sampler_free(chain.ptr)
+    assert len(rows) > 2 and chain.copied == 2 * pc.n_vocab
+
+
 def test_banned_end_of_generation_tokens_stay_banned(decoded: Any) -> None:
     """ignore_eos bans the end tokens with a bias of -inf; the greedy shortcut masks them the same way."""
     pc, rows = decoded

@@ -30,6 +30,7 @@ NOT_LOADED = (
     "sqlite_utils", "httpx", "httpcore", "starlette", "uvicorn", "sse_starlette", "pydantic", "huggingface_hub",
     "rich", "prompt_toolkit", "mcp", "openai", "gguf", "pandas", "filelock", "llama_cpp.llama",
     "prometheus_client",
+    "numpy",  # a greedy pick takes llama.cpp's own pass until numpy would pay for itself (native/sampler.py)
 )
 
 

@@ -8,16 +8,20 @@ the chain allows: llama_sampler_sample copies every logit into a candidate array
 allocated at a chain's first use) before the first stage runs, which on a CPU was most of a step's sampling
 (docs/benchmarks.md, Costs inside a step).
 A greedy chain (no bias, penalties, DRY or grammar) is the row's argmax, the greedy stage's own choice (the
-first of equal maxima). A chain whose first working stage is top-k may, where a request is not exact, be
-given only the candidates that can survive top-k: every logit at or above the k-th largest of the maxima of
-512 groups of logits (k plus the banned tokens' count, with ignore_eos), a bound at or below the row's k-th
-largest logit; the chain's stages then run on them (its logit bias bans what ignore_eos bans), and the stages
-after top-k see what they see after a full pass (only which of several equal logits at the k-th place
-survives may differ)."""
+first of equal maxima). Until numpy is imported, a greedy chain takes llama.cpp's own pass (the same choice)
+until the logits it copied would have paid for importing numpy (NUMPY_IMPORT_ENTRIES), and only then imports it:
+a one-shot answer never pays for the import, a long one at most about twice its cost (docs/benchmarks.md,
+"Start-up of a one-shot `run`" and "Costs noted in the code").
+A chain whose first working stage is top-k may, where a request is not exact, be given only the candidates
+that can survive top-k: every logit at or above the k-th largest of the maxima of 512 groups of logits (k plus
+the banned tokens' count, with ignore_eos), a bound at or below the row's k-th largest logit; the chain's
+stages then run on them (its logit bias bans what ignore_eos bans), and the stages after top-k see what they
+see after a full pass (only which of several equal logits at the k-th place survives may differ)."""
 
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +31,7 @@ from localgen.types import SamplingParams
 
 GREEDY, TOP_K, FULL = "greedy", "top-k", "full"
 TOKEN_DATA = [("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]  # llama_token_data
+NUMPY_IMPORT_ENTRIES = 50_000_000  # logits llama.cpp's pass copies in the time numpy takes to import
 BLOCKS = 512  # groups of logits whose maxima bound top-k from below (k at most BLOCKS // 4)
 
 
@@ -44,6 +49,7 @@ class Chain:
     fields: Any = None  # buf's id, logit and p columns (numpy views, made once)
     arr: Any = None
     data: Any = None  # buf's address as arr.data wants it (a stage may move arr.data: XTC drops the best)
+    copied: int = 0  # logits copied by greedy picks made through llama.cpp's full pass, numpy not imported
 
 
 def shortcut(s: SamplingParams, n_vocab: int) -> str:
@@ -66,6 +72,9 @@ def pick(ctx: Any, chain: Chain, row: int, n_vocab: int, top_k: bool = False) ->
     lc = lib()
     how = chain.shortcut
     if how == FULL or (how == TOP_K and not top_k):
+        return int(lc.llama_sampler_sample(chain.ptr, ctx, row))
+    if how == GREEDY and not chain.banned and chain.copied < NUMPY_IMPORT_ENTRIES and not numpy_imported():
+        chain.copied += n_vocab
         return int(lc.llama_sampler_sample(chain.ptr, ctx, row))
     import numpy as np
 
@@ -98,6 +107,11 @@ def pick(ctx: Any, chain: Chain, row: int, n_vocab: int, top_k: bool = False) ->
         tok = int(arr.data[arr.selected].id)
     lc.llama_sampler_accept(chain.ptr, tok)
     return tok
+
+
+def numpy_imported() -> bool:
+    """Whether this process has imported numpy (a pick would then pay nothing more for it)."""
+    return "numpy" in sys.modules
 
 
 def top_k_candidates(logits: Any, k: int, banned: tuple[int, ...] = ()) -> Any:
