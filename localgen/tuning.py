@@ -49,6 +49,8 @@ class Record:
     exchange_s: float  # the winner's objective: one exchange at depth 0 plus one at `depth`
     table: list[dict[str, Any]] = field(default_factory=list)  # every configuration measured, best first
     partial: bool = False  # interrupted: the best of what was measured (the defaults are measured first)
+    prompt: int = 512  # the exchange measured: its prompt's tokens and its answer's (tune --prompt, --answer)
+    answer: int = 256
 
     @property
     def day(self) -> str:
@@ -61,7 +63,8 @@ class Record:
     def from_json(d: dict[str, Any]) -> Record:
         return Record(key=Key(**d["key"]), model=str(d["model"]), size=int(d["size"]), date=str(d["date"]),
                       settings=dict(d["settings"]), depth=int(d["depth"]), exchange_s=float(d["exchange_s"]),
-                      table=list(d.get("table", [])), partial=bool(d.get("partial", False)))
+                      table=list(d.get("table", [])), partial=bool(d.get("partial", False)),
+                      prompt=int(d.get("prompt", 512)), answer=int(d.get("answer", 256)))
 
 
 def store_path() -> Path:

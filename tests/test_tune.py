@@ -138,7 +138,12 @@ def _json(cli: CLI, *args: str) -> Any:
 
 def test_tune_makes_the_record_that_run_then_uses(cli_env: dict[str, str], tmp_path: Path) -> None:
     cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
-    rec = _json(cli, "tune", "--depth", "128", "--json")
+    # a 128-token prompt: the figures cost a quarter of the default's, and the exchange is what was asked for
+    done = cli("tune", "--depth", "128", "--prompt", "128", "--answer", "64")
+    assert done.returncode == 0, done.stderr
+    assert "(128-token prompt, 64-token answer)" in done.stdout and "fastest first" in done.stdout
+    rec = _json(cli, "tune", "--show", "--json")
+    assert (rec["prompt"], rec["answer"], rec["depth"]) == (128, 64, 128)
     table = rec["table"]
     assert rec["settings"] == {k: table[0][k] for k in SETTINGS} and not rec["partial"]
     assert {(r["flash_attn"]) for r in table} == {True, False}  # both measured
@@ -146,7 +151,7 @@ def test_tune_makes_the_record_that_run_then_uses(cli_env: dict[str, str], tmp_p
     assert all(set(r["by_depth_s"]) == {"0", "128"} and r["total_s"] > 0 for r in table)
     assert min(r["total_s"] for r in table) >= table[0]["total_s"] / 1.021  # the winner is within the tie band
     shown = cli("tune", "--show")
-    assert "smollm2:135m" in shown.stdout and "tuned 20" in shown.stdout
+    assert "smollm2:135m" in shown.stdout and "tuned 20" in shown.stdout and "128+64 tokens" in shown.stdout
     load = _json(cli, "run", "hi", "-n", "1", "--json")["load"]
     assert all(v.startswith("tuned on") for v in load["origins"].values()), load["origins"]
     assert load["flash_attn"] == rec["settings"]["flash_attn"] and load["n_ubatch"] == rec["settings"]["n_ubatch"]
@@ -163,7 +168,7 @@ def test_serve_tunes_for_its_streams_and_health_says_where_settings_came_from(cl
 
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path)}
     # depth 0: one depth, the least tune measures; nothing is pruned there, so every thread count is in the table
-    rec = _json(CLI(env), "tune", "--parallel", "2", "--depth", "0", "--json")
+    rec = _json(CLI(env), "tune", "--parallel", "2", "--depth", "0", "--prompt", "128", "--json")
     assert rec["key"]["streams"] == 2 and all(r["n_threads"] == r["n_threads_batch"] for r in rec["table"])
     server = Server(env, "-np", "2", "--ctx", "1024", "-ub", "256")
     try:
@@ -177,7 +182,8 @@ def test_serve_tunes_for_its_streams_and_health_says_where_settings_came_from(cl
 
 def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], tmp_path: Path) -> None:
     cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
-    p = cli.popen("tune", "--depth", "0", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # one depth: the least
+    p = cli.popen("tune", "--depth", "0", "--prompt", "64",  # one depth and a short prompt: the least
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen = []
     assert p.stderr is not None
     for raw in p.stderr:
@@ -198,6 +204,19 @@ def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], tmp_path
 def test_tune_refuses_a_depth_the_window_cannot_hold(cli: CLI) -> None:
     r = cli("tune", "--depth", "100000")
     assert r.returncode == 2 and "leaves no room" in r.stderr and "Traceback" not in r.stderr
+    r = cli("tune", "--prompt", "60000")  # SmolLM2's window is 8,192 tokens
+    assert r.returncode == 2 and "--prompt 60000 leaves no room for an answer" in r.stderr, r.stderr
+    assert r.stderr.count("\n") <= 2 and "Traceback" not in r.stderr
+
+
+def test_the_exchange_weighs_the_answer_by_its_tokens() -> None:
+    """A longer answer counts the decoding steps more: the same figures rank by prompt + answer × step."""
+    from localgen.engine.tune import Point, exchange
+
+    pts = [Point("pp", 0, 2, 512, 1.0), Point("tg", 0, 2, 0, 0.01)]
+    assert exchange(pts, (0,), 2, 2, 512) == pytest.approx(1.0 + 256 * 0.01)
+    assert exchange(pts, (0,), 2, 2, 512, answer=64) == pytest.approx(1.0 + 64 * 0.01)
+    assert exchange(pts, (0,), 2, 2, 512, streams=2, answer=64) == pytest.approx(2 * 1.0 + 64 * 0.01)
 
 
 def test_the_tune_tip_is_said_once_per_model_and_only_on_a_terminal(own_home: Path, smollm2_path: Path) -> None:

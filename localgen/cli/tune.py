@@ -29,6 +29,15 @@ def tune(
                           help="Streams decoded together, as `serve --parallel N` runs them: the objective is their "
                                "aggregate time, kept in a record of its own."),
     ] = 1,
+    prompt: Annotated[
+        int, typer.Option("--prompt", "-p", min=16, max=65536,
+                          help="Tokens of the exchange's prompt: the objective is one prompt and one answer at each "
+                               "depth (llama-bench's -p)."),
+    ] = 512,
+    answer: Annotated[
+        int, typer.Option("--answer", "-n", min=1, max=65536,
+                          help="Tokens of the exchange's answer (llama-bench's -n)."),
+    ] = 256,
     show: Annotated[bool, typer.Option("--show", help="List the tuning records and exit.")] = False,
     reset: Annotated[
         bool, typer.Option("--reset", help="Forget the tuning records (with -m: that model's only) and exit.")
@@ -50,7 +59,7 @@ def tune(
         print(f"forgot {n} tuning record{'s' if n != 1 else ''}", file=sys.stderr)
         return
     ref = _resolve(model, offline)
-    _run(ref, depth, parallel, as_json)
+    _run(ref, _plan(ref, depth, prompt, answer), parallel, as_json)
 
 
 def _resolve(model: str | None, offline: bool) -> Any:
@@ -69,6 +78,8 @@ class _Plan:
     steps: int  # decoding steps a measurement (their median)
     offloaded: bool
     rule: dict[str, Any]
+    prompt: int = 512  # the exchange: its prompt's tokens and its answer's
+    answer: int = 256
 
     def jobs(self, threads: tuple[int, ...]) -> list[Any]:
         """A configuration's measurements: a prompt and decoding steps at each depth with each thread count."""
@@ -77,9 +88,9 @@ class _Plan:
         return [Job(w, d, t) for d in self.depths for t in threads for w in ("pp", "tg")]
 
     def batch_jobs(self, threads_batch: int) -> list[Any]:
-        from localgen.engine.tune import Job
+        from localgen.engine.tune import UBATCH, Job
 
-        return [Job("pp", d, threads_batch, u) for d in self.depths for u in self.ubatches if u != 512]
+        return [Job("pp", d, threads_batch, u) for d in self.depths for u in self.ubatches if u != UBATCH]
 
     @property
     def count(self) -> int:
@@ -87,7 +98,7 @@ class _Plan:
         return len(self.configs) * 2 * len(self.depths) * n_threads + len(self.batch_jobs(1))
 
 
-def _plan(ref: Any, depth: int | None) -> _Plan:
+def _plan(ref: Any, depth: int | None, prompt: int = 512, answer: int = 256) -> _Plan:
     from localgen import hardware
     from localgen.engine.defaults import resolve
     from localgen.errors import UsageError
@@ -97,11 +108,14 @@ def _plan(ref: Any, depth: int | None) -> _Plan:
     rule, _ = resolve(ref, LoadParams(), cpu_only=False, use_records=False)
     offloaded = bool(rule.n_gpu_layers) and devices.has_gpu()
     window = ref.summary.context_length or 4096
-    room = window - 2 * 512  # the prompt and the answer's steps after the depth
+    room = window - prompt - 512  # the prompt, and the answer's steps after the depth
+    if room < 0:
+        raise UsageError(f"--prompt {prompt} leaves no room for an answer in the model's {window}-token window",
+                         hint=f"use --prompt {max(16, window - 512)} or less")
     if depth is None:
         depth = max(0, min(1500, room))
     elif depth > room:
-        raise UsageError(f"--depth {depth} leaves no room for a 512-token prompt in the model's {window}-token "
+        raise UsageError(f"--depth {depth} leaves no room for a {prompt}-token prompt in the model's {window}-token "
                          "window", hint=f"use --depth {max(0, room)} or less")
     repacks = [bool(rule.repack)]
     if not offloaded and (ref.summary.repackable_share or 0) > 0:
@@ -112,15 +126,14 @@ def _plan(ref: Any, depth: int | None) -> _Plan:
         {hardware.physical_cores(), hardware.usable_cores(), max(1, hardware.usable_cores() - 1)}, reverse=True))
     ubatches = (512,) if offloaded else (512, 256, 128)
     settings = {k: getattr(rule, k) for k in ("flash_attn", "repack", "n_threads", "n_threads_batch", "n_ubatch")}
-    return _Plan(configs, tuple(sorted({0, depth})), threads, ubatches, 16, offloaded, settings)
+    return _Plan(configs, tuple(sorted({0, depth})), threads, ubatches, 16, offloaded, settings, prompt, answer)
 
 
-def _run(ref: Any, depth: int | None, parallel: int, as_json: bool) -> None:
+def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool) -> None:
     from localgen import tuning
     from localgen.cli.output import ErrWriter
     from localgen.engine.defaults import build_id, device_id
 
-    plan = _plan(ref, depth)
     err = ErrWriter()
     _warn_if_busy(err)
     points: dict[tuple[bool, bool], list[Any]] = {}
@@ -149,7 +162,7 @@ def _run(ref: Any, depth: int | None, parallel: int, as_json: bool) -> None:
         key=tuning.Key(tuning.file_sha256(ref.path), build_id(), device_id(plan.offloaded), parallel),
         model=ref.name, size=_size(ref.path), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         settings={k: best[k] for k in tuning.TUNABLE}, depth=max(plan.depths), exchange_s=best["total_s"],
-        table=table, partial=interrupted,
+        table=table, partial=interrupted, prompt=plan.prompt, answer=plan.answer,
     )
     tuning.save(record)
     if as_json:
@@ -175,7 +188,8 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
 
     stop()
     repack, fa = config
-    probe = Probe(ref, repack, fa, max(plan.depths) + 512 + plan.steps + 8, parallel, cpu_only=not plan.offloaded)
+    probe = Probe(ref, repack, fa, max(plan.depths) + plan.prompt + plan.steps + 8, parallel,
+                  cpu_only=not plan.offloaded, prompt=plan.prompt)
     try:
         from localgen import hardware
 
@@ -251,14 +265,17 @@ def _onoff(v: bool) -> str:
 
 def _estimate(probe: Any, plan: _Plan, threads: tuple[int, ...], view: Any) -> None:
     """Time one prompt and a few steps at depth 0, and say how long the whole sweep will take."""
+    from localgen.engine.tune import UBATCH
+
     t = max(threads)
     probe.fill(32, t)
-    probe.prompt(t, 512)
-    pp = probe.prompt(t, 512)
+    probe.prompt(t, UBATCH)
+    pp = probe.prompt(t, UBATCH)
     tg = probe.step(t, 4)
     deep = 1.0 + max(plan.depths) / 2048  # attention over the depth: a rough allowance
-    per_config = len(plan.depths) * len(threads) * (pp + plan.steps * tg) * deep + sum(plan.depths) / 512 * pp
-    batches = len(plan.batch_jobs(1)) * pp * deep + sum(plan.depths) / 512 * pp
+    fills = sum(plan.depths) / plan.prompt * pp  # filling the context to each depth
+    per_config = len(plan.depths) * len(threads) * (pp + plan.steps * tg) * deep + fills
+    batches = len(plan.batch_jobs(1)) * pp * deep + fills
     seconds = len(plan.configs) * per_config + batches
     view.note(f"tuning {probe.engine.model.name}: {len(plan.configs)} configurations × {len(threads)} thread counts "
              f"at depths {' and '.join(f'{d:,}' for d in plan.depths)}, then {len(plan.ubatches)} batch sizes; "
@@ -280,7 +297,7 @@ def _rank(points: dict[tuple[bool, bool], list[Any]], plan: _Plan, parallel: int
         for t, tb, u in itertools.product(threads, threads, ubatches):
             if parallel > 1 and t != tb:
                 continue  # a step of several streams is a batch: only the batch threads count
-            per = [exchange(pts, (d,), t, tb, u, parallel) for d in plan.depths]
+            per = [exchange(pts, (d,), t, tb, u, parallel, plan.answer) for d in plan.depths]
             if any(x is None for x in per):
                 continue
             rows.append({"flash_attn": fa, "repack": repack, "n_threads": t, "n_threads_batch": tb, "n_ubatch": u,
@@ -298,7 +315,7 @@ def _rank(points: dict[tuple[bool, bool], list[Any]], plan: _Plan, parallel: int
 def _print_table(table: list[dict[str, Any]], plan: _Plan, parallel: int) -> None:
     depths = plan.depths
     what = f"{parallel} streams' exchanges" if parallel > 1 else "one exchange"
-    print(f"time of {what} (512-token prompt, 256-token answer) at each depth, fastest first")
+    print(f"time of {what} ({plan.prompt}-token prompt, {plan.answer}-token answer) at each depth, fastest first")
     head = f"{'':3} {'flash-attn':>10} {'repack':>6} {'threads':>7} {'-tb':>4} {'ubatch':>6}"
     head += "".join(f" {'depth ' + format(d, ','):>12}" for d in depths) + f" {'total':>8} {'vs best':>8}"
     print(head)
@@ -328,9 +345,10 @@ def _show(records: list[Any], as_json: bool) -> None:
         s = r.settings
         streams = f" · {r.key.streams} streams" if r.key.streams > 1 else ""
         partial = " (partial)" if r.partial else ""
-        print(f"{r.model}{streams} · tuned {r.day}{partial} · flash-attn {_onoff(s['flash_attn'])} · repack "
-              f"{_onoff(s['repack'])} · threads {s['n_threads']}/{s['n_threads_batch']} · ubatch {s['n_ubatch']} · "
-              f"{r.exchange_s:.2f} s · {r.key.device} · {r.key.build} · sha256 {r.key.sha256[:12]}")
+        print(f"{r.model}{streams} · tuned {r.day}{partial} · {r.prompt}+{r.answer} tokens · flash-attn "
+              f"{_onoff(s['flash_attn'])} · repack {_onoff(s['repack'])} · threads {s['n_threads']}/"
+              f"{s['n_threads_batch']} · ubatch {s['n_ubatch']} · {r.exchange_s:.2f} s · {r.key.device} · "
+              f"{r.key.build} · sha256 {r.key.sha256[:12]}")
 
 
 class _View:

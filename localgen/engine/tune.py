@@ -17,13 +17,14 @@ from localgen.native import context, logs
 from localgen.native.batch import Batch
 from localgen.types import LoadParams, ModelRef
 
-PROMPT = 512  # the exchange: a 512-token prompt...
-ANSWER = 256  # ...and a 256-token answer
+PROMPT = 512  # the exchange by default: a 512-token prompt...
+ANSWER = 256  # ...and a 256-token answer (tune --prompt, --answer)
+UBATCH = 512  # llama.cpp's physical batch, and the largest tried
 
 
 @dataclass(frozen=True)
 class Point:
-    """One measurement: `seconds` for `what` ("pp" for PROMPT tokens, "tg" for one decoding step) at `depth`,
+    """One measurement: `seconds` for `what` ("pp" for the prompt, "tg" for one decoding step) at `depth`,
     with these threads (batch threads for prompts and multi-stream steps) and physical batch."""
 
     what: str
@@ -37,12 +38,12 @@ class Probe:
     """One model load and one context with `streams` sequences, driven directly."""
 
     def __init__(self, model: ModelRef, repack: bool, flash_attn: bool, n_ctx_seq: int, streams: int,
-                 cpu_only: bool, seed: int = 1234) -> None:
+                 cpu_only: bool, seed: int = 1234, prompt: int = PROMPT) -> None:
         from localgen.engine.llama import Engine
         from localgen.types import KV_CACHE_TYPES
 
         self.engine = Engine(model, LoadParams(n_ctx=256, repack=repack, flash_attn=flash_attn, n_threads=1,
-                                               n_threads_batch=1, n_ubatch=PROMPT, n_batch=PROMPT),
+                                               n_threads_batch=1, n_ubatch=UBATCH, n_batch=UBATCH),
                              cpu_only=cpu_only)
         if self.engine.encoder_only:
             self.engine.close()
@@ -53,7 +54,7 @@ class Probe:
         self.n_ctx_seq = -(-n_ctx_seq // 256) * 256
         n_ctx = self.n_ctx_seq * streams
         self.ctx = context.new(
-            self.engine.model_ptr, n_ctx=n_ctx, n_batch=max(PROMPT, streams), n_ubatch=max(PROMPT, streams),
+            self.engine.model_ptr, n_ctx=n_ctx, n_batch=max(UBATCH, streams), n_ubatch=max(UBATCH, streams),
             n_seq_max=streams,
             kv_unified=False,  # each stream its own cells, as serve keeps them on a CPU
             flash_attn_type=int(flash_attn), type_k=KV_CACHE_TYPES["f16"], type_v=KV_CACHE_TYPES["f16"])
@@ -62,7 +63,8 @@ class Probe:
             raise LocalgenError(f"llama.cpp could not create a {n_ctx}-token context to tune in",
                                 hint="tune with a smaller --depth or fewer --parallel streams")
         self.mem = context.memory(self.ctx)
-        self.batch = Batch(max(PROMPT, streams))
+        self.batch = Batch(max(UBATCH, streams))
+        self.prompt_tokens = prompt
         self.n_vocab = self.engine.n_vocab
         self.rng = random.Random(seed)
         self.depth = 0
@@ -90,8 +92,8 @@ class Probe:
     def fill(self, depth: int, threads: int) -> None:
         """Make every stream hold `depth` tokens (stream 0 evaluated, the others copies of it)."""
         context.clear(self.mem, True)
-        for start in range(0, depth, PROMPT):
-            self._decode([(p, 0) for p in range(start, min(depth, start + PROMPT))], threads, threads)
+        for start in range(0, depth, UBATCH):
+            self._decode([(p, 0) for p in range(start, min(depth, start + UBATCH))], threads, threads)
         for s in range(1, self.streams):
             context.seq_cp(self.mem, 0, s, -1, -1)
         self.depth = depth
@@ -101,10 +103,10 @@ class Probe:
             context.seq_rm(self.mem, s, self.depth, -1)
 
     def prompt(self, threads: int, ubatch: int) -> float:
-        """Seconds to evaluate PROMPT tokens after the depth in stream 0, `ubatch` tokens a call."""
+        """Seconds to evaluate the prompt's tokens after the depth in stream 0, `ubatch` tokens a call."""
         t0 = time.perf_counter()
-        for start in range(0, PROMPT, ubatch):
-            n = min(ubatch, PROMPT - start)
+        for start in range(0, self.prompt_tokens, ubatch):
+            n = min(ubatch, self.prompt_tokens - start)
             self._decode([(self.depth + start + i, 0) for i in range(n)], threads, threads)
         took = time.perf_counter() - t0
         self._back()
@@ -123,12 +125,12 @@ class Probe:
 
 @dataclass(frozen=True)
 class Job:
-    """A measurement to make: "pp" (PROMPT tokens, `ubatch` a call) or "tg" (decoding steps) at `depth`."""
+    """A measurement to make: "pp" (the prompt, `ubatch` tokens a call) or "tg" (decoding steps) at `depth`."""
 
     what: str
     depth: int
     threads: int
-    ubatch: int = PROMPT
+    ubatch: int = UBATCH
 
 
 PRUNE = 1.25  # a thread count this much slower than the best at depth 0 is not measured deeper
@@ -150,7 +152,7 @@ def measure(probe: Probe, jobs: list[Job], steps: int, on_point: Callable[[Point
     out: list[Point] = []
     warm = max(j.threads for j in jobs)
     probe.fill(32, warm)  # the compute graph's first allocation is not measured
-    probe.prompt(warm, PROMPT)
+    probe.prompt(warm, UBATCH)
     probe.depth = -1
     for job in sorted(jobs, key=lambda j: j.depth):
         if _lost(out, job):
@@ -165,8 +167,9 @@ def measure(probe: Probe, jobs: list[Job], steps: int, on_point: Callable[[Point
 
 
 def exchange(points: list[Point], depths: tuple[int, ...], threads: int, threads_batch: int, ubatch: int,
-             streams: int = 1) -> float | None:
-    """One exchange (PROMPT tokens in, ANSWER out, per stream) at each depth, summed; None if not all measured.
+             streams: int = 1, answer: int = ANSWER) -> float | None:
+    """One exchange (the prompt in, `answer` tokens out, per stream) at each depth, summed; None if not all
+    measured.
     With one stream, prompts use the batch threads and decoding the generation threads, as llama.cpp does;
     with several, a step is a batch too."""
     total = 0.0
@@ -177,6 +180,6 @@ def exchange(points: list[Point], depths: tuple[int, ...], threads: int, threads
         tg = [p.seconds for p in points if p.what == "tg" and p.depth == d and p.threads == tg_threads]
         if not pp or not tg:
             return None
-        total += pp[0] * streams + ANSWER * tg[0]
+        total += pp[0] * streams + answer * tg[0]
     return total
 
