@@ -114,11 +114,17 @@ def test_chat_turns_are_logged_and_a_logged_conversation_resumes(lcli: CLI) -> N
 RACERS = 6
 
 
-def test_six_runs_at_once_leave_six_rows(lcli: CLI) -> None:
+def test_six_runs_at_once_leave_six_rows(lcli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
     """Concurrent writers wait for each other. The test holds the log's write lock while the runs answer, so
     their inserts are certain to meet: each prints its answer, then waits on the lock (a run cannot end while
     it is held), and once it is let go they all race for it at the same moment."""
-    assert lcli("run", "Warm up the log.", "-n", "1").returncode == 0  # the schema exists; now only inserts race
+    from localgen.log import store
+
+    # the schema exists (made by a row written here, as a run writes it: no seventh model load); now only
+    # inserts race
+    monkeypatch.setenv("LOCALGEN_HOME", lcli.env["LOCALGEN_HOME"])
+    store.record(store.Entry(conversation_id=store.new_id(), source="run", model="smollm2:135m",
+                             prompt="Warm up the log.", response="Warm."))
     answered: list[float] = []
     hold = sqlite3.connect(_db(lcli), isolation_level=None)
     hold.execute("BEGIN IMMEDIATE")  # the write lock, as a writer holds it

@@ -6,6 +6,7 @@ stdio MCP server written with the `mcp` SDK (tests/mcp_server.py)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pexpect
 import pytest
 
 from scripts.tools_reference import ADD, ASK_PARIS, TIME, WEATHER, calls_of, render
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, ROOT, InProcessCLI
 from tests.test_serve import Server
 
 TEMPLATES = ROOT / "tests" / "data" / "templates"
@@ -288,11 +289,14 @@ def test_reasoning_never_leaks_into_content(reasoning_server: Server) -> None:
 
 # ---- run --------------------------------------------------------------------------------------------------
 
-def _run(cli: CLI, *args: str, env: dict[str, str] | None = None) -> Any:
-    base = ("run", "-m", "smollm2:135m", "--chat-template-file", str(QWEN), "--temperature", "0", "-n", "120")
-    if env is None:
-        return cli(*base, *args)
-    return CLI({**cli.env, **env})(*base, *args)
+MCP = f"{sys.executable} {ROOT / 'tests' / 'mcp_server.py'}"
+RUN = ("run", "-m", "smollm2:135m", "--chat-template-file", str(QWEN), "--temperature", "0", "-n", "120")
+
+
+def _run(cli: CLI | InProcessCLI, *args: str) -> Any:
+    """`localgen run` with SmolLM2 and Qwen2.5's template. `cli_in_process` for what ends before the model
+    loads (usage errors, tools that cannot start or are not there): no process or model load for those."""
+    return cli(*RUN, *args)
 
 
 def test_run_functions_calls_the_tool_and_reports_it(cli: CLI) -> None:
@@ -312,44 +316,50 @@ def test_run_functions_calls_the_tool_and_reports_it(cli: CLI) -> None:
     assert "<tools>" in shown.stderr and '"name": "get_weather"' in shown.stderr, "--verbose-prompt shows the tools"
 
 
-def test_run_tool_failures_are_one_line_errors(cli: CLI) -> None:
+def test_run_tool_failures_are_one_line_errors(cli: CLI, cli_in_process: InProcessCLI) -> None:
     fns = str(ROOT / "tests" / "tool_functions.py")
-    r = _run(cli, "--functions", fns, "Weather?")
+    r = _run(cli_in_process, "--functions", fns, "Weather?")
     assert r.returncode == 2 and "add --yes" in r.stderr and not r.stdout
     r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "explode", "Go.")
     assert r.returncode == 1 and "explode failed: ValueError: boom" in r.stderr and "Traceback" not in r.stderr
     r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "stall", "--tool-timeout", "1", "Go.")
     assert r.returncode == 1 and "stall did not finish within 1 s" in r.stderr
-    r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "nosuch", "Go.")
+    r = _run(cli_in_process, "--functions", fns, "--yes", "--tool-choice", "nosuch", "Go.")  # refused before the load
     assert r.returncode == 1 and "not among the tools" in r.stderr
-    r = _run(cli, "--functions", str(ROOT / "tests" / "conftest.py"), "--yes", "--raw", "Go.")
+    r = _run(cli_in_process, "--functions", str(ROOT / "tests" / "conftest.py"), "--yes", "--raw", "Go.")
     assert r.returncode == 2 and "--raw" in r.stderr
 
 
 def test_run_keeps_secrets_from_the_model(cli: CLI) -> None:
     fns = str(ROOT / "tests" / "tool_functions.py")
-    r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "secret", "--json", "Get it.",
-             env={"TEST_API_TOKEN": "abcdefgh12345678"})
+    r = _run(CLI({**cli.env, "TEST_API_TOKEN": "abcdefgh12345678"}), "--functions", fns, "--yes", "--tool-choice",
+             "secret", "--json", "Get it.")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["tool_calls"][0]["result"] == "token=[TEST_API_TOKEN redacted]"
     assert "abcdefgh12345678" not in r.stdout + r.stderr
 
 
-def test_run_with_a_stdio_mcp_server(cli: CLI) -> None:
-    server = f"{sys.executable} {ROOT / 'tests' / 'mcp_server.py'}"
-    r = _run(cli, "--mcp", server, "--yes", "--tool-choice", "add", "--json", "What is 2 + 3?",
-             env={"TEST_API_TOKEN": "abcdefgh12345678"})
+def test_run_with_a_stdio_mcp_server(cli: CLI, cli_in_process: InProcessCLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    r = _run(cli, "--mcp", MCP, "--yes", "--tool-choice", "add", "--json", "What is 2 + 3?")
     assert r.returncode == 0, r.stderr
     calls = json.loads(r.stdout)["tool_calls"]
     assert calls and calls[0]["name"] == "add"
     assert calls[0]["result"] == str(calls[0]["arguments"]["a"] + calls[0]["arguments"]["b"])
-    r = _run(cli, "--mcp", server, "--yes", "--tool-choice", "leak", "--json", "Leak.",
-             env={"TEST_API_TOKEN": "abcdefgh12345678"})
-    assert json.loads(r.stdout)["tool_calls"][0]["result"] == "token=unset"  # the server never got the secret
-    r = _run(cli, "--mcp", server, "--yes", "--tool-choice", "crash", "Crash.")
+    # the server never gets the secret: asked of the Toolbox that `run` opens (the same start, with this
+    # process's environment), which needs no model to make the call
+    monkeypatch.setenv("TEST_API_TOKEN", "abcdefgh12345678")
+    box = Toolbox.open([], [MCP])
+    try:
+        assert box.call(ToolCall("leak", "{}"), 30) == "token=unset"  # redacted, it would say so
+    finally:
+        box.close()
+    r = _run(cli, "--mcp", MCP, "--yes", "--tool-choice", "crash", "Crash.")
     assert r.returncode == 1 and "failed (calling crash)" in r.stderr and "Traceback" not in r.stderr
-    r = _run(cli, "--mcp", "no-such-mcp-server-command", "--yes", "Go.")
+    r = _run(cli_in_process, "--mcp", "no-such-mcp-server-command", "--yes", "Go.")
     assert r.returncode == 1 and "no-such-mcp-server-command failed (starting)" in r.stderr
 
 
@@ -393,7 +403,17 @@ def test_run_with_a_streamable_http_mcp_server(cli: CLI) -> None:
 
 
 CHAT_TOOLS = ("-m", "smollm2:135m", "--chat-template-file", str(QWEN), "--temperature", "0", "-n", "40")
-MCP = f"{sys.executable} {ROOT / 'tests' / 'mcp_server.py'}"
+
+
+@pytest.fixture(scope="module")
+def scripted_add(cli: CLI, home: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """A scripted chat (`scripted-tools`) whose turn calls add on the MCP server: what it printed, and the
+    roles saved right after it (another test resumes the conversation, which adds to it)."""
+    from localgen.chat.session import ChatSession
+
+    r = cli("chat", "scripted-tools", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "add",
+            input="What is 2 + 3?\n")
+    return r, [m["role"] for m in ChatSession.load("scripted-tools").messages] if r.returncode == 0 else []
 
 
 def test_chat_on_a_terminal_asks_before_each_call_and_shows_the_result(cli_env: dict[str, str], home: Path) -> None:
@@ -450,26 +470,25 @@ def test_chat_tool_failure_takes_the_question_back(cli_env: dict[str, str], home
     assert not (home / "data" / "chats" / "toolfail.json").exists(), "nothing of the failed turn is saved"
 
 
-def test_scripted_chat_needs_yes_and_shows_calls_on_stderr(cli: CLI, home: Path) -> None:
-    from localgen.chat.session import ChatSession
-
-    r = cli("chat", "scripted-tools", *CHAT_TOOLS, "--mcp", MCP, input="What is 2 + 3?\n")
+def test_scripted_chat_needs_yes_and_shows_calls_on_stderr(cli: CLI, cli_in_process: InProcessCLI, home: Path,
+                                                           scripted_add: tuple[Any, list[str]]) -> None:
+    # the usage errors come before any server starts or model loads: in this process
+    r = cli_in_process("chat", "scripted-yes", *CHAT_TOOLS, "--mcp", MCP, input="What is 2 + 3?\n")
     assert r.returncode == 2 and "add --yes" in r.stderr and "Traceback" not in r.stderr
-    r = cli("chat", "scripted-tools", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "add",
-            input="What is 2 + 3?\n")
+    r, roles = scripted_add
     assert r.returncode == 0, r.stderr
     assert "tool call: add(" in r.stderr and "tool result: " in r.stderr and "tool call" not in r.stdout
-    roles = [m["role"] for m in ChatSession.load("scripted-tools").messages]
     assert roles == ["user", "assistant", "tool", "assistant"]
     r = cli("chat", "scripted-crash", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "crash",
             input="Crash.\n")
     assert r.returncode == 1 and "failed (calling crash)" in r.stderr and "Traceback" not in r.stderr
     assert not (home / "data" / "chats" / "scripted-crash.json").exists(), "nothing of the failed turn is saved"
-    r = cli("chat", "--tool-steps", "3", *CHAT_TOOLS, input="Hi\n")
+    r = cli_in_process("chat", "--tool-steps", "3", *CHAT_TOOLS, input="Hi\n")
     assert r.returncode == 2 and "go with tools" in r.stderr
 
 
-def test_chat_saves_reasoning_apart_and_resumes_tool_turns_without_tools(cli: CLI, home: Path) -> None:
+def test_chat_saves_reasoning_apart_and_resumes_tool_turns_without_tools(cli: CLI, home: Path,
+                                                                         scripted_add: tuple[Any, list[str]]) -> None:
     from localgen.chat.runner import ChatRunner
     from localgen.chat.session import ChatSession
     from localgen.types import SamplingParams
@@ -483,17 +502,15 @@ def test_chat_saves_reasoning_apart_and_resumes_tool_turns_without_tools(cli: CL
     hidden = cli("chat", "--resume", "thinkchat", "--chat-template-file", str(R1), "-n", "16",
                  input="/set think off\nAnd the sea?\n")
     assert hidden.returncode == 0 and "[thinking]" not in hidden.stdout
-    # a conversation with calls, resumed without tools: its calls and results go as plain turns
-    r = cli("chat", "resumed-tools", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "add",
-            input="What is 2 + 3?\n")
-    assert r.returncode == 0, r.stderr
-    saved = ChatSession.load("resumed-tools")
+    # a conversation with calls (scripted_add's), resumed without tools: its calls and results go as plain turns
+    assert scripted_add[0].returncode == 0, scripted_add[0].stderr
+    saved = ChatSession.load("scripted-tools")
     runner = ChatRunner(saved, backend=None, sampling=SamplingParams())  # type: ignore[arg-type]
     sent = runner.request(runner.sent()).messages
     assert [m["role"] for m in sent] == ["user", "assistant", "user", "assistant"]
     assert json.loads(sent[1]["content"])["tool_call"]["name"] == "add"
     assert json.loads(sent[2]["content"])["tool_response"]["name"] == "add"
-    again = cli("chat", "--resume", "resumed-tools", "-n", "8", input="Thanks.\n")
+    again = cli("chat", "--resume", "scripted-tools", "-n", "8", input="Thanks.\n")
     assert again.returncode == 0 and again.stdout.strip(), again.stderr
 
 

@@ -15,12 +15,20 @@ from localgen.types import GenerationRequest
 
 
 def open_toolbox(f: o.Flags) -> Any:
-    """The tools of --functions and --mcp, loaded and started (None without them)."""
+    """The tools of --functions and --mcp, loaded and started (None without them); a --tool-choice that
+    names none of them is refused here, before the model loads."""
     if not f.tools.any:
         return None
-    from localgen.tools.loop import Toolbox
+    from localgen.tools.loop import Toolbox, named_choice
+    from localgen.tools.plan import check_choice
 
-    return Toolbox.open(list(f.tools.functions or []), list(f.tools.mcp or []))
+    box = Toolbox.open(list(f.tools.functions or []), list(f.tools.mcp or []))
+    try:
+        check_choice(box.specs, named_choice(f.tools.tool_choice or "auto"))
+    except BaseException:
+        box.close()
+        raise
+    return box
 
 
 def run_with_tools(f: o.Flags, backend: Any, request: GenerationRequest, toolbox: Any, err: ErrWriter,

@@ -247,6 +247,10 @@ def plan_for(template: str | None, toolbox: Toolbox | None, choice: str = "auto"
     auto, required, none, or a tool's name."""
     if toolbox is None or not toolbox.specs:
         return None
-    named = choice if choice in ("auto", "required", "none") else {"type": "function", "function": {"name": choice}}
-    return make_plan(template, toolbox.specs, named, True)
+    return make_plan(template, toolbox.specs, named_choice(choice), True)
+
+
+def named_choice(choice: str) -> Any:
+    """--tool-choice's word as a request's tool_choice."""
+    return choice if choice in ("auto", "required", "none") else {"type": "function", "function": {"name": choice}}
 

@@ -39,15 +39,21 @@ class ToolPlan:
 def make_plan(template: str | None, tools: tuple[ToolSpec, ...], choice: Any = "auto",
               parallel: bool = True) -> ToolPlan:
     """Check tool_choice against the tools and build the grammar (a ToolError for what cannot work)."""
-    name = _choice(choice)
-    if name not in ("auto", "none", "required") and all(t.name != name for t in tools):
-        raise ToolError(f"tool_choice names {name!r}, which is not among the tools")
+    name = check_choice(tools, choice)
     if not tools or name == "none":
         return ToolPlan(tools, None, "none" if tools else "auto", parallel, None)
     fmt = detect(template)
     allowed = tuple(t for t in tools if t.name == name) or tools
     forced = name != "auto"
     return ToolPlan(tools, fmt, name, parallel, constraint(fmt, allowed, forced, parallel))
+
+
+def check_choice(tools: tuple[ToolSpec, ...], choice: Any = "auto") -> str:
+    """tool_choice's word (auto, none, required) or the tool it names; a ToolError when that is no tool here."""
+    name = _choice(choice)
+    if name not in ("auto", "none", "required") and all(t.name != name for t in tools):
+        raise ToolError(f"tool_choice names {name!r}, which is not among the tools")
+    return name
 
 
 def answer_plan(plan: ToolPlan) -> ToolPlan:
