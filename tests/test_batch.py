@@ -70,8 +70,10 @@ def test_parallel_greedy_is_exact_with_repacked_weights(cli: CLI, tmp_path: Path
     got, err = _batched(cli, f, "4", common, "--exact")
     assert got == _alone(cli, prompts, common)
     assert _rows_per_call(err) <= 3  # never through the 4-row GEMM
-    _, err = _batched(cli, f, "4", common, "--no-exact")
-    assert _rows_per_call(err) > 3  # --no-exact: all four in each call
+    # --no-exact: all four in each call. Only the rows per call are read, so 8 tokens do (the last -n counts):
+    # the first call evaluates the prompts (no decoding rows), the 7 after it carry four rows each, 3.5 a call
+    _, err = _batched(cli, f, "4", common, "--no-exact", "-n", "8")
+    assert _rows_per_call(err) > 3 and "32 tokens generated" in err
     # By default Gemma is not repacked (5 % of its weights could be); its K-quant matrices go through ggml's
     # tiled matmul from 8 rows, which rounds differently: exact batching takes 7 per call, in turn.
     default = common[:-1]
@@ -81,8 +83,8 @@ def test_parallel_greedy_is_exact_with_repacked_weights(cli: CLI, tmp_path: Path
     got, err = _batched(cli, f, "8", default, "--exact")
     assert got == _alone(cli, more, default)
     assert 6 < _rows_per_call(err) <= 7
-    got, err = _batched(cli, f, "8", default, "--no-exact")
-    assert _rows_per_call(err) > 7
+    _, err = _batched(cli, f, "8", default, "--no-exact", "-n", "16")
+    assert _rows_per_call(err) > 7  # all eight in each of the 15 decoding calls after the prompts': 7.5 a call
 
 
 def test_parallel_greedy_is_exact_past_flash_attention_kv_split(cli: CLI, tmp_path: Path) -> None:
@@ -92,7 +94,10 @@ def test_parallel_greedy_is_exact_past_flash_attention_kv_split(cli: CLI, tmp_pa
     words = ["river", "mountain", "city", "forest", "history", "science", "music", "garden", "ocean", "planet"]
     prompts = [f"Notes {i}: " + " ".join(rng.choice(words) for _ in range(260)) + ". Summary of the notes above:"
                for i in range(7)][4:]  # with --no-exact, the last of these drifts at its 5th token
-    common = ["--raw", "-n", "24", "--temperature", "0", "--ctx", "1024"]
+    # the prompts are 271 tokens, past 256 before the first answer token, and still under 300 with 24 answer
+    # tokens: 8 reach the 5th, where --no-exact's answer to the last prompt leaves the one alone ("The above
+    # notes are a summary" for "... the notes")
+    common = ["--raw", "-n", "8", "--temperature", "0", "--ctx", "1024"]
     got, _ = _batched(cli, _prompt_file(tmp_path, prompts), "3", common, "--exact")
     assert got == _alone(cli, prompts, common)
 

@@ -41,10 +41,11 @@ def core(smollm2_engine: object) -> Any:
 
 def test_a_large_embeddings_task_runs_a_slice_a_step_beside_a_stream(core: Any) -> None:
     eng, pc, emb = core
-    # 120 texts: about 70 go in bounded slices while the 10-token stream runs, the rest in one step after it
-    texts = [f"note {i}: the weather is fine today, and the river is calm" for i in range(120)]
+    # 48 texts: 32 go in bounded slices (8 a step) while the 5-token stream runs, the rest in one step after
+    # it; every step is a llama_decode for the stream and one for the slice, so the stream is kept short
+    texts = [f"note {i}: the weather is fine today, and the river is calm" for i in range(48)]
     sched = Scheduler(pc)
-    sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(10)))
+    sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(5)))
     task = EmbedTask(1, emb, texts)
     sched.add(task)
     per_step: list[tuple[int, int]] = []  # (the stream's tokens, texts embedded) after each step
