@@ -20,6 +20,7 @@ SHORT_EXCEPTIONS = {
     ("-n", "bench"): "llama-bench's -n/--n-gen (answer lengths to test)",
     ("-r", "bench"): "llama-bench's -r/--repetitions",
     ("-d", "tune"): "the same context depth as bench's -d/--n-depth, spelled --depth",
+    ("-n", "tune"): "the measured exchange's answer length (--answer), as bench's -n (llama-bench's -n/--n-gen)",
     ("-p", "rpc-server"): "llama.cpp's rpc-server -p/--port",
     ("-n", "similar"): "how many results, as head -n (there are no tokens to generate)",
     ("-n", "rerank"): "how many results, as head -n (there are no tokens to generate)",
