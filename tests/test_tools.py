@@ -330,6 +330,19 @@ def test_run_tool_failures_are_one_line_errors(cli: CLI, cli_in_process: InProce
     assert r.returncode == 2 and "--raw" in r.stderr
 
 
+def test_a_tool_choice_naming_no_tool_is_refused_before_the_model_loads(cli_in_process: InProcessCLI,
+                                                                        tmp_path: Path) -> None:
+    """docs/tools.md: a --tool-choice NAME that is none of the tools is refused once the tools are open, before
+    the model loads: with a model file that does not exist, that refusal is still the one said."""
+    fns = str(ROOT / "tests" / "tool_functions.py")
+    missing = str(tmp_path / "missing.gguf")
+    for command in ("run", "chat"):
+        r = cli_in_process(command, "-m", missing, "--functions", fns, "--yes", "--tool-choice", "nosuch",
+                           *(["Go."] if command == "run" else []), input="Go.\n")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert "tool_choice names 'nosuch', which is not among the tools" in r.stderr and "missing" not in r.stderr
+
+
 def test_run_keeps_secrets_from_the_model(cli: CLI) -> None:
     fns = str(ROOT / "tests" / "tool_functions.py")
     r = _run(CLI({**cli.env, "TEST_API_TOKEN": "abcdefgh12345678"}), "--functions", fns, "--yes", "--tool-choice",
