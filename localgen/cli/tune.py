@@ -78,8 +78,8 @@ class _Plan:
     steps: int  # decoding steps a measurement (their median)
     offloaded: bool
     rule: dict[str, Any]
-    prompt: int = 512  # the exchange: its prompt's tokens and its answer's
-    answer: int = 256
+    prompt: int  # the exchange: its prompt's tokens and its answer's
+    answer: int
 
     def jobs(self, threads: tuple[int, ...]) -> list[Any]:
         """A configuration's measurements: a prompt and decoding steps at each depth with each thread count."""
@@ -98,9 +98,10 @@ class _Plan:
         return len(self.configs) * 2 * len(self.depths) * n_threads + len(self.batch_jobs(1))
 
 
-def _plan(ref: Any, depth: int | None, prompt: int = 512, answer: int = 256) -> _Plan:
+def _plan(ref: Any, depth: int | None, prompt: int, answer: int) -> _Plan:
     from localgen import hardware
     from localgen.engine.defaults import resolve
+    from localgen.engine.tune import UBATCH
     from localgen.errors import UsageError
     from localgen.native import devices
     from localgen.types import LoadParams
@@ -124,7 +125,7 @@ def _plan(ref: Any, depth: int | None, prompt: int = 512, answer: int = 256) -> 
     configs = [(r, f) for r in repacks for f in fas]
     threads: tuple[int, ...] = () if offloaded else tuple(sorted(
         {hardware.physical_cores(), hardware.usable_cores(), max(1, hardware.usable_cores() - 1)}, reverse=True))
-    ubatches = (512,) if offloaded else (512, 256, 128)
+    ubatches = (UBATCH,) if offloaded else (UBATCH, 256, 128)  # UBATCH first: batch_jobs leaves it out
     settings = {k: getattr(rule, k) for k in ("flash_attn", "repack", "n_threads", "n_threads_batch", "n_ubatch")}
     return _Plan(configs, tuple(sorted({0, depth})), threads, ubatches, 16, offloaded, settings, prompt, answer)
 
