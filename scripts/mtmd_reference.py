@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "llama_mtmd_cli.json"
+THREADS = 2  # both tools, every case: the projectors' sums change with the thread count (the fixture's)
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import harness  # noqa: E402
@@ -75,7 +76,7 @@ def materials(folder: Path) -> tuple[dict[str, Path], dict[str, Path]]:
 
 def cli_text(cli: str, proj: Path, media: list[Path], prompt: str, n: int) -> str:
     args = [cli, "-m", smollm2(), "--mmproj", str(proj), "--jinja", "--temp", "0", "-n", str(n), "--ignore-eos",
-            "-p", prompt]
+            "-t", str(THREADS), "-p", prompt]
     for m in media:
         args += ["--audio" if m.suffix == ".wav" else "--image", str(m)]
     out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=300)
@@ -84,7 +85,7 @@ def cli_text(cli: str, proj: Path, media: list[Path], prompt: str, n: int) -> st
 
 def localgen_cmd(proj: Path, media: list[Path], prompt: str, n: int) -> list[str]:
     args = [sys.executable, "-m", "localgen", "run", "--mmproj", str(proj), "--temp", "0", "-n", str(n),
-            "--ignore-eos", "-p", prompt]
+            "--ignore-eos", "--threads", str(THREADS), "-p", prompt]
     for m in media:
         args += ["--attach", str(m)]
     return args
@@ -147,7 +148,8 @@ def main(argv: list[str]) -> int:
             rows.append({"media": names, "prompt": prompt, "max_tokens": n, "text": theirs})
     print(f"{same} of {len(CASES)} cases the same")
     if a.write:
-        FIXTURE.write_text(json.dumps({"generated_by": "scripts/mtmd_reference.py --write", "cases": rows},
+        FIXTURE.write_text(json.dumps({"generated_by": "scripts/mtmd_reference.py --write", "threads": THREADS,
+                                       "cases": rows},
                                       indent=1, ensure_ascii=False) + "\n")
         print(f"wrote {FIXTURE}")
     return 0 if same == len(CASES) else 1

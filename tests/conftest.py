@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.fake_openai import FakeServer
+from tests.forkserver import ForkServer
 from tests.gguf_edit import rewrite_strings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +35,16 @@ SLOW_FIXTURES = frozenset({"cli", "cli_env", "smollm2_engine", "gemma_path", "ba
 SPAWNS = re.compile(r"\bsubprocess\.|\bpexpect\.|\.popen\(|\bPopen\(")
 GEMMA = re.compile(r"gemma_path|gemma3:270m")
 GPU = re.compile(r"has_gpu|assert_same_greedy_text|GPU_SHARED_PREFIX")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`scripts/test` runs one worker per CPU), each worker keeps to one CPU of its own, and
+    so do the processes it starts: llama.cpp then runs one thread in each, and two tests never make each
+    other's threads wait at llama.cpp's barriers."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -93,7 +105,9 @@ SAFETY_NET_S = 900  # a hung child fails the test; a slow one (two busy cores) m
 
 
 class CLI:
-    """Runs `python -m localgen` as a user would, with stdin, stdout and stderr kept apart."""
+    """Runs `python -m localgen` as a user would, with stdin, stdout and stderr kept apart. With a fork server
+    (tests/forkserver.py), a call in the server's environment is a process forked from a Python that has
+    the libraries imported already; anything else, and `popen`, start an interpreter."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
@@ -103,6 +117,9 @@ class CLI:
 
     def __call__(self, *args: str, input: str | None = None,
                  timeout: float = SAFETY_NET_S) -> subprocess.CompletedProcess[str]:
+        forks = fork_server(self.env)
+        if forks is not None and forks.accepts(self.env):
+            return forks.run(list(args), self.env, input or "", timeout)
         return subprocess.run(
             self.argv(*args),
             input=input if input is not None else "",
@@ -122,6 +139,27 @@ def default_sigint() -> None:
     """For a child the tests interrupt: a shell running the suite as a background job ignores SIGINT, and
     children would inherit that."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+_FORKS: list[ForkServer] = []
+
+
+def fork_server(env: dict[str, str]) -> ForkServer | None:
+    """The session's fork server, started by the first call that can use one (in that call's environment);
+    none with LOCALGEN_TEST_FORKSERVER=0, when every call starts an interpreter, as `popen` always does."""
+    if os.environ.get("LOCALGEN_TEST_FORKSERVER", "1") == "0":
+        return None
+    if not _FORKS:
+        _FORKS.append(ForkServer(env, ROOT, Path(tempfile.mkdtemp(prefix="localgen-forks-"))))
+    return _FORKS[0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_fork_server() -> Iterator[None]:
+    yield
+    for forks in _FORKS:
+        forks.close()
+    _FORKS.clear()
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 import sys
 import zlib
@@ -22,7 +23,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from make_mmproj import png, write_audio_mmproj, write_mmproj
 from mtmd_reference import is_audio, write_media
 
-FIXTURE = json.loads((ROOT / "tests" / "data" / "llama_mtmd_cli.json").read_text())["cases"]
+REFERENCE = json.loads((ROOT / "tests" / "data" / "llama_mtmd_cli.json").read_text())
+FIXTURE = REFERENCE["cases"]
+REFERENCE_THREADS = REFERENCE["threads"]  # llama-mtmd-cli's: the projectors' sums change with the thread count
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +121,7 @@ class _Bytes:
 def test_run_writes_what_llama_mtmd_cli_writes(cli: CLI, mm: dict[str, Path], case: dict[str, Any]) -> None:
     sound = is_audio(case["media"][0])
     args = ["run", "--mmproj", str(mm["audio" if sound else "proj"]), "--temp", "0", "-n", str(case["max_tokens"]),
-            "--ignore-eos", "-p", case["prompt"]]
+            "--ignore-eos", "-p", case["prompt"], "--threads", str(REFERENCE_THREADS)]
     for name in case["media"]:
         args += ["-a" if sound else "--image", str(mm[name])]
     r = cli(*args)
@@ -132,7 +135,7 @@ def test_run_attach_stdin_json_stats_and_show(cli: CLI, mm: dict[str, Path]) -> 
     import subprocess
 
     r = subprocess.run(cli.argv("run", "--mmproj", str(mm["proj"]), "--temp", "0", "-n", str(case["max_tokens"]),
-                                "-a", "-", "-p", case["prompt"], "--json"),
+                                "-a", "-", "-p", case["prompt"], "--json", "--threads", str(REFERENCE_THREADS)),
                        input=pic, capture_output=True, env=cli.env, cwd=ROOT, timeout=120)  # the picture's bytes
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -205,7 +208,7 @@ def test_second_turn_does_not_encode_the_image_again(smollm2_engine: Any, mm: di
 def vserver(cli_env: dict[str, str], mm: dict[str, Path]) -> Iterator[Any]:
     from tests.test_serve import Server
 
-    s = Server(cli_env, "--mmproj", str(mm["proj"]), "-np", "2", "--ctx", "1024")
+    s = Server(cli_env, "--mmproj", str(mm["proj"]), "-np", "2", "--ctx", "1024", "--threads", str(REFERENCE_THREADS))
     yield s
     s.stop()
 
@@ -279,6 +282,12 @@ def test_serve_refuses_bad_media_and_stays_up(vserver: Any) -> None:
     assert httpx.get(f"{vserver.url}/health", timeout=5).status_code == 200
 
 
+def wrappable(words: str) -> str:
+    """A pattern for `words` where the terminal may have wrapped the line between any two (the message holds a
+    path, as long as the temporary folder's): the break, and the colour codes around it."""
+    return r"(?:\s|\x1b\[[0-9;]*m)+".join(re.escape(w) for w in words.split())
+
+
 def test_chat_attaches_images_and_keeps_them_in_the_cache(cli_env: dict[str, str], home: Path,
                                                           mm: dict[str, Path]) -> None:
     from tests.test_chat import send, spawn
@@ -290,7 +299,7 @@ def test_chat_attaches_images_and_keeps_them_in_the_cache(cli_env: dict[str, str
     send(child, "And this one?", r"tok/s")
     out = send(child, "/stats", r"stop: ")
     assert "media 32 tokens" in out and "cached)" in out  # the first picture came from the KV cache
-    send(child, "/audio " + str(mm["96x64"]), r"is an image: use /image")
+    send(child, "/audio " + str(mm["96x64"]), wrappable("is an image: use /image"))
     child.sendline("/exit")
     child.expect(pexpect_eof())
     saved = json.loads((home / "data" / "chats" / "picchat.json").read_text())
@@ -312,7 +321,7 @@ def test_audio_through_serve_and_chat(cli_env: dict[str, str], home: Path, mm: d
 
     case = next(c for c in FIXTURE if c["media"] == ["1.5s"])
     sound = mm["1.5s"].read_bytes()
-    server = Server(cli_env, "--mmproj", str(mm["audio"]), "--ctx", "1024")
+    server = Server(cli_env, "--mmproj", str(mm["audio"]), "--ctx", "1024", "--threads", str(REFERENCE_THREADS))
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
         out = client.chat.completions.create(
@@ -330,7 +339,7 @@ def test_audio_through_serve_and_chat(cli_env: dict[str, str], home: Path, mm: d
     finally:
         server.stop()
     child = spawn(cli_env, "soundchat", "--mmproj", str(mm["audio"]), "-n", "4", "--temp", "0", "--ignore-eos")
-    send(child, f"/image {mm['1.5s']}", r"is audio: use /audio")
+    send(child, f"/image {mm['1.5s']}", wrappable("is audio: use /audio"))
     send(child, f"/image {mm['96x64']}", r"reads audio, not images")  # said at once, not when the message goes
     send(child, f"{mm['96x64']}", r"reads audio, not images")  # dropped on the terminal
     send(child, f"/audio {mm['1.5s']}", r"will be sent with your next message")

@@ -1,0 +1,218 @@
+"""A fork server for the tests' `localgen` processes. A Python that has already imported the libraries the
+CLI uses (Typer, Click, Rich, Jinja2, prompt-toolkit, httpx, huggingface_hub, llama.cpp's ctypes layer) and
+the modules on `run`'s path (PRELOAD) forks a fresh process for each `cli(...)` call. That process then runs
+`python -m localgen ARGS` as a started interpreter would: its own pid, the caller's pipes as stdin, stdout
+and stderr, the caller's environment, directory and CPUs, its exit code, atexit handlers and signals
+(tests/test_forkserver.py checks each against a started interpreter). What it saves is the interpreter's
+start and those imports (docs/benchmarks.md, "The test suite"; scripts/bench_forkserver.py measures it).
+
+The environment may differ from the server's own (the first caller's) only in LOCALGEN_* variables:
+libraries read some of the rest when they are imported (huggingface_hub's HF_HUB_OFFLINE and paths, Typer's
+terminal settings), so a call in any other environment starts an interpreter. numpy, and what imports it
+(gguf, llama_cpp.llama, sqlite-utils), stays out: localgen chooses its greedy path by whether numpy is
+imported (native/sampler.py).
+
+    python -m tests.forkserver SOCKET        the server; prints "ready" when it listens
+
+The protocol, one connection per call: the client sends a JSON request (argv, environment, cwd, CPUs) with
+the three file descriptors for stdin, stdout and stderr; the server answers a line with the child's pid, then
+one with its exit status as subprocess reports it (negative: killed by that signal)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+MAX_REQUEST = 1 << 20
+
+
+# What a child would import anyway: the libraries the CLI uses, then localgen's modules on `run`'s path (the
+# command most tests start). Import is all the server does with them: no function of localgen runs there, and
+# none of these modules reads a file or the environment when it is imported.
+PRELOAD = (
+    "click", "httpx", "huggingface_hub", "jinja2.ext", "jinja2.sandbox", "prompt_toolkit", "rich.console",
+    "rich.markdown", "rich.table", "typer", "typer.main",
+    "localgen.cli.main", "localgen.cli.app", "localgen.cli.helpall", "localgen.cli.run", "localgen.cli.runflow",
+    "localgen.cli.output", "localgen.engine.local", "localgen.log.store",
+)
+
+
+def preload() -> None:
+    """The imports a child would otherwise repeat; none of them imports numpy."""
+    import importlib
+
+    from localgen._compat import llama_cpp_ctypes_layer
+
+    llama_cpp_ctypes_layer()  # the bindings' ctypes layer and llama.cpp's libraries, as localgen loads them
+    for name in PRELOAD:
+        importlib.import_module(name)
+    assert "numpy" not in sys.modules, "a preloaded module imported numpy"
+
+
+def serve(path: str) -> dict[str, Any]:
+    """Accepts calls until killed; returns (in a forked child only) the request that child is to run. One
+    thread: each child is watched through a pidfd, and its exit status goes back on its connection."""
+    import selectors
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    watch = selectors.DefaultSelector()
+    watch.register(listener, selectors.EVENT_READ)
+    gc.freeze()  # the preloaded objects stay out of the children's collections (no copy of their pages)
+    print("ready", flush=True)
+    while True:
+        for key, _ in watch.select():
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+                pid = os.fork()
+                if pid == 0:
+                    watch.close()
+                    listener.close()
+                    conn.close()
+                    return start_child(json.loads(data), fds)
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(f"{pid}\n".encode())
+                watch.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, conn))
+            else:
+                pid, conn = key.data
+                watch.unregister(key.fileobj)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                with conn:
+                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+def start_child(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    """In the forked child: the caller's pipes as stdin, stdout and stderr, and the caller's directory,
+    environment and CPUs. Its signal handlers are the server's, which started as a child of the caller's process, as
+    an interpreter the caller started would (SIGINT ignored where the test session ignores it)."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.sched_setaffinity(0, request["cpus"])  # the caller's CPUs, which a child it started would inherit
+    os.environ.clear()  # through putenv and unsetenv: llama.cpp's getenv sees the caller's environment too
+    os.environ.update(request["env"])
+    return request
+
+
+def run_module(request: dict[str, Any]) -> None:
+    """What `python -m MODULE ARGS` does once the interpreter has started (sys.argv[0] the module's file)."""
+    import runpy
+
+    sys.argv = list(request["argv"])
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+
+
+class ForkServer:
+    """The client side: starts the server and runs calls through it, as subprocess.run would."""
+
+    def __init__(self, env: dict[str, str], cwd: Path, folder: Path) -> None:
+        self.env, self.cwd = dict(env), cwd
+        self.path = str(folder / "fork.sock")  # the folder is the server's: close() removes it
+        self.log = folder / "forkserver.log"
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.forkserver", self.path], env=self.env,
+                                     cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self.log.open("w"))
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline()
+        if ready != b"ready\n":
+            self.proc.kill()
+            raise RuntimeError(f"the fork server did not start: {self.log.read_text()[-2000:]}")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(Path(self.path).parent, ignore_errors=True)
+
+    def accepts(self, env: dict[str, str]) -> bool:
+        """Whether a child in `env` is what an interpreter started in it would be: it differs from the
+        server's own environment in localgen's variables only, which nothing preloaded reads."""
+        differ = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
+        return all(k.startswith("LOCALGEN_") for k in differ)
+
+    def run(self, args: list[str], env: dict[str, str], input: str, timeout: float,
+            module: str = "localgen") -> subprocess.CompletedProcess[str]:
+        """`python -m MODULE ARGS` with `input` on stdin, as subprocess.run(text=True, timeout=...) runs it:
+        the text of stdout and stderr once both close, the exit status, TimeoutExpired (the child killed)."""
+        argv = [module, *args]
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ours, theirs = (in_w, out_r, err_r), (in_r, out_w, err_w)  # theirs: the child's stdin, stdout, stderr
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.path)
+            request = {"argv": argv, "env": env, "cwd": str(self.cwd), "cpus": sorted(os.sched_getaffinity(0))}
+            socket.send_fds(conn, [json.dumps(request).encode()], list(theirs))
+        except BaseException:
+            conn.close()
+            for fd in ours:
+                os.close(fd)
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        replies = conn.makefile("rb")
+        pid = status(replies)
+        stdin, stdout, stderr = ours
+        chunks: dict[int, list[bytes]] = {stdout: [], stderr: []}
+
+        def feed() -> None:
+            with contextlib.suppress(BrokenPipeError), open(stdin, "wb") as f:  # a child that reads no stdin
+                f.write(input.encode())
+
+        def drain(fd: int) -> None:
+            with open(fd, "rb", buffering=0) as f:
+                while block := f.read(65536):
+                    chunks[fd].append(block)
+
+        threads = [threading.Thread(target=feed, daemon=True)]
+        threads += [threading.Thread(target=drain, args=(fd,), daemon=True) for fd in (stdout, stderr)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout
+        with conn, replies:
+            for t in threads[1:]:
+                t.join(max(0.0, deadline - time.monotonic()))
+                if t.is_alive():
+                    os.kill(pid, signal.SIGKILL)
+                    status(replies)  # reaped
+                    raise subprocess.TimeoutExpired(argv, timeout)
+            code = status(replies)
+        return subprocess.CompletedProcess(argv, code, text(b"".join(chunks[stdout])),
+                                           text(b"".join(chunks[stderr])))
+
+
+def status(replies: Any) -> int:
+    """The server's next line: a pid, or an exit status."""
+    line = replies.readline()
+    if not line:
+        raise RuntimeError("the fork server closed the connection (see its log)")
+    return int(line)
+
+
+def text(data: bytes) -> str:
+    """subprocess's text mode: the locale's encoding and universal newlines."""
+    import locale
+
+    return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+
+
+if __name__ == "__main__":
+    preload()
+    run_module(serve(sys.argv[1]))

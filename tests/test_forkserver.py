@@ -1,0 +1,83 @@
+"""The tests' fork server (tests/forkserver.py) starts a process as an interpreter started by the test would
+be: the same arguments, directory, CPUs, environment (in Python and in C), stdin, stdout and stderr kept
+apart, SIGINT handler, atexit handlers and exit status, and subprocess.run's timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.forkserver import ForkServer
+
+
+@pytest.fixture(scope="module")
+def forks(cli_env: dict[str, str]) -> Iterator[ForkServer]:
+    server = ForkServer(cli_env, ROOT, Path(tempfile.mkdtemp(prefix="localgen-forks-")))
+    yield server
+    server.close()
+
+
+def started(env: dict[str, str], *args: str, input: str = "", timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tests.forkprobe", *args], input=input, capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=timeout)
+
+
+def seen(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    facts: dict[str, object] = json.loads(done.stdout)
+    facts["argv"] = facts["argv"][1:] if isinstance(facts["argv"], list) else facts["argv"]  # [0]: the file
+    return facts
+
+
+@pytest.mark.parametrize("how", ["0", "3", "TERM"])
+def test_a_forked_child_is_what_a_started_interpreter_is(forks: ForkServer, cli_env: dict[str, str],
+                                                         how: str) -> None:
+    env = {**cli_env, "LOCALGEN_PROBE": "probe value"}
+    assert forks.accepts(env)
+    forked = forks.run([how], env, "line one\r\nline two\n", 60, module="tests.forkprobe")
+    real = started(env, how, input="line one\r\nline two\n")
+    assert forked.returncode == real.returncode == {"0": 0, "3": 3, "TERM": -15}[how]
+    assert seen(forked) == seen(real)
+    assert seen(forked)["env"] == seen(forked)["c_env"] == "probe value"
+    assert seen(forked)["stdin"] == "line one\r\nline two\n"
+    assert json.loads(forked.stdout)["argv"][0] == str(ROOT / "tests" / "forkprobe.py")
+    assert forked.stderr == real.stderr == ("" if how == "TERM" else "atexit ran\n")
+
+
+def test_a_forked_child_has_the_callers_cpus(forks: ForkServer, cli_env: dict[str, str]) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cpus[:1])
+    try:
+        forked = forks.run(["0"], cli_env, "", 60, module="tests.forkprobe")
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert seen(forked)["cpus"] == cpus[:1]
+
+
+def test_a_timeout_kills_the_forked_child(forks: ForkServer, cli_env: dict[str, str]) -> None:
+    with pytest.raises(subprocess.TimeoutExpired):
+        forks.run(["sleep"], cli_env, "", 1.0, module="tests.forkprobe")
+    assert forks.run(["0"], cli_env, "", 60, module="tests.forkprobe").returncode == 0  # the server goes on
+
+
+def test_only_localgens_variables_may_differ_from_the_servers(forks: ForkServer, cli_env: dict[str, str]) -> None:
+    assert forks.accepts({**cli_env, "LOCALGEN_HOME": "/elsewhere"})
+    assert not forks.accepts({**cli_env, "HF_HUB_OFFLINE": "0"})  # huggingface_hub reads it on import
+    assert not forks.accepts({k: v for k, v in cli_env.items() if k != "PYTHONUNBUFFERED"})
+
+
+def test_the_cli_through_the_fork_server_answers_as_a_started_one(forks: ForkServer,
+                                                                  cli_env: dict[str, str]) -> None:
+    for args in (["--version"], ["run", "-m", "no-such-model.gguf", "-p", "hi"], ["run", "--no-such-flag"]):
+        forked = forks.run(args, cli_env, "", 120)
+        real = subprocess.run([sys.executable, "-m", "localgen", *args], input="", capture_output=True, text=True,
+                              env=cli_env, cwd=ROOT, timeout=120)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
+    assert forked.returncode == 2 and "no-such-flag" in forked.stderr
