@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.gemma)
         if GPU.search(src):
             item.add_marker(pytest.mark.gpu)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        heaviest_files_first(items)
+
+
+def heaviest_files_first(items: list[pytest.Item]) -> None:
+    """Test files in order of their cost, estimated as the number of their slow tests (a Gemma one counting
+    twice), each file's tests in their own order. pytest-xdist hands out whole files in this order
+    (`--dist loadfile --no-loadscope-reorder`), so a long file never starts last while the other worker idles."""
+    weight: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        weight[path] = weight.get(path, 0) + (item.get_closest_marker("slow") is not None) + (
+            item.get_closest_marker("gemma") is not None)
+    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable: a file's tests keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -105,9 +120,10 @@ SAFETY_NET_S = 900  # a hung child fails the test; a slow one (two busy cores) m
 
 
 class CLI:
-    """Runs `python -m localgen` as a user would, with stdin, stdout and stderr kept apart. With a fork server
-    (tests/forkserver.py), a call in the server's environment is a process forked from a Python that has
-    the libraries imported already; anything else, and `popen`, start an interpreter."""
+    """Runs `python -m localgen` as a user would, with stdin, stdout and stderr kept apart. A call is a process
+    forked from the fork server (tests/forkserver.py: a Python with the libraries imported already) when its
+    environment differs from the server's in LOCALGEN_* variables only; any other call, and `popen`, starts
+    an interpreter."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
@@ -142,6 +158,7 @@ def default_sigint() -> None:
 
 
 _FORKS: list[ForkServer] = []
+_FORKS_LOCK = threading.Lock()  # tests call the CLI from threads too
 
 
 def fork_server(env: dict[str, str]) -> ForkServer | None:
@@ -149,9 +166,10 @@ def fork_server(env: dict[str, str]) -> ForkServer | None:
     none with LOCALGEN_TEST_FORKSERVER=0, when every call starts an interpreter, as `popen` always does."""
     if os.environ.get("LOCALGEN_TEST_FORKSERVER", "1") == "0":
         return None
-    if not _FORKS:
-        _FORKS.append(ForkServer(env, ROOT, Path(tempfile.mkdtemp(prefix="localgen-forks-"))))
-    return _FORKS[0]
+    with _FORKS_LOCK:
+        if not _FORKS:
+            _FORKS.append(ForkServer(env, ROOT, Path(tempfile.mkdtemp(prefix="localgen-forks-"))))
+        return _FORKS[0]
 
 
 @pytest.fixture(scope="session", autouse=True)
