@@ -168,8 +168,7 @@ def test_an_unwritable_data_dir_is_one_line(cli_env: dict[str, str], tmp_path: P
     home = tmp_path / "home"
     (home / "data").mkdir(parents=True)
     (home / "data" / "chats").write_text("a file where the chats folder should be")
-    r = subprocess.run([sys.executable, "-m", "localgen", "chat", "x", "-n", "4"], input="hi\n", capture_output=True,
-                       text=True, env={**cli_env, "LOCALGEN_HOME": str(home)}, cwd=ROOT, timeout=600)
+    r = CLI({**cli_env, "LOCALGEN_HOME": str(home)})("chat", "x", "-n", "4", input="hi\n")
     one_line_error(r, 1, f"cannot write {home / 'data' / 'chats'}")
 
 
@@ -178,10 +177,10 @@ def test_an_unwritable_prompt_cache_warns_once_and_answers(cli_env: dict[str, st
     (home / "cache").mkdir(parents=True)
     (home / "cache" / "prompt-states").write_text("not a folder")
     doc = tmp_path / "doc.txt"
-    doc.write_text("\n".join(f"Line {i}: the river passes mill number {i}." for i in range(40)))
-    r = subprocess.run([sys.executable, "-m", "localgen", "run", "-f", str(doc), "-p", "Which mill is first?",
-                        "--json", "-n", "4", "--ctx", "2048"], capture_output=True, text=True,
-                       env={**cli_env, "LOCALGEN_HOME": str(home)}, cwd=ROOT, timeout=600)
+    # 20 lines: a shared prefix of some 300 tokens, past the prompt cache's 256 (shorter would be "skipped")
+    doc.write_text("\n".join(f"Line {i}: the river passes mill number {i}." for i in range(20)))
+    r = CLI({**cli_env, "LOCALGEN_HOME": str(home)})("run", "-f", str(doc), "-p", "Which mill is first?", "--json",
+                                                      "-n", "4", "--ctx", "2048")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["text"] and json.loads(r.stdout)["prompt_cache"] == "unwritable"
     assert r.stderr.count("warning: the prompt cache cannot be written") == 1 and r.stderr.count("\n") == 1
@@ -350,8 +349,9 @@ def test_localgen_environment_variables(cli_env: dict[str, str], smollm2_path: P
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home"), "LOCALGEN_MODEL": str(copy), "LOCALGEN_CTX": "768"}
 
     def lg(*args: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "localgen", *args], env={**env, **(extra or {})},
-                              capture_output=True, text=True, cwd=ROOT, timeout=600, stdin=subprocess.DEVNULL)
+        """A process of its own in this environment: the fork server's child where only LOCALGEN_* differ
+        (it reads them after the fork, as a fresh interpreter would; tests/test_forkserver.py checks that)."""
+        return CLI({**env, **(extra or {})})(*args)
 
     doc = json.loads(lg("run", "-p", "hi", "-n", "2", "--json").stdout)
     assert doc["model"]["file"] == str(copy) and doc["load"]["n_ctx"] == 768
@@ -359,7 +359,9 @@ def test_localgen_environment_variables(cli_env: dict[str, str], smollm2_path: P
                    "localgen is offline")
     debug = lg("run", "-m", "/no/such.gguf", "-p", "x", extra={"LOCALGEN_DEBUG": "1"})
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "ModelNotFoundError" in debug.stderr
-    text = "\n".join(f"Line {i}: mill {i} on the river." for i in range(35))
+    # 22 lines: a shared prefix of some 300 tokens, past the prompt cache's 256, so a state is made and then
+    # dropped for the cap (a shorter one is never saved, and the folder the last assert looks for never made)
+    text = "\n".join(f"Line {i}: mill {i} on the river." for i in range(22))
     (tmp_path / "d.txt").write_text(text)
     r = lg("run", "-f", str(tmp_path / "d.txt"), "-p", "First?", "-n", "2",
            extra={"LOCALGEN_PROMPT_CACHE_MB": "0"})

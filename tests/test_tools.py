@@ -299,6 +299,21 @@ def _run(cli: CLI | InProcessCLI, *args: str) -> Any:
     return cli(*RUN, *args)
 
 
+def _only(tmp_path: Path, *names: str) -> str:
+    """A --functions file holding just these functions of tests/tool_functions.py, their source as it is
+    there. A run whose --tool-choice forces one tool needs no others in its prompt: each tool's schema is
+    some 40 to 90 tokens that every such run would evaluate before its first token."""
+    import inspect
+
+    import tests.tool_functions as fns
+
+    source = Path(fns.__file__).read_text()
+    head = source[:source.index("\ndef ")]  # its docstring and imports
+    path = tmp_path / f"{'_'.join(names)}.py"
+    path.write_text("\n\n".join([head, *(inspect.getsource(getattr(fns, n)) for n in names)]))
+    return str(path)
+
+
 def test_run_functions_calls_the_tool_and_reports_it(cli: CLI) -> None:
     fns = str(ROOT / "tests" / "tool_functions.py")
     r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "--json", "Weather in Paris?")
@@ -310,19 +325,24 @@ def test_run_functions_calls_the_tool_and_reports_it(cli: CLI) -> None:
     unit, city = first["arguments"].get("unit", "C"), first["arguments"]["city"]
     assert first["result"] == f"It is 21 {unit} and sunny in {city}."
     assert "tool call: get_weather(" in r.stderr and "tool result: It is 21" in r.stderr
-    plain = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "Weather in Paris?")
+    # the same run as plain text (--verbose-prompt writes to stderr only, so stdout is still the answer alone)
+    plain = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "--verbose-prompt",
+                 "Weather in Paris?")
     assert plain.returncode == 0 and plain.stdout.strip() == doc["text"].strip()
-    shown = _run(cli, "--functions", fns, "--yes", "--verbose-prompt", "-n", "1", "Hi")
-    assert "<tools>" in shown.stderr and '"name": "get_weather"' in shown.stderr, "--verbose-prompt shows the tools"
+    shown = plain.stderr[plain.stderr.index("prompt:"):]
+    start = shown.index("\n<tools>\n")  # the block itself, not the "<tools></tools>" that introduces it
+    tools = shown[start:shown.index("\n</tools>", start)]
+    assert '"name": "get_weather"' in tools, "--verbose-prompt shows the tools"
 
 
-def test_run_tool_failures_are_one_line_errors(cli: CLI, cli_in_process: InProcessCLI) -> None:
+def test_run_tool_failures_are_one_line_errors(cli: CLI, cli_in_process: InProcessCLI, tmp_path: Path) -> None:
     fns = str(ROOT / "tests" / "tool_functions.py")
     r = _run(cli_in_process, "--functions", fns, "Weather?")
     assert r.returncode == 2 and "add --yes" in r.stderr and not r.stdout
-    r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "explode", "Go.")
+    r = _run(cli, "--functions", _only(tmp_path, "explode"), "--yes", "--tool-choice", "explode", "Go.")
     assert r.returncode == 1 and "explode failed: ValueError: boom" in r.stderr and "Traceback" not in r.stderr
-    r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "stall", "--tool-timeout", "1", "Go.")
+    r = _run(cli, "--functions", _only(tmp_path, "stall"), "--yes", "--tool-choice", "stall", "--tool-timeout", "1",
+             "Go.")
     assert r.returncode == 1 and "stall did not finish within 1 s" in r.stderr
     r = _run(cli_in_process, "--functions", fns, "--yes", "--tool-choice", "nosuch", "Go.")  # refused before the load
     assert r.returncode == 1 and "not among the tools" in r.stderr
@@ -343,8 +363,8 @@ def test_a_tool_choice_naming_no_tool_is_refused_before_the_model_loads(cli_in_p
         assert "tool_choice names 'nosuch', which is not among the tools" in r.stderr and "missing" not in r.stderr
 
 
-def test_run_keeps_secrets_from_the_model(cli: CLI) -> None:
-    fns = str(ROOT / "tests" / "tool_functions.py")
+def test_run_keeps_secrets_from_the_model(cli: CLI, tmp_path: Path) -> None:
+    fns = _only(tmp_path, "secret")
     r = _run(CLI({**cli.env, "TEST_API_TOKEN": "abcdefgh12345678"}), "--functions", fns, "--yes", "--tool-choice",
              "secret", "--json", "Get it.")
     assert r.returncode == 0, r.stderr
@@ -468,10 +488,10 @@ def test_chat_on_a_terminal_asks_before_each_call_and_shows_the_result(cli_env: 
     assert messages[6]["content"] == "The user declined to run this tool call."
 
 
-def test_chat_tool_failure_takes_the_question_back(cli_env: dict[str, str], home: Path) -> None:
+def test_chat_tool_failure_takes_the_question_back(cli_env: dict[str, str], home: Path, tmp_path: Path) -> None:
     from tests.test_chat import PROMPT, send, spawn
 
-    fns = str(ROOT / "tests" / "tool_functions.py")
+    fns = _only(tmp_path, "explode")
     child = spawn(cli_env, "toolfail", *CHAT_TOOLS, "--functions", fns, "--tool-choice", "explode", "--yes")
     child.sendline("Go.")
     child.expect("explode failed: ValueError: boom")
