@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from localgen.cli import app, params
-from tests.conftest import CLI
+from tests.conftest import CLI, InProcessCLI
 from tests.fake_openai import FakeServer
 
 BODY = '{"model": "m", "prompt": "Why is the sky blue?"}'
@@ -109,6 +109,22 @@ def test_rm_of_the_assembled_default_removes_only_the_assembled_copy(cli_env: di
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("removed the assembled copy of gemma3:270m, freed 3") and r.stdout.count("\n") == 1
     assert f"pip uninstall {chunks}" in r.stdout and not copy.exists()
+
+
+def test_list_of_a_fresh_home_assembles_nothing(cli_in_process: Any, tmp_path: Path, gemma_path: Path) -> None:
+    """`localgen list` names Gemma (four chunk packages) with its figures from its first chunk's header, and
+    writes nothing: the 250 MB copy is made by its first use, not by a listing (the session's copy, assembled
+    by its first use, gives the figures to compare)."""
+    from localgen.models import embedded
+
+    model = embedded.EMBEDDED["gemma3:270m"]
+    fresh = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})
+    r = fresh("list", "--json")
+    assert r.returncode == 0, r.stderr
+    gemma = next(m for m in json.loads(r.stdout) if m["name"] == "gemma3:270m")
+    assert gemma["size"] == gemma_path.stat().st_size and gemma["quantization"] and gemma["parameters"]
+    assert gemma["path"] == str(tmp_path / "data" / "embedded" / model.filename)
+    assert not (tmp_path / "data" / "embedded").exists(), "listing assembled the model"
 
 
 # ---- 3: --grammar inline ---------------------------------------------------------------------------------

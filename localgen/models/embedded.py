@@ -55,26 +55,46 @@ def _package_dir(package: str) -> Path | None:
 
 def locate(model: EmbeddedModel) -> Path:
     """The model file's path; assembles chunked models once into the data dir (verified, atomic)."""
-    missing = ModelNotFoundError(
-        f"model {model.name} is not installed",
-        hint=f"install it with: {model.install_hint} (scripts/install.sh does)",
-    )
     target = assembled_path(model)
     if target is None:
         pkg = _package_dir(model.package)
         if pkg is None or not (pkg / model.filename).is_file():
-            raise missing
+            raise _not_installed(model)
         return pkg / model.filename
     if target.is_file() and _intact(target, model.sha256):
         return target
+    _assemble(_chunks(model), target, model.sha256)
+    return target
+
+
+def _chunks(model: EmbeddedModel) -> list[Path]:
+    """A chunked model's parts, in order; ModelNotFoundError when a package that carries one is missing."""
     parts: list[Path] = []
     for package, filename in model.chunks:
         pkg = _package_dir(package)
         if pkg is None or not (pkg / "data" / filename).is_file():
-            raise missing
+            raise _not_installed(model)
         parts.append(pkg / "data" / filename)
-    _assemble(parts, target, model.sha256)
-    return target
+    return parts
+
+
+def peek(model: EmbeddedModel) -> tuple[Path, Path, int]:
+    """Where the model's file is (or a chunked one will be assembled), a file that begins as it does, and its
+    size, without assembling anything: what listing it needs. A chunked model not assembled yet (or not
+    checked yet) is read from its first chunk, which holds the whole GGUF header."""
+    from localgen.models import download
+
+    target = assembled_path(model)
+    if target is None or (target.is_file() and download.is_verified(target)):
+        path = locate(model)  # in place, or assembled and checked: nothing to write
+        return path, path, path.stat().st_size
+    parts = _chunks(model)
+    return target, parts[0], sum(p.stat().st_size for p in parts)
+
+
+def _not_installed(model: EmbeddedModel) -> ModelNotFoundError:
+    return ModelNotFoundError(f"model {model.name} is not installed",
+                              hint=f"install it with: {model.install_hint} (scripts/install.sh does)")
 
 
 def assembled_path(model: EmbeddedModel) -> Path | None:
