@@ -30,45 +30,11 @@ MESSAGE assistant "Hello."
 '''
 
 
-@pytest.fixture(scope="module")
-def assembled_gemma(home: Path) -> Path | None:
-    """The embedded Gemma as the session's home assembles it (once, checked), for the tests' own homes; None
-    where its packages are not installed (`list` then leaves it out)."""
-    from localgen.errors import LocalgenError
-    from localgen.models import embedded
-
-    try:
-        return embedded.locate(embedded.EMBEDDED["gemma3:270m"])
-    except LocalgenError:
-        return None
-
-
-def own_home(path: Path, gemma: Path | None) -> Path:
-    """A LOCALGEN_HOME of a test's own, so presets never leak between tests. `list` and `serve` list the
-    embedded models, and in an empty home they would assemble Gemma's 250 MB afresh each time: the home
-    starts with the session's assembled copy (a hard link, recorded as checked by localgen's own record)."""
-    from localgen.models import download, embedded
-
-    if gemma is None:
-        return path
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALGEN_HOME", str(path))
-        target = embedded.assembled_path(embedded.EMBEDDED["gemma3:270m"])
-        assert target is not None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(gemma, target)
-        except OSError:
-            target.symlink_to(gemma)
-        download.mark_verified(target)
-    return path
-
-
 @pytest.fixture
-def pcli(tmp_path: Path, assembled_gemma: Path | None) -> InProcessCLI:
+def pcli(tmp_path: Path) -> InProcessCLI:
     """The CLI in process with a home of this test's own, so presets never leak between tests."""
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("LOCALGEN_") or k in HF_PRIVATE}
-    env.update(LOCALGEN_HOME=str(own_home(tmp_path / "home", assembled_gemma)), NO_COLOR="1", HF_HUB_OFFLINE="1")
+    env.update(LOCALGEN_HOME=str(tmp_path / "home"), NO_COLOR="1", HF_HUB_OFFLINE="1")
     return InProcessCLI(env)
 
 
@@ -290,13 +256,13 @@ def test_a_presets_template_and_a_chat_on_a_preset(cli_env: dict[str, str], tmp_
     assert [m["content"] for m in saved["messages"][:3]] == ["Hi", "Hello.", "Sky?"]
 
 
-def test_serve_and_bench_take_a_preset(cli_env: dict[str, str], tmp_path: Path, assembled_gemma: Path | None) -> None:
+def test_serve_and_bench_take_a_preset(cli_env: dict[str, str], tmp_path: Path) -> None:
     """serve offers a preset by name and loads it with its num_ctx (unless --ctx is given); bench measures it."""
     import httpx
 
     from tests.test_serve import Server
 
-    env = {**cli_env, "LOCALGEN_HOME": str(own_home(tmp_path / "home", assembled_gemma))}
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
     assert CLI(env)("create", "terse", "-f", "-", input=TERSE).returncode == 0
     s = Server(env, "-np", "1")
     try:
