@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import CLI
 
 
 @pytest.fixture
 def env(cli_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     return {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+
+
+DOC_LINES = 15  # 279 tokens: a prefix of 256 or more is cached (engine/promptcache.py's MIN_PREFIX)
 
 
 def doc(tmp_path: Path, name: str, n: int) -> Path:
@@ -25,8 +27,9 @@ def doc(tmp_path: Path, name: str, n: int) -> Path:
 
 
 def run(env: dict[str, str], *args: str) -> dict[str, object]:
-    r = subprocess.run([sys.executable, "-m", "localgen", "run", "-n", "6", "--temperature", "0", "--json", *args],
-                       env=env, capture_output=True, text=True, timeout=180, cwd=ROOT, stdin=subprocess.DEVNULL)
+    """`localgen run` in `env`: a process of its own (through the session's fork server: the environment
+    differs from the session's in LOCALGEN_* only)."""
+    r = CLI(env)("run", "-n", "6", "--temperature", "0", "--json", *args, timeout=180)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -36,7 +39,7 @@ def states(env: dict[str, str]) -> list[Path]:
 
 
 def test_hit_reuses_the_prefix_and_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:
-    d = doc(tmp_path, "alpha", 20)
+    d = doc(tmp_path, "alpha", DOC_LINES)
     plain = run(env, "-f", str(d), "-p", "Which mill is first?", "--no-prompt-cache")
     assert plain["prompt_cache"] == "off" and not states(env)
     first = run(env, "-f", str(d), "-p", "Which mill is first?")
@@ -70,7 +73,7 @@ def test_the_text_does_not_depend_on_the_cache(env: dict[str, str], tmp_path: Pa
 
 @pytest.mark.parametrize("damage", ["garbage", "truncate"])
 def test_a_bad_state_file_is_removed_not_loaded(env: dict[str, str], tmp_path: Path, damage: str) -> None:
-    d = doc(tmp_path, "beta", 20)
+    d = doc(tmp_path, "beta", DOC_LINES)
     good = run(env, "-f", str(d), "-p", "Which mill is last?")
     [path] = states(env)
     data = path.read_bytes()
@@ -83,7 +86,7 @@ def test_a_bad_state_file_is_removed_not_loaded(env: dict[str, str], tmp_path: P
 
 
 def test_size_cap_evicts_least_recently_used(env: dict[str, str], tmp_path: Path) -> None:
-    a, b = doc(tmp_path, "gamma", 20), doc(tmp_path, "delta", 20)
+    a, b = doc(tmp_path, "gamma", DOC_LINES), doc(tmp_path, "delta", DOC_LINES)
     run(env, "-f", str(a), "-p", "First mill?")
     [first] = states(env)
     cap_mb = first.stat().st_size * 3 // 2 >> 20
@@ -95,8 +98,7 @@ def test_size_cap_evicts_least_recently_used(env: dict[str, str], tmp_path: Path
 
 def test_chat_resume_restores_the_kv_state(env: dict[str, str]) -> None:
     def chat(*args: str, text: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "localgen", "chat", *args, "-n", "12", "--temperature", "0"],
-                              env=env, input=text, capture_output=True, text=True, timeout=180, cwd=ROOT)
+        return CLI(env)("chat", *args, "-n", "12", "--temperature", "0", input=text, timeout=180)
 
     r = chat("kv", text="Tell me about rivers.\nAnd lakes?\n")
     assert r.returncode == 0, r.stderr

@@ -4,6 +4,7 @@ mode runs by default."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -56,10 +57,10 @@ def _tokens(sched: Scheduler, done: dict[int, Any]) -> dict[int, int]:
 
 
 def test_a_burst_of_long_prompts_never_stalls_a_running_stream(smollm2_engine: object) -> None:
-    """While four ~300-token prompts (more than one ubatch together) are evaluated chunk by chunk, the stream
+    """While four ~140-token prompts (more than one ubatch together) are evaluated chunk by chunk, the stream
     that was already running gets a token at every step; the new ones start as their prompts complete."""
     eng: Any = smollm2_engine
-    long = [_chat(eng, f"Document {i}: " + "the river runs past the old mill and on to the sea. " * 25)
+    long = [_chat(eng, f"Document {i}: " + "the river runs past the old mill and on to the sea. " * 9)
             for i in range(4)]
     assert sum(map(len, long)) > 512
     pc = ParallelContext(eng, 5, 1024, pooled=True)
@@ -166,6 +167,14 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
     assert positions and set(positions) == {0}, "the shared cells stayed with the second request throughout"
 
 
+def _then(first: Request, done: dict[int, Any], next_turn: Callable[[str], Request]) -> Iterator[Request]:
+    """`first`, then the request `next_turn` makes of its answer. In `_one_slot` the next request is taken
+    once the slot is free again, so `first` has ended and its completion is in `done` by then: the run that
+    answers A's first turn also makes its next one (no run of its own for the answer)."""
+    yield first
+    yield next_turn(done[first.index].text)
+
+
 def _conversation(eng: Any, system: str, *turns: str) -> list[int]:
     roles = ["user", "assistant"]
     msgs = [{"role": "system", "content": system}] + [
@@ -173,11 +182,12 @@ def _conversation(eng: Any, system: str, *turns: str) -> list[int]:
     return list(eng.chat_tokens(msgs))
 
 
-def _one_slot(eng: Any, reqs: list[Request], cache_ram: int, pooled: bool = True) -> tuple[dict[int, Any], Any]:
+def _one_slot(eng: Any, reqs: Iterable[Request], cache_ram: int, pooled: bool = True,
+              done: dict[int, Any] | None = None) -> tuple[dict[int, Any], Any]:
     """Run `reqs` one after another in a single slot (as a server with -np 1 would), with host memory for
-    saved slots; the completions, and the host cache's counters."""
+    saved slots; the completions (into `done`, if given), and the host cache's counters."""
     pc = ParallelContext(eng, 1, 1024, pooled=pooled, cache_ram=cache_ram)
-    done: dict[int, Any] = {}
+    done = {} if done is None else done
     try:
         pc.run(iter(reqs), lambda c: done.__setitem__(c.index, c), reuse=True)
         return done, pc.slots.host.status() if pc.slots.host else None
@@ -196,9 +206,14 @@ def test_a_conversation_that_lost_its_slot_comes_back_from_host_memory(smollm2_e
     b_sys = "You are a poet. Every answer is a rhyming couplet about the weather and the sea. " * 8
     a1 = _conversation(eng, a_sys, "Name a river in Europe.")
     b1 = _conversation(eng, b_sys, "Write about rain.")
-    first, _ = _one_slot(eng, [Request(0, a1, _greedy(8))], 0, pooled)
-    a2 = _conversation(eng, a_sys, "Name a river in Europe.", first[0].text, "And one in Asia?")
-    kept, _ = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(2, a2, _greedy(8))], 0, pooled)
+    a2: list[int] = []
+
+    def next_turn(answer: str) -> Request:
+        a2.extend(_conversation(eng, a_sys, "Name a river in Europe.", answer, "And one in Asia?"))
+        return Request(2, a2, _greedy(8))
+
+    kept: dict[int, Any] = {}
+    _one_slot(eng, _then(Request(0, a1, _greedy(8)), kept, next_turn), 0, pooled, kept)
     lost, _ = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(1, b1, _greedy(8)), Request(2, a2, _greedy(8))],
                         0, pooled)
     back, counters = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(1, b1, _greedy(8)),
@@ -220,9 +235,14 @@ def test_a_saved_state_comes_back_into_another_slot(smollm2_engine: object) -> N
     eng: Any = smollm2_engine
     a_sys = "You are a careful assistant who answers about geography in one short sentence. " * 8
     a1 = _conversation(eng, a_sys, "Name a river in Europe.")
-    first, _ = _one_slot(eng, [Request(0, a1, _greedy(4))], 0)
-    a2 = _conversation(eng, a_sys, "Name a river in Europe.", first[0].text, "And one in Asia?")
-    kept, _ = _one_slot(eng, [Request(0, a1, _greedy(4)), Request(1, a2, _greedy(8))], 0, pooled=False)
+    a2: list[int] = []
+
+    def next_turn(answer: str) -> Request:
+        a2.extend(_conversation(eng, a_sys, "Name a river in Europe.", answer, "And one in Asia?"))
+        return Request(1, a2, _greedy(8))
+
+    kept: dict[int, Any] = {}
+    _one_slot(eng, _then(Request(0, a1, _greedy(4)), kept, next_turn), 0, False, kept)
     x = _chat(eng, "Count from one to twenty.")
     b1 = _conversation(eng, "You are a poet who writes about the weather and the sea. " * 8, "Write about rain.")
     pc = ParallelContext(eng, 2, 1024, cache_ram=-1)
@@ -257,9 +277,14 @@ def test_a_model_with_sliding_window_layers_comes_back_from_host_memory_too(gemm
         a1 = eng.tokenize(text, True)
         b1 = eng.tokenize("A recipe for bread, flour and water and salt. " * 15, True)
         for pooled in (False, True):
-            first, _ = _one_slot(eng, [Request(0, a1, _greedy(8))], 0, pooled)
-            a2 = eng.tokenize(text + first[0].text + " And then", True)
-            kept, _ = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(2, a2, _greedy(16))], 0, pooled)
+            a2: list[int] = []
+
+            def next_part(answer: str, a2: list[int] = a2) -> Request:
+                a2.extend(eng.tokenize(text + answer + " And then", True))
+                return Request(2, a2, _greedy(16))
+
+            kept: dict[int, Any] = {}
+            _one_slot(eng, _then(Request(0, a1, _greedy(8)), kept, next_part), 0, pooled, kept)
             back, counters = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(1, b1, _greedy(8)),
                                              Request(2, a2, _greedy(16))], -1, pooled)
             assert counters["loads"] == 1 and back[2].cached_tokens == kept[2].cached_tokens >= len(a1)
@@ -272,8 +297,8 @@ def test_host_memory_keeps_the_most_recent_states_under_its_limit(smollm2_engine
     """With room for one saved state, a second saved state pushes out the first; a state larger than the
     whole limit is not saved at all; prefixes under 64 tokens are evaluated again, not saved."""
     eng: Any = smollm2_engine
-    convs = [_conversation(eng, f"System prompt number {i}. " + "Answer briefly and politely. " * 20, "Hi.")
-             for i in range(3)]
+    convs = [_conversation(eng, f"System prompt number {i}. " + "Answer briefly and politely. " * 12, "Hi.")
+             for i in range(3)]  # 83 tokens: a state of 64 or more is saved
     reqs = [Request(i, t, _greedy(4)) for i, t in enumerate(convs)]
     _, unlimited = _one_slot(eng, reqs, -1)
     assert unlimited["entries"] == 2 and unlimited["saves"] == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from localgen.engine.speculative import LookupDrafter
-from tests.conftest import CLI, assert_same_greedy_text
+from tests.conftest import CLI, InProcessCLI, assert_same_greedy_text
 
 TEXT = "\n".join(f"Item {i}: the box holds {i * 3} apples and a note for warehouse {i % 5}." for i in range(8))
 PROMPT = f"{TEXT}\n\nCopy the list above exactly."
@@ -18,8 +18,11 @@ def test_lookup_finds_the_latest_continuation() -> None:
     assert d.propose([1, 2, 1], 2) == [2, 1]
 
 
+# 40 answer tokens copy the first items of the list, past several drafts rejected where a number changes: a
+# draft kept without its check changes the text there (lookup: at the 5th character); no break tried here
+# showed only in the 80 tokens this took before
 def _run(cli: CLI, *extra: str) -> dict[str, object]:
-    r = cli("run", "-p", PROMPT, "-n", "80", "--json", "--no-prompt-cache", "--ctx", "1024", *extra)
+    r = cli("run", "-p", PROMPT, "-n", "40", "--json", "--no-prompt-cache", "--ctx", "1024", *extra)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -38,7 +41,9 @@ def test_greedy_output_is_unchanged_by_lookup_and_draft(cli: CLI) -> None:
 
 
 def test_greedy_lookup_is_exact_on_repacked_q4_k_weights_too(cli: CLI) -> None:
-    args = ["run", "-m", "gemma3:270m", "--raw", "-p", PROMPT, "-n", "160", "--temperature", "0", "--json",
+    # 64 tokens: with repacking and flash attention both on, lookup's text leaves the plain one at its first
+    # token; with either alone it stays the same for 160 (three rows a check, under the repacked GEMM's 4)
+    args = ["run", "-m", "gemma3:270m", "--raw", "-p", PROMPT, "-n", "64", "--temperature", "0", "--json",
             "--no-prompt-cache", "--ctx", "1024"]
     plain = cli(*args, "--no-flash-attn", "--no-repack")
     lookup = cli(*args, "--lookup", "--draft-max", "2")
@@ -55,10 +60,10 @@ def test_sampling_with_lookup_is_reproducible_per_seed(cli: CLI) -> None:
     assert a["stats"]["accepted"] > 0  # type: ignore[index]
 
 
-def test_bad_speculative_flags(cli: CLI) -> None:
+def test_bad_speculative_flags(cli: CLI, cli_in_process: InProcessCLI) -> None:
     r = cli("run", "-p", "hi", "--draft", "gemma3:270m")
     assert r.returncode == 2 and "vocabulary" in r.stderr and r.stderr.count("\n") == 1
-    r = cli("run", "-p", "hi", "--draft", "smollm2:135m", "--lookup")
+    r = cli_in_process("run", "-p", "hi", "--draft", "smollm2:135m", "--lookup")  # a usage error: before a load
     assert r.returncode == 2 and "cannot be combined" in r.stderr
     r = cli("run", "-p", "hi", "--lookup", "--flash-attn", "-n", "4")
     assert r.returncode == 0 and "with --flash-attn, speculative output can differ slightly" in r.stderr
