@@ -6,7 +6,6 @@ whose client leaves is aborted, not computed to its end."""
 from __future__ import annotations
 
 import itertools
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -251,24 +250,12 @@ def test_an_exact_long_prompt_is_evaluated_a_piece_a_step_beside_a_stream(small_
         assert tok1 == tok0 + 1, "and the stream's next token in the same step"
 
 
-PAUSE_S = 6.0  # past the default drain (4 s) and uvicorn's wait after it (1 s more)
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as c:
-        return c.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.mark.parametrize("drain", ["0", "600"])
 def test_drain_timeout_is_how_long_requests_in_flight_go_on_after_sigterm(cli_env: dict[str, str],
                                                                            drain: str) -> None:
     """serve --drain-timeout: after SIGTERM the requests in flight go on for that long. With 600 s, a stream
-    longer than the default drain (4 s) ends as it would have (its last chunk, then [DONE]); with 0 it ends at
-    once with a 503 error event. The server exits 0 either way.
-
-    With 600 s the server is paused (SIGSTOP) for 6 s once its shutdown has begun (its listener closed, the
-    drain's timer and uvicorn's wait started): on its clock the stream then runs past the default drain on
-    any machine, without the 1,200 tokens this took (4 s on a fast machine, 15 s on one core here)."""
+    longer than the default drain (4 s: 1,200 tokens) ends as it would have (its last chunk, then [DONE]); with
+    0 it ends at once with a 503 error event. The server exits 0 either way."""
     import json
     import signal
     import threading
@@ -276,36 +263,20 @@ def test_drain_timeout_is_how_long_requests_in_flight_go_on_after_sigterm(cli_en
     s = Server(cli_env, "-np", "1", "--drain-timeout", drain)
     lines: list[str] = []
     first = threading.Event()
-    ended = threading.Event()
-    max_tokens = 1200 if drain == "0" else 400
 
     def stream() -> None:
-        body = {"model": "smollm2:135m", "prompt": "Once", "max_tokens": max_tokens, "ignore_eos": True,
-                "stream": True}
+        body = {"model": "smollm2:135m", "prompt": "Once", "max_tokens": 1200, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=600) as r:
             for line in r.iter_lines():
                 if line.startswith("data:"):
                     lines.append(line)
                     first.set()
-                    if line == "data: [DONE]":
-                        ended.set()
 
     t = threading.Thread(target=stream)
     try:
         t.start()
         assert first.wait(120), "the stream produced its first token"
         s.proc.send_signal(signal.SIGTERM)
-        if drain == "600":
-            deadline = time.monotonic() + 120  # a safety net
-            while _listening(s.port) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert not _listening(s.port), "the server began its shutdown"
-            time.sleep(0.5)  # uvicorn's wait for the requests in flight starts 0.1 s after its listener closes
-            s.proc.send_signal(signal.SIGSTOP)
-            time.sleep(PAUSE_S)
-            # what the server sent before the pause has arrived by now
-            assert not ended.is_set(), "the stream was still running when the server paused"
-            s.proc.send_signal(signal.SIGCONT)
         t.join(600)
         assert s.proc.wait(timeout=600) == 0
     finally:
@@ -319,5 +290,4 @@ def test_drain_timeout_is_how_long_requests_in_flight_go_on_after_sigterm(cli_en
         return
     assert not any("error" in c for c in chunks), chunks[-2:]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    texts = sum(1 for c in chunks if c["choices"][0]["text"])
-    assert texts >= max_tokens * 5 // 6, "every token came, not a cut stream"
+    assert sum(1 for c in chunks if c["choices"][0]["text"]) >= 1000, "every token came, not a cut stream"
