@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -229,3 +230,27 @@ def test_the_size_word_follows_the_parameter_count() -> None:
     assert fix_size_word("llama 135M Q4_1", 134_515_008) == "llama 135M Q4_1"
     assert fix_size_word("gemma3 270M Q4_K - Medium", 268_098_176) == "gemma3 270M Q4_K - Medium"
     assert fix_size_word("llama 8B Q4_K - Medium", 8_030_261_248) == "llama 8B Q4_K - Medium"
+
+
+def test_the_bandwidth_is_measured_once_a_day_per_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench` puts generation rates against the memory bandwidth: measured (1 GB copied in a child process)
+    by the first bench of the day on this machine, then read from the cache dir."""
+    from localgen.bench import bandwidth
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    measured: list[float] = []
+
+    def measure() -> float:
+        measured.append(1e10 + len(measured))
+        return measured[-1]
+
+    monkeypatch.setattr(bandwidth, "measure_isolated", measure)
+    assert bandwidth.remembered() == 1e10 and bandwidth.remembered() == 1e10 and len(measured) == 1
+    cached = tmp_path / "cache" / "bandwidth.json"
+    doc = json.loads(cached.read_text())
+    cached.write_text(json.dumps({**doc, "at": doc["at"] - bandwidth.REMEMBERED_S - 1}))  # a day old
+    assert bandwidth.remembered() == 1e10 + 1 and len(measured) == 2
+    cached.write_text(json.dumps({**json.loads(cached.read_text()), "machine": ["another host"]}))
+    assert bandwidth.remembered() == 1e10 + 2 and len(measured) == 3
+    cached.write_text("not json")
+    assert bandwidth.remembered() == 1e10 + 3 and json.loads(cached.read_text())["bytes_per_s"] == 1e10 + 3

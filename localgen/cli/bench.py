@@ -227,7 +227,7 @@ def _plan(**flags: Any) -> Any:
 def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] = ()) -> None:
     """Run the plan, keeping each result in the history as it comes; print them."""
     from localgen.bench import history, records
-    from localgen.bench.bandwidth import measure_isolated
+    from localgen.bench.bandwidth import remembered
     from localgen.bench.runner import run
     from localgen.cli.output import ErrWriter
     from localgen.cli.progress import make_progress
@@ -238,7 +238,7 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
     if rpc:
         system["backends"] += "+RPC"
         system["rpc"] = list(rpc)
-    system["bandwidth"] = measure_isolated()
+    system["bandwidth"] = remembered()
     run_id = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
     results: list[dict[str, Any]] = []
     interrupted = False
