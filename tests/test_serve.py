@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -19,24 +20,83 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT, default_sigint
+from tests.conftest import CLI, ROOT, InProcessCLI, default_sigint, fork_server
+from tests.forkserver import ForkServer
+from tests.forkserver import status as fork_status
 
 KEY = "sk-local-test"
 
 
+class Forked:
+    """`localgen ARGS` forked by the session's fork server (tests/forkserver.py: a started interpreter's
+    process, without the interpreter's start and the imports), with what Server and the tests use of a Popen:
+    pid, poll, wait, send_signal, kill, stdout (a pipe) and stderr. Its stdin is /dev/null."""
+
+    def __init__(self, forks: ForkServer, args: list[str], env: dict[str, str], stderr: int) -> None:
+        out_r, out_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY)
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._conn.connect(forks.path)
+            request = {"argv": ["localgen", *args], "env": env, "cwd": str(ROOT),
+                       "cpus": sorted(os.sched_getaffinity(0))}
+            socket.send_fds(self._conn, [json.dumps(request).encode()], [null, out_w, stderr])
+        except BaseException:
+            self._conn.close()
+            os.close(out_r)
+            raise
+        finally:
+            os.close(null)
+            os.close(out_w)
+        self.stdout: Any = open(out_r, "rb")  # noqa: SIM115
+        self.stderr: Any = None
+        self._replies = self._conn.makefile("rb", buffering=0)  # unbuffered: no line read ahead of select()
+        self.pid = fork_status(self._replies)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self.wait(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(["localgen"], timeout or 0)
+            self.returncode = fork_status(self._replies)  # as Popen's: negative for a signal
+            self._replies.close()
+            self._conn.close()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # still unreaped: the pid is this child's
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def serve_process(env: dict[str, str], args: list[str], stderr: int) -> Any:
+    """`localgen serve ARGS`, stdout a pipe and stderr `stderr`: forked by the session's fork server where the
+    environment allows (as conftest's `cli` runs commands), else an interpreter started for it."""
+    forks = fork_server(env)
+    if forks is not None and forks.accepts(env):
+        return Forked(forks, ["serve", *args], env, stderr)
+    return subprocess.Popen([sys.executable, "-m", "localgen", "serve", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, preexec_fn=default_sigint)
+
+
 class Server:
-    """A `localgen serve` child process on a free loopback port. Its stderr goes to a file that `proc.stderr`
-    reads, not to a pipe: the server writes a line per request, and a pipe nobody reads until the end would
-    fill (64 KiB) and block it."""
+    """A `localgen serve` child process on a free loopback port (serve_process). Its stderr goes to a file that
+    `proc.stderr` reads, not to a pipe: the server writes a line per request, and a pipe nobody reads until the
+    end would fill (64 KiB) and block it."""
 
     def __init__(self, env: dict[str, str], *args: str) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         log = tempfile.NamedTemporaryFile(prefix="localgen-serve-", suffix=".log", delete=False)  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "localgen", "serve", "--port", str(self.port), *args],
-                                     env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=log,
-                                     stdin=subprocess.DEVNULL, preexec_fn=default_sigint)
+        self.proc = serve_process(env, ["--port", str(self.port), *args], log.fileno())
         log.close()
         self.proc.stderr = open(log.name, "rb")  # noqa: SIM115  # its own offset: reads all, from the start
         os.unlink(log.name)  # the child's descriptor keeps the file until it exits
@@ -271,28 +331,31 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(cli_env: dict[str, s
     assert last["choices"][0]["finish_reason"] == "length" and last["timings"]["predicted_n"] == 16
 
 
-def test_serve_usage_errors(cli: CLI, tmp_path: Path) -> None:
+def test_serve_usage_errors(cli_env: dict[str, str], cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    # the refusals come before any model loads: in this process
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        r = cli("serve", "--port", str(port))
+        r = cli_in_process("serve", "--port", str(port))
         assert r.returncode == 1 and "cannot listen on 127.0.0.1" in r.stderr and r.stderr.count("\n") == 1
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
         free = str(s.getsockname()[1])
-    public = cli.popen("serve", "--host", "0.0.0.0", "--port", free, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert public.stderr is not None
-    first = public.stderr.readline().decode()
-    public.send_signal(signal.SIGTERM)
-    public.wait(timeout=60)
+    err_r, err_w = os.pipe()
+    public = serve_process(cli_env, ["--host", "0.0.0.0", "--port", free], err_w)
+    os.close(err_w)
+    with open(err_r, "rb") as stderr:
+        first = stderr.readline().decode()
+        public.send_signal(signal.SIGTERM)
+        public.wait(timeout=60)
     assert "no API key" in first and "anyone who can reach this port" in first
     empty = tmp_path / "key.txt"
     empty.write_text("\n")
-    r = cli("serve", "--api-key-file", str(empty))
+    r = cli_in_process("serve", "--api-key-file", str(empty))
     assert r.returncode == 2 and "is empty" in r.stderr
     for bad in ("lots", "-2", "1.5X"):
-        r = cli("serve", "--cache-ram", bad)
+        r = cli_in_process("serve", "--cache-ram", bad)
         assert r.returncode == 2 and "--cache-ram" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 

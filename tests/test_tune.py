@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, ROOT, InProcessCLI
 
 SETTINGS = {"flash_attn": False, "repack": False, "n_threads": 1, "n_threads_batch": 1, "n_ubatch": 128}
 
@@ -130,28 +130,31 @@ def test_the_rule_without_a_record(own_home: Path, smollm2_path: Path, gemma_pat
     assert _resolve(_ref(smollm2_path))[0].flash_attn is False
 
 
-def _json(cli: CLI, *args: str) -> Any:
+def _json(cli: CLI | InProcessCLI, *args: str) -> Any:
     r = cli(*args)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
-def test_tune_makes_the_record_that_run_then_uses(cli_env: dict[str, str], tmp_path: Path) -> None:
+def test_tune_makes_the_record_that_run_then_uses(cli_env: dict[str, str], cli_in_process: InProcessCLI,
+                                                 tmp_path: Path) -> None:
     cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
-    # a 128-token prompt: the figures cost a quarter of the default's, and the exchange is what was asked for
-    done = cli("tune", "--depth", "128", "--prompt", "128", "--answer", "64")
+    records = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})  # --show loads no model
+    # a 16-token prompt (the least tune takes) and a 32-token depth: the figures cost little, and the exchange is
+    # what was asked for (three distinct sizes, so none can stand in for another in the record)
+    done = cli("tune", "--depth", "32", "--prompt", "16", "--answer", "64")
     assert done.returncode == 0, done.stderr
-    assert "(128-token prompt, 64-token answer)" in done.stdout and "fastest first" in done.stdout
-    rec = _json(cli, "tune", "--show", "--json")
-    assert (rec["prompt"], rec["answer"], rec["depth"]) == (128, 64, 128)
+    assert "(16-token prompt, 64-token answer)" in done.stdout and "fastest first" in done.stdout
+    rec = _json(records, "tune", "--show", "--json")
+    assert (rec["prompt"], rec["answer"], rec["depth"]) == (16, 64, 32)
     table = rec["table"]
     assert rec["settings"] == {k: table[0][k] for k in SETTINGS} and not rec["partial"]
     assert {(r["flash_attn"]) for r in table} == {True, False}  # both measured
     assert {r["n_ubatch"] for r in table} == {512, 256, 128}  # on the winner
-    assert all(set(r["by_depth_s"]) == {"0", "128"} and r["total_s"] > 0 for r in table)
+    assert all(set(r["by_depth_s"]) == {"0", "32"} and r["total_s"] > 0 for r in table)
     assert min(r["total_s"] for r in table) >= table[0]["total_s"] / 1.021  # the winner is within the tie band
-    shown = cli("tune", "--show")
-    assert "smollm2:135m" in shown.stdout and "tuned 20" in shown.stdout and "128+64 tokens" in shown.stdout
+    shown = records("tune", "--show")
+    assert "smollm2:135m" in shown.stdout and "tuned 20" in shown.stdout and "16+64 tokens" in shown.stdout
     load = _json(cli, "run", "hi", "-n", "1", "--json")["load"]
     assert all(v.startswith("tuned on") for v in load["origins"].values()), load["origins"]
     assert load["flash_attn"] == rec["settings"]["flash_attn"] and load["n_ubatch"] == rec["settings"]["n_ubatch"]
@@ -167,8 +170,9 @@ def test_serve_tunes_for_its_streams_and_health_says_where_settings_came_from(cl
     from tests.test_serve import Server
 
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path)}
-    # depth 0: one depth, the least tune measures; nothing is pruned there, so every thread count is in the table
-    rec = _json(CLI(env), "tune", "--parallel", "2", "--depth", "0", "--prompt", "128", "--json")
+    # depth 0 and a 16-token prompt: one depth, the least tune measures; nothing is pruned there, so every thread
+    # count is in the table
+    rec = _json(CLI(env), "tune", "--parallel", "2", "--depth", "0", "--prompt", "16", "--json")
     assert rec["key"]["streams"] == 2 and all(r["n_threads"] == r["n_threads_batch"] for r in rec["table"])
     server = Server(env, "-np", "2", "--ctx", "1024", "-ub", "256")
     try:
@@ -180,9 +184,10 @@ def test_serve_tunes_for_its_streams_and_health_says_where_settings_came_from(cl
     assert settings["n_threads_batch"]["value"] == rec["settings"]["n_threads_batch"]
 
 
-def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], tmp_path: Path) -> None:
+def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], cli_in_process: InProcessCLI,
+                                               tmp_path: Path) -> None:
     cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
-    p = cli.popen("tune", "--depth", "0", "--prompt", "64",  # one depth and a short prompt: the least
+    p = cli.popen("tune", "--depth", "0", "--prompt", "16",  # one depth and the shortest prompt: the least
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen = []
     assert p.stderr is not None
@@ -196,15 +201,16 @@ def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], tmp_path
     assert p.returncode == 130, stderr
     assert "before the interrupt" in stderr and "Traceback" not in stderr
     assert b"fastest first" in out
-    rec = _json(cli, "tune", "--show", "--json")
+    records = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})  # no model: in this process
+    rec = _json(records, "tune", "--show", "--json")
     assert rec["partial"] is True and rec["settings"]["flash_attn"] is True  # the rule's, measured first
-    assert "(partial)" in cli("tune", "--show").stdout
+    assert "(partial)" in records("tune", "--show").stdout
 
 
-def test_tune_refuses_a_depth_the_window_cannot_hold(cli: CLI) -> None:
-    r = cli("tune", "--depth", "100000")
+def test_tune_refuses_a_depth_the_window_cannot_hold(cli_in_process: InProcessCLI) -> None:
+    r = cli_in_process("tune", "--depth", "100000")  # refused before any model loads
     assert r.returncode == 2 and "leaves no room" in r.stderr and "Traceback" not in r.stderr
-    r = cli("tune", "--prompt", "60000")  # SmolLM2's window is 8,192 tokens
+    r = cli_in_process("tune", "--prompt", "60000")  # SmolLM2's window is 8,192 tokens
     assert r.returncode == 2 and "--prompt 60000 leaves no room for an answer" in r.stderr, r.stderr
     assert r.stderr.count("\n") <= 2 and "Traceback" not in r.stderr
 
