@@ -206,7 +206,8 @@ class InProcessCLI:
                     rc = 0
                 except SystemExit as e:
                     rc = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-                sys.stdout.flush()  # the runner's text wrapper buffers what print() wrote
+                sys.stdout.flush()  # the runner's text wrappers buffer what print() wrote
+                sys.stderr.flush()
                 stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
         finally:
             signal.signal(signal.SIGINT, handler)
