@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def heaviest_files_first(items: list[pytest.Item]) -> None:
     """Test files in order of their cost, estimated as the number of their slow tests (a Gemma one counting
     twice), each file's tests in their own order. pytest-xdist hands out whole files in this order
-    (`--dist loadfile --no-loadscope-reorder`), so a long file never starts last while the other worker idles."""
+    (`--dist loadfile --no-loadscope-reorder`), so a long file seldom starts last while the other worker idles."""
     weight: dict[str, int] = {}
     for item in items:
         path = item.nodeid.split("::")[0]
