@@ -339,6 +339,9 @@ def test_serve_usage_errors(cli_env: dict[str, str], cli_in_process: InProcessCL
         port = busy.getsockname()[1]
         r = cli_in_process("serve", "--port", str(port))
         assert r.returncode == 1 and "cannot listen on 127.0.0.1" in r.stderr and r.stderr.count("\n") == 1
+        # a bad flag is a usage error first, whatever holds the port
+        r = cli_in_process("serve", "--port", str(port), "--cache-ram", "lots")
+        assert r.returncode == 2 and "--cache-ram" in r.stderr and "cannot listen" not in r.stderr, r.stderr
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
         free = str(s.getsockname()[1])

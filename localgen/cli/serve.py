@@ -97,10 +97,10 @@ def start(f: o.Flags) -> None:
     policy = Policy(api_key=key, origins=origins_from(f.cors, os.environ.get("LOCALGEN_ORIGINS")),
                     check_host=is_loopback(f.host), max_body=_max_body(f.max_body))
     given = flag_sampling(f)  # the flags are valid before anything loads
+    cache_ram = _cache_ram(f.cache_ram)  # and before the port: a bad flag is a usage error whatever listens there
     _check_port(f.host, f.port)
     if not is_loopback(f.host) and not key:
         err.warn(f"listening on {f.host} with no API key: anyone who can reach this port can use the models")
-    cache_ram = _cache_ram(f.cache_ram)
     residency = _residency(f)
     workers = _workers(f, keep, cache_ram, err, residency)
     state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
