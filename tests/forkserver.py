@@ -24,6 +24,7 @@ import contextlib
 import gc
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -145,6 +146,34 @@ class ForkServer:
         differ = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
         return all(k.startswith("LOCALGEN_") for k in differ)
 
+    def request(self, argv: list[str], env: dict[str, str], fds: tuple[int, int, int]) -> tuple[socket.socket, Any]:
+        """Asks for a child running `python -m ARGV` with `fds` as its stdin, stdout and stderr (the caller
+        closes its own copies); the connection, and its replies with the child's pid read off them."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.path)
+            request = {"argv": argv, "env": env, "cwd": str(self.cwd), "cpus": sorted(os.sched_getaffinity(0))}
+            socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
+        except BaseException:
+            conn.close()
+            raise
+        return conn, conn.makefile("rb", buffering=0)  # unbuffered: nothing read ahead of a select()
+
+    def popen(self, args: list[str], env: dict[str, str], stderr: int) -> ForkedProcess:
+        """`localgen ARGS` left running, as subprocess.Popen starts it with stdin /dev/null, stdout a pipe and
+        stderr the descriptor given."""
+        out_r, out_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY)
+        try:
+            conn, replies = self.request(["localgen", *args], env, (null, out_w, stderr))
+        except BaseException:
+            os.close(out_r)
+            raise
+        finally:
+            os.close(null)
+            os.close(out_w)
+        return ForkedProcess(conn, replies, open(out_r, "rb"))
+
     def run(self, args: list[str], env: dict[str, str], input: str, timeout: float,
             module: str = "localgen") -> subprocess.CompletedProcess[str]:
         """`python -m MODULE ARGS` with `input` on stdin, as subprocess.run(text=True, timeout=...) runs it:
@@ -154,20 +183,15 @@ class ForkServer:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         ours, theirs = (in_w, out_r, err_r), (in_r, out_w, err_w)  # theirs: the child's stdin, stdout, stderr
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.connect(self.path)
-            request = {"argv": argv, "env": env, "cwd": str(self.cwd), "cpus": sorted(os.sched_getaffinity(0))}
-            socket.send_fds(conn, [json.dumps(request).encode()], list(theirs))
+            conn, replies = self.request(argv, env, theirs)
         except BaseException:
-            conn.close()
             for fd in ours:
                 os.close(fd)
             raise
         finally:
             for fd in theirs:
                 os.close(fd)
-        replies = conn.makefile("rb")
         pid = status(replies)
         stdin, stdout, stderr = ours
         chunks: dict[int, list[bytes]] = {stdout: [], stderr: []}
@@ -196,6 +220,39 @@ class ForkServer:
             code = status(replies)
         return subprocess.CompletedProcess(argv, code, text(b"".join(chunks[stdout])),
                                            text(b"".join(chunks[stderr])))
+
+
+class ForkedProcess:
+    """A child of the fork server left running, with what the tests use of a Popen: pid, poll, wait,
+    send_signal, kill, stdout (a pipe) and stderr (None: the caller holds what it gave)."""
+
+    def __init__(self, conn: socket.socket, replies: Any, stdout: Any) -> None:
+        self._conn, self._replies = conn, replies
+        self.stdout: Any = stdout
+        self.stderr: Any = None
+        self.pid = status(replies)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self.wait(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(["localgen"], timeout or 0)
+            self.returncode = status(self._replies)  # as Popen's: negative for a signal
+            self._replies.close()
+            self._conn.close()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # still unreaped: the pid is this child's
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def status(replies: Any) -> int:

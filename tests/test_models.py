@@ -109,14 +109,12 @@ def lg(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.Comp
 
 
 def lg_started(env: dict[str, str], *args: str) -> tuple[Any, BinaryIO]:
-    """`localgen ARGS` started and left running (forked as `lg` forks: tests/test_serve.py's Forked), with the
+    """`localgen ARGS` started and left running (forked as `lg` forks: ForkServer.popen), with the
     read end of its stderr; its stdin is /dev/null and its stdout a pipe."""
-    from tests.test_serve import Forked
-
     assert _hub_forks is not None and _hub_forks.accepts(env)
     err_r, err_w = os.pipe()
     try:
-        p = Forked(_hub_forks, list(args), env, err_w)
+        p = _hub_forks.popen(list(args), env, err_w)
     finally:
         os.close(err_w)
     return p, open(err_r, "rb")

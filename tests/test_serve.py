@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -21,59 +20,8 @@ import httpx
 import pytest
 
 from tests.conftest import CLI, ROOT, InProcessCLI, default_sigint, fork_server
-from tests.forkserver import ForkServer
-from tests.forkserver import status as fork_status
 
 KEY = "sk-local-test"
-
-
-class Forked:
-    """`localgen ARGS` forked by the session's fork server (tests/forkserver.py: a started interpreter's
-    process, without the interpreter's start and the imports), with what Server and the tests use of a Popen:
-    pid, poll, wait, send_signal, kill, stdout (a pipe) and stderr. Its stdin is /dev/null."""
-
-    def __init__(self, forks: ForkServer, args: list[str], env: dict[str, str], stderr: int) -> None:
-        out_r, out_w = os.pipe()
-        null = os.open(os.devnull, os.O_RDONLY)
-        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._conn.connect(forks.path)
-            request = {"argv": ["localgen", *args], "env": env, "cwd": str(ROOT),
-                       "cpus": sorted(os.sched_getaffinity(0))}
-            socket.send_fds(self._conn, [json.dumps(request).encode()], [null, out_w, stderr])
-        except BaseException:
-            self._conn.close()
-            os.close(out_r)
-            raise
-        finally:
-            os.close(null)
-            os.close(out_w)
-        self.stdout: Any = open(out_r, "rb")  # noqa: SIM115
-        self.stderr: Any = None
-        self._replies = self._conn.makefile("rb", buffering=0)  # unbuffered: no line read ahead of select()
-        self.pid = fork_status(self._replies)
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
-            self.wait(0)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            if not select.select([self._conn], [], [], timeout)[0]:
-                raise subprocess.TimeoutExpired(["localgen"], timeout or 0)
-            self.returncode = fork_status(self._replies)  # as Popen's: negative for a signal
-            self._replies.close()
-            self._conn.close()
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:  # still unreaped: the pid is this child's
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def serve_process(env: dict[str, str], args: list[str], stderr: int) -> Any:
@@ -81,7 +29,7 @@ def serve_process(env: dict[str, str], args: list[str], stderr: int) -> Any:
     environment allows (as conftest's `cli` runs commands), else an interpreter started for it."""
     forks = fork_server(env)
     if forks is not None and forks.accepts(env):
-        return Forked(forks, ["serve", *args], env, stderr)
+        return forks.popen(["serve", *args], env, stderr)
     return subprocess.Popen([sys.executable, "-m", "localgen", "serve", *args], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, preexec_fn=default_sigint)
 
