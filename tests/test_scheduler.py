@@ -175,6 +175,22 @@ def _then(first: Request, done: dict[int, Any], next_turn: Callable[[str], Reque
     yield next_turn(done[first.index].text)
 
 
+A_SYSTEM = "You are a careful assistant who answers about geography in one short sentence. " * 8
+
+
+def _conversation_a(eng: Any, next_id: int) -> tuple[list[int], list[int], Callable[[str], Request]]:
+    """Conversation A's first turn, its second (filled in once the first is answered), and what makes the
+    second turn's request, `next_id`, of the first turn's answer (for `_then`)."""
+    a1 = _conversation(eng, A_SYSTEM, "Name a river in Europe.")
+    a2: list[int] = []
+
+    def next_turn(answer: str) -> Request:
+        a2.extend(_conversation(eng, A_SYSTEM, "Name a river in Europe.", answer, "And one in Asia?"))
+        return Request(next_id, a2, _greedy(8))
+
+    return a1, a2, next_turn
+
+
 def _conversation(eng: Any, system: str, *turns: str) -> list[int]:
     roles = ["user", "assistant"]
     msgs = [{"role": "system", "content": system}] + [
@@ -202,16 +218,9 @@ def test_a_conversation_that_lost_its_slot_comes_back_from_host_memory(smollm2_e
     memory before B took the slot and is copied back, so A's next turn evaluates only what is new, and
     answers exactly as it does when A never lost the slot (the same cells, bit for bit)."""
     eng: Any = smollm2_engine
-    a_sys = "You are a careful assistant who answers about geography in one short sentence. " * 8
     b_sys = "You are a poet. Every answer is a rhyming couplet about the weather and the sea. " * 8
-    a1 = _conversation(eng, a_sys, "Name a river in Europe.")
+    a1, a2, next_turn = _conversation_a(eng, 2)
     b1 = _conversation(eng, b_sys, "Write about rain.")
-    a2: list[int] = []
-
-    def next_turn(answer: str) -> Request:
-        a2.extend(_conversation(eng, a_sys, "Name a river in Europe.", answer, "And one in Asia?"))
-        return Request(2, a2, _greedy(8))
-
     kept: dict[int, Any] = {}
     _one_slot(eng, _then(Request(0, a1, _greedy(8)), kept, next_turn), 0, pooled, kept)
     lost, _ = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(1, b1, _greedy(8)), Request(2, a2, _greedy(8))],
@@ -233,14 +242,7 @@ def test_a_saved_state_comes_back_into_another_slot(smollm2_engine: object) -> N
     where A's next turn is evaluated alone and decoded on batch-invariant kernels beside B, it answers as
     when A kept its slot."""
     eng: Any = smollm2_engine
-    a_sys = "You are a careful assistant who answers about geography in one short sentence. " * 8
-    a1 = _conversation(eng, a_sys, "Name a river in Europe.")
-    a2: list[int] = []
-
-    def next_turn(answer: str) -> Request:
-        a2.extend(_conversation(eng, a_sys, "Name a river in Europe.", answer, "And one in Asia?"))
-        return Request(1, a2, _greedy(8))
-
+    a1, a2, next_turn = _conversation_a(eng, 1)
     kept: dict[int, Any] = {}
     _one_slot(eng, _then(Request(0, a1, _greedy(4)), kept, next_turn), 0, False, kept)
     x = _chat(eng, "Count from one to twenty.")
