@@ -40,15 +40,21 @@ def installed() -> list[dict[str, Any]]:
         item = _item(name, str(f.link), "hf cache", summary)
         item["size"] = store.total_size(f)
         items.append(item)
-    return items + _presets()
+    return items + _presets({item["name"]: item for item in items})
 
 
-def _presets() -> list[dict[str, Any]]:
+def _presets(listed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The presets, each with its base's figures: taken from the base's own entry when it is listed above (so an
+    embedded base is read as listing reads it, never assembled), otherwise from resolving the preset."""
     from localgen.models import presets
     from localgen.models.resolve import resolve
 
     items = []
     for p in presets.all_presets():
+        base = listed.get(p.base)
+        if base is not None:
+            items.append({**base, "name": p.name, "path": f"preset of {p.base}", "source": "preset", "base": p.base})
+            continue
         try:
             ref = resolve(p.name, offline=True, pull_missing=False)
         except LocalgenError:
