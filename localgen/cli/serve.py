@@ -105,7 +105,7 @@ def start(f: ServeArgs) -> None:
     _check_port(listen.host, listen.port)
     if not is_loopback(listen.host) and not key:
         err.warn(f"listening on {listen.host} with no API key: anyone who can reach this port can use the models")
-    residency = _residency(f)
+    residency = _residency(f.residency, f.knobs)
     workers = _workers(f, keep, cache_ram, err, residency)
     state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
                        allow_image_urls=fetching.allow_image_urls,
@@ -189,14 +189,14 @@ def _warm_dir(f: ServeArgs) -> Any:
     return paths.cache_dir() / "serve-warm" if f.residency.warm_reload else None
 
 
-def _residency(f: ServeArgs) -> Any:
+def _residency(options: ResidencyOptions, knobs: Knobs) -> Any:
     """How many models, and how much memory, may be loaded at once (serve/residency.py)."""
     from localgen import hardware
     from localgen.serve.residency import Residency, default_budget
 
     gpus = [g for g in hardware.gpus() if not g.unified]
-    offload = f.knobs.get("gpu_layers") != 0 and bool(hardware.gpus())
-    max_memory = f.residency.max_memory
+    offload = knobs.get("gpu_layers") != 0 and bool(hardware.gpus())
+    max_memory = options.max_memory
     if max_memory is not None:
         try:
             budget = parse_bytes(max_memory)
@@ -204,7 +204,7 @@ def _residency(f: ServeArgs) -> Any:
             raise UsageError(f"--max-memory takes a size such as 12G or 800M, not {max_memory!r}") from None
     else:
         budget = default_budget(offload)
-    return Residency(budget=budget, max_models=f.residency.max_models or 3 * max(1, len(gpus) if offload else 1))
+    return Residency(budget=budget, max_models=options.max_models or 3 * max(1, len(gpus) if offload else 1))
 
 
 def _on_demand(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: Any) -> Any:
