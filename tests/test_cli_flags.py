@@ -1,20 +1,29 @@
 """Flags that must reach what they promise (issue #47): chat's -l lists, chat's grammar flags constrain every
 answer, serve's sampling flags are the defaults of its requests, --ctx bounds a remote chat's window, and
-serve's start-up line says what an RPC-only offload is. Driven in-process through Typer's CliRunner."""
+serve's start-up line says what an RPC-only offload is. Driven in-process through Typer's CliRunner. And
+each command's parameters are exactly the fields of the typed value its body hands on (issue #45)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
+import typing
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from localgen import settings
 from localgen.cli import app, params
+from localgen.cli.embed import EmbedArgs, RerankArgs, SimilarArgs
+from localgen.cli.knobs import Knobs
+from localgen.cli.options import ChatArgs, CommandArgs, OptionGroup
+from localgen.cli.runoptions import RunArgs
+from localgen.cli.serveoptions import ServeArgs
 from tests.fake_openai import FakeServer
 
 
@@ -145,3 +154,45 @@ def test_serve_with_rpc_servers_alone_says_no_gpu(started: dict[str, Any]) -> No
     line = next(ln for ln in r.stderr.splitlines() if "batching:" in ln)
     assert "on a GPU" not in line and "RPC server" in line, line
     assert line.strip().endswith("--exact forces it")
+
+
+# each command's args dataclass: exactly its parameters ------------------------------------------------------------
+
+ARGS: dict[str, type[CommandArgs]] = {"run": RunArgs, "chat": ChatArgs, "serve": ServeArgs, "embed": EmbedArgs,
+                                      "similar": SimilarArgs, "rerank": RerankArgs}
+
+
+def _parameters(command: str) -> list[str]:
+    """The parameters Typer gives the command (with_knobs' groups and settings each as its options)."""
+    built = typer.main.get_command(app.build(command)).commands[command]  # type: ignore[attr-defined]
+    return sorted(p.name for p in built.params)
+
+
+def _held(cls: type[CommandArgs]) -> list[str]:
+    """The parameters the dataclass holds: its fields, each group's fields for the group, the table's
+    settings for `knobs` (with_knobs() gives run, chat and serve every one); not the Typer context."""
+    hints = typing.get_type_hints(cls)
+    out: list[str] = []
+    for field in dataclasses.fields(cls):
+        kind = hints[field.name]
+        if kind is typer.Context:
+            continue
+        if kind is Knobs:
+            out += [*settings.KNOBS, *settings.LOAD_KNOBS]
+        elif isinstance(kind, type) and issubclass(kind, OptionGroup):
+            out += [f.name for f in dataclasses.fields(kind)]  # type: ignore[arg-type]
+        else:
+            out.append(field.name)
+    return sorted(out)
+
+
+@pytest.mark.parametrize("command", sorted(ARGS))
+def test_each_command_s_args_hold_exactly_its_parameters(command: str) -> None:
+    """An option added to a signature but not to its dataclass (or left in the dataclass when it leaves the
+    signature) fails here; mypy then holds the command's body to every field (none has a default)."""
+    cls = ARGS[command]
+    held, taken = _held(cls), _parameters(command)
+    assert held == taken, (f"{cls.__name__} lacks {sorted(set(taken) - set(held))}, has besides "
+                           f"{sorted(set(held) - set(taken))}")
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               for f in dataclasses.fields(cls)), "every field is given by the command's body"

@@ -147,7 +147,7 @@ def test_flash_attn_argv_gives_typer_one_word_it_parses() -> None:
 
 
 def test_parameter_source_names_what_given_reads() -> None:
-    """Flags.given() reads ctx.get_parameter_source(name).name: DEFAULT for a default, something else for a
+    """CommandArgs.given() reads ctx.get_parameter_source(name).name: DEFAULT for a default, something else for a
     value from the command line or an environment variable, None for no such parameter."""
     seen: dict[str, Any] = {}
     app = typer.Typer()

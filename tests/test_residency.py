@@ -174,31 +174,23 @@ def test_defaults_three_models_and_most_of_the_memory(monkeypatch: pytest.Monkey
     a size in the flag's units, and a bad one is a usage error."""
     from localgen import hardware
     from localgen.cli import serve
+    from localgen.cli.knobs import Knobs
+    from localgen.cli.serveoptions import ResidencyOptions
     from localgen.errors import UsageError
 
-    class F:
-        max_models: int | None = None
-        max_memory: str | None = None
-
-        class knobs:
-            @staticmethod
-            def get(name: str) -> Any:
-                return None
-
+    knobs = Knobs({"gpu_layers": None}, frozenset())  # -ngl not given
     monkeypatch.setattr(hardware, "gpus", lambda: [])
     monkeypatch.setattr(hardware, "total_ram_bytes", lambda: 10 * 1024 * MB)
-    r = serve._residency(F())  # type: ignore[arg-type]
+    r = serve._residency(ResidencyOptions(), knobs)
     assert (r.max_models, r.budget) == (3, int(10 * 1024 * MB * 0.9))
     two = [hardware.GPU("a", 8 * 1024 * MB, 0), hardware.GPU("b", 8 * 1024 * MB, 0)]
     monkeypatch.setattr(hardware, "gpus", lambda: two)
-    r = serve._residency(F())  # type: ignore[arg-type]
+    r = serve._residency(ResidencyOptions(), knobs)
     assert (r.max_models, r.budget) == (6, int(26 * 1024 * MB * 0.9))
-    F.max_memory, F.max_models = "12G", 2
-    r = serve._residency(F())  # type: ignore[arg-type]
+    r = serve._residency(ResidencyOptions(max_memory="12G", max_models=2), knobs)
     assert (r.max_models, r.budget) == (2, 12 * 1024 * MB)
-    F.max_memory = "lots"
     with pytest.raises(UsageError, match="--max-memory takes a size"):
-        serve._residency(F())  # type: ignore[arg-type]
+        serve._residency(ResidencyOptions(max_memory="lots"), knobs)
 
 
 def test_a_load_with_no_room_is_a_503_for_its_request() -> None:

@@ -56,4 +56,7 @@ def chat(
     """
     from localgen.cli.chatflow import start
 
-    start(o.Flags(ctx_, dict(locals())))
+    start(o.ChatArgs(context=ctx_, name=name, resume=resume, list_=list_, plain=plain, stats=stats, model=model,
+                     offline=offline, chat_template_file=chat_template_file, mmproj=mmproj, system=system,
+                     no_log=no_log, verbose=verbose, think=think, tools=tools, output=output, remote=remote,
+                     knobs=knobs))

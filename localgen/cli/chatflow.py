@@ -7,12 +7,13 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localgen.cli import flagfiles, presetflow
 from localgen.cli import options as o
 from localgen.cli.chatturn import restore_state, stream
+from localgen.cli.knobs import Knobs
 from localgen.cli.output import ErrWriter
 from localgen.cli.toolflow import open_toolbox
 from localgen.errors import LocalgenError, UsageError
@@ -32,7 +33,7 @@ class ChatView:
     markdown: bool = True
     console: Any = None
     loader: Any = None  # name -> backend, for /model and /load
-    flags: Any = None
+    flags: o.ChatArgs | None = None
     attachments: list[str] = field(default_factory=list)
     media: list[Any] = field(default_factory=list)  # images and audio for the next message (/image, /audio)
     err: ErrWriter = field(default_factory=ErrWriter)
@@ -66,7 +67,7 @@ class ChatView:
             self.err.error(message, hint)
 
 
-def start(f: o.Flags) -> None:
+def start(f: o.ChatArgs) -> None:
     """The command: list, or open the conversation and chat."""
     from localgen.chat import session as sessions
     from localgen.chat.runner import ChatRunner
@@ -74,18 +75,18 @@ def start(f: o.Flags) -> None:
     if f.list_:
         _print_list(sessions.list_sessions())
         return
-    endpoints = _endpoints(f)
+    endpoints, f = _endpoints(f)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     _check_tools(f, bool(endpoints), interactive)
     session = _open_session(f)
-    o.sampling(f)  # the flags alone are valid, before anything loads
-    grammar, schema = flagfiles.output_grammar(f)
-    load = o.load_params(f)
+    f.knobs.sampling()  # the flags alone are valid, before anything loads
+    grammar, schema = flagfiles.output_grammar(f.output)
+    load = f.knobs.load()
     view = ChatView(interactive=interactive, plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats,
                     flags=f, yes=f.tools.yes)
-    view.loader = (lambda name: remote_backend(endpoints, name, f, view)) if endpoints else (
+    view.loader = (lambda name: remote_backend(endpoints, name, f.knobs, view)) if endpoints else (
         lambda name: load_backend(name, load, f, view))
-    toolbox = open_toolbox(f)
+    toolbox = open_toolbox(f.tools)
     try:
         backend = view.loader(session.model)
     except BaseException:
@@ -96,8 +97,8 @@ def start(f: o.Flags) -> None:
     # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win. The grammar
     # constrains every answer: locally as a sampling setting, remotely as the schema a server takes.
     remote_schema = bool(endpoints) and schema is not None
-    runner = ChatRunner(session, backend, o.sampling(f, backend.defaults, session.settings,
-                                                     grammar=None if remote_schema else grammar))
+    runner = ChatRunner(session, backend, f.knobs.sampling(backend.defaults, session.settings,
+                                                           grammar=None if remote_schema else grammar))
     runner.json_schema = schema if remote_schema else None
     runner.on_answer = lambda request, gen, text: _log_turn(f, view, runner, request, gen, text,
                                                             remote=bool(endpoints))
@@ -128,14 +129,14 @@ def start(f: o.Flags) -> None:
             toolbox.close()
 
 
-def _endpoints(f: o.Flags) -> list[Any]:
-    """The remote endpoints chat sends to (none: the model loads here); the flags they cannot honour are
-    refused, and the model is the one named, else the endpoint's."""
+def _endpoints(f: o.ChatArgs) -> tuple[list[Any], o.ChatArgs]:
+    """The remote endpoints chat sends to (none: the model loads here), and the chat with their model: the one
+    named, else the endpoint's. The flags they cannot honour are refused."""
     from localgen.remote.endpoints import choose
 
     endpoints, remote_model = choose(f.remote.endpoint, f.remote.api_key_env, f.model)
     if endpoints:
-        bad = o.remote_conflicts(f, {"grammar": "--grammar (GBNF; --json-schema works)"})
+        bad = o.remote_conflicts(f, {"grammar": ("--grammar (GBNF; --json-schema works)", f.output.grammar)})
         if bad:
             raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs "
                              "the model)")
@@ -144,11 +145,11 @@ def _endpoints(f: o.Flags) -> list[Any]:
 
             remote_model = pick_model(endpoints)
         if remote_model:
-            f._values["model"] = remote_model
-    return list(endpoints)
+            f = replace(f, model=remote_model)
+    return list(endpoints), f
 
 
-def _check_tools(f: o.Flags, remote: bool, interactive: bool) -> None:
+def _check_tools(f: o.ChatArgs, remote: bool, interactive: bool) -> None:
     """The tool flags go together, and not with what cannot take them."""
     tools = f.tools.any
     if tools and remote:
@@ -162,7 +163,7 @@ def _check_tools(f: o.Flags, remote: bool, interactive: bool) -> None:
         raise UsageError("--tool-choice, --tool-steps and --tool-timeout go with tools: add --functions or --mcp")
 
 
-def _open_session(f: o.Flags) -> Any:
+def _open_session(f: o.ChatArgs) -> Any:
     from localgen.chat import session as sessions
 
     if f.resume:
@@ -170,7 +171,9 @@ def _open_session(f: o.Flags) -> Any:
         if chosen is None:
             raise LocalgenError("there is no saved conversation to resume", hint="start one with `localgen chat`")
         if f.name and not (sessions.chats_dir() / f"{sessions.check_name(f.name)}.json").exists():
-            session = _from_log(f, f.name)  # a conversation id from `localgen logs`
+            from localgen.cli.logflow import chat_from_log
+
+            session = chat_from_log(f.name, f.model)  # a conversation id from `localgen logs`
         else:
             session = sessions.ChatSession.load(chosen)
     else:
@@ -191,28 +194,12 @@ def _open_session(f: o.Flags) -> Any:
     return session
 
 
-def _from_log(f: o.Flags, cid: str) -> Any:
-    """A chat that continues a logged conversation (a `run` thread, or a chat whose file is gone)."""
-    from localgen.chat import session as sessions
-    from localgen.cli.logflow import logged_thread
-    from localgen.log import store
-    from localgen.models.embedded import DEFAULT_MODEL
-
-    try:
-        thread = logged_thread(cid)
-    except store.LogError:
-        raise LocalgenError(f"no saved conversation named {cid!r}, nor a conversation with that id in the log",
-                            hint="see `localgen chat --list` and `localgen logs`") from None
-    return sessions.ChatSession(name=cid, model=thread.model_spec or f.model or DEFAULT_MODEL, system=thread.system,
-                                messages=thread.turns, fresh=True, log_id=cid)
-
-
-def _log_turn(f: o.Flags, view: Any, runner: Any, request: Any, gen: Any, text: str, remote: bool) -> None:
+def _log_turn(f: o.ChatArgs, view: Any, runner: Any, request: Any, gen: Any, text: str, remote: bool) -> None:
     """Each answer goes to the log, in the chat's own conversation there."""
     from localgen.cli import logflow
 
-    logflow.record(f, _Warn(view), runner.backend, request, runner.session.log_id, text, gen.stats,
-                   str(gen.finish_reason), source="chat", remote=remote)
+    logflow.record(_Warn(view), runner.backend, request, runner.session.log_id, text, gen.stats,
+                   str(gen.finish_reason), model=f.model, no_log=f.no_log, source="chat", remote=remote)
 
 
 class _Warn:
@@ -225,14 +212,15 @@ class _Warn:
         self.view.error(text)
 
 
-def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:
+def load_backend(name: str, load: Any, f: o.ChatArgs, view: ChatView) -> Any:
     """Resolve and load a model for the chat."""
     from localgen.cli.progress import make_progress
     from localgen.engine.local import LocalBackend
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
 
-    ref = flagfiles.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
+    ref = flagfiles.with_template(resolve(name, offline=f.offline, progress=make_progress()), f.mmproj,
+                                  f.chat_template_file)
     load = presetflow.load_params(ref, load, f.given("ctx"))
     if view.interactive:
         view.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")
@@ -251,11 +239,11 @@ def load_backend(name: str, load: Any, f: o.Flags, view: ChatView) -> Any:
     return backend
 
 
-def remote_backend(endpoints: list[Any], name: str, f: o.Flags, view: ChatView) -> Any:
-    """The chat's model on a remote endpoint (nothing loads here)."""
+def remote_backend(endpoints: list[Any], name: str, knobs: Knobs, view: ChatView) -> Any:
+    """The chat's model on a remote endpoint (nothing loads here); --ctx, where given, is its window."""
     from localgen.remote.backend import RemoteBackend
 
-    backend = RemoteBackend(endpoints, name, assumed_ctx=f.knobs.get("ctx") if f.knobs.given("ctx") else None)
+    backend = RemoteBackend(endpoints, name, assumed_ctx=knobs.get("ctx") if knobs.given("ctx") else None)
     if view.interactive:
         view.info(f"{name} on {', '.join(e.label for e in endpoints)} · context {backend.n_ctx:,} tokens · /help for "
                   "commands")

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.knobs import Knobs
 from localgen.errors import UsageError
 
 EMBED = "Embeddings"
@@ -68,9 +70,10 @@ def embed(
     verbose: o.Verbose = False,
 ) -> None:
     """Turn texts into embedding vectors, one per text: NDJSON lines {"id", "embedding", "tokens"}."""
-    values = dict(locals())
-    values["ctx"] = values.pop("ctx_size")
-    run_embed(o.Flags(ctx, values))
+    run_embed(EmbedArgs(context=ctx, texts=texts, file=file, model=model, offline=offline, pooling=pooling,
+                        normalize=normalize, dimensions=dimensions, truncate=truncate, fmt=fmt, json_out=json_out,
+                        store=store, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers, repack=repack,
+                        verbose=verbose))
 
 
 def similar(
@@ -84,9 +87,8 @@ def similar(
     verbose: o.Verbose = False,
 ) -> None:
     """The texts of a collection nearest to a query (cosine similarity), best first, as NDJSON."""
-    values = dict(locals())
-    values.pop("ctx")  # the Typer context; the model loads with the default window
-    run_similar(o.Flags(ctx, values))
+    run_similar(SimilarArgs(context=ctx, collection=collection, query=query, count=count, offline=offline,
+                            threads=threads, repack=repack, verbose=verbose))
 
 
 def rerank(
@@ -111,19 +113,80 @@ def rerank(
     verbose: o.Verbose = False,
 ) -> None:
     """Score documents against a query with a reranker model: NDJSON {"id", "score", "document"}, best first."""
-    values = dict(locals())
-    values["ctx"] = values.pop("ctx_size")
-    values["texts"] = values.pop("documents")
-    run_rerank(o.Flags(ctx, values))
+    run_rerank(RerankArgs(context=ctx, query=query, documents=documents, file=file, model=model, offline=offline,
+                          top=top, truncate=truncate, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers,
+                          repack=repack, verbose=verbose))
 
 
-def run_rerank(f: o.Flags) -> None:
+@dataclass(frozen=True, kw_only=True)
+class _LoadArgs(o.CommandArgs):
+    """What embed, similar and rerank share: how the model loads."""
+
+    offline: bool
+    threads: int | None
+    repack: bool | None
+    verbose: bool
+
+    def knobs(self) -> Knobs:
+        """The load settings the command takes (similar's model loads with the default window)."""
+        return Knobs.of(self.context, self._settings())
+
+    def _settings(self) -> dict[str, object]:
+        return {"threads": self.threads, "repack": self.repack}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _InputArgs(_LoadArgs):
+    """What embed and rerank share: the model, the texts' file, and the window."""
+
+    file: Path | None
+    model: str | None
+    truncate: bool
+    ctx_size: int
+    gpu_layers: int | None
+
+    def _settings(self) -> dict[str, object]:
+        return {"ctx": self.ctx_size, "threads": self.threads, "gpu_layers": self.gpu_layers, "repack": self.repack}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbedArgs(_InputArgs):
+    """`localgen embed`'s parameters."""
+
+    texts: list[str] | None
+    pooling: str | None
+    normalize: bool
+    dimensions: int | None
+    fmt: str
+    json_out: bool
+    store: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimilarArgs(_LoadArgs):
+    """`localgen similar`'s parameters."""
+
+    collection: str
+    query: str
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RerankArgs(_InputArgs):
+    """`localgen rerank`'s parameters."""
+
+    query: str
+    documents: list[str] | None
+    top: int | None
+
+
+def run_rerank(f: RerankArgs) -> None:
     """Score each document (reranker models only) and print them by relevance."""
 
     from localgen.text import checked
 
     query = checked(f.query, "the query")
-    items = _inputs(f)
+    items = _inputs(f.documents, f.file)
     backend = _backend(f, f.model)
     try:
         scored = backend.rerank(query, [t for _, t in items], f.truncate)
@@ -145,21 +208,21 @@ def _ndjson(docs: Iterable[dict[str, Any]]) -> None:
             return
 
 
-def _inputs(f: o.Flags) -> list[tuple[str, str]]:
+def _inputs(texts: list[str] | None, file: Path | None) -> list[tuple[str, str]]:
     """(id, text) pairs: the arguments, else --file, else stdin lines; blank lines are skipped."""
     import json
 
     from localgen.text import checked
 
-    if f.texts:
-        if f.file:
+    if texts:
+        if file:
             raise UsageError("give texts as arguments or with --file, not both")
-        return [(str(i), checked(t, f"text {i}")) for i, t in enumerate(f.texts, 1)]
-    if f.file:
+        return [(str(i), checked(t, f"text {i}")) for i, t in enumerate(texts, 1)]
+    if file:
         try:
-            lines = Path(f.file).read_text(encoding="utf-8").splitlines()
+            lines = Path(file).read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError:
-            raise UsageError(f"{f.file} is not UTF-8 text") from None
+            raise UsageError(f"{file} is not UTF-8 text") from None
     elif sys.stdin is not None and not sys.stdin.isatty():
         lines = sys.stdin.read().splitlines()
     else:
@@ -184,7 +247,7 @@ def _inputs(f: o.Flags) -> list[tuple[str, str]]:
     return out
 
 
-def _backend(f: o.Flags, model: str | None) -> Any:
+def _backend(f: _LoadArgs, model: str | None) -> Any:
     from localgen.cli.output import ErrWriter
     from localgen.cli.progress import make_progress
     from localgen.engine.local import LocalBackend
@@ -195,12 +258,12 @@ def _backend(f: o.Flags, model: str | None) -> Any:
     ref = resolve(model, offline=f.offline, progress=make_progress())
     # Embedding is prompt processing only, where llama.cpp's repacked CPU layouts pay (and are its default);
     # generation's reason to leave them off (exact batching) does not apply.
-    load = o.load_params(f, **({} if f.knobs.get("repack") is not None else {"repack": True}))
+    load = f.knobs().load(**({} if f.repack is not None else {"repack": True}))
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn)
     return LocalBackend(engine, warn=err.warn)
 
 
-def run_embed(f: o.Flags) -> None:
+def run_embed(f: EmbedArgs) -> None:
     """Embed, print or store."""
 
     from localgen.cli.output import ErrWriter
@@ -211,7 +274,7 @@ def run_embed(f: o.Flags) -> None:
         raise UsageError(f"--format takes float or base64, not {f.fmt!r}")
     if f.pooling is not None and f.pooling not in POOLING:
         raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
-    items = _inputs(f)
+    items = _inputs(f.texts, f.file)
     backend = _backend(f, f.model)
     try:
         name = backend.name
@@ -242,7 +305,7 @@ def run_embed(f: o.Flags) -> None:
     _ndjson(data)
 
 
-def run_similar(f: o.Flags) -> None:
+def run_similar(f: SimilarArgs) -> None:
     """Embed the query as the collection was made, and rank its texts by cosine similarity."""
 
     import numpy as np

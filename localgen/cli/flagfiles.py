@@ -7,20 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from localgen.cli.options import Flags
+from localgen.cli.options import OutputFormat
 
 
-def with_template(f: Flags, ref: Any) -> Any:
-    """The model with --chat-template-file's template in place of its own, and --mmproj's projector (checked
-    against the model's width from the two headers, before anything loads)."""
+def with_template(ref: Any, proj: Path | None, path: Path | None) -> Any:
+    """The model with --chat-template-file's template (`path`) in place of its own, and --mmproj's projector
+    (`proj`, checked against the model's width from the two headers, before anything loads)."""
     import dataclasses
 
-    proj = f.get("mmproj")
     if proj is not None:
         from localgen.models import mmproj
 
         ref = mmproj.attach(ref, str(proj))
-    path = f.get("chat_template_file")
     if path is None:
         return ref
     from localgen.errors import UsageError
@@ -34,12 +32,11 @@ def with_template(f: Flags, ref: Any) -> Any:
     return dataclasses.replace(ref, summary=dataclasses.replace(ref.summary, chat_template=text))
 
 
-def output_grammar(f: Flags) -> tuple[str | None, str | None]:
+def output_grammar(out: OutputFormat) -> tuple[str | None, str | None]:
     """The GBNF grammar of --grammar, -j/--json-schema or -jf/--json-schema-file, and the JSON schema it came
     from (a remote server takes the schema itself); (None, None) without them."""
     from localgen.errors import UsageError
 
-    out = f.output
     if len([x for x in (out.grammar, out.json_schema, out.json_schema_file) if x]) > 1:
         raise UsageError("--grammar, --json-schema and --json-schema-file cannot be combined")
     if out.grammar is not None:

@@ -4,11 +4,11 @@ answer (log/store.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from localgen.cli import options as o
-from localgen.errors import UsageError
+from localgen.cli.runoptions import LogOptions, RunArgs
+from localgen.errors import LocalgenError, UsageError
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats
 
 
@@ -22,12 +22,12 @@ class Thread:
     model_spec: str | None = None  # the model the conversation used, to load again unless -m is given
 
 
-def thread_for(f: o.Flags) -> Thread:
+def thread_for(log: LogOptions) -> Thread:
     """A new conversation, or the one --continue / --cid names (its turns, system prompt and model)."""
     from localgen.log import store
 
-    cid = f.get("cid")
-    if not cid and not f.get("continue_"):
+    cid = log.cid
+    if not cid and not log.continue_:
         return Thread(store.new_id())
     if not cid:
         cid = store.last_conversation()
@@ -48,20 +48,38 @@ def logged_thread(cid: str) -> Thread:
     return Thread(cid, turns, last.system, last.model_spec if not last.endpoint else None)
 
 
-def continue_with(f: o.Flags, thread: Thread) -> None:
-    """Take the conversation's model and system prompt where the flags do not say otherwise."""
+def chat_from_log(cid: str, model: str | None) -> Any:
+    """A chat (chat --resume ID) that continues a logged conversation (a `run` thread, or a chat whose file is
+    gone), with its model, else `model` (-m's), else the default one."""
+    from localgen.chat import session as sessions
+    from localgen.log import store
+    from localgen.models.embedded import DEFAULT_MODEL
+
+    try:
+        thread = logged_thread(cid)
+    except store.LogError:
+        raise LocalgenError(f"no saved conversation named {cid!r}, nor a conversation with that id in the log",
+                            hint="see `localgen chat --list` and `localgen logs`") from None
+    return sessions.ChatSession(name=cid, model=thread.model_spec or model or DEFAULT_MODEL, system=thread.system,
+                                messages=thread.turns, fresh=True, log_id=cid)
+
+
+def continue_with(f: RunArgs, thread: Thread) -> RunArgs:
+    """The run with the conversation's model and system prompt where the flags do not say otherwise."""
     if thread.model_spec and not f.given("model"):
-        f._values["model"] = thread.model_spec
+        f = replace(f, model=thread.model_spec)
     if thread.system and not f.given("system"):
-        f._values["system"] = thread.system
+        f = replace(f, system=thread.system)
+    return f
 
 
-def record(f: o.Flags, err: Any, backend: Any, request: GenerationRequest, cid: str, text: str, stats: Stats | None,
-           finish_reason: str, source: str = "run", remote: bool = False) -> None:
-    """Log one exchange unless --no-log or `logs off`; a log that fails is one warning."""
+def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: str, stats: Stats | None,
+           finish_reason: str, *, model: str | None, no_log: bool, source: str = "run", remote: bool = False) -> None:
+    """Log one exchange unless --no-log or `logs off`; a log that fails is one warning. `model`: -m's value
+    (the model a continued conversation loads again)."""
     from localgen.log import store
 
-    if f.get("no_log") or not store.enabled():
+    if no_log or not store.enabled():
         return
     if request.messages:
         prompt = _text(request.messages[-1]["content"])
@@ -72,7 +90,7 @@ def record(f: o.Flags, err: Any, backend: Any, request: GenerationRequest, cid: 
     endpoint = info.get("endpoint")
     entry = store.Entry(
         conversation_id=cid, source=source, model=str(info.get("name") or ""), prompt=prompt, response=text,
-        model_spec=None if remote else f.get("model"), endpoint=", ".join(endpoint) if endpoint else None,
+        model_spec=None if remote else model, endpoint=", ".join(endpoint) if endpoint else None,
         system=system, settings=_settings(request.sampling), finish_reason=finish_reason,
         prompt_tokens=stats.prompt_tokens if stats else 0, completion_tokens=stats.completion_tokens if stats else 0,
         cached_tokens=stats.cached_tokens if stats else 0, ttft_s=stats.ttft_s if stats else None,

@@ -1,6 +1,7 @@
 """Options shared by run, chat, bench and serve: each defined once, its range and help taken from the
-one settings table (settings.KNOBS), with llama.cpp's spellings as aliases. `Flags` wraps a command's
-parameters; `load_params` and `sampling` turn them into the engine's types through the one validation."""
+one settings table (settings.KNOBS), with llama.cpp's spellings as aliases. A command's body hands its
+parameters on typed, as its CommandArgs (ModelArgs: what run and chat share; ChatArgs), whose `knobs` give
+the engine's types through the one validation."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import dataclasses
 import functools
 import inspect
 import typing
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -236,8 +237,6 @@ Offline = Annotated[
 DEFAULTS = _D
 LOAD_DEFAULTS = _L
 LOAD_ALL = tuple(LOAD_KNOBS)
-# what only means something where the model loads here (a remote endpoint loads on its side)
-_LOCAL_EXTRA = {"offline": "--offline", "verbose": "--verbose"}
 
 
 def with_knobs(sampling: bool = True, load: tuple[str, ...] = LOAD_ALL,
@@ -283,71 +282,54 @@ def _group_params(cls: type[OptionGroup]) -> list[inspect.Parameter]:
             for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
 
 
-_G = typing.TypeVar("_G", bound=OptionGroup)
+@dataclass(frozen=True, kw_only=True)
+class CommandArgs:
+    """A command's parameters, typed: each command has its subclass (RunArgs, ChatArgs, ServeArgs, EmbedArgs,
+    ...), with exactly the parameters of its Typer signature as fields (its option groups as typed fields, its
+    settings as `knobs`), which its body builds with keyword arguments. The Typer context says which
+    parameters the user set."""
 
-
-class Flags:
-    """A command's own parameters by name, whether the user gave each one, its settings (`knobs`), and its
-    option groups typed (`tools`, `output`, `remote`: each group the command takes)."""
-
-    def __init__(self, ctx: typer.Context, values: dict[str, Any]) -> None:
-        self._ctx = ctx
-        knobs = values.pop("knobs", None)
-        self.knobs: Knobs = knobs if isinstance(knobs, Knobs) else Knobs.of(ctx, values)
-        self._values = {k: v for k, v in values.items() if k not in self.knobs.values}
-        self._grouped = {f.name: getattr(g, f.name) for g in self._values.values() if isinstance(g, OptionGroup)
-                         for f in dataclasses.fields(g)}  # type: ignore[arg-type]
-
-    @property
-    def tools(self) -> ToolOptions:
-        return self._group("tools", ToolOptions)
-
-    @property
-    def output(self) -> OutputFormat:
-        return self._group("output", OutputFormat)
-
-    @property
-    def remote(self) -> RemoteOptions:
-        return self._group("remote", RemoteOptions)
-
-    def _group(self, name: str, cls: type[_G]) -> _G:
-        g = self._values.get(name)
-        return g if isinstance(g, cls) else cls()  # a command without the group: its defaults
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            if name in self._grouped:
-                return self._grouped[name]
-            raise AttributeError(name) from None
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """A parameter (a group's field too), or `default` where the command has none."""
-        return self._values.get(name, self._grouped.get(name, default))
+    context: typer.Context = field(repr=False, compare=False)
 
     def given(self, name: str) -> bool:
-        """Whether the user set this parameter, as opposed to its default."""
-        return given_by_user(self._ctx, name)
+        """Whether the user set this parameter (command line, env var), as opposed to its default."""
+        return given_by_user(self.context, name)
 
 
-def remote_conflicts(f: Flags, extra: dict[str, str] | None = None) -> list[str]:
+@dataclass(frozen=True, kw_only=True)
+class ModelArgs(CommandArgs):
+    """What run and chat both take: the model (its template and projector), the system prompt, thinking, the
+    tools, the answer's format, remote endpoints and the table's settings."""
+
+    model: str | None
+    offline: bool
+    chat_template_file: Path | None
+    mmproj: Path | None
+    verbose: bool
+    system: str | None
+    think: bool | None
+    tools: ToolOptions
+    output: OutputFormat
+    remote: RemoteOptions
+    knobs: Knobs
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatArgs(ModelArgs):
+    """`localgen chat`'s parameters (cli/chat.py)."""
+
+    name: str | None
+    resume: bool
+    list_: bool
+    plain: bool
+    stats: bool
+    no_log: bool
+
+
+def remote_conflicts(a: ModelArgs, extra: Mapping[str, tuple[str, object]] | None = None) -> list[str]:
     """The flags given that a remote endpoint cannot honour (the load happens on the server): the load settings,
-    --offline, --verbose, and the command's `extra` ones (parameter → flag)."""
-    others = [flag for name, flag in {**_LOCAL_EXTRA, **(extra or {})}.items()
-              if f.given(name) and f.get(name) not in (None, False, [], ())]
-    return f.knobs.remote_conflicts() + others
-
-
-def flash_attn(f: Flags) -> bool | str | None:
-    return f.knobs.flash_attn()
-
-
-def load_params(f: Flags, **override: Any) -> LoadParams:
-    """LoadParams from the shared flags (those a command lacks keep their defaults)."""
-    return f.knobs.load(**override)
-
-
-def sampling(f: Flags, *layers: dict[str, Any], grammar: str | None = None) -> SamplingParams:
-    """Flags win where given; otherwise the last layer that sets a knob, otherwise the built-in default."""
-    return f.knobs.sampling(*layers, grammar=grammar)
+    --offline, --verbose, and the command's `extra` ones (parameter → its flag and value), each where the user
+    gave it with a value that asks for something."""
+    named = {"offline": ("--offline", a.offline), "verbose": ("--verbose", a.verbose), **(extra or {})}
+    others = [flag for name, (flag, value) in named.items() if a.given(name) and value not in (None, False, [], ())]
+    return a.knobs.remote_conflicts() + others

@@ -10,7 +10,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.knobs import Knobs
-from localgen.cli.runoptions import DecodingOptions, LogOptions, ManyOptions, MediaOptions, ReportOptions
+from localgen.cli.runoptions import DecodingOptions, LogOptions, ManyOptions, MediaOptions, ReportOptions, RunArgs
 
 
 @o.with_knobs()
@@ -68,4 +68,8 @@ def run(
     """
     from localgen.cli.runflow import execute
 
-    execute(o.Flags(ctx_, dict(locals())))
+    execute(RunArgs(context=ctx_, prompt_arg=prompt_arg, prompt=prompt, model=model, offline=offline,
+                    chat_template_file=chat_template_file, mmproj=mmproj, raw=raw, no_stdin=no_stdin, verbose=verbose,
+                    system=system, think=think, document=document, prompt_cache=prompt_cache, many=many,
+                    decoding=decoding, media=media, report=report, log=log, tools=tools, output=output,
+                    remote=remote, knobs=knobs))

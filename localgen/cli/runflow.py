@@ -1,10 +1,9 @@
-"""What `localgen run` does, as a short pipeline: the flags become a checked plan (every usage error
-before any download or load), the model is resolved and loaded into a backend, then one stream, beam
+"""What `localgen run` does, as a short pipeline: the flags become a checked plan (runplan.py: every usage
+error before any download or load), the model is resolved and loaded into a backend, then one stream, beam
 search, or many prompts, and the output."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -12,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from localgen.cli import flagfiles, presetflow, runinput
-from localgen.cli import options as o
+from localgen.cli import flagfiles, presetflow
+from localgen.cli.knobs import Knobs
 from localgen.cli.output import ErrWriter, TextWriter
+from localgen.cli.runoptions import ReportOptions, RunArgs
+from localgen.cli.runplan import RunPlan, check
 from localgen.errors import UsageError
-from localgen.text import checked
 from localgen.types import GenerationRequest, Message, SamplingParams, thinking_args
 
 if TYPE_CHECKING:
@@ -24,44 +24,26 @@ if TYPE_CHECKING:
     from localgen.engine.local import LocalBackend
 
 
-@dataclasses.dataclass(frozen=True)
-class RunPlan:
-    """Everything `run` will do, decided before anything heavy happens."""
-
-    many: bool
-    parts: tuple[str, ...]  # single prompt: documents and stdin first, the question last
-    grammar: str | None
-    speculative: bool
-    flash_attn_given: bool
-    repack_given: bool
-    flash_attn_on: bool  # the user asked for it (with speculation: a warning)
-    repack_on: bool
-    schema: str | None = None  # the JSON schema behind `grammar` (a remote server takes the schema itself)
-    endpoints: tuple[Any, ...] = ()  # remote endpoints; empty: load the model here
-    model: str | None = None  # the model name (a remote model id with endpoints)
-    media: tuple[Any, ...] = ()  # images and audio (--image, -a), read and checked before the load
-
-
-def execute(f: o.Flags) -> None:
+def execute(f: RunArgs) -> None:
     """Run the command."""
     from localgen.cli import logflow
 
-    many = f.file is not None or f.each_line
-    continuing = f.continue_ or f.cid
+    many = f.many.file is not None or f.many.each_line
+    continuing = f.log.continue_ or f.log.cid
     if continuing and (many or f.raw):
-        raise UsageError(f"{'--continue' if f.continue_ else '--cid'} continues a chat: it cannot be combined with "
-                         f"{'--file/--each-line' if many else '--raw'}")
-    thread = None if many else logflow.thread_for(f)
+        raise UsageError(f"{'--continue' if f.log.continue_ else '--cid'} continues a chat: it cannot be combined "
+                         f"with {'--file/--each-line' if many else '--raw'}")
+    thread = None if many else logflow.thread_for(f.log)
     if thread is not None:
-        logflow.continue_with(f, thread)
+        f = logflow.continue_with(f, thread)
     plan = check(f)
-    o.sampling(f)  # the flags alone are valid, before the catalogue's defaults are known
+    f.knobs.sampling()  # the flags alone are valid, before the catalogue's defaults are known
     err = ErrWriter()
     toolbox = None
     if f.tools.any:
         from localgen.cli.toolflow import open_toolbox
 
-        toolbox = open_toolbox(f)
+        toolbox = open_toolbox(f.tools)
     try:
         backend: Backend = remote_backend(f, plan) if plan.endpoints else open_backend(f, plan, err)
     except BaseException:
@@ -74,25 +56,26 @@ def execute(f: o.Flags) -> None:
         if thread is None:  # --file / --each-line
             raise typer.Exit(run_many(f, plan, backend, err))
         request = single_request(f, plan, backend, thread.turns)
-        if f.verbose_prompt:
+        if f.report.verbose_prompt:
             err.line("prompt:\n" + backend.render(_as_sent(f, backend, request, toolbox)))
-        if f.beams:
+        if f.decoding.beams:
             text, stats, finish = run_beams(f, backend, request, err)  # type: ignore[arg-type]  # local only
         elif toolbox is not None:
             from localgen.cli.toolflow import run_with_tools
 
-            text, stats, finish = run_with_tools(f, backend, request, toolbox, err, thread.cid)
+            text, stats, finish = run_with_tools(f.tools, f.report, backend, request, toolbox, err, thread.cid)
         else:
-            gen, text = stream(f, backend, request, err, thread.cid)
+            gen, text = stream(f.report, backend, request, err, thread.cid)
             stats, finish = gen.stats, str(gen.finish_reason)
-        logflow.record(f, err, backend, request, thread.cid, text, stats, finish, remote=bool(plan.endpoints))
+        logflow.record(err, backend, request, thread.cid, text, stats, finish, model=f.model, no_log=f.log.no_log,
+                       remote=bool(plan.endpoints))
     finally:
         backend.close()
         if toolbox is not None:
             toolbox.close()
 
 
-def _as_sent(f: o.Flags, backend: Backend, request: GenerationRequest, toolbox: Any) -> GenerationRequest:
+def _as_sent(f: RunArgs, backend: Backend, request: GenerationRequest, toolbox: Any) -> GenerationRequest:
     """The request as the model gets it first: with the tools (in the template, or the system prompt)."""
     if toolbox is None:
         return request
@@ -102,97 +85,11 @@ def _as_sent(f: o.Flags, backend: Backend, request: GenerationRequest, toolbox: 
     from localgen.tools.stream import template_of
 
     template = template_of(backend)
-    plan = first_plan(f, template, toolbox) or plan_for(template, toolbox)
+    plan = first_plan(f.tools, template, toolbox) or plan_for(template, toolbox)
     return with_tools(plan, request) if plan is not None else request
 
 
-def check(f: o.Flags) -> RunPlan:
-    """Usage errors, all of them before any download or model load."""
-    many = f.file is not None or f.each_line
-    if f.prompt_arg is not None and f.prompt is not None:
-        raise UsageError("give the prompt once: as an argument or with -p, not both")
-    if f.file is not None and f.each_line:
-        raise UsageError("--file and --each-line cannot be combined")
-    if not many and (f.parallel > 1 or f.exact is not None):
-        raise UsageError(f"{'--parallel' if f.parallel > 1 else '--exact/--no-exact'} applies to many prompts: "
-                         "add --file FILE or --each-line")
-    if many:
-        dropped = [flag for flag, on in (("-f/--document", bool(f.document)), ("--draft", bool(f.draft)),
-                                         ("--lookup", f.lookup), ("--beams", bool(f.beams)),
-                                         ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache),
-                                         ("--verbose-prompt", f.verbose_prompt)) if on]
-        if dropped:
-            raise UsageError(f"{', '.join(dropped)} cannot be used with --file/--each-line (many prompts)")
-        if f.prompt_arg is not None:
-            raise UsageError("with --file/--each-line, give the instruction with -p, not as an argument")
-    schemas = [x for x in (f.output.grammar, f.output.json_schema, f.output.json_schema_file) if x]
-    if len(schemas) > 1:
-        raise UsageError("--grammar, --json-schema and --json-schema-file cannot be combined")
-    if f.raw and f.system:
-        raise UsageError("--system needs the chat template; it cannot be combined with --raw")
-    if f.system:
-        checked(f.system, "--system")
-    if f.draft and f.lookup:
-        raise UsageError("--draft and --lookup cannot be combined")
-    if f.beams and (f.draft or f.lookup or schemas):
-        raise UsageError("--beams cannot be combined with --draft, --lookup, a grammar or a JSON schema")
-    if f.knobs.get("reasoning_budget", -1) >= 0 and (f.draft or f.lookup or f.beams):
-        raise UsageError("--reasoning-budget cannot be combined with --draft, --lookup or --beams")
-    if f.logprobs is not None and not f.json_out:
-        raise UsageError("--logprobs adds to the JSON output: add --json")
-    if f.logprobs is not None and f.beams:
-        raise UsageError("--logprobs cannot be combined with --beams (--json lists each beam's log-probability)")
-    if f.tools.any:
-        dropped = [flag for flag, on in (("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(f.beams)),
-                                         ("a grammar or JSON schema", bool(schemas)),
-                                         ("--endpoint", bool(f.remote.endpoint))) if on]
-        if dropped:
-            raise UsageError(f"tools (--functions, --mcp) cannot be combined with {', '.join(dropped)}")
-        if not f.tools.yes:
-            raise UsageError("the model may call tools, and run cannot ask first: add --yes to let the calls run",
-                             hint="or use `localgen chat`, which asks before each call")
-    if f.resume_from is not None and (f.file is None or not f.json_out):
-        raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
-    attached = runinput.attachments(f, many)
-    endpoints, model = _endpoints(f)
-    if endpoints:
-        _check_remote(f)
-    parts = () if many else tuple(runinput.prompt_parts(f, stdin_taken=any(a == "-" for a in f.attach or ())))
-    grammar, schema = flagfiles.output_grammar(f)
-    return RunPlan(many=many, parts=parts, grammar=grammar, speculative=bool(f.draft or f.lookup),
-                   flash_attn_given=f.knobs.given("flash_attn") or f.knobs.get("no_flash_attn"),
-                   repack_given=f.knobs.given("repack"),
-                   flash_attn_on=(f.knobs.given("flash_attn") and f.knobs.flash_attn() is not False),
-                   repack_on=f.knobs.given("repack") and bool(f.knobs.get("repack")), schema=schema,
-                   endpoints=tuple(endpoints),
-                   model=model, media=attached)
-
-
-def _endpoints(f: o.Flags) -> tuple[list[Any], str | None]:
-    from localgen.paths import endpoints_file
-
-    if not (f.remote.endpoint or f.remote.api_key_env) and (not f.model or not endpoints_file().is_file()):
-        return [], f.model  # nothing can be remote: the remote code stays unloaded
-    from localgen.remote.endpoints import choose
-
-    return choose(f.remote.endpoint, f.remote.api_key_env, f.model)
-
-
-def _check_remote(f: o.Flags) -> None:
-    """Flags a remote server cannot honour are usage errors, never dropped."""
-    extra = {"draft": "--draft", "lookup": "--lookup", "beams": "--beams", "grammar": "--grammar (GBNF; "
-             "--json-schema works)", "verbose_prompt": "--verbose-prompt", "exact": "--exact/--no-exact"}
-    if f.given("prompt_cache") and f.prompt_cache:
-        extra["prompt_cache"] = "--prompt-cache"
-    bad = o.remote_conflicts(f, extra)
-    if f.given("exact") and "--exact/--no-exact" not in bad:
-        bad.append("--exact/--no-exact")
-    if bad:
-        raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs the "
-                         "model)")
-
-
-def remote_backend(f: o.Flags, plan: RunPlan) -> Backend:
+def remote_backend(f: RunArgs, plan: RunPlan) -> Backend:
     """The endpoints as a backend, with the model they serve (the only one, when -m is not given)."""
     from localgen.remote.backend import RemoteBackend, pick_model
 
@@ -200,7 +97,7 @@ def remote_backend(f: o.Flags, plan: RunPlan) -> Backend:
     return RemoteBackend(list(plan.endpoints), model, assumed_ctx=f.knobs.get("ctx") if f.knobs.given("ctx") else None)
 
 
-def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
+def open_backend(f: RunArgs, plan: RunPlan, err: ErrWriter) -> LocalBackend:
     """Resolve (pulling if needed) and load the model, and the draft model for --draft."""
     from localgen.cli.progress import make_progress
     from localgen.engine.local import LocalBackend
@@ -219,10 +116,12 @@ def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
             override["flash_attn"] = False
         if not plan.repack_given:
             override["repack"] = False
-    load = o.load_params(f, **override)
-    ref = flagfiles.with_template(f, resolve(f.model, offline=f.offline, progress=make_progress()))
+    load = f.knobs.load(**override)
+    ref = flagfiles.with_template(resolve(f.model, offline=f.offline, progress=make_progress()), f.mmproj,
+                                  f.chat_template_file)
     load = presetflow.load_params(ref, load, f.given("ctx"))
-    draft_ref = resolve(f.draft, offline=f.offline, progress=make_progress()) if f.draft else None
+    draft = f.decoding.draft
+    draft_ref = resolve(draft, offline=f.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn, kv_tokens=_kv_tokens(f, plan, load.n_ctx))
     from localgen.cli.hints import tune_tip
@@ -230,7 +129,7 @@ def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
     tune_tip(err.tty, err.line, ref.name, ref.path, engine.origins)
     drafter: Any = None
     try:
-        if f.lookup:
+        if f.decoding.lookup:
             from localgen.engine.speculative import LookupDrafter
 
             drafter = LookupDrafter()
@@ -242,37 +141,37 @@ def open_backend(f: o.Flags, plan: RunPlan, err: ErrWriter) -> LocalBackend:
     except BaseException:
         engine.close()
         raise
-    return LocalBackend(engine, drafter=drafter, draft_max=f.draft_max, warn=err.warn)
+    return LocalBackend(engine, drafter=drafter, draft_max=f.decoding.draft_max, warn=err.warn)
 
 
-def _kv_tokens(f: o.Flags, plan: RunPlan, n_ctx: int) -> int | None:
+def _kv_tokens(f: RunArgs, plan: RunPlan, n_ctx: int) -> int | None:
     """KV cells the run holds at once, for the memory estimate, when it is not one window."""
-    if plan.many and f.parallel > 1:
-        return int(f.parallel) * n_ctx
-    if f.beams:
+    if plan.many and f.many.parallel > 1:
+        return int(f.many.parallel) * n_ctx
+    if f.decoding.beams:
         from localgen.engine.beams import kv_cells
 
-        return kv_cells(0, int(f.beams), int(f.knobs.get("max_tokens")), n_ctx) + n_ctx
+        return kv_cells(0, int(f.decoding.beams), int(f.knobs.get("max_tokens")), n_ctx) + n_ctx
     return None
 
 
-def base_sampling(f: o.Flags, backend: Backend, grammar: str | None) -> SamplingParams:
+def base_sampling(knobs: Knobs, backend: Backend, grammar: str | None) -> SamplingParams:
     """The flags over the catalogue's recommended settings for this model."""
-    return o.sampling(f, backend.defaults, grammar=grammar)
+    return knobs.sampling(backend.defaults, grammar=grammar)
 
 
-def single_request(f: o.Flags, plan: RunPlan, backend: Backend,
+def single_request(f: RunArgs, plan: RunPlan, backend: Backend,
                    turns: list[Message] | None = None) -> GenerationRequest:
     """The one prompt as a request: earlier turns of a continued conversation, then documents and piped
     text, the question last."""
     text = "\n\n".join(plan.parts)
     shared = "\n\n".join(plan.parts[:-1]) + "\n\n" if len(plan.parts) > 1 else None
     remote = bool(plan.endpoints)
-    sampling = base_sampling(f, backend, None if remote else plan.grammar)
+    sampling = base_sampling(f.knobs, backend, None if remote else plan.grammar)
     schema = plan.schema if remote else None
     cache = f.prompt_cache and not remote
     if f.raw:
-        return GenerationRequest(prompt=text, sampling=sampling, logprobs=f.logprobs, shared=shared,
+        return GenerationRequest(prompt=text, sampling=sampling, logprobs=f.report.logprobs, shared=shared,
                                  prompt_cache=cache, json_schema=schema)
     thinking = thinking_args(f.think)
     content: Any = text
@@ -282,11 +181,11 @@ def single_request(f: o.Flags, plan: RunPlan, backend: Backend,
         content = media.content(text, list(plan.media))
     messages = presetflow.head(backend, f.system, continued=bool(turns)) + list(turns or []) + [
         {"role": "user", "content": content}]
-    return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=f.logprobs, shared=shared,
+    return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=f.report.logprobs, shared=shared,
                              prompt_cache=cache, json_schema=schema, template_args=thinking)
 
 
-def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWriter,
+def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, err: ErrWriter,
            cid: str | None = None) -> tuple[Any, str]:
     """Stream one answer to stdout (or one JSON object at the end), its reasoning apart (to stderr with
     --show-thinking); returns the finished Generation and the answer without the reasoning."""
@@ -295,7 +194,7 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
     from localgen.tools.stream import answer_stream, template_of
 
     gen = backend.generate(request, started=time.perf_counter())
-    writer = AnswerWriter(err, json_out=f.json_out, show_thinking=bool(f.get("show_thinking")))
+    writer = AnswerWriter(err, json_out=report.json_out, show_thinking=report.show_thinking)
     answer = answer_stream(None, template_of(backend), request.template_args, split_reasoning=not request.raw)
     try:
         for chunk in gen:
@@ -310,7 +209,7 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
         raise typer.Exit(130) from None
     except RemoteError as e:
         writer.end()
-        if f.json_out and e.partial:  # what arrived, marked as partial, then the one-line error
+        if report.json_out and e.partial:  # what arrived, marked as partial, then the one-line error
             import json
 
             TextWriter(sys.stdout).write(json.dumps({"text": gen.text, "partial": True, "error": e.message},
@@ -320,12 +219,12 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
     assert gen.stats is not None
     if gen.finish_reason == "context":
         err.warn(f"stopped: the context window ({backend.n_ctx:,} tokens) is full; raise --ctx for more")
-    if f.stats:
+    if report.stats:
         err.stats(gen.stats)
         placement = getattr(getattr(backend, "engine", None), "placement", {})
         if len(placement) > 1:
             err.line("weights: " + " · ".join(f"{dev} {mib:,.1f} MiB" for dev, mib in placement.items()))
-    if f.json_out:
+    if report.json_out:
         from localgen.cli.output import answer_json
 
         extra = {"text": answer.content, "reasoning": answer.reasoning} if answer.reasoning else {}
@@ -333,7 +232,7 @@ def stream(f: o.Flags, backend: Backend, request: GenerationRequest, err: ErrWri
     return gen, answer.content
 
 
-def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest,
+def run_beams(f: RunArgs, backend: LocalBackend, request: GenerationRequest,
               err: ErrWriter) -> tuple[str, Any, str]:
     """Beam search; the best hypothesis (or all, with --json). Returns its text, stats and finish reason."""
     import json
@@ -341,7 +240,9 @@ def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest,
     from localgen.types import Stats
 
     t0 = time.perf_counter()
-    result = backend.beams(request, f.beams, f.length_penalty)
+    beams = f.decoding.beams
+    assert beams is not None  # run_beams runs for --beams
+    result = backend.beams(request, beams, f.decoding.length_penalty)
     best = result.beams[0]
     total = time.perf_counter() - t0
     st = Stats(prompt_tokens=result.prompt_tokens, cached_tokens=0, completion_tokens=len(best.tokens),
@@ -349,16 +250,16 @@ def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest,
                prefill_tps=result.prompt_tokens / result.prefill_s if result.prefill_s else None,
                decode_tps=result.decoded_tokens / result.decode_s if result.decode_s else None, total_s=total,
                finish_reason=best.finish_reason)  # type: ignore[arg-type]
-    if f.stats:
+    if f.report.stats:
         err.stats(st)
     out = TextWriter(sys.stdout)
-    if f.json_out:
+    if f.report.json_out:
         info = backend.describe()
         doc = {"text": best.text, "finish_reason": best.finish_reason,
                "model": {"name": info["model"]["name"], "file": info["model"]["file"]},
                "beams": [{"text": h.text, "score": round(h.score, 5), "logprob": round(h.logprob, 5),
                           "tokens": len(h.tokens), "finish_reason": h.finish_reason} for h in result.beams],
-               "length_penalty": f.length_penalty, "load": info["load"], "stats": st.to_dict()}
+               "length_penalty": f.decoding.length_penalty, "load": info["load"], "stats": st.to_dict()}
         out.write(json.dumps(doc, ensure_ascii=False) + "\n")
     else:
         out.write(best.text)
@@ -366,17 +267,18 @@ def run_beams(f: o.Flags, backend: LocalBackend, request: GenerationRequest,
     return best.text, st, best.finish_reason
 
 
-def run_many(f: o.Flags, plan: RunPlan, backend: Backend, err: ErrWriter) -> int:
+def run_many(f: RunArgs, plan: RunPlan, backend: Backend, err: ErrWriter) -> int:
     """--file / --each-line; returns the exit status."""
     from localgen.cli.batchrun import BatchOptions, run_batch
 
     remote = bool(plan.endpoints)
-    base = base_sampling(f, backend, None if remote else plan.grammar)
+    base = base_sampling(f.knobs, backend, None if remote else plan.grammar)
     system = presetflow.system(backend, f.system)
-    opts = BatchOptions(instruction=f.prompt, system=system, raw=f.raw, parallel=f.parallel, json_out=f.json_out,
-                        stats=f.stats, exact=f.exact, logprobs=f.logprobs, json_schema=plan.schema if remote else None,
-                        resume_from=f.resume_from, think=f.think)
-    source_path: Path | None = f.file
+    many, report = f.many, f.report
+    opts = BatchOptions(instruction=f.prompt, system=system, raw=f.raw, parallel=many.parallel,
+                        json_out=report.json_out, stats=report.stats, exact=many.exact, logprobs=report.logprobs,
+                        json_schema=plan.schema if remote else None, resume_from=many.resume_from, think=f.think)
+    source_path: Path | None = many.file
     try:
         if source_path is not None:
             with open(source_path, encoding="utf-8", errors="replace") as source:

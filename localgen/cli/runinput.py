@@ -7,18 +7,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localgen.cli import options as o
+from localgen.cli.runoptions import RunArgs
 from localgen.errors import UsageError
 from localgen.text import checked
 
 
-def attachments(f: o.Flags, many: bool) -> tuple[Any, ...]:
+def attachments(f: RunArgs, many: bool) -> tuple[Any, ...]:
     """--image and -a/--attach, read and checked (format, size, pixels) before anything loads."""
-    images, attach = list(f.image or ()), list(f.attach or ())
+    images, attach = list(f.media.image or ()), list(f.media.attach or ())
     if not images and not attach:
         return ()
-    dropped = [flag for flag, on in (("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(f.beams)),
-                                     ("--draft/--lookup", bool(f.draft or f.lookup)),
+    d = f.decoding
+    dropped = [flag for flag, on in (("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams)),
+                                     ("--draft/--lookup", bool(d.draft or d.lookup)),
                                      ("--endpoint", bool(f.remote.endpoint)),
                                      ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache)) if on]
     if dropped:
@@ -37,7 +38,7 @@ def attachments(f: o.Flags, many: bool) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def prompt_parts(f: o.Flags, stdin_taken: bool = False) -> list[str]:
+def prompt_parts(f: RunArgs, stdin_taken: bool = False) -> list[str]:
     """Documents (-f), piped stdin, then the prompt. A lone -f FILE with no other prompt is the prompt itself,
     as llama.cpp's -f means. `stdin_taken`: stdin's bytes are an attachment (-a -)."""
     question = f.prompt if f.prompt is not None else f.prompt_arg

@@ -1,6 +1,6 @@
 """run's own option groups (frozen dataclasses whose fields are Typer options; with_knobs() gives run each
 field as an option and the group to the command): many prompts, speculative decoding and beams, images and
-audio, what is printed besides the answer, and the log."""
+audio, what is printed besides the answer, and the log; and RunArgs, all of run's parameters typed."""
 
 from __future__ import annotations
 
@@ -135,3 +135,20 @@ class LogOptions(OptionGroup):
                                  help="Continue this conversation from the log (`localgen logs` shows the ids).")
     ] = None
     no_log: o.NoLog = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunArgs(o.ModelArgs):
+    """`localgen run`'s parameters (cli/run.py): its own, its groups, and what it shares with chat."""
+
+    prompt_arg: str | None
+    prompt: str | None
+    raw: bool
+    no_stdin: bool
+    document: list[Path] | None
+    prompt_cache: bool
+    many: ManyOptions
+    decoding: DecodingOptions
+    media: MediaOptions
+    report: ReportOptions
+    log: LogOptions

@@ -21,6 +21,7 @@ from localgen.cli.serveoptions import (
     FetchOptions,
     ListenOptions,
     ResidencyOptions,
+    ServeArgs,
     SlotOptions,
 )
 from localgen.errors import LocalgenError, UsageError
@@ -65,16 +66,18 @@ def serve(
     Sampling flags set the defaults that requests override. Ctrl-C or SIGTERM finish the requests in
     flight (for a few seconds) and exit 0.
     """
-    start(o.Flags(ctx_, dict(locals())))
+    start(ServeArgs(context=ctx_, models=models, offline=offline, chat_template_file=chat_template_file,
+                    mmproj=mmproj, drain_timeout=drain_timeout, quiet=quiet, verbose=verbose, listen=listen,
+                    residency=residency, batching=batching, fetching=fetching, knobs=knobs))
 
 
-def flag_sampling(f: o.Flags) -> dict[str, Any]:
+def flag_sampling(knobs: Knobs) -> dict[str, Any]:
     """The sampling flags given, validated as `run` takes them: the server's defaults for its requests."""
-    params = f.knobs.sampling()
-    return {k: getattr(params, k) for k in f.knobs.values if k in KNOBS and f.knobs.given(k)}
+    params = knobs.sampling()
+    return {k: getattr(params, k) for k in knobs.values if k in KNOBS and knobs.given(k)}
 
 
-def start(f: o.Flags) -> None:
+def start(f: ServeArgs) -> None:
     """Check everything, load the models, then listen until told to stop."""
     import uvicorn
 
@@ -87,43 +90,40 @@ def start(f: o.Flags) -> None:
     from localgen.serve.jobs import parse_duration
 
     err = ErrWriter()
-    if f.allow_private_urls and not f.allow_image_urls:
+    listen, fetching, on_demand = f.listen, f.fetching, f.residency.on_demand
+    if fetching.allow_private_urls and not fetching.allow_image_urls:
         raise UsageError("--allow-private-urls needs --allow-image-urls (without it no URL is fetched)")
-    key = _api_key(f)
+    key = _api_key(listen)
     try:
-        keep = parse_duration(f.keep_alive)
+        keep = parse_duration(f.residency.keep_alive)
     except LocalgenError as e:
         raise UsageError(f"--keep-alive: {e.message}") from None
-    policy = Policy(api_key=key, origins=origins_from(f.cors, os.environ.get("LOCALGEN_ORIGINS")),
-                    check_host=is_loopback(f.host), max_body=_max_body(f.max_body))
-    given = flag_sampling(f)  # the flags are valid before anything loads
-    cache_ram = _cache_ram(f.cache_ram)  # and before the port: a bad flag is a usage error whatever listens there
-    _check_port(f.host, f.port)
-    if not is_loopback(f.host) and not key:
-        err.warn(f"listening on {f.host} with no API key: anyone who can reach this port can use the models")
-    residency = _residency(f)
+    policy = Policy(api_key=key, origins=origins_from(listen.cors, os.environ.get("LOCALGEN_ORIGINS")),
+                    check_host=is_loopback(listen.host), max_body=_max_body(listen.max_body))
+    given = flag_sampling(f.knobs)  # the flags are valid before anything loads
+    cache_ram = _cache_ram(f.batching.cache_ram)  # before the port: a bad flag is a usage error whatever listens there
+    _check_port(listen.host, listen.port)
+    if not is_loopback(listen.host) and not key:
+        err.warn(f"listening on {listen.host} with no API key: anyone who can reach this port can use the models")
+    residency = _residency(f.residency, f.knobs)
     workers = _workers(f, keep, cache_ram, err, residency)
     state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
-                       allow_image_urls=f.allow_image_urls, default=workers[0].name if len(workers) == 1 else None,
-                       on_demand=_on_demand(f, keep, cache_ram, err, residency) if f.on_demand else None,
+                       allow_image_urls=fetching.allow_image_urls,
+                       default=workers[0].name if len(workers) == 1 else None,
+                       on_demand=_on_demand(f, keep, cache_ram, err, residency) if on_demand else None,
                        residency=residency, offline=f.offline)
     app = build(state, policy)
-    app.state.front.pool = FetchPool(Fetcher(private=f.allow_private_urls, timeout=f.fetch_timeout),
+    app.state.front.pool = FetchPool(Fetcher(private=fetching.allow_private_urls, timeout=fetching.fetch_timeout),
                                      size=MAX_FETCHES, wait=FETCH_WAIT_S)
     app.state.front.log = None if f.quiet else _access_line
     # our access line (serve/app.py's FrontDoor) replaces uvicorn's, which is off even with --verbose
-    config = uvicorn.Config(app, host=f.host, port=f.port, log_level="warning" if not f.verbose else "info",
+    config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning" if not f.verbose else "info",
                             timeout_graceful_shutdown=math.ceil(f.drain_timeout) + 1, access_log=False,
                             lifespan="on")
     server = _Server(config)
     server.on_exit = app.state.drain.signal
     app.state.drain.seconds = f.drain_timeout
-    others = " (and every model here, on demand)" if f.on_demand else ""
-    err.line(f"localgen serve: {', '.join(state.workers)}{others} on http://{_url_host(f.host)}:{f.port} · OpenAI "
-             f"API at /v1, Anthropic's at /v1/messages, Ollama's at /api · {f.parallel} slot"
-             f"{'s' if f.parallel != 1 else ''} per model · {_cache_ram_label(cache_ram)} · at most "
-             f"{residency.max_models} model{'s' if residency.max_models != 1 else ''} or "
-             f"{format_bytes(residency.budget)} loaded")
+    err.line(_started_line(f, list(state.workers), cache_ram, residency))
     for w in workers:
         if w.mode is not None:
             err.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
@@ -133,7 +133,18 @@ def start(f: o.Flags) -> None:
         for w in list(state.workers.values()):
             w.stop(timeout=5)
     if getattr(server, "started", True) is False:
-        raise LocalgenError(f"the server could not start on {f.host}:{f.port}")
+        raise LocalgenError(f"the server could not start on {listen.host}:{listen.port}")
+
+
+def _started_line(f: ServeArgs, names: list[str], cache_ram: int, residency: Any) -> str:
+    """What serve says once its models are loaded: where it listens, its APIs, slots, cache and limits."""
+    others = " (and every model here, on demand)" if f.residency.on_demand else ""
+    slots = f.batching.parallel
+    return (f"localgen serve: {', '.join(names)}{others} on http://{_url_host(f.listen.host)}:{f.listen.port} · "
+            f"OpenAI API at /v1, Anthropic's at /v1/messages, Ollama's at /api · {slots} slot"
+            f"{'s' if slots != 1 else ''} per model · {_cache_ram_label(cache_ram)} · at most "
+            f"{residency.max_models} model{'s' if residency.max_models != 1 else ''} or "
+            f"{format_bytes(residency.budget)} loaded")
 
 
 def _access_line(line: str) -> None:
@@ -171,31 +182,32 @@ def _Server(config: Any) -> Any:
     return _server_class()(config)
 
 
-def _warm_dir(f: o.Flags) -> Any:
+def _warm_dir(f: ServeArgs) -> Any:
     """Where unloaded models' prompt caches wait (None: --no-warm-reload)."""
     from localgen import paths
 
-    return paths.cache_dir() / "serve-warm" if f.warm_reload else None
+    return paths.cache_dir() / "serve-warm" if f.residency.warm_reload else None
 
 
-def _residency(f: o.Flags) -> Any:
+def _residency(options: ResidencyOptions, knobs: Knobs) -> Any:
     """How many models, and how much memory, may be loaded at once (serve/residency.py)."""
     from localgen import hardware
     from localgen.serve.residency import Residency, default_budget
 
     gpus = [g for g in hardware.gpus() if not g.unified]
-    offload = f.knobs.get("gpu_layers") != 0 and bool(hardware.gpus())
-    if f.max_memory is not None:
+    offload = knobs.get("gpu_layers") != 0 and bool(hardware.gpus())
+    max_memory = options.max_memory
+    if max_memory is not None:
         try:
-            budget = parse_bytes(f.max_memory)
+            budget = parse_bytes(max_memory)
         except (LocalgenError, ValueError):
-            raise UsageError(f"--max-memory takes a size such as 12G or 800M, not {f.max_memory!r}") from None
+            raise UsageError(f"--max-memory takes a size such as 12G or 800M, not {max_memory!r}") from None
     else:
         budget = default_budget(offload)
-    return Residency(budget=budget, max_models=f.max_models or 3 * max(1, len(gpus) if offload else 1))
+    return Residency(budget=budget, max_models=options.max_models or 3 * max(1, len(gpus) if offload else 1))
 
 
-def _on_demand(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any) -> Any:
+def _on_demand(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: Any) -> Any:
     """Every model on this machine, its worker made when a request first names it (serve/ondemand.py)."""
     from localgen.models.installed import installed
     from localgen.models.resolve import resolve
@@ -203,12 +215,13 @@ def _on_demand(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any
     from localgen.serve.worker import ModelWorker
 
     # --lora is for the models loaded at start; one loaded on demand takes its preset's ADAPTER lines
-    load = dataclasses.replace(o.load_params(f, streams=f.parallel), lora=())
+    slots = f.batching
+    load = dataclasses.replace(f.knobs.load(streams=slots.parallel), lora=())
 
     def make(ref: Any) -> Any:
-        w = ModelWorker(ref, presetflow.load_params(ref, load, f.knobs.given("ctx")), f.parallel, keep, f.max_queue,
-                        warn=err.warn, exact=f.exact,
-                        share_prefixes=f.share_prefix, cache_ram=cache_ram, residency=residency, pinned=False,
+        w = ModelWorker(ref, presetflow.load_params(ref, load, f.knobs.given("ctx")), slots.parallel, keep,
+                        f.residency.max_queue, warn=err.warn, exact=slots.exact,
+                        share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency, pinned=False,
                         warm_dir=_warm_dir(f))
         w.start()
         return w
@@ -220,19 +233,21 @@ def _on_demand(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any
                     f.knobs.given("ctx"))
 
 
-def _workers(f: o.Flags, keep: float, cache_ram: int, err: Any, residency: Any) -> list[Any]:
+def _workers(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: Any) -> list[Any]:
     from localgen.cli.progress import make_progress
     from localgen.models.resolve import resolve
     from localgen.serve.worker import ModelWorker
 
-    load = o.load_params(f, streams=f.parallel)  # the tuning record for this many streams, if one was made
+    slots = f.batching
+    load = f.knobs.load(streams=slots.parallel)  # the tuning record for this many streams, if one was made
     names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
     workers = []
     for name in names:
-        ref = flagfiles.with_template(f, resolve(name, offline=f.offline, progress=make_progress()))
-        w = ModelWorker(ref, presetflow.load_params(ref, load, f.knobs.given("ctx")), f.parallel, keep,
-                        f.max_queue, warn=err.warn, exact=f.exact,
-                        share_prefixes=f.share_prefix, cache_ram=cache_ram, residency=residency,
+        ref = flagfiles.with_template(resolve(name, offline=f.offline, progress=make_progress()), f.mmproj,
+                                      f.chat_template_file)
+        w = ModelWorker(ref, presetflow.load_params(ref, load, f.knobs.given("ctx")), slots.parallel, keep,
+                        f.residency.max_queue, warn=err.warn, exact=slots.exact,
+                        share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency,
                         pinned=bool(f.models),  # -m pins; the default model, loaded at start, may make room
                         warm_dir=_warm_dir(f))
         err.status(f"loading {ref.name} ...")
@@ -279,15 +294,15 @@ def _max_body(text: str) -> int:
     return n
 
 
-def _api_key(f: o.Flags) -> str | None:
-    if f.api_key and f.api_key_file:
+def _api_key(listen: ListenOptions) -> str | None:
+    if listen.api_key and listen.api_key_file:
         raise UsageError("--api-key and --api-key-file cannot be combined")
-    if f.api_key_file:
-        key = Path(f.api_key_file).read_text(encoding="utf-8").strip()
+    if listen.api_key_file:
+        key = Path(listen.api_key_file).read_text(encoding="utf-8").strip()
         if not key:
-            raise UsageError(f"the API key file {f.api_key_file} is empty")
+            raise UsageError(f"the API key file {listen.api_key_file} is empty")
         return key
-    return str(f.api_key) if f.api_key else None
+    return str(listen.api_key) if listen.api_key else None
 
 
 def _url_host(host: str) -> str:

@@ -1,6 +1,6 @@
 """serve's own options, in typed groups (frozen dataclasses whose fields are Typer options; with_knobs() gives
 serve each field as an option and the group to the command): where it listens, which models stay loaded,
-how a model's slots batch, and image URL fetches."""
+how a model's slots batch, and image URL fetches; and ServeArgs, all of serve's parameters typed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from localgen.cli.options import OptionGroup
+from localgen.cli.knobs import Knobs
+from localgen.cli.options import CommandArgs, OptionGroup
 
 SERVE = "Server"
 MAX_FETCHES = 8  # image URL fetches at once, per server
@@ -135,3 +136,21 @@ class FetchOptions(OptionGroup):
                             help="Seconds an image URL's fetch may take, connect and body together; "
                                  f"{MAX_FETCHES} run at once, and one that waits over {FETCH_WAIT_S:g} s gets 503.")
     ] = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeArgs(CommandArgs):
+    """`localgen serve`'s parameters (cli/serve.py): its own, its groups and the table's settings."""
+
+    models: list[str] | None
+    offline: bool
+    chat_template_file: Path | None
+    mmproj: Path | None
+    drain_timeout: float
+    quiet: bool
+    verbose: bool
+    listen: ListenOptions
+    residency: ResidencyOptions
+    batching: SlotOptions
+    fetching: FetchOptions
+    knobs: Knobs

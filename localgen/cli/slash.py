@@ -173,7 +173,6 @@ def _save(runner: Any, view: Any, arg: str) -> None:
 
 def _load(runner: Any, view: Any, arg: str) -> None:
     from localgen.chat import session as sessions
-    from localgen.cli import options as o
     from localgen.cli.chatturn import restore_state
 
     if not arg:
@@ -186,8 +185,8 @@ def _load(runner: Any, view: Any, arg: str) -> None:
     else:
         loaded.model = runner.session.model
     # its own /set values under the command-line flags, as --resume applies them; the chat's grammar stays
-    runner.adopt(loaded, o.sampling(view.flags, runner.backend.defaults, loaded.settings,
-                                    grammar=runner.sampling.grammar))
+    runner.adopt(loaded, view.flags.knobs.sampling(runner.backend.defaults, loaded.settings,
+                                                   grammar=runner.sampling.grammar))
     restore_state(runner, view)
     view.info(f"continuing {loaded.name}: {len(loaded.messages)} messages")
 

@@ -9,35 +9,36 @@ from typing import Any
 
 import typer
 
-from localgen.cli import options as o
+from localgen.cli.options import ToolOptions
 from localgen.cli.output import AnswerWriter, ErrWriter, TextWriter
+from localgen.cli.runoptions import ReportOptions
 from localgen.types import GenerationRequest
 
 
-def open_toolbox(f: o.Flags) -> Any:
+def open_toolbox(tools: ToolOptions) -> Any:
     """The tools of --functions and --mcp, loaded and started (None without them); a --tool-choice that
     names none of them is refused here, before the model loads."""
-    if not f.tools.any:
+    if not tools.any:
         return None
     from localgen.tools.loop import Toolbox, named_choice
     from localgen.tools.plan import check_choice
 
-    box = Toolbox.open(list(f.tools.functions or []), list(f.tools.mcp or []))
+    box = Toolbox.open(list(tools.functions or []), list(tools.mcp or []))
     try:
-        check_choice(box.specs, named_choice(f.tools.tool_choice or "auto"))
+        check_choice(box.specs, named_choice(tools.tool_choice or "auto"))
     except BaseException:
         box.close()
         raise
     return box
 
 
-def run_with_tools(f: o.Flags, backend: Any, request: GenerationRequest, toolbox: Any, err: ErrWriter,
-                   cid: str | None) -> tuple[str, Any, str]:
+def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, request: GenerationRequest, toolbox: Any,
+                   err: ErrWriter, cid: str | None) -> tuple[str, Any, str]:
     """`run --functions/--mcp --yes`: the loop, the answer on stdout; returns text, stats, finish reason."""
     from localgen.tools.loop import plan_for, run_turn
     from localgen.tools.stream import template_of
 
-    writer = AnswerWriter(err, json_out=f.json_out, show_thinking=bool(f.get("show_thinking")))
+    writer = AnswerWriter(err, json_out=report.json_out, show_thinking=report.show_thinking)
     template = template_of(backend)
 
     def show(event: Any) -> None:
@@ -47,16 +48,16 @@ def run_with_tools(f: o.Flags, backend: Any, request: GenerationRequest, toolbox
     t0 = time.perf_counter()
     try:
         turn = run_turn(backend, request, plan_for(template, toolbox), toolbox, lambda call: True, show,
-                        f.tools.tool_steps, f.tools.tool_timeout, template, first=first_plan(f, template, toolbox))
+                        tools.tool_steps, tools.tool_timeout, template, first=first_plan(tools, template, toolbox))
     except KeyboardInterrupt:
         writer.end()
         err.interrupted()
         raise typer.Exit(130) from None
     writer.end()
     gen = turn.generations[-1]
-    if f.stats:
+    if report.stats:
         err.stats(gen.stats)
-    if f.json_out:
+    if report.json_out:
         from localgen.cli.output import answer_json
 
         calls = [{"id": r.call.id, "name": r.call.name, "arguments": r.call.args, "result": r.text,
@@ -67,9 +68,9 @@ def run_with_tools(f: o.Flags, backend: Any, request: GenerationRequest, toolbox
     return turn.text, gen.stats, str(gen.finish_reason)
 
 
-def first_plan(f: o.Flags, template: str | None, toolbox: Any) -> Any:
+def first_plan(tools: ToolOptions, template: str | None, toolbox: Any) -> Any:
     """--tool-choice's plan for the first round (None: auto); later rounds are auto, so the loop can end."""
     from localgen.tools.loop import plan_for
 
-    choice = f.tools.tool_choice or "auto"
+    choice = tools.tool_choice or "auto"
     return None if choice == "auto" else plan_for(template, toolbox, choice)
