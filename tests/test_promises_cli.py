@@ -296,14 +296,17 @@ def test_gif_bmp_pictures_and_mp3_flac_clips_are_read(cli: CLI, projectors: dict
     files = {"pic.gif": GIF, "pic.bmp": bmp(40, 30), "clip.mp3": mp3(), "clip.flac": flac()}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
-    cases = [("a", "--image", "pic.gif"), ("a", "--image", "pic.bmp"), ("a", "-a", "pic.gif"),
-             ("a", "-a", "pic.bmp"), ("audio", "-a", "clip.mp3"), ("audio", "-a", "clip.flac")]
-    for proj, flag, name in cases:
-        r = cli("run", "--mmproj", str(projectors[proj]), flag, str(tmp_path / name), "-p", "Describe it.",
-                "-n", "4", "--temp", "0", "--ignore-eos", "--json")
-        assert r.returncode == 0, (flag, name, r.stderr)
+    # one run per projector, every file attached to it: projector a makes 16 tokens of any picture and the
+    # audio projector 375 of each of these clips (its window), so the count shows that each file was read
+    cases = [("a", [("--image", "pic.gif"), ("--image", "pic.bmp"), ("-a", "pic.gif"), ("-a", "pic.bmp")], 16),
+             ("audio", [("-a", "clip.mp3"), ("-a", "clip.flac")], 375)]
+    for proj, attached, each in cases:
+        r = cli("run", "--mmproj", str(projectors[proj]), *(a for flag, name in attached
+                                                             for a in (flag, str(tmp_path / name))),
+                "-p", "Describe it.", "-n", "4", "--temp", "0", "--ignore-eos", "--json")
+        assert r.returncode == 0, (attached, r.stderr)
         doc = json.loads(r.stdout)
-        assert doc["stats"]["media_tokens"] > 0 and doc["text"], (flag, name, doc)
+        assert doc["stats"]["media_tokens"] == each * len(attached) and doc["text"], (attached, doc)
     r = cli("run", "--mmproj", str(projectors["a"]), "--image", str(tmp_path / "clip.mp3"), "-p", "x", "-n", "4")
     assert r.returncode == 2 and "is MP3 audio: attach it with -a" in r.stderr, r.stderr
 

@@ -38,60 +38,77 @@ def states(env: dict[str, str]) -> list[Path]:
     return sorted((Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states").glob("*.state"))
 
 
-def test_hit_reuses_the_prefix_and_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:
-    d = doc(tmp_path, "alpha", DOC_LINES)
-    plain = run(env, "-f", str(d), "-p", "Which mill is first?", "--no-prompt-cache")
-    assert plain["prompt_cache"] == "off" and not states(env)
-    first = run(env, "-f", str(d), "-p", "Which mill is first?")
-    assert first["prompt_cache"] == "saved" and len(states(env)) == 1
-    again = run(env, "-f", str(d), "-p", "Which mill is first?")
-    assert again["prompt_cache"] == "hit"
-    stats = again["stats"]
+class Asked:
+    """One document asked three times in one home (without the cache, then saving it, then hitting it): the
+    answers, the states after each, and the saved state's place and bytes, which later tests copy into homes
+    of their own instead of evaluating the document again."""
+
+    def __init__(self, env: dict[str, str], ask: list[str]) -> None:
+        self.env, self.ask = env, ask
+        self.off = run(env, *ask, "--no-prompt-cache")
+        self.states_after_off = states(env)
+        self.saved = run(env, *ask)
+        [self.state] = self.states_after_saved = states(env)
+        self.state_bytes = self.state.read_bytes()
+        self.hit = run(env, *ask)
+
+    def home_with_the_state(self, env: dict[str, str], data: bytes | None = None) -> Path:
+        """The saved state (or `data` in its place) in `env`'s home, where a run of `ask` looks for it."""
+        path = Path(env["LOCALGEN_HOME"]) / self.state.relative_to(self.env["LOCALGEN_HOME"])
+        path.parent.mkdir(parents=True)
+        path.write_bytes(self.state_bytes if data is None else data)
+        return path
+
+
+@pytest.fixture(scope="module")
+def asked(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Asked:
+    # With the cache, the prefix and the question are evaluated in two pieces; llama.cpp rounds some rows
+    # differently in a batch of another size, so --no-prompt-cache evaluates the same two pieces. This
+    # document (300 prompt tokens) and 16 tokens show it: evaluated in one piece (that branch of
+    # engine/local.py's generate removed), the answer drifts at its 11th token.
+    d = tmp_path_factory.mktemp("asked")
+    rng = random.Random(3)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "metal", "glass", "paper"]
+    (d / "doc.txt").write_text(" ".join(rng.choice(words) for _ in range(260)))
+    ask = ["-f", str(d / "doc.txt"), "-p", "Summary:", "-n", "16"]
+    return Asked({**cli_env, "LOCALGEN_HOME": str(d / "home")}, ask)
+
+
+def test_hit_reuses_the_prefix_and_changes_nothing(asked: Asked) -> None:
+    env = asked.env
+    assert asked.off["prompt_cache"] == "off" and not asked.states_after_off
+    assert asked.saved["prompt_cache"] == "saved" and len(asked.states_after_saved) == 1
+    assert asked.hit["prompt_cache"] == "hit"
+    stats = asked.hit["stats"]
     assert isinstance(stats, dict) and stats["cached_tokens"] >= 256
-    assert plain["text"] == first["text"] == again["text"], "a cached prefix gives the same answer"
-    other = run(env, "-f", str(d), "-p", "Name the river.")
+    other = run(env, *asked.ask[:2], "-p", "Name the river.")
     assert other["prompt_cache"] == "hit", "a different question reuses the same document prefix"
     short = run(env, "-p", "Hi")
     assert short["prompt_cache"] == "skipped"
     assert not list((Path(env["LOCALGEN_HOME"]) / "cache").rglob("*.tmp")), "writes are atomic"
 
 
-def test_the_text_does_not_depend_on_the_cache(env: dict[str, str], tmp_path: Path) -> None:
-    # With the cache, the prefix and the question are evaluated in two pieces; llama.cpp rounds some rows
-    # differently in a batch of another size, so --no-prompt-cache evaluates the same two pieces.
-    rng = random.Random(3)
-    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "metal", "glass", "paper"]
-    d = tmp_path / "doc.txt"
-    d.write_text(" ".join(rng.choice(words) for _ in range(700)))
-    ask = ["-f", str(d), "-p", "Summary:", "-n", "16"]
-    off = run(env, *ask, "--no-prompt-cache")
-    saved = run(env, *ask)
-    hit = run(env, *ask)
+def test_the_text_does_not_depend_on_the_cache(asked: Asked) -> None:
+    off, saved, hit = asked.off, asked.saved, asked.hit
     assert (off["prompt_cache"], saved["prompt_cache"], hit["prompt_cache"]) == ("off", "saved", "hit")
     assert off["text"] == saved["text"] == hit["text"]
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncate"])
-def test_a_bad_state_file_is_removed_not_loaded(env: dict[str, str], tmp_path: Path, damage: str) -> None:
-    d = doc(tmp_path, "beta", DOC_LINES)
-    good = run(env, "-f", str(d), "-p", "Which mill is last?")
-    [path] = states(env)
-    data = path.read_bytes()
-    path.write_bytes(b"\x00not a state" * 100 if damage == "garbage" else data[: len(data) // 3])
-    again = run(env, "-f", str(d), "-p", "Which mill is last?")
+def test_a_bad_state_file_is_removed_not_loaded(env: dict[str, str], asked: Asked, damage: str) -> None:
+    data = asked.state_bytes
+    path = asked.home_with_the_state(env, b"\x00not a state" * 100 if damage == "garbage" else data[: len(data) // 3])
+    again = run(env, *asked.ask)
     assert again["prompt_cache"] == "saved", "the bad file was dropped and the prefix evaluated again"
-    assert again["text"] == good["text"]
-    [path2] = states(env)
-    assert path2.stat().st_size == len(data)
+    assert again["text"] == asked.saved["text"]
+    assert states(env) == [path] and path.stat().st_size == len(data)
 
 
-def test_size_cap_evicts_least_recently_used(env: dict[str, str], tmp_path: Path) -> None:
-    a, b = doc(tmp_path, "gamma", DOC_LINES), doc(tmp_path, "delta", DOC_LINES)
-    run(env, "-f", str(a), "-p", "First mill?")
-    [first] = states(env)
+def test_size_cap_evicts_least_recently_used(env: dict[str, str], asked: Asked, tmp_path: Path) -> None:
+    first = asked.home_with_the_state(env)  # as if a run had saved it
     cap_mb = first.stat().st_size * 3 // 2 >> 20
     capped = {**env, "LOCALGEN_PROMPT_CACHE_MB": str(max(1, cap_mb))}
-    run(capped, "-f", str(b), "-p", "First mill?")
+    run(capped, "-f", str(doc(tmp_path, "delta", DOC_LINES)), "-p", "First mill?")
     remaining = states(env)
     assert len(remaining) == 1 and remaining[0] != first, "the older state was evicted for the newer"
 
