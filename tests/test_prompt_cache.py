@@ -94,6 +94,38 @@ def test_the_text_does_not_depend_on_the_cache(asked: Asked) -> None:
     assert off["text"] == saved["text"] == hit["text"]
 
 
+def test_a_long_system_prompt_is_a_cached_prefix_too(env: dict[str, str]) -> None:
+    """The system prompt comes before the question: past 256 tokens it is saved by one run and loaded by the
+    next, whatever that one asks, and the text is the one --no-prompt-cache gives (docs/run.md)."""
+    system = " ".join(["Answer in plain words, briefly."] * 40)  # 290 prompt tokens with the question
+    off = run(env, "--system", system, "-p", "Name a river.", "--no-prompt-cache")
+    saved = run(env, "--system", system, "-p", "Name a river.")
+    [state] = states(env)
+    hit = run(env, "--system", system, "-p", "Name a lake.")
+    assert (off["prompt_cache"], saved["prompt_cache"], hit["prompt_cache"]) == ("off", "saved", "hit")
+    assert off["text"] == saved["text"]
+    stats = hit["stats"]
+    assert isinstance(stats, dict) and stats["cached_tokens"] >= 256 and states(env) == [state]
+
+
+def test_the_tools_are_a_cached_prefix(env: dict[str, str]) -> None:
+    """`run --functions`: the system prompt with the tools' schemas (430 tokens here) is saved by the first run
+    and loaded, not evaluated and saved again, by the next (the same files: a new save would replace one)."""
+    fns = str(Path(__file__).parent / "tool_functions.py")
+
+    def ask(city: str) -> dict[str, object]:
+        return run(env, "--functions", fns, "--yes", "--tool-choice", "get_weather", "-p", f"Weather in {city}?",
+                   "-n", "48")
+
+    first = ask("Paris")
+    made = {p: p.stat().st_ino for p in states(env)}  # one for each way its steps render the tools
+    assert made
+    second = ask("Oslo")
+    assert {p: p.stat().st_ino for p in states(env)} == made, "the second run loaded the states"
+    assert "Paris" in str(first["text"]) and "Oslo" in str(second["text"])
+    assert second["prompt_cache"] == "hit"
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncate"])
 def test_a_bad_state_file_is_removed_not_loaded(env: dict[str, str], asked: Asked, damage: str) -> None:
     data = asked.state_bytes

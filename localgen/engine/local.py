@@ -105,10 +105,11 @@ class LocalBackend:
         started = started if started is not None else time.perf_counter()
         tokens = self.tokens(request)
         cache = "skipped" if request.prompt_cache else "off"
-        if request.shared and len(tokens) < self.engine.n_ctx and not spans_of(tokens):
+        lead = _lead(request)
+        if lead is not None and len(tokens) < self.engine.n_ctx and not spans_of(tokens):
             from localgen.engine import promptcache
 
-            shared = common_prefix(self.tokens(_with_text(request, request.shared)), tokens)
+            shared = common_prefix(self.tokens(lead), tokens)
             if request.prompt_cache:
                 cache = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn)
             elif shared >= promptcache.MIN_PREFIX:
@@ -270,6 +271,19 @@ def _with_text(request: GenerationRequest, text: str) -> GenerationRequest:
         return dataclasses.replace(request, prompt=text)
     last = {**request.messages[-1], "content": text}
     return dataclasses.replace(request, messages=(*request.messages[:-1], last))
+
+
+def _lead(request: GenerationRequest) -> GenerationRequest | None:
+    """The part of a request that repeats across requests, as a request whose tokens begin as its own do: with
+    `shared` (documents, piped text), the last message (or raw prompt) cut to it; otherwise what comes before
+    the first user message's text (the system prompt, the tools). None where nothing does (a raw prompt)."""
+    if request.shared:
+        return _with_text(request, request.shared)
+    first = next((i for i, m in enumerate(request.messages) if m.get("role") == "user"), None)
+    if request.prompt is not None or first is None:
+        return None
+    question = {**request.messages[first], "content": ""}
+    return dataclasses.replace(request, messages=(*request.messages[:first], question))
 
 
 def _has_media(messages: Iterable[dict[str, Any]]) -> bool:
