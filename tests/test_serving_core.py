@@ -47,9 +47,10 @@ def core(smollm2_engine: object) -> Any:
 
 def test_a_large_embeddings_task_runs_a_slice_a_step_beside_a_stream(core: Any) -> None:
     eng, pc, emb = core
-    # 48 texts: 32 go in bounded slices (8 a step) while the 5-token stream runs, the rest in one step after
-    # it; every step is a llama_decode for the stream and one for the slice, so the stream is kept short
-    texts = [f"note {i}: the weather is fine today, and the river is calm" for i in range(48)]
+    # 42 texts: 32 go in bounded slices (8 a step) while the 5-token stream runs, the other 10 (more than a
+    # slice may hold) in one step after it; every step is a llama_decode for the stream and one for the
+    # slice, so the stream is kept short
+    texts = [f"note {i}: the weather is fine today, and the river is calm" for i in range(42)]
     sched = Scheduler(pc)
     sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(5)))
     task = EmbedTask(1, emb, texts)
@@ -71,6 +72,9 @@ def test_a_large_embeddings_task_runs_a_slice_a_step_beside_a_stream(core: Any) 
     slices = [b - a for (_, a), (_, b) in itertools.pairwise(while_streaming)]
     assert slices and max(slices) * per_text <= SLICE_TOKENS + per_text, "a bounded slice a step while it streams"
     assert len(task.done) == len(texts) and sum(slices) < len(texts), "the rest once the stream had ended"
+    after = next(n for tok, n in per_step if tok < 0) - while_streaming[-1][1]
+    assert after * per_text > SLICE_TOKENS + per_text and after + while_streaming[-1][1] == len(texts), \
+        "all the rest in the first step after the stream: no slices then"
     alone = emb.embed([emb.tokens(t) for t in texts[:3]])  # in other company: rounded differently
     for got, want in zip(result.value[:3], alone, strict=True):
         assert sum(a * b for a, b in zip(got.vector, want.vector, strict=True)) > 0.999, "each text's own vector"
