@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import CLI, ROOT
 from tests.test_serve import Server
+from tests.test_serving_core import _listening
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_mmproj import png, write_mmproj
@@ -242,7 +243,20 @@ def test_served_chat_takes_modalities_text_and_refuses_colliding_kwargs(server: 
 
 # ---- #47.7: shutdown with requests in flight -----------------------------------------------------------
 
+def _default_drain() -> float:
+    """serve's --drain-timeout when it is not given."""
+    import inspect
+
+    from localgen.cli.serve import serve
+
+    return float(inspect.signature(serve).parameters["drain_timeout"].default)
+
+
 def test_sigterm_ends_every_request_in_flight_in_its_apis_error_shape(cli_env: dict[str, str]) -> None:
+    """With the default drain (4 s; uvicorn waits 1 s more before it cancels requests), the two requests still
+    running end as 503s in their API's shape. The server is paused (SIGSTOP) through the drain instead of
+    generating for 4 s: it resumes 0.1 s past the drain after its listener closed (its drain timer, started
+    before that, is then due; uvicorn's wait, started 0.1 s after it, still has about 1 s to run)."""
     s = Server(cli_env, "-np", "2", "--ctx", "4096")
     body = {"model": MODEL, "prompt": "Once", "max_tokens": 4000, "ignore_eos": True}
     got: dict[str, Any] = {}
@@ -270,6 +284,13 @@ def test_sigterm_ends_every_request_in_flight_in_its_apis_error_shape(cli_env: d
             time.sleep(0.05)
         assert s.health()["running"] == 2, "both requests are generating"
         s.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60  # a safety net
+        while _listening(s.port) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        closed = time.monotonic()
+        s.proc.send_signal(signal.SIGSTOP)
+        time.sleep(max(0.0, closed + _default_drain() + 0.1 - time.monotonic()))
+        s.proc.send_signal(signal.SIGCONT)
         for t in threads:
             t.join(60)
         assert s.proc.wait(timeout=30) == 0

@@ -218,7 +218,8 @@ def test_a_conversation_that_lost_its_slot_comes_back_from_host_memory(smollm2_e
     memory before B took the slot and is copied back, so A's next turn evaluates only what is new, and
     answers exactly as it does when A never lost the slot (the same cells, bit for bit)."""
     eng: Any = smollm2_engine
-    b_sys = "You are a poet. Every answer is a rhyming couplet about the weather and the sea. " * 8
+    # 95 tokens: B's state (64 or more past what it shares with A's next turn) is saved before that turn
+    b_sys = "You are a poet. Every answer is a rhyming couplet about the weather and the sea. " * 4
     a1, a2, next_turn = _conversation_a(eng, 2)
     b1 = _conversation(eng, b_sys, "Write about rain.")
     kept: dict[int, Any] = {}
@@ -275,9 +276,11 @@ def test_a_model_with_sliding_window_layers_comes_back_from_host_memory_too(gemm
 
     eng = Engine(resolve(str(gemma_path)), LoadParams(n_ctx=2048))
     try:
-        text = "The history of rivers and the mountains they cross. " * 15
+        # 82 and 90 tokens: each text's state is saved (64 or more); both caches hold every cell of them (the
+        # sliding window is 512), as they did of texts twice as long
+        text = "The history of rivers and the mountains they cross. " * 8
         a1 = eng.tokenize(text, True)
-        b1 = eng.tokenize("A recipe for bread, flour and water and salt. " * 15, True)
+        b1 = eng.tokenize("A recipe for bread, flour and water and salt. " * 8, True)
         for pooled in (False, True):
             a2: list[int] = []
 
@@ -307,7 +310,7 @@ def test_host_memory_keeps_the_most_recent_states_under_its_limit(smollm2_engine
     one = unlimited["bytes"] // 2 + 4096  # room for one state, not two
     _, limited = _one_slot(eng, reqs, one)
     assert limited["entries"] == 1 and limited["saves"] == 2 and limited["bytes"] <= one
-    _, tiny = _one_slot(eng, reqs, 4096)
+    _, tiny = _one_slot(eng, reqs[:2], 4096)  # the one state the second request's arrival would save
     assert tiny["entries"] == 0 and tiny["saves"] == 0
     short = [Request(i, _chat(eng, p), _greedy(4)) for i, p in enumerate(PROMPTS[:2])]
     _, counters = _one_slot(eng, short, -1)

@@ -6,6 +6,10 @@ whose client leaves is aborted, not computed to its end."""
 from __future__ import annotations
 
 import itertools
+import json
+import signal
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,9 +47,10 @@ def core(smollm2_engine: object) -> Any:
 
 def test_a_large_embeddings_task_runs_a_slice_a_step_beside_a_stream(core: Any) -> None:
     eng, pc, emb = core
-    # 48 texts: 32 go in bounded slices (8 a step) while the 5-token stream runs, the rest in one step after
-    # it; every step is a llama_decode for the stream and one for the slice, so the stream is kept short
-    texts = [f"note {i}: the weather is fine today, and the river is calm" for i in range(48)]
+    # 42 texts: 32 go in bounded slices (8 a step) while the 5-token stream runs, the other 10 (more than a
+    # slice may hold) in one step after it; every step is a llama_decode for the stream and one for the
+    # slice, so the stream is kept short
+    texts = [f"note {i}: the weather is fine today, and the river is calm" for i in range(42)]
     sched = Scheduler(pc)
     sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(5)))
     task = EmbedTask(1, emb, texts)
@@ -67,6 +72,9 @@ def test_a_large_embeddings_task_runs_a_slice_a_step_beside_a_stream(core: Any) 
     slices = [b - a for (_, a), (_, b) in itertools.pairwise(while_streaming)]
     assert slices and max(slices) * per_text <= SLICE_TOKENS + per_text, "a bounded slice a step while it streams"
     assert len(task.done) == len(texts) and sum(slices) < len(texts), "the rest once the stream had ended"
+    after = next(n for tok, n in per_step if tok < 0) - while_streaming[-1][1]
+    assert after * per_text > SLICE_TOKENS + per_text and after + while_streaming[-1][1] == len(texts), \
+        "all the rest in the first step after the stream: no slices then"
     alone = emb.embed([emb.tokens(t) for t in texts[:3]])  # in other company: rounded differently
     for got, want in zip(result.value[:3], alone, strict=True):
         assert sum(a * b for a, b in zip(got.vector, want.vector, strict=True)) > 0.999, "each text's own vector"
@@ -250,44 +258,83 @@ def test_an_exact_long_prompt_is_evaluated_a_piece_a_step_beside_a_stream(small_
         assert tok1 == tok0 + 1, "and the stream's next token in the same step"
 
 
-@pytest.mark.parametrize("drain", ["0", "600"])
-def test_drain_timeout_is_how_long_requests_in_flight_go_on_after_sigterm(cli_env: dict[str, str],
-                                                                           drain: str) -> None:
-    """serve --drain-timeout: after SIGTERM the requests in flight go on for that long. With 600 s, a stream
-    longer than the default drain (4 s: 1,200 tokens) ends as it would have (its last chunk, then [DONE]); with
-    0 it ends at once with a 503 error event. The server exits 0 either way."""
-    import json
-    import signal
-    import threading
+PAUSE_S = 6.0  # past the default drain (4 s) and uvicorn's wait after it (1 s more)
 
+
+def _listening(port: int) -> bool:
+    with socket.socket() as c:
+        return c.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _sigterm_mid_stream(cli_env: dict[str, str], drain: str, max_tokens: int, pause: bool) -> tuple[list[str], bool]:
+    """A server with --drain-timeout DRAIN streams MAX_TOKENS tokens and gets SIGTERM after the first. With
+    `pause`, once its shutdown has begun (its listener closed, the drain's timer and uvicorn's wait started) it
+    is paused (SIGSTOP) for PAUSE_S: on its clock the stream then runs past the default drain, whatever the
+    machine's speed. The stream's data lines, and whether it was still running when the server paused."""
     s = Server(cli_env, "-np", "1", "--drain-timeout", drain)
     lines: list[str] = []
-    first = threading.Event()
+    first, ended = threading.Event(), threading.Event()
 
     def stream() -> None:
-        body = {"model": "smollm2:135m", "prompt": "Once", "max_tokens": 1200, "ignore_eos": True, "stream": True}
+        body = {"model": "smollm2:135m", "prompt": "Once", "max_tokens": max_tokens, "ignore_eos": True,
+                "stream": True}
         with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=600) as r:
             for line in r.iter_lines():
                 if line.startswith("data:"):
                     lines.append(line)
                     first.set()
+        ended.set()
 
     t = threading.Thread(target=stream)
+    running_at_pause = False
     try:
         t.start()
         assert first.wait(120), "the stream produced its first token"
         s.proc.send_signal(signal.SIGTERM)
+        if pause:
+            deadline = time.monotonic() + 120  # a safety net
+            while _listening(s.port) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not _listening(s.port), "the server began its shutdown"
+            time.sleep(0.5)  # uvicorn's wait for the requests in flight starts 0.1 s after its listener closes
+            s.proc.send_signal(signal.SIGSTOP)
+            time.sleep(PAUSE_S)
+            running_at_pause = not ended.is_set()  # what the server sent before the pause has arrived by now
+            s.proc.send_signal(signal.SIGCONT)
         t.join(600)
         assert s.proc.wait(timeout=600) == 0
     finally:
         if s.proc.poll() is None:
             s.proc.kill()
-    assert lines[-1] == "data: [DONE]", lines[-3:]
-    chunks = [json.loads(line[5:]) for line in lines[:-1]]
+    return lines, running_at_pause
+
+
+@pytest.mark.parametrize("drain", ["0", "600"])
+def test_drain_timeout_is_how_long_requests_in_flight_go_on_after_sigterm(cli_env: dict[str, str],
+                                                                           drain: str) -> None:
+    """serve --drain-timeout: after SIGTERM the requests in flight go on for that long. With 600 s, a stream
+    that outlives the default drain (4 s) ends as it would have (its last chunk, then [DONE]); with 0 it ends at
+    once with a 503 error event. The server exits 0 either way.
+
+    With 600 s the server is paused for 6 s once its shutdown has begun (_sigterm_mid_stream), so 300 tokens
+    outlive the default drain here without the 1,200 tokens (13 s of CPU) it took otherwise. A machine fast
+    enough to end the stream before the pause (a GPU) gets a stream twice as long, until one is paused mid-way;
+    every stream must end as it would have."""
     if drain == "0":
+        lines, _ = _sigterm_mid_stream(cli_env, drain, 1200, pause=False)
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        chunks = [json.loads(line[5:]) for line in lines[:-1]]
         assert chunks[-1]["error"]["code"] == 503 and "shutting down" in chunks[-1]["error"]["message"]
         assert len(chunks) < 600, "cut at the signal, not run to its end"
         return
-    assert not any("error" in c for c in chunks), chunks[-2:]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert sum(1 for c in chunks if c["choices"][0]["text"]) >= 1000, "every token came, not a cut stream"
+    for max_tokens in (300, 600, 1200, 2400):  # the default context (4,096) holds the longest
+        lines, running_at_pause = _sigterm_mid_stream(cli_env, drain, max_tokens, pause=True)
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        chunks = [json.loads(line[5:]) for line in lines[:-1]]
+        assert not any("error" in c for c in chunks), chunks[-2:]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        texts = sum(1 for c in chunks if c["choices"][0]["text"])
+        assert texts >= max_tokens * 5 // 6, "every token came, not a cut stream"
+        if running_at_pause:
+            return
+    raise AssertionError("every stream had ended before the server paused")
