@@ -24,6 +24,27 @@ def _alone(cli: CLI, prompts: list[str], common: list[str]) -> list[str]:
     return out
 
 
+def _alone_in_process(gemma: Path, prompts: list[str], n: int, **load: object) -> list[str]:
+    """Each raw prompt alone, greedy, through the plain single-stream path `run -p` takes (open_engine, then
+    LocalBackend.generate: no ParallelContext, no scheduler), on one load of the model in this process: the
+    KV cache is cleared before each prompt, so each is evaluated and decoded as in a fresh process."""
+    from localgen.engine.local import LocalBackend
+    from localgen.models.load import open_engine
+    from localgen.models.resolve import resolve
+    from localgen.types import GenerationRequest, LoadParams, SamplingParams
+
+    backend = LocalBackend(open_engine(resolve(str(gemma)), LoadParams(**load)))  # type: ignore[arg-type]
+    out = []
+    try:
+        for p in prompts:
+            backend.engine.clear()
+            gen = backend.generate(GenerationRequest(prompt=p, sampling=SamplingParams(temperature=0, max_tokens=n)))
+            out.append(" ".join("".join(c.text for c in gen).split()))
+    finally:
+        backend.close()
+    return out
+
+
 def _batched(cli: CLI, path: Path, parallel: str, common: list[str], *extra: str) -> tuple[list[str], str]:
     """`run --file` with --stats: the answer lines and stderr."""
     r = cli("run", "--file", str(path), "--parallel", parallel, "--stats", *common, *extra)
@@ -63,21 +84,22 @@ def _rows_per_call(stderr: str) -> float:
     return float(re.search(r"([0-9.]+) sequences per decode call", stderr).group(1))  # type: ignore[union-attr]
 
 
-def test_parallel_greedy_is_exact_with_repacked_weights(cli: CLI, tmp_path: Path) -> None:
+def test_parallel_greedy_is_exact_with_repacked_weights(cli: CLI, tmp_path: Path, gemma_path: Path) -> None:
     # Gemma 3 270M has Q4_K tensors, which llama.cpp repacks on this CPU; a batch of 4+ rows takes a GEMM
     # that quantizes activations differently from the one-row path, and these answers drifted with it.
-    # 12 answer tokens: with every row in one call (no cap on the rows of an exact call), the third prompt's
+    # 8 answer tokens: with every row in one call (no cap on the rows of an exact call), the third prompt's
     # answer leaves the one alone at its 7th token here, and the 6th prompt's below at its 6th.
+    # The answers alone come from the single-stream path in this process, one load for each setting.
     prompts = ["The history of the Roman Empire begins", "Here is a Python function that reverses a list:",
                "The three largest cities in Japan are", "The main causes of the French Revolution were"]
-    common = ["-m", "gemma3:270m", "--raw", "-n", "12", "--temperature", "0", "--ctx", "512", "--repack"]
+    common = ["-m", "gemma3:270m", "--raw", "-n", "8", "--temperature", "0", "--ctx", "512", "--repack"]
     f = _prompt_file(tmp_path, prompts)
     got, err = _batched(cli, f, "4", common, "--exact")
-    assert got == _alone(cli, prompts, common)
+    assert got == _alone_in_process(gemma_path, prompts, 8, n_ctx=512, repack=True)
     assert _rows_per_call(err) <= 3  # never through the 4-row GEMM
-    # --no-exact: all four in each call. Only the rows per call are read, so 8 tokens do (the last -n counts):
-    # the first call evaluates the prompts (no decoding rows), the 7 after it carry four rows each, 3.5 a call
-    _, err = _batched(cli, f, "4", common, "--no-exact", "-n", "8")
+    # --no-exact: all four in each call. Only the rows per call are read: the first call evaluates the
+    # prompts (no decoding rows), the 7 after it carry four rows each, 3.5 a call
+    _, err = _batched(cli, f, "4", common, "--no-exact")
     assert _rows_per_call(err) > 3 and "32 tokens generated" in err
     # By default Gemma is not repacked (5 % of its weights could be); its K-quant matrices go through ggml's
     # tiled matmul from 8 rows, which rounds differently: exact batching takes 7 per call, in turn.
@@ -86,10 +108,11 @@ def test_parallel_greedy_is_exact_with_repacked_weights(cli: CLI, tmp_path: Path
             "In the year 1900, the world"]
     f = _prompt_file(tmp_path, more)
     got, err = _batched(cli, f, "8", default, "--exact")
-    assert got == _alone(cli, more, default)
+    assert got == _alone_in_process(gemma_path, more, 8, n_ctx=512)
     assert 6 < _rows_per_call(err) <= 7
-    _, err = _batched(cli, f, "8", default, "--no-exact")
-    assert _rows_per_call(err) > 7  # all eight in each of the 11 decoding calls after the prompts': 7.3 a call
+    # all eight in each of the 11 decoding calls after the prompts', 7.3 a call (with 8 tokens, 7 at most)
+    _, err = _batched(cli, f, "8", default, "--no-exact", "-n", "12")
+    assert _rows_per_call(err) > 7
 
 
 def test_parallel_greedy_is_exact_past_flash_attention_kv_split(cli: CLI, tmp_path: Path) -> None:
@@ -98,12 +121,13 @@ def test_parallel_greedy_is_exact_past_flash_attention_kv_split(cli: CLI, tmp_pa
     rng = random.Random(1)
     words = ["river", "mountain", "city", "forest", "history", "science", "music", "garden", "ocean", "planet"]
     prompts = [f"Notes {i}: " + " ".join(rng.choice(words) for _ in range(260)) + ". Summary of the notes above:"
-               for i in range(7)][4:]  # with --no-exact, the last of these drifts at its 5th token
+               for i in range(7)][5:]  # with --no-exact, the last of these drifts at its 5th token
     # the prompts are 271 tokens, past 256 before the first answer token, and still under 300 with 24 answer
     # tokens: 8 reach the 5th, where --no-exact's answer to the last prompt leaves the one alone ("The above
-    # notes are a summary" for "... the notes")
-    common = ["--raw", "-n", "8", "--temperature", "0", "--ctx", "1024"]
-    got, _ = _batched(cli, _prompt_file(tmp_path, prompts), "3", common, "--exact")
+    # notes are a summary" for "... the notes"). Two prompts do: the last drifts beside either of the two
+    # before it. Two threads, also on one CPU (a worker of `scripts/test`): with one there is nothing to split.
+    common = ["--raw", "-n", "8", "--temperature", "0", "--ctx", "1024", "--threads", "2"]
+    got, _ = _batched(cli, _prompt_file(tmp_path, prompts), "2", common, "--exact")
     assert got == _alone(cli, prompts, common)
 
 
