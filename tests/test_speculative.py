@@ -7,8 +7,13 @@ import json
 from localgen.engine.speculative import LookupDrafter
 from tests.conftest import CLI, InProcessCLI, assert_same_greedy_text
 
-TEXT = "\n".join(f"Item {i}: the box holds {i * 3} apples and a note for warehouse {i % 5}." for i in range(8))
-PROMPT = f"{TEXT}\n\nCopy the list above exactly."
+
+def _copy_prompt(items: int) -> str:
+    text = "\n".join(f"Item {i}: the box holds {i * 3} apples and a note for warehouse {i % 5}." for i in range(items))
+    return f"{text}\n\nCopy the list above exactly."
+
+
+PROMPT = _copy_prompt(5)  # SmolLM2's; Gemma's test needs eight items (see there)
 
 
 def test_lookup_finds_the_latest_continuation() -> None:
@@ -19,8 +24,8 @@ def test_lookup_finds_the_latest_continuation() -> None:
 
 
 # 40 answer tokens copy the first items of the list, past several drafts rejected where a number changes: a
-# draft kept without its check changes the text there (lookup: at the 5th character); no break tried here
-# showed only in the 80 tokens this took before
+# draft kept without its check changes the text there (lookup: at the 23rd character), and so does a rejected
+# draft left in the KV cache (at the 8th); no break tried here showed only in the 80 tokens this took before
 def _run(cli: CLI, *extra: str) -> dict[str, object]:
     r = cli("run", "-p", PROMPT, "-n", "40", "--json", "--no-prompt-cache", "--ctx", "1024", *extra)
     assert r.returncode == 0, r.stderr
@@ -41,9 +46,11 @@ def test_greedy_output_is_unchanged_by_lookup_and_draft(cli: CLI) -> None:
 
 
 def test_greedy_lookup_is_exact_on_repacked_q4_k_weights_too(cli: CLI) -> None:
-    # 64 tokens: with repacking and flash attention both on, lookup's text leaves the plain one at its first
-    # token; with either alone it stays the same for 160 (three rows a check, under the repacked GEMM's 4)
-    args = ["run", "-m", "gemma3:270m", "--raw", "-p", PROMPT, "-n", "64", "--temperature", "0", "--json",
+    # Eight items (163 prompt tokens): with repacking and flash attention both on, lookup's text leaves the
+    # plain one at its first token; with either alone it stays the same for 160 (three rows a check, under the
+    # repacked GEMM's 4). With five items, both on drift only at the 274th character. 32 tokens: a rejected
+    # draft left in the KV cache changes the text at the 53rd character, a draft kept unchecked at the 6th.
+    args = ["run", "-m", "gemma3:270m", "--raw", "-p", _copy_prompt(8), "-n", "32", "--temperature", "0", "--json",
             "--no-prompt-cache", "--ctx", "1024"]
     plain = cli(*args, "--no-flash-attn", "--no-repack")
     lookup = cli(*args, "--lookup", "--draft-max", "2")
