@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,18 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         os.environ.pop(k, None)
     os.environ.update(HF_HOME=str(hf), HF_HUB_CACHE=str(hf / "hub"))
     return path
+
+
+def knows_the_bandwidth(home: Path) -> Path:
+    """Give a LOCALGEN_HOME a memory bandwidth measured already (a made-up 10 GB/s), as every `bench` after the
+    first on a machine finds one: the measurement (1 GB copied in a child process, 2.5 s of CPU) is test_bench's
+    business, not that of each test that benchmarks in a home of its own. Returns the home."""
+    from localgen.bench import bandwidth
+
+    (home / "cache").mkdir(parents=True, exist_ok=True)
+    (home / "cache" / "bandwidth.json").write_text(json.dumps(
+        {"machine": bandwidth.machine(), "at": time.time(), "bytes_per_s": 1e10}))
+    return home
 
 
 @pytest.fixture(scope="session")

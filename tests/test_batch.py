@@ -6,10 +6,9 @@ import json
 import random
 import re
 import subprocess
-import time
 from pathlib import Path
 
-from tests.conftest import CLI, GPU_SHARED_PREFIX, InProcessCLI, shared_prefix
+from tests.conftest import CLI, GPU_SHARED_PREFIX, InProcessCLI, knows_the_bandwidth, shared_prefix
 
 PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",
            "List three colors.", "Why do cats purr?"]
@@ -226,14 +225,7 @@ def test_conflicting_batch_flags(cli_in_process: InProcessCLI, tmp_path: Path) -
 
 
 def test_bench_parallel_reports_aggregate_rates(cli: CLI, cli_in_process: InProcessCLI, tmp_path: Path) -> None:
-    from localgen.bench import bandwidth
-
-    # a home of its own where the memory bandwidth is known already, as any bench after the first finds it: its
-    # measurement (1 GB copied in a child process, 2.5 s of CPU) is test_bench's business, not this test's
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "bandwidth.json").write_text(json.dumps(
-        {"machine": bandwidth.machine(), "at": time.time(), "bytes_per_s": 1e10}))
-    cli = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path)})
+    cli = CLI({**cli.env, "LOCALGEN_HOME": str(knows_the_bandwidth(tmp_path))})
     r = cli("bench", "-p", "16", "-n", "8", "-r", "1", "--parallel", "1,2", "--no-e2e", "-o", "jsonl")
     assert r.returncode == 0, r.stderr
     recs = {x["test"]: x for x in map(json.loads, r.stdout.splitlines())}

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from localgen.bench import sweep
 from localgen.cli import app, params
-from tests.conftest import ROOT, default_sigint
+from tests.conftest import ROOT, default_sigint, knows_the_bandwidth
 from tests.fake_openai import FakeServer
 
 
@@ -35,7 +35,7 @@ def invoke(*args: str) -> Any:
 @pytest.fixture()
 def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A benchmark history of this test's own."""
-    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    monkeypatch.setenv("LOCALGEN_HOME", str(knows_the_bandwidth(tmp_path)))
     return tmp_path
 
 
@@ -61,7 +61,7 @@ def _line(stream: Any, within: float = 120.0) -> str:
 
 def test_a_long_sweep_says_how_long_then_reports_each_row_and_ctrl_c_keeps_them(cli_env: dict[str, str],
                                                                                 tmp_path: Path) -> None:
-    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path)}
+    env = {**cli_env, "LOCALGEN_HOME": str(knows_the_bandwidth(tmp_path))}
     # 1,000 generation tests, tg1 to tg1000: minutes of work even on a GPU, the first row within a second
     p = subprocess.Popen([sys.executable, "-m", "localgen", "bench", "-p", "0", "-n", "1-1000", "-r", "1",
                           "--no-e2e", "-o", "jsonl"], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
@@ -96,7 +96,7 @@ def test_on_a_terminal_it_says_how_long_and_draws_a_bar_on_stderr_only(cli_env: 
                                                                         tmp_path: Path) -> None:
     import pty
 
-    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path), "COLUMNS": "100", "TERM": "xterm"}
+    env = {**cli_env, "LOCALGEN_HOME": str(knows_the_bandwidth(tmp_path)), "COLUMNS": "100", "TERM": "xterm"}
     env.pop("NO_COLOR", None)
     main, sub = pty.openpty()
     try:

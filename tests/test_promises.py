@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from localgen import settings
 from localgen.engine.template import ChatTemplate
 from localgen.errors import ModelLoadError, TemplateError, UsageError
-from tests.conftest import CLI, ROOT, default_sigint
+from tests.conftest import CLI, ROOT, default_sigint, knows_the_bandwidth
 from tests.gguf_edit import rewrite_strings
 
 QUICK = ["-n", "8", "--ctx", "512", "--temperature", "0"]
@@ -234,10 +233,7 @@ def test_every_command_ends_quietly_when_its_reader_goes(cli_env: dict[str, str]
     user.parent.mkdir(parents=True)
     user.write_text("".join(f'[models."m{i}:1b"]\nrepo = "someone/M{i}-GGUF"\ndescription = "{"x" * 40}"\n'
                             for i in range(2000)))  # far more than a pipe buffer
-    from localgen.bench import bandwidth  # known already, as any bench after the first finds it: its measurement
-    (tmp_path / "home" / "cache").mkdir()  # (1 GB copied in a child, 2.5 s of CPU) is test_bench's business
-    (tmp_path / "home" / "cache" / "bandwidth.json").write_text(json.dumps(
-        {"machine": bandwidth.machine(), "at": time.time(), "bytes_per_s": 1e10}))
+    knows_the_bandwidth(tmp_path / "home")
     lg = [sys.executable, "-m", "localgen"]
     for cmd, stdin in [
         ([*lg, "list", "--catalogue"], None),
