@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -106,6 +107,14 @@ def test_a_long_system_prompt_is_a_cached_prefix_too(env: dict[str, str]) -> Non
     assert off["text"] == saved["text"]
     stats = hit["stats"]
     assert isinstance(stats, dict) and stats["cached_tokens"] >= 256 and states(env) == [state]
+    # a chat's second turn keeps all the first one left in the cache, not only the system prompt's part
+    r = CLI(env)("chat", "kvs", "--system", system, "-n", "6", "--temperature", "0", "--stats",
+                 input="Name a river.\nAnd a lake?\n/stats\n", timeout=180)
+    assert r.returncode == 0, r.stderr
+    held = int(re.search(r"context ([\d,]+)/", r.stderr).group(1).replace(",", ""))  # type: ignore[union-attr]
+    line = next(ln for ln in r.stderr.splitlines() if "prompt tokens" in ln)
+    cached = int(re.search(r"\((\d+) cached\)", line).group(1))  # type: ignore[union-attr]
+    assert cached >= held - 2, (held, line)  # the first turn's tokens but its last answer token or so
 
 
 def test_the_tools_are_a_cached_prefix(env: dict[str, str]) -> None:

@@ -110,7 +110,10 @@ class LocalBackend:
             from localgen.engine import promptcache
 
             shared = common_prefix(self.tokens(lead), tokens)
-            if request.prompt_cache:
+            if shared >= promptcache.MIN_PREFIX and common_prefix(self.engine.held, tokens) >= shared:
+                # held already, by an earlier turn or tool step: evaluating it again would drop what follows it
+                cache = "hit" if request.prompt_cache else cache
+            elif request.prompt_cache:
                 cache = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn)
             elif shared >= promptcache.MIN_PREFIX:
                 # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row

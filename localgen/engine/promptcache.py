@@ -48,8 +48,6 @@ def attach_prefix(engine: Engine, prefix: list[int], warn: Callable[[str], None]
     saving the state. Returns "hit", "saved", "skipped" (prefix too short) or "unwritable"."""
     if len(prefix) < MIN_PREFIX:
         return "skipped"
-    if engine.held[:len(prefix)] == prefix:
-        return "hit"  # held already (an earlier step of the same run: a tool call's answer)
     path = cache_root() / f"{_digest(engine, prefix)}.state"
     if path.exists():
         tokens = engine.load_state(path)
