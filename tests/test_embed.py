@@ -68,10 +68,10 @@ def test_embed_options(cli: CLI, tmp_path: Path) -> None:
     assert math.sqrt(sum(x * x for x in unnormed)) > 1.5
     mean, last = (_vectors(cli("embed", TEXTS[0], "--pooling", p))[0] for p in ("mean", "last"))
     assert _cos(last, mean) < 0.999, "another pooling, another vector"
-    long = "word " * 3000
-    r = cli("embed", long, "--ctx", "512")
-    assert r.returncode == 2 and "the embeddings window is 512" in r.stderr and "--truncate" in r.stderr
-    assert cli("embed", long, "--ctx", "512", "--truncate").returncode == 0
+    long = "word " * 300  # past the least window (256): truncated, 256 tokens are embedded
+    r = cli("embed", long, "--ctx", "256")
+    assert r.returncode == 2 and "the embeddings window is 256" in r.stderr and "--truncate" in r.stderr
+    assert cli("embed", long, "--ctx", "256", "--truncate").returncode == 0
     for args, needle in ((["--format", "hex", "x"], "--format takes float or base64"),
                          (["--pooling", "max", "x"], "--pooling takes mean, cls or last"),
                          (["--dimensions", "9999", "x"], "--dimensions must be within 1 to 576"),
@@ -141,7 +141,7 @@ def test_similar_embeds_the_query_with_the_layouts_the_collection_was_embedded_w
 
 @pytest.fixture(scope="module")
 def server(cli_env: dict[str, str]) -> Iterator[Server]:
-    s = Server(cli_env, "-np", "2", "--ctx", "1024")  # a window-long text is cheap to embed (truncation)
+    s = Server(cli_env, "-np", "2", "--ctx", "512")  # a window-long text is cheap to embed (truncation)
     yield s
     assert s.stop() == 0
 
@@ -167,10 +167,10 @@ def test_serve_embeddings_for_the_openai_and_ollama_clients(server: Server, cli:
 
     bad = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": [1, 2]})
     assert bad.status_code == 400 and "list of strings" in bad.json()["error"]["message"]
-    long = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": "word " * 1500})
-    assert long.status_code == 413 and "window is 1,024" in long.json()["error"]["message"]
-    ok = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "word " * 1500}, timeout=120)
-    assert ok.status_code == 200 and ok.json()["prompt_eval_count"] == 1024, "Ollama truncates by default"
+    long = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": "word " * 700})
+    assert long.status_code == 413 and "window is 512" in long.json()["error"]["message"]
+    ok = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "word " * 700}, timeout=120)
+    assert ok.status_code == 200 and ok.json()["prompt_eval_count"] == 512, "Ollama truncates by default"
     assert server.health()["alive"]
 
 
