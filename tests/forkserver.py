@@ -108,6 +108,8 @@ def start_child(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
     os.sched_setaffinity(0, request["cpus"])  # the caller's CPUs, which a child it started would inherit
     os.environ.clear()  # through putenv and unsetenv: llama.cpp's getenv sees the caller's environment too
     os.environ.update(request["env"])
+    if request["sigint"]:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     return request
 
 
@@ -146,33 +148,56 @@ class ForkServer:
         differ = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
         return all(k.startswith("LOCALGEN_") for k in differ)
 
-    def request(self, argv: list[str], env: dict[str, str], fds: tuple[int, int, int]) -> tuple[socket.socket, Any]:
+    def request(self, argv: list[str], env: dict[str, str], fds: tuple[int, int, int],
+                sigint: bool = False) -> tuple[socket.socket, Any]:
         """Asks for a child running `python -m ARGV` with `fds` as its stdin, stdout and stderr (the caller
         closes its own copies); the connection, and its replies with the child's pid read off them."""
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self.path)
-            request = {"argv": argv, "env": env, "cwd": str(self.cwd), "cpus": sorted(os.sched_getaffinity(0))}
+            request = {"argv": argv, "env": env, "cwd": str(self.cwd), "cpus": sorted(os.sched_getaffinity(0)),
+                       "sigint": sigint}
             socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
         except BaseException:
             conn.close()
             raise
         return conn, conn.makefile("rb", buffering=0)  # unbuffered: nothing read ahead of a select()
 
-    def popen(self, args: list[str], env: dict[str, str], stderr: int) -> ForkedProcess:
-        """`localgen ARGS` left running, as subprocess.Popen starts it with stdin /dev/null, stdout a pipe and
-        stderr the descriptor given."""
-        out_r, out_w = os.pipe()
-        null = os.open(os.devnull, os.O_RDONLY)
+    def popen(self, args: list[str], env: dict[str, str], stderr: Any = None, stdin: Any = subprocess.DEVNULL,
+              stdout: Any = subprocess.PIPE, text: bool = False, bufsize: int = -1,
+              module: str = "localgen", sigint: bool = False) -> ForkedProcess:
+        """`python -m MODULE ARGS` left running, as subprocess.Popen starts it: each of stdin, stdout and stderr is the
+        caller's own (None), DEVNULL, PIPE (a file object on the ForkedProcess, text or bytes as `text` and
+        `bufsize` say) or a descriptor. By default stdin is /dev/null and stdout a pipe. With `sigint`, SIGINT
+        raises KeyboardInterrupt in the child even where the session ignores it (Popen's preexec_fn resetting it
+        before an interpreter starts does as much)."""
+        theirs: list[int] = []  # the child's ends, closed here once it has them
+        ours: list[Any] = []  # the caller's ends of pipes: (fd, reading)
+        for i, want in enumerate((stdin, stdout, stderr)):
+            if want == subprocess.PIPE:
+                r, w = os.pipe()
+                theirs.append(r if i == 0 else w)
+                ours.append((w, False) if i == 0 else (r, True))
+                continue
+            ours.append(None)
+            if want is None:
+                theirs.append(os.dup(i))
+            elif want == subprocess.DEVNULL:
+                theirs.append(os.open(os.devnull, os.O_RDWR))
+            else:
+                theirs.append(os.dup(want if isinstance(want, int) else want.fileno()))
         try:
-            conn, replies = self.request(["localgen", *args], env, (null, out_w, stderr))
+            conn, replies = self.request([module, *args], env, (theirs[0], theirs[1], theirs[2]), sigint)
         except BaseException:
-            os.close(out_r)
+            for end in ours:
+                if end is not None:
+                    os.close(end[0])
             raise
         finally:
-            os.close(null)
-            os.close(out_w)
-        return ForkedProcess(conn, replies, open(out_r, "rb"))
+            for fd in theirs:
+                os.close(fd)
+        files = [None if end is None else _pipe_file(*end, text=text, bufsize=bufsize) for end in ours]
+        return ForkedProcess(conn, replies, files[1], stdin=files[0], stderr=files[2])
 
     def run(self, args: list[str], env: dict[str, str], input: str, timeout: float,
             module: str = "localgen") -> subprocess.CompletedProcess[str]:
@@ -224,12 +249,13 @@ class ForkServer:
 
 class ForkedProcess:
     """A child of the fork server left running, with what the tests use of a Popen: pid, poll, wait,
-    send_signal, kill, stdout (a pipe) and stderr (None: the caller holds what it gave)."""
+    send_signal, kill, and stdin, stdout and stderr (a file object where it is a pipe, else None)."""
 
-    def __init__(self, conn: socket.socket, replies: Any, stdout: Any) -> None:
+    def __init__(self, conn: socket.socket, replies: Any, stdout: Any, stdin: Any = None, stderr: Any = None) -> None:
         self._conn, self._replies = conn, replies
+        self.stdin: Any = stdin
         self.stdout: Any = stdout
-        self.stderr: Any = None
+        self.stderr: Any = stderr
         self.pid = status(replies)
         self.returncode: int | None = None
 
@@ -247,12 +273,46 @@ class ForkedProcess:
             self._conn.close()
         return self.returncode
 
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]:
+        """As Popen's: `input` written to stdin and stdin closed, stdout and stderr read to their ends (those
+        that are pipes; None for the others), and the exit waited for; TimeoutExpired past `timeout`."""
+        got: dict[str, Any] = {}
+        readers = [threading.Thread(target=lambda n=n, f=f: got.__setitem__(n, f.read()), daemon=True)
+                   for n, f in (("out", self.stdout), ("err", self.stderr)) if f is not None]
+        for t in readers:
+            t.start()
+        if self.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                if input:
+                    self.stdin.write(input)
+                self.stdin.close()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in readers:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(["localgen"], timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return got.get("out"), got.get("err")
+
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:  # still unreaped: the pid is this child's
             os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def _pipe_file(fd: int, reading: bool, text: bool, bufsize: int) -> Any:
+    """The caller's end of a pipe as subprocess.Popen makes it: binary with `bufsize`, or text in the locale's
+    encoding (stdin written through, line-buffered when bufsize is 1)."""
+    import io
+
+    raw = open(fd, "rb" if reading else "wb", bufsize)  # noqa: SIM115 (the caller closes it, as a Popen's)
+    if not text:
+        return raw
+    if reading:
+        return io.TextIOWrapper(raw)
+    return io.TextIOWrapper(raw, write_through=True, line_buffering=bufsize == 1)
 
 
 def status(replies: Any) -> int:

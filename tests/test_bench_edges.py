@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from localgen.bench import sweep
 from localgen.cli import app, params
-from tests.conftest import ROOT, default_sigint, knows_the_bandwidth
+from tests.conftest import CLI, ROOT, knows_the_bandwidth
 from tests.fake_openai import FakeServer
 
 
@@ -63,9 +63,8 @@ def test_a_long_sweep_says_how_long_then_reports_each_row_and_ctrl_c_keeps_them(
                                                                                 tmp_path: Path) -> None:
     env = {**cli_env, "LOCALGEN_HOME": str(knows_the_bandwidth(tmp_path))}
     # 1,000 generation tests, tg1 to tg1000: minutes of work even on a GPU, the first row within a second
-    p = subprocess.Popen([sys.executable, "-m", "localgen", "bench", "-p", "0", "-n", "1-1000", "-r", "1",
-                          "--no-e2e", "-o", "jsonl"], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, preexec_fn=default_sigint)
+    p = CLI(env).popen("bench", "-p", "0", "-n", "1-1000", "-r", "1", "--no-e2e", "-o", "jsonl",
+                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     assert p.stdout is not None and p.stderr is not None
     try:
         said = _line(p.stderr)
@@ -100,9 +99,8 @@ def test_on_a_terminal_it_says_how_long_and_draws_a_bar_on_stderr_only(cli_env: 
     env.pop("NO_COLOR", None)
     main, sub = pty.openpty()
     try:
-        p = subprocess.Popen([sys.executable, "-m", "localgen", "bench", "-p", "8", "-n", "2", "-r", "2", "--no-e2e",
-                              "-o", "jsonl"], env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=sub)
+        p = CLI(env).popen("bench", "-p", "8", "-n", "2", "-r", "2", "--no-e2e", "-o", "jsonl",
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=sub)
         os.close(sub)
         screen = b""
         while True:

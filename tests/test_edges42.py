@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_serve_rerank_answers_400_for_a_query_longer_than_the_window(cli_env: di
 
 # ---- collections: many writers at once, a damaged database ----
 
-def _wait_reading_stdin(procs: list[subprocess.Popen[str]], cap: float = 5.0) -> None:
+def _wait_reading_stdin(procs: list[Any], cap: float = 5.0) -> None:
     """Until each process sleeps in a pipe read (its stdin: it reads no other pipe before), as Linux's
     /proc/PID/wchan tells; one second without /proc (the old fixed wait), at most `cap` where wchan is hidden."""
     start = time.monotonic()
@@ -90,9 +91,8 @@ def test_embed_store_from_four_processes_at_once_keeps_every_text(cli_env: dict[
                                                                    tmp_path: Path) -> None:
     for n in range(6):  # rounds, each on a new database: the race is on its first writes, and one may miss it
         hcli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / f"home{n}")})
-        procs = [subprocess.Popen(hcli.argv("embed", "-m", str(tiny["bert"]), "--store", "shared"), env=hcli.env,
-                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                 for _ in range(4)]
+        procs = [hcli.popen("embed", "-m", str(tiny["bert"]), "--store", "shared", stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(4)]
         for p, proc in enumerate(procs):  # each reads its texts to the end before anything else: they wait here
             assert proc.stdin is not None
             proc.stdin.write("".join(json.dumps({"id": f"p{p}-{i}", "text": f"the cat {p} sat on mat {i}"}) + "\n"

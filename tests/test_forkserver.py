@@ -73,6 +73,19 @@ def test_only_localgens_variables_may_differ_from_the_servers(forks: ForkServer,
     assert not forks.accepts({k: v for k, v in cli_env.items() if k != "PYTHONUNBUFFERED"})
 
 
+def test_a_forked_child_left_running_has_popens_pipes(forks: ForkServer, cli_env: dict[str, str]) -> None:
+    """ForkServer.popen (CLI.popen where it can): stdin, stdout and stderr as pipes, in text, with communicate()
+    and the exit status, as subprocess.Popen gives them."""
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    env = {**cli_env, "LOCALGEN_PROBE": "popen"}
+    forked = forks.popen(["3", "x"], env, module="tests.forkprobe", **pipes)
+    real = subprocess.Popen([sys.executable, "-m", "tests.forkprobe", "3", "x"], env=env, cwd=ROOT, **pipes)
+    (f_out, f_err), (r_out, r_err) = forked.communicate("lines\nin\n", 60), real.communicate("lines\nin\n", 60)
+    assert (forked.returncode, f_err) == (real.returncode, r_err) == (3, "atexit ran\n")
+    facts = [seen(subprocess.CompletedProcess([], 3, out, "")) for out in (f_out, r_out)]
+    assert facts[0] == facts[1] and facts[0]["stdin"] == "lines\nin\n" and facts[0]["env"] == "popen"
+
+
 def test_the_cli_through_the_fork_server_answers_as_a_started_one(forks: ForkServer,
                                                                   cli_env: dict[str, str]) -> None:
     for args in (["--version"], ["run", "-m", "no-such-model.gguf", "-p", "hi"], ["run", "--no-such-flag"]):

@@ -129,9 +129,8 @@ def test_six_runs_at_once_leave_six_rows(lcli: CLI, monkeypatch: pytest.MonkeyPa
     hold = sqlite3.connect(_db(lcli), isolation_level=None)
     hold.execute("BEGIN IMMEDIATE")  # the write lock, as a writer holds it
     try:
-        procs = [subprocess.Popen(lcli.argv("run", f"Say the number {i}.", "-n", "2", "--threads", "1"),
-                                  env=lcli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  stdin=subprocess.DEVNULL) for i in range(RACERS)]
+        procs = [lcli.popen("run", f"Say the number {i}.", "-n", "2", "--threads", "1", stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL) for i in range(RACERS)]
         readers = [threading.Thread(target=lambda p=p: (p.stdout.readline(), answered.append(time.monotonic())))
                    for p in procs]
         for t in readers:

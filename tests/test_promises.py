@@ -17,7 +17,7 @@ import pytest
 from localgen import settings
 from localgen.engine.template import ChatTemplate
 from localgen.errors import ModelLoadError, TemplateError, UsageError
-from tests.conftest import CLI, ROOT, default_sigint, knows_the_bandwidth
+from tests.conftest import CLI, ROOT, knows_the_bandwidth
 from tests.gguf_edit import rewrite_strings
 
 QUICK = ["-n", "8", "--ctx", "512", "--temperature", "0"]
@@ -214,8 +214,9 @@ def test_assembled_embedded_model_is_checked_before_use(home: Path) -> None:
 
 
 def _pipe_to_head(cmd: list[str], env: dict[str, str], stdin: str | None = None) -> tuple[int, str, bytes]:
-    p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, preexec_fn=default_sigint)
+    assert cmd[:3] == [sys.executable, "-m", "localgen"]
+    p = CLI(env).popen(*cmd[3:], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL)
     assert p.stdout is not None and p.stderr is not None
     if stdin is not None:
         assert p.stdin is not None

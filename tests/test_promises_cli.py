@@ -336,9 +336,8 @@ def test_rpc_server_cache_keeps_tensors_on_disk(cli: CLI, cli_env: dict[str, str
     hashes. (Files table: RPC tensor cache (`rpc-server --cache`) | `<cache dir>/rpc`.)"""
     server_home = tmp_path / "server-home"
     port = _free_port()
-    proc = subprocess.Popen(cli.argv("rpc-server", "--port", str(port), "-t", "1", "--cache"),
-                            env={**cli_env, "LOCALGEN_HOME": str(server_home)}, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = CLI({**cli_env, "LOCALGEN_HOME": str(server_home)}).popen(
+        "rpc-server", "--port", str(port), "-t", "1", "--cache", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(port)
         args = ("run", "--raw", "-p", "The capital of Italy is", "-n", "4", "--temperature", "0",

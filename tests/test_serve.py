@@ -29,7 +29,7 @@ def serve_process(env: dict[str, str], args: list[str], stderr: int) -> Any:
     environment allows (as conftest's `cli` runs commands), else an interpreter started for it."""
     forks = fork_server(env)
     if forks is not None and forks.accepts(env):
-        return forks.popen(["serve", *args], env, stderr)
+        return forks.popen(["serve", *args], env, stderr, sigint=True)
     return subprocess.Popen([sys.executable, "-m", "localgen", "serve", *args], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, preexec_fn=default_sigint)
 
