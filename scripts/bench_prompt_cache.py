@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Prompt-cache benchmark (issue: past one stream): time to first token for a question about a long
-document (about 2,000 tokens), recomputing the prefix every time vs loading its saved KV state.
-Each run is a fresh `localgen run` process, as a user's would be; the figures are medians.
+document (about 2,000 tokens), recomputing the prefix every time vs loading its saved KV state; with
+--tools FILE, for a question with the tools of a --functions file instead (their schemas in the system
+prompt are the prefix). Each run is a fresh `localgen run` process, as a user's would be; the figures are
+medians.
 
-usage: scripts/bench_prompt_cache.py [--model smollm2:135m] [--reps 3]
+usage: scripts/bench_prompt_cache.py [--model smollm2:135m] [--reps 3] [--tools tests/tool_functions.py]
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ def document(path: Path, words: int) -> None:
     path.write_text("\n".join(lines))
 
 
-def ttft(model: str, doc: Path, question: str, cache: bool, env: dict[str, str]) -> tuple[float, int, int, str]:
-    args = [sys.executable, "-m", "localgen", "run", "-m", model, "-f", str(doc), "-p", question, "-n", "4",
+def ttft(model: str, prefix: list[str], question: str, cache: bool, env: dict[str, str],
+         ) -> tuple[float, int, int, str]:
+    args = [sys.executable, "-m", "localgen", "run", "-m", model, *prefix, "-p", question, "-n", "4",
             "--temperature", "0", "--json", "--ctx", "4096", "--prompt-cache" if cache else "--no-prompt-cache"]
     doc_json = json.loads(subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout)
     s = doc_json["stats"]
@@ -42,15 +45,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2:135m")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tools", type=Path, help="a --functions file: its tools are the prefix, not a document")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "LOCALGEN_HOME": tmp}
         doc = Path(tmp) / "doc.txt"
         document(doc, 1500)
-        questions = [f"Question {i}: what does the text say about the river?" for i in range(a.reps + 1)]
-        cold = [ttft(a.model, doc, q, False, env) for q in questions[: a.reps]]
-        first = ttft(a.model, doc, questions[-1], True, env)  # evaluates and saves the prefix
-        warm = [ttft(a.model, doc, q, True, env) for q in questions[: a.reps]]
+        prefix = ["--functions", str(a.tools), "--yes"] if a.tools else ["-f", str(doc)]
+        about = "the weather in city" if a.tools else "what does the text say about the river?"
+        questions = [f"Question {i}: {about}" for i in range(a.reps + 1)]
+        cold = [ttft(a.model, prefix, q, False, env) for q in questions[: a.reps]]
+        first = ttft(a.model, prefix, questions[-1], True, env)  # evaluates and saves the prefix
+        warm = [ttft(a.model, prefix, q, True, env) for q in questions[: a.reps]]
         size = sum(p.stat().st_size for p in Path(tmp).rglob("*.state"))
     c, w = harness.median(x[0] for x in cold), harness.median(x[0] for x in warm)
     print(f"{a.model}: prompt {cold[0][1]} tokens, cached prefix {warm[0][2]} tokens, state file {size / 1e6:.0f} MB")
