@@ -128,18 +128,19 @@ def test_scripted_chat_prints_answers_plainly(cli: CLI) -> None:
 
 def test_a_full_window_never_deletes_history(cli: CLI) -> None:
     long = "Please tell me everything you know about this topic in great detail: " + "rivers and lakes " * 12
-    r = cli("chat", "overflow", "-n", "40", "--ctx", "256", "--temp", "0", "--system", "Be helpful.",
-            input=(long + "\n") * 8)
+    # five turns: the history outgrows the 256-token window at the third, and is cut at each one from there on
+    r = cli("chat", "overflow", "-n", "24", "--ctx", "256", "--temp", "0", "--system", "Be helpful.",
+            input=(long + "\n") * 5)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("outgrew") == 1
     assert "Traceback" not in r.stderr
     saved = ChatSession.load("overflow")
     assert saved.system == "Be helpful."
-    assert len(saved.messages) == 16, "every turn is saved; only what is sent is cut to the window"
-    assert [m["role"] for m in saved.messages] == ["user", "assistant"] * 8
+    assert len(saved.messages) == 10, "every turn is saved; only what is sent is cut to the window"
+    assert [m["role"] for m in saved.messages] == ["user", "assistant"] * 5
     r = cli("chat", "--resume", "overflow", "--ctx", "8192", "-n", "4", input="/context\n")
     assert r.returncode == 0, r.stderr
-    assert "16 messages" in r.stderr and "in the window" not in r.stderr, "a larger window sees it all again"
+    assert "10 messages" in r.stderr and "in the window" not in r.stderr, "a larger window sees it all again"
 
 
 def test_a_message_that_cannot_fit_is_refused_and_nothing_is_lost(cli: CLI) -> None:

@@ -11,11 +11,29 @@ usage: python -m tests.tiny_lora BASE.gguf OUT.gguf
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 RANK = 8
 TARGETS = ("attn_q", "attn_v")  # the weights the adapter changes, in every block
 SEED = 20261126
+
+
+@functools.cache
+def _targets(base: str) -> tuple[str, tuple[tuple[str, int, int], ...]]:
+    """The base's architecture and the weights the adapter changes, with their input and output sizes: read
+    once per base (gguf's reader parses the whole header, the vocabulary's arrays too: 2 s of CPU for SmolLM2),
+    then shared by the adapter and the foreign one made for the same base."""
+    import gguf
+
+    reader = gguf.GGUFReader(base)
+    field = reader.fields["general.architecture"]
+    found = []
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in TARGETS and parts[3] == "weight":
+            found.append((t.name, int(t.shape[0]), int(t.shape[1])))  # GGUF's order: ne0 (the input) first
+    return bytes(field.parts[field.data[0]]).decode(), tuple(found)
 
 
 def build(base: Path, out: Path, arch: str | None = None, seed: int = SEED) -> Path:
@@ -24,21 +42,15 @@ def build(base: Path, out: Path, arch: str | None = None, seed: int = SEED) -> P
     import gguf
     import numpy as np
 
-    reader = gguf.GGUFReader(str(base))
-    field = reader.fields["general.architecture"]
-    base_arch = bytes(field.parts[field.data[0]]).decode()
+    base_arch, targets = _targets(str(base))
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(out), arch or base_arch)
     w.add_type(gguf.GGUFType.ADAPTER)
     w.add_name("tiny-lora")
     w.add_string(gguf.Keys.Adapter.TYPE, "lora")
     w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(RANK))  # scale alpha / rank = 1
-    for t in reader.tensors:
-        parts = t.name.split(".")
-        if len(parts) != 4 or parts[0] != "blk" or parts[2] not in TARGETS or parts[3] != "weight":
-            continue
-        n_in, n_out = int(t.shape[0]), int(t.shape[1])  # GGUF's order: ne0 (the input) first
-        stem = t.name.removesuffix(".weight")
+    for name, n_in, n_out in targets:
+        stem = name.removesuffix(".weight")
         # numpy's order is the reverse of ggml's: lora_a is ne [n_in, RANK], lora_b ne [RANK, n_out]
         w.add_tensor(f"{stem}.weight.lora_a", (rng.standard_normal((RANK, n_in)) / np.sqrt(n_in)).astype(np.float32))
         w.add_tensor(f"{stem}.weight.lora_b", (rng.standard_normal((n_out, RANK)) * 0.3).astype(np.float32))
