@@ -272,10 +272,10 @@ def test_resume_from_skips_answered_lines(cli: CLI, two: tuple[Server, Server], 
     out.write_text("".join(full.stdout.splitlines(keepends=True)[:4]) + '{"line": 5, "te')  # a crash mid-line
     rows = a.health()["rows"]
     with open(out, "a") as sink:
-        r = subprocess.run(cli.argv("run", "--file", str(prompts), "--endpoint", a.url, "--json", "--seed", "7",
-                                    "--resume-from", str(out), "--stats"), env=cli.env, stdout=sink,
-                           stderr=subprocess.PIPE, text=True, timeout=600)
-    assert r.returncode == 0 and "4 already answered" in r.stderr
+        r = cli.popen("run", "--file", str(prompts), "--endpoint", a.url, "--json", "--seed", "7",
+                      "--resume-from", str(out), "--stats", stdout=sink, stderr=subprocess.PIPE, text=True)
+        _, err = r.communicate(timeout=600)
+    assert r.returncode == 0 and "4 already answered" in err, err
     assert out.read_text().splitlines()[4] == '{"line": 5, "te', "the torn line is left as it was"
     new = [json.loads(x) for x in out.read_text().splitlines()[5:]]
     assert [d["line"] for d in new] == [5, 6]
@@ -284,9 +284,10 @@ def test_resume_from_skips_answered_lines(cli: CLI, two: tuple[Server, Server], 
     copy = cli("run", "--file", str(prompts), "--endpoint", a.url, "--json", "--seed", "7", "--resume-from", str(out))
     assert copy.returncode == 0 and [json.loads(x)["line"] for x in copy.stdout.splitlines()] == [1, 2, 3, 4, 5, 6]
     with open(out, "w") as sink:  # `>` onto the file it reads: refused (the shell has already emptied it)
-        r = subprocess.run(cli.argv("run", "--file", str(prompts), "--json", "--resume-from", str(out)),
-                           env=cli.env, stdout=sink, stderr=subprocess.PIPE, text=True)
-    assert r.returncode == 2 and "append with" in r.stderr
+        r = cli.popen("run", "--file", str(prompts), "--json", "--resume-from", str(out), stdout=sink,
+                      stderr=subprocess.PIPE, text=True)
+        _, err = r.communicate(timeout=600)
+    assert r.returncode == 2 and "append with" in err, err
     assert httpx.get(f"{a.url}/health").status_code == 200
 
 
