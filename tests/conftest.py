@@ -41,9 +41,9 @@ GPU = re.compile(r"has_gpu|assert_same_greedy_text|GPU_SHARED_PREFIX")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (`scripts/test` runs one worker per CPU), each worker keeps to one CPU of its own, and
-    so do the processes it starts: llama.cpp then runs one thread in each, and two tests never make each
-    other's threads wait at llama.cpp's barriers."""
+    """Under pytest-xdist (`scripts/test` runs one worker per CPU and one more, which shares the first), each
+    worker keeps to one CPU, and so do the processes it starts: llama.cpp then runs one thread in each process,
+    and no thread of it waits at llama.cpp's barriers for another."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw"):
         cpus = sorted(os.sched_getaffinity(0))
