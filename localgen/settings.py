@@ -59,6 +59,10 @@ def _k(name: str, kind: str, lo: float | None = None, hi: float | None = None, h
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     _k("temperature", FLOAT, 0.0, 5.0, "Randomness; 0 is greedy.", openai=True, ollama=True,
        flags=("--temperature", "--temp")),
+    _k("dynatemp_range", FLOAT, 0.0, 5.0, "Dynamic temperature: the temperature moves within ± this range with the "
+                                          "entropy of the candidates; 0 off."),
+    _k("dynatemp_exp", FLOAT, 0.0, 10.0, "Dynamic temperature's exponent.", llamacpp="dynatemp_exponent",
+       flags=("--dynatemp-exp",)),
     _k("top_k", INT, 0, INT32, "Keep the K likeliest tokens; 0 off.", ollama=True),
     _k("top_p", FLOAT, 0.0, 1.0, "Nucleus sampling: smallest set with this probability mass; 1 off.", openai=True,
        ollama=True),

@@ -20,6 +20,8 @@ class SamplingParams:
     settings.KNOBS; the sampler chain that applies them is native/sampler.py."""
 
     temperature: float = 0.8
+    dynatemp_range: float = 0.0
+    dynatemp_exp: float = 1.0
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05

@@ -22,6 +22,7 @@ KNOBS = {
     "xtc": ["--xtc-probability", "1", "--xtc-threshold", "0.02"],
     "top_n_sigma": ["--top-n-sigma", "0.3"],
     "logit_bias": ["--logit-bias", "30+40"],
+    "dynatemp": ["--dynatemp-range", "0.8", "--dynatemp-exp", "2"],
 }
 
 

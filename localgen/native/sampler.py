@@ -202,7 +202,9 @@ def _pickers(lc: Any, s: SamplingParams, n_vocab: int, seed: int) -> list[Any]:
             lc.llama_sampler_init_top_p(s.top_p, 1), lc.llama_sampler_init_min_p(s.min_p, 1)]
     if s.xtc_probability > 0:
         out.append(lc.llama_sampler_init_xtc(s.xtc_probability, s.xtc_threshold, 1, seed))
-    return [*out, lc.llama_sampler_init_temp(s.temperature), lc.llama_sampler_init_dist(seed)]
+    temp = (lc.llama_sampler_init_temp_ext(s.temperature, s.dynatemp_range, s.dynatemp_exp) if s.dynatemp_range > 0
+            else lc.llama_sampler_init_temp(s.temperature))
+    return [*out, temp, lc.llama_sampler_init_dist(seed)]
 
 
 def accept(chain: Chain, tok: int) -> None:
