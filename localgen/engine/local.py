@@ -12,6 +12,7 @@ from typing import Any
 
 from localgen.backend import Completion, Indexed
 from localgen.engine.llama import Engine
+from localgen.engine.promptcache import MIN_PREFIX
 from localgen.engine.tokens import common_prefix
 from localgen.errors import LocalgenError, UsageError
 from localgen.native.prompt import spans_of
@@ -105,17 +106,18 @@ class LocalBackend:
         started = started if started is not None else time.perf_counter()
         tokens = self.tokens(request)
         cache = "skipped" if request.prompt_cache else "off"
-        lead = _lead(request)
-        if lead is not None and len(tokens) < self.engine.n_ctx and not spans_of(tokens):
+        # a prompt shorter than the least cached prefix holds none: its lead is not rendered (most one-shot runs)
+        lead = _lead(request) if MIN_PREFIX <= len(tokens) < self.engine.n_ctx else None
+        if lead is not None and not spans_of(tokens):
             from localgen.engine import promptcache
 
             shared = common_prefix(self.tokens(lead), tokens)
-            if shared >= promptcache.MIN_PREFIX and common_prefix(self.engine.held, tokens) >= shared:
+            if shared >= MIN_PREFIX and common_prefix(self.engine.held, tokens) >= shared:
                 # held already, by an earlier turn or tool step: evaluating it again would drop what follows it
                 cache = "hit" if request.prompt_cache else cache
             elif request.prompt_cache:
                 cache = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn)
-            elif shared >= promptcache.MIN_PREFIX:
+            elif shared >= MIN_PREFIX:
                 # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row
                 # differently in batches of other sizes, and the text must not depend on the cache.
                 self.engine.evaluate(tokens[:shared], logits=False)
