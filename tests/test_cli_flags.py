@@ -83,6 +83,9 @@ def test_chat_refuses_a_gbnf_grammar_for_a_remote_server(home: Path, fake: FakeS
     gbnf.write_text('root ::= "a"\n')
     r = invoke("chat", "--endpoint", fake.url, "-m", "plain", "--grammar", str(gbnf), input="hi\n")
     assert r.exit_code != 0 and "--grammar (GBNF; --json-schema works)" in str(r.exception)
+    r = invoke("chat", "--endpoint", fake.url, "-m", "plain", "--prompt-cache", input="hi\n")
+    assert r.exit_code != 0 and "--prompt-cache cannot be used with a remote endpoint" in str(r.exception)
+    assert invoke("chat", "--endpoint", fake.url, "-m", "plain", "--no-prompt-cache", input="hi\n").exit_code == 0
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])

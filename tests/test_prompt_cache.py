@@ -167,3 +167,27 @@ def test_chat_resume_restores_the_kv_state(env: dict[str, str]) -> None:
     line = next(ln for ln in r.stderr.splitlines() if "prompt tokens" in ln)
     prompt, cached = (int(x) for x in line.replace("(", " ").split()[0:4:3])
     assert cached >= prompt - 20, line
+
+
+def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp_path: Path) -> None:
+    """chat, as run: a system prompt past 256 tokens is saved by the first chat that starts with it and loaded by
+    the next (the same file: a new save would replace it); --no-prompt-cache neither saves nor loads it, and the
+    answers are the same three times."""
+    system = doc(tmp_path, "gamma", DOC_LINES).read_text()
+
+    def chat(*args: str) -> subprocess.CompletedProcess[str]:
+        r = CLI(env)("chat", *args, "--system", system, "-n", "6", "--temperature", "0", "--stats",
+                     input="First mill?\n/stats\n", timeout=180)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    off = chat("off", "--no-prompt-cache")
+    assert states(env) == []
+    saved = chat("saved")
+    [state] = states(env)
+    made = state.stat().st_ino
+    hit = chat("hit")
+    assert states(env) == [state] and state.stat().st_ino == made, "the third chat loaded the state"
+    line = next(ln for ln in hit.stdout.splitlines() + hit.stderr.splitlines() if "prompt tokens (" in ln)
+    assert int(line.replace("(", " ").split()[3]) >= 256, line
+    assert off.stdout == saved.stdout == hit.stdout and off.stdout.strip()

@@ -37,6 +37,7 @@ class ChatRunner:
         self.tool_steps = 8
         self.tool_timeout = 30.0
         self.json_schema: str | None = None  # sent with every request (a remote server builds its own grammar)
+        self.prompt_cache = False  # the system prompt and tools' schemas kept on disk (local backends: --prompt-cache)
         self.thinking: bool | None = None  # the template's thinking switch (--think, /set reasoning); None: default
         self.gen: Any = None  # the generation under way
         self.stopping = False  # the answer under way was asked to stop
@@ -63,7 +64,7 @@ class ChatRunner:
 
             messages = list(plain_history(tuple(messages)))
         return GenerationRequest(messages=tuple(messages), sampling=self.sampling, json_schema=self.json_schema,
-                                 template_args=thinking_args(self.thinking))
+                                 template_args=thinking_args(self.thinking), prompt_cache=self.prompt_cache)
 
     def count(self, messages: list[Message]) -> int:
         """Prompt tokens of a conversation as the template renders it (with the tools, when there are any)."""

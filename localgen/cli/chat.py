@@ -32,6 +32,12 @@ def chat(
         bool, typer.Option("--stats", rich_help_panel=o.OUTPUT_PANEL,
                            help="When scripted (stdin not a terminal): print each answer's stats to stderr.")
     ] = False,
+    prompt_cache: Annotated[
+        bool,
+        typer.Option("--prompt-cache/--no-prompt-cache", rich_help_panel=o.MODEL_PANEL,
+                     help="Keep the KV state of a long system prompt and the tools' schemas on disk and load it "
+                          "when the next chat starts with them, instead of recomputing it."),
+    ] = True,
     model: o.Model = None,
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
@@ -56,7 +62,8 @@ def chat(
     """
     from localgen.cli.chatflow import start
 
-    start(o.ChatArgs(context=ctx_, name=name, resume=resume, list_=list_, plain=plain, stats=stats, model=model,
+    start(o.ChatArgs(context=ctx_, name=name, resume=resume, list_=list_, plain=plain, stats=stats,
+                     prompt_cache=prompt_cache, model=model,
                      offline=offline, chat_template_file=chat_template_file, mmproj=mmproj, system=system,
                      no_log=no_log, verbose=verbose, think=think, tools=tools, output=output, remote=remote,
                      knobs=knobs))

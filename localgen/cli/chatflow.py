@@ -105,6 +105,7 @@ def start(f: o.ChatArgs) -> None:
     runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, f.tools.tool_steps, f.tools.tool_timeout
     runner.tool_choice = f.tools.tool_choice
     runner.thinking = f.think
+    runner.prompt_cache = f.prompt_cache and not endpoints
     try:
         if grammar is not None and not endpoints:
             backend.engine.check_grammar(grammar)  # a grammar that does not parse fails now, not at the first turn
@@ -136,7 +137,8 @@ def _endpoints(f: o.ChatArgs) -> tuple[list[Any], o.ChatArgs]:
 
     endpoints, remote_model = choose(f.remote.endpoint, f.remote.api_key_env, f.model)
     if endpoints:
-        bad = o.remote_conflicts(f, {"grammar": ("--grammar (GBNF; --json-schema works)", f.output.grammar)})
+        bad = o.remote_conflicts(f, {"grammar": ("--grammar (GBNF; --json-schema works)", f.output.grammar),
+                                     "prompt_cache": ("--prompt-cache", f.prompt_cache)})
         if bad:
             raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs "
                              "the model)")

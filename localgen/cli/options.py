@@ -323,6 +323,7 @@ class ChatArgs(ModelArgs):
     list_: bool
     plain: bool
     stats: bool
+    prompt_cache: bool
     no_log: bool
 
 
