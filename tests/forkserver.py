@@ -1,6 +1,6 @@
 """A fork server for the tests' `localgen` processes. A Python that has already imported the libraries the
 CLI uses (Typer, Click, Rich, Jinja2, prompt-toolkit, httpx, huggingface_hub, llama.cpp's ctypes layer) and
-the modules on `run`'s path (PRELOAD) forks a fresh process for each `cli(...)` call. That process then runs
+the modules on the paths of `run`, `serve` and `chat` (PRELOAD) forks a fresh process for each `cli(...)` call. That process then runs
 `python -m localgen ARGS` as a started interpreter would: its own pid, the caller's pipes as stdin, stdout
 and stderr, the caller's environment, directory and CPUs, its exit code, atexit handlers and signals
 (tests/test_forkserver.py checks each against a started interpreter). What it saves is the interpreter's
@@ -46,6 +46,9 @@ PRELOAD = (
     "rich.markdown", "rich.table", "typer", "typer.main",
     "localgen.cli.main", "localgen.cli.app", "localgen.cli.helpall", "localgen.cli.run", "localgen.cli.runflow",
     "localgen.cli.output", "localgen.engine.local", "localgen.log.store",
+    # and on `serve`'s and `chat`'s, the next most started (some 60 ms a server start)
+    "anyio.to_thread", "uvicorn", "uvicorn.protocols.http.httptools_impl", "localgen.cli.serve",
+    "localgen.serve.app", "localgen.cli.chat", "localgen.cli.chatflow",
 )
 
 
