@@ -1,10 +1,11 @@
-"""A fork server for the tests' `localgen` processes. A Python that has already imported the libraries the
-CLI uses (Typer, Click, Rich, Jinja2, prompt-toolkit, httpx, huggingface_hub, llama.cpp's ctypes layer) and
-the modules on the paths of `run`, `serve` and `chat` (PRELOAD) forks a fresh process for each `cli(...)` call. That process then runs
-`python -m localgen ARGS` as a started interpreter would: its own pid, the caller's pipes as stdin, stdout
-and stderr, the caller's environment, directory and CPUs, its exit code, atexit handlers and signals
-(tests/test_forkserver.py checks each against a started interpreter). What it saves is the interpreter's
-start and those imports (docs/benchmarks.md, "The test suite"; scripts/bench_forkserver.py measures it).
+"""A fork server for the tests' `localgen` processes. A Python that has already imported the libraries the CLI
+uses (Typer, Click, Rich, Jinja2, prompt-toolkit, httpx, huggingface_hub, llama.cpp's ctypes layer) and the
+modules on the paths of `run`, `serve` and `chat` (PRELOAD) forks a fresh process for each `cli(...)` call.
+That process then runs `python -m localgen ARGS` as a started interpreter would: its own pid, the caller's
+pipes as stdin, stdout and stderr, the caller's environment, directory and CPUs, its exit code, atexit
+handlers and signals (tests/test_forkserver.py checks each against a started interpreter). What it saves is
+the interpreter's start and those imports (docs/benchmarks.md, "The test suite"; scripts/bench_forkserver.py
+measures it).
 
 The environment may differ from the server's own (the first caller's) only in LOCALGEN_* variables:
 libraries read some of the rest when they are imported (huggingface_hub's HF_HUB_OFFLINE and paths, Typer's
