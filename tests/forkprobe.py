@@ -1,7 +1,7 @@
 """What a process sees of how it was started, for tests/test_forkserver.py: `python -m tests.forkprobe CODE`
 prints its argv, directory, CPUs, LOCALGEN_PROBE, stdin and SIGINT's handler as JSON, writes a line to
 stderr from an atexit handler, and exits with CODE (or, for "TERM", kills itself with SIGTERM; for "sleep",
-sleeps a minute first)."""
+sleeps a minute first; for "tty", see on_a_terminal)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,19 @@ def c_getenv(name: str) -> str | None:
     return None if value is None else value.decode()
 
 
+def on_a_terminal() -> None:
+    """`tty`: what a process on a pseudo-terminal sees of it, then a line read until Ctrl-C (exit 130)."""
+    print(json.dumps({"ttys": [os.isatty(fd) for fd in range(3)], "size": tuple(os.get_terminal_size()),
+                      "foreground": os.tcgetpgrp(0) == os.getpgrp(), "leader": os.getsid(0) == os.getpid()}))
+    try:
+        input("> ")
+    except KeyboardInterrupt:
+        print("interrupted")
+        sys.exit(130)
+
+
+if sys.argv[1] == "tty":
+    on_a_terminal()
 atexit.register(lambda: print("atexit ran", file=sys.stderr))
 print(json.dumps({
     "argv": sys.argv, "cwd": os.getcwd(), "cpus": sorted(os.sched_getaffinity(0)),

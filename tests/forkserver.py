@@ -90,14 +90,15 @@ def serve(path: str) -> dict[str, Any]:
                     return start_child(json.loads(data), fds)
                 for fd in fds:
                     os.close(fd)
-                conn.sendall(f"{pid}\n".encode())
+                with contextlib.suppress(OSError):
+                    conn.sendall(f"{pid}\n".encode())
                 watch.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, conn))
             else:
                 pid, conn = key.data
                 watch.unregister(key.fileobj)
                 os.close(key.fd)
                 _, status = os.waitpid(pid, 0)
-                with conn:
+                with conn, contextlib.suppress(OSError):  # a caller that went without waiting for it
                     conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
 
 
@@ -105,9 +106,16 @@ def start_child(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
     """In the forked child: the caller's pipes as stdin, stdout and stderr, and the caller's directory,
     environment and CPUs. Its signal handlers are the server's, which started as a child of the caller's process, as
     an interpreter the caller started would (SIGINT ignored where the test session ignores it)."""
+    if request.get("tty"):
+        os.setsid()  # a session of its own, whose controlling terminal is the pty given as its stdin
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
+    if request.get("tty"):
+        import fcntl
+        import termios
+
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # as pexpect's children: Ctrl-C on the pty is its SIGINT
     os.chdir(request["cwd"])
     os.sched_setaffinity(0, request["cpus"])  # the caller's CPUs, which a child it started would inherit
     os.environ.clear()  # through putenv and unsetenv: llama.cpp's getenv sees the caller's environment too
@@ -146,21 +154,23 @@ class ForkServer:
         self.proc.wait()
         shutil.rmtree(Path(self.path).parent, ignore_errors=True)
 
-    def accepts(self, env: dict[str, str]) -> bool:
+    def accepts(self, env: dict[str, str], also: frozenset[str] = frozenset()) -> bool:
         """Whether a child in `env` is what an interpreter started in it would be: it differs from the
-        server's own environment in localgen's variables only, which nothing preloaded reads."""
+        server's own environment in localgen's variables only (and those in `also`), which nothing preloaded
+        reads (tests/test_forkserver.py checks what the preloading reads)."""
         differ = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
-        return all(k.startswith("LOCALGEN_") for k in differ)
+        return all(k.startswith("LOCALGEN_") or k in also for k in differ)
 
     def request(self, argv: list[str], env: dict[str, str], fds: tuple[int, int, int],
-                sigint: bool = False) -> tuple[socket.socket, Any]:
+                sigint: bool = False, tty: bool = False) -> tuple[socket.socket, Any]:
         """Asks for a child running `python -m ARGV` with `fds` as its stdin, stdout and stderr (the caller
-        closes its own copies); the connection, and its replies with the child's pid read off them."""
+        closes its own copies; with `tty`, the one pseudo-terminal that becomes its controlling terminal); the
+        connection, and its replies with the child's pid read off them."""
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self.path)
             request = {"argv": argv, "env": env, "cwd": str(self.cwd), "cpus": sorted(os.sched_getaffinity(0)),
-                       "sigint": sigint}
+                       "sigint": sigint, "tty": tty}
             socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
         except BaseException:
             conn.close()
@@ -169,12 +179,13 @@ class ForkServer:
 
     def popen(self, args: list[str], env: dict[str, str], stderr: Any = None, stdin: Any = subprocess.DEVNULL,
               stdout: Any = subprocess.PIPE, text: bool = False, bufsize: int = -1,
-              module: str = "localgen", sigint: bool = False) -> ForkedProcess:
+              module: str = "localgen", sigint: bool = False, tty: bool = False) -> ForkedProcess:
         """`python -m MODULE ARGS` left running, as subprocess.Popen starts it: each of stdin, stdout and stderr is the
         caller's own (None), DEVNULL, PIPE (a file object on the ForkedProcess, text or bytes as `text` and
         `bufsize` say) or a descriptor. By default stdin is /dev/null and stdout a pipe. With `sigint`, SIGINT
         raises KeyboardInterrupt in the child even where the session ignores it (Popen's preexec_fn resetting it
-        before an interpreter starts does as much)."""
+        before an interpreter starts does as much). With `tty`, the descriptor given for all three is a pseudo-terminal
+        that becomes the child's controlling terminal (tests/terminal.py)."""
         theirs: list[int] = []  # the child's ends, closed here once it has them
         ours: list[Any] = []  # the caller's ends of pipes: (fd, reading)
         for i, want in enumerate((stdin, stdout, stderr)):
@@ -191,7 +202,7 @@ class ForkServer:
             else:
                 theirs.append(os.dup(want if isinstance(want, int) else want.fileno()))
         try:
-            conn, replies = self.request([module, *args], env, (theirs[0], theirs[1], theirs[2]), sigint)
+            conn, replies = self.request([module, *args], env, (theirs[0], theirs[1], theirs[2]), sigint, tty)
         except BaseException:
             for end in ours:
                 if end is not None:

@@ -14,7 +14,8 @@ import pytest
 
 from localgen.chat.session import ChatSession
 from localgen.cli.render import PlainView, split_blocks
-from tests.conftest import CLI, ROOT
+from tests import terminal
+from tests.conftest import CLI
 
 PROMPT = ">>>"
 
@@ -24,8 +25,7 @@ def spawn(cli_env: dict[str, str], *args: str) -> Any:
     env.pop("NO_COLOR", None)
     env["TERM"] = "xterm"
     env["PROMPT_TOOLKIT_NO_CPR"] = "1"
-    child = pexpect.spawn(sys.executable, ["-m", "localgen", "chat", *args], env=env, cwd=str(ROOT),
-                          encoding="utf-8", timeout=60, dimensions=(40, 120))
+    child = terminal.spawn(env, ["chat", *args], timeout=60, dimensions=(40, 120))
     child.expect("ready in")
     child.expect_exact(PROMPT)
     return child

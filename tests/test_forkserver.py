@@ -94,3 +94,61 @@ def test_the_cli_through_the_fork_server_answers_as_a_started_one(forks: ForkSer
                               env=cli_env, cwd=ROOT, timeout=120)
         assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
     assert forked.returncode == 2 and "no-such-flag" in forked.stderr
+
+
+# Every key a module reads from os.environ while the fork server preloads, but for wsgiref.handlers' copy of the
+# whole environment (uvicorn imports it; it serves WSGI applications only, and localgen's server is ASGI).
+READS = """
+import os, sys
+class Recording(os._Environ):
+    read = set()
+    def __getitem__(self, key):
+        frame = sys._getframe(1)
+        while frame is not None and "wsgiref" not in frame.f_code.co_filename:
+            frame = frame.f_back
+        if frame is None:
+            Recording.read.add(key)
+        return super().__getitem__(key)
+e = os.environ
+os.environ = Recording(e._data, e.encodekey, e.decodekey, e.encodevalue, e.decodevalue)
+from tests.forkserver import preload
+preload()
+print(" ".join(sorted(Recording.read)))
+"""
+
+
+def test_what_the_preloading_reads_of_the_environment(cli_env: dict[str, str]) -> None:
+    """The variables a terminal changes (tests/terminal.py) are read by nothing the fork server imports, so a child
+    forked in a terminal's environment is what an interpreter started in it would be. Typer reads TYPER_USE_RICH as
+    it is imported: the check sees reads."""
+    from tests.terminal import TERMINAL_VARS
+
+    done = subprocess.run([sys.executable, "-c", READS], capture_output=True, text=True, env=cli_env, cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    read = set(done.stdout.split())
+    assert "TYPER_USE_RICH" in read and not read & TERMINAL_VARS, sorted(read)
+
+
+def test_a_forked_terminal_is_what_pexpect_starts(cli_env: dict[str, str]) -> None:
+    """tests/terminal.py: a child on a pty that is its controlling terminal, as pexpect.spawn starts one: stdin,
+    stdout and stderr the pty, of the size asked for, the child a session leader in the foreground (so Ctrl-C is
+    its SIGINT), its exit status read on close; an environment the fork server cannot take gets pexpect.spawn."""
+    import pexpect
+
+    from tests import terminal
+
+    env = {k: v for k, v in cli_env.items() if k != "NO_COLOR"} | {"TERM": "xterm"}
+    seen = []
+    for how in (env, {**env, "HF_HUB_OFFLINE": "0"}):  # forked; started by pexpect
+        child = terminal.spawn(how, ["tty"], dimensions=(33, 99), module="tests.forkprobe")
+        assert isinstance(child, terminal.ForkedTerminal) == (how is env)
+        child.expect_exact("> ")
+        facts = json.loads(str(child.before).strip())
+        child.sendintr()
+        child.expect_exact("interrupted")
+        child.expect(pexpect.EOF)
+        child.close()
+        seen.append((facts, child.exitstatus, child.signalstatus))
+    assert seen[0] == seen[1]
+    assert seen[0] == ({"ttys": [True] * 3, "size": [99, 33], "foreground": True, "leader": True}, 130, None)

@@ -23,7 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.conftest import CLI, ROOT
+from tests import terminal
+from tests.conftest import CLI
 from tests.fake_openai import FakeServer
 from tests.test_rpc import _start
 from tests.test_serve import Server
@@ -265,8 +266,7 @@ def test_tab_completes_paths_saved_conversations_and_model_names(cli: CLI, cli_e
     snapshot.mkdir(parents=True)
     (snapshot / "tabcompletion-Q4_K_M.gguf").write_bytes(b"GGUF")
     env["HF_HUB_CACHE"] = str(tmp_path / "hub")
-    child: Any = pexpect.spawn(sys.executable, ["-m", "localgen", "chat", "tabcompletion-live", "-n", "2"], env=env,
-                               cwd=str(ROOT), encoding="utf-8", timeout=120, dimensions=(40, 200))
+    child: Any = terminal.spawn(env, ["chat", "tabcompletion-live", "-n", "2"], timeout=120, dimensions=(40, 200))
     try:
         child.expect("ready in")
         child.expect_exact(PROMPT)

@@ -19,7 +19,7 @@ from typing import Any
 import pexpect
 import pytest
 
-from tests import hub_server
+from tests import hub_server, terminal
 from tests.conftest import CLI, ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -30,8 +30,7 @@ PROMPT = ">>>"
 
 def spawn(env: dict[str, str], *args: str) -> Any:
     """`localgen ARGS` in a real pseudo-terminal (stdin, stdout and stderr all a TTY)."""
-    return pexpect.spawn(sys.executable, ["-m", "localgen", *args], env=env, cwd=str(ROOT), encoding="utf-8",
-                         timeout=120, dimensions=(40, 120))
+    return terminal.spawn(env, list(args), timeout=120, dimensions=(40, 120))
 
 
 def tty_env(cli_env: dict[str, str], **extra: str) -> dict[str, str]:

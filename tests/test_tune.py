@@ -9,14 +9,14 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT, InProcessCLI
+from tests import terminal
+from tests.conftest import CLI, InProcessCLI
 
 SETTINGS = {"flash_attn": False, "repack": False, "n_threads": 1, "n_threads_batch": 1, "n_ubatch": 128}
 
@@ -246,8 +246,7 @@ def test_run_on_a_terminal_tips_once_and_a_pipe_never(cli_env: dict[str, str], t
     assert piped.returncode == 0 and "tip:" not in piped.stderr
     outputs = []
     for _ in range(2):
-        child = pexpect.spawn(sys.executable, ["-m", "localgen", "run", "hi", "-n", "1"], env=env, cwd=str(ROOT),
-                              encoding="utf-8", timeout=600)
+        child = terminal.spawn(env, ["run", "hi", "-n", "1"], timeout=600)
         child.expect(pexpect.EOF)
         outputs.append(child.before)
     assert "tip: `localgen tune -m smollm2:135m`" in outputs[0]

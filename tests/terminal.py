@@ -1,0 +1,72 @@
+"""`localgen ARGS` in a real pseudo-terminal (stdin, stdout and stderr all the TTY), driven with pexpect. Where
+the session's fork server takes the environment (tests/forkserver.py), the process is forked from it with the
+pty as its controlling terminal, as pexpect.spawn would start it, without an interpreter's start and imports
+(some 0.4 s of CPU a terminal); otherwise, pexpect.spawn starts it."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import sys
+import termios
+from typing import Any
+
+from pexpect import fdpexpect
+
+from tests.conftest import ROOT, fork_server
+
+# what a terminal's environment changes besides LOCALGEN_*: nothing the fork server preloads reads them
+# (test_forkserver checks it)
+TERMINAL_VARS = frozenset({"TERM", "NO_COLOR", "PROMPT_TOOLKIT_NO_CPR", "VISUAL", "EDITOR", "COLUMNS", "LINES"})
+
+
+class ForkedTerminal(fdpexpect.fdspawn):  # type: ignore[misc]
+    """pexpect over the pty of a child of the fork server, with what the tests use of pexpect.spawn besides
+    fdspawn's expect and send: sendcontrol, sendintr, and close() that waits for the child and sets exitstatus
+    and signalstatus."""
+
+    def __init__(self, master: int, process: Any, **kw: Any) -> None:
+        super().__init__(master, **kw)
+        self.process = process
+        self.pid = process.pid
+        self.exitstatus: int | None = None
+        self.signalstatus: int | None = None
+
+    def sendcontrol(self, char: str) -> int:
+        return int(self.send(chr(ord(char.lower()) & 0x1F)))
+
+    def sendintr(self) -> None:
+        self.send(chr(termios.tcgetattr(self.child_fd)[6][termios.VINTR][0]))
+
+    def isalive(self) -> bool:
+        return bool(self.process.poll() is None)
+
+    def close(self, force: bool = True) -> None:
+        if not self.closed:
+            super().close()
+        code = self.process.wait(60)
+        self.exitstatus, self.signalstatus = (code, None) if code >= 0 else (None, -code)
+
+
+def spawn(env: dict[str, str], args: list[str], timeout: float = 60, dimensions: tuple[int, int] = (24, 80),
+          module: str = "localgen") -> Any:
+    """`python -m MODULE ARGS` on a pseudo-terminal of `dimensions` (rows, columns), in `env`, from the
+    repository root."""
+    forks = fork_server(env)
+    if forks is None or not forks.accepts(env, TERMINAL_VARS):
+        import pexpect
+
+        return pexpect.spawn(sys.executable, ["-m", module, *args], env=env, cwd=str(ROOT), encoding="utf-8",
+                             timeout=timeout, dimensions=dimensions)
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", dimensions[0], dimensions[1], 0, 0))
+    try:
+        process = forks.popen(args, env, stdin=slave, stdout=slave, stderr=slave, sigint=True, tty=True,
+                              module=module)
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    return ForkedTerminal(master, process, timeout=timeout, encoding="utf-8")
