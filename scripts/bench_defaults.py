@@ -35,6 +35,7 @@ def child(model: str, settings: dict[str, Any], depth: int, answer: int, use_rec
     from localgen.engine import defaults
     from localgen.engine.llama import Engine
     from localgen.models.resolve import resolve
+    from localgen.native.prompt import Prompt
     from localgen.types import LoadParams, SamplingParams
 
     ref = resolve(model, offline=True)
@@ -52,9 +53,9 @@ def child(model: str, settings: dict[str, Any], depth: int, answer: int, use_rec
     for d in (0, depth):
         engine.clear()
         if d:
-            engine.evaluate(deep[:d], logits=False)
+            engine.evaluate(Prompt.text(deep[:d]), logits=False)
         t0 = time.perf_counter()
-        n = sum(1 for _ in engine.generate(deep[:d] + prompt, sp))
+        n = sum(1 for _ in engine.generate(Prompt.text(deep[:d] + prompt), sp))
         out[str(d)] = time.perf_counter() - t0
         out[f"tokens_{d}"] = n
     engine.close()

@@ -25,6 +25,7 @@ from localgen.engine.batchseq import Request
 from localgen.engine.llama import Engine
 from localgen.models.resolve import resolve
 from localgen.native import sampler as sampling
+from localgen.native.prompt import Prompt
 from localgen.types import LoadParams, SamplingParams
 
 PROMPT = "Tell me a long story about dragons, rivers and the mountains between them."
@@ -73,7 +74,7 @@ def main() -> None:
         clock.update(pick=0.0, picks=0, decode=0.0, steps=0.0, n_steps=0)
         done: list[Any] = []
         t = time.perf_counter()
-        pc.run(iter([Request(0, list(tokens), s, seed=run)]), done.append)
+        pc.run(iter([Request(0, Prompt.text(list(tokens)), s, seed=run)]), done.append)
         wall = time.perf_counter() - t
         n = done[0].completion_tokens
         if run == 0:

@@ -51,6 +51,7 @@ def bare_loop(path: str, tokens: list[int], n: int, threads: int, n_ctx: int) ->
 def localgen_path(model: str, n: int, threads: int, n_ctx: int) -> tuple[float, list[int], str]:
     from localgen.engine.llama import Engine
     from localgen.models.resolve import resolve
+    from localgen.native.prompt import Prompt
     from localgen.types import LoadParams, SamplingParams
 
     ref = resolve(model)
@@ -59,7 +60,7 @@ def localgen_path(model: str, n: int, threads: int, n_ctx: int) -> tuple[float, 
         tokens = engine.chat_tokens([{"role": "user", "content": PROMPT}])
     else:  # a base model (gemma3:270m): the prompt as a plain completion
         tokens = engine.raw_tokens(PROMPT)
-    gen = engine.generate(tokens, SamplingParams(temperature=0.0, max_tokens=n))
+    gen = engine.generate(Prompt.text(tokens), SamplingParams(temperature=0.0, max_tokens=n))
     count, first_count, t_first, t_last = 0, 0, 0.0, 0.0
     for chunk in gen:
         now = time.perf_counter()

@@ -137,11 +137,12 @@ def test_decode_groups_keep_exact_sequences_on_invariant_kernels() -> None:
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchseq import Request, Seq
     from localgen.engine.sequence import Limit, SequenceDecoder
+    from localgen.native.prompt import Prompt
     from localgen.types import SamplingParams
 
     def seq(slot: int, temperature: float, pos: int = 10) -> Seq:
         dec = SequenceDecoder(lambda t: b"x", lambda t: False, (), Limit(100, True))
-        s = Seq(Request(slot, [1] * pos, SamplingParams(temperature=temperature)), slot, None, 0.0, dec)
+        s = Seq(Request(slot, Prompt.text([1] * pos), SamplingParams(temperature=temperature)), slot, None, 0.0, dec)
         dec.push(7)
         return s
 
@@ -278,13 +279,14 @@ def test_serial_exact_runs_exact_sequences_one_after_another(smollm2_engine: obj
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchseq import Request
     from localgen.engine.scheduler import Finished, Scheduler
+    from localgen.native.prompt import Prompt
     from localgen.types import SamplingParams
 
     eng: Any = smollm2_engine
     temps = [0.0, 0.8, 0.0, 0.8, 0.0, 0.8]
 
     def go(serial: bool) -> tuple[list[str], int, int]:  # raw prompts (a few tokens each), all 10 tokens long
-        reqs = [Request(i, eng.raw_tokens(PROMPTS[i % 5]), SamplingParams(temperature=t, max_tokens=10,
+        reqs = [Request(i, Prompt.text(eng.raw_tokens(PROMPTS[i % 5])), SamplingParams(temperature=t, max_tokens=10,
                                                                            ignore_eos=True), seed=7)
                 for i, t in enumerate(temps)]
         done: dict[int, str] = {}
@@ -337,13 +339,14 @@ def test_interleave_evaluates_one_new_prompt_between_decoding_steps(smollm2_engi
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchseq import Request
     from localgen.engine.scheduler import Finished, Scheduler
+    from localgen.native.prompt import Prompt
     from localgen.types import SamplingParams
 
     eng: Any = smollm2_engine
 
     def admissions(interleave: bool) -> tuple[list[int], list[str]]:  # raw prompts, all 8 tokens long
-        reqs = [Request(i, eng.raw_tokens(p), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-                for i, p in enumerate(PROMPTS[:4])]
+        s = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        reqs = [Request(i, Prompt.text(eng.raw_tokens(p)), s) for i, p in enumerate(PROMPTS[:4])]
         pc = ParallelContext(eng, 4, 512)
         sched = Scheduler(pc, interleave=interleave)
         for r in reqs:

@@ -8,13 +8,14 @@ import pytest
 
 from localgen.engine.template import ChatTemplate
 from localgen.errors import ContextOverflowError, TemplateError
+from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
 
 def _run(engine: Any, tokens: list[int], sampling: SamplingParams) -> Any:
-    gen = engine.generate(tokens, sampling)
+    gen = engine.generate(Prompt.text(tokens), sampling)
     chunks = [c.text for c in gen]
     assert "".join(chunks) == gen.text
     return gen
@@ -66,7 +67,7 @@ def test_multibyte_characters_never_split(smollm2_engine: Any) -> None:
 
 
 def test_cancel_keeps_text_so_far(smollm2_engine: Any) -> None:
-    gen = smollm2_engine.generate(smollm2_engine.raw_tokens("Once upon a time"),
+    gen = smollm2_engine.generate(Prompt.text(smollm2_engine.raw_tokens("Once upon a time")),
                                   SamplingParams(temperature=0.0, max_tokens=100))
     for i, _chunk in enumerate(gen):
         if i == 3:
@@ -77,7 +78,7 @@ def test_cancel_keeps_text_so_far(smollm2_engine: Any) -> None:
 
 def test_context_overflow_raises_before_generating(smollm2_engine: Any) -> None:
     with pytest.raises(ContextOverflowError, match="context window is 2,048"):
-        smollm2_engine.generate(smollm2_engine.raw_tokens("word " * 3000), GREEDY)
+        smollm2_engine.generate(Prompt.text(smollm2_engine.raw_tokens("word " * 3000)), GREEDY)
 
 
 def test_template_renders_like_the_model_expects(smollm2_engine: Any) -> None:
@@ -127,7 +128,7 @@ def test_ctrl_c_inside_a_llama_cpp_log_callback_is_raised_after_it(smollm2_engin
         smollm2_engine.clear()
         logs._deferred = True
         with pytest.raises(KeyboardInterrupt):
-            smollm2_engine.evaluate(tokens)
+            smollm2_engine.evaluate(Prompt.text(tokens))
         assert len(smollm2_engine.held) == len(tokens)
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -100,9 +100,10 @@ def test_saved_chats_and_prompt_states_are_private(cli: CLI, home: Path, smollm2
     saved = chats_dir() / "private-one.json"
     assert stat.S_IMODE(saved.stat().st_mode) == 0o600 and stat.S_IMODE(chats_dir().stat().st_mode) == 0o700
     from localgen.engine import promptcache
+    from localgen.native.prompt import Prompt
 
     state = promptcache.cache_root() / "private-test.state"
-    smollm2_engine.evaluate(smollm2_engine.raw_tokens("Some document text"))  # type: ignore[attr-defined]
+    smollm2_engine.evaluate(Prompt.text(smollm2_engine.raw_tokens("Some document text")))  # type: ignore[attr-defined]
     smollm2_engine.save_state(state)  # type: ignore[attr-defined]
     assert stat.S_IMODE(state.stat().st_mode) == 0o600
     assert stat.S_IMODE(state.parent.stat().st_mode) == 0o700

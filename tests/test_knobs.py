@@ -193,6 +193,7 @@ def test_batch_and_beams_free_the_main_context(smollm2_engine: Any) -> None:
     from localgen.backend import Indexed
     from localgen.engine.beams import kv_cells
     from localgen.engine.local import LocalBackend
+    from localgen.native.prompt import Prompt
     from localgen.types import GenerationRequest, SamplingParams
 
     backend = LocalBackend(smollm2_engine)
@@ -200,7 +201,8 @@ def test_batch_and_beams_free_the_main_context(smollm2_engine: Any) -> None:
     done: list[Any] = []
     backend.run_many([Indexed(1, req, 1)], 2, done.append)
     assert done and smollm2_engine._ctx is None, "the idle main context was freed during the batch"
-    assert "".join(c.text for c in smollm2_engine.generate(smollm2_engine.raw_tokens("Hello"), req.sampling))
+    again = smollm2_engine.generate(Prompt.text(smollm2_engine.raw_tokens("Hello")), req.sampling)
+    assert "".join(c.text for c in again)
     assert kv_cells(100, 4, -1, 4096) == 100 + 4 * 256 + 16, "without -n, beams are bounded"
     assert kv_cells(100, 4, 10, 4096) == 100 + 40 + 16
 

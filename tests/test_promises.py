@@ -327,6 +327,7 @@ def test_sampler_paths_agree_with_penalties_on(cli: CLI, tmp_path: Path, smollm2
     assert plain.stdout != without.stdout, "the penalty changes the greedy text"
     # The speculative path's sampling, with a drafter that never proposes (so every check is one token,
     # through the same kernels as plain decoding): the same chain, accepted in the same order.
+    from localgen.native.prompt import Prompt
     from localgen.types import SamplingParams
 
     class Silent:
@@ -337,12 +338,12 @@ def test_sampler_paths_agree_with_penalties_on(cli: CLI, tmp_path: Path, smollm2
             pass
 
     eng = smollm2_engine
-    tokens = eng.chat_tokens([{"role": "user", "content": prompt}])
+    chat = Prompt.text(eng.chat_tokens([{"role": "user", "content": prompt}]))
     s = SamplingParams(temperature=0, repeat_penalty=1.5, frequency_penalty=0.5, max_tokens=40)
     eng.clear()
-    alone = "".join(c.text for c in eng.generate(tokens, s))
+    alone = "".join(c.text for c in eng.generate(chat, s))
     eng.clear()
-    speculative = "".join(c.text for c in eng.generate(tokens, s, drafter=Silent()))
+    speculative = "".join(c.text for c in eng.generate(chat, s, drafter=Silent()))
     assert alone == speculative
 
 

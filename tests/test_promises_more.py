@@ -193,6 +193,7 @@ def test_a_scheduler_without_shared_prefixes_recomputes_a_busy_slots_prefix(smol
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchseq import Request
     from localgen.engine.scheduler import Finished, Scheduler
+    from localgen.native.prompt import Prompt
     from localgen.types import SamplingParams
 
     eng: Any = smollm2_engine
@@ -207,14 +208,14 @@ def test_a_scheduler_without_shared_prefixes_recomputes_a_busy_slots_prefix(smol
     def run(share: bool) -> tuple[int, int]:
         pc = ParallelContext(eng, 2, 1024, pooled=True, share_prefixes=share)
         sched = Scheduler(pc, reuse=True)
-        sched.add(Request(0, conv("Name a river."), greedy(6)))
+        sched.add(Request(0, Prompt.text(conv("Name a river.")), greedy(6)))
         done: dict[int, Any] = {}
         try:
             while not sched.idle:
                 done.update({o.id: o.completion for o in sched.step() if isinstance(o, Finished)})
                 running = {seq.req.index: len(seq.dec.tokens) for seq in sched.active.values()}
                 if running.get(0) == 2 and 1 not in running:  # the first request runs: the second arrives
-                    sched.add(Request(1, conv("Name a mountain."), greedy(2)))
+                    sched.add(Request(1, Prompt.text(conv("Name a mountain.")), greedy(2)))
         finally:
             pc.close()
         return pc.slots.shared, done[1].cached_tokens

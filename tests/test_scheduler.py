@@ -16,6 +16,7 @@ from localgen.engine.batchmode import batching_mode, exact_price
 from localgen.engine.batchseq import Request
 from localgen.engine.scheduler import Finished, Scheduler
 from localgen.native.lib import lib
+from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
 
 PROMPTS = ["Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",
@@ -36,7 +37,7 @@ def test_the_prompts_of_many_new_requests_are_evaluated_in_one_call(smollm2_engi
     pc.step_tokens = 512  # the four prompts (~35 tokens each) fit one step
     done: dict[int, Any] = {}
     try:
-        pc.run(iter([Request(i, _chat(eng, p), _greedy(8)) for i, p in enumerate(PROMPTS)]),
+        pc.run(iter([Request(i, Prompt.text(_chat(eng, p)), _greedy(8)) for i, p in enumerate(PROMPTS)]),
                lambda c: done.__setitem__(c.index, c))
     finally:
         pc.close()
@@ -68,7 +69,7 @@ def test_a_burst_of_long_prompts_never_stalls_a_running_stream(smollm2_engine: o
     assert (pc.step_tokens, pc.n_batch, pc.one_pool) == (2048, 2048, False)
     pc.step_tokens = 128
     sched = Scheduler(pc)
-    sched.add(Request(0, _chat(eng, PROMPTS[0]), _greedy(24)))
+    sched.add(Request(0, Prompt.text(_chat(eng, PROMPTS[0])), _greedy(24)))
     done: dict[int, Any] = {}
     history: list[dict[int, int]] = []  # each request's tokens after each step
     try:
@@ -77,7 +78,7 @@ def test_a_burst_of_long_prompts_never_stalls_a_running_stream(smollm2_engine: o
             history.append(_tokens(sched, done))
             if len(history[-1]) == 1 and history[-1][0] == 3:  # request 0 streams: the burst arrives
                 for i, t in enumerate(long):
-                    sched.add(Request(i + 1, t, _greedy(4)))
+                    sched.add(Request(i + 1, Prompt.text(t), _greedy(4)))
     finally:
         pc.close()
     assert set(done) == {0, 1, 2, 3, 4}
@@ -115,11 +116,11 @@ def test_a_step_lays_its_rows_out_in_slot_order_whatever_slots_the_prompts_got(s
             slots.update({seq.req.index: slot for slot, seq in sched.active.items()})
 
     try:
-        drive([Request(k, t, _greedy(2)) for k, t in enumerate(first)])
+        drive([Request(k, Prompt.text(t), _greedy(2)) for k, t in enumerate(first)])
         assert [slots[k] for k in range(4)] == [0, 1, 2, 3]
         calls.clear()
         # arrivals continue the slots' prompts in reverse: request 4 continues slot 3's, ..., 7 slot 0's
-        drive([Request(4 + k, first[3 - k] + extra, _greedy(2)) for k in range(4)])
+        drive([Request(4 + k, Prompt.text(first[3 - k] + extra), _greedy(2)) for k in range(4)])
     finally:
         pc.close()
     assert [slots[4 + k] for k in range(4)] == [3, 2, 1, 0], "each prompt took the slot holding its prefix"
@@ -146,7 +147,7 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
     pc = ParallelContext(eng, 2, 1024, pooled=True)
     assert not pc.one_pool  # on a CPU each slot has its own stream: the cells come in a copy of the stream
     sched = Scheduler(pc, reuse=True)
-    sched.add(Request(0, first, _greedy(3)))
+    sched.add(Request(0, Prompt.text(first), _greedy(3)))
     done: dict[int, Any] = {}
     positions: list[int] = []  # where request 1's cells begin, after each step
     mem = lib().llama_get_memory(pc.ctx)
@@ -155,9 +156,9 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
             _finished(sched.step(), done)
             now = _tokens(sched, done)
             if now.get(0) == 2 and 1 not in now:  # the first request runs: the second arrives
-                sched.add(Request(1, second, _greedy(12)))
+                sched.add(Request(1, Prompt.text(second), _greedy(12)))
             if now.get(1) == 2 and 2 not in now:  # slot 0 is free again: it takes another prompt
-                sched.add(Request(2, other, _greedy(2)))
+                sched.add(Request(2, Prompt.text(other), _greedy(2)))
             positions += [int(lib().llama_memory_seq_pos_min(mem, slot)) for slot, seq in sched.active.items()
                           if seq.req.index == 1]
     finally:
@@ -186,7 +187,7 @@ def _conversation_a(eng: Any, next_id: int) -> tuple[list[int], list[int], Calla
 
     def next_turn(answer: str) -> Request:
         a2.extend(_conversation(eng, A_SYSTEM, "Name a river in Europe.", answer, "And one in Asia?"))
-        return Request(next_id, a2, _greedy(8))
+        return Request(next_id, Prompt.text(a2), _greedy(8))
 
     return a1, a2, next_turn
 
@@ -223,11 +224,11 @@ def test_a_conversation_that_lost_its_slot_comes_back_from_host_memory(smollm2_e
     a1, a2, next_turn = _conversation_a(eng, 2)
     b1 = _conversation(eng, b_sys, "Write about rain.")
     kept: dict[int, Any] = {}
-    _one_slot(eng, _then(Request(0, a1, _greedy(8)), kept, next_turn), 0, pooled, kept)
-    lost, _ = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(1, b1, _greedy(8)), Request(2, a2, _greedy(8))],
-                        0, pooled)
-    back, counters = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(1, b1, _greedy(8)),
-                                     Request(2, a2, _greedy(8))], -1, pooled)
+    _one_slot(eng, _then(Request(0, Prompt.text(a1), _greedy(8)), kept, next_turn), 0, pooled, kept)
+    lost, _ = _one_slot(eng, [Request(0, Prompt.text(a1), _greedy(8)), Request(1, Prompt.text(b1), _greedy(8)),
+                              Request(2, Prompt.text(a2), _greedy(8))], 0, pooled)
+    back, counters = _one_slot(eng, [Request(0, Prompt.text(a1), _greedy(8)), Request(1, Prompt.text(b1), _greedy(8)),
+                                     Request(2, Prompt.text(a2), _greedy(8))], -1, pooled)
     assert kept[2].cached_tokens >= len(a1) > 100
     assert lost[2].cached_tokens < 10, "without host memory B's prompt took the slot's cells (but its first words)"
     assert back[2].cached_tokens == kept[2].cached_tokens
@@ -245,15 +246,15 @@ def test_a_saved_state_comes_back_into_another_slot(smollm2_engine: object) -> N
     eng: Any = smollm2_engine
     a1, a2, next_turn = _conversation_a(eng, 1)
     kept: dict[int, Any] = {}
-    _one_slot(eng, _then(Request(0, a1, _greedy(4)), kept, next_turn), 0, False, kept)
+    _one_slot(eng, _then(Request(0, Prompt.text(a1), _greedy(4)), kept, next_turn), 0, False, kept)
     x = _chat(eng, "Count from one to twenty.")
     b1 = _conversation(eng, "You are a poet who writes about the weather and the sea. " * 8, "Write about rain.")
     pc = ParallelContext(eng, 2, 1024, cache_ram=-1)
     sched = Scheduler(pc, reuse=True)
     done: dict[int, Any] = {}
     slots: dict[int, int] = {}
-    for r in [Request(9, x, _greedy(20)), Request(0, a1, _greedy(4)), Request(2, b1, _greedy(40)),
-              Request(1, a2, _greedy(8))]:
+    for r in [Request(9, Prompt.text(x), _greedy(20)), Request(0, Prompt.text(a1), _greedy(4)),
+              Request(2, Prompt.text(b1), _greedy(40)), Request(1, Prompt.text(a2), _greedy(8))]:
         sched.add(r)
     try:
         while not sched.idle:
@@ -286,12 +287,13 @@ def test_a_model_with_sliding_window_layers_comes_back_from_host_memory_too(gemm
 
             def next_part(answer: str, a2: list[int] = a2) -> Request:
                 a2.extend(eng.tokenize(text + answer + " And then", True))
-                return Request(2, a2, _greedy(16))
+                return Request(2, Prompt.text(a2), _greedy(16))
 
             kept: dict[int, Any] = {}
-            _one_slot(eng, _then(Request(0, a1, _greedy(8)), kept, next_part), 0, pooled, kept)
-            back, counters = _one_slot(eng, [Request(0, a1, _greedy(8)), Request(1, b1, _greedy(8)),
-                                             Request(2, a2, _greedy(16))], -1, pooled)
+            _one_slot(eng, _then(Request(0, Prompt.text(a1), _greedy(8)), kept, next_part), 0, pooled, kept)
+            back, counters = _one_slot(eng, [Request(0, Prompt.text(a1), _greedy(8)),
+                                             Request(1, Prompt.text(b1), _greedy(8)),
+                                             Request(2, Prompt.text(a2), _greedy(16))], -1, pooled)
             assert counters["loads"] == 1 and back[2].cached_tokens == kept[2].cached_tokens >= len(a1)
             assert back[2].text == kept[2].text
     finally:
@@ -304,7 +306,7 @@ def test_host_memory_keeps_the_most_recent_states_under_its_limit(smollm2_engine
     eng: Any = smollm2_engine
     convs = [_conversation(eng, f"System prompt number {i}. " + "Answer briefly and politely. " * 12, "Hi.")
              for i in range(3)]  # 83 tokens: a state of 64 or more is saved
-    reqs = [Request(i, t, _greedy(4)) for i, t in enumerate(convs)]
+    reqs = [Request(i, Prompt.text(t), _greedy(4)) for i, t in enumerate(convs)]
     _, unlimited = _one_slot(eng, reqs, -1)
     assert unlimited["entries"] == 2 and unlimited["saves"] == 2
     one = unlimited["bytes"] // 2 + 4096  # room for one state, not two
@@ -312,7 +314,7 @@ def test_host_memory_keeps_the_most_recent_states_under_its_limit(smollm2_engine
     assert limited["entries"] == 1 and limited["saves"] == 2 and limited["bytes"] <= one
     _, tiny = _one_slot(eng, reqs[:2], 4096)  # the one state the second request's arrival would save
     assert tiny["entries"] == 0 and tiny["saves"] == 0
-    short = [Request(i, _chat(eng, p), _greedy(4)) for i, p in enumerate(PROMPTS[:2])]
+    short = [Request(i, Prompt.text(_chat(eng, p)), _greedy(4)) for i, p in enumerate(PROMPTS[:2])]
     _, counters = _one_slot(eng, short, -1)
     assert counters["saves"] == 0
 
@@ -320,13 +322,13 @@ def test_host_memory_keeps_the_most_recent_states_under_its_limit(smollm2_engine
 def test_an_exact_request_beside_the_batch_gets_the_answer_it_gets_alone(smollm2_engine: object) -> None:
     eng: Any = smollm2_engine
     sampling = SamplingParams(temperature=0.0, max_tokens=16)
-    prompt = _chat(eng, PROMPTS[1])
+    prompt = Prompt.text(_chat(eng, PROMPTS[1]))
     gen = eng.generate(prompt, sampling)
     alone = "".join(c.text for c in gen)
     pc = ParallelContext(eng, 3, 512, pooled=True)
     done: dict[int, Any] = {}
-    reqs = [Request(0, _chat(eng, PROMPTS[0]), _greedy(20)), Request(1, prompt, sampling, exact=True),
-            Request(2, _chat(eng, PROMPTS[2]), _greedy(20))]
+    reqs = [Request(0, Prompt.text(_chat(eng, PROMPTS[0])), _greedy(20)), Request(1, prompt, sampling, exact=True),
+            Request(2, Prompt.text(_chat(eng, PROMPTS[2])), _greedy(20))]
     try:
         pc.run(iter(reqs), lambda c: done.__setitem__(c.index, c))
     finally:

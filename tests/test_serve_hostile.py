@@ -100,14 +100,14 @@ def test_a_lone_surrogate_is_a_400_and_the_model_keeps_serving(child: Server) ->
 
 def test_any_exception_fails_one_job_and_health_tells(inproc: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     w = inproc.worker
-    real = w.backend.tokens
+    real = w.backend.prompt
 
-    def tokens(request: Any) -> list[int]:
+    def prompt(request: Any) -> Any:
         if request.prompt == "boom":
             raise UnicodeEncodeError("utf-8", "x", 0, 1, "a fault that is not a LocalgenError")
-        return list(real(request))
+        return real(request)
 
-    monkeypatch.setattr(w.backend, "tokens", tokens)
+    monkeypatch.setattr(w.backend, "prompt", prompt)
     before = w.failures
     r = _complete(inproc.url, prompt="boom")
     assert r.status_code == 500 and r.json()["error"]["message"].startswith("internal error")

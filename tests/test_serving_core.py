@@ -23,6 +23,7 @@ from localgen.engine.batchseq import Request
 from localgen.engine.embed import ContextTooSmall, Embedder, EmbedTask
 from localgen.engine.scheduler import SLICE_TOKENS, Finished, Piece, Result, Scheduler
 from localgen.errors import Cancelled, PromptTooLong
+from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
 from tests.test_serve import Server
 
@@ -52,7 +53,7 @@ def test_a_large_embeddings_task_runs_a_slice_a_step_beside_a_stream(core: Any) 
     # slice, so the stream is kept short
     texts = [f"note {i}: the weather is fine today, and the river is calm" for i in range(42)]
     sched = Scheduler(pc)
-    sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(5)))
+    sched.add(Request(0, Prompt.text(_chat(eng, "Tell me a story.")), _greedy(5)))
     task = EmbedTask(1, emb, texts)
     sched.add(task)
     per_step: list[tuple[int, int]] = []  # (the stream's tokens, texts embedded) after each step
@@ -84,9 +85,9 @@ def test_a_large_embeddings_task_runs_a_slice_a_step_beside_a_stream(core: Any) 
 def test_an_abort_ends_a_waiting_a_running_and_a_task_job_at_the_next_step(core: Any) -> None:
     eng, pc, emb = core
     sched = Scheduler(pc)
-    sched.add(Request(1, _chat(eng, "Count to a hundred."), _greedy(50)))
-    sched.add(Request(2, _chat(eng, "Name a colour."), _greedy(50)))
-    sched.add(Request(3, _chat(eng, "Name a river."), _greedy(50)))  # two slots: this one waits
+    sched.add(Request(1, Prompt.text(_chat(eng, "Count to a hundred.")), _greedy(50)))
+    sched.add(Request(2, Prompt.text(_chat(eng, "Name a colour.")), _greedy(50)))
+    sched.add(Request(3, Prompt.text(_chat(eng, "Name a river.")), _greedy(50)))  # two slots: this one waits
     sched.add(EmbedTask(4, emb, [f"text {i} about the sea" for i in range(2000)]))
     for _ in range(2):  # the running ones through a decoding step, the task through two of its slices
         sched.step()
@@ -108,7 +109,7 @@ def test_an_abort_ends_a_waiting_a_running_and_a_task_job_at_the_next_step(core:
 def test_faults_come_out_as_typed_errors(core: Any) -> None:
     _eng, pc, emb = core
     sched = Scheduler(pc)
-    sched.add(Request(1, list(range(10, 10 + pc.n_ctx_seq)), _greedy(4)))
+    sched.add(Request(1, Prompt.text(list(range(10, 10 + pc.n_ctx_seq))), _greedy(4)))
     sched.add(EmbedTask(2, emb, ["fine", "word " * 3000]))
     outs: list[Any] = []
     while not sched.idle:
@@ -172,11 +173,11 @@ def test_media_prompts_are_made_in_the_media_thread_and_wake_the_worker() -> Non
         def projector(self) -> None:
             self.loaded_in.append(threading.current_thread().name)
 
-        def tokens(self, request: Any) -> list[int]:
+        def prompt(self, request: Any) -> Prompt:
             self.made_in.append(threading.current_thread().name)
             if request == "bad":
                 raise PromptTooLong("too long")
-            return [1, 2, 3]
+            return Prompt.text([1, 2, 3])
 
     class Job:
         def __init__(self, request: str) -> None:
@@ -194,7 +195,7 @@ def test_media_prompts_are_made_in_the_media_thread_and_wake_the_worker() -> Non
         ready += prep.ready()
     prep.close()
     got = {job_id: (prompt, type(error).__name__ if error else None) for job_id, _job, prompt, error in ready}
-    assert got == {1: ([1, 2, 3], None), 2: (None, "PromptTooLong")}
+    assert got == {1: (Prompt.text([1, 2, 3]), None), 2: (None, "PromptTooLong")}
     assert backend.loaded_in == [threading.current_thread().name] * 2, "the projector loads in the model's thread"
     assert backend.made_in and all(n.startswith("localgen-media") for n in backend.made_in), backend.made_in
     assert prep.pending == 0
@@ -231,15 +232,16 @@ def test_an_exact_long_prompt_is_evaluated_a_piece_a_step_beside_a_stream(small_
     assert 2 * pc.n_chunk < len(long_prompt) <= 3 * pc.n_chunk and len(long_prompt) > 512, len(long_prompt)
     sampling = _greedy(8)
     eng.clear()  # alone means from the first token, in n_batch pieces: not after a prefix an earlier test left
-    gen = eng.generate(long_prompt, sampling)
+    gen = eng.generate(Prompt.text(long_prompt), sampling)
     alone = "".join(c.text for c in gen)
     sched = Scheduler(pc, exact=None, reuse=True, interleave=True)
     answers: dict[int, str] = {0: "", 1: ""}
     trace: list[tuple[int, int]] = []  # (the stream's tokens, the long prompt's evaluated tokens) per step
     try:
-        sched.add(Request(0, _chat(eng, "Tell me a story."), _greedy(12)))  # still running past the 3 pieces
+        # still running past the 3 pieces
+        sched.add(Request(0, Prompt.text(_chat(eng, "Tell me a story.")), _greedy(12)))
         sched.step()
-        sched.add(Request(1, long_prompt, sampling))
+        sched.add(Request(1, Prompt.text(long_prompt), sampling))
         while not sched.idle:
             for o in sched.step():
                 if isinstance(o, Piece):

@@ -259,11 +259,13 @@ def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str,
 def _e2e(engine: Any, n: int, seed: int) -> tuple[float, float, list[float], int]:
     """The `run` path: chat template, tokenize, sample, detokenize. Returns (generation seconds, time to
     first token, inter-token times, tokens generated); the rate counts generated tokens only."""
+    from localgen.native.prompt import Prompt
+
     if engine.model.summary.chat_template:
         tokens = engine.chat_tokens([{"role": "user", "content": E2E_PROMPT}])
     else:  # a base model: the prompt as a plain completion, as `run --raw` sends it
         tokens = engine.raw_tokens(E2E_PROMPT)
-    gen = engine.generate(tokens, SamplingParams(seed=seed, max_tokens=n))
+    gen = engine.generate(Prompt.text(tokens), SamplingParams(seed=seed, max_tokens=n))
     t0 = time.perf_counter()
     stamps = []
     count = 0

@@ -104,12 +104,14 @@ def _smoke_test(gpu: bool, rpc: tuple[str, ...] = ()) -> int:
     from localgen.engine.llama import Engine
     from localgen.errors import LocalgenError
     from localgen.models.resolve import resolve
+    from localgen.native.prompt import Prompt
     from localgen.types import LoadParams, SamplingParams
 
     try:
         ref = resolve(None, offline=True)
         engine = Engine(ref, LoadParams(n_ctx=512, n_gpu_layers=-1 if gpu or rpc else 0, rpc=rpc))
-        gen = engine.generate(engine.raw_tokens("The sky is"), SamplingParams(temperature=0, max_tokens=16))
+        prompt = Prompt.text(engine.raw_tokens("The sky is"))
+        gen = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=16))
         for _ in gen:
             pass
         engine.close()

@@ -30,7 +30,7 @@ from localgen.native import sampler as chains
 from localgen.native import vocab as native_vocab
 from localgen.native.batch import Batch
 from localgen.native.lib import logits_row
-from localgen.native.prompt import spans_of
+from localgen.native.prompt import Prompt
 from localgen.types import KV_CACHE_TYPES, SamplingParams
 
 if TYPE_CHECKING:
@@ -197,31 +197,32 @@ class ParallelContext:
             self.turn = few[-1].slot
         return [[s] for s in alone] + ([few] if few else []) + ([rest] if rest else [])
 
-    def media(self, tokens: list[int], slot: int, pos: int) -> int:
-        """Evaluate into the slot the media spans that start at `pos`; returns the position after them (`pos`
-        when none starts there). The caller records them as held."""
-        spans = spans_of(tokens)
+    def media(self, prompt: Prompt, slot: int, pos: int) -> int:
+        """Evaluate into the slot the prompt's media spans that start at `pos`; returns the position after them
+        (`pos` when none starts there). The caller records them as held."""
+        spans = prompt.spans
         while pos in spans:
             spans[pos].evaluate(self.ctx, pos, slot, self.n_batch)
             pos += spans[pos].n_pos
         return pos
 
-    def prefill(self, tokens: list[int], seq: int, first: int = 0) -> int:
+    def prefill(self, prompt: Prompt, seq: int, first: int = 0) -> int:
         """Evaluate one sequence's prompt (from `first`: the cache holds the rest) alone, in the single-stream
         path's n_batch pieces (llama.cpp rounds a row differently in batches of other sizes); returns the
         batch row of the last token's logits. Media spans evaluate themselves between the pieces."""
         row, start = -1, first
-        while start < len(tokens):
-            start, row = self.prefill_piece(tokens, seq, start, row)
+        while start < len(prompt.tokens):
+            start, row = self.prefill_piece(prompt, seq, start, row)
         return row
 
-    def prefill_piece(self, tokens: list[int], seq: int, start: int, row: int = -1) -> tuple[int, int]:
+    def prefill_piece(self, prompt: Prompt, seq: int, start: int, row: int = -1) -> tuple[int, int]:
         """One piece of `prefill` (a media span before it, if one comes first): where the next starts, and
         the batch row of the piece's last token (`row` when there was only media)."""
-        start = self.media(tokens, seq, start)
+        tokens = prompt.tokens
+        start = self.media(prompt, seq, start)
         if start >= len(tokens):
             return start, row
-        end = min(len(tokens), start + self.n_chunk, next_span(tokens, start))
+        end = min(len(tokens), start + self.n_chunk, next_span(prompt, start))
         self.batch.n_tokens = 0
         for k in range(start, end):
             row = self.add(tokens[k], k, seq, k == end - 1)

@@ -14,7 +14,7 @@ from localgen.backend import Completion
 from localgen.engine.budget import budget_for, feed, pick
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import PromptTooLong
-from localgen.native.prompt import spans_of
+from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -26,14 +26,20 @@ END = object()  # what a request source returns when it has nothing more, ever
 
 @dataclass
 class Request:
-    """One prompt to complete: its id (unique among the scheduler's jobs), tokens and sampling."""
+    """One prompt to complete: its id (unique among the scheduler's jobs), prompt (with any media spans) and
+    sampling."""
 
     index: int
-    tokens: list[int]
+    prompt: Prompt
     sampling: SamplingParams
     seed: int = 0
     logprobs: int | None = None
     exact: bool = False  # in the throughput scheduler: run alone, on the engine's own context (`Solo`)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The prompt's token ids (media positions as placeholders)."""
+        return self.prompt.tokens
 
 
 @dataclass
@@ -121,7 +127,7 @@ class Solo:
                 return True
             seq.sampler = eng.sampler(req.sampling, req.seed, req.tokens)
             seq.budget = budget_for(eng, req.sampling, req.tokens)
-            seq.cached, self._pieces = eng.evaluating(req.tokens)
+            seq.cached, self._pieces = eng.evaluating(req.prompt)
         if stop:
             return self._finish()
         if self._pieces is not None:
@@ -158,9 +164,9 @@ def new_seed() -> int:
     return random.getrandbits(31)
 
 
-def next_span(tokens: list[int], start: int) -> int:
-    """Where the next media span at or after `start` begins (len(tokens) when none)."""
-    spans = spans_of(tokens)
+def next_span(prompt: Prompt, start: int) -> int:
+    """Where the prompt's next media span at or after `start` begins (its length when none)."""
+    spans, n = prompt.spans, len(prompt.tokens)
     if not spans:
-        return len(tokens)
-    return min((s for s in spans if s >= start), default=len(tokens))
+        return n
+    return min((s for s in spans if s >= start), default=n)

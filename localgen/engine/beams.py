@@ -14,6 +14,7 @@ from localgen.errors import ContextOverflowError, LocalgenError
 from localgen.native import context
 from localgen.native import vocab as native_vocab
 from localgen.native.lib import logits_row
+from localgen.native.prompt import Prompt
 
 if TYPE_CHECKING:
     from localgen.engine.batch import ParallelContext
@@ -52,25 +53,26 @@ class BeamResult:
     decoded_tokens: int
 
 
-def search(engine: Engine, prompt: list[int], n_beams: int, max_new: int, length_penalty: float = 1.0,
+def search(engine: Engine, prompt: Prompt, n_beams: int, max_new: int, length_penalty: float = 1.0,
            stop: tuple[str, ...] = ()) -> BeamResult:
     """Run beam search on the prompt; returns every hypothesis ranked."""
     from localgen.engine.batch import ParallelContext
 
-    if len(prompt) >= engine.n_ctx:
-        raise ContextOverflowError(f"the prompt is {len(prompt):,} tokens; the context window is {engine.n_ctx:,}")
-    budget = engine.n_ctx - len(prompt)
+    n_prompt = len(prompt.tokens)
+    if n_prompt >= engine.n_ctx:
+        raise ContextOverflowError(f"the prompt is {n_prompt:,} tokens; the context window is {engine.n_ctx:,}")
+    budget = engine.n_ctx - n_prompt
     max_new = min(max_new, budget) if max_new >= 0 else min(budget, DEFAULT_MAX_NEW)
     if max_new == 0:
-        return BeamResult([Hypothesis([], 0.0)], len(prompt), 0.0, 0.0, 0)
+        return BeamResult([Hypothesis([], 0.0)], n_prompt, 0.0, 0.0, 0)
     engine.release_context()  # the beams work in a context of their own
-    pc = ParallelContext(engine, n_beams, kv_cells(len(prompt), n_beams, max_new, engine.n_ctx), unified=True,
+    pc = ParallelContext(engine, n_beams, kv_cells(n_prompt, n_beams, max_new, engine.n_ctx), unified=True,
                          n_seq_max=2 * n_beams)
     try:
         t0 = time.perf_counter()
         row = pc.prefill(prompt, 0)
         t1 = time.perf_counter()
-        live, done, decoded = _steps(engine, pc, len(prompt), row, n_beams, max_new, stop)
+        live, done, decoded = _steps(engine, pc, n_prompt, row, n_beams, max_new, stop)
         t2 = time.perf_counter()
     finally:
         pc.close()
@@ -82,7 +84,7 @@ def search(engine: Engine, prompt: list[int], n_beams: int, max_new: int, length
             h.finish_reason = "stop"
         h.score = h.logprob / max(1, len(h.tokens)) ** length_penalty
     finals.sort(key=lambda h: -h.score)
-    return BeamResult(finals[:n_beams], len(prompt), t2 - t1, t1 - t0, decoded)
+    return BeamResult(finals[:n_beams], n_prompt, t2 - t1, t1 - t0, decoded)
 
 
 def _steps(engine: Engine, pc: ParallelContext, n_prompt: int, row: int, n_beams: int, max_new: int,

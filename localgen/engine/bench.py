@@ -12,6 +12,7 @@ from localgen.errors import LocalgenError
 from localgen.native import batch as native_batch
 from localgen.native import context, logs
 from localgen.native import model as native_model
+from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def bench_parallel(pc: ParallelContext, n_prompt: int, n_gen: int, rng: random.R
     prompts = [[rng.randrange(pc.n_vocab) for _ in range(n_prompt)] for _ in range(n)]
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     t0 = time.perf_counter()
-    pc.run(iter([Request(i, p, one) for i, p in enumerate(prompts)]), lambda c: None, exact=exact)
+    pc.run(iter([Request(i, Prompt.text(p), one) for i, p in enumerate(prompts)]), lambda c: None, exact=exact)
     context.synchronize(pc.ctx)
     t1 = time.perf_counter()
     for step in range(n_gen):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from localgen.engine.budget import budget_for, feed, pick
 from localgen.engine.sequence import SequenceDecoder
-from localgen.native.prompt import media_tokens_of, spans_of
+from localgen.native.prompt import Prompt
 from localgen.types import Chunk, FinishReason, SamplingParams, Stats, TokenLogprob
 
 if TYPE_CHECKING:
@@ -22,14 +22,15 @@ if TYPE_CHECKING:
 class Generation:
     """A lazy stream: iterate for Chunks; read .text, .finish_reason and .stats when it is done."""
 
-    def __init__(self, engine: DecodingEngine, tokens: list[int], sampling: SamplingParams,
+    def __init__(self, engine: DecodingEngine, prompt: Prompt, sampling: SamplingParams,
                  started: float | None = None, drafter: Any = None, draft_max: int = 6,
                  logprobs: int | None = None) -> None:
         self.engine = engine
-        self.prompt = tokens
+        self.prompt = prompt
         self.seed = sampling.seed if sampling.seed is not None else random.getrandbits(31)
         self.sampling = sampling
-        self.seq = SequenceDecoder.for_request(engine.piece, engine.is_eog, sampling, len(tokens), engine.n_ctx)
+        self.seq = SequenceDecoder.for_request(engine.piece, engine.is_eog, sampling, len(prompt.tokens),
+                                              engine.n_ctx)
         self.finish_reason: FinishReason | None = None
         self.stats: Stats | None = None
         self._cancel = False
@@ -77,8 +78,8 @@ class Generation:
             yield from speculative.tokens(eng, self.prompt, self.sampling, self.seed, self.drafter, self.draft_max,
                                           self.counters, self._record_logprob)
             return
-        chain = eng.sampler(self.sampling, self.seed, self.prompt)
-        budget = budget_for(eng, self.sampling, self.prompt)
+        chain = eng.sampler(self.sampling, self.seed, self.prompt.tokens)
+        budget = budget_for(eng, self.sampling, self.prompt.tokens)
         sample = functools.partial(eng.sample, chain)
         try:
             eng.evaluate(self.prompt)
@@ -139,10 +140,10 @@ class Generation:
         if c is not None:  # verification batches count as prompt work in llama.cpp's counters: use the clock
             n = len(self.tokens)
             decode = (n - 1) / (t_last - t_first) if t_first and t_last and t_last > t_first and n > 1 else None
-            prefill = (len(self.prompt) - cached) / (t_first - t0) if t_first and t_first > t0 else None
+            prefill = (len(self.prompt.tokens) - cached) / (t_first - t0) if t_first and t_first > t0 else None
         assert self.finish_reason is not None
         return Stats(
-            prompt_tokens=len(self.prompt),
+            prompt_tokens=len(self.prompt.tokens),
             cached_tokens=cached,
             completion_tokens=len(self.tokens),
             load_s=self.engine.load_s,
@@ -153,8 +154,8 @@ class Generation:
             finish_reason=self.finish_reason,
             drafted=c.drafted if c is not None else None,
             accepted=c.accepted if c is not None else None,
-            media_tokens=media_tokens_of(self.prompt),
-            encode_s=getattr(self.engine, "encode_s", None) if spans_of(self.prompt) else None,
+            media_tokens=self.prompt.media_tokens,
+            encode_s=self.engine.encode_s if self.prompt.spans else None,
         )
 
 

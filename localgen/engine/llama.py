@@ -24,7 +24,7 @@ from localgen.native import sampler as chains
 from localgen.native import vocab as native_vocab
 from localgen.native.batch import Batch
 from localgen.native.lib import logits_row, ready, version
-from localgen.native.prompt import spans_of
+from localgen.native.prompt import Prompt
 from localgen.native.report import last_load
 from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
 
@@ -192,13 +192,14 @@ class Engine(Vocabulary):
         """The tokens whose KV entries the cache holds, in position order (a copy)."""
         return list(self._held)
 
-    def cached_prefix(self, tokens: list[int]) -> int:
-        """How many leading tokens of `tokens` evaluate() will reuse (the last is always re-evaluated
+    def cached_prefix(self, prompt: Prompt) -> int:
+        """How many leading tokens of the prompt evaluate() will reuse (the last is always re-evaluated
         unless its logits are still live; a media span is reused whole or not at all)."""
+        tokens = prompt.tokens
         n = common_prefix(self._held, tokens)
         if n == len(tokens) and n > 0 and not (self._live and n == len(self._held)):
             n -= 1
-        return safe_prefix(tokens, n)
+        return safe_prefix(prompt, n)
 
     def truncate(self, n: int) -> None:
         """Forget every held token from position n on."""
@@ -215,30 +216,32 @@ class Engine(Vocabulary):
         self._held = []
         self._live = False
 
-    def evaluate(self, tokens: list[int], logits: bool = True) -> int:
-        """Make the cache hold exactly `tokens`, evaluating only what it does not hold yet, in n_batch
-        pieces (llama.cpp rounds a row differently in batches of other sizes, so the pieces are always
-        cut the same way). With `logits`, the last token's logits are live afterwards. Returns how many
-        tokens were reused. Interrupted between pieces, the record stays true."""
-        keep, pieces = self.evaluating(tokens, logits)
+    def evaluate(self, prompt: Prompt, logits: bool = True) -> int:
+        """Make the cache hold exactly the prompt's tokens, evaluating only what it does not hold yet, in
+        n_batch pieces (llama.cpp rounds a row differently in batches of other sizes, so the pieces are always
+        cut the same way), its media spans evaluating themselves between them. With `logits`, the last
+        token's logits are live afterwards. Returns how many tokens were reused. Interrupted between pieces,
+        the record stays true. Plain tokens (a prefix) come as Prompt.text(tokens)."""
+        keep, pieces = self.evaluating(prompt, logits)
         for _ in pieces:
             pass
         return keep
 
-    def evaluating(self, tokens: list[int], logits: bool = True) -> tuple[int, Iterator[int]]:
+    def evaluating(self, prompt: Prompt, logits: bool = True) -> tuple[int, Iterator[int]]:
         """`evaluate` a piece at a time: how many tokens are reused, and an iterator that evaluates the next
         piece (or media span) each time it is advanced, yielding how many tokens the cache then holds."""
-        if len(tokens) > self.n_ctx:
-            raise ContextOverflowError(f"{len(tokens):,} tokens do not fit the context window of {self.n_ctx:,}")
-        keep = self.cached_prefix(tokens) if logits else safe_prefix(tokens, common_prefix(self._held, tokens))
+        n = len(prompt.tokens)
+        if n > self.n_ctx:
+            raise ContextOverflowError(f"{n:,} tokens do not fit the context window of {self.n_ctx:,}")
+        keep = self.cached_prefix(prompt) if logits else safe_prefix(prompt, common_prefix(self._held, prompt.tokens))
         self.truncate(keep)
         self.encode_s = 0.0
-        return keep, self._pieces(tokens, keep)
+        return keep, self._pieces(prompt, keep)
 
-    def _pieces(self, tokens: list[int], keep: int) -> Iterator[int]:
-        # with images or audio (native/prompt.py's Prompt): text in n_batch pieces up to each media span, which
-        # encodes and decodes itself; the spans already held are not encoded again
-        spans = spans_of(tokens)
+    def _pieces(self, prompt: Prompt, keep: int) -> Iterator[int]:
+        # with images or audio: text in n_batch pieces up to each media span, which encodes and decodes itself;
+        # the spans already held are not encoded again
+        tokens, spans = prompt.tokens, prompt.spans
         pos = keep
         for start in sorted(spans):
             span = spans[start]
@@ -319,16 +322,16 @@ class Engine(Vocabulary):
         """Wait for queued work (benchmarks time the device, not the queue)."""
         context.synchronize(self.ctx)
 
-    def generate(self, tokens: list[int], sampling: SamplingParams, started: float | None = None,
+    def generate(self, prompt: Prompt, sampling: SamplingParams, started: float | None = None,
                  drafter: Any = None, draft_max: int = 6, logprobs: int | None = None) -> Any:
-        """Start streaming a completion of `tokens` (a Generation). Raises ContextOverflowError before any
+        """Start streaming a completion of the prompt (a Generation). Raises ContextOverflowError before any
         work. `started` (a perf_counter time) is when the request began, if prompt work was done before
         this call (a prompt cache loaded or filled), so time to first token counts it."""
         from localgen.engine.generate import Generation
 
-        if len(tokens) >= self.n_ctx:
+        if len(prompt.tokens) >= self.n_ctx:
             raise ContextOverflowError(
-                f"the prompt is {len(tokens):,} tokens; the context window is {self.n_ctx:,}",
+                f"the prompt is {len(prompt.tokens):,} tokens; the context window is {self.n_ctx:,}",
                 hint="shorten the prompt or raise --ctx"
                 + (
                     f"; this model was trained on up to {self.model.summary.context_length:,}"
@@ -338,7 +341,7 @@ class Engine(Vocabulary):
             )
         if sampling.grammar:
             self.check_grammar(sampling.grammar)
-        return Generation(self, tokens, sampling, started, drafter, draft_max, logprobs)
+        return Generation(self, prompt, sampling, started, drafter, draft_max, logprobs)
 
     def close(self) -> None:
         """Free the context, the model and the batch (idempotent)."""

@@ -15,7 +15,7 @@ from localgen.engine.llama import Engine
 from localgen.engine.promptcache import MIN_PREFIX
 from localgen.engine.tokens import common_prefix
 from localgen.errors import LocalgenError, UsageError
-from localgen.native.prompt import spans_of
+from localgen.native.prompt import Prompt
 from localgen.types import GenerationRequest
 
 
@@ -45,11 +45,12 @@ class LocalBackend:
         """The context window in tokens."""
         return self.engine.n_ctx
 
-    def tokens(self, request: GenerationRequest) -> list[int]:
-        """The request's prompt as tokens (chat template for messages; BOS as the model asks for raw). With
-        images or audio, an mtmd Prompt: their positions hold placeholders, and its spans evaluate them."""
+    def prompt(self, request: GenerationRequest) -> Prompt:
+        """The request's prompt as the engine takes it (chat template for messages; BOS as the model asks for
+        raw). With images or audio, libmtmd's (native/mtmd.py): their positions hold placeholders, and its
+        spans evaluate them."""
         if request.prompt is not None:
-            return self.engine.raw_tokens(request.prompt)
+            return Prompt.text(self.engine.raw_tokens(request.prompt))
         if _has_media(request.messages):
             from localgen import media
 
@@ -57,9 +58,9 @@ class LocalBackend:
             messages, found = media.split(request.messages, proj.marker)
             proj.check(found, self.name)
             text, add_special = self.engine.chat_text(template_messages(messages), **template_extra(request))
-            prompt: list[int] = proj.tokenize(text, found, add_special)
+            prompt: Prompt = proj.tokenize(text, found, add_special)
             return prompt
-        return self.engine.chat_tokens(template_messages(request.messages), **template_extra(request))
+        return Prompt.text(self.engine.chat_tokens(template_messages(request.messages), **template_extra(request)))
 
     def render(self, request: GenerationRequest) -> str:
         """The prompt text the model sees (media as libmtmd's marker)."""
@@ -98,20 +99,21 @@ class LocalBackend:
 
     def count(self, request: GenerationRequest) -> int:
         """Prompt tokens."""
-        return len(self.tokens(request))
+        return len(self.prompt(request).tokens)
 
     def generate(self, request: GenerationRequest, started: float | None = None) -> Any:
         """A stream of the answer; the shared prefix comes from (or goes to) the prompt cache first."""
         self.check_generates()
         started = started if started is not None else time.perf_counter()
-        tokens = self.tokens(request)
+        prompt = self.prompt(request)
+        tokens = prompt.tokens
         cache = "skipped" if request.prompt_cache else "off"
         # a prompt shorter than the least cached prefix holds none: its lead is not rendered (most one-shot runs)
         lead = _lead(request) if MIN_PREFIX <= len(tokens) < self.engine.n_ctx else None
-        if lead is not None and not spans_of(tokens):
+        if lead is not None and not prompt.spans:
             from localgen.engine import promptcache
 
-            shared = common_prefix(self.tokens(lead), tokens)
+            shared = common_prefix(self.prompt(lead).tokens, tokens)
             if shared >= MIN_PREFIX and common_prefix(self.engine.held, tokens) >= shared:
                 # held already, by an earlier turn or tool step: evaluating it again would drop what follows it
                 cache = "hit" if request.prompt_cache else cache
@@ -120,12 +122,12 @@ class LocalBackend:
             elif shared >= MIN_PREFIX:
                 # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row
                 # differently in batches of other sizes, and the text must not depend on the cache.
-                self.engine.evaluate(tokens[:shared], logits=False)
+                self.engine.evaluate(Prompt.text(tokens[:shared]), logits=False)
         drafter = self.drafter
-        if drafter is not None and spans_of(tokens):
+        if drafter is not None and prompt.spans:
             drafter = None  # the draft model cannot see the image
             self.warn("speculative decoding is off for a prompt with images or audio")
-        gen = self.engine.generate(tokens, request.sampling, started=started, drafter=drafter,
+        gen = self.engine.generate(prompt, request.sampling, started=started, drafter=drafter,
                                    draft_max=self.draft_max, logprobs=request.logprobs)
         gen.prompt_cache = cache
         return gen
@@ -142,11 +144,11 @@ class LocalBackend:
         def prepared() -> Iterator[Request]:
             for item in requests:
                 try:
-                    tokens = self.tokens(item.request)
+                    prompt = self.prompt(item.request)
                 except LocalgenError as e:
                     on_done(Completion(item.index, "", f"error: {e.message}", 0, 0, 0.0, 0.0, item.seed))
                     continue
-                yield Request(item.index, tokens, item.request.sampling, item.seed, item.request.logprobs)
+                yield Request(item.index, prompt, item.request.sampling, item.seed, item.request.logprobs)
 
         self.engine.release_context()  # its KV cache would sit unused beside the parallel one
         mode = batching_mode(self.engine, exact)
@@ -164,7 +166,7 @@ class LocalBackend:
         from localgen.engine.beams import search
 
         s = request.sampling
-        return search(self.engine, self.tokens(request), n, s.max_tokens, length_penalty, s.stop)
+        return search(self.engine, self.prompt(request), n, s.max_tokens, length_penalty, s.stop)
 
     def save_conversation(self, name: str) -> None:
         """Keep the KV state of a conversation for a later resume."""
@@ -176,7 +178,7 @@ class LocalBackend:
         """Load a conversation's saved KV state if it matches; returns the tokens reused."""
         from localgen.engine import promptcache
 
-        return promptcache.restore_chat(self.engine, name, self.tokens(request))
+        return promptcache.restore_chat(self.engine, name, self.prompt(request).tokens)
 
     def describe(self) -> dict[str, Any]:
         """The model and how it was loaded."""

@@ -108,14 +108,14 @@ class Throughput:
         room = min(pc.n_batch, max(pc.step_tokens, decoding + 1)) - decoding
         filling = sorted((q for q in active.values() if q.filled < len(q.req.tokens)), key=lambda q: q.started)
         for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
-            end = pc.media(seq.req.tokens, seq.slot, seq.filled)
+            end = pc.media(seq.req.prompt, seq.slot, seq.filled)
             pc.slots.held[seq.slot].extend(seq.req.tokens[seq.filled:end])
             seq.filled = end
         chunks: dict[int, int] = {}  # slot -> end of the prompt chunk it evaluates in this step (oldest first)
         for seq in filling:
             if room <= 0:
                 break
-            end = min(len(seq.req.tokens), seq.filled + room, next_span(seq.req.tokens, seq.filled))
+            end = min(len(seq.req.tokens), seq.filled + room, next_span(seq.req.prompt, seq.filled))
             chunks[seq.slot] = end
             room -= end - seq.filled
         # rows in slot order, each slot's together: with a KV stream per slot llama.cpp cuts a batch into
@@ -236,7 +236,7 @@ class Exact:
             tokens, start = seq.req.tokens, seq.filled
             end, row = start, self._rows.get(seq.slot, -1)
             while end < len(tokens):
-                end, row = s.pc.prefill_piece(tokens, seq.slot, end, row)
+                end, row = s.pc.prefill_piece(seq.req.prompt, seq.slot, end, row)
                 if only is not None:
                     break
             s.pc.slots.held[seq.slot].extend(tokens[start:end])

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localgen import paths
+from localgen.native.prompt import Prompt
 
 if TYPE_CHECKING:
     from localgen.engine.llama import Engine
@@ -58,7 +59,7 @@ def attach_prefix(engine: Engine, prefix: list[int], warn: Callable[[str], None]
         with contextlib.suppress(OSError):  # did not load, a key collision, or a tampered file: never ours
             path.unlink(missing_ok=True)
         engine.clear()
-    engine.evaluate(prefix, logits=False)
+    engine.evaluate(Prompt.text(prefix), logits=False)
     try:
         engine.save_state(path)
         evict()

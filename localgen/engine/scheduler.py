@@ -203,7 +203,7 @@ class Scheduler:
             slot, keep = pc.slots.pick(self.free, req.tokens, continuation_only)
         else:
             slot, keep = heapq.heappop(self.free), 0
-        keep = pc.slots.fill(slot, req.tokens, keep, self.reuse, self.reuse and pc.pooled, continuation_only)
+        keep = pc.slots.fill(slot, req.prompt, keep, self.reuse, self.reuse and pc.pooled, continuation_only)
         eng = pc.engine
         dec = SequenceDecoder.for_request(eng.piece, eng.is_eog, req.sampling, len(req.tokens), pc.n_ctx_seq)
         seq = Seq(req, slot, pc.sampler(req.sampling, req.seed, req.tokens), time.perf_counter(), dec,

@@ -12,6 +12,7 @@ from typing import Any
 from localgen.engine.hostcache import MIN_TOKENS, HostCache
 from localgen.engine.tokens import common_prefix, safe_prefix, starts_with
 from localgen.native import context
+from localgen.native.prompt import Prompt
 
 
 class Slots:
@@ -50,19 +51,20 @@ class Slots:
         heapq.heapify(free)
         return best, keep
 
-    def fill(self, slot: int, tokens: list[int], keep: int, reuse: bool, share: bool,
+    def fill(self, slot: int, prompt: Prompt, keep: int, reuse: bool, share: bool,
              continuation_only: bool) -> int:
-        """Start `slot` on `tokens`, keeping `keep` of its own cells; with `reuse`, from the longest prefix of
-        `tokens` that another slot (with `share`) or a saved state holds, if longer, saving first what the slot
-        loses. Returns how many prompt tokens its cells now hold (the rest are to be evaluated)."""
+        """Start `slot` on `prompt`, keeping `keep` of its own cells; with `reuse`, from the longest prefix of
+        its tokens that another slot (with `share`) or a saved state holds, if longer, saving first what the
+        slot loses. Returns how many prompt tokens its cells now hold (the rest are to be evaluated)."""
         mem = context.memory(self.ctx)
-        keep = safe_prefix(tokens, keep)  # an image is evaluated whole or not at all
+        tokens = prompt.tokens
+        keep = safe_prefix(prompt, keep)  # an image is evaluated whole or not at all
         src, n = self._best_source(tokens, slot) if share and self.share else (-1, 0)
-        n = safe_prefix(tokens, n)
+        n = safe_prefix(prompt, n)
         entry, m = None, 0
         if reuse and self.host is not None:
             entry, m = self.host.best(tokens)
-            m = safe_prefix(tokens, min(m, len(tokens) - 1))
+            m = safe_prefix(prompt, min(m, len(tokens) - 1))
             if entry is not None and continuation_only and m < entry.prompt_len:
                 m = 0
             self._spill(slot, keep if max(n, m) <= keep else 0)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from localgen.errors import UsageError
+from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class ModelDrafter:
         d = self.engine
         if len(context) + k >= d.n_ctx:
             return []
-        d.evaluate(context)
+        d.evaluate(Prompt.text(context))
         out: list[int] = []
         for j in range(k):
             tok = d.sample(self.greedy)
@@ -102,7 +103,7 @@ def check_vocab(target: DecodingEngine, draft: DecodingEngine) -> None:
                              hint="pick a draft model of the same family")
 
 
-def tokens(engine: DecodingEngine, prompt: list[int], s: SamplingParams, seed: int, drafter: Drafter, k: int,
+def tokens(engine: DecodingEngine, prompt: Prompt, s: SamplingParams, seed: int, drafter: Drafter, k: int,
            counters: Counters, on_sample: Callable[[int, int], None] = lambda tok, row: None) -> Iterator[int]:
     """Yield sampled tokens as the plain path does, checking drafts in batches. `on_sample(token, row)` is
     called with each sampled token while its logits row is valid."""
@@ -111,8 +112,8 @@ def tokens(engine: DecodingEngine, prompt: list[int], s: SamplingParams, seed: i
     # elsewhere could change a near-tie greedy choice. After that, a check with no drafts is the plain path's
     # one-token decode.
     engine.evaluate(prompt)
-    context = list(prompt)
-    chain = engine.sampler(s, seed, prompt)
+    context = list(prompt.tokens)
+    chain = engine.sampler(s, seed, prompt.tokens)
     valid = len(engine.held)
     try:
         first = engine.sample(chain)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localgen.native.prompt import spans_of
+from localgen.native.prompt import Prompt
 
 
 def common_prefix(a: Any, b: Any) -> int:
@@ -22,10 +22,10 @@ def starts_with(seq: Any, prefix: Any) -> bool:
     return len(seq) >= len(prefix) and seq[:len(prefix)] == prefix
 
 
-def safe_prefix(tokens: Any, n: int) -> int:
-    """`n` moved back to the start of a media span it would cut (native/prompt.py's Prompt: a span is evaluated
-    whole or not at all)."""
-    for start, span in spans_of(tokens).items():
+def safe_prefix(prompt: Prompt, n: int) -> int:
+    """`n` moved back to the start of a media span of `prompt` it would cut (a span is evaluated whole or not
+    at all); `n` itself for a prompt of text alone."""
+    for start, span in prompt.spans.items():
         if start < n < start + span.n_pos:
             return int(start)
     return n

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from localgen.errors import LocalgenError, ModelLoadError
@@ -190,7 +191,7 @@ class Projector:
             media_id = (mt.mtmd_input_chunk_get_id(chunk) or b"0").decode()
             spans[len(tokens)] = Span(self, chunk, "audio" if kind == _CHUNK_AUDIO else "image", n_pos, n_tok)
             tokens.extend([placeholder(media_id)] * n_pos)
-        return Prompt(tokens, spans, owner)
+        return Prompt(tokens, MappingProxyType(spans), owner)
 
     def _bitmap(self, m: Media) -> Any:
         mt = self.mt

@@ -1,10 +1,12 @@
-"""A prompt with images or audio: its tokens, media positions as placeholder ids, and the spans that evaluate
-them (native/mtmd.py makes them). Stdlib only: the engine reads any token list through `spans_of` and
-`media_tokens_of` without loading libmtmd's module."""
+"""What the engine evaluates: a Prompt, its token ids and, with images or audio, the media spans that evaluate
+some of its positions (native/mtmd.py makes those). Stdlib only: the engine reads a prompt's spans without
+loading libmtmd's module."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 
@@ -19,29 +21,31 @@ class MediaSpan(Protocol):
         ...
 
 
-class Prompt(list[int]):
-    """A prompt's tokens, media positions as placeholder ids, with the spans that evaluate them (by start
-    index). Slicing gives plain lists: only whole prompts carry their spans."""
-
-    spans: dict[int, MediaSpan]
-    media_tokens: int
-    _owner: Any
-
-    def __init__(self, tokens: list[int], spans: Mapping[int, MediaSpan], owner: Any) -> None:
-        super().__init__(tokens)
-        self.spans = dict(spans)
-        self.media_tokens = sum(s.n_tokens for s in spans.values())
-        self._owner = owner  # keeps the mtmd chunks alive as long as the prompt
+_NO_SPANS: Mapping[int, MediaSpan] = MappingProxyType({})
 
 
-_NONE: Mapping[int, MediaSpan] = {}
+def _no_spans() -> Mapping[int, MediaSpan]:
+    return _NO_SPANS
 
 
-def spans_of(tokens: Sequence[int]) -> Mapping[int, MediaSpan]:
-    """A prompt's media spans by start index; none for plain tokens (or a slice of a Prompt)."""
-    return tokens.spans if isinstance(tokens, Prompt) else _NONE
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt as the engine takes it. `tokens`: its token ids, each media position holding a placeholder id
+    (the KV record holds them like tokens; not to be changed in place); `spans`: the media spans that
+    evaluate those positions, by start index (none for text); `owner`: what keeps the spans' native chunks
+    alive as long as the prompt. Any cut of a prompt (a cached prefix, a shared lead) is plain tokens: only
+    a whole Prompt carries its spans."""
 
+    tokens: list[int]
+    spans: Mapping[int, MediaSpan] = field(default_factory=_no_spans)
+    owner: Any = field(default=None, repr=False, compare=False)
 
-def media_tokens_of(tokens: Sequence[int]) -> int | None:
-    """The embeddings a prompt's media take; None for plain tokens."""
-    return tokens.media_tokens if isinstance(tokens, Prompt) else None
+    @staticmethod
+    def text(tokens: list[int]) -> Prompt:
+        """A prompt of text tokens alone (no media)."""
+        return Prompt(tokens)
+
+    @property
+    def media_tokens(self) -> int | None:
+        """The embeddings its media take; None for a prompt of text alone."""
+        return sum(s.n_tokens for s in self.spans.values()) if self.spans else None

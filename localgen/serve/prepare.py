@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from localgen.errors import PromptTooLong
 
 if TYPE_CHECKING:
+    from localgen.native.prompt import Prompt
     from localgen.serve.jobs import EmbedJob, Job
 
 THREADS = 1  # media prepared at once per model: decoding competes with the model's threads for the cores
@@ -43,7 +44,7 @@ class MediaPrep:
         backend.projector()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="localgen-media")
-        future = self._pool.submit(backend.tokens, job.request)
+        future = self._pool.submit(backend.prompt, job.request)
         self._pending[job_id] = (job, future)
         future.add_done_callback(lambda _f: self._wake())
 
@@ -80,18 +81,19 @@ def has_media(job: Job) -> bool:
     return job.request.prompt is None and any(isinstance(m.get("content"), list) for m in msgs or ())
 
 
-def request(backend: Any, pc: Any, job_id: int, job: Job, tokens: list[int] | None = None) -> Any:
-    """The job as a scheduler Request, tokenized here unless `tokens` are given."""
+def request(backend: Any, pc: Any, job_id: int, job: Job, prompt: Prompt | None = None) -> Any:
+    """The job as a scheduler Request, its prompt made here unless given (made in the media thread)."""
     from localgen.engine.batchseq import Request
 
-    if tokens is None:
+    if prompt is None:
         backend.check_generates()
-        tokens = backend.tokens(job.request)
+        prompt = backend.prompt(job.request)
     if job.request.sampling.grammar:
         backend.engine.check_grammar(job.request.sampling.grammar)
-    if len(tokens) >= pc.n_ctx_seq:
-        raise PromptTooLong(f"the prompt is {len(tokens):,} tokens; each slot's context window is {pc.n_ctx_seq:,}")
-    return Request(job_id, tokens, job.request.sampling, job.seed, job.request.logprobs, exact=job.request.exact)
+    n = len(prompt.tokens)
+    if n >= pc.n_ctx_seq:
+        raise PromptTooLong(f"the prompt is {n:,} tokens; each slot's context window is {pc.n_ctx_seq:,}")
+    return Request(job_id, prompt, job.request.sampling, job.seed, job.request.logprobs, exact=job.request.exact)
 
 
 def task(backend: Any, job_id: int, job: EmbedJob) -> Any:
