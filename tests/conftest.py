@@ -145,11 +145,12 @@ class CLI:
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "localgen", *args]
 
-    def __call__(self, *args: str, input: str | None = None,
-                 timeout: float = SAFETY_NET_S) -> subprocess.CompletedProcess[str]:
+    def __call__(self, *args: str, input: str | None = None, timeout: float = SAFETY_NET_S,
+                 cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """`localgen ARGS` run to its end, in `cwd` (default: the checkout)."""
         forks = fork_server(self.env)
         if forks is not None and forks.accepts(self.env):
-            return forks.run(list(args), self.env, input or "", timeout)
+            return forks.run(list(args), self.env, input or "", timeout, cwd=cwd)
         return subprocess.run(
             self.argv(*args),
             input=input if input is not None else "",
@@ -157,7 +158,7 @@ class CLI:
             text=True,
             env=self.env,
             timeout=timeout,
-            cwd=ROOT,
+            cwd=cwd or ROOT,
         )
 
     def popen(self, *args: str, **kw: Any) -> Any:

@@ -162,14 +162,15 @@ class ForkServer:
         return all(k.startswith("LOCALGEN_") or k in also for k in differ)
 
     def request(self, argv: list[str], env: dict[str, str], fds: tuple[int, int, int],
-                sigint: bool = False, tty: bool = False) -> tuple[socket.socket, Any]:
+                sigint: bool = False, tty: bool = False, cwd: Path | None = None) -> tuple[socket.socket, Any]:
         """Asks for a child running `python -m ARGV` with `fds` as its stdin, stdout and stderr (the caller
-        closes its own copies; with `tty`, the one pseudo-terminal that becomes its controlling terminal); the
-        connection, and its replies with the child's pid read off them."""
+        closes its own copies; with `tty`, the one pseudo-terminal that becomes its controlling terminal), in
+        `cwd` (default: the server's directory); the connection, and its replies with the child's pid read off
+        them."""
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self.path)
-            request = {"argv": argv, "env": env, "cwd": str(self.cwd), "cpus": sorted(os.sched_getaffinity(0)),
+            request = {"argv": argv, "env": env, "cwd": str(cwd or self.cwd), "cpus": sorted(os.sched_getaffinity(0)),
                        "sigint": sigint, "tty": tty}
             socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
         except BaseException:
@@ -215,7 +216,7 @@ class ForkServer:
         return ForkedProcess(conn, replies, files[1], stdin=files[0], stderr=files[2])
 
     def run(self, args: list[str], env: dict[str, str], input: str, timeout: float,
-            module: str = "localgen") -> subprocess.CompletedProcess[str]:
+            module: str = "localgen", cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         """`python -m MODULE ARGS` with `input` on stdin, as subprocess.run(text=True, timeout=...) runs it:
         the text of stdout and stderr once both close, the exit status, TimeoutExpired (the child killed)."""
         argv = [module, *args]
@@ -224,7 +225,7 @@ class ForkServer:
         err_r, err_w = os.pipe()
         ours, theirs = (in_w, out_r, err_r), (in_r, out_w, err_w)  # theirs: the child's stdin, stdout, stderr
         try:
-            conn, replies = self.request(argv, env, theirs)
+            conn, replies = self.request(argv, env, theirs, cwd=cwd)
         except BaseException:
             for fd in ours:
                 os.close(fd)

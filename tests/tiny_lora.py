@@ -22,18 +22,17 @@ SEED = 20261126
 @functools.cache
 def _targets(base: str) -> tuple[str, tuple[tuple[str, int, int], ...]]:
     """The base's architecture and the weights the adapter changes, with their input and output sizes: read
-    once per base (gguf's reader parses the whole header, the vocabulary's arrays too: 2 s of CPU for SmolLM2),
-    then shared by the adapter and the foreign one made for the same base."""
-    import gguf
+    once per base by localgen's bounded header reader (gguf's reader parses the vocabulary's arrays too: 2 s of
+    CPU for SmolLM2), then shared by the adapter and the foreign one made for the same base."""
+    from localgen.models.gguf_meta import read_gguf
 
-    reader = gguf.GGUFReader(base)
-    field = reader.fields["general.architecture"]
+    meta, tensors, _ = read_gguf(base)
     found = []
-    for t in reader.tensors:
-        parts = t.name.split(".")
+    for name, dims, _type, _offset in tensors:
+        parts = name.split(".")
         if len(parts) == 4 and parts[0] == "blk" and parts[2] in TARGETS and parts[3] == "weight":
-            found.append((t.name, int(t.shape[0]), int(t.shape[1])))  # GGUF's order: ne0 (the input) first
-    return bytes(field.parts[field.data[0]]).decode(), tuple(found)
+            found.append((name, int(dims[0]), int(dims[1])))  # GGUF's order: ne0 (the input) first
+    return str(meta["general.architecture"]), tuple(found)
 
 
 def build(base: Path, out: Path, arch: str | None = None, seed: int = SEED) -> Path:
