@@ -32,12 +32,7 @@ def chat(
         bool, typer.Option("--stats", rich_help_panel=o.OUTPUT_PANEL,
                            help="When scripted (stdin not a terminal): print each answer's stats to stderr.")
     ] = False,
-    prompt_cache: Annotated[
-        bool,
-        typer.Option("--prompt-cache/--no-prompt-cache", rich_help_panel=o.MODEL_PANEL,
-                     help="Keep the KV state of a long system prompt and the tools' schemas on disk and load it "
-                          "when the next chat starts with them, instead of recomputing it."),
-    ] = True,
+    prompt_cache: o.PromptCache = True,
     model: o.Model = None,
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,

@@ -111,6 +111,12 @@ NoLog = Annotated[
                        help="Keep this out of the log of prompts and answers (`localgen logs`).")
 ]
 
+PromptCache = Annotated[
+    bool,
+    typer.Option("--prompt-cache/--no-prompt-cache", rich_help_panel=MODEL_PANEL,
+                 help="Keep the KV state of a long shared prefix (documents, piped text, the system prompt, the "
+                      "tools' schemas) on disk and load it next time instead of recomputing it."),
+]
 System = Annotated[
     str | None,
     typer.Option("--system", "--system-prompt", "-sys", rich_help_panel=SAMPLING_PANEL, show_default=False,

@@ -44,12 +44,7 @@ def run(
                      help="A text file before the prompt (repeatable; long ones are cached). A lone -f FILE with no "
                           "other prompt is the prompt, as in llama.cpp."),
     ] = None,
-    prompt_cache: Annotated[
-        bool,
-        typer.Option("--prompt-cache/--no-prompt-cache", rich_help_panel=o.MODEL_PANEL,
-                     help="Keep the KV state of a long shared prefix (documents, piped text, system prompt) on disk "
-                          "and load it next time instead of recomputing it."),
-    ] = True,
+    prompt_cache: o.PromptCache = True,
     *,
     many: ManyOptions,
     decoding: DecodingOptions,
