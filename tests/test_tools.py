@@ -394,6 +394,11 @@ def test_run_with_a_stdio_mcp_server(cli: CLI, cli_in_process: InProcessCLI, mon
     assert r.returncode == 1 and "failed (calling crash)" in r.stderr and "Traceback" not in r.stderr
     r = _run(cli_in_process, "--mcp", "no-such-mcp-server-command", "--yes", "Go.")
     assert r.returncode == 1 and "no-such-mcp-server-command failed (starting)" in r.stderr
+    # a server that dies as it starts: its last line on stderr is the reason given (stderr is not a terminal)
+    dying = f"{sys.executable} -c \"import sys; sys.exit('No module named mcp (a test)')\""
+    r = _run(cli_in_process, "--mcp", dying, "--yes", "Go.")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "failed (starting)" in r.stderr and "it said: No module named mcp (a test)" in r.stderr, r.stderr
 
 
 def test_run_hides_thinking_unless_asked(cli: CLI) -> None:

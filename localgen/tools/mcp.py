@@ -30,6 +30,7 @@ class McpServer:
         self._thread.start()
         self._stack = contextlib.AsyncExitStack()
         self._session: Any = None
+        self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
         try:
             self.tools = self._wait(self._connect(), CONNECT_TIMEOUT_S, "starting")
         except BaseException:
@@ -48,7 +49,22 @@ class McpServer:
         except ToolError:
             raise
         except Exception as e:  # the SDK's errors, a dead process, a refused connection: one line each
-            raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}") from None
+            raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}") from None
+
+    def _said(self) -> str:
+        """The last line the server wrote to stderr, when it went to our log (the reason a server that died
+        gives: a missing module, a bad argument), as `; it said: ...`."""
+        if self._errlog is None:
+            return ""
+        with contextlib.suppress(OSError, ValueError):
+            import os
+
+            fd = self._errlog.fileno()
+            tail = os.pread(fd, 4096, max(0, os.fstat(fd).st_size - 4096)).decode("utf-8", "replace")
+            lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+            if lines:
+                return f"; it said: {lines[-1][:200]}"
+        return ""
 
     async def _connect(self) -> tuple[ToolSpec, ...]:
         from mcp import ClientSession, StdioServerParameters
@@ -61,12 +77,13 @@ class McpServer:
             argv = shlex.split(self.target)
             if not argv:
                 raise ToolError("--mcp needs a command line or a URL")
-            import os
             import sys
+            import tempfile
 
-            errlog = sys.stderr  # a server's own log lines: on a terminal; closed with the session otherwise
+            # a server's own log lines: on a terminal; otherwise kept aside, for the reason a failure gives
+            errlog = sys.stderr
             if not sys.stderr.isatty():
-                errlog = self._stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115
+                errlog = self._errlog = self._stack.enter_context(tempfile.TemporaryFile("w+"))  # noqa: SIM115
             transport = stdio_client(StdioServerParameters(command=argv[0], args=argv[1:]), errlog=errlog)
         read, write = await self._stack.enter_async_context(transport)
         self._session = await self._stack.enter_async_context(ClientSession(read, write))
