@@ -7,7 +7,7 @@ and `localgen serve` on SmolLM2 135M with Qwen2.5's chat template (tests/data/te
 template renders no tools), sends each request of CASES to both through the `openai` client, and prints
 the parsed tool calls (names and arguments) side by side, and whether the prompts the two render are the
 same text. With --write it saves llama-server's prompts and calls to tests/data/llama_server_tools.json,
-which tests/test_tools.py compares localgen against without building llama.cpp.
+which tests/test_tools_serve.py compares localgen against without building llama.cpp.
 
 Greedy text at a near-tie can flip with the batch a prompt was evaluated in (a prefix reused from an
 earlier request's cache, or not). So each side answers every request twice: llama-server with and without

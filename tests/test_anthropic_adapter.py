@@ -1,6 +1,6 @@
 """Anthropic's Messages API as the adapter reads it (serve/anthropic.py), in process: blocks to chat messages,
 tools and tool_choice to OpenAI's, thinking and effort to the template's switch, errors in Anthropic's shape.
-The routes themselves, with the real `anthropic` SDK and a model: tests/test_serve.py and tests/test_tools.py."""
+The routes themselves, with the real `anthropic` SDK and a model: tests/test_serve.py and tests/test_tools_serve.py."""
 
 from __future__ import annotations
 

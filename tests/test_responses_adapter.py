@@ -2,7 +2,7 @@
 input items to chat messages, tools and tool_choice to chat completions', text.format and reasoning.effort,
 the response object and stream events as the `openai` SDK's own types validate them, and the store
 (serve/responsestore.py).
-The routes themselves, with the real `openai` SDK and a model: tests/test_serve.py and tests/test_tools.py."""
+The routes themselves, with the real `openai` SDK and a model: tests/test_serve.py and tests/test_tools_serve.py."""
 
 from __future__ import annotations
 

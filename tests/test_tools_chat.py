@@ -1,0 +1,146 @@
+"""`chat` with tools and reasoning, scripted and on a terminal: each call asked for (y / n / always) and shown,
+a failing tool taking the question back, `--yes` for a scripted chat, reasoning saved apart and folded on a
+terminal. SmolLM2 with Qwen2.5's template and the stdio MCP server of tests/mcp_server.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from tests.conftest import CLI, InProcessCLI
+from tests.test_tools import MCP, QWEN, R1, _only
+
+CHAT_TOOLS = ("-m", "smollm2:135m", "--chat-template-file", str(QWEN), "--temperature", "0", "-n", "40")
+
+
+@pytest.fixture(scope="module")
+def scripted_add(cli: CLI, home: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """A scripted chat (`scripted-tools`) whose turn calls add on the MCP server: what it printed, and the
+    roles saved right after it (another test resumes the conversation, which adds to it)."""
+    from localgen.chat.session import ChatSession
+
+    r = cli("chat", "scripted-tools", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "add",
+            input="What is 2 + 3?\n")
+    return r, [m["role"] for m in ChatSession.load("scripted-tools").messages] if r.returncode == 0 else []
+
+
+def test_chat_on_a_terminal_asks_before_each_call_and_shows_the_result(cli_env: dict[str, str], home: Path) -> None:
+    from localgen.chat.session import ChatSession
+    from tests.test_chat import PROMPT, send, spawn
+
+    child = spawn(cli_env, "toolchat", *CHAT_TOOLS, "--mcp", MCP, "--tool-choice", "add")
+    child.sendline("What is 2 + 3?")
+    child.expect(r"tool call: add\((\{.*?\})\)")
+    args = json.loads(child.match.group(1))
+    child.expect_exact("[y]es / [n]o / [a]lways for add:")
+    child.sendline("y")
+    child.expect(r"tool result: (\d+)")
+    assert int(child.match.group(1)) == args["a"] + args["b"]
+    child.expect(r"1 tool call · ")
+    child.expect_exact(PROMPT)
+    child.sendline("And 4 + 4?")
+    child.expect_exact("[y]es / [n]o / [a]lways for add:")
+    child.sendline("n")
+    child.expect_exact("tool add: declined")
+    child.expect_exact(PROMPT)
+    child.sendline("And 5 + 5?")
+    child.expect_exact("[y]es / [n]o / [a]lways for add:")
+    child.sendline("a")
+    child.expect("tool result: ")
+    child.expect_exact(PROMPT)
+    child.sendline("And 6 + 6?")
+    child.expect(r"tool call: add\(")
+    assert child.expect([r"tool result: ", r"\[y\]es / \[n\]o"]) == 0, "always: no second question for add"
+    child.expect_exact(PROMPT)
+    send(child, "/tools", r"add\(a, b\) \(runs without asking\)")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    messages = ChatSession.load("toolchat").messages
+    assert [m["role"] for m in messages[:4]] == ["user", "assistant", "tool", "assistant"]
+    call = messages[1]["tool_calls"][0]
+    assert call["function"]["name"] == "add" and messages[2]["tool_call_id"] == call["id"]
+    assert messages[2]["content"] == str(args["a"] + args["b"])
+    assert messages[6]["content"] == "The user declined to run this tool call."
+
+
+def test_chat_tool_failure_takes_the_question_back(cli_env: dict[str, str], home: Path, tmp_path: Path) -> None:
+    from tests.test_chat import PROMPT, send, spawn
+
+    fns = _only(tmp_path, "explode")
+    child = spawn(cli_env, "toolfail", *CHAT_TOOLS, "--functions", fns, "--tool-choice", "explode", "--yes")
+    child.sendline("Go.")
+    child.expect("explode failed: ValueError: boom")
+    child.expect("the conversation is as it was")
+    child.expect_exact(PROMPT)
+    send(child, "/tools", r"explode\(reason\) \(runs without asking\)")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    assert not (home / "data" / "chats" / "toolfail.json").exists(), "nothing of the failed turn is saved"
+
+
+def test_scripted_chat_needs_yes_and_shows_calls_on_stderr(cli: CLI, cli_in_process: InProcessCLI, home: Path,
+                                                           scripted_add: tuple[Any, list[str]]) -> None:
+    # the usage errors come before any server starts or model loads: in this process
+    r = cli_in_process("chat", "scripted-yes", *CHAT_TOOLS, "--mcp", MCP, input="What is 2 + 3?\n")
+    assert r.returncode == 2 and "add --yes" in r.stderr and "Traceback" not in r.stderr
+    r, roles = scripted_add
+    assert r.returncode == 0, r.stderr
+    assert "tool call: add(" in r.stderr and "tool result: " in r.stderr and "tool call" not in r.stdout
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    r = cli("chat", "scripted-crash", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "crash",
+            input="Crash.\n")
+    assert r.returncode == 1 and "failed (calling crash)" in r.stderr and "Traceback" not in r.stderr
+    assert not (home / "data" / "chats" / "scripted-crash.json").exists(), "nothing of the failed turn is saved"
+    r = cli_in_process("chat", "--tool-steps", "3", *CHAT_TOOLS, input="Hi\n")
+    assert r.returncode == 2 and "go with tools" in r.stderr
+
+
+def test_chat_saves_reasoning_apart_and_resumes_tool_turns_without_tools(cli: CLI, home: Path,
+                                                                         scripted_add: tuple[Any, list[str]]) -> None:
+    from localgen.chat.runner import ChatRunner
+    from localgen.chat.session import ChatSession
+    from localgen.types import SamplingParams
+
+    r = cli("chat", "thinkchat", "-m", "smollm2:135m", "--chat-template-file", str(R1), "--temperature", "0",
+            "-n", "16", input="Why is the sky blue?\n")
+    assert r.returncode == 0, r.stderr
+    answer = ChatSession.load("thinkchat").messages[1]
+    assert answer["content"] == "" and answer["reasoning_content"].strip()
+    assert "[thinking]" in r.stdout and answer["reasoning_content"].strip()[:20] in r.stdout
+    hidden = cli("chat", "--resume", "thinkchat", "--chat-template-file", str(R1), "-n", "16",
+                 input="/set think off\nAnd the sea?\n")
+    assert hidden.returncode == 0 and "[thinking]" not in hidden.stdout
+    # a conversation with calls (scripted_add's), resumed without tools: its calls and results go as plain turns
+    assert scripted_add[0].returncode == 0, scripted_add[0].stderr
+    saved = ChatSession.load("scripted-tools")
+    runner = ChatRunner(saved, backend=None, sampling=SamplingParams())  # type: ignore[arg-type]
+    sent = runner.request(runner.sent()).messages
+    assert [m["role"] for m in sent] == ["user", "assistant", "user", "assistant"]
+    assert json.loads(sent[1]["content"])["tool_call"]["name"] == "add"
+    assert json.loads(sent[2]["content"])["tool_response"]["name"] == "add"
+    again = cli("chat", "--resume", "scripted-tools", "-n", "8", input="Thanks.\n")
+    assert again.returncode == 0 and again.stdout.strip(), again.stderr
+
+
+def test_chat_folds_thinking_on_a_terminal(cli_env: dict[str, str], home: Path) -> None:
+    from localgen.chat.session import ChatSession
+    from tests.test_chat import PROMPT, spawn
+
+    child = spawn(cli_env, "foldchat", "-m", "smollm2:135m", "--chat-template-file", str(R1), "--temperature", "0",
+                  "-n", "16")
+    child.sendline("Why is the sky blue?")
+    child.expect(r"thought \((\d+) words\) · /think shows it")
+    words = int(child.match.group(1))
+    child.expect_exact(PROMPT)
+    reasoning = ChatSession.load("foldchat").messages[1]["reasoning_content"]
+    assert words == len(reasoning.split()) > 0
+    child.sendline("/think")
+    child.expect_exact(" ".join(reasoning.split()[:3]))
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
