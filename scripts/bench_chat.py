@@ -34,14 +34,14 @@ def conversation(engine: Any, model: str, turns: int, answer: int, reuse: bool) 
     from localgen.tools.loop import Turn
     from localgen.types import SamplingParams
 
-    engine.clear()
+    engine.kv.clear()
     runner = ChatRunner(ChatSession(name="bench", model=model), LocalBackend(engine),
                         SamplingParams(temperature=0.0, max_tokens=answer))
     runner.session.save = lambda: Path()  # type: ignore[method-assign]
     rows = []
     for i in range(turns):
         if not reuse:
-            engine.clear()
+            engine.kv.clear()
         runner.start(QUESTIONS[i % len(QUESTIONS)])
         turn = Turn()
         runner.reply(lambda event: None, lambda call: False, turn)  # no tools: nothing to approve

@@ -51,9 +51,9 @@ def child(model: str, settings: dict[str, Any], depth: int, answer: int, use_rec
     out: dict[str, Any] = {"settings": {k: getattr(engine.params, k) for k in TUNABLE},
                            "flash_attn_used": engine.flash_attn}
     for d in (0, depth):
-        engine.clear()
+        engine.kv.clear()
         if d:
-            engine.evaluate(Prompt.text(deep[:d]), logits=False)
+            engine.kv.evaluate(Prompt.text(deep[:d]), logits=False)
         t0 = time.perf_counter()
         n = sum(1 for _ in engine.generate(Prompt.text(deep[:d] + prompt), sp))
         out[str(d)] = time.perf_counter() - t0

@@ -37,7 +37,7 @@ def _alone_in_process(gemma: Path, prompts: list[str], n: int, **load: object) -
     out = []
     try:
         for p in prompts:
-            backend.engine.clear()
+            backend.engine.kv.clear()
             gen = backend.generate(GenerationRequest(prompt=p, sampling=SamplingParams(temperature=0, max_tokens=n)))
             out.append(" ".join("".join(c.text for c in gen).split()))
     finally:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from localgen.engine.template import ChatTemplate
-from localgen.errors import ContextOverflowError, TemplateError
+from localgen.errors import ContextOverflowError, LocalgenError, TemplateError
 from localgen.native.prompt import Prompt
-from localgen.types import SamplingParams
+from localgen.types import LoadParams, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
@@ -42,9 +43,9 @@ def test_stats_are_filled(smollm2_engine: Any) -> None:
 
 def test_greedy_is_deterministic(smollm2_engine: Any) -> None:
     tokens = smollm2_engine.raw_tokens("Once upon a time")
-    smollm2_engine.clear()
+    smollm2_engine.kv.clear()
     first = _run(smollm2_engine, tokens, GREEDY).text
-    smollm2_engine.clear()  # evaluated afresh, the prompt goes through the same kernels again
+    smollm2_engine.kv.clear()  # evaluated afresh, the prompt goes through the same kernels again
     assert _run(smollm2_engine, tokens, GREEDY).text == first
 
 
@@ -125,11 +126,34 @@ def test_ctrl_c_inside_a_llama_cpp_log_callback_is_raised_after_it(smollm2_engin
         logs.raise_deferred()  # raised once only
         # and in the engine: the next decode raises it, with the cache record still true
         tokens = smollm2_engine.chat_tokens([{"role": "user", "content": "Hi"}])
-        smollm2_engine.clear()
+        smollm2_engine.kv.clear()
         logs._deferred = True
         with pytest.raises(KeyboardInterrupt):
-            smollm2_engine.evaluate(Prompt.text(tokens))
-        assert len(smollm2_engine.held) == len(tokens)
+            smollm2_engine.kv.evaluate(Prompt.text(tokens))
+        assert len(smollm2_engine.kv.held) == len(tokens)
     finally:
         signal.signal(signal.SIGINT, previous)
         main._sigint["seen"] = False
+
+
+def test_an_engine_is_freed_when_its_last_user_lets_go(smollm2_path: Path) -> None:
+    """Its KV record (Engine.kv) reaches the context through a weak reference: no reference cycle keeps the
+    model and its context loaded until the garbage collector runs."""
+    import gc
+    import weakref
+
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+
+    engine = Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=256))
+    kv = engine.kv
+    kv.evaluate(Prompt.text(engine.raw_tokens("Hello")))
+    gone = weakref.ref(engine)
+    gc.disable()
+    try:
+        del engine
+        assert gone() is None
+    finally:
+        gc.enable()
+    with pytest.raises(LocalgenError, match="the engine is closed"):
+        kv.evaluate(Prompt.text([1, 2]))

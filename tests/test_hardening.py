@@ -103,8 +103,8 @@ def test_saved_chats_and_prompt_states_are_private(cli: CLI, home: Path, smollm2
     from localgen.native.prompt import Prompt
 
     state = promptcache.cache_root() / "private-test.state"
-    smollm2_engine.evaluate(Prompt.text(smollm2_engine.raw_tokens("Some document text")))  # type: ignore[attr-defined]
-    smollm2_engine.save_state(state)  # type: ignore[attr-defined]
+    smollm2_engine.kv.evaluate(Prompt.text(smollm2_engine.raw_tokens("Some document text")))  # type: ignore[attr-defined]
+    smollm2_engine.kv.save_state(state)  # type: ignore[attr-defined]
     assert stat.S_IMODE(state.stat().st_mode) == 0o600
     assert stat.S_IMODE(state.parent.stat().st_mode) == 0o700
     state.unlink()

@@ -201,7 +201,7 @@ def test_second_turn_does_not_encode_the_image_again(smollm2_engine: Any, mm: di
         if backend._projector is not None:
             backend._projector.close()
         eng.model = dataclasses.replace(eng.model, mmproj=None)
-        eng.clear()
+        eng.kv.clear()
 
 
 @pytest.fixture(scope="module")

@@ -340,9 +340,9 @@ def test_sampler_paths_agree_with_penalties_on(cli: CLI, tmp_path: Path, smollm2
     eng = smollm2_engine
     chat = Prompt.text(eng.chat_tokens([{"role": "user", "content": prompt}]))
     s = SamplingParams(temperature=0, repeat_penalty=1.5, frequency_penalty=0.5, max_tokens=40)
-    eng.clear()
+    eng.kv.clear()
     alone = "".join(c.text for c in eng.generate(chat, s))
-    eng.clear()
+    eng.kv.clear()
     speculative = "".join(c.text for c in eng.generate(chat, s, drafter=Silent()))
     assert alone == speculative
 

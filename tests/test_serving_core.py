@@ -231,7 +231,7 @@ def test_an_exact_long_prompt_is_evaluated_a_piece_a_step_beside_a_stream(small_
     assert pc.n_chunk == eng.n_batch == SMALL_BATCH
     assert 2 * pc.n_chunk < len(long_prompt) <= 3 * pc.n_chunk and len(long_prompt) > 512, len(long_prompt)
     sampling = _greedy(8)
-    eng.clear()  # alone means from the first token, in n_batch pieces: not after a prefix an earlier test left
+    eng.kv.clear()  # alone means from the first token, in n_batch pieces: not after a prefix an earlier test left
     gen = eng.generate(Prompt.text(long_prompt), sampling)
     alone = "".join(c.text for c in gen)
     sched = Scheduler(pc, exact=None, reuse=True, interleave=True)

@@ -14,6 +14,7 @@ from localgen.backend import Completion
 from localgen.engine.budget import budget_for, feed, pick
 from localgen.engine.sequence import SequenceDecoder
 from localgen.errors import PromptTooLong
+from localgen.native import sampler as chains
 from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
 
@@ -107,8 +108,9 @@ def completion(seq: Seq) -> Completion:
 
 class Solo:
     """A request that asks for exactness while the throughput scheduler runs: `run`'s own path on the engine's
-    single-sequence context (Engine.evaluate, sample, decode: what `run` does with this prompt alone), one
-    token per scheduler step beside the batch. One at a time; the context is made on first use and kept."""
+    single-sequence context (Engine.kv.evaluate, Engine.sample, Engine.kv.decode: what `run` does with this
+    prompt alone), one token per scheduler step beside the batch. One at a time; the context is made on first
+    use and kept."""
 
     def __init__(self, eng: Engine, req: Request, on_done: Callable[[Completion], None]) -> None:
         self.eng, self.on_done = eng, on_done
@@ -127,7 +129,7 @@ class Solo:
                 return True
             seq.sampler = eng.sampler(req.sampling, req.seed, req.tokens)
             seq.budget = budget_for(eng, req.sampling, req.tokens)
-            seq.cached, self._pieces = eng.evaluating(req.prompt)
+            seq.cached, self._pieces = eng.kv.evaluating(req.prompt)
         if stop:
             return self._finish()
         if self._pieces is not None:
@@ -135,12 +137,12 @@ class Solo:
                 return False
             self._pieces = None
             seq.prefilled = time.perf_counter()
-        tok = pick(seq.budget, seq.sampler, lambda: eng.sample(seq.sampler), eng.accept)
+        tok = pick(seq.budget, seq.sampler, lambda: eng.sample(seq.sampler), chains.accept)
         accept(seq, tok, eng.logits, eng.piece)
         feed(seq.budget, eng, tok)
         if seq.dec.reason is not None:
             return self._finish()
-        eng.decode([tok])
+        eng.kv.decode([tok])
         return False
 
     def _finish(self) -> bool:
@@ -151,7 +153,7 @@ class Solo:
     def close(self) -> None:
         """Free the sampler chain."""
         if self.seq.sampler is not None:
-            self.eng.free_sampler(self.seq.sampler)
+            chains.free(self.seq.sampler)
             self.seq.sampler = None
 
 

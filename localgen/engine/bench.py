@@ -32,7 +32,7 @@ class BenchContext:
 
     def clear(self) -> None:
         """Empty the KV cache (and the Engine's record of what it holds)."""
-        self.engine.clear()
+        self.engine.kv.clear()
 
     def _decode(self, tokens: list[int]) -> None:
         batch, _keep = native_batch.of_tokens(tokens)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from localgen.engine.budget import budget_for, feed, pick
 from localgen.engine.sequence import SequenceDecoder
+from localgen.native import sampler as chains
 from localgen.native.prompt import Prompt
 from localgen.types import Chunk, FinishReason, SamplingParams, Stats, TokenLogprob
 
@@ -82,15 +83,15 @@ class Generation:
         budget = budget_for(eng, self.sampling, self.prompt.tokens)
         sample = functools.partial(eng.sample, chain)
         try:
-            eng.evaluate(self.prompt)
+            eng.kv.evaluate(self.prompt)
             while True:
-                tok = pick(budget, chain, sample, eng.accept)
+                tok = pick(budget, chain, sample, chains.accept)
                 feed(budget, eng, tok)
                 self._record_logprob(tok, -1)
                 yield tok
-                eng.decode([tok])
+                eng.kv.decode([tok])
         finally:
-            eng.free_sampler(chain)
+            chains.free(chain)
 
     def _record_logprob(self, token: int, row: int) -> None:
         if self.n_logprobs is not None:
@@ -99,7 +100,7 @@ class Generation:
 
     def _run(self) -> Iterator[Chunk]:
         eng, seq = self.engine, self.seq
-        cached = eng.cached_prefix(self.prompt)
+        cached = eng.kv.cached_prefix(self.prompt)
         eng.reset_perf()
         t0 = self._started if self._started is not None else time.perf_counter()
         t_first: float | None = None
@@ -155,7 +156,7 @@ class Generation:
             drafted=c.drafted if c is not None else None,
             accepted=c.accepted if c is not None else None,
             media_tokens=self.prompt.media_tokens,
-            encode_s=self.engine.encode_s if self.prompt.spans else None,
+            encode_s=self.engine.kv.encode_s if self.prompt.spans else None,
         )
 
 

@@ -1,28 +1,27 @@
-"""The Engine: a model and its context loaded through llama.cpp's own API (the native layer's wrappers), and
-the record of what the context's KV cache holds. Everything above the engine asks the Engine."""
+"""The Engine: a model and its context loaded through llama.cpp's own API (the native layer's wrappers). The
+record of what the context's KV cache holds is its `kv` (engine/kvcache.py), the vocabulary side its
+Vocabulary mixin (engine/vocab.py). Everything above the engine asks the Engine."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
-import os
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from localgen import paths
 from localgen.engine import adapters, loading
+from localgen.engine.kvcache import KVCache
 from localgen.engine.template import ChatTemplate
-from localgen.engine.tokens import common_prefix, safe_prefix
 from localgen.engine.vocab import Vocabulary
 from localgen.errors import ContextOverflowError, LocalgenError
 from localgen.native import context, logs
 from localgen.native import model as native_model
 from localgen.native import sampler as chains
 from localgen.native import vocab as native_vocab
-from localgen.native.batch import Batch
 from localgen.native.lib import logits_row, ready, version
 from localgen.native.prompt import Prompt
 from localgen.native.report import last_load
@@ -32,8 +31,9 @@ _ROPE = {None: -1, "none": 0, "linear": 1, "yarn": 2}
 
 
 class Engine(Vocabulary):
-    """One loaded model and its context, used by one thread. Keeps its KV cache between generations:
-    `held` says which tokens the cache holds, and only the methods below change it."""
+    """One loaded model and its context, used by one thread. Keeps its KV cache between generations: `kv`
+    (a KVCache) says which tokens the cache holds, and only its methods change it. The sampler chains and
+    the logits read the context's last decode; the tokens and the chat template come from Vocabulary."""
 
     def __init__(self, model: ModelRef, params: LoadParams, verbose: bool = False, cpu_only: bool = False) -> None:
         self.model = model
@@ -79,12 +79,8 @@ class Engine(Vocabulary):
         self.n_batch = self.params.n_batch
         self.n_vocab = native_vocab.n_tokens(self.vocab)
         self.params = dataclasses.replace(self.params, n_ctx=self.n_ctx)
-        self._batch = Batch(max(self.n_batch, 1))
-        self._mem = context.memory(self._ctx)
+        self.kv = KVCache(_context_of(self), self.n_ctx, self.n_batch)  # what the context's KV cache holds
         self._piece_buf = native_vocab.piece_buffer()
-        self._held: list[int] = []
-        self._live = False  # logits of the last held token are available (row -1)
-        self.encode_s = 0.0  # the media encoder's seconds in the last evaluate()
         self._template: ChatTemplate | None = None
         self._eog: tuple[int, ...] | None = None
 
@@ -128,7 +124,6 @@ class Engine(Vocabulary):
             if self.model_ptr is None:
                 raise LocalgenError("internal: the engine is closed")
             self._ctx = self._new_context(self.params)
-            self._mem = context.memory(self._ctx)
         return self._ctx
 
     @property
@@ -136,18 +131,13 @@ class Engine(Vocabulary):
         """Whether the model and its context are loaded (not closed, not released)."""
         return getattr(self, "model_ptr", None) is not None and getattr(self, "_ctx", None) is not None
 
-    def _memory(self) -> Any:
-        self.ctx  # noqa: B018 (creates it again if released)
-        return self._mem
-
     def release_context(self) -> None:
         """Free the context and its KV cache while another context on the same model (batching, beam
         search) does the work; the next use creates it again."""
         if self._ctx is not None:
             context.free(self._ctx)
             self._ctx = None
-            self._held = []
-            self._live = False
+            self.kv.reset()
 
     @property
     def identity(self) -> str:
@@ -163,18 +153,13 @@ class Engine(Vocabulary):
             version(), *self._adapter_ids,
         ))
 
+    # ---- sampling (as ParallelContext.sampler and .logits do for its slots) --------------------------
+
     def sampler(self, s: SamplingParams, seed: int, history: list[int] | tuple[int, ...] = ()) -> Any:
-        """A sampler chain for this model (native/sampler.py); free it with free_sampler."""
+        """A sampler chain for this model; native/sampler.py's accept() takes a token chosen without it,
+        free() releases it."""
         return chains.build(self.vocab, self.n_vocab, s, seed, self.n_ctx,
                               self.eog_tokens if s.ignore_eos else (), history)
-
-    def free_sampler(self, chain: Any) -> None:
-        """Release a sampler chain."""
-        chains.free(chain)
-
-    def accept(self, chain: Any, tok: int) -> None:
-        """A token chosen without the chain (a reasoning budget's close tag), accepted into it."""
-        chains.accept(chain, tok)
 
     def sample(self, chain: Any, row: int = -1) -> int:
         """Sample from the logits of one output row of the last decode (-1: the last row), as
@@ -185,130 +170,7 @@ class Engine(Vocabulary):
         """A numpy view of one output row's logits (valid until the next decode)."""
         return logits_row(self.ctx, row, self.n_vocab)
 
-    # ---- the KV cache --------------------------------------------------------------------------------
-
-    @property
-    def held(self) -> list[int]:
-        """The tokens whose KV entries the cache holds, in position order (a copy)."""
-        return list(self._held)
-
-    def cached_prefix(self, prompt: Prompt) -> int:
-        """How many leading tokens of the prompt evaluate() will reuse (the last is always re-evaluated
-        unless its logits are still live; a media span is reused whole or not at all)."""
-        tokens = prompt.tokens
-        n = common_prefix(self._held, tokens)
-        if n == len(tokens) and n > 0 and not (self._live and n == len(self._held)):
-            n -= 1
-        return safe_prefix(prompt, n)
-
-    def truncate(self, n: int) -> None:
-        """Forget every held token from position n on."""
-        if n < len(self._held):
-            if not context.seq_rm(self._memory(), -1, n, -1):
-                self.clear()  # recurrent models cannot drop a tail: start over
-                return
-            del self._held[n:]
-            self._live = False
-
-    def clear(self) -> None:
-        """Empty the KV cache."""
-        context.clear(self._memory(), True)
-        self._held = []
-        self._live = False
-
-    def evaluate(self, prompt: Prompt, logits: bool = True) -> int:
-        """Make the cache hold exactly the prompt's tokens, evaluating only what it does not hold yet, in
-        n_batch pieces (llama.cpp rounds a row differently in batches of other sizes, so the pieces are always
-        cut the same way), its media spans evaluating themselves between them. With `logits`, the last
-        token's logits are live afterwards. Returns how many tokens were reused. Interrupted between pieces,
-        the record stays true. Plain tokens (a prefix) come as Prompt.text(tokens)."""
-        keep, pieces = self.evaluating(prompt, logits)
-        for _ in pieces:
-            pass
-        return keep
-
-    def evaluating(self, prompt: Prompt, logits: bool = True) -> tuple[int, Iterator[int]]:
-        """`evaluate` a piece at a time: how many tokens are reused, and an iterator that evaluates the next
-        piece (or media span) each time it is advanced, yielding how many tokens the cache then holds."""
-        n = len(prompt.tokens)
-        if n > self.n_ctx:
-            raise ContextOverflowError(f"{n:,} tokens do not fit the context window of {self.n_ctx:,}")
-        keep = self.cached_prefix(prompt) if logits else safe_prefix(prompt, common_prefix(self._held, prompt.tokens))
-        self.truncate(keep)
-        self.encode_s = 0.0
-        return keep, self._pieces(prompt, keep)
-
-    def _pieces(self, prompt: Prompt, keep: int) -> Iterator[int]:
-        # with images or audio: text in n_batch pieces up to each media span, which encodes and decodes itself;
-        # the spans already held are not encoded again
-        tokens, spans = prompt.tokens, prompt.spans
-        pos = keep
-        for start in sorted(spans):
-            span = spans[start]
-            if start + span.n_pos <= keep:
-                continue
-            for piece in range(pos, start, self.n_batch):
-                self._decode(tokens[piece:min(piece + self.n_batch, start)], all_logits=False)
-                yield len(self._held)
-            self.encode_s += span.evaluate(self.ctx, start, 0, self.n_batch)
-            self._held.extend(tokens[start:start + span.n_pos])
-            self._live = False
-            pos = start + span.n_pos
-            yield len(self._held)
-        for piece in range(pos, len(tokens), self.n_batch):
-            self._decode(tokens[piece:piece + self.n_batch], all_logits=False)
-            yield len(self._held)
-
-    def decode(self, tokens: list[int], all_logits: bool = True) -> None:
-        """Evaluate tokens after the held ones in one llama_decode (logits for every row, or the last)."""
-        if len(self._held) + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(f"the context window of {self.n_ctx:,} tokens is full")
-        self._decode(tokens, all_logits)
-
-    def _decode(self, tokens: list[int], all_logits: bool) -> None:
-        n = len(tokens)
-        if n > self.n_batch:
-            raise LocalgenError(f"internal: a batch of {n} tokens exceeds n_batch {self.n_batch}")
-        self._batch.set_tokens(tokens, len(self._held), 0, all_logits)
-        rc = context.decode(self.ctx, self._batch)
-        if rc != 0:
-            self._live = False
-            raise LocalgenError(f"llama_decode failed ({rc})", hint="the context may be full; raise --ctx")
-        self._held.extend(tokens)
-        self._live = True
-        logs.raise_deferred()
-
-    def save_state(self, path: Path) -> int:
-        """Write the context's KV state and its tokens atomically; returns the file size."""
-        tokens = self._held
-        paths.private_dir(path.parent)  # a state holds the text of its prompt
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))  # llama.cpp keeps the mode
-            if not context.save_file(self.ctx, tmp, tokens):
-                raise OSError(f"llama.cpp could not write {tmp}")
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
-            paths.fsync_dir(path.parent)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-        return path.stat().st_size
-
-    def load_state(self, path: Path) -> list[int] | None:
-        """Restore a saved state; returns its tokens, or None (the cache is then empty) if it does not load."""
-        try:
-            held = context.load_file(self.ctx, path, self.n_ctx)
-        except OSError:
-            held = None
-        if held is None:
-            self.clear()
-            return None
-        self._held = held
-        self._live = False  # the logits are not restored: evaluate() re-evaluates the last token
-        return self.held
-
-    # ---- counters and lifetime -----------------------------------------------------------------------
+    # ---- counters, generation and lifetime -----------------------------------------------------------
 
     def perf(self) -> context.Perf:
         """llama.cpp's perf counters for this context."""
@@ -317,10 +179,6 @@ class Engine(Vocabulary):
     def reset_perf(self) -> None:
         """Every request starts its counters from zero."""
         context.reset_perf(self.ctx)
-
-    def synchronize(self) -> None:
-        """Wait for queued work (benchmarks time the device, not the queue)."""
-        context.synchronize(self.ctx)
 
     def generate(self, prompt: Prompt, sampling: SamplingParams, started: float | None = None,
                  drafter: Any = None, draft_max: int = 6, logprobs: int | None = None) -> Any:
@@ -345,8 +203,8 @@ class Engine(Vocabulary):
 
     def close(self) -> None:
         """Free the context, the model and the batch (idempotent)."""
-        if getattr(self, "_batch", None) is not None:
-            self._batch.free()  # idempotent
+        if getattr(self, "kv", None) is not None:
+            self.kv.close()  # idempotent
         if getattr(self, "_ctx", None) is not None:
             context.free(self._ctx)
             self._ctx = None
@@ -357,6 +215,21 @@ class Engine(Vocabulary):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _context_of(engine: Engine) -> Callable[[], Any]:
+    """engine.ctx for its KVCache, through a weak reference: a strong one would make a cycle, and the engine
+    (its model and context) would then be freed by the garbage collector instead of when its last user lets
+    go of it."""
+    ref = weakref.ref(engine)
+
+    def ctx() -> Any:
+        eng = ref()
+        if eng is None:
+            raise LocalgenError("internal: the engine is closed")
+        return eng.ctx
+
+    return ctx
 
 
 __all__ = ["Engine"]

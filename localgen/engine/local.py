@@ -114,7 +114,7 @@ class LocalBackend:
             from localgen.engine import promptcache
 
             shared = common_prefix(self.prompt(lead).tokens, tokens)
-            if shared >= MIN_PREFIX and common_prefix(self.engine.held, tokens) >= shared:
+            if shared >= MIN_PREFIX and common_prefix(self.engine.kv.held, tokens) >= shared:
                 # held already, by an earlier turn or tool step: evaluating it again would drop what follows it
                 cache = "hit" if request.prompt_cache else cache
             elif request.prompt_cache:
@@ -122,7 +122,7 @@ class LocalBackend:
             elif shared >= MIN_PREFIX:
                 # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row
                 # differently in batches of other sizes, and the text must not depend on the cache.
-                self.engine.evaluate(Prompt.text(tokens[:shared]), logits=False)
+                self.engine.kv.evaluate(Prompt.text(tokens[:shared]), logits=False)
         drafter = self.drafter
         if drafter is not None and prompt.spans:
             drafter = None  # the draft model cannot see the image

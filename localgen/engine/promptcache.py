@@ -51,17 +51,17 @@ def attach_prefix(engine: Engine, prefix: list[int], warn: Callable[[str], None]
         return "skipped"
     path = cache_root() / f"{_digest(engine, prefix)}.state"
     if path.exists():
-        tokens = engine.load_state(path)
+        tokens = engine.kv.load_state(path)
         if tokens == prefix:
             with contextlib.suppress(OSError):
                 os.utime(path)  # recently used
             return "hit"
         with contextlib.suppress(OSError):  # did not load, a key collision, or a tampered file: never ours
             path.unlink(missing_ok=True)
-        engine.clear()
-    engine.evaluate(Prompt.text(prefix), logits=False)
+        engine.kv.clear()
+    engine.kv.evaluate(Prompt.text(prefix), logits=False)
     try:
-        engine.save_state(path)
+        engine.kv.save_state(path)
         evict()
     except OSError as e:
         warn(f"the prompt cache cannot be written ({_reason(e, path)}); answering without it")
@@ -76,9 +76,9 @@ def chat_state_path(engine: Engine, name: str) -> Path:
 
 def save_chat(engine: Engine, name: str) -> None:
     """Keep a conversation's KV state for --resume (nothing when the cache is not writable)."""
-    if len(engine.held) >= 16:
+    if len(engine.kv.held) >= 16:
         with contextlib.suppress(OSError):
-            engine.save_state(chat_state_path(engine, name))
+            engine.kv.save_state(chat_state_path(engine, name))
             evict()
 
 
@@ -88,13 +88,13 @@ def restore_chat(engine: Engine, name: str, conversation_tokens: list[int]) -> i
     path = chat_state_path(engine, name)
     if not path.exists():
         return 0
-    tokens = engine.load_state(path)
+    tokens = engine.kv.load_state(path)
     if tokens is None:
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
         return 0
     if tokens != conversation_tokens[: len(tokens)]:
-        engine.clear()  # history changed since: the state is stale
+        engine.kv.clear()  # history changed since: the state is stale
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
         return 0

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from localgen.errors import UsageError
+from localgen.native import sampler as chains
 from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
 
@@ -74,7 +75,7 @@ class ModelDrafter:
         d = self.engine
         if len(context) + k >= d.n_ctx:
             return []
-        d.evaluate(Prompt.text(context))
+        d.kv.evaluate(Prompt.text(context))
         out: list[int] = []
         for j in range(k):
             tok = d.sample(self.greedy)
@@ -82,11 +83,11 @@ class ModelDrafter:
                 break
             out.append(tok)
             if j < k - 1:
-                d.decode([tok])
+                d.kv.decode([tok])
         return out
 
     def close(self) -> None:
-        self.engine.free_sampler(self.greedy)
+        chains.free(self.greedy)
         self.engine.close()
 
 
@@ -111,20 +112,20 @@ def tokens(engine: DecodingEngine, prompt: Prompt, s: SamplingParams, seed: int,
     # logits: a GPU rounds a row differently when the batch around it has another shape, so a prompt cut
     # elsewhere could change a near-tie greedy choice. After that, a check with no drafts is the plain path's
     # one-token decode.
-    engine.evaluate(prompt)
+    engine.kv.evaluate(prompt)
     context = list(prompt.tokens)
     chain = engine.sampler(s, seed, prompt.tokens)
-    valid = len(engine.held)
+    valid = len(engine.kv.held)
     try:
         first = engine.sample(chain)
         on_sample(first, -1)
         context.append(first)
         yield first
         while True:
-            room = engine.n_ctx - len(engine.held) - 1
+            room = engine.n_ctx - len(engine.kv.held) - 1
             drafts = drafter.propose(context, min(k, room - 1, engine.n_batch - 1)) if room > 1 else []
-            base = len(engine.held)
-            engine.decode([context[-1], *drafts])
+            base = len(engine.kv.held)
+            engine.kv.decode([context[-1], *drafts])
             counters.drafted += len(drafts)
             valid = base + 1  # the last token's entry is valid context
             for i in range(len(drafts) + 1):
@@ -138,7 +139,7 @@ def tokens(engine: DecodingEngine, prompt: Prompt, s: SamplingParams, seed: int,
                 if not hit:
                     break
                 valid += 1  # the accepted draft's entry is valid context
-            engine.truncate(valid)
+            engine.kv.truncate(valid)
     finally:
-        engine.truncate(valid)  # drafts that were not checked, or were rejected, leave the cache
-        engine.free_sampler(chain)
+        engine.kv.truncate(valid)  # drafts that were not checked, or were rejected, leave the cache
+        chains.free(chain)

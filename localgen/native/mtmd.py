@@ -3,7 +3,7 @@ a rendered prompt with media markers and its media into a Prompt: the text token
 clip a run of placeholder ids (one per position it takes) that the KV record holds like tokens. A
 placeholder is derived from the media's SHA-256, so a conversation's second turn finds its image already in
 the cache and does not encode it again. Spans evaluate themselves (encode, then decode the embeddings) into
-any context and sequence: the single stream (Engine.evaluate) and the batch slots (engine/batch.py). Bindings
+any context and sequence: the single stream (Engine.kv.evaluate) and the batch slots (engine/batch.py). Bindings
 glue only: the Engine hands it its model pointer."""
 
 from __future__ import annotations

@@ -1,0 +1,172 @@
+"""The record of what an Engine's context's KV cache holds, and the only way it changes: evaluate a prompt
+(reusing the prefix it holds), decode tokens after it, truncate, clear, save and load a state."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from localgen import paths
+from localgen.engine.tokens import common_prefix, safe_prefix
+from localgen.errors import ContextOverflowError, LocalgenError
+from localgen.native import context, logs
+from localgen.native.batch import Batch
+from localgen.native.prompt import Prompt
+
+
+class KVCache:
+    """What the single-sequence context holds: `held` says which tokens, and only the methods below change it.
+    `ctx` returns the context (the Engine creates it again after release_context, which calls reset)."""
+
+    def __init__(self, ctx: Callable[[], Any], n_ctx: int, n_batch: int) -> None:
+        self._ctx = ctx
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self._batch = Batch(max(n_batch, 1))
+        self._mem: Any = None  # the context's memory handle, asked for on first use
+        self._held: list[int] = []
+        self._live = False  # logits of the last held token are available (row -1)
+        self.encode_s = 0.0  # the media encoder's seconds in the last evaluate()
+
+    def reset(self) -> None:
+        """The context was freed: it holds nothing, and the next one has another memory handle."""
+        self._held = []
+        self._live = False
+        self._mem = None
+
+    def close(self) -> None:
+        """Free the batch (idempotent)."""
+        self._batch.free()
+
+    def _memory(self) -> Any:
+        ctx = self._ctx()  # creates it again if released
+        if self._mem is None:
+            self._mem = context.memory(ctx)
+        return self._mem
+
+    @property
+    def held(self) -> list[int]:
+        """The tokens whose KV entries the cache holds, in position order (a copy)."""
+        return list(self._held)
+
+    def cached_prefix(self, prompt: Prompt) -> int:
+        """How many leading tokens of the prompt evaluate() will reuse (the last is always re-evaluated
+        unless its logits are still live; a media span is reused whole or not at all)."""
+        tokens = prompt.tokens
+        n = common_prefix(self._held, tokens)
+        if n == len(tokens) and n > 0 and not (self._live and n == len(self._held)):
+            n -= 1
+        return safe_prefix(prompt, n)
+
+    def truncate(self, n: int) -> None:
+        """Forget every held token from position n on."""
+        if n < len(self._held):
+            if not context.seq_rm(self._memory(), -1, n, -1):
+                self.clear()  # recurrent models cannot drop a tail: start over
+                return
+            del self._held[n:]
+            self._live = False
+
+    def clear(self) -> None:
+        """Empty the KV cache."""
+        context.clear(self._memory(), True)
+        self._held = []
+        self._live = False
+
+    def evaluate(self, prompt: Prompt, logits: bool = True) -> int:
+        """Make the cache hold exactly the prompt's tokens, evaluating only what it does not hold yet, in
+        n_batch pieces (llama.cpp rounds a row differently in batches of other sizes, so the pieces are always
+        cut the same way), its media spans evaluating themselves between them. With `logits`, the last
+        token's logits are live afterwards. Returns how many tokens were reused. Interrupted between pieces,
+        the record stays true. Plain tokens (a prefix) come as Prompt.text(tokens)."""
+        keep, pieces = self.evaluating(prompt, logits)
+        for _ in pieces:
+            pass
+        return keep
+
+    def evaluating(self, prompt: Prompt, logits: bool = True) -> tuple[int, Iterator[int]]:
+        """`evaluate` a piece at a time: how many tokens are reused, and an iterator that evaluates the next
+        piece (or media span) each time it is advanced, yielding how many tokens the cache then holds."""
+        n = len(prompt.tokens)
+        if n > self.n_ctx:
+            raise ContextOverflowError(f"{n:,} tokens do not fit the context window of {self.n_ctx:,}")
+        keep = self.cached_prefix(prompt) if logits else safe_prefix(prompt, common_prefix(self._held, prompt.tokens))
+        self.truncate(keep)
+        self.encode_s = 0.0
+        return keep, self._pieces(prompt, keep)
+
+    def _pieces(self, prompt: Prompt, keep: int) -> Iterator[int]:
+        # with images or audio: text in n_batch pieces up to each media span, which encodes and decodes itself;
+        # the spans already held are not encoded again
+        tokens, spans = prompt.tokens, prompt.spans
+        pos = keep
+        for start in sorted(spans):
+            span = spans[start]
+            if start + span.n_pos <= keep:
+                continue
+            for piece in range(pos, start, self.n_batch):
+                self._decode(tokens[piece:min(piece + self.n_batch, start)], all_logits=False)
+                yield len(self._held)
+            self.encode_s += span.evaluate(self._ctx(), start, 0, self.n_batch)
+            self._held.extend(tokens[start:start + span.n_pos])
+            self._live = False
+            pos = start + span.n_pos
+            yield len(self._held)
+        for piece in range(pos, len(tokens), self.n_batch):
+            self._decode(tokens[piece:piece + self.n_batch], all_logits=False)
+            yield len(self._held)
+
+    def decode(self, tokens: list[int], all_logits: bool = True) -> None:
+        """Evaluate tokens after the held ones in one llama_decode (logits for every row, or the last)."""
+        if len(self._held) + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(f"the context window of {self.n_ctx:,} tokens is full")
+        self._decode(tokens, all_logits)
+
+    def _decode(self, tokens: list[int], all_logits: bool) -> None:
+        n = len(tokens)
+        if n > self.n_batch:
+            raise LocalgenError(f"internal: a batch of {n} tokens exceeds n_batch {self.n_batch}")
+        self._batch.set_tokens(tokens, len(self._held), 0, all_logits)
+        rc = context.decode(self._ctx(), self._batch)
+        if rc != 0:
+            self._live = False
+            raise LocalgenError(f"llama_decode failed ({rc})", hint="the context may be full; raise --ctx")
+        self._held.extend(tokens)
+        self._live = True
+        logs.raise_deferred()
+
+    def save_state(self, path: Path) -> int:
+        """Write the context's KV state and its tokens atomically; returns the file size."""
+        tokens = self._held
+        paths.private_dir(path.parent)  # a state holds the text of its prompt
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))  # llama.cpp keeps the mode
+            if not context.save_file(self._ctx(), tmp, tokens):
+                raise OSError(f"llama.cpp could not write {tmp}")
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+            paths.fsync_dir(path.parent)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return path.stat().st_size
+
+    def load_state(self, path: Path) -> list[int] | None:
+        """Restore a saved state; returns its tokens, or None (the cache is then empty) if it does not load."""
+        try:
+            held = context.load_file(self._ctx(), path, self.n_ctx)
+        except OSError:
+            held = None
+        if held is None:
+            self.clear()
+            return None
+        self._held = held
+        self._live = False  # the logits are not restored: evaluate() re-evaluates the last token
+        return self.held
+
+
+__all__ = ["KVCache"]
