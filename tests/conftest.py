@@ -161,15 +161,16 @@ class CLI:
             cwd=cwd or ROOT,
         )
 
-    def popen(self, *args: str, **kw: Any) -> Any:
-        """`localgen ARGS` left running, as subprocess.Popen(..., **kw) starts it (forked where the fork server
-        takes the environment and the keywords are the streams, text and bufsize)."""
+    def popen(self, *args: str, cwd: Path | None = None, **kw: Any) -> Any:
+        """`localgen ARGS` left running in `cwd` (default: the checkout), as subprocess.Popen(..., **kw) starts
+        it (forked where the fork server takes the environment and the keywords are the streams, text and
+        bufsize)."""
         forks = fork_server(self.env)
         if forks is not None and forks.accepts(self.env) and kw.keys() <= {"stdin", "stdout", "stderr", "text",
                                                                              "bufsize"}:
             streams = {"stdin": None, "stdout": None, "stderr": None, **kw}  # Popen's defaults: the caller's own
-            return forks.popen(list(args), self.env, sigint=True, **streams)
-        return subprocess.Popen(self.argv(*args), env=self.env, cwd=ROOT, preexec_fn=default_sigint, **kw)
+            return forks.popen(list(args), self.env, sigint=True, cwd=cwd, **streams)
+        return subprocess.Popen(self.argv(*args), env=self.env, cwd=cwd or ROOT, preexec_fn=default_sigint, **kw)
 
 
 def default_sigint() -> None:

@@ -182,13 +182,15 @@ class ForkServer:
 
     def popen(self, args: list[str], env: dict[str, str], stderr: Any = None, stdin: Any = subprocess.DEVNULL,
               stdout: Any = subprocess.PIPE, text: bool = False, bufsize: int = -1,
-              module: str = "localgen", sigint: bool = False, tty: bool = False) -> ForkedProcess:
+              module: str = "localgen", sigint: bool = False, tty: bool = False,
+              cwd: Path | None = None) -> ForkedProcess:
         """`python -m MODULE ARGS` left running, as subprocess.Popen starts it: each of stdin, stdout and stderr is the
         caller's own (None), DEVNULL, PIPE (a file object on the ForkedProcess, text or bytes as `text` and
         `bufsize` say) or a descriptor. By default stdin is /dev/null and stdout a pipe. With `sigint`, SIGINT
         raises KeyboardInterrupt in the child even where the session ignores it (Popen's preexec_fn resetting it
         before an interpreter starts does as much). With `tty`, the descriptor given for all three is a pseudo-terminal
-        that becomes the child's controlling terminal (tests/terminal.py)."""
+        that becomes the child's controlling terminal (tests/terminal.py). It runs in `cwd` (default: the server's
+        directory)."""
         theirs: list[int] = []  # the child's ends, closed here once it has them
         ours: list[Any] = []  # the caller's ends of pipes: (fd, reading)
         for i, want in enumerate((stdin, stdout, stderr)):
@@ -205,7 +207,7 @@ class ForkServer:
             else:
                 theirs.append(os.dup(want if isinstance(want, int) else want.fileno()))
         try:
-            conn, replies = self.request([module, *args], env, (theirs[0], theirs[1], theirs[2]), sigint, tty)
+            conn, replies = self.request([module, *args], env, (theirs[0], theirs[1], theirs[2]), sigint, tty, cwd)
         except BaseException:
             for end in ours:
                 if end is not None:

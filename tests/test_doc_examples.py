@@ -4,9 +4,10 @@ suite instead of misleading a reader. The commands are parsed in-process by the 
 (after `normalize_argv`, as `localgen.cli.main` does), up to the point where the command body would run:
 nothing is loaded, nothing touches the network, so examples that need a GPU, a server or a model that is
 not installed are checked too. Here they are only parsed; tests/test_doc_examples_run.py also runs every one
-this machine can run within the suite's time (50 of 120: with the embedded models, in a home per page) and
-gives, by rule, each other one's reason (it serves until stopped, needs a network host, downloads, names a
-model not here, is a benchmark too long, needs a terminal, costs too much, or repeats one already run).
+this machine can run within the suite's time (57 of 120: with the embedded models, in a home per page; those
+that serve until stopped, until they answer) and gives, by rule, each other one's reason (it needs a network
+host, downloads, names a model not here, is a benchmark too long, needs a terminal, costs too much, or
+repeats one already run).
 
 Which lines are commands:
 - blocks fenced as `sh`, `bash` or `shell`: every line (comments dropped, `\\` continuations joined,

@@ -25,6 +25,8 @@ def rpc_server(
     ] = False,
 ) -> None:
     """Serve this machine's devices to llama.cpp RPC clients until stopped (Ctrl-C)."""
+    import signal
+
     from localgen import hardware, paths
     from localgen.cli.main import is_loopback
     from localgen.cli.output import ErrWriter
@@ -40,4 +42,6 @@ def rpc_server(
         directory.mkdir(parents=True, exist_ok=True)
         cache_dir = str(directory)
     err.line(f"localgen rpc-server on {host}:{port} (RPC protocol {devices.RPC_PROTO_MAJOR}.x); Ctrl-C stops it")
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # no Python handler can run inside the C call
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # so Ctrl-C ends it as it ends llama.cpp's rpc-server
     devices.start_rpc_server(f"{host}:{port}", threads or hardware.physical_cores(), cache_dir)
