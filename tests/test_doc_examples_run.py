@@ -185,7 +185,7 @@ RULES: dict[str, Callable[[Verdict, PageState], str | None]] = {
     "too long for the suite": _too_long,
     "needs what no earlier example made": _needs_earlier,
     "asks at a terminal": lambda v, _: "a chat with tools asks before each call, and scripted it refuses "
-                                       "without --yes (tests/test_tools.py drives it at a terminal)"
+                                       "without --yes (tests/test_tools_chat.py drives it at a terminal)"
     if v.argv[0] == "chat" and {"--functions", "--mcp"} & set(v.argv) and "--yes" not in v.argv else None,
     "costs too much": _too_costly,
 }
