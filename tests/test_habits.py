@@ -135,6 +135,28 @@ def test_list_of_a_fresh_home_assembles_nothing(cli_in_process: Any, tmp_path: P
     assert not (tmp_path / "data" / "embedded").exists(), "listing assembled the model"
 
 
+def test_serve_s_listings_of_a_fresh_home_assemble_nothing(cli_env: dict[str, str], tmp_path: Path,
+                                                          gemma_path: Path) -> None:
+    """serve offers every installed model (#43): /v1/models and /api/tags name Gemma, with its size from its
+    first chunk's header, /api/show describes it from there, and none writes anything; the copy is made when a
+    request first uses Gemma."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path)}, "-m", "smollm2:135m", "--ctx", "512")
+    try:
+        models = httpx.get(f"{s.url}/v1/models", timeout=30).json()["data"]
+        tags = {m["name"]: m for m in httpx.get(f"{s.url}/api/tags", timeout=30).json()["models"]}
+        shown = httpx.post(f"{s.url}/api/show", json={"model": "gemma3:270m"}, timeout=30).json()
+    finally:
+        assert s.stop() == 0
+    assert "gemma3:270m" in [m["id"] for m in models]
+    assert tags["gemma3:270m"]["size"] == gemma_path.stat().st_size
+    assert shown["details"]["family"] == "gemma3" and shown["model_info"], shown
+    assert not (tmp_path / "data" / "embedded").exists(), "a listing assembled the model"
+
+
 # ---- 3: --grammar inline ---------------------------------------------------------------------------------
 
 def test_grammar_takes_gbnf_inline_as_well_as_a_file(cli: CLI, tmp_path: Path) -> None:

@@ -230,7 +230,8 @@ def _on_demand(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: A
         return [i["name"] for i in installed() if i.get("architecture") is not None]
 
     return OnDemand(make, lambda name: resolve(name, offline=True, pull_missing=False), listing, load,
-                    f.knobs.given("ctx"))
+                    f.knobs.given("ctx"), peek=lambda name: resolve(name, offline=True, pull_missing=False,
+                                                                    assemble=False))
 
 
 def _workers(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: Any) -> list[Any]:

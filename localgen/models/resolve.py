@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from localgen.errors import LocalgenError, ModelNotFoundError
 from localgen.models import catalogue, embedded, hfcache, mmproj, names, store
-from localgen.models.gguf_meta import read_summary
+from localgen.models.gguf_meta import read_summary, summarize
 from localgen.models.quant import QuantOption, group_options, pick, rank
 from localgen.types import ModelRef
 
@@ -29,8 +29,10 @@ class Target:
 
 
 def resolve(name: str | None, offline: bool = False, progress: download.Progress | None = None,
-            pull_missing: bool = True) -> ModelRef:
-    """Resolve a model name to a verified local file and its GGUF summary."""
+            pull_missing: bool = True, assemble: bool = True) -> ModelRef:
+    """Resolve a model name to a verified local file and its GGUF summary. Without `assemble` (a listing), an
+    embedded model in chunks not assembled yet is described from its first chunk, and its path is where its
+    first use will assemble it."""
     text = name or embedded.DEFAULT_MODEL
     spec = names.parse(text)
     if isinstance(spec, names.PathSpec):
@@ -43,14 +45,19 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
         if preset is not None:
             from localgen.models import presets
 
-            return presets.apply(preset, resolve(preset.base, offline, progress, pull_missing))
+            return presets.apply(preset, resolve(preset.base, offline, progress, pull_missing, assemble))
         entry = _entry(spec.name)
         if entry.embedded:
             if spec.quant and spec.quant.upper() != entry.default_quant.upper():
                 raise ModelNotFoundError(f"{entry.name} ships only as {entry.default_quant}")
-            path = embedded.locate(embedded.EMBEDDED[entry.name])
-            return ModelRef(name=entry.name, path=str(path), source="embedded",
-                            summary=read_summary(str(path)),
+            model = embedded.EMBEDDED[entry.name]
+            if assemble:
+                path = embedded.locate(model)
+                summary = read_summary(str(path))
+            else:  # a listing: described as `localgen list` describes it, nothing written
+                path, start, size = embedded.peek(model)
+                summary = read_summary(str(path)) if start == path else summarize(str(start), file_size=size)
+            return ModelRef(name=entry.name, path=str(path), source="embedded", summary=summary,
                             sampling_defaults=entry.sampling)
         target = _catalogue_target(entry, spec.quant)
     else:

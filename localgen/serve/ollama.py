@@ -237,8 +237,11 @@ def _details(ref: ModelRef) -> dict[str, Any]:
 def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
     import os
 
-    mtime = datetime.datetime.fromtimestamp(os.path.getmtime(ref.path), datetime.UTC).isoformat().replace(
-        "+00:00", "Z")
+    try:
+        stamp = os.path.getmtime(ref.path)
+    except OSError:  # not written yet: an embedded model in chunks, assembled when a request first uses it
+        stamp = time.time()
+    mtime = datetime.datetime.fromtimestamp(stamp, datetime.UTC).isoformat().replace("+00:00", "Z")
     return {"name": name, "model": name, "modified_at": mtime, "size": ref.summary.file_size,
             "digest": ref.sha256 or "", "details": _details(ref)}
 

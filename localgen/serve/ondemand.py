@@ -16,12 +16,14 @@ class OnDemand:
     """Installed models, looked up offline by name, and a worker made for each when first asked for."""
 
     def __init__(self, make: Callable[[ModelRef], Any], lookup: Callable[[str], ModelRef],
-                 listing: Callable[[], list[str]], load: LoadParams, ctx_given: bool = False) -> None:
+                 listing: Callable[[], list[str]], load: LoadParams, ctx_given: bool = False,
+                 peek: Callable[[str], ModelRef] | None = None) -> None:
         self.load = load  # what each loads with (a preset's num_ctx in place of the context, unless --ctx was given)
         self.ctx_given = ctx_given
         self.make = make  # a started ModelWorker for a model (not loaded yet)
         self.lookup = lookup  # a name → its model on disk, without the network (LocalgenError: none)
         self.listing = listing  # the names of the models on disk
+        self.peek = peek or lookup  # as lookup, for the listings: nothing assembled (an embedded model in chunks)
         self.aliases: dict[str, str] = {}  # a name asked for → the worker's name, when they differ
 
     def worker(self, name: str, workers: dict[str, Any]) -> Any:
@@ -53,7 +55,7 @@ class OnDemand:
             if name in workers:
                 continue
             try:
-                ref = self.lookup(name)
+                ref = self.peek(name)
             except LocalgenError:
                 continue  # gone since it was listed, or a preset whose base is gone
             if (ref.name, ref.path) not in held:
