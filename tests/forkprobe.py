@@ -24,11 +24,13 @@ def c_getenv(name: str) -> str | None:
 
 
 def on_a_terminal() -> None:
-    """`tty`: what a process on a pseudo-terminal sees of it, then a line read until Ctrl-C (exit 130)."""
+    """`tty`: what a process on a pseudo-terminal sees of it, then a prompt, waiting for Ctrl-C (exit 130)."""
     print(json.dumps({"ttys": [os.isatty(fd) for fd in range(3)], "size": tuple(os.get_terminal_size()),
                       "foreground": os.tcgetpgrp(0) == os.getpgrp(), "leader": os.getsid(0) == os.getpid()}))
-    try:
-        input("> ")
+    print("> ", end="", flush=True)
+    try:  # not input(): a SIGINT that lands between its prompt and its read() is only seen after a line comes
+        while True:
+            time.sleep(0.05)
     except KeyboardInterrupt:
         print("interrupted")
         sys.exit(130)
