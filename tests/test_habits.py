@@ -112,17 +112,17 @@ def test_rm_of_the_assembled_default_removes_only_the_assembled_copy(cli_env: di
 
 
 def test_list_of_a_fresh_home_assembles_nothing(cli_in_process: Any, tmp_path: Path, gemma_path: Path) -> None:
-    """`localgen list` names Gemma (four chunk packages) with its figures from its first chunk's header, and a
-    preset of Gemma with the same figures, and writes nothing: the 250 MB copy is made by Gemma's first use, not
-    by a listing (the session's copy, assembled by its first use, gives the figures to compare)."""
+    """`localgen create` of a preset of Gemma (four chunk packages), and `localgen list`, which names Gemma with its
+    figures from its first chunk's header and the preset with the same figures, write nothing: the 250 MB copy is
+    made by Gemma's first use, not by a preset or a listing (the session's copy, assembled by its first use,
+    gives the figures to compare)."""
     from localgen.models import embedded
 
     model = embedded.EMBEDDED["gemma3:270m"]
-    (tmp_path / "data" / "presets").mkdir(parents=True)  # a preset file, as `create` writes one
-    (tmp_path / "data" / "presets" / "g2.json").write_text(json.dumps(
-        {"format": 1, "name": "g2", "base": "gemma3:270m", "parameters": {"temperature": 0.5}, "context": None,
-         "system": None, "template": None, "messages": [], "adapters": []}))
     fresh = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})
+    (tmp_path / "Modelfile").write_text("FROM gemma3:270m\nPARAMETER temperature 0.5\n")
+    made = fresh("create", "g2", "-f", str(tmp_path / "Modelfile"))
+    assert made.returncode == 0, made.stderr
     r = fresh("list", "--json")
     assert r.returncode == 0, r.stderr
     listed = {m["name"]: m for m in json.loads(r.stdout)}

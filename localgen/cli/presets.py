@@ -65,7 +65,8 @@ def _done(preset: object, json_out: bool) -> None:
 
 
 def _on_disk(name: str) -> Any:
-    """The model a preset's base names, from what is on this machine (no download)."""
+    """The model a preset's base names, from what is on this machine (no download). Its header is all a preset
+    needs: an embedded model in chunks is not assembled for it."""
     from localgen.models.resolve import resolve
 
-    return resolve(name, offline=True, pull_missing=False)
+    return resolve(name, offline=True, pull_missing=False, assemble=False)

@@ -139,15 +139,16 @@ def _offered(state: ServeState, name: str) -> None:
     raise HTTPError(404, f"model {name!r} is not here (localgen list shows what is)", "not_found_error", "model")
 
 
-def _lookup(state: ServeState, assemble: bool = True) -> Any:
-    """The base lookup for presets: a model offered here, found offline; never a path or a Hub repo. Without
-    `assemble`, what its header says (an embedded model in chunks is not assembled: models/resolve.py)."""
+def _lookup(state: ServeState) -> Any:
+    """The base lookup for presets, /api/show and /api/delete: a model offered here, found offline; never a path
+    or a Hub repo. What its header says is all they need: an embedded model in chunks is not assembled for it
+    (models/resolve.py)."""
     from localgen.models.resolve import resolve
 
     def lookup(name: str) -> ModelRef:
         if name not in state.workers and name not in state.names():
             raise ModelNotFoundError(f"model {name!r} is not here (localgen list shows what is)")
-        return resolve(name, offline=True, pull_missing=False, assemble=assemble)
+        return resolve(name, offline=True, pull_missing=False, assemble=False)
 
     return lookup
 
@@ -160,7 +161,7 @@ def _ref(state: ServeState, name: str) -> ModelRef:
         return state.workers[state.on_demand.aliases[name]].ref
     _offered(state, name)
     try:
-        ref: ModelRef = _lookup(state, assemble=False)(name)  # /api/show and /api/delete read its header only
+        ref: ModelRef = _lookup(state)(name)
     except ModelNotFoundError as e:
         raise HTTPError(404, e.message, "not_found_error", "model") from None
     except LocalgenError as e:
