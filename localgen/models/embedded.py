@@ -7,9 +7,13 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localgen import paths
 from localgen.errors import ModelNotFoundError
+
+if TYPE_CHECKING:
+    from localgen.types import GGUFSummary
 
 
 @dataclass(frozen=True)
@@ -78,18 +82,19 @@ def _chunks(model: EmbeddedModel) -> list[Path]:
     return parts
 
 
-def peek(model: EmbeddedModel) -> tuple[Path, Path, int]:
-    """Where the model's file is (or a chunked one will be assembled), a file that begins as it does, and its
-    size, without assembling anything: what listing it needs. A chunked model not assembled yet (or not
-    checked yet) is read from its first chunk, which holds the whole GGUF header."""
+def peek(model: EmbeddedModel) -> tuple[Path, GGUFSummary]:
+    """Where the model's file is (or a chunked one will be assembled) and its GGUF summary, without assembling
+    anything: what a listing, a preset or /api/show needs. A chunked model not assembled yet (or not checked
+    yet) is read from its first chunk, which holds the whole GGUF header."""
     from localgen.models import download
+    from localgen.models.gguf_meta import read_summary, summarize
 
     target = assembled_path(model)
     if target is None or (target.is_file() and download.is_verified(target)):
         path = locate(model)  # in place, or assembled and checked: nothing to write
-        return path, path, path.stat().st_size
+        return path, read_summary(str(path))
     parts = _chunks(model)
-    return target, parts[0], sum(p.stat().st_size for p in parts)
+    return target, summarize(str(parts[0]), file_size=sum(p.stat().st_size for p in parts))
 
 
 def _not_installed(model: EmbeddedModel) -> ModelNotFoundError:

@@ -18,15 +18,14 @@ def installed() -> list[dict[str, Any]]:
     """Each model here: name, quantization, size, parameters, context_length, architecture, source
     (embedded, hf cache, preset) and path; a preset whose base is gone says so and has no figures."""
     from localgen.models import catalogue, embedded, store
-    from localgen.models.gguf_meta import read_summary, summarize
+    from localgen.models.gguf_meta import read_summary
 
     entries = catalogue.load()
     by_repo = {(e.repo, e.default_quant.upper()): e.name for e in entries.values() if e.repo}
     items: list[dict[str, Any]] = []
     for name, model in embedded.EMBEDDED.items():
         try:  # a chunked model not assembled yet is listed from its first chunk: its first use assembles it
-            path, start, size = embedded.peek(model)
-            summary = read_summary(str(path)) if start == path else summarize(str(start), file_size=size)
+            path, summary = embedded.peek(model)
         except LocalgenError:
             continue
         items.append(_item(name, str(path), "embedded", summary))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from localgen.errors import LocalgenError, ModelNotFoundError
 from localgen.models import catalogue, embedded, hfcache, mmproj, names, store
-from localgen.models.gguf_meta import read_summary, summarize
+from localgen.models.gguf_meta import read_summary
 from localgen.models.quant import QuantOption, group_options, pick, rank
 from localgen.types import ModelRef
 
@@ -55,8 +55,7 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
                 path = embedded.locate(model)
                 summary = read_summary(str(path))
             else:  # a listing: described as `localgen list` describes it, nothing written
-                path, start, size = embedded.peek(model)
-                summary = read_summary(str(path)) if start == path else summarize(str(start), file_size=size)
+                path, summary = embedded.peek(model)
             return ModelRef(name=entry.name, path=str(path), source="embedded", summary=summary,
                             sampling_defaults=entry.sampling)
         target = _catalogue_target(entry, spec.quant)
