@@ -168,7 +168,4 @@ def new_seed() -> int:
 
 def next_span(prompt: Prompt, start: int) -> int:
     """Where the prompt's next media span at or after `start` begins (its length when none)."""
-    spans, n = prompt.spans, len(prompt.tokens)
-    if not spans:
-        return n
-    return min((s for s in spans if s >= start), default=n)
+    return min((s for s in prompt.spans if s >= start), default=len(prompt.tokens))
