@@ -28,6 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # where huggingface_hub finds a cache or a token; none of the real home's may reach a test
 HF_PRIVATE = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
               "HF_XET_CACHE", "HF_ASSETS_CACHE", "HF_STORED_TOKENS_PATH")
+# a terminal's size as another program saw it: importing GNU readline (pytest imports pdb) writes COLUMNS=80 and
+# LINES=24 into the C environment, which pytest-xdist's workers inherit; Rich would then wrap a child's lines at 80
+# columns on a wider terminal
+SIZE_VARS = ("COLUMNS", "LINES")
 BIG_TEMP_FILE = 1 << 20
 
 # The markers follow from what a test uses, so a new test is classified without its author remembering
@@ -124,7 +128,8 @@ def knows_the_bandwidth(home: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def cli_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_") and k not in HF_PRIVATE}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("LOCALGEN_") and k not in HF_PRIVATE and k not in SIZE_VARS}
     env.update(LOCALGEN_HOME=str(home), PYTHONUNBUFFERED="1", NO_COLOR="1", HF_HUB_OFFLINE="1",
                HF_HOME=os.environ["HF_HOME"], HF_HUB_CACHE=os.environ["HF_HUB_CACHE"])
     return env

@@ -14,7 +14,7 @@ from typing import Any
 
 from pexpect import fdpexpect
 
-from tests.conftest import ROOT, fork_server
+from tests.conftest import ROOT, default_sigint, fork_server
 
 # what a terminal's environment changes besides LOCALGEN_*: nothing the fork server preloads reads them
 # (test_forkserver checks it)
@@ -58,7 +58,7 @@ def spawn(env: dict[str, str], args: list[str], timeout: float = 60, dimensions:
         import pexpect
 
         return pexpect.spawn(sys.executable, ["-m", module, *args], env=env, cwd=str(ROOT), encoding="utf-8",
-                             timeout=timeout, dimensions=dimensions)
+                             timeout=timeout, dimensions=dimensions, preexec_fn=default_sigint)
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", dimensions[0], dimensions[1], 0, 0))
     try:
