@@ -249,6 +249,34 @@ class Stats:
         return d
 
 
+def turn_stats(steps: list[Stats]) -> Stats:
+    """One turn's stats from its steps (a turn with tool calls generates once per round): one step's as they are;
+    several steps' tokens summed, their rates over all their tokens, time to first token the first step's (the
+    turn's), total the model's time over the steps (the tools' time is not in it), the stop the last step's."""
+    if len(steps) == 1:
+        return steps[0]
+    first, last = steps[0], steps[-1]
+
+    def rate(pairs: list[tuple[int, float | None]]) -> float | None:
+        timed = [(n, n / tps) for n, tps in pairs if tps and n > 0]
+        seconds = sum(t for _, t in timed)
+        return sum(n for n, _ in timed) / seconds if seconds > 0 else None
+
+    def total(values: list[int | None]) -> int | None:
+        known = [v for v in values if v is not None]
+        return sum(known) if known else None
+
+    encode = [s.encode_s for s in steps if s.encode_s is not None]
+    return Stats(
+        prompt_tokens=sum(s.prompt_tokens for s in steps), cached_tokens=sum(s.cached_tokens for s in steps),
+        completion_tokens=sum(s.completion_tokens for s in steps), load_s=first.load_s, ttft_s=first.ttft_s,
+        prefill_tps=rate([(s.prompt_tokens - s.cached_tokens, s.prefill_tps) for s in steps]),
+        decode_tps=rate([(s.completion_tokens, s.decode_tps) for s in steps]),
+        total_s=sum(s.total_s for s in steps), finish_reason=last.finish_reason,
+        drafted=total([s.drafted for s in steps]), accepted=total([s.accepted for s in steps]),
+        media_tokens=total([s.media_tokens for s in steps]), encode_s=sum(encode) if encode else None)
+
+
 def thinking_args(on: bool | None) -> tuple[tuple[str, Any], ...]:
     """GenerationRequest.template_args for the template's thinking switch (None: the template's default)."""
     return (("enable_thinking", on),) if on is not None else ()

@@ -154,6 +154,25 @@ def test_a_repeated_call_ends_the_round_and_runs_once() -> None:
 
 
 
+def test_a_turn_s_stats_cover_all_its_rounds() -> None:
+    """types.turn_stats: one round's stats as they are; several rounds' tokens summed, rates over all their
+    tokens, time to first token the first round's, total the model's time, the stop the last round's."""
+    from localgen.types import Stats, turn_stats
+
+    one = Stats(prompt_tokens=300, cached_tokens=0, completion_tokens=20, load_s=0.5, ttft_s=0.3, prefill_tps=1000.0,
+                decode_tps=100.0, total_s=0.5, finish_reason="stop")
+    two = Stats(prompt_tokens=340, cached_tokens=320, completion_tokens=30, load_s=0.5, ttft_s=0.05,
+                prefill_tps=400.0, decode_tps=50.0, total_s=0.65, finish_reason="eos")
+    assert turn_stats([one]) is one
+    both = turn_stats([one, two])
+    assert (both.prompt_tokens, both.cached_tokens, both.completion_tokens) == (640, 320, 50)
+    assert both.ttft_s == 0.3 and both.load_s == 0.5 and both.finish_reason == "eos"
+    assert both.total_s == pytest.approx(1.15)
+    assert both.prefill_tps == pytest.approx(320 / (300 / 1000 + 20 / 400))  # 300 + 20 tokens evaluated
+    assert both.decode_tps == pytest.approx(50 / (20 / 100 + 30 / 50))
+    assert both.drafted is None and both.media_tokens is None
+
+
 # ---- run --------------------------------------------------------------------------------------------------
 
 MCP = f"{sys.executable} {ROOT / 'tests' / 'mcp_server.py'}"
@@ -187,15 +206,23 @@ def test_run_functions_calls_the_tool_and_reports_it(cli: CLI, tmp_path: Path) -
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["tool_calls"] and doc["steps"] >= 2
+    # the stats are the whole turn's: each round's tokens summed, time to first token the first round's
+    steps, stats = doc["step_stats"], doc["stats"]
+    assert len(steps) == doc["steps"] and steps[-1]["completion_tokens"] < stats["completion_tokens"]
+    for key in ("prompt_tokens", "cached_tokens", "completion_tokens"):
+        assert stats[key] == sum(step[key] for step in steps), key
+    assert stats["ttft_s"] == steps[0]["ttft_s"] and stats["finish_reason"] == steps[-1]["finish_reason"]
     first = doc["tool_calls"][0]
     assert first["name"] == "get_weather" and isinstance(first["arguments"]["city"], str)
     unit, city = first["arguments"].get("unit", "C"), first["arguments"]["city"]
     assert first["result"] == f"It is 21 {unit} and sunny in {city}."
     assert "tool call: get_weather(" in r.stderr and "tool result: It is 21" in r.stderr
     # the same run as plain text (--verbose-prompt writes to stderr only, so stdout is still the answer alone)
-    plain = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "--verbose-prompt",
+    plain = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "--verbose-prompt", "--stats",
                  "Weather in Paris?")
     assert plain.returncode == 0 and plain.stdout.strip() == doc["text"].strip()
+    assert f"{doc['steps']} steps · {stats['prompt_tokens']} prompt tokens" in plain.stderr
+    assert f" · {stats['completion_tokens']} generated · " in plain.stderr
     shown = plain.stderr[plain.stderr.index("prompt:"):]
     start = shown.index("\n<tools>\n")  # the block itself, not the "<tools></tools>" that introduces it
     tools = shown[start:shown.index("\n</tools>", start)]

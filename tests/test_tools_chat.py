@@ -5,6 +5,8 @@ terminal. SmolLM2 with Qwen2.5's template and the stdio MCP server of tests/mcp_
 from __future__ import annotations
 
 import json
+import re
+import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ def scripted_add(cli: CLI, home: Path) -> tuple[subprocess.CompletedProcess[str]
     roles saved right after it (another test resumes the conversation, which adds to it)."""
     from localgen.chat.session import ChatSession
 
-    r = cli("chat", "scripted-tools", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "add",
+    r = cli("chat", "scripted-tools", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "add", "--stats",
             input="What is 2 + 3?\n")
     return r, [m["role"] for m in ChatSession.load("scripted-tools").messages] if r.returncode == 0 else []
 
@@ -85,6 +87,8 @@ def test_chat_tool_failure_takes_the_question_back(cli_env: dict[str, str], home
 
 def test_scripted_chat_needs_yes_and_shows_calls_on_stderr(cli: CLI, cli_in_process: InProcessCLI, home: Path,
                                                            scripted_add: tuple[Any, list[str]]) -> None:
+    from localgen.chat.session import ChatSession
+
     # the usage errors come before any server starts or model loads: in this process
     r = cli_in_process("chat", "scripted-yes", *CHAT_TOOLS, "--mcp", MCP, input="What is 2 + 3?\n")
     assert r.returncode == 2 and "add --yes" in r.stderr and "Traceback" not in r.stderr
@@ -92,6 +96,15 @@ def test_scripted_chat_needs_yes_and_shows_calls_on_stderr(cli: CLI, cli_in_proc
     assert r.returncode == 0, r.stderr
     assert "tool call: add(" in r.stderr and "tool result: " in r.stderr and "tool call" not in r.stdout
     assert roles == ["user", "assistant", "tool", "assistant"]
+    # the footer's tokens are the turn's, both rounds', and so is the log's entry; the window is the last round's
+    footer = re.search(r"1 tool call · (\d+) tokens · .* · context ([\d,]+)/", r.stderr)
+    assert footer, r.stderr
+    log_id = ChatSession.load("scripted-tools").log_id
+    with sqlite3.connect(home / "data" / "logs" / "logs.db") as db:
+        prompt, completion = db.execute("SELECT prompt_tokens, completion_tokens FROM responses WHERE "
+                                        "conversation_id = ? ORDER BY rowid LIMIT 1", (log_id,)).fetchone()
+    assert completion == int(footer[1])
+    assert prompt + completion > int(footer[2].replace(",", "")), "the first round's prompt is counted too"
     r = cli("chat", "scripted-crash", *CHAT_TOOLS, "--mcp", MCP, "--yes", "--tool-choice", "crash",
             input="Crash.\n")
     assert r.returncode == 1 and "failed (calling crash)" in r.stderr and "Traceback" not in r.stderr

@@ -27,7 +27,8 @@ class ChatRunner:
         self.session = session
         self.backend = backend
         self.sampling = sampling
-        self.last_stats: Stats | None = None
+        self.last_stats: Stats | None = None  # the last turn's, over all its rounds of tool calls
+        self.last_context = 0  # tokens the conversation took in the window at the end of the last turn
         self.first = 0  # the first message sent to the model
         self.trim_noticed = False
         self.last_request: GenerationRequest | None = None
@@ -154,7 +155,9 @@ class ChatRunner:
         """Add the turn's settled messages (also a stopped answer's: what was generated is kept), and save."""
         self.session.messages.extend(turn.messages)
         gen = turn.generations[-1] if turn.generations else None
-        self.last_stats = gen.stats if gen is not None else None
+        self.last_stats = turn.stats()
+        if gen is not None and gen.stats is not None:
+            self.last_context = gen.stats.prompt_tokens + gen.stats.completion_tokens
         self.session.save()
         if self.on_answer is not None and self.last_request is not None and gen is not None:
             self.on_answer(self.last_request, gen, turn.text)

@@ -197,10 +197,10 @@ def _open_session(f: o.ChatArgs) -> Any:
 
 
 def _log_turn(f: o.ChatArgs, view: Any, runner: Any, request: Any, gen: Any, text: str, remote: bool) -> None:
-    """Each answer goes to the log, in the chat's own conversation there."""
+    """Each answer goes to the log, in the chat's own conversation there, with its turn's stats."""
     from localgen.cli import logflow
 
-    logflow.record(_Warn(view), runner.backend, request, runner.session.log_id, text, gen.stats,
+    logflow.record(_Warn(view), runner.backend, request, runner.session.log_id, text, runner.last_stats,
                    str(gen.finish_reason), model=f.model, no_log=f.no_log, source="chat", remote=remote)
 
 

@@ -65,7 +65,7 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
         view.info("(stopped; the partial answer is kept)")
     if s is None:
         return
-    footer = _footer(s, runner.backend.n_ctx)
+    footer = _footer(s, runner.last_context, runner.backend.n_ctx)
     if len(turn.generations) > 1:
         footer = f"{len(turn.results)} tool call{'s' if len(turn.results) != 1 else ''} · " + footer
     if view.interactive and view.footer:
@@ -169,11 +169,12 @@ def _cancel_on_sigint(runner: Any) -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _footer(s: Any, n_ctx: int) -> str:
+def _footer(s: Any, used: int, n_ctx: int) -> str:
+    """The turn's tokens (over all its rounds), decode rate and time to first token; the window in use now."""
     parts = [f"{s.completion_tokens} tokens"]
     if s.decode_tps:
         parts.append(f"{s.decode_tps:.1f} tok/s")
     if s.ttft_s is not None:
         parts.append(f"first token {s.ttft_s:.2f} s")
-    parts.append(f"context {s.prompt_tokens + s.completion_tokens:,}/{n_ctx:,}")
+    parts.append(f"context {used:,}/{n_ctx:,}")
     return " · ".join(parts)

@@ -153,9 +153,9 @@ class ErrWriter:
         """The one-line error: `localgen: error: message (hint)`."""
         self._print(f"localgen: error: {message}" + (f" ({hint})" if hint else ""), "red")
 
-    def stats(self, s: Stats) -> None:
-        """The stats line."""
-        self._print(format_stats(s), "dim")
+    def stats(self, s: Stats, lead: str = "") -> None:
+        """The stats line (after `lead`: a tool run's steps)."""
+        self._print(lead + format_stats(s), "dim")
 
     def raw(self, text: str) -> None:
         """Streamed text (a model's thinking), dimmed on a terminal, no newline added."""

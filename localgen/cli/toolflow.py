@@ -54,18 +54,21 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
         err.interrupted()
         raise typer.Exit(130) from None
     writer.end()
-    gen = turn.generations[-1]
+    gen, stats = turn.generations[-1], turn.stats()
+    assert stats is not None  # the loop returns once a round has ended
+    steps = len(turn.generations)
     if report.stats:
-        err.stats(gen.stats)
+        err.stats(stats, lead=f"{steps} steps · " if steps > 1 else "")
     if report.json_out:
         from localgen.cli.output import answer_json
 
         calls = [{"id": r.call.id, "name": r.call.name, "arguments": r.call.args, "result": r.text,
                   **({"declined": True} if r.declined else {})} for r in turn.results]
-        extra = {"text": turn.text, "reasoning": turn.reasoning or None, "tool_calls": calls,
-                 "steps": len(turn.generations), "total_s": round(time.perf_counter() - t0, 4)}
+        extra = {"text": turn.text, "reasoning": turn.reasoning or None, "tool_calls": calls, "steps": steps,
+                 "stats": stats.to_dict(), "step_stats": [g.stats.to_dict() for g in turn.generations],
+                 "total_s": round(time.perf_counter() - t0, 4)}
         TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, extra) + "\n")
-    return turn.text, gen.stats, str(gen.finish_reason)
+    return turn.text, stats, str(gen.finish_reason)
 
 
 def first_plan(tools: ToolOptions, template: str | None, toolbox: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 from localgen.errors import ToolError
 from localgen.tools.plan import ToolPlan, answer_plan, answer_stream, make_plan, with_tools
 from localgen.tools.spec import ToolCall, ToolSpec, check_call
-from localgen.types import GenerationRequest, Message
+from localgen.types import GenerationRequest, Message, Stats, turn_stats
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 
@@ -145,6 +145,11 @@ class Turn:
     results: list[ToolResult] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     generations: list[Any] = field(default_factory=list)
+
+    def stats(self) -> Stats | None:
+        """The turn's stats over all its rounds (types.turn_stats); None before any generation ended."""
+        steps = [s for s in (getattr(g, "stats", None) for g in self.generations) if s is not None]
+        return turn_stats(steps) if steps else None
 
 
 def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, toolbox: Toolbox | None,
