@@ -252,7 +252,9 @@ class Stats:
 def turn_stats(steps: list[Stats]) -> Stats:
     """One turn's stats from its steps (a turn with tool calls generates once per round): one step's as they are;
     several steps' tokens summed, their rates over all their tokens, time to first token the first step's (the
-    turn's), total the model's time over the steps (the tools' time is not in it), the stop the last step's."""
+    turn's), total the model's time over the steps (the tools' time is not in it), the stop the last step's. A
+    remote server's inter-token gaps stay each step's own (percentiles do not add up); media tokens are the
+    last step's (each round sends the same media again)."""
     if len(steps) == 1:
         return steps[0]
     first, last = steps[0], steps[-1]
@@ -271,10 +273,10 @@ def turn_stats(steps: list[Stats]) -> Stats:
         prompt_tokens=sum(s.prompt_tokens for s in steps), cached_tokens=sum(s.cached_tokens for s in steps),
         completion_tokens=sum(s.completion_tokens for s in steps), load_s=first.load_s, ttft_s=first.ttft_s,
         prefill_tps=rate([(s.prompt_tokens - s.cached_tokens, s.prefill_tps) for s in steps]),
-        decode_tps=rate([(s.completion_tokens, s.decode_tps) for s in steps]),
+        decode_tps=rate([(s.completion_tokens - 1, s.decode_tps) for s in steps]),  # the first comes with the prompt
         total_s=sum(s.total_s for s in steps), finish_reason=last.finish_reason,
         drafted=total([s.drafted for s in steps]), accepted=total([s.accepted for s in steps]),
-        media_tokens=total([s.media_tokens for s in steps]), encode_s=sum(encode) if encode else None)
+        media_tokens=last.media_tokens, encode_s=sum(encode) if encode else None)
 
 
 def thinking_args(on: bool | None) -> tuple[tuple[str, Any], ...]:

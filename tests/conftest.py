@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # where huggingface_hub finds a cache or a token; none of the real home's may reach a test
 HF_PRIVATE = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
               "HF_XET_CACHE", "HF_ASSETS_CACHE", "HF_STORED_TOKENS_PATH")
-# a terminal's size as another program saw it: importing GNU readline (pytest imports pdb) writes COLUMNS=80 and
-# LINES=24 into the C environment, which pytest-xdist's workers inherit; Rich would then wrap a child's lines at 80
-# columns on a wider terminal
+# a terminal's size as another program saw it: importing GNU readline (pytest's capture plugin does, early) writes
+# COLUMNS=80 and LINES=24 into the C environment, which pytest-xdist's workers inherit; Rich would then wrap a
+# child's lines at 80 columns on a wider terminal
 SIZE_VARS = ("COLUMNS", "LINES")
 BIG_TEMP_FILE = 1 << 20
 

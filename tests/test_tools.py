@@ -169,8 +169,14 @@ def test_a_turn_s_stats_cover_all_its_rounds() -> None:
     assert both.ttft_s == 0.3 and both.load_s == 0.5 and both.finish_reason == "eos"
     assert both.total_s == pytest.approx(1.15)
     assert both.prefill_tps == pytest.approx(320 / (300 / 1000 + 20 / 400))  # 300 + 20 tokens evaluated
-    assert both.decode_tps == pytest.approx(50 / (20 / 100 + 30 / 50))
+    assert both.decode_tps == pytest.approx(48 / (19 / 100 + 29 / 50))  # each round's first token came with its prompt
     assert both.drafted is None and both.media_tokens is None
+    from types import SimpleNamespace
+
+    from localgen.tools.loop import Turn
+
+    turn = Turn(generations=[SimpleNamespace(stats=one), SimpleNamespace(stats=None)])  # a round closed unstarted
+    assert turn.stats() is one and Turn().stats() is None
 
 
 # ---- run --------------------------------------------------------------------------------------------------

@@ -156,8 +156,9 @@ class ChatRunner:
         self.session.messages.extend(turn.messages)
         gen = turn.generations[-1] if turn.generations else None
         self.last_stats = turn.stats()
-        if gen is not None and gen.stats is not None:
-            self.last_context = gen.stats.prompt_tokens + gen.stats.completion_tokens
+        last = next((g.stats for g in reversed(turn.generations) if g.stats is not None), None)
+        if last is not None:  # a round closed before it began (a second Ctrl-C) has none
+            self.last_context = last.prompt_tokens + last.completion_tokens
         self.session.save()
         if self.on_answer is not None and self.last_request is not None and gen is not None:
             self.on_answer(self.last_request, gen, turn.text)
