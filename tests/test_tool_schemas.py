@@ -167,6 +167,28 @@ def test_a_call_repeated_until_max_tokens_is_one_call_and_no_text(fmt: str) -> N
         assert [e.name for e in events if isinstance(e, ToolCall)] == ["get_time"]
 
 
+def test_a_call_repeated_inside_one_open_block_is_seen_as_it_closes() -> None:
+    """Hermes's parallel grammar (llama-server's) lets one `<tool_call>` hold comma-separated calls, and SmolLM2
+    under a forced choice writes the same call there until the tokens run out, never closing the block (the
+    MCP example in docs/tools.md took 3,755 tokens and a minute): the repeat counts as soon as its copy closes,
+    with the block still open, so the loop stops the generation; two different calls are no repeat."""
+    from localgen.tools.formats import FORMATS
+    from localgen.tools.spec import ToolCall
+    from localgen.tools.stream import AnswerStream
+
+    one, other = json.dumps(CALL), json.dumps({"name": "get_time", "arguments": {"tz": "UTC"}})
+    for step in (1, 7, 10_000):
+        stream, counts = AnswerStream(FORMATS["hermes"]), []
+        text = "<tool_call>\n" + one + ",\n" + other + ",\n" + one
+        for i in range(0, len(text), step):
+            stream.feed(text[i:i + step])
+            counts.append(stream.repeats)
+        assert counts[-1] == 1 and (step > 1 or counts[-2] == 0), (step, counts[-3:])
+        calls = [e for e in stream.finish() if isinstance(e, ToolCall)]
+        assert [(c.name, c.arguments) for c in calls] == [("get_time", "{}"), ("get_time", '{"tz": "UTC"}')], step
+        assert stream.content == "", step
+
+
 _Gen = ScriptedGen
 
 

@@ -44,6 +44,14 @@ class Format:
         items, end = _items(text, _GENERIC_LIST, start)
         return [c for c in (_item_call(v) for v in items) if c is not None], end
 
+    def open_block_calls(self, block: str) -> list[ToolCall]:
+        """The calls complete so far in a block not yet closed (hermes: the comma-separated objects of one
+        `<tool_call>`, as a parallel grammar allows them; none for the other formats)."""
+        if self.name != "hermes":
+            return []
+        items, _ = _items(block, _HERMES_OPEN)
+        return [c for c in (_item_call(v) for v in items) if c is not None]
+
 
 FORMATS = {
     "hermes": Format("hermes", ("<tool_call>",), closes="</tool_call>"),
@@ -200,6 +208,7 @@ def _objects(text: str) -> list[tuple[int, int, Any]]:
 _GENERIC_LIST = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*')
 _MISTRAL_LIST = re.compile(r'\s*\[\s*')
 _SEPARATOR = re.compile(r"\s*,?\s*")  # before an item: a comma after the one before it
+_HERMES_OPEN = re.compile(r"\s*<tool_call>\s*")
 
 
 def _items(text: str, head: re.Pattern[str], start: int = 0) -> tuple[list[Any], int]:

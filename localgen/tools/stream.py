@@ -116,6 +116,7 @@ class AnswerStream:
     _strip: bool = False  # drop the whitespace that follows a closed reasoning block
     _said: bool = False  # content has been given out
     _gap: str = ""  # whitespace before a call marker
+    _repeated: bool = False  # a repeat seen inside the open block
 
     def __post_init__(self) -> None:
         if self.thinking and self.split_reasoning:
@@ -219,6 +220,7 @@ class AnswerStream:
         if fmt.closes and not final:
             at = self._buf.find(fmt.closes)
             if at < 0:
+                self._open_repeat(fmt)
                 return
             block, self._buf = self._buf[:at + len(fmt.closes)], self._buf[at + len(fmt.closes):]
             self._give(out, block)
@@ -227,6 +229,20 @@ class AnswerStream:
         if final and self._buf:
             block, self._buf = self._buf, ""
             self._give(out, block)
+
+    def _open_repeat(self, fmt: Format) -> None:
+        """A small model may write its call again and again inside one block (`{call}, {call}, ...`, which a
+        parallel grammar allows) and never close it: the first complete repeat counts in `repeats` at once,
+        so whoever generates can stop there; the block's calls are given when it ends."""
+        if self._repeated or "}" not in self._buf[-16:]:  # no object closed by the last piece
+            return
+        seen = [(c.name, c.arguments) for c in self.calls]
+        for call in fmt.open_block_calls(self._buf):
+            if (call.name, call.arguments) in seen:
+                self._repeated = True
+                self.repeats += 1
+                return
+            seen.append((call.name, call.arguments))
 
     def _give(self, out: list[Event], block: str) -> None:
         assert self.fmt is not None
