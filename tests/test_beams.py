@@ -22,6 +22,8 @@ def test_beams_are_ranked_with_scores(cli: CLI) -> None:
             "--length-penalty", "1.0", "--ctx", "512")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
+    assert set(doc) == {"text", "finish_reason", "model", "beams", "length_penalty", "load", "stats"}  # docs/run.md
+    assert set(doc["model"]) == {"name", "file"}
     beams = doc["beams"]
     assert len(beams) == 4
     scores = [b["score"] for b in beams]

@@ -62,14 +62,15 @@ def test_jsonl_lines_are_validated_and_the_others_go_on(cli: CLI, tmp_path: Path
         {"prompt": "Count from 1 to 20.", "stop": "5.", "max_tokens": 40},
         {"prompt": "y", "temperature": True},
         {"prompt": "z", "stop": [1]},
-    ]) + "\n")
-    r = cli("run", "--file", str(f), "--json", "--temperature", "0", "--ctx", "512")
+    ]) + "\nSay hi.\n")  # a line that is not JSON is a prompt as it is (docs/run.md), in a .jsonl file too
+    r = cli("run", "--file", str(f), "--json", "--temperature", "0", "--ctx", "512", "-n", "8")
     assert r.returncode == 1, r.stderr
     docs = [json.loads(line) for line in r.stdout.splitlines()]
     assert "top_k must be an integer" in docs[0]["error"]
     assert docs[1]["finish_reason"] == "stop" and docs[1]["text"].strip().endswith("4"), docs[1]
     assert "temperature must be a number" in docs[2]["error"]
     assert "stop must be a string or a list of strings" in docs[3]["error"]
+    assert docs[4]["text"] and "error" not in docs[4] and docs[4]["completion_tokens"] <= 8, docs[4]
     assert "Traceback" not in r.stderr
 
 

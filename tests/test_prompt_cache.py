@@ -125,7 +125,10 @@ def test_the_tools_are_a_cached_prefix(env: dict[str, str]) -> None:
     # a template that renders the tools itself (Qwen 2.5's), where they are a template variable, not a message
     tools = ["--functions", str(tests / "tool_functions.py"), "--yes", "--chat-template-file",
              str(tests / "data" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"), "-n", "2"]
-    first = run(env, *tools, "-p", "Weather in Paris?")
+    # the first run calls the tool (a second step reads the prefix its first step saved): the run's status is
+    # its first step's
+    first = run(env, *tools[:-2], "-n", "40", "--tool-choice", "get_weather", "-p", "Weather in Paris?")
+    assert first["steps"] == 2, first
     [state] = states(env)
     made = state.stat().st_ino
     second = run(env, *tools, "-p", "Weather in Oslo?")

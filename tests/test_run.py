@@ -124,8 +124,7 @@ def test_bad_grammar_is_a_clear_error(cli: CLI, tmp_path: Path) -> None:
     g.write_text("root ::= ( unclosed\n")
     r = cli("run", "-p", "x", "--grammar", str(g), *QUICK)
     assert r.returncode == 1
-    assert r.stderr.startswith("localgen: error: the grammar does not parse: expecting")
-    assert r.stderr.count("\n") == 1
+    assert r.stderr == "localgen: error: the grammar does not parse: expecting ')' at the end of the grammar\n"
     s = tmp_path / "bad.json"
     s.write_text("{not json")
     r = cli("run", "-p", "x", "--json-schema", str(s), *QUICK)
@@ -204,6 +203,17 @@ def test_bad_flags_are_one_line_usage_errors(cli_in_process: InProcessCLI, args:
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("localgen: error:")
     assert needle in r.stderr
     assert r.stdout == ""
+
+
+def test_a_chat_template_file_that_never_reads_messages_is_refused(cli_in_process: InProcessCLI,
+                                                                   tmp_path: Path) -> None:
+    """docs/run.md: a --chat-template-file that never reads `messages` (a Markdown note given by mistake) is
+    refused before the load; it was the whole prompt, the user's words dropped, and the model wrote on until the
+    window was full (43 s on 2 cores)."""
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Notes\n\nRivers run to the sea.\n")
+    r = cli_in_process("run", "--chat-template-file", str(notes), "-p", "hi")
+    assert r.returncode == 2 and "never reads `messages`" in r.stderr and not r.stdout, r.stderr
 
 
 def test_conflicting_flags(cli_in_process: InProcessCLI, tmp_path: Path) -> None:

@@ -246,6 +246,8 @@ def test_run_tool_failures_are_one_line_errors(cli: CLI, cli_in_process: InProce
     assert r.returncode == 1 and "stall did not finish within 1 s" in r.stderr
     r = _run(cli_in_process, "--functions", fns, "--yes", "--tool-choice", "nosuch", "Go.")  # refused before the load
     assert r.returncode == 1 and "not among the tools" in r.stderr
+    r = _run(cli_in_process, "--tool-choice", "get_weather", "--yes", "Go.")  # no tools at all: a usage error
+    assert r.returncode == 2 and "go with tools: add --functions or --mcp" in r.stderr
     r = _run(cli_in_process, "--functions", str(ROOT / "tests" / "conftest.py"), "--yes", "--raw", "Go.")
     assert r.returncode == 2 and "--raw" in r.stderr
 

@@ -162,7 +162,7 @@ def _check_tools(f: o.ChatArgs, remote: bool, interactive: bool) -> None:
         raise UsageError("the model may call tools, and a scripted chat (stdin not a terminal) cannot ask first: "
                          "add --yes to let the calls run")
     if not tools and (f.given("tool_choice") or f.given("tool_steps") or f.given("tool_timeout")):
-        raise UsageError("--tool-choice, --tool-steps and --tool-timeout go with tools: add --functions or --mcp")
+        raise UsageError(o.TOOL_FLAGS_WITHOUT_TOOLS)
 
 
 def _open_session(f: o.ChatArgs) -> Any:

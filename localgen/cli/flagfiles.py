@@ -29,6 +29,9 @@ def with_template(ref: Any, proj: Path | None, path: Path | None) -> Any:
         raise UsageError(f"cannot read the chat template {path}: {e}") from None
     if not text.strip():
         raise UsageError(f"the chat template file {path} is empty")
+    if "messages" not in text:  # every chat template loops over the conversation; this would drop it
+        raise UsageError(f"the chat template file {path} never reads `messages`, so the conversation would not "
+                         "reach the model: is it a Jinja chat template?")
     return dataclasses.replace(ref, summary=dataclasses.replace(ref.summary, chat_template=text))
 
 

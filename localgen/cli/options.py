@@ -200,6 +200,10 @@ class OptionGroup:
     gives the command each field as an option, and the command the group, typed."""
 
 
+# refused by run and chat alike: the loop's settings given without a tool
+TOOL_FLAGS_WITHOUT_TOOLS = "--tool-choice, --tool-steps and --tool-timeout go with tools: add --functions or --mcp"
+
+
 @dataclass(frozen=True)
 class ToolOptions(OptionGroup):
     """The tools a run or chat may call, and how."""

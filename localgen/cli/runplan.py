@@ -45,6 +45,8 @@ def check(f: RunArgs) -> RunPlan:
         if not f.tools.yes:
             raise UsageError("the model may call tools, and run cannot ask first: add --yes to let the calls run",
                              hint="or use `localgen chat`, which asks before each call")
+    elif f.given("tool_choice") or f.given("tool_steps") or f.given("tool_timeout"):
+        raise UsageError(o.TOOL_FLAGS_WITHOUT_TOOLS)
     if f.many.resume_from is not None and (f.many.file is None or not f.report.json_out):
         raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
     attached = runinput.attachments(f, many)

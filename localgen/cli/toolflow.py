@@ -65,6 +65,7 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
         calls = [{"id": r.call.id, "name": r.call.name, "arguments": r.call.args, "result": r.text,
                   **({"declined": True} if r.declined else {})} for r in turn.results]
         extra = {"text": turn.text, "reasoning": turn.reasoning or None, "tool_calls": calls, "steps": steps,
+                 "prompt_cache": turn.generations[0].prompt_cache,  # the run's prompt met the cache in its first step
                  "stats": stats.to_dict(), "step_stats": [_step(g) for g in turn.generations],
                  "total_s": round(time.perf_counter() - t0, 4)}
         TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, extra) + "\n")

@@ -33,6 +33,8 @@ def check_grammar(vocab: Any, gbnf: str) -> None:
     if not sampler:
         why = next((ln.strip() for ln in captured() if "error" in ln), "")
         why = why.split("error parsing grammar:", 1)[-1].strip().rstrip(":")
+        if why.endswith(" at"):  # the parser quotes the text from where it stopped: none, at the end
+            why += " the end of the grammar"
         raise GrammarError("the grammar does not parse" + (f": {why}" if why else ""))
     lc.llama_sampler_free(sampler)
 
