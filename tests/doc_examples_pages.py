@@ -89,6 +89,10 @@ class Page:
         words += (self.work / "Modelfile").read_text().split() if (self.work / "Modelfile").exists() else []
         for part in (p for w in words for p in re.split(r"[,=]", w)):
             self.make(re.sub(r":[\d.]+$", "", part))  # `--lora-scaled style.gguf:0.5,other.gguf:1`
+        for part in (p for w in v.argv if " " in w for p in shlex.split(w)):  # `--mcp ".venv/bin/python x.py"`
+            top = Path(part).parts[0] if part and not part.startswith(("/", "~")) else ""
+            if top and (ROOT / part).exists() and not (self.work / top).exists():
+                (self.work / top).symlink_to(ROOT / top)  # the checkout's, as a reader at its root has them
 
     def assemble_gemma(self) -> None:
         """Gemma assembled already in the page's home, as a machine has it after Gemma's first use: the session

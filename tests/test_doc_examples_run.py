@@ -29,7 +29,7 @@ Not run, by RULES (the first that applies; a skipped test's id says which and wh
 Face; it names a model not here (but smollm2:135m, gemma3:270m, a preset made earlier on the page and PROVIDED
 files); it is a benchmark or tuning too long for the suite (its size in the reason); it needs what no earlier
 example on the page made (`bench compare 3 5`, `chat --resume trip-plans`); it asks at a terminal; it costs
-more than this file's budget (tool loops, a batch's `--parallel 8`); or it repeats an example already run (the
+more than this file's budget (a batch's `--parallel 8`); or it repeats an example already run (the
 same argv, environment and stdin, or the same but for the prompt's words)."""
 
 from __future__ import annotations
@@ -168,10 +168,6 @@ def _serves_ps(v: Verdict) -> bool:
 
 
 def _too_costly(v: Verdict, _: PageState) -> str | None:
-    if {"--functions", "--mcp"} & set(v.argv):
-        return ("a tool loop: a ~200-token prompt (the tools' schemas) evaluated each round, and ~30 tokens a call: "
-                "~3.4 s of CPU (docs/tools.md's two, measured), past this file's budget (tests/test_tools.py runs "
-                "tool loops)")
     if v.argv[0] != "serve" and int((values(v.argv, "--parallel", "-np") or ["1"])[0]) > 1:  # serve: slots
         return ("--parallel: the costliest batch (~0.8 s of CPU, 8 sequences' KV caches), past this file's budget"
                 " (tests/test_batch.py runs --parallel; docs/run.md's --file examples without it run here)")
