@@ -314,7 +314,7 @@ def test_run_hides_thinking_unless_asked(cli: CLI) -> None:
     assert Path(R1).exists()
 
 
-def test_run_with_a_streamable_http_mcp_server(cli: CLI) -> None:
+def test_run_with_a_streamable_http_mcp_server(cli: CLI, cli_in_process: InProcessCLI) -> None:
     import socket
     import subprocess
     import time
@@ -340,3 +340,7 @@ def test_run_with_a_streamable_http_mcp_server(cli: CLI) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+    # nothing listens there now: one line that says so (the SDK's own error is a bare CancelledError)
+    r = _run(cli_in_process, "--mcp", f"http://127.0.0.1:{port}/mcp", "--yes", "What is 2 + 3?")
+    url = f"http://127.0.0.1:{port}/mcp"
+    assert (r.returncode, r.stderr) == (1, f"localgen: error: cannot reach the MCP server {url}: Connection refused\n")

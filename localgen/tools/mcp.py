@@ -32,6 +32,8 @@ class McpServer:
         self._session: Any = None
         self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
         try:
+            if target.startswith(("http://", "https://")):
+                _reachable(target)
             self.tools = self._wait(self._connect(), CONNECT_TIMEOUT_S, "starting")
         except BaseException:
             self.close()
@@ -119,6 +121,22 @@ class McpServer:
                 asyncio.run_coroutine_threadsafe(self._stack.aclose(), self._loop).result(5)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+
+
+def _reachable(url: str) -> None:
+    """An MCP URL whose server does not listen is one clear line (the SDK says only "CancelledError"); behind
+    a proxy the proxy decides, so there is nothing to try first."""
+    import socket
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    if not u.hostname or (u.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(u.hostname)):
+        return
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
+    except OSError as e:
+        raise ToolError(f"cannot reach the MCP server {url}: {e.strerror or e}") from None
 
 
 def _why(e: BaseException) -> str:
