@@ -49,6 +49,7 @@ def test_chat_on_a_terminal_asks_before_each_call_and_shows_the_result(cli_env: 
     child.expect_exact("[y]es / [n]o / [a]lways for add:")
     child.sendline("n")
     child.expect_exact("tool add: declined")
+    child.expect_exact("1 tool call (1 declined) · ")
     child.expect_exact(PROMPT)
     child.sendline("And 5 + 5?")
     child.expect_exact("[y]es / [n]o / [a]lways for add:")

@@ -67,7 +67,9 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
         return
     footer = _footer(s, runner.last_context, runner.backend.n_ctx)
     if len(turn.generations) > 1:
-        footer = f"{len(turn.results)} tool call{'s' if len(turn.results) != 1 else ''} · " + footer
+        declined = sum(1 for r in turn.results if r.declined)
+        footer = (f"{len(turn.results)} tool call{'s' if len(turn.results) != 1 else ''}"
+                  + (f" ({declined} declined)" if declined else "") + " · " + footer)
     if view.interactive and view.footer:
         view.info(footer)
     elif not view.interactive and view.stats:
