@@ -29,7 +29,8 @@ Not run, by RULES (the first that applies; a skipped test's id says which and wh
 Face; it names a model not here (but smollm2:135m, gemma3:270m, a preset made earlier on the page and PROVIDED
 files); it is a benchmark or tuning too long for the suite (its size in the reason); it needs what no earlier
 example on the page made (`bench compare 3 5`, `chat --resume trip-plans`); it asks at a terminal; it costs
-more than this file's budget (a batch's `--parallel 8`); or it repeats an example already run (the
+more than this file's budget (a batch's `--parallel 8`); it runs `.venv/bin/python` and the checkout's venv is
+elsewhere; or it repeats an example already run (the
 same argv, environment and stdin, or the same but for the prompt's words)."""
 
 from __future__ import annotations
@@ -184,6 +185,9 @@ RULES: dict[str, Callable[[Verdict, PageState], str | None]] = {
                                        "without --yes (tests/test_tools_chat.py drives it at a terminal)"
     if v.argv[0] == "chat" and {"--functions", "--mcp"} & set(v.argv) and "--yes" not in v.argv else None,
     "costs too much": _too_costly,
+    "needs the checkout's .venv": lambda v, _: "runs .venv/bin/python, and this checkout's venv is elsewhere "
+                                              "(LOCALGEN_VENV)" if any(".venv/" in w for w in v.argv)
+                                              and not (ROOT / ".venv" / "bin" / "python").exists() else None,
 }
 REPEATS = "repeats an example already run"
 
