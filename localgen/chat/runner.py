@@ -156,9 +156,8 @@ class ChatRunner:
         self.session.messages.extend(turn.messages)
         gen = turn.generations[-1] if turn.generations else None
         self.last_stats = turn.stats()
-        last = next((g.stats for g in reversed(turn.generations) if g.stats is not None), None)
-        if last is not None:  # a round closed before it began (a second Ctrl-C) has none
-            self.last_context = last.prompt_tokens + last.completion_tokens
+        if steps := turn.step_stats():
+            self.last_context = steps[-1].prompt_tokens + steps[-1].completion_tokens
         self.session.save()
         if self.on_answer is not None and self.last_request is not None and gen is not None:
             self.on_answer(self.last_request, gen, turn.text)

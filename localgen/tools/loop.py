@@ -146,9 +146,13 @@ class Turn:
     messages: list[Message] = field(default_factory=list)
     generations: list[Any] = field(default_factory=list)
 
+    def step_stats(self) -> list[Stats]:
+        """Each round's stats, in order (a round closed before it began has none)."""
+        return [s for s in (getattr(g, "stats", None) for g in self.generations) if s is not None]
+
     def stats(self) -> Stats | None:
         """The turn's stats over all its rounds (types.turn_stats); None before any generation ended."""
-        steps = [s for s in (getattr(g, "stats", None) for g in self.generations) if s is not None]
+        steps = self.step_stats()
         return turn_stats(steps) if steps else None
 
 
