@@ -14,6 +14,7 @@ from localgen.types import LoadParams
 from tests.conftest import CLI
 
 MIB = 1 << 20
+TOLERANCE = 0.15  # each part within 15 % of what llama.cpp reports: the promise of docs/benchmarks.md
 PARTS = {"weights": "model buffer size", "kv": "KV buffer size", "compute": "compute buffer size",
          "output": "output buffer size"}
 
@@ -31,7 +32,7 @@ def reported(stderr: str) -> tuple[dict[str, int], int, int]:
     ("smollm2:135m", 2048, "on"), ("smollm2:135m", 8192, "off"),
     ("gemma3:270m", 2048, "off"), ("gemma3:270m", 8192, "on"),
 ])
-def test_the_estimate_is_within_its_tolerance_of_what_llama_cpp_reports(cli: CLI, model: str, ctx: int,
+def test_the_estimate_is_within_15_percent_of_what_llama_cpp_reports(cli: CLI, model: str, ctx: int,
                                                                       flash: str) -> None:
     from localgen.models.resolve import resolve
 
@@ -45,7 +46,7 @@ def test_the_estimate_is_within_its_tolerance_of_what_llama_cpp_reports(cli: CLI
     for part in PARTS:
         want = sizes[part]
         got = sum(getattr(d, part) for d in est.devices)
-        assert abs(got - want) <= footprint.ESTIMATE_TOLERANCE * want, (part, got / MIB, want / MIB)
+        assert abs(got - want) <= TOLERANCE * want, (part, got / MIB, want / MIB)
 
 
 def test_layers_and_buffers_split_between_the_devices(smollm2_path: Path) -> None:
