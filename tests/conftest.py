@@ -44,6 +44,28 @@ GEMMA = re.compile(r"gemma_path|gemma3:270m")
 GPU = re.compile(r"has_gpu|assert_same_greedy_text|GPU_SHARED_PREFIX")
 
 
+# the CPUs the suite may use, before a worker keeps to one of them (pytest_configure)
+ALL_CPUS = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+
+
+def unpinned(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`localgen ARGS` in an interpreter of its own on every CPU the suite may use (ALL_CPUS), not the one this
+    worker keeps to: for what depends on how many CPUs a process has."""
+    return subprocess.run([sys.executable, "-m", "localgen", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=SAFETY_NET_S, stdin=subprocess.DEVNULL,
+                          preexec_fn=lambda: os.sched_setaffinity(0, ALL_CPUS))
+
+
+def on_all_cpus(f: Any) -> Any:
+    """f() evaluated with this process on every CPU the suite may use (ALL_CPUS), then its own CPUs again."""
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, ALL_CPUS)
+    try:
+        return f()
+    finally:
+        os.sched_setaffinity(0, mine)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`scripts/test` runs one worker per CPU and one more, which shares the first), each
     worker keeps to one CPU, and so do the processes it starts: llama.cpp then runs one thread in each process,
