@@ -15,7 +15,7 @@ import pytest
 from localgen.chat.session import ChatSession
 from localgen.cli.render import PlainView, split_blocks
 from tests import terminal
-from tests.conftest import CLI
+from tests.conftest import CLI, ROOT
 
 PROMPT = ">>>"
 
@@ -178,16 +178,31 @@ def test_load_clear_and_display_settings(cli: CLI) -> None:
     assert ChatSession.load("loadme").messages == [], "/clear clears the conversation it continues"
 
 
-def test_model_without_template_cannot_chat(cli: CLI) -> None:
-    r = cli("chat", "-m", "gemma3:270m", input="hi\n")
-    assert r.returncode == 1
-    assert "has no chat template" in r.stderr and r.stderr.count("\n") == 1
+NO_TEMPLATE = "gemma3:270m has no chat template (it may be a base model): the conversation goes to it as plain text"
 
 
-def test_switch_model_keeps_conversation(cli: CLI, smollm2_path: Path) -> None:
-    r = cli("chat", "switcher", "-n", "6", input=f"Hi\n/model {smollm2_path}\nAgain\n/context\n")
+def test_a_model_without_template_chats_in_plain_text(cli: CLI, gemma_path: Path) -> None:
+    """Gemma 3 270M (a base model: no chat template) continues the conversation as plain text, each line as
+    typed: its answer is a raw completion of "Hi\n", said once on stderr."""
+    r = cli("chat", "-m", "gemma3:270m", "--temperature", "0", "-n", "8", input="Hi\n")
     assert r.returncode == 0, r.stderr
-    assert "4 messages" in r.stderr
+    assert r.stderr.count(NO_TEMPLATE) == 1 and r.stderr.count("\n") == 1, r.stderr
+    raw = cli("run", "-m", "gemma3:270m", "--raw", "--temperature", "0", "-n", "8", "-p", "Hi\n")
+    assert raw.returncode == 0 and raw.stdout.strip() and r.stdout.strip() == raw.stdout.strip()
+    r = cli("chat", "-m", "gemma3:270m", "--functions", str(ROOT / "tests" / "tool_functions.py"), "--yes",
+            input="Hi\n")
+    assert r.returncode == 1 and "has no chat template (it may be a base model), which tools need" in r.stderr
+
+
+def test_switch_model_keeps_conversation(cli: CLI, gemma_path: Path) -> None:
+    """`/model` moves the conversation to the other real model (from SmolLM2, which has a template, to Gemma 3
+    270M, which continues it as plain text) and keeps every message."""
+    r = cli("chat", "switcher", "-n", "6", input="Hi\n/model gemma3:270m\nAgain\n/context\n")
+    assert r.returncode == 0, r.stderr
+    assert "4 messages" in r.stderr and r.stderr.count(NO_TEMPLATE) == 1, r.stderr
+    saved = ChatSession.load("switcher")
+    assert saved.model == "gemma3:270m" and [m["role"] for m in saved.messages] == ["user", "assistant"] * 2
+    assert saved.messages[2]["content"] == "Again" and saved.messages[3]["content"], "Gemma answered"
 
 
 def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from localgen import settings
 from localgen.backend import Backend
 from localgen.chat.session import ChatSession
-from localgen.errors import ContextOverflowError
+from localgen.errors import ContextOverflowError, LocalgenError
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats, thinking_args
 
 SETTABLE = sorted(settings.KNOBS)
@@ -59,11 +59,18 @@ class ChatRunner:
 
     def request(self, messages: list[Message]) -> GenerationRequest:
         """A request for these messages with the current settings. Without tools, earlier calls and results
-        are written as plain turns (a template need not know tool roles)."""
+        are written as plain turns (a template need not know tool roles). A model here without a chat
+        template gets the conversation as plain text to continue (plain_text)."""
         if self.toolbox is None and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             from localgen.tools.plan import plain_history
 
             messages = list(plain_history(tuple(messages)))
+        if not has_template(self.backend):
+            if self.toolbox is not None:
+                raise LocalgenError(f"{self.backend.name} has no chat template (it may be a base model), which tools "
+                                    "need", hint="chat without --functions/--mcp, or give a template with "
+                                                 "--chat-template-file")
+            return GenerationRequest(prompt=plain_text(messages, self.backend.name), sampling=self.sampling)
         return GenerationRequest(messages=tuple(messages), sampling=self.sampling, json_schema=self.json_schema,
                                  template_args=thinking_args(self.thinking), prompt_cache=self.prompt_cache)
 
@@ -187,3 +194,22 @@ class ChatRunner:
         self.sampling = sampling
         self.first = 0
         self.trim_noticed = False
+
+
+def has_template(backend: Backend) -> bool:
+    """Whether the backend renders messages: a remote one does (its server), a model here where it has a chat
+    template (a base model has none)."""
+    engine = getattr(backend, "engine", None)
+    return engine is None or bool(engine.model.summary.chat_template)
+
+
+def plain_text(messages: list[Message], model: str) -> str:
+    """A conversation as plain text for a model without a chat template to continue: each message's text
+    followed by a newline, the system prompt first (as a typed line is sent, the answer continuing it)."""
+    parts = []
+    for m in messages:
+        if not isinstance(m["content"], str):
+            raise LocalgenError(f"{model} has no chat template (it may be a base model), which images and audio "
+                                "need", hint="give it a template with --chat-template-file")
+        parts.append(m["content"] + "\n")
+    return "".join(parts)

@@ -238,6 +238,9 @@ def load_backend(name: str, load: Any, f: o.ChatArgs, view: ChatView) -> Any:
     except BaseException:
         backend.close()
         raise
+    if not ref.summary.chat_template:
+        view.info(f"{ref.name} has no chat template (it may be a base model): the conversation goes to it as plain "
+                  "text, which it continues")
     return backend
 
 

@@ -4,6 +4,7 @@ search, or many prompts, and the output."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,7 @@ def execute(f: RunArgs) -> None:
     try:
         if not plan.endpoints:
             backend.check_generates()  # type: ignore[attr-defined]  # LocalBackend: an encoder cannot
+            f = plain_completion(f, plan, backend, thread.turns if thread else None, toolbox, err)
         if thread is None:  # --file / --each-line
             raise typer.Exit(run_many(f, plan, backend, err))
         request = single_request(f, plan, backend, thread.turns)
@@ -73,6 +75,28 @@ def execute(f: RunArgs) -> None:
         backend.close()
         if toolbox is not None:
             toolbox.close()
+
+
+def plain_completion(f: RunArgs, plan: RunPlan, backend: Backend, turns: list[Message] | None, toolbox: Any,
+                     err: ErrWriter) -> RunArgs:
+    """A model here without a chat template (a base model) answers the prompt as a plain completion, as with
+    --raw (and as Ollama's /api/generate does), said once on stderr. What needs the template (--system,
+    earlier turns, images or audio, tools) keeps the template's error."""
+    from localgen.errors import LocalgenError
+    from localgen.tools.stream import template_of
+
+    if f.raw or template_of(backend):
+        return f
+    needs = [what for what, on in (("--system", bool(f.system)), ("an earlier conversation", bool(turns)),
+                                   ("images and audio", bool(plan.media)), ("tools", toolbox is not None)) if on]
+    if needs:
+        raise LocalgenError(f"{backend.name} has no chat template (it may be a base model), which "
+                            f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''}",
+                            hint=f"without {'it' if len(needs) == 1 else 'them'} the prompt goes to it as a plain "
+                                 "completion; --chat-template-file gives it a template")
+    err.line(f"{backend.name} has no chat template (it may be a base model): the prompt goes to it as a plain "
+             "completion, as with --raw")
+    return dataclasses.replace(f, raw=True)
 
 
 def _as_sent(f: RunArgs, backend: Backend, request: GenerationRequest, toolbox: Any) -> GenerationRequest:

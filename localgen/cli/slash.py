@@ -194,9 +194,13 @@ def _load(runner: Any, view: Any, arg: str) -> None:
 def _model(runner: Any, view: Any, arg: str) -> None:
     if not arg:
         raise UsageError("usage: /model NAME")
+    from localgen.chat.runner import has_template
+    from localgen.types import GenerationRequest
+
     backend = view.loader(arg)
     try:
-        backend.render(runner.request([{"role": "user", "content": "hi"}]))  # fails early without a chat template
+        if has_template(backend):  # a broken one fails now (without one, the conversation goes as plain text)
+            backend.render(GenerationRequest(messages=({"role": "user", "content": "hi"},)))
     except BaseException:
         backend.close()
         raise
