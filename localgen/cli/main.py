@@ -27,8 +27,10 @@ def main(argv: list[str] | None = None) -> None:
     args, show_all = helpall.wanted(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
     first = next((a for a in args if not a.startswith("-")), None)
     command = typer.main.get_command(app.build(first if first in app.COMMANDS else None))
-    if not show_all and ("--help" in args or "-h" in args):  # hidden matters to the help alone
-        helpall.trim(command, first)
+    if "--help" in args or "-h" in args or not args:  # what the help alone shows
+        helpall.readable(command)
+        if not show_all:
+            helpall.trim(command, first)
     debug = bool(os.environ.get("LOCALGEN_DEBUG"))
     guard_stdout()
     _watch_sigint()
