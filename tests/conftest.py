@@ -76,6 +76,18 @@ def pytest_configure(config: pytest.Config) -> None:
         os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """After a run of tests/test_doc_examples_run.py: how many doc examples this machine does not run, by reason
+    (each one with -v), as a line of the summary rather than as tests that always skip."""
+    reports = [r for rs in terminalreporter.stats.values() for r in rs if hasattr(r, "nodeid")]
+    if not any(r.nodeid.startswith("tests/test_doc_examples_run.py") for r in reports):
+        return
+    from tests.test_doc_examples_run import not_run_summary
+
+    for line in not_run_summary(config.get_verbosity() > 0):
+        terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks `slow` (starts a process or a server, or loads a model), `gemma` (needs Gemma 3 270M) and `gpu`
     (what it asserts depends on whether layers sit on a GPU: worth a run on a GPU machine, `-m gpu`)."""
