@@ -6,11 +6,11 @@ Both sides run with the same settings, the ones localgen's embeddings context us
 window of --ctx cells (2048) shared by every sequence (llama.cpp's unified KV cache), logical and physical
 batch equal to the window, and up to 64 texts per llama_decode (embed.MAX_SEQS): llama-server gets `-c CTX
 -b CTX -ub CTX -np 64 --kv-unified`, localgen `--ctx CTX` (and serve `-b CTX -ub CTX`). llama-embedding
-takes no --kv-unified (it refuses the flag: it makes the cache unified itself only where -np is left at 1,
-and then packs up to 256 texts a decode), so it gets `-c CTX -b CTX -ub CTX -np 64`: 64 texts a decode, each
-in a window of CTX/64 cells of its own, which holds these texts. localgen serve's embeddings do not use its
-generation slots, so it runs with one (`-np 1`), which changes nothing for them and keeps 63 idle windows
-out of its memory.
+refuses --kv-unified, and aborts with `-np 64` (it packs up to 256 texts a decode whatever -np says, more
+than 64 sequences hold); left at its default -np it makes the cache unified itself, so it gets `-c CTX -b CTX
+-ub CTX`: the same shared window, filled with as many texts as CTX tokens hold (about 180 of these).
+localgen serve's embeddings do not use its generation slots, so it runs with one (`-np 1`), which changes
+nothing for them and keeps 63 idle windows out of its memory.
 
 - `localgen embed --file` against llama.cpp's llama-embedding (built from the same vendored llama.cpp):
   wall time of each command, the load included, as a user pays it;
@@ -43,10 +43,12 @@ def texts(n: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))) + "." for _ in range(n)]
 
 
-def llama_settings(ctx: int, seqs: int, unified: bool = True) -> list[str]:
-    """llama.cpp's flags for localgen's embeddings context: one window, shared where the tool takes
-    --kv-unified (llama-server; not llama-embedding), batches as wide as it."""
-    return ["-c", str(ctx), "-b", str(ctx), "-ub", str(ctx), "-np", str(seqs), *(["--kv-unified"] * unified)]
+def llama_settings(ctx: int, seqs: int | None) -> list[str]:
+    """llama.cpp's flags for localgen's embeddings context: one window, shared, batches as wide as it; `seqs`
+    texts a decode (llama-server), or None for llama-embedding, which shares the window by itself at its
+    default -np and refuses --kv-unified."""
+    window = ["-c", str(ctx), "-b", str(ctx), "-ub", str(ctx)]
+    return window if seqs is None else [*window, "-np", str(seqs), "--kv-unified"]
 
 
 def main() -> int:
@@ -88,7 +90,7 @@ def commands(a: argparse.Namespace, path: str, items: list[str]) -> None:
         ours = [sys.executable, "-m", "localgen", "embed", "-m", a.model, "--file", str(f), "--pooling", "mean",
                 "--threads", str(a.threads), "--ctx", str(a.ctx)]
         theirs = [a.llama_embedding, "-m", path, "-p", sep.join(items), "--embd-separator", sep, "--pooling", "mean",
-                  *llama_settings(a.ctx, a.seqs, unified=False), "-t", str(a.threads), "--embd-output-format", "json",
+                  *llama_settings(a.ctx, None), "-t", str(a.threads), "--embd-output-format", "json",
                   "--no-warmup"]
         harness.run_timed(ours, cwd=ROOT)  # warm the page cache for both
         harness.run_timed(theirs, cwd=ROOT)
