@@ -256,6 +256,21 @@ def test_a_presets_template_and_a_chat_on_a_preset(cli_env: dict[str, str], tmp_
     assert [m["content"] for m in saved["messages"][:3]] == ["Hi", "Hello.", "Sky?"]
 
 
+def test_continuing_after_its_preset_was_removed_names_the_way_out(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """`run --continue` and `chat --resume` of a conversation with a preset removed since: one line naming the
+    model that is gone and -m; with -m the conversation goes on."""
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    assert cli("create", "terse:copy", "-f", "-", input=TERSE).returncode == 0
+    assert cli("run", "-m", "terse:copy", "-p", "Sky?").returncode == 0
+    assert cli("chat", "gone", "-m", "terse:copy", input="Sky?\n").returncode == 0
+    assert cli("rm", "terse:copy", "--yes").returncode == 0
+    for args, verb in ((["run", "--continue", "And the sea?"], "continue"), (["chat", "--resume", "gone"], "resume")):
+        line = one_error(cli(*args, input="And the sea?\n"), "was with 'terse:copy', which is not here any more")
+        assert f"({verb} it with another model: add -m MODEL" in line, line
+        r = cli(*args, "-m", "smollm2:135m", "-n", "2", input="And the sea?\n")
+        assert r.returncode == 0 and r.stdout.strip(), r.stderr
+
+
 def test_serve_and_bench_take_a_preset(cli_env: dict[str, str], tmp_path: Path) -> None:
     """serve offers a preset by name and loads it with its num_ctx (unless --ctx is given); bench measures it."""
     import httpx

@@ -16,7 +16,7 @@ from localgen.cli.chatturn import restore_state, stream
 from localgen.cli.knobs import Knobs
 from localgen.cli.output import ErrWriter
 from localgen.cli.toolflow import open_toolbox
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
 from localgen.text import checked
 
 
@@ -89,6 +89,14 @@ def start(f: o.ChatArgs) -> None:
     toolbox = open_toolbox(f.tools)
     try:
         backend = view.loader(session.model)
+    except ModelNotFoundError as e:
+        if toolbox is not None:
+            toolbox.close()
+        if f.resume and not f.given("model"):  # the resumed conversation's model is gone
+            raise ModelNotFoundError(f"the conversation {session.name} was with {session.model!r}, which is not here "
+                                     f"any more ({e.message})", hint="resume it with another model: add -m MODEL "
+                                                                     "(`localgen list` shows them)") from None
+        raise
     except BaseException:
         if toolbox is not None:
             toolbox.close()

@@ -17,7 +17,7 @@ from localgen.cli.knobs import Knobs
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.runoptions import ReportOptions, RunArgs
 from localgen.cli.runplan import RunPlan, check
-from localgen.errors import UsageError
+from localgen.errors import ModelNotFoundError, UsageError
 from localgen.types import GenerationRequest, Message, SamplingParams, thinking_args
 
 if TYPE_CHECKING:
@@ -47,6 +47,14 @@ def execute(f: RunArgs) -> None:
         toolbox = open_toolbox(f.tools)
     try:
         backend: Backend = remote_backend(f, plan) if plan.endpoints else open_backend(f, plan, err)
+    except ModelNotFoundError as e:
+        if toolbox is not None:
+            toolbox.close()
+        if thread is not None and thread.turns and not f.given("model"):  # the conversation's model is gone
+            raise ModelNotFoundError(f"the conversation {thread.cid} was with {f.model!r}, which is not here any more "
+                                     f"({e.message})", hint="continue it with another model: add -m MODEL "
+                                                            "(`localgen list` shows them)") from None
+        raise
     except BaseException:
         if toolbox is not None:
             toolbox.close()
