@@ -129,6 +129,14 @@ def test_bad_grammar_is_a_clear_error(cli: CLI, tmp_path: Path) -> None:
     s.write_text("{not json")
     r = cli("run", "-p", "x", "--json-schema", str(s), *QUICK)
     assert r.returncode == 1 and "not valid JSON" in r.stderr
+    # valid JSON, but no JSON Schema: checked against the metaschema before it becomes a grammar (the converter
+    # took them for "anything": `null`, exit 0)
+    s.write_text('{"type": "objekt"}')
+    for args, where in ((["-j", '{"type": "objekt"}'], "at type"), (["-jf", str(s)], "at type"),
+                        (["-j", '{"type": "object", "properties": {"a": {"type": "strng"}}}'], "at properties/a/type")):
+        r = cli("run", "-p", "x", *args, *QUICK)
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"localgen: error: the JSON schema is not valid {where}: "), r.stderr
 
 
 def test_system_prompt_is_used(cli: CLI) -> None:
