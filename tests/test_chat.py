@@ -172,7 +172,7 @@ def test_load_clear_and_display_settings(cli: CLI) -> None:
                                               "/set markdown off\n/show\n")
     assert r.returncode == 0, r.stderr
     assert "continuing loadme: 2 messages" in r.stderr
-    assert "temperature=0.3" in r.stderr and "top_k=7" in r.stderr, "/load applies the loaded settings"
+    assert "temperature 0.3" in r.stderr and "top_k 7" in r.stderr, "/load applies the loaded settings"
     assert "conversation cleared" in r.stderr and "0 messages" in r.stderr
     assert "think off" in r.stderr and "markdown off" in r.stderr
     assert ChatSession.load("loadme").messages == [], "/clear clears the conversation it continues"
@@ -203,6 +203,25 @@ def test_switch_model_keeps_conversation(cli: CLI, gemma_path: Path) -> None:
     saved = ChatSession.load("switcher")
     assert saved.model == "gemma3:270m" and [m["role"] for m in saved.messages] == ["user", "assistant"] * 2
     assert saved.messages[2]["content"] == "Again" and saved.messages[3]["content"], "Gemma answered"
+
+
+def test_settings_and_the_system_prompt_are_shown_as_a_user_writes_them(cli: CLI) -> None:
+    """/set's answer and /show's settings read as /set takes them (`a|b`, `random`, `15+1.5`, on/off), not as
+    Python writes them (('a', 'b'), None, [(15, 1.5)], True); every setting /show lists goes back into /set."""
+    r = cli("chat", "-n", "2", input="/set stop a|b\n/set seed random\n/set logit_bias 15+1.5,7-inf\n"
+                                     "/set ignore_eos on\n/system\n/show\n")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert {"stop = a|b", "seed = random", "logit_bias = 15+1.5,7-inf", "ignore_eos = on", "system: none"} <= set(lines)
+    shown = next(ln for ln in lines if ln.startswith("temperature ") and " · " in ln)
+    for python in ("None", "True", "False", "('", "['", "[]", "=", "((", "{"):
+        assert python not in shown, (python, shown)
+    pairs = [p.split(" ", 1) for p in shown.split(" · ")]
+    assert ["stop", "a|b"] in pairs and ["seed", "random"] in pairs and ["logit_bias", "15+1.5,7-inf"] in pairs
+    again = "".join(f"/set {k} {v}\n" for k, v in pairs if k != "dry_sequence_breaker")  # its \n is shown escaped
+    r2 = cli("chat", "-n", "2", input=again + "/show\n")
+    assert r2.returncode == 0, r2.stderr
+    assert next(ln for ln in r2.stderr.splitlines() if ln.startswith("temperature ") and " · " in ln) == shown
 
 
 def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:

@@ -49,7 +49,7 @@ class ChatRunner:
         key, typed = settings.parse_text(name, value)
         self.sampling = dataclasses.replace(self.sampling, **{key: typed})
         self.session.settings[key] = settings.jsonable(typed)
-        return f"{key} = {typed!r}"
+        return f"{key} = {settings.as_text(key, typed)}"
 
     def reserve(self) -> int:
         """Tokens kept free for the answer when deciding whether the history fits."""
