@@ -98,7 +98,8 @@ def commands(a: argparse.Namespace, path: str, items: list[str]) -> None:
                                "theirs": partial(harness.run_timed, theirs, cwd=ROOT)}, a.reps)
     mo, mt = harness.median(t["ours"]), harness.median(t["theirs"])
     print(f"{a.model}: {a.texts} texts of 6-14 words, mean pooling, --threads {a.threads}, window {a.ctx} "
-          f"(batch {a.ctx}, up to {a.seqs} texts per decode, unified KV) on both sides, medians of {a.reps}")
+          f"(batch {a.ctx}, unified KV) on both sides, up to {a.seqs} texts per decode for localgen and as many as "
+          f"the window holds for llama-embedding, medians of {a.reps}")
     print(f"  localgen embed --file   {mo:6.2f} s  {a.texts / mo:7.1f} texts/s")
     print(f"  llama-embedding         {mt:6.2f} s  {a.texts / mt:7.1f} texts/s")
     print(f"  ratio (llama-embedding time / ours) {harness.ratio(mt, mo)}")
