@@ -237,8 +237,9 @@ def load_backend(name: str, load: Any, f: o.ChatArgs, view: ChatView) -> Any:
     engine = open_engine(ref, load, verbose=f.verbose, warn=lambda text: view.info(f"warning: {text}"))
     if view.interactive:
         view.info(f"{ref.name} ready in {engine.load_s:.2f} s · context {engine.n_ctx:,} tokens · /help for commands")
-    from localgen.cli.hints import tune_tip
+    from localgen.cli.hints import record_note, tune_tip
 
+    record_note(view.info, ref.name, ref.path, vars(engine.params), engine.origins)
     tune_tip(view.interactive, view.info, ref.name, ref.path, engine.origins)
     backend = LocalBackend(engine, warn=lambda text: view.info(f"warning: {text}"))
     try:

@@ -263,6 +263,9 @@ def _backend(f: _LoadArgs, model: str | None) -> Any:
     # generation's reason to leave them off (exact batching) does not apply.
     load = f.knobs().load(**({} if f.repack is not None else {"repack": True}))
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn)
+    from localgen.cli.hints import record_note
+
+    record_note(err.line, ref.name, ref.path, vars(engine.params), engine.origins)
     return LocalBackend(engine, warn=err.warn)
 
 

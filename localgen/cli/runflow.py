@@ -156,8 +156,9 @@ def open_backend(f: RunArgs, plan: RunPlan, err: ErrWriter) -> LocalBackend:
     draft_ref = resolve(draft, offline=f.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn, kv_tokens=_kv_tokens(f, plan, load.n_ctx))
-    from localgen.cli.hints import tune_tip
+    from localgen.cli.hints import record_note, tune_tip
 
+    record_note(err.line, ref.name, ref.path, vars(engine.params), engine.origins)
     tune_tip(err.tty, err.line, ref.name, ref.path, engine.origins)
     drafter: Any = None
     try:

@@ -127,6 +127,12 @@ def start(f: ServeArgs) -> None:
     for w in workers:
         if w.mode is not None:
             err.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
+        loaded = w.settings
+        if loaded:
+            from localgen.cli.hints import record_note
+
+            record_note(lambda text: err.line(f"  {text}"), w.name, w.ref.path,
+                        {k: v["value"] for k, v in loaded.items()}, {k: v["from"] for k, v in loaded.items()})
     try:
         server.run()
     finally:
