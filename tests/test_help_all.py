@@ -105,6 +105,13 @@ def test_help_reads_as_a_user_writes_the_command_at_80_columns(cli_in_process: I
         "an alias and a negative flag are named in the option's help"
 
 
+def test_serve_help_names_every_api_it_answers(cli_in_process: InProcessCLI) -> None:
+    cli_in_process.env["COLUMNS"] = "200"
+    words = " ".join(_help(cli_in_process, "serve", "--help").split())
+    assert "OpenAI's API (chat completions, Responses) under /v1, Anthropic's Messages API at /v1/messages and " \
+           "Ollama's API under /api" in words, words[:600]
+
+
 def test_an_alias_left_out_of_the_help_still_parses_before_it(cli_in_process: InProcessCLI) -> None:
     r = cli_in_process("run", "--ctx-size", "512", "--no-prompt-cache", "--temp", "0", "--help-all")
     assert r.returncode == 0 and "Usage: localgen run" in r.stdout and r.stderr == "", r.stderr
