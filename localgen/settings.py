@@ -272,7 +272,8 @@ def jsonable(value: Any) -> Any:
 class LoadKnob:
     """One load setting as the CLI takes it: the command's parameter `name`, the LoadParams field it sets
     (its default is that field's, so it is written once), its flags (ours, then llama.cpp's), help, and
-    Ollama's option for it. `kind` is INT, FLOAT, BOOL, TEXT, or SWITCH (--x/--no-x, unset by default)."""
+    Ollama's option for it. `kind` is INT, FLOAT, BOOL, TEXT, TEXTS (repeatable), or SWITCH (--x/--no-x, unset by
+    default)."""
 
     name: str
     kind: str
@@ -331,6 +332,14 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
              "e.g. 3,1.", panel=GPU, metavar="N,N,..."),
     LoadKnob("main_gpu", INT, ("--main-gpu", "-mg"), "The GPU for the whole model with --split-mode none (and for "
              "scratch with row).", "main_gpu", 0, panel=GPU, ollama="main_gpu"),
+    LoadKnob("n_cpu_moe", INT, ("--n-cpu-moe", "-ncmoe"), "Keep the mixture-of-experts weights of the first N "
+             "layers in RAM, the rest of those layers on the GPU (default: as the plan finds room; `localgen fit`).",
+             "n_cpu_moe", 0, panel=GPU, envvar="LLAMA_ARG_N_CPU_MOE", metavar="N"),
+    LoadKnob("cpu_moe", BOOL, ("--cpu-moe", "-cmoe"), "Keep every layer's mixture-of-experts weights in RAM.",
+             "cpu_moe", panel=GPU, envvar="LLAMA_ARG_CPU_MOE"),
+    LoadKnob("override_tensor", TEXTS, ("--override-tensor", "-ot"), "Put the tensors whose names match a regular "
+             "expression in a buffer type (CPU, CUDA0, ...), as llama.cpp's -ot; comma-separated, repeatable; the "
+             "first match wins.", panel=GPU, envvar="LLAMA_ARG_OVERRIDE_TENSOR", metavar="PATTERN=BUFFER,..."),
     LoadKnob("rope_scaling", TEXT, ("--rope-scaling",), "RoPE scaling for contexts beyond training (YaRN for Qwen "
              "2.5/3 past 32k).", "rope_scaling", panel=GPU, metavar="none|linear|yarn"),
     LoadKnob("rope_freq_base", FLOAT, ("--rope-freq-base",), "RoPE base frequency; 0 from the model.",
