@@ -41,8 +41,9 @@ class Shape:
 
 
 SHAPES = {
-    # the suite's MoE: 4 layers of 16 experts (2 used), about half its weights experts; a few seconds to write
-    "tiny-moe": Shape("qwen3moe", 4, 256, 4, 2, 64, experts=16, used=2, ff_exp=256),
+    # the suite's MoE: 4 layers of 16 experts (2 used), half its weights experts (the embedding, tied, is the
+    # other half); a few seconds to write
+    "tiny-moe": Shape("qwen3moe", 4, 256, 4, 2, 64, experts=16, used=2, ff_exp=256, tied=True),
     "tiny-dense": Shape("llama", 4, 256, 4, 2, 64, ff=768),
     # Qwen3-30B-A3B and Llama 3.1 8B, Q4_K_M-like
     "moe-30b-a3b": Shape("qwen3moe", 48, 2048, 32, 4, 128, experts=128, used=8, ff_exp=768, vocab=151936,

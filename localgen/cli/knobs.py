@@ -55,8 +55,9 @@ class Knobs:
             return "auto"
         raise UsageError(f"--flash-attn takes on, off or auto, not {value!r}")
 
-    def load(self, **override: Any) -> LoadParams:
-        """LoadParams from the load settings (those the command lacks keep their defaults)."""
+    def load(self, check_buffers: bool = True, **override: Any) -> LoadParams:
+        """LoadParams from the load settings (those the command lacks keep their defaults); -ot's buffer types
+        checked against this build's devices (`check_buffers`: `fit` plans for devices described instead)."""
         from localgen import placement
         from localgen.errors import UsageError
 
@@ -80,10 +81,11 @@ class Knobs:
             override_tensor=placement.parse(self.get("override_tensor")))
         values.update(override)
         params = LoadParams(**values)
-        if params.override_tensor and not params.rpc:  # RPC servers' buffer types exist once they are registered
-            from localgen.native.devices import check_buffers
+        # (RPC servers' buffer types exist once they are registered: the load checks those)
+        if check_buffers and params.override_tensor and not params.rpc:
+            from localgen.native import devices
 
-            check_buffers([b for _, b in params.override_tensor])
+            devices.check_buffers([b for _, b in params.override_tensor])
         return params
 
     def sampling(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:

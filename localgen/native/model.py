@@ -51,12 +51,12 @@ def load(path: str, options: ModelOptions) -> Any:
 
         check_buffers([b for _, b in options.overrides])
         have = buffer_types()
-        # NULL-terminated; the pattern strings live in `keep` until llama_model_load_from_file returns (the
-        # loader compiles them while it creates the tensors, and keeps no pointer after)
+        # NULL-terminated; the pattern strings live in `keep` until llama_model_load_from_file returns (only
+        # llama-model-loader reads them, while it creates the tensors)
         patterns = [ctypes.create_string_buffer(p.encode()) for p, _ in options.overrides]
-        table = (_BuftOverride * (len(options.overrides) + 1))(
-            *[_BuftOverride(ctypes.cast(p, ctypes.c_char_p), have[b]) for p, (_, b) in zip(patterns, options.overrides)],
-            _BuftOverride(None, None))
+        rows = [_BuftOverride(ctypes.cast(p, ctypes.c_char_p), have[b])
+                for p, (_, b) in zip(patterns, options.overrides, strict=True)]
+        table = (_BuftOverride * (len(rows) + 1))(*rows, _BuftOverride(None, None))
         keep += [patterns, table]
         mp.tensor_buft_overrides = ctypes.cast(table, ctypes.c_void_p)
     if options.load_mode is not None:
