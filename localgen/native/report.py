@@ -31,6 +31,11 @@ class LoadReport:
         """Where the weights went: buffer → MiB."""
         return dict(self.buffers)
 
+    def record(self) -> dict[str, object]:
+        """What went where, for a JSON record (run --json's load, serve's /api/ps): weights by buffer (MiB),
+        the layers offloaded, what the placement patterns moved."""
+        return {"weights_mib": self.placement, "offloaded": self.offloaded, "moved": self.moved}
+
     @property
     def moved(self) -> dict[str, dict[str, int]]:
         """What the placement patterns moved, by buffer: tensors, of them experts, and MiB (each tensor's

@@ -61,7 +61,7 @@ def routes(state: ServeState) -> list[Route]:
     async def ps(request: Request) -> Response:
         return JSONResponse({"models": [{**_model_entry(w.name, w.ref), "size": w.need or w.ref.summary.file_size,
                                          "expires_at": _expires(w), "size_vram": w.vram_bytes,
-                                         "context_length": w.n_ctx}
+                                         "context_length": w.n_ctx, "placement": w.placement}
                                         for w in list(state.workers.values()) if w.loaded]})
 
     async def chat(request: Request) -> Response:
