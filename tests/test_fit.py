@@ -232,3 +232,25 @@ def test_run_loads_by_the_plan_and_says_when_it_shrinks_the_context(smollm2_path
     open_engine(ref, LoadParams(n_ctx=8192), warn=said.append, factory=factory,
                 machine=fit.Machine(ram=64 * GB, gpus=(gpu,)))
     assert made[1].n_gpu_layers == -1 and made[1].n_ctx < 8192 and "does not fit the GPU" in said[0]
+
+
+def test_serve_and_chat_take_the_placement_flags(cli: CLI, cli_env: dict[str, str], moe_path: Path) -> None:
+    import httpx
+
+    from tests.test_serve import Server
+
+    s = Server(cli_env, "-m", str(moe_path), "--n-cpu-moe", "3", "--ctx", "512", "-np", "1")
+    try:
+        ps = httpx.get(f"{s.url}/api/ps", timeout=30).json()["models"]
+        entry = next(m for m in ps if m["name"].endswith("tiny-moe.gguf"))
+        placed = entry["placement"]
+        assert placed["moved"]["CPU"]["experts"] == 3 * 3 and placed["offloaded"].startswith("offloaded 0/")
+        assert placed["weights_mib"]
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": entry["name"], "prompt": "Once",
+                                                        "max_tokens": 3, "temperature": 0}, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    finally:
+        assert s.stop() == 0
+    r = cli("chat", "-m", str(moe_path), "--cpu-moe", "--verbose", "-n", "2", input="Hello\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.count("buffer type overridden to CPU") == 4 * 3
