@@ -254,3 +254,15 @@ def test_serve_and_chat_take_the_placement_flags(cli: CLI, cli_env: dict[str, st
     r = cli("chat", "-m", str(moe_path), "--cpu-moe", "--verbose", "-n", "2", input="Hello\n")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("buffer type overridden to CPU") == 4 * 3
+
+
+def test_llama_cpps_environment_variables_set_the_placement(cli: CLI, moe_path: Path) -> None:
+    for env, experts in (({"LLAMA_ARG_N_CPU_MOE": "1"}, 3), ({"LLAMA_ARG_CPU_MOE": "1"}, 12),
+                         ({"LLAMA_ARG_OVERRIDE_TENSOR": r"blk\.0\.ffn_up_exps=CPU"}, 1)):
+        r = subprocess.run(cli.argv("run", "-m", str(moe_path), "--raw", "-p", "hi", "-n", "1", "--json"),
+                           capture_output=True, text=True, env={**cli.env, **env}, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads(r.stdout)["load"]["moved"]["CPU"]["experts"] == experts, env
+    r = subprocess.run(cli.argv("run", "-m", str(moe_path), "-p", "hi"), capture_output=True, text=True,
+                       env={**cli.env, "LLAMA_ARG_OVERRIDE_TENSOR": "exps=NOPE"}, timeout=120, check=False)
+    assert r.returncode == 2 and "no buffer type 'NOPE' here" in r.stderr
