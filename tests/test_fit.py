@@ -266,3 +266,15 @@ def test_llama_cpps_environment_variables_set_the_placement(cli: CLI, moe_path: 
     r = subprocess.run(cli.argv("run", "-m", str(moe_path), "-p", "hi"), capture_output=True, text=True,
                        env={**cli.env, "LLAMA_ARG_OVERRIDE_TENSOR": "exps=NOPE"}, timeout=120, check=False)
     assert r.returncode == 2 and "no buffer type 'NOPE' here" in r.stderr
+
+
+def test_bench_sweeps_n_cpu_moe_as_llama_bench(cli: CLI, moe_path: Path) -> None:
+    r = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "2", "-r", "1", "--no-e2e", "-ncmoe", "0,4", "-o", "json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout)
+    assert [(x["n_cpu_moe"], x["test"]) for x in rows] == [(0, "pp8"), (0, "tg2"), (4, "pp8"), (4, "tg2")]
+    table = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-ncmoe", "1,2")
+    header = next(line for line in table.stdout.splitlines() if line.startswith("| model"))
+    assert table.returncode == 0 and "n_cpu_moe" in [c.strip() for c in header.split("|")]
+    bad = cli("bench", "-m", str(moe_path), "-ncmoe", "-1")
+    assert bad.returncode == 2 and "--n-cpu-moe: -1 is below 0" in bad.stderr
