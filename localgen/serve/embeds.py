@@ -9,9 +9,11 @@ from typing import Any
 from starlette.requests import Request
 
 from localgen.errors import LocalgenError
-from localgen.serve.common import HTTPError, check_prompt_size, http_error, watch_disconnect
+from localgen.serve.apierror import HTTPError, http_error
 from localgen.serve.jobs import EmbedJob, Failed
-from localgen.serve.worker import ModelWorker
+from localgen.serve.pipeline import check_prompt_size
+from localgen.serve.running import watch_disconnect
+from localgen.serve.served import Served
 
 MAX_INPUTS = 2048  # texts in one embeddings request (OpenAI's bound)
 
@@ -28,7 +30,7 @@ def embed_inputs(raw: Any, param: str = "input") -> list[str]:
     return texts
 
 
-async def embed(worker: ModelWorker, texts: list[str], dimensions: Any = None, truncate: bool = False,
+async def embed(worker: Served, texts: list[str], dimensions: Any = None, truncate: bool = False,
                 query: str | None = None, http: Request | None = None) -> list[Any]:
     """Embed (or with a query, rerank) on the worker's thread, a slice at a time between decoding steps; the
     Embeddings (or (score, tokens) pairs), or an HTTPError. A client that disconnects (`http`) or a handler

@@ -1,6 +1,7 @@
-"""The Responses API's shapes (serve/responses.py reads the requests): the response object with the request's
+"""The Responses API's answers (serve/responses.py reads the requests): the response object with the request's
 settings echoed, the output items an answer's pieces become (reasoning, message, function_call), and the
-`response.*` events that stream them, numbered, each item opened, streamed and closed before the next."""
+`response.*` events that stream them, numbered, each item opened, streamed and closed before the next; the
+response kept in the store when the request asked."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import time
 import uuid
 from typing import Any
 
+from localgen.backend import Completion
+from localgen.serve.apierror import HTTPError
+from localgen.serve.jobs import Job
 from localgen.serve.responsestore import ResponseStore
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream
+from localgen.tools.stream import Event as Said
 from localgen.types import GenerationRequest
 
 
@@ -21,13 +26,23 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class Shape:
-    """Builds one request's response object and output items, and keeps it when asked to."""
+class Encoder:
+    """One request's response object, its output items and stream events; the response kept when asked to.
+    In a stream a piece of another kind than the open item's closes it and opens its own."""
+
+    media_type = "text/event-stream"
 
     def __init__(self, body: dict[str, Any], model: str, request: GenerationRequest, store: ResponseStore | None,
                  conversation: list[dict[str, Any]]) -> None:
         self.ident, self.created, self.model, self.store = new_id("resp"), int(time.time()), model, store
         self.conversation = conversation
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []  # the items streamed and closed so far, whole
+        self.kind: str | None = None  # the open item's: reasoning or message
+        self.item = ""  # the open item's id
+        self.text = ""  # the open item's
+        self.content = ""  # the answer's, streamed so far
+        self.calls: list[ToolCall] = []
         tools = body.get("tools") or []
         reasoning: dict[str, Any] = body.get("reasoning") or {}
         self.echo = {
@@ -52,7 +67,7 @@ class Shape:
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "usage": usage, **self.echo}
 
-    def whole(self, c: Any, answer: AnswerStream) -> dict[str, Any]:
+    def document(self, c: Completion, answer: AnswerStream) -> dict[str, Any]:
         """The response of a finished answer that was not streamed."""
         status = self.status(c, bool(answer.calls))
         output: list[dict[str, Any]] = []
@@ -64,21 +79,118 @@ class Shape:
         return self.response(status, output, usage(c))
 
     @staticmethod
-    def status(c: Any, calls: bool) -> str:
+    def status(c: Completion, calls: bool) -> str:
         """incomplete when the answer was cut at max_output_tokens (or the window), else completed."""
         return "incomplete" if c.finish_reason in ("length", "context") and not calls else "completed"
 
-    async def keep(self, doc: dict[str, Any], answer: AnswerStream) -> None:
+    async def _keep(self, doc: dict[str, Any], content: str, calls: list[ToolCall]) -> None:
         """Store the response and its conversation with the answer as an assistant message (when `store`)."""
         if self.store is None:
             return
-        said: dict[str, Any] = {"role": "assistant", "content": answer.content}
-        if answer.calls:
-            said["tool_calls"] = [call.to_openai() for call in answer.calls]
+        said: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            said["tool_calls"] = [call.to_openai() for call in calls]
         await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, said])
 
 
-def usage(c: Any) -> dict[str, Any]:
+    def event(self, kind: str, **doc: Any) -> bytes:
+        """One server-sent event, numbered."""
+        data = json.dumps({"type": kind, "sequence_number": self.seq, **doc}, ensure_ascii=False)
+        self.seq += 1
+        return f"event: {kind}\ndata: {data}\n\n".encode()
+
+    def opening(self) -> list[bytes]:
+        return [self.event("response.created", response=self.response("in_progress", [])),
+                self.event("response.in_progress", response=self.response("in_progress", []))]
+
+    def said(self, pieces: list[Said]) -> list[bytes]:
+        """The events for pieces of the answer (text, reasoning, tool calls)."""
+        out: list[bytes] = []
+        for p in pieces:
+            if isinstance(p, ToolCall):
+                out += self.close("completed")
+                out += self._call(p)
+                continue
+            kind = "reasoning" if p.kind == "reasoning" else "message"
+            if kind != self.kind:
+                out += self.close("completed")
+                out += self.open(kind)
+            self.text += p.text
+            at = {"item_id": self.item, "output_index": len(self.output), "content_index": 0}
+            if kind == "reasoning":
+                out.append(self.event("response.reasoning_text.delta", **at, delta=p.text))
+            else:
+                self.content += p.text
+                out.append(self.event("response.output_text.delta", **at, delta=p.text, logprobs=[]))
+        return out
+
+    def open(self, kind: str) -> list[bytes]:
+        """Open an output item (reasoning or message) and its content part."""
+        self.kind, self.item, self.text = kind, new_id("rs" if kind == "reasoning" else "msg"), ""
+        index = len(self.output)
+        item = _reasoning(self.item, "", "in_progress") if kind == "reasoning" else \
+            _message_item(self.item, None, "in_progress")
+        part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else _output_text("")
+        return [self.event("response.output_item.added", output_index=index, item=item),
+                self.event("response.content_part.added", item_id=self.item, output_index=index, content_index=0,
+                           part=part)]
+
+    def close(self, status: str) -> list[bytes]:
+        """Close the open item (if any): its .done events, whole."""
+        if self.kind is None:
+            return []
+        at = {"item_id": self.item, "output_index": len(self.output), "content_index": 0}
+        if self.kind == "reasoning":
+            item = _reasoning(self.item, self.text, "completed")
+            part: dict[str, Any] = {"type": "reasoning_text", "text": self.text}
+            done = self.event("response.reasoning_text.done", **at, text=self.text)
+        else:
+            item = _message_item(self.item, self.text, status)
+            part = _output_text(self.text)
+            done = self.event("response.output_text.done", **at, text=self.text, logprobs=[])
+        out = [done, self.event("response.content_part.done", **at, part=part),
+               self.event("response.output_item.done", output_index=len(self.output), item=item)]
+        self.output.append(item)
+        self.kind = None
+        return out
+
+    def _call(self, call: ToolCall) -> list[bytes]:
+        self.calls.append(call)
+        ident, index = new_id("fc"), len(self.output)
+        at = {"item_id": ident, "output_index": index}
+        item = _call_item(ident, call, "completed")
+        self.output.append(item)
+        return [self.event("response.output_item.added", output_index=index,
+                           item=_call_item(ident, call, "in_progress", "")),
+                self.event("response.function_call_arguments.delta", **at, delta=call.arguments),
+                self.event("response.function_call_arguments.done", **at, arguments=call.arguments),
+                self.event("response.output_item.done", output_index=index, item=item)]
+
+    def failed(self, e: HTTPError) -> list[bytes]:
+        """After the stream began: what was said so far stays in the output, and the response fails."""
+        error = {"code": "server_error" if e.status >= 500 else "invalid_prompt", "message": e.message}
+        return [*self.close("incomplete"), self.event("response.failed",
+                                                      response=self.response("failed", self.output, error=error))]
+
+    async def done(self, c: Completion, job: Job) -> list[bytes]:
+        status = self.status(c, bool(self.calls))
+        out = self.open("message") if self.kind is None and not self.output else []  # an empty answer: one message
+        out += self.close(status)
+        doc = self.response(status, self.output, usage(c))
+        await self._keep(doc, self.content, self.calls)
+        return [*out, self.event(f"response.{status}", response=doc)]
+
+    def closing(self) -> list[bytes]:
+        return []
+
+    async def whole(self, c: Completion, job: Job, answer: AnswerStream | None) -> dict[str, Any]:
+        assert answer is not None
+        doc = self.document(c, answer)
+        await self._keep(doc, answer.content, answer.calls)
+        return doc
+
+
+def usage(c: Completion) -> dict[str, Any]:
     """The Responses API's usage object for a finished answer."""
     return {"input_tokens": c.prompt_tokens,
             "input_tokens_details": {"cached_tokens": c.cached_tokens, "cache_write_tokens": 0},
@@ -103,84 +215,3 @@ def _message_item(ident: str, text: str | None, status: str) -> dict[str, Any]:
 def _call_item(ident: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:
     return {"type": "function_call", "id": ident, "call_id": call.id, "name": call.name,
             "arguments": call.arguments if arguments is None else arguments, "status": status}
-
-
-class Items:
-    """The stream's output items: a piece of another kind than the open item's closes it and opens its own."""
-
-    def __init__(self, shape: Shape) -> None:
-        self.shape = shape
-        self.seq = 0
-        self.output: list[dict[str, Any]] = []  # the items closed so far, whole
-        self.kind: str | None = None  # the open item's: reasoning or message
-        self.ident = ""
-        self.text = ""
-        self.calls: list[ToolCall] = []
-
-    def event(self, kind: str, **doc: Any) -> bytes:
-        """One server-sent event, numbered."""
-        data = json.dumps({"type": kind, "sequence_number": self.seq, **doc}, ensure_ascii=False)
-        self.seq += 1
-        return f"event: {kind}\ndata: {data}\n\n".encode()
-
-    def events(self, pieces: list[Any]) -> list[bytes]:
-        """The events for pieces of the answer (text, reasoning, tool calls)."""
-        out: list[bytes] = []
-        for p in pieces:
-            if isinstance(p, ToolCall):
-                out += self.close("completed")
-                out += self._call(p)
-                continue
-            kind = "reasoning" if p.kind == "reasoning" else "message"
-            if kind != self.kind:
-                out += self.close("completed")
-                out += self.open(kind)
-            self.text += p.text
-            at = {"item_id": self.ident, "output_index": len(self.output), "content_index": 0}
-            if kind == "reasoning":
-                out.append(self.event("response.reasoning_text.delta", **at, delta=p.text))
-            else:
-                out.append(self.event("response.output_text.delta", **at, delta=p.text, logprobs=[]))
-        return out
-
-    def open(self, kind: str) -> list[bytes]:
-        """Open an output item (reasoning or message) and its content part."""
-        self.kind, self.ident, self.text = kind, new_id("rs" if kind == "reasoning" else "msg"), ""
-        index = len(self.output)
-        item = _reasoning(self.ident, "", "in_progress") if kind == "reasoning" else \
-            _message_item(self.ident, None, "in_progress")
-        part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else _output_text("")
-        return [self.event("response.output_item.added", output_index=index, item=item),
-                self.event("response.content_part.added", item_id=self.ident, output_index=index, content_index=0,
-                           part=part)]
-
-    def close(self, status: str) -> list[bytes]:
-        """Close the open item (if any): its .done events, whole."""
-        if self.kind is None:
-            return []
-        at = {"item_id": self.ident, "output_index": len(self.output), "content_index": 0}
-        if self.kind == "reasoning":
-            item = _reasoning(self.ident, self.text, "completed")
-            part: dict[str, Any] = {"type": "reasoning_text", "text": self.text}
-            done = self.event("response.reasoning_text.done", **at, text=self.text)
-        else:
-            item = _message_item(self.ident, self.text, status)
-            part = _output_text(self.text)
-            done = self.event("response.output_text.done", **at, text=self.text, logprobs=[])
-        out = [done, self.event("response.content_part.done", **at, part=part),
-               self.event("response.output_item.done", output_index=len(self.output), item=item)]
-        self.output.append(item)
-        self.kind = None
-        return out
-
-    def _call(self, call: ToolCall) -> list[bytes]:
-        self.calls.append(call)
-        ident, index = new_id("fc"), len(self.output)
-        at = {"item_id": ident, "output_index": index}
-        item = _call_item(ident, call, "completed")
-        self.output.append(item)
-        return [self.event("response.output_item.added", output_index=index,
-                           item=_call_item(ident, call, "in_progress", "")),
-                self.event("response.function_call_arguments.delta", **at, delta=call.arguments),
-                self.event("response.function_call_arguments.done", **at, arguments=call.arguments),
-                self.event("response.output_item.done", output_index=index, item=item)]
