@@ -107,6 +107,6 @@ def test_the_api_page_names_every_field_the_routes_read() -> None:
     each name the table gives a route is on the page."""
     page = (ROOT / "docs" / "api.md").read_text()
     named = set(re.findall(r"`([a-z0-9_]+)`", page))
-    for api in ("openai", "ollama"):
+    for api in ("openai", "anthropic", "responses", "ollama"):
         assert set(settings.spellings(api)) <= named, api
     assert named >= settings.OLLAMA_LOAD_OPTIONS

@@ -151,8 +151,9 @@ def test_the_response_object_is_the_sdks() -> None:
     answer = AnswerStream()
     answer.reasoning, answer.content = "thought", "Paris."
     answer.calls = [ToolCall("f", '{"a": 1}', "call_1")]
-    doc = _shape({"instructions": "Be brief.", "metadata": {"a": "b"}, "max_output_tokens": 9,
-                  "tool_choice": {"type": "function", "name": "f"}}).document(_done(), answer)
+    shape = _shape({"instructions": "Be brief.", "metadata": {"a": "b"}, "max_output_tokens": 9,
+                  "tool_choice": {"type": "function", "name": "f"}})
+    doc = asyncio.run(shape.whole(_done(), None, answer))
     parsed = Response.model_validate(doc)
     assert parsed.metadata == {"a": "b"} and parsed.max_output_tokens == 9 and parsed.tools[0].name == "f"
     assert parsed.tool_choice.type == "function"  # type: ignore[union-attr]
@@ -160,7 +161,7 @@ def test_the_response_object_is_the_sdks() -> None:
     assert parsed.output_text == "Paris." and parsed.status == "completed" and parsed.instructions == "Be brief."
     assert parsed.usage is not None and parsed.usage.total_tokens == 13
     assert parsed.usage.input_tokens_details.cached_tokens == 4
-    cut = Response.model_validate(_shape().document(_done("length"), AnswerStream()))
+    cut = Response.model_validate(asyncio.run(_shape().whole(_done("length"), None, AnswerStream())))
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens" and cut.output_text == ""
 

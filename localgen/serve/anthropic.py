@@ -7,63 +7,40 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
-from localgen import settings
 from localgen.backend import Completion
 from localgen.serve.apierror import ANTHROPIC, HTTPError, error_body
 from localgen.serve.ask import Ask, Schema, one_of, optional_object, positive_int, sampling_values, split_reasoning
 from localgen.serve.jobs import Job
-from localgen.serve.pipeline import Made, handle
-from localgen.serve.served import Served
+from localgen.serve.pipeline import Made, parts, route
 from localgen.serve.state import ServeState
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
 
-FIELDS = settings.spellings("anthropic")  # stop_sequences, max_tokens, temperature, ... (chat's others too)
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 
 def routes(state: ServeState) -> list[Route]:
     """The Messages routes."""
-
-    async def messages(request: Request) -> Response:
-        return await handle(state, request, MESSAGES)
-
-    async def count_tokens(request: Request) -> Response:
-        return await handle(state, request, COUNT)
-
-    return [Route("/v1/messages", messages, methods=["POST"]),
-            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])]
+    return [route(state, "/v1/messages", MESSAGES), route(state, "/v1/messages/count_tokens", COUNT)]
 
 
 class Messages:
     """/v1/messages (or, `counting`, count_tokens: the prompt is tokenized and nothing generated)."""
 
+    claude = True  # a claude-* name not served here is the default model
+
     def __init__(self, counting: bool) -> None:
         self.counting = counting
-
-    def worker(self, state: ServeState, body: Mapping[str, Any]) -> Served:
-        """The model asked for; a claude-* name (what Claude Code asks for unless told) that is not a model
-        here is the server's default model (its one -m model, or the default one)."""
-        name = body.get("model")
-        if isinstance(name, str) and name.startswith("claude-") and name not in state.workers:
-            try:
-                return state.worker(name)
-            except HTTPError:
-                return state.worker(None)
-        return state.worker(name)
 
     async def parse(self, body: dict[str, Any]) -> Ask:
         positive_int(body, "max_tokens", required=not self.counting)
         optional_object(body, "metadata")
-        values = sampling_values(body, FIELDS)
+        values = sampling_values(body, "anthropic")
         stops = body.get("stop_sequences")
         if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)):
             raise HTTPError(400, "stop_sequences must be a list of non-empty strings", param="stop_sequences")
@@ -71,10 +48,8 @@ class Messages:
             values["max_tokens"] = 0  # the prompt is tokenized and nothing evaluated
         schema, effort = _output_config(body.get("output_config"))
         thinking = _thinking(body.get("thinking"))
-        if thinking is not None:
-            budget = body["thinking"].get("budget_tokens")
-            if isinstance(budget, int) and not isinstance(budget, bool):
-                values.setdefault("reasoning_budget", budget)
+        if thinking and body["thinking"]["type"] == "enabled":  # its budget, unless the request set a reasoning_budget
+            values.setdefault("reasoning_budget", body["thinking"].get("budget_tokens"))
         choice, parallel = _choice(body.get("tool_choice"))
         return Ask(values=values, messages=_chat_messages(body.get("system"), body.get("messages")), schema=schema,
                    tools=_tools(body.get("tools")), tool_choice=choice, parallel_tool_calls=parallel, effort=effort,
@@ -231,14 +206,10 @@ def _choice(raw: Any) -> tuple[Any, bool | None]:
     return choice, None if parallel is None else not parallel
 
 
-def _tool_id(call: ToolCall) -> str:
-    return call.id.replace("call_", "toolu_", 1)
-
-
 def _block(piece: Said) -> dict[str, Any]:
     """The content block a piece of the answer is (empty, as a stream opens one)."""
     if isinstance(piece, ToolCall):
-        return {"type": "tool_use", "id": _tool_id(piece), "name": piece.name, "input": {}}
+        return {"type": "tool_use", "id": piece.id.replace("call_", "toolu_", 1), "name": piece.name, "input": {}}
     if piece.kind == "reasoning":
         return {"type": "thinking", "thinking": "", "signature": ""}
     return {"type": "text", "text": ""}
@@ -250,38 +221,39 @@ def _event(kind: str, doc: dict[str, Any]) -> bytes:
 
 
 class _Encoder:
-    """One request's message and stream events: a piece of another kind than the open block's closes it and
-    opens its own."""
+    """One request's message and stream events: a piece of another kind than the open block's (every tool
+    call) closes it and opens its own; a whole answer is the same blocks, unstreamed."""
 
     media_type = "text/event-stream"
 
     def __init__(self, model: str, stops: tuple[str, ...], counting: bool) -> None:
         self.ident, self.model, self.stops, self.counting = f"msg_{uuid.uuid4().hex[:24]}", model, stops, counting
-        self.index = -1  # the open block's
-        self.kind: str | None = None
-        self.calls = 0
+        self.blocks: list[dict[str, Any]] = []  # the content blocks so far, whole
+        self.kind: str | None = None  # the open block's
 
-    def _stop(self, c: Completion, calls: bool) -> tuple[str, str | None]:
+    def _stop(self, c: Completion) -> dict[str, str | None]:
         """stop_reason and stop_sequence (which one is known when only one was given)."""
-        if calls:
-            return "tool_use", None
+        if any(b["type"] == "tool_use" for b in self.blocks):
+            return {"stop_reason": "tool_use", "stop_sequence": None}
         if c.finish_reason == "stop" and self.stops:
-            return "stop_sequence", self.stops[0] if len(self.stops) == 1 else None
-        return ("max_tokens" if c.finish_reason in ("length", "context") else "end_turn"), None
+            return {"stop_reason": "stop_sequence", "stop_sequence": self.stops[0] if len(self.stops) == 1 else None}
+        return {"stop_reason": "max_tokens" if c.finish_reason in ("length", "context") else "end_turn",
+                "stop_sequence": None}
 
-    def _message(self, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
+    def _message(self, content: list[dict[str, Any]], stop: dict[str, str | None],
                  usage: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.ident, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": stop[0], "stop_sequence": stop[1], "usage": usage}
+                **stop, "usage": usage}
 
     @staticmethod
     def _usage(c: Completion) -> dict[str, Any]:
         return {"input_tokens": c.prompt_tokens - c.cached_tokens, "output_tokens": c.completion_tokens,
                 "cache_read_input_tokens": c.cached_tokens, "cache_creation_input_tokens": 0}
 
-    def opening(self) -> list[bytes]:  # the prompt's tokens are counted once the answer ends: message_delta's
-        return [_event("message_start", {"message": self._message([], (None, None), {"input_tokens": 0,
-                                                                                   "output_tokens": 0})}),
+    def opening(self) -> list[bytes]:  # the prompt's tokens are counted once the answer ends: in message_delta
+        empty: dict[str, str | None] = {"stop_reason": None, "stop_sequence": None}
+        return [_event("message_start", {"message": self._message([], empty, {"input_tokens": 0,
+                                                                             "output_tokens": 0})}),
                 _event("ping", {})]
 
     def said(self, pieces: list[Said]) -> list[bytes]:
@@ -290,50 +262,38 @@ class _Encoder:
             block = _block(p)
             if isinstance(p, ToolCall) or block["type"] != self.kind:
                 out += self._close()
-                self.index += 1
                 self.kind = block["type"]
-                out.append(_event("content_block_start", {"index": self.index, "content_block": block}))
+                out.append(_event("content_block_start", {"index": len(self.blocks), "content_block": block}))
+                self.blocks.append(block)
             if isinstance(p, ToolCall):
-                self.calls += 1
+                block["input"] = p.args
                 delta = {"type": "input_json_delta", "partial_json": p.arguments}
-            elif p.kind == "reasoning":
-                delta = {"type": "thinking_delta", "thinking": p.text}
             else:
-                delta = {"type": "text_delta", "text": p.text}
-            out.append(_event("content_block_delta", {"index": self.index, "delta": delta}))
+                key = "thinking" if p.kind == "reasoning" else "text"
+                self.blocks[-1][key] += p.text
+                delta = {"type": f"{key}_delta", key: p.text}
+            out.append(_event("content_block_delta", {"index": len(self.blocks) - 1, "delta": delta}))
         return out
 
     def _close(self) -> list[bytes]:
         if self.kind is None:
             return []
-        out = []
-        if self.kind == "thinking":
-            out.append(_event("content_block_delta", {"index": self.index,
-                                                      "delta": {"type": "signature_delta", "signature": ""}}))
-        out.append(_event("content_block_stop", {"index": self.index}))
+        at = {"index": len(self.blocks) - 1}
+        sign = [_event("content_block_delta", {**at, "delta": {"type": "signature_delta", "signature": ""}})]
         self.kind = None
-        return out
+        return [*(sign if self.blocks[-1]["type"] == "thinking" else []), _event("content_block_stop", at)]
 
     def failed(self, e: HTTPError) -> list[bytes]:  # after the answer began: Anthropic's error event ends it
         return [_event("error", error_body(ANTHROPIC, e))]
 
     async def done(self, c: Completion, job: Job) -> list[bytes]:
-        out = self.said([Piece("content", "")]) if self.index < 0 else []  # an empty answer: one empty text block
-        delta = dict(zip(("stop_reason", "stop_sequence"), self._stop(c, self.calls > 0), strict=True))
-        return [*out, *self._close(), _event("message_delta", {"delta": delta, "usage": self._usage(c)}),
+        out = self.said([Piece("content", "")]) if not self.blocks else []  # an empty answer: one empty text block
+        return [*out, *self._close(), _event("message_delta", {"delta": self._stop(c), "usage": self._usage(c)}),
                 _event("message_stop", {})]
 
-    def closing(self) -> list[bytes]:
-        return []
-
-    async def whole(self, c: Completion, job: Job, answer: AnswerStream | None) -> dict[str, Any]:
+    async def whole(self, c: Completion, job: Job | None, answer: AnswerStream | None) -> dict[str, Any]:
         if self.counting:
             return {"input_tokens": c.prompt_tokens}
         assert answer is not None
-        content: list[dict[str, Any]] = []
-        if answer.reasoning:
-            content.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
-        if answer.content or not (answer.calls or answer.reasoning):  # an empty answer is one empty text block
-            content.append({"type": "text", "text": answer.content})
-        content += [{"type": "tool_use", "id": _tool_id(t), "name": t.name, "input": t.args} for t in answer.calls]
-        return self._message(content, self._stop(c, bool(answer.calls)), self._usage(c))
+        self.said(parts(answer))  # the same blocks, their events unsent
+        return self._message(self.blocks, self._stop(c), self._usage(c))

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen.fetch import FetchPool
-from localgen.serve import anthropic, manage, ollama, openai, responses
+from localgen.serve import anthropic, embeds, listings, manage, ollama, openai, responses
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.incoming import INCOMING, Incoming
@@ -50,8 +50,8 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
             doc["residency"] = state.residency.status()
         return JSONResponse(doc, status_code=200 if ok else 503)
 
-    routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *responses.routes(state),
-              *ollama.routes(state), *manage.routes(state)]
+    routes = [Route("/health", health), *listings.routes(state), *openai.routes(state), *anthropic.routes(state),
+              *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state)]
     metrics = Metrics(state, routes)
     routes.append(Route("/metrics", metrics.endpoint))
     state.on_completion = metrics.observe

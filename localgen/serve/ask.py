@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from localgen import settings
 from localgen.errors import LocalgenError
 from localgen.serve.apierror import HTTPError
 from localgen.serve.jobs import parse_duration
@@ -43,9 +44,10 @@ class Ask:
     keep_alive: float | None = None  # seconds the model stays loaded once idle after this request
 
 
-def sampling_values(where: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
-    """The sampling settings a request gives, by the table's names (`names`: an API's spellings, settings.py)."""
-    return {ours: where[theirs] for theirs, ours in names.items() if theirs in where}
+def sampling_values(where: Mapping[str, Any], api: str) -> dict[str, Any]:
+    """The sampling settings a request gives in an API's spellings (settings.py's table: a knob added there
+    reaches every API), by the table's names."""
+    return {ours: where[theirs] for theirs, ours in settings.spellings(api).items() if theirs in where}
 
 
 def split_reasoning(body: Mapping[str, Any]) -> bool:

@@ -13,7 +13,7 @@ from localgen.types import ModelRef
 
 def show_doc(name: str, ref: ModelRef) -> dict[str, Any]:
     """Ollama's /api/show for a model, from its GGUF header and preset (nothing loaded)."""
-    from localgen.serve.ollama import details
+    from localgen.serve.listings import details
 
     s = ref.summary
     doc: dict[str, Any] = {"modelfile": modelfile_of(name, ref), "parameters": parameters_text(ref),

@@ -1,63 +1,36 @@
 """Ollama's native API, enough for the official `ollama` Python client and front-ends that speak only Ollama:
-/api/chat and /api/generate (read into the pipeline's Ask; NDJSON streaming, durations in nanoseconds;
-keep_alive, and a request with nothing to generate that loads or unloads the model), /api/embed,
-/api/embeddings, /api/tags, /api/ps, /api/version (/api/show and the routes that manage models:
-serve/manage.py)."""
+/api/chat and /api/generate, read into the pipeline's Ask: NDJSON streaming, durations in nanoseconds,
+keep_alive, and a request with nothing to generate that loads or unloads the model. (The listings:
+serve/listings.py; embeddings: serve/embeds.py; /api/show and the routes that manage models: serve/manage.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
 import json
-import os
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen import settings
 from localgen.backend import Completion
 from localgen.serve.apierror import OLLAMA, HTTPError, error_body
 from localgen.serve.ask import Ask, Schema, flag, keep_alive, sampling_values, split_reasoning
-from localgen.serve.embeds import embed, embed_inputs
 from localgen.serve.jobs import Job
 from localgen.serve.jsonbody import read_json
-from localgen.serve.pipeline import Made, handle
-from localgen.serve.served import Served
+from localgen.serve.pipeline import Made, handle, parts
 from localgen.serve.state import ServeState
-from localgen.serve.worker import ModelWorker
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
-from localgen.types import ModelRef
 
-OPTIONS = settings.spellings("ollama")  # Ollama's `options` (llama-server's names for what Ollama lacks)
-IGNORED = settings.OLLAMA_LOAD_OPTIONS  # load-time: `serve` loaded the model before any request
 NS = 1_000_000_000
 
 
 def routes(state: ServeState) -> list[Route]:
-    """The /api routes."""
-
-    async def root(request: Request) -> Response:
-        return PlainTextResponse("Ollama is running (localgen)")
-
-    async def version(request: Request) -> Response:
-        import localgen
-
-        return JSONResponse({"version": localgen.__version__})
-
-    async def tags(request: Request) -> Response:
-        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
-        return JSONResponse({"models": [_model_entry(name, ref) for name, ref, _ in offered]})
-
-    async def ps(request: Request) -> Response:
-        return JSONResponse({"models": [{**_model_entry(w.name, w.ref), "size": w.need or w.ref.summary.file_size,
-                                         "expires_at": _expires(w), "size_vram": w.vram_bytes,
-                                         "context_length": w.n_ctx}
-                                        for w in list(state.workers.values()) if w.loaded]})
+    """/api/chat and /api/generate (the listings: serve/listings.py; embeddings: serve/embeds.py)."""
 
     async def chat(request: Request) -> Response:
         return await load(state, request, chat=True) or await handle(state, request, CHAT)
@@ -65,45 +38,23 @@ def routes(state: ServeState) -> list[Route]:
     async def generate(request: Request) -> Response:
         return await load(state, request, chat=False) or await handle(state, request, GENERATE)
 
-    async def embed_route(request: Request) -> Response:
-        """/api/embed: `input` a string or strings; `truncate` (default true) cuts texts to the window."""
-        body = await read_json(request)
-        worker = state.worker(body.get("model"))
-        truncate = flag(body, "truncate", default=True)
-        t0 = time.perf_counter()
-        vectors = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), truncate, http=request)
-        return JSONResponse({"model": worker.name, "embeddings": [v.vector for v in vectors],
-                             "total_duration": int((time.perf_counter() - t0) * NS), "load_duration": 0,
-                             "prompt_eval_count": sum(v.tokens for v in vectors)})
-
-    async def embeddings_legacy(request: Request) -> Response:
-        """/api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
-        body = await read_json(request)
-        worker = state.worker(body.get("model"))
-        vectors = await embed(worker, embed_inputs(body.get("prompt"), "prompt"), None, True, http=request)
-        return JSONResponse({"embedding": vectors[0].vector})
-
-    return [Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version), Route("/api/tags", tags),
-            Route("/api/ps", ps),
-            Route("/api/chat", chat, methods=["POST"]), Route("/api/generate", generate, methods=["POST"]),
-            Route("/api/embed", embed_route, methods=["POST"]),
-            Route("/api/embeddings", embeddings_legacy, methods=["POST"])]
+    return [Route("/api/chat", chat, methods=["POST"]), Route("/api/generate", generate, methods=["POST"])]
 
 
 class Generate:
     """/api/chat (chat) and /api/generate in the pipeline's terms."""
 
+    claude = False
+
     def __init__(self, chat: bool) -> None:
         self.chat = chat
-
-    def worker(self, state: ServeState, body: Mapping[str, Any]) -> Served:
-        return state.worker(body.get("model"))
 
     async def parse(self, body: dict[str, Any]) -> Ask:
         opts = body.get("options") or {}
         if not isinstance(opts, dict):
             raise HTTPError(400, "`options` must be an object", param="options")
-        unknown = set(opts) - set(OPTIONS) - IGNORED - {"exact"}
+        # load-time options are ignored (`serve` loaded the model before any request); others are a 400
+        unknown = set(opts) - set(settings.spellings("ollama")) - settings.OLLAMA_LOAD_OPTIONS - {"exact"}
         if unknown:
             raise HTTPError(400, f"unknown options: {', '.join(sorted(unknown))}", param="options")
         think = body.get("think")
@@ -111,7 +62,7 @@ class Generate:
             raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"", param="think")
         fmt = body.get("format")
         common: dict[str, Any] = dict(
-            values=sampling_values(opts, OPTIONS), schema=Schema(fmt, "format") if fmt not in (None, "") else None,
+            values=sampling_values(opts, "ollama"), schema=Schema(fmt, "format") if fmt not in (None, "") else None,
             thinking=None if think is None else think is not False, effort=think if isinstance(think, str) else None,
             exact=flag(opts, "exact", "options.exact"), split_reasoning=split_reasoning(body),
             stream=body.get("stream", True) is not False, keep_alive=keep_alive(body.get("keep_alive"), "keep_alive"))
@@ -194,19 +145,14 @@ class _Encoder:
         return [_line(error_body(OLLAMA, e))]
 
     async def done(self, c: Completion, job: Job) -> list[bytes]:
-        return [_line(self._final(c, job, {"role": "assistant", "content": ""}, ""))]
-
-    def closing(self) -> list[bytes]:
-        return []
+        return [_line(self._final(c, job, _message([])))]
 
     async def whole(self, c: Completion, job: Job, answer: AnswerStream | None) -> dict[str, Any]:
-        if answer is None:
-            return self._final(c, job, {"role": "assistant", "content": c.text}, c.text)
-        pieces: list[Said] = [Piece("reasoning", answer.reasoning)] if answer.reasoning else []
-        return self._final(c, job, _message([*pieces, Piece("content", answer.content), *answer.calls]), "")
+        return self._final(c, job, _message(parts(answer) if answer else [Piece("content", c.text)]))
 
-    def _final(self, c: Completion, job: Job, message: dict[str, Any], text: str) -> dict[str, Any]:
-        return {**_head(self.model), **({"message": message} if self.chat else {"response": text}), "done": True,
+    def _final(self, c: Completion, job: Job, message: dict[str, Any]) -> dict[str, Any]:
+        said = {"message": message} if self.chat else {"response": message["content"]}
+        return {**_head(self.model), **said, "done": True,
                 "done_reason": "length" if c.finish_reason in ("length", "context") else "stop",
                 "total_duration": int((time.perf_counter() - job.enqueued) * NS), "load_duration": int(job.load_s * NS),
                 "prompt_eval_count": c.prompt_tokens, "prompt_eval_duration": int(c.prompt_s * NS),
@@ -216,26 +162,3 @@ class _Encoder:
 def _head(model: str) -> dict[str, Any]:
     now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
     return {"model": model, "created_at": now}
-
-
-def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
-    try:
-        stamp = os.path.getmtime(ref.path)
-    except OSError:  # not written yet: an embedded model in chunks, assembled when a request first uses it
-        stamp = time.time()
-    mtime = datetime.datetime.fromtimestamp(stamp, datetime.UTC).isoformat().replace("+00:00", "Z")
-    return {"name": name, "model": name, "modified_at": mtime, "size": ref.summary.file_size,
-            "digest": ref.sha256 or "", "details": details(ref)}
-
-
-def details(ref: ModelRef) -> dict[str, Any]:
-    """Ollama's `details` of a model (its listings and /api/show)."""
-    s = ref.summary
-    size = f"{s.n_params / 1e9:.1f}B" if s.n_params >= 1e9 else f"{s.n_params / 1e6:.0f}M"
-    return {"format": "gguf", "family": s.architecture, "families": [s.architecture], "parameter_size": size,
-            "quantization_level": s.quantization or "", "parent_model": ""}
-
-
-def _expires(worker: ModelWorker) -> str:
-    when = worker.expires_at if worker.expires_at is not None else time.time() + 10 * 365 * 86400
-    return datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat().replace("+00:00", "Z")

@@ -1,35 +1,27 @@
-"""OpenAI's API, as llama-server and vLLM speak it: /v1/models, /v1/chat/completions and /v1/completions (read
-into the pipeline's Ask, answered whole or as server-sent events: `usage`, also in the last chunk with
-stream_options.include_usage, llama-server's `timings`, logprobs, tool_calls streamed as deltas, reasoning in
-`reasoning_content`), /v1/embeddings and llama-server's /v1/rerank."""
+"""OpenAI's chat completions and completions, as llama-server and vLLM speak them: /v1/chat/completions and
+/v1/completions, read into the pipeline's Ask and answered whole or as server-sent events: `usage` (also in
+the last chunk with stream_options.include_usage), llama-server's `timings`, logprobs, tool_calls streamed
+as deltas, reasoning in `reasoning_content`. (/v1/models: serve/listings.py; /v1/embeddings and
+/v1/rerank: serve/embeds.py.)"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from localgen import settings
 from localgen.backend import Completion
 from localgen.serve.apierror import OPENAI, HTTPError, error_body
 from localgen.serve.ask import Ask, Schema, flag, keep_alive, one_of, sampling_values, split_reasoning
-from localgen.serve.embeds import embed, embed_inputs
 from localgen.serve.jobs import Job
-from localgen.serve.jsonbody import read_json
-from localgen.serve.pipeline import CHARS_PER_TOKEN, Made, handle
-from localgen.serve.served import Served
+from localgen.serve.pipeline import Made, route
 from localgen.serve.state import ServeState
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
 
-FIELDS = settings.spellings("openai")  # OpenAI's fields, then llama-server's where OpenAI has none
 UNSUPPORTED = ("functions", "function_call", "prediction")
 # Names the chat template's renderer sets itself (engine/template.py's render(), and `tools` from the
 # request's own field): chat_template_kwargs may not replace them.
@@ -38,75 +30,21 @@ TEMPLATE_OWN = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 TEMPLATE_BOOLS = ("enable_thinking", "thinking")  # chat_template_kwargs that templates test for truth
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+DONE = b"data: [DONE]\n\n"  # a stream's last event, after its end or an error
 
 
 def routes(state: ServeState) -> list[Route]:
-    """The /v1 routes (the Responses API's and Anthropic's have their own modules)."""
-
-    async def models(request: Request) -> Response:
-        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen",
-             "max_model_len": state.window(ref, w), **({"default": True} if name == state.default else {})}
-            for name, ref, w in offered]})
-
-    async def chat(request: Request) -> Response:
-        return await handle(state, request, CHAT)
-
-    async def completions(request: Request) -> Response:
-        return await handle(state, request, COMPLETIONS)
-
-    async def embeddings(request: Request) -> Response:
-        body = await read_json(request)
-        worker = state.worker(body.get("model"))
-        fmt = one_of(body.get("encoding_format", "float"), ("float", "base64"), "encoding_format")
-        vectors = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), http=request)
-        from localgen.embeddings.store import b64
-
-        data = [{"object": "embedding", "index": i, "embedding": v.vector if fmt == "float" else b64(v.vector)}
-                for i, v in enumerate(vectors)]
-        used = sum(v.tokens for v in vectors)
-        return JSONResponse({"object": "list", "data": data, "model": worker.name,
-                             "usage": {"prompt_tokens": used, "total_tokens": used}})
-
-    async def rerank(request: Request) -> Response:
-        """llama-server's /v1/rerank, in the shape Jina's and Cohere's APIs share: results by relevance."""
-        body = await read_json(request)
-        worker = state.worker(body.get("model"))
-        query = body.get("query")
-        if not isinstance(query, str) or not query:
-            raise HTTPError(400, "`query` must be a non-empty string", param="query")
-        if len(query) > CHARS_PER_TOKEN * worker.n_ctx:  # bounded before it is tokenized with every document
-            raise HTTPError(400, f"`query` is {len(query):,} characters; the reranker's window of {worker.n_ctx:,} "
-                                 "tokens cannot hold it", param="query")
-        docs = embed_inputs(body.get("documents"), "documents")
-        top = body.get("top_n", len(docs))
-        if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-            raise HTTPError(400, "`top_n` must be a positive integer", param="top_n")
-        keep = body.get("return_documents", False)
-        # documents are cut to fit beside the query; one with no room left is a 400 (embed.py QueryTooLong)
-        scored = await embed(worker, docs, None, True, query=query, http=request)
-        order = sorted(range(len(docs)), key=lambda i: -scored[i][0])[:top]
-        results = [{"index": i, "relevance_score": scored[i][0], **({"document": {"text": docs[i]}} if keep else {})}
-                   for i in order]
-        used = sum(t for _, t in scored)
-        return JSONResponse({"model": worker.name, "object": "list", "results": results,
-                             "usage": {"prompt_tokens": used, "total_tokens": used}})
-
-    return [Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/embeddings", embeddings, methods=["POST"]),
-            Route("/v1/rerank", rerank, methods=["POST"]), Route("/rerank", rerank, methods=["POST"])]
+    """/v1/chat/completions and /v1/completions."""
+    return [route(state, "/v1/chat/completions", CHAT), route(state, "/v1/completions", COMPLETIONS)]
 
 
 class Completions:
     """/v1/chat/completions (chat) and /v1/completions (a raw prompt) in the pipeline's terms."""
 
+    claude = False
+
     def __init__(self, chat: bool) -> None:
         self.chat = chat
-
-    def worker(self, state: ServeState, body: Mapping[str, Any]) -> Served:
-        return state.worker(body.get("model"))
 
     async def parse(self, body: dict[str, Any]) -> Ask:
         for key in UNSUPPORTED:
@@ -125,7 +63,7 @@ class Completions:
             logprobs = top
         effort = body.get("reasoning_effort")
         common: dict[str, Any] = dict(
-            values=sampling_values(body, FIELDS), schema=_response_format(body.get("response_format")),
+            values=sampling_values(body, "openai"), schema=_response_format(body.get("response_format")),
             logprobs=logprobs, exact=flag(body, "exact"), stream=bool(body.get("stream")),
             keep_alive=keep_alive(body.get("ttl"), "ttl"), effort=effort if isinstance(effort, str) else None)
         if self.chat:
@@ -267,7 +205,7 @@ class _Encoder:
         return [_data(self.chunk(delta, None)) for delta in out]
 
     def failed(self, e: HTTPError) -> list[bytes]:  # after the first token: the error, then [DONE] as ever
-        return [_data(error_body(OPENAI, e))]
+        return [_data(error_body(OPENAI, e)), DONE]
 
     async def done(self, c: Completion, job: Job) -> list[bytes]:
         last = self.chunk({} if self.chat else "", "tool_calls" if self.calls else FINISH.get(c.finish_reason, "stop"),
@@ -275,10 +213,7 @@ class _Encoder:
         out = [_data({**last, "timings": timings(c)})]
         if self.usage:
             out.append(_data({**self.head(), "choices": [], "usage": _usage(c)}))
-        return out
-
-    def closing(self) -> list[bytes]:
-        return [b"data: [DONE]\n\n"]
+        return [*out, DONE]
 
     async def whole(self, c: Completion, job: Job, answer: AnswerStream | None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH.get(c.finish_reason, "stop"),

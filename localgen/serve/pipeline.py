@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from localgen import settings
 from localgen.backend import Completion
@@ -52,8 +53,8 @@ class Made:
 
 
 class Encoder(Protocol):
-    """One request's answer in an API's words: its stream (opening, what the answer stage gave out, an error
-    after the stream began, the end, closing) and its whole answer."""
+    """One request's answer in an API's words: its stream (opening, what the answer stage gave out, then its
+    end or an error after the stream began, each closing the stream) and its whole answer."""
 
     media_type: str
 
@@ -65,26 +66,32 @@ class Encoder(Protocol):
 
     async def done(self, c: Completion, job: Job) -> list[bytes]: ...
 
-    def closing(self) -> list[bytes]: ...
-
     async def whole(self, c: Completion, job: Job, answer: AnswerStream | None) -> dict[str, Any]: ...
 
 
 class Api(Protocol):
-    """An API's words: which model a body names, its request parsed (or a typed error naming its field), and
-    the encoder of its answer."""
+    """An API's words: its request parsed (or a typed error naming its field), and the encoder of its answer."""
 
-    def worker(self, state: ServeState, body: Mapping[str, Any]) -> Served: ...
+    claude: bool  # a claude-* model name not served here means the default model (Anthropic's API)
 
     async def parse(self, body: dict[str, Any]) -> Ask: ...
 
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> Encoder: ...
 
 
+def route(state: ServeState, path: str, api: Api) -> Route:
+    """A POST route whose requests the pipeline answers in `api`'s words."""
+
+    async def endpoint(request: Request) -> Response:
+        return await handle(state, request, api)
+
+    return Route(path, endpoint, methods=["POST"])
+
+
 async def handle(state: ServeState, http: Request, api: Api) -> Response:
     """A generation request, from its body to its answer in `api`'s words."""
     body = await read_json(http)
-    worker = api.worker(state, body)
+    worker = state.worker(body.get("model"), api.claude)
     ask = await api.parse(body)
     request, said = await generation(state, worker, ask)
     plan = await tool_plan(worker, ask.tools, ask.tool_choice, ask.parallel_tool_calls) if ask.chat else None
@@ -160,6 +167,15 @@ def check_prompt_size(worker: Served, texts: list[Any]) -> None:
                              f"takes at most {most:,} here", param="prompt")
 
 
+def parts(answer: AnswerStream) -> list[Said]:
+    """A finished answer's pieces as a whole answer gives them: its reasoning, its content (also when empty
+    and nothing else came: an empty answer is one empty text), its calls."""
+    out: list[Said] = [Piece("reasoning", answer.reasoning)] if answer.reasoning else []
+    if answer.content or not (answer.calls or answer.reasoning):
+        out.append(Piece("content", answer.content))
+    return [*out, *answer.calls]
+
+
 def _has_media(messages: Any) -> bool:
     return isinstance(messages, list) and any(isinstance(m, dict) and (m.get("images") or isinstance(
         m.get("content"), list)) for m in messages)
@@ -178,5 +194,3 @@ async def _stream(job: Job, first: Event, answer: AnswerStream | None, encoder: 
             out = encoder.said(answer.finish() if answer else []) + await encoder.done(event.completion, job)
         for chunk in out:
             yield chunk
-    for chunk in encoder.closing():
-        yield chunk

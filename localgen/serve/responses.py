@@ -1,8 +1,8 @@
 """OpenAI's Responses API, as Codex and the Agents SDK speak it: POST /v1/responses (whole, or streamed as
 the `response.*` events: serve/responseitems.py) and GET/DELETE /v1/responses/{id}. `instructions` and
 `input` items are read into the pipeline's Ask (the same messages, tool plans and grammars as every route).
-With `store` (on unless false) a response and its conversation are kept (serve/responsestore.py) for
-`previous_response_id` to continue."""
+With `store` (on unless false) a response and its conversation are kept (serve/responsestore.py, which
+also answers GET and DELETE) for `previous_response_id` to continue."""
 
 from __future__ import annotations
 
@@ -11,20 +11,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from localgen import settings
 from localgen.serve.apierror import HTTPError
 from localgen.serve.ask import Ask, Schema, flag, optional_object, positive_int, sampling_values, split_reasoning
-from localgen.serve.pipeline import Made, handle
+from localgen.serve.pipeline import Made, route
 from localgen.serve.responseitems import Encoder
 from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, default_path
-from localgen.serve.served import Served
+from localgen.serve.responsestore import routes as store_routes
 from localgen.serve.state import ServeState
 
-FIELDS = settings.spellings("responses")  # max_output_tokens, and chat completions' sampling fields
 # reasoning.effort: none and minimal turn the template's thinking off, the others on
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 # `include` values a client may send (the SDK's ResponseIncludable): accepted, and nothing is added for them
@@ -34,42 +30,18 @@ INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search
 
 
 def routes(state: ServeState) -> list[Route]:
-    """The Responses routes; the store is opened on first use."""
-    api = Responses(ResponseStore(default_path()))
-
-    async def create(request: Request) -> Response:
-        return await handle(state, request, api)
-
-    async def get(request: Request) -> Response:
-        ident = request.path_params["ident"]
-        found = await asyncio.to_thread(api.store.load, ident)
-        if found is None:
-            raise _not_found(ident)
-        return JSONResponse(found.response)
-
-    async def delete(request: Request) -> Response:
-        ident = request.path_params["ident"]
-        if not await asyncio.to_thread(api.store.delete, ident):
-            raise _not_found(ident)
-        return JSONResponse({"id": ident, "object": "response.deleted", "deleted": True})
-
-    return [Route("/v1/responses", create, methods=["POST"]),
-            Route("/v1/responses/{ident}", get, methods=["GET"]),
-            Route("/v1/responses/{ident}", delete, methods=["DELETE"])]
-
-
-def _not_found(ident: str) -> HTTPError:
-    return HTTPError(404, f"Response with id '{ident}' not found.", "invalid_request_error", "response_id")
+    """POST /v1/responses, and the stored responses' GET and DELETE; the store is opened on first use."""
+    store = ResponseStore(default_path())
+    return [route(state, "/v1/responses", Responses(store)), *store_routes(store)]
 
 
 class Responses:
     """POST /v1/responses in the pipeline's terms."""
 
+    claude = False
+
     def __init__(self, store: ResponseStore) -> None:
         self.store = store
-
-    def worker(self, state: ServeState, body: Mapping[str, Any]) -> Served:
-        return state.worker(body.get("model"))
 
     async def parse(self, body: dict[str, Any]) -> Ask:
         flag(body, "store", default=True)
@@ -82,7 +54,7 @@ class Responses:
         if instructions is not None and not isinstance(instructions, str):
             raise HTTPError(400, "instructions must be a string", param="instructions")
         lead = [{"role": "system", "content": instructions}] if instructions else []
-        return Ask(values=sampling_values(body, FIELDS), schema=_text_format(body.get("text")),
+        return Ask(values=sampling_values(body, "responses"), schema=_text_format(body.get("text")),
                    messages=[*lead, *history, *_input_messages(body.get("input"), history)],
                    tools=_tools(body.get("tools")), tool_choice=_choice(body.get("tool_choice")),
                    parallel_tool_calls=body.get("parallel_tool_calls"), thinking=thinking,

@@ -35,9 +35,15 @@ class ServeState:
     on_completion: Callable[[str, Completion], None] | None = None  # metrics' count of each finished generation
     offline: bool = False  # serve --offline: /api/pull is refused
 
-    def worker(self, name: object) -> Served:
+    def worker(self, name: object, claude: bool = False) -> Served:
         """The model a request's `model` names, as its handler sees it: one served, or an installed model (its
-        worker made now); the default model when none is named."""
+        worker made now); the default model when none is named. With `claude` (Anthropic's API), a claude-*
+        name (what Claude Code asks for unless told) that is not a model here is the default model."""
+        if claude and isinstance(name, str) and name.startswith("claude-") and name not in self.workers:
+            try:
+                return self.worker(name)
+            except HTTPError:
+                return self.worker(None)
         w = self._worker(name)
         w.on_completion = self.on_completion  # every request passes here: pinned and on-demand workers alike
         return w
