@@ -46,6 +46,7 @@ def trim(group: Any, name: str | None) -> None:
                       + (f"\n\n{command.epilog}" if command.epilog else ""))
 
 
+LONGEST_METAVAR = 14  # `FILE:SCALE,...`; a longer one is written out in the help
 LONGEST_CHOICES = 11  # `on|off|auto`: a longer list of choices widens the value column past what 80 columns spare
 # bounds that mean "any": a C int's or an unsigned 32-bit seed's, which the help need not spell out
 _ANY = (-(2**31), 2**31 - 1, 2**32 - 1)
@@ -80,6 +81,9 @@ def _readable(param: Any) -> None:
         *first, last = param.metavar.split("|")
         extra.append(f"One of {', '.join(first)} or {last}.")
         param.metavar = "MODE"
+    elif len(param.metavar) > LONGEST_METAVAR:  # `PATTERN=BUFFER,...`: likewise
+        extra.append(f"Takes {param.metavar}.")
+        param.metavar = "SPEC"
     lo, hi = getattr(param, "min", None), getattr(param, "max", None)
     lo, hi = (None if lo in _ANY else lo), (None if hi in _ANY else hi)
     if lo is not None or hi is not None:
