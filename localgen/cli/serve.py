@@ -112,7 +112,7 @@ def start(f: ServeArgs) -> None:
                        default=workers[0].name if len(workers) == 1 else None,
                        on_demand=_on_demand(f, keep, cache_ram, err, residency) if on_demand else None,
                        residency=residency, offline=f.offline)
-    app = build(state, policy)
+    app = build(state, policy, webui=listen.webui)
     app.state.front.pool = FetchPool(Fetcher(private=fetching.allow_private_urls, timeout=fetching.fetch_timeout),
                                      size=MAX_FETCHES, wait=FETCH_WAIT_S)
     app.state.front.log = None if f.quiet else _access_line
@@ -141,7 +141,8 @@ def _started_line(f: ServeArgs, names: list[str], cache_ram: int, residency: Any
     others = " (and every model here, on demand)" if f.residency.on_demand else ""
     slots = f.batching.parallel
     return (f"localgen serve: {', '.join(names)}{others} on http://{_url_host(f.listen.host)}:{f.listen.port} · "
-            f"OpenAI API at /v1, Anthropic's at /v1/messages, Ollama's at /api · {slots} slot"
+            f"{'chat page at /, ' if f.listen.webui else ''}OpenAI API at /v1, Anthropic's at /v1/messages, "
+            f"Ollama's at /api · {slots} slot"
             f"{'s' if slots != 1 else ''} per model · {_cache_ram_label(cache_ram)} · at most "
             f"{residency.max_models} model{'s' if residency.max_models != 1 else ''} or "
             f"{format_bytes(residency.budget)} loaded")
