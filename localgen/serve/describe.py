@@ -79,7 +79,7 @@ def capabilities(ref: ModelRef) -> list[str]:
     if not encoder and ("enable_thinking" in template or "<think>" in template):
         out.append("thinking")
     with contextlib.suppress(LocalgenError):  # a projector that cannot be read says so when the model loads
-        out += mmproj.modalities(ref)
+        out += ["vision" if m == "image" else m for m in mmproj.modalities(ref)]  # Ollama's name for images
     return out
 
 

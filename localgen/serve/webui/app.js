@@ -140,7 +140,11 @@ async function modelChanged(chosen) {
   if (loaded.status === "fulfilled") state.loaded = loaded.value;
   state.vision = caps.status === "fulfilled" ? caps.value.includes("vision") : null;
   ui.attach.disabled = state.vision === false;
-  ui.attach.title = state.vision === false ? `${name} takes no images` : "Attach an image";
+  ui.attach.title = {
+    true: `Attach an image for ${name}`,
+    false: `${name} takes no images`,
+    null: `Attach an image (the server did not say whether ${name} takes images)`,
+  }[String(state.vision)];
   showNote();
 }
 
@@ -589,6 +593,7 @@ async function generate(conv, parent) {
     conv.updated = Date.now();
     await persist(conv);
     setRunning(false);
+    schedule(answer);
     if (loading && !answer.error) {
       state.loaded.add(model);
       showNote();

@@ -262,11 +262,12 @@ function inline(text, parent, depth = 0) {
       re.lastIndex = i;
       const m = re.exec(text);
       if (!m) continue;
+      const end = re.lastIndex; // before span(), whose inner spans use the same (sticky) expressions
       const node = span(kind, m, depth);
       if (node === null) continue;
       flush();
       parent.append(node);
-      i = re.lastIndex;
+      i = end;
       matched = true;
       break;
     }
