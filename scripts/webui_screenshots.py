@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from tests import browser as chromium  # noqa: E402
 
 QUESTIONS = [("What is Rayleigh scattering? One paragraph.", 90),
-             ("Plan a picnic for four: a short list.", 90),
+             ("Plan a picnic for four: a short list.", 140),
              ("Write a Python function that reverses a string, in a code block, then one sentence on how it works.",
               160)]
 
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
                 page.screenshot(path=str(shots[-1]))
                 page.set_viewport_size({"width": 390, "height": 844})
                 page.click("#open-sidebar")
-                page.get_by_role("button", name=QUESTIONS[1][0][:60]).click()  # the list, on the phone
+                page.get_by_role("button", name=QUESTIONS[1][0][:60], exact=True).click()  # the list, on the phone
                 page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().right <= 0")
                 for scheme in ("light", "dark"):
                     page.emulate_media(color_scheme=scheme)
