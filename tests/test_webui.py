@@ -365,7 +365,8 @@ def streaming(page: Any, before: list[str]) -> str:
 
 def test_stop_and_escape_end_a_long_answer(tab: Tab, server: Server) -> None:
     """The Stop button, and Escape, end the answer under way: its text stays, it says Stopped, and the server
-    frees the slot (the page's fetch is aborted, so the request ends)."""
+    frees the slot (the page's fetch is aborted, so the request ends). Deleting the conversation stops its
+    answer too, and it stays deleted."""
     page = tab.open()
     page.fill("#input", "Count from 1 to 1000, one number a line.")
     page.press("#input", "Enter")
@@ -382,6 +383,16 @@ def test_stop_and_escape_end_a_long_answer(tab: Tab, server: Server) -> None:
     page.keyboard.press("Escape")
     article = wait_answer(page, ids)
     assert article.locator(".note").inner_text() == "Stopped."
+    # a conversation deleted while its answer streams stops it and stays deleted
+    ids = answer_ids(page)
+    page.locator("article.assistant").get_by_role("button", name="Regenerate").click()
+    streaming(page, ids)
+    page.once("dialog", lambda d: d.accept())
+    page.locator("#conversations .conv").get_by_role("button", name=re.compile("^Delete")).click()
+    page.wait_for_function("() => document.getElementById('stop').hidden")
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert page.locator("#conversations .conv").count() == 0 and page.locator("article").count() == 0
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if httpx.get(f"{server.url}/health").json()["models"]["smollm2:135m"]["running"] == 0:

@@ -30,6 +30,7 @@ const state = {
   views: new Map(), // message id → the function that redraws it, for the messages on screen
   dirty: new Set(),
   frame: 0,
+  deleted: new Set(), // ids deleted here: an answer still ending must not write its conversation back
 };
 
 function el(tag, className, text) {
@@ -167,6 +168,7 @@ function hasMessages(conv) {
 }
 
 async function persist(conv) {
+  if (state.deleted.has(conv.id)) return;
   try {
     await store.put(conv);
   } catch (e) {
@@ -223,7 +225,8 @@ function renameInline(li, open, conv) {
 }
 
 async function rename(id, name) {
-  const conv = id === state.conv.id ? state.conv : await store.get(id);
+  const live = [state.conv, state.running && state.running.conv].find((c) => c && c.id === id);
+  const conv = live || await store.get(id);
   if (!conv) return;
   conv.name = name.trim().slice(0, 200);
   await persist(conv);
@@ -232,6 +235,7 @@ async function rename(id, name) {
 async function deleteConversation(conv) {
   if (!window.confirm(`Delete “${conv.name || "Untitled"}”? This cannot be undone.`)) return;
   if (state.running && state.running.conv.id === conv.id) stop();
+  state.deleted.add(conv.id);
   await store.remove(conv.id);
   if (conv.id === state.conv.id) newChat();
   refreshList();
@@ -585,7 +589,6 @@ async function generate(conv, parent) {
   } catch (e) {
     if (e.name === "AbortError") answer.stopped = true;
     else answer.error = { kind: e.kind || "refused", message: e.message || String(e) };
-    if (e.kind === "network" || e.kind === "auth") showNote();
   } finally {
     answer.pending = false;
     answer.stats = stats(timings, usage, first, performance.now() - started, settings.max_tokens, windowOf(model));
@@ -594,10 +597,8 @@ async function generate(conv, parent) {
     await persist(conv);
     setRunning(false);
     schedule(answer);
-    if (loading && !answer.error) {
-      state.loaded.add(model);
-      showNote();
-    }
+    if (first !== null) state.loaded.add(model);
+    showNote();
     refreshList();
   }
 }
