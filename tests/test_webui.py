@@ -542,10 +542,16 @@ def test_reasoning_is_shown_apart_and_folded(tab: Tab, server: Server) -> None:
     page.select_option("#model", "thinker")
     page.wait_for_function("() => document.getElementById('model-note')?.textContent.includes('not loaded yet')")
     settings(page, max_tokens=24, temperature=0)
+    page.evaluate("""() => {  // every text the note shows, however briefly
+        const note = document.getElementById('model-note');
+        window.notes = [];
+        new MutationObserver(() => window.notes.push(note.textContent)).observe(note, {childList: true});
+    }""")
     page.fill("#input", "Why is the sky blue?")
     page.press("#input", "Enter")
-    page.wait_for_function("() => document.getElementById('model-note').textContent === 'Loading thinker…'")
     article = wait_answer(page, [])
+    notes = page.evaluate("window.notes")
+    assert [n for i, n in enumerate(notes) if i == 0 or notes[i - 1] != n] == ["Loading thinker…", "loaded"]
     details = article.locator("details.reasoning")
     assert details.is_visible() and details.get_attribute("open") is None, "shown, folded"
     assert article.locator("details.reasoning summary").inner_text() == "Reasoning"
