@@ -57,7 +57,9 @@ def routes(root: Endpoint) -> list[Route]:
     """`/` (the page for a browser, else `root`: what `/` answers without the page) and the page's files."""
 
     async def index(request: Request) -> Response:
-        return _send(request, "index.html") if wants_html(request) else await root(request)
+        response = _send(request, "index.html") if wants_html(request) else await root(request)
+        response.headers.append("Vary", "Accept")  # one address, two answers: a cache in front must keep both
+        return response
 
     async def asset(request: Request) -> Response:
         name = request.path_params["name"]

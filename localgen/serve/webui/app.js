@@ -26,6 +26,7 @@ const state = {
   loaded: new Set(), // the models loaded now, as /models said last
   vision: null, // whether the picked model takes images (null: unknown, so the page lets you try)
   running: null, // {controller, conv, answer} while an answer streams
+  loading: null, // the model an answer waits for while it loads (until its first words)
   attachments: [], // data: URIs of the images waiting to be sent
   views: new Map(), // message id → the function that redraws it, for the messages on screen
   dirty: new Set(),
@@ -149,12 +150,13 @@ async function modelChanged(chosen) {
   showNote();
 }
 
-function showNote(loading = false) {
+function showNote() {
   const name = ui.model.value;
   if (!name) {
     ui.note.textContent = "";
     return;
   }
+  const loading = state.loading === name;
   ui.note.className = loading ? "loading" : "";
   if (loading) ui.note.textContent = `Loading ${name}…`;
   else if (state.loaded.has(name)) ui.note.textContent = "loaded";
@@ -555,8 +557,10 @@ async function generate(conv, parent) {
   const controller = new AbortController();
   state.running = { controller, conv, answer };
   setRunning(true);
-  const loading = !state.loaded.has(model);
-  if (loading) showNote(true);
+  if (!state.loaded.has(model)) {
+    state.loading = model;
+    showNote();
+  }
   const started = performance.now();
   let first = null;
   let saved = started;
@@ -571,7 +575,8 @@ async function generate(conv, parent) {
         if (typeof delta.reasoning_content === "string") answer.reasoning += delta.reasoning_content;
         if (first === null && (delta.content || delta.reasoning_content)) {
           first = performance.now() - started;
-          if (loading) {
+          if (state.loading === model) {
+            state.loading = null;
             state.loaded.add(model);
             showNote();
           }
@@ -598,6 +603,7 @@ async function generate(conv, parent) {
     setRunning(false);
     schedule(answer);
     if (first !== null) state.loaded.add(model);
+    state.loading = null;
     showNote();
     refreshList();
   }
