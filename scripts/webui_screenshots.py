@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from tests import browser as chromium  # noqa: E402
 
 QUESTIONS = [("What is Rayleigh scattering? One paragraph.", 90),
-             ("Plan a picnic for four: a short list.", 140),
+             ("Plan a picnic for four: a short list.", 90),
              ("Write a Python function that reverses a string, in a code block, then one sentence on how it works.",
               160)]
 
