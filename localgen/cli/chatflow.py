@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from localgen.cli import flagfiles, presetflow
+from localgen.cli import flagfiles, plan, presetflow
 from localgen.cli import options as o
 from localgen.cli.chatturn import restore_state, stream
 from localgen.cli.knobs import Knobs
@@ -75,13 +75,21 @@ def start(f: o.ChatArgs) -> None:
     if f.list_:
         _print_list(sessions.list_sessions())
         return
-    endpoints, f = _endpoints(f)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
-    _check_tools(f, bool(endpoints), interactive)
+    scripted = None if interactive else "a scripted chat (stdin not a terminal)"
+    shared = plan.check(f, plan.CommandRules(cannot_ask=scripted))
+    endpoints = list(shared.load.endpoints)
+    if endpoints:
+        remote_model = shared.load.model
+        if not remote_model and not f.resume:
+            from localgen.remote.backend import pick_model
+
+            remote_model = pick_model(endpoints)
+        if remote_model:
+            f = replace(f, model=remote_model)
     session = _open_session(f)
-    f.knobs.sampling()  # the flags alone are valid, before anything loads
-    grammar, schema = flagfiles.output_grammar(f.output)
-    load = f.knobs.load()
+    grammar, schema = shared.send.grammar, shared.send.json_schema
+    load = shared.load.params
     view = ChatView(interactive=interactive, plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats,
                     flags=f, yes=f.tools.yes)
     view.loader = (lambda name: remote_backend(endpoints, name, f.knobs, view)) if endpoints else (
@@ -96,10 +104,8 @@ def start(f: o.ChatArgs) -> None:
     presetflow.adopt(session, backend)
     # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win. The grammar
     # constrains every answer: locally as a sampling setting, remotely as the schema a server takes.
-    remote_schema = bool(endpoints) and schema is not None
-    runner = ChatRunner(session, backend, f.knobs.sampling(backend.defaults, session.settings,
-                                                           grammar=None if remote_schema else grammar))
-    runner.json_schema = schema if remote_schema else None
+    runner = ChatRunner(session, backend, f.knobs.sampling(backend.defaults, session.settings, grammar=grammar))
+    runner.json_schema = schema
     runner.on_answer = lambda request, gen, text: _log_turn(f, view, runner, request, gen, text,
                                                             remote=bool(endpoints))
     runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, f.tools.tool_steps, f.tools.tool_timeout
@@ -128,41 +134,6 @@ def start(f: o.ChatArgs) -> None:
         runner.backend.close()
         if toolbox is not None:
             toolbox.close()
-
-
-def _endpoints(f: o.ChatArgs) -> tuple[list[Any], o.ChatArgs]:
-    """The remote endpoints chat sends to (none: the model loads here), and the chat with their model: the one
-    named, else the endpoint's. The flags they cannot honour are refused."""
-    from localgen.remote.endpoints import choose
-
-    endpoints, remote_model = choose(f.remote.endpoint, f.remote.api_key_env, f.model)
-    if endpoints:
-        bad = o.remote_conflicts(f, {"grammar": ("--grammar (GBNF; --json-schema works)", f.output.grammar),
-                                     "prompt_cache": ("--prompt-cache", f.prompt_cache)})
-        if bad:
-            raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs "
-                             "the model)")
-        if not remote_model and not f.resume:
-            from localgen.remote.backend import pick_model
-
-            remote_model = pick_model(endpoints)
-        if remote_model:
-            f = replace(f, model=remote_model)
-    return list(endpoints), f
-
-
-def _check_tools(f: o.ChatArgs, remote: bool, interactive: bool) -> None:
-    """The tool flags go together, and not with what cannot take them."""
-    tools = f.tools.any
-    if tools and remote:
-        raise UsageError("tools (--functions, --mcp) cannot be used with a remote endpoint")
-    if tools and (f.output.grammar or f.output.json_schema or f.output.json_schema_file):
-        raise UsageError("tools (--functions, --mcp) cannot be combined with a grammar or JSON schema")
-    if tools and not interactive and not f.tools.yes:
-        raise UsageError("the model may call tools, and a scripted chat (stdin not a terminal) cannot ask first: "
-                         "add --yes to let the calls run")
-    if not tools and (f.given("tool_choice") or f.given("tool_steps") or f.given("tool_timeout")):
-        raise UsageError(o.TOOL_FLAGS_WITHOUT_TOOLS)
 
 
 def _open_session(f: o.ChatArgs) -> Any:

@@ -1,83 +1,77 @@
-"""What `localgen run` does, as a short pipeline: the flags become a checked plan (runplan.py: every usage
-error before any download or load), the model is resolved and loaded into a backend, then one stream, beam
-search, or many prompts, and the output."""
+"""What `localgen run` does with its checked plan (runplan.py: every usage error before any download or load):
+the model is resolved and loaded into a backend, then one stream, beam search, tools, or many prompts, and
+the output."""
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from localgen.cli import flagfiles, presetflow
-from localgen.cli.knobs import Knobs
+from localgen.cli.options import ToolOptions
 from localgen.cli.output import ErrWriter, TextWriter
-from localgen.cli.runoptions import ReportOptions, RunArgs
-from localgen.cli.runplan import RunPlan, check
-from localgen.errors import UsageError
-from localgen.types import GenerationRequest, Message, SamplingParams, thinking_args
+from localgen.cli.plan import LoadPlan
+from localgen.cli.runoptions import DecodingOptions, ReportOptions
+from localgen.cli.runplan import ManyPlan, RunPlan
+from localgen.types import GenerationRequest, Message, thinking_args
 
 if TYPE_CHECKING:
     from localgen.backend import Backend
     from localgen.engine.local import LocalBackend
 
 
-def execute(f: RunArgs) -> None:
-    """Run the command."""
+def execute(plan: RunPlan) -> None:
+    """Run the command's checked plan: load, then one prompt (streamed, beams, or with tools) or many."""
     from localgen.cli import logflow
 
-    many = f.many.file is not None or f.many.each_line
-    continuing = f.log.continue_ or f.log.cid
-    if continuing and (many or f.raw):
-        raise UsageError(f"{'--continue' if f.log.continue_ else '--cid'} continues a chat: it cannot be combined "
-                         f"with {'--file/--each-line' if many else '--raw'}")
-    thread = None if many else logflow.thread_for(f.log)
-    if thread is not None:
-        f = logflow.continue_with(f, thread)
-    plan = check(f)
-    f.knobs.sampling()  # the flags alone are valid, before the catalogue's defaults are known
+    load, send = plan.load, plan.send
     err = ErrWriter()
     toolbox = None
-    if f.tools.any:
+    if send.tools is not None:
         from localgen.cli.toolflow import open_toolbox
 
-        toolbox = open_toolbox(f.tools)
+        toolbox = open_toolbox(send.tools)
     try:
-        backend: Backend = remote_backend(f, plan) if plan.endpoints else open_backend(f, plan, err)
+        backend: Backend = remote_backend(load) if load.remote else open_backend(plan, err)
     except BaseException:
         if toolbox is not None:
             toolbox.close()
         raise
     try:
-        if not plan.endpoints:
+        if not load.remote:
             backend.check_generates()  # type: ignore[attr-defined]  # LocalBackend: an encoder cannot
-        if thread is None:  # --file / --each-line
-            raise typer.Exit(run_many(f, plan, backend, err))
-        request = single_request(f, plan, backend, thread.turns)
-        if f.report.verbose_prompt:
-            err.line("prompt:\n" + backend.render(_as_sent(f, backend, request, toolbox)))
-        if f.decoding.beams:
-            text, stats, finish = run_beams(f, backend, request, err)  # type: ignore[arg-type]  # local only
+        if plan.many is not None:  # --file / --each-line
+            raise typer.Exit(run_many(plan.many, plan, backend, err))
+        assert plan.thread is not None  # one prompt belongs to a conversation
+        thread = plan.thread
+        request = single_request(plan, backend, thread.turns)
+        if plan.report.verbose_prompt:
+            err.line("prompt:\n" + backend.render(_as_sent(send.tools, backend, request, toolbox)))
+        if plan.decoding.beams:
+            text, stats, finish = run_beams(plan.decoding, plan.report, backend, request, err)  # type: ignore[arg-type]
         elif toolbox is not None:
             from localgen.cli.toolflow import run_with_tools
 
-            text, stats, finish = run_with_tools(f.tools, f.report, backend, request, toolbox, err, thread.cid)
+            assert send.tools is not None
+            text, stats, finish = run_with_tools(send.tools, plan.report, backend, request, toolbox, err, thread.cid)
         else:
-            gen, text = stream(f.report, backend, request, err, thread.cid)
+            gen, text = stream(plan.report, backend, request, err, thread.cid)
             stats, finish = gen.stats, str(gen.finish_reason)
-        logflow.record(err, backend, request, thread.cid, text, stats, finish, model=f.model, no_log=f.log.no_log,
-                       remote=bool(plan.endpoints))
+        logflow.record(err, backend, request, thread.cid, text, stats, finish, model=load.model, no_log=plan.no_log,
+                       remote=load.remote)
     finally:
         backend.close()
         if toolbox is not None:
             toolbox.close()
 
 
-def _as_sent(f: RunArgs, backend: Backend, request: GenerationRequest, toolbox: Any) -> GenerationRequest:
+def _as_sent(tools: ToolOptions | None, backend: Backend, request: GenerationRequest,
+             toolbox: Any) -> GenerationRequest:
     """The request as the model gets it first: with the tools (in the template, or the system prompt)."""
-    if toolbox is None:
+    if toolbox is None or tools is None:
         return request
     from localgen.cli.toolflow import first_plan
     from localgen.tools.loop import plan_for
@@ -85,51 +79,41 @@ def _as_sent(f: RunArgs, backend: Backend, request: GenerationRequest, toolbox: 
     from localgen.tools.stream import template_of
 
     template = template_of(backend)
-    plan = first_plan(f.tools, template, toolbox) or plan_for(template, toolbox)
+    plan = first_plan(tools, template, toolbox) or plan_for(template, toolbox)
     return with_tools(plan, request) if plan is not None else request
 
 
-def remote_backend(f: RunArgs, plan: RunPlan) -> Backend:
+def remote_backend(load: LoadPlan) -> Backend:
     """The endpoints as a backend, with the model they serve (the only one, when -m is not given)."""
     from localgen.remote.backend import RemoteBackend, pick_model
 
-    model = plan.model or pick_model(list(plan.endpoints))
-    return RemoteBackend(list(plan.endpoints), model, assumed_ctx=f.knobs.get("ctx") if f.knobs.given("ctx") else None)
+    model = load.model or pick_model(list(load.endpoints))
+    return RemoteBackend(list(load.endpoints), model, assumed_ctx=load.assumed_ctx)
 
 
-def open_backend(f: RunArgs, plan: RunPlan, err: ErrWriter) -> LocalBackend:
+def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
     """Resolve (pulling if needed) and load the model, and the draft model for --draft."""
     from localgen.cli.progress import make_progress
     from localgen.engine.local import LocalBackend
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
 
-    override: dict[str, Any] = {}
-    if plan.speculative:
-        # llama.cpp's flash-attention kernel and its repacked CPU weights compute a batch of tokens with a
-        # different rounding than one token; checking drafts in a batch would then drift from plain
-        # decoding. Without them the two agree exactly (at temperature 0).
-        for on, name in ((plan.flash_attn_on, "flash-attn"), (plan.repack_on, "repack")):
-            if on:
-                err.warn(f"with --{name}, speculative output can differ slightly from plain decoding")
-        if not plan.flash_attn_given:
-            override["flash_attn"] = False
-        if not plan.repack_given:
-            override["repack"] = False
-    load = f.knobs.load(**override)
-    ref = flagfiles.with_template(resolve(f.model, offline=f.offline, progress=make_progress()), f.mmproj,
-                                  f.chat_template_file)
-    load = presetflow.load_params(ref, load, f.given("ctx"))
-    draft = f.decoding.draft
-    draft_ref = resolve(draft, offline=f.offline, progress=make_progress()) if draft else None
+    load, decoding = plan.load, plan.decoding
+    for warning in plan.warnings:
+        err.warn(warning)
+    ref = flagfiles.with_template(resolve(load.model, offline=load.offline, progress=make_progress()), load.mmproj,
+                                  load.template_file)
+    params = presetflow.load_params(ref, load.params, load.ctx_given)
+    draft = decoding.draft
+    draft_ref = resolve(draft, offline=load.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
-    engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn, kv_tokens=_kv_tokens(f, plan, load.n_ctx))
+    engine = open_engine(ref, params, verbose=load.verbose, warn=err.warn, kv_tokens=_kv_tokens(plan, params.n_ctx))
     from localgen.cli.hints import tune_tip
 
     tune_tip(err.tty, err.line, ref.name, ref.path, engine.origins)
     drafter: Any = None
     try:
-        if f.decoding.lookup:
+        if decoding.lookup:
             from localgen.engine.speculative import LookupDrafter
 
             drafter = LookupDrafter()
@@ -137,52 +121,45 @@ def open_backend(f: RunArgs, plan: RunPlan, err: ErrWriter) -> LocalBackend:
             from localgen.engine.speculative import ModelDrafter
 
             err.status(f"loading the draft model {draft_ref.name} ...")
-            drafter = ModelDrafter(engine, open_engine(draft_ref, load, verbose=f.verbose, warn=err.warn))
+            drafter = ModelDrafter(engine, open_engine(draft_ref, params, verbose=load.verbose, warn=err.warn))
     except BaseException:
         engine.close()
         raise
-    return LocalBackend(engine, drafter=drafter, draft_max=f.decoding.draft_max, warn=err.warn)
+    return LocalBackend(engine, drafter=drafter, draft_max=decoding.draft_max, warn=err.warn)
 
 
-def _kv_tokens(f: RunArgs, plan: RunPlan, n_ctx: int) -> int | None:
+def _kv_tokens(plan: RunPlan, n_ctx: int) -> int | None:
     """KV cells the run holds at once, for the memory estimate, when it is not one window."""
-    if plan.many and f.many.parallel > 1:
-        return int(f.many.parallel) * n_ctx
-    if f.decoding.beams:
+    if plan.many is not None and plan.many.parallel > 1:
+        return plan.many.parallel * n_ctx
+    if plan.decoding.beams:
         from localgen.engine.beams import kv_cells
 
-        return kv_cells(0, int(f.decoding.beams), int(f.knobs.get("max_tokens")), n_ctx) + n_ctx
+        return kv_cells(0, plan.decoding.beams, plan.send.sampling.alone.max_tokens, n_ctx) + n_ctx
     return None
 
 
-def base_sampling(knobs: Knobs, backend: Backend, grammar: str | None) -> SamplingParams:
-    """The flags over the catalogue's recommended settings for this model."""
-    return knobs.sampling(backend.defaults, grammar=grammar)
-
-
-def single_request(f: RunArgs, plan: RunPlan, backend: Backend,
-                   turns: list[Message] | None = None) -> GenerationRequest:
+def single_request(plan: RunPlan, backend: Backend, turns: list[Message] | None = None) -> GenerationRequest:
     """The one prompt as a request: earlier turns of a continued conversation, then documents and piped
     text, the question last."""
+    send = plan.send
     text = "\n\n".join(plan.parts)
     shared = "\n\n".join(plan.parts[:-1]) + "\n\n" if len(plan.parts) > 1 else None
-    remote = bool(plan.endpoints)
-    sampling = base_sampling(f.knobs, backend, None if remote else plan.grammar)
-    schema = plan.schema if remote else None
-    cache = f.prompt_cache and not remote
-    if f.raw:
-        return GenerationRequest(prompt=text, sampling=sampling, logprobs=f.report.logprobs, shared=shared,
-                                 prompt_cache=cache, json_schema=schema)
-    thinking = thinking_args(f.think)
+    sampling = send.sampling.params(backend.defaults, grammar=send.grammar)
+    logprobs = plan.report.logprobs
+    if plan.raw:
+        return GenerationRequest(prompt=text, sampling=sampling, logprobs=logprobs, shared=shared,
+                                 prompt_cache=send.prompt_cache, json_schema=send.json_schema)
     content: Any = text
     if plan.media:
         from localgen import media
 
         content = media.content(text, list(plan.media))
-    messages = presetflow.head(backend, f.system, continued=bool(turns)) + list(turns or []) + [
+    messages = presetflow.head(backend, send.system, continued=bool(turns)) + list(turns or []) + [
         {"role": "user", "content": content}]
-    return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=f.report.logprobs, shared=shared,
-                             prompt_cache=cache, json_schema=schema, template_args=thinking)
+    return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=logprobs, shared=shared,
+                             prompt_cache=send.prompt_cache, json_schema=send.json_schema,
+                             template_args=thinking_args(send.think))
 
 
 def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, err: ErrWriter,
@@ -232,7 +209,7 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
     return gen, answer.content
 
 
-def run_beams(f: RunArgs, backend: LocalBackend, request: GenerationRequest,
+def run_beams(decoding: DecodingOptions, report: ReportOptions, backend: LocalBackend, request: GenerationRequest,
               err: ErrWriter) -> tuple[str, Any, str]:
     """Beam search; the best hypothesis (or all, with --json). Returns its text, stats and finish reason."""
     import json
@@ -240,9 +217,9 @@ def run_beams(f: RunArgs, backend: LocalBackend, request: GenerationRequest,
     from localgen.types import Stats
 
     t0 = time.perf_counter()
-    beams = f.decoding.beams
+    beams = decoding.beams
     assert beams is not None  # run_beams runs for --beams
-    result = backend.beams(request, beams, f.decoding.length_penalty)
+    result = backend.beams(request, beams, decoding.length_penalty)
     best = result.beams[0]
     total = time.perf_counter() - t0
     st = Stats(prompt_tokens=result.prompt_tokens, cached_tokens=0, completion_tokens=len(best.tokens),
@@ -250,16 +227,16 @@ def run_beams(f: RunArgs, backend: LocalBackend, request: GenerationRequest,
                prefill_tps=result.prompt_tokens / result.prefill_s if result.prefill_s else None,
                decode_tps=result.decoded_tokens / result.decode_s if result.decode_s else None, total_s=total,
                finish_reason=best.finish_reason)  # type: ignore[arg-type]
-    if f.report.stats:
+    if report.stats:
         err.stats(st)
     out = TextWriter(sys.stdout)
-    if f.report.json_out:
+    if report.json_out:
         info = backend.describe()
         doc = {"text": best.text, "finish_reason": best.finish_reason,
                "model": {"name": info["model"]["name"], "file": info["model"]["file"]},
                "beams": [{"text": h.text, "score": round(h.score, 5), "logprob": round(h.logprob, 5),
                           "tokens": len(h.tokens), "finish_reason": h.finish_reason} for h in result.beams],
-               "length_penalty": f.decoding.length_penalty, "load": info["load"], "stats": st.to_dict()}
+               "length_penalty": decoding.length_penalty, "load": info["load"], "stats": st.to_dict()}
         out.write(json.dumps(doc, ensure_ascii=False) + "\n")
     else:
         out.write(best.text)
@@ -267,21 +244,19 @@ def run_beams(f: RunArgs, backend: LocalBackend, request: GenerationRequest,
     return best.text, st, best.finish_reason
 
 
-def run_many(f: RunArgs, plan: RunPlan, backend: Backend, err: ErrWriter) -> int:
+def run_many(many: ManyPlan, plan: RunPlan, backend: Backend, err: ErrWriter) -> int:
     """--file / --each-line; returns the exit status."""
     from localgen.cli.batchrun import BatchOptions, run_batch
 
-    remote = bool(plan.endpoints)
-    base = base_sampling(f.knobs, backend, None if remote else plan.grammar)
-    system = presetflow.system(backend, f.system)
-    many, report = f.many, f.report
-    opts = BatchOptions(instruction=f.prompt, system=system, raw=f.raw, parallel=many.parallel,
-                        json_out=report.json_out, stats=report.stats, exact=many.exact, logprobs=report.logprobs,
-                        json_schema=plan.schema if remote else None, resume_from=many.resume_from, think=f.think)
-    source_path: Path | None = many.file
+    send, report = plan.send, plan.report
+    base = send.sampling.params(backend.defaults, grammar=send.grammar)
+    opts = BatchOptions(instruction=many.instruction, system=presetflow.system(backend, send.system), raw=plan.raw,
+                        parallel=many.parallel, json_out=report.json_out, stats=report.stats, exact=many.exact,
+                        logprobs=report.logprobs, json_schema=send.json_schema, resume_from=many.resume_from,
+                        think=send.think)
     try:
-        if source_path is not None:
-            with open(source_path, encoding="utf-8", errors="replace") as source:
+        if many.file is not None:
+            with open(many.file, encoding="utf-8", errors="replace") as source:
                 return run_batch(backend, source, base, opts)
         return run_batch(backend, sys.stdin, base, opts)
     except KeyboardInterrupt:

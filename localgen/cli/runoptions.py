@@ -146,7 +146,6 @@ class RunArgs(o.ModelArgs):
     raw: bool
     no_stdin: bool
     document: list[Path] | None
-    prompt_cache: bool
     many: ManyOptions
     decoding: DecodingOptions
     media: MediaOptions

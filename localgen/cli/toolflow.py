@@ -66,7 +66,7 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
                   **({"declined": True} if r.declined else {})} for r in turn.results]
         extra = {"text": turn.text, "reasoning": turn.reasoning or None, "tool_calls": calls, "steps": steps,
                  "prompt_cache": turn.generations[0].prompt_cache,  # the run's prompt met the cache in its first step
-                 "stats": stats.to_dict(), "step_stats": [_step(g) for g in turn.generations],
+                 "stats": stats.to_dict(), "step_stats": [g.stats.to_dict() for g in turn.generations],
                  "total_s": round(time.perf_counter() - t0, 4)}
         TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, extra) + "\n")
     return turn.text, stats, str(gen.finish_reason)
@@ -78,9 +78,3 @@ def first_plan(tools: ToolOptions, template: str | None, toolbox: Any) -> Any:
 
     choice = tools.tool_choice or "auto"
     return None if choice == "auto" else plan_for(template, toolbox, choice)
-
-
-def _step(gen: Any) -> dict[str, Any]:
-    """One step's own stats in `--json`, with what a remote server reported of it."""
-    timings = getattr(gen, "server_timings", None)
-    return {**gen.stats.to_dict(), **({"server_timings": timings} if timings else {})}
