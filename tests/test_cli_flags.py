@@ -19,9 +19,10 @@ from typer.testing import CliRunner
 
 from localgen import settings
 from localgen.cli import app, params
+from localgen.cli.chatplan import ChatArgs
 from localgen.cli.embed import EmbedArgs, RerankArgs, SimilarArgs
 from localgen.cli.knobs import Knobs
-from localgen.cli.options import ChatArgs, CommandArgs, OptionGroup
+from localgen.cli.options import CommandArgs, OptionGroup
 from localgen.cli.runoptions import RunArgs
 from localgen.cli.serveoptions import ServeArgs
 from tests.fake_openai import FakeServer

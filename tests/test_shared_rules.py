@@ -5,6 +5,7 @@ never in a load. In-process: these are usage errors, before anything loads."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,54 @@ def test_load_settings_are_checked_before_the_model(cli_in_process: InProcessCLI
 def test_a_schema_that_makes_no_grammar(cli_in_process: InProcessCLI, tmp_path: Path, command: str) -> None:
     err = _refused(cli_in_process, tmp_path, command, "--json-schema", "{not json", code=1)
     assert "the JSON schema is not valid JSON" in err, err
+
+
+# the whole option set stays at the entry -------------------------------------------------------------------------
+
+CLI = ROOT / "localgen" / "cli"
+# where run's and chat's options become their plans: the only modules whose functions take the whole set
+ENTRY = {"run.py", "chat.py", "runplan.py", "chatplan.py", "plan.py"}
+WHOLE = {"RunArgs", "ChatArgs", "ModelArgs"}
+ON_THE_WAY = ("runflow.py", "runinput.py", "batchrun.py", "toolflow.py", "logflow.py", "presetflow.py",
+              "flagfiles.py", "chatflow.py", "chatturn.py", "slash.py", "repl.py", "render.py", "output.py")
+
+
+def _names(node: ast.AST | None) -> set[str]:
+    """The names and attribute names in an expression."""
+    if node is None:
+        return set()
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+            if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def test_no_function_past_the_entry_takes_the_whole_option_set() -> None:
+    """A function after the plan is made takes typed pieces of it (LoadPlan, SendPlan, an option group),
+    never RunArgs or ChatArgs: its parameters say what it uses."""
+    takers = []
+    for path in sorted(CLI.glob("*.py")):
+        if path.name in ENTRY:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                if any(_names(a.annotation) & WHOLE for a in args):
+                    takers.append(f"{path.name}:{node.name}")
+    assert takers == []
+
+
+def lookups(folder: Path) -> list[str]:
+    """given("...") and knobs.get("...") calls in the modules on run's and chat's way."""
+    found = []
+    for name in ON_THE_WAY:
+        for node in ast.walk(ast.parse((folder / name).read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+                    and isinstance(node.args[0], ast.Constant)):
+                continue
+            if node.func.attr == "given" or (node.func.attr == "get" and _names(node.func.value) & {"knobs", "k"}):
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_no_setting_is_looked_up_by_name_on_the_way() -> None:
+    """run's and chat's flows read the plan's typed fields: no given("...") or knobs.get("...") there."""
+    assert lookups(CLI) == []

@@ -1,20 +1,21 @@
-"""What `localgen chat` does: pick or resume the conversation, load the model, then the REPL (on a
-terminal) or the scripted loop (stdin not a terminal), streaming each answer and saving after each turn."""
+"""What `localgen chat` does with its checked plan (chatplan.py): pick or resume the conversation, load the
+model, then the REPL (on a terminal) or the scripted loop (stdin not a terminal), streaming each answer and
+saving after each turn."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from localgen.cli import flagfiles, plan, presetflow
-from localgen.cli import options as o
+from localgen.cli import flagfiles, presetflow
+from localgen.cli.chatplan import ChatPlan
 from localgen.cli.chatturn import restore_state, stream
-from localgen.cli.knobs import Knobs
+from localgen.cli.knobs import SamplingFlags
 from localgen.cli.output import ErrWriter
+from localgen.cli.plan import LoadPlan
 from localgen.cli.toolflow import open_toolbox
 from localgen.errors import LocalgenError, UsageError
 from localgen.text import checked
@@ -33,7 +34,8 @@ class ChatView:
     markdown: bool = True
     console: Any = None
     loader: Any = None  # name -> backend, for /model and /load
-    flags: o.ChatArgs | None = None
+    sampling: SamplingFlags = field(default_factory=SamplingFlags)  # the flags given, over a loaded chat's /set values
+    model_given: bool = False  # -m was given: /load keeps this model instead of the loaded chat's
     attachments: list[str] = field(default_factory=list)
     media: list[Any] = field(default_factory=list)  # images and audio for the next message (/image, /audio)
     err: ErrWriter = field(default_factory=ErrWriter)
@@ -67,34 +69,24 @@ class ChatView:
             self.err.error(message, hint)
 
 
-def start(f: o.ChatArgs) -> None:
-    """The command: list, or open the conversation and chat."""
-    from localgen.chat import session as sessions
+def start(plan: ChatPlan) -> None:
+    """Open the conversation, load the model and chat: the REPL on a terminal, else the scripted loop."""
     from localgen.chat.runner import ChatRunner
 
-    if f.list_:
-        _print_list(sessions.list_sessions())
-        return
-    interactive = sys.stdin.isatty() and sys.stdout.isatty()
-    scripted = None if interactive else "a scripted chat (stdin not a terminal)"
-    shared = plan.check(f, plan.CommandRules(cannot_ask=scripted))
-    endpoints = list(shared.load.endpoints)
-    if endpoints:
-        remote_model = shared.load.model
-        if not remote_model and not f.resume:
-            from localgen.remote.backend import pick_model
+    load, send = plan.load, plan.send
+    endpoints = list(load.endpoints)
+    model = load.model
+    if endpoints and not model and not plan.resume:  # the endpoint's only model (a resumed chat has its own)
+        from localgen.remote.backend import pick_model
 
-            remote_model = pick_model(endpoints)
-        if remote_model:
-            f = replace(f, model=remote_model)
-    session = _open_session(f)
-    grammar, schema = shared.send.grammar, shared.send.json_schema
-    load = shared.load.params
-    view = ChatView(interactive=interactive, plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats,
-                    flags=f, yes=f.tools.yes)
-    view.loader = (lambda name: remote_backend(endpoints, name, f.knobs, view)) if endpoints else (
-        lambda name: load_backend(name, load, f, view))
-    toolbox = open_toolbox(f.tools)
+        model = pick_model(endpoints)
+    session = _open_session(plan.name, plan.resume, model, send.system)
+    tools = send.tools
+    view = ChatView(interactive=plan.interactive, plain=plan.plain, stats=plan.stats, sampling=send.sampling,
+                    model_given=load.model_given, yes=tools is not None and tools.yes)
+    view.loader = (lambda name: remote_backend(endpoints, name, load.assumed_ctx, view)) if endpoints else (
+        lambda name: load_backend(name, load, view))
+    toolbox = open_toolbox(tools)
     try:
         backend = view.loader(session.model)
     except BaseException:
@@ -104,27 +96,29 @@ def start(f: o.ChatArgs) -> None:
     presetflow.adopt(session, backend)
     # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win. The grammar
     # constrains every answer: locally as a sampling setting, remotely as the schema a server takes.
-    runner = ChatRunner(session, backend, f.knobs.sampling(backend.defaults, session.settings, grammar=grammar))
-    runner.json_schema = schema
-    runner.on_answer = lambda request, gen, text: _log_turn(f, view, runner, request, gen, text,
-                                                            remote=bool(endpoints))
-    runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, f.tools.tool_steps, f.tools.tool_timeout
-    runner.tool_choice = f.tools.tool_choice
-    runner.thinking = f.think
-    runner.prompt_cache = f.prompt_cache and not endpoints
+    runner = ChatRunner(session, backend, send.sampling.params(backend.defaults, session.settings,
+                                                               grammar=send.grammar))
+    runner.json_schema = send.json_schema
+    runner.on_answer = lambda request, gen, text: _log_turn(view, runner, request, gen, text, model=model,
+                                                            no_log=plan.no_log, remote=bool(endpoints))
+    if tools is not None:
+        runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, tools.tool_steps, tools.tool_timeout
+        runner.tool_choice = tools.tool_choice
+    runner.thinking = send.think
+    runner.prompt_cache = send.prompt_cache
     try:
-        if grammar is not None and not endpoints:
-            backend.engine.check_grammar(grammar)  # a grammar that does not parse fails now, not at the first turn
+        if send.grammar is not None:
+            backend.engine.check_grammar(send.grammar)  # a grammar that does not parse fails now, not at the first turn
         if toolbox is not None:
             runner.plan(runner.tool_choice)  # a tool_choice naming no tool is refused now
-            if interactive:
+            if plan.interactive:
                 names = ", ".join(t.name for t in toolbox.specs)
-                view.info(f"tools: {names} · " + ("calls run without asking (--yes)" if f.tools.yes else
+                view.info(f"tools: {names} · " + ("calls run without asking (--yes)" if view.yes else
                                                      "each call asks first (y / n / always)"))
         backend.render(runner.request([{"role": "user", "content": "hi"}]))  # no usable chat template: say so now
-        if f.resume:
+        if plan.resume:
             restore_state(runner, view)
-        if interactive:
+        if plan.interactive:
             _repl(runner, view, endpoints)
         else:
             _scripted(runner, view)
@@ -136,30 +130,32 @@ def start(f: o.ChatArgs) -> None:
             toolbox.close()
 
 
-def _open_session(f: o.ChatArgs) -> Any:
+def _open_session(name: str | None, resume: bool, model: str | None, system: str | None) -> Any:
+    """The conversation: a saved chat or a logged one to go on with (resume), else a new one; with -m's model
+    and --system's prompt (already checked) where given."""
     from localgen.chat import session as sessions
 
-    if f.resume:
-        chosen = f.name or sessions.latest()
+    if resume:
+        chosen = name or sessions.latest()
         if chosen is None:
             raise LocalgenError("there is no saved conversation to resume", hint="start one with `localgen chat`")
-        if f.name and not (sessions.chats_dir() / f"{sessions.check_name(f.name)}.json").exists():
+        if name and not (sessions.chats_dir() / f"{sessions.check_name(name)}.json").exists():
             from localgen.cli.logflow import chat_from_log
 
-            session = chat_from_log(f.name, f.model)  # a conversation id from `localgen logs`
+            session = chat_from_log(name, model)  # a conversation id from `localgen logs`
         else:
             session = sessions.ChatSession.load(chosen)
     else:
-        if f.name and (sessions.chats_dir() / f"{sessions.check_name(f.name)}.json").exists():
-            raise UsageError(f"a conversation named {f.name!r} exists", hint=f"continue it with --resume {f.name}")
+        if name and (sessions.chats_dir() / f"{sessions.check_name(name)}.json").exists():
+            raise UsageError(f"a conversation named {name!r} exists", hint=f"continue it with --resume {name}")
         from localgen.models.embedded import DEFAULT_MODEL
 
-        session = sessions.ChatSession(name=f.name or sessions.new_name(), model=f.model or DEFAULT_MODEL,
-                                       fresh=True, auto_named=not f.name)
-    if f.model:
-        session.model = f.model
-    if f.system is not None:
-        session.system = checked(f.system, "--system")
+        session = sessions.ChatSession(name=name or sessions.new_name(), model=model or DEFAULT_MODEL,
+                                       fresh=True, auto_named=not name)
+    if model:
+        session.model = model
+    if system is not None:
+        session.system = system
     if session.log_id is None:  # its conversation in the log, saved with the chat from the first turn on
         from localgen.log.store import new_id
 
@@ -167,12 +163,13 @@ def _open_session(f: o.ChatArgs) -> Any:
     return session
 
 
-def _log_turn(f: o.ChatArgs, view: Any, runner: Any, request: Any, gen: Any, text: str, remote: bool) -> None:
+def _log_turn(view: Any, runner: Any, request: Any, gen: Any, text: str, *, model: str | None, no_log: bool,
+              remote: bool) -> None:
     """Each answer goes to the log, in the chat's own conversation there, with its turn's stats."""
     from localgen.cli import logflow
 
     logflow.record(_Warn(view), runner.backend, request, runner.session.log_id, text, runner.last_stats,
-                   str(gen.finish_reason), model=f.model, no_log=f.no_log, source="chat", remote=remote)
+                   str(gen.finish_reason), model=model, no_log=no_log, source="chat", remote=remote)
 
 
 class _Warn:
@@ -185,19 +182,19 @@ class _Warn:
         self.view.error(text)
 
 
-def load_backend(name: str, load: Any, f: o.ChatArgs, view: ChatView) -> Any:
+def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:
     """Resolve and load a model for the chat."""
     from localgen.cli.progress import make_progress
     from localgen.engine.local import LocalBackend
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
 
-    ref = flagfiles.with_template(resolve(name, offline=f.offline, progress=make_progress()), f.mmproj,
-                                  f.chat_template_file)
-    load = presetflow.load_params(ref, load, f.given("ctx"))
+    ref = flagfiles.with_template(resolve(name, offline=load.offline, progress=make_progress()), load.mmproj,
+                                  load.template_file)
+    params = presetflow.load_params(ref, load.params, load.ctx_given)
     if view.interactive:
         view.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")
-    engine = open_engine(ref, load, verbose=f.verbose, warn=lambda text: view.info(f"warning: {text}"))
+    engine = open_engine(ref, params, verbose=load.verbose, warn=lambda text: view.info(f"warning: {text}"))
     if view.interactive:
         view.info(f"{ref.name} ready in {engine.load_s:.2f} s · context {engine.n_ctx:,} tokens · /help for commands")
     from localgen.cli.hints import tune_tip
@@ -212,11 +209,11 @@ def load_backend(name: str, load: Any, f: o.ChatArgs, view: ChatView) -> Any:
     return backend
 
 
-def remote_backend(endpoints: list[Any], name: str, knobs: Knobs, view: ChatView) -> Any:
+def remote_backend(endpoints: list[Any], name: str, assumed_ctx: int | None, view: ChatView) -> Any:
     """The chat's model on a remote endpoint (nothing loads here); --ctx, where given, is its window."""
     from localgen.remote.backend import RemoteBackend
 
-    backend = RemoteBackend(endpoints, name, assumed_ctx=knobs.get("ctx") if knobs.given("ctx") else None)
+    backend = RemoteBackend(endpoints, name, assumed_ctx=assumed_ctx)
     if view.interactive:
         view.info(f"{name} on {', '.join(e.label for e in endpoints)} · context {backend.n_ctx:,} tokens · /help for "
                   "commands")
@@ -350,9 +347,13 @@ def attach_dropped(text: str, runner: Any, view: ChatView) -> bool:
     return True
 
 
-def _print_list(items: list[Any]) -> None:
+def print_list() -> None:
+    """`chat --list`: the saved conversations, newest first."""
     import time
 
+    from localgen.chat import session as sessions
+
+    items = sessions.list_sessions()
     if not items:
         print("no saved conversations")
         return

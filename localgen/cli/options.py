@@ -1,6 +1,6 @@
 """Options shared by run, chat, bench and serve: each defined once, its range and help taken from the
 one settings table (settings.KNOBS), with llama.cpp's spellings as aliases. A command's body hands its
-parameters on typed, as its CommandArgs (ModelArgs: what run and chat share; ChatArgs), whose `knobs` give
+parameters on typed, as its CommandArgs (ModelArgs: what run and chat share), whose `knobs` give
 the engine's types through the one validation."""
 
 from __future__ import annotations
@@ -326,16 +326,3 @@ class ModelArgs(CommandArgs):
     output: OutputFormat
     remote: RemoteOptions
     knobs: Knobs
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChatArgs(ModelArgs):
-    """`localgen chat`'s parameters (cli/chat.py)."""
-
-    name: str | None
-    resume: bool
-    list_: bool
-    plain: bool
-    stats: bool
-    no_log: bool
-

@@ -180,13 +180,13 @@ def _load(runner: Any, view: Any, arg: str) -> None:
     loaded = sessions.ChatSession.load(arg)
     with contextlib.suppress(OSError):
         runner.backend.save_conversation(runner.session.name)
-    if loaded.model and loaded.model != runner.session.model and not view.flags.given("model"):
+    if loaded.model and loaded.model != runner.session.model and not view.model_given:
         runner.switch(view.loader(loaded.model), loaded.model)  # its own model, as --resume takes it
     else:
         loaded.model = runner.session.model
     # its own /set values under the command-line flags, as --resume applies them; the chat's grammar stays
-    runner.adopt(loaded, view.flags.knobs.sampling(runner.backend.defaults, loaded.settings,
-                                                   grammar=runner.sampling.grammar))
+    runner.adopt(loaded, view.sampling.params(runner.backend.defaults, loaded.settings,
+                                              grammar=runner.sampling.grammar))
     restore_state(runner, view)
     view.info(f"continuing {loaded.name}: {len(loaded.messages)} messages")
 

@@ -15,10 +15,10 @@ from localgen.cli.runoptions import ReportOptions
 from localgen.types import GenerationRequest
 
 
-def open_toolbox(tools: ToolOptions) -> Any:
+def open_toolbox(tools: ToolOptions | None) -> Any:
     """The tools of --functions and --mcp, loaded and started (None without them); a --tool-choice that
     names none of them is refused here, before the model loads."""
-    if not tools.any:
+    if tools is None or not tools.any:
         return None
     from localgen.tools.loop import Toolbox, named_choice
     from localgen.tools.plan import check_choice
