@@ -1,4 +1,4 @@
-"""The flag combinations run and chat share are checked in one place (cli/plan.py), so the two commands refuse
+"""The flag combinations run and chat share are checked in one place (cli/options/plan.py), so the two commands refuse
 the same things with the same words: each rule here runs both commands through it. Every case names a model
 file that does not exist, so a rule that did not fire would end in a different error (the model not found),
 never in a load. In-process: these are usage errors, before anything loads."""
@@ -115,10 +115,11 @@ def test_a_schema_that_makes_no_grammar(cli_in_process: InProcessCLI, tmp_path: 
 
 CLI = ROOT / "localgen" / "cli"
 # where run's and chat's options become their plans: the only modules whose functions take the whole set
-ENTRY = {"run.py", "chat.py", "runplan.py", "chatplan.py", "plan.py"}
+ENTRY = {"run/command.py", "chat/command.py", "run/plan.py", "chat/plan.py", "options/plan.py"}
 WHOLE = {"RunArgs", "ChatArgs", "ModelArgs"}
-ON_THE_WAY = ("runflow.py", "runinput.py", "batchrun.py", "toolflow.py", "logflow.py", "presetflow.py",
-              "flagfiles.py", "chatflow.py", "chatturn.py", "slash.py", "repl.py", "render.py", "output.py")
+ON_THE_WAY = ("run/execute.py", "run/prompt.py", "run/many.py", "run/tools.py", "options/tools.py",
+              "options/preset.py", "options/files.py", "log/conversation.py", "chat/loop.py", "chat/view.py",
+              "chat/turn.py", "chat/slash.py", "chat/repl.py", "chat/render.py", "output.py")
 
 
 def _names(node: ast.AST | None) -> set[str]:
@@ -133,14 +134,14 @@ def test_no_function_past_the_entry_takes_the_whole_option_set() -> None:
     """A function after the plan is made takes typed pieces of it (LoadPlan, SendPlan, an option group),
     never RunArgs or ChatArgs: its parameters say what it uses."""
     takers = []
-    for path in sorted(CLI.glob("*.py")):
-        if path.name in ENTRY:
+    for path in sorted(CLI.rglob("*.py")):
+        if str(path.relative_to(CLI)) in ENTRY:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
                 if any(_names(a.annotation) & WHOLE for a in args):
-                    takers.append(f"{path.name}:{node.name}")
+                    takers.append(f"{path.relative_to(CLI)}:{node.name}")
     assert takers == []
 
 

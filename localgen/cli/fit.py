@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.knobs import Knobs
+from localgen.cli.options.knobs import Knobs
 from localgen.errors import UsageError
 from localgen.units import format_bytes, parse_bytes
 

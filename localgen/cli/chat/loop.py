@@ -1,4 +1,4 @@
-"""What `localgen chat` does with its checked plan (chatplan.py): pick or resume the conversation, load the
+"""What `localgen chat` does with its checked plan (plan.py): pick or resume the conversation, load the
 model, then the REPL (on a terminal) or the scripted loop (stdin not a terminal), streaming each answer and
 saving after each turn."""
 
@@ -7,66 +7,16 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from localgen.cli import flagfiles, presetflow
-from localgen.cli.chatplan import ChatPlan
-from localgen.cli.chatturn import restore_state, stream
-from localgen.cli.knobs import SamplingFlags
-from localgen.cli.output import ErrWriter
-from localgen.cli.plan import LoadPlan
-from localgen.cli.toolflow import open_toolbox
+from localgen.cli.chat.plan import ChatPlan
+from localgen.cli.chat.turn import restore_state, stream
+from localgen.cli.chat.view import ChatView
+from localgen.cli.options import files, preset
+from localgen.cli.options.plan import LoadPlan
+from localgen.cli.options.tools import open_toolbox
 from localgen.errors import LocalgenError, UsageError
 from localgen.text import checked
-
-
-@dataclass
-class ChatView:
-    """Where a chat's notices go: the Rich console on a terminal, stderr when scripted (stdout carries
-    only answers then)."""
-
-    interactive: bool
-    plain: bool
-    stats: bool
-    think: bool = True
-    footer: bool = True
-    markdown: bool = True
-    console: Any = None
-    loader: Any = None  # name -> backend, for /model and /load
-    sampling: SamplingFlags = field(default_factory=SamplingFlags)  # the flags given, over a loaded chat's /set values
-    model_given: bool = False  # -m was given: /load keeps this model instead of the loaded chat's
-    attachments: list[str] = field(default_factory=list)
-    media: list[Any] = field(default_factory=list)  # images and audio for the next message (/image, /audio)
-    err: ErrWriter = field(default_factory=ErrWriter)
-    yes: bool = False  # tool calls run without asking (--yes)
-    always: set[str] = field(default_factory=set)  # tools the user allowed for the rest of the chat
-
-    def ask(self, question: str) -> str:
-        """A question to the user on the terminal (scripted chats never ask: they need --yes)."""
-        if self.console is None:
-            raise EOFError
-        return str(self.console.input(question, markup=False))
-
-    def __post_init__(self) -> None:
-        if self.interactive:
-            from rich.console import Console
-
-            self.console = Console(highlight=False, no_color=self.plain, soft_wrap=False)
-
-    def info(self, text: str) -> None:
-        """A notice: dim on the terminal; stderr when scripted."""
-        if self.console is not None:
-            self.console.print(text, style="dim", markup=False)
-        else:
-            self.err.line(text)
-
-    def error(self, message: str, hint: str | None = None) -> None:
-        """An error the chat survives (on a terminal) or ends with (scripted)."""
-        if self.console is not None:
-            self.console.print(f"error: {message}" + (f" ({hint})" if hint else ""), style="red", markup=False)
-        else:
-            self.err.error(message, hint)
 
 
 def start(plan: ChatPlan) -> None:
@@ -93,7 +43,7 @@ def start(plan: ChatPlan) -> None:
         if toolbox is not None:
             toolbox.close()
         raise
-    presetflow.adopt(session, backend)
+    preset.adopt(session, backend)
     # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win. The grammar
     # constrains every answer: locally as a sampling setting, remotely as the schema a server takes.
     runner = ChatRunner(session, backend, send.sampling.params(backend.defaults, session.settings,
@@ -140,7 +90,7 @@ def _open_session(name: str | None, resume: bool, model: str | None, system: str
         if chosen is None:
             raise LocalgenError("there is no saved conversation to resume", hint="start one with `localgen chat`")
         if name and not (sessions.chats_dir() / f"{sessions.check_name(name)}.json").exists():
-            from localgen.cli.logflow import chat_from_log
+            from localgen.cli.log.conversation import chat_from_log
 
             session = chat_from_log(name, model)  # a conversation id from `localgen logs`
         else:
@@ -166,14 +116,14 @@ def _open_session(name: str | None, resume: bool, model: str | None, system: str
 def _log_turn(view: Any, runner: Any, request: Any, gen: Any, text: str, *, model: str | None, no_log: bool,
               remote: bool) -> None:
     """Each answer goes to the log, in the chat's own conversation there, with its turn's stats."""
-    from localgen.cli import logflow
+    from localgen.cli.log import conversation
 
-    logflow.record(_Warn(view), runner.backend, request, runner.session.log_id, text, runner.last_stats,
+    conversation.record(_Warn(view), runner.backend, request, runner.session.log_id, text, runner.last_stats,
                    str(gen.finish_reason), model=model, no_log=no_log, source="chat", remote=remote)
 
 
 class _Warn:
-    """ErrWriter's warn() for logflow, as a chat notice."""
+    """ErrWriter's warn() for the log, as a chat notice."""
 
     def __init__(self, view: Any) -> None:
         self.view = view
@@ -189,9 +139,9 @@ def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
 
-    ref = flagfiles.with_template(resolve(name, offline=load.offline, progress=make_progress()), load.mmproj,
+    ref = files.with_template(resolve(name, offline=load.offline, progress=make_progress()), load.mmproj,
                                   load.template_file)
-    params = presetflow.load_params(ref, load.params, load.ctx_given)
+    params = preset.load_params(ref, load.params, load.ctx_given)
     if view.interactive:
         view.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")
     engine = open_engine(ref, params, verbose=load.verbose, warn=lambda text: view.info(f"warning: {text}"))
@@ -227,7 +177,7 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     from localgen import paths
     from localgen.chat import session as sessions
     from localgen.chat.runner import SETTABLE
-    from localgen.cli.repl import LineInput, make_completer
+    from localgen.cli.chat.repl import LineInput, make_completer
 
     completer = make_completer(SETTABLE, lambda: [s.name for s in sessions.list_sessions()],
                                _model_names(endpoints))
@@ -309,7 +259,7 @@ def _scripted(runner: Any, view: ChatView) -> None:
 
 def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> bool:
     """One input: a /command or a message. False to leave. Scripted, an error ends the script."""
-    from localgen.cli.slash import run_command
+    from localgen.cli.chat.slash import run_command
 
     if not text.strip():
         return True
@@ -336,7 +286,7 @@ def attach_dropped(text: str, runner: Any, view: ChatView) -> bool:
     """A line that is only the path of an image or audio file (a file dropped on the terminal) attaches it to
     the next message instead of sending the path as text."""
     from localgen import media
-    from localgen.cli.slash import attach_media
+    from localgen.cli.chat.slash import attach_media
 
     path = media.dropped_path(text)
     if path is None:

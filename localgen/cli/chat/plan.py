@@ -1,4 +1,4 @@
-"""`localgen chat`'s flags become its ChatPlan: the rules chat shares with run (plan.py; a scripted chat cannot
+"""`localgen chat`'s flags become its ChatPlan: the rules chat shares with run (options/plan.py; a scripted chat cannot
 ask before a tool call runs), then which conversation, where notices go and what is printed. Nothing after
 this sees ChatArgs."""
 
@@ -8,14 +8,14 @@ import os
 import sys
 from dataclasses import dataclass
 
-from localgen.cli import plan as shared
 from localgen.cli.options import ModelArgs
-from localgen.cli.plan import LoadPlan, SendPlan
+from localgen.cli.options import plan as shared
+from localgen.cli.options.plan import LoadPlan, SendPlan
 
 
 @dataclass(frozen=True, kw_only=True)
 class ChatArgs(ModelArgs):
-    """`localgen chat`'s parameters (cli/chat.py)."""
+    """`localgen chat`'s parameters (chat/command.py)."""
 
     name: str | None
     resume: bool

@@ -27,8 +27,8 @@ def _exit(runner: Any, view: Any, arg: str) -> bool:
 
 
 def _help(runner: Any, view: Any, arg: str) -> None:
-    from localgen.cli.repl import COMMANDS as HELP
-    from localgen.cli.repl import KEYS_HELP
+    from localgen.cli.chat.repl import COMMANDS as HELP
+    from localgen.cli.chat.repl import KEYS_HELP
 
     for name, meta in HELP.items():
         view.info(f"{name:9} {meta}")
@@ -96,7 +96,7 @@ def _undo(runner: Any, view: Any, arg: str) -> None:
 
 
 def _retry(runner: Any, view: Any, arg: str) -> None:
-    from localgen.cli.chatturn import stream
+    from localgen.cli.chat.turn import stream
 
     messages = runner.session.messages
     kept = list(messages)
@@ -173,7 +173,7 @@ def _save(runner: Any, view: Any, arg: str) -> None:
 
 def _load(runner: Any, view: Any, arg: str) -> None:
     from localgen.chat import session as sessions
-    from localgen.cli.chatturn import restore_state
+    from localgen.cli.chat.turn import restore_state
 
     if not arg:
         raise UsageError("usage: /load NAME")

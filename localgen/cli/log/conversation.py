@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from localgen.cli.runoptions import LogOptions
+from localgen.cli.run.options import LogOptions
 from localgen.errors import LocalgenError, UsageError
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localgen.cli.knobs import Knobs, given_by_user
+from localgen.cli.options.knobs import Knobs, given_by_user
 from localgen.settings import BIAS, BOOL, FLOAT, GPU, INT, KNOBS, LOAD_KNOBS, SWITCH, TEXT, TEXTS, Knob, LoadKnob
 from localgen.types import LoadParams, SamplingParams
 
@@ -311,7 +311,7 @@ class CommandArgs:
 @dataclass(frozen=True, kw_only=True)
 class ModelArgs(CommandArgs):
     """What run and chat both take: the model (its template and projector), the system prompt, thinking, the
-    prompt cache, the tools, the answer's format, remote endpoints and the table's settings (plan.py checks
+    prompt cache, the tools, the answer's format, remote endpoints and the table's settings (options/plan.py checks
     them, by the same rules for both)."""
 
     model: str | None

@@ -36,7 +36,7 @@ def with_template(ref: Any, proj: Path | None, path: Path | None) -> Any:
 
 
 def output_grammar(out: OutputFormat) -> tuple[str | None, str | None]:
-    """The GBNF grammar of --grammar, -j/--json-schema or -jf/--json-schema-file (one of them: plan.py checks),
+    """The GBNF grammar of --grammar, -j/--json-schema or -jf/--json-schema-file (one of them: options/plan.py checks),
     and the JSON schema it came from (a remote server takes the schema itself); (None, None) without them."""
     if out.grammar is not None:
         return _gbnf(str(out.grammar)), None

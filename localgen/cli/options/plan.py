@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localgen.cli.knobs import SamplingFlags
 from localgen.cli.options import ModelArgs, RemoteOptions, ToolOptions
+from localgen.cli.options.knobs import SamplingFlags
 from localgen.errors import UsageError
 from localgen.text import checked
 from localgen.types import LoadParams
@@ -106,7 +106,7 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
     elif args.given("tool_choice") or args.given("tool_steps") or args.given("tool_timeout"):
         raise UsageError(TOOL_FLAGS_WITHOUT_TOOLS)
     sampling = args.knobs.sampling_flags()
-    from localgen.cli.flagfiles import output_grammar
+    from localgen.cli.options.files import output_grammar
 
     grammar, schema = output_grammar(out)
     load = LoadPlan(model=model, model_given=args.given("model"), offline=args.offline,

@@ -1,4 +1,4 @@
-"""What a preset adds to `run` and `chat` beyond sampling defaults and a template (which resolve() already
+"""What a preset adds to `run`, `chat` and `serve` beyond sampling defaults and a template (which resolve() already
 layers on the model): its context size where --ctx is not given, its SYSTEM where --system is not given,
 and its MESSAGE turns before the conversation."""
 

@@ -1,4 +1,4 @@
-"""What `localgen run` does with its checked plan (runplan.py: every usage error before any download or load):
+"""What `localgen run` does with its checked plan (plan.py: every usage error before any download or load):
 the model is resolved and loaded into a backend, then one stream, beam search, tools, or many prompts, and
 the output."""
 
@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from localgen.cli import flagfiles, presetflow
-from localgen.cli.options import ToolOptions
+from localgen.cli.options import ToolOptions, files, preset
+from localgen.cli.options.plan import LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
-from localgen.cli.plan import LoadPlan
-from localgen.cli.runoptions import DecodingOptions, ReportOptions
-from localgen.cli.runplan import ManyPlan, RunPlan
+from localgen.cli.run.options import DecodingOptions, ReportOptions
+from localgen.cli.run.plan import ManyPlan, RunPlan
 from localgen.types import GenerationRequest, Message, thinking_args
 
 if TYPE_CHECKING:
@@ -25,13 +24,13 @@ if TYPE_CHECKING:
 
 def execute(plan: RunPlan) -> None:
     """Run the command's checked plan: load, then one prompt (streamed, beams, or with tools) or many."""
-    from localgen.cli import logflow
+    from localgen.cli.log import conversation
 
     load, send = plan.load, plan.send
     err = ErrWriter()
     toolbox = None
     if send.tools is not None:
-        from localgen.cli.toolflow import open_toolbox
+        from localgen.cli.options.tools import open_toolbox
 
         toolbox = open_toolbox(send.tools)
     try:
@@ -53,15 +52,15 @@ def execute(plan: RunPlan) -> None:
         if plan.decoding.beams:
             text, stats, finish = run_beams(plan.decoding, plan.report, backend, request, err)  # type: ignore[arg-type]
         elif toolbox is not None:
-            from localgen.cli.toolflow import run_with_tools
+            from localgen.cli.run.tools import run_with_tools
 
             assert send.tools is not None
             text, stats, finish = run_with_tools(send.tools, plan.report, backend, request, toolbox, err, thread.cid)
         else:
             gen, text = stream(plan.report, backend, request, err, thread.cid)
             stats, finish = gen.stats, str(gen.finish_reason)
-        logflow.record(err, backend, request, thread.cid, text, stats, finish, model=load.model, no_log=plan.no_log,
-                       remote=load.remote)
+        conversation.record(err, backend, request, thread.cid, text, stats, finish, model=load.model,
+                            no_log=plan.no_log, remote=load.remote)
     finally:
         backend.close()
         if toolbox is not None:
@@ -73,7 +72,7 @@ def _as_sent(tools: ToolOptions | None, backend: Backend, request: GenerationReq
     """The request as the model gets it first: with the tools (in the template, or the system prompt)."""
     if toolbox is None or tools is None:
         return request
-    from localgen.cli.toolflow import first_plan
+    from localgen.cli.run.tools import first_plan
     from localgen.tools.loop import plan_for
     from localgen.tools.plan import with_tools
     from localgen.tools.stream import template_of
@@ -101,9 +100,9 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
     load, decoding = plan.load, plan.decoding
     for warning in plan.warnings:
         err.warn(warning)
-    ref = flagfiles.with_template(resolve(load.model, offline=load.offline, progress=make_progress()), load.mmproj,
+    ref = files.with_template(resolve(load.model, offline=load.offline, progress=make_progress()), load.mmproj,
                                   load.template_file)
-    params = presetflow.load_params(ref, load.params, load.ctx_given)
+    params = preset.load_params(ref, load.params, load.ctx_given)
     draft = decoding.draft
     draft_ref = resolve(draft, offline=load.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
@@ -155,7 +154,7 @@ def single_request(plan: RunPlan, backend: Backend, turns: list[Message] | None 
         from localgen import media
 
         content = media.content(text, list(plan.media))
-    messages = presetflow.head(backend, send.system, continued=bool(turns)) + list(turns or []) + [
+    messages = preset.head(backend, send.system, continued=bool(turns)) + list(turns or []) + [
         {"role": "user", "content": content}]
     return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=logprobs, shared=shared,
                              prompt_cache=send.prompt_cache, json_schema=send.json_schema,
@@ -246,11 +245,11 @@ def run_beams(decoding: DecodingOptions, report: ReportOptions, backend: LocalBa
 
 def run_many(many: ManyPlan, plan: RunPlan, backend: Backend, err: ErrWriter) -> int:
     """--file / --each-line; returns the exit status."""
-    from localgen.cli.batchrun import BatchOptions, run_batch
+    from localgen.cli.run.many import BatchOptions, run_batch
 
     send, report = plan.send, plan.report
     base = send.sampling.params(backend.defaults, grammar=send.grammar)
-    opts = BatchOptions(instruction=many.instruction, system=presetflow.system(backend, send.system), raw=plan.raw,
+    opts = BatchOptions(instruction=many.instruction, system=preset.system(backend, send.system), raw=plan.raw,
                         parallel=many.parallel, json_out=report.json_out, stats=report.stats, exact=many.exact,
                         logprobs=report.logprobs, json_schema=send.json_schema, resume_from=many.resume_from,
                         think=send.think)

@@ -1,5 +1,5 @@
 """`localgen run`'s flags become its RunPlan: every usage error (run's own flags that cannot go together, then
-the rules run shares with chat, plan.py), the conversation a --continue goes on with, the prompt, images and
+the rules run shares with chat, options/plan.py), the conversation a --continue goes on with, the prompt, images and
 audio read and the grammar made, all before any download or load. Nothing after this sees RunArgs."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from localgen.cli import plan as shared
-from localgen.cli import runinput
-from localgen.cli.logflow import Thread
-from localgen.cli.plan import LoadPlan, SendPlan
-from localgen.cli.runoptions import DecodingOptions, ReportOptions, RunArgs
+from localgen.cli.log.conversation import Thread
+from localgen.cli.options import plan as shared
+from localgen.cli.options.plan import LoadPlan, SendPlan
+from localgen.cli.run import prompt
+from localgen.cli.run.options import DecodingOptions, ReportOptions, RunArgs
 from localgen.errors import UsageError
 
 
@@ -51,13 +51,13 @@ class RunPlan:
 
 def check(f: RunArgs) -> RunPlan:
     """Usage errors, all of them before any download or model load; then the plan."""
-    from localgen.cli import logflow
+    from localgen.cli.log import conversation
 
     many = f.many.file is not None or f.many.each_line
     if (f.log.continue_ or f.log.cid) and (many or f.raw):
         raise UsageError(f"{'--continue' if f.log.continue_ else '--cid'} continues a chat: it cannot be combined "
                          f"with {'--file/--each-line' if many else '--raw'}")
-    thread = None if many else logflow.thread_for(f.log)
+    thread = None if many else conversation.thread_for(f.log)
     if thread is not None:  # the conversation's model and system prompt, where the flags do not say otherwise
         if thread.model_spec and not f.given("model"):
             f = dataclasses.replace(f, model=thread.model_spec)
@@ -74,12 +74,12 @@ def check(f: RunArgs) -> RunPlan:
         cannot_ask="run", ask_hint="or use `localgen chat`, which asks before each call"))
     if f.many.resume_from is not None and (f.many.file is None or not f.report.json_out):
         raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
-    media = runinput.attachments(f.media, [
+    media = prompt.attachments(f.media, [
         ("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams)),
         ("--draft/--lookup", bool(d.draft or d.lookup)), ("--endpoint", bool(f.remote.endpoint)),
         ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache)])
     stdin_taken = any(a == "-" for a in f.media.attach or ())
-    parts = () if many else tuple(runinput.prompt_parts(f.prompt if f.prompt is not None else f.prompt_arg,
+    parts = () if many else tuple(prompt.prompt_parts(f.prompt if f.prompt is not None else f.prompt_arg,
                                                          f.document, no_stdin=f.no_stdin or stdin_taken))
     load, warnings = _speculative(model.load, f) if d.draft or d.lookup else (model.load, ())
     return RunPlan(load=load, send=model.send, raw=f.raw, decoding=d, report=f.report, no_log=f.log.no_log,
@@ -89,7 +89,7 @@ def check(f: RunArgs) -> RunPlan:
 
 
 def _check_combinations(f: RunArgs, many: bool) -> None:
-    """run's own flags that cannot go together (the rules it shares with chat are plan.py's)."""
+    """run's own flags that cannot go together (the rules it shares with chat are options/plan.py's)."""
     d, report = f.decoding, f.report
     if f.prompt_arg is not None and f.prompt is not None:
         raise UsageError("give the prompt once: as an argument or with -p, not both")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from localgen.cli.runoptions import MediaOptions
+from localgen.cli.run.options import MediaOptions
 from localgen.errors import UsageError
 from localgen.text import checked
 

@@ -1,5 +1,6 @@
-"""`run --functions/--mcp`: the tools opened, the loop run with its answer on stdout (each call and its
-result on stderr, through output.AnswerWriter), and --json listing the calls with their results."""
+"""`run --functions/--mcp`: the loop run with its answer on stdout (each call and its result on stderr, through
+output.AnswerWriter), and --json listing the calls with their results (the tools are opened by
+options/tools.py, as chat's are)."""
 
 from __future__ import annotations
 
@@ -11,25 +12,8 @@ import typer
 
 from localgen.cli.options import ToolOptions
 from localgen.cli.output import AnswerWriter, ErrWriter, TextWriter
-from localgen.cli.runoptions import ReportOptions
+from localgen.cli.run.options import ReportOptions
 from localgen.types import GenerationRequest
-
-
-def open_toolbox(tools: ToolOptions | None) -> Any:
-    """The tools of --functions and --mcp, loaded and started (None without them); a --tool-choice that
-    names none of them is refused here, before the model loads."""
-    if tools is None or not tools.any:
-        return None
-    from localgen.tools.loop import Toolbox, named_choice
-    from localgen.tools.plan import check_choice
-
-    box = Toolbox.open(list(tools.functions or []), list(tools.mcp or []))
-    try:
-        check_choice(box.specs, named_choice(tools.tool_choice or "auto"))
-    except BaseException:
-        box.close()
-        raise
-    return box
 
 
 def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, request: GenerationRequest, toolbox: Any,
