@@ -107,14 +107,11 @@ def _check_combinations(f: RunArgs, many: bool) -> None:
             raise UsageError(f"{', '.join(dropped)} cannot be used with --file/--each-line (many prompts)")
         if f.prompt_arg is not None:
             raise UsageError("with --file/--each-line, give the instruction with -p, not as an argument")
-    formats = f.output.any
-    if len([x for x in (f.output.grammar, f.output.json_schema, f.output.json_schema_file) if x]) > 1:
-        raise UsageError(shared.FORMATS_TOGETHER)
     if f.raw and f.system:
         raise UsageError("--system needs the chat template; it cannot be combined with --raw")
     if d.draft and d.lookup:
         raise UsageError("--draft and --lookup cannot be combined")
-    if d.beams and (d.draft or d.lookup or formats):
+    if d.beams and (d.draft or d.lookup or f.output.any):
         raise UsageError("--beams cannot be combined with --draft, --lookup, a grammar or a JSON schema")
     if f.knobs.sampling_flags().alone.reasoning_budget >= 0 and (d.draft or d.lookup or d.beams):
         raise UsageError("--reasoning-budget cannot be combined with --draft, --lookup or --beams")
