@@ -223,7 +223,7 @@ def load_backend(name: str, load: Any, f: o.ChatArgs, view: ChatView) -> Any:
 
     ref = flagfiles.with_template(resolve(name, offline=f.offline, progress=make_progress()), f.mmproj,
                                   f.chat_template_file)
-    load = presetflow.load_params(ref, load, f.given("ctx"))
+    load = presetflow.load_params(ref, load, f.knobs.given)
     if view.interactive:
         view.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")
     engine = open_engine(ref, load, verbose=f.verbose, warn=lambda text: view.info(f"warning: {text}"))

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli import presetflow
 from localgen.cli.knobs import Knobs
 from localgen.errors import UsageError
 from localgen.units import format_bytes, parse_bytes
@@ -56,6 +57,7 @@ def fit(
     ram_bytes = _sizes("--ram", ram)[0] if ram is not None else None
     load = knobs.load(check_buffers=False)
     ref = resolve(model, offline=offline, pull_missing=False)
+    load = presetflow.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
     if gpus is not None or ram_bytes is not None:
         machine = planner.described(tuple(g for g in gpus or () if g), ram_bytes) if gpus is not None else \
             planner.Machine(ram=ram_bytes or 0, gpus=_this_machine().gpus, described=True)

@@ -236,12 +236,23 @@ def _show_doc(ref: Any, hash_now: bool) -> dict[str, Any]:
         "modalities": ["text", *projectors.modalities(ref)],
         "projector": ref.mmproj,
         "adapters": [path for path, _ in ref.adapters],  # a preset's LoRA adapters (ADAPTER)
+        "load": _load_settings(ref),  # a preset's num_ctx and load settings, as its Modelfile spells them
     }
+
+
+def _load_settings(ref: Any) -> dict[str, Any]:
+    from localgen.models import modelfile
+
+    shown: dict[str, Any] = {"num_ctx": ref.context} if ref.context is not None else {}
+    for knob, value in ref.load.items():
+        for name, _ in modelfile.load_lines(knob, value):
+            shown[name] = not value if knob == "no_mmap" else list(value) if isinstance(value, tuple) else value
+    return shown
 
 
 _LABELS = {"model_name": "model", "size": "file size", "context_length": "context length",
            "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary",
-           "adapters": "LoRA adapters"}
+           "adapters": "LoRA adapters", "load": "load settings"}
 
 
 def _print_doc(doc: dict[str, Any]) -> None:
@@ -255,11 +266,19 @@ def _print_doc(doc: dict[str, Any]) -> None:
             v = "yes (--template prints it)" if v else "none (use --raw)"
         elif k == "sha256" and v is None:
             v = "not known yet (--sha256 computes it)"
-        elif k in ("projector", "adapters") and not v:
+        elif k in ("projector", "adapters", "load") and not v:
             continue
         elif k in ("modalities", "adapters"):
             v = ", ".join(v)
+        elif k == "load":
+            v = " · ".join(f"{name} {_shown(x)}" for name, x in v.items())
         print(f"{_LABELS.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return ", ".join(value) if isinstance(value, list) else str(value)
 
 
 def _modelfile(name: str, offline: bool) -> str:

@@ -119,7 +119,7 @@ def open_backend(f: RunArgs, plan: RunPlan, err: ErrWriter) -> LocalBackend:
     load = f.knobs.load(**override)
     ref = flagfiles.with_template(resolve(f.model, offline=f.offline, progress=make_progress()), f.mmproj,
                                   f.chat_template_file)
-    load = presetflow.load_params(ref, load, f.given("ctx"))
+    load = presetflow.load_params(ref, load, f.knobs.given)
     draft = f.decoding.draft
     draft_ref = resolve(draft, offline=f.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
