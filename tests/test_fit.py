@@ -278,3 +278,23 @@ def test_bench_sweeps_n_cpu_moe_as_llama_bench(cli: CLI, moe_path: Path) -> None
     assert table.returncode == 0 and "n_cpu_moe" in [c.strip() for c in header.split("|")]
     bad = cli("bench", "-m", str(moe_path), "-ncmoe", "-1")
     assert bad.returncode == 2 and "--n-cpu-moe: -1 is below 0" in bad.stderr
+
+
+def test_doctor_checks_a_moe_models_placement(cli: CLI, moe_path: Path) -> None:
+    """doctor -m loads that model as run would, the placement flags (and a preset's) applied, and its placement
+    line says which experts llama.cpp put in RAM."""
+    r = cli("doctor", "-m", str(moe_path), "--n-cpu-moe", "2")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    check = next(line for line in r.stdout.splitlines() if line.startswith("check "))
+    assert "tiny-moe.gguf loaded" in check and check.endswith(": ok")
+    placed = next(line for line in r.stdout.splitlines() if line.startswith("placement "))
+    assert "6 tensors (6 of experts, 12 MiB) moved to CPU" in placed, placed  # 2 layers' gate, up and down
+    r = cli("doctor", "-m", str(moe_path), "--cpu-moe", "-ot", r"attn_q\.=CPU")
+    assert "16 tensors (12 of experts, 24 MiB) moved to CPU" in r.stdout, r.stdout
+    plain = cli("doctor", "-m", str(moe_path))
+    assert "moved to" not in plain.stdout and "tiny-moe.gguf loaded" in plain.stdout
+    for args, says, code in ((["--no-check", "-m", str(moe_path)], "-m name what --check loads", 2),
+                             (["-ot", "exps"], "takes PATTERN=BUFFER", 2),
+                             (["-m", "no-such-model"], "unknown model 'no-such-model'", 1)):
+        bad = cli("doctor", *args)
+        assert bad.returncode == code and says in bad.stderr and bad.stdout == "", (args, bad.stderr)
