@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.fit import GpuMemory, Ram, machine_for
 from localgen.errors import LocalgenError, UsageError
 from localgen.units import format_bytes
 
@@ -42,11 +43,15 @@ def pull(
     ctx: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
     json_out: Json = False,
     offline: o.Offline = False,
+    gpu_memory: GpuMemory = None,
+    ram: Ram = None,
 ) -> None:
     """Download a model into the shared Hugging Face cache, resumably, verified by SHA-256."""
     from localgen.cli.progress import make_progress
     from localgen.models import hfcache, resolve
 
+    if (gpu_memory is not None or ram is not None) and not list_quants:
+        raise UsageError("--gpu-memory and --ram describe the machine --list judges the quantizations for; add --list")
     model = resolve.embedded_model(name)
     if model is not None:
         _pull_embedded(name, model, list_quants, json_out)
@@ -55,7 +60,7 @@ def pull(
     if offline or hfcache.offline_env():
         raise UsageError("pull needs the network; it cannot run offline")
     if list_quants:
-        _list_quants(target, ctx, json_out)
+        _list_quants(target, ctx, json_out, machine_for(gpu_memory, ram))
         return
     ref = resolve.pull(target, make_progress())
     if json_out:
@@ -86,10 +91,10 @@ def _pull_embedded(name: str, model: Any, list_quants: bool, json_out: bool) -> 
         print(f"{ref.name}  {ref.quantization}  {format_bytes(ref.summary.file_size)}  {ref.path}")
 
 
-def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
+def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
+    """Each quantization's size and the planner's verdict for `machine` (this one, or one described)."""
     from localgen.models import fit, hub, store
     from localgen.models.quant import group_options, rank
-    from localgen.native.devices import backend_info
     from localgen.types import LoadParams
 
     s = target.spec
@@ -100,7 +105,6 @@ def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
     smallest = min(options, key=lambda x: x.size)
     summary, weights = hub.fetch_summary(s.repo, listing.commit, smallest.first.name, smallest.first.size,
                                          split=len(smallest.files) > 1)
-    machine = fit.this_machine(bool(backend_info()["gpu_offload"]))
     cached = {f.filename for f in store.cached_files(s.repo)}
     rows: list[dict[str, Any]] = []
     for opt in options:
@@ -119,10 +123,14 @@ def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
     for r in rows:
         r["recommended"] = r is best
     if json_out:
-        print(json.dumps({"repo": s.repo, "commit": listing.commit, "context": ctx, "quantizations": rows}))
+        print(json.dumps({"repo": s.repo, "commit": listing.commit, "context": ctx, "quantizations": rows,
+                          "machine": {"ram": machine.ram, "gpus": list(machine.gpus), "unified": machine.unified,
+                                      "described": machine.described}}))
         return
+    gpus = " + ".join(format_bytes(g) for g in machine.gpus) or "no GPU"
+    judged = f" · fit judged for {gpus} described" if machine.described else ""
     print(f"{s.repo} @ {listing.commit[:10]} · {summary.architecture} · {_params(summary.n_params)} parameters · "
-          f"memory estimated at --ctx {ctx}")
+          f"memory estimated at --ctx {ctx}{judged}")
     _table(
         ["QUANT", "SIZE", "BPW", "MEMORY", "FIT", ""],
         [[r["quantization"], format_bytes(r["size"]), str(r["bits_per_weight"] or "-"), format_bytes(r["memory"]),
