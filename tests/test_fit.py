@@ -298,3 +298,30 @@ def test_doctor_checks_a_moe_models_placement(cli: CLI, moe_path: Path) -> None:
                              (["-m", "no-such-model"], "unknown model 'no-such-model'", 1)):
         bad = cli("doctor", *args)
         assert bad.returncode == code and says in bad.stderr and bad.stdout == "", (args, bad.stderr)
+
+
+def test_bench_takes_ot_as_llama_bench_and_cmoe(cli: CLI, moe_path: Path) -> None:
+    """-ot as llama-bench takes it: placements by ',' (an empty one: none), pairs by ';'; each a configuration,
+    recorded in llama-bench's tensor_buft_overrides (column `ot`); -cmoe in every configuration; what llama.cpp
+    moved, in our `moved`."""
+    two = r"blk\.0\.ffn_up_exps=CPU;blk\.1\.ffn_up_exps=CPU"
+    r = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-ot", f"{two},", "-ncmoe", "0,1",
+            "-o", "json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [(x["n_cpu_moe"], x["tensor_buft_overrides"], x["moved"].get("CPU", {}).get("experts", 0))
+            for x in json.loads(r.stdout)]
+    assert rows == [(0, two, 2), (0, "none", 0), (1, two, 3 + 1), (1, "none", 3)]  # blk.0's up is -ot's, first
+    r = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-cmoe", "-o", "csv")
+    assert r.returncode == 0, r.stderr[-2000:]
+    import csv
+    import io
+
+    (row,) = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert row["tensor_buft_overrides"] == placement.EXPS + "=CPU"  # what llama-bench -ot '...exps=CPU' records
+    table = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-ot", r"attn_q\.=CPU")
+    header = next(line for line in table.stdout.splitlines() if line.startswith("| model"))
+    assert "ot" in [c.strip() for c in header.split("|")] and r"| attn_q\.=CPU " in table.stdout
+    for flags, says in ((["-ot", "exps"], "takes PATTERN=BUFFER"), (["-ot", "exps=NOPE0"], "no buffer type 'NOPE0'"),
+                        (["-ot", ";"], "has no PATTERN=BUFFER pair")):
+        bad = cli("bench", "-m", str(moe_path), *flags)
+        assert bad.returncode == 2 and says in bad.stderr, (flags, bad.stderr)
