@@ -305,8 +305,8 @@ def test_bench_takes_ot_as_llama_bench_and_cmoe(cli: CLI, moe_path: Path) -> Non
     recorded in llama-bench's tensor_buft_overrides (column `ot`); -cmoe in every configuration; what llama.cpp
     moved, in our `moved`."""
     two = r"blk\.0\.ffn_up_exps=CPU;blk\.1\.ffn_up_exps=CPU"
-    r = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-ot", f"{two},", "-ncmoe", "0,1",
-            "-o", "json")
+    r = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-ot", f"{two},",
+            "-ncmoe", "0,1", "-o", "json")
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [(x["n_cpu_moe"], x["tensor_buft_overrides"], x["moved"].get("CPU", {}).get("experts", 0))
             for x in json.loads(r.stdout)]

@@ -343,7 +343,8 @@ def test_a_presets_placement_loads_and_flags_win(cli: CLI, tmp_path: Path, moe_p
     r = lg("create", "moe-gpu", "-f", "-", input=f"FROM {moe_path}\nPARAMETER override_tensor exps=NOPE0\n")
     assert r.returncode == 0, r.stderr  # a buffer names the devices of the machine that loads
     bad = lg("run", "-m", "moe-gpu", "-p", "hi")
-    assert bad.returncode == 2 and "the preset moe-gpu's PARAMETER override_tensor: no buffer type 'NOPE0'" in bad.stderr
+    says = "the preset moe-gpu's PARAMETER override_tensor: no buffer type 'NOPE0'"
+    assert bad.returncode == 2 and says in bad.stderr
 
 
 def test_api_create_keeps_placement_and_ollamas_options_let_it_be(cli: CLI, tmp_path: Path, moe_path: Path) -> None:
