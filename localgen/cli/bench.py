@@ -10,7 +10,6 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.benchoptions import SWEEP as SWEEP_PANEL
 from localgen.cli.benchoptions import Measuring, ServingSweep, Values, sweep
 from localgen.cli.benchview import ProgressView, bar_chart, emit, emit_serving
 from localgen.cli.knobs import Knobs
@@ -26,7 +25,7 @@ bench_app = typer.Typer(
 
 
 @bench_app.callback()
-@o.with_knobs(sampling=False, load=())
+@o.with_knobs(sampling=False, load=("cpu_moe",))  # run's --cpu-moe, in every configuration
 def bench(
     ctx: typer.Context,
     model: Annotated[Values, sweep("--model", "-m", help="Models: names, repos, paths (default smollm2:135m).")] = None,
@@ -43,9 +42,6 @@ def bench(
     ot: Annotated[Values, sweep("--override-tensor", "-ot", help="Tensor placements, as llama-bench's -ot: "
                                                                 "PATTERN=BUFFER pairs joined by ';', placements by "
                                                                 "',' (an empty one: none; default none).")] = None,
-    cmoe: Annotated[bool, typer.Option("--cpu-moe", "-cmoe", rich_help_panel=SWEEP_PANEL,
-                                       help="Keep every layer's mixture-of-experts weights in RAM, in every "
-                                            "configuration (run's --cpu-moe).")] = False,
     batch: Annotated[Values, sweep("--batch-size", "-b", help="Logical batch (default 2048).")] = None,
     ubatch: Annotated[Values, sweep("--ubatch-size", "-ub",
                                     help="Physical batch (default: the model's tuning record, else 512).")] = None,
@@ -79,7 +75,7 @@ def bench(
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {measuring.output!r}")
     if remote.endpoint or (model and any(_is_named_endpoint(m) for m in model)):
         local = {"--threads": threads, "--n-gpu-layers": ngl, "--n-cpu-moe": ncmoe, "--override-tensor": ot,
-                 "--cpu-moe": cmoe, "--batch-size": batch,
+                 "--cpu-moe": knobs.get("cpu_moe"), "--batch-size": batch,
                  "--ubatch-size": ubatch, "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv,
                  "--n-depth": n_depth, "--prompt-gen": pg, "--rpc": rpc,
                  "--exact/--no-exact": measuring.exact is not None}
@@ -91,9 +87,9 @@ def bench(
         return
     if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
         raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
-    plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, ot=ot, cmoe=cmoe, batch=batch, ubatch=ubatch,
-                 fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=measuring.reps,
-                 e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact)
+    plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, ot=ot, cmoe=knobs.get("cpu_moe"), batch=batch,
+                 ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth,
+                 reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact)
     _measure(plan, measuring.output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
 
 
