@@ -130,6 +130,9 @@ def test_a_modelfile_keeps_load_settings_by_ollamas_and_llama_cpps_names() -> No
     assert "PARAMETER num_gpu 0\nPARAMETER num_thread 2\nPARAMETER use_mmap false\n" in written  # Ollama's names
     assert "PARAMETER override_tensor blk\\.3\\.ffn_up_exps=CPU\nPARAMETER override_tensor attn_q=CPU\n" in written
     assert modelfile.parse(written) == m
+    llama_cpps = modelfile.parse("FROM smollm2:135m\nPARAMETER n_gpu_layers 3\nPARAMETER use_mlock true\n")
+    assert llama_cpps.load == {"gpu_layers": 3, "mlock": True}
+    assert "PARAMETER num_gpu 3\nPARAMETER use_mlock true\n" in modelfile.write(llama_cpps)
 
 
 # ---- create, list, show, cp, rm ------------------------------------------------------------------------
