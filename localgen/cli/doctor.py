@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.knobs import Knobs
+from localgen.cli.options.knobs import Knobs
 from localgen.settings import LOAD_KNOBS
 
 PLACEMENT = ("gpu_layers", "n_cpu_moe", "cpu_moe", "override_tensor")  # where the checked load puts the weights
@@ -130,12 +130,12 @@ def placement_line(record: dict[str, Any]) -> str:
 
 def _planned(model: str | None, knobs: Knobs, rpc: tuple[str, ...]) -> tuple[Any, Any]:
     """The model to check and its load settings as `run` takes them: the placement flags over a preset's."""
-    from localgen.cli import presetflow
+    from localgen.cli.options import preset
     from localgen.models.resolve import resolve
 
     load = knobs.load(n_ctx=512, rpc=rpc)
     ref = resolve(model, offline=True, pull_missing=False)
-    return ref, presetflow.load_params(ref, load, knobs.given)
+    return ref, preset.load_params(ref, load, knobs.given)
 
 
 def _smoke_test(gpu: bool, rpc: tuple[str, ...], ref: Any, load: Any) -> int:

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli import presetflow
-from localgen.cli.knobs import Knobs
+from localgen.cli.options import preset
+from localgen.cli.options.knobs import Knobs
 from localgen.errors import UsageError
 from localgen.units import format_bytes, parse_bytes
 
@@ -58,7 +58,7 @@ def fit(
     machine = machine_for(gpu_memory, ram)
     load = knobs.load(check_buffers=False)
     ref = resolve(model, offline=offline, pull_missing=False)
-    load = presetflow.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
+    load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
     _check_buffers(load, len(machine.gpus))
     plan = planner.plan(ref.summary, footprint.layout(ref.path), machine, load, ctx=context, parallel=parallel)
     doc = _doc(ref, plan, context, ram_given=ram is not None)

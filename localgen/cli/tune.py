@@ -13,8 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli import presetflow
-from localgen.cli.knobs import Knobs
+from localgen.cli.options import preset
+from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
 
 PLACEMENT = ("n_cpu_moe", "cpu_moe", "override_tensor")  # where the experts run: measured there, kept for it
@@ -70,7 +70,7 @@ def tune(
         return
     load = knobs.load()  # a bad flag is one error before anything loads
     ref = _resolve(model, offline)
-    _run(ref, _plan(ref, depth, prompt, answer, presetflow.load_params(ref, load, knobs.given)), parallel, as_json)
+    _run(ref, _plan(ref, depth, prompt, answer, preset.load_params(ref, load, knobs.given)), parallel, as_json)
 
 
 def _resolve(model: str | None, offline: bool) -> Any:

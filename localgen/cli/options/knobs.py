@@ -10,10 +10,8 @@ from typing import Any
 
 import typer
 
-from localgen.settings import BIAS, KNOBS, LOAD_KNOBS, TEXTS
+from localgen.settings import KNOBS, LOAD_KNOBS
 from localgen.types import LoadParams, SamplingParams
-
-_D = SamplingParams()
 
 
 @dataclass(frozen=True)
@@ -61,29 +59,50 @@ class Knobs:
 
     def sampling(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:
         """The sampling flags where given; otherwise the last layer that sets a knob (catalogue defaults, then a
-        chat's saved /set values); otherwise the flag's default. Everything goes through settings.validate."""
+        chat's saved /set values); otherwise the default. Everything goes through settings.validate."""
+        return self.sampling_flags().params(*layers, grammar=grammar)
+
+    def sampling_flags(self) -> SamplingFlags:
+        """The sampling flags the user gave (checked by the one validation), to lay over other values."""
         from localgen import settings
 
-        values: dict[str, Any] = {}
-        for layer in layers:
-            values.update(settings.validate(layer))
+        given: dict[str, Any] = {}
         for key, v in self.values.items():
-            if key not in KNOBS or not (self.given(key) or key not in values):
+            if key not in KNOBS or not self.given(key):
                 continue
-            if KNOBS[key].kind in (TEXTS, BIAS) and v is None:  # the flag's default
-                if key in values:
-                    continue
-                v = getattr(_D, key)
-            elif key == "dry_sequence_breaker" and [x.lower() for x in v] == ["none"]:
+            if key == "dry_sequence_breaker" and [x.lower() for x in v] == ["none"]:
                 v = ()
-            values[key] = v
-        return SamplingParams(**settings.validate(values), grammar=grammar)
+            given[key] = v
+        return SamplingFlags(tuple(settings.validate(given).items()))
 
     def remote_conflicts(self) -> list[str]:
         """The load settings given, which a remote endpoint cannot honour (the model loads on the server); the
         context is not among them (it trims the history here)."""
         return [LOAD_KNOBS[n].flags[0].split("/")[0] for n in self.values
                 if n in LOAD_KNOBS and n != "ctx" and self.given(n) and self.values[n] not in (None, False, [], ())]
+
+
+@dataclass(frozen=True)
+class SamplingFlags:
+    """The sampling flags a user gave on the command line (or in the environment), checked: they win over a
+    model's recommended values and a chat's saved /set values, which win over the defaults."""
+
+    given: tuple[tuple[str, Any], ...] = ()  # (the table's name, the typed value)
+
+    def params(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:
+        """SamplingParams: the defaults, then each layer in turn, then the flags given."""
+        from localgen import settings
+
+        values: dict[str, Any] = {}
+        for layer in layers:
+            values.update(settings.validate(layer))
+        values.update(self.given)
+        return SamplingParams(**values, grammar=grammar)
+
+    @property
+    def alone(self) -> SamplingParams:
+        """The flags over the defaults (before a model's values are known)."""
+        return self.params()
 
 
 def lora_adapters(plain: str | None, scaled: str | None) -> tuple[tuple[str, float], ...]:

@@ -1,5 +1,5 @@
 """`localgen pull | list | show | rm`: get models, see what is here, look inside one, remove one (a preset
-too: list, show and rm take presets, see cli/presets.py)."""
+too: list, show and rm take presets, see presets.py)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.benchoptions import Measuring, ServingSweep, Values, sweep
-from localgen.cli.benchview import ProgressView, bar_chart, emit, emit_serving
-from localgen.cli.knobs import Knobs
+from localgen.cli.bench.options import Measuring, ServingSweep, Values, sweep
+from localgen.cli.bench.view import ProgressView, bar_chart, emit, emit_serving
+from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
 from localgen.errors import UsageError
 
