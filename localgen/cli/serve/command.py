@@ -219,7 +219,7 @@ def _on_demand(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: A
     load = dataclasses.replace(f.knobs.load(streams=slots.parallel), lora=())
 
     def make(ref: Any) -> Any:
-        w = ModelWorker(ref, preset.load_params(ref, load, f.knobs.given("ctx")), slots.parallel, keep,
+        w = ModelWorker(ref, preset.load_params(ref, load, f.knobs.given), slots.parallel, keep,
                         f.residency.max_queue, warn=err.warn, exact=slots.exact,
                         share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency, pinned=False,
                         warm_dir=_warm_dir(f))
@@ -246,7 +246,7 @@ def _workers(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: Any
     for name in names:
         ref = files.with_template(resolve(name, offline=f.offline, progress=make_progress()), f.mmproj,
                                       f.chat_template_file)
-        w = ModelWorker(ref, preset.load_params(ref, load, f.knobs.given("ctx")), slots.parallel, keep,
+        w = ModelWorker(ref, preset.load_params(ref, load, f.knobs.given), slots.parallel, keep,
                         f.residency.max_queue, warn=err.warn, exact=slots.exact,
                         share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency,
                         pinned=bool(f.models),  # -m pins; the default model, loaded at start, may make room
