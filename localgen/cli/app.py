@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm": ("localgen.cli.models", "rm"),
     "create": ("localgen.cli.presets", "create"),
     "cp": ("localgen.cli.presets", "cp"),
+    "quantize": ("localgen.cli.quantize", "quantize"),
+    "perplexity": ("localgen.cli.perplexity", "perplexity"),
     "bench": ("localgen.cli.bench", "bench_app"),
     "doctor": ("localgen.cli.doctor", "doctor"),
     "tune": ("localgen.cli.tune", "tune"),
