@@ -36,7 +36,7 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
     try:
         for row in ladder.rows(reference, files, text, settings, speed, view.chunk, step):
             view.end()
-            history.add(run_id, len(found), row.record(settings, speed, text_label))
+            history.add(run_id, len(found), {**row.record(settings, speed, text_label), "kld_bound": kld_bound})
             found.append(row)
     except KeyboardInterrupt:
         view.end()
@@ -99,3 +99,25 @@ def quality_rows(records: list[dict[str, Any]]) -> list[ladder.Row]:
     fields = set(ladder.Row.__dataclass_fields__)
     return [ladder.Row(**{k: v for k, v in r.items() if k in fields}) for r in records
             if r.get("test") == ladder.QUALITY_TEST]
+
+
+def compare(a: int, b: int, pairs: list[tuple[dict[str, Any], Any, Any]], json_out: bool) -> None:
+    """Two ladder runs side by side (bench compare): each file's mean KLD, PPL and generation speed in both."""
+    rows = []
+    for key, x, y in pairs:
+        name = (x or y or {}).get("model_name", key["model_filename"])
+        rows.append({"model_name": name, "model_filename": key["model_filename"],
+                     "a_kld": (x or {}).get("kld"), "b_kld": (y or {}).get("kld"),
+                     "a_ppl": (x or {}).get("ppl"), "b_ppl": (y or {}).get("ppl"),
+                     "a_tg_ts": (x or {}).get("tg_ts"), "b_tg_ts": (y or {}).get("tg_ts")})
+    if json_out:
+        print(json.dumps({"a": a, "b": b, "results": rows}))
+        return
+    head = ["model", f"run {a} KLD", f"run {b} KLD", f"run {a} PPL", f"run {b} PPL", f"run {a} tg t/s",
+            f"run {b} tg t/s"]
+    cells = [[r["model_name"], _f(r["a_kld"], ".6f"), _f(r["b_kld"], ".6f"), _f(r["a_ppl"], ".4f"),
+              _f(r["b_ppl"], ".4f"), _f(r["a_tg_ts"], ".1f"), _f(r["b_tg_ts"], ".1f")] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
+    for line in [head, *cells]:
+        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                        for i, (v, w) in enumerate(zip(line, widths, strict=True))).rstrip())
