@@ -116,7 +116,7 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
     files = [resolve(m, offline=offline) for m in names]
     t = one["--threads"][0] if one["--threads"] else None
     ngl_one = one["--n-gpu-layers"][0] if one["--n-gpu-layers"] else None
-    settings = ms.Settings(ctx=q.ctx, chunks=q.chunks, threads=t, gpu_layers=ngl_one)
+    settings = ms.Settings(ctx=q.quality_ctx, chunks=q.chunks, threads=t, gpu_layers=ngl_one)
     speed = ladder.Speed(n_prompt=(one["--n-prompt"] or [512])[0], n_gen=(one["--n-gen"] or [128])[0], reps=reps,
                          threads=t)
     run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound, json_out)

@@ -79,7 +79,7 @@ class Quality(OptionGroup):
     ] = None
     kld_bound: Annotated[float, typer.Option("--kld-bound", min=0.0, rich_help_panel=QUALITY,
                                              help="With --quality: the mean KLD the verdict accepts.")] = 0.05
-    ctx: Annotated[int, typer.Option("--ctx", "-c", min=8, rich_help_panel=QUALITY,
+    quality_ctx: Annotated[int, typer.Option("--ctx", "-c", min=8, rich_help_panel=QUALITY,
                                      help="With --quality: tokens per perplexity window.")] = 512
     chunks: Annotated[int | None, typer.Option("--chunks", min=1, rich_help_panel=QUALITY, show_default=False,
                                                help="With --quality: measure only the first N windows.")] = None
