@@ -139,12 +139,12 @@ def make(src: Path, type_text: str, base: str, output: Path | None, opts: Any) -
         done = q.run(job, make_progress())
     except KeyboardInterrupt:
         q.abandon(job)
-        _exit_now(f"interrupted: nothing was written ({job.out.name} is not there; llama.cpp's call cannot be "
+        exit_now(f"interrupted: nothing was written ({job.out.name} is not there; llama.cpp's call cannot be "
                   "stopped, so localgen exits at once)")
     return done, model_name
 
 
-def _exit_now(message: str) -> None:
+def exit_now(message: str) -> None:
     """Exit 130 at once: llama_model_quantize is still running in its thread and cannot be stopped or waited for."""
     sys.stdout.flush()
     sys.stderr.write(f"localgen: {message}\n")

@@ -241,7 +241,8 @@ def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25
         why = _reason(logs.lines(last=60))
         free = shutil.disk_usage(job.out.parent).free
         if free < SPACE_MARGIN or "iostream" in why or "basic_ios" in why:
-            why = f"writing {job.out.parent} failed ({why}; {format_bytes(free)} free)"
+            raise LocalgenError(f"llama.cpp could not write {job.out}: the disk is full or the file too large "
+                                f"({format_bytes(free)} free; {why}); nothing was kept")
         raise LocalgenError(f"llama.cpp could not quantize {job.source} to {job.type_name}: {why}")
     os.replace(tmp, job.out)
     size = job.out.stat().st_size
@@ -262,3 +263,33 @@ def _size(path: Path) -> int:
 def abandon(job: QuantizeJob) -> None:
     """Remove what an interrupted quantization has written (its temp file)."""
     temp_path(job.out).unlink(missing_ok=True)
+
+
+def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "Modelfile",
+               opts: Options | None = None, progress: Progress | None = None) -> tuple[str, str]:
+    """`create NAME -q TYPE` (and /api/create's `quantize`), as Ollama's: the Modelfile's FROM (an F16, BF16 or F32
+    model here, through `lookup`) quantized into localgen's models as BASE:TYPE (BASE from NAME), and the Modelfile
+    given back FROM that. Returns (the quantized model's name, the Modelfile text)."""
+    import dataclasses
+
+    from localgen.models import modelfile, quantized
+    from localgen.models.presets import check_name
+
+    check_name(name)
+    spec = modelfile.parse(text, where)
+    type_name, _ = parse_type(type_text)
+    base = quantized.base_for(name)
+    made = quantized.name_of(base, type_name)
+    if made == name.lower():
+        raise UsageError(f"{name!r} would name both the preset and its quantized model",
+                         hint=f"name the preset without the type, e.g. {base}")
+    ref = lookup(spec.base)
+    out = quantized.path_for(made)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=True))
+    try:
+        run(job, progress)
+    except BaseException:
+        abandon(job)
+        raise
+    return made, modelfile.write(dataclasses.replace(spec, base=made))

@@ -14,22 +14,28 @@ SOURCE = ("State of the Union addresses 2005-2014 (works of the US Government, p
 
 
 def default_text() -> str:
-    """The shipped measuring text."""
+    """The shipped measuring text (one trailing newline dropped, as for a file)."""
     import gzip
 
-    return gzip.decompress(FILE.read_bytes()).decode("utf-8")
+    return _drop_newline(gzip.decompress(FILE.read_bytes()).decode("utf-8"))
+
+
+def _drop_newline(text: str) -> str:
+    """llama-perplexity drops one trailing newline of its -f file: the same text tokenizes the same."""
+    return text[:-1] if text.endswith("\n") else text
 
 
 def read_text(path: str) -> str:
-    """A text to measure on: a file's contents as UTF-8 ('-': stdin); one clear error when it cannot be read."""
+    """A text to measure on: a file's contents as UTF-8 ('-': stdin), one trailing newline dropped as llama-perplexity
+    drops it; one clear error when it cannot be read."""
     import sys
 
     from localgen.errors import UsageError
 
     if path == "-":
-        return sys.stdin.read()
+        return _drop_newline(sys.stdin.read())
     try:
-        return Path(path).expanduser().read_text(encoding="utf-8")
+        return _drop_newline(Path(path).expanduser().read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise UsageError(f"{path} is not UTF-8 text") from None
     except OSError as e:

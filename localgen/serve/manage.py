@@ -104,12 +104,20 @@ def _preset_routes(state: ServeState) -> list[Route]:
                                  "localgen create (a preset made so is served by its name)")
 
         await _retire(state, [w for w in list(state.workers.values()) if w.name == name])
+        quantize = body.get("quantize")
+        lines = [{"status": "reading model metadata"}]
         try:  # a preset of that name is replaced, as Ollama's create replaces a model
+            if quantize:  # the FROM quantized first, into localgen's models (quant/quantize.py)
+                if not isinstance(quantize, str):
+                    raise HTTPError(400, "`quantize` must be a type name, such as q4_K_M")
+                from localgen.quant.quantize import for_preset
+
+                made, text = await asyncio.to_thread(for_preset, name, text, quantize, _lookup(state), "the request")
+                lines.append({"status": f"quantizing to {quantize.upper()}: {made}"})
             await asyncio.to_thread(presets.create_preset, name, text, _lookup(state), "the request", True)
         except LocalgenError as e:
             raise HTTPError(404 if isinstance(e, ModelNotFoundError) else 400, e.message) from None
-        lines = [{"status": "reading model metadata"}, {"status": f"writing the preset {name}"},
-                 {"status": "success"}]
+        lines += [{"status": f"writing the preset {name}"}, {"status": "success"}]
         return _answer(lines, body.get("stream", True) is not False)
 
     async def show(request: Request) -> Response:
