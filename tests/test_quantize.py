@@ -320,3 +320,50 @@ def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path,
     assert lines[-1].startswith("fastest within a mean KLD of 0.05: ")
     bad = qcli("bench", "-m", str(q8), "--quality", str(test_text), "--reference", "gemma3:270m")
     assert bad.returncode == 2 and "another vocabulary" in _one_line(bad.stderr)
+
+
+# ---- create -q and /api/create's quantize ---------------------------------------------------------------------
+
+
+def test_create_q_quantizes_the_from_model_then_makes_the_preset(qcli: CLI, smollm2_f16: Path,
+                                                                 tmp_path: Path) -> None:
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f"FROM {smollm2_f16}\nPARAMETER temperature 0.3\n")
+    r = qcli("create", "mybot", "-f", str(mf), "-q", "Q4_K_M", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"name": "mybot", "base": "mybot:q4_k_m"}
+    listed = {m["name"]: m for m in json.loads(qcli("list", "--json").stdout)}
+    assert listed["mybot:q4_k_m"]["source"] == "quantized" and listed["mybot"]["base"] == "mybot:q4_k_m"
+    assert _sha256(Path(listed["mybot:q4_k_m"]["path"])) == REF["quantized"]["Q4_K_M"]["sha256"]
+    mf.write_text("FROM smollm2:135m\n")
+    bad = qcli("create", "other", "-f", str(mf), "-q", "Q4_K_M")
+    assert bad.returncode == 1 and "already quantized (Q4_1)" in _one_line(bad.stderr)
+    assert "other:q4_k_m" not in {m["name"] for m in json.loads(qcli("list", "--json").stdout)}
+
+
+def test_api_create_quantize(qcli: CLI, smollm2_f16: Path) -> None:
+    """Ollama's `quantize`: the `from` model (one offered here, never a path) quantized, then the preset."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    made = qcli("quantize", str(smollm2_f16), "F16", "--name", "smol-f16")  # an F16 model this server offers
+    assert made.returncode == 0, made.stderr
+    s = Server(qcli.env, "-np", "1", "--ctx", "256")
+    try:
+        r = httpx.post(f"{s.url}/api/create", timeout=300, json={
+            "model": "tiny", "from": "smol-f16:f16", "quantize": "q8_0", "stream": False})
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "success"
+        names = [m["name"] for m in httpx.get(f"{s.url}/api/tags", timeout=30).json()["models"]]
+        assert "tiny" in names and "tiny:q8_0" in names
+        answer = httpx.post(f"{s.url}/api/generate", timeout=300, json={
+            "model": "tiny", "prompt": "Hi", "stream": False, "options": {"num_predict": 2}})
+        assert answer.status_code == 200, answer.text
+        bad = httpx.post(f"{s.url}/api/create", timeout=60, json={
+            "model": "x", "from": "smol-f16:f16", "quantize": "q9_z"})
+        assert bad.status_code == 400 and "unknown quantization type" in bad.json()["error"]
+    finally:
+        assert s.stop() == 0
+    path = Path(qcli.env["LOCALGEN_HOME"]) / "data" / "quantized" / "tiny@q8_0.gguf"
+    assert _sha256(path) == REF["quantized"]["Q8_0"]["sha256"]
