@@ -16,13 +16,14 @@ from localgen.cli.perplexity import ChunksOpt, CtxOpt, GpuOpt
 from localgen.errors import UsageError
 
 LADDER_DEFAULT = "Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q3_K_M"
+LADDER = "Ladder (--ladder TYPES: each type made and measured against the source)"
 
 
 def quantize(
     source: Annotated[str, typer.Argument(help="The model to quantize: an F16/BF16/F32 GGUF path, or any model "
-                                               "name run takes.", show_default=False)],
+                                               "name run takes.", show_default=False, metavar="SOURCE")],
     type_name: Annotated[str | None, typer.Argument(
-        metavar="[TYPE]", show_default=False,
+        metavar="TYPE", show_default=False,
         help="llama-quantize's type name, any case (Q4_K_M, q8_0, IQ4_XS, ...) or its number.")] = None,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", show_default=False,
@@ -49,19 +50,22 @@ def quantize(
         help="An importance matrix (llama-imatrix's, GGUF or the older format).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a result that exists.")] = False,
     ladder_types: Annotated[str | None, typer.Option(
-        "--ladder", show_default=False, metavar="TYPES",
+        "--ladder", rich_help_panel=LADDER, show_default=False, metavar="TYPES",
         help=f"Make each of these types (comma-separated, e.g. {LADDER_DEFAULT}) and measure each against the "
              "source: size, speed, PPL, KL divergence, top-1 agreement, fit.")] = None,
     measure: Annotated[str | None, typer.Option(
-        "--measure", show_default=False, metavar="TEXT",
+        "--measure", rich_help_panel=LADDER, show_default=False, metavar="TEXT",
         help="--ladder: the text to measure on (default: the text localgen ships).")] = None,
     ctx: CtxOpt = 512,
     chunks: ChunksOpt = None,
-    kld_bound: Annotated[float, typer.Option("--kld-bound", min=0.0,
+    kld_bound: Annotated[float, typer.Option("--kld-bound", rich_help_panel=LADDER, min=0.0,
                                              help="--ladder: the mean KLD the verdict accepts.")] = 0.05,
-    n_prompt: Annotated[int, typer.Option("--n-prompt", "-p", min=0, help="--ladder: pp test length.")] = 512,
-    n_gen: Annotated[int, typer.Option("--n-gen", "-n", min=0, help="--ladder: tg test length.")] = 128,
-    reps: Annotated[int, typer.Option("--repetitions", "-r", min=1, help="--ladder: repetitions of each.")] = 3,
+    n_prompt: Annotated[int, typer.Option("--n-prompt", "-p", rich_help_panel=LADDER, min=0,
+                                          help="--ladder: pp test length.")] = 512,
+    n_gen: Annotated[int, typer.Option("--n-gen", "-n", rich_help_panel=LADDER, min=0,
+                                       help="--ladder: tg test length.")] = 128,
+    reps: Annotated[int, typer.Option("--repetitions", "-r", rich_help_panel=LADDER, min=1,
+                                      help="--ladder: repetitions of each.")] = 3,
     gpu_layers: GpuOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
     offline: o.Offline = False,
