@@ -316,7 +316,8 @@ def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path,
     lines = r.stdout.splitlines()
     assert lines[0].split()[:4] == ["model", "type", "size", "bpw"]
     q8_row = next(line for line in lines if line.startswith("model-Q8_0.gguf"))
-    assert float(q8_row.split()[8]) == pytest.approx(REF["quantized"]["Q8_0"]["kld"], rel=1e-2)  # mean KLD (the size is two words)
+    kld = float(q8_row.split()[8])  # the mean KLD column (the size is two words)
+    assert kld == pytest.approx(REF["quantized"]["Q8_0"]["kld"], rel=1e-2)
     assert lines[-1].startswith("fastest within a mean KLD of 0.05: ")
     bad = qcli("bench", "-m", str(q8), "--quality", str(test_text), "--reference", "gemma3:270m")
     assert bad.returncode == 2 and "another vocabulary" in _one_line(bad.stderr)
