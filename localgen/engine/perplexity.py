@@ -175,69 +175,91 @@ class _Sums:
         self.p_diff_values: list[Any] = []
 
 
-def _nll(logits: Any, targets: Any, s: _Sums, encode: Any = None) -> None:
+class _Work:
+    """Buffers for a block of rows, made once: a fresh array of a few MB per numpy step costs its page faults, more
+    than the arithmetic."""
+
+    def __init__(self, n_vocab: int) -> None:
+        import numpy as np
+
+        shape = (BLOCK_ROWS, n_vocab)
+        self.a = np.empty(shape, dtype=np.float32)
+        self.b = np.empty(shape, dtype=np.float32)
+        self.c = np.empty(shape, dtype=np.float32)
+        self.mask = np.empty(shape, dtype=np.bool_)
+        self.out = np.zeros((BLOCK_ROWS, row_width(n_vocab)), dtype=np.uint16)
+
+
+def _nll(logits: Any, targets: Any, s: _Sums, w: _Work, encode: Any = None) -> None:
     """Perplexity's sums over rows of logits (float32, rows × n_vocab); with `encode`, each row's log-probabilities
     in the file format are handed to it."""
     import numpy as np
 
-    n = len(targets)
-    for a in range(0, n, BLOCK_ROWS):
-        rows = logits[a:a + BLOCK_ROWS]
-        tgt = targets[a:a + BLOCK_ROWS]
-        idx = np.arange(len(tgt))
+    for at in range(0, len(targets), BLOCK_ROWS):
+        rows = logits[at:at + BLOCK_ROWS]
+        tgt = targets[at:at + BLOCK_ROWS]
+        n = len(tgt)
+        idx = np.arange(n)
         mx = rows.max(axis=1)
-        shifted = rows - mx[:, None]
-        sum_exp = np.exp(shifted).sum(axis=1, dtype=np.float64)
+        a = w.a[:n]
+        np.subtract(rows, mx[:, None], out=a)
+        np.exp(a, out=a)
+        log_sum = np.log(a.sum(axis=1).astype(np.float64))
         if encode is not None:
-            lse = np.log(sum_exp).astype(np.float32)
+            lse = log_sum.astype(np.float32)
             nll = (mx + lse - rows[idx, tgt]).astype(np.float64)
-            encode(_encode(rows, mx, lse))
+            encode(_encode(rows, mx, lse, w))
         else:
-            nll = -((rows[idx, tgt] - mx).astype(np.float64) - np.log(sum_exp))
+            nll = -((rows[idx, tgt] - mx).astype(np.float64) - log_sum)
         s.nll += float(nll.sum())
         s.nll2 += float((nll * nll).sum())
-        s.count += len(tgt)
+        s.count += n
 
 
-def _encode(rows: Any, mx: Any, lse: Any) -> Any:
+def _encode(rows: Any, mx: Any, lse: Any, w: _Work) -> Any:
     """Rows of logits as llama-perplexity stores log-probabilities: per row a scale and a minimum (two float32), then
     round((logit - min) / scale) as uint16 for each token, min = max(min logit, max - 16), 0 below it."""
     import numpy as np
 
     n, n_vocab = rows.shape
-    out = np.zeros((n, row_width(n_vocab)), dtype=np.uint16)
+    out = w.out[:n]
     lo = np.maximum(rows.min(axis=1), mx - np.float32(16))
     min_log_prob = (lo - mx - lse).astype(np.float32)
     scale = ((mx - lo) / np.float32(65535)).astype(np.float32)
-    head = np.stack([scale, min_log_prob], axis=1).astype(np.float32)
-    out[:, :4] = head.view(np.uint16)
+    out[:, :4] = np.stack([scale, min_log_prob], axis=1).astype(np.float32).view(np.uint16)
+    inv = np.zeros_like(scale)
     live = scale != 0
-    if live.any():
-        inv = np.zeros_like(scale)
-        inv[live] = np.float32(1) / scale[live]
-        steps = np.rint(inv[:, None] * (rows - lo[:, None]))  # float32, rounded half to even as llama's nearest_int
-        steps = np.where(rows > lo[:, None], steps, 0)
-        out[:, 4:4 + n_vocab] = np.where(live[:, None], steps, 0).astype(np.uint16)
+    inv[live] = np.float32(1) / scale[live]  # a row of equal logits: every step 0, as llama-perplexity writes it
+    a = w.a[:n]
+    np.subtract(rows, lo[:, None], out=a)
+    np.multiply(a, inv[:, None], out=a)
+    np.rint(a, out=a)  # float32, rounded half to even as llama's nearest_int
+    np.maximum(a, np.float32(0), out=a)  # at or below the minimum: 0
+    out[:, 4:4 + n_vocab] = a
     return out
 
 
-def _kld(logits: Any, targets: Any, base: Any, s: _Sums) -> None:
+def _kld(logits: Any, targets: Any, base: Any, s: _Sums, w: _Work) -> None:
     """The KL-divergence sums of rows of logits against the reference's stored rows (llama-perplexity's
     log_softmax with base_log_prob, in numpy)."""
     import numpy as np
 
     n_vocab = logits.shape[1]
-    for a in range(0, len(targets), BLOCK_ROWS):
-        rows = logits[a:a + BLOCK_ROWS]
-        tgt = targets[a:a + BLOCK_ROWS]
-        b = np.asarray(base[a:a + BLOCK_ROWS])
-        idx = np.arange(len(tgt))
+    for at in range(0, len(targets), BLOCK_ROWS):
+        rows = logits[at:at + BLOCK_ROWS]
+        tgt = targets[at:at + BLOCK_ROWS]
+        n = len(tgt)
+        stored = base[at:at + BLOCK_ROWS]
+        idx = np.arange(n)
         mx = rows.max(axis=1)
         top = rows.argmax(axis=1)
-        lse = np.log(np.exp(rows - mx[:, None]).sum(axis=1, dtype=np.float64)).astype(np.float32)
-        head = np.ascontiguousarray(b[:, :4]).view(np.float32)
+        a, b, c, mask = w.a[:n], w.b[:n], w.c[:n], w.mask[:n]
+        np.subtract(rows, mx[:, None], out=a)
+        np.exp(a, out=a)
+        lse = np.log(a.sum(axis=1).astype(np.float64)).astype(np.float32)
+        head = np.ascontiguousarray(stored[:, :4]).view(np.float32)
         scale, min_log_prob = head[:, 0], head[:, 1]
-        steps = b[:, 4:4 + n_vocab]
+        steps = stored[:, 4:4 + n_vocab]
         nll = (mx + lse - rows[idx, tgt]).astype(np.float32)
         nll_base = (-(scale * steps[idx, tgt].astype(np.float32) + min_log_prob)).astype(np.float32)
         s.nll += float(nll.sum(dtype=np.float64))
@@ -245,10 +267,15 @@ def _kld(logits: Any, targets: Any, base: Any, s: _Sums) -> None:
         s.nll_base += float(nll_base.sum(dtype=np.float64))
         s.nll_base2 += float((nll_base * nll_base).sum(dtype=np.float64))
         s.nll_nll_base += float((nll * nll_base).sum(dtype=np.float64))
-        log_p_base = steps.astype(np.float32) * scale[:, None] + min_log_prob[:, None]
-        total = (mx + lse)[:, None]
-        term = np.exp(log_p_base) * (log_p_base - rows + total)
-        kld = np.where(log_p_base > np.float32(-16), term, np.float32(0)).sum(axis=1, dtype=np.float64)
+        np.multiply(steps, scale[:, None], out=b)  # log p of the reference, each token
+        np.add(b, min_log_prob[:, None], out=b)
+        np.greater(b, np.float32(-16), out=mask)  # llama-perplexity skips what is below e^-16
+        np.exp(b, out=c)
+        np.subtract(b, rows, out=a)
+        np.add(a, (mx + lse)[:, None], out=a)  # log p_ref - log p
+        np.multiply(c, a, out=c)
+        np.multiply(c, mask, out=c)
+        kld = c.sum(axis=1).astype(np.float64)
         s.kld += float(kld.sum())
         s.kld2 += float((kld * kld).sum())
         s.same_top += int((top == steps.argmax(axis=1)).sum())
@@ -258,7 +285,7 @@ def _kld(logits: Any, targets: Any, base: Any, s: _Sums) -> None:
         s.p_diff2 += float(d2.sum())
         s.p_diff4 += float((d2 * d2).sum())
         s.max_p_diff = max(s.max_p_diff, float(np.abs(p_diff).max()))
-        s.count += len(tgt)
+        s.count += n
         s.kld_values.append(kld.astype(np.float32))
         s.p_diff_values.append(p_diff)
 
@@ -412,6 +439,8 @@ class Perplexity:
             raise LocalgenError(f"llama.cpp could not make a context of {n_seq} × {n_ctx} tokens: "
                                 f"{logs.first_error() or 'see --verbose'}", hint="try a smaller --batch-size")
         self.batch = Batch(self.n_batch)
+        self.work = _Work(engine.n_vocab)
+        self.layout: int | None = None  # rows of the batch laid out (positions, sequences, outputs), when one decode
         self.sums = _Sums()
         self.done = 0
         self.seconds = 0.0
@@ -438,15 +467,18 @@ class Perplexity:
                 batch_start = start + j * self.n_batch
                 size = min(start + n_ctx - batch_start, self.n_batch)
                 b = self.batch
-                b.n_tokens = 0
-                n_out = 0
-                for seq in range(n_seq_batch):
-                    seq_start = batch_start + seq * n_ctx
-                    for k in range(size):
-                        pos = j * self.n_batch + k
-                        tok = self.bos if (self.add_bos and j == 0 and k == 0) else int(tokens[seq_start + k])
-                        b.add(tok, pos, seq, pos >= first)
-                        n_out += pos >= first
+                if num_batches == 1:  # the same rows every time but their tokens: laid out once, tokens set at once
+                    n_out = self._tokens(tokens, start, n_seq_batch)
+                else:
+                    b.n_tokens = 0
+                    n_out = 0
+                    for seq in range(n_seq_batch):
+                        seq_start = batch_start + seq * n_ctx
+                        for k in range(size):
+                            pos = j * self.n_batch + k
+                            tok = self.bos if (self.add_bos and j == 0 and k == 0) else int(tokens[seq_start + k])
+                            b.add(tok, pos, seq, pos >= first)
+                            n_out += pos >= first
                 rc = context.decode(self.ctx, b)
                 logs.raise_deferred()
                 if rc != 0:
@@ -463,14 +495,33 @@ class Perplexity:
                 at = start + seq * n_ctx + first + 1
                 targets = tokens[at: at + w.scored]
                 if self.reference is not None:
-                    _kld(rows, targets, self.reference.chunk(i + seq), self.sums)
+                    _kld(rows, targets, self.reference.chunk(i + seq), self.sums, self.work)
                 elif self.save is not None:
-                    _nll(rows, targets, self.sums, self.save.write)
+                    _nll(rows, targets, self.sums, self.work, self.save.write)
                 else:
-                    _nll(rows, targets, self.sums)
+                    _nll(rows, targets, self.sums, self.work)
             self.done = i + n_seq_batch
             self.seconds += time.perf_counter() - t0
             yield self.done
+
+    def _tokens(self, tokens: Any, start: int, n_seq_batch: int) -> int:
+        """One decode's rows for n_seq_batch whole windows from `start` (the windows one after another: a shorter
+        last group is a prefix of the layout); the outputs it asks for."""
+        n_ctx, first = self.w.n_ctx, self.w.first
+        b = self.batch
+        if self.layout is None:
+            b.n_tokens = 0
+            for seq in range(self.n_seq):
+                for k in range(n_ctx):
+                    b.add(0, k, seq, k >= first)
+            self.layout = self.n_seq
+            self.view = b.token_view()
+        n = n_seq_batch * n_ctx
+        self.view[:n] = tokens[start:start + n]
+        if self.add_bos:
+            self.view[0:n:n_ctx] = self.bos
+        b.n_tokens = n
+        return n_seq_batch * (n_ctx - first)
 
     def measured(self) -> Measured:
         """The figures so far (PPL over the positions scored; with a reference, the divergence)."""
