@@ -44,6 +44,20 @@ def test_text() -> str:
     return default_text()[:TEXT_CHARS]
 
 
+def logits_summary(path: Path) -> dict[str, object]:
+    """A logits file in brief: its size, the SHA-256 of its header and tokens, and the sum of its uint16 values
+    (llama.cpp's and localgen's differ in the rounding of a few in millions)."""
+    import numpy as np
+
+    data = path.read_bytes()
+    head = 20 + 4 * CTX * CHUNKS
+    n_vocab = int(np.frombuffer(data[12:16], dtype="<i4")[0])
+    rows = np.frombuffer(data[head:], dtype="<u2").reshape(-1, 2 * ((n_vocab + 1) // 2) + 4)
+    return {"size": len(data), "head_sha256": hashlib.sha256(data[:head]).hexdigest(),
+            "scales_sha256": hashlib.sha256(rows[:, :4].tobytes()).hexdigest(),
+            "u16_sum": int(rows[:, 4:].sum(dtype=np.int64))}
+
+
 def _stats(out: str) -> dict[str, float]:
     """llama-perplexity's final statistics, by label."""
     found: dict[str, float] = {}
@@ -82,6 +96,10 @@ def main() -> None:
         base = tmp / "f16.logits"
         subprocess.run([str(tools / "llama-perplexity"), "-m", str(f16), *common, "--kl-divergence-base", str(base)],
                        capture_output=True, text=True, check=True)
+        ref["f16_logits"] = logits_summary(base)
+        ours = tmp / "localgen-f16.logits"  # localgen's --save-logits, read by llama-perplexity below
+        subprocess.run([str(ROOT / ".venv" / "bin" / "localgen"), "perplexity", "-m", str(f16), *common,
+                        "--save-logits", str(ours)], capture_output=True, text=True, check=True)
         quants: dict[str, object] = {}
         for t in TYPES:
             q = tmp / f"{t}.gguf"
@@ -92,6 +110,9 @@ def main() -> None:
                 run = subprocess.run([str(tools / "llama-perplexity"), "-m", str(q), *common, "--kl-divergence-base",
                                       str(base), "--kl-divergence"], capture_output=True, text=True, check=True)
                 entry.update(_stats(run.stdout + run.stderr))
+                run = subprocess.run([str(tools / "llama-perplexity"), "-m", str(q), *common, "--kl-divergence-base",
+                                      str(ours), "--kl-divergence"], capture_output=True, text=True, check=True)
+                entry["kld_on_localgen_logits"] = _stats(run.stdout + run.stderr)["kld"]
             quants[t] = entry
             q.unlink()
         ref["quantized"] = quants

