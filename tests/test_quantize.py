@@ -399,7 +399,10 @@ def test_api_create_quantize(qcli: CLI, smollm2_f16: Path) -> None:
         bad = httpx.post(f"{s.url}/api/create", timeout=60, json={
             "model": "x", "from": "smol-f16:f16", "quantize": "q9_z"})
         assert bad.status_code == 400 and "unknown quantization type" in bad.json()["error"]
+        path = Path(qcli.env["LOCALGEN_HOME"]) / "data" / "quantized" / "tiny@q8_0.gguf"
+        assert _sha256(path) == REF["quantized"]["Q8_0"]["sha256"]
+        gone = httpx.request("DELETE", f"{s.url}/api/delete", json={"model": "tiny:q8_0"}, timeout=60)
+        assert gone.status_code == 200, gone.text
+        assert not path.exists()
     finally:
         assert s.stop() == 0
-    path = Path(qcli.env["LOCALGEN_HOME"]) / "data" / "quantized" / "tiny@q8_0.gguf"
-    assert _sha256(path) == REF["quantized"]["Q8_0"]["sha256"]

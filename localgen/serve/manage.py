@@ -348,6 +348,12 @@ async def _delete(state: ServeState, name: str) -> None:
     ref = await asyncio.to_thread(_ref, state, name)
     if ref.source == "embedded":
         raise HTTPError(400, f"{ref.name} ships inside a Python package, which localgen does not remove")
+    if ref.source == "quantized":  # made here by `localgen quantize`: its one file goes
+        from localgen.models import quantized
+
+        await _retire(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path])
+        await asyncio.to_thread(quantized.remove, ref.name)
+        return
     if ref.source != "hf":
         raise HTTPError(400, f"{ref.name} is a file localgen did not download; delete it yourself")
     # every worker on that file goes: the model's own, and its presets'
