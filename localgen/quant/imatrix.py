@@ -39,22 +39,32 @@ def read(path: Path) -> Imatrix:
 
 def _gguf(path: Path) -> Imatrix:
     import numpy as np
-    from gguf import GGUFReader
 
-    r = GGUFReader(str(path))
-    names = {f.name for f in r.fields.values()}
-    if not {KEY_DATASETS, KEY_CHUNK_COUNT, KEY_CHUNK_SIZE} <= names:
+    from localgen.errors import ModelFormatError
+    from localgen.models.gguf_meta import read_gguf
+
+    try:
+        meta, tensors, data_offset = read_gguf(str(path))
+    except ModelFormatError as e:
+        raise ValueError(e.message) from None
+    if not {KEY_DATASETS, KEY_CHUNK_COUNT, KEY_CHUNK_SIZE} <= set(meta):
         raise ValueError("missing imatrix metadata")
-    datasets = tuple(str(x) for x in r.fields[KEY_DATASETS].contents())
-    chunk_count = int(r.fields[KEY_CHUNK_COUNT].contents())
+    listed = meta[KEY_DATASETS]
+    datasets = tuple(str(x) for x in listed) if isinstance(listed, list) else ()
+    chunk_count = int(meta[KEY_CHUNK_COUNT])
+    size = path.stat().st_size
     sums: dict[str, Any] = {}
     counts: dict[str, Any] = {}
-    for t in r.tensors:
+    for name, dims, ttype, offset in tensors:
         for suffix, into in ((".in_sum2", sums), (".counts", counts)):
-            if t.name.endswith(suffix):
-                if t.tensor_type.name != "F32":
-                    raise ValueError(f"{t.name} is {t.tensor_type.name}, not F32")
-                into[t.name[: -len(suffix)]] = np.asarray(t.data, dtype=np.float32).reshape(-1)
+            if not name.endswith(suffix):
+                continue
+            if ttype != 0:  # F32
+                raise ValueError(f"{name} is not F32")
+            n = int(np.prod(dims)) if dims else 1
+            if data_offset + offset + 4 * n > size:
+                raise ValueError(f"{name} runs past the end of the file")
+            into[name[: -len(suffix)]] = np.fromfile(path, dtype="<f4", count=n, offset=data_offset + offset)
     if not sums:
         raise ValueError("no data")
     entries = {}
