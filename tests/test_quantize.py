@@ -265,6 +265,10 @@ def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path
     assert hashlib.sha256(rows[:, :4].tobytes()).hexdigest() == REF["f16_logits"]["scales_sha256"]
     assert abs(int(rows[:, 4:].sum(dtype=np.int64)) - REF["f16_logits"]["u16_sum"]) < 64
     assert want["kld_on_localgen_logits"] == pytest.approx(want["kld"], rel=1e-2)
+    # llama-perplexity's spellings
+    ll = qcli("perplexity", "-m", str(q8), "-c", str(REF["ctx"]), "-t", "1", "--kl-divergence-base", str(logits),
+              "--kl-divergence", "--json")
+    assert json.loads(ll.stdout)["divergence"]["kld"] == d["kld"]
     # a model as the reference: measured first on the same text, its logits in a temporary file, removed after
     m = qcli("perplexity", "-m", str(q8), *_ppl_args(test_text), "--reference", str(smollm2_f16), "--json")
     assert m.returncode == 0, m.stderr

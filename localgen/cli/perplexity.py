@@ -46,6 +46,12 @@ def perplexity(
         "--reference", show_default=False, metavar="FILE|MODEL",
         help="Measure KL divergence against a logits file (--save-logits, or llama-perplexity's "
              "--kl-divergence-base), or a model measured first on the same text.")] = None,
+    kl_base: Annotated[str | None, typer.Option(
+        "--kl-divergence-base", hidden=True, show_default=False,
+        help="llama-perplexity's spelling: --save-logits FILE, or with --kl-divergence, --reference FILE.")] = None,
+    kl_divergence: Annotated[bool, typer.Option(
+        "--kl-divergence", hidden=True, help="llama-perplexity's spelling: with --kl-divergence-base FILE, "
+                                             "--reference FILE.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Every figure as one JSON document on stdout.")] = False,
     offline: o.Offline = False,
     verbose: o.Verbose = False,
@@ -56,6 +62,15 @@ def perplexity(
     from localgen.quant import measure as ms
     from localgen.quant.text import default_text, read_text
 
+    if kl_divergence and kl_base is None:
+        raise UsageError("--kl-divergence needs --kl-divergence-base FILE (the reference's logits)")
+    if kl_base is not None:  # llama-perplexity's spellings
+        if save_logits is not None or reference is not None:
+            raise UsageError("give --kl-divergence-base or --save-logits/--reference, not both")
+        if kl_divergence:
+            reference = kl_base
+        else:
+            save_logits = Path(kl_base)
     if save_logits is not None and reference is not None:
         raise UsageError("--save-logits keeps a reference; --reference measures against one: give one of them")
     if save_logits is not None and save_logits.is_dir():

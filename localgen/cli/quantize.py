@@ -140,7 +140,7 @@ def make(src: Path, type_text: str, base: str, output: Path | None, opts: Any) -
     out, model_name = target(base, type_name.lower(), output)
     job = q.plan(src, type_name, out, opts)
     try:
-        done = q.run(job, make_progress())
+        done = q.run(job, make_progress(), label=model_name)
     except KeyboardInterrupt:
         q.abandon(job)
         exit_now(f"interrupted: nothing was written ({job.out.name} is not there; llama.cpp's call cannot be "

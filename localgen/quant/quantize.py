@@ -202,7 +202,8 @@ def temp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.{os.getpid()}.partial")
 
 
-def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25) -> Quantized:
+def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25,
+        label: str | None = None) -> Quantized:
     """Quantize: llama_model_quantize in a thread into the temp file, progress by the bytes it has written against
     the expected size, then the rename. A failure removes the temp file and raises; so does a KeyboardInterrupt in
     the waiting thread, but the call it interrupts cannot be stopped: it goes on writing into the removed file
@@ -220,7 +221,7 @@ def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25
 
     t0 = time.perf_counter()
     thread = threading.Thread(target=work, name="quantize", daemon=True)
-    progress.start(f"{job.type_name} {job.out.name}", job.expected, 0)
+    progress.start(f"{job.type_name} {label or job.out.name}", job.expected, 0)
     done = 0
     try:
         thread.start()
