@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quantize": ("localgen.cli.quantize", "quantize"),
     "perplexity": ("localgen.cli.perplexity", "perplexity"),
     "bench": ("localgen.cli.bench", "bench_app"),
+    "fit": ("localgen.cli.fit", "fit"),
     "doctor": ("localgen.cli.doctor", "doctor"),
     "tune": ("localgen.cli.tune", "tune"),
     "logs": ("localgen.cli.logs", "logs_app"),
