@@ -60,12 +60,14 @@ class Row:
 def fits_here(ref: ModelRef, n_ctx: int) -> str:
     """Whether the model fits this machine at `n_ctx` (full GPU, partial GPU, CPU only, won't fit): the one place the
     ladder asks, so a better planner can take its place."""
-    from localgen.models import fit
+    from localgen.models import fit, footprint
     from localgen.native.devices import backend_info
+    from localgen.types import LoadParams
 
     offload = bool(backend_info()["gpu_offload"])
-    est = fit.estimate(ref.summary, ref.summary.file_size, n_ctx)
-    return fit.verdict(est, fit.this_machine(offload))
+    plan = fit.plan(ref.summary, footprint.layout(ref.path), fit.this_machine(offload), LoadParams(n_ctx=n_ctx),
+                    ctx=n_ctx, shrink=False)
+    return plan.verdict
 
 
 def _bpw(ref: ModelRef) -> float:
