@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "tests" / "data" / "llama_quant_reference.json"
 TYPES = ("Q8_0", "Q6_K", "Q4_K_M", "Q3_K_M")
+# llama-quantize's options, each on Q4_K_M: what localgen quantize must write with the same ones
+OPTIONS = {"pure": ["--pure"], "leave-output-tensor": ["--leave-output-tensor"],
+           "tensor-types": ["--output-tensor-type", "q8_0", "--token-embedding-type", "q4_0"]}
 KLD_TYPES = ("Q8_0", "Q4_K_M")
 TEXT_CHARS = 12_000  # the test text: the shipped text's first characters
 CTX, CHUNKS, THREADS = 128, 8, 1
@@ -116,6 +119,14 @@ def main() -> None:
             quants[t] = entry
             q.unlink()
         ref["quantized"] = quants
+        variants: dict[str, str] = {}
+        for label, flags in OPTIONS.items():
+            q = tmp / f"{label}.gguf"
+            subprocess.run([str(tools / "llama-quantize"), *flags, str(f16), str(q), "Q4_K_M", "2"],
+                           capture_output=True, check=True)
+            variants[label] = sha256(q)
+            q.unlink()
+        ref["options_q4_k_m"] = variants
     OUT.write_text(json.dumps(ref, indent=2) + "\n")
     print(json.dumps(ref, indent=2))
 

@@ -73,6 +73,7 @@ def test_quantize_writes_what_llama_quantize_writes_and_lists_it(qcli: CLI, smol
     r = qcli("quantize", str(smollm2_f16), type_name, "-t", "2", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
+    assert set(doc) == {"name", "path", "type", "size", "bits_per_weight", "seconds"}
     canonical = type_name.upper()
     assert doc["name"] == f"smollm2-135m-instruct:{type_name.lower()}" and doc["type"] == canonical
     assert _sha256(Path(doc["path"])) == REF["quantized"][canonical]["sha256"]  # llama-quantize's bytes, all of them
@@ -82,6 +83,8 @@ def test_quantize_writes_what_llama_quantize_writes_and_lists_it(qcli: CLI, smol
     assert shown.returncode == 0 and json.loads(shown.stdout)["quantization"] == canonical
     ran = qcli("run", "-m", doc["name"], "-p", "Hello", "-n", "2", "--threads", "1")
     assert ran.returncode == 0, ran.stderr
+    chatted = qcli("chat", "-m", doc["name"], "-n", "2", "--threads", "1", input="Hi\n")
+    assert chatted.returncode == 0, chatted.stderr
     gone = qcli("rm", doc["name"], "--yes")
     assert gone.returncode == 0 and not Path(doc["path"]).exists()
 
@@ -107,6 +110,17 @@ def test_quantize_to_a_file_of_ones_own(qcli: CLI, smollm2_f16: Path, tmp_path: 
     from localgen.models.gguf_meta import read_gguf
 
     assert [t[2] for t in read_gguf(str(tmp_path / "copy.gguf"))[1]] == [t[2] for t in read_gguf(str(smollm2_f16))[1]]
+
+
+@pytest.mark.parametrize("option", ["pure", "leave-output-tensor", "tensor-types"])
+def test_llama_quantizes_options_write_what_it_writes(qcli: CLI, smollm2_f16: Path, tmp_path: Path,
+                                                     option: str) -> None:
+    flags = {"pure": ["--pure"], "leave-output-tensor": ["--leave-output-tensor"],
+             "tensor-types": ["--output-tensor-type", "Q8_0", "--token-embedding-type", "q4_0"]}[option]
+    out = tmp_path / "q.gguf"
+    r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(out), *flags)
+    assert r.returncode == 0, r.stderr
+    assert _sha256(out) == REF["options_q4_k_m"][option]
 
 
 def test_an_already_quantized_source_is_refused_and_nothing_is_left(qcli: CLI, tmp_path: Path) -> None:
@@ -230,8 +244,10 @@ def test_perplexity_agrees_with_llama_perplexity(qcli: CLI, test_text: Path) -> 
     assert doc["ppl"] == pytest.approx(REF["q4_1_ppl"], rel=1e-3)
     assert doc["ppl_err"] == pytest.approx(REF["q4_1_ppl_err"], rel=1e-2)
     assert doc["chunks"] == REF["chunks"] and doc["tokens"] == REF["chunks"] * (REF["ctx"] - 1 - REF["ctx"] // 2)
+    assert {"ppl", "ppl_err", "chunks", "tokens", "seconds", "tokens_per_s", "divergence"} <= set(doc)
     plain = qcli("perplexity", "-m", "smollm2:135m", *_ppl_args(test_text))
     assert f"Final estimate: PPL = {REF['q4_1_ppl']:.4f}" in plain.stdout
+    assert "smollm2:135m: 8 windows" in plain.stderr and "smollm2:135m: 8/8 windows" in plain.stderr
 
 
 def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path, test_text: Path,
@@ -247,6 +263,9 @@ def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)["divergence"]
     want = REF["quantized"]["Q8_0"]
+    assert list(d["kld_percentiles"]) == ["max", "p99.9", "p99", "p95", "p90", "median", "p10", "p5", "p1", "p0.1",
+                                          "min"]
+    assert {"kld", "kld_err", "rms_dp", "same_top", "dp_mean", "dp_percentiles", "ppl_base"} <= set(d)
     assert d["kld"] == pytest.approx(want["kld"], rel=1e-2)
     assert d["kld_percentiles"]["p99"] == pytest.approx(want["kld_p99"], rel=1e-2)
     assert d["kld_percentiles"]["max"] == pytest.approx(want["kld_max"], rel=1e-2)

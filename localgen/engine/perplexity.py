@@ -14,6 +14,7 @@ vendored llama.cpp), so that the figures agree with it:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 MAGIC = b"_logits_"
 BLOCK_ROWS = 16  # rows of logits per numpy step: a few MB, within the caches
+PART_ROWS = 64  # rows of a window one thread scores at a time
 PERCENTILES = (("max", 1.0), ("p99.9", 0.999), ("p99", 0.99), ("p95", 0.95), ("p90", 0.90), ("median", 0.5),
                ("p10", 0.10), ("p5", 0.05), ("p1", 0.01), ("p0.1", 0.001), ("min", 0.0))
 DP_PERCENTILES = (("max", 1.0), ("p99.9", 0.999), ("p99", 0.99), ("p95", 0.95), ("p90", 0.90), ("p75", 0.75),
@@ -173,6 +175,15 @@ class _Sums:
         self.count = 0
         self.kld_values: list[Any] = []
         self.p_diff_values: list[Any] = []
+
+    def add(self, o: _Sums) -> None:
+        """Another part's sums added to these."""
+        for name in ("nll", "nll2", "nll_base", "nll_base2", "nll_nll_base", "kld", "kld2", "p_diff", "p_diff2",
+                     "p_diff4", "same_top", "count"):
+            setattr(self, name, getattr(self, name) + getattr(o, name))
+        self.max_p_diff = max(self.max_p_diff, o.max_p_diff)
+        self.kld_values += o.kld_values
+        self.p_diff_values += o.p_diff_values
 
 
 class _Work:
@@ -439,7 +450,12 @@ class Perplexity:
             raise LocalgenError(f"llama.cpp could not make a context of {n_seq} × {n_ctx} tokens: "
                                 f"{logs.first_error() or 'see --verbose'}", hint="try a smaller --batch-size")
         self.batch = Batch(self.n_batch)
-        self.work = _Work(engine.n_vocab)
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._local = threading.local()
+        # the scoring between two decodes, on as many threads as the decode uses (llama-perplexity's workers)
+        self.pool = ThreadPoolExecutor(max(1, self.threads[1]), thread_name_prefix="perplexity")
         self.layout: int | None = None  # rows of the batch laid out (positions, sequences, outputs), when one decode
         self.sums = _Sums()
         self.done = 0
@@ -490,19 +506,44 @@ class Perplexity:
                 everything = np.concatenate(kept)
             else:
                 everything = context.logits(self.ctx, per * n_seq_batch, self.engine.n_vocab)
-            for seq in range(n_seq_batch):
-                rows = everything[seq * per: seq * per + w.scored]
-                at = start + seq * n_ctx + first + 1
-                targets = tokens[at: at + w.scored]
-                if self.reference is not None:
-                    _kld(rows, targets, self.reference.chunk(i + seq), self.sums, self.work)
-                elif self.save is not None:
-                    _nll(rows, targets, self.sums, self.work, self.save.write)
-                else:
-                    _nll(rows, targets, self.sums, self.work)
+            parts = [(seq, a, min(a + PART_ROWS, w.scored)) for seq in range(n_seq_batch)
+                     for a in range(0, w.scored, PART_ROWS)]
+
+            # parts in the pool's threads (numpy lets go of the GIL), each with buffers of its own; sums and the
+            # saved rows taken back in order
+            score = functools.partial(self._score, everything, per, start, i)
+            for sums, encoded in self.pool.map(score, parts):
+                self.sums.add(sums)
+                for block in encoded:
+                    self.save.write(block)  # type: ignore[union-attr]
             self.done = i + n_seq_batch
             self.seconds += time.perf_counter() - t0
             yield self.done
+
+    def _score(self, everything: Any, per: int, start: int, i: int,
+               part: tuple[int, int, int]) -> tuple[_Sums, list[bytes]]:
+        """One part of a window (rows a to z of window i + seq): its sums, and its rows encoded when saving."""
+        seq, a, z = part
+        n_ctx, first = self.w.n_ctx, self.w.first
+        rows = everything[seq * per + a: seq * per + z]
+        at = start + seq * n_ctx + first + 1
+        targets = self.w.tokens[at + a: at + z]
+        sums, encoded = _Sums(), []
+        work = self._work()
+        if self.reference is not None:
+            _kld(rows, targets, self.reference.chunk(i + seq)[a:z], sums, work)
+        elif self.save is not None:
+            _nll(rows, targets, sums, work, lambda r: encoded.append(r.tobytes()))
+        else:
+            _nll(rows, targets, sums, work)
+        return sums, encoded
+
+    def _work(self) -> _Work:
+        """The calling thread's buffers."""
+        work: _Work | None = getattr(self._local, "work", None)
+        if work is None:
+            work = self._local.work = _Work(self.engine.n_vocab)
+        return work
 
     def _tokens(self, tokens: Any, start: int, n_seq_batch: int) -> int:
         """One decode's rows for n_seq_batch whole windows from `start` (the windows one after another: a shorter
@@ -545,6 +586,7 @@ class Perplexity:
     def close(self) -> None:
         """Free the context and the batch."""
         if self.ctx is not None:
+            self.pool.shutdown()
             self.batch.free()
             context.free(self.ctx)
             self.ctx = None
