@@ -369,9 +369,13 @@ def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path,
     q8 = tmp_path / "model-Q8_0.gguf"
     assert qcli("quantize", str(smollm2_f16), "Q8_0", "-o", str(q8)).returncode == 0
     r = qcli("bench", "-m", str(q8), "--quality", str(test_text), "--reference", str(smollm2_f16),
-             "-c", str(REF["ctx"]), "--chunks", str(REF["chunks"]), "-t", "1", "-p", "8", "-n", "4", "-r", "1")
+             "-c", str(REF["ctx"]), "--chunks", str(REF["chunks"]), "-t", "1", "-p", "8", "-n", "4", "-r", "1",
+             "-o", "json")
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
+    doc = json.loads(r.stdout)
+    assert [row["model"] for row in doc["rows"]] == ["SmolLM2-135M-Instruct-F16.gguf", "model-Q8_0.gguf"]
+    assert doc["rows"][1]["kld"] == pytest.approx(REF["quantized"]["Q8_0"]["kld"], rel=1e-2)
+    lines = qcli("bench", "history", str(doc["run"])).stdout.splitlines()
     assert lines[0].split()[:4] == ["model", "type", "size", "bpw"]
     q8_row = next(line for line in lines if line.startswith("model-Q8_0.gguf"))
     kld = float(q8_row.split()[8])  # the mean KLD column (the size is two words)
