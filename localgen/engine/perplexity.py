@@ -139,9 +139,9 @@ class LogitsWriter:
         self.f.write(MAGIC + np.array([w.n_ctx, n_vocab, w.n_chunk], dtype="<i4").tobytes())
         self.f.write(np.ascontiguousarray(w.tokens[: w.n_ctx * w.n_chunk], dtype="<i4").tobytes())
 
-    def write(self, rows: Any) -> None:
-        """Append encoded rows (n × width uint16)."""
-        self.f.write(rows.tobytes())
+    def write(self, rows: bytes) -> None:
+        """Append encoded rows (n × width uint16, as bytes)."""
+        self.f.write(rows)
 
     def commit(self) -> None:
         """Close and move into place."""
@@ -515,7 +515,7 @@ class Perplexity:
             for sums, encoded in self.pool.map(score, parts):
                 self.sums.add(sums)
                 for block in encoded:
-                    self.save.write(block)  # type: ignore[union-attr]
+                    self.save.write(block)  # type: ignore[union-attr]  # only saving encodes
             self.done = i + n_seq_batch
             self.seconds += time.perf_counter() - t0
             yield self.done
