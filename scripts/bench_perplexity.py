@@ -22,11 +22,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _timed(argv: list[str]) -> tuple[float, str]:
+    """Seconds the command took, and what it printed (stdout, then stderr)."""
     t0 = time.perf_counter()
     r = subprocess.run(argv, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"{argv[0]} failed:\n{r.stderr[-2000:]}")
-    return time.perf_counter() - t0, r.stdout + r.stderr
+    return time.perf_counter() - t0, r.stdout + "\n" + r.stderr
+
+
+def _json(out: str) -> dict[str, object]:
+    """localgen's --json document: the first line of what it printed."""
+    return dict(json.loads(out.splitlines()[0]))
 
 
 def main() -> None:
@@ -59,7 +65,7 @@ def main() -> None:
             s, out = _timed([lp, "-m", args.quant, *common])
             add("ppl", "llama", s, float(re.search(r"PPL = ([0-9.]+)", out).group(1)))  # type: ignore[union-attr]
             s, out = _timed([lg, "perplexity", "-m", args.quant, *common, "--json"])
-            add("ppl", "localgen", s, json.loads(out.strip().splitlines()[-1])["ppl"])
+            add("ppl", "localgen", s, float(_json(out)["ppl"]))  # type: ignore[arg-type]
             s, _ = _timed([lp, "-m", args.f16, *common, "--kl-divergence-base", str(base_ll)])
             add("save", "llama", s, 0.0)
             s, _ = _timed([lg, "perplexity", "-m", args.f16, *common, "--save-logits", str(base_lg)])
@@ -68,7 +74,7 @@ def main() -> None:
             add("kld", "llama", s, float(re.search(r"Mean\s+KLD:\s+([0-9.]+)", out).group(1)))  # type: ignore[union-attr]
             s, out = _timed([lg, "perplexity", "-m", args.quant, "-c", str(args.ctx), "-t", str(args.threads),
                              "--reference", str(base_lg), "--json"])
-            add("kld", "localgen", s, json.loads(out.strip().splitlines()[-1])["divergence"]["kld"])
+            add("kld", "localgen", s, _json(out)["divergence"]["kld"])  # type: ignore[index]
             base_ll.unlink(missing_ok=True)
             base_lg.unlink(missing_ok=True)
     report = {"ctx": args.ctx, "chunks": args.chunks, "threads": args.threads, "rounds": args.rounds}
