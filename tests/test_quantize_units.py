@@ -154,3 +154,20 @@ def test_fit_is_one_of_the_estimates_verdicts(smollm2_path: Path) -> None:
     from localgen.quant.ladder import fits_here
 
     assert fits_here(resolve(str(smollm2_path)), 512) in (fit.FULL_GPU, fit.PARTIAL_GPU, fit.CPU_ONLY, fit.WONT_FIT)
+
+
+def test_a_temp_file_a_dead_process_left_is_removed_by_the_next_quantize(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from localgen.quant.quantize import drop_stale
+
+    out = tmp_path / "m@q8_0.gguf"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".m@q8_0.gguf.{int(dead.stdout)}.partial"
+    live = tmp_path / f".m@q8_0.gguf.{os.getppid()}.partial"  # a running process's: left alone
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")
+    drop_stale(out)
+    assert not stale.exists() and live.exists()

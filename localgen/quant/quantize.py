@@ -142,6 +142,7 @@ def plan(source: Path, type_text: str, out: Path, opts: Options) -> QuantizeJob:
         ftype=ftype, threads=opts.threads, only_copy=type_name == "COPY", allow_requantize=opts.allow_requantize,
         leave_output_tensor=opts.leave_output_tensor, pure=opts.pure, output_tensor_type=output_type,
         token_embedding_type=embedding_type, imatrix=imatrix, kv_overrides=tuple(overrides))
+    drop_stale(out)
     expected = _dry_run(source, out, params, type_name)
     _check_space(out.parent, expected)
     return QuantizeJob(source=source, type_name=type_name, out=out, params=params, expected=expected,
@@ -200,6 +201,25 @@ def _check_space(folder: Path, need: int) -> None:
 def temp_path(out: Path) -> Path:
     """The hidden file a quantization writes before it is renamed to `out`."""
     return out.with_name(f".{out.name}.{os.getpid()}.partial")
+
+
+def drop_stale(out: Path) -> None:
+    """Remove what a quantization to `out` left behind in a process that ended without its cleanup (a server
+    killed mid-way): its temp file, named by a process no longer running."""
+    for path in out.parent.glob(f".{out.name}.*.partial"):
+        pid = path.name[len(out.name) + 2: -len(".partial")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25,
