@@ -435,3 +435,19 @@ def test_api_create_quantize(qcli: CLI, smollm2_f16: Path) -> None:
         assert not path.exists()
     finally:
         assert s.stop() == 0
+
+
+def test_most_of_smollm2s_matrices_take_a_fallback_type(smollm2_f16: Path, tmp_path: Path) -> None:
+    """docs/quantize-choose.md: SmolLM2's 576-wide rows are not a multiple of a k-quant block (256), so llama.cpp
+    quantizes most of its matrices to fallback types (its dry run says how many)."""
+    import re
+
+    from localgen.models.gguf_meta import read_summary
+    from localgen.native import logs
+    from localgen.quant import quantize as q
+
+    assert read_summary(str(smollm2_f16)).n_embd == 576 and 576 % 256
+    q.plan(smollm2_f16, "Q4_K_M", tmp_path / "x.gguf", q.Options())
+    m = re.search(r"(\d+) of (\d+) tensor\(s\) required fallback", "\n".join(logs.lines(last=80)))
+    assert m and int(m.group(1)) > int(m.group(2)) / 2
+    assert list(tmp_path.iterdir()) == []  # a plan writes nothing
