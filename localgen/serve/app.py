@@ -30,7 +30,7 @@ from localgen.serve.jobs import INTERNAL, Failed
 from localgen.serve.metrics import Metrics
 from localgen.serve.state import ServeState
 
-# After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve.py's
+# After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve/command.py's
 # timeout_graceful_shutdown), then cancels them: a stream cut with no error event, a plain-text 500. Our jobs
 # still running after the drain time (serve --drain-timeout; at once on a second signal) end first, as each
 # API's 503.
@@ -87,7 +87,7 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
                                                        Exception: on_unexpected},
                     lifespan=lifespan)
     app.state.drain = drain
-    app.state.front = front  # cli/serve.py sets its fetch pool and access log from the flags
+    app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
     app.add_middleware(Gate, policy=policy or Policy(api_key=state.api_key))  # type: ignore[arg-type]
     app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]  # outermost: added last
     return app
@@ -166,7 +166,7 @@ def _tokens(counts: dict[bytes, int]) -> str:
 
 class Drain:
     """Ends our jobs still running `seconds` after the server's first exit signal, at once on a second one.
-    The server (cli/serve.py's uvicorn.Server, which owns the signals) calls `signal` from its handle_exit;
+    The server (cli/serve/command.py's uvicorn.Server, which owns the signals) calls `signal` from its handle_exit;
     the timer runs on the app's loop, noted at start-up."""
 
     def __init__(self, state: ServeState, front: Front) -> None:

@@ -38,11 +38,12 @@ def modelfile_of(name: str, ref: ModelRef) -> str:
 
 
 def parameters_text(ref: ModelRef) -> str:
-    """Ollama's `parameters`: one `name value` a line (Ollama's names), the model's sampling defaults."""
+    """Ollama's `parameters`: one `name value` a line (Ollama's names), the model's sampling defaults and a
+    preset's load settings."""
     from localgen.models import modelfile
 
     text = modelfile.write(modelfile.Modelfile(base="x", parameters=dict(ref.sampling_defaults),
-                                               context=ref.context))
+                                               context=ref.context, load=dict(ref.load)))
     rows = [line.removeprefix("PARAMETER ").split(" ", 1) for line in text.splitlines()
             if line.startswith("PARAMETER ")]
     return "\n".join(f"{k:<30} {v}" for k, v in rows)

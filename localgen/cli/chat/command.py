@@ -1,5 +1,6 @@
 """`localgen chat`: the REPL on a terminal; one message per line when stdin is not a terminal. This module is
-the Typer signature; chatflow.py runs the conversation and slash.py holds the slash commands."""
+the Typer signature: its options become ChatArgs, which plan.py checks into the ChatPlan that loop.py carries
+out (slash.py holds the slash commands)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Annotated
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.knobs import Knobs
+from localgen.cli.options.knobs import Knobs
 
 
 @o.with_knobs()
@@ -55,10 +56,14 @@ def chat(
     With stdin not a terminal, each line is a message (a block between two \"\"\" lines is one message;
     lines starting with / are commands) and answers are printed plainly.
     """
-    from localgen.cli.chatflow import start
+    from localgen.cli.chat.loop import print_list, start
+    from localgen.cli.chat.plan import ChatArgs, check
 
-    start(o.ChatArgs(context=ctx_, name=name, resume=resume, list_=list_, plain=plain, stats=stats,
-                     prompt_cache=prompt_cache, model=model,
-                     offline=offline, chat_template_file=chat_template_file, mmproj=mmproj, system=system,
-                     no_log=no_log, verbose=verbose, think=think, tools=tools, output=output, remote=remote,
-                     knobs=knobs))
+    args = ChatArgs(context=ctx_, name=name, resume=resume, list_=list_, plain=plain, stats=stats,
+                    prompt_cache=prompt_cache, model=model, offline=offline, chat_template_file=chat_template_file,
+                    mmproj=mmproj, system=system, no_log=no_log, verbose=verbose, think=think, tools=tools,
+                    output=output, remote=remote, knobs=knobs)
+    if args.list_:
+        print_list()
+        return
+    start(check(args))

@@ -1,5 +1,6 @@
-"""`run --functions/--mcp`: the tools opened, the loop run with its answer on stdout (each call and its
-result on stderr, through output.AnswerWriter), and --json listing the calls with their results."""
+"""`run --functions/--mcp`: the loop run with its answer on stdout (each call and its result on stderr, through
+output.AnswerWriter), and --json listing the calls with their results (the tools are opened by
+options/tools.py, as chat's are)."""
 
 from __future__ import annotations
 
@@ -11,25 +12,8 @@ import typer
 
 from localgen.cli.options import ToolOptions
 from localgen.cli.output import AnswerWriter, ErrWriter, TextWriter
-from localgen.cli.runoptions import ReportOptions
+from localgen.cli.run.options import ReportOptions
 from localgen.types import GenerationRequest
-
-
-def open_toolbox(tools: ToolOptions) -> Any:
-    """The tools of --functions and --mcp, loaded and started (None without them); a --tool-choice that
-    names none of them is refused here, before the model loads."""
-    if not tools.any:
-        return None
-    from localgen.tools.loop import Toolbox, named_choice
-    from localgen.tools.plan import check_choice
-
-    box = Toolbox.open(list(tools.functions or []), list(tools.mcp or []))
-    try:
-        check_choice(box.specs, named_choice(tools.tool_choice or "auto"))
-    except BaseException:
-        box.close()
-        raise
-    return box
 
 
 def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, request: GenerationRequest, toolbox: Any,
@@ -66,7 +50,7 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
                   **({"declined": True} if r.declined else {})} for r in turn.results]
         extra = {"text": turn.text, "reasoning": turn.reasoning or None, "tool_calls": calls, "steps": steps,
                  "prompt_cache": turn.generations[0].prompt_cache,  # the run's prompt met the cache in its first step
-                 "stats": stats.to_dict(), "step_stats": [_step(g) for g in turn.generations],
+                 "stats": stats.to_dict(), "step_stats": [g.stats.to_dict() for g in turn.generations],
                  "total_s": round(time.perf_counter() - t0, 4)}
         TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, extra) + "\n")
     return turn.text, stats, str(gen.finish_reason)
@@ -78,9 +62,3 @@ def first_plan(tools: ToolOptions, template: str | None, toolbox: Any) -> Any:
 
     choice = tools.tool_choice or "auto"
     return None if choice == "auto" else plan_for(template, toolbox, choice)
-
-
-def _step(gen: Any) -> dict[str, Any]:
-    """One step's own stats in `--json`, with what a remote server reported of it."""
-    timings = getattr(gen, "server_timings", None)
-    return {**gen.stats.to_dict(), **({"server_timings": timings} if timings else {})}

@@ -10,10 +10,8 @@ from typing import Any
 
 import typer
 
-from localgen.settings import BIAS, KNOBS, LOAD_KNOBS, TEXTS
+from localgen.settings import KNOBS, LOAD_KNOBS
 from localgen.types import LoadParams, SamplingParams
-
-_D = SamplingParams()
 
 
 @dataclass(frozen=True)
@@ -39,46 +37,17 @@ class Knobs:
 
     def flash_attn(self) -> bool | str | None:
         """-fa on|off|auto and --no-flash-attn, as LoadParams wants them (None: not given)."""
-        from localgen.errors import UsageError
+        from localgen import settings
 
-        if self.get("no_flash_attn"):
-            return False
-        value = self.get("flash_attn")
-        if value is None:
-            return None  # the tuning record's, else the rule's (engine/defaults.py)
-        v = str(value).lower()
-        if v in ("on", "1", "true", "enabled"):
-            return True
-        if v in ("off", "0", "false", "disabled"):
-            return False
-        if v == "auto":
-            return "auto"
-        raise UsageError(f"--flash-attn takes on, off or auto, not {value!r}")
+        return settings.flash_attn_value(self.get("flash_attn"), bool(self.get("no_flash_attn")))
 
     def load(self, check_buffers: bool = True, **override: Any) -> LoadParams:
         """LoadParams from the load settings (those the command lacks keep their defaults); -ot's buffer types
         checked against this build's devices (`check_buffers`: `fit` plans for devices described instead)."""
-        from localgen import placement
-        from localgen.errors import UsageError
+        from localgen import settings
 
-        split: tuple[float, ...] = ()
-        text = self.get("tensor_split")
-        if text:
-            try:
-                split = tuple(float(x) for x in str(text).replace("/", ",").split(",") if x.strip())
-            except ValueError:
-                raise UsageError(f"--tensor-split takes numbers, e.g. 3,1, not {text!r}") from None
-        values: dict[str, Any] = {k.field: self.values[k.name] for k in LOAD_KNOBS.values()
-                                  if k.field and k.name in self.values}
-        for name in ("cache_type_k", "cache_type_v"):
-            if name in values:
-                values[name] = str(values[name]).lower()
-        values.update(
-            flash_attn=self.flash_attn(), tensor_split=split, use_mmap=not self.get("no_mmap", False),
-            use_mlock=bool(self.get("mlock", False)),
-            rpc=tuple(x.strip() for x in str(self.get("rpc") or "").split(",") if x.strip()),
-            lora=lora_adapters(self.get("lora"), self.get("lora_scaled")),
-            override_tensor=placement.parse(self.get("override_tensor")))
+        values = settings.load_fields({n: v for n, v in self.values.items() if n in LOAD_KNOBS})
+        values.update(lora=lora_adapters(self.get("lora"), self.get("lora_scaled")))
         values.update(override)
         params = LoadParams(**values)
         # (RPC servers' buffer types exist once they are registered: the load checks those)
@@ -90,29 +59,50 @@ class Knobs:
 
     def sampling(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:
         """The sampling flags where given; otherwise the last layer that sets a knob (catalogue defaults, then a
-        chat's saved /set values); otherwise the flag's default. Everything goes through settings.validate."""
+        chat's saved /set values); otherwise the default. Everything goes through settings.validate."""
+        return self.sampling_flags().params(*layers, grammar=grammar)
+
+    def sampling_flags(self) -> SamplingFlags:
+        """The sampling flags the user gave (checked by the one validation), to lay over other values."""
         from localgen import settings
 
-        values: dict[str, Any] = {}
-        for layer in layers:
-            values.update(settings.validate(layer))
+        given: dict[str, Any] = {}
         for key, v in self.values.items():
-            if key not in KNOBS or not (self.given(key) or key not in values):
+            if key not in KNOBS or not self.given(key):
                 continue
-            if KNOBS[key].kind in (TEXTS, BIAS) and v is None:  # the flag's default
-                if key in values:
-                    continue
-                v = getattr(_D, key)
-            elif key == "dry_sequence_breaker" and [x.lower() for x in v] == ["none"]:
+            if key == "dry_sequence_breaker" and [x.lower() for x in v] == ["none"]:
                 v = ()
-            values[key] = v
-        return SamplingParams(**settings.validate(values), grammar=grammar)
+            given[key] = v
+        return SamplingFlags(tuple(settings.validate(given).items()))
 
     def remote_conflicts(self) -> list[str]:
         """The load settings given, which a remote endpoint cannot honour (the model loads on the server); the
         context is not among them (it trims the history here)."""
         return [LOAD_KNOBS[n].flags[0].split("/")[0] for n in self.values
                 if n in LOAD_KNOBS and n != "ctx" and self.given(n) and self.values[n] not in (None, False, [], ())]
+
+
+@dataclass(frozen=True)
+class SamplingFlags:
+    """The sampling flags a user gave on the command line (or in the environment), checked: they win over a
+    model's recommended values and a chat's saved /set values, which win over the defaults."""
+
+    given: tuple[tuple[str, Any], ...] = ()  # (the table's name, the typed value)
+
+    def params(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:
+        """SamplingParams: the defaults, then each layer in turn, then the flags given."""
+        from localgen import settings
+
+        values: dict[str, Any] = {}
+        for layer in layers:
+            values.update(settings.validate(layer))
+        values.update(self.given)
+        return SamplingParams(**values, grammar=grammar)
+
+    @property
+    def alone(self) -> SamplingParams:
+        """The flags over the defaults (before a model's values are known)."""
+        return self.params()
 
 
 def lora_adapters(plain: str | None, scaled: str | None) -> tuple[tuple[str, float], ...]:

@@ -139,14 +139,13 @@ class LogOptions(OptionGroup):
 
 @dataclass(frozen=True, kw_only=True)
 class RunArgs(o.ModelArgs):
-    """`localgen run`'s parameters (cli/run.py): its own, its groups, and what it shares with chat."""
+    """`localgen run`'s parameters (run/command.py): its own, its groups, and what it shares with chat."""
 
     prompt_arg: str | None
     prompt: str | None
     raw: bool
     no_stdin: bool
     document: list[Path] | None
-    prompt_cache: bool
     many: ManyOptions
     decoding: DecodingOptions
     media: MediaOptions

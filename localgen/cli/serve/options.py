@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from localgen.cli.knobs import Knobs
 from localgen.cli.options import CommandArgs, OptionGroup
+from localgen.cli.options.knobs import Knobs
 
 SERVE = "Server"
 MAX_FETCHES = 8  # image URL fetches at once, per server
@@ -140,7 +140,7 @@ class FetchOptions(OptionGroup):
 
 @dataclass(frozen=True, kw_only=True)
 class ServeArgs(CommandArgs):
-    """`localgen serve`'s parameters (cli/serve.py): its own, its groups and the table's settings."""
+    """`localgen serve`'s parameters (serve/command.py): its own, its groups and the table's settings."""
 
     models: list[str] | None
     offline: bool

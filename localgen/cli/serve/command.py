@@ -11,10 +11,10 @@ from typing import Annotated, Any
 
 import typer
 
-from localgen.cli import flagfiles, presetflow
 from localgen.cli import options as o
-from localgen.cli.knobs import Knobs
-from localgen.cli.serveoptions import (
+from localgen.cli.options import files, preset
+from localgen.cli.options.knobs import Knobs
+from localgen.cli.serve.options import (
     FETCH_WAIT_S,
     MAX_FETCHES,
     SERVE,
@@ -219,7 +219,7 @@ def _on_demand(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: A
     load = dataclasses.replace(f.knobs.load(streams=slots.parallel), lora=())
 
     def make(ref: Any) -> Any:
-        w = ModelWorker(ref, presetflow.load_params(ref, load, f.knobs.given("ctx")), slots.parallel, keep,
+        w = ModelWorker(ref, preset.load_params(ref, load, f.knobs.given), slots.parallel, keep,
                         f.residency.max_queue, warn=err.warn, exact=slots.exact,
                         share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency, pinned=False,
                         warm_dir=_warm_dir(f))
@@ -244,9 +244,9 @@ def _workers(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: Any
     names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
     workers = []
     for name in names:
-        ref = flagfiles.with_template(resolve(name, offline=f.offline, progress=make_progress()), f.mmproj,
+        ref = files.with_template(resolve(name, offline=f.offline, progress=make_progress()), f.mmproj,
                                       f.chat_template_file)
-        w = ModelWorker(ref, presetflow.load_params(ref, load, f.knobs.given("ctx")), slots.parallel, keep,
+        w = ModelWorker(ref, preset.load_params(ref, load, f.knobs.given), slots.parallel, keep,
                         f.residency.max_queue, warn=err.warn, exact=slots.exact,
                         share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency,
                         pinned=bool(f.models),  # -m pins; the default model, loaded at start, may make room

@@ -1,5 +1,6 @@
 """`localgen run`: one prompt in, the streamed answer out; built for shell pipelines. This module is the
-Typer signature (the user's manual); runflow.py does the work."""
+Typer signature (the user's manual): its options, typed in groups, become RunArgs, which plan.py checks
+into the RunPlan that execute.py carries out."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Annotated
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.knobs import Knobs
-from localgen.cli.runoptions import DecodingOptions, LogOptions, ManyOptions, MediaOptions, ReportOptions, RunArgs
+from localgen.cli.options.knobs import Knobs
+from localgen.cli.run.options import DecodingOptions, LogOptions, ManyOptions, MediaOptions, ReportOptions, RunArgs
 
 
 @o.with_knobs()
@@ -61,10 +62,11 @@ def run(
     stdout carries only the answer; loading messages, warnings and --stats go to stderr.
     Exit codes: 0 done, 1 error, 2 bad usage, 130 interrupted.
     """
-    from localgen.cli.runflow import execute
+    from localgen.cli.run.execute import execute
+    from localgen.cli.run.plan import check
 
-    execute(RunArgs(context=ctx_, prompt_arg=prompt_arg, prompt=prompt, model=model, offline=offline,
+    execute(check(RunArgs(context=ctx_, prompt_arg=prompt_arg, prompt=prompt, model=model, offline=offline,
                     chat_template_file=chat_template_file, mmproj=mmproj, raw=raw, no_stdin=no_stdin, verbose=verbose,
                     system=system, think=think, document=document, prompt_cache=prompt_cache, many=many,
                     decoding=decoding, media=media, report=report, log=log, tools=tools, output=output,
-                    remote=remote, knobs=knobs))
+                    remote=remote, knobs=knobs)))

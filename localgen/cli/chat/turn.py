@@ -1,7 +1,7 @@
 """One chat turn on screen: stream an answer as it comes (Ctrl-C cancels it between two tokens), with each
 tool call shown, asked for (y / n / always) and its result shown; record it, print its footer; a remote
 failure keeps a partial answer or takes the question back, a tool's failure takes it back; restoring a
-saved KV state. Used by the chat loops (chatflow.py) and the slash commands (slash.py)."""
+saved KV state. Used by the chat loops (loop.py) and the slash commands (slash.py)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class _Screen:
         self.out: Any = None
 
     def show(self, event: Any) -> None:
-        from localgen.cli.render import make_view
+        from localgen.cli.chat.render import make_view
 
         if self.out is None:
             v = self.view

@@ -4,46 +4,43 @@ images and audio, each checked (text is UTF-8 within its caps; media format, siz
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from localgen.cli.runoptions import RunArgs
+from localgen.cli.run.options import MediaOptions
 from localgen.errors import UsageError
 from localgen.text import checked
 
 
-def attachments(f: RunArgs, many: bool) -> tuple[Any, ...]:
-    """--image and -a/--attach, read and checked (format, size, pixels) before anything loads."""
-    images, attach = list(f.media.image or ()), list(f.media.attach or ())
+def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tuple[Any, ...]:
+    """--image and -a/--attach, read and checked (format, size, pixels) before anything loads; `others`: the
+    flags given (flag, given) that they cannot go with."""
+    images, attach = list(media.image or ()), list(media.attach or ())
     if not images and not attach:
         return ()
-    d = f.decoding
-    dropped = [flag for flag, on in (("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams)),
-                                     ("--draft/--lookup", bool(d.draft or d.lookup)),
-                                     ("--endpoint", bool(f.remote.endpoint)),
-                                     ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache)) if on]
+    dropped = [flag for flag, on in others if on]
     if dropped:
         raise UsageError(f"images and audio (--image, -a) cannot be combined with {', '.join(dropped)}")
     if attach.count("-") > 1:
         raise UsageError("stdin can be read once: give -a - only once")
-    from localgen import media
+    from localgen import media as readers
 
     out = []
     for spec in images:
-        m = media.read(str(spec))
+        m = readers.read(str(spec))
         if m.kind != "image":
             raise UsageError(f"--image {spec} is {m.format} audio: attach it with -a")
         out.append(m)
-    out += [media.read(spec) for spec in attach]
+    out += [readers.read(spec) for spec in attach]
     return tuple(out)
 
 
-def prompt_parts(f: RunArgs, stdin_taken: bool = False) -> list[str]:
-    """Documents (-f), piped stdin, then the prompt. A lone -f FILE with no other prompt is the prompt itself,
-    as llama.cpp's -f means. `stdin_taken`: stdin's bytes are an attachment (-a -)."""
-    question = f.prompt if f.prompt is not None else f.prompt_arg
-    piped = "" if f.no_stdin or stdin_taken else _read_stdin()
-    documents = list(f.document or [])
+def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdin: bool) -> list[str]:
+    """Documents (-f), piped stdin (unless `no_stdin`: --no-stdin, or stdin's bytes are an attachment), then the
+    prompt. A lone -f FILE with no other prompt is the prompt itself, as llama.cpp's -f means."""
+    piped = "" if no_stdin else _read_stdin()
+    documents = list(documents or [])
     if question is None and not piped and len(documents) == 1:
         return [_read_text(documents[0])]
     parts = [*(f"{d.name}:\n\n{_read_text(d)}" for d in documents)]

@@ -27,8 +27,8 @@ def _exit(runner: Any, view: Any, arg: str) -> bool:
 
 
 def _help(runner: Any, view: Any, arg: str) -> None:
-    from localgen.cli.repl import COMMANDS as HELP
-    from localgen.cli.repl import KEYS_HELP
+    from localgen.cli.chat.repl import COMMANDS as HELP
+    from localgen.cli.chat.repl import KEYS_HELP
 
     for name, meta in HELP.items():
         view.info(f"{name:9} {meta}")
@@ -96,7 +96,7 @@ def _undo(runner: Any, view: Any, arg: str) -> None:
 
 
 def _retry(runner: Any, view: Any, arg: str) -> None:
-    from localgen.cli.chatturn import stream
+    from localgen.cli.chat.turn import stream
 
     messages = runner.session.messages
     kept = list(messages)
@@ -173,20 +173,20 @@ def _save(runner: Any, view: Any, arg: str) -> None:
 
 def _load(runner: Any, view: Any, arg: str) -> None:
     from localgen.chat import session as sessions
-    from localgen.cli.chatturn import restore_state
+    from localgen.cli.chat.turn import restore_state
 
     if not arg:
         raise UsageError("usage: /load NAME")
     loaded = sessions.ChatSession.load(arg)
     with contextlib.suppress(OSError):
         runner.backend.save_conversation(runner.session.name)
-    if loaded.model and loaded.model != runner.session.model and not view.flags.given("model"):
+    if loaded.model and loaded.model != runner.session.model and not view.model_given:
         runner.switch(view.loader(loaded.model), loaded.model)  # its own model, as --resume takes it
     else:
         loaded.model = runner.session.model
     # its own /set values under the command-line flags, as --resume applies them; the chat's grammar stays
-    runner.adopt(loaded, view.flags.knobs.sampling(runner.backend.defaults, loaded.settings,
-                                                   grammar=runner.sampling.grammar))
+    runner.adopt(loaded, view.sampling.params(runner.backend.defaults, loaded.settings,
+                                              grammar=runner.sampling.grammar))
     restore_state(runner, view)
     view.info(f"continuing {loaded.name}: {len(loaded.messages)} messages")
 

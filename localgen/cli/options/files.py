@@ -36,12 +36,8 @@ def with_template(ref: Any, proj: Path | None, path: Path | None) -> Any:
 
 
 def output_grammar(out: OutputFormat) -> tuple[str | None, str | None]:
-    """The GBNF grammar of --grammar, -j/--json-schema or -jf/--json-schema-file, and the JSON schema it came
-    from (a remote server takes the schema itself); (None, None) without them."""
-    from localgen.errors import UsageError
-
-    if len([x for x in (out.grammar, out.json_schema, out.json_schema_file) if x]) > 1:
-        raise UsageError("--grammar, --json-schema and --json-schema-file cannot be combined")
+    """The GBNF grammar of --grammar, -j/--json-schema or -jf/--json-schema-file (one of them: options/plan.py checks),
+    and the JSON schema it came from (a remote server takes the schema itself); (None, None) without them."""
     if out.grammar is not None:
         return _gbnf(str(out.grammar)), None
     schema: str | None = None

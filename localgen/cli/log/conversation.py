@@ -4,10 +4,10 @@ answer (log/store.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from localgen.cli.runoptions import LogOptions, RunArgs
+from localgen.cli.run.options import LogOptions
 from localgen.errors import LocalgenError, UsageError
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats
 
@@ -62,15 +62,6 @@ def chat_from_log(cid: str, model: str | None) -> Any:
                             hint="see `localgen chat --list` and `localgen logs`") from None
     return sessions.ChatSession(name=cid, model=thread.model_spec or model or DEFAULT_MODEL, system=thread.system,
                                 messages=thread.turns, fresh=True, log_id=cid)
-
-
-def continue_with(f: RunArgs, thread: Thread) -> RunArgs:
-    """The run with the conversation's model and system prompt where the flags do not say otherwise."""
-    if thread.model_spec and not f.given("model"):
-        f = replace(f, model=thread.model_spec)
-    if thread.system and not f.given("system"):
-        f = replace(f, system=thread.system)
-    return f
 
 
 def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: str, stats: Stats | None,

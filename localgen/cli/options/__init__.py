@@ -1,6 +1,6 @@
 """Options shared by run, chat, bench and serve: each defined once, its range and help taken from the
 one settings table (settings.KNOBS), with llama.cpp's spellings as aliases. A command's body hands its
-parameters on typed, as its CommandArgs (ModelArgs: what run and chat share; ChatArgs), whose `knobs` give
+parameters on typed, as its CommandArgs (ModelArgs: what run and chat share), whose `knobs` give
 the engine's types through the one validation."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import dataclasses
 import functools
 import inspect
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from localgen.cli.knobs import Knobs, given_by_user
+from localgen.cli.options.knobs import Knobs, given_by_user
 from localgen.settings import BIAS, BOOL, FLOAT, GPU, INT, KNOBS, LOAD_KNOBS, SWITCH, TEXT, TEXTS, Knob, LoadKnob
 from localgen.types import LoadParams, SamplingParams
 
@@ -200,9 +200,6 @@ class OptionGroup:
     gives the command each field as an option, and the command the group, typed."""
 
 
-# refused by run and chat alike: the loop's settings given without a tool
-TOOL_FLAGS_WITHOUT_TOOLS = "--tool-choice, --tool-steps and --tool-timeout go with tools: add --functions or --mcp"
-
 
 @dataclass(frozen=True)
 class ToolOptions(OptionGroup):
@@ -228,6 +225,11 @@ class OutputFormat(OptionGroup):
     grammar: GrammarFile = None
     json_schema: JsonSchema = None
     json_schema_file: JsonSchemaFile = None
+
+    @property
+    def any(self) -> bool:
+        """Whether a grammar or schema was given."""
+        return bool(self.grammar or self.json_schema or self.json_schema_file)
 
 
 @dataclass(frozen=True)
@@ -309,7 +311,8 @@ class CommandArgs:
 @dataclass(frozen=True, kw_only=True)
 class ModelArgs(CommandArgs):
     """What run and chat both take: the model (its template and projector), the system prompt, thinking, the
-    tools, the answer's format, remote endpoints and the table's settings."""
+    prompt cache, the tools, the answer's format, remote endpoints and the table's settings (options/plan.py checks
+    them, by the same rules for both)."""
 
     model: str | None
     offline: bool
@@ -318,29 +321,8 @@ class ModelArgs(CommandArgs):
     verbose: bool
     system: str | None
     think: bool | None
+    prompt_cache: bool
     tools: ToolOptions
     output: OutputFormat
     remote: RemoteOptions
     knobs: Knobs
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChatArgs(ModelArgs):
-    """`localgen chat`'s parameters (cli/chat.py)."""
-
-    name: str | None
-    resume: bool
-    list_: bool
-    plain: bool
-    stats: bool
-    prompt_cache: bool
-    no_log: bool
-
-
-def remote_conflicts(a: ModelArgs, extra: Mapping[str, tuple[str, object]] | None = None) -> list[str]:
-    """The flags given that a remote endpoint cannot honour (the load happens on the server): the load settings,
-    --offline, --verbose, and the command's `extra` ones (parameter → its flag and value), each where the user
-    gave it with a value that asks for something."""
-    named = {"offline": ("--offline", a.offline), "verbose": ("--verbose", a.verbose), **(extra or {})}
-    others = [flag for name, (flag, value) in named.items() if a.given(name) and value not in (None, False, [], ())]
-    return a.knobs.remote_conflicts() + others
