@@ -89,7 +89,7 @@ def modelfile_text(body: dict[str, Any]) -> str:
     `from`, `system`, `template`, `parameters` and `messages`."""
     from localgen.models.modelfile import quote
 
-    for unsupported in ("quantize", "files", "adapters"):
+    for unsupported in ("files", "adapters"):  # `quantize`: serve/manage.py's create
         if body.get(unsupported):
             hint = " (a preset with a LoRA: localgen create, on the server)" if unsupported == "adapters" else ""
             raise HTTPError(400, f"`{unsupported}` is not supported: a preset takes a model already here "

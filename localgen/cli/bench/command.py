@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.bench.options import Measuring, ServingSweep, Values, sweep
+from localgen.cli.bench.options import Measuring, Quality, ServingSweep, Values, sweep
 from localgen.cli.bench.view import ProgressView, bar_chart, emit, emit_serving
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
@@ -59,6 +59,7 @@ def bench(
     measuring: Measuring,
     remote: o.RemoteOptions,
     serving: ServingSweep,
+    quality: Quality,
     knobs: Knobs,
 ) -> None:
     """Run benchmarks. With no subcommand this measures; `history` and `compare` read past runs.
@@ -71,6 +72,10 @@ def bench(
         return
     from localgen.bench import records
 
+    if quality.quality is not None or quality.reference is not None:
+        _measure_quality(model, quality, n_prompt, n_gen, threads, ngl, measuring.reps, offline,
+                         measuring.output in ("json", "jsonl"))
+        return
     if measuring.output is not None and measuring.output not in records.FORMATS:
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {measuring.output!r}")
     if remote.endpoint or (model and any(_is_named_endpoint(m) for m in model)):
@@ -91,6 +96,37 @@ def bench(
                  ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth,
                  reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact)
     _measure(plan, measuring.output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
+
+
+def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values, threads: Values, ngl: Values,
+                     reps: int, offline: bool, json_out: bool) -> None:
+    """bench --quality TEXT --reference SOURCE: the ladder's table (quant/ladder.py) for the -m files."""
+    from localgen.bench import sweep
+    from localgen.cli.ladderview import run_ladder
+    from localgen.models.resolve import resolve
+    from localgen.quant import ladder
+    from localgen.quant import measure as ms
+    from localgen.quant.text import default_text, read_text
+
+    if q.quality is None or q.reference is None:
+        raise UsageError("--quality TEXT and --reference SOURCE go together")
+    names = sweep.str_values("--model", models, [])
+    if not names:
+        raise UsageError("--quality measures the -m models: give -m a.gguf,b.gguf,...")
+    one = {flag: sweep.int_values(flag, v, []) for flag, v in
+           (("--n-prompt", n_prompt), ("--n-gen", n_gen), ("--threads", threads), ("--n-gpu-layers", ngl))}
+    many = [flag for flag, v in one.items() if len(v) > 1]
+    if many:
+        raise UsageError(f"--quality takes one value of {', '.join(many)}")
+    text = default_text() if q.quality == "default" else read_text(q.quality)
+    reference = resolve(q.reference, offline=offline)
+    files = [resolve(m, offline=offline) for m in names]
+    t = one["--threads"][0] if one["--threads"] else None
+    ngl_one = one["--n-gpu-layers"][0] if one["--n-gpu-layers"] else None
+    settings = ms.Settings(ctx=q.quality_ctx, chunks=q.chunks, threads=t, gpu_layers=ngl_one)
+    speed = ladder.Speed(n_prompt=(one["--n-prompt"] or [512])[0], n_gen=(one["--n-gen"] or [128])[0], reps=reps,
+                         threads=t)
+    run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound, json_out)
 
 
 def _is_named_endpoint(model: str) -> bool:
@@ -309,6 +345,12 @@ def history_cmd(
     run = history.get(run_id)
     if output is not None and output not in records.FORMATS:
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}")
+    from localgen.cli import ladderview
+
+    rungs = ladderview.quality_rows(run.records)
+    if rungs:  # a ladder's run (quantize --ladder, bench --quality)
+        ladderview.show(rungs, run.records[0].get("kld_bound", 0.05), output in ("json", "jsonl"), run.id)
+        return
     emit(run.records, run.system, output)
 
 
@@ -325,6 +367,11 @@ def compare_cmd(
 
     ra, rb = history.get(a), history.get(b)
     pairs = history.compare(ra, rb)
+    from localgen.cli import ladderview
+
+    if any((x or y or {}).get("test") == "quality" for _, x, y in pairs):  # ladders: quality beside speed
+        ladderview.compare(a, b, pairs, json_out)
+        return
     rows = []
     for key, x, y in pairs:
         ta = x["avg_ts"] if x else None

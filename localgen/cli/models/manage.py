@@ -319,8 +319,8 @@ def _known_sha256(ref: Any) -> str | None:
 
 def rm(
     name: Annotated[
-        str, typer.Argument(help="Catalogue name, owner/repo[:QUANT] (every quantization without one), or a "
-                                 "preset.")
+        str, typer.Argument(help="Catalogue name, owner/repo[:QUANT] (every quantization without one), a model "
+                                 "quantized here (NAME:TYPE), or a preset.")
     ],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     offline: o.Offline = False,
@@ -334,6 +334,13 @@ def rm(
         _confirm(f"the preset {name} (its base model stays)", 0, yes, size=False)
         presets.remove(name)
         print(f"removed the preset {name}")
+        return
+    from localgen.models import quantized
+
+    made = quantized.find(name)
+    if made is not None:  # quantized here (localgen quantize): its one file
+        _confirm(f"the quantized model {name} ({made})", made.stat().st_size, yes)
+        print(f"removed {name}, freed {format_bytes(quantized.remove(name))}")
         return
     spec = names.parse(name)
     if isinstance(spec, names.PathSpec):
