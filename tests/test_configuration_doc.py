@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 def test_presets_the_responses_store_and_warm_reloads_live_where_the_page_says(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from localgen import paths
-    from localgen.cli import serve
+    from localgen.cli.serve import command as serve
     from localgen.models import presets
     from localgen.serve import responsestore
 
