@@ -45,7 +45,7 @@ def test_repl_turns_and_slash_commands(cli_env: dict[str, str], home: Path, tmp_
     child = spawn(cli_env, "replchat", "-n", "16", "--temp", "0")
     send(child, "Hello! Who are you?", r"tok/s")
     send(child, "/set temperature 0.3", r"temperature = 0\.3")
-    send(child, "/show", r"temperature=0\.3")
+    send(child, "/show", r"temperature 0\.3")
     send(child, "/context", r"tokens used")
     send(child, "/stats", r"prompt tokens")
     send(child, "/system Answer in one short sentence.", r"system prompt set")
@@ -123,7 +123,7 @@ def test_scripted_chat_prints_answers_plainly(cli: CLI) -> None:
     assert len([ln for ln in r.stdout.splitlines() if ln.strip()]) >= 3
     assert "\x1b[" not in r.stdout
     assert r.stderr.count("tok/s") == 3
-    assert "temperature = 0.0" in r.stderr
+    assert "temperature = 0" in r.stderr
 
 
 def test_a_full_window_never_deletes_history(cli: CLI) -> None:
