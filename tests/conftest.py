@@ -23,6 +23,9 @@ from tests.forkserver import ForkServer
 from tests.gguf_edit import rewrite_strings
 
 ROOT = Path(__file__).resolve().parent.parent
+# the CPUs this process may use, read before pytest_configure keeps a worker to one of them: what a user's
+# process gets (tests/test_user_processes.py gives them back to its children)
+CPUS = frozenset(os.sched_getaffinity(0))
 
 
 # where huggingface_hub finds a cache or a token; none of the real home's may reach a test
