@@ -41,6 +41,7 @@ BIG_TEMP_FILE = 1 << 20
 # (registered in pyproject.toml; `scripts/test --quick` runs `-m "not slow"`). `slow`: one of these fixtures,
 # used directly or through another (a module's server started from `cli_env`), a process started in the
 # test's body, or Gemma. A model loaded in this process by a command shows in none of them: mark it by hand.
+# A test marked `quick` by hand starts processes that load no model, and stays in the fast layer.
 SLOW_FIXTURES = frozenset({"cli", "cli_env", "smollm2_engine", "gemma_path", "bad_models"})
 SPAWNS = re.compile(r"\bsubprocess\.|\bpexpect\.|\.popen\(|\bPopen\(")
 GEMMA = re.compile(r"gemma_path|gemma3:270m")
@@ -71,7 +72,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 sources[fn] = ""
         src = sources[fn]
         gemma = "gemma_path" in used or GEMMA.search(src) is not None
-        if used & SLOW_FIXTURES or SPAWNS.search(src) or gemma:
+        if (used & SLOW_FIXTURES or SPAWNS.search(src) or gemma) and item.get_closest_marker("quick") is None:
             item.add_marker(pytest.mark.slow)
         if gemma:
             item.add_marker(pytest.mark.gemma)

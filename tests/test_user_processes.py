@@ -37,7 +37,7 @@ PROBE = ROOT / "tests" / "processprobe"  # its sitecustomize records sockets and
 # what the suite's other processes are given and a user's shell does not give
 FORCED = ("PYTHONUNBUFFERED", "NO_COLOR", "FORCE_COLOR", "HF_HUB_OFFLINE", "PYTHONPATH", "PYTHONPROFILEIMPORTTIME")
 STORY = "Write a long story about a lighthouse keeper and a storm."
-ANSWER_TOKENS = "160"  # enough to see it arrive in pieces (~600 bytes), far below one 8 KiB buffer
+ANSWER_TOKENS = "64"  # enough to see it arrive in pieces (~250 bytes), far below one 8 KiB buffer
 SAFETY_NET_S = 300
 
 # What each command must not import: what it does not use, and the heavy libraries behind those
@@ -178,6 +178,19 @@ def test_run_into_a_file_writes_as_it_goes(user_home: Path, tmp_path: Path) -> N
     assert len(sizes) >= 3, f"the file had {sorted(sizes)} bytes before the exit and {final} after: not streamed"
 
 
+def test_doctor_into_a_pipe_shows_each_line_as_it_is_known(user_home: Path) -> None:
+    """`localgen doctor | cat`: the machine's lines arrive before the model check that follows them has run (a
+    block-buffered stdout would hold every line until the exit)."""
+    proc = start(user_home, "doctor", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    first = os.read(proc.stdout.fileno(), 65536)  # what is there as soon as anything is
+    rest = proc.stdout.read()
+    assert proc.wait(SAFETY_NET_S) == 0
+    assert first.startswith(b"localgen "), first
+    assert b"check " not in first, "the lines came all at once, at the end: buffered"
+    assert b"\ncheck " in rest  # the model check (a load and a generation) came later
+
+
 def test_merged_stdout_and_stderr_keep_their_order(user_home: Path) -> None:
     """`... 2>&1 | less`: lines come in the order they were written. With --each-line a failed line's error (on
     stderr) sits between the answers before and after it (stdout), and --stats's line comes last."""
@@ -269,10 +282,22 @@ def among(modules: list[str], names: tuple[str, ...]) -> list[str]:
     return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
 
 
-@pytest.mark.parametrize("command", ["--version", "list", "run", "chat", "embed"])
-def test_each_command_imports_only_what_it_needs_and_opens_no_socket(user_home: Path, tmp_path: Path,
-                                                                     command: str) -> None:
-    done, seen = probed(user_home, tmp_path / "probe.json", *ARGS[command], stdin=STDIN.get(command, ""))
+@pytest.mark.quick  # no model: cheap enough for scripts/test --quick, where a heavy import at the top would show
+@pytest.mark.parametrize("command", ["--version", "list"])
+def test_version_and_list_import_only_what_they_need_and_open_no_socket(tmp_path: Path, command: str) -> None:
+    assert_within_budget(tmp_path, tmp_path, command)
+
+
+@pytest.mark.slow  # a model loads (in the helpers, where conftest does not look)
+@pytest.mark.parametrize("command", ["run", "chat", "embed"])
+def test_each_model_command_imports_only_what_it_needs_and_opens_no_socket(user_home: Path, tmp_path: Path,
+                                                                           command: str) -> None:
+    assert_within_budget(user_home, tmp_path, command)
+
+
+def assert_within_budget(home: Path, tmp_path: Path, command: str) -> None:
+    """`localgen COMMAND` in `home` did its work, imported none of what it must not, and made no socket."""
+    done, seen = probed(home, tmp_path / "probe.json", *ARGS[command], stdin=STDIN.get(command, ""))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip(), "it printed nothing: it did not do its work"
     assert seen is not None, "the probe wrote nothing (is tests/processprobe on the path?)"
@@ -336,6 +361,7 @@ def served(user_home: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[b
         proc.wait()
 
 
+@pytest.mark.slow
 def test_serve_stops_at_sigterm_cleanly_and_frees_its_port(served: Any) -> None:
     proc, url, out, err = served
     answer = get(f"{url}/v1/chat/completions", {"model": "smollm2:135m", "max_tokens": 4, "temperature": 0,
@@ -363,6 +389,7 @@ def test_serve_stops_at_sigterm_cleanly_and_frees_its_port(served: Any) -> None:
     assert any(e == "socket.bind" for e, *_ in seen["sockets"])
 
 
+@pytest.mark.quick
 def test_the_probe_sees_a_socket_and_an_import(tmp_path: Path) -> None:
     """The probe that the budgets above rely on records what it must: a connection's socket and address, and a
     module imported late."""

@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     if not show_all and ("--help" in args or "-h" in args):  # hidden matters to the help alone
         helpall.trim(command, first)
     debug = bool(os.environ.get("LOCALGEN_DEBUG"))
+    line_buffered_stdout()
     guard_stdout()
     _watch_sigint()
     err = ErrWriter()
@@ -67,6 +68,15 @@ def main(argv: list[str] | None = None) -> None:
     if rc == 130 and _sigint["seen"]:
         err.interrupted()  # typer turns a KeyboardInterrupt it sees into a silent 130
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def line_buffered_stdout() -> None:
+    """stdout into a pipe or a file writes each line as it is printed, as on a terminal (Python would hold it
+    in an 8 KiB block until exit): `doctor | cat` shows each line as it is known, and on a merged `2>&1` stdout's
+    lines and stderr's (line-buffered already) come in the order they were printed. Partial lines (an answer's
+    tokens) are flushed where they are written."""
+    with contextlib.suppress(AttributeError, ValueError):  # replaced by something that cannot (a test's capture)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
 
 
 _sigint = {"seen": False}
