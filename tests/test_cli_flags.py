@@ -131,7 +131,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 def test_serve_sampling_flags_are_the_defaults_of_requests(started: dict[str, Any]) -> None:
-    from localgen.serve.common import sampling
+    from localgen.serve.pipeline import sampling
 
     r = invoke("serve", "--port", started["port"], "--stop", "END", "--stop", "STOP", "--top-n-sigma", "2",
                "--dry-sequence-breaker", "none", "--logit-bias", "15+1.5", "--ignore-eos")

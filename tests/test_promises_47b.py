@@ -82,8 +82,9 @@ def test_serve_stop_is_the_default_a_request_can_replace_or_drop(cli_env: dict[s
     """README (localgen serve, Settings): all of `run`'s sampling flags ... become the defaults that each
     request's fields override: a request that sets no `stop` (or `null`) gets the server's `--stop`; one that
     sends `stop: []` has none.
-    Broken once (sitecustomize making `localgen.serve.common.sampling` drop empty values from the request,
-    as it drops nulls): the `stop: []` request stopped at the server's "5." and this test failed."""
+    Broken once (sitecustomize making `localgen.serve.common.sampling`, now serve/pipeline.py's, drop empty
+    values from the request, as it drops nulls): the `stop: []` request stopped at the server's "5." and this
+    test failed."""
     server = Server(cli_env, "-np", "1", "--ctx", "512", "--stop", "5.")
     try:
         def ask(**extra: Any) -> tuple[str, str]:

@@ -80,8 +80,9 @@ def test_a_model_bigger_than_the_budget_says_what_it_needs() -> None:
 
 def test_on_demand_makes_one_worker_per_model() -> None:
     from localgen.errors import ModelNotFoundError
-    from localgen.serve.common import HTTPError, ServeState
+    from localgen.serve.apierror import HTTPError
     from localgen.serve.ondemand import OnDemand
+    from localgen.serve.state import ServeState
     from localgen.types import LoadParams, ModelRef
 
     made: list[str] = []

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "create": ("localgen.cli.presets", "create"),
     "cp": ("localgen.cli.presets", "cp"),
     "bench": ("localgen.cli.bench", "bench_app"),
+    "fit": ("localgen.cli.fit", "fit"),
     "doctor": ("localgen.cli.doctor", "doctor"),
     "tune": ("localgen.cli.tune", "tune"),
     "logs": ("localgen.cli.logs", "logs_app"),

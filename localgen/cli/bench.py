@@ -37,6 +37,8 @@ def bench(
                                                               "record, else the physical cores this process may "
                                                               "use).")] = None,
     ngl: Annotated[Values, sweep("--n-gpu-layers", "-ngl", help="GPU layers, -1 all (default all if offload).")] = None,
+    ncmoe: Annotated[Values, sweep("--n-cpu-moe", "-ncmoe", help="Layers whose mixture-of-experts weights stay in "
+                                                                "RAM, the first ones (default 0).")] = None,
     batch: Annotated[Values, sweep("--batch-size", "-b", help="Logical batch (default 2048).")] = None,
     ubatch: Annotated[Values, sweep("--ubatch-size", "-ub",
                                     help="Physical batch (default: the model's tuning record, else 512).")] = None,
@@ -69,9 +71,10 @@ def bench(
     if measuring.output is not None and measuring.output not in records.FORMATS:
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {measuring.output!r}")
     if remote.endpoint or (model and any(_is_named_endpoint(m) for m in model)):
-        local = {"--threads": threads, "--n-gpu-layers": ngl, "--batch-size": batch, "--ubatch-size": ubatch,
-                 "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv, "--n-depth": n_depth,
-                 "--prompt-gen": pg, "--rpc": rpc, "--exact/--no-exact": measuring.exact is not None}
+        local = {"--threads": threads, "--n-gpu-layers": ngl, "--n-cpu-moe": ncmoe, "--batch-size": batch,
+                 "--ubatch-size": ubatch, "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv,
+                 "--n-depth": n_depth, "--prompt-gen": pg, "--rpc": rpc,
+                 "--exact/--no-exact": measuring.exact is not None}
         bad = [flag for flag, v in local.items() if v]
         if bad:
             raise UsageError(f"{', '.join(bad)} cannot be used with --endpoint (the server loads the model)")
@@ -80,9 +83,9 @@ def bench(
         return
     if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
         raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
-    plan = _plan(model=model, threads=threads, ngl=ngl, batch=batch, ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv,
-                 n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=measuring.reps, e2e=measuring.e2e,
-                 parallel=parallel, rpc=rpc, exact=measuring.exact)
+    plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, batch=batch, ubatch=ubatch, fa=fa, ctk=ctk,
+                 ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=measuring.reps,
+                 e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact)
     _measure(plan, measuring.output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
 
 
@@ -220,7 +223,7 @@ def _plan(**flags: Any) -> Any:
         gens=sweep.int_values("--n-gen", flags["n_gen"], [128]),
         pg=sweep.pairs("--prompt-gen", flags["pg"]), depths=sweep.int_values("--n-depth", flags["n_depth"], [0]),
         reps=flags["reps"], e2e=flags["e2e"], parallel=sweep.int_values("--parallel", flags["parallel"], []),
-        exact=flags.get("exact"),
+        exact=flags.get("exact"), ncmoe=sweep.int_values("--n-cpu-moe", flags["ncmoe"], [0]),
     )
 
 

@@ -205,7 +205,7 @@ def column_groups(console: Any, headers: list[str], cells: list[list[str]], key:
 def label(r: dict[str, Any], all_records: list[dict[str, Any]]) -> str:
     from localgen.bench import records
 
-    settings = " ".join(f"{records.SHORT[c]}={int(r[c]) if isinstance(r[c], bool) else r[c]}"
+    settings = " ".join(f"{records.SHORT[c]}={int(r[c]) if isinstance(r.get(c), bool) else r.get(c, 0)}"
                         for c in records.swept(all_records))
     many = len({x["model_filename"] for x in all_records}) > 1
     return " ".join(x for x in ((r["model_name"] if many else ""), r["test"], settings) if x)

@@ -55,8 +55,10 @@ class Knobs:
             return "auto"
         raise UsageError(f"--flash-attn takes on, off or auto, not {value!r}")
 
-    def load(self, **override: Any) -> LoadParams:
-        """LoadParams from the load settings (those the command lacks keep their defaults)."""
+    def load(self, check_buffers: bool = True, **override: Any) -> LoadParams:
+        """LoadParams from the load settings (those the command lacks keep their defaults); -ot's buffer types
+        checked against this build's devices (`check_buffers`: `fit` plans for devices described instead)."""
+        from localgen import placement
         from localgen.errors import UsageError
 
         split: tuple[float, ...] = ()
@@ -75,9 +77,16 @@ class Knobs:
             flash_attn=self.flash_attn(), tensor_split=split, use_mmap=not self.get("no_mmap", False),
             use_mlock=bool(self.get("mlock", False)),
             rpc=tuple(x.strip() for x in str(self.get("rpc") or "").split(",") if x.strip()),
-            lora=lora_adapters(self.get("lora"), self.get("lora_scaled")))
+            lora=lora_adapters(self.get("lora"), self.get("lora_scaled")),
+            override_tensor=placement.parse(self.get("override_tensor")))
         values.update(override)
-        return LoadParams(**values)
+        params = LoadParams(**values)
+        # (RPC servers' buffer types exist once they are registered: the load checks those)
+        if check_buffers and params.override_tensor and not params.rpc:
+            from localgen.native import devices
+
+            devices.check_buffers([b for _, b in params.override_tensor])
+        return params
 
     def sampling(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:
         """The sampling flags where given; otherwise the last layer that sets a knob (catalogue defaults, then a

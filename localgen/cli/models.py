@@ -90,6 +90,7 @@ def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
     from localgen.models import fit, hub, store
     from localgen.models.quant import group_options, rank
     from localgen.native.devices import backend_info
+    from localgen.types import LoadParams
 
     s = target.spec
     listing = hub.list_repo(s.repo, s.revision)
@@ -97,17 +98,19 @@ def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
     if not options:
         raise LocalgenError(f"{s.repo} has no GGUF model files")
     smallest = min(options, key=lambda x: x.size)
-    summary: Any = hub.fetch_summary(s.repo, listing.commit, smallest.first.name, smallest.first.size,
-                                     split=len(smallest.files) > 1)
+    summary, weights = hub.fetch_summary(s.repo, listing.commit, smallest.first.name, smallest.first.size,
+                                         split=len(smallest.files) > 1)
     machine = fit.this_machine(bool(backend_info()["gpu_offload"]))
     cached = {f.filename for f in store.cached_files(s.repo)}
     rows: list[dict[str, Any]] = []
     for opt in options:
-        est = fit.estimate(summary, opt.size, ctx)
+        # the plan (models/fit.py) for each quantization: the header read's tensors, scaled to its size
+        plan = fit.plan(summary, weights.scaled(opt.size - (smallest.size - weights.total)), machine,
+                        LoadParams(n_ctx=ctx), ctx=ctx)
         rows.append({
             "quantization": opt.tag, "files": [f.name for f in opt.files], "size": opt.size,
             "bits_per_weight": round(opt.size * 8 / summary.n_params, 2) if summary.n_params else None,
-            "memory": est.total, "fit": fit.verdict(est, machine),
+            "memory": plan.footprint.total, "fit": plan.verdict, "context": plan.ctx,
             "downloaded": opt.first.name in cached,
         })
     ok = [r for r in rows if r["fit"] != fit.WONT_FIT]

@@ -85,9 +85,9 @@ def start(f: ServeArgs) -> None:
     from localgen.cli.output import ErrWriter
     from localgen.fetch import Fetcher, FetchPool
     from localgen.serve.app import build
-    from localgen.serve.common import ServeState
     from localgen.serve.guard import Policy, origins_from
     from localgen.serve.jobs import parse_duration
+    from localgen.serve.state import ServeState
 
     err = ErrWriter()
     listen, fetching, on_demand = f.listen, f.fetching, f.residency.on_demand

@@ -18,8 +18,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
-from localgen.serve.common import HTTPError, ServeState, http_error, read_json
+from localgen.serve.apierror import HTTPError, http_error
 from localgen.serve.describe import modelfile_text, show_doc
+from localgen.serve.jsonbody import read_json
+from localgen.serve.served import Served
+from localgen.serve.state import ServeState
 from localgen.serve.worker import ModelWorker
 from localgen.types import GenerationRequest, ModelRef, SamplingParams
 
@@ -359,7 +362,7 @@ def _remove_files(ref: ModelRef) -> None:
 # ---- load --------------------------------------------------------------------------------------------------
 
 
-async def _load(worker: ModelWorker) -> None:
+async def _load(worker: Served) -> None:
     """Load the model now: a job told to finish before its first step, so loading is all it does."""
     from localgen.serve.jobs import Failed, Job
 

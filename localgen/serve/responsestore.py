@@ -4,10 +4,12 @@ continue it and `GET`/`DELETE /v1/responses/{id}` can find it. One SQLite file i
 0700 folder), bounded: at most MAX_RESPONSES, the oldest dropped first, none older than MAX_AGE_S (both
 applied on each write; an expired one is never read). The standard library's sqlite3, as the log's writer
 (log/store.py): one table, no full-text index, so sqlite-utils would add only its import time. Every call
-opens its own connection under one lock: the server calls these from worker threads (asyncio.to_thread)."""
+opens its own connection under one lock: the server calls these from worker threads (asyncio.to_thread).
+GET and DELETE /v1/responses/{id} are this store over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
@@ -18,7 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
 from localgen import paths
+from localgen.serve.apierror import HTTPError
 
 MAX_RESPONSES = 1000
 MAX_AGE_S = 30 * 24 * 3600.0
@@ -91,3 +98,27 @@ class ResponseStore:
             gone = db.execute("DELETE FROM responses WHERE id = ? AND created >= ?",
                               (ident, self.clock() - self.max_age_s)).rowcount
         return gone > 0
+
+
+def routes(store: ResponseStore) -> list[Route]:
+    """GET /v1/responses/{id} (a stored response) and DELETE (forget it): a 404 when it is unknown, deleted or
+    expired."""
+
+    def not_found(ident: str) -> HTTPError:
+        return HTTPError(404, f"Response with id '{ident}' not found.", "invalid_request_error", "response_id")
+
+    async def get(request: Request) -> Response:
+        ident = request.path_params["ident"]
+        found = await asyncio.to_thread(store.load, ident)
+        if found is None:
+            raise not_found(ident)
+        return JSONResponse(found.response)
+
+    async def delete(request: Request) -> Response:
+        ident = request.path_params["ident"]
+        if not await asyncio.to_thread(store.delete, ident):
+            raise not_found(ident)
+        return JSONResponse({"id": ident, "object": "response.deleted", "deleted": True})
+
+    return [Route("/v1/responses/{ident}", get, methods=["GET"]), Route("/v1/responses/{ident}", delete,
+                                                                        methods=["DELETE"])]

@@ -35,6 +35,7 @@ class Residence:
     warm_dir: Any
     warm_restored: int
     vram_bytes: int
+    placement: dict[str, Any]
     idle_since: float
     expires_at: float | None
     calls: int
@@ -64,6 +65,7 @@ class Residence:
         self.n_ctx = backend.engine.n_ctx
         self._warm(lambda folder: setattr(self, "warm_restored", pc.slots.restore(folder)))
         self.vram_bytes = backend.engine.gpu_weight_bytes()
+        self.placement = backend.engine.load_report.record()
         self.idle_since = time.monotonic()
 
     def _warm(self, act: Callable[[Any], Any]) -> None:
