@@ -153,10 +153,11 @@ def test_run_into_a_pipe_streams_the_answer(user_home: Path) -> None:
         proc.wait()
     answer = b"".join(b for b, _ in reads)
     assert proc.returncode == 0 and answer.strip(), "no answer"
+    # Buffered, the answer (a few hundred bytes, one write at the exit) is one read. Streamed, it is a read per
+    # token or few (fewer when this reader waits for a CPU: the bar is low so that a busy machine passes)
     first, running = reads[0]
     assert running, "the first text came only as the process ended"
-    assert len(first) < len(answer) // 2, f"the first read held {len(first)} of {len(answer)} bytes: buffered"
-    assert len(reads) >= 5, f"the answer came in {len(reads)} reads: buffered, not streamed"
+    assert len(reads) >= 2 and len(first) < len(answer), f"the answer came in {len(reads)} read(s): buffered"
 
 
 def test_run_into_a_file_writes_as_it_goes(user_home: Path, tmp_path: Path) -> None:
@@ -175,7 +176,7 @@ def test_run_into_a_file_writes_as_it_goes(user_home: Path, tmp_path: Path) -> N
     assert proc.wait(SAFETY_NET_S) == 0
     final = target.stat().st_size
     assert final > 0
-    assert len(sizes) >= 3, f"the file had {sorted(sizes)} bytes before the exit and {final} after: not streamed"
+    assert len(sizes) >= 2, f"the file had {sorted(sizes)} bytes before the exit and {final} after: not streamed"
 
 
 def test_doctor_into_a_pipe_shows_each_line_as_it_is_known(user_home: Path) -> None:
