@@ -45,7 +45,8 @@ SAFETY_NET_S = 300
 EVERYWHERE = ("llama_cpp.llama", "huggingface_hub", "gguf", "mcp", "openai", "pandas", "torch",
               "localgen.tools.mcp", "localgen.remote.client", "localgen.remote.backend")
 NOT_IMPORTED = {
-    "--version": ("llama_cpp", "numpy", "uvicorn", "starlette", "httpx", "jinja2", "rich", "prompt_toolkit",
+    "--version": ("typer", "click", "llama_cpp", "numpy", "uvicorn", "starlette", "httpx", "jinja2", "rich",
+                  "prompt_toolkit",
                   "sqlite_utils", "localgen.engine", "localgen.native", "localgen.models", "localgen.serve"),
     "list": ("llama_cpp", "numpy", "uvicorn", "starlette", "httpx", "jinja2", "prompt_toolkit", "sqlite_utils",
              "localgen.engine", "localgen.native", "localgen.serve", "localgen.chat"),
@@ -60,7 +61,7 @@ NOT_IMPORTED = {
 }
 # what each must import, so that an empty or wrong record cannot pass: the command ran as far as its work
 IMPORTED = {
-    "--version": ("localgen.cli.main",),
+    "--version": ("localgen.cli.main",),  # and nothing of Typer: main answers it before importing the app
     "list": ("localgen.models.installed",),
     "run": ("localgen.engine.llama", "llama_cpp.llama_cpp"),
     "chat": ("localgen.chat.session", "llama_cpp.llama_cpp"),

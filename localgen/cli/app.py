@@ -34,10 +34,10 @@ HELP = "Chat with and generate from local GGUF models (llama.cpp): fast, quiet, 
 
 
 def _version(value: bool) -> None:
-    if value:
-        import localgen
+    if value:  # `localgen --version` alone never gets here (main.py answers it before Typer is imported)
+        from localgen.cli.main import print_version
 
-        typer.echo(f"localgen {localgen.__version__}")
+        print_version()
         raise typer.Exit()
 
 
