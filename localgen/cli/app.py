@@ -35,9 +35,9 @@ HELP = "Chat with and generate from local GGUF models (llama.cpp): fast, quiet, 
 
 def _version(value: bool) -> None:
     if value:  # `localgen --version` alone never gets here (main.py answers it before Typer is imported)
-        from localgen.cli.main import print_version
+        from localgen.cli import version_line
 
-        print_version()
+        typer.echo(version_line())
         raise typer.Exit()
 
 

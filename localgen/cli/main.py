@@ -15,7 +15,9 @@ _WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EP
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback."""
     if (sys.argv[1:] if argv is None else argv) in (["--version"], ["-V"]):
-        print_version()  # as the app's eager --version prints it, without importing Typer and Rich (150 modules)
+        from localgen.cli import version_line
+
+        print(version_line())  # as the app's eager --version does, without importing Typer and Rich (100 modules)
         sys.exit(0)
     import typer
 
@@ -71,13 +73,6 @@ def main(argv: list[str] | None = None) -> None:
     if rc == 130 and _sigint["seen"]:
         err.interrupted()  # typer turns a KeyboardInterrupt it sees into a silent 130
     sys.exit(rc if isinstance(rc, int) else 0)
-
-
-def print_version() -> None:
-    """`localgen --version`'s line."""
-    import localgen
-
-    print(f"localgen {localgen.__version__}")
 
 
 def line_buffered_stdout() -> None:
