@@ -220,8 +220,13 @@ def bindings(py: Path, work: Path, libs: list[Path]) -> str:
     shutil.rmtree(package, ignore_errors=True)
     shutil.copytree(src / "llama_cpp", package)
     (package / "lib").mkdir(exist_ok=True)
-    for lib in libs:
-        shutil.copy2(lib, package / "lib" / lib.name, follow_symlinks=True)
+    for lib in libs:  # a build's libllama.so -> .so.0 -> .so.0.5.0 stay links; a wheel's are files
+        target = package / "lib" / lib.name
+        target.unlink(missing_ok=True)
+        if lib.is_symlink():
+            target.symlink_to(os.readlink(lib))
+        else:
+            shutil.copy2(lib, target)
     info = site / f"llama_cpp_python-{version}.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: {version}\n")
@@ -417,8 +422,7 @@ def main() -> None:
     t0 = time.monotonic()
     if a.cpu:
         tools = a.tools or Path("/work/llama-tools/bin")
-        libs = sorted(p for p in (ROOT / ".venv").glob("lib/python3*/site-packages/llama_cpp/lib/*.so*")
-                      if not p.is_symlink())
+        libs = sorted((ROOT / ".venv").glob("lib/python3*/site-packages/llama_cpp/lib/*.so*"))
         rc_b, out_b, took = sh(cmake_configure(source(work), work / "build-configure", cuda=False), 600,
                                tool_env())
         targets = sh(["cmake", "--build", str(work / "build-configure"), "--target", "help"], 60, tool_env())[1]
@@ -433,7 +437,7 @@ def main() -> None:
                    took, block((work / "build.log").read_text(errors="replace"), 3000))
         if rc_b != 0:
             return
-        libs = sorted(p for p in tools.glob("*.so*") if not p.is_symlink())
+        libs = sorted(tools.glob("*.so*"))
     report.add("bindings over the build's libraries", "ok", 0, bindings(py, work, libs) + "\n")
     for label, proc in makers.items():
         out, _ = proc.communicate(timeout=900)
