@@ -306,15 +306,15 @@ EXACT_PROMPTS = ("Tell me about rivers.", "What is the capital of France?", "Wri
                  "List three colors.", "Why do cats purr?", "Name a prime number.", "What is rain?", "Say hello.")
 
 
-def exactness(report: Report, py: Path, env: dict[str, str], work: Path) -> None:
+def exactness(report: Report, py: Path, env: dict[str, str], work: Path, cpu: bool) -> None:
     """The GPU's verdict on `--exact` (docs/run.md promises "alone" there, not the same bits): eight greedy
     answers of `run --file --exact --parallel 4` against each prompt run alone."""
     t0 = time.monotonic()
     prompts = work / "exact-prompts.txt"
     prompts.write_text("\n".join(EXACT_PROMPTS) + "\n")
-    common = ["-n", "48", "--temperature", "0", "--ctx", "1024", "--no-prompt-cache"]
+    common = ["-n", "16" if cpu else "48", "--temperature", "0", "--ctx", "1024", "--no-prompt-cache"]
     localgen = [str(py), "-m", "localgen", "run"]
-    rc, out, _ = sh([*localgen, "--file", str(prompts), "--json", "--exact", "--parallel", "4", *common], 300, env)
+    rc, out, _ = sh([*localgen, "--file", str(prompts), "--json", "--exact", "--parallel", "4", *common], 600, env)
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if rc != 0 or len(lines) != len(EXACT_PROMPTS):
         report.add("--exact against running alone", f"FAILED (exit {rc})", time.monotonic() - t0, block(out))
@@ -447,7 +447,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
     env.update(LOCALGEN_HOME=str(work / "home"), PATH=f"{py.parent}{os.pathsep}{env.get('PATH', '')}")
     tests(report, py, a.cpu, env, 600 if a.cpu else 300)
-    exactness(report, py, env, work)
+    exactness(report, py, env, work, a.cpu)
     benches(report, py, tools, models, smol, a.cpu, env)
     fit(report, py, models, env)
     print(f"gpu_check: report at {report_path}")
