@@ -374,14 +374,18 @@ def fit(report: Report, py: Path, label: str, model: Path, env: dict[str, str]) 
     if rc != 0:
         report.add(f"fit against the load ({label})", "skipped", 0, "This checkout has no `localgen fit` yet.\n")
         return
-    p_rc, plan, _ = sh([*localgen, "fit", "-m", str(model), "--json"], 120, env)
-    l_rc, load, _ = sh([*localgen, "run", "-m", str(model), "-p", "Hi", "-n", "1", "--json"], 300, env)
+    ctx = ["--ctx", "4096"]  # the same window for both (fit's default is the largest that fits)
+    p_rc, plan, _ = sh([*localgen, "fit", "-m", str(model), *ctx, "--json"], 120, env)
+    l_rc, load, _ = sh([*localgen, "run", "-m", str(model), *ctx, "-p", "Hi", "-n", "1", "--json", "--verbose"], 300,
+                       env)
     record = load
-    with contextlib.suppress(ValueError, KeyError):
-        record = json.dumps(json.loads(load[load.index("{"):])["load"], indent=1)
+    docs = [line for line in load.splitlines() if line.startswith("{")]
+    with contextlib.suppress(ValueError, KeyError, IndexError):
+        record = json.dumps(json.loads(docs[-1])["load"], indent=1)
+    sizes = "\n".join(line for line in load.splitlines() if "buffer size" in line)  # llama.cpp's own accounts
     status = "ok" if p_rc == 0 and l_rc == 0 else f"FAILED (fit {p_rc}, load {l_rc})"
     report.add(f"fit against the load ({label})", status, time.monotonic() - t0,
-               f"plan:\n\n{block(plan)}\nload record:\n\n{block(record)}")
+               f"plan:\n\n{block(plan)}\nload record:\n\n{block(record)}\nllama.cpp's buffers:\n\n{block(sizes)}")
 
 
 def main() -> None:
