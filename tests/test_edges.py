@@ -252,7 +252,7 @@ def _default_drain() -> float:
     """serve's --drain-timeout when it is not given."""
     import inspect
 
-    from localgen.cli.serve import serve
+    from localgen.cli.serve.command import serve
 
     return float(inspect.signature(serve).parameters["drain_timeout"].default)
 

@@ -251,7 +251,7 @@ def test_tab_completes_paths_saved_conversations_and_model_names(cli: CLI, cli_e
     """README (chat, Keys): Tab completes slash commands and their arguments (settings, file paths, saved
     conversations, model names). (Commands and settings: tests/test_promises_cli.py.) And (Ctrl-C): Ctrl-C at
     the prompt says how to leave; Ctrl-D ... leaves with exit status 0.
-    Broken once (sitecustomize wrapping `localgen.cli.repl.make_completer` with empty lists of saved
+    Broken once (sitecustomize wrapping `localgen.cli.chat.repl.make_completer` with empty lists of saved
     conversations and models): Tab after `/load tabcompletion-s` added nothing and the test timed out there.
     Model names are what `localgen list` shows (a GGUF in the Hugging Face cache, named repo:QUANT) and the
     catalogue's (issue #47: only the embedded models completed, and the test timed out at `/model qwen2.5-c`)."""

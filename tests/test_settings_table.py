@@ -13,7 +13,7 @@ import typer
 
 from localgen import settings
 from localgen.cli import options as o
-from localgen.cli.knobs import Knobs
+from localgen.cli.options.knobs import Knobs
 from localgen.settings import KNOBS, LOAD_KNOBS
 from localgen.types import GenerationRequest, LoadParams, SamplingParams
 

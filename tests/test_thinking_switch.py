@@ -70,7 +70,7 @@ def test_run_file_lines_take_the_switch_too(cli: CLI, tmp_path: Path) -> None:
 
 
 def test_chat_set_reasoning(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localgen.cli import slash
+    from localgen.cli.chat import slash
     from localgen.errors import UsageError
 
     said: list[str] = []

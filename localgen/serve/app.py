@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen.fetch import FetchPool
-from localgen.serve import anthropic, embeds, listings, manage, ollama, openai, responses
+from localgen.serve import anthropic, embeds, listings, manage, ollama, openai, page, responses
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.incoming import INCOMING, Incoming
@@ -30,7 +31,7 @@ from localgen.serve.jobs import INTERNAL, Failed
 from localgen.serve.metrics import Metrics
 from localgen.serve.state import ServeState
 
-# After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve.py's
+# After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve/command.py's
 # timeout_graceful_shutdown), then cancels them: a stream cut with no error event, a plain-text 500. Our jobs
 # still running after the drain time (serve --drain-timeout; at once on a second signal) end first, as each
 # API's 503.
@@ -38,8 +39,9 @@ DRAIN_S = 4.0
 STOPPING = "the server is shutting down"
 
 
-def build(state: ServeState, policy: Policy | None = None) -> Starlette:
-    """The app: both APIs behind the gate (host, origin, key, body), errors in each API's shape."""
+def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -> Starlette:
+    """The app: every API behind the gate (host, origin, key, body), errors in each API's shape; with `webui`,
+    the chat page at `/` for browsers (serve/page.py), its files open without the key as `/` is."""
     async def health(request: Request) -> Response:
         """Liveness for load balancers and scripts, with each model's slots at a glance: 503 when a model's
         worker has stopped."""
@@ -52,6 +54,11 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
 
     routes = [Route("/health", health), *listings.routes(state), *openai.routes(state), *anthropic.routes(state),
               *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state)]
+    policy = policy or Policy(api_key=state.api_key)
+    if webui:
+        root = next(r for r in routes if r.path == "/")  # Ollama's "is running", for clients that are not browsers
+        routes = [*page.routes(root.endpoint), *(r for r in routes if r is not root)]
+        policy = dataclasses.replace(policy, open_paths=policy.open_paths + page.ASSETS)
     metrics = Metrics(state, routes)
     routes.append(Route("/metrics", metrics.endpoint))
     state.on_completion = metrics.observe
@@ -87,8 +94,8 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
                                                        Exception: on_unexpected},
                     lifespan=lifespan)
     app.state.drain = drain
-    app.state.front = front  # cli/serve.py sets its fetch pool and access log from the flags
-    app.add_middleware(Gate, policy=policy or Policy(api_key=state.api_key))  # type: ignore[arg-type]
+    app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
+    app.add_middleware(Gate, policy=policy)  # type: ignore[arg-type]
     app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]  # outermost: added last
     return app
 
@@ -166,7 +173,7 @@ def _tokens(counts: dict[bytes, int]) -> str:
 
 class Drain:
     """Ends our jobs still running `seconds` after the server's first exit signal, at once on a second one.
-    The server (cli/serve.py's uvicorn.Server, which owns the signals) calls `signal` from its handle_exit;
+    The server (cli/serve/command.py's uvicorn.Server, which owns the signals) calls `signal` from its handle_exit;
     the timer runs on the app's loop, noted at start-up."""
 
     def __init__(self, state: ServeState, front: Front) -> None:

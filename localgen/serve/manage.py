@@ -107,12 +107,20 @@ def _preset_routes(state: ServeState) -> list[Route]:
                                  "localgen create (a preset made so is served by its name)")
 
         await _retire(state, [w for w in list(state.workers.values()) if w.name == name])
+        quantize = body.get("quantize")
+        lines = [{"status": "reading model metadata"}]
         try:  # a preset of that name is replaced, as Ollama's create replaces a model
+            if quantize:  # the FROM quantized first, into localgen's models (quant/quantize.py)
+                if not isinstance(quantize, str):
+                    raise HTTPError(400, "`quantize` must be a type name, such as q4_K_M")
+                from localgen.quant.quantize import for_preset
+
+                made, text = await asyncio.to_thread(for_preset, name, text, quantize, _lookup(state), "the request")
+                lines.append({"status": f"quantizing to {quantize.upper()}: {made}"})
             await asyncio.to_thread(presets.create_preset, name, text, _lookup(state), "the request", True)
         except LocalgenError as e:
             raise HTTPError(404 if isinstance(e, ModelNotFoundError) else 400, e.message) from None
-        lines = [{"status": "reading model metadata"}, {"status": f"writing the preset {name}"},
-                 {"status": "success"}]
+        lines += [{"status": f"writing the preset {name}"}, {"status": "success"}]
         return _answer(lines, body.get("stream", True) is not False)
 
     async def show(request: Request) -> Response:
@@ -343,6 +351,12 @@ async def _delete(state: ServeState, name: str) -> None:
     ref = await asyncio.to_thread(_ref, state, name)
     if ref.source == "embedded":
         raise HTTPError(400, f"{ref.name} ships inside a Python package, which localgen does not remove")
+    if ref.source == "quantized":  # made here by `localgen quantize`: its one file goes
+        from localgen.models import quantized
+
+        await _retire(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path])
+        await asyncio.to_thread(quantized.remove, ref.name)
+        return
     if ref.source != "hf":
         raise HTTPError(400, f"{ref.name} is a file localgen did not download; delete it yourself")
     # every worker on that file goes: the model's own, and its presets'

@@ -81,7 +81,7 @@ def submit(worker: Served, job: Job) -> Job:
 
 def with_preset(ref: ModelRef, request: GenerationRequest) -> GenerationRequest:
     """A chat request to a preset (models/presets.py): its SYSTEM where the request gives none, then its
-    MESSAGE turns before the conversation, as `run` and `chat` place them (cli/presetflow.py)."""
+    MESSAGE turns before the conversation, as `run` and `chat` place them (cli/options/preset.py)."""
     if not request.messages or (ref.system is None and not ref.messages):
         return request
     msgs = list(request.messages)

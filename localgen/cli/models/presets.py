@@ -1,0 +1,89 @@
+"""`localgen create | cp`: presets, a name for a model with settings layered on it (models/presets.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localgen.errors import UsageError
+
+Force = Annotated[bool, typer.Option("--force", help="Replace a preset of that name.")]
+Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
+
+
+def create(
+    name: Annotated[str, typer.Argument(help="The preset's name, e.g. mybot or mybot:short.")],
+    file: Annotated[
+        str, typer.Option("--file", "-f", show_default=False,
+                          help="The Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE, ADAPTER); - reads stdin.")
+    ],
+    force: Force = False,
+    json_out: Json = False,
+    quantize: Annotated[str | None, typer.Option(
+        "--quantize", "-q", show_default=False, metavar="TYPE",
+        help="Quantize the Modelfile's FROM (an F16/BF16 model) to TYPE first (Q4_K_M, Q8_0, ...): kept as "
+             "NAME:TYPE, and the preset made over it.")] = None,
+) -> None:
+    """Make a preset from a Modelfile: a name usable wherever a model name is. Its base must be on this
+    machine; every value is checked now."""
+    from localgen.models.presets import create_preset
+
+    folder = None  # stdin: ADAPTER paths must be absolute
+    if file == "-":
+        text, where = sys.stdin.read(), "stdin"
+    else:
+        try:
+            text = Path(file).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read the Modelfile {file}: {e}") from None
+        where = file
+        folder = Path(file).expanduser().resolve().parent
+    if quantize is not None:
+        from localgen import hardware
+        from localgen.cli.progress import make_progress
+        from localgen.quant import quantize as q
+
+        try:
+            made, text = q.for_preset(name, text, quantize, _on_disk, where,
+                                      q.Options(threads=hardware.usable_cores()), make_progress())
+        except KeyboardInterrupt:
+            from localgen.cli.quantize import exit_now
+
+            exit_now("interrupted: nothing was written (llama.cpp's call cannot be stopped, so localgen exits at once)")
+        print(f"{made}  quantized to {quantize.upper()}", file=sys.stderr)
+    preset = create_preset(name, text, _on_disk, where=where, force=force, folder=folder)
+    _done(preset, json_out)
+
+
+def cp(
+    src: Annotated[str, typer.Argument(help="A preset, or any model name run takes.")],
+    dst: Annotated[str, typer.Argument(help="The new preset's name.")],
+    force: Force = False,
+    json_out: Json = False,
+) -> None:
+    """Copy a preset, or give a model a preset name of its own."""
+    from localgen.models.presets import copy
+
+    _done(copy(src, dst, _on_disk, force=force), json_out)
+
+
+def _done(preset: object, json_out: bool) -> None:
+    from localgen.models.presets import Preset
+
+    assert isinstance(preset, Preset)
+    if json_out:
+        print(json.dumps({"name": preset.name, "base": preset.base}))
+    else:
+        print(f"{preset.name}  preset of {preset.base}")
+
+
+def _on_disk(name: str) -> Any:
+    """The model a preset's base names, from what is on this machine (no download). Its header is all a preset
+    needs: an embedded model in chunks is not assembled for it."""
+    from localgen.models.resolve import resolve
+
+    return resolve(name, offline=True, pull_missing=False, assemble=False)
