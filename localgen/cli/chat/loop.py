@@ -184,7 +184,7 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     line_input = LineInput(paths.state_dir() / "chat_history", completer)
     # what a first message would import between Enter and its answer, where Ctrl-C would end the chat instead of
     # stopping the answer (handle catches it only while the request is prepared; stream, once it streams)
-    import localgen.cli.slash
+    import localgen.cli.chat.slash
     import localgen.tools.loop  # noqa: F401
     if runner.session.messages:
         view.info(f"resumed {runner.session.name}: {len(runner.session.messages)} messages")
