@@ -23,6 +23,9 @@ from tests.forkserver import ForkServer
 from tests.gguf_edit import rewrite_strings
 
 ROOT = Path(__file__).resolve().parent.parent
+# the CPUs this process may use, read before pytest_configure keeps a worker to one of them: what a user's
+# process gets (tests/test_user_processes.py gives them back to its children)
+CPUS = frozenset(os.sched_getaffinity(0))
 
 
 # where huggingface_hub finds a cache or a token; none of the real home's may reach a test
@@ -38,6 +41,7 @@ BIG_TEMP_FILE = 1 << 20
 # (registered in pyproject.toml; `scripts/test --quick` runs `-m "not slow"`). `slow`: one of these fixtures,
 # used directly or through another (a module's server started from `cli_env`), a process started in the
 # test's body, or Gemma. A model loaded in this process by a command shows in none of them: mark it by hand.
+# A test marked `quick` by hand starts processes that load no model, and stays in the fast layer.
 SLOW_FIXTURES = frozenset({"cli", "cli_env", "smollm2_engine", "gemma_path", "bad_models", "moe_path"})
 SPAWNS = re.compile(r"\bsubprocess\.|\bpexpect\.|\.popen\(|\bPopen\(")
 GEMMA = re.compile(r"gemma_path|gemma3:270m")
@@ -102,7 +106,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 sources[fn] = ""
         src = sources[fn]
         gemma = "gemma_path" in used or GEMMA.search(src) is not None
-        if used & SLOW_FIXTURES or SPAWNS.search(src) or gemma:
+        if (used & SLOW_FIXTURES or SPAWNS.search(src) or gemma) and item.get_closest_marker("quick") is None:
             item.add_marker(pytest.mark.slow)
         if gemma:
             item.add_marker(pytest.mark.gemma)

@@ -140,7 +140,6 @@ class ChatRunner:
         from localgen.tools.loop import run_turn
 
         assert self.last_request is not None
-        self.stopping = False
         plan = self.plan()
         first = self.plan(self.tool_choice) if plan is not None and self.tool_choice != "auto" else None
         return run_turn(self, self.last_request, plan, self.toolbox, approve, show, self.tool_steps,
@@ -150,10 +149,13 @@ class ChatRunner:
     def generate(self, request: GenerationRequest) -> Any:
         """The backend's generation, kept so that stop() can reach it (reply's rounds come through here)."""
         self.gen = self.backend.generate(request)
+        if self.stopping:  # stop() came before this generation existed (Ctrl-C before the answer began)
+            self.gen.cancel()
         return self.gen
 
     def stop(self) -> None:
-        """Stop the answer under way between two tokens; no further round starts."""
+        """Stop the answer under way between two tokens, or the one about to begin; no further round starts
+        (until the next turn clears `stopping`)."""
         self.stopping = True
         if self.gen is not None:
             self.gen.cancel()

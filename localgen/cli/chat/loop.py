@@ -194,6 +194,10 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     completer = make_completer(SETTABLE, lambda: [s.name for s in sessions.list_sessions()],
                                _model_names(endpoints))
     line_input = LineInput(paths.state_dir() / "chat_history", completer)
+    # what a first message would import between Enter and its answer, where Ctrl-C would end the chat instead of
+    # stopping the answer (handle catches it only while the request is prepared; stream, once it streams)
+    import localgen.cli.chat.slash
+    import localgen.tools.loop  # noqa: F401
     if runner.session.messages:
         view.info(f"resumed {runner.session.name}: {len(runner.session.messages)} messages")
     while True:
@@ -285,6 +289,11 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
             view.attachments.clear()
         first = runner.start(checked(text, "the message"), view.media)
         view.media.clear()
+    except KeyboardInterrupt:  # Ctrl-C between Enter and the answer (fitting a long history to the window)
+        if not view.interactive:
+            raise
+        view.info("(stopped before the answer began; the message was taken back)")
+        return True
     except LocalgenError as e:
         if not view.interactive:
             raise
