@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from tests.conftest import ROOT
 
