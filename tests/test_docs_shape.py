@@ -25,6 +25,7 @@ COMMAND = re.compile(r"`(?:time )?(?:\.venv/bin/python )?(?:scripts/|localgen |l
 DIARY = re.compile(r"\b(?:morning|afternoon|evening|session|sessions|not adopted|tried and left out|not yet|"
                    r"for later|we will|will be|TODO|next step)\b|^\| [0-9a-f]{7}\b|\btree [0-9a-f]{7}\b",
                    re.I | re.M)
+INTERNALS = re.compile(r"OpenMP|ubatch|llama_decode|KV cells|sampler chain|thread team", re.I)  # for Explanation
 OUTSIDE = re.compile(r"\.\./shared|/work/|/tmp/[\w-]*build")
 
 
@@ -59,6 +60,15 @@ def test_the_home_page_links_each_how_to_guide() -> None:
     assert guides >= HOWTOS
     for page in guides:
         assert f"]({page})" in index, f"index.md does not link {page}"
+
+
+def test_the_how_to_guides_and_the_tutorial_keep_internals_out() -> None:
+    guides = {p for e in _nav() for name, pages in e.items() if name in ("How-to guides", "Tutorial")
+              for p in _pages(pages)}
+    for page in guides:
+        found = INTERNALS.findall((DOCS / page).read_text(encoding="utf-8"))
+        assert not found, (page, found)
+    assert INTERNALS.search("the CPU backend's OpenMP keeps a team of threads per calling thread")
 
 
 def _tables() -> list[tuple[str, str, str]]:
