@@ -101,6 +101,17 @@ def test_each_benchmark_table_says_its_date_machine_and_command(heading: str, se
         assert COMMAND.search(section), f"{heading}: no command"
 
 
+def test_every_section_the_code_points_at_is_there() -> None:
+    """Code comments say why and point at the section of benchmarks.md that holds the figure
+    (`docs/benchmarks.md, Costs inside a step`): each such section is there."""
+    headings = [h.lstrip("# ") for h in re.findall(r"(?m)^#{2,3} .*$", BENCHMARKS)]
+    named = {m[1].rstrip(".`").strip() for path in [*(ROOT / "localgen").rglob("*.py"), *(ROOT / "tests").glob("*.py")]
+             for m in re.finditer(r'docs/benchmarks\.md,? "?([A-Z`][^";)\n]*)', path.read_text(encoding="utf-8"))}
+    assert len(named) >= 8, named
+    missing = [n for n in named if not any(h.startswith(n) for h in headings)]
+    assert not missing, missing
+
+
 def test_benchmarks_is_no_diary() -> None:
     found = [m[0] for m in DIARY.finditer(BENCHMARKS)]
     assert not found, found
