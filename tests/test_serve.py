@@ -40,6 +40,7 @@ class Server:
     end would fill (64 KiB) and block it."""
 
     def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.env = env
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]

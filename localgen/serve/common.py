@@ -19,6 +19,7 @@ from localgen import settings
 from localgen.backend import Completion
 from localgen.errors import LocalgenError, UsageError
 from localgen.serve.jobs import Done, EmbedJob, Event, Failed, Job, Text
+from localgen.serve.servelog import with_request_id
 from localgen.serve.worker import ModelWorker
 from localgen.types import GenerationRequest, ModelRef, SamplingParams
 
@@ -55,11 +56,11 @@ def error_response(request: Request, e: HTTPError) -> Response:
     from starlette.responses import JSONResponse
 
     if request.url.path.startswith("/api/"):
-        return JSONResponse({"error": e.message}, status_code=e.status)
+        return JSONResponse(with_request_id({"error": e.message}), status_code=e.status)
     if request.url.path.startswith("/v1/messages"):
-        return JSONResponse(anthropic_error(e.status, e.message), status_code=e.status)
-    return JSONResponse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}},
-                        status_code=e.status)
+        return JSONResponse(with_request_id(anthropic_error(e.status, e.message)), status_code=e.status)
+    return JSONResponse(with_request_id({"error": {"message": e.message, "type": e.kind, "param": e.param,
+                                                   "code": e.status}}), status_code=e.status)
 
 
 @dataclass
@@ -76,6 +77,8 @@ class ServeState:
     residency: Any = None  # serve/residency.py: which models stay loaded
     on_completion: Any = None  # serve/metrics.py's: each finished generation, given to every worker asked for
     offline: bool = False  # serve --offline: /api/pull is refused
+    store: Any = None  # engine/prefixstore.py: the prompt cache on disk (None: --cache-disk 0)
+    pulls: set[Any] = field(default_factory=set)  # serve/manage.py's pulls under way (stopped at shutdown)
 
     def worker(self, name: Any) -> ModelWorker:
         """The worker for a request's `model`: one served, or an installed model (its worker made now); the

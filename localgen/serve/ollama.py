@@ -34,6 +34,7 @@ from localgen.serve.common import (
 from localgen.serve.embeds import embed, embed_inputs
 from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Done, Event, Text, parse_duration
+from localgen.serve.loadnow import load_now
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.types import GenerationRequest, ModelRef, thinking_args
@@ -153,6 +154,8 @@ async def _generate(state: ServeState, http: Request, body: dict[str, Any], chat
             unloaded = worker.request_unload()
             if not worker.busy:
                 await asyncio.to_thread(unloaded.wait, 10)
+        else:  # loaded now, or the reason it cannot be (no room, over --max-memory), as /models/load says
+            await load_now(worker)
         return JSONResponse({**_head(worker), **({"message": {"role": "assistant", "content": ""}} if chat
                                                  else {"response": ""}), "done": True,
                              "done_reason": "unload" if keep_alive == 0 else "load"})
@@ -247,5 +250,6 @@ def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
 
 
 def _expires(worker: Any) -> str:
-    when = worker.expires_at if worker.expires_at is not None else time.time() + 10 * 365 * 86400
+    when = worker.expires()
+    when = when if when is not None else time.time() + 10 * 365 * 86400  # keep-alive -1: never
     return datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat().replace("+00:00", "Z")

@@ -33,7 +33,7 @@ from localgen.serve.common import (
 from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Failed, Text
 from localgen.serve.responseitems import Items, Shape, usage
-from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, default_path
+from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, check_metadata, default_path
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.stream import AnswerStream
 from localgen.types import GenerationRequest, thinking_args
@@ -142,9 +142,7 @@ async def _request(state: ServeState, worker: Any, body: dict[str, Any],
 
 def _check_options(body: dict[str, Any]) -> None:
     """The fields that change nothing here, checked: a value this server cannot honour is a 400."""
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise HTTPError(400, "metadata must be an object", param="metadata")
+    check_metadata(body.get("metadata"), body.get("user"))  # what a stored response keeps beside its conversation
     truncation = body.get("truncation")
     if truncation not in (None, "disabled"):
         raise HTTPError(400, "truncation: only \"disabled\" is served: a conversation longer than the model's "
