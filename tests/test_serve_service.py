@@ -229,10 +229,16 @@ def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: 
     try:
         warm, prompt2, cached = _turn(again, history, question)
         health = httpx.get(f"{again.url}/health", timeout=30).json()
+        metrics = httpx.get(f"{again.url}/metrics", timeout=30).text
     finally:
         assert again.stop() == 0
     assert cached >= prompt - 1 and prompt2 - cached < 100, (prompt, prompt2, cached)
     assert health["models"]["smollm2:135m"]["disk_hits"] == 1 and health["prefix_store"]["read"] >= 1
+    assert 'localgen_prefix_store_hits_total{model="smollm2:135m"} 1.0' in metrics
+    assert f'localgen_prefix_store_hit_tokens_total{{model="smollm2:135m"}} {cached}.0' in metrics
+    (stored,) = [float(line.split()[1]) for line in metrics.splitlines()
+                 if line.startswith("localgen_prefix_store_bytes ")]
+    assert stored == health["prefix_store"]["bytes"] > 0
 
     cold = Server({**env, "LOCALGEN_HOME": str(tmp_path / "cold")}, *args, "--cache-disk", "0")
     try:
