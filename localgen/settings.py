@@ -35,6 +35,8 @@ class Knob:
     llamacpp: str | None = None  # llama-server's request field (its extension where OpenAI has none)
     ollama: str | None = None  # Ollama's `options` key, where Ollama has one
     also: tuple[str, ...] = ()  # other names requests and JSONL lines use
+    anthropic: str | None = None  # Anthropic's Messages field, where it names the knob otherwise than OpenAI
+    responses: str | None = None  # OpenAI's Responses field, where it names the knob otherwise than chat's
 
     @property
     def cli(self) -> tuple[str, ...]:
@@ -79,8 +81,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
        openai=True, ollama=True, nullable=True, flags=("--seed", "-s")),
     _k("max_tokens", INT, -1, INT32, "Most tokens to generate; 0 none, -1 until the model stops or the context is "
                                      "full.", openai=True, ollama="num_predict", llamacpp="n_predict",
-       flags=("--max-tokens", "--n-predict", "-n"), also=("max_completion_tokens",)),
-    _k("stop", TEXTS, help="Stop before this text (repeatable); it is never printed.", openai=True, ollama=True),
+       flags=("--max-tokens", "--n-predict", "-n"), also=("max_completion_tokens",), responses="max_output_tokens"),
+    _k("stop", TEXTS, help="Stop before this text (repeatable); it is never printed.", openai=True, ollama=True,
+       anthropic="stop_sequences"),
     _k("reasoning_budget", INT, -1, INT32, "Most tokens a reasoning model may think: past them its thinking is "
                                            "closed (the end tag put in) and it answers; -1 no limit, 0 none."),
     _k("mirostat", INT, 0, 2, "Mirostat sampling: 1 or 2 (replaces top-k/p, min-p, typical, XTC); 0 off.",
@@ -105,13 +108,15 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
 
 def spellings(api: str) -> dict[str, str]:
     """A front end's names for the knobs → the knobs' names. api: "openai" (OpenAI's fields, then
-    llama-server's for the rest, as llama-server's /v1 takes them), "ollama" (Ollama's options; llama-server's
-    names where Ollama has none), "llamacpp", or "any" (every name anyone uses: JSONL lines, /set)."""
+    llama-server's for the rest, as llama-server's /v1 takes them), "anthropic" and "responses" (the same,
+    with the API's own name first where it has one), "ollama" (Ollama's options; llama-server's names where
+    Ollama has none), "llamacpp", or "any" (every name anyone uses: JSONL lines, /set)."""
     out: dict[str, str] = {}
     for k in KNOBS.values():
         names: tuple[str | None, ...]
-        if api == "openai":
-            names = (k.openai, k.llamacpp, *k.also)
+        if api in ("openai", "anthropic", "responses"):
+            own = k.anthropic if api == "anthropic" else k.responses if api == "responses" else None
+            names = (own, k.openai, k.llamacpp, *k.also)
         elif api == "ollama":
             names = (k.ollama,) if k.ollama else (k.llamacpp,)
         elif api == "llamacpp":
@@ -272,7 +277,8 @@ def jsonable(value: Any) -> Any:
 class LoadKnob:
     """One load setting as the CLI takes it: the command's parameter `name`, the LoadParams field it sets
     (its default is that field's, so it is written once), its flags (ours, then llama.cpp's), help, and
-    Ollama's option for it. `kind` is INT, FLOAT, BOOL, TEXT, or SWITCH (--x/--no-x, unset by default)."""
+    Ollama's option for it. `kind` is INT, FLOAT, BOOL, TEXT, TEXTS (repeatable), or SWITCH (--x/--no-x, unset by
+    default)."""
 
     name: str
     kind: str
@@ -331,6 +337,14 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
              "e.g. 3,1.", panel=GPU, metavar="N,N,..."),
     LoadKnob("main_gpu", INT, ("--main-gpu", "-mg"), "The GPU for the whole model with --split-mode none (and for "
              "scratch with row).", "main_gpu", 0, panel=GPU, ollama="main_gpu"),
+    LoadKnob("n_cpu_moe", INT, ("--n-cpu-moe", "-ncmoe"), "Keep the mixture-of-experts weights of the first N "
+             "layers in RAM, the rest of those layers on the GPU (default: as the plan finds room; `localgen fit`).",
+             "n_cpu_moe", 0, panel=GPU, envvar="LLAMA_ARG_N_CPU_MOE", metavar="N"),
+    LoadKnob("cpu_moe", BOOL, ("--cpu-moe", "-cmoe"), "Keep every layer's mixture-of-experts weights in RAM.",
+             "cpu_moe", panel=GPU, envvar="LLAMA_ARG_CPU_MOE"),
+    LoadKnob("override_tensor", TEXTS, ("--override-tensor", "-ot"), "Put the tensors whose names match a regular "
+             "expression in a buffer type (CPU, CUDA0, ...), as llama.cpp's -ot; comma-separated, repeatable; the "
+             "first match wins.", panel=GPU, envvar="LLAMA_ARG_OVERRIDE_TENSOR", metavar="PATTERN=BUFFER,..."),
     LoadKnob("rope_scaling", TEXT, ("--rope-scaling",), "RoPE scaling for contexts beyond training (YaRN for Qwen "
              "2.5/3 past 32k).", "rope_scaling", panel=GPU, metavar="none|linear|yarn"),
     LoadKnob("rope_freq_base", FLOAT, ("--rope-freq-base",), "RoPE base frequency; 0 from the model.",

@@ -96,6 +96,11 @@ class LoadParams:
     yarn_orig_ctx: int = 0  # 0: from the model
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) whose devices join the load
     lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters (GGUF path, scale) applied over the model's own
+    # tensor placement (placement.py): -ot's (pattern, buffer type) pairs; --cpu-moe; --n-cpu-moe N (None: the
+    # planner's, models/fit.py: experts stay in RAM only where the GPU has no room for them)
+    override_tensor: tuple[tuple[str, str], ...] = ()
+    cpu_moe: bool = False
+    n_cpu_moe: int | None = None
     streams: int = 1  # sequences decoded together (serve's --parallel): which tuning record applies
 
     def __post_init__(self) -> None:
@@ -117,6 +122,8 @@ class LoadParams:
             raise UsageError(f"unknown RoPE scaling {self.rope_scaling!r}; choose from {', '.join(ROPE_SCALINGS)}")
         if self.numa is not None and self.numa not in NUMA_MODES:
             raise UsageError(f"unknown NUMA strategy {self.numa!r}; choose from {', '.join(NUMA_MODES)}")
+        if self.n_cpu_moe is not None and self.n_cpu_moe < 0:
+            raise UsageError(f"--n-cpu-moe takes a number of layers, 0 or more, not {self.n_cpu_moe}")
         if any(x < 0 for x in self.tensor_split) or (self.tensor_split and not sum(self.tensor_split)):
             raise UsageError("--tensor-split takes non-negative proportions, e.g. 3,1")
 

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ BIG_TEMP_FILE = 1 << 20
 # (registered in pyproject.toml; `scripts/test --quick` runs `-m "not slow"`). `slow`: one of these fixtures,
 # used directly or through another (a module's server started from `cli_env`), a process started in the
 # test's body, or Gemma. A model loaded in this process by a command shows in none of them: mark it by hand.
-SLOW_FIXTURES = frozenset({"cli", "cli_env", "smollm2_engine", "gemma_path", "bad_models"})
+SLOW_FIXTURES = frozenset({"cli", "cli_env", "smollm2_engine", "gemma_path", "bad_models", "moe_path"})
 SPAWNS = re.compile(r"\bsubprocess\.|\bpexpect\.|\.popen\(|\bPopen\(")
 GEMMA = re.compile(r"gemma_path|gemma3:270m")
 GPU = re.compile(r"has_gpu|assert_same_greedy_text|GPU_SHARED_PREFIX")
@@ -261,6 +261,32 @@ def gemma_path(home: Path) -> Path:
     from localgen.models.resolve import resolve
 
     return Path(resolve("gemma3:270m").path)
+
+
+@pytest.fixture(scope="session")
+def moe_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """A small mixture-of-experts model (qwen3moe, random weights, SmolLM2's tokenizer) that llama.cpp runs
+    (tests/model_shapes.py)."""
+    from tests.model_shapes import SHAPES, build
+
+    return build(SHAPES["tiny-moe"], tmp_path_factory.mktemp("moe") / "tiny-moe.gguf", tokenizer=smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def shape_path(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """A header-only model of a named shape (tests/model_shapes.py: moe-30b-a3b, dense-8b): its tensors' data a
+    hole in a sparse file, for the planner, which reads headers only. Written once per shape."""
+    from tests.model_shapes import SHAPES, build
+
+    folder = tmp_path_factory.mktemp("shapes")
+    made: dict[str, Path] = {}
+
+    def make(name: str) -> Path:
+        if name not in made:
+            made[name] = build(SHAPES[name], folder / f"{name}.gguf", header_only=True)
+        return made[name]
+
+    return make
 
 
 @pytest.fixture(scope="session")

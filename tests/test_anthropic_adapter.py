@@ -13,7 +13,8 @@ import pytest
 
 from localgen import settings
 from localgen.serve import anthropic as a
-from localgen.serve.common import HTTPError, anthropic_error
+from localgen.serve.apierror import ANTHROPIC, HTTPError, error_body
+from localgen.serve.ask import Schema
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,19 +80,26 @@ def test_thinking_and_effort_turn_the_templates_switch() -> None:
     assert a._thinking({"type": "adaptive"}) is True
     assert a._thinking({"type": "disabled"}) is False
     assert a._thinking(None) is None
-    assert asyncio.run(a._output_config({"effort": "low"})) == (None, True)  # on, with a budget (common.py)
-    assert asyncio.run(a._output_config({"effort": "max"})) == (None, True)
-    grammar, _ = asyncio.run(a._output_config({"format": {"type": "json_schema", "schema": {"type": "object"}}}))
-    assert grammar and "root" in grammar
+    assert a._output_config({"effort": "low"}) == (None, "low")  # a budget (pipeline.py's EFFORT_BUDGETS)
+    assert a._output_config({"effort": "max"}) == (None, "max")
+    body = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}
+    for effort in ("low", "max"):  # an effort turns thinking on
+        asked = asyncio.run(a.MESSAGES.parse({**body, "output_config": {"effort": effort}}))
+        assert asked.thinking is True and asked.effort == effort
+    off = asyncio.run(a.MESSAGES.parse({**body, "output_config": {"effort": "low"}, "thinking": {"type": "disabled"}}))
+    assert off.thinking is False, "thinking: disabled wins over an effort"
+    schema, _ = a._output_config({"format": {"type": "json_schema", "schema": {"type": "object"}}})
+    assert schema == Schema({"type": "object"}, "output_config.format")
     for bad in ({"effort": "extreme"}, {"format": {"type": "json_object"}}):
         with pytest.raises(HTTPError):
-            asyncio.run(a._output_config(bad))
+            a._output_config(bad)
 
 
 def test_errors_in_anthropics_shape() -> None:
-    assert anthropic_error(404, "no") == {"type": "error", "error": {"type": "not_found_error", "message": "no"}}
-    assert anthropic_error(503, "busy")["error"]["type"] == "overloaded_error"
-    assert anthropic_error(500, "x")["error"]["type"] == "api_error"
+    assert error_body(ANTHROPIC, HTTPError(404, "no")) == {"type": "error", "error": {"type": "not_found_error",
+                                                                                       "message": "no"}}
+    assert error_body(ANTHROPIC, HTTPError(503, "busy"))["error"]["type"] == "overloaded_error"
+    assert error_body(ANTHROPIC, HTTPError(500, "x"))["error"]["type"] == "api_error"
 
 
 def test_the_api_page_names_every_field_the_routes_read() -> None:
@@ -99,6 +107,6 @@ def test_the_api_page_names_every_field_the_routes_read() -> None:
     each name the table gives a route is on the page."""
     page = (ROOT / "docs" / "api.md").read_text()
     named = set(re.findall(r"`([a-z0-9_]+)`", page))
-    for api in ("openai", "ollama"):
+    for api in ("openai", "anthropic", "responses", "ollama"):
         assert set(settings.spellings(api)) <= named, api
     assert named >= settings.OLLAMA_LOAD_OPTIONS

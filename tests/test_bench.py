@@ -221,7 +221,7 @@ def test_doctor(cli: CLI) -> None:
 
 
 def test_bar_chart_scales() -> None:
-    from localgen.cli.benchview import bar_chart
+    from localgen.cli.bench.view import bar_chart
 
     chart = bar_chart([("a", 100.0), ("bb", 50.0)], width=10).splitlines()
     assert chart[0].count("█") == 10 and chart[1].count("█") == 5

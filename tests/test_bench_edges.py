@@ -259,7 +259,7 @@ def _render(recs: list[dict[str, Any]], width: int) -> str:
     from rich.console import Console
 
     from localgen.bench import records
-    from localgen.cli.benchview import rich_table as _rich_table
+    from localgen.cli.bench.view import rich_table as _rich_table
 
     system = {**records.system_info(), "bandwidth": 12.3e9}
     buf = io.StringIO()
@@ -292,7 +292,7 @@ def test_the_client_side_table_fits_100_columns(fake: FakeServer, own_home: Path
     from rich.console import Console
 
     from localgen.bench import serving
-    from localgen.cli.benchview import emit_serving as _emit_serving
+    from localgen.cli.bench.view import emit_serving as _emit_serving
 
     _, recs = _sweep(fake)
     buf = io.StringIO()
@@ -339,7 +339,7 @@ def test_compare_leaves_a_missing_figure_empty(own_home: Path) -> None:
 
 
 def test_bar_chart_fits_its_columns_and_draws_no_bar_for_a_missing_figure() -> None:
-    from localgen.cli.benchview import bar_chart
+    from localgen.cli.bench.view import bar_chart
 
     chart = bar_chart([("short", 100.0), ("x" * 90, 50.0), ("gone", None)], columns=100).splitlines()
     assert max(len(line) for line in chart) <= 100

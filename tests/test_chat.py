@@ -13,7 +13,7 @@ import pexpect
 import pytest
 
 from localgen.chat.session import ChatSession
-from localgen.cli.render import PlainView, split_blocks
+from localgen.cli.chat.render import PlainView, split_blocks
 from tests import terminal
 from tests.conftest import CLI
 

@@ -19,11 +19,12 @@ from typer.testing import CliRunner
 
 from localgen import settings
 from localgen.cli import app, params
+from localgen.cli.chat.plan import ChatArgs
 from localgen.cli.embed import EmbedArgs, RerankArgs, SimilarArgs
-from localgen.cli.knobs import Knobs
-from localgen.cli.options import ChatArgs, CommandArgs, OptionGroup
-from localgen.cli.runoptions import RunArgs
-from localgen.cli.serveoptions import ServeArgs
+from localgen.cli.options import CommandArgs, OptionGroup
+from localgen.cli.options.knobs import Knobs
+from localgen.cli.run.options import RunArgs
+from localgen.cli.serve.options import ServeArgs
 from tests.fake_openai import FakeServer
 
 
@@ -104,7 +105,7 @@ def test_chat_ctx_bounds_the_window_of_a_server_that_reports_none(home: Path, fa
 @pytest.fixture()
 def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """`serve` up to the point where it would load models and listen: what it built is kept here."""
-    from localgen.cli import serve as serve_cli
+    from localgen.cli.serve import command as serve_cli
     from localgen.engine import batchmode
     from localgen.native import devices
     from localgen.serve import app as serve_app
@@ -131,7 +132,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 def test_serve_sampling_flags_are_the_defaults_of_requests(started: dict[str, Any]) -> None:
-    from localgen.serve.common import sampling
+    from localgen.serve.pipeline import sampling
 
     r = invoke("serve", "--port", started["port"], "--stop", "END", "--stop", "STOP", "--top-n-sigma", "2",
                "--dry-sequence-breaker", "none", "--logit-bias", "15+1.5", "--ignore-eos")

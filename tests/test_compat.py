@@ -143,7 +143,7 @@ def test_flash_attn_argv_gives_typer_one_word_it_parses() -> None:
     assert _compat.flash_attn_argv(["run", "--", "-fa"]) == ["run", "--", "-fa"]
 
 
-# given() in cli/options.py: public API only, but it relies on this behaviour -----------------------------------
+# given() in cli/options/__init__.py: public API only, but it relies on this behaviour ---------------------------------
 
 
 def test_parameter_source_names_what_given_reads() -> None:

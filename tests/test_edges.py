@@ -169,16 +169,21 @@ def _chat_request(body: dict[str, Any]) -> Any:
     import asyncio
 
     from localgen.serve import openai
-    from localgen.serve.common import ServeState
+    from localgen.serve.pipeline import generation
+    from localgen.serve.state import ServeState
 
     worker = SimpleNamespace(ref=SimpleNamespace(sampling_defaults={}), n_ctx=2048)
     state = ServeState(workers={})
     full = {"messages": [{"role": "user", "content": "Hi"}], **body}
-    return asyncio.run(openai._request(state, worker, full, chat=True))
+
+    async def parsed() -> Any:
+        return (await generation(state, worker, await openai.CHAT.parse(full)))[0]  # type: ignore[arg-type]
+
+    return asyncio.run(parsed())
 
 
 def test_modalities_text_is_accepted_and_audio_output_refused() -> None:
-    from localgen.serve.common import HTTPError
+    from localgen.serve.apierror import HTTPError
 
     assert _chat_request({"modalities": ["text"]}).messages[0]["content"] == "Hi"
     assert _chat_request({"modalities": []}).messages
@@ -206,7 +211,7 @@ def test_modalities_text_is_accepted_and_audio_output_refused() -> None:
     (False, "chat_template_kwargs", "must be an object"),
 ])
 def test_bad_chat_template_kwargs_are_400_naming_the_field(kwargs: Any, param: str, words: str) -> None:
-    from localgen.serve.common import HTTPError
+    from localgen.serve.apierror import HTTPError
 
     with pytest.raises(HTTPError) as e:
         _chat_request({"chat_template_kwargs": kwargs})
@@ -247,7 +252,7 @@ def _default_drain() -> float:
     """serve's --drain-timeout when it is not given."""
     import inspect
 
-    from localgen.cli.serve import serve
+    from localgen.cli.serve.command import serve
 
     return float(inspect.signature(serve).parameters["drain_timeout"].default)
 

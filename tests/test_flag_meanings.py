@@ -34,7 +34,7 @@ _SWEPT = "bench sweeps it: a list of values (llama-bench's), not one setting"
 LONG_EXCEPTIONS = {
     **{(flag, "bench"): _SWEPT for flag in (
         "--model", "--threads", "--n-gpu-layers", "--batch-size", "--ubatch-size", "--flash-attn", "--cache-type-k",
-        "--cache-type-v", "--parallel")},
+        "--cache-type-v", "--parallel", "--n-cpu-moe")},
     ("--model", "serve"): "serve serves several models at once: repeatable, each one a name requests use",
     ("--exact", "serve"): "the same switch; serve's help speaks of requests, the start-up line and the request "
                           "field, run's of the prompts of --file and --stats",

@@ -38,8 +38,8 @@ def gated() -> Any:
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from localgen.serve.common import read_json
     from localgen.serve.guard import Gate, Policy
+    from localgen.serve.jsonbody import read_json
 
     async def echo(request: Request) -> JSONResponse:
         return JSONResponse(await read_json(request))

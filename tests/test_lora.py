@@ -80,7 +80,7 @@ def test_the_header_says_whether_an_adapter_fits_the_base(adapter: Path, foreign
 
 
 def test_lora_flags_are_llama_cpps_spellings(adapter: Path, tmp_path: Path) -> None:
-    from localgen.cli.knobs import lora_adapters
+    from localgen.cli.options.knobs import lora_adapters
 
     a = str(adapter)
     assert lora_adapters(f"{a},{a}", f"{a}:0.5") == ((a, 1.0), (a, 1.0), (a, 0.5))

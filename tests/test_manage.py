@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from localgen.serve import describe, manage
-from localgen.serve.common import HTTPError, ServeState
+from localgen.serve.apierror import HTTPError
+from localgen.serve.state import ServeState
 from tests import hub_server
 from tests.test_serve import Server
 

@@ -12,9 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from localgen.backend import Completion
-from localgen.serve.common import ServeState
 from localgen.serve.metrics import BUCKETS, Metrics
 from localgen.serve.residency import Residency
+from localgen.serve.state import ServeState
 from tests.test_serve import Server
 
 MB = 1 << 20

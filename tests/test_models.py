@@ -169,20 +169,28 @@ def test_quant_tags_and_split_groups() -> None:
     assert pick(options, "Q2_K") is None
 
 
-def test_fit_verdicts_and_gpu_layers(smollm2_engine: Any) -> None:
-    s = smollm2_engine.model.summary
-    e = fit.estimate(s, s.file_size, 4096)
-    assert e.kv == 30 * 4096 * 3 * (64 + 64) * 2  # layers × ctx × kv heads × (k + v dims) × f16
+def test_fit_verdicts_and_gpu_layers(smollm2_path: Any) -> None:
+    from localgen.models.footprint import layout
+    from localgen.models.gguf_meta import read_summary
+    from localgen.types import LoadParams
+
+    s, w = read_summary(str(smollm2_path)), layout(str(smollm2_path))
+    assert fit.kv_bytes(s, 4096) == 30 * 4096 * 3 * (64 + 64) * 2  # layers × ctx × kv heads × (k + v dims) × f16
     gb = 1 << 30
-    assert fit.verdict(e, fit.Machine(ram_available=16 * gb, gpu_free=24 * gb, offload=True)) == fit.FULL_GPU
-    assert fit.verdict(e, fit.Machine(ram_available=16 * gb, gpu_free=0, offload=False)) == fit.CPU_ONLY
-    assert fit.verdict(e, fit.Machine(ram_available=100 << 20, gpu_free=0, offload=False)) == fit.WONT_FIT
-    tight = fit.Machine(ram_available=16 * gb, gpu_free=e.total // 2 + e.overhead, offload=True)
-    assert fit.verdict(e, tight) == fit.PARTIAL_GPU
-    layers = fit.gpu_layers(s, e, tight)
-    assert 0 < layers < 30
-    assert fit.gpu_layers(s, e, fit.Machine(16 * gb, 24 * gb, True)) == -1
-    assert fit.gpu_layers(s, e, fit.Machine(16 * gb, 0, False)) == 0
+    load = LoadParams(n_ctx=4096)
+
+    def plan(ram: int, gpus: tuple[int, ...] = ()) -> fit.Plan:
+        return fit.plan(s, w, fit.Machine(ram=ram, gpus=gpus), load, ctx=4096)
+
+    assert plan(16 * gb, (24 * gb,)).verdict == fit.FULL_GPU
+    assert plan(16 * gb, (24 * gb,)).gpu_layers == 31  # every layer and the output layer
+    assert plan(16 * gb).verdict == fit.CPU_ONLY
+    assert plan(100 << 20).verdict == fit.WONT_FIT
+    full = plan(16 * gb, (24 * gb,)).footprint.on("GPU").total
+    tight = plan(16 * gb, (fit.GPU_CONTEXT_RESERVE + fit.GPU_MARGIN + full // 2,))
+    assert tight.verdict == fit.PARTIAL_GPU and 0 < tight.gpu_layers < 30
+    assert tight.footprint.on("GPU").total <= full // 2
+    assert plan(16 * gb, (fit.GPU_CONTEXT_RESERVE,)).gpu_layers == 0  # no room at all
 
 
 # ---- pull -------------------------------------------------------------------------------------------
@@ -391,8 +399,9 @@ def test_pull_list_shows_fit_and_recommendation(env: dict[str, str], hub: hub_se
     from localgen.native.devices import backend_info
 
     machine = this_machine(bool(backend_info()["gpu_offload"]))  # on a GPU machine the small model fits there
-    expected = "full GPU" if machine.offload and machine.gpu_free > rows["Q4_1"]["memory"] else "CPU only"
+    expected = "full GPU" if machine.gpus and machine.gpu_budget(0) > rows["Q4_1"]["memory"] else "CPU only"
     assert rows["Q4_1"]["fit"] == expected and rows["Q4_1"]["memory"] > rows["Q4_1"]["size"]
+    assert rows["Q4_1"]["context"] == 4096  # the plan's, at --ctx's default
     assert sum(q["recommended"] for q in rows.values()) == 1
     assert not any(q["downloaded"] for q in rows.values())
     assert FILE not in hub.sent or hub.sent[FILE] < 70_000_000, "--list reads only the header"

@@ -82,8 +82,9 @@ def test_serve_stop_is_the_default_a_request_can_replace_or_drop(cli_env: dict[s
     """README (localgen serve, Settings): all of `run`'s sampling flags ... become the defaults that each
     request's fields override: a request that sets no `stop` (or `null`) gets the server's `--stop`; one that
     sends `stop: []` has none.
-    Broken once (sitecustomize making `localgen.serve.common.sampling` drop empty values from the request,
-    as it drops nulls): the `stop: []` request stopped at the server's "5." and this test failed."""
+    Broken once (sitecustomize making `localgen.serve.common.sampling`, now serve/pipeline.py's, drop empty
+    values from the request, as it drops nulls): the `stop: []` request stopped at the server's "5." and this
+    test failed."""
     server = Server(cli_env, "-np", "1", "--ctx", "512", "--stop", "5.")
     try:
         def ask(**extra: Any) -> tuple[str, str]:
@@ -250,7 +251,7 @@ def test_tab_completes_paths_saved_conversations_and_model_names(cli: CLI, cli_e
     """README (chat, Keys): Tab completes slash commands and their arguments (settings, file paths, saved
     conversations, model names). (Commands and settings: tests/test_promises_cli.py.) And (Ctrl-C): Ctrl-C at
     the prompt says how to leave; Ctrl-D ... leaves with exit status 0.
-    Broken once (sitecustomize wrapping `localgen.cli.repl.make_completer` with empty lists of saved
+    Broken once (sitecustomize wrapping `localgen.cli.chat.repl.make_completer` with empty lists of saved
     conversations and models): Tab after `/load tabcompletion-s` added nothing and the test timed out there.
     Model names are what `localgen list` shows (a GGUF in the Hugging Face cache, named repo:QUANT) and the
     catalogue's (issue #47: only the embedded models completed, and the test timed out at `/model qwen2.5-c`)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen.engine.budget import Budget, opened_by
-from localgen.serve.common import EFFORT_BUDGETS, effort_budget
+from localgen.serve.pipeline import EFFORT_BUDGETS, effort_budget
 from tests.conftest import CLI, ROOT
 
 R1 = ROOT / "tests" / "data" / "templates" / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"

@@ -137,8 +137,9 @@ def test_a_model_bigger_than_the_budget_says_what_it_needs() -> None:
 
 def test_on_demand_makes_one_worker_per_model() -> None:
     from localgen.errors import ModelNotFoundError
-    from localgen.serve.common import HTTPError, ServeState
+    from localgen.serve.apierror import HTTPError
     from localgen.serve.ondemand import OnDemand
+    from localgen.serve.state import ServeState
     from localgen.types import LoadParams, ModelRef
 
     made: list[str] = []
@@ -231,9 +232,9 @@ def test_defaults_three_models_and_most_of_the_memory(monkeypatch: pytest.Monkey
     """--max-models 3 (per GPU when offloading), --max-memory 90 % of RAM (plus GPU memory when offloading);
     a size in the flag's units, and a bad one is a usage error."""
     from localgen import hardware
-    from localgen.cli import serve
-    from localgen.cli.knobs import Knobs
-    from localgen.cli.serveoptions import ResidencyOptions
+    from localgen.cli.options.knobs import Knobs
+    from localgen.cli.serve import command as serve
+    from localgen.cli.serve.options import ResidencyOptions
     from localgen.errors import UsageError
 
     knobs = Knobs({"gpu_layers": None}, frozenset())  # -ngl not given

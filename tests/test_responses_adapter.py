@@ -17,7 +17,8 @@ import pytest
 
 from localgen.serve import responseitems as items_
 from localgen.serve import responses as r
-from localgen.serve.common import HTTPError
+from localgen.serve.apierror import HTTPError
+from localgen.serve.ask import Schema
 from localgen.serve.responsestore import MAX_AGE_S, MAX_BYTES, MAX_RESPONSES, ResponseStore
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream, Piece
@@ -95,15 +96,18 @@ def test_function_tools_and_tool_choice_as_chat_completions() -> None:
 
 
 def test_text_format_is_a_grammar_and_effort_the_templates_switch() -> None:
-    assert asyncio.run(r._text_format({"format": {"type": "text"}})) is None
-    assert "root" in (asyncio.run(r._text_format({"format": {"type": "json_object"}})) or "")
+    from localgen.serve.schema import schema_grammar
+
+    assert r._text_format({"format": {"type": "text"}}) is None
+    assert r._text_format({"format": {"type": "json_object"}}) == Schema("json", "text.format")
     schema = {"type": "object", "properties": {"colour": {"type": "string"}}}
-    assert "colour" in (asyncio.run(r._text_format({"format": {"type": "json_schema", "name": "c",
-                                                               "schema": schema}})) or "")
+    made = r._text_format({"format": {"type": "json_schema", "name": "c", "schema": schema}})
+    assert made == Schema(schema, "text.format.schema")
+    assert "colour" in asyncio.run(schema_grammar(made.value, made.param))
     for bad, param in (({"format": {"type": "json_schema"}}, "text.format.schema"),
                        ({"format": {"type": "grammar"}}, "text.format"), ("json", "text")):
         with pytest.raises(HTTPError) as e:
-            asyncio.run(r._text_format(bad))
+            r._text_format(bad)
         assert e.value.param == param
     assert r._effort({"effort": "none"}) is False and r._effort({"effort": "minimal"}) is False
     assert all(r._effort({"effort": e}) is True for e in ("low", "medium", "high", "xhigh", "max"))
@@ -139,9 +143,9 @@ def test_known_options_are_accepted() -> None:
     r._check_options({"metadata": {f"{i:064d}": "v" * 512 for i in range(16)}, "user": "u" * 256})  # at the bounds
 
 
-def _shape(body: dict[str, Any] | None = None) -> items_.Shape:
+def _shape(body: dict[str, Any] | None = None) -> items_.Encoder:
     request = GenerationRequest(messages=({"role": "user", "content": "x"},), sampling=SamplingParams())
-    return items_.Shape({"model": "m", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+    return items_.Encoder({"model": "m", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
                      **(body or {})}, "m", request, None, [])
 
 
@@ -155,8 +159,9 @@ def test_the_response_object_is_the_sdks() -> None:
     answer = AnswerStream()
     answer.reasoning, answer.content = "thought", "Paris."
     answer.calls = [ToolCall("f", '{"a": 1}', "call_1")]
-    doc = _shape({"instructions": "Be brief.", "metadata": {"a": "b"}, "max_output_tokens": 9,
-                  "tool_choice": {"type": "function", "name": "f"}}).whole(_done(), answer)
+    shape = _shape({"instructions": "Be brief.", "metadata": {"a": "b"}, "max_output_tokens": 9,
+                  "tool_choice": {"type": "function", "name": "f"}})
+    doc = asyncio.run(shape.whole(_done(), None, answer))
     parsed = Response.model_validate(doc)
     assert parsed.metadata == {"a": "b"} and parsed.max_output_tokens == 9 and parsed.tools[0].name == "f"
     assert parsed.tool_choice.type == "function"  # type: ignore[union-attr]
@@ -164,7 +169,7 @@ def test_the_response_object_is_the_sdks() -> None:
     assert parsed.output_text == "Paris." and parsed.status == "completed" and parsed.instructions == "Be brief."
     assert parsed.usage is not None and parsed.usage.total_tokens == 13
     assert parsed.usage.input_tokens_details.cached_tokens == 4
-    cut = Response.model_validate(_shape().whole(_done("length"), AnswerStream()))
+    cut = Response.model_validate(asyncio.run(_shape().whole(_done("length"), None, AnswerStream())))
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens" and cut.output_text == ""
 
@@ -175,12 +180,12 @@ def test_stream_events_are_the_sdks_in_order() -> None:
     from openai.types.responses import ResponseStreamEvent
     from pydantic import TypeAdapter
 
-    items = items_.Items(_shape())
-    raw = [items.event("response.created", response=items.shape.response("in_progress", []))]
-    raw += items.events([Piece("reasoning", "hm"), Piece("reasoning", "m"), Piece("content", "Pa"),
+    items = _shape()
+    raw = [items.event("response.created", response=items.response("in_progress", []))]
+    raw += items.said([Piece("reasoning", "hm"), Piece("reasoning", "m"), Piece("content", "Pa"),
                          Piece("content", "ris"), ToolCall("f", '{"a": 1}', "call_1")])
     raw += items.close("completed")
-    raw.append(items.event("response.completed", response=items.shape.response("completed", items.output,
+    raw.append(items.event("response.completed", response=items.response("completed", items.output,
                                                                                 items_.usage(_done()))))
     adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
     events = []
@@ -215,7 +220,9 @@ def test_an_error_after_the_stream_began_is_response_failed() -> None:
     async def run() -> list[bytes]:
         job = SimpleNamespace(events=asyncio.Queue(), cancelled=threading.Event(), finish=threading.Event())
         job.events.put_nowait(Failed(503, "the server is shutting down"))
-        return [chunk async for chunk in r._sse(_shape(), job, Text("Hi"), AnswerStream())]
+        from localgen.serve.pipeline import _stream
+
+        return [chunk async for chunk in _stream(job, Text("Hi"), AnswerStream(), _shape())]  # type: ignore[arg-type]
 
     chunks = asyncio.run(run())
     last = json.loads(chunks[-1].decode().split("data: ", 1)[1])

@@ -462,6 +462,44 @@ def test_anthropic_errors_have_anthropics_shape(server: Server) -> None:
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
+@pytest.mark.parametrize(("body", "field"), [
+    ({"stop_sequences": "x"}, "stop_sequences"),  # one string, not a list
+    ({"stop_sequences": [""]}, "stop_sequences"),  # an empty stop sequence
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "42"}]}]}, "tool_use_id"),
+])
+def test_anthropic_refuses_what_anthropic_refuses(server: Server, body: dict[str, Any], field: str) -> None:
+    """Inputs the real Messages API refuses are a 400 in Anthropic's shape that names the field, not a guess."""
+    r = httpx.post(f"{server.url}/v1/messages", headers={"x-api-key": KEY}, timeout=60, json={
+        "model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}], **body})
+    doc = r.json()
+    assert r.status_code == 400 and doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error", r.text
+    assert field in doc["error"]["message"]
+
+
+@pytest.mark.parametrize(("method", "path", "status", "shape"), [
+    ("GET", "/v1/nothing", 404, "openai"), ("POST", "/v1/chat/nothing", 404, "openai"),
+    ("DELETE", "/v1/chat/completions", 405, "openai"), ("GET", "/v1/responses", 405, "openai"),
+    ("POST", "/v1/messages/nothing", 404, "anthropic"), ("GET", "/v1/messages", 405, "anthropic"),
+    ("GET", "/api/nothing", 404, "ollama"), ("GET", "/api/chat", 405, "ollama"),
+])
+def test_unknown_routes_and_methods_answer_in_the_apis_shape(server: Server, method: str, path: str, status: int,
+                                                             shape: str) -> None:
+    """By the path: Anthropic's error under /v1/messages, Ollama's under /api/, OpenAI's elsewhere; never
+    Starlette's plain text. A method a route does not take says which it takes."""
+    r = httpx.request(method, f"{server.url}{path}", headers=_auth(), json={}, timeout=30)
+    assert r.status_code == status and r.headers["content-type"] == "application/json", r.text
+    doc = r.json()
+    message = {"openai": lambda: doc["error"]["message"], "anthropic": lambda: doc["error"]["message"],
+               "ollama": lambda: doc["error"]}[shape]()
+    assert path in message, doc
+    if shape == "anthropic":
+        assert doc["type"] == "error" and doc["error"]["type"] in ("not_found_error", "invalid_request_error")
+    if shape == "openai":
+        assert doc["error"]["type"] == "invalid_request_error" and doc["error"]["code"] == status
+    if status == 405:
+        assert r.headers["allow"] and r.headers["allow"] in message
+
+
 def test_anthropic_json_output_follows_the_schema(server: Server) -> None:
     schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"],
               "additionalProperties": False}
@@ -539,7 +577,7 @@ def test_responses_client_whole_streamed_continued_and_stored(server: Server) ->
 
 def test_responses_errors_and_json_output(server: Server) -> None:
     url, head = f"{server.url}/v1/responses", _auth()
-    for body, param in (({"input": []}, "input"),
+    for body, param in (({"input": []}, "input"), ({"input": ""}, "input"),
                         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
                         ({"input": "x", "truncation": "auto"}, "truncation"),
                         ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),

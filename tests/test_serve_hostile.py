@@ -32,8 +32,8 @@ class InProcess:
 
         from localgen.models.resolve import resolve
         from localgen.serve.app import build
-        from localgen.serve.common import ServeState
         from localgen.serve.guard import Policy
+        from localgen.serve.state import ServeState
         from localgen.serve.worker import ModelWorker
         from localgen.types import LoadParams
 

@@ -5,6 +5,7 @@ derived from it. In process: no model loads."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import typer
 
 from localgen import settings
 from localgen.cli import options as o
-from localgen.cli.knobs import Knobs
+from localgen.cli.options.knobs import Knobs
 from localgen.settings import KNOBS, LOAD_KNOBS
 from localgen.types import GenerationRequest, LoadParams, SamplingParams
 
@@ -71,11 +72,55 @@ def test_each_front_end_reaches_every_knob() -> None:
     assert "num_ctx" in settings.OLLAMA_LOAD_OPTIONS and "num_thread" in settings.OLLAMA_LOAD_OPTIONS
 
 
-def test_the_server_routes_take_the_tables_names() -> None:
-    from localgen.serve import ollama, openai
+def _parsers() -> list[tuple[str, Any, dict[str, Any], str | None]]:
+    """Each generation route's parser: the spellings it reads (settings.spellings), the parser, a body it takes,
+    and where its sampling fields go (None: the body; Ollama: `options`)."""
+    from localgen.serve import anthropic, ollama, openai, responses
+    from localgen.serve.responsestore import ResponseStore
 
-    assert settings.spellings("openai") == openai.FIELDS
-    assert settings.spellings("ollama") == ollama.OPTIONS and ollama.IGNORED == settings.OLLAMA_LOAD_OPTIONS
+    chat = [{"role": "user", "content": "hi"}]
+    return [("openai", openai.CHAT, {"messages": chat}, None), ("openai", openai.COMPLETIONS, {"prompt": "hi"}, None),
+            ("anthropic", anthropic.MESSAGES, {"max_tokens": 5, "messages": chat}, None),
+            ("responses", responses.Responses(ResponseStore(Path("/nonexistent/unused.db"))), {"input": "hi"}, None),
+            ("ollama", ollama.CHAT, {"messages": chat}, "options"), ("ollama", ollama.GENERATE, {"prompt": "hi"},
+                                                                    "options")]
+
+
+def _parsed(parser: Any, body: dict[str, Any], where: str | None, fields: dict[str, Any]) -> dict[str, Any]:
+    import asyncio
+
+    ask = asyncio.run(parser.parse({**body, **({where: fields} if where else fields)}))
+    return dict(ask.values)
+
+
+def test_every_knob_reaches_every_apis_parser() -> None:
+    """Every knob, in each of an API's spellings, reaches the knob through that API's parser (OpenAI's chat and
+    completions, Anthropic's Messages, the Responses API, Ollama's chat and generate), with the value sent; the
+    values read back are the settings sent."""
+    from localgen.remote.client import request_body
+
+    s = _far_from_default()
+    sent = request_body("m", GenerationRequest(messages=({"role": "user", "content": "hi"},), sampling=s), seed=7)
+    json_value = {settings.spellings("openai")[k]: v for k, v in sent.items() if k in settings.spellings("openai")}
+    assert set(json_value) == set(KNOBS)
+    for api, parser, body, where in _parsers():
+        names = settings.spellings(api)
+        assert set(names.values()) == set(KNOBS), api
+        for theirs, ours in names.items():
+            assert _parsed(parser, body, where, {theirs: json_value[ours]})[ours] == json_value[ours], (api, theirs)
+        values = _parsed(parser, body, where, {theirs: json_value[ours] for theirs, ours in names.items()})
+        assert settings.apply(SamplingParams(), values) == s, api
+
+
+def test_a_knob_added_to_the_table_reaches_every_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One entry in settings.KNOBS is all a new sampling field needs to be read by every API's parser, in
+    OpenAI's spelling (chat completions, Anthropic, Responses) and Ollama's option."""
+    knob = settings._k("warmth", settings.FLOAT, 0.0, 1.0, "A knob made up for this test.", openai=True,
+                       ollama="num_warmth")
+    monkeypatch.setitem(KNOBS, "warmth", knob)
+    for api, parser, body, where in _parsers():
+        name = "num_warmth" if api == "ollama" else "warmth"
+        assert _parsed(parser, body, where, {name: 0.25}).get("warmth") == 0.25, api
 
 
 def _far_from_default() -> SamplingParams:
@@ -104,12 +149,14 @@ def _far_from_default() -> SamplingParams:
 def test_what_a_remote_endpoint_is_sent_our_server_reads_back_whole() -> None:
     """A request sent to an endpoint (remote/client.py) names every setting that differs from its default as
     the table spells it; our own /v1 route's mapping reads each one back to the same value."""
+    import asyncio
+
     from localgen.remote.client import request_body
     from localgen.serve import openai
 
     s = _far_from_default()
     body = request_body("m", GenerationRequest(messages=({"role": "user", "content": "hi"},), sampling=s), seed=7)
-    values = {openai.FIELDS[k]: v for k, v in body.items() if k in openai.FIELDS}
+    values = dict(asyncio.run(openai.CHAT.parse(body)).values)
     assert set(values) == set(KNOBS)
     assert settings.apply(SamplingParams(), values) == s
 

@@ -22,11 +22,12 @@ main(sys.argv[2:])
 # What a plain run must not import: the features it does not use, and the libraries behind them.
 NOT_LOADED = (
     "localgen.tools.loop", "localgen.tools.plan", "localgen.tools.formats", "localgen.tools.spec",
-    "localgen.tools.functions", "localgen.tools.mcp", "localgen.cli.toolflow", "localgen.remote",
+    "localgen.tools.functions", "localgen.tools.mcp", "localgen.cli.run.tools", "localgen.remote",
     "localgen.media", "localgen.media_headers", "localgen.fetch", "localgen.serve", "localgen.chat",
     "localgen.bench", "localgen.embeddings", "localgen.engine.speculative", "localgen.native.mtmd",
     "localgen.engine.embed", "localgen.engine.batch", "localgen.engine.scheduler", "localgen.engine.beams",
-    "localgen.cli.logs", "localgen.cli.serve", "localgen.cli.chat", "localgen.sqlitedb",
+    "localgen.cli.log.command", "localgen.cli.serve", "localgen.cli.chat", "localgen.cli.options.tools",
+    "localgen.sqlitedb",
     "sqlite_utils", "httpx", "httpcore", "starlette", "uvicorn", "sse_starlette", "pydantic", "huggingface_hub",
     "rich", "prompt_toolkit", "mcp", "openai", "gguf", "pandas", "filelock", "llama_cpp.llama",
     "prometheus_client",
@@ -66,4 +67,4 @@ def test_run_with_tools_flags_still_loads_them(cli_env: dict[str, str], tmp_path
     done, modules = loaded_by(cli_env, tmp_path, "run", "-m", "smollm2:135m", "-p", "What is 2+3?", "-n", "4",
                               "--functions", str(functions), "--yes", "--no-log")
     assert done.returncode == 0, done.stderr
-    assert {"localgen.tools.loop", "localgen.cli.toolflow"} <= modules
+    assert {"localgen.tools.loop", "localgen.cli.run.tools", "localgen.cli.options.tools"} <= modules

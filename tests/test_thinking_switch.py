@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from localgen.serve.common import HTTPError
+from localgen.serve.apierror import HTTPError
 from tests.conftest import CLI, ROOT
 
 QWEN3 = ROOT / "tests" / "data" / "templates" / "Qwen-Qwen3-0.6B.jinja"
@@ -19,7 +19,13 @@ CLOSED = "<think>\n\n</think>"  # what Qwen3's template writes when thinking is 
 
 
 def test_reasoning_effort_turns_the_switch() -> None:
-    from localgen.serve.openai import _template_args
+    import asyncio
+
+    from localgen.serve.openai import CHAT
+    from localgen.serve.pipeline import template_args
+
+    def _template_args(body: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+        return template_args(asyncio.run(CHAT.parse(body)))
 
     assert _template_args({"reasoning_effort": "none"}) == (("enable_thinking", False),)
     assert _template_args({"reasoning_effort": "minimal"}) == (("enable_thinking", False),)
@@ -64,7 +70,7 @@ def test_run_file_lines_take_the_switch_too(cli: CLI, tmp_path: Path) -> None:
 
 
 def test_chat_set_reasoning(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localgen.cli import slash
+    from localgen.cli.chat import slash
     from localgen.errors import UsageError
 
     said: list[str] = []

@@ -171,6 +171,33 @@ def test_reasoning_never_leaks_into_content(reasoning_server: Server) -> None:
     assert r["thinking"] == reasoning and r["content"] == ""
 
 
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses", "ollama"])
+def test_reasoning_format_none_reaches_every_api(reasoning_server: Server, api: str) -> None:
+    """llama-server's `reasoning_format: "none"` leaves the thinking in the answer's text, in every API (the
+    pipeline reads it once): R1's template opens <think>, so the whole answer is what would be reasoning."""
+    client = _client(reasoning_server)
+    ask = [{"role": "user", "content": "Why is the sky blue?"}]
+    reasoning = client.chat.completions.create(model="smollm2:135m", messages=ask, temperature=0,
+                                               max_tokens=24).choices[0].message.model_extra["reasoning_content"]
+    base: dict[str, Any] = {"model": "smollm2:135m", "reasoning_format": "none", "temperature": 0, "stream": False}
+    path, body, said = {
+        "openai": ("/v1/chat/completions", {"messages": ask, "max_tokens": 24},
+                   lambda d: (d["choices"][0]["message"]["content"],
+                              d["choices"][0]["message"].get("reasoning_content"))),
+        "anthropic": ("/v1/messages", {"messages": ask, "max_tokens": 24},
+                      lambda d: ("".join(b.get("text", "") for b in d["content"]),
+                                 [b["type"] for b in d["content"] if b["type"] != "text"] or None)),
+        "responses": ("/v1/responses", {"input": ask[0]["content"], "max_output_tokens": 24},
+                      lambda d: (d["output"][0]["content"][0]["text"],
+                                 [o["type"] for o in d["output"] if o["type"] != "message"] or None)),
+        "ollama": ("/api/chat", {"messages": ask, "options": {"num_predict": 24, "temperature": 0}},
+                   lambda d: (d["message"]["content"], d["message"].get("thinking"))),
+    }[api]
+    r = httpx.post(f"{reasoning_server.url}{path}", json={**base, **body}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert said(r.json()) == (reasoning, None)
+
+
 # ---- Anthropic's Messages API: tools and thinking ----------------------------------------------------------
 
 def _anthropic_tool(spec: dict[str, Any]) -> dict[str, Any]:

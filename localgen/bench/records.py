@@ -15,7 +15,7 @@ from localgen.bench.runner import Result
 LLAMA_BENCH_FIELDS = [
     "build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
     "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "cpu_mask", "cpu_strict", "poll",
-    "type_k", "type_v", "n_gpu_layers", "split_mode", "main_gpu", "no_kv_offload", "flash_attn",
+    "type_k", "type_v", "n_gpu_layers", "n_cpu_moe", "split_mode", "main_gpu", "no_kv_offload", "flash_attn",
     "tensor_split", "use_mmap", "embeddings", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns",
     "stddev_ns", "avg_ts", "stddev_ts",
 ]
@@ -57,7 +57,8 @@ def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
         "model_filename": r.model["filename"], "model_type": r.model["type"], "model_size": r.model["size"],
         "model_n_params": r.model["n_params"], "n_batch": c.n_batch, "n_ubatch": c.n_ubatch,
         "n_threads": c.n_threads, "cpu_mask": "0x0", "cpu_strict": False, "poll": 50, "type_k": c.type_k,
-        "type_v": c.type_v, "n_gpu_layers": c.n_gpu_layers, "split_mode": "layer", "main_gpu": 0,
+        "type_v": c.type_v, "n_gpu_layers": c.n_gpu_layers, "n_cpu_moe": c.n_cpu_moe,
+        "split_mode": "layer", "main_gpu": 0,
         "no_kv_offload": False, "flash_attn": c.flash_attn, "tensor_split": "0.00", "use_mmap": True,
         "embeddings": False, "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_depth": t.n_depth,
         "test_time": r.test_time, "avg_ns": avg_ns,
@@ -78,18 +79,18 @@ def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
 
 def swept(records: list[dict[str, Any]]) -> list[str]:
     """Settings that vary between records, or differ from the defaults: they get their own column."""
-    keys = ["n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v"]
-    defaults = {"n_batch": 2048, "n_ubatch": 512, "flash_attn": True, "type_k": "f16", "type_v": "f16"}
+    keys = ["n_threads", "n_gpu_layers", "n_cpu_moe", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v"]
+    defaults = {"n_batch": 2048, "n_ubatch": 512, "flash_attn": True, "type_k": "f16", "type_v": "f16", "n_cpu_moe": 0}
     cols = []
     for k in keys:
-        values = {r[k] for r in records}
+        values = {r.get(k, defaults.get(k)) for r in records}  # history from before a field was kept
         if len(values) > 1 or k in ("n_threads", "n_gpu_layers") or any(v != defaults.get(k, v) for v in values):
             cols.append(k)
     return cols
 
 
-SHORT = {"n_threads": "threads", "n_gpu_layers": "ngl", "n_batch": "n_batch", "n_ubatch": "n_ubatch",
-         "flash_attn": "fa", "type_k": "type_k", "type_v": "type_v"}
+SHORT = {"n_threads": "threads", "n_gpu_layers": "ngl", "n_cpu_moe": "n_cpu_moe", "n_batch": "n_batch",
+         "n_ubatch": "n_ubatch", "flash_attn": "fa", "type_k": "type_k", "type_v": "type_v"}
 
 
 def size_gib(n: int) -> str:
@@ -114,7 +115,7 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     for r in records:
         cells.append([
             r["model_type"], size_gib(r["model_size"]), params_b(r["model_n_params"]), r["backends"],
-            *[str(int(r[c]) if isinstance(r[c], bool) else r[c]) for c in cols],
+            *[str(int(r[c]) if isinstance(r[c], bool) else r.get(c, 0)) for c in cols],
             r["test"] + (f" ({r['batching']})" if r.get("batching") else ""),
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
             f"{r['ttft_ms']:.1f}" if r["ttft_ms"] is not None else "",

@@ -131,7 +131,8 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         refs[cfg.model] = ref
         params = LoadParams(n_ctx=n_ctx, n_threads=cfg.n_threads, n_threads_batch=cfg.n_threads,
                             n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-                            flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k, cache_type_v=cfg.type_v, rpc=rpc)
+                            flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k, cache_type_v=cfg.type_v, rpc=rpc,
+                            n_cpu_moe=cfg.n_cpu_moe or None)
         _reset_peak_rss()
         engine = Engine(ref, params)
         # the settings the load chose where the sweep left them open (tuning record or rule), as measured
@@ -181,7 +182,7 @@ def _describe(cfg: LoadConfig) -> str:
     settings = [f"t={cfg.n_threads}" if cfg.n_threads else "", f"ngl={cfg.n_gpu_layers}", f"b={cfg.n_batch}",
                 f"ub={cfg.n_ubatch}" if cfg.n_ubatch else "",
                 f"fa={int(cfg.flash_attn)}" if cfg.flash_attn is not None else "", f"ctk={cfg.type_k}",
-                f"ctv={cfg.type_v}"]
+                f"ctv={cfg.type_v}", f"ncmoe={cfg.n_cpu_moe}" if cfg.n_cpu_moe else ""]
     return f"loading {cfg.model.rsplit('/', 1)[-1]} " + " ".join(x for x in settings if x)
 
 

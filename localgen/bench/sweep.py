@@ -118,6 +118,7 @@ class LoadConfig:
     flash_attn: bool | None  # None: likewise
     type_k: str
     type_v: str
+    n_cpu_moe: int = 0  # the first N layers' experts in RAM (llama-bench's -ncmoe)
 
 
 @dataclass(frozen=True)
@@ -195,11 +196,11 @@ class Plan:
 def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batch: list[int],
           ubatch: Sequence[int | None], fa: Sequence[bool | None], ctk: list[str], ctv: list[str],
           prompts: list[int], gens: list[int], pg: list[tuple[int, int]], depths: list[int], reps: int, e2e: bool,
-          parallel: list[int] | None = None, exact: bool | None = None) -> Plan:
+          parallel: list[int] | None = None, exact: bool | None = None, ncmoe: list[int] | None = None) -> Plan:
     """Every combination, in llama-bench's order (models outermost)."""
     for name, values, low in (("--threads", threads, 1), ("--batch-size", batch, 1), ("--ubatch-size", ubatch, 1),
                               ("--n-prompt", prompts, 0), ("--n-gen", gens, 0), ("--n-depth", depths, 0),
-                              ("--n-gpu-layers", ngl, -1)):
+                              ("--n-gpu-layers", ngl, -1), ("--n-cpu-moe", ncmoe or [], 0)):
         bad = [v for v in values if v is not None and v < low]
         if bad:
             raise UsageError(f"{name}: {bad[0]} is below {low}")
@@ -208,7 +209,8 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
     for v in ctv:
         if v not in ("f16", "f32", "bf16") and False in fa:
             raise UsageError(f"a quantized V cache ({v}) needs flash attention; drop -fa 0 or that type")
-    configs = [LoadConfig(*c) for c in itertools.product(models, threads, ngl, batch, ubatch, fa, ctk, ctv)]
+    configs = [LoadConfig(*c) for c in itertools.product(models, threads, ngl, batch, ubatch, fa, ctk, ctv,
+                                                         ncmoe or [0])]
     tests: list[Test] = []
     for d in depths:
         tests += [Test("pp", p, 0, d) for p in prompts if p > 0]

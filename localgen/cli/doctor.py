@@ -100,6 +100,16 @@ def settings_line(params: Any, origins: dict[str, str]) -> str:
     return " · ".join(f"{name} {shown(name)} ({origins.get(name, 'default')})" for name in TUNABLE)
 
 
+def placement_line(record: dict[str, Any]) -> str:
+    """What went where, from llama.cpp's load log: weights by buffer, layers offloaded, what -ot, --cpu-moe and
+    --n-cpu-moe moved."""
+    parts = [" · ".join(f"{buf} {mib:,.1f} MiB" for buf, mib in record["weights_mib"].items()) or "no weights"]
+    parts.append(record["offloaded"] or "no layers on a GPU")
+    for buf, moved in record["moved"].items():
+        parts.append(f"{moved['tensors']} tensors ({moved['experts']} of experts, {moved['mib']:,} MiB) moved to {buf}")
+    return " · ".join(parts)
+
+
 def _smoke_test(gpu: bool, rpc: tuple[str, ...] = ()) -> int:
     from localgen.engine.llama import Engine
     from localgen.errors import LocalgenError
@@ -131,6 +141,7 @@ def _smoke_test(gpu: bool, rpc: tuple[str, ...] = ()) -> int:
     rate = f"{s.decode_tps:.1f} tok/s" if s and s.decode_tps else "?"
     print(f"check     {ref.name} loaded in {engine.load_s:.2f} s and generated {s.completion_tokens if s else 0} "
           f"tokens at {rate} on {where}: ok")
+    print("placement " + placement_line(engine.load_report.record()))
     print("settings  " + settings_line(engine.params, engine.origins))
     sys.stdout.flush()
     return 0

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.knobs import Knobs
+from localgen.cli.options.knobs import Knobs
 from localgen.errors import UsageError
 
 EMBED = "Embeddings"

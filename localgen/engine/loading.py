@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from localgen import placement
 from localgen.errors import ModelLoadError
 from localgen.native import logs
 from localgen.native import model as native_model
@@ -31,7 +32,7 @@ def load_model(ref: ModelRef, p: LoadParams, cpu_only: bool) -> Any:
     options = native_model.ModelOptions(
         n_gpu_layers=p.n_gpu_layers if p.n_gpu_layers is not None else 0, use_extra_bufts=bool(p.repack),
         split_mode=_SPLIT[p.split_mode], main_gpu=p.main_gpu, tensor_split=tuple(p.tensor_split or ()),
-        load_mode=load_mode,
+        load_mode=load_mode, overrides=placement.overrides(p.override_tensor, p.cpu_moe, p.n_cpu_moe or 0),
         no_devices=cpu_only)  # no devices at all: nothing of the GPU backend is touched, not even for compute
     ptr = native_model.load(str(ref.path), options)
     if not ptr:

@@ -187,7 +187,10 @@ class LocalBackend:
         load["flash_attn"] = self.engine.flash_attn
         load["tensor_split"] = list(load["tensor_split"])
         load["rpc"] = list(load["rpc"])
-        load["weights_mib"] = dict(self.engine.placement)  # where the weights went, by device
+        load["override_tensor"] = [list(x) for x in load["override_tensor"]]
+        # where the weights went, by buffer (weights_mib); "offloaded 31/31 layers to GPU" (None on the CPU alone);
+        # what -ot, --cpu-moe and --n-cpu-moe moved (moved: buffer → tensors, experts, MiB): llama.cpp's log's
+        load.update(self.engine.load_report.record())
         load["origins"] = dict(self.engine.origins)  # each tunable setting: flag, tuned on DATE, or rule: why
         return {
             "model": {"name": ref.name, "file": ref.path, "source": ref.source, "quantization": ref.quantization,

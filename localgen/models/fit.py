@@ -1,95 +1,262 @@
-"""Will it fit? Memory a model needs at a context length (weights + KV cache + overhead), a verdict for
-this machine, the recommended quantization, and how many layers to put on the GPU."""
+"""The planner: where a model's layers and experts go and how large a context it gets, on this machine or on
+one described (`localgen fit --gpu-memory 24GB`), from the GGUF header alone (footprint.py's needs per
+device). `localgen fit` prints its plan; run, chat and serve load by it; `pull --list` and serve's residency
+take its verdicts.
+
+The order, where memory is short: the GPU gets every layer's attention and dense weights first, then as many
+layers' experts as it has room for (the rest stay in RAM, as --n-cpu-moe keeps them); then the context
+shrinks, never below MIN_CTX (or the one asked, if smaller); only then do whole layers leave the GPU. With no
+GPU, the context shrinks to fit RAM. A setting given (--gpu-layers, a placement flag) is kept as given.
+
+Budgets: RAM_SHARE of the available RAM; on each GPU its free memory less what our own GPU context takes
+(GPU_CONTEXT_RESERVE) and llama.cpp --fit's default margin (GPU_MARGIN)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from localgen import hardware
-from localgen.types import GGUFSummary
+from localgen.models.footprint import Footprint, Placement, WeightLayout, cells, estimate
+from localgen.types import GGUFSummary, LoadParams
 
-KV_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-            "q4_1": 20 / 32, "q4_0": 18 / 32}
 FULL_GPU, PARTIAL_GPU, CPU_ONLY, WONT_FIT = "full GPU", "partial GPU", "CPU only", "won't fit"
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the estimate compares against."""
-
-    ram_available: int
-    gpu_free: int  # 0 without a usable GPU
-    offload: bool
-    unified: bool = False
-
-
+MIN_CTX = 4096  # the floor a context is shrunk to (llama.cpp's --fit-ctx default)
+RAM_SHARE = 0.9
+GPU_MARGIN = 1 << 30  # left free on each GPU (llama.cpp's --fit-target default, 1024 MiB)
 # What a process's own GPU context takes before any model memory (CUDA: the primary context, cuBLAS
 # handles and workspace; its size on an H100: docs/benchmarks.md, Costs noted in the code). nvidia-smi's free
 # memory does not count it yet.
 GPU_CONTEXT_RESERVE = 640 << 20
 
 
+@dataclass(frozen=True)
+class Machine:
+    """What a plan is made for: RAM available and each GPU's free memory, in bytes."""
+
+    ram: int
+    gpus: tuple[int, ...] = ()  # free memory per GPU (none: the CPU alone)
+    unified: bool = False  # the GPU's memory is the RAM (Apple silicon): one pool
+    described: bool = False  # given on the command line (--gpu-memory, --ram), not measured here
+
+    @property
+    def ram_budget(self) -> int:
+        """What the plan may take of RAM."""
+        return int(self.ram * RAM_SHARE)
+
+    def gpu_budget(self, i: int) -> int:
+        """What the plan may take of GPU i."""
+        return max(0, self.gpus[i] - GPU_CONTEXT_RESERVE - GPU_MARGIN)
+
+
 def this_machine(offload: bool) -> Machine:
-    """Read this machine's memory and GPUs; GPU memory net of what our own GPU context will take."""
-    g = hardware.gpus()
+    """This machine's available RAM and, where this build can offload, its GPUs' free memory."""
+    g = hardware.gpus() if offload else []
     ram = hardware.available_ram_bytes() or hardware.total_ram_bytes() or 0
     unified = bool(g and g[0].unified)
-    free = sum(x.free for x in g) if offload else 0
-    if free and not unified:
-        free = max(0, free - GPU_CONTEXT_RESERVE * len(g))
-    return Machine(ram_available=ram, gpu_free=free, offload=offload, unified=unified)
+    if unified:  # what Metal may use of it (hardware.gpus)
+        return Machine(ram=min(ram, g[0].free) if ram else g[0].free, gpus=(g[0].free,), unified=True)
+    return Machine(ram=ram, gpus=tuple(x.free for x in g))
+
+
+def described(gpu_memory: tuple[int, ...], ram: int | None = None) -> Machine:
+    """A machine described by its GPUs' memory (each card's whole memory) and its RAM (default: this one's
+    available RAM)."""
+    have = hardware.available_ram_bytes() or hardware.total_ram_bytes() or 0
+    return Machine(ram=have if ram is None else ram, gpus=gpu_memory, described=True)
 
 
 @dataclass(frozen=True)
-class Estimate:
-    """Bytes needed, split by kind."""
+class Plan:
+    """Where everything goes, and at what context."""
 
-    weights: int
-    kv: int
-    overhead: int
+    ctx: int  # tokens per sequence
+    asked: int  # the context asked for, capped at the training context (that when none was asked)
+    parallel: int  # sequences, each with its own ctx cells
+    n_layer: int
+    gpu_layers: int  # llama.cpp's n_gpu_layers: of n_layer + 1, the output layer counted
+    layers: tuple[int, ...]  # repeating layers on each GPU
+    n_cpu_moe: int  # layers whose experts stay in RAM (the first ones, as --n-cpu-moe), 0 for a dense model
+    moe: bool
+    footprint: Footprint
+    fits: bool
+    machine: Machine
+    fixed: tuple[str, ...] = ()  # the settings given, which the plan kept
 
     @property
-    def total(self) -> int:
-        """Everything."""
-        return self.weights + self.kv + self.overhead
+    def shrunk(self) -> bool:
+        """Whether the context was made smaller than asked to fit."""
+        return self.ctx < self.asked
+
+    @property
+    def experts_in_ram(self) -> int:
+        """Bytes of expert weights in RAM."""
+        return self.footprint.on("CPU").experts
+
+    @property
+    def verdict(self) -> str:
+        """full GPU / partial GPU / CPU only / won't fit."""
+        if not self.fits:
+            return WONT_FIT
+        if not self.machine.gpus or self.gpu_layers == 0:
+            return CPU_ONLY
+        if self.gpu_layers >= self.n_layer + 1 and not self.experts_in_ram:
+            return FULL_GPU
+        return PARTIAL_GPU
+
+    def load(self, load: LoadParams) -> LoadParams:
+        """`load` with the plan's context, GPU layers and experts kept in RAM (each where not given)."""
+        changes: dict[str, object] = {"n_ctx": self.ctx}
+        if "gpu_layers" not in self.fixed and self.machine.gpus:
+            changes["n_gpu_layers"] = -1 if self.gpu_layers >= self.n_layer + 1 else self.gpu_layers
+        if "placement" not in self.fixed and self.n_cpu_moe:
+            changes["n_cpu_moe"] = self.n_cpu_moe
+        return dataclasses.replace(load, **changes)  # type: ignore[arg-type]
+
+
+def plan(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadParams, ctx: int | None = None,
+         parallel: int = 1, shrink: bool = True) -> Plan:
+    """The plan for `load`'s settings at `ctx` tokens per sequence (None: the largest that fits, up to the
+    training context), or smaller where it does not fit (`shrink`), never below MIN_CTX."""
+    n_layer = weights.n_layer or s.n_layers or 0
+    train = s.context_length or MIN_CTX
+    stretched = bool(load.rope_scaling or load.rope_freq_scale)
+    top = cells(ctx if ctx is not None else train)
+    if not stretched:
+        top = min(top, cells(train))  # the load caps it there too (engine/defaults.py)
+    asked = top
+    floor = min(top, MIN_CTX)
+    fixed = tuple(name for name, given in (
+        ("gpu_layers", load.n_gpu_layers is not None),
+        ("placement", bool(load.override_tensor or load.cpu_moe or load.n_cpu_moe is not None))) if given)
+
+    def at(c: int) -> Plan:
+        return _place(s, weights, machine, dataclasses.replace(load, n_ctx=c), c, asked, parallel, n_layer, fixed)
+
+    best = at(top)
+    if best.fits and (not machine.gpus or best.gpu_layers >= n_layer + 1 or "gpu_layers" in fixed):
+        return best
+    if not shrink or top <= floor:
+        return best
+    # the largest context (a multiple of 256) at which every layer stays on the GPU (with a GPU) or the
+    # model fits (without), between the floor and the top
+    def good(p: Plan) -> bool:
+        return p.fits and (not machine.gpus or p.gpu_layers >= n_layer + 1 or "gpu_layers" in fixed)
+
+    low = at(floor)
+    if not good(low):
+        return low  # at the floor: layers leave the GPU, or it does not fit at all
+    lo, hi = floor // 256, top // 256  # low is good, hi is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if good(at(mid * 256)):
+            lo = mid
+        else:
+            hi = mid
+    return at(lo * 256)
+
+
+def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadParams, ctx: int, asked: int,
+           parallel: int, n_layer: int, fixed: tuple[str, ...]) -> Plan:
+    """At one context: the GPU layers and experts in RAM, by the order in the module's docstring."""
+    from localgen import placement
+
+    gpus = machine.gpus
+    patterns = placement.overrides(load.override_tensor, load.cpu_moe, load.n_cpu_moe or 0)
+    shares = tuple(float(max(1, machine.gpu_budget(i))) for i in range(len(gpus))) or (1.0,)
+    if load.tensor_split and len(load.tensor_split) == len(gpus):
+        shares = tuple(load.tensor_split)
+    moe = weights.moe and "placement" not in fixed
+
+    def fp(ngl: int, ncm: int) -> Footprint:
+        return estimate(s, weights, load, parallel, where=Placement(ngl, shares, patterns, ncm),
+                        repack=_repack(s, load, ngl))
+
+    def gpus_fit(f: Footprint) -> bool:
+        if machine.unified:
+            return f.total <= machine.ram_budget
+        return all(f.on(_gpu_name(i, len(gpus))).total <= machine.gpu_budget(i) for i in range(len(gpus)))
+
+    def result(ngl: int, ncm: int, f: Footprint) -> Plan:
+        ram = f.total if machine.unified else f.on("CPU").total
+        return Plan(ctx=ctx, asked=asked, parallel=parallel, n_layer=n_layer, gpu_layers=ngl,
+                    layers=_layers_per_gpu(ngl, n_layer, shares), n_cpu_moe=ncm, moe=weights.moe, footprint=f,
+                    fits=ram <= machine.ram_budget, machine=machine, fixed=fixed)
+
+    if not gpus:
+        return result(0, 0, fp(0, 0))
+    given = load.n_gpu_layers
+    every = n_layer + 1
+    if given is not None:
+        ngl = every if given < 0 or given > n_layer else given
+        if moe:
+            ncm = _least(0, n_layer, lambda k: gpus_fit(fp(ngl, k)), default=n_layer)
+            return result(ngl, ncm, fp(ngl, ncm))
+        return result(ngl, 0, fp(ngl, 0))
+    full = fp(every, 0)
+    if gpus_fit(full):
+        return result(every, 0, full)
+    if moe:  # every layer's attention and dense weights on the GPU, the first layers' experts in RAM
+        ncm = _least(0, n_layer, lambda k: gpus_fit(fp(every, k)), default=-1)
+        if ncm >= 0:
+            return result(every, ncm, fp(every, ncm))
+    ncm = n_layer if moe else 0  # fewer layers on the GPU, with no experts there
+    ngl = _most(0, n_layer, lambda k: gpus_fit(fp(k, ncm)))
+    return result(ngl, ncm if ngl else 0, fp(ngl, ncm if ngl else 0))
+
+
+def _least(lo: int, hi: int, ok: object, default: int) -> int:
+    """The least k in lo..hi with ok(k) (ok is monotone: false, then true), else default."""
+    assert callable(ok)
+    if not ok(hi):
+        return default
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _most(lo: int, hi: int, ok: object) -> int:
+    """The most k in lo..hi with ok(k) (monotone: true, then false); lo where none."""
+    assert callable(ok)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _gpu_name(i: int, n: int) -> str:
+    return "GPU" if n == 1 else f"GPU{i}"
+
+
+def _layers_per_gpu(ngl: int, n_layer: int, shares: tuple[float, ...]) -> tuple[int, ...]:
+    where = Placement(ngl, shares)
+    counts = [0] * len(shares)
+    for il in range(n_layer):
+        g = where.device_of_layer(il, n_layer)
+        if g is not None:
+            counts[g] += 1
+    return tuple(counts)
+
+
+def _repack(s: GGUFSummary, load: LoadParams, ngl: int) -> bool:
+    """Whether the CPU weights get repacked: as given, else localgen's rule (engine/defaults.default_repack:
+    on where half the weights are of a repackable type, off with layers on a GPU)."""
+    if load.repack is not None:
+        return load.repack
+    if ngl:
+        return False
+    return s.repackable_share is None or s.repackable_share >= 0.5
 
 
 def kv_bytes(s: GGUFSummary, n_ctx: int, cache_k: str = "f16", cache_v: str = "f16") -> int:
-    """KV cache size: layers × context × KV heads × (key + value head size) × bytes per element."""
-    if not (s.n_layers and s.n_head_kv and s.head_dim_k):
-        return 0
-    per_token = s.n_head_kv * (s.head_dim_k * KV_BYTES[cache_k] + (s.head_dim_v or s.head_dim_k) * KV_BYTES[cache_v])
-    return int(s.n_layers * n_ctx * per_token)
+    """The whole KV cache of one sequence of n_ctx tokens (footprint.kv_bytes over its cells)."""
+    from localgen.models.footprint import kv_bytes as kv
 
-
-def estimate(s: GGUFSummary, weights_bytes: int, n_ctx: int, cache_k: str = "f16", cache_v: str = "f16",
-             n_ubatch: int = 512) -> Estimate:
-    """Weights as stored, the KV cache, and compute buffers (logits for a micro-batch, plus a margin)."""
-    ctx = min(n_ctx, s.context_length or n_ctx)
-    overhead = int(0.05 * weights_bytes) + n_ubatch * (s.vocab_size or 32000) * 4 + (64 << 20)
-    return Estimate(weights=weights_bytes, kv=kv_bytes(s, ctx, cache_k, cache_v), overhead=overhead)
-
-
-def verdict(e: Estimate, m: Machine) -> str:
-    """full GPU / partial GPU / CPU only / won't fit."""
-    if m.offload and m.gpu_free:
-        if e.total <= m.gpu_free * 0.95:
-            return FULL_GPU
-        if m.unified:
-            return WONT_FIT
-        return PARTIAL_GPU if e.total <= m.gpu_free + m.ram_available * 0.9 else WONT_FIT
-    return CPU_ONLY if e.total <= m.ram_available * 0.9 else WONT_FIT
-
-
-def gpu_layers(s: GGUFSummary, e: Estimate, m: Machine) -> int:
-    """Layers to offload so that weights and KV cache stay within free GPU memory: -1 for all, 0 for none."""
-    if not m.offload or not m.gpu_free:
-        return 0
-    if e.total <= m.gpu_free * 0.95:
-        return -1
-    n = s.n_layers or 0
-    if n == 0:
-        return 0
-    per_layer = (e.weights + e.kv) / n
-    budget = m.gpu_free * 0.9 - e.overhead
-    return max(0, min(n, int(budget // per_layer)))
+    return kv(s, cells(n_ctx), cache_k, cache_v)

@@ -1,41 +1,50 @@
-"""What loading a model with given LoadParams needs, per device, from its GGUF header alone (#43 item 2):
-weights on the CPU and on the GPU for the layers offloaded, the KV cache for its cells and cache types, the
-compute buffers, and the logits' output buffer. fit.py's estimate answers "will it fit" for a quantization
-not yet downloaded; this one is for a file on disk, about to load, to set against what is free.
+"""What loading a model with given settings needs on each device, from its GGUF header alone: the weights
+where llama.cpp puts them (by layer, by device, and by placement pattern: experts kept in RAM), the KV
+cache, the compute buffers, and the logits' output buffer. The planner (fit.py) searches placements and
+contexts with it; serve's residency sets its total against its budget.
 
 How the parts follow llama.cpp (the sizes its load log prints as "model buffer size", "KV buffer size",
 "compute buffer size" and "output buffer size"):
-- weights: each tensor's bytes from its type's block size. Repeating layers go to the GPU from the last one
-  down (`n_gpu_layers` of them); the output matrix too once every layer is there (a tied embedding is then
-  loaded twice: the lookup stays on the CPU). The token embedding always stays on the CPU.
-- KV cache: layers × cells × KV heads × (key + value head size) × bytes per element of its cache type, on
-  the device of its layer. An interleaved sliding-window model (Gemma 3) holds every layer at full size, as
-  localgen's contexts load them.
+- weights: each tensor's bytes from its type's block size. llama.cpp counts n_layer + 1 layers, the output
+  layer last: `n_gpu_layers` N puts the last N of them on the GPUs (so the output layer first), split
+  between GPUs by their shares (llama-model.cpp, get_layer_buft_list). The token embedding stays on the CPU;
+  a tied embedding is loaded a second time as the output matrix where the output layer goes. A placement
+  pattern (-ot, --cpu-moe, --n-cpu-moe) overrides a tensor's layer. Repacked CPU weights are a second copy
+  (CPU_REPACK beside CPU_Mapped).
+- KV cache: per layer, cells × KV heads × (key + value head size) in its cache type's row size, on its
+  layer's device; cells are the context rounded up to 256, per sequence. A sliding-window model (Gemma 3)
+  holds every layer at full size: localgen's contexts keep llama.cpp's full-size SWA cache (swa_full).
 - compute: ggml reuses one buffer for the whole graph, so its size is the larger of two peaks measured by a
   micro-batch of `n_ubatch` tokens: the logits (tokens × vocabulary, f32) and, without flash attention, the
   attention scores (tokens × cells × (heads + 1 for the mask), f32); each plus two rows of activations. With
-  flash attention no score matrix exists, only an f16 mask.
+  flash attention no score matrix exists, only an f16 mask. Experts computed in RAM for a layer on a GPU add
+  their activations to the CPU's buffer.
 - output: one row of logits per sequence, in host memory.
 
-Checked against llama.cpp's own figures for SmolLM2 135M and Gemma 3 270M on the CPU, with and without
-flash attention, at two contexts each: every part within ESTIMATE_TOLERANCE (tests/test_footprint.py; the
-figures are on docs/benchmarks.md). On a GPU the split of the compute buffers between the devices is an
-approximation that is not checked yet."""
+Checked against llama.cpp's load log on the CPU (tests/test_fit.py): weights and KV to the byte, compute
+within COMPUTE_TOLERANCE, for SmolLM2 (llama), Gemma 3 (sliding window) and a random qwen3moe model. How the
+compute buffers split between a GPU and the CPU is not checked here (no GPU): scripts/gpu_check compares it."""
 
 from __future__ import annotations
 
+import bisect
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
-from localgen.models.fit import kv_bytes
-from localgen.models.gguf_meta import GGML_BLOCKS, read_gguf
+from localgen import placement
+from localgen.models.gguf_meta import GGML_BLOCKS, read_gguf, repackable_types
 from localgen.types import GGUFSummary, LoadParams
 
-ESTIMATE_TOLERANCE = 0.15  # each part, relative to what llama.cpp reports
+COMPUTE_TOLERANCE = 0.05  # the compute buffers, relative to what llama.cpp reports
+ESTIMATE_TOLERANCE = COMPUTE_TOLERANCE
 F32 = 4
 LAYER = re.compile(r"^blk\.(\d+)\.")
 SPLIT = re.compile(r"-00001-of-(\d{5})\.gguf$")
-CPU, GPU = "CPU", "GPU"
+CPU, GPU = "CPU", "GPU"  # device names: "CPU", and "GPU" or "GPU0", "GPU1", ... with several
+KV_BLOCKS = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q5_1": (32, 24), "q5_0": (32, 22),
+             "q4_1": (32, 20), "q4_0": (32, 18), "iq4_nl": (32, 18)}
+CELLS_PAD = 256  # llama.cpp rounds a context up to this many cells
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class DeviceNeed:
     kv: int = 0
     compute: int = 0
     output: int = 0
+    experts: int = 0  # of `weights`: mixture-of-experts weights
 
     @property
     def total(self) -> int:
@@ -56,7 +66,7 @@ class DeviceNeed:
 
 @dataclass(frozen=True)
 class Footprint:
-    """A model's needs on each device it loads onto (the CPU always; a GPU when layers are offloaded)."""
+    """A model's needs on each device it loads onto (the CPU always; each GPU given layers)."""
 
     devices: tuple[DeviceNeed, ...]
 
@@ -69,44 +79,105 @@ class Footprint:
         """One device's needs (nothing, where the model puts nothing)."""
         return next((d for d in self.devices if d.device == device), DeviceNeed(device))
 
+    @property
+    def gpus(self) -> tuple[DeviceNeed, ...]:
+        """The GPUs' needs."""
+        return tuple(d for d in self.devices if d.device != CPU)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One weight tensor: where it belongs and its bytes."""
+
+    name: str
+    layer: int | None  # None: the input (token embedding) or the output layer
+    nbytes: int
+    expert: bool  # a MoE layer's experts (placement.EXPS)
+    repackable: bool  # llama.cpp's CPU backend would repack it here
+    output: bool = False  # of the output layer (output.weight, output_norm, ...)
+
 
 @dataclass(frozen=True)
 class WeightLayout:
-    """A GGUF's weight bytes by where llama.cpp puts them: each repeating layer, the embedding lookup, the
-    output matrix and its norm."""
+    """A GGUF's weight tensors, by where llama.cpp puts them."""
 
-    layers: tuple[int, ...]
-    embedding: int
-    output: int
+    tensors: tuple[Tensor, ...]
+    n_layer: int
     tied: bool  # no output matrix of its own: the embedding is multiplied at the end
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Each repeating layer's bytes."""
+        out = [0] * self.n_layer
+        for t in self.tensors:
+            if t.layer is not None:
+                out[t.layer] += t.nbytes
+        return tuple(out)
+
+    @property
+    def experts(self) -> tuple[int, ...]:
+        """Each repeating layer's expert bytes (all 0 for a dense model)."""
+        out = [0] * self.n_layer
+        for t in self.tensors:
+            if t.layer is not None and t.expert:
+                out[t.layer] += t.nbytes
+        return tuple(out)
+
+    @property
+    def embedding(self) -> int:
+        """The token embedding's bytes."""
+        return sum(t.nbytes for t in self.tensors if t.layer is None and not t.output)
+
+    @property
+    def output(self) -> int:
+        """The output layer's bytes (without a tied embedding)."""
+        return sum(t.nbytes for t in self.tensors if t.output)
+
+    @property
+    def total(self) -> int:
+        """Every tensor's bytes, as stored."""
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def moe(self) -> bool:
+        """Whether the model has experts."""
+        return any(t.expert for t in self.tensors)
+
+    def scaled(self, size: int) -> WeightLayout:
+        """The same model in another quantization of `size` bytes of weights in all: every tensor scaled alike
+        (`pull --list` knows only the header of one of a repo's files)."""
+        factor = size / self.total if self.total else 1.0
+        return replace(self, tensors=tuple(replace(t, nbytes=int(t.nbytes * factor)) for t in self.tensors))
 
 
 def layout(path: str) -> WeightLayout:
-    """Read the tensor tables (bounded, no weights; every part of a split model) and add up each tensor's
-    bytes by place."""
+    """Read the tensor tables (bounded, no weights; every part of a split model)."""
     tensors = []
     for part in _parts(path):
         tensors.extend(read_gguf(part)[1])
-    layers: dict[int, int] = {}
-    embedding = output = 0
-    tied = True
-    for name, dims, ttype, _offset in tensors:
+    return layout_of(tensors)
+
+
+def layout_of(table: Iterable[tuple[str, list[int], int, int]]) -> WeightLayout:
+    """A layout from a GGUF tensor table: (name, dims, ggml type, offset) rows."""
+    kinds = repackable_types()
+    out = []
+    n_layer = 0
+    for name, dims, ttype, _offset in table:
         block = GGML_BLOCKS.get(ttype)
         if block is None:
             continue
         n = 1
         for d in dims:
             n *= d
-        nbytes = (n // block[0]) * block[1]
         m = LAYER.match(name)
-        if m:
-            layers[int(m.group(1))] = layers.get(int(m.group(1)), 0) + nbytes
-        elif name.startswith("token_embd"):
-            embedding += nbytes
-        else:  # output.weight, output_norm, rope factors: the output layer's
-            output += nbytes
-            tied = tied and name != "output.weight"
-    return WeightLayout(tuple(layers[i] for i in sorted(layers)), embedding, output, tied)
+        layer = int(m.group(1)) if m else None
+        if layer is not None:
+            n_layer = max(n_layer, layer + 1)
+        out.append(Tensor(name, layer, (n // block[0]) * block[1], placement.is_expert(name),
+                          ttype in kinds and len(dims) == 2 and dims[1] % 8 == 0 and not name.startswith("token_embd"),
+                          output=layer is None and not name.startswith("token_embd")))
+    return WeightLayout(tuple(out), n_layer, not any(t.name == "output.weight" for t in out))
 
 
 def _parts(path: str) -> list[str]:
@@ -116,41 +187,126 @@ def _parts(path: str) -> list[str]:
     return [path[: m.start()] + f"-{i:05d}-of-{m.group(1)}.gguf" for i in range(1, int(m.group(1)) + 1)]
 
 
+def cells(n_ctx: int) -> int:
+    """The cells llama.cpp gives a context of n_ctx tokens (a multiple of 256)."""
+    return -(-n_ctx // CELLS_PAD) * CELLS_PAD
+
+
+def kv_bytes(s: GGUFSummary, n_cells: int, cache_k: str = "f16", cache_v: str = "f16",
+             layers: int | None = None) -> int:
+    """The KV cache of `layers` layers (default: all) for n_cells cells, in the cache types' row sizes."""
+    if not (s.n_layers and s.n_head_kv and s.head_dim_k):
+        return 0
+    bk, bv = KV_BLOCKS[cache_k], KV_BLOCKS[cache_v]
+    row_k = s.n_head_kv * s.head_dim_k // bk[0] * bk[1]
+    row_v = s.n_head_kv * (s.head_dim_v or s.head_dim_k) // bv[0] * bv[1]
+    return (s.n_layers if layers is None else layers) * n_cells * (row_k + row_v)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the layers and tensors go: llama.cpp's n_gpu_layers (of n_layer + 1, the output layer counted),
+    the GPUs' shares of them, and the placement patterns in order."""
+
+    gpu_layers: int = 0
+    shares: tuple[float, ...] = (1.0,)  # one per GPU
+    overrides: tuple[tuple[str, str], ...] = ()
+    cpu_moe_layers: int = 0  # the planner's --n-cpu-moe (the same as its patterns, without a regex per tensor)
+
+    def device_of_layer(self, il: int, n_layer: int) -> int | None:
+        """The GPU of layer il (n_layer: the output layer), or None for the CPU, as llama.cpp assigns it."""
+        n_gpu = min(self.gpu_layers, n_layer + 1)
+        start = n_layer + 1 - n_gpu
+        if n_gpu <= 0 or il < start:
+            return None
+        total = sum(self.shares) or 1.0
+        cumulative, acc = [], 0.0
+        for x in self.shares:
+            acc += x
+            cumulative.append(acc / total)
+        return min(bisect.bisect_right(cumulative, (il - start) / n_gpu), len(self.shares) - 1)
+
+
+def _device_name(gpu: int | None, n_gpus: int) -> str:
+    if gpu is None:
+        return CPU
+    return GPU if n_gpus == 1 else f"{GPU}{gpu}"
+
+
 def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int = 1,
-             gpu_layers: int = 0) -> Footprint:
-    """Per-device needs at `load`'s context (KV cells across all `n_seq` sequences), cache types, micro-batch
-    and flash attention, with `gpu_layers` repeating layers on a GPU (-1 or more than the model has: all,
-    and the output matrix too)."""
-    n_layer = len(weights.layers) or s.n_layers or 0
-    on_gpu = n_layer if gpu_layers < 0 else min(gpu_layers, n_layer)
-    full = on_gpu == n_layer and n_layer > 0 and (gpu_layers < 0 or gpu_layers > n_layer)
-    gpu_weights = sum(weights.layers[n_layer - on_gpu:]) if on_gpu else 0
-    cpu_weights = sum(weights.layers) - gpu_weights + weights.embedding
-    if full:
-        gpu_weights += weights.output + (weights.embedding if weights.tied else 0)
-    else:
-        cpu_weights += weights.output
+             gpu_layers: int = 0, where: Placement | None = None, repack: bool | None = None) -> Footprint:
+    """Per-device needs at `load`'s context per sequence (`n_seq` sequences, each its own cells), cache types,
+    micro-batch and flash attention. `where` places layers and tensors; without it, `gpu_layers` repeating
+    layers go to one GPU (-1, or more than the model has: all of them and the output layer) with `load`'s
+    placement patterns. `repack`: CPU weights repacked (default: load.repack)."""
+    n_layer = weights.n_layer or s.n_layers or 0
+    if where is None:
+        n_gpu = n_layer + 1 if gpu_layers < 0 or gpu_layers > n_layer else gpu_layers
+        where = Placement(n_gpu, overrides=placement.overrides(load.override_tensor, load.cpu_moe,
+                                                               load.n_cpu_moe or 0))
+    n_gpus = len(where.shares)
+    layer_dev = [where.device_of_layer(il, n_layer) for il in range(n_layer + 1)]
+    names = [_device_name(None, n_gpus)] + [_device_name(g, n_gpus) for g in range(n_gpus)]
+    w = dict.fromkeys(names, 0)
+    experts = dict.fromkeys(names, 0)
+    experts_off_layer = False  # experts in RAM for a layer on a GPU (their activations then go to the CPU)
+    repack = bool(load.repack) if repack is None else repack
+    for t in weights.tensors:
+        home = layer_dev[n_layer] if t.output else (None if t.layer is None else layer_dev[t.layer])
+        dev = home
+        if t.expert and t.layer is not None and t.layer < where.cpu_moe_layers:
+            dev = None
+        elif where.overrides:
+            buffer = placement.buffer_of(t.name, where.overrides)
+            if buffer is not None:
+                dev = placement.gpu_index(buffer)
+                dev = None if dev is None else min(dev, n_gpus - 1)
+        name = _device_name(dev, n_gpus)
+        w[name] += t.nbytes + (t.nbytes if repack and dev is None and t.repackable else 0)
+        if t.expert:
+            experts[name] += t.nbytes
+            experts_off_layer = experts_off_layer or (dev is None and home is not None)
+    if weights.tied and layer_dev[n_layer] is not None:  # the embedding again, as the output matrix
+        w[_device_name(layer_dev[n_layer], n_gpus)] += weights.embedding
 
-    kv = kv_bytes(s, load.n_ctx, load.cache_type_k, load.cache_type_v)
-    gpu_kv = kv * on_gpu // n_layer if n_layer else 0
+    n_cells = cells(load.n_ctx)
+    kv = dict.fromkeys(names, 0)
+    per_layer = kv_bytes(s, n_cells * n_seq, load.cache_type_k, load.cache_type_v, layers=1)
+    for il in range(n_layer):
+        kv[_device_name(layer_dev[il], n_gpus)] += per_layer
 
-    ub = min(load.n_ubatch or 512, load.n_batch, load.n_ctx)
+    ub = min(load.n_ubatch or 512, load.n_batch, n_cells)
     rows = 2 * ub * (s.n_embd or 0) * F32
     logits = ub * (s.vocab_size or 0) * F32 + rows
     flash = load.flash_attn is not False  # None and "auto": localgen's rule and llama.cpp's both turn it on here
-    scores = ub * load.n_ctx * (2 if flash else (s.n_head or 1) * F32 + F32) + rows
-    if full:
-        gpu_compute, cpu_compute = max(logits, scores), ub * (s.n_embd or 0) * F32
-    elif on_gpu:
-        gpu_compute, cpu_compute = scores, max(logits, scores)
-    else:
-        gpu_compute, cpu_compute = 0, max(logits, scores)
+    scores = ub * n_cells * (2 if flash else (s.n_head or 1) * F32 + F32) + rows
+    # a layer's feed-forward activations (the dense FFN's two, or the chosen experts' three per token)
+    used, ff_exp = _meta_int(s, "expert_used_count"), _meta_int(s, "expert_feed_forward_length")
+    ffn = ub * max(2 * _meta_int(s, "feed_forward_length"), 3 * used * ff_exp) * F32 + rows
+    compute = dict.fromkeys(names, 0)
+    out_dev = _device_name(layer_dev[n_layer], n_gpus)
+    used_gpus = {_device_name(d, n_gpus) for d in layer_dev[:n_layer] if d is not None}
+    for name in used_gpus:
+        compute[name] = max(scores, ffn)
+    compute[out_dev] = max(logits, scores, ffn)
+    if out_dev != CPU:
+        compute[CPU] = ub * (s.n_embd or 0) * F32  # the input embeddings' rows
+    if experts_off_layer:
+        compute[CPU] += ub * (used * 3 * ff_exp + 2 * (s.n_embd or 0)) * F32
     output = n_seq * (s.vocab_size or 0) * F32
 
-    cpu = DeviceNeed(CPU, weights=cpu_weights, kv=kv - gpu_kv, compute=cpu_compute, output=output)
-    if not on_gpu and not full:
-        return Footprint((cpu,))
-    return Footprint((cpu, DeviceNeed(GPU, weights=gpu_weights, kv=gpu_kv, compute=gpu_compute)))
+    devices = [DeviceNeed(name, weights=w[name], kv=kv[name], compute=compute[name],
+                          output=output if name == CPU else 0, experts=experts[name])
+               for name in names if name == CPU or w[name] or kv[name] or compute[name]]
+    return Footprint(tuple(devices))
+
+
+def _meta_int(s: GGUFSummary, key: str) -> int:
+    """An architecture's integer (the first of a per-layer list), 0 where the header has none."""
+    v = s.metadata.get(f"{s.architecture}.{key}")
+    if isinstance(v, list):
+        v = max((x for x in v if isinstance(x, int)), default=0)
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def of_file(path: str, s: GGUFSummary, load: LoadParams, n_seq: int = 1, gpu_layers: int = 0) -> Footprint:

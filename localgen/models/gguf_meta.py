@@ -131,7 +131,7 @@ class _Reader:
         self.f.seek(n, os.SEEK_CUR)
 
 
-def _repackable_types() -> frozenset[int]:
+def repackable_types() -> frozenset[int]:
     """ggml types that llama.cpp's CPU backend repacks on this processor family (Q4_0, Q4_K, IQ4_NL, MXFP4
     with AVX2 on x86; more on ARM)."""
     import platform
@@ -241,7 +241,7 @@ def _tensor_totals(tensors: list[tuple[str, list[int], int, int]],
     exact_rows = 0
     tied = not any(name == "output.weight" for name, _, _, _ in tensors)  # the embedding is the output matrix
     end = data_offset
-    kinds = _repackable_types()
+    kinds = repackable_types()
     for name, dims, ttype, offset in tensors:
         n = 1
         for d in dims:

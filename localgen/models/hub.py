@@ -139,12 +139,14 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool) -> object:
-    """Summarize a remote GGUF from the start of the file (a few MB, fetched with Range requests)."""
+def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool) -> tuple[Any, Any]:
+    """Summarize a remote GGUF from the start of the file (a few MB, fetched with Range requests): its
+    GGUFSummary and its WeightLayout (models/footprint.py, from the tensor table)."""
     import tempfile
     import urllib.error
 
     from localgen.errors import ModelFormatError
+    from localgen.models.footprint import layout
     from localgen.models.gguf_meta import summarize
 
     url = file_url(repo, commit, filename)
@@ -166,7 +168,8 @@ def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool)
             tmp.write(data)
             tmp.flush()
             try:
-                return summarize(tmp.name, file_size=size, check_data=not split)
+                summary = summarize(tmp.name, file_size=size, check_data=not split)
+                return summary, layout(tmp.name)
             except ModelFormatError as e:
                 if "ends in the middle of its header" not in e.message or want >= min(size, 64 << 20):
                     raise

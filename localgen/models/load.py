@@ -1,6 +1,6 @@
-"""Open a model for generation: default GPU layers from the memory estimate, and a retry with fewer
-layers when the GPU runs out of memory anyway, down to the CPU alone (with no GPU context at all: a
-GPU without memory for its own context makes llama.cpp abort the process)."""
+"""Open a model for generation: the GPU layers, experts kept in RAM and context from the plan (models/fit.py),
+and a retry with fewer layers when the GPU runs out of memory anyway, down to the CPU alone (with no GPU
+context at all: a GPU without memory for its own context makes llama.cpp abort the process)."""
 
 from __future__ import annotations
 
@@ -23,30 +23,30 @@ def is_oom(e: ModelLoadError) -> bool:
 
 def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
                 warn: Callable[[str], None] = lambda s: None, factory: Callable[..., Any] | None = None,
-                kv_tokens: int | None = None) -> Any:
-    """Load `ref`; with --gpu-layers unset, offload as many layers as the estimate says fit. `kv_tokens`:
-    the KV cells the work will hold at once when not one window (--parallel: N windows; beams: N
-    continuations). `factory` builds the engine (tests pass one that fails the way a full GPU does)."""
+                kv_tokens: int | None = None, machine: fit.Machine | None = None) -> Any:
+    """Load `ref` by the plan (models/fit.py): the GPU layers, the experts kept in RAM and the context, each
+    where not given; a context shrunk to fit is said through `warn`. `kv_tokens`: the KV cells the work will
+    hold at once when not one window (--parallel: N windows; beams: N continuations). `factory` builds the
+    engine (tests pass one that fails the way a full GPU does); `machine`: what to plan for (default: this
+    one)."""
     from localgen.engine.llama import Engine
-    from localgen.models import lora
+    from localgen.models import footprint, lora
     from localgen.native.devices import backend_info
 
     lora.check_all(ref, params.lora)  # before the weights load
     make = factory or Engine
     cpu_only = False
-    if params.n_gpu_layers is None and not params.rpc:  # with RPC servers every layer goes to the devices
-        offload = bool(backend_info()["gpu_offload"])
-        layers = 0
-        if offload:
-            machine = fit.this_machine(offload)
-            est = fit.estimate(ref.summary, ref.summary.file_size, params.n_ctx, params.cache_type_k,
-                               params.cache_type_v, params.n_ubatch or 512)
-            if kv_tokens:  # several windows (or beams) at once: their cells, not one window's
-                est = dataclasses.replace(est, kv=fit.kv_bytes(ref.summary, kv_tokens, params.cache_type_k,
-                                                               params.cache_type_v))
-            layers = fit.gpu_layers(ref.summary, est, machine)
-            cpu_only = layers == 0
-        params = dataclasses.replace(params, n_gpu_layers=layers)
+    if not params.rpc:  # with RPC servers every layer goes to the devices
+        offload = bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)
+        parallel = max(1, -(-kv_tokens // params.n_ctx)) if kv_tokens else 1
+        plan = fit.plan(ref.summary, footprint.layout(ref.path), machine or fit.this_machine(offload), params,
+                        ctx=params.n_ctx, parallel=parallel)
+        if plan.shrunk:
+            where = "the GPU" if plan.machine.gpus else "RAM"
+            warn(f"context {plan.ctx} tokens, not {plan.asked}: at {plan.asked} the model does not fit {where} "
+                 f"(`localgen fit -m {ref.name}` shows the plan)")
+        params = plan.load(params)
+        cpu_only = offload and plan.gpu_layers == 0 and "gpu_layers" not in plan.fixed
     while True:
         try:
             return make(ref, params, verbose=verbose, cpu_only=cpu_only)

@@ -31,6 +31,7 @@ def _lib() -> Any:
             "ggml_backend_reg_by_name": ([ctypes.c_char_p], vp),
             "ggml_backend_reg_get_proc_address": ([vp, ctypes.c_char_p], vp),
             "ggml_backend_register": ([vp], None),
+            "ggml_backend_dev_buffer_type": ([vp], vp), "ggml_backend_buft_name": ([vp], ctypes.c_char_p),
         }
         for name, (args, res) in sigs.items():
             fn = getattr(g, name)
@@ -82,6 +83,29 @@ def start_rpc_server(endpoint: str, threads: int, cache_dir: str | None) -> None
     fn = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
                           ctypes.POINTER(ctypes.c_void_p))(start)
     fn(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, len(chosen), arr)
+
+
+def buffer_types() -> dict[str, int]:
+    """Each device's buffer type by name ("CPU", "CUDA0", "RPC0[host:port]"), as llama.cpp's -ot looks them up
+    (common/arg.cpp, parse_tensor_buffer_overrides): name → ggml_backend_buffer_type_t address."""
+    g = _lib()
+    out: dict[str, int] = {}
+    for i in range(int(g.ggml_backend_dev_count())):
+        buft = g.ggml_backend_dev_buffer_type(g.ggml_backend_dev_get(i))
+        if buft:
+            out[(g.ggml_backend_buft_name(buft) or b"").decode(errors="replace")] = int(buft)
+    return out
+
+
+def check_buffers(names: list[str]) -> None:
+    """A UsageError naming the buffer types this build has where one of `names` is not among them."""
+    from localgen.errors import UsageError
+
+    have = buffer_types()
+    for name in names:
+        if name not in have:
+            raise UsageError(f"--override-tensor: no buffer type {name!r} here; this build has "
+                             f"{', '.join(sorted(have))}")
 
 
 def has_gpu() -> bool:

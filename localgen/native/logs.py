@@ -12,6 +12,7 @@ from typing import Any
 # ggml's levels as this llama.cpp sends them (the bindings' comment lists an older order).
 DEBUG, INFO, WARN, ERROR, CONT = 1, 2, 3, 4, 5
 
+KEPT_DEBUG = b"buffer type overridden to"  # the one debug line kept: a tensor a placement pattern moved
 _ring: collections.deque[tuple[int, str]] = collections.deque(maxlen=1000)
 _lock = threading.Lock()
 _partial_level = INFO
@@ -24,7 +25,7 @@ _deferred = False  # a Ctrl-C that arrived inside the callback, to raise after l
 def _on_log(level: int, text: bytes, _user: Any) -> None:
     global _partial_level, _partial_text
     with _lock:
-        if level == DEBUG and not _partial_text and text.endswith(b"\n"):
+        if level == DEBUG and not _partial_text and text.endswith(b"\n") and KEPT_DEBUG not in text:
             _partial_level = DEBUG  # whole debug lines, dropped below anyway (CUDA logs one every decode)
             return
     s = text.decode("utf-8", errors="replace")
@@ -36,7 +37,9 @@ def _on_log(level: int, text: bytes, _user: Any) -> None:
         while "\n" in _partial_text:
             line, _partial_text = _partial_text.split("\n", 1)
             if level == DEBUG:  # graph-building chatter; it would evict the lines that explain errors
-                continue
+                if KEPT_DEBUG.decode() not in line:
+                    continue
+                level = INFO  # where a -ot pattern put a tensor: the load's record (native/report.py) reads it
             _ring.append((level, line))
             if _echo:
                 print(f"llama.cpp: {line}", file=sys.stderr, flush=True)

@@ -23,6 +23,13 @@ class ModelOptions:
     tensor_split: tuple[float, ...] = ()
     load_mode: int | None = None  # None: llama.cpp's default (mmap)
     no_devices: bool = False  # the CPU alone: no device of any backend, not even for compute buffers
+    overrides: tuple[tuple[str, str], ...] = ()  # (pattern, buffer type name): tensor_buft_overrides, in order
+
+
+class _BuftOverride(ctypes.Structure):
+    """llama.h's llama_model_tensor_buft_override (the bindings declare the field as a bare pointer)."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
 def load(path: str, options: ModelOptions) -> Any:
@@ -39,6 +46,19 @@ def load(path: str, options: ModelOptions) -> Any:
         split = (ctypes.c_float * n)(*options.tensor_split)
         keep.append(split)
         mp.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
+    if options.overrides:
+        from localgen.native.devices import buffer_types, check_buffers
+
+        check_buffers([b for _, b in options.overrides])
+        have = buffer_types()
+        # NULL-terminated; the pattern strings live in `keep` until llama_model_load_from_file returns (only
+        # llama-model-loader reads them, while it creates the tensors)
+        patterns = [ctypes.create_string_buffer(p.encode()) for p, _ in options.overrides]
+        rows = [_BuftOverride(ctypes.cast(p, ctypes.c_char_p), have[b])
+                for p, (_, b) in zip(patterns, options.overrides, strict=True)]
+        table = (_BuftOverride * (len(rows) + 1))(*rows, _BuftOverride(None, None))
+        keep += [patterns, table]
+        mp.tensor_buft_overrides = ctypes.cast(table, ctypes.c_void_p)
     if options.load_mode is not None:
         mp.load_mode = options.load_mode
     if options.no_devices:

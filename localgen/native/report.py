@@ -11,6 +11,9 @@ _REPACK_BUFFER = re.compile(r"_REPACK model buffer size = *(?!0\.00 )[0-9.]+")
 _FA_AUTO = re.compile(r"Flash Attention (enabled|not supported)")
 _BUFFER = re.compile(r"load_tensors:\s+(.+?) model buffer size =\s+([0-9.]+) MiB")
 _OFFLOADED = re.compile(r"load_tensors:\s*(offloaded \d+/\d+ layers to GPU)")
+# a tensor a placement pattern (-ot, --cpu-moe, --n-cpu-moe) moved: llama-model-loader's debug line, which
+# native/logs.py keeps ("tensor blk.0.ffn_up_exps.weight (2 MiB f16) buffer type overridden to CPU")
+_OVERRIDDEN = re.compile(r"tensor (\S+) \((\d+) MiB \S+\) buffer type overridden to (\S+)")
 
 
 @dataclass(frozen=True)
@@ -21,11 +24,31 @@ class LoadReport:
     repacked: bool = False  # some weights went into a repacked CPU layout (batch invariance depends on it)
     flash_attn_auto: bool | None = None  # what flash attention "auto" chose; None where the log did not say
     offloaded: str | None = None  # "offloaded 31/31 layers to GPU", where layers went to a GPU
+    overridden: tuple[tuple[str, str, int], ...] = ()  # (tensor, buffer, MiB rounded down) a pattern placed
 
     @property
     def placement(self) -> dict[str, float]:
         """Where the weights went: buffer → MiB."""
         return dict(self.buffers)
+
+    def record(self) -> dict[str, object]:
+        """What went where, for a JSON record (run --json's load, serve's /api/ps): weights by buffer (MiB),
+        the layers offloaded, what the placement patterns moved."""
+        return {"weights_mib": self.placement, "offloaded": self.offloaded, "moved": self.moved}
+
+    @property
+    def moved(self) -> dict[str, dict[str, int]]:
+        """What the placement patterns moved, by buffer: tensors, of them experts, and MiB (each tensor's
+        rounded down, as llama.cpp logs it)."""
+        from localgen.placement import is_expert
+
+        out: dict[str, dict[str, int]] = {}
+        for tensor, buffer, mib in self.overridden:
+            row = out.setdefault(buffer, {"tensors": 0, "experts": 0, "mib": 0})
+            row["tensors"] += 1
+            row["experts"] += is_expert(tensor)
+            row["mib"] += mib
+        return out
 
 
 def parse_load_log(lines: Sequence[str]) -> LoadReport:
@@ -37,6 +60,8 @@ def parse_load_log(lines: Sequence[str]) -> LoadReport:
         repacked=any(_REPACK_BUFFER.search(line) for line in lines),
         flash_attn_auto=None if chosen is None else chosen == "enabled",
         offloaded=offloaded[-1] if offloaded else None,
+        overridden=tuple((m.group(1), m.group(3), int(m.group(2))) for line in lines
+                         if (m := _OVERRIDDEN.search(line))),
     )
 
 

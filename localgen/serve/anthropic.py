@@ -1,138 +1,81 @@
 """Anthropic's Messages API, as Claude Code and the `anthropic` SDK speak it: POST /v1/messages (whole or
-streamed as Anthropic's events) and /v1/messages/count_tokens. A thin adapter: the request becomes the chat
-messages, tools and settings every route uses (the same tool plans, grammars and reasoning split as
-/v1/chat/completions), and the answer's pieces become Anthropic's content blocks."""
+streamed as Anthropic's events) and /v1/messages/count_tokens. Its system, blocks, tools and thinking are
+read into the pipeline's Ask (the same messages, tool plans and grammars as every route), and the answer's
+pieces become Anthropic's content blocks."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localgen.serve.common import (
-    HTTPError,
-    ServeState,
-    anthropic_error,
-    check_prompt_size,
-    effort_budget,
-    events,
-    http_error,
-    read_json,
-    run_job,
-    run_whole,
-    sampling,
-    schema_grammar,
-    watch_repeats,
-)
-from localgen.serve.incoming import read_messages
-from localgen.serve.jobs import Failed, Text
-from localgen.serve.tooling import apply_plan, stream_for, tool_plan
+from localgen.backend import Completion
+from localgen.serve.apierror import ANTHROPIC, HTTPError, error_body
+from localgen.serve.ask import Ask, Schema, one_of, optional_object, positive_int, sampling_values, split_reasoning
+from localgen.serve.jobs import Job
+from localgen.serve.pipeline import Made, parts, route
+from localgen.serve.state import ServeState
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream, Piece
-from localgen.types import GenerationRequest, thinking_args
+from localgen.tools.stream import Event as Said
 
-# Anthropic's fields → our settings (temperature, top_p and top_k arrive from older clients, or extra_body)
-FIELDS = {"max_tokens": "max_tokens", "stop_sequences": "stop", "temperature": "temperature", "top_p": "top_p",
-          "top_k": "top_k"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
 def routes(state: ServeState) -> list[Route]:
     """The Messages routes."""
-
-    async def messages(request: Request) -> Response:
-        return await _messages(state, request, await read_json(request))
-
-    async def count_tokens(request: Request) -> Response:
-        body = await read_json(request)
-        worker = _worker(state, body.get("model"))
-        req = await _request(state, worker, body, counting=True)
-        plan = await tool_plan(worker, _tools(body.get("tools")), *_choice(body.get("tool_choice")))
-        req = apply_plan(plan, req)
-        _, done = await run_whole(worker, req, request)  # nothing to generate: the prompt is only tokenized
-        return JSONResponse({"input_tokens": done.prompt_tokens})
-
-    return [Route("/v1/messages", messages, methods=["POST"]),
-            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])]
+    return [route(state, "/v1/messages", MESSAGES), route(state, "/v1/messages/count_tokens", COUNT)]
 
 
-def _worker(state: ServeState, name: Any) -> Any:
-    """The model asked for; a claude-* name (what Claude Code asks for unless told) that is not a model here
-    is the server's default model (its one -m model, or the default one)."""
-    if isinstance(name, str) and name.startswith("claude-") and name not in state.workers:
-        try:
-            return state.worker(name)
-        except HTTPError:
-            return state.worker(None)
-    return state.worker(name)
+class Messages:
+    """/v1/messages (or, `counting`, count_tokens: the prompt is tokenized and nothing generated)."""
+
+    claude = True  # a claude-* name not served here is the default model
+
+    def __init__(self, counting: bool) -> None:
+        self.counting = counting
+
+    async def parse(self, body: dict[str, Any]) -> Ask:
+        positive_int(body, "max_tokens", required=not self.counting)
+        optional_object(body, "metadata")
+        values = sampling_values(body, "anthropic")
+        stops = body.get("stop_sequences")
+        if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)):
+            raise HTTPError(400, "stop_sequences must be a list of non-empty strings", param="stop_sequences")
+        if self.counting:
+            values["max_tokens"] = 0  # the prompt is tokenized and nothing evaluated
+        schema, effort = _output_config(body.get("output_config"))
+        thinking = _thinking(body.get("thinking"))
+        if thinking and body["thinking"]["type"] == "enabled":  # its budget, unless the request set a reasoning_budget
+            values.setdefault("reasoning_budget", body["thinking"].get("budget_tokens"))
+        choice, parallel = _choice(body.get("tool_choice"))
+        return Ask(values=values, messages=_chat_messages(body.get("system"), body.get("messages")), schema=schema,
+                   tools=_tools(body.get("tools")), tool_choice=choice, parallel_tool_calls=parallel, effort=effort,
+                   thinking=thinking if thinking is not None else (None if effort is None else True),
+                   split_reasoning=split_reasoning(body), stream=bool(body.get("stream")) and not self.counting)
+
+    def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> _Encoder:
+        return _Encoder(str(body.get("model") or made.model), made.request.sampling.stop, self.counting)
 
 
-async def _messages(state: ServeState, http: Request, body: dict[str, Any]) -> Response:
-    worker = _worker(state, body.get("model"))
-    request = await _request(state, worker, body)
-    plan = await tool_plan(worker, _tools(body.get("tools")), *_choice(body.get("tool_choice")))
-    request = apply_plan(plan, request)
-    answer = stream_for(worker, plan, request)
-    shape = _Shape(f"msg_{uuid.uuid4().hex[:24]}", str(body.get("model") or worker.name), request.sampling.stop)
-    if not body.get("stream"):
-        watch = stream_for(worker, plan, request) if plan is not None else None
-        _, final = await run_whole(worker, request, http, watch=watch)
-        answer.feed(final.text)
-        answer.finish()
-        return JSONResponse(shape.whole(final, answer))
-    job, first = await run_job(worker, request)
-    return StreamingResponse(_sse(shape, job, first, answer), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+MESSAGES, COUNT = Messages(counting=False), Messages(counting=True)
 
 
-async def _request(state: ServeState, worker: Any, body: dict[str, Any], counting: bool = False) -> GenerationRequest:
-    max_tokens = body.get("max_tokens")
-    if not counting and max_tokens is None:
-        raise HTTPError(400, "max_tokens: Field required", param="max_tokens")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise HTTPError(400, "max_tokens must be a positive integer", param="max_tokens")
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise HTTPError(400, "metadata must be an object", param="metadata")
-    values = {ours: body[theirs] for theirs, ours in FIELDS.items() if theirs in body}
-    if counting:
-        values["max_tokens"] = 0  # the prompt is tokenized and nothing evaluated
-    grammar, enable_thinking = await _output_config(body.get("output_config"))
-    thinking = _thinking(body.get("thinking"))
-    if thinking is not None:
-        enable_thinking = thinking
-        budget = body["thinking"].get("budget_tokens")
-        if isinstance(budget, int) and not isinstance(budget, bool):
-            values.setdefault("reasoning_budget", budget)
-    config = body.get("output_config")
-    effort_budget(values, config.get("effort") if isinstance(config, dict) else None)
-    msgs = await read_messages(_chat_messages(body.get("system"), body.get("messages")), state.allow_image_urls)
-    check_prompt_size(worker, [m["content"] for m in msgs])
-    args = thinking_args(enable_thinking)
-    return GenerationRequest(messages=msgs, sampling=sampling(state, worker, values, grammar), template_args=args)
-
-
-async def _output_config(config: Any) -> tuple[str | None, bool | None]:
-    """output_config's format (a JSON schema for the answer: a grammar) and effort (which asks for thinking
-    unless it is low)."""
+def _output_config(config: Any) -> tuple[Schema | None, str | None]:
+    """output_config's format (a JSON schema for the answer) and effort (which asks for thinking)."""
     if config is None:
         return None, None
     if not isinstance(config, dict):
         raise HTTPError(400, "output_config must be an object", param="output_config")
-    grammar = None
     fmt = config.get("format")
-    if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-            raise HTTPError(400, "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
-                            param="output_config.format")
-        grammar = await schema_grammar(fmt["schema"], "output_config.format")
-    effort = config.get("effort")
-    if effort is not None and effort not in EFFORTS:
-        raise HTTPError(400, f"output_config.effort must be one of {', '.join(EFFORTS)}", param="output_config.effort")
-    return grammar, None if effort is None else True
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "json_schema"
+                            or not isinstance(fmt.get("schema"), dict)):
+        raise HTTPError(400, "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                        param="output_config.format")
+    schema = Schema(fmt["schema"], "output_config.format") if fmt is not None else None
+    return schema, one_of(config.get("effort"), EFFORTS, "output_config.effort")
 
 
 def _thinking(config: Any) -> bool | None:
@@ -186,8 +129,10 @@ def _chat_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
                 calls.append({"id": str(block.get("id") or f"toolu_{len(calls)}"), "type": "function",
                               "function": {"name": block["name"], "arguments": json.dumps(block.get("input", {}))}})
             elif kind == "tool_result" and m["role"] == "user":
-                out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
-                            "content": _result_text(block)})
+                if not isinstance(block.get("tool_use_id"), str) or not block["tool_use_id"]:
+                    raise HTTPError(400, "a tool_result block needs the tool_use_id of the call it answers",
+                                    param="messages")
+                out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": _result_text(block)})
             elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
                 continue
             else:
@@ -261,50 +206,13 @@ def _choice(raw: Any) -> tuple[Any, bool | None]:
     return choice, None if parallel is None else not parallel
 
 
-def _block(piece: Piece | ToolCall) -> dict[str, Any]:
+def _block(piece: Said) -> dict[str, Any]:
     """The content block a piece of the answer is (empty, as a stream opens one)."""
     if isinstance(piece, ToolCall):
-        return {"type": "tool_use", "id": _tool_id(piece), "name": piece.name, "input": {}}
+        return {"type": "tool_use", "id": piece.id.replace("call_", "toolu_", 1), "name": piece.name, "input": {}}
     if piece.kind == "reasoning":
         return {"type": "thinking", "thinking": "", "signature": ""}
     return {"type": "text", "text": ""}
-
-
-def _tool_id(call: ToolCall) -> str:
-    return call.id.replace("call_", "toolu_", 1)
-
-
-class _Shape:
-    """Builds the response objects of one request."""
-
-    def __init__(self, ident: str, model: str, stops: tuple[str, ...]) -> None:
-        self.ident, self.model, self.stops = ident, model, stops
-
-    def stop(self, c: Any, calls: bool) -> tuple[str, str | None]:
-        """stop_reason and stop_sequence (which one is known when only one was given)."""
-        if calls:
-            return "tool_use", None
-        if c.finish_reason == "stop" and self.stops:
-            return "stop_sequence", self.stops[0] if len(self.stops) == 1 else None
-        return ("max_tokens" if c.finish_reason in ("length", "context") else "end_turn"), None
-
-    def usage(self, c: Any) -> dict[str, Any]:
-        return {"input_tokens": c.prompt_tokens - c.cached_tokens, "output_tokens": c.completion_tokens,
-                "cache_read_input_tokens": c.cached_tokens, "cache_creation_input_tokens": 0}
-
-    def message(self, content: list[dict[str, Any]], reason: str | None, sequence: str | None,
-                usage: dict[str, Any]) -> dict[str, Any]:
-        return {"id": self.ident, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": reason, "stop_sequence": sequence, "usage": usage}
-
-    def whole(self, c: Any, answer: AnswerStream) -> dict[str, Any]:
-        content: list[dict[str, Any]] = []
-        if answer.reasoning:
-            content.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
-        if answer.content or not (answer.calls or answer.reasoning):  # an empty answer is one empty text block
-            content.append({"type": "text", "text": answer.content})
-        content += [{"type": "tool_use", "id": _tool_id(t), "name": t.name, "input": t.args} for t in answer.calls]
-        return self.message(content, *self.stop(c, bool(answer.calls)), self.usage(c))
 
 
 def _event(kind: str, doc: dict[str, Any]) -> bytes:
@@ -312,69 +220,80 @@ def _event(kind: str, doc: dict[str, Any]) -> bytes:
         b"\n\n"
 
 
-class _Blocks:
-    """The stream's content blocks: a piece of another kind than the open block's closes it and opens its own."""
+class _Encoder:
+    """One request's message and stream events: a piece of another kind than the open block's (every tool
+    call) closes it and opens its own; a whole answer is the same blocks, unstreamed."""
 
-    def __init__(self) -> None:
-        self.index = -1
-        self.kind: str | None = None
-        self.calls = 0
+    media_type = "text/event-stream"
 
-    def events(self, pieces: list[Any]) -> list[bytes]:
+    def __init__(self, model: str, stops: tuple[str, ...], counting: bool) -> None:
+        self.ident, self.model, self.stops, self.counting = f"msg_{uuid.uuid4().hex[:24]}", model, stops, counting
+        self.blocks: list[dict[str, Any]] = []  # the content blocks so far, whole
+        self.kind: str | None = None  # the open block's
+
+    def _stop(self, c: Completion) -> dict[str, str | None]:
+        """stop_reason and stop_sequence (which one is known when only one was given)."""
+        if any(b["type"] == "tool_use" for b in self.blocks):
+            return {"stop_reason": "tool_use", "stop_sequence": None}
+        if c.finish_reason == "stop" and self.stops:
+            return {"stop_reason": "stop_sequence", "stop_sequence": self.stops[0] if len(self.stops) == 1 else None}
+        return {"stop_reason": "max_tokens" if c.finish_reason in ("length", "context") else "end_turn",
+                "stop_sequence": None}
+
+    def _message(self, content: list[dict[str, Any]], stop: dict[str, str | None],
+                 usage: dict[str, Any]) -> dict[str, Any]:
+        return {"id": self.ident, "type": "message", "role": "assistant", "model": self.model, "content": content,
+                **stop, "usage": usage}
+
+    @staticmethod
+    def _usage(c: Completion) -> dict[str, Any]:
+        return {"input_tokens": c.prompt_tokens - c.cached_tokens, "output_tokens": c.completion_tokens,
+                "cache_read_input_tokens": c.cached_tokens, "cache_creation_input_tokens": 0}
+
+    def opening(self) -> list[bytes]:  # the prompt's tokens are counted once the answer ends: in message_delta
+        empty: dict[str, str | None] = {"stop_reason": None, "stop_sequence": None}
+        return [_event("message_start", {"message": self._message([], empty, {"input_tokens": 0,
+                                                                             "output_tokens": 0})}),
+                _event("ping", {})]
+
+    def said(self, pieces: list[Said]) -> list[bytes]:
         out: list[bytes] = []
         for p in pieces:
             block = _block(p)
             if isinstance(p, ToolCall) or block["type"] != self.kind:
-                out += self.close()
-                self.index += 1
+                out += self._close()
                 self.kind = block["type"]
-                out.append(_event("content_block_start", {"index": self.index, "content_block": block}))
+                out.append(_event("content_block_start", {"index": len(self.blocks), "content_block": block}))
+                self.blocks.append(block)
             if isinstance(p, ToolCall):
-                self.calls += 1
+                block["input"] = p.args
                 delta = {"type": "input_json_delta", "partial_json": p.arguments}
-            elif p.kind == "reasoning":
-                delta = {"type": "thinking_delta", "thinking": p.text}
             else:
-                delta = {"type": "text_delta", "text": p.text}
-            out.append(_event("content_block_delta", {"index": self.index, "delta": delta}))
+                key = "thinking" if p.kind == "reasoning" else "text"
+                self.blocks[-1][key] += p.text
+                delta = {"type": f"{key}_delta", key: p.text}
+            out.append(_event("content_block_delta", {"index": len(self.blocks) - 1, "delta": delta}))
         return out
 
-    def close(self) -> list[bytes]:
+    def _close(self) -> list[bytes]:
         if self.kind is None:
             return []
-        out = []
-        if self.kind == "thinking":
-            out.append(_event("content_block_delta", {"index": self.index,
-                                                      "delta": {"type": "signature_delta", "signature": ""}}))
-        out.append(_event("content_block_stop", {"index": self.index}))
+        at = {"index": len(self.blocks) - 1}
+        sign = [_event("content_block_delta", {**at, "delta": {"type": "signature_delta", "signature": ""}})]
         self.kind = None
-        return out
+        return [*(sign if self.blocks[-1]["type"] == "thinking" else []), _event("content_block_stop", at)]
 
+    def failed(self, e: HTTPError) -> list[bytes]:  # after the answer began: Anthropic's error event ends it
+        return [_event("error", error_body(ANTHROPIC, e))]
 
-async def _sse(shape: _Shape, job: Any, first: Any, answer: AnswerStream) -> AsyncIterator[bytes]:
-    # the prompt's tokens are counted once the answer ends: message_delta's usage carries them
-    yield _event("message_start", {"message": shape.message([], None, None, {"input_tokens": 0, "output_tokens": 0})})
-    yield _event("ping", {})
-    blocks = _Blocks()
-    async for event in events(job, first):
-        if isinstance(event, Text):
-            for chunk in blocks.events(watch_repeats(job, answer, event.text)):
-                yield chunk
-            continue
-        if isinstance(event, Failed):  # after the answer began: Anthropic's error event ends the stream
-            e = http_error(event)
-            yield _event("error", {"error": anthropic_error(e.status, e.message)["error"]})
-            return
-        for chunk in blocks.events(answer.finish()):
-            yield chunk
-        if blocks.index < 0:  # an empty answer is one empty text block
-            for chunk in blocks.events([Piece("content", "")]):
-                yield chunk
-        for chunk in blocks.close():
-            yield chunk
-        c = event.completion
-        reason, sequence = shape.stop(c, blocks.calls > 0)
-        usage = shape.usage(c)
-        yield _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage})
-        yield _event("message_stop", {})
+    async def done(self, c: Completion, job: Job) -> list[bytes]:
+        out = self.said([Piece("content", "")]) if not self.blocks else []  # an empty answer: one empty text block
+        return [*out, *self._close(), _event("message_delta", {"delta": self._stop(c), "usage": self._usage(c)}),
+                _event("message_stop", {})]
 
+    async def whole(self, c: Completion, job: Job | None, answer: AnswerStream | None) -> dict[str, Any]:
+        if self.counting:
+            return {"input_tokens": c.prompt_tokens}
+        assert answer is not None
+        self.said(parts(answer))  # the same blocks, their events unsent
+        return self._message(self.blocks, self._stop(c), self._usage(c))

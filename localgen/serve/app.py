@@ -1,7 +1,7 @@
-"""The ASGI app (Starlette, served by uvicorn): routes for OpenAI's and Ollama's APIs over the same model
-workers, the API key check, errors in each API's own shape (the shared pieces: serve/common.py), one access
-line per request, the pool that fetches image URLs, and at shutdown a 503 for the requests still running
-before uvicorn would cancel them."""
+"""The ASGI app (Starlette, served by uvicorn): routes for OpenAI's, Anthropic's, the Responses and Ollama's
+APIs over the same model workers, the API key check, errors in each API's own shape (serve/apierror.py; an
+unknown route or method too), one access line per request, the pool that fetches image URLs, and at shutdown
+a 503 for the requests still running before uvicorn would cancel them."""
 
 from __future__ import annotations
 
@@ -16,20 +16,22 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen.fetch import FetchPool
-from localgen.serve import anthropic, manage, ollama, openai, responses
-from localgen.serve.common import HTTPError, ServeState, error_response
+from localgen.serve import anthropic, embeds, listings, manage, ollama, openai, responses
+from localgen.serve.apierror import ERROR_EXTRA, HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.incoming import INCOMING, Incoming
 from localgen.serve.jobs import INTERNAL, Failed
 from localgen.serve.metrics import Metrics
 from localgen.serve.servelog import STDERR_LOG, TRACE, ServeLog, Trace, request_id
+from localgen.serve.state import ServeState
 
-# After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve.py's
+# After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve/command.py's
 # timeout_graceful_shutdown), then cancels them: a stream cut with no error event, a plain-text 500. Our jobs
 # still running after the drain time (serve --drain-timeout; at once on a second signal) end first, as each
 # API's 503.
@@ -51,8 +53,8 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
             doc["prefix_store"] = await asyncio.to_thread(state.store.status)
         return JSONResponse(doc, status_code=200 if ok else 503)
 
-    routes = [Route("/health", health), *openai.routes(state), *anthropic.routes(state), *responses.routes(state),
-              *ollama.routes(state), *manage.routes(state)]
+    routes = [Route("/health", health), *listings.routes(state), *openai.routes(state), *anthropic.routes(state),
+              *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state)]
     metrics = Metrics(state, routes)
     routes.append(Route("/metrics", metrics.endpoint))
     state.on_completion = metrics.observe
@@ -60,6 +62,14 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPError)
         return error_response(request, exc)
+
+    async def on_routing(request: Request, exc: Exception) -> Response:
+        """Starlette's own refusals (no such route, a method the route does not take) in the API's shape."""
+        assert isinstance(exc, HTTPException)
+        where = f"{request.method} {request.url.path}"[:200]
+        message = {404: f"Invalid URL ({where})", 405: f"Method not allowed ({where}; it takes "
+                   f"{(exc.headers or {}).get('Allow', 'another method')})"}.get(exc.status_code, str(exc.detail))
+        return error_response(request, HTTPError(exc.status_code, message, "invalid_request_error"), exc.headers)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         # the traceback goes to the server's log (Starlette re-raises it to uvicorn), never to the client
@@ -76,10 +86,11 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
 
     front = Front(metrics=metrics)
     drain = Drain(state, front)
-    app = Starlette(routes=routes, exception_handlers={HTTPError: on_error, Exception: on_unexpected},
+    app = Starlette(routes=routes, exception_handlers={HTTPError: on_error, HTTPException: on_routing,
+                                                       Exception: on_unexpected},
                     lifespan=lifespan)
     app.state.drain = drain
-    app.state.front = front  # cli/serve.py sets its fetch pool and access log from the flags
+    app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
     app.add_middleware(Gate, policy=policy or Policy(api_key=state.api_key))  # type: ignore[arg-type]
     app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]  # outermost: added last
     return app
@@ -122,9 +133,11 @@ class FrontDoor:
         trace = Trace(request_id(given), f"{client[0]}:{client[1]}" if client else "-")
         token = INCOMING.set(Incoming(self.front.pool, receive))
         traced = TRACE.set(trace)
+        extra = ERROR_EXTRA.set((("request_id", trace.id),))  # every error body of this request carries its id
         try:
             await self._observed(scope, receive, send, trace)
         finally:
+            ERROR_EXTRA.reset(extra)
             TRACE.reset(traced)
             INCOMING.reset(token)
 
@@ -158,7 +171,7 @@ class FrontDoor:
 
 class Drain:
     """Ends our jobs still running `seconds` after the server's first exit signal, at once on a second one.
-    The server (cli/serve.py's uvicorn.Server, which owns the signals) calls `signal` from its handle_exit;
+    The server (cli/serve/command.py's uvicorn.Server, which owns the signals) calls `signal` from its handle_exit;
     the timer runs on the app's loop, noted at start-up."""
 
     def __init__(self, state: ServeState, front: Front) -> None:

@@ -7,17 +7,17 @@ import contextlib
 from typing import Any
 
 from localgen.errors import LocalgenError
-from localgen.serve.common import HTTPError
+from localgen.serve.apierror import HTTPError
 from localgen.types import ModelRef
 
 
 def show_doc(name: str, ref: ModelRef) -> dict[str, Any]:
     """Ollama's /api/show for a model, from its GGUF header and preset (nothing loaded)."""
-    from localgen.serve.ollama import _details
+    from localgen.serve.listings import details
 
     s = ref.summary
     doc: dict[str, Any] = {"modelfile": modelfile_of(name, ref), "parameters": parameters_text(ref),
-                           "template": s.chat_template or "", "details": _details(ref), "model_info": model_info(s),
+                           "template": s.chat_template or "", "details": details(ref), "model_info": model_info(s),
                            "capabilities": capabilities(ref)}
     if ref.system:
         doc["system"] = ref.system

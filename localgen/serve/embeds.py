@@ -1,19 +1,92 @@
-"""Embeddings and rerank requests for both APIs: their inputs checked, and the job run on the model's
-worker a slice at a time between decoding steps (engine/embed.py's EmbedTask), stopped when the client
-leaves."""
+"""Embeddings and rerank over HTTP, in each API's shape: OpenAI's /v1/embeddings, llama-server's /v1/rerank
+(Jina's and Cohere's shape), Ollama's /api/embed and older /api/embeddings. Their inputs checked, and the job
+run on the model's worker a slice at a time between decoding steps (engine/embed.py's EmbedTask), stopped
+when the client leaves."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from localgen.errors import LocalgenError
-from localgen.serve.common import HTTPError, check_prompt_size, http_error, watch_disconnect
+from localgen.serve.apierror import HTTPError, http_error
+from localgen.serve.ask import flag, one_of
 from localgen.serve.jobs import EmbedJob, Failed
-from localgen.serve.worker import ModelWorker
+from localgen.serve.jsonbody import read_json
+from localgen.serve.pipeline import CHARS_PER_TOKEN, check_prompt_size
+from localgen.serve.running import watch_disconnect
+from localgen.serve.served import Served
+from localgen.serve.state import ServeState
 
 MAX_INPUTS = 2048  # texts in one embeddings request (OpenAI's bound)
+NS = 1_000_000_000
+
+
+def routes(state: ServeState) -> list[Route]:
+    """The embeddings and rerank routes of both APIs."""
+
+    async def embeddings(request: Request) -> Response:
+        body = await read_json(request)
+        worker = state.worker(body.get("model"))
+        fmt = one_of(body.get("encoding_format", "float"), ("float", "base64"), "encoding_format")
+        vectors = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), http=request)
+        from localgen.embeddings.store import b64
+
+        data = [{"object": "embedding", "index": i, "embedding": v.vector if fmt == "float" else b64(v.vector)}
+                for i, v in enumerate(vectors)]
+        used = sum(v.tokens for v in vectors)
+        return JSONResponse({"object": "list", "data": data, "model": worker.name,
+                             "usage": {"prompt_tokens": used, "total_tokens": used}})
+
+    async def rerank(request: Request) -> Response:
+        """Results by relevance, as Jina's and Cohere's APIs give them."""
+        body = await read_json(request)
+        worker = state.worker(body.get("model"))
+        query = body.get("query")
+        if not isinstance(query, str) or not query:
+            raise HTTPError(400, "`query` must be a non-empty string", param="query")
+        if len(query) > CHARS_PER_TOKEN * worker.n_ctx:  # bounded before it is tokenized with every document
+            raise HTTPError(400, f"`query` is {len(query):,} characters; the reranker's window of {worker.n_ctx:,} "
+                                 "tokens cannot hold it", param="query")
+        docs = embed_inputs(body.get("documents"), "documents")
+        top = body.get("top_n", len(docs))
+        if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+            raise HTTPError(400, "`top_n` must be a positive integer", param="top_n")
+        keep = body.get("return_documents", False)
+        # documents are cut to fit beside the query; one with no room left is a 400 (embed.py QueryTooLong)
+        scored = await embed(worker, docs, None, True, query=query, http=request)
+        order = sorted(range(len(docs)), key=lambda i: -scored[i][0])[:top]
+        results = [{"index": i, "relevance_score": scored[i][0], **({"document": {"text": docs[i]}} if keep else {})}
+                   for i in order]
+        used = sum(t for _, t in scored)
+        return JSONResponse({"model": worker.name, "object": "list", "results": results,
+                             "usage": {"prompt_tokens": used, "total_tokens": used}})
+
+    async def ollama_embed(request: Request) -> Response:
+        """/api/embed: `input` a string or strings; `truncate` (default true) cuts texts to the window."""
+        body = await read_json(request)
+        worker = state.worker(body.get("model"))
+        truncate = flag(body, "truncate", default=True)
+        t0 = time.perf_counter()
+        vectors = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), truncate, http=request)
+        return JSONResponse({"model": worker.name, "embeddings": [v.vector for v in vectors],
+                             "total_duration": int((time.perf_counter() - t0) * NS), "load_duration": 0,
+                             "prompt_eval_count": sum(v.tokens for v in vectors)})
+
+    async def ollama_embeddings(request: Request) -> Response:
+        """/api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
+        body = await read_json(request)
+        worker = state.worker(body.get("model"))
+        vectors = await embed(worker, embed_inputs(body.get("prompt"), "prompt"), None, True, http=request)
+        return JSONResponse({"embedding": vectors[0].vector})
+
+    return [Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/v1/rerank", rerank, methods=["POST"]),
+            Route("/rerank", rerank, methods=["POST"]), Route("/api/embed", ollama_embed, methods=["POST"]),
+            Route("/api/embeddings", ollama_embeddings, methods=["POST"])]
 
 
 def embed_inputs(raw: Any, param: str = "input") -> list[str]:
@@ -28,7 +101,7 @@ def embed_inputs(raw: Any, param: str = "input") -> list[str]:
     return texts
 
 
-async def embed(worker: ModelWorker, texts: list[str], dimensions: Any = None, truncate: bool = False,
+async def embed(worker: Served, texts: list[str], dimensions: Any = None, truncate: bool = False,
                 query: str | None = None, http: Request | None = None) -> list[Any]:
     """Embed (or with a query, rerank) on the worker's thread, a slice at a time between decoding steps; the
     Embeddings (or (score, tokens) pairs), or an HTTPError. A client that disconnects (`http`) or a handler

@@ -18,7 +18,7 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
-from localgen.serve.common import HTTPError, error_response
+from localgen.serve.apierror import HTTPError, error_response
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localgen.fetch import FetchPool
-from localgen.serve.common import HTTPError
+from localgen.serve.apierror import HTTPError
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def _media_urls(raw: list[Any]) -> list[str]:
 
 
 async def fetch_media(raw: list[Any]) -> dict[str, Any] | None:
-    """The Media at each http(s) URL of a request's messages (serve/common.py's read_messages), fetched at once
+    """The Media at each http(s) URL of a request's messages (read_messages), fetched at once
     in the request's pool: None when there are none, a 400 saying why one failed, a 503 when the pool is full
     or closing; every fetch stops when one fails or the client leaves."""
     import functools

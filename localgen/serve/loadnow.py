@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 
 from localgen.errors import LocalgenError
-from localgen.serve.common import HTTPError, http_error
+from localgen.serve.apierror import HTTPError, http_error
 from localgen.serve.jobs import Failed, Job
-from localgen.serve.worker import ModelWorker
+from localgen.serve.served import Served
 from localgen.types import GenerationRequest, SamplingParams
 
 
-async def load_now(worker: ModelWorker) -> None:
+async def load_now(worker: Served) -> None:
     """Load the model now: a job told to finish before its first step, so loading is all it does; an
     HTTPError when it cannot load."""
     job = Job(GenerationRequest(prompt=" ", sampling=SamplingParams(max_tokens=1)), asyncio.get_running_loop(),

@@ -18,9 +18,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, Overloaded, ServeError, UsageError
-from localgen.serve.common import HTTPError, ServeState, read_json
+from localgen.serve.apierror import HTTPError
 from localgen.serve.describe import modelfile_text, show_doc
+from localgen.serve.jsonbody import read_json
 from localgen.serve.loadnow import load_now
+from localgen.serve.state import ServeState
 from localgen.serve.worker import ModelWorker
 from localgen.types import ModelRef
 

@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Match
 
 if TYPE_CHECKING:
     from localgen.backend import Completion
-    from localgen.serve.common import ServeState
+    from localgen.serve.state import ServeState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # buckets from a millisecond to a minute: a token on a GPU takes a few ms, a first token behind a long prompt on

@@ -55,18 +55,16 @@ def warm_template(backend: Any) -> None:
 
 
 def footprint(ref: ModelRef, load: LoadParams, parallel: int) -> int:
-    """The bytes loading `ref` for `parallel` slots will take (models/footprint.py's estimate, every device):
-    what serve's residency (serve/residency.py) sets against its budget."""
-    import dataclasses
+    """The bytes loading `ref` for `parallel` slots will take on every device, by the plan the load follows
+    (models/fit.py): what serve's residency (serve/residency.py) sets against its budget."""
+    from localgen.models import fit
+    from localgen.models import footprint as fp
+    from localgen.native.devices import backend_info
 
-    from localgen.models.footprint import of_file
-
-    s = ref.summary
-    n_ctx = min(load.n_ctx, s.context_length) if s.context_length else load.n_ctx
-    layers = load.n_gpu_layers if load.n_gpu_layers is not None else 0
-    cells = dataclasses.replace(load, n_ctx=n_ctx * parallel)
+    machine = fit.this_machine(bool(backend_info()["gpu_offload"]))
+    plan = fit.plan(ref.summary, fp.layout(ref.path), machine, load, ctx=load.n_ctx, parallel=parallel)
     adapters = sum(_size(path) for path, _ in (*ref.adapters, *load.lora))  # LoRA weights load beside the model's
-    return of_file(ref.path, s, cells, n_seq=parallel, gpu_layers=layers).total + adapters
+    return plan.footprint.total + adapters
 
 
 def _size(path: str) -> int:

@@ -1,6 +1,7 @@
-"""The Responses API's shapes (serve/responses.py reads the requests): the response object with the request's
+"""The Responses API's answers (serve/responses.py reads the requests): the response object with the request's
 settings echoed, the output items an answer's pieces become (reasoning, message, function_call), and the
-`response.*` events that stream them, numbered, each item opened, streamed and closed before the next."""
+`response.*` events that stream them, numbered, each item opened, streamed and closed before the next (a
+whole answer is the same items, unstreamed); the response kept in the store when the request asked."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ import time
 import uuid
 from typing import Any
 
+from localgen.backend import Completion
+from localgen.serve.apierror import HTTPError
+from localgen.serve.jobs import Job
+from localgen.serve.pipeline import parts
 from localgen.serve.responsestore import ResponseStore
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream
+from localgen.tools.stream import Event as Said
 from localgen.types import GenerationRequest
 
 
@@ -21,14 +27,23 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class Shape:
-    """Builds one request's response object and output items, and keeps it when asked to."""
+class Encoder:
+    """One request's response object and its output items: a piece of another kind than the open item's
+    (every tool call) closes it and opens its own."""
+
+    media_type = "text/event-stream"
 
     def __init__(self, body: dict[str, Any], model: str, request: GenerationRequest, store: ResponseStore | None,
                  conversation: list[dict[str, Any]]) -> None:
         self.ident, self.created, self.model, self.store = new_id("resp"), int(time.time()), model, store
         self.conversation = conversation
-        tools = body.get("tools") or []
+        self.seq = 0  # the next event's sequence_number
+        self.output: list[dict[str, Any]] = []  # the items closed so far, whole
+        self.kind: str | None = None  # the open item's: reasoning or message
+        self.item, self.text = "", ""  # the open item's id and text
+        self.content = ""  # the answer's, so far
+        self.calls: list[ToolCall] = []
+        tools, text = body.get("tools") or [], body.get("text") or {}
         reasoning: dict[str, Any] = body.get("reasoning") or {}
         self.echo = {
             "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
@@ -39,7 +54,7 @@ class Shape:
             "temperature": request.sampling.temperature, "top_p": request.sampling.top_p,
             "max_output_tokens": body.get("max_output_tokens"),
             "previous_response_id": body.get("previous_response_id"), "store": self.store is not None,
-            "text": {**(body.get("text") or {}), "format": (body.get("text") or {}).get("format") or {"type": "text"}},
+            "text": {**text, "format": text.get("format") or {"type": "text"}},
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
             "truncation": body.get("truncation") or "disabled", "user": body.get("user"),
         }
@@ -52,122 +67,52 @@ class Shape:
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "usage": usage, **self.echo}
 
-    def whole(self, c: Any, answer: AnswerStream) -> dict[str, Any]:
-        """The response of a finished answer that was not streamed."""
-        status = self.status(c, bool(answer.calls))
-        output: list[dict[str, Any]] = []
-        if answer.reasoning:
-            output.append(_reasoning(new_id("rs"), answer.reasoning, "completed"))
-        if answer.content or not (answer.calls or answer.reasoning):  # an empty answer is one empty message
-            output.append(_message_item(new_id("msg"), answer.content, status))
-        output += [_call_item(new_id("fc"), call, "completed") for call in answer.calls]
-        return self.response(status, output, usage(c))
-
-    @staticmethod
-    def status(c: Any, calls: bool) -> str:
-        """incomplete when the answer was cut at max_output_tokens (or the window), else completed."""
-        return "incomplete" if c.finish_reason in ("length", "context") and not calls else "completed"
-
-    async def keep(self, doc: dict[str, Any], answer: AnswerStream) -> None:
-        """Store the response and its conversation with the answer as an assistant message (when `store`)."""
-        if self.store is None:
-            return
-        said: dict[str, Any] = {"role": "assistant", "content": answer.content}
-        if answer.calls:
-            said["tool_calls"] = [call.to_openai() for call in answer.calls]
-        await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, said])
-
-
-def usage(c: Any) -> dict[str, Any]:
-    """The Responses API's usage object for a finished answer."""
-    return {"input_tokens": c.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": c.cached_tokens, "cache_write_tokens": 0},
-            "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": c.prompt_tokens + c.completion_tokens}
-
-
-def _reasoning(ident: str, text: str, status: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": ident, "summary": [], "status": status,
-            "content": [{"type": "reasoning_text", "text": text}] if text else []}
-
-
-def _output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def _message_item(ident: str, text: str | None, status: str) -> dict[str, Any]:
-    return {"type": "message", "id": ident, "status": status, "role": "assistant",
-            "content": [] if text is None else [_output_text(text)]}
-
-
-def _call_item(ident: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:
-    return {"type": "function_call", "id": ident, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments if arguments is None else arguments, "status": status}
-
-
-class Items:
-    """The stream's output items: a piece of another kind than the open item's closes it and opens its own."""
-
-    def __init__(self, shape: Shape) -> None:
-        self.shape = shape
-        self.seq = 0
-        self.output: list[dict[str, Any]] = []  # the items closed so far, whole
-        self.kind: str | None = None  # the open item's: reasoning or message
-        self.ident = ""
-        self.text = ""
-        self.calls: list[ToolCall] = []
-
     def event(self, kind: str, **doc: Any) -> bytes:
         """One server-sent event, numbered."""
         data = json.dumps({"type": kind, "sequence_number": self.seq, **doc}, ensure_ascii=False)
         self.seq += 1
         return f"event: {kind}\ndata: {data}\n\n".encode()
 
-    def events(self, pieces: list[Any]) -> list[bytes]:
+    def opening(self) -> list[bytes]:
+        return [self.event(f"response.{s}", response=self.response("in_progress", [])) for s in ("created",
+                                                                                                "in_progress")]
+
+    def said(self, pieces: list[Said]) -> list[bytes]:
         """The events for pieces of the answer (text, reasoning, tool calls)."""
         out: list[bytes] = []
         for p in pieces:
             if isinstance(p, ToolCall):
-                out += self.close("completed")
-                out += self._call(p)
+                out += [*self.close("completed"), *self._call(p)]
                 continue
             kind = "reasoning" if p.kind == "reasoning" else "message"
             if kind != self.kind:
-                out += self.close("completed")
-                out += self.open(kind)
+                out += [*self.close("completed"), *self.open(kind)]
             self.text += p.text
-            at = {"item_id": self.ident, "output_index": len(self.output), "content_index": 0}
+            at = {"item_id": self.item, "output_index": len(self.output), "content_index": 0}
             if kind == "reasoning":
                 out.append(self.event("response.reasoning_text.delta", **at, delta=p.text))
             else:
+                self.content += p.text
                 out.append(self.event("response.output_text.delta", **at, delta=p.text, logprobs=[]))
         return out
 
     def open(self, kind: str) -> list[bytes]:
         """Open an output item (reasoning or message) and its content part."""
-        self.kind, self.ident, self.text = kind, new_id("rs" if kind == "reasoning" else "msg"), ""
-        index = len(self.output)
-        item = _reasoning(self.ident, "", "in_progress") if kind == "reasoning" else \
-            _message_item(self.ident, None, "in_progress")
-        part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else _output_text("")
-        return [self.event("response.output_item.added", output_index=index, item=item),
-                self.event("response.content_part.added", item_id=self.ident, output_index=index, content_index=0,
-                           part=part)]
+        self.kind, self.item, self.text = kind, new_id("rs" if kind == "reasoning" else "msg"), ""
+        at = {"output_index": len(self.output)}
+        return [self.event("response.output_item.added", **at, item=_item(kind, self.item, None, "in_progress")),
+                self.event("response.content_part.added", item_id=self.item, **at, content_index=0,
+                           part=_part(kind, ""))]
 
     def close(self, status: str) -> list[bytes]:
         """Close the open item (if any): its .done events, whole."""
         if self.kind is None:
             return []
-        at = {"item_id": self.ident, "output_index": len(self.output), "content_index": 0}
-        if self.kind == "reasoning":
-            item = _reasoning(self.ident, self.text, "completed")
-            part: dict[str, Any] = {"type": "reasoning_text", "text": self.text}
-            done = self.event("response.reasoning_text.done", **at, text=self.text)
-        else:
-            item = _message_item(self.ident, self.text, status)
-            part = _output_text(self.text)
-            done = self.event("response.output_text.done", **at, text=self.text, logprobs=[])
-        out = [done, self.event("response.content_part.done", **at, part=part),
+        at = {"item_id": self.item, "output_index": len(self.output), "content_index": 0}
+        item = _item(self.kind, self.item, self.text, "completed" if self.kind == "reasoning" else status)
+        done = self.event("response.reasoning_text.done", **at, text=self.text) if self.kind == "reasoning" else \
+            self.event("response.output_text.done", **at, text=self.text, logprobs=[])
+        out = [done, self.event("response.content_part.done", **at, part=_part(self.kind, self.text)),
                self.event("response.output_item.done", output_index=len(self.output), item=item)]
         self.output.append(item)
         self.kind = None
@@ -177,10 +122,64 @@ class Items:
         self.calls.append(call)
         ident, index = new_id("fc"), len(self.output)
         at = {"item_id": ident, "output_index": index}
-        item = _call_item(ident, call, "completed")
-        self.output.append(item)
+        self.output.append(_call_item(ident, call, "completed"))
         return [self.event("response.output_item.added", output_index=index,
                            item=_call_item(ident, call, "in_progress", "")),
                 self.event("response.function_call_arguments.delta", **at, delta=call.arguments),
                 self.event("response.function_call_arguments.done", **at, arguments=call.arguments),
-                self.event("response.output_item.done", output_index=index, item=item)]
+                self.event("response.output_item.done", output_index=index, item=self.output[-1])]
+
+    def failed(self, e: HTTPError) -> list[bytes]:
+        """After the stream began: what was said so far stays in the output, and the response fails."""
+        error = {"code": "server_error" if e.status >= 500 else "invalid_prompt", "message": e.message}
+        return [*self.close("incomplete"), self.event("response.failed",
+                                                      response=self.response("failed", self.output, error=error))]
+
+    async def done(self, c: Completion, job: Job) -> list[bytes]:
+        out, doc = await self._end(c)
+        return [*out, self.event(f"response.{doc['status']}", response=doc)]
+
+    async def whole(self, c: Completion, job: Job | None, answer: AnswerStream | None) -> dict[str, Any]:
+        assert answer is not None
+        self.said(parts(answer))  # the same items, their events unsent
+        return (await self._end(c))[1]
+
+    async def _end(self, c: Completion) -> tuple[list[bytes], dict[str, Any]]:
+        """The last item closed (an empty answer is one empty message), and the response, kept when asked."""
+        status = "incomplete" if c.finish_reason in ("length", "context") and not self.calls else "completed"
+        out = [*(self.open("message") if self.kind is None and not self.output else []), *self.close(status)]
+        doc = self.response(status, self.output, usage(c))
+        if self.store is not None:  # the conversation, with the answer as an assistant message
+            said: dict[str, Any] = {"role": "assistant", "content": self.content}
+            if self.calls:
+                said["tool_calls"] = [call.to_openai() for call in self.calls]
+            await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, said])
+        return out, doc
+
+
+def usage(c: Completion) -> dict[str, Any]:
+    """The Responses API's usage object for a finished answer."""
+    return {"input_tokens": c.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": c.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": c.prompt_tokens + c.completion_tokens}
+
+
+def _part(kind: str, text: str) -> dict[str, Any]:
+    if kind == "reasoning":
+        return {"type": "reasoning_text", "text": text}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _item(kind: str, ident: str, text: str | None, status: str) -> dict[str, Any]:
+    """A reasoning or message item (text None: opened, with no content yet)."""
+    if kind == "reasoning":
+        return {"type": "reasoning", "id": ident, "summary": [], "status": status,
+                "content": [_part(kind, text)] if text else []}
+    return {"type": "message", "id": ident, "status": status, "role": "assistant",
+            "content": [] if text is None else [_part(kind, text)]}
+
+
+def _call_item(ident: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:
+    return {"type": "function_call", "id": ident, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments if arguments is None else arguments, "status": status}

@@ -7,10 +7,11 @@ conversation is bounded as OpenAI bounds it (check_metadata): `metadata` at most
 each a string of at most 512, and `user` at most MAX_USER characters. The standard library's sqlite3, as the
 log's writer (log/store.py): one table, no full-text index, so sqlite-utils would add only its import time.
 Every call opens its own connection under one lock: the server calls these from worker threads
-(asyncio.to_thread)."""
+(asyncio.to_thread). GET and DELETE /v1/responses/{id} are this store over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
@@ -21,7 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
 from localgen import paths
+from localgen.serve.apierror import HTTPError
 
 MAX_RESPONSES = 1000
 MAX_BYTES = 1 << 30  # the stored responses' JSON together (UTF-8): the oldest go first past it
@@ -34,10 +40,8 @@ MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_VALUE, MAX_USER = 16, 64, 512,
 
 
 def check_metadata(metadata: Any, user: Any) -> None:
-    """A 400 (serve/common.py's HTTPError, naming the field) for `metadata` or `user` outside OpenAI's bounds:
+    """A 400 (serve/apierror.py's HTTPError, naming the field) for `metadata` or `user` outside OpenAI's bounds:
     what a stored response keeps beside its conversation stays small."""
-    from localgen.serve.common import HTTPError
-
     if metadata is not None:
         if not isinstance(metadata, dict):
             raise HTTPError(400, "metadata must be an object", param="metadata")
@@ -130,3 +134,27 @@ class ResponseStore:
             gone = db.execute("DELETE FROM responses WHERE id = ? AND created >= ?",
                               (ident, self.clock() - self.max_age_s)).rowcount
         return gone > 0
+
+
+def routes(store: ResponseStore) -> list[Route]:
+    """GET /v1/responses/{id} (a stored response) and DELETE (forget it): a 404 when it is unknown, deleted or
+    expired."""
+
+    def not_found(ident: str) -> HTTPError:
+        return HTTPError(404, f"Response with id '{ident}' not found.", "invalid_request_error", "response_id")
+
+    async def get(request: Request) -> Response:
+        ident = request.path_params["ident"]
+        found = await asyncio.to_thread(store.load, ident)
+        if found is None:
+            raise not_found(ident)
+        return JSONResponse(found.response)
+
+    async def delete(request: Request) -> Response:
+        ident = request.path_params["ident"]
+        if not await asyncio.to_thread(store.delete, ident):
+            raise not_found(ident)
+        return JSONResponse({"id": ident, "object": "response.deleted", "deleted": True})
+
+    return [Route("/v1/responses/{ident}", get, methods=["GET"]), Route("/v1/responses/{ident}", delete,
+                                                                        methods=["DELETE"])]

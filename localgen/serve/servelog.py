@@ -1,10 +1,11 @@
 """serve's log on stderr: one line per request (the access line) and one per model load, unload and eviction,
 as plain text or, with `serve --log-format json`, as one JSON object per line: then every line serve writes
 is one (its start, warnings, internal errors with their traceback, uvicorn's own lines), each with the same
-members first (time, event, request_id, route, model, status: null where they do not apply). Each request has an id (the
-client's X-Request-Id when it sends a usable one, else a fresh one) that its access line, its error body and
-its X-Request-Id response header carry; `TRACE` holds the request's record for the code that fills it (the
-worker's Done, in serve/jobs.py) and reads it (error bodies, in serve/common.py)."""
+members first (time, event, request_id, route, model, status: null where they do not apply). Each request
+has an id (the client's X-Request-Id when it sends a usable one, else a fresh one) that its access line, its
+error body and its X-Request-Id response header carry (serve/app.py's FrontDoor sets it, and apierror.py's
+ERROR_EXTRA for the error bodies); `TRACE` holds the request's record for the code that fills it (a Job
+takes it when made, its worker counts the generation's tokens into it)."""
 
 from __future__ import annotations
 
@@ -64,12 +65,6 @@ def current_id() -> str | None:
     """The id of the request being handled (None outside one)."""
     trace = TRACE.get()
     return trace.id if trace is not None else None
-
-
-def with_request_id(doc: dict[str, Any]) -> dict[str, Any]:
-    """An error body with the request's id beside its error (as Anthropic's API places it), when in one."""
-    rid = current_id()
-    return {**doc, "request_id": rid} if rid is not None else doc
 
 
 def _stderr(line: str) -> None:

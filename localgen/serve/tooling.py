@@ -8,8 +8,9 @@ import asyncio
 from typing import Any
 
 from localgen.errors import LocalgenError
-from localgen.serve.common import HTTPError, bounded_schema, check_grammar_size
-from localgen.serve.worker import ModelWorker
+from localgen.serve.apierror import HTTPError
+from localgen.serve.schema import bounded_schema, check_grammar_size
+from localgen.serve.served import Served
 from localgen.tools.plan import ToolPlan, answer_stream, make_plan, with_tools
 from localgen.tools.stream import AnswerStream
 from localgen.types import GenerationRequest
@@ -20,7 +21,7 @@ from localgen.types import GenerationRequest
 MAX_TOOLS = 256
 
 
-async def tool_plan(worker: ModelWorker, tools: Any, choice: Any, parallel: Any) -> ToolPlan | None:
+async def tool_plan(worker: Served, tools: Any, choice: Any, parallel: Any) -> ToolPlan | None:
     """The request's tools for this model (None without tools), or a 400 that says what is wrong."""
     from localgen.tools.spec import parse_tools
 
@@ -58,7 +59,7 @@ def apply_plan(plan: ToolPlan | None, request: GenerationRequest) -> GenerationR
         raise HTTPError(400, e.message, param="tools") from None
 
 
-def stream_for(worker: ModelWorker, plan: ToolPlan | None, request: GenerationRequest,
+def stream_for(worker: Served, plan: ToolPlan | None, request: GenerationRequest,
                split_reasoning: bool = True) -> AnswerStream:
     """The stage that reads this request's answer."""
     return answer_stream(plan, worker.ref.summary.chat_template, request.template_args, split_reasoning)

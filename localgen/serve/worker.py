@@ -70,6 +70,7 @@ class ModelWorker(Residence):
         self.last_error: str | None = None
         self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
         self.vram_bytes = 0  # bytes of weights llama.cpp placed on GPUs (from its load log)
+        self.placement: dict[str, Any] = {}  # what went where (native/report.py's LoadReport.record)
         self.mode: Any = None  # the batching Mode (engine/batch.py), known once the model has loaded
         self.on_completion: Callable[[str, Completion], None] | None = None  # serve/metrics.py's count
         self._stop = threading.Event()

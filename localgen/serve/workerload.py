@@ -45,6 +45,7 @@ class Residence:
     disk_hits_before: int
     disk_hit_tokens_before: int
     vram_bytes: int
+    placement: dict[str, Any]
     idle_since: float
     expires_at: float | None
     calls: int
@@ -75,6 +76,7 @@ class Residence:
         restored = self._with_store(lambda store, key, ident: pc.slots.restore(store, key, ident)) or 0
         self.warm_restored += restored
         self.vram_bytes = backend.engine.gpu_weight_bytes()
+        self.placement = backend.engine.load_report.record()
         self.idle_since = time.monotonic()
         self._kept_at = time.monotonic()
         seconds = time.perf_counter() - t0

@@ -1,0 +1,335 @@
+"""`localgen bench`: llama-bench's tests and sweeps plus load, TTFT, latency and memory; history; compare."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.cli.bench.options import Measuring, ServingSweep, Values, sweep
+from localgen.cli.bench.view import ProgressView, bar_chart, emit, emit_serving
+from localgen.cli.options.knobs import Knobs
+from localgen.cli.stopping import Stopped, stop_on_sigint
+from localgen.errors import UsageError
+
+bench_app = typer.Typer(
+    help="Benchmark models and settings (llama-bench compatible), keep the results, compare runs.",
+    invoke_without_command=True, no_args_is_help=False, add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+
+@bench_app.callback()
+@o.with_knobs(sampling=False, load=())
+def bench(
+    ctx: typer.Context,
+    model: Annotated[Values, sweep("--model", "-m", help="Models: names, repos, paths (default smollm2:135m).")] = None,
+    n_prompt: Annotated[Values, sweep("--n-prompt", "-p", help="Prompt lengths for pp tests (default 512).")] = None,
+    n_gen: Annotated[Values, sweep("--n-gen", "-n", help="Generation lengths for tg tests (default 128).")] = None,
+    pg: Annotated[Values, sweep("--prompt-gen", "-pg", help="PROMPT,GEN pairs for combined tests.")] = None,
+    n_depth: Annotated[Values, sweep("--n-depth", "-d", help="Context depths to test at (default 0).")] = None,
+    threads: Annotated[Values, sweep("--threads", "-t", help="CPU threads (default: the model's tuning "
+                                                              "record, else the physical cores this process may "
+                                                              "use).")] = None,
+    ngl: Annotated[Values, sweep("--n-gpu-layers", "-ngl", help="GPU layers, -1 all (default all if offload).")] = None,
+    ncmoe: Annotated[Values, sweep("--n-cpu-moe", "-ncmoe", help="Layers whose mixture-of-experts weights stay in "
+                                                                "RAM, the first ones (default 0).")] = None,
+    batch: Annotated[Values, sweep("--batch-size", "-b", help="Logical batch (default 2048).")] = None,
+    ubatch: Annotated[Values, sweep("--ubatch-size", "-ub",
+                                    help="Physical batch (default: the model's tuning record, else 512).")] = None,
+    fa: Annotated[Values, sweep("--flash-attn", "-fa", help="Flash attention 0/1 (default: the model's "
+                                                                      "tuning record, else the rule; see `localgen "
+                                                                      "tune`).")] = None,
+    ctk: Annotated[Values, sweep("--cache-type-k", "-ctk", help="KV key types (default f16).")] = None,
+    ctv: Annotated[Values, sweep("--cache-type-v", "-ctv", help="KV value types (default f16).")] = None,
+    parallel: Annotated[Values, sweep("--parallel", "-npl", "--concurrency",
+                                      help="Sequences decoded together: aggregate rates (with --endpoint: requests in "
+                                           "flight).")] = None,
+    offline: o.Offline = False,
+    rpc: o.Rpc = None,
+    *,
+    measuring: Measuring,
+    remote: o.RemoteOptions,
+    serving: ServingSweep,
+    knobs: Knobs,
+) -> None:
+    """Run benchmarks. With no subcommand this measures; `history` and `compare` read past runs.
+
+    With --endpoint URL it measures a running OpenAI-compatible server from the client instead, as `vllm bench
+    serve` does: -npl/--concurrency and --request-rate sweeps, -p prompt and -n answer lengths; output
+    tokens/s, requests/s, and time to first token, inter-token and end-to-end latency at p50/p90/p99.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from localgen.bench import records
+
+    if measuring.output is not None and measuring.output not in records.FORMATS:
+        raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {measuring.output!r}")
+    if remote.endpoint or (model and any(_is_named_endpoint(m) for m in model)):
+        local = {"--threads": threads, "--n-gpu-layers": ngl, "--n-cpu-moe": ncmoe, "--batch-size": batch,
+                 "--ubatch-size": ubatch, "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv,
+                 "--n-depth": n_depth, "--prompt-gen": pg, "--rpc": rpc,
+                 "--exact/--no-exact": measuring.exact is not None}
+        bad = [flag for flag, v in local.items() if v]
+        if bad:
+            raise UsageError(f"{', '.join(bad)} cannot be used with --endpoint (the server loads the model)")
+        _measure_remote(remote.endpoint, remote.api_key_env, model, parallel, serving.request_rate,
+                        serving.num_prompts, n_prompt, n_gen, measuring.output, serving.same_prompt)
+        return
+    if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
+        raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
+    plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, batch=batch, ubatch=ubatch, fa=fa, ctk=ctk,
+                 ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=measuring.reps,
+                 e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact)
+    _measure(plan, measuring.output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
+
+
+def _is_named_endpoint(model: str) -> bool:
+    from localgen.remote.endpoints import named
+
+    head = model.partition("/")[0]
+    return "/" in model and not model.endswith(".gguf") and head in named()
+
+
+def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values, parallel: Values, rates: Values,
+                    num_prompts: int | None, n_prompt: Values, n_gen: Values, output: str | None,
+                    same_prompt: bool = False) -> None:
+    """bench --endpoint: the sweep against a server, kept in the history labelled as client-side figures."""
+    from localgen.bench import history, serving, sweep
+    from localgen.cli.output import ErrWriter
+    from localgen.remote.client import RemoteClient
+
+    concurrencies = sweep.int_values("--parallel/--concurrency", parallel, [1, 4])
+    rate_values = _rates(rates)
+    prompts = sweep.int_values("--n-prompt", n_prompt, [128])
+    gens = sweep.int_values("--n-gen", n_gen, [64])
+    targets = _remote_targets(urls, key_env, models)
+    import localgen
+
+    system = {"build_commit": "client-side", "build_number": 0, "cpu_info": "", "cores": 0, "ram": 0, "gpu_info": "",
+              "backends": "remote", "features": "", "localgen_version": localgen.__version__}
+    run_id = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
+    err = ErrWriter()
+    results: list[dict[str, Any]] = []
+    points = [(c, r, num_prompts or max(8, 2 * c), g) for _ in targets for _ in prompts for g in gens
+              for c in concurrencies for r in rate_values]
+    view = ProgressView(f"{len(points)} sweep point{'s' if len(points) > 1 else ''}", len(points), lambda: None,
+                         "Ctrl-C keeps the rows measured")
+    view.begin(len(points))
+    try:
+        for ep, model_id in targets:
+            client = RemoteClient(ep, model_id)
+            try:
+                for p in prompts:
+                    for g in gens:
+                        view.loading(f"{ep.label} {model_id}: prompt {p}, answer {g}")
+                        for rec in serving.run(client, ep.url, model_id, concurrencies, rate_values, num_prompts,
+                                               p, g, 1234, system, same_prompt):
+                            history.add(run_id, len(results), rec)
+                            results.append(rec)
+                            if output == "jsonl":
+                                sys.stdout.write(records_jsonl([rec]))
+                                sys.stdout.flush()
+                            if rec["requests"] == 0:
+                                raise UsageError(f"every request failed: {rec['first_error']}")
+                            view.step(f"{ep.label} {model_id}: prompt {p}, answer {g}")
+                            if len(results) == 1:  # the first point's latency foresees the rest
+                                e2e = (rec["e2e_p50_ms"] or 0.0) / 1000
+                                view.estimate(view.elapsed() + serving.seconds(points[1:], e2e, g))
+                            view.row(rec, len(results))
+            finally:
+                client.close()
+    except KeyboardInterrupt:
+        view.end()
+        err.line("interrupted; the results above were measured and kept")
+        raise typer.Exit(130) from None
+    finally:
+        view.end()
+        if results and output != "jsonl":
+            _print_results(results, output)
+    err.line(f"saved as run {run_id}: localgen bench history {run_id} (client-side figures)")
+
+
+def _remote_targets(urls: list[str] | None, key_env: str | None, models: Values) -> list[tuple[Any, str]]:
+    """(endpoint, model id) for each model named (the endpoint's own model where none is)."""
+    from localgen.remote.backend import pick_model
+    from localgen.remote.endpoints import choose
+
+    targets = []
+    wanted: list[str | None] = list(models) if models else [None]
+    for m in wanted:
+        eps, model_id = choose(urls, key_env, m)
+        if not eps:
+            raise UsageError("--endpoint URL (or -m NAME/MODEL from endpoints.toml) names the server to measure")
+        targets.append((eps[0], model_id or pick_model(eps)))
+    return targets
+
+
+def _print_results(results: list[dict[str, Any]], output: str | None) -> None:
+    """The sweep's table, or its rows in the --output format."""
+    from localgen.bench import records
+
+    if output:
+        sys.stdout.write(records.FORMATS[output](results))
+    else:
+        emit_serving(results)
+    sys.stdout.flush()
+
+
+def _rates(rates: Values) -> list[float]:
+    """--request-rate values: positive numbers, or inf."""
+    out: list[float] = []
+    for text in (v for item in (rates or ["inf"]) for v in item.split(",")):
+        try:
+            rate = float(text)
+        except ValueError:
+            raise UsageError(f"--request-rate takes numbers or inf, not {text!r}") from None
+        if not rate > 0:
+            raise UsageError(f"--request-rate must be above 0, not {text!r}")
+        out.append(rate)
+    return out
+
+
+def records_jsonl(recs: list[dict[str, Any]]) -> str:
+    from localgen.bench import records
+
+    return records.FORMATS["jsonl"](recs)
+
+
+def _plan(**flags: Any) -> Any:
+    """The sweep: every combination of the flags' values, with llama-bench's defaults."""
+    from localgen.bench import sweep
+    from localgen.native.devices import backend_info
+    from localgen.types import KV_CACHE_TYPES
+
+    offload = bool(backend_info()["gpu_offload"])
+    kv = list(KV_CACHE_TYPES)
+    return sweep.build(
+        models=sweep.str_values("--model", flags["model"], ["smollm2:135m"]),
+        # threads, physical batch and flash attention not given: the load's defaults (tuning record, else rule)
+        threads=sweep.int_values("--threads", flags["threads"], []) or [None],
+        ngl=sweep.int_values("--n-gpu-layers", flags["ngl"], [-1 if offload or flags.get("rpc") else 0]),
+        batch=sweep.int_values("--batch-size", flags["batch"], [2048]),
+        ubatch=sweep.int_values("--ubatch-size", flags["ubatch"], []) or [None],
+        fa=sweep.bool_values("--flash-attn", flags["fa"], []) or [None],
+        ctk=sweep.str_values("--cache-type-k", flags["ctk"], ["f16"], kv),
+        ctv=sweep.str_values("--cache-type-v", flags["ctv"], ["f16"], kv),
+        prompts=sweep.int_values("--n-prompt", flags["n_prompt"], [512]),
+        gens=sweep.int_values("--n-gen", flags["n_gen"], [128]),
+        pg=sweep.pairs("--prompt-gen", flags["pg"]), depths=sweep.int_values("--n-depth", flags["n_depth"], [0]),
+        reps=flags["reps"], e2e=flags["e2e"], parallel=sweep.int_values("--parallel", flags["parallel"], []),
+        exact=flags.get("exact"), ncmoe=sweep.int_values("--n-cpu-moe", flags["ncmoe"], [0]),
+    )
+
+
+def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] = ()) -> None:
+    """Run the plan, keeping each result in the history as it comes; print them."""
+    from localgen.bench import history, records
+    from localgen.bench.bandwidth import remembered
+    from localgen.bench.runner import run
+    from localgen.cli.output import ErrWriter
+    from localgen.cli.progress import make_progress
+    from localgen.models.resolve import resolve
+
+    refs = {m: resolve(m, offline=offline, progress=make_progress()) for m in {c.model for c in plan.configs}}
+    system = records.system_info()
+    if rpc:
+        system["backends"] += "+RPC"
+        system["rpc"] = list(rpc)
+    system["bandwidth"] = remembered()
+    run_id = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    with stop_on_sigint() as stop:
+        view = ProgressView.of(plan, stop)
+        try:
+            for result in run(plan, view, system["bandwidth"], open_model=refs.__getitem__,  # type: ignore[arg-type]
+                              rpc=rpc):
+                rec = records.record(result, system)
+                history.add(run_id, len(results), rec)
+                results.append(rec)
+                if output == "jsonl":  # one line per result as it is measured, for pipelines
+                    sys.stdout.write(records.FORMATS["jsonl"]([rec]))
+                    sys.stdout.flush()
+                view.row(rec, len(results))
+        except (Stopped, KeyboardInterrupt):
+            interrupted = True
+        finally:
+            view.end()
+    emit(results, system, output)
+    err = ErrWriter()
+    err.line(f"saved as run {run_id}: localgen bench history {run_id}")
+    if interrupted:
+        err.line("interrupted; the results above were measured and kept")
+        raise typer.Exit(130)
+
+
+@bench_app.command("history")
+def history_cmd(
+    run_id: Annotated[int | None, typer.Argument(help="Show this run; without it, list the runs.")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="md, csv, json or jsonl.")] = None,
+) -> None:
+    """Past benchmark runs (kept in the data dir), newest first; or one run in full."""
+    from localgen.bench import history, records
+
+    if run_id is None:
+        rows = history.runs()
+        if not rows:
+            print("no benchmark runs yet: localgen bench", file=sys.stderr)
+            return
+        print(f"{'ID':>4}  {'DATE':16}  {'RESULTS':>7}  COMMAND")
+        for r in rows:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created))
+            print(f"{r.id:>4}  {when:16}  {len(r.records):>7}  {r.command}")
+        return
+    run = history.get(run_id)
+    if output is not None and output not in records.FORMATS:
+        raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}")
+    emit(run.records, run.system, output)
+
+
+@bench_app.command("compare")
+def compare_cmd(
+    a: Annotated[int, typer.Argument(help="The baseline run.")],
+    b: Annotated[int, typer.Argument(help="The run to compare with it.")],
+    json_out: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+) -> None:
+    """Two runs side by side: t/s of each matching test and configuration, and B/A."""
+    import json
+
+    from localgen.bench import history
+
+    ra, rb = history.get(a), history.get(b)
+    pairs = history.compare(ra, rb)
+    rows = []
+    for key, x, y in pairs:
+        ta = x["avg_ts"] if x else None
+        tb = y["avg_ts"] if y else None
+        name = (x or y or {}).get("model_name", key["model_filename"])
+        rows.append({**key, "model_name": name, "a_ts": ta, "b_ts": tb,
+                     "ratio": round(tb / ta, 4) if ta and tb else None})
+    if json_out:
+        print(json.dumps({"a": a, "b": b, "results": rows}))
+        return
+    settings = [k for k in ("n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v")
+                if len({r[k] for r in rows}) > 1]
+    head = ["model", "test", *settings, f"run {a} t/s", f"run {b} t/s", "B/A"]
+    cells = [[r["model_name"], r["test"], *[str(r[k]) for k in settings],
+              f"{r['a_ts']:.2f}" if r["a_ts"] else "", f"{r['b_ts']:.2f}" if r["b_ts"] else "",
+              f"{r['ratio']:.2f}x" if r["ratio"] else ""] for r in rows]  # a missing figure stays empty
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
+    for line in [head, *cells]:
+        print("  ".join(v.rjust(w) if i >= len(head) - 3 else v.ljust(w)
+                        for i, (v, w) in enumerate(zip(line, widths, strict=True))).rstrip())
+    chart = [(f"{r['model_name']} {r['test']} run {a}", r["a_ts"]) for r in rows]
+    chart += [(f"{r['model_name']} {r['test']} run {b}", r["b_ts"]) for r in rows]
+    print()
+    import shutil
+
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    print(bar_chart(sorted(chart, key=lambda x: x[0]), columns=width))

@@ -1,0 +1,312 @@
+"""What `localgen chat` does with its checked plan (plan.py): pick or resume the conversation, load the
+model, then the REPL (on a terminal) or the scripted loop (stdin not a terminal), streaming each answer and
+saving after each turn."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from localgen.cli.chat.plan import ChatPlan
+from localgen.cli.chat.turn import restore_state, stream
+from localgen.cli.chat.view import ChatView
+from localgen.cli.options import files, preset
+from localgen.cli.options.plan import LoadPlan
+from localgen.cli.options.tools import open_toolbox
+from localgen.errors import LocalgenError, UsageError
+from localgen.text import checked
+
+
+def start(plan: ChatPlan) -> None:
+    """Open the conversation, load the model and chat: the REPL on a terminal, else the scripted loop."""
+    from localgen.chat.runner import ChatRunner
+
+    load, send = plan.load, plan.send
+    endpoints = list(load.endpoints)
+    model = load.model
+    if endpoints and not model and not plan.resume:  # the endpoint's only model (a resumed chat has its own)
+        from localgen.remote.backend import pick_model
+
+        model = pick_model(endpoints)
+    session = _open_session(plan.name, plan.resume, model, send.system)
+    tools = send.tools
+    view = ChatView(interactive=plan.interactive, plain=plan.plain, stats=plan.stats, sampling=send.sampling,
+                    model_given=load.model_given, yes=tools is not None and tools.yes)
+    view.loader = (lambda name: remote_backend(endpoints, name, load.assumed_ctx, view)) if endpoints else (
+        lambda name: load_backend(name, load, view))
+    toolbox = open_toolbox(tools)
+    try:
+        backend = view.loader(session.model)
+    except BaseException:
+        if toolbox is not None:
+            toolbox.close()
+        raise
+    preset.adopt(session, backend)
+    # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win. The grammar
+    # constrains every answer: locally as a sampling setting, remotely as the schema a server takes.
+    runner = ChatRunner(session, backend, send.sampling.params(backend.defaults, session.settings,
+                                                               grammar=send.grammar))
+    runner.json_schema = send.json_schema
+    runner.on_answer = lambda request, gen, text: _log_turn(view, runner, request, gen, text, model=model,
+                                                            no_log=plan.no_log, remote=bool(endpoints))
+    if tools is not None:
+        runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, tools.tool_steps, tools.tool_timeout
+        runner.tool_choice = tools.tool_choice
+    runner.thinking = send.think
+    runner.prompt_cache = send.prompt_cache
+    try:
+        if send.grammar is not None:
+            backend.engine.check_grammar(send.grammar)  # a grammar that does not parse fails now, not at the first turn
+        if toolbox is not None:
+            runner.plan(runner.tool_choice)  # a tool_choice naming no tool is refused now
+            if plan.interactive:
+                names = ", ".join(t.name for t in toolbox.specs)
+                view.info(f"tools: {names} · " + ("calls run without asking (--yes)" if view.yes else
+                                                     "each call asks first (y / n / always)"))
+        backend.render(runner.request([{"role": "user", "content": "hi"}]))  # no usable chat template: say so now
+        if plan.resume:
+            restore_state(runner, view)
+        if plan.interactive:
+            _repl(runner, view, endpoints)
+        else:
+            _scripted(runner, view)
+    finally:
+        with contextlib.suppress(OSError):  # a cache: losing it costs time, never data
+            runner.backend.save_conversation(runner.session.name)
+        runner.backend.close()
+        if toolbox is not None:
+            toolbox.close()
+
+
+def _open_session(name: str | None, resume: bool, model: str | None, system: str | None) -> Any:
+    """The conversation: a saved chat or a logged one to go on with (resume), else a new one; with -m's model
+    and --system's prompt (already checked) where given."""
+    from localgen.chat import session as sessions
+
+    if resume:
+        chosen = name or sessions.latest()
+        if chosen is None:
+            raise LocalgenError("there is no saved conversation to resume", hint="start one with `localgen chat`")
+        if name and not (sessions.chats_dir() / f"{sessions.check_name(name)}.json").exists():
+            from localgen.cli.log.conversation import chat_from_log
+
+            session = chat_from_log(name, model)  # a conversation id from `localgen logs`
+        else:
+            session = sessions.ChatSession.load(chosen)
+    else:
+        if name and (sessions.chats_dir() / f"{sessions.check_name(name)}.json").exists():
+            raise UsageError(f"a conversation named {name!r} exists", hint=f"continue it with --resume {name}")
+        from localgen.models.embedded import DEFAULT_MODEL
+
+        session = sessions.ChatSession(name=name or sessions.new_name(), model=model or DEFAULT_MODEL,
+                                       fresh=True, auto_named=not name)
+    if model:
+        session.model = model
+    if system is not None:
+        session.system = system
+    if session.log_id is None:  # its conversation in the log, saved with the chat from the first turn on
+        from localgen.log.store import new_id
+
+        session.log_id = new_id()
+    return session
+
+
+def _log_turn(view: Any, runner: Any, request: Any, gen: Any, text: str, *, model: str | None, no_log: bool,
+              remote: bool) -> None:
+    """Each answer goes to the log, in the chat's own conversation there, with its turn's stats."""
+    from localgen.cli.log import conversation
+
+    conversation.record(_Warn(view), runner.backend, request, runner.session.log_id, text, runner.last_stats,
+                   str(gen.finish_reason), model=model, no_log=no_log, source="chat", remote=remote)
+
+
+class _Warn:
+    """ErrWriter's warn() for the log, as a chat notice."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+
+    def warn(self, text: str) -> None:
+        self.view.error(text)
+
+
+def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:
+    """Resolve and load a model for the chat."""
+    from localgen.cli.progress import make_progress
+    from localgen.engine.local import LocalBackend
+    from localgen.models.load import open_engine
+    from localgen.models.resolve import resolve
+
+    ref = files.with_template(resolve(name, offline=load.offline, progress=make_progress()), load.mmproj,
+                                  load.template_file)
+    params = preset.load_params(ref, load.params, load.ctx_given)
+    if view.interactive:
+        view.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")
+    engine = open_engine(ref, params, verbose=load.verbose, warn=lambda text: view.info(f"warning: {text}"))
+    if view.interactive:
+        view.info(f"{ref.name} ready in {engine.load_s:.2f} s · context {engine.n_ctx:,} tokens · /help for commands")
+    from localgen.cli.hints import tune_tip
+
+    tune_tip(view.interactive, view.info, ref.name, ref.path, engine.origins)
+    backend = LocalBackend(engine, warn=lambda text: view.info(f"warning: {text}"))
+    try:
+        backend.check_generates()  # an encoder model cannot chat
+    except BaseException:
+        backend.close()
+        raise
+    return backend
+
+
+def remote_backend(endpoints: list[Any], name: str, assumed_ctx: int | None, view: ChatView) -> Any:
+    """The chat's model on a remote endpoint (nothing loads here); --ctx, where given, is its window."""
+    from localgen.remote.backend import RemoteBackend
+
+    backend = RemoteBackend(endpoints, name, assumed_ctx=assumed_ctx)
+    if view.interactive:
+        view.info(f"{name} on {', '.join(e.label for e in endpoints)} · context {backend.n_ctx:,} tokens · /help for "
+                  "commands")
+    return backend
+
+
+# ---- the two loops ------------------------------------------------------------------------------------
+
+
+def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
+    from localgen import paths
+    from localgen.chat import session as sessions
+    from localgen.chat.runner import SETTABLE
+    from localgen.cli.chat.repl import LineInput, make_completer
+
+    completer = make_completer(SETTABLE, lambda: [s.name for s in sessions.list_sessions()],
+                               _model_names(endpoints))
+    line_input = LineInput(paths.state_dir() / "chat_history", completer)
+    if runner.session.messages:
+        view.info(f"resumed {runner.session.name}: {len(runner.session.messages)} messages")
+    while True:
+        try:
+            text = line_input.read()
+        except KeyboardInterrupt:
+            view.info("(Ctrl-C stops an answer; to leave, press Ctrl-D or type /exit)")
+            continue
+        except EOFError:
+            return
+        if not handle(text, runner, view):
+            return
+
+
+def _model_names(endpoints: list[Any]) -> Callable[[], list[str]]:
+    """What /model completes, found the first time Tab needs it and kept for the chat: the models of a remote
+    chat's endpoint; else what `localgen list` shows (embedded models, GGUFs in the Hugging Face cache) and
+    the catalogue's names."""
+    found: list[list[str]] = []  # empty until the first Tab after /model
+
+    def names() -> list[str]:
+        if not found:
+            found.append(sorted(set(_remote_names(endpoints[0]) if endpoints else _local_names())))
+        return found[0]
+
+    return names
+
+
+def _remote_names(endpoint: Any) -> list[str]:
+    from localgen.remote.backend import served_models
+
+    try:
+        return served_models(endpoint)
+    except LocalgenError:  # the server went away: nothing to offer, and the chat says so at the next turn
+        return []
+
+
+def _local_names() -> list[str]:
+    from localgen.models import catalogue, store
+    from localgen.models.embedded import EMBEDDED
+
+    names = list(EMBEDDED)
+    try:
+        entries = catalogue.load()
+    except LocalgenError:  # a broken user models.toml: the chat reports it where a name is resolved
+        entries = {}
+    names.extend(entries)
+    by_repo = {(e.repo, e.default_quant.upper()): e.name for e in entries.values() if e.repo}
+    for cached in store.cached_files():  # named as `localgen list` names them
+        quant = (cached.quant or "?").upper()
+        names.append(by_repo.get((cached.repo, quant), f"{cached.repo}:{quant}"))
+    return names
+
+
+def _scripted(runner: Any, view: ChatView) -> None:
+    block: list[str] | None = None
+    for raw in sys.stdin:
+        line = raw.rstrip("\n")
+        if block is not None:
+            if line.strip() == '"""':
+                text, block = "\n".join(block), None
+                if not handle(text, runner, view, command_ok=False):
+                    return
+            else:
+                block.append(line)
+            continue
+        if line.strip() == '"""':
+            block = []
+            continue
+        if line.strip() and not handle(line, runner, view):
+            return
+    if block:
+        handle("\n".join(block), runner, view, command_ok=False)
+
+
+def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> bool:
+    """One input: a /command or a message. False to leave. Scripted, an error ends the script."""
+    from localgen.cli.chat.slash import run_command
+
+    if not text.strip():
+        return True
+    try:
+        if view.interactive and attach_dropped(text, runner, view):  # before commands: a path starts with /
+            return True
+        if command_ok and text.startswith("/"):
+            return run_command(text, runner, view)
+        if view.attachments:
+            text = "\n\n".join([*view.attachments, text])
+            view.attachments.clear()
+        first = runner.start(checked(text, "the message"), view.media)
+        view.media.clear()
+    except LocalgenError as e:
+        if not view.interactive:
+            raise
+        view.error(e.message, e.hint)
+        return True
+    stream(runner, view, first)
+    return True
+
+
+def attach_dropped(text: str, runner: Any, view: ChatView) -> bool:
+    """A line that is only the path of an image or audio file (a file dropped on the terminal) attaches it to
+    the next message instead of sending the path as text."""
+    from localgen import media
+    from localgen.cli.chat.slash import attach_media
+
+    path = media.dropped_path(text)
+    if path is None:
+        return False
+    found = media.read(str(path))
+    attach_media(runner, view, found)
+    view.info(f"attached {found.label()}: it goes with your next message (/detach drops it)")
+    return True
+
+
+def print_list() -> None:
+    """`chat --list`: the saved conversations, newest first."""
+    import time
+
+    from localgen.chat import session as sessions
+
+    items = sessions.list_sessions()
+    if not items:
+        print("no saved conversations")
+        return
+    for s in items:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated))
+        print(f"{s.name:30} {when}  {s.turns:3} turns  {s.model:16} {s.preview}")

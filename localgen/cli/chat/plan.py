@@ -1,0 +1,49 @@
+"""`localgen chat`'s flags become its ChatPlan: the rules chat shares with run (options/plan.py; a scripted chat cannot
+ask before a tool call runs), then which conversation, where notices go and what is printed. Nothing after
+this sees ChatArgs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from localgen.cli.options import ModelArgs
+from localgen.cli.options import plan as shared
+from localgen.cli.options.plan import LoadPlan, SendPlan
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatArgs(ModelArgs):
+    """`localgen chat`'s parameters (chat/command.py)."""
+
+    name: str | None
+    resume: bool
+    list_: bool
+    plain: bool
+    stats: bool
+    no_log: bool
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    """Everything `chat` will do, decided before anything loads: what to load, what to send with every message,
+    which conversation, and how it shows."""
+
+    load: LoadPlan
+    send: SendPlan
+    name: str | None  # the conversation's name (with resume: the one to go on with; a log's id works too)
+    resume: bool
+    interactive: bool  # the REPL on a terminal; else one message per stdin line, answers plainly
+    plain: bool  # no Markdown or colour (--plain, NO_COLOR)
+    stats: bool  # scripted: each answer's stats to stderr
+    no_log: bool
+
+
+def check(f: ChatArgs) -> ChatPlan:
+    """Usage errors before anything loads (the rules chat shares with run), then the plan."""
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    model = shared.check(f, shared.CommandRules(
+        cannot_ask=None if interactive else "a scripted chat (stdin not a terminal)"))
+    return ChatPlan(load=model.load, send=model.send, name=f.name, resume=f.resume, interactive=interactive,
+                    plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats, no_log=f.no_log)

@@ -1,0 +1,261 @@
+"""Chat's slash commands: one table from name to handler. A handler returns False to leave the chat."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from localgen.errors import LocalgenError, UsageError
+
+MAX_ATTACHMENT = 1 << 20
+Handler = Callable[[Any, Any, str], bool | None]
+
+
+def run_command(text: str, runner: Any, view: Any) -> bool:
+    """Dispatch one `/command args` line."""
+    cmd, _, arg = text.strip().partition(" ")
+    handler = COMMANDS.get(cmd)
+    if handler is None:
+        raise UsageError(f"unknown command {cmd}; /help lists them")
+    return handler(runner, view, arg.strip()) is not False
+
+
+def _exit(runner: Any, view: Any, arg: str) -> bool:
+    return False
+
+
+def _help(runner: Any, view: Any, arg: str) -> None:
+    from localgen.cli.chat.repl import COMMANDS as HELP
+    from localgen.cli.chat.repl import KEYS_HELP
+
+    for name, meta in HELP.items():
+        view.info(f"{name:9} {meta}")
+    view.info(KEYS_HELP)
+
+
+def _set(runner: Any, view: Any, arg: str) -> None:
+    key, _, value = arg.partition(" ")
+    value = value.strip()
+    if not key or (not value and key != "system"):
+        raise UsageError("usage: /set PARAM VALUE (see /show for the current values)")
+    if key == "system":
+        runner.session.system = value or None
+        view.info("system prompt set" if value else "system prompt removed")
+    elif key == "reasoning":
+        if value not in ("on", "off", "default"):
+            raise UsageError("/set reasoning takes on, off or default (the chat template's own)")
+        runner.thinking = None if value == "default" else value == "on"
+        view.info(f"reasoning {value}: the template's thinking switch (enable_thinking)"
+                  + (" is left as it is" if value == "default" else f" is {value}"))
+    elif key in ("think", "verbose", "markdown"):
+        if value not in ("on", "off"):
+            raise UsageError(f"/set {key} takes on or off")
+        setattr(view, {"think": "think", "verbose": "footer", "markdown": "markdown"}[key], value == "on")
+        view.info(f"{key} {value}")
+    else:
+        view.info(runner.set(key, value))
+    runner.session.save()
+
+
+def _show(runner: Any, view: Any, arg: str) -> None:
+    info = runner.backend.describe()["model"]
+    session = runner.session
+    if info.get("endpoint"):  # a remote model: the server knows its file and quantization, we do not
+        view.info(f"model {info['name']} · at {', '.join(info['endpoint'])}")
+    else:
+        view.info(f"model {info['name']} ({info['quantization']}) · {info['file']}")
+    view.info(f"conversation {session.name} · {len(session.messages)} messages · saved at {session.path}")
+    view.info(f"system: {session.system!r}")
+    view.info(" · ".join(f"{k}={v!r}" for k, v in runner.sampling.to_dict().items() if k != "grammar"))
+    view.info(f"think {'on' if view.think else 'off'} · verbose {'on' if view.footer else 'off'} · "
+              f"markdown {'on' if view.markdown else 'off'}")
+
+
+def _system(runner: Any, view: Any, arg: str) -> None:
+    if arg:
+        runner.session.system = arg
+        runner.session.save()
+        view.info("system prompt set")
+    else:
+        view.info(f"system: {runner.session.system!r}")
+
+
+def _clear(runner: Any, view: Any, arg: str) -> None:
+    runner.session.messages.clear()
+    runner.forget()
+    runner.session.save()
+    view.info("conversation cleared")
+
+
+def _undo(runner: Any, view: Any, arg: str) -> None:
+    view.info("last exchange dropped" if runner.session.undo() else "nothing to undo")
+    runner.forget()
+    runner.session.save()
+
+
+def _retry(runner: Any, view: Any, arg: str) -> None:
+    from localgen.cli.chat.turn import stream
+
+    messages = runner.session.messages
+    kept = list(messages)
+    if runner.session.pop_answer() is None:
+        messages[:] = kept
+        raise UsageError("nothing to retry")
+    old = kept[len(messages):]  # the answer being replaced: it comes back if the new one fails
+    try:
+        first = runner.prepare()
+    except BaseException:
+        messages.extend(old)
+        raise
+    stream(runner, view, first, restore=old)
+
+
+def _read(runner: Any, view: Any, arg: str) -> None:
+    if not arg:
+        raise UsageError("usage: /read FILE")
+    view.attachments.append(_read_attachment(Path(arg).expanduser()))
+    view.info(f"{arg} will be sent with your next message")
+
+
+def _media(kind: str) -> Handler:
+    def attach(runner: Any, view: Any, arg: str) -> None:
+        from localgen import media
+
+        if not arg:
+            raise UsageError(f"usage: /{kind} FILE (or an http(s) URL)")
+        found = media.read(arg.strip().strip("'\""))
+        if found.kind != kind:
+            raise UsageError(f"{arg} is {'audio' if found.kind == 'audio' else 'an image'}: use /{found.kind}")
+        attach_media(runner, view, found)
+        view.info(f"{found.label()} will be sent with your next message")
+
+    return attach
+
+
+def attach_media(runner: Any, view: Any, found: Any) -> None:
+    """Keep `found` for the next message, once the model says it can read it (a local model's projector is
+    loaded here; a remote endpoint is asked when the message goes)."""
+    check = getattr(runner.backend, "check_media", None)
+    if check is not None:
+        check([found])
+    view.media.append(found)
+
+
+def _detach(runner: Any, view: Any, arg: str) -> None:
+    n = len(view.media) + len(view.attachments)
+    view.media.clear()
+    view.attachments.clear()
+    view.info(f"dropped {n} attachment{'s' if n != 1 else ''}" if n else "nothing is attached")
+
+
+def _save(runner: Any, view: Any, arg: str) -> None:
+    from localgen.chat import session as sessions
+
+    if not arg:
+        raise UsageError("usage: /save NAME")
+    name = sessions.check_name(arg)
+    target = sessions.chats_dir() / f"{name}.json"
+    if name != runner.session.name and target.exists():
+        if not view.interactive:
+            raise UsageError(f"a conversation named {name!r} exists; /save does not overwrite it",
+                             hint="pick another name")
+        answer = view.console.input(f"A conversation named {name!r} exists. Overwrite it? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            view.info("not saved")
+            return
+    if name != runner.session.name:  # a new file is claimed; one the user agreed to overwrite is not
+        runner.session.fresh, runner.session.auto_named = not target.exists(), False
+    runner.session.name = name
+    view.info(f"saved to {runner.session.save()}")
+
+
+def _load(runner: Any, view: Any, arg: str) -> None:
+    from localgen.chat import session as sessions
+    from localgen.cli.chat.turn import restore_state
+
+    if not arg:
+        raise UsageError("usage: /load NAME")
+    loaded = sessions.ChatSession.load(arg)
+    with contextlib.suppress(OSError):
+        runner.backend.save_conversation(runner.session.name)
+    if loaded.model and loaded.model != runner.session.model and not view.model_given:
+        runner.switch(view.loader(loaded.model), loaded.model)  # its own model, as --resume takes it
+    else:
+        loaded.model = runner.session.model
+    # its own /set values under the command-line flags, as --resume applies them; the chat's grammar stays
+    runner.adopt(loaded, view.sampling.params(runner.backend.defaults, loaded.settings,
+                                              grammar=runner.sampling.grammar))
+    restore_state(runner, view)
+    view.info(f"continuing {loaded.name}: {len(loaded.messages)} messages")
+
+
+def _model(runner: Any, view: Any, arg: str) -> None:
+    if not arg:
+        raise UsageError("usage: /model NAME")
+    backend = view.loader(arg)
+    try:
+        backend.render(runner.request([{"role": "user", "content": "hi"}]))  # fails early without a chat template
+    except BaseException:
+        backend.close()
+        raise
+    runner.switch(backend, arg)
+    runner.session.save()
+
+
+def _stats(runner: Any, view: Any, arg: str) -> None:
+    from localgen.cli.output import format_stats
+
+    view.info(format_stats(runner.last_stats) if runner.last_stats else "no answer yet")
+
+
+def _context(runner: Any, view: Any, arg: str) -> None:
+    used, n_ctx = runner.context_used()
+    n = len(runner.session.messages)
+    window = f" ({n - runner.first} in the window)" if runner.first else ""
+    view.info(f"{used:,} of {n_ctx:,} tokens used ({used * 100 // n_ctx} %) · {n} messages{window}")
+
+
+def _read_attachment(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise LocalgenError(f"cannot read {path}: {e.strerror}") from None
+    if len(data) > MAX_ATTACHMENT:
+        raise LocalgenError(f"{path} is larger than {MAX_ATTACHMENT >> 20} MiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LocalgenError(f"{path} is not UTF-8 text") from None
+    return f"Contents of {path.name}:\n\n{text}"
+
+
+def _think(runner: Any, view: Any, arg: str) -> None:
+    said = next((m for m in reversed(runner.session.messages) if m["role"] == "assistant"), None)
+    reasoning = said.get("reasoning_content") if said else None
+    if not reasoning:
+        view.info("the last answer has no thinking")
+        return
+    if view.console is not None:
+        view.console.print(reasoning.strip(), style="dim", markup=False, highlight=False)
+    else:
+        print(reasoning.strip())
+
+
+def _tools(runner: Any, view: Any, arg: str) -> None:
+    if runner.toolbox is None:
+        view.info("no tools: start the chat with --functions FILE.py or --mcp SERVER")
+        return
+    for spec in runner.toolbox.specs:
+        params = ", ".join(spec.parameters.get("properties", {}))
+        allowed = " (runs without asking)" if view.yes or spec.name in view.always else ""
+        view.info(f"{spec.name}({params}){allowed}: {spec.description.splitlines()[0] if spec.description else ''}")
+
+
+COMMANDS: dict[str, Handler] = {
+    "/exit": _exit, "/bye": _exit, "/quit": _exit, "/help": _help, "/?": _help, "/set": _set, "/show": _show,
+    "/system": _system, "/clear": _clear, "/undo": _undo, "/retry": _retry, "/read": _read, "/save": _save,
+    "/load": _load, "/model": _model, "/stats": _stats, "/context": _context, "/tools": _tools,
+    "/think": _think, "/image": _media("image"), "/audio": _media("audio"), "/detach": _detach,
+}

@@ -1,0 +1,182 @@
+"""One chat turn on screen: stream an answer as it comes (Ctrl-C cancels it between two tokens), with each
+tool call shown, asked for (y / n / always) and its result shown; record it, print its footer; a remote
+failure keeps a partial answer or takes the question back, a tool's failure takes it back; restoring a
+saved KV state. Used by the chat loops (loop.py) and the slash commands (slash.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+def restore_state(runner: Any, view: Any) -> None:
+    """Load the conversation's saved KV state, so the next turn does not re-read the history."""
+    conv = runner.sent()
+    if not conv:
+        return
+    reused = runner.backend.restore_conversation(runner.session.name, runner.request(conv))
+    if reused:
+        view.info(f"restored the KV state of {reused:,} tokens; the history is not re-read")
+
+
+def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None) -> None:
+    """Show one answer as it comes (with the tools it calls, each asked for first unless allowed), record
+    it, and print its footer. A tool's failure takes the whole turn back: the question goes, or, for
+    /retry, the answer it replaced (`restore`) comes back."""
+    from localgen.errors import RemoteError, ToolError
+    from localgen.tools.loop import Turn
+
+    if first and not runner.trim_noticed:
+        view.info(f"(the conversation outgrew the {runner.backend.n_ctx:,}-token context: the oldest turns are no "
+                  "longer sent to the model, but stay in the saved conversation; the system prompt is always sent)")
+        runner.trim_noticed = True
+    screen = _Screen(view)
+    turn = Turn()
+    with _cancel_on_sigint(runner) as pressed:
+        try:
+            runner.reply(screen.show, lambda call: _approve(call, runner, view, screen), turn)
+        except KeyboardInterrupt:  # a second Ctrl-C: stop even inside a long prompt evaluation
+            if runner.gen is not None:
+                runner.gen.close()
+        except RemoteError as e:  # the endpoint failed: keep what arrived, or take the question back
+            screen.finish()
+            _remote_failed(e, turn, runner, view, restore)
+            return
+        except ToolError as e:  # nothing of the turn is kept: the question is taken back
+            screen.finish()
+            _take_back(runner, restore)
+            if not view.interactive:
+                raise
+            view.error(e.message, e.hint or "the message was taken back; the conversation is as it was")
+            return
+        except BaseException:  # the reader went away, or worse: settle the stream before the engine goes
+            if runner.gen is not None:
+                runner.gen.close()
+            raise
+        finally:
+            screen.finish()
+        interrupted = pressed() or runner.stopping
+    runner.record(turn)
+    s = runner.last_stats
+    if interrupted:
+        view.info("(stopped; the partial answer is kept)")
+    if s is None:
+        return
+    footer = _footer(s, runner.last_context, runner.backend.n_ctx)
+    if len(turn.generations) > 1:
+        declined = sum(1 for r in turn.results if r.declined)
+        footer = (f"{len(turn.results)} tool call{'s' if len(turn.results) != 1 else ''}"
+                  + (f" ({declined} declined)" if declined else "") + " · " + footer)
+    if view.interactive and view.footer:
+        view.info(footer)
+    elif not view.interactive and view.stats:
+        view.err.line(footer)
+    if s.finish_reason == "context":
+        view.info("(the answer filled the context window)")
+
+
+class _Screen:
+    """The answer's view, made anew after each question to the user (a live region cannot span a prompt)."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.out: Any = None
+
+    def show(self, event: Any) -> None:
+        from localgen.cli.chat.render import make_view
+
+        if self.out is None:
+            v = self.view
+            self.out = make_view(v.console if v.markdown else None, v.plain or not v.interactive, v.think, v.info)
+        self.out.show(event)
+
+    def finish(self) -> None:
+        if self.out is not None:
+            self.out.finish()
+            self.out = None
+
+
+def _approve(call: Any, runner: Any, view: Any, screen: _Screen) -> bool:
+    """Whether a tool call may run: yes with --yes or "always" for this tool; otherwise the user is asked
+    (y / n / a). Ctrl-C at the question declines the call and stops the answer."""
+    if runner.stopping:
+        return False
+    if view.yes or call.name in view.always:
+        return True
+    screen.finish()
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        reply = view.ask(f"run {call.name}? [y]es / [n]o / [a]lways for {call.name}: ")
+    except (KeyboardInterrupt, EOFError):
+        reply = ""
+        runner.stop()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    word = reply.strip().lower()
+    if word in ("a", "always"):
+        view.always.add(call.name)
+        return True
+    return word in ("y", "yes")
+
+
+def _take_back(runner: Any, restore: list[Any] | None) -> None:
+    """The conversation as it was before the turn."""
+    if restore is None:
+        runner.session.messages.pop()
+    else:
+        runner.session.messages.extend(restore)
+
+
+def _remote_failed(e: Any, turn: Any, runner: Any, view: Any, restore: list[Any] | None) -> None:
+    """A partial answer is kept (and said to be partial); with nothing received, the message is taken back
+    so that the conversation stays as it was. Scripted, the error then ends the chat."""
+    if turn.messages:
+        runner.record(turn)
+        e.message += " (the partial answer is kept)"
+    else:
+        _take_back(runner, restore)
+    if not view.interactive:
+        raise e
+    view.error(e.message, e.hint)
+
+
+@contextlib.contextmanager
+def _cancel_on_sigint(runner: Any) -> Iterator[Callable[[], bool]]:
+    """First Ctrl-C cancels the answer between two tokens (the screen stays whole); a second raises."""
+    presses = 0
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal presses
+        presses += 1
+        runner.stop()
+        if presses > 1:
+            logs = sys.modules.get("localgen.native.logs")
+            if logs is not None and logs.defer_interrupt(frame):
+                return  # raised once llama.cpp returns (native/logs.py)
+            raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread: keep the default behaviour
+        yield lambda: False
+        return
+    try:
+        yield lambda: presses > 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _footer(s: Any, used: int, n_ctx: int) -> str:
+    """The turn's tokens (over all its rounds), decode rate and time to first token; the window in use now."""
+    parts = [f"{s.completion_tokens} tokens"]
+    if s.decode_tps:
+        parts.append(f"{s.decode_tps:.1f} tok/s")
+    if s.ttft_s is not None:
+        parts.append(f"first token {s.ttft_s:.2f} s")
+    parts.append(f"context {used:,}/{n_ctx:,}")
+    return " · ".join(parts)

@@ -1,0 +1,59 @@
+"""ChatView: where a chat's notices go (the Rich console on a terminal, stderr when scripted), what it shows of
+each answer (/set think, verbose, markdown), what is attached to the next message, and which tool calls run
+without asking."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from localgen.cli.options.knobs import SamplingFlags
+from localgen.cli.output import ErrWriter
+
+
+@dataclass
+class ChatView:
+    """Where a chat's notices go: the Rich console on a terminal, stderr when scripted (stdout carries
+    only answers then)."""
+
+    interactive: bool
+    plain: bool
+    stats: bool
+    think: bool = True
+    footer: bool = True
+    markdown: bool = True
+    console: Any = None
+    loader: Any = None  # name -> backend, for /model and /load
+    sampling: SamplingFlags = field(default_factory=SamplingFlags)  # the flags given, over a loaded chat's /set values
+    model_given: bool = False  # -m was given: /load keeps this model instead of the loaded chat's
+    attachments: list[str] = field(default_factory=list)
+    media: list[Any] = field(default_factory=list)  # images and audio for the next message (/image, /audio)
+    err: ErrWriter = field(default_factory=ErrWriter)
+    yes: bool = False  # tool calls run without asking (--yes)
+    always: set[str] = field(default_factory=set)  # tools the user allowed for the rest of the chat
+
+    def ask(self, question: str) -> str:
+        """A question to the user on the terminal (scripted chats never ask: they need --yes)."""
+        if self.console is None:
+            raise EOFError
+        return str(self.console.input(question, markup=False))
+
+    def __post_init__(self) -> None:
+        if self.interactive:
+            from rich.console import Console
+
+            self.console = Console(highlight=False, no_color=self.plain, soft_wrap=False)
+
+    def info(self, text: str) -> None:
+        """A notice: dim on the terminal; stderr when scripted."""
+        if self.console is not None:
+            self.console.print(text, style="dim", markup=False)
+        else:
+            self.err.line(text)
+
+    def error(self, message: str, hint: str | None = None) -> None:
+        """An error the chat survives (on a terminal) or ends with (scripted)."""
+        if self.console is not None:
+            self.console.print(f"error: {message}" + (f" ({hint})" if hint else ""), style="red", markup=False)
+        else:
+            self.err.error(message, hint)

@@ -1,0 +1,168 @@
+"""`localgen fit`: the plan a model would load by (models/fit.py), without loading it: layers per device,
+experts kept in RAM, the context, and the memory each device needs; for this machine, or for GPUs described
+by their memory (--gpu-memory 24GB), so the question "does it fit a 24 GB card?" needs no such card."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.cli.options.knobs import Knobs
+from localgen.errors import UsageError
+from localgen.units import format_bytes, parse_bytes
+
+PLAN_LOAD = ("gpu_layers", "batch_size", "ubatch_size", "flash_attn", "no_flash_attn", "cache_type_k", "cache_type_v",
+             "repack", "n_cpu_moe", "cpu_moe", "override_tensor", "tensor_split", "rope_scaling", "rope_freq_scale")
+
+
+@o.with_knobs(sampling=False, load=PLAN_LOAD)
+def fit(
+    ctx: typer.Context,
+    model: o.Model = None,
+    context: Annotated[
+        int | None, typer.Option("--ctx", "--ctx-size", "-c", min=16, rich_help_panel=o.MODEL_PANEL, show_default=False,
+                                 help="Context per sequence to plan for (default: the largest that fits, up to the "
+                                      "model's training context).")
+    ] = None,
+    parallel: Annotated[
+        int, typer.Option("--parallel", "-np", min=1, max=256, rich_help_panel=o.MODEL_PANEL,
+                          help="Sequences held at once, each with its own context (serve's --parallel).")
+    ] = 1,
+    gpu_memory: Annotated[
+        str | None, typer.Option("--gpu-memory", rich_help_panel=o.GPU_PANEL, show_default=False, metavar="SIZE,...",
+                                 help="Plan for GPUs of this much memory each (e.g. 24GB, or 24G,12G for two) "
+                                      "instead of this machine's; 0 for none.")
+    ] = None,
+    ram: Annotated[
+        str | None, typer.Option("--ram", rich_help_panel=o.GPU_PANEL, show_default=False, metavar="SIZE",
+                                 help="Plan for this much available RAM (default: what is available here).")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="The plan as one JSON document on stdout.")] = False,
+    offline: o.Offline = False,
+    *,
+    knobs: Knobs,
+) -> None:
+    """Plan a model's load without loading it: layers per device, experts kept in RAM, the largest context
+    that fits (or the one asked), and each device's memory (weights, KV cache, compute). run, chat and serve
+    load by the same plan."""
+    from localgen.models import fit as planner
+    from localgen.models import footprint
+    from localgen.models.resolve import resolve
+
+    gpus = _sizes("--gpu-memory", gpu_memory) if gpu_memory is not None else None
+    ram_bytes = _sizes("--ram", ram)[0] if ram is not None else None
+    load = knobs.load(check_buffers=False)
+    ref = resolve(model, offline=offline, pull_missing=False)
+    if gpus is not None or ram_bytes is not None:
+        machine = planner.described(tuple(g for g in gpus or () if g), ram_bytes) if gpus is not None else \
+            planner.Machine(ram=ram_bytes or 0, gpus=_this_machine().gpus, described=True)
+    else:
+        machine = _this_machine()
+    _check_buffers(load, len(machine.gpus))
+    plan = planner.plan(ref.summary, footprint.layout(ref.path), machine, load, ctx=context, parallel=parallel)
+    doc = _doc(ref, plan, context, ram_given=ram_bytes is not None)
+    if json_out:
+        print(json.dumps(doc))
+        return
+    _print(doc)
+
+
+def _this_machine() -> Any:
+    """This machine's RAM and GPUs; the build's offload is asked (which loads llama.cpp) only where a GPU is."""
+    from localgen import hardware
+    from localgen.models import fit as planner
+
+    if not hardware.gpus():
+        return planner.this_machine(False)
+    from localgen.native.devices import backend_info
+
+    return planner.this_machine(bool(backend_info()["gpu_offload"]))
+
+
+def _sizes(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(parse_bytes(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{flag} takes sizes such as 24GB or 24G,12G, not {text!r}") from None
+    if not sizes:
+        raise UsageError(f"{flag} takes sizes such as 24GB or 24G,12G, not {text!r}")
+    return sizes
+
+
+def _check_buffers(load: Any, n_gpus: int) -> None:
+    """-ot's buffer types against the devices planned for: CPU, or a GPU's number below their count."""
+    from localgen import placement
+
+    for _, buffer in load.override_tensor:
+        gpu = placement.gpu_index(buffer)
+        if gpu is not None and gpu >= n_gpus:
+            raise UsageError(f"--override-tensor: {buffer} names GPU {gpu}, and the plan has "
+                             f"{n_gpus or 'no'} GPU{'s' if n_gpus != 1 else ''}")
+
+
+def _doc(ref: Any, plan: Any, asked: int | None, ram_given: bool) -> dict[str, Any]:
+    s = ref.summary
+    m = plan.machine
+    devices = []
+    for d in plan.footprint.devices:
+        if d.device == "CPU":
+            budget = m.ram_budget
+        else:
+            i = int(d.device[3:] or 0)
+            budget = m.ram_budget if m.unified else m.gpu_budget(i)
+        devices.append({"device": d.device, "weights": d.weights, "experts": d.experts, "kv": d.kv,
+                        "compute": d.compute, "output": d.output, "total": d.total, "budget": budget})
+    flags = [f"--ctx {plan.ctx}"]
+    if m.gpus:
+        flags.append(f"--gpu-layers {-1 if plan.gpu_layers >= plan.n_layer + 1 else plan.gpu_layers}")
+    if plan.n_cpu_moe and "placement" not in plan.fixed:
+        flags.append(f"--n-cpu-moe {plan.n_cpu_moe}")
+    return {
+        "model": {"name": ref.name, "file": ref.path, "architecture": s.architecture, "layers": plan.n_layer,
+                  "weights": s.tensor_bytes, "context_length": s.context_length, "moe": plan.moe},
+        "machine": {"ram": m.ram, "gpus": list(m.gpus), "unified": m.unified, "gpus_described": m.described,
+                    "ram_described": ram_given},
+        "ctx": plan.ctx, "asked": asked, "largest": asked is None, "shrunk": plan.shrunk, "parallel": plan.parallel,
+        "gpu_layers": plan.gpu_layers, "layers_per_gpu": list(plan.layers), "n_cpu_moe": plan.n_cpu_moe,
+        "experts_in_ram": plan.experts_in_ram, "fits": plan.fits, "verdict": plan.verdict, "devices": devices,
+        "flags": " ".join(flags),
+    }
+
+
+def _print(doc: dict[str, Any]) -> None:
+    md, m = doc["model"], doc["machine"]
+    trained = f"trained to {md['context_length']:,} tokens" if md["context_length"] else "no training context"
+    print(f"model     {md['name']} · {md['architecture']}{' (MoE)' if md['moe'] else ''} · {md['layers']} layers · "
+          f"{format_bytes(md['weights'])} of weights · {trained}")
+    how = "described" if m["ram_described"] else "available here"
+    gpus = " + ".join(format_bytes(g) for g in m["gpus"]) if m["gpus"] else "no GPU"
+    kind = "unified memory" if m["unified"] else "GPU memory"
+    gpus = f"{kind} {gpus}{' described' if m['gpus_described'] else ''}" if m["gpus"] else gpus
+    print(f"machine   RAM {format_bytes(m['ram'])} {how} · {gpus}")
+    if doc["largest"]:
+        why = "the largest that fits" if doc["shrunk"] else "the training context"
+    else:
+        why = f"shrunk from {doc['asked']:,} to fit" if doc["shrunk"] else "as asked"
+    seqs = f" × {doc['parallel']} sequences" if doc["parallel"] > 1 else ""
+    print(f"plan      {doc['verdict']} · context {doc['ctx']:,} tokens ({why}){seqs}")
+    if m["gpus"]:
+        per = " + ".join(str(n) for n in doc["layers_per_gpu"])
+        print(f"layers    {doc['gpu_layers']} of {md['layers'] + 1} on the GPU{'s' if len(m['gpus']) > 1 else ''} "
+              f"({per} repeating{', and the output layer' if doc['gpu_layers'] else ''})")
+    if md["moe"]:
+        n = doc["n_cpu_moe"]
+        first = "the first layer's" if n == 1 else f"the first {n} layers'"
+        kept = f"{first} in RAM ({format_bytes(doc['experts_in_ram'])})" if n else (
+            f"in RAM: {format_bytes(doc['experts_in_ram'])}" if doc["experts_in_ram"] else "none in RAM")
+        print(f"experts   {kept}")
+    rows = [["DEVICE", "WEIGHTS", "KV CACHE", "COMPUTE", "OUTPUT", "TOTAL", "BUDGET"]]
+    for d in doc["devices"]:
+        rows.append([d["device"], *(format_bytes(d[k]) for k in ("weights", "kv", "compute", "output", "total",
+                                                                 "budget"))])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print(f"flags     {doc['flags']}")

@@ -1,0 +1,109 @@
+"""`run` and `chat` against the log: continuing a logged conversation (`run --continue`, `--cid`,
+`chat --resume ID`) and recording each exchange, where a failing log is one warning and never a lost
+answer (log/store.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from localgen.cli.run.options import LogOptions
+from localgen.errors import LocalgenError, UsageError
+from localgen.types import GenerationRequest, Message, SamplingParams, Stats
+
+
+@dataclass
+class Thread:
+    """The conversation a run belongs to: its id and the turns logged before this one."""
+
+    cid: str
+    turns: list[Message] = field(default_factory=list)
+    system: str | None = None
+    model_spec: str | None = None  # the model the conversation used, to load again unless -m is given
+
+
+def thread_for(log: LogOptions) -> Thread:
+    """A new conversation, or the one --continue / --cid names (its turns, system prompt and model)."""
+    from localgen.log import store
+
+    cid = log.cid
+    if not cid and not log.continue_:
+        return Thread(store.new_id())
+    if not cid:
+        cid = store.last_conversation()
+        if cid is None:
+            raise UsageError("--continue: the log has no conversation yet", hint="run without --continue first")
+    return logged_thread(cid)
+
+
+def logged_thread(cid: str) -> Thread:
+    """A logged conversation's turns, system prompt and model (a LogError when there is none)."""
+    from localgen.log import store
+
+    entries = store.conversation(cid)
+    turns: list[Message] = []
+    for e in entries:
+        turns += [{"role": "user", "content": e.prompt}, {"role": "assistant", "content": e.response}]
+    last = entries[-1]
+    return Thread(cid, turns, last.system, last.model_spec if not last.endpoint else None)
+
+
+def chat_from_log(cid: str, model: str | None) -> Any:
+    """A chat (chat --resume ID) that continues a logged conversation (a `run` thread, or a chat whose file is
+    gone), with its model, else `model` (-m's), else the default one."""
+    from localgen.chat import session as sessions
+    from localgen.log import store
+    from localgen.models.embedded import DEFAULT_MODEL
+
+    try:
+        thread = logged_thread(cid)
+    except store.LogError:
+        raise LocalgenError(f"no saved conversation named {cid!r}, nor a conversation with that id in the log",
+                            hint="see `localgen chat --list` and `localgen logs`") from None
+    return sessions.ChatSession(name=cid, model=thread.model_spec or model or DEFAULT_MODEL, system=thread.system,
+                                messages=thread.turns, fresh=True, log_id=cid)
+
+
+def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: str, stats: Stats | None,
+           finish_reason: str, *, model: str | None, no_log: bool, source: str = "run", remote: bool = False) -> None:
+    """Log one exchange unless --no-log or `logs off`; a log that fails is one warning. `model`: -m's value
+    (the model a continued conversation loads again)."""
+    from localgen.log import store
+
+    if no_log or not store.enabled():
+        return
+    if request.messages:
+        prompt = _text(request.messages[-1]["content"])
+        system = next((_text(m["content"]) for m in request.messages if m["role"] == "system"), None)
+    else:
+        prompt, system = request.prompt or "", None
+    info = backend.describe()["model"]
+    endpoint = info.get("endpoint")
+    entry = store.Entry(
+        conversation_id=cid, source=source, model=str(info.get("name") or ""), prompt=prompt, response=text,
+        model_spec=None if remote else model, endpoint=", ".join(endpoint) if endpoint else None,
+        system=system, settings=_settings(request.sampling), finish_reason=finish_reason,
+        prompt_tokens=stats.prompt_tokens if stats else 0, completion_tokens=stats.completion_tokens if stats else 0,
+        cached_tokens=stats.cached_tokens if stats else 0, ttft_s=stats.ttft_s if stats else None,
+        total_s=stats.total_s if stats else None, decode_tps=stats.decode_tps if stats else None)
+    try:
+        store.record(entry)
+    except store.LogError as e:
+        err.warn(f"{e.message}; this answer was not logged")
+
+
+def _text(content: Any) -> str:
+    """A message's text; media.py is read only for content with images or audio (a list of parts)."""
+    if isinstance(content, str):
+        return content
+    from localgen.media import text_of
+
+    return text_of(content)
+
+
+def _settings(s: SamplingParams) -> dict[str, Any]:
+    from localgen import settings
+
+    values = {k: settings.jsonable(getattr(s, k)) for k in settings.KNOBS}
+    values["grammar"] = s.grammar is not None
+    return values

@@ -1,0 +1,359 @@
+"""`localgen pull | list | show | rm`: get models, see what is here, look inside one, remove one (a preset
+too: list, show and rm take presets, see presets.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.errors import LocalgenError, UsageError
+from localgen.units import format_bytes
+
+Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
+
+
+def _params(n: int | None) -> str:
+    if not n:
+        return "-"
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    for r in [headers, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+# ---- pull ---------------------------------------------------------------------------------------------
+
+
+def pull(
+    name: Annotated[
+        str, typer.Argument(help="Catalogue name (qwen2.5:7b@Q8_0), owner/repo[:QUANT], or owner/repo/file.gguf.")
+    ],
+    list_quants: Annotated[
+        bool,
+        typer.Option("--list", help="List the repo's quantizations with size, memory estimate and fit; no download."),
+    ] = False,
+    ctx: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
+    json_out: Json = False,
+    offline: o.Offline = False,
+) -> None:
+    """Download a model into the shared Hugging Face cache, resumably, verified by SHA-256."""
+    from localgen.cli.progress import make_progress
+    from localgen.models import hfcache, resolve
+
+    model = resolve.embedded_model(name)
+    if model is not None:
+        _pull_embedded(name, model, list_quants, json_out)
+        return
+    target = resolve.target(name)
+    if offline or hfcache.offline_env():
+        raise UsageError("pull needs the network; it cannot run offline")
+    if list_quants:
+        _list_quants(target, ctx, json_out)
+        return
+    ref = resolve.pull(target, make_progress())
+    if json_out:
+        print(json.dumps({"name": ref.name, "file": ref.path, "sha256": ref.sha256,
+                          "quantization": ref.quantization, "size": ref.summary.file_size}))
+    else:
+        print(f"{ref.name}  {ref.quantization}  {format_bytes(ref.summary.file_size)}  {ref.path}")
+    from localgen.cli.hints import tune_tip
+
+    tune_tip(sys.stderr.isatty(), lambda text: print(text, file=sys.stderr), ref.name, ref.path)
+
+
+def _pull_embedded(name: str, model: Any, list_quants: bool, json_out: bool) -> None:
+    """`pull` of a model that ships inside a Python package: nothing to download, so say where it is (or, when
+    its package is missing, how to install it)."""
+    from localgen.models import embedded
+    from localgen.models.resolve import resolve
+
+    if list_quants:
+        raise UsageError(f"{model.name} ships inside a Python package in one quantization; there is no list")
+    ref = resolve(name, offline=True, pull_missing=False)  # assembles a chunked one once
+    print(f"{ref.name} is already installed: it ships inside the Python package {embedded.pip_names(model)[0]}",
+          file=sys.stderr)
+    if json_out:
+        print(json.dumps({"name": ref.name, "file": ref.path, "sha256": ref.sha256 or model.sha256,
+                          "quantization": ref.quantization, "size": ref.summary.file_size}))
+    else:
+        print(f"{ref.name}  {ref.quantization}  {format_bytes(ref.summary.file_size)}  {ref.path}")
+
+
+def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
+    from localgen.models import fit, hub, store
+    from localgen.models.quant import group_options, rank
+    from localgen.native.devices import backend_info
+    from localgen.types import LoadParams
+
+    s = target.spec
+    listing = hub.list_repo(s.repo, s.revision)
+    options = group_options(list(listing.files))
+    if not options:
+        raise LocalgenError(f"{s.repo} has no GGUF model files")
+    smallest = min(options, key=lambda x: x.size)
+    summary, weights = hub.fetch_summary(s.repo, listing.commit, smallest.first.name, smallest.first.size,
+                                         split=len(smallest.files) > 1)
+    machine = fit.this_machine(bool(backend_info()["gpu_offload"]))
+    cached = {f.filename for f in store.cached_files(s.repo)}
+    rows: list[dict[str, Any]] = []
+    for opt in options:
+        # the plan (models/fit.py) for each quantization: the header read's tensors, scaled to its size
+        plan = fit.plan(summary, weights.scaled(opt.size - (smallest.size - weights.total)), machine,
+                        LoadParams(n_ctx=ctx), ctx=ctx)
+        rows.append({
+            "quantization": opt.tag, "files": [f.name for f in opt.files], "size": opt.size,
+            "bits_per_weight": round(opt.size * 8 / summary.n_params, 2) if summary.n_params else None,
+            "memory": plan.footprint.total, "fit": plan.verdict, "context": plan.ctx,
+            "downloaded": opt.first.name in cached,
+        })
+    ok = [r for r in rows if r["fit"] != fit.WONT_FIT]
+    default = next((r for r in ok if r["quantization"].upper() == target.default_quant.upper()), None)
+    best = default or (max(ok, key=lambda r: rank(r["quantization"])) if ok else None)
+    for r in rows:
+        r["recommended"] = r is best
+    if json_out:
+        print(json.dumps({"repo": s.repo, "commit": listing.commit, "context": ctx, "quantizations": rows}))
+        return
+    print(f"{s.repo} @ {listing.commit[:10]} · {summary.architecture} · {_params(summary.n_params)} parameters · "
+          f"memory estimated at --ctx {ctx}")
+    _table(
+        ["QUANT", "SIZE", "BPW", "MEMORY", "FIT", ""],
+        [[r["quantization"], format_bytes(r["size"]), str(r["bits_per_weight"] or "-"), format_bytes(r["memory"]),
+          r["fit"],
+          " ".join(x for x in ("★ recommended" if r["recommended"] else "",
+                               "✓ downloaded" if r["downloaded"] else "") if x)]
+         for r in rows],
+    )
+
+
+# ---- list ---------------------------------------------------------------------------------------------
+
+
+def list_models(
+    json_out: Json = False,
+    show_catalogue: Annotated[bool, typer.Option("--catalogue", help="List the catalogue instead.")] = False,
+    offline: o.Offline = False,
+) -> None:
+    """Models on this machine: embedded ones and every GGUF in the Hugging Face cache (any tool's).
+    Never touches the network."""
+    from localgen.models import catalogue
+    from localgen.models.installed import installed
+
+    entries = catalogue.load()
+    if show_catalogue:
+        rows: list[dict[str, Any]] = [{"name": e.name, "repo": e.repo or "(embedded)", "default_quant": e.default_quant,
+                 "context": e.context, "description": e.description} for e in entries.values()]
+        if json_out:
+            print(json.dumps(rows))
+        else:
+            _table(["NAME", "SOURCE", "QUANT", "CONTEXT", "DESCRIPTION"],
+                   [[r["name"], r["repo"], r["default_quant"], str(r["context"] or "-"), r["description"]]
+                    for r in rows])
+        return
+    items = installed()
+    if json_out:
+        print(json.dumps(items))
+        return
+    if not items:
+        print("no models yet: localgen pull NAME (see localgen list --catalogue)", file=sys.stderr)
+        return
+    _table(["NAME", "QUANT", "SIZE", "PARAMS", "CONTEXT", "WHERE"],
+           [[i["name"], i["quantization"] or "-", format_bytes(i["size"]), _params(i["parameters"]),
+             str(i["context_length"] or "-"), i["path"]] for i in items])
+
+
+# ---- show ---------------------------------------------------------------------------------------------
+
+
+def show(
+    name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], or path.")],
+    template: Annotated[bool, typer.Option("--template", help="Print the chat template, whole.")] = False,
+    sha256: Annotated[
+        bool, typer.Option("--sha256", help="Compute the file's SHA-256 when it is not known yet (reads the whole "
+                                            "file, with a progress bar).")
+    ] = False,
+    json_out: Json = False,
+    offline: o.Offline = False,
+    mmproj: o.MmProj = None,
+    as_modelfile: Annotated[
+        bool, typer.Option("--modelfile", help="Print a Modelfile that `localgen create` makes this model from.")
+    ] = False,
+) -> None:
+    """What a model is, read from its GGUF header (bounded; weights are not loaded). Local files only."""
+    from localgen.models import mmproj as projectors
+    from localgen.models.resolve import resolve
+
+    if as_modelfile:  # a preset's own, even when its base is gone; a model's from its catalogue entry
+        print(_modelfile(name, offline), end="")
+        return
+    ref = resolve(name, offline=offline, pull_missing=False)
+    if mmproj is not None:
+        ref = projectors.attach(ref, str(mmproj))
+    s = ref.summary
+    if template:
+        if not s.chat_template:
+            raise LocalgenError(f"{ref.name} has no chat template")
+        print(s.chat_template)
+        return
+    doc = _show_doc(ref, sha256)
+    if json_out:
+        doc["chat_template"] = s.chat_template
+        print(json.dumps(doc))
+        return
+    _print_doc(doc)
+
+
+def _show_doc(ref: Any, hash_now: bool) -> dict[str, Any]:
+    """What `show` says of a model (`hash_now`: compute an unknown SHA-256, with a progress bar)."""
+    from pathlib import Path
+
+    from localgen.models import download
+    from localgen.models import mmproj as projectors
+
+    s = ref.summary
+    sha = ref.sha256 or _known_sha256(ref)
+    if sha is None and hash_now:
+        from localgen.cli.progress import make_progress
+
+        target = Path(ref.path).resolve()
+        progress = make_progress()
+        progress.start(f"hashing {target.name}", target.stat().st_size, 0)
+        sha = download.sha256_file(target, progress)
+        progress.finish()
+    return {
+        "name": ref.name, "file": ref.path, "sha256": sha, "architecture": s.architecture, "model_name": s.name,
+        "parameters": s.n_params, "quantization": s.quantization, "size": s.file_size,
+        "context_length": s.context_length, "layers": s.n_layers, "embedding_length": s.n_embd,
+        "heads": s.n_head, "kv_heads": s.n_head_kv, "vocab_size": s.vocab_size, "license": s.license,
+        "chat_template": bool(s.chat_template),
+        "modalities": ["text", *projectors.modalities(ref)],
+        "projector": ref.mmproj,
+        "adapters": [path for path, _ in ref.adapters],  # a preset's LoRA adapters (ADAPTER)
+    }
+
+
+_LABELS = {"model_name": "model", "size": "file size", "context_length": "context length",
+           "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary",
+           "adapters": "LoRA adapters"}
+
+
+def _print_doc(doc: dict[str, Any]) -> None:
+    """`show`'s lines: a label and a value each."""
+    for k, v in doc.items():
+        if k == "size":
+            v = format_bytes(v)
+        elif k == "parameters":
+            v = f"{_params(v)} ({v:,})"
+        elif k == "chat_template":
+            v = "yes (--template prints it)" if v else "none (use --raw)"
+        elif k == "sha256" and v is None:
+            v = "not known yet (--sha256 computes it)"
+        elif k in ("projector", "adapters") and not v:
+            continue
+        elif k in ("modalities", "adapters"):
+            v = ", ".join(v)
+        print(f"{_LABELS.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
+
+
+def _modelfile(name: str, offline: bool) -> str:
+    """A preset's own Modelfile; for a model, FROM it with its catalogue sampling defaults."""
+    from localgen.models import modelfile, presets
+    from localgen.models.resolve import resolve
+
+    p = presets.find(name)
+    if p is not None:
+        return modelfile.write(p.spec)
+    ref = resolve(name, offline=offline, pull_missing=False)
+    return modelfile.write(modelfile.Modelfile(base=name, parameters=dict(ref.sampling_defaults)))
+
+
+def _known_sha256(ref: Any) -> str | None:
+    """A SHA-256 known without reading the file: a cache blob's name, or an embedded model's published one."""
+    from pathlib import Path
+
+    from localgen.models import embedded, hfcache
+
+    blob = Path(ref.path).resolve().name
+    if hfcache.SHA256.match(blob):
+        return blob
+    model = embedded.EMBEDDED.get(ref.name)
+    return model.sha256 if model is not None and ref.source == "embedded" else None
+
+
+# ---- rm -----------------------------------------------------------------------------------------------
+
+
+def rm(
+    name: Annotated[
+        str, typer.Argument(help="Catalogue name, owner/repo[:QUANT] (every quantization without one), or a "
+                                 "preset.")
+    ],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    offline: o.Offline = False,
+) -> None:
+    """Remove a model's files from the cache; a blob another cached model still uses is kept. A preset: only
+    the preset goes, never its base model's files."""
+    from localgen.models import names, presets, store
+    from localgen.models.resolve import embedded_model, target
+
+    if presets.exists(name):
+        _confirm(f"the preset {name} (its base model stays)", 0, yes, size=False)
+        presets.remove(name)
+        print(f"removed the preset {name}")
+        return
+    spec = names.parse(name)
+    if isinstance(spec, names.PathSpec):
+        raise UsageError("rm removes models from the cache; delete your own .gguf files yourself")
+    model = embedded_model(name)
+    if model is not None:
+        _rm_embedded(model, yes)
+        return
+    t = target(name)
+    quant = t.spec.quant if (isinstance(spec, names.CatalogueSpec) or t.spec.quant) else None
+    files = store.find_cached(t.spec.repo, t.spec.revision, quant, t.spec.filename)
+    if not files:
+        raise LocalgenError(f"{t.display} is not in the cache", hint="localgen list shows what is")
+    total = sum(store.total_size(f) for f in files)
+    _confirm(", ".join(f"{f.repo}/{f.filename}" for f in files), total, yes)
+    sizes = {p.resolve(): p.resolve().stat().st_size for f in files for p in store.split_parts(f) if p.exists()}
+    links, blobs = store.remove(files)
+    freed = sum(sizes.get(b, 0) for b in blobs)
+    kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
+    print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 MB'}{kept}")
+
+
+def _confirm(desc: str, total: int, yes: bool, size: bool = True) -> None:
+    """Ask before removing (or want --yes when not on a terminal); a no is exit 1."""
+    if yes:
+        return
+    what = f"{desc} ({format_bytes(total)})" if size else desc
+    if not sys.stdin.isatty():
+        raise UsageError(f"would remove {what}; pass --yes to confirm when not on a terminal")
+    if not typer.confirm(f"Remove {what}?", default=False, err=True):
+        raise typer.Exit(1)
+
+
+def _rm_embedded(model: Any, yes: bool) -> None:
+    """`rm` of a model that ships inside Python packages: pip owns those; only the copy localgen assembles
+    from a chunked model's packages is localgen's to remove."""
+    from localgen.models import embedded
+
+    pip = " ".join(embedded.pip_names(model))
+    copy = embedded.assembled_path(model)
+    if copy is None:
+        raise LocalgenError(f"{model.name} ships inside the Python package {pip}, which localgen does not remove: "
+                            f"nothing was removed (pip uninstall {pip} removes it)")
+    if not copy.is_file():
+        raise LocalgenError(f"{model.name} has not been assembled, so localgen holds nothing of it to remove; its "
+                            f"chunks ship inside Python packages (pip uninstall {pip} removes them)")
+    _confirm(f"the assembled copy of {model.name} ({copy})", copy.stat().st_size, yes)
+    freed = embedded.remove_assembled(model)
+    print(f"removed the assembled copy of {model.name}, freed {format_bytes(freed) if freed else '0 MB'}; its "
+          f"chunks stay inside Python packages (pip uninstall {pip} removes them; the next use assembles it again)")

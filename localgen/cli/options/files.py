@@ -1,0 +1,77 @@
+"""What the shared flags that name files or texts mean, read and checked before anything loads: the chat
+template and projector over a model (--chat-template-file, --mmproj), and the grammar an answer must follow
+(--grammar, -j/--json-schema, -jf/--json-schema-file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from localgen.cli.options import OutputFormat
+
+
+def with_template(ref: Any, proj: Path | None, path: Path | None) -> Any:
+    """The model with --chat-template-file's template (`path`) in place of its own, and --mmproj's projector
+    (`proj`, checked against the model's width from the two headers, before anything loads)."""
+    import dataclasses
+
+    if proj is not None:
+        from localgen.models import mmproj
+
+        ref = mmproj.attach(ref, str(proj))
+    if path is None:
+        return ref
+    from localgen.errors import UsageError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read the chat template {path}: {e}") from None
+    if not text.strip():
+        raise UsageError(f"the chat template file {path} is empty")
+    if "messages" not in text:  # every chat template loops over the conversation; this would drop it
+        raise UsageError(f"the chat template file {path} never reads `messages`, so the conversation would not "
+                         "reach the model: is it a Jinja chat template?")
+    return dataclasses.replace(ref, summary=dataclasses.replace(ref.summary, chat_template=text))
+
+
+def output_grammar(out: OutputFormat) -> tuple[str | None, str | None]:
+    """The GBNF grammar of --grammar, -j/--json-schema or -jf/--json-schema-file (one of them: options/plan.py checks),
+    and the JSON schema it came from (a remote server takes the schema itself); (None, None) without them."""
+    if out.grammar is not None:
+        return _gbnf(str(out.grammar)), None
+    schema: str | None = None
+    if out.json_schema_file:
+        schema = Path(out.json_schema_file).read_text(encoding="utf-8", errors="replace")
+    elif out.json_schema:
+        schema = out.json_schema
+        if not schema.lstrip().startswith(("{", "[")) and Path(schema).expanduser().is_file():
+            schema = Path(schema).expanduser().read_text(encoding="utf-8", errors="replace")
+    if schema is None:
+        return None, None
+    from localgen.engine.grammar import grammar_from_json_schema
+
+    return grammar_from_json_schema(schema), schema
+
+
+def _gbnf(value: str) -> str:
+    """--grammar's GBNF: the file it names when one exists, else the value itself when it has a rule (llama.cpp
+    parses it when the model loads, where a vocabulary is at hand)."""
+    from localgen.errors import UsageError
+
+    if not value.strip():
+        raise UsageError("--grammar is empty: give a GBNF file or the grammar itself (root ::= ...)")
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise UsageError(f"cannot read the grammar file {value}: {e.strerror or e}") from None
+        if not text.strip():
+            raise UsageError(f"the grammar file {value} is empty")
+        return text
+    if "::=" in value:
+        return value
+    what = "is a directory" if path.is_dir() else "does not exist"
+    raise UsageError(f"--grammar {value[:100]!r}: the file {what}, and the text is not GBNF (a grammar has rules, "
+                     "such as root ::= \"yes\" | \"no\")")

@@ -1,0 +1,168 @@
+"""The generation and load settings a command took (Knobs), typed by the one table (settings.py): the
+sampling and load parameters derived from them, which the user set, and --lora's adapters."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from localgen.settings import KNOBS, LOAD_KNOBS
+from localgen.types import LoadParams, SamplingParams
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The generation and load settings a command took, typed by the one table (settings.py), and which of
+    them the user set (command line or environment) as opposed to their defaults."""
+
+    values: Mapping[str, Any]
+    given_names: frozenset[str]
+
+    @classmethod
+    def of(cls, ctx: typer.Context, values: Mapping[str, Any]) -> Knobs:
+        """The settings among a command's parameters."""
+        names = [n for n in values if n in KNOBS or n in LOAD_KNOBS]
+        return cls({n: values[n] for n in names}, frozenset(n for n in names if given_by_user(ctx, n)))
+
+    def given(self, name: str) -> bool:
+        return name in self.given_names
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A setting's value as the command took it, or `default` where the command does not take it."""
+        return self.values.get(name, default)
+
+    def flash_attn(self) -> bool | str | None:
+        """-fa on|off|auto and --no-flash-attn, as LoadParams wants them (None: not given)."""
+        from localgen.errors import UsageError
+
+        if self.get("no_flash_attn"):
+            return False
+        value = self.get("flash_attn")
+        if value is None:
+            return None  # the tuning record's, else the rule's (engine/defaults.py)
+        v = str(value).lower()
+        if v in ("on", "1", "true", "enabled"):
+            return True
+        if v in ("off", "0", "false", "disabled"):
+            return False
+        if v == "auto":
+            return "auto"
+        raise UsageError(f"--flash-attn takes on, off or auto, not {value!r}")
+
+    def load(self, check_buffers: bool = True, **override: Any) -> LoadParams:
+        """LoadParams from the load settings (those the command lacks keep their defaults); -ot's buffer types
+        checked against this build's devices (`check_buffers`: `fit` plans for devices described instead)."""
+        from localgen import placement
+        from localgen.errors import UsageError
+
+        split: tuple[float, ...] = ()
+        text = self.get("tensor_split")
+        if text:
+            try:
+                split = tuple(float(x) for x in str(text).replace("/", ",").split(",") if x.strip())
+            except ValueError:
+                raise UsageError(f"--tensor-split takes numbers, e.g. 3,1, not {text!r}") from None
+        values: dict[str, Any] = {k.field: self.values[k.name] for k in LOAD_KNOBS.values()
+                                  if k.field and k.name in self.values}
+        for name in ("cache_type_k", "cache_type_v"):
+            if name in values:
+                values[name] = str(values[name]).lower()
+        values.update(
+            flash_attn=self.flash_attn(), tensor_split=split, use_mmap=not self.get("no_mmap", False),
+            use_mlock=bool(self.get("mlock", False)),
+            rpc=tuple(x.strip() for x in str(self.get("rpc") or "").split(",") if x.strip()),
+            lora=lora_adapters(self.get("lora"), self.get("lora_scaled")),
+            override_tensor=placement.parse(self.get("override_tensor")))
+        values.update(override)
+        params = LoadParams(**values)
+        # (RPC servers' buffer types exist once they are registered: the load checks those)
+        if check_buffers and params.override_tensor and not params.rpc:
+            from localgen.native import devices
+
+            devices.check_buffers([b for _, b in params.override_tensor])
+        return params
+
+    def sampling(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:
+        """The sampling flags where given; otherwise the last layer that sets a knob (catalogue defaults, then a
+        chat's saved /set values); otherwise the default. Everything goes through settings.validate."""
+        return self.sampling_flags().params(*layers, grammar=grammar)
+
+    def sampling_flags(self) -> SamplingFlags:
+        """The sampling flags the user gave (checked by the one validation), to lay over other values."""
+        from localgen import settings
+
+        given: dict[str, Any] = {}
+        for key, v in self.values.items():
+            if key not in KNOBS or not self.given(key):
+                continue
+            if key == "dry_sequence_breaker" and [x.lower() for x in v] == ["none"]:
+                v = ()
+            given[key] = v
+        return SamplingFlags(tuple(settings.validate(given).items()))
+
+    def remote_conflicts(self) -> list[str]:
+        """The load settings given, which a remote endpoint cannot honour (the model loads on the server); the
+        context is not among them (it trims the history here)."""
+        return [LOAD_KNOBS[n].flags[0].split("/")[0] for n in self.values
+                if n in LOAD_KNOBS and n != "ctx" and self.given(n) and self.values[n] not in (None, False, [], ())]
+
+
+@dataclass(frozen=True)
+class SamplingFlags:
+    """The sampling flags a user gave on the command line (or in the environment), checked: they win over a
+    model's recommended values and a chat's saved /set values, which win over the defaults."""
+
+    given: tuple[tuple[str, Any], ...] = ()  # (the table's name, the typed value)
+
+    def params(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:
+        """SamplingParams: the defaults, then each layer in turn, then the flags given."""
+        from localgen import settings
+
+        values: dict[str, Any] = {}
+        for layer in layers:
+            values.update(settings.validate(layer))
+        values.update(self.given)
+        return SamplingParams(**values, grammar=grammar)
+
+    @property
+    def alone(self) -> SamplingParams:
+        """The flags over the defaults (before a model's values are known)."""
+        return self.params()
+
+
+def lora_adapters(plain: str | None, scaled: str | None) -> tuple[tuple[str, float], ...]:
+    """--lora FILE,... and --lora-scaled FILE:SCALE,... (llama.cpp's spellings) as (absolute path, scale)
+    pairs; a file that is not there is an error before anything loads."""
+    from localgen.errors import UsageError
+
+    pairs: list[tuple[str, float]] = [(x, 1.0) for x in _items(plain)]
+    for item in _items(scaled):
+        path, sep, text = item.rpartition(":")
+        try:
+            scale = float(text)
+        except ValueError:
+            scale = float("nan")
+        if not sep or not path or scale != scale or abs(scale) > 1e6:
+            raise UsageError(f"--lora-scaled takes FILE:SCALE (e.g. style.gguf:0.5), not {item!r}")
+        pairs.append((path, scale))
+    out = []
+    for path, scale in pairs:
+        full = Path(path).expanduser()
+        if not full.is_file():
+            raise UsageError(f"no LoRA adapter file {path!r}")
+        out.append((str(full.resolve()), scale))
+    return tuple(out)
+
+
+def _items(text: str | None) -> list[str]:
+    return [x.strip() for x in str(text or "").split(",") if x.strip()]
+
+
+def given_by_user(ctx: typer.Context, name: str) -> bool:
+    """Whether the user set a parameter (command line, env var, default map), as opposed to its default."""
+    source = ctx.get_parameter_source(name)  # None: no such parameter
+    return source is not None and source.name != "DEFAULT"  # command line, env var, default map, prompt

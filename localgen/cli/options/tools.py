@@ -1,0 +1,24 @@
+"""The tools of --functions and --mcp, opened for run and chat alike before the model loads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localgen.cli.options import ToolOptions
+
+
+def open_toolbox(tools: ToolOptions | None) -> Any:
+    """The tools of --functions and --mcp, loaded and started (None without them); a --tool-choice that
+    names none of them is refused here, before the model loads."""
+    if tools is None or not tools.any:
+        return None
+    from localgen.tools.loop import Toolbox, named_choice
+    from localgen.tools.plan import check_choice
+
+    box = Toolbox.open(list(tools.functions or []), list(tools.mcp or []))
+    try:
+        check_choice(box.specs, named_choice(tools.tool_choice or "auto"))
+    except BaseException:
+        box.close()
+        raise
+    return box

@@ -1,0 +1,263 @@
+"""What `localgen run` does with its checked plan (plan.py: every usage error before any download or load):
+the model is resolved and loaded into a backend, then one stream, beam search, tools, or many prompts, and
+the output."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from localgen.cli.options import ToolOptions, files, preset
+from localgen.cli.options.plan import LoadPlan
+from localgen.cli.output import ErrWriter, TextWriter
+from localgen.cli.run.options import DecodingOptions, ReportOptions
+from localgen.cli.run.plan import ManyPlan, RunPlan
+from localgen.types import GenerationRequest, Message, thinking_args
+
+if TYPE_CHECKING:
+    from localgen.backend import Backend
+    from localgen.engine.local import LocalBackend
+
+
+def execute(plan: RunPlan) -> None:
+    """Run the command's checked plan: load, then one prompt (streamed, beams, or with tools) or many."""
+    from localgen.cli.log import conversation
+
+    load, send = plan.load, plan.send
+    err = ErrWriter()
+    toolbox = None
+    if send.tools is not None:
+        from localgen.cli.options.tools import open_toolbox
+
+        toolbox = open_toolbox(send.tools)
+    try:
+        backend: Backend = remote_backend(load) if load.remote else open_backend(plan, err)
+    except BaseException:
+        if toolbox is not None:
+            toolbox.close()
+        raise
+    try:
+        if not load.remote:
+            backend.check_generates()  # type: ignore[attr-defined]  # LocalBackend: an encoder cannot
+        if plan.many is not None:  # --file / --each-line
+            raise typer.Exit(run_many(plan.many, plan, backend, err))
+        assert plan.thread is not None  # one prompt belongs to a conversation
+        thread = plan.thread
+        request = single_request(plan, backend, thread.turns)
+        if plan.report.verbose_prompt:
+            err.line("prompt:\n" + backend.render(_as_sent(send.tools, backend, request, toolbox)))
+        if plan.decoding.beams:
+            text, stats, finish = run_beams(plan.decoding, plan.report, backend, request, err)  # type: ignore[arg-type]
+        elif toolbox is not None:
+            from localgen.cli.run.tools import run_with_tools
+
+            assert send.tools is not None
+            text, stats, finish = run_with_tools(send.tools, plan.report, backend, request, toolbox, err, thread.cid)
+        else:
+            gen, text = stream(plan.report, backend, request, err, thread.cid)
+            stats, finish = gen.stats, str(gen.finish_reason)
+        conversation.record(err, backend, request, thread.cid, text, stats, finish, model=load.model,
+                            no_log=plan.no_log, remote=load.remote)
+    finally:
+        backend.close()
+        if toolbox is not None:
+            toolbox.close()
+
+
+def _as_sent(tools: ToolOptions | None, backend: Backend, request: GenerationRequest,
+             toolbox: Any) -> GenerationRequest:
+    """The request as the model gets it first: with the tools (in the template, or the system prompt)."""
+    if toolbox is None or tools is None:
+        return request
+    from localgen.cli.run.tools import first_plan
+    from localgen.tools.loop import plan_for
+    from localgen.tools.plan import with_tools
+    from localgen.tools.stream import template_of
+
+    template = template_of(backend)
+    plan = first_plan(tools, template, toolbox) or plan_for(template, toolbox)
+    return with_tools(plan, request) if plan is not None else request
+
+
+def remote_backend(load: LoadPlan) -> Backend:
+    """The endpoints as a backend, with the model they serve (the only one, when -m is not given)."""
+    from localgen.remote.backend import RemoteBackend, pick_model
+
+    model = load.model or pick_model(list(load.endpoints))
+    return RemoteBackend(list(load.endpoints), model, assumed_ctx=load.assumed_ctx)
+
+
+def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
+    """Resolve (pulling if needed) and load the model, and the draft model for --draft."""
+    from localgen.cli.progress import make_progress
+    from localgen.engine.local import LocalBackend
+    from localgen.models.load import open_engine
+    from localgen.models.resolve import resolve
+
+    load, decoding = plan.load, plan.decoding
+    for warning in plan.warnings:
+        err.warn(warning)
+    ref = files.with_template(resolve(load.model, offline=load.offline, progress=make_progress()), load.mmproj,
+                                  load.template_file)
+    params = preset.load_params(ref, load.params, load.ctx_given)
+    draft = decoding.draft
+    draft_ref = resolve(draft, offline=load.offline, progress=make_progress()) if draft else None
+    err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
+    engine = open_engine(ref, params, verbose=load.verbose, warn=err.warn, kv_tokens=_kv_tokens(plan, params.n_ctx))
+    from localgen.cli.hints import tune_tip
+
+    tune_tip(err.tty, err.line, ref.name, ref.path, engine.origins)
+    drafter: Any = None
+    try:
+        if decoding.lookup:
+            from localgen.engine.speculative import LookupDrafter
+
+            drafter = LookupDrafter()
+        elif draft_ref is not None:
+            from localgen.engine.speculative import ModelDrafter
+
+            err.status(f"loading the draft model {draft_ref.name} ...")
+            drafter = ModelDrafter(engine, open_engine(draft_ref, params, verbose=load.verbose, warn=err.warn))
+    except BaseException:
+        engine.close()
+        raise
+    return LocalBackend(engine, drafter=drafter, draft_max=decoding.draft_max, warn=err.warn)
+
+
+def _kv_tokens(plan: RunPlan, n_ctx: int) -> int | None:
+    """KV cells the run holds at once, for the memory estimate, when it is not one window."""
+    if plan.many is not None and plan.many.parallel > 1:
+        return plan.many.parallel * n_ctx
+    if plan.decoding.beams:
+        from localgen.engine.beams import kv_cells
+
+        return kv_cells(0, plan.decoding.beams, plan.send.sampling.alone.max_tokens, n_ctx) + n_ctx
+    return None
+
+
+def single_request(plan: RunPlan, backend: Backend, turns: list[Message] | None = None) -> GenerationRequest:
+    """The one prompt as a request: earlier turns of a continued conversation, then documents and piped
+    text, the question last."""
+    send = plan.send
+    text = "\n\n".join(plan.parts)
+    shared = "\n\n".join(plan.parts[:-1]) + "\n\n" if len(plan.parts) > 1 else None
+    sampling = send.sampling.params(backend.defaults, grammar=send.grammar)
+    logprobs = plan.report.logprobs
+    if plan.raw:
+        return GenerationRequest(prompt=text, sampling=sampling, logprobs=logprobs, shared=shared,
+                                 prompt_cache=send.prompt_cache, json_schema=send.json_schema)
+    content: Any = text
+    if plan.media:
+        from localgen import media
+
+        content = media.content(text, list(plan.media))
+    messages = preset.head(backend, send.system, continued=bool(turns)) + list(turns or []) + [
+        {"role": "user", "content": content}]
+    return GenerationRequest(messages=tuple(messages), sampling=sampling, logprobs=logprobs, shared=shared,
+                             prompt_cache=send.prompt_cache, json_schema=send.json_schema,
+                             template_args=thinking_args(send.think))
+
+
+def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, err: ErrWriter,
+           cid: str | None = None) -> tuple[Any, str]:
+    """Stream one answer to stdout (or one JSON object at the end), its reasoning apart (to stderr with
+    --show-thinking); returns the finished Generation and the answer without the reasoning."""
+    from localgen.cli.output import AnswerWriter
+    from localgen.errors import RemoteError
+    from localgen.tools.stream import answer_stream, template_of
+
+    gen = backend.generate(request, started=time.perf_counter())
+    writer = AnswerWriter(err, json_out=report.json_out, show_thinking=report.show_thinking)
+    answer = answer_stream(None, template_of(backend), request.template_args, split_reasoning=not request.raw)
+    try:
+        for chunk in gen:
+            if not writer.show(answer.feed(chunk.text)):  # the reader went away (`| head -1`): stop quietly
+                gen.close()
+                raise typer.Exit(0)
+        writer.show(answer.finish())
+    except KeyboardInterrupt:
+        gen.close()
+        writer.end()
+        err.interrupted()
+        raise typer.Exit(130) from None
+    except RemoteError as e:
+        writer.end()
+        if report.json_out and e.partial:  # what arrived, marked as partial, then the one-line error
+            import json
+
+            TextWriter(sys.stdout).write(json.dumps({"text": gen.text, "partial": True, "error": e.message},
+                                                    ensure_ascii=False) + "\n")
+        raise
+    writer.end()
+    assert gen.stats is not None
+    if gen.finish_reason == "context":
+        err.warn(f"stopped: the context window ({backend.n_ctx:,} tokens) is full; raise --ctx for more")
+    if report.stats:
+        err.stats(gen.stats)
+        placement = getattr(getattr(backend, "engine", None), "placement", {})
+        if len(placement) > 1:
+            err.line("weights: " + " · ".join(f"{dev} {mib:,.1f} MiB" for dev, mib in placement.items()))
+    if report.json_out:
+        from localgen.cli.output import answer_json
+
+        extra = {"text": answer.content, "reasoning": answer.reasoning} if answer.reasoning else {}
+        TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, extra) + "\n")
+    return gen, answer.content
+
+
+def run_beams(decoding: DecodingOptions, report: ReportOptions, backend: LocalBackend, request: GenerationRequest,
+              err: ErrWriter) -> tuple[str, Any, str]:
+    """Beam search; the best hypothesis (or all, with --json). Returns its text, stats and finish reason."""
+    import json
+
+    from localgen.types import Stats
+
+    t0 = time.perf_counter()
+    beams = decoding.beams
+    assert beams is not None  # run_beams runs for --beams
+    result = backend.beams(request, beams, decoding.length_penalty)
+    best = result.beams[0]
+    total = time.perf_counter() - t0
+    st = Stats(prompt_tokens=result.prompt_tokens, cached_tokens=0, completion_tokens=len(best.tokens),
+               load_s=backend.engine.load_s, ttft_s=total,
+               prefill_tps=result.prompt_tokens / result.prefill_s if result.prefill_s else None,
+               decode_tps=result.decoded_tokens / result.decode_s if result.decode_s else None, total_s=total,
+               finish_reason=best.finish_reason)  # type: ignore[arg-type]
+    if report.stats:
+        err.stats(st)
+    out = TextWriter(sys.stdout)
+    if report.json_out:
+        info = backend.describe()
+        doc = {"text": best.text, "finish_reason": best.finish_reason,
+               "model": {"name": info["model"]["name"], "file": info["model"]["file"]},
+               "beams": [{"text": h.text, "score": round(h.score, 5), "logprob": round(h.logprob, 5),
+                          "tokens": len(h.tokens), "finish_reason": h.finish_reason} for h in result.beams],
+               "length_penalty": decoding.length_penalty, "load": info["load"], "stats": st.to_dict()}
+        out.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    else:
+        out.write(best.text)
+        out.end()
+    return best.text, st, best.finish_reason
+
+
+def run_many(many: ManyPlan, plan: RunPlan, backend: Backend, err: ErrWriter) -> int:
+    """--file / --each-line; returns the exit status."""
+    from localgen.cli.run.many import BatchOptions, run_batch
+
+    send, report = plan.send, plan.report
+    base = send.sampling.params(backend.defaults, grammar=send.grammar)
+    opts = BatchOptions(instruction=many.instruction, system=preset.system(backend, send.system), raw=plan.raw,
+                        parallel=many.parallel, json_out=report.json_out, stats=report.stats, exact=many.exact,
+                        logprobs=report.logprobs, json_schema=send.json_schema, resume_from=many.resume_from,
+                        think=send.think)
+    try:
+        if many.file is not None:
+            with open(many.file, encoding="utf-8", errors="replace") as source:
+                return run_batch(backend, source, base, opts)
+        return run_batch(backend, sys.stdin, base, opts)
+    except KeyboardInterrupt:
+        err.interrupted()
+        return 130

@@ -1,0 +1,137 @@
+"""`localgen run`'s flags become its RunPlan: every usage error (run's own flags that cannot go together, then
+the rules run shares with chat, options/plan.py), the conversation a --continue goes on with, the prompt, images and
+audio read and the grammar made, all before any download or load. Nothing after this sees RunArgs."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from localgen.cli.log.conversation import Thread
+from localgen.cli.options import plan as shared
+from localgen.cli.options.plan import LoadPlan, SendPlan
+from localgen.cli.run import prompt
+from localgen.cli.run.options import DecodingOptions, ReportOptions, RunArgs
+from localgen.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class ManyPlan:
+    """--file / --each-line: where the prompts come from and how they run."""
+
+    file: Path | None  # None: each line of stdin
+    instruction: str | None  # -p: after each line
+    parallel: int
+    exact: bool | None  # --exact / --no-exact; None: the batching mode's default
+    resume_from: Path | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """Everything `run` will do, decided before anything heavy happens: what to load, what to send (one prompt
+    or many), and how to output."""
+
+    load: LoadPlan
+    send: SendPlan
+    raw: bool  # the prompt as a plain completion, without the chat template
+    decoding: DecodingOptions  # speculative decoding and beams
+    report: ReportOptions  # what is printed besides the answer
+    no_log: bool
+    thread: Thread | None = None  # one prompt: the conversation it belongs to (None: many prompts)
+    parts: tuple[str, ...] = ()  # one prompt: documents and stdin first, the question last
+    media: tuple[Any, ...] = ()  # images and audio (--image, -a), read and checked before the load
+    many: ManyPlan | None = None  # --file / --each-line
+    warnings: tuple[str, ...] = ()  # said as the model loads
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.decoding.draft or self.decoding.lookup)
+
+
+def check(f: RunArgs) -> RunPlan:
+    """Usage errors, all of them before any download or model load; then the plan."""
+    from localgen.cli.log import conversation
+
+    many = f.many.file is not None or f.many.each_line
+    if (f.log.continue_ or f.log.cid) and (many or f.raw):
+        raise UsageError(f"{'--continue' if f.log.continue_ else '--cid'} continues a chat: it cannot be combined "
+                         f"with {'--file/--each-line' if many else '--raw'}")
+    thread = None if many else conversation.thread_for(f.log)
+    if thread is not None:  # the conversation's model and system prompt, where the flags do not say otherwise
+        if thread.model_spec and not f.given("model"):
+            f = dataclasses.replace(f, model=thread.model_spec)
+        if thread.system and not f.given("system"):
+            f = dataclasses.replace(f, system=thread.system)
+    _check_combinations(f, many)
+    d = f.decoding
+    model = shared.check(f, shared.CommandRules(
+        with_tools=(("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams))),
+        remote_only=[(flag, f.given(name) and bool(value)) for name, flag, value in (
+            ("draft", "--draft", d.draft), ("lookup", "--lookup", d.lookup), ("beams", "--beams", d.beams),
+            ("verbose_prompt", "--verbose-prompt", f.report.verbose_prompt),
+            ("exact", "--exact/--no-exact", f.many.exact is not None))],
+        cannot_ask="run", ask_hint="or use `localgen chat`, which asks before each call"))
+    if f.many.resume_from is not None and (f.many.file is None or not f.report.json_out):
+        raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
+    media = prompt.attachments(f.media, [
+        ("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams)),
+        ("--draft/--lookup", bool(d.draft or d.lookup)), ("--endpoint", bool(f.remote.endpoint)),
+        ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache)])
+    stdin_taken = any(a == "-" for a in f.media.attach or ())
+    parts = () if many else tuple(prompt.prompt_parts(f.prompt if f.prompt is not None else f.prompt_arg,
+                                                         f.document, no_stdin=f.no_stdin or stdin_taken))
+    load, warnings = _speculative(model.load, f) if d.draft or d.lookup else (model.load, ())
+    return RunPlan(load=load, send=model.send, raw=f.raw, decoding=d, report=f.report, no_log=f.log.no_log,
+                   thread=thread, parts=parts, media=media, warnings=warnings,
+                   many=ManyPlan(f.many.file, f.prompt, f.many.parallel, f.many.exact, f.many.resume_from)
+                   if many else None)
+
+
+def _check_combinations(f: RunArgs, many: bool) -> None:
+    """run's own flags that cannot go together (the rules it shares with chat are options/plan.py's)."""
+    d, report = f.decoding, f.report
+    if f.prompt_arg is not None and f.prompt is not None:
+        raise UsageError("give the prompt once: as an argument or with -p, not both")
+    if f.many.file is not None and f.many.each_line:
+        raise UsageError("--file and --each-line cannot be combined")
+    if not many and (f.many.parallel > 1 or f.many.exact is not None):
+        raise UsageError(f"{'--parallel' if f.many.parallel > 1 else '--exact/--no-exact'} applies to many prompts: "
+                         "add --file FILE or --each-line")
+    if many:
+        dropped = [flag for flag, on in (("-f/--document", bool(f.document)), ("--draft", bool(d.draft)),
+                                         ("--lookup", d.lookup), ("--beams", bool(d.beams)),
+                                         ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache),
+                                         ("--verbose-prompt", report.verbose_prompt)) if on]
+        if dropped:
+            raise UsageError(f"{', '.join(dropped)} cannot be used with --file/--each-line (many prompts)")
+        if f.prompt_arg is not None:
+            raise UsageError("with --file/--each-line, give the instruction with -p, not as an argument")
+    if f.raw and f.system:
+        raise UsageError("--system needs the chat template; it cannot be combined with --raw")
+    if d.draft and d.lookup:
+        raise UsageError("--draft and --lookup cannot be combined")
+    if d.beams and (d.draft or d.lookup or f.output.any):
+        raise UsageError("--beams cannot be combined with --draft, --lookup, a grammar or a JSON schema")
+    if f.knobs.sampling_flags().alone.reasoning_budget >= 0 and (d.draft or d.lookup or d.beams):
+        raise UsageError("--reasoning-budget cannot be combined with --draft, --lookup or --beams")
+    if report.logprobs is not None and not report.json_out:
+        raise UsageError("--logprobs adds to the JSON output: add --json")
+    if report.logprobs is not None and d.beams:
+        raise UsageError("--logprobs cannot be combined with --beams (--json lists each beam's log-probability)")
+
+
+def _speculative(load: LoadPlan, f: RunArgs) -> tuple[LoadPlan, tuple[str, ...]]:
+    """The load for speculative decoding. llama.cpp's flash-attention kernel and its repacked CPU weights compute
+    a batch of tokens with a different rounding than one token; checking drafts in a batch would then drift
+    from plain decoding. Without them the two agree exactly (at temperature 0): they are off unless given."""
+    params = load.params
+    fa_given, repack_given = f.given("flash_attn") or bool(f.knobs.get("no_flash_attn")), f.given("repack")
+    warnings = [f"with --{name}, speculative output can differ slightly from plain decoding" for name, on in (
+        ("flash-attn", f.given("flash_attn") and params.flash_attn is not False),
+        ("repack", repack_given and bool(params.repack))) if on]
+    if not fa_given:
+        params = dataclasses.replace(params, flash_attn=False)
+    if not repack_given:
+        params = dataclasses.replace(params, repack=False)
+    return dataclasses.replace(load, params=params), tuple(warnings)

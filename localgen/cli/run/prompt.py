@@ -1,0 +1,72 @@
+"""What a run reads before anything loads: its prompt (documents, piped stdin, the prompt itself) and its
+images and audio, each checked (text is UTF-8 within its caps; media format, size and pixels)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from localgen.cli.run.options import MediaOptions
+from localgen.errors import UsageError
+from localgen.text import checked
+
+
+def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tuple[Any, ...]:
+    """--image and -a/--attach, read and checked (format, size, pixels) before anything loads; `others`: the
+    flags given (flag, given) that they cannot go with."""
+    images, attach = list(media.image or ()), list(media.attach or ())
+    if not images and not attach:
+        return ()
+    dropped = [flag for flag, on in others if on]
+    if dropped:
+        raise UsageError(f"images and audio (--image, -a) cannot be combined with {', '.join(dropped)}")
+    if attach.count("-") > 1:
+        raise UsageError("stdin can be read once: give -a - only once")
+    from localgen import media as readers
+
+    out = []
+    for spec in images:
+        m = readers.read(str(spec))
+        if m.kind != "image":
+            raise UsageError(f"--image {spec} is {m.format} audio: attach it with -a")
+        out.append(m)
+    out += [readers.read(spec) for spec in attach]
+    return tuple(out)
+
+
+def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdin: bool) -> list[str]:
+    """Documents (-f), piped stdin (unless `no_stdin`: --no-stdin, or stdin's bytes are an attachment), then the
+    prompt. A lone -f FILE with no other prompt is the prompt itself, as llama.cpp's -f means."""
+    piped = "" if no_stdin else _read_stdin()
+    documents = list(documents or [])
+    if question is None and not piped and len(documents) == 1:
+        return [_read_text(documents[0])]
+    parts = [*(f"{d.name}:\n\n{_read_text(d)}" for d in documents)]
+    if question is not None:
+        checked(question, "the prompt")
+    parts += [p for p in (piped, question) if p]
+    if not parts:
+        raise UsageError("no prompt: give it as an argument or with -p, or pipe text on stdin")
+    return parts
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text") from None
+
+
+def _read_stdin() -> str:
+    stdin = sys.stdin
+    if stdin is None or stdin.closed or stdin.isatty():
+        return ""
+    try:
+        text = stdin.read().strip("\n")
+    except UnicodeDecodeError:
+        raise UsageError("stdin is not UTF-8 text") from None
+    except (OSError, ValueError):
+        return ""
+    return checked(text, "stdin")

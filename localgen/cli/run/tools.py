@@ -1,0 +1,64 @@
+"""`run --functions/--mcp`: the loop run with its answer on stdout (each call and its result on stderr, through
+output.AnswerWriter), and --json listing the calls with their results (the tools are opened by
+options/tools.py, as chat's are)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import typer
+
+from localgen.cli.options import ToolOptions
+from localgen.cli.output import AnswerWriter, ErrWriter, TextWriter
+from localgen.cli.run.options import ReportOptions
+from localgen.types import GenerationRequest
+
+
+def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, request: GenerationRequest, toolbox: Any,
+                   err: ErrWriter, cid: str | None) -> tuple[str, Any, str]:
+    """`run --functions/--mcp --yes`: the loop, the answer on stdout; returns text, stats, finish reason."""
+    from localgen.tools.loop import plan_for, run_turn
+    from localgen.tools.stream import template_of
+
+    writer = AnswerWriter(err, json_out=report.json_out, show_thinking=report.show_thinking)
+    template = template_of(backend)
+
+    def show(event: Any) -> None:
+        if not writer.show([event]):
+            raise typer.Exit(0)
+
+    t0 = time.perf_counter()
+    try:
+        turn = run_turn(backend, request, plan_for(template, toolbox), toolbox, lambda call: True, show,
+                        tools.tool_steps, tools.tool_timeout, template, first=first_plan(tools, template, toolbox))
+    except KeyboardInterrupt:
+        writer.end()
+        err.interrupted()
+        raise typer.Exit(130) from None
+    writer.end()
+    gen, stats = turn.generations[-1], turn.stats()
+    assert stats is not None  # the loop returns once a round has ended
+    steps = len(turn.generations)
+    if report.stats:
+        err.stats(stats, lead=f"{steps} steps · " if steps > 1 else "")
+    if report.json_out:
+        from localgen.cli.output import answer_json
+
+        calls = [{"id": r.call.id, "name": r.call.name, "arguments": r.call.args, "result": r.text,
+                  **({"declined": True} if r.declined else {})} for r in turn.results]
+        extra = {"text": turn.text, "reasoning": turn.reasoning or None, "tool_calls": calls, "steps": steps,
+                 "prompt_cache": turn.generations[0].prompt_cache,  # the run's prompt met the cache in its first step
+                 "stats": stats.to_dict(), "step_stats": [g.stats.to_dict() for g in turn.generations],
+                 "total_s": round(time.perf_counter() - t0, 4)}
+        TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, extra) + "\n")
+    return turn.text, stats, str(gen.finish_reason)
+
+
+def first_plan(tools: ToolOptions, template: str | None, toolbox: Any) -> Any:
+    """--tool-choice's plan for the first round (None: auto); later rounds are auto, so the loop can end."""
+    from localgen.tools.loop import plan_for
+
+    choice = tools.tool_choice or "auto"
+    return None if choice == "auto" else plan_for(template, toolbox, choice)

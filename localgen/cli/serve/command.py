@@ -1,0 +1,379 @@
+"""`localgen serve`: the models behind OpenAI's and Ollama's HTTP APIs, on the continuous-batching engine.
+This module is the Typer signature and the start-up; localgen/serve/ is the server."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.cli.options import files, preset
+from localgen.cli.options.knobs import Knobs
+from localgen.cli.serve.options import (
+    FETCH_WAIT_S,
+    MAX_FETCHES,
+    SERVE,
+    FetchOptions,
+    ListenOptions,
+    ResidencyOptions,
+    ServeArgs,
+    SlotOptions,
+)
+from localgen.errors import LocalgenError, UsageError
+from localgen.settings import KNOBS
+from localgen.units import format_bytes, parse_bytes
+
+
+@o.with_knobs()
+def serve(
+    ctx_: typer.Context,
+    models: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", envvar="LOCALGEN_MODEL", rich_help_panel=SERVE, show_default=False,
+                     help="A model to load at start and keep loaded (repeatable; default: smollm2:135m, loaded at "
+                          "start but unloaded to make room). Requests name a model in `model`; the first -m is "
+                          "the model of a request that names none (or a claude-* model not here)."),
+    ] = None,
+    offline: o.Offline = False,
+    chat_template_file: o.ChatTemplateFile = None,
+    mmproj: o.MmProj = None,
+    drain_timeout: Annotated[
+        float, typer.Option("--drain-timeout", min=0, max=3600,
+                            help="Seconds the requests in flight may go on after Ctrl-C or SIGTERM; those still "
+                                 "running then end with a 503 (a second signal ends them at once).")
+    ] = 4.0,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", rich_help_panel=o.OUTPUT_PANEL,
+                           help="No access line per request on stderr (method, path, status, tokens, ms).")
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", rich_help_panel=o.OUTPUT_PANEL,
+                           help="Also show uvicorn's info lines on stderr.")
+    ] = False,
+    log_format: Annotated[
+        str, typer.Option("--log-format", rich_help_panel=o.OUTPUT_PANEL, metavar="text|json",
+                          help="The log on stderr: text lines, or json: one JSON object per line for each request "
+                               "(time, request_id, route, model, status, tokens, cached tokens, TTFT, total time, "
+                               "client) and each model load, unload and eviction.")
+    ] = "text",
+    *,
+    listen: ListenOptions,
+    residency: ResidencyOptions,
+    batching: SlotOptions,
+    fetching: FetchOptions,
+    knobs: Knobs,
+) -> None:
+    """Serve models over HTTP: OpenAI's API under /v1 and Ollama's under /api, from one process.
+
+    Sampling flags set the defaults that requests override. Ctrl-C or SIGTERM finish the requests in
+    flight (for a few seconds) and exit 0.
+    """
+    start(ServeArgs(context=ctx_, models=models, offline=offline, chat_template_file=chat_template_file,
+                    mmproj=mmproj, drain_timeout=drain_timeout, quiet=quiet, verbose=verbose, log_format=log_format,
+                    listen=listen,
+                    residency=residency, batching=batching, fetching=fetching, knobs=knobs))
+
+
+def flag_sampling(knobs: Knobs) -> dict[str, Any]:
+    """The sampling flags given, validated as `run` takes them: the server's defaults for its requests."""
+    params = knobs.sampling()
+    return {k: getattr(params, k) for k in knobs.values if k in KNOBS and knobs.given(k)}
+
+
+def start(f: ServeArgs) -> None:
+    """Check everything, load the models, then listen until told to stop."""
+    import uvicorn
+
+    from localgen.cli.main import is_loopback
+    from localgen.cli.output import ErrWriter
+    from localgen.fetch import Fetcher, FetchPool
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy, origins_from
+    from localgen.serve.jobs import parse_duration
+    from localgen.serve.servelog import ServeLog
+    from localgen.serve.state import ServeState
+
+    err = ErrWriter()
+    listen, fetching, on_demand = f.listen, f.fetching, f.residency.on_demand
+    if fetching.allow_private_urls and not fetching.allow_image_urls:
+        raise UsageError("--allow-private-urls needs --allow-image-urls (without it no URL is fetched)")
+    key = _api_key(listen)
+    try:
+        keep = parse_duration(f.residency.keep_alive)
+    except LocalgenError as e:
+        raise UsageError(f"--keep-alive: {e.message}") from None
+    policy = Policy(api_key=key, origins=origins_from(listen.cors, os.environ.get("LOCALGEN_ORIGINS")),
+                    check_host=is_loopback(listen.host), max_body=_max_body(listen.max_body))
+    if f.log_format not in ("text", "json"):
+        raise UsageError(f"--log-format is text or json, not {f.log_format!r}")
+    given = flag_sampling(f.knobs)  # the flags are valid before anything loads
+    cache_ram = _cache_ram(f.batching.cache_ram)  # before the port: a bad flag is a usage error whatever listens there
+    cache_disk = _cache_disk(f.batching.cache_disk)
+    _check_port(listen.host, listen.port)
+    log = ServeLog(json_lines=f.log_format == "json", access=not f.quiet)
+    if not is_loopback(listen.host) and not key:
+        log.warning(f"listening on {listen.host} with no API key: anyone who can reach this port can use the models")
+    residency = _residency(f.residency, f.knobs, log)
+    store = _prefix_store(cache_disk, cache_ram, log)
+    make = _maker(f, keep, cache_ram, residency, store, log)
+    workers = _workers(f, make, err)
+    state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
+                       allow_image_urls=fetching.allow_image_urls,
+                       default=workers[0].name,  # the first -m, or the default model
+                       on_demand=_on_demand(f, make) if on_demand else None,
+                       residency=residency, offline=f.offline, store=store)
+    app = build(state, policy)
+    app.state.front.pool = FetchPool(Fetcher(private=fetching.allow_private_urls, timeout=fetching.fetch_timeout),
+                                     size=MAX_FETCHES, wait=FETCH_WAIT_S)
+    app.state.front.log = log
+    # our access line (serve/app.py's FrontDoor) replaces uvicorn's, which is off even with --verbose
+    config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning" if not f.verbose else "info",
+                            timeout_graceful_shutdown=math.ceil(f.drain_timeout) + 1, access_log=False,
+                            lifespan="on", **_uvicorn_logging(log.json))
+    server = _Server(config)
+    server.on_exit = app.state.drain.signal
+    app.state.drain.seconds = f.drain_timeout
+    log.event("start", None, _started_line(f, list(state.workers), cache_ram, residency, store).removeprefix(
+        "localgen serve: "), url=f"http://{_url_host(listen.host)}:{listen.port}", models=list(state.workers),
+        default_model=state.default)
+    for w in workers:
+        if w.mode is not None:
+            log.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
+    try:
+        server.run()
+    finally:
+        for w in list(state.workers.values()):
+            w.stop(timeout=5)
+    if getattr(server, "started", True) is False:
+        raise LocalgenError(f"the server could not start on {listen.host}:{listen.port}")
+
+
+def _started_line(f: ServeArgs, names: list[str], cache_ram: int, residency: Any, store: Any) -> str:
+    """What serve says once its models are loaded: where it listens, its APIs, slots, caches and limits."""
+    others = " (and every model here, on demand)" if f.residency.on_demand else ""
+    default = f" (default {names[0]})" if len(names) > 1 else ""
+    slots = f.batching.parallel
+    disk = f"prompt cache on disk: up to {format_bytes(store.limit)}" if store else "no prompt cache on disk"
+    return (f"localgen serve: {', '.join(names)}{default}{others} on http://{_url_host(f.listen.host)}:"
+            f"{f.listen.port} · OpenAI API at /v1, Anthropic's at /v1/messages, Ollama's at /api · {slots} slot"
+            f"{'s' if slots != 1 else ''} per model · {_cache_ram_label(cache_ram)} · {disk} · at most "
+            f"{residency.max_models} model{'s' if residency.max_models != 1 else ''} or "
+            f"{format_bytes(residency.budget)} loaded")
+
+
+def _server_class() -> Any:
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that after a graceful shutdown on SIGTERM or Ctrl-C the process exits 0
+        (uvicorn raises the signal again, which would end it with 143 or a KeyboardInterrupt)."""
+
+        on_exit: Any = None  # serve/app.py's Drain.signal: our jobs end as 503s before uvicorn cancels them
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop waiting for requests
+            else:
+                self.should_exit = True
+            if self.on_exit is not None:
+                self.on_exit()
+
+    return Server
+
+
+def _Server(config: Any) -> Any:
+    return _server_class()(config)
+
+
+def _prefix_store(limit: int, cache_ram: int, log: Any) -> Any:
+    """The prompt cache on disk (engine/prefixstore.py), None when --cache-disk 0 (or with no prompt cache in
+    RAM, where its prefixes come back to)."""
+    if limit == 0 or cache_ram == 0:
+        return None
+    from localgen import paths
+    from localgen.engine.prefixstore import PrefixStore
+    from localgen.native.lib import build_id
+
+    return PrefixStore(paths.private_dir(paths.cache_dir() / "serve-prefixes"), limit, build_id(),
+                       say=lambda text: log.event("prefix-skipped", "", text, detail=text))
+
+
+def _residency(options: ResidencyOptions, knobs: Knobs, log: Any = None) -> Any:
+    """How many models, and how much memory, may be loaded at once (serve/residency.py)."""
+    from localgen import hardware
+    from localgen.serve.residency import Residency, default_budget
+
+    gpus = [g for g in hardware.gpus() if not g.unified]
+    offload = knobs.get("gpu_layers") != 0 and bool(hardware.gpus())
+    max_memory = options.max_memory
+    if max_memory is not None:
+        try:
+            budget = parse_bytes(max_memory)
+        except (LocalgenError, ValueError):
+            raise UsageError(f"--max-memory takes a size such as 12G or 800M, not {max_memory!r}") from None
+    else:
+        budget = default_budget(offload)
+    from localgen.serve.servelog import STDERR_LOG
+
+    return Residency(budget=budget, max_models=options.max_models or 3 * max(1, len(gpus) if offload else 1),
+                     wait_s=options.load_wait, log=log or STDERR_LOG)
+
+
+def _uvicorn_logging(json_lines: bool) -> dict[str, Any]:
+    """uvicorn's own lines as serve's JSON lines with --log-format json (serve/servelog.py)."""
+    from localgen.serve.servelog import uvicorn_log_config
+
+    config = uvicorn_log_config(json_lines)
+    return {"log_config": config} if config is not None else {}
+
+
+def _maker(f: ServeArgs, keep: float, cache_ram: int, residency: Any, store: Any, log: Any) -> Any:
+    """make(ref, pinned, load) → a ModelWorker with serve's settings (not started)."""
+    from localgen.serve.worker import ModelWorker
+
+    slots = f.batching
+
+    def make(ref: Any, pinned: bool, load: Any) -> Any:
+        return ModelWorker(ref, preset.load_params(ref, load, f.knobs.given("ctx")), slots.parallel, keep,
+                           f.residency.max_queue, warn=log.warning, exact=slots.exact,
+                           share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency,
+                           pinned=pinned, store=store, log=log)
+
+    return make
+
+
+def _on_demand(f: ServeArgs, make: Any) -> Any:
+    """Every model on this machine, its worker made when a request first names it (serve/ondemand.py)."""
+    from localgen.models.installed import installed
+    from localgen.models.resolve import resolve
+    from localgen.serve.ondemand import OnDemand
+
+    # --lora is for the models loaded at start; one loaded on demand takes its preset's ADAPTER lines
+    load = dataclasses.replace(f.knobs.load(streams=f.batching.parallel), lora=())
+
+    def started(ref: Any) -> Any:
+        w = make(ref, False, load)
+        w.start()
+        return w
+
+    def listing() -> list[str]:
+        return [i["name"] for i in installed() if i.get("architecture") is not None]
+
+    return OnDemand(started, lambda name: resolve(name, offline=True, pull_missing=False), listing, load,
+                    f.knobs.given("ctx"), peek=lambda name: resolve(name, offline=True, pull_missing=False,
+                                                                    assemble=False))
+
+
+def _workers(f: ServeArgs, make: Any, err: Any) -> list[Any]:
+    from localgen.cli.progress import make_progress
+    from localgen.models.resolve import resolve
+
+    load = f.knobs.load(streams=f.batching.parallel)  # the tuning record for this many streams, if one was made
+    names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
+    workers = []
+    for name in names:
+        ref = files.with_template(resolve(name, offline=f.offline, progress=make_progress()), f.mmproj,
+                                      f.chat_template_file)
+        # -m pins; the default model, loaded at start, may make room
+        w = make(ref, bool(f.models), load)
+        err.status(f"loading {ref.name} ...")
+        w.preload()
+        w.start()
+        workers.append(w)
+    return workers
+
+
+def _cache_ram(text: str) -> int:
+    """--cache-ram in bytes (-1 no limit, 0 off): a plain number is MiB, as llama-server's."""
+    from localgen import hardware
+    from localgen.units import parse_bytes
+
+    value = text.strip().lower()
+    if value == "auto":
+        return min(8 << 30, (hardware.total_ram_bytes() or 32 << 30) // 4)
+    if value == "-1":
+        return -1
+    try:
+        return int(value) << 20 if value.isdigit() else parse_bytes(value)
+    except ValueError:
+        raise UsageError(f"--cache-ram: {text!r} is not a size: use MiB (as llama-server), 512M, 4G, 0 (off), "
+                         "-1 (no limit) or auto") from None
+
+
+def _cache_disk(text: str) -> int:
+    """--cache-disk in bytes (0 off); auto: 8 GiB, or a quarter of the cache disk's free space if less."""
+    import shutil
+
+    from localgen import paths
+    from localgen.units import parse_bytes
+
+    value = text.strip().lower()
+    if value == "auto":
+        folder = paths.cache_dir()
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            free = 32 << 30
+        return min(8 << 30, free // 4)
+    try:
+        return int(value) << 20 if value.isdigit() else parse_bytes(value)
+    except ValueError:
+        raise UsageError(f"--cache-disk: {text!r} is not a size: use 512M, 8G, 0 (off) or auto") from None
+
+
+def _cache_ram_label(n: int) -> str:
+    from localgen.units import format_bytes
+
+    if not n:
+        return "no prompt cache in RAM"
+    return f"prompt cache in RAM: {'no limit' if n < 0 else 'up to ' + format_bytes(n)} per model"
+
+
+def _max_body(text: str) -> int:
+    from localgen.units import parse_bytes
+
+    try:
+        n = parse_bytes(text)
+    except ValueError as e:
+        raise UsageError(f"--max-body: {e}") from None
+    if n < 1024:
+        raise UsageError(f"--max-body: {text!r} is under 1k; no request would fit")
+    return n
+
+
+def _api_key(listen: ListenOptions) -> str | None:
+    if listen.api_key and listen.api_key_file:
+        raise UsageError("--api-key and --api-key-file cannot be combined")
+    if listen.api_key_file:
+        key = Path(listen.api_key_file).read_text(encoding="utf-8").strip()
+        if not key:
+            raise UsageError(f"the API key file {listen.api_key_file} is empty")
+        return key
+    return str(listen.api_key) if listen.api_key else None
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _check_port(host: str, port: int) -> None:
+    """A port in use is a one-line error now, not a log line from the server later."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise LocalgenError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                                hint="pick another --port, or stop what is using it") from None

@@ -1,0 +1,165 @@
+"""serve's own options, in typed groups (frozen dataclasses whose fields are Typer options; with_knobs() gives
+serve each field as an option and the group to the command): where it listens, which models stay loaded,
+how a model's slots batch, and image URL fetches; and ServeArgs, all of serve's parameters typed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from localgen.cli.options import CommandArgs, OptionGroup
+from localgen.cli.options.knobs import Knobs
+
+SERVE = "Server"
+MAX_FETCHES = 8  # image URL fetches at once, per server
+FETCH_WAIT_S = 2.0  # how long a fetch waits for one of them before its request gets 503
+
+
+@dataclass(frozen=True)
+class ListenOptions(OptionGroup):
+    """Where the server listens, and who may use it."""
+
+    host: Annotated[
+        str, typer.Option("--host", rich_help_panel=SERVE,
+                          help="Address to listen on. Anything but loopback is reachable by others: use an API key.")
+    ] = "127.0.0.1"
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, rich_help_panel=SERVE, help="Port.")] = 11435
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="LOCALGEN_API_KEY", rich_help_panel=SERVE, show_default=False,
+                                 help="Require `Authorization: Bearer KEY` on every route but /health.")
+    ] = None
+    api_key_file: Annotated[
+        Path | None, typer.Option("--api-key-file", exists=True, dir_okay=False, readable=True,
+                                  rich_help_panel=SERVE, show_default=False, help="Read the API key from a file.")
+    ] = None
+    cors: Annotated[
+        list[str] | None,
+        typer.Option("--cors", rich_help_panel=SERVE, show_default=False,
+                     help="Also let web pages at this origin use the server (repeatable; globs such as "
+                          "https://*.example.com; * for any). Loopback pages are always allowed. Env: "
+                          "LOCALGEN_ORIGINS (comma-separated).")
+    ] = None
+    max_body: Annotated[
+        str, typer.Option("--max-body", rich_help_panel=SERVE,
+                          help="Largest request body (e.g. 512k, 16M); larger ones get 413.")
+    ] = "16M"
+
+
+@dataclass(frozen=True)
+class ResidencyOptions(OptionGroup):
+    """Which models stay loaded, and for how long (serve/residency.py)."""
+
+    keep_alive: Annotated[
+        str, typer.Option("--keep-alive", rich_help_panel=SERVE,
+                          help="Unload a model after this long idle (e.g. 10m, 1h; -1 never); the next request "
+                               "loads it again.")
+    ] = "5m"
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", min=0, rich_help_panel=SERVE,
+                          help="Requests that may wait for a slot, per model; past it the answer is 503.")
+    ] = 64
+    max_models: Annotated[
+        int | None, typer.Option("--max-models", min=1, max=64, rich_help_panel=SERVE, show_default=False,
+                                 help="Models loaded at once (default: 3, or 3 per GPU); to load another, the least "
+                                      "recently used idle one that -m did not name is unloaded.")
+    ] = None
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", rich_help_panel=SERVE, show_default=False, metavar="SIZE",
+                                 help="Memory the loaded models may take together, each by its estimate (weights, "
+                                      "KV cache, buffers), e.g. 12G (default: 90% of this machine's RAM, plus its "
+                                      "GPUs' memory when offloading).")
+    ] = None
+    load_wait: Annotated[
+        float, typer.Option("--load-wait", min=1, max=3600, rich_help_panel=SERVE, metavar="SECONDS",
+                            help="How long a model's load may wait for room while the loaded models are busy: "
+                                 "meanwhile the least recently used one takes no new requests (they wait behind "
+                                 "the swap), then unloads; past this the request gets 503.")
+    ] = 120.0
+    on_demand: Annotated[
+        bool, typer.Option("--on-demand/--no-on-demand", rich_help_panel=SERVE,
+                           help="Offer every model on this machine (localgen list) by name, loading one when a "
+                                "request names it; --no-on-demand: only the -m models.")
+    ] = True
+
+
+@dataclass(frozen=True)
+class SlotOptions(OptionGroup):
+    """How a model's slots decode its requests together."""
+
+    parallel: Annotated[
+        int, typer.Option("--parallel", "-np", min=1, max=256, rich_help_panel=SERVE,
+                          help="Slots per model: requests decoded together (continuous batching).")
+    ] = 4
+    exact: Annotated[
+        bool | None, typer.Option("--exact/--no-exact", rich_help_panel=SERVE, show_default=False,
+                                  help="SlotOptions mode. Default: every request batched for throughput wherever "
+                                       "exactness costs more than 10 % (a GPU; K-quant or repacked weights, "
+                                       "flash attention on a CPU), else greedy answers identical to running "
+                                       "alone. --exact: every answer identical to running alone, at that price; "
+                                       "--no-exact: batch everything. The start-up line says which and why. A "
+                                       "request may ask with \"exact\": true (Ollama: options.exact).")
+    ] = None
+    share_prefix: Annotated[
+        bool, typer.Option("--share-prefix/--no-share-prefix", rich_help_panel=SERVE,
+                           help="In throughput batching, start a new prompt from the longest prefix any slot "
+                                "holds (a system prompt, few-shot examples), sharing its KV cells instead of "
+                                "evaluating it again.")
+    ] = True
+    cache_ram: Annotated[
+        str, typer.Option("--cache-ram", rich_help_panel=SERVE,
+                          help="Host memory per model for what a reused slot would discard: a conversation "
+                               "coming back is copied in, not evaluated again. MiB (as llama-server's), or "
+                               "512M, 4G; 0 off; -1 no limit; auto: 8G or a quarter of RAM if less.")
+    ] = "auto"
+    cache_disk: Annotated[
+        str, typer.Option("--cache-disk", rich_help_panel=SERVE, metavar="SIZE",
+                          help="Disk for the prompt cache across unloads and restarts: what the slots and "
+                               "--cache-ram hold (prefixes of 64 tokens or more) is written under the cache "
+                               "folder when a model unloads, when serve stops and while idle, and read back "
+                               "when the model loads again. All models together, least recently used out; "
+                               "512M, 8G; 0 off; auto: 8G or a quarter of the disk's free space if less.")
+    ] = "auto"
+
+
+@dataclass(frozen=True)
+class FetchOptions(OptionGroup):
+    """Image URLs in requests: whether the server fetches them, from where, how long."""
+
+    allow_image_urls: Annotated[
+        bool, typer.Option("--allow-image-urls", help="Fetch http(s) image URLs in requests (off: only data: URIs "
+                                                      "and base64, so clients cannot make the server fetch URLs). "
+                                                      "Loopback, private, link-local and cloud metadata addresses "
+                                                      "are refused, after redirects and DNS too.")
+    ] = False
+    allow_private_urls: Annotated[
+        bool, typer.Option("--allow-private-urls",
+                           help="With --allow-image-urls, also fetch from loopback, private and link-local "
+                                "addresses (a LAN's own image server); any client can then reach them.")
+    ] = False
+    fetch_timeout: Annotated[
+        float, typer.Option("--fetch-timeout", min=0.1, max=600,
+                            help="Seconds an image URL's fetch may take, connect and body together; "
+                                 f"{MAX_FETCHES} run at once, and one that waits over {FETCH_WAIT_S:g} s gets 503.")
+    ] = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeArgs(CommandArgs):
+    """`localgen serve`'s parameters (serve/command.py): its own, its groups and the table's settings."""
+
+    models: list[str] | None
+    offline: bool
+    chat_template_file: Path | None
+    mmproj: Path | None
+    drain_timeout: float
+    quiet: bool
+    verbose: bool
+    log_format: str
+    listen: ListenOptions
+    residency: ResidencyOptions
+    batching: SlotOptions
+    fetching: FetchOptions
+    knobs: Knobs

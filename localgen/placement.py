@@ -1,0 +1,91 @@
+"""Tensor placement as llama.cpp spells it (common/arg.cpp, common/common.h): `--override-tensor` /
+`-ot PATTERN=BUFFER,...`, `--cpu-moe` and `--n-cpu-moe N`, turned into the one ordered list of
+(pattern, buffer type) pairs that llama_model_params.tensor_buft_overrides takes, and which buffer a tensor
+name gets from it. A pattern is searched in each tensor's name (std::regex_search, ECMAScript); the first
+pattern that matches wins. -ot's pairs come first, then --cpu-moe's, then --n-cpu-moe's.
+
+Stdlib only: the planner (models/fit.py) and the load (engine/loading.py) both read it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from localgen.errors import UsageError
+
+# llama.cpp's LLM_FFN_EXPS_REGEX: a MoE layer's expert weights (gate_up fused, and the chunked _chexps)
+EXPS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+CPU = "CPU"
+_NOT_ECMASCRIPT = re.compile(r"(?<!\\)\(\?[^:=!]|(?<!\\)\\[AZzG]")  # Python-only: named groups, flags, lookbehind
+
+
+def cpu_moe() -> tuple[str, str]:
+    """--cpu-moe: every layer's experts in RAM (llm_ffn_exps_cpu_override)."""
+    return EXPS, CPU
+
+
+def n_cpu_moe(n: int) -> list[tuple[str, str]]:
+    """--n-cpu-moe N: the experts of the first N layers in RAM (llm_add_n_cpu_ffn_overrides)."""
+    return [(rf"blk\.{i}{EXPS}", CPU) for i in range(n)]
+
+
+def parse(text: str | Iterable[str] | None) -> tuple[tuple[str, str], ...]:
+    """-ot's value(s): PATTERN=BUFFER pairs, comma-separated, each pattern a regular expression llama.cpp can
+    compile; a UsageError (exit 2) names the first bad one. Buffer names are checked against this build's
+    devices where the load happens (native/devices.buffer_types)."""
+    items = [text] if isinstance(text, str) else list(text or ())
+    out = []
+    for item in items:
+        for part in item.split(","):
+            if not part.strip():
+                continue
+            pattern, sep, buffer = part.partition("=")
+            if not sep or not pattern or not buffer.strip():
+                raise UsageError(f"--override-tensor takes PATTERN=BUFFER (e.g. 'exps=CPU'), not {part!r}")
+            check_pattern(pattern)
+            out.append((pattern, buffer.strip()))
+    return tuple(out)
+
+
+def check_pattern(pattern: str) -> None:
+    """A UsageError where llama.cpp's std::regex (ECMAScript) could not compile `pattern`, as far as Python's
+    re and the constructs only Python has tell."""
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise UsageError(f"--override-tensor: {pattern!r} is not a regular expression: {e}") from None
+    if _NOT_ECMASCRIPT.search(pattern):
+        raise UsageError(f"--override-tensor: {pattern!r} uses a construct llama.cpp's regular expressions lack "
+                         "((?P<..>), (?i), lookbehind, \\A, \\Z)")
+
+
+def overrides(override_tensor: tuple[tuple[str, str], ...], cpu_moe_all: bool,
+              n_cpu_moe_layers: int) -> tuple[tuple[str, str], ...]:
+    """The ordered list llama.cpp gets: -ot's pairs, then --cpu-moe's, then --n-cpu-moe's."""
+    out = list(override_tensor)
+    if cpu_moe_all:
+        out.append(cpu_moe())
+    out += n_cpu_moe(n_cpu_moe_layers)
+    return tuple(out)
+
+
+def buffer_of(tensor: str, pairs: tuple[tuple[str, str], ...]) -> str | None:
+    """The buffer type the first matching pattern names for a tensor, or None (its layer's device)."""
+    for pattern, buffer in pairs:
+        if re.search(pattern, tensor):
+            return buffer
+    return None
+
+
+def is_expert(tensor: str) -> bool:
+    """Whether a tensor holds a MoE layer's experts (what --cpu-moe moves)."""
+    return re.search(EXPS, tensor) is not None
+
+
+def gpu_index(buffer: str) -> int | None:
+    """The GPU a buffer type names (CUDA0, ROCm1, Vulkan0, SYCL0, Metal: 0), None for the CPU's and host
+    buffers."""
+    if buffer.upper().startswith("CPU") or buffer.endswith("_Host"):
+        return None
+    m = re.search(r"(\d+)$", buffer)
+    return int(m.group(1)) if m else 0

@@ -1,0 +1,66 @@
+"""An HTTP error and the shape each API gives it: OpenAI's `{"error": {message, type, param, code}}` (every
+route but these two), Anthropic's `{"type": "error", "error": {type, message}}` under /v1/messages, Ollama's
+`{"error": "..."}` under /api/. The one place an error body is written: in a whole answer, in a stream, and
+for the gate's refusals and unknown routes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from localgen.serve.jobs import Failed
+
+
+class HTTPError(Exception):
+    """An error with the status it answers with, and the request field at fault when one is."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+
+
+def http_error(f: Failed) -> HTTPError:
+    """A worker's Failed as the HTTPError it answers with (a client error below 500, else the server's)."""
+    return HTTPError(f.status, f.message, "invalid_request_error" if f.status < 500 else "server_error", f.param)
+
+
+# Fields every error body carries besides its API's own (a request's id, say), as (name, value) pairs: set per
+# request, read by error_body alone, so a whole answer, a stream's error event and the gate's refusals all carry them.
+ERROR_EXTRA: ContextVar[tuple[tuple[str, Any], ...]] = ContextVar("localgen_error_extra", default=())
+
+OPENAI, ANTHROPIC, OLLAMA = "openai", "anthropic", "ollama"
+
+# error kinds by status, as Anthropic names them
+ANTHROPIC_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                   429: "rate_limit_error", 499: "invalid_request_error", 503: "overloaded_error"}
+
+
+def api_of(path: str) -> str:
+    """Whose error shape a route answers in, by its path: Anthropic's, Ollama's, else OpenAI's."""
+    if path.startswith("/api/"):
+        return OLLAMA
+    return ANTHROPIC if path.startswith("/v1/messages") else OPENAI
+
+
+def error_body(api: str, e: HTTPError) -> dict[str, Any]:
+    """The error's body in an API's shape, with the request's extra fields (ERROR_EXTRA) at its top level."""
+    extra = dict(ERROR_EXTRA.get())
+    if api == OLLAMA:
+        return {"error": e.message, **extra}
+    if api == ANTHROPIC:
+        kind = ANTHROPIC_KINDS.get(e.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": e.message}, **extra}
+    return {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}, **extra}
+
+
+def error_response(request: Request, e: HTTPError, headers: Mapping[str, str] | None = None) -> Response:
+    """The error as its route's API answers it."""
+    return JSONResponse(error_body(api_of(request.url.path), e), status_code=e.status, headers=headers)

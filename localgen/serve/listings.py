@@ -1,0 +1,77 @@
+"""What the server offers, as each API lists it: OpenAI's /v1/models (with each model's window), Ollama's
+/api/tags (every model), /api/ps (the loaded ones: memory, expiry), /api/version and the bare / that Ollama's
+clients probe. Nothing here loads a model: a listing reads GGUF headers only."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from localgen.serve.state import ServeState
+from localgen.serve.worker import ModelWorker
+from localgen.types import ModelRef
+
+
+def routes(state: ServeState) -> list[Route]:
+    """The listing routes of both APIs."""
+
+    async def models(request: Request) -> Response:
+        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen",
+             "max_model_len": state.window(ref, w), **({"default": True} if name == state.default else {})}
+            for name, ref, w in offered]})
+
+    async def root(request: Request) -> Response:
+        return PlainTextResponse("Ollama is running (localgen)")
+
+    async def version(request: Request) -> Response:
+        import localgen
+
+        return JSONResponse({"version": localgen.__version__})
+
+    async def tags(request: Request) -> Response:
+        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
+        return JSONResponse({"models": [_model_entry(name, ref) for name, ref, _ in offered]})
+
+    async def ps(request: Request) -> Response:
+        return JSONResponse({"models": [{**_model_entry(w.name, w.ref), "size": w.need or w.ref.summary.file_size,
+                                         "expires_at": _expires(w), "size_vram": w.vram_bytes,
+                                         "context_length": w.n_ctx, "placement": w.placement}
+                                        for w in list(state.workers.values()) if w.loaded]})
+
+    return [Route("/v1/models", models), Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version),
+            Route("/api/tags", tags), Route("/api/ps", ps)]
+
+
+def details(ref: ModelRef) -> dict[str, Any]:
+    """Ollama's `details` of a model (its listings and /api/show)."""
+    s = ref.summary
+    size = f"{s.n_params / 1e9:.1f}B" if s.n_params >= 1e9 else f"{s.n_params / 1e6:.0f}M"
+    return {"format": "gguf", "family": s.architecture, "families": [s.architecture], "parameter_size": size,
+            "quantization_level": s.quantization or "", "parent_model": ""}
+
+
+def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
+    try:
+        stamp = os.path.getmtime(ref.path)
+    except OSError:  # not written yet: an embedded model in chunks, assembled when a request first uses it
+        stamp = time.time()
+    return {"name": name, "model": name, "modified_at": _iso(stamp), "size": ref.summary.file_size,
+            "digest": ref.sha256 or "", "details": details(ref)}
+
+
+def _expires(worker: ModelWorker) -> str:
+    when = worker.expires()  # while it answers: at least its keep-alive from now
+    return _iso(when if when is not None else time.time() + 10 * 365 * 86400)  # keep-alive -1: never
+
+
+def _iso(stamp: float) -> str:
+    return datetime.datetime.fromtimestamp(stamp, datetime.UTC).isoformat().replace("+00:00", "Z")

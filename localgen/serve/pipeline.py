@@ -1,0 +1,196 @@
+"""The one handler every generation route runs, whatever its API: the model looked up, the body parsed by the
+API (its Ask), then the same steps for all — the messages read (media off the event loop), the prompt's size
+bounded, the sampling settings layered (model, flags, request) through the one validation, an effort as a
+reasoning budget, the schema as a grammar, the tool plan — and the answer, streamed or whole, through the
+one answer stage, handed to the API's encoder. A capability added here reaches every API."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from localgen import settings
+from localgen.backend import Completion
+from localgen.errors import UsageError
+from localgen.serve.apierror import HTTPError, http_error
+from localgen.serve.ask import Ask
+from localgen.serve.incoming import read_messages
+from localgen.serve.jobs import Event, Failed, Job, Text
+from localgen.serve.jsonbody import read_json
+from localgen.serve.running import events, run_job, run_whole, watch_repeats
+from localgen.serve.schema import schema_grammar
+from localgen.serve.served import Served
+from localgen.serve.state import ServeState
+from localgen.serve.tooling import apply_plan, stream_for, tool_plan
+from localgen.tools.stream import AnswerStream, Piece
+from localgen.tools.stream import Event as Said
+from localgen.types import GenerationRequest, Message, SamplingParams
+
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+# An effort level as a reasoning budget in tokens: the lower levels bound the thinking, the higher leave it
+# unbounded (none and minimal turn it off, through the template's switch)
+EFFORT_BUDGETS = {"low": 1024, "medium": 4096}
+
+# No vocabulary here averages anywhere near this many characters a token: text longer than this many per
+# token of the window cannot fit, whatever the tokenizer does.
+CHARS_PER_TOKEN = 32
+
+
+@dataclass(frozen=True)
+class Made:
+    """What the pipeline made of an Ask for a model, for the encoder to echo."""
+
+    model: str  # the served model's name
+    request: GenerationRequest  # what the model is asked (tools placed, sampling layered)
+    messages: tuple[Message, ...]  # the conversation as read, before any tools were placed in it
+
+
+class Encoder(Protocol):
+    """One request's answer in an API's words: its stream (opening, what the answer stage gave out, then its
+    end or an error after the stream began, each closing the stream) and its whole answer."""
+
+    media_type: str
+
+    def opening(self) -> list[bytes]: ...
+
+    def said(self, pieces: list[Said]) -> list[bytes]: ...
+
+    def failed(self, e: HTTPError) -> list[bytes]: ...
+
+    async def done(self, c: Completion, job: Job) -> list[bytes]: ...
+
+    async def whole(self, c: Completion, job: Job, answer: AnswerStream | None) -> dict[str, Any]: ...
+
+
+class Api(Protocol):
+    """An API's words: its request parsed (or a typed error naming its field), and the encoder of its answer."""
+
+    claude: bool  # a claude-* model name not served here means the default model (Anthropic's API)
+
+    async def parse(self, body: dict[str, Any]) -> Ask: ...
+
+    def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> Encoder: ...
+
+
+def route(state: ServeState, path: str, api: Api) -> Route:
+    """A POST route whose requests the pipeline answers in `api`'s words."""
+
+    async def endpoint(request: Request) -> Response:
+        return await handle(state, request, api)
+
+    return Route(path, endpoint, methods=["POST"])
+
+
+async def handle(state: ServeState, http: Request, api: Api) -> Response:
+    """A generation request, from its body to its answer in `api`'s words."""
+    body = await read_json(http)
+    worker = state.worker(body.get("model"), api.claude)
+    ask = await api.parse(body)
+    request, said = await generation(state, worker, ask)
+    plan = await tool_plan(worker, ask.tools, ask.tool_choice, ask.parallel_tool_calls) if ask.chat else None
+    request = apply_plan(plan, request)
+    encoder = api.encoder(body, ask, Made(worker.name, request, said))
+    answer = stream_for(worker, plan, request, ask.split_reasoning) if ask.chat else None
+    if not ask.stream:
+        watch = stream_for(worker, plan, request, ask.split_reasoning) if plan is not None else None
+        job, final = await run_whole(worker, request, http, ask.keep_alive, watch)
+        if answer is not None:
+            answer.feed(final.text)
+            answer.finish()
+        return JSONResponse(await encoder.whole(final, job, answer))
+    job, first = await run_job(worker, request, ask.keep_alive)
+    return StreamingResponse(_stream(job, first, answer, encoder), media_type=encoder.media_type,
+                             headers=STREAM_HEADERS)
+
+
+async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[GenerationRequest, tuple[Message, ...]]:
+    """The request the model is asked, and the conversation as read (empty for a raw prompt)."""
+    values = dict(ask.values)
+    effort_budget(values, ask.effort)
+    grammar = await schema_grammar(ask.schema.value, ask.schema.param) if ask.schema is not None else None
+    chosen = sampling(state, worker, values, grammar)
+    raw = ask.prompt is not None and (ask.messages is None or not worker.ref.summary.chat_template)
+    if raw:
+        if _has_media(ask.messages):
+            raise HTTPError(400, f"{worker.name} has no chat template to place `images` in", param="images")
+        assert ask.prompt is not None
+        check_prompt_size(worker, [ask.prompt])
+        return GenerationRequest(prompt=ask.prompt, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact), ()
+    msgs = await read_messages(ask.messages, state.allow_image_urls)
+    check_prompt_size(worker, [m["content"] for m in msgs])
+    return GenerationRequest(messages=msgs, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact,
+                             template_args=template_args(ask)), msgs
+
+
+def sampling(state: ServeState, worker: Served, values: Mapping[str, Any],
+             grammar: str | None = None) -> SamplingParams:
+    """The request's settings over the flags `serve` was given over the model's recommended ones, all
+    through the one validation (settings.py)."""
+    try:
+        base = settings.apply(SamplingParams(), worker.ref.sampling_defaults)
+        base = settings.apply(base, state.flag_sampling)
+        chosen = settings.apply(base, {k: v for k, v in values.items() if v is not None})
+    except UsageError as e:
+        raise HTTPError(400, e.message) from None
+    return dataclasses.replace(chosen, grammar=grammar)
+
+
+def effort_budget(values: dict[str, Any], effort: object) -> None:
+    """The reasoning budget an effort level sets (engine/budget.py), unless the request set one itself."""
+    if isinstance(effort, str) and effort in EFFORT_BUDGETS:
+        values.setdefault("reasoning_budget", EFFORT_BUDGETS[effort])
+
+
+def template_args(ask: Ask) -> tuple[tuple[str, Any], ...]:
+    """The template's variables: those the request set, and the thinking switch unless they set it."""
+    args = dict(ask.template_vars)
+    if ask.thinking is not None:
+        args.setdefault("enable_thinking", ask.thinking)
+    return tuple(sorted(args.items()))
+
+
+def check_prompt_size(worker: Served, texts: list[Any]) -> None:
+    """A 413 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it."""
+    from localgen.media import text_of
+
+    chars = sum(len(text_of(t)) for t in texts)
+    most = CHARS_PER_TOKEN * worker.n_ctx
+    if chars > most:
+        raise HTTPError(413, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
+                             f"takes at most {most:,} here", param="prompt")
+
+
+def parts(answer: AnswerStream) -> list[Said]:
+    """A finished answer's pieces as a whole answer gives them: its reasoning, its content (also when empty
+    and nothing else came: an empty answer is one empty text), its calls."""
+    out: list[Said] = [Piece("reasoning", answer.reasoning)] if answer.reasoning else []
+    if answer.content or not (answer.calls or answer.reasoning):
+        out.append(Piece("content", answer.content))
+    return [*out, *answer.calls]
+
+
+def _has_media(messages: Any) -> bool:
+    return isinstance(messages, list) and any(isinstance(m, dict) and (m.get("images") or isinstance(
+        m.get("content"), list)) for m in messages)
+
+
+async def _stream(job: Job, first: Event, answer: AnswerStream | None, encoder: Encoder) -> AsyncIterator[bytes]:
+    """The job's events through the answer stage (a raw prompt's text as it is) into the encoder's stream."""
+    for chunk in encoder.opening():
+        yield chunk
+    async for event in events(job, first):
+        if isinstance(event, Text):
+            out = encoder.said(watch_repeats(job, answer, event.text) if answer else [Piece("content", event.text)])
+        elif isinstance(event, Failed):
+            out = encoder.failed(http_error(event))
+        else:
+            out = encoder.said(answer.finish() if answer else []) + await encoder.done(event.completion, job)
+        for chunk in out:
+            yield chunk

@@ -1,0 +1,71 @@
+"""A request's JSON schema (response_format, text.format, output_config.format, Ollama's format) or tools as a
+grammar, built off the event loop and bounded: the converter expands repetition counts (minLength: 100000
+gave 500 KB of grammar), and the worker parses the grammar between decoding steps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from localgen.errors import LocalgenError
+from localgen.serve.apierror import HTTPError
+
+MAX_SCHEMA_CHARS = 64 * 1024
+MAX_GRAMMAR_CHARS = 128 * 1024
+MAX_REPEAT = 4096  # minLength/maxLength/minItems/maxItems/minProperties/maxProperties
+REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
+               "maxContains")
+
+
+async def schema_grammar(schema: Any, param: str = "response_format") -> str:
+    """A JSON schema (an object, or "json" for any JSON object) as a grammar; a 400 naming `param` for a schema
+    that cannot be one."""
+    from localgen.engine.grammar import grammar_from_json_schema
+
+    if schema not in ("json", None, True) and not isinstance(schema, dict):
+        raise HTTPError(400, "the schema must be a JSON object", param=param)
+    text = bounded_schema({"type": "object"} if schema in ("json", None, True) else schema, param,
+                          "the JSON schema")
+    try:
+        grammar = await asyncio.to_thread(grammar_from_json_schema, text)
+    except RecursionError:
+        raise HTTPError(400, "the JSON schema nests or refers to itself too deeply", param=param) from None
+    except LocalgenError as e:
+        raise HTTPError(400, e.message, param=param) from None
+    check_grammar_size(grammar, param, "the JSON schema")
+    return grammar
+
+
+def bounded_schema(schema: Any, param: str, what: str) -> str:
+    """A schema (or tools) as JSON text, or a 400 when it is too long or repeats too much for a grammar."""
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise HTTPError(400, f"{what} is {len(text):,} characters; at most {MAX_SCHEMA_CHARS:,}", param=param)
+    big = _big_repeat(schema)
+    if big:
+        raise HTTPError(400, f"{what}'s {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,} here", param=param)
+    return text
+
+
+def check_grammar_size(grammar: str, param: str, what: str) -> None:
+    """A 400 for a grammar too large for the worker to parse between decoding steps."""
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise HTTPError(400, f"{what} makes a grammar of {len(grammar):,} characters; at most "
+                             f"{MAX_GRAMMAR_CHARS:,}", param=param)
+
+
+def _big_repeat(schema: Any) -> tuple[str, int] | None:
+    """The first repetition bound in a schema over MAX_REPEAT, as (keyword, value)."""
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            for k in REPEAT_KEYS:
+                v = node.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT:
+                    return k, int(v)
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return None

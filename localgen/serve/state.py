@@ -1,0 +1,88 @@
+"""What the routes share: the served models by name (and those on disk, made when first asked for), the API
+key, the sampling flags `serve` was given, and the listings' view of them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from localgen.serve.apierror import HTTPError
+from localgen.serve.served import Served
+from localgen.serve.worker import ModelWorker
+from localgen.types import ModelRef
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from localgen.backend import Completion
+    from localgen.engine.prefixstore import PrefixStore
+    from localgen.serve.ondemand import OnDemand
+    from localgen.serve.residency import Residency
+
+
+@dataclass
+class ServeState:
+    """What the routes share: the workers by model name, the API key, the defaults from the flags."""
+
+    workers: dict[str, ModelWorker]
+    api_key: str | None = None
+    flag_sampling: dict[str, Any] = field(default_factory=dict)  # the sampling flags `serve` was given
+    allow_image_urls: bool = False  # fetch http(s) image URLs (else only data: URIs: no server-side requests)
+    started: float = field(default_factory=time.time)
+    default: str | None = None  # the model of a request that names none (serve's one -m model, or the default)
+    on_demand: OnDemand | None = None  # installed models beside the workers, made when asked for
+    residency: Residency | None = None  # which models stay loaded
+    on_completion: Callable[[str, Completion], None] | None = None  # metrics' count of each finished generation
+    offline: bool = False  # serve --offline: /api/pull is refused
+    store: PrefixStore | None = None  # the prompt cache on disk (None: --cache-disk 0)
+    pulls: set[Any] = field(default_factory=set)  # serve/manage.py's pulls under way (stopped at shutdown)
+
+    def worker(self, name: object, claude: bool = False) -> Served:
+        """The model a request's `model` names, as its handler sees it: one served, or an installed model (its
+        worker made now); the default model when none is named. With `claude` (Anthropic's API), a claude-*
+        name (what Claude Code asks for unless told) that is not a model here is the default model."""
+        if claude and isinstance(name, str) and name.startswith("claude-") and name not in self.workers:
+            try:
+                return self.worker(name)
+            except HTTPError:
+                return self.worker(None)
+        w = self._worker(name)
+        w.on_completion = self.on_completion  # every request passes here: pinned and on-demand workers alike
+        return w
+
+    def _worker(self, name: object) -> ModelWorker:
+        if name is None or name == "":
+            name = self.default
+            if name is None and len(self.workers) == 1:
+                name = next(iter(self.workers))
+        if isinstance(name, str) and name in self.workers:
+            return self.workers[name]
+        if isinstance(name, str) and self.on_demand is not None:
+            w = self.on_demand.worker(name, self.workers)
+            if w is not None:
+                self.workers.setdefault(w.name, w)
+                return self.workers[w.name]
+        offered = ", ".join(self.names()[:20])
+        raise HTTPError(404, f"model {name!r} is not served here (served: {offered})", "not_found_error", "model")
+
+    def names(self) -> list[str]:
+        """Every model a request may name: those served now, then (on demand) the others on disk."""
+        served = list(self.workers)
+        return self.on_demand.names(served) if self.on_demand is not None else served
+
+    def offered(self) -> list[tuple[str, ModelRef, ModelWorker | None]]:
+        """What the listings show: each worker's model, then each model on disk without one yet."""
+        out: list[tuple[str, ModelRef, ModelWorker | None]] = [(n, w.ref, w) for n, w in self.workers.items()]
+        if self.on_demand is not None:
+            out += [(n, ref, None) for n, ref in self.on_demand.refs(self.workers)]
+        return out
+
+    def window(self, ref: ModelRef, worker: ModelWorker | None) -> int:
+        """A slot's window: the loaded model's, else the context it will load with."""
+        if worker is not None:
+            return int(worker.n_ctx)
+        n_ctx = int(self.on_demand.load.n_ctx) if self.on_demand is not None else 0
+        if ref.context is not None and not (self.on_demand is not None and self.on_demand.ctx_given):
+            n_ctx = ref.context  # a preset's num_ctx
+        return min(n_ctx, ref.summary.context_length) if ref.summary.context_length else n_ctx

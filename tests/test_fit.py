@@ -1,0 +1,280 @@
+"""Tensor placement (--n-cpu-moe, --cpu-moe, -ot) as llama.cpp spells and applies it, and the planner
+(`localgen fit`, and the plan run, chat and serve load by) on shapes we do not have: an 8B dense model and a
+30B-A3B mixture of experts, header-only, against small and large hypothetical cards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localgen import placement
+from localgen.errors import UsageError
+from localgen.models import fit, footprint
+from localgen.models.gguf_meta import read_summary
+from localgen.types import LoadParams
+from tests.conftest import CLI, InProcessCLI
+
+GB = 1 << 30
+
+
+# ---- placement, as llama.cpp spells it -------------------------------------------------------------------
+
+
+def test_the_patterns_are_llama_cpps() -> None:
+    # common/common.h: LLM_FFN_EXPS_REGEX, llm_ffn_exps_cpu_override, llm_add_n_cpu_ffn_overrides
+    assert placement.cpu_moe() == (r"\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU")
+    assert placement.n_cpu_moe(2) == [(r"blk\.0\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"),
+                                      (r"blk\.1\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU")]
+    pairs = placement.overrides(placement.parse(["attn=CUDA0,blk\\.1\\.=CPU", "x=CPU"]), True, 1)
+    assert pairs[:3] == (("attn", "CUDA0"), (r"blk\.1\.", "CPU"), ("x", "CPU"))  # -ot first, in order
+    assert pairs[3] == placement.cpu_moe() and pairs[4] == placement.n_cpu_moe(1)[0]
+    assert placement.buffer_of("blk.1.attn_q.weight", pairs) == "CUDA0"  # the first match wins
+    assert placement.buffer_of("blk.10.ffn_up_exps.weight", placement.n_cpu_moe(2)) is None  # blk.1 is not blk.10
+    assert placement.buffer_of("blk.1.ffn_gate_up_exps.weight", placement.n_cpu_moe(2)) == "CPU"
+    assert placement.is_expert("blk.0.ffn_down_chexps.weight") and not placement.is_expert("blk.0.ffn_down.weight")
+    assert [placement.gpu_index(b) for b in ("CPU", "CUDA0", "CUDA1", "Metal", "CUDA_Host")] == [None, 0, 1, 0, None]
+
+
+@pytest.mark.parametrize("value", ["exps", "=CPU", "exps=", "exps(=CPU", "(?i)exps=CPU", "(?<=blk)x=CPU", r"x\Z=CPU"])
+def test_a_bad_override_is_a_usage_error(value: str) -> None:
+    with pytest.raises(UsageError):
+        placement.parse(value)
+
+
+def test_bad_placement_is_one_line_and_exit_2_before_anything_loads(cli_in_process: InProcessCLI) -> None:
+    # the model named does not exist: the flag is refused first, before the name is even resolved
+    for args, says in ((["-ot", "exps(=CPU"], "is not a regular expression"),
+                       (["-ot", "exps=NOPE0"], "no buffer type 'NOPE0' here; this build has CPU"),
+                       (["--n-cpu-moe", "-1"], "-1 is not in the range"),
+                       (["-ot", "exps"], "takes PATTERN=BUFFER")):
+        for command in ("run", "chat"):
+            r = cli_in_process(command, "-m", "no-such-model.gguf", *args, "-p", "hi") if command == "run" else \
+                cli_in_process(command, "-m", "no-such-model.gguf", *args)
+            assert r.returncode == 2, (command, args, r.stderr)
+            assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_moe_model_runs_with_each_placement_flag_and_llama_cpp_applies_it(cli: CLI, moe_path: Path) -> None:
+    s = read_summary(str(moe_path))
+    w = footprint.layout(str(moe_path))
+    per_layer = 3  # gate, up and down experts
+    for flags, tensors in ((["--n-cpu-moe", "2"], 2 * per_layer), (["--cpu-moe"], s.n_layers * per_layer),
+                           (["-ot", r"blk\.[13]\.ffn_(up|down)_exps=CPU"], 2 * 2),
+                           (["-ot", r"attn_q\.=CPU", "--n-cpu-moe", "1"], s.n_layers + per_layer)):
+        r = cli("run", "-m", str(moe_path), "--raw", "-p", "Once upon a time", "-n", "4", "--temperature", "0",
+                "--json", "--verbose", *flags)
+        assert r.returncode == 0, r.stderr[-2000:]
+        load = json.loads(r.stdout)["load"]
+        # what llama.cpp's loader logged as it placed each tensor (native/report.py reads its debug line)
+        moved = load["moved"]["CPU"]
+        assert moved["tensors"] == tensors, (flags, moved)
+        assert r.stderr.count("buffer type overridden to CPU") == tensors
+        experts = tensors - (s.n_layers if "attn_q" in " ".join(flags) else 0)
+        assert moved["experts"] == experts and moved["mib"] == experts * w.experts[0] // per_layer >> 20
+        assert load["weights_mib"] == {"CPU_Mapped": round(w.total / (1 << 20), 2)}
+        assert json.loads(r.stdout)["stats"]["completion_tokens"] == 4
+    plain = json.loads(cli("run", "-m", str(moe_path), "--raw", "-p", "hi", "-n", "1", "--json").stdout)["load"]
+    assert plain["moved"] == {} and plain["n_cpu_moe"] is None
+
+
+# ---- the planner on shapes we do not have ----------------------------------------------------------------
+
+
+def _plan(path: Path, gpus: tuple[int, ...], ram: int = 64 * GB, ctx: int | None = None, shrink: bool = True,
+          **load: Any) -> fit.Plan:
+    s, w = read_summary(str(path)), footprint.layout(str(path))
+    return fit.plan(s, w, fit.Machine(ram=ram, gpus=gpus, described=True), LoadParams(**load), ctx=ctx,
+                    shrink=shrink)
+
+
+def _within_budgets(p: fit.Plan) -> bool:
+    gpus = p.footprint.gpus
+    return p.footprint.on("CPU").total <= p.machine.ram_budget and all(
+        d.total <= p.machine.gpu_budget(i) for i, d in enumerate(gpus))
+
+
+def test_plans_for_an_8b_dense_model_on_small_and_large_cards(shape_path: Callable[[str], Path]) -> None:
+    path = shape_path("dense-8b")
+    s, w = read_summary(str(path)), footprint.layout(str(path))
+    assert s.n_layers == 32 and s.context_length == 131072 and not w.moe and 4.5 * GB < w.total < 5.5 * GB
+
+    big = _plan(path, (80 * GB,))  # the whole model, and its whole training context
+    assert big.verdict == fit.FULL_GPU and big.ctx == 131072 and big.gpu_layers == 33 and _within_budgets(big)
+    card = _plan(path, (24 * GB,))
+    assert card.verdict == fit.FULL_GPU and card.ctx > 65536 and _within_budgets(card)
+    small = _plan(path, (8 * GB,))  # every layer stays on the GPU: the context shrinks instead
+    assert small.verdict == fit.FULL_GPU and fit.MIN_CTX < small.ctx < card.ctx and small.shrunk
+    assert _within_budgets(small)  # and 256 tokens more would push a layer off the card:
+    assert _plan(path, (8 * GB,), ctx=small.ctx + 256, shrink=False).gpu_layers == 32
+    tiny = _plan(path, (4 * GB,))  # not even at the floor: layers leave the GPU, from the first
+    assert tiny.verdict == fit.PARTIAL_GPU and tiny.ctx == fit.MIN_CTX and 0 < tiny.gpu_layers < 33
+    assert tiny.footprint.on("GPU").kv == footprint.kv_bytes(s, fit.MIN_CTX, layers=tiny.gpu_layers - 1)
+    assert _within_budgets(tiny)
+    two = _plan(path, (12 * GB, 12 * GB))
+    assert two.layers[0] + two.layers[1] == 32 and abs(two.layers[0] - two.layers[1]) <= 2 and _within_budgets(two)
+    cpu = _plan(path, ())
+    assert cpu.verdict == fit.CPU_ONLY and cpu.ctx == 131072 and cpu.footprint.gpus == ()
+    cramped = _plan(path, (), ram=8 * GB)  # RAM for the weights, not for 128k tokens of KV cache
+    assert cramped.verdict == fit.CPU_ONLY and fit.MIN_CTX < cramped.ctx < 32768 and _within_budgets(cramped)
+    assert _plan(path, (), ram=4 * GB).verdict == fit.WONT_FIT
+    asked = _plan(path, (24 * GB,), ctx=8192)
+    assert asked.ctx == 8192 and not asked.shrunk
+    # a setting given is kept: 10 layers asked for stay 10, and the context is not shrunk for them
+    kept = _plan(path, (8 * GB,), n_gpu_layers=10)
+    assert kept.gpu_layers == 10 and kept.ctx == 131072 and kept.load(LoadParams(n_gpu_layers=10)).n_gpu_layers == 10
+
+
+def test_plans_for_a_30b_moe_put_attention_on_the_gpu_and_experts_in_ram(shape_path: Callable[[str], Path]) -> None:
+    path = shape_path("moe-30b-a3b")
+    s, w = read_summary(str(path)), footprint.layout(str(path))
+    assert s.n_layers == 48 and w.moe and 17 * GB < w.total < 20 * GB and sum(w.experts) > 0.9 * w.total
+    dense = w.total - sum(w.experts) - w.embedding  # attention, norms, routers, the output layer
+
+    big = _plan(path, (80 * GB,))
+    assert big.verdict == fit.FULL_GPU and big.n_cpu_moe == 0 and big.ctx == 40960
+    for size in (24, 16, 8):  # every layer's attention on the card, the first layers' experts in RAM
+        p = _plan(path, (size * GB,))
+        gpu = p.footprint.on("GPU")
+        assert p.verdict == fit.PARTIAL_GPU and p.gpu_layers == 49 and p.ctx == 40960, size
+        assert gpu.weights - gpu.experts == dense and gpu.kv == footprint.kv_bytes(s, 40960)
+        assert p.experts_in_ram == sum(w.experts[: p.n_cpu_moe]) and 0 < p.n_cpu_moe < 48
+        assert _within_budgets(p)
+        # one layer's experts fewer in RAM would be over the card's budget
+        more = footprint.estimate(s, w, LoadParams(n_ctx=40960, n_cpu_moe=p.n_cpu_moe - 1), gpu_layers=-1)
+        assert more.on("GPU").total > p.machine.gpu_budget(0) >= gpu.total
+        flags = p.load(LoadParams())
+        assert flags.n_cpu_moe == p.n_cpu_moe and flags.n_gpu_layers == -1 and flags.n_ctx == 40960
+    assert _plan(path, (24 * GB,)).n_cpu_moe < _plan(path, (8 * GB,)).n_cpu_moe
+    # a card too small for the attention and dense weights at the floor: fewer layers, their experts in RAM
+    small = _plan(path, (3 * GB,))
+    assert small.verdict == fit.PARTIAL_GPU and small.ctx == fit.MIN_CTX and 0 < small.gpu_layers < 49
+    assert small.footprint.on("GPU").experts == 0 and _within_budgets(small)
+    # --cpu-moe given: kept; the planner moves no expert back
+    given = _plan(path, (80 * GB,), cpu_moe=True)
+    assert given.footprint.on("GPU").experts == 0 and given.experts_in_ram == sum(w.experts)
+    assert _plan(path, (), ram=16 * GB).verdict == fit.WONT_FIT
+
+
+def test_fit_prints_the_plan_for_a_described_card(cli_in_process: InProcessCLI,
+                                                  shape_path: Callable[[str], Path]) -> None:
+    path = str(shape_path("moe-30b-a3b"))
+    r = cli_in_process("fit", "-m", path, "--gpu-memory", "24GB", "--ram", "64G", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["machine"] == {"ram": 64 * GB, "gpus": [24 * GB], "unified": False, "gpus_described": True,
+                              "ram_described": True}
+    assert doc["verdict"] == "partial GPU" and doc["gpu_layers"] == 49 and doc["ctx"] == 40960 and doc["largest"]
+    assert doc["flags"] == f"--ctx 40960 --gpu-layers -1 --n-cpu-moe {doc['n_cpu_moe']}" and doc["n_cpu_moe"] > 0
+    gpu = next(d for d in doc["devices"] if d["device"] == "GPU")
+    assert gpu["total"] == gpu["weights"] + gpu["kv"] + gpu["compute"] <= gpu["budget"]
+    text = cli_in_process("fit", "-m", path, "--gpu-memory", "24GB", "--ram", "64G")
+    assert text.returncode == 0, text.stderr
+    assert "partial GPU · context 40,960 tokens (the training context)" in text.stdout
+    assert "experts   the first" in text.stdout and "--n-cpu-moe" in text.stdout
+    # two described cards; a context asked; sequences in parallel
+    two = json.loads(cli_in_process("fit", "-m", path, "--gpu-memory", "24G,24G", "--ctx", "8192", "-np", "4",
+                                    "--json").stdout)
+    assert two["verdict"] == "full GPU" and two["ctx"] == 8192 and not two["largest"]
+    assert [d["device"] for d in two["devices"]] == ["CPU", "GPU0", "GPU1"] and sum(two["layers_per_gpu"]) == 48
+    assert sum(d["kv"] for d in two["devices"]) == 4 * footprint.kv_bytes(read_summary(path), 8192)
+    for args, says in ((["--gpu-memory", "lots"], "--gpu-memory takes sizes"),
+                       (["--gpu-memory", "24G", "-ot", "exps=CUDA1"], "names GPU 1, and the plan has 1 GPU")):
+        bad = cli_in_process("fit", "-m", path, *args)
+        assert bad.returncode == 2 and says in bad.stderr, bad.stderr
+
+
+def test_fit_loads_nothing(shape_path: Callable[[str], Path], cli_env: dict[str, str]) -> None:
+    """Nothing of llama.cpp or numpy is imported to plan (a header read is all): it answers at once."""
+    argv = ["fit", "-m", str(shape_path("dense-8b")), "--gpu-memory", "24GB"]
+    code = ("import sys\nfrom localgen.cli.main import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "heavy = [m for m in ('llama_cpp', 'numpy', 'gguf') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=cli_env,
+                       timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "full GPU" in r.stdout
+
+
+def test_run_loads_by_the_plan_and_says_when_it_shrinks_the_context(smollm2_path: Path) -> None:
+    """open_engine with a machine whose RAM holds the model but not its KV cache at the context asked."""
+    from localgen.models.load import open_engine
+    from localgen.models.resolve import resolve
+
+    ref = resolve(str(smollm2_path))
+    made: list[LoadParams] = []
+    said: list[str] = []
+
+    def factory(ref: Any, params: LoadParams, **kw: Any) -> object:
+        made.append(params)
+        return object()
+
+    w = footprint.layout(ref.path)
+    need_8k = fit.plan(ref.summary, w, fit.Machine(ram=64 * GB), LoadParams(n_ctx=8192), ctx=8192).footprint.total
+    ram = int((need_8k - 1) / fit.RAM_SHARE)  # one byte short of the 8192-token plan
+    open_engine(ref, LoadParams(n_ctx=8192), warn=said.append, factory=factory, machine=fit.Machine(ram=ram))
+    assert fit.MIN_CTX <= made[0].n_ctx < 8192 and made[0].n_ctx % 256 == 0
+    assert said == [f"context {made[0].n_ctx} tokens, not 8192: at 8192 the model does not fit RAM "
+                    f"(`localgen fit -m {ref.name}` shows the plan)"]
+    made.clear()
+    said.clear()
+    open_engine(ref, LoadParams(n_ctx=8192), warn=said.append, factory=factory, machine=fit.Machine(ram=64 * GB))
+    assert made[0].n_ctx == 8192 and said == []
+    # on a (described) GPU too small for every layer: all of them on it at a smaller context
+    on_gpu = fit.plan(ref.summary, w, fit.Machine(ram=64 * GB, gpus=(64 * GB,)), LoadParams(n_ctx=8192), ctx=8192)
+    gpu = fit.GPU_CONTEXT_RESERVE + fit.GPU_MARGIN + on_gpu.footprint.on("GPU").total - 1
+    open_engine(ref, LoadParams(n_ctx=8192), warn=said.append, factory=factory,
+                machine=fit.Machine(ram=64 * GB, gpus=(gpu,)))
+    assert made[1].n_gpu_layers == -1 and made[1].n_ctx < 8192 and "does not fit the GPU" in said[0]
+
+
+def test_serve_and_chat_take_the_placement_flags(cli: CLI, cli_env: dict[str, str], moe_path: Path) -> None:
+    import httpx
+
+    from tests.test_serve import Server
+
+    s = Server(cli_env, "-m", str(moe_path), "--n-cpu-moe", "3", "--ctx", "512", "-np", "1")
+    try:
+        ps = httpx.get(f"{s.url}/api/ps", timeout=30).json()["models"]
+        entry = next(m for m in ps if m["name"].endswith("tiny-moe.gguf"))
+        placed = entry["placement"]
+        assert placed["moved"]["CPU"]["experts"] == 3 * 3 and placed["offloaded"].startswith("offloaded 0/")
+        assert placed["weights_mib"]
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": entry["name"], "prompt": "Once",
+                                                        "max_tokens": 3, "temperature": 0}, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    finally:
+        assert s.stop() == 0
+    r = cli("chat", "-m", str(moe_path), "--cpu-moe", "--verbose", "-n", "2", input="Hello\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.count("buffer type overridden to CPU") == 4 * 3
+
+
+def test_llama_cpps_environment_variables_set_the_placement(cli: CLI, moe_path: Path) -> None:
+    for env, experts in (({"LLAMA_ARG_N_CPU_MOE": "1"}, 3), ({"LLAMA_ARG_CPU_MOE": "1"}, 12),
+                         ({"LLAMA_ARG_OVERRIDE_TENSOR": r"blk\.0\.ffn_up_exps=CPU"}, 1)):
+        r = subprocess.run(cli.argv("run", "-m", str(moe_path), "--raw", "-p", "hi", "-n", "1", "--json"),
+                           capture_output=True, text=True, env={**cli.env, **env}, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads(r.stdout)["load"]["moved"]["CPU"]["experts"] == experts, env
+    r = subprocess.run(cli.argv("run", "-m", str(moe_path), "-p", "hi"), capture_output=True, text=True,
+                       env={**cli.env, "LLAMA_ARG_OVERRIDE_TENSOR": "exps=NOPE"}, timeout=120, check=False)
+    assert r.returncode == 2 and "no buffer type 'NOPE' here" in r.stderr
+
+
+def test_bench_sweeps_n_cpu_moe_as_llama_bench(cli: CLI, moe_path: Path) -> None:
+    r = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "2", "-r", "1", "--no-e2e", "-ncmoe", "0,4", "-o", "json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout)
+    assert [(x["n_cpu_moe"], x["test"]) for x in rows] == [(0, "pp8"), (0, "tg2"), (4, "pp8"), (4, "tg2")]
+    table = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-ncmoe", "1,2")
+    header = next(line for line in table.stdout.splitlines() if line.startswith("| model"))
+    assert table.returncode == 0 and "n_cpu_moe" in [c.strip() for c in header.split("|")]
+    bad = cli("bench", "-m", str(moe_path), "-ncmoe", "-1")
+    assert bad.returncode == 2 and "--n-cpu-moe: -1 is below 0" in bad.stderr
