@@ -77,8 +77,10 @@ class Metrics:
         return generate_latest(self.registry)
 
     async def endpoint(self, request: Request) -> Response:
-        """GET /metrics."""
-        return Response(self.text(), media_type=CONTENT_TYPE)
+        """GET /metrics, collected in a thread: the prompt cache on disk is measured by listing its folder."""
+        import asyncio
+
+        return Response(await asyncio.to_thread(self.text), media_type=CONTENT_TYPE)
 
 
 class Gauges(Collector):
