@@ -89,3 +89,14 @@ def gpu_index(buffer: str) -> int | None:
         return None
     m = re.search(r"(\d+)$", buffer)
     return int(m.group(1)) if m else 0
+
+
+def flags_text(override_tensor: tuple[tuple[str, str], ...], cpu_moe_all: bool, n_cpu_moe_layers: int | None) -> str:
+    """A placement as the flags that make it ("-ot exps=CPU --n-cpu-moe 4"; "" for none): what a tuning record
+    is kept for, and says."""
+    parts = [f"-ot {','.join(f'{p}={b}' for p, b in override_tensor)}"] if override_tensor else []
+    if cpu_moe_all:
+        parts.append("--cpu-moe")
+    if n_cpu_moe_layers:
+        parts.append(f"--n-cpu-moe {n_cpu_moe_layers}")
+    return " ".join(parts)

@@ -360,6 +360,142 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
     LoadKnob("rpc", TEXT, ("--rpc",), "llama.cpp RPC servers (localgen rpc-server) whose devices take part of the "
              "model.", panel=GPU, envvar="LLAMA_ARG_RPC", metavar="HOST:PORT,..."),
 )}
-# Ollama's options that only mean something when a model loads, which `serve` did at start: taken and let be
+# Ollama's options that only mean something when a model loads, which `serve` did at start: taken and let be. Ollama
+# has no option for tensor placement (api/types.go's Runner: num_ctx, num_batch, num_gpu, main_gpu, use_mmap,
+# num_thread) and ignores one it does not know; llama.cpp's names for it are let be alike
 OLLAMA_LOAD_OPTIONS = frozenset({k.ollama for k in LOAD_KNOBS.values() if k.ollama} | {
-    "num_keep", "use_mmap", "low_vram", "f16_kv", "vocab_only", "penalize_newline", "tfs_z"})
+    "num_keep", "use_mmap", "low_vram", "f16_kv", "vocab_only", "penalize_newline", "tfs_z"} | {
+    "n_cpu_moe", "cpu_moe", "override_tensor"})
+
+
+# ---- load settings as values: a Modelfile's PARAMETER lines, a preset, LoadParams --------------------------
+
+# Load settings that a Modelfile spells otherwise: the context is num_ctx's line; an adapter is ADAPTER's; -nofa
+# is flash_attn off
+NOT_IN_MODELFILE = {"ctx": "num_ctx", "lora": "ADAPTER", "lora_scaled": "ADAPTER", "no_flash_attn": "flash_attn off"}
+INVERTED = {"use_mmap": "no_mmap"}  # Ollama's option → the knob it sets to the opposite value
+
+
+def _load_spellings() -> dict[str, str]:
+    """Every name of a load setting → its knob: the knob's, Ollama's, llama.cpp's long flags with underscores
+    (n_gpu_layers, ctx_size), and the LoadParams field."""
+    out: dict[str, str] = {}
+    for k in LOAD_KNOBS.values():
+        flags = [f.lstrip("-").replace("-", "_") for part in k.flags for f in part.split("/") if f.startswith("--")]
+        for n in (k.name, k.ollama, k.field, *(f for f in flags if f == k.name or not f.startswith("no_"))):
+            if n:  # (not --no-repack, the switch's other half)
+                out.setdefault(n, k.name)
+    return out
+
+
+LOAD_ALIASES = _load_spellings()
+
+
+def load_name(name: str) -> str | None:
+    """The load knob a user's name means (any spelling in LOAD_ALIASES, or Ollama's use_mmap), or None."""
+    key = name.strip().lower().replace("-", "_")
+    return INVERTED.get(key) or LOAD_ALIASES.get(key)
+
+
+def modelfile_name(knob: str) -> str:
+    """How a Modelfile writes a load setting: Ollama's name where it has one, else llama.cpp's flag's
+    (n_cpu_moe, cpu_moe, override_tensor)."""
+    k = LOAD_KNOBS[knob]
+    return k.ollama or k.name
+
+
+def parse_load_text(name: str, text: str) -> tuple[str, Any]:
+    """A load setting typed as text (`PARAMETER n_cpu_moe 4`): (knob, value as its flag takes it), checked as a
+    load would check it; UsageError otherwise."""
+    key = load_name(name)
+    if key is None or key in NOT_IN_MODELFILE:
+        raise UsageError(f"unknown load setting {name!r}" if key is None else
+                         f"a Modelfile says this with {NOT_IN_MODELFILE[key]}")
+    k = LOAD_KNOBS[key]
+    t = text.strip()
+    value: Any
+    if k.kind in (BOOL, SWITCH):
+        if t.lower() not in ("on", "off", "true", "false", "1", "0"):
+            raise UsageError(f"{name} takes true or false, not {text!r}")
+        value = (t.lower() in ("on", "true", "1")) != (name.strip().lower().replace("-", "_") in INVERTED)
+    elif k.kind in (INT, FLOAT):
+        try:
+            value = int(t) if k.kind == INT else float(t)
+        except ValueError:
+            raise UsageError(f"{name} takes {'an integer' if k.kind == INT else 'a number'}, not {text!r}") from None
+    elif k.kind == TEXTS:
+        value = (t,)
+    else:
+        value = t
+    return key, check_load(key, value)
+
+
+def check_load(key: str, value: Any) -> Any:
+    """A load setting's value as its flag takes it, typed, in range, and one LoadParams accepts; UsageError
+    otherwise (-ot's buffer types are checked where the model loads: they name this machine's devices)."""
+    k = LOAD_KNOBS[key]
+    if k.kind in (BOOL, SWITCH):
+        if not isinstance(value, bool):
+            raise UsageError(f"{key} must be true or false, not {value!r}")
+    elif k.kind in (INT, FLOAT):
+        if isinstance(value, bool) or not isinstance(value, int if k.kind == INT else (int, float)):
+            raise UsageError(f"{key} must be {'an integer' if k.kind == INT else 'a number'}, not {value!r}")
+        if (k.lo is not None and value < k.lo) or (k.hi is not None and value > k.hi) or not math.isfinite(value):
+            lo = "-inf" if k.lo is None else f"{k.lo:g}"
+            raise UsageError(f"{key} must be within {lo} to {'inf' if k.hi is None else f'{k.hi:g}'}, not {value!r}")
+    elif k.kind == TEXTS:
+        if isinstance(value, str):
+            value = (value,)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+            raise UsageError(f"{key} must be a string or a list of strings, not {str(value)[:80]!r}")
+        value = tuple(checked_text(x, key) for x in value)
+    elif not isinstance(value, str):
+        raise UsageError(f"{key} must be a string, not {value!r}")
+    else:
+        value = checked_text(value, key)
+    LoadParams(**load_fields({key: value}))  # its own checks: cache types, split modes, patterns, ...
+    return value
+
+
+def flash_attn_value(flash_attn: Any, no_flash_attn: bool = False) -> bool | str | None:
+    """-fa on|off|auto and --no-flash-attn, as LoadParams wants them (None: not given)."""
+    if no_flash_attn:
+        return False
+    if flash_attn is None:
+        return None  # the tuning record's, else the rule's (engine/defaults.py)
+    v = str(flash_attn).lower()
+    if v in ("on", "1", "true", "enabled"):
+        return True
+    if v in ("off", "0", "false", "disabled"):
+        return False
+    if v == "auto":
+        return "auto"
+    raise UsageError(f"--flash-attn takes on, off or auto, not {flash_attn!r}")
+
+
+def load_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+    """LoadParams' fields from load settings as their flags take them (the knobs absent stay out, so a layer
+    of them can go over another's); --lora's files are the caller's (they are checked on disk)."""
+    from localgen import placement
+
+    out: dict[str, Any] = {k.field: values[k.name] for k in LOAD_KNOBS.values() if k.field and k.name in values}
+    for name in ("cache_type_k", "cache_type_v"):
+        if name in out:
+            out[name] = str(out[name]).lower()
+    if "flash_attn" in values or values.get("no_flash_attn"):
+        out["flash_attn"] = flash_attn_value(values.get("flash_attn"), bool(values.get("no_flash_attn")))
+    if "tensor_split" in values:
+        text = values["tensor_split"]
+        try:
+            out["tensor_split"] = tuple(float(x) for x in str(text or "").replace("/", ",").split(",") if x.strip())
+        except ValueError:
+            raise UsageError(f"--tensor-split takes numbers, e.g. 3,1, not {text!r}") from None
+    if "no_mmap" in values:
+        out["use_mmap"] = not values["no_mmap"]
+    if "mlock" in values:
+        out["use_mlock"] = bool(values["mlock"])
+    if "rpc" in values:
+        out["rpc"] = tuple(x.strip() for x in str(values["rpc"] or "").split(",") if x.strip())
+    if "override_tensor" in values:
+        out["override_tensor"] = placement.parse(values["override_tensor"])
+    return out

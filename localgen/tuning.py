@@ -28,12 +28,14 @@ _MAX_HASHES = 64  # remembered file hashes (path, size, mtime → SHA-256), newe
 @dataclass(frozen=True)
 class Key:
     """What a measurement depends on: the model file, the llama.cpp build, the device, and the load (streams
-    decoding together: 1 for run and chat, serve's --parallel N)."""
+    decoding together: 1 for run and chat, serve's --parallel N; the tensor placement, as the flags that make it:
+    experts in RAM compute on the CPU, and a CPU buffer is never repacked)."""
 
     sha256: str
     build: str
     device: str
     streams: int = 1
+    placement: str = ""  # placement.flags_text: "" none, "--n-cpu-moe 4", "-ot exps=CPU", ...
 
 
 @dataclass(frozen=True)
@@ -152,14 +154,15 @@ def file_sha256(path: str | Path) -> str:
     return digest
 
 
-def find(model_path: str | Path, build: str, device: str, streams: int = 1) -> Record | None:
-    """The record for this file, build, device and load, if one was made. A file no record's size matches is
-    never hashed. A record for `streams` > 1 falls back to the single-stream one."""
+def find(model_path: str | Path, build: str, device: str, streams: int = 1, placement: str = "") -> Record | None:
+    """The record for this file, build, device, placement and load, if one was made. A file no record's size
+    matches is never hashed. A record for `streams` > 1 falls back to the single-stream one."""
     try:
         size = Path(model_path).stat().st_size
     except OSError:
         return None
-    candidates = [r for r in records() if r.size == size and r.key.build == build and r.key.device == device]
+    candidates = [r for r in records() if r.size == size and r.key.build == build and r.key.device == device
+                  and r.key.placement == placement]
     if not candidates:
         return None
     sha = file_sha256(model_path)

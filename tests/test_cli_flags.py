@@ -117,9 +117,9 @@ def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     worker = SimpleNamespace(name="m", mode=mode, stop=lambda timeout: None)
     build = serve_app.build
 
-    def keep(state: Any, policy: Any) -> Any:
+    def keep(state: Any, policy: Any, **options: Any) -> Any:
         got["state"] = state
-        return build(state, policy)
+        return build(state, policy, **options)
 
     monkeypatch.setattr(serve_cli, "_workers", lambda *a: [worker])
     monkeypatch.setattr(serve_cli, "_Server", lambda config: SimpleNamespace(run=lambda: None))

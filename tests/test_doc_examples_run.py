@@ -127,6 +127,9 @@ def _needs_gemma(v: Verdict) -> bool:  # marked `gemma`, as conftest marks a tes
 
 def _too_long(v: Verdict, _: PageState) -> str | None:
     argv = v.argv
+    if argv[0] in ("quantize", "perplexity") or (argv[0] == "create" and {"-q", "--quantize"} & set(argv)):
+        return ("quantizes a 16-bit model or measures thousands of tokens (the shipped text is ~75,000): "
+                "tests/test_quantize.py runs these on an F16 made from SmolLM2")
     if argv[0] == "tune" and not {"--show", "--reset"} & set(argv):
         p, a = (values(argv, "--prompt", "-p") or ["512"])[0], (values(argv, "--answer", "-n") or ["256"])[0]
         return (f"tune measures one load setting after another on a {p}+{a}-token exchange at two depths: about "

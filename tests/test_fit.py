@@ -278,3 +278,50 @@ def test_bench_sweeps_n_cpu_moe_as_llama_bench(cli: CLI, moe_path: Path) -> None
     assert table.returncode == 0 and "n_cpu_moe" in [c.strip() for c in header.split("|")]
     bad = cli("bench", "-m", str(moe_path), "-ncmoe", "-1")
     assert bad.returncode == 2 and "--n-cpu-moe: -1 is below 0" in bad.stderr
+
+
+def test_doctor_checks_a_moe_models_placement(cli: CLI, moe_path: Path) -> None:
+    """doctor -m loads that model as run would, the placement flags (and a preset's) applied, and its placement
+    line says which experts llama.cpp put in RAM."""
+    r = cli("doctor", "-m", str(moe_path), "--n-cpu-moe", "2")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    check = next(line for line in r.stdout.splitlines() if line.startswith("check "))
+    assert "tiny-moe.gguf loaded" in check and check.endswith(": ok")
+    placed = next(line for line in r.stdout.splitlines() if line.startswith("placement "))
+    assert "6 tensors (6 of experts, 12 MiB) moved to CPU" in placed, placed  # 2 layers' gate, up and down
+    r = cli("doctor", "-m", str(moe_path), "--cpu-moe", "-ot", r"attn_q\.=CPU")
+    assert "16 tensors (12 of experts, 24 MiB) moved to CPU" in r.stdout, r.stdout
+    plain = cli("doctor", "-m", str(moe_path))
+    assert "moved to" not in plain.stdout and "tiny-moe.gguf loaded" in plain.stdout
+    for args, says, code in ((["--no-check", "-m", str(moe_path)], "-m name what --check loads", 2),
+                             (["-ot", "exps"], "takes PATTERN=BUFFER", 2),
+                             (["-m", "no-such-model"], "unknown model 'no-such-model'", 1)):
+        bad = cli("doctor", *args)
+        assert bad.returncode == code and says in bad.stderr and bad.stdout == "", (args, bad.stderr)
+
+
+def test_bench_takes_ot_as_llama_bench_and_cmoe(cli: CLI, moe_path: Path) -> None:
+    """-ot as llama-bench takes it: placements by ',' (an empty one: none), pairs by ';'; each a configuration,
+    recorded in llama-bench's tensor_buft_overrides (column `ot`); -cmoe in every configuration; what llama.cpp
+    moved, in our `moved`."""
+    two = r"blk\.0\.ffn_up_exps=CPU;blk\.1\.ffn_up_exps=CPU"
+    r = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-ot", f"{two},",
+            "-ncmoe", "0,1", "-o", "json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [(x["n_cpu_moe"], x["tensor_buft_overrides"], x["moved"].get("CPU", {}).get("experts", 0))
+            for x in json.loads(r.stdout)]
+    assert rows == [(0, two, 2), (0, "none", 0), (1, two, 3 + 1), (1, "none", 3)]  # blk.0's up is -ot's, first
+    r = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-cmoe", "-o", "csv")
+    assert r.returncode == 0, r.stderr[-2000:]
+    import csv
+    import io
+
+    (row,) = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert row["tensor_buft_overrides"] == placement.EXPS + "=CPU"  # what llama-bench -ot '...exps=CPU' records
+    table = cli("bench", "-m", str(moe_path), "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-ot", r"attn_q\.=CPU")
+    header = next(line for line in table.stdout.splitlines() if line.startswith("| model"))
+    assert "ot" in [c.strip() for c in header.split("|")] and r"| attn_q\.=CPU " in table.stdout
+    for flags, says in ((["-ot", "exps"], "takes PATTERN=BUFFER"), (["-ot", "exps=NOPE0"], "no buffer type 'NOPE0'"),
+                        (["-ot", ";"], "has no PATTERN=BUFFER pair")):
+        bad = cli("bench", "-m", str(moe_path), *flags)
+        assert bad.returncode == 2 and says in bad.stderr, (flags, bad.stderr)

@@ -26,6 +26,11 @@ SHORT_EXCEPTIONS = {
     ("-n", "rerank"): "how many results, as head -n (there are no tokens to generate)",
     ("-n", "logs"): "how many entries, as head -n (there are no tokens to generate)",
     ("-f", "create"): "Ollama's `ollama create NAME -f Modelfile`: a file read, as run's -f reads a document",
+    ("-p", "quantize"): "the ladder's pp test length, as bench's -p (llama-bench's -p/--n-prompt)",
+    ("-n", "quantize"): "the ladder's tg test length, as bench's -n (llama-bench's -n/--n-gen)",
+    ("-r", "quantize"): "the ladder's repetitions, as bench's -r (llama-bench's -r/--repetitions)",
+    ("-f", "perplexity"): "llama-perplexity's -f: the text measured, a file read as run's -f reads a document",
+    ("-q", "create"): "Ollama's `ollama create NAME -q q4_K_M`: the type its FROM is quantized to",
 }
 
 # llama-bench's load flags: each takes a list of values to sweep, with llama-bench's help and defaults
@@ -34,8 +39,10 @@ _SWEPT = "bench sweeps it: a list of values (llama-bench's), not one setting"
 LONG_EXCEPTIONS = {
     **{(flag, "bench"): _SWEPT for flag in (
         "--model", "--threads", "--n-gpu-layers", "--batch-size", "--ubatch-size", "--flash-attn", "--cache-type-k",
-        "--cache-type-v", "--parallel", "--n-cpu-moe")},
+        "--cache-type-v", "--parallel", "--n-cpu-moe", "--override-tensor")},
     ("--model", "serve"): "serve serves several models at once: repeatable, each one a name requests use",
+    ("--ctx", "bench"): "bench --quality's perplexity window (llama-perplexity's -c, 512 by default), not a context "
+                        "to generate in",
     ("--exact", "serve"): "the same switch; serve's help speaks of requests, the start-up line and the request "
                           "field, run's of the prompts of --file and --stats",
     ("--no-exact", "serve"): "the other half of --exact/--no-exact (above)",

@@ -37,7 +37,8 @@ def test_create_writes_a_modelfile_from_the_requests_fields() -> None:
     assert text == ('FROM smollm2:135m\nPARAMETER num_predict 3\nPARAMETER stop a\nPARAMETER stop b\n'
                     'PARAMETER temperature 0\nSYSTEM """Be brief.\nVery."""\nMESSAGE user hi\n')
     assert describe.modelfile_text({"modelfile": "FROM x\n", "from": "y"}) == "FROM x\n"  # older clients' text
-    for bad, says in (({"from": "x", "quantize": "q4_K_M"}, "`quantize` is not supported"),
+    assert describe.modelfile_text({"from": "x", "quantize": "q4_K_M"}) == "FROM x\n"  # quantize: manage.py's
+    for bad, says in (({"from": "x", "files": {"a": "sha256:0"}}, "`files` is not supported"),
                       ({}, "`from` must name"), ({"from": "x", "parameters": [1]}, "`parameters` must be an object"),
                       ({"from": "x", "messages": [{"role": "user"}]}, "`content` string")):
         with pytest.raises(HTTPError, match=says) as e:

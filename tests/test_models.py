@@ -409,6 +409,33 @@ def test_pull_list_shows_fit_and_recommendation(env: dict[str, str], hub: hub_se
     assert "★ recommended" in table.stdout and "FIT" in table.stdout
 
 
+def test_pull_list_judges_for_a_described_card_as_fit_does(env: dict[str, str], hub: hub_server.FakeHub,
+                                                           moe_path: Path) -> None:
+    """pull --list --gpu-memory SIZE: the planner's verdict for a card described, before pulling, the one
+    `fit --gpu-memory SIZE` gives for the same file (fit's own code path: cli/fit.machine_for)."""
+    hub.repos["acme/tiny-moe-GGUF"] = hub_server.HubRepo(COMMIT, {"tiny-moe-F16.gguf": hub_server.HubFile(moe_path)})
+    verdicts = []
+    for size in ("0", "1.75G", "4G"):
+        r = lg(env, "pull", "acme/tiny-moe-GGUF", "--list", "--json", "--gpu-memory", size)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        (row,) = doc["quantizations"]
+        planned = json.loads(lg(env, "fit", "-m", str(moe_path), "--ctx", "4096", "--gpu-memory", size,
+                                "--json").stdout)
+        assert (row["fit"], row["context"], row["memory"]) == (
+            planned["verdict"], planned["ctx"], sum(d["total"] for d in planned["devices"])), size
+        assert doc["machine"]["described"] and len(doc["machine"]["gpus"]) == (size != "0")
+        verdicts.append(row["fit"])
+    assert verdicts == ["CPU only", "partial GPU", "full GPU"]
+    table = lg(env, "pull", "acme/tiny-moe-GGUF", "--list", "--gpu-memory", "24GB")
+    assert "fit judged for 24.0 GiB described" in table.stdout.splitlines()[0], table.stdout
+    bad = lg(env, "pull", "acme/tiny-moe-GGUF", "--gpu-memory", "24GB")
+    assert bad.returncode == 2 and "add --list" in bad.stderr
+    bad = lg(env, "pull", "acme/tiny-moe-GGUF", "--list", "--gpu-memory", "lots")
+    assert bad.returncode == 2 and "--gpu-memory takes sizes such as 24GB" in bad.stderr
+    assert not blob(env, hub_server.HubFile(moe_path).sha256, "acme/tiny-moe-GGUF").exists()  # nothing pulled
+
+
 def test_user_catalogue_adds_entries_with_sampling_defaults(env: dict[str, str], hub: hub_server.FakeHub) -> None:
     cfg = Path(env["LOCALGEN_HOME"]) / "config"
     cfg.mkdir(parents=True)

@@ -38,10 +38,13 @@ def test_doctor_reads_the_gpu_offload_from_the_load_report(monkeypatch: Any, cap
     a load that reports no layers offloaded is a PROBLEM; one that does names it."""
     from localgen.cli import doctor
     from localgen.engine import llama
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
 
+    ref, load = resolve(None, offline=True), LoadParams(n_ctx=512, n_gpu_layers=-1)  # layers asked on the GPU
     monkeypatch.setattr(llama, "last_load", lambda: LoadReport())
-    assert doctor._smoke_test(gpu=True) == 1
+    assert doctor._smoke_test(True, (), ref, load) == 1
     assert "did not report layers offloaded to the GPU" in capsys.readouterr().out
     monkeypatch.setattr(llama, "last_load", lambda: LoadReport(offloaded="offloaded 31/31 layers to GPU"))
-    assert doctor._smoke_test(gpu=True) == 0
+    assert doctor._smoke_test(True, (), ref, load) == 0
     assert "on offloaded 31/31 layers to GPU: ok" in capsys.readouterr().out

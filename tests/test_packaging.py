@@ -38,6 +38,13 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path, cli_env: di
                         "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     wheel = next(wheels.glob("localgen-*.whl"))
+    import zipfile
+
+    from localgen.serve import page
+
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    missing = [n for n in page.FILES if f"localgen/serve/webui/{n}" not in shipped]
+    assert not missing, f"the chat page's files are not package data: {missing}"
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     fresh_site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",

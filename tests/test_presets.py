@@ -82,7 +82,15 @@ def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     ("FROM smollm2:135m\nPARAMETER temperature 9\n", ["line 2", "temperature must be within"]),
     ("FROM smollm2:135m\nPARAMETER warmth 1\n", ["line 2", "unknown PARAMETER 'warmth'"]),
     ("FROM smollm2:135m\nPARAMETER num_ctx 8\n", ["line 2", "num_ctx"]),
-    ("FROM smollm2:135m\nPARAMETER num_gpu 99\n", ["line 2", "--gpu-layers"]),
+    ("FROM smollm2:135m\nPARAMETER num_gpu lots\n", ["line 2", "num_gpu takes an integer"]),
+    ("FROM smollm2:135m\nPARAMETER n_cpu_moe -1\n", ["line 2", "n_cpu_moe must be within 0 to inf"]),
+    ("FROM smollm2:135m\nPARAMETER n_cpu_moe 1\nPARAMETER n_cpu_moe 2\n", ["line 3", "given twice"]),
+    ("FROM smollm2:135m\nPARAMETER cpu_moe maybe\n", ["line 2", "cpu_moe takes true or false"]),
+    ("FROM smollm2:135m\nPARAMETER override_tensor exps\n", ["line 2", "takes PATTERN=BUFFER"]),
+    ("FROM smollm2:135m\nPARAMETER override_tensor (?i)exps=CPU\n", ["line 2", "construct llama.cpp's"]),
+    ("FROM smollm2:135m\nPARAMETER cache_type_k q9\n", ["line 2", "unknown KV-cache type 'q9'"]),
+    ("FROM smollm2:135m\nPARAMETER flash_attn sometimes\n", ["line 2", "takes on, off or auto"]),
+    ("FROM smollm2:135m\nPARAMETER lora /a/l.gguf\n", ["line 2", "says this with ADAPTER"]),
     ("FROM smollm2:135m\nMESSAGE robot hi\n", ["line 2", "role"]),
     ("FROM smollm2:135m\n\nSYSTEM \"\"\"never\nclosed\n", ["line 3", '"""']),
     ("FROM smollm2:135m\nSYSTEM \"open\n", ["line 2", "never closed"]),
@@ -98,6 +106,33 @@ def test_a_bad_modelfile_is_one_error_naming_its_line(text: str, words: list[str
         modelfile.parse(text)
     for w in words:
         assert w in e.value.message, e.value.message
+
+
+PLACED = r"""FROM smollm2:135m
+PARAMETER n_cpu_moe 2
+PARAMETER cpu_moe false
+PARAMETER override_tensor blk\.3\.ffn_up_exps=CPU
+PARAMETER override_tensor "attn_q=CPU"
+PARAMETER num_gpu 0
+PARAMETER num_thread 2
+PARAMETER use_mmap false
+PARAMETER flash_attn off
+PARAMETER ctx_size 2048
+"""
+
+
+def test_a_modelfile_keeps_load_settings_by_ollamas_and_llama_cpps_names() -> None:
+    m = modelfile.parse(PLACED)
+    assert m.load == {"n_cpu_moe": 2, "cpu_moe": False, "override_tensor": (r"blk\.3\.ffn_up_exps=CPU", "attn_q=CPU"),
+                      "gpu_layers": 0, "threads": 2, "no_mmap": True, "flash_attn": "off"}
+    assert m.context == 2048 and m.parameters == {}  # llama.cpp's -c spelling is num_ctx's line
+    written = modelfile.write(m)
+    assert "PARAMETER num_gpu 0\nPARAMETER num_thread 2\nPARAMETER use_mmap false\n" in written  # Ollama's names
+    assert "PARAMETER override_tensor blk\\.3\\.ffn_up_exps=CPU\nPARAMETER override_tensor attn_q=CPU\n" in written
+    assert modelfile.parse(written) == m
+    llama_cpps = modelfile.parse("FROM smollm2:135m\nPARAMETER n_gpu_layers 3\nPARAMETER use_mlock true\n")
+    assert llama_cpps.load == {"gpu_layers": 3, "mlock": True}
+    assert "PARAMETER num_gpu 3\nPARAMETER use_mlock true\n" in modelfile.write(llama_cpps)
 
 
 # ---- create, list, show, cp, rm ------------------------------------------------------------------------
@@ -278,3 +313,72 @@ def test_serve_and_bench_take_a_preset(cli_env: dict[str, str], tmp_path: Path) 
     r = CLI(env)("bench", "-m", "terse", "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[0])["n_prompt"] == 8
+
+
+# ---- a preset's tensor placement, on a mixture of experts -------------------------------------------------
+
+
+def test_a_presets_placement_loads_and_flags_win(cli: CLI, tmp_path: Path, moe_path: Path) -> None:
+    """create keeps n_cpu_moe and override_tensor; show lists them; run loads with them (llama.cpp's loader says
+    what it moved); a flag, or llama.cpp's environment variable, replaces the preset's."""
+    env = {**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    lg = CLI(env)
+    text = f"FROM {moe_path}\nPARAMETER n_cpu_moe 2\nPARAMETER override_tensor blk\\.3\\.ffn_up_exps=CPU\n"
+    r = lg("create", "moe-ram", "-f", "-", input=text)
+    assert r.returncode == 0, r.stderr
+    shown = lg("show", "moe-ram")
+    assert r"load settings   n_cpu_moe 2 · override_tensor blk\.3\.ffn_up_exps=CPU" in shown.stdout, shown.stdout
+    assert json.loads(lg("show", "moe-ram", "--json").stdout)["load"] == {
+        "n_cpu_moe": 2, "override_tensor": [r"blk\.3\.ffn_up_exps=CPU"]}
+    assert lg("show", "moe-ram", "--modelfile").stdout == text
+
+    def moved(*flags: str, extra: dict[str, str] | None = None) -> int:
+        argv = lg.argv("run", "-m", "moe-ram", "--raw", "-p", "Once", "-n", "1", "--json", *flags)
+        r = subprocess.run(argv, capture_output=True, text=True, env={**env, **(extra or {})}, timeout=300,
+                           check=False)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return int(json.loads(r.stdout)["load"]["moved"].get("CPU", {}).get("experts", 0))
+
+    assert moved() == 2 * 3 + 1  # the first two layers' gate, up and down experts, and -ot's one tensor
+    assert moved("--n-cpu-moe", "0") == 1  # the flag wins over the preset's n_cpu_moe; its -ot stays
+    assert moved("-ot", r"blk\.0\.ffn_down_exps=CPU") == 2 * 3  # -ot replaces -ot (blk.0's down is among n_cpu_moe's)
+    assert moved(extra={"LLAMA_ARG_N_CPU_MOE": "4"}) == 4 * 3 + 0  # (blk.3's up is among the first four's)
+    r = lg("create", "moe-gpu", "-f", "-", input=f"FROM {moe_path}\nPARAMETER override_tensor exps=NOPE0\n")
+    assert r.returncode == 0, r.stderr  # a buffer names the devices of the machine that loads
+    bad = lg("run", "-m", "moe-gpu", "-p", "hi")
+    says = "the preset moe-gpu's PARAMETER override_tensor: no buffer type 'NOPE0'"
+    assert bad.returncode == 2 and says in bad.stderr
+
+
+def test_api_create_keeps_placement_and_ollamas_options_let_it_be(cli: CLI, tmp_path: Path, moe_path: Path) -> None:
+    """/api/create takes the load settings as parameters, and the preset loads with them. Ollama has no option for
+    placement (api/types.go's Runner: num_ctx, num_batch, num_gpu, main_gpu, use_mmap, num_thread) and ignores an
+    option it does not know: llama.cpp's names are let be, as num_gpu is, while a misspelt one is a 400."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    env = {**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    base = "moe-base"  # a name for the file (a client names no path on the server)
+    assert CLI(env)("create", base, "-f", "-", input=f"FROM {moe_path}\n").returncode == 0
+    s = Server(env, "-m", base, "-np", "1", "--ctx", "512")
+    try:
+        r = httpx.post(f"{s.url}/api/create", timeout=60, json={
+            "model": "moe-api", "from": base, "stream": False,
+            "parameters": {"n_cpu_moe": 1, "override_tensor": r"blk\.3\.ffn_up_exps=CPU", "num_predict": 2}})
+        assert r.status_code == 200, r.text
+        shown = httpx.post(f"{s.url}/api/show", json={"model": "moe-api"}, timeout=30).json()
+        assert "PARAMETER n_cpu_moe 1" in shown["modelfile"] and "n_cpu_moe" in shown["parameters"]
+        r = httpx.post(f"{s.url}/api/generate", timeout=300, json={
+            "model": "moe-api", "prompt": "Once", "stream": False, "options": {"n_cpu_moe": 4, "cpu_moe": True}})
+        assert r.status_code == 200 and r.json()["eval_count"] == 2, r.text
+        ps = {m["name"]: m for m in httpx.get(f"{s.url}/api/ps", timeout=30).json()["models"]}
+        assert ps["moe-api"]["placement"]["moved"]["CPU"]["experts"] == 3 + 1  # the preset's, not the options'
+        r = httpx.post(f"{s.url}/api/generate", timeout=60, json={
+            "model": "moe-api", "prompt": "Once", "stream": False, "options": {"n_cpu_moes": 4}})
+        assert r.status_code == 400 and "unknown options: n_cpu_moes" in r.json()["error"]
+        r = httpx.post(f"{s.url}/api/create", timeout=60, json={
+            "model": "moe-bad", "from": base, "parameters": {"n_cpu_moe": -2}})
+        assert r.status_code == 400 and "n_cpu_moe must be within 0 to inf" in r.json()["error"]
+    finally:
+        assert s.stop() == 0

@@ -251,3 +251,35 @@ def test_run_on_a_terminal_tips_once_and_a_pipe_never(cli_env: dict[str, str], t
         outputs.append(child.before)
     assert "tip: `localgen tune -m smollm2:135m`" in outputs[0]
     assert "tip:" not in outputs[1]
+
+
+def test_tune_measures_with_the_placement_and_keeps_the_record_for_it(cli_env: dict[str, str], tmp_path: Path,
+                                                                      moe_path: Path) -> None:
+    """tune --n-cpu-moe N measures with those experts in RAM, and its record applies to loads placed so (flags or
+    a preset's), never to another placement: experts on the CPU are other work, and a CPU buffer is not repacked."""
+    from localgen import placement
+    from localgen.engine.tune import Probe
+
+    probe = Probe(_ref(moe_path), False, True, 64, 1, cpu_only=True, placement=placement.n_cpu_moe(2))
+    try:
+        assert probe.engine.load_report.record()["moved"]["CPU"]["experts"] == 2 * 3
+    finally:
+        probe.close()
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
+    done = cli("tune", "-m", str(moe_path), "--n-cpu-moe", "2", "--depth", "0", "--prompt", "16", "--answer", "8",
+               "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    rec = json.loads(done.stdout)
+    assert rec["key"]["placement"] == "--n-cpu-moe 2" and "for run, chat and bench with --n-cpu-moe 2" in done.stderr
+    assert "tiny-moe.gguf · --n-cpu-moe 2 · tuned" in cli("tune", "--show").stdout
+
+    def origins(*args: str) -> set[str]:
+        doc = _json(cli, "run", *args, "--raw", "-p", "hi", "-n", "1", "--json")
+        return {v.split(" ")[0].rstrip(":") for v in doc["load"]["origins"].values()}
+
+    assert origins("-m", str(moe_path), "--n-cpu-moe", "2") == {"tuned"}
+    assert origins("-m", str(moe_path)) == {"rule"} and origins("-m", str(moe_path), "--n-cpu-moe", "1") == {"rule"}
+    assert cli("create", "moe2", "-f", "-", input=f"FROM {moe_path}\nPARAMETER n_cpu_moe 2\n").returncode == 0
+    assert origins("-m", "moe2") == {"tuned"}
+    bad = cli("tune", "-m", str(moe_path), "-ot", "exps=NOPE0")
+    assert bad.returncode == 2 and "no buffer type 'NOPE0'" in bad.stderr

@@ -95,13 +95,15 @@ def _records(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
 
 
 KEY_FIELDS = ("model_filename", "test", "n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn",
-              "type_k", "type_v")
+              "type_k", "type_v", "n_cpu_moe", "tensor_buft_overrides")
 
 
 def compare(a: Run, b: Run) -> list[tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]]:
     """Pair results of two runs by model file, test and settings: (key, A's record, B's record)."""
+    from localgen.bench.records import DEFAULTS
+
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(r.get(k) for k in KEY_FIELDS)
+        return tuple(r.get(k, DEFAULTS.get(k)) for k in KEY_FIELDS)  # (a run from before a field was kept)
 
     bmap = {key(r): r for r in b.records}
     out: list[tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]] = []

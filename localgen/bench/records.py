@@ -16,8 +16,8 @@ LLAMA_BENCH_FIELDS = [
     "build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
     "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "cpu_mask", "cpu_strict", "poll",
     "type_k", "type_v", "n_gpu_layers", "n_cpu_moe", "split_mode", "main_gpu", "no_kv_offload", "flash_attn",
-    "tensor_split", "use_mmap", "embeddings", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns",
-    "stddev_ns", "avg_ts", "stddev_ts",
+    "tensor_split", "tensor_buft_overrides", "use_mmap", "embeddings", "n_prompt", "n_gen", "n_depth", "test_time",
+    "avg_ns", "stddev_ns", "avg_ts", "stddev_ts",
 ]
 OUR_FIELDS = [
     "test", "n_parallel", "model_name", "load_s", "ttft_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "peak_rss_bytes",
@@ -59,7 +59,8 @@ def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
         "n_threads": c.n_threads, "cpu_mask": "0x0", "cpu_strict": False, "poll": 50, "type_k": c.type_k,
         "type_v": c.type_v, "n_gpu_layers": c.n_gpu_layers, "n_cpu_moe": c.n_cpu_moe,
         "split_mode": "layer", "main_gpu": 0,
-        "no_kv_offload": False, "flash_attn": c.flash_attn, "tensor_split": "0.00", "use_mmap": True,
+        "no_kv_offload": False, "flash_attn": c.flash_attn, "tensor_split": "0.00",
+        "tensor_buft_overrides": overrides_text(c.placement), "use_mmap": True,
         "embeddings": False, "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_depth": t.n_depth,
         "test_time": r.test_time, "avg_ns": avg_ns,
         "stddev_ns": int(statistics.stdev(r.samples_ns)) if len(r.samples_ns) > 1 else 0,
@@ -71,26 +72,38 @@ def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
         "limit_ts": round(r.limit_ts, 2) if r.limit_ts else None,
         "limit_share": round(r.avg_ts / r.limit_ts, 4) if r.limit_ts else None,
         "batching": r.batching,
+        "moved": r.model.get("moved", {}),  # what the placement moved, from llama.cpp's load log (native/report.py)
         "localgen_version": system["localgen_version"],
         "samples_ns": r.samples_ns, "samples_ts": [round(x, 6) for x in r.samples_ts],
     }
     return rec
 
 
+# the settings' values where a record does not say (the defaults; history from before a field was kept)
+DEFAULTS = {"n_batch": 2048, "n_ubatch": 512, "flash_attn": True, "type_k": "f16", "type_v": "f16", "n_cpu_moe": 0,
+            "tensor_buft_overrides": "none"}
+
+
+def overrides_text(pairs: tuple[tuple[str, str], ...]) -> str:
+    """llama-bench's tensor_buft_overrides: PATTERN=BUFFER pairs joined by ';', or "none"."""
+    return ";".join(f"{p}={b}" for p, b in pairs) or "none"
+
+
 def swept(records: list[dict[str, Any]]) -> list[str]:
     """Settings that vary between records, or differ from the defaults: they get their own column."""
-    keys = ["n_threads", "n_gpu_layers", "n_cpu_moe", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v"]
-    defaults = {"n_batch": 2048, "n_ubatch": 512, "flash_attn": True, "type_k": "f16", "type_v": "f16", "n_cpu_moe": 0}
+    keys = ["n_threads", "n_gpu_layers", "n_cpu_moe", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v",
+            "tensor_buft_overrides"]
     cols = []
     for k in keys:
-        values = {r.get(k, defaults.get(k)) for r in records}  # history from before a field was kept
-        if len(values) > 1 or k in ("n_threads", "n_gpu_layers") or any(v != defaults.get(k, v) for v in values):
+        values = {r.get(k, DEFAULTS.get(k)) for r in records}  # history from before a field was kept
+        if len(values) > 1 or k in ("n_threads", "n_gpu_layers") or any(v != DEFAULTS.get(k, v) for v in values):
             cols.append(k)
     return cols
 
 
 SHORT = {"n_threads": "threads", "n_gpu_layers": "ngl", "n_cpu_moe": "n_cpu_moe", "n_batch": "n_batch",
-         "n_ubatch": "n_ubatch", "flash_attn": "fa", "type_k": "type_k", "type_v": "type_v"}
+         "n_ubatch": "n_ubatch", "flash_attn": "fa", "type_k": "type_k", "type_v": "type_v",
+         "tensor_buft_overrides": "ot"}
 
 
 def size_gib(n: int) -> str:
@@ -115,7 +128,7 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     for r in records:
         cells.append([
             r["model_type"], size_gib(r["model_size"]), params_b(r["model_n_params"]), r["backends"],
-            *[str(int(r[c]) if isinstance(r[c], bool) else r.get(c, 0)) for c in cols],
+            *[_cell(r.get(c, DEFAULTS.get(c, 0))) for c in cols],
             r["test"] + (f" ({r['batching']})" if r.get("batching") else ""),
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
             f"{r['ttft_ms']:.1f}" if r["ttft_ms"] is not None else "",
@@ -124,6 +137,10 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
             f"{r['limit_share'] * 100:.0f} %" if r["limit_share"] else "",
         ])
     return headers, cells
+
+
+def _cell(value: Any) -> str:
+    return str(int(value) if isinstance(value, bool) else value)
 
 
 def markdown(records: list[dict[str, Any]]) -> str:

@@ -132,7 +132,8 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         params = LoadParams(n_ctx=n_ctx, n_threads=cfg.n_threads, n_threads_batch=cfg.n_threads,
                             n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                             flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k, cache_type_v=cfg.type_v, rpc=rpc,
-                            n_cpu_moe=cfg.n_cpu_moe or None)
+                            n_cpu_moe=cfg.n_cpu_moe or None, override_tensor=cfg.override_tensor,
+                            cpu_moe=cfg.cpu_moe)
         _reset_peak_rss()
         engine = Engine(ref, params)
         # the settings the load chose where the sweep left them open (tuning record or rule), as measured
@@ -141,7 +142,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         try:
             size, n_params = model_size(engine)
             model = {"name": ref.name, "filename": ref.path, "type": model_desc(engine), "size": size,
-                     "n_params": n_params}
+                     "n_params": n_params, "moved": engine.load_report.moved}
             # the limit is host memory bandwidth over the weights: meaningless once layers are on a GPU
             limit = bandwidth / size if bandwidth and size and not engine.offloaded else None
             bench = BenchContext(engine)
@@ -182,7 +183,9 @@ def _describe(cfg: LoadConfig) -> str:
     settings = [f"t={cfg.n_threads}" if cfg.n_threads else "", f"ngl={cfg.n_gpu_layers}", f"b={cfg.n_batch}",
                 f"ub={cfg.n_ubatch}" if cfg.n_ubatch else "",
                 f"fa={int(cfg.flash_attn)}" if cfg.flash_attn is not None else "", f"ctk={cfg.type_k}",
-                f"ctv={cfg.type_v}", f"ncmoe={cfg.n_cpu_moe}" if cfg.n_cpu_moe else ""]
+                f"ctv={cfg.type_v}", f"ncmoe={cfg.n_cpu_moe}" if cfg.n_cpu_moe else "",
+                f"ot={';'.join(f'{p}={b}' for p, b in cfg.override_tensor)}" if cfg.override_tensor else "",
+                "cmoe" if cfg.cpu_moe else ""]
     return f"loading {cfg.model.rsplit('/', 1)[-1]} " + " ".join(x for x in settings if x)
 
 

@@ -95,6 +95,22 @@ def str_values(flag: str, items: list[str] | None, default: list[str], allowed: 
     return out
 
 
+def placements(flag: str, items: list[str] | None) -> list[tuple[tuple[str, str], ...]]:
+    """llama-bench's -ot: placements separated by ',' (each one configuration; an empty one: none), each of
+    PATTERN=BUFFER pairs separated by ';'; the flag may repeat. Patterns are checked as run's -ot checks them."""
+    from localgen import placement
+
+    out: list[tuple[tuple[str, str], ...]] = []
+    for item in items or []:
+        for group in item.split(","):
+            pairs_ = tuple(p for part in group.split(";") if part.strip() for p in placement.parse(part))
+            if not pairs_ and group.strip():
+                raise UsageError(f"{flag}: {group!r} has no PATTERN=BUFFER pair")
+            if pairs_ not in out:
+                out.append(pairs_)
+    return out or [()]
+
+
 def pairs(flag: str, items: list[str] | None) -> list[tuple[int, int]]:
     """-pg 512,128 (repeatable): prompt and generation lengths."""
     out = []
@@ -119,6 +135,16 @@ class LoadConfig:
     type_k: str
     type_v: str
     n_cpu_moe: int = 0  # the first N layers' experts in RAM (llama-bench's -ncmoe)
+    override_tensor: tuple[tuple[str, str], ...] = ()  # -ot's (pattern, buffer type) pairs, as llama-bench's
+    cpu_moe: bool = False  # every layer's experts in RAM (run's --cpu-moe)
+
+    @property
+    def placement(self) -> tuple[tuple[str, str], ...]:
+        """The pairs llama.cpp gets but --n-cpu-moe's (llama-bench's tensor_buft_overrides): -ot's, then
+        --cpu-moe's pattern."""
+        from localgen import placement
+
+        return (*self.override_tensor, *((placement.cpu_moe(),) if self.cpu_moe else ()))
 
 
 @dataclass(frozen=True)
@@ -196,7 +222,8 @@ class Plan:
 def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batch: list[int],
           ubatch: Sequence[int | None], fa: Sequence[bool | None], ctk: list[str], ctv: list[str],
           prompts: list[int], gens: list[int], pg: list[tuple[int, int]], depths: list[int], reps: int, e2e: bool,
-          parallel: list[int] | None = None, exact: bool | None = None, ncmoe: list[int] | None = None) -> Plan:
+          parallel: list[int] | None = None, exact: bool | None = None, ncmoe: list[int] | None = None,
+          ot: list[tuple[tuple[str, str], ...]] | None = None, cmoe: bool = False) -> Plan:
     """Every combination, in llama-bench's order (models outermost)."""
     for name, values, low in (("--threads", threads, 1), ("--batch-size", batch, 1), ("--ubatch-size", ubatch, 1),
                               ("--n-prompt", prompts, 0), ("--n-gen", gens, 0), ("--n-depth", depths, 0),
@@ -209,8 +236,9 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
     for v in ctv:
         if v not in ("f16", "f32", "bf16") and False in fa:
             raise UsageError(f"a quantized V cache ({v}) needs flash attention; drop -fa 0 or that type")
-    configs = [LoadConfig(*c) for c in itertools.product(models, threads, ngl, batch, ubatch, fa, ctk, ctv,
-                                                         ncmoe or [0])]
+    configs = [LoadConfig(*c, override_tensor=o, cpu_moe=cmoe)
+               for c in itertools.product(models, threads, ngl, batch, ubatch, fa, ctk, ctv, ncmoe or [0])
+               for o in ot or [()]]
     tests: list[Test] = []
     for d in depths:
         tests += [Test("pp", p, 0, d) for p in prompts if p > 0]

@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm": ("localgen.cli.models.manage", "rm"),
     "create": ("localgen.cli.models.presets", "create"),
     "cp": ("localgen.cli.models.presets", "cp"),
+    "quantize": ("localgen.cli.quantize", "quantize"),
+    "perplexity": ("localgen.cli.perplexity", "perplexity"),
     "bench": ("localgen.cli.bench.command", "bench_app"),
     "fit": ("localgen.cli.fit", "fit"),
     "doctor": ("localgen.cli.doctor", "doctor"),

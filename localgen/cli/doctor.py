@@ -10,6 +10,10 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.options.knobs import Knobs
+from localgen.settings import LOAD_KNOBS
+
+PLACEMENT = ("gpu_layers", "n_cpu_moe", "cpu_moe", "override_tensor")  # where the checked load puts the weights
 
 REBUILD = {
     "cuda": 'scripts/install.sh --cuda   (or: CMAKE_ARGS="-DGGML_CUDA=on" pip install --no-cache-dir '
@@ -19,13 +23,28 @@ REBUILD = {
 }
 
 
+@o.with_knobs(sampling=False, load=PLACEMENT)
 def doctor(
+    ctx: typer.Context,
     check: Annotated[
-        bool, typer.Option("--check/--no-check", help="Load the default model and generate a few tokens.")
+        bool, typer.Option("--check/--no-check", help="Load the model (-m, else the default one) and generate a few "
+                                                      "tokens.")
     ] = True,
+    model: o.Model = None,
     rpc: o.Rpc = None,
+    *,
+    knobs: Knobs,
 ) -> None:
-    """Check this machine and this build; exit 1 if something needs fixing."""
+    """Check this machine and this build; exit 1 if something needs fixing. With -m (and the placement flags),
+    check that model's load: what went where, experts in RAM included."""
+    from localgen.errors import UsageError
+
+    given = [k.flags[0] for n, k in LOAD_KNOBS.items() if n in PLACEMENT and knobs.given(n)]
+    if not check and (model is not None or given):
+        raise UsageError(f"{', '.join(['-m', *given] if model is not None else given)} name what --check loads: "
+                         "drop --no-check")
+    servers = tuple(x.strip() for x in (rpc or "").split(",") if x.strip())
+    planned = _planned(model, knobs, servers) if check else None  # a bad flag or name: one error, before anything
     import localgen
     from localgen import hardware
     from localgen.native.devices import backend_info
@@ -64,10 +83,9 @@ def doctor(
         print("PROBLEM   a GPU is present but this llama-cpp-python cannot use it. Rebuild with:")
         print(f"          {REBUILD[kind]}")
         problems += 1
-    servers = tuple(x.strip() for x in (rpc or "").split(",") if x.strip())
     problems += _check_rpc(servers)
-    if check and not (servers and problems):
-        problems += _smoke_test(offload and bool(gpus), servers)
+    if planned is not None and not (servers and problems):
+        problems += _smoke_test(offload and bool(gpus), servers, *planned)
     if problems:
         raise typer.Exit(1)
 
@@ -110,27 +128,36 @@ def placement_line(record: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def _smoke_test(gpu: bool, rpc: tuple[str, ...] = ()) -> int:
-    from localgen.engine.llama import Engine
-    from localgen.errors import LocalgenError
+def _planned(model: str | None, knobs: Knobs, rpc: tuple[str, ...]) -> tuple[Any, Any]:
+    """The model to check and its load settings as `run` takes them: the placement flags over a preset's."""
+    from localgen.cli.options import preset
     from localgen.models.resolve import resolve
+
+    load = knobs.load(n_ctx=512, rpc=rpc)
+    ref = resolve(model, offline=True, pull_missing=False)
+    return ref, preset.load_params(ref, load, knobs.given)
+
+
+def _smoke_test(gpu: bool, rpc: tuple[str, ...], ref: Any, load: Any) -> int:
+    """Load the model as `run` would (by its plan) and generate a few tokens; 1 when it does not run."""
+    from localgen.errors import LocalgenError
+    from localgen.models.load import open_engine
     from localgen.native.prompt import Prompt
-    from localgen.types import LoadParams, SamplingParams
+    from localgen.types import SamplingParams
 
     try:
-        ref = resolve(None, offline=True)
-        engine = Engine(ref, LoadParams(n_ctx=512, n_gpu_layers=-1 if gpu or rpc else 0, rpc=rpc))
+        engine = open_engine(ref, load)
         prompt = Prompt.text(engine.raw_tokens("The sky is"))
         gen = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=16))
         for _ in gen:
             pass
         engine.close()
     except LocalgenError as e:
-        print(f"PROBLEM   the default model does not run: {e.message}")
+        print(f"PROBLEM   {ref.name} does not run: {e.message}")
         return 1
     s = gen.stats
     where = "CPU"
-    if gpu:
+    if gpu and engine.params.n_gpu_layers != 0:  # (-ngl 0, or a plan with no room: the CPU, as asked)
         offloaded = engine.load_report.offloaded  # "offloaded 31/31 layers to GPU" (native/report.py)
         where = offloaded or "GPU (layer count not reported)"
         if not offloaded:

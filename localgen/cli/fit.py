@@ -10,10 +10,20 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.options import preset
 from localgen.cli.options.knobs import Knobs
 from localgen.errors import UsageError
 from localgen.units import format_bytes, parse_bytes
 
+GpuMemory = Annotated[
+    str | None, typer.Option("--gpu-memory", rich_help_panel=o.GPU_PANEL, show_default=False, metavar="SIZE,...",
+                             help="Plan for GPUs of this much memory each (e.g. 24GB, or 24G,12G for two) "
+                                  "instead of this machine's; 0 for none.")
+]
+Ram = Annotated[
+    str | None, typer.Option("--ram", rich_help_panel=o.GPU_PANEL, show_default=False, metavar="SIZE",
+                             help="Plan for this much available RAM (default: what is available here).")
+]
 PLAN_LOAD = ("gpu_layers", "batch_size", "ubatch_size", "flash_attn", "no_flash_attn", "cache_type_k", "cache_type_v",
              "repack", "n_cpu_moe", "cpu_moe", "override_tensor", "tensor_split", "rope_scaling", "rope_freq_scale")
 
@@ -31,15 +41,8 @@ def fit(
         int, typer.Option("--parallel", "-np", min=1, max=256, rich_help_panel=o.MODEL_PANEL,
                           help="Sequences held at once, each with its own context (serve's --parallel).")
     ] = 1,
-    gpu_memory: Annotated[
-        str | None, typer.Option("--gpu-memory", rich_help_panel=o.GPU_PANEL, show_default=False, metavar="SIZE,...",
-                                 help="Plan for GPUs of this much memory each (e.g. 24GB, or 24G,12G for two) "
-                                      "instead of this machine's; 0 for none.")
-    ] = None,
-    ram: Annotated[
-        str | None, typer.Option("--ram", rich_help_panel=o.GPU_PANEL, show_default=False, metavar="SIZE",
-                                 help="Plan for this much available RAM (default: what is available here).")
-    ] = None,
+    gpu_memory: GpuMemory = None,
+    ram: Ram = None,
     json_out: Annotated[bool, typer.Option("--json", help="The plan as one JSON document on stdout.")] = False,
     offline: o.Offline = False,
     *,
@@ -52,22 +55,31 @@ def fit(
     from localgen.models import footprint
     from localgen.models.resolve import resolve
 
-    gpus = _sizes("--gpu-memory", gpu_memory) if gpu_memory is not None else None
-    ram_bytes = _sizes("--ram", ram)[0] if ram is not None else None
+    machine = machine_for(gpu_memory, ram)
     load = knobs.load(check_buffers=False)
     ref = resolve(model, offline=offline, pull_missing=False)
-    if gpus is not None or ram_bytes is not None:
-        machine = planner.described(tuple(g for g in gpus or () if g), ram_bytes) if gpus is not None else \
-            planner.Machine(ram=ram_bytes or 0, gpus=_this_machine().gpus, described=True)
-    else:
-        machine = _this_machine()
+    load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
     _check_buffers(load, len(machine.gpus))
     plan = planner.plan(ref.summary, footprint.layout(ref.path), machine, load, ctx=context, parallel=parallel)
-    doc = _doc(ref, plan, context, ram_given=ram_bytes is not None)
+    doc = _doc(ref, plan, context, ram_given=ram is not None)
     if json_out:
         print(json.dumps(doc))
         return
     _print(doc)
+
+
+def machine_for(gpu_memory: str | None, ram: str | None) -> Any:
+    """What to plan for: this machine, or GPUs and RAM described (--gpu-memory, --ram). `fit` and `pull --list`
+    judge by it."""
+    from localgen.models import fit as planner
+
+    gpus = _sizes("--gpu-memory", gpu_memory) if gpu_memory is not None else None
+    ram_bytes = _sizes("--ram", ram)[0] if ram is not None else None
+    if gpus is not None:
+        return planner.described(tuple(g for g in gpus if g), ram_bytes)
+    if ram_bytes is not None:
+        return planner.Machine(ram=ram_bytes, gpus=_this_machine().gpus, described=True)
+    return _this_machine()
 
 
 def _this_machine() -> Any:

@@ -13,10 +13,16 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.options import preset
+from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
 
+PLACEMENT = ("n_cpu_moe", "cpu_moe", "override_tensor")  # where the experts run: measured there, kept for it
 
+
+@o.with_knobs(sampling=False, load=PLACEMENT)
 def tune(
+    ctx: typer.Context,
     model: o.Model = None,
     depth: Annotated[
         int | None,
@@ -44,8 +50,12 @@ def tune(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as one JSON object.")] = False,
     offline: o.Offline = False,
+    *,
+    knobs: Knobs,
 ) -> None:
-    """Find the fastest load settings for a model on this machine and make them its defaults here."""
+    """Find the fastest load settings for a model on this machine and make them its defaults here. With the
+    placement flags (--n-cpu-moe, --cpu-moe, -ot; or a preset's), it measures with the tensors placed so, and the
+    record is for loads placed so."""
     from localgen import tuning
 
     if show:
@@ -58,8 +68,9 @@ def tune(
         n = tuning.reset(sha)
         print(f"forgot {n} tuning record{'s' if n != 1 else ''}", file=sys.stderr)
         return
+    load = knobs.load()  # a bad flag is one error before anything loads
     ref = _resolve(model, offline)
-    _run(ref, _plan(ref, depth, prompt, answer), parallel, as_json)
+    _run(ref, _plan(ref, depth, prompt, answer, preset.load_params(ref, load, knobs.given)), parallel, as_json)
 
 
 def _resolve(model: str | None, offline: bool) -> Any:
@@ -80,6 +91,8 @@ class _Plan:
     rule: dict[str, Any]
     prompt: int  # the exchange: its prompt's tokens and its answer's
     answer: int
+    placement: tuple[tuple[str, str], ...] = ()  # the (pattern, buffer) pairs every load here gets
+    placed: str = ""  # the same as flags (placement.flags_text), what the record is kept for
 
     def jobs(self, threads: tuple[int, ...]) -> list[Any]:
         """A configuration's measurements: a prompt and decoding steps at each depth with each thread count."""
@@ -98,9 +111,9 @@ class _Plan:
         return len(self.configs) * 2 * len(self.depths) * n_threads + len(self.batch_jobs(1))
 
 
-def _plan(ref: Any, depth: int | None, prompt: int, answer: int) -> _Plan:
-    from localgen import hardware
-    from localgen.engine.defaults import resolve
+def _plan(ref: Any, depth: int | None, prompt: int, answer: int, load: Any) -> _Plan:
+    from localgen import hardware, placement
+    from localgen.engine.defaults import placed, resolve
     from localgen.engine.tune import UBATCH
     from localgen.errors import UsageError
     from localgen.native import devices
@@ -127,7 +140,9 @@ def _plan(ref: Any, depth: int | None, prompt: int, answer: int) -> _Plan:
         {hardware.physical_cores(), hardware.usable_cores(), max(1, hardware.usable_cores() - 1)}, reverse=True))
     ubatches = (UBATCH,) if offloaded else (UBATCH, 256, 128)  # UBATCH first: batch_jobs leaves it out
     settings = {k: getattr(rule, k) for k in ("flash_attn", "repack", "n_threads", "n_threads_batch", "n_ubatch")}
-    return _Plan(configs, tuple(sorted({0, depth})), threads, ubatches, 16, offloaded, settings, prompt, answer)
+    pairs = placement.overrides(load.override_tensor, load.cpu_moe, load.n_cpu_moe or 0)
+    return _Plan(configs, tuple(sorted({0, depth})), threads, ubatches, 16, offloaded, settings, prompt, answer,
+                 pairs, placed(load))
 
 
 def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool) -> None:
@@ -160,7 +175,7 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool) -> None:
         raise typer.Exit(130)
     best = table[0]
     record = tuning.Record(
-        key=tuning.Key(tuning.file_sha256(ref.path), build_id(), device_id(plan.offloaded), parallel),
+        key=tuning.Key(tuning.file_sha256(ref.path), build_id(), device_id(plan.offloaded), parallel, plan.placed),
         model=ref.name, size=_size(ref.path), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         settings={k: best[k] for k in tuning.TUNABLE}, depth=max(plan.depths), exchange_s=best["total_s"],
         table=table, partial=interrupted, prompt=plan.prompt, answer=plan.answer,
@@ -174,9 +189,10 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool) -> None:
         _print_table(table, plan, parallel)
     took = time.perf_counter() - started
     what = "the best of what was measured before the interrupt" if interrupted else "the winner"
+    placed = f" with {plan.placed}" if plan.placed else ""
     err.line(f"tuned {ref.name} in {took:.0f} s; {what} is now its default here for "
-             f"{'run, chat and bench' if parallel == 1 else f'serve --parallel {parallel}'} (a flag still wins; "
-             "localgen tune --show lists records, --reset forgets them)")
+             f"{'run, chat and bench' if parallel == 1 else f'serve --parallel {parallel}'}{placed} (a flag still "
+             "wins; localgen tune --show lists records, --reset forgets them)")
     if interrupted:
         raise typer.Exit(130)
 
@@ -190,7 +206,7 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
     stop()
     repack, fa = config
     probe = Probe(ref, repack, fa, max(plan.depths) + plan.prompt + plan.steps + 8, parallel,
-                  cpu_only=not plan.offloaded, prompt=plan.prompt)
+                  cpu_only=not plan.offloaded, prompt=plan.prompt, placement=plan.placement)
     try:
         from localgen import hardware
 
@@ -345,6 +361,7 @@ def _show(records: list[Any], as_json: bool) -> None:
     for r in records:
         s = r.settings
         streams = f" · {r.key.streams} streams" if r.key.streams > 1 else ""
+        streams += f" · {r.key.placement}" if r.key.placement else ""
         partial = " (partial)" if r.partial else ""
         print(f"{r.model}{streams} · tuned {r.day}{partial} · {r.prompt}+{r.answer} tokens · flash-attn "
               f"{_onoff(s['flash_attn'])} · repack {_onoff(s['repack'])} · threads {s['n_threads']}/"

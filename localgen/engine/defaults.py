@@ -34,11 +34,19 @@ def device_id(offloaded: bool) -> str:
     return f"CPU {hardware.cpu_name()} · {hardware.physical_cores()} physical / {hardware.usable_cores()} usable"
 
 
+def placed(params: LoadParams) -> str:
+    """The load's tensor placement as its flags (placement.flags_text): which tuning records fit it."""
+    from localgen import placement
+
+    return placement.flags_text(params.override_tensor, params.cpu_moe, params.n_cpu_moe)
+
+
 def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
             use_records: bool = True) -> tuple[LoadParams, dict[str, str]]:
     """The settings a load uses (the window rounded to llama.cpp's multiple of 256 and capped at the training
     context unless RoPE scaling stretches it; threads, GPU layers, batch sizes, repacking, flash attention),
-    and for each tunable one where it came from: "flag", "tuned on DATE", or "rule: why"."""
+    and for each tunable one where it came from: "flag", "tuned on DATE" (a record for this file, build, device,
+    streams and placement), or "rule: why"."""
     from localgen.native import devices
 
     train_ctx = model.summary.context_length
@@ -53,7 +61,7 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
     origins = dict.fromkeys(given, "flag")
     record = None
     if use_records and len(given) < len(tuning.TUNABLE) and not params.rpc:
-        record = tuning.find(model.path, build_id(), device_id(offloaded), params.streams)
+        record = tuning.find(model.path, build_id(), device_id(offloaded), params.streams, placed(params))
     chosen: dict[str, Any] = {}
     if record is not None:
         how = "partly tuned" if record.partial else "tuned"

@@ -38,13 +38,15 @@ class Probe:
     """One model load and one context with `streams` sequences, driven directly."""
 
     def __init__(self, model: ModelRef, repack: bool, flash_attn: bool, n_ctx_seq: int, streams: int,
-                 cpu_only: bool, seed: int = 1234, prompt: int = PROMPT) -> None:
+                 cpu_only: bool, seed: int = 1234, prompt: int = PROMPT,
+                 placement: tuple[tuple[str, str], ...] = ()) -> None:
+        """`placement`: the (pattern, buffer type) pairs the model loads with (-ot, --cpu-moe, --n-cpu-moe)."""
         from localgen.engine.llama import Engine
         from localgen.types import KV_CACHE_TYPES
 
         self.engine = Engine(model, LoadParams(n_ctx=256, repack=repack, flash_attn=flash_attn, n_threads=1,
-                                               n_threads_batch=1, n_ubatch=UBATCH, n_batch=UBATCH),
-                             cpu_only=cpu_only)
+                                               n_threads_batch=1, n_ubatch=UBATCH, n_batch=UBATCH,
+                                               override_tensor=placement), cpu_only=cpu_only)
         if self.engine.encoder_only:
             self.engine.close()
             raise LocalgenError(f"{model.name} does not generate (an embedding or reranking model): tune measures "

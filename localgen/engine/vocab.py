@@ -22,13 +22,14 @@ class Vocabulary:
     _template: ChatTemplate | None
     _eog: tuple[int, ...] | None
 
-    def tokenize(self, text: str, add_special: bool) -> list[int]:
-        """Text to tokens; special-token text such as <|im_end|> becomes the control token."""
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        """Text to tokens; special-token text such as <|im_end|> becomes the control token (with
+        `parse_special`, the default)."""
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:  # the input boundary refuses these; never a traceback from here either
             raise TemplateError(f"the text is not valid UTF-8: {problem(text)}") from None
-        return native_vocab.tokenize(self.vocab, data, add_special)
+        return native_vocab.tokenize(self.vocab, data, add_special, parse_special)
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """One token's bytes, leading space kept (detokenizing one token alone would strip it)."""

@@ -1,6 +1,6 @@
 """The models on this machine, by the names `run -m` takes: embedded ones, every GGUF in the Hugging Face
-cache (any tool's; a catalogue entry's name where one matches), and presets (with their base's figures).
-What `localgen list` prints and what `serve` offers. Never touches the network."""
+cache (any tool's; a catalogue entry's name where one matches), models quantized here, and presets (with their
+base's figures). What `localgen list` prints and what `serve` offers. Never touches the network."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ def _item(name: str, path: str, source: str, s: Any) -> dict[str, Any]:
 
 def installed() -> list[dict[str, Any]]:
     """Each model here: name, quantization, size, parameters, context_length, architecture, source
-    (embedded, hf cache, preset) and path; a preset whose base is gone says so and has no figures."""
-    from localgen.models import catalogue, embedded, store
+    (embedded, hf cache, quantized, preset) and path; a preset whose base is gone says so and has no figures."""
+    from localgen.models import catalogue, embedded, quantized, store
     from localgen.models.gguf_meta import read_summary
 
     entries = catalogue.load()
@@ -39,6 +39,12 @@ def installed() -> list[dict[str, Any]]:
         item = _item(name, str(f.link), "hf cache", summary)
         item["size"] = store.total_size(f)
         items.append(item)
+    for name, path in quantized.all_models():  # made here by `localgen quantize`
+        try:
+            summary = read_summary(str(path), check_data=False)
+        except LocalgenError:
+            continue
+        items.append(_item(name, str(path), "quantized", summary))
     return items + _presets({item["name"]: item for item in items})
 
 

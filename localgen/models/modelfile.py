@@ -4,8 +4,11 @@ has no folder, as over HTTP).
 
 Syntax as Ollama's: one instruction per line, its name in any case; `#` starts a comment line; a value is
 bare text, a "quoted string" (with \\" \\\\ and \\n escapes) or a \"\"\"multi-line string\"\"\". PARAMETER takes
-Ollama's names (num_predict, mirostat_tau, ...) or localgen's, and num_ctx, the context size to load with;
-`PARAMETER stop` repeats. Every value is checked here, so a preset never fails for its settings at use."""
+Ollama's names (num_predict, mirostat_tau, ...) or localgen's; num_ctx, the context size to load with; and the
+load settings of the table (settings.py's LOAD_KNOBS) by Ollama's names where it has one (num_gpu, num_thread,
+use_mmap, ...), else llama.cpp's (n_cpu_moe, cpu_moe, override_tensor, flash_attn, ...). `PARAMETER stop` and
+`PARAMETER override_tensor` repeat. Every value is checked here (but -ot's buffer names, which name the devices of
+the machine that loads), so a preset never fails for its settings at use."""
 
 from __future__ import annotations
 
@@ -23,9 +26,6 @@ MIN_CTX = 16  # as --ctx
 # localgen's field → Ollama's name, where they differ (what `show --modelfile` writes): the settings table's
 OLLAMA_NAMES = {k.name: k.ollama for k in settings.KNOBS.values() if k.ollama and k.ollama != k.name}
 REPEATED = ("stop", "dry_sequence_breaker", "logit_bias")
-# Ollama's load-time parameters but num_ctx: localgen takes them as flags of run, chat and serve
-LOAD_FLAGS = {k.ollama: k.flags[0] for k in settings.LOAD_KNOBS.values() if k.ollama and k.ollama != "num_ctx"} | {
-    "use_mmap": "--no-mmap"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class Modelfile:
     template: str | None = None
     messages: tuple[dict[str, str], ...] = ()
     adapters: tuple[str, ...] = ()  # LoRA adapter GGUFs, absolute paths, applied at scale 1 in this order
+    load: dict[str, Any] = field(default_factory=dict)  # load settings by the table's names, as their flags take them
 
 
 class _Lines:
@@ -96,9 +97,14 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Mo
             got.params[name] = _repeated(name, values)
         except UsageError as e:
             raise UsageError(f"{where}: PARAMETER {name}: {e.message}") from None
+    for key, texts in got.placed.items():  # override_tensor's lines, in order
+        try:
+            got.load[key] = settings.check_load(key, tuple(texts))
+        except UsageError as e:
+            raise UsageError(f"{where}: PARAMETER {settings.modelfile_name(key)}: {e.message}") from None
     return Modelfile(base=got.single["FROM"], parameters=got.params, context=got.context,
                      system=got.single.get("SYSTEM"), template=got.single.get("TEMPLATE"),
-                     messages=tuple(got.messages), adapters=tuple(got.adapters))
+                     messages=tuple(got.messages), adapters=tuple(got.adapters), load=got.load)
 
 
 @dataclass
@@ -111,17 +117,20 @@ class _Found:
     context: int | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     adapters: list[str] = field(default_factory=list)
+    load: dict[str, Any] = field(default_factory=dict)
+    placed: dict[str, list[str]] = field(default_factory=dict)  # a repeated load setting's lines (-ot)
 
 
 def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> None:
-    """One PARAMETER line: num_ctx, a repeated setting, or one given once."""
+    """One PARAMETER line: num_ctx, a load setting, a repeated sampling setting, or one given once."""
     name = key.lower()
-    if name == "num_ctx":
+    knob = settings.load_name(name)
+    if knob == "ctx":
         got.context = _context(src, number, value)
         return
-    if name in LOAD_FLAGS:
-        raise src.error(number, f"PARAMETER {name} is not kept in a preset; give {LOAD_FLAGS[name]} "
-                                "to run, chat or serve")
+    if knob is not None:
+        _load_parameter(src, number, key, knob, value, got)
+        return
     fieldname = settings.field_name(name)
     if fieldname is None:
         raise src.error(number, f"unknown PARAMETER {key!r}")
@@ -134,6 +143,23 @@ def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> N
         got.params[fieldname] = settings.parse_text(fieldname, value)[1]
     except UsageError as e:
         raise src.error(number, e.message) from None
+
+
+def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, got: _Found) -> None:
+    """A load setting's line (n_cpu_moe, num_gpu, override_tensor, ...), checked as its flag is."""
+    if settings.LOAD_KNOBS[knob].kind == settings.TEXTS:  # repeats, as the flag does
+        try:
+            settings.parse_load_text(key, value)
+        except UsageError as e:
+            raise src.error(number, f"PARAMETER {key}: {e.message}") from None
+        got.placed.setdefault(knob, []).append(value)
+        return
+    if knob in got.load:
+        raise src.error(number, f"PARAMETER {key} is given twice")
+    try:
+        got.load[knob] = settings.parse_load_text(key, value)[1]
+    except UsageError as e:
+        raise src.error(number, f"PARAMETER {key}: {e.message}") from None
 
 
 def _adapter(src: _Lines, number: int, value: str, folder: Path | None) -> str:
@@ -240,11 +266,26 @@ def _setting_text(name: str, value: Any) -> list[str]:
     return [repr(value) if isinstance(value, float) else str(value)]
 
 
+def load_lines(knob: str, value: Any) -> list[tuple[str, str]]:
+    """A load setting as PARAMETER lines' names and values: Ollama's name where it has one (use_mmap for
+    --no-mmap, the opposite value), else llama.cpp's; -ot one line a value."""
+    if knob == "no_mmap":
+        return [("use_mmap", "false" if value else "true")]
+    name = settings.modelfile_name(knob)
+    if isinstance(value, tuple):
+        return [(name, quote(v)) for v in value]
+    if isinstance(value, bool):
+        return [(name, "true" if value else "false")]
+    return [(name, quote(value) if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value))]
+
+
 def write(m: Modelfile) -> str:
     """The Modelfile text that parses back to `m`."""
     lines = [f"FROM {quote(m.base)}", *(f"ADAPTER {quote(a)}" for a in m.adapters)]
     if m.context is not None:
         lines.append(f"PARAMETER num_ctx {m.context}")
+    for knob, value in m.load.items():
+        lines += [f"PARAMETER {name} {text}" for name, text in load_lines(knob, value)]
     for name, value in m.parameters.items():
         for text in _setting_text(name, value):
             lines.append(f"PARAMETER {OLLAMA_NAMES.get(name, name)} {text}")

@@ -1,8 +1,8 @@
 """Presets: a name for a model with settings layered on it, made from a Modelfile (`localgen create`) and
 kept as one small JSON file each in the data dir. A preset's name works wherever a model name does: it
-resolves to its base model with the preset's sampling defaults, system prompt, messages, context size and
-chat template, and its LoRA adapters. A preset never owns model files (an adapter stays where ADAPTER named
-it), so removing one removes only the preset."""
+resolves to its base model with the preset's sampling defaults, system prompt, messages, context size, load
+settings (n_cpu_moe, override_tensor, num_gpu, ...) and chat template, and its LoRA adapters. A preset never
+owns model files (an adapter stays where ADAPTER named it), so removing one removes only the preset."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def _to_json(p: Preset) -> dict[str, Any]:
     return {"format": FORMAT, "name": p.name, "base": s.base,
             "parameters": {k: settings.jsonable(v) for k, v in s.parameters.items()},
             "context": s.context, "system": s.system, "template": s.template, "messages": list(s.messages),
-            "adapters": list(s.adapters)}
+            "adapters": list(s.adapters), "load": {k: settings.jsonable(v) for k, v in s.load.items()}}
 
 
 def _from_json(name: str, d: dict[str, Any]) -> Preset:
@@ -109,7 +109,9 @@ def _from_json(name: str, d: dict[str, Any]) -> Preset:
                                system=d.get("system"), template=d.get("template"),
                                messages=tuple({"role": str(m["role"]), "content": str(m["content"])}
                                               for m in d.get("messages") or ()),
-                               adapters=tuple(str(a) for a in d.get("adapters") or ()))
+                               adapters=tuple(str(a) for a in d.get("adapters") or ()),
+                               load={k: settings.check_load(k, tuple(v) if isinstance(v, list) else v)
+                                     for k, v in (d.get("load") or {}).items()})
     modelfile.parse(modelfile.write(spec))  # every value as create checks it
     return Preset(name, spec)
 
@@ -212,7 +214,8 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup) -> model
             context=spec.context if spec.context is not None else up.context,
             system=spec.system if spec.system is not None else up.system,
             template=spec.template if spec.template is not None else up.template,
-            messages=spec.messages or up.messages, adapters=(*up.adapters, *spec.adapters))
+            messages=spec.messages or up.messages, adapters=(*up.adapters, *spec.adapters),
+            load={**up.load, **spec.load})
     from localgen.models import names
 
     try:
@@ -250,4 +253,4 @@ def apply(p: Preset, ref: ModelRef) -> ModelRef:
     return dataclasses.replace(ref, name=p.name, summary=summary,
                                sampling_defaults={**ref.sampling_defaults, **s.parameters},
                                system=s.system, messages=s.messages, context=s.context,
-                               adapters=tuple((a, 1.0) for a in s.adapters))
+                               adapters=tuple((a, 1.0) for a in s.adapters), load=dict(s.load))

@@ -47,6 +47,9 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
             from localgen.models import presets
 
             return presets.apply(preset, resolve(preset.base, offline, progress, pull_missing, assemble))
+        made = _quantized(spec)
+        if made is not None:
+            return made
         entry = _entry(spec.name)
         if entry.embedded:
             if spec.quant and spec.quant.upper() != entry.default_quant.upper():
@@ -79,6 +82,20 @@ def _preset(spec: names.CatalogueSpec) -> presets.Preset | None:
     if found is not None and spec.quant:
         raise ModelNotFoundError(f"{spec.name} is a preset of {found.base}; it takes no @QUANT")
     return found
+
+
+def _quantized(spec: names.CatalogueSpec) -> ModelRef | None:
+    """A model quantized here (models/quantized.py), by its BASE:TYPE name; a catalogue entry's name wins."""
+    from localgen.models import quantized
+
+    if spec.name in catalogue.load():
+        return None
+    path = quantized.find(spec.name)
+    if path is None:
+        return None
+    if spec.quant:
+        raise ModelNotFoundError(f"{spec.name} was quantized here to one type; it takes no @QUANT")
+    return ModelRef(name=spec.name, path=str(path), source="quantized", summary=read_summary(str(path)))
 
 
 def _catalogue_target(entry: catalogue.CatalogueEntry, quant: str | None) -> Target:

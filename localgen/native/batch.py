@@ -48,6 +48,15 @@ class Batch:
             b.logits[i] = 1 if (all_logits or i == n - 1) else 0
         b.n_tokens = n
 
+    def token_view(self) -> Any:
+        """A numpy int32 view of the rows' tokens (all `capacity` of them), to set many at once."""
+        import ctypes
+
+        import numpy as np
+
+        return np.ctypeslib.as_array(ctypes.cast(self.raw.token, ctypes.POINTER(ctypes.c_int32)),
+                                     shape=(self.capacity,))
+
     def seq(self, row: int) -> int:
         """A row's sequence id."""
         return int(self.raw.seq_id[row][0])

@@ -82,6 +82,19 @@ def reset_perf(ctx: Any) -> None:
     lib().llama_perf_context_reset(ctx)
 
 
+def logits(ctx: Any, rows: int, n_vocab: int) -> Any:
+    """A numpy view (rows × n_vocab, float32) of every output row's logits of the last decode, in the batch's order
+    (llama_get_logits); valid until the next decode."""
+    import numpy as np
+
+    from localgen.errors import LocalgenError
+
+    ptr = lib().llama_get_logits(ctx)
+    if not ptr:
+        raise LocalgenError("llama.cpp has no logits for the last decode")
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(rows, n_vocab))
+
+
 # ---- the memory (KV cache) ----------------------------------------------------------------------------
 
 

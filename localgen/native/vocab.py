@@ -18,13 +18,14 @@ def n_tokens(vocab: Any) -> int:
     return int(lib().llama_vocab_n_tokens(vocab))
 
 
-def tokenize(vocab: Any, data: bytes, add_special: bool) -> list[int]:
-    """UTF-8 text to tokens; special-token text such as <|im_end|> becomes the control token."""
+def tokenize(vocab: Any, data: bytes, add_special: bool, parse_special: bool = True) -> list[int]:
+    """UTF-8 text to tokens; special-token text such as <|im_end|> becomes the control token (unless not
+    `parse_special`: then it is plain text, as llama-perplexity reads its text)."""
     lc = lib()
     cap = len(data) + 8
     while True:
         arr = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(vocab, data, len(data), arr, cap, add_special, True)
+        n = lc.llama_tokenize(vocab, data, len(data), arr, cap, add_special, parse_special)
         if n >= 0:
             return list(arr[:n])
         cap = -n

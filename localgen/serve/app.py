@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 import time
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen.fetch import FetchPool
-from localgen.serve import anthropic, embeds, listings, manage, ollama, openai, responses
+from localgen.serve import anthropic, embeds, listings, manage, ollama, openai, page, responses
 from localgen.serve.apierror import ERROR_EXTRA, HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.incoming import INCOMING, Incoming
@@ -39,8 +40,9 @@ DRAIN_S = 4.0
 STOPPING = "the server is shutting down"
 
 
-def build(state: ServeState, policy: Policy | None = None) -> Starlette:
-    """The app: both APIs behind the gate (host, origin, key, body), errors in each API's shape."""
+def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -> Starlette:
+    """The app: every API behind the gate (host, origin, key, body), errors in each API's shape; with `webui`,
+    the chat page at `/` for browsers (serve/page.py), its files open without the key as `/` is."""
     async def health(request: Request) -> Response:
         """Liveness for load balancers and scripts, with each model's slots at a glance: 503 when a model's
         worker has stopped."""
@@ -55,6 +57,11 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
 
     routes = [Route("/health", health), *listings.routes(state), *openai.routes(state), *anthropic.routes(state),
               *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state)]
+    policy = policy or Policy(api_key=state.api_key)
+    if webui:
+        root = next(r for r in routes if r.path == "/")  # Ollama's "is running", for clients that are not browsers
+        routes = [*page.routes(root.endpoint), *(r for r in routes if r is not root)]
+        policy = dataclasses.replace(policy, open_paths=policy.open_paths + page.ASSETS)
     metrics = Metrics(state, routes)
     routes.append(Route("/metrics", metrics.endpoint))
     state.on_completion = metrics.observe
@@ -91,7 +98,7 @@ def build(state: ServeState, policy: Policy | None = None) -> Starlette:
                     lifespan=lifespan)
     app.state.drain = drain
     app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
-    app.add_middleware(Gate, policy=policy or Policy(api_key=state.api_key))  # type: ignore[arg-type]
+    app.add_middleware(Gate, policy=policy)  # type: ignore[arg-type]
     app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]  # outermost: added last
     return app
 

@@ -38,11 +38,12 @@ def modelfile_of(name: str, ref: ModelRef) -> str:
 
 
 def parameters_text(ref: ModelRef) -> str:
-    """Ollama's `parameters`: one `name value` a line (Ollama's names), the model's sampling defaults."""
+    """Ollama's `parameters`: one `name value` a line (Ollama's names), the model's sampling defaults and a
+    preset's load settings."""
     from localgen.models import modelfile
 
     text = modelfile.write(modelfile.Modelfile(base="x", parameters=dict(ref.sampling_defaults),
-                                               context=ref.context))
+                                               context=ref.context, load=dict(ref.load)))
     rows = [line.removeprefix("PARAMETER ").split(" ", 1) for line in text.splitlines()
             if line.startswith("PARAMETER ")]
     return "\n".join(f"{k:<30} {v}" for k, v in rows)
@@ -79,7 +80,7 @@ def capabilities(ref: ModelRef) -> list[str]:
     if not encoder and ("enable_thinking" in template or "<think>" in template):
         out.append("thinking")
     with contextlib.suppress(LocalgenError):  # a projector that cannot be read says so when the model loads
-        out += mmproj.modalities(ref)
+        out += ["vision" if m == "image" else m for m in mmproj.modalities(ref)]  # Ollama's name for images
     return out
 
 
@@ -88,7 +89,7 @@ def modelfile_text(body: dict[str, Any]) -> str:
     `from`, `system`, `template`, `parameters` and `messages`."""
     from localgen.models.modelfile import quote
 
-    for unsupported in ("quantize", "files", "adapters"):
+    for unsupported in ("files", "adapters"):  # `quantize`: serve/manage.py's create
         if body.get(unsupported):
             hint = " (a preset with a LoRA: localgen create, on the server)" if unsupported == "adapters" else ""
             raise HTTPError(400, f"`{unsupported}` is not supported: a preset takes a model already here "

@@ -35,12 +35,14 @@ OLLAMA_BODY_TYPES = ("application/x-www-form-urlencoded", "")
 @dataclass(frozen=True)
 class Policy:
     """The server's gate: API key, allowed origins (patterns whose only wildcard is `*`; "*" alone: any),
-    whether the Host header must name this machine, and the largest request body."""
+    whether the Host header must name this machine, the largest request body, and the paths open without
+    the key (they hold no data: /health, and `/` with the chat page's files)."""
 
     api_key: str | None = None
     origins: tuple[str, ...] = DEFAULT_ORIGINS
     check_host: bool = True
     max_body: int = 16 << 20
+    open_paths: tuple[str, ...] = ("/health", "/")
 
     def origin_allowed(self, origin: str) -> bool:
         """Whether a page at this origin may use the server."""
@@ -82,6 +84,14 @@ def host_allowed(host: str) -> bool:
     return name == "localhost" or name.endswith(".localhost") or name == socket.gethostname().lower()
 
 
+def same_origin(origin: str, host: str) -> bool:
+    """A page this server served, calling it back: its origin names the Host the request came to, and that
+    Host can only mean this machine (an address, localhost, its name). The chat page opened at
+    http://192.168.1.5:11435/ is so; a DNS name (rebinding) never is."""
+    authority = origin.strip().lower().partition("://")[2]
+    return bool(authority) and authority == host.strip().lower() and host_allowed(host)
+
+
 class Gate:
     """The ASGI middleware that applies a Policy (Starlette's CORSMiddleware sits inside it for the headers
     and preflights of allowed origins)."""
@@ -104,7 +114,8 @@ class Gate:
                 "permission_error"))
             return
         origin = headers.get("origin")
-        if origin is not None and not self.policy.origin_allowed(origin):
+        if (origin is not None and not self.policy.origin_allowed(origin)
+                and not same_origin(origin, headers.get("host", ""))):
             await _refuse(scope, receive, send, HTTPError(
                 403, f"requests from web pages at {origin[:100]} are not allowed: start serve with --cors "
                      f"{origin[:100]} (or set LOCALGEN_ORIGINS)", "permission_error"))
@@ -114,7 +125,7 @@ class Gate:
     async def _after_origin(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = Headers(scope=scope)
         path = scope["path"]
-        if self.key is not None and path not in ("/health", "/"):
+        if self.key is not None and path not in self.policy.open_paths:
             auth = headers.get("authorization", "").encode("latin-1", "replace")
             given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
             given = given or headers.get("x-api-key", "").strip().encode("latin-1", "replace")  # Anthropic's

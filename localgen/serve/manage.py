@@ -106,13 +106,23 @@ def _preset_routes(state: ServeState) -> list[Route]:
             raise HTTPError(400, "ADAPTER names a file on the server's machine: create that preset there, with "
                                  "localgen create (a preset made so is served by its name)")
 
+        force = _force(body)
+        _refuse_existing(name, force)  # before a quantization: a refused create costs nothing
+        quantize = body.get("quantize")
+        lines = [{"status": "reading model metadata"}]
         try:  # every check before anything changes: a refused create leaves a model of that name loaded
+            if quantize:  # the FROM quantized first, into localgen's models (quant/quantize.py)
+                if not isinstance(quantize, str):
+                    raise HTTPError(400, "`quantize` must be a type name, such as q4_K_M")
+                from localgen.quant.quantize import for_preset
+
+                made, text = await asyncio.to_thread(for_preset, name, text, quantize, _lookup(state), "the request")
+                lines.append({"status": f"quantizing to {quantize.upper()}: {made}"})
             preset = await asyncio.to_thread(presets.made, name, text, _lookup(state), "the request")
         except LocalgenError as e:
             raise HTTPError(404 if isinstance(e, ModelNotFoundError) else 400, e.message) from None
-        await _replace(state, preset, _force(body))
-        lines = [{"status": "reading model metadata"}, {"status": f"writing the preset {name}"},
-                 {"status": "success"}]
+        await _replace(state, preset, force)
+        lines += [{"status": f"writing the preset {name}"}, {"status": "success"}]
         return _answer(lines, body.get("stream", True) is not False)
 
     async def show(request: Request) -> Response:
@@ -138,14 +148,21 @@ async def _replace(state: ServeState, preset: Any, force: bool) -> None:
     for --force), else its workers are retired first (a 409 when one is busy or pinned)."""
     from localgen.models import presets
 
-    if presets.exists(preset.name) and not force:
-        raise HTTPError(409, f"a preset named {preset.name!r} exists: send \"force\": true to replace it (as "
-                             "localgen create --force), or delete it first")
+    _refuse_existing(preset.name, force)
     await _retire(state, [w for w in list(state.workers.values()) if w.name == preset.name])
     try:
         await asyncio.to_thread(presets.save, preset, True)
     except LocalgenError as e:
         raise HTTPError(400, e.message) from None
+
+
+def _refuse_existing(name: str, force: bool) -> None:
+    """A 409 when a preset of that name exists and `force` was not given (as the CLI asks for --force)."""
+    from localgen.models import presets
+
+    if not force and presets.exists(name):
+        raise HTTPError(409, f"a preset named {name!r} exists: send \"force\": true to replace it (as "
+                             "localgen create --force), or delete it first")
 
 
 def _name(body: dict[str, Any]) -> str:
@@ -394,6 +411,12 @@ async def _delete(state: ServeState, name: str) -> None:
     ref = await asyncio.to_thread(_ref, state, name)
     if ref.source == "embedded":
         raise HTTPError(400, f"{ref.name} ships inside a Python package, which localgen does not remove")
+    if ref.source == "quantized":  # made here by `localgen quantize`: its one file goes
+        from localgen.models import quantized
+
+        await _retire(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path])
+        await asyncio.to_thread(quantized.remove, ref.name)
+        return
     if ref.source != "hf":
         raise HTTPError(400, f"{ref.name} is a file localgen did not download; delete it yourself")
     # every worker on that file goes: the model's own, and its presets'

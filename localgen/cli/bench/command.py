@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.bench.options import Measuring, ServingSweep, Values, sweep
+from localgen.cli.bench.options import Measuring, Quality, ServingSweep, Values, sweep
 from localgen.cli.bench.view import ProgressView, bar_chart, emit, emit_serving
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
@@ -25,7 +25,7 @@ bench_app = typer.Typer(
 
 
 @bench_app.callback()
-@o.with_knobs(sampling=False, load=())
+@o.with_knobs(sampling=False, load=("cpu_moe",))  # run's --cpu-moe, in every configuration
 def bench(
     ctx: typer.Context,
     model: Annotated[Values, sweep("--model", "-m", help="Models: names, repos, paths (default smollm2:135m).")] = None,
@@ -39,6 +39,9 @@ def bench(
     ngl: Annotated[Values, sweep("--n-gpu-layers", "-ngl", help="GPU layers, -1 all (default all if offload).")] = None,
     ncmoe: Annotated[Values, sweep("--n-cpu-moe", "-ncmoe", help="Layers whose mixture-of-experts weights stay in "
                                                                 "RAM, the first ones (default 0).")] = None,
+    ot: Annotated[Values, sweep("--override-tensor", "-ot", help="Tensor placements, as llama-bench's -ot: "
+                                                                "PATTERN=BUFFER pairs joined by ';', placements by "
+                                                                "',' (an empty one: none; default none).")] = None,
     batch: Annotated[Values, sweep("--batch-size", "-b", help="Logical batch (default 2048).")] = None,
     ubatch: Annotated[Values, sweep("--ubatch-size", "-ub",
                                     help="Physical batch (default: the model's tuning record, else 512).")] = None,
@@ -56,6 +59,7 @@ def bench(
     measuring: Measuring,
     remote: o.RemoteOptions,
     serving: ServingSweep,
+    quality: Quality,
     knobs: Knobs,
 ) -> None:
     """Run benchmarks. With no subcommand this measures; `history` and `compare` read past runs.
@@ -68,10 +72,15 @@ def bench(
         return
     from localgen.bench import records
 
+    if quality.quality is not None or quality.reference is not None:
+        _measure_quality(model, quality, n_prompt, n_gen, threads, ngl, measuring.reps, offline,
+                         measuring.output in ("json", "jsonl"))
+        return
     if measuring.output is not None and measuring.output not in records.FORMATS:
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {measuring.output!r}")
     if remote.endpoint or (model and any(_is_named_endpoint(m) for m in model)):
-        local = {"--threads": threads, "--n-gpu-layers": ngl, "--n-cpu-moe": ncmoe, "--batch-size": batch,
+        local = {"--threads": threads, "--n-gpu-layers": ngl, "--n-cpu-moe": ncmoe, "--override-tensor": ot,
+                 "--cpu-moe": knobs.get("cpu_moe"), "--batch-size": batch,
                  "--ubatch-size": ubatch, "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv,
                  "--n-depth": n_depth, "--prompt-gen": pg, "--rpc": rpc,
                  "--exact/--no-exact": measuring.exact is not None}
@@ -83,10 +92,41 @@ def bench(
         return
     if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
         raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
-    plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, batch=batch, ubatch=ubatch, fa=fa, ctk=ctk,
-                 ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth, reps=measuring.reps,
-                 e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact)
+    plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, ot=ot, cmoe=knobs.get("cpu_moe"), batch=batch,
+                 ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth,
+                 reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact)
     _measure(plan, measuring.output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
+
+
+def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values, threads: Values, ngl: Values,
+                     reps: int, offline: bool, json_out: bool) -> None:
+    """bench --quality TEXT --reference SOURCE: the ladder's table (quant/ladder.py) for the -m files."""
+    from localgen.bench import sweep
+    from localgen.cli.ladderview import run_ladder
+    from localgen.models.resolve import resolve
+    from localgen.quant import ladder
+    from localgen.quant import measure as ms
+    from localgen.quant.text import default_text, read_text
+
+    if q.quality is None or q.reference is None:
+        raise UsageError("--quality TEXT and --reference SOURCE go together")
+    names = sweep.str_values("--model", models, [])
+    if not names:
+        raise UsageError("--quality measures the -m models: give -m a.gguf,b.gguf,...")
+    one = {flag: sweep.int_values(flag, v, []) for flag, v in
+           (("--n-prompt", n_prompt), ("--n-gen", n_gen), ("--threads", threads), ("--n-gpu-layers", ngl))}
+    many = [flag for flag, v in one.items() if len(v) > 1]
+    if many:
+        raise UsageError(f"--quality takes one value of {', '.join(many)}")
+    text = default_text() if q.quality == "default" else read_text(q.quality)
+    reference = resolve(q.reference, offline=offline)
+    files = [resolve(m, offline=offline) for m in names]
+    t = one["--threads"][0] if one["--threads"] else None
+    ngl_one = one["--n-gpu-layers"][0] if one["--n-gpu-layers"] else None
+    settings = ms.Settings(ctx=q.quality_ctx, chunks=q.chunks, threads=t, gpu_layers=ngl_one)
+    speed = ladder.Speed(n_prompt=(one["--n-prompt"] or [512])[0], n_gen=(one["--n-gen"] or [128])[0], reps=reps,
+                         threads=t)
+    run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound, json_out)
 
 
 def _is_named_endpoint(model: str) -> bool:
@@ -224,7 +264,22 @@ def _plan(**flags: Any) -> Any:
         pg=sweep.pairs("--prompt-gen", flags["pg"]), depths=sweep.int_values("--n-depth", flags["n_depth"], [0]),
         reps=flags["reps"], e2e=flags["e2e"], parallel=sweep.int_values("--parallel", flags["parallel"], []),
         exact=flags.get("exact"), ncmoe=sweep.int_values("--n-cpu-moe", flags["ncmoe"], [0]),
+        ot=_placements(flags["ot"], bool(flags.get("rpc"))), cmoe=flags["cmoe"],
     )
+
+
+def _placements(ot: Values, rpc: bool) -> list[Any]:
+    """-ot's placements, their buffer types checked against this build's devices (RPC servers' once they are
+    registered: the load checks those)."""
+    from localgen.bench import sweep
+
+    placements = sweep.placements("--override-tensor", ot)
+    buffers = [b for pairs in placements for _, b in pairs]
+    if buffers and not rpc:
+        from localgen.native import devices
+
+        devices.check_buffers(buffers)
+    return placements
 
 
 def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] = ()) -> None:
@@ -290,6 +345,12 @@ def history_cmd(
     run = history.get(run_id)
     if output is not None and output not in records.FORMATS:
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}")
+    from localgen.cli import ladderview
+
+    rungs = ladderview.quality_rows(run.records)
+    if rungs:  # a ladder's run (quantize --ladder, bench --quality)
+        ladderview.show(rungs, run.records[0].get("kld_bound", 0.05), output in ("json", "jsonl"), run.id)
+        return
     emit(run.records, run.system, output)
 
 
@@ -306,6 +367,11 @@ def compare_cmd(
 
     ra, rb = history.get(a), history.get(b)
     pairs = history.compare(ra, rb)
+    from localgen.cli import ladderview
+
+    if any((x or y or {}).get("test") == "quality" for _, x, y in pairs):  # ladders: quality beside speed
+        ladderview.compare(a, b, pairs, json_out)
+        return
     rows = []
     for key, x, y in pairs:
         ta = x["avg_ts"] if x else None
@@ -316,8 +382,8 @@ def compare_cmd(
     if json_out:
         print(json.dumps({"a": a, "b": b, "results": rows}))
         return
-    settings = [k for k in ("n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v")
-                if len({r[k] for r in rows}) > 1]
+    settings = [k for k in ("n_threads", "n_gpu_layers", "n_cpu_moe", "n_batch", "n_ubatch", "flash_attn", "type_k",
+                            "type_v", "tensor_buft_overrides") if len({r[k] for r in rows}) > 1]
     head = ["model", "test", *settings, f"run {a} t/s", f"run {b} t/s", "B/A"]
     cells = [[r["model_name"], r["test"], *[str(r[k]) for k in settings],
               f"{r['a_ts']:.2f}" if r["a_ts"] else "", f"{r['b_ts']:.2f}" if r["b_ts"] else "",

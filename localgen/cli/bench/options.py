@@ -59,3 +59,27 @@ class ServingSweep(OptionGroup):
                                 "prefix cache warm. Default: each request begins with a random nonce of its own, so "
                                 "no cached prefix shortens its time to first token.")
     ] = False
+
+
+QUALITY = "Quality (with --quality: each -m file measured against --reference)"
+
+
+@dataclass(frozen=True)
+class Quality(OptionGroup):
+    """bench --quality: the ladder's table for files already here (quantizations pulled from the Hub, say)."""
+
+    quality: Annotated[
+        str | None, typer.Option("--quality", metavar="TEXT", rich_help_panel=QUALITY, show_default=False,
+                                 help="Measure each -m model's PPL and KL divergence on this text against --reference "
+                                      "('default': the text localgen ships), beside pp and tg speed and fit.")
+    ] = None
+    reference: Annotated[
+        str | None, typer.Option("--reference", metavar="SOURCE", rich_help_panel=QUALITY, show_default=False,
+                                 help="With --quality: the original weights (an F16/BF16 file or a model name).")
+    ] = None
+    kld_bound: Annotated[float, typer.Option("--kld-bound", min=0.0, rich_help_panel=QUALITY,
+                                             help="With --quality: the mean KLD the verdict accepts.")] = 0.05
+    quality_ctx: Annotated[int, typer.Option("--ctx", "-c", min=8, rich_help_panel=QUALITY,
+                                     help="With --quality: tokens per perplexity window.")] = 512
+    chunks: Annotated[int | None, typer.Option("--chunks", min=1, rich_help_panel=QUALITY, show_default=False,
+                                               help="With --quality: measure only the first N windows.")] = None

@@ -141,7 +141,7 @@ def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:
 
     ref = files.with_template(resolve(name, offline=load.offline, progress=make_progress()), load.mmproj,
                                   load.template_file)
-    params = preset.load_params(ref, load.params, load.ctx_given)
+    params = preset.load_params(ref, load.params, load.load_given.__contains__)
     if view.interactive:
         view.info(f"loading {ref.name} ({ref.quantization or '?'}) ...")
     engine = open_engine(ref, params, verbose=load.verbose, warn=lambda text: view.info(f"warning: {text}"))

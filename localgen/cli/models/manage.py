@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.fit import GpuMemory, Ram, machine_for
 from localgen.errors import LocalgenError, UsageError
 from localgen.units import format_bytes
 
@@ -42,11 +43,15 @@ def pull(
     ctx: o.Ctx = o.LOAD_DEFAULTS.n_ctx,
     json_out: Json = False,
     offline: o.Offline = False,
+    gpu_memory: GpuMemory = None,
+    ram: Ram = None,
 ) -> None:
     """Download a model into the shared Hugging Face cache, resumably, verified by SHA-256."""
     from localgen.cli.progress import make_progress
     from localgen.models import hfcache, resolve
 
+    if (gpu_memory is not None or ram is not None) and not list_quants:
+        raise UsageError("--gpu-memory and --ram describe the machine --list judges the quantizations for; add --list")
     model = resolve.embedded_model(name)
     if model is not None:
         _pull_embedded(name, model, list_quants, json_out)
@@ -55,7 +60,7 @@ def pull(
     if offline or hfcache.offline_env():
         raise UsageError("pull needs the network; it cannot run offline")
     if list_quants:
-        _list_quants(target, ctx, json_out)
+        _list_quants(target, ctx, json_out, machine_for(gpu_memory, ram))
         return
     ref = resolve.pull(target, make_progress())
     if json_out:
@@ -86,10 +91,10 @@ def _pull_embedded(name: str, model: Any, list_quants: bool, json_out: bool) -> 
         print(f"{ref.name}  {ref.quantization}  {format_bytes(ref.summary.file_size)}  {ref.path}")
 
 
-def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
+def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
+    """Each quantization's size and the planner's verdict for `machine` (this one, or one described)."""
     from localgen.models import fit, hub, store
     from localgen.models.quant import group_options, rank
-    from localgen.native.devices import backend_info
     from localgen.types import LoadParams
 
     s = target.spec
@@ -100,7 +105,6 @@ def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
     smallest = min(options, key=lambda x: x.size)
     summary, weights = hub.fetch_summary(s.repo, listing.commit, smallest.first.name, smallest.first.size,
                                          split=len(smallest.files) > 1)
-    machine = fit.this_machine(bool(backend_info()["gpu_offload"]))
     cached = {f.filename for f in store.cached_files(s.repo)}
     rows: list[dict[str, Any]] = []
     for opt in options:
@@ -119,10 +123,14 @@ def _list_quants(target: Any, ctx: int, json_out: bool) -> None:
     for r in rows:
         r["recommended"] = r is best
     if json_out:
-        print(json.dumps({"repo": s.repo, "commit": listing.commit, "context": ctx, "quantizations": rows}))
+        print(json.dumps({"repo": s.repo, "commit": listing.commit, "context": ctx, "quantizations": rows,
+                          "machine": {"ram": machine.ram, "gpus": list(machine.gpus), "unified": machine.unified,
+                                      "described": machine.described}}))
         return
+    gpus = " + ".join(format_bytes(g) for g in machine.gpus) or "no GPU"
+    judged = f" · fit judged for {gpus} described" if machine.described else ""
     print(f"{s.repo} @ {listing.commit[:10]} · {summary.architecture} · {_params(summary.n_params)} parameters · "
-          f"memory estimated at --ctx {ctx}")
+          f"memory estimated at --ctx {ctx}{judged}")
     _table(
         ["QUANT", "SIZE", "BPW", "MEMORY", "FIT", ""],
         [[r["quantization"], format_bytes(r["size"]), str(r["bits_per_weight"] or "-"), format_bytes(r["memory"]),
@@ -236,12 +244,23 @@ def _show_doc(ref: Any, hash_now: bool) -> dict[str, Any]:
         "modalities": ["text", *projectors.modalities(ref)],
         "projector": ref.mmproj,
         "adapters": [path for path, _ in ref.adapters],  # a preset's LoRA adapters (ADAPTER)
+        "load": _load_settings(ref),  # a preset's num_ctx and load settings, as its Modelfile spells them
     }
+
+
+def _load_settings(ref: Any) -> dict[str, Any]:
+    from localgen.models import modelfile
+
+    shown: dict[str, Any] = {"num_ctx": ref.context} if ref.context is not None else {}
+    for knob, value in ref.load.items():
+        for name, _ in modelfile.load_lines(knob, value):
+            shown[name] = not value if knob == "no_mmap" else list(value) if isinstance(value, tuple) else value
+    return shown
 
 
 _LABELS = {"model_name": "model", "size": "file size", "context_length": "context length",
            "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary",
-           "adapters": "LoRA adapters"}
+           "adapters": "LoRA adapters", "load": "load settings"}
 
 
 def _print_doc(doc: dict[str, Any]) -> None:
@@ -255,11 +274,19 @@ def _print_doc(doc: dict[str, Any]) -> None:
             v = "yes (--template prints it)" if v else "none (use --raw)"
         elif k == "sha256" and v is None:
             v = "not known yet (--sha256 computes it)"
-        elif k in ("projector", "adapters") and not v:
+        elif k in ("projector", "adapters", "load") and not v:
             continue
         elif k in ("modalities", "adapters"):
             v = ", ".join(v)
+        elif k == "load":
+            v = " · ".join(f"{name} {_shown(x)}" for name, x in v.items())
         print(f"{_LABELS.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return ", ".join(value) if isinstance(value, list) else str(value)
 
 
 def _modelfile(name: str, offline: bool) -> str:
@@ -292,8 +319,8 @@ def _known_sha256(ref: Any) -> str | None:
 
 def rm(
     name: Annotated[
-        str, typer.Argument(help="Catalogue name, owner/repo[:QUANT] (every quantization without one), or a "
-                                 "preset.")
+        str, typer.Argument(help="Catalogue name, owner/repo[:QUANT] (every quantization without one), a model "
+                                 "quantized here (NAME:TYPE), or a preset.")
     ],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     offline: o.Offline = False,
@@ -307,6 +334,13 @@ def rm(
         _confirm(f"the preset {name} (its base model stays)", 0, yes, size=False)
         presets.remove(name)
         print(f"removed the preset {name}")
+        return
+    from localgen.models import quantized
+
+    made = quantized.find(name)
+    if made is not None:  # quantized here (localgen quantize): its one file
+        _confirm(f"the quantized model {name} ({made})", made.stat().st_size, yes)
+        print(f"removed {name}, freed {format_bytes(quantized.remove(name))}")
         return
     spec = names.parse(name)
     if isinstance(spec, names.PathSpec):

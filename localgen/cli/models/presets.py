@@ -23,6 +23,10 @@ def create(
     ],
     force: Force = False,
     json_out: Json = False,
+    quantize: Annotated[str | None, typer.Option(
+        "--quantize", "-q", show_default=False, metavar="TYPE",
+        help="Quantize the Modelfile's FROM (an F16/BF16 model) to TYPE first (Q4_K_M, Q8_0, ...): kept as "
+             "NAME:TYPE, and the preset made over it.")] = None,
 ) -> None:
     """Make a preset from a Modelfile: a name usable wherever a model name is. Its base must be on this
     machine; every value is checked now."""
@@ -38,6 +42,19 @@ def create(
             raise UsageError(f"cannot read the Modelfile {file}: {e}") from None
         where = file
         folder = Path(file).expanduser().resolve().parent
+    if quantize is not None:
+        from localgen import hardware
+        from localgen.cli.progress import make_progress
+        from localgen.quant import quantize as q
+
+        try:
+            made, text = q.for_preset(name, text, quantize, _on_disk, where,
+                                      q.Options(threads=hardware.usable_cores()), make_progress())
+        except KeyboardInterrupt:
+            from localgen.cli.quantize import exit_now
+
+            exit_now("interrupted: nothing was written (llama.cpp's call cannot be stopped, so localgen exits at once)")
+        print(f"{made}  quantized to {quantize.upper()}", file=sys.stderr)
     preset = create_preset(name, text, _on_disk, where=where, force=force, folder=folder)
     _done(preset, json_out)
 

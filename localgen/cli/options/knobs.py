@@ -37,46 +37,17 @@ class Knobs:
 
     def flash_attn(self) -> bool | str | None:
         """-fa on|off|auto and --no-flash-attn, as LoadParams wants them (None: not given)."""
-        from localgen.errors import UsageError
+        from localgen import settings
 
-        if self.get("no_flash_attn"):
-            return False
-        value = self.get("flash_attn")
-        if value is None:
-            return None  # the tuning record's, else the rule's (engine/defaults.py)
-        v = str(value).lower()
-        if v in ("on", "1", "true", "enabled"):
-            return True
-        if v in ("off", "0", "false", "disabled"):
-            return False
-        if v == "auto":
-            return "auto"
-        raise UsageError(f"--flash-attn takes on, off or auto, not {value!r}")
+        return settings.flash_attn_value(self.get("flash_attn"), bool(self.get("no_flash_attn")))
 
     def load(self, check_buffers: bool = True, **override: Any) -> LoadParams:
         """LoadParams from the load settings (those the command lacks keep their defaults); -ot's buffer types
         checked against this build's devices (`check_buffers`: `fit` plans for devices described instead)."""
-        from localgen import placement
-        from localgen.errors import UsageError
+        from localgen import settings
 
-        split: tuple[float, ...] = ()
-        text = self.get("tensor_split")
-        if text:
-            try:
-                split = tuple(float(x) for x in str(text).replace("/", ",").split(",") if x.strip())
-            except ValueError:
-                raise UsageError(f"--tensor-split takes numbers, e.g. 3,1, not {text!r}") from None
-        values: dict[str, Any] = {k.field: self.values[k.name] for k in LOAD_KNOBS.values()
-                                  if k.field and k.name in self.values}
-        for name in ("cache_type_k", "cache_type_v"):
-            if name in values:
-                values[name] = str(values[name]).lower()
-        values.update(
-            flash_attn=self.flash_attn(), tensor_split=split, use_mmap=not self.get("no_mmap", False),
-            use_mlock=bool(self.get("mlock", False)),
-            rpc=tuple(x.strip() for x in str(self.get("rpc") or "").split(",") if x.strip()),
-            lora=lora_adapters(self.get("lora"), self.get("lora_scaled")),
-            override_tensor=placement.parse(self.get("override_tensor")))
+        values = settings.load_fields({n: v for n, v in self.values.items() if n in LOAD_KNOBS})
+        values.update(lora=lora_adapters(self.get("lora"), self.get("lora_scaled")))
         values.update(override)
         params = LoadParams(**values)
         # (RPC servers' buffer types exist once they are registered: the load checks those)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from localgen.cli.options import ModelArgs, RemoteOptions, ToolOptions
 from localgen.cli.options.knobs import SamplingFlags
 from localgen.errors import UsageError
+from localgen.settings import LOAD_KNOBS
 from localgen.text import checked
 from localgen.types import LoadParams
 
@@ -36,6 +37,7 @@ class LoadPlan:
     verbose: bool
     params: LoadParams  # the load settings, the flags over the defaults
     ctx_given: bool  # --ctx given: it wins over a preset's num_ctx, and is the window a remote server is assumed
+    load_given: frozenset[str] = frozenset()  # the load settings given (flags, env vars): each wins over a preset's
     endpoints: tuple[Endpoint, ...] = ()  # remote endpoints; empty: the model loads here
 
     @property
@@ -111,7 +113,8 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
     grammar, schema = output_grammar(out)
     load = LoadPlan(model=model, model_given=args.given("model"), offline=args.offline,
                     template_file=args.chat_template_file, mmproj=args.mmproj, verbose=args.verbose,
-                    params=args.knobs.load(), ctx_given=args.given("ctx"), endpoints=tuple(endpoints))
+                    params=args.knobs.load(), ctx_given=args.given("ctx"),
+                    load_given=frozenset(n for n in LOAD_KNOBS if args.knobs.given(n)), endpoints=tuple(endpoints))
     send = SendPlan(system=args.system, think=args.think, grammar=None if endpoints else grammar,
                     json_schema=schema if endpoints else None, sampling=sampling,
                     prompt_cache=args.prompt_cache and not endpoints, tools=tools if tools.any else None)

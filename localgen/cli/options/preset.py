@@ -1,20 +1,40 @@
 """What a preset adds to `run`, `chat` and `serve` beyond sampling defaults and a template (which resolve() already
-layers on the model): its context size where --ctx is not given, its SYSTEM where --system is not given,
-and its MESSAGE turns before the conversation."""
+layers on the model): its context size where --ctx is not given, its load settings where their flags are not
+given, its SYSTEM where --system is not given, and its MESSAGE turns before the conversation."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from localgen.types import LoadParams, Message, ModelRef
 
 
-def load_params(ref: ModelRef, load: LoadParams, ctx_given: bool) -> LoadParams:
-    """`load` with the preset's num_ctx unless --ctx was given."""
-    if ref.context is None or ctx_given:
+def load_params(ref: ModelRef, load: LoadParams, given: Callable[[str], bool],
+                check_buffers: bool = True) -> LoadParams:
+    """`load` with the preset's num_ctx and load settings (n_cpu_moe, override_tensor, num_gpu, ...), each
+    unless the user gave its flag (`given`, by the table's names: a flag or its environment variable); -ot's
+    buffer types checked against this build's devices (`check_buffers`: `fit` plans for devices described)."""
+    from localgen import settings
+
+    if ref.context is not None and not given("ctx"):
+        load = dataclasses.replace(load, n_ctx=ref.context)
+    mine = {k: v for k, v in ref.load.items() if not given(k) and not (k == "flash_attn" and given("no_flash_attn"))}
+    if not mine:
         return load
-    return dataclasses.replace(load, n_ctx=ref.context)
+    params = dataclasses.replace(load, **settings.load_fields(mine))
+    if check_buffers and "override_tensor" in mine and not params.rpc:  # its buffer types name this machine's devices
+        from localgen.errors import UsageError
+        from localgen.native import devices
+
+        try:
+            devices.check_buffers([b for _, b in params.override_tensor])
+        except UsageError as e:
+            raise UsageError(f"the preset {ref.name}'s PARAMETER override_tensor: "
+                             f"{e.message.removeprefix('--override-tensor: ')}",
+                             hint="give -ot to replace it here") from None
+    return params
 
 
 def _ref(backend: Any) -> ModelRef | None:

@@ -102,7 +102,7 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
         err.warn(warning)
     ref = files.with_template(resolve(load.model, offline=load.offline, progress=make_progress()), load.mmproj,
                                   load.template_file)
-    params = preset.load_params(ref, load.params, load.ctx_given)
+    params = preset.load_params(ref, load.params, load.load_given.__contains__)
     draft = decoding.draft
     draft_ref = resolve(draft, offline=load.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")

@@ -127,7 +127,7 @@ def start(f: ServeArgs) -> None:
                        default=workers[0].name,  # the first -m, or the default model
                        on_demand=_on_demand(f, make) if on_demand else None,
                        residency=residency, offline=f.offline, store=store)
-    app = build(state, policy)
+    app = build(state, policy, webui=listen.webui)
     app.state.front.pool = FetchPool(Fetcher(private=fetching.allow_private_urls, timeout=fetching.fetch_timeout),
                                      size=MAX_FETCHES, wait=FETCH_WAIT_S)
     app.state.front.log = log
@@ -160,7 +160,8 @@ def _started_line(f: ServeArgs, names: list[str], cache_ram: int, residency: Any
     slots = f.batching.parallel
     disk = f"prompt cache on disk: up to {format_bytes(store.limit)}" if store else "no prompt cache on disk"
     return (f"localgen serve: {', '.join(names)}{default}{others} on http://{_url_host(f.listen.host)}:"
-            f"{f.listen.port} · OpenAI API at /v1, Anthropic's at /v1/messages, Ollama's at /api · {slots} slot"
+            f"{f.listen.port} · {'chat page at /, ' if f.listen.webui else ''}OpenAI API at /v1, Anthropic's at "
+            f"/v1/messages, Ollama's at /api · {slots} slot"
             f"{'s' if slots != 1 else ''} per model · {_cache_ram_label(cache_ram)} · {disk} · at most "
             f"{residency.max_models} model{'s' if residency.max_models != 1 else ''} or "
             f"{format_bytes(residency.budget)} loaded")
@@ -241,7 +242,7 @@ def _maker(f: ServeArgs, keep: float, cache_ram: int, residency: Any, store: Any
     slots = f.batching
 
     def make(ref: Any, pinned: bool, load: Any) -> Any:
-        return ModelWorker(ref, preset.load_params(ref, load, f.knobs.given("ctx")), slots.parallel, keep,
+        return ModelWorker(ref, preset.load_params(ref, load, f.knobs.given), slots.parallel, keep,
                            f.residency.max_queue, warn=log.warning, exact=slots.exact,
                            share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency,
                            pinned=pinned, store=store, log=log)

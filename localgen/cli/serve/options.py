@@ -29,7 +29,8 @@ class ListenOptions(OptionGroup):
     port: Annotated[int, typer.Option("--port", min=1, max=65535, rich_help_panel=SERVE, help="Port.")] = 11435
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="LOCALGEN_API_KEY", rich_help_panel=SERVE, show_default=False,
-                                 help="Require `Authorization: Bearer KEY` on every route but /health.")
+                                 help="Require `Authorization: Bearer KEY` on every route but /health and the chat "
+                                      "page's files.")
     ] = None
     api_key_file: Annotated[
         Path | None, typer.Option("--api-key-file", exists=True, dir_okay=False, readable=True,
@@ -46,6 +47,11 @@ class ListenOptions(OptionGroup):
         str, typer.Option("--max-body", rich_help_panel=SERVE,
                           help="Largest request body (e.g. 512k, 16M); larger ones get 413.")
     ] = "16M"
+    webui: Annotated[
+        bool, typer.Option("--webui/--no-webui", rich_help_panel=SERVE,
+                           help="A chat page at / for browsers (with --api-key it asks for the key); "
+                                "--no-webui: no page.")
+    ] = True
 
 
 @dataclass(frozen=True)

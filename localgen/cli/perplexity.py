@@ -1,0 +1,233 @@
+"""`localgen perplexity`: llama-perplexity's measure (windows of --ctx, the second half of each scored, PPL ± its
+error), with --save-logits to keep a reference and --reference for KL divergence against one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.errors import UsageError
+
+CtxOpt = Annotated[int, typer.Option("--ctx", "--ctx-size", "-c", min=8,
+                                     help="Tokens per window; the second half of each is scored.")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1,
+                                       help="Tokens per llama_decode: batch // ctx windows go together.")]
+UBatchOpt = Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, help="Physical batch size.")]
+ChunksOpt = Annotated[int | None, typer.Option("--chunks", min=1, show_default=False,
+                                               help="Measure only the first N windows (default: all).")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", "-t", min=1, show_default=False,
+                                                help="CPU threads (default: the cores this process may use).")]
+GpuOpt = Annotated[int | None, typer.Option("--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, show_default=False,
+                                            help="Layers on the GPU, -1 all (default: as many as fit).")]
+TextOpt = Annotated[str | None, typer.Option("--file", "-f", show_default=False, metavar="TEXT",
+                                             help="The text, UTF-8 ('-': stdin); default: the text localgen ships "
+                                                  "(ten State of the Union addresses, public domain).")]
+
+
+def perplexity(
+    model: o.Model = None,
+    file: TextOpt = None,
+    ctx: CtxOpt = 512,
+    batch: BatchOpt = 2048,
+    ubatch: UBatchOpt = 512,
+    chunks: ChunksOpt = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuOpt = None,
+    save_logits: Annotated[Path | None, typer.Option(
+        "--save-logits", show_default=False, metavar="FILE",
+        help="Keep this model's logits in FILE, as a reference for --reference (llama-perplexity's "
+             "--kl-divergence-base format).")] = None,
+    reference: Annotated[str | None, typer.Option(
+        "--reference", show_default=False, metavar="FILE|MODEL",
+        help="Measure KL divergence against a logits file (--save-logits, or llama-perplexity's "
+             "--kl-divergence-base), or a model measured first on the same text.")] = None,
+    kl_base: Annotated[str | None, typer.Option(
+        "--kl-divergence-base", hidden=True, show_default=False,
+        help="llama-perplexity's spelling: --save-logits FILE, or with --kl-divergence, --reference FILE.")] = None,
+    kl_divergence: Annotated[bool, typer.Option(
+        "--kl-divergence", hidden=True, help="llama-perplexity's spelling: with --kl-divergence-base FILE, "
+                                             "--reference FILE.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Every figure as one JSON document on stdout.")] = False,
+    offline: o.Offline = False,
+    verbose: o.Verbose = False,
+) -> None:
+    """Perplexity of a model on a text, as llama-perplexity measures it; with --reference, KL divergence, top-token
+    agreement and Δp against a reference (the original weights of a quantized model)."""
+    from localgen.models.resolve import resolve
+    from localgen.quant import measure as ms
+    from localgen.quant.text import default_text, read_text
+
+    if kl_divergence and kl_base is None:
+        raise UsageError("--kl-divergence needs --kl-divergence-base FILE (the reference's logits)")
+    if kl_base is not None:  # llama-perplexity's spellings
+        if save_logits is not None or reference is not None:
+            raise UsageError("give --kl-divergence-base or --save-logits/--reference, not both")
+        if kl_divergence:
+            reference = kl_base
+        else:
+            save_logits = Path(kl_base)
+    if save_logits is not None and reference is not None:
+        raise UsageError("--save-logits keeps a reference; --reference measures against one: give one of them")
+    if save_logits is not None and save_logits.is_dir():
+        raise UsageError(f"--save-logits: {save_logits} is a directory")
+    s = ms.Settings(ctx=ctx, batch=batch, ubatch=ubatch, chunks=chunks, threads=threads, gpu_layers=gpu_layers,
+                    verbose=verbose)
+    ref = resolve(model, offline=offline)
+    ref_file = ref_model = None
+    if reference is not None:
+        if ms.is_logits_file(reference):
+            ref_file = Path(reference)
+        elif Path(reference).is_file() and not reference.lower().endswith(".gguf"):
+            raise UsageError(f"--reference: {reference} is neither a logits file nor a model")
+        else:
+            ref_model = resolve(reference, offline=offline)
+            ms.same_vocabulary(ref, ref_model)
+    # a logits file holds its tokens: a text given with it is checked against them
+    text = None if ref_file is not None and file is None else (read_text(file) if file else default_text())
+    view = ChunkView(json_out)
+    out: dict[str, Any] = {"text": file or "default", "ctx": ctx}
+    temp = None
+    try:
+        if ref_model is not None:
+            assert text is not None
+            temp = ms.temp_logits("model")
+            engine = ms.open_model(ref_model, s)
+            try:
+                base = ms.perplexity(engine, text, s, save=temp, on_chunk=view.chunk)
+            finally:
+                engine.close()
+            out["reference"] = {"model": ref_model.name, "ppl": base.ppl, "ppl_err": base.ppl_err}
+            ref_file = temp
+        engine = ms.open_model(ref, s)
+        try:
+            if ref_file is not None:
+                result = ms.against(engine, ref_file, s, text, view.chunk)
+                out.setdefault("reference", {"file": str(ref_file)})
+            else:
+                assert text is not None
+                result = ms.perplexity(engine, text, s, save=save_logits, on_chunk=view.chunk)
+        finally:
+            engine.close()
+    except ms.Interrupted as stop:
+        view.end()
+        from localgen.cli.output import ErrWriter
+
+        err = ErrWriter()
+        if stop.measured is not None:
+            _show(stop.measured, out, json_out)
+            err.line(f"interrupted after {stop.measured.chunks} of {stop.measured.chunks_total} windows: the figures "
+                     "above cover those" + ("; the logits file was not written" if save_logits else ""))
+        else:
+            err.line("interrupted before the first window was measured")
+        raise typer.Exit(130) from None
+    finally:
+        view.end()
+        if temp is not None:
+            temp.unlink(missing_ok=True)
+    _show(result, out, json_out)
+    if save_logits is not None and not json_out:
+        print(f"logits saved to {save_logits}", file=sys.stderr)
+
+
+def _show(m: Any, out: dict[str, Any], json_out: bool) -> None:
+    if json_out:
+        print(json.dumps({**out, **m.as_dict()}))
+        return
+    print(render(m, out.get("reference")))
+
+
+def render(m: Any, reference: dict[str, Any] | None = None) -> str:
+    """The figures as llama-perplexity prints its final statistics."""
+    lines = [f"model: {m.model}; {m.chunks} windows of {m.n_ctx} tokens, {m.tokens:,} positions scored, "
+             f"{m.tokens_per_s:,.1f} tokens/s"]
+    d = m.divergence
+    if d is None:
+        lines.append(f"Final estimate: PPL = {m.ppl:.4f} +/- {m.ppl_err:.5f}")
+        return "\n".join(lines)
+    if reference and "model" in reference:
+        lines.append(f"reference: {reference['model']}")
+    lines += [
+        "",
+        "====== Perplexity statistics ======",
+        f"Mean PPL(Q)                   : {m.ppl:10.6f} ± {m.ppl_err:10.6f}",
+        f"Mean PPL(base)                : {d.ppl_base:10.6f} ± {d.ppl_base_err:10.6f}",
+    ]
+    if d.correlation is not None:
+        lines.append(f"Cor(ln(PPL(Q)), ln(PPL(base))): {100 * d.correlation:6.2f}%")
+    lines += [
+        f"Mean ln(PPL(Q)/PPL(base))     : {d.ln_ratio:10.6f} ± {d.ln_ratio_err:10.6f}",
+        f"Mean PPL(Q)/PPL(base)         : {d.ppl_ratio:10.6f} ± {d.ppl_ratio_err:10.6f}",
+        f"Mean PPL(Q)-PPL(base)         : {d.ppl_diff:10.6f} ± {d.ppl_diff_err:10.6f}",
+        "",
+        "====== KL divergence statistics ======",
+        f"Mean    KLD: {d.kld:10.6f} ± {d.kld_err:10.6f}",
+    ]
+    for name, value in (d.kld_percentiles or {}).items():
+        lines.append(f"{_label(name)} KLD: {value:10.6f}")
+    lines += ["", "====== Token probability statistics ======",
+              f"Mean    Δp: {100 * d.dp_mean:6.3f} ± {100 * d.dp_mean_err:5.3f} %"]
+    for name, value in (d.dp_percentiles or {}).items():
+        lines.append(f"{_label(name)} Δp: {100 * value:6.3f}%")
+    lines += [f"RMS Δp    : {100 * d.rms_dp:6.3f} ± {100 * d.rms_dp_err:5.3f} %",
+              f"Same top p: {100 * d.same_top:6.3f} ± {100 * d.same_top_err:5.3f} %"]
+    if d.kld_percentiles is None:
+        lines.append("(percentiles need at least 100 positions scored)")
+    return "\n".join(lines)
+
+
+def _label(name: str) -> str:
+    """llama-perplexity's label of a percentile ("99.0%  ", "Maximum")."""
+    words = {"max": "Maximum", "min": "Minimum", "median": "Median "}
+    if name in words:
+        return words[name]
+    return f"{float(name[1:]):4.1f}%  "
+
+
+class ChunkView:
+    """Windows measured, on stderr: a Rich bar with its estimate on a terminal, a line every tenth otherwise."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.tty = sys.stderr.isatty()
+        self.bar: Any = None
+        self.task: Any = None
+        self.label = ""
+        self.next_mark = 0
+
+    def chunk(self, label: str, done: int, total: int) -> None:
+        """`done` of `total` windows of `label` measured."""
+        if self.tty:
+            if label != self.label or self.bar is None:
+                self._bar(label, total)
+            self.bar.update(self.task, completed=done)
+            return
+        if label != self.label:
+            self.label, self.next_mark = label, 0
+        pct = done * 100 // total if total else 100
+        if done == 0:
+            print(f"{label}: {total} windows", file=sys.stderr, flush=True)
+            self.next_mark = 10
+        while pct >= self.next_mark > 0:
+            print(f"{label}: {done}/{total} windows", file=sys.stderr, flush=True)
+            self.next_mark = (pct // 10 + 1) * 10 if pct < 100 else 1 << 30
+
+    def _bar(self, label: str, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.end()
+        self.label = label
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("windows"), TimeRemainingColumn(), console=Console(stderr=True))
+        self.bar.start()
+        self.task = self.bar.add_task(label, total=total)
+
+    def end(self) -> None:
+        """Stop the bar (idempotent)."""
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None

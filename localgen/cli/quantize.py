@@ -1,0 +1,202 @@
+"""`localgen quantize`: llama.cpp's own quantizer (llama-quantize's types and options), the result kept as NAME:TYPE
+in `localgen list`; with --ladder, several types made and measured against the source in one table."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.cli.perplexity import ChunksOpt, CtxOpt, GpuOpt
+from localgen.errors import UsageError
+
+LADDER_DEFAULT = "Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q3_K_M"
+LADDER = "Ladder (--ladder TYPES: each type made and measured against the source)"
+
+
+def quantize(
+    source: Annotated[str, typer.Argument(help="The model to quantize: an F16/BF16/F32 GGUF path, or any model "
+                                               "name run takes.", show_default=False, metavar="SOURCE")],
+    type_name: Annotated[str | None, typer.Argument(
+        metavar="TYPE", show_default=False,
+        help="llama-quantize's type name, any case (Q4_K_M, q8_0, IQ4_XS, ...) or its number.")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", show_default=False,
+        help="Write the result here instead of localgen's models (where `list` shows it as NAME:TYPE).")] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", show_default=False,
+        help="NAME of the result, NAME:TYPE in `localgen list` (default: from the source's name).")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", "-t", min=1, show_default=False,
+                                                help="Threads (default: every CPU this process may use).")] = None,
+    allow_requantize: Annotated[bool, typer.Option(
+        "--allow-requantize", help="Quantize a source that is already quantized (loses more quality).")] = False,
+    leave_output_tensor: Annotated[bool, typer.Option(
+        "--leave-output-tensor", help="Leave output.weight un(re)quantized.")] = False,
+    pure: Annotated[bool, typer.Option(
+        "--pure", help="No k-quant mixtures: every tensor to the one type.")] = False,
+    output_tensor_type: Annotated[str | None, typer.Option(
+        "--output-tensor-type", metavar="GGML_TYPE", show_default=False,
+        help="ggml type for output.weight (q8_0, f16, ...).")] = None,
+    token_embedding_type: Annotated[str | None, typer.Option(
+        "--token-embedding-type", metavar="GGML_TYPE", show_default=False,
+        help="ggml type for the token embeddings.")] = None,
+    imatrix: Annotated[Path | None, typer.Option(
+        "--imatrix", show_default=False, metavar="FILE",
+        help="An importance matrix (llama-imatrix's, GGUF or the older format).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a result that exists.")] = False,
+    ladder_types: Annotated[str | None, typer.Option(
+        "--ladder", rich_help_panel=LADDER, show_default=False, metavar="TYPES",
+        help=f"Make each of these types (comma-separated, e.g. {LADDER_DEFAULT}) and measure each against the "
+             "source: size, speed, PPL, KL divergence, top-1 agreement, fit.")] = None,
+    measure: Annotated[str | None, typer.Option(
+        "--measure", rich_help_panel=LADDER, show_default=False, metavar="TEXT",
+        help="--ladder: the text to measure on (default: the text localgen ships).")] = None,
+    ctx: CtxOpt = 512,
+    chunks: ChunksOpt = None,
+    kld_bound: Annotated[float, typer.Option("--kld-bound", rich_help_panel=LADDER, min=0.0,
+                                             help="--ladder: the mean KLD the verdict accepts.")] = 0.05,
+    n_prompt: Annotated[int, typer.Option("--n-prompt", "-p", rich_help_panel=LADDER, min=0,
+                                          help="--ladder: pp test length.")] = 512,
+    n_gen: Annotated[int, typer.Option("--n-gen", "-n", rich_help_panel=LADDER, min=0,
+                                       help="--ladder: tg test length.")] = 128,
+    reps: Annotated[int, typer.Option("--repetitions", "-r", rich_help_panel=LADDER, min=1,
+                                      help="--ladder: repetitions of each.")] = 3,
+    gpu_layers: GpuOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    offline: o.Offline = False,
+    verbose: o.Verbose = False,
+) -> None:
+    """Quantize a model with llama.cpp's own quantizer: the same types and results as llama-quantize. Ctrl-C stops
+    at once and leaves nothing behind."""
+    from localgen.models import quantized
+    from localgen.models.resolve import resolve
+    from localgen.native import logs
+
+    logs.set_echo(verbose)
+    if (type_name is None) == (ladder_types is None):
+        raise UsageError("give a TYPE, or --ladder TYPES" if type_name is None else
+                         "give a TYPE or --ladder TYPES, not both")
+    if ladder_types is not None and output is not None:
+        raise UsageError("--ladder keeps each type in localgen's models; -o names one file")
+    if name is not None:
+        quantized.check_base(name)
+    ref = resolve(source, offline=offline)
+    src = Path(ref.path)
+    base = name or quantized.base_for(ref.name if ref.source != "path" else source)
+    from localgen.quant import quantize as q
+
+    opts = q.Options(threads=threads or _cores(), allow_requantize=allow_requantize,
+                     leave_output_tensor=leave_output_tensor, pure=pure, output_tensor_type=output_tensor_type,
+                     token_embedding_type=token_embedding_type, imatrix=imatrix, force=force)
+    if ladder_types is None:
+        assert type_name is not None
+        made = make(src, type_name, base, output, opts)
+        _report(made, json_out)
+        return
+    _ladder(ref, src, base, ladder_types, opts, measure, ctx, chunks, kld_bound, n_prompt, n_gen, reps, threads,
+            gpu_layers, json_out, verbose)
+
+
+def _cores() -> int:
+    from localgen import hardware
+
+    return hardware.usable_cores()
+
+
+def target(base: str, type_name: str, output: Path | None) -> tuple[Path, str | None]:
+    """Where a result goes and its model name (None for a file of the user's, -o)."""
+    from localgen.models import quantized
+
+    if output is not None:
+        out = output.expanduser()
+        if out.is_dir():
+            out = out / f"{base}-{type_name}.gguf"
+        return out, None
+    name = quantized.name_of(base, type_name)
+    _no_clash(name)
+    folder = quantized.folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    return quantized.path_for(name), name
+
+
+def _no_clash(name: str) -> None:
+    from localgen.models import catalogue, presets
+
+    if name in catalogue.load() or presets.exists(name):
+        raise UsageError(f"{name!r} is already a catalogue model or a preset", hint="give another --name")
+
+
+def make(src: Path, type_text: str, base: str, output: Path | None, opts: Any) -> Any:
+    """Plan and run one quantization with a progress bar; Ctrl-C removes what it wrote and exits at once."""
+    from localgen.cli.progress import make_progress
+    from localgen.quant import quantize as q
+
+    type_name, _ = q.parse_type(type_text)
+    out, model_name = target(base, type_name.lower(), output)
+    job = q.plan(src, type_name, out, opts)
+    try:
+        done = q.run(job, make_progress(), label=model_name)
+    except KeyboardInterrupt:
+        q.abandon(job)
+        exit_now(f"interrupted: nothing was written ({job.out.name} is not there; llama.cpp's call cannot be "
+                  "stopped, so localgen exits at once)")
+    return done, model_name
+
+
+def exit_now(message: str) -> None:
+    """Exit 130 at once: llama_model_quantize is still running in its thread and cannot be stopped or waited for."""
+    sys.stdout.flush()
+    sys.stderr.write(f"localgen: {message}\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def _report(made: Any, json_out: bool) -> None:
+    done, model_name = made
+    doc = {"name": model_name, "path": str(done.path), "type": done.type_name, "size": done.size,
+           "bits_per_weight": done.bits_per_weight, "seconds": round(done.seconds, 2)}
+    if json_out:
+        print(json.dumps(doc))
+        return
+    from localgen.units import format_bytes
+
+    where = model_name or str(done.path)
+    print(f"{where}  {done.type_name}, {format_bytes(done.size)}, {done.bits_per_weight:.2f} bits per weight "
+          f"({done.seconds:.1f} s)")
+
+
+def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_text: str | None, ctx: int,
+            chunks: int | None, kld_bound: float, n_prompt: int, n_gen: int, reps: int, threads: int | None,
+            gpu_layers: int | None, json_out: bool, verbose: bool) -> None:
+    """Make each type (an existing one is kept unless --force), then measure them all against the source."""
+    from localgen.cli.ladderview import run_ladder
+    from localgen.cli.output import ErrWriter
+    from localgen.models.resolve import resolve
+    from localgen.quant import ladder
+    from localgen.quant import measure as ms
+    from localgen.quant import quantize as q
+    from localgen.quant.text import default_text, read_text
+
+    types = [q.parse_type(t)[0] for t in types_text.split(",") if t.strip()]
+    if not types:
+        raise UsageError("--ladder: no types given")
+    text = read_text(measure_text) if measure_text else default_text()
+    err = ErrWriter()
+    files = []
+    for t in types:
+        out, model_name = target(base, t.lower(), None)
+        assert model_name is not None
+        if out.exists() and not opts.force:
+            err.line(f"{model_name}: kept (made earlier; --force makes it again)")
+        else:
+            done, _ = make(src, t, base, None, opts)
+            err.line(f"{model_name}: {done.type_name}, {done.bits_per_weight:.2f} bits per weight")
+        files.append(resolve(model_name, offline=True))
+    settings = ms.Settings(ctx=ctx, chunks=chunks, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+    run_ladder(ref, files, text, measure_text or "default", settings,
+               ladder.Speed(n_prompt=n_prompt, n_gen=n_gen, reps=reps, threads=threads), kld_bound, json_out)

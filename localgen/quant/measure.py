@@ -1,0 +1,159 @@
+"""Measuring a model on a text (engine/perplexity.py): load it as llama-perplexity loads (a window of --ctx, weight
+repacking on), perplexity alone or saving its logits, or KL divergence against a reference: a logits file, or a model
+measured first into a temporary one (its vocabulary and its tokens of the text must be the model's). The disk a
+logits file takes is checked before it is written; an interrupt hands back what was measured."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localgen.errors import LocalgenError, UsageError
+from localgen.types import ModelRef
+from localgen.units import format_bytes
+
+# (what is measured, windows done, windows in all)
+OnChunk = Callable[[str, int, int], None]
+LOGITS_MAGIC = b"_logits_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """llama-perplexity's settings: the window, the batches, how many windows (None: every one), threads, GPU layers
+    (None: as many as fit)."""
+
+    ctx: int = 512
+    batch: int = 2048
+    ubatch: int = 512
+    chunks: int | None = None
+    threads: int | None = None
+    gpu_layers: int | None = None
+    verbose: bool = False
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a measurement: `measured` is what it had measured (None before the first window)."""
+
+    def __init__(self, measured: Any) -> None:
+        super().__init__()
+        self.measured = measured
+
+
+def is_logits_file(path: str) -> bool:
+    """Whether `path` names a logits file (ours or llama-perplexity's --kl-divergence-base)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == LOGITS_MAGIC
+    except OSError:
+        return False
+
+
+def open_model(ref: ModelRef, s: Settings) -> Any:
+    """The model loaded for measuring: a window of s.ctx, threads as given (else the rule), weights repacked as
+    llama-perplexity loads them."""
+    from localgen.models.load import open_engine
+    from localgen.types import LoadParams
+
+    params = LoadParams(n_ctx=s.ctx, n_threads=s.threads, n_threads_batch=s.threads, n_gpu_layers=s.gpu_layers,
+                        n_batch=min(s.batch, s.ctx), repack=True)
+    return open_engine(ref, params, verbose=s.verbose)
+
+
+def _run(m: Any, label: str, on_chunk: OnChunk | None) -> Any:
+    total = m.w.n_chunk
+    try:
+        if on_chunk is not None:
+            on_chunk(label, 0, total)
+        for done in m.run():
+            if on_chunk is not None:
+                on_chunk(label, done, total)
+    except KeyboardInterrupt:
+        raise Interrupted(m.measured() if m.done else None) from None
+    return m.measured()
+
+
+def _threads(s: Settings) -> tuple[int, int] | None:
+    return (s.threads, s.threads) if s.threads else None
+
+
+def perplexity(engine: Any, text: str, s: Settings, save: Path | None = None,
+               on_chunk: OnChunk | None = None) -> Any:
+    """PPL of a loaded model on the text; with `save`, its logits kept there (written whole, or not at all)."""
+    from localgen.engine import perplexity as ppl
+
+    w = ppl.windows(engine, text, s.ctx, s.chunks)
+    writer = None
+    if save is not None:
+        check_space(save.parent, ppl.size_of_logits(w, engine.n_vocab), "--save-logits")
+        writer = ppl.LogitsWriter(save, w, engine.n_vocab)
+    m = ppl.Perplexity(engine, w, s.batch, s.ubatch, _threads(s), save=writer)
+    try:
+        result = _run(m, engine.model.name, on_chunk)
+    except BaseException:
+        if writer is not None:
+            writer.discard()
+        raise
+    finally:
+        m.close()
+    if writer is not None:
+        writer.commit()
+    return result
+
+
+def against(engine: Any, reference: Path, s: Settings, text: str | None = None,
+            on_chunk: OnChunk | None = None) -> Any:
+    """KL divergence (and PPL) of a loaded model against a logits file. With `text` (a reference model measured
+    on it), the model must tokenize it as the reference did."""
+    from localgen.engine import perplexity as ppl
+
+    reader = ppl.LogitsReader(reference)
+    try:
+        if reader.n_vocab != engine.n_vocab:
+            raise UsageError(f"the reference has another vocabulary ({reader.n_vocab:,} tokens; {engine.model.name} "
+                             f"has {engine.n_vocab:,}): KL divergence compares quantizations of one model")
+        if s.ctx != reader.n_ctx:
+            raise UsageError(f"the reference was measured at a context of {reader.n_ctx}, not {s.ctx}",
+                             hint=f"give --ctx {reader.n_ctx}")
+        n_chunk = min(reader.n_chunk, s.chunks) if s.chunks else reader.n_chunk
+        if text is not None:
+            mine = engine.tokenize(text, add_special=True, parse_special=False)[: reader.n_ctx * n_chunk]
+            if list(reader.tokens[: reader.n_ctx * n_chunk]) != mine:
+                raise UsageError(f"{engine.model.name} tokenizes the text differently from the reference: another "
+                                 "vocabulary")
+        w = ppl.Windows(reader.tokens, reader.n_ctx, n_chunk)
+        m = ppl.Perplexity(engine, w, s.batch, s.ubatch, _threads(s), reference=reader)
+        try:
+            return _run(m, engine.model.name, on_chunk)
+        finally:
+            m.close()
+    finally:
+        reader.close()
+
+
+def check_space(folder: Path, need: int, what: str) -> None:
+    """One clear error when `folder` has less free space than `need` bytes."""
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise LocalgenError(f"{what}: the logits take {format_bytes(need)} and {folder} has {format_bytes(free)} free",
+                            hint="measure fewer windows (--chunks N), or free some space")
+
+
+def temp_logits(tag: str) -> Path:
+    """Where a reference model's logits are kept while the measurement that needs them runs."""
+    from localgen import paths
+
+    d = paths.cache_dir() / "perplexity"
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"reference-{tag}-{os.getpid()}.logits"
+
+
+def same_vocabulary(a: ModelRef, b: ModelRef) -> None:
+    """Refuse, before any work, two models whose headers give different vocabulary sizes."""
+    va, vb = a.summary.vocab_size, b.summary.vocab_size
+    if va and vb and va != vb:
+        raise UsageError(f"the reference has another vocabulary ({vb:,} tokens; {a.name} has {va:,}): KL divergence "
+                         "compares quantizations of one model")

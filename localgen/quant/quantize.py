@@ -1,0 +1,316 @@
+"""Quantize a GGUF through llama.cpp's own llama_model_quantize, as llama-quantize does: the same types and names,
+its options, an importance matrix. Everything is checked before a byte is written: the type names, a source already
+quantized (unless asked), the importance matrix, what the type needs, and the disk space the result takes (llama.cpp's
+own dry run gives its size). The result is written to a hidden temp file beside the target and renamed when whole;
+a failure or an interrupt removes it, so nothing partial is ever left."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localgen.errors import LocalgenError, UsageError
+from localgen.models.download import Progress, Quiet
+from localgen.units import format_bytes
+
+# ggml types that are not quantized (F32, F16, I8, I16, I32, I64, F64, BF16): what llama-quantize quantizes from
+UNQUANTIZED = frozenset({0, 1, 24, 25, 26, 27, 28, 30})
+SPACE_MARGIN = 16 << 20  # beyond the result's size, for the file system's own needs
+_QUANT_SIZE = re.compile(r"quant size\s*=\s*([0-9.]+) MiB")
+# llama-quantize's metadata keys for an importance matrix (tools/quantize/quantize.cpp)
+KV_IMATRIX_FILE, KV_IMATRIX_DATASET = "quantize.imatrix.file", "quantize.imatrix.dataset"
+KV_IMATRIX_ENTRIES, KV_IMATRIX_CHUNKS = "quantize.imatrix.entries_count", "quantize.imatrix.chunks_count"
+
+
+@dataclass(frozen=True)
+class QuantizeJob:
+    """One quantization, checked: the source file, the type (llama-quantize's name), where the result goes, and
+    llama_model_quantize's settings; `expected` is the result's size by llama.cpp's dry run."""
+
+    source: Path
+    type_name: str
+    out: Path
+    params: Any  # native.quantize.QuantizeParams
+    expected: int
+    source_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """What a quantization made: the file, its size, bits per weight and the seconds it took."""
+
+    path: Path
+    type_name: str
+    size: int
+    bits_per_weight: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Options:
+    """llama-quantize's options, as the user gave them."""
+
+    threads: int = 0
+    allow_requantize: bool = False
+    leave_output_tensor: bool = False
+    pure: bool = False
+    output_tensor_type: str | None = None
+    token_embedding_type: str | None = None
+    imatrix: Path | None = None
+    force: bool = False  # replace an existing result
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def type_names() -> list[str]:
+    """llama-quantize's type names, in its order."""
+    from localgen.native.quantize import FTYPES
+
+    return [name for name, _, _ in FTYPES]
+
+
+def parse_type(text: str) -> tuple[str, int]:
+    """llama-quantize's name and llama_ftype for a type as typed (any case, or its number)."""
+    from localgen.native.quantize import file_type
+
+    found = file_type(text)
+    if found is None:
+        raise UsageError(f"unknown quantization type {text!r}",
+                         hint=f"llama-quantize's types: {', '.join(t for t in type_names() if t != 'COPY')}")
+    return found
+
+
+def _tensor_type(flag: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    from localgen.native.quantize import ggml_types
+
+    types = ggml_types()
+    found = types.get(text.strip().lower())
+    if found is None:
+        raise UsageError(f"{flag}: unknown ggml type {text!r}", hint=f"ggml's types: {', '.join(types)}")
+    return found
+
+
+def plan(source: Path, type_text: str, out: Path, opts: Options) -> QuantizeJob:
+    """Check everything a quantization needs before it starts (one UsageError or LocalgenError each)."""
+    from localgen.models.gguf_meta import read_gguf
+    from localgen.native.quantize import QuantizeParams
+
+    type_name, ftype = parse_type(type_text)
+    output_type = _tensor_type("--output-tensor-type", opts.output_tensor_type)
+    embedding_type = _tensor_type("--token-embedding-type", opts.token_embedding_type)
+    meta, tensors, _ = read_gguf(str(source))
+    quantized = sorted({t for _, _, t, _ in tensors if t not in UNQUANTIZED})
+    source_type = _file_type_name(meta.get("general.file_type"))
+    if quantized and not opts.allow_requantize and type_name != "COPY":
+        raise LocalgenError(
+            f"{source} is already quantized ({source_type or 'quantized tensors'}): quantizing it again loses more "
+            "than quantizing from the original weights",
+            hint="quantize from an F16, BF16 or F32 file; --allow-requantize does it anyway")
+    try:
+        if out.resolve() == source.resolve():
+            raise UsageError("the output would overwrite the source")
+    except OSError:
+        pass
+    if out.exists() and not opts.force:
+        raise UsageError(f"{out} exists", hint="--force replaces it")
+    if out.exists() and out.is_dir():
+        raise UsageError(f"{out} is a directory")
+    if not out.parent.is_dir():
+        raise UsageError(f"no such folder: {out.parent}")
+    imatrix: dict[str, Any] = {}
+    overrides: list[tuple[str, int | str]] = []
+    if opts.imatrix is not None:
+        from localgen.quant import imatrix as imx
+
+        im = imx.read(opts.imatrix)
+        imatrix = im.entries
+        # the metadata llama-quantize writes for it
+        overrides.append((KV_IMATRIX_FILE, str(opts.imatrix)))
+        if im.datasets:
+            overrides.append((KV_IMATRIX_DATASET, im.datasets[0]))
+        overrides.append((KV_IMATRIX_ENTRIES, len(imatrix)))
+        if im.chunk_count > 0:
+            overrides.append((KV_IMATRIX_CHUNKS, im.chunk_count))
+    params = QuantizeParams(
+        ftype=ftype, threads=opts.threads, only_copy=type_name == "COPY", allow_requantize=opts.allow_requantize,
+        leave_output_tensor=opts.leave_output_tensor, pure=opts.pure, output_tensor_type=output_type,
+        token_embedding_type=embedding_type, imatrix=imatrix, kv_overrides=tuple(overrides))
+    drop_stale(out)
+    expected = _dry_run(source, out, params, type_name)
+    _check_space(out.parent, expected)
+    return QuantizeJob(source=source, type_name=type_name, out=out, params=params, expected=expected,
+                       source_type=source_type)
+
+
+def _file_type_name(ftype: Any) -> str | None:
+    from localgen.native.quantize import FTYPES
+
+    if not isinstance(ftype, int):
+        return None
+    return next((name for name, number, _ in FTYPES if number == ftype and not name.endswith("_K")), None)
+
+
+def _dry_run(source: Path, out: Path, params: Any, type_name: str) -> int:
+    """The result's size in bytes, by llama.cpp's dry run (its log's "quant size"), plus the source's header; a type
+    that needs an importance matrix without one is refused here."""
+    import dataclasses
+
+    from localgen.native import logs
+    from localgen.native.quantize import quantize
+
+    logs.clear()
+    ok = quantize(source, out, dataclasses.replace(params, dry_run=True))
+    lines = logs.lines(last=60)
+    if not ok:
+        raise LocalgenError(f"llama.cpp cannot quantize {source} to {type_name}: {_reason(lines)}")
+    if any("will require an imatrix" in line for line in lines) and not params.imatrix:
+        raise UsageError(f"{type_name} needs an importance matrix", hint="give one with --imatrix FILE "
+                         "(llama-imatrix makes it)")
+    sizes = [float(m.group(1)) for line in lines if (m := _QUANT_SIZE.search(line))]
+    from localgen.models.gguf_meta import read_gguf
+
+    _, _, data_offset = read_gguf(str(source))
+    tensor_bytes = int(sizes[-1] * (1 << 20)) if sizes else source.stat().st_size
+    return tensor_bytes + data_offset
+
+
+def _reason(lines: list[str]) -> str:
+    """llama.cpp's reason from its log: the line after "failed to quantize:", else its last error."""
+    for line in reversed(lines):
+        if "failed to quantize:" in line:
+            return line.split("failed to quantize:", 1)[1].strip()
+    from localgen.native import logs
+
+    return logs.first_error() or "see --verbose"
+
+
+def _check_space(folder: Path, need: int) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < need + SPACE_MARGIN:
+        raise LocalgenError(f"not enough disk space in {folder}: the result needs {format_bytes(need)}, "
+                            f"{format_bytes(free)} is free", hint="free some space, or write elsewhere with -o")
+
+
+def temp_path(out: Path) -> Path:
+    """The hidden file a quantization writes before it is renamed to `out`."""
+    return out.with_name(f".{out.name}.{os.getpid()}.partial")
+
+
+def drop_stale(out: Path) -> None:
+    """Remove what a quantization to `out` left behind in a process that ended without its cleanup (a server
+    killed mid-way): its temp file, named by a process no longer running."""
+    for path in out.parent.glob(f".{out.name}.*.partial"):
+        pid = path.name[len(out.name) + 2: -len(".partial")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25,
+        label: str | None = None) -> Quantized:
+    """Quantize: llama_model_quantize in a thread into the temp file, progress by the bytes it has written against
+    the expected size, then the rename. A failure removes the temp file and raises; so does a KeyboardInterrupt in
+    the waiting thread, but the call it interrupts cannot be stopped: it goes on writing into the removed file
+    until it returns (the CLI exits at once instead; `abandon`)."""
+    from localgen.native import logs
+    from localgen.native.quantize import quantize
+
+    progress = progress or Quiet()
+    tmp = temp_path(job.out)
+    result: dict[str, bool] = {}
+    logs.clear()
+
+    def work() -> None:
+        result["ok"] = quantize(job.source, tmp, job.params)
+
+    t0 = time.perf_counter()
+    thread = threading.Thread(target=work, name="quantize", daemon=True)
+    progress.start(f"{job.type_name} {label or job.out.name}", job.expected, 0)
+    done = 0
+    try:
+        thread.start()
+        while thread.is_alive():
+            thread.join(poll_s)
+            now = _size(tmp)
+            if now > done:
+                progress.advance(min(now, job.expected) - min(done, job.expected))
+                done = now
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        progress.finish()
+    seconds = time.perf_counter() - t0
+    if not result.get("ok"):
+        tmp.unlink(missing_ok=True)
+        why = _reason(logs.lines(last=60))
+        free = shutil.disk_usage(job.out.parent).free
+        if free < SPACE_MARGIN or "iostream" in why or "basic_ios" in why:
+            raise LocalgenError(f"llama.cpp could not write {job.out}: the disk is full or the file too large "
+                                f"({format_bytes(free)} free; {why}); nothing was kept")
+        raise LocalgenError(f"llama.cpp could not quantize {job.source} to {job.type_name}: {why}")
+    os.replace(tmp, job.out)
+    size = job.out.stat().st_size
+    from localgen.models.gguf_meta import read_summary
+
+    summary = read_summary(str(job.out), use_cache=False)
+    bpw = summary.tensor_bytes * 8 / summary.n_params if summary.n_params else 0.0
+    return Quantized(job.out, job.type_name, size, round(bpw, 2), seconds)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def abandon(job: QuantizeJob) -> None:
+    """Remove what an interrupted quantization has written (its temp file)."""
+    temp_path(job.out).unlink(missing_ok=True)
+
+
+def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "Modelfile",
+               opts: Options | None = None, progress: Progress | None = None) -> tuple[str, str]:
+    """`create NAME -q TYPE` (and /api/create's `quantize`), as Ollama's: the Modelfile's FROM (an F16, BF16 or F32
+    model here, through `lookup`) quantized into localgen's models as BASE:TYPE (BASE from NAME), and the Modelfile
+    given back FROM that. Returns (the quantized model's name, the Modelfile text)."""
+    import dataclasses
+
+    from localgen.models import modelfile, quantized
+    from localgen.models.presets import check_name
+
+    check_name(name)
+    spec = modelfile.parse(text, where)
+    type_name, _ = parse_type(type_text)
+    base = quantized.base_for(name)
+    made = quantized.name_of(base, type_name)
+    if made == name.lower():
+        raise UsageError(f"{name!r} would name both the preset and its quantized model",
+                         hint=f"name the preset without the type, e.g. {base}")
+    ref = lookup(spec.base)
+    out = quantized.path_for(made)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=True))
+    try:
+        run(job, progress)
+    except BaseException:
+        abandon(job)
+        raise
+    return made, modelfile.write(dataclasses.replace(spec, base=made))

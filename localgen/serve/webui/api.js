@@ -1,0 +1,148 @@
+// The server's API as any client calls it (no private route): the models (/v1/models, llama-server's /models
+// for what is loaded, Ollama's /api/show for what a model takes), the chat stream (/v1/chat/completions with
+// server-sent events), the API key (asked for once on a 401 and kept in sessionStorage), and every failure as
+// an ApiError whose `kind` says what went wrong: "network" (the server is gone), "auth", "context" (the
+// conversation does not fit the model's window) or "refused" (any other answer that is not a success).
+
+const KEY = "localgen.apiKey";
+
+export class ApiError extends Error {
+  constructor(message, kind, status = 0) {
+    super(message);
+    this.name = "ApiError";
+    this.kind = kind;
+    this.status = status;
+  }
+}
+
+let askKey = null; // set by the page: async (reason) => the key typed, or null when the user declines
+let asking = null; // one question at a time, whatever number of calls met the 401
+
+export function onKeyNeeded(ask) {
+  askKey = ask;
+}
+
+export function hasKey() {
+  return sessionStorage.getItem(KEY) !== null;
+}
+
+function keyFor(reason) {
+  if (asking === null) {
+    asking = askKey(reason).finally(() => {
+      asking = null;
+    });
+  }
+  return asking;
+}
+
+async function call(path, init = {}) {
+  for (;;) {
+    const headers = new Headers(init.headers || {});
+    const key = sessionStorage.getItem(KEY);
+    if (key !== null) headers.set("Authorization", `Bearer ${key}`);
+    let response;
+    try {
+      response = await fetch(path, { ...init, headers, cache: "no-store" });
+    } catch (e) {
+      if (e.name === "AbortError") throw e;
+      throw new ApiError("Cannot reach the server: is localgen serve still running?", "network");
+    }
+    if (response.status === 401 && askKey !== null) {
+      if (sessionStorage.getItem(KEY) !== key) continue; // another call was given the key meanwhile
+      const typed = await keyFor(key === null ? "This server needs its API key." : "The server refused that key.");
+      if (typed) {
+        sessionStorage.setItem(KEY, typed);
+        continue;
+      }
+      throw new ApiError("No API key: the server answers only with its key.", "auth", 401);
+    }
+    if (!response.ok) throw await errorOf(response);
+    return response;
+  }
+}
+
+async function errorOf(response) {
+  let message = "";
+  try {
+    const doc = await response.json();
+    const e = doc.error;
+    message = typeof e === "string" ? e : (e && typeof e.message === "string" ? e.message : "");
+  } catch {
+    // not JSON: the status says enough
+  }
+  const status = response.status;
+  message = message || response.statusText || "no reason given";
+  if (status === 401) return new ApiError(`The server refused the key: ${message}`, "auth", status);
+  if (status === 413 || /context window|slot's window/.test(message)) {
+    return new ApiError(message, "context", status);
+  }
+  return new ApiError(`${message} (HTTP ${status})`, "refused", status);
+}
+
+async function json(path, init) {
+  return (await call(path, init)).json();
+}
+
+/** Every model the server offers: [{id, max_model_len, default}], the served ones first. */
+export async function models() {
+  return (await json("v1/models")).data;
+}
+
+/** The names of the models loaded now (llama-server's router list). */
+export async function loaded() {
+  const doc = await json("models");
+  return new Set(doc.data.filter((m) => m.status && m.status.value === "loaded").map((m) => m.id));
+}
+
+/** What a model takes ("vision", "thinking", ...), from its GGUF header: nothing is loaded. */
+export async function capabilities(model) {
+  const doc = await json("api/show", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ model }),
+  });
+  return Array.isArray(doc.capabilities) ? doc.capabilities : [];
+}
+
+/** The chunks of a streamed chat completion, as parsed JSON objects, until `data: [DONE]`. */
+export async function* chat(body, signal) {
+  const response = await call("v1/chat/completions", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
+    signal,
+  });
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    let part;
+    try {
+      part = await reader.read();
+    } catch (e) {
+      if (signal.aborted) throw e;
+      throw new ApiError("The connection to the server was lost in the middle of the answer.", "network");
+    }
+    if (part.done) break;
+    buffer += decoder.decode(part.value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      for (const line of event.split("\n")) {
+        if (!line.startsWith("data:")) continue;
+        const data = line.slice(5).trim();
+        if (data === "[DONE]") return;
+        const doc = JSON.parse(data);
+        if (doc.error) {
+          const e = doc.error;
+          const message = typeof e === "string" ? e : e.message || "the server stopped the answer";
+          const kind = /context window|slot's window/.test(message) ? "context" : "refused";
+          throw new ApiError(message, kind, typeof e.code === "number" ? e.code : 0);
+        }
+        yield doc;
+      }
+    }
+  }
+  throw new ApiError("The answer ended before the server finished it.", "network");
+}

@@ -1,0 +1,826 @@
+// The chat page: the conversation on screen and its branches, the composer, the model picker, the
+// conversation list, settings, and the key prompt. Everything the model writes reaches the page through
+// markdown.js (DOM nodes, never HTML); every call to the server goes through api.js.
+
+import * as api from "./api.js";
+import { render as markdown } from "./markdown.js";
+import * as store from "./store.js";
+import * as transcript from "./transcript.js";
+import * as tree from "./tree.js";
+
+const $ = (id) => document.getElementById(id);
+const MAX_IMAGE_BYTES = 10 * 1024 * 1024;
+const SAVE_EVERY_MS = 1500; // while an answer streams, what came so far is kept this often (a reload keeps it)
+const MODEL_KEY = "localgen.model";
+
+const ui = {
+  app: $("app"), messages: $("messages"), empty: $("empty"), input: $("input"), send: $("send"), stop: $("stop"),
+  model: $("model"), note: $("model-note"), list: $("conversations"), banner: $("banner"),
+  bannerText: $("banner-text"), bannerRetry: $("banner-retry"), attach: $("attach"), attachFile: $("attach-file"),
+  attachments: $("attachments"), settings: $("settings"), keyDialog: $("key-dialog"),
+};
+
+const state = {
+  conv: tree.conversation(), // the conversation on screen (kept once it has a message)
+  models: [], // /v1/models
+  loaded: new Set(), // the models loaded now, as /models said last
+  vision: null, // whether the picked model takes images (null: unknown, so the page lets you try)
+  running: null, // {controller, conv, answer} while an answer streams
+  loading: null, // the model an answer waits for while it loads (until its first words)
+  attachments: [], // data: URIs of the images waiting to be sent
+  views: new Map(), // message id → the function that redraws it, for the messages on screen
+  dirty: new Set(),
+  frame: 0,
+  deleted: new Set(), // ids deleted here: an answer still ending must not write its conversation back
+};
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function button(label, className, onClick, aria) {
+  const b = el("button", className, label);
+  b.type = "button";
+  if (aria) b.setAttribute("aria-label", aria);
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+// ---- banner: what is wrong with the page as a whole (the server gone, no key), or a short notice
+
+let retry = null;
+
+function banner(message, again = null, kind = "error") {
+  ui.bannerText.textContent = message;
+  ui.banner.className = kind;
+  ui.banner.hidden = false;
+  retry = again;
+  ui.bannerRetry.hidden = again === null;
+}
+
+function clearBanner() {
+  ui.banner.hidden = true;
+  retry = null;
+}
+
+// ---- the API key
+
+function askKey(reason) {
+  const dialog = ui.keyDialog;
+  const input = $("key-input");
+  $("key-reason").textContent = reason;
+  input.value = "";
+  return new Promise((resolve) => {
+    const done = (value) => {
+      $("key-form").onsubmit = null;
+      $("key-cancel").onclick = null;
+      dialog.oncancel = null;
+      if (dialog.open) dialog.close();
+      resolve(value);
+    };
+    $("key-form").onsubmit = (e) => {
+      e.preventDefault();
+      done(input.value.trim() || null);
+    };
+    $("key-cancel").onclick = () => done(null);
+    dialog.oncancel = (e) => {
+      e.preventDefault();
+      done(null);
+    };
+    dialog.showModal();
+    input.focus();
+  });
+}
+
+// ---- models
+
+async function loadModels() {
+  let models;
+  try {
+    models = await api.models();
+  } catch (e) {
+    banner(e.message, loadModels);
+    ui.note.textContent = "";
+    return;
+  }
+  clearBanner();
+  state.models = models;
+  const offered = new Set(models.map((m) => m.id));
+  const previous = ui.model.value;
+  ui.model.replaceChildren(...models.map((m) => {
+    const option = el("option", null, m.id);
+    option.value = m.id;
+    return option;
+  }));
+  const remembered = localStorage.getItem(MODEL_KEY);
+  const fallback = models.find((m) => m.default) || models[0];
+  const pick = [state.conv.model, previous, remembered, fallback && fallback.id].find((n) => n && offered.has(n));
+  if (pick) ui.model.value = pick;
+  if (!models.length) banner("The server offers no model: pull one with localgen pull, then Retry.", loadModels);
+  await modelChanged(false);
+}
+
+function windowOf(name) {
+  const m = state.models.find((x) => x.id === name);
+  return m ? m.max_model_len : null;
+}
+
+async function modelChanged(chosen) {
+  const name = ui.model.value;
+  if (!name) return;
+  if (chosen) {
+    localStorage.setItem(MODEL_KEY, name);
+    state.conv.model = name;
+    if (hasMessages(state.conv)) persist(state.conv);
+  }
+  showNote();
+  const [loaded, caps] = await Promise.allSettled([api.loaded(), api.capabilities(name)]);
+  if (ui.model.value !== name) return; // another was picked meanwhile
+  if (loaded.status === "fulfilled") state.loaded = loaded.value;
+  state.vision = caps.status === "fulfilled" ? caps.value.includes("vision") : null;
+  ui.attach.disabled = state.vision === false;
+  ui.attach.title = {
+    true: `Attach an image for ${name}`,
+    false: `${name} takes no images`,
+    null: `Attach an image (the server did not say whether ${name} takes images)`,
+  }[String(state.vision)];
+  showNote();
+}
+
+function showNote() {
+  const name = ui.model.value;
+  if (!name) {
+    ui.note.textContent = "";
+    return;
+  }
+  const loading = state.loading === name;
+  ui.note.className = loading ? "loading" : "";
+  if (loading) ui.note.textContent = `Loading ${name}…`;
+  else if (state.loaded.has(name)) ui.note.textContent = "loaded";
+  else ui.note.textContent = "not loaded yet: the first message loads it";
+}
+
+// ---- the conversation list
+
+function hasMessages(conv) {
+  return conv.messages[tree.ROOT].children.length > 0;
+}
+
+async function persist(conv) {
+  if (state.deleted.has(conv.id)) return;
+  try {
+    await store.put(conv);
+  } catch (e) {
+    banner(`This browser would not keep the conversation: ${e.message || e}`);
+  }
+}
+
+async function refreshList() {
+  let all;
+  try {
+    all = await store.all();
+  } catch (e) {
+    banner(`This browser's storage (IndexedDB) cannot be read: ${e.message || e}`);
+    return;
+  }
+  ui.list.replaceChildren(...all.map(listItem));
+  $("export-all").disabled = all.length === 0;
+}
+
+function listItem(conv) {
+  const li = el("li", conv.id === state.conv.id ? "conv active" : "conv");
+  const name = conv.name || "Untitled";
+  const open = button(name, "open", () => openConversation(conv.id));
+  open.title = name;
+  if (conv.id === state.conv.id) open.setAttribute("aria-current", "true");
+  const rename = button("✎", "icon small", () => renameInline(li, open, conv), `Rename ${name}`);
+  const remove = button("✕", "icon small", () => deleteConversation(conv), `Delete ${name}`);
+  li.append(open, rename, remove);
+  return li;
+}
+
+function renameInline(li, open, conv) {
+  const input = el("input", "rename");
+  input.value = conv.name;
+  input.setAttribute("aria-label", "New name");
+  open.replaceWith(input);
+  input.focus();
+  input.select();
+  let finished = false;
+  const finish = async (keep) => {
+    if (finished) return;
+    finished = true;
+    if (keep) await rename(conv.id, input.value);
+    refreshList();
+  };
+  input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter") finish(true);
+    if (e.key === "Escape") {
+      e.stopPropagation();
+      finish(false);
+    }
+  });
+  input.addEventListener("blur", () => finish(true));
+}
+
+async function rename(id, name) {
+  const live = [state.conv, state.running && state.running.conv].find((c) => c && c.id === id);
+  const conv = live || await store.get(id);
+  if (!conv) return;
+  conv.name = name.trim().slice(0, 200);
+  await persist(conv);
+}
+
+async function deleteConversation(conv) {
+  if (!window.confirm(`Delete “${conv.name || "Untitled"}”? This cannot be undone.`)) return;
+  if (state.running && state.running.conv.id === conv.id) stop();
+  state.deleted.add(conv.id);
+  await store.remove(conv.id);
+  if (conv.id === state.conv.id) newChat();
+  refreshList();
+}
+
+async function openConversation(id) {
+  const conv = await store.get(id);
+  if (!conv) {
+    banner("That conversation is no longer in this browser.");
+    newChat();
+    return;
+  }
+  if (state.running && state.running.conv.id === id) {
+    show(state.running.conv);
+  } else {
+    for (const m of Object.values(conv.messages)) {
+      if (m.pending) {
+        m.pending = false;
+        m.error = { kind: "network", message: "The answer was interrupted: the page was closed or reloaded while it came." };
+      }
+    }
+    show(conv);
+  }
+  closeSidebar();
+}
+
+function show(conv) {
+  state.conv = conv;
+  history.replaceState(null, "", hasMessages(conv) ? `#${conv.id}` : location.pathname);
+  if (conv.model && state.models.some((m) => m.id === conv.model) && ui.model.value !== conv.model) {
+    ui.model.value = conv.model;
+    modelChanged(false);
+  }
+  renderConversation();
+  refreshList();
+}
+
+function newChat() {
+  state.conv = tree.conversation();
+  state.conv.model = ui.model.value || null;
+  history.replaceState(null, "", location.pathname);
+  renderConversation();
+  refreshList();
+  closeSidebar();
+  ui.input.focus();
+}
+
+// ---- messages on screen
+
+function renderConversation() {
+  state.views.clear();
+  const path = tree.path(state.conv);
+  ui.messages.replaceChildren(...(path.length ? path.map(messageView) : [ui.empty]));
+  scrollToEnd();
+}
+
+function messageView(m) {
+  const article = el("article", `msg ${m.role}`);
+  article.dataset.id = m.id;
+  const tools = el("div", "msg-tools");
+  if (m.role === "user") {
+    const bubble = el("div", "bubble");
+    for (const src of m.images || []) {
+      const img = el("img", "attached");
+      img.src = src;
+      img.alt = "attached image";
+      bubble.append(img);
+    }
+    bubble.append(el("div", "text", m.content));
+    article.append(bubble, tools);
+    fillTools(tools, m);
+    return article;
+  }
+  const reasoning = el("details", "reasoning");
+  const summary = el("summary");
+  const thought = el("div", "reasoning-text");
+  reasoning.append(summary, thought);
+  const body = el("div", "body markdown");
+  const note = el("div", "note");
+  note.setAttribute("role", "status");
+  article.append(reasoning, body, note, tools);
+  const redraw = () => {
+    reasoning.hidden = !m.reasoning;
+    summary.textContent = m.pending && !m.content ? "Thinking…" : "Reasoning";
+    thought.textContent = m.reasoning || "";
+    if (m.content) body.replaceChildren(markdown(m.content));
+    else body.replaceChildren(...(m.pending ? [el("span", "typing", "…")] : []));
+    article.classList.toggle("pending", Boolean(m.pending));
+    note.replaceChildren(...noteOf(m));
+    note.className = m.error ? "note error" : "note";
+    fillTools(tools, m);
+  };
+  state.views.set(m.id, redraw);
+  redraw();
+  return article;
+}
+
+function noteOf(m) {
+  if (m.error) {
+    const advice = {
+      network: " Your messages are kept: press Regenerate once the server is back.",
+      context: " Start a new chat, or edit an earlier message to branch off with less.",
+    }[m.error.kind] || "";
+    const what = m.error.kind === "context" ? "Too long for the model's window: " : "";
+    return [el("span", null, what + m.error.message + advice)];
+  }
+  if (m.stopped) return [el("span", null, "Stopped.")];
+  if (m.finish === "length") {
+    const limit = m.stats && m.stats.max_tokens
+      ? `max_tokens (${m.stats.max_tokens})`
+      : `the end of the model's window${m.stats && m.stats.window ? ` (${m.stats.window} tokens)` : ""}`;
+    return [el("span", null, `The answer was cut at ${limit}.`)];
+  }
+  return [];
+}
+
+function statsText(s) {
+  const parts = [];
+  if (Number.isFinite(s.tokens)) parts.push(`${s.tokens} token${s.tokens === 1 ? "" : "s"}`);
+  if (Number.isFinite(s.ttft_ms)) parts.push(`${(s.ttft_ms / 1000).toFixed(2)} s to first token`);
+  if (Number.isFinite(s.tps)) parts.push(`${s.tps.toFixed(1)} tokens/s`);
+  return parts.join(" · ");
+}
+
+function fillTools(tools, m) {
+  const busy = state.running !== null;
+  const items = [];
+  const versions = tree.siblings(state.conv, m.id);
+  if (versions.length > 1) {
+    const at = versions.indexOf(m.id);
+    const nav = el("span", "versions");
+    const prev = button("‹", "icon small", () => pickVersion(versions[at - 1]), "Previous version");
+    const next = button("›", "icon small", () => pickVersion(versions[at + 1]), "Next version");
+    prev.disabled = busy || at === 0;
+    next.disabled = busy || at === versions.length - 1;
+    nav.append(prev, el("span", "count", `${at + 1}/${versions.length}`), next);
+    items.push(nav);
+  }
+  const copy = button("Copy", "small", () => copyText(m.content, copy));
+  const edit = button("Edit", "small", () => startEdit(m));
+  edit.disabled = busy;
+  items.push(copy, edit);
+  if (m.role === "assistant") {
+    const again = button("Regenerate", "small", () => generate(state.conv, m.parent));
+    again.disabled = busy;
+    items.push(again);
+    if (m.stats && !m.pending) {
+      const stats = el("span", "stats", statsText(m.stats));
+      const s = m.stats;
+      const detail = [];
+      if (Number.isFinite(s.prompt)) detail.push(`prompt: ${s.prompt} tokens${Number.isFinite(s.cached) ? ` (${s.cached} from the cache)` : ""}`);
+      if (Number.isFinite(s.total_ms)) detail.push(`whole answer: ${(s.total_ms / 1000).toFixed(2)} s`);
+      stats.title = detail.join(" · ");
+      items.push(stats);
+    }
+  }
+  tools.replaceChildren(...items);
+}
+
+function pickVersion(id) {
+  tree.show(state.conv, id);
+  persist(state.conv);
+  renderConversation();
+}
+
+function startEdit(m) {
+  const article = ui.messages.querySelector(`article[data-id="${CSS.escape(m.id)}"]`);
+  if (!article) return;
+  const box = el("div", "editor");
+  const area = el("textarea");
+  area.value = m.content;
+  area.setAttribute("aria-label", m.role === "user" ? "Edit the message" : "Edit the answer");
+  const save = button(m.role === "user" ? "Send" : "Save", "primary small", () => finish(true));
+  const cancel = button("Cancel", "small", () => finish(false));
+  const row = el("div", "row end");
+  row.append(cancel, save);
+  box.append(area, row);
+  article.replaceChildren(box);
+  area.focus();
+  grow(area);
+  area.addEventListener("input", () => grow(area));
+  area.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      finish(true);
+    } else if (e.key === "Escape") {
+      e.stopPropagation();
+      finish(false);
+    }
+  });
+  const finish = (keep) => {
+    if (!keep) {
+      renderConversation();
+      return;
+    }
+    const text = area.value;
+    if (m.role === "user") {
+      if (!text.trim() && !(m.images && m.images.length)) return;
+      const copy = tree.add(state.conv, m.parent, { role: "user", content: text, images: m.images || [] });
+      generate(state.conv, copy.id);
+    } else {
+      tree.add(state.conv, m.parent, { role: "assistant", content: text, reasoning: m.reasoning || "", model: m.model, edited: true });
+      persist(state.conv);
+      renderConversation();
+    }
+  };
+}
+
+async function copyText(text, b) {
+  try {
+    if (navigator.clipboard && window.isSecureContext) await navigator.clipboard.writeText(text);
+    else {
+      // over plain http from another machine the Clipboard API is not offered: the older way still works
+      const area = el("textarea");
+      area.value = text;
+      area.className = "offscreen";
+      document.body.append(area);
+      area.select();
+      document.execCommand("copy");
+      area.remove();
+    }
+    b.textContent = "Copied";
+  } catch {
+    b.textContent = "Copy failed";
+  }
+  setTimeout(() => {
+    b.textContent = "Copy";
+  }, 1500);
+}
+
+function nearEnd() {
+  const m = ui.messages;
+  return m.scrollHeight - m.scrollTop - m.clientHeight < 80;
+}
+
+function scrollToEnd() {
+  ui.messages.scrollTop = ui.messages.scrollHeight;
+}
+
+function schedule(m) {
+  state.dirty.add(m.id);
+  if (!state.frame) state.frame = requestAnimationFrame(redrawDirty);
+}
+
+function redrawDirty() {
+  state.frame = 0;
+  const follow = nearEnd();
+  for (const id of state.dirty) {
+    const redraw = state.views.get(id);
+    if (redraw) redraw();
+  }
+  state.dirty.clear();
+  if (follow) scrollToEnd();
+}
+
+// ---- sending and answers
+
+function wire(m) {
+  if (m.role === "user" && m.images && m.images.length) {
+    return {
+      role: "user",
+      content: [{ type: "text", text: m.content }, ...m.images.map((url) => ({ type: "image_url", image_url: { url } }))],
+    };
+  }
+  return { role: m.role, content: m.content };
+}
+
+function setRunning(running) {
+  ui.send.hidden = running;
+  ui.stop.hidden = !running;
+  ui.model.disabled = running;
+  for (const article of ui.messages.querySelectorAll("article.msg")) {
+    const m = state.conv.messages[article.dataset.id];
+    const tools = article.querySelector(".msg-tools");
+    if (m && tools) fillTools(tools, m);
+  }
+}
+
+async function send() {
+  if (state.running) return;
+  const text = ui.input.value;
+  const images = state.attachments;
+  if (!text.trim() && !images.length) return;
+  if (!ui.model.value) {
+    banner("There is no model to answer yet.", loadModels);
+    return;
+  }
+  const conv = state.conv;
+  if (!conv.name) conv.name = (text.trim().split("\n")[0] || "Image").slice(0, 60);
+  conv.model = ui.model.value;
+  const message = tree.add(conv, conv.current, { role: "user", content: text, images });
+  ui.input.value = "";
+  grow(ui.input);
+  state.attachments = [];
+  drawAttachments();
+  await generate(conv, message.id);
+}
+
+async function generate(conv, parent) {
+  if (state.running) return;
+  const model = ui.model.value;
+  if (!model) {
+    banner("There is no model to answer yet.", loadModels);
+    return;
+  }
+  const settings = Object.fromEntries(Object.entries(conv.settings).filter(([, v]) => v !== null && v !== undefined));
+  const messages = [];
+  if (conv.system.trim()) messages.push({ role: "system", content: conv.system });
+  for (const m of tree.path(conv, parent)) messages.push(wire(m));
+  const answer = tree.add(conv, parent, { role: "assistant", content: "", reasoning: "", model, pending: true });
+  await persist(conv);
+  if (conv === state.conv) {
+    history.replaceState(null, "", `#${conv.id}`);
+    renderConversation();
+  }
+  refreshList();
+  const controller = new AbortController();
+  state.running = { controller, conv, answer };
+  setRunning(true);
+  if (!state.loaded.has(model)) {
+    state.loading = model;
+    showNote();
+  }
+  const started = performance.now();
+  let first = null;
+  let saved = started;
+  let timings = null;
+  let usage = null;
+  try {
+    for await (const chunk of api.chat({ model, messages, ...settings }, controller.signal)) {
+      const choice = chunk.choices && chunk.choices[0];
+      if (choice) {
+        const delta = choice.delta || {};
+        if (typeof delta.content === "string") answer.content += delta.content;
+        if (typeof delta.reasoning_content === "string") answer.reasoning += delta.reasoning_content;
+        if (first === null && (delta.content || delta.reasoning_content)) {
+          first = performance.now() - started;
+          if (state.loading === model) {
+            state.loading = null;
+            state.loaded.add(model);
+            showNote();
+          }
+        }
+        if (choice.finish_reason) answer.finish = choice.finish_reason;
+      }
+      if (chunk.timings) timings = chunk.timings;
+      if (chunk.usage) usage = chunk.usage;
+      schedule(answer);
+      if (performance.now() - saved > SAVE_EVERY_MS) {
+        saved = performance.now();
+        persist(conv);
+      }
+    }
+  } catch (e) {
+    if (e.name === "AbortError") answer.stopped = true;
+    else answer.error = { kind: e.kind || "refused", message: e.message || String(e) };
+  } finally {
+    answer.pending = false;
+    answer.stats = stats(timings, usage, first, performance.now() - started, settings.max_tokens, windowOf(model));
+    state.running = null;
+    conv.updated = Date.now();
+    await persist(conv);
+    setRunning(false);
+    schedule(answer);
+    if (first !== null) state.loaded.add(model);
+    state.loading = null;
+    showNote();
+    refreshList();
+  }
+}
+
+function stats(timings, usage, first, total, maxTokens, ctx) {
+  const t = timings || {};
+  const u = usage || {};
+  const s = {};
+  const tokens = Number.isFinite(u.completion_tokens) ? u.completion_tokens : t.predicted_n;
+  if (Number.isFinite(tokens)) s.tokens = tokens;
+  const prompt = Number.isFinite(u.prompt_tokens) ? u.prompt_tokens : t.prompt_n;
+  if (Number.isFinite(prompt)) s.prompt = prompt;
+  if (Number.isFinite(t.cache_n)) s.cached = t.cache_n;
+  if (Number.isFinite(t.predicted_per_second)) s.tps = t.predicted_per_second;
+  if (first !== null) s.ttft_ms = Math.round(first);
+  s.total_ms = Math.round(total);
+  if (Number.isFinite(maxTokens)) s.max_tokens = maxTokens;
+  if (Number.isFinite(ctx)) s.window = ctx;
+  return s;
+}
+
+function stop() {
+  if (state.running) state.running.controller.abort();
+}
+
+// ---- attachments
+
+async function attach(files) {
+  for (const file of files) {
+    if (!file.type.startsWith("image/")) {
+      banner(`${file.name} is not an image.`, null, "info");
+      continue;
+    }
+    if (file.size > MAX_IMAGE_BYTES) {
+      banner(`${file.name} is over ${MAX_IMAGE_BYTES >> 20} MB.`, null, "info");
+      continue;
+    }
+    const url = await new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    });
+    state.attachments.push(url);
+  }
+  drawAttachments();
+}
+
+function drawAttachments() {
+  ui.attachments.replaceChildren(...state.attachments.map((url, k) => {
+    const chip = el("div", "chip");
+    const img = el("img");
+    img.src = url;
+    img.alt = `image ${k + 1}`;
+    chip.append(img, button("✕", "icon small", () => {
+      state.attachments.splice(k, 1);
+      drawAttachments();
+    }, `Remove image ${k + 1}`));
+    return chip;
+  }));
+}
+
+// ---- settings of the conversation on screen
+
+function openSettings() {
+  const c = state.conv;
+  $("conv-name").value = c.name;
+  $("system").value = c.system;
+  for (const k of tree.SETTINGS) $(k).value = c.settings[k] === null ? "" : String(c.settings[k]);
+  $("settings-error").hidden = true;
+  const saved = hasMessages(c);
+  for (const id of ["export-json", "export-md", "delete-conv"]) $(id).disabled = !saved;
+  ui.settings.showModal();
+}
+
+function saveSettings(e) {
+  e.preventDefault();
+  const c = state.conv;
+  const values = {};
+  for (const k of tree.SETTINGS) {
+    const input = $(k);
+    if (input.value.trim() === "") {
+      values[k] = null;
+      continue;
+    }
+    const n = Number(input.value);
+    const integer = ["top_k", "max_tokens", "seed"].includes(k);
+    if (!input.checkValidity() || !Number.isFinite(n) || (integer && !Number.isInteger(n))) {
+      const error = $("settings-error");
+      error.textContent = `${k}: ${input.validationMessage || "not a number"}`;
+      error.hidden = false;
+      input.focus();
+      return;
+    }
+    values[k] = n;
+  }
+  c.settings = values;
+  c.system = $("system").value;
+  c.name = $("conv-name").value.trim().slice(0, 200);
+  ui.settings.close();
+  if (hasMessages(c)) {
+    persist(c).then(refreshList);
+  }
+}
+
+// ---- wiring
+
+function grow(area) {
+  area.style.height = "auto";
+  area.style.height = `${Math.min(area.scrollHeight, 240)}px`;
+}
+
+function openSidebar() {
+  ui.app.classList.add("sidebar-open");
+  $("scrim").hidden = false;
+}
+
+function closeSidebar() {
+  ui.app.classList.remove("sidebar-open");
+  $("scrim").hidden = true;
+}
+
+async function exportAll() {
+  transcript.download("localgen-chats.json", transcript.exportJson(await store.all()), "application/json");
+}
+
+async function importFile(file) {
+  let conversations;
+  try {
+    conversations = transcript.importJson(await file.text());
+  } catch (e) {
+    banner(`${file.name} cannot be imported: ${e.message}`, null);
+    return;
+  }
+  for (const c of conversations) await persist(c);
+  banner(`Imported ${conversations.length} conversation${conversations.length === 1 ? "" : "s"}.`, null, "info");
+  show(conversations[0]);
+}
+
+function wireEvents() {
+  $("composer").addEventListener("submit", (e) => {
+    e.preventDefault();
+    send();
+  });
+  ui.input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      send();
+    }
+  });
+  ui.input.addEventListener("input", () => grow(ui.input));
+  ui.input.addEventListener("paste", (e) => {
+    const files = [...(e.clipboardData ? e.clipboardData.files : [])].filter((f) => f.type.startsWith("image/"));
+    if (files.length) {
+      e.preventDefault();
+      attach(files);
+    }
+  });
+  ui.stop.addEventListener("click", stop);
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && state.running && !document.querySelector("dialog[open]")) {
+      e.preventDefault();
+      stop();
+    }
+  });
+  ui.model.addEventListener("change", () => modelChanged(true));
+  ui.attach.addEventListener("click", () => ui.attachFile.click());
+  ui.attachFile.addEventListener("change", () => {
+    attach([...ui.attachFile.files]);
+    ui.attachFile.value = "";
+  });
+  ui.messages.addEventListener("click", (e) => {
+    const b = e.target.closest("button.copy");
+    if (b) copyText(b.closest(".code").querySelector("code").textContent, b);
+  });
+  ui.bannerRetry.addEventListener("click", () => {
+    const again = retry;
+    clearBanner();
+    if (again) again();
+  });
+  $("new-chat").addEventListener("click", newChat);
+  $("open-sidebar").addEventListener("click", openSidebar);
+  $("close-sidebar").addEventListener("click", closeSidebar);
+  $("scrim").addEventListener("click", closeSidebar);
+  $("open-settings").addEventListener("click", openSettings);
+  $("settings-form").addEventListener("submit", saveSettings);
+  $("settings-cancel").addEventListener("click", () => ui.settings.close());
+  $("export-json").addEventListener("click", () => transcript.download(
+    transcript.fileName(state.conv, "json"), transcript.exportJson([state.conv]), "application/json"));
+  $("export-md").addEventListener("click", () => transcript.download(
+    transcript.fileName(state.conv, "md"), transcript.exportMarkdown(state.conv), "text/markdown"));
+  $("delete-conv").addEventListener("click", () => {
+    ui.settings.close();
+    deleteConversation(state.conv);
+  });
+  $("export-all").addEventListener("click", exportAll);
+  $("import").addEventListener("click", () => $("import-file").click());
+  $("import-file").addEventListener("change", () => {
+    const file = $("import-file").files[0];
+    $("import-file").value = "";
+    if (file) importFile(file);
+  });
+  document.addEventListener("visibilitychange", () => {
+    if (document.visibilityState === "visible" && !state.running) loadModels();
+  });
+}
+
+async function start() {
+  api.onKeyNeeded(askKey);
+  wireEvents();
+  const id = decodeURIComponent(location.hash.slice(1));
+  await refreshList();
+  if (id) await openConversation(id);
+  else renderConversation();
+  await loadModels();
+  ui.input.focus();
+}
+
+start();

@@ -1,0 +1,308 @@
+// The Markdown a model writes, as DOM nodes built one by one (createElement, textContent): paragraphs,
+// headings, lists, quotes, tables, rules, emphasis, inline code, fenced code blocks with a copy button, and
+// links whose scheme is http, https or mailto. The text never becomes HTML: a `<script>` or an
+// `<img onerror>` in an answer is shown as the characters it is.
+
+const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)[^`]*$/;
+const HEADING = /^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$/;
+const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
+const QUOTE = /^ {0,3}>\s?/;
+const ITEM = /^( {0,12})([-*+]|\d{1,9}[.)])(\s+|$)(.*)$/;
+const TABLE_RULE = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
+const SAFE_SCHEMES = new Set(["http:", "https:", "mailto:"]);
+const MAX_DEPTH = 8; // quotes and lists inside each other, deeper than any answer needs
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+/** The answer's text as a fragment of DOM nodes. */
+export function render(text) {
+  const fragment = document.createDocumentFragment();
+  blocks(text.replace(/\r\n?/g, "\n").split("\n"), fragment, 0);
+  return fragment;
+}
+
+function startsBlock(line) {
+  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || ITEM.test(line);
+}
+
+function blocks(lines, parent, depth) {
+  let i = 0;
+  while (i < lines.length) {
+    const line = lines[i];
+    if (!line.trim()) {
+      i += 1;
+      continue;
+    }
+    let m = FENCE.exec(line);
+    if (m) {
+      const fence = m[1];
+      const body = [];
+      i += 1;
+      while (i < lines.length && !(lines[i].trim().startsWith(fence) && !lines[i].trim().slice(fence.length).trim()
+        && lines[i].trim()[0] === fence[0])) {
+        body.push(lines[i]);
+        i += 1;
+      }
+      i += 1; // the closing fence (an answer still streaming may not have written it yet)
+      parent.append(codeBlock(m[2], body.join("\n")));
+      continue;
+    }
+    if ((m = HEADING.exec(line))) {
+      const h = el(`h${m[1].length}`);
+      inline(m[2], h);
+      parent.append(h);
+      i += 1;
+      continue;
+    }
+    if (RULE.test(line)) {
+      parent.append(el("hr"));
+      i += 1;
+      continue;
+    }
+    if (QUOTE.test(line) && depth < MAX_DEPTH) {
+      const inner = [];
+      while (i < lines.length && lines[i].trim() && QUOTE.test(lines[i])) {
+        inner.push(lines[i].replace(QUOTE, ""));
+        i += 1;
+      }
+      const quote = el("blockquote");
+      blocks(inner, quote, depth + 1);
+      parent.append(quote);
+      continue;
+    }
+    if (ITEM.test(line) && depth < MAX_DEPTH) {
+      i = list(lines, i, parent, depth);
+      continue;
+    }
+    if (line.includes("|") && i + 1 < lines.length && TABLE_RULE.test(lines[i + 1]) && lines[i + 1].includes("-")) {
+      i = table(lines, i, parent);
+      continue;
+    }
+    const para = [];
+    while (i < lines.length && lines[i].trim() && (para.length === 0 || !startsBlock(lines[i]))) {
+      para.push(lines[i].trim());
+      i += 1;
+    }
+    const p = el("p");
+    inline(para.join("\n"), p);
+    parent.append(p);
+  }
+}
+
+function list(lines, start, parent, depth) {
+  const first = ITEM.exec(lines[start]);
+  const indent = first[1].length;
+  const ordered = /\d/.test(first[2]);
+  const node = el(ordered ? "ol" : "ul");
+  if (ordered && parseInt(first[2], 10) !== 1) node.start = parseInt(first[2], 10);
+  let i = start;
+  let loose = false;
+  while (i < lines.length) {
+    const m = ITEM.exec(lines[i]);
+    if (!m || m[1].length !== indent || /\d/.test(m[2]) !== ordered) break;
+    const offset = m[1].length + m[2].length + Math.max(1, Math.min(m[3].length, 4));
+    const body = [m[4]];
+    i += 1;
+    while (i < lines.length) {
+      const line = lines[i];
+      if (!line.trim()) {
+        const next = lines[i + 1];
+        if (next !== undefined && next.trim() && leading(next) > indent) {
+          body.push("");
+          loose = true;
+          i += 1;
+          continue;
+        }
+        break;
+      }
+      const item = ITEM.exec(line);
+      if (item && item[1].length <= indent) break;
+      if (!item && leading(line) <= indent && startsBlock(line)) break;
+      body.push(line.slice(Math.min(leading(line), offset)));
+      i += 1;
+    }
+    const li = el("li");
+    blocks(body, li, depth + 1);
+    node.append(li);
+    if (i < lines.length && !lines[i].trim()) {
+      const next = ITEM.exec(lines[i + 1] || "");
+      if (next && next[1].length === indent && /\d/.test(next[2]) === ordered) {
+        loose = true;
+        i += 1;
+      }
+    }
+  }
+  if (!loose) {
+    // a tight list: its items' lone paragraphs are their text, as Markdown renders them
+    for (const li of node.children) {
+      const p = li.firstElementChild;
+      if (p && p.tagName === "P") p.replaceWith(...p.childNodes);
+    }
+  }
+  parent.append(node);
+  return i;
+}
+
+function leading(line) {
+  return line.length - line.trimStart().length;
+}
+
+function cells(line) {
+  let s = line.trim();
+  if (s.startsWith("|")) s = s.slice(1);
+  if (s.endsWith("|") && !s.endsWith("\\|")) s = s.slice(0, -1);
+  return s.split(/(?<!\\)\|/).map((c) => c.trim().replace(/\\\|/g, "|"));
+}
+
+function table(lines, start, parent) {
+  const head = cells(lines[start]);
+  const align = cells(lines[start + 1]).map((c) => (c.endsWith(":") ? (c.startsWith(":") ? "center" : "right") : ""));
+  const wrap = el("div", "table");
+  const t = el("table");
+  const tr = el("tr");
+  head.forEach((c, k) => {
+    const th = el("th");
+    if (align[k]) th.className = `align-${align[k]}`;
+    inline(c, th);
+    tr.append(th);
+  });
+  const thead = el("thead");
+  thead.append(tr);
+  t.append(thead);
+  const tbody = el("tbody");
+  let i = start + 2;
+  while (i < lines.length && lines[i].trim() && lines[i].includes("|")) {
+    const row = el("tr");
+    cells(lines[i]).slice(0, head.length).forEach((c, k) => {
+      const td = el("td");
+      if (align[k]) td.className = `align-${align[k]}`;
+      inline(c, td);
+      row.append(td);
+    });
+    tbody.append(row);
+    i += 1;
+  }
+  t.append(tbody);
+  wrap.append(t);
+  parent.append(wrap);
+  return i;
+}
+
+function codeBlock(lang, code) {
+  const box = el("div", "code");
+  const head = el("div", "code-head");
+  head.append(el("span", "code-lang", lang || "text"));
+  const copy = el("button", "copy", "Copy");
+  copy.type = "button";
+  copy.setAttribute("aria-label", `Copy the ${lang || "text"} code`);
+  head.append(copy);
+  const pre = el("pre");
+  const c = el("code", null, code);
+  if (lang) c.dataset.lang = lang;
+  pre.append(c);
+  box.append(head, pre);
+  return box;
+}
+
+/** A link's target when its scheme is safe (http, https, mailto), else null: the link stays text. */
+export function safeUrl(url) {
+  try {
+    const u = new URL(url);
+    return SAFE_SCHEMES.has(u.protocol) ? u.href : null;
+  } catch {
+    return null;
+  }
+}
+
+// Inline spans, tried in this order at each position; `m[1]` (or `m[2]` for links) is the span's content.
+const SPANS = [
+  ["escape", /\\([\\`*_{}[\]()#+\-.!~|<>])/y],
+  ["code", /(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)/y],
+  ["strong", /\*\*(?=\S)([\s\S]*?\S)\*\*/y],
+  ["strong_", /__(?=\S)([\s\S]*?\S)__(?!\w)/y],
+  ["del", /~~(?=\S)([\s\S]*?\S)~~/y],
+  ["em", /\*(?=[^\s*])([\s\S]*?[^\s*])\*(?!\*)/y],
+  ["em_", /_(?=[^\s_])([\s\S]*?[^\s_])_(?!\w)/y],
+  ["link", /\[((?:[^[\]\n]|\[[^[\]\n]*\])*)\]\(\s*<?([^\s<>()]*(?:\([^\s<>()]*\)[^\s<>()]*)*)>?(?:\s+"[^"\n]*")?\s*\)/y],
+  ["url", /https?:\/\/[^\s<>()[\]"'`]*[^\s<>()[\]"'`.,;:!?*_~]/y],
+];
+const SPECIAL = /[\\`*_~[h\n]/g;
+
+function inline(text, parent, depth = 0) {
+  let plain = "";
+  let i = 0;
+  const flush = () => {
+    if (plain) parent.append(document.createTextNode(plain));
+    plain = "";
+  };
+  while (i < text.length) {
+    SPECIAL.lastIndex = i;
+    const found = SPECIAL.exec(text);
+    if (!found) {
+      plain += text.slice(i);
+      break;
+    }
+    plain += text.slice(i, found.index);
+    i = found.index;
+    if (text[i] === "\n") {
+      flush();
+      parent.append(el("br"));
+      i += 1;
+      continue;
+    }
+    const before = i > 0 ? text[i - 1] : " ";
+    let matched = false;
+    for (const [kind, re] of SPANS) {
+      if ((kind.endsWith("_") || kind === "url") && /\w/.test(before)) continue; // intra-word _ and URLs
+      re.lastIndex = i;
+      const m = re.exec(text);
+      if (!m) continue;
+      const end = re.lastIndex; // before span(), whose inner spans use the same (sticky) expressions
+      const node = span(kind, m, depth);
+      if (node === null) continue;
+      flush();
+      parent.append(node);
+      i = end;
+      matched = true;
+      break;
+    }
+    if (!matched) {
+      plain += text[i];
+      i += 1;
+    }
+  }
+  flush();
+}
+
+function span(kind, m, depth) {
+  if (kind === "escape") return document.createTextNode(m[1]);
+  if (kind === "code") return el("code", null, m[2].length > 2 && m[2][0] === " " && m[2].endsWith(" ") ? m[2].slice(1, -1) : m[2]);
+  if (kind === "url") {
+    const href = safeUrl(m[0]);
+    return href === null ? null : link(href, m[0], false, depth);
+  }
+  if (kind === "link") {
+    const href = safeUrl(m[2]);
+    return href === null ? null : link(href, m[1], true, depth);
+  }
+  if (depth >= MAX_DEPTH) return null;
+  const tag = { strong: "strong", strong_: "strong", del: "del", em: "em", em_: "em" }[kind];
+  const node = el(tag);
+  inline(m[1], node, depth + 1);
+  return node;
+}
+
+function link(href, label, markdown, depth) {
+  const a = el("a");
+  a.href = href;
+  a.target = "_blank";
+  a.rel = "noopener noreferrer nofollow";
+  if (markdown && depth < MAX_DEPTH) inline(label, a, depth + 1);
+  else a.textContent = label;
+  return a;
+}

@@ -1,0 +1,62 @@
+// Conversations out of the browser and back: a JSON export (every branch, importable here), a Markdown
+// transcript (the branch on screen), and the file download both use.
+
+import { imported, path } from "./tree.js";
+
+export const FORMAT = "localgen-chat";
+
+/** The JSON export of some conversations: every message of every branch. */
+export function exportJson(conversations) {
+  return JSON.stringify({ format: FORMAT, version: 1, conversations }, null, 1);
+}
+
+/** The conversations in an export file (or a single conversation), each checked and given a new id. */
+export function importJson(text) {
+  let doc;
+  try {
+    doc = JSON.parse(text);
+  } catch {
+    throw new Error("the file is not JSON");
+  }
+  const list = doc && doc.format === FORMAT ? doc.conversations : [doc];
+  if (!Array.isArray(list) || list.length === 0) throw new Error("the file holds no conversation");
+  return list.map((c, k) => {
+    try {
+      return imported(c);
+    } catch (e) {
+      throw new Error(`conversation ${k + 1}: ${e.message}`);
+    }
+  });
+}
+
+/** The branch on screen as Markdown: the system prompt, then each message under a heading. */
+export function exportMarkdown(conv) {
+  const parts = [`# ${conv.name || "Conversation"}`];
+  if (conv.system) parts.push(`**System:** ${conv.system}`);
+  for (const m of path(conv)) {
+    const who = m.role === "user" ? "User" : `Assistant${m.model ? ` (${m.model})` : ""}`;
+    parts.push(`## ${who}`);
+    if (m.reasoning) parts.push(m.reasoning.trim().split("\n").map((l) => `> ${l}`).join("\n"));
+    if (m.images && m.images.length) parts.push(`*${m.images.length} image${m.images.length > 1 ? "s" : ""} attached*`);
+    parts.push(m.content || "");
+  }
+  return `${parts.join("\n\n")}\n`;
+}
+
+/** A file saved by the browser. */
+export function download(name, text, type) {
+  const url = URL.createObjectURL(new Blob([text], { type }));
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = name;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+/** A name for a file: the conversation's, without what file systems refuse. */
+export function fileName(conv, extension) {
+  const base = (conv.name || "conversation").replace(/[^\p{L}\p{N} _.-]+/gu, "").trim().slice(0, 60) || "conversation";
+  return `${base}.${extension}`;
+}

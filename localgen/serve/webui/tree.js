@@ -1,0 +1,123 @@
+// A conversation is a tree of messages, as llama-server's page keeps one: editing a message or regenerating an
+// answer adds a sibling (a branch) instead of replacing it, and `current` is the leaf of the branch on screen.
+// Every message hangs under the hidden root; the path from the root to `current` is what the model is sent.
+
+export const ROOT = "root";
+export const SETTINGS = ["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed"];
+
+function newId() {
+  return crypto.randomUUID ? crypto.randomUUID() : `${Date.now().toString(36)}-${Math.random().toString(36).slice(2)}`;
+}
+
+/** A conversation with no messages (kept in the browser once it has one). */
+export function conversation() {
+  const now = Date.now();
+  const settings = Object.fromEntries(SETTINGS.map((k) => [k, null]));
+  return {
+    id: newId(), name: "", created: now, updated: now, model: null, system: "", settings,
+    current: ROOT, messages: { [ROOT]: { id: ROOT, parent: null, children: [], role: "root" } },
+  };
+}
+
+/** A new message under `parent`; the branch on screen becomes the one that ends with it. */
+export function add(conv, parent, fields) {
+  const message = { id: newId(), parent, children: [], created: Date.now(), content: "", ...fields };
+  conv.messages[message.id] = message;
+  conv.messages[parent].children.push(message.id);
+  conv.current = message.id;
+  conv.updated = Date.now();
+  return message;
+}
+
+/** The messages from the first to `id` (default: the branch on screen), the root left out. */
+export function path(conv, id = conv.current) {
+  const out = [];
+  for (let m = conv.messages[id]; m && m.id !== ROOT; m = conv.messages[m.parent]) out.push(m);
+  return out.reverse();
+}
+
+/** The message's siblings (itself among them): the versions the < n/m > arrows step through. */
+export function siblings(conv, id) {
+  const parent = conv.messages[conv.messages[id].parent];
+  return parent ? parent.children : [id];
+}
+
+/** Show the branch through `id`: down its latest children to a leaf. */
+export function show(conv, id) {
+  let m = conv.messages[id];
+  while (m.children.length) m = conv.messages[m.children[m.children.length - 1]];
+  conv.current = m.id;
+}
+
+const ROLES = new Set(["user", "assistant"]);
+const IMAGE = /^data:image\/[a-z0-9.+-]+;base64,[A-Za-z0-9+/=]+$/;
+
+function text(value, what) {
+  if (value === undefined || value === null) return "";
+  if (typeof value !== "string") throw new Error(`${what} is not text`);
+  return value;
+}
+
+/** A conversation read from an export, checked field by field and rebuilt from what a page writes: a file
+ * that is not one is an Error saying why (nothing of it is kept). It gets a new id, so that importing never
+ * replaces a conversation already here. */
+export function imported(doc) {
+  if (!doc || typeof doc !== "object" || !doc.messages || typeof doc.messages !== "object") {
+    throw new Error("a conversation has no messages");
+  }
+  const conv = conversation();
+  conv.name = text(doc.name, "name").slice(0, 200);
+  conv.system = text(doc.system, "system");
+  conv.model = doc.model === null || doc.model === undefined ? null : text(doc.model, "model");
+  for (const key of SETTINGS) {
+    const v = doc.settings ? doc.settings[key] : null;
+    if (v !== null && v !== undefined && (typeof v !== "number" || !Number.isFinite(v))) {
+      throw new Error(`the setting ${key} is not a number`);
+    }
+    conv.settings[key] = v === undefined ? null : v;
+  }
+  for (const k of ["created", "updated"]) if (Number.isFinite(doc[k])) conv[k] = doc[k];
+  const ids = new Map([[ROOT, ROOT]]); // old id → new id
+  const source = doc.messages;
+  const visit = (oldId, depth) => {
+    if (depth > 100000) throw new Error("the messages nest too deeply");
+    const m = source[oldId];
+    if (!m || typeof m !== "object" || !Array.isArray(m.children)) throw new Error(`message ${oldId} is missing`);
+    for (const child of m.children) {
+      if (ids.has(child)) throw new Error(`message ${child} appears twice`);
+      const c = source[child];
+      if (!c || typeof c !== "object" || !ROLES.has(c.role)) throw new Error(`message ${child} is not a user's or an answer`);
+      const images = c.images === undefined ? [] : c.images;
+      if (!Array.isArray(images) || !images.every((i) => typeof i === "string" && IMAGE.test(i))) {
+        throw new Error(`message ${child} has an image that is not a data: URI`);
+      }
+      const copy = add(conv, ids.get(oldId), { role: c.role, content: text(c.content, "a message") });
+      if (images.length) copy.images = images;
+      if (c.role === "assistant") {
+        copy.reasoning = text(c.reasoning, "reasoning");
+        copy.model = c.model === undefined || c.model === null ? null : text(c.model, "model");
+        for (const k of ["stats", "note"]) if (c[k] && typeof c[k] === "object") copy[k] = sanitized(c[k]);
+        if (typeof c.error === "string") copy.error = c.error;
+      }
+      if (Number.isFinite(c.created)) copy.created = c.created;
+      ids.set(child, copy.id);
+      visit(child, depth + 1);
+    }
+  };
+  const root = source[ROOT];
+  if (!root) throw new Error("a conversation has no root message");
+  visit(ROOT, 0);
+  if (typeof doc.current === "string" && ids.has(doc.current)) conv.current = ids.get(doc.current);
+  else show(conv, ROOT);
+  if (Number.isFinite(doc.updated)) conv.updated = doc.updated;
+  return conv;
+}
+
+function sanitized(obj) {
+  // numbers and short strings only: what the page's own stats and notes hold
+  const out = {};
+  for (const [k, v] of Object.entries(obj)) {
+    if ((typeof v === "number" && Number.isFinite(v)) || (typeof v === "string" && v.length < 500)) out[k] = v;
+  }
+  return out;
+}

@@ -1,0 +1,453 @@
+"""`localgen quantize`, `perplexity`, the ladder and `bench --quality`, on real weights: an F16 made from SmolLM2's
+Q4_1 (tests/dequant.py), quantized and measured. What llama.cpp's own tools give on the same inputs is in
+tests/data/llama_quant_reference.json (scripts/quant_reference.py regenerates it where they are built)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI, ROOT
+
+REF = json.loads((ROOT / "tests" / "data" / "llama_quant_reference.json").read_text())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def smollm2_f16(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """SmolLM2's weights as F16 (dequantized from the embedded Q4_1 with the gguf package), made once a session."""
+    from tests.dequant import dequantize_to_f16
+
+    path = dequantize_to_f16(smollm2_path, tmp_path_factory.mktemp("f16") / "SmolLM2-135M-Instruct-F16.gguf")
+    assert _sha256(path) == REF["f16_sha256"], "the F16 differs from the one the reference was measured on"
+    return path
+
+
+@pytest.fixture(scope="session")
+def test_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference's text: the shipped text's first characters."""
+    from localgen.quant.text import default_text
+
+    path = tmp_path_factory.mktemp("text") / "text.txt"
+    path.write_text(default_text()[: REF["text_chars"]], encoding="utf-8")
+    return path
+
+
+@pytest.fixture()
+def qcli(cli: CLI, tmp_path: Path) -> CLI:
+    """The CLI in a home of its own: what a test quantizes never shows in another test's `list`."""
+    return CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")})
+
+
+def _home(q: CLI) -> Path:
+    return Path(q.env["LOCALGEN_HOME"])
+
+
+def _one_line(err: str) -> str:
+    """The one error line (progress lines aside), with no traceback."""
+    lines = [x for x in err.splitlines() if x.startswith("localgen") or "Error" in x]
+    assert len(lines) == 1 and lines[0].startswith("localgen: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ---- quantize --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type_name", ["q8_0", "Q4_K_M"])
+def test_quantize_writes_what_llama_quantize_writes_and_lists_it(qcli: CLI, smollm2_f16: Path, type_name: str) -> None:
+    r = qcli("quantize", str(smollm2_f16), type_name, "-t", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"name", "path", "type", "size", "bits_per_weight", "seconds"}
+    canonical = type_name.upper()
+    assert doc["name"] == f"smollm2-135m-instruct:{type_name.lower()}" and doc["type"] == canonical
+    assert _sha256(Path(doc["path"])) == REF["quantized"][canonical]["sha256"]  # llama-quantize's bytes, all of them
+    listed = {m["name"]: m for m in json.loads(qcli("list", "--json").stdout)}
+    assert listed[doc["name"]]["quantization"] == canonical and listed[doc["name"]]["source"] == "quantized"
+    shown = qcli("show", doc["name"], "--json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["quantization"] == canonical
+    ran = qcli("run", "-m", doc["name"], "-p", "Hello", "-n", "2", "--threads", "1")
+    assert ran.returncode == 0, ran.stderr
+    chatted = qcli("chat", "-m", doc["name"], "-n", "2", "--threads", "1", input="Hi\n")
+    assert chatted.returncode == 0, chatted.stderr
+    gone = qcli("rm", doc["name"], "--yes")
+    assert gone.returncode == 0 and not Path(doc["path"]).exists()
+
+
+def test_quantize_to_a_file_of_ones_own(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mine.gguf"
+    r = qcli("quantize", str(smollm2_f16), "Q6_K", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert _sha256(out) == REF["quantized"]["Q6_K"]["sha256"]
+    assert "Q6_K mine.gguf: 50%" in r.stderr  # progress: plain lines when stderr is not a terminal
+    assert r.stdout.startswith(f"{out}  Q6_K, ")
+    again = qcli("quantize", str(smollm2_f16), "Q6_K", "-o", str(out))
+    assert again.returncode == 2 and "exists" in _one_line(again.stderr) and "--force" in again.stderr
+    forced = qcli("quantize", str(smollm2_f16), "Q8_0", "-o", str(out), "--force")
+    assert forced.returncode == 0 and _sha256(out) == REF["quantized"]["Q8_0"]["sha256"]
+    folder = tmp_path / "models"
+    folder.mkdir()
+    into = qcli("quantize", str(smollm2_f16), "q8_0", "-o", str(folder), "--json")
+    assert json.loads(into.stdout)["path"] == str(folder / "smollm2-135m-instruct-q8_0.gguf")
+    assert json.loads(into.stdout)["name"] is None
+    copied = qcli("quantize", str(smollm2_f16), "COPY", "-o", str(tmp_path / "copy.gguf"))
+    assert copied.returncode == 0, copied.stderr
+    from localgen.models.gguf_meta import read_gguf
+
+    def types(path: Path) -> dict[str, int]:
+        return {name: ttype for name, _, ttype, _ in read_gguf(str(path))[1]}
+
+    assert types(tmp_path / "copy.gguf") == types(smollm2_f16)
+
+
+@pytest.mark.parametrize("option", ["pure", "leave-output-tensor", "tensor-types"])
+def test_llama_quantizes_options_write_what_it_writes(qcli: CLI, smollm2_f16: Path, tmp_path: Path,
+                                                     option: str) -> None:
+    flags = {"pure": ["--pure"], "leave-output-tensor": ["--leave-output-tensor"],
+             "tensor-types": ["--output-tensor-type", "Q8_0", "--token-embedding-type", "q4_0"]}[option]
+    out = tmp_path / "q.gguf"
+    r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(out), *flags)
+    assert r.returncode == 0, r.stderr
+    assert _sha256(out) == REF["options_q4_k_m"][option]
+
+
+def test_an_already_quantized_source_is_refused_and_nothing_is_left(qcli: CLI, tmp_path: Path) -> None:
+    r = qcli("quantize", "smollm2:135m", "Q4_K_M", "-o", str(tmp_path / "out.gguf"))
+    assert r.returncode == 1
+    line = _one_line(r.stderr)
+    assert "already quantized (Q4_1)" in line and "--allow-requantize" in line
+    assert list(tmp_path.glob("*out.gguf*")) == []
+    made = qcli("quantize", "smollm2:135m", "Q4_K_M", "--allow-requantize", "--json")
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["name"] == "smollm2-135m:q4_k_m"
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["Q9_X"], "unknown quantization type 'Q9_X'"),
+    (["Q4_K_M", "--output-tensor-type", "q9"], "--output-tensor-type: unknown ggml type 'q9'"),
+    (["IQ2_XXS"], "IQ2_XXS needs an importance matrix"),
+    (["Q4_K_M", "--name", "Bad Name"], "bad model name 'Bad Name'"),
+])
+def test_bad_input_is_one_line_exit_2(qcli: CLI, smollm2_f16: Path, args: list[str], needle: str) -> None:
+    r = qcli("quantize", str(smollm2_f16), *args)
+    assert r.returncode == 2
+    assert needle in _one_line(r.stderr)
+    folder = _home(qcli) / "data" / "quantized"
+    assert not folder.exists() or list(folder.iterdir()) == []
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
+    """Two ways: too little free space before the start (seen by the check), and writes failing part-way (a file
+    size limit, as a disk that fills while writing)."""
+    out = tmp_path / "full" / "q.gguf"
+    out.parent.mkdir()
+    limit = 20 << 20
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = subprocess.run(qcli.argv("quantize", str(smollm2_f16), "Q8_0", "-o", str(out)), env=qcli.env,
+                       capture_output=True, text=True, preexec_fn=small_files, timeout=600)
+    assert r.returncode == 1
+    assert "could not write" in _one_line(r.stderr)
+    assert list(out.parent.iterdir()) == []
+
+
+def test_too_little_free_space_is_refused_before_writing(smollm2_f16: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    from collections import namedtuple
+
+    from localgen.errors import LocalgenError
+    from localgen.quant import quantize as q
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(q.shutil, "disk_usage", lambda _p: usage(1 << 30, (1 << 30) - (50 << 20), 50 << 20))
+    with pytest.raises(LocalgenError, match=r"not enough disk space .* the result needs 138 MiB, 50 MiB is free"):
+        q.plan(smollm2_f16, "Q8_0", tmp_path / "q.gguf", q.Options())
+    assert list(tmp_path.iterdir()) == []
+    assert shutil.disk_usage is not None
+
+
+def test_ctrl_c_during_a_quantize_leaves_no_file(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "q.gguf"
+    p = qcli.popen("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(out), "-t", "1",
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not list(folder.glob(".q.gguf.*.partial")):  # llama.cpp has begun to write
+        assert p.poll() is None and time.monotonic() < deadline, "the quantization ended before it could be stopped"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=60)
+    err = p.stderr.read().decode() if p.stderr else ""
+    assert rc == 130, err
+    assert "interrupted: nothing was written" in err and "Traceback" not in err
+    assert list(folder.iterdir()) == []
+
+
+def test_an_importance_matrix_is_carried_to_llama_cpp(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
+    """An importance matrix changes what llama.cpp writes (its weights weigh each column's error), and lets a type
+    that needs one be made."""
+    import numpy as np
+
+    from localgen.models.gguf_meta import read_gguf
+    from localgen.quant.imatrix import read, write_legacy
+
+    _, tensors, _ = read_gguf(str(smollm2_f16))
+    rng = np.random.default_rng(0)
+    entries = {name: rng.uniform(0.1, 10, dims[0]).astype(np.float32) for name, dims, _, _ in tensors
+               if len(dims) == 2 and name.startswith("blk.")}
+    imx = tmp_path / "imatrix.dat"
+    write_legacy(imx, entries, ncall=4, chunks=7, dataset="test.txt")
+    back = read(imx)
+    assert back.chunk_count == 7 and back.datasets == ("test.txt",)
+    name = next(iter(entries))
+    assert np.allclose(back.entries[name], entries[name])
+    r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(tmp_path / "with.gguf"), "--imatrix", str(imx))
+    assert r.returncode == 0, r.stderr
+    assert _sha256(tmp_path / "with.gguf") != REF["quantized"]["Q4_K_M"]["sha256"]
+    meta, _, _ = read_gguf(str(tmp_path / "with.gguf"))
+    assert meta["quantize.imatrix.file"] == str(imx) and meta["quantize.imatrix.chunks_count"] == 7
+    iq = qcli("quantize", str(smollm2_f16), "IQ2_XXS", "-o", str(tmp_path / "iq.gguf"), "--imatrix", str(imx))
+    assert iq.returncode == 0, iq.stderr
+    bad = tmp_path / "bad.dat"
+    bad.write_bytes(b"\x01\x00\x00\x00\xff\xff")
+    r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(tmp_path / "x.gguf"), "--imatrix", str(bad))
+    assert r.returncode == 2 and "is not an importance matrix" in _one_line(r.stderr)
+
+
+# ---- perplexity ------------------------------------------------------------------------------------------------
+
+
+def _ppl_args(text: Path) -> list[str]:
+    return ["-f", str(text), "-c", str(REF["ctx"]), "--chunks", str(REF["chunks"]), "-t", str(REF["threads"])]
+
+
+def test_perplexity_agrees_with_llama_perplexity(qcli: CLI, test_text: Path) -> None:
+    r = qcli("perplexity", "-m", "smollm2:135m", *_ppl_args(test_text), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ppl"] == pytest.approx(REF["q4_1_ppl"], rel=1e-3)
+    assert doc["ppl_err"] == pytest.approx(REF["q4_1_ppl_err"], rel=1e-2)
+    assert doc["chunks"] == REF["chunks"] and doc["tokens"] == REF["chunks"] * (REF["ctx"] - 1 - REF["ctx"] // 2)
+    assert {"ppl", "ppl_err", "chunks", "tokens", "seconds", "tokens_per_s", "divergence"} <= set(doc)
+    plain = qcli("perplexity", "-m", "smollm2:135m", *_ppl_args(test_text))
+    assert f"Final estimate: PPL = {REF['q4_1_ppl']:.4f}" in plain.stdout
+    assert "smollm2:135m: 8 windows" in plain.stderr and "smollm2:135m: 8/8 windows" in plain.stderr
+
+
+def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path, test_text: Path,
+                                                     tmp_path: Path) -> None:
+    """The reference's logits saved (llama-perplexity's format), then Q8_0 measured against them."""
+    logits = tmp_path / "f16.logits"
+    saved = qcli("perplexity", "-m", str(smollm2_f16), *_ppl_args(test_text), "--save-logits", str(logits))
+    assert saved.returncode == 0, saved.stderr
+    assert logits.read_bytes()[:8] == b"_logits_"
+    q8 = tmp_path / "q8.gguf"
+    assert qcli("quantize", str(smollm2_f16), "Q8_0", "-o", str(q8)).returncode == 0
+    r = qcli("perplexity", "-m", str(q8), "-c", str(REF["ctx"]), "-t", "1", "--reference", str(logits), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)["divergence"]
+    want = REF["quantized"]["Q8_0"]
+    assert list(d["kld_percentiles"]) == ["max", "p99.9", "p99", "p95", "p90", "median", "p10", "p5", "p1", "p0.1",
+                                          "min"]
+    assert {"kld", "kld_err", "rms_dp", "same_top", "dp_mean", "dp_percentiles", "ppl_base"} <= set(d)
+    assert d["kld"] == pytest.approx(want["kld"], rel=1e-2)
+    assert d["kld_percentiles"]["p99"] == pytest.approx(want["kld_p99"], rel=1e-2)
+    assert d["kld_percentiles"]["max"] == pytest.approx(want["kld_max"], rel=1e-2)
+    assert 100 * d["same_top"] == pytest.approx(want["same_top"], abs=0.01)
+    assert 100 * d["rms_dp"] == pytest.approx(want["rms_dp"], abs=0.005)
+    assert json.loads(r.stdout)["ppl"] == pytest.approx(want["ppl"], rel=1e-3)
+    # the file is llama-perplexity's format: its header and tokens, its steps (a few in millions may round the
+    # other way); and llama-perplexity read localgen's file to the same KL divergence (scales and minimums too)
+    import numpy as np
+
+    data = logits.read_bytes()
+    head = 20 + 4 * REF["ctx"] * REF["chunks"]
+    rows = np.frombuffer(data[head:], dtype="<u2").reshape(-1, 49152 + 4)
+    assert len(data) == REF["f16_logits"]["size"]
+    assert hashlib.sha256(data[:head]).hexdigest() == REF["f16_logits"]["head_sha256"]
+    assert abs(int(rows[:, 4:].sum(dtype=np.int64)) - REF["f16_logits"]["u16_sum"]) < 64
+    assert want["kld_on_localgen_logits"] == pytest.approx(want["kld"], rel=1e-2)
+    # llama-perplexity's spellings
+    ll = qcli("perplexity", "-m", str(q8), "-c", str(REF["ctx"]), "-t", "1", "--kl-divergence-base", str(logits),
+              "--kl-divergence", "--json")
+    assert json.loads(ll.stdout)["divergence"]["kld"] == d["kld"]
+    # a model as the reference: measured first on the same text, its logits in a temporary file, removed after
+    m = qcli("perplexity", "-m", str(q8), *_ppl_args(test_text), "--reference", str(smollm2_f16), "--json")
+    assert m.returncode == 0, m.stderr
+    assert json.loads(m.stdout)["divergence"]["kld"] == pytest.approx(want["kld"], rel=1e-2)
+    assert list((_home(qcli) / "cache" / "perplexity").iterdir()) == []
+
+
+def test_a_text_shorter_than_two_windows_is_one_line(qcli: CLI, tmp_path: Path) -> None:
+    short = tmp_path / "short.txt"
+    short.write_text("Just a few words, far fewer than two windows.\n")
+    r = qcli("perplexity", "-m", "smollm2:135m", "-f", str(short), "-c", "128")
+    assert r.returncode == 2
+    assert "perplexity at a context of 128 needs at least 256 (two windows)" in _one_line(r.stderr)
+
+
+def test_a_reference_with_another_vocabulary_is_one_line(qcli: CLI, test_text: Path) -> None:
+    r = qcli("perplexity", "-m", "smollm2:135m", *_ppl_args(test_text), "--reference", "gemma3:270m")
+    assert r.returncode == 2
+    assert "the reference has another vocabulary" in _one_line(r.stderr)
+
+
+def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "kept.logits"
+    p = qcli.popen("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "128", "-b", "128", "-t", "1",
+                   "--save-logits", str(saved), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stderr is not None and p.stdout is not None
+    seen = b""
+    while b"1/" not in seen:  # the first window is measured
+        line = p.stderr.readline()
+        assert line, "perplexity ended before it could be stopped"
+        seen += line
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=60)
+    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    assert rc == 130, err
+    assert "Final estimate: PPL = " in out
+    assert "interrupted after" in err and "the logits file was not written" in err and "Traceback" not in err
+    assert list(tmp_path.glob("*kept.logits*")) == []
+
+
+# ---- the ladder ------------------------------------------------------------------------------------------------
+
+
+def _ladder_args(text: Path) -> list[str]:
+    return [*_ppl_args(text), "-p", "8", "-n", "4", "-r", "1"]
+
+
+def test_the_ladder_measures_each_type_and_keeps_the_rows(qcli: CLI, smollm2_f16: Path, test_text: Path) -> None:
+    assert qcli("quantize", str(smollm2_f16), "Q8_0").returncode == 0  # made earlier: the ladder keeps it
+    r = qcli("quantize", str(smollm2_f16), "--ladder", "Q8_0,Q4_K_M", "--measure", str(test_text),
+             *[a for a in _ladder_args(test_text) if a not in ("-f", str(test_text))], "--json",
+             "--kld-bound", "0.02")
+    assert r.returncode == 0, r.stderr
+    assert "smollm2-135m-instruct:q8_0: kept (made earlier; --force makes it again)" in r.stderr
+    doc = json.loads(r.stdout)
+    rows = {row["type_name"]: row for row in doc["rows"]}
+    assert set(rows) == {"F16", "Q8_0", "Q4_K_M"} and rows["F16"]["reference"]
+    for t in ("Q8_0", "Q4_K_M"):
+        assert rows[t]["kld"] == pytest.approx(REF["quantized"][t]["kld"], rel=1e-2)  # llama-perplexity's figure
+        assert 100 * rows[t]["same_top"] == pytest.approx(REF["quantized"][t]["same_top"], abs=0.01)
+        assert rows[t]["size"] == REF["quantized"][t]["size"]
+        assert rows[t]["pp_ts"] > 0 and rows[t]["tg_ts"] > 0 and rows[t]["fits"] in ("CPU only", "full GPU")
+    assert rows["Q8_0"]["bits_per_weight"] > rows["Q4_K_M"]["bits_per_weight"]
+    within = [row for row in doc["rows"] if row["reference"] or row["kld"] <= 0.02]
+    assert doc["best"] == max(within, key=lambda row: row["tg_ts"])["model"]
+    listed = {m["name"] for m in json.loads(qcli("list", "--json").stdout)}
+    assert {"smollm2-135m-instruct:q8_0", "smollm2-135m-instruct:q4_k_m"} <= listed
+    run = doc["run"]
+    shown = qcli("bench", "history", str(run), "-o", "json")
+    assert [row["type_name"] for row in json.loads(shown.stdout)["rows"]] == ["F16", "Q8_0", "Q4_K_M"]
+    text = qcli("bench", "history", str(run)).stdout
+    assert "fastest within a mean KLD of 0.02" in text
+    compared = json.loads(qcli("bench", "compare", str(run), str(run), "--json").stdout)
+    assert [x["a_kld"] for x in compared["results"]] == [None, rows["Q8_0"]["kld"], rows["Q4_K_M"]["kld"]]
+
+
+def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path, test_text: Path,
+                                                   tmp_path: Path) -> None:
+    q8 = tmp_path / "model-Q8_0.gguf"
+    assert qcli("quantize", str(smollm2_f16), "Q8_0", "-o", str(q8)).returncode == 0
+    r = qcli("bench", "-m", str(q8), "--quality", str(test_text), "--reference", str(smollm2_f16),
+             "-c", str(REF["ctx"]), "--chunks", str(REF["chunks"]), "-t", "1", "-p", "8", "-n", "4", "-r", "1",
+             "-o", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [row["model"] for row in doc["rows"]] == ["SmolLM2-135M-Instruct-F16.gguf", "model-Q8_0.gguf"]
+    assert doc["rows"][1]["kld"] == pytest.approx(REF["quantized"]["Q8_0"]["kld"], rel=1e-2)
+    lines = qcli("bench", "history", str(doc["run"])).stdout.splitlines()
+    assert lines[0].split()[:4] == ["model", "type", "size", "bpw"]
+    q8_row = next(line for line in lines if line.startswith("model-Q8_0.gguf"))
+    kld = float(q8_row.split()[8])  # the mean KLD column (the size is two words)
+    assert kld == pytest.approx(REF["quantized"]["Q8_0"]["kld"], rel=1e-2)
+    assert lines[-1].startswith("fastest within a mean KLD of 0.05: ")
+    bad = qcli("bench", "-m", str(q8), "--quality", str(test_text), "--reference", "gemma3:270m")
+    assert bad.returncode == 2 and "another vocabulary" in _one_line(bad.stderr)
+
+
+# ---- create -q and /api/create's quantize ---------------------------------------------------------------------
+
+
+def test_create_q_quantizes_the_from_model_then_makes_the_preset(qcli: CLI, smollm2_f16: Path,
+                                                                 tmp_path: Path) -> None:
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f"FROM {smollm2_f16}\nPARAMETER temperature 0.3\n")
+    r = qcli("create", "mybot", "-f", str(mf), "-q", "Q4_K_M", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"name": "mybot", "base": "mybot:q4_k_m"}
+    listed = {m["name"]: m for m in json.loads(qcli("list", "--json").stdout)}
+    assert listed["mybot:q4_k_m"]["source"] == "quantized" and listed["mybot"]["base"] == "mybot:q4_k_m"
+    assert _sha256(Path(listed["mybot:q4_k_m"]["path"])) == REF["quantized"]["Q4_K_M"]["sha256"]
+    mf.write_text("FROM smollm2:135m\n")
+    bad = qcli("create", "other", "-f", str(mf), "-q", "Q4_K_M")
+    assert bad.returncode == 1 and "already quantized (Q4_1)" in _one_line(bad.stderr)
+    assert "other:q4_k_m" not in {m["name"] for m in json.loads(qcli("list", "--json").stdout)}
+
+
+def test_api_create_quantize(qcli: CLI, smollm2_f16: Path) -> None:
+    """Ollama's `quantize`: the `from` model (one offered here, never a path) quantized, then the preset."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    made = qcli("quantize", str(smollm2_f16), "F16", "--name", "smol-f16")  # an F16 model this server offers
+    assert made.returncode == 0, made.stderr
+    s = Server(qcli.env, "-np", "1", "--ctx", "256")
+    try:
+        r = httpx.post(f"{s.url}/api/create", timeout=300, json={
+            "model": "tiny", "from": "smol-f16:f16", "quantize": "q8_0", "stream": False})
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "success"
+        names = [m["name"] for m in httpx.get(f"{s.url}/api/tags", timeout=30).json()["models"]]
+        assert "tiny" in names and "tiny:q8_0" in names
+        answer = httpx.post(f"{s.url}/api/generate", timeout=300, json={
+            "model": "tiny", "prompt": "Hi", "stream": False, "options": {"num_predict": 2}})
+        assert answer.status_code == 200, answer.text
+        bad = httpx.post(f"{s.url}/api/create", timeout=60, json={
+            "model": "x", "from": "smol-f16:f16", "quantize": "q9_z"})
+        assert bad.status_code == 400 and "unknown quantization type" in bad.json()["error"]
+        path = Path(qcli.env["LOCALGEN_HOME"]) / "data" / "quantized" / "tiny@q8_0.gguf"
+        assert _sha256(path) == REF["quantized"]["Q8_0"]["sha256"]
+        gone = httpx.request("DELETE", f"{s.url}/api/delete", json={"model": "tiny:q8_0"}, timeout=60)
+        assert gone.status_code == 200, gone.text
+        assert not path.exists()
+    finally:
+        assert s.stop() == 0
+
+
+def test_most_of_smollm2s_matrices_take_a_fallback_type(smollm2_f16: Path, tmp_path: Path) -> None:
+    """docs/quantize-choose.md: SmolLM2's 576-wide rows are not a multiple of a k-quant block (256), so llama.cpp
+    quantizes most of its matrices to fallback types (its dry run says how many)."""
+    import re
+
+    from localgen.models.gguf_meta import read_summary
+    from localgen.native import logs
+    from localgen.quant import quantize as q
+
+    assert read_summary(str(smollm2_f16)).n_embd == 576 and 576 % 256
+    q.plan(smollm2_f16, "Q4_K_M", tmp_path / "x.gguf", q.Options())
+    m = re.search(r"(\d+) of (\d+) tensor\(s\) required fallback", "\n".join(logs.lines(last=80)))
+    assert m and int(m.group(1)) > int(m.group(2)) / 2
+    assert list(tmp_path.iterdir()) == []  # a plan writes nothing

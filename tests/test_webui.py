@@ -1,0 +1,737 @@
+"""The chat page `localgen serve` gives browsers at `/` (docs/webui.md), in a real headless Chromium (tests/browser.py)
+against a real server and the real SmolLM2: one server (with an API key, and a projector so that SmolLM2 takes
+images) and one browser for the module, a fresh browser context (its own storage) per test. What the answers
+say is the model's; where a test needs an exact answer (the hostile one) it asks the server for it through a
+JSON schema, the grammar path every client may use."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from localgen.serve.page import FILES
+from tests import browser as chromium
+from tests.conftest import ROOT
+from tests.test_serve import Server
+
+KEY = "sk-webui-test"
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+TIMEOUT_MS = 180_000  # two shared cores: a slow answer is still an answer
+TITLE = "localgen chat"
+# <think> opened by the template's generation prompt: what the model writes next is its reasoning
+THINKING_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+HOSTILE = ("<script>document.title='pwned-script'</script><img src=x onerror=document.title='pwned-img'> "
+           "[click](javascript:document.title='pwned-link')")
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def server(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_mmproj import write_mmproj
+
+    d = tmp_path_factory.mktemp("webui")
+    env = {**cli_env, "LOCALGEN_HOME": str(d / "home")}  # the preset made below stays out of the session's home
+    s = Server(env, "--api-key", KEY, "--mmproj", str(write_mmproj(d / "proj.gguf")), "-np", "2", "--ctx", "2048")
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    why = chromium.missing()
+    if why is not None:
+        pytest.fail(why)  # never a skip: a page nobody tested is not a page that works
+    with chromium.chromium() as b:
+        yield b
+
+
+class Tab:
+    """A page in a browser context of its own (its own IndexedDB and sessionStorage), with the script errors
+    and Content-Security-Policy refusals it met."""
+
+    def __init__(self, browser: Any, server: Server, viewport: dict[str, int] = DESKTOP) -> None:
+        self.context = browser.new_context(viewport=viewport, accept_downloads=True)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(TIMEOUT_MS)
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda e: self.errors.append(f"script error: {e}"))
+        self.page.on("console", lambda m: self.errors.append(m.text)
+                     if m.type == "error" and "Content Security Policy" in m.text else None)
+        self.url = f"{server.url}/"
+
+    def open(self, key: bool = True) -> Any:
+        """The page loaded; with `key`, the key typed into the prompt the first 401 brings, the models listed."""
+        page = self.page
+        page.goto(self.url)
+        if key:
+            page.locator("#key-dialog").wait_for(state="visible")
+            page.fill("#key-input", KEY)
+            page.press("#key-input", "Enter")
+            page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+        return page
+
+    def close(self) -> None:
+        self.context.close()
+        assert not self.errors, self.errors
+
+
+@pytest.fixture
+def tab(browser: Any, server: Server) -> Iterator[Tab]:
+    t = Tab(browser, server)
+    yield t
+    t.close()
+
+
+def settings(page: Any, **values: object) -> None:
+    """The conversation's settings dialog, filled and saved."""
+    page.click("#open-settings")
+    for name, value in values.items():
+        page.fill(f"#{name}", str(value))
+    page.click("#settings-form button[type=submit]")
+    page.locator("#settings").wait_for(state="hidden")
+
+
+def answer_ids(page: Any) -> list[str]:
+    return list(page.eval_on_selector_all("article.assistant", "as => as.map(a => a.dataset.id)"))
+
+
+def wait_answer(page: Any, before: list[str]) -> Any:
+    """The answer that is not among `before` once it has ended (the Stop button gone): its article."""
+    page.wait_for_function("""(before) => {
+        const all = [...document.querySelectorAll('article.assistant')];
+        const last = all[all.length - 1];
+        return last && !before.includes(last.dataset.id) && !last.classList.contains('pending')
+            && document.getElementById('stop').hidden;
+    }""", arg=before)
+    return page.locator("article.assistant").last
+
+
+def chat_requests(page: Any) -> list[dict[str, Any]]:
+    """The bodies of the chat requests the page sends from now on."""
+    sent: list[dict[str, Any]] = []
+    page.on("request", lambda r: sent.append(json.loads(r.post_data))
+            if r.url.endswith("/v1/chat/completions") else None)
+    return sent
+
+
+def ask(page: Any, text: str) -> Any:
+    """Sends `text` with Enter and waits for the whole answer."""
+    before = answer_ids(page)
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+    return wait_answer(page, before)
+
+
+def test_every_file_of_the_page_is_served() -> None:
+    """The page's folder holds exactly the files serve/page.py serves (a new file must be listed to be served)."""
+    from localgen.serve import page
+
+    shipped = {p.name for p in (ROOT / "localgen" / "serve" / "webui").iterdir()}
+    assert shipped == set(page.FILES)
+
+
+def _gate_status(policy: Any, url: str, **headers: str) -> tuple[int, str]:
+    """What serve's gate (serve/guard.py) answers a GET to `url` (its Host from the URL) with these headers."""
+    from starlette.responses import PlainTextResponse
+    from starlette.testclient import TestClient
+
+    from localgen.serve.guard import Gate
+
+    async def ok(scope: Any, receive: Any, send: Any) -> None:
+        await PlainTextResponse("ok")(scope, receive, send)
+
+    r = TestClient(Gate(ok, policy)).get(url, headers=headers)  # type: ignore[arg-type]
+    return r.status_code, r.text
+
+
+def test_the_page_opened_at_a_lan_address_may_call_back_but_no_dns_name_may() -> None:
+    """docs/webui.md: served on 0.0.0.0, the page opened at http://ADDRESS:11435/ sends its calls with that
+    Origin, which names the address the request came to: allowed. Another origin, or a DNS name pointed at
+    the server (rebinding), is not."""
+    import socket
+
+    from localgen.serve.guard import Policy
+
+    lan = Policy(check_host=False)  # as serve sets it on a host that is not loopback
+    assert _gate_status(lan, "http://192.168.1.5:11435/v1/models", Origin="http://192.168.1.5:11435")[0] == 200
+    assert _gate_status(lan, "http://192.168.1.5/v1/models", Origin="http://192.168.1.5")[0] == 200
+    name = socket.gethostname().lower()
+    assert _gate_status(lan, f"http://{name}:11435/v1/models", Origin=f"http://{name}:11435")[0] == 200
+    assert _gate_status(lan, "http://192.168.1.5:11435/v1/models", Origin="http://192.168.1.6:11435")[0] == 403
+    assert _gate_status(lan, "http://192.168.1.5:11435/v1/models", Origin="http://192.168.1.5:8080")[0] == 403
+    assert _gate_status(lan, "http://evil.example:11435/v1/models", Origin="http://evil.example:11435")[0] == 403
+    assert _gate_status(lan, "http://192.168.1.5:11435/v1/models", Origin="null")[0] == 403
+
+
+def test_behind_a_tls_proxy_the_page_needs_its_origin_allowed_and_the_upstream_host() -> None:
+    """docs/webui.md: behind a reverse proxy at https://chat.example.com, serve on loopback sees the proxy's
+    Host (the upstream address: allowed) and the page's Origin, which --cors allows; without --cors, a 403
+    that names the flag; a proxy that passes the public name as Host gets the DNS-rebinding 403."""
+    from localgen.serve.guard import Policy, origins_from
+
+    proxied = Policy(api_key="k", origins=origins_from(["https://chat.example.com"], None))
+    page = {"Origin": "https://chat.example.com", "Authorization": "Bearer k"}
+    assert _gate_status(proxied, "http://127.0.0.1:11435/v1/models", **page)[0] == 200
+    assert _gate_status(proxied, "http://127.0.0.1:11435/v1/models", Origin="https://chat.example.com")[0] == 401
+    status, text = _gate_status(Policy(api_key="k"), "http://127.0.0.1:11435/v1/models", **page)
+    assert status == 403 and "--cors https://chat.example.com" in text
+    status, text = _gate_status(proxied, "http://chat.example.com/v1/models", **page)
+    assert status == 403 and "is not this machine's name" in text
+
+
+def _routes() -> list[tuple[str, str]]:
+    """Every route of docs/api.md's table, as (method, path)."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    table = text.split("## Routes", 1)[1].split("\n## ", 1)[0]
+    out = []
+    for row in table.splitlines():
+        if row.startswith("| `"):
+            out += re.findall(r"`(GET|POST|DELETE|HEAD) (/[^`]*)`", row.split(" | ")[0])
+    assert len(out) > 25, "the table's routes were read"
+    return out
+
+
+def test_with_a_key_only_the_page_and_health_answer_without_it(server: Server) -> None:
+    """docs/webui.md: the page and its files load without the key (they hold no data), with a CSP that allows
+    nothing inline or from elsewhere, and nosniff; every API route (docs/api.md's table) answers 401 without it."""
+    from localgen.serve import page
+
+    r = httpx.get(f"{server.url}/", headers={"Accept": "text/html,application/xhtml+xml"})
+    assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
+    assert "<title>localgen chat</title>" in r.text
+    for name, kind in page.FILES.items():
+        path = "/" if name == "index.html" else f"/webui/{name}"
+        a = httpx.get(f"{server.url}{path}", headers={"Accept": "text/html"})
+        assert a.status_code == 200 and a.headers["content-type"] == kind, path
+        assert a.headers["content-security-policy"] == page.CSP and a.headers["x-content-type-options"] == "nosniff"
+        again = httpx.get(f"{server.url}{path}", headers={"Accept": "text/html", "If-None-Match": a.headers["etag"]})
+        assert again.status_code == 304 and not again.content
+    assert "default-src 'self'; script-src 'self'; style-src 'self';" in page.CSP
+    assert "frame-ancestors 'none'" in page.CSP
+    # a client that does not ask for HTML gets Ollama's answer at /, as before the page
+    assert httpx.get(f"{server.url}/").text == "Ollama is running (localgen)"
+    assert httpx.head(f"{server.url}/").status_code == 200
+    assert "Accept" in httpx.get(f"{server.url}/").headers["vary"] and "Accept" in r.headers["vary"]
+    assert httpx.get(f"{server.url}/webui/nothing.js").status_code == 401
+    assert httpx.get(f"{server.url}/webui/nothing.js", headers=_auth()).status_code == 404
+    assert httpx.get(f"{server.url}/webui/..%2fapp.py", headers=_auth()).status_code == 404
+    answered = []
+    for method, path in _routes():
+        if path in ("/", "/health") or path.startswith("/webui/"):  # open, checked above
+            continue
+        url = server.url + path.replace("{id}", "resp_x")
+        r = httpx.request(method, url, json={} if method in ("POST",) else None, timeout=30)
+        if r.status_code != 401:
+            answered.append(f"{method} {path}: {r.status_code}")
+    assert not answered, answered
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_no_webui_turns_the_page_off(cli_env: dict[str, str], server: Server) -> None:
+    """`serve --no-webui`: no page; `/` answers Ollama's line to a browser too, the page's files are 404s,
+    and the start-up line does not offer the page (the default server's does)."""
+    assert "chat page at /" in server.proc.stderr.read().decode()
+    s = Server(cli_env, "--no-webui", "--no-on-demand", "-np", "1", "--ctx", "256")
+    try:
+        r = httpx.get(f"{s.url}/", headers={"Accept": "text/html"})
+        assert r.text == "Ollama is running (localgen)" and r.headers["content-type"].startswith("text/plain")
+        assert "content-security-policy" not in r.headers
+        assert httpx.get(f"{s.url}/webui/app.js").status_code == 404
+    finally:
+        assert s.stop() == 0
+    assert "chat page" not in s.proc.stderr.read().decode()
+
+
+def test_the_page_asks_for_the_key_once_and_keeps_it_for_the_tab(browser: Any, server: Server) -> None:
+    """docs/webui.md: on the first 401 the page asks for the key; a wrong key is asked again; the right one is
+    kept in the tab's sessionStorage (a reload does not ask), never in localStorage; a new tab asks again."""
+    t = Tab(browser, server)
+    page = t.page
+    page.goto(t.url)
+    dialog = page.locator("#key-dialog")
+    dialog.wait_for(state="visible")
+    assert page.locator("#model option").count() == 0, "no model listed without the key"
+    assert "needs its API key" in page.inner_text("#key-reason")
+    page.fill("#key-input", "wrong")
+    page.press("#key-input", "Enter")
+    page.wait_for_function("() => document.getElementById('key-reason')?.textContent.includes('refused')")
+    assert dialog.is_visible()
+    page.fill("#key-input", KEY)
+    page.click("#key-form button[type=submit]")
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert not dialog.is_visible()
+    assert page.evaluate("sessionStorage.getItem('localgen.apiKey')") == KEY
+    assert page.evaluate("(key) => JSON.stringify(localStorage).includes(key)", KEY) is False
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert not dialog.is_visible(), "asked once: a reload of the tab keeps the key"
+    other = t.context.new_page()
+    other.goto(t.url)
+    other.locator("#key-dialog").wait_for(state="visible")
+    other.click("#key-cancel")
+    other.wait_for_function("() => !document.getElementById('banner').hidden")
+    assert "No API key" in other.inner_text("#banner")
+    other.click("#banner-retry")  # Retry asks again
+    other.locator("#key-dialog").wait_for(state="visible")
+    t.close()
+
+
+def test_an_answer_streams_in_as_markdown_with_its_stats_and_is_kept(tab: Tab) -> None:
+    """Enter sends (Shift+Enter is a new line); text shows while the answer is still coming; the settings and
+    system prompt go in the request; the stats line; after a reload the conversation is listed and shown."""
+    paths: set[str] = set()
+    tab.page.on("request", lambda r: paths.add(urlsplit(r.url).path))
+    streams: list[dict[str, str]] = []
+    tab.page.on("response", lambda r: streams.append(r.headers) if r.url.endswith("/v1/chat/completions") else None)
+    page = tab.open()
+    offered = [m["id"] for m in httpx.get(f"{tab.url}v1/models", headers=_auth()).json()["data"]]
+    assert page.eval_on_selector_all("#model option", "os => os.map(o => o.value)") == offered
+    assert "gemma3:270m" in offered  # on demand, not loaded
+    assert page.input_value("#model") == "smollm2:135m"
+    page.wait_for_function("() => document.getElementById('model-note')?.textContent === 'loaded'")
+    settings(page, max_tokens=64, temperature=0, seed=7, top_k=20, system="Answer in one sentence.")
+    sent = chat_requests(page)
+    page.click("#input")
+    page.keyboard.type("Why is the sky blue?")
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.type("Explain briefly.")
+    assert page.input_value("#input") == "Why is the sky blue?\nExplain briefly."
+    assert page.locator("article").count() == 0, "Shift+Enter did not send"
+    page.keyboard.press("Enter")
+    partial = streaming(page, [])
+    article = wait_answer(page, [])
+    whole = article.locator(".body").inner_text()
+    assert len(whole) > len(partial), "text came before the answer ended"
+    body = sent[0]
+    assert streams[0]["content-type"].startswith("text/event-stream") and streams[0]["x-accel-buffering"] == "no"
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["model"] == "smollm2:135m" and body["max_tokens"] == 64 and body["temperature"] == 0
+    assert body["seed"] == 7 and body["top_k"] == 20 and "top_p" not in body
+    assert body["messages"] == [{"role": "system", "content": "Answer in one sentence."},
+                                {"role": "user", "content": "Why is the sky blue?\nExplain briefly."}]
+    stats = article.locator(".stats").inner_text()
+    assert re.fullmatch(r"\d+ tokens? · \d+\.\d\d s to first token · \d+\.\d tokens/s", stats), stats
+    tokens = int(stats.split()[0])
+    assert 0 < tokens <= 64
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert page.locator("article.assistant .body").inner_text() == whole
+    assert page.locator("article.user .text").inner_text() == "Why is the sky blue?\nExplain briefly."
+    assert page.locator("#conversations .conv").count() == 1
+    assert page.inner_text("#conversations .conv .open") == "Why is the sky blue?"
+    page.goto(tab.url)  # no conversation in the address: a new chat, the kept one listed
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 1")
+    assert page.locator("article").count() == 0
+    page.click("#conversations .conv .open")
+    assert page.locator("article.assistant .body").inner_text() == whole
+    assert page.locator("article.assistant .stats").inner_text() == stats
+    page.click("#open-settings")
+    assert page.input_value("#system") == "Answer in one sentence." and page.input_value("#max_tokens") == "64"
+    page.click("#settings-cancel")
+    # the page called only the public routes any client calls, and nothing but this server
+    api = {"/v1/models", "/models", "/api/show", "/v1/chat/completions"}
+    assert api <= paths and paths <= api | {"/"} | {f"/webui/{n}" for n in FILES}, paths
+    # kept per address: the same server opened as localhost is another store (and another tab's key)
+    other = tab.context.new_page()
+    other.goto(tab.url.replace("127.0.0.1", "localhost"))
+    other.fill("#key-input", KEY)
+    other.press("#key-input", "Enter")
+    other.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert other.locator("#conversations .conv").count() == 0
+
+
+def streaming(page: Any, before: list[str]) -> str:
+    """Waits for an answer not among `before` to show text while it is still coming (the Stop button up)."""
+    handle = page.wait_for_function("""(before) => {
+        const all = [...document.querySelectorAll('article.assistant')];
+        const last = all[all.length - 1];
+        const text = last && !before.includes(last.dataset.id) ? last.querySelector('.body')?.textContent : '';
+        return text.length > 10 && !document.getElementById('stop').hidden && text;
+    }""", arg=before)
+    return str(handle.json_value())
+
+
+def test_stop_and_escape_end_a_long_answer(tab: Tab, server: Server) -> None:
+    """The Stop button, and Escape, end the answer under way: its text stays, it says Stopped, and the server
+    frees the slot (the page's fetch is aborted, so the request ends). Deleting the conversation stops its
+    answer too, and it stays deleted."""
+    page = tab.open()
+    settings(page, temperature=0)  # SmolLM2's greedy story runs past 400 tokens: each version is long
+    page.fill("#input", "Write a long story about a dragon and a knight.")
+    page.press("#input", "Enter")
+    streaming(page, [])
+    page.click("#stop")
+    article = wait_answer(page, [])
+    assert article.locator(".note").inner_text() == "Stopped."
+    text = article.locator(".body").inner_text()
+    time.sleep(1)
+    assert article.locator(".body").inner_text() == text, "nothing came after Stop"
+    ids = answer_ids(page)
+    article.get_by_role("button", name="Regenerate").click()
+    streaming(page, ids)
+    page.keyboard.press("Escape")
+    article = wait_answer(page, ids)
+    assert article.locator(".note").inner_text() == "Stopped."
+    # a conversation deleted while its answer streams stops it and stays deleted
+    ids = answer_ids(page)
+    page.locator("article.assistant").get_by_role("button", name="Regenerate").click()
+    streaming(page, ids)
+    page.once("dialog", lambda d: d.accept())
+    page.locator("#conversations .conv").get_by_role("button", name=re.compile("^Delete")).click()
+    page.wait_for_function("() => document.getElementById('stop').hidden")
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert page.locator("#conversations .conv").count() == 0 and page.locator("article").count() == 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if httpx.get(f"{server.url}/health").json()["models"]["smollm2:135m"]["running"] == 0:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the server went on with the stopped answers")
+
+
+def test_a_hostile_answer_and_message_stay_text(tab: Tab) -> None:
+    """An answer that holds <script>, <img onerror> and a javascript: link (the model made to write exactly that
+    through a JSON schema of one value, serve's grammar path) is shown as text: no element, no script run; so is
+    a user's message that holds it."""
+    page = tab.open()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+    def forced(route: Any) -> None:
+        body = json.loads(route.request.post_data)
+        schema = {"type": "string", "enum": [HOSTILE]}
+        body["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+        route.continue_(post_data=json.dumps(body))
+
+    page.route("**/v1/chat/completions", forced)
+    settings(page, max_tokens=120)
+    article = ask(page, HOSTILE)
+    shown = article.locator(".body").inner_text()
+    assert shown == json.dumps(HOSTILE), shown  # the model's answer, a JSON string: every character shown
+    assert page.locator("article.user .text").inner_text() == HOSTILE
+    found = page.evaluate("""() => ({
+        scripts: document.querySelectorAll('#messages script').length,
+        images: document.querySelectorAll('#messages img').length,
+        links: [...document.querySelectorAll('#messages a')].map(a => a.href),
+        title: document.title})""")
+    assert found == {"scripts": 0, "images": 0, "links": [], "title": TITLE}
+    page.unroute("**/v1/chat/completions")
+    page.reload()  # and again from the browser's storage
+    page.wait_for_function("() => document.querySelectorAll('article.assistant').length === 1")
+    assert page.locator("article.assistant .body").inner_text() == shown
+    assert page.evaluate("document.querySelectorAll('#messages img, #messages script').length") == 0
+    assert page.title() == TITLE and not dialogs
+
+
+def test_edit_and_regenerate_make_branches(tab: Tab) -> None:
+    """Regenerate adds a version of the answer, editing a message a version of the message (with its own
+    answer), editing an answer a version of the answer; ‹ n/m › steps through them (each version shows its
+    latest answer), and the branch on screen is kept across a reload. The name set in Settings is listed."""
+    page = tab.open()
+    settings(page, max_tokens=6, **{"conv-name": "Greetings"})
+    first = ask(page, "Say hello.")
+    assert page.inner_text("#conversations .conv .open") == "Greetings"
+    text1 = first.locator(".body").inner_text()
+    ids = answer_ids(page)
+    first.get_by_role("button", name="Regenerate").click()
+    second = wait_answer(page, ids)
+    assert second.locator(".versions .count").inner_text() == "2/2"
+    text2 = second.locator(".body").inner_text()
+    second.get_by_role("button", name="Previous version").click()
+    page.wait_for_function("() => document.querySelector('article.assistant .versions .count')?.textContent === '1/2'")
+    assert page.locator("article.assistant .body").inner_text() == text1
+    ids = answer_ids(page)
+    page.locator("article.user").get_by_role("button", name="Edit").click()
+    page.fill("article.user textarea", "Say goodbye.")
+    page.press("article.user textarea", "Enter")
+    wait_answer(page, ids)
+    user = page.locator("article.user")
+    assert user.locator(".text").inner_text() == "Say goodbye."
+    assert user.locator(".versions .count").inner_text() == "2/2"
+    assert page.locator("article.assistant .versions").count() == 0, "the edited message has one answer so far"
+    answer = page.locator("article.assistant")
+    answer.get_by_role("button", name="Edit").click()
+    page.fill("article.assistant textarea", "Goodbye, **friend**.")
+    page.locator("article.assistant").get_by_role("button", name="Save").click()
+    page.wait_for_function("() => document.querySelector('article.assistant .versions .count')?.textContent === '2/2'")
+    assert page.locator("article.assistant .body").inner_text() == "Goodbye, friend."
+    assert page.locator("article.assistant .body strong").inner_text() == "friend"
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('article.user').length === 1")
+    assert page.locator("article.user .text").inner_text() == "Say goodbye."
+    assert page.locator("article.assistant .body").inner_text() == "Goodbye, friend."
+    page.locator("article.user").get_by_role("button", name="Previous version").click()
+    page.wait_for_function("() => document.querySelector('article.user .text')?.textContent === 'Say hello.'")
+    # back on a message, its branch shows its latest answer
+    assert page.locator("article.assistant .versions .count").inner_text() == "2/2"
+    assert page.locator("article.assistant .body").inner_text() == text2
+
+
+def test_conversations_are_renamed_exported_imported_and_deleted(tab: Tab, tmp_path: Path) -> None:
+    """The list: rename; export as JSON (every branch) and Markdown; delete (after a confirmation); import the
+    JSON back (a conversation of its own); a file that is not an export is refused, nothing kept of it."""
+    page = tab.open()
+    settings(page, max_tokens=4, system="Be brief.")
+    ask(page, "First question")
+    answer = page.locator("article.assistant .body").inner_text()
+    item = page.locator("#conversations .conv")
+    item.get_by_role("button", name="Rename First question").click()
+    page.fill("#conversations input.rename", "Renamed chat")
+    page.press("#conversations input.rename", "Enter")
+    page.wait_for_function("() => document.querySelector('#conversations .conv .open')?.textContent === 'Renamed chat'")
+    page.click("#open-settings")
+    with page.expect_download() as got:
+        page.click("#export-json")
+    exported = Path(got.value.path()).read_text()
+    doc = json.loads(exported)
+    assert doc["format"] == "localgen-chat" and len(doc["conversations"]) == 1
+    conv = doc["conversations"][0]
+    assert conv["name"] == "Renamed chat" and conv["system"] == "Be brief." and conv["settings"]["max_tokens"] == 4
+    with page.expect_download() as got:
+        page.click("#export-md")
+    assert got.value.suggested_filename == "Renamed chat.md"
+    md = Path(got.value.path()).read_text()
+    assert md.startswith("# Renamed chat\n\n**System:** Be brief.\n\n## User\n\nFirst question\n\n"
+                         "## Assistant (smollm2:135m)")
+    assert md.rstrip().endswith(answer.strip())
+    page.click("#settings-cancel")
+    page.once("dialog", lambda d: d.accept())
+    item.get_by_role("button", name="Delete Renamed chat").click()
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 0")
+    assert page.locator("article").count() == 0
+    bad = tmp_path / "bad.json"
+    broken = {"messages": {"root": {"children": ["x"]}}}  # a message that is not there
+    bad.write_text(json.dumps({"format": "localgen-chat", "conversations": [broken]}))
+    page.set_input_files("#import-file", str(bad))
+    page.wait_for_function("() => document.getElementById('banner-text')?.textContent.includes('cannot be imported')")
+    assert page.locator("#conversations .conv").count() == 0
+    good = tmp_path / "chats.json"
+    good.write_text(exported)
+    page.set_input_files("#import-file", str(good))
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 1")
+    assert page.inner_text("#conversations .conv .open") == "Renamed chat"
+    assert page.locator("article.user .text").inner_text() == "First question"
+    assert page.locator("article.assistant .body").inner_text() == answer
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('article.assistant').length === 1")
+    assert page.locator("article.assistant .body").inner_text() == answer
+    page.set_input_files("#import-file", str(good))  # again: a conversation of its own, none replaced
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 2")
+
+
+def test_reasoning_is_shown_apart_and_folded(tab: Tab, server: Server) -> None:
+    """A model whose template opens a thinking block: what it writes there arrives as reasoning_content and is
+    shown apart, folded; the model, not loaded before, is said to load with the first message."""
+    r = httpx.post(f"{server.url}/api/create", headers=_auth(), json={
+        "model": "thinker", "from": "smollm2:135m", "template": THINKING_TEMPLATE, "stream": False})
+    assert r.status_code == 200, r.text
+    page = tab.open()
+    page.select_option("#model", "thinker")
+    page.wait_for_function("() => document.getElementById('attach').title === 'thinker takes no images'")  # all asked
+    assert page.inner_text("#model-note") == "not loaded yet: the first message loads it"
+    settings(page, max_tokens=24, temperature=0)
+    page.evaluate("""() => {  // every text the note shows, however briefly
+        const note = document.getElementById('model-note');
+        window.notes = [];
+        new MutationObserver(() => window.notes.push(note.textContent)).observe(note, {childList: true});
+    }""")
+    page.fill("#input", "Why is the sky blue?")
+    page.press("#input", "Enter")
+    article = wait_answer(page, [])
+    notes = page.evaluate("window.notes")
+    assert [n for i, n in enumerate(notes) if i == 0 or notes[i - 1] != n] == ["Loading thinker…", "loaded"]
+    details = article.locator("details.reasoning")
+    assert details.is_visible() and details.get_attribute("open") is None, "shown, folded"
+    assert article.locator("details.reasoning summary").inner_text() == "Reasoning"
+    assert not article.locator(".reasoning-text").is_visible()
+    details.locator("summary").click()
+    assert len(article.locator(".reasoning-text").inner_text()) > 10
+    assert article.locator(".reasoning-text").inner_text() not in article.locator(".body").inner_text()
+    assert page.inner_text("#model-note") == "loaded"
+
+
+def test_images_go_to_a_model_that_takes_them_and_errors_are_clear(tab: Tab, server: Server) -> None:
+    """SmolLM2 with a projector takes an attached picture (sent as an image_url part); a model without one has
+    the attach button off, and an image sent anyway gets the server's reason; a conversation past the window
+    says so."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_mmproj import png
+
+    picture = png()
+    page = tab.open()
+    shown = httpx.post(f"{server.url}/api/show", headers=_auth(), json={"model": "smollm2:135m"}).json()
+    assert shown["capabilities"] == ["completion", "vision"]  # Ollama's name, which the page reads
+    settings(page, max_tokens=8)
+    page.wait_for_function("() => document.getElementById('attach').title === 'Attach an image for smollm2:135m'")
+    assert page.is_enabled("#attach")
+    sent = chat_requests(page)
+    page.set_input_files("#attach-file", files=[{"name": "p.png", "mimeType": "image/png", "buffer": picture}])
+    page.locator("#attachments img").wait_for()
+    article = ask(page, "What is in the picture?")
+    assert article.locator(".note").get_attribute("class") == "note" and article.locator(".stats").inner_text()
+    parts = sent[-1]["messages"][-1]["content"]
+    url = "data:image/png;base64," + base64.b64encode(picture).decode()
+    assert parts == [{"type": "text", "text": "What is in the picture?"},
+                     {"type": "image_url", "image_url": {"url": url}}]
+    assert page.locator("article.user img.attached").get_attribute("src", timeout=1000).startswith("data:image/png")
+    assert page.locator("#attachments img").count() == 0
+    httpx.post(f"{server.url}/api/create", headers=_auth(), json={
+        "model": "thinker", "from": "smollm2:135m", "template": THINKING_TEMPLATE, "stream": False})
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    page.select_option("#model", "thinker")
+    page.wait_for_function("() => document.getElementById('attach').title === 'thinker takes no images'")
+    assert not page.is_enabled("#attach")
+    page.evaluate("""(b64) => {  // pasted (the page takes a picture from the clipboard too)
+        const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+        const data = new DataTransfer();
+        data.items.add(new File([bytes], 'p.png', {type: 'image/png'}));
+        document.getElementById('input').dispatchEvent(new ClipboardEvent('paste', {clipboardData: data}));
+    }""", base64.b64encode(picture).decode())
+    page.locator("#attachments img").wait_for()
+    article = ask(page, "And now?")
+    assert article.locator(".note").inner_text() == "thinker reads text only: it has no multimodal projector (HTTP 400)"
+    page.click("#new-chat")
+    page.select_option("#model", "smollm2:135m")
+    article = ask(page, "word " * 3000)
+    note = article.locator(".note").inner_text()
+    assert note.startswith("Too long for the model's window: the prompt is "), note
+    assert "context window is 2,048" in note
+    assert "Start a new chat, or edit an earlier message" in note
+
+
+def test_markdown_becomes_nodes_never_html(tab: Tab) -> None:
+    """markdown.js: the subset it renders, as the DOM it builds; HTML in the text stays text; links only for
+    http, https and mailto; a code block's Copy button copies its code."""
+    page = tab.open()
+    render = """async (src) => {
+        const m = await import('./webui/markdown.js');
+        const d = document.createElement('div');
+        d.append(m.render(src));
+        return d.innerHTML;
+    }"""
+    cases = {
+        "# Title\n\nSome *em*, _em_, **strong**, ~~gone~~ and `a <b>`.":
+            "<h1>Title</h1><p>Some <em>em</em>, <em>em</em>, <strong>strong</strong>, <del>gone</del> and "
+            "<code>a &lt;b&gt;</code>.</p>",
+        "- a\n- b\n  - c\n\n1. x\n2. y":
+            "<ul><li>a</li><li>b<ul><li>c</li></ul></li></ul><ol><li>x</li><li>y</li></ol>",
+        "one\ntwo\n\n> quoted\n\n---":
+            "<p>one<br>two</p><blockquote><p>quoted</p></blockquote><hr>",
+        "[ok](https://example.com/a) [bad](javascript:alert(1)) see https://example.org. mail [me](mailto:a@b.c)":
+            '<p><a href="https://example.com/a" target="_blank" rel="noopener noreferrer nofollow">ok</a> '
+            "[bad](javascript:alert(1)) see "
+            '<a href="https://example.org/" target="_blank" rel="noopener noreferrer nofollow">'
+            "https://example.org</a>. "
+            'mail <a href="mailto:a@b.c" target="_blank" rel="noopener noreferrer nofollow">me</a></p>',
+        "| a | b |\n|---|--:|\n| 1 | 2 |":
+            '<div class="table"><table><thead><tr><th>a</th><th class="align-right">b</th></tr></thead>'
+            '<tbody><tr><td>1</td><td class="align-right">2</td></tr></tbody></table></div>',
+        "<script>alert(1)</script><img src=x onerror=alert(2)>":
+            "<p>&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;</p>",
+        "snake_case_name and 2*3*4 \\*not em\\*": "<p>snake_case_name and 2<em>3</em>4 *not em*</p>",
+        "**bold *and em* here** after": "<p><strong>bold <em>and em</em> here</strong> after</p>",
+        "1. **Enjoy the Surprise*": "<ol><li>*<em>Enjoy the Surprise</em></li></ol>",  # a stream cut mid-span
+        "```python\nprint('<b>')\n```":
+            '<div class="code"><div class="code-head"><span class="code-lang">python</span><button class="copy" '
+            'type="button" aria-label="Copy the python code">Copy</button></div><pre><code data-lang="python">'
+            "print('&lt;b&gt;')</code></pre></div>",
+        "```\nstill streaming": '<div class="code"><div class="code-head"><span class="code-lang">text</span>'
+            '<button class="copy" type="button" aria-label="Copy the text code">Copy</button></div><pre><code>'
+            "still streaming</code></pre></div>",
+    }
+    for src, html in cases.items():
+        assert page.evaluate(render, src) == html, src
+    tab.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.evaluate("""async () => {
+        const m = await import('./webui/markdown.js');
+        const a = document.createElement('article');
+        a.append(m.render("```sh\\nlocalgen serve --host 0.0.0.0\\n```"));
+        document.getElementById('messages').append(a);
+    }""")
+    page.get_by_role("button", name="Copy the sh code").click()
+    page.wait_for_function("() => document.querySelector('.code .copy')?.textContent === 'Copied'")
+    assert page.evaluate("navigator.clipboard.readText()") == "localgen serve --host 0.0.0.0"
+
+
+def test_the_content_security_policy_refuses_inline_code_and_other_origins(tab: Tab) -> None:
+    """The page's CSP: an inline script or style, and a request to another origin, are refused (and the page
+    itself, used in the tests above, never met a refusal: Tab.close checks)."""
+    page = tab.open()
+    refused = page.evaluate("""() => new Promise((resolve) => {
+        const seen = [];
+        document.addEventListener('securitypolicyviolation', (e) => seen.push(e.effectiveDirective));
+        const s = document.createElement('script');
+        s.textContent = 'window.inlineRan = true';
+        document.head.append(s);
+        const styled = document.createElement('div');
+        styled.setAttribute('style', 'color: red');
+        document.body.append(styled);
+        fetch('http://example.com/').catch(() => {});
+        setTimeout(() => resolve({seen: seen.sort(), ran: window.inlineRan === true}), 500);
+    })""")
+    tab.errors.clear()  # the refusals asked for here
+    assert refused == {"seen": ["connect-src", "script-src-elem", "style-src-attr"], "ran": False}
+
+
+def test_the_page_fits_a_phone_and_a_desktop_in_light_and_dark(browser: Any, server: Server, tmp_path: Path) -> None:
+    """At 390 px the list is a drawer (off screen until ☰) and nothing scrolls sideways; at 1280 px it stays
+    beside the chat; the colours follow prefers-color-scheme. Screenshots at both widths."""
+    t = Tab(browser, server, PHONE)
+    page = t.open()
+    settings(page, max_tokens=24)
+    article = ask(page, "Give me three tips for a picnic, as a list.")
+    assert article.locator(".note").inner_text() == "The answer was cut at max_tokens (24)."
+    assert page.evaluate("[document.documentElement.scrollWidth, innerWidth]") == [390, 390]
+    assert page.evaluate("document.getElementById('messages').scrollWidth <= 390")
+    box = page.locator("#sidebar").bounding_box()
+    assert box["x"] + box["width"] <= 0, "the list is off screen on a phone"
+    assert page.is_visible("#input") and page.is_visible("#send")
+    page.click("#open-sidebar")
+    page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().left >= 0")
+    page.click("#conversations .conv .open")  # picking one closes the drawer
+    page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().right <= 0")
+    page.screenshot(path=str(tmp_path / "phone.png"))
+    page.set_viewport_size(DESKTOP)
+    page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().left === 0")
+    assert not page.is_visible("#open-sidebar")
+    page.screenshot(path=str(tmp_path / "desktop.png"))
+    background = "parseInt(getComputedStyle(document.body).backgroundColor.match(/\\d+/)[0])"
+    page.emulate_media(color_scheme="light")
+    assert page.evaluate(background) > 200
+    page.emulate_media(color_scheme="dark")
+    assert page.evaluate(background) < 60
+    for name, width in (("phone.png", 390), ("desktop.png", 1280)):
+        head = (tmp_path / name).read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(head[16:20], "big") == width
+    t.close()
+
+
+def test_a_server_that_went_away_is_said_plainly(tab: Tab, server: Server) -> None:
+    """The last test of the module: it stops the server. The page then says the server cannot be reached,
+    and keeps the message for a Regenerate."""
+    page = tab.open()
+    settings(page, max_tokens=4)
+    assert server.stop() == 0
+    article = ask(page, "Are you there?")
+    note = article.locator(".note").inner_text()
+    assert note.startswith("Cannot reach the server: is localgen serve still running?"), note
+    assert page.locator("article.user .text").inner_text() == "Are you there?"
