@@ -334,7 +334,7 @@ def test_a_refused_copy_or_create_leaves_a_loaded_model_loaded(server: Server, c
                                ("/api/create", {"model": "smollm2:135m", "from": "gemma3:270m"}, 400),
                                ("/api/copy", {"source": "gemma3:270m", "destination": "mgr-live"}, 409),
                                ("/api/create", {"model": "mgr-live", "from": "gemma3:270m"}, 409),
-                               ("/api/create", {"model": "mgr-live", "from": "nope"}, 400),
+                               ("/api/create", {"model": "mgr-live", "from": "nope", "force": True}, 400),
                                ("/api/create", {"model": "mgr-live\n", "from": "smollm2:135m"}, 400)):
         _error(server, "POST", path, body, status)
         assert loaded <= {m.model for m in client.ps().models}, (path, body)

@@ -143,7 +143,7 @@ def _log_lines(server: Server) -> list[str]:
 # ---- fair swaps ----------------------------------------------------------------------------------------------
 
 def test_a_request_for_another_model_is_not_starved(cli_env: dict[str, str], tmp_path: Path) -> None:
-    """--max-models 1, three clients keeping SmolLM2 busy without a pause, one request for Gemma 3: it is
+    """--max-models 1, four clients keeping SmolLM2 busy without a pause, one request for Gemma 3: it is
     answered once SmolLM2's running requests end (the requests that came meanwhile wait behind the swap), not
     after --load-wait with a 503. Every SmolLM2 client is answered too; the swap and the eviction are logged
     as text lines."""
@@ -159,12 +159,12 @@ def test_a_request_for_another_model_is_not_starved(cli_env: dict[str, str], tmp
                 "options": {"num_predict": 12, "ignore_eos": True}})
             statuses.append(r.status_code)
 
-    clients = [threading.Thread(target=client) for _ in range(3)]
+    clients = [threading.Thread(target=client) for _ in range(4)]  # 2 in slots, 2 queued: never idle
     try:
         for c in clients:
             c.start()
         deadline = time.monotonic() + 120
-        while len(statuses) < 3 and time.monotonic() < deadline:  # the three keep it busy
+        while len(statuses) < 4 and time.monotonic() < deadline:  # the four keep it busy
             time.sleep(0.1)
         t0 = time.monotonic()
         r = httpx.post(f"{s.url}/api/generate", timeout=600, json={
