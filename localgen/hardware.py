@@ -1,8 +1,9 @@
-"""What this machine offers: usable CPU cores and memory. Stdlib only."""
+"""What this machine offers: usable CPU cores and memory, and how busy other work keeps its CPUs. Stdlib only."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 
 def usable_cores() -> int:
@@ -172,3 +173,41 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Every CPU's time so far, in seconds (all of it, and the busy part: time stolen by a hypervisor counts as
+    busy), and this process's own CPU time (its threads and waited-for children)."""
+
+    total: float
+    busy: float
+    own: float
+
+
+def cpu_sample() -> CpuSample | None:
+    """Now's CpuSample, from /proc/stat (Linux); None where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            head = f.readline().split()
+        # user nice system idle iowait irq softirq steal (guest and guest_nice are counted in user already)
+        fields = [int(x) for x in head[1:9]]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    if head[:1] != ["cpu"] or len(fields) < 4 or tick <= 0:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    t = os.times()
+    return CpuSample(sum(fields) / tick, (sum(fields) - idle) / tick,
+                     t.user + t.system + t.children_user + t.children_system)
+
+
+def others_share(before: CpuSample, after: CpuSample) -> float | None:
+    """The share of every CPU's time between two samples that other work took (other processes, and a
+    hypervisor's steal): busy time less this process's own, over all of it; None over no time."""
+    total = after.total - before.total
+    if total <= 0:
+        return None
+    others = (after.busy - before.busy) - (after.own - before.own)
+    return max(0.0, min(1.0, others / total))

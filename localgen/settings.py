@@ -266,6 +266,21 @@ def parse_text(name: str, text: str) -> tuple[str, Any]:
     return key, check(key, value)
 
 
+def as_text(key: str, value: Any) -> str:
+    """A setting's value as `/set` takes it (parse_text's inverse): `a|b`, `15+1.5`, on/off, none, 0.8; not
+    Python's ('a', 'b'), None or False. Control characters in a text are shown escaped (\\n)."""
+    k = KNOBS[key]
+    if k.kind == TEXTS:
+        return "|".join(v.encode("unicode_escape").decode("ascii") for v in value) if value else "none"
+    if k.kind == BIAS:
+        return ",".join(f"{tok}{bias:+g}" for tok, bias in value) if value else "none"
+    if k.kind == BOOL:
+        return "on" if value else "off"
+    if value is None:
+        return "random" if key == "seed" else "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def jsonable(value: Any) -> Any:
     """A setting's value as saved in JSON (tuples become lists)."""
     if isinstance(value, tuple):

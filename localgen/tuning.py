@@ -53,6 +53,7 @@ class Record:
     partial: bool = False  # interrupted: the best of what was measured (the defaults are measured first)
     prompt: int = 512  # the exchange measured: its prompt's tokens and its answer's (tune --prompt, --answer)
     answer: int = 256
+    busy: str | None = None  # kept with --even-if-busy: how much other work there was ("62 % of the CPU time")
 
     @property
     def day(self) -> str:
@@ -66,7 +67,8 @@ class Record:
         return Record(key=Key(**d["key"]), model=str(d["model"]), size=int(d["size"]), date=str(d["date"]),
                       settings=dict(d["settings"]), depth=int(d["depth"]), exchange_s=float(d["exchange_s"]),
                       table=list(d.get("table", [])), partial=bool(d.get("partial", False)),
-                      prompt=int(d.get("prompt", 512)), answer=int(d.get("answer", 256)))
+                      prompt=int(d.get("prompt", 512)), answer=int(d.get("answer", 256)),
+                      busy=str(d["busy"]) if d.get("busy") else None)
 
 
 def store_path() -> Path:

@@ -4,10 +4,13 @@ alternating runs, medians.
 
 Both sides run with the same settings, the ones localgen's embeddings context uses (engine/embed.py): a
 window of --ctx cells (2048) shared by every sequence (llama.cpp's unified KV cache), logical and physical
-batch equal to the window, and up to 64 texts per llama_decode (embed.MAX_SEQS): llama-embedding and
-llama-server get `-c CTX -b CTX -ub CTX -np 64 --kv-unified`, localgen `--ctx CTX` (and serve `-b CTX -ub
-CTX`). localgen serve's embeddings do not use its generation slots, so it runs with one (`-np 1`), which
-changes nothing for them and keeps 63 idle windows out of its memory.
+batch equal to the window, and up to 64 texts per llama_decode (embed.MAX_SEQS): llama-server gets `-c CTX
+-b CTX -ub CTX -np 64 --kv-unified`, localgen `--ctx CTX` (and serve `-b CTX -ub CTX`). llama-embedding
+refuses --kv-unified, and aborts with `-np 64` (it packs up to 256 texts a decode whatever -np says, more
+than 64 sequences hold); left at its default -np it makes the cache unified itself, so it gets `-c CTX -b CTX
+-ub CTX`: the same shared window, filled with as many texts as CTX tokens hold (about 180 of these).
+localgen serve's embeddings do not use its generation slots, so it runs with one (`-np 1`), which changes
+nothing for them and keeps 63 idle windows out of its memory.
 
 - `localgen embed --file` against llama.cpp's llama-embedding (built from the same vendored llama.cpp):
   wall time of each command, the load included, as a user pays it;
@@ -40,9 +43,12 @@ def texts(n: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))) + "." for _ in range(n)]
 
 
-def llama_settings(ctx: int, seqs: int) -> list[str]:
-    """llama.cpp's flags for localgen's embeddings context: one window, shared, batches as wide as it."""
-    return ["-c", str(ctx), "-b", str(ctx), "-ub", str(ctx), "-np", str(seqs), "--kv-unified"]
+def llama_settings(ctx: int, seqs: int | None) -> list[str]:
+    """llama.cpp's flags for localgen's embeddings context: one window, shared, batches as wide as it; `seqs`
+    texts a decode (llama-server), or None for llama-embedding, which shares the window by itself at its
+    default -np and refuses --kv-unified."""
+    window = ["-c", str(ctx), "-b", str(ctx), "-ub", str(ctx)]
+    return window if seqs is None else [*window, "-np", str(seqs), "--kv-unified"]
 
 
 def main() -> int:
@@ -84,7 +90,7 @@ def commands(a: argparse.Namespace, path: str, items: list[str]) -> None:
         ours = [sys.executable, "-m", "localgen", "embed", "-m", a.model, "--file", str(f), "--pooling", "mean",
                 "--threads", str(a.threads), "--ctx", str(a.ctx)]
         theirs = [a.llama_embedding, "-m", path, "-p", sep.join(items), "--embd-separator", sep, "--pooling", "mean",
-                  *llama_settings(a.ctx, a.seqs), "-t", str(a.threads), "--embd-output-format", "json",
+                  *llama_settings(a.ctx, None), "-t", str(a.threads), "--embd-output-format", "json",
                   "--no-warmup"]
         harness.run_timed(ours, cwd=ROOT)  # warm the page cache for both
         harness.run_timed(theirs, cwd=ROOT)
@@ -92,7 +98,8 @@ def commands(a: argparse.Namespace, path: str, items: list[str]) -> None:
                                "theirs": partial(harness.run_timed, theirs, cwd=ROOT)}, a.reps)
     mo, mt = harness.median(t["ours"]), harness.median(t["theirs"])
     print(f"{a.model}: {a.texts} texts of 6-14 words, mean pooling, --threads {a.threads}, window {a.ctx} "
-          f"(batch {a.ctx}, up to {a.seqs} texts per decode, unified KV) on both sides, medians of {a.reps}")
+          f"(batch {a.ctx}, unified KV) on both sides, up to {a.seqs} texts per decode for localgen and as many as "
+          f"the window holds for llama-embedding, medians of {a.reps}")
     print(f"  localgen embed --file   {mo:6.2f} s  {a.texts / mo:7.1f} texts/s")
     print(f"  llama-embedding         {mt:6.2f} s  {a.texts / mt:7.1f} texts/s")
     print(f"  ratio (llama-embedding time / ours) {harness.ratio(mt, mo)}")

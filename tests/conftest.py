@@ -23,6 +23,9 @@ from tests.forkserver import ForkServer
 from tests.gguf_edit import rewrite_strings
 
 ROOT = Path(__file__).resolve().parent.parent
+# the CPUs this process may use, read before pytest_configure keeps a worker to one of them: what a user's
+# process gets (tests/test_user_processes.py gives them back to its children)
+CPUS = frozenset(os.sched_getaffinity(0))
 
 
 # where huggingface_hub finds a cache or a token; none of the real home's may reach a test
@@ -38,10 +41,33 @@ BIG_TEMP_FILE = 1 << 20
 # (registered in pyproject.toml; `scripts/test --quick` runs `-m "not slow"`). `slow`: one of these fixtures,
 # used directly or through another (a module's server started from `cli_env`), a process started in the
 # test's body, or Gemma. A model loaded in this process by a command shows in none of them: mark it by hand.
+# A test marked `quick` by hand starts processes that load no model, and stays in the fast layer.
 SLOW_FIXTURES = frozenset({"cli", "cli_env", "smollm2_engine", "gemma_path", "bad_models", "moe_path"})
 SPAWNS = re.compile(r"\bsubprocess\.|\bpexpect\.|\.popen\(|\bPopen\(")
 GEMMA = re.compile(r"gemma_path|gemma3:270m")
 GPU = re.compile(r"has_gpu|assert_same_greedy_text|GPU_SHARED_PREFIX")
+
+
+# the CPUs the suite may use, before a worker keeps to one of them (pytest_configure)
+ALL_CPUS = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+
+
+def unpinned(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`localgen ARGS` in an interpreter of its own on every CPU the suite may use (ALL_CPUS), not the one this
+    worker keeps to: for what depends on how many CPUs a process has."""
+    return subprocess.run([sys.executable, "-m", "localgen", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=SAFETY_NET_S, stdin=subprocess.DEVNULL,
+                          preexec_fn=lambda: os.sched_setaffinity(0, ALL_CPUS))
+
+
+def on_all_cpus(f: Any) -> Any:
+    """f() evaluated with this process on every CPU the suite may use (ALL_CPUS), then its own CPUs again."""
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, ALL_CPUS)
+    try:
+        return f()
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,6 +78,18 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker.startswith("gw"):
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """After a run of tests/test_doc_examples_run.py: how many doc examples this machine does not run, by reason
+    (each one with -v), as a line of the summary rather than as tests that always skip."""
+    reports = [r for rs in terminalreporter.stats.values() for r in rs if hasattr(r, "nodeid")]
+    if not any(r.nodeid.startswith("tests/test_doc_examples_run.py") for r in reports):
+        return
+    from tests.test_doc_examples_run import not_run_summary
+
+    for line in not_run_summary(config.get_verbosity() > 0):
+        terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -68,7 +106,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 sources[fn] = ""
         src = sources[fn]
         gemma = "gemma_path" in used or GEMMA.search(src) is not None
-        if used & SLOW_FIXTURES or SPAWNS.search(src) or gemma:
+        if (used & SLOW_FIXTURES or SPAWNS.search(src) or gemma) and item.get_closest_marker("quick") is None:
             item.add_marker(pytest.mark.slow)
         if gemma:
             item.add_marker(pytest.mark.gemma)

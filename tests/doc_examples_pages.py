@@ -54,7 +54,7 @@ def page_files(page: str) -> list[tuple[int, str, str]]:
     for i, line in enumerate(lines):
         if m := re.match(r"cat > (\S+) <<-?'?(\w+)'?\s*$", line):
             out.append((i + 1, m[1], "\n".join(lines[i + 1:lines.index(m[2], i + 1)]) + "\n"))
-        elif m := re.match(r"printf ('[^']*') > (\S+)\s*$", line):
+        elif m := re.match(r"(?:\$ )?printf ('[^']*') > (\S+)(?:\s+#.*)?\s*$", line):  # `$ `: a console block
             out.append((i + 1, m[2], shlex.split(m[1])[0].encode().decode("unicode_escape")))
         elif line.strip() == "```text":
             block = lines[i + 1:lines.index("```", i + 1)]

@@ -17,7 +17,8 @@ imported (native/sampler.py).
 
 The protocol, one connection per call: the client sends a JSON request (argv, environment, cwd, CPUs) with
 the three file descriptors for stdin, stdout and stderr; the server answers a line with the child's pid, then
-one with its exit status as subprocess reports it (negative: killed by that signal)."""
+one with its exit status as subprocess reports it (negative: killed by that signal); or one line
+`refused: WHY` when it has another thread (`other_threads`) and so will not fork."""
 
 from __future__ import annotations
 
@@ -67,6 +68,20 @@ def preload() -> None:
     assert "numpy" not in sys.modules, "a preloaded module imported numpy"
 
 
+def other_threads() -> str | None:
+    """Why this process must not fork now, or None: a thread besides this one, in Python or (on Linux, in
+    /proc/self/task) a native one, such as an OpenMP pool a library started. A fork copies only the calling
+    thread, so a lock another thread held (the allocator's, the interpreter's import lock) stays held in the
+    child for ever, and the child hangs or crashes at random."""
+    if threading.active_count() != 1:
+        return f"{threading.active_count()} Python threads"
+    try:
+        tasks = len(os.listdir("/proc/self/task"))
+    except OSError:  # not Linux: Python's own count is what there is
+        return None
+    return f"{tasks} threads in /proc/self/task" if tasks != 1 else None
+
+
 def serve(path: str) -> dict[str, Any]:
     """Accepts calls until killed; returns (in a forked child only) the request that child is to run. One
     thread: each child is watched through a pidfd, and its exit status goes back on its connection."""
@@ -75,6 +90,8 @@ def serve(path: str) -> dict[str, Any]:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
+    if (why := other_threads()) is not None:  # the preloading started one: no child could be trusted
+        raise RuntimeError(f"the fork server has {why} after preloading; it forks only with one")
     watch = selectors.DefaultSelector()
     watch.register(listener, selectors.EVENT_READ)
     gc.freeze()  # the preloaded objects stay out of the children's collections (no copy of their pages)
@@ -84,6 +101,13 @@ def serve(path: str) -> dict[str, Any]:
             if key.fileobj is listener:
                 conn, _ = listener.accept()
                 data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+                why = other_threads()
+                if why is not None:
+                    for fd in fds:
+                        os.close(fd)
+                    with conn, contextlib.suppress(OSError):
+                        conn.sendall(f"refused: the fork server has {why}; it forks only with one\n".encode())
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     watch.close()
@@ -340,6 +364,8 @@ def status(replies: Any) -> int:
     line = replies.readline()
     if not line:
         raise RuntimeError("the fork server closed the connection (see its log)")
+    if line.startswith(b"refused: "):
+        raise RuntimeError(line.decode().strip())
     return int(line)
 
 

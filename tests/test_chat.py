@@ -15,7 +15,7 @@ import pytest
 from localgen.chat.session import ChatSession
 from localgen.cli.chat.render import PlainView, split_blocks
 from tests import terminal
-from tests.conftest import CLI
+from tests.conftest import CLI, ROOT
 
 PROMPT = ">>>"
 
@@ -45,7 +45,7 @@ def test_repl_turns_and_slash_commands(cli_env: dict[str, str], home: Path, tmp_
     child = spawn(cli_env, "replchat", "-n", "16", "--temp", "0")
     send(child, "Hello! Who are you?", r"tok/s")
     send(child, "/set temperature 0.3", r"temperature = 0\.3")
-    send(child, "/show", r"temperature=0\.3")
+    send(child, "/show", r"temperature 0\.3")
     send(child, "/context", r"tokens used")
     send(child, "/stats", r"prompt tokens")
     send(child, "/system Answer in one short sentence.", r"system prompt set")
@@ -123,7 +123,7 @@ def test_scripted_chat_prints_answers_plainly(cli: CLI) -> None:
     assert len([ln for ln in r.stdout.splitlines() if ln.strip()]) >= 3
     assert "\x1b[" not in r.stdout
     assert r.stderr.count("tok/s") == 3
-    assert "temperature = 0.0" in r.stderr
+    assert "temperature = 0" in r.stderr
 
 
 def test_a_full_window_never_deletes_history(cli: CLI) -> None:
@@ -172,22 +172,56 @@ def test_load_clear_and_display_settings(cli: CLI) -> None:
                                               "/set markdown off\n/show\n")
     assert r.returncode == 0, r.stderr
     assert "continuing loadme: 2 messages" in r.stderr
-    assert "temperature=0.3" in r.stderr and "top_k=7" in r.stderr, "/load applies the loaded settings"
+    assert "temperature 0.3" in r.stderr and "top_k 7" in r.stderr, "/load applies the loaded settings"
     assert "conversation cleared" in r.stderr and "0 messages" in r.stderr
     assert "think off" in r.stderr and "markdown off" in r.stderr
     assert ChatSession.load("loadme").messages == [], "/clear clears the conversation it continues"
 
 
-def test_model_without_template_cannot_chat(cli: CLI) -> None:
-    r = cli("chat", "-m", "gemma3:270m", input="hi\n")
-    assert r.returncode == 1
-    assert "has no chat template" in r.stderr and r.stderr.count("\n") == 1
+NO_TEMPLATE = "gemma3:270m has no chat template (it may be a base model): the conversation goes to it as plain text"
 
 
-def test_switch_model_keeps_conversation(cli: CLI, smollm2_path: Path) -> None:
-    r = cli("chat", "switcher", "-n", "6", input=f"Hi\n/model {smollm2_path}\nAgain\n/context\n")
+def test_a_model_without_template_chats_in_plain_text(cli: CLI, gemma_path: Path) -> None:
+    """Gemma 3 270M (a base model: no chat template) continues the conversation as plain text, each line as
+    typed: its answer is a raw completion of "Hi\n", said once on stderr."""
+    r = cli("chat", "-m", "gemma3:270m", "--temperature", "0", "-n", "8", input="Hi\n")
     assert r.returncode == 0, r.stderr
-    assert "4 messages" in r.stderr
+    assert r.stderr.count(NO_TEMPLATE) == 1 and r.stderr.count("\n") == 1, r.stderr
+    raw = cli("run", "-m", "gemma3:270m", "--raw", "--temperature", "0", "-n", "8", "-p", "Hi\n")
+    assert raw.returncode == 0 and raw.stdout.strip() and r.stdout.strip() == raw.stdout.strip()
+    r = cli("chat", "-m", "gemma3:270m", "--functions", str(ROOT / "tests" / "tool_functions.py"), "--yes",
+            input="Hi\n")
+    assert r.returncode == 1 and "has no chat template (it may be a base model), which tools need" in r.stderr
+
+
+def test_switch_model_keeps_conversation(cli: CLI, gemma_path: Path) -> None:
+    """`/model` moves the conversation to the other real model (from SmolLM2, which has a template, to Gemma 3
+    270M, which continues it as plain text) and keeps every message."""
+    r = cli("chat", "switcher", "-n", "6", input="Hi\n/model gemma3:270m\nAgain\n/context\n")
+    assert r.returncode == 0, r.stderr
+    assert "4 messages" in r.stderr and r.stderr.count(NO_TEMPLATE) == 1, r.stderr
+    saved = ChatSession.load("switcher")
+    assert saved.model == "gemma3:270m" and [m["role"] for m in saved.messages] == ["user", "assistant"] * 2
+    assert saved.messages[2]["content"] == "Again" and saved.messages[3]["content"], "Gemma answered"
+
+
+def test_settings_and_the_system_prompt_are_shown_as_a_user_writes_them(cli: CLI) -> None:
+    """/set's answer and /show's settings read as /set takes them (`a|b`, `random`, `15+1.5`, on/off), not as
+    Python writes them (('a', 'b'), None, [(15, 1.5)], True); every setting /show lists goes back into /set."""
+    r = cli("chat", "-n", "2", input="/set stop a|b\n/set seed random\n/set logit_bias 15+1.5,7-inf\n"
+                                     "/set ignore_eos on\n/system\n/show\n")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert {"stop = a|b", "seed = random", "logit_bias = 15+1.5,7-inf", "ignore_eos = on", "system: none"} <= set(lines)
+    shown = next(ln for ln in lines if ln.startswith("temperature ") and " · " in ln)
+    for python in ("None", "True", "False", "('", "['", "[]", "=", "((", "{"):
+        assert python not in shown, (python, shown)
+    pairs = [p.split(" ", 1) for p in shown.split(" · ")]
+    assert ["stop", "a|b"] in pairs and ["seed", "random"] in pairs and ["logit_bias", "15+1.5,7-inf"] in pairs
+    again = "".join(f"/set {k} {v}\n" for k, v in pairs if k != "dry_sequence_breaker")  # its \n is shown escaped
+    r2 = cli("chat", "-n", "2", input=again + "/show\n")
+    assert r2.returncode == 0, r2.stderr
+    assert next(ln for ln in r2.stderr.splitlines() if ln.startswith("temperature ") and " · " in ln) == shown
 
 
 def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:

@@ -1,7 +1,8 @@
 """Flags that must reach what they promise (issue #47): chat's -l lists, chat's grammar flags constrain every
 answer, serve's sampling flags are the defaults of its requests, --ctx bounds a remote chat's window, and
-serve's start-up line says what an RPC-only offload is. Driven in-process through Typer's CliRunner. And
-each command's parameters are exactly the fields of the typed value its body hands on (issue #45)."""
+serve's start-up line says what an RPC-only offload is (a real rpc-server and serve). Driven in-process
+through Typer's CliRunner, but for that one. And each command's parameters are exactly the fields of the
+typed value its body hands on (issue #45)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -25,6 +27,7 @@ from localgen.cli.options import CommandArgs, OptionGroup
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.run.options import RunArgs
 from localgen.cli.serve.options import ServeArgs
+from tests.conftest import CLI
 from tests.fake_openai import FakeServer
 
 
@@ -111,10 +114,10 @@ def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     from localgen.serve import app as serve_app
 
     got: dict[str, Any] = {}
-    # an engine with layers offloaded, as one with --rpc servers and no GPU here is
+    # an engine with layers offloaded (which mode it gets does not matter to what the tests here read)
     engine = SimpleNamespace(offloaded=True, exact_rows=0, flash_attn=False)
     mode = batchmode.batching_mode(engine, None)  # type: ignore[arg-type]
-    worker = SimpleNamespace(name="m", mode=mode, stop=lambda timeout: None)
+    worker = SimpleNamespace(name="m", mode=mode, stop=lambda timeout: None, settings=None)
     build = serve_app.build
 
     def keep(state: Any, policy: Any, **options: Any) -> Any:
@@ -152,10 +155,28 @@ def test_serve_help_lists_every_sampling_flag() -> None:
     assert not missing
 
 
-def test_serve_with_rpc_servers_alone_says_no_gpu(started: dict[str, Any]) -> None:
-    r = invoke("serve", "--port", started["port"], "--rpc", "127.0.0.1:50052")
-    assert r.exit_code == 0, r.output
-    line = next(ln for ln in r.stderr.splitlines() if "batching:" in ln)
+def test_serve_with_rpc_servers_alone_says_no_gpu(cli: CLI, cli_env: dict[str, str]) -> None:
+    """A real `rpc-server` takes SmolLM2's layers from a real `serve --rpc`: its start-up line says the
+    offload is an RPC server's, not a GPU's, and why that makes it batch every request."""
+    from localgen.native import devices
+
+    if devices.has_gpu():
+        pytest.skip("with a GPU here the layers go to it, not only to the RPC server")
+    from tests.test_rpc import _start
+    from tests.test_serve import Server
+
+    rpc, endpoint = _start(cli)
+    try:
+        server = Server(cli_env, "--rpc", endpoint, "-np", "1", "--ctx", "512")
+        loaded = httpx.get(f"{server.url}/api/ps", timeout=10).json()["models"]
+        assert server.stop() == 0
+        assert server.proc.stderr is not None
+        log = server.proc.stderr.read().decode()
+    finally:
+        rpc.kill()
+        rpc.wait()
+    assert loaded[0]["size_vram"] > 1 << 20, "the weights went to the RPC server's device"
+    line = next(ln for ln in log.splitlines() if "batching:" in ln)
     assert "on a GPU" not in line and "RPC server" in line, line
     assert line.strip().endswith("--exact forces it")
 

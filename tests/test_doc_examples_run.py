@@ -24,7 +24,8 @@ its port is safe to use); a `localgen ps` right after a serve on its page asks t
   (docs/configuration.md) keeps each KV cache small. The file costs ~20 s of CPU on one core: ~30 model loads
   at ~0.5 s, most of it evaluating the prompt (~170 tokens/s), and ~4 s the servers (two of them load Gemma).
 
-Not run, by RULES (the first that applies; a skipped test's id says which and why): it needs a network host
+Not run, by RULES (the first that applies; the end of pytest's report counts them, and with -v lists each
+with its reason): it needs a network host
 (`--endpoint`, `--rpc`, LOCALGEN_ENDPOINT, `curl`, `ps` with no serve just before it); it pulls from Hugging
 Face; it names a model not here (but smollm2:135m, gemma3:270m, a preset made earlier on the page and PROVIDED
 files); it is a benchmark or tuning too long for the suite (its size in the reason); it needs what no earlier
@@ -227,6 +228,18 @@ RUN = [v for v in PLAN if not v.rule]
 KEEP_SERVING = {a for a, b in itertools.pairwise(RUN) if a.page == b.page and b.argv[0] == "ps"}
 
 
+def not_run_summary(verbose: bool) -> list[str]:
+    """The examples not run here, for the end of pytest's report (conftest's pytest_terminal_summary): how many
+    by rule, and with `verbose` each with its reason. Counted there, not as tests: a test that can only skip
+    can never fail."""
+    left = [v for v in PLAN if v.rule]
+    counts = collections.Counter(str(v.rule) for v in left)
+    lines = [f"doc examples not run here: {len(left)} of {len(PLAN)} ("
+             + "; ".join(f"{n} {rule}" for rule, n in counts.most_common()) + ")"
+             + ("" if verbose else "; -v lists each with its reason")]
+    return lines + ([f"  {v}" for v in left] if verbose else [])
+
+
 def test_every_example_is_run_or_says_why_not() -> None:
     """Each example has one verdict, to run or one rule's reason not to; at least AT_LEAST_RUN run."""
     assert [v.example for v in PLAN] == dx.EXAMPLES
@@ -255,11 +268,6 @@ def pages(cli: CLI, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
     for p in made.values():
         if p.server is not None:
             p.server.kill()
-
-
-@pytest.mark.parametrize("verdict", [v for v in PLAN if v.rule], ids=str)
-def test_doc_example_not_run(verdict: Verdict) -> None:  # a test apart: no fixture, so not marked slow
-    pytest.skip(f"{verdict.rule}: {verdict.detail}")
 
 
 @pytest.mark.parametrize("verdict", [pytest.param(v, marks=[pytest.mark.gemma] * _needs_gemma(v)) for v in RUN],

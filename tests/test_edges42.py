@@ -4,6 +4,7 @@ one line, and the log's full-text index rebuilds itself and takes any words."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import subprocess
@@ -115,6 +116,50 @@ def test_embed_store_from_four_processes_at_once_keeps_every_text(cli_env: dict[
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     r = hcli("similar", "shared", "the cat 2 sat on mat 3", "-n", "1")
     assert r.returncode == 0 and json.loads(r.stdout)["id"] == "p2-3", r.stderr
+
+
+def test_four_writers_of_texts_as_arguments_keep_all_twenty(cli_env: dict[str, str], tiny: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    """Texts given as arguments carry no id: each gets its content's (docs/embed.md), so four processes storing
+    five texts each into one collection at once keep twenty, and a text given again is not stored twice."""
+    from localgen.embeddings.store import text_id
+
+    hcli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    texts = [[f"writer {p} wrote note {i}" for i in range(5)] for p in range(4)]
+    procs = [hcli.popen("embed", "-m", str(tiny["bert"]), "--store", "notes", *mine, stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for mine in texts]
+    results = []
+    for proc in procs:
+        assert proc.stderr is not None
+        results.append((proc.stderr.read(), proc.wait(timeout=SAFETY_NET_S)))
+        proc.stderr.close()
+    assert all(rc == 0 and "5 embedded and stored, 0 unchanged" in err for err, rc in results), results
+    db = Path(hcli.env["LOCALGEN_HOME"]) / "data" / "embeddings" / "embeddings.db"
+    with closing(sqlite3.connect(db)) as conn:
+        kept = dict(conn.execute("SELECT id, content FROM embeddings WHERE collection = 'notes'").fetchall())
+    assert sorted(kept.values()) == sorted(t for mine in texts for t in mine)
+    assert kept == {text_id(t): t for mine in texts for t in mine}, "each text under its content's id"
+    assert all(i == hashlib.sha256(t.encode()).hexdigest()[:16] for i, t in kept.items()), "as docs/embed.md says"
+    again = hcli("embed", "-m", str(tiny["bert"]), "--store", "notes", texts[2][3], "a new note")
+    assert again.returncode == 0 and "1 embedded and stored, 1 unchanged" in again.stderr, again.stderr
+    r = hcli("similar", "notes", "writer 2 wrote note 3", "-n", "1")
+    assert r.returncode == 0 and json.loads(r.stdout)["id"] == text_id(texts[2][3]), r.stderr
+
+
+def test_a_collection_stored_with_numbered_argument_texts_stays_usable(hcli: CLI, tiny: dict[str, Path]) -> None:
+    """A collection made before argument texts got content ids holds them under 1, 2, ...: it is read as it
+    is, and giving one of its texts again does not store it a second time."""
+    assert hcli("embed", "-m", str(tiny["bert"]), "--store", "old", "the cat sat", "stocks fell").returncode == 0
+    db = Path(hcli.env["LOCALGEN_HOME"]) / "data" / "embeddings" / "embeddings.db"
+    with closing(sqlite3.connect(db)) as conn, conn:  # as the earlier numbering stored them
+        for n, text in enumerate(("the cat sat", "stocks fell"), 1):
+            conn.execute("UPDATE embeddings SET id = ? WHERE content = ?", (str(n), text))
+    r = hcli("similar", "old", "the cat sat", "-n", "1")
+    assert r.returncode == 0 and json.loads(r.stdout)["id"] == "1", r.stderr
+    r = hcli("embed", "-m", str(tiny["bert"]), "--store", "old", "the cat sat")
+    assert r.returncode == 0 and "0 embedded and stored, 1 unchanged" in r.stderr, r.stderr
+    with closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 2
 
 
 def test_similar_on_a_damaged_database_or_a_missing_table_is_one_line(hcli: CLI, tiny: dict[str, Path]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from localgen.embeddings.store import text_id
 from tests.conftest import CLI, ROOT
 from tests.test_serve import Server
 
@@ -41,7 +42,7 @@ def test_embed_prints_one_normalised_vector_per_text(cli: CLI) -> None:
     r = cli("embed", *TEXTS)
     assert r.returncode == 0, r.stderr
     docs = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [d["id"] for d in docs] == ["1", "2", "3"] and all(d["tokens"] > 3 for d in docs)
+    assert [d["id"] for d in docs] == [text_id(t) for t in TEXTS] and all(d["tokens"] > 3 for d in docs)
     vecs = [d["embedding"] for d in docs]
     assert all(len(v) == 576 and abs(math.sqrt(sum(x * x for x in v)) - 1) < 1e-6 for v in vecs)
     assert _cos(vecs[0], vecs[1]) > _cos(vecs[0], vecs[2]), "the two sentences about a cat are nearer"

@@ -16,6 +16,7 @@ from localgen.types import LoadParams
 from tests.conftest import CLI
 
 MIB = 1 << 20
+COMPUTE_TOLERANCE = 0.05  # the compute buffers within 5 % of what llama.cpp reports: stated here, not imported
 PARTS = {"weights": "model buffer size", "kv": "KV buffer size", "compute": "compute buffer size",
          "output": "output buffer size"}
 
@@ -58,7 +59,7 @@ def test_the_plan_matches_what_llama_cpp_reports(cli: CLI, moe_path: Path, model
     assert offloaded == doc["gpu_layers"]
     for part in ("weights", "kv", "output"):
         assert round(want[part], 2) == sizes[part], (part, want[part], sizes[part])
-    assert abs(want["compute"] - sizes["compute"]) <= footprint.COMPUTE_TOLERANCE * sizes["compute"], \
+    assert abs(want["compute"] - sizes["compute"]) <= COMPUTE_TOLERANCE * sizes["compute"], \
         (want["compute"], sizes["compute"])
     assert resolve(name).summary.n_layers == doc["model"]["layers"]
 

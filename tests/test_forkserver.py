@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,62 @@ def test_a_timeout_kills_the_forked_child(forks: ForkServer, cli_env: dict[str, 
     with pytest.raises(subprocess.TimeoutExpired):
         forks.run(["sleep"], cli_env, "", 1.0, module="tests.forkprobe")
     assert forks.run(["0"], cli_env, "", 60, module="tests.forkprobe").returncode == 0  # the server goes on
+
+
+# a fork server (no preloading: it serves tests.forkprobe, which needs none) that starts a second thread on
+# SIGUSR1, or before it serves with "early"; a "python" thread, or a "native" one, which Python's threading does
+# not count (only /proc/self/task does)
+THREADED_SERVER = """
+import _thread, signal, sys, threading
+from tests import forkserver
+
+def start_thread(*_):
+    if sys.argv[2] == "python":
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
+    else:
+        lock = _thread.allocate_lock()
+        lock.acquire()
+        _thread.start_new_thread(lock.acquire, ())
+
+signal.signal(signal.SIGUSR1, start_thread)
+if sys.argv[3] == "early":
+    start_thread()
+forkserver.run_module(forkserver.serve(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("thread", ["python", "native"])
+def test_a_fork_server_with_another_thread_refuses_to_fork(cli_env: dict[str, str], tmp_path: Path,
+                                                           thread: str) -> None:
+    """A fork copies only the calling thread: a lock another thread holds stays held in the child. The server
+    checks before each fork and refuses, saying why, instead of forking; and one with a second thread before it
+    serves (the preloading started one) does not start."""
+    path = str(tmp_path / "fork.sock")
+    server = subprocess.Popen([sys.executable, "-c", THREADED_SERVER, path, thread, "late"], env=cli_env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "ready\n"
+        client = ForkServer.__new__(ForkServer)  # a client of that server (__init__ would start its own)
+        client.env, client.cwd, client.path = dict(cli_env), ROOT, path
+        assert client.run(["0"], cli_env, "", 60, module="tests.forkprobe").returncode == 0  # one thread: it forks
+        server.send_signal(signal.SIGUSR1)
+        with pytest.raises(RuntimeError, match=r"refused: the fork server has 2 (Python )?threads"):
+            for _ in range(100):  # the handler runs once the server's select wakes: at the latest, this call's
+                client.run(["0"], cli_env, "", 60, module="tests.forkprobe")
+        assert server.poll() is None, "the server goes on"
+    finally:
+        server.kill()
+        server.wait()
+    early = subprocess.run([sys.executable, "-c", THREADED_SERVER, path + "2", thread, "early"], env=cli_env,
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert early.returncode == 1 and early.stdout == ""
+    assert "RuntimeError: the fork server has 2" in early.stderr
+
+
+def test_the_lone_thread_check_sees_none_where_there_is_one_thread() -> None:
+    done = subprocess.run([sys.executable, "-c", "from tests import forkserver; print(forkserver.other_threads())"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.stdout == "None\n", done.stderr
 
 
 def test_only_localgens_variables_may_differ_from_the_servers(forks: ForkServer, cli_env: dict[str, str]) -> None:

@@ -4,6 +4,8 @@ through the entry point a subprocess runs."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from localgen.cli.helpall import COMMON
@@ -51,3 +53,65 @@ def test_the_common_sets_name_real_options() -> None:
     for command, names in COMMON.items():
         params = {p.name for p in typer.main.get_command(app.build(command)).commands[command].params}  # type: ignore[attr-defined]
         assert names <= params, names - params
+
+
+def _commands() -> list[tuple[list[str], object]]:
+    """Every command and subcommand (bench run, logs show, ...) as its argv and click command."""
+    import typer
+
+    from localgen.cli import app
+
+    out: list[tuple[list[str], object]] = []
+
+    def walk(path: list[str], command: object) -> None:
+        out.append((path, command))
+        for name, sub in getattr(command, "commands", {}).items():
+            walk([*path, name], sub)
+
+    walk([], typer.main.get_command(app.build()))
+    return out
+
+
+PYTHON_TYPES = re.compile(r"<(str|int|float|bool|list|Path|path|text|file|int range|float range)\b[^>]*>|\bx\s*[<>]=|"
+                          r"[<>]=\s*x\b")
+
+
+def test_help_reads_as_a_user_writes_the_command_at_80_columns(cli_in_process: InProcessCLI) -> None:
+    """No Python types (`<bool>`, `<list[Path]>`, `<int range> [0<=x<=2147483647]`) but a word for a value (N,
+    TEXT, FILE); no option name cut short; no line past 80 columns; and every option's description at least
+    28 characters wide (Typer's layout left 22 for some)."""
+    cli_in_process.env["COLUMNS"] = "80"
+    narrowest: list[tuple[int, str, str]] = []
+    for path, command in _commands():
+        every = path[:1] in (["run"], ["chat"], ["serve"])
+        out = _help(cli_in_process, *path, "--help-all" if every else "--help")
+        where = " ".join(["localgen", *path])
+        assert not PYTHON_TYPES.search(out), (where, PYTHON_TYPES.search(out))
+        assert "…" not in out and all(len(line) <= 80 for line in out.splitlines()), where
+        lines = out.splitlines()
+        for p in getattr(command, "params", []):
+            if p.param_type_name != "option" or p.hidden or not p.help:
+                continue
+            name = next(o for o in p.opts if o.startswith("--")) if any(o.startswith("--") for o in p.opts) \
+                else p.opts[0]
+            row = next((ln for ln in lines if re.match(rf"│ (\*)? *{re.escape(name)}( |$)", ln)), None)
+            assert row is not None, (where, name, "its name whole at the start of a row")
+            start = row.find(" " + p.help.split()[0], len(name) + 2)
+            assert start > 0, (where, name, row)
+            narrowest.append((79 - start, where, name))
+    assert min(narrowest)[0] >= 28, sorted(narrowest)[:5]
+    words = " ".join(re.sub(r"[│╭╰─╮╯]", " ", _help(cli_in_process, "run", "--help-all")).split())
+    assert "Also --temp." in words and "On by default; --no-prompt-cache turns it off." in words, \
+        "an alias and a negative flag are named in the option's help"
+
+
+def test_serve_help_names_every_api_it_answers(cli_in_process: InProcessCLI) -> None:
+    cli_in_process.env["COLUMNS"] = "200"
+    words = " ".join(_help(cli_in_process, "serve", "--help").split())
+    assert "OpenAI's API (chat completions, Responses) under /v1, Anthropic's Messages API at /v1/messages and " \
+           "Ollama's API under /api" in words, words[:600]
+
+
+def test_an_alias_left_out_of_the_help_still_parses_before_it(cli_in_process: InProcessCLI) -> None:
+    r = cli_in_process("run", "--ctx-size", "512", "--no-prompt-cache", "--temp", "0", "--help-all")
+    assert r.returncode == 0 and "Usage: localgen run" in r.stdout and r.stderr == "", r.stderr

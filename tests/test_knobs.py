@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from localgen import hardware
-from tests.conftest import CLI
+from tests.conftest import ALL_CPUS, CLI, on_all_cpus, unpinned
 
 PROMPT = "Write a short poem about the sea and the sky."
 BASE = ["--temperature", "0.9", "--seed", "11", "-n", "24", "--ctx", "512", "--no-prompt-cache"]
@@ -141,10 +141,28 @@ def test_load_settings_reach_llama_cpp(cli: CLI, smollm2_path: Path) -> None:
     assert r.returncode == 2 and "--tensor-split takes numbers" in r.stderr
 
 
-def test_default_threads_are_physical_for_generation_and_logical_for_batches(cli: CLI) -> None:
-    load = json.loads(cli("run", "-p", "hi", "-n", "1", "--json").stdout)["load"]
-    assert load["n_threads"] == hardware.physical_cores()
-    assert load["n_threads_batch"] == hardware.usable_cores()
+def test_default_threads_are_physical_for_generation_and_logical_for_batches(cli_env: dict[str, str],
+                                                                            smollm2_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run on every CPU the suite may use (not the one a test worker keeps to, where both counts are 1)
+    takes as many threads as this machine has physical cores for generation, and logical CPUs for batches;
+    and the rule reads the two counts apart (a machine faked to 3 cores and 5 CPUs gets 3 and 5)."""
+    from localgen.engine import defaults
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    r = unpinned("run", "-p", "hi", "-n", "1", "--json", env=cli_env)
+    assert r.returncode == 0, r.stderr
+    load = json.loads(r.stdout)["load"]
+    physical, logical = on_all_cpus(lambda: (hardware.physical_cores(), hardware.usable_cores()))
+    assert (load["n_threads"], load["n_threads_batch"]) == (physical, logical)
+    if len(ALL_CPUS) > 1:
+        assert logical > 1, "more than one CPU to use: a count stuck at 1 would fail here"
+    monkeypatch.setattr(hardware, "physical_cores", lambda: 3)
+    monkeypatch.setattr(hardware, "usable_cores", lambda: 5)
+    chosen, origins = defaults.resolve(resolve(str(smollm2_path)), LoadParams(), cpu_only=True, use_records=False)
+    assert (chosen.n_threads, chosen.n_threads_batch) == (3, 5)
+    assert (origins["n_threads"], origins["n_threads_batch"]) == ("rule: physical cores", "rule: usable cores")
 
 
 def test_physical_cores_count_cores_not_siblings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -457,7 +457,7 @@ def test_a_cache_file_from_another_tool_is_verified_before_use(env: dict[str, st
     probe = f"from huggingface_hub import hf_hub_download; print(hf_hub_download('{REPO}', '{FILE}'))"
     got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr
-    assert FILE in {i["path"].rsplit("/", 1)[-1] for i in json.loads(lg(env, "list", "--json").stdout)}
+    assert FILE in {(i["path"] or "").rsplit("/", 1)[-1] for i in json.loads(lg(env, "list", "--json").stdout)}
     b = blob(env, model_file.sha256)
     with open(b, "r+b") as f:  # same size, one byte changed
         f.seek(1000)

@@ -147,7 +147,25 @@ def test_create_list_show_and_a_modelfile_that_round_trips(pcli: InProcessCLI, t
     r = pcli("list", "--json")
     item = next(i for i in json.loads(r.stdout) if i["name"] == "terse")
     assert item["source"] == "preset" and item["base"] == "smollm2:135m" and item["architecture"] == "llama"
-    assert "preset of smollm2:135m" in pcli("list").stdout
+    listed = pcli("list").stdout
+    assert "preset of smollm2:135m" in listed
+    # Gemma 3 is made from its package's chunks on first use: in this new home there is no file to name yet
+    gemma = next(i for i in json.loads(r.stdout) if i["name"] == "gemma3:270m")
+    assert gemma["path"] is None and not (tmp_path / "home" / "data" / "embedded").exists()
+    assert next(ln for ln in listed.splitlines() if ln.startswith("gemma3:270m")).endswith(
+        "(made from its package on first use)")
+
+    # show says what the preset is and what it sets, as the flags and /set write them, before its base's figures
+    lines = pcli("show", "terse").stdout.splitlines()
+    assert lines[:5] == ["name            terse",
+                         "preset          of smollm2:135m (`show --modelfile` prints its Modelfile)",
+                         "settings        temperature 0 · max_tokens 3 · mirostat_ent 4.5 · stop <|im_end|>|User: · "
+                         "context 1024",
+                         "system          You are terse.", "                Answer in one word."], lines[:6]
+    assert "messages        2 before the conversation" in lines and "architecture    llama" in lines
+    shown = json.loads(pcli("show", "terse", "--json").stdout)["preset"]
+    assert shown["base"] == "smollm2:135m" and shown["context"] == 1024 and len(shown["messages"]) == 2
+    assert "preset" not in json.loads(pcli("show", "smollm2:135m", "--json").stdout)
 
     shown = pcli("show", "terse", "--modelfile").stdout
     assert modelfile.parse(shown) == modelfile.parse(TERSE)
@@ -289,6 +307,21 @@ def test_a_presets_template_and_a_chat_on_a_preset(cli_env: dict[str, str], tmp_
     saved = json.loads((tmp_path / "home" / "data" / "chats" / "onchat.json").read_text())
     assert saved["system"] == "You are terse.\nAnswer in one word."
     assert [m["content"] for m in saved["messages"][:3]] == ["Hi", "Hello.", "Sky?"]
+
+
+def test_continuing_after_its_preset_was_removed_names_the_way_out(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """`run --continue` and `chat --resume` of a conversation with a preset removed since: one line naming the
+    model that is gone and -m; with -m the conversation goes on."""
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    assert cli("create", "terse:copy", "-f", "-", input=TERSE).returncode == 0
+    assert cli("run", "-m", "terse:copy", "-p", "Sky?").returncode == 0
+    assert cli("chat", "gone", "-m", "terse:copy", input="Sky?\n").returncode == 0
+    assert cli("rm", "terse:copy", "--yes").returncode == 0
+    for args, verb in ((["run", "--continue", "And the sea?"], "continue"), (["chat", "--resume", "gone"], "resume")):
+        line = one_error(cli(*args, input="And the sea?\n"), "was with 'terse:copy', which is not here any more")
+        assert f"({verb} it with another model: add -m MODEL" in line, line
+        r = cli(*args, "-m", "smollm2:135m", "-n", "2", input="And the sea?\n")
+        assert r.returncode == 0 and r.stdout.strip(), r.stderr
 
 
 def test_serve_and_bench_take_a_preset(cli_env: dict[str, str], tmp_path: Path) -> None:

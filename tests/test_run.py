@@ -129,6 +129,14 @@ def test_bad_grammar_is_a_clear_error(cli: CLI, tmp_path: Path) -> None:
     s.write_text("{not json")
     r = cli("run", "-p", "x", "--json-schema", str(s), *QUICK)
     assert r.returncode == 1 and "not valid JSON" in r.stderr
+    # valid JSON, but no JSON Schema: checked against the metaschema before it becomes a grammar (the converter
+    # took them for "anything": `null`, exit 0)
+    s.write_text('{"type": "objekt"}')
+    for args, where in ((["-j", '{"type": "objekt"}'], "at type"), (["-jf", str(s)], "at type"),
+                        (["-j", '{"type": "object", "properties": {"a": {"type": "strng"}}}'], "at properties/a/type")):
+        r = cli("run", "-p", "x", *args, *QUICK)
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"localgen: error: the JSON schema is not valid {where}: "), r.stderr
 
 
 def test_system_prompt_is_used(cli: CLI) -> None:
@@ -244,7 +252,6 @@ def test_no_prompt_is_a_usage_error(cli_in_process: InProcessCLI) -> None:
         ("hostile_template", "unsafe"),
         ("endless_template", "did not finish"),
         ("huge_template", "unsafe"),
-        ("no_template", "has no chat template"),
     ],
 )
 def test_bad_models_get_one_line_errors(cli: CLI, bad_models: dict[str, Path], name: str, needle: str) -> None:
@@ -260,6 +267,24 @@ def test_missing_model(cli_in_process: InProcessCLI) -> None:
     assert r.returncode == 1 and "no such model file" in r.stderr
     r = cli_in_process("run", "-m", "not-a-model-name", "-p", "x")
     assert r.returncode == 1 and "unknown model" in r.stderr
+
+
+def test_a_model_without_template_answers_the_prompt_as_a_plain_completion(cli: CLI, gemma_path: Path,
+                                                                          bad_models: dict[str, Path]) -> None:
+    """As Ollama's /api/generate does: a base model (no chat template) gets the prompt as --raw sends it, and
+    stderr says so once; what needs the template (--system) is one line naming it."""
+    args = ["-p", "The capital of France is", "--temperature", "0", "-n", "8"]
+    r = cli("run", "-m", "gemma3:270m", *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ("gemma3:270m has no chat template (it may be a base model): the prompt goes to it as a plain "
+                        "completion, as with --raw\n")
+    raw = cli("run", "-m", "gemma3:270m", "--raw", *args)
+    assert raw.returncode == 0 and raw.stderr == "" and r.stdout == raw.stdout and r.stdout.strip()
+    r = cli("run", "-m", str(bad_models["no_template"]), "-p", "hello", *QUICK, timeout=60)
+    assert r.returncode == 0 and r.stderr.count("as a plain completion") == 1, r.stderr
+    r = cli("run", "-m", "gemma3:270m", "--system", "Be brief.", *args)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "has no chat template (it may be a base model), which --system needs" in r.stderr
 
 
 def test_broken_template_model_still_runs_raw(cli: CLI, bad_models: dict[str, Path]) -> None:

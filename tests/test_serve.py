@@ -207,6 +207,11 @@ def test_errors_have_each_apis_shape_and_status(server: Server) -> None:
     r = httpx.post(f"{u}/api/generate", headers=h, json={"model": "smollm2:135m", "prompt": "x",
                                                          "options": {"bogus": 1}})
     assert r.status_code == 400 and "unknown options" in r.json()["error"]
+    bad = {"type": "object", "properties": {"a": {"type": "strng"}}}  # no JSON Schema: refused, not "anything"
+    r = httpx.post(f"{u}/v1/chat/completions", headers=h, json={
+        "model": "smollm2:135m", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": bad}}})
+    assert r.status_code == 400 and "not valid at properties/a/type" in r.json()["error"]["message"], r.text
 
 
 def test_a_full_queue_is_503_and_a_disconnect_frees_the_slot(cli_env: dict[str, str]) -> None:

@@ -1,6 +1,6 @@
 """The one table of settings (settings.py): every sampling knob and load setting is declared once, and the
 CLI's options, the HTTP routes' field names, JSONL and `/set` spellings and what a remote endpoint is sent are
-derived from it. In process: no model loads."""
+derived from it. In process, but for the routes' names, which a running `serve` is asked for."""
 
 from __future__ import annotations
 
@@ -70,6 +70,35 @@ def test_each_front_end_reaches_every_knob() -> None:
     for name in ("temp", "typical", "n_predict", "num_predict", "max-tokens", "dry_sequence_breakers"):
         assert settings.field_name(name) is not None, name
     assert "num_ctx" in settings.OLLAMA_LOAD_OPTIONS and "num_thread" in settings.OLLAMA_LOAD_OPTIONS
+
+
+def test_the_server_routes_take_the_tables_names(cli_env: dict[str, str]) -> None:
+    """A running `serve` reads each setting by the name the table gives it for its API: a value no setting
+    takes, sent under that name, is a 400 that names the setting (a route that did not read the name would
+    answer 200); Ollama's load-time options are taken and ignored (the model is loaded already)."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    bad = {"bad": 1}  # no setting takes an object with this key: a number, text, list, flag or bias map
+    server = Server(cli_env, "-np", "1", "--ctx", "512")
+    try:
+        ask = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+        for theirs, ours in settings.spellings("openai").items():
+            for route, body in (("/v1/chat/completions", {**ask, theirs: bad}),
+                                ("/v1/responses", {"model": "smollm2:135m", "input": "hi", theirs: bad})):
+                r = httpx.post(server.url + route, json=body, timeout=60)
+                assert r.status_code == 400 and ours in r.json()["error"]["message"], (route, theirs, r.text)
+        for theirs, ours in settings.spellings("ollama").items():
+            r = httpx.post(server.url + "/api/chat", json={**ask, "options": {theirs: bad}}, timeout=60)
+            assert r.status_code == 400 and ours in r.json()["error"], (theirs, r.text)
+        load = dict.fromkeys(settings.OLLAMA_LOAD_OPTIONS, 1)
+        r = httpx.post(server.url + "/api/chat", json={**ask, "options": {**load, "num_predict": 1}}, timeout=60)
+        assert r.status_code == 200, r.text
+        r = httpx.post(server.url + "/api/chat", json={**ask, "options": {"num_ctxx": 1}}, timeout=60)
+        assert r.status_code == 400 and "unknown options: num_ctxx" in r.json()["error"], r.text
+    finally:
+        assert server.stop() == 0
 
 
 def _parsers() -> list[tuple[str, Any, dict[str, Any], str | None]]:

@@ -124,12 +124,34 @@ def test_ollama_client_tool_calls(tool_server: Server) -> None:
     calls = r.message.tool_calls or []
     assert calls, f"no tool call: {r.message.content!r}"
     assert all(c.function.name == "get_weather" and isinstance(c.function.arguments["city"], str) for c in calls)
-    history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [
+    # the call and its result go back through the template: the prompt is as long as the one OpenAI's route
+    # renders for the same conversation (tests/data/llama_server_tools.json holds that route to llama-server's
+    # prompts), and a longer result makes it longer by about the added words (not the answers: greedy text
+    # at a near-tie can flip with the prefix a cache held). Sent as the client sends it (no `content` beside
+    # the calls, the result's `tool_name`), but with the tools' schema keys in their order: the client
+    # reorders them, and the schema's text is in the prompt.
+    result = "It is 21 C and sunny in Paris."
+    history = [*ASK, {"role": "assistant", "tool_calls": [
         {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-        {"role": "tool", "content": "It is 21 C and sunny in Paris.", "tool_name": "get_weather"}]
-    r2 = client.chat(model="smollm2:135m", messages=history, tools=[WEATHER],
-                     options={"temperature": 0, "num_predict": 30})
-    assert r2.message.content or r2.message.tool_calls
+        {"role": "tool", "content": result, "tool_name": "get_weather"}]
+
+    def answer(messages: list[dict[str, Any]], n: int) -> dict[str, Any]:
+        r = httpx.post(f"{tool_server.url}/api/chat", json={
+            "model": "smollm2:135m", "messages": messages, "tools": [WEATHER], "stream": False,
+            "options": {"temperature": 0, "num_predict": n}}, timeout=600)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    r2 = answer(history, 30)
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    same = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": result}]
+    want = _client(tool_server).chat.completions.create(model="smollm2:135m", messages=same, tools=[WEATHER],
+                                                        temperature=0, max_tokens=30)
+    assert want.usage and r2["prompt_eval_count"] == want.usage.prompt_tokens
+    assert r2["message"]["content"] or r2["message"].get("tool_calls")
+    longer = answer([*history[:-1], {**history[-1], "content": result + " Tomorrow brings rain and wind."}], 1)
+    assert longer["prompt_eval_count"] > r2["prompt_eval_count"] + 4, "the result's text is in the prompt"
 
 
 def test_ollama_forced_call_through_raw_api(tool_server: Server) -> None:

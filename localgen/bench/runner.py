@@ -60,6 +60,9 @@ class Progress:
     def loading(self, description: str) -> None:
         """A configuration's model is about to load."""
 
+    def loaded(self, name: str, path: str, values: dict[str, Any], origins: dict[str, str]) -> None:
+        """It loaded: its load settings' `values`, and where each came from (flag, tuning record, rule)."""
+
     def estimate(self, seconds: float) -> None:
         """About how long the whole plan takes, from a first quick measurement (once, before the first test)."""
 
@@ -136,6 +139,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                             cpu_moe=cfg.cpu_moe)
         _reset_peak_rss()
         engine = Engine(ref, params)
+        progress.loaded(ref.name, ref.path, vars(engine.params), engine.origins)
         # the settings the load chose where the sweep left them open (tuning record or rule), as measured
         cfg = dataclasses.replace(cfg, n_threads=engine.params.n_threads, n_ubatch=engine.params.n_ubatch,
                                   flash_attn=engine.flash_attn)

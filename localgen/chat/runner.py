@@ -13,7 +13,7 @@ from typing import Any
 from localgen import settings
 from localgen.backend import Backend
 from localgen.chat.session import ChatSession
-from localgen.errors import ContextOverflowError
+from localgen.errors import ContextOverflowError, LocalgenError
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats, thinking_args
 
 SETTABLE = sorted(settings.KNOBS)
@@ -49,7 +49,7 @@ class ChatRunner:
         key, typed = settings.parse_text(name, value)
         self.sampling = dataclasses.replace(self.sampling, **{key: typed})
         self.session.settings[key] = settings.jsonable(typed)
-        return f"{key} = {typed!r}"
+        return f"{key} = {settings.as_text(key, typed)}"
 
     def reserve(self) -> int:
         """Tokens kept free for the answer when deciding whether the history fits."""
@@ -59,11 +59,18 @@ class ChatRunner:
 
     def request(self, messages: list[Message]) -> GenerationRequest:
         """A request for these messages with the current settings. Without tools, earlier calls and results
-        are written as plain turns (a template need not know tool roles)."""
+        are written as plain turns (a template need not know tool roles). A model here without a chat
+        template gets the conversation as plain text to continue (plain_text)."""
         if self.toolbox is None and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             from localgen.tools.plan import plain_history
 
             messages = list(plain_history(tuple(messages)))
+        if not has_template(self.backend):
+            if self.toolbox is not None:
+                raise LocalgenError(f"{self.backend.name} has no chat template (it may be a base model), which tools "
+                                    "need", hint="chat without --functions/--mcp, or give a template with "
+                                                 "--chat-template-file")
+            return GenerationRequest(prompt=plain_text(messages, self.backend.name), sampling=self.sampling)
         return GenerationRequest(messages=tuple(messages), sampling=self.sampling, json_schema=self.json_schema,
                                  template_args=thinking_args(self.thinking), prompt_cache=self.prompt_cache)
 
@@ -133,7 +140,6 @@ class ChatRunner:
         from localgen.tools.loop import run_turn
 
         assert self.last_request is not None
-        self.stopping = False
         plan = self.plan()
         first = self.plan(self.tool_choice) if plan is not None and self.tool_choice != "auto" else None
         return run_turn(self, self.last_request, plan, self.toolbox, approve, show, self.tool_steps,
@@ -143,10 +149,13 @@ class ChatRunner:
     def generate(self, request: GenerationRequest) -> Any:
         """The backend's generation, kept so that stop() can reach it (reply's rounds come through here)."""
         self.gen = self.backend.generate(request)
+        if self.stopping:  # stop() came before this generation existed (Ctrl-C before the answer began)
+            self.gen.cancel()
         return self.gen
 
     def stop(self) -> None:
-        """Stop the answer under way between two tokens; no further round starts."""
+        """Stop the answer under way between two tokens, or the one about to begin; no further round starts
+        (until the next turn clears `stopping`)."""
         self.stopping = True
         if self.gen is not None:
             self.gen.cancel()
@@ -187,3 +196,22 @@ class ChatRunner:
         self.sampling = sampling
         self.first = 0
         self.trim_noticed = False
+
+
+def has_template(backend: Backend) -> bool:
+    """Whether the backend renders messages: a remote one does (its server), a model here where it has a chat
+    template (a base model has none)."""
+    engine = getattr(backend, "engine", None)
+    return engine is None or bool(engine.model.summary.chat_template)
+
+
+def plain_text(messages: list[Message], model: str) -> str:
+    """A conversation as plain text for a model without a chat template to continue: each message's text
+    followed by a newline, the system prompt first (as a typed line is sent, the answer continuing it)."""
+    parts = []
+    for m in messages:
+        if not isinstance(m["content"], str):
+            raise LocalgenError(f"{model} has no chat template (it may be a base model), which images and audio "
+                                "need", hint="give it a template with --chat-template-file")
+        parts.append(m["content"] + "\n")
+    return "".join(parts)

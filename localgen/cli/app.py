@@ -36,10 +36,10 @@ HELP = "Chat with and generate from local GGUF models (llama.cpp): fast, quiet, 
 
 
 def _version(value: bool) -> None:
-    if value:
-        import localgen
+    if value:  # `localgen --version` alone never gets here (main.py answers it before Typer is imported)
+        from localgen.cli import version_line
 
-        typer.echo(f"localgen {localgen.__version__}")
+        typer.echo(version_line())
         raise typer.Exit()
 
 

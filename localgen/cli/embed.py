@@ -208,16 +208,19 @@ def _ndjson(docs: Iterable[dict[str, Any]]) -> None:
             return
 
 
-def _inputs(texts: list[str] | None, file: Path | None) -> list[tuple[str, str]]:
-    """(id, text) pairs: the arguments, else --file, else stdin lines; blank lines are skipped."""
+def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False) -> list[tuple[str, str]]:
+    """(id, text) pairs: the arguments (numbered, or with `by_content` each its content's id), else --file,
+    else stdin lines (the line number, or a JSON line's "id"); blank lines are skipped."""
     import json
 
+    from localgen.embeddings.store import text_id
     from localgen.text import checked
 
     if texts:
         if file:
             raise UsageError("give texts as arguments or with --file, not both")
-        return [(str(i), checked(t, f"text {i}")) for i, t in enumerate(texts, 1)]
+        given = [checked(t, f"text {i}") for i, t in enumerate(texts, 1)]
+        return [(text_id(t) if by_content else str(i), t) for i, t in enumerate(given, 1)]
     if file:
         try:
             lines = Path(file).read_text(encoding="utf-8").splitlines()
@@ -260,6 +263,9 @@ def _backend(f: _LoadArgs, model: str | None) -> Any:
     # generation's reason to leave them off (exact batching) does not apply.
     load = f.knobs().load(**({} if f.repack is not None else {"repack": True}))
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn)
+    from localgen.cli.hints import record_note
+
+    record_note(err.line, ref.name, ref.path, vars(engine.params), engine.origins)
     return LocalBackend(engine, warn=err.warn)
 
 
@@ -274,12 +280,12 @@ def run_embed(f: EmbedArgs) -> None:
         raise UsageError(f"--format takes float or base64, not {f.fmt!r}")
     if f.pooling is not None and f.pooling not in POOLING:
         raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
-    items = _inputs(f.texts, f.file)
+    items = _inputs(f.texts, f.file, by_content=True)
     backend = _backend(f, f.model)
     try:
         name = backend.name
         if f.store:
-            skip = collections.unchanged(f.store, items)
+            skip = collections.unchanged(f.store, items, any_id=bool(f.texts))
             todo = [(i, t) for i, t in items if i not in skip]
         else:
             skip, todo = set(), items

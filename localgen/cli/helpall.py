@@ -1,10 +1,12 @@
 """`--help` lists the options most uses need; `--help-all` lists every one. run, chat and serve take every
 setting of the table (about 100 options for run): their help would run to several screens, so the rest are
 hidden from `--help` (never from parsing: a hidden option works the same) and an epilog says how many and
-where they are."""
+where they are. And the help reads as a user writes the command (readable): each value as a word, no
+Python types, one long name a row, so that the descriptions have room at 80 columns."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 FLAG = "--help-all"
@@ -42,3 +44,80 @@ def trim(group: Any, name: str | None) -> None:
             hidden += 1
     command.epilog = (f"{hidden} more options (sampling, loading and GPU, and the rest): localgen {name} {FLAG}"
                       + (f"\n\n{command.epilog}" if command.epilog else ""))
+
+
+LONGEST_METAVAR = 14  # `FILE:SCALE,...`; a longer one is written out in the help
+LONGEST_CHOICES = 11  # `on|off|auto`: a longer list of choices widens the value column past what 80 columns spare
+# bounds that mean "any": a C int's or an unsigned 32-bit seed's, which the help need not spell out
+_ANY = (-(2**31), 2**31 - 1, 2**32 - 1)
+
+
+def readable(command: Any) -> None:
+    """Every command's help (groups' subcommands too) as a user writes the command: a value's kind as a word
+    (N, NUM, TEXT, FILE, DIR, PATH, a|b|c) where Typer would show a Python type (`<int>`, `<list[Path]>`), none
+    for a flag; a number's range in words in its help (`[1 to 1024]`), not `<int range> [1<=x<=1024]`; and one
+    long name a row, its aliases named in its help ("Also --ctx-size."), so the name column stays narrow."""
+    # as the help is written, after parsing: a name taken out of a row here still parses (`--ctx-size 8 -h`)
+    write = command.format_help
+
+    def format_help(ctx: Any, formatter: Any) -> None:
+        for param in command.get_params(ctx):  # with click's -h/--help
+            _readable(param)
+        write(ctx, formatter)
+
+    command.format_help = format_help
+    for sub in getattr(command, "commands", {}).values():
+        readable(sub)
+
+
+def _readable(param: Any) -> None:
+    if param.param_type_name == "argument":
+        param.display_type_rich = lambda ctx: None  # its name (PROMPT, TEXTS) says what it takes
+        return
+    if param.metavar is None:
+        param.metavar = _word(param)
+    extra = []
+    if "|" in param.metavar and len(param.metavar) > LONGEST_CHOICES:  # too wide a column: named in the help
+        *first, last = param.metavar.split("|")
+        extra.append(f"One of {', '.join(first)} or {last}.")
+        param.metavar = "MODE"
+    elif len(param.metavar) > LONGEST_METAVAR:  # `PATTERN=BUFFER,...`: likewise
+        extra.append(f"Takes {param.metavar}.")
+        param.metavar = "SPEC"
+    lo, hi = getattr(param, "min", None), getattr(param, "max", None)
+    lo, hi = (None if lo in _ANY else lo), (None if hi in _ANY else hi)
+    if lo is not None or hi is not None:
+        extra.append(f"[{lo:g} to {hi:g}]" if lo is not None and hi is not None
+                     else f"[at least {lo:g}]" if lo is not None else f"[at most {hi:g}]")
+    param.min = param.max = None  # Typer's own `[x>=16]` is not shown
+    longs = [o for o in param.opts if o.startswith("--")]
+    if len(longs) > 1:
+        param.opts = [o for o in param.opts if o not in longs[1:]]
+        extra.append("Also " + ", ".join(longs[1:]) + ".")
+    if param.secondary_opts:  # --no-X: named in the help, not in a column of its own
+        off = ", ".join(param.secondary_opts)
+        extra.append(f"On by default; {off} turns it off." if param.default is True else
+                     f"Off by default ({off})." if param.default is False else f"{off} turns it off.")
+        param.secondary_opts = []
+        param.show_default = False
+    if extra:
+        param.help = " ".join([(param.help or "").strip(), *extra]).strip()
+
+
+def _word(param: Any) -> str:
+    """A value's kind as a word, as llama.cpp's and most CLIs' help write it ("" for a flag)."""
+    desc = param.type_descriptor
+    if param.is_flag or param.count:
+        return ""
+    if desc.is_choice:
+        return "|".join(str(c) for c in desc.choices or ())
+    if desc.is_path:
+        info = desc.parameter_info
+        return "DIR" if not getattr(info, "file_okay", True) else "FILE" if not getattr(info, "dir_okay", True) \
+            else "PATH"
+    kind = desc.annotation
+    while args := [a for a in getattr(kind, "__args__", ()) if a is not type(None)]:
+        kind = args[0]  # list[Path] or int | None: the element
+    if kind is Path:
+        return "FILE" if getattr(desc.parameter_info, "dir_okay", True) is False else "PATH"
+    return {int: "N", float: "NUM", str: "TEXT", bool: ""}.get(kind, "VALUE")

@@ -1,8 +1,10 @@
-"""One-time tips on stderr, shown on a terminal only (pipelines and scripts stay quiet)."""
+"""One-time tips on stderr, shown on a terminal only (pipelines and scripts stay quiet); and the note, always
+shown, that a model's load settings came from a tuning record."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 
 def tune_tip(tty: bool, say: Callable[[str], object], name: str, path: str,
@@ -17,3 +19,22 @@ def tune_tip(tty: bool, say: Callable[[str], object], name: str, path: str,
     if tuning.first_sight(path):
         say(f"tip: `localgen tune -m {name}` measures the fastest settings for this model on this machine "
             "(a minute or two) and makes them its defaults")
+
+
+_NOTED: set[str] = set()  # model files whose tuning record this process has named
+
+
+def record_note(say: Callable[[str], object], name: str, path: str, values: dict[str, Any],
+                origins: dict[str, str]) -> None:
+    """Once per model file in a process, whatever the output: the load settings a tuning record gave (a record
+    made long ago, or on a busy machine, is never a silent default). `values`: each setting's value."""
+    taken = {k: o for k, o in origins.items() if o.startswith(("tuned", "partly tuned"))}
+    if not taken or path in _NOTED:
+        return
+    _NOTED.add(path)
+
+    def shown(v: Any) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+    say(f"{name}: {' · '.join(f'{k} {shown(values[k])}' for k in taken)} from its tuning record "
+        f"({next(iter(taken.values()))}; `localgen tune --show` lists records, `tune --reset` forgets them)")

@@ -14,6 +14,11 @@ _WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EP
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback."""
+    if (sys.argv[1:] if argv is None else argv) in (["--version"], ["-V"]):
+        from localgen.cli import version_line
+
+        print(version_line())  # as the app's eager --version does, without importing Typer and Rich (100 modules)
+        sys.exit(0)
     import typer
 
     from localgen._compat import fast_typer_coercion
@@ -27,9 +32,12 @@ def main(argv: list[str] | None = None) -> None:
     args, show_all = helpall.wanted(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
     first = next((a for a in args if not a.startswith("-")), None)
     command = typer.main.get_command(app.build(first if first in app.COMMANDS else None))
-    if not show_all and ("--help" in args or "-h" in args):  # hidden matters to the help alone
-        helpall.trim(command, first)
+    if "--help" in args or "-h" in args or not args:  # what the help alone shows
+        helpall.readable(command)
+        if not show_all:
+            helpall.trim(command, first)
     debug = bool(os.environ.get("LOCALGEN_DEBUG"))
+    line_buffered_stdout()
     guard_stdout()
     _watch_sigint()
     err = ErrWriter()
@@ -67,6 +75,15 @@ def main(argv: list[str] | None = None) -> None:
     if rc == 130 and _sigint["seen"]:
         err.interrupted()  # typer turns a KeyboardInterrupt it sees into a silent 130
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def line_buffered_stdout() -> None:
+    """stdout into a pipe or a file writes each line as it is printed, as on a terminal (Python would hold it
+    in an 8 KiB block until exit): `doctor | cat` shows each line as it is known, and on a merged `2>&1` stdout's
+    lines and stderr's (line-buffered already) come in the order they were printed. Partial lines (an answer's
+    tokens) are flushed where they are written."""
+    with contextlib.suppress(AttributeError, ValueError):  # replaced by something that cannot (a test's capture)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
 
 
 _sigint = {"seen": False}

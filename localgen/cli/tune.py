@@ -49,6 +49,10 @@ def tune(
         bool, typer.Option("--reset", help="Forget the tuning records (with -m: that model's only) and exit.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as one JSON object.")] = False,
+    even_if_busy: Annotated[
+        bool, typer.Option("--even-if-busy", help="Keep the record even when other work kept the CPUs busy before "
+                                                  "or while measuring (it says so wherever it is used).")
+    ] = False,
     offline: o.Offline = False,
     *,
     knobs: Knobs,
@@ -70,7 +74,8 @@ def tune(
         return
     load = knobs.load()  # a bad flag is one error before anything loads
     ref = _resolve(model, offline)
-    _run(ref, _plan(ref, depth, prompt, answer, preset.load_params(ref, load, knobs.given)), parallel, as_json)
+    _run(ref, _plan(ref, depth, prompt, answer, preset.load_params(ref, load, knobs.given)), parallel, as_json,
+         even_if_busy)
 
 
 def _resolve(model: str | None, offline: bool) -> Any:
@@ -145,13 +150,13 @@ def _plan(ref: Any, depth: int | None, prompt: int, answer: int, load: Any) -> _
                  pairs, placed(load))
 
 
-def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool) -> None:
+def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool) -> None:
     from localgen import tuning
     from localgen.cli.output import ErrWriter
     from localgen.engine.defaults import build_id, device_id
 
     err = ErrWriter()
-    _warn_if_busy(err)
+    load = _Load.before(err)
     points: dict[tuple[bool, bool], list[Any]] = {}
     view = _View(plan.count)
     interrupted = False
@@ -160,11 +165,13 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool) -> None:
         with stop_on_sigint() as stop:
             for i, (repack, fa) in enumerate(plan.configs):
                 _measure(ref, plan, parallel, (repack, fa), None, points, view, err if i == 0 else None, stop)
+                load.sample(view)
             table = _rank(points, plan, parallel)
             if plan.batch_jobs(1):  # the physical batch, on the winner only (it changes prompts, not decoding)
                 best = table[0]
                 _measure(ref, plan, parallel, (best["repack"], best["flash_attn"]), best["n_threads_batch"],
                          points, view, None, stop)
+                load.sample(view)
     except (Stopped, KeyboardInterrupt):
         interrupted = True
     finally:
@@ -174,13 +181,15 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool) -> None:
         err.line("interrupted before a configuration was measured whole; nothing kept")
         raise typer.Exit(130)
     best = table[0]
+    busy = load.busy()
     record = tuning.Record(
         key=tuning.Key(tuning.file_sha256(ref.path), build_id(), device_id(plan.offloaded), parallel, plan.placed),
         model=ref.name, size=_size(ref.path), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         settings={k: best[k] for k in tuning.TUNABLE}, depth=max(plan.depths), exchange_s=best["total_s"],
-        table=table, partial=interrupted, prompt=plan.prompt, answer=plan.answer,
+        table=table, partial=interrupted, prompt=plan.prompt, answer=plan.answer, busy=busy,
     )
-    tuning.save(record)
+    if busy is None or even_if_busy:
+        tuning.save(record)
     if as_json:
         import json
 
@@ -188,11 +197,16 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool) -> None:
     else:
         _print_table(table, plan, parallel)
     took = time.perf_counter() - started
+    if busy is not None and not even_if_busy:
+        err.error(f"not kept: other work took {busy}, so these figures reflect it (and favour fewer threads)",
+                  "tune again on a quiet machine, or add --even-if-busy to keep them anyway")
+        raise typer.Exit(130 if interrupted else 1)
     what = "the best of what was measured before the interrupt" if interrupted else "the winner"
     placed = f" with {plan.placed}" if plan.placed else ""
     err.line(f"tuned {ref.name} in {took:.0f} s; {what} is now its default here for "
              f"{'run, chat and bench' if parallel == 1 else f'serve --parallel {parallel}'}{placed} (a flag still "
-             "wins; localgen tune --show lists records, --reset forgets them)")
+             "wins; localgen tune --show lists records, --reset forgets them)"
+             + (f"; measured on a busy machine: other work took {busy}, as each use of it will say" if busy else ""))
     if interrupted:
         raise typer.Exit(130)
 
@@ -230,44 +244,68 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
         probe.close()
 
 
-def _warn_if_busy(err: Any) -> None:
-    """Other work on the cores skews every figure (and favours fewer threads): say so before measuring. Busy:
-    over a quarter of the CPU time of a half-second sample (Linux), else a load average over half the cores."""
-    import os
+BUSY = 0.25  # other work's share of all CPU time past which a tune's figures are not kept (without --even-if-busy)
 
-    from localgen import hardware
 
-    cores = hardware.usable_cores()
-    share = _busy_share()
-    if share is not None:
-        busy, what = share > 0.25, f"{share:.0%} of its CPU time in use"
-    else:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:
+class _Load:
+    """Other work on the CPUs, before and while measuring: it slows every configuration unevenly (and favours
+    fewer threads), so a tune made under it is not kept as a default without saying so. Before: a half-second
+    sample; while: every configuration's span, the time this process took subtracted (hardware.others_share;
+    /proc/stat, where a hypervisor's steal counts as other work). Without /proc/stat, the load average before."""
+
+    def __init__(self, before: float | None, what: str | None) -> None:
+        from localgen import hardware
+
+        self.first = before  # other work's share just before measuring (None: unknown)
+        self.what = what  # the same, in words, when it was busy
+        self.worst: float | None = None  # the largest share over one configuration while measuring
+        self.last = hardware.cpu_sample()
+
+    @classmethod
+    def before(cls, err: Any) -> _Load:
+        """Sampled now; a warning when the machine is busy already."""
+        import os
+
+        from localgen import hardware
+
+        a = hardware.cpu_sample()
+        time.sleep(0.5)
+        b = hardware.cpu_sample()
+        share = hardware.others_share(a, b) if a and b else None
+        if share is not None:
+            busy = f"{share:.0%} of the CPU time" if share > BUSY else None
+        else:
+            cores = hardware.usable_cores()
+            try:
+                avg = os.getloadavg()[0]
+            except OSError:
+                avg = 0.0
+            busy = f"a load of {avg:.1f} on {cores} cores" if avg > 0.5 * cores else None
+        what = f"{busy} just before measuring" if busy else None
+        if busy is not None:
+            err.warn(f"this machine is busy (other work takes {busy}): the figures will reflect it, and the "
+                     "record is not kept unless --even-if-busy")
+        return cls(share, what)
+
+    def sample(self, view: Any) -> None:
+        """Other work's share since the last sample (one configuration's measurements); said once it is busy."""
+        from localgen import hardware
+
+        now = hardware.cpu_sample()
+        share = hardware.others_share(self.last, now) if self.last and now else None
+        self.last = now
+        if share is None:
             return
-        busy, what = load > 0.5 * cores, f"load {load:.1f} on {cores} cores"
-    if busy:
-        err.warn(f"this machine is busy ({what}): the figures will reflect it; tune on a quiet machine for "
-                 "defaults that hold")
+        if share > BUSY and (self.worst is None or self.worst <= BUSY):
+            view.note(f"other work took {share:.0%} of the CPU time while that configuration was measured")
+        self.worst = share if self.worst is None else max(self.worst, share)
 
-
-def _busy_share(seconds: float = 0.5) -> float | None:
-    """The share of all CPUs' time spent busy over `seconds` (/proc/stat), or None where it cannot be read."""
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields), idle
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    total = total1 - total0
-    return (total - (idle1 - idle0)) / total if total > 0 else None
+    def busy(self) -> str | None:
+        """How busy other work kept the CPUs, in words, when it was past BUSY before or while measuring."""
+        parts = [self.what] if self.what else []
+        if self.worst is not None and self.worst > BUSY:
+            parts.append(f"up to {self.worst:.0%}{'' if parts else ' of the CPU time'} while measuring")
+        return " and ".join(parts) or None
 
 
 def _size(path: str) -> int:

@@ -2,7 +2,8 @@
 (through sqlite-utils; mode 0600 in a 0700 folder; WAL, a busy timeout, and the tables made once under a file
 lock, so several `embed --store` processes can write at once). A collection remembers the model, pooling and
 size it was made with, so every later text and query is embedded the same way; a text whose SHA-256 is
-unchanged is not embedded again (as `llm embed-multi` does)."""
+unchanged is not embedded again (as `llm embed-multi` does). A text given without an id (embed's arguments)
+gets its content's (text_id), so writers in several processes never replace each other's texts."""
 
 from __future__ import annotations
 
@@ -134,12 +135,23 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def unchanged(name: str, items: Iterable[tuple[str, str]]) -> set[str]:
-    """Of (id, text) pairs, the ids stored with the same text already."""
+TEXT_ID_DIGITS = 16  # 64 bits of SHA-256: two different texts sharing an id is out of reach
+
+
+def text_id(text: str) -> str:
+    """The id of a text given without one (embed's arguments): its content's, so the same in every process
+    and different for different texts."""
+    return content_hash(text)[:TEXT_ID_DIGITS]
+
+
+def unchanged(name: str, items: Iterable[tuple[str, str]], any_id: bool = False) -> set[str]:
+    """Of (id, text) pairs, the ids stored with the same text already; with `any_id`, under whatever id (a
+    collection stored before text ids were content-derived holds its argument texts under 1, 2, ...)."""
     with _db(create=True) as db:
         stored = {r["id"]: r["content_hash"] for r in db.query(
             "SELECT id, content_hash FROM embeddings WHERE collection = ?", [name])}
-    return {i for i, text in items if stored.get(i) == content_hash(text)}
+    held = set(stored.values()) if any_id else set()
+    return {i for i, text in items if stored.get(i) == content_hash(text) or content_hash(text) in held}
 
 
 def put(name: str, rows: list[tuple[str, str, list[float]]]) -> None:

@@ -51,3 +51,16 @@ def batching_mode(engine: Engine, exact: bool | None) -> Mode:
         return Mode(False, None, "greedy answers identical to running alone (free with this model here)")
     return Mode(True, False, f"every request batched; exactness would cost more than 10 % ({price}): --exact "
                              "forces it")
+
+
+def exactness(engine: Engine, exact: bool | None, greedy: bool) -> str:
+    """What one batched answer promises against running it alone (`run --file --json`'s `exact`): "identical"
+    (the exact path on a CPU: the same bits as `run -p` alone, which the tests hold), "alone" (the exact path with
+    offloaded layers: each sequence decoded in calls of its own, the calls a run alone makes; llama.cpp does not
+    promise that its GPU kernels give the same bits from one run to the next, so localgen does not promise
+    identical text there: scripts/gpu_check reports what a GPU gave), or "no" (batched with others: it may
+    differ from running alone after some tokens, as with llama-server)."""
+    mode = batching_mode(engine, exact)
+    if not (mode.exact is True or (mode.exact is None and greedy)):
+        return "no"
+    return "alone" if engine.offloaded else "identical"

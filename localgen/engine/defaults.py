@@ -65,10 +65,11 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
     chosen: dict[str, Any] = {}
     if record is not None:
         how = "partly tuned" if record.partial else "tuned"
+        busy = f" on a busy machine ({record.busy})" if record.busy else ""
         for name in tuning.TUNABLE:
             if name not in given and name in record.settings:
                 chosen[name] = record.settings[name]
-                origins[name] = f"{how} on {record.day}"
+                origins[name] = f"{how} on {record.day}{busy}"
     for name, (value, why) in _rules(model, params, n_gpu, offloaded).items():
         if name not in given and name not in chosen:
             chosen[name] = value

@@ -140,10 +140,25 @@ def grammar_from_json_schema(schema_text: str) -> str:
         raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
     except RecursionError:
         raise GrammarError("the JSON schema nests too deeply to become a grammar") from None
+    check_json_schema(schema)
     # named, not `root`: the converter gives a top-level property the bare name, which can be a rule of its
     # own ("value", "string") and then stands for the wrong thing
     rules, names = schema_rules([schema], "schema")
     return f"root ::= {names[0]}\n{rules}"
+
+
+def check_json_schema(schema: Any) -> None:
+    """A GrammarError unless `schema` is valid against the JSON Schema metaschema it names (2020-12 when it
+    names none): the converter takes `{"type": "objekt"}` or a nested `"strng"` for "anything"."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        path = "/".join(str(p) for p in e.absolute_path)
+        raise GrammarError(f"the JSON schema is not valid{f' at {path}' if path else ''}: {e.message}") from None
+    except RecursionError:
+        raise GrammarError("the JSON schema nests too deeply to become a grammar") from None
 
 
 def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:

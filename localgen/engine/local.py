@@ -160,6 +160,12 @@ class LocalBackend:
         return {"steps": pc.steps, "rows": pc.rows, "throughput": float(mode.throughput),
                 "shared": float(pc.slots.shared)}
 
+    def exactness(self, exact: bool | None, greedy: bool) -> str:
+        """What a batched answer promises against running alone (engine/batchmode.py `exactness`)."""
+        from localgen.engine.batchmode import exactness
+
+        return exactness(self.engine, exact, greedy)
+
     def beams(self, request: GenerationRequest, n: int, length_penalty: float) -> Any:
         """Beam search (engine/beams.py) on the request's prompt."""
         self.check_generates()

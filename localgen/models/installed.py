@@ -9,14 +9,15 @@ from typing import Any
 from localgen.errors import LocalgenError
 
 
-def _item(name: str, path: str, source: str, s: Any) -> dict[str, Any]:
+def _item(name: str, path: str | None, source: str, s: Any) -> dict[str, Any]:
     return {"name": name, "quantization": s.quantization, "size": s.file_size, "parameters": s.n_params,
             "context_length": s.context_length, "architecture": s.architecture, "source": source, "path": path}
 
 
 def installed() -> list[dict[str, Any]]:
     """Each model here: name, quantization, size, parameters, context_length, architecture, source
-    (embedded, hf cache, quantized, preset) and path; a preset whose base is gone says so and has no figures."""
+    (embedded, hf cache, quantized, preset) and path (None for a chunked model not assembled yet: there is no
+    file until its first use makes it); a preset whose base is gone says so and has no figures."""
     from localgen.models import catalogue, embedded, quantized, store
     from localgen.models.gguf_meta import read_summary
 
@@ -28,7 +29,7 @@ def installed() -> list[dict[str, Any]]:
             path, summary = embedded.peek(model)
         except LocalgenError:
             continue
-        items.append(_item(name, str(path), "embedded", summary))
+        items.append(_item(name, str(path) if path.is_file() else None, "embedded", summary))
     for f in store.cached_files():
         try:
             summary = read_summary(str(f.link), check_data=False)

@@ -70,6 +70,11 @@ class ProgressView:
         if self._p is not None:
             self._p.update(self._task, description=description)
 
+    def loaded(self, name: str, path: str, values: dict[str, Any], origins: dict[str, str]) -> None:
+        from localgen.cli.hints import record_note
+
+        record_note(self._say, name, path, values, origins)  # a record is never a silent default
+
     def estimate(self, seconds: float) -> None:
         if not self._tty and seconds < LONG_S:
             return

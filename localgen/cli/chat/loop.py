@@ -15,7 +15,7 @@ from localgen.cli.chat.view import ChatView
 from localgen.cli.options import files, preset
 from localgen.cli.options.plan import LoadPlan
 from localgen.cli.options.tools import open_toolbox
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
 from localgen.text import checked
 
 
@@ -39,6 +39,14 @@ def start(plan: ChatPlan) -> None:
     toolbox = open_toolbox(tools)
     try:
         backend = view.loader(session.model)
+    except ModelNotFoundError as e:
+        if toolbox is not None:
+            toolbox.close()
+        if plan.resume and not load.model_given:  # the resumed conversation's model is gone
+            raise ModelNotFoundError(f"the conversation {session.name} was with {session.model!r}, which is not here "
+                                     f"any more ({e.message})", hint="resume it with another model: add -m MODEL "
+                                                                     "(`localgen list` shows them)") from None
+        raise
     except BaseException:
         if toolbox is not None:
             toolbox.close()
@@ -147,8 +155,9 @@ def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:
     engine = open_engine(ref, params, verbose=load.verbose, warn=lambda text: view.info(f"warning: {text}"))
     if view.interactive:
         view.info(f"{ref.name} ready in {engine.load_s:.2f} s · context {engine.n_ctx:,} tokens · /help for commands")
-    from localgen.cli.hints import tune_tip
+    from localgen.cli.hints import record_note, tune_tip
 
+    record_note(view.info, ref.name, ref.path, vars(engine.params), engine.origins)
     tune_tip(view.interactive, view.info, ref.name, ref.path, engine.origins)
     backend = LocalBackend(engine, warn=lambda text: view.info(f"warning: {text}"))
     try:
@@ -156,6 +165,9 @@ def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:
     except BaseException:
         backend.close()
         raise
+    if not ref.summary.chat_template:
+        view.info(f"{ref.name} has no chat template (it may be a base model): the conversation goes to it as plain "
+                  "text, which it continues")
     return backend
 
 
@@ -182,6 +194,10 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     completer = make_completer(SETTABLE, lambda: [s.name for s in sessions.list_sessions()],
                                _model_names(endpoints))
     line_input = LineInput(paths.state_dir() / "chat_history", completer)
+    # what a first message would import between Enter and its answer, where Ctrl-C would end the chat instead of
+    # stopping the answer (handle catches it only while the request is prepared; stream, once it streams)
+    import localgen.cli.chat.slash
+    import localgen.tools.loop  # noqa: F401
     if runner.session.messages:
         view.info(f"resumed {runner.session.name}: {len(runner.session.messages)} messages")
     while True:
@@ -273,6 +289,11 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
             view.attachments.clear()
         first = runner.start(checked(text, "the message"), view.media)
         view.media.clear()
+    except KeyboardInterrupt:  # Ctrl-C between Enter and the answer (fitting a long history to the window)
+        if not view.interactive:
+            raise
+        view.info("(stopped before the answer began; the message was taken back)")
+        return True
     except LocalgenError as e:
         if not view.interactive:
             raise

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from localgen import settings
 from localgen.errors import LocalgenError, UsageError
 
 MAX_ATTACHMENT = 1 << 20
@@ -67,8 +68,8 @@ def _show(runner: Any, view: Any, arg: str) -> None:
     else:
         view.info(f"model {info['name']} ({info['quantization']}) · {info['file']}")
     view.info(f"conversation {session.name} · {len(session.messages)} messages · saved at {session.path}")
-    view.info(f"system: {session.system!r}")
-    view.info(" · ".join(f"{k}={v!r}" for k, v in runner.sampling.to_dict().items() if k != "grammar"))
+    view.info(f"system: {session.system or 'none'}")
+    view.info(" · ".join(f"{k} {settings.as_text(k, getattr(runner.sampling, k))}" for k in settings.KNOBS))
     view.info(f"think {'on' if view.think else 'off'} · verbose {'on' if view.footer else 'off'} · "
               f"markdown {'on' if view.markdown else 'off'}")
 
@@ -79,7 +80,7 @@ def _system(runner: Any, view: Any, arg: str) -> None:
         runner.session.save()
         view.info("system prompt set")
     else:
-        view.info(f"system: {runner.session.system!r}")
+        view.info(f"system: {runner.session.system or 'none'}")
 
 
 def _clear(runner: Any, view: Any, arg: str) -> None:
@@ -194,9 +195,13 @@ def _load(runner: Any, view: Any, arg: str) -> None:
 def _model(runner: Any, view: Any, arg: str) -> None:
     if not arg:
         raise UsageError("usage: /model NAME")
+    from localgen.chat.runner import has_template
+    from localgen.types import GenerationRequest
+
     backend = view.loader(arg)
     try:
-        backend.render(runner.request([{"role": "user", "content": "hi"}]))  # fails early without a chat template
+        if has_template(backend):  # a broken one fails now (without one, the conversation goes as plain text)
+            backend.render(GenerationRequest(messages=({"role": "user", "content": "hi"},)))
     except BaseException:
         backend.close()
         raise

@@ -35,6 +35,7 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
         runner.trim_noticed = True
     screen = _Screen(view)
     turn = Turn()
+    runner.stopping = False  # before Ctrl-C is ours: a press from now on stops this turn, even before it begins
     with _cancel_on_sigint(runner) as pressed:
         try:
             runner.reply(screen.show, lambda call: _approve(call, runner, view, screen), turn)
@@ -59,6 +60,11 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
         finally:
             screen.finish()
         interrupted = pressed() or runner.stopping
+    if interrupted and not turn.results and not any(m.get("content") or m.get("reasoning_content")
+                                                    for m in turn.messages):
+        _take_back(runner, restore)  # stopped before a word was said: as if the message had not been sent
+        view.info("(stopped before the answer began; the message was taken back)")
+        return
     runner.record(turn)
     s = runner.last_stats
     if interrupted:

@@ -174,7 +174,7 @@ def list_models(
         return
     _table(["NAME", "QUANT", "SIZE", "PARAMS", "CONTEXT", "WHERE"],
            [[i["name"], i["quantization"] or "-", format_bytes(i["size"]), _params(i["parameters"]),
-             str(i["context_length"] or "-"), i["path"]] for i in items])
+             str(i["context_length"] or "-"), i["path"] or "(made from its package on first use)"] for i in items])
 
 
 # ---- show ---------------------------------------------------------------------------------------------
@@ -211,6 +211,9 @@ def show(
         print(s.chat_template)
         return
     doc = _show_doc(ref, sha256)
+    preset = _preset_doc(name)
+    if preset is not None:  # what the preset adds, before its base model's figures
+        doc = {"name": doc.pop("name"), "preset": preset, **doc}
     if json_out:
         doc["chat_template"] = s.chat_template
         print(json.dumps(doc))
@@ -258,6 +261,39 @@ def _load_settings(ref: Any) -> dict[str, Any]:
     return shown
 
 
+def _preset_doc(name: str) -> dict[str, Any] | None:
+    """What a preset layers on its base model (None when `name` is no preset): the base, its settings, window,
+    system prompt, messages, template and LoRA adapters."""
+    from localgen import settings
+    from localgen.models import presets
+
+    p = presets.find(name)
+    if p is None:
+        return None
+    spec = p.spec
+    return {"base": p.base, "settings": {k: settings.jsonable(v) for k, v in spec.parameters.items()},
+            "context": spec.context, "system": spec.system, "messages": list(spec.messages),
+            "template": spec.template is not None, "adapters": list(spec.adapters)}
+
+
+def _print_preset(preset: dict[str, Any]) -> None:
+    """`show`'s lines for a preset: what it is and each setting it gives, as `/set` and the flags take them."""
+    from localgen import settings
+
+    print(f"{'preset':15} of {preset['base']} (`show --modelfile` prints its Modelfile)")
+    given = [f"{k} {settings.as_text(k, v) if k in settings.KNOBS else v}" for k, v in preset["settings"].items()]
+    given += [f"context {preset['context']}"] if preset["context"] else []
+    print(f"{'settings':15} {' · '.join(given) or 'none'}")
+    if preset["system"]:
+        print(f"{'system':15} " + preset["system"].replace("\n", "\n" + " " * 16))
+    if preset["messages"]:
+        print(f"{'messages':15} {len(preset['messages'])} before the conversation")
+    if preset["template"]:
+        print(f"{'template':15} its own (--template prints it)")
+    if preset["adapters"]:
+        print(f"{'LoRA adapters':15} {', '.join(preset['adapters'])}")
+
+
 _LABELS = {"model_name": "model", "size": "file size", "context_length": "context length",
            "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary",
            "adapters": "LoRA adapters", "load": "load settings"}
@@ -266,12 +302,15 @@ _LABELS = {"model_name": "model", "size": "file size", "context_length": "contex
 def _print_doc(doc: dict[str, Any]) -> None:
     """`show`'s lines: a label and a value each."""
     for k, v in doc.items():
+        if k == "preset":
+            _print_preset(v)
+            continue
         if k == "size":
             v = format_bytes(v)
         elif k == "parameters":
             v = f"{_params(v)} ({v:,})"
         elif k == "chat_template":
-            v = "yes (--template prints it)" if v else "none (use --raw)"
+            v = "yes (--template prints it)" if v else "none (a base model: prompts go to it as plain completions)"
         elif k == "sha256" and v is None:
             v = "not known yet (--sha256 computes it)"
         elif k in ("projector", "adapters", "load") and not v:

@@ -4,6 +4,7 @@ the output."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from localgen.cli.options.plan import LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.run.options import DecodingOptions, ReportOptions
 from localgen.cli.run.plan import ManyPlan, RunPlan
+from localgen.errors import ModelNotFoundError
 from localgen.types import GenerationRequest, Message, thinking_args
 
 if TYPE_CHECKING:
@@ -35,6 +37,15 @@ def execute(plan: RunPlan) -> None:
         toolbox = open_toolbox(send.tools)
     try:
         backend: Backend = remote_backend(load) if load.remote else open_backend(plan, err)
+    except ModelNotFoundError as e:
+        if toolbox is not None:
+            toolbox.close()
+        thread = plan.thread
+        if thread is not None and thread.turns and not load.model_given:  # the conversation's model is gone
+            raise ModelNotFoundError(f"the conversation {thread.cid} was with {load.model!r}, which is not here any "
+                                     f"more ({e.message})", hint="continue it with another model: add -m MODEL "
+                                                                 "(`localgen list` shows them)") from None
+        raise
     except BaseException:
         if toolbox is not None:
             toolbox.close()
@@ -42,6 +53,7 @@ def execute(plan: RunPlan) -> None:
     try:
         if not load.remote:
             backend.check_generates()  # type: ignore[attr-defined]  # LocalBackend: an encoder cannot
+            plan = plain_completion(plan, backend, toolbox, err)
         if plan.many is not None:  # --file / --each-line
             raise typer.Exit(run_many(plan.many, plan, backend, err))
         assert plan.thread is not None  # one prompt belongs to a conversation
@@ -65,6 +77,28 @@ def execute(plan: RunPlan) -> None:
         backend.close()
         if toolbox is not None:
             toolbox.close()
+
+
+def plain_completion(plan: RunPlan, backend: Backend, toolbox: Any, err: ErrWriter) -> RunPlan:
+    """A model here without a chat template (a base model) answers the prompt as a plain completion, as with
+    --raw (and as Ollama's /api/generate does), said once on stderr. What needs the template (--system,
+    earlier turns, images or audio, tools) is one error naming it."""
+    from localgen.errors import LocalgenError
+    from localgen.tools.stream import template_of
+
+    if plan.raw or template_of(backend):
+        return plan
+    turns = plan.thread.turns if plan.thread is not None else None
+    needs = [what for what, on in (("--system", bool(plan.send.system)), ("an earlier conversation", bool(turns)),
+                                   ("images and audio", bool(plan.media)), ("tools", toolbox is not None)) if on]
+    if needs:
+        raise LocalgenError(f"{backend.name} has no chat template (it may be a base model), which "
+                            f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''}",
+                            hint=f"without {'it' if len(needs) == 1 else 'them'} the prompt goes to it as a plain "
+                                 "completion; --chat-template-file gives it a template")
+    err.line(f"{backend.name} has no chat template (it may be a base model): the prompt goes to it as a plain "
+             "completion, as with --raw")
+    return dataclasses.replace(plan, raw=True)
 
 
 def _as_sent(tools: ToolOptions | None, backend: Backend, request: GenerationRequest,
@@ -107,8 +141,9 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
     draft_ref = resolve(draft, offline=load.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
     engine = open_engine(ref, params, verbose=load.verbose, warn=err.warn, kv_tokens=_kv_tokens(plan, params.n_ctx))
-    from localgen.cli.hints import tune_tip
+    from localgen.cli.hints import record_note, tune_tip
 
+    record_note(err.line, ref.name, ref.path, vars(engine.params), engine.origins)
     tune_tip(err.tty, err.line, ref.name, ref.path, engine.origins)
     drafter: Any = None
     try:

@@ -91,6 +91,7 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
     ready: dict[int, tuple[_Line, Completion | None]] = {}
     state = {"next": 1, "failed": 0, "tokens": 0, "prompts": 0, "skipped": 0}
     answered, copy = _resume(opts.resume_from)
+    promise = getattr(backend, "exactness", None)  # a local model's; remote endpoints promise nothing here
 
     def requests() -> Iterator[Indexed]:
         for ln in parse(source, instruction, system, base):
@@ -122,7 +123,7 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
                     sys.stdout.write(ln.previous + "\n")
                 state["next"] += 1
                 continue
-            _emit(ln, c, json_out)
+            _emit(ln, c, json_out, promise(opts.exact, ln.sampling.greedy) if promise is not None else None)
             if ln.error:
                 state["failed"] += 1
             elif c is not None:
@@ -209,7 +210,7 @@ def _resume(path: Path | None) -> tuple[dict[int, str], bool]:
     return answered, not same
 
 
-def _emit(ln: _Line, c: Completion | None, json_out: bool) -> None:
+def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = None) -> None:
     if json_out:
         doc: dict[str, Any] = {"line": ln.number}
         if ln.ident is not None:
@@ -221,6 +222,8 @@ def _emit(ln: _Line, c: Completion | None, json_out: bool) -> None:
                        completion_tokens=c.completion_tokens, ttft_s=round(c.ttft_s, 4), total_s=round(c.total_s, 4))
             if c.logprobs:
                 doc["logprobs"] = [t.to_dict() for t in c.logprobs]
+            if exact is not None:
+                doc["exact"] = exact
         out = json.dumps(doc, ensure_ascii=False)
     else:
         if ln.error:

