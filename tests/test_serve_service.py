@@ -145,8 +145,8 @@ def _log_lines(server: Server) -> list[str]:
 def test_a_request_for_another_model_is_not_starved(cli_env: dict[str, str], tmp_path: Path) -> None:
     """--max-models 1, four clients keeping SmolLM2 busy without a pause, one request for Gemma 3: it is
     answered once SmolLM2's running requests end (the requests that came meanwhile wait behind the swap), not
-    after --load-wait with a 503. Every SmolLM2 client is answered too; the swap and the eviction are logged
-    as text lines."""
+    after --load-wait with a 503. Every SmolLM2 client is answered too; the eviction and the loads are logged
+    as text lines (the wait's own line, when SmolLM2 was busy as Gemma asked: test_residency.py)."""
     s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path)}, "--max-models", "1", "-np", "2", "--ctx", "512",
                "--load-wait", "90")
     stop = threading.Event()
@@ -184,7 +184,6 @@ def test_a_request_for_another_model_is_not_starved(cli_env: dict[str, str], tmp
     assert waited < 90, waited
     assert set(statuses) == {200} and len(statuses) > before, statuses
     assert code == 0 and "Traceback" not in log
-    assert "gemma3:270m waits for room: smollm2:135m takes no new requests" in log, log
     assert "unloaded smollm2:135m to make room for gemma3:270m" in log and "loaded gemma3:270m in" in log, log
 
 

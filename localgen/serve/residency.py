@@ -79,6 +79,11 @@ class Residency:
                                          "is the most held at once")
                         self._cond.wait(min(left, 0.25))
                         continue
+                if yielding is not victim:  # it takes no new job meanwhile: one that came would delay the unload
+                    victim.yield_to(worker.name)
+                    if yielding is not None:
+                        yielding.resume(worker.name)
+                    yielding = victim
                 victim.request_unload("evicted", worker.name).wait(timeout=max(0.0, deadline - time.monotonic()))
         finally:
             with self._cond:
