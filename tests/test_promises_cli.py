@@ -156,7 +156,7 @@ def test_chat_keys_as_the_readme_documents_them(cli_env: dict[str, str], home: P
     child.send("/sho\t")  # and the command (completions come from a thread: wait until it is drawn)
     child.expect_exact("w")
     child.send("\r")
-    child.expect(r"temperature=0\.5")
+    child.expect(r"temperature 0\.5")
     child.expect_exact(PROMPT)
     leave(child)
     assert user_messages(home, "keys1") == [
