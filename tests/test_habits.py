@@ -116,9 +116,6 @@ def test_list_of_a_fresh_home_assembles_nothing(cli_in_process: Any, tmp_path: P
     figures from its first chunk's header and the preset with the same figures, write nothing: the 250 MB copy is
     made by Gemma's first use, not by a preset or a listing (the session's copy, assembled by its first use,
     gives the figures to compare)."""
-    from localgen.models import embedded
-
-    model = embedded.EMBEDDED["gemma3:270m"]
     fresh = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})
     (tmp_path / "Modelfile").write_text("FROM gemma3:270m\nPARAMETER temperature 0.5\n")
     made = fresh("create", "g2", "-f", str(tmp_path / "Modelfile"))
