@@ -4,7 +4,7 @@ unloads the other. Per round: the time to load a model that was not loaded (Olla
 whole request's time (the other model's eviction included), and the time to first token and prefill of a
 request whose 2,000-token prefix the model had evaluated before it was unloaded, against the same request
 while the model stayed loaded. Once with warm reloads (the prompt cache kept on disk across the reload, the
-default) and once with --no-warm-reload. Medians over the rounds.
+default) and once with --cache-disk 0. Medians over the rounds.
 
 usage: scripts/bench_residency.py [--a smollm2:135m] [--b gemma3:270m] [--rounds 3] [--prefix 2000]
                                   [--threads 2]
@@ -57,11 +57,11 @@ def main() -> None:
     names = ("load a", "load b", "swap to a", "swap to b", "ttft warm", "prefill warm", "ttft after reload",
              "prefill after reload")
     rows: dict[str, dict[str, list[float]]] = {}
-    for mode, flag in (("warm reload", "--warm-reload"), ("no warm reload", "--no-warm-reload")):
+    for mode, flags in (("warm reload", ()), ("no warm reload", ("--cache-disk", "0"))):
         port = harness.free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "localgen", "serve", "--port", str(port), "--max-models", "1", "-np", "1",
-               "--ctx", str(args.prefix + 1024), "-t", str(args.threads), "--quiet", flag]
+               "--ctx", str(args.prefix + 1024), "-t", str(args.threads), "--quiet", *flags]
         got: dict[str, list[float]] = {k: [] for k in names}
         with harness.server(cmd, url + "/health", timeout=300, env=dict(os.environ)):
             generate(url, args.a, ask)  # the prefix evaluated once (and the first request's own costs paid)

@@ -131,10 +131,12 @@ def _names(client: Any) -> list[str]:
 
 
 def _error(server: Server, method: str, path: str, body: dict[str, Any], status: int) -> str:
+    """Ollama's error shape: one line under `error`, and the request's id (its X-Request-Id header) beside it."""
     r = httpx.request(method, f"{server.url}{path}", json=body, timeout=120)
     assert r.status_code == status, r.text
     doc = r.json()
-    assert list(doc) == ["error"] and "\n" not in doc["error"], doc
+    assert list(doc) == ["error", "request_id"] and "\n" not in doc["error"], doc
+    assert doc["request_id"] == r.headers["x-request-id"]
     return str(doc["error"])
 
 
@@ -242,6 +244,38 @@ def test_pull_errors(server: Server, client: Any, hub: hub_server.FakeHub) -> No
     _error(server, "POST", "/api/pull", {}, 400)
 
 
+@pytest.mark.parametrize("name", ["a/../../b", "file:///etc/passwd", "x" * 5000, "hf.co/a/b/../../../etc/passwd.gguf",
+                                  "acme//SmolLM2-GGUF", "README.md"])
+def test_a_pull_of_a_name_that_is_no_model_is_a_4xx(server: Server, name: str) -> None:
+    """The red team's names: a 400 in Ollama's shape (never a 500 with a traceback in the log, checked as the
+    server stops, nor a dropped connection). No file on the server is looked for: README.md, a file in the
+    server's folder, is a model name not in the catalogue (404), not "a local file"."""
+    for stream in (False, True):
+        if name == "README.md":
+            assert "unknown model" in _error(server, "POST", "/api/pull", {"model": name, "stream": stream}, 404)
+            continue
+        said = _error(server, "POST", "/api/pull", {"model": name, "stream": stream}, 400)
+        assert name[:40] in said or "at most 4,096 characters" in said, said
+
+
+def test_a_pulled_file_that_is_not_a_gguf_is_a_422_and_leaves_the_cache(server: Server, client: Any,
+                                                                        hub: hub_server.FakeHub) -> None:
+    """The Hub's bytes, verified, that are not a model: the error names the repo's file, never the server's
+    paths, and the file is gone again (nothing over HTTP could remove it)."""
+    text = hub_server.HubFile(b"not a model\n" * 99)
+    hub.repos["acme/Text-GGUF"] = hub_server.HubRepo(COMMIT, {"text-Q4_1.gguf": text})
+    said = _error(server, "POST", "/api/pull", {"model": "acme/Text-GGUF:Q4_1", "stream": False}, 422)
+    assert "acme/Text-GGUF/text-Q4_1.gguf is not a GGUF file" in said, said
+    for private in ("/tmp", "/root", "/home", str(Path.home())):
+        assert private not in said, said
+    with pytest.raises(Exception, match="is not a GGUF file"):  # streamed: its error line
+        list(client.pull("acme/Text-GGUF:Q4_1", stream=True))
+    cache = Path(server.env["HF_HUB_CACHE"]) / "models--acme--Text-GGUF"
+    left = [p for p in cache.rglob("*") if p.is_file() or p.is_symlink()] if cache.exists() else []
+    assert not [p for p in left if p.name == "text-Q4_1.gguf" or p.parent.name == "blobs"], left
+    assert "acme/Text-GGUF:Q4_1" not in _names(client)
+
+
 def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> None:
     import ollama
 
@@ -253,11 +287,17 @@ def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> No
     assert done.status == "success"
     assert "mgr-bot" in _names(client)
     assert client.generate(model="mgr-bot", prompt="Say hi.").eval_count == 3
-    assert client.create(model="mgr-bot", from_="smollm2:135m", system="You are a pirate. Answer as one.",
-                         parameters={"num_predict": 2, "temperature": 0}).status == "success"
-    assert client.generate(model="mgr-bot", prompt="Say hi.").eval_count == 2  # replaced, as Ollama's create
-    client.create(model="mgr-bot", from_="smollm2:135m", system="You are a pirate. Answer as one.",
-                  parameters={"num_predict": 3, "temperature": 0})
+    again = {"model": "mgr-bot", "from": "smollm2:135m", "system": "You are a pirate. Answer as one.",
+             "parameters": {"num_predict": 2, "temperature": 0}, "stream": False}
+    assert "send \"force\": true" in _error(server, "POST", "/api/create", again, 409)  # as the CLI's --force
+    assert client.generate(model="mgr-bot", prompt="Say hi.").eval_count == 3  # kept, and still answering
+    assert httpx.post(f"{server.url}/api/create", json={**again, "force": True}, timeout=120).status_code == 200
+    assert client.generate(model="mgr-bot", prompt="Say hi.").eval_count == 2  # replaced, as asked
+    client.create(model="mgr-bot2", from_="smollm2:135m")
+    _error(server, "POST", "/api/copy", {"source": "smollm2:135m", "destination": "mgr-bot2"}, 409)
+    assert client.delete("mgr-bot2").status == "success"
+    httpx.post(f"{server.url}/api/create", timeout=120, json={**again, "force": True,
+                                                               "parameters": {"num_predict": 3, "temperature": 0}})
     bot = client.generate(model="mgr-bot", prompt="Say hi.")
     assert bot.eval_count == 3  # the preset's num_predict
     given = client.generate(model="smollm2:135m", prompt="Say hi.", system="You are a pirate. Answer as one.",
@@ -282,6 +322,59 @@ def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> No
     _error(server, "POST", "/api/show", {"model": "/etc/passwd"}, 404)
 
 
+def test_a_refused_copy_or_create_leaves_a_loaded_model_loaded(server: Server, client: Any) -> None:
+    """The red team's copy and create onto a loaded model's name: refused (a catalogue name, a bad name, a
+    preset that exists), and the model is still loaded and answering: every check comes before its worker is
+    stopped."""
+    assert client.generate(model="smollm2:135m", prompt="Say hi.", options=OPTS).done
+    client.create(model="mgr-live", from_="smollm2:135m")
+    assert client.generate(model="mgr-live", prompt="Say hi.", options=OPTS).done
+    loaded = {"smollm2:135m", "mgr-live"}
+    for path, body, status in (("/api/copy", {"source": "gemma3:270m", "destination": "smollm2:135m"}, 400),
+                               ("/api/create", {"model": "smollm2:135m", "from": "gemma3:270m"}, 400),
+                               ("/api/copy", {"source": "gemma3:270m", "destination": "mgr-live"}, 409),
+                               ("/api/create", {"model": "mgr-live", "from": "gemma3:270m"}, 409),
+                               ("/api/create", {"model": "mgr-live", "from": "nope", "force": True}, 400),
+                               ("/api/create", {"model": "mgr-live\n", "from": "smollm2:135m"}, 400)):
+        _error(server, "POST", path, body, status)
+        assert loaded <= {m.model for m in client.ps().models}, (path, body)
+    assert client.generate(model="mgr-live", prompt="Say hi.", options=OPTS).done
+    assert client.delete("mgr-live").status == "success"
+
+
+def test_a_preset_name_with_a_newline_is_refused_by_the_cli_and_over_http(server: Server, cli_env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    """`$` in a pattern also matches before a final newline: "bot\n" was taken, written as a file, then a 404.
+    The one rule (models/presets.py's check_name) refuses it over HTTP and on the command line alike."""
+    from tests.conftest import CLI
+
+    for bad in ("bot\n", "bot\r", "bot/x", "../bot", "bot bot", ".bot"):
+        said = _error(server, "POST", "/api/create", {"model": bad, "from": "smollm2:135m"}, 400)
+        assert "bad preset name" in said
+        _error(server, "POST", "/api/copy", {"source": "smollm2:135m", "destination": bad}, 400)
+    (tmp_path / "Modelfile").write_text("FROM smollm2:135m\n")
+    r = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})("create", "bot\n", "-f", str(tmp_path / "Modelfile"))
+    assert r.returncode == 2 and "bad preset name" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "data" / "presets").exists() or not list((tmp_path / "data" / "presets").iterdir())
+
+
+def test_load_and_eviction_counts_add_up_after_churn(server: Server, client: Any) -> None:
+    """/health after presets made, replaced, copied, used and deleted: every load has ended once, as an eviction
+    or an unload, or is loaded now."""
+    client.create(model="mgr-churn", from_="smollm2:135m")
+    for _ in range(2):
+        assert client.generate(model="mgr-churn", prompt="Say hi.", options=OPTS).done
+        httpx.post(f"{server.url}/api/create", json={"model": "mgr-churn", "from": "smollm2:135m", "force": True},
+                   timeout=120).raise_for_status()
+        assert client.copy("mgr-churn", "mgr-churn2").status == "success"
+        assert client.generate(model="mgr-churn2", prompt="Say hi.", options=OPTS).done
+        assert client.delete("mgr-churn2").status == "success"
+    assert client.delete("mgr-churn").status == "success"
+    r = httpx.get(f"{server.url}/health", timeout=30).json()["residency"]
+    assert r["loads"] == len(r["loaded"]) + r["evictions"] + r["unloads"] and r["evictions"] <= r["loads"], r
+    assert r["unloads"] >= 4, r
+
+
 def test_router_load_unload_then_delete(server: Server, client: Any, hub: hub_server.FakeHub) -> None:
     import ollama
 
@@ -304,3 +397,33 @@ def test_router_load_unload_then_delete(server: Server, client: Any, hub: hub_se
     assert e.value.status_code == 404
     _error(server, "DELETE", "/api/delete", {"model": PULLED}, 404)
     _error(server, "POST", "/models/load", {"model": PULLED}, 404)
+
+
+def test_sigterm_during_a_streamed_pull_ends_it_with_an_error_line(cli_env: dict[str, str], hub: hub_server.FakeHub,
+                                                                   tmp_path: Path) -> None:
+    """The server is stopped while a pull streams its progress: the stream's last line is an error saying so
+    (not a cut body), the server exits 0 with no traceback in its log, and the next pull resumes the file."""
+    import json
+    import signal
+    import threading
+
+    env = {k: v for k, v in cli_env.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hf"), LOCALGEN_HOME=str(tmp_path / "home"))
+    s = Server(env, "-np", "1", "--ctx", "512", "--drain-timeout", "1")
+    hub.delay_per_mb = 0.2
+    lines: list[dict[str, Any]] = []
+    stopped = False
+    try:
+        with httpx.stream("POST", f"{s.url}/api/pull", json={"model": f"{SLOW}:Q4_1"}, timeout=120) as r:
+            for line in r.iter_lines():
+                lines.append(json.loads(line))
+                if lines[-1].get("completed", 0) > 2 << 20 and not stopped:  # the download is under way
+                    stopped = True
+                    threading.Thread(target=s.proc.send_signal, args=(signal.SIGTERM,)).start()
+    finally:
+        hub.delay_per_mb = 0.0
+        code = s.stop()
+    log = s.proc.stderr.read().decode() if s.proc.stderr else ""
+    assert code == 0 and "Traceback" not in log, log
+    assert "error" in lines[-1] and "shutting down" in lines[-1]["error"], lines[-3:]
+    assert stopped and not any(x.get("status") == "success" for x in lines)

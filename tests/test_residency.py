@@ -16,6 +16,7 @@ import pytest
 
 from localgen.engine.hostcache import MIN_TOKENS
 from localgen.serve.residency import NoRoom, Residency, TooBig
+from localgen.serve.servelog import ServeLog
 from tests.conftest import CLI
 from tests.test_serve import Server
 
@@ -23,18 +24,31 @@ MB = 1 << 20
 
 
 class Stand:
-    """A worker as residency sees it: a name, pinned or not, busy or not, when last used; unloading on request
-    frees its room, as the worker thread does."""
+    """A worker as residency sees it: a name, pinned or not, busy or not (`running`: its jobs in slots, the rest
+    queued), when last used; unloading on request frees its room, as the worker thread does; asked to yield,
+    it holds back what comes (ModelWorker.evictable)."""
 
     def __init__(self, r: Residency, name: str, pinned: bool = False, busy: bool = False) -> None:
         self.r, self.name, self.pinned, self.busy = r, name, pinned, busy
+        self.running = busy
         self.last_used = time.monotonic()
         self.unloaded = 0
+        self.yielding: list[str] = []
 
-    def request_unload(self) -> threading.Event:
+    @property
+    def evictable(self) -> bool:
+        return not self.busy or (bool(self.yielding) and not self.running)
+
+    def yield_to(self, name: str) -> None:
+        self.yielding.append(name)
+
+    def resume(self, name: str) -> None:
+        self.yielding.remove(name)
+
+    def request_unload(self, reason: str = "asked", evicted_for: str | None = None) -> threading.Event:
         done = threading.Event()
         self.unloaded += 1
-        self.r.released(self)
+        self.r.released(self, evicted=reason == "evicted")
         done.set()
         return done
 
@@ -67,9 +81,52 @@ def test_a_load_waits_for_a_busy_model_to_finish() -> None:
     r = Residency(budget=1000 * MB, max_models=1, wait_s=30)
     busy = Stand(r, "busy", busy=True)
     r.admit(busy, 100 * MB)
-    threading.Timer(0.3, lambda: setattr(busy, "busy", False)).start()  # its job ends
+    threading.Timer(0.3, lambda: setattr(busy, "running", False)).start()  # its job ends (another waits)
     r.admit(Stand(r, "next"), 100 * MB)
     assert busy.unloaded == 1
+
+
+def test_a_busy_model_yields_to_a_waiting_load_and_later_loads_queue_behind_it() -> None:
+    """Fair swaps: while a load waits, the busy model is asked to take no new jobs (its queue then waits behind
+    the swap); once its running jobs end it is evicted although jobs still wait for it. A load asked for
+    later waits behind the first, even when it would fit first; each wait is logged."""
+    lines: list[str] = []
+    r = Residency(budget=1000 * MB, max_models=1, wait_s=30, log=ServeLog(write=lines.append))
+    a = Stand(r, "a", busy=True)
+    r.admit(a, 100 * MB)
+    order: list[str] = []
+
+    def load(w: Stand) -> None:
+        r.admit(w, 100 * MB)
+        order.append(w.name)
+        r.released(w)  # it answers, then goes (the next may load)
+
+    b, c = Stand(r, "b"), Stand(r, "c")
+    first = threading.Thread(target=load, args=(b,))
+    first.start()
+    deadline = time.monotonic() + 10
+    while not a.yielding and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert a.yielding == ["b"] and a.unloaded == 0  # asked to yield; still busy running
+    second = threading.Thread(target=load, args=(c,))
+    second.start()
+    time.sleep(0.3)
+    assert r.status()["waiting"] == ["b", "c"]
+    a.running = False  # its running jobs end; its queue (busy) waits behind the swap
+    first.join(10)
+    second.join(10)
+    assert order == ["b", "c"] and a.unloaded == 1 and a.yielding == [], "b first, then c; a resumed"
+    assert r.status()["swaps_waited"] == 1 and r.evictions == 1 and r.loads == 3
+    assert any("b waits for room: a takes no new requests" in line for line in lines), lines
+
+
+def test_a_pinned_busy_model_is_never_asked_to_yield() -> None:
+    r = Residency(budget=1000 * MB, max_models=1, wait_s=0.3)
+    pinned = Stand(r, "pinned", pinned=True, busy=True)
+    r.admit(pinned, 100 * MB)
+    with pytest.raises(NoRoom):
+        r.admit(Stand(r, "new"), 100 * MB)
+    assert pinned.yielding == [] and r.status()["waiting"] == []
 
 
 def test_a_model_bigger_than_the_budget_says_what_it_needs() -> None:
@@ -217,8 +274,8 @@ def test_a_load_with_no_room_is_a_503_for_its_request() -> None:
         job = Job(GenerationRequest(prompt="x"), loop)
         sent: list[Any] = []
         job.send = sent.append  # type: ignore[method-assign]
-        assert w._load_for(job) is False
-        assert isinstance(sent[0], Failed) and sent[0].status == 503 and "pinned or busy" in sent[0].message
+        failure = w._load_for(job)
+        assert isinstance(failure, Failed) and failure.status == 503 and "pinned or busy" in failure.message
     finally:
         loop.close()
 
@@ -241,21 +298,23 @@ def _prefix_reuse(server: Server, while_away: Any = lambda: None) -> tuple[int, 
 
 @pytest.mark.parametrize("warm", [True, False])
 def test_a_reload_finds_the_prefixes_it_held(cli_env: dict[str, str], warm: bool, tmp_path: Path) -> None:
-    """With warm reloads (the default) the prompt cache of an evicted model waits on disk and comes back with
-    it: the same long question after the reload evaluates only its last token; without, all of it again."""
+    """With the prompt cache on disk (the default) the prefixes of an evicted model wait on disk and come back
+    with it: the same long question after the reload evaluates only its last token; with --cache-disk 0, all of
+    it again."""
     s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path)}, "--max-models", "1", "-np", "1", "--ctx", "1024",
-               *(() if warm else ("--no-warm-reload",)))
+               *(() if warm else ("--cache-disk", "0")))
     seen_on_disk: list[Path] = []
+    store = tmp_path / "cache" / "serve-prefixes"
     try:
-        reused, prompt = _prefix_reuse(
-            s, lambda: seen_on_disk.extend((tmp_path / "cache" / "serve-warm").glob("*/*.state")))
-        health = httpx.get(f"{s.url}/health", timeout=30).json()["models"]["smollm2:135m"]
+        reused, prompt = _prefix_reuse(s, lambda: seen_on_disk.extend(store.glob("*/*.prefix")))
+        health = httpx.get(f"{s.url}/health", timeout=30).json()
     finally:
         assert s.stop() == 0
+    model = health["models"]["smollm2:135m"]
     if warm:
         assert reused == prompt - 1 > MIN_TOKENS, (reused, prompt)  # all but the last token, for its logits
-        assert health["warm_restored"] >= 1 and health["prompt_cache"]["loads"] >= 1
-        assert seen_on_disk and not list((tmp_path / "cache" / "serve-warm").glob("*/*.state")), \
-            "written at the eviction, read back at the reload, then removed"
+        assert model["warm_restored"] >= 1 and model["prompt_cache"]["disk_loads"] >= 1
+        assert seen_on_disk, "written at the eviction"
+        assert health["prefix_store"]["read"] >= 1 and health["prefix_store"]["bytes"] > 0
     else:
-        assert reused == 0 and health["warm_restored"] == 0
+        assert reused == 0 and model["warm_restored"] == 0 and not store.exists() and "prefix_store" not in health

@@ -19,7 +19,7 @@ from localgen.serve import responseitems as items_
 from localgen.serve import responses as r
 from localgen.serve.apierror import HTTPError
 from localgen.serve.ask import Schema
-from localgen.serve.responsestore import MAX_AGE_S, MAX_RESPONSES, ResponseStore
+from localgen.serve.responsestore import MAX_AGE_S, MAX_BYTES, MAX_RESPONSES, ResponseStore
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.types import GenerationRequest, SamplingParams
@@ -121,6 +121,13 @@ def test_text_format_is_a_grammar_and_effort_the_templates_switch() -> None:
     ({"truncation": "auto"}, "truncation"),
     ({"include": ["everything"]}, "include"),
     ({"metadata": "x"}, "metadata"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),  # OpenAI's bounds: 16 keys,
+    ({"metadata": {"k" * 65: "v"}}, "metadata"),  # keys of 64 characters,
+    ({"metadata": {"k": "v" * 513}}, "metadata"),  # values of 512
+    ({"metadata": {"k": 1}}, "metadata"),  # that are strings
+    ({"metadata": {"k": "v" * 12_000_000}}, "metadata"),  # the red team's 12 MB
+    ({"user": "u" * 257}, "user"),
+    ({"user": 7}, "user"),
     ({"background": True}, "background"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
@@ -133,6 +140,7 @@ def test_options_this_server_cannot_honour_are_400s(body: dict[str, Any], param:
 
 def test_known_options_are_accepted() -> None:
     r._check_options({"truncation": "disabled", "include": ["reasoning.encrypted_content"], "metadata": {"a": "b"}})
+    r._check_options({"metadata": {f"{i:064d}": "v" * 512 for i in range(16)}, "user": "u" * 256})  # at the bounds
 
 
 def _shape(body: dict[str, Any] | None = None) -> items_.Encoder:
@@ -246,3 +254,26 @@ def test_the_store_keeps_loads_deletes_expires_and_bounds(tmp_path: Path) -> Non
         kept = sorted(row[0] for row in db.execute("SELECT id FROM responses"))
     assert kept == ["resp_5", "resp_6"]
     assert MAX_RESPONSES == 1000 and MAX_AGE_S == 30 * 24 * 3600  # the bounds docs/api.md gives
+    assert MAX_BYTES == 1 << 30
+
+
+def test_the_store_is_bounded_in_bytes_the_oldest_going_first(tmp_path: Path) -> None:
+    """A few large conversations cannot fill the disk: past max_bytes (their JSON, UTF-8) the oldest go, however
+    few the responses are; a store made before the bound counts the rows it holds."""
+    import sqlite3
+
+    now = [1000.0]
+    path = tmp_path / "responses.db"
+    with sqlite3.connect(path) as db:  # as an earlier version made it: no bytes column
+        db.execute("CREATE TABLE responses (id TEXT PRIMARY KEY, created REAL NOT NULL, response TEXT NOT NULL, "
+                   "conversation TEXT NOT NULL)")
+        db.execute("INSERT INTO responses VALUES ('resp_0', 999, '{}', ?)", (json.dumps(["é" * 300_000]),))
+    store = ResponseStore(path, clock=lambda: now[0], max_bytes=1_000_000)
+    big = [{"role": "user", "content": "é" * 150_000}]  # 300,000 bytes in UTF-8, 150,000 characters
+    for i in range(1, 5):
+        now[0] += 1
+        store.save(f"resp_{i}", {"id": f"resp_{i}"}, big)
+    with sqlite3.connect(path) as db:
+        kept = sorted(row[0] for row in db.execute("SELECT id FROM responses"))
+        total = db.execute("SELECT SUM(bytes) FROM responses").fetchone()[0]
+    assert kept == ["resp_2", "resp_3", "resp_4"] and total <= 1_000_000, (kept, total)

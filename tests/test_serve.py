@@ -40,6 +40,7 @@ class Server:
     end would fill (64 KiB) and block it."""
 
     def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.env = env
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -635,3 +636,18 @@ def _same_answers(server: Server, ref: dict[str, Any]) -> None:
         chat = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=300, json={
             "model": "smollm2:135m", "max_tokens": ref["max_tokens"], "temperature": 0, "messages": msgs}).json()
         assert chat["choices"][0]["message"]["content"] == want, name
+
+
+def test_ps_against_a_server_with_a_key(server: Server, cli: CLI) -> None:
+    """`localgen ps` takes the key as serve does (--api-key, LOCALGEN_API_KEY); without it, one line naming
+    both, never the server's raw 401 JSON."""
+    port = str(server.port)
+    r = cli("ps", "--port", port)
+    assert r.returncode == 1 and "needs an API key: give --api-key KEY or set LOCALGEN_API_KEY" in r.stderr
+    assert "{" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = cli("ps", "--port", port, "--api-key", "wrong")
+    assert r.returncode == 1 and "refused the API key" in r.stderr and "{" not in r.stderr, r.stderr
+    r = cli("ps", "--port", port, "--api-key", KEY)
+    assert r.returncode == 0 and "smollm2:135m" in r.stdout, r.stderr
+    keyed = CLI({**cli.env, "LOCALGEN_API_KEY": KEY})("ps", "--port", port, "--json")
+    assert keyed.returncode == 0 and json.loads(keyed.stdout)[0]["name"] == "smollm2:135m", keyed.stderr

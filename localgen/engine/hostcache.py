@@ -10,7 +10,6 @@ used entry goes first when the limit needs room, and an entry that the slot now 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from localgen.engine.tokens import common_prefix, starts_with
@@ -29,6 +28,7 @@ class Entry:
     prompt_len: int
     data: Any
     size: int
+    from_disk: bool = False  # read back from the prefix store (engine/prefixstore.py)
 
 
 class HostCache:
@@ -41,12 +41,15 @@ class HostCache:
         self.saves = 0  # states copied out
         self.loads = 0  # states copied back into a slot
         self.loaded_tokens = 0  # prompt tokens those loads spared evaluating
+        self.disk_loads = 0  # of those, states read back from disk (the prefix store)
+        self.disk_loaded_tokens = 0
 
     def status(self) -> dict[str, int]:
         """Counters for /health."""
         return {"entries": len(self.entries), "tokens": sum(len(e.tokens) for e in self.entries),
                 "bytes": self.bytes, "limit_bytes": self.limit, "saves": self.saves, "loads": self.loads,
-                "loaded_tokens": self.loaded_tokens}
+                "loaded_tokens": self.loaded_tokens, "disk_loads": self.disk_loads,
+                "disk_loaded_tokens": self.disk_loaded_tokens}
 
     def clear(self) -> None:
         """Forget every entry."""
@@ -80,45 +83,21 @@ class HostCache:
         self.saves += 1
         return True
 
-    def dump(self, folder: Path) -> int:
-        """Write every entry to `folder` (a state file and its tokens each), most recently used last: what a
-        model unloaded to make room or idle keeps on disk for its next load (serve's warm reloads). The bytes
-        written."""
-        import json
-
-        folder.mkdir(parents=True, exist_ok=True)
-        total = 0
-        for i, e in enumerate(self.entries):
-            (folder / f"{i:04d}.state").write_bytes(memoryview(e.data)[:e.size])
-            (folder / f"{i:04d}.json").write_text(json.dumps({"tokens": e.tokens, "prompt_len": e.prompt_len}))
-            total += e.size
-        return total
-
-    def restore(self, folder: Path) -> int:
-        """Read back what dump() wrote, within the limit (the most recently used kept first), and remove the
-        files; the entries restored."""
-        import json
-        import shutil
-
-        import numpy
-
-        found = sorted(folder.glob("*.state")) if folder.is_dir() else []
-        taken: list[Entry] = []
+    def take(self, stored: list[Any]) -> int:
+        """Prefixes read back from disk (engine/prefixstore.py's Stored, most recently used first) as entries,
+        within the limit, those already held skipped; how many were taken."""
         room = self.limit - self.bytes if self.limit > 0 else None
-        for state in reversed(found):  # the most recently used first, while they fit
-            try:
-                meta = json.loads(state.with_suffix(".json").read_text())
-                data = numpy.fromfile(state, dtype=numpy.uint8)
-            except (OSError, ValueError):
-                continue  # a damaged file is a state not restored, never an error
-            if room is not None and data.size > room:
+        taken: list[Entry] = []
+        for st in stored:
+            if room is not None and st.size > room:
                 continue
-            taken.append(Entry(list(meta["tokens"]), int(meta["prompt_len"]), data, int(data.size)))
-            room = None if room is None else room - data.size
-        for e in reversed(taken):
+            if any(starts_with(e.tokens, st.tokens) for e in self.entries):
+                continue
+            taken.append(Entry(list(st.tokens), st.prompt_len, st.data, st.size, from_disk=True))
+            room = None if room is None else room - st.size
+        for e in reversed(taken):  # the most recently used last
             self.entries.append(e)
             self.bytes += e.size
-        shutil.rmtree(folder, ignore_errors=True)
         return len(taken)
 
     def best(self, tokens: list[int]) -> tuple[Entry | None, int]:
@@ -148,5 +127,8 @@ class HostCache:
             self.bytes -= entry.size
         self.loads += 1
         self.loaded_tokens += used
+        if entry.from_disk:
+            self.disk_loads += 1
+            self.disk_loaded_tokens += used
         return True
 

@@ -84,20 +84,37 @@ class Slots:
         self.prompt_len[slot] = len(tokens)
         return keep
 
-    def persist(self, folder: Any) -> int:
-        """Every slot's cells saved to host memory, then the host cache written to `folder`: the prefixes a
-        model held, kept on disk while it is unloaded (serve's warm reloads). The bytes written (0 when the
-        host cache is off)."""
+    def keep(self, store: Any, key: str, identity: str) -> int:
+        """Write to the prefix store (engine/prefixstore.py) what the host cache holds and what each slot
+        holds (64 tokens or more, not stored yet, not a prefix of another slot's), copied straight from the
+        slot: serve's prompt cache kept across unloads and restarts. The bytes written (nothing without a
+        host cache, which is where they come back to)."""
         if self.host is None:
             return 0
-        for slot in list(self.held):
-            self._spill(slot, 0)
-        return self.host.dump(folder)
+        import numpy
 
-    def restore(self, folder: Any) -> int:
-        """What persist() wrote, back into the host cache (a request with one of those prefixes then copies it
-        into its slot instead of evaluating it); the entries restored."""
-        return self.host.restore(folder) if self.host is not None else 0
+        entries: list[tuple[list[int], int, Any, int]] = [(e.tokens, e.prompt_len, e.data, e.size)
+                                                          for e in self.host.entries]
+        for slot, held in list(self.held.items()):
+            if len(held) < MIN_TOKENS or store.has(key, held):
+                continue
+            if any(other != slot and len(h) > len(held) and starts_with(h, held) for other, h in self.held.items()):
+                continue
+            size = context.seq_state_size(self.ctx, slot)
+            if size <= 0:
+                continue
+            data = numpy.empty(size, dtype=numpy.uint8)
+            if context.seq_state_get(self.ctx, slot, data) == size:
+                entries.append((list(held), self.prompt_len.get(slot, len(held)), data, size))
+        return int(store.write(key, identity, entries))
+
+    def restore(self, store: Any, key: str, identity: str) -> int:
+        """The prefixes stored for this model read back into the host cache, within its limit (a request with
+        one of them then copies it into its slot instead of evaluating it); how many."""
+        if self.host is None:
+            return 0
+        room = self.host.limit - self.host.bytes if self.host.limit > 0 else None
+        return self.host.take(store.load(key, identity, room))
 
     def _spill(self, slot: int, kept: int) -> None:
         """Save to host memory what `slot` holds before it keeps only `kept` of it, unless that loses little or

@@ -11,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from localgen.errors import ModelNotFoundError
+from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
 from localgen.models.hfcache import check_repo_id, safe_filename
 
+# a path's most on Linux (PATH_MAX), and longer than any repo id (96) and file in it: a longer name is refused
+# before it reaches the file system (ENAMETOOLONG) or the Hub
+MAX_NAME = 4096
 HF_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf.co/")
 
 
@@ -52,14 +55,25 @@ class HubSpec:
 Spec = PathSpec | CatalogueSpec | HubSpec
 
 
-def parse(text: str) -> Spec:
-    """Classify a model name; raises ModelNotFoundError for something that cannot be any of them."""
+def parse(text: str, local: bool = True) -> Spec:
+    """Classify a model name; raises ModelNotFoundError for something that cannot be any of them, UsageError
+    for a name too long or a repo's file path that leaves the repo. Without `local` (a name a client sent
+    the server), a name is never a file on this machine, and no file is looked for."""
     name = text.strip()
     if not name:
         raise ModelNotFoundError("empty model name")
-    p = Path(name).expanduser()
-    if name.startswith(("/", "./", "../", "~")) or p.exists():
-        return PathSpec(p)
+    if len(name) > MAX_NAME:
+        raise UsageError(f"a model name is at most {MAX_NAME:,} characters; this one is {len(name):,}")
+    if "\0" in name:
+        raise UsageError("a model name cannot hold a NUL character")
+    if not local:
+        if name.startswith(("/", "./", "../", "~", "file:")):
+            raise UsageError(f"{_short(name)} is a file path; name a model of the catalogue or a Hub repo "
+                             "(owner/repo)")
+    else:
+        p = Path(name).expanduser()
+        if name.startswith(("/", "./", "../", "~")) or _exists(p):
+            return PathSpec(p)
     lowered = name.lower()
     for prefix in HF_PREFIXES:
         if lowered.startswith(prefix):
@@ -67,12 +81,33 @@ def parse(text: str) -> Spec:
     if "/" not in name:
         base, _, quant = name.partition("@")
         return CatalogueSpec(base, quant or None)
-    if name.lower().endswith(".gguf") and name.count("/") == 1:
-        return PathSpec(p)  # models/foo.gguf: a relative path that does not exist
+    if local and name.lower().endswith(".gguf") and name.count("/") == 1:
+        return PathSpec(Path(name).expanduser())  # models/foo.gguf: a relative path that does not exist
     return _hub(name, text)
 
 
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:  # a name no file can have (too long for the file system)
+        return False
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
 def _hub(ref: str, original: str) -> HubSpec:
+    try:
+        return _hub_spec(ref, original)
+    except ModelNotFoundError:
+        raise
+    except LocalgenError:  # a repo id or file path that is not one (a path trick: .., //, \\)
+        raise UsageError(f"{_short(original)} is not a model name: use a catalogue name, owner/repo, "
+                         "owner/repo:QUANT or owner/repo/file.gguf (no '..' or empty parts)") from None
+
+
+def _hub_spec(ref: str, original: str) -> HubSpec:
     ref = ref.split("?", 1)[0].rstrip("/")
     for marker in ("/resolve/", "/blob/"):  # a pasted file URL: owner/repo/resolve/REV/file.gguf
         if marker in ref:

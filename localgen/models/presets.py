@@ -20,8 +20,13 @@ from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
 from localgen.models import modelfile
 from localgen.types import ModelRef
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}(:[A-Za-z0-9][A-Za-z0-9._-]{0,39})?$")
+# matched whole (fullmatch): `$` would also match before a final newline, and "bot\n" would be a file name
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}(:[A-Za-z0-9][A-Za-z0-9._-]{0,39})?")
 FORMAT = 1
+
+
+class PresetExists(UsageError):
+    """A preset of that name exists, and replacing it was not asked for."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ def presets_dir() -> Path:
 
 def check_name(name: str) -> str:
     """A preset name: letters, digits, `.`, `_`, `-`, and one optional `:tag`, as Ollama's names."""
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise UsageError(f"bad preset name {name!r}: use letters, digits, '.', '_', '-' and an optional ':tag', "
                          "e.g. mybot or mybot:short")
     return name
@@ -56,7 +61,7 @@ def _file(name: str) -> Path:
 
 def find(name: str) -> Preset | None:
     """The preset of that name, or None; a file that is not a valid preset is an error naming it."""
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         return None
     path = _file(name)
     try:
@@ -111,11 +116,12 @@ def _from_json(name: str, d: dict[str, Any]) -> Preset:
     return Preset(name, spec)
 
 
-def _save(p: Preset, replace: bool) -> None:
+def save(p: Preset, replace: bool) -> None:
+    """Write a preset; a UsageError when one of that name exists and `replace` is not given."""
     path = _file(p.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not replace:
-        raise UsageError(f"a preset named {p.name!r} exists", hint="--force replaces it; localgen rm removes it")
+        raise PresetExists(f"a preset named {p.name!r} exists", hint="--force replaces it; localgen rm removes it")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(_to_json(p), indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)  # a reader sees the old preset or the new one, never half of one
@@ -138,7 +144,15 @@ def create_preset(name: str, text: str, lookup: BaseLookup, where: str = "Modelf
                   folder: Path | None = None) -> Preset:
     """Parse a Modelfile, check its base is on this machine (without the network) and its adapters are made for
     that base, and save it as `name` (`--force`: replacing a preset of that name). `folder`: the Modelfile's,
-    where relative ADAPTER paths start. The function `localgen create` and /api/create call."""
+    where relative ADAPTER paths start. The function `localgen create` calls."""
+    preset = made(name, text, lookup, where, folder)
+    save(preset, force)
+    return preset
+
+
+def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", folder: Path | None = None) -> Preset:
+    """The preset a Modelfile makes, every check done (create_preset's), not saved yet: /api/create checks all
+    before it unloads a model of that name."""
     _check_new_name(name)
     spec = modelfile.parse(text, where, folder)
     spec = _on_base(spec, where, lookup)
@@ -153,31 +167,34 @@ def create_preset(name: str, text: str, lookup: BaseLookup, where: str = "Modelf
                 raise UsageError(f"{where}: ADAPTER: {e.message}", hint=e.hint) from None
     if spec.template is not None:
         _check_template(spec.template, where)
-    preset = Preset(name, spec)
-    _save(preset, force)
-    return preset
+    return Preset(name, spec)
 
 
 def copy(src: str, dst: str, lookup: BaseLookup, force: bool = False) -> Preset:
     """`localgen cp`: a preset copied, or a model (any name `run` takes) given a preset name of its own."""
+    preset = copied(src, dst, lookup)
+    save(preset, force)
+    return preset
+
+
+def copied(src: str, dst: str, lookup: BaseLookup) -> Preset:
+    """The preset `cp` makes, checked, not saved yet."""
     _check_new_name(dst)
     p = find(src)
     if p is None:
         spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup)
         p = Preset(dst, spec)
-    preset = dataclasses.replace(p, name=dst)
-    _save(preset, force)
-    return preset
+    return dataclasses.replace(p, name=dst)
 
 
 def exists(name: str) -> bool:
     """Whether a preset file of that name is here (readable or not)."""
-    return bool(NAME.match(name)) and _file(name).exists()
+    return bool(NAME.fullmatch(name)) and _file(name).exists()
 
 
 def remove(name: str) -> bool:
     """Remove a preset's file (never a model's); False when there is no such preset."""
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         return False
     try:
         _file(name).unlink()

@@ -4,11 +4,12 @@ Hugging Face repo. Cached Hub files are used without touching the network; missi
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localgen.errors import LocalgenError, ModelNotFoundError
+from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError
 from localgen.models import catalogue, embedded, hfcache, mmproj, names, store
 from localgen.models.gguf_meta import read_summary
 from localgen.models.quant import QuantOption, group_options, pick, rank
@@ -199,25 +200,51 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
         entry = next(f for f in listing.files if f.name == proj_name)
         proj = download.fetch(s.repo, listing.commit, s.revision, entry, progress)
     name = t.display if s.quant or s.filename else f"{s.repo}:{option.tag}"
-    return ModelRef(name=name, path=str(paths[0]), source="hf", summary=read_summary(str(paths[0])),
+    try:
+        summary = read_summary(str(paths[0]))
+    except ModelFormatError as e:  # the Hub's bytes, verified, but not a model: they leave the cache again
+        _discard(s.repo, [*paths, *([proj] if proj else [])])
+        shown = f"{s.repo}/{option.first.name}"  # never the server's own paths
+        why = e.message.replace(os.path.realpath(paths[0]), shown).replace(str(paths[0]), shown)
+        raise ModelFormatError(why,
+                               hint="it was removed from the cache again: this repo's file is not a model "
+                                    "llama.cpp can load") from None
+    return ModelRef(name=name, path=str(paths[0]), source="hf", summary=summary,
                     repo=s.repo,
                     sha256=option.first.sha256, sampling_defaults=dict(t.sampling),
                     mmproj=str(proj) if proj else None)
 
 
-def embedded_model(name: str) -> embedded.EmbeddedModel | None:
+def _discard(repo: str, paths: list[Path]) -> None:
+    """Remove these snapshot files of a repo from the cache (a blob another link uses stays)."""
+    for p in paths:
+        if p.is_symlink() or p.exists():
+            blob = p.resolve()
+            p.unlink()
+            if blob != p and blob.exists() and not _linked(repo, blob):
+                blob.unlink()
+
+
+def _linked(repo: str, blob: Path) -> bool:
+    """Whether any snapshot link of the repo still points at this blob."""
+    snaps = hfcache.repo_dir(repo) / "snapshots"
+    return any(p.is_symlink() and p.resolve() == blob for p in snaps.rglob("*")) if snaps.is_dir() else False
+
+
+def embedded_model(name: str, local: bool = True) -> embedded.EmbeddedModel | None:
     """The embedded model a catalogue name means; None for anything else (a Hub model, a path, an unknown
-    name, which target() and resolve() explain)."""
-    spec = names.parse(name)
+    name, which target() and resolve() explain). `local`: as names.parse's."""
+    spec = names.parse(name, local)
     if not isinstance(spec, names.CatalogueSpec):
         return None
     entry = catalogue.load().get(spec.name)
     return embedded.EMBEDDED.get(entry.name) if entry is not None and entry.embedded else None
 
 
-def target(name: str) -> Target:
-    """The Hub target behind a catalogue name or repo reference (for pull --list and show)."""
-    spec = names.parse(name)
+def target(name: str, local: bool = True) -> Target:
+    """The Hub target behind a catalogue name or repo reference (for pull --list and show). `local`: as
+    names.parse's (False: a name a client sent the server, never a file here)."""
+    spec = names.parse(name, local)
     if isinstance(spec, names.CatalogueSpec):
         preset = _preset(spec)
         if preset is not None:

@@ -115,6 +115,20 @@ def version() -> str:
     return str(lib().__version__)
 
 
+def build_id() -> str:
+    """This llama.cpp build as a saved state depends on it: the bindings' version and the library file's size
+    and time (a rebuild of the same version, with other backends or options, is another build)."""
+    import os
+
+    path = getattr(lib()._lib, "_name", "") or ""
+    try:
+        st = os.stat(path)
+        stamp = f"{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        stamp = "?"
+    return f"{version()}|{os.path.basename(path)}|{stamp}"
+
+
 def system_info() -> str:
     """What llama.cpp says it was built with and uses on this machine (llama_print_system_info)."""
     return str(lib().llama_print_system_info().decode("utf-8", errors="replace").strip())

@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,11 +24,12 @@ from starlette.routing import Route
 
 from localgen.fetch import FetchPool
 from localgen.serve import anthropic, embeds, listings, manage, ollama, openai, page, responses
-from localgen.serve.apierror import HTTPError, error_response
+from localgen.serve.apierror import ERROR_EXTRA, HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.incoming import INCOMING, Incoming
 from localgen.serve.jobs import INTERNAL, Failed
 from localgen.serve.metrics import Metrics
+from localgen.serve.servelog import STDERR_LOG, TRACE, ServeLog, Trace, request_id
 from localgen.serve.state import ServeState
 
 # After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve/command.py's
@@ -50,6 +51,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         doc: dict[str, Any] = {"status": "ok" if ok else "error", "models": models}
         if state.residency is not None:
             doc["residency"] = state.residency.status()
+        if state.store is not None:  # the prompt cache on disk: its files, bytes and what was read back
+            doc["prefix_store"] = await asyncio.to_thread(state.store.status)
         return JSONResponse(doc, status_code=200 if ok else 503)
 
     routes = [Route("/health", health), *listings.routes(state), *openai.routes(state), *anthropic.routes(state),
@@ -102,23 +105,27 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
 
 @dataclass
 class Front:
-    """What the outermost layer gives each request: the pool that fetches its image URLs, where its access
-    line goes (None: no access log), and the metrics that count it."""
+    """What the outermost layer gives each request: the pool that fetches its image URLs, the server's log
+    (its access line, and the format: serve/servelog.py), and the metrics that count it."""
 
     pool: FetchPool = field(default_factory=FetchPool)
-    log: Callable[[str], None] | None = None
+    log: ServeLog = STDERR_LOG
     metrics: Metrics | None = None
 
 
-# a response's token counts, from the usage it ends with (OpenAI's usage, Ollama's eval counts)
+# a response's token counts, from the usage it ends with (OpenAI's usage, Ollama's eval counts), for the
+# requests whose tokens no worker counted (embeddings)
 _COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count)":\s*(\d+)')
+_KIND = {b"prompt_tokens": "prompt", b"prompt_eval_count": "prompt", b"completion_tokens": "completion",
+         b"eval_count": "completion"}
 _TAIL = 2048
 
 
 class FrontDoor:
-    """Pure ASGI, outermost: each request's Incoming in context; when it ends, its count in the metrics by
-    route and status, and when the access log is on, one line: method, path, status, tokens when the body
-    says, milliseconds."""
+    """Pure ASGI, outermost: each request's Incoming and Trace (its id: the client's X-Request-Id, sanitized,
+    or a fresh one, sent back as X-Request-Id) in context; when it ends, its count in the metrics by route and
+    status, and its access line (serve/servelog.py): method, path, status, tokens, milliseconds, or in JSON
+    also its id, route, model, cached tokens, time to first token and client."""
 
     def __init__(self, app: Any, front: Front) -> None:
         self.app = app
@@ -128,47 +135,45 @@ class FrontDoor:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        given = next((v for k, v in scope.get("headers", ()) if k == b"x-request-id"), None)
+        client = scope.get("client")
+        trace = Trace(request_id(given), f"{client[0]}:{client[1]}" if client else "-")
         token = INCOMING.set(Incoming(self.front.pool, receive))
+        traced = TRACE.set(trace)
+        extra = ERROR_EXTRA.set((("request_id", trace.id),))  # every error body of this request carries its id
         try:
-            await self._observed(scope, receive, send)
+            await self._observed(scope, receive, send, trace)
         finally:
+            ERROR_EXTRA.reset(extra)
+            TRACE.reset(traced)
             INCOMING.reset(token)
 
-    async def _observed(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _observed(self, scope: dict[str, Any], receive: Any, send: Any, trace: Trace) -> None:
         log, metrics = self.front.log, self.front.metrics
         start = time.perf_counter()
         status = 0
-        counts: dict[bytes, int] = {}
+        counts: dict[str, int] = {}
+        header = (b"x-request-id", trace.id.encode("latin-1"))
 
         async def sending(message: dict[str, Any]) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-            elif log is not None and message["type"] == "http.response.body":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            elif log.access_on and message["type"] == "http.response.body":
                 tail = message.get("body", b"")[-_TAIL:]
                 if b'_tokens"' in tail or b'eval_count"' in tail:
-                    counts.update((k, int(v)) for k, v in _COUNTS.findall(tail))
+                    counts.update((_KIND[k], int(v)) for k, v in _COUNTS.findall(tail))
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
             seconds = time.perf_counter() - start
+            route = metrics.route(scope) if metrics is not None else scope["path"]
             if metrics is not None:
-                metrics.request(scope, status, seconds)
-            if log is not None:
-                path = scope["path"] if scope["path"].isprintable() else repr(scope["path"])  # %0A: no forged lines
-                log(f"{scope['method']} {path} {status or '-'}{_tokens(counts)} {seconds * 1000:.0f} ms")
-
-
-def _tokens(counts: dict[bytes, int]) -> str:
-    prompt = counts.get(b"prompt_tokens", counts.get(b"prompt_eval_count"))
-    made = counts.get(b"completion_tokens", counts.get(b"eval_count"))
-    if prompt is not None and made is not None:
-        return f" {prompt}+{made} tokens"
-    if prompt is not None or made is not None:
-        return f" {prompt if prompt is not None else made} tokens"
-    return ""
+                metrics.request(scope, status, seconds, route)
+            log.access(scope["method"], scope["path"], route, status, seconds, trace, counts)
 
 
 class Drain:
@@ -199,6 +204,8 @@ class Drain:
             self.fail_all()
 
     def fail_all(self) -> None:
-        """Every job of every model ends now, as its API's 503."""
+        """Every job of every model ends now, as its API's 503, and every pull, with its error line."""
         for w in self.state.workers.values():
             w.fail_all(Failed(503, f"{w.name}: {STOPPING}"))
+        for pull in list(self.state.pulls):
+            pull.end(f"{STOPPING}: the download stops here, and the next pull of this model resumes it")

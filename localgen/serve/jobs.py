@@ -17,6 +17,7 @@ from typing import Any
 
 from localgen.backend import Completion
 from localgen.errors import LocalgenError, Overloaded, ServeError
+from localgen.serve.servelog import TRACE, Trace
 from localgen.types import GenerationRequest
 
 INTERNAL = "internal error (the server's log has the details)"
@@ -70,6 +71,7 @@ class Job:
     load_s: float = 0.0  # time spent loading the model for this job
     on_end: Callable[[], None] | None = None  # told once, when the job ends (done or error)
     stream: bool = True  # False: no Text events, only the Done (its Completion has the whole text) or Failed
+    trace: Trace | None = field(default_factory=TRACE.get)  # the HTTP request's record (serve/servelog.py)
     outbox: _Outbox = field(init=False)  # the loop's, shared by its jobs (made on the loop's thread)
 
     def __post_init__(self) -> None:
@@ -135,6 +137,7 @@ class EmbedJob:
     result: asyncio.Future[Any] = field(init=False)
     on_end: Callable[[], None] | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)  # the client left: stop between slices
+    trace: Trace | None = field(default_factory=TRACE.get)
 
     def __post_init__(self) -> None:
         self.result = self.loop.create_future()
@@ -154,8 +157,11 @@ class EmbedJob:
 
 @dataclass(eq=False)
 class Unload:
-    """A request to free the model, handled by the worker thread once nothing runs."""
+    """A request to free the model, handled by the worker thread once nothing runs: `reason` is "asked" (a
+    client, or a preset replaced), or "evicted" for `evicted_for` (serve/residency.py made room)."""
 
+    reason: str = "asked"
+    evicted_for: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 

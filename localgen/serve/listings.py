@@ -69,7 +69,8 @@ def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
 
 
 def _expires(worker: ModelWorker) -> str:
-    return _iso(worker.expires_at if worker.expires_at is not None else time.time() + 10 * 365 * 86400)
+    when = worker.expires()  # while it answers: at least its keep-alive from now
+    return _iso(when if when is not None else time.time() + 10 * 365 * 86400)  # keep-alive -1: never
 
 
 def _iso(stamp: float) -> str:

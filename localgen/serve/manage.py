@@ -17,14 +17,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
-from localgen.serve.apierror import HTTPError, http_error
+from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, Overloaded, ServeError, UsageError
+from localgen.serve.apierror import HTTPError
 from localgen.serve.describe import modelfile_text, show_doc
 from localgen.serve.jsonbody import read_json
-from localgen.serve.served import Served
+from localgen.serve.loadnow import load_now
 from localgen.serve.state import ServeState
 from localgen.serve.worker import ModelWorker
-from localgen.types import GenerationRequest, ModelRef, SamplingParams
+from localgen.types import ModelRef
 
 UNLOAD_WAIT_S = 30.0
 PROGRESS_EVERY_S = 0.25  # at most this often a progress line per file while its bytes come
@@ -57,7 +57,7 @@ def _model_routes(state: ServeState) -> list[Route]:
 
     async def router_load(request: Request) -> Response:
         worker = state.worker(_name(await read_json(request)))
-        await _load(worker)
+        await load_now(worker)
         return JSONResponse({"success": True})
 
     async def router_unload(request: Request) -> Response:
@@ -83,13 +83,13 @@ def _preset_routes(state: ServeState) -> list[Route]:
         from localgen.models import presets
 
         await asyncio.to_thread(_offered, state, src)  # the listing reads GGUF headers
-        await _retire(state, [w for w in list(state.workers.values()) if w.name == dst])
         try:
-            await asyncio.to_thread(presets.copy, src, dst, _lookup(state), True)
+            preset = await asyncio.to_thread(presets.copied, src, dst, _lookup(state))
         except ModelNotFoundError as e:
             raise HTTPError(404, e.message) from None
         except LocalgenError as e:
             raise HTTPError(400, e.message) from None
+        await _replace(state, preset, _force(body))
         return JSONResponse({})
 
     async def create(request: Request) -> Response:
@@ -106,10 +106,11 @@ def _preset_routes(state: ServeState) -> list[Route]:
             raise HTTPError(400, "ADAPTER names a file on the server's machine: create that preset there, with "
                                  "localgen create (a preset made so is served by its name)")
 
-        await _retire(state, [w for w in list(state.workers.values()) if w.name == name])
+        force = _force(body)
+        _refuse_existing(name, force)  # before a quantization: a refused create costs nothing
         quantize = body.get("quantize")
         lines = [{"status": "reading model metadata"}]
-        try:  # a preset of that name is replaced, as Ollama's create replaces a model
+        try:  # every check before anything changes: a refused create leaves a model of that name loaded
             if quantize:  # the FROM quantized first, into localgen's models (quant/quantize.py)
                 if not isinstance(quantize, str):
                     raise HTTPError(400, "`quantize` must be a type name, such as q4_K_M")
@@ -117,9 +118,10 @@ def _preset_routes(state: ServeState) -> list[Route]:
 
                 made, text = await asyncio.to_thread(for_preset, name, text, quantize, _lookup(state), "the request")
                 lines.append({"status": f"quantizing to {quantize.upper()}: {made}"})
-            await asyncio.to_thread(presets.create_preset, name, text, _lookup(state), "the request", True)
+            preset = await asyncio.to_thread(presets.made, name, text, _lookup(state), "the request")
         except LocalgenError as e:
             raise HTTPError(404 if isinstance(e, ModelNotFoundError) else 400, e.message) from None
+        await _replace(state, preset, force)
         lines += [{"status": f"writing the preset {name}"}, {"status": "success"}]
         return _answer(lines, body.get("stream", True) is not False)
 
@@ -131,6 +133,36 @@ def _preset_routes(state: ServeState) -> list[Route]:
 
     return [Route("/api/copy", copy, methods=["POST"]), Route("/api/create", create, methods=["POST"]),
             Route("/api/show", show, methods=["POST"])]
+
+
+def _force(body: dict[str, Any]) -> bool:
+    """localgen's extension `force` (as `localgen create --force`): replace a preset of that name."""
+    force = body.get("force", False)
+    if not isinstance(force, bool):
+        raise HTTPError(400, "`force` must be true or false", param="force")
+    return force
+
+
+async def _replace(state: ServeState, preset: Any, force: bool) -> None:
+    """Save a checked preset: a 409 when one of that name exists and `force` was not given (as the CLI asks
+    for --force), else its workers are retired first (a 409 when one is busy or pinned)."""
+    from localgen.models import presets
+
+    _refuse_existing(preset.name, force)
+    await _retire(state, [w for w in list(state.workers.values()) if w.name == preset.name])
+    try:
+        await asyncio.to_thread(presets.save, preset, True)
+    except LocalgenError as e:
+        raise HTTPError(400, e.message) from None
+
+
+def _refuse_existing(name: str, force: bool) -> None:
+    """A 409 when a preset of that name exists and `force` was not given (as the CLI asks for --force)."""
+    from localgen.models import presets
+
+    if not force and presets.exists(name):
+        raise HTTPError(409, f"a preset named {name!r} exists: send \"force\": true to replace it (as "
+                             "localgen create --force), or delete it first")
 
 
 def _name(body: dict[str, Any]) -> str:
@@ -233,13 +265,31 @@ def _pull_error(e: BaseException) -> HTTPError:
     from localgen.models.hub import HubUnreachableError
 
     assert isinstance(e, LocalgenError)
+    if isinstance(e, ServeError):  # the server is stopping (Pull.end)
+        return HTTPError(e.status, e.message, "server_error")
     if isinstance(e, ModelNotFoundError):
         return HTTPError(404, e.message, "not_found_error", "model")
     if isinstance(e, UsageError):
         return HTTPError(400, e.message)
+    if isinstance(e, ModelFormatError):  # the repo's file is not a model (pull removed it again)
+        return HTTPError(422, e.message)
     if isinstance(e, (DownloadError, HubUnreachableError)):
         return HTTPError(502, e.message, "server_error")
     return HTTPError(500, e.message, "server_error")
+
+
+class Pull:
+    """A pull under way, as the server sees it: the shutdown ends it (serve/app.py's Drain), and its client gets
+    an error (the stream's last line) instead of a cut body."""
+
+    def __init__(self, out: asyncio.Queue[Any], stop: threading.Event) -> None:
+        self.out, self.stop = out, stop
+
+    def end(self, message: str) -> None:
+        """Stop the download where it is (the next pull resumes it); told on the event loop's thread, so the
+        error comes before anything the download thread hands over later."""
+        self.stop.set()
+        self.out.put_nowait(Overloaded(message))
 
 
 def _pulling(target: Any) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
@@ -269,10 +319,10 @@ def _pulling(target: Any) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
 async def _pull(state: ServeState, name: str, stream: bool) -> Response:
     from localgen.models import hfcache, resolve
 
-    if resolve.embedded_model(name) is not None:  # it ships inside a Python package: already here
-        return _answer([{"status": "success"}], stream)
-    try:
-        target = resolve.target(name)
+    try:  # a name from a client: never a file here, and no file is looked for (names.parse's local=False)
+        if resolve.embedded_model(name, local=False) is not None:  # it ships inside a Python package: here
+            return _answer([{"status": "success"}], stream)
+        target = resolve.target(name, local=False)
     except ModelNotFoundError as e:
         raise HTTPError(404, e.message, "not_found_error", "model") from None
     except LocalgenError as e:
@@ -280,18 +330,27 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
     if state.offline or hfcache.offline_env():
         raise HTTPError(403, "this server is offline (serve --offline, or HF_HUB_OFFLINE): it cannot pull")
     out, stop, lines = _pulling(target)
+    pull = Pull(out, stop)
+    state.pulls.add(pull)
     if not stream:
         try:
             while (item := await out.get()) is not None and not isinstance(item, BaseException):
                 pass
         finally:
             stop.set()
+            state.pulls.discard(pull)
         if isinstance(item, BaseException):
             raise _pull_error(item) if isinstance(item, LocalgenError) else item
         return JSONResponse({"status": "success"})
-    first = await out.get()  # the listing's errors (no such repo, no such quantization) before any line
+    try:
+        first = await out.get()  # the listing's errors (no such repo, no such quantization) before any line
+    except BaseException:
+        stop.set()
+        state.pulls.discard(pull)
+        raise
     if isinstance(first, BaseException):
         stop.set()
+        state.pulls.discard(pull)
         raise _pull_error(first) if isinstance(first, LocalgenError) else first
 
     async def lines_out() -> AsyncIterator[bytes]:
@@ -311,6 +370,7 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
             yield b'{"status": "success"}\n'
         finally:
             stop.set()  # the client left (or the pull ended): a download still running stops
+            state.pulls.discard(pull)
 
     return StreamingResponse(lines_out(), media_type="application/x-ndjson")
 
@@ -371,22 +431,3 @@ def _remove_files(ref: ModelRef) -> None:
     if not files:
         raise HTTPError(404, f"{ref.name} is not in the cache", "not_found_error", "model")
     store.remove(files)
-
-
-# ---- load --------------------------------------------------------------------------------------------------
-
-
-async def _load(worker: Served) -> None:
-    """Load the model now: a job told to finish before its first step, so loading is all it does."""
-    from localgen.serve.jobs import Failed, Job
-
-    job = Job(GenerationRequest(prompt=" ", sampling=SamplingParams(max_tokens=1)), asyncio.get_running_loop(),
-              stream=False)
-    job.finish.set()
-    try:
-        worker.submit(job)
-    except LocalgenError as e:  # a full queue, or a worker that has stopped
-        raise HTTPError(503, e.message, "server_error") from None
-    event = await job.events.get()
-    if isinstance(event, Failed):
-        raise http_error(event)

@@ -56,9 +56,9 @@ class Metrics:
                 return str(getattr(route, "path", OTHER))
         return OTHER
 
-    def request(self, scope: dict[str, Any], status: int, seconds: float) -> None:
-        """A request has ended (status 0: no response began)."""
-        route = self.route(scope)
+    def request(self, scope: dict[str, Any], status: int, seconds: float, route: str | None = None) -> None:
+        """A request has ended (status 0: no response began); `route`: its route(scope), when known."""
+        route = route or self.route(scope)
         self.requests.labels(route, str(status) if status else "none").inc()
         self.request_seconds.labels(route).observe(seconds)
 
@@ -77,8 +77,10 @@ class Metrics:
         return generate_latest(self.registry)
 
     async def endpoint(self, request: Request) -> Response:
-        """GET /metrics."""
-        return Response(self.text(), media_type=CONTENT_TYPE)
+        """GET /metrics, collected in a thread: the prompt cache on disk is measured by listing its folder."""
+        import asyncio
+
+        return Response(await asyncio.to_thread(self.text), media_type=CONTENT_TYPE)
 
 
 class Gauges(Collector):
@@ -111,3 +113,31 @@ class Gauges(Collector):
             yield CounterMetricFamily("localgen_loads", "models loaded", value=s["loads"])
             yield CounterMetricFamily("localgen_evictions", "models unloaded to make room for another",
                                       value=s["evictions"])
+            yield CounterMetricFamily("localgen_swaps_waited", "loads that waited for a busy model to yield its "
+                                      "room (fair swaps)", value=s["swaps_waited"])
+        yield from self._prefixes()
+
+    def _prefixes(self) -> Iterator[Metric]:
+        """The prompt cache on disk (--cache-disk): its bytes and files, what was written and read back, and
+        the prompt tokens its prefixes spared (each model's prompt cache counts those it loaded from disk)."""
+        store = self.state.store
+        if store is None:
+            return
+        s = store.status()
+        yield GaugeMetricFamily("localgen_prefix_store_bytes", "bytes of prefixes on disk", value=s["bytes"])
+        yield GaugeMetricFamily("localgen_prefix_store_files", "prefixes on disk", value=s["files"])
+        yield CounterMetricFamily("localgen_prefix_store_written_bytes", "bytes of prefixes written",
+                                  value=s["written_bytes"])
+        yield CounterMetricFamily("localgen_prefix_store_read_bytes", "bytes of prefixes read back",
+                                  value=s["read_bytes"])
+        yield CounterMetricFamily("localgen_prefix_store_skipped", "stored prefixes refused (another model, "
+                                  "settings or llama.cpp build; a torn or damaged file)", value=s["skipped"])
+        hits = CounterMetricFamily("localgen_prefix_store_hits", "requests that started from a prefix read back "
+                                   "from disk", labels=["model"])
+        tokens = CounterMetricFamily("localgen_prefix_store_hit_tokens", "prompt tokens those prefixes spared",
+                                     labels=["model"])
+        for name, w in list(self.state.workers.items()):
+            n, spared = w.disk_hits()
+            hits.add_metric([name], n)
+            tokens.add_metric([name], spared)
+        yield from (hits, tokens)

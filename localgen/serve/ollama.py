@@ -21,6 +21,7 @@ from localgen.serve.apierror import OLLAMA, HTTPError, error_body
 from localgen.serve.ask import Ask, Schema, flag, keep_alive, sampling_values, split_reasoning
 from localgen.serve.jobs import Job
 from localgen.serve.jsonbody import read_json
+from localgen.serve.loadnow import load_now
 from localgen.serve.pipeline import Made, handle, parts
 from localgen.serve.state import ServeState
 from localgen.tools.stream import AnswerStream, Piece
@@ -102,6 +103,8 @@ async def load(state: ServeState, request: Request, chat: bool) -> Response | No
         unloaded = worker.request_unload()
         if not worker.busy:
             await asyncio.to_thread(unloaded.wait, 10)
+    else:  # loaded now, or the reason it cannot be (no room, over --max-memory), as /models/load says
+        await load_now(worker)
     said = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
     return JSONResponse({**_head(worker.name), **said, "done": True, "done_reason": "unload" if ttl == 0 else "load"})
 

@@ -3,7 +3,8 @@ models (--max-models) and a memory budget (--max-memory) set against each model'
 its GGUF header (models/footprint.py: weights, KV cache for its slots, compute and output buffers). When the
 model does not fit beside those loaded, the least recently used idle one that was not pinned with -m is
 unloaded; a model with jobs queued or running is never evicted: the load waits for one to finish (up to
-`wait_s`, then a 503). A model that could not fit even alone is an error naming what it needs."""
+`wait_s`, then a 503), and meanwhile that model takes no new jobs (a fair swap: below). A model that could not
+fit even alone is an error naming what it needs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localgen.errors import LocalgenError
+from localgen.serve.servelog import STDERR_LOG, ServeLog
 from localgen.units import format_bytes
 
 
@@ -26,56 +28,104 @@ class TooBig(LocalgenError):
 
 @dataclass
 class Residency:
-    """The loaded models' footprints, and the rules for making room."""
+    """The loaded models' footprints, and the rules for making room. Loads are admitted first come, first
+    served: a model waiting for room is not passed by one asked for later. While the first waits, the least
+    recently used unpinned model that is busy takes no new requests (they wait behind the swap, in its
+    queue) and is evicted as soon as its running requests end: traffic to a loaded model cannot starve a
+    request for another (a fair swap)."""
 
     budget: int  # bytes for every loaded model together
     max_models: int
     wait_s: float = 120.0  # how long a load waits for a busy model to become evictable
+    log: ServeLog = STDERR_LOG
     loads: int = 0
     evictions: int = 0
+    unloads: int = 0  # models freed other than to make room (idle, asked, a preset replaced or deleted)
+    swaps_waited: int = 0  # loads that waited for a busy model to yield
     _loaded: dict[Any, int] = field(default_factory=dict)  # worker → its estimated bytes
+    _waiting: list[Any] = field(default_factory=list)  # workers waiting for room, first come first
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
-    def admit(self, worker: Any, need: int) -> None:
+    def admit(self, worker: Any, need: int) -> float:
         """Block until `worker` (about to load, needing `need` bytes) has room, unloading idle models to make
-        it; NoRoom after wait_s with every other model busy or pinned, TooBig when it never could fit."""
+        it (and asking a busy one to yield: fair swaps); NoRoom after wait_s with every other model busy or
+        pinned, TooBig when it never could fit. The seconds it waited."""
         if need > self.budget:
             raise TooBig(f"{worker.name} needs about {format_bytes(need)} (weights, KV cache and buffers); the "
                          f"budget for loaded models is {format_bytes(self.budget)}",
                          hint="raise serve's --max-memory, or lower --ctx or --parallel")
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            with self._cond:
-                if self._fits(need):
-                    self._loaded[worker] = need
-                    self.loads += 1
-                    return
-                victim = self._victim(worker)
-                if victim is None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        busy = ", ".join(w.name for w in self._loaded)
-                        raise NoRoom(f"no room to load {worker.name}: the models loaded ({busy}) are pinned or "
-                                     f"busy, and {self.max_models} model(s) or {format_bytes(self.budget)} is the "
-                                     "most held at once")
-                    self._cond.wait(min(left, 0.5))
-                    continue
-            if victim.request_unload().wait(timeout=max(0.0, deadline - time.monotonic())):
+        t0 = time.monotonic()
+        deadline = t0 + self.wait_s
+        yielding: Any = None  # the busy model asked to yield its room to this one
+        with self._cond:
+            self._waiting.append(worker)
+        try:
+            while True:
                 with self._cond:
-                    self.evictions += 1
+                    first = self._waiting[0] is worker
+                    if first and self._fits(need):
+                        self._loaded[worker] = need
+                        self.loads += 1
+                        return time.monotonic() - t0
+                    victim = self._victim(worker) if first else None
+                    if victim is None:
+                        if first and yielding is None:
+                            yielding = self._yielder(worker)
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            busy = ", ".join(w.name for w in self._loaded)
+                            raise NoRoom(f"no room to load {worker.name}: the models loaded ({busy}) are pinned "
+                                         f"or busy, and {self.max_models} model(s) or {format_bytes(self.budget)} "
+                                         "is the most held at once")
+                        self._cond.wait(min(left, 0.25))
+                        continue
+                if yielding is not victim:  # it takes no new job meanwhile: one that came would delay the unload
+                    victim.yield_to(worker.name)
+                    if yielding is not None:
+                        yielding.resume(worker.name)
+                    yielding = victim
+                victim.request_unload("evicted", worker.name).wait(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._cond:
+                self._waiting.remove(worker)
+                self._cond.notify_all()
+            if yielding is not None:
+                yielding.resume(worker.name)
 
     def _fits(self, need: int) -> bool:
         return len(self._loaded) < self.max_models and sum(self._loaded.values()) + need <= self.budget
 
     def _victim(self, asking: Any) -> Any:
-        """The least recently used loaded model that is not pinned and has no job queued or running."""
-        idle = [w for w in self._loaded if w is not asking and not w.pinned and not w.busy]
+        """The least recently used loaded model that is not pinned and has no job queued or running (or, asked
+        to yield, none running)."""
+        idle = [w for w in self._loaded if w is not asking and not w.pinned and w.evictable]
         return min(idle, key=lambda w: w.last_used) if idle else None
 
-    def released(self, worker: Any) -> None:
-        """The worker has freed its model."""
+    def _yielder(self, asking: Any) -> Any:
+        """Ask the least recently used unpinned loaded model to take no new jobs, so that its running ones end
+        and it can be evicted for `asking` (None when every loaded model is pinned). Logged."""
+        busy = [w for w in self._loaded if w is not asking and not w.pinned]
+        if not busy:
+            return None
+        w = min(busy, key=lambda w: w.last_used)
+        w.yield_to(asking.name)
+        self.swaps_waited += 1
+        self.log.event("swap", asking.name, f"{asking.name} waits for room: {w.name} takes no new requests "
+                       f"until its running ones end, then unloads (at most {self.wait_s:g} s)",
+                       yielding=w.name, wait_limit_s=self.wait_s)
+        return w
+
+    def released(self, worker: Any, evicted: bool = False, failed: bool = False) -> None:
+        """The worker has freed its model (`evicted`: to make room for another), or its load failed (`failed`:
+        it never was a load). Each load ends once: loads = loaded + evictions + unloads."""
         with self._cond:
             if self._loaded.pop(worker, None) is not None:
+                if failed:
+                    self.loads -= 1
+                elif evicted:
+                    self.evictions += 1
+                else:
+                    self.unloads += 1
                 self._cond.notify_all()
 
     def status(self) -> dict[str, Any]:
@@ -83,7 +133,9 @@ class Residency:
         with self._cond:
             held = sum(self._loaded.values())
             return {"max_models": self.max_models, "budget_bytes": self.budget, "held_bytes": held,
-                    "loaded": sorted(w.name for w in self._loaded), "loads": self.loads, "evictions": self.evictions}
+                    "loaded": sorted(w.name for w in self._loaded), "loads": self.loads, "evictions": self.evictions,
+                    "unloads": self.unloads,
+                    "waiting": [w.name for w in self._waiting], "swaps_waited": self.swaps_waited}
 
 
 def default_budget(offload: bool) -> int:

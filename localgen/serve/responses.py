@@ -17,7 +17,7 @@ from localgen.serve.apierror import HTTPError
 from localgen.serve.ask import Ask, Schema, flag, optional_object, positive_int, sampling_values, split_reasoning
 from localgen.serve.pipeline import Made, route
 from localgen.serve.responseitems import Encoder
-from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, default_path
+from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, check_metadata, default_path
 from localgen.serve.responsestore import routes as store_routes
 from localgen.serve.state import ServeState
 
@@ -85,7 +85,7 @@ class Responses:
 
 def _check_options(body: dict[str, Any]) -> None:
     """The fields that change nothing here, checked: a value this server cannot honour is a 400."""
-    optional_object(body, "metadata")
+    check_metadata(body.get("metadata"), body.get("user"))  # what a stored response keeps beside its conversation
     if body.get("truncation") not in (None, "disabled"):
         raise HTTPError(400, "truncation: only \"disabled\" is served: a conversation longer than the model's "
                              "window is an error, never cut", param="truncation")

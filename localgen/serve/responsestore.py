@@ -1,11 +1,13 @@
 """The responses `POST /v1/responses` stores (`store`, on unless false): each response's JSON and its
 conversation (the chat messages that went in and the answer as messages), so `previous_response_id` can
 continue it and `GET`/`DELETE /v1/responses/{id}` can find it. One SQLite file in the data dir (0600 in a
-0700 folder), bounded: at most MAX_RESPONSES, the oldest dropped first, none older than MAX_AGE_S (both
-applied on each write; an expired one is never read). The standard library's sqlite3, as the log's writer
-(log/store.py): one table, no full-text index, so sqlite-utils would add only its import time. Every call
-opens its own connection under one lock: the server calls these from worker threads (asyncio.to_thread).
-GET and DELETE /v1/responses/{id} are this store over HTTP."""
+0700 folder), bounded: at most MAX_RESPONSES and MAX_BYTES, the oldest dropped first, none older than
+MAX_AGE_S (all applied on each write; an expired one is never read). What a request may store beside its
+conversation is bounded as OpenAI bounds it (check_metadata): `metadata` at most 16 keys of 64 characters,
+each a string of at most 512, and `user` at most MAX_USER characters. The standard library's sqlite3, as the
+log's writer (log/store.py): one table, no full-text index, so sqlite-utils would add only its import time.
+Every call opens its own connection under one lock: the server calls these from worker threads
+(asyncio.to_thread). GET and DELETE /v1/responses/{id} are this store over HTTP."""
 
 from __future__ import annotations
 
@@ -28,10 +30,34 @@ from localgen import paths
 from localgen.serve.apierror import HTTPError
 
 MAX_RESPONSES = 1000
+MAX_BYTES = 1 << 30  # the stored responses' JSON together (UTF-8): the oldest go first past it
 MAX_AGE_S = 30 * 24 * 3600.0
 BUSY_TIMEOUT_S = 30.0
 # a stored conversation's JSON, at most (serve's default body limit): a follow-up cannot grow one past it
 MAX_CONVERSATION_CHARS = 16 << 20
+# OpenAI's bounds on `metadata`; `user` (an end user's id) as long as any id is
+MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_VALUE, MAX_USER = 16, 64, 512, 256
+
+
+def check_metadata(metadata: Any, user: Any) -> None:
+    """A 400 (serve/apierror.py's HTTPError, naming the field) for `metadata` or `user` outside OpenAI's bounds:
+    what a stored response keeps beside its conversation stays small."""
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise HTTPError(400, "metadata must be an object", param="metadata")
+        if len(metadata) > MAX_METADATA_KEYS:
+            raise HTTPError(400, f"metadata has {len(metadata)} keys; at most {MAX_METADATA_KEYS}", param="metadata")
+        for key, value in metadata.items():
+            if len(key) > MAX_METADATA_KEY:
+                raise HTTPError(400, f"a metadata key is {len(key):,} characters; at most {MAX_METADATA_KEY}",
+                                param="metadata")
+            if not isinstance(value, str):
+                raise HTTPError(400, f"metadata[{key[:64]!r}] must be a string", param="metadata")
+            if len(value) > MAX_METADATA_VALUE:
+                raise HTTPError(400, f"metadata[{key[:64]!r}] is {len(value):,} characters; at most "
+                                     f"{MAX_METADATA_VALUE}", param="metadata")
+    if user is not None and (not isinstance(user, str) or len(user) > MAX_USER):
+        raise HTTPError(400, f"user must be a string of at most {MAX_USER} characters", param="user")
 
 
 @dataclass(frozen=True)
@@ -51,8 +77,9 @@ class ResponseStore:
     """Stored responses by id, bounded in number and age."""
 
     def __init__(self, path: Path, most: int = MAX_RESPONSES, max_age_s: float = MAX_AGE_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, max_bytes: int = MAX_BYTES) -> None:
         self.path, self.most, self.max_age_s, self.clock = path, most, max_age_s, clock
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._made = False
 
@@ -68,6 +95,12 @@ class ResponseStore:
                     db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL NOT NULL, "
                                "response TEXT NOT NULL, conversation TEXT NOT NULL)")
                     db.execute("CREATE INDEX IF NOT EXISTS responses_created ON responses (created)")
+                    columns = [row[1] for row in db.execute("PRAGMA table_info(responses)")]
+                    if "bytes" not in columns:  # a store made before the bound in bytes: its rows measured
+                        db.execute("ALTER TABLE responses ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
+                        db.execute("UPDATE responses SET bytes = length(CAST(response AS BLOB)) + "
+                                   "length(CAST(conversation AS BLOB))")
+                        db.commit()
                     self._made = True
                 with db:  # one transaction
                     yield db
@@ -77,13 +110,16 @@ class ResponseStore:
     def save(self, ident: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
         """Keep a response (replacing one of the same id), then drop the expired and those past the bound."""
         now = self.clock()
+        doc, said = json.dumps(response, ensure_ascii=False), json.dumps(conversation, ensure_ascii=False)
+        size = len(doc.encode()) + len(said.encode())
         with self._db() as db:
-            db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
-                       (ident, now, json.dumps(response, ensure_ascii=False),
-                        json.dumps(conversation, ensure_ascii=False)))
+            db.execute("INSERT OR REPLACE INTO responses (id, created, response, conversation, bytes) "
+                       "VALUES (?, ?, ?, ?, ?)", (ident, now, doc, said, size))
             db.execute("DELETE FROM responses WHERE created < ?", (now - self.max_age_s,))
             db.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY created DESC, "
                        "rowid DESC LIMIT ?)", (self.most,))
+            db.execute("DELETE FROM responses WHERE id IN (SELECT id FROM (SELECT id, SUM(bytes) OVER (ORDER BY "
+                       "created DESC, rowid DESC) AS upto FROM responses) WHERE upto > ?)", (self.max_bytes,))
 
     def load(self, ident: str) -> Stored | None:
         """The stored response, or None when it is unknown, deleted or expired."""

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from localgen.backend import Completion
+    from localgen.engine.prefixstore import PrefixStore
     from localgen.serve.ondemand import OnDemand
     from localgen.serve.residency import Residency
 
@@ -34,6 +35,8 @@ class ServeState:
     residency: Residency | None = None  # which models stay loaded
     on_completion: Callable[[str, Completion], None] | None = None  # metrics' count of each finished generation
     offline: bool = False  # serve --offline: /api/pull is refused
+    store: PrefixStore | None = None  # the prompt cache on disk (None: --cache-disk 0)
+    pulls: set[Any] = field(default_factory=set)  # serve/manage.py's pulls under way (stopped at shutdown)
 
     def worker(self, name: object, claude: bool = False) -> Served:
         """The model a request's `model` names, as its handler sees it: one served, or an installed model (its

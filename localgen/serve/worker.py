@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import itertools
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -24,8 +23,11 @@ from localgen.serve.jobs import INTERNAL, Done, EmbedJob, Failed, Job, QueueFull
 from localgen.serve.model import warm_template
 from localgen.serve.prepare import MediaPrep, has_media, request, task
 from localgen.serve.residency import NoRoom
+from localgen.serve.servelog import STDERR_LOG, ServeLog
 from localgen.serve.workerload import Residence
 from localgen.types import LoadParams, ModelRef
+
+STOP_WRITE_S = 60.0  # the most a stopping worker is given to write its prefixes (a decode step may be under way)
 
 
 class ModelWorker(Residence):
@@ -34,7 +36,7 @@ class ModelWorker(Residence):
     def __init__(self, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, max_queue: int,
                  warn: Callable[[str], None] = lambda s: None, exact: bool | None = None,
                  share_prefixes: bool = True, cache_ram: int = 0, residency: Any = None, pinned: bool = True,
-                 warm_dir: Any = None) -> None:
+                 store: Any = None, log: ServeLog = STDERR_LOG) -> None:
         self.ref = ref
         self.name = ref.name
         self.load = load
@@ -49,8 +51,13 @@ class ModelWorker(Residence):
         self.pinned = pinned  # never unloaded to make room for another model (serve -m)
         self.last_used = time.monotonic()  # the last job's arrival: the least recently used goes first
         self.need = 0  # bytes the model takes loaded, by its estimate (serve/model.py's footprint)
-        self.warm_dir = warm_dir  # where its prompt cache waits while it is unloaded (None: warm reloads off)
-        self.warm_restored = 0  # prefixes a load found there
+        self.store = store  # engine/prefixstore.py: its prompt cache on disk (None: --cache-disk 0)
+        self.warm_restored = 0  # prefixes its loads found there
+        self.log = log  # serve/servelog.py: its loads, unloads and evictions
+        self._yield_to: list[str] = []  # models waiting for its room: it takes no new jobs (fair swaps)
+        self._held: list[Job | EmbedJob] = []  # the jobs that came meanwhile, in order
+        self._kept_at = time.monotonic()  # when the prefix store last had what the slots hold
+        self.disk_hits_before = self.disk_hit_tokens_before = 0  # prefixes from disk used by earlier loads
         self.jobs: queue.Queue[Job | EmbedJob | Unload | None] = queue.Queue()  # None: a prompt is ready
         self.prep = MediaPrep(lambda: self.jobs.put(None))  # prompts with images or audio, made off this thread
         self.backend: Any = None
@@ -102,13 +109,17 @@ class ModelWorker(Residence):
             self.outstanding += 1
             self._open.add(job)
             self.last_used = time.monotonic()
+        if job.trace is not None:
+            job.trace.model = self.name
         job.on_end = lambda: self._ended(job)
         self.jobs.put(job)
 
-    def request_unload(self) -> threading.Event:
-        """Ask the worker thread to free the model as soon as no job runs; the event is set once it has."""
-        req = Unload()
+    def request_unload(self, reason: str = "asked", evicted_for: str | None = None) -> threading.Event:
+        """Ask the worker thread to free the model as soon as no job runs; the event is set once it has (at
+        once when the thread has ended: nothing else can be using the model then)."""
+        req = Unload(reason, evicted_for)
         if not self.thread.is_alive():
+            self._unload(reason, evicted_for)
             req.done.set()
         else:
             self.jobs.put(req)
@@ -118,6 +129,25 @@ class ModelWorker(Residence):
     def busy(self) -> bool:  # whether a job runs or waits
         return self.outstanding > 0
 
+    @property
+    def evictable(self) -> bool:
+        """Whether unloading it now costs no request: nothing queued or running, or (asked to yield its room)
+        nothing running; what it holds back waits for the model to load again."""
+        if not self.busy:
+            return True
+        return bool(self._yield_to) and not self._running and not self.prep.pending
+
+    def yield_to(self, name: str) -> None:
+        """A model waits for this one's room (serve/residency.py): take no new jobs until resume(name)."""
+        with self._count_lock:
+            self._yield_to.append(name)
+
+    def resume(self, name: str) -> None:
+        """That model has its room now, or gave up: take jobs again (those held back first)."""
+        with self._count_lock:
+            if name in self._yield_to:
+                self._yield_to.remove(name)
+        self.jobs.put(None)  # wake the thread
     def _ended(self, job: Job | EmbedJob) -> None:
         with self._count_lock:
             if job in self._open:  # once, though fail_all and this thread may both end it
@@ -137,14 +167,15 @@ class ModelWorker(Residence):
             job.send(event)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop after the running jobs (cancelled if they outlast `timeout`), and free the model."""
+        """Stop after the running jobs (cancelled if they outlast `timeout`); the thread writes what its slots
+        hold to the prefix store (--cache-disk) before it ends, given up to STOP_WRITE_S for that."""
         deadline = time.monotonic() + timeout
         self._stop.set()
         while self.thread.is_alive() and time.monotonic() < deadline:
             self.thread.join(0.1)
         for job in list(self._running.values()):
             job.cancelled.set()
-        self.thread.join(5)
+        self.thread.join(STOP_WRITE_S)
 
     @property
     def alive(self) -> bool:
@@ -160,7 +191,16 @@ class ModelWorker(Residence):
                 "prompt_cache": pc.slots.host.status() if pc and pc.slots.host else None,
                 "batching": self.mode.name if self.mode else None, "failed_jobs": self.failures,
                 "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": self.settings,
-                "warm_restored": self.warm_restored}
+                "warm_restored": self.warm_restored, "disk_hits": self.disk_hits()[0],
+                "yielding_to": list(self._yield_to), "held": len(self._held)}
+
+    def disk_hits(self) -> tuple[int, int]:
+        """Requests that started from a prefix read back from disk, and the prompt tokens it spared them, over
+        every load of this model."""
+        pc = self.pc
+        host = pc.slots.host if pc is not None else None
+        return ((host.disk_loads if host else 0) + self.disk_hits_before,
+                (host.disk_loaded_tokens if host else 0) + self.disk_hit_tokens_before)
 
     @property
     def settings(self) -> dict[str, Any] | None:
@@ -197,11 +237,14 @@ class ModelWorker(Residence):
                 if self.prep.pending:
                     continue
                 if self._unloads:
-                    self._unload()
+                    evicted = next((u for u in self._unloads if u.reason == "evicted"), None)
+                    self._unload("evicted" if evicted else "asked", evicted.evicted_for if evicted else None)
                     for req in self._unloads:
                         req.done.set()
                     self._unloads.clear()
                 self._maybe_unload()
+                self._keep_prefixes()
+            self._keep_prefixes(final=True)  # a clean stop: what its slots hold is written for the next start
         except BaseException as e:  # the thread is going: say so, and fail whatever waits
             self.dead = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             self._internal(e, "the worker thread stopped")
@@ -212,14 +255,20 @@ class ModelWorker(Residence):
 
     def _intake(self, wait: bool) -> None:
         """Move queued jobs to the scheduler (loading the model first if it is not loaded); with `wait`
-        (nothing runs) block a moment for the first."""
+        (nothing runs) block a moment for the first. While another model waits for this one's room (fair
+        swaps), new jobs are held back, in order, and taken first once it has loaded."""
+        self._drop_cancelled_held()
         while True:
-            try:
-                item = self.jobs.get(timeout=0.25) if wait else self.jobs.get_nowait()
-            except queue.Empty:
-                return
+            yielding = bool(self._yield_to) and self.loaded
+            if self._held and not yielding:
+                item: Job | EmbedJob | Unload | None = self._held.pop(0)
+            else:
+                try:
+                    item = self.jobs.get(timeout=0.25) if wait else self.jobs.get_nowait()
+                except queue.Empty:
+                    return
             wait = False
-            if item is None:  # the media thread made a prompt (_admit_prepared takes it)
+            if item is None:  # the media thread made a prompt (_admit_prepared takes it), or a wake-up
                 continue
             if isinstance(item, Unload):  # once nothing runs
                 self._unloads.append(item)
@@ -228,7 +277,14 @@ class ModelWorker(Residence):
                 self.aborted += 1
                 item.send(Failed(499, "the client went away"))
                 continue
-            if not self._load_for(item):
+            if yielding:
+                self._held.append(item)
+                continue
+            failure = self._load_for(item)
+            if failure is not None:  # the jobs held back with it fail the same way, rather than each wait again
+                for job in (item, *self._held):
+                    job.send(failure)
+                self._held.clear()
                 continue
             job_id, backend = next(self._ids), self.backend
             if isinstance(item, EmbedJob):
@@ -240,6 +296,13 @@ class ModelWorker(Residence):
                     self._fail(item, e, "preparing a request")
             else:
                 self._admit(job_id, item, functools.partial(request, backend, self.pc, job_id, item))
+
+    def _drop_cancelled_held(self) -> None:
+        """Held-back jobs whose client went away end now."""
+        for job in [j for j in self._held if j.cancelled.is_set()]:
+            self._held.remove(job)
+            self.aborted += 1
+            job.send(Failed(499, "the client went away"))
 
     def _admit(self, job_id: int, job: Job | EmbedJob, make: Callable[[], Any]) -> None:
         """Into the scheduler: the work `make` turns the job into (serve/prepare.py), or the job fails alone."""
@@ -304,6 +367,8 @@ class ModelWorker(Residence):
 
     def _finished(self, job: Any, c: Completion) -> None:
         """A generation job's end as its event: Done, or why it did not finish."""
+        if job.trace is not None and c.error is None:  # its access line's tokens and time to first token
+            job.trace.completed(self.name, c)
         if self.on_completion is not None and c.error is None:  # counted before the client can ask /metrics
             try:
                 self.on_completion(self.name, c)
@@ -318,8 +383,8 @@ class ModelWorker(Residence):
         if job.keep_alive is not None:
             self.keep_alive = job.keep_alive
 
-    def _load_for(self, job: Job | EmbedJob) -> bool:
-        """Load the model if it is not loaded; False (the job failed) when it cannot be."""
+    def _load_for(self, job: Job | EmbedJob) -> Failed | None:
+        """Load the model if it is not loaded; why it cannot be, as the job's event (not sent yet)."""
         try:
             with self.lock:
                 t0 = time.perf_counter()
@@ -327,20 +392,21 @@ class ModelWorker(Residence):
                 self._ensure_loaded()
                 if isinstance(job, Job):
                     job.load_s = 0.0 if was_loaded else time.perf_counter() - t0
-            return True
+            return None
         except NoRoom as e:
-            job.send(Failed(503, e.message))
+            return Failed(503, e.message)
         except LocalgenError as e:
-            job.send(Failed(500, f"cannot load {self.name}: {e.message}"))
+            return Failed(500, f"cannot load {self.name}: {e.message}")
         except Exception as e:
             self._internal(e, "loading the model")
-            job.send(Failed(500, f"cannot load {self.name}: {INTERNAL}"))
-        return False
+            return Failed(500, f"cannot load {self.name}: {INTERNAL}")
 
     def _drain(self, event: Failed) -> None:  # the jobs in flight and every job still queued
         self._drain_running(event)
         for job in self.prep.clear():
             job.send(event)
+        while self._held:
+            self._held.pop(0).send(event)
         while True:
             try:
                 item = self.jobs.get_nowait()
@@ -362,7 +428,7 @@ class ModelWorker(Residence):
         self.last_error = f"{where}: {type(e).__name__}"
         text = "".join(traceback.format_exception(e)).rstrip()
         with contextlib.suppress(OSError, ValueError):  # no stderr left to log to
-            print(f"localgen serve: {self.name}: internal error while {where}\n{text}", file=sys.stderr, flush=True)
+            self.log.error(f"localgen serve: {self.name}: internal error while {where}", text, self.name)
 
     def _drain_running(self, event: Failed) -> None:
         """Fail the jobs in flight, and forget every slot's cache: nothing half-done is reused."""

@@ -37,7 +37,8 @@ def serve(
         list[str] | None,
         typer.Option("--model", "-m", envvar="LOCALGEN_MODEL", rich_help_panel=SERVE, show_default=False,
                      help="A model to load at start and keep loaded (repeatable; default: smollm2:135m, loaded at "
-                          "start but unloaded to make room). Requests name a model in `model`."),
+                          "start but unloaded to make room). Requests name a model in `model`; the first -m is "
+                          "the model of a request that names none (or a claude-* model not here)."),
     ] = None,
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
@@ -55,6 +56,12 @@ def serve(
         bool, typer.Option("--verbose", rich_help_panel=o.OUTPUT_PANEL,
                            help="Also show uvicorn's info lines on stderr.")
     ] = False,
+    log_format: Annotated[
+        str, typer.Option("--log-format", rich_help_panel=o.OUTPUT_PANEL, metavar="text|json",
+                          help="The log on stderr: text lines, or json: one JSON object per line for each request "
+                               "(time, request_id, route, model, status, tokens, cached tokens, TTFT, total time, "
+                               "client) and each model load, unload and eviction.")
+    ] = "text",
     *,
     listen: ListenOptions,
     residency: ResidencyOptions,
@@ -69,7 +76,8 @@ def serve(
     flight (for a few seconds) and exit 0.
     """
     start(ServeArgs(context=ctx_, models=models, offline=offline, chat_template_file=chat_template_file,
-                    mmproj=mmproj, drain_timeout=drain_timeout, quiet=quiet, verbose=verbose, listen=listen,
+                    mmproj=mmproj, drain_timeout=drain_timeout, quiet=quiet, verbose=verbose, log_format=log_format,
+                    listen=listen,
                     residency=residency, batching=batching, fetching=fetching, knobs=knobs))
 
 
@@ -89,6 +97,7 @@ def start(f: ServeArgs) -> None:
     from localgen.serve.app import build
     from localgen.serve.guard import Policy, origins_from
     from localgen.serve.jobs import parse_duration
+    from localgen.serve.servelog import ServeLog
     from localgen.serve.state import ServeState
 
     err = ErrWriter()
@@ -102,38 +111,46 @@ def start(f: ServeArgs) -> None:
         raise UsageError(f"--keep-alive: {e.message}") from None
     policy = Policy(api_key=key, origins=origins_from(listen.cors, os.environ.get("LOCALGEN_ORIGINS")),
                     check_host=is_loopback(listen.host), max_body=_max_body(listen.max_body))
+    if f.log_format not in ("text", "json"):
+        raise UsageError(f"--log-format is text or json, not {f.log_format!r}")
     given = flag_sampling(f.knobs)  # the flags are valid before anything loads
     cache_ram = _cache_ram(f.batching.cache_ram)  # before the port: a bad flag is a usage error whatever listens there
+    cache_disk = _cache_disk(f.batching.cache_disk)
     _check_port(listen.host, listen.port)
+    log = ServeLog(json_lines=f.log_format == "json", access=not f.quiet)
     if not is_loopback(listen.host) and not key:
-        err.warn(f"listening on {listen.host} with no API key: anyone who can reach this port can use the models")
-    residency = _residency(f.residency, f.knobs)
-    workers = _workers(f, keep, cache_ram, err, residency)
+        log.warning(f"listening on {listen.host} with no API key: anyone who can reach this port can use the models")
+    residency = _residency(f.residency, f.knobs, log)
+    store = _prefix_store(cache_disk, cache_ram, log)
+    make = _maker(f, keep, cache_ram, residency, store, log)
+    workers = _workers(f, make, err)
     state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
                        allow_image_urls=fetching.allow_image_urls,
-                       default=workers[0].name if len(workers) == 1 else None,
-                       on_demand=_on_demand(f, keep, cache_ram, err, residency) if on_demand else None,
-                       residency=residency, offline=f.offline)
+                       default=workers[0].name,  # the first -m, or the default model
+                       on_demand=_on_demand(f, make) if on_demand else None,
+                       residency=residency, offline=f.offline, store=store)
     app = build(state, policy, webui=listen.webui)
     app.state.front.pool = FetchPool(Fetcher(private=fetching.allow_private_urls, timeout=fetching.fetch_timeout),
                                      size=MAX_FETCHES, wait=FETCH_WAIT_S)
-    app.state.front.log = None if f.quiet else _access_line
+    app.state.front.log = log
     # our access line (serve/app.py's FrontDoor) replaces uvicorn's, which is off even with --verbose
     config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning" if not f.verbose else "info",
                             timeout_graceful_shutdown=math.ceil(f.drain_timeout) + 1, access_log=False,
-                            lifespan="on")
+                            lifespan="on", **_uvicorn_logging(log.json))
     server = _Server(config)
     server.on_exit = app.state.drain.signal
     app.state.drain.seconds = f.drain_timeout
-    err.line(_started_line(f, list(state.workers), cache_ram, residency))
+    log.event("start", None, _started_line(f, list(state.workers), cache_ram, residency, store).removeprefix(
+        "localgen serve: "), url=f"http://{_url_host(listen.host)}:{listen.port}", models=list(state.workers),
+        default_model=state.default)
     for w in workers:
         if w.mode is not None:
-            err.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
+            log.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
         loaded = w.settings
         if loaded:
             from localgen.cli.hints import record_note
 
-            record_note(lambda text: err.line(f"  {text}"), w.name, w.ref.path,
+            record_note(lambda text: log.line(f"  {text}"), w.name, w.ref.path,
                         {k: v["value"] for k, v in loaded.items()}, {k: v["from"] for k, v in loaded.items()})
     try:
         server.run()
@@ -144,25 +161,18 @@ def start(f: ServeArgs) -> None:
         raise LocalgenError(f"the server could not start on {listen.host}:{listen.port}")
 
 
-def _started_line(f: ServeArgs, names: list[str], cache_ram: int, residency: Any) -> str:
-    """What serve says once its models are loaded: where it listens, its APIs, slots, cache and limits."""
+def _started_line(f: ServeArgs, names: list[str], cache_ram: int, residency: Any, store: Any) -> str:
+    """What serve says once its models are loaded: where it listens, its APIs, slots, caches and limits."""
     others = " (and every model here, on demand)" if f.residency.on_demand else ""
+    default = f" (default {names[0]})" if len(names) > 1 else ""
     slots = f.batching.parallel
-    return (f"localgen serve: {', '.join(names)}{others} on http://{_url_host(f.listen.host)}:{f.listen.port} · "
-            f"{'chat page at /, ' if f.listen.webui else ''}OpenAI API at /v1, Anthropic's at /v1/messages, "
-            f"Ollama's at /api · {slots} slot"
-            f"{'s' if slots != 1 else ''} per model · {_cache_ram_label(cache_ram)} · at most "
+    disk = f"prompt cache on disk: up to {format_bytes(store.limit)}" if store else "no prompt cache on disk"
+    return (f"localgen serve: {', '.join(names)}{default}{others} on http://{_url_host(f.listen.host)}:"
+            f"{f.listen.port} · {'chat page at /, ' if f.listen.webui else ''}OpenAI API at /v1, Anthropic's at "
+            f"/v1/messages, Ollama's at /api · {slots} slot"
+            f"{'s' if slots != 1 else ''} per model · {_cache_ram_label(cache_ram)} · {disk} · at most "
             f"{residency.max_models} model{'s' if residency.max_models != 1 else ''} or "
             f"{format_bytes(residency.budget)} loaded")
-
-
-def _access_line(line: str) -> None:
-    """One request's line on stderr: a plain write (line-buffered), no styling, cheap per request."""
-    import contextlib
-    import sys
-
-    with contextlib.suppress(BrokenPipeError, ValueError):  # a closed stderr must not fail the request
-        sys.stderr.write(line + "\n")
 
 
 def _server_class() -> Any:
@@ -191,14 +201,20 @@ def _Server(config: Any) -> Any:
     return _server_class()(config)
 
 
-def _warm_dir(f: ServeArgs) -> Any:
-    """Where unloaded models' prompt caches wait (None: --no-warm-reload)."""
+def _prefix_store(limit: int, cache_ram: int, log: Any) -> Any:
+    """The prompt cache on disk (engine/prefixstore.py), None when --cache-disk 0 (or with no prompt cache in
+    RAM, where its prefixes come back to)."""
+    if limit == 0 or cache_ram == 0:
+        return None
     from localgen import paths
+    from localgen.engine.prefixstore import PrefixStore
+    from localgen.native.lib import build_id
 
-    return paths.cache_dir() / "serve-warm" if f.residency.warm_reload else None
+    return PrefixStore(paths.private_dir(paths.cache_dir() / "serve-prefixes"), limit, build_id(),
+                       say=lambda text: log.event("prefix-skipped", "", text, detail=text))
 
 
-def _residency(options: ResidencyOptions, knobs: Knobs) -> Any:
+def _residency(options: ResidencyOptions, knobs: Knobs, log: Any = None) -> Any:
     """How many models, and how much memory, may be loaded at once (serve/residency.py)."""
     from localgen import hardware
     from localgen.serve.residency import Residency, default_budget
@@ -213,53 +229,69 @@ def _residency(options: ResidencyOptions, knobs: Knobs) -> Any:
             raise UsageError(f"--max-memory takes a size such as 12G or 800M, not {max_memory!r}") from None
     else:
         budget = default_budget(offload)
-    return Residency(budget=budget, max_models=options.max_models or 3 * max(1, len(gpus) if offload else 1))
+    from localgen.serve.servelog import STDERR_LOG
+
+    return Residency(budget=budget, max_models=options.max_models or 3 * max(1, len(gpus) if offload else 1),
+                     wait_s=options.load_wait, log=log or STDERR_LOG)
 
 
-def _on_demand(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: Any) -> Any:
+def _uvicorn_logging(json_lines: bool) -> dict[str, Any]:
+    """uvicorn's own lines as serve's JSON lines with --log-format json (serve/servelog.py)."""
+    from localgen.serve.servelog import uvicorn_log_config
+
+    config = uvicorn_log_config(json_lines)
+    return {"log_config": config} if config is not None else {}
+
+
+def _maker(f: ServeArgs, keep: float, cache_ram: int, residency: Any, store: Any, log: Any) -> Any:
+    """make(ref, pinned, load) → a ModelWorker with serve's settings (not started)."""
+    from localgen.serve.worker import ModelWorker
+
+    slots = f.batching
+
+    def make(ref: Any, pinned: bool, load: Any) -> Any:
+        return ModelWorker(ref, preset.load_params(ref, load, f.knobs.given), slots.parallel, keep,
+                           f.residency.max_queue, warn=log.warning, exact=slots.exact,
+                           share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency,
+                           pinned=pinned, store=store, log=log)
+
+    return make
+
+
+def _on_demand(f: ServeArgs, make: Any) -> Any:
     """Every model on this machine, its worker made when a request first names it (serve/ondemand.py)."""
     from localgen.models.installed import installed
     from localgen.models.resolve import resolve
     from localgen.serve.ondemand import OnDemand
-    from localgen.serve.worker import ModelWorker
 
     # --lora is for the models loaded at start; one loaded on demand takes its preset's ADAPTER lines
-    slots = f.batching
-    load = dataclasses.replace(f.knobs.load(streams=slots.parallel), lora=())
+    load = dataclasses.replace(f.knobs.load(streams=f.batching.parallel), lora=())
 
-    def make(ref: Any) -> Any:
-        w = ModelWorker(ref, preset.load_params(ref, load, f.knobs.given), slots.parallel, keep,
-                        f.residency.max_queue, warn=err.warn, exact=slots.exact,
-                        share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency, pinned=False,
-                        warm_dir=_warm_dir(f))
+    def started(ref: Any) -> Any:
+        w = make(ref, False, load)
         w.start()
         return w
 
     def listing() -> list[str]:
         return [i["name"] for i in installed() if i.get("architecture") is not None]
 
-    return OnDemand(make, lambda name: resolve(name, offline=True, pull_missing=False), listing, load,
+    return OnDemand(started, lambda name: resolve(name, offline=True, pull_missing=False), listing, load,
                     f.knobs.given("ctx"), peek=lambda name: resolve(name, offline=True, pull_missing=False,
                                                                     assemble=False))
 
 
-def _workers(f: ServeArgs, keep: float, cache_ram: int, err: Any, residency: Any) -> list[Any]:
+def _workers(f: ServeArgs, make: Any, err: Any) -> list[Any]:
     from localgen.cli.progress import make_progress
     from localgen.models.resolve import resolve
-    from localgen.serve.worker import ModelWorker
 
-    slots = f.batching
-    load = f.knobs.load(streams=slots.parallel)  # the tuning record for this many streams, if one was made
+    load = f.knobs.load(streams=f.batching.parallel)  # the tuning record for this many streams, if one was made
     names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
     workers = []
     for name in names:
         ref = files.with_template(resolve(name, offline=f.offline, progress=make_progress()), f.mmproj,
                                       f.chat_template_file)
-        w = ModelWorker(ref, preset.load_params(ref, load, f.knobs.given), slots.parallel, keep,
-                        f.residency.max_queue, warn=err.warn, exact=slots.exact,
-                        share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency,
-                        pinned=bool(f.models),  # -m pins; the default model, loaded at start, may make room
-                        warm_dir=_warm_dir(f))
+        # -m pins; the default model, loaded at start, may make room
+        w = make(ref, bool(f.models), load)
         err.status(f"loading {ref.name} ...")
         w.preload()
         w.start()
@@ -282,6 +314,29 @@ def _cache_ram(text: str) -> int:
     except ValueError:
         raise UsageError(f"--cache-ram: {text!r} is not a size: use MiB (as llama-server), 512M, 4G, 0 (off), "
                          "-1 (no limit) or auto") from None
+
+
+def _cache_disk(text: str) -> int:
+    """--cache-disk in bytes (0 off); auto: 8 GiB, or a quarter of the cache disk's free space if less."""
+    import shutil
+
+    from localgen import paths
+    from localgen.units import parse_bytes
+
+    value = text.strip().lower()
+    if value == "auto":
+        folder = paths.cache_dir()
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            free = 32 << 30
+        return min(8 << 30, free // 4)
+    try:
+        return int(value) << 20 if value.isdigit() else parse_bytes(value)
+    except ValueError:
+        raise UsageError(f"--cache-disk: {text!r} is not a size: use 512M, 8G, 0 (off) or auto") from None
 
 
 def _cache_ram_label(n: int) -> str:

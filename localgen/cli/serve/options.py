@@ -78,12 +78,12 @@ class ResidencyOptions(OptionGroup):
                                       "KV cache, buffers), e.g. 12G (default: 90% of this machine's RAM, plus its "
                                       "GPUs' memory when offloading).")
     ] = None
-    warm_reload: Annotated[
-        bool, typer.Option("--warm-reload/--no-warm-reload", rich_help_panel=SERVE,
-                           help="When a model unloads (idle, or to make room), write its prompt cache in RAM (the "
-                                "prefixes its slots held) to disk, and read it back when it loads again, so the "
-                                "first requests after a reload do not evaluate those prefixes again.")
-    ] = True
+    load_wait: Annotated[
+        float, typer.Option("--load-wait", min=1, max=3600, rich_help_panel=SERVE, metavar="SECONDS",
+                            help="How long a model's load may wait for room while the loaded models are busy: "
+                                 "meanwhile the least recently used one takes no new requests (they wait behind "
+                                 "the swap), then unloads; past this the request gets 503.")
+    ] = 120.0
     on_demand: Annotated[
         bool, typer.Option("--on-demand/--no-on-demand", rich_help_panel=SERVE,
                            help="Offer every model on this machine (localgen list) by name, loading one when a "
@@ -120,6 +120,14 @@ class SlotOptions(OptionGroup):
                                "coming back is copied in, not evaluated again. MiB (as llama-server's), or "
                                "512M, 4G; 0 off; -1 no limit; auto: 8G or a quarter of RAM if less.")
     ] = "auto"
+    cache_disk: Annotated[
+        str, typer.Option("--cache-disk", rich_help_panel=SERVE, metavar="SIZE",
+                          help="Disk for the prompt cache across unloads and restarts: what the slots and "
+                               "--cache-ram hold (prefixes of 64 tokens or more) is written under the cache "
+                               "folder when a model unloads, when serve stops and while idle, and read back "
+                               "when the model loads again. All models together, least recently used out; "
+                               "512M, 8G; 0 off; auto: 8G or a quarter of the disk's free space if less.")
+    ] = "auto"
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,7 @@ class ServeArgs(CommandArgs):
     drain_timeout: float
     quiet: bool
     verbose: bool
+    log_format: str
     listen: ListenOptions
     residency: ResidencyOptions
     batching: SlotOptions

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -14,10 +13,13 @@ from localgen.errors import LocalgenError
 def ps(
     host: Annotated[str, typer.Option("--host", help="The server's address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="The server's port.")] = 11435,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="LOCALGEN_API_KEY", show_default=False,
+                                 help="The server's API key, if it has one (as serve's --api-key).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="The server's answer as JSON.")] = False,
 ) -> None:
-    """The models a running server has loaded: size, where (CPU or GPU), context, and when each unloads.
-    Its API key, if it has one, is read from LOCALGEN_API_KEY."""
+    """The models a running server has loaded: size, where (CPU or GPU), context, and when each unloads."""
     import datetime
 
     import httpx
@@ -25,14 +27,17 @@ def ps(
     from localgen.units import format_bytes
 
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    key = os.environ.get("LOCALGEN_API_KEY")
     try:
-        r = httpx.get(f"{url}/api/ps", headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=10)
+        r = httpx.get(f"{url}/api/ps", headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=10)
     except httpx.HTTPError:
         raise LocalgenError(f"no localgen serve is running at {url}", hint="start one with localgen serve, or give "
                             "--host and --port") from None
+    if r.status_code == 401:
+        raise LocalgenError(f"the server at {url} needs an API key: give --api-key KEY or set LOCALGEN_API_KEY"
+                            if not api_key else f"the server at {url} refused the API key given (--api-key or "
+                            "LOCALGEN_API_KEY)")
     if r.status_code != 200:
-        raise LocalgenError(f"{url}/api/ps answered {r.status_code}: {r.text[:200]}")
+        raise LocalgenError(f"{url}/api/ps answered {r.status_code}: {_said(r)}")
     models = r.json().get("models", [])
     if json_out:
         print(json.dumps(models))
@@ -52,3 +57,13 @@ def ps(
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _said(r: Any) -> str:
+    """What an error answer says: its `error` (Ollama's shape, or OpenAI's error.message), else its text, short."""
+    try:
+        error = r.json().get("error")
+    except ValueError:
+        error = None
+    text = error.get("message") if isinstance(error, dict) else error
+    return str(text if isinstance(text, str) else r.text)[:200]

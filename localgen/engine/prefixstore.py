@@ -1,0 +1,280 @@
+"""Prefixes kept on disk (serve's --cache-disk): the slot states a model's prompt cache holds
+(engine/hostcache.py's entries, 64 tokens or more), written when the model unloads, when serve stops cleanly,
+and from time to time while it is idle, and read back into its prompt cache when it loads again, in this
+process or the next one. A request whose prompt starts with a stored prefix then copies it into its slot
+instead of evaluating it.
+
+One file per prefix, named by its tokens' hash, in a folder per model identity (the model file, the settings
+that change its KV cache, the slots and window: the caller's `key`). Each file says what it is before its
+bytes are used: a magic number and format version, then a JSON header (the identity's hash, the llama.cpp
+build, the tokens, the state's size and SHA-256), then the state. A file of another identity or build, a torn
+or damaged one, is skipped with one log line and removed, never loaded: a wrong state would give a wrong
+answer. The whole store is bounded in bytes (`limit`), least recently used first out (a file's time is set
+when it is written or read). Files are written to a temporary name and renamed, mode 0600 in 0700 folders
+(a state holds its prompt's text)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MAGIC = b"LGPX"
+VERSION = 1
+SUFFIX = ".prefix"
+_HEAD = struct.Struct("<4sII")  # magic, format version, header length
+MAX_HEADER = 64 << 20  # a header longer than this is damage, not tokens
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A prefix read back: its tokens, the prompt length of the request that left them, the state bytes."""
+
+    tokens: list[int]
+    prompt_len: int
+    data: Any  # a numpy uint8 array
+    size: int
+
+
+def tokens_name(tokens: list[int]) -> str:
+    """A prefix's file name, from its tokens."""
+    return hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens)).hexdigest()[:32] + SUFFIX
+
+
+class PrefixStore:
+    """The store under `root`, at most `limit` bytes; `build` is the llama.cpp build (native/lib.py's
+    build_id) that its states must come from; `say` logs one line (a skipped file)."""
+
+    def __init__(self, root: Path, limit: int, build: str, say: Callable[[str], None] = lambda s: None) -> None:
+        self.root = root
+        self.limit = limit
+        self.build = build
+        self.say = say
+        self._lock = threading.Lock()
+        self._lengths: dict[str, dict[str, int]] = {}  # folder → file → its tokens' count (what is on disk)
+        self.written = self.written_bytes = 0  # prefixes and bytes written by this process
+        self.read = self.read_bytes = 0  # prefixes and bytes read back
+        self.skipped = 0  # files refused (other identity or build, torn, damaged)
+        self.evicted = 0  # files removed to keep within the limit
+        self._clean_temporaries()
+
+    # ---- writing ----------------------------------------------------------------------------------------
+
+    def has(self, key: str, tokens: list[int]) -> bool:
+        """Whether this prefix is stored already (so its state need not be copied out to be written)."""
+        return tokens_name(tokens) in self._files(key)
+
+    def write(self, key: str, identity: str, entries: Iterable[tuple[list[int], int, Any, int]]) -> int:
+        """Store (tokens, prompt_len, data, size) prefixes not stored yet, dropping stored ones each new one
+        extends, then keep within the limit; the bytes written. An OSError (a full disk) ends the writing: the
+        prefixes are only a cache."""
+        folder = self._folder(key)
+        total = 0
+        for tokens, prompt_len, data, size in entries:
+            name = tokens_name(tokens)
+            files = self._files(key)
+            if name in files:
+                try:
+                    os.utime(folder / name)  # used again: the last to go
+                    continue
+                except OSError:  # removed meanwhile (another server's trim): written again
+                    with self._lock:
+                        files.pop(name, None)
+            if 0 < self.limit < size:
+                continue
+            head = json.dumps({"identity": _digest(identity), "build": self.build, "tokens": tokens,
+                               "prompt_len": prompt_len, "size": size,
+                               "sha256": hashlib.sha256(memoryview(data)[:size]).hexdigest()}).encode()
+            try:
+                _write_atomic(folder / name, [_HEAD.pack(MAGIC, VERSION, len(head)), head, memoryview(data)[:size]])
+            except OSError as e:
+                self.say(f"cannot write a prefix to {folder}: {e.strerror or e}; the rest are not kept")
+                break
+            with self._lock:
+                files[name] = len(tokens)
+                self.written += 1
+                self.written_bytes += size
+            total += size
+            for other, n in list(files.items()):  # a stored prefix this one extends is of no more use
+                if n < len(tokens) and other != name and tokens_name(tokens[:n]) == other:
+                    self._remove(folder / other, key)
+        self.trim()
+        return total
+
+    def trim(self) -> None:
+        """Remove the least recently used files until the store is within its limit."""
+        if self.limit <= 0:
+            return
+        found = []
+        for path in self.root.glob(f"*/*{SUFFIX}"):
+            with contextlib.suppress(OSError):
+                st = path.stat()
+                found.append((st.st_mtime_ns, st.st_size, path))
+        total = sum(size for _, size, _ in found)
+        for _, size, path in sorted(found):
+            if total <= self.limit:
+                break
+            self._remove(path, path.parent.name)
+            self.evicted += 1
+            total -= size
+
+    # ---- reading ----------------------------------------------------------------------------------------
+
+    def load(self, key: str, identity: str, room: int | None) -> list[Stored]:
+        """The prefixes stored for `key`, most recently used first, while they fit `room` bytes (None: no
+        limit); each checked before it is returned, a bad one skipped with one log line and removed."""
+        import numpy
+
+        folder = self._folder(key)
+        paths = []
+        for path in folder.glob(f"*{SUFFIX}"):
+            with contextlib.suppress(OSError):
+                paths.append((path.stat().st_mtime_ns, path))
+        out: list[Stored] = []
+        for _, path in sorted(paths, reverse=True):
+            try:
+                stored = self._check(path, identity, numpy)
+            except _Bad as e:
+                self.say(f"skipped a stored prefix ({path.name}): {e}")
+                with self._lock:
+                    self.skipped += 1
+                self._remove(path, key)
+                continue
+            except OSError:
+                continue  # gone meanwhile (another server's trim)
+            if room is not None and stored.size > room:
+                continue
+            out.append(stored)
+            room = None if room is None else room - stored.size
+            with contextlib.suppress(OSError):
+                os.utime(path)
+            files = self._files(key)
+            with self._lock:
+                self.read += 1
+                self.read_bytes += stored.size
+                files[path.name] = len(stored.tokens)
+        return out
+
+    def _check(self, path: Path, identity: str, numpy: Any) -> Stored:
+        """The prefix in `path`, once everything about it holds; _Bad says what does not."""
+        with open(path, "rb") as f:
+            fixed = f.read(_HEAD.size)
+            if len(fixed) < _HEAD.size:
+                raise _Bad("the file is torn (shorter than its header)")
+            magic, version, n = _HEAD.unpack(fixed)
+            if magic != MAGIC or version != VERSION:
+                raise _Bad("not a prefix file of this localgen version")
+            if n > MAX_HEADER:
+                raise _Bad("its header is damaged")
+            raw = f.read(n)
+            if len(raw) < n:
+                raise _Bad("the file is torn (its header is cut short)")
+            try:
+                head = json.loads(raw)
+                tokens, prompt_len, size, digest = head["tokens"], head["prompt_len"], head["size"], head["sha256"]
+                if not (isinstance(tokens, list) and all(type(t) is int for t in tokens) and type(size) is int
+                        and type(prompt_len) is int):
+                    raise ValueError
+            except (ValueError, KeyError, TypeError):
+                raise _Bad("its header is damaged") from None
+            if head.get("identity") != _digest(identity):
+                raise _Bad("it was made by another model or other settings")
+            if head.get("build") != self.build:
+                raise _Bad("it was made by another llama.cpp build")
+            data = numpy.fromfile(f, dtype=numpy.uint8)
+        if data.size != size:
+            raise _Bad(f"the file is torn ({data.size:,} of its {size:,} state bytes)")
+        if hashlib.sha256(memoryview(data)).hexdigest() != digest:
+            raise _Bad("its state does not match its checksum")
+        return Stored(tokens, prompt_len, data, size)
+
+    # ---- what is there ----------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, int]:
+        """Counters for /health and /metrics: files and bytes on disk now, the limit, and what this process
+        wrote, read back, skipped and removed to keep within the limit."""
+        files = size = 0
+        for path in self.root.glob(f"*/*{SUFFIX}"):
+            with contextlib.suppress(OSError):
+                size += path.stat().st_size
+                files += 1
+        return {"files": files, "bytes": size, "limit_bytes": self.limit, "written": self.written,
+                "written_bytes": self.written_bytes, "read": self.read, "read_bytes": self.read_bytes,
+                "skipped": self.skipped, "evicted": self.evicted}
+
+    def _folder(self, key: str) -> Path:
+        from localgen import paths
+
+        return paths.private_dir(self.root / key)
+
+    def _files(self, key: str) -> dict[str, int]:
+        """The files of a folder and their tokens' counts (their headers read once per process)."""
+        with self._lock:
+            known = self._lengths.get(key)
+        if known is not None:
+            return known
+        found: dict[str, int] = {}
+        for path in (self.root / key).glob(f"*{SUFFIX}"):
+            n = _token_count(path)
+            if n is not None:
+                found[path.name] = n
+        with self._lock:
+            return self._lengths.setdefault(key, found)
+
+    def _remove(self, path: Path, key: str) -> None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        with self._lock:
+            self._lengths.get(key, {}).pop(path.name, None)
+
+    def _clean_temporaries(self) -> None:
+        """Temporary files an earlier process left when it was killed mid-write."""
+        now = time.time()
+        for path in self.root.glob("*/.*.tmp"):
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > 3600:
+                    path.unlink()
+
+
+class _Bad(Exception):
+    """A stored prefix that must not be used, and why."""
+
+
+def _digest(identity: str) -> str:
+    return hashlib.sha256(identity.encode()).hexdigest()
+
+
+def _token_count(path: Path) -> int | None:
+    """How many tokens a file's header says it holds (None: not readable as one)."""
+    try:
+        with open(path, "rb") as f:
+            magic, version, n = _HEAD.unpack(f.read(_HEAD.size))
+            if magic != MAGIC or version != VERSION or n > MAX_HEADER:
+                return None
+            tokens = json.loads(f.read(n))["tokens"]
+        return len(tokens) if isinstance(tokens, list) else None
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+
+
+def _write_atomic(path: Path, parts: list[Any]) -> None:
+    """Write `parts` to a temporary file beside `path` (0600), then rename it into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise

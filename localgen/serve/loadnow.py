@@ -1,0 +1,28 @@
+"""Loading a model on a client's word, generating nothing: llama-server's POST /models/load and Ollama's
+/api/chat or /api/generate with no messages or prompt. The answer waits for the load, and says why it failed
+(no room, more than --max-memory, a broken file) instead of claiming a load that did not happen."""
+
+from __future__ import annotations
+
+import asyncio
+
+from localgen.errors import LocalgenError
+from localgen.serve.apierror import HTTPError, http_error
+from localgen.serve.jobs import Failed, Job
+from localgen.serve.served import Served
+from localgen.types import GenerationRequest, SamplingParams
+
+
+async def load_now(worker: Served) -> None:
+    """Load the model now: a job told to finish before its first step, so loading is all it does; an
+    HTTPError when it cannot load."""
+    job = Job(GenerationRequest(prompt=" ", sampling=SamplingParams(max_tokens=1)), asyncio.get_running_loop(),
+              stream=False)
+    job.finish.set()
+    try:
+        worker.submit(job)
+    except LocalgenError as e:  # a full queue, or a worker that has stopped
+        raise HTTPError(503, e.message, "server_error") from None
+    event = await job.events.get()
+    if isinstance(event, Failed):
+        raise http_error(event)

@@ -1,0 +1,170 @@
+"""serve's log on stderr: one line per request (the access line) and one per model load, unload and eviction,
+as plain text or, with `serve --log-format json`, as one JSON object per line: then every line serve writes
+is one (its start, warnings, internal errors with their traceback, uvicorn's own lines), each with the same
+members first (time, event, request_id, route, model, status: null where they do not apply). Each request
+has an id (the client's X-Request-Id when it sends a usable one, else a fresh one) that its access line, its
+error body and its X-Request-Id response header carry (serve/app.py's FrontDoor sets it, and apierror.py's
+ERROR_EXTRA for the error bodies); `TRACE` holds the request's record for the code that fills it (a Job
+takes it when made, its worker counts the generation's tokens into it)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import datetime
+import json
+import logging
+import re
+import secrets
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+MAX_ID = 128  # characters kept of a client's X-Request-Id
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:/+=@~-]")  # what an id may hold: no spaces, quotes, control characters
+
+
+def request_id(given: bytes | None) -> str:
+    """The request's id: the client's X-Request-Id, its unsafe characters dropped and cut to MAX_ID, or a
+    fresh one when none is left."""
+    if given:
+        text = _UNSAFE.sub("", given.decode("latin-1"))[:MAX_ID]
+        if text:
+            return text
+    return "req_" + secrets.token_hex(12)
+
+
+@dataclass
+class Trace:
+    """One request, as its access line reports it: its id and client, then what its handler and worker learn
+    (the model, and each finished generation's tokens and time to first token)."""
+
+    id: str
+    client: str
+    model: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttft_s: float | None = None
+
+    def completed(self, model: str, c: Any) -> None:
+        """A generation of this request finished (on the worker's thread): its counts add to the request's."""
+        self.model = model
+        self.prompt_tokens = (self.prompt_tokens or 0) + c.prompt_tokens
+        self.cached_tokens = (self.cached_tokens or 0) + c.cached_tokens
+        self.completion_tokens = (self.completion_tokens or 0) + c.completion_tokens
+        if self.ttft_s is None and c.completion_tokens:
+            self.ttft_s = c.ttft_s
+
+
+TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("localgen_trace", default=None)
+
+
+def current_id() -> str | None:
+    """The id of the request being handled (None outside one)."""
+    trace = TRACE.get()
+    return trace.id if trace is not None else None
+
+
+def _stderr(line: str) -> None:
+    """A plain line-buffered write: cheap per request, and a closed stderr never fails one."""
+    with contextlib.suppress(BrokenPipeError, ValueError, OSError):
+        sys.stderr.write(line + "\n")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class ServeLog:
+    """Where serve's lines go and in which format (`json`), and whether requests get an access line."""
+
+    def __init__(self, json_lines: bool = False, access: bool = True,
+                 write: Callable[[str], None] = _stderr) -> None:
+        self.json = json_lines
+        self.access_on = access
+        self.write = write
+
+    def access(self, method: str, path: str, route: str, status: int, seconds: float, trace: Trace,
+               counts: dict[str, int]) -> None:
+        """A request has ended (status 0: no response began). `counts`: token counts read from the response
+        body, for requests no worker counted (embeddings)."""
+        if not self.access_on:
+            return
+        prompt = trace.prompt_tokens if trace.prompt_tokens is not None else counts.get("prompt")
+        made = trace.completion_tokens if trace.completion_tokens is not None else counts.get("completion")
+        if self.json:
+            self.write(json_line("request", request_id=trace.id, route=route, model=trace.model,
+                                 status=status or None, method=method, path=path, prompt_tokens=prompt,
+                                 cached_tokens=trace.cached_tokens, completion_tokens=made,
+                                 ttft_ms=None if trace.ttft_s is None else round(trace.ttft_s * 1000, 1),
+                                 total_ms=round(seconds * 1000, 1), client=trace.client))
+            return
+        shown = path if path.isprintable() else repr(path)  # %0A in a path: no forged lines
+        self.write(f"{method} {shown} {status or '-'}{_tokens(prompt, made)} {seconds * 1000:.0f} ms")
+
+    def event(self, kind: str, model: str | None, text: str, **fields: Any) -> None:
+        """A model's load, unload, eviction or wait for room, the server's start: `text` is the plain line,
+        `fields` the JSON object's other members."""
+        if self.json:
+            self.write(json_line(kind, model=model, message=text, **fields))
+        else:
+            self.write(f"localgen serve: {text}")
+
+    def line(self, text: str) -> None:
+        """A plain informational line (JSON: an "info" event)."""
+        self.write(json_line("info", message=text) if self.json else text)
+
+    def warning(self, text: str) -> None:
+        """A warning, always shown."""
+        self.write(json_line("warning", message=text) if self.json else f"warning: {text}")
+
+    def error(self, text: str, detail: str = "", model: str | None = None) -> None:
+        """An internal error: `text`, then `detail` (a traceback) on the lines below it, or in JSON one
+        member."""
+        if self.json:
+            self.write(json_line("error", model=model, message=text, traceback=detail or None))
+        else:
+            self.write(text + (f"\n{detail}" if detail else ""))
+
+
+def json_line(event: str, request_id: str | None = None, route: str | None = None, model: str | None = None,
+              status: int | None = None, **fields: Any) -> str:
+    """One log line as JSON: the members every line has, then the event's own."""
+    return json.dumps({"time": _now(), "event": event, "request_id": request_id, "route": route, "model": model,
+                       "status": status, **fields}, ensure_ascii=False)
+
+
+class JsonFormatter(logging.Formatter):
+    """uvicorn's log records (its errors, a request's unexpected exception with its traceback) as serve's JSON
+    lines (uvicorn_log_config)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        detail = self.formatException(record.exc_info) if record.exc_info else None
+        return json_line("server", level=record.levelname.lower(), message=record.getMessage(), traceback=detail)
+
+
+def uvicorn_log_config(json_lines: bool) -> dict[str, Any] | None:
+    """uvicorn's logging configuration for --log-format json (None: uvicorn's own, for text)."""
+    if not json_lines:
+        return None
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {"version": 1, "disable_existing_loggers": False,
+            "formatters": {"json": {"()": "localgen.serve.servelog.JsonFormatter"}},
+            "handlers": {"default": handler},
+            "loggers": {"uvicorn": {"handlers": ["default"], "level": "INFO", "propagate": False},
+                        "uvicorn.error": {"level": "INFO"},
+                        "uvicorn.access": {"handlers": ["default"], "level": "INFO", "propagate": False}}}
+
+
+def _tokens(prompt: int | None, made: int | None) -> str:
+    if prompt is not None and made is not None:
+        return f" {prompt}+{made} tokens"
+    if prompt is not None or made is not None:
+        return f" {prompt if prompt is not None else made} tokens"
+    return ""
+
+
+# what an app or a worker made without one logs: its events and errors as text on stderr, no access lines
+STDERR_LOG = ServeLog(access=False)

@@ -1,0 +1,106 @@
+"""The prompt cache on disk (engine/prefixstore.py), in process, with state bytes made up: what is written is
+read back whole; a file of another model or settings, of another llama.cpp build, torn, or whose bytes do not
+match its checksum is skipped with one log line and removed, never returned; the store stays within its
+limit, least recently used first out; a prefix that a longer one extends goes; a file already there is not
+written again. (tests/test_serve_service.py stops and starts a real server on it.)"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy
+import pytest
+
+from localgen.engine.prefixstore import SUFFIX, PrefixStore, tokens_name
+
+KEY, IDENT = "k" * 24, "model.gguf|123|f16|f16|..."
+
+
+def _entry(tokens: list[int], size: int = 1000, seed: int = 0) -> tuple[list[int], int, Any, int]:
+    data = numpy.random.default_rng(seed).integers(0, 256, size, dtype=numpy.uint8)
+    return tokens, len(tokens) - 2, data, size
+
+
+def _store(root: Path, limit: int = 0, build: str = "b1") -> tuple[PrefixStore, list[str]]:
+    said: list[str] = []
+    return PrefixStore(root, limit, build, say=said.append), said
+
+
+def test_what_is_written_is_read_back_whole(tmp_path: Path) -> None:
+    store, said = _store(tmp_path)
+    tokens, prompt_len, data, size = _entry(list(range(100)))
+    assert store.write(KEY, IDENT, [(tokens, prompt_len, data, size)]) == size
+    (path,) = (tmp_path / KEY).glob(f"*{SUFFIX}")
+    assert path.name == tokens_name(tokens) and path.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / KEY).stat().st_mode & 0o777 == 0o700
+    again, _ = _store(tmp_path)  # the next process
+    (got,) = again.load(KEY, IDENT, None)
+    assert got.tokens == tokens and got.prompt_len == prompt_len and got.size == size
+    assert bytes(got.data) == bytes(data) and not said
+    assert again.has(KEY, tokens) and not again.has(KEY, tokens[:99])
+    assert again.write(KEY, IDENT, [(tokens, prompt_len, data, size)]) == 0  # there already: not written again
+
+
+@pytest.mark.parametrize("damage", ["identity", "build", "torn", "torn header", "checksum", "not ours"])
+def test_a_bad_file_is_skipped_with_one_line_and_removed(tmp_path: Path, damage: str) -> None:
+    store, _ = _store(tmp_path)
+    good, bad = _entry(list(range(100)), seed=1), _entry(list(range(200, 300)), seed=2)
+    store.write(KEY, IDENT, [good, bad])
+    path = tmp_path / KEY / tokens_name(bad[0])
+    raw = path.read_bytes()
+    identity, build = IDENT, "b1"
+    if damage == "identity":
+        identity = IDENT + "|another setting"
+    elif damage == "build":
+        build = "b2"
+    elif damage == "torn":
+        path.write_bytes(raw[:-10])
+    elif damage == "torn header":
+        path.write_bytes(raw[:20])
+    elif damage == "checksum":
+        path.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
+    else:
+        path.write_bytes(b"GGUF" + raw[4:])
+    reader, said = _store(tmp_path, build=build)
+    got = reader.load(KEY, identity, None)
+    if damage in ("identity", "build"):  # every file of another identity or build is refused
+        assert got == [] and len(said) == 2 and not list((tmp_path / KEY).glob(f"*{SUFFIX}"))
+    else:
+        assert [g.tokens for g in got] == [good[0]] and len(said) == 1 and not path.exists()
+    assert reader.status()["skipped"] == len(said)
+    assert all("skipped a stored prefix" in line and "\n" not in line for line in said), said
+
+
+def test_the_store_stays_within_its_limit_least_recently_used_first(tmp_path: Path) -> None:
+    store, _ = _store(tmp_path, limit=4500)  # three files of 1,000 state bytes and a header each
+    entries = [_entry([i] * 80 + list(range(i)), seed=i) for i in range(1, 4)]
+    store.write(KEY, IDENT, entries)
+    old = time.time() - 100
+    os.utime(tmp_path / KEY / tokens_name(entries[1][0]), (old, old))  # the second is the least recently used
+    store.write("other" * 5, IDENT, [_entry([9] * 90, seed=9)])  # another model's: the limit is the whole store's
+    left = {p.name for p in tmp_path.glob(f"*/*{SUFFIX}")}
+    assert tokens_name(entries[1][0]) not in left and len(left) == 3, left
+    assert store.status()["bytes"] <= 4500 and store.status()["evicted"] == 1
+    assert store.write(KEY, IDENT, [_entry([7] * 99, size=5000)]) == 0  # larger than the whole store: not kept
+
+
+def test_a_prefix_that_a_longer_one_extends_goes(tmp_path: Path) -> None:
+    store, _ = _store(tmp_path)
+    short = _entry(list(range(100)))
+    store.write(KEY, IDENT, [short])
+    store.write(KEY, IDENT, [_entry(list(range(150)))])  # the conversation went on
+    names = {p.name for p in (tmp_path / KEY).glob(f"*{SUFFIX}")}
+    assert names == {tokens_name(list(range(150)))}
+
+
+def test_a_read_room_takes_the_most_recent_first(tmp_path: Path) -> None:
+    store, _ = _store(tmp_path)
+    a, b = _entry([1] * 70, size=600, seed=1), _entry([2] * 70, size=600, seed=2)
+    store.write(KEY, IDENT, [a])
+    old = time.time() - 100
+    os.utime(tmp_path / KEY / tokens_name(a[0]), (old, old))
+    store.write(KEY, IDENT, [b])
+    assert [g.tokens for g in store.load(KEY, IDENT, 1000)] == [b[0]]  # room for one: the newer

@@ -1,0 +1,258 @@
+"""`localgen serve` as a service for a household or a team (#63), on real servers and models: the default
+model of two -m, claude-* names, a load that cannot fit answered as an error, `localgen ps` while a model
+answers, every --log-format json line an object with its request's id (also in the X-Request-Id header and
+error bodies), loads and evictions logged, a fair swap under traffic to the loaded model, and the prompt
+cache kept across a restart (SIGTERM, then the conversation continued from disk; a torn store skipped)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import CLI
+from tests.test_serve import Server
+
+
+def _log(server: Server) -> str:
+    return server.proc.stderr.read().decode() if server.proc.stderr else ""
+
+
+# ---- two -m, a budget, JSON logs ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pirate_home(tmp_path_factory: pytest.TempPathFactory, cli_env: dict[str, str]) -> Path:
+    """A home with a preset of SmolLM2 (so two -m models cost two small loads)."""
+    home = tmp_path_factory.mktemp("service-home")
+    (home / "Modelfile").write_text('FROM smollm2:135m\nSYSTEM """You are a pirate."""\n')
+    r = CLI({**cli_env, "LOCALGEN_HOME": str(home)})("create", "pirate", "-f", str(home / "Modelfile"))
+    assert r.returncode == 0, r.stderr
+    return home
+
+
+@pytest.fixture(scope="module")
+def two(cli_env: dict[str, str], pirate_home: Path) -> Iterator[Server]:
+    """`serve -m pirate -m smollm2:135m`, JSON logs, a budget that holds both but not Gemma."""
+    s = Server({**cli_env, "LOCALGEN_HOME": str(pirate_home)}, "-m", "pirate", "-m", "smollm2:135m", "-np", "1",
+               "--ctx", "512", "--max-memory", "500M", "--log-format", "json")
+    yield s
+    assert s.stop() == 0
+
+
+def test_the_first_m_is_the_default_model_and_answers_claude_names(two: Server) -> None:
+    """The README's two -m: a request that names no model, and a claude-* name that is not a model here, get the
+    first -m (docs/serve.md, Which models)."""
+    hi = [{"role": "user", "content": "Hi"}]
+    r = httpx.post(f"{two.url}/v1/chat/completions", timeout=120, json={"messages": hi, "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == "pirate", r.text
+    pirate_prompt = r.json()["usage"]["prompt_tokens"]  # with the preset's SYSTEM
+    r = httpx.post(f"{two.url}/api/generate", timeout=120,
+                   json={"prompt": "Hi", "stream": False, "options": {"num_predict": 2}})
+    assert r.status_code == 200 and r.json()["model"] == "pirate", r.text
+    r = httpx.post(f"{two.url}/v1/chat/completions", timeout=120,
+                   json={"model": "smollm2:135m", "messages": hi, "max_tokens": 2})
+    assert r.json()["model"] == "smollm2:135m"  # a name still picks its model
+    assert r.json()["usage"]["prompt_tokens"] != pirate_prompt  # (SmolLM2's own default system prompt)
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=two.url, api_key="none")
+    msg = client.messages.create(model="claude-haiku-4-5", max_tokens=2, messages=hi)  # type: ignore[arg-type]
+    assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == pirate_prompt, msg.usage
+    said = httpx.get(f"{two.url}/health", timeout=30).json()
+    assert said["status"] == "ok"
+
+
+def test_a_model_that_cannot_fit_is_an_error_not_a_load(two: Server) -> None:
+    """Ollama's way to load a model (no messages, no prompt) answers the load's outcome: Gemma needs more than
+    --max-memory, so the answer is that error (never 200 done_reason "load"); SmolLM2 fits and loads."""
+    for path, body in (("/api/chat", {"model": "gemma3:270m", "messages": []}),
+                       ("/api/generate", {"model": "gemma3:270m"})):
+        r = httpx.post(f"{two.url}{path}", json=body, timeout=120)
+        assert r.status_code == 500 and "needs about" in r.json()["error"] and "500 MiB" in r.json()["error"], r.text
+    r = httpx.post(f"{two.url}/api/chat", json={"model": "smollm2:135m", "messages": []}, timeout=120)
+    assert r.status_code == 200 and r.json()["done_reason"] == "load"
+    assert "gemma3:270m" not in [m["name"] for m in httpx.get(f"{two.url}/api/ps", timeout=30).json()["models"]]
+
+
+def test_ps_while_a_model_answers_says_when_it_unloads(two: Server, cli: CLI) -> None:
+    """Unloaded (keep_alive 0), then loaded again by a streamed request: while it answers, `localgen ps` says
+    its keep-alive from now (5 minutes), never "forever"."""
+    r = httpx.post(f"{two.url}/api/generate", json={"model": "pirate", "keep_alive": 0}, timeout=120)
+    assert r.json()["done_reason"] == "unload"
+    body = {"model": "pirate", "prompt": "Count to a hundred.", "options": {"num_predict": 300, "ignore_eos": True}}
+    with httpx.stream("POST", f"{two.url}/api/generate", json=body, timeout=120) as streaming:
+        lines = streaming.iter_lines()
+        next(lines)  # it has loaded and is generating
+        ps = cli("ps", "--port", str(two.port))
+        doc = httpx.get(f"{two.url}/api/ps", timeout=30).json()
+    assert ps.returncode == 0 and "pirate" in ps.stdout, ps.stderr
+    row = next(line for line in ps.stdout.splitlines() if line.startswith("pirate"))
+    assert "forever" not in row and "minutes from now" in row, ps.stdout
+    (expires,) = [m["expires_at"] for m in doc["models"] if m["name"] == "pirate"]
+    assert expires.startswith(time.strftime("%Y")), expires
+
+
+def test_every_json_line_parses_and_carries_its_request(two: Server) -> None:
+    """--log-format json: each line an object with time, event, request_id, route, model and status; a request's
+    line has its X-Request-Id (the client's, sanitized and bounded, or a fresh one), which the response's
+    header and its error body carry; the loads at start are events."""
+    ok = httpx.post(f"{two.url}/v1/completions", headers={"X-Request-Id": "trace-42"}, timeout=120,
+                    json={"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 3})
+    assert ok.headers["x-request-id"] == "trace-42"
+    unsafe = httpx.get(f"{two.url}/api/tags", headers={"X-Request-Id": "a b\"c<" + "d" * 300}, timeout=30)
+    assert unsafe.headers["x-request-id"] == "abc" + "d" * 125  # unsafe characters dropped, 128 kept
+    missing = httpx.post(f"{two.url}/v1/chat/completions", json={"model": "nope", "messages": []}, timeout=30)
+    assert missing.status_code == 404 and missing.json()["request_id"] == missing.headers["x-request-id"]
+    assert missing.headers["x-request-id"].startswith("req_")
+    anthropic_error = httpx.post(f"{two.url}/v1/messages", json={"model": "smollm2:135m"}, timeout=30)
+    assert anthropic_error.status_code == 400 and anthropic_error.json()["request_id"].startswith("req_")
+    stream = httpx.post(f"{two.url}/api/chat", timeout=120, json={
+        "model": "smollm2:135m", "messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 3}})
+    assert stream.status_code == 200
+    time.sleep(0.5)  # the access line is written as the response ends
+    lines = _log_lines(two)
+    docs = [json.loads(line) for line in lines]  # every line parses
+    for doc in docs:
+        assert {"time", "event", "request_id", "route", "model", "status"} <= set(doc), doc
+    requests = {d["request_id"]: d for d in docs if d["event"] == "request"}
+    done = requests["trace-42"]
+    assert (done["route"], done["status"], done["model"], done["method"]) == ("/v1/completions", 200,
+                                                                             "smollm2:135m", "POST")
+    assert done["completion_tokens"] == 3 and done["prompt_tokens"] >= 1 and done["cached_tokens"] is not None
+    assert done["ttft_ms"] > 0 and done["total_ms"] >= done["ttft_ms"] and done["client"].startswith("127.0.0.1:")
+    assert requests[missing.headers["x-request-id"]]["status"] == 404
+    assert requests["abc" + "d" * 125]["route"] == "/api/tags"
+    chat = [d for d in docs if d["event"] == "request" and d["route"] == "/api/chat" and d["completion_tokens"]]
+    assert chat and chat[-1]["completion_tokens"] == 3
+    loads = {d["model"] for d in docs if d["event"] == "load"}
+    assert {"pirate", "smollm2:135m"} <= loads and any(d["event"] == "start" for d in docs)
+
+
+def _log_lines(server: Server) -> list[str]:
+    """The server's stderr so far (its file is read from the start each time)."""
+    assert server.proc.stderr is not None
+    server.proc.stderr.seek(0)
+    return [line for line in server.proc.stderr.read().decode().splitlines() if line.strip()]
+
+
+# ---- fair swaps ----------------------------------------------------------------------------------------------
+
+def test_a_request_for_another_model_is_not_starved(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """--max-models 1, four clients keeping SmolLM2 busy without a pause, one request for Gemma 3: it is
+    answered once SmolLM2's running requests end (the requests that came meanwhile wait behind the swap), not
+    after --load-wait with a 503. Every SmolLM2 client is answered too; the eviction and the loads are logged
+    as text lines (the wait's own line, when SmolLM2 was busy as Gemma asked: test_residency.py)."""
+    s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path)}, "--max-models", "1", "-np", "2", "--ctx", "512",
+               "--load-wait", "90")
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            r = httpx.post(f"{s.url}/api/generate", timeout=600, json={
+                "model": "smollm2:135m", "prompt": "Count to ten.", "stream": False,
+                "options": {"num_predict": 12, "ignore_eos": True}})
+            statuses.append(r.status_code)
+
+    clients = [threading.Thread(target=client) for _ in range(4)]  # 2 in slots, 2 queued: never idle
+    try:
+        for c in clients:
+            c.start()
+        deadline = time.monotonic() + 120
+        while len(statuses) < 4 and time.monotonic() < deadline:  # the four keep it busy
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        r = httpx.post(f"{s.url}/api/generate", timeout=600, json={
+            "model": "gemma3:270m", "prompt": "Say hi.", "stream": False, "options": {"num_predict": 3}})
+        waited = time.monotonic() - t0
+        before = len(statuses)
+        deadline = time.monotonic() + 300
+        while len(statuses) < before + 3 and time.monotonic() < deadline:  # SmolLM2's clients go on
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(600)
+        code = s.stop()
+    log = _log(s)
+    assert r.status_code == 200 and r.json()["eval_count"] == 3, r.text
+    assert waited < 90, waited
+    assert set(statuses) == {200} and len(statuses) > before, statuses
+    assert code == 0 and "Traceback" not in log
+    assert "unloaded smollm2:135m to make room for gemma3:270m" in log and "loaded gemma3:270m in" in log, log
+
+
+# ---- the prompt cache across a restart -----------------------------------------------------------------------
+
+FACTS = " ".join(f"Rule {i}: the {c} door opens on day {i % 7 + 1}." for i, c in
+                 enumerate(["red", "blue", "green", "gold", "grey", "pink", "teal", "plum"] * 9))
+
+
+def _turn(server: Server, history: list[dict[str, str]], question: str) -> tuple[str, int, int]:
+    """One more turn of the conversation: the answer, its prompt tokens, and how many a slot already held."""
+    msgs = [{"role": "system", "content": FACTS}, *history, {"role": "user", "content": question}]
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=600, json={
+        "model": "smollm2:135m", "messages": msgs, "max_tokens": 24, "temperature": 0})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    return doc["choices"][0]["message"]["content"], doc["usage"]["prompt_tokens"], doc["timings"]["cache_n"]
+
+
+def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """A long conversation, serve stopped with SIGTERM and started again, the conversation continued: the
+    prefix comes back from disk (cache_n: all but the new turn), and the greedy answer is the one a server
+    without the disk cache gives. A store torn meanwhile is skipped with one line: the answer is the same,
+    evaluated afresh."""
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    args = ("-np", "1", "--ctx", "2048")
+    first = Server(env, *args)
+    try:
+        answer, prompt, _ = _turn(first, [], "Which day does the gold door open?")
+    finally:
+        assert first.stop() == 0
+    assert prompt > 1000, prompt
+    log = _log(first)
+    assert "of prefixes for the next start" in log, log
+    store = tmp_path / "home" / "cache" / "serve-prefixes"
+    assert list(store.glob("*/*.prefix"))
+    history = [{"role": "user", "content": "Which day does the gold door open?"},
+               {"role": "assistant", "content": answer}]
+    question = "And the teal door?"
+
+    again = Server(env, *args)
+    try:
+        warm, prompt2, cached = _turn(again, history, question)
+        health = httpx.get(f"{again.url}/health", timeout=30).json()
+        metrics = httpx.get(f"{again.url}/metrics", timeout=30).text
+    finally:
+        assert again.stop() == 0
+    assert cached >= prompt - 1 and prompt2 - cached < 100, (prompt, prompt2, cached)
+    assert health["models"]["smollm2:135m"]["disk_hits"] == 1 and health["prefix_store"]["read"] >= 1
+    assert 'localgen_prefix_store_hits_total{model="smollm2:135m"} 1.0' in metrics
+    assert f'localgen_prefix_store_hit_tokens_total{{model="smollm2:135m"}} {cached}.0' in metrics
+    (stored,) = [float(line.split()[1]) for line in metrics.splitlines()
+                 if line.startswith("localgen_prefix_store_bytes ")]
+    assert stored == health["prefix_store"]["bytes"] > 0
+
+    cold = Server({**env, "LOCALGEN_HOME": str(tmp_path / "cold")}, *args, "--cache-disk", "0")
+    try:
+        fresh, _, cold_cached = _turn(cold, history, question)
+    finally:
+        assert cold.stop() == 0
+    assert cold_cached == 0 and fresh == warm, (fresh, warm)
+
+    for path in store.glob("*/*.prefix"):  # torn, as by a crash mid-write of a store without renames
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    torn = Server(env, *args)
+    try:
+        after, _, torn_cached = _turn(torn, history, question)
+    finally:
+        assert torn.stop() == 0
+    log = _log(torn)
+    assert torn_cached == 0 and after == fresh and "Traceback" not in log
+    assert "skipped a stored prefix" in log and "the file is torn" in log, log
