@@ -4,8 +4,8 @@ against the real CLI and a real `localgen serve` on SmolLM2.
 - docs/agents.md: the page's Python check runs as written, with the environment its `export` lines set (the
   server's address and key put in), the agent's model made SmolLM2; a `claude-` name is the server's `-m`
   model, either key header is taken, and an OpenAI model name the server lacks is a 404.
-- docs/team.md: the chat page's requests leave no conversation on the server (no log), and the access line
-  holds no prompt or answer.
+- docs/team.md: the chat page's requests leave no conversation on the server (no log), and the log's request
+  line, in text or JSON, holds no prompt or answer.
 - docs/ci.md: the same seed gives the same text, so does temperature 0; offline, a model not on disk is exit 1
   naming the offline mode; a bad flag is exit 2; a failed --file line is an `error` object and exit 1.
 - docs/bigger-engine.md: `show --json`'s `file` is `list --json`'s `path`; serve takes every llama.cpp flag the
@@ -150,3 +150,20 @@ def test_llama_servers_window_is_the_slots_windows_together() -> None:
     ours, theirs = (bench_serve.command(t, "m.gguf", 1, a, 4) for t in ("localgen", "llama-server"))
     assert ours[ours.index("-c") + 1] == "4096" and ours[ours.index("-np") + 1] == "4"
     assert theirs[theirs.index("-c") + 1] == "16384" and theirs[theirs.index("-np") + 1] == "4"
+
+
+def test_the_json_log_holds_no_prompt_or_answer_either(cli_env: dict[str, str]) -> None:
+    server = Server(cli_env, "-np", "1", "--ctx", "512", "--log-format", "json")
+    try:
+        r = httpx.post(f"{server.url}/v1/chat/completions", timeout=300, json={
+            "model": "smollm2:135m", "max_tokens": 3, "messages": [{"role": "user", "content": "Say pomegranate."}]})
+        assert r.status_code == 200
+        answer = r.json()["choices"][0]["message"]["content"].strip()
+    finally:
+        assert server.stop() == 0
+    assert server.proc.stderr is not None
+    lines = [json.loads(line) for line in server.proc.stderr.read().decode().splitlines() if line.startswith("{")]
+    request = [e for e in lines if e["event"] == "request" and e["path"] == "/v1/chat/completions"]
+    assert request and request[0]["prompt_tokens"] > 0, lines
+    said = json.dumps(lines)
+    assert "pomegranate" not in said and (not answer or answer not in said)
