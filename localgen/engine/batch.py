@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 from localgen.backend import Completion
 from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact, next_span
 from localgen.engine.slots import Slots
+from localgen.engine.tokens import grid_end, reusable_prefix
 from localgen.errors import LocalgenError
 from localgen.native import context, logs
 from localgen.native import model as native_model
@@ -80,7 +81,13 @@ class ParallelContext:
             raise LocalgenError(f"llama.cpp could not create a context for {n_parallel} sequences",
                                 hint="lower --parallel or --ctx")
         self.n_batch = n_batch
-        self.slots = Slots(self.ctx, share_prefixes, self.one_pool, cache_ram)  # what each slot's cells hold
+        # a fresh prompt's pieces: n_chunk (each prompt alone) or step_tokens (the throughput scheduler), cut
+        # by llama.cpp into ubatches of n_ubatch; a reused prefix keeps to what gives the same rows bit for bit
+        # and the rest is evaluated on the same grid (engine/tokens.py, reusable_prefix)
+        self.n_ubatch = n_ubatch
+        self.grid = self.step_tokens if pooled else self.n_chunk
+        self.slots = Slots(self.ctx, share_prefixes, self.one_pool, cache_ram,  # what each slot's cells hold
+                           lambda n, p, m: reusable_prefix(n, p, m, n_ubatch, self.grid))
         self.turn = -1  # the slot served last when exact sequences take turns (groups)
         self.steps = 0  # generation llama_decode calls, and the rows they carried
         self.rows = 0
@@ -208,7 +215,8 @@ class ParallelContext:
 
     def prefill(self, prompt: Prompt, seq: int, first: int = 0) -> int:
         """Evaluate one sequence's prompt (from `first`: the cache holds the rest) alone, in the single-stream
-        path's n_batch pieces (llama.cpp rounds a row differently in batches of other sizes); returns the
+        path's n_batch pieces (llama.cpp rounds a row differently in batches of other sizes), the first ending
+        where a fresh evaluation's ubatch ends (engine/tokens.py, grid_end); returns the
         batch row of the last token's logits. Media spans evaluate themselves between the pieces."""
         row, start = -1, first
         while start < len(prompt.tokens):
@@ -222,7 +230,7 @@ class ParallelContext:
         start = self.media(prompt, seq, start)
         if start >= len(tokens):
             return start, row
-        end = min(len(tokens), start + self.n_chunk, next_span(prompt, start))
+        end = min(grid_end(start, len(tokens), self.n_ubatch, self.n_chunk), next_span(prompt, start))
         self.batch.n_tokens = 0
         for k in range(start, end):
             row = self.add(tokens[k], k, seq, k == end - 1)

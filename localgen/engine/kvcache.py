@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen import paths
-from localgen.engine.tokens import common_prefix, safe_prefix
+from localgen.engine.tokens import common_prefix, grid_pieces, reusable_prefix, safe_prefix
 from localgen.errors import ContextOverflowError, LocalgenError
 from localgen.native import context, logs
 from localgen.native.batch import Batch
@@ -21,19 +21,22 @@ class KVCache:
     """What the single-sequence context holds: `held` says which tokens, and only the methods below change it.
     `ctx` returns the context (the Engine creates it again after release_context, which calls reset)."""
 
-    def __init__(self, ctx: Callable[[], Any], n_ctx: int, n_batch: int) -> None:
+    def __init__(self, ctx: Callable[[], Any], n_ctx: int, n_batch: int, n_ubatch: int = 0) -> None:
         self._ctx = ctx
         self.n_ctx = n_ctx
         self.n_batch = n_batch
+        self.n_ubatch = min(n_ubatch or n_batch, n_batch)  # llama.cpp cuts each piece into ubatches of this
         self._batch = Batch(max(n_batch, 1))
         self._mem: Any = None  # the context's memory handle, asked for on first use
         self._held: list[int] = []
+        self._evaluated = 0  # how many of the held tokens were evaluated as a prompt, in a fresh one's ubatches
         self._live = False  # logits of the last held token are available (row -1)
         self.encode_s = 0.0  # the media encoder's seconds in the last evaluate()
 
     def reset(self) -> None:
         """The context was freed: it holds nothing, and the next one has another memory handle."""
         self._held = []
+        self._evaluated = 0
         self._live = False
         self._mem = None
 
@@ -52,13 +55,21 @@ class KVCache:
         """The tokens whose KV entries the cache holds, in position order (a copy)."""
         return list(self._held)
 
-    def cached_prefix(self, prompt: Prompt) -> int:
-        """How many leading tokens of the prompt evaluate() will reuse (the last is always re-evaluated
-        unless its logits are still live; a media span is reused whole or not at all)."""
+    @property
+    def evaluated(self) -> int:
+        """How many of the held tokens were evaluated as a prompt (the rest were generated after them)."""
+        return self._evaluated
+
+    def cached_prefix(self, prompt: Prompt, logits: bool = True) -> int:
+        """How many leading tokens of the prompt evaluate() will reuse: only what gives, on a CPU, bit for bit
+        what a fresh evaluation of the whole prompt gives (engine/tokens.py, reusable_prefix), so never a
+        generated token and never the last (unless its logits are still live and it was evaluated as this
+        prompt's last); a media span is reused whole or not at all."""
         tokens = prompt.tokens
         n = common_prefix(self._held, tokens)
-        if n == len(tokens) and n > 0 and not (self._live and n == len(self._held)):
-            n -= 1
+        if logits and n == len(tokens) == len(self._held) == self._evaluated and n > 0 and self._live:
+            return n
+        n = reusable_prefix(n, self._evaluated, len(tokens), self.n_ubatch, self.n_batch, logits)
         return safe_prefix(prompt, n)
 
     def truncate(self, n: int) -> None:
@@ -68,18 +79,22 @@ class KVCache:
                 self.clear()  # recurrent models cannot drop a tail: start over
                 return
             del self._held[n:]
+            self._evaluated = min(self._evaluated, n)
             self._live = False
 
     def clear(self) -> None:
         """Empty the KV cache."""
         context.clear(self._memory(), True)
         self._held = []
+        self._evaluated = 0
         self._live = False
 
     def evaluate(self, prompt: Prompt, logits: bool = True) -> int:
         """Make the cache hold exactly the prompt's tokens, evaluating only what it does not hold yet, in
         n_batch pieces (llama.cpp rounds a row differently in batches of other sizes, so the pieces are always
-        cut the same way), its media spans evaluating themselves between them. With `logits`, the last
+        cut the same way; after a reused prefix the first piece ends where a fresh evaluation's ubatch ends, so
+        every row is computed as a fresh evaluation computes it), its media spans evaluating themselves
+        between them. With `logits`, the last
         token's logits are live afterwards. Returns how many tokens were reused. Interrupted between pieces,
         the record stays true. Plain tokens (a prefix) come as Prompt.text(tokens)."""
         keep, pieces = self.evaluating(prompt, logits)
@@ -93,7 +108,7 @@ class KVCache:
         n = len(prompt.tokens)
         if n > self.n_ctx:
             raise ContextOverflowError(f"{n:,} tokens do not fit the context window of {self.n_ctx:,}")
-        keep = self.cached_prefix(prompt) if logits else safe_prefix(prompt, common_prefix(self._held, prompt.tokens))
+        keep = self.cached_prefix(prompt, logits)
         self.truncate(keep)
         self.encode_s = 0.0
         return keep, self._pieces(prompt, keep)
@@ -107,16 +122,19 @@ class KVCache:
             span = spans[start]
             if start + span.n_pos <= keep:
                 continue
-            for piece in range(pos, start, self.n_batch):
-                self._decode(tokens[piece:min(piece + self.n_batch, start)], all_logits=False)
+            for first, end in grid_pieces(pos, start, self.n_ubatch, self.n_batch):
+                self._decode(tokens[first:end], all_logits=False)
+                self._evaluated = len(self._held)
                 yield len(self._held)
             self.encode_s += span.evaluate(self._ctx(), start, 0, self.n_batch)
             self._held.extend(tokens[start:start + span.n_pos])
+            self._evaluated = len(self._held)
             self._live = False
             pos = start + span.n_pos
             yield len(self._held)
-        for piece in range(pos, len(tokens), self.n_batch):
-            self._decode(tokens[piece:piece + self.n_batch], all_logits=False)
+        for first, end in grid_pieces(pos, len(tokens), self.n_ubatch, self.n_batch):
+            self._decode(tokens[first:end], all_logits=False)
+            self._evaluated = len(self._held)
             yield len(self._held)
 
     def decode(self, tokens: list[int], all_logits: bool = True) -> None:
@@ -155,8 +173,9 @@ class KVCache:
                 tmp.unlink()
         return path.stat().st_size
 
-    def load_state(self, path: Path) -> list[int] | None:
-        """Restore a saved state; returns its tokens, or None (the cache is then empty) if it does not load."""
+    def load_state(self, path: Path, evaluated: int | None = None) -> list[int] | None:
+        """Restore a saved state; returns its tokens, or None (the cache is then empty) if it does not load.
+        `evaluated`: how many of its tokens were evaluated as a prompt (all when None)."""
         try:
             held = context.load_file(self._ctx(), path, self.n_ctx)
         except OSError:
@@ -165,6 +184,7 @@ class KVCache:
             self.clear()
             return None
         self._held = held
+        self._evaluated = len(held) if evaluated is None else min(evaluated, len(held))
         self._live = False  # the logits are not restored: evaluate() re-evaluates the last token
         return self.held
 

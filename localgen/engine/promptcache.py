@@ -75,7 +75,10 @@ def chat_state_path(engine: Engine, name: str) -> Path:
 
 
 def save_chat(engine: Engine, name: str) -> None:
-    """Keep a conversation's KV state for --resume (nothing when the cache is not writable)."""
+    """Keep a conversation's KV state for --resume (nothing when the cache is not writable): what was evaluated
+    as its prompt, since the answer generated after it is evaluated again as the next prompt's part anyway
+    (engine/tokens.py, reusable_prefix)."""
+    engine.kv.truncate(engine.kv.evaluated)
     if len(engine.kv.held) >= 16:
         with contextlib.suppress(OSError):
             engine.kv.save_state(chat_state_path(engine, name))

@@ -2,11 +2,13 @@
 starts from (the batch schedulers in engine/batch.py decide when). The longest of three prefixes wins: the
 free slot's own cells (a conversation continued), another slot's cells (a shared system prompt: shared in
 one pool, a copy of the stream cut back between streams), or a slot state saved in host memory
-(engine/hostcache.py) before its slot went to another request."""
+(engine/hostcache.py) before its slot went to another request. Of each, only what gives bit for bit the rows a
+fresh evaluation of the new prompt gives (engine/tokens.py, reusable_prefix): never a generated token."""
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from typing import Any
 
 from localgen.engine.hostcache import MIN_TOKENS, HostCache
@@ -18,9 +20,11 @@ from localgen.native.prompt import Prompt
 class Slots:
     """Per slot: `held`, the tokens its cells hold (for reuse), and `prompt_len`, its last request's prompt
     length. `shared` counts prompt tokens taken from another slot's cells; `host` is the host-memory cache
-    (None when off)."""
+    (None when off). `reusable(n, evaluated, length)`: how many of `n` common tokens to keep, of a prefix whose
+    first `evaluated` tokens were evaluated as a prompt, for a prompt of `length` (reusable_prefix)."""
 
-    def __init__(self, ctx: Any, share: bool, one_pool: bool, cache_ram: int) -> None:
+    def __init__(self, ctx: Any, share: bool, one_pool: bool, cache_ram: int,
+                 reusable: Callable[[int, int, int], int] = lambda n, p, m: min(n, p, m - 1)) -> None:
         self.ctx = ctx
         self.share = share  # a prompt may start from another slot's cells (the throughput scheduler)
         self.one_pool = one_pool  # one pool of cells (sharing is a cell copy), else a stream per slot
@@ -28,6 +32,7 @@ class Slots:
         self.prompt_len: dict[int, int] = {}
         self.shared = 0
         self.host = HostCache(cache_ram) if cache_ram else None
+        self.reusable = reusable
 
     def reset(self) -> None:
         """Forget what every slot holds (their cells were cleared) and every saved state."""
@@ -38,13 +43,15 @@ class Slots:
 
     def pick(self, free: list[int], tokens: list[int], continuation_only: bool) -> tuple[int, int]:
         """Take from the heap `free` the slot whose cached tokens share the longest prefix with `tokens`, and
-        say how many to keep (at least the last prompt token is evaluated again, for its logits).
+        say how many to keep (at least the last prompt token is evaluated again, for its logits; `reusable`).
         `continuation_only`: reuse a slot only to continue its conversation, never for a shared prefix alone."""
         best, keep = free[0], 0
         for slot in free:
-            n = min(common_prefix(self.held.get(slot, ()), tokens), len(tokens) - 1)
+            held = self.held.get(slot, [])
+            n = common_prefix(held, tokens)
             if continuation_only and n < self.prompt_len.get(slot, 0):
                 n = 0  # another conversation that shares a prefix (a system prompt): start afresh
+            n = self.reusable(n, self._evaluated(slot), len(tokens))
             if n > keep or (n == keep and slot < best):
                 best, keep = slot, n
         free.remove(best)
@@ -64,9 +71,10 @@ class Slots:
         entry, m = None, 0
         if reuse and self.host is not None:
             entry, m = self.host.best(tokens)
-            m = safe_prefix(prompt, min(m, len(tokens) - 1))
             if entry is not None and continuation_only and m < entry.prompt_len:
                 m = 0
+            if entry is not None:
+                m = safe_prefix(prompt, self.reusable(m, min(entry.prompt_len, len(entry.tokens)), len(tokens)))
             self._spill(slot, keep if max(n, m) <= keep else 0)
         if self.host is not None and entry is not None and m > max(keep, n):
             context.seq_rm(mem, slot, -1, -1)
@@ -128,11 +136,15 @@ class Slots:
 
     def _best_source(self, tokens: list[int], slot: int) -> tuple[int, int]:
         """The slot other than `slot` whose evaluated tokens share the longest prefix with `tokens`, and how
-        many of them can be shared (the last prompt token is always evaluated, for its logits)."""
+        many of them can be shared (the last prompt token is always evaluated, for its logits; `reusable`)."""
         best, n = -1, 0
         for other, held in self.held.items():
             if other != slot:
-                k = min(common_prefix(held, tokens), len(tokens) - 1)
+                k = self.reusable(common_prefix(held, tokens), self._evaluated(other), len(tokens))
                 if k > n:
                     best, n = other, k
         return best, n
+
+    def _evaluated(self, slot: int) -> int:
+        """How many of the tokens a slot holds were evaluated as its prompt (the rest it generated)."""
+        return min(self.prompt_len.get(slot, 0), len(self.held.get(slot, ())))
