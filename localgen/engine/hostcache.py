@@ -112,16 +112,17 @@ class HostCache:
                     best, n = e, k
         return (best, n) if best is not None else (None, 0)
 
-    def load(self, ctx: Any, seq: int, entry: Entry, used: int) -> bool:
+    def load(self, ctx: Any, seq: int, entry: Entry, used: int, whole: bool = False) -> bool:
         """Copy `entry` into sequence `seq` (which must be empty) and count `used` of its tokens as spared; the
-        entry stays, most recently used, unless the slot now holds all of it. False when llama.cpp could not
-        place it (the sequence is then left empty)."""
+        entry stays, most recently used, unless the slot now holds all of it, or, with `whole`, will hold all
+        its prompt once the new one is evaluated (what it generated after is never reused). False when
+        llama.cpp could not place it (the sequence is then left empty)."""
         n = context.seq_state_set(ctx, seq, entry.data, entry.size)
         if n != entry.size:
             context.seq_rm(context.memory(ctx), seq, -1, -1)
             return False
         self.entries.remove(entry)
-        if used < len(entry.tokens):
+        if used < len(entry.tokens) and not whole:
             self.entries.append(entry)
         else:
             self.bytes -= entry.size

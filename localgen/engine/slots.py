@@ -78,7 +78,8 @@ class Slots:
             self._spill(slot, keep if max(n, m) <= keep else 0)
         if self.host is not None and entry is not None and m > max(keep, n):
             context.seq_rm(mem, slot, -1, -1)
-            keep = m if self.host.load(self.ctx, slot, entry, m) else 0
+            whole = starts_with(tokens, entry.tokens[:entry.prompt_len])  # the slot will hold all it reuses
+            keep = m if self.host.load(self.ctx, slot, entry, m, whole) else 0
         elif n > keep:
             context.seq_rm(mem, slot, -1, -1)
             if self.one_pool:
