@@ -32,7 +32,8 @@ def test_the_rule_keeps_the_longest_prefix_that_computes_every_row_as_a_fresh_ev
         for evaluated, extra, length in itertools.product(range(0, 420, 7), (0, 5, 30), range(1, 420, 11)):
             n = min(evaluated + extra, length)
             keep = reusable_prefix(n, evaluated, length, ub, nb)
-            best = max(k for k in range(0, min(n, evaluated, length - 1) + 1) if _valid(k, n, evaluated, length, ub, nb))
+            top = min(n, evaluated, length - 1)
+            best = max(k for k in range(0, top + 1) if _valid(k, n, evaluated, length, ub, nb))
             assert keep == best, (n, evaluated, length, ub, nb, keep, best)
 
 

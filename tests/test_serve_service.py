@@ -15,8 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from localgen.engine.tokens import reusable_prefix
 from tests.conftest import CLI
-from tests.test_serve import Server
+from tests.test_serve import SERVE_GRID, Server
 
 
 def _log(server: Server) -> str:
@@ -193,28 +194,43 @@ FACTS = " ".join(f"Rule {i}: the {c} door opens on day {i % 7 + 1}." for i, c in
                  enumerate(["red", "blue", "green", "gold", "grey", "pink", "teal", "plum"] * 9))
 
 
-def _turn(server: Server, history: list[dict[str, str]], question: str) -> tuple[str, int, int]:
-    """One more turn of the conversation: the answer, its prompt tokens, and how many a slot already held."""
+def _turn(server: Server, history: list[dict[str, str]], question: str) -> tuple[tuple[str, object], int, int]:
+    """One more turn of the conversation: the answer with its tokens' log-probabilities (which show a logit
+    that differs in its last bit), its prompt tokens, and how many a slot already held."""
     msgs = [{"role": "system", "content": FACTS}, *history, {"role": "user", "content": question}]
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=600, json={
-        "model": "smollm2:135m", "messages": msgs, "max_tokens": 24, "temperature": 0})
+        "model": "smollm2:135m", "messages": msgs, "max_tokens": 24, "temperature": 0, "logprobs": True,
+        "top_logprobs": 3})
     assert r.status_code == 200, r.text
     doc = r.json()
-    return doc["choices"][0]["message"]["content"], doc["usage"]["prompt_tokens"], doc["timings"]["cache_n"]
+    choice = doc["choices"][0]
+    return ((choice["message"]["content"], choice["logprobs"]), doc["usage"]["prompt_tokens"],
+            doc["timings"]["cache_n"])
+
+
+def _kept(held_prompt: int, prompt: int) -> int:
+    """What serve keeps of a held prompt of `held_prompt` tokens for one of `prompt` that begins with it."""
+    return reusable_prefix(held_prompt, held_prompt, prompt, *SERVE_GRID)
 
 
 def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: Path) -> None:
-    """A long conversation, serve stopped with SIGTERM and started again, the conversation continued: the
-    prefix comes back from disk (cache_n: all but the new turn), and the greedy answer is the one a server
-    without the disk cache gives. A store torn meanwhile is skipped with one line: the answer is the same,
-    evaluated afresh."""
+    """A long prompt sent twice gives the same greedy answer, to the last bit of its log-probabilities, as the
+    first time (a fresh evaluation), its prefix reused. A long conversation, serve stopped with SIGTERM and
+    started again, the conversation continued: the prefix comes back from disk (cache_n: the first turn's
+    prompt but the rows a fresh evaluation computes otherwise), and the greedy answer is the one a server
+    without the disk cache gives, bit for bit. A store torn meanwhile is skipped with one line: the answer is
+    the same, evaluated afresh."""
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
     args = ("-np", "1", "--ctx", "2048")
     first = Server(env, *args)
     try:
-        answer, prompt, _ = _turn(first, [], "Which day does the gold door open?")
+        answered, prompt, _ = _turn(first, [], "Which day does the gold door open?")
+        twice, _, cached_twice = _turn(first, [], "Which day does the gold door open?")
     finally:
         assert first.stop() == 0
+    assert twice == answered, (twice, answered)
+    assert cached_twice == _kept(prompt, prompt) > 0, cached_twice
+    answer = answered[0]
     assert prompt > 1000, prompt
     log = _log(first)
     assert "of prefixes for the next start" in log, log
@@ -231,7 +247,7 @@ def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: 
         metrics = httpx.get(f"{again.url}/metrics", timeout=30).text
     finally:
         assert again.stop() == 0
-    assert cached >= prompt - 1 and prompt2 - cached < 100, (prompt, prompt2, cached)
+    assert cached == _kept(prompt, prompt2) > prompt - 100, (prompt, prompt2, cached)
     assert health["models"]["smollm2:135m"]["disk_hits"] == 1 and health["prefix_store"]["read"] >= 1
     assert 'localgen_prefix_store_hits_total{model="smollm2:135m"} 1.0' in metrics
     assert f'localgen_prefix_store_hit_tokens_total{{model="smollm2:135m"}} {cached}.0' in metrics

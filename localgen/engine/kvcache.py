@@ -64,12 +64,15 @@ class KVCache:
         """How many leading tokens of the prompt evaluate() will reuse: only what gives, on a CPU, bit for bit
         what a fresh evaluation of the whole prompt gives (engine/tokens.py, reusable_prefix), so never a
         generated token and never the last (unless its logits are still live and it was evaluated as this
-        prompt's last); a media span is reused whole or not at all."""
+        prompt's last); a media span is reused whole or not at all, and with one the promise does not hold."""
         tokens = prompt.tokens
         n = common_prefix(self._held, tokens)
         if logits and n == len(tokens) == len(self._held) == self._evaluated and n > 0 and self._live:
             return n
-        n = reusable_prefix(n, self._evaluated, len(tokens), self.n_ubatch, self.n_batch, logits)
+        if prompt.spans:  # media evaluate in batches of their own: no fresh grid to keep to, only the prompt
+            n = min(n, self._evaluated, len(tokens) - 1 if logits else len(tokens))
+        else:
+            n = reusable_prefix(n, self._evaluated, len(tokens), self.n_ubatch, self.n_batch, logits)
         return safe_prefix(prompt, n)
 
     def truncate(self, n: int) -> None:
