@@ -35,6 +35,7 @@ def test_the_rule_keeps_the_longest_prefix_that_computes_every_row_as_a_fresh_ev
             top = min(n, evaluated, length - 1)
             best = max(k for k in range(0, top + 1) if _valid(k, n, evaluated, length, ub, nb))
             assert keep == best, (n, evaluated, length, ub, nb, keep, best)
+            assert top - keep <= TILE_ROWS + ROW_GROUP - 1, "at most 71 of the held prompt's tokens evaluated again"
 
 
 def test_the_figures_measured_in_the_docs() -> None:
@@ -49,6 +50,7 @@ def test_the_figures_measured_in_the_docs() -> None:
     assert reusable_prefix(2894, 2894, 2894, 512, 2048) == 2824
     assert reusable_prefix(500, 500, 501, 512, 2048, logits=False) == 432  # 64+ rows again from a multiple of 8
     assert reusable_prefix(0, 0, 10, 512, 512) == 0
+    assert reusable_prefix(60, 60, 63, 512, 512) == 0  # a conversation of fewer than 64 tokens reuses nothing
 
 
 def test_the_pieces_end_where_a_fresh_evaluations_ubatches_end() -> None:
