@@ -94,6 +94,35 @@ def test_a_pinned_or_busy_model_is_not_retired_and_a_file_of_your_own_is_not_del
     assert e.value.status == 400
 
 
+def test_a_pull_thread_that_wakes_after_the_server_stopped_leaves_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM during a pull: the event loop closes while the download thread still waits on the Hub's bytes.
+    When it wakes, it stops (Stopped) and hands that to a loop that is gone: the item is dropped, and nothing
+    reaches the server's log (threading's excepthook prints a thread's traceback there)."""
+    import threading
+
+    from localgen.models import resolve
+
+    woke = threading.Event()
+    failures: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+
+    def pull(target: Any, progress: Any) -> None:
+        woke.wait(30)  # a read of the Hub's next bytes, still under way when the server stops
+        progress.advance(1)
+
+    monkeypatch.setattr(resolve, "pull", pull)
+
+    async def serve() -> None:
+        _, stop, _ = manage._pulling(None)
+        stop.set()  # serve/app.py's Drain ends the pull (Pull.end), then the loop closes
+
+    asyncio.run(serve())
+    thread = next(t for t in threading.enumerate() if t.name == "localgen-pull")
+    woke.set()
+    thread.join(30)
+    assert not thread.is_alive() and failures == [], [f.exc_value for f in failures]
+
+
 # ---- a real server, its Hub on loopback -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -340,6 +369,28 @@ def test_a_refused_copy_or_create_leaves_a_loaded_model_loaded(server: Server, c
         assert loaded <= {m.model for m in client.ps().models}, (path, body)
     assert client.generate(model="mgr-live", prompt="Say hi.", options=OPTS).done
     assert client.delete("mgr-live").status == "success"
+
+
+def test_racing_creates_or_copies_of_one_name_make_one_preset_and_409s(server: Server, client: Any) -> None:
+    """The red team's race: eight /api/create of one new name at once, without `force`, then eight /api/copy to
+    one destination: exactly one of each answers 200, every other a 409, and the preset is the winner's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def post(path: str, body: dict[str, Any]) -> httpx.Response:
+        return httpx.post(f"{server.url}{path}", json=body, timeout=120)
+
+    creates = [{"model": "mgr-race", "from": "smollm2:135m", "parameters": {"num_predict": n}, "stream": False}
+               for n in range(1, 9)]
+    copies = [{"source": "smollm2:135m", "destination": "mgr-race2"}] * 8
+    answered = {}
+    for path, bodies in (("/api/create", creates), ("/api/copy", copies)):
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            answers = answered[path] = list(pool.map(post, [path] * len(bodies), bodies))
+        assert sorted(r.status_code for r in answers) == [200] + [409] * 7, [r.text for r in answers]
+        assert all("exists" in r.json()["error"] for r in answers if r.status_code == 409)
+    winner = next(b for b, r in zip(creates, answered["/api/create"], strict=True) if r.status_code == 200)
+    assert f"num_predict {winner['parameters']['num_predict']}" in " ".join(client.show("mgr-race").parameters.split())
+    assert client.delete("mgr-race").status == "success" and client.delete("mgr-race2").status == "success"
 
 
 def test_a_preset_name_with_a_newline_is_refused_by_the_cli_and_over_http(server: Server, cli_env: dict[str, str],

@@ -150,8 +150,10 @@ async def _replace(state: ServeState, preset: Any, force: bool) -> None:
 
     _refuse_existing(preset.name, force)
     await _retire(state, [w for w in list(state.workers.values()) if w.name == preset.name])
-    try:
-        await asyncio.to_thread(presets.save, preset, True)
+    try:  # without `force`, the write itself refuses a name taken meanwhile (a racing create, copy or CLI)
+        await asyncio.to_thread(presets.save, preset, force)
+    except presets.PresetExists:
+        raise _exists(preset.name) from None
     except LocalgenError as e:
         raise HTTPError(400, e.message) from None
 
@@ -161,8 +163,12 @@ def _refuse_existing(name: str, force: bool) -> None:
     from localgen.models import presets
 
     if not force and presets.exists(name):
-        raise HTTPError(409, f"a preset named {name!r} exists: send \"force\": true to replace it (as "
-                             "localgen create --force), or delete it first")
+        raise _exists(name)
+
+
+def _exists(name: str) -> HTTPError:
+    return HTTPError(409, f"a preset named {name!r} exists: send \"force\": true to replace it (as "
+                          "localgen create --force), or delete it first")
 
 
 def _name(body: dict[str, Any]) -> str:
@@ -228,7 +234,13 @@ class Lines:
         self.verified = False  # said "verifying sha256 digest" (a cached file hashed now)
 
     def put(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        """Hand an item to the event loop; once the loop has closed (the server stopped while the download
+        thread was still reading), nobody reads the lines any more, and the item is dropped."""
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:  # "Event loop is closed": asyncio says so with no type of its own
+            if not self.loop.is_closed():
+                raise
 
     def _line(self) -> None:
         self.last = time.monotonic()
