@@ -25,6 +25,7 @@ FILE = "smollm2-135m-instruct-Q4_1.gguf"
 PULLED = f"{REPO}:Q4_1"
 COMMIT = hashlib.sha1(b"acme-manage").hexdigest()
 SLOW, SLOW_FILE = "acme/Slow-GGUF", "slow-Q4_1.gguf"
+TWICE, TWICE_FILE = "acme/Twice-GGUF", "twice-Q4_1.gguf"
 OPTS = {"num_predict": 4, "temperature": 0}
 
 
@@ -210,6 +211,43 @@ def test_a_client_that_leaves_stops_the_pull_and_the_next_resumes(server: Server
     assert again[-1] == "success" and any(x.startswith(f"{SLOW_FILE}: resuming at ") for x in again), again
     assert size <= hub.sent[SLOW_FILE] < sent + size  # it went on from what it had, not from the start
     assert f"{SLOW}:Q4_1" in _names(client)
+
+
+def test_two_pulls_of_one_model_and_a_quantize_of_a_quantized_one_name_no_server_path(
+        server: Server, hub: hub_server.FakeHub) -> None:
+    """The red team's leaks: a second pull of a model under way said "waiting for it to finish (lock
+    /.../.locks/...lock)", and /api/create's `quantize` from a quantized model named its file in the data dir or
+    site-packages. Over HTTP the client is told the model, never where the server keeps it."""
+    import json
+    import threading
+
+    hub.repos[TWICE] = hub_server.HubRepo(COMMIT, {TWICE_FILE: hub.repos[SLOW].files[SLOW_FILE]})
+    first: list[dict[str, Any]] = []
+    started = threading.Event()
+
+    def pull_first() -> None:
+        with httpx.stream("POST", f"{server.url}/api/pull", json={"model": f"{TWICE}:Q4_1"}, timeout=120) as r:
+            for line in r.iter_lines():
+                first.append(json.loads(line))
+                if first[-1].get("completed", 0) > 1 << 20:
+                    started.set()
+
+    hub.delay_per_mb = 0.05
+    thread = threading.Thread(target=pull_first)
+    try:
+        thread.start()
+        assert started.wait(60)
+        with httpx.stream("POST", f"{server.url}/api/pull", json={"model": f"{TWICE}:Q4_1"}, timeout=120) as r:
+            second = [json.loads(line) for line in r.iter_lines()]
+    finally:
+        hub.delay_per_mb = 0.0
+        thread.join(120)
+    waiting = [x["status"] for x in second if "another process is downloading" in x.get("status", "")]
+    assert waiting and not any("/" in x or "lock" in x for x in waiting), second
+    assert first[-1] == second[-1] == {"status": "success"}, (first[-3:], second[-3:])
+    for model in ("smollm2:135m", "gemma3:270m"):
+        said = _error(server, "POST", "/api/create", {"model": "mgr-q", "from": model, "quantize": "q4_K_M"}, 400)
+        assert said.startswith(f"{model} is already quantized") and "/" not in said, said
 
 
 def test_a_model_in_use_is_not_deleted(server: Server, client: Any) -> None:

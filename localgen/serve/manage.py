@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, Overloaded, ServeError, UsageError
-from localgen.serve.apierror import HTTPError
+from localgen.serve.apierror import HTTPError, without_paths
 from localgen.serve.describe import modelfile_text, show_doc
 from localgen.serve.jsonbody import read_json
 from localgen.serve.loadnow import load_now
@@ -116,7 +116,8 @@ def _preset_routes(state: ServeState) -> list[Route]:
                     raise HTTPError(400, "`quantize` must be a type name, such as q4_K_M")
                 from localgen.quant.quantize import for_preset
 
-                made, text = await asyncio.to_thread(for_preset, name, text, quantize, _lookup(state), "the request")
+                made, text = await asyncio.to_thread(for_preset, name, text, quantize, _lookup(state, assemble=True),
+                                                     "the request")
                 lines.append({"status": f"quantizing to {quantize.upper()}: {made}"})
             preset = await asyncio.to_thread(presets.made, name, text, _lookup(state), "the request")
         except LocalgenError as e:
@@ -188,16 +189,16 @@ def _offered(state: ServeState, name: str) -> None:
     raise HTTPError(404, f"model {name!r} is not here (localgen list shows what is)", "not_found_error", "model")
 
 
-def _lookup(state: ServeState) -> Any:
+def _lookup(state: ServeState, assemble: bool = False) -> Any:
     """The base lookup for presets, /api/show and /api/delete: a model offered here, found offline; never a path
     or a Hub repo. What its header says is all they need: an embedded model in chunks is not assembled for it
-    (models/resolve.py)."""
+    (models/resolve.py), but for `quantize`, which reads the whole file (`assemble`)."""
     from localgen.models.resolve import resolve
 
     def lookup(name: str) -> ModelRef:
         if name not in state.workers and name not in state.names():
             raise ModelNotFoundError(f"model {name!r} is not here (localgen list shows what is)")
-        return resolve(name, offline=True, pull_missing=False, assemble=False)
+        return resolve(name, offline=True, pull_missing=False, assemble=assemble)
 
     return lookup
 
@@ -269,7 +270,7 @@ class Lines:
             self._line()
 
     def note(self, text: str) -> None:
-        self.put({"status": text})
+        self.put({"status": without_paths(text)})
 
 
 def _pull_error(e: BaseException) -> HTTPError:
@@ -371,7 +372,7 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
             yield b'{"status": "pulling manifest"}\n'
             while item is not None:
                 if isinstance(item, LocalgenError):
-                    yield (json.dumps({"error": item.message}) + "\n").encode()
+                    yield (json.dumps({"error": without_paths(item.message)}) + "\n").encode()
                     return
                 if isinstance(item, BaseException):
                     raise item

@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from localgen.backend import Completion
-from localgen.serve.apierror import HTTPError
+from localgen.serve.apierror import HTTPError, without_paths
 from localgen.serve.jobs import Job
 from localgen.serve.pipeline import parts
 from localgen.serve.responsestore import ResponseStore
@@ -131,7 +131,7 @@ class Encoder:
 
     def failed(self, e: HTTPError) -> list[bytes]:
         """After the stream began: what was said so far stays in the output, and the response fails."""
-        error = {"code": "server_error" if e.status >= 500 else "invalid_prompt", "message": e.message}
+        error = {"code": "server_error" if e.status >= 500 else "invalid_prompt", "message": without_paths(e.message)}
         return [*self.close("incomplete"), self.event("response.failed",
                                                       response=self.response("failed", self.output, error=error))]
 
