@@ -410,6 +410,36 @@ def test_dns_rebinding_hosts_are_refused_on_loopback(child: Server) -> None:
     assert "DNS rebinding" in httpx.get(f"{child.url}/api/tags", headers={"Host": "rebind.example"}).json()["error"]
 
 
+def test_what_a_response_echoes_is_checked_as_openai_checks_it(child: Server) -> None:
+    """The red team's 15,000,000-character reasoning.summary and text.verbosity were answered 200, stored and
+    given back. Through the OpenAI SDK: each echoed field outside OpenAI's enums (or not a field at all) is a
+    400 in OpenAI's shape naming it, and what a good request sets is what the response and the store echo."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{child.url}/v1", api_key="none", max_retries=0, timeout=120)
+    big = "x" * 15_000_000
+    for given, param in ((dict(reasoning={"summary": big}), "reasoning.summary"),
+                         (dict(text={"verbosity": big}), "text.verbosity"),
+                         (dict(reasoning={"effort": "huge"}), "reasoning.effort"),
+                         (dict(reasoning={"summary": "auto", "notes": big}), "reasoning.notes"),
+                         (dict(text={"format": {"type": "text", "notes": big}}), "text.format.notes"),
+                         (dict(text={"format": {"type": "json_object", "name": big}}), "text.format.name")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, **given)  # type: ignore[call-overload]
+        assert (e.value.status_code, e.value.param, e.value.type) == (400, param, "invalid_request_error"), given
+        assert len(e.value.response.text) < 1000
+    made = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, reasoning={"summary": "concise"},
+                                   text={"verbosity": "low"},
+                                   tools=[{"type": "function", "name": "f", "parameters": {"type": "object"},
+                                           "strict": False}],
+                                   tool_choice={"type": "function", "name": "f"})
+    stored = client.responses.retrieve(made.id)
+    for shown in (made, stored):
+        assert shown.reasoning is not None and shown.reasoning.summary == "concise"
+        assert shown.text is not None and shown.text.verbosity == "low"
+        assert shown.tool_choice.model_dump() == {"type": "function", "name": "f"}  # type: ignore[union-attr]
+
+
 # ---- 5. a non-streamed client that leaves ----------------------------------------------------------
 
 def test_a_non_streamed_request_is_cancelled_when_its_client_leaves(child: Server) -> None:
