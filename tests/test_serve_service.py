@@ -7,6 +7,7 @@ cache kept across a restart (SIGTERM, then the conversation continued from disk;
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -238,6 +239,19 @@ def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: 
     (stored,) = [float(line.split()[1]) for line in metrics.splitlines()
                  if line.startswith("localgen_prefix_store_bytes ")]
     assert stored == health["prefix_store"]["bytes"] > 0
+    said = re.findall(r"; (\d+) stored (prefix|prefixes) read back", _log(again))
+    assert said and all((word == "prefix") == (n == "1") for n, word in said), said  # "1 stored prefix"
+
+    # a server whose --cache-disk holds none of these prefixes: it writes none, and leaves the others' alone
+    kept = sorted(p.name for p in store.glob("*/*.prefix"))
+    tiny = Server(env, *args, "--cache-disk", "1K")
+    try:
+        _turn(tiny, history, question)
+    finally:
+        assert tiny.stop() == 0
+    log = _log(tiny)
+    assert "prompt cache on disk: up to 1 KiB" in log and "dropped" not in log, log
+    assert sorted(p.name for p in store.glob("*/*.prefix")) == kept
 
     cold = Server({**env, "LOCALGEN_HOME": str(tmp_path / "cold")}, *args, "--cache-disk", "0")
     try:

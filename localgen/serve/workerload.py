@@ -81,8 +81,8 @@ class Residence:
         self._kept_at = time.monotonic()
         seconds = time.perf_counter() - t0
         waited_text = f", after waiting {waited:.1f} s for room" if waited >= 0.05 else ""
-        self.log.event("load", self.name, f"loaded {self.name} in {seconds:.1f} s (about "
-                       f"{format_bytes(self.need)}{waited_text}; {restored} stored prefixes read back)",
+        self.log.event("load", self.name, f"loaded {self.name} in {seconds:.1f} s (about {format_bytes(self.need)}"
+                       f"{waited_text}; {restored} stored prefix{'es' * (restored != 1)} read back)",
                        seconds=round(seconds, 3), bytes=self.need, waited_s=round(waited, 3),
                        prefixes_restored=restored)
 

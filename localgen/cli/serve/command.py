@@ -211,7 +211,8 @@ def _prefix_store(limit: int, cache_ram: int, log: Any) -> Any:
     from localgen.native.lib import build_id
 
     return PrefixStore(paths.private_dir(paths.cache_dir() / "serve-prefixes"), limit, build_id(),
-                       say=lambda text: log.event("prefix-skipped", "", text, detail=text))
+                       say=lambda text: log.event("prefix-skipped", "", text, detail=text),
+                       dropped=lambda text: log.event("prefix-evicted", "", text, detail=text))
 
 
 def _residency(options: ResidencyOptions, knobs: Knobs, log: Any = None) -> Any:

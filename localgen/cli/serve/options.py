@@ -125,8 +125,9 @@ class SlotOptions(OptionGroup):
                           help="Disk for the prompt cache across unloads and restarts: what the slots and "
                                "--cache-ram hold (prefixes of 64 tokens or more) is written under the cache "
                                "folder when a model unloads, when serve stops and while idle, and read back "
-                               "when the model loads again. All models together, least recently used out; "
-                               "512M, 8G; 0 off; auto: 8G or a quarter of the disk's free space if less.")
+                               "when the model loads again. All models together, least recently used out "
+                               "when this server writes; 512M, 8G, or a plain number of MiB (as "
+                               "--cache-ram's); 0 off; auto: 8G or a quarter of the disk's free space if less.")
     ] = "auto"
 
 
