@@ -404,7 +404,10 @@ def test_cors_flag_and_env_widen_the_origins(cli_env: dict[str, str]) -> None:
 def test_dns_rebinding_hosts_are_refused_on_loopback(child: Server) -> None:
     for host, status in ((f"attacker.example:{child.port}", 403), (f"localhost:{child.port}", 200),
                          (f"127.0.0.1:{child.port}", 200), (f"[::1]:{child.port}", 200),
-                         (f"app.localhost:{child.port}", 200)):
+                         (f"app.localhost:{child.port}", 200), (f"evil.localhost:{child.port}", 200),  # RFC 6761
+                         (f"localhost:1@evil.com:{child.port}", 403), ("localhost:1@evil.com", 403),
+                         (f"localhost:{child.port}/x", 403), ("localhost:99999", 403), ("a..localhost", 403),
+                         (f"::1:{child.port}", 403)):  # not a host[:port]
         r = httpx.get(f"{child.url}/v1/models", headers={"Host": host}, timeout=30)
         assert r.status_code == status, host
     assert "DNS rebinding" in httpx.get(f"{child.url}/api/tags", headers={"Host": "rebind.example"}).json()["error"]

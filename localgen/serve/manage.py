@@ -22,6 +22,7 @@ from localgen.serve.apierror import HTTPError, without_paths
 from localgen.serve.describe import modelfile_text, show_doc
 from localgen.serve.jsonbody import read_json
 from localgen.serve.loadnow import load_now
+from localgen.serve.servelog import named
 from localgen.serve.state import ServeState
 from localgen.serve.worker import ModelWorker
 from localgen.types import ModelRef
@@ -177,6 +178,7 @@ def _name(body: dict[str, Any]) -> str:
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         raise HTTPError(400, "`model` must be a model's name")
+    named(name)  # the access line's model
     return name
 
 
