@@ -1,0 +1,169 @@
+"""What the how-to guides promise beyond their commands (which tests/test_doc_examples_run.py runs): each holds
+against the real CLI and a real `localgen serve` on SmolLM2.
+
+- docs/agents.md: the page's Python check runs as written, with the environment its `export` lines set (the
+  server's address and key put in), the agent's model made SmolLM2; a `claude-` name is the server's `-m`
+  model, either key header is taken, and an OpenAI model name the server lacks is a 404.
+- docs/team.md: the chat page's requests leave no conversation on the server (no log), and the log's request
+  line, in text or JSON, holds no prompt or answer.
+- docs/ci.md: the same seed gives the same text, so does temperature 0; offline, a model not on disk is exit 1
+  naming the offline mode; a bad flag is exit 2; a failed --file line is an `error` object and exit 1.
+- docs/bigger-engine.md: `show --json`'s `file` is `list --json`'s `path`; serve takes every llama.cpp flag the
+  page names; the llama-server command the repository's own comparison builds gives `-c` as the window times
+  the slots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import CLI, ROOT
+from tests.test_serve import Server
+
+DOCS = ROOT / "docs"
+KEY = "sk-howto"
+AGENT_MODEL = "qwen2.5-coder:7b"  # the page's; SmolLM2 stands in for it here
+
+
+@pytest.fixture(scope="module")
+def server(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(cli_env, "-m", "smollm2:135m", "-np", "1", "--ctx", "2048", "--api-key", KEY)
+    yield s
+    assert s.stop() == 0
+
+
+def _page(name: str) -> str:
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def test_the_agents_page_check_runs_with_the_environment_it_sets(server: Server, cli_env: dict[str, str]) -> None:
+    page = _page("agents.md")
+    exports = dict(re.findall(r"^export (\w+)=(.+)$", page, re.M))
+    assert exports == {"ANTHROPIC_BASE_URL": "http://127.0.0.1:11435", "ANTHROPIC_AUTH_TOKEN": '"$(cat key.txt)"',
+                       "OPENAI_BASE_URL": "http://127.0.0.1:11435/v1", "OPENAI_API_KEY": '"$(cat key.txt)"'}
+    env = {k: v.replace("http://127.0.0.1:11435", server.url).replace('"$(cat key.txt)"', KEY)
+           for k, v in exports.items()}
+    [code] = re.findall(r"^```python\n(.*?)^```$", page, re.S | re.M)
+    assert f'model="{AGENT_MODEL}"' in code and 'model="claude-sonnet-4-5"' in code
+    r = subprocess.run([sys.executable, "-c", code.replace(AGENT_MODEL, "smollm2:135m")], env={**cli_env, **env},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first, *rest = r.stdout.splitlines()
+    assert re.fullmatch(r"(end_turn|tool_use|max_tokens) \[.*\] \d+ prompt tokens", first), first
+    assert "".join(rest).strip()
+
+
+def test_a_claude_name_is_the_servers_model_with_either_key_header(server: Server) -> None:
+    ask = {"model": "claude-sonnet-4-5", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    for header in ({"Authorization": f"Bearer {KEY}"}, {"x-api-key": KEY}):
+        r = httpx.post(f"{server.url}/v1/messages", json=ask, headers=header, timeout=300)
+        assert r.status_code == 200 and r.json()["model"] in ("claude-sonnet-4-5", "smollm2:135m"), r.text
+    assert httpx.post(f"{server.url}/v1/messages", json=ask, timeout=60).status_code == 401
+
+
+def test_an_openai_name_the_server_lacks_is_a_404(server: Server) -> None:
+    r = httpx.post(f"{server.url}/v1/responses", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                   json={"model": "gpt-5-codex", "input": "Hi", "max_output_tokens": 2})
+    assert r.status_code == 404, r.text
+
+
+def test_the_server_keeps_no_conversation_and_logs_no_text(server: Server, cli_env: dict[str, str]) -> None:
+    words = "Remember the word pomegranate."
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=300,
+                   json={"model": "smollm2:135m", "max_tokens": 3, "messages": [{"role": "user", "content": words}]})
+    assert r.status_code == 200
+    answer = r.json()["choices"][0]["message"]["content"]
+    logs = Path(cli_env["LOCALGEN_HOME"]) / "data" / "logs" / "logs.db"
+    if logs.exists():
+        import sqlite3
+
+        with sqlite3.connect(logs) as db:
+            assert not db.execute("SELECT count(*) FROM responses WHERE prompt LIKE '%pomegranate%'").fetchone()[0]
+    assert server.proc.stderr is not None
+    said = server.proc.stderr.read().decode()
+    assert re.search(r"^POST /v1/chat/completions 200 \d+\+\d+ tokens \d+ ms$", said, re.M), said
+    assert "pomegranate" not in said and (not answer.strip() or answer.strip() not in said)
+
+
+def test_the_same_seed_gives_the_same_text_and_so_does_temperature_0(cli: CLI) -> None:
+    def text(*flags: str) -> str:
+        r = cli("run", "-p", "Name a colour.", "-n", "12", "--no-log", "--json", *flags)
+        assert r.returncode == 0, r.stderr
+        return str(json.loads(r.stdout)["text"])
+
+    assert text("--seed", "42") == text("--seed", "42")
+    assert text("--temperature", "0") == text("--temperature", "0")
+    seeds = {json.loads(cli("run", "-p", "Hi", "-n", "1", "--no-log", "--json").stdout)["seed"] for _ in range(2)}
+    assert len(seeds) == 2, "without --seed each run draws a fresh one, which --json reports"
+
+
+def test_the_ci_pages_exit_codes(cli: CLI, tmp_path: Path) -> None:
+    offline = CLI({**cli.env, "LOCALGEN_OFFLINE": "1"})
+    r = offline("run", "-m", "qwen2.5:0.5b", "-p", "hi")
+    assert r.returncode == 1 and "offline" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = cli("run", "-p", "hi", "--temprature", "1")
+    assert r.returncode == 2 and r.stderr.startswith("localgen: error:"), r.stderr
+    (tmp_path / "p.jsonl").write_text('{"prompt": "Hi", "max_tokens": 2}\n{"prompt": "Hi", "top_k": 3.5}\n')
+    r = cli("run", "--file", str(tmp_path / "p.jsonl"), "--json", "--no-log")
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert r.returncode == 1 and len(lines) == 2 and "text" in lines[0] and "error" in lines[1], r.stdout
+
+
+def test_show_names_the_file_list_gives(cli: CLI) -> None:
+    shown = json.loads(cli("show", "smollm2:135m", "--json").stdout)["file"]
+    listed = {m["name"]: m["path"] for m in json.loads(cli("list", "--json").stdout)}
+    assert shown == listed["smollm2:135m"] and Path(shown).read_bytes()[:4] == b"GGUF"
+
+
+def test_serve_takes_the_llama_cpp_flags_the_page_names(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tests.test_doc_examples import _parse
+
+    page = _page("bigger-engine.md")
+    named = ("`-ngl`, `-fa`, `-ctk` and `-ctv`,\n`-b` and `-ub`, `-t`, `-ot`, `--n-cpu-moe`, `--cache-ram`, "
+             "`--lora`, `-np`")
+    assert named in page
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    (tmp_path / "a.gguf").touch()
+    values = {"-ngl": "0", "-fa": "on", "-ctk": "q8_0", "-ctv": "f16", "-b": "512", "-ub": "256", "-t": "2",
+              "-ot": "blk=CPU", "--n-cpu-moe": "2", "--cache-ram": "0", "--lora": str(tmp_path / "a.gguf"), "-np": "2"}
+    assert set(values) == set(re.findall(r"`(-[\w-]+)`", named))
+    for flag, value in values.items():
+        assert _parse(["serve", flag, value]) == ["localgen", "serve"], flag
+
+
+def test_llama_servers_window_is_the_slots_windows_together() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_serve
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert "`localgen serve --ctx 4096 -np 4` is `llama-server -c 16384 -np 4`" in _page("bigger-engine.md")
+    a = argparse.Namespace(slots=4, threads=2, ctx=4096, localgen_args="", llama_args="", llama_server="llama-server")
+    ours, theirs = (bench_serve.command(t, "m.gguf", 1, a, 4) for t in ("localgen", "llama-server"))
+    assert ours[ours.index("-c") + 1] == "4096" and ours[ours.index("-np") + 1] == "4"
+    assert theirs[theirs.index("-c") + 1] == "16384" and theirs[theirs.index("-np") + 1] == "4"
+
+
+def test_the_json_log_holds_no_prompt_or_answer_either(cli_env: dict[str, str]) -> None:
+    server = Server(cli_env, "-np", "1", "--ctx", "512", "--log-format", "json")
+    try:
+        r = httpx.post(f"{server.url}/v1/chat/completions", timeout=300, json={
+            "model": "smollm2:135m", "max_tokens": 3, "messages": [{"role": "user", "content": "Say pomegranate."}]})
+        assert r.status_code == 200
+        answer = r.json()["choices"][0]["message"]["content"].strip()
+    finally:
+        assert server.stop() == 0
+    assert server.proc.stderr is not None
+    lines = [json.loads(line) for line in server.proc.stderr.read().decode().splitlines() if line.startswith("{")]
+    request = [e for e in lines if e["event"] == "request" and e["path"] == "/v1/chat/completions"]
+    assert request and request[0]["prompt_tokens"] > 0, lines
+    said = json.dumps(lines)
+    assert "pomegranate" not in said and (not answer or answer not in said)
