@@ -4,15 +4,18 @@ from __future__ import annotations
 
 
 def format_bytes(n: float | None, llama_bench: bool = False) -> str:
-    """Sizes as people read them, labelled as the binary multiples they are: "1.2 GiB", "94 MiB"; with
-    `llama_bench`, that tool's own style ("92.10 MiB", "4.58 GiB"), so our tables read like its tables."""
+    """Sizes as people read them, labelled as the binary multiples they are: "1.2 GiB", "94 MiB", "512 KiB",
+    "100 bytes" (under a MiB it would round to 0 or 1 MiB); with `llama_bench`, that tool's own style
+    ("92.10 MiB", "4.58 GiB"), so our tables read like its tables."""
     if not n:
         return "-"
     if llama_bench:
         return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.2f} MiB"
     if n >= 1 << 30:
         return f"{n / (1 << 30):.1f} GiB"
-    return f"{n / (1 << 20):,.0f} MiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):,.0f} MiB"
+    return f"{n / 1024:,.0f} KiB" if n >= 1024 else f"{n:,.0f} bytes"
 
 
 def parse_bytes(text: str) -> int:

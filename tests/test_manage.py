@@ -25,6 +25,7 @@ FILE = "smollm2-135m-instruct-Q4_1.gguf"
 PULLED = f"{REPO}:Q4_1"
 COMMIT = hashlib.sha1(b"acme-manage").hexdigest()
 SLOW, SLOW_FILE = "acme/Slow-GGUF", "slow-Q4_1.gguf"
+TWICE, TWICE_FILE = "acme/Twice-GGUF", "twice-Q4_1.gguf"
 OPTS = {"num_predict": 4, "temperature": 0}
 
 
@@ -92,6 +93,35 @@ def test_a_pinned_or_busy_model_is_not_retired_and_a_file_of_your_own_is_not_del
     with pytest.raises(HTTPError, match="did not download") as e:
         asyncio.run(manage._delete(ServeState(workers={"mine.gguf": own}), "mine.gguf"))  # type: ignore[dict-item]
     assert e.value.status == 400
+
+
+def test_a_pull_thread_that_wakes_after_the_server_stopped_leaves_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM during a pull: the event loop closes while the download thread still waits on the Hub's bytes.
+    When it wakes, it stops (Stopped) and hands that to a loop that is gone: the item is dropped, and nothing
+    reaches the server's log (threading's excepthook prints a thread's traceback there)."""
+    import threading
+
+    from localgen.models import resolve
+
+    woke = threading.Event()
+    failures: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+
+    def pull(target: Any, progress: Any) -> None:
+        woke.wait(30)  # a read of the Hub's next bytes, still under way when the server stops
+        progress.advance(1)
+
+    monkeypatch.setattr(resolve, "pull", pull)
+
+    async def serve() -> None:
+        _, stop, _ = manage._pulling(None)
+        stop.set()  # serve/app.py's Drain ends the pull (Pull.end), then the loop closes
+
+    asyncio.run(serve())
+    thread = next(t for t in threading.enumerate() if t.name == "localgen-pull")
+    woke.set()
+    thread.join(30)
+    assert not thread.is_alive() and failures == [], [f.exc_value for f in failures]
 
 
 # ---- a real server, its Hub on loopback -------------------------------------------------------------------------
@@ -181,6 +211,43 @@ def test_a_client_that_leaves_stops_the_pull_and_the_next_resumes(server: Server
     assert again[-1] == "success" and any(x.startswith(f"{SLOW_FILE}: resuming at ") for x in again), again
     assert size <= hub.sent[SLOW_FILE] < sent + size  # it went on from what it had, not from the start
     assert f"{SLOW}:Q4_1" in _names(client)
+
+
+def test_two_pulls_of_one_model_and_a_quantize_of_a_quantized_one_name_no_server_path(
+        server: Server, hub: hub_server.FakeHub) -> None:
+    """The red team's leaks: a second pull of a model under way said "waiting for it to finish (lock
+    /.../.locks/...lock)", and /api/create's `quantize` from a quantized model named its file in the data dir or
+    site-packages. Over HTTP the client is told the model, never where the server keeps it."""
+    import json
+    import threading
+
+    hub.repos[TWICE] = hub_server.HubRepo(COMMIT, {TWICE_FILE: hub.repos[SLOW].files[SLOW_FILE]})
+    first: list[dict[str, Any]] = []
+    started = threading.Event()
+
+    def pull_first() -> None:
+        with httpx.stream("POST", f"{server.url}/api/pull", json={"model": f"{TWICE}:Q4_1"}, timeout=120) as r:
+            for line in r.iter_lines():
+                first.append(json.loads(line))
+                if first[-1].get("completed", 0) > 1 << 20:
+                    started.set()
+
+    hub.delay_per_mb = 0.05
+    thread = threading.Thread(target=pull_first)
+    try:
+        thread.start()
+        assert started.wait(60)
+        with httpx.stream("POST", f"{server.url}/api/pull", json={"model": f"{TWICE}:Q4_1"}, timeout=120) as r:
+            second = [json.loads(line) for line in r.iter_lines()]
+    finally:
+        hub.delay_per_mb = 0.0
+        thread.join(120)
+    waiting = [x["status"] for x in second if "another process is downloading" in x.get("status", "")]
+    assert waiting and not any("/" in x or "lock" in x for x in waiting), second
+    assert first[-1] == second[-1] == {"status": "success"}, (first[-3:], second[-3:])
+    for model in ("smollm2:135m", "gemma3:270m"):
+        said = _error(server, "POST", "/api/create", {"model": "mgr-q", "from": model, "quantize": "q4_K_M"}, 400)
+        assert said.startswith(f"{model} is already quantized") and "/" not in said, said
 
 
 def test_a_model_in_use_is_not_deleted(server: Server, client: Any) -> None:
@@ -340,6 +407,28 @@ def test_a_refused_copy_or_create_leaves_a_loaded_model_loaded(server: Server, c
         assert loaded <= {m.model for m in client.ps().models}, (path, body)
     assert client.generate(model="mgr-live", prompt="Say hi.", options=OPTS).done
     assert client.delete("mgr-live").status == "success"
+
+
+def test_racing_creates_or_copies_of_one_name_make_one_preset_and_409s(server: Server, client: Any) -> None:
+    """The red team's race: eight /api/create of one new name at once, without `force`, then eight /api/copy to
+    one destination: exactly one of each answers 200, every other a 409, and the preset is the winner's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def post(path: str, body: dict[str, Any]) -> httpx.Response:
+        return httpx.post(f"{server.url}{path}", json=body, timeout=120)
+
+    creates = [{"model": "mgr-race", "from": "smollm2:135m", "parameters": {"num_predict": n}, "stream": False}
+               for n in range(1, 9)]
+    copies = [{"source": "smollm2:135m", "destination": "mgr-race2"}] * 8
+    answered = {}
+    for path, bodies in (("/api/create", creates), ("/api/copy", copies)):
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            answers = answered[path] = list(pool.map(post, [path] * len(bodies), bodies))
+        assert sorted(r.status_code for r in answers) == [200] + [409] * 7, [r.text for r in answers]
+        assert all("exists" in r.json()["error"] for r in answers if r.status_code == 409)
+    winner = next(b for b, r in zip(creates, answered["/api/create"], strict=True) if r.status_code == 200)
+    assert f"num_predict {winner['parameters']['num_predict']}" in " ".join(client.show("mgr-race").parameters.split())
+    assert client.delete("mgr-race").status == "success" and client.delete("mgr-race2").status == "success"
 
 
 def test_a_preset_name_with_a_newline_is_refused_by_the_cli_and_over_http(server: Server, cli_env: dict[str, str],

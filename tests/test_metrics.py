@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -35,8 +36,8 @@ class Stand:
     """A worker as the gauges see it: jobs outstanding and running, loaded or not, its estimate."""
 
     def __init__(self, name: str, outstanding: int, running: int, loaded: bool, need: int) -> None:
-        self.name, self.outstanding, self.loaded, self.need = name, outstanding, loaded, need
-        self._running = dict.fromkeys(range(running))
+        self.name, self.outstanding, self.loaded, self.running = name, outstanding, loaded, running
+        self.residence = SimpleNamespace(need=need)
         self.pinned, self.busy, self.last_used = False, outstanding > 0, 0.0
 
 
@@ -61,7 +62,7 @@ def test_gauges_are_read_from_the_workers_and_residency_at_each_scrape() -> None
     assert value(got, "localgen_memory_budget_bytes") == 1000 * MB
     assert value(got, "localgen_loads_total") == 1 and value(got, "localgen_evictions_total") == 0
     # never stale: the next scrape sees what changed since
-    a.outstanding, a._running = 0, {}
+    a.outstanding, a.running = 0, 0
     r.released(a)
     r.admit(b, 200 * MB)
     b.loaded = True

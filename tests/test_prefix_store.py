@@ -75,7 +75,7 @@ def test_a_bad_file_is_skipped_with_one_line_and_removed(tmp_path: Path, damage:
 
 
 def test_the_store_stays_within_its_limit_least_recently_used_first(tmp_path: Path) -> None:
-    store, _ = _store(tmp_path, limit=4500)  # three files of 1,000 state bytes and a header each
+    store, said = _store(tmp_path, limit=4500)  # three files of 1,000 state bytes and a header each
     entries = [_entry([i] * 80 + list(range(i)), seed=i) for i in range(1, 4)]
     store.write(KEY, IDENT, entries)
     old = time.time() - 100
@@ -84,6 +84,7 @@ def test_the_store_stays_within_its_limit_least_recently_used_first(tmp_path: Pa
     left = {p.name for p in tmp_path.glob(f"*/*{SUFFIX}")}
     assert tokens_name(entries[1][0]) not in left and len(left) == 3, left
     assert store.status()["bytes"] <= 4500 and store.status()["evicted"] == 1
+    assert said == ["dropped 1 least recently used stored prefix (1 KiB) to keep the store within 4 KiB"], said
     assert store.write(KEY, IDENT, [_entry([7] * 99, size=5000)]) == 0  # larger than the whole store: not kept
 
 
@@ -104,3 +105,45 @@ def test_a_read_room_takes_the_most_recent_first(tmp_path: Path) -> None:
     os.utime(tmp_path / KEY / tokens_name(a[0]), (old, old))
     store.write(KEY, IDENT, [b])
     assert [g.tokens for g in store.load(KEY, IDENT, 1000)] == [b[0]]  # room for one: the newer
+
+
+def test_a_small_limit_bounds_what_its_server_keeps_never_what_others_wrote(tmp_path: Path) -> None:
+    """The red team's `serve --cache-disk 1` wiped the whole shared store at start and stop. A server removes
+    files only when it has just written one, and never one larger than its own limit: its start (reading),
+    its stop (nothing it may keep) and its status remove nothing."""
+    big, _ = _store(tmp_path)  # a server without a limit (as a large --cache-disk)
+    theirs = [_entry([i] * 80, size=3000, seed=i) for i in range(1, 4)]
+    big.write(KEY, IDENT, theirs)
+    before = sorted(p.name for p in tmp_path.glob(f"*/*{SUFFIX}"))
+    tiny, said = _store(tmp_path, limit=2000)
+    assert len(tiny.load(KEY, IDENT, None)) == 3  # its start: read back, nothing removed
+    assert tiny.write(KEY, IDENT, [_entry([7] * 90, size=2500, seed=7)]) == 0  # its stop: too large to keep
+    tiny.status()
+    assert sorted(p.name for p in tmp_path.glob(f"*/*{SUFFIX}")) == before and not said
+    mine = _entry([8] * 90, size=500, seed=8)
+    assert tiny.write("other" * 5, IDENT, [mine]) == 500  # over its limit now, but only with files it could not keep
+    assert sorted(p.name for p in tmp_path.glob(f"*/*{SUFFIX}")) == sorted([*before, tokens_name(mine[0])])
+    assert tiny.status()["evicted"] == 0 and not said
+
+
+def test_a_link_is_never_followed(tmp_path: Path) -> None:
+    """A `.prefix` that is a symbolic link, or a model's folder that is one, is neither read, counted nor
+    removed (the file it points at stays), and a folder that is a link is not written through."""
+    elsewhere = tmp_path / "elsewhere"
+    other, _ = _store(elsewhere)
+    entry = _entry(list(range(100)))
+    other.write(KEY, IDENT, [entry])
+    (target,) = (elsewhere / KEY).glob(f"*{SUFFIX}")
+    root = tmp_path / "store"
+    store, said = _store(root, limit=10)
+    (root / KEY).mkdir(parents=True)
+    (root / KEY / target.name).symlink_to(target)
+    (root / "linked").symlink_to(elsewhere / KEY, target_is_directory=True)
+    assert store.load(KEY, IDENT, None) == [] and not store.has(KEY, entry[0])
+    assert store.load("linked", IDENT, None) == [] and not store.has("linked", entry[0])
+    assert store.write("linked", IDENT, [_entry(list(range(300)), size=5)]) == 0
+    assert store.status()["files"] == 0
+    store.write(KEY, IDENT, [_entry(list(range(200)), size=5)])  # a write, then a trim: the link is not its to drop
+    assert target.exists() and (root / KEY / target.name).is_symlink()
+    assert [p.name for p in (elsewhere / KEY).iterdir()] == [target.name]
+    assert len(said) == 2 and all("its folder is a link" in line for line in said), said

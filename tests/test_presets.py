@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -262,6 +263,50 @@ def test_create_keeps_what_exists(pcli: InProcessCLI, tmp_path: Path) -> None:
         one_error(pcli("show", "bot"), "damaged")
     assert pcli("rm", "bot", "--yes").returncode == 0
     one_error(pcli("pull", "nosuch"), "unknown model")
+
+
+def test_saves_racing_for_one_name_make_one_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Concurrent /api/create (or /api/copy) of one new name, or one beside `localgen create`: all write through
+    presets.save, where the check and the write are one step, so of many racing saves exactly one wins, the
+    others are told the name exists (a 409 over HTTP, --force on the command line), and the file is the
+    winner's, whole, with no temporary left beside it."""
+    import threading
+
+    from localgen.models import presets
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    racers = [presets.Preset("racer", modelfile.Modelfile(base="smollm2:135m", system=f"writer {i}"))
+              for i in range(16)]
+    won: list[presets.Preset] = []
+    lost: list[presets.Preset] = []
+    together = threading.Barrier(len(racers))
+    to_json = presets._to_json
+
+    def in_step(p: presets.Preset) -> dict[str, Any]:  # every racer has looked for the name before any writes
+        together.wait(30)
+        return to_json(p)
+
+    monkeypatch.setattr(presets, "_to_json", in_step)
+
+    def save(p: presets.Preset) -> None:
+        try:
+            presets.save(p, False)
+            won.append(p)
+        except presets.PresetExists:
+            lost.append(p)
+
+    threads = [threading.Thread(target=save, args=(p,)) for p in racers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (len(won), len(lost)) == (1, len(racers) - 1)
+    found = presets.find("racer")
+    assert found is not None and found.spec.system == won[0].spec.system
+    assert [f.name for f in presets.presets_dir().iterdir()] == ["racer.json"]
+    monkeypatch.setattr(presets, "_to_json", to_json)
+    presets.save(racers[0], True)  # --force replaces it
+    assert (presets.find("racer") or won[0]).spec.system == "writer 0"
 
 
 # ---- a preset in a real run ---------------------------------------------------------------------------

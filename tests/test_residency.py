@@ -233,24 +233,23 @@ def test_defaults_three_models_and_most_of_the_memory(monkeypatch: pytest.Monkey
     """--max-models 3 (per GPU when offloading), --max-memory 90 % of RAM (plus GPU memory when offloading);
     a size in the flag's units, and a bad one is a usage error."""
     from localgen import hardware
-    from localgen.cli.options.knobs import Knobs
     from localgen.cli.serve import command as serve
     from localgen.cli.serve.options import ResidencyOptions
     from localgen.errors import UsageError
 
-    knobs = Knobs({"gpu_layers": None}, frozenset())  # -ngl not given
+    offload = True  # -ngl not given (not 0)
     monkeypatch.setattr(hardware, "gpus", lambda: [])
     monkeypatch.setattr(hardware, "total_ram_bytes", lambda: 10 * 1024 * MB)
-    r = serve._residency(ResidencyOptions(), knobs)
+    r = serve._residency(ResidencyOptions(), offload)
     assert (r.max_models, r.budget) == (3, int(10 * 1024 * MB * 0.9))
     two = [hardware.GPU("a", 8 * 1024 * MB, 0), hardware.GPU("b", 8 * 1024 * MB, 0)]
     monkeypatch.setattr(hardware, "gpus", lambda: two)
-    r = serve._residency(ResidencyOptions(), knobs)
+    r = serve._residency(ResidencyOptions(), offload)
     assert (r.max_models, r.budget) == (6, int(26 * 1024 * MB * 0.9))
-    r = serve._residency(ResidencyOptions(max_memory="12G", max_models=2), knobs)
+    r = serve._residency(ResidencyOptions(max_memory="12G", max_models=2), offload)
     assert (r.max_models, r.budget) == (2, 12 * 1024 * MB)
     with pytest.raises(UsageError, match="--max-memory takes a size"):
-        serve._residency(ResidencyOptions(max_memory="lots"), knobs)
+        serve._residency(ResidencyOptions(max_memory="lots"), offload)
 
 
 def test_a_load_with_no_room_is_a_503_for_its_request() -> None:
@@ -269,7 +268,7 @@ def test_a_load_with_no_room_is_a_503_for_its_request() -> None:
 
     ref = ModelRef(name="m", path=str(__file__), source="path", summary=None)  # type: ignore[arg-type]
     w = ModelWorker(ref, LoadParams(), 1, -1, 4, residency=Full(), pinned=False)
-    w.__dict__["_ensure_loaded"] = lambda: Full().admit(w, 1)  # the footprint of a real file is not the point
+    w.residence.__dict__["ensure"] = lambda warm: Full().admit(w, 1)  # the footprint of a real file is not the point
     loop = asyncio.new_event_loop()
     try:
         job = Job(GenerationRequest(prompt="x"), loop)
@@ -320,3 +319,44 @@ def test_a_reload_finds_the_prefixes_it_held(cli_env: dict[str, str], warm: bool
         assert health["prefix_store"]["read"] >= 1 and health["prefix_store"]["bytes"] > 0
     else:
         assert reused == 0 and model["warm_restored"] == 0 and not store.exists() and "prefix_store" not in health
+
+
+def test_an_idle_model_writes_its_prefixes_without_a_stop(smollm2_path: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/serve.md: while idle the prompt cache is written to disk now and then, "so that a crash loses
+    little". A real worker on SmolLM2 answers a long prompt and is then left idle, never stopped (as a server
+    killed with SIGKILL would be): the store comes to hold that prompt as a prefix. (KEEP_EVERY_S made short.)"""
+    import asyncio
+
+    from localgen.engine.prefixstore import PrefixStore
+    from localgen.models.resolve import resolve
+    from localgen.native.lib import build_id
+    from localgen.serve import residence
+    from localgen.serve.jobs import Done, Job
+    from localgen.serve.worker import ModelWorker
+    from localgen.types import GenerationRequest, LoadParams, SamplingParams
+
+    monkeypatch.setattr(residence, "KEEP_EVERY_S", 0.2)
+    store = PrefixStore(tmp_path / "prefixes", 1 << 30, build_id())
+    w = ModelWorker(resolve(str(smollm2_path)), LoadParams(n_ctx=512), 1, -1, 4, cache_ram=64 * MB, store=store)
+    w.start()
+    prompt = " ".join(f"Fact {i}: river {i} flows north." for i in range(12))
+    loop = asyncio.new_event_loop()
+    try:
+        job = Job(GenerationRequest(prompt=prompt, sampling=SamplingParams(max_tokens=2, temperature=0)), loop,
+                  stream=False)
+        w.submit(job)
+        event = loop.run_until_complete(asyncio.wait_for(job.events.get(), 300))
+        assert isinstance(event, Done), event
+        tokens = event.completion.prompt_tokens
+        assert tokens > MIN_TOKENS
+        deadline = time.monotonic() + 60
+        files: list[Path] = []
+        while not files and time.monotonic() < deadline:
+            time.sleep(0.1)
+            files = list((tmp_path / "prefixes").glob("*/*.prefix"))
+        assert files, "the idle worker wrote what its slot holds"
+        assert w.thread.is_alive() and w.loaded, "written while serving, not at a stop or an unload"
+    finally:
+        loop.close()
+        w.stop()

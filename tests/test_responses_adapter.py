@@ -126,6 +126,13 @@ def test_text_format_is_a_grammar_and_effort_the_templates_switch() -> None:
     ({"metadata": {"k": "v" * 513}}, "metadata"),  # values of 512
     ({"metadata": {"k": 1}}, "metadata"),  # that are strings
     ({"metadata": {"k": "v" * 12_000_000}}, "metadata"),  # the red team's 12 MB
+    ({"reasoning": {"summary": "x" * 15_000_000}}, "reasoning.summary"),  # the red team's echoed fields:
+    ({"reasoning": {"generate_summary": "long"}}, "reasoning.generate_summary"),  # OpenAI's enums,
+    ({"text": {"verbosity": "x" * 15_000_000}}, "text.verbosity"),
+    ({"text": {"notes": "x"}}, "text.notes"),  # no field of its own,
+    ({"text": {"format": {"type": "json_object", "extra": "x"}}}, "text.format.extra"),
+    ({"text": {"format": {"type": "json_schema", "name": "n" * 65, "schema": {}}}}, "text.format.name"),
+    ({"text": {"format": {"type": "json_object", "strict": "yes"}}}, "text.format.strict"),
     ({"user": "u" * 257}, "user"),
     ({"user": 7}, "user"),
     ({"background": True}, "background"),
@@ -141,6 +148,8 @@ def test_options_this_server_cannot_honour_are_400s(body: dict[str, Any], param:
 def test_known_options_are_accepted() -> None:
     r._check_options({"truncation": "disabled", "include": ["reasoning.encrypted_content"], "metadata": {"a": "b"}})
     r._check_options({"metadata": {f"{i:064d}": "v" * 512 for i in range(16)}, "user": "u" * 256})  # at the bounds
+    r._check_options({"reasoning": {"effort": "low", "summary": "detailed"}, "text": {
+        "verbosity": "high", "format": {"type": "json_schema", "name": "n" * 64, "schema": {}, "strict": True}}})
 
 
 def _shape(body: dict[str, Any] | None = None) -> items_.Encoder:

@@ -100,14 +100,14 @@ def test_a_lone_surrogate_is_a_400_and_the_model_keeps_serving(child: Server) ->
 
 def test_any_exception_fails_one_job_and_health_tells(inproc: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     w = inproc.worker
-    real = w.backend.prompt
+    real = w.residence.backend.prompt
 
     def prompt(request: Any) -> Any:
         if request.prompt == "boom":
             raise UnicodeEncodeError("utf-8", "x", 0, 1, "a fault that is not a LocalgenError")
         return real(request)
 
-    monkeypatch.setattr(w.backend, "prompt", prompt)
+    monkeypatch.setattr(w.residence.backend, "prompt", prompt)
     before = w.failures
     r = _complete(inproc.url, prompt="boom")
     assert r.status_code == 500 and r.json()["error"]["message"].startswith("internal error")
@@ -119,7 +119,7 @@ def test_any_exception_fails_one_job_and_health_tells(inproc: InProcess, monkeyp
 
 
 def test_a_fault_mid_decode_fails_those_jobs_only(inproc: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    pc = inproc.worker.pc
+    pc = inproc.worker.residence.pc
     real = pc.decode
     calls = {"n": 0}
 
@@ -144,7 +144,7 @@ def test_an_error_after_the_first_token_is_an_error_event(inproc: InProcess, mon
 
     from localgen.errors import LocalgenError
 
-    pc = inproc.worker.pc
+    pc = inproc.worker.residence.pc
     real = pc.decode
     calls = {"n": 0}
 
@@ -220,20 +220,20 @@ def test_the_model_is_warmed_up_in_the_thread_that_decodes(smollm2_path: Path) -
     try:
         w = s.worker
         deadline = time.monotonic() + 30
-        while w.pc.warmed_in is None and time.monotonic() < deadline:
+        while w.residence.pc.warmed_in is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert w.pc.warmed_in == w.thread.ident != threading.get_ident()
-        assert w.backend.engine._template is not None, "the chat template compiled before any request"
+        assert w.residence.pc.warmed_in == w.thread.ident != threading.get_ident()
+        assert w.residence.backend.engine._template is not None, "the chat template compiled before any request"
         from localgen.native.lib import lib
 
-        lc, pc = lib(), w.pc
+        lc, pc = lib(), w.residence.pc
         mem = lc.llama_get_memory(pc.ctx)
         assert [lc.llama_memory_seq_pos_max(mem, q) for q in range(2)] == [-1, -1], "the warm-up left no cells"
         assert not pc.slots.held
         first = _complete(s.url, prompt="The capital of France is", max_tokens=8).json()["choices"][0]["text"]
-        assert w.request_unload().wait(30) and w.pc is None
+        assert w.request_unload().wait(30) and w.residence.pc is None
         again = _complete(s.url, prompt="The capital of France is", max_tokens=8).json()["choices"][0]["text"]
-        assert w.pc is not None and w.pc.warmed_in == w.thread.ident
+        assert w.residence.pc is not None and w.residence.pc.warmed_in == w.thread.ident
         assert again == first
     finally:
         s.close()
@@ -247,7 +247,7 @@ def test_a_dead_worker_is_a_503_everywhere(smollm2_path: Path) -> None:
         def die() -> None:
             raise SystemExit("simulated death of the worker thread")
 
-        w.sched.step = die  # the scheduler's next step kills the thread
+        w.residence.sched.step = die  # the scheduler's next step kills the thread
         r = _complete(s.url, prompt="hi")
         assert r.status_code == 500
         w.thread.join(5)
@@ -404,10 +404,43 @@ def test_cors_flag_and_env_widen_the_origins(cli_env: dict[str, str]) -> None:
 def test_dns_rebinding_hosts_are_refused_on_loopback(child: Server) -> None:
     for host, status in ((f"attacker.example:{child.port}", 403), (f"localhost:{child.port}", 200),
                          (f"127.0.0.1:{child.port}", 200), (f"[::1]:{child.port}", 200),
-                         (f"app.localhost:{child.port}", 200)):
+                         (f"app.localhost:{child.port}", 200), (f"evil.localhost:{child.port}", 200),  # RFC 6761
+                         (f"localhost:1@evil.com:{child.port}", 403), ("localhost:1@evil.com", 403),
+                         (f"localhost:{child.port}/x", 403), ("localhost:99999", 403), ("a..localhost", 403),
+                         (f"::1:{child.port}", 403)):  # not a host[:port]
         r = httpx.get(f"{child.url}/v1/models", headers={"Host": host}, timeout=30)
         assert r.status_code == status, host
     assert "DNS rebinding" in httpx.get(f"{child.url}/api/tags", headers={"Host": "rebind.example"}).json()["error"]
+
+
+def test_what_a_response_echoes_is_checked_as_openai_checks_it(child: Server) -> None:
+    """The red team's 15,000,000-character reasoning.summary and text.verbosity were answered 200, stored and
+    given back. Through the OpenAI SDK: each echoed field outside OpenAI's enums (or not a field at all) is a
+    400 in OpenAI's shape naming it, and what a good request sets is what the response and the store echo."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{child.url}/v1", api_key="none", max_retries=0, timeout=120)
+    big = "x" * 15_000_000
+    for given, param in ((dict(reasoning={"summary": big}), "reasoning.summary"),
+                         (dict(text={"verbosity": big}), "text.verbosity"),
+                         (dict(reasoning={"effort": "huge"}), "reasoning.effort"),
+                         (dict(reasoning={"summary": "auto", "notes": big}), "reasoning.notes"),
+                         (dict(text={"format": {"type": "text", "notes": big}}), "text.format.notes"),
+                         (dict(text={"format": {"type": "json_object", "name": big}}), "text.format.name")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, **given)  # type: ignore[call-overload]
+        assert (e.value.status_code, e.value.param, e.value.type) == (400, param, "invalid_request_error"), given
+        assert len(e.value.response.text) < 1000
+    made = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, reasoning={"summary": "concise"},
+                                   text={"verbosity": "low"},
+                                   tools=[{"type": "function", "name": "f", "parameters": {"type": "object"},
+                                           "strict": False}],
+                                   tool_choice={"type": "function", "name": "f"})
+    stored = client.responses.retrieve(made.id)
+    for shown in (made, stored):
+        assert shown.reasoning is not None and shown.reasoning.summary == "concise"
+        assert shown.text is not None and shown.text.verbosity == "low"
+        assert shown.tool_choice.model_dump() == {"type": "function", "name": "f"}  # type: ignore[union-attr]
 
 
 # ---- 5. a non-streamed client that leaves ----------------------------------------------------------

@@ -7,6 +7,7 @@ cache kept across a restart (SIGTERM, then the conversation continued from disk;
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -112,6 +113,10 @@ def test_every_json_line_parses_and_carries_its_request(two: Server) -> None:
     assert missing.headers["x-request-id"].startswith("req_")
     anthropic_error = httpx.post(f"{two.url}/v1/messages", json={"model": "smollm2:135m"}, timeout=30)
     assert anthropic_error.status_code == 400 and anthropic_error.json()["request_id"].startswith("req_")
+    about = {"unload": httpx.post(f"{two.url}/models/unload", json={"model": "nope"}, timeout=30),
+             "delete": httpx.request("DELETE", f"{two.url}/api/delete", json={"model": "nope"}, timeout=30),
+             "stored": httpx.get(f"{two.url}/v1/responses/resp_nope", timeout=30)}
+    assert [r.status_code for r in about.values()] == [404, 404, 404], [r.text for r in about.values()]
     stream = httpx.post(f"{two.url}/api/chat", timeout=120, json={
         "model": "smollm2:135m", "messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 3}})
     assert stream.status_code == 200
@@ -127,6 +132,11 @@ def test_every_json_line_parses_and_carries_its_request(two: Server) -> None:
     assert done["completion_tokens"] == 3 and done["prompt_tokens"] >= 1 and done["cached_tokens"] is not None
     assert done["ttft_ms"] > 0 and done["total_ms"] >= done["ttft_ms"] and done["client"].startswith("127.0.0.1:")
     assert requests[missing.headers["x-request-id"]]["status"] == 404
+    for r in (missing, about["unload"], about["delete"]):  # the model the request named, though none answered
+        assert requests[r.headers["x-request-id"]]["model"] == "nope", requests[r.headers["x-request-id"]]
+    stored = requests[about["stored"].headers["x-request-id"]]
+    assert stored["route"] == "/v1/responses/{id}" and stored["path"] == "/v1/responses/resp_nope"  # as docs say
+    assert 'route="/v1/responses/{id}",status="404"' in httpx.get(f"{two.url}/metrics", timeout=30).text
     assert requests["abc" + "d" * 125]["route"] == "/api/tags"
     chat = [d for d in docs if d["event"] == "request" and d["route"] == "/api/chat" and d["completion_tokens"]]
     assert chat and chat[-1]["completion_tokens"] == 3
@@ -254,6 +264,19 @@ def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: 
     (stored,) = [float(line.split()[1]) for line in metrics.splitlines()
                  if line.startswith("localgen_prefix_store_bytes ")]
     assert stored == health["prefix_store"]["bytes"] > 0
+    said = re.findall(r"; (\d+) stored (prefix|prefixes) read back", _log(again))
+    assert said and all((word == "prefix") == (n == "1") for n, word in said), said  # "1 stored prefix"
+
+    # a server whose --cache-disk holds none of these prefixes: it writes none, and leaves the others' alone
+    kept = sorted(p.name for p in store.glob("*/*.prefix"))
+    tiny = Server(env, *args, "--cache-disk", "1K")
+    try:
+        _turn(tiny, history, question)
+    finally:
+        assert tiny.stop() == 0
+    log = _log(tiny)
+    assert "prompt cache on disk: up to 1 KiB" in log and "dropped" not in log, log
+    assert sorted(p.name for p in store.glob("*/*.prefix")) == kept
 
     cold = Server({**env, "LOCALGEN_HOME": str(tmp_path / "cold")}, *args, "--cache-disk", "0")
     try:

@@ -227,6 +227,12 @@ def test_with_a_key_only_the_page_and_health_answer_without_it(server: Server) -
     # a client that does not ask for HTML gets Ollama's answer at /, as before the page
     assert httpx.get(f"{server.url}/").text == "Ollama is running (localgen)"
     assert httpx.head(f"{server.url}/").status_code == 200
+    # the page only when Accept names text/html with a q above 0, at least that of the plain answer
+    for accept, wanted in (("text/html;q=0", False), ("text/htmlx", False), ("text/html;q=0.5, */*", False),
+                           ("*/*", False), ("text/html;q=nonsense", False), ("text/plain, text/html", True),
+                           ("TEXT/HTML ; Q=0.9, text/plain;q=0.8", True)):
+        shown = httpx.get(f"{server.url}/", headers={"Accept": accept})
+        assert shown.headers["content-type"].startswith("text/html") == wanted, accept
     assert "Accept" in httpx.get(f"{server.url}/").headers["vary"] and "Accept" in r.headers["vary"]
     assert httpx.get(f"{server.url}/webui/nothing.js").status_code == 401
     assert httpx.get(f"{server.url}/webui/nothing.js", headers=_auth()).status_code == 404

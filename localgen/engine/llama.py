@@ -1,6 +1,7 @@
-"""The Engine: a model and its context loaded through llama.cpp's own API (the native layer's wrappers). The
-record of what the context's KV cache holds is its `kv` (engine/kvcache.py), the vocabulary side its
-Vocabulary mixin (engine/vocab.py). Everything above the engine asks the Engine."""
+"""The Engine: a model and its context loaded through llama.cpp's own API (the native layer's wrappers), and its
+vocabulary: tokens, end-of-generation tokens, the chat template, grammars checked against the vocabulary. The
+record of what the context's KV cache holds is its `kv` (engine/kvcache.py). Everything above the engine asks
+the Engine."""
 
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ from typing import Any
 from localgen.engine import adapters, loading
 from localgen.engine.kvcache import KVCache
 from localgen.engine.template import ChatTemplate
-from localgen.engine.vocab import Vocabulary
-from localgen.errors import ContextOverflowError, LocalgenError
+from localgen.errors import ContextOverflowError, LocalgenError, TemplateError
 from localgen.native import context, logs
 from localgen.native import model as native_model
 from localgen.native import sampler as chains
@@ -25,15 +25,16 @@ from localgen.native import vocab as native_vocab
 from localgen.native.lib import logits_row, ready, version
 from localgen.native.prompt import Prompt
 from localgen.native.report import last_load
+from localgen.text import problem
 from localgen.types import KV_CACHE_TYPES, LoadParams, ModelRef, SamplingParams
 
 _ROPE = {None: -1, "none": 0, "linear": 1, "yarn": 2}
 
 
-class Engine(Vocabulary):
+class Engine:
     """One loaded model and its context, used by one thread. Keeps its KV cache between generations: `kv`
     (a KVCache) says which tokens the cache holds, and only its methods change it. The sampler chains and
-    the logits read the context's last decode; the tokens and the chat template come from Vocabulary."""
+    the logits read the context's last decode; the tokens and the chat template are its vocabulary's."""
 
     def __init__(self, model: ModelRef, params: LoadParams, verbose: bool = False, cpu_only: bool = False) -> None:
         self.model = model
@@ -84,6 +85,69 @@ class Engine(Vocabulary):
         self._piece_buf = native_vocab.piece_buffer()
         self._template: ChatTemplate | None = None
         self._eog: tuple[int, ...] | None = None
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        """Text to tokens; special-token text such as <|im_end|> becomes the control token (with
+        `parse_special`, the default)."""
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # the input boundary refuses these; never a traceback from here either
+            raise TemplateError(f"the text is not valid UTF-8: {problem(text)}") from None
+        return native_vocab.tokenize(self.vocab, data, add_special, parse_special)
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """One token's bytes, leading space kept (detokenizing one token alone would strip it)."""
+        return native_vocab.piece(self.vocab, token, self._piece_buf, special)
+
+    def token_text(self, token: int) -> str:
+        """A token as text, control tokens spelled out (<|im_end|>)."""
+        return self.piece(token, special=True).decode("utf-8", errors="replace") if token >= 0 else ""
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, <|im_end|>, ...)."""
+        return native_vocab.is_eog(self.vocab, token)
+
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token of the vocabulary (for --ignore-eos)."""
+        if self._eog is None:
+            self._eog = tuple(t for t in range(self.n_vocab) if self.is_eog(t))
+        return self._eog
+
+    @property
+    def template(self) -> ChatTemplate:
+        """The model's chat template, compiled once; TemplateError when it has none or it is broken."""
+        if self._template is None:
+            source = self.model.summary.chat_template
+            if not source:
+                raise TemplateError(
+                    f"{self.model.name} has no chat template (it may be a base model)",
+                    hint="use --raw to send the prompt as a plain completion",
+                )
+            self._template = ChatTemplate(source, self.token_text(native_vocab.bos(self.vocab)),
+                                          self.token_text(native_vocab.eos(self.vocab)))
+        return self._template
+
+    def chat_tokens(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
+        """Render the conversation with the model's template (and `extra` variables: tools) and tokenize it
+        (special tokens parsed)."""
+        return self.tokenize(*self.chat_text(messages, **extra))
+
+    def chat_text(self, messages: list[dict[str, Any]], **extra: Any) -> tuple[str, bool]:
+        """The rendered conversation, and whether tokenizing it adds BOS (not when the template wrote it)."""
+        text = self.template.render(messages, **extra)
+        bos = self.template.bos_token
+        return text, not (bos and text.startswith(bos))
+
+    def raw_tokens(self, text: str) -> list[int]:
+        """Tokenize a plain completion prompt (BOS as the model asks)."""
+        return self.tokenize(text, add_special=True)
+
+    def check_grammar(self, gbnf: str) -> None:
+        """Parse a GBNF grammar natively, so a bad one is an error before any work."""
+        from localgen.native.grammar import check_grammar
+
+        check_grammar(self.vocab, gbnf)
 
     @functools.cached_property
     def uses_encode(self) -> bool:

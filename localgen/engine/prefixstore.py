@@ -11,7 +11,15 @@ build, the tokens, the state's size and SHA-256), then the state. A file of anot
 or damaged one, is skipped with one log line and removed, never loaded: a wrong state would give a wrong
 answer. The whole store is bounded in bytes (`limit`), least recently used first out (a file's time is set
 when it is written or read). Files are written to a temporary name and renamed, mode 0600 in 0700 folders
-(a state holds its prompt's text)."""
+(a state holds its prompt's text). A link is never followed: a `.prefix` that is a symbolic link (or a
+model's folder that is one) is neither read, counted nor removed.
+
+The store is shared by every server of this user, each with its own --cache-disk, so a limit bounds what
+this server writes and keeps, never more: it removes files only when it has just written one, least
+recently used first until the files it could keep (each within its limit) are within it together, and says
+in one line what it dropped. A file larger than its limit neither counts nor goes: a server with a larger
+limit wrote it, and this one could not even have kept it. Starting, loading, reading and stopping remove
+nothing but damaged files."""
 
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import struct
 import threading
 import time
@@ -53,11 +62,13 @@ class PrefixStore:
     """The store under `root`, at most `limit` bytes; `build` is the llama.cpp build (native/lib.py's
     build_id) that its states must come from; `say` logs one line (a skipped file)."""
 
-    def __init__(self, root: Path, limit: int, build: str, say: Callable[[str], None] = lambda s: None) -> None:
+    def __init__(self, root: Path, limit: int, build: str, say: Callable[[str], None] = lambda s: None,
+                 dropped: Callable[[str], None] | None = None) -> None:
         self.root = root
         self.limit = limit
         self.build = build
         self.say = say
+        self.dropped = dropped or say  # the one line a trim logs: what it removed to keep within the limit
         self._lock = threading.Lock()
         self._lengths: dict[str, dict[str, int]] = {}  # folder → file → its tokens' count (what is on disk)
         self.written = self.written_bytes = 0  # prefixes and bytes written by this process
@@ -78,6 +89,8 @@ class PrefixStore:
         prefixes are only a cache."""
         folder = self._folder(key)
         total = 0
+        if folder is None:
+            return 0
         for tokens, prompt_len, data, size in entries:
             name = tokens_name(tokens)
             files = self._files(key)
@@ -106,25 +119,30 @@ class PrefixStore:
             for other, n in list(files.items()):  # a stored prefix this one extends is of no more use
                 if n < len(tokens) and other != name and tokens_name(tokens[:n]) == other:
                     self._remove(folder / other, key)
-        self.trim()
+        if total:  # only a server that has just written makes room (the module's docstring says why)
+            self.trim()
         return total
 
     def trim(self) -> None:
-        """Remove the least recently used files until the store is within its limit."""
+        """Remove the least recently used files until those this server could keep (each within its limit) are
+        within it together; a larger file (another server's, with a larger limit) neither counts nor goes. One
+        line says what went."""
         if self.limit <= 0:
             return
-        found = []
-        for path in self.root.glob(f"*/*{SUFFIX}"):
-            with contextlib.suppress(OSError):
-                st = path.stat()
-                found.append((st.st_mtime_ns, st.st_size, path))
+        found = [(st.st_mtime_ns, st.st_size, path) for path, st in self._all() if st.st_size <= self.limit]
         total = sum(size for _, size, _ in found)
+        gone = freed = 0
         for _, size, path in sorted(found):
             if total <= self.limit:
                 break
             self._remove(path, path.parent.name)
             self.evicted += 1
-            total -= size
+            gone, freed, total = gone + 1, freed + size, total - size
+        if gone:
+            from localgen.units import format_bytes
+
+            self.dropped(f"dropped {gone} least recently used stored prefix{'es' if gone != 1 else ''} "
+                         f"({format_bytes(freed)}) to keep the store within {format_bytes(self.limit)}")
 
     # ---- reading ----------------------------------------------------------------------------------------
 
@@ -134,10 +152,9 @@ class PrefixStore:
         import numpy
 
         folder = self._folder(key)
-        paths = []
-        for path in folder.glob(f"*{SUFFIX}"):
-            with contextlib.suppress(OSError):
-                paths.append((path.stat().st_mtime_ns, path))
+        if folder is None:
+            return []
+        paths = [(st.st_mtime_ns, path) for path, st in _regular(folder)]
         out: list[Stored] = []
         for _, path in sorted(paths, reverse=True):
             try:
@@ -165,7 +182,7 @@ class PrefixStore:
 
     def _check(self, path: Path, identity: str, numpy: Any) -> Stored:
         """The prefix in `path`, once everything about it holds; _Bad says what does not."""
-        with open(path, "rb") as f:
+        with _open(path) as f:
             fixed = f.read(_HEAD.size)
             if len(fixed) < _HEAD.size:
                 raise _Bad("the file is torn (shorter than its header)")
@@ -201,19 +218,21 @@ class PrefixStore:
     def status(self) -> dict[str, int]:
         """Counters for /health and /metrics: files and bytes on disk now, the limit, and what this process
         wrote, read back, skipped and removed to keep within the limit."""
-        files = size = 0
-        for path in self.root.glob(f"*/*{SUFFIX}"):
-            with contextlib.suppress(OSError):
-                size += path.stat().st_size
-                files += 1
+        found = [st.st_size for _, st in self._all()]
+        files, size = len(found), sum(found)
         return {"files": files, "bytes": size, "limit_bytes": self.limit, "written": self.written,
                 "written_bytes": self.written_bytes, "read": self.read, "read_bytes": self.read_bytes,
                 "skipped": self.skipped, "evicted": self.evicted}
 
-    def _folder(self, key: str) -> Path:
+    def _folder(self, key: str) -> Path | None:
+        """A model's folder, made if missing; None (and one line) when it is a link: never followed."""
         from localgen import paths
 
-        return paths.private_dir(self.root / key)
+        folder = self.root / key
+        if folder.is_symlink():
+            self.say(f"skipped the stored prefixes of {key}: its folder is a link, which is never followed")
+            return None
+        return paths.private_dir(folder)
 
     def _files(self, key: str) -> dict[str, int]:
         """The files of a folder and their tokens' counts (their headers read once per process)."""
@@ -222,12 +241,21 @@ class PrefixStore:
         if known is not None:
             return known
         found: dict[str, int] = {}
-        for path in (self.root / key).glob(f"*{SUFFIX}"):
+        for path, _ in [] if (self.root / key).is_symlink() else _regular(self.root / key):
             n = _token_count(path)
             if n is not None:
                 found[path.name] = n
         with self._lock:
             return self._lengths.setdefault(key, found)
+
+    def _all(self) -> list[tuple[Path, os.stat_result]]:
+        """Every prefix file of every model's folder, with its stat (links, and folders that are links, left
+        out)."""
+        try:
+            folders = [d for d in self.root.iterdir() if stat.S_ISDIR(d.lstat().st_mode)]
+        except OSError:
+            return []
+        return [found for d in folders for found in _regular(d)]
 
     def _remove(self, path: Path, key: str) -> None:
         with contextlib.suppress(OSError):
@@ -252,10 +280,26 @@ def _digest(identity: str) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()
 
 
+def _regular(folder: Path) -> list[tuple[Path, os.stat_result]]:
+    """The prefix files in a folder that are plain files (never a link), with their stat."""
+    out = []
+    for path in folder.glob(f"*{SUFFIX}"):
+        with contextlib.suppress(OSError):
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode):
+                out.append((path, st))
+    return out
+
+
+def _open(path: Path) -> Any:
+    """A prefix file opened to read, never through a link (a link put there meanwhile is an OSError)."""
+    return os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)), "rb")
+
+
 def _token_count(path: Path) -> int | None:
     """How many tokens a file's header says it holds (None: not readable as one)."""
     try:
-        with open(path, "rb") as f:
+        with _open(path) as f:
             magic, version, n = _HEAD.unpack(f.read(_HEAD.size))
             if magic != MAGIC or version != VERSION or n > MAX_HEADER:
                 return None

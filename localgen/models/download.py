@@ -77,7 +77,7 @@ def _locked(path: Path, label: str, progress: Progress) -> Iterator[None]:
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        progress.note(f"{label}: another process is downloading it; waiting for it to finish (lock {path})")
+        progress.note(f"{label}: another process is downloading it; waiting for it to finish")
         lock.acquire()
     try:
         yield

@@ -6,10 +6,12 @@ owns model files (an adapter stays where ADAPTER named it), so removing one remo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,14 +119,37 @@ def _from_json(name: str, d: dict[str, Any]) -> Preset:
 
 
 def save(p: Preset, replace: bool) -> None:
-    """Write a preset; a UsageError when one of that name exists and `replace` is not given."""
+    """Write a preset; a PresetExists (a UsageError) when one of that name exists and `replace` is not given.
+    Written whole to a temporary file, then put in place in one step: a reader sees the old preset or the new
+    one, never half of one. Without `replace` that step is a hard link, which fails when the name exists, so of
+    saves racing for one name (two /api/create, or one beside `localgen create`) exactly one succeeds."""
     path = _file(p.name)
     path.parent.mkdir(parents=True, exist_ok=True)
+    exists = PresetExists(f"a preset named {p.name!r} exists", hint="--force replaces it; localgen rm removes it")
     if path.exists() and not replace:
-        raise PresetExists(f"a preset named {p.name!r} exists", hint="--force replaces it; localgen rm removes it")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_to_json(p), indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)  # a reader sees the old preset or the new one, never half of one
+        raise exists
+    text = json.dumps(_to_json(p), indent=2) + "\n"
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # one per writer
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        if replace:
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)  # atomic, and refused when the name exists: the check and the write are one
+        except FileExistsError:
+            raise exists from None
+        except OSError:  # a file system without hard links: an exclusive create (O_EXCL), written in place
+            try:
+                with open(path, "x", encoding="utf-8") as f:
+                    f.write(text)
+            except FileExistsError:
+                raise exists from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _check_new_name(name: str) -> None:

@@ -97,8 +97,9 @@ def _tensor_type(flag: str, text: str | None) -> int | None:
     return found
 
 
-def plan(source: Path, type_text: str, out: Path, opts: Options) -> QuantizeJob:
-    """Check everything a quantization needs before it starts (one UsageError or LocalgenError each)."""
+def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | None = None) -> QuantizeJob:
+    """Check everything a quantization needs before it starts (one UsageError or LocalgenError each); `label`
+    names the source in them (the model's name, where a server's client asked: never its path there)."""
     from localgen.models.gguf_meta import read_gguf
     from localgen.native.quantize import QuantizeParams
 
@@ -110,8 +111,8 @@ def plan(source: Path, type_text: str, out: Path, opts: Options) -> QuantizeJob:
     source_type = _file_type_name(meta.get("general.file_type"))
     if quantized and not opts.allow_requantize and type_name != "COPY":
         raise LocalgenError(
-            f"{source} is already quantized ({source_type or 'quantized tensors'}): quantizing it again loses more "
-            "than quantizing from the original weights",
+            f"{label or source} is already quantized ({source_type or 'quantized tensors'}): quantizing it again "
+            "loses more than quantizing from the original weights",
             hint="quantize from an F16, BF16 or F32 file; --allow-requantize does it anyway")
     try:
         if out.resolve() == source.resolve():
@@ -307,7 +308,7 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
     ref = lookup(spec.base)
     out = quantized.path_for(made)
     out.parent.mkdir(parents=True, exist_ok=True)
-    job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=True))
+    job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=True), spec.base)
     try:
         run(job, progress)
     except BaseException:

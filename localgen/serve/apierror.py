@@ -1,12 +1,19 @@
 """An HTTP error and the shape each API gives it: OpenAI's `{"error": {message, type, param, code}}` (every
 route but these two), Anthropic's `{"type": "error", "error": {type, message}}` under /v1/messages, Ollama's
 `{"error": "..."}` under /api/. The one place an error body is written: in a whole answer, in a stream, and
-for the gate's refusals and unknown routes."""
+for the gate's refusals and unknown routes. Its message never shows the server's own folders (without_paths):
+the layers below name files, as the command line should on the user's own machine, but a client is told only
+a file's name."""
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+import tempfile
 from collections.abc import Mapping
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -53,12 +60,42 @@ def api_of(path: str) -> str:
 def error_body(api: str, e: HTTPError) -> dict[str, Any]:
     """The error's body in an API's shape, with the request's extra fields (ERROR_EXTRA) at its top level."""
     extra = dict(ERROR_EXTRA.get())
+    message = without_paths(e.message)
     if api == OLLAMA:
-        return {"error": e.message, **extra}
+        return {"error": message, **extra}
     if api == ANTHROPIC:
         kind = ANTHROPIC_KINDS.get(e.status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": e.message}, **extra}
-    return {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}, **extra}
+        return {"type": "error", "error": {"type": kind, "message": message}, **extra}
+    return {"error": {"message": message, "type": e.kind, "param": e.param, "code": e.status}, **extra}
+
+
+def without_paths(text: str) -> str:
+    """A message for a client, each path in the server's own folders (localgen's data and cache, Hugging Face's
+    cache, the Python environment, the home and temporary folders) cut to the file's name: a client learns
+    which file, never where this machine keeps it."""
+    if "/" not in text and os.sep not in text:
+        return text
+    roots = _roots()
+    # a root, whole (not the head of a longer name), then the rest of the path up to a blank, quote or bracket
+    found = re.compile(rf"(?<![\w.~-])(?:{'|'.join(map(re.escape, roots))})(?=[/\\\s'\"()]|$)"
+                       rf"(?:[/\\][^\s'\"()]*)?")
+
+    def name(m: re.Match[str]) -> str:
+        path = m.group(0).rstrip("/\\")
+        return "the server's folder" if path in roots else re.split(r"[/\\]", path)[-1]
+
+    return found.sub(name, text)
+
+
+def _roots() -> list[str]:
+    """The server's folders, as text, longest first (read now: a server's environment sets some of them)."""
+    from localgen import paths
+    from localgen.models import hfcache
+
+    found = {str(p) for p in (paths.data_dir(), paths.cache_dir(), paths.config_dir(), hfcache.hub_cache(),
+                              Path(sys.prefix), Path(sys.base_prefix), Path.home(), Path(tempfile.gettempdir()))}
+    found |= {os.path.realpath(p) for p in found}
+    return sorted((p for p in found if len(p) > 1), key=len, reverse=True)
 
 
 def error_response(request: Request, e: HTTPError, headers: Mapping[str, str] | None = None) -> Response:

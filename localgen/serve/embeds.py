@@ -33,7 +33,8 @@ def routes(state: ServeState) -> list[Route]:
         body = await read_json(request)
         worker = state.worker(body.get("model"))
         fmt = one_of(body.get("encoding_format", "float"), ("float", "base64"), "encoding_format")
-        vectors = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), http=request)
+        vectors = await embed(worker, embed_inputs(body.get("input")), dimensions(body.get("dimensions")),
+                              http=request)
         from localgen.embeddings.store import b64
 
         data = [{"object": "embedding", "index": i, "embedding": v.vector if fmt == "float" else b64(v.vector)}
@@ -101,15 +102,20 @@ def embed_inputs(raw: Any, param: str = "input") -> list[str]:
     return texts
 
 
-async def embed(worker: Served, texts: list[str], dimensions: Any = None, truncate: bool = False,
+def dimensions(raw: object) -> int | None:
+    """OpenAI's `dimensions`: a positive integer, or absent."""
+    if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int) or raw < 1):
+        raise HTTPError(400, "`dimensions` must be a positive integer", param="dimensions")
+    return raw
+
+
+async def embed(worker: Served, texts: list[str], dimensions: int | None = None, truncate: bool = False,
                 query: str | None = None, http: Request | None = None) -> list[Any]:
     """Embed (or with a query, rerank) on the worker's thread, a slice at a time between decoding steps; the
     Embeddings (or (score, tokens) pairs), or an HTTPError. A client that disconnects (`http`) or a handler
     cancelled stops the job at its next slice."""
     import asyncio
 
-    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
-        raise HTTPError(400, "`dimensions` must be a positive integer", param="dimensions")
     for t in texts:
         check_prompt_size(worker, [t])
     job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate, query)

@@ -63,25 +63,37 @@ def origins_from(extra: list[str] | None, env: str | None) -> tuple[str, ...]:
     return DEFAULT_ORIGINS + tuple(o.strip().rstrip("/") for o in more if o.strip())
 
 
+# A Host header as RFC 9110 allows it: a bracketed IPv6 address or a name (or IPv4 address), then an optional
+# port; anything else ("localhost:1@evil.com", a path, a space) is refused whole, never cut at a separator.
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::(?P<port>[0-9]{1,5}))?")
+_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
+
 def host_allowed(host: str) -> bool:
-    """A Host header that can only mean this machine: an IP address, localhost (or *.localhost), or this
-    machine's own name. A DNS name an attacker controls that resolves to 127.0.0.1 is none of these."""
+    """A Host header that can only mean this machine: an IP address, localhost or a name under it, or this
+    machine's own name, each with an optional port. A DNS name an attacker controls that resolves to 127.0.0.1
+    is none of these. A name under .localhost (app.localhost) is accepted: RFC 6761 reserves it for loopback,
+    browsers resolve it to loopback themselves and the root zone never delegates it, so no attacker can point
+    one elsewhere, and local tools use such names for the same machine."""
     import socket
 
-    name = host.strip().lower()
-    if name.startswith("["):  # [::1]:port
-        name = name[1:name.find("]")] if "]" in name else name
-    elif name.count(":") == 1:
-        name = name.split(":", 1)[0]
-    name = name.rstrip(".")
-    if not name:
+    text = host.strip().lower()
+    if not text:
         return True  # HTTP/1.0 without Host: not a browser
+    m = _HOST.fullmatch(text)
+    if m is None or (m["port"] is not None and int(m["port"]) > 65535):
+        return False
+    name = m["v6"] or m["name"].removesuffix(".")
     try:
         ipaddress.ip_address(name)
         return True
     except ValueError:
-        pass
-    return name == "localhost" or name.endswith(".localhost") or name == socket.gethostname().lower()
+        if m["v6"]:
+            return False
+    if name == socket.gethostname().lower():
+        return True
+    labels = name.split(".")
+    return labels[-1] == "localhost" and all(_LABEL.fullmatch(label) for label in labels)
 
 
 def same_origin(origin: str, host: str) -> bool:

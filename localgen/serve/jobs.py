@@ -1,12 +1,14 @@
 """What passes between serve's HTTP handlers and a model's worker thread: the jobs a handler queues
-(`Job` for generation, `EmbedJob` for embeddings and rerank), the events that come back (`Text`, `Done`,
-`Failed`), handed to the handler's event loop one wake-up per step, and `failed`, the one place where an
-error becomes an HTTP status."""
+(`Job` for generation, `EmbedJob` for embeddings and rerank), each with its one lifecycle (`State`, moved on
+only by `advance`, and to DONE by its last event), the events that come back (`Text`, `Done`, `Failed`),
+handed to the handler's event loop one wake-up per step, and `failed`, the one place where an error becomes
+an HTTP status."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import random
 import threading
 import time
@@ -53,6 +55,34 @@ class Failed:
 Event = Text | Done | Failed
 
 
+class State(enum.Enum):
+    """Where a job is in its worker: QUEUED (submitted) → HELD (taken while its model yields its room to
+    another; it waits for the model to load again) → PREPARING (its prompt with images or audio made in the
+    media thread) → RUNNING (in the scheduler) → ABORTING (its client left: the scheduler ends it at its next
+    step) → DONE (its last event sent). Each step may be skipped, none taken back; a job ends from any state."""
+
+    QUEUED = 0
+    HELD = 1
+    PREPARING = 2
+    RUNNING = 3
+    ABORTING = 4
+    DONE = 5
+
+
+WAITING = (State.QUEUED, State.HELD)  # not taken into the model yet
+IN_SLOTS = (State.RUNNING, State.ABORTING)  # in the scheduler
+
+
+def advance(job: Job | EmbedJob, to: State) -> None:
+    """The one place a job's state moves on (to DONE: its last event, in send). Forward only; a job that has
+    ended stays ended (the server's stop may end it from the event loop's thread while its worker takes it)."""
+    if job.state is State.DONE:
+        return
+    if to.value < job.state.value:
+        raise AssertionError(f"a job cannot go from {job.state.name} back to {to.name}")
+    job.state = to
+
+
 @dataclass(eq=False)
 class Job:
     """One HTTP request's generation. `events` receives Text events (when it streams), then one Done or
@@ -73,6 +103,8 @@ class Job:
     stream: bool = True  # False: no Text events, only the Done (its Completion has the whole text) or Failed
     trace: Trace | None = field(default_factory=TRACE.get)  # the HTTP request's record (serve/servelog.py)
     outbox: _Outbox = field(init=False)  # the loop's, shared by its jobs (made on the loop's thread)
+    state: State = State.QUEUED
+    id: int = 0  # its worker's number for it (the scheduler's job id), set as it is submitted
 
     def __post_init__(self) -> None:
         if self.seed < 0:
@@ -82,9 +114,11 @@ class Job:
 
     def send(self, event: Event) -> None:
         """Hand an event to the handler's event loop (from the worker thread)."""
-        if isinstance(event, (Done, Failed)) and self.on_end is not None:
-            end, self.on_end = self.on_end, None
-            end()
+        if isinstance(event, (Done, Failed)):
+            advance(self, State.DONE)
+            if self.on_end is not None:
+                end, self.on_end = self.on_end, None
+                end()
         try:
             self.outbox.put(self.events, event)
         except RuntimeError:  # the server is shutting down: nobody is listening any more
@@ -134,23 +168,26 @@ class EmbedJob:
     dimensions: int | None = None
     truncate: bool = False
     query: str | None = None  # set: score each text as a document for this query (a reranker)
-    result: asyncio.Future[Any] = field(init=False)
+    result: asyncio.Future[list[Any] | Failed] = field(init=False)  # Embeddings or (score, tokens) pairs
     on_end: Callable[[], None] | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)  # the client left: stop between slices
     trace: Trace | None = field(default_factory=TRACE.get)
+    state: State = State.QUEUED
+    id: int = 0
 
     def __post_init__(self) -> None:
         self.result = self.loop.create_future()
 
-    def send(self, value: Any) -> None:
+    def send(self, value: list[Any] | Failed) -> None:
         """Hand the result to the handler's event loop (from the worker thread)."""
+        advance(self, State.DONE)
         if self.on_end is not None:
             end, self.on_end = self.on_end, None
             end()
         with contextlib.suppress(RuntimeError):  # the server is shutting down
             self.loop.call_soon_threadsafe(self._settle, value)
 
-    def _settle(self, value: Any) -> None:
+    def _settle(self, value: list[Any] | Failed) -> None:
         if not self.result.done():  # a handler cancelled meanwhile leaves a cancelled future
             self.result.set_result(value)
 
@@ -165,7 +202,7 @@ class Unload:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def finishing(job: Any) -> bool:
+def finishing(job: Job | EmbedJob) -> bool:
     """Whether a job's handler asked it to end now as finished (Job.finish)."""
     return isinstance(job, Job) and job.finish.is_set()
 

@@ -42,9 +42,10 @@ def routes(state: ServeState) -> list[Route]:
         return JSONResponse({"models": [_model_entry(name, ref) for name, ref, _ in offered]})
 
     async def ps(request: Request) -> Response:
-        return JSONResponse({"models": [{**_model_entry(w.name, w.ref), "size": w.need or w.ref.summary.file_size,
-                                         "expires_at": _expires(w), "size_vram": w.vram_bytes,
-                                         "context_length": w.n_ctx, "placement": w.placement}
+        return JSONResponse({"models": [{**_model_entry(w.name, w.ref),
+                                         "size": w.residence.need or w.ref.summary.file_size,
+                                         "expires_at": _expires(w), "size_vram": w.residence.vram_bytes,
+                                         "context_length": w.n_ctx, "placement": w.residence.placement}
                                         for w in list(state.workers.values()) if w.loaded]})
 
     return [Route("/v1/models", models), Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version),

@@ -18,10 +18,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, Overloaded, ServeError, UsageError
-from localgen.serve.apierror import HTTPError
+from localgen.serve.apierror import HTTPError, without_paths
 from localgen.serve.describe import modelfile_text, show_doc
 from localgen.serve.jsonbody import read_json
 from localgen.serve.loadnow import load_now
+from localgen.serve.servelog import named
 from localgen.serve.state import ServeState
 from localgen.serve.worker import ModelWorker
 from localgen.types import ModelRef
@@ -116,7 +117,8 @@ def _preset_routes(state: ServeState) -> list[Route]:
                     raise HTTPError(400, "`quantize` must be a type name, such as q4_K_M")
                 from localgen.quant.quantize import for_preset
 
-                made, text = await asyncio.to_thread(for_preset, name, text, quantize, _lookup(state), "the request")
+                made, text = await asyncio.to_thread(for_preset, name, text, quantize, _lookup(state, assemble=True),
+                                                     "the request")
                 lines.append({"status": f"quantizing to {quantize.upper()}: {made}"})
             preset = await asyncio.to_thread(presets.made, name, text, _lookup(state), "the request")
         except LocalgenError as e:
@@ -150,8 +152,10 @@ async def _replace(state: ServeState, preset: Any, force: bool) -> None:
 
     _refuse_existing(preset.name, force)
     await _retire(state, [w for w in list(state.workers.values()) if w.name == preset.name])
-    try:
-        await asyncio.to_thread(presets.save, preset, True)
+    try:  # without `force`, the write itself refuses a name taken meanwhile (a racing create, copy or CLI)
+        await asyncio.to_thread(presets.save, preset, force)
+    except presets.PresetExists:
+        raise _exists(preset.name) from None
     except LocalgenError as e:
         raise HTTPError(400, e.message) from None
 
@@ -161,8 +165,12 @@ def _refuse_existing(name: str, force: bool) -> None:
     from localgen.models import presets
 
     if not force and presets.exists(name):
-        raise HTTPError(409, f"a preset named {name!r} exists: send \"force\": true to replace it (as "
-                             "localgen create --force), or delete it first")
+        raise _exists(name)
+
+
+def _exists(name: str) -> HTTPError:
+    return HTTPError(409, f"a preset named {name!r} exists: send \"force\": true to replace it (as "
+                          "localgen create --force), or delete it first")
 
 
 def _name(body: dict[str, Any]) -> str:
@@ -170,6 +178,7 @@ def _name(body: dict[str, Any]) -> str:
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         raise HTTPError(400, "`model` must be a model's name")
+    named(name)  # the access line's model
     return name
 
 
@@ -182,16 +191,16 @@ def _offered(state: ServeState, name: str) -> None:
     raise HTTPError(404, f"model {name!r} is not here (localgen list shows what is)", "not_found_error", "model")
 
 
-def _lookup(state: ServeState) -> Any:
+def _lookup(state: ServeState, assemble: bool = False) -> Any:
     """The base lookup for presets, /api/show and /api/delete: a model offered here, found offline; never a path
     or a Hub repo. What its header says is all they need: an embedded model in chunks is not assembled for it
-    (models/resolve.py)."""
+    (models/resolve.py), but for `quantize`, which reads the whole file (`assemble`)."""
     from localgen.models.resolve import resolve
 
     def lookup(name: str) -> ModelRef:
         if name not in state.workers and name not in state.names():
             raise ModelNotFoundError(f"model {name!r} is not here (localgen list shows what is)")
-        return resolve(name, offline=True, pull_missing=False, assemble=False)
+        return resolve(name, offline=True, pull_missing=False, assemble=assemble)
 
     return lookup
 
@@ -228,7 +237,13 @@ class Lines:
         self.verified = False  # said "verifying sha256 digest" (a cached file hashed now)
 
     def put(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        """Hand an item to the event loop; once the loop has closed (the server stopped while the download
+        thread was still reading), nobody reads the lines any more, and the item is dropped."""
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:  # "Event loop is closed": asyncio says so with no type of its own
+            if not self.loop.is_closed():
+                raise
 
     def _line(self) -> None:
         self.last = time.monotonic()
@@ -257,7 +272,7 @@ class Lines:
             self._line()
 
     def note(self, text: str) -> None:
-        self.put({"status": text})
+        self.put({"status": without_paths(text)})
 
 
 def _pull_error(e: BaseException) -> HTTPError:
@@ -359,7 +374,7 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
             yield b'{"status": "pulling manifest"}\n'
             while item is not None:
                 if isinstance(item, LocalgenError):
-                    yield (json.dumps({"error": item.message}) + "\n").encode()
+                    yield (json.dumps({"error": without_paths(item.message)}) + "\n").encode()
                     return
                 if isinstance(item, BaseException):
                     raise item

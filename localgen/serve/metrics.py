@@ -98,12 +98,12 @@ class Gauges(Collector):
         memory = GaugeMetricFamily("localgen_model_memory_bytes", "a loaded model's memory, by its estimate "
                                    "(weights, KV cache and buffers)", labels=["model"])
         for name, w in list(self.state.workers.items()):
-            in_slots = min(w.outstanding, len(w._running))
+            in_slots = min(w.outstanding, w.running)
             queued.add_metric([name], max(0, w.outstanding - in_slots))
             running.add_metric([name], in_slots)
             on = w.loaded
             loaded.add_metric([name], 1 if on else 0)
-            memory.add_metric([name], w.need if on else 0)
+            memory.add_metric([name], w.residence.need if on else 0)
         yield from (queued, running, loaded, memory)
         residency = self.state.residency
         if residency is not None:
@@ -137,7 +137,7 @@ class Gauges(Collector):
         tokens = CounterMetricFamily("localgen_prefix_store_hit_tokens", "prompt tokens those prefixes spared",
                                      labels=["model"])
         for name, w in list(self.state.workers.items()):
-            n, spared = w.disk_hits()
+            n, spared = w.residence.disk_hits()
             hits.add_metric([name], n)
             tokens.add_metric([name], spared)
         yield from (hits, tokens)

@@ -6,16 +6,19 @@ name a file path, a Hub repo to download, or anything else `run -m` would take."
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from localgen.errors import LocalgenError
 from localgen.types import LoadParams, ModelRef
+
+if TYPE_CHECKING:
+    from localgen.serve.worker import ModelWorker
 
 
 class OnDemand:
     """Installed models, looked up offline by name, and a worker made for each when first asked for."""
 
-    def __init__(self, make: Callable[[ModelRef], Any], lookup: Callable[[str], ModelRef],
+    def __init__(self, make: Callable[[ModelRef], ModelWorker], lookup: Callable[[str], ModelRef],
                  listing: Callable[[], list[str]], load: LoadParams, ctx_given: bool = False,
                  peek: Callable[[str], ModelRef] | None = None) -> None:
         self.load = load  # what each loads with (a preset's num_ctx in place of the context, unless --ctx was given)
@@ -26,7 +29,7 @@ class OnDemand:
         self.peek = peek or lookup  # as lookup, for the listings: nothing assembled (an embedded model in chunks)
         self.aliases: dict[str, str] = {}  # a name asked for → the worker's name, when they differ
 
-    def worker(self, name: str, workers: dict[str, Any]) -> Any:
+    def worker(self, name: str, workers: dict[str, ModelWorker]) -> ModelWorker | None:
         """The worker for `name` (made now unless one serves that model), or None when no such model is here;
         the caller keeps it in `workers`."""
         if name in self.aliases:
@@ -47,7 +50,7 @@ class OnDemand:
         """The models offered: those served now first, then the rest on disk (each once)."""
         return list(dict.fromkeys([*served, *(n for n in self.listing() if n not in self.aliases)]))
 
-    def refs(self, workers: dict[str, Any]) -> list[tuple[str, ModelRef]]:
+    def refs(self, workers: dict[str, ModelWorker]) -> list[tuple[str, ModelRef]]:
         """The models on disk that no worker serves yet, by name (for the listings)."""
         held = {(w.ref.name, w.ref.path) for w in workers.values()}
         out = []

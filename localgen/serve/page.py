@@ -49,8 +49,35 @@ def _send(request: Request, name: str) -> Response:
 
 
 def wants_html(request: Request) -> bool:
-    """A browser navigating to the page (its Accept names HTML); curl, health checks and Ollama's clients do not."""
-    return "text/html" in request.headers.get("accept", "").lower()
+    """A browser navigating to the page: its Accept names text/html itself (a wildcard is not enough: curl,
+    health checks and Ollama's clients send */* or nothing), with a q above 0 and at least that of the other
+    answer, the plain text `/` gives otherwise (text/plain, named or through text/* or */*)."""
+    weights = accepted(request.headers.get("accept", ""))
+    html = weights.get("text/html", 0.0)
+    plain = max(weights.get("text/plain", 0.0), weights.get("text/*", 0.0), weights.get("*/*", 0.0))
+    return html > 0 and html >= plain
+
+
+def accepted(header: str) -> dict[str, float]:
+    """An Accept header as media range → q (RFC 9110 12.5.1): a range named twice keeps its highest q; a q
+    that is not a number from 0 to 1, or a range that is not type/subtype, is left out."""
+    out: dict[str, float] = {}
+    for part in header.lower().split(",")[:64]:
+        media, *params = (p.strip() for p in part.split(";"))
+        kind, slash, sub = media.partition("/")
+        if not slash or not kind or not sub or any(c.isspace() for c in media):
+            continue
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = -1.0
+        if 0.0 <= q <= 1.0:
+            out[media] = max(q, out.get(media, 0.0))
+    return out
 
 
 def routes(root: Endpoint) -> list[Route]:

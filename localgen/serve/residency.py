@@ -11,11 +11,37 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from localgen.errors import LocalgenError
 from localgen.serve.servelog import STDERR_LOG, ServeLog
 from localgen.units import format_bytes
+
+
+class Tenant(Protocol):
+    """A model's worker, as the residency sees it: what it weighs when making room, and how it asks a model
+    to make room."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pinned(self) -> bool: ...  # never unloaded to make room (serve -m)
+
+    @property
+    def last_used(self) -> float: ...  # the last job's arrival (time.monotonic): the least recent goes first
+
+    @property
+    def evictable(self) -> bool: ...  # unloading it now costs no request
+
+    def yield_to(self, name: str) -> None:
+        """Take no new jobs until resume(name): `name` waits for this model's room."""
+
+    def resume(self, name: str) -> None:
+        """Take jobs again."""
+
+    def request_unload(self, reason: str = "asked", evicted_for: str | None = None) -> threading.Event:
+        """Free the model once no job runs; the event is set once it has."""
 
 
 class NoRoom(LocalgenError):
@@ -42,11 +68,11 @@ class Residency:
     evictions: int = 0
     unloads: int = 0  # models freed other than to make room (idle, asked, a preset replaced or deleted)
     swaps_waited: int = 0  # loads that waited for a busy model to yield
-    _loaded: dict[Any, int] = field(default_factory=dict)  # worker → its estimated bytes
-    _waiting: list[Any] = field(default_factory=list)  # workers waiting for room, first come first
+    _loaded: dict[Tenant, int] = field(default_factory=dict)  # worker → its estimated bytes
+    _waiting: list[Tenant] = field(default_factory=list)  # workers waiting for room, first come first
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
-    def admit(self, worker: Any, need: int) -> float:
+    def admit(self, worker: Tenant, need: int) -> float:
         """Block until `worker` (about to load, needing `need` bytes) has room, unloading idle models to make
         it (and asking a busy one to yield: fair swaps); NoRoom after wait_s with every other model busy or
         pinned, TooBig when it never could fit. The seconds it waited."""
@@ -56,7 +82,7 @@ class Residency:
                          hint="raise serve's --max-memory, or lower --ctx or --parallel")
         t0 = time.monotonic()
         deadline = t0 + self.wait_s
-        yielding: Any = None  # the busy model asked to yield its room to this one
+        yielding: Tenant | None = None  # the busy model asked to yield its room to this one
         with self._cond:
             self._waiting.append(worker)
         try:
@@ -95,13 +121,13 @@ class Residency:
     def _fits(self, need: int) -> bool:
         return len(self._loaded) < self.max_models and sum(self._loaded.values()) + need <= self.budget
 
-    def _victim(self, asking: Any) -> Any:
+    def _victim(self, asking: Tenant) -> Tenant | None:
         """The least recently used loaded model that is not pinned and has no job queued or running (or, asked
         to yield, none running)."""
         idle = [w for w in self._loaded if w is not asking and not w.pinned and w.evictable]
         return min(idle, key=lambda w: w.last_used) if idle else None
 
-    def _yielder(self, asking: Any) -> Any:
+    def _yielder(self, asking: Tenant) -> Tenant | None:
         """Ask the least recently used unpinned loaded model to take no new jobs, so that its running ones end
         and it can be evicted for `asking` (None when every loaded model is pinned). Logged."""
         busy = [w for w in self._loaded if w is not asking and not w.pinned]
@@ -115,7 +141,7 @@ class Residency:
                        yielding=w.name, wait_limit_s=self.wait_s)
         return w
 
-    def released(self, worker: Any, evicted: bool = False, failed: bool = False) -> None:
+    def released(self, worker: Tenant, evicted: bool = False, failed: bool = False) -> None:
         """The worker has freed its model (`evicted`: to make room for another), or its load failed (`failed`:
         it never was a load). Each load ends once: loads = loaded + evictions + unloads."""
         with self._cond:

@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from localgen.backend import Completion
-from localgen.serve.apierror import HTTPError
+from localgen.serve.apierror import HTTPError, without_paths
 from localgen.serve.jobs import Job
 from localgen.serve.pipeline import parts
 from localgen.serve.responsestore import ResponseStore
@@ -45,17 +45,26 @@ class Encoder:
         self.calls: list[ToolCall] = []
         tools, text = body.get("tools") or [], body.get("text") or {}
         reasoning: dict[str, Any] = body.get("reasoning") or {}
+        # what is echoed is what was checked (serve/responses.py): the known fields, never a request's extras
+        choice = body.get("tool_choice") or "auto"
+        if isinstance(choice, dict):
+            choice = {"type": "function", "name": choice.get("name")}
+        fmt = text.get("format") or {"type": "text"}
+        said = {"format": {k: fmt[k] for k in ("type", "name", "schema", "description", "strict") if k in fmt}}
+        if text.get("verbosity") is not None:
+            said["verbosity"] = text["verbosity"]
         self.echo = {
             "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
             "tools": [{"type": "function", "name": t.get("name"), "description": t.get("description"),
                        "parameters": t.get("parameters"), "strict": t.get("strict")} for t in tools],
-            "tool_choice": body.get("tool_choice") or "auto",
+            "tool_choice": choice,
             "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
             "temperature": request.sampling.temperature, "top_p": request.sampling.top_p,
             "max_output_tokens": body.get("max_output_tokens"),
             "previous_response_id": body.get("previous_response_id"), "store": self.store is not None,
-            "text": {**text, "format": text.get("format") or {"type": "text"}},
-            "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+            "text": said,
+            "reasoning": {"effort": reasoning.get("effort"),
+                          "summary": reasoning.get("summary") or reasoning.get("generate_summary")},
             "truncation": body.get("truncation") or "disabled", "user": body.get("user"),
         }
 
@@ -131,7 +140,7 @@ class Encoder:
 
     def failed(self, e: HTTPError) -> list[bytes]:
         """After the stream began: what was said so far stays in the output, and the response fails."""
-        error = {"code": "server_error" if e.status >= 500 else "invalid_prompt", "message": e.message}
+        error = {"code": "server_error" if e.status >= 500 else "invalid_prompt", "message": without_paths(e.message)}
         return [*self.close("incomplete"), self.event("response.failed",
                                                       response=self.response("failed", self.output, error=error))]
 

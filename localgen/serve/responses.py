@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,10 +20,18 @@ from localgen.serve.pipeline import Made, route
 from localgen.serve.responseitems import Encoder
 from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, check_metadata, default_path
 from localgen.serve.responsestore import routes as store_routes
+from localgen.serve.schema import MAX_SCHEMA_CHARS
 from localgen.serve.state import ServeState
 
 # reasoning.effort: none and minimal turn the template's thinking off, the others on
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+# the fields of `reasoning` and `text`, with their enums (OpenAI's; None: any value, checked where it is used)
+SUMMARIES = ("auto", "concise", "detailed")
+REASONING_FIELDS: dict[str, tuple[str, ...] | None] = {"effort": EFFORTS, "summary": SUMMARIES,
+                                                       "generate_summary": SUMMARIES}  # the older name of summary
+TEXT_FIELDS: dict[str, tuple[str, ...] | None] = {"format": None, "verbosity": ("low", "medium", "high")}
+FORMAT_FIELDS = ("type", "name", "schema", "description", "strict")
+FORMAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # `include` values a client may send (the SDK's ResponseIncludable): accepted, and nothing is added for them
 INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
               "message.input_image.image_url", "computer_call_output.output.image_url",
@@ -86,6 +95,7 @@ class Responses:
 def _check_options(body: dict[str, Any]) -> None:
     """The fields that change nothing here, checked: a value this server cannot honour is a 400."""
     check_metadata(body.get("metadata"), body.get("user"))  # what a stored response keeps beside its conversation
+    _check_echoed(body)
     if body.get("truncation") not in (None, "disabled"):
         raise HTTPError(400, "truncation: only \"disabled\" is served: a conversation longer than the model's "
                              "window is an error, never cut", param="truncation")
@@ -95,6 +105,41 @@ def _check_options(body: dict[str, Any]) -> None:
     for key in ("background", "conversation", "prompt"):
         if body.get(key):
             raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
+
+
+def _check_echoed(body: dict[str, Any]) -> None:
+    """What the response object echoes (and the store keeps) as OpenAI checks it: `reasoning` and `text` hold
+    only their known fields, each a word of its enum, and text.format's name, description and strict are
+    bounded; so no echoed field is larger than the prompt, the schema or metadata already allow."""
+    for key, fields in (("reasoning", REASONING_FIELDS), ("text", TEXT_FIELDS)):
+        given = optional_object(body, key) or {}
+        for name, value in given.items():
+            param = f"{key}.{name}"
+            if name not in fields:
+                raise HTTPError(400, f"Unknown parameter: '{param[:100]}'.", param=param[:100])
+            allowed = fields[name]
+            if allowed and value is not None and value not in allowed:
+                raise HTTPError(400, f"Invalid value for '{param}': it must be one of {', '.join(allowed)}.",
+                                param=param)
+    fmt = (body.get("text") or {}).get("format")
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict):
+        raise HTTPError(400, "text.format must be an object", param="text.format")
+    for field in fmt:
+        if field not in FORMAT_FIELDS:
+            raise HTTPError(400, f"Unknown parameter: 'text.format.{field[:100]}'.",
+                            param=f"text.format.{field[:100]}")
+    label = fmt.get("name")
+    if label is not None and not (isinstance(label, str) and FORMAT_NAME.fullmatch(label)):
+        raise HTTPError(400, "text.format.name must be letters, digits, '_' and '-', at most 64",
+                        param="text.format.name")
+    description = fmt.get("description")
+    if description is not None and not (isinstance(description, str) and len(description) <= MAX_SCHEMA_CHARS):
+        raise HTTPError(400, f"text.format.description must be a string of at most {MAX_SCHEMA_CHARS:,} characters",
+                        param="text.format.description")
+    if fmt.get("strict") not in (None, True, False):
+        raise HTTPError(400, "text.format.strict must be true or false", param="text.format.strict")
 
 
 def _text_format(text: Any) -> Schema | None:
@@ -213,6 +258,8 @@ def _tools(raw: Any) -> Any:
         if kind != "function":
             raise HTTPError(400, f"only function tools are served here, not {kind!r}", param="tools")
         assert isinstance(t, dict)
+        if t.get("strict") not in (None, True, False):  # echoed as given
+            raise HTTPError(400, "a tool's strict must be true or false", param="tools")
         fn = {"name": t.get("name"), "description": t.get("description") or "",
               "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
         out.append({"type": "function", "function": fn})

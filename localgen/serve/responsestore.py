@@ -144,17 +144,17 @@ def routes(store: ResponseStore) -> list[Route]:
         return HTTPError(404, f"Response with id '{ident}' not found.", "invalid_request_error", "response_id")
 
     async def get(request: Request) -> Response:
-        ident = request.path_params["ident"]
+        ident = request.path_params["id"]
         found = await asyncio.to_thread(store.load, ident)
         if found is None:
             raise not_found(ident)
         return JSONResponse(found.response)
 
     async def delete(request: Request) -> Response:
-        ident = request.path_params["ident"]
+        ident = request.path_params["id"]
         if not await asyncio.to_thread(store.delete, ident):
             raise not_found(ident)
         return JSONResponse({"id": ident, "object": "response.deleted", "deleted": True})
 
-    return [Route("/v1/responses/{ident}", get, methods=["GET"]), Route("/v1/responses/{ident}", delete,
+    return [Route("/v1/responses/{id}", get, methods=["GET"]), Route("/v1/responses/{id}", delete,
                                                                         methods=["DELETE"])]

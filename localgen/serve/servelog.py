@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_ID = 128  # characters kept of a client's X-Request-Id
+MAX_MODEL_NAME = 200  # characters kept of a model's name as a request gives it
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/+=@~-]")  # what an id may hold: no spaces, quotes, control characters
 
 
@@ -59,6 +60,14 @@ class Trace:
 
 
 TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("localgen_trace", default=None)
+
+
+def named(model: object) -> None:
+    """The model a request names (or the one it was given), for its access line: a request refused before any
+    generation (a 404, an unload, a delete) still says which model it was about."""
+    trace = TRACE.get()
+    if trace is not None and isinstance(model, str) and model:
+        trace.model = model[:MAX_MODEL_NAME]
 
 
 def current_id() -> str | None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from localgen.serve.apierror import HTTPError
 from localgen.serve.served import Served
+from localgen.serve.servelog import named
 from localgen.serve.worker import ModelWorker
 from localgen.types import ModelRef
 
@@ -47,7 +48,9 @@ class ServeState:
                 return self.worker(name)
             except HTTPError:
                 return self.worker(None)
+        named(name)  # the access line's model, when no worker answers it (a 404)
         w = self._worker(name)
+        named(w.name)
         w.on_completion = self.on_completion  # every request passes here: pinned and on-demand workers alike
         return w
 

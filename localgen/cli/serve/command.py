@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,13 +22,23 @@ from localgen.cli.serve.options import (
     SERVE,
     FetchOptions,
     ListenOptions,
+    ModelSettings,
     ResidencyOptions,
     ServeArgs,
     SlotOptions,
+    model_settings,
 )
 from localgen.errors import LocalgenError, UsageError
-from localgen.settings import KNOBS
 from localgen.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from localgen.cli.output import ErrWriter
+    from localgen.engine.prefixstore import PrefixStore
+    from localgen.serve.ondemand import OnDemand
+    from localgen.serve.residency import Residency
+    from localgen.serve.servelog import ServeLog
+    from localgen.serve.worker import ModelWorker
+    from localgen.types import LoadParams, ModelRef
 
 
 @o.with_knobs()
@@ -81,12 +92,6 @@ def serve(
                     residency=residency, batching=batching, fetching=fetching, knobs=knobs))
 
 
-def flag_sampling(knobs: Knobs) -> dict[str, Any]:
-    """The sampling flags given, validated as `run` takes them: the server's defaults for its requests."""
-    params = knobs.sampling()
-    return {k: getattr(params, k) for k in knobs.values if k in KNOBS and knobs.given(k)}
-
-
 def start(f: ServeArgs) -> None:
     """Check everything, load the models, then listen until told to stop."""
     import uvicorn
@@ -113,21 +118,21 @@ def start(f: ServeArgs) -> None:
                     check_host=is_loopback(listen.host), max_body=_max_body(listen.max_body))
     if f.log_format not in ("text", "json"):
         raise UsageError(f"--log-format is text or json, not {f.log_format!r}")
-    given = flag_sampling(f.knobs)  # the flags are valid before anything loads
+    models = model_settings(f.knobs, f.batching.parallel)  # the flags are valid before anything loads
     cache_ram = _cache_ram(f.batching.cache_ram)  # before the port: a bad flag is a usage error whatever listens there
     cache_disk = _cache_disk(f.batching.cache_disk)
     _check_port(listen.host, listen.port)
     log = ServeLog(json_lines=f.log_format == "json", access=not f.quiet)
     if not is_loopback(listen.host) and not key:
         log.warning(f"listening on {listen.host} with no API key: anyone who can reach this port can use the models")
-    residency = _residency(f.residency, f.knobs, log)
+    residency = _residency(f.residency, models.offload, log)
     store = _prefix_store(cache_disk, cache_ram, log)
-    make = _maker(f, keep, cache_ram, residency, store, log)
-    workers = _workers(f, make, err)
-    state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=given,
+    make = _maker(f, models, keep, cache_ram, residency, store, log)
+    workers = _workers(f, models, make, err)
+    state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=models.sampling,
                        allow_image_urls=fetching.allow_image_urls,
                        default=workers[0].name,  # the first -m, or the default model
-                       on_demand=_on_demand(f, make) if on_demand else None,
+                       on_demand=_on_demand(models, make) if on_demand else None,
                        residency=residency, offline=f.offline, store=store)
     app = build(state, policy, webui=listen.webui)
     app.state.front.pool = FetchPool(Fetcher(private=fetching.allow_private_urls, timeout=fetching.fetch_timeout),
@@ -144,9 +149,10 @@ def start(f: ServeArgs) -> None:
         "localgen serve: "), url=f"http://{_url_host(listen.host)}:{listen.port}", models=list(state.workers),
         default_model=state.default)
     for w in workers:
-        if w.mode is not None:
-            log.line(f"  {w.name}: {w.mode.name} batching: {w.mode.why}")
-        loaded = w.settings
+        mode = w.residence.mode
+        if mode is not None:
+            log.line(f"  {w.name}: {mode.name} batching: {mode.why}")
+        loaded = w.residence.settings()
         if loaded:
             from localgen.cli.hints import record_note
 
@@ -211,16 +217,18 @@ def _prefix_store(limit: int, cache_ram: int, log: Any) -> Any:
     from localgen.native.lib import build_id
 
     return PrefixStore(paths.private_dir(paths.cache_dir() / "serve-prefixes"), limit, build_id(),
-                       say=lambda text: log.event("prefix-skipped", "", text, detail=text))
+                       say=lambda text: log.event("prefix-skipped", "", text, detail=text),
+                       dropped=lambda text: log.event("prefix-evicted", "", text, detail=text))
 
 
-def _residency(options: ResidencyOptions, knobs: Knobs, log: Any = None) -> Any:
-    """How many models, and how much memory, may be loaded at once (serve/residency.py)."""
+def _residency(options: ResidencyOptions, offload_given: bool, log: Any = None) -> Residency:
+    """How many models, and how much memory, may be loaded at once (serve/residency.py); `offload_given`:
+    -ngl is not 0."""
     from localgen import hardware
     from localgen.serve.residency import Residency, default_budget
 
     gpus = [g for g in hardware.gpus() if not g.unified]
-    offload = knobs.get("gpu_layers") != 0 and bool(hardware.gpus())
+    offload = offload_given and bool(hardware.gpus())
     max_memory = options.max_memory
     if max_memory is not None:
         try:
@@ -243,14 +251,15 @@ def _uvicorn_logging(json_lines: bool) -> dict[str, Any]:
     return {"log_config": config} if config is not None else {}
 
 
-def _maker(f: ServeArgs, keep: float, cache_ram: int, residency: Any, store: Any, log: Any) -> Any:
+def _maker(f: ServeArgs, models: ModelSettings, keep: float, cache_ram: int, residency: Residency,
+           store: PrefixStore | None, log: ServeLog) -> Callable[[ModelRef, bool, LoadParams], ModelWorker]:
     """make(ref, pinned, load) → a ModelWorker with serve's settings (not started)."""
     from localgen.serve.worker import ModelWorker
 
     slots = f.batching
 
-    def make(ref: Any, pinned: bool, load: Any) -> Any:
-        return ModelWorker(ref, preset.load_params(ref, load, f.knobs.given), slots.parallel, keep,
+    def make(ref: ModelRef, pinned: bool, load: LoadParams) -> ModelWorker:
+        return ModelWorker(ref, preset.load_params(ref, load, models.given), slots.parallel, keep,
                            f.residency.max_queue, warn=log.warning, exact=slots.exact,
                            share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency,
                            pinned=pinned, store=store, log=log)
@@ -258,16 +267,16 @@ def _maker(f: ServeArgs, keep: float, cache_ram: int, residency: Any, store: Any
     return make
 
 
-def _on_demand(f: ServeArgs, make: Any) -> Any:
+def _on_demand(models: ModelSettings, make: Callable[[ModelRef, bool, LoadParams], ModelWorker]) -> OnDemand:
     """Every model on this machine, its worker made when a request first names it (serve/ondemand.py)."""
     from localgen.models.installed import installed
     from localgen.models.resolve import resolve
     from localgen.serve.ondemand import OnDemand
 
     # --lora is for the models loaded at start; one loaded on demand takes its preset's ADAPTER lines
-    load = dataclasses.replace(f.knobs.load(streams=f.batching.parallel), lora=())
+    load = dataclasses.replace(models.load, lora=())
 
-    def started(ref: Any) -> Any:
+    def started(ref: ModelRef) -> ModelWorker:
         w = make(ref, False, load)
         w.start()
         return w
@@ -276,15 +285,16 @@ def _on_demand(f: ServeArgs, make: Any) -> Any:
         return [i["name"] for i in installed() if i.get("architecture") is not None]
 
     return OnDemand(started, lambda name: resolve(name, offline=True, pull_missing=False), listing, load,
-                    f.knobs.given("ctx"), peek=lambda name: resolve(name, offline=True, pull_missing=False,
+                    models.ctx_given, peek=lambda name: resolve(name, offline=True, pull_missing=False,
                                                                     assemble=False))
 
 
-def _workers(f: ServeArgs, make: Any, err: Any) -> list[Any]:
+def _workers(f: ServeArgs, models: ModelSettings, make: Callable[[ModelRef, bool, LoadParams], ModelWorker],
+             err: ErrWriter) -> list[ModelWorker]:
     from localgen.cli.progress import make_progress
     from localgen.models.resolve import resolve
 
-    load = f.knobs.load(streams=f.batching.parallel)  # the tuning record for this many streams, if one was made
+    load = models.load  # the tuning record for this many streams, if one was made
     names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
     workers = []
     for name in names:

@@ -1,17 +1,19 @@
 """serve's own options, in typed groups (frozen dataclasses whose fields are Typer options; with_knobs() gives
 serve each field as an option and the group to the command): where it listens, which models stay loaded,
-how a model's slots batch, and image URL fetches; and ServeArgs, all of serve's parameters typed."""
+how a model's slots batch, and image URL fetches; ServeArgs, all of serve's parameters typed; and
+ModelSettings, the table's settings serve took, checked once into what its models load and sample with."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from localgen.cli.options import CommandArgs, OptionGroup
 from localgen.cli.options.knobs import Knobs
+from localgen.types import LoadParams
 
 SERVE = "Server"
 MAX_FETCHES = 8  # image URL fetches at once, per server
@@ -125,8 +127,9 @@ class SlotOptions(OptionGroup):
                           help="Disk for the prompt cache across unloads and restarts: what the slots and "
                                "--cache-ram hold (prefixes of 64 tokens or more) is written under the cache "
                                "folder when a model unloads, when serve stops and while idle, and read back "
-                               "when the model loads again. All models together, least recently used out; "
-                               "512M, 8G; 0 off; auto: 8G or a quarter of the disk's free space if less.")
+                               "when the model loads again. All models together, least recently used out "
+                               "when this server writes; 512M, 8G, or a plain number of MiB (as "
+                               "--cache-ram's); 0 off; auto: 8G or a quarter of the disk's free space if less.")
     ] = "auto"
 
 
@@ -169,3 +172,37 @@ class ServeArgs(CommandArgs):
     batching: SlotOptions
     fetching: FetchOptions
     knobs: Knobs
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What every served model loads with and the sampling its requests start from: the table's settings as
+    serve took them, checked once at the entry (models_settings), so that nothing after it looks a setting up
+    by name."""
+
+    load: LoadParams  # the load settings, the flags over the defaults (a tuning record for this many streams)
+    load_given: frozenset[str]  # the load settings the user gave (flags, env vars): each wins over a preset's
+    sampling: dict[str, Any]  # the sampling flags given, checked: the defaults that requests override
+
+    @property
+    def ctx_given(self) -> bool:  # --ctx given: it wins over a preset's num_ctx
+        return "ctx" in self.load_given
+
+    @property
+    def offload(self) -> bool:  # the layers may go to a GPU (-ngl not 0)
+        return self.load.n_gpu_layers != 0
+
+    def given(self, name: str) -> bool:
+        """Whether the user gave this load setting (by the table's name; for a preset's layer)."""
+        return name in self.load_given
+
+
+def model_settings(knobs: Knobs, parallel: int) -> ModelSettings:
+    """The settings serve took, checked (a bad sampling flag or -ot buffer is a usage error before anything
+    loads)."""
+    from localgen.settings import KNOBS, LOAD_KNOBS
+
+    params = knobs.sampling()
+    sampling = {k: getattr(params, k) for k in knobs.values if k in KNOBS and knobs.given(k)}
+    return ModelSettings(load=knobs.load(streams=parallel),
+                         load_given=frozenset(n for n in LOAD_KNOBS if knobs.given(n)), sampling=sampling)

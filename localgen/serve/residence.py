@@ -1,0 +1,235 @@
+"""A served model's residence: the model in memory or not. It loads the model (after serve's residency made
+room), keeps its prompt cache on disk (engine/prefixstore.py: written at an unload, a clean stop and while idle,
+read back at a load), and unloads it when idle past its keep-alive or when asked, each load and unload logged.
+The worker (serve/worker.py) owns one and calls it only from its thread, so nothing frees a model under a
+running decode; the residence reaches back only through what it was given: the worker as the residency sees it
+(a Tenant), and `fault`, the worker's record of an internal error."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from localgen.serve.jobs import Unload
+from localgen.serve.servelog import STDERR_LOG, ServeLog
+from localgen.types import LoadParams, ModelRef
+from localgen.units import format_bytes
+
+if TYPE_CHECKING:
+    from localgen.engine.batch import ParallelContext
+    from localgen.engine.batchmode import Mode
+    from localgen.engine.local import LocalBackend
+    from localgen.engine.prefixstore import PrefixStore
+    from localgen.engine.scheduler import Scheduler
+    from localgen.serve.residency import Residency, Tenant
+
+KEEP_EVERY_S = 60.0  # while idle, what the slots hold is written to the prefix store at most this often
+
+T = TypeVar("T")
+
+
+class Residence:
+    """Whether a served model is in memory, and everything that comes with it loaded: its backend, slots
+    (ParallelContext), batching mode and scheduler; its keep-alive; its prefixes on disk."""
+
+    def __init__(self, tenant: Tenant, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, *,
+                 fault: Callable[[BaseException, str], None], warn: Callable[[str], None] = lambda s: None,
+                 exact: bool | None = None, share_prefixes: bool = True, cache_ram: int = 0,
+                 residency: Residency | None = None, store: PrefixStore | None = None,
+                 log: ServeLog = STDERR_LOG) -> None:
+        self.tenant = tenant  # what the residency is asked for room on behalf of
+        self.ref, self.load, self.parallel = ref, load, parallel
+        self.keep_alive = keep_alive  # seconds; < 0 never unload
+        self._fault = fault
+        self._warn = warn
+        self._exact = exact
+        self._share_prefixes = share_prefixes
+        self._cache_ram = cache_ram  # bytes for slot states saved in host memory (-1 no limit, 0 off)
+        self._residency = residency  # serve/residency.py: asked for room before each load (None: no limits)
+        self._store = store  # its prompt cache on disk (None: --cache-disk 0)
+        self._log = log
+        self.lock = threading.Lock()  # guards what is loaded for readers on other threads (/api/ps)
+        self.backend: LocalBackend | None = None
+        self.pc: ParallelContext | None = None
+        self.mode: Mode | None = None  # the batching Mode, known once the model has loaded
+        self.sched: Scheduler | None = None  # made with each load
+        self.n_ctx = load.n_ctx
+        self.need = 0  # bytes the model takes loaded, by its estimate (serve/model.py's footprint)
+        self.warm_restored = 0  # prefixes its loads found in the store
+        self.vram_bytes = 0  # bytes of weights llama.cpp placed on GPUs (from its load log)
+        self.placement: dict[str, Any] = {}  # what went where (native/report.py's LoadReport.record)
+        self.idle_since = time.monotonic()
+        self.expires_at: float | None = None
+        self._kept_at = time.monotonic()  # when the prefix store last had what the slots hold
+        self._calls = self._rows = 0  # decode calls and rows of contexts already unloaded
+        self._disk_hits = self._disk_hit_tokens = 0  # prefixes from disk used by earlier loads
+        self._asked: list[Unload] = []  # unloads asked for while jobs ran
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+    @property
+    def loaded(self) -> bool:  # whether the model is in memory now
+        return self.backend is not None
+
+    def ensure(self, warm: bool) -> None:
+        """Load the model unless it is loaded, once the residency has room for it (NoRoom, TooBig, or the
+        load's own error otherwise). `warm`: decode a warm-up now (the caller is the thread that decodes)."""
+        if self.backend is not None:
+            return
+        from localgen.engine.scheduler import Scheduler
+        from localgen.serve.model import footprint, open_model
+
+        self.need = footprint(self.ref, self.load, self.parallel)
+        waited = self._residency.admit(self.tenant, self.need) if self._residency is not None else 0.0
+        t0 = time.perf_counter()
+        try:
+            backend, pc, mode = open_model(self.ref, self.load, self.parallel, self._exact, self._share_prefixes,
+                                           self._cache_ram, self._warn, warm=warm)
+        except BaseException:
+            if self._residency is not None:
+                self._residency.released(self.tenant, failed=True)
+            raise
+        self.backend, self.pc, self.mode = backend, pc, mode
+        self.sched = Scheduler(pc, mode.exact, reuse=True, interleave=True)
+        self.n_ctx = backend.engine.n_ctx
+        restored = self._with_store(lambda store, key, ident: pc.slots.restore(store, key, ident)) or 0
+        self.warm_restored += restored
+        self.vram_bytes = backend.engine.gpu_weight_bytes()
+        self.placement = backend.engine.load_report.record()
+        self.idle_since = time.monotonic()
+        self._kept_at = time.monotonic()
+        seconds = time.perf_counter() - t0
+        waited_text = f", after waiting {waited:.1f} s for room" if waited >= 0.05 else ""
+        self._log.event("load", self.name, f"loaded {self.name} in {seconds:.1f} s (about {format_bytes(self.need)}"
+                        f"{waited_text}; {restored} stored prefix{'es' * (restored != 1)} read back)",
+                        seconds=round(seconds, 3), bytes=self.need, waited_s=round(waited, 3),
+                        prefixes_restored=restored)
+
+    def ask(self, req: Unload) -> None:
+        """An unload asked for while jobs may run: done at the next idle() (its `done` set then)."""
+        self._asked.append(req)
+
+    def rested(self) -> None:
+        """The last job has ended: the keep-alive counts from now."""
+        self.idle_since = time.monotonic()
+
+    def idle(self) -> None:
+        """Nothing runs (the worker's thread, between its waits for jobs): the unloads asked for, an unload
+        once idle past the keep-alive, and what the slots hold written to the prefix store now and then."""
+        if self._asked:
+            evicted = next((u for u in self._asked if u.reason == "evicted"), None)
+            self.unload("evicted" if evicted else "asked", evicted.evicted_for if evicted else None)
+            for req in self._asked:
+                req.done.set()
+            self._asked.clear()
+        self._maybe_unload()
+        self.keep_prefixes()
+
+    def _with_store(self, act: Callable[[PrefixStore, str, str], T]) -> T | None:
+        """`act(store, key, identity)` on this model's part of the prefix store (--cache-disk): None when the
+        store is off or nothing is loaded; a failure is told to `fault` and costs only the prefixes."""
+        if self._store is None or self.backend is None:
+            return None
+        import hashlib
+
+        try:
+            identity = f"{self.backend.engine.identity}|{self.parallel}|{self.n_ctx}"
+            return act(self._store, hashlib.sha256(identity.encode()).hexdigest()[:24], identity)
+        except Exception as e:
+            self._fault(e, "keeping the prompt cache on disk")
+            return None
+
+    def keep_prefixes(self, final: bool = False) -> None:
+        """Write what the slots and the prompt cache hold to the prefix store: at a clean stop (`final`), and
+        while idle at most every KEEP_EVERY_S, so that a crash loses little."""
+        if self.pc is None or self._store is None:
+            return
+        if not final and time.monotonic() - self._kept_at < KEEP_EVERY_S:
+            return
+        self._kept_at = time.monotonic()
+        pc = self.pc
+        with self.lock:
+            written = self._with_store(lambda store, key, ident: pc.slots.keep(store, key, ident)) or 0
+        if final and written:
+            self._log.event("prefixes", self.name, f"{self.name}: wrote {format_bytes(written)} of prefixes for "
+                            "the next start", bytes=written)
+
+    def expires(self, busy: bool) -> float | None:
+        """When the model unloads if no request comes (a Unix time), None for never (keep-alive -1); while
+        requests run (`busy`), at least the keep-alive from now."""
+        if self.keep_alive < 0:
+            return None
+        if self.expires_at is not None and not busy:
+            return self.expires_at
+        return time.time() + self.keep_alive
+
+    def _maybe_unload(self) -> None:
+        if self.backend is None or self.keep_alive < 0:
+            self.expires_at = None
+            return
+        self.expires_at = time.time() + self.keep_alive - (time.monotonic() - self.idle_since)
+        if time.monotonic() - self.idle_since >= self.keep_alive:
+            self.unload("idle")
+
+    def unload(self, reason: str = "asked", evicted_for: str | None = None) -> None:
+        """Free the model (it loads again on the next job), its prefixes written to the store first (warm
+        reloads). Only the worker's thread calls this (or anyone, once that thread has ended). `reason`:
+        "idle" (keep-alive), "asked", "evicted" (for `evicted_for`)."""
+        with self.lock:
+            was_loaded = self.backend is not None
+            if self.sched is not None:
+                self.sched.close()
+                self.sched = None
+            if self.pc is not None:
+                pc = self.pc
+                self._with_store(lambda store, key, ident: pc.slots.keep(store, key, ident))
+                if pc.slots.host is not None:  # what its prompt cache counted goes on in the totals
+                    self._disk_hits += pc.slots.host.disk_loads
+                    self._disk_hit_tokens += pc.slots.host.disk_loaded_tokens
+                self._calls += pc.steps
+                self._rows += pc.rows
+                pc.close()
+                self.pc = None
+            if self.backend is not None:
+                self.backend.close()
+                self.backend = None
+            self.expires_at = None
+            self.vram_bytes = 0
+        if self._residency is not None:
+            self._residency.released(self.tenant, evicted=reason == "evicted")
+        if not was_loaded:
+            return
+        if reason == "evicted":
+            self._log.event("evict", self.name, f"unloaded {self.name} to make room for {evicted_for}",
+                            reason=reason, evicted_for=evicted_for)
+        else:
+            why = "idle for its keep-alive" if reason == "idle" else "asked"
+            self._log.event("unload", self.name, f"unloaded {self.name} ({why})", reason=reason)
+
+    def steps(self) -> tuple[int, int]:
+        """Decode calls and the rows they carried, over every load of this model."""
+        pc = self.pc
+        return self._calls + (pc.steps if pc else 0), self._rows + (pc.rows if pc else 0)
+
+    def disk_hits(self) -> tuple[int, int]:
+        """Requests that started from a prefix read back from disk, and the prompt tokens it spared them, over
+        every load of this model."""
+        pc = self.pc
+        host = pc.slots.host if pc is not None else None
+        return ((host.disk_loads if host else 0) + self._disk_hits,
+                (host.disk_loaded_tokens if host else 0) + self._disk_hit_tokens)
+
+    def settings(self) -> dict[str, Any] | None:
+        """The loaded model's tunable load settings: each one's value and where it came from (flag, tuning
+        record, rule); None while nothing is loaded."""
+        backend = self.backend
+        if backend is None:
+            return None
+        from localgen.tuning import TUNABLE
+
+        eng = backend.engine
+        return {k: {"value": getattr(eng.params, k), "from": eng.origins.get(k, "default")} for k in TUNABLE}
