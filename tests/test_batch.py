@@ -357,15 +357,17 @@ def test_serial_exact_runs_exact_sequences_one_after_another(smollm2_engine: obj
 
 
 def test_exact_requests_on_a_gpu_reuse_a_slot_only_to_continue_its_conversation() -> None:
-    from types import SimpleNamespace
-
     from localgen.engine.slots import Slots
 
     system = list(range(100, 140))  # a shared system prompt
-    slots = SimpleNamespace(held={0: [*system, 1, 2, 3, 9, 9], 1: [*system, 5, 6]}, prompt_len={0: 43, 1: 42})
+    # which slot, and how much of the common prefix it offers (what of it to keep is reusable_prefix's, tested
+    # in tests/test_reuse_exact.py: here all of it)
+    slots = Slots(None, False, False, 0, reusable=lambda n, p, m: min(n, m - 1))
+    slots.held.update({0: [*system, 1, 2, 3, 9, 9], 1: [*system, 5, 6]})
+    slots.prompt_len.update({0: 43, 1: 42})
 
     def pick(tokens: list[int], continuation_only: bool) -> tuple[int, int]:
-        return Slots.pick(slots, [0, 1], tokens, continuation_only)  # type: ignore[arg-type]
+        return slots.pick([0, 1], tokens, continuation_only)
 
     follow_up = [*system, 1, 2, 3, 9, 9, 4, 4]  # slot 0's conversation, grown
     other = [*system, 7, 7]  # another conversation with the same system prompt
