@@ -89,10 +89,10 @@ class Asked:
 
 @pytest.fixture(scope="module")
 def asked(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Asked:
-    # With the cache, the prefix and the question are evaluated in two pieces; llama.cpp rounds some rows
-    # differently in a batch of another size, so --no-prompt-cache evaluates the same two pieces. This
-    # document (300 prompt tokens) and 16 tokens show it: evaluated in one piece (that branch of
-    # engine/local.py's generate removed), the answer drifts at its 11th token.
+    # With the cache, the prefix is loaded and the question evaluated after it; llama.cpp rounds some rows
+    # differently in a ubatch of another shape, so what is kept of the prefix and how the rest is cut follow
+    # engine/tokens.py's rule, and the answer is a fresh evaluation's. This document (300 prompt tokens) and
+    # 16 tokens showed the drift when the question alone was evaluated after the whole prefix: at the 11th token.
     d = tmp_path_factory.mktemp("asked")
     rng = random.Random(3)
     words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "metal", "glass", "paper"]
