@@ -86,8 +86,11 @@ class ParallelContext:
         # and the rest is evaluated on the same grid (engine/tokens.py, reusable_prefix)
         self.n_ubatch = n_ubatch
         self.grid = self.step_tokens if pooled else self.n_chunk
+        # --cache-reuse all: every common token but the prompt's last, answers too, in plain pieces (llama.cpp's)
+        self.reuse_all = prm.cache_reuse == "all"
         self.slots = Slots(self.ctx, share_prefixes, self.one_pool, cache_ram,  # what each slot's cells hold
-                           lambda n, p, m: reusable_prefix(n, p, m, n_ubatch, self.grid))
+                           (lambda n, p, m: min(n, m - 1)) if self.reuse_all else
+                           (lambda n, p, m: reusable_prefix(n, p, m, n_ubatch, self.grid)))
         self.turn = -1  # the slot served last when exact sequences take turns (groups)
         self.steps = 0  # generation llama_decode calls, and the rows they carried
         self.rows = 0
@@ -230,12 +233,17 @@ class ParallelContext:
         start = self.media(prompt, seq, start)
         if start >= len(tokens):
             return start, row
-        end = min(grid_end(start, len(tokens), self.n_ubatch, self.n_chunk), next_span(prompt, start))
+        end = min(self.piece_end(start, len(tokens), self.n_chunk), next_span(prompt, start))
         self.batch.n_tokens = 0
         for k in range(start, end):
             row = self.add(tokens[k], k, seq, k == end - 1)
         self.decode(1)
         return end, row
+
+    def piece_end(self, start: int, end: int, size: int) -> int:
+        """Where a piece of a prompt of `end` tokens that starts at `start` ends, in pieces of `size`: where a
+        fresh evaluation's ubatch ends (engine/tokens.py, grid_end), or with --cache-reuse all `size` on."""
+        return min(end, start + size) if self.reuse_all else grid_end(start, end, self.n_ubatch, size)
 
     def decode(self, n_seqs: int) -> None:
         rc = context.decode(self.ctx, self.batch)

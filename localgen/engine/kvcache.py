@@ -19,10 +19,14 @@ from localgen.native.prompt import Prompt
 
 class KVCache:
     """What the single-sequence context holds: `held` says which tokens, and only the methods below change it.
-    `ctx` returns the context (the Engine creates it again after release_context, which calls reset)."""
+    `ctx` returns the context (the Engine creates it again after release_context, which calls reset).
+    `reuse_all` (--cache-reuse all): keep every held token a prompt begins with but its last, answers too, and
+    evaluate the rest in plain n_batch pieces, as llama.cpp does; faster, not bit for bit a fresh evaluation."""
 
-    def __init__(self, ctx: Callable[[], Any], n_ctx: int, n_batch: int, n_ubatch: int = 0) -> None:
+    def __init__(self, ctx: Callable[[], Any], n_ctx: int, n_batch: int, n_ubatch: int = 0,
+                 reuse_all: bool = False) -> None:
         self._ctx = ctx
+        self.reuse_all = reuse_all
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.n_ubatch = min(n_ubatch or n_batch, n_batch)  # llama.cpp cuts each piece into ubatches of this
@@ -69,7 +73,10 @@ class KVCache:
         n = common_prefix(self._held, tokens)
         if logits and n == len(tokens) == len(self._held) == self._evaluated and n > 0 and self._live:
             return n
-        if prompt.spans:  # media evaluate in batches of their own: no fresh grid to keep to, only the prompt
+        if self.reuse_all:  # the last token again for its logits, unless they are live
+            if logits and n == len(tokens) and n > 0 and not (self._live and n == len(self._held)):
+                n -= 1
+        elif prompt.spans:  # media evaluate in batches of their own: no fresh grid to keep to, only the prompt
             n = min(n, self._evaluated, len(tokens) - 1 if logits else len(tokens))
         else:
             n = reusable_prefix(n, self._evaluated, len(tokens), self.n_ubatch, self.n_batch, logits)
@@ -125,7 +132,7 @@ class KVCache:
             span = spans[start]
             if start + span.n_pos <= keep:
                 continue
-            for first, end in grid_pieces(pos, start, self.n_ubatch, self.n_batch):
+            for first, end in self._grid(pos, start):
                 self._decode(tokens[first:end], all_logits=False)
                 self._evaluated = len(self._held)
                 yield len(self._held)
@@ -135,10 +142,17 @@ class KVCache:
             self._live = False
             pos = start + span.n_pos
             yield len(self._held)
-        for first, end in grid_pieces(pos, len(tokens), self.n_ubatch, self.n_batch):
+        for first, end in self._grid(pos, len(tokens)):
             self._decode(tokens[first:end], all_logits=False)
             self._evaluated = len(self._held)
             yield len(self._held)
+
+    def _grid(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The pieces that evaluate tokens [start, end): a fresh evaluation's ubatches (grid_pieces), or with
+        reuse_all plain n_batch pieces from `start`."""
+        if self.reuse_all:
+            return [(a, min(a + self.n_batch, end)) for a in range(start, end, self.n_batch)]
+        return grid_pieces(start, end, self.n_ubatch, self.n_batch)
 
     def decode(self, tokens: list[int], all_logits: bool = True) -> None:
         """Evaluate tokens after the held ones in one llama_decode (logits for every row, or the last)."""

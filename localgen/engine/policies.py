@@ -9,7 +9,6 @@ from typing import Any, Protocol
 
 from localgen.backend import Completion
 from localgen.engine.batchseq import Request, Seq, Solo, is_exact, next_span
-from localgen.engine.tokens import grid_end
 
 
 class Policy(Protocol):
@@ -116,8 +115,8 @@ class Throughput:
         for seq in filling:
             if room <= 0:
                 break
-            end = min(grid_end(seq.filled, len(seq.req.tokens), pc.n_ubatch, pc.grid), seq.filled + room,
-                      next_span(seq.req.prompt, seq.filled))  # a fresh evaluation's ubatches (grid_end)
+            end = min(pc.piece_end(seq.filled, len(seq.req.tokens), pc.grid), seq.filled + room,
+                      next_span(seq.req.prompt, seq.filled))  # a fresh evaluation's ubatches (piece_end)
             chunks[seq.slot] = end
             room -= end - seq.filled
         # rows in slot order, each slot's together: with a KV stream per slot llama.cpp cuts a batch into
