@@ -337,10 +337,10 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
     LoadKnob("no_flash_attn", BOOL, ("--no-flash-attn", "-nofa"), "Same as -fa off.", cli_default=False),
     LoadKnob("cache_type_k", TEXT, ("--cache-type-k", "-ctk"), f"KV-cache type for keys: {_KV}.", "cache_type_k"),
     LoadKnob("cache_type_v", TEXT, ("--cache-type-v", "-ctv"), f"KV-cache type for values: {_KV}.", "cache_type_v"),
-    LoadKnob("cache_reuse", TEXT, ("--cache-reuse",), "What a cached prefix gives back: exact keeps only what gives "
+    LoadKnob("prefix_reuse", TEXT, ("--prefix-reuse",), "What a cached prefix gives back: exact keeps only what gives "
              "a fresh evaluation's logits bit for bit (a conversation's last answer is evaluated again each turn); "
              "all keeps every token it holds, answers too, as llama.cpp does: faster turns on a CPU with a big "
-             "model, and an answer may differ from a fresh run's where two tokens nearly tie.", "cache_reuse",
+             "model, and an answer may differ from a fresh run's where two tokens nearly tie.", "prefix_reuse",
              metavar="exact|all"),
     LoadKnob("repack", SWITCH, ("--repack/--no-repack",), "llama.cpp's repacked CPU weight layouts (default: the "
              "model's tuning record, else on where at least half the weights are of a repackable type, off on a "
@@ -499,7 +499,7 @@ def load_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     from localgen import placement
 
     out: dict[str, Any] = {k.field: values[k.name] for k in LOAD_KNOBS.values() if k.field and k.name in values}
-    for name in ("cache_type_k", "cache_type_v", "cache_reuse"):
+    for name in ("cache_type_k", "cache_type_v", "prefix_reuse"):
         if name in out:
             out[name] = str(out[name]).lower()
     if "flash_attn" in values or values.get("no_flash_attn"):

@@ -67,7 +67,7 @@ class SamplingParams:
 SPLIT_MODES = ("none", "layer", "row")
 ROPE_SCALINGS = ("none", "linear", "yarn")
 NUMA_MODES = ("distribute", "isolate", "numactl")
-CACHE_REUSE = ("exact", "all")  # what a reused prefix keeps: engine/tokens.py, reusable_prefix
+PREFIX_REUSE = ("exact", "all")  # what a reused prefix keeps: engine/tokens.py, reusable_prefix
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class LoadParams:
     n_cpu_moe: int | None = None
     # "exact": keep of a cached prefix only what gives a fresh evaluation's logits bit for bit (never an answer's
     # tokens); "all": every common token but the prompt's last, as llama.cpp keeps them
-    cache_reuse: str = "exact"
+    prefix_reuse: str = "exact"
     streams: int = 1  # sequences decoded together (serve's --parallel): which tuning record applies
 
     def __post_init__(self) -> None:
@@ -126,8 +126,8 @@ class LoadParams:
             raise UsageError(f"unknown RoPE scaling {self.rope_scaling!r}; choose from {', '.join(ROPE_SCALINGS)}")
         if self.numa is not None and self.numa not in NUMA_MODES:
             raise UsageError(f"unknown NUMA strategy {self.numa!r}; choose from {', '.join(NUMA_MODES)}")
-        if self.cache_reuse not in CACHE_REUSE:
-            raise UsageError(f"--cache-reuse takes {' or '.join(CACHE_REUSE)}, not {self.cache_reuse!r}")
+        if self.prefix_reuse not in PREFIX_REUSE:
+            raise UsageError(f"--prefix-reuse takes {' or '.join(PREFIX_REUSE)}, not {self.prefix_reuse!r}")
         if self.n_cpu_moe is not None and self.n_cpu_moe < 0:
             raise UsageError(f"--n-cpu-moe takes a number of layers, 0 or more, not {self.n_cpu_moe}")
         if any(x < 0 for x in self.tensor_split) or (self.tensor_split and not sum(self.tensor_split)):

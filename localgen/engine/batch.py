@@ -86,8 +86,8 @@ class ParallelContext:
         # and the rest is evaluated on the same grid (engine/tokens.py, reusable_prefix)
         self.n_ubatch = n_ubatch
         self.grid = self.step_tokens if pooled else self.n_chunk
-        # --cache-reuse all: every common token but the prompt's last, answers too, in plain pieces (llama.cpp's)
-        self.reuse_all = prm.cache_reuse == "all"
+        # --prefix-reuse all: every common token but the prompt's last, answers too, in plain pieces (llama.cpp's)
+        self.reuse_all = prm.prefix_reuse == "all"
         self.slots = Slots(self.ctx, share_prefixes, self.one_pool, cache_ram,  # what each slot's cells hold
                            (lambda n, p, m: min(n, m - 1)) if self.reuse_all else
                            (lambda n, p, m: reusable_prefix(n, p, m, n_ubatch, self.grid)))
@@ -242,7 +242,7 @@ class ParallelContext:
 
     def piece_end(self, start: int, end: int, size: int) -> int:
         """Where a piece of a prompt of `end` tokens that starts at `start` ends, in pieces of `size`: where a
-        fresh evaluation's ubatch ends (engine/tokens.py, grid_end), or with --cache-reuse all `size` on."""
+        fresh evaluation's ubatch ends (engine/tokens.py, grid_end), or with --prefix-reuse all `size` on."""
         return min(end, start + size) if self.reuse_all else grid_end(start, end, self.n_ubatch, size)
 
     def decode(self, n_seqs: int) -> None:

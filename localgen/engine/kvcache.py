@@ -20,7 +20,7 @@ from localgen.native.prompt import Prompt
 class KVCache:
     """What the single-sequence context holds: `held` says which tokens, and only the methods below change it.
     `ctx` returns the context (the Engine creates it again after release_context, which calls reset).
-    `reuse_all` (--cache-reuse all): keep every held token a prompt begins with but its last, answers too, and
+    `reuse_all` (--prefix-reuse all): keep every held token a prompt begins with but its last, answers too, and
     evaluate the rest in plain n_batch pieces, as llama.cpp does; faster, not bit for bit a fresh evaluation."""
 
     def __init__(self, ctx: Callable[[], Any], n_ctx: int, n_batch: int, n_ubatch: int = 0,

@@ -81,7 +81,7 @@ class Engine:
         self.n_vocab = native_vocab.n_tokens(self.vocab)
         self.params = dataclasses.replace(self.params, n_ctx=self.n_ctx)
         self.kv = KVCache(_context_of(self), self.n_ctx, self.n_batch,  # what the context's KV cache holds
-                          min(self.params.n_ubatch or 512, self.n_batch), self.params.cache_reuse == "all")
+                          min(self.params.n_ubatch or 512, self.n_batch), self.params.prefix_reuse == "all")
         self._piece_buf = native_vocab.piece_buffer()
         self._template: ChatTemplate | None = None
         self._eog: tuple[int, ...] | None = None

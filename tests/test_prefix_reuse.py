@@ -1,4 +1,4 @@
-"""--cache-reuse all: a cached prefix gives back every token it holds, a conversation's answers too (as llama.cpp
+"""--prefix-reuse all: a cached prefix gives back every token it holds, a conversation's answers too (as llama.cpp
 keeps them), where the default, exact, keeps only what gives a fresh evaluation's logits bit for bit
 (engine/tokens.py, reusable_prefix)."""
 
@@ -25,7 +25,7 @@ def _continued(smollm2_path: Any, reuse: str) -> tuple[int, list[int], int]:
     from localgen.native.prompt import Prompt
     from localgen.types import LoadParams
 
-    engine = Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=1024, n_batch=256, n_ubatch=128, cache_reuse=reuse))
+    engine = Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=1024, n_batch=256, n_ubatch=128, prefix_reuse=reuse))
     try:
         tokens = engine.tokenize("".join(WORDS % i for i in range(20)), True)[:300]
         engine.kv.evaluate(Prompt.text(tokens[:200]))
@@ -49,21 +49,21 @@ def test_the_setting_is_a_load_setting_a_modelfile_takes() -> None:
     from localgen.errors import UsageError
     from localgen.types import LoadParams
 
-    assert LoadParams().cache_reuse == "exact"
-    key, value = settings.parse_load_text("cache_reuse", "ALL")
-    assert LoadParams(**settings.load_fields({key: value})).cache_reuse == "all"
-    with pytest.raises(UsageError, match="--cache-reuse takes exact or all"):
-        settings.parse_load_text("cache_reuse", "most")
+    assert LoadParams().prefix_reuse == "exact"
+    key, value = settings.parse_load_text("prefix_reuse", "ALL")
+    assert LoadParams(**settings.load_fields({key: value})).prefix_reuse == "all"
+    with pytest.raises(UsageError, match="--prefix-reuse takes exact or all"):
+        settings.parse_load_text("prefix_reuse", "most")
 
 
 @pytest.fixture(scope="module")
 def server(cli_env: dict[str, str]) -> Iterator[Server]:
-    s = Server(cli_env, "-np", "1", "--ctx", "1024", "--cache-reuse", "all")
+    s = Server(cli_env, "-np", "1", "--ctx", "1024", "--prefix-reuse", "all")
     yield s
     assert s.stop() == 0
 
 
-def test_serve_with_cache_reuse_all_reuses_the_whole_held_conversation(server: Server) -> None:
+def test_serve_with_prefix_reuse_all_reuses_the_whole_held_conversation(server: Server) -> None:
     conv = [{"role": "system", "content": "You are terse. " * 60}, {"role": "user", "content": "Name a colour."}]
     body = {"model": "smollm2:135m", "max_tokens": 6, "temperature": 0}
 
