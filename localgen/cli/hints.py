@@ -1,10 +1,13 @@
-"""One-time tips on stderr, shown on a terminal only (pipelines and scripts stay quiet); and the note, always
-shown, that a model's load settings came from a tuning record."""
+"""One-time tips on stderr, shown on a terminal only (pipelines and scripts stay quiet); the note, always
+shown, that a model's load settings came from a tuning record; and the way out when a conversation's model is
+gone."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from localgen.errors import ModelNotFoundError
 
 
 def tune_tip(tty: bool, say: Callable[[str], object], name: str, path: str,
@@ -38,3 +41,11 @@ def record_note(say: Callable[[str], object], name: str, path: str, values: dict
 
     say(f"{name}: {' · '.join(f'{k} {shown(values[k])}' for k in taken)} from its tuning record "
         f"({next(iter(taken.values()))}; `localgen tune --show` lists records, `tune --reset` forgets them)")
+
+
+def model_gone(conversation: str, model: str | None, e: ModelNotFoundError, go_on: str) -> ModelNotFoundError:
+    """The error for a conversation (continued or resumed) whose model is not here any more: it names -m.
+    `go_on` is the verb the hint uses ("continue", "resume")."""
+    return ModelNotFoundError(f"the conversation {conversation} was with {model!r}, which is not here any more "
+                              f"({e.message})", hint=f"{go_on} it with another model: add -m MODEL "
+                                                     "(`localgen list` shows them)")

@@ -12,6 +12,7 @@ from typing import Any
 from localgen.cli.chat.plan import ChatPlan
 from localgen.cli.chat.turn import restore_state, stream
 from localgen.cli.chat.view import ChatView
+from localgen.cli.hints import model_gone
 from localgen.cli.options import files, preset
 from localgen.cli.options.plan import LoadPlan
 from localgen.cli.options.tools import open_toolbox
@@ -43,9 +44,7 @@ def start(plan: ChatPlan) -> None:
         if toolbox is not None:
             toolbox.close()
         if plan.resume and not load.model_given:  # the resumed conversation's model is gone
-            raise ModelNotFoundError(f"the conversation {session.name} was with {session.model!r}, which is not here "
-                                     f"any more ({e.message})", hint="resume it with another model: add -m MODEL "
-                                                                     "(`localgen list` shows them)") from None
+            raise model_gone(session.name, session.model, e, "resume") from None
         raise
     except BaseException:
         if toolbox is not None:

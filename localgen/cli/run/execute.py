@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from localgen.cli.hints import model_gone
 from localgen.cli.options import ToolOptions, files, preset
 from localgen.cli.options.plan import LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
@@ -42,9 +43,7 @@ def execute(plan: RunPlan) -> None:
             toolbox.close()
         thread = plan.thread
         if thread is not None and thread.turns and not load.model_given:  # the conversation's model is gone
-            raise ModelNotFoundError(f"the conversation {thread.cid} was with {load.model!r}, which is not here any "
-                                     f"more ({e.message})", hint="continue it with another model: add -m MODEL "
-                                                                 "(`localgen list` shows them)") from None
+            raise model_gone(thread.cid, load.model, e, "continue") from None
         raise
     except BaseException:
         if toolbox is not None:

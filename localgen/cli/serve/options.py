@@ -103,7 +103,7 @@ class SlotOptions(OptionGroup):
     ] = 4
     exact: Annotated[
         bool | None, typer.Option("--exact/--no-exact", rich_help_panel=SERVE, show_default=False,
-                                  help="SlotOptions mode. Default: every request batched for throughput wherever "
+                                  help="Batching mode. Default: every request batched for throughput wherever "
                                        "exactness costs more than 10 % (a GPU; K-quant or repacked weights, "
                                        "flash attention on a CPU), else greedy answers identical to running "
                                        "alone. --exact: every answer identical to running alone, at that price; "
