@@ -22,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from localgen.models.download import sha256_file  # noqa: E402  (after the checkout is on the path)
+
 OUT = ROOT / "tests" / "data" / "llama_quant_reference.json"
 TYPES = ("Q8_0", "Q6_K", "Q4_K_M", "Q3_K_M")
 # llama-quantize's options, each on Q4_K_M: what localgen quantize must write with the same ones
@@ -32,12 +34,6 @@ TEXT_CHARS = 12_000  # the test text: the shipped text's first characters
 CTX, CHUNKS, THREADS = 128, 8, 1
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def test_text() -> str:
@@ -86,7 +82,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         f16 = dequantize_to_f16(q41, tmp / "smollm2-f16.gguf")
-        ref["f16_sha256"] = sha256(f16)
+        ref["f16_sha256"] = sha256_file(f16)
         text = tmp / "text.txt"
         text.write_text(test_text(), encoding="utf-8")
         common = ["-f", str(text), "-c", str(CTX), "--chunks", str(CHUNKS), "-t", str(THREADS)]
@@ -108,7 +104,7 @@ def main() -> None:
             q = tmp / f"{t}.gguf"
             subprocess.run([str(tools / "llama-quantize"), str(f16), str(q), t, "2"], capture_output=True,
                            check=True)
-            entry: dict[str, object] = {"sha256": sha256(q), "size": q.stat().st_size}
+            entry: dict[str, object] = {"sha256": sha256_file(q), "size": q.stat().st_size}
             if t in KLD_TYPES:
                 run = subprocess.run([str(tools / "llama-perplexity"), "-m", str(q), *common, "--kl-divergence-base",
                                       str(base), "--kl-divergence"], capture_output=True, text=True, check=True)
@@ -124,7 +120,7 @@ def main() -> None:
             q = tmp / f"{label}.gguf"
             subprocess.run([str(tools / "llama-quantize"), *flags, str(f16), str(q), "Q4_K_M", "2"],
                            capture_output=True, check=True)
-            variants[label] = sha256(q)
+            variants[label] = sha256_file(q)
             q.unlink()
         ref["options_q4_k_m"] = variants
     OUT.write_text(json.dumps(ref, indent=2) + "\n")

@@ -14,17 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from localgen.models.download import sha256_file
 from tests.conftest import CLI, ROOT
 
 REF = json.loads((ROOT / "tests" / "data" / "llama_quant_reference.json").read_text())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +28,7 @@ def smollm2_f16(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) ->
     from tests.dequant import dequantize_to_f16
 
     path = dequantize_to_f16(smollm2_path, tmp_path_factory.mktemp("f16") / "SmolLM2-135M-Instruct-F16.gguf")
-    assert _sha256(path) == REF["f16_sha256"], "the F16 differs from the one the reference was measured on"
+    assert sha256_file(path) == REF["f16_sha256"], "the F16 differs from the one the reference was measured on"
     return path
 
 
@@ -76,7 +71,7 @@ def test_quantize_writes_what_llama_quantize_writes_and_lists_it(qcli: CLI, smol
     assert set(doc) == {"name", "path", "type", "size", "bits_per_weight", "seconds"}
     canonical = type_name.upper()
     assert doc["name"] == f"smollm2-135m-instruct:{type_name.lower()}" and doc["type"] == canonical
-    assert _sha256(Path(doc["path"])) == REF["quantized"][canonical]["sha256"]  # llama-quantize's bytes, all of them
+    assert sha256_file(Path(doc["path"])) == REF["quantized"][canonical]["sha256"]  # llama-quantize's bytes, all
     listed = {m["name"]: m for m in json.loads(qcli("list", "--json").stdout)}
     assert listed[doc["name"]]["quantization"] == canonical and listed[doc["name"]]["source"] == "quantized"
     shown = qcli("show", doc["name"], "--json")
@@ -93,13 +88,13 @@ def test_quantize_to_a_file_of_ones_own(qcli: CLI, smollm2_f16: Path, tmp_path: 
     out = tmp_path / "mine.gguf"
     r = qcli("quantize", str(smollm2_f16), "Q6_K", "-o", str(out))
     assert r.returncode == 0, r.stderr
-    assert _sha256(out) == REF["quantized"]["Q6_K"]["sha256"]
+    assert sha256_file(out) == REF["quantized"]["Q6_K"]["sha256"]
     assert "Q6_K mine.gguf: 50%" in r.stderr  # progress: plain lines when stderr is not a terminal
     assert r.stdout.startswith(f"{out}  Q6_K, ")
     again = qcli("quantize", str(smollm2_f16), "Q6_K", "-o", str(out))
     assert again.returncode == 2 and "exists" in _one_line(again.stderr) and "--force" in again.stderr
     forced = qcli("quantize", str(smollm2_f16), "Q8_0", "-o", str(out), "--force")
-    assert forced.returncode == 0 and _sha256(out) == REF["quantized"]["Q8_0"]["sha256"]
+    assert forced.returncode == 0 and sha256_file(out) == REF["quantized"]["Q8_0"]["sha256"]
     folder = tmp_path / "models"
     folder.mkdir()
     into = qcli("quantize", str(smollm2_f16), "q8_0", "-o", str(folder), "--json")
@@ -123,7 +118,7 @@ def test_llama_quantizes_options_write_what_it_writes(qcli: CLI, smollm2_f16: Pa
     out = tmp_path / "q.gguf"
     r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(out), *flags)
     assert r.returncode == 0, r.stderr
-    assert _sha256(out) == REF["options_q4_k_m"][option]
+    assert sha256_file(out) == REF["options_q4_k_m"][option]
 
 
 def test_an_already_quantized_source_is_refused_and_nothing_is_left(qcli: CLI, tmp_path: Path) -> None:
@@ -222,7 +217,7 @@ def test_an_importance_matrix_is_carried_to_llama_cpp(qcli: CLI, smollm2_f16: Pa
     assert np.allclose(back.entries[name], entries[name])
     r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(tmp_path / "with.gguf"), "--imatrix", str(imx))
     assert r.returncode == 0, r.stderr
-    assert _sha256(tmp_path / "with.gguf") != REF["quantized"]["Q4_K_M"]["sha256"]
+    assert sha256_file(tmp_path / "with.gguf") != REF["quantized"]["Q4_K_M"]["sha256"]
     meta, _, _ = read_gguf(str(tmp_path / "with.gguf"))
     assert meta["quantize.imatrix.file"] == str(imx) and meta["quantize.imatrix.chunks_count"] == 7
     iq = qcli("quantize", str(smollm2_f16), "IQ2_XXS", "-o", str(tmp_path / "iq.gguf"), "--imatrix", str(imx))
@@ -399,7 +394,7 @@ def test_create_q_quantizes_the_from_model_then_makes_the_preset(qcli: CLI, smol
     assert json.loads(r.stdout) == {"name": "mybot", "base": "mybot:q4_k_m"}
     listed = {m["name"]: m for m in json.loads(qcli("list", "--json").stdout)}
     assert listed["mybot:q4_k_m"]["source"] == "quantized" and listed["mybot"]["base"] == "mybot:q4_k_m"
-    assert _sha256(Path(listed["mybot:q4_k_m"]["path"])) == REF["quantized"]["Q4_K_M"]["sha256"]
+    assert sha256_file(Path(listed["mybot:q4_k_m"]["path"])) == REF["quantized"]["Q4_K_M"]["sha256"]
     mf.write_text("FROM smollm2:135m\n")
     bad = qcli("create", "other", "-f", str(mf), "-q", "Q4_K_M")
     assert bad.returncode == 1 and "already quantized (Q4_1)" in _one_line(bad.stderr)
@@ -429,7 +424,7 @@ def test_api_create_quantize(qcli: CLI, smollm2_f16: Path) -> None:
             "model": "x", "from": "smol-f16:f16", "quantize": "q9_z"})
         assert bad.status_code == 400 and "unknown quantization type" in bad.json()["error"]
         path = Path(qcli.env["LOCALGEN_HOME"]) / "data" / "quantized" / "tiny@q8_0.gguf"
-        assert _sha256(path) == REF["quantized"]["Q8_0"]["sha256"]
+        assert sha256_file(path) == REF["quantized"]["Q8_0"]["sha256"]
         gone = httpx.request("DELETE", f"{s.url}/api/delete", json={"model": "tiny:q8_0"}, timeout=60)
         assert gone.status_code == 200, gone.text
         assert not path.exists()
