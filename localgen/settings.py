@@ -342,6 +342,11 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
              "all keeps every token it holds, answers too, as llama.cpp does: faster turns on a CPU with a big "
              "model, and an answer may differ from a fresh run's where two tokens nearly tie.", "prefix_reuse",
              metavar="exact|all"),
+    LoadKnob("kv_unified", SWITCH, ("--kv-unified/--no-kv-unified", "-kvu/-no-kvu"), "The throughput scheduler's KV "
+             "cells, as llama.cpp's -kvu: one pool shared by every sequence, or a stream of cells per sequence "
+             "(default: one pool for serve and run --file with layers on a GPU, else a stream per sequence, as "
+             "llama-server -np N and llama-batched-bench keep them; --exact always keeps a stream per sequence).",
+             "kv_unified", envvar="LLAMA_ARG_KV_UNIFIED"),
     LoadKnob("repack", SWITCH, ("--repack/--no-repack",), "llama.cpp's repacked CPU weight layouts (default: the "
              "model's tuning record, else on where at least half the weights are of a repackable type, off on a "
              "GPU).", "repack"),
@@ -385,7 +390,7 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
 # num_thread) and ignores one it does not know; llama.cpp's names for it are let be alike
 OLLAMA_LOAD_OPTIONS = frozenset({k.ollama for k in LOAD_KNOBS.values() if k.ollama} | {
     "num_keep", "use_mmap", "low_vram", "f16_kv", "vocab_only", "penalize_newline", "tfs_z"} | {
-    "n_cpu_moe", "cpu_moe", "override_tensor"})
+    "n_cpu_moe", "cpu_moe", "override_tensor", "kv_unified"})
 
 
 # ---- load settings as values: a Modelfile's PARAMETER lines, a preset, LoadParams --------------------------

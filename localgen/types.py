@@ -105,6 +105,9 @@ class LoadParams:
     # "exact": keep of a cached prefix only what gives a fresh evaluation's logits bit for bit (never an answer's
     # tokens); "all": every common token but the prompt's last, as llama.cpp keeps them
     prefix_reuse: str = "exact"
+    # the throughput scheduler's KV cells (llama.cpp's kv_unified): True one pool shared by every sequence, False a
+    # stream of cells per sequence; None: engine/batchmode.py's kv_pool rule
+    kv_unified: bool | None = None
     streams: int = 1  # sequences decoded together (serve's --parallel): which tuning record applies
 
     def __post_init__(self) -> None:

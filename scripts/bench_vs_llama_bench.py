@@ -8,10 +8,11 @@ it from the llama.cpp sources vendored in the llama-cpp-python source package, w
 
 With `--batched LLAMA_BATCHED_BENCH --npl 8,32` it compares `localgen bench -npl` (several sequences decoded
 together, through the scheduler `serve` and `run --file` use) with llama.cpp's llama-batched-bench instead:
-S_PP (every sequence's prompt evaluated, tokens per second) against `ppP xN`, S_TG against `tgN xN`.
+S_PP (every sequence's prompt evaluated, tokens per second) against `ppP xN`, S_TG against `tgN xN`. Both keep a KV
+stream per sequence by default; `--kvu` gives both one pool of cells (llama-batched-bench -kvu, localgen --kv-unified).
 
 usage: scripts/bench_vs_llama_bench.py LLAMA_BENCH [--model PATH] [--rounds 4] [-p 512] [-n 128] [-t N]
-       scripts/bench_vs_llama_bench.py --batched LLAMA_BATCHED_BENCH --npl 8,32 [--model PATH] [-p 512] ...
+       scripts/bench_vs_llama_bench.py --batched LLAMA_BATCHED_BENCH --npl 8,32 [--kvu] [--model PATH] [-p 512] ...
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ def llama_bench(exe: str, model: str, p: int, n: int, t: int, reps: int) -> dict
     return {(f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"): r["avg_ts"] for r in recs}
 
 
-def batched_bench(exe: str, model: str, p: int, n: int, t: int, npl: list[int]) -> dict[str, float]:
+def batched_bench(exe: str, model: str, p: int, n: int, t: int, npl: list[int], kvu: bool) -> dict[str, float]:
     """llama-batched-bench's S_PP and S_TG for each sequence count, named as `localgen bench -npl` names them."""
     out = subprocess.run([exe, "-m", model, "-npp", str(p), "-ntg", str(n), "-npl", ",".join(map(str, npl)),
                           "-c", str(max(npl) * (p + n)), "-t", str(t), "-fa", "on", "-b", "2048", "-ub", "512",
-                          "--output-format", "jsonl"], capture_output=True, text=True, check=True)
+                          *(["-kvu"] if kvu else []), "--output-format", "jsonl"], capture_output=True, text=True,
+                         check=True)
     found: dict[str, float] = {}
     for line in out.stdout.splitlines():
         if line.startswith("{"):
@@ -49,8 +51,8 @@ def batched_bench(exe: str, model: str, p: int, n: int, t: int, npl: list[int]) 
 
 
 def localgen_bench(model: str, p: int, n: int, t: int, reps: int, env: dict[str, str],
-                   npl: list[int] | None = None) -> dict[str, float]:
-    more = ["-npl", ",".join(map(str, npl))] if npl else []
+                   npl: list[int] | None = None, kvu: bool = False) -> dict[str, float]:
+    more = ["-npl", ",".join(map(str, npl)), *(["--kv-unified"] if kvu else [])] if npl else []
     out = subprocess.run([sys.executable, "-m", "localgen", "bench", "-m", model, "-p", str(p), "-n", str(n),
                           "-t", str(t), "-fa", "1", "-b", "2048", "-ub", "512", "-r", str(reps), "--no-e2e",
                           *more, "-o", "jsonl"], capture_output=True, text=True, check=True, env=env)
@@ -64,6 +66,7 @@ def main() -> None:
     ap.add_argument("--batched", metavar="LLAMA_BATCHED_BENCH", type=harness.executable,
                     help="compare -npl with llama-batched-bench")
     ap.add_argument("--npl", default="8,32", help="sequence counts for --batched")
+    ap.add_argument("--kvu", action="store_true", help="with --batched: one pool of KV cells on both sides")
     ap.add_argument("--model", default=None)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("-p", type=int, default=512)
@@ -73,6 +76,8 @@ def main() -> None:
     a = ap.parse_args()
     if not (a.llama_bench or a.batched):
         ap.error("give LLAMA_BENCH, or --batched LLAMA_BATCHED_BENCH")
+    if a.kvu and not a.batched:
+        ap.error("--kvu goes with --batched")
     npl = [int(x) for x in a.npl.split(",")] if a.batched else None
     name = "llama-batched-bench" if a.batched else "llama-bench"
     from localgen import hardware
@@ -88,13 +93,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "LOCALGEN_HOME": home}
         runs = harness.alternate({
-            "theirs": (partial(batched_bench, a.batched, model, a.p, a.n, threads, npl) if npl
+            "theirs": (partial(batched_bench, a.batched, model, a.p, a.n, threads, npl, a.kvu) if npl
                        else partial(llama_bench, a.llama_bench, model, a.p, a.n, threads, a.r)),
-            "ours": partial(localgen_bench, model, a.p, a.n, threads, a.r, env, npl)}, a.rounds, flip=False, after=show)
+            "ours": partial(localgen_bench, model, a.p, a.n, threads, a.r, env, npl, a.kvu)}, a.rounds, flip=False,
+            after=show)
     theirs = {k: [got[k] for got in runs["theirs"] if k in got] for k in runs["theirs"][0]}
     ours = {k: [got[k] for got in runs["ours"] if k in got] for k in runs["ours"][0]}
-    print(f"{os.path.basename(model)}, {threads} threads, fa 1, median of {a.rounds} rounds"
-          + ("" if npl else f" of -r {a.r}") + ":")
+    print(f"{os.path.basename(model)}, {threads} threads, fa 1, "
+          + ("one pool of KV cells (-kvu), " if a.kvu else "a KV stream per sequence, " if npl else "")
+          + f"median of {a.rounds} rounds" + ("" if npl else f" of -r {a.r}") + ":")
     for k in theirs:
         t, o = harness.median(theirs[k]), harness.median(ours.get(k, [float("nan")]))
         print(f"  {k:10} {name} {t:8.2f} t/s   localgen {o:8.2f} t/s   localgen/{name} {o / t * 100:6.1f} %")

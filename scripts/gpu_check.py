@@ -16,7 +16,9 @@ at 600); the next call goes on where it stopped:
     faulthandler on and, if a worker crashes, gdb's backtrace of the crash (where gdb is installed);
  5. `localgen bench` against llama-bench (dense and MoE), `bench -npl 8,32` against llama-batched-bench, and
     `serve` against llama-server at 8 and 32 clients;
- 6. `localgen fit`'s plan beside the real load (where this checkout has `fit`).
+ 6. `localgen fit`'s plan beside the real load (where this checkout has `fit`);
+ 7. the KV layout (--kv-unified): `bench -npl` in one pool against llama-batched-bench -kvu, and serve with a stream
+    per slot at 32 clients, each the other layout than its default on a GPU.
 
 `--cpu` is the dry run of all of it on a CPU machine: the build is not run (the checkout's venv's CPU libraries
 stand in, and llama.cpp's tools come from --tools), the models are small and the benchmarks short. Every stage
@@ -349,21 +351,28 @@ def bench(report: Report, py: Path, tools: Path, label: str, model: Path, cpu: b
            str(model), "-t", "2" if cpu else "16", *short], 300, env)
 
 
-def batched(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: dict[str, str]) -> None:
+def batched(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: dict[str, str], kvu: bool = False,
+            ) -> None:
+    """bench -npl against llama-batched-bench, both with a KV stream per sequence (their default), or with `kvu`
+    both with one pool (-kvu; serve's default on a GPU): which layout a GPU's -npl and serve should keep."""
     npl = "2,4" if cpu else "8,32"
     sizes = ["-p", "32", "-n", "8"] if cpu else ["-p", "512", "-n", "128"]
-    stage(report, f"bench -npl {npl} against llama-batched-bench",
+    stage(report, f"bench -npl {npl} against llama-batched-bench" + (", one pool (-kvu)" if kvu else ""),
           [str(py), str(ROOT / "scripts" / "bench_vs_llama_bench.py"), "--batched", str(tools / "llama-batched-bench"),
-           "--npl", npl, "--model", str(model), "-t", "2" if cpu else "16", *sizes, "--rounds", "1", "-r", "1"],
-          300, env)
+           "--npl", npl, "--model", str(model), "-t", "2" if cpu else "16", *sizes, "--rounds", "1", "-r", "1",
+           *(["--kvu"] if kvu else [])], 300, env)
 
 
-def served(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: dict[str, str]) -> None:
-    clients = "2,4" if cpu else "8,32"
-    stage(report, f"serve against llama-server at {clients} clients",
+def served(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: dict[str, str], streams: bool = False,
+           ) -> None:
+    """serve against llama-server -np N (a KV stream per slot); `streams`: serve with a stream per slot too
+    (--no-kv-unified) at the larger client count, against its default on a GPU (one pool)."""
+    clients = ("4" if cpu else "32") if streams else ("2,4" if cpu else "8,32")
+    stage(report, f"serve against llama-server at {clients} clients" + (", --no-kv-unified" if streams else ""),
           [str(py), str(ROOT / "scripts" / "bench_serve.py"), "--model", str(model), "--clients", clients, "--against",
            str(tools / "llama-server"), "--threads", "2" if cpu else "16", "--rounds", "3", "--requests", "1",
-           "--tokens", "8" if cpu else "128", "--ctx", "256" if cpu else "1024"], 600 if cpu else 300, env)
+           "--tokens", "8" if cpu else "128", "--ctx", "256" if cpu else "1024",
+           *(["--localgen-args=--no-kv-unified"] if streams else [])], 600 if cpu else 300, env)
 
 
 def fit(report: Report, py: Path, label: str, model: Path, env: dict[str, str]) -> None:
@@ -490,8 +499,13 @@ def main() -> None:
         (f"serve against llama-server at {'2,4' if a.cpu else '8,32'} clients", 240,
          partial(served, report, py, tools, smol if a.cpu else dense, a.cpu, env)),
         ("bench against llama-bench (MoE)", 150, partial(bench, report, py, tools, "MoE", moe, a.cpu, env)),
+        # the KV layout: -npl and serve each in the other one, for which a GPU should keep by default
+        (f"bench -npl {'2,4' if a.cpu else '8,32'} against llama-batched-bench, one pool (-kvu)", 150,
+         partial(batched, report, py, tools, dense, a.cpu, env, True)),
         ("fit against the load (dense)", 60, partial(fit, report, py, "dense", dense, env)),
         ("fit against the load (moe)", 60, partial(fit, report, py, "moe", moe, env)),
+        (f"serve against llama-server at {'4' if a.cpu else '32'} clients, --no-kv-unified", 150,
+         partial(served, report, py, tools, smol if a.cpu else dense, a.cpu, env, True)),
     ]
     for name, cost, run in stages:
         if report.done(name):

@@ -278,6 +278,7 @@ def test_bench_parallel_reports_aggregate_rates(cli: CLI, cli_in_process: InProc
     assert recs["tg8 x2"]["n_parallel"] == 2 and recs["tg8 x2"]["avg_ts"] > 0
     # the mode serve and run --file use here (flash attention on a CPU: throughput), or the one asked for
     assert recs["tg8 x2"]["batching"] == "throughput" and recs["tg8"]["batching"] is None
+    assert recs["tg8 x2"]["kv_unified"] is False  # a stream per sequence, as llama-batched-bench keeps them
     r = cli("bench", "-p", "16", "-n", "8", "-r", "1", "-npl", "2", "--exact", "--no-e2e", "-o", "md")
     assert r.returncode == 0, r.stderr
     assert "pp16 x2 (exact)" in r.stdout and "tg8 x2 (exact)" in r.stdout

@@ -117,7 +117,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     # an engine with layers offloaded (which mode it gets does not matter to what the tests here read)
     engine = SimpleNamespace(offloaded=True, exact_rows=0, flash_attn=False)
     mode = batchmode.batching_mode(engine, None)  # type: ignore[arg-type]
-    worker = SimpleNamespace(name="m", residence=SimpleNamespace(mode=mode, settings=lambda: None),
+    worker = SimpleNamespace(name="m", residence=SimpleNamespace(mode=mode, pc=None, settings=lambda: None),
                              stop=lambda timeout: None)
     build = serve_app.build
 

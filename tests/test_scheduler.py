@@ -4,6 +4,7 @@ mode runs by default."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -141,9 +142,12 @@ def test_a_step_lays_its_rows_out_in_slot_order_whatever_slots_the_prompts_got(s
         assert ids == sorted(ids), f"rows out of slot order: {ids}"
 
 
-def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engine: object) -> None:
+@pytest.mark.parametrize("pool", [False, True], ids=["streams", "one-pool"])
+def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engine: object, pool: bool) -> None:
     """A request whose system prompt a running slot already holds shares those cells instead of evaluating
-    them; when that slot moves on to another prompt, the cells stay for the one that shares them."""
+    them; when that slot moves on to another prompt, the cells stay for the one that shares them. In both KV
+    layouts: a stream per slot (a CPU's default: the cells come in a copy of the stream) and one pool (a GPU's
+    default, --kv-unified here: the same cells, tagged with both sequences)."""
     eng: Any = smollm2_engine
     system = "You are a careful assistant. Answer in one short sentence. " * 12
 
@@ -155,8 +159,13 @@ def test_a_shared_prefix_is_taken_from_another_slot_and_survives_it(smollm2_engi
     while first[prefix] == second[prefix]:
         prefix += 1
     assert prefix > 100
-    pc = ParallelContext(eng, 2, 1024, pooled=True)
-    assert not pc.one_pool  # on a CPU each slot has its own stream: the cells come in a copy of the stream
+    params = eng.params
+    eng.params = dataclasses.replace(params, kv_unified=True) if pool else params
+    try:
+        pc = ParallelContext(eng, 2, 1024, pooled=True)
+    finally:
+        eng.params = params
+    assert pc.one_pool == pool
     sched = Scheduler(pc, reuse=True)
     sched.add(Request(0, Prompt.text(first), _greedy(3)))
     done: dict[int, Any] = {}

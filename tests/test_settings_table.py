@@ -39,7 +39,8 @@ def test_every_setting_is_an_option_as_the_table_declares_it(command: str) -> No
             assert p.default == k.default, k.name
     for lk in LOAD_KNOBS.values():
         p = params[lk.name]
-        flags = [f for spec in lk.flags for f in spec.split("/")]
+        # a switch's on-spellings, then its off-spellings ("--kv-unified/--no-kv-unified", "-kvu/-no-kvu")
+        flags = [spec.split("/")[0] for spec in lk.flags] + [spec.split("/")[1] for spec in lk.flags if "/" in spec]
         assert p.opts + p.secondary_opts == flags, lk.name
         assert p.help == lk.help and p.envvar == lk.envvar, lk.name
         assert p.default == lk.default, lk.name

@@ -21,7 +21,8 @@ LLAMA_BENCH_FIELDS = [
 ]
 OUR_FIELDS = [
     "test", "n_parallel", "model_name", "load_s", "ttft_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "peak_rss_bytes",
-    "peak_gpu_bytes", "limit_ts", "limit_share", "batching", "localgen_version",
+    "peak_gpu_bytes", "limit_ts", "limit_share", "batching", "kv_unified",
+    "localgen_version",
 ]
 
 
@@ -72,6 +73,7 @@ def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
         "limit_ts": round(r.limit_ts, 2) if r.limit_ts else None,
         "limit_share": round(r.avg_ts / r.limit_ts, 4) if r.limit_ts else None,
         "batching": r.batching,
+        "kv_unified": r.kv_unified,
         "moved": r.model.get("moved", {}),  # what the placement moved, from llama.cpp's load log (native/report.py)
         "localgen_version": system["localgen_version"],
         "samples_ns": r.samples_ns, "samples_ts": [round(x, 6) for x in r.samples_ts],
@@ -129,7 +131,8 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
         cells.append([
             r["model_type"], size_gib(r["model_size"]), params_b(r["model_n_params"]), r["backends"],
             *[_cell(r.get(c, DEFAULTS.get(c, 0))) for c in cols],
-            r["test"] + (f" ({r['batching']})" if r.get("batching") else ""),
+            r["test"] + (f" ({r['batching']}{', one pool' if r.get('kv_unified') else ''})" if r.get("batching")
+                         else ""),
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
             f"{r['ttft_ms']:.1f}" if r["ttft_ms"] is not None else "",
             f"{r['itl_p50_ms']:.2f}/{r['itl_p99_ms']:.2f}" if r["itl_p50_ms"] is not None else "",

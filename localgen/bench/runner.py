@@ -38,6 +38,7 @@ class Result:
     limit_ts: float | None
     test_time: str
     batching: str | None = None  # -npl tests: the scheduler's mode, "exact" or "throughput"
+    kv_unified: bool | None = None  # -npl tests: the sequences' KV cells were one pool (else a stream each)
 
     @property
     def avg_ts(self) -> float:
@@ -136,7 +137,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                             n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                             flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k, cache_type_v=cfg.type_v, rpc=rpc,
                             n_cpu_moe=cfg.n_cpu_moe or None, override_tensor=cfg.override_tensor,
-                            cpu_moe=cfg.cpu_moe)
+                            cpu_moe=cfg.cpu_moe, kv_unified=plan.kv_unified)
         _reset_peak_rss()
         engine = Engine(ref, params)
         progress.loaded(ref.name, ref.path, vars(engine.params), engine.origins)
@@ -245,7 +246,8 @@ def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str,
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     mode = batching_mode(engine, exact)  # the context and scheduler `serve` and `run --file` use here
-    pc = ParallelContext(engine, test.n_parallel, test.n_prompt + test.n_gen + 16, pooled=mode.throughput)
+    pc = ParallelContext(engine, test.n_parallel, test.n_prompt + test.n_gen + 16, pooled=mode.throughput,
+                         together=True)  # llama-batched-bench's sequences: a stream each unless --kv-unified
     rng = random.Random(1234)
     samples: list[float] = []
     try:
@@ -261,6 +263,7 @@ def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str,
         config=cfg, test=test, model=model, samples_ns=[int(s * 1e9) for s in samples],
         samples_ts=[tokens / s for s in samples], load_s=engine.load_s, ttft_ms=None, itl_ms={},
         peak_rss=_peak_rss(), peak_gpu=_gpu_used(), limit_ts=None, test_time=started, batching=mode.name,
+        kv_unified=pc.one_pool,
     )
 
 

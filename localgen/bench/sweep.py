@@ -196,6 +196,7 @@ class Plan:
     tests: list[Test]
     repetitions: int
     exact: bool | None = None  # -npl tests' batching mode: --exact (True), --no-exact (False), else serve's
+    kv_unified: bool | None = None  # -npl tests' KV cells: one pool (True), a stream each (False), else kv_pool's
 
     @property
     def size(self) -> int:
@@ -223,7 +224,8 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
           ubatch: Sequence[int | None], fa: Sequence[bool | None], ctk: list[str], ctv: list[str],
           prompts: list[int], gens: list[int], pg: list[tuple[int, int]], depths: list[int], reps: int, e2e: bool,
           parallel: list[int] | None = None, exact: bool | None = None, ncmoe: list[int] | None = None,
-          ot: list[tuple[tuple[str, str], ...]] | None = None, cmoe: bool = False) -> Plan:
+          ot: list[tuple[tuple[str, str], ...]] | None = None, cmoe: bool = False,
+          kv_unified: bool | None = None) -> Plan:
     """Every combination, in llama-bench's order (models outermost)."""
     for name, values, low in (("--threads", threads, 1), ("--batch-size", batch, 1), ("--ubatch-size", ubatch, 1),
                               ("--n-prompt", prompts, 0), ("--n-gen", gens, 0), ("--n-depth", depths, 0),
@@ -259,7 +261,10 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
     if exact is not None and not any(t.n_parallel > 1 for t in tests):
         flag = "--exact" if exact else "--no-exact"
         raise UsageError(f"{flag} sets how -npl sequences are batched: add --parallel N (N above 1)")
-    return Plan(configs, tests, reps, exact)
+    if kv_unified is not None and not any(t.n_parallel > 1 for t in tests):
+        flag = "--kv-unified" if kv_unified else "--no-kv-unified"
+        raise UsageError(f"{flag} sets the KV cells of -npl sequences: add --parallel N (N above 1)")
+    return Plan(configs, tests, reps, exact, kv_unified)
 
 
 KV_TYPES = list(KV_CACHE_TYPES)

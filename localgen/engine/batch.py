@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from localgen.backend import Completion
+from localgen.engine.batchmode import kv_pool
 from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact, next_span
 from localgen.engine.slots import Slots
 from localgen.engine.tokens import grid_end, reusable_prefix
@@ -43,11 +44,12 @@ class ParallelContext:
 
     def __init__(self, engine: Engine, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
                  n_seq_max: int | None = None, pooled: bool = False, share_prefixes: bool = True,
-                 cache_ram: int = 0) -> None:
+                 cache_ram: int = 0, together: bool = False) -> None:
         """`unified`: one pool of n_ctx_per_seq cells (beam search); `pooled`: one pool of n_ctx_per_seq cells
         per slot, shared by all (the throughput scheduler); else each slot its own stream of cells.
         `cache_ram`: bytes of host memory for slot states saved before a slot is reused (engine/hostcache.py;
-        -1 no limit, 0 none); used where requests run with `reuse`."""
+        -1 no limit, 0 none); used where requests run with `reuse`. `together`: the sequences start together
+        (bench -npl), which by default keeps a stream each (engine/batchmode.py, kv_pool)."""
         self.engine = engine
         self.n_parallel = n_parallel
         self.n_ctx_seq = -(-n_ctx_per_seq // 256) * 256
@@ -66,10 +68,8 @@ class ParallelContext:
         # token): a whole n_batch per step, as llama-server takes. (Small steps spread a burst's stall over
         # many of the streams' steps: docs/benchmarks.md, Costs noted in the code.)
         self.step_tokens = n_ubatch if engine.offloaded else n_batch
-        # the throughput scheduler's cells: one pool on a GPU; on a CPU each slot its own stream, as
-        # llama-server -np N keeps them, since in a pool every row's attention spans every slot's cells
-        # (decoding steps are slower in a pool: docs/benchmarks.md, Costs inside a step)
-        self.one_pool = unified or (pooled and engine.offloaded)
+        # the throughput scheduler's cells: one pool, or each slot its own stream (--kv-unified; kv_pool's rule)
+        self.one_pool = unified or kv_pool(engine, pooled, together)
         self.ctx = context.new(
             engine.model_ptr, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max or n_parallel,
             n_threads=prm.n_threads, n_threads_batch=prm.n_threads_batch,

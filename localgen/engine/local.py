@@ -158,7 +158,7 @@ class LocalBackend:
         finally:
             pc.close()
         return {"steps": pc.steps, "rows": pc.rows, "throughput": float(mode.throughput),
-                "shared": float(pc.slots.shared)}
+                "shared": float(pc.slots.shared), "kv_unified": float(pc.one_pool)}
 
     def exactness(self, exact: bool | None, greedy: bool) -> str:
         """What a batched answer promises against running alone (engine/batchmode.py `exactness`)."""

@@ -220,7 +220,8 @@ class ModelWorker:
                 "decode_calls": calls, "rows": rows,
                 "shared_prompt_tokens": pc.slots.shared if pc else 0,
                 "prompt_cache": pc.slots.host.status() if pc and pc.slots.host else None,
-                "batching": mode.name if mode else None, "failed_jobs": self.failures,
+                "batching": mode.name if mode else None, "kv_unified": pc.one_pool if pc else None,
+                "failed_jobs": self.failures,
                 "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": res.settings(),
                 "warm_restored": res.warm_restored, "disk_hits": res.disk_hits()[0],
                 "yielding_to": list(self._yield_to), "held": states.count(State.HELD)}

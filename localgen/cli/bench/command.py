@@ -25,7 +25,7 @@ bench_app = typer.Typer(
 
 
 @bench_app.callback()
-@o.with_knobs(sampling=False, load=("cpu_moe",))  # run's --cpu-moe, in every configuration
+@o.with_knobs(sampling=False, load=("cpu_moe", "kv_unified"))  # run's --cpu-moe, in every configuration; -npl's cells
 def bench(
     ctx: typer.Context,
     model: Annotated[Values, sweep("--model", "-m", help="Models: names, repos, paths (default smollm2:135m).")] = None,
@@ -83,7 +83,8 @@ def bench(
                  "--cpu-moe": knobs.get("cpu_moe"), "--batch-size": batch,
                  "--ubatch-size": ubatch, "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv,
                  "--n-depth": n_depth, "--prompt-gen": pg, "--rpc": rpc,
-                 "--exact/--no-exact": measuring.exact is not None}
+                 "--exact/--no-exact": measuring.exact is not None,
+                 "--kv-unified/--no-kv-unified": knobs.get("kv_unified") is not None}
         bad = [flag for flag, v in local.items() if v]
         if bad:
             raise UsageError(f"{', '.join(bad)} cannot be used with --endpoint (the server loads the model)")
@@ -94,7 +95,8 @@ def bench(
         raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
     plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, ot=ot, cmoe=knobs.get("cpu_moe"), batch=batch,
                  ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth,
-                 reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact)
+                 reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact,
+                 kv_unified=knobs.get("kv_unified"))
     _measure(plan, measuring.output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
 
 
@@ -264,7 +266,7 @@ def _plan(**flags: Any) -> Any:
         pg=sweep.pairs("--prompt-gen", flags["pg"]), depths=sweep.int_values("--n-depth", flags["n_depth"], [0]),
         reps=flags["reps"], e2e=flags["e2e"], parallel=sweep.int_values("--parallel", flags["parallel"], []),
         exact=flags.get("exact"), ncmoe=sweep.int_values("--n-cpu-moe", flags["ncmoe"], [0]),
-        ot=_placements(flags["ot"], bool(flags.get("rpc"))), cmoe=flags["cmoe"],
+        ot=_placements(flags["ot"], bool(flags.get("rpc"))), cmoe=flags["cmoe"], kv_unified=flags.get("kv_unified"),
     )
 
 

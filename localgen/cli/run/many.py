@@ -162,7 +162,8 @@ def _request(ln: _Line, prompt: str, base: SamplingParams, opts: BatchOptions) -
 def _print_stats(state: dict[str, int], secs: float, counters: dict[str, float], parallel: int, endpoints: int) -> None:
     """--stats for many prompts: aggregate rate, and how the work was shared."""
     per_call = counters["rows"] / counters["steps"] if counters.get("steps") else 0
-    mode = ("throughput" if counters.get("throughput") else "exact") + " batching"
+    mode = ("throughput" if counters.get("throughput") else "exact") + " batching" + (
+        " in one pool of KV cells" if counters.get("kv_unified") else "")
     shared = f", {int(counters['shared']):,} prompt tokens shared" if counters.get("shared") else ""
     how = (f"{mode}, {per_call:.1f} sequences per decode call{shared}" if counters.get("steps") else
            _plural(endpoints, "endpoint") + (

@@ -152,6 +152,8 @@ def start(f: ServeArgs) -> None:
         mode = w.residence.mode
         if mode is not None:
             log.line(f"  {w.name}: {mode.name} batching: {mode.why}")
+            if w.residence.pc is not None and w.residence.pc.one_pool:  # --kv-unified, or its default here
+                log.line(f"  {w.name}: the slots share one pool of KV cells (--no-kv-unified: a stream each)")
         loaded = w.residence.settings()
         if loaded:
             from localgen.cli.hints import record_note
