@@ -342,8 +342,9 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
              "all keeps every token it holds, answers too, as llama.cpp does: faster turns on a CPU with a big "
              "model, and an answer may differ from a fresh run's where two tokens nearly tie.", "prefix_reuse",
              metavar="exact|all"),
-    LoadKnob("kv_unified", SWITCH, ("--kv-unified/--no-kv-unified", "-kvu/-no-kvu"), "The throughput scheduler's KV "
-             "cells, as llama.cpp's -kvu: one pool shared by every sequence, or a stream of cells per sequence "
+    LoadKnob("kv_unified", SWITCH, ("--kv-unified/--no-kv-unified", "-kvu/-no-kvu"), "The KV cells of the "
+             "sequences batched for throughput (run --file, serve, bench -npl), as llama.cpp's -kvu: one pool shared "
+             "by every sequence, or a stream of cells per sequence "
              "(default: one pool for serve and run --file with layers on a GPU, else a stream per sequence, as "
              "llama-server -np N and llama-batched-bench keep them; --exact always keeps a stream per sequence).",
              "kv_unified", envvar="LLAMA_ARG_KV_UNIFIED"),

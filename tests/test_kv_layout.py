@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+import pytest
 
 from localgen.engine.batchmode import kv_pool
 from localgen.types import LoadParams
@@ -96,14 +97,90 @@ def test_bench_npl_keeps_a_stream_per_sequence_unless_told(cli: CLI, cli_in_proc
         assert r.returncode == 2 and "kv-unified" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_the_environment_variable_lays_out_only_what_there_is_to_lay_out(cli: CLI) -> None:
+    """LLAMA_ARG_KV_UNIFIED, which a user may export for llama-server, is no error where nothing is laid out:
+    bench without -npl measures, a remote endpoint is asked; the flag typed there is an error."""
+    env = CLI({**cli.env, "LLAMA_ARG_KV_UNIFIED": "1"})
+    r = env("bench", "-p", "16", "-n", "4", "-r", "1", "--no-e2e", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["kv_unified"] for line in r.stdout.splitlines()] == [None, None]
+    r = env("bench", "-p", "16", "-n", "4", "-r", "1", "-npl", "2", "--no-e2e", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    assert {x["test"]: x["kv_unified"] for x in map(json.loads, r.stdout.splitlines())}["tg4 x2"] is True
+    for run, flags in ((env, []), (cli, ["-kvu"])):
+        r = run("run", "--endpoint", "http://127.0.0.1:9", "-p", "hi", *flags)  # nothing listens on port 9
+        assert r.returncode != 0 and "Traceback" not in r.stderr
+        assert ("--kv-unified cannot be used with a remote endpoint" in r.stderr) == bool(flags), r.stderr
+
+
 def test_serve_says_which_layout_it_keeps(cli_env: dict[str, str]) -> None:
-    s = Server(cli_env, "-np", "2", "--ctx", "1024", "--kv-unified")
-    try:
-        assert s.health()["kv_unified"] is True
-        r = httpx.post(f"{s.url}/v1/completions", json={"model": "smollm2:135m", "prompt": "Rivers", "max_tokens": 4,
-                                                        "temperature": 0}, timeout=300)
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
-    finally:
-        assert s.stop() == 0
-    assert s.proc.stderr is not None
-    assert "smollm2:135m: the slots share one pool of KV cells" in s.proc.stderr.read().decode()
+    for flags, pool in (((), False), (("--kv-unified",), True)):  # a CPU's default: a stream per slot
+        s = Server(cli_env, "-np", "2", "--ctx", "1024", *flags)
+        try:
+            assert s.health()["kv_unified"] is pool
+            r = httpx.post(f"{s.url}/v1/completions", json={"model": "smollm2:135m", "prompt": "Rivers",
+                                                            "max_tokens": 4, "temperature": 0}, timeout=300)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+        finally:
+            assert s.stop() == 0
+        assert s.proc.stderr is not None
+        assert ("smollm2:135m: the slots share one pool of KV cells" in s.proc.stderr.read().decode()) == pool
+
+
+def test_only_bench_lays_out_its_sequences_as_starting_together(monkeypatch: pytest.MonkeyPatch,
+                                                                 cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """kv_pool's `together` (a stream each by default, on a GPU too) is bench -npl's, not run --file's or serve's,
+    whose default on a GPU is one pool."""
+    from localgen.engine import batch
+    from localgen.models.resolve import resolve
+    from localgen.serve.model import open_model
+
+    seen: list[bool] = []
+    original = batch.ParallelContext.__init__
+
+    def spy(self: batch.ParallelContext, *args: object, **kw: object) -> None:
+        seen.append(bool(kw.get("together", False)))
+        original(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batch.ParallelContext, "__init__", spy)
+    r = cli_in_process("bench", "-p", "8", "-n", "2", "-r", "1", "-npl", "2", "--no-e2e", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    assert seen == [True, True], "pp8 x2 and tg2 x2, each on a context of sequences that start together"
+    f = tmp_path / "two.txt"
+    f.write_text("Hi.\nHello.\n")
+    seen.clear()
+    r = cli_in_process("run", "--file", str(f), "--parallel", "2", "-n", "2")
+    assert r.returncode == 0 and seen == [False], r.stderr
+    seen.clear()
+    backend, pc, _ = open_model(resolve("smollm2:135m"), LoadParams(n_ctx=512), 2, None, True, 0, print, False)
+    pc.close()
+    backend.close()
+    assert seen == [False]
+
+
+def test_a_kv_layout_reads_back_only_the_prefixes_it_wrote(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """llama.cpp places a slot's saved state only in the layout it came from (one stream, or one per slot): the
+    prompt cache on disk keeps a folder per layout, so a server in the other layout reads none back, and none
+    fails to load; a server in the same layout reads its prefix back."""
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path)}
+    args = ("-np", "2", "--ctx", "1024")  # two slots: two streams, or one pool
+    system = " ".join(f"Rule {i}: the door opens on day {i % 7 + 1}." for i in range(30))
+
+    def ask(server: Server) -> tuple[int, dict[str, object]]:
+        r = httpx.post(f"{server.url}/v1/chat/completions", timeout=300, json={
+            "model": "smollm2:135m", "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Which day?"}]})
+        assert r.status_code == 200, r.text
+        health = httpx.get(f"{server.url}/health", timeout=30).json()["models"]["smollm2:135m"]
+        return int(r.json()["timings"]["cache_n"]), health
+
+    store = tmp_path / "cache" / "serve-prefixes"
+    for flags, folders, read_back in (((), 1, False), (("--kv-unified",), 2, False), (("--kv-unified",), 2, True)):
+        s = Server(env, *args, *flags)
+        try:
+            cached, health = ask(s)
+        finally:
+            assert s.stop() == 0
+        assert health["prompt_cache"]["refused"] == 0, health  # type: ignore[index]
+        assert (cached > 64 and health["disk_hits"] == 1) == read_back, (flags, cached, health)
+        assert len([d for d in store.iterdir() if d.is_dir()]) == folders, sorted(store.iterdir())

@@ -235,9 +235,10 @@ def _measure(engine: Any, bench: Any, cfg: LoadConfig, test: Test, model: dict[s
 def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str, Any], reps: int,
                       progress: Progress, exact: bool | None = None) -> Result:
     """Aggregate rates over n_parallel sequences decoded together (llama-batched-bench's S_PP / S_TG), on the
-    context `serve` makes here. The prompts go through the batch scheduler that `serve` and `run --file` use
-    (engine/batch.py); a tg test then decodes every sequence together (untimed prompts first, as that tool
-    does). `exact`: --exact / --no-exact, else the mode `serve` would use."""
+    context `serve` makes here but for its KV cells: a stream per sequence unless --kv-unified, as
+    llama-batched-bench keeps them (engine/batchmode.py, kv_pool). The prompts go through the batch scheduler
+    that `serve` and `run --file` use (engine/batch.py); a tg test then decodes every sequence together (untimed
+    prompts first, as that tool does). `exact`: --exact / --no-exact, else the mode `serve` would use."""
     import random
 
     from localgen.engine.batch import ParallelContext
@@ -245,7 +246,7 @@ def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str,
     from localgen.engine.bench import bench_parallel
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    mode = batching_mode(engine, exact)  # the context and scheduler `serve` and `run --file` use here
+    mode = batching_mode(engine, exact)  # the scheduler `serve` and `run --file` use here (the cells: kv_pool's)
     pc = ParallelContext(engine, test.n_parallel, test.n_prompt + test.n_gen + 16, pooled=mode.throughput,
                          together=True)  # llama-batched-bench's sequences: a stream each unless --kv-unified
     rng = random.Random(1234)

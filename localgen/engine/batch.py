@@ -4,12 +4,12 @@ its slot takes the next prompt. Each sequence has its own sampler chain (same st
 single-stream path).
 
 Two schedulers, one per mode (engine/batchmode.py):
-- throughput (the default wherever exactness costs more than 10 %): one pool of KV cells for every slot;
-  each step is one llama_decode that carries a token of every decoding sequence plus chunks of the new
-  prompts (many prompts in one call), so arrivals neither stall the running streams nor wait behind
-  them; a new prompt starts from the longest prefix any slot holds (a system prompt, few-shot examples),
-  its cells shared, not recomputed. A request that asks for exactness runs on the engine's own
-  single-sequence context beside the batch, one at a time (`Solo`, in engine/batchseq.py with the
+- throughput (the default wherever exactness costs more than 10 %): one pool of KV cells for every slot, or a stream
+  of cells per slot (--kv-unified; engine/batchmode.py, kv_pool); each step is one llama_decode that carries a token
+  of every decoding sequence plus chunks of the new prompts (many prompts in one call), so arrivals neither stall
+  the running streams nor wait behind them; a new prompt starts from the longest prefix any slot holds (a system
+  prompt, few-shot examples), its cells shared, not recomputed. A request that asks for exactness runs on the
+  engine's own single-sequence context beside the batch, one at a time (`Solo`, in engine/batchseq.py with the
   per-sequence state).
 - exact: each slot its own KV stream, and exact sequences meet only batch-invariant kernels (see
   `groups`), so at temperature 0 each output is what the prompt gives alone."""
@@ -45,8 +45,9 @@ class ParallelContext:
     def __init__(self, engine: Engine, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
                  n_seq_max: int | None = None, pooled: bool = False, share_prefixes: bool = True,
                  cache_ram: int = 0, together: bool = False) -> None:
-        """`unified`: one pool of n_ctx_per_seq cells (beam search); `pooled`: one pool of n_ctx_per_seq cells
-        per slot, shared by all (the throughput scheduler); else each slot its own stream of cells.
+        """`unified`: one pool of n_ctx_per_seq cells (beam search); `pooled`: the throughput scheduler, with
+        n_ctx_per_seq cells per slot, in one pool shared by all or in a stream per slot (kv_pool); else the exact
+        scheduler, each slot its own stream of cells.
         `cache_ram`: bytes of host memory for slot states saved before a slot is reused (engine/hostcache.py;
         -1 no limit, 0 none); used where requests run with `reuse`. `together`: the sequences start together
         (bench -npl), which by default keeps a stream each (engine/batchmode.py, kv_pool)."""

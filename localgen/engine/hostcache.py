@@ -43,13 +43,14 @@ class HostCache:
         self.loaded_tokens = 0  # prompt tokens those loads spared evaluating
         self.disk_loads = 0  # of those, states read back from disk (the prefix store)
         self.disk_loaded_tokens = 0
+        self.refused = 0  # states llama.cpp would not place in a slot (dropped)
 
     def status(self) -> dict[str, int]:
         """Counters for /health."""
         return {"entries": len(self.entries), "tokens": sum(len(e.tokens) for e in self.entries),
                 "bytes": self.bytes, "limit_bytes": self.limit, "saves": self.saves, "loads": self.loads,
                 "loaded_tokens": self.loaded_tokens, "disk_loads": self.disk_loads,
-                "disk_loaded_tokens": self.disk_loaded_tokens}
+                "disk_loaded_tokens": self.disk_loaded_tokens, "refused": self.refused}
 
     def clear(self) -> None:
         """Forget every entry."""
@@ -116,10 +117,14 @@ class HostCache:
         """Copy `entry` into sequence `seq` (which must be empty) and count `used` of its tokens as spared; the
         entry stays, most recently used, unless the slot now holds all of it, or, with `whole`, will hold all
         its prompt once the new one is evaluated (what it generated after is never reused). False when
-        llama.cpp could not place it (the sequence is then left empty)."""
+        llama.cpp could not place it (the sequence is then left empty, and the entry, which would fail again,
+        is dropped)."""
         n = context.seq_state_set(ctx, seq, entry.data, entry.size)
         if n != entry.size:
             context.seq_rm(context.memory(ctx), seq, -1, -1)
+            self.entries.remove(entry)
+            self.bytes -= entry.size
+            self.refused += 1
             return False
         self.entries.remove(entry)
         if used < len(entry.tokens) and not whole:

@@ -137,7 +137,10 @@ class Residence:
         import hashlib
 
         try:
-            identity = f"{self.backend.engine.identity}|{self.parallel}|{self.n_ctx}"
+            # a slot's saved state holds its KV layout's streams: llama.cpp refuses it in the other layout
+            # (--kv-unified; on a GPU --exact keeps a stream per slot where throughput keeps one pool)
+            pool = "|one pool" if self.pc is not None and self.pc.one_pool else ""
+            identity = f"{self.backend.engine.identity}|{self.parallel}|{self.n_ctx}{pool}"
             return act(self._store, hashlib.sha256(identity.encode()).hexdigest()[:24], identity)
         except Exception as e:
             self._fault(e, "keeping the prompt cache on disk")

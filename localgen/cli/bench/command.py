@@ -80,11 +80,11 @@ def bench(
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {measuring.output!r}")
     if remote.endpoint or (model and any(_is_named_endpoint(m) for m in model)):
         local = {"--threads": threads, "--n-gpu-layers": ngl, "--n-cpu-moe": ncmoe, "--override-tensor": ot,
-                 "--cpu-moe": knobs.get("cpu_moe"), "--batch-size": batch,
+                 "--cpu-moe": knobs.get("cpu_moe") and knobs.typed("cpu_moe"), "--batch-size": batch,
                  "--ubatch-size": ubatch, "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv,
                  "--n-depth": n_depth, "--prompt-gen": pg, "--rpc": rpc,
                  "--exact/--no-exact": measuring.exact is not None,
-                 "--kv-unified/--no-kv-unified": knobs.get("kv_unified") is not None}
+                 "--kv-unified/--no-kv-unified": knobs.typed("kv_unified")}
         bad = [flag for flag, v in local.items() if v]
         if bad:
             raise UsageError(f"{', '.join(bad)} cannot be used with --endpoint (the server loads the model)")
@@ -96,7 +96,7 @@ def bench(
     plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, ot=ot, cmoe=knobs.get("cpu_moe"), batch=batch,
                  ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth,
                  reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact,
-                 kv_unified=knobs.get("kv_unified"))
+                 kv_unified=knobs.get("kv_unified"), kv_typed=knobs.typed("kv_unified"))
     _measure(plan, measuring.output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
 
 
@@ -251,6 +251,10 @@ def _plan(**flags: Any) -> Any:
 
     offload = bool(backend_info()["gpu_offload"])
     kv = list(KV_CACHE_TYPES)
+    parallel = sweep.int_values("--parallel", flags["parallel"], [])
+    # --kv-unified typed without -npl is a usage error; LLAMA_ARG_KV_UNIFIED, exported for every load, applies
+    # only where there are -npl sequences to lay out
+    kvu = flags.get("kv_unified") if flags.get("kv_typed") or any(n > 1 for n in parallel) else None
     return sweep.build(
         models=sweep.str_values("--model", flags["model"], ["smollm2:135m"]),
         # threads, physical batch and flash attention not given: the load's defaults (tuning record, else rule)
@@ -264,9 +268,9 @@ def _plan(**flags: Any) -> Any:
         prompts=sweep.int_values("--n-prompt", flags["n_prompt"], [512]),
         gens=sweep.int_values("--n-gen", flags["n_gen"], [128]),
         pg=sweep.pairs("--prompt-gen", flags["pg"]), depths=sweep.int_values("--n-depth", flags["n_depth"], [0]),
-        reps=flags["reps"], e2e=flags["e2e"], parallel=sweep.int_values("--parallel", flags["parallel"], []),
+        reps=flags["reps"], e2e=flags["e2e"], parallel=parallel,
         exact=flags.get("exact"), ncmoe=sweep.int_values("--n-cpu-moe", flags["ncmoe"], [0]),
-        ot=_placements(flags["ot"], bool(flags.get("rpc"))), cmoe=flags["cmoe"], kv_unified=flags.get("kv_unified"),
+        ot=_placements(flags["ot"], bool(flags.get("rpc"))), cmoe=flags["cmoe"], kv_unified=kvu,
     )
 
 

@@ -21,15 +21,23 @@ class Knobs:
 
     values: Mapping[str, Any]
     given_names: frozenset[str]
+    # of those, the ones typed on the command line (not from an environment variable such as llama.cpp's
+    # LLAMA_ARG_*, which a user may export for every local load)
+    typed_names: frozenset[str] | None = None
 
     @classmethod
     def of(cls, ctx: typer.Context, values: Mapping[str, Any]) -> Knobs:
         """The settings among a command's parameters."""
         names = [n for n in values if n in KNOBS or n in LOAD_KNOBS]
-        return cls({n: values[n] for n in names}, frozenset(n for n in names if given_by_user(ctx, n)))
+        return cls({n: values[n] for n in names}, frozenset(n for n in names if given_by_user(ctx, n)),
+                   frozenset(n for n in names if typed_by_user(ctx, n)))
 
     def given(self, name: str) -> bool:
         return name in self.given_names
+
+    def typed(self, name: str) -> bool:
+        """Whether the user typed this setting on the command line (None typed_names: as `given`)."""
+        return name in (self.given_names if self.typed_names is None else self.typed_names)
 
     def get(self, name: str, default: Any = None) -> Any:
         """A setting's value as the command took it, or `default` where the command does not take it."""
@@ -76,10 +84,11 @@ class Knobs:
         return SamplingFlags(tuple(settings.validate(given).items()))
 
     def remote_conflicts(self) -> list[str]:
-        """The load settings given, which a remote endpoint cannot honour (the model loads on the server); the
-        context is not among them (it trims the history here)."""
+        """The load settings typed, which a remote endpoint cannot honour (the model loads on the server); the
+        context is not among them (it trims the history here), nor a value from the environment (llama.cpp's
+        LLAMA_ARG_* variables, exported for local loads, are no request to the server)."""
         return [LOAD_KNOBS[n].flags[0].split("/")[0] for n in self.values
-                if n in LOAD_KNOBS and n != "ctx" and self.given(n) and self.values[n] not in (None, False, [], ())]
+                if n in LOAD_KNOBS and n != "ctx" and self.typed(n) and self.values[n] not in (None, False, [], ())]
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,12 @@ def lora_adapters(plain: str | None, scaled: str | None) -> tuple[tuple[str, flo
 
 def _items(text: str | None) -> list[str]:
     return [x.strip() for x in str(text or "").split(",") if x.strip()]
+
+
+def typed_by_user(ctx: typer.Context, name: str) -> bool:
+    """Whether the user typed a parameter on the command line (not an environment variable or a default)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 def given_by_user(ctx: typer.Context, name: str) -> bool:
