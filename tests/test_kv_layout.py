@@ -104,7 +104,8 @@ def test_the_environment_variable_lays_out_only_what_there_is_to_lay_out(cli: CL
     r = env("bench", "-p", "16", "-n", "4", "-r", "1", "--no-e2e", "-o", "jsonl")
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["kv_unified"] for line in r.stdout.splitlines()] == [None, None]
-    r = env("bench", "-p", "16", "-n", "4", "-r", "1", "-npl", "2", "--no-e2e", "-o", "jsonl")
+    enabled = CLI({**cli.env, "LLAMA_ARG_KV_UNIFIED": "enabled"})  # llama.cpp's words for its switches, too
+    r = enabled("bench", "-p", "16", "-n", "4", "-r", "1", "-npl", "2", "--no-e2e", "-o", "jsonl")
     assert r.returncode == 0, r.stderr
     assert {x["test"]: x["kv_unified"] for x in map(json.loads, r.stdout.splitlines())}["tg4 x2"] is True
     for run, flags in ((env, []), (cli, ["-kvu"])):

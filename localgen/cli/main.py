@@ -12,6 +12,18 @@ _WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EP
                  errno.EISDIR, errno.EFBIG}
 
 
+def llama_env_switches() -> None:
+    """llama.cpp's LLAMA_ARG_* switches (LLAMA_ARG_CPU_MOE, LLAMA_ARG_KV_UNIFIED) take `enabled` and `disabled` too,
+    which Click does not: say them as Click does (1, 0), for this process and what it starts."""
+    from localgen.settings import BOOL, LOAD_KNOBS, SWITCH
+
+    for k in LOAD_KNOBS.values():
+        name = k.envvar or ""
+        if k.kind in (BOOL, SWITCH) and name.startswith("LLAMA_ARG_") and os.environ.get(name) in ("enabled",
+                                                                                                  "disabled"):
+            os.environ[name] = "1" if os.environ[name] == "enabled" else "0"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback."""
     if (sys.argv[1:] if argv is None else argv) in (["--version"], ["-V"]):
@@ -27,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     from localgen.errors import LocalgenError
 
     fast_typer_coercion()
+    llama_env_switches()
     from localgen.cli import helpall
 
     args, show_all = helpall.wanted(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
