@@ -257,8 +257,8 @@ def install(py: Path, work: Path, wheel: Path) -> tuple[int, str]:
     pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--find-links",
            str(work / "base" / "wheels")]
     out = []
-    for args in (["-e", str(ROOT)], ["pytest", "pytest-xdist", "pytest-timeout", "pexpect", "gguf", "openai", "ollama",
-                                     "anthropic"], ["--no-deps", str(wheel)]):
+    for args in (["-e", str(ROOT)], ["pytest", "pytest-xdist", "pytest-timeout", "pexpect", "pyte", "gguf", "openai",
+                                     "ollama", "anthropic"], ["--no-deps", str(wheel)]):
         rc, text, _ = sh([*pip, *args], 600)
         out.append(f"$ pip install {' '.join(args)}\n{text}")
         if rc != 0:

@@ -5,7 +5,7 @@
 #   scripts/install.sh            CPU build (AMX kernels off on x86-64 Linux: they crash on first decode)
 #   scripts/install.sh --cuda     CUDA build (NVIDIA, e.g. RTX 4090; needs nvcc)
 #   scripts/install.sh --metal    Metal build (Apple M-series)
-#   scripts/install.sh --dev      also the test tools (pytest, ruff, mypy, pexpect, Playwright) and, where
+#   scripts/install.sh --dev      also the test tools (pytest, ruff, mypy, pexpect, pyte, Playwright) and, where
 #                                 apt-get is, Debian's chromium for the chat page's browser tests
 #
 # Environment: LOCALGEN_VENV (venv path), PYTHON (interpreter to build the venv with), LOCALGEN_WHEEL_CACHE

@@ -70,3 +70,26 @@ def spawn(env: dict[str, str], args: list[str], timeout: float = 60, dimensions:
     finally:
         os.close(slave)
     return ForkedTerminal(master, process, timeout=timeout, encoding="utf-8")
+
+
+class Screen:
+    """What a terminal of `dimensions` (rows, columns) shows of what a program wrote to it: pyte, a VT100 emulator,
+    fed the bytes as they come (pass it as a child's logfile_read), so that a test asserts on the screen a user
+    sees rather than on the escape sequences that drew it."""
+
+    def __init__(self, dimensions: tuple[int, int] = (24, 80), onlcr: bool = False) -> None:
+        import pyte
+
+        self.screen = pyte.Screen(dimensions[1], dimensions[0])
+        self.stream = pyte.Stream(self.screen)
+        self.onlcr = onlcr  # written to directly (a console's file), not through a pty: "\n" made "\r\n" as a pty does
+
+    def write(self, data: str) -> None:
+        self.stream.feed(data.replace("\n", "\r\n") if self.onlcr else data)
+
+    def flush(self) -> None:
+        pass
+
+    def rows(self) -> list[str]:
+        """Each row of the screen, right-stripped."""
+        return [row.rstrip() for row in self.screen.display]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +17,20 @@ import pytest
 from localgen.chat.session import ChatSession
 from localgen.cli.chat.render import PlainView, split_blocks
 from tests import terminal
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, ROOT, SAFETY_NET_S
 
 PROMPT = ">>>"
+SCREEN = (40, 120)
 
 
-def spawn(cli_env: dict[str, str], *args: str) -> Any:
+def spawn(cli_env: dict[str, str], *args: str, log: terminal.Screen | None = None) -> Any:
+    """`localgen chat ARGS` on a 40 x 120 terminal, at its first prompt; `log` is fed everything it writes."""
     env = dict(cli_env)
     env.pop("NO_COLOR", None)
     env["TERM"] = "xterm"
     env["PROMPT_TOOLKIT_NO_CPR"] = "1"
-    child = terminal.spawn(env, ["chat", *args], timeout=60, dimensions=(40, 120))
+    child = terminal.spawn(env, ["chat", *args], timeout=60, dimensions=SCREEN)
+    child.logfile_read = log
     child.expect("ready in")
     child.expect_exact(PROMPT)
     return child
@@ -92,6 +97,83 @@ def test_ctrl_c_stops_answer_and_keeps_it(cli_env: dict[str, str], home: Path) -
     assert 0 < len(saved["messages"][-1]["content"]) < 3000 * 8
 
 
+LETTER = "Write a short letter to a friend."  # at --temp 0, paragraphs from its first line on
+
+
+def paragraphs_shown(rows: list[str], question: str) -> list[list[str]]:
+    """The answer on the screen, from the row below the question to the first notice (the footer, or what Ctrl-C
+    says): its paragraphs (runs of rows between blank rows), each as its words; two blank rows in a row make an
+    empty paragraph."""
+    start = next(i for i, row in enumerate(rows) if row.startswith(f"{PROMPT} {question}")) + 1
+    end = next(i for i in range(start, len(rows)) if "tok/s" in rows[i] or rows[i].startswith("(stopped"))
+    text = "\n".join(rows[start:end]).strip("\n")
+    shown: list[list[str]] = [[]]
+    for row in text.split("\n"):
+        if row.strip():
+            shown[-1].extend(row.split())
+        else:
+            shown.append([])
+    return shown if text else []
+
+
+def wait_until(child: Any, shown: Callable[[], bool]) -> None:
+    """Read what `child` writes (its screen fed as it comes) until `shown()`."""
+    while not shown():
+        child.expect(r"[\s\S]", timeout=SAFETY_NET_S)
+
+
+def paragraphs_saved(text: str) -> list[list[str]]:
+    """An answer's paragraphs (text between blank lines), each as its words."""
+    return [p.split() for p in re.split(r"\n[ \t]*\n", text) if p.strip()]
+
+
+def test_paragraphs_are_shown_apart_as_the_answer_has_them(cli_env: dict[str, str], home: Path) -> None:
+    """Each finished paragraph is printed for good as the answer streams, with the blank line the answer has
+    between it and the next, as the whole answer rendered at once would show it. Keys typed while it streams are
+    not echoed into it: they show at the next prompt."""
+    screen = terminal.Screen(SCREEN)
+    child = spawn(cli_env, "paragraphs", "-n", "60", "--temp", "0", log=screen)
+    child.sendline(LETTER)
+    child.expect_exact("\x1b[?2004l")  # the prompt's last word to the terminal: what follows is the answer
+    wait_until(child, lambda: bool(paragraphs_shown([*screen.rows(), "tok/s"], LETTER)))  # it streams
+    child.send("ahead")
+    child.expect("tok/s", timeout=SAFETY_NET_S)
+    wait_until(child, lambda: f"{PROMPT} ahead" in screen.rows())
+    child.sendcontrol("u")
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    answer = json.loads((home / "data" / "chats" / "paragraphs.json").read_text())["messages"][-1]["content"]
+    saved = paragraphs_saved(answer)
+    assert len(saved) >= 2, f"the test needs an answer of several paragraphs: {answer!r}"
+    assert paragraphs_shown(screen.rows(), LETTER) == saved, "\n".join(screen.rows())
+
+
+def test_ctrl_c_leaves_the_partial_answer_on_screen_once(cli_env: dict[str, str], home: Path) -> None:
+    """Ctrl-C while a paragraph streams: the screen shows the partial answer once, as it was saved, then the
+    notice; the terminal's echo of Ctrl-C (`^C`) neither shows nor moves the answer's live lines."""
+    screen = terminal.Screen(SCREEN)
+    child = spawn(cli_env, "stopped-letter", "-n", "3000", "--temp", "0", log=screen)
+    child.sendline(LETTER)
+    child.expect_exact("\x1b[?2004l")  # the prompt's last word to the terminal: what follows is the answer
+    wait_until(child, lambda: sum(map(len, paragraphs_shown([*screen.rows(), "tok/s"], LETTER))) >= 12)  # 2nd paragraph
+    child.send("dropped")  # typed, then Ctrl-C: the terminal drops it with the rest of the line
+    child.sendcontrol("c")
+    child.expect("stopped; the partial answer is kept")
+    child.expect("tok/s")
+    child.expect_exact(PROMPT)
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert not any("dropped" in row for row in screen.rows()), "\n".join(screen.rows())
+    answer = json.loads((home / "data" / "chats" / "stopped-letter.json").read_text())["messages"][-1]["content"]
+    assert 0 < len(answer) < 3000 * 8
+    rows = screen.rows()
+    assert paragraphs_shown(rows, LETTER) == paragraphs_saved(answer), "\n".join(rows)
+    assert not any("^C" in row for row in rows), "\n".join(rows)
+
+
 def test_resume_and_list(cli: CLI, cli_env: dict[str, str]) -> None:
     r = cli("chat", "resumable", "-n", "8", "--temp", "0", input="My name is Ada.\n")
     assert r.returncode == 0, r.stderr
@@ -124,6 +206,14 @@ def test_scripted_chat_prints_answers_plainly(cli: CLI) -> None:
     assert "\x1b[" not in r.stdout
     assert r.stderr.count("tok/s") == 3
     assert "temperature = 0" in r.stderr
+
+
+def test_piped_chat_writes_each_answer_byte_for_byte(cli: CLI) -> None:
+    r = cli("chat", "piped-letter", "-n", "60", "--temp", "0", input=f"{LETTER}\nThanks!\n")
+    assert r.returncode == 0, r.stderr
+    answers = [m["content"] for m in ChatSession.load("piped-letter").messages if m["role"] == "assistant"]
+    assert len(answers) == 2 and "\n\n" in answers[0], answers
+    assert r.stdout == "".join(a if a.endswith("\n") else a + "\n" for a in answers)
 
 
 def test_a_full_window_never_deletes_history(cli: CLI) -> None:
@@ -311,3 +401,38 @@ def test_split_blocks_never_splits_inside_code_fences() -> None:
     assert done.endswith("```\n\n") and current == "Tail being written"
     done, current = split_blocks("Intro\n\n```py\nx = 1\n\ny")
     assert done == "Intro\n\n"
+
+
+MARKDOWN_ANSWERS = [
+    "First paragraph, long enough to wrap on a narrow screen of forty columns.\n\nSecond one.\n\nThird.",
+    "Steps:\n\n1. Boil water.\n\n2. Add tea.\n\n3. Wait.\n\nDone.",
+    "Tight list:\n\n- a\n- b\n\nAfter it.",
+    "# Title\n\nText under it.\n\n## Part\n\nMore text.",
+    "Code:\n\n```py\nx = 1\n\ny = 2\n```\n\nAfter the code.",
+    "Above.\n\n---\n\nBelow the rule.\n\n> A quote.\n\nThe end.",
+]
+
+
+@pytest.mark.parametrize("answer", MARKDOWN_ANSWERS)
+def test_a_streamed_answer_ends_on_screen_as_the_whole_answer_renders(answer: str) -> None:
+    """Streamed a few characters at a time, each block printed for good as it ends, an answer leaves the screen
+    as the whole answer rendered at once does: the same lines, spaced the same."""
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from localgen.cli.chat.render import RichView
+    from localgen.tools.stream import Piece
+
+    def console(screen: terminal.Screen) -> Console:
+        return Console(file=screen, width=40, height=30, force_terminal=True, force_interactive=True,
+                       color_system=None, highlight=False)
+
+    streamed = terminal.Screen((30, 40), onlcr=True)
+    view = RichView(console(streamed), show_think=True)
+    view.REFRESH_S = 0  # the live region redrawn at every piece
+    for i in range(0, len(answer), 3):
+        view.show(Piece("content", answer[i:i + 3]))
+    view.finish()
+    whole = terminal.Screen((30, 40), onlcr=True)
+    console(whole).print(Markdown(answer, code_theme="monokai"))
+    assert streamed.rows() == whole.rows(), "\n".join(streamed.rows())

@@ -3,7 +3,10 @@ dimmed and apart (or hidden), tool calls and their results as notices, the answe
 
 Live Markdown cost stays flat as the answer grows: finished blocks (text before a blank line outside
 a code fence) are printed once, for good; only the block being written is re-rendered, at most 12
-times a second, cropped to the screen, so tall answers never leave duplicated frames behind.
+times a second, cropped to the screen, so tall answers never leave duplicated frames behind. Each block
+is spaced from the one before it as the whole answer rendered at once would space it (a blank line between
+two paragraphs, none between two items of a list): it is rendered after the last block printed, and shown
+from where that block's own lines end.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ class RichView:
         self.show_think = show_think
         self.markdown = markdown
         self.answer = ""  # the block being written (finished blocks are already printed)
+        self.before = ""  # the last block printed, right above: the next one is spaced from it as Markdown spaces them
         self.thinking = False
         self.reasoning = ""  # this block of thinking, shown live until it is folded
         self.live = Live(console=console, auto_refresh=False, transient=True, vertical_overflow="crop")
@@ -136,7 +140,26 @@ class RichView:
         self.answer += piece
         done, self.answer = split_blocks(self.answer)
         if done.strip():
-            self.live.console.print(self._renderable(done))
+            self._print(done)
+
+    def _print(self, blocks: str) -> None:
+        """Print finished blocks for good, below those printed before."""
+        self.live.console.print(self._after(blocks))
+        self.before = split_blocks(self.before + blocks)[1] if self.markdown else ""
+
+    def _after(self, text: str) -> Any:
+        """`text` rendered as it shows below the last block printed: the two rendered together, from where the
+        last block's lines end (so that the space between them is the one Markdown puts there)."""
+        if not self.before:
+            return self._renderable(text)
+        from rich.segment import SegmentLines
+
+        options = self.console.options
+        above = self.console.render_lines(self._renderable(self.before), options, pad=False)
+        both = self.console.render_lines(self._renderable(self.before + text), options, pad=False)
+        if [_plain(line) for line in both[:len(above)]] != [_plain(line) for line in above]:
+            return self._renderable(text)  # the new text changed how the block above renders (a rare reference link)
+        return SegmentLines(both[len(above):], new_lines=True)
 
     def _renderable(self, text: str) -> Any:
         if self.markdown:
@@ -154,7 +177,7 @@ class RichView:
             self.live.update("", refresh=True)
             self.live.console.print(f"▸ thought ({words:,} words) · /think shows it", style="dim italic",
                                     markup=False, highlight=False)
-            self.thinking, self.reasoning = False, ""
+            self.thinking, self.reasoning, self.before = False, "", ""
 
     def _refresh(self) -> None:
         if self.thinking:
@@ -170,15 +193,17 @@ class RichView:
         # Show only the tail that fits the screen; earlier lines of a tall block appear when it ends.
         height = max(4, self.console.size.height - 2)
         lines = self.answer.splitlines()
-        shown = "\n".join(lines[-height:]) if len(lines) > height else self.answer
-        self.live.update(self._renderable(shown), refresh=True)
+        if len(lines) > height:
+            self.live.update(self._renderable("\n".join(lines[-height:])), refresh=True)
+        else:
+            self.live.update(self._after(self.answer), refresh=True)
 
     def _flush(self) -> None:
-        """Fold the thinking, and print the block being written for good."""
+        """Fold the thinking, and print the block being written for good (a notice follows it)."""
         self._fold()
         if self.answer.strip():
-            self.live.console.print(self._renderable(self.answer))
-        self.answer = ""
+            self._print(self.answer)
+        self.answer, self.before = "", ""
         self.live.update("", refresh=True)
 
     def finish(self) -> None:
@@ -187,8 +212,13 @@ class RichView:
         self.live.update("", refresh=True)
         self.live.stop()
         if self.answer.strip():
-            self.console.print(self._renderable(self.answer))
-        self.answer = ""
+            self.console.print(self._after(self.answer))
+        self.answer, self.before = "", ""
+
+
+def _plain(line: list[Any]) -> str:
+    """A rendered line's text."""
+    return "".join(segment.text for segment in line)
 
 
 def make_view(console: Any | None, plain: bool, show_think: bool,

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from localgen.cli.chat.echo import EchoOff
+
 
 def restore_state(runner: Any, view: Any) -> None:
     """Load the conversation's saved KV state, so the next turn does not re-read the history."""
@@ -38,6 +40,7 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
     runner.stopping = False  # before Ctrl-C is ours: a press from now on stops this turn, even before it begins
     with _cancel_on_sigint(runner) as pressed:
         try:
+            screen.hold()
             runner.reply(screen.show, lambda call: _approve(call, runner, view, screen), turn)
         except KeyboardInterrupt:  # a second Ctrl-C: stop even inside a long prompt evaluation
             if runner.gen is not None:
@@ -85,16 +88,24 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
 
 
 class _Screen:
-    """The answer's view, made anew after each question to the user (a live region cannot span a prompt)."""
+    """The answer's view, made anew after each question to the user (a live region cannot span a prompt). While
+    it holds the terminal, typed keys are not echoed (echo.py): an echoed `^C` would break the answer's lines."""
 
     def __init__(self, view: Any) -> None:
         self.view = view
         self.out: Any = None
+        self.echo = EchoOff() if view.interactive else None
+
+    def hold(self) -> None:
+        """Take the terminal: from the question sent to the answer's end, or to the next question to the user."""
+        if self.echo is not None:
+            self.echo.off()
 
     def show(self, event: Any) -> None:
         from localgen.cli.chat.render import make_view
 
         if self.out is None:
+            self.hold()
             v = self.view
             self.out = make_view(v.console if v.markdown else None, v.plain or not v.interactive, v.think, v.info)
         self.out.show(event)
@@ -103,6 +114,8 @@ class _Screen:
         if self.out is not None:
             self.out.finish()
             self.out = None
+        if self.echo is not None:
+            self.echo.restore()
 
 
 def _approve(call: Any, runner: Any, view: Any, screen: _Screen) -> bool:

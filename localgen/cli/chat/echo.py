@@ -1,0 +1,51 @@
+"""The terminal's echo of typed keys, off while an answer streams. The terminal echoes Ctrl-C as `^C` (and any
+key as itself) where the cursor is; after a full-width line of the answer's live region that moves the cursor
+to the next row, the region is then redrawn one row too low, and its last frame stays on the screen above the
+answer. Keys typed meanwhile still reach the next prompt; only their echo is held back."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any, TextIO
+
+
+class EchoOff:
+    """off() turns the echo of the terminal on `stream` (stdin by default) off; restore() puts it back as it was.
+    Nothing happens where `stream` is not a terminal, or the platform has no termios."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream
+        self.fd = -1
+        self.saved: list[Any] | None = None  # the terminal's attributes from before off(), while the echo is off
+
+    def off(self) -> None:
+        """Stop echoing keys (a no-op while it is off already)."""
+        if self.saved is not None:
+            return
+        try:
+            import termios
+        except ImportError:  # no termios (Windows): nothing to turn off
+            return
+        try:
+            fd = (self.stream or sys.stdin).fileno()
+            if not os.isatty(fd):
+                return
+            saved = termios.tcgetattr(fd)
+            quiet = list(saved)
+            quiet[3] = saved[3] & ~(termios.ECHO | termios.ECHONL)
+            termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW: keys typed ahead are kept
+        except (OSError, ValueError, termios.error):  # no descriptor, or the terminal refused: the echo stays on
+            return
+        self.fd, self.saved = fd, saved
+
+    def restore(self) -> None:
+        """Echo keys again, as the terminal did before off()."""
+        if self.saved is None:
+            return
+        import termios
+
+        saved, self.saved = self.saved, None
+        with contextlib.suppress(OSError, termios.error):  # the terminal is gone: nothing to put back
+            termios.tcsetattr(self.fd, termios.TCSANOW, saved)
