@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import resource
 import signal
 import subprocess
@@ -270,6 +271,13 @@ def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path
     assert 100 * d["same_top"] == pytest.approx(want["same_top"], abs=0.01)
     assert 100 * d["rms_dp"] == pytest.approx(want["rms_dp"], abs=0.005)
     assert json.loads(r.stdout)["ppl"] == pytest.approx(want["ppl"], rel=1e-3)
+    # without --ctx, the context the file was saved at (its header's); another one is refused in one line
+    own = qcli("perplexity", "-m", str(q8), "-t", "1", "--reference", str(logits), "--json")
+    assert own.returncode == 0, own.stderr
+    assert json.loads(own.stdout)["ctx"] == REF["ctx"] and json.loads(own.stdout)["divergence"]["kld"] == d["kld"]
+    other = qcli("perplexity", "-m", str(q8), "-c", str(2 * REF["ctx"]), "--reference", str(logits))
+    assert other.returncode == 2
+    assert f"the reference was measured at a context of {REF['ctx']}, not {2 * REF['ctx']}" in _one_line(other.stderr)
     # the file is llama-perplexity's format: its header and tokens, its steps (a few in millions may round the
     # other way); and llama-perplexity read localgen's file to the same KL divergence (scales and minimums too)
     import numpy as np
@@ -322,7 +330,45 @@ def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: P
     assert rc == 130, err
     assert "Final estimate: PPL = " in out
     assert "interrupted after" in err and "the logits file was not written" in err and "Traceback" not in err
+    assert err.count("interrupted") == 1, f"one line says it: {err!r}"
     assert list(tmp_path.glob("*kept.logits*")) == []
+
+
+def test_ctrl_c_while_the_reference_model_is_measured_shows_none_of_its_figures(qcli: CLI, smollm2_f16: Path,
+                                                                                test_text: Path) -> None:
+    """--reference MODEL measures that model first: stopped then, the model asked for was not measured, and the
+    reference's PPL is never printed as if it were the result."""
+    p = qcli.popen("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "128", "-b", "128", "-t", "1",
+                   "--reference", str(smollm2_f16), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stderr is not None and p.stdout is not None
+    seen = b""
+    while not re.search(rb"F16\.gguf: \d+/", seen):  # the reference's first windows are measured
+        line = p.stderr.readline()
+        assert line, f"perplexity ended before it could be stopped: {seen!r}"
+        seen += line
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=60)
+    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    assert rc == 130, err
+    assert out == "", "no figure on stdout: the reference's are not the result"
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(r"interrupted while measuring the reference SmolLM2-135M-Instruct-F16\.gguf \(\d+ of \d+ "
+                        r"windows\): smollm2:135m was not measured", last), err
+    assert err.count("interrupted") == 1 and "Traceback" not in err
+    assert list((_home(qcli) / "cache" / "perplexity").iterdir()) == []
+
+
+def test_a_logits_file_that_cannot_be_written_or_read_is_one_line(qcli: CLI, tmp_path: Path) -> None:
+    """Said before any measuring: no window is measured for a file that cannot be kept."""
+    r = qcli("perplexity", "-m", "smollm2:135m", "--save-logits", "/nonexist/x.logits")
+    assert r.returncode == 2 and r.stdout == ""
+    assert _one_line(r.stderr) == ("localgen: error: --save-logits: cannot write /nonexist/x.logits: no such folder "
+                                   "/nonexist")
+    assert "windows" not in r.stderr
+    for missing in ("nope.logits", str(tmp_path / "nope.logits"), "./gone/f16.gguf"):
+        r = qcli("perplexity", "-m", "smollm2:135m", "--reference", missing)
+        assert r.returncode != 0 and r.stdout == ""
+        assert _one_line(r.stderr) == f"localgen: error: no such file: {missing}"
 
 
 # ---- the ladder ------------------------------------------------------------------------------------------------
@@ -380,6 +426,25 @@ def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path,
     assert lines[-1].startswith("fastest within a mean KLD of 0.05: ")
     bad = qcli("bench", "-m", str(q8), "--quality", str(test_text), "--reference", "gemma3:270m")
     assert bad.returncode == 2 and "another vocabulary" in _one_line(bad.stderr)
+
+
+def test_ctrl_c_before_the_ladders_first_row_keeps_no_run(qcli: CLI, smollm2_f16: Path, test_text: Path) -> None:
+    p = qcli.popen("bench", "-m", "smollm2:135m", "--quality", str(test_text), "--reference", str(smollm2_f16),
+                   "-c", "128", "-t", "1", "-p", "8", "-n", "4", "-r", "1", stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE)
+    assert p.stderr is not None and p.stdout is not None
+    seen = b""
+    while not re.search(rb"F16\.gguf: \d+/", seen):  # the reference's first windows are measured
+        line = p.stderr.readline()
+        assert line, f"bench ended before it could be stopped: {seen!r}"
+        seen += line
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=60)
+    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    assert rc == 130 and out == "", err
+    assert err.strip().splitlines()[-1] == "interrupted before the first row: nothing was measured, nothing saved"
+    assert err.count("interrupted") == 1 and "Traceback" not in err
+    assert qcli("bench", "history").stderr == "no benchmark runs yet: localgen bench\n"
 
 
 # ---- create -q and /api/create's quantize ---------------------------------------------------------------------

@@ -134,6 +134,29 @@ def against(engine: Any, reference: Path, s: Settings, text: str | None = None,
         reader.close()
 
 
+def check_writable(path: Path, what: str) -> None:
+    """One clear error, before any measuring, when a file cannot be written at `path`: a folder there, or no folder
+    (or no permission) to write it in."""
+    folder = path.parent
+    if path.is_dir():
+        raise UsageError(f"{what}: {path} is a directory")
+    if not folder.is_dir():
+        raise UsageError(f"{what}: cannot write {path}: no such folder {folder}")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{what}: cannot write {path}: permission denied")
+
+
+def logits_context(path: Path) -> int:
+    """The context a logits file was saved at (its header's), which a measure against it must use."""
+    from localgen.engine import perplexity as ppl
+
+    reader = ppl.LogitsReader(path)
+    try:
+        return reader.n_ctx
+    finally:
+        reader.close()
+
+
 def check_space(folder: Path, need: int, what: str) -> None:
     """One clear error when `folder` has less free space than `need` bytes."""
     free = shutil.disk_usage(folder).free
