@@ -63,6 +63,23 @@ def open_model(ref: ModelRef, s: Settings) -> Any:
     return open_engine(ref, params, verbose=s.verbose)
 
 
+def check_text(ref: ModelRef, text: str, ctx: int) -> None:
+    """Refuse, before anything is made or loaded, a text shorter than two windows of `ctx` in the model's tokens
+    (its vocabulary alone is read: no weights)."""
+    from localgen.engine.perplexity import check_length
+    from localgen.native import model as native_model
+    from localgen.native import vocab as native_vocab
+
+    ptr = native_model.load(ref.path, native_model.ModelOptions(vocab_only=True))
+    if ptr is None:
+        raise LocalgenError(f"llama.cpp cannot read {ref.name}'s vocabulary")
+    try:
+        n = len(native_vocab.tokenize(native_vocab.of_model(ptr), text.encode("utf-8", "replace"), True, False))
+    finally:
+        native_model.free(ptr)
+    check_length(n, ctx)
+
+
 def _run(m: Any, label: str, on_chunk: OnChunk | None) -> Any:
     total = m.w.n_chunk
     try:
