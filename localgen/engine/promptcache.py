@@ -115,8 +115,8 @@ def _stored(folder: Path, stem: str) -> list[Path]:
 
 
 def intact(path: Path) -> bool:
-    """Whether a state's bytes have the SHA-256 its name ends with (read in full: ~1.3 GB/s with SHA-NI,
-    docs/benchmarks.md's costs table)."""
+    """Whether a state's bytes have the SHA-256 its name ends with (the file is read in full, a small part of a
+    hit's time: docs/benchmarks.md, Costs noted in the code)."""
     found = _SHA.search(path.name)
     try:
         with open(path, "rb") as f:
