@@ -249,6 +249,22 @@ def test_chat_resume_restores_the_kv_state(env: dict[str, str]) -> None:
     assert cached == kept_of(saved, prompt) > 64, (saved, prompt, cached)
 
 
+def test_a_chat_s_next_turn_counts_what_its_kv_cache_gave_back(env: dict[str, str], tmp_path: Path) -> None:
+    """A long first message and no long system prompt (nothing for the prompt cache: `skipped`): the second turn
+    reuses the first's KV cache all the same, and says so, with the prompt cache on or off."""
+    long = " ".join(doc(tmp_path, "epsilon", DOC_LINES).read_text().splitlines())
+
+    def second_turn(*args: str) -> tuple[int, int]:
+        r = CLI(env)("chat", *args, "-n", "6", "--temperature", "0", "--stats",
+                     input=f"{long}\nAnd the last mill?\n/stats\n", timeout=180)
+        assert r.returncode == 0, r.stderr
+        return last_turn(r.stderr)
+
+    on, off = second_turn(), second_turn("--no-prompt-cache")
+    assert on == off and on[1] > 64, (on, off)
+    assert states(env) == [], "no prefix of 256 tokens to save"
+
+
 def test_a_damaged_chat_state_is_not_resumed(env: dict[str, str]) -> None:
     """A conversation's saved KV state with flipped bytes is removed, and --resume reads the history again."""
     def chat(*args: str, text: str) -> subprocess.CompletedProcess[str]:

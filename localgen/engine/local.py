@@ -120,7 +120,7 @@ class LocalBackend:
                 cache = "hit" if request.prompt_cache else cache
             elif request.prompt_cache:
                 attached = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn)
-                cache, held_before = attached.status, attached.reused
+                cache, held_before = attached.status, attached.held_before
             elif shared >= MIN_PREFIX:
                 # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row
                 # differently in batches of other sizes, and the text must not depend on the cache.

@@ -52,11 +52,11 @@ def cap_bytes() -> int:
 @dataclass(frozen=True)
 class Attached:
     """What attach_prefix did: `status` as run --json's prompt_cache says it ("hit", "saved", "skipped",
-    "too big", "unwritable"), and `reused`, how many of the prefix's tokens were not evaluated for it (a
-    saved state's, or those the KV cache held already)."""
+    "too big", "unwritable"), and `held_before`, how many of the tokens the KV cache now holds were not
+    evaluated for it (a saved state's, or those it held already); None where it left the KV cache alone."""
 
     status: str
-    reused: int
+    held_before: int | None
 
 
 def _digest(engine: Engine, tokens: list[int] | None = None) -> str:
@@ -70,7 +70,7 @@ def attach_prefix(engine: Engine, prefix: list[int], warn: Callable[[str], None]
     """Make the engine hold `prefix`: from a saved state when there is one, else by evaluating it and
     saving the state (when it fits the cap)."""
     if len(prefix) < MIN_PREFIX:
-        return Attached("skipped", 0)
+        return Attached("skipped", None)
     folder, stem = cache_root(), _digest(engine, prefix)
     for path in _stored(folder, stem):
         if engine.kv.load_state(path) == prefix:
