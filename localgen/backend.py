@@ -19,7 +19,7 @@ class Generation(Protocol):
     finish_reason: FinishReason | None
     stats: Stats | None
     logprobs: list[TokenLogprob]
-    prompt_cache: str  # "hit", "saved", "skipped", "unwritable" or "off"
+    prompt_cache: str  # "hit", "saved", "skipped", "too big", "unwritable" or "off"
 
     def __iter__(self) -> Iterator[Chunk]: ...
     def cancel(self) -> None: ...

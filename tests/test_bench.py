@@ -122,8 +122,10 @@ def test_every_output_format(benv: dict[str, str], bench_here: InProcessCLI) -> 
     rows = list(csv.DictReader(io.StringIO(bench(benv, *args, "-o", "csv").stdout)))
     assert [r["n_prompt"] for r in rows] == ["16", "0"] and float(rows[1]["avg_ts"]) > 0
     assert list(rows[0])[:3] == ["build_commit", "build_number", "cpu_info"]
+    assert "samples_ts" not in rows[0] and "samples_ns" not in rows[0], "CSV leaves them out, as llama-bench's"
     doc = json.loads(bench(benv, *args, "-o", "json").stdout)
     assert isinstance(doc, list) and doc[0]["test"] == "pp16"
+    assert len(doc[0]["samples_ts"]) == len(doc[0]["samples_ns"]) == 1
     default = bench(benv, *args)  # not a terminal: Markdown with the system as comments
     assert default.stdout.startswith("<!-- localgen") and "| model" in default.stdout
     bad = bench_here("bench", *args, "-o", "xml")  # refused before anything loads

@@ -371,3 +371,85 @@ def test_every_how_many_option_is_spelled_n() -> None:
     assert all("-n" in names for names in counts.values()), counts
     bench = {n for o in found["bench"].params for n in o.opts}
     assert {"-r", "--repetitions", "--num-prompts"} <= bench
+
+
+# ---- what a run measured: compare only like with like; Ctrl-C before a result; the model file's path ---------
+
+def _a_quality_run_and_a_speed_run(home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """Two runs in the history: a ladder's (bench --quality) and a speed run, of the same file."""
+    from localgen.bench import history
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(home))
+    system = {"build_commit": "x", "localgen_version": "0"}
+    common = {"model_filename": "/m/model-Q8_0.gguf", "model_name": "model-Q8_0.gguf", "n_threads": 1,
+              "n_gpu_layers": 0, "n_batch": 2048, "n_ubatch": 512, "type_k": "f16", "type_v": "f16"}
+    quality = history.start("localgen bench --quality t.txt --reference f16.gguf -m model-Q8_0.gguf", system)
+    history.add(quality, 0, {**common, "test": "quality", "flash_attn": None, "kld": 0.005, "ppl": 20.1,
+                             "tg_ts": 40.0})
+    speed = history.start("localgen bench -m model-Q8_0.gguf", system)
+    for i, test in enumerate(("pp512", "tg128")):
+        history.add(speed, i, {**common, "test": test, "flash_attn": True, "avg_ts": 100.0 + i})
+    return quality, speed
+
+
+def test_compare_of_a_quality_run_and_a_speed_run_is_one_line_exit_2(cli: CLI, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    quality, speed = _a_quality_run_and_a_speed_run(tmp_path, monkeypatch)
+    c = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path)})
+    for a, b in ((quality, speed), (speed, quality)):
+        for json_flag in ([], ["--json"]):
+            r = c("bench", "compare", str(a), str(b), *json_flag)
+            assert r.returncode == 2 and r.stdout == "", r.stdout
+            line = r.stderr.strip()
+            assert "\n" not in line and "Traceback" not in line
+            kinds = {quality: "quality (PPL and KL divergence: bench --quality)", speed: "speed (t/s)"}
+            assert line == (f"localgen: error: run {a} measured {kinds[a]} and run {b} measured {kinds[b]}: compare "
+                            "two runs that measured the same thing")
+    same = c("bench", "compare", str(speed), str(speed), "--json")  # like with like still compares
+    assert same.returncode == 0 and [r["ratio"] for r in json.loads(same.stdout)["results"]] == [1.0, 1.0]
+
+
+@pytest.mark.slow  # loads SmolLM2 in this process
+def test_ctrl_c_before_the_first_result_says_nothing_was_measured_and_keeps_no_run(
+        own_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during the first model load: the load finishes (never interrupted inside), then nothing is measured,
+    and no empty run is left in the history."""
+    from localgen.engine.llama import Engine
+
+    real_init = Engine.__init__
+
+    def init(self: Engine, *a: Any, **kw: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the model loads
+        time.sleep(0.2)
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(Engine, "__init__", init)
+    r = invoke("bench", "-p", "8", "-n", "0", "-r", "1", "--no-e2e")
+    assert r.exit_code == 130 and r.stdout == ""
+    assert r.stderr == "interrupted before the first result: nothing was measured, nothing saved\n"
+    monkeypatch.undo()
+    listed = invoke("bench", "history")
+    assert listed.stdout == "" and listed.stderr == "no benchmark runs yet: localgen bench\n"
+
+
+def test_a_model_given_by_a_relative_path_is_kept_by_its_absolute_path(cli: CLI, tmp_path: Path,
+                                                                        smollm2_path: Path) -> None:
+    """`compare` pairs rows by the model file's path: runs made in different folders must not pair two files."""
+    (tmp_path / "x.gguf").symlink_to(smollm2_path)
+    c = CLI({**cli.env, "LOCALGEN_HOME": str(knows_the_bandwidth(tmp_path / "home"))})
+    r = c("bench", "-m", "./x.gguf", "-p", "8", "-n", "0", "-r", "1", "-t", "1", "--no-e2e", "-o", "json",
+          cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [rec["model_filename"] for rec in json.loads(r.stdout)] == [str(tmp_path / "x.gguf")]
+    kept = c("bench", "history", str(_run_id(r.stderr)), "-o", "json")
+    assert [rec["model_filename"] for rec in json.loads(kept.stdout)] == [str(tmp_path / "x.gguf")]
+
+
+def test_a_ladder_row_keeps_its_files_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localgen.quant import ladder
+    from localgen.quant import measure as ms
+
+    monkeypatch.chdir(tmp_path)
+    row = ladder.Row("x.gguf", "./x.gguf", "Q8_0", 1, 8.5, 1.0, 1.0, 20.0, 0.1, 0.01, 0.001, 0.1, 0.5, 0.99, 0.01,
+                     "CPU only")
+    assert row.record(ms.Settings(), ladder.Speed(), "default")["model_filename"] == str(tmp_path / "x.gguf")

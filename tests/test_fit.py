@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -187,6 +188,143 @@ def test_fit_prints_the_plan_for_a_described_card(cli_in_process: InProcessCLI,
                        (["--gpu-memory", "24G", "-ot", "exps=CUDA1"], "names GPU 1, and the plan has 1 GPU")):
         bad = cli_in_process("fit", "-m", path, *args)
         assert bad.returncode == 2 and says in bad.stderr, bad.stderr
+
+
+# ---- what fit says of the context, the sizes it takes, a model that is not here -------------------------
+
+
+def _plan_line(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("plan "))
+
+
+def test_a_ctx_over_the_training_context_is_capped_as_run_caps_it(cli: CLI, cli_in_process: InProcessCLI,
+                                                                   smollm2_path: Path) -> None:
+    m = str(smollm2_path)  # trained to 8,192 tokens
+    doc = json.loads(cli_in_process("fit", "-m", m, "--ctx", "100000", "--json").stdout)
+    assert (doc["asked"], doc["asked_by"], doc["ctx"], doc["capped"], doc["shrunk"], doc["largest"]) == (
+        100000, "--ctx", 8192, True, False, False)
+    assert doc["flags"] == "--ctx 8192"
+    r = cli_in_process("fit", "-m", m, "--ctx", "100000")
+    assert r.returncode == 0, r.stderr
+    assert _plan_line(r.stdout).endswith("context 8,192 tokens (100,000 asked, capped at the training context)")
+    # run loads what fit planned: the training context, not the 100,000 asked (and not an error)
+    ran = cli("run", "-m", m, "--ctx", "100000", "-p", "hi", "-n", "1", "--json")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert json.loads(ran.stdout)["load"]["n_ctx"] == doc["ctx"]
+    # rounded up as llama.cpp rounds it; RoPE scaling lifts the cap; a context as asked says so
+    for args, ctx, says in ((["--ctx", "5000"], 5120, "(5,000 asked, rounded up to a multiple of 256)"),
+                            (["--ctx", "100000", "--rope-scaling", "yarn", "--rope-freq-scale", "0.25"], 100096,
+                             "(100,000 asked, rounded up to a multiple of 256)"),
+                            (["--ctx", "4096"], 4096, "(as asked)")):
+        r = cli_in_process("fit", "-m", m, *args)
+        assert r.returncode == 0 and _plan_line(r.stdout).endswith(f"context {ctx:,} tokens {says}"), r.stdout
+        assert not json.loads(cli_in_process("fit", "-m", m, *args, "--json").stdout)["capped"]
+
+
+def test_a_plan_that_fits_nothing_says_so_and_exits_0_as_pull_list_does(
+        cli_in_process: InProcessCLI, smollm2_path: Path, shape_path: Callable[[str], Path]) -> None:
+    m = str(smollm2_path)
+    for args, says in (([], "(shrunk to the floor, still short of RAM)"),
+                       (["--ctx", "8192"], "(8,192 asked, shrunk to the floor, still short of RAM)"),
+                       (["--ctx", "2048"], "(as asked)")):
+        r = cli_in_process("fit", "-m", m, "--ram", "50M", *args)
+        assert r.returncode == 0, r.stderr  # a verdict, as pull --list gives one for each quantization
+        line = _plan_line(r.stdout)
+        assert line.startswith("plan      won't fit · context ") and line.endswith(says), line
+        assert "the largest that fits" not in r.stdout
+        doc = json.loads(cli_in_process("fit", "-m", m, "--ram", "50M", *args, "--json").stdout)
+        assert doc["verdict"] == "won't fit" and not doc["fits"]
+    # layers leave a card too small even at the floor: the floor is not "the largest that fits" either
+    r = cli_in_process("fit", "-m", str(shape_path("dense-8b")), "--gpu-memory", "4G", "--ram", "64G")
+    line = _plan_line(r.stdout)
+    assert line.startswith("plan      partial GPU · context 4,096 tokens") and line.endswith(
+        "(shrunk to the floor, still short of GPU memory)"), line
+    # a card with room for every layer at a smaller context: that one is the largest that fits
+    r = cli_in_process("fit", "-m", str(shape_path("dense-8b")), "--gpu-memory", "8G", "--ram", "64G")
+    assert _plan_line(r.stdout).endswith("(the largest that fits)"), r.stdout
+
+
+def test_run_says_when_the_model_does_not_fit_even_at_the_floor(smollm2_path: Path) -> None:
+    from localgen.models.load import open_engine
+    from localgen.models.resolve import resolve
+
+    ref = resolve(str(smollm2_path))
+    made: list[LoadParams] = []
+    said: list[str] = []
+
+    def factory(ref: Any, params: LoadParams, **kw: Any) -> object:
+        made.append(params)
+        return object()
+
+    tiny = fit.Machine(ram=50 << 20)
+    open_engine(ref, LoadParams(n_ctx=8192), warn=said.append, factory=factory, machine=tiny)
+    hint = f"(`localgen fit -m {ref.name}` shows the plan)"
+    assert made[0].n_ctx == fit.MIN_CTX  # it loads anyway, at the floor
+    assert said == [f"context {fit.MIN_CTX} tokens, not 8192, and the model does not fit RAM even there: "
+                    f"loading it anyway {hint}"]
+    said.clear()
+    open_engine(ref, LoadParams(n_ctx=2048), warn=said.append, factory=factory, machine=tiny)
+    assert made[1].n_ctx == 2048 and said == [f"the model does not fit RAM at 2048 tokens: loading it anyway {hint}"]
+
+
+def test_fit_plans_with_a_presets_context_and_load_settings_as_run_loads_them(cli_env: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    lg = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    text = "FROM smollm2:135m\nPARAMETER num_ctx 2048\nPARAMETER cache_type_k q8_0\n"
+    assert lg("create", "audit-ctx", "-f", "-", input=text).returncode == 0
+    r = lg("fit", "-m", "audit-ctx", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["ctx"], doc["asked"], doc["asked_by"], doc["largest"], doc["flags"]) == (
+        2048, 2048, "preset", False, "--ctx 2048")
+    s = read_summary(doc["model"]["file"])
+    assert doc["devices"][0]["kv"] == footprint.kv_bytes(s, 2048, "q8_0", "f16")  # the preset's K cache type
+    assert _plan_line(lg("fit", "-m", "audit-ctx").stdout).endswith("context 2,048 tokens (the preset's num_ctx)")
+    ran = lg("run", "-m", "audit-ctx", "-p", "hi", "-n", "1", "--json")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    load = json.loads(ran.stdout)["load"]
+    assert (load["n_ctx"], load["cache_type_k"]) == (doc["ctx"], "q8_0")
+    flag = json.loads(lg("fit", "-m", "audit-ctx", "--ctx", "4096", "--json").stdout)  # --ctx wins, as for run
+    assert (flag["ctx"], flag["asked_by"]) == (4096, "--ctx")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--ram", "24G,12G"], "--ram takes one size, such as 64G, not '24G,12G'"),
+    (["--ram", "0"], "--ram must be above 0, not '0'"),
+    (["--ram", "lots"], "--ram takes one size, such as 64G, not 'lots'"),
+    (["--ram", ""], "--ram takes one size, such as 64G, not ''"),
+    (["--gpu-memory", "24G,,12G"], "--gpu-memory has an empty item in '24G,,12G'"),
+    (["--gpu-memory", "24G,"], "--gpu-memory has an empty item in '24G,'"),
+    (["--gpu-memory", ""], "--gpu-memory has an empty item in ''"),
+    (["--gpu-memory", "0,24G"], "--gpu-memory: each GPU's size must be above 0 (a lone 0 means no GPU), not '0,24G'"),
+    (["--gpu-memory", "24G,0"], "--gpu-memory: each GPU's size must be above 0 (a lone 0 means no GPU), not '24G,0'"),
+    (["--gpu-memory", "lots"], "--gpu-memory takes sizes such as 24GB or 24G,12G, not 'lots'"),
+])
+def test_a_bad_size_is_one_line_and_exit_2(cli_in_process: InProcessCLI, smollm2_path: Path, args: list[str],
+                                          says: str) -> None:
+    r = cli_in_process("fit", "-m", str(smollm2_path), *args)
+    assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
+    assert r.stderr.strip() == f"localgen: error: {says}", r.stderr
+    if args[0] == "--ram":  # RAM is one size: no list form suggested (beyond the input echoed)
+        assert not re.search(r"\d\w*,\s*\d", r.stderr.replace(repr(args[1]), "")), r.stderr
+
+
+def test_a_lone_zero_gpu_memory_means_no_gpu(cli_in_process: InProcessCLI, smollm2_path: Path) -> None:
+    doc = json.loads(cli_in_process("fit", "-m", str(smollm2_path), "--gpu-memory", "0", "--json").stdout)
+    assert doc["machine"]["gpus"] == [] and doc["machine"]["gpus_described"] and doc["verdict"] == "CPU only"
+    two = json.loads(cli_in_process("fit", "-m", str(smollm2_path), "--gpu-memory", " 24G , 12G ", "--json").stdout)
+    assert two["machine"]["gpus"] == [24 * GB, 12 * GB]
+
+
+def test_an_unknown_model_is_exit_1_as_for_run_and_show(cli_in_process: InProcessCLI) -> None:
+    codes = {}
+    for args in (["fit", "-m", "nosuch"], ["run", "-m", "nosuch", "-p", "hi"], ["show", "nosuch"]):
+        r = cli_in_process(*args)
+        assert r.stdout == "" and r.stderr.strip().splitlines() == [
+            "localgen: error: unknown model 'nosuch' (see `localgen list --catalogue`; or give owner/repo or a "
+            ".gguf path)"], r.stderr
+        codes[args[0]] = r.returncode
+    assert codes == {"fit": 1, "run": 1, "show": 1}
 
 
 def test_fit_loads_nothing(shape_path: Callable[[str], Path], cli_env: dict[str, str]) -> None:

@@ -431,8 +431,18 @@ def test_pull_list_judges_for_a_described_card_as_fit_does(env: dict[str, str], 
     assert "fit judged for 24.0 GiB described" in table.stdout.splitlines()[0], table.stdout
     bad = lg(env, "pull", "acme/tiny-moe-GGUF", "--gpu-memory", "24GB")
     assert bad.returncode == 2 and "add --list" in bad.stderr
-    bad = lg(env, "pull", "acme/tiny-moe-GGUF", "--list", "--gpu-memory", "lots")
-    assert bad.returncode == 2 and "--gpu-memory takes sizes such as 24GB" in bad.stderr
+    # a quantization that fits nothing is a verdict, not an error (fit exits 0 for one too)
+    starved = lg(env, "pull", "acme/tiny-moe-GGUF", "--list", "--json", "--ram", "1M")
+    assert starved.returncode == 0 and json.loads(starved.stdout)["quantizations"][0]["fit"] == "won't fit"
+    # fit's parser (cli/fit.machine_for): the same one-line usage errors, before the Hub is asked
+    for args, says in ((["--gpu-memory", "lots"], "--gpu-memory takes sizes such as 24GB"),
+                       (["--gpu-memory", "0,24G"], "each GPU's size must be above 0"),
+                       (["--gpu-memory", "24G,,12G"], "--gpu-memory has an empty item in '24G,,12G'"),
+                       (["--ram", "24G,12G"], "--ram takes one size, such as 64G, not '24G,12G'"),
+                       (["--ram", "0"], "--ram must be above 0")):
+        bad = lg(env, "pull", "acme/tiny-moe-GGUF", "--list", *args)
+        assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert says in bad.stderr, (args, bad.stderr)
     assert not blob(env, hub_server.HubFile(moe_path).sha256, "acme/tiny-moe-GGUF").exists()  # nothing pulled
 
 

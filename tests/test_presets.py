@@ -239,10 +239,29 @@ def test_rm_removes_the_preset_never_its_base(pcli: InProcessCLI, tmp_path: Path
     ("bot", "FROM smollm2:135m\nADAPTER /nowhere/lora.gguf\n", ["ADAPTER: the LoRA adapter cannot read"]),
     ("smollm2:135m", "FROM smollm2:135m\n", ["catalogue model's name"]),
     ("a/b", "FROM smollm2:135m\n", ["bad preset name 'a/b'"]),
+    ("bot.gguf", "FROM smollm2:135m\n", ["bad preset name 'bot.gguf'", "means a file"]),
 ])
 def test_create_refuses_in_one_line(pcli: InProcessCLI, name: str, modelfile_text: str, words: list[str]) -> None:
     one_error(pcli("create", name, "-f", "-", input=modelfile_text), *words)
     assert not any(i.get("source") == "preset" for i in json.loads(pcli("list", "--json").stdout))
+
+
+def test_a_relative_from_starts_at_the_modelfiles_folder(pcli: InProcessCLI, tmp_path: Path,
+                                                         smollm2_path: Path) -> None:
+    """As Ollama's: `FROM ./mine.gguf` (or `FROM mine.gguf`) beside the Modelfile, from another directory."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "mine.gguf").symlink_to(smollm2_path)
+    assert not (Path.cwd() / "mine.gguf").exists()  # the test runs elsewhere: only the Modelfile's folder has it
+    for i, line in enumerate(("FROM ./mine.gguf", "FROM mine.gguf")):
+        (folder / "Modelfile").write_text(f"{line}\nPARAMETER temperature 0.2\n")
+        r = pcli("create", f"near{i}", "-f", str(folder / "Modelfile"), "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["base"] == str((folder / "mine.gguf").resolve())
+    (folder / "Modelfile").write_text("FROM ./gone.gguf\n")
+    line = one_error(pcli("create", "far", "-f", str(folder / "Modelfile")), "FROM ./gone.gguf",
+                     f"no such model file: {folder / 'gone.gguf'}", "the Modelfile's folder")
+    assert "Modelfile line 1: " in line
 
 
 def test_create_keeps_what_exists(pcli: InProcessCLI, tmp_path: Path) -> None:

@@ -161,14 +161,44 @@ def test_the_tools_are_a_cached_prefix(env: dict[str, str]) -> None:
     assert kept_at_least(second["stats"])
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncate"])
+def test_cached_tokens_count_only_what_a_cache_gave_back(env: dict[str, str], asked: Asked) -> None:
+    """`cached_tokens` are the prompt tokens not evaluated for this answer because a cache gave them back: none
+    with the cache off or on a miss (the document is evaluated, then the question after it, in one process), the
+    loaded prefix but the rows evaluated again on a hit; `--stats`'s "(N cached)" says the same."""
+    assert asked.off["stats"]["cached_tokens"] == 0, "off: everything was evaluated"  # type: ignore[index]
+    assert asked.saved["stats"]["cached_tokens"] == 0, "a miss: everything was evaluated"  # type: ignore[index]
+    assert kept_at_least(asked.hit["stats"])
+    asked.home_with_the_state(env)
+
+    def stats_line(*args: str) -> str:
+        r = CLI(env)("run", "-n", "6", "--temperature", "0", "--stats", *asked.ask, *args, timeout=180)
+        assert r.returncode == 0, r.stderr
+        return next(ln for ln in r.stderr.splitlines() if "prompt tokens" in ln)
+
+    assert "cached" not in stats_line("--no-prompt-cache")
+    assert f"({asked.hit['stats']['cached_tokens']} cached)" in stats_line()  # type: ignore[index]
+
+
+def damaged(data: bytes, damage: str) -> bytes:
+    """A state file's bytes spoiled: not a state at all, cut short, or 200 of its KV bytes flipped (a file that
+    llama.cpp would load without a word)."""
+    if damage == "garbage":
+        return b"\x00not a state" * 100
+    if damage == "truncate":
+        return data[: len(data) // 3]
+    mid = len(data) // 2
+    return data[:mid] + bytes(b ^ 0x40 for b in data[mid:mid + 200]) + data[mid + 200:]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncate", "flipped"])
 def test_a_bad_state_file_is_removed_not_loaded(env: dict[str, str], asked: Asked, damage: str) -> None:
     data = asked.state_bytes
-    path = asked.home_with_the_state(env, b"\x00not a state" * 100 if damage == "garbage" else data[: len(data) // 3])
+    path = asked.home_with_the_state(env, damaged(data, damage))
     again = run(env, *asked.ask)
     assert again["prompt_cache"] == "saved", "the bad file was dropped and the prefix evaluated again"
     assert again["text"] == asked.saved["text"]
-    assert states(env) == [path] and path.stat().st_size == len(data)
+    assert again["stats"]["cached_tokens"] == 0  # type: ignore[index]
+    assert states(env) == [path] and path.read_bytes() == data, "the state was written again, whole"
 
 
 def test_size_cap_evicts_least_recently_used(env: dict[str, str], asked: Asked, tmp_path: Path) -> None:
@@ -178,6 +208,29 @@ def test_size_cap_evicts_least_recently_used(env: dict[str, str], asked: Asked, 
     run(capped, "-f", str(doc(tmp_path, "delta", DOC_LINES)), "-p", "First mill?")
     remaining = states(env)
     assert len(remaining) == 1 and remaining[0] != first, "the older state was evicted for the newer"
+
+
+def test_a_state_over_the_cap_is_not_kept(env: dict[str, str], asked: Asked, tmp_path: Path) -> None:
+    """A prefix whose state is larger than LOCALGEN_PROMPT_CACHE_MB is not written (and evicts nothing): the run
+    says `too big` and warns once."""
+    other = asked.home_with_the_state(env)
+    capped = {**env, "LOCALGEN_PROMPT_CACHE_MB": "1"}
+    assert len(asked.state_bytes) > 1 << 20
+    r = CLI(capped)("run", "-n", "6", "--temperature", "0", "--json", "-f", str(doc(tmp_path, "delta", DOC_LINES)),
+                    "-p", "First mill?", timeout=180)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["prompt_cache"] == "too big" and out["stats"]["cached_tokens"] == 0
+    assert states(env) == [other], "nothing written, nothing evicted"
+    assert r.stderr.count("LOCALGEN_PROMPT_CACHE_MB") == 1, r.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5"])
+def test_a_bad_cap_is_a_usage_error(env: dict[str, str], value: str) -> None:
+    for command in (["run", "-p", "hi"], ["chat", "x"]):
+        r = CLI({**env, "LOCALGEN_PROMPT_CACHE_MB": value})(*command, "-n", "2", input="hi\n")
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith("localgen: error: LOCALGEN_PROMPT_CACHE_MB") and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_chat_resume_restores_the_kv_state(env: dict[str, str]) -> None:
@@ -194,6 +247,37 @@ def test_chat_resume_restores_the_kv_state(env: dict[str, str]) -> None:
     assert "restored the KV state" in r.stderr
     prompt, cached = last_turn(r.stderr)
     assert cached == kept_of(saved, prompt) > 64, (saved, prompt, cached)
+
+
+def test_a_chat_s_next_turn_counts_what_its_kv_cache_gave_back(env: dict[str, str], tmp_path: Path) -> None:
+    """A long first message and no long system prompt (nothing for the prompt cache: `skipped`): the second turn
+    reuses the first's KV cache all the same, and says so, with the prompt cache on or off."""
+    long = " ".join(doc(tmp_path, "epsilon", DOC_LINES).read_text().splitlines())
+
+    def second_turn(*args: str) -> tuple[int, int]:
+        r = CLI(env)("chat", *args, "-n", "6", "--temperature", "0", "--stats",
+                     input=f"{long}\nAnd the last mill?\n/stats\n", timeout=180)
+        assert r.returncode == 0, r.stderr
+        return last_turn(r.stderr)
+
+    on, off = second_turn(), second_turn("--no-prompt-cache")
+    assert on == off and on[1] > 64, (on, off)
+    assert states(env) == [], "no prefix of 256 tokens to save"
+
+
+def test_a_damaged_chat_state_is_not_resumed(env: dict[str, str]) -> None:
+    """A conversation's saved KV state with flipped bytes is removed, and --resume reads the history again."""
+    def chat(*args: str, text: str) -> subprocess.CompletedProcess[str]:
+        r = CLI(env)("chat", *args, "-n", "6", "--temperature", "0", "--stats", input=text, timeout=180)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    chat("kd", text="Name three rivers of Europe and say where each one meets the sea.\n")
+    [state] = (Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("kd.*.state")
+    state.write_bytes(damaged(state.read_bytes(), "flipped"))
+    r = chat("--resume", "kd", text="And lakes?\n/stats\n")
+    assert "restored the KV state" not in r.stderr and last_turn(r.stderr)[1] == 0, r.stderr
+    assert not state.exists(), "the damaged state was removed"
 
 
 def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp_path: Path) -> None:
@@ -217,4 +301,5 @@ def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp
     assert states(env) == [state] and state.stat().st_ino == made, "the third chat loaded the state"
     prompt, cached = last_turn(hit.stdout + "\n" + hit.stderr)
     assert kept_at_least({"cached_tokens": cached, "prompt_tokens": prompt}), (prompt, cached)
+    assert last_turn(off.stderr)[1] == last_turn(saved.stderr)[1] == 0, "evaluated for the answer: nothing cached"
     assert off.stdout == saved.stdout == hit.stdout and off.stdout.strip()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import resource
 import signal
 import subprocess
@@ -52,6 +53,11 @@ def _home(q: CLI) -> Path:
     return Path(q.env["LOCALGEN_HOME"])
 
 
+def _flat(page: str) -> str:
+    """A docs page with its lines joined by spaces."""
+    return " ".join((ROOT / "docs" / page).read_text(encoding="utf-8").split())
+
+
 def _one_line(err: str) -> str:
     """The one error line (progress lines aside), with no traceback."""
     lines = [x for x in err.splitlines() if x.startswith("localgen") or "Error" in x]
@@ -74,6 +80,12 @@ def test_quantize_writes_what_llama_quantize_writes_and_lists_it(qcli: CLI, smol
     assert sha256_file(Path(doc["path"])) == REF["quantized"][canonical]["sha256"]  # llama-quantize's bytes, all
     listed = {m["name"]: m for m in json.loads(qcli("list", "--json").stdout)}
     assert listed[doc["name"]]["quantization"] == canonical and listed[doc["name"]]["source"] == "quantized"
+    # as quantize.md and models.md say: the source is in --json; plain list's columns are models.md's six
+    assert "`localgen list` shows it (`\"source\": \"quantized\"` in `list --json`)" in _flat("quantize.md")
+    assert "(name, quantization, size, parameters, context, path; `--json` adds" in _flat("models.md")
+    plain = qcli("list").stdout.splitlines()
+    assert plain[0].split() == ["NAME", "QUANT", "SIZE", "PARAMS", "CONTEXT", "WHERE"]
+    assert any(line.split()[:2] == [doc["name"], canonical] for line in plain)
     shown = qcli("show", doc["name"], "--json")
     assert shown.returncode == 0 and json.loads(shown.stdout)["quantization"] == canonical
     ran = qcli("run", "-m", doc["name"], "-p", "Hello", "-n", "2", "--threads", "1")
@@ -144,6 +156,42 @@ def test_bad_input_is_one_line_exit_2(qcli: CLI, smollm2_f16: Path, args: list[s
     assert needle in _one_line(r.stderr)
     folder = _home(qcli) / "data" / "quantized"
     assert not folder.exists() or list(folder.iterdir()) == []
+
+
+def _made(q: CLI) -> list[str]:
+    """The files in the quantized models' folder."""
+    folder = _home(q) / "data" / "quantized"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+@pytest.mark.parametrize("args", [
+    ["quantize", "nope.gguf", "Q4_K_M"], ["quantize", "sub/nope.gguf", "Q8_0"], ["bench", "-m", "nope.gguf"],
+    ["perplexity", "-m", "nope.gguf", "-f", "README.md"], ["run", "-m", "nope.gguf", "-p", "hi"],
+])
+def test_a_name_that_looks_like_a_file_and_is_not_there_is_no_such_file(qcli: CLI, args: list[str]) -> None:
+    """Every command, through models/resolve.py: a .gguf name (with at most one '/') is a path, never a catalogue
+    name ("unknown model")."""
+    name = next(a for a in args if a.endswith(".gguf"))
+    assert not (ROOT / name).exists()
+    r = qcli(*args)
+    assert r.returncode == 1
+    assert _one_line(r.stderr) == f"localgen: error: no such model file: {name}"
+
+
+def test_a_type_by_number_or_alias_is_named_by_the_type_it_stands_for(qcli: CLI, smollm2_f16: Path) -> None:
+    """As `list` names the file: 15 (or Q4_K) makes NAME:q4_k_m, which run -m takes; Q4_K_M then finds it there."""
+    r = qcli("quantize", str(smollm2_f16), "15", "--name", "num", "--json", "-t", "2")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["name"], doc["type"], Path(doc["path"]).name) == ("num:q4_k_m", "Q4_K_M", "num@q4_k_m.gguf")
+    listed = {m["name"]: m for m in json.loads(qcli("list", "--json").stdout)}
+    assert listed["num:q4_k_m"]["quantization"] == "Q4_K_M"
+    assert any(line.split()[:2] == ["num:q4_k_m", "Q4_K_M"] for line in qcli("list").stdout.splitlines())
+    inode = Path(doc["path"]).stat().st_ino
+    for same in ("Q4_K_M", "q4_k"):
+        again = qcli("quantize", str(smollm2_f16), same, "--name", "num")
+        assert again.returncode == 2 and "num@q4_k_m.gguf exists" in _one_line(again.stderr)
+    assert _made(qcli) == ["num@q4_k_m.gguf"] and Path(doc["path"]).stat().st_ino == inode
 
 
 def test_a_full_disk_is_one_line_and_leaves_nothing(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
@@ -270,6 +318,13 @@ def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path
     assert 100 * d["same_top"] == pytest.approx(want["same_top"], abs=0.01)
     assert 100 * d["rms_dp"] == pytest.approx(want["rms_dp"], abs=0.005)
     assert json.loads(r.stdout)["ppl"] == pytest.approx(want["ppl"], rel=1e-3)
+    # without --ctx, the context the file was saved at (its header's); another one is refused in one line
+    own = qcli("perplexity", "-m", str(q8), "-t", "1", "--reference", str(logits), "--json")
+    assert own.returncode == 0, own.stderr
+    assert json.loads(own.stdout)["ctx"] == REF["ctx"] and json.loads(own.stdout)["divergence"]["kld"] == d["kld"]
+    other = qcli("perplexity", "-m", str(q8), "-c", str(2 * REF["ctx"]), "--reference", str(logits))
+    assert other.returncode == 2
+    assert f"the reference was measured at a context of {REF['ctx']}, not {2 * REF['ctx']}" in _one_line(other.stderr)
     # the file is llama-perplexity's format: its header and tokens, its steps (a few in millions may round the
     # other way); and llama-perplexity read localgen's file to the same KL divergence (scales and minimums too)
     import numpy as np
@@ -322,7 +377,45 @@ def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: P
     assert rc == 130, err
     assert "Final estimate: PPL = " in out
     assert "interrupted after" in err and "the logits file was not written" in err and "Traceback" not in err
+    assert err.count("interrupted") == 1, f"one line says it: {err!r}"
     assert list(tmp_path.glob("*kept.logits*")) == []
+
+
+def test_ctrl_c_while_the_reference_model_is_measured_shows_none_of_its_figures(qcli: CLI, smollm2_f16: Path,
+                                                                                test_text: Path) -> None:
+    """--reference MODEL measures that model first: stopped then, the model asked for was not measured, and the
+    reference's PPL is never printed as if it were the result."""
+    p = qcli.popen("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "128", "-b", "128", "-t", "1",
+                   "--reference", str(smollm2_f16), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stderr is not None and p.stdout is not None
+    seen = b""
+    while not re.search(rb"F16\.gguf: \d+/", seen):  # the reference's first windows are measured
+        line = p.stderr.readline()
+        assert line, f"perplexity ended before it could be stopped: {seen!r}"
+        seen += line
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=60)
+    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    assert rc == 130, err
+    assert out == "", "no figure on stdout: the reference's are not the result"
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(r"interrupted while measuring the reference SmolLM2-135M-Instruct-F16\.gguf \(\d+ of \d+ "
+                        r"windows\): smollm2:135m was not measured", last), err
+    assert err.count("interrupted") == 1 and "Traceback" not in err
+    assert list((_home(qcli) / "cache" / "perplexity").iterdir()) == []
+
+
+def test_a_logits_file_that_cannot_be_written_or_read_is_one_line(qcli: CLI, tmp_path: Path) -> None:
+    """Said before any measuring: no window is measured for a file that cannot be kept."""
+    r = qcli("perplexity", "-m", "smollm2:135m", "--save-logits", "/nonexist/x.logits")
+    assert r.returncode == 2 and r.stdout == ""
+    assert _one_line(r.stderr) == ("localgen: error: --save-logits: cannot write /nonexist/x.logits: no such folder "
+                                   "/nonexist")
+    assert "windows" not in r.stderr
+    for missing in ("nope.logits", str(tmp_path / "nope.logits"), "./gone/f16.gguf"):
+        r = qcli("perplexity", "-m", "smollm2:135m", "--reference", missing)
+        assert r.returncode != 0 and r.stdout == ""
+        assert _one_line(r.stderr) == f"localgen: error: no such file: {missing}"
 
 
 # ---- the ladder ------------------------------------------------------------------------------------------------
@@ -361,6 +454,21 @@ def test_the_ladder_measures_each_type_and_keeps_the_rows(qcli: CLI, smollm2_f16
     assert [x["a_kld"] for x in compared["results"]] == [None, rows["Q8_0"]["kld"], rows["Q4_K_M"]["kld"]]
 
 
+def test_the_ladder_refuses_before_it_makes_anything(qcli: CLI, smollm2_f16: Path, test_text: Path,
+                                                     tmp_path: Path) -> None:
+    """A text shorter than two windows (counted in the source's tokens) and a type the source cannot take are
+    refused before the first type is made or the source loaded."""
+    short = tmp_path / "short.txt"
+    short.write_text("Just a few words, far fewer than two windows.\n")
+    r = qcli("quantize", str(smollm2_f16), "--ladder", "Q4_0,Q8_0", "--measure", str(short), "--ctx", "128")
+    assert r.returncode == 2
+    assert "perplexity at a context of 128 needs at least 256 (two windows)" in _one_line(r.stderr)
+    assert "Q4_0" not in r.stderr and _made(qcli) == []
+    r = qcli("quantize", str(smollm2_f16), "--ladder", "Q4_0,IQ2_XXS", "--measure", str(test_text), "--ctx", "128")
+    assert r.returncode == 2 and "IQ2_XXS needs an importance matrix" in _one_line(r.stderr)
+    assert _made(qcli) == []
+
+
 def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path, test_text: Path,
                                                    tmp_path: Path) -> None:
     q8 = tmp_path / "model-Q8_0.gguf"
@@ -382,6 +490,25 @@ def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path,
     assert bad.returncode == 2 and "another vocabulary" in _one_line(bad.stderr)
 
 
+def test_ctrl_c_before_the_ladders_first_row_keeps_no_run(qcli: CLI, smollm2_f16: Path, test_text: Path) -> None:
+    p = qcli.popen("bench", "-m", "smollm2:135m", "--quality", str(test_text), "--reference", str(smollm2_f16),
+                   "-c", "128", "-t", "1", "-p", "8", "-n", "4", "-r", "1", stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE)
+    assert p.stderr is not None and p.stdout is not None
+    seen = b""
+    while not re.search(rb"F16\.gguf: \d+/", seen):  # the reference's first windows are measured
+        line = p.stderr.readline()
+        assert line, f"bench ended before it could be stopped: {seen!r}"
+        seen += line
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=60)
+    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    assert rc == 130 and out == "", err
+    assert err.strip().splitlines()[-1] == "interrupted before the first row: nothing was measured, nothing saved"
+    assert err.count("interrupted") == 1 and "Traceback" not in err
+    assert qcli("bench", "history").stderr == "no benchmark runs yet: localgen bench\n"
+
+
 # ---- create -q and /api/create's quantize ---------------------------------------------------------------------
 
 
@@ -399,6 +526,35 @@ def test_create_q_quantizes_the_from_model_then_makes_the_preset(qcli: CLI, smol
     bad = qcli("create", "other", "-f", str(mf), "-q", "Q4_K_M")
     assert bad.returncode == 1 and "already quantized (Q4_1)" in _one_line(bad.stderr)
     assert "other:q4_k_m" not in {m["name"] for m in json.loads(qcli("list", "--json").stdout)}
+
+
+def test_create_q_checks_everything_first_and_replaces_only_with_force(qcli: CLI, smollm2_f16: Path,
+                                                                       tmp_path: Path) -> None:
+    """A second `create -q` is refused before it quantizes (the preset exists; then, the preset removed, the
+    quantized model exists), and the model made first is the one kept; --force makes both again."""
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f"FROM {smollm2_f16}\nTEMPLATE {{% if %}}\n")
+    bad = qcli("create", "mybot", "-f", str(mf), "-q", "Q4_K_M")
+    assert bad.returncode == 2 and "TEMPLATE does not compile" in _one_line(bad.stderr) and _made(qcli) == []
+    mf.write_text(f"FROM {smollm2_f16}\n")
+    bad = qcli("create", "mybot", "-f", str(mf), "-q", "Q9_X")
+    assert bad.returncode == 2 and "unknown quantization type" in _one_line(bad.stderr) and _made(qcli) == []
+    assert qcli("create", "mybot", "-f", str(mf), "-q", "Q4_K_M").returncode == 0
+    path = _home(qcli) / "data" / "quantized" / "mybot@q4_k_m.gguf"
+    first = path.stat()
+    again = qcli("create", "mybot", "-f", str(mf), "-q", "Q4_K_M")
+    assert again.returncode == 2 and "a preset named 'mybot' exists" in _one_line(again.stderr)
+    assert "quantized to" not in again.stderr and "Q4_K_M mybot" not in again.stderr
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    assert qcli("rm", "mybot", "--yes").returncode == 0
+    again = qcli("create", "mybot", "-f", str(mf), "-q", "Q4_K_M")
+    assert again.returncode == 2 and "the quantized model mybot:q4_k_m exists" in _one_line(again.stderr)
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    assert "mybot" not in {m["name"] for m in json.loads(qcli("list", "--json").stdout)}
+    forced = qcli("create", "mybot", "-f", str(mf), "-q", "q4_k", "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout) == {"name": "mybot", "base": "mybot:q4_k_m"}
+    assert path.stat().st_ino != first.st_ino and _made(qcli) == ["mybot@q4_k_m.gguf"]
 
 
 def test_api_create_quantize(qcli: CLI, smollm2_f16: Path) -> None:
@@ -425,6 +581,15 @@ def test_api_create_quantize(qcli: CLI, smollm2_f16: Path) -> None:
         assert bad.status_code == 400 and "unknown quantization type" in bad.json()["error"]
         path = Path(qcli.env["LOCALGEN_HOME"]) / "data" / "quantized" / "tiny@q8_0.gguf"
         assert sha256_file(path) == REF["quantized"]["Q8_0"]["sha256"]
+        inode = path.stat().st_ino  # the preset removed, its quantized model is kept: made again only with force
+        assert httpx.request("DELETE", f"{s.url}/api/delete", json={"model": "tiny"}, timeout=60).status_code == 200
+        again = {"model": "tiny", "from": "smol-f16:f16", "quantize": "q8_0", "stream": False}
+        refused = httpx.post(f"{s.url}/api/create", timeout=300, json=again)
+        assert refused.status_code == 400 and "tiny:q8_0 exists" in refused.json()["error"]
+        assert path.stat().st_ino == inode
+        forced = httpx.post(f"{s.url}/api/create", timeout=300, json={**again, "force": True})
+        assert forced.status_code == 200, forced.text
+        assert path.stat().st_ino != inode
         gone = httpx.request("DELETE", f"{s.url}/api/delete", json={"model": "tiny:q8_0"}, timeout=60)
         assert gone.status_code == 200, gone.text
         assert not path.exists()

@@ -19,6 +19,10 @@ def test_types_are_llama_quantizes_names_in_any_case_or_its_numbers() -> None:
     assert parse_type("q4_k_m") == ("Q4_K_M", 15) and parse_type("Q8_0") == ("Q8_0", 7)
     assert parse_type("7") == ("Q8_0", 7)
     assert parse_type("copy") == ("COPY", 0) and parse_type("0") == ("F32", 0)  # as llama-quantize: 0 is F32
+    # a number or an alias names the type it stands for, the name `list` shows for the file
+    assert parse_type("15") == parse_type("q4_k") == ("Q4_K_M", 15)
+    assert parse_type("17") == parse_type("Q5_K") == ("Q5_K_M", 17)
+    assert parse_type("12") == parse_type("Q3_K") == ("Q3_K_M", 12)
     with pytest.raises(UsageError) as e:
         parse_type("Q9_X")
     assert e.value.hint is not None and all(t in e.value.hint for t in type_names() if t != "COPY")

@@ -60,6 +60,13 @@ def add(run_id: int, seq: int, record: dict[str, Any]) -> None:
         conn.execute("INSERT INTO results (run_id, seq, record) VALUES (?, ?, ?)", (run_id, seq, json.dumps(record)))
 
 
+def drop(run_id: int) -> None:
+    """Forget a run (one stopped before its first result: nothing to keep)."""
+    with closing(_connect()) as conn, conn:
+        conn.execute("DELETE FROM results WHERE run_id = ?", (run_id,))
+        conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+
+
 @dataclass(frozen=True)
 class Run:
     """A stored run."""
@@ -92,6 +99,16 @@ def get(run_id: int) -> Run:
 def _records(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
     rows = conn.execute("SELECT record FROM results WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
     return [json.loads(r[0]) for r in rows]
+
+
+def measured(run: Run) -> str | None:
+    """What a run measured, in words: a quality ladder's figures (bench --quality, quantize --ladder) or speed (t/s:
+    llama-bench's tests, or a server's from the client); None for a run without results."""
+    if not run.records:
+        return None
+    if any(r.get("test") == "quality" for r in run.records):
+        return "quality (PPL and KL divergence: bench --quality)"
+    return "speed (t/s)"
 
 
 KEY_FIELDS = ("model_filename", "test", "n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn",

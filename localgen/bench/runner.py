@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -146,7 +147,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                                   flash_attn=engine.flash_attn)
         try:
             size, n_params = model_size(engine)
-            model = {"name": ref.name, "filename": ref.path, "type": model_desc(engine), "size": size,
+            model = {"name": ref.name, "filename": os.path.abspath(ref.path), "type": model_desc(engine), "size": size,
                      "n_params": n_params, "moved": engine.load_report.moved}
             # the limit is host memory bandwidth over the weights: meaningless once layers are on a GPU
             limit = bandwidth / size if bandwidth and size and not engine.offloaded else None

@@ -34,8 +34,8 @@ def fit(
     model: o.Model = None,
     context: Annotated[
         int | None, typer.Option("--ctx", "--ctx-size", "-c", min=16, rich_help_panel=o.MODEL_PANEL, show_default=False,
-                                 help="Context per sequence to plan for (default: the largest that fits, up to the "
-                                      "model's training context).")
+                                 help="Context per sequence to plan for (default: a preset's num_ctx, else the largest "
+                                      "that fits, up to the model's training context).")
     ] = None,
     parallel: Annotated[
         int, typer.Option("--parallel", "-np", min=1, max=256, rich_help_panel=o.MODEL_PANEL,
@@ -60,12 +60,15 @@ def fit(
     ref = resolve(model, offline=offline, pull_missing=False)
     load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
     _check_buffers(load, len(machine.gpus))
-    plan = planner.plan(ref.summary, footprint.layout(ref.path), machine, load, ctx=context, parallel=parallel)
-    doc = _doc(ref, plan, context, ram_given=ram is not None)
+    # the context asked: --ctx, else a preset's num_ctx (as run loads it), else none (the largest that fits)
+    asked_by = "--ctx" if context is not None else "preset" if ref.context is not None else None
+    asked = context if context is not None else ref.context
+    plan = planner.plan(ref.summary, footprint.layout(ref.path), machine, load, ctx=asked, parallel=parallel)
+    doc = _doc(ref, plan, asked, asked_by, ram_given=ram is not None)
     if json_out:
         print(json.dumps(doc))
         return
-    _print(doc)
+    _print(doc, _why(plan, asked, asked_by))
 
 
 def machine_for(gpu_memory: str | None, ram: str | None) -> Any:
@@ -73,10 +76,10 @@ def machine_for(gpu_memory: str | None, ram: str | None) -> Any:
     judge by it."""
     from localgen.models import fit as planner
 
-    gpus = _sizes("--gpu-memory", gpu_memory) if gpu_memory is not None else None
-    ram_bytes = _sizes("--ram", ram)[0] if ram is not None else None
+    gpus = _gpu_sizes(gpu_memory) if gpu_memory is not None else None
+    ram_bytes = _ram_size(ram) if ram is not None else None
     if gpus is not None:
-        return planner.described(tuple(g for g in gpus if g), ram_bytes)
+        return planner.described(gpus, ram_bytes)
     if ram_bytes is not None:
         return planner.Machine(ram=ram_bytes, gpus=_this_machine().gpus, described=True)
     return _this_machine()
@@ -94,14 +97,32 @@ def _this_machine() -> Any:
     return planner.this_machine(bool(backend_info()["gpu_offload"]))
 
 
-def _sizes(flag: str, text: str) -> tuple[int, ...]:
+def _gpu_sizes(text: str) -> tuple[int, ...]:
+    """--gpu-memory: one size per GPU, each above 0 (an empty item or a 0 among cards would shift which card
+    CUDA0 names), or a lone 0 for no GPU."""
+    items = [x.strip() for x in text.split(",")]
+    if not all(items):
+        raise UsageError(f"--gpu-memory has an empty item in {text!r}")
     try:
-        sizes = tuple(parse_bytes(x) for x in text.split(",") if x.strip())
+        sizes = tuple(parse_bytes(x) for x in items)
     except ValueError:
-        raise UsageError(f"{flag} takes sizes such as 24GB or 24G,12G, not {text!r}") from None
-    if not sizes:
-        raise UsageError(f"{flag} takes sizes such as 24GB or 24G,12G, not {text!r}")
+        raise UsageError(f"--gpu-memory takes sizes such as 24GB or 24G,12G, not {text!r}") from None
+    if sizes == (0,):
+        return ()
+    if 0 in sizes:
+        raise UsageError(f"--gpu-memory: each GPU's size must be above 0 (a lone 0 means no GPU), not {text!r}")
     return sizes
+
+
+def _ram_size(text: str) -> int:
+    """--ram: one size, above 0."""
+    try:
+        size = parse_bytes(text)
+    except ValueError:
+        raise UsageError(f"--ram takes one size, such as 64G, not {text!r}") from None
+    if size <= 0:
+        raise UsageError(f"--ram must be above 0, not {text!r}")
+    return size
 
 
 def _check_buffers(load: Any, n_gpus: int) -> None:
@@ -115,7 +136,7 @@ def _check_buffers(load: Any, n_gpus: int) -> None:
                              f"{n_gpus or 'no'} GPU{'s' if n_gpus != 1 else ''}")
 
 
-def _doc(ref: Any, plan: Any, asked: int | None, ram_given: bool) -> dict[str, Any]:
+def _doc(ref: Any, plan: Any, asked: int | None, asked_by: str | None, ram_given: bool) -> dict[str, Any]:
     s = ref.summary
     m = plan.machine
     devices = []
@@ -137,14 +158,36 @@ def _doc(ref: Any, plan: Any, asked: int | None, ram_given: bool) -> dict[str, A
                   "weights": s.tensor_bytes, "context_length": s.context_length, "moe": plan.moe},
         "machine": {"ram": m.ram, "gpus": list(m.gpus), "unified": m.unified, "gpus_described": m.described,
                     "ram_described": ram_given},
-        "ctx": plan.ctx, "asked": asked, "largest": asked is None, "shrunk": plan.shrunk, "parallel": plan.parallel,
+        "ctx": plan.ctx, "asked": asked, "asked_by": asked_by, "largest": asked is None, "capped": plan.capped,
+        "shrunk": plan.shrunk, "parallel": plan.parallel,
         "gpu_layers": plan.gpu_layers, "layers_per_gpu": list(plan.layers), "n_cpu_moe": plan.n_cpu_moe,
         "experts_in_ram": plan.experts_in_ram, "fits": plan.fits, "verdict": plan.verdict, "devices": devices,
         "flags": " ".join(flags),
     }
 
 
-def _print(doc: dict[str, Any]) -> None:
+def _why(plan: Any, asked: int | None, asked_by: str | None) -> str:
+    """How the plan's context came to be, as the plan line says it: the training context or the largest that
+    fits (none asked); as asked, capped at the training context, rounded up to llama.cpp's multiple of 256; and
+    shrunk to fit, or to the floor with memory still short there (RAM: the verdict is "won't fit")."""
+    done = []
+    if asked is not None and plan.capped:
+        done.append("capped at the training context")
+    elif asked is not None and plan.asked > asked:
+        done.append("rounded up to a multiple of 256")
+    if plan.shrunk:
+        short = "GPU memory" if plan.fits else "RAM"
+        done.append("shrunk to fit" if plan.whole else f"shrunk to the floor, still short of {short}")
+    if asked is None:
+        if not plan.shrunk:
+            return "the training context"
+        return "the largest that fits" if plan.whole else done[-1]
+    if not done:
+        return "the preset's num_ctx" if asked_by == "preset" else "as asked"
+    return ", ".join([f"{asked:,} asked{' by the preset' if asked_by == 'preset' else ''}", *done])
+
+
+def _print(doc: dict[str, Any], why: str) -> None:
     md, m = doc["model"], doc["machine"]
     trained = f"trained to {md['context_length']:,} tokens" if md["context_length"] else "no training context"
     print(f"model     {md['name']} · {md['architecture']}{' (MoE)' if md['moe'] else ''} · {md['layers']} layers · "
@@ -154,10 +197,6 @@ def _print(doc: dict[str, Any]) -> None:
     kind = "unified memory" if m["unified"] else "GPU memory"
     gpus = f"{kind} {gpus}{' described' if m['gpus_described'] else ''}" if m["gpus"] else gpus
     print(f"machine   RAM {format_bytes(m['ram'])} {how} · {gpus}")
-    if doc["largest"]:
-        why = "the largest that fits" if doc["shrunk"] else "the training context"
-    else:
-        why = f"shrunk from {doc['asked']:,} to fit" if doc["shrunk"] else "as asked"
     seqs = f" × {doc['parallel']} sequences" if doc["parallel"] > 1 else ""
     print(f"plan      {doc['verdict']} · context {doc['ctx']:,} tokens ({why}){seqs}")
     if m["gpus"]:

@@ -40,8 +40,13 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
             found.append(row)
     except KeyboardInterrupt:
         view.end()
+        if not found:  # stopped while the reference was measured: no row, no run to keep
+            history.drop(run_id)
+            err.interrupted("interrupted before the first row: nothing was measured, nothing saved")
+            raise typer.Exit(130) from None
         show(found, kld_bound, json_out, run_id)
-        err.line(f"interrupted; the {len(found)} rows above were measured and kept (run {run_id})")
+        rows = f"{len(found)} row{'s' if len(found) > 1 else ''}"
+        err.interrupted(f"interrupted; the {rows} above were measured and kept (run {run_id})")
         raise typer.Exit(130) from None
     finally:
         view.end()

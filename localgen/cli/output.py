@@ -139,11 +139,12 @@ class ErrWriter:
         """A plain informational line."""
         self._print(text, "dim")
 
-    def interrupted(self) -> None:
-        """The one "interrupted" line of a Ctrl-C (printed once, whoever notices first)."""
+    def interrupted(self, text: str = "interrupted") -> None:
+        """The one "interrupted" line of a Ctrl-C (printed once, whoever notices first): `text` says what was kept
+        where the command knows, and then the exit adds no second line."""
         if not _said["interrupted"]:
             _said["interrupted"] = True
-            self._print("interrupted", "dim")
+            self._print(text, "dim")
 
     def warn(self, text: str) -> None:
         """A warning, always shown."""

@@ -11,10 +11,15 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.errors import UsageError
+from localgen.errors import ModelNotFoundError, UsageError
 
 CtxOpt = Annotated[int, typer.Option("--ctx", "--ctx-size", "-c", min=8,
                                      help="Tokens per window; the second half of each is scored.")]
+# perplexity's: against a logits file, the window is the file's
+MeasureCtxOpt = Annotated[int | None, typer.Option("--ctx", "--ctx-size", "-c", min=8, show_default=False,
+                                                   help="Tokens per window; the second half of each is scored "
+                                                        "(default 512; against a logits file, the context it was "
+                                                        "saved at).")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1,
                                        help="Tokens per llama_decode: batch // ctx windows go together.")]
 UBatchOpt = Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, help="Physical batch size.")]
@@ -32,7 +37,7 @@ TextOpt = Annotated[str | None, typer.Option("--file", "-f", show_default=False,
 def perplexity(
     model: o.Model = None,
     file: TextOpt = None,
-    ctx: CtxOpt = 512,
+    ctx: MeasureCtxOpt = None,
     batch: BatchOpt = 2048,
     ubatch: UBatchOpt = 512,
     chunks: ChunksOpt = None,
@@ -73,27 +78,33 @@ def perplexity(
             save_logits = Path(kl_base)
     if save_logits is not None and reference is not None:
         raise UsageError("--save-logits keeps a reference; --reference measures against one: give one of them")
-    if save_logits is not None and save_logits.is_dir():
-        raise UsageError(f"--save-logits: {save_logits} is a directory")
-    s = ms.Settings(ctx=ctx, batch=batch, ubatch=ubatch, chunks=chunks, threads=threads, gpu_layers=gpu_layers,
-                    verbose=verbose)
-    ref = resolve(model, offline=offline)
+    if save_logits is not None:
+        ms.check_writable(save_logits, "--save-logits")
     ref_file = ref_model = None
     if reference is not None:
         if ms.is_logits_file(reference):
             ref_file = Path(reference)
         elif Path(reference).is_file() and not reference.lower().endswith(".gguf"):
             raise UsageError(f"--reference: {reference} is neither a logits file nor a model")
-        else:
-            ref_model = resolve(reference, offline=offline)
-            ms.same_vocabulary(ref, ref_model)
+        elif not Path(reference).exists() and _names_a_file(reference):
+            raise ModelNotFoundError(f"no such file: {reference}")
+    if ctx is None:  # against a logits file: the context it was saved at, which the measure must use
+        ctx = ms.logits_context(ref_file) if ref_file is not None else 512
+    s = ms.Settings(ctx=ctx, batch=batch, ubatch=ubatch, chunks=chunks, threads=threads, gpu_layers=gpu_layers,
+                    verbose=verbose)
+    ref = resolve(model, offline=offline)
+    if reference is not None and ref_file is None:
+        ref_model = resolve(reference, offline=offline)
+        ms.same_vocabulary(ref, ref_model)
     # a logits file holds its tokens: a text given with it is checked against them
     text = None if ref_file is not None and file is None else (read_text(file) if file else default_text())
     view = ChunkView(json_out)
     out: dict[str, Any] = {"text": file or "default", "ctx": ctx}
     temp = None
+    measuring = ref  # which model the windows under way belong to: an interrupt says so
     try:
         if ref_model is not None:
+            measuring = ref_model
             assert text is not None
             temp = ms.temp_logits("model")
             engine = ms.open_model(ref_model, s)
@@ -103,6 +114,7 @@ def perplexity(
                 engine.close()
             out["reference"] = {"model": ref_model.name, "ppl": base.ppl, "ppl_err": base.ppl_err}
             ref_file = temp
+            measuring = ref
         engine = ms.open_model(ref, s)
         try:
             if ref_file is not None:
@@ -117,13 +129,17 @@ def perplexity(
         view.end()
         from localgen.cli.output import ErrWriter
 
-        err = ErrWriter()
-        if stop.measured is not None:
+        err = ErrWriter()  # the one line of the interrupt: the exit adds no "interrupted" of its own
+        if measuring is not ref:  # the reference's figures are never shown as the model's
+            done = f" ({stop.measured.chunks} of {stop.measured.chunks_total} windows)" if stop.measured else ""
+            err.interrupted(f"interrupted while measuring the reference {measuring.name}{done}: {ref.name} was not "
+                            "measured")
+        elif stop.measured is not None:
             _show(stop.measured, out, json_out)
-            err.line(f"interrupted after {stop.measured.chunks} of {stop.measured.chunks_total} windows: the figures "
-                     "above cover those" + ("; the logits file was not written" if save_logits else ""))
+            err.interrupted(f"interrupted after {stop.measured.chunks} of {stop.measured.chunks_total} windows: the "
+                            "figures above cover those" + ("; the logits file was not written" if save_logits else ""))
         else:
-            err.line("interrupted before the first window was measured")
+            err.interrupted("interrupted before the first window was measured")
         raise typer.Exit(130) from None
     finally:
         view.end()
@@ -132,6 +148,14 @@ def perplexity(
     _show(result, out, json_out)
     if save_logits is not None and not json_out:
         print(f"logits saved to {save_logits}", file=sys.stderr)
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether --reference's value is meant as a file (a path, or a name ending .logits or .gguf), not a model's
+    name: one that is missing is then "no such file"."""
+    from localgen.models import names
+
+    return text.lower().endswith((".logits", ".gguf")) or isinstance(names.parse(text), names.PathSpec)
 
 
 def _show(m: Any, out: dict[str, Any], json_out: bool) -> None:

@@ -85,10 +85,14 @@ def quantize(
         raise UsageError("--ladder keeps each type in localgen's models; -o names one file")
     if name is not None:
         quantized.check_base(name)
+    from localgen.quant import quantize as q
+
+    asked = [type_name] if type_name is not None else [t for t in (ladder_types or "").split(",") if t.strip()]
+    for t in asked:  # the types before the source is found (or pulled)
+        q.parse_type(t)
     ref = resolve(source, offline=offline)
     src = Path(ref.path)
     base = name or quantized.base_for(ref.name if ref.source != "path" else source)
-    from localgen.quant import quantize as q
 
     opts = q.Options(threads=threads or _cores(), allow_requantize=allow_requantize,
                      leave_output_tensor=leave_output_tensor, pure=pure, output_tensor_type=output_tensor_type,
@@ -118,27 +122,31 @@ def target(base: str, type_name: str, output: Path | None) -> tuple[Path, str | 
             out = out / f"{base}-{type_name}.gguf"
         return out, None
     name = quantized.name_of(base, type_name)
-    _no_clash(name)
+    quantized.check_free(name)
     folder = quantized.folder()
     folder.mkdir(parents=True, exist_ok=True)
     return quantized.path_for(name), name
 
 
-def _no_clash(name: str) -> None:
-    from localgen.models import catalogue, presets
-
-    if name in catalogue.load() or presets.exists(name):
-        raise UsageError(f"{name!r} is already a catalogue model or a preset", hint="give another --name")
-
-
 def make(src: Path, type_text: str, base: str, output: Path | None, opts: Any) -> Any:
     """Plan and run one quantization with a progress bar; Ctrl-C removes what it wrote and exits at once."""
-    from localgen.cli.progress import make_progress
+    return run_job(*prepare(src, type_text, base, output, opts))
+
+
+def prepare(src: Path, type_text: str, base: str, output: Path | None, opts: Any) -> tuple[Any, str | None]:
+    """One quantization checked (quant/quantize.py's plan) and its model name, nothing written yet."""
     from localgen.quant import quantize as q
 
     type_name, _ = q.parse_type(type_text)
     out, model_name = target(base, type_name.lower(), output)
-    job = q.plan(src, type_name, out, opts)
+    return q.plan(src, type_name, out, opts), model_name
+
+
+def run_job(job: Any, model_name: str | None) -> Any:
+    """Run a planned quantization with a progress bar; Ctrl-C removes what it wrote and exits at once."""
+    from localgen.cli.progress import make_progress
+    from localgen.quant import quantize as q
+
     try:
         done = q.run(job, make_progress(), label=model_name)
     except KeyboardInterrupt:
@@ -182,19 +190,23 @@ def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_
     from localgen.quant import quantize as q
     from localgen.quant.text import default_text, read_text
 
-    types = [q.parse_type(t)[0] for t in types_text.split(",") if t.strip()]
+    types = list(dict.fromkeys(q.parse_type(t)[0] for t in types_text.split(",") if t.strip()))
     if not types:
         raise UsageError("--ladder: no types given")
     text = read_text(measure_text) if measure_text else default_text()
+    ms.check_text(ref, text, ctx)  # every refusal before the first type is made
     err = ErrWriter()
-    files = []
+    jobs: list[tuple[str, Any]] = []  # (model name, its planned job; None: made earlier, kept)
     for t in types:
         out, model_name = target(base, t.lower(), None)
         assert model_name is not None
-        if out.exists() and not opts.force:
+        jobs.append((model_name, None if out.exists() and not opts.force else prepare(src, t, base, None, opts)[0]))
+    files = []
+    for model_name, job in jobs:
+        if job is None:
             err.line(f"{model_name}: kept (made earlier; --force makes it again)")
         else:
-            done, _ = make(src, t, base, None, opts)
+            done, _ = run_job(job, model_name)
             err.line(f"{model_name}: {done.type_name}, {done.bits_per_weight:.2f} bits per weight")
         files.append(resolve(model_name, offline=True))
     settings = ms.Settings(ctx=ctx, chunks=chunks, threads=threads, gpu_layers=gpu_layers, verbose=verbose)

@@ -25,7 +25,7 @@ class Generation:
 
     def __init__(self, engine: DecodingEngine, prompt: Prompt, sampling: SamplingParams,
                  started: float | None = None, drafter: Any = None, draft_max: int = 6,
-                 logprobs: int | None = None) -> None:
+                 logprobs: int | None = None, held_before: int | None = None) -> None:
         self.engine = engine
         self.prompt = prompt
         self.seed = sampling.seed if sampling.seed is not None else random.getrandbits(31)
@@ -41,6 +41,7 @@ class Generation:
         self.n_logprobs = logprobs
         self.counters: Any = None
         self.prompt_cache = "off"
+        self.held_before = held_before  # of the KV cache's tokens, those a cache gave back (None: all)
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -101,6 +102,8 @@ class Generation:
     def _run(self) -> Iterator[Chunk]:
         eng, seq = self.engine, self.seq
         cached = eng.kv.cached_prefix(self.prompt)
+        if self.held_before is not None:  # a prefix evaluated for this answer just before it: not cached
+            cached = min(cached, self.held_before)
         eng.reset_perf()
         t0 = self._started if self._started is not None else time.perf_counter()
         t_first: float | None = None

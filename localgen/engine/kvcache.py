@@ -173,6 +173,10 @@ class KVCache:
         self._live = True
         logs.raise_deferred()
 
+    def state_size(self) -> int:
+        """The bytes save_state would write now (nothing is written)."""
+        return context.file_size(self._ctx(), len(self._held))
+
     def save_state(self, path: Path) -> int:
         """Write the context's KV state and its tokens atomically; returns the file size."""
         tokens = self._held

@@ -246,10 +246,13 @@ class Engine:
         context.reset_perf(self.ctx)
 
     def generate(self, prompt: Prompt, sampling: SamplingParams, started: float | None = None,
-                 drafter: Any = None, draft_max: int = 6, logprobs: int | None = None) -> Any:
+                 drafter: Any = None, draft_max: int = 6, logprobs: int | None = None,
+                 held_before: int | None = None) -> Any:
         """Start streaming a completion of the prompt (a Generation). Raises ContextOverflowError before any
         work. `started` (a perf_counter time) is when the request began, if prompt work was done before
-        this call (a prompt cache loaded or filled), so time to first token counts it."""
+        this call (a prompt cache loaded or filled), so time to first token counts it; `held_before`, then,
+        how many of the tokens the KV cache holds it held before that work (the rest count as evaluated for
+        this answer, not cached)."""
         from localgen.engine.generate import Generation
 
         if len(prompt.tokens) >= self.n_ctx:
@@ -264,7 +267,7 @@ class Engine:
             )
         if sampling.grammar:
             self.check_grammar(sampling.grammar)
-        return Generation(self, prompt, sampling, started, drafter, draft_max, logprobs)
+        return Generation(self, prompt, sampling, started, drafter, draft_max, logprobs, held_before)
 
     def close(self) -> None:
         """Free the context, the model and the batch (idempotent)."""

@@ -108,6 +108,7 @@ class LocalBackend:
         prompt = self.prompt(request)
         tokens = prompt.tokens
         cache = "skipped" if request.prompt_cache else "off"
+        held_before: int | None = None  # the KV cache's tokens held before this answer (None: all it holds)
         # a prompt shorter than the least cached prefix holds none: its lead is not rendered (most one-shot runs)
         lead = _lead(request) if MIN_PREFIX <= len(tokens) < self.engine.n_ctx else None
         if lead is not None and not prompt.spans:
@@ -118,17 +119,18 @@ class LocalBackend:
                 # held already, by an earlier turn or tool step: evaluating it again would drop what follows it
                 cache = "hit" if request.prompt_cache else cache
             elif request.prompt_cache:
-                cache = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn)
+                attached = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn)
+                cache, held_before = attached.status, attached.held_before
             elif shared >= MIN_PREFIX:
                 # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row
                 # differently in batches of other sizes, and the text must not depend on the cache.
-                self.engine.kv.evaluate(Prompt.text(tokens[:shared]), logits=False)
+                held_before = self.engine.kv.evaluate(Prompt.text(tokens[:shared]), logits=False)
         drafter = self.drafter
         if drafter is not None and prompt.spans:
             drafter = None  # the draft model cannot see the image
             self.warn("speculative decoding is off for a prompt with images or audio")
         gen = self.engine.generate(prompt, request.sampling, started=started, drafter=drafter,
-                                   draft_max=self.draft_max, logprobs=request.logprobs)
+                                   draft_max=self.draft_max, logprobs=request.logprobs, held_before=held_before)
         gen.prompt_cache = cache
         return gen
 

@@ -65,6 +65,13 @@ class Windows:
         return self.n_ctx - 1 - self.first
 
 
+def check_length(n_tokens: int, n_ctx: int) -> None:
+    """A UsageError for a text of `n_tokens` shorter than two windows of `n_ctx`."""
+    if n_tokens < 2 * n_ctx:
+        raise UsageError(f"the text is {n_tokens:,} tokens; perplexity at a context of {n_ctx} needs at least "
+                         f"{2 * n_ctx:,} (two windows)", hint="give a longer text, or a smaller --ctx")
+
+
 def windows(engine: Engine, text: str, n_ctx: int, chunks: int | None = None) -> Windows:
     """The text's windows as llama-perplexity cuts them; a text shorter than two windows is a UsageError."""
     import numpy as np
@@ -73,9 +80,7 @@ def windows(engine: Engine, text: str, n_ctx: int, chunks: int | None = None) ->
         raise UsageError(f"{engine.model.name}'s vocabulary adds an end token to every text: perplexity needs a "
                          "model that predicts text (llama-perplexity refuses it too)")
     tokens = engine.tokenize(text, add_special=True, parse_special=False)
-    if len(tokens) < 2 * n_ctx:
-        raise UsageError(f"the text is {len(tokens):,} tokens; perplexity at a context of {n_ctx} needs at least "
-                         f"{2 * n_ctx:,} (two windows)", hint="give a longer text, or a smaller --ctx")
+    check_length(len(tokens), n_ctx)
     n_chunk = len(tokens) // n_ctx
     if chunks is not None and chunks > 0:
         n_chunk = min(n_chunk, chunks)

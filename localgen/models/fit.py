@@ -82,11 +82,19 @@ class Plan:
     fits: bool
     machine: Machine
     fixed: tuple[str, ...] = ()  # the settings given, which the plan kept
+    capped: bool = False  # the context asked was over the training context, and is capped there as the load caps it
 
     @property
     def shrunk(self) -> bool:
         """Whether the context was made smaller than asked to fit."""
         return self.ctx < self.asked
+
+    @property
+    def whole(self) -> bool:
+        """Whether the plan is the one the shrinking aims at: it fits, with every layer on the GPU where there is
+        one (or as many as --gpu-layers gave). Shrunk to the floor and still not whole: memory is short there."""
+        return self.fits and (not self.machine.gpus or self.gpu_layers >= self.n_layer + 1
+                              or "gpu_layers" in self.fixed)
 
     @property
     def experts_in_ram(self) -> int:
@@ -122,8 +130,9 @@ def plan(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPara
     train = s.context_length or MIN_CTX
     stretched = bool(load.rope_scaling or load.rope_freq_scale)
     top = cells(ctx if ctx is not None else train)
-    if not stretched:
-        top = min(top, cells(train))  # the load caps it there too (engine/defaults.py)
+    capped = not stretched and top > cells(train)
+    if capped:
+        top = cells(train)  # the load caps it there too (engine/defaults.py)
     asked = top
     floor = min(top, MIN_CTX)
     fixed = tuple(name for name, given in (
@@ -131,25 +140,21 @@ def plan(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPara
         ("placement", bool(load.override_tensor or load.cpu_moe or load.n_cpu_moe is not None))) if given)
 
     def at(c: int) -> Plan:
-        return _place(s, weights, machine, dataclasses.replace(load, n_ctx=c), c, asked, parallel, n_layer, fixed)
+        p = _place(s, weights, machine, dataclasses.replace(load, n_ctx=c), c, asked, parallel, n_layer, fixed)
+        return dataclasses.replace(p, capped=capped)
 
     best = at(top)
-    if best.fits and (not machine.gpus or best.gpu_layers >= n_layer + 1 or "gpu_layers" in fixed):
+    if best.whole or not shrink or top <= floor:
         return best
-    if not shrink or top <= floor:
-        return best
-    # the largest context (a multiple of 256) at which every layer stays on the GPU (with a GPU) or the
-    # model fits (without), between the floor and the top
-    def good(p: Plan) -> bool:
-        return p.fits and (not machine.gpus or p.gpu_layers >= n_layer + 1 or "gpu_layers" in fixed)
-
+    # the largest context (a multiple of 256) at which the plan is whole: every layer stays on the GPU (with a
+    # GPU) or the model fits (without), between the floor and the top
     low = at(floor)
-    if not good(low):
+    if not low.whole:
         return low  # at the floor: layers leave the GPU, or it does not fit at all
-    lo, hi = floor // 256, top // 256  # low is good, hi is not
+    lo, hi = floor // 256, top // 256  # low is whole, hi is not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if good(at(mid * 256)):
+        if at(mid * 256).whole:
             lo = mid
         else:
             hi = mid

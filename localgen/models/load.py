@@ -41,10 +41,14 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
         parallel = max(1, -(-kv_tokens // params.n_ctx)) if kv_tokens else 1
         plan = fit.plan(ref.summary, footprint.layout(ref.path), machine or fit.this_machine(offload), params,
                         ctx=params.n_ctx, parallel=parallel)
-        if plan.shrunk:
+        see = f"(`localgen fit -m {ref.name}` shows the plan)"
+        if not plan.fits:  # its verdict is "won't fit"; the load is tried all the same (mapped weights may page)
+            warn(f"context {plan.ctx} tokens, not {plan.asked}, and the model does not fit RAM even there: "
+                 f"loading it anyway {see}" if plan.shrunk else
+                 f"the model does not fit RAM at {plan.ctx} tokens: loading it anyway {see}")
+        elif plan.shrunk:
             where = "the GPU" if plan.machine.gpus else "RAM"
-            warn(f"context {plan.ctx} tokens, not {plan.asked}: at {plan.asked} the model does not fit {where} "
-                 f"(`localgen fit -m {ref.name}` shows the plan)")
+            warn(f"context {plan.ctx} tokens, not {plan.asked}: at {plan.asked} the model does not fit {where} {see}")
         params = plan.load(params)
         cpu_only = offload and plan.gpu_layers == 0 and "gpu_layers" not in plan.fixed
     while True:

@@ -1,6 +1,6 @@
 """The subset of Ollama's Modelfile that localgen reads and writes: FROM, PARAMETER, SYSTEM, TEMPLATE,
 MESSAGE and ADAPTER (a LoRA adapter GGUF, by path: relative to the Modelfile's folder, absolute where the text
-has no folder, as over HTTP).
+has no folder, as over HTTP). A relative FROM path starts at the Modelfile's folder too, as Ollama's.
 
 Syntax as Ollama's: one instruction per line, its name in any case; `#` starts a comment line; a value is
 bare text, a "quoted string" (with \\" \\\\ and \\n escapes) or a \"\"\"multi-line string\"\"\". PARAMETER takes
@@ -56,7 +56,8 @@ class _Lines:
 
 def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Modelfile:
     """Parse and check a Modelfile; a UsageError names the line of the first problem. `folder`: where a
-    relative ADAPTER path starts (the Modelfile's own folder); None: ADAPTER takes absolute paths only."""
+    relative FROM or ADAPTER path starts (the Modelfile's own folder); None: ADAPTER takes absolute paths only,
+    and a relative FROM path is left as it is (the current directory's)."""
     src = _Lines(checked(text, where), where)
     got = _Found()
     while src.i < len(src.lines):
@@ -85,11 +86,13 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Mo
         value = _value(src, rest, number, instr)
         if instr == "ADAPTER":
             got.adapters.append(_adapter(src, number, value, folder))
-        elif instr in got.single:
+            continue
+        if instr == "FROM":
+            value = _from(src, number, value, folder)
+        if instr in got.single:
             raise src.error(number, "a second FROM: a Modelfile has one base model" if instr == "FROM"
                             else f"a second {instr}")
-        else:
-            got.single[instr] = value
+        got.single[instr] = value
     if "FROM" not in got.single:
         raise UsageError(f"{where}: no FROM line: name the base model, e.g. FROM smollm2:135m")
     for name, values in got.repeated.items():
@@ -160,6 +163,24 @@ def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, g
         got.load[knob] = settings.parse_load_text(key, value)[1]
     except UsageError as e:
         raise src.error(number, f"PARAMETER {key}: {e.message}") from None
+
+
+def _from(src: _Lines, number: int, value: str, folder: Path | None) -> str:
+    """FROM's model; a relative file path starts at the Modelfile's folder, as Ollama's (kept absolute). A path is
+    a name that looks like one (./m.gguf, m.gguf: models/names.py) or a file there; anything else is a model name.
+    Without a folder (stdin) a path is left to the current directory."""
+    from localgen.models.names import looks_like_path
+
+    path = Path(value).expanduser()
+    if folder is None or path.is_absolute():
+        return value
+    there = folder / path
+    if not looks_like_path(value) and not there.exists():
+        return value
+    if not there.exists():
+        raise src.error(number, f"FROM {value}: no such model file: {there} (a relative FROM starts at the "
+                                "Modelfile's folder)")
+    return str(there.resolve())
 
 
 def _adapter(src: _Lines, number: int, value: str, folder: Path | None) -> str:

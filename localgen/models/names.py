@@ -3,7 +3,7 @@
   smollm2:135m, qwen2.5:7b@Q8_0       catalogue name, optional @QUANT
   owner/repo, owner/repo:Q4_K_M       Hugging Face repo, optional :QUANT (also hf.co/..., huggingface.co/...)
   owner/repo/path/file.gguf           one file of a repo
-  ./model.gguf, /abs/model.gguf, ~/m.gguf, or any existing file: a local path
+  ./model.gguf, /abs/model.gguf, ~/m.gguf, model.gguf, dir/model.gguf, or any existing file: a local path
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def parse(text: str, local: bool = True) -> Spec:
                              "(owner/repo)")
     else:
         p = Path(name).expanduser()
-        if name.startswith(("/", "./", "../", "~")) or _exists(p):
+        if looks_like_path(name) or _exists(p):
             return PathSpec(p)
     lowered = name.lower()
     for prefix in HF_PREFIXES:
@@ -81,9 +81,17 @@ def parse(text: str, local: bool = True) -> Spec:
     if "/" not in name:
         base, _, quant = name.partition("@")
         return CatalogueSpec(base, quant or None)
-    if local and name.lower().endswith(".gguf") and name.count("/") == 1:
-        return PathSpec(Path(name).expanduser())  # models/foo.gguf: a relative path that does not exist
     return _hub(name, text)
+
+
+def looks_like_path(text: str) -> bool:
+    """Whether a name is a file path by its look alone, there or not: it starts with /, ./, ../ or ~, or it ends in
+    .gguf with at most one '/' (nope.gguf, models/foo.gguf; owner/repo/file.gguf is a Hub repo's file). Such a
+    name that is not there is "no such model file", never an unknown catalogue model."""
+    name = text.strip()
+    if name.lower().startswith(HF_PREFIXES):
+        return False
+    return name.startswith(("/", "./", "../", "~")) or (name.lower().endswith(".gguf") and name.count("/") <= 1)
 
 
 def _exists(p: Path) -> bool:

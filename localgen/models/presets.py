@@ -54,6 +54,8 @@ def check_name(name: str) -> str:
     if not NAME.fullmatch(name):
         raise UsageError(f"bad preset name {name!r}: use letters, digits, '.', '_', '-' and an optional ':tag', "
                          "e.g. mybot or mybot:short")
+    if name.lower().endswith(".gguf"):  # models/names.py reads such a name as a file's path
+        raise UsageError(f"bad preset name {name!r}: a name ending in .gguf means a file", hint="e.g. mybot")
     return name
 
 
@@ -125,7 +127,7 @@ def save(p: Preset, replace: bool) -> None:
     saves racing for one name (two /api/create, or one beside `localgen create`) exactly one succeeds."""
     path = _file(p.name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    exists = PresetExists(f"a preset named {p.name!r} exists", hint="--force replaces it; localgen rm removes it")
+    exists = _exists(p.name)
     if path.exists() and not replace:
         raise exists
     text = json.dumps(_to_json(p), indent=2) + "\n"
@@ -210,6 +212,17 @@ def copied(src: str, dst: str, lookup: BaseLookup) -> Preset:
         spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup)
         p = Preset(dst, spec)
     return dataclasses.replace(p, name=dst)
+
+
+def _exists(name: str) -> PresetExists:
+    return PresetExists(f"a preset named {name!r} exists", hint="--force replaces it; localgen rm removes it")
+
+
+def refuse_existing(name: str, replace: bool) -> None:
+    """A PresetExists when a preset of that name is here and `replace` is not given: what save refuses, asked
+    before work that comes first (create -q's quantization)."""
+    if not replace and exists(name):
+        raise _exists(name)
 
 
 def exists(name: str) -> bool:

@@ -129,6 +129,13 @@ def save_file(ctx: Any, path: str | os.PathLike[str], tokens: list[int]) -> bool
     return bool(lc.llama_state_save_file(ctx, os.fsencode(path), arr, len(tokens)))
 
 
+def file_size(ctx: Any, n_tokens: int) -> int:
+    """The bytes save_file would write for the context's state and `n_tokens` tokens, without writing them:
+    llama.cpp's session header (magic, version, token count: three uint32), the tokens, then the state
+    (llama_state_get_size counts it without copying it)."""
+    return 12 + 4 * n_tokens + int(lib().llama_state_get_size(ctx))
+
+
 def load_file(ctx: Any, path: str | os.PathLike[str], cap: int) -> list[int] | None:
     """Restore a saved state of up to `cap` tokens; its tokens, or None where it does not load (or an OSError)."""
     lc = lib()

@@ -24,6 +24,7 @@ class ModelOptions:
     load_mode: int | None = None  # None: llama.cpp's default (mmap)
     no_devices: bool = False  # the CPU alone: no device of any backend, not even for compute buffers
     overrides: tuple[tuple[str, str], ...] = ()  # (pattern, buffer type name): tensor_buft_overrides, in order
+    vocab_only: bool = False  # the vocabulary alone, no weights (to tokenize, in a moment and no memory)
 
 
 class _BuftOverride(ctypes.Structure):
@@ -40,6 +41,7 @@ def load(path: str, options: ModelOptions) -> Any:
     mp.use_extra_bufts = options.use_extra_bufts
     mp.split_mode = options.split_mode
     mp.main_gpu = options.main_gpu
+    mp.vocab_only = options.vocab_only
     keep: list[Any] = []  # arrays the params point at, alive until the load is done
     if options.tensor_split:
         n = max(int(lc.llama_max_devices()), len(options.tensor_split))

@@ -61,16 +61,27 @@ _NO_TYPE = 43  # GGML_TYPE_COUNT: "the rule's type" in llama_model_quantize_para
 
 def file_type(text: str) -> tuple[str, int] | None:
     """llama-quantize's name and llama_ftype for what a user typed (a name in any case, or the number), or None;
-    as its try_parse_ftype reads them."""
+    as its try_parse_ftype reads them. An alias (Q3_K, Q4_K, Q5_K) and a number give the canonical name
+    (15 and Q4_K give Q4_K_M), the one `list` shows for the file, so one type has one name everywhere."""
     want = text.strip().upper()
-    for name, ftype, _ in FTYPES:
-        if name == want:
-            return name, ftype
-    try:
-        number = int(want)
-    except ValueError:
+    found = next(((name, ftype) for name, ftype, _ in FTYPES if name == want), None)
+    if found is None:
+        try:
+            number = int(want)
+        except ValueError:
+            return None
+        found = next(((name, ftype) for name, ftype, _ in FTYPES if ftype == number), None)
+    if found is None:
         return None
-    return next(((name, ftype) for name, ftype, _ in FTYPES if ftype == number), None)
+    return canonical(found[0]), found[1]
+
+
+def canonical(name: str) -> str:
+    """The type an alias stands for (Q4_K → Q4_K_M); any other name as it is."""
+    for other, _, about in FTYPES:
+        if other == name and about.startswith("alias for "):
+            return about.removeprefix("alias for ")
+    return name
 
 
 def ggml_types() -> dict[str, int]:

@@ -5,6 +5,7 @@ whether it fits this machine at the asked context. A closing verdict names the f
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,7 +52,9 @@ class Row:
 
     def record(self, settings: ms.Settings, speed: Speed, text: str) -> dict[str, Any]:
         """The row as a bench history record (test "quality")."""
-        return {"test": QUALITY_TEST, "model_filename": self.path, "model_name": self.model, **asdict(self),
+        # the file's absolute path, as bench's rows keep it: `bench compare` pairs rows by it
+        return {"test": QUALITY_TEST, "model_filename": os.path.abspath(self.path), "model_name": self.model,
+                **asdict(self),
                 "n_ctx": settings.ctx, "n_prompt": speed.n_prompt, "n_gen": speed.n_gen, "text": text,
                 "n_threads": speed.threads, "n_gpu_layers": settings.gpu_layers, "n_batch": settings.batch,
                 "n_ubatch": settings.ubatch, "flash_attn": None, "type_k": "f16", "type_v": "f16"}

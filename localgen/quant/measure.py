@@ -63,6 +63,23 @@ def open_model(ref: ModelRef, s: Settings) -> Any:
     return open_engine(ref, params, verbose=s.verbose)
 
 
+def check_text(ref: ModelRef, text: str, ctx: int) -> None:
+    """Refuse, before anything is made or loaded, a text shorter than two windows of `ctx` in the model's tokens
+    (its vocabulary alone is read: no weights)."""
+    from localgen.engine.perplexity import check_length
+    from localgen.native import model as native_model
+    from localgen.native import vocab as native_vocab
+
+    ptr = native_model.load(ref.path, native_model.ModelOptions(vocab_only=True))
+    if ptr is None:
+        raise LocalgenError(f"llama.cpp cannot read {ref.name}'s vocabulary")
+    try:
+        n = len(native_vocab.tokenize(native_vocab.of_model(ptr), text.encode("utf-8", "replace"), True, False))
+    finally:
+        native_model.free(ptr)
+    check_length(n, ctx)
+
+
 def _run(m: Any, label: str, on_chunk: OnChunk | None) -> Any:
     total = m.w.n_chunk
     try:
@@ -130,6 +147,29 @@ def against(engine: Any, reference: Path, s: Settings, text: str | None = None,
             return _run(m, engine.model.name, on_chunk)
         finally:
             m.close()
+    finally:
+        reader.close()
+
+
+def check_writable(path: Path, what: str) -> None:
+    """One clear error, before any measuring, when a file cannot be written at `path`: a folder there, or no folder
+    (or no permission) to write it in."""
+    folder = path.parent
+    if path.is_dir():
+        raise UsageError(f"{what}: {path} is a directory")
+    if not folder.is_dir():
+        raise UsageError(f"{what}: cannot write {path}: no such folder {folder}")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{what}: cannot write {path}: permission denied")
+
+
+def logits_context(path: Path) -> int:
+    """The context a logits file was saved at (its header's), which a measure against it must use."""
+    from localgen.engine import perplexity as ppl
+
+    reader = ppl.LogitsReader(path)
+    try:
+        return reader.n_ctx
     finally:
         reader.close()
 

@@ -288,27 +288,35 @@ def abandon(job: QuantizeJob) -> None:
 
 
 def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "Modelfile",
-               opts: Options | None = None, progress: Progress | None = None) -> tuple[str, str]:
+               opts: Options | None = None, progress: Progress | None = None, force: bool = False,
+               folder: Path | None = None) -> tuple[str, str]:
     """`create NAME -q TYPE` (and /api/create's `quantize`), as Ollama's: the Modelfile's FROM (an F16, BF16 or F32
     model here, through `lookup`) quantized into localgen's models as BASE:TYPE (BASE from NAME), and the Modelfile
-    given back FROM that. Returns (the quantized model's name, the Modelfile text)."""
+    given back FROM that. Returns (the quantized model's name, the Modelfile text). Every refusal comes before the
+    quantization: the type, the preset's checks (against the source), a preset of that name and a quantized model of
+    that name (both replaced only with `force`), the source and the disk (plan's). `folder`: the Modelfile's."""
     import dataclasses
 
-    from localgen.models import modelfile, quantized
-    from localgen.models.presets import check_name
+    from localgen.models import modelfile, presets, quantized
 
-    check_name(name)
-    spec = modelfile.parse(text, where)
+    presets.check_name(name)
     type_name, _ = parse_type(type_text)
+    presets.refuse_existing(name, force)
+    presets.made(name, text, lookup, where, folder)  # the preset's own checks, on the source: it takes its place
+    spec = modelfile.parse(text, where, folder)
     base = quantized.base_for(name)
     made = quantized.name_of(base, type_name)
     if made == name.lower():
         raise UsageError(f"{name!r} would name both the preset and its quantized model",
                          hint=f"name the preset without the type, e.g. {base}")
-    ref = lookup(spec.base)
+    quantized.check_free(made)
     out = quantized.path_for(made)
+    if out.exists() and not force:
+        raise UsageError(f"the quantized model {made} exists", hint=f"--force makes it again and replaces the "
+                         f"preset; or FROM {made} without -q")
+    ref = lookup(spec.base)
     out.parent.mkdir(parents=True, exist_ok=True)
-    job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=True), spec.base)
+    job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=force), spec.base)
     try:
         run(job, progress)
     except BaseException:

@@ -118,8 +118,8 @@ def _preset_routes(state: ServeState) -> list[Route]:
                 from localgen.quant.quantize import for_preset
 
                 made, text = await asyncio.to_thread(for_preset, name, text, quantize, _lookup(state, assemble=True),
-                                                     "the request")
-                lines.append({"status": f"quantizing to {quantize.upper()}: {made}"})
+                                                     "the request", force=force)
+                lines.append({"status": f"quantizing to {made.partition(':')[2].upper()}: {made}"})
             preset = await asyncio.to_thread(presets.made, name, text, _lookup(state), "the request")
         except LocalgenError as e:
             raise HTTPError(404 if isinstance(e, ModelNotFoundError) else 400, e.message) from None

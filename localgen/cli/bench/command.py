@@ -188,7 +188,11 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
                 client.close()
     except KeyboardInterrupt:
         view.end()
-        err.line("interrupted; the results above were measured and kept")
+        if not results:
+            history.drop(run_id)
+            err.interrupted("interrupted before the first result: nothing was measured, nothing saved")
+        else:
+            err.interrupted("interrupted; the results above were measured and kept")
         raise typer.Exit(130) from None
     finally:
         view.end()
@@ -322,8 +326,12 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
             interrupted = True
         finally:
             view.end()
-    emit(results, system, output)
     err = ErrWriter()
+    if interrupted and not results:  # stopped before the first result (in a model load, say): an empty run goes
+        history.drop(run_id)
+        err.line("interrupted before the first result: nothing was measured, nothing saved")
+        raise typer.Exit(130)
+    emit(results, system, output)
     err.line(f"saved as run {run_id}: localgen bench history {run_id}")
     if interrupted:
         err.line("interrupted; the results above were measured and kept")
@@ -372,6 +380,10 @@ def compare_cmd(
     from localgen.bench import history
 
     ra, rb = history.get(a), history.get(b)
+    ka, kb = history.measured(ra), history.measured(rb)
+    if ka and kb and ka != kb:  # their figures have nothing in common to set side by side
+        raise UsageError(f"run {a} measured {ka} and run {b} measured {kb}: compare two runs that measured the same "
+                         "thing")
     pairs = history.compare(ra, rb)
     from localgen.cli import ladderview
 

@@ -12,6 +12,8 @@ import typer
 from localgen.errors import UsageError
 
 Force = Annotated[bool, typer.Option("--force", help="Replace a preset of that name.")]
+CreateForce = Annotated[bool, typer.Option("--force", help="Replace a preset of that name (and with -q, the "
+                                                            "quantized model NAME:TYPE).")]
 Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
 
 
@@ -21,7 +23,7 @@ def create(
         str, typer.Option("--file", "-f", show_default=False,
                           help="The Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE, ADAPTER); - reads stdin.")
     ],
-    force: Force = False,
+    force: CreateForce = False,
     json_out: Json = False,
     quantize: Annotated[str | None, typer.Option(
         "--quantize", "-q", show_default=False, metavar="TYPE",
@@ -49,12 +51,12 @@ def create(
 
         try:
             made, text = q.for_preset(name, text, quantize, _on_disk, where,
-                                      q.Options(threads=hardware.usable_cores()), make_progress())
+                                      q.Options(threads=hardware.usable_cores()), make_progress(), force, folder)
         except KeyboardInterrupt:
             from localgen.cli.quantize import exit_now
 
             exit_now("interrupted: nothing was written (llama.cpp's call cannot be stopped, so localgen exits at once)")
-        print(f"{made}  quantized to {quantize.upper()}", file=sys.stderr)
+        print(f"{made}  quantized to {made.partition(':')[2].upper()}", file=sys.stderr)
     preset = create_preset(name, text, _on_disk, where=where, force=force, folder=folder)
     _done(preset, json_out)
 

@@ -96,6 +96,10 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
     endpoints, model = endpoints_for(args.remote, args.model)
     if endpoints:
         _check_remote(args, rules)
+    else:  # a model loaded here keeps prompt and conversation states within LOCALGEN_PROMPT_CACHE_MB
+        from localgen.engine.promptcache import cap_bytes
+
+        cap_bytes()
     tools = args.tools
     if tools.any:
         dropped = [flag for flag, on in (*rules.with_tools, ("a grammar or JSON schema", bool(formats)),
