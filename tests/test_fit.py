@@ -244,17 +244,24 @@ def test_a_plan_that_fits_nothing_says_so_and_exits_0_as_pull_list_does(
     assert _plan_line(r.stdout).endswith("(the largest that fits)"), r.stdout
 
 
+def _recording_loads() -> tuple[list[LoadParams], list[str], Any]:
+    """What open_engine would load (each LoadParams), what it says, and the factory that records the loads instead
+    of making them."""
+    made: list[LoadParams] = []
+
+    def factory(ref: Any, params: LoadParams, **kw: Any) -> object:
+        made.append(params)
+        return object()
+
+    return made, [], factory
+
+
 def test_run_says_when_the_model_does_not_fit_even_at_the_floor(smollm2_path: Path) -> None:
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
 
     ref = resolve(str(smollm2_path))
-    made: list[LoadParams] = []
-    said: list[str] = []
-
-    def factory(ref: Any, params: LoadParams, **kw: Any) -> object:
-        made.append(params)
-        return object()
+    made, said, factory = _recording_loads()
 
     tiny = fit.Machine(ram=50 << 20)
     open_engine(ref, LoadParams(n_ctx=8192), warn=said.append, factory=factory, machine=tiny)
@@ -346,12 +353,7 @@ def test_run_loads_by_the_plan_and_says_when_it_shrinks_the_context(smollm2_path
     from localgen.models.resolve import resolve
 
     ref = resolve(str(smollm2_path))
-    made: list[LoadParams] = []
-    said: list[str] = []
-
-    def factory(ref: Any, params: LoadParams, **kw: Any) -> object:
-        made.append(params)
-        return object()
+    made, said, factory = _recording_loads()
 
     w = footprint.layout(ref.path)
     need_8k = fit.plan(ref.summary, w, fit.Machine(ram=64 * GB), LoadParams(n_ctx=8192), ctx=8192).footprint.total

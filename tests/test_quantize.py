@@ -381,21 +381,27 @@ def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: P
     assert list(tmp_path.glob("*kept.logits*")) == []
 
 
+def _stopped_in_the_reference(q: CLI, *args: str) -> tuple[int, str, str]:
+    """The command stopped with Ctrl-C once its --reference F16 has measured its first windows: (exit status,
+    stdout, stderr)."""
+    p = q.popen(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stderr is not None and p.stdout is not None
+    seen = b""
+    while not re.search(rb"F16\.gguf: \d+/", seen):
+        line = p.stderr.readline()
+        assert line, f"{args[0]} ended before it could be stopped: {seen!r}"
+        seen += line
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=60)
+    return rc, p.stdout.read().decode(), p.stderr.read().decode()
+
+
 def test_ctrl_c_while_the_reference_model_is_measured_shows_none_of_its_figures(qcli: CLI, smollm2_f16: Path,
                                                                                 test_text: Path) -> None:
     """--reference MODEL measures that model first: stopped then, the model asked for was not measured, and the
     reference's PPL is never printed as if it were the result."""
-    p = qcli.popen("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "128", "-b", "128", "-t", "1",
-                   "--reference", str(smollm2_f16), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert p.stderr is not None and p.stdout is not None
-    seen = b""
-    while not re.search(rb"F16\.gguf: \d+/", seen):  # the reference's first windows are measured
-        line = p.stderr.readline()
-        assert line, f"perplexity ended before it could be stopped: {seen!r}"
-        seen += line
-    p.send_signal(signal.SIGINT)
-    rc = p.wait(timeout=60)
-    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    rc, out, err = _stopped_in_the_reference(qcli, "perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c",
+                                             "128", "-b", "128", "-t", "1", "--reference", str(smollm2_f16))
     assert rc == 130, err
     assert out == "", "no figure on stdout: the reference's are not the result"
     last = err.strip().splitlines()[-1]
@@ -491,18 +497,9 @@ def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path,
 
 
 def test_ctrl_c_before_the_ladders_first_row_keeps_no_run(qcli: CLI, smollm2_f16: Path, test_text: Path) -> None:
-    p = qcli.popen("bench", "-m", "smollm2:135m", "--quality", str(test_text), "--reference", str(smollm2_f16),
-                   "-c", "128", "-t", "1", "-p", "8", "-n", "4", "-r", "1", stdout=subprocess.PIPE,
-                   stderr=subprocess.PIPE)
-    assert p.stderr is not None and p.stdout is not None
-    seen = b""
-    while not re.search(rb"F16\.gguf: \d+/", seen):  # the reference's first windows are measured
-        line = p.stderr.readline()
-        assert line, f"bench ended before it could be stopped: {seen!r}"
-        seen += line
-    p.send_signal(signal.SIGINT)
-    rc = p.wait(timeout=60)
-    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    rc, out, err = _stopped_in_the_reference(qcli, "bench", "-m", "smollm2:135m", "--quality", str(test_text),
+                                             "--reference", str(smollm2_f16), "-c", "128", "-t", "1", "-p", "8",
+                                             "-n", "4", "-r", "1")
     assert rc == 130 and out == "", err
     assert err.strip().splitlines()[-1] == "interrupted before the first row: nothing was measured, nothing saved"
     assert err.count("interrupted") == 1 and "Traceback" not in err
