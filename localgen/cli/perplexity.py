@@ -67,27 +67,8 @@ def perplexity(
     from localgen.quant import measure as ms
     from localgen.quant.text import default_text, read_text
 
-    if kl_divergence and kl_base is None:
-        raise UsageError("--kl-divergence needs --kl-divergence-base FILE (the reference's logits)")
-    if kl_base is not None:  # llama-perplexity's spellings
-        if save_logits is not None or reference is not None:
-            raise UsageError("give --kl-divergence-base or --save-logits/--reference, not both")
-        if kl_divergence:
-            reference = kl_base
-        else:
-            save_logits = Path(kl_base)
-    if save_logits is not None and reference is not None:
-        raise UsageError("--save-logits keeps a reference; --reference measures against one: give one of them")
-    if save_logits is not None:
-        ms.check_writable(save_logits, "--save-logits")
-    ref_file = ref_model = None
-    if reference is not None:
-        if ms.is_logits_file(reference):
-            ref_file = Path(reference)
-        elif Path(reference).is_file() and not reference.lower().endswith(".gguf"):
-            raise UsageError(f"--reference: {reference} is neither a logits file nor a model")
-        elif not Path(reference).exists() and _names_a_file(reference):
-            raise ModelNotFoundError(f"no such file: {reference}")
+    save_logits, reference, ref_file = _logits_options(kl_divergence, kl_base, save_logits, reference)
+    ref_model = None
     if ctx is None:  # against a logits file: the context it was saved at, which the measure must use
         ctx = ms.logits_context(ref_file) if ref_file is not None else 512
     s = ms.Settings(ctx=ctx, batch=batch, ubatch=ubatch, chunks=chunks, threads=threads, gpu_layers=gpu_layers,
@@ -127,19 +108,7 @@ def perplexity(
             engine.close()
     except ms.Interrupted as stop:
         view.end()
-        from localgen.cli.output import ErrWriter
-
-        err = ErrWriter()  # the one line of the interrupt: the exit adds no "interrupted" of its own
-        if measuring is not ref:  # the reference's figures are never shown as the model's
-            done = f" ({stop.measured.chunks} of {stop.measured.chunks_total} windows)" if stop.measured else ""
-            err.interrupted(f"interrupted while measuring the reference {measuring.name}{done}: {ref.name} was not "
-                            "measured")
-        elif stop.measured is not None:
-            _show(stop.measured, out, json_out)
-            err.interrupted(f"interrupted after {stop.measured.chunks} of {stop.measured.chunks_total} windows: the "
-                            "figures above cover those" + ("; the logits file was not written" if save_logits else ""))
-        else:
-            err.interrupted("interrupted before the first window was measured")
+        _interrupted(stop.measured, measuring, ref, out, json_out, save_logits is not None)
         raise typer.Exit(130) from None
     finally:
         view.end()
@@ -148,6 +117,54 @@ def perplexity(
     _show(result, out, json_out)
     if save_logits is not None and not json_out:
         print(f"logits saved to {save_logits}", file=sys.stderr)
+
+
+def _logits_options(kl_divergence: bool, kl_base: str | None, save_logits: Path | None,
+                    reference: str | None) -> tuple[Path | None, str | None, Path | None]:
+    """llama-perplexity's --kl-divergence-base spellings as --save-logits / --reference, checked: (the logits file to
+    write, the reference asked, the reference's logits file where it is one)."""
+    from localgen.quant import measure as ms
+
+    if kl_divergence and kl_base is None:
+        raise UsageError("--kl-divergence needs --kl-divergence-base FILE (the reference's logits)")
+    if kl_base is not None:  # llama-perplexity's spellings
+        if save_logits is not None or reference is not None:
+            raise UsageError("give --kl-divergence-base or --save-logits/--reference, not both")
+        if kl_divergence:
+            reference = kl_base
+        else:
+            save_logits = Path(kl_base)
+    if save_logits is not None and reference is not None:
+        raise UsageError("--save-logits keeps a reference; --reference measures against one: give one of them")
+    if save_logits is not None:
+        ms.check_writable(save_logits, "--save-logits")
+    ref_file = None
+    if reference is not None:
+        if ms.is_logits_file(reference):
+            ref_file = Path(reference)
+        elif Path(reference).is_file() and not reference.lower().endswith(".gguf"):
+            raise UsageError(f"--reference: {reference} is neither a logits file nor a model")
+        elif not Path(reference).exists() and _names_a_file(reference):
+            raise ModelNotFoundError(f"no such file: {reference}")
+    return save_logits, reference, ref_file
+
+
+def _interrupted(measured: Any, measuring: Any, ref: Any, out: dict[str, Any], json_out: bool, saving: bool) -> None:
+    """The one line of a Ctrl-C (the exit adds no "interrupted" of its own), and the figures of the windows measured
+    where they are the model's: a reference's are never shown as the model's."""
+    from localgen.cli.output import ErrWriter
+
+    err = ErrWriter()
+    if measuring is not ref:
+        done = f" ({measured.chunks} of {measured.chunks_total} windows)" if measured else ""
+        err.interrupted(f"interrupted while measuring the reference {measuring.name}{done}: {ref.name} was not "
+                        "measured")
+    elif measured is not None:
+        _show(measured, out, json_out)
+        err.interrupted(f"interrupted after {measured.chunks} of {measured.chunks_total} windows: the figures above "
+                        "cover those" + ("; the logits file was not written" if saving else ""))
+    else:
+        err.interrupted("interrupted before the first window was measured")
 
 
 def _names_a_file(text: str) -> bool:
