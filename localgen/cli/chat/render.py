@@ -111,6 +111,7 @@ class RichView:
         self.markdown = markdown
         self.answer = ""  # the block being written (finished blocks are already printed)
         self.before = ""  # the last block printed, right above: the next one is spaced from it as Markdown spaces them
+        self._above: tuple[str, int, list[str]] = ("", 0, [])  # `before` rendered (its text, the width, its lines)
         self.thinking = False
         self.reasoning = ""  # this block of thinking, shown live until it is folded
         self.live = Live(console=console, auto_refresh=False, transient=True, vertical_overflow="crop")
@@ -155,9 +156,12 @@ class RichView:
         from rich.segment import SegmentLines
 
         options = self.console.options
-        above = self.console.render_lines(self._renderable(self.before), options, pad=False)
+        if self._above[:2] != (self.before, options.max_width):  # rendered once per block, not at every refresh
+            lines = self.console.render_lines(self._renderable(self.before), options, pad=False)
+            self._above = (self.before, options.max_width, [_plain(line) for line in lines])
+        above = self._above[2]
         both = self.console.render_lines(self._renderable(self.before + text), options, pad=False)
-        if [_plain(line) for line in both[:len(above)]] != [_plain(line) for line in above]:
+        if [_plain(line) for line in both[:len(above)]] != above:
             return self._renderable(text)  # the new text changed how the block above renders (a rare reference link)
         return SegmentLines(both[len(above):], new_lines=True)
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localgen.cli.options.knobs import Knobs, given_by_user, typed_by_user
+from localgen.cli.options.knobs import Knobs, given_by_user
 from localgen.settings import BIAS, BOOL, FLOAT, GPU, INT, KNOBS, LOAD_KNOBS, SWITCH, TEXT, TEXTS, Knob, LoadKnob
 from localgen.types import LoadParams, SamplingParams
 
@@ -278,8 +278,7 @@ def with_knobs(sampling: bool = True, load: tuple[str, ...] = LOAD_ALL,
             for g, cls in groups.items():
                 kwargs[g] = cls(**{p.name: kwargs.pop(p.name) for p in fields[g]})
             ctx = kwargs[context]
-            fn(*args, **kwargs, knobs=Knobs(values, frozenset(n for n in names if given_by_user(ctx, n)),
-                                            frozenset(n for n in names if typed_by_user(ctx, n))))
+            fn(*args, **kwargs, knobs=Knobs.of(ctx, values))
 
         command.__signature__ = sig.replace(parameters=[*params, *added])  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in [*params, *added]} | {"return": None}
