@@ -52,12 +52,13 @@ def test_the_agents_page_check_runs_with_the_environment_it_sets(server: Server,
     env = {k: v.replace("http://127.0.0.1:11435", server.url).replace('"$(cat key.txt)"', KEY)
            for k, v in exports.items()}
     [code] = re.findall(r"^```python\n(.*?)^```$", page, re.S | re.M)
-    assert f'model="{AGENT_MODEL}"' in code and 'model="claude-sonnet-4-5"' in code
+    assert f'model="{AGENT_MODEL}"' in code and 'model="claude-sonnet-4-6"' in code
     sizes = []
     for _ in range(2):  # the second time the server holds the prompt's prefix: the prompt's size is the same
         r = subprocess.run([sys.executable, "-c", code.replace(AGENT_MODEL, "smollm2:135m")], env={**cli_env, **env},
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
+        assert "is deprecated" not in r.stderr, r.stderr  # the SDK warns of a model name past its end of life
         first, *rest = r.stdout.splitlines()
         found = re.fullmatch(r"(end_turn|tool_use|max_tokens) \[.*\] (\d+) prompt tokens", first)
         assert found, first
@@ -67,10 +68,10 @@ def test_the_agents_page_check_runs_with_the_environment_it_sets(server: Server,
 
 
 def test_a_claude_name_is_the_servers_model_with_either_key_header(server: Server) -> None:
-    ask = {"model": "claude-sonnet-4-5", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    ask = {"model": "claude-sonnet-4-6", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
     for header in ({"Authorization": f"Bearer {KEY}"}, {"x-api-key": KEY}):
         r = httpx.post(f"{server.url}/v1/messages", json=ask, headers=header, timeout=300)
-        assert r.status_code == 200 and r.json()["model"] in ("claude-sonnet-4-5", "smollm2:135m"), r.text
+        assert r.status_code == 200 and r.json()["model"] in ("claude-sonnet-4-6", "smollm2:135m"), r.text
     assert httpx.post(f"{server.url}/v1/messages", json=ask, timeout=60).status_code == 401
 
 

@@ -429,7 +429,7 @@ def test_anthropic_client_whole_streamed_counted_and_keyed(server: Server) -> No
     assert r.stop_reason == "max_tokens" and r.usage.output_tokens == 8
     assert want.usage is not None
     assert r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0) == want.usage.prompt_tokens
-    with client.messages.stream(model="claude-sonnet-4-5", max_tokens=8, messages=ask,  # type: ignore[arg-type]
+    with client.messages.stream(model="claude-sonnet-4-6", max_tokens=8, messages=ask,  # type: ignore[arg-type]
                                 system="You are a helpful AI assistant named SmolLM, trained by Hugging Face",
                                 extra_body={"temperature": 0}) as stream:
         text = "".join(stream.text_stream)
