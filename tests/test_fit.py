@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -15,10 +16,11 @@ from typing import Any
 import pytest
 
 from localgen import placement
+from localgen.engine import defaults
 from localgen.errors import UsageError
 from localgen.models import fit, footprint
 from localgen.models.gguf_meta import read_summary
-from localgen.types import LoadParams
+from localgen.types import LoadParams, ModelRef
 from tests.conftest import CLI, InProcessCLI
 
 GB = 1 << 30
@@ -219,6 +221,15 @@ def test_a_ctx_over_the_training_context_is_capped_as_run_caps_it(cli: CLI, cli_
         r = cli_in_process("fit", "-m", m, *args)
         assert r.returncode == 0 and _plan_line(r.stdout).endswith(f"context {ctx:,} tokens {says}"), r.stdout
         assert not json.loads(cli_in_process("fit", "-m", m, *args, "--json").stdout)["capped"]
+
+
+def test_a_model_naming_no_training_context_is_planned_uncapped_as_the_load_takes_it(smollm2_path: Path) -> None:
+    s = dataclasses.replace(read_summary(str(smollm2_path)), context_length=None)
+    w = footprint.layout(str(smollm2_path))
+    p = fit.plan(s, w, fit.Machine(ram=64 * GB, gpus=(), described=True), LoadParams(), ctx=10000)
+    ref = ModelRef(name="x", path=str(smollm2_path), source="path", summary=s)
+    loaded, _ = defaults.resolve(ref, LoadParams(n_ctx=10000), cpu_only=True, use_records=False)
+    assert (p.ctx, p.capped) == (loaded.n_ctx, False) == (10240, False)
 
 
 def test_a_plan_that_fits_nothing_says_so_and_exits_0_as_pull_list_does(

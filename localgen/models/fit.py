@@ -130,7 +130,8 @@ def plan(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPara
     train = s.context_length or MIN_CTX
     stretched = bool(load.rope_scaling or load.rope_freq_scale)
     top = cells(ctx if ctx is not None else train)
-    capped = not stretched and top > cells(train)
+    # a GGUF that names no training context has nothing to cap at: the load takes what is asked
+    capped = bool(s.context_length) and not stretched and top > cells(train)
     if capped:
         top = cells(train)  # the load caps it there too (engine/defaults.py)
     asked = top
