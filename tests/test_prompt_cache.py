@@ -179,6 +179,15 @@ def test_cached_tokens_count_only_what_a_cache_gave_back(env: dict[str, str], as
     assert f"({asked.hit['stats']['cached_tokens']} cached)" in stats_line()  # type: ignore[index]
 
 
+def test_the_prefill_rate_counts_every_token_evaluated_for_the_answer(asked: Asked) -> None:
+    """`prefill_tps` is the rate of the prompt tokens evaluated for this answer, the saved document's included on
+    a miss: evaluating them at that rate takes no longer than the time to the first token, which holds it."""
+    for run_ in (asked.off, asked.saved, asked.hit):
+        s = run_["stats"]
+        assert isinstance(s, dict)
+        assert (s["prompt_tokens"] - s["cached_tokens"]) / s["prefill_tps"] <= s["ttft_s"], (run_["prompt_cache"], s)
+
+
 def damaged(data: bytes, damage: str) -> bytes:
     """A state file's bytes spoiled: not a state at all, cut short, or 200 of its KV bytes flipped (a file that
     llama.cpp would load without a word)."""

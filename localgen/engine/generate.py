@@ -104,7 +104,8 @@ class Generation:
         cached = eng.kv.cached_prefix(self.prompt)
         if self.held_before is not None:  # a prefix evaluated for this answer just before it: not cached
             cached = min(cached, self.held_before)
-        eng.reset_perf()
+        else:  # otherwise the counters were reset before that prefix, whose evaluation is this prompt's too
+            eng.reset_perf()
         t0 = self._started if self._started is not None else time.perf_counter()
         t_first: float | None = None
         t_last: float | None = None

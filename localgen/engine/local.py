@@ -114,6 +114,8 @@ class LocalBackend:
         if lead is not None and not prompt.spans:
             from localgen.engine import promptcache
 
+            self.engine.reset_perf()  # a prefix evaluated below is this answer's prompt work: its rate counts it
+
             shared = common_prefix(self.prompt(lead).tokens, tokens)
             if shared >= MIN_PREFIX and common_prefix(self.engine.kv.held, tokens) >= shared:
                 # held already, by an earlier turn or tool step: evaluating it again would drop what follows it
