@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from localgen.models.download import sha256_file
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, ROOT, InProcessCLI
 
 REF = json.loads((ROOT / "tests" / "data" / "llama_quant_reference.json").read_text())
 
@@ -472,6 +472,25 @@ def test_the_ladder_refuses_before_it_makes_anything(qcli: CLI, smollm2_f16: Pat
     assert "Q4_0" not in r.stderr and _made(qcli) == []
     r = qcli("quantize", str(smollm2_f16), "--ladder", "Q4_0,IQ2_XXS", "--measure", str(test_text), "--ctx", "128")
     assert r.returncode == 2 and "IQ2_XXS needs an importance matrix" in _one_line(r.stderr)
+    assert _made(qcli) == []
+
+
+def test_the_ladder_checks_room_for_all_its_types_together(qcli: CLI, smollm2_f16: Path, test_text: Path,
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Room for Q8_0 (138 MiB) alone and for Q4_0 alone, but not for both: refused before the first is made."""
+    from collections import namedtuple
+
+    from localgen.quant import quantize as q
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(q.shutil, "disk_usage", lambda _p: usage(1 << 30, (1 << 30) - (170 << 20), 170 << 20))
+    args = ("quantize", str(smollm2_f16), "--measure", str(test_text), "--ctx", "128")
+    for t in ("Q8_0", "Q4_0"):  # each alone has room
+        assert q.plan(smollm2_f16, t, tmp_path / f"{t}.gguf", q.Options()).expected < (170 - 16) << 20
+    r = InProcessCLI(qcli.env)(*args, "--ladder", "Q8_0,Q4_0")
+    assert r.returncode == 1, r.stderr
+    line = _one_line(r.stderr)
+    assert re.search(r"not enough disk space in .*: the 2 results need 2\d\d MiB, 170 MiB is free", line), line
     assert _made(qcli) == []
 
 

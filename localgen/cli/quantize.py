@@ -201,6 +201,7 @@ def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_
         out, model_name = target(base, t.lower(), None)
         assert model_name is not None
         jobs.append((model_name, None if out.exists() and not opts.force else prepare(src, t, base, None, opts)[0]))
+    q.check_space_together([job for _, job in jobs if job is not None])
     files = []
     for model_name, job in jobs:
         if job is None:

@@ -192,11 +192,18 @@ def _reason(lines: list[str]) -> str:
     return logs.first_error() or "see --verbose"
 
 
-def _check_space(folder: Path, need: int) -> None:
+def _check_space(folder: Path, need: int, what: str = "the result needs") -> None:
     free = shutil.disk_usage(folder).free
     if free < need + SPACE_MARGIN:
-        raise LocalgenError(f"not enough disk space in {folder}: the result needs {format_bytes(need)}, "
+        raise LocalgenError(f"not enough disk space in {folder}: {what} {format_bytes(need)}, "
                             f"{format_bytes(free)} is free", hint="free some space, or write elsewhere with -o")
+
+
+def check_space_together(jobs: list[QuantizeJob]) -> None:
+    """Room for several planned results kept side by side (a ladder's, made one after another into one folder):
+    each job checked its own size alone."""
+    if len(jobs) > 1:
+        _check_space(jobs[0].out.parent, sum(job.expected for job in jobs), f"the {len(jobs)} results need")
 
 
 def temp_path(out: Path) -> Path:
