@@ -511,6 +511,13 @@ def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path,
     kld = float(q8_row.split()[8])  # the mean KLD column (the size is two words)
     assert kld == pytest.approx(REF["quantized"]["Q8_0"]["kld"], rel=1e-2)
     assert lines[-1].startswith("fastest within a mean KLD of 0.05: ")
+    # the reference among the -m files, and a file given twice: one row each, as `bench compare` pairs rows by file
+    again = qcli("bench", "-m", f"{q8},{smollm2_f16},{q8}", "--quality", str(test_text), "--reference",
+                 str(smollm2_f16), "-c", str(REF["ctx"]), "--chunks", "2", "-t", "1", "-p", "8", "-n", "4", "-r", "1",
+                 "-o", "json")
+    assert again.returncode == 0, again.stderr
+    assert [(row["model"], row["reference"]) for row in json.loads(again.stdout)["rows"]] == [
+        ("SmolLM2-135M-Instruct-F16.gguf", True), ("model-Q8_0.gguf", False)]
     bad = qcli("bench", "-m", str(q8), "--quality", str(test_text), "--reference", "gemma3:270m")
     assert bad.returncode == 2 and "another vocabulary" in _one_line(bad.stderr)
 

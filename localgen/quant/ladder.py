@@ -111,7 +111,12 @@ def _offload() -> bool:
 def rows(reference: ModelRef, files: list[ModelRef], text: str, settings: ms.Settings, speed: Speed,
          on_chunk: ms.OnChunk | None = None, on_step: Callable[[str], None] | None = None) -> Iterator[Row]:
     """The reference's row (its logits kept in a temp file), then one per file, each as soon as it is measured.
-    A file with another vocabulary than the reference's is refused before any work."""
+    A file with another vocabulary than the reference's is refused before any work; a file given twice, or that
+    is the reference, has one row."""
+    measured = {os.path.realpath(reference.path): reference}
+    for f in files:
+        measured.setdefault(os.path.realpath(f.path), f)
+    files = list(measured.values())[1:]
     for f in files:
         ms.same_vocabulary(f, reference)
     step = on_step or (lambda _s: None)
