@@ -82,6 +82,36 @@ def test_cancel_keeps_text_so_far(smollm2_engine: Any) -> None:
     assert 3 <= gen.stats.completion_tokens <= 5
 
 
+def test_cancel_during_a_long_prompt_stops_at_the_end_of_a_piece(smollm2_engine: Any, monkeypatch: Any) -> None:
+    """Chat's first Ctrl-C during a prompt of several n_batch pieces: the evaluation stops after the piece under
+    way, no token is generated, and the cache holds the pieces evaluated; cancelled before it begins, nothing."""
+    eng = smollm2_engine
+    tokens = eng.raw_tokens("A river passes the mill near the old bridge. " * 130)  # over 1,300 tokens
+    assert len(tokens) > 2 * eng.kv.n_batch
+    eng.kv.clear()
+    gen = eng.generate(Prompt.text(tokens), GREEDY)
+    evaluating = eng.kv.evaluating
+
+    def cancelled_after_the_first_piece(prompt: Any, logits: bool = True) -> Any:
+        keep, pieces = evaluating(prompt, logits)
+
+        def first_then_cancel() -> Any:
+            for n in pieces:
+                gen.cancel()  # pressed while this piece was evaluated
+                yield n
+
+        return keep, first_then_cancel()
+
+    monkeypatch.setattr(eng.kv, "evaluating", cancelled_after_the_first_piece)
+    assert [c.text for c in gen] == [] and gen.finish_reason == "cancelled" and gen.stats.completion_tokens == 0
+    assert eng.kv.held == tokens[:eng.kv.n_batch]
+    monkeypatch.undo()
+    eng.kv.clear()
+    gen = eng.generate(Prompt.text(tokens), GREEDY)
+    gen.cancel()  # before the answer began (chat's stop() reaches a generation just made)
+    assert [c.text for c in gen] == [] and gen.finish_reason == "cancelled" and eng.kv.held == []
+
+
 def test_context_overflow_raises_before_generating(smollm2_engine: Any) -> None:
     with pytest.raises(ContextOverflowError, match="context window is 2,048"):
         smollm2_engine.generate(Prompt.text(smollm2_engine.raw_tokens("word " * 3000)), GREEDY)

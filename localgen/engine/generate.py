@@ -63,7 +63,8 @@ class Generation:
         return self.seq.logprobs
 
     def cancel(self) -> None:
-        """Stop after the token being decoded; the text so far is kept."""
+        """Stop after the token being decoded, or the prompt's piece (n_batch tokens) being evaluated; the text so
+        far is kept."""
         self._cancel = True
 
     def close(self) -> None:
@@ -84,7 +85,8 @@ class Generation:
         budget = budget_for(eng, self.sampling, self.prompt.tokens)
         sample = functools.partial(eng.sample, chain)
         try:
-            eng.kv.evaluate(self.prompt)
+            if not self._prompt_evaluated():
+                return
             while True:
                 tok = pick(budget, chain, sample, chains.accept)
                 feed(budget, eng, tok)
@@ -93,6 +95,15 @@ class Generation:
                 eng.kv.decode([tok])
         finally:
             chains.free(chain)
+
+    def _prompt_evaluated(self) -> bool:
+        """Evaluate the prompt a piece at a time, as kv.evaluate does; False when cancelled before a piece (a long
+        prompt stops within a piece's time; what was evaluated stays held, and the record true)."""
+        _, pieces = self.engine.kv.evaluating(self.prompt)
+        while not self._cancel:
+            if next(pieces, None) is None:
+                return True
+        return False
 
     def _record_logprob(self, token: int, row: int) -> None:
         if self.n_logprobs is not None:
@@ -128,7 +139,7 @@ class Generation:
                         break
             finally:
                 gen.close()
-            text = seq.end(seq.limit.reason)  # no token at all (a limit of 0)
+            text = seq.end("cancelled" if self._cancel else seq.limit.reason)  # no token: cancelled, or a limit of 0
             if text:
                 yield Chunk(text, len(seq.tokens))
             finished = True
