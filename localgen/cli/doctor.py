@@ -41,8 +41,10 @@ def doctor(
 
     given = [k.flags[0] for n, k in LOAD_KNOBS.items() if n in PLACEMENT and knobs.given(n)]
     if not check and (model is not None or given):
-        raise UsageError(f"{', '.join(['-m', *given] if model is not None else given)} name what --check loads: "
-                         "drop --no-check")
+        named = ["-m", *given] if model is not None else given
+        one = len(named) == 1
+        raise UsageError(f"{', '.join(named)} {'says' if one else 'say'} what --check loads; "
+                         f"{'it means' if one else 'they mean'} nothing with --no-check")
     servers = tuple(x.strip() for x in (rpc or "").split(",") if x.strip())
     planned = _planned(model, knobs, servers) if check else None  # a bad flag or name: one error, before anything
     import localgen
@@ -134,7 +136,16 @@ def _planned(model: str | None, knobs: Knobs, rpc: tuple[str, ...]) -> tuple[Any
     from localgen.models.resolve import resolve
 
     load = knobs.load(n_ctx=512, rpc=rpc)
-    ref = resolve(model, offline=True, pull_missing=False)
+    from localgen.errors import ModelNotFoundError
+
+    try:
+        ref = resolve(model, offline=True, pull_missing=False)
+    except ModelNotFoundError as e:  # a Hub model not downloaded: not "offline", which the user never asked for
+        name, _, why = e.message.partition(" is not in the cache")
+        if not why:
+            raise
+        raise ModelNotFoundError(f"{name} is not downloaded",
+                                 hint=f"doctor downloads nothing: `localgen pull {name}` first") from None
     return ref, preset.load_params(ref, load, knobs.given)
 
 

