@@ -1,7 +1,9 @@
 """The terminal's echo of typed keys, off while an answer streams. The terminal echoes Ctrl-C as `^C` (and any
 key as itself) where the cursor is; after a full-width line of the answer's live region that moves the cursor
 to the next row, the region is then redrawn one row too low, and its last frame stays on the screen above the
-answer. Keys typed meanwhile still reach the next prompt; only their echo is held back."""
+answer. Keys typed meanwhile still reach the next prompt; only their echo is held back. Carriage returns
+are kept as they are typed, as the prompt's own raw mode keeps them: the terminal's cooked mode would turn CR
+into LF (ICRNL), and Alt-Enter (ESC CR) typed ahead would reach the prompt as ESC LF, which it reads as Enter."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any, TextIO
 
 
 class EchoOff:
-    """off() turns the echo of the terminal on `stream` (stdin by default) off; restore() puts it back as it was.
+    """off() turns the echo of the terminal on `stream` (stdin by default) off, and its CR-to-LF mapping; restore() puts it back as it was.
     Nothing happens where `stream` is not a terminal, or the platform has no termios."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
@@ -35,6 +37,7 @@ class EchoOff:
             saved = termios.tcgetattr(fd)
             quiet = list(saved)
             quiet[3] = saved[3] & ~(termios.ECHO | termios.ECHONL)
+            quiet[0] = saved[0] & ~(termios.ICRNL | termios.INLCR | termios.IGNCR)  # as the prompt's raw mode
             termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW: keys typed ahead are kept
         except (OSError, ValueError, termios.error):  # no descriptor, or the terminal refused: the echo stays on
             return

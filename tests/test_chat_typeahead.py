@@ -1,0 +1,37 @@
+"""Keys typed while a chat answer streams reach the next prompt as the keys they were: Alt-Enter (ESC CR) typed
+ahead is a new line in the next message, as at an idle prompt, not Enter that sends half of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pexpect
+
+from tests.test_chat import LETTER, PROMPT, SCREEN, paragraphs_shown, spawn, wait_until
+from tests import terminal
+from tests.conftest import SAFETY_NET_S
+
+
+def test_alt_enter_typed_while_an_answer_streams_is_a_new_line(cli_env: dict[str, str], home: Path) -> None:
+    """`foo`, Alt-Enter, `bar` typed during an answer, then Enter at the next prompt: one message `foo\\nbar`.
+    The terminal's cooked mode used to turn the typed-ahead CR into LF (ICRNL), which the prompt reads as Enter:
+    `foo` was sent and answered alone."""
+    screen = terminal.Screen(SCREEN)
+    child = spawn(cli_env, "typeahead", "-n", "60", "--temp", "0", log=screen)
+    child.sendline(LETTER)
+    child.expect_exact("\x1b[?2004l")  # the prompt's last word to the terminal: what follows is the answer
+    wait_until(child, lambda: bool(paragraphs_shown([*screen.rows(), "tok/s"], LETTER)))  # it streams
+    child.send("foo\x1b\rbar")
+    child.expect("tok/s", timeout=SAFETY_NET_S)
+    wait_until(child, lambda: any(row.startswith("bar") or row.endswith(" bar") for row in screen.rows()))
+    child.send("\r")
+    child.expect("tok/s", timeout=SAFETY_NET_S)
+    child.expect_exact(PROMPT)
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    messages = json.loads((home / "data" / "chats" / "typeahead.json").read_text())["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == [LETTER, "foo\nbar"], \
+        "\n".join(screen.rows())
