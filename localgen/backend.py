@@ -79,9 +79,10 @@ class Backend(Protocol):
         ...
 
     def run_many(self, requests: Iterable[Indexed], parallel: int, on_done: Callable[[Completion], None],
-                 exact: bool | None = None) -> dict[str, float]:
+                 exact: bool | None = None) -> dict[str, Any]:
         """Complete many requests, up to `parallel` at once; on_done gets each as it finishes (any order).
-        Returns counters for --stats (e.g. decode calls and rows)."""
+        Returns counters for --stats (e.g. decode calls and rows; a local model's `why`: the batching mode's
+        reason)."""
         ...
 
     def save_conversation(self, name: str) -> None:

@@ -75,3 +75,17 @@ def test_doctor_says_plainly_why_m_needs_the_check(cli_in_process: InProcessCLI)
     r = cli_in_process("doctor", "-m", "gemma3:270m", "-ngl", "1", "--no-check")
     assert r.returncode == 2 and r.stderr.strip() == (
         "localgen: error: -m, --gpu-layers say what --check loads; they mean nothing with --no-check"), r.stderr
+
+
+def test_many_prompts_stats_say_the_batching_mode_and_why(cli: CLI, tmp_path: Path) -> None:
+    """exactness.md: `run --file --stats` says which mode runs, and why (engine/batchmode.py's reason)."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Say hi"}\n{"prompt": "Say yo", "temperature": 0.7}\n{"prompt": "Count"}\n')
+    for flag, mode in (("--exact", "exact"), ("--no-exact", "throughput")):
+        r = cli("run", "--file", str(prompts), "--parallel", "8", "--stats", "-n", "3", flag)
+        assert r.returncode == 0, r.stderr
+        stats = r.stderr.strip().splitlines()[-1]
+        assert f"· {mode} batching" in stats and f" · why: {flag}: " in stats, stats
+    r = cli("run", "--file", str(prompts), "--parallel", "8", "--stats", "-n", "3")
+    why = r.stderr.strip().splitlines()[-1].split(" · why: ")[1]
+    assert why.startswith(("greedy answers identical", "every request batched; exactness would cost")), why

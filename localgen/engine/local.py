@@ -137,7 +137,7 @@ class LocalBackend:
         return gen
 
     def run_many(self, requests: Iterable[Indexed], parallel: int, on_done: Callable[[Completion], None],
-                 exact: bool | None = None) -> dict[str, float]:
+                 exact: bool | None = None) -> dict[str, Any]:
         """Continuous batching over one ParallelContext (engine/batch.py), in the mode `exact` asks for (the
         default: exact where that is free, else the throughput scheduler)."""
         self.check_generates()
@@ -162,7 +162,7 @@ class LocalBackend:
         finally:
             pc.close()
         return {"steps": pc.steps, "rows": pc.rows, "throughput": float(mode.throughput),
-                "shared": float(pc.slots.shared), "kv_unified": float(pc.one_pool)}
+                "shared": float(pc.slots.shared), "kv_unified": float(pc.one_pool), "why": mode.why}
 
     def exactness(self, exact: bool | None, greedy: bool) -> str:
         """What a batched answer promises against running alone (engine/batchmode.py `exactness`)."""

@@ -159,13 +159,15 @@ def _request(ln: _Line, prompt: str, base: SamplingParams, opts: BatchOptions) -
     return Indexed(ln.number, req, seed)
 
 
-def _print_stats(state: dict[str, int], secs: float, counters: dict[str, float], parallel: int, endpoints: int) -> None:
-    """--stats for many prompts: aggregate rate, and how the work was shared."""
+def _print_stats(state: dict[str, int], secs: float, counters: dict[str, Any], parallel: int, endpoints: int) -> None:
+    """--stats for many prompts: aggregate rate, and how the work was shared: the batching mode and why
+    (engine/batchmode.py)."""
     per_call = counters["rows"] / counters["steps"] if counters.get("steps") else 0
     mode = ("throughput" if counters.get("throughput") else "exact") + " batching" + (
         " in one pool of KV cells" if counters.get("kv_unified") else "")
     shared = f", {int(counters['shared']):,} prompt tokens shared" if counters.get("shared") else ""
-    how = (f"{mode}, {per_call:.1f} sequences per decode call{shared}" if counters.get("steps") else
+    why = f" · why: {counters['why']}" if counters.get("why") else ""
+    how = (f"{mode}, {per_call:.1f} sequences per decode call{shared}{why}" if counters.get("steps") else
            _plural(endpoints, "endpoint") + (
                f", {int(counters['retried'])} lines moved off a failed one" if counters.get("retried") else ""))
     print(f"{state['prompts']} prompts · {state['tokens']} tokens generated in {secs:.2f} s · "
