@@ -89,3 +89,38 @@ def test_many_prompts_stats_say_the_batching_mode_and_why(cli: CLI, tmp_path: Pa
     r = cli("run", "--file", str(prompts), "--parallel", "8", "--stats", "-n", "3")
     why = r.stderr.strip().splitlines()[-1].split(" · why: ")[1]
     assert why.startswith(("greedy answers identical", "every request batched; exactness would cost")), why
+
+
+def test_a_piped_chat_ends_every_answer_with_a_line_break_even_an_empty_one(cli: CLI) -> None:
+    """chat.md: piped, stdout carries each answer, each ending with a line break; an empty one (-n 0) too."""
+    r = cli("chat", "-n", "0", input="hi\nhello\n")
+    assert r.returncode == 0 and r.stdout == "\n\n", r
+
+
+def test_no_prompt_cache_neither_reads_nor_writes_a_chat_s_kv_state(cli: CLI, home: Path) -> None:
+    """chat.md: with --no-prompt-cache no saved KV state is read (--resume re-reads the history) or written."""
+    states = home / "cache" / "prompt-states" / "chats"
+
+    def saved(name: str) -> list[Path]:
+        return sorted(states.glob(f"{name}.*")) if states.is_dir() else []
+
+    assert cli("chat", "kv-none", "-n", "4", "--temp", "0", "--no-prompt-cache", input="Hi.\n").returncode == 0
+    assert saved("kv-none") == []
+    assert cli("chat", "kv-kept", "-n", "4", "--temp", "0", input="My name is Ada.\n").returncode == 0
+    assert len(saved("kv-kept")) == 1
+    r = cli("chat", "--resume", "kv-kept", "-n", "2", "--no-prompt-cache", input="/show\n")
+    assert r.returncode == 0 and "restored the KV state" not in r.stderr, r.stderr
+    r = cli("chat", "--resume", "kv-kept", "-n", "2", input="/show\n")
+    assert "restored the KV state of" in r.stderr, r.stderr  # it was there to be read
+
+
+def test_flags_given_at_chat_start_are_not_saved_with_it(cli: CLI, home: Path) -> None:
+    """chat.md and tutorial.md: a chat saves its /set values, not the flags it was started with."""
+    for page in ("chat.md", "tutorial.md"):
+        words = " ".join((ROOT / "docs" / page).read_text().split())
+        assert "Flags given when the chat started" in words or "flags given when the chat started are not kept" \
+            in words, page
+    r = cli("chat", "flags-unsaved", "-n", "4", "--temperature", "0", input="/set top_k 7\nHi.\n")
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((home / "data" / "chats" / "flags-unsaved.json").read_text())
+    assert saved["settings"] == {"top_k": 7}, saved["settings"]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pexpect
 
-from tests.test_chat import LETTER, PROMPT, SCREEN, paragraphs_shown, spawn, wait_until
 from tests import terminal
 from tests.conftest import SAFETY_NET_S
+from tests.test_chat import LETTER, PROMPT, SCREEN, paragraphs_shown, spawn, wait_until
 
 
 def test_alt_enter_typed_while_an_answer_streams_is_a_new_line(cli_env: dict[str, str], home: Path) -> None:

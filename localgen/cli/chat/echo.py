@@ -14,8 +14,9 @@ from typing import Any, TextIO
 
 
 class EchoOff:
-    """off() turns the echo of the terminal on `stream` (stdin by default) off, and its CR-to-LF mapping; restore() puts it back as it was.
-    Nothing happens where `stream` is not a terminal, or the platform has no termios."""
+    """off() turns the echo of the terminal on `stream` (stdin by default) off, and its CR-to-LF mapping;
+    restore() puts them back as they were. Nothing happens where `stream` is not a terminal, or the platform has
+    no termios."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream

@@ -4,13 +4,12 @@ saving after each turn."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from localgen.cli.chat.plan import ChatPlan
-from localgen.cli.chat.turn import restore_state, stream
+from localgen.cli.chat.turn import restore_state, save_state, stream
 from localgen.cli.chat.view import ChatView
 from localgen.cli.hints import model_gone
 from localgen.cli.options import files, preset
@@ -80,8 +79,7 @@ def start(plan: ChatPlan) -> None:
         else:
             _scripted(runner, view)
     finally:
-        with contextlib.suppress(OSError):  # a cache: losing it costs time, never data
-            runner.backend.save_conversation(runner.session.name)
+        save_state(runner)
         runner.backend.close()
         if toolbox is not None:
             toolbox.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -174,13 +173,12 @@ def _save(runner: Any, view: Any, arg: str) -> None:
 
 def _load(runner: Any, view: Any, arg: str) -> None:
     from localgen.chat import session as sessions
-    from localgen.cli.chat.turn import restore_state
+    from localgen.cli.chat.turn import restore_state, save_state
 
     if not arg:
         raise UsageError("usage: /load NAME")
     loaded = sessions.ChatSession.load(arg)
-    with contextlib.suppress(OSError):
-        runner.backend.save_conversation(runner.session.name)
+    save_state(runner)
     if loaded.model and loaded.model != runner.session.model and not view.model_given:
         runner.switch(view.loader(loaded.model), loaded.model)  # its own model, as --resume takes it
     else:

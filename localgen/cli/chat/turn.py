@@ -15,13 +15,21 @@ from localgen.cli.chat.echo import EchoOff
 
 
 def restore_state(runner: Any, view: Any) -> None:
-    """Load the conversation's saved KV state, so the next turn does not re-read the history."""
+    """Load the conversation's saved KV state, so the next turn does not re-read the history (never with
+    --no-prompt-cache)."""
     conv = runner.sent()
-    if not conv:
+    if not conv or not runner.prompt_cache:
         return
     reused = runner.backend.restore_conversation(runner.session.name, runner.request(conv))
     if reused:
         view.info(f"restored the KV state of {reused:,} tokens; the history is not re-read")
+
+
+def save_state(runner: Any) -> None:
+    """Keep the conversation's KV state for a later --resume or /load (never with --no-prompt-cache)."""
+    if runner.prompt_cache:
+        with contextlib.suppress(OSError):  # a cache: losing it costs time, never data
+            runner.backend.save_conversation(runner.session.name)
 
 
 def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None) -> None:
@@ -69,6 +77,9 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
         view.info("(stopped before the answer began; the message was taken back)")
         return
     runner.record(turn)
+    if not view.interactive and not screen.answered:
+        sys.stdout.write("\n")  # an empty answer still ends with a line break: one line an answer, piped
+        sys.stdout.flush()
     s = runner.last_stats
     if interrupted:
         view.info("(stopped; the partial answer is kept)")
@@ -95,6 +106,7 @@ class _Screen:
         self.view = view
         self.out: Any = None
         self.echo = EchoOff() if view.interactive else None
+        self.answered = False  # some of the answer's text was shown (not only thinking or tool calls)
 
     def hold(self) -> None:
         """Take the terminal: from the question sent to the answer's end, or to the next question to the user."""
@@ -103,12 +115,15 @@ class _Screen:
 
     def show(self, event: Any) -> None:
         from localgen.cli.chat.render import make_view
+        from localgen.tools.stream import Piece
 
         if self.out is None:
             self.hold()
             v = self.view
             self.out = make_view(v.console if v.markdown else None, v.plain or not v.interactive, v.think, v.info)
         self.out.show(event)
+        if isinstance(event, Piece) and event.kind == "content" and event.text:
+            self.answered = True
 
     def finish(self) -> None:
         if self.out is not None:

@@ -70,8 +70,9 @@ def run(
     if prompt is not None and len(prompt) > 1:  # (a list only to see this: a plain option keeps the last quietly)
         raise UsageError(f"give -p/--prompt once (it was given {len(prompt)} times)")
 
-    execute(check(RunArgs(context=ctx_, prompt_arg=prompt_arg, prompt=prompt[0] if prompt else None, model=model, offline=offline,
-                    chat_template_file=chat_template_file, mmproj=mmproj, raw=raw, no_stdin=no_stdin, verbose=verbose,
+    execute(check(RunArgs(context=ctx_, prompt_arg=prompt_arg, prompt=prompt[0] if prompt else None, model=model,
+                    offline=offline, chat_template_file=chat_template_file, mmproj=mmproj, raw=raw,
+                    no_stdin=no_stdin, verbose=verbose,
                     system=system, think=think, document=document, prompt_cache=prompt_cache, many=many,
                     decoding=decoding, media=media, report=report, log=log, tools=tools, output=output,
                     remote=remote, knobs=knobs)))
