@@ -124,3 +124,17 @@ def test_flags_given_at_chat_start_are_not_saved_with_it(cli: CLI, home: Path) -
     assert r.returncode == 0, r.stderr
     saved = json.loads((home / "data" / "chats" / "flags-unsaved.json").read_text())
     assert saved["settings"] == {"top_k": 7}, saved["settings"]
+
+
+def test_the_footer_and_context_command_each_say_what_they_count(cli: CLI) -> None:
+    """chat.md: the footer's context figure is the window as the answer ended; /context counts the conversation
+    as the next prompt sends it, a few tokens more (the template closes the answer's turn and opens the next)."""
+    r = cli("chat", "-n", "4", "--temp", "0", "--stats", input="Hi.\n/context\n")
+    assert r.returncode == 0, r.stderr
+    footer = int(re.search(r"· context (\d+)/4,096", r.stderr)[1])  # type: ignore[index]
+    line = next(x for x in r.stderr.splitlines() if "tokens used" in x)
+    counted = int(line.split(" of ")[0])
+    assert 0 < counted - footer <= 8, (footer, line)
+    assert "as the next prompt sends the conversation (the footer's figure: as the last answer ended" in line, line
+    words = " ".join((ROOT / "docs" / "chat.md").read_text().split())
+    assert f"`context {footer}/4,096` in the footer, `{counted} of 4,096 tokens used` from `/context`" in words

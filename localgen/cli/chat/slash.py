@@ -217,7 +217,8 @@ def _context(runner: Any, view: Any, arg: str) -> None:
     used, n_ctx = runner.context_used()
     n = len(runner.session.messages)
     window = f" ({n - runner.first} in the window)" if runner.first else ""
-    view.info(f"{used:,} of {n_ctx:,} tokens used ({used * 100 // n_ctx} %) · {n} messages{window}")
+    view.info(f"{used:,} of {n_ctx:,} tokens used ({used * 100 // n_ctx} %) as the next prompt sends the conversation "
+              f"(the footer's figure: as the last answer ended, before its turn was closed) · {n} messages{window}")
 
 
 def _read_attachment(path: Path) -> str:
