@@ -138,3 +138,58 @@ def test_the_footer_and_context_command_each_say_what_they_count(cli: CLI) -> No
     assert "as the next prompt sends the conversation (the footer's figure: as the last answer ended" in line, line
     words = " ".join((ROOT / "docs" / "chat.md").read_text().split())
     assert f"`context {footer}/4,096` in the footer, `{counted} of 4,096 tokens used` from `/context`" in words
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_a_usage_error(cli: CLI, tmp_path: Path) -> None:
+    """A token id the model's vocabulary lacks used to be dropped without a word; it is refused, naming the
+    vocabulary's size (smollm2:135m: 49,152 tokens), on a line of its own with --file."""
+    r = cli("run", "-p", "hi", "-n", "2", "--logit-bias", "99999999+1")
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr.strip() == ("localgen: error: logit bias on token 99999999: this model's vocabulary has 49,152 "
+                                "tokens (0 to 49,151)"), r.stderr
+    assert cli("run", "-p", "hi", "-n", "1", "--logit-bias", "49151+1").returncode == 0  # the last id is in it
+    lines = tmp_path / "bias.jsonl"
+    lines.write_text('{"prompt": "a", "logit_bias": {"49152": 1}}\n{"prompt": "b"}\n')
+    r = cli("run", "--file", str(lines), "-n", "2")
+    assert r.returncode == 1 and "localgen: line 1: logit bias on token 49152: this model's vocabulary has 49,152" \
+        in r.stderr, r.stderr
+
+
+def test_a_full_stdout_is_one_error_line_as_the_page_shows(cli_env: dict[str, str]) -> None:
+    """run.md: a disk problem is one line; stdout, which has no path to name, says the reason alone."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "localgen", "run", "-p", "hi", "-n", "3"], stdout=full,
+                           stderr=subprocess.PIPE, text=True, env=cli_env, cwd=ROOT, timeout=300)
+    assert r.returncode == 1 and r.stderr == "localgen: error: No space left on device\n", r.stderr
+    words = " ".join((ROOT / "docs" / "run.md").read_text().split())
+    assert "as `run > /dev/full`: `localgen: error: No space left on device`" in words
+
+
+def test_a_json_line_with_a_value_out_of_range_is_not_called_bad_json(cli: CLI) -> None:
+    """A valid JSON line whose setting is out of range says so, as `line N: ...`; only a line that does not
+    parse is "bad JSON"."""
+    r = cli("run", "--each-line", "-n", "1", input='{"prompt": "x", "top_p": 2}\n{"prompt": 5}\n{bad\n')
+    assert r.returncode == 1
+    errors = [x for x in r.stderr.splitlines() if x.startswith("localgen: line")]
+    assert errors[0] == "localgen: line 1: top_p must be within 0 to 1, not 2.0", errors
+    assert errors[1] == 'localgen: line 2: a JSON line needs a "prompt" string', errors
+    assert errors[2].startswith("localgen: line 3: bad JSON line: Expecting property name"), errors
+
+
+def test_chat_list_counts_one_turn_in_the_singular(cli: CLI) -> None:
+    assert cli("chat", "one-turn-only", "-n", "2", input="Hi.\n").returncode == 0
+    row = next(x for x in cli("chat", "-l").stdout.splitlines() if x.startswith("one-turn-only "))
+    assert "  1 turn  " in row and "turns" not in row, row
+
+
+def test_the_chat_page_says_save_overwrites_only_when_asked(cli: CLI) -> None:
+    """chat.md: /save onto another conversation asks on a terminal (and may overwrite) and refuses scripted."""
+    words = " ".join((ROOT / "docs" / "chat.md").read_text().split())
+    assert "never overwrites" not in words
+    assert "another conversation of that name is overwritten only if you say so" in words
+    assert cli("chat", "save-target", "-n", "1", input="Hi.\n").returncode == 0
+    r = cli("chat", "save-other", "-n", "1", input="Hello.\n/save save-target\n")
+    assert r.returncode == 2 and "'save-target' exists; /save does not overwrite it" in r.stderr, r

@@ -232,7 +232,7 @@ def test_file_lines_jsonl_blank_and_bad_lines(cli: CLI, tmp_path: Path) -> None:
     assert plain.returncode == 1
     lines = plain.stdout.split("\n")[:-1]
     assert len(lines) == 6 and lines[1] == "" and lines[3] == "" and lines[0] and lines[5]
-    assert "localgen: line 4: bad JSON line" in plain.stderr
+    assert 'localgen: line 4: a JSON line needs a "prompt" string' in plain.stderr
 
 
 def test_each_line_from_stdin_with_instruction(cli: CLI) -> None:

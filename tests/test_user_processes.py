@@ -203,7 +203,7 @@ def test_merged_stdout_and_stderr_keep_their_order(user_home: Path) -> None:
     assert proc.returncode == 1, out  # one line failed
     got = out.decode().split("\n")
     assert got[0].strip() and not got[0].startswith("localgen:"), got  # line 1's answer
-    assert got[1] == "localgen: line 2: bad JSON line: top_k must be an integer, not 3.5", got
+    assert got[1] == "localgen: line 2: top_k must be an integer, not 3.5", got
     assert got[2] == "", got  # line 2's output line: blank
     assert got[3].strip() and not got[3].startswith("localgen:"), got  # line 3's answer
     assert got[4].startswith("2 prompts · ") and "1 failed" in got[4], got

@@ -48,7 +48,12 @@ class LocalBackend:
     def prompt(self, request: GenerationRequest) -> Prompt:
         """The request's prompt as the engine takes it (chat template for messages; BOS as the model asks for
         raw). With images or audio, libmtmd's (native/mtmd.py): their positions hold placeholders, and its
-        spans evaluate them."""
+        spans evaluate them. A logit bias on a token the vocabulary lacks is refused first."""
+        n_vocab = self.engine.n_vocab
+        outside = [t for t, _ in request.sampling.logit_bias if t >= n_vocab]
+        if outside:
+            raise UsageError(f"logit bias on token {outside[0]}: this model's vocabulary has {n_vocab:,} tokens "
+                             f"(0 to {n_vocab - 1:,})")
         if request.prompt is not None:
             return Prompt.text(self.engine.raw_tokens(request.prompt))
         if _has_media(request.messages):

@@ -328,4 +328,5 @@ def print_list() -> None:
         return
     for s in items:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated))
-        print(f"{s.name:30} {when}  {s.turns:3} turns  {s.model:16} {s.preview}")
+        turns = f"{s.turns:3} turn{'' if s.turns == 1 else 's'}"
+        print(f"{s.name:30} {when}  {turns:9}  {s.model:16} {s.preview}")

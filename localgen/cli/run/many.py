@@ -51,8 +51,12 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
             continue
         try:
             obj = json.loads(line)
+        except ValueError as e:
+            yield _Line(number, None, system, base, error=f"bad JSON line: {e}")
+            continue
+        try:  # valid JSON from here: what is wrong is said as it is, without "bad JSON"
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise UsageError('needs a "prompt" string')
+                raise UsageError('a JSON line needs a "prompt" string')
             if "system" in obj and not isinstance(obj["system"], (str, type(None))):
                 raise UsageError('"system" must be a string')
             checked(obj["prompt"], '"prompt"')
@@ -63,8 +67,7 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
             text = "\n\n".join(p for p in (obj["prompt"], instruction) if p)
             yield _Line(number, text, obj.get("system", system), sampling, obj.get("id"), seeded="seed" in knobs)
         except (ValueError, UsageError) as e:
-            msg = e.message if isinstance(e, UsageError) else str(e)
-            yield _Line(number, None, system, base, error=f"bad JSON line: {msg}")
+            yield _Line(number, None, system, base, error=e.message if isinstance(e, UsageError) else str(e))
 
 
 @dataclasses.dataclass(frozen=True)
