@@ -61,7 +61,7 @@ def serve(
     ] = 4.0,
     quiet: Annotated[
         bool, typer.Option("--quiet", rich_help_panel=o.OUTPUT_PANEL,
-                           help="No access line per request on stderr (method, path, status, tokens, ms).")
+                           help="No access line per request on stderr (method, path, status, tokens, ms, id).")
     ] = False,
     verbose: Annotated[
         bool, typer.Option("--verbose", rich_help_panel=o.OUTPUT_PANEL,
