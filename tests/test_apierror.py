@@ -114,3 +114,17 @@ def test_every_anthropic_error_type_is_on_the_api_page() -> None:
         assert re.search(rf"`{kind}` \([^)]*\b{status}\b", listed), (status, kind, listed)
     assert error_body(ANTHROPIC, HTTPError(415, "x"))["error"]["type"] == "invalid_request_error"
     assert "`api_error` (500" in listed
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (b"{'model': 'x'}", "the request body is not valid JSON at line 1, column 2"),  # a shell's quotes
+    (b'{"model": "x",\n "messages": [1,]}', "the request body is not valid JSON at line 2, column 17"),
+    (b'{"model": "\xc3("}', "the request body is not valid UTF-8 at byte 12: send JSON as UTF-8 text"),
+    (b'{"n": ' + b"1" * 5000 + b"}", "the request body is not valid JSON")])
+def test_a_body_that_is_not_json_says_where_in_its_own_words(app_client: Any, body: bytes, says: str) -> None:
+    """docs/serve.md, Limits: no error body carries an exception's text; the position is ours to give."""
+    for path, api in (("/v1/chat/completions", OPENAI), ("/v1/messages", ANTHROPIC), ("/api/chat", OLLAMA)):
+        r = app_client.post(path, content=body, headers={"Content-Type": "application/json"})
+        doc = r.json()
+        assert r.status_code == 400 and (doc["error"] if api == OLLAMA else doc["error"]["message"]) == says, r.text
+        assert not re.search("Expecting|delimiter|codec|char |position|digits", r.text), r.text

@@ -139,6 +139,12 @@ class ServeLog:
             self.write(text + (f"\n{detail}" if detail else ""))
 
 
+    def fatal(self, text: str, hint: str | None, exit_code: int) -> None:
+        """The error that stops serve, as JSON's "error" event with its hint and exit status (in text, the CLI
+        prints it as it prints every command's)."""
+        self.write(json_line("error", message=text, hint=hint, exit_code=exit_code))
+
+
 def json_line(event: str, request_id: str | None = None, route: str | None = None, model: str | None = None,
               status: int | None = None, **fields: Any) -> str:
     """One log line as JSON: the members every line has, then the event's own."""
