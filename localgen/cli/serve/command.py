@@ -47,9 +47,10 @@ def serve(
     models: Annotated[
         list[str] | None,
         typer.Option("--model", "-m", envvar="LOCALGEN_MODEL", rich_help_panel=SERVE, show_default=False,
-                     help="A model to load at start and keep loaded (repeatable; default: smollm2:135m, loaded at "
-                          "start but unloaded to make room). Requests name a model in `model`; the first -m is "
-                          "the model of a request that names none (or a claude-* model not here)."),
+                     help="A model to load at start and pin: never unloaded to make room for another, only "
+                          "after --keep-alive idle or when a client unloads it (repeatable; default: smollm2:135m, "
+                          "loaded at start, unpinned). Requests name a model in `model`; the first -m is the model "
+                          "of a request that names none (or a claude-* model not here)."),
     ] = None,
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
