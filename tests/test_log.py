@@ -57,6 +57,17 @@ def test_every_run_is_logged_and_found(lcli: CLI) -> None:
     assert "1 exchanges" in lcli("logs", "status").stdout
 
 
+def test_the_log_keeps_the_seed_a_run_drew_so_the_answer_can_be_made_again(lcli: CLI) -> None:
+    sampled = ("-n", "12", "--temperature", "1.5", "--top-k", "0", "--top-p", "1")  # a drawn seed decides the words
+    run = json.loads(lcli("run", "Invent a word.", *sampled, "--json").stdout)
+    [row] = _logged(lcli)
+    assert row["settings"]["seed"] == run["seed"]  # type: ignore[index]
+    again = lcli("run", "Invent a word.", *sampled, "--seed", str(run["seed"]))
+    assert again.returncode == 0 and again.stdout.rstrip("\n") == run["text"].rstrip("\n"), again.stderr
+    assert lcli("chat", *sampled, input="Hi.\n").returncode == 0
+    assert isinstance(_logged(lcli, "-q", "Hi")[0]["settings"]["seed"], int)  # type: ignore[index]
+
+
 def test_continue_sends_the_earlier_turns(lcli: CLI) -> None:
     first = json.loads(lcli("run", "My name is Ada.", *N, "--json").stdout)
     second = lcli("run", "--continue", "What is my name?", *N, "--json", "--verbose-prompt")

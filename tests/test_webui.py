@@ -620,8 +620,7 @@ def test_images_go_to_a_model_that_takes_them_and_errors_are_clear(tab: Tab, ser
     article = ask(page, "word " * 3000)
     note = article.locator(".note").inner_text()
     assert note.startswith("Too long for the model's window: the prompt is "), note
-    assert "context window is 2,048" in note
-    assert "Start a new chat, or edit an earlier message" in note
+    assert "context window is 2,048. Start a new chat, or edit an earlier message" in note
 
 
 def test_markdown_becomes_nodes_never_html(tab: Tab) -> None:

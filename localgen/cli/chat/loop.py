@@ -126,7 +126,8 @@ def _log_turn(view: Any, runner: Any, request: Any, gen: Any, text: str, *, mode
     from localgen.cli.log import conversation
 
     conversation.record(_Warn(view), runner.backend, request, runner.session.log_id, text, runner.last_stats,
-                   str(gen.finish_reason), model=model, no_log=no_log, source="chat", remote=remote)
+                        str(gen.finish_reason), model=model, no_log=no_log, source="chat", remote=remote,
+                        seed=gen.seed)
 
 
 class _Warn:

@@ -65,9 +65,11 @@ def chat_from_log(cid: str, model: str | None) -> Any:
 
 
 def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: str, stats: Stats | None,
-           finish_reason: str, *, model: str | None, no_log: bool, source: str = "run", remote: bool = False) -> None:
+           finish_reason: str, *, model: str | None, no_log: bool, source: str = "run", remote: bool = False,
+           seed: int | None = None) -> None:
     """Log one exchange unless --no-log or `logs off`; a log that fails is one warning. `model`: -m's value
-    (the model a continued conversation loads again)."""
+    (the model a continued conversation loads again); `seed`: the one the answer was drawn with (with tools,
+    by its last round), as `run --json` reports it, so that a drawn seed can be given again."""
     from localgen.log import store
 
     if no_log or not store.enabled():
@@ -82,7 +84,7 @@ def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: s
     entry = store.Entry(
         conversation_id=cid, source=source, model=str(info.get("name") or ""), prompt=prompt, response=text,
         model_spec=None if remote else model, endpoint=", ".join(endpoint) if endpoint else None,
-        system=system, settings=_settings(request.sampling), finish_reason=finish_reason,
+        system=system, settings=_settings(request.sampling, seed), finish_reason=finish_reason,
         prompt_tokens=stats.prompt_tokens if stats else 0, completion_tokens=stats.completion_tokens if stats else 0,
         cached_tokens=stats.cached_tokens if stats else 0, ttft_s=stats.ttft_s if stats else None,
         total_s=stats.total_s if stats else None, decode_tps=stats.decode_tps if stats else None)
@@ -101,9 +103,11 @@ def _text(content: Any) -> str:
     return text_of(content)
 
 
-def _settings(s: SamplingParams) -> dict[str, Any]:
+def _settings(s: SamplingParams, seed: int | None) -> dict[str, Any]:
     from localgen import settings
 
     values = {k: settings.jsonable(getattr(s, k)) for k in settings.KNOBS}
     values["grammar"] = s.grammar is not None
+    if seed is not None:
+        values["seed"] = seed
     return values

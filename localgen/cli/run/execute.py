@@ -60,18 +60,20 @@ def execute(plan: RunPlan) -> None:
         request = single_request(plan, backend, thread.turns)
         if plan.report.verbose_prompt:
             err.line("prompt:\n" + backend.render(_as_sent(send.tools, backend, request, toolbox)))
+        seed = None  # the seed the answer was drawn with, as --json's "seed" (beams draw none)
         if plan.decoding.beams:
             text, stats, finish = run_beams(plan.decoding, plan.report, backend, request, err)  # type: ignore[arg-type]
         elif toolbox is not None:
             from localgen.cli.run.tools import run_with_tools
 
             assert send.tools is not None
-            text, stats, finish = run_with_tools(send.tools, plan.report, backend, request, toolbox, err, thread.cid)
+            text, stats, finish, seed = run_with_tools(send.tools, plan.report, backend, request, toolbox, err,
+                                                       thread.cid)
         else:
             gen, text = stream(plan.report, backend, request, err, thread.cid)
-            stats, finish = gen.stats, str(gen.finish_reason)
+            stats, finish, seed = gen.stats, str(gen.finish_reason), gen.seed
         conversation.record(err, backend, request, thread.cid, text, stats, finish, model=load.model,
-                            no_log=plan.no_log, remote=load.remote)
+                            no_log=plan.no_log, remote=load.remote, seed=seed)
     finally:
         backend.close()
         if toolbox is not None:

@@ -17,8 +17,9 @@ from localgen.types import GenerationRequest
 
 
 def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, request: GenerationRequest, toolbox: Any,
-                   err: ErrWriter, cid: str | None) -> tuple[str, Any, str]:
-    """`run --functions/--mcp --yes`: the loop, the answer on stdout; returns text, stats, finish reason."""
+                   err: ErrWriter, cid: str | None) -> tuple[str, Any, str, int]:
+    """`run --functions/--mcp --yes`: the loop, the answer on stdout; returns text, stats, finish reason and the
+    seed of the last round (the one that wrote the answer, as --json's "seed")."""
     from localgen.tools.loop import plan_for, run_turn
     from localgen.tools.stream import template_of
 
@@ -53,7 +54,7 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
                  "stats": stats.to_dict(), "step_stats": [g.stats.to_dict() for g in turn.generations],
                  "total_s": round(time.perf_counter() - t0, 4)}
         TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, extra) + "\n")
-    return turn.text, stats, str(gen.finish_reason)
+    return turn.text, stats, str(gen.finish_reason), gen.seed
 
 
 def first_plan(tools: ToolOptions, template: str | None, toolbox: Any) -> Any:

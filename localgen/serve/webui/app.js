@@ -342,7 +342,8 @@ function noteOf(m) {
       context: " Start a new chat, or edit an earlier message to branch off with less.",
     }[m.error.kind] || "";
     const what = m.error.kind === "context" ? "Too long for the model's window: " : "";
-    return [el("span", null, what + m.error.message + advice)];
+    const said = advice && !/[.!?]$/.test(m.error.message) ? m.error.message + "." : m.error.message;
+    return [el("span", null, what + said + advice)];
   }
   if (m.stopped) return [el("span", null, "Stopped.")];
   if (m.finish === "length") {
