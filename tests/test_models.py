@@ -323,11 +323,23 @@ def test_offline_and_unreachable(env: dict[str, str], hub: hub_server.FakeHub) -
     assert r.returncode == 1 and "not in the cache and localgen is offline" in r.stderr
     r = lg({**env, "HF_HUB_OFFLINE": "1"}, "run", "-m", f"{REPO}:Q4_1", "-p", "x")
     assert r.returncode == 1 and "offline" in r.stderr
+    r = lg(env, "pull", f"{REPO}:Q4_1", "--offline")
+    assert r.returncode == 1 and "not in the cache and localgen is offline" in r.stderr and not r.stdout
+    assert r.stderr.count("\n") == 1, r.stderr
     assert not hub.requests, "offline means no request at all"
     dead = {**env, "HF_ENDPOINT": "http://127.0.0.1:9"}
     r = lg(dead, "pull", f"{REPO}:Q4_1")
     assert r.returncode == 1 and "cannot reach the Hub" in r.stderr and "--offline" in r.stderr
-    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    online = lg(env, "pull", f"{REPO}:Q4_1")
+    assert online.returncode == 0
+    asked = len(hub.requests)
+    for offline_env, flag in (({**env, "HF_HUB_OFFLINE": "1"}, ()), (env, ("--offline",))):
+        r = lg(offline_env, "pull", f"{REPO}:Q4_1", *flag)  # in the cache: what pull says of it, from disk alone
+        assert r.returncode == 0 and r.stdout == online.stdout, r.stderr
+        assert "not checked for a newer version" in r.stderr
+    r = lg(env, "pull", f"{REPO}:Q4_1", "--offline", "--list")
+    assert r.returncode == 2 and "cannot run offline" in r.stderr
+    assert len(hub.requests) == asked, "pull offline asks the Hub nothing"
     r = lg(dead, "run", "-m", f"{REPO}:Q4_1", "-p", "Hi", "-n", "3")
     assert r.returncode == 0, "a cached model runs with the Hub unreachable"
 
