@@ -113,6 +113,11 @@ def test_collections_store_skip_unchanged_and_find_neighbours(ecli: CLI, tmp_pat
     assert hits[0]["content"] in TEXTS[:2]
     r = ecli("embed", "x", "--store", "notes", "--dimensions", "32")
     assert r.returncode == 2 and "holds smollm2:135m vectors" in r.stderr
+    assert "(use --dimensions 576, or another collection name)" in r.stderr, "the hint names what differs"
+    r = ecli("embed", "x", "--store", "notes", "--pooling", "cls")
+    assert r.returncode == 2 and "(use --pooling mean, or another collection name)" in r.stderr, r.stderr
+    r = ecli("embed", "x", "--store", "notes", "-m", "gemma3:270m", "--pooling", "cls")
+    assert r.returncode == 2 and "(use -m smollm2:135m, or another collection name)" in r.stderr, r.stderr
     r = ecli("similar", "nope", "x")
     assert r.returncode == 2 and "no collection named 'nope' (there are: notes)" in r.stderr
     db = Path(ecli.env["LOCALGEN_HOME"]) / "data" / "embeddings" / "embeddings.db"
