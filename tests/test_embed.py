@@ -9,6 +9,7 @@ import base64
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,6 +250,14 @@ def test_rerank_scores_match_llama_cpps(cli: CLI, tiny: dict[str, Path], tmp_pat
     top = [json.loads(line) for line in cli("rerank", "-m", str(tiny["reranker"]), ref["query"], "--file", str(f),
                                             "--top", "2").stdout.splitlines()]
     assert [t["id"] for t in top] == [f"d{int(g['id']) - 1}" for g in got[:2]]
+    # its errors speak of reranking: a document too long for the window with the query, nothing to rerank
+    r = cli("rerank", "-m", str(tiny["reranker"]), ref["query"], "the cat sat " * 300)
+    assert r.returncode == 2 and re.search(r"a document is [\d,]+ tokens with the query; the reranker's window is "
+                                           r"512 \(raise --ctx, or --truncate to score the pair's first tokens\)",
+                                           r.stderr), r.stderr
+    assert "embed" not in r.stderr
+    r = cli("rerank", "-m", str(tiny["reranker"]), ref["query"], input="\n \n")
+    assert r.returncode == 2 and "nothing to rerank: every line is blank" in r.stderr, r.stderr
 
 
 def test_models_refuse_what_they_cannot_do(cli: CLI, tiny: dict[str, Path]) -> None:
