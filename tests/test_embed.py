@@ -121,6 +121,14 @@ def test_collections_store_skip_unchanged_and_find_neighbours(ecli: CLI, tmp_pat
     assert r.returncode == 2 and "(use -m smollm2:135m, or another collection name)" in r.stderr, r.stderr
     r = ecli("similar", "nope", "x")
     assert r.returncode == 2 and "no collection named 'nope' (there are: notes)" in r.stderr
+    # entries are keyed by line number: a line deleted from the file moves the lines below it up (embedded
+    # again at their new numbers), and the last number keeps its old text (docs/embed.md says so)
+    docs.write_text("\n".join([TEXTS[0], TEXTS[2], "Stocks rose on Tuesday."]) + "\n")
+    r = ecli("embed", "--file", str(docs), "--store", "notes")
+    assert "2 embedded and stored, 1 unchanged" in r.stderr, r.stderr
+    hits = ecli("similar", "notes", "x", "-n", "9").stdout.splitlines()
+    held = {h["id"]: h["content"] for h in map(json.loads, hits)}
+    assert held == {"1": TEXTS[0], "2": TEXTS[2], "3": "Stocks rose on Tuesday.", "4": "Stocks rose on Tuesday."}
     db = Path(ecli.env["LOCALGEN_HOME"]) / "data" / "embeddings" / "embeddings.db"
     assert oct(db.stat().st_mode & 0o777) == "0o600" and oct(db.parent.stat().st_mode & 0o777) == "0o700"
 
