@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -344,6 +345,25 @@ def test_offline_and_unreachable(env: dict[str, str], hub: hub_server.FakeHub) -
     assert r.returncode == 0, "a cached model runs with the Hub unreachable"
 
 
+def test_the_download_bar_counts_in_binary_units() -> None:
+    """The terminal's bar reads as every other size localgen prints: MiB and MiB/s, never decimal MB."""
+    from rich.console import Console
+
+    from localgen.cli.progress import BarProgress
+
+    bar = BarProgress()
+    bar.start("model.gguf", 100 << 20, 0)
+    for _ in range(8):
+        bar.advance(10 << 20)
+        time.sleep(0.01)
+    screen = Console(record=True, width=120, file=io.StringIO())
+    screen.print(bar._p.make_tasks_table(bar._p.tasks))  # the bar's line as the terminal shows it
+    bar.finish()
+    shown = screen.export_text()
+    assert "80.0/100.0 MiB" in shown and "MiB/s" in shown, shown
+    assert " MB" not in shown
+
+
 def test_not_enough_disk(env: dict[str, str], hub: hub_server.FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
@@ -387,11 +407,11 @@ def test_list_show_rm(env: dict[str, str], hub: hub_server.FakeHub, model_file: 
     assert r.returncode == 2 and "--yes" in r.stderr, "not on a terminal: rm needs --yes"
     r = lg(env, "rm", f"{REPO}:Q4_1", "--yes")
     assert r.returncode == 0, r.stderr
-    assert "kept" in r.stdout
+    assert r.stdout == "removed 1 file(s), freed 0 bytes (data another cached model uses was kept)\n"
     assert blob(env, model_file.sha256).is_file(), "the Q8_0 name still uses the blob"
     assert lg(env, "run", "-m", f"{REPO}:Q8_0", "--offline", "-p", "Hi", "-n", "2").returncode == 0
     r = lg(env, "rm", f"{REPO}:Q8_0", "--yes")
-    assert r.returncode == 0 and "freed" in r.stdout and "kept" not in r.stdout
+    assert r.returncode == 0 and r.stdout == "removed 1 file(s), freed 94 MiB\n", r.stdout
     assert not blob(env, model_file.sha256).exists()
     listed = {i["name"] for i in json.loads(lg(env, "list", "--json").stdout)}
     assert f"{REPO}:Q4_1" not in listed and "other/copy:Q4_1" in listed

@@ -404,7 +404,7 @@ def rm(
     links, blobs = store.remove(files)
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
-    print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 MB'}{kept}")
+    print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 bytes'}{kept}")
 
 
 def _confirm(desc: str, total: int, yes: bool, size: bool = True) -> None:
@@ -433,5 +433,5 @@ def _rm_embedded(model: Any, yes: bool) -> None:
                             f"chunks ship inside Python packages (pip uninstall {pip} removes them)")
     _confirm(f"the assembled copy of {model.name} ({copy})", copy.stat().st_size, yes)
     freed = embedded.remove_assembled(model)
-    print(f"removed the assembled copy of {model.name}, freed {format_bytes(freed) if freed else '0 MB'}; its "
+    print(f"removed the assembled copy of {model.name}, freed {format_bytes(freed) if freed else '0 bytes'}; its "
           f"chunks stay inside Python packages (pip uninstall {pip} removes them; the next use assembles it again)")
