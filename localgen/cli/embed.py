@@ -231,8 +231,8 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
     elif sys.stdin is not None and not sys.stdin.isatty():
         lines = sys.stdin.read().splitlines()
     else:
-        given = "documents" if verb == "rerank" else "texts"
-        raise UsageError(f"nothing to {verb}: give {given} as arguments, --file, or lines on stdin")
+        what = "documents" if verb == "rerank" else "texts"
+        raise UsageError(f"nothing to {verb}: give {what} as arguments, --file, or lines on stdin")
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
