@@ -153,6 +153,42 @@ def test_named_endpoints_from_the_config(cli: CLI, fake: FakeServer, home: Path)
         (config / "endpoints.toml").unlink()
 
 
+def test_only_the_endpoint_chosen_is_read_from_the_config(cli: CLI, cli_env: dict[str, str], fake: FakeServer,
+                                                          home: Path) -> None:
+    """An entry of endpoints.toml whose key variable is unset stops only a run that names that entry (and says
+    which entry names it); a local model runs whatever the file holds, with a warning where it is not TOML."""
+    config = home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    toml = config / "endpoints.toml"
+    toml.write_text(f'[box]\nurl = "{fake.url}"\napi_key_env = "LOCALGEN_TEST_BOX_KEY"\n'
+                    f'[keyless]\nurl = "{fake.url}"\n[junk]\nurl = 3\n')
+    env = dict(cli_env)  # LOCALGEN_* variables are not passed on: the key is unset
+    try:
+        r = cli("run", "-m", "smollm2:135m", "-p", "hi", "-n", "2", "--temp", "0")
+        assert r.returncode == 0 and r.stdout.strip() and r.stderr == "", r.stderr
+        fake.requests.clear()
+        r = cli("run", "-m", "keyless/plain", "-p", "hi")
+        assert r.returncode == 0 and r.stdout == "Hello world\n", r.stderr
+        assert "authorization" not in fake.requests[-1]["headers"]
+        r = subprocess.run(CLI(env).argv("run", "-m", "box/plain", "-p", "hi"), env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--api-key-env" not in r.stderr, r.stderr
+        assert f'{toml}: [box] api_key_env = "LOCALGEN_TEST_BOX_KEY", and the variable' in r.stderr, r.stderr
+        env["LOCALGEN_TEST_BOX_KEY"] = "sk-box"
+        r = subprocess.run(CLI(env).argv("run", "-m", "box/plain", "-p", "hi"), env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and fake.requests[-1]["headers"]["authorization"] == "Bearer sk-box", r.stderr
+        toml.write_text(f'[box\nurl = "{fake.url}"\n')
+        r = cli("run", "-m", "smollm2:135m", "-p", "hi", "-n", "2", "--temp", "0")
+        assert r.returncode == 0 and r.stdout.strip(), r.stderr
+        assert r.stderr.startswith(f"warning: {toml} is not valid TOML (") and "line 1" in r.stderr, r.stderr
+        r = cli("run", "-m", "box/plain", "-p", "hi")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"{toml}: " in r.stderr, r.stderr
+        assert "(at line 1, column 5)" in r.stderr, r.stderr
+    finally:
+        toml.unlink()
+
+
 # ---- two real servers ---------------------------------------------------------------------------------
 
 

@@ -132,10 +132,10 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
 
 
 def _is_named_endpoint(model: str) -> bool:
-    from localgen.remote.endpoints import named
+    """Whether -m names an entry of endpoints.toml (NAME or NAME/MODEL; only that entry is read)."""
+    from localgen.remote.endpoints import declared
 
-    head = model.partition("/")[0]
-    return "/" in model and not model.endswith(".gguf") and head in named()
+    return not model.endswith(".gguf") and declared(model.partition("/")[0], lambda _: None) is not None
 
 
 def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values, parallel: Values, rates: Values,
@@ -203,13 +203,14 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
 
 def _remote_targets(urls: list[str] | None, key_env: str | None, models: Values) -> list[tuple[Any, str]]:
     """(endpoint, model id) for each model named (the endpoint's own model where none is)."""
+    from localgen.cli.output import ErrWriter
     from localgen.remote.backend import pick_model
     from localgen.remote.endpoints import choose
 
     targets = []
     wanted: list[str | None] = list(models) if models else [None]
     for m in wanted:
-        eps, model_id = choose(urls, key_env, m)
+        eps, model_id = choose(urls, key_env, m, warn=ErrWriter().warn)
         if not eps:
             raise UsageError("--endpoint URL (or -m NAME/MODEL from endpoints.toml) names the server to measure")
         targets.append((eps[0], model_id or pick_model(eps)))
