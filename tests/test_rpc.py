@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import CLI, assert_same_greedy_text
+from tests.conftest import CLI, InProcessCLI, assert_same_greedy_text
 
 PROMPT = "The capital of Italy is"
 
@@ -89,3 +89,29 @@ def test_a_server_dying_mid_answer_is_one_line_and_exit_1(cli: CLI) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_rpc_server_that_cannot_listen_is_one_line_and_exit_1(cli: CLI) -> None:
+    """A taken port or an address this machine lacks: one error line before the start line, exit 1 (llama.cpp's
+    own server prints its banner and `Failed to create server socket`, and returns)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = cli("rpc-server", "--port", str(port), timeout=60)
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr == f"localgen: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    r = cli("rpc-server", "--host", "192.0.2.1", "--port", str(_free_port()), timeout=60)  # TEST-NET-1: no one's
+    assert (r.returncode, r.stdout) == (1, "") and r.stderr.startswith("localgen: error: cannot listen on 192.0.2.1:")
+    assert r.stderr.count("\n") == 1, "no warning and no start line for a server that never starts"
+    r = cli("rpc-server", "--host", "localhost", timeout=60)
+    assert r.returncode == 2 and "--host takes an IPv4 address" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_an_rpc_server_that_returns_is_an_error(cli_in_process: InProcessCLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's server returns only when it failed (its reason printed): that is exit 1, never 0."""
+    from localgen.native import devices
+
+    monkeypatch.setattr(devices, "start_rpc_server", lambda *args: None)
+    r = cli_in_process("rpc-server", "--port", str(_free_port()))
+    assert r.returncode == 1 and "llama.cpp's RPC server on 127.0.0.1:" in r.stderr and "stopped" in r.stderr
