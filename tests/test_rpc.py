@@ -109,9 +109,14 @@ def test_an_rpc_server_that_cannot_listen_is_one_line_and_exit_1(cli: CLI) -> No
 
 
 def test_an_rpc_server_that_returns_is_an_error(cli_in_process: InProcessCLI, monkeypatch: pytest.MonkeyPatch) -> None:
-    """llama.cpp's server returns only when it failed (its reason printed): that is exit 1, never 0."""
+    """llama.cpp's server returns only when it failed (its reason printed): that is exit 1, never 0. And
+    docs/rpc.md: anything but loopback prints a warning that the protocol is unauthenticated."""
     from localgen.native import devices
 
     monkeypatch.setattr(devices, "start_rpc_server", lambda *args: None)
     r = cli_in_process("rpc-server", "--port", str(_free_port()))
     assert r.returncode == 1 and "llama.cpp's RPC server on 127.0.0.1:" in r.stderr and "stopped" in r.stderr
+    assert "unauthenticated" not in r.stderr, "loopback is not warned about"
+    r = cli_in_process("rpc-server", "--host", "0.0.0.0", "--port", str(_free_port()))  # bound, never listening
+    assert r.stderr.startswith("warning: listening on 0.0.0.0: llama.cpp's RPC protocol is unauthenticated and "
+                               "unencrypted"), r.stderr
