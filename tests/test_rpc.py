@@ -70,8 +70,22 @@ def test_a_dead_server_is_an_error_before_load(cli: CLI) -> None:
     r = cli("run", "-p", "hi", "--rpc", f"127.0.0.1:{port}", "--verbose")
     assert r.returncode == 1 and f"cannot reach the RPC server 127.0.0.1:{port}" in r.stderr
     assert "load_tensors" not in r.stderr, "nothing was loaded"
-    r = cli("run", "-p", "hi", "--rpc", "nonsense")
-    assert r.returncode == 1 and "use HOST:PORT" in r.stderr
+
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("nonsense", "--rpc takes HOST:PORT[,HOST:PORT...], not 'nonsense'"),
+    ("127.0.0.1:50052,:5", "--rpc takes HOST:PORT[,HOST:PORT...], not ':5'"),
+    ("127.0.0.1:99999", "--rpc 127.0.0.1:99999: the port must be 1 to 65535"),
+    ("127.0.0.1:0", "--rpc 127.0.0.1:0: the port must be 1 to 65535"),
+])
+@pytest.mark.parametrize("command", ["run", "doctor", "bench"])
+def test_a_malformed_rpc_server_is_a_usage_error(cli_in_process: InProcessCLI, command: str, value: str,
+                                                 message: str) -> None:
+    """A bad HOST:PORT is exit 2 before anything connects (not 'Connection refused' for port 99999)."""
+    r = cli_in_process(command, "--rpc", value, *(["-p", "hi"] if command == "run" else []))
+    assert r.returncode == 2 and r.stderr.startswith(f"localgen: error: {message}"), r.stderr
+    assert r.stderr.count("\n") == 1 and r.stdout == ""
 
 
 def test_a_server_dying_mid_answer_is_one_line_and_exit_1(cli: CLI) -> None:

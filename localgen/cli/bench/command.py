@@ -15,6 +15,7 @@ from localgen.cli.bench.view import ProgressView, bar_chart, emit, emit_serving
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
 from localgen.errors import UsageError
+from localgen.settings import rpc_servers
 
 bench_app = typer.Typer(
     help="Benchmark models and settings (llama-bench compatible), keep the results, compare runs.",
@@ -93,11 +94,12 @@ def bench(
         return
     if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
         raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
+    servers = rpc_servers(rpc)  # a malformed --rpc is a usage error before anything is planned
     plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, ot=ot, cmoe=knobs.get("cpu_moe"), batch=batch,
                  ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth,
                  reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact,
                  kv_unified=knobs.get("kv_unified"), kv_typed=knobs.typed("kv_unified"))
-    _measure(plan, measuring.output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
+    _measure(plan, measuring.output, offline, servers)
 
 
 def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values, threads: Values, ngl: Values,
