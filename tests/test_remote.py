@@ -53,6 +53,19 @@ def test_request_carries_the_flags_and_schema(cli: CLI, fake: FakeServer) -> Non
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
 
 
+def test_a_setting_left_alone_is_the_servers_and_the_seed_is_always_sent(cli: CLI, fake: FakeServer) -> None:
+    """docs/remote.md: a setting you leave alone takes the server's default (temperature included: vLLM's and
+    OpenAI's is 1.0, not localgen's 0.8); the seed is always sent, and --json reports it, to repeat the run."""
+    fake.requests.clear()
+    r = _run(cli, fake, "plain", "--json")
+    assert r.returncode == 0, r.stderr
+    body = fake.requests[-1]["body"]
+    assert set(body) == {"model", "stream", "stream_options", "seed", "messages"}, body
+    assert body["seed"] == json.loads(r.stdout)["seed"]
+    r = _run(cli, fake, "plain", "--temperature", "0")
+    assert fake.requests[-1]["body"]["temperature"] == 0
+
+
 def test_a_429_is_retried_and_a_busy_server_is_reported(cli: CLI, fake: FakeServer) -> None:
     fake.busy_once_seen = 0
     r = _run(cli, fake, "busy-once")
