@@ -64,6 +64,8 @@ def test_a_setting_left_alone_is_the_servers_and_the_seed_is_always_sent(cli: CL
     assert body["seed"] == json.loads(r.stdout)["seed"]
     r = _run(cli, fake, "plain", "--temperature", "0")
     assert fake.requests[-1]["body"]["temperature"] == 0
+    r = _run(cli, fake, "plain", "--temperature", "0.8")
+    assert "temperature" not in fake.requests[-1]["body"], "typed at localgen's default: the server's applies"
 
 
 def test_a_429_is_retried_and_a_busy_server_is_reported(cli: CLI, fake: FakeServer) -> None:
