@@ -85,6 +85,7 @@ def test_a_stream_that_fails_mid_answer_is_reported_as_partial(cli: CLI, fake: F
     r = _run(cli, fake, model)
     assert r.returncode == 1 and r.stdout == "Hel\n", "what arrived stays on stdout"
     assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "1 piece" in r.stderr and "the answer is partial" in r.stderr, "docs/remote.md: the error says so"
     r = _run(cli, fake, model, "--json")
     assert r.returncode == 1 and json.loads(r.stdout) == {"text": "Hel", "partial": True,
                                                           "error": r.stderr.split("error: ", 1)[1].strip()}

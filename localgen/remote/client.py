@@ -63,6 +63,10 @@ def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str,
     return body
 
 
+def _pieces(n: int) -> str:
+    return f"{n} piece{'' if n == 1 else 's'}"
+
+
 def _percentile(values: list[float], p: float) -> float | None:
     if not values:
         return None
@@ -236,7 +240,8 @@ class RemoteClient:
                             break
                         doc = _json(text, where)
                         if kind == "error" or "error" in doc:
-                            raise RemoteError(f"{where} reported an error mid-answer: {_error_text(doc)}",
+                            raise RemoteError(f"{where} reported an error mid-answer: {_error_text(doc)}"
+                                              + (f" (after {_pieces(gen.n)}; the answer is partial)" if gen.n else ""),
                                               partial=gen.n > 0)
                         for piece, finish in self._chunk(doc, gen):
                             finished = finished or finish is not None
@@ -252,11 +257,11 @@ class RemoteClient:
                     data.append(value)
                 # id:, retry: and unknown fields are ignored, as the SSE spec says
         except httpx.HTTPError as e:
-            raise RemoteError(f"the stream from {where} broke after {gen.n} pieces ({type(e).__name__}: {e})"
+            raise RemoteError(f"the stream from {where} broke after {_pieces(gen.n)} ({type(e).__name__}: {e})"
                               + ("; the answer is partial" if gen.n else ""), down=True, partial=gen.n > 0) from None
         if not finished and not gen._stop.is_set():
             raise RemoteError(f"the stream from {where} ended without finishing the answer"
-                              + (f" (after {gen.n} pieces; the answer is partial)" if gen.n else ""),
+                              + (f" (after {_pieces(gen.n)}; the answer is partial)" if gen.n else ""),
                               down=True, partial=gen.n > 0)
 
     def _chunk(self, doc: dict[str, Any], gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
