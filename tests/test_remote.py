@@ -314,6 +314,27 @@ def test_greedy_texts_from_two_paths_must_agree_or_on_a_gpu_begin_alike(monkeypa
             assert_same_greedy_text([late], [same], "on a CPU the paths are bit-identical")
 
 
+def test_resume_from_a_crash_that_cut_a_character_in_two(cli: CLI, tmp_path: Path) -> None:
+    """A crash can end the output mid-character (answers are written as UTF-8, not \\u escapes): the torn line
+    runs again, and with `>>` it stays in the file as it was, ended, with the rest after it (docs/remote.md)."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "Say hi.", "max_tokens": 3}\n{"prompt": "Say yes.", "max_tokens": 3}\n')
+    full = cli("run", "--file", str(prompts), "--json", "--seed", "3", "--temperature", "0")
+    assert full.returncode == 0, full.stderr
+    out = tmp_path / "out.jsonl"
+    torn = '{"line": 2, "text": "caf'.encode() + "é".encode()[:1]
+    out.write_bytes(full.stdout.splitlines(keepends=True)[0].encode() + torn)
+    with open(out, "a") as sink:
+        r = cli.popen("run", "--file", str(prompts), "--json", "--seed", "3", "--temperature", "0", "--resume-from",
+                      str(out), "--stats", stdout=sink, stderr=subprocess.PIPE, text=True)
+        _, err = r.communicate(timeout=600)
+    assert r.returncode == 0 and "1 already answered" in err, err
+    lines = out.read_bytes().splitlines()
+    assert lines[1] == torn and len(lines) == 3, "the torn line is left as it was, and ended"
+    again, first = json.loads(lines[2]), json.loads(full.stdout.splitlines()[1])
+    assert (again["line"], again["text"], again["seed"]) == (2, first["text"], first["seed"])
+
+
 def test_resume_from_skips_answered_lines(cli: CLI, two: tuple[Server, Server], tmp_path: Path) -> None:
     a, _ = two
     prompts = tmp_path / "in.jsonl"

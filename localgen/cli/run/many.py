@@ -182,16 +182,17 @@ def _resume(path: Path | None) -> tuple[dict[int, str], bool]:
     import os
 
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return {}, True  # nothing answered yet: the first run of a job that will resume from its output
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise UsageError(f"cannot read --resume-from {path}: {e}") from None
     answered: dict[int, str] = {}
-    for raw in text.splitlines():
+    for line in data.splitlines():
         try:
+            raw = line.decode("utf-8")
             doc = json.loads(raw)
-        except ValueError:
+        except ValueError:  # UnicodeDecodeError too: a crash can cut a character in two
             continue  # a line cut short by a crash: that line runs again
         if isinstance(doc, dict) and isinstance(doc.get("line"), int) and "error" not in doc and "text" in doc:
             answered[doc["line"]] = raw
@@ -206,7 +207,7 @@ def _resume(path: Path | None) -> tuple[dict[int, str], bool]:
                                  hint=f"append with `>> {path}`, or write to a new file")
     except (OSError, ValueError, AttributeError):
         same = False
-    if same and text and not text.endswith("\n"):
+    if same and data and not data.endswith(b"\n"):
         sys.stdout.write("\n")  # end the line a crash cut short, so the next answer starts a line of its own
     return answered, not same
 
