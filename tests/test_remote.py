@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,6 +207,42 @@ def test_only_the_endpoint_chosen_is_read_from_the_config(cli: CLI, cli_env: dic
         toml.unlink()
 
 
+def test_a_line_on_an_endpoint_that_dies_goes_to_one_still_up(cli: CLI, fake: FakeServer, tmp_path: Path) -> None:
+    """docs/remote.md: a failed endpoint's in-flight lines go to the others, even when the others have run out of
+    lines to take meanwhile; only when every endpoint is gone does a line fail. And --stats counts in English."""
+    dying = socket.socket()
+    dying.bind(("127.0.0.1", 0))
+    dying.listen()
+
+    def hang_up() -> None:  # takes each request, then drops the connection without an answer
+        while True:
+            try:
+                conn, _ = dying.accept()
+            except OSError:
+                return
+            time.sleep(0.5)  # the other endpoint has answered its line and found none left by then
+            conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    dead = f"http://127.0.0.1:{dying.getsockname()[1]}"
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n{"prompt": "hi"}\n')
+    try:
+        r = cli("run", "--file", str(prompts), "--endpoint", dead, "--endpoint", fake.url, "-m", "plain", "-np", "1",
+                "--stats", timeout=60)
+        assert r.returncode == 0 and r.stdout == "Hello world\n" * 2, r.stderr
+        assert "2 endpoints, 1 line moved off a failed one" in r.stderr, r.stderr
+        r = cli("run", "--file", str(prompts), "--endpoint", dead, "-m", "plain", "--json", timeout=60)
+        docs = [json.loads(x) for x in r.stdout.splitlines()]
+        assert r.returncode == 1 and [d["line"] for d in docs] == [1, 2], r.stderr
+        assert all(d["error"].startswith("every endpoint is gone (last: ") for d in docs), docs
+        prompts.write_text('{"prompt": "hi"}\n')
+        r = cli("run", "--file", str(prompts), "--endpoint", fake.url, "-m", "plain", "--stats", timeout=60)
+        assert r.stderr.startswith("1 prompt · 2 tokens generated"), r.stderr
+    finally:
+        dying.close()
+
+
 # ---- two real servers ---------------------------------------------------------------------------------
 
 
@@ -322,7 +360,7 @@ def test_resume_from_a_crash_that_cut_a_character_in_two(cli: CLI, tmp_path: Pat
     full = cli("run", "--file", str(prompts), "--json", "--seed", "3", "--temperature", "0")
     assert full.returncode == 0, full.stderr
     out = tmp_path / "out.jsonl"
-    torn = '{"line": 2, "text": "caf'.encode() + "é".encode()[:1]
+    torn = b'{"line": 2, "text": "caf' + "é".encode()[:1]
     out.write_bytes(full.stdout.splitlines(keepends=True)[0].encode() + torn)
     with open(out, "a") as sink:
         r = cli.popen("run", "--file", str(prompts), "--json", "--seed", "3", "--temperature", "0", "--resume-from",

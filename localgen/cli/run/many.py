@@ -167,8 +167,9 @@ def _print_stats(state: dict[str, int], secs: float, counters: dict[str, float],
     shared = f", {int(counters['shared']):,} prompt tokens shared" if counters.get("shared") else ""
     how = (f"{mode}, {per_call:.1f} sequences per decode call{shared}" if counters.get("steps") else
            _plural(endpoints, "endpoint") + (
-               f", {int(counters['retried'])} lines moved off a failed one" if counters.get("retried") else ""))
-    print(f"{state['prompts']} prompts · {state['tokens']} tokens generated in {secs:.2f} s · "
+               f", {_plural(int(counters['retried']), 'line')} moved off a failed one" if counters.get("retried")
+               else ""))
+    print(f"{_plural(state['prompts'], 'prompt')} · {_plural(state['tokens'], 'token')} generated in {secs:.2f} s · "
           f"{state['tokens'] / secs if secs else 0:.1f} tok/s aggregate · --parallel {parallel} · {how}"
           + (f" · {state['skipped']} already answered" if state["skipped"] else "")
           + (f" · {state['failed']} failed" if state["failed"] else ""), file=sys.stderr)
