@@ -10,9 +10,10 @@ command itself checks it (a bind with SO_REUSEADDR): a busy one is waited for, B
 says what to stop. The example is waited for until it listens (a TCP connect: serve listens once its models
 have loaded), asked what is cheap (serve: /health holds the models it names, loaded at start, with its
 `--parallel` slots and `--max-models`, and /v1/models lists them, given the example's key, and is 401 without
-it; rpc-server: its HELLO answer, this build's protocol), and stopped as a user stops it (serve: SIGTERM, exit
-0; rpc-server: Ctrl-C, its banner says, which ends it by SIGINT as it ends llama.cpp's own), without a
-traceback. A `localgen ps` right after a serve on its page asks that server, up until the ps has run (`kept`).
+it, and a chat request that names no model is answered by its default model; rpc-server: its HELLO answer,
+this build's protocol), and stopped as a user stops it (serve: SIGTERM, exit 0; rpc-server: Ctrl-C, its
+banner says, which ends it by SIGINT as it ends llama.cpp's own), without a traceback. A `localgen ps`
+right after a serve on its page asks that server, up until the ps has run (`kept`).
 About 0.4 s of CPU a start with SmolLM2, 1.1 s with Gemma too."""
 
 from __future__ import annotations
@@ -87,10 +88,15 @@ class Served:
 
             assert devices.rpc_hello(f"127.0.0.1:{self.port}")[0] == devices.RPC_PROTO_MAJOR
             return
-        with httpx.Client(base_url=self.url, timeout=30) as http:
+        auth = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        with httpx.Client(base_url=self.url, timeout=120) as http:
             health = http.get("/health").json()
-            got = http.get("/v1/models", headers={"Authorization": f"Bearer {self.key}"} if self.key else {})
+            got = http.get("/v1/models", headers=auth)
             assert not self.key or http.get("/v1/models").status_code == 401, "no key, no models"
+            chat = http.post("/v1/chat/completions", headers=auth, json={
+                "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        # a request that names no model (a chat front-end's, the chat page's) goes to the example's default model
+        assert chat.status_code == 200, f"the default model does not chat: {chat.text}"
         named = values(self.argv, "-m", "--model") or [SMOLLM2]  # loaded at start; without -m, the default
         assert set(named) <= health["models"].keys(), health
         slots = int((values(self.argv, "--parallel", "-np") or ["4"])[-1])

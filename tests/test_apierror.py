@@ -5,9 +5,11 @@ gate's refusals). Over HTTP: tests/test_serve.py."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,3 +56,75 @@ def test_an_error_names_a_file_never_the_servers_folders(tmp_path: Path, monkeyp
                  f"{tempfile.gettempdir()}x/y stays", f"a{tmp_path}/y stays", "/srv/models/x.gguf stays"):
         # a URL's path, a repo, a longer name than a folder's, one inside another name, a folder not the server's
         assert without_paths(kept) == kept
+
+
+@pytest.fixture(scope="module")
+def app_client() -> Any:
+    """The real app (every route, the gate, the error handlers) over no model: what routing and the gate answer
+    needs none."""
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    return TestClient(build(ServeState(workers={}), Policy(api_key="k", check_host=False)),
+                      headers={"Authorization": "Bearer k"})
+
+
+@pytest.mark.parametrize(("path", "status", "api"), [
+    ("/v1/nothing", 404, OPENAI), ("/v1/models", 405, OPENAI), ("/health", 405, OPENAI), ("/metrics", 405, OPENAI),
+    ("/v1/messages/nothing", 404, ANTHROPIC), ("/api/nothing", 404, OLLAMA), ("/api/tags", 405, OLLAMA)])
+@pytest.mark.parametrize("kind", [None, "application/x-www-form-urlencoded", "text/plain", "application/json"])
+def test_a_path_no_route_serves_is_a_404_and_a_method_a_405_whatever_the_body(
+        app_client: Any, path: str, status: int, api: str, kind: str | None) -> None:
+    """docs/api.md, Errors: routing comes before the body's type (`curl -X POST .../v1/models` is a 405 that says
+    which methods the route takes, not a 415 about a body it would never read)."""
+    r = app_client.post(path, content=b"{}", headers={"Content-Type": kind} if kind else {})
+    assert r.status_code == status, r.text
+    doc = r.json()
+    message = doc["error"] if api == OLLAMA else doc["error"]["message"]
+    assert path in message and "Content-Type" not in message, doc
+    if api == ANTHROPIC:
+        assert doc["type"] == "error" and doc["error"]["type"] == "not_found_error", doc
+    if status == 405:
+        assert r.headers["allow"] and r.headers["allow"] in message and "POST" not in r.headers["allow"]
+
+
+def test_the_gate_still_comes_first_for_a_route_that_takes_the_method(app_client: Any) -> None:
+    """The key before routing (an unknown path without the key is a 401, telling nothing of the routes), and a
+    route that takes a POST still wants JSON (415) in its API's shape: Anthropic calls it an invalid request."""
+    assert app_client.post("/v1/nothing", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    r = app_client.post("/v1/chat/completions", content=b"{}", headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    form = {"Content-Type": "application/x-www-form-urlencoded"}  # curl's plain -d
+    r = app_client.post("/v1/messages", content=b"{}", headers=form)
+    assert r.status_code == 415, r.text
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert app_client.post("/api/tags", content=b"{}", headers=form).status_code == 405
+
+
+def test_every_anthropic_error_type_is_on_the_api_page() -> None:
+    """docs/api.md lists the error type Anthropic's shape gives each status (and api_error for the rest)."""
+    from localgen.serve.apierror import ANTHROPIC_KINDS
+
+    page = (Path(__file__).parents[1] / "docs" / "api.md").read_text()
+    listed = page[page.index("Errors use Anthropic's shape"):][:600]
+    for status, kind in ANTHROPIC_KINDS.items():
+        assert re.search(rf"`{kind}` \([^)]*\b{status}\b", listed), (status, kind, listed)
+    assert error_body(ANTHROPIC, HTTPError(415, "x"))["error"]["type"] == "invalid_request_error"
+    assert "`api_error` (500" in listed
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (b"{'model': 'x'}", "the request body is not valid JSON at line 1, column 2"),  # a shell's quotes
+    (b'{"model": "x",\n "messages": [1,]}', "the request body is not valid JSON at line 2, column 17"),
+    (b'{"model": "\xc3("}', "the request body is not valid UTF-8 at byte 12: send JSON as UTF-8 text"),
+    (b'{"n": ' + b"1" * 5000 + b"}", "the request body is not valid JSON")])
+def test_a_body_that_is_not_json_says_where_in_its_own_words(app_client: Any, body: bytes, says: str) -> None:
+    """docs/serve.md, Limits: no error body carries an exception's text; the position is ours to give."""
+    for path, api in (("/v1/chat/completions", OPENAI), ("/v1/messages", ANTHROPIC), ("/api/chat", OLLAMA)):
+        r = app_client.post(path, content=body, headers={"Content-Type": "application/json"})
+        doc = r.json()
+        assert r.status_code == 400 and (doc["error"] if api == OLLAMA else doc["error"]["message"]) == says, r.text
+        assert not re.search("Expecting|delimiter|codec|char |position|digits", r.text), r.text

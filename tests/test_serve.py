@@ -487,6 +487,54 @@ def test_anthropic_refuses_what_anthropic_refuses(server: Server, body: dict[str
     assert field in doc["error"]["message"]
 
 
+# Optional fields a client may send as null (OpenAI's SDKs and many front-ends do, for "the default"): each is
+# taken as if absent, as OpenAI and Anthropic take them. Each route gets its own request with one field null.
+NULLABLE = {
+    "/v1/chat/completions": ("n", "stream", "stream_options", "logprobs", "top_logprobs", "max_tokens",
+                             "max_completion_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
+                             "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice",
+                             "parallel_tool_calls", "reasoning_effort", "user", "metadata", "store", "service_tier",
+                             "modalities", "audio", "prediction", "functions", "function_call", "ttl",
+                             "chat_template_kwargs", "reasoning_format", "top_k", "min_p"),
+    "/v1/completions": ("n", "logprobs", "echo", "suffix", "best_of", "stream", "stream_options", "max_tokens",
+                        "temperature", "top_p", "stop", "seed", "logit_bias", "user"),
+    "/v1/responses": ("instructions", "previous_response_id", "max_output_tokens", "temperature", "top_p", "text",
+                      "reasoning", "tools", "tool_choice", "parallel_tool_calls", "store", "truncation", "include",
+                      "metadata", "user", "stream", "background", "service_tier", "top_logprobs"),
+    "/v1/messages": ("system", "temperature", "top_p", "top_k", "stop_sequences", "stream", "metadata", "tools",
+                     "tool_choice", "thinking", "service_tier", "output_config"),
+}
+HI = [{"role": "user", "content": "Hi"}]
+NULL_BASE = {"/v1/chat/completions": {"messages": HI, "max_tokens": 1},
+             "/v1/completions": {"prompt": "Hi", "max_tokens": 1},
+             "/v1/responses": {"input": "Hi", "max_output_tokens": 16},
+             "/v1/messages": {"messages": HI, "max_tokens": 1}}
+
+
+@pytest.mark.parametrize("path", list(NULLABLE))
+def test_a_null_optional_field_is_the_default(server: Server, path: str) -> None:
+    """`"n": null`, `"top_logprobs": null` (with logprobs), `"temperature": null`...: the default, never a 400.
+    (Four at a time: the server's four slots.)"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = {}
+    for name in NULLABLE[path]:
+        body = {"model": "smollm2:135m", **NULL_BASE[path], name: None}
+        if name in ("max_tokens", "max_output_tokens"):  # its null is the default: bounded by its other spelling
+            body = {**{k: v for k, v in body.items() if k not in ("max_tokens", "max_output_tokens")}, name: None,
+                    **({"max_completion_tokens": 1} if path == "/v1/chat/completions" else {})}
+            if path != "/v1/chat/completions":
+                continue  # no other spelling: the server's own bound would be a long answer
+        if name == "top_logprobs" and path == "/v1/chat/completions":
+            body["logprobs"] = True
+        bodies[name] = body
+    with ThreadPoolExecutor(4) as pool:
+        got = dict(zip(bodies, pool.map(lambda b: httpx.post(f"{server.url}{path}", headers=_auth(), json=b,
+                                                             timeout=120), bodies.values()), strict=True))
+    refused = {name: r.text[:200] for name, r in got.items() if r.status_code != 200}
+    assert not refused, refused
+
+
 @pytest.mark.parametrize(("method", "path", "status", "shape"), [
     ("GET", "/v1/nothing", 404, "openai"), ("POST", "/v1/chat/nothing", 404, "openai"),
     ("DELETE", "/v1/chat/completions", 405, "openai"), ("GET", "/v1/responses", 405, "openai"),

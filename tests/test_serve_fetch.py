@@ -5,6 +5,7 @@ client leaves, `run -a URL`, and the access line each request leaves on stderr."
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import sys
@@ -352,16 +353,24 @@ def test_slow_urls_fill_only_their_own_pool(cli_env: dict[str, str], proj: Path,
 
 
 def test_the_access_log_is_one_line_per_request(lan: Server, guarded: Server) -> None:
-    httpx.get(f"{lan.url}/health", timeout=5)
+    """Method, path, status, tokens, milliseconds and the request's id (its X-Request-Id: the client's or a
+    fresh one), so a failed request a user reports by its id is found in the log (docs/serve.md, Request ids)."""
+    health = httpx.get(f"{lan.url}/health", timeout=5)
     r = httpx.post(f"{lan.url}/v1/chat/completions", timeout=60, json={
         "model": "smollm2:135m", "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]})
     usage = r.json()["usage"]
+    bad = httpx.post(f"{lan.url}/v1/chat/completions", headers={"X-Request-Id": "ticket-7"}, timeout=60,
+                     json={"model": "smollm2:135m", "messages": []})
+    assert bad.status_code == 400 and bad.json()["request_id"] == "ticket-7", bad.text
     time.sleep(0.2)
     assert lan.proc.stderr is not None
     lines = lan.proc.stderr.read().decode().splitlines()
     want = f"POST /v1/chat/completions 200 {usage['prompt_tokens']}+{usage['completion_tokens']} tokens "
-    assert any(line.startswith(want) and line.endswith(" ms") for line in lines), lines[-5:]
-    assert any(line.startswith("GET /health 200 ") for line in lines)
+    assert any(re.fullmatch(re.escape(want) + rf"\d+ ms id={r.headers['x-request-id']}", line)
+               for line in lines), lines[-5:]
+    assert r.headers["x-request-id"].startswith("req_")
+    assert any(re.fullmatch(rf"GET /health 200 \d+ ms id={health.headers['x-request-id']}", line) for line in lines)
+    assert any(re.fullmatch(r"POST /v1/chat/completions 400 \d+ ms id=ticket-7", line) for line in lines), lines[-5:]
     assert not any("HTTP/1.1" in line for line in lines), "uvicorn's own access log is off"
     assert guarded.proc.stderr is not None
     assert not any(" ms" in line for line in guarded.proc.stderr.read().decode().splitlines()), "--quiet"

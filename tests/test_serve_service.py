@@ -295,3 +295,38 @@ def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: 
     log = _log(torn)
     assert torn_cached == 0 and after == fresh and "Traceback" not in log
     assert "skipped a stored prefix" in log and "the file is torn" in log, log
+
+
+def test_a_pinned_model_is_unloaded_when_a_client_asks_and_loads_again(cli_env: dict[str, str]) -> None:
+    """docs/serve.md, Which models: -m pins a model against eviction (and deletion), not against an explicit unload
+    (llama-server's router and Ollama honour one): POST /models/unload and Ollama's keep_alive 0 unload it, with
+    --no-on-demand too; it stays offered, and the next request loads it again. --help says the same."""
+    from localgen.cli import app
+
+    s = Server(cli_env, "-m", "smollm2:135m", "--no-on-demand", "-np", "1", "--ctx", "512")
+    try:
+        def loaded() -> bool:
+            return bool(httpx.get(f"{s.url}/health", timeout=30).json()["models"]["smollm2:135m"]["loaded"])
+
+        def chat() -> httpx.Response:
+            return httpx.post(f"{s.url}/v1/chat/completions", timeout=120, json={
+                "model": "smollm2:135m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+
+        assert loaded()
+        r = httpx.post(f"{s.url}/models/unload", json={"model": "smollm2:135m"}, timeout=60)
+        assert r.status_code == 200 and r.json() == {"success": True}, r.text
+        assert not loaded() and httpx.get(f"{s.url}/api/ps", timeout=30).json()["models"] == []
+        assert [m["id"] for m in httpx.get(f"{s.url}/v1/models", timeout=30).json()["data"]] == ["smollm2:135m"]
+        assert chat().status_code == 200 and loaded()
+        r = httpx.post(f"{s.url}/api/generate", json={"model": "smollm2:135m", "keep_alive": 0}, timeout=60)
+        assert r.status_code == 200 and r.json()["done_reason"] == "unload" and not loaded(), r.text
+        assert chat().status_code == 200 and loaded()
+        assert httpx.get(f"{s.url}/health", timeout=30).json()["residency"]["unloads"] == 2
+    finally:
+        assert s.stop() == 0
+    import typer
+
+    [model] = [p for p in typer.main.get_command(app.build("serve")).commands["serve"].params  # type: ignore[attr-defined]
+               if p.name == "models"]
+    assert "never unloaded to make room for another, only after --keep-alive idle or when a client unloads it" \
+        in " ".join((model.help or "").split())

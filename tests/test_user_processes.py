@@ -391,6 +391,49 @@ def test_serve_stops_at_sigterm_cleanly_and_frees_its_port(served: Any) -> None:
     assert any(e == "socket.bind" for e, *_ in seen["sockets"])
 
 
+def json_objects(text: str) -> list[dict[str, Any]]:
+    """Each line a terminal showed, as the JSON object it must be."""
+    lines = [line for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
+    assert lines, "nothing was written"
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.slow
+def test_serve_log_format_json_on_a_terminal_writes_only_json(user_home: Path) -> None:
+    """docs/serve.md, The log: with --log-format json every line serve writes is a JSON object, on a terminal too
+    (no "loading ..." line there), --verbose's uvicorn lines included, and so is the error that stops a second
+    serve on the same port (an `error` event with its hint and exit status, which stays 1)."""
+    import pexpect
+
+    env = user_env(user_home, TERM="xterm")
+    port = str(free_port())
+    first = pexpect.spawn(str(BIN), ["serve", "--log-format", "json", "--verbose", "-m", "smollm2:135m", "--port",
+                                     port], env=env, cwd=str(user_home), encoding="utf-8", timeout=SAFETY_NET_S,
+                          dimensions=(40, 120), preexec_fn=as_user)
+    try:
+        first.expect("Uvicorn running on")
+        said = first.before + first.after
+        first.expect("\n")
+        said += first.before + first.after
+        second = pexpect.spawn(str(BIN), ["serve", "--log-format", "json", "-m", "smollm2:135m", "--port", port],
+                               env=env, cwd=str(user_home), encoding="utf-8", timeout=SAFETY_NET_S,
+                               dimensions=(40, 120), preexec_fn=as_user)
+        second.expect(pexpect.EOF)
+        second.close()
+        first.kill(signal.SIGTERM)
+        first.expect(pexpect.EOF)
+        said += first.before
+    finally:
+        first.close()
+    assert first.exitstatus == 0, said
+    events = [d["event"] for d in json_objects(said)]
+    assert events[:2] == ["load", "start"] and "server" in events, events  # the load's event, no "loading ..."
+    [error] = json_objects(second.before)
+    assert second.exitstatus == 1 and error["exit_code"] == 1, second.before
+    assert error["event"] == "error" and error["message"].startswith(f"cannot listen on 127.0.0.1:{port}"), error
+    assert error["hint"] and {"time", "request_id", "route", "model", "status"} <= set(error), error
+
+
 @pytest.mark.quick
 def test_the_probe_sees_a_socket_and_an_import(tmp_path: Path) -> None:
     """The probe that the budgets above rely on records what it must: a connection's socket and address, and a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from localgen.units import format_bytes
@@ -48,14 +49,18 @@ class BarProgress:
 class LineProgress:
     """Plain lines: the start, every quarter, the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, say: Callable[[str], None] | None = None) -> None:
         self.name = ""
         self.total = 0
         self.done = 0
         self.next_mark = 25
+        self.say = say  # where each line goes (serve's JSON log); None: stderr
 
     def _line(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+        if self.say is not None:
+            self.say(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def start(self, name: str, total: int, done: int) -> None:
         self.name, self.total, self.done = name, total, done

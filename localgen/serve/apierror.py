@@ -47,7 +47,7 @@ OPENAI, ANTHROPIC, OLLAMA = "openai", "anthropic", "ollama"
 # error kinds by status, as Anthropic names them
 ANTHROPIC_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-                   429: "rate_limit_error", 499: "invalid_request_error", 503: "overloaded_error"}
+                   415: "invalid_request_error", 499: "invalid_request_error", 503: "overloaded_error"}
 
 
 def api_of(path: str) -> str:

@@ -98,7 +98,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
                     lifespan=lifespan)
     app.state.drain = drain
     app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
-    app.add_middleware(Gate, policy=policy)  # type: ignore[arg-type]
+    app.add_middleware(Gate, policy=policy, routes=routes)  # type: ignore[arg-type]
     app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]  # outermost: added last
     return app
 
@@ -124,8 +124,8 @@ _TAIL = 2048
 class FrontDoor:
     """Pure ASGI, outermost: each request's Incoming and Trace (its id: the client's X-Request-Id, sanitized,
     or a fresh one, sent back as X-Request-Id) in context; when it ends, its count in the metrics by route and
-    status, and its access line (serve/servelog.py): method, path, status, tokens, milliseconds, or in JSON
-    also its id, route, model, cached tokens, time to first token and client."""
+    status, and its access line (serve/servelog.py): method, path, status, tokens, milliseconds and id, or in
+    JSON also its route, model, cached tokens, time to first token and client."""
 
     def __init__(self, app: Any, front: Front) -> None:
         self.app = app

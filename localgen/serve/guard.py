@@ -1,6 +1,7 @@
 """What every request passes before a route, outermost first: the Host check (against DNS rebinding, while
 serving on loopback), the Origin allow-list (a web page may use the server only from an allowed origin;
-CORS headers for those), the API key, and for a request with a body: JSON's content type and a size bound.
+CORS headers for those), the API key, and for a request with a body to a route that takes it (another is the
+router's 404 or 405, whatever its body): JSON's content type and a size bound.
 Clients that are not browsers send no Origin and pass the origin check as they are. Ollama's API (/api/*)
 also reads a body sent as a form or with no type as JSON, as Ollama does (`curl -d '{...}'`): a browser's
 form post, the cross-site request a JSON-only rule would stop, carries an Origin, which is checked above."""
@@ -11,12 +12,13 @@ import functools
 import hmac
 import ipaddress
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.requests import Request
+from starlette.routing import BaseRoute, Match
 
 from localgen.serve.apierror import HTTPError, error_response
 
@@ -108,9 +110,10 @@ class Gate:
     """The ASGI middleware that applies a Policy (Starlette's CORSMiddleware sits inside it for the headers
     and preflights of allowed origins)."""
 
-    def __init__(self, app: ASGIApp, policy: Policy) -> None:
+    def __init__(self, app: ASGIApp, policy: Policy, routes: Sequence[BaseRoute] | None = None) -> None:
         self.app = app
         self.policy = policy
+        self.routes = routes  # None: every request is taken to reach a route (an app that answers 404s itself)
         self.key = policy.api_key.encode() if policy.api_key else None
         self.cors = _cors(self._after_origin, policy)
 
@@ -146,8 +149,8 @@ class Gate:
                     401, "a valid API key is needed (Authorization: Bearer KEY, or x-api-key: KEY)",
                     "authentication_error"))
                 return
-        if scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
+        if scope["method"] not in ("POST", "PUT", "PATCH") or not self._routed(scope):
+            await self.app(scope, receive, send)  # a path no route serves, a method it does not take: 404, 405
             return
         kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if kind != "application/json" and not (path.startswith("/api/") and kind in OLLAMA_BODY_TYPES):
@@ -182,6 +185,11 @@ class Gate:
             return dict(await receive())
 
         await self.app(scope, replay, send)
+
+    def _routed(self, scope: dict[str, Any]) -> bool:
+        """Whether a route takes this path and method: the body's type and size are checked only then, so a
+        POST to a path no route serves is a 404 and one to a route that takes no POST a 405, whatever its body."""
+        return self.routes is None or any(r.matches(scope)[0] is Match.FULL for r in self.routes)
 
 
 async def _refuse(scope: dict[str, Any], receive: Any, send: Any, e: HTTPError) -> None:

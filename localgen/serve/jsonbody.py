@@ -20,8 +20,13 @@ async def read_json(request: Request) -> dict[str, Any]:
         body = json.loads(await request.body() or b"{}")
     except RecursionError:
         raise HTTPError(400, f"the request body is nested too deeply (at most {MAX_DEPTH} levels)") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise HTTPError(400, f"the request body is not valid JSON: {e}") from None
+    except json.JSONDecodeError as e:  # where, in our words: Python's own message is no client's business
+        raise HTTPError(400, f"the request body is not valid JSON at line {e.lineno}, column {e.colno}") from None
+    except UnicodeDecodeError as e:
+        raise HTTPError(400, f"the request body is not valid UTF-8 at byte {e.start + 1}: send JSON as UTF-8 "
+                             "text") from None
+    except ValueError:  # a number of more than 4,300 digits, say
+        raise HTTPError(400, "the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise HTTPError(400, "the request body must be a JSON object")
     if _depth(body) > MAX_DEPTH:

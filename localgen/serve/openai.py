@@ -51,13 +51,13 @@ class Completions:
             if body.get(key):
                 raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
         _check_text_output(body)
-        if body.get("n", 1) != 1:
+        if body.get("n") not in (None, 1):  # null is OpenAI's default, 1
             raise HTTPError(400, "only n=1 is supported: send the request n times (they run in parallel slots)",
                             param="n")
         logprobs = None
         if body.get("logprobs"):
-            top = body.get("top_logprobs", 0) if self.chat else body.get("logprobs")
-            top = 0 if top is True else top
+            top = body.get("top_logprobs") if self.chat else body.get("logprobs")
+            top = 0 if top is True or top is None else top  # null: OpenAI's default, none
             if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
                 raise HTTPError(400, "top_logprobs must be an integer from 0 to 20", param="top_logprobs")
             logprobs = top

@@ -98,7 +98,8 @@ class ServeLog:
     def access(self, method: str, path: str, route: str, status: int, seconds: float, trace: Trace,
                counts: dict[str, int]) -> None:
         """A request has ended (status 0: no response began). `counts`: token counts read from the response
-        body, for requests no worker counted (embeddings)."""
+        body, for requests no worker counted (embeddings). The text line ends with `id=` and the request's id
+        (its characters are request_id's: no blank can end it early)."""
         if not self.access_on:
             return
         prompt = trace.prompt_tokens if trace.prompt_tokens is not None else counts.get("prompt")
@@ -111,7 +112,7 @@ class ServeLog:
                                  total_ms=round(seconds * 1000, 1), client=trace.client))
             return
         shown = path if path.isprintable() else repr(path)  # %0A in a path: no forged lines
-        self.write(f"{method} {shown} {status or '-'}{_tokens(prompt, made)} {seconds * 1000:.0f} ms")
+        self.write(f"{method} {shown} {status or '-'}{_tokens(prompt, made)} {seconds * 1000:.0f} ms id={trace.id}")
 
     def event(self, kind: str, model: str | None, text: str, **fields: Any) -> None:
         """A model's load, unload, eviction or wait for room, the server's start: `text` is the plain line,
@@ -136,6 +137,12 @@ class ServeLog:
             self.write(json_line("error", model=model, message=text, traceback=detail or None))
         else:
             self.write(text + (f"\n{detail}" if detail else ""))
+
+
+    def fatal(self, text: str, hint: str | None, exit_code: int) -> None:
+        """The error that stops serve, as JSON's "error" event with its hint and exit status (in text, the CLI
+        prints it as it prints every command's)."""
+        self.write(json_line("error", message=text, hint=hint, exit_code=exit_code))
 
 
 def json_line(event: str, request_id: str | None = None, route: str | None = None, model: str | None = None,

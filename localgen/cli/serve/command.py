@@ -47,9 +47,10 @@ def serve(
     models: Annotated[
         list[str] | None,
         typer.Option("--model", "-m", envvar="LOCALGEN_MODEL", rich_help_panel=SERVE, show_default=False,
-                     help="A model to load at start and keep loaded (repeatable; default: smollm2:135m, loaded at "
-                          "start but unloaded to make room). Requests name a model in `model`; the first -m is "
-                          "the model of a request that names none (or a claude-* model not here)."),
+                     help="A model to load at start and pin: never unloaded to make room for another, only "
+                          "after --keep-alive idle or when a client unloads it (repeatable; default: smollm2:135m, "
+                          "loaded at start, unpinned). Requests name a model in `model`; the first -m is the model "
+                          "of a request that names none (or a claude-* model not here)."),
     ] = None,
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
@@ -61,7 +62,7 @@ def serve(
     ] = 4.0,
     quiet: Annotated[
         bool, typer.Option("--quiet", rich_help_panel=o.OUTPUT_PANEL,
-                           help="No access line per request on stderr (method, path, status, tokens, ms).")
+                           help="No access line per request on stderr (method, path, status, tokens, ms, id).")
     ] = False,
     verbose: Annotated[
         bool, typer.Option("--verbose", rich_help_panel=o.OUTPUT_PANEL,
@@ -93,7 +94,23 @@ def serve(
 
 
 def start(f: ServeArgs) -> None:
-    """Check everything, load the models, then listen until told to stop."""
+    """Check everything, load the models, then listen until told to stop. With --log-format json, an error that
+    stops serve is a JSON line too (an `error` event with its hint and exit status), not the CLI's plain one."""
+    from localgen.serve.servelog import ServeLog
+
+    if f.log_format not in ("text", "json"):
+        raise UsageError(f"--log-format is text or json, not {f.log_format!r}")
+    log = ServeLog(json_lines=f.log_format == "json", access=not f.quiet)
+    try:
+        _start(f, log)
+    except LocalgenError as e:
+        if not log.json or os.environ.get("LOCALGEN_DEBUG"):
+            raise
+        log.fatal(e.message, e.hint, e.exit_code)
+        raise typer.Exit(e.exit_code) from None
+
+
+def _start(f: ServeArgs, log: ServeLog) -> None:
     import uvicorn
 
     from localgen.cli.main import is_loopback
@@ -102,7 +119,6 @@ def start(f: ServeArgs) -> None:
     from localgen.serve.app import build
     from localgen.serve.guard import Policy, origins_from
     from localgen.serve.jobs import parse_duration
-    from localgen.serve.servelog import ServeLog
     from localgen.serve.state import ServeState
 
     err = ErrWriter()
@@ -116,19 +132,16 @@ def start(f: ServeArgs) -> None:
         raise UsageError(f"--keep-alive: {e.message}") from None
     policy = Policy(api_key=key, origins=origins_from(listen.cors, os.environ.get("LOCALGEN_ORIGINS")),
                     check_host=is_loopback(listen.host), max_body=_max_body(listen.max_body))
-    if f.log_format not in ("text", "json"):
-        raise UsageError(f"--log-format is text or json, not {f.log_format!r}")
     models = model_settings(f.knobs, f.batching.parallel)  # the flags are valid before anything loads
     cache_ram = _cache_ram(f.batching.cache_ram)  # before the port: a bad flag is a usage error whatever listens there
     cache_disk = _cache_disk(f.batching.cache_disk)
     _check_port(listen.host, listen.port)
-    log = ServeLog(json_lines=f.log_format == "json", access=not f.quiet)
     if not is_loopback(listen.host) and not key:
         log.warning(f"listening on {listen.host} with no API key: anyone who can reach this port can use the models")
     residency = _residency(f.residency, models.offload, log)
     store = _prefix_store(cache_disk, cache_ram, log)
     make = _maker(f, models, keep, cache_ram, residency, store, log)
-    workers = _workers(f, models, make, err)
+    workers = _workers(f, models, make, err, log)
     state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=models.sampling,
                        allow_image_urls=fetching.allow_image_urls,
                        default=workers[0].name,  # the first -m, or the default model
@@ -292,19 +305,23 @@ def _on_demand(models: ModelSettings, make: Callable[[ModelRef, bool, LoadParams
 
 
 def _workers(f: ServeArgs, models: ModelSettings, make: Callable[[ModelRef, bool, LoadParams], ModelWorker],
-             err: ErrWriter) -> list[ModelWorker]:
-    from localgen.cli.progress import make_progress
+             err: ErrWriter, log: ServeLog) -> list[ModelWorker]:
+    """The models named at start, loaded. A download's progress is the log's lines with --log-format json, and
+    the terminal's "loading ..." is left out there (the load's own event follows)."""
+    from localgen.cli.progress import LineProgress, make_progress
     from localgen.models.resolve import resolve
 
     load = models.load  # the tuning record for this many streams, if one was made
     names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
     workers = []
     for name in names:
-        ref = files.with_template(resolve(name, offline=f.offline, progress=make_progress()), f.mmproj,
-                                      f.chat_template_file)
+        progress = LineProgress(log.line) if log.json else make_progress()
+        ref = files.with_template(resolve(name, offline=f.offline, progress=progress), f.mmproj,
+                                  f.chat_template_file)
         # -m pins; the default model, loaded at start, may make room
         w = make(ref, bool(f.models), load)
-        err.status(f"loading {ref.name} ...")
+        if not log.json:
+            err.status(f"loading {ref.name} ...")
         w.preload()
         w.start()
         workers.append(w)
