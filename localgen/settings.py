@@ -499,6 +499,20 @@ def flash_attn_value(flash_attn: Any, no_flash_attn: bool = False) -> bool | str
     raise UsageError(f"--flash-attn takes on, off or auto, not {flash_attn!r}")
 
 
+def rpc_servers(text: str | None) -> tuple[str, ...]:
+    """--rpc's servers (HOST:PORT,...), each checked for its shape and port range before anything connects or
+    loads: a usage error otherwise. The host has no colon, as llama.cpp's own parser splits at the first."""
+    servers = tuple(x.strip() for x in str(text or "").split(",") if x.strip())
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        if not host or ":" in host or not port.isdigit():
+            raise UsageError(f"--rpc takes HOST:PORT[,HOST:PORT...], not {server!r}",
+                             hint="e.g. 10.0.0.5:50052, where localgen rpc-server listens")
+        if not 1 <= int(port) <= 65535:
+            raise UsageError(f"--rpc {server}: the port must be 1 to 65535")
+    return servers
+
+
 def load_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     """LoadParams' fields from load settings as their flags take them (the knobs absent stay out, so a layer
     of them can go over another's); --lora's files are the caller's (they are checked on disk)."""
@@ -521,7 +535,7 @@ def load_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     if "mlock" in values:
         out["use_mlock"] = bool(values["mlock"])
     if "rpc" in values:
-        out["rpc"] = tuple(x.strip() for x in str(values["rpc"] or "").split(",") if x.strip())
+        out["rpc"] = rpc_servers(values["rpc"])
     if "override_tensor" in values:
         out["override_tensor"] = placement.parse(values["override_tensor"])
     return out

@@ -9,6 +9,7 @@ import base64
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,8 +114,21 @@ def test_collections_store_skip_unchanged_and_find_neighbours(ecli: CLI, tmp_pat
     assert hits[0]["content"] in TEXTS[:2]
     r = ecli("embed", "x", "--store", "notes", "--dimensions", "32")
     assert r.returncode == 2 and "holds smollm2:135m vectors" in r.stderr
+    assert "(use --dimensions 576, or another collection name)" in r.stderr, "the hint names what differs"
+    r = ecli("embed", "x", "--store", "notes", "--pooling", "cls")
+    assert r.returncode == 2 and "(use --pooling mean, or another collection name)" in r.stderr, r.stderr
+    r = ecli("embed", "x", "--store", "notes", "-m", "gemma3:270m", "--pooling", "cls")
+    assert r.returncode == 2 and "(use -m smollm2:135m, or another collection name)" in r.stderr, r.stderr
     r = ecli("similar", "nope", "x")
     assert r.returncode == 2 and "no collection named 'nope' (there are: notes)" in r.stderr
+    # entries are keyed by line number: a line deleted from the file moves the lines below it up (embedded
+    # again at their new numbers), and the last number keeps its old text (docs/embed.md says so)
+    docs.write_text("\n".join([TEXTS[0], TEXTS[2], "Stocks rose on Tuesday."]) + "\n")
+    r = ecli("embed", "--file", str(docs), "--store", "notes")
+    assert "2 embedded and stored, 1 unchanged" in r.stderr, r.stderr
+    hits = ecli("similar", "notes", "x", "-n", "9").stdout.splitlines()
+    held = {h["id"]: h["content"] for h in map(json.loads, hits)}
+    assert held == {"1": TEXTS[0], "2": TEXTS[2], "3": "Stocks rose on Tuesday.", "4": "Stocks rose on Tuesday."}
     db = Path(ecli.env["LOCALGEN_HOME"]) / "data" / "embeddings" / "embeddings.db"
     assert oct(db.stat().st_mode & 0o777) == "0o600" and oct(db.parent.stat().st_mode & 0o777) == "0o700"
 
@@ -244,6 +258,14 @@ def test_rerank_scores_match_llama_cpps(cli: CLI, tiny: dict[str, Path], tmp_pat
     top = [json.loads(line) for line in cli("rerank", "-m", str(tiny["reranker"]), ref["query"], "--file", str(f),
                                             "--top", "2").stdout.splitlines()]
     assert [t["id"] for t in top] == [f"d{int(g['id']) - 1}" for g in got[:2]]
+    # its errors speak of reranking: a document too long for the window with the query, nothing to rerank
+    r = cli("rerank", "-m", str(tiny["reranker"]), ref["query"], "the cat sat " * 300)
+    assert r.returncode == 2 and re.search(r"a document is [\d,]+ tokens with the query; the reranker's window is "
+                                           r"512 \(raise --ctx, or --truncate to score the pair's first tokens\)",
+                                           r.stderr), r.stderr
+    assert "embed" not in r.stderr
+    r = cli("rerank", "-m", str(tiny["reranker"]), ref["query"], input="\n \n")
+    assert r.returncode == 2 and "nothing to rerank: every line is blank" in r.stderr, r.stderr
 
 
 def test_models_refuse_what_they_cannot_do(cli: CLI, tiny: dict[str, Path]) -> None:

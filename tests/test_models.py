@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -323,13 +324,44 @@ def test_offline_and_unreachable(env: dict[str, str], hub: hub_server.FakeHub) -
     assert r.returncode == 1 and "not in the cache and localgen is offline" in r.stderr
     r = lg({**env, "HF_HUB_OFFLINE": "1"}, "run", "-m", f"{REPO}:Q4_1", "-p", "x")
     assert r.returncode == 1 and "offline" in r.stderr
+    r = lg(env, "pull", f"{REPO}:Q4_1", "--offline")
+    assert r.returncode == 1 and "not in the cache and localgen is offline" in r.stderr and not r.stdout
+    assert r.stderr.count("\n") == 1, r.stderr
     assert not hub.requests, "offline means no request at all"
     dead = {**env, "HF_ENDPOINT": "http://127.0.0.1:9"}
     r = lg(dead, "pull", f"{REPO}:Q4_1")
     assert r.returncode == 1 and "cannot reach the Hub" in r.stderr and "--offline" in r.stderr
-    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    online = lg(env, "pull", f"{REPO}:Q4_1")
+    assert online.returncode == 0
+    asked = len(hub.requests)
+    for offline_env, flag in (({**env, "HF_HUB_OFFLINE": "1"}, ()), (env, ("--offline",))):
+        r = lg(offline_env, "pull", f"{REPO}:Q4_1", *flag)  # in the cache: what pull says of it, from disk alone
+        assert r.returncode == 0 and r.stdout == online.stdout, r.stderr
+        assert "not checked for a newer version" in r.stderr
+    r = lg(env, "pull", f"{REPO}:Q4_1", "--offline", "--list")
+    assert r.returncode == 2 and "cannot run offline" in r.stderr
+    assert len(hub.requests) == asked, "pull offline asks the Hub nothing"
     r = lg(dead, "run", "-m", f"{REPO}:Q4_1", "-p", "Hi", "-n", "3")
     assert r.returncode == 0, "a cached model runs with the Hub unreachable"
+
+
+def test_the_download_bar_counts_in_binary_units() -> None:
+    """The terminal's bar reads as every other size localgen prints: MiB and MiB/s, never decimal MB."""
+    from rich.console import Console
+
+    from localgen.cli.progress import BarProgress
+
+    bar = BarProgress()
+    bar.start("model.gguf", 100 << 20, 0)
+    for _ in range(8):
+        bar.advance(10 << 20)
+        time.sleep(0.01)
+    screen = Console(record=True, width=120, file=io.StringIO())
+    screen.print(bar._p.make_tasks_table(bar._p.tasks))  # the bar's line as the terminal shows it
+    bar.finish()
+    shown = screen.export_text()
+    assert "80.0/100.0 MiB" in shown and "MiB/s" in shown, shown
+    assert " MB" not in shown
 
 
 def test_not_enough_disk(env: dict[str, str], hub: hub_server.FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -375,11 +407,11 @@ def test_list_show_rm(env: dict[str, str], hub: hub_server.FakeHub, model_file: 
     assert r.returncode == 2 and "--yes" in r.stderr, "not on a terminal: rm needs --yes"
     r = lg(env, "rm", f"{REPO}:Q4_1", "--yes")
     assert r.returncode == 0, r.stderr
-    assert "kept" in r.stdout
+    assert r.stdout == "removed 1 file(s), freed 0 bytes (data another cached model uses was kept)\n"
     assert blob(env, model_file.sha256).is_file(), "the Q8_0 name still uses the blob"
     assert lg(env, "run", "-m", f"{REPO}:Q8_0", "--offline", "-p", "Hi", "-n", "2").returncode == 0
     r = lg(env, "rm", f"{REPO}:Q8_0", "--yes")
-    assert r.returncode == 0 and "freed" in r.stdout and "kept" not in r.stdout
+    assert r.returncode == 0 and r.stdout == "removed 1 file(s), freed 94 MiB\n", r.stdout
     assert not blob(env, model_file.sha256).exists()
     listed = {i["name"] for i in json.loads(lg(env, "list", "--json").stdout)}
     assert f"{REPO}:Q4_1" not in listed and "other/copy:Q4_1" in listed

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +55,21 @@ def test_request_carries_the_flags_and_schema(cli: CLI, fake: FakeServer) -> Non
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
 
 
+def test_a_setting_left_alone_is_the_servers_and_the_seed_is_always_sent(cli: CLI, fake: FakeServer) -> None:
+    """docs/remote.md: a setting you leave alone takes the server's default (temperature included: vLLM's and
+    OpenAI's is 1.0, not localgen's 0.8); the seed is always sent, and --json reports it, to repeat the run."""
+    fake.requests.clear()
+    r = _run(cli, fake, "plain", "--json")
+    assert r.returncode == 0, r.stderr
+    body = fake.requests[-1]["body"]
+    assert set(body) == {"model", "stream", "stream_options", "seed", "messages"}, body
+    assert body["seed"] == json.loads(r.stdout)["seed"]
+    r = _run(cli, fake, "plain", "--temperature", "0")
+    assert fake.requests[-1]["body"]["temperature"] == 0
+    r = _run(cli, fake, "plain", "--temperature", "0.8")
+    assert "temperature" not in fake.requests[-1]["body"], "typed at localgen's default: the server's applies"
+
+
 def test_a_429_is_retried_and_a_busy_server_is_reported(cli: CLI, fake: FakeServer) -> None:
     fake.busy_once_seen = 0
     r = _run(cli, fake, "busy-once")
@@ -70,6 +87,7 @@ def test_a_stream_that_fails_mid_answer_is_reported_as_partial(cli: CLI, fake: F
     r = _run(cli, fake, model)
     assert r.returncode == 1 and r.stdout == "Hel\n", "what arrived stays on stdout"
     assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "1 piece" in r.stderr and "the answer is partial" in r.stderr, "docs/remote.md: the error says so"
     r = _run(cli, fake, model, "--json")
     assert r.returncode == 1 and json.loads(r.stdout) == {"text": "Hel", "partial": True,
                                                           "error": r.stderr.split("error: ", 1)[1].strip()}
@@ -151,6 +169,78 @@ def test_named_endpoints_from_the_config(cli: CLI, fake: FakeServer, home: Path)
         assert r.returncode == 2 and "box serves plain, usage" in r.stderr
     finally:
         (config / "endpoints.toml").unlink()
+
+
+def test_only_the_endpoint_chosen_is_read_from_the_config(cli: CLI, cli_env: dict[str, str], fake: FakeServer,
+                                                          home: Path) -> None:
+    """An entry of endpoints.toml whose key variable is unset stops only a run that names that entry (and says
+    which entry names it); a local model runs whatever the file holds, with a warning where it is not TOML."""
+    config = home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    toml = config / "endpoints.toml"
+    toml.write_text(f'[box]\nurl = "{fake.url}"\napi_key_env = "LOCALGEN_TEST_BOX_KEY"\n'
+                    f'[keyless]\nurl = "{fake.url}"\n[junk]\nurl = 3\n')
+    env = dict(cli_env)  # LOCALGEN_* variables are not passed on: the key is unset
+    try:
+        r = cli("run", "-m", "smollm2:135m", "-p", "hi", "-n", "2", "--temp", "0")
+        assert r.returncode == 0 and r.stdout.strip() and r.stderr == "", r.stderr
+        fake.requests.clear()
+        r = cli("run", "-m", "keyless/plain", "-p", "hi")
+        assert r.returncode == 0 and r.stdout == "Hello world\n", r.stderr
+        assert "authorization" not in fake.requests[-1]["headers"]
+        r = subprocess.run(CLI(env).argv("run", "-m", "box/plain", "-p", "hi"), env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--api-key-env" not in r.stderr, r.stderr
+        assert f'{toml}: [box] api_key_env = "LOCALGEN_TEST_BOX_KEY", and the variable' in r.stderr, r.stderr
+        env["LOCALGEN_TEST_BOX_KEY"] = "sk-box"
+        r = subprocess.run(CLI(env).argv("run", "-m", "box/plain", "-p", "hi"), env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and fake.requests[-1]["headers"]["authorization"] == "Bearer sk-box", r.stderr
+        toml.write_text(f'[box\nurl = "{fake.url}"\n')
+        r = cli("run", "-m", "smollm2:135m", "-p", "hi", "-n", "2", "--temp", "0")
+        assert r.returncode == 0 and r.stdout.strip(), r.stderr
+        assert r.stderr.startswith(f"warning: {toml} is not valid TOML (") and "line 1" in r.stderr, r.stderr
+        r = cli("run", "-m", "box/plain", "-p", "hi")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"{toml}: " in r.stderr, r.stderr
+        assert "(at line 1, column 5)" in r.stderr, r.stderr
+    finally:
+        toml.unlink()
+
+
+def test_a_line_on_an_endpoint_that_dies_goes_to_one_still_up(cli: CLI, fake: FakeServer, tmp_path: Path) -> None:
+    """docs/remote.md: a failed endpoint's in-flight lines go to the others, even when the others have run out of
+    lines to take meanwhile; only when every endpoint is gone does a line fail. And --stats counts in English."""
+    dying = socket.socket()
+    dying.bind(("127.0.0.1", 0))
+    dying.listen()
+
+    def hang_up() -> None:  # takes each request, then drops the connection without an answer
+        while True:
+            try:
+                conn, _ = dying.accept()
+            except OSError:
+                return
+            time.sleep(0.5)  # the other endpoint has answered its line and found none left by then
+            conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    dead = f"http://127.0.0.1:{dying.getsockname()[1]}"
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n{"prompt": "hi"}\n')
+    try:
+        r = cli("run", "--file", str(prompts), "--endpoint", dead, "--endpoint", fake.url, "-m", "plain", "-np", "1",
+                "--stats", timeout=60)
+        assert r.returncode == 0 and r.stdout == "Hello world\n" * 2, r.stderr
+        assert "2 endpoints, 1 line moved off a failed one" in r.stderr, r.stderr
+        r = cli("run", "--file", str(prompts), "--endpoint", dead, "-m", "plain", "--json", timeout=60)
+        docs = [json.loads(x) for x in r.stdout.splitlines()]
+        assert r.returncode == 1 and [d["line"] for d in docs] == [1, 2], r.stderr
+        assert all(d["error"].startswith("every endpoint is gone (last: ") for d in docs), docs
+        prompts.write_text('{"prompt": "hi"}\n')
+        r = cli("run", "--file", str(prompts), "--endpoint", fake.url, "-m", "plain", "--stats", timeout=60)
+        assert r.stderr.startswith("1 prompt · 2 tokens generated"), r.stderr
+    finally:
+        dying.close()
 
 
 # ---- two real servers ---------------------------------------------------------------------------------
@@ -260,6 +350,27 @@ def test_greedy_texts_from_two_paths_must_agree_or_on_a_gpu_begin_alike(monkeypa
     else:
         with pytest.raises(AssertionError):
             assert_same_greedy_text([late], [same], "on a CPU the paths are bit-identical")
+
+
+def test_resume_from_a_crash_that_cut_a_character_in_two(cli: CLI, tmp_path: Path) -> None:
+    """A crash can end the output mid-character (answers are written as UTF-8, not \\u escapes): the torn line
+    runs again, and with `>>` it stays in the file as it was, ended, with the rest after it (docs/remote.md)."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "Say hi.", "max_tokens": 3}\n{"prompt": "Say yes.", "max_tokens": 3}\n')
+    full = cli("run", "--file", str(prompts), "--json", "--seed", "3", "--temperature", "0")
+    assert full.returncode == 0, full.stderr
+    out = tmp_path / "out.jsonl"
+    torn = b'{"line": 2, "text": "caf' + "é".encode()[:1]
+    out.write_bytes(full.stdout.splitlines(keepends=True)[0].encode() + torn)
+    with open(out, "a") as sink:
+        r = cli.popen("run", "--file", str(prompts), "--json", "--seed", "3", "--temperature", "0", "--resume-from",
+                      str(out), "--stats", stdout=sink, stderr=subprocess.PIPE, text=True)
+        _, err = r.communicate(timeout=600)
+    assert r.returncode == 0 and "1 already answered" in err, err
+    lines = out.read_bytes().splitlines()
+    assert lines[1] == torn and len(lines) == 3, "the torn line is left as it was, and ended"
+    again, first = json.loads(lines[2]), json.loads(full.stdout.splitlines()[1])
+    assert (again["line"], again["text"], again["seed"]) == (2, first["text"], first["seed"])
 
 
 def test_resume_from_skips_answered_lines(cli: CLI, two: tuple[Server, Server], tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import CLI, assert_same_greedy_text
+from tests.conftest import CLI, InProcessCLI, assert_same_greedy_text
 
 PROMPT = "The capital of Italy is"
 
@@ -70,8 +70,22 @@ def test_a_dead_server_is_an_error_before_load(cli: CLI) -> None:
     r = cli("run", "-p", "hi", "--rpc", f"127.0.0.1:{port}", "--verbose")
     assert r.returncode == 1 and f"cannot reach the RPC server 127.0.0.1:{port}" in r.stderr
     assert "load_tensors" not in r.stderr, "nothing was loaded"
-    r = cli("run", "-p", "hi", "--rpc", "nonsense")
-    assert r.returncode == 1 and "use HOST:PORT" in r.stderr
+
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("nonsense", "--rpc takes HOST:PORT[,HOST:PORT...], not 'nonsense'"),
+    ("127.0.0.1:50052,:5", "--rpc takes HOST:PORT[,HOST:PORT...], not ':5'"),
+    ("127.0.0.1:99999", "--rpc 127.0.0.1:99999: the port must be 1 to 65535"),
+    ("127.0.0.1:0", "--rpc 127.0.0.1:0: the port must be 1 to 65535"),
+])
+@pytest.mark.parametrize("command", ["run", "doctor", "bench"])
+def test_a_malformed_rpc_server_is_a_usage_error(cli_in_process: InProcessCLI, command: str, value: str,
+                                                 message: str) -> None:
+    """A bad HOST:PORT is exit 2 before anything connects (not 'Connection refused' for port 99999)."""
+    r = cli_in_process(command, "--rpc", value, *(["-p", "hi"] if command == "run" else []))
+    assert r.returncode == 2 and r.stderr.startswith(f"localgen: error: {message}"), r.stderr
+    assert r.stderr.count("\n") == 1 and r.stdout == ""
 
 
 def test_a_server_dying_mid_answer_is_one_line_and_exit_1(cli: CLI) -> None:
@@ -89,3 +103,34 @@ def test_a_server_dying_mid_answer_is_one_line_and_exit_1(cli: CLI) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_rpc_server_that_cannot_listen_is_one_line_and_exit_1(cli: CLI) -> None:
+    """A taken port or an address this machine lacks: one error line before the start line, exit 1 (llama.cpp's
+    own server prints its banner and `Failed to create server socket`, and returns)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = cli("rpc-server", "--port", str(port), timeout=60)
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr == f"localgen: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    r = cli("rpc-server", "--host", "192.0.2.1", "--port", str(_free_port()), timeout=60)  # TEST-NET-1: no one's
+    assert (r.returncode, r.stdout) == (1, "") and r.stderr.startswith("localgen: error: cannot listen on 192.0.2.1:")
+    assert r.stderr.count("\n") == 1, "no warning and no start line for a server that never starts"
+    r = cli("rpc-server", "--host", "localhost", timeout=60)
+    assert r.returncode == 2 and "--host takes an IPv4 address" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_an_rpc_server_that_returns_is_an_error(cli_in_process: InProcessCLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's server returns only when it failed (its reason printed): that is exit 1, never 0. And
+    docs/rpc.md: anything but loopback prints a warning that the protocol is unauthenticated."""
+    from localgen.native import devices
+
+    monkeypatch.setattr(devices, "start_rpc_server", lambda *args: None)
+    r = cli_in_process("rpc-server", "--port", str(_free_port()))
+    assert r.returncode == 1 and "llama.cpp's RPC server on 127.0.0.1:" in r.stderr and "stopped" in r.stderr
+    assert "unauthenticated" not in r.stderr, "loopback is not warned about"
+    r = cli_in_process("rpc-server", "--host", "0.0.0.0", "--port", str(_free_port()))  # bound, never listening
+    assert r.stderr.startswith("warning: listening on 0.0.0.0: llama.cpp's RPC protocol is unauthenticated and "
+                               "unencrypted"), r.stderr

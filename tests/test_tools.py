@@ -77,6 +77,14 @@ def test_text_without_a_call_stays_content_and_reasoning_goes_apart() -> None:
     assert _text(opened, "reasoning") == "still thinking" and _text(opened, "content") == "The answer."
 
 
+def test_a_call_marker_cut_off_after_whole_calls_is_no_text() -> None:
+    call = '<tool_call>\n{"name": "zap", "arguments": {}}\n</tool_call>\n'
+    for step in (1, 3, 100):
+        events = _events("hermes", call + "<tool_call", step)  # max_tokens cut the repeat mid-marker
+        assert _calls(events) == [("zap", {})] and _text(events, "content") == "", step
+    assert _text(_events("hermes", "Say <tool_"), "content") == "Say <tool_"  # no call before it: text
+
+
 def test_templates_are_recognised() -> None:
     from localgen.tools.formats import detect
 
@@ -250,6 +258,17 @@ def test_run_tool_failures_are_one_line_errors(cli: CLI, cli_in_process: InProce
     assert r.returncode == 2 and "go with tools: add --functions or --mcp" in r.stderr
     r = _run(cli_in_process, "--functions", str(ROOT / "tests" / "conftest.py"), "--yes", "--raw", "Go.")
     assert r.returncode == 2 and "--raw" in r.stderr
+
+
+def test_run_prints_no_cut_off_call_marker(cli: CLI, tmp_path: Path) -> None:
+    """A call with no arguments, forced, is made again until -n cuts the repeat inside `<tool_call`: that
+    piece of a marker is neither answer text on stdout nor, when the tool fails, printed before the error."""
+    for body, code in (('return "zapped"', 0), ('raise RuntimeError("boom")', 1)):
+        fns = tmp_path / "zap.py"
+        fns.write_text(f'def zap() -> str:\n    """Zap."""\n    {body}\n')
+        r = cli(*RUN[:-1], "32", "--functions", str(fns), "--yes", "--tool-choice", "zap", "go")
+        assert r.returncode == code and "tool call: zap({})" in r.stderr, r.stderr
+        assert "<tool_call" not in r.stdout and (code or "zapped" in r.stdout), r.stdout
 
 
 def test_a_tool_choice_naming_no_tool_is_refused_before_the_model_loads(cli_in_process: InProcessCLI,

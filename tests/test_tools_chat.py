@@ -40,8 +40,11 @@ def test_chat_on_a_terminal_asks_before_each_call_and_shows_the_result(cli_env: 
     child.expect(r"tool call: add\((\{.*?\})\)")
     args = json.loads(child.match.group(1))
     child.expect_exact("[y]es / [n]o / [a]lways for add:")
-    child.sendline("y")
-    child.expect(r"\A ?y\r\n")  # the terminal echoes the reply: the echo, off while the answer streams, is back
+    child.sendline("yCompute 4 + 4 please")  # a question typed at the wrong prompt neither runs nor declines
+    child.expect_exact("answer y, n or a (Enter declines)")
+    child.expect_exact("[y]es / [n]o / [a]lways for add:")
+    child.sendline("Y")
+    child.expect(r"\A ?Y\r\n")  # the terminal echoes the reply: the echo, off while the answer streams, is back
     child.expect(r"tool result: (\d+)")
     assert int(child.match.group(1)) == args["a"] + args["b"]
     child.expect(r"1 tool call · ")

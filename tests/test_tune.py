@@ -216,8 +216,44 @@ def test_tune_refuses_a_depth_the_window_cannot_hold(cli_in_process: InProcessCL
     r = cli_in_process("tune", "--depth", "100000")  # refused before any model loads
     assert r.returncode == 2 and "leaves no room" in r.stderr and "Traceback" not in r.stderr
     r = cli_in_process("tune", "--prompt", "60000")  # SmolLM2's window is 8,192 tokens
-    assert r.returncode == 2 and "--prompt 60000 leaves no room for an answer" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--prompt 60000 leaves no room for a 256-token answer" in r.stderr, r.stderr
+    assert "(use --prompt 7936 or less)" in r.stderr
     assert r.stderr.count("\n") <= 2 and "Traceback" not in r.stderr
+
+
+def test_the_window_holds_the_prompt_and_the_answer_asked_for(home: Path) -> None:
+    """Room is the exchange's own, a prompt and its --answer, so a 512-token window tunes a short exchange,
+    and the largest prompt named fits."""
+    import dataclasses
+
+    from localgen.cli.tune import _plan
+    from localgen.errors import UsageError
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    ref = resolve("smollm2:135m")
+    small = dataclasses.replace(ref, summary=dataclasses.replace(ref.summary, context_length=512))
+    assert _plan(small, 0, 16, 4, LoadParams()).depths == (0,)
+    assert _plan(small, None, 16, 4, LoadParams()).depths == (0, 492)  # the room left beside the exchange
+    with pytest.raises(UsageError) as e:
+        _plan(small, None, 500, 16, LoadParams())
+    assert "--prompt 500 leaves no room for a 16-token answer" in str(e.value) and e.value.hint == \
+        "use --prompt 496 or less"
+    assert _plan(small, 0, 496, 16, LoadParams()).prompt == 496
+    with pytest.raises(UsageError) as e:
+        _plan(small, None, 16, 600, LoadParams())
+    assert e.value.hint == "use --answer 496 or less"
+
+
+def test_tune_refuses_an_embedding_model_before_weighing_its_window(cli_in_process: InProcessCLI,
+                                                                   tmp_path: Path) -> None:
+    from tests.tiny_bert import build
+
+    bert = build(tmp_path / "bert.gguf")  # a 512-token window
+    for args in (("-p", "16", "-n", "4", "-d", "0"), ()):
+        r = cli_in_process("tune", "-m", str(bert), *args)
+        assert r.returncode == 1 and "does not generate (an embedding or reranking model)" in r.stderr, r.stderr
+        assert "leaves no room" not in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_the_exchange_weighs_the_answer_by_its_tokens() -> None:

@@ -11,7 +11,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.options.knobs import Knobs
-from localgen.settings import LOAD_KNOBS
+from localgen.settings import LOAD_KNOBS, rpc_servers
 
 PLACEMENT = ("gpu_layers", "n_cpu_moe", "cpu_moe", "override_tensor")  # where the checked load puts the weights
 
@@ -45,7 +45,7 @@ def doctor(
         one = len(named) == 1
         raise UsageError(f"{', '.join(named)} {'says' if one else 'say'} what --check loads; "
                          f"{'it means' if one else 'they mean'} nothing with --no-check")
-    servers = tuple(x.strip() for x in (rpc or "").split(",") if x.strip())
+    servers = rpc_servers(rpc)
     planned = _planned(model, knobs, servers) if check else None  # a bad flag or name: one error, before anything
     import localgen
     from localgen import hardware

@@ -186,7 +186,7 @@ def run_rerank(f: RerankArgs) -> None:
     from localgen.text import checked
 
     query = checked(f.query, "the query")
-    items = _inputs(f.documents, f.file)
+    items = _inputs(f.documents, f.file, verb="rerank")
     backend = _backend(f, f.model)
     try:
         scored = backend.rerank(query, [t for _, t in items], f.truncate)
@@ -208,9 +208,11 @@ def _ndjson(docs: Iterable[dict[str, Any]]) -> None:
             return
 
 
-def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False) -> list[tuple[str, str]]:
+def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False,
+            verb: str = "embed") -> list[tuple[str, str]]:
     """(id, text) pairs: the arguments (numbered, or with `by_content` each its content's id), else --file,
-    else stdin lines (the line number, or a JSON line's "id"); blank lines are skipped."""
+    else stdin lines (the line number, or a JSON line's "id"); blank lines are skipped. `verb`: what the
+    command does with them, for its errors (embed, rerank)."""
     import json
 
     from localgen.embeddings.store import text_id
@@ -229,7 +231,8 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
     elif sys.stdin is not None and not sys.stdin.isatty():
         lines = sys.stdin.read().splitlines()
     else:
-        raise UsageError("nothing to embed: give texts as arguments, --file, or lines on stdin")
+        what = "documents" if verb == "rerank" else "texts"
+        raise UsageError(f"nothing to {verb}: give {what} as arguments, --file, or lines on stdin")
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -246,7 +249,7 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
                 raise UsageError(f"line {n}: bad JSON line: {e}") from None
         out.append((ident, checked(text, f"line {n}")))
     if not out:
-        raise UsageError("nothing to embed: every line is blank")
+        raise UsageError(f"nothing to {verb}: every line is blank")
     return out
 
 

@@ -14,17 +14,19 @@ class BarProgress:
 
     def __init__(self) -> None:
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
+        from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+        from rich.text import Text
 
+        class Rate(ProgressColumn):
+            """The transfer rate in binary units (Rich's own column has decimal MB/s only)."""
+
+            def render(self, task: Any) -> Text:
+                speed = task.finished_speed or task.speed
+                return Text(f"{format_bytes(speed)}/s" if speed else "?", style="progress.data.speed")
+
+        # sizes and rates in MiB, as every other size localgen prints
         self._p = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), Rate(),
             TimeRemainingColumn(), console=Console(stderr=True), transient=False,
         )
         self._task: Any = None

@@ -8,11 +8,13 @@ from typing import Annotated
 
 import typer
 
+from localgen.errors import LocalgenError, UsageError
+
 
 def rpc_server(
     host: Annotated[
-        str, typer.Option("--host", help="Address to listen on. The protocol is unauthenticated: never expose it "
-                                         "to an untrusted network.")
+        str, typer.Option("--host", help="IPv4 address to listen on (0.0.0.0: every interface). The protocol is "
+                                         "unauthenticated: never expose it to an untrusted network.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=1, max=65535, help="Port.")] = 50052,
     threads: Annotated[
@@ -33,6 +35,7 @@ def rpc_server(
     from localgen.native import devices
 
     err = ErrWriter()
+    _can_listen(host, port)
     if not is_loopback(host):
         err.warn(f"listening on {host}: llama.cpp's RPC protocol is unauthenticated and unencrypted; never expose "
                  "it to an untrusted network")
@@ -45,3 +48,25 @@ def rpc_server(
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # no Python handler can run inside the C call
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # so Ctrl-C ends it as it ends llama.cpp's rpc-server
     devices.start_rpc_server(f"{host}:{port}", threads or hardware.physical_cores(), cache_dir)
+    # llama.cpp's server returns only when it could not start or stopped accepting, its reason printed above
+    raise LocalgenError(f"llama.cpp's RPC server on {host}:{port} stopped (its reason is on the line above)")
+
+
+def _can_listen(host: str, port: int) -> None:
+    """llama.cpp's server listens on one IPv4 address and, where it cannot, prints a line and returns: the
+    address is checked here first, so a busy port or a foreign address is one error line before anything
+    starts."""
+    import ipaddress
+    import socket
+
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        raise UsageError(f"--host takes an IPv4 address (llama.cpp's RPC server listens on IPv4 only), not {host!r}",
+                         hint="127.0.0.1 for this machine alone, 0.0.0.0 for every interface") from None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as llama.cpp's server does
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise LocalgenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None

@@ -119,18 +119,22 @@ class _Plan:
 def _plan(ref: Any, depth: int | None, prompt: int, answer: int, load: Any) -> _Plan:
     from localgen import hardware, placement
     from localgen.engine.defaults import placed, resolve
-    from localgen.engine.tune import UBATCH
+    from localgen.engine.tune import UBATCH, check_generates
     from localgen.errors import UsageError
     from localgen.native import devices
     from localgen.types import LoadParams
 
+    check_generates(ref)
     rule, _ = resolve(ref, LoadParams(), cpu_only=False, use_records=False)
     offloaded = bool(rule.n_gpu_layers) and devices.has_gpu()
     window = ref.summary.context_length or 4096
-    room = window - prompt - 512  # the prompt, and the answer's steps after the depth
+    room = window - prompt - answer  # the exchange after the depth: its prompt, then its answer
     if room < 0:
-        raise UsageError(f"--prompt {prompt} leaves no room for an answer in the model's {window}-token window",
-                         hint=f"use --prompt {max(16, window - 512)} or less")
+        if window - answer < 16:  # --prompt's least
+            raise UsageError(f"--answer {answer} leaves no room for a prompt in the model's {window}-token window",
+                             hint=f"use --answer {window - 16} or less")
+        raise UsageError(f"--prompt {prompt} leaves no room for a {answer}-token answer in the model's "
+                         f"{window}-token window", hint=f"use --prompt {window - answer} or less")
     if depth is None:
         depth = max(0, min(1500, room))
     elif depth > room:

@@ -127,7 +127,18 @@ def ensure(c: Collection) -> None:
     if (r["model"], r["pooling"], int(r["dimensions"])) != (c.model, c.pooling, c.dimensions):
         raise UsageError(f"collection {c.name!r} holds {r['model']} vectors ({r['pooling']} pooling, "
                          f"{r['dimensions']} dimensions), not {c.model} ({c.pooling}, {c.dimensions})",
-                         hint=f"use -m {r['model_spec'] or r['model']}, or another collection name")
+                         hint=f"use {_same_as(r, c)}, or another collection name")
+
+
+def _same_as(stored: Any, c: Collection) -> str:
+    """The flags that embed as the collection was embedded: the model when it differs (its pooling and size
+    follow from it), else the pooling and size that differ."""
+    if stored["model"] != c.model:
+        return f"-m {stored['model_spec'] or stored['model']}"
+    flags = [f"--pooling {stored['pooling']}"] if stored["pooling"] != c.pooling else []
+    if int(stored["dimensions"]) != c.dimensions:
+        flags.append(f"--dimensions {stored['dimensions']}")
+    return " ".join(flags)
 
 
 def content_hash(text: str) -> str:

@@ -97,13 +97,13 @@ class Embedder:
             context.free(self.ctx)
             self.ctx = None
 
-    def tokens(self, text: str, truncate: bool = False) -> list[int]:
+    def tokens(self, text: str, truncate: bool = False, pair: bool = False) -> list[int]:
         """A text's tokens as llama-embedding makes them (special tokens added and parsed); too long for the
-        window is an error, or cut to it with `truncate`."""
+        window is an error (worded for reranking when `pair`), or cut to it with `truncate`."""
         toks = self.engine.tokenize(text, add_special=True)
         if len(toks) > self.n_ctx:
             if not truncate:
-                raise ContextTooSmall(len(toks), self.n_ctx)
+                raise ContextTooSmall(len(toks), self.n_ctx, pair)
             toks = toks[:self.n_ctx]
         return toks
 
@@ -119,11 +119,11 @@ class Embedder:
             self._splice = _Splice.make(self, query)
             self._query = query
         if self._splice is None:
-            return self.tokens(self._pair_text(query, document), truncate)
+            return self.tokens(self._pair_text(query, document), truncate, pair=True)
         toks = self._splice.join(self.engine.tokenize(document, add_special=False))
         if len(toks) > self.n_ctx:
             if not truncate:
-                raise ContextTooSmall(len(toks), self.n_ctx)
+                raise ContextTooSmall(len(toks), self.n_ctx, pair=True)
             toks = toks[:self.n_ctx]
         return toks
 
@@ -285,11 +285,15 @@ class EmbedTask:
 
 
 class ContextTooSmall(UsageError, PromptTooLong):
-    """A text longer than the embeddings window."""
+    """A text longer than the embeddings window (`pair`: a rerank document with its query, the reranker's)."""
 
-    def __init__(self, n: int, n_ctx: int) -> None:
-        super().__init__(f"a text is {n:,} tokens; the embeddings window is {n_ctx:,}",
-                         hint="raise --ctx, or --truncate to embed its first tokens")
+    def __init__(self, n: int, n_ctx: int, pair: bool = False) -> None:
+        if pair:
+            super().__init__(f"a document is {n:,} tokens with the query; the reranker's window is {n_ctx:,}",
+                             hint="raise --ctx, or --truncate to score the pair's first tokens")
+        else:
+            super().__init__(f"a text is {n:,} tokens; the embeddings window is {n_ctx:,}",
+                             hint="raise --ctx, or --truncate to embed its first tokens")
         self.n = n
 
 

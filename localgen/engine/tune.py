@@ -34,6 +34,19 @@ class Point:
     seconds: float
 
 
+def check_generates(model: ModelRef) -> None:
+    """Refuse, from the header alone, a model that only embeds or scores (attention not causal: BERT and kin;
+    a T5 encoder), before any size is weighed against its window; Probe checks the loaded model too."""
+    arch = model.summary.architecture
+    if model.summary.metadata.get(f"{arch}.attention.causal") is False or arch == "t5encoder":
+        raise _not_generating(model)
+
+
+def _not_generating(model: ModelRef) -> LocalgenError:
+    return LocalgenError(f"{model.name} does not generate (an embedding or reranking model): tune measures "
+                         "generation", hint="tune a model that chats or completes text")
+
+
 class Probe:
     """One model load and one context with `streams` sequences, driven directly."""
 
@@ -49,8 +62,7 @@ class Probe:
                                                override_tensor=placement), cpu_only=cpu_only)
         if self.engine.encoder_only:
             self.engine.close()
-            raise LocalgenError(f"{model.name} does not generate (an embedding or reranking model): tune measures "
-                                "generation", hint="tune a model that chats or completes text")
+            raise _not_generating(model)
         self.engine.release_context()
         self.streams = streams
         self.n_ctx_seq = -(-n_ctx_seq // 256) * 256

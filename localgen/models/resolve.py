@@ -183,6 +183,11 @@ def choose(options: list[QuantOption], t: Target, repo: str) -> QuantOption:
     return max(fitting, key=lambda o: rank(o.tag))
 
 
+def cached(t: Target, progress: download.Progress) -> ModelRef:
+    """`pull` offline: the target as the cache holds it, verified; ModelNotFoundError when it is not there."""
+    return _hub_model(t, True, progress, False)
+
+
 def pull(t: Target, progress: download.Progress) -> ModelRef:
     """Download (or finish downloading) a Hub model and return it."""
     from localgen.models import hub

@@ -4,6 +4,7 @@ endpoint that dies to the others."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -127,35 +128,45 @@ class RemoteBackend:
                  exact: bool | None = None) -> dict[str, float]:
         """Up to `parallel` requests in flight per endpoint. A request whose endpoint dies goes back to the
         front of the line for the others; only when every endpoint is gone do the rest fail."""
-        lock = threading.Lock()
+        lock = threading.Condition()
         source = iter(requests)
         retry: deque[Indexed] = deque()
         stop = threading.Event()
         counts = {"requests": 0.0, "retried": 0.0}
         last_error: list[str] = []
+        flying = [0]  # lines in flight: while any is, a line may yet come back from an endpoint that dies
 
-        def take() -> Indexed | None:
+        def take(client: RemoteClient) -> Indexed | None:
             with lock:
-                if retry:
-                    return retry.popleft()
-                try:
-                    return next(source)
-                except StopIteration:
-                    return None
+                while not stop.is_set() and client.dead is None:
+                    if retry:
+                        item = retry.popleft()
+                    else:
+                        try:
+                            item = next(source)
+                        except StopIteration:
+                            if not flying[0]:
+                                return None
+                            lock.wait(0.2)  # an endpoint may die with a line: this one takes it then
+                            continue
+                    flying[0] += 1
+                    return item
+                return None
 
         def work(client: RemoteClient) -> None:
             while not stop.is_set() and client.dead is None:
-                item = take()
+                item = take(client)
                 if item is None:
                     return
                 c = self._complete(client, item, stop)
-                if c is None:  # the endpoint is gone: another takes the line
-                    with lock:
+                with lock:
+                    flying[0] -= 1
+                    lock.notify_all()
+                    if c is None:  # the endpoint is gone: another takes the line
                         retry.appendleft(item)
                         counts["retried"] += 1
                         last_error[:] = [client.dead.message if client.dead else "gone"]
-                    return
-                with lock:
+                        return
                     counts["requests"] += 1
                     on_done(c)
 
@@ -172,7 +183,7 @@ class RemoteBackend:
             raise
         # every endpoint is gone: what is left fails, each line with the reason
         reason = f"every endpoint is gone (last: {last_error[0]})" if last_error else "every endpoint is gone"
-        while (item := take()) is not None:
+        for item in itertools.chain(retry, source):
             on_done(Completion(item.index, "", f"error: {reason}", 0, 0, 0.0, 0.0, item.seed))
         return {"steps": 0.0, "rows": 0.0, **counts}
 

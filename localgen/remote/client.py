@@ -28,11 +28,13 @@ BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up
 
 
 def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str, Any]:
-    """The JSON body for a request: the temperature and seed, then each setting that differs from its default
-    under OpenAI's name, else llama-server's (settings.py's table)."""
+    """The JSON body for a request: the seed (always, so that the answer can be made again: run --json reports
+    it), then each setting that differs from its default under OpenAI's name, else llama-server's (settings.py's
+    table). A setting at its default, the temperature included, is left to the server's own default (vLLM's and
+    OpenAI's temperature is 1.0, llama-server's 0.8)."""
     s = request.sampling
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
-                            "temperature": s.temperature, "seed": seed}
+                            "seed": seed}
     if request.raw:
         body["prompt"] = request.prompt
     else:
@@ -41,7 +43,7 @@ def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str,
             body["chat_template_kwargs"] = dict(request.template_args)
     for k in KNOBS.values():
         value = getattr(s, k.name)
-        if k.name in ("temperature", "seed") or value == k.default:
+        if k.name == "seed" or value == k.default:
             continue
         if k.name == "logit_bias":
             value = {str(tok): bias for tok, bias in value}
@@ -59,6 +61,10 @@ def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str,
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "output", "schema": json.loads(request.json_schema)}}
     return body
+
+
+def _pieces(n: int) -> str:
+    return f"{n} piece{'' if n == 1 else 's'}"
 
 
 def _percentile(values: list[float], p: float) -> float | None:
@@ -234,7 +240,8 @@ class RemoteClient:
                             break
                         doc = _json(text, where)
                         if kind == "error" or "error" in doc:
-                            raise RemoteError(f"{where} reported an error mid-answer: {_error_text(doc)}",
+                            raise RemoteError(f"{where} reported an error mid-answer: {_error_text(doc)}"
+                                              + (f" (after {_pieces(gen.n)}; the answer is partial)" if gen.n else ""),
                                               partial=gen.n > 0)
                         for piece, finish in self._chunk(doc, gen):
                             finished = finished or finish is not None
@@ -250,11 +257,11 @@ class RemoteClient:
                     data.append(value)
                 # id:, retry: and unknown fields are ignored, as the SSE spec says
         except httpx.HTTPError as e:
-            raise RemoteError(f"the stream from {where} broke after {gen.n} pieces ({type(e).__name__}: {e})"
+            raise RemoteError(f"the stream from {where} broke after {_pieces(gen.n)} ({type(e).__name__}: {e})"
                               + ("; the answer is partial" if gen.n else ""), down=True, partial=gen.n > 0) from None
         if not finished and not gen._stop.is_set():
             raise RemoteError(f"the stream from {where} ended without finishing the answer"
-                              + (f" (after {gen.n} pieces; the answer is partial)" if gen.n else ""),
+                              + (f" (after {_pieces(gen.n)}; the answer is partial)" if gen.n else ""),
                               down=True, partial=gen.n > 0)
 
     def _chunk(self, doc: dict[str, Any], gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:

@@ -7,9 +7,12 @@ the URL it belongs to: the HTTP client follows no redirects."""
 from __future__ import annotations
 
 import os
+import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from localgen.errors import UsageError
@@ -68,7 +71,7 @@ def redacted(url: str) -> str:
 
 
 def read_key(env_name: str | None) -> str | None:
-    """The key from the variable the user named; a named variable that is unset or empty is an error."""
+    """The key from the variable named by --api-key-env; a named variable that is unset or empty is an error."""
     if not env_name:
         return None
     value = os.environ.get(env_name, "").strip()
@@ -77,44 +80,77 @@ def read_key(env_name: str | None) -> str | None:
     return value
 
 
-def named() -> dict[str, Endpoint]:
-    """endpoints.toml: a table per endpoint, e.g.
+def declared(head: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
+    """The entry `head` of endpoints.toml as written (None where the file has no such entry), e.g.
 
         [gpu-box]
         url = "http://10.0.0.5:8000/v1"
         api_key_env = "GPU_BOX_KEY"   # optional
         models = ["qwen2.5:32b"]      # optional: the ids -m may name (the first is the default)
-    """
+
+    Only that entry matters: another entry's mistakes, or its unset key, do not stop a run. A file that
+    cannot be read is an error only where it appears to declare `head`; otherwise it is `warn`ed about and
+    the name is taken as a model to load here."""
     path = endpoints_file()
-    if not path.is_file():
-        return {}
+    if not head or not path.is_file():
+        return None
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise UsageError(f"{path}: {e}") from None
-    out = {}
-    for name, table in doc.items():
-        if not isinstance(table, dict) or not isinstance(table.get("url"), str):
-            raise UsageError(f"{path}: [{name}] needs url = \"http://...\"")
-        models = table.get("models", [])
-        key_env = table.get("api_key_env")
-        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise UsageError(f"{path}: [{name}] models must be a list of strings")
-        if key_env is not None and not isinstance(key_env, str):
-            raise UsageError(f"{path}: [{name}] api_key_env must be a variable name")
-        try:
-            url = base_url(table["url"])
-        except UsageError as e:
-            raise UsageError(f"{path}: [{name}] {e.message}", hint=e.hint) from None
-        out[name] = Endpoint(url, read_key(key_env), name, tuple(models))
-    return out
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        warn(f"{path} cannot be read ({e}): its endpoints are not used")
+        return None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        if _declares(text, head):
+            raise UsageError(f"{path}: {e}") from None
+        warn(f"{path} is not valid TOML ({e}): its endpoints are not used")
+        return None
+    if head not in doc:
+        return None
+    table = doc[head]
+    if not isinstance(table, dict) or not isinstance(table.get("url"), str):
+        raise UsageError(f"{path}: [{head}] needs url = \"http://...\"")
+    return table
 
 
-def choose(urls: list[str] | None, key_env: str | None, model: str | None) -> tuple[list[Endpoint], str | None]:
+def _declares(text: str, head: str) -> bool:
+    """Whether unparsable TOML appears to declare the entry `head` ([head], [head.x] or head = {...})."""
+    name = f"[\"']?{re.escape(head)}(?![\\w-])[\"']?"
+    return re.search(rf"^\s*(\[\s*{name}|{name}\s*=)", text, re.MULTILINE) is not None
+
+
+def entry(head: str, warn: Callable[[str], None]) -> Endpoint | None:
+    """The endpoint endpoints.toml names `head`, checked and with its key read (only this entry's key)."""
+    table = declared(head, warn)
+    if table is None:
+        return None
+    path = endpoints_file()
+    models = table.get("models", [])
+    key_env = table.get("api_key_env")
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise UsageError(f"{path}: [{head}] models must be a list of strings")
+    if key_env is not None and not isinstance(key_env, str):
+        raise UsageError(f"{path}: [{head}] api_key_env must be a variable name")
+    try:
+        url = base_url(table["url"])
+    except UsageError as e:
+        raise UsageError(f"{path}: [{head}] {e.message}", hint=e.hint) from None
+    key = None
+    if key_env:
+        key = os.environ.get(key_env, "").strip() or None
+        if key is None:
+            raise UsageError(f"{path}: [{head}] api_key_env = \"{key_env}\", and the variable {key_env} is not set",
+                             hint=f"export {key_env}=<the key> for -m {head}")
+    return Endpoint(url, key, head, tuple(models))
+
+
+def choose(urls: list[str] | None, key_env: str | None, model: str | None,
+           warn: Callable[[str], None]) -> tuple[list[Endpoint], str | None]:
     """The endpoints and the model id for this command, or ([], model) to run in-process.
 
-    `--endpoint URL` (one or more) wins; otherwise `-m NAME/MODEL` (or `-m NAME`) where NAME is in
-    endpoints.toml."""
+    `--endpoint URL` (one or more) wins; otherwise `-m NAME/MODEL` (or `-m NAME`) where NAME is an entry of
+    endpoints.toml (the only entry read; `warn` hears of a file that cannot be)."""
     if urls:
         key = read_key(key_env)
         return [Endpoint(base_url(u), key) for u in dict.fromkeys(urls)], model
@@ -123,10 +159,9 @@ def choose(urls: list[str] | None, key_env: str | None, model: str | None) -> tu
     if not model or model.endswith(".gguf"):
         return [], model
     head, _, rest = model.partition("/")
-    table = named() if head else {}
-    if head not in table:
+    ep = entry(head, warn)
+    if ep is None:
         return [], model
-    ep = table[head]
     chosen = rest or (ep.models[0] if ep.models else "")
     if not chosen:
         raise UsageError(f"name the model: -m {head}/MODEL (or list models = [...] in {endpoints_file()})")

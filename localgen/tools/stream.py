@@ -201,9 +201,11 @@ class AnswerStream:
             self._gap = self._buf[len(said):at]  # given back if what follows is no call after all
             self._state, self._buf = "call", self._buf[at:]
             return
-        keep = 0 if final else _held(self._buf, fmt.triggers)
+        keep = _held(self._buf, fmt.triggers)
+        if final and not (keep and self.calls):  # a marker cut off after whole calls: no text, as in _give
+            keep = 0
         self._emit(out, "content", self._buf[:len(self._buf) - keep])
-        self._buf = self._buf[len(self._buf) - keep:]
+        self._buf = "" if final else self._buf[len(self._buf) - keep:]
 
     def _call(self, out: list[Event], final: bool) -> None:
         fmt = self.fmt

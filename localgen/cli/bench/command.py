@@ -15,6 +15,7 @@ from localgen.cli.bench.view import ProgressView, bar_chart, emit, emit_serving
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
 from localgen.errors import UsageError
+from localgen.settings import rpc_servers
 
 bench_app = typer.Typer(
     help="Benchmark models and settings (llama-bench compatible), keep the results, compare runs.",
@@ -93,11 +94,12 @@ def bench(
         return
     if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
         raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
+    servers = rpc_servers(rpc)  # a malformed --rpc is a usage error before anything is planned
     plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, ot=ot, cmoe=knobs.get("cpu_moe"), batch=batch,
                  ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth,
                  reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact,
                  kv_unified=knobs.get("kv_unified"), kv_typed=knobs.typed("kv_unified"))
-    _measure(plan, measuring.output, offline, tuple(x.strip() for x in (rpc or "").split(",") if x.strip()))
+    _measure(plan, measuring.output, offline, servers)
 
 
 def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values, threads: Values, ngl: Values,
@@ -132,10 +134,10 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
 
 
 def _is_named_endpoint(model: str) -> bool:
-    from localgen.remote.endpoints import named
+    """Whether -m names an entry of endpoints.toml (NAME or NAME/MODEL; only that entry is read)."""
+    from localgen.remote.endpoints import declared
 
-    head = model.partition("/")[0]
-    return "/" in model and not model.endswith(".gguf") and head in named()
+    return not model.endswith(".gguf") and declared(model.partition("/")[0], lambda _: None) is not None
 
 
 def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values, parallel: Values, rates: Values,
@@ -203,13 +205,14 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
 
 def _remote_targets(urls: list[str] | None, key_env: str | None, models: Values) -> list[tuple[Any, str]]:
     """(endpoint, model id) for each model named (the endpoint's own model where none is)."""
+    from localgen.cli.output import ErrWriter
     from localgen.remote.backend import pick_model
     from localgen.remote.endpoints import choose
 
     targets = []
     wanted: list[str | None] = list(models) if models else [None]
     for m in wanted:
-        eps, model_id = choose(urls, key_env, m)
+        eps, model_id = choose(urls, key_env, m, warn=ErrWriter().warn)
         if not eps:
             raise UsageError("--endpoint URL (or -m NAME/MODEL from endpoints.toml) names the server to measure")
         targets.append((eps[0], model_id or pick_model(eps)))

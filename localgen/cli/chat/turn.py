@@ -133,9 +133,13 @@ class _Screen:
             self.echo.restore()
 
 
+_REPLIES = ("y", "yes", "n", "no", "a", "always", "")  # to a tool call's question: "" is Enter, a no
+
+
 def _approve(call: Any, runner: Any, view: Any, screen: _Screen) -> bool:
     """Whether a tool call may run: yes with --yes or "always" for this tool; otherwise the user is asked
-    (y / n / a). Ctrl-C at the question declines the call and stops the answer."""
+    (y / n / a; Enter declines), again after any other reply (a question typed there by mistake must not
+    decline the call). Ctrl-C or Ctrl-D at the question declines the call and stops the answer."""
     if runner.stopping:
         return False
     if view.yes or call.name in view.always:
@@ -144,13 +148,14 @@ def _approve(call: Any, runner: Any, view: Any, screen: _Screen) -> bool:
     previous = signal.getsignal(signal.SIGINT)
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        reply = view.ask(f"run {call.name}? [y]es / [n]o / [a]lways for {call.name}: ")
+        question = f"run {call.name}? [y]es / [n]o / [a]lways for {call.name}: "
+        while (word := view.ask(question).strip().lower()) not in _REPLIES:
+            view.info("answer y, n or a (Enter declines)")
     except (KeyboardInterrupt, EOFError):
-        reply = ""
+        word = ""
         runner.stop()
     finally:
         signal.signal(signal.SIGINT, previous)
-    word = reply.strip().lower()
     if word in ("a", "always"):
         view.always.add(call.name)
         return True

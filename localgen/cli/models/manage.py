@@ -57,12 +57,17 @@ def pull(
         _pull_embedded(name, model, list_quants, json_out)
         return
     target = resolve.target(name)
-    if offline or hfcache.offline_env():
-        raise UsageError("pull needs the network; it cannot run offline")
+    offline = offline or hfcache.offline_env()
+    if offline and list_quants:
+        raise UsageError("pull --list reads the Hub's listing; it cannot run offline")
     if list_quants:
         _list_quants(target, ctx, json_out, machine_for(gpu_memory, ram))
         return
-    ref = resolve.pull(target, make_progress())
+    if offline:  # what the cache holds whole, verified, or one line saying it is not there
+        ref = resolve.cached(target, make_progress())
+        print(f"offline: {ref.name} is in the cache (not checked for a newer version on the Hub)", file=sys.stderr)
+    else:
+        ref = resolve.pull(target, make_progress())
     if json_out:
         print(json.dumps({"name": ref.name, "file": ref.path, "sha256": ref.sha256,
                           "quantization": ref.quantization, "size": ref.summary.file_size}))
@@ -399,7 +404,7 @@ def rm(
     links, blobs = store.remove(files)
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
-    print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 MB'}{kept}")
+    print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 bytes'}{kept}")
 
 
 def _confirm(desc: str, total: int, yes: bool, size: bool = True) -> None:
@@ -428,5 +433,5 @@ def _rm_embedded(model: Any, yes: bool) -> None:
                             f"chunks ship inside Python packages (pip uninstall {pip} removes them)")
     _confirm(f"the assembled copy of {model.name} ({copy})", copy.stat().st_size, yes)
     freed = embedded.remove_assembled(model)
-    print(f"removed the assembled copy of {model.name}, freed {format_bytes(freed) if freed else '0 MB'}; its "
+    print(f"removed the assembled copy of {model.name}, freed {format_bytes(freed) if freed else '0 bytes'}; its "
           f"chunks stay inside Python packages (pip uninstall {pip} removes them; the next use assembles it again)")

@@ -131,9 +131,10 @@ def endpoints_for(remote: RemoteOptions, model: str | None) -> tuple[list[Endpoi
 
     if not (remote.endpoint or remote.api_key_env) and (not model or not endpoints_file().is_file()):
         return [], model  # nothing can be remote: the remote code stays unloaded
+    from localgen.cli.output import ErrWriter
     from localgen.remote.endpoints import choose
 
-    return choose(remote.endpoint, remote.api_key_env, model)
+    return choose(remote.endpoint, remote.api_key_env, model, warn=ErrWriter().warn)
 
 
 def _check_remote(args: ModelArgs, rules: CommandRules) -> None:

@@ -172,8 +172,9 @@ def _print_stats(state: dict[str, int], secs: float, counters: dict[str, Any], p
     why = f" · why: {counters['why']}" if counters.get("why") else ""
     how = (f"{mode}, {per_call:.1f} sequences per decode call{shared}{why}" if counters.get("steps") else
            _plural(endpoints, "endpoint") + (
-               f", {int(counters['retried'])} lines moved off a failed one" if counters.get("retried") else ""))
-    print(f"{state['prompts']} prompts · {state['tokens']} tokens generated in {secs:.2f} s · "
+               f", {_plural(int(counters['retried']), 'line')} moved off a failed one" if counters.get("retried")
+               else ""))
+    print(f"{_plural(state['prompts'], 'prompt')} · {_plural(state['tokens'], 'token')} generated in {secs:.2f} s · "
           f"{state['tokens'] / secs if secs else 0:.1f} tok/s aggregate · --parallel {parallel} · {how}"
           + (f" · {state['skipped']} already answered" if state["skipped"] else "")
           + (f" · {state['failed']} failed" if state["failed"] else ""), file=sys.stderr)
@@ -187,16 +188,17 @@ def _resume(path: Path | None) -> tuple[dict[int, str], bool]:
     import os
 
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return {}, True  # nothing answered yet: the first run of a job that will resume from its output
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise UsageError(f"cannot read --resume-from {path}: {e}") from None
     answered: dict[int, str] = {}
-    for raw in text.splitlines():
+    for line in data.splitlines():
         try:
+            raw = line.decode("utf-8")
             doc = json.loads(raw)
-        except ValueError:
+        except ValueError:  # UnicodeDecodeError too: a crash can cut a character in two
             continue  # a line cut short by a crash: that line runs again
         if isinstance(doc, dict) and isinstance(doc.get("line"), int) and "error" not in doc and "text" in doc:
             answered[doc["line"]] = raw
@@ -211,7 +213,7 @@ def _resume(path: Path | None) -> tuple[dict[int, str], bool]:
                                  hint=f"append with `>> {path}`, or write to a new file")
     except (OSError, ValueError, AttributeError):
         same = False
-    if same and text and not text.endswith("\n"):
+    if same and data and not data.endswith(b"\n"):
         sys.stdout.write("\n")  # end the line a crash cut short, so the next answer starts a line of its own
     return answered, not same
 
