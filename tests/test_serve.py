@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -371,7 +372,12 @@ def test_an_exact_request_gets_runs_answer_while_others_stream(server: Server, c
     import ollama
     import openai
 
-    assert server.health()["batching"] == "throughput"
+    health = server.health()
+    assert health["batching"] == "throughput" and health["batching_why"].startswith("every request batched"), health
+    page = (ROOT / "docs" / "api.md").read_text().splitlines()
+    row = next(line for line in page if line.startswith("| `GET /health`"))
+    listed = re.sub(r"\([^)]*\)", "", row.split("per model asked for so far:")[1].split("; `residency`")[0])
+    assert re.findall(r"`(\w+)`", listed) == list(health), "api.md lists /health's fields for a model, in order"
     question = "What is the capital of France?"
     alone = cli("run", "-p", question, "-n", "16", "--temperature", "0", "--ctx", "1024").stdout.rstrip("\n")
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
