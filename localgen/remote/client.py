@@ -280,11 +280,18 @@ class RemoteClient:
                 raise RemoteError(f"{self.endpoint.label} sent a malformed choice: {json.dumps(choice)[:200]}",
                                   partial=gen.n > 0)
             delta = choice.get("delta") if "delta" in choice else choice.get("message")
+            if delta is not None and not isinstance(delta, dict):
+                raise RemoteError(f"{self.endpoint.label} sent a malformed delta: {json.dumps(delta)[:200]}",
+                                  partial=gen.n > 0)
             text = choice.get("text") if "text" in choice else (delta or {}).get("content")
             if text is not None and not isinstance(text, str):
                 raise RemoteError(f"{self.endpoint.label} sent non-text content: {json.dumps(text)[:200]}",
                                   partial=gen.n > 0)
-            _take_logprobs(choice.get("logprobs"), gen)
+            try:
+                _take_logprobs(choice.get("logprobs"), gen)
+            except (TypeError, ValueError):
+                raise RemoteError(f"{self.endpoint.label} sent malformed logprobs: "
+                                  f"{json.dumps(choice.get('logprobs'))[:200]}", partial=gen.n > 0) from None
             yield text or "", _finish(choice.get("finish_reason"))
 
     def _whole(self, doc: dict[str, Any], gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
