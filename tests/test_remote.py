@@ -55,9 +55,11 @@ def test_request_carries_the_flags_and_schema(cli: CLI, fake: FakeServer) -> Non
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
 
 
-def test_a_setting_left_alone_is_the_servers_and_the_seed_is_always_sent(cli: CLI, fake: FakeServer) -> None:
+def test_a_setting_left_alone_is_the_servers_and_the_seed_is_always_sent(cli: CLI, fake: FakeServer,
+                                                                          tmp_path: Path) -> None:
     """docs/remote.md: a setting you leave alone takes the server's default (temperature included: vLLM's and
-    OpenAI's is 1.0, not localgen's 0.8); the seed is always sent, and --json reports it, to repeat the run."""
+    OpenAI's is 1.0, not localgen's 0.8), and one you set is sent, even at localgen's default (a flag, chat's
+    /set, a JSON line's own); the seed is always sent, and --json reports it, to repeat the run."""
     fake.requests.clear()
     r = _run(cli, fake, "plain", "--json")
     assert r.returncode == 0, r.stderr
@@ -67,7 +69,15 @@ def test_a_setting_left_alone_is_the_servers_and_the_seed_is_always_sent(cli: CL
     r = _run(cli, fake, "plain", "--temperature", "0")
     assert fake.requests[-1]["body"]["temperature"] == 0
     r = _run(cli, fake, "plain", "--temperature", "0.8")
-    assert "temperature" not in fake.requests[-1]["body"], "typed at localgen's default: the server's applies"
+    assert fake.requests[-1]["body"]["temperature"] == 0.8, "typed at localgen's default: sent"
+    r = cli("chat", "--endpoint", fake.url, "-m", "plain", input="hi\n/set temperature 0.8\nhi\n", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "temperature" not in fake.requests[-2]["body"] and fake.requests[-1]["body"]["temperature"] == 0.8
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"prompt": "hi", "temperature": 0.8}\n{"prompt": "hi"}\n')
+    r = cli("run", "--endpoint", fake.url, "-m", "plain", "--file", str(lines), "-np", "1", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert [b["body"].get("temperature") for b in fake.requests[-2:]] == [0.8, None]
 
 
 def test_a_429_is_retried_and_a_busy_server_is_reported(cli: CLI, fake: FakeServer) -> None:
