@@ -506,7 +506,7 @@ def rpc_servers(text: str | None) -> tuple[str, ...]:
     servers = tuple(x.strip() for x in str(text or "").split(",") if x.strip())
     for server in servers:
         host, _, port = server.rpartition(":")
-        if not host or ":" in host or not port.isdigit():
+        if not host or ":" in host or not (port.isascii() and port.isdigit()):
             raise UsageError(f"--rpc takes HOST:PORT[,HOST:PORT...], not {server!r}",
                              hint="e.g. 10.0.0.5:50052, where localgen rpc-server listens")
         if not 1 <= int(port) <= 65535:

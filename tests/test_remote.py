@@ -210,6 +210,8 @@ def test_only_the_endpoint_chosen_is_read_from_the_config(cli: CLI, cli_env: dic
         r = cli("run", "-m", "smollm2:135m", "-p", "hi", "-n", "2", "--temp", "0")
         assert r.returncode == 0 and r.stdout.strip(), r.stderr
         assert r.stderr.startswith(f"warning: {toml} is not valid TOML (") and "line 1" in r.stderr, r.stderr
+        r = cli("bench", "-m", "smollm2:135m", "-p", "0", "-n", "1", "-r", "1", "-o", "json")  # local bench too
+        assert r.returncode == 0 and r.stderr.startswith(f"warning: {toml} is not valid TOML ("), r.stderr
         r = cli("run", "-m", "box/plain", "-p", "hi")
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"{toml}: " in r.stderr, r.stderr
         assert "(at line 1, column 5)" in r.stderr, r.stderr

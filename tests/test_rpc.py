@@ -72,12 +72,12 @@ def test_a_dead_server_is_an_error_before_load(cli: CLI) -> None:
     assert "load_tensors" not in r.stderr, "nothing was loaded"
 
 
-
 @pytest.mark.parametrize(("value", "message"), [
     ("nonsense", "--rpc takes HOST:PORT[,HOST:PORT...], not 'nonsense'"),
     ("127.0.0.1:50052,:5", "--rpc takes HOST:PORT[,HOST:PORT...], not ':5'"),
     ("127.0.0.1:99999", "--rpc 127.0.0.1:99999: the port must be 1 to 65535"),
     ("127.0.0.1:0", "--rpc 127.0.0.1:0: the port must be 1 to 65535"),
+    ("a:\u0665", "--rpc takes HOST:PORT[,HOST:PORT...], not 'a:\u0665'"),  # a digit, but not one a port is written in
 ])
 @pytest.mark.parametrize("command", ["run", "doctor", "bench"])
 def test_a_malformed_rpc_server_is_a_usage_error(cli_in_process: InProcessCLI, command: str, value: str,

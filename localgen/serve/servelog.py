@@ -138,7 +138,6 @@ class ServeLog:
         else:
             self.write(text + (f"\n{detail}" if detail else ""))
 
-
     def fatal(self, text: str, hint: str | None, exit_code: int) -> None:
         """The error that stops serve, as JSON's "error" event with its hint and exit status (in text, the CLI
         prints it as it prints every command's)."""

@@ -135,9 +135,10 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
 
 def _is_named_endpoint(model: str) -> bool:
     """Whether -m names an entry of endpoints.toml (NAME or NAME/MODEL; only that entry is read)."""
+    from localgen.cli.output import ErrWriter
     from localgen.remote.endpoints import declared
 
-    return not model.endswith(".gguf") and declared(model.partition("/")[0], lambda _: None) is not None
+    return not model.endswith(".gguf") and declared(model.partition("/")[0], ErrWriter().warn) is not None
 
 
 def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values, parallel: Values, rates: Values,
