@@ -166,6 +166,13 @@ class GGUFSummary:
     exact_rows: int = 0  # most rows per batch whose CPU matmuls compute each row as alone (0: any number)
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def encoder_only(self) -> bool:
+        """Whether the header says the model is an encoder alone (attention not causal: BERT and kin; a T5
+        encoder): it embeds or scores, and cannot generate. The loaded model's own word is Engine.encoder_only."""
+        causal = self.metadata.get(f"{self.architecture}.attention.causal")
+        return causal is False or str(causal).lower() == "false" or self.architecture in ("bert", "t5encoder")
+
 
 @dataclass(frozen=True)
 class ModelRef:

@@ -37,8 +37,7 @@ class Point:
 def check_generates(model: ModelRef) -> None:
     """Refuse, from the header alone, a model that only embeds or scores (attention not causal: BERT and kin;
     a T5 encoder), before any size is weighed against its window; Probe checks the loaded model too."""
-    arch = model.summary.architecture
-    if model.summary.metadata.get(f"{arch}.attention.causal") is False or arch == "t5encoder":
+    if model.summary.encoder_only:
         raise _not_generating(model)
 
 

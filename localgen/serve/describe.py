@@ -71,8 +71,7 @@ def capabilities(ref: ModelRef) -> list[str]:
     from localgen.models import mmproj
 
     s = ref.summary
-    causal = s.metadata.get(f"{s.architecture}.attention.causal")
-    encoder = causal is False or str(causal).lower() == "false" or s.architecture in ("bert", "t5encoder")
+    encoder = s.encoder_only
     out = ["embedding"] if encoder else ["completion"]
     template = s.chat_template or ""
     if not encoder and "tools" in template:
