@@ -18,11 +18,12 @@ def test_alt_enter_typed_while_an_answer_streams_is_a_new_line(cli_env: dict[str
     The terminal's cooked mode used to turn the typed-ahead CR into LF (ICRNL), which the prompt reads as Enter:
     `foo` was sent and answered alone."""
     screen = terminal.Screen(SCREEN)
-    child = spawn(cli_env, "typeahead", "-n", "60", "--temp", "0", log=screen)
+    child = spawn(cli_env, "typeahead", "-n", "200", "--ignore-eos", "--temp", "0", log=screen)
     child.sendline(LETTER)
     child.expect_exact("\x1b[?2004l")  # the prompt's last word to the terminal: what follows is the answer
     wait_until(child, lambda: bool(paragraphs_shown([*screen.rows(), "tok/s"], LETTER)))  # it streams
     child.send("foo\x1b\rbar")
+    assert not any("tok/s" in row for row in screen.rows()), "the keys went in while the answer streamed"
     child.expect("tok/s", timeout=SAFETY_NET_S)
     wait_until(child, lambda: any(row.startswith("bar") or row.endswith(" bar") for row in screen.rows()))
     child.send("\r")
