@@ -224,6 +224,8 @@ def test_rm_and_replace_wait_for_another_writer(hcli: CLI, bert: str) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
         listed = hcli("collections", "--json")  # readers never wait in WAL
         assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 2, listed.stderr
+        found = hcli("similar", "gone", "a text", "-n", "1")
+        assert found.returncode == 0 and json.loads(found.stdout)["content"] == "a text", found.stderr
         time.sleep(2)  # long enough for both to reach the lock (a slower start only tests less)
         assert all(p.poll() is None for p in procs), "both wait for the lock"
         conn.execute("COMMIT")
