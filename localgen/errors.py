@@ -24,6 +24,15 @@ class ModelNotFoundError(LocalgenError):
     """No model file or catalogue entry matches the name."""
 
 
+class NotDownloadedError(ModelNotFoundError):
+    """A Hub model that is not in the cache, where nothing may be downloaded (offline, or a caller that never
+    downloads): `name` is the model as `localgen pull` takes it."""
+
+    def __init__(self, message: str, hint: str | None = None, *, name: str) -> None:
+        super().__init__(message, hint)
+        self.name = name
+
+
 class ModelFormatError(LocalgenError):
     """The file is not a GGUF model llama.cpp can read (not GGUF, truncated, corrupt)."""
 

@@ -49,6 +49,9 @@ class SamplingParams:
     ignore_eos: bool = False
     grammar: str | None = None  # GBNF text (a JSON schema is converted before it gets here)
     grammar_triggers: tuple[str, ...] = ()  # regexes: the grammar waits for one to match (lazy), then constrains
+    # the settings someone set (a flag, a model's recommended values, /set, a JSON line's own): a remote server
+    # is sent these even where they equal the defaults above, and left its own defaults for the rest
+    asked: frozenset[str] = field(default=frozenset(), compare=False)
 
     @property
     def greedy(self) -> bool:
@@ -58,6 +61,7 @@ class SamplingParams:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON output and saved sessions."""
         d = asdict(self)
+        del d["asked"]
         d["stop"] = list(self.stop)
         d["dry_sequence_breaker"] = list(self.dry_sequence_breaker)
         d["logit_bias"] = [list(x) for x in self.logit_bias]

@@ -42,12 +42,14 @@ class FakeServer:
     - html: a 200 text/html page (a wrong URL)
     - slow: "tick " every 50 ms, 200 times
     - multiline: one event's JSON split over many `data:` lines (the SSE spec joins them with newlines)
+    - bad-delta-once: a chunk whose delta is a string on the first request, then as plain
     """
 
     def __init__(self, redirect_to: str = "") -> None:
         self.requests: list[dict[str, Any]] = []
         self.redirect_to = redirect_to
         self.busy_once_seen = 0
+        self.bad_delta_seen = 0
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -104,6 +106,11 @@ class FakeServer:
                     {"index": 0, "delta": {"content": "Hello world"}, "finish_reason": "stop"}]}, indent=1)
                 yield "".join(f"data:{line}\n" for line in doc.splitlines()) + "\ndata: [DONE]\n\n"
                 return
+            if model == "bad-delta-once":
+                self.bad_delta_seen += 1
+                if self.bad_delta_seen == 1:
+                    yield "data: " + json.dumps({"choices": [{"index": 0, "delta": "oops"}]}) + "\n\n"
+                    return
             if model == "garbage":
                 yield "data: <<not json>>\n\n"
                 return

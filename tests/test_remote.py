@@ -55,9 +55,11 @@ def test_request_carries_the_flags_and_schema(cli: CLI, fake: FakeServer) -> Non
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
 
 
-def test_a_setting_left_alone_is_the_servers_and_the_seed_is_always_sent(cli: CLI, fake: FakeServer) -> None:
+def test_a_setting_left_alone_is_the_servers_and_the_seed_is_always_sent(cli: CLI, fake: FakeServer,
+                                                                          tmp_path: Path) -> None:
     """docs/remote.md: a setting you leave alone takes the server's default (temperature included: vLLM's and
-    OpenAI's is 1.0, not localgen's 0.8); the seed is always sent, and --json reports it, to repeat the run."""
+    OpenAI's is 1.0, not localgen's 0.8), and one you set is sent, even at localgen's default (a flag, chat's
+    /set, a JSON line's own); the seed is always sent, and --json reports it, to repeat the run."""
     fake.requests.clear()
     r = _run(cli, fake, "plain", "--json")
     assert r.returncode == 0, r.stderr
@@ -67,7 +69,15 @@ def test_a_setting_left_alone_is_the_servers_and_the_seed_is_always_sent(cli: CL
     r = _run(cli, fake, "plain", "--temperature", "0")
     assert fake.requests[-1]["body"]["temperature"] == 0
     r = _run(cli, fake, "plain", "--temperature", "0.8")
-    assert "temperature" not in fake.requests[-1]["body"], "typed at localgen's default: the server's applies"
+    assert fake.requests[-1]["body"]["temperature"] == 0.8, "typed at localgen's default: sent"
+    r = cli("chat", "--endpoint", fake.url, "-m", "plain", input="hi\n/set temperature 0.8\nhi\n", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "temperature" not in fake.requests[-2]["body"] and fake.requests[-1]["body"]["temperature"] == 0.8
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"prompt": "hi", "temperature": 0.8}\n{"prompt": "hi"}\n')
+    r = cli("run", "--endpoint", fake.url, "-m", "plain", "--file", str(lines), "-np", "1", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert [b["body"].get("temperature") for b in fake.requests[-2:]] == [0.8, None]
 
 
 def test_a_429_is_retried_and_a_busy_server_is_reported(cli: CLI, fake: FakeServer) -> None:
@@ -213,6 +223,7 @@ def test_a_line_on_an_endpoint_that_dies_goes_to_one_still_up(cli: CLI, fake: Fa
     dying = socket.socket()
     dying.bind(("127.0.0.1", 0))
     dying.listen()
+    fake_asked: list[int | None] = [len(fake.requests)]  # before the run beside it; None: the dead one alone
 
     def hang_up() -> None:  # takes each request, then drops the connection without an answer
         while True:
@@ -220,7 +231,10 @@ def test_a_line_on_an_endpoint_that_dies_goes_to_one_still_up(cli: CLI, fake: Fa
                 conn, _ = dying.accept()
             except OSError:
                 return
-            time.sleep(0.5)  # the other endpoint has answered its line and found none left by then
+            deadline = time.monotonic() + 30
+            while fake_asked[0] is not None and len(fake.requests) == fake_asked[0] and time.monotonic() < deadline:
+                time.sleep(0.01)  # the other endpoint has its line: it answers it and finds none left...
+            time.sleep(0.5)  # ...by then (a two-chunk answer from a loopback fake)
             conn.close()
 
     threading.Thread(target=hang_up, daemon=True).start()
@@ -232,6 +246,7 @@ def test_a_line_on_an_endpoint_that_dies_goes_to_one_still_up(cli: CLI, fake: Fa
                 "--stats", timeout=60)
         assert r.returncode == 0 and r.stdout == "Hello world\n" * 2, r.stderr
         assert "2 endpoints, 1 line moved off a failed one" in r.stderr, r.stderr
+        fake_asked[0] = None
         r = cli("run", "--file", str(prompts), "--endpoint", dead, "-m", "plain", "--json", timeout=60)
         docs = [json.loads(x) for x in r.stdout.splitlines()]
         assert r.returncode == 1 and [d["line"] for d in docs] == [1, 2], r.stderr
@@ -241,6 +256,16 @@ def test_a_line_on_an_endpoint_that_dies_goes_to_one_still_up(cli: CLI, fake: Fa
         assert r.stderr.startswith("1 prompt · 2 tokens generated"), r.stderr
     finally:
         dying.close()
+
+
+def test_a_malformed_chunk_fails_its_line_and_the_others_go_on(cli: CLI, fake: FakeServer, tmp_path: Path) -> None:
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n{"prompt": "hi"}\n')
+    r = cli("run", "--file", str(prompts), "--endpoint", fake.url, "-m", "bad-delta-once", "-np", "2", "--json",
+            timeout=60)
+    docs = sorted((json.loads(x) for x in r.stdout.splitlines()), key=lambda d: "error" not in d)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "sent a malformed delta" in docs[0]["error"] and docs[1]["text"] == "Hello world", docs
 
 
 # ---- two real servers ---------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ class ChatRunner:
     def set(self, name: str, value: str) -> str:
         """Change one sampling setting (validated as flags are); returns a confirmation."""
         key, typed = settings.parse_text(name, value)
-        self.sampling = dataclasses.replace(self.sampling, **{key: typed})
+        self.sampling = dataclasses.replace(self.sampling, **{key: typed}, asked=self.sampling.asked | {key})
         self.session.settings[key] = settings.jsonable(typed)
         return f"{key} = {settings.as_text(key, typed)}"
 

@@ -136,16 +136,13 @@ def _planned(model: str | None, knobs: Knobs, rpc: tuple[str, ...]) -> tuple[Any
     from localgen.models.resolve import resolve
 
     load = knobs.load(n_ctx=512, rpc=rpc)
-    from localgen.errors import ModelNotFoundError
+    from localgen.errors import NotDownloadedError
 
     try:
         ref = resolve(model, offline=True, pull_missing=False)
-    except ModelNotFoundError as e:  # a Hub model not downloaded: not "offline", which the user never asked for
-        name, _, why = e.message.partition(" is not in the cache")
-        if not why:
-            raise
-        raise ModelNotFoundError(f"{name} is not downloaded",
-                                 hint=f"doctor downloads nothing: `localgen pull {name}` first") from None
+    except NotDownloadedError as e:  # not "offline", which the user never asked for
+        raise NotDownloadedError(f"{e.name} is not downloaded", name=e.name,
+                                 hint=f"doctor downloads nothing: `localgen pull {e.name}` first") from None
     return ref, preset.load_params(ref, load, knobs.given)
 
 

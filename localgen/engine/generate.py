@@ -113,9 +113,9 @@ class Generation:
     def _run(self) -> Iterator[Chunk]:
         eng, seq = self.engine, self.seq
         cached = eng.kv.cached_prefix(self.prompt)
-        if self.held_before is not None:  # a prefix evaluated for this answer just before it: not cached
-            cached = min(cached, self.held_before)
-        else:  # otherwise the counters were reset before that prefix, whose evaluation is this prompt's too
+        if self.held_before is not None:  # a prefix evaluated for this answer just before it: not cached, and
+            cached = min(cached, self.held_before)  # the counters, reset before it by the caller, count it
+        else:
             eng.reset_perf()
         t0 = self._started if self._started is not None else time.perf_counter()
         t_first: float | None = None

@@ -252,7 +252,8 @@ class Engine:
         work. `started` (a perf_counter time) is when the request began, if prompt work was done before
         this call (a prompt cache loaded or filled), so time to first token counts it; `held_before`, then,
         how many of the tokens the KV cache holds it held before that work (the rest count as evaluated for
-        this answer, not cached)."""
+        this answer, not cached), and the perf counters are not reset: the caller reset them before that work,
+        so that the prefill rate counts it."""
         from localgen.engine.generate import Generation
 
         if len(prompt.tokens) >= self.n_ctx:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError
+from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, NotDownloadedError
 from localgen.models import catalogue, embedded, hfcache, mmproj, names, store
 from localgen.models.gguf_meta import read_summary
 from localgen.models.quant import QuantOption, group_options, pick, rank
@@ -124,12 +124,13 @@ def _hub_model(t: Target, offline: bool, progress: download.Progress, pull_missi
         return _from_cache(cached[0], t, progress)
     if offline:
         have = sorted({f"{f.repo}:{f.quant}" for f in store.cached_files()})
-        raise ModelNotFoundError(
+        raise NotDownloadedError(
             f"{t.display} is not in the cache and localgen is offline",
             hint=("cached: " + ", ".join(have[:8])) if have else "nothing is cached yet; pull without --offline",
-        )
+            name=t.display)
     if not pull_missing:
-        raise ModelNotFoundError(f"{t.display} is not downloaded", hint=f"localgen pull {t.display}")
+        raise NotDownloadedError(f"{t.display} is not downloaded", hint=f"localgen pull {t.display}",
+                                 name=t.display)
     return pull(t, progress)
 
 

@@ -158,10 +158,13 @@ class RemoteBackend:
                 item = take(client)
                 if item is None:
                     return
-                c = self._complete(client, item, stop)
+                try:
+                    c = self._complete(client, item, stop)
+                finally:  # whatever happened to this line, it is no longer in flight: the others must not wait
+                    with lock:
+                        flying[0] -= 1
+                        lock.notify_all()
                 with lock:
-                    flying[0] -= 1
-                    lock.notify_all()
                     if c is None:  # the endpoint is gone: another takes the line
                         retry.appendleft(item)
                         counts["retried"] += 1

@@ -29,9 +29,9 @@ BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up
 
 def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str, Any]:
     """The JSON body for a request: the seed (always, so that the answer can be made again: run --json reports
-    it), then each setting that differs from its default under OpenAI's name, else llama-server's (settings.py's
-    table). A setting at its default, the temperature included, is left to the server's own default (vLLM's and
-    OpenAI's temperature is 1.0, llama-server's 0.8)."""
+    it), then each setting that was asked for or differs from its default, under OpenAI's name, else
+    llama-server's (settings.py's table). A setting left alone, the temperature included, is left to the server's
+    own default (vLLM's and OpenAI's temperature is 1.0, llama-server's 0.8)."""
     s = request.sampling
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
                             "seed": seed}
@@ -43,7 +43,7 @@ def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str,
             body["chat_template_kwargs"] = dict(request.template_args)
     for k in KNOBS.values():
         value = getattr(s, k.name)
-        if k.name == "seed" or value == k.default:
+        if k.name == "seed" or (value == k.default and k.name not in s.asked):
             continue
         if k.name == "logit_bias":
             value = {str(tok): bias for tok, bias in value}
@@ -280,11 +280,18 @@ class RemoteClient:
                 raise RemoteError(f"{self.endpoint.label} sent a malformed choice: {json.dumps(choice)[:200]}",
                                   partial=gen.n > 0)
             delta = choice.get("delta") if "delta" in choice else choice.get("message")
+            if delta is not None and not isinstance(delta, dict):
+                raise RemoteError(f"{self.endpoint.label} sent a malformed delta: {json.dumps(delta)[:200]}",
+                                  partial=gen.n > 0)
             text = choice.get("text") if "text" in choice else (delta or {}).get("content")
             if text is not None and not isinstance(text, str):
                 raise RemoteError(f"{self.endpoint.label} sent non-text content: {json.dumps(text)[:200]}",
                                   partial=gen.n > 0)
-            _take_logprobs(choice.get("logprobs"), gen)
+            try:
+                _take_logprobs(choice.get("logprobs"), gen)
+            except (TypeError, ValueError):
+                raise RemoteError(f"{self.endpoint.label} sent malformed logprobs: "
+                                  f"{json.dumps(choice.get('logprobs'))[:200]}", partial=gen.n > 0) from None
             yield text or "", _finish(choice.get("finish_reason"))
 
     def _whole(self, doc: dict[str, Any], gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:

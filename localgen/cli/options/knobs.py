@@ -106,7 +106,7 @@ class SamplingFlags:
         for layer in layers:
             values.update(settings.validate(layer))
         values.update(self.given)
-        return SamplingParams(**values, grammar=grammar)
+        return SamplingParams(**values, grammar=grammar, asked=frozenset(values))
 
     @property
     def alone(self) -> SamplingParams:
