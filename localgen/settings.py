@@ -238,7 +238,7 @@ def validate(values: Mapping[str, Any], where: str = "") -> dict[str, Any]:
 def apply(base: SamplingParams, values: Mapping[str, Any], where: str = "") -> SamplingParams:
     """`base` with validated settings on top (each counted as asked for)."""
     checked = validate(values, where)
-    return dataclasses.replace(base, **checked, asked=base.asked | checked.keys())
+    return dataclasses.replace(base, **checked, asked=base.asked | frozenset(checked))
 
 
 def parse_text(name: str, text: str) -> tuple[str, Any]:
