@@ -195,6 +195,8 @@ def check(out: str, page: Any, a: tuple[str, ...]) -> None:
     if a[0] == "embed" and "--store" not in flags:  # with --store, `similar` finds them
         vectors = json_lines(out)[0]["data"] if "--json" in flags else json_lines(out)
         assert vectors and all(len(g["embedding"]) > 0 for g in vectors), out
+    if a[0] == "collections" and len(a) == 1:  # the page's collection, as stored just before
+        assert out.startswith("NAME") and "notes" in out, out
     if a[0] in ("similar", "rerank"):
         scores = [g["score"] for g in json_lines(out)]
         assert scores and scores == sorted(scores, reverse=True), out

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "embed": ("localgen.cli.embed", "embed"),
     "similar": ("localgen.cli.embed", "similar"),
     "rerank": ("localgen.cli.embed", "rerank"),
+    "collections": ("localgen.cli.embed_collections", "collections_app"),
     "rpc-server": ("localgen.cli.rpc", "rpc_server"),
 }
 HELP = "Chat with and generate from local GGUF models (llama.cpp): fast, quiet, scriptable."

@@ -63,6 +63,11 @@ def embed(
                                  help="Keep the vectors, ids and texts in this collection (see `similar`); an "
                                       "unchanged text is not embedded again.")
     ] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", rich_help_panel=EMBED,
+                           help="With --store: afterwards the collection holds exactly this run's ids (the others "
+                                "are removed once every text is stored; a failed run removes nothing).")
+    ] = False,
     ctx_size: o.Ctx = 2048,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = None,
@@ -72,8 +77,8 @@ def embed(
     """Turn texts into embedding vectors, one per text: NDJSON lines {"id", "embedding", "tokens"}."""
     run_embed(EmbedArgs(context=ctx, texts=texts, file=file, model=model, offline=offline, pooling=pooling,
                         normalize=normalize, dimensions=dimensions, truncate=truncate, fmt=fmt, json_out=json_out,
-                        store=store, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers, repack=repack,
-                        verbose=verbose))
+                        store=store, replace=replace, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers,
+                        repack=repack, verbose=verbose))
 
 
 def similar(
@@ -160,6 +165,7 @@ class EmbedArgs(_InputArgs):
     fmt: str
     json_out: bool
     store: str | None
+    replace: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,26 +289,32 @@ def run_embed(f: EmbedArgs) -> None:
         raise UsageError(f"--format takes float or base64, not {f.fmt!r}")
     if f.pooling is not None and f.pooling not in POOLING:
         raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
+    if f.replace and not f.store:
+        raise UsageError("--replace needs --store NAME (the collection whose other entries it removes)")
     items = _inputs(f.texts, f.file, by_content=True)
     backend = _backend(f, f.model)
     try:
         name = backend.name
         if f.store:
-            skip = collections.unchanged(f.store, items, any_id=bool(f.texts))
+            # with --replace every text must end up under its own id: one held under another id is stored again
+            skip = collections.unchanged(f.store, items, any_id=bool(f.texts) and not f.replace)
             todo = [(i, t) for i, t in items if i not in skip]
         else:
             skip, todo = set(), items
         vectors = backend.embed([t for _, t in todo], f.pooling, f.normalize, f.dimensions, f.truncate)
-        pooling = backend.embedder(f.pooling).pooling
+        embedder = backend.embedder(f.pooling)
+        pooling, size = embedder.pooling, embedder.n_embd
     finally:
         backend.close()
     if f.store:
-        dims = len(vectors[0].vector) if vectors else (f.dimensions or 0)
-        coll = collections.Collection(f.store, name, f.model, pooling, dims, f.normalize)
-        if vectors or not skip:
-            collections.ensure(coll)
-        collections.put(f.store, [(i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)])
-        ErrWriter().line(f"{f.store}: {len(todo):,} embedded and stored, {len(skip):,} unchanged")
+        dims = len(vectors[0].vector) if vectors else (f.dimensions or size)
+        # checked even when every text is unchanged: another model's run must neither store nor remove
+        collections.ensure(collections.Collection(f.store, name, f.model, pooling, dims, f.normalize))
+        rows = [(i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)]
+        # the removal is in put's one transaction, after every row: a run that fails before it removes nothing
+        gone = collections.put(f.store, rows, keep=[i for i, _ in items] if f.replace else None)
+        removed = f", {gone:,} removed" if f.replace else ""
+        ErrWriter().line(f"{f.store}: {len(todo):,} embedded and stored, {len(skip):,} unchanged{removed}")
         return
     data = [{"id": i, "embedding": collections.b64(v.vector) if f.fmt == "base64" else v.vector, "tokens": v.tokens}
             for (i, _), v in zip(todo, vectors, strict=True)]

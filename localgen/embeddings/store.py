@@ -3,7 +3,9 @@
 lock, so several `embed --store` processes can write at once). A collection remembers the model, pooling and
 size it was made with, so every later text and query is embedded the same way; a text whose SHA-256 is
 unchanged is not embedded again (as `llm embed-multi` does). A text given without an id (embed's arguments)
-gets its content's (text_id), so writers in several processes never replace each other's texts."""
+gets its content's (text_id), so writers in several processes never replace each other's texts. Collections
+are listed (`listing`) and removed whole or by id (`remove`, `remove_ids`); `put(..., replace=True)` stores a
+run's texts and removes the ids it did not give in one transaction, so a failed run removes nothing."""
 
 from __future__ import annotations
 
@@ -31,6 +33,20 @@ class Collection:
     pooling: str
     dimensions: int
     normalized: bool
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A collection as `localgen collections` shows it."""
+
+    name: str
+    model: str
+    pooling: str
+    dimensions: int
+    normalized: bool
+    entries: int
+    created: float  # seconds since the epoch
+    last_written: float  # when an entry was last stored (created, while it holds none)
 
 
 def path() -> Path:
@@ -165,14 +181,116 @@ def unchanged(name: str, items: Iterable[tuple[str, str]], any_id: bool = False)
     return {i for i, text in items if stored.get(i) == content_hash(text) or content_hash(text) in held}
 
 
-def put(name: str, rows: list[tuple[str, str, list[float]]]) -> None:
-    """Store (id, text, vector) rows, replacing what the ids held."""
+def put(name: str, rows: list[tuple[str, str, list[float]]], keep: Iterable[str] | None = None) -> int:
+    """Store (id, text, vector) rows, replacing what the ids held; with `keep` (every id of the run, stored now
+    or unchanged), then remove the collection's other ids. One transaction, taken before anything is read
+    (BEGIN IMMEDIATE: it waits for other writers): every row and the removal, or nothing. How many were
+    removed."""
+    import json
+
     now = time.time()
-    with _db(create=True) as db, db.conn:  # one transaction: every row or none
-        db.conn.executemany(
-            "INSERT OR REPLACE INTO embeddings (collection, id, content, content_hash, embedding, updated) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            [(name, i, text, content_hash(text), pack(vec), now) for i, text, vec in rows])
+    with _db(create=True) as db:
+        conn = db.conn
+        with _writing(conn):
+            conn.executemany(
+                "INSERT OR REPLACE INTO embeddings (collection, id, content, content_hash, embedding, updated) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(name, i, text, content_hash(text), pack(vec), now) for i, text, vec in rows])
+            if keep is None:
+                return 0
+            gone: int = conn.execute(
+                "DELETE FROM embeddings WHERE collection = ? AND id NOT IN (SELECT value FROM json_each(?))",
+                (name, json.dumps(sorted(set(keep))))).rowcount
+            return gone
+
+
+@contextmanager
+def _writing(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction, the write lock taken first (a read then a write in WAL mode fails at once when
+    another writer committed in between, instead of waiting); committed at the end, rolled back on any error
+    or interruption."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.rollback()
+        raise
+    conn.commit()
+
+
+def listing() -> list[Listed]:
+    """Every collection with its entry count and when it was last written, by name; none without a database."""
+    if not path().exists():
+        return []
+    with _db(create=False) as db:
+        rows = db.conn.execute(
+            "SELECT c.name, c.model, c.pooling, c.dimensions, c.normalized, c.created, count(e.id), max(e.updated) "
+            "FROM collections c LEFT JOIN embeddings e ON e.collection = c.name GROUP BY c.name ORDER BY c.name"
+        ).fetchall()
+    return [Listed(r[0], r[1], r[2], int(r[3]), bool(r[4]), int(r[6]), float(r[5]), float(r[7] or r[5]))
+            for r in rows]
+
+
+def _missing(conn: sqlite3.Connection, names: list[str]) -> LocalgenError | None:
+    """The error for the names that are not collections, or None."""
+    have = [r[0] for r in conn.execute("SELECT name FROM collections ORDER BY name")]
+    unknown = [n for n in dict.fromkeys(names) if n not in have]
+    if not unknown:
+        return None
+    which = ", ".join(repr(n) for n in unknown)
+    there = f" (there are: {', '.join(have)})" if have else " (there are none)"
+    return LocalgenError(f"no collection named {which}{there}" if len(unknown) == 1
+                         else f"no collections named {which}{there}")
+
+
+def remove(names: list[str]) -> dict[str, int]:
+    """Remove whole collections (their entries and their record), each name's entry count; every name is checked
+    first, in the same transaction, and an unknown one removes nothing."""
+    if not path().exists():
+        raise LocalgenError(f"no collection named {names[0]!r}: there are no collections yet")
+    with _db(create=False) as db:
+        conn = db.conn
+        with _writing(conn):
+            error = _missing(conn, names)
+            if error is not None:
+                raise error
+            removed = {}
+            for n in dict.fromkeys(names):
+                removed[n] = conn.execute("DELETE FROM embeddings WHERE collection = ?", (n,)).rowcount
+                conn.execute("DELETE FROM collections WHERE name = ?", (n,))
+        return removed
+
+
+ID_LIST_MAX = 5  # unknown ids named in an error, at most
+
+
+def remove_ids(name: str, ids: list[str]) -> tuple[int, int]:
+    """Remove some entries of one collection (it stays, even empty); every id is checked first, in the same
+    transaction, and an unknown one removes nothing. How many were removed, and how many are left."""
+    import json
+
+    if not path().exists():
+        raise LocalgenError(f"no collection named {name!r}: there are no collections yet")
+    wanted = sorted(set(ids))
+    with _db(create=False) as db:
+        conn = db.conn
+        with _writing(conn):
+            error = _missing(conn, [name])
+            if error is not None:
+                raise error
+            held = {r[0] for r in conn.execute(
+                "SELECT id FROM embeddings WHERE collection = ? AND id IN (SELECT value FROM json_each(?))",
+                (name, json.dumps(wanted)))}
+            unknown = [i for i in wanted if i not in held]
+            if unknown:
+                shown = ", ".join(repr(i) for i in unknown[:ID_LIST_MAX])
+                more = f" and {len(unknown) - ID_LIST_MAX:,} more" if len(unknown) > ID_LIST_MAX else ""
+                raise LocalgenError(f"collection {name!r} has no entry {shown}{more}; nothing was removed")
+            removed: int = conn.execute(
+                "DELETE FROM embeddings WHERE collection = ? AND id IN (SELECT value FROM json_each(?))",
+                (name, json.dumps(wanted))).rowcount
+            left: int = conn.execute("SELECT count(*) FROM embeddings WHERE collection = ?", (name,)).fetchone()[0]
+        return removed, left
 
 
 def vectors(name: str) -> list[tuple[str, str, bytes]]:

@@ -1,0 +1,246 @@
+"""`localgen collections` (list, --json), `collections rm` (whole collections, --id), and `embed --store NAME
+--replace` (the collection holds exactly the run's ids; a failed run removes nothing), with the real CLI, the
+real store and the seeded tiny BERT of tests/tiny_bert.py (docs/embed.md, "Collections")."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from localgen.embeddings.store import text_id
+from tests.conftest import CLI, SAFETY_NET_S
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tests.tiny_bert import build
+
+    return str(build(tmp_path_factory.mktemp("tiny") / "tiny-bert.gguf"))
+
+
+@pytest.fixture
+def hcli(cli_env: dict[str, str], tmp_path: Path) -> CLI:
+    """A CLI with a home of its own (no collections)."""
+    return CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+
+
+def _db(hcli: CLI) -> Path:
+    return Path(hcli.env["LOCALGEN_HOME"]) / "data" / "embeddings" / "embeddings.db"
+
+
+def _held(hcli: CLI, name: str) -> dict[str, str]:
+    with closing(sqlite3.connect(_db(hcli))) as conn:
+        return dict(conn.execute("SELECT id, content FROM embeddings WHERE collection = ?", (name,)).fetchall())
+
+
+def _listed(hcli: CLI) -> list[dict[str, object]]:
+    r = hcli("collections", "--json")
+    assert r.returncode == 0, r.stderr
+    listed: list[dict[str, object]] = json.loads(r.stdout)
+    return listed
+
+
+def _store(hcli: CLI, bert: str, name: str, *args: str, input: str | None = None) -> str:
+    r = hcli("embed", "-m", bert, "--store", name, *args, input=input)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    return r.stderr
+
+
+LINES = ["the cat sat on the mat", "stocks fell in paris", "llamas are native to south america"]
+
+
+def test_collections_lists_each_with_its_model_size_entries_and_last_write(hcli: CLI, bert: str) -> None:
+    r = hcli("collections")
+    assert r.returncode == 0 and r.stdout == "" and r.stderr.startswith("no collections yet"), r.stderr
+    assert r.stderr.count("\n") == 1
+    r = hcli("collections", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout
+    _store(hcli, bert, "notes", input="\n".join(LINES) + "\n")
+    _store(hcli, bert, "args", "one text")
+    r = hcli("collections")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    head, *rows = r.stdout.splitlines()
+    assert head.split() == ["NAME", "MODEL", "POOLING", "DIMENSIONS", "ENTRIES", "LAST", "WRITTEN", "(UTC)"]
+    assert [row.split()[:5] for row in rows] == [["args", "tiny-bert.gguf", "cls", "64", "1"],
+                                                  ["notes", "tiny-bert.gguf", "cls", "64", "3"]], r.stdout
+    listed = _listed(hcli)
+    assert [c["name"] for c in listed] == ["args", "notes"]
+    assert listed[1] | {"created_utc": "", "last_written_utc": ""} == {
+        "name": "notes", "model": "tiny-bert.gguf", "pooling": "cls", "dimensions": 64, "normalized": True,
+        "entries": 3, "created_utc": "", "last_written_utc": ""}
+    assert hcli("collections", "list", "--json").stdout == hcli("collections", "--json").stdout
+    assert hcli("collections", "list").stdout == r.stdout
+    # "last written" is when an entry was last stored; the collection's creation stays
+    with closing(sqlite3.connect(_db(hcli))) as conn, conn:
+        conn.execute("UPDATE embeddings SET updated = 0")
+        conn.execute("UPDATE collections SET created = 0")
+    assert {c["last_written_utc"] for c in _listed(hcli)} == {"1970-01-01T00:00:00"}
+    _store(hcli, bert, "notes", "a new note")
+    notes = _listed(hcli)[1]
+    assert notes["created_utc"] == "1970-01-01T00:00:00" and notes["entries"] == 4
+    assert str(notes["last_written_utc"]) > "2020", notes
+    assert "1970-01-01 00:00:00" in hcli("collections").stdout.splitlines()[1], "args was not written again"
+
+
+def test_rm_removes_whole_collections_and_checks_every_name_first(hcli: CLI, bert: str) -> None:
+    r = hcli("collections", "rm", "notes")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "no collection named 'notes'" in r.stderr, r.stderr
+    _store(hcli, bert, "notes", input="\n".join(LINES) + "\n")
+    _store(hcli, bert, "args", "one text", "two texts")
+    _store(hcli, bert, "keep", "kept text")
+    r = hcli("collections", "rm", "notes", "nope", "args")
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "no collection named 'nope' (there are: args, keep, notes)" in r.stderr, r.stderr
+    assert [c["entries"] for c in _listed(hcli)] == [2, 1, 3], "an unknown name removes nothing"
+    r = hcli("collections", "rm", "notes", "args")
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    assert r.stderr.splitlines() == ["removed the collection notes (3 entries)",
+                                     "removed the collection args (2 entries)"]
+    assert [c["name"] for c in _listed(hcli)] == ["keep"] and _held(hcli, "notes") == {} == _held(hcli, "args")
+    with closing(sqlite3.connect(_db(hcli))) as conn:
+        assert conn.execute("SELECT name FROM collections").fetchall() == [("keep",)], "the record goes too"
+    r = hcli("similar", "notes", "a cat")
+    assert r.returncode == 2 and "no collection named 'notes' (there are: keep)" in r.stderr
+    # a removed name is free again, for another model or size
+    r = hcli("embed", "--store", "notes", "a text", "--dimensions", "32")
+    assert r.returncode == 0, r.stderr
+    assert [(c["name"], c["model"], c["dimensions"]) for c in _listed(hcli)] == [
+        ("keep", "tiny-bert.gguf", 64), ("notes", "smollm2:135m", 32)]
+    r = hcli("collections", "rm")
+    assert r.returncode == 2 and "Missing argument" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_rm_id_removes_only_those_entries_and_an_unknown_id_removes_none(hcli: CLI, bert: str) -> None:
+    _store(hcli, bert, "notes", input="\n".join(LINES) + "\n")
+    _store(hcli, bert, "other", input="\n".join(LINES) + "\n")
+    r = hcli("collections", "rm", "notes", "--id", "1", "--id", "9", "--id", "x")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "collection 'notes' has no entry '9', 'x'; nothing was removed" in r.stderr, r.stderr
+    assert set(_held(hcli, "notes")) == {"1", "2", "3"}
+    r = hcli("collections", "rm", "notes", "other", "--id", "1")
+    assert r.returncode == 2 and "--id removes entries of one collection" in r.stderr, r.stderr
+    r = hcli("collections", "rm", "nope", "--id", "1")
+    assert r.returncode == 1 and "no collection named 'nope'" in r.stderr, r.stderr
+    r = hcli("collections", "rm", "notes", "--id", "1", "--id", "3", "--id", "1")
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == "notes: removed 2 entries, 1 left\n", r.stderr
+    assert _held(hcli, "notes") == {"2": LINES[1]} and len(_held(hcli, "other")) == 3, "only those, only there"
+    r = hcli("similar", "notes", LINES[0], "-n", "5")
+    assert [json.loads(line)["id"] for line in r.stdout.splitlines()] == ["2"], "similar no longer finds them"
+    r = hcli("collections", "rm", "notes", "--id", "2")
+    assert r.returncode == 0 and r.stderr == "notes: removed 1 entry, 0 left\n", r.stderr
+    assert [(c["name"], c["entries"]) for c in _listed(hcli)] == [("notes", 0), ("other", 3)], "the collection stays"
+
+
+def test_replace_leaves_exactly_the_runs_ids_without_embedding_unchanged_texts(hcli: CLI, bert: str,
+                                                                              tmp_path: Path) -> None:
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join(LINES) + "\n")
+    assert "3 embedded and stored, 0 unchanged" in _store(hcli, bert, "notes", "--file", str(docs))
+    docs.write_text(f"{LINES[0]}\n{LINES[2]}\n")  # the middle line deleted: the last one moves up to 2
+    err = _store(hcli, bert, "notes", "--file", str(docs), "--replace")
+    assert err == "notes: 1 embedded and stored, 1 unchanged, 1 removed\n", err
+    assert _held(hcli, "notes") == {"1": LINES[0], "2": LINES[2]}, "only the file's current lines"
+    hits = [json.loads(line) for line in hcli("similar", "notes", LINES[1], "-n", "9").stdout.splitlines()]
+    assert sorted(h["content"] for h in hits) == sorted([LINES[0], LINES[2]])
+    err = _store(hcli, bert, "notes", "--file", str(docs), "--replace")
+    assert err == "notes: 0 embedded and stored, 2 unchanged, 0 removed\n", "unchanged texts are not embedded again"
+    # without --replace the other ids stay (as before)
+    assert "0 removed" not in _store(hcli, bert, "notes", "another text")
+    assert len(_held(hcli, "notes")) == 3
+    # argument texts: their content ids; a text the collection holds under an old numbered id is stored again
+    # under its own, so the collection holds exactly the run's ids
+    with closing(sqlite3.connect(_db(hcli))) as conn, conn:
+        conn.execute("UPDATE embeddings SET id = '7' WHERE content = 'another text'")
+    err = _store(hcli, bert, "notes", "another text", "a second text", "--replace")
+    assert err == "notes: 2 embedded and stored, 0 unchanged, 3 removed\n", err
+    assert _held(hcli, "notes") == {text_id("another text"): "another text", text_id("a second text"): "a second text"}
+    # a new collection with --replace is made as with --store alone
+    assert _store(hcli, bert, "fresh", "x y", "--replace") == "fresh: 1 embedded and stored, 0 unchanged, 0 removed\n"
+    r = hcli("embed", "-m", bert, "a text", "--replace")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--replace needs --store" in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
+def test_a_replace_run_that_fails_removes_nothing(hcli: CLI, bert: str, tmp_path: Path) -> None:
+    """The other ids go only after every text of the run is stored: a run that fails while embedding (a text
+    too long for the window) or storing (another model than the collection's) leaves the collection whole."""
+    _store(hcli, bert, "notes", input="\n".join(LINES) + "\n")
+    before = _held(hcli, "notes")
+    long = "word " * 2000  # past the 512-token window of the tiny BERT
+    r = hcli("embed", "-m", bert, "--store", "notes", "--replace", input=f"{LINES[0]}\n{long}\n")
+    assert r.returncode == 2 and "--truncate" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert _held(hcli, "notes") == before
+    r = hcli("embed", "--store", "notes", "--replace", input=f"{LINES[0]}\n")  # smollm2: not the collection's model
+    assert r.returncode == 2 and "holds tiny-bert.gguf vectors" in r.stderr, r.stderr
+    assert _held(hcli, "notes") == before
+
+
+def test_an_interrupted_replace_run_removes_nothing(hcli: CLI, tmp_path: Path) -> None:
+    """Ctrl-C during a long replace run (20,000 texts: loading or embedding when the signal comes, on any
+    machine this suite runs on): exit 130, and the collection is as it was."""
+    r = hcli("embed", "--store", "notes", input="\n".join(LINES) + "\n")  # smollm2: minutes for 20,000 texts
+    assert r.returncode == 0, r.stderr
+    before = _held(hcli, "notes")
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(json.dumps({"id": f"n{i}", "text": f"note {i} of a long file"}) + "\n"
+                           for i in range(20_000)))
+    proc = hcli.popen("embed", "--store", "notes", "--replace", "--file", str(big), stdin=subprocess.DEVNULL,
+                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # into the run (a wait, not a measure: earlier or later, nothing may be removed)
+    proc.send_signal(2)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=SAFETY_NET_S) == 130 and "interrupted" in err, err
+    assert _held(hcli, "notes") == before
+
+
+def test_rm_and_replace_wait_for_another_writer(hcli: CLI, bert: str) -> None:
+    """Writers wait for each other (WAL, a busy timeout): rm and a replace run started while another
+    connection holds the write lock finish once it lets go, and reading goes on meanwhile."""
+    _store(hcli, bert, "notes", input="\n".join(LINES) + "\n")
+    _store(hcli, bert, "gone", "a text")
+    with closing(sqlite3.connect(_db(hcli), isolation_level=None)) as conn:
+        conn.execute("BEGIN IMMEDIATE")  # the write lock, held
+        conn.execute("UPDATE embeddings SET updated = updated WHERE collection = 'notes'")
+        procs = [hcli.popen("collections", "rm", "gone", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+                 hcli.popen("embed", "-m", bert, "--store", "notes", "--replace", LINES[0], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+        listed = hcli("collections", "--json")  # readers never wait in WAL
+        assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 2, listed.stderr
+        found = hcli("similar", "gone", "a text", "-n", "1")
+        assert found.returncode == 0 and json.loads(found.stdout)["content"] == "a text", found.stderr
+        time.sleep(2)  # long enough for both to reach the lock (a slower start only tests less)
+        assert all(p.poll() is None for p in procs), "both wait for the lock"
+        conn.execute("COMMIT")
+    outs = [p.communicate(timeout=SAFETY_NET_S) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert outs[0][1] == "removed the collection gone (1 entry)\n"
+    assert "1 embedded and stored, 0 unchanged, 3 removed" in outs[1][1], outs[1][1]
+    assert [(c["name"], c["entries"]) for c in _listed(hcli)] == [("notes", 1)]
+
+
+def test_the_new_commands_on_a_damaged_database_are_one_line(hcli: CLI, bert: str) -> None:
+    _store(hcli, bert, "notes", "the cat")
+    db = _db(hcli)
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("DROP TABLE embeddings")
+    for args in (["collections"], ["collections", "rm", "notes"], ["collections", "rm", "notes", "--id", "1"]):
+        r = hcli(*args)
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert str(db) in r.stderr and "no embeddings table" in r.stderr, (args, r.stderr)
+    for suffix in ("-wal", "-shm"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+    db.write_bytes(b"not a database at all " * 200)
+    for args in (["collections"], ["collections", "--json"], ["collections", "rm", "notes"],
+                 ["collections", "rm", "notes", "--id", "1"],
+                 ["embed", "-m", bert, "x", "--store", "notes", "--replace"]):
+        r = hcli(*args)
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert str(db) in r.stderr and "is unusable" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
