@@ -1,0 +1,153 @@
+"""docs/configuration.md's promise for the files and variables it lists: bad input is one clear line and a
+non-zero exit, never a traceback. A damaged user models.toml, a preset file of bad bytes, serve's API key
+from a file or LOCALGEN_API_KEY, and LOCALGEN_DEBUG=0."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import CLI
+from tests.test_serve import Server
+
+
+@pytest.fixture
+def own(cli_env: dict[str, str], tmp_path: Path) -> CLI:
+    """The CLI with a LOCALGEN_HOME of this test's own (its config files stay out of the session's)."""
+    (tmp_path / "config").mkdir()
+    return CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
+
+
+def _models(own: CLI, data: bytes) -> Path:
+    path = Path(own.env["LOCALGEN_HOME"]) / "config" / "models.toml"
+    path.write_bytes(data)
+    return path
+
+
+def _lines(r: subprocess.CompletedProcess[str]) -> list[str]:
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.stderr.splitlines()
+
+
+BAD_ENTRIES = [  # (what the entry says, the field named in the error)
+    ('repo = 5', "repo"),
+    ('repo = "a/b"\nfiles = 3', "files"),
+    ('repo = "a/b"\nfiles = ["a"]', "files"),
+    ('repo = "a/b"\nfiles = { Q4_K_M = 3 }', "files.Q4_K_M"),
+    ('repo = "a/b"\nembedded = "no"', "embedded"),
+    ('repo = "a/b"\ncontext = "big"', "context"),
+    ('repo = "a/b"\ncontext = true', "context"),
+    ('repo = "a/b"\ndefault_quant = 4', "default_quant"),
+    ('repo = "a/b"\ndescription = ["x"]', "description"),
+    ('embedded = true', "embedded"),  # not a model that ships in a package
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD_ENTRIES)
+def test_a_bad_models_toml_entry_is_one_line_naming_file_entry_and_field(own: CLI, body: str, field: str) -> None:
+    path = _models(own, f'[models."mine:1b"]\n{body}\n'.encode())
+    for args in (["show", "mine:1b"], ["run", "-m", "mine:1b", "-p", "hi", "-n", "2"], ["pull", "mine:1b"]):
+        r = own(*args)
+        lines = _lines(r)
+        assert r.returncode == 2, r.stderr
+        assert lines[-1].startswith("localgen: error: ") and str(path) in lines[-1], r.stderr
+        assert f'[models."mine:1b"] {field} ' in lines[-1], r.stderr
+    r = own("show", "mine:1b")
+    assert len(_lines(r)) == 1, "the entry used is one error, not a warning too"
+
+
+def test_a_bad_entry_warns_and_leaves_the_rest_working(own: CLI) -> None:
+    path = _models(own, b'[models.broken]\nrepo = 5\n\n[models.fine]\nrepo = "someone/Fine-GGUF"\ncontext = 4096\n')
+    r = own("list", "--catalogue")
+    assert r.returncode == 0, r.stderr
+    assert _lines(r) == [f"warning: {path}: [models.broken] repo must be a Hugging Face repo, e.g. "
+                         '"owner/Name-GGUF", not 5 (broken cannot be used until this is fixed)']
+    names = [line.split()[0] for line in r.stdout.splitlines()[1:]]
+    assert "fine" in names and "smollm2:135m" in names and "broken" not in names
+    r = own("run", "-m", "smollm2:135m", "-p", "Say hi.", "-n", "3", "--temperature", "0")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert [line for line in _lines(r) if line.startswith("warning:")] == [
+        f"warning: {path}: [models.broken] repo must be a Hugging Face repo, e.g. \"owner/Name-GGUF\", not 5 "
+        "(broken cannot be used until this is fixed)"], "said once, however often the catalogue is read"
+
+
+def test_a_bad_override_of_a_shipped_name_is_an_error_not_the_shipped_entry(own: CLI) -> None:
+    _models(own, b'[models."smollm2:135m"]\nembedded = "yes"\n')
+    r = own("run", "-m", "smollm2:135m", "-p", "hi", "-n", "2")
+    assert r.returncode == 2 and "embedded must be true or false, not 'yes'" in _lines(r)[-1], r.stderr
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe", b"[models\n", b"models = 5\n"], ids=["not-utf8", "not-toml",
+                                                                                      "not-a-table"])
+def test_an_unreadable_models_toml_is_a_warning_and_the_shipped_catalogue_works(own: CLI, data: bytes) -> None:
+    path = _models(own, data)
+    r = own("list")
+    assert r.returncode == 0 and "smollm2:135m" in r.stdout, r.stderr
+    lines = _lines(r)
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and str(path) in lines[0], r.stderr
+    assert lines[0].endswith("its models are not used"), r.stderr
+    r = own("show", "mine:1b")
+    assert r.returncode != 0 and _lines(r)[-1].startswith("localgen: error: unknown model 'mine:1b'")
+    assert f"{path} cannot be read" in r.stderr
+
+
+def test_a_preset_file_of_bad_bytes_is_named_and_list_goes_on(own: CLI) -> None:
+    presets = Path(own.env["LOCALGEN_HOME"]) / "data" / "presets"
+    presets.mkdir(parents=True)
+    (presets / "bin.json").write_bytes(b"\xff")
+    r = own("list")
+    assert r.returncode == 0 and "smollm2:135m" in r.stdout and not _lines(r), r.stderr
+    r = own("show", "bin")
+    lines = _lines(r)
+    assert r.returncode == 1 and len(lines) == 1 and f"the preset file {presets / 'bin.json'} is damaged" in lines[0]
+
+
+@pytest.mark.parametrize(("key", "env", "needle"), [
+    (b"\xff\xfe", None, "is not UTF-8 text"),
+    (b"k1\nk2\n", None, "line breaks or control characters inside"),
+    (b"two words", None, "spaces, line breaks"),
+    (b"k\x01", None, "control characters"),
+    (None, " ", "LOCALGEN_API_KEY is blank"),
+    (None, "a key", "LOCALGEN_API_KEY: the key has spaces"),
+])
+def test_serve_refuses_a_key_no_client_could_send(own: CLI, tmp_path: Path, key: bytes | None, env: str | None,
+                                                   needle: str) -> None:
+    args = ["serve", "--port", "1"]
+    if key is not None:
+        (tmp_path / "key.txt").write_bytes(key)
+        args += ["--api-key-file", str(tmp_path / "key.txt")]
+    cli = CLI({**own.env, "LOCALGEN_API_KEY": env}) if env is not None else own
+    r = cli(*args, timeout=120)  # a key taken would start a server: the timeout fails the test
+    lines = _lines(r)
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("localgen: error: "), r.stderr
+    assert needle in lines[0], r.stderr
+
+
+def test_a_typed_api_key_file_wins_over_the_variable(own: CLI, tmp_path: Path) -> None:
+    key = tmp_path / "key.txt"
+    key.write_text("from-the-file\n")
+    r = own("serve", "--api-key", "typed", "--api-key-file", str(key))
+    assert r.returncode == 2 and "--api-key and --api-key-file cannot be combined" in r.stderr
+    s = Server({**own.env, "LOCALGEN_API_KEY": "from-the-variable"}, "--api-key-file", str(key), "--no-webui",
+               "-np", "1", "--ctx", "512")
+    try:
+        url = f"{s.url}/v1/models"
+        assert httpx.get(url, headers={"Authorization": "Bearer from-the-file"}, timeout=30).status_code == 200
+        assert httpx.get(url, headers={"Authorization": "Bearer from-the-variable"}, timeout=30).status_code == 401
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off", "no", "OFF", ""])
+def test_localgen_debug_off_values_keep_the_one_line_error(own: CLI, value: str) -> None:
+    r = CLI({**own.env, "LOCALGEN_DEBUG": value})("show", "no-such-model:1b")
+    assert r.returncode == 1 and _lines(r) == [line for line in r.stderr.splitlines()]
+    assert len(_lines(r)) == 1 and r.stderr.startswith("localgen: error: unknown model"), r.stderr
+
+
+def test_localgen_debug_on_gives_the_traceback(own: CLI) -> None:
+    r = CLI({**own.env, "LOCALGEN_DEBUG": "true"})("show", "no-such-model:1b")
+    assert r.returncode == 1 and "Traceback" in r.stderr and "ModelNotFoundError" in r.stderr
