@@ -24,6 +24,15 @@ def llama_env_switches() -> None:
             os.environ[name] = "1" if os.environ[name] == "enabled" else "0"
 
 
+OFF = ("", "0", "false", "off", "no", "disabled")
+
+
+def switch_on(name: str) -> bool:
+    """Whether the switch variable `name` is on: as the LLAMA_ARG_* switches, `0`, `false`, `off`, `no`,
+    `disabled` (any case) or empty are off; anything else set is on."""
+    return os.environ.get(name, "").strip().lower() not in OFF
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback."""
     if (sys.argv[1:] if argv is None else argv) in (["--version"], ["-V"]):
@@ -49,11 +58,14 @@ def main(argv: list[str] | None = None) -> None:
         helpall.readable(command)
         if not show_all:
             helpall.trim(command, first)
-    debug = bool(os.environ.get("LOCALGEN_DEBUG"))
+    debug = switch_on("LOCALGEN_DEBUG")
     line_buffered_stdout()
     guard_stdout()
     _watch_sigint()
     err = ErrWriter()
+    from localgen.models import catalogue
+
+    catalogue.warn_with(err.warn)  # what of the user's models.toml cannot be used: said once, the rest works
     rc: Any = 0
     try:
         rc = command.main(args=args, prog_name="localgen", standalone_mode=False)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,46 +34,138 @@ def user_file() -> Path:
     return paths.config_dir() / "models.toml"
 
 
+@dataclass(frozen=True)
+class Catalogue:
+    """The entries that can be used, and what in the user's file cannot: an entry that is not right is left out
+    and is an error only where it is used (`broken`, by name); a file that cannot be read leaves out all of its
+    entries (`unreadable`)."""
+
+    entries: dict[str, CatalogueEntry]
+    broken: dict[str, UsageError] = field(default_factory=dict)
+    unreadable: UsageError | None = None
+
+
+_report: dict[str, Callable[[str], None]] = {"warn": lambda s: None}
+_said: set[str] = set()
+
+
+def warn_with(warn: Callable[[str], None]) -> None:
+    """Where read() says what of the user's file it leaves out (each thing once, from now): the CLI's warnings."""
+    _report["warn"] = warn
+    _said.clear()
+
+
+def _say(text: str) -> None:
+    if text not in _said:
+        _said.add(text)
+        _report["warn"](text)
+
+
 def _read(path: Path, required: bool = False) -> dict[str, Any]:
+    """The [models] table of a file ({} where an optional one is missing); UsageError where it cannot be read."""
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        text = path.read_bytes().decode("utf-8")
+        data = tomllib.loads(text)
     except FileNotFoundError:
         if required:
             raise LocalgenError(f"internal error: the model catalogue shipped with localgen is missing ({path})",
                                 hint="reinstall localgen") from None
         return {}
+    except UnicodeDecodeError:
+        raise UsageError(f"the model catalogue {path} is not UTF-8 text") from None
     except (OSError, tomllib.TOMLDecodeError) as e:
-        raise LocalgenError(f"cannot read the model catalogue {path}: {e}") from None
+        raise UsageError(f"cannot read the model catalogue {path}: {e}") from None
     models = data.get("models", {})
     if not isinstance(models, dict):
-        raise LocalgenError(f"{path}: [models] must be a table of model entries")
+        raise UsageError(f"{path}: [models] must be a table of model entries")
     return models
 
 
+def _head(name: str) -> str:
+    """The entry's TOML table header, as the user would write it."""
+    return f"[models.{name}]" if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f'[models."{name}"]'
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _entry(name: str, raw: Any, source: Path) -> CatalogueEntry:
+    """One entry, each field checked for its type; UsageError naming the file, the entry and the field."""
+    from localgen.models.embedded import EMBEDDED
+
+    where = f"{source}: {_head(name)}"
     if not isinstance(raw, dict):
-        raise LocalgenError(f"{source}: entry {name!r} must be a table")
-    sampling = raw.get("sampling", {}) or {}
-    if not isinstance(sampling, dict):
-        raise LocalgenError(f"{source}: entry {name!r}: sampling must be a table")
+        raise UsageError(f"{where} must be a table")
+
+    def field_of(key: str, kind: type | tuple[type, ...], what: str, default: Any = None) -> Any:
+        value = raw.get(key, default)
+        if value is not default and (not isinstance(value, kind) or isinstance(value, bool) != (kind is bool)):
+            raise UsageError(f"{where} {key} must be {what}, not {_shown(value)}")
+        return value
+
+    description = field_of("description", str, "a string", "")
+    repo = field_of("repo", str, 'a Hugging Face repo, e.g. "owner/Name-GGUF"')
+    embedded = field_of("embedded", bool, "true or false", False)
+    default_quant = field_of("default_quant", str, 'a quantization, e.g. "Q4_K_M"', "Q4_K_M")
+    context = field_of("context", int, "a whole number of tokens")
+    files = field_of("files", dict, 'a table of quantization = "file name.gguf"', {})
+    sampling = field_of("sampling", dict, "a table", {})
+    if repo is not None and not repo.strip():
+        raise UsageError(f"{where} repo is empty")
+    if not default_quant.strip():
+        raise UsageError(f"{where} default_quant is empty")
+    if context is not None and context < 1:
+        raise UsageError(f"{where} context must be a whole number of tokens, not {context}")
+    for quant, file in files.items():
+        if not isinstance(file, str) or not file.strip():
+            raise UsageError(f"{where} files.{quant} must be a file name, not {_shown(file)}")
+    if embedded and name not in EMBEDDED:
+        raise UsageError(f"{where} embedded = true is only for the models that ship inside packages "
+                         f"({', '.join(EMBEDDED)})")
     try:
         sampling = settings.validate(sampling)
     except UsageError as e:
-        raise LocalgenError(f"{source}: entry {name!r}: {e.message}") from None
-    if not raw.get("embedded") and not raw.get("repo"):
-        raise LocalgenError(f"{source}: entry {name!r} needs a repo")
+        raise UsageError(f"{where} sampling: {e.message}") from None
+    if not embedded and not repo:
+        raise UsageError(f"{where} needs a repo")
     return CatalogueEntry(
-        name=name, description=str(raw.get("description", "")), repo=raw.get("repo"),
-        embedded=bool(raw.get("embedded", False)), default_quant=str(raw.get("default_quant", "Q4_K_M")),
-        context=raw.get("context"), files=dict(raw.get("files", {}) or {}), sampling=dict(sampling),
+        name=name, description=description, repo=repo, embedded=embedded, default_quant=default_quant,
+        context=context, files={q.upper(): f for q, f in files.items()}, sampling=dict(sampling),
     )
 
 
-def load() -> dict[str, CatalogueEntry]:
-    """All entries by name; the user's file wins over the shipped one."""
-    entries: dict[str, CatalogueEntry] = {}
-    for path, required in ((SHIPPED, True), (user_file(), False)):
-        for name, raw in _read(path, required).items():
+def read(using: str | None = None) -> Catalogue:
+    """The shipped catalogue with the user's file on top (the user's entry wins by name). What of the user's
+    file cannot be used is said through warn_with()'s warning, once, and left out: the rest works. `using`: the
+    name the caller is about to use, whose fault is its error rather than a warning."""
+    entries = {name: _entry(name, raw, SHIPPED) for name, raw in _read(SHIPPED, required=True).items()}
+    path = user_file()
+    try:
+        mine = _read(path)
+    except UsageError as e:
+        _say(f"{e.message}: its models are not used")
+        return Catalogue(entries, unreadable=e)
+    broken: dict[str, UsageError] = {}
+    for name, raw in mine.items():
+        try:
             entries[name] = _entry(name, raw, path)
-    return entries
+        except UsageError as e:
+            entries.pop(name, None)
+            broken[name] = e
+            if name != using:
+                _say(f"{e.message} ({name} cannot be used until this is fixed)")
+    return Catalogue(entries, broken)
+
+
+def load() -> dict[str, CatalogueEntry]:
+    """All entries that can be used, by name (see read())."""
+    return read().entries
+
+
+def check(name: str) -> None:
+    """The error of the user's entry `name` where it cannot be used (a name nothing defines is not checked)."""
+    error = read(using=name).broken.get(name)
+    if error is not None:
+        raise error

@@ -69,13 +69,13 @@ def find(name: str) -> Preset | None:
         return None
     path = _file(name)
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as e:
         raise LocalgenError(f"cannot read the preset {path}: {e}") from None
     try:
-        return _from_json(name, json.loads(raw))
+        return _from_json(name, json.loads(raw.decode("utf-8")))
     except (ValueError, TypeError, KeyError, AttributeError, UsageError) as e:
         why = e.message if isinstance(e, UsageError) else str(e)
         raise LocalgenError(f"the preset file {path} is damaged: {why}",

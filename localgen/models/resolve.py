@@ -73,7 +73,9 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
 
 
 def _preset(spec: names.CatalogueSpec) -> presets.Preset | None:
-    """The preset a name means (a catalogue entry of that name wins; create refuses such a name)."""
+    """The preset a name means (a catalogue entry of that name wins, and a user's entry of it that is not right is
+    an error; create refuses such a name)."""
+    catalogue.check(spec.name)
     if spec.name in catalogue.load():
         return None
     from localgen.models import presets
@@ -107,10 +109,15 @@ def _catalogue_target(entry: catalogue.CatalogueEntry, quant: str | None) -> Tar
 
 
 def _entry(name: str) -> catalogue.CatalogueEntry:
-    entries = catalogue.load()
+    cat = catalogue.read(using=name)
+    entries = cat.entries
+    if name in cat.broken:
+        raise cat.broken[name]
     if name not in entries:
         close = [n for n in entries if n.split(":")[0] == name.split(":")[0]]
         hint = f"did you mean {', '.join(close)}?" if close else "see `localgen list --catalogue`"
+        if cat.unreadable is not None:
+            hint = f"{hint}; {catalogue.user_file()} cannot be read, so its models are unknown"
         raise ModelNotFoundError(f"unknown model {name!r}", hint=f"{hint}; or give owner/repo or a .gguf path")
     return entries[name]
 

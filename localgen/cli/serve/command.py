@@ -104,7 +104,9 @@ def start(f: ServeArgs) -> None:
     try:
         _start(f, log)
     except LocalgenError as e:
-        if not log.json or os.environ.get("LOCALGEN_DEBUG"):
+        from localgen.cli.main import switch_on
+
+        if not log.json or switch_on("LOCALGEN_DEBUG"):
             raise
         log.fatal(e.message, e.hint, e.exit_code)
         raise typer.Exit(e.exit_code) from None
@@ -125,7 +127,7 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     listen, fetching, on_demand = f.listen, f.fetching, f.residency.on_demand
     if fetching.allow_private_urls and not fetching.allow_image_urls:
         raise UsageError("--allow-private-urls needs --allow-image-urls (without it no URL is fetched)")
-    key = _api_key(listen)
+    key = _api_key(f)
     try:
         keep = parse_duration(f.residency.keep_alive)
     except LocalgenError as e:
@@ -388,15 +390,40 @@ def _max_body(text: str) -> int:
     return n
 
 
-def _api_key(listen: ListenOptions) -> str | None:
-    if listen.api_key and listen.api_key_file:
-        raise UsageError("--api-key and --api-key-file cannot be combined")
+def _api_key(f: ServeArgs) -> str | None:
+    """The key every request must carry: --api-key-file's, else --api-key's (or LOCALGEN_API_KEY's). A typed
+    --api-key-file wins over the variable, as every flag does; both flags typed is an error."""
+    from localgen.cli.options.knobs import typed_by_user
+
+    listen = f.listen
     if listen.api_key_file:
-        key = Path(listen.api_key_file).read_text(encoding="utf-8").strip()
+        if listen.api_key and typed_by_user(f.context, "api_key"):
+            raise UsageError("--api-key and --api-key-file cannot be combined")
+        where = f"the API key file {listen.api_key_file}"
+        try:
+            key = Path(listen.api_key_file).read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError:
+            raise UsageError(f"{where} is not UTF-8 text") from None
+        except OSError as e:
+            raise UsageError(f"{where} cannot be read: {e.strerror or e}") from None
         if not key:
-            raise UsageError(f"the API key file {listen.api_key_file} is empty")
-        return key
-    return str(listen.api_key) if listen.api_key else None
+            raise UsageError(f"{where} is empty")
+        return _checked_key(key, where)
+    if listen.api_key is None:
+        return None
+    where = "--api-key" if typed_by_user(f.context, "api_key") else "LOCALGEN_API_KEY"
+    if not listen.api_key.strip():
+        raise UsageError(f"{where} is blank: no client could send it", hint="give a key, or none")
+    return _checked_key(listen.api_key, where)
+
+
+def _checked_key(key: str, where: str) -> str:
+    """A key a client can send in `Authorization: Bearer KEY`: one line, no spaces or control characters."""
+    if any(c.isspace() or not c.isprintable() for c in key):
+        raise UsageError(f"{where}: the key has spaces, line breaks or control characters inside; a client "
+                         "sends it on one header line, so no request could match",
+                         hint="one key, on one line")
+    return key
 
 
 def _url_host(host: str) -> str:
