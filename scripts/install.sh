@@ -52,6 +52,13 @@ if [ -z "$py" ]; then
   done
 fi
 [ -n "$py" ] || { echo "install.sh: no python3 found (need 3.11 or newer)" >&2; exit 1; }
+if ! command -v "$py" >/dev/null 2>&1; then
+  case $py in
+    */*) echo "install.sh: $py is not an executable file (need Python 3.11 or newer)" >&2 ;;
+    *) echo "install.sh: no $py on PATH (need Python 3.11 or newer)" >&2 ;;
+  esac
+  exit 1
+fi
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || { echo "install.sh: $py is older than 3.11" >&2; exit 1; }
 

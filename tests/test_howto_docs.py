@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, ROOT, InProcessCLI
 from tests.test_serve import Server
 
 DOCS = ROOT / "docs"
@@ -121,6 +121,31 @@ def test_the_ci_pages_exit_codes(cli: CLI, tmp_path: Path) -> None:
     r = cli("run", "--file", str(tmp_path / "p.jsonl"), "--json", "--no-log")
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert r.returncode == 1 and len(lines) == 2 and "text" in lines[0] and "error" in lines[1], r.stdout
+
+
+def test_the_ci_pages_exit_codes_for_files(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """ci.md's table: each flag's file that is not there is bad usage (2), as are a -f document and a chat
+    template that are not UTF-8; a model file that is not a GGUF is an error (1). The flags are the page's own."""
+    page = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
+    row2 = next(line for line in page.splitlines() if line.startswith("| 2 |"))
+    flags = re.findall(r"`(-[-a-z]+)`", row2.split("not there")[1].split(")")[0])
+    assert flags == ["--file", "-f", "-jf", "--grammar", "--chat-template-file", "--functions", "--lora"], row2
+    gone = str(tmp_path / "gone")
+    for flag in flags:
+        args = [flag, gone] + ([] if flag == "--file" else ["-p", "hi"])
+        r = cli_in_process("run", *args, "--yes", "-n", "1")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (flag, r.stderr)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"\xff\xfe not text, not a GGUF")
+    for flag in ("-f", "--chat-template-file"):
+        assert "not UTF-8" in row2 and f"`{flag}`" in row2.split("not there")[1].split(")")[1]
+        r = cli_in_process("run", flag, str(bad), "-p", "hi", "-n", "1")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (flag, r.stderr)
+    row1 = next(line for line in page.splitlines() if line.startswith("| 1 |"))
+    assert "a model (or `--mmproj`) file that is not a GGUF" in row1
+    for flag in ("-m", "--mmproj"):
+        r = cli_in_process("run", flag, str(bad), "-p", "hi", "-n", "1")
+        assert r.returncode == 1 and "is not a GGUF file" in r.stderr, (flag, r.stderr)
 
 
 def test_show_names_the_file_list_gives(cli: CLI) -> None:

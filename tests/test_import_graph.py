@@ -77,3 +77,35 @@ def test_no_import_circles() -> None:
 
 def test_the_check_finds_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+PACKAGES = ("cli", "serve", "remote", "tools", "embeddings", "log", "chat", "quant", "bench", "models", "engine",
+            "native")
+
+
+def _package(module: str) -> str:
+    """A module's package as ARCHITECTURE.md's table names it: a subpackage, else the top."""
+    part = module.split(".")[1] if module.count(".") else ""
+    return part if part in PACKAGES else "top"
+
+
+def test_each_package_imports_only_what_the_architecture_page_says_it_may() -> None:
+    """docs/ARCHITECTURE.md's packages table: the localgen packages named in a row's "may import" column (cli's
+    "everything below") are the only ones its modules import (the entry `python -m localgen` aside)."""
+    import re
+
+    rows = [line.split(" | ") for line in (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `localgen/")]
+    allowed: dict[str, set[str]] = {}
+    for first, _, may in rows:
+        package = "top" if first.endswith(" top") else first.strip("| `").strip("/").split("/")[1]
+        named = PACKAGES if "everything below" in may else re.findall(
+            r"\b(" + "|".join(PACKAGES) + r")\b", re.sub(r"\([^)]*\)", "", may))
+        allowed[package] = {*named, "top"}
+    assert set(allowed) == {*PACKAGES, "top"}, sorted(allowed)
+    mods = _modules()
+    known = set(mods)
+    wrong = {f"{name} imports {imported}" for name, path in mods.items()
+             if name not in ("localgen", "localgen.__main__") for imported in _imports(name, path, known)
+             if _package(imported) != _package(name) and _package(imported) not in allowed[_package(name)]}
+    assert not wrong, sorted(wrong)

@@ -109,6 +109,17 @@ exit 0
     return venv, log
 
 
+@pytest.mark.parametrize(("python", "said"), [("python3.99", "no python3.99 on PATH"),
+                                             ("/no/such/python", "/no/such/python is not an executable file")])
+def test_install_script_says_in_one_line_that_the_interpreter_asked_is_missing(tmp_path: Path, python: str,
+                                                                             said: str) -> None:
+    env = {**os.environ, "LOCALGEN_VENV": str(tmp_path / "venv"), "PYTHON": python}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh")], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and r.stderr == f"install.sh: {said} (need Python 3.11 or newer)\n", r.stderr
+    assert not (tmp_path / "venv").exists()
+
+
 @pytest.mark.parametrize("backend", ["", "--cuda"])
 def test_install_script_passes_the_build_flags_to_every_pip_call(tmp_path: Path, backend: str) -> None:
     venv, log = _fake_venv(tmp_path, None)

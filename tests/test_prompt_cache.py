@@ -247,6 +247,23 @@ def test_a_state_over_the_cap_is_not_kept(env: dict[str, str], asked: Asked, tmp
     assert r.stderr.count("LOCALGEN_PROMPT_CACHE_MB") == 1, r.stderr
 
 
+def test_a_cap_of_0_turns_the_cache_off(env: dict[str, str], asked: Asked) -> None:
+    """LOCALGEN_PROMPT_CACHE_MB=0 keeps nothing: the cache is off, as with --no-prompt-cache (`off`, no warning,
+    a saved state neither loaded nor evicted), and chat keeps no conversation state either."""
+    saved = asked.home_with_the_state(env)
+    off = {**env, "LOCALGEN_PROMPT_CACHE_MB": "0"}
+    r = CLI(off)("run", "--temperature", "0", "--json", *asked.ask, timeout=180)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["prompt_cache"] == "off" and out["stats"]["cached_tokens"] == 0, out["prompt_cache"]
+    assert out["text"] == asked.off["text"]
+    assert "cap" not in r.stderr and "LOCALGEN_PROMPT_CACHE_MB" not in r.stderr, r.stderr
+    assert states(env) == [saved]
+    r = CLI(off)("chat", "zero", "-n", "4", "--temperature", "0", input="Name a river.\n", timeout=180)
+    assert r.returncode == 0 and "cap" not in r.stderr, r.stderr
+    assert not list((Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states").rglob("zero.*"))
+
+
 @pytest.mark.parametrize("value", ["abc", "-1", "1.5"])
 def test_a_bad_cap_is_a_usage_error(env: dict[str, str], value: str) -> None:
     for command in (["run", "-p", "hi"], ["chat", "x"]):

@@ -11,7 +11,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.options import preset
-from localgen.cli.options.knobs import Knobs
+from localgen.cli.options.knobs import Knobs, typed_by_user
 from localgen.errors import UsageError
 from localgen.units import format_bytes, parse_bytes
 
@@ -33,7 +33,8 @@ def fit(
     ctx: typer.Context,
     model: o.Model = None,
     context: Annotated[
-        int | None, typer.Option("--ctx", "--ctx-size", "-c", min=16, rich_help_panel=o.MODEL_PANEL, show_default=False,
+        int | None, typer.Option("--ctx", "--ctx-size", "-c", min=16, envvar="LOCALGEN_CTX",
+                                 rich_help_panel=o.MODEL_PANEL, show_default=False,
                                  help="Context per sequence to plan for (default: a preset's num_ctx, else the largest "
                                       "that fits, up to the model's training context).")
     ] = None,
@@ -60,8 +61,11 @@ def fit(
     ref = resolve(model, offline=offline, pull_missing=False)
     load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
     _check_buffers(load, len(machine.gpus))
-    # the context asked: --ctx, else a preset's num_ctx (as run loads it), else none (the largest that fits)
-    asked_by = "--ctx" if context is not None else "preset" if ref.context is not None else None
+    # the context asked: --ctx (or LOCALGEN_CTX), else a preset's num_ctx (as run loads it), else none (the largest
+    # that fits)
+    asked_by = "preset" if ref.context is not None else None
+    if context is not None:
+        asked_by = "--ctx" if typed_by_user(ctx, "context") else "LOCALGEN_CTX"
     asked = context if context is not None else ref.context
     plan = planner.plan(ref.summary, footprint.layout(ref.path), machine, load, ctx=asked, parallel=parallel)
     doc = _doc(ref, plan, asked, asked_by, ram_given=ram is not None)
@@ -183,8 +187,10 @@ def _why(plan: Any, asked: int | None, asked_by: str | None) -> str:
             return "the training context"
         return "the largest that fits" if plan.whole else done[-1]
     if not done:
-        return "the preset's num_ctx" if asked_by == "preset" else "as asked"
-    return ", ".join([f"{asked:,} asked{' by the preset' if asked_by == 'preset' else ''}", *done])
+        return {"preset": "the preset's num_ctx", "LOCALGEN_CTX": "as LOCALGEN_CTX asks"}.get(asked_by or "",
+                                                                                             "as asked")
+    by = {"preset": " by the preset", "LOCALGEN_CTX": " by LOCALGEN_CTX"}.get(asked_by or "", "")
+    return ", ".join([f"{asked:,} asked{by}", *done])
 
 
 def _print(doc: dict[str, Any], why: str) -> None:

@@ -145,6 +145,15 @@ def entry(head: str, warn: Callable[[str], None]) -> Endpoint | None:
     return Endpoint(url, key, head, tuple(models))
 
 
+def url_list(given: list[str]) -> list[str]:
+    """--endpoint's URLs: each flag (or LOCALGEN_ENDPOINT, split at blanks) may hold several, comma-separated, as
+    --rpc's servers are (an empty item is none); none at all is a usage error."""
+    urls = [u.strip() for item in given for u in item.split(",") if u.strip()]
+    if not urls:
+        raise UsageError(f"--endpoint needs an http:// or https:// URL, not {' '.join(given)!r}")
+    return urls
+
+
 def choose(urls: list[str] | None, key_env: str | None, model: str | None,
            warn: Callable[[str], None]) -> tuple[list[Endpoint], str | None]:
     """The endpoints and the model id for this command, or ([], model) to run in-process.
@@ -153,7 +162,7 @@ def choose(urls: list[str] | None, key_env: str | None, model: str | None,
     endpoints.toml (the only entry read; `warn` hears of a file that cannot be)."""
     if urls:
         key = read_key(key_env)
-        return [Endpoint(base_url(u), key) for u in dict.fromkeys(urls)], model
+        return [Endpoint(u, key) for u in dict.fromkeys(base_url(u) for u in url_list(urls))], model
     if key_env:
         raise UsageError("--api-key-env goes with --endpoint (named endpoints set api_key_env in endpoints.toml)")
     if not model or model.endswith(".gguf"):

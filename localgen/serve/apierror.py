@@ -23,14 +23,17 @@ from localgen.serve.jobs import Failed
 
 
 class HTTPError(Exception):
-    """An error with the status it answers with, and the request field at fault when one is."""
+    """An error with the status it answers with, and the request field at fault when one is. `logged`: a line
+    for the server's log too (the server's own fault, said there in full: a damaged file and where it is)."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 logged: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.param = param
+        self.logged = logged
 
 
 def http_error(f: Failed) -> HTTPError:

@@ -68,6 +68,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
 
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPError)
+        if exc.logged:  # the server's fault, one line in its log (no traceback: it says what to do)
+            front.log.error(exc.logged)
         return error_response(request, exc)
 
     async def on_routing(request: Request, exc: Exception) -> Response:

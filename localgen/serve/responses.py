@@ -54,6 +54,8 @@ class Responses:
 
     async def parse(self, body: dict[str, Any]) -> Ask:
         flag(body, "store", default=True)
+        if body.get("store") is not False:  # a store that cannot keep the answer: said before it is made
+            await asyncio.to_thread(self.store.check)
         history = await self._history(body.get("previous_response_id"))
         _check_options(body)
         positive_int(body, "max_output_tokens")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import sys
 import time
@@ -29,7 +31,8 @@ bench_app = typer.Typer(
 @o.with_knobs(sampling=False, load=("cpu_moe", "kv_unified"))  # run's --cpu-moe, in every configuration; -npl's cells
 def bench(
     ctx: typer.Context,
-    model: Annotated[Values, sweep("--model", "-m", help="Models: names, repos, paths (default smollm2:135m).")] = None,
+    model: Annotated[Values, sweep("--model", "-m", help="Models: names, repos, paths (default: LOCALGEN_MODEL, one "
+                                                         "model, else smollm2:135m).")] = None,
     n_prompt: Annotated[Values, sweep("--n-prompt", "-p", help="Prompt lengths for pp tests (default 512).")] = None,
     n_gen: Annotated[Values, sweep("--n-gen", "-n", help="Generation lengths for tg tests (default 128).")] = None,
     pg: Annotated[Values, sweep("--prompt-gen", "-pg", help="PROMPT,GEN pairs for combined tests.")] = None,
@@ -39,10 +42,13 @@ def bench(
                                                               "use).")] = None,
     ngl: Annotated[Values, sweep("--n-gpu-layers", "-ngl", help="GPU layers, -1 all (default all if offload).")] = None,
     ncmoe: Annotated[Values, sweep("--n-cpu-moe", "-ncmoe", help="Layers whose mixture-of-experts weights stay in "
-                                                                "RAM, the first ones (default 0).")] = None,
+                                                                "RAM, the first ones (default: LLAMA_ARG_N_CPU_MOE, "
+                                                                "else 0).")] = None,
     ot: Annotated[Values, sweep("--override-tensor", "-ot", help="Tensor placements, as llama-bench's -ot: "
                                                                 "PATTERN=BUFFER pairs joined by ';', placements by "
-                                                                "',' (an empty one: none; default none).")] = None,
+                                                                "',' (an empty one: none; default: "
+                                                                "LLAMA_ARG_OVERRIDE_TENSOR, one placement as run "
+                                                                "takes it, else none).")] = None,
     batch: Annotated[Values, sweep("--batch-size", "-b", help="Logical batch (default 2048).")] = None,
     ubatch: Annotated[Values, sweep("--ubatch-size", "-ub",
                                     help="Physical batch (default: the model's tuning record, else 512).")] = None,
@@ -79,7 +85,7 @@ def bench(
         return
     if measuring.output is not None and measuring.output not in records.FORMATS:
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {measuring.output!r}")
-    if remote.endpoint or (model and any(_is_named_endpoint(m) for m in model)):
+    if remote.endpoint or any(_is_named_endpoint(m) for m in model or _env_model()):
         local = {"--threads": threads, "--n-gpu-layers": ngl, "--n-cpu-moe": ncmoe, "--override-tensor": ot,
                  "--cpu-moe": knobs.get("cpu_moe") and knobs.typed("cpu_moe"), "--batch-size": batch,
                  "--ubatch-size": ubatch, "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv,
@@ -89,7 +95,7 @@ def bench(
         bad = [flag for flag, v in local.items() if v]
         if bad:
             raise UsageError(f"{', '.join(bad)} cannot be used with --endpoint (the server loads the model)")
-        _measure_remote(remote.endpoint, remote.api_key_env, model, parallel, serving.request_rate,
+        _measure_remote(remote.endpoint, remote.api_key_env, model or _env_model(), parallel, serving.request_rate,
                         serving.num_prompts, n_prompt, n_gen, measuring.output, serving.same_prompt)
         return
     if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
@@ -114,7 +120,7 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
 
     if q.quality is None or q.reference is None:
         raise UsageError("--quality TEXT and --reference SOURCE go together")
-    names = sweep.str_values("--model", models, [])
+    names = sweep.str_values("--model", models, _env_model())
     if not names:
         raise UsageError("--quality measures the -m models: give -m a.gguf,b.gguf,...")
     one = {flag: sweep.int_values(flag, v, []) for flag, v in
@@ -264,7 +270,7 @@ def _plan(**flags: Any) -> Any:
     # only where there are -npl sequences to lay out
     kvu = flags.get("kv_unified") if flags.get("kv_typed") or any(n > 1 for n in parallel) else None
     return sweep.build(
-        models=sweep.str_values("--model", flags["model"], ["smollm2:135m"]),
+        models=sweep.str_values("--model", flags["model"], _env_model() or ["smollm2:135m"]),
         # threads, physical batch and flash attention not given: the load's defaults (tuning record, else rule)
         threads=sweep.int_values("--threads", flags["threads"], []) or [None],
         ngl=sweep.int_values("--n-gpu-layers", flags["ngl"], [-1 if offload or flags.get("rpc") else 0]),
@@ -277,9 +283,34 @@ def _plan(**flags: Any) -> Any:
         gens=sweep.int_values("--n-gen", flags["n_gen"], [128]),
         pg=sweep.pairs("--prompt-gen", flags["pg"]), depths=sweep.int_values("--n-depth", flags["n_depth"], [0]),
         reps=flags["reps"], e2e=flags["e2e"], parallel=parallel,
-        exact=flags.get("exact"), ncmoe=sweep.int_values("--n-cpu-moe", flags["ncmoe"], [0]),
+        exact=flags.get("exact"), ncmoe=sweep.int_values("--n-cpu-moe", flags["ncmoe"], _env_ncmoe()),
         ot=_placements(flags["ot"], bool(flags.get("rpc"))), cmoe=flags["cmoe"], kv_unified=kvu,
     )
+
+
+def _env_model() -> list[str]:
+    """LOCALGEN_MODEL, the default -m: one model, as run reads it (a comma in it makes no list)."""
+    name = os.environ.get("LOCALGEN_MODEL")
+    return [name] if name else []
+
+
+def _env_ncmoe() -> list[int]:
+    """LLAMA_ARG_N_CPU_MOE, the default -ncmoe: one number of layers, as run and llama.cpp read it; else 0."""
+    text = os.environ.get("LLAMA_ARG_N_CPU_MOE", "").strip()
+    if not text:
+        return [0]
+    if not re.fullmatch(r"[0-9]+", text):
+        raise UsageError(f"LLAMA_ARG_N_CPU_MOE takes a number of layers (0 or more), not {text!r}")
+    return [int(text)]
+
+
+def _env_placements() -> list[Any]:
+    """LLAMA_ARG_OVERRIDE_TENSOR, the default -ot: one placement, its PATTERN=BUFFER pairs comma-separated as
+    run and llama.cpp read them (not a sweep of placements as bench's -ot is); else none."""
+    from localgen import placement
+
+    text = os.environ.get("LLAMA_ARG_OVERRIDE_TENSOR")
+    return [placement.parse(text)] if text else [()]
 
 
 def _placements(ot: Values, rpc: bool) -> list[Any]:
@@ -287,7 +318,7 @@ def _placements(ot: Values, rpc: bool) -> list[Any]:
     registered: the load checks those)."""
     from localgen.bench import sweep
 
-    placements = sweep.placements("--override-tensor", ot)
+    placements = sweep.placements("--override-tensor", ot) if ot else _env_placements()
     buffers = [b for pairs in placements for _, b in pairs]
     if buffers and not rpc:
         from localgen.native import devices

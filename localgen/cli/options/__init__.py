@@ -96,7 +96,8 @@ Endpoint = Annotated[
     typer.Option("--endpoint", envvar="LOCALGEN_ENDPOINT", rich_help_panel=REMOTE_PANEL, show_default=False,
                  metavar="URL",
                  help="An OpenAI-compatible server (vLLM, llama-server, Ollama, localgen serve, ...) to send the work "
-                      "to instead of loading a model here; -m names its model. Repeat to spread run --file lines."),
+                      "to instead of loading a model here; -m names its model. Repeat (or separate URLs with commas) "
+                      "to spread run --file lines."),
 ]
 ApiKeyEnv = Annotated[
     str | None,

@@ -94,12 +94,14 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
     if args.system is not None:
         checked(args.system, "--system")
     endpoints, model = endpoints_for(args.remote, args.model)
+    keep_states = False
     if endpoints:
         _check_remote(args, rules)
-    else:  # a model loaded here keeps prompt and conversation states within LOCALGEN_PROMPT_CACHE_MB
+    else:  # a model loaded here keeps prompt and conversation states within LOCALGEN_PROMPT_CACHE_MB (0: the
+        # cache is off, as with --no-prompt-cache)
         from localgen.engine.promptcache import cap_bytes
 
-        cap_bytes()
+        keep_states = cap_bytes() > 0
     tools = args.tools
     if tools.any:
         dropped = [flag for flag, on in (*rules.with_tools, ("a grammar or JSON schema", bool(formats)),
@@ -121,7 +123,7 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
                     load_given=frozenset(n for n in LOAD_KNOBS if args.knobs.given(n)), endpoints=tuple(endpoints))
     send = SendPlan(system=args.system, think=args.think, grammar=None if endpoints else grammar,
                     json_schema=schema if endpoints else None, sampling=sampling,
-                    prompt_cache=args.prompt_cache and not endpoints, tools=tools if tools.any else None)
+                    prompt_cache=args.prompt_cache and keep_states, tools=tools if tools.any else None)
     return ModelPlan(load, send)
 
 
