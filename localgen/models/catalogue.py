@@ -164,8 +164,10 @@ def load() -> dict[str, CatalogueEntry]:
     return read().entries
 
 
-def check(name: str) -> None:
-    """The error of the user's entry `name` where it cannot be used (a name nothing defines is not checked)."""
-    error = read(using=name).broken.get(name)
-    if error is not None:
-        raise error
+def for_name(name: str) -> Catalogue:
+    """The catalogue read for using `name`: the error of the user's entry `name` where it cannot be used (a name
+    nothing defines is not checked), else every entry that can."""
+    cat = read(using=name)
+    if name in cat.broken:
+        raise cat.broken[name]
+    return cat

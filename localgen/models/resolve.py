@@ -75,8 +75,7 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
 def _preset(spec: names.CatalogueSpec) -> presets.Preset | None:
     """The preset a name means (a catalogue entry of that name wins, and a user's entry of it that is not right is
     an error; create refuses such a name)."""
-    catalogue.check(spec.name)
-    if spec.name in catalogue.load():
+    if spec.name in catalogue.for_name(spec.name).entries:
         return None
     from localgen.models import presets
 
@@ -109,10 +108,8 @@ def _catalogue_target(entry: catalogue.CatalogueEntry, quant: str | None) -> Tar
 
 
 def _entry(name: str) -> catalogue.CatalogueEntry:
-    cat = catalogue.read(using=name)
+    cat = catalogue.for_name(name)
     entries = cat.entries
-    if name in cat.broken:
-        raise cat.broken[name]
     if name not in entries:
         close = [n for n in entries if n.split(":")[0] == name.split(":")[0]]
         hint = f"did you mean {', '.join(close)}?" if close else "see `localgen list --catalogue`"
