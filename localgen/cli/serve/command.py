@@ -26,6 +26,7 @@ from localgen.cli.serve.options import (
     ResidencyOptions,
     ServeArgs,
     SlotOptions,
+    check_host,
     model_settings,
 )
 from localgen.errors import LocalgenError, UsageError
@@ -125,6 +126,7 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
 
     err = ErrWriter()
     listen, fetching, on_demand = f.listen, f.fetching, f.residency.on_demand
+    check_host(listen.host)
     if fetching.allow_private_urls and not fetching.allow_image_urls:
         raise UsageError("--allow-private-urls needs --allow-image-urls (without it no URL is fetched)")
     key = _api_key(f)
@@ -431,7 +433,9 @@ def _url_host(host: str) -> str:
 
 
 def _check_port(host: str, port: int) -> None:
-    """A port in use is a one-line error now, not a log line from the server later."""
+    """A port in use, or an address this machine cannot listen on, is a one-line error now, not a log line from
+    the server later; the hint fits the cause."""
+    import errno
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -439,6 +443,15 @@ def _check_port(host: str, port: int) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+        except socket.gaierror as e:  # the name does not resolve
+            raise UsageError(f"cannot listen on {host}:{port}: no such host: {e.strerror or e}",
+                             hint="--host takes an address or a host name of this machine, e.g. 127.0.0.1 or "
+                                  "0.0.0.0") from None
         except OSError as e:
-            raise LocalgenError(f"cannot listen on {host}:{port}: {e.strerror or e}",
-                                hint="pick another --port, or stop what is using it") from None
+            if e.errno == errno.EADDRNOTAVAIL:
+                hint = "--host must be an address of this machine: 127.0.0.1, 0.0.0.0 or one of its interfaces"
+            elif e.errno == errno.EACCES:
+                hint = "ports below 1024 need privileges: pick a --port above 1023"
+            else:
+                hint = "pick another --port, or stop what is using it"
+            raise LocalgenError(f"cannot listen on {host}:{port}: {e.strerror or e}", hint=hint) from None

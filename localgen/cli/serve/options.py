@@ -13,6 +13,7 @@ import typer
 
 from localgen.cli.options import CommandArgs, OptionGroup
 from localgen.cli.options.knobs import Knobs
+from localgen.errors import UsageError
 from localgen.types import LoadParams
 
 SERVE = "Server"
@@ -54,6 +55,13 @@ class ListenOptions(OptionGroup):
                            help="A chat page at / for browsers (with --api-key it asks for the key); "
                                 "--no-webui: no page.")
     ] = True
+
+
+def check_host(host: str) -> None:
+    """An empty --host (serve's or ps's) is a usage error: serve would take it for every interface, IPv4 and IPv6."""
+    if not host.strip():
+        raise UsageError("--host is empty", hint="give an address: 127.0.0.1 for this machine only, 0.0.0.0 for "
+                         "every interface")
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,10 @@ def ps(
 
     import httpx
 
+    from localgen.cli.serve.options import check_host
     from localgen.units import format_bytes
 
+    check_host(host)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     try:
         r = httpx.get(f"{url}/api/ps", headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=10)

@@ -1,0 +1,35 @@
+"""Bad input on the command line gets one line and exit 2, never a quiet default or a lost file: an empty
+--host, a host name that does not resolve, an empty name where a name is needed, files that are not UTF-8,
+flags that cannot both be honoured. In this process (cli_in_process): each is refused before a model loads."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.conftest import InProcessCLI
+
+
+def one_line_usage_error(r: object, *words: str) -> None:
+    """Exit 2, nothing on stdout, one line on stderr holding each of `words`."""
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)  # type: ignore[attr-defined]
+    assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr  # type: ignore[attr-defined]
+    for w in words:
+        assert w in r.stderr, (w, r.stderr)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("host", ["", "  "])
+@pytest.mark.parametrize("command", ["serve", "ps"])
+def test_an_empty_host_is_a_usage_error(cli_in_process: InProcessCLI, command: str, host: str) -> None:
+    # uvicorn takes "" for every interface, IPv4 and IPv6: serve would listen on all of them
+    one_line_usage_error(cli_in_process(command, "--host", host), "--host is empty")
+
+
+def test_a_host_name_that_does_not_resolve_is_not_called_a_busy_port(cli_in_process: InProcessCLI) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    r = cli_in_process("serve", "--host", "nosuch.invalid", "--port", port)
+    one_line_usage_error(r, "cannot listen on nosuch.invalid", "no such host", "--host takes")
+    assert "--port" not in r.stderr
