@@ -424,6 +424,28 @@ def test_a_logits_file_that_cannot_be_written_or_read_is_one_line(qcli: CLI, tmp
         assert _one_line(r.stderr) == f"localgen: error: no such file: {missing}"
 
 
+def test_save_logits_never_overwrites_the_text_or_another_file(qcli: CLI, test_text: Path, tmp_path: Path) -> None:
+    """Refused before any measuring, the file untouched; a logits file written before is refreshed."""
+    text = tmp_path / "text.txt"
+    text.write_bytes(test_text.read_bytes())
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me\n")
+    for target, said in ((text, "is the text being measured (-f)"), (notes, "exists and is not a logits file")):
+        before = target.read_bytes()
+        r = qcli("perplexity", "-m", "smollm2:135m", "-f", str(text), "-c", "64", "--save-logits", str(target))
+        assert r.returncode == 2 and r.stdout == "" and said in _one_line(r.stderr), r.stderr
+        assert target.read_bytes() == before
+    logits = tmp_path / "x.logits"
+    sizes = []
+    for chunks in ("2", "3"):
+        r = qcli("perplexity", "-m", "smollm2:135m", "-f", str(text), "-c", "64", "--chunks", chunks, "--save-logits",
+                 str(logits))
+        assert r.returncode == 0, r.stderr
+        assert logits.read_bytes()[:8] == b"_logits_"
+        sizes.append(logits.stat().st_size)
+    assert sizes[0] < sizes[1]  # the second run wrote its own logits over the first's
+
+
 # ---- the ladder ------------------------------------------------------------------------------------------------
 
 

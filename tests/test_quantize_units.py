@@ -107,6 +107,29 @@ def test_the_free_space_for_logits_is_checked_before_writing(tmp_path: Path,
         ms.check_space(tmp_path, 98 << 20, "--save-logits")
 
 
+def test_save_logits_replaces_only_a_logits_file_and_never_the_text(tmp_path: Path) -> None:
+    from localgen.quant import measure as ms
+
+    text = tmp_path / "text.txt"
+    text.write_text("the text measured\n")
+    with pytest.raises(UsageError, match=r"^--save-logits: .*text.txt is the text being measured \(-f\)"):
+        ms.check_logits_target(text, str(text))
+    link = tmp_path / "link.logits"
+    link.symlink_to(text)  # the same file by another name
+    with pytest.raises(UsageError, match="is the text being measured"):
+        ms.check_logits_target(link, str(text))
+    with pytest.raises(UsageError, match=r"notes.txt exists and is not a logits file: it is not overwritten"):
+        (tmp_path / "notes.txt").write_text("keep me\n")
+        ms.check_logits_target(tmp_path / "notes.txt", str(text))
+    old = tmp_path / "old.logits"
+    old.write_bytes(ms.LOGITS_MAGIC + bytes(12))  # a logits file written before: a re-run refreshes it
+    ms.check_logits_target(old, str(text))
+    (tmp_path / "empty").touch()  # nothing to lose
+    ms.check_logits_target(tmp_path / "empty", str(text))
+    ms.check_logits_target(tmp_path / "new.logits", str(text))
+    ms.check_logits_target(tmp_path / "new.logits", "-")
+
+
 def test_a_text_file_loses_one_trailing_newline_as_llama_perplexity_reads_it(tmp_path: Path) -> None:
     from localgen.quant.text import read_text
 

@@ -67,7 +67,7 @@ def perplexity(
     from localgen.quant import measure as ms
     from localgen.quant.text import default_text, read_text
 
-    save_logits, reference, ref_file = _logits_options(kl_divergence, kl_base, save_logits, reference)
+    save_logits, reference, ref_file = _logits_options(kl_divergence, kl_base, save_logits, reference, file)
     ref_model = None
     if ctx is None:  # against a logits file: the context it was saved at, which the measure must use
         ctx = ms.logits_context(ref_file) if ref_file is not None else 512
@@ -120,9 +120,10 @@ def perplexity(
 
 
 def _logits_options(kl_divergence: bool, kl_base: str | None, save_logits: Path | None,
-                    reference: str | None) -> tuple[Path | None, str | None, Path | None]:
-    """llama-perplexity's --kl-divergence-base spellings as --save-logits / --reference, checked: (the logits file to
-    write, the reference asked, the reference's logits file where it is one)."""
+                    reference: str | None, text: str | None) -> tuple[Path | None, str | None, Path | None]:
+    """llama-perplexity's --kl-divergence-base spellings as --save-logits / --reference, checked (a logits file to
+    write is not the `text` measured, nor any other file but logits): (the logits file to write, the reference
+    asked, the reference's logits file where it is one)."""
     from localgen.quant import measure as ms
 
     if kl_divergence and kl_base is None:
@@ -137,7 +138,7 @@ def _logits_options(kl_divergence: bool, kl_base: str | None, save_logits: Path 
     if save_logits is not None and reference is not None:
         raise UsageError("--save-logits keeps a reference; --reference measures against one: give one of them")
     if save_logits is not None:
-        ms.check_writable(save_logits, "--save-logits")
+        ms.check_logits_target(save_logits, text)
     ref_file = None
     if reference is not None:
         if ms.is_logits_file(reference):

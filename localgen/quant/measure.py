@@ -163,6 +163,27 @@ def check_writable(path: Path, what: str) -> None:
         raise UsageError(f"{what}: cannot write {path}: permission denied")
 
 
+def check_logits_target(path: Path, text: str | None) -> None:
+    """--save-logits FILE checked before any measuring: writable, not the text measured (`text`, -f's), and
+    replacing nothing but a logits file written before (its magic), so a re-run refreshes its own logits and never
+    overwrites other data."""
+    check_writable(path, "--save-logits")
+    if not path.exists():
+        return
+    if text is not None and text != "-" and _same_file(path, Path(text)):
+        raise UsageError(f"--save-logits: {path} is the text being measured (-f): give another file")
+    if path.stat().st_size > 0 and not is_logits_file(str(path)):
+        raise UsageError(f"--save-logits: {path} exists and is not a logits file: it is not overwritten",
+                         hint="give a new file, or remove that one first")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def logits_context(path: Path) -> int:
     """The context a logits file was saved at (its header's), which a measure against it must use."""
     from localgen.engine import perplexity as ppl
