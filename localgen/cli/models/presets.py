@@ -9,8 +9,6 @@ from typing import Annotated, Any
 
 import typer
 
-from localgen.errors import UsageError
-
 Force = Annotated[bool, typer.Option("--force", help="Replace a preset of that name.")]
 CreateForce = Annotated[bool, typer.Option("--force", help="Replace a preset of that name (and with -q, the "
                                                             "quantized model NAME:TYPE).")]
@@ -38,10 +36,9 @@ def create(
     if file == "-":
         text, where = sys.stdin.read(), "stdin"
     else:
-        try:
-            text = Path(file).expanduser().read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"cannot read the Modelfile {file}: {e}") from None
+        from localgen.cli.options.files import read_utf8
+
+        text = read_utf8(Path(file).expanduser(), "the Modelfile", file)
         where = file
         folder = Path(file).expanduser().resolve().parent
     if quantize is not None:

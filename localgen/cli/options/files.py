@@ -23,10 +23,7 @@ def with_template(ref: Any, proj: Path | None, path: Path | None) -> Any:
         return ref
     from localgen.errors import UsageError
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read the chat template {path}: {e}") from None
+    text = read_utf8(Path(path), "the chat template file")
     if not text.strip():
         raise UsageError(f"the chat template file {path} is empty")
     if "messages" not in text:  # every chat template loops over the conversation; this would drop it
@@ -42,11 +39,11 @@ def output_grammar(out: OutputFormat) -> tuple[str | None, str | None]:
         return _gbnf(str(out.grammar)), None
     schema: str | None = None
     if out.json_schema_file:
-        schema = Path(out.json_schema_file).read_text(encoding="utf-8", errors="replace")
+        schema = read_utf8(Path(out.json_schema_file), "the JSON schema file")
     elif out.json_schema:
         schema = out.json_schema
         if not schema.lstrip().startswith(("{", "[")) and Path(schema).expanduser().is_file():
-            schema = Path(schema).expanduser().read_text(encoding="utf-8", errors="replace")
+            schema = read_utf8(Path(schema).expanduser(), "the JSON schema file")
     if schema is None:
         return None, None
     from localgen.engine.grammar import grammar_from_json_schema
@@ -63,10 +60,7 @@ def _gbnf(value: str) -> str:
         raise UsageError("--grammar is empty: give a GBNF file or the grammar itself (root ::= ...)")
     path = Path(value).expanduser()
     if path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as e:
-            raise UsageError(f"cannot read the grammar file {value}: {e.strerror or e}") from None
+        text = read_utf8(path, "the grammar file", value)
         if not text.strip():
             raise UsageError(f"the grammar file {value} is empty")
         return text
@@ -75,3 +69,18 @@ def _gbnf(value: str) -> str:
     what = "is a directory" if path.is_dir() else "does not exist"
     raise UsageError(f"--grammar {value[:100]!r}: the file {what}, and the text is not GBNF (a grammar has rules, "
                      "such as root ::= \"yes\" | \"no\")")
+
+
+def read_utf8(path: Path, what: str, shown: str | None = None) -> str:
+    """The text of a file a flag names; one line naming it (as `shown`, default the path) when it cannot be read or
+    is not UTF-8: its bytes never reach a template or grammar as U+FFFD."""
+    from localgen.errors import UsageError
+
+    name = shown if shown is not None else str(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{what} {name} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset "
+                         f"{e.start}") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {name}: {e.strerror or e}") from None
