@@ -57,3 +57,22 @@ def test_a_modelfile_that_is_not_utf8_is_named(cli_in_process: InProcessCLI, tmp
     bad.write_bytes(b"FROM smollm2:135m\nSYSTEM caf\xe9\n")
     one_line_usage_error(cli_in_process("create", "bad-bytes", "-f", str(bad)),
                          f"the Modelfile {bad} is not UTF-8 text: byte 0xe9 at offset")
+
+
+@pytest.mark.parametrize("flags", [["--template", "--json"], ["--json", "--modelfile"], ["--template", "--modelfile"],
+                                   ["--template", "--sha256"], ["--modelfile", "--sha256"],
+                                   ["--template", "--mmproj", "x.gguf"]])
+def test_show_refuses_flags_it_cannot_both_honour(cli_in_process: InProcessCLI, flags: list[str]) -> None:
+    # each of these printed one view and dropped the other flag without a word
+    one_line_usage_error(cli_in_process("show", "smollm2:135m", *flags), flags[0], flags[1])
+
+
+def test_show_template_prints_the_template_alone(cli_in_process: InProcessCLI) -> None:
+    """models.md: `show NAME` is the header; `--template` the chat template alone (--json holds it too)."""
+    import json
+
+    doc = json.loads(cli_in_process("show", "smollm2:135m", "--json").stdout)
+    r = cli_in_process("show", "smollm2:135m", "--template")
+    assert r.returncode == 0 and r.stdout == doc["chat_template"] + "\n" and "architecture" not in r.stdout
+    page = (Path(__file__).parent.parent / "docs" / "models.md").read_text(encoding="utf-8")
+    assert "localgen show smollm2:135m --template      # the chat template alone, whole" in page

@@ -203,6 +203,7 @@ def show(
     from localgen.models import mmproj as projectors
     from localgen.models.resolve import resolve
 
+    _one_view(template, as_modelfile, json_out, sha256, mmproj is not None)
     if as_modelfile:  # a preset's own, even when its base is gone; a model's from its catalogue entry
         print(_modelfile(name, offline), end="")
         return
@@ -224,6 +225,20 @@ def show(
         print(json.dumps(doc))
         return
     _print_doc(doc)
+
+
+def _one_view(template: bool, modelfile: bool, json_out: bool, sha256: bool, mmproj: bool) -> None:
+    """show prints one thing: the header (plain or --json), the template alone, or a Modelfile; a flag the view asked
+    for cannot honour is a usage error, not dropped."""
+    views = [flag for flag, on in (("--template", template), ("--modelfile", modelfile), ("--json", json_out)) if on]
+    if len(views) > 1:
+        raise UsageError(f"show prints one of --template, --modelfile and --json: give one, not {' and '.join(views)}",
+                         hint="--json holds the chat template too, as chat_template" if template and json_out else None)
+    if template or modelfile:
+        extra = [flag for flag, on in (("--sha256", sha256), ("--mmproj", mmproj)) if on]
+        if extra:
+            raise UsageError(f"{views[0]} prints {'the chat template' if template else 'a Modelfile'} alone: "
+                             f"{' and '.join(extra)} would show nothing there")
 
 
 def _show_doc(ref: Any, hash_now: bool) -> dict[str, Any]:
