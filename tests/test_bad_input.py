@@ -4,6 +4,7 @@ flags that cannot both be honoured. In this process (cli_in_process): each is re
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -69,10 +70,43 @@ def test_show_refuses_flags_it_cannot_both_honour(cli_in_process: InProcessCLI, 
 
 def test_show_template_prints_the_template_alone(cli_in_process: InProcessCLI) -> None:
     """models.md: `show NAME` is the header; `--template` the chat template alone (--json holds it too)."""
-    import json
-
     doc = json.loads(cli_in_process("show", "smollm2:135m", "--json").stdout)
     r = cli_in_process("show", "smollm2:135m", "--template")
     assert r.returncode == 0 and r.stdout == doc["chat_template"] + "\n" and "architecture" not in r.stdout
     page = (Path(__file__).parent.parent / "docs" / "models.md").read_text(encoding="utf-8")
     assert "localgen show smollm2:135m --template      # the chat template alone, whole" in page
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["run", "-m", "", "-p", "hi"], "-m is empty"),
+    (["run", "-m", "  ", "-p", "hi"], "-m is empty"),
+    (["chat", "-m", ""], "-m is empty"),
+    (["embed", "-m", "", "hi"], "empty model name"),
+    (["show", ""], "empty model name"),
+    (["pull", ""], "empty model name"),
+    (["rm", "", "--yes"], "empty model name"),
+    (["bench", "-m", "", "-p", "8", "-n", "1", "-r", "1"], "--model is empty"),
+    (["bench", "--cache-type-k", "", "-p", "8", "-n", "1", "-r", "1"], "--cache-type-k is empty"),
+    (["embed", "--store", "", "hi"], "--store is empty"),
+    (["embed", "--replace", "--store", "", "hi"], "--store is empty"),
+    (["logs", "-q", ""], "-q is empty"),
+    (["logs", "--cid", ""], "--cid is empty"),
+    (["logs", "-m", ""], "-m is empty"),
+    (["run", "--stop", "", "-p", "hi"], "--stop is empty"),
+    (["run", "--stop", "x", "--stop", "", "-p", "hi"], "--stop is empty"),
+    (["run", "--cid", "", "-p", "hi"], "--cid is empty"),
+    (["run", "--api-key-env", "", "-p", "hi"], "--api-key-env is empty"),
+    (["run", "--mcp", "", "--yes", "-p", "hi"], "--mcp is empty"),
+    (["chat", ""], "the conversation name is empty"),
+    (["chat", "--resume", ""], "the conversation name is empty"),
+    (["serve", "--cors", ""], "--cors is empty"),
+])
+def test_an_empty_value_is_not_taken_for_none_given(cli_in_process: InProcessCLI, args: list[str], said: str) -> None:
+    # each was taken as if the flag were left out: the default model, no filter, nothing stored, no stop string
+    one_line_usage_error(cli_in_process(*args, input="hi\n"), said)
+
+
+def test_an_empty_environment_variable_is_still_none_given(cli_in_process: InProcessCLI) -> None:
+    """LOCALGEN_MODEL= (set, empty) names no model, as Click reads an empty variable: the default, no error."""
+    r = InProcessCLI({**cli_in_process.env, "LOCALGEN_MODEL": ""})("fit", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["model"]["name"] == "smollm2:135m", r.stderr

@@ -92,6 +92,8 @@ def str_values(flag: str, items: list[str] | None, default: list[str], allowed: 
             raise UsageError(f"{flag}: {p!r} is not one of {', '.join(allowed)}")
         if p not in out:
             out.append(p.lower() if allowed is not None else p)
+    if not out:  # given, and empty: a mistake, not the default
+        raise UsageError(f"{flag} is empty: give a value, or leave it out")
     return out
 
 

@@ -289,6 +289,7 @@ def run_embed(f: EmbedArgs) -> None:
         raise UsageError(f"--format takes float or base64, not {f.fmt!r}")
     if f.pooling is not None and f.pooling not in POOLING:
         raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
+    o.refuse_empty(("--store", f.store))
     if f.replace and not f.store:
         raise UsageError("--replace needs --store NAME (the collection whose other entries it removes)")
     items = _inputs(f.texts, f.file, by_content=True)

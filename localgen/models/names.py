@@ -57,11 +57,11 @@ Spec = PathSpec | CatalogueSpec | HubSpec
 
 def parse(text: str, local: bool = True) -> Spec:
     """Classify a model name; raises ModelNotFoundError for something that cannot be any of them, UsageError
-    for a name too long or a repo's file path that leaves the repo. Without `local` (a name a client sent
-    the server), a name is never a file on this machine, and no file is looked for."""
+    for an empty name, a name too long or a repo's file path that leaves the repo. Without `local` (a name a
+    client sent the server), a name is never a file on this machine, and no file is looked for."""
     name = text.strip()
     if not name:
-        raise ModelNotFoundError("empty model name")
+        raise UsageError("empty model name")
     if len(name) > MAX_NAME:
         raise UsageError(f"a model name is at most {MAX_NAME:,} characters; this one is {len(name):,}")
     if "\0" in name:

@@ -34,7 +34,7 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
     """Resolve a model name to a verified local file and its GGUF summary. Without `assemble` (a listing), an
     embedded model in chunks not assembled yet is described from its first chunk, and its path is where its
     first use will assemble it."""
-    text = name or embedded.DEFAULT_MODEL
+    text = embedded.DEFAULT_MODEL if name is None else name  # an empty name is a mistake (names.parse), not "none"
     spec = names.parse(text)
     if isinstance(spec, names.PathSpec):
         if not spec.path.is_file() and not spec.path.exists():

@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from localgen.cli.options import ModelArgs
+from localgen.cli.options import ModelArgs, refuse_empty
 from localgen.cli.options import plan as shared
 from localgen.cli.options.plan import LoadPlan, SendPlan
 
@@ -42,6 +42,7 @@ class ChatPlan:
 
 def check(f: ChatArgs) -> ChatPlan:
     """Usage errors before anything loads (the rules chat shares with run), then the plan."""
+    refuse_empty(("the conversation name", f.name))
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     model = shared.check(f, shared.CommandRules(
         cannot_ask=None if interactive else "a scripted chat (stdin not a terminal)"))

@@ -32,6 +32,9 @@ def logs(
     import json
     import sys
 
+    from localgen.cli.options import refuse_empty
+
+    refuse_empty(("-q", query), ("-m", model), ("--cid", cid))  # each would filter nothing: not what was asked
     from localgen.cli.output import ErrWriter, TextWriter
     from localgen.log import store
 

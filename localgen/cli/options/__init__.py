@@ -329,3 +329,13 @@ class ModelArgs(CommandArgs):
     output: OutputFormat
     remote: RemoteOptions
     knobs: Knobs
+
+
+def refuse_empty(*given: tuple[str, str | None]) -> None:
+    """Each (flag, value) given as '' or blanks is a usage error: an empty name or text is a mistake (an empty
+    variable in a script), never the same as leaving the flag out."""
+    from localgen.errors import UsageError
+
+    for flag, value in given:
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag} is empty: give a value, or leave it out")

@@ -80,6 +80,10 @@ class Knobs:
                 continue
             if key == "dry_sequence_breaker" and [x.lower() for x in v] == ["none"]:
                 v = ()
+            if KNOBS[key].kind == settings.TEXTS and any(x == "" for x in v or ()):  # it would match nothing
+                from localgen.errors import UsageError
+
+                raise UsageError(f"{KNOBS[key].cli[0]} is empty: give the text, or leave the flag out")
             given[key] = v
         return SamplingFlags(tuple(settings.validate(given).items()))
 

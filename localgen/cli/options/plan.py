@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localgen.cli.options import ModelArgs, RemoteOptions, ToolOptions
+from localgen.cli.options import ModelArgs, RemoteOptions, ToolOptions, refuse_empty
 from localgen.cli.options.knobs import SamplingFlags
 from localgen.errors import UsageError
 from localgen.settings import LOAD_KNOBS
@@ -93,6 +93,8 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
         raise UsageError(FORMATS_TOGETHER)
     if args.system is not None:
         checked(args.system, "--system")
+    refuse_empty(("-m", args.model), ("--api-key-env", args.remote.api_key_env),  # not "none given"
+                 *(("--mcp", server) for server in args.tools.mcp or ()))
     endpoints, model = endpoints_for(args.remote, args.model)
     keep_states = False
     if endpoints:

@@ -10,6 +10,7 @@ from typing import Any
 
 from localgen.cli.log.conversation import Thread
 from localgen.cli.options import plan as shared
+from localgen.cli.options import refuse_empty
 from localgen.cli.options.plan import LoadPlan, SendPlan
 from localgen.cli.run import prompt
 from localgen.cli.run.options import DecodingOptions, ReportOptions, RunArgs
@@ -53,6 +54,7 @@ def check(f: RunArgs) -> RunPlan:
     """Usage errors, all of them before any download or model load; then the plan."""
     from localgen.cli.log import conversation
 
+    refuse_empty(("--cid", f.log.cid))
     many = f.many.file is not None or f.many.each_line
     if (f.log.continue_ or f.log.cid) and (many or f.raw):
         raise UsageError(f"{'--continue' if f.log.continue_ else '--cid'} continues a chat: it cannot be combined "

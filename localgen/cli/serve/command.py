@@ -127,6 +127,7 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     err = ErrWriter()
     listen, fetching, on_demand = f.listen, f.fetching, f.residency.on_demand
     check_host(listen.host)
+    o.refuse_empty(*(("--cors", origin) for origin in listen.cors or ()))
     if fetching.allow_private_urls and not fetching.allow_image_urls:
         raise UsageError("--allow-private-urls needs --allow-image-urls (without it no URL is fetched)")
     key = _api_key(f)
