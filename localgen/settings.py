@@ -141,45 +141,55 @@ def field_name(name: str) -> str | None:
     return key if key in KNOBS else None
 
 
-def _bounds(k: Knob) -> str:
-    lo = "-inf" if k.lo is None else f"{k.lo:g}"
-    hi = "inf" if k.hi is None else f"{k.hi:g}"
-    return f"{lo} to {hi}"
+def out_of_range(name: str, lo: float | None, hi: float | None, value: Any) -> str:
+    """What a value past a setting's bounds is told, its numbers as they are typed (2,147,483,647, not
+    2.14748e+09): `at least LO` where the top is only the type's (a C int's, or none)."""
+    def num(v: float) -> str:
+        return f"{v:,}" if isinstance(v, int) else f"{v:g}"
+
+    if lo is not None and (hi is None or hi == INT32):
+        if value < lo or hi is None:
+            return f"{name} must be at least {num(lo)}, not {value!r}"
+        return f"{name} must be at most {num(hi)} (llama.cpp takes it as a C int), not {value!r}"
+    return f"{name} must be within {'-inf' if lo is None else num(lo)} to {'inf' if hi is None else num(hi)}, " \
+           f"not {value!r}"
 
 
-def check(name: str, value: Any) -> Any:
+def check(name: str, value: Any, label: str | None = None) -> Any:
     """One setting's value, typed and in range; UsageError otherwise. An int field takes only an int
-    (never a float or a bool); a float field takes an int or a finite float."""
+    (never a float or a bool); a float field takes an int or a finite float. Messages name it `label` (the
+    spelling the value came under: a client's field, a JSONL key), default `name`."""
     k = KNOBS[name]
+    shown = label or name
     if value is None and k.nullable:
         return None
     if k.kind == BOOL:
         if not isinstance(value, bool):
-            raise UsageError(f"{name} must be true or false, not {value!r}")
+            raise UsageError(f"{shown} must be true or false, not {value!r}")
         return value
     if k.kind == TEXTS:
         if isinstance(value, str):  # OpenAI accepts one stop string as well as a list
             value = [value]
         if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
-            raise UsageError(f"{name} must be a string or a list of strings, not {str(value)[:80]!r}")
+            raise UsageError(f"{shown} must be a string or a list of strings, not {str(value)[:80]!r}")
         if len(value) > MAX_TEXTS or any(len(x) > MAX_TEXT_CHARS for x in value):
-            raise UsageError(f"{name}: at most {MAX_TEXTS} strings of at most {MAX_TEXT_CHARS} characters each")
+            raise UsageError(f"{shown}: at most {MAX_TEXTS} strings of at most {MAX_TEXT_CHARS} characters each")
         for x in value:
-            checked_text(x, name)
+            checked_text(x, shown)
         return tuple(x for x in value if x)
     if k.kind == BIAS:
         return _check_bias(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UsageError(f"{name} must be a number, not {value!r}")
+        raise UsageError(f"{shown} must be a number, not {value!r}")
     if k.kind == INT:
         if not isinstance(value, int):
-            raise UsageError(f"{name} must be an integer, not {value!r}")
+            raise UsageError(f"{shown} must be an integer, not {value!r}")
     else:
         value = float(value)
         if not math.isfinite(value):
-            raise UsageError(f"{name} must be a finite number, not {value!r}")
+            raise UsageError(f"{shown} must be a finite number, not {value!r}")
     if (k.lo is not None and value < k.lo) or (k.hi is not None and value > k.hi):
-        raise UsageError(f"{name} must be within {_bounds(k)}, not {value!r}")
+        raise UsageError(out_of_range(shown, k.lo, k.hi, value))
     return value
 
 
@@ -229,7 +239,7 @@ def validate(values: Mapping[str, Any], where: str = "") -> dict[str, Any]:
         if key is None:
             raise UsageError(f"{where}unknown setting {name!r}")
         try:
-            out[key] = check(key, value)
+            out[key] = check(key, value, name)  # the message names the spelling given
         except UsageError as e:
             raise UsageError(f"{where}{e.message}") from None
     return out
@@ -467,9 +477,10 @@ def check_load(key: str, value: Any) -> Any:
     elif k.kind in (INT, FLOAT):
         if isinstance(value, bool) or not isinstance(value, int if k.kind == INT else (int, float)):
             raise UsageError(f"{key} must be {'an integer' if k.kind == INT else 'a number'}, not {value!r}")
-        if (k.lo is not None and value < k.lo) or (k.hi is not None and value > k.hi) or not math.isfinite(value):
-            lo = "-inf" if k.lo is None else f"{k.lo:g}"
-            raise UsageError(f"{key} must be within {lo} to {'inf' if k.hi is None else f'{k.hi:g}'}, not {value!r}")
+        if not math.isfinite(value):
+            raise UsageError(f"{key} must be a finite number, not {value!r}")
+        if (k.lo is not None and value < k.lo) or (k.hi is not None and value > k.hi):
+            raise UsageError(out_of_range(key, k.lo, k.hi, value))
     elif k.kind == TEXTS:
         if isinstance(value, str):
             value = (value,)

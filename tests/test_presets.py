@@ -84,7 +84,7 @@ def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     ("FROM smollm2:135m\nPARAMETER warmth 1\n", ["line 2", "unknown PARAMETER 'warmth'"]),
     ("FROM smollm2:135m\nPARAMETER num_ctx 8\n", ["line 2", "num_ctx"]),
     ("FROM smollm2:135m\nPARAMETER num_gpu lots\n", ["line 2", "num_gpu takes an integer"]),
-    ("FROM smollm2:135m\nPARAMETER n_cpu_moe -1\n", ["line 2", "n_cpu_moe must be within 0 to inf"]),
+    ("FROM smollm2:135m\nPARAMETER n_cpu_moe -1\n", ["line 2", "n_cpu_moe must be at least 0, not -1"]),
     ("FROM smollm2:135m\nPARAMETER n_cpu_moe 1\nPARAMETER n_cpu_moe 2\n", ["line 3", "given twice"]),
     ("FROM smollm2:135m\nPARAMETER cpu_moe maybe\n", ["line 2", "cpu_moe takes true or false"]),
     ("FROM smollm2:135m\nPARAMETER override_tensor exps\n", ["line 2", "takes PATTERN=BUFFER"]),
@@ -476,6 +476,6 @@ def test_api_create_keeps_placement_and_ollamas_options_let_it_be(cli: CLI, tmp_
         assert r.status_code == 400 and "unknown options: n_cpu_moes" in r.json()["error"]
         r = httpx.post(f"{s.url}/api/create", timeout=60, json={
             "model": "moe-bad", "from": base, "parameters": {"n_cpu_moe": -2}})
-        assert r.status_code == 400 and "n_cpu_moe must be within 0 to inf" in r.json()["error"]
+        assert r.status_code == 400 and "n_cpu_moe must be at least 0, not -2" in r.json()["error"]
     finally:
         assert s.stop() == 0

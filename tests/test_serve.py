@@ -196,6 +196,13 @@ def test_errors_have_each_apis_shape_and_status(server: Server) -> None:
     r = httpx.post(f"{u}/v1/chat/completions", headers=h, json={"model": "smollm2:135m", "top_k": 2.5,
                                                                 "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and "top_k must be an integer" in r.json()["error"]["message"]
+    # a range in plain numbers, and the field as the client spelled it (Ollama's num_predict is not max_tokens)
+    r = httpx.post(f"{u}/v1/chat/completions", headers=h, json={"model": "smollm2:135m", "top_k": -5,
+                                                                "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "top_k must be at least 0, not -5"
+    r = httpx.post(f"{u}/api/generate", headers=h, json={"model": "smollm2:135m", "prompt": "x",
+                                                         "options": {"num_predict": -5}})
+    assert r.status_code == 400 and r.json()["error"] == "num_predict must be at least -1, not -5"
     r = httpx.post(f"{u}/v1/chat/completions", headers=h, json={"model": "smollm2:135m", "n": 2,
                                                                 "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"

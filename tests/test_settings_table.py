@@ -154,6 +154,40 @@ def test_a_knob_added_to_the_table_reaches_every_api(monkeypatch: pytest.MonkeyP
         assert _parsed(parser, body, where, {name: 0.25}).get("warmth") == 0.25, api
 
 
+@pytest.mark.parametrize(("name", "value", "said"), [
+    ("top_k", -5, "top_k must be at least 0, not -5"),  # 2**31 - 1 is only a C int's top: not said
+    ("max_tokens", -5, "max_tokens must be at least -1, not -5"),
+    ("top_k", 2**31, "top_k must be at most 2,147,483,647 (llama.cpp takes it as a C int), not 2147483648"),
+    ("seed", 2**32, "seed must be within 0 to 4,294,967,295, not 4294967296"),
+    ("temperature", 9, "temperature must be within 0 to 5, not 9.0"),
+])
+def test_a_value_out_of_range_is_told_the_range_in_plain_numbers(name: str, value: Any, said: str) -> None:
+    from localgen.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        settings.check(name, value)
+    assert e.value.message == said and "e+" not in said
+    with pytest.raises(UsageError) as e:
+        settings.parse_text(name, str(value))  # chat's /set
+    assert e.value.message == said
+
+
+def test_a_bad_value_is_named_as_the_client_spelled_it() -> None:
+    """Ollama's num_predict is not called max_tokens, nor Anthropic's stop_sequences stop; the 400 names the field
+    (`param`) as each API's parser read it."""
+    from localgen.serve.apierror import HTTPError
+
+    bad = {"max_tokens": -5, "stop": 7}
+    for api, parser, body, where in _parsers():
+        for theirs, ours in settings.spellings(api).items():
+            if ours not in bad:
+                continue
+            with pytest.raises(HTTPError) as e:
+                _parsed(parser, body, where, {theirs: bad[ours]})
+            assert e.value.status == 400 and e.value.message.startswith(f"{theirs} must be "), (api, theirs, e.value)
+            assert e.value.param == theirs
+
+
 def _far_from_default() -> SamplingParams:
     """Every knob set to a valid value other than its default."""
     values: dict[str, Any] = {}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localgen import settings
-from localgen.errors import LocalgenError
+from localgen.errors import LocalgenError, UsageError
 from localgen.serve.apierror import HTTPError
 from localgen.serve.jobs import parse_duration
 
@@ -46,8 +46,18 @@ class Ask:
 
 def sampling_values(where: Mapping[str, Any], api: str) -> dict[str, Any]:
     """The sampling settings a request gives in an API's spellings (settings.py's table: a knob added there
-    reaches every API), by the table's names."""
-    return {ours: where[theirs] for theirs, ours in settings.spellings(api).items() if theirs in where}
+    reaches every API), by the table's names; each value checked here, so that a 400 names the field the client
+    sent (Ollama's num_predict, not max_tokens)."""
+    out: dict[str, Any] = {}
+    for theirs, ours in settings.spellings(api).items():
+        if theirs in where:
+            if where[theirs] is not None:
+                try:
+                    settings.check(ours, where[theirs], theirs)
+                except UsageError as e:
+                    raise HTTPError(400, e.message, param=theirs) from None
+            out[ours] = where[theirs]
+    return out
 
 
 def split_reasoning(body: Mapping[str, Any]) -> bool:
