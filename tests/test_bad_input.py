@@ -110,3 +110,21 @@ def test_an_empty_environment_variable_is_still_none_given(cli_in_process: InPro
     """LOCALGEN_MODEL= (set, empty) names no model, as Click reads an empty variable: the default, no error."""
     r = InProcessCLI({**cli_in_process.env, "LOCALGEN_MODEL": ""})("fit", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["model"]["name"] == "smollm2:135m", r.stderr
+
+
+def test_bench_compare_names_its_arguments(cli_in_process: InProcessCLI) -> None:
+    one_line_usage_error(cli_in_process("bench", "compare", "abc", "1"), "Invalid value for 'RUN_A'")
+    one_line_usage_error(cli_in_process("bench", "compare", "1"), "Missing argument 'RUN_B'")
+
+
+@pytest.mark.parametrize(("base", "hint"), [
+    ("nosuch", "(see `localgen list --catalogue`; or give owner/repo or a .gguf path)"),  # no pull could fetch it
+    ("nosuch.gguf", None),  # a file that is not there: nothing to pull
+    ("someone/nosuch-GGUF", "(pull it first: localgen pull someone/nosuch-GGUF)"),  # a Hub repo pull can fetch
+])
+def test_cp_suggests_pull_only_for_what_pull_can_fetch(cli_in_process: InProcessCLI, base: str,
+                                                       hint: str | None) -> None:
+    r = cli_in_process("cp", base, "copied")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and f"FROM {base}:" in r.stderr, r.stderr
+    assert (hint in r.stderr) if hint else ("(" not in r.stderr), r.stderr
+    assert ("localgen pull" in r.stderr) == (hint is not None and "pull it first" in hint), r.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen import paths, settings
-from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
+from localgen.errors import LocalgenError, ModelNotFoundError, NotDownloadedError, UsageError
 from localgen.models import modelfile
 from localgen.types import ModelRef
 
@@ -258,9 +258,11 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup) -> model
 
     try:
         ref = lookup(spec.base)
-    except ModelNotFoundError as e:
-        raise LocalgenError(f"{where}: FROM {spec.base}: {e.message}",
-                            hint=f"pull it first: localgen pull {spec.base}") from None
+    except NotDownloadedError as e:  # a model pull can fetch: say the command
+        raise LocalgenError(f"{where}: FROM {spec.base}: {e.message}", hint=f"pull it first: localgen pull {e.name}"
+                            ) from None
+    except ModelNotFoundError as e:  # no catalogue name, no file: pull could not fetch it either
+        raise LocalgenError(f"{where}: FROM {spec.base}: {e.message}", hint=e.hint) from None
     if ref.summary.chat_template is None and spec.template is None and (spec.system or spec.messages):
         raise UsageError(f"{where}: {spec.base} has no chat template, so SYSTEM and MESSAGE cannot apply; "
                          "give a TEMPLATE")

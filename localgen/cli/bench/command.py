@@ -405,8 +405,9 @@ def history_cmd(
 
 @bench_app.command("compare")
 def compare_cmd(
-    a: Annotated[int, typer.Argument(help="The baseline run.")],
-    b: Annotated[int, typer.Argument(help="The run to compare with it.")],
+    a: Annotated[int, typer.Argument(metavar="RUN_A", show_default=False,
+                                     help="The baseline run's number (localgen bench history lists them).")],
+    b: Annotated[int, typer.Argument(metavar="RUN_B", show_default=False, help="The run to compare with it.")],
     json_out: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
 ) -> None:
     """Two runs side by side: t/s of each matching test and configuration, and B/A."""
