@@ -1,11 +1,12 @@
 """The docs site keeps the Diátaxis shape (issue #61, item 5): mkdocs.yml's nav has exactly four sections (a
 tutorial, how-to guides, reference, explanation), the home page links each how-to guide, benchmarks.md holds
-tables that each carry their date, machine and command and reads as no lab diary, and no page sends a reader
-to a file outside the repository."""
+tables that each carry their date, machine and command and reads as no lab diary, no page sends a reader
+to a file outside the repository, and every option of every command is on its page or a page it links."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,3 +131,67 @@ def test_the_diary_check_has_teeth() -> None:
 def test_no_step_points_outside_the_repository(page: Any) -> None:
     text = page.read_text(encoding="utf-8")
     assert not OUTSIDE.search(text), OUTSIDE.findall(text)
+
+
+# each command's page (where a reader looks first); an option not named there must be on a page it links
+COMMAND_PAGES = {"run": "run.md", "chat": "chat.md", "serve": "serve.md", "ps": "serve.md", "pull": "models.md",
+                 "list": "models.md", "show": "models.md", "rm": "models.md", "create": "models.md", "cp": "models.md",
+                 "quantize": "quantize.md", "perplexity": "perplexity.md", "bench": "bench.md", "fit": "fit.md",
+                 "doctor": "doctor.md", "tune": "tune.md", "logs": "logs.md", "embed": "embed.md",
+                 "similar": "embed.md", "rerank": "embed.md", "collections": "embed.md", "rpc-server": "rpc.md"}
+
+
+def _options(cmd: Any, path: str) -> list[tuple[str, list[str]]]:
+    """(the command's words, each shown option's flags), its subcommands' too."""
+    found = [(path, [*p.opts, *p.secondary_opts]) for p in cmd.params
+             if p.param_type_name == "option" and not p.hidden and "--help" not in p.opts]
+    for name, sub in getattr(cmd, "commands", {}).items():
+        found += _options(sub, f"{path} {name}")
+    return found
+
+
+def _undocumented(docs: Path) -> list[str]:
+    """Each option of `localgen COMMAND --help` that neither the command's page nor a page it links names in its
+    code (fenced blocks and inline code spans)."""
+    import typer
+
+    from localgen.cli import app, params
+
+    def code(page: str) -> str:
+        return " ".join(re.findall(r"```.*?```|`[^`\n]+`", (docs / page).read_text(encoding="utf-8"), re.S))
+
+    params.install()
+    root = typer.main.get_command(app.build())
+    missing = []
+    for name, cmd in root.commands.items():  # type: ignore[attr-defined]
+        page = COMMAND_PAGES[name]
+        linked = {page, *re.findall(r"\]\(([\w-]+\.md)(?:#[^)]*)?\)", (docs / page).read_text(encoding="utf-8"))}
+        texts = [code(p) for p in linked]
+        for words, flags in _options(cmd, name):
+            if not any(re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", t) for f in flags for t in texts):
+                missing.append(f"{words} {flags[0]} (on {page} or a page it links)")
+    return missing
+
+
+def test_every_option_is_on_its_commands_page_or_one_it_links() -> None:
+    """`localgen COMMAND --help`'s options each appear (in code) on the command's page, or on a page that page
+    links (run.md's options for chat and serve, media.md for serve's image flags, ...)."""
+    from localgen.cli.app import COMMANDS
+
+    assert set(COMMAND_PAGES) == set(COMMANDS)
+    assert _undocumented(DOCS) == []
+
+
+def test_the_documented_options_check_has_teeth(tmp_path: Path) -> None:
+    """A page that stops naming an option, or stops linking the page that does, fails the check."""
+    for page in DOCS.glob("*.md"):
+        (tmp_path / page.name).write_text(page.read_text(encoding="utf-8"), encoding="utf-8")
+    serve = (tmp_path / "serve.md").read_text(encoding="utf-8")
+    media = serve[serve.index("- **Images and audio**"):serve.index("(media.md).") + len("(media.md).")]
+    (tmp_path / "serve.md").write_text(serve.replace(media, ""), encoding="utf-8")
+    chat = (tmp_path / "chat.md").read_text(encoding="utf-8")
+    (tmp_path / "chat.md").write_text(chat.replace("](run.md#options)", "]"), encoding="utf-8")
+    missing = _undocumented(tmp_path)
+    assert "serve --allow-private-urls (on serve.md or a page it links)" in missing
+    assert "chat --top-p (on chat.md or a page it links)" in missing
+    assert not [m for m in missing if not m.startswith(("serve ", "chat "))]
