@@ -230,10 +230,9 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
         given = [checked(t, f"text {i}") for i, t in enumerate(texts, 1)]
         return [(text_id(t) if by_content else str(i), t) for i, t in enumerate(given, 1)]
     if file:
-        try:
-            lines = Path(file).read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError:
-            raise UsageError(f"{file} is not UTF-8 text") from None
+        from localgen.text import read_file
+
+        lines = read_file(file).splitlines()
     elif sys.stdin is not None and not sys.stdin.isatty():
         lines = sys.stdin.read().splitlines()
     else:
