@@ -49,14 +49,16 @@ BAD_ENTRIES = [  # (what the entry says, the field named in the error)
 @pytest.mark.parametrize(("body", "field"), BAD_ENTRIES)
 def test_a_bad_models_toml_entry_is_one_line_naming_file_entry_and_field(own: CLI, body: str, field: str) -> None:
     path = _models(own, f'[models."mine:1b"]\n{body}\n'.encode())
-    for args in (["show", "mine:1b"], ["run", "-m", "mine:1b", "-p", "hi", "-n", "2"], ["pull", "mine:1b"]):
+    modelfile = path.with_name("Modelfile")
+    modelfile.write_text("FROM mine:1b@Q8_0\n")
+    for args in (["show", "mine:1b"], ["run", "-m", "mine:1b", "-p", "hi", "-n", "2"], ["pull", "mine:1b"],
+                 ["pull", "mine:1b", "--list"], ["cp", "mine:1b", "copy"], ["create", "made", "-f", str(modelfile)]):
         r = own(*args)
         lines = _lines(r)
         assert r.returncode == 2, r.stderr
-        assert lines[-1].startswith("localgen: error: ") and str(path) in lines[-1], r.stderr
-        assert f'[models."mine:1b"] {field} ' in lines[-1], r.stderr
-    r = own("show", "mine:1b")
-    assert len(_lines(r)) == 1, "the entry used is one error, not a warning too"
+        assert len(lines) == 1, f"the entry used is one error, not a warning too: {args} {r.stderr}"
+        assert lines[0].startswith("localgen: error: ") and str(path) in lines[0], r.stderr
+        assert f'[models."mine:1b"] {field} ' in lines[0], r.stderr
 
 
 def test_a_bad_entry_warns_and_leaves_the_rest_working(own: CLI) -> None:
