@@ -178,13 +178,13 @@ def find(model_path: str | Path, build: str, device: str, streams: int = 1, plac
 # ---- the rule, where nothing was measured ----------------------------------------------------------------
 
 
-def rule_flash_attn(offloaded: bool) -> tuple[bool, str]:
+def rule_flash_attn(offload_to: str = "") -> tuple[bool, str]:
     """Flash attention where nothing was measured: on, as llama.cpp's `auto` has it on every device here.
 
     scripts/bench_defaults.py on 2 cores (this build; medians of fresh runs, one exchange at depth 0 and at
     1,500 tokens): with it on, SmolLM2 and Gemma 3 were as fast as the fastest alternative or faster, and off
     was slower (docs/benchmarks.md, "Defaults and `localgen tune`" has the table)."""
-    return True, "rule: on" + (" (GPU offload)" if offloaded else "")
+    return True, "rule: on" + (f" (layers offloaded to {offload_to})" if offload_to else "")
 
 
 def first_sight(model_path: str | Path) -> bool:

@@ -57,6 +57,8 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
     if n_gpu is None:
         n_gpu = -1 if devices.has_gpu() or params.rpc else 0  # RPC servers' devices take layers as GPUs do
     offloaded = n_gpu != 0 and (devices.has_gpu() or bool(params.rpc))
+    # where the layers go, for the rules' reasons: an RPC server's device may be another machine's CPU
+    offload_to = " and ".join(w for w, on in (("GPU", devices.has_gpu()), ("RPC servers", bool(params.rpc))) if on)
     given = {name: getattr(params, name) for name in tuning.TUNABLE if getattr(params, name) is not None}
     origins = dict.fromkeys(given, "flag")
     record = None
@@ -70,7 +72,7 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
             if name not in given and name in record.settings:
                 chosen[name] = record.settings[name]
                 origins[name] = f"{how} on {record.day}{busy}"
-    for name, (value, why) in _rules(model, params, n_gpu, offloaded).items():
+    for name, (value, why) in _rules(model, params, n_gpu, offload_to if offloaded else "").items():
         if name not in given and name not in chosen:
             chosen[name] = value
             origins[name] = why
@@ -88,13 +90,14 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
 
 
 def _rules(model: ModelRef, params: LoadParams, n_gpu: int | None,
-           offloaded: bool) -> dict[str, tuple[Any, str]]:
-    """Each tunable's value and reason where neither a flag nor a record sets it."""
-    fa, fa_why = tuning.rule_flash_attn(offloaded)
+           offload_to: str) -> dict[str, tuple[Any, str]]:
+    """Each tunable's value and reason where neither a flag nor a record sets it; `offload_to` names where
+    layers are offloaded ("GPU", "RPC servers"), empty where they are not."""
+    fa, fa_why = tuning.rule_flash_attn(offload_to)
     share = model.summary.repackable_share
     repack = default_repack(model, dataclasses.replace(params, n_gpu_layers=n_gpu))
-    if offloaded:
-        repack_why = "rule: off with GPU offload"
+    if offload_to:
+        repack_why = f"rule: off with layers offloaded to {offload_to}"
     elif share is None:
         repack_why = "rule: on (share of repackable weights unknown)"
     else:
