@@ -123,6 +123,21 @@ def test_the_ci_pages_exit_codes(cli: CLI, tmp_path: Path) -> None:
     assert r.returncode == 1 and len(lines) == 2 and "text" in lines[0] and "error" in lines[1], r.stdout
 
 
+def test_the_ci_pages_exit_code_for_nothing_to_go_on_with(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """ci.md's table: `run --continue` and `chat --resume` in a home with no conversation yet, and a `--cid` or
+    `--resume NAME` that names none, are errors (1), not bad usage."""
+    row1 = next(line for line in (ROOT / "docs" / "ci.md").read_text(encoding="utf-8").splitlines()
+                if line.startswith("| 1 |"))
+    assert ("nothing to go on with (`run --continue` or `chat --resume` before any conversation, a `--cid` or "
+            "`--resume NAME` that names none)") in row1
+    empty = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path / "empty")})
+    for args in (["run", "--continue", "hi"], ["chat", "--resume"], ["run", "--cid", "nosuch", "hi"],
+                 ["chat", "--resume", "nosuch"]):
+        r = empty(*args, input="hi\n")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and r.stderr.startswith("localgen: error:"), (
+            args, r.stderr)
+
+
 def test_the_ci_pages_exit_codes_for_files(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
     """ci.md's table: each flag's file that is not there is bad usage (2), as are a -f document and a chat
     template that are not UTF-8; a model file that is not a GGUF is an error (1). The flags are the page's own."""
