@@ -5,7 +5,7 @@ against the real CLI and a real `localgen serve` on SmolLM2.
   server's address and key put in), the agent's model made SmolLM2; a `claude-` name is the server's `-m`
   model, either key header is taken, and an OpenAI model name the server lacks is a 404.
 - docs/team.md: the chat page's requests leave no conversation on the server (no log), and the log's request
-  line, in text or JSON, holds no prompt or answer.
+  line, in text or JSON, holds no prompt or answer; `GET /api/ps` wants the key.
 - docs/ci.md: the same seed gives the same text, so does temperature 0; offline, a model not on disk is exit 1
   naming the offline mode; a bad flag is exit 2; a failed --file line is an `error` object and exit 1.
 - docs/bigger-engine.md: `show --json`'s `file` is `list --json`'s `path`; serve takes every llama.cpp flag the
@@ -97,6 +97,14 @@ def test_the_server_keeps_no_conversation_and_logs_no_text(server: Server, cli_e
     said = server.proc.stderr.read().decode()
     assert re.search(r"^POST /v1/chat/completions 200 \d+\+\d+ tokens \d+ ms id=req_[0-9a-f]+$", said, re.M), said
     assert "pomegranate" not in said and (not answer.strip() or answer.strip() not in said)
+
+
+def test_api_ps_takes_the_key_as_the_team_page_says(server: Server) -> None:
+    assert "`GET /api/ps` with the key from any machine that reaches the server (without it, `401`)" in " ".join(
+        _page("team.md").split())
+    assert httpx.get(f"{server.url}/api/ps", timeout=60).status_code == 401
+    r = httpx.get(f"{server.url}/api/ps", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 200 and "models" in r.json(), r.text
 
 
 def test_the_same_seed_gives_the_same_text_and_so_does_temperature_0(cli: CLI) -> None:
