@@ -288,6 +288,19 @@ def test_save_never_overwrites_another_conversation(cli: CLI, home: Path) -> Non
     assert (home / "data" / "chats" / "keepme.json").read_text() == before
 
 
+def test_undo_and_retry_edit_the_saved_conversation_and_the_log_keeps_every_answer(cli: CLI, home: Path) -> None:
+    """chat.md: /undo drops the last exchange and /retry the answer it replaces, from the conversation and its
+    file; the log keeps them."""
+    r = cli("chat", "editme", "-n", "4", input="Hi\n/retry\nBye\n/undo\n")
+    assert r.returncode == 0, r.stderr
+    saved = ChatSession.load("editme")
+    assert [m["role"] for m in saved.messages] == ["user", "assistant"] and saved.messages[0]["content"] == "Hi"
+    with sqlite3.connect(home / "data" / "logs" / "logs.db") as db:
+        logged = [p for (p,) in db.execute("SELECT prompt FROM responses WHERE conversation_id = ? ORDER BY id",
+                                          (saved.log_id,))]
+    assert logged == ["Hi", "Hi", "Bye"]
+
+
 def test_load_clear_and_display_settings(cli: CLI) -> None:
     r = cli("chat", "loadme", "-n", "4", input="/set temperature 0.3\n/set top_k 7\nHi\n")
     assert r.returncode == 0, r.stderr
