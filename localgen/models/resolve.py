@@ -247,7 +247,7 @@ def embedded_model(name: str, local: bool = True) -> embedded.EmbeddedModel | No
     spec = names.parse(name, local)
     if not isinstance(spec, names.CatalogueSpec):
         return None
-    entry = catalogue.load().get(spec.name)
+    entry = catalogue.for_name(spec.name).entries.get(spec.name)  # a bad user entry of the name: its error alone
     return embedded.EMBEDDED.get(entry.name) if entry is not None and entry.embedded else None
 
 
