@@ -39,7 +39,7 @@ def test_a_host_name_that_does_not_resolve_is_not_called_a_busy_port(cli_in_proc
 
 @pytest.mark.parametrize(("command", "flag", "what"), [
     ("run", "--grammar", "the grammar file"), ("run", "-jf", "the JSON schema file"),
-    ("run", "-j", "the JSON schema file"), ("run", "--chat-template-file", "the chat template file"),
+    ("run", "-j", "the JSON schema file"), ("run", "--chat-template-file", "the chat template"),
     ("chat", "--grammar", "the grammar file"), ("chat", "-jf", "the JSON schema file"),
 ])
 def test_a_file_a_flag_names_that_is_not_utf8_is_named(cli_in_process: InProcessCLI, tmp_path: Path, command: str,
@@ -50,14 +50,14 @@ def test_a_file_a_flag_names_that_is_not_utf8_is_named(cli_in_process: InProcess
                     b'root ::= "caf\xe9"\n' if "grammar" in what else b"{% for m in messages %}\xe9{% endfor %}")
     r = cli_in_process(command, flag, str(bad), "-p", "hi", "-n", "1") if command == "run" else \
         cli_in_process(command, flag, str(bad), input="hi\n")
-    one_line_usage_error(r, f"{what} {bad} is not UTF-8 text: byte 0xe9 at offset")
+    one_line_usage_error(r, f"{what} {bad} is not UTF-8 text: byte 0xe9 on line")
 
 
 def test_a_modelfile_that_is_not_utf8_is_named(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
     bad = tmp_path / "Modelfile"
     bad.write_bytes(b"FROM smollm2:135m\nSYSTEM caf\xe9\n")
     one_line_usage_error(cli_in_process("create", "bad-bytes", "-f", str(bad)),
-                         f"the Modelfile {bad} is not UTF-8 text: byte 0xe9 at offset")
+                         f"the Modelfile {bad} is not UTF-8 text: byte 0xe9 on line")
 
 
 @pytest.mark.parametrize("flags", [["--template", "--json"], ["--json", "--modelfile"], ["--template", "--modelfile"],

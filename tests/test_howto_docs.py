@@ -5,7 +5,7 @@ against the real CLI and a real `localgen serve` on SmolLM2.
   server's address and key put in), the agent's model made SmolLM2; a `claude-` name is the server's `-m`
   model, either key header is taken, and an OpenAI model name the server lacks is a 404.
 - docs/team.md: the chat page's requests leave no conversation on the server (no log), and the log's request
-  line, in text or JSON, holds no prompt or answer.
+  line, in text or JSON, holds no prompt or answer; `GET /api/ps` wants the key.
 - docs/ci.md: the same seed gives the same text, so does temperature 0; offline, a model not on disk is exit 1
   naming the offline mode; a bad flag is exit 2; a failed --file line is an `error` object and exit 1.
 - docs/bigger-engine.md: `show --json`'s `file` is `list --json`'s `path`; serve takes every llama.cpp flag the
@@ -99,6 +99,14 @@ def test_the_server_keeps_no_conversation_and_logs_no_text(server: Server, cli_e
     assert "pomegranate" not in said and (not answer.strip() or answer.strip() not in said)
 
 
+def test_api_ps_takes_the_key_as_the_team_page_says(server: Server) -> None:
+    assert "`GET /api/ps` with the key from any machine that reaches the server (without it, `401`)" in " ".join(
+        _page("team.md").split())
+    assert httpx.get(f"{server.url}/api/ps", timeout=60).status_code == 401
+    r = httpx.get(f"{server.url}/api/ps", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 200 and "models" in r.json(), r.text
+
+
 def test_the_same_seed_gives_the_same_text_and_so_does_temperature_0(cli: CLI) -> None:
     def text(*flags: str) -> str:
         r = cli("run", "-p", "Name a colour.", "-n", "12", "--no-log", "--json", *flags)
@@ -123,10 +131,25 @@ def test_the_ci_pages_exit_codes(cli: CLI, tmp_path: Path) -> None:
     assert r.returncode == 1 and len(lines) == 2 and "text" in lines[0] and "error" in lines[1], r.stdout
 
 
+def test_the_ci_pages_exit_code_for_nothing_to_go_on_with(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """ci.md's table: `run --continue` and `chat --resume` in a home with no conversation yet, and a `--cid` or
+    `--resume NAME` that names none, are errors (1), not bad usage."""
+    row1 = next(line for line in (ROOT / "docs" / "ci.md").read_text(encoding="utf-8").splitlines()
+                if line.startswith("| 1 |"))
+    assert ("nothing to go on with (`run --continue` or `chat --resume` before any conversation, a `--cid` or "
+            "`--resume NAME` that names none)") in row1
+    empty = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path / "empty")})
+    for args in (["run", "--continue", "hi"], ["chat", "--resume"], ["run", "--cid", "nosuch", "hi"],
+                 ["chat", "--resume", "nosuch"]):
+        r = empty(*args, input="hi\n")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and r.stderr.startswith("localgen: error:"), (
+            args, r.stderr)
+
+
 def test_the_ci_pages_exit_codes_for_files(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
-    """ci.md's table: each flag's file that is not there is bad usage (2), as are a -f document and a chat
-    template, grammar or JSON schema file that are not UTF-8; a model file that is not a GGUF is an error (1). The
-    flags are the page's own."""
+    """ci.md's table: each flag's file that is not there is bad usage (2), as are a -f document, a schema, a grammar
+    and a chat template that are not UTF-8 (named with the line); a model file that is not a GGUF is an error (1).
+    The flags are the page's own."""
     page = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
     row2 = next(line for line in page.splitlines() if line.startswith("| 2 |"))
     flags = re.findall(r"`(-[-a-z]+)`", row2.split("not there")[1].split(")")[0])
@@ -138,11 +161,11 @@ def test_the_ci_pages_exit_codes_for_files(cli_in_process: InProcessCLI, tmp_pat
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (flag, r.stderr)
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"\xff\xfe not text, not a GGUF")
-    not_utf8 = re.findall(r"`(-[-a-z]+)`", row2.split("not there")[1].split(")", 1)[1])
-    assert "not UTF-8" in row2 and not_utf8 == ["-f", "--chat-template-file", "--grammar", "-jf"], row2
-    for flag in not_utf8:
+    for flag in ("-f", "-jf", "--grammar", "--chat-template-file"):
+        assert "not UTF-8" in row2 and f"`{flag}`" in row2.split("not there")[1].split(")")[1]
         r = cli_in_process("run", flag, str(bad), "-p", "hi", "-n", "1")
-        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not UTF-8" in r.stderr, (flag, r.stderr)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (flag, r.stderr)
+        assert "is not UTF-8 text: byte 0xff on line 1" in r.stderr, (flag, r.stderr)
     row1 = next(line for line in page.splitlines() if line.startswith("| 1 |"))
     assert "a model (or `--mmproj`) file that is not a GGUF" in row1
     for flag in ("-m", "--mmproj"):

@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from localgen.errors import UsageError
+
 Force = Annotated[bool, typer.Option("--force", help="Replace a preset of that name.")]
 CreateForce = Annotated[bool, typer.Option("--force", help="Replace a preset of that name (and with -q, the "
                                                             "quantized model NAME:TYPE).")]
@@ -36,9 +38,12 @@ def create(
     if file == "-":
         text, where = sys.stdin.read(), "stdin"
     else:
-        from localgen.cli.options.files import read_utf8
+        from localgen.text import read_file
 
-        text = read_utf8(Path(file).expanduser(), "the Modelfile", file)
+        try:
+            text = read_file(Path(file).expanduser(), f"the Modelfile {file}")
+        except OSError as e:
+            raise UsageError(f"cannot read the Modelfile {file}: {e.strerror or e}") from None
         where = file
         folder = Path(file).expanduser().resolve().parent
     if quantize is not None:

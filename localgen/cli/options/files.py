@@ -22,8 +22,12 @@ def with_template(ref: Any, proj: Path | None, path: Path | None) -> Any:
     if path is None:
         return ref
     from localgen.errors import UsageError
+    from localgen.text import read_file
 
-    text = read_utf8(Path(path), "the chat template file")
+    try:
+        text = read_file(path, f"the chat template {path}")
+    except OSError as e:
+        raise UsageError(f"cannot read the chat template {path}: {e}") from None
     if not text.strip():
         raise UsageError(f"the chat template file {path} is empty")
     if "messages" not in text:  # every chat template loops over the conversation; this would drop it
@@ -37,13 +41,15 @@ def output_grammar(out: OutputFormat) -> tuple[str | None, str | None]:
     and the JSON schema it came from (a remote server takes the schema itself); (None, None) without them."""
     if out.grammar is not None:
         return _gbnf(str(out.grammar)), None
+    from localgen.text import read_file
+
     schema: str | None = None
     if out.json_schema_file:
-        schema = read_utf8(Path(out.json_schema_file), "the JSON schema file")
+        schema = read_file(out.json_schema_file, f"the JSON schema file {out.json_schema_file}")
     elif out.json_schema:
         schema = out.json_schema
         if not schema.lstrip().startswith(("{", "[")) and Path(schema).expanduser().is_file():
-            schema = read_utf8(Path(schema).expanduser(), "the JSON schema file")
+            schema = read_file(Path(schema).expanduser(), f"the JSON schema file {schema}")
     if schema is None:
         return None, None
     from localgen.engine.grammar import grammar_from_json_schema
@@ -55,12 +61,16 @@ def _gbnf(value: str) -> str:
     """--grammar's GBNF: the file it names when one exists, else the value itself when it has a rule (llama.cpp
     parses it when the model loads, where a vocabulary is at hand)."""
     from localgen.errors import UsageError
+    from localgen.text import read_file
 
     if not value.strip():
         raise UsageError("--grammar is empty: give a GBNF file or the grammar itself (root ::= ...)")
     path = Path(value).expanduser()
     if path.is_file():
-        text = read_utf8(path, "the grammar file", value)
+        try:
+            text = read_file(path, f"the grammar file {value}")
+        except OSError as e:
+            raise UsageError(f"cannot read the grammar file {value}: {e.strerror or e}") from None
         if not text.strip():
             raise UsageError(f"the grammar file {value} is empty")
         return text
@@ -69,18 +79,3 @@ def _gbnf(value: str) -> str:
     what = "is a directory" if path.is_dir() else "does not exist"
     raise UsageError(f"--grammar {value[:100]!r}: the file {what}, and the text is not GBNF (a grammar has rules, "
                      "such as root ::= \"yes\" | \"no\")")
-
-
-def read_utf8(path: Path, what: str, shown: str | None = None) -> str:
-    """The text of a file a flag names; one line naming it (as `shown`, default the path) when it cannot be read or
-    is not UTF-8: its bytes never reach a template or grammar as U+FFFD."""
-    from localgen.errors import UsageError
-
-    name = shown if shown is not None else str(path)
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{what} {name} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset "
-                         f"{e.start}") from None
-    except OSError as e:
-        raise UsageError(f"cannot read {what} {name}: {e.strerror or e}") from None
