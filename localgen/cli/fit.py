@@ -173,15 +173,24 @@ def _doc(ref: Any, plan: Any, asked: int | None, asked_by: str | None, ram_given
 def _why(plan: Any, asked: int | None, asked_by: str | None) -> str:
     """How the plan's context came to be, as the plan line says it: the training context or the largest that
     fits (none asked); as asked, capped at the training context, rounded up to llama.cpp's multiple of 256; and
-    shrunk to fit, or to the floor with memory still short there (RAM: the verdict is "won't fit")."""
+    shrunk to fit, or to the floor with memory still short there (RAM: the verdict is "won't fit"), or to what the
+    layers left on the GPU hold (they left it at the floor; the context then grew back)."""
     done = []
     if asked is not None and plan.capped:
         done.append("capped at the training context")
     elif asked is not None and plan.asked > asked:
         done.append("rounded up to a multiple of 256")
     if plan.shrunk:
-        short = "GPU memory" if plan.fits else "RAM"
-        done.append("shrunk to fit" if plan.whole else f"shrunk to the floor, still short of {short}")
+        from localgen.models.fit import MIN_CTX
+
+        if plan.whole:
+            done.append("shrunk to fit")
+        elif not plan.fits:
+            done.append("shrunk to the floor, still short of RAM")
+        elif plan.ctx <= MIN_CTX:
+            done.append("shrunk to the floor, still short of GPU memory")
+        else:  # layers left the GPU at the floor; the context grew back to what that placement holds
+            done.append("shrunk to fit, with layers off the GPU")
     if asked is None:
         if not plan.shrunk:
             return "the training context"
