@@ -86,6 +86,28 @@ def test_a_moe_model_runs_with_each_placement_flag_and_llama_cpp_applies_it(cli:
     assert plain["moved"] == {} and plain["n_cpu_moe"] is None
 
 
+def test_fits_flags_are_the_settings_run_loads_with(cli: CLI, cli_in_process: InProcessCLI, moe_path: Path) -> None:
+    """docs/fit.md: `flags` are the settings run, chat and serve would load with, placement and load settings
+    given included: run with fit's flags loads what run with the flags given loads."""
+    import shlex
+
+    m = str(moe_path)
+    for given in (["--n-cpu-moe", "2"], ["--cpu-moe"],
+                  ["-ot", r"blk\.[13]\.ffn_(up|down)_exps=CPU", "--n-cpu-moe", "1"],
+                  ["-ctk", "q8_0", "-fa", "on", "-ub", "256", "--no-repack"]):
+        r = cli_in_process("fit", "-m", m, "--ctx", "2048", "--json", *given)
+        assert r.returncode == 0, r.stderr
+        flags = shlex.split(json.loads(r.stdout)["flags"])
+        assert flags[:2] == ["--ctx", "2048"] and all(x in flags for x in given), (given, flags)
+
+        def loaded(args: list[str]) -> dict[str, Any]:
+            out = cli("run", "-m", m, "--raw", "-p", "hi", "-n", "1", "--json", *args)
+            assert out.returncode == 0, out.stderr[-2000:]
+            return {k: v for k, v in json.loads(out.stdout)["load"].items() if k != "origins"}
+
+        assert loaded(flags) == loaded(["--ctx", "2048", *given]), given
+
+
 # ---- the planner on shapes we do not have ----------------------------------------------------------------
 
 
