@@ -149,8 +149,13 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
             size, n_params = model_size(engine)
             model = {"name": ref.name, "filename": os.path.abspath(ref.path), "type": model_desc(engine), "size": size,
                      "n_params": n_params, "moved": engine.load_report.moved}
-            # the limit is host memory bandwidth over the weights: meaningless once layers are on a GPU
-            limit = bandwidth / size if bandwidth and size and not engine.offloaded else None
+            # the limit is host memory bandwidth over the weights a token reads (all of them, but of a mixture of
+            # experts only the experts used): meaningless once layers are on a GPU
+            limit = None
+            if bandwidth and size and not engine.offloaded:
+                from localgen.bench.bandwidth import bytes_per_token
+
+                limit = bandwidth / bytes_per_token(ref.path, ref.summary)
             bench = BenchContext(engine)
             bench.clear()
             warm = time.perf_counter()
