@@ -302,3 +302,27 @@ def test_the_limit_counts_the_weights_a_token_reads(cli_env: dict[str, str], tmp
     assert moe["model_size"] == w.total > read
     assert moe["limit_ts"] == round(bw / read, 2)
     assert dense["limit_ts"] == round(bw / dense["model_size"], 2)  # tied: every weight, the table read as output
+
+
+def test_the_micro_batch_recorded_is_the_one_asked_and_used(bench_here: InProcessCLI,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/benchmarks.md: bench's records name the settings as llama-bench's do, and llama-bench records -ub as
+    asked. Short tests (-p 8 -n 2) still get a context that holds the micro-batch, so llama.cpp's context
+    (its own getter) uses the value recorded: asked, or the rule's 512."""
+    from localgen.engine.bench import BenchContext
+    from localgen.native.lib import lib
+
+    used: list[int] = []
+    measure = BenchContext.prompt
+
+    def prompt(self: BenchContext, n: int) -> float:
+        used.append(lib().llama_n_ubatch(self.ctx))
+        return measure(self, n)
+
+    monkeypatch.setattr(BenchContext, "prompt", prompt)
+    for args, want in ((["-ub", "512"], 512), ([], 512), (["-ub", "64"], 64)):
+        used.clear()
+        r = bench_here("bench", "-p", "8", "-n", "2", "-r", "1", "-b", "2048", "--no-e2e", "-o", "jsonl", *args)
+        assert r.returncode == 0, r.stderr
+        assert {json.loads(x)["n_ubatch"] for x in r.stdout.splitlines()} == {want}, args
+        assert set(used) == {want}, args
