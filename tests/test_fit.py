@@ -335,7 +335,7 @@ def test_fit_plans_with_a_presets_context_and_load_settings_as_run_loads_them(cl
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert (doc["ctx"], doc["asked"], doc["asked_by"], doc["largest"], doc["flags"]) == (
-        2048, 2048, "preset", False, "--ctx 2048")
+        2048, 2048, "preset", False, "--ctx 2048 -ctk q8_0")  # the preset's load settings are the load's too
     s = read_summary(doc["model"]["file"])
     assert doc["devices"][0]["kv"] == footprint.kv_bytes(s, 2048, "q8_0", "f16")  # the preset's K cache type
     assert _plan_line(lg("fit", "-m", "audit-ctx").stdout).endswith("context 2,048 tokens (the preset's num_ctx)")
