@@ -1,8 +1,11 @@
 """Text at the input boundary: every prompt, system prompt and stop string that reaches a tokenizer is
 valid Unicode. Bytes that are not UTF-8 (which Python keeps as lone surrogates in argv and stdin) and JSON's
-lone-surrogate escapes are refused with a message that says where, never passed on. Stdlib only."""
+lone-surrogate escapes are refused with a message that says where, never passed on; so are files read whole
+that are not UTF-8 (read_file: the line of the first bad byte). Stdlib only."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from localgen.errors import UsageError
 
@@ -25,3 +28,16 @@ def checked(text: str, what: str) -> str:
     if why is not None:
         raise UsageError(f"{what} is not valid UTF-8 text: {why}")
     return text
+
+
+def read_file(path: str | Path, what: str | None = None) -> str:
+    """A text file's contents, all of it UTF-8; a UsageError naming the file (or `what`), the line and the first
+    byte that is not. Line ends read as Path.read_text reads them (\\r\\n and \\r as \\n). OSError is the caller's
+    to word."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UsageError(f"{what or path} is not UTF-8 text: byte 0x{data[e.start]:02x} on line {line:,} is not "
+                         "UTF-8") from None

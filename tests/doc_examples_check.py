@@ -197,6 +197,8 @@ def check(out: str, page: Any, a: tuple[str, ...]) -> None:
         assert vectors and all(len(g["embedding"]) > 0 for g in vectors), out
     if a[0] == "collections" and len(a) == 1:  # the page's collection, as stored just before
         assert out.startswith("NAME") and "notes" in out, out
+    if a[:2] == ("collections", "show"):  # the ids the page's rm --id takes
+        assert out.startswith(f"name          {a[2]}\n") and "\ncar " in out, out
     if a[0] in ("similar", "rerank"):
         scores = [g["score"] for g in json_lines(out)]
         assert scores and scores == sorted(scores, reverse=True), out

@@ -1,13 +1,12 @@
-"""`localgen collections` (list, --json), `collections rm` (whole collections, --id), and `embed --store NAME
---replace` (the collection holds exactly the run's ids; a failed run removes nothing), with the real CLI, the
-real store and the seeded tiny BERT of tests/tiny_bert.py (docs/embed.md, "Collections")."""
+"""`localgen collections` (list, --json), `collections show`, `collections rm` (whole collections, --id), and
+`embed --store NAME --replace` (the collection holds exactly the run's ids; a failed run removes nothing), with
+the real CLI, the real store and the seeded tiny BERT of tests/tiny_bert.py (docs/embed.md, "Collections")."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 import subprocess
-import time
 from contextlib import closing
 from pathlib import Path
 
@@ -76,16 +75,78 @@ def test_collections_lists_each_with_its_model_size_entries_and_last_write(hcli:
         "entries": 3, "created_utc": "", "last_written_utc": ""}
     assert hcli("collections", "list", "--json").stdout == hcli("collections", "--json").stdout
     assert hcli("collections", "list").stdout == r.stdout
-    # "last written" is when an entry was last stored; the collection's creation stays
-    with closing(sqlite3.connect(_db(hcli))) as conn, conn:
-        conn.execute("UPDATE embeddings SET updated = 0")
-        conn.execute("UPDATE collections SET created = 0")
+    # "last written" is when an entry was last stored or removed; the collection's creation stays
+    _backdate(hcli)
     assert {c["last_written_utc"] for c in _listed(hcli)} == {"1970-01-01T00:00:00"}
     _store(hcli, bert, "notes", "a new note")
     notes = _listed(hcli)[1]
     assert notes["created_utc"] == "1970-01-01T00:00:00" and notes["entries"] == 4
     assert str(notes["last_written_utc"]) > "2020", notes
     assert "1970-01-01 00:00:00" in hcli("collections").stdout.splitlines()[1], "args was not written again"
+    _backdate(hcli)
+    r = hcli("collections", "rm", "notes", "--id", "1")
+    assert r.returncode == 0, r.stderr
+    args, notes = _listed(hcli)
+    assert str(notes["last_written_utc"]) > "2020" and args["last_written_utc"] == "1970-01-01T00:00:00", notes
+    _backdate(hcli)
+    _store(hcli, bert, "notes", LINES[1], "--replace")  # only a removal: the text is held already
+    assert str(_listed(hcli)[1]["last_written_utc"]) > "2020"
+
+
+def _backdate(hcli: CLI) -> None:
+    """Every collection made, and its entries stored and removed, at the epoch."""
+    with closing(sqlite3.connect(_db(hcli))) as conn, conn:
+        conn.execute("UPDATE embeddings SET updated = 0")
+        conn.execute("UPDATE collections SET created = 0, written = 0")
+
+
+def test_a_database_from_before_removals_counted_gets_its_column_and_reads_as_before(hcli: CLI, bert: str) -> None:
+    _store(hcli, bert, "notes", input="\n".join(LINES) + "\n")
+    with closing(sqlite3.connect(_db(hcli))) as conn, conn:
+        conn.execute("ALTER TABLE collections DROP COLUMN written")
+        conn.execute("UPDATE embeddings SET updated = 0")
+        conn.execute("UPDATE collections SET created = 0")
+    assert _listed(hcli)[0]["last_written_utc"] == "1970-01-01T00:00:00", "an entry's time, as before"
+    r = hcli("collections", "rm", "notes", "--id", "2")
+    assert r.returncode == 0 and r.stderr == "notes: removed 1 entry, 2 left\n", r.stderr
+    assert str(_listed(hcli)[0]["last_written_utc"]) > "2020"
+
+
+def test_show_lists_a_collections_ids_and_the_start_of_each_text(hcli: CLI, bert: str) -> None:
+    long = "a long text about " + "llamas and alpacas " * 10
+    _store(hcli, bert, "notes", input="\n".join(LINES) + "\n" + json.dumps({"id": "car", "text": long}) + "\n")
+    _store(hcli, bert, "notes", "an argument\ttext")
+    _store(hcli, bert, "other", "elsewhere")
+    r = hcli("collections", "show", "notes")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    head, table = r.stdout.split("\n\n")
+    about = {line[:14].rstrip(): line[14:] for line in head.splitlines()}
+    listed = _listed(hcli)[0]
+    assert about == {"name": "notes", "model": "tiny-bert.gguf", "pooling": "cls", "dimensions": "64",
+                     "normalized": "yes", "entries": "5",
+                     "created": str(listed["created_utc"]).replace("T", " ") + " UTC",
+                     "last written": str(listed["last_written_utc"]).replace("T", " ") + " UTC"}, head
+    arg_id = text_id("an argument\ttext")
+    rows = [line.split(None, 1) for line in table.splitlines()]
+    assert rows == [["ID", "TEXT"], ["1", LINES[0]], ["2", LINES[1]], ["3", LINES[2]],
+                    ["car", " ".join(long[:80].split()) + "…"],
+                    [arg_id, "an argument text"]], table
+    doc = json.loads(hcli("collections", "show", "notes", "--json").stdout)
+    assert {k: v for k, v in doc.items() if k != "items"} == listed
+    assert doc["items"] == [{"id": "1", "start": LINES[0], "chars": len(LINES[0])},
+                            {"id": "2", "start": LINES[1], "chars": len(LINES[1])},
+                            {"id": "3", "start": LINES[2], "chars": len(LINES[2])},
+                            {"id": "car", "start": long[:80], "chars": len(long)},
+                            {"id": arg_id, "start": "an argument\ttext", "chars": 16}], doc["items"]
+    # what show lists is what rm --id takes; an emptied collection shows no table
+    r = hcli("collections", "rm", "notes", "--id", "car", "--id", arg_id, "--id", "1", "--id", "2", "--id", "3")
+    assert r.returncode == 0, r.stderr
+    r = hcli("collections", "show", "notes")
+    assert r.returncode == 0 and "\n\n" not in r.stdout and "entries       0\n" in r.stdout, r.stdout
+    assert json.loads(hcli("collections", "show", "notes", "--json").stdout)["items"] == []
+    r = hcli("collections", "show", "nope")
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert "no collection named 'nope' (there are: notes, other)" in r.stderr, r.stderr
 
 
 def test_rm_removes_whole_collections_and_checks_every_name_first(hcli: CLI, bert: str) -> None:
@@ -190,11 +251,14 @@ def test_an_interrupted_replace_run_removes_nothing(hcli: CLI, tmp_path: Path) -
     big = tmp_path / "big.jsonl"
     big.write_text("".join(json.dumps({"id": f"n{i}", "text": f"note {i} of a long file"}) + "\n"
                            for i in range(20_000)))
-    proc = hcli.popen("embed", "--store", "notes", "--replace", "--file", str(big), stdin=subprocess.DEVNULL,
-                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)  # into the run (a wait, not a measure: earlier or later, nothing may be removed)
-    proc.send_signal(2)
+    proc = hcli.popen("embed", "--store", "notes", "--replace", "--file", str(big), "--verbose",
+                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
+    seen = ""
+    while not seen.startswith("llama.cpp: "):  # the model loading (--verbose): the run is under way
+        seen = proc.stderr.readline()
+        assert seen, "the run ended before the model loaded"
+    proc.send_signal(2)
     err = proc.stderr.read()
     proc.stderr.close()
     assert proc.wait(timeout=SAFETY_NET_S) == 130 and "interrupted" in err, err
@@ -216,13 +280,16 @@ def test_rm_and_replace_wait_for_another_writer(hcli: CLI, bert: str) -> None:
         assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 2, listed.stderr
         found = hcli("similar", "gone", "a text", "-n", "1")
         assert found.returncode == 0 and json.loads(found.stdout)["content"] == "a text", found.stderr
-        time.sleep(2)  # long enough for both to reach the lock (a slower start only tests less)
+        waiting = f"waiting for another process writing {_db(hcli)} (at most 30 s)\n"
+        for p in procs:  # each says so once it finds the lock held (else it fails in 30 s, and says that)
+            assert p.stderr.readline() == waiting
         assert all(p.poll() is None for p in procs), "both wait for the lock"
         conn.execute("COMMIT")
     outs = [p.communicate(timeout=SAFETY_NET_S) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert outs[0][1] == "removed the collection gone (1 entry)\n"
     assert "1 embedded and stored, 0 unchanged, 3 removed" in outs[1][1], outs[1][1]
+    assert waiting not in outs[1][1], "said once, where the lock was first found held"
     assert [(c["name"], c["entries"]) for c in _listed(hcli)] == [("notes", 1)]
 
 

@@ -49,14 +49,16 @@ BAD_ENTRIES = [  # (what the entry says, the field named in the error)
 @pytest.mark.parametrize(("body", "field"), BAD_ENTRIES)
 def test_a_bad_models_toml_entry_is_one_line_naming_file_entry_and_field(own: CLI, body: str, field: str) -> None:
     path = _models(own, f'[models."mine:1b"]\n{body}\n'.encode())
-    for args in (["show", "mine:1b"], ["run", "-m", "mine:1b", "-p", "hi", "-n", "2"], ["pull", "mine:1b"]):
+    modelfile = path.with_name("Modelfile")
+    modelfile.write_text("FROM mine:1b@Q8_0\n")
+    for args in (["show", "mine:1b"], ["run", "-m", "mine:1b", "-p", "hi", "-n", "2"], ["pull", "mine:1b"],
+                 ["pull", "mine:1b", "--list"], ["cp", "mine:1b", "copy"], ["create", "made", "-f", str(modelfile)]):
         r = own(*args)
         lines = _lines(r)
         assert r.returncode == 2, r.stderr
-        assert lines[-1].startswith("localgen: error: ") and str(path) in lines[-1], r.stderr
-        assert f'[models."mine:1b"] {field} ' in lines[-1], r.stderr
-    r = own("show", "mine:1b")
-    assert len(_lines(r)) == 1, "the entry used is one error, not a warning too"
+        assert len(lines) == 1, f"the entry used is one error, not a warning too: {args} {r.stderr}"
+        assert lines[0].startswith("localgen: error: ") and str(path) in lines[0], r.stderr
+        assert f'[models."mine:1b"] {field} ' in lines[0], r.stderr
 
 
 def test_a_bad_entry_warns_and_leaves_the_rest_working(own: CLI) -> None:
@@ -72,6 +74,33 @@ def test_a_bad_entry_warns_and_leaves_the_rest_working(own: CLI) -> None:
     assert [line for line in _lines(r) if line.startswith("warning:")] == [
         f"warning: {path}: [models.broken] repo must be a Hugging Face repo, e.g. \"owner/Name-GGUF\", not 5 "
         "(broken cannot be used until this is fixed)"], "said once, however often the catalogue is read"
+
+
+def test_an_unknown_key_is_one_warning_with_the_likely_key_and_the_entry_works(own: CLI) -> None:
+    """docs/models.md and configuration.md: a key an entry does not take is said once per command (the
+    catalogue is read several times) with the key it most likely means, and the entry is used without it."""
+    path = _models(own, b'[models."smollm2:135m"]\nembedded = true\nquant = "Q8_0"\n\n'
+                        b'[models.mine]\nrepo = "someone/Mine-GGUF"\ntemperature = 0.2\nzzz = 1\n')
+    r = own("run", "-m", "smollm2:135m", "-p", "Say hi.", "-n", "3", "--temperature", "0")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert _lines(r) == [
+        f"warning: {path}: [models.\"smollm2:135m\"] has an unknown key 'quant', which is ignored (did you mean "
+        "default_quant?)",
+        f"warning: {path}: [models.mine] has an unknown key 'temperature', which is ignored (a sampling setting goes "
+        "under [models.mine.sampling])",
+        f"warning: {path}: [models.mine] has an unknown key 'zzz', which is ignored (an entry's keys are "
+        "description, repo, embedded, default_quant, context, files, sampling)"], r.stderr
+    r = own("list", "--catalogue")
+    assert r.returncode == 0 and "mine " in r.stdout and len(_lines(r)) == 3, r.stderr
+
+
+def test_the_shipped_catalogue_uses_only_the_keys_an_entry_takes() -> None:
+    import tomllib
+
+    from localgen.models import catalogue
+
+    shipped = tomllib.loads(catalogue.SHIPPED.read_text(encoding="utf-8"))["models"]
+    assert {key for entry in shipped.values() for key in entry} <= set(catalogue.KEYS)
 
 
 def test_a_bad_override_of_a_shipped_name_is_an_error_not_the_shipped_entry(own: CLI) -> None:

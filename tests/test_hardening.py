@@ -46,6 +46,31 @@ def test_a_bad_line_fails_alone_in_a_batch(cli: CLI, tmp_path: Path) -> None:
     lines = r.stdout.decode().split("\n")
     assert r.returncode == 1 and lines[0] == "" and lines[1], r.stdout
     assert b"line 1: the line is not valid UTF-8 text" in r.stderr
+    # --file the same (its lines were once read with replacement characters and answered)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(b"The sky is\ncaf\xe9 au lait\n")
+    r = cli("run", "--file", str(prompts), "--raw", "-n", "3", "--temperature", "0")
+    lines = r.stdout.split("\n")
+    assert r.returncode == 1 and lines[0] and lines[1] == "", r.stdout
+    assert r.stderr == "localgen: line 2: the line is not valid UTF-8 text: byte 0xe9 at character 4 is not UTF-8\n"
+
+
+def test_a_file_read_whole_that_is_not_utf8_names_the_file_and_line(cli: CLI, tmp_path: Path) -> None:
+    """-f, -jf, --grammar, --chat-template-file and embed's --file: exit 2 before anything loads, one line with
+    the file, the line and the byte (a schema or grammar was once read with replacement characters)."""
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b'{"type": "object"}\n\n"caf\xe9"\n')
+    for args, what in ((["run", "-f", str(bad), "-p", "hi"], str(bad)),
+                       (["run", "-jf", str(bad), "-p", "hi"], f"the JSON schema file {bad}"),
+                       (["run", "-j", str(bad), "-p", "hi"], f"the JSON schema file {bad}"),
+                       (["run", "--grammar", str(bad), "-p", "hi"], f"the grammar file {bad}"),
+                       (["run", "--chat-template-file", str(bad), "-p", "hi"], f"the chat template {bad}"),
+                       (["embed", "--file", str(bad)], str(bad))):
+        _one_line_error(cli(*args, "-n", "1") if args[0] == "run" else cli(*args), 2,
+                        f"localgen: error: {what} is not UTF-8 text: byte 0xe9 on line 3 is not UTF-8")
+    r = subprocess.run(cli.argv("embed"), input=b"fine\ncaf\xe9\n", capture_output=True, env=cli.env)
+    assert r.returncode == 2 and r.stderr == b"localgen: error: line 2 is not valid UTF-8 text: byte 0xe9 at " \
+                                             b"character 4 is not UTF-8\n", r.stderr
 
 
 def test_integer_settings_stop_at_what_a_c_int_holds(cli: CLI) -> None:

@@ -124,8 +124,9 @@ def test_the_ci_pages_exit_codes(cli: CLI, tmp_path: Path) -> None:
 
 
 def test_the_ci_pages_exit_codes_for_files(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
-    """ci.md's table: each flag's file that is not there is bad usage (2), as are a -f document and a chat
-    template that are not UTF-8; a model file that is not a GGUF is an error (1). The flags are the page's own."""
+    """ci.md's table: each flag's file that is not there is bad usage (2), as are a -f document, a schema, a grammar
+    and a chat template that are not UTF-8 (named with the line); a model file that is not a GGUF is an error (1).
+    The flags are the page's own."""
     page = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
     row2 = next(line for line in page.splitlines() if line.startswith("| 2 |"))
     flags = re.findall(r"`(-[-a-z]+)`", row2.split("not there")[1].split(")")[0])
@@ -137,10 +138,11 @@ def test_the_ci_pages_exit_codes_for_files(cli_in_process: InProcessCLI, tmp_pat
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (flag, r.stderr)
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"\xff\xfe not text, not a GGUF")
-    for flag in ("-f", "--chat-template-file"):
+    for flag in ("-f", "-jf", "--grammar", "--chat-template-file"):
         assert "not UTF-8" in row2 and f"`{flag}`" in row2.split("not there")[1].split(")")[1]
         r = cli_in_process("run", flag, str(bad), "-p", "hi", "-n", "1")
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (flag, r.stderr)
+        assert "is not UTF-8 text: byte 0xff on line 1" in r.stderr, (flag, r.stderr)
     row1 = next(line for line in page.splitlines() if line.startswith("| 1 |"))
     assert "a model (or `--mmproj`) file that is not a GGUF" in row1
     for flag in ("-m", "--mmproj"):

@@ -230,10 +230,9 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
         given = [checked(t, f"text {i}") for i, t in enumerate(texts, 1)]
         return [(text_id(t) if by_content else str(i), t) for i, t in enumerate(given, 1)]
     if file:
-        try:
-            lines = Path(file).read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError:
-            raise UsageError(f"{file} is not UTF-8 text") from None
+        from localgen.text import read_file
+
+        lines = read_file(file).splitlines()
     elif sys.stdin is not None and not sys.stdin.isatty():
         lines = sys.stdin.read().splitlines()
     else:
@@ -309,12 +308,14 @@ def run_embed(f: EmbedArgs) -> None:
     if f.store:
         dims = len(vectors[0].vector) if vectors else (f.dimensions or size)
         # checked even when every text is unchanged: another model's run must neither store nor remove
-        collections.ensure(collections.Collection(f.store, name, f.model, pooling, dims, f.normalize))
+        err = ErrWriter()
+        collections.ensure(collections.Collection(f.store, name, f.model, pooling, dims, f.normalize),
+                           waiting=err.line)
         rows = [(i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)]
         # the removal is in put's one transaction, after every row: a run that fails before it removes nothing
-        gone = collections.put(f.store, rows, keep=[i for i, _ in items] if f.replace else None)
+        gone = collections.put(f.store, rows, keep=[i for i, _ in items] if f.replace else None, waiting=err.line)
         removed = f", {gone:,} removed" if f.replace else ""
-        ErrWriter().line(f"{f.store}: {len(todo):,} embedded and stored, {len(skip):,} unchanged{removed}")
+        err.line(f"{f.store}: {len(todo):,} embedded and stored, {len(skip):,} unchanged{removed}")
         return
     data = [{"id": i, "embedding": collections.b64(v.vector) if f.fmt == "base64" else v.vector, "tokens": v.tokens}
             for (i, _), v in zip(todo, vectors, strict=True)]

@@ -1,13 +1,18 @@
 """`localgen collections`: the collections `embed --store` keeps (name, model, pooling, size, entries, when last
-written), and `collections rm` to remove whole collections or some of their entries (--id)."""
+written), `collections show NAME` for one collection's entries (ids and the start of each text), and
+`collections rm` to remove whole collections or some of their entries (--id)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-HELP = "List the embedding collections (`embed --store`); `collections rm NAME` removes one."
+if TYPE_CHECKING:
+    from localgen.embeddings.store import Listed
+
+HELP = ("List the embedding collections (`embed --store`); `collections show NAME` lists one's entries, "
+        "`collections rm NAME` removes one.")
 collections_app = typer.Typer(name="collections", invoke_without_command=True, no_args_is_help=False, help=HELP)
 
 Json = Annotated[
@@ -47,9 +52,7 @@ def _list(json_out: bool) -> None:
     if not listed:
         ErrWriter().line("no collections yet (make one with `localgen embed --store NAME`)")
     if json_out:
-        out.write(json.dumps([{"name": c.name, "model": c.model, "pooling": c.pooling, "dimensions": c.dimensions,
-                               "normalized": c.normalized, "entries": c.entries, "created_utc": _utc(c.created),
-                               "last_written_utc": _utc(c.last_written)} for c in listed], ensure_ascii=False) + "\n")
+        out.write(json.dumps([_as_json(c) for c in listed], ensure_ascii=False) + "\n")
         return
     if not listed:
         return
@@ -60,6 +63,68 @@ def _list(json_out: bool) -> None:
     for r in rows:
         if not out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n"):
             return
+
+
+START_CHARS = 80  # of each text, in `show`
+
+
+@collections_app.command("show")
+def show(
+    name: Annotated[str, typer.Argument(help="The collection.")],
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON object: the collection as `collections --json` lists it, and "
+                                          "`items`, each {id, start, chars} (the text's first 80 characters "
+                                          "and its length).")
+    ] = False,
+) -> None:
+    """A collection's model, pooling, dimensions and when last written, then its entries in the order stored:
+    each id and the start of its text."""
+    import json
+    import sys
+
+    from localgen.cli.output import TextWriter
+    from localgen.embeddings import store
+
+    c = store.described(name)
+    out = TextWriter(sys.stdout)
+    if json_out:  # written as it is read: a large collection is never held whole
+        head = json.dumps(_as_json(c), ensure_ascii=False)[:-1]
+        if not out.write(f'{head}, "items": ['):
+            return
+        for k, (ident, start, chars) in enumerate(store.entries(name, START_CHARS)):
+            item = json.dumps({"id": ident, "start": start, "chars": chars}, ensure_ascii=False)
+            if not out.write(("" if k == 0 else ", ") + item):
+                return
+        out.write("]}\n")
+        return
+    about = [("name", c.name), ("model", c.model), ("pooling", c.pooling), ("dimensions", str(c.dimensions)),
+             ("normalized", "yes" if c.normalized else "no"), ("entries", f"{c.entries:,}"),
+             ("created", _utc(c.created).replace("T", " ") + " UTC"),
+             ("last written", _utc(c.last_written).replace("T", " ") + " UTC")]
+    for key, value in about:
+        if not out.write(f"{key:<14}{value}\n"):
+            return
+    if not c.entries:
+        return
+    rows = [(ident, _start(start, chars)) for ident, start, chars in store.entries(name, START_CHARS)]
+    width = max(len("ID"), *(len(ident) for ident, _ in rows))
+    if not out.write("\n"):
+        return
+    for ident, start in [("ID", "TEXT"), *rows]:
+        if not out.write(f"{ident:<{width}}  {start}".rstrip() + "\n"):
+            return
+
+
+def _start(text: str, chars: int) -> str:
+    """The start of a text on one line: white space as single spaces, '…' where it goes on."""
+    one_line = " ".join(text.split())
+    return one_line + ("…" if chars > len(text) else "")
+
+
+def _as_json(c: Listed) -> dict[str, object]:
+    return {"name": c.name, "model": c.model, "pooling": c.pooling, "dimensions": c.dimensions,
+            "normalized": c.normalized, "entries": c.entries, "created_utc": _utc(c.created),
+            "last_written_utc": _utc(c.last_written)}
 
 
 @collections_app.command("rm")
@@ -81,10 +146,10 @@ def rm(
     if ids:
         if len(names) != 1:
             raise UsageError("--id removes entries of one collection: give one NAME")
-        removed, left = store.remove_ids(names[0], ids)
+        removed, left = store.remove_ids(names[0], ids, waiting=err.line)
         err.line(f"{names[0]}: removed {_entries(removed)}, {left:,} left")
         return
-    for name, count in store.remove(names).items():
+    for name, count in store.remove(names, waiting=err.line).items():
         err.line(f"removed the collection {name} ({_entries(count)})")
 
 

@@ -4,8 +4,10 @@ lock, so several `embed --store` processes can write at once). A collection reme
 size it was made with, so every later text and query is embedded the same way; a text whose SHA-256 is
 unchanged is not embedded again (as `llm embed-multi` does). A text given without an id (embed's arguments)
 gets its content's (text_id), so writers in several processes never replace each other's texts. Collections
-are listed (`listing`) and removed whole or by id (`remove`, `remove_ids`); `put(..., replace=True)` stores a
-run's texts and removes the ids it did not give in one transaction, so a failed run removes nothing."""
+are listed (`listing`), shown entry by entry (`described`, `entries`) and removed whole or by id (`remove`,
+`remove_ids`); `put(..., replace=True)` stores a run's texts and removes the ids it did not give in one
+transaction, so a failed run removes nothing. A writer that finds another holding the write lock says so
+(`waiting`) before it waits."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import hashlib
 import sqlite3
 import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +48,7 @@ class Listed:
     normalized: bool
     entries: int
     created: float  # seconds since the epoch
-    last_written: float  # when an entry was last stored (created, while it holds none)
+    last_written: float  # when an entry was last stored or removed (created, before any was)
 
 
 def path() -> Path:
@@ -56,6 +58,7 @@ def path() -> Path:
 
 BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another (several `embed --store` at once)
 TABLES = ("collections", "embeddings")
+Waiting = Callable[[str], None]  # where a writer says that it waits for another (the CLI's stderr)
 
 
 def _unusable(db_path: Path, e: sqlite3.Error) -> LocalgenError:
@@ -87,6 +90,8 @@ def _db(create: bool) -> Iterator[Any]:
             raise LocalgenError(f"the collections database {db_path} has no {' or '.join(missing)} table",
                                 hint="it is damaged or not localgen's: move it aside and store the collections "
                                      "again with `localgen embed --store`")
+        elif "written" not in db["collections"].columns_dict:  # made before removals counted as writes
+            _make_schema(db_path)
         yield db
     except sqlite3.Error as e:  # sqlite3.DatabaseError and kin: a damaged file, a lock held past the timeout
         raise _unusable(db_path, e) from None
@@ -109,8 +114,10 @@ def _make_schema(db_path: Path) -> None:
             db = sqlite_utils.Database(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             db.table("collections").create({"name": str, "model": str, "model_spec": str, "pooling": str,
-                                            "dimensions": int, "normalized": int, "created": float}, pk="name",
-                                           if_not_exists=True)
+                                            "dimensions": int, "normalized": int, "created": float,
+                                            "written": float}, pk="name", if_not_exists=True)
+            if "written" not in db["collections"].columns_dict:
+                db["collections"].add_column("written", float)
             db.table("embeddings").create({"collection": str, "id": str, "content": str, "content_hash": str,
                                            "embedding": bytes, "updated": float}, pk=("collection", "id"),
                                           if_not_exists=True)
@@ -131,11 +138,11 @@ def get(name: str) -> Collection:
                       bool(r["normalized"]))
 
 
-def ensure(c: Collection) -> None:
+def ensure(c: Collection, waiting: Waiting | None = None) -> None:
     """Create the collection, or check that it was made the same way (several processes may create it at once:
     the first row stays, and the others are checked against it)."""
     with _db(create=True) as db:
-        with db.conn:
+        with _writing(db.conn, waiting):
             db.conn.execute("INSERT OR IGNORE INTO collections (name, model, model_spec, pooling, dimensions, "
                             "normalized, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
                             (c.name, c.model, c.model_spec, c.pooling, c.dimensions, int(c.normalized), time.time()))
@@ -181,7 +188,8 @@ def unchanged(name: str, items: Iterable[tuple[str, str]], any_id: bool = False)
     return {i for i, text in items if stored.get(i) == content_hash(text) or content_hash(text) in held}
 
 
-def put(name: str, rows: list[tuple[str, str, list[float]]], keep: Iterable[str] | None = None) -> int:
+def put(name: str, rows: list[tuple[str, str, list[float]]], keep: Iterable[str] | None = None,
+        waiting: Waiting | None = None) -> int:
     """Store (id, text, vector) rows, replacing what the ids held; with `keep` (every id of the run, stored now
     or unchanged), then remove the collection's other ids. One transaction, taken before anything is read
     (BEGIN IMMEDIATE: it waits for other writers): every row and the removal, or nothing. How many were
@@ -191,25 +199,43 @@ def put(name: str, rows: list[tuple[str, str, list[float]]], keep: Iterable[str]
     now = time.time()
     with _db(create=True) as db:
         conn = db.conn
-        with _writing(conn):
+        with _writing(conn, waiting):
             conn.executemany(
                 "INSERT OR REPLACE INTO embeddings (collection, id, content, content_hash, embedding, updated) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 [(name, i, text, content_hash(text), pack(vec), now) for i, text, vec in rows])
-            if keep is None:
-                return 0
-            gone: int = conn.execute(
-                "DELETE FROM embeddings WHERE collection = ? AND id NOT IN (SELECT value FROM json_each(?))",
-                (name, json.dumps(sorted(set(keep))))).rowcount
+            gone = 0
+            if keep is not None:
+                gone = conn.execute(
+                    "DELETE FROM embeddings WHERE collection = ? AND id NOT IN (SELECT value FROM json_each(?))",
+                    (name, json.dumps(sorted(set(keep))))).rowcount
+            if rows or gone:
+                _written(conn, name, now)
             return gone
 
 
+def _written(conn: sqlite3.Connection, name: str, now: float) -> None:
+    """Mark the collection written now (entries stored or removed)."""
+    conn.execute("UPDATE collections SET written = ? WHERE name = ?", (now, name))
+
+
 @contextmanager
-def _writing(conn: sqlite3.Connection) -> Iterator[None]:
+def _writing(conn: sqlite3.Connection, waiting: Waiting | None = None) -> Iterator[None]:
     """One write transaction, the write lock taken first (a read then a write in WAL mode fails at once when
     another writer committed in between, instead of waiting); committed at the end, rolled back on any error
-    or interruption."""
-    conn.execute("BEGIN IMMEDIATE")
+    or interruption. When another process holds the lock, `waiting` hears so before the wait (up to
+    BUSY_TIMEOUT_S)."""
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as e:
+        if e.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+            raise
+        if waiting is not None:
+            waiting(f"waiting for another process writing {path()} (at most {BUSY_TIMEOUT_S:.0f} s)")
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        conn.execute("BEGIN IMMEDIATE")
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
     try:
         yield
     except BaseException:
@@ -223,12 +249,39 @@ def listing() -> list[Listed]:
     if not path().exists():
         return []
     with _db(create=False) as db:
-        rows = db.conn.execute(
-            "SELECT c.name, c.model, c.pooling, c.dimensions, c.normalized, c.created, count(e.id), max(e.updated) "
-            "FROM collections c LEFT JOIN embeddings e ON e.collection = c.name GROUP BY c.name ORDER BY c.name"
-        ).fetchall()
-    return [Listed(r[0], r[1], r[2], int(r[3]), bool(r[4]), int(r[6]), float(r[5]), float(r[7] or r[5]))
-            for r in rows]
+        rows = db.conn.execute(_LISTING.format(where="") + " ORDER BY c.name").fetchall()
+    return [_listed(r) for r in rows]
+
+
+# every collection (or one, `where`) with its count of entries and its last write: a removal's or a store's
+# (`written`), or an entry's own time in a database made before removals counted
+_LISTING = ("SELECT c.name, c.model, c.pooling, c.dimensions, c.normalized, c.created, count(e.id), "
+            "max(coalesce(c.written, c.created), coalesce(max(e.updated), 0)) "
+            "FROM collections c LEFT JOIN embeddings e ON e.collection = c.name {where} GROUP BY c.name")
+
+
+def _listed(r: Any) -> Listed:
+    return Listed(r[0], r[1], r[2], int(r[3]), bool(r[4]), int(r[6]), float(r[5]), float(r[7]))
+
+
+def described(name: str) -> Listed:
+    """One collection as `localgen collections` lists it; an error naming the ones there are."""
+    if not path().exists():
+        raise LocalgenError(f"no collection named {name!r}: there are no collections yet")
+    with _db(create=False) as db:
+        rows = db.conn.execute(_LISTING.format(where="WHERE c.name = ?"), (name,)).fetchall()
+        error = None if rows else _missing(db.conn, [name])
+    if error is not None:
+        raise error
+    return _listed(rows[0])
+
+
+def entries(name: str, chars: int) -> Iterator[tuple[str, str, int]]:
+    """Each entry of a collection in the order stored: its id, the first `chars` characters of its text and the
+    text's length (the texts and vectors are never read whole)."""
+    with _db(create=False) as db:
+        yield from db.conn.execute("SELECT id, substr(content, 1, ?), length(content) FROM embeddings "
+                                   "WHERE collection = ? ORDER BY rowid", (chars, name))
 
 
 def _missing(conn: sqlite3.Connection, names: list[str]) -> LocalgenError | None:
@@ -243,14 +296,14 @@ def _missing(conn: sqlite3.Connection, names: list[str]) -> LocalgenError | None
                          else f"no collections named {which}{there}")
 
 
-def remove(names: list[str]) -> dict[str, int]:
+def remove(names: list[str], waiting: Waiting | None = None) -> dict[str, int]:
     """Remove whole collections (their entries and their record), each name's entry count; every name is checked
     first, in the same transaction, and an unknown one removes nothing."""
     if not path().exists():
         raise LocalgenError(f"no collection named {names[0]!r}: there are no collections yet")
     with _db(create=False) as db:
         conn = db.conn
-        with _writing(conn):
+        with _writing(conn, waiting):
             error = _missing(conn, names)
             if error is not None:
                 raise error
@@ -264,7 +317,7 @@ def remove(names: list[str]) -> dict[str, int]:
 ID_LIST_MAX = 5  # unknown ids named in an error, at most
 
 
-def remove_ids(name: str, ids: list[str]) -> tuple[int, int]:
+def remove_ids(name: str, ids: list[str], waiting: Waiting | None = None) -> tuple[int, int]:
     """Remove some entries of one collection (it stays, even empty); every id is checked first, in the same
     transaction, and an unknown one removes nothing. How many were removed, and how many are left."""
     import json
@@ -274,7 +327,7 @@ def remove_ids(name: str, ids: list[str]) -> tuple[int, int]:
     wanted = sorted(set(ids))
     with _db(create=False) as db:
         conn = db.conn
-        with _writing(conn):
+        with _writing(conn, waiting):
             error = _missing(conn, [name])
             if error is not None:
                 raise error
@@ -289,6 +342,7 @@ def remove_ids(name: str, ids: list[str]) -> tuple[int, int]:
             removed: int = conn.execute(
                 "DELETE FROM embeddings WHERE collection = ? AND id IN (SELECT value FROM json_each(?))",
                 (name, json.dumps(wanted))).rowcount
+            _written(conn, name, time.time())
             left: int = conn.execute("SELECT count(*) FROM embeddings WHERE collection = ?", (name,)).fetchone()[0]
         return removed, left
 

@@ -86,6 +86,26 @@ def _head(name: str) -> str:
     return f"[models.{name}]" if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f'[models."{name}"]'
 
 
+KEYS = ("description", "repo", "embedded", "default_quant", "context", "files", "sampling")  # an entry's
+
+
+def _unknown_keys(source: Path, name: str, raw: dict[str, Any]) -> None:
+    """Say each key of an entry that localgen does not read (a typo would otherwise be ignored in silence), with
+    the key it most likely means."""
+    import difflib
+
+    for key in (str(k) for k in raw):
+        if key in KEYS:
+            continue
+        if settings.field_name(key) is not None:
+            guess = f"a sampling setting goes under {_head(name)[:-1]}.sampling]"
+        else:
+            close = [k for k in KEYS if len(key) > 2 and key.lower() in k] or \
+                difflib.get_close_matches(key.lower(), KEYS, n=1, cutoff=0.6)
+            guess = f"did you mean {close[0]}?" if close else f"an entry's keys are {', '.join(KEYS)}"
+        _say(f"{source}: {_head(name)} has an unknown key {_shown(key)}, which is ignored ({guess})")
+
+
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -130,6 +150,7 @@ def _entry(name: str, raw: Any, source: Path) -> CatalogueEntry:
         raise UsageError(f"{where} sampling: {e.message}") from None
     if not embedded and not repo:
         raise UsageError(f"{where} needs a repo")
+    _unknown_keys(source, name, raw)
     return CatalogueEntry(
         name=name, description=description, repo=repo, embedded=embedded, default_quant=default_quant,
         context=context, files={q.upper(): f for q, f in files.items()}, sampling=dict(sampling),

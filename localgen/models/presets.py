@@ -154,11 +154,13 @@ def save(p: Preset, replace: bool) -> None:
             tmp.unlink()
 
 
-def _check_new_name(name: str) -> None:
+def _check_new_name(name: str, using: str) -> None:
+    """`using`: the model the preset is made from (NAME[@QUANT]), whose bad user catalogue entry is then its error
+    alone, not a warning too."""
     from localgen.models import catalogue
 
     check_name(name)
-    if name in catalogue.load():
+    if name in catalogue.read(using=using.partition("@")[0]).entries:
         raise UsageError(f"{name!r} is a catalogue model's name; a preset needs a name of its own")
 
 
@@ -180,8 +182,9 @@ def create_preset(name: str, text: str, lookup: BaseLookup, where: str = "Modelf
 def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", folder: Path | None = None) -> Preset:
     """The preset a Modelfile makes, every check done (create_preset's), not saved yet: /api/create checks all
     before it unloads a model of that name."""
-    _check_new_name(name)
+    check_name(name)
     spec = modelfile.parse(text, where, folder)
+    _check_new_name(name, using=spec.base)
     spec = _on_base(spec, where, lookup)
     if spec.adapters:
         from localgen.models import lora
@@ -206,7 +209,7 @@ def copy(src: str, dst: str, lookup: BaseLookup, force: bool = False) -> Preset:
 
 def copied(src: str, dst: str, lookup: BaseLookup) -> Preset:
     """The preset `cp` makes, checked, not saved yet."""
-    _check_new_name(dst)
+    _check_new_name(dst, using=src)
     p = find(src)
     if p is None:
         spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup)

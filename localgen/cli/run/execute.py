@@ -291,7 +291,8 @@ def run_many(many: ManyPlan, plan: RunPlan, backend: Backend, err: ErrWriter) ->
                         think=send.think)
     try:
         if many.file is not None:
-            with open(many.file, encoding="utf-8", errors="replace") as source:
+            # a line that is not UTF-8 fails alone, with its number, as --each-line's do (many.parse)
+            with open(many.file, encoding="utf-8", errors="surrogateescape") as source:
                 return run_batch(backend, source, base, opts)
         return run_batch(backend, sys.stdin, base, opts)
     except KeyboardInterrupt:

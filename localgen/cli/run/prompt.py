@@ -53,10 +53,9 @@ def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdi
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{path} is not UTF-8 text") from None
+    from localgen.text import read_file
+
+    return read_file(path)
 
 
 def _read_stdin() -> str:
