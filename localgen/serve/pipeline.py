@@ -105,7 +105,7 @@ async def handle(state: ServeState, http: Request, api: Api) -> Response:
             answer.feed(final.text)
             answer.finish()
         return JSONResponse(await encoder.whole(final, job, answer))
-    job, first = await run_job(worker, request, ask.keep_alive)
+    job, first = await run_job(worker, request, http, ask.keep_alive)
     return StreamingResponse(_stream(job, first, answer, encoder), media_type=encoder.media_type,
                              headers=STREAM_HEADERS)
 
