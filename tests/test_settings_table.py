@@ -168,6 +168,8 @@ def _far_from_default() -> SamplingParams:
             values[k.name] = 2
         elif k.name == "seed":
             values[k.name] = 7
+        elif k.name == "temperature":  # within Anthropic's 0 to 1, which every API takes
+            values[k.name] = 0.7
         else:
             lo, hi = k.lo if k.lo is not None else -1.0, k.hi if k.hi is not None else 100.0
             mid = (max(lo, -2.0) + min(hi, 3.0)) / 2
