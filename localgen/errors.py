@@ -95,6 +95,17 @@ class PromptTooLong(BadRequest):
     status = 413
 
 
+class EmptyPrompt(UsageError, BadRequest):
+    """A prompt of no tokens: nothing to evaluate, so nothing to predict from (llama.cpp cannot decode it)."""
+
+    status = 400
+    param = "prompt"
+
+    def __init__(self) -> None:
+        super().__init__("prompt must not be empty: it makes no tokens for this model to predict from",
+                         hint="give a prompt of at least one token")
+
+
 class NotFound(ServeError):
     """No such model or route."""
 

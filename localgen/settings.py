@@ -180,7 +180,7 @@ def check(name: str, value: Any, label: str | None = None) -> Any:
     if k.kind == BIAS:
         return _check_bias(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UsageError(f"{shown} must be a number, not {value!r}")
+        raise UsageError(f"{shown} must be {'an integer' if k.kind == INT else 'a number'}, not {value!r}")
     if k.kind == INT:
         if not isinstance(value, int):
             raise UsageError(f"{shown} must be an integer, not {value!r}")

@@ -268,7 +268,8 @@ def test_a_load_with_no_room_is_a_503_for_its_request() -> None:
 
     ref = ModelRef(name="m", path=str(__file__), source="path", summary=None)  # type: ignore[arg-type]
     w = ModelWorker(ref, LoadParams(), 1, -1, 4, residency=Full(), pinned=False)
-    w.residence.__dict__["ensure"] = lambda warm: Full().admit(w, 1)  # the footprint of a real file is not the point
+    # the footprint of a real file is not the point
+    w.residence.__dict__["ensure"] = lambda warm, wanted=None: Full().admit(w, 1)
     loop = asyncio.new_event_loop()
     try:
         job = Job(GenerationRequest(prompt="x"), loop)

@@ -158,21 +158,22 @@ def test_an_error_after_the_first_token_is_an_error_event(inproc: InProcess, mon
     client = openai.OpenAI(base_url=f"{inproc.url}/v1", api_key="x")
     got: list[str] = []
     calls["n"] = 0
-    with pytest.raises(openai.APIError, match="llama_decode failed"):
+    with pytest.raises(openai.APIError, match="internal error"):  # llama.cpp's reason stays in the log
         for chunk in client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=30, stream=True,
                                                extra_body={"ignore_eos": True}):
             got.append(chunk.choices[0].text)
     assert "".join(got), "text came before the error"
     calls["n"] = 0
     parts: list[str] = []
-    with pytest.raises(ollama.ResponseError, match="llama_decode failed"):
+    with pytest.raises(ollama.ResponseError, match="internal error"):
         for part in ollama.Client(host=inproc.url).generate(model=MODEL, prompt="Once upon a time", raw=True,
                                                             options={"num_predict": 30}, stream=True):
             parts.append(part["response"])
     assert "".join(parts)
     calls["n"] = 0
     r = _complete(inproc.url, prompt="Once upon a time", max_tokens=30, ignore_eos=True)
-    assert r.status_code == 500 and "llama_decode failed" in r.json()["error"]["message"]
+    assert r.status_code == 500 and r.json()["error"]["message"].startswith("internal error")
+    assert "llama_decode" not in r.text
     monkeypatch.undo()
     _still_answers(inproc.url)
 

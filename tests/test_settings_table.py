@@ -76,8 +76,8 @@ def test_each_front_end_reaches_every_knob() -> None:
 
 def test_the_server_routes_take_the_tables_names(cli_env: dict[str, str]) -> None:
     """A running `serve` reads each setting by the name the table gives it for its API: a value no setting
-    takes, sent under that name, is a 400 that names the field as it was sent (a route that did not read the
-    name would answer 200); Ollama's load-time options are taken and ignored (the model is loaded already)."""
+    takes, sent under that name, is a 400 that names it as sent (a route that did not read the name would
+    answer 200); Ollama's load-time options are taken and ignored (the model is loaded already)."""
     import httpx
 
     from tests.test_serve import Server
@@ -90,12 +90,12 @@ def test_the_server_routes_take_the_tables_names(cli_env: dict[str, str]) -> Non
             for route, body in (("/v1/chat/completions", {**ask, theirs: bad}),
                                 ("/v1/responses", {"model": "smollm2:135m", "input": "hi", theirs: bad})):
                 r = httpx.post(server.url + route, json=body, timeout=60)
-                error = r.json()["error"]
-                assert r.status_code == 400 and error["message"].startswith(theirs), (route, r.text)
-                assert error["param"] == theirs, (route, r.text)
+                err = r.json()["error"]  # named as the request spelled it
+                assert r.status_code == 400 and err["message"].startswith(theirs) and err["param"] == theirs, (
+                    route, theirs, ours, r.text)
         for theirs, ours in settings.spellings("ollama").items():
             r = httpx.post(server.url + "/api/chat", json={**ask, "options": {theirs: bad}}, timeout=60)
-            assert r.status_code == 400 and r.json()["error"].startswith(theirs), (theirs, ours, r.text)
+            assert r.status_code == 400 and r.json()["error"].startswith(f"options.{theirs}"), (theirs, ours, r.text)
         load = dict.fromkeys(settings.OLLAMA_LOAD_OPTIONS, 1)
         r = httpx.post(server.url + "/api/chat", json={**ask, "options": {**load, "num_predict": 1}}, timeout=60)
         assert r.status_code == 200, r.text
@@ -204,6 +204,8 @@ def _far_from_default() -> SamplingParams:
             values[k.name] = 2
         elif k.name == "seed":
             values[k.name] = 7
+        elif k.name == "temperature":  # within Anthropic's 0 to 1, which every API takes
+            values[k.name] = 0.7
         else:
             lo, hi = k.lo if k.lo is not None else -1.0, k.hi if k.hi is not None else 100.0
             mid = (max(lo, -2.0) + min(hi, 3.0)) / 2

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from localgen.backend import Completion
 from localgen.engine.budget import budget_for, feed, pick
 from localgen.engine.sequence import SequenceDecoder
-from localgen.errors import PromptTooLong
+from localgen.errors import EmptyPrompt, PromptTooLong, ServeError
 from localgen.native import sampler as chains
 from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
@@ -71,12 +71,19 @@ def is_exact(req: Request, exact: bool | None) -> bool:
 
 
 def refuse(req: Request, on_done: Callable[[Completion], None], n_ctx: int) -> None:
-    """A request with nothing to generate (as llama.cpp's -n 0), or a prompt that does not fit a slot."""
+    """A request with nothing to generate (as llama.cpp's -n 0), a prompt of no tokens (nothing to decode), or
+    one that does not fit a slot."""
     if req.sampling.max_tokens == 0:
         on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
     else:
-        e = PromptTooLong(f"the prompt is longer than the context window ({len(req.tokens):,} ≥ {n_ctx:,} tokens)")
+        e: ServeError = EmptyPrompt() if not req.tokens else PromptTooLong(
+            f"the prompt is longer than the context window ({len(req.tokens):,} ≥ {n_ctx:,} tokens)")
         on_done(Completion(req.index, "", f"error: {e.message}", len(req.tokens), 0, 0.0, 0.0, req.seed, error=e))
+
+
+def refused(req: Request, n_ctx: int) -> bool:
+    """Whether `refuse` answers the request at once, before any decode."""
+    return req.sampling.max_tokens == 0 or not req.tokens or len(req.tokens) >= n_ctx
 
 
 def accept(seq: Seq, tok: int, logits: Callable[[], Any], piece: Callable[[int], bytes]) -> None:
@@ -124,7 +131,7 @@ class Solo:
         eng, seq = self.eng, self.seq
         req = seq.req
         if seq.sampler is None:
-            if req.sampling.max_tokens == 0 or len(req.tokens) >= eng.n_ctx:
+            if refused(req, eng.n_ctx):
                 refuse(req, self.on_done, eng.n_ctx)
                 return True
             seq.sampler = eng.sampler(req.sampling, req.seed, req.tokens)

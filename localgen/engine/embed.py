@@ -307,11 +307,19 @@ class QueryTooLong(UsageError, BadRequest):
                          f"{n_ctx:,} must hold it and some of each document", hint="shorten the query, or raise --ctx")
 
 
+class DimensionsOutOfRange(UsageError, BadRequest):
+    """More dimensions asked for than the model's embeddings have (`embed --dimensions`, the APIs'
+    `dimensions`)."""
+
+    param = "dimensions"
+
+
 def finish(vec: list[float], normalize: bool, dimensions: int | None) -> list[float]:
     """Cut to `dimensions` (Matryoshka models keep meaning in the first ones), then L2-normalise."""
     if dimensions is not None:
         if not 1 <= dimensions <= len(vec):
-            raise UsageError(f"--dimensions must be within 1 to {len(vec)} (the model's size), not {dimensions}")
+            raise DimensionsOutOfRange(f"dimensions must be within 1 to {len(vec)} (the model's size), not "
+                                       f"{dimensions}")
         vec = vec[:dimensions]
     if normalize:
         norm = math.sqrt(sum(x * x for x in vec))

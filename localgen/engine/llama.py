@@ -17,7 +17,7 @@ from typing import Any
 from localgen.engine import adapters, loading
 from localgen.engine.kvcache import KVCache
 from localgen.engine.template import ChatTemplate
-from localgen.errors import ContextOverflowError, LocalgenError, TemplateError
+from localgen.errors import ContextOverflowError, EmptyPrompt, LocalgenError, TemplateError
 from localgen.native import context, logs
 from localgen.native import model as native_model
 from localgen.native import sampler as chains
@@ -248,14 +248,16 @@ class Engine:
     def generate(self, prompt: Prompt, sampling: SamplingParams, started: float | None = None,
                  drafter: Any = None, draft_max: int = 6, logprobs: int | None = None,
                  held_before: int | None = None) -> Any:
-        """Start streaming a completion of the prompt (a Generation). Raises ContextOverflowError before any
-        work. `started` (a perf_counter time) is when the request began, if prompt work was done before
+        """Start streaming a completion of the prompt (a Generation). Raises EmptyPrompt or ContextOverflowError
+        before any work. `started` (a perf_counter time) is when the request began, if prompt work was done before
         this call (a prompt cache loaded or filled), so time to first token counts it; `held_before`, then,
         how many of the tokens the KV cache holds it held before that work (the rest count as evaluated for
         this answer, not cached), and the perf counters are not reset: the caller reset them before that work,
         so that the prefill rate counts it."""
         from localgen.engine.generate import Generation
 
+        if not prompt.tokens:  # nothing to decode: llama.cpp would abort the process on the empty batch
+            raise EmptyPrompt()
         if len(prompt.tokens) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt is {len(prompt.tokens):,} tokens; the context window is {self.n_ctx:,}",

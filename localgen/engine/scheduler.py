@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from localgen.backend import Completion
-from localgen.engine.batchseq import Request, Seq, accept, completion, refuse
+from localgen.engine.batchseq import Request, Seq, accept, completion, refuse, refused
 from localgen.engine.budget import budget_for, feed, pick
 from localgen.engine.policies import Exact, Policy, Throughput
 from localgen.engine.sequence import SequenceDecoder
@@ -196,7 +196,7 @@ class Scheduler:
         cells shared from any slot that holds more), its prompt still to be evaluated from `filled`. None when
         it was answered at once (nothing to generate, or a prompt that does not fit)."""
         pc = self.pc
-        if req.sampling.max_tokens == 0 or len(req.tokens) >= pc.n_ctx_seq:
+        if refused(req, pc.n_ctx_seq):
             refuse(req, self.done, pc.n_ctx_seq)
             return None
         if self.reuse:

@@ -128,5 +128,7 @@ def _hub_spec(ref: str, original: str) -> HubSpec:
     repo = "/".join(parts[:2])
     if len(parts) > 2:
         return HubSpec(check_repo_id(repo), filename=safe_filename("/".join(parts[2:])))
-    repo, _, quant = repo.partition(":")
+    repo, colon, quant = repo.partition(":")
+    if colon and not quant:  # owner/repo: names no quantization; it does not mean "any"
+        raise LocalgenError(f"{original!r} has an empty quantization after ':'")
     return HubSpec(check_repo_id(repo), quant=quant or None)

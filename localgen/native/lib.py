@@ -3,6 +3,7 @@ the libggml llama.cpp maps; one output row's logits as a numpy view."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from localgen.errors import LocalgenError
@@ -26,6 +27,14 @@ def lib() -> Any:
 
 
 _abort_cb: Any = None  # the ctypes thunk; kept referenced
+# how the abort line is written (serve --log-format json sets a JSON line's maker: every line it writes is one)
+_abort_line: Callable[[str, str | None], str] | None = None
+
+
+def abort_line(make: Callable[[str, str | None], str] | None) -> None:
+    """Write llama.cpp's abort as `make(message, hint)` makes it (None: the CLI's plain error line)."""
+    global _abort_line
+    _abort_line = make
 _libggml: Any = None
 
 
@@ -81,13 +90,16 @@ def _install_abort_handler() -> None:
     def on_abort(message: bytes | None) -> None:
         text = (message or b"").decode("utf-8", errors="replace").strip()
         why = text.split(": ", 1)[-1] if ": " in text else text
-        hint = ""
+        hint = None
         if "RPC" in text:
-            hint = " (an RPC server went away or failed: a generation cannot go on without it; run again)"
+            hint = "an RPC server went away or failed: a generation cannot go on without it; run again"
         elif "CUDA" in text or "out of memory" in text.lower():
-            hint = " (the GPU ran out of memory: try fewer --gpu-layers, a smaller --ctx, or free GPU memory)"
+            hint = "the GPU ran out of memory: try fewer --gpu-layers, a smaller --ctx, or free GPU memory"
         try:
-            sys.stderr.write(f"localgen: error: llama.cpp stopped: {why}{hint}\n")
+            if _abort_line is not None:
+                sys.stderr.write(_abort_line(f"llama.cpp stopped: {why}", hint) + "\n")
+            else:
+                sys.stderr.write(f"localgen: error: llama.cpp stopped: {why}{f' ({hint})' if hint else ''}\n")
             sys.stderr.flush()
         finally:
             os._exit(1)

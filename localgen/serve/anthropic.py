@@ -11,12 +11,24 @@ from typing import Any
 
 from starlette.routing import Route
 
+from localgen import settings
 from localgen.backend import Completion
 from localgen.serve.apierror import ANTHROPIC, HTTPError, error_body
-from localgen.serve.ask import Ask, Schema, one_of, optional_object, positive_int, sampling_values, split_reasoning
+from localgen.serve.ask import (
+    Ask,
+    Schema,
+    flag,
+    one_of,
+    optional_object,
+    positive_int,
+    request_fields,
+    sampling_values,
+    split_reasoning,
+)
 from localgen.serve.jobs import Job
 from localgen.serve.pipeline import Made, parts, route
 from localgen.serve.state import ServeState
+from localgen.serve.tooling import checked_tool
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
@@ -38,8 +50,15 @@ class Messages:
         self.counting = counting
 
     async def parse(self, body: dict[str, Any]) -> Ask:
-        positive_int(body, "max_tokens", required=not self.counting)
+        most = settings.KNOBS["max_tokens"].hi
+        if (positive_int(body, "max_tokens", required=not self.counting) or 0) > (most or 0):  # no -1 here
+            raise HTTPError(400, f"max_tokens must be an integer from 1 to {most:,}", param="max_tokens")
         optional_object(body, "metadata")
+        for key in ("temperature", "top_p"):  # Anthropic's ranges are 0 to 1 (wider elsewhere)
+            value = body.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 <= value <= 1):
+                raise HTTPError(400, f"{key} must be a number from 0 to 1", param=key)
         values = sampling_values(body, "anthropic")
         stops = body.get("stop_sequences")
         if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)):
@@ -51,10 +70,11 @@ class Messages:
         if thinking and body["thinking"]["type"] == "enabled":  # its budget, unless the request set a reasoning_budget
             values.setdefault("reasoning_budget", body["thinking"].get("budget_tokens"))
         choice, parallel = _choice(body.get("tool_choice"))
-        return Ask(values=values, messages=_chat_messages(body.get("system"), body.get("messages")), schema=schema,
+        return Ask(values=values, fields=request_fields(body, "anthropic"),
+                   messages=_chat_messages(body.get("system"), body.get("messages")), schema=schema,
                    tools=_tools(body.get("tools")), tool_choice=choice, parallel_tool_calls=parallel, effort=effort,
                    thinking=thinking if thinking is not None else (None if effort is None else True),
-                   split_reasoning=split_reasoning(body), stream=bool(body.get("stream")) and not self.counting)
+                   split_reasoning=split_reasoning(body), stream=flag(body, "stream") and not self.counting)
 
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> _Encoder:
         return _Encoder(str(body.get("model") or made.model), made.request.sampling.stop, self.counting)
@@ -106,10 +126,13 @@ def _chat_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
             out.append({"role": "system", "content": system})
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "messages must be a non-empty list", param="messages")
-    for m in raw:
+    for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise HTTPError(400, "each message needs a role: user or assistant", param="messages")
         content = m.get("content")
+        if content in ("", []) and not (i == len(raw) - 1 and m["role"] == "assistant"):  # as Anthropic says it
+            raise HTTPError(400, f"messages.{i}: all messages must have non-empty content except for the "
+                                 "optional final assistant message", param=f"messages.{i}.content")
         if isinstance(content, str):
             out.append({"role": m["role"], "content": content})
             continue
@@ -177,10 +200,11 @@ def _tools(raw: Any) -> Any:
     if not isinstance(raw, list):
         raise HTTPError(400, "tools must be a list", param="tools")
     out = []
-    for t in raw:
+    for i, t in enumerate(raw):
         if not isinstance(t, dict) or t.get("type", "custom") != "custom":
             kind = t.get("type") if isinstance(t, dict) else None
             raise HTTPError(400, f"only custom tools (name, input_schema) are served here, not {kind!r}", param="tools")
+        checked_tool(t, i, "input_schema", required=True)
         fn = {"name": t.get("name"), "description": t.get("description", ""), "parameters": t.get("input_schema")}
         out.append({"type": "function", "function": fn})
     return out

@@ -121,6 +121,7 @@ _COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens|prompt_eval_count|eval
 _KIND = {b"prompt_tokens": "prompt", b"prompt_eval_count": "prompt", b"completion_tokens": "completion",
          b"eval_count": "completion"}
 _TAIL = 2048
+SETTLE_S = 5.0  # how long a request whose client left waits for its jobs' counts before its access line
 
 
 class FrontDoor:
@@ -156,28 +157,51 @@ class FrontDoor:
         log, metrics = self.front.log, self.front.metrics
         start = time.perf_counter()
         status = 0
+        ended = left = False  # the response's last byte was sent; the client left before it
         counts: dict[str, int] = {}
         header = (b"x-request-id", trace.id.encode("latin-1"))
 
+        async def receiving() -> dict[str, Any]:
+            nonlocal left
+            message: dict[str, Any] = await receive()
+            left = left or (message["type"] == "http.disconnect" and not ended)
+            return message
+
         async def sending(message: dict[str, Any]) -> None:
-            nonlocal status
+            nonlocal status, ended
             if message["type"] == "http.response.start":
                 status = message["status"]
                 message = {**message, "headers": [*message.get("headers", ()), header]}
-            elif log.access_on and message["type"] == "http.response.body":
+            elif message["type"] == "http.response.body":
+                ended = ended or (not message.get("more_body", False) and not left)
                 tail = message.get("body", b"")[-_TAIL:]
-                if b'_tokens"' in tail or b'eval_count"' in tail:
+                if log.access_on and (b'_tokens"' in tail or b'eval_count"' in tail):
                     counts.update((_KIND[k], int(v)) for k, v in _COUNTS.findall(tail))
             await send(message)
 
         try:
-            await self.app(scope, receive, sending)
+            await self.app(scope, receiving, sending)
         finally:
+            if left:  # mid-body, queued or mid-stream: a client that left is a 499, with the tokens made for it
+                status = 499
+                await _settled(trace)
             seconds = time.perf_counter() - start
             route = metrics.route(scope) if metrics is not None else scope["path"]
             if metrics is not None:
                 metrics.request(scope, status, seconds, route)
             log.access(scope["method"], scope["path"], route, status, seconds, trace, counts)
+
+
+async def _settled(trace: Trace) -> None:
+    """The request's jobs cancelled and, briefly, awaited: their counts reach the access line (a job ends at its
+    worker's next step)."""
+    from localgen.serve.jobs import State
+
+    for job in trace.jobs:
+        job.cancelled.set()
+    deadline = time.monotonic() + SETTLE_S
+    while any(job.state is not State.DONE for job in trace.jobs) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
 
 
 class Drain:

@@ -8,6 +8,7 @@ form post, the cross-site request a JSON-only rule would stop, carries an Origin
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
 import ipaddress
@@ -34,6 +35,11 @@ DEFAULT_ORIGINS = LOOPBACK_ORIGINS + APP_ORIGINS
 OLLAMA_BODY_TYPES = ("application/x-www-form-urlencoded", "")
 
 
+# Headers a request may carry once: two Hosts would let the DNS-rebinding check read one while a proxy or
+# the route reads the other; two Content-Types, a body checked as one type and read as another.
+SINGLE_HEADERS = ("Host", "Content-Type", "Content-Length")
+
+
 @dataclass(frozen=True)
 class Policy:
     """The server's gate: API key, allowed origins (patterns whose only wildcard is `*`; "*" alone: any),
@@ -44,6 +50,7 @@ class Policy:
     origins: tuple[str, ...] = DEFAULT_ORIGINS
     check_host: bool = True
     max_body: int = 16 << 20
+    read_timeout: float = 30.0  # seconds a body may stall (no byte) before a 408 (serve --read-timeout)
     open_paths: tuple[str, ...] = ("/health", "/")
 
     def origin_allowed(self, origin: str) -> bool:
@@ -122,6 +129,11 @@ class Gate:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        doubled = next((name for name in SINGLE_HEADERS if len(headers.getlist(name)) > 1), None)
+        if doubled is not None:  # which one counts would differ from proxy to proxy: neither does
+            await _refuse(scope, receive, send, HTTPError(400, f"the request has more than one {doubled} header",
+                                                          "invalid_request_error"))
+            return
         if self.policy.check_host and not host_allowed(headers.get("host", "")):
             await _refuse(scope, receive, send, HTTPError(
                 403, f"Host {headers.get('host', '')[:100]!r} is not this machine's name: a server on loopback "
@@ -166,7 +178,13 @@ class Gate:
             return
         body = bytearray()
         while True:  # read it all here (Starlette would too), counting, so no route sees a body over the limit
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.policy.read_timeout)
+            except TimeoutError:  # a stalled body (slow-loris) holds a connection and a task: closed
+                await _refuse(scope, receive, send, HTTPError(
+                    408, f"the request body stalled: no byte came for {self.policy.read_timeout:g} s "
+                         "(serve --read-timeout)"), {"Connection": "close"})
+                return
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
@@ -192,8 +210,9 @@ class Gate:
         return self.routes is None or any(r.matches(scope)[0] is Match.FULL for r in self.routes)
 
 
-async def _refuse(scope: dict[str, Any], receive: Any, send: Any, e: HTTPError) -> None:
-    response = error_response(Request(scope), e)
+async def _refuse(scope: dict[str, Any], receive: Any, send: Any, e: HTTPError,
+                  headers: dict[str, str] | None = None) -> None:
+    response = error_response(Request(scope), e, headers)
     await response(scope, receive, send)
 
 

@@ -113,7 +113,8 @@ def messages(raw: Any, allow_urls: bool = False,
     out = []
     for m in raw:
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
-            raise HTTPError(400, "each message needs a role: system, user, assistant or tool", param="messages")
+            raise HTTPError(400, "each message needs a role: system, developer, user, assistant or tool",
+                            param="messages")
         content = m.get("content")
         images = m.get("images")  # Ollama: base64 strings beside the text
         if images is not None:
@@ -156,6 +157,8 @@ def messages(raw: Any, allow_urls: bool = False,
             msg["tool_calls"] = _tool_calls(m["tool_calls"])
         if role == "tool":
             for key in ("tool_call_id", "name", "tool_name"):
+                if m.get(key) is not None and not isinstance(m[key], str):
+                    raise HTTPError(400, f"a tool message's `{key}` must be a string", param=f"messages.{key}")
                 if isinstance(m.get(key), str):
                     msg["name" if key == "tool_name" else key] = m[key]
         out.append(msg)

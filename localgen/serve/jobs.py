@@ -111,6 +111,8 @@ class Job:
             s = self.request.sampling.seed
             self.seed = s if s is not None else random.getrandbits(31)
         self.outbox = _OUTBOXES.get(self.loop) or _OUTBOXES.setdefault(self.loop, _Outbox(self.loop))
+        if self.trace is not None:
+            self.trace.jobs.append(self)
 
     def send(self, event: Event) -> None:
         """Hand an event to the handler's event loop (from the worker thread)."""

@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, Overloaded, ServeError, UsageError
 from localgen.serve.apierror import HTTPError, without_paths
+from localgen.serve.ask import flag
 from localgen.serve.describe import modelfile_text, show_doc
 from localgen.serve.jsonbody import read_json
 from localgen.serve.loadnow import load_now
@@ -42,7 +43,7 @@ def _model_routes(state: ServeState) -> list[Route]:
     async def pull(request: Request) -> Response:
         body = await read_json(request)
         name = _name(body)
-        return await _pull(state, name, body.get("stream", True) is not False)
+        return await _pull(state, name, flag(body, "stream", default=True))
 
     async def delete(request: Request) -> Response:
         name = _name(await read_json(request))
@@ -125,7 +126,7 @@ def _preset_routes(state: ServeState) -> list[Route]:
             raise HTTPError(404 if isinstance(e, ModelNotFoundError) else 400, e.message) from None
         await _replace(state, preset, force)
         lines += [{"status": f"writing the preset {name}"}, {"status": "success"}]
-        return _answer(lines, body.get("stream", True) is not False)
+        return _answer(lines, flag(body, "stream", default=True))
 
     async def show(request: Request) -> Response:
         body = await read_json(request)

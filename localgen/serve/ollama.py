@@ -18,7 +18,7 @@ from starlette.routing import Route
 from localgen import settings
 from localgen.backend import Completion
 from localgen.serve.apierror import OLLAMA, HTTPError, error_body
-from localgen.serve.ask import Ask, Schema, flag, keep_alive, sampling_values, split_reasoning
+from localgen.serve.ask import Ask, Schema, flag, keep_alive, request_fields, sampling_values, split_reasoning
 from localgen.serve.jobs import Job
 from localgen.serve.jsonbody import read_json
 from localgen.serve.loadnow import load_now
@@ -63,13 +63,17 @@ class Generate:
             raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"", param="think")
         fmt = body.get("format")
         common: dict[str, Any] = dict(
-            values=sampling_values(opts, "ollama"), schema=Schema(fmt, "format") if fmt not in (None, "") else None,
+            values=sampling_values(opts, "ollama"), fields=request_fields(opts, "ollama", "options."),
+            schema=Schema(fmt, "format") if fmt not in (None, "") else None,
             thinking=None if think is None else think is not False, effort=think if isinstance(think, str) else None,
             exact=flag(opts, "exact", "options.exact"), split_reasoning=split_reasoning(body),
-            stream=body.get("stream", True) is not False, keep_alive=keep_alive(body.get("keep_alive"), "keep_alive"))
+            stream=flag(body, "stream", default=True), keep_alive=keep_alive(body.get("keep_alive"), "keep_alive"))
         if self.chat:
             return Ask(messages=body.get("messages"), tools=body.get("tools"), tool_choice=body.get("tool_choice"),
                        parallel_tool_calls=body.get("parallel_tool_calls"), **common)
+        if body.get("suffix"):  # Ollama's fill-in-the-middle ("insert"): no model here is run that way
+            raise HTTPError(400, "`suffix` is not supported by this model: it does not support insert "
+                                 "(fill-in-the-middle)", param="suffix")
         prompt, system, images = body.get("prompt"), body.get("system"), body.get("images")
         if not isinstance(prompt, str):
             raise HTTPError(400, "`prompt` must be a string", param="prompt")

@@ -15,7 +15,16 @@ from starlette.routing import Route
 
 from localgen.backend import Completion
 from localgen.serve.apierror import OPENAI, HTTPError, error_body
-from localgen.serve.ask import Ask, Schema, flag, keep_alive, one_of, sampling_values, split_reasoning
+from localgen.serve.ask import (
+    Ask,
+    Schema,
+    flag,
+    keep_alive,
+    one_of,
+    request_fields,
+    sampling_values,
+    split_reasoning,
+)
 from localgen.serve.jobs import Job
 from localgen.serve.pipeline import Made, route
 from localgen.serve.state import ServeState
@@ -59,12 +68,14 @@ class Completions:
             top = body.get("top_logprobs") if self.chat else body.get("logprobs")
             top = 0 if top is True or top is None else top  # null: OpenAI's default, none
             if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
-                raise HTTPError(400, "top_logprobs must be an integer from 0 to 20", param="top_logprobs")
+                field = "top_logprobs" if self.chat else "logprobs"  # /v1/completions: logprobs is the count
+                raise HTTPError(400, f"{field} must be an integer from 0 to 20", param=field)
             logprobs = top
         effort = body.get("reasoning_effort")
         common: dict[str, Any] = dict(
-            values=sampling_values(body, "openai"), schema=_response_format(body.get("response_format")),
-            logprobs=logprobs, exact=flag(body, "exact"), stream=bool(body.get("stream")),
+            values=sampling_values(body, "openai"), fields=request_fields(body, "openai"),
+            schema=_response_format(body.get("response_format")),
+            logprobs=logprobs, exact=flag(body, "exact"), stream=flag(body, "stream"),
             keep_alive=keep_alive(body.get("ttl"), "ttl"), effort=effort if isinstance(effort, str) else None)
         if self.chat:
             one_of(effort, REASONING_EFFORTS, "reasoning_effort")

@@ -105,7 +105,7 @@ async def handle(state: ServeState, http: Request, api: Api) -> Response:
             answer.feed(final.text)
             answer.finish()
         return JSONResponse(await encoder.whole(final, job, answer))
-    job, first = await run_job(worker, request, ask.keep_alive)
+    job, first = await run_job(worker, request, http, ask.keep_alive)
     return StreamingResponse(_stream(job, first, answer, encoder), media_type=encoder.media_type,
                              headers=STREAM_HEADERS)
 
@@ -115,7 +115,7 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
     values = dict(ask.values)
     effort_budget(values, ask.effort)
     grammar = await schema_grammar(ask.schema.value, ask.schema.param) if ask.schema is not None else None
-    chosen = sampling(state, worker, values, grammar)
+    chosen = sampling(state, worker, values, grammar, dict(ask.fields))
     raw = ask.prompt is not None and (ask.messages is None or not worker.ref.summary.chat_template)
     if raw:
         if _has_media(ask.messages):
@@ -129,10 +129,20 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
                              template_args=template_args(ask)), msgs
 
 
-def sampling(state: ServeState, worker: Served, values: Mapping[str, Any],
-             grammar: str | None = None) -> SamplingParams:
+def sampling(state: ServeState, worker: Served, values: Mapping[str, Any], grammar: str | None = None,
+             fields: Mapping[str, str] | None = None) -> SamplingParams:
     """The request's settings over the flags `serve` was given over the model's recommended ones, all
-    through the one validation (settings.py)."""
+    through the one validation (settings.py); a bad one is a 400 naming the request's field (`fields`: by the
+    table's name)."""
+    for key, value in values.items():
+        if value is None:
+            continue
+        try:
+            settings.check(key, value)
+        except UsageError as e:
+            field = (fields or {}).get(key, key)
+            message = field + e.message.removeprefix(key) if e.message.startswith(key) else e.message
+            raise HTTPError(400, message, param=field) from None
     try:
         base = settings.apply(SamplingParams(), worker.ref.sampling_defaults)
         base = settings.apply(base, state.flag_sampling)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from localgen.errors import PromptTooLong
+from localgen.errors import EmptyPrompt, PromptTooLong
 
 if TYPE_CHECKING:
     from localgen.native.prompt import Prompt
@@ -91,6 +91,8 @@ def request(backend: Any, pc: Any, job_id: int, job: Job, prompt: Prompt | None 
     if job.request.sampling.grammar:
         backend.engine.check_grammar(job.request.sampling.grammar)
     n = len(prompt.tokens)
+    if n == 0 and job.request.sampling.max_tokens != 0:  # "" without a BOS: nothing llama.cpp can decode
+        raise EmptyPrompt()
     if n >= pc.n_ctx_seq:
         raise PromptTooLong(f"the prompt is {n:,} tokens; each slot's context window is {pc.n_ctx_seq:,}")
     return Request(job_id, prompt, job.request.sampling, job.seed, job.request.logprobs, exact=job.request.exact)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from localgen.errors import LocalgenError
+from localgen.errors import Cancelled, LocalgenError
 from localgen.serve.servelog import STDERR_LOG, ServeLog
 from localgen.units import format_bytes
 
@@ -48,6 +49,10 @@ class NoRoom(LocalgenError):
     """No model can make room now: each loaded one is pinned or busy (a 503: try again)."""
 
 
+class Abandoned(Cancelled):
+    """Every client that asked for a load left while it waited for room (a 499: nobody reads the answer)."""
+
+
 class TooBig(LocalgenError):
     """The model needs more than the whole budget."""
 
@@ -72,10 +77,11 @@ class Residency:
     _waiting: list[Tenant] = field(default_factory=list)  # workers waiting for room, first come first
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
-    def admit(self, worker: Tenant, need: int) -> float:
+    def admit(self, worker: Tenant, need: int, wanted: Callable[[], bool] = lambda: True) -> float:
         """Block until `worker` (about to load, needing `need` bytes) has room, unloading idle models to make
         it (and asking a busy one to yield: fair swaps); NoRoom after wait_s with every other model busy or
-        pinned, TooBig when it never could fit. The seconds it waited."""
+        pinned, TooBig when it never could fit, Abandoned as soon as `wanted()` is false (every client that
+        asked for the load has left), before anything more is evicted for it. The seconds it waited."""
         if need > self.budget:
             raise TooBig(f"{worker.name} needs about {format_bytes(need)} (weights, KV cache and buffers); the "
                          f"budget for loaded models is {format_bytes(self.budget)}",
@@ -87,6 +93,8 @@ class Residency:
             self._waiting.append(worker)
         try:
             while True:
+                if not wanted():
+                    raise Abandoned(f"nobody waits for {worker.name} any more: its clients left before it had room")
                 with self._cond:
                     first = self._waiting[0] is worker
                     if first and self._fits(need):
@@ -110,7 +118,10 @@ class Residency:
                     if yielding is not None:
                         yielding.resume(worker.name)
                     yielding = victim
-                victim.request_unload("evicted", worker.name).wait(timeout=max(0.0, deadline - time.monotonic()))
+                unloaded = victim.request_unload("evicted", worker.name)
+                while not unloaded.wait(timeout=min(0.25, max(0.0, deadline - time.monotonic()))):
+                    if time.monotonic() >= deadline or not wanted():
+                        break
         finally:
             with self._cond:
                 self._waiting.remove(worker)

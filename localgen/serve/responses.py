@@ -15,13 +15,23 @@ from typing import Any
 from starlette.routing import Route
 
 from localgen.serve.apierror import HTTPError
-from localgen.serve.ask import Ask, Schema, flag, optional_object, positive_int, sampling_values, split_reasoning
+from localgen.serve.ask import (
+    Ask,
+    Schema,
+    flag,
+    optional_object,
+    positive_int,
+    request_fields,
+    sampling_values,
+    split_reasoning,
+)
 from localgen.serve.pipeline import Made, route
 from localgen.serve.responseitems import Encoder
 from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, check_metadata, default_path
 from localgen.serve.responsestore import routes as store_routes
 from localgen.serve.schema import MAX_SCHEMA_CHARS
 from localgen.serve.state import ServeState
+from localgen.serve.tooling import checked_tool
 
 # reasoning.effort: none and minimal turn the template's thinking off, the others on
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -65,12 +75,13 @@ class Responses:
         if instructions is not None and not isinstance(instructions, str):
             raise HTTPError(400, "instructions must be a string", param="instructions")
         lead = [{"role": "system", "content": instructions}] if instructions else []
-        return Ask(values=sampling_values(body, "responses"), schema=_text_format(body.get("text")),
+        return Ask(values=sampling_values(body, "responses"), fields=request_fields(body, "responses"),
+                   schema=_text_format(body.get("text")),
                    messages=[*lead, *history, *_input_messages(body.get("input"), history)],
                    tools=_tools(body.get("tools")), tool_choice=_choice(body.get("tool_choice")),
                    parallel_tool_calls=body.get("parallel_tool_calls"), thinking=thinking,
                    effort=reasoning.get("effort") if thinking else None, split_reasoning=split_reasoning(body),
-                   stream=bool(body.get("stream")))
+                   stream=flag(body, "stream"))
 
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> Encoder:
         keep = body.get("store") is not False
@@ -90,7 +101,8 @@ class Responses:
             raise HTTPError(400, "previous_response_id must be a response's id", param="previous_response_id")
         found = await asyncio.to_thread(self.store.load, previous)
         if found is None:
-            raise HTTPError(400, f"Previous response with id '{previous}' not found.", param="previous_response_id")
+            raise HTTPError(400, f"Previous response with id '{_cut(previous)}' not found.",
+                            param="previous_response_id")
         return found.conversation
 
 
@@ -255,13 +267,14 @@ def _tools(raw: Any) -> Any:
     if not isinstance(raw, list):
         raise HTTPError(400, "tools must be a list", param="tools")
     out = []
-    for t in raw:
+    for i, t in enumerate(raw):
         kind = t.get("type") if isinstance(t, dict) else None
         if kind != "function":
             raise HTTPError(400, f"only function tools are served here, not {kind!r}", param="tools")
         assert isinstance(t, dict)
         if t.get("strict") not in (None, True, False):  # echoed as given
             raise HTTPError(400, "a tool's strict must be true or false", param="tools")
+        checked_tool(t, i, "parameters")
         fn = {"name": t.get("name"), "description": t.get("description") or "",
               "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
         out.append({"type": "function", "function": fn})
@@ -276,3 +289,8 @@ def _choice(raw: Any) -> Any:
         return {"type": "function", "function": {"name": raw["name"]}}
     raise HTTPError(400, "tool_choice must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
                     param="tool_choice")
+
+
+def _cut(text: str, most: int = 100) -> str:
+    """A client's string as an error echoes it: at most `most` characters."""
+    return text if len(text) <= most else text[:most] + "..."

@@ -20,15 +20,20 @@ from localgen.tools.stream import Event as Said
 from localgen.types import GenerationRequest, ModelRef
 
 
-async def run_job(worker: Served, request: GenerationRequest, keep_alive: float | None = None) -> tuple[Job, Event]:
+async def run_job(worker: Served, request: GenerationRequest, http: Request,
+                  keep_alive: float | None = None) -> tuple[Job, Event]:
     """Queue a streamed job and wait for its first event (text, done or error): errors surface as HTTPError
-    here, before any response starts."""
+    here, before any response starts. A client that disconnects meanwhile (queued, or waiting for its model
+    to load) cancels the job."""
     job = submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive))
+    watcher = asyncio.ensure_future(watch_disconnect(http, job))
     try:
         first = await job.events.get()
-    except BaseException:  # the handler was cancelled (the client left while queued)
+    except BaseException:  # the handler was cancelled
         job.cancelled.set()
         raise
+    finally:
+        watcher.cancel()
     if isinstance(first, Failed):
         raise http_error(first)
     return job, first

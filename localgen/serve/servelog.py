@@ -19,7 +19,7 @@ import re
 import secrets
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_ID = 128  # characters kept of a client's X-Request-Id
@@ -49,6 +49,7 @@ class Trace:
     cached_tokens: int | None = None
     completion_tokens: int | None = None
     ttft_s: float | None = None
+    jobs: list[Any] = field(default_factory=list)  # its generation jobs (a client that left waits for their counts)
 
     def completed(self, model: str, c: Any) -> None:
         """A generation of this request finished (on the worker's thread): its counts add to the request's."""
@@ -142,7 +143,12 @@ class ServeLog:
     def fatal(self, text: str, hint: str | None, exit_code: int) -> None:
         """The error that stops serve, as JSON's "error" event with its hint and exit status (in text, the CLI
         prints it as it prints every command's)."""
-        self.write(json_line("error", message=text, hint=hint, exit_code=exit_code))
+        self.write(fatal_line(text, hint, exit_code))
+
+
+def fatal_line(text: str, hint: str | None, exit_code: int = 1) -> str:
+    """ServeLog.fatal's JSON line (also llama.cpp's abort, written from native/lib.py's handler)."""
+    return json_line("error", message=text, hint=hint, exit_code=exit_code)
 
 
 def json_line(event: str, request_id: str | None = None, route: str | None = None, model: str | None = None,

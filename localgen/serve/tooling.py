@@ -49,6 +49,22 @@ async def tool_plan(worker: Served, tools: Any, choice: Any, parallel: Any) -> T
     return plan
 
 
+def checked_tool(tool: dict[str, Any], i: int, schema_field: str, required: bool = False) -> None:
+    """A tool of an API without OpenAI's function wrapper (Anthropic's, the Responses API's): its name and
+    schema checked, or a 400 in the request's own field names (tool_plan checks the rest)."""
+    from localgen.tools.spec import check_name, check_schema
+
+    bounded_schema(tool, "tools", "the tools' JSON")
+    try:
+        name = check_name(tool.get("name"), f"tools[{i}].name")
+        if required or tool.get(schema_field) is not None:
+            check_schema(tool.get(schema_field), f"tools[{i}] ({name})", schema_field)
+    except RecursionError:
+        raise HTTPError(400, "a tool schema nests or refers to itself too deeply", param="tools") from None
+    except LocalgenError as e:
+        raise HTTPError(400, e.message, param=f"tools[{i}]") from None
+
+
 def apply_plan(plan: ToolPlan | None, request: GenerationRequest) -> GenerationRequest:
     """The request with its tools in the template (or system prompt) and the grammar."""
     if plan is None:

@@ -40,7 +40,7 @@ from localgen.serve.jobs import (
 from localgen.serve.model import warm_template
 from localgen.serve.prepare import MediaPrep, has_media, request, task
 from localgen.serve.residence import Residence
-from localgen.serve.residency import NoRoom
+from localgen.serve.residency import Abandoned, NoRoom
 from localgen.serve.servelog import STDERR_LOG, ServeLog
 from localgen.types import LoadParams, ModelRef
 
@@ -327,10 +327,9 @@ class ModelWorker:
 
         try:
             outputs = sched.step()
-        except Exception as e:  # a failed decode is the server's fault (500), with llama.cpp's reason
-            if not isinstance(e, LocalgenError):
-                self._internal(e, "decoding")
-            self._drain_running(Failed(500, e.message) if isinstance(e, LocalgenError) else Failed(500, INTERNAL))
+        except Exception as e:  # a failed decode is the server's fault: counted, and llama.cpp's reason logged
+            self._internal(e, "decoding")
+            self._drain_running(Failed(500, INTERNAL))
             return
         for out in outputs:
             with self._lock:
@@ -378,17 +377,24 @@ class ModelWorker:
             with self.residence.lock:
                 t0 = time.perf_counter()
                 was_loaded = self.loaded
-                self.residence.ensure(warm=threading.current_thread() is self.thread)
+                self.residence.ensure(warm=threading.current_thread() is self.thread, wanted=self._wanted)
                 if isinstance(job, Job):
                     job.load_s = 0.0 if was_loaded else time.perf_counter() - t0
             return None
         except NoRoom as e:
             return Failed(503, e.message)
+        except Abandoned:
+            self.aborted += 1
+            return Failed(499, "the client went away")
         except LocalgenError as e:
             return Failed(500, f"cannot load {self.name}: {e.message}")
         except Exception as e:
             self._internal(e, "loading the model")
             return Failed(500, f"cannot load {self.name}: {INTERNAL}")
+
+    def _wanted(self) -> bool:
+        """Whether a client still waits for this model's load: a job not taken in yet whose client is there."""
+        return any(not job.cancelled.is_set() for job in self._jobs(*WAITING))
 
     def _drain(self, event: Failed) -> None:  # the jobs in flight and every job still queued
         self._drain_running(event)

@@ -50,19 +50,27 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def check_schema(schema: Any, where: str) -> None:
-    """A ToolError unless `schema` is a valid JSON Schema for an object of arguments."""
+def check_schema(schema: Any, where: str, field: str = "parameters") -> None:
+    """A ToolError unless `schema` is a valid JSON Schema for an object of arguments (`field`: the API's name
+    for it: OpenAI's parameters, Anthropic's input_schema)."""
     import jsonschema
 
     if not isinstance(schema, dict):
-        raise ToolError(f"{where}: parameters must be a JSON Schema object")
+        raise ToolError(f"{where}: {field} must be a JSON Schema object")
     if schema.get("type", "object") != "object":
-        raise ToolError(f"{where}: parameters must describe an object (type: object)")
+        raise ToolError(f"{where}: {field} must describe an object (type: object)")
     try:
         jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as e:
         path = "/".join(str(p) for p in e.path)
         raise ToolError(f"{where}: not a valid JSON Schema{f' at {path}' if path else ''}: {e.message}") from None
+
+
+def check_name(name: Any, field: str) -> str:
+    """A tool's name, or a ToolError naming the request's `field` that holds it."""
+    if not isinstance(name, str) or not name or len(name) > 64 or not set(name) <= NAME_CHARS:
+        raise ToolError(f"{field} must be 1-64 letters, digits, _ . or -")
+    return name
 
 
 def parse_tools(raw: Any) -> tuple[ToolSpec, ...]:
@@ -74,9 +82,7 @@ def parse_tools(raw: Any) -> tuple[ToolSpec, ...]:
         fn = item.get("function") if isinstance(item, dict) else None
         if not isinstance(item, dict) or item.get("type", "function") != "function" or not isinstance(fn, dict):
             raise ToolError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}")
-        name = fn.get("name")
-        if not isinstance(name, str) or not name or len(name) > 64 or not set(name) <= NAME_CHARS:
-            raise ToolError(f"tools[{i}].function.name must be 1-64 letters, digits, _ . or -")
+        name = check_name(fn.get("name"), f"tools[{i}].function.name")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         check_schema(params, f"tools[{i}] ({name})")
         desc = fn.get("description", "")

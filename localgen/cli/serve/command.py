@@ -102,6 +102,11 @@ def start(f: ServeArgs) -> None:
     if f.log_format not in ("text", "json"):
         raise UsageError(f"--log-format is text or json, not {f.log_format!r}")
     log = ServeLog(json_lines=f.log_format == "json", access=not f.quiet)
+    if log.json:  # llama.cpp's abort (it ends the process) is one of serve's JSON lines too
+        from localgen.native.lib import abort_line
+        from localgen.serve.servelog import fatal_line
+
+        abort_line(fatal_line)
     try:
         _start(f, log)
     except LocalgenError as e:
@@ -136,7 +141,8 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     except LocalgenError as e:
         raise UsageError(f"--keep-alive: {e.message}") from None
     policy = Policy(api_key=key, origins=origins_from(listen.cors, os.environ.get("LOCALGEN_ORIGINS")),
-                    check_host=is_loopback(listen.host), max_body=_max_body(listen.max_body))
+                    check_host=is_loopback(listen.host), max_body=_max_body(listen.max_body),
+                    read_timeout=listen.read_timeout)
     models = model_settings(f.knobs, f.batching.parallel)  # the flags are valid before anything loads
     cache_ram = _cache_ram(f.batching.cache_ram)  # before the port: a bad flag is a usage error whatever listens there
     cache_disk = _cache_disk(f.batching.cache_disk)
@@ -157,7 +163,14 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
                                      size=MAX_FETCHES, wait=FETCH_WAIT_S)
     app.state.front.log = log
     # our access line (serve/app.py's FrontDoor) replaces uvicorn's, which is off even with --verbose
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    from localgen.serve.stalls import with_header_deadline
+
+    # a connection that sends no request, or half its headers, is closed after --read-timeout (uvicorn would
+    # wait forever); one idle between requests after uvicorn's keep-alive timeout
     config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning" if not f.verbose else "info",
+                            http=with_header_deadline(AutoHTTPProtocol, listen.read_timeout), timeout_keep_alive=5,
                             timeout_graceful_shutdown=math.ceil(f.drain_timeout) + 1, access_log=False,
                             lifespan="on", **_uvicorn_logging(log.json))
     server = _Server(config)

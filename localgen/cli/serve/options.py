@@ -50,6 +50,11 @@ class ListenOptions(OptionGroup):
         str, typer.Option("--max-body", rich_help_panel=SERVE,
                           help="Largest request body (e.g. 512k, 16M); larger ones get 413.")
     ] = "16M"
+    read_timeout: Annotated[
+        float, typer.Option("--read-timeout", min=1, max=3600, rich_help_panel=SERVE, metavar="SECONDS",
+                            help="A client must send a request's headers, and each part of its body, within "
+                                 "this time: a stalled connection is closed (a stalled body gets 408).")
+    ] = 30.0
     webui: Annotated[
         bool, typer.Option("--webui/--no-webui", rich_help_panel=SERVE,
                            help="A chat page at / for browsers (with --api-key it asks for the key); "

@@ -1,0 +1,289 @@
+"""`serve` at its edges, as a client meets them: a prompt of no tokens (never decoded, whatever the mode), a
+decode that fails (`internal error`, counted), a load whose clients left (dropped before it evicts anything),
+clients that leave mid-body or mid-stream (499, with the tokens made for them), stalled connections (closed),
+doubled headers, loose types and the words of the errors. Each runs against a `localgen serve` child; the
+engine's own refusal and the decode fault run in this process."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.test_serve import Server
+from tests.test_serve_hostile import InProcess
+
+MODEL = "smollm2:135m"
+pytestmark = pytest.mark.slow  # every test talks to a server on SmolLM2
+
+
+@pytest.fixture(scope="module")
+def child(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(cli_env, "-np", "2", "--ctx", "2048", "--read-timeout", "2")
+    yield s
+    assert s.stop() == 0
+
+
+def _log(s: Server) -> str:
+    assert s.proc.stderr is not None
+    s.proc.stderr.seek(0)
+    return s.proc.stderr.read().decode()
+
+
+def _access(s: Server, request_id: str, deadline_s: float = 30) -> str:
+    """The access line of one request (written as it ends: waited for)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        line = next((ln for ln in _log(s).splitlines() if ln.endswith(f"id={request_id}")), None)
+        if line is not None or time.monotonic() > end:
+            return line or ""
+        time.sleep(0.1)
+
+
+def _still_answers(url: str) -> None:
+    r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "The capital of France is",
+                                                  "max_tokens": 3}, timeout=120)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
+
+
+# ---- 1. a prompt of no tokens -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body", [
+    {"prompt": "", "max_tokens": 2, "exact": True},  # the exact path decoded it: llama.cpp aborted the server
+    {"prompt": [""], "max_tokens": 2},  # the batch: llama_decode failed, a 500 with its text
+    {"prompt": "", "max_tokens": 2, "stream": True},
+])
+def test_a_prompt_of_no_tokens_is_a_400_and_the_server_lives(child: Server, body: dict[str, Any]) -> None:
+    before = child.health()["failed_jobs"]
+    r = httpx.post(f"{child.url}/v1/completions", json={"model": MODEL, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"].startswith("prompt must not be empty") and err["param"] == "prompt"
+    assert child.proc.poll() is None, _log(child)
+    assert child.health()["failed_jobs"] == before
+    _still_answers(child.url)
+
+
+def test_an_empty_string_a_model_gives_a_bos_for_is_a_prompt(child: Server) -> None:
+    # gemma3 adds BOS: "" is one token there, which it completes (decided on tokens, not on the string)
+    r = httpx.post(f"{child.url}/v1/completions", json={"model": "gemma3:270m", "prompt": "", "max_tokens": 2,
+                                                        "exact": True}, timeout=300)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 1, r.text
+
+
+def test_the_engine_refuses_a_prompt_of_no_tokens(smollm2_engine: Any) -> None:
+    from localgen.errors import EmptyPrompt, UsageError
+    from localgen.native.prompt import Prompt
+    from localgen.types import SamplingParams
+
+    with pytest.raises(EmptyPrompt) as e:
+        smollm2_engine.generate(Prompt.text([]), SamplingParams(max_tokens=2))
+    assert isinstance(e.value, UsageError) and e.value.exit_code == 2 and e.value.status == 400
+
+
+def test_llamacpp_abort_is_a_json_line_when_the_log_is_json(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = ("from localgen.native.lib import abort_line, lib, libggml\n"
+              "from localgen.serve.servelog import fatal_line\n"
+              "abort_line(fatal_line)\nlib()\nlibggml().ggml_abort(b'x.c', 1, b'GGML_ASSERT(boom) failed')\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    doc = json.loads(p.stderr.strip().splitlines()[-1])
+    assert doc["event"] == "error" and "llama.cpp stopped: GGML_ASSERT(boom) failed" in doc["message"]
+    assert doc["exit_code"] == 1
+
+
+# ---- 2. a decode that fails ---------------------------------------------------------------------------
+
+def test_a_failed_decode_says_internal_error_and_health_counts_it(smollm2_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from localgen.errors import LocalgenError
+
+    s = InProcess(smollm2_path)
+    try:
+        _still_answers(s.url)  # warmed up (in the worker's thread) before the fault goes in
+        pc = s.worker.residence.pc
+
+        def decode(n: int) -> None:
+            raise LocalgenError("llama_decode failed (-1) with 1 sequence")
+
+        monkeypatch.setattr(pc, "decode", decode)
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4}, timeout=60)
+        monkeypatch.undo()
+        assert r.status_code == 500 and r.json()["error"]["message"].startswith("internal error"), r.text
+        assert "llama_decode" not in r.text
+        health = httpx.get(f"{s.url}/health").json()["models"][MODEL]
+        assert health["failed_jobs"] == 1 and health["last_error"].startswith("decoding")
+        _still_answers(s.url)
+    finally:
+        s.close()
+
+
+# ---- 3. a load whose clients left ---------------------------------------------------------------------
+
+def test_a_load_whose_client_left_evicts_nothing(cli_env: dict[str, str], gemma_path: Path) -> None:
+    s = Server(cli_env, "--max-models", "1", "-np", "1")
+    try:
+        busy: dict[str, Any] = {}
+
+        def long() -> None:
+            busy["r"] = httpx.post(f"{s.url}/v1/completions", json={
+                "model": MODEL, "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True}, timeout=300)
+
+        t = threading.Thread(target=long)
+        t.start()
+        while s.health()["running"] == 0:
+            time.sleep(0.05)
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{s.url}/v1/completions", json={"model": "gemma3:270m", "prompt": "Hi", "max_tokens": 2},
+                       headers={"X-Request-Id": "leaver"}, timeout=2)
+        assert " 499 " in _access(s, "leaver"), _log(s)  # dropped at once, not after --load-wait
+        assert "gemma3:270m waits for room" in _log(s), "the load waited for SmolLM2's room when its client left"
+        health = httpx.get(f"{s.url}/health", timeout=10).json()
+        assert health["residency"]["waiting"] == [] and health["models"][MODEL]["yielding_to"] == []
+        t.join()
+        assert busy["r"].status_code == 200
+        _still_answers(s.url)  # a load still waiting would have had the room first (fair swap), evicting SmolLM2
+        assert httpx.get(f"{s.url}/health", timeout=10).json()["residency"]["loaded"] == [MODEL]
+        assert "to make room for gemma3" not in _log(s) and "loaded gemma3" not in _log(s)
+    finally:
+        assert s.stop() == 0
+
+
+# ---- 5. clients that leave ----------------------------------------------------------------------------
+
+def test_a_client_that_leaves_mid_stream_is_a_499_with_its_tokens(child: Server) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{child.url}/v1/chat/completions", json=body, timeout=60,
+                      headers={"X-Request-Id": "streamleaver"}) as r:
+        lines = r.iter_lines()
+        for _ in range(4):
+            next(lines)
+    line = _access(child, "streamleaver")
+    assert re.search(r" 499 \d+\+\d+ tokens ", line), _log(child)
+
+
+def test_a_client_that_leaves_mid_body_is_a_499(child: Server) -> None:
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"X-Request-Id: bodyleaver\r\nContent-Length: 100\r\n\r\n{\"mo")
+        time.sleep(0.5)
+    assert " 499 " in _access(child, "bodyleaver"), _log(child)
+    metrics = httpx.get(f"{child.url}/metrics", timeout=10).text
+    assert 'status="none"' not in metrics
+
+
+# ---- 4. stalled connections ---------------------------------------------------------------------------
+
+def _closed_by_server(port: int, data: bytes) -> bytes:
+    """What the server sends on a connection the client stalls on, until the server closes it (a safety net
+    well past --read-timeout: a connection held open fails the test)."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(60)
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(4096):
+            out += chunk
+        return out
+
+
+@pytest.mark.parametrize("data", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: loc"], ids=["nothing", "half-header"])
+def test_a_connection_that_sends_no_whole_request_is_closed(child: Server, data: bytes) -> None:
+    assert _closed_by_server(child.port, data) == b""
+
+
+def test_a_stalled_body_is_a_408_and_closed(child: Server) -> None:
+    out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                                        b"application/json\r\nContent-Length: 100\r\n\r\n{")
+    assert out.startswith(b"HTTP/1.1 408") and b"--read-timeout" in out, out
+
+
+# ---- 6. headers a request may carry once --------------------------------------------------------------
+
+@pytest.mark.parametrize("doubled", [b"Host: localhost\r\nHost: evil.com",
+                                     b"Host: localhost\r\nContent-Type: application/json\r\nContent-Type: text/plain",
+                                     b"Host: localhost\r\nContent-Type: application/json\r\nContent-Length: 2"])
+def test_a_doubled_host_or_content_type_is_a_400(child: Server, doubled: bytes) -> None:
+    body = b'{"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 1}'
+    out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.1\r\n" + doubled + b"\r\nConnection: close"
+                            b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert out.startswith(b"HTTP/1.1 400"), out
+    assert b"more than one" in out or b"Content-Length: 2" in doubled, out  # httptools refuses that one itself
+
+
+def test_a_request_without_host_is_allowed(child: Server) -> None:  # HTTP/1.0 clients send none (serve.md)
+    out = _closed_by_server(child.port, b"GET /health HTTP/1.0\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200"), out
+
+
+# ---- 7-9. loose types and the words of the errors: each a 400 naming the request's own field ---------------
+
+HI = [{"role": "user", "content": "hi"}]
+WORDS = [  # (route, body, words the message holds, the param, or None for APIs whose errors carry none)
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 2, "mirostat_tau": 500}, "mirostat_tau must be",
+     "mirostat_tau"),
+    ("/api/chat", {"messages": HI, "stream": False, "options": {"mirostat_tau": 500}}, "options.mirostat_tau must be",
+     None),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 2, "dynatemp_exponent": 50}, "dynatemp_exponent must be",
+     "dynatemp_exponent"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 2, "dry_sequence_breakers": 5},
+     "dry_sequence_breakers must be", "dry_sequence_breakers"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 2, "temperature": 50}, "temperature must be within",
+     "temperature"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": True}, "max_tokens must be an integer", "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "logprobs": 50}, "logprobs must be an integer from 0 to 20",
+     "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "system, developer, user", "messages"),
+    ("/v1/messages", {"messages": HI, "max_tokens": 2, "tools": [{"name": "x", "input_schema": 5}]},
+     "input_schema must be a JSON Schema object", None),
+    ("/v1/messages", {"messages": HI, "max_tokens": 2, "tools": [{"name": 5, "input_schema": {}}]},
+     "tools[0].name must be", None),
+    ("/v1/messages", {"messages": HI, "max_tokens": 10**12}, "max_tokens must be an integer from 1 to", None),
+    ("/v1/messages", {"messages": HI, "max_tokens": 2, "temperature": 5}, "temperature must be a number from 0 to 1",
+     None),
+    ("/v1/messages", {"messages": HI, "max_tokens": 2, "top_p": 1.5}, "top_p must be a number from 0 to 1", None),
+    ("/v1/messages", {"messages": [{"role": "user", "content": []}], "max_tokens": 2},
+     "messages.0: all messages must have non-empty content", None),
+    ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": 5}]}, "tools[0].name must be",
+     "tools[0]"),
+    ("/v1/responses", {"input": "hi", "previous_response_id": "x" * 100_000}, "Previous response with id",
+     "previous_response_id"),
+    ("/api/embed", {"input": "hi", "dimensions": 10**9}, "dimensions must be within 1 to", None),
+    ("/api/generate", {"prompt": "hi", "stream": "no"}, "`stream` must be true or false", None),
+    ("/api/generate", {"prompt": "hi", "suffix": "end", "stream": False}, "`suffix` is not supported", None),
+    ("/api/chat", {"messages": [*HI, {"role": "tool", "content": "x", "tool_name": 5}], "stream": False},
+     "`tool_name` must be a string", None),
+    ("/api/pull", {"model": "x/y:", "stream": False}, "empty parts", None),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "words", "param"), WORDS, ids=[f"{p}-{w[:24]}" for p, _, w, _ in WORDS])
+def test_an_error_names_what_the_client_sent(child: Server, path: str, body: dict[str, Any], words: str,
+                                             param: str | None) -> None:
+    r = httpx.post(f"{child.url}{path}", json={"model": MODEL, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    doc = r.json()
+    err = doc["error"]
+    message = err if isinstance(err, str) else err["message"]
+    assert words in message, message
+    assert "--" not in message and "mirostat_ent" not in message and "-1" not in message
+    assert len(r.text) < 2_000, "a long value is cut, not echoed whole"
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_anthropic_allows_an_empty_final_assistant_message(child: Server) -> None:
+    r = httpx.post(f"{child.url}/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": [
+        *HI, {"role": "assistant", "content": ""}]}, timeout=60)
+    assert r.status_code == 200, r.text
