@@ -178,7 +178,11 @@ def check(name: str, value: Any, label: str | None = None) -> Any:
             checked_text(x, shown)
         return tuple(x for x in value if x)
     if k.kind == BIAS:
-        return _check_bias(value)
+        try:
+            return _check_bias(value)
+        except UsageError as e:  # named as given (Ollama's options.logit_bias)
+            raise UsageError(shown + e.message.removeprefix(name) if e.message.startswith(name) else e.message) \
+                from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UsageError(f"{shown} must be {'an integer' if k.kind == INT else 'a number'}, not {value!r}")
     if k.kind == INT:

@@ -186,8 +186,9 @@ def test_a_bad_value_is_named_as_the_client_spelled_it() -> None:
                 continue
             with pytest.raises(HTTPError) as e:
                 _parsed(parser, body, where, {theirs: bad[ours]})
-            assert e.value.status == 400 and e.value.message.startswith(f"{theirs} must be "), (api, theirs, e.value)
-            assert e.value.param == theirs
+            field = f"{where}.{theirs}" if where else theirs  # Ollama's sit in options
+            assert e.value.status == 400 and e.value.message.startswith(f"{field} must be "), (api, theirs, e.value)
+            assert e.value.param == field
 
 
 def _far_from_default() -> SamplingParams:

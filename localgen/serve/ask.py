@@ -45,18 +45,18 @@ class Ask:
     fields: tuple[tuple[str, str], ...] = ()  # each setting's field in the request, by the table's name (errors)
 
 
-def sampling_values(where: Mapping[str, Any], api: str) -> dict[str, Any]:
+def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dict[str, Any]:
     """The sampling settings a request gives in an API's spellings (settings.py's table: a knob added there
     reaches every API), by the table's names; each value checked here, so that a 400 names the field the client
-    sent (Ollama's num_predict, not max_tokens)."""
+    sent (Ollama's options.num_predict, not max_tokens). `prefix`: where they sit (Ollama's "options.")."""
     out: dict[str, Any] = {}
     for theirs, ours in settings.spellings(api).items():
         if theirs in where:
             if where[theirs] is not None:
                 try:
-                    settings.check(ours, where[theirs], theirs)
+                    settings.check(ours, where[theirs], prefix + theirs)
                 except UsageError as e:
-                    raise HTTPError(400, e.message, param=theirs) from None
+                    raise HTTPError(400, e.message, param=prefix + theirs) from None
             out[ours] = where[theirs]
     return out
 

@@ -63,7 +63,7 @@ class Generate:
             raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"", param="think")
         fmt = body.get("format")
         common: dict[str, Any] = dict(
-            values=sampling_values(opts, "ollama"), fields=request_fields(opts, "ollama", "options."),
+            values=sampling_values(opts, "ollama", "options."), fields=request_fields(opts, "ollama", "options."),
             schema=Schema(fmt, "format") if fmt not in (None, "") else None,
             thinking=None if think is None else think is not False, effort=think if isinstance(think, str) else None,
             exact=flag(opts, "exact", "options.exact"), split_reasoning=split_reasoning(body),
