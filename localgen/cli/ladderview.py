@@ -19,7 +19,7 @@ from localgen.units import format_bytes
 def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label: str, settings: ms.Settings,
                speed: ladder.Speed, kld_bound: float, output: str | None) -> None:
     """Measure every file against the reference; each row goes to bench's history as it is measured. `output`:
-    None (a table and the verdict), or one of FORMATS."""
+    None (a table and the verdict), or one of bench's -o formats (show)."""
     from localgen.bench import history, records
     from localgen.cli.output import ErrWriter
     from localgen.cli.perplexity import ChunkView
@@ -57,9 +57,6 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
         view.end()
     show(found, kld_bound, output, run_id)
     err.line(f"saved as run {run_id}: localgen bench history {run_id}")
-
-
-FORMATS = ("md", "csv", "json", "jsonl")  # as bench's own -o
 
 
 def show(found: list[ladder.Row], kld_bound: float, output: str | None, run_id: int | None = None) -> None:
