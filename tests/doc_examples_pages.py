@@ -78,6 +78,7 @@ class Page:
     written: int = 0
     given: str = ""  # the latest example's stdin
     server: Served | None = None  # a serve example's, left up for the ps after it (doc_examples_check.kept)
+    found: str | None = None  # the conversation a `logs -q` just run found first: ID in the next example run
 
     def prepare(self, v: Verdict) -> None:
         """The files the example reads (and a Modelfile's ADAPTER), as the page has them at its line."""

@@ -312,3 +312,62 @@ def test_the_bandwidth_is_measured_once_a_day_per_machine(tmp_path: Path, monkey
     assert bandwidth.remembered() == 1e10 + 2 and len(measured) == 3
     cached.write_text("not json")
     assert bandwidth.remembered() == 1e10 + 3 and json.loads(cached.read_text())["bytes_per_s"] == 1e10 + 3
+
+
+def test_the_limit_counts_the_weights_a_token_reads(cli_env: dict[str, str], tmp_path: Path, moe_path: Path,
+                                                    smollm2_path: Path) -> None:
+    """docs/bench.md: the limit is the memory bandwidth over the bytes a token reads: every weight of a dense model
+    with a tied embedding (SmolLM2), but of a mixture of experts only the share of its expert tensors that its
+    router picks (expert_used_count of expert_count), and of an untied embedding table one row."""
+    import time
+
+    from localgen.bench import bandwidth
+    from localgen.models import footprint
+    from localgen.models.gguf_meta import read_summary
+
+    home = tmp_path / "home"
+    (home / "cache").mkdir(parents=True)
+    bw = 1e10
+    (home / "cache" / "bandwidth.json").write_text(json.dumps({"machine": bandwidth.machine(), "at": time.time(),
+                                                               "bytes_per_s": bw}))
+    r = bench({**cli_env, "LOCALGEN_HOME": str(home)}, "-m", f"{moe_path},{smollm2_path}", "-p", "0", "-n", "2",
+              "-r", "1", "--no-e2e", "-o", "json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    by = {Path(x["model_filename"]).name: x for x in json.loads(r.stdout)}
+    moe, dense = by[moe_path.name], by[smollm2_path.name]
+    if moe["n_gpu_layers"]:
+        pytest.skip("the limit is host memory bandwidth: no figure with layers on a GPU")
+    s, w = read_summary(str(moe_path)), footprint.layout(str(moe_path))
+    n, used = s.metadata["qwen3moe.expert_count"], s.metadata["qwen3moe.expert_used_count"]
+    experts = sum(w.experts)
+    assert 0 < used < n and experts > w.total // 3
+    read = w.total - experts + experts * used // n
+    if not w.tied:
+        read -= w.embedding - w.embedding // s.vocab_size
+    assert moe["model_size"] == w.total > read
+    assert moe["limit_ts"] == round(bw / read, 2)
+    assert dense["limit_ts"] == round(bw / dense["model_size"], 2)  # tied: every weight, the table read as output
+
+
+def test_the_micro_batch_recorded_is_the_one_asked_and_used(bench_here: InProcessCLI,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/benchmarks.md: bench's records name the settings as llama-bench's do, and llama-bench records -ub as
+    asked. Short tests (-p 8 -n 2) still get a context that holds the micro-batch, so llama.cpp's context
+    (its own getter) uses the value recorded: asked, or the rule's 512."""
+    from localgen.engine.bench import BenchContext
+    from localgen.native.lib import lib
+
+    used: list[int] = []
+    measure = BenchContext.prompt
+
+    def prompt(self: BenchContext, n: int) -> float:
+        used.append(lib().llama_n_ubatch(self.ctx))
+        return measure(self, n)
+
+    monkeypatch.setattr(BenchContext, "prompt", prompt)
+    for args, want in ((["-ub", "512"], 512), ([], 512), (["-ub", "64"], 64)):
+        used.clear()
+        r = bench_here("bench", "-p", "8", "-n", "2", "-r", "1", "-b", "2048", "--no-e2e", "-o", "jsonl", *args)
+        assert r.returncode == 0, r.stderr
+        assert {json.loads(x)["n_ubatch"] for x in r.stdout.splitlines()} == {want}, args
+        assert set(used) == {want}, args

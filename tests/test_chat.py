@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -74,6 +75,38 @@ def test_repl_turns_and_slash_commands(cli_env: dict[str, str], home: Path, tmp_
     assert "Thanks!" not in users, "/undo dropped the last exchange"
     assert saved["settings"]["temperature"] == 0.3
     assert (home / "data" / "chats" / "replchat.json").exists(), "the autosave under the first name stays"
+
+
+def test_clear_after_save_starts_a_new_conversation_and_keeps_the_saved_one(cli_env: dict[str, str],
+                                                                          home: Path) -> None:
+    """chat.md: `/clear` goes on in a new conversation (a name from the clock, its own in the log), so the one
+    saved with `/save NAME` is never emptied: `/load NAME` brings it back whole."""
+    chats = home / "data" / "chats"
+    before = set(chats.glob("*.json"))
+    child = spawn(cli_env, "-n", "4", "--temp", "0")
+    send(child, "Remember the word kumquat.", r"tok/s")
+    send(child, "/save mychat", r"saved to")
+    child.sendline("/clear")
+    child.expect(r"conversation cleared: this chat goes on as (chat-[\d-]+) \(mychat is kept as it was\)")
+    new = child.match.group(1)
+    child.expect_exact(PROMPT)
+    send(child, "Hello again.", r"tok/s")
+    send(child, "/load mychat", r"continuing mychat: 2 messages")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    kept, fresh = ChatSession.load("mychat"), ChatSession.load(new)
+    assert [m["content"] for m in kept.messages if m["role"] == "user"] == ["Remember the word kumquat."]
+    assert [m["content"] for m in fresh.messages if m["role"] == "user"] == ["Hello again."]
+    with sqlite3.connect(home / "data" / "logs" / "logs.db") as db:
+        logged = db.execute("SELECT conversation_id, prompt FROM responses WHERE conversation_id IN (?, ?) "
+                            "ORDER BY id", (kept.log_id, fresh.log_id)).fetchall()
+    assert logged == [(kept.log_id, "Remember the word kumquat."), (fresh.log_id, "Hello again.")]
+    assert fresh.log_id != kept.log_id, "the new conversation is a new one in the log too"
+    # the first name's autosave (kept by /save, as chat.md says), mychat and the new one
+    made = sorted(p.stem for p in set(chats.glob("*.json")) - before)
+    assert len(made) == 3 and {"mychat", new} < set(made), made
 
 
 def test_ctrl_c_stops_answer_and_keeps_it(cli_env: dict[str, str], home: Path) -> None:
@@ -255,6 +288,19 @@ def test_save_never_overwrites_another_conversation(cli: CLI, home: Path) -> Non
     assert (home / "data" / "chats" / "keepme.json").read_text() == before
 
 
+def test_undo_and_retry_edit_the_saved_conversation_and_the_log_keeps_every_answer(cli: CLI, home: Path) -> None:
+    """chat.md: /undo drops the last exchange and /retry the answer it replaces, from the conversation and its
+    file; the log keeps them."""
+    r = cli("chat", "editme", "-n", "4", input="Hi\n/retry\nBye\n/undo\n")
+    assert r.returncode == 0, r.stderr
+    saved = ChatSession.load("editme")
+    assert [m["role"] for m in saved.messages] == ["user", "assistant"] and saved.messages[0]["content"] == "Hi"
+    with sqlite3.connect(home / "data" / "logs" / "logs.db") as db:
+        logged = [p for (p,) in db.execute("SELECT prompt FROM responses WHERE conversation_id = ? ORDER BY id",
+                                          (saved.log_id,))]
+    assert logged == ["Hi", "Hi", "Bye"]
+
+
 def test_load_clear_and_display_settings(cli: CLI) -> None:
     r = cli("chat", "loadme", "-n", "4", input="/set temperature 0.3\n/set top_k 7\nHi\n")
     assert r.returncode == 0, r.stderr
@@ -265,7 +311,7 @@ def test_load_clear_and_display_settings(cli: CLI) -> None:
     assert "temperature 0.3" in r.stderr and "top_k 7" in r.stderr, "/load applies the loaded settings"
     assert "conversation cleared" in r.stderr and "0 messages" in r.stderr
     assert "think off" in r.stderr and "markdown off" in r.stderr
-    assert ChatSession.load("loadme").messages == [], "/clear clears the conversation it continues"
+    assert len(ChatSession.load("loadme").messages) == 2, "/clear leaves the conversation it continues as it was"
 
 
 NO_TEMPLATE = "gemma3:270m has no chat template (it may be a base model): the conversation goes to it as plain text"

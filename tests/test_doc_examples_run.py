@@ -14,8 +14,10 @@ its port is safe to use); a `localgen ps` right after a serve on its page asks t
   is docs/run.md's `--grammar 'root ::= "yes" | "no"'`) or a line of text; the checkout's paths (`tests/...`)
   are linked in. PROVIDED: `path/to/model.gguf` is SmolLM2, `style.gguf` and `other.gguf` LoRA adapters for it
   (tests/tiny_lora.py), `bge-reranker.gguf` the tiny BERT reranker (tests/tiny_bert.py); a home where a serve
-  lists or loads Gemma gets the session home's assembled copy (not a 250 MB copy per page). ID is the page's
-  latest logged conversation, MODEL smollm2:135m. stdin: what the command piped in prints (bash runs it in the
+  lists or loads Gemma gets the session home's assembled copy (not a 250 MB copy per page). ID is the
+  conversation the example run just before found, where that is a `logs -q` that found one (its best match's;
+  an example going on with a conversation then must go on with that one), else the page's latest logged
+  conversation; MODEL is smollm2:135m. stdin: what the command piped in prints (bash runs it in the
   scratch directory; `git diff` gets a sample diff), or the file after `<`; a chat given none gets "Hi".
 - Generation is bounded as a user would bound it, the examples unchanged: each home's user `models.toml`
   repeats the shipped smollm2:135m entry with `max_tokens = 4` added to its sampling settings (docs/models.md,
@@ -32,7 +34,8 @@ files); it is a benchmark or tuning too long for the suite (its size in the reas
 example on the page made (`bench compare 3 5`, `chat --resume trip-plans`); it asks at a terminal; it costs
 more than this file's budget (a batch's `--parallel 8`); it runs `.venv/bin/python` and the checkout's venv is
 elsewhere; or it repeats an example already run (the
-same argv, environment and stdin, or the same but for the prompt's words)."""
+same argv, environment and stdin, or the same but for the prompt's words), but for one going on with a logged
+conversation (`--continue`, `--cid ID`, `--resume ID`): which one is its page's."""
 
 from __future__ import annotations
 
@@ -157,6 +160,11 @@ def _needs_earlier(v: Verdict, state: PageState) -> str | None:
     return None if name is None or state.chats else "resumes the last chat, and no example before it chats"
 
 
+def _goes_on(v: Verdict) -> bool:
+    """It goes on with a logged conversation: `--continue` (`-C`), or `--cid ID` / `--resume ID`."""
+    return bool({"--continue", "-C", "ID"} & set(v.example.argv))
+
+
 def _network(v: Verdict, state: PageState) -> str | None:
     hosts = [*values(v.argv, "--endpoint", "--rpc"),
              *(val for k, val in v.example.env if k in ("LOCALGEN_ENDPOINT", "LLAMA_ARG_RPC"))]
@@ -206,7 +214,9 @@ def _plan() -> list[Verdict]:
         v, state = Verdict(ex, *_stdin_source(ex, nth[ex.where])), states[ex.where.split(":")[0]]
         nth[ex.where] += 1
         rule, detail = next(((name, d) for name, check in RULES.items() if (d := check(v, state))), (None, ""))
-        if rule is None and v.key() in seen:
+        if rule is None and _goes_on(v):
+            pass  # which conversation it goes on with is its page's: never a repeat of another page's
+        elif rule is None and v.key() in seen:
             rule, detail = REPEATS, f"the same as {seen[v.key()]}, run there"
         elif rule is None and v.key(words=False) in seen:
             rule, detail = REPEATS, f"the same as {seen[v.key(words=False)]}, run there, but for the prompt's words"
@@ -277,7 +287,8 @@ def test_doc_example(verdict: Verdict, pages: Callable[[str], Page]) -> None:
     that serves starts, answers, passes Served.check and stops as it should (tests/doc_examples_check.py)."""
     page = pages(verdict.page)
     page.prepare(verdict)
-    argv = tuple(page.last_conversation() if a == "ID" else a for a in verdict.argv)
+    found, page.found = page.found, None
+    argv = tuple((found or page.last_conversation()) if a == "ID" else a for a in verdict.argv)
     if _needs_gemma(verdict) or argv[0] == "serve":  # a serve lists Gemma too, and a listing assembles it
         page.assemble_gemma()
     cli = CLI({**page.cli.env, **dict(verdict.example.env)})
@@ -292,3 +303,9 @@ def test_doc_example(verdict: Verdict, pages: Callable[[str], Page]) -> None:
         r = cli(*argv, input=page.given, cwd=page.work)
         assert r.returncode == 0 and "Traceback" not in r.stderr, f"exit {r.returncode}: {r.stderr[-3000:]}"
         check(r.stdout, page, argv)
+        if argv[0] == "logs" and {"-q", "--query"} & set(argv):  # its best match's conversation, for ID after it
+            page.found = next(iter(re.findall(r"conversation (\w+)", r.stdout)), None)
+        if found and argv[0] in ("run", "chat") and _goes_on(verdict):
+            assert page.last_conversation() == found, (
+                "after a `logs -q` that found a conversation, the example goes on with another one "
+                f"({page.last_conversation()}, not {found}): use --cid ID")

@@ -86,6 +86,28 @@ def test_a_moe_model_runs_with_each_placement_flag_and_llama_cpp_applies_it(cli:
     assert plain["moved"] == {} and plain["n_cpu_moe"] is None
 
 
+def test_fits_flags_are_the_settings_run_loads_with(cli: CLI, cli_in_process: InProcessCLI, moe_path: Path) -> None:
+    """docs/fit.md: `flags` are the settings run, chat and serve would load with, placement and load settings
+    given included: run with fit's flags loads what run with the flags given loads."""
+    import shlex
+
+    m = str(moe_path)
+    for given in (["--n-cpu-moe", "2"], ["--cpu-moe"],
+                  ["-ot", r"blk\.[13]\.ffn_(up|down)_exps=CPU", "--n-cpu-moe", "1"],
+                  ["-ctk", "q8_0", "-fa", "on", "-ub", "256", "--no-repack"]):
+        r = cli_in_process("fit", "-m", m, "--ctx", "2048", "--json", *given)
+        assert r.returncode == 0, r.stderr
+        flags = shlex.split(json.loads(r.stdout)["flags"])
+        assert flags[:2] == ["--ctx", "2048"] and all(x in flags for x in given), (given, flags)
+
+        def loaded(args: list[str]) -> dict[str, Any]:
+            out = cli("run", "-m", m, "--raw", "-p", "hi", "-n", "1", "--json", *args)
+            assert out.returncode == 0, out.stderr[-2000:]
+            return {k: v for k, v in json.loads(out.stdout)["load"].items() if k != "origins"}
+
+        assert loaded(flags) == loaded(["--ctx", "2048", *given]), given
+
+
 # ---- the planner on shapes we do not have ----------------------------------------------------------------
 
 
@@ -116,9 +138,19 @@ def test_plans_for_an_8b_dense_model_on_small_and_large_cards(shape_path: Callab
     assert _within_budgets(small)  # and 256 tokens more would push a layer off the card:
     assert _plan(path, (8 * GB,), ctx=small.ctx + 256, shrink=False).gpu_layers == 32
     tiny = _plan(path, (4 * GB,))  # not even at the floor: layers leave the GPU, from the first
-    assert tiny.verdict == fit.PARTIAL_GPU and tiny.ctx == fit.MIN_CTX and 0 < tiny.gpu_layers < 33
-    assert tiny.footprint.on("GPU").kv == footprint.kv_bytes(s, fit.MIN_CTX, layers=tiny.gpu_layers - 1)
-    assert _within_budgets(tiny)
+    at_floor = _plan(path, (4 * GB,), ctx=fit.MIN_CTX)
+    assert tiny.verdict == fit.PARTIAL_GPU and 0 < tiny.gpu_layers == at_floor.gpu_layers < 33
+    # then the context grows back to the largest those layers hold: each layer's KV cache goes with its layer
+    assert fit.MIN_CTX < tiny.ctx < 131072 and tiny.shrunk and not tiny.whole and _within_budgets(tiny)
+    assert tiny.footprint.on("GPU").kv == footprint.kv_bytes(s, tiny.ctx, layers=tiny.gpu_layers - 1)
+    assert tiny.footprint.on("CPU").kv == footprint.kv_bytes(s, tiny.ctx, layers=33 - tiny.gpu_layers)
+    more = footprint.estimate(s, w, LoadParams(n_ctx=tiny.ctx + 256), gpu_layers=tiny.gpu_layers)
+    assert more.on("GPU").total > tiny.machine.gpu_budget(0)
+    # a card too small for any layer: everything in RAM, at the context RAM holds, as with no GPU at all
+    for ram in (64 * GB, 8 * GB):
+        none = _plan(path, (int(1.7 * GB),), ram=ram)
+        assert none.verdict == fit.CPU_ONLY and none.gpu_layers == 0 and none.footprint.gpus == ()
+        assert none.ctx == _plan(path, (), ram=ram).ctx > fit.MIN_CTX
     two = _plan(path, (12 * GB, 12 * GB))
     assert two.layers[0] + two.layers[1] == 32 and abs(two.layers[0] - two.layers[1]) <= 2 and _within_budgets(two)
     cpu = _plan(path, ())
@@ -245,11 +277,20 @@ def test_a_plan_that_fits_nothing_says_so_and_exits_0_as_pull_list_does(
         assert "the largest that fits" not in r.stdout
         doc = json.loads(cli_in_process("fit", "-m", m, "--ram", "50M", *args, "--json").stdout)
         assert doc["verdict"] == "won't fit" and not doc["fits"]
-    # layers leave a card too small even at the floor: the floor is not "the largest that fits" either
+    # layers leave a card too small even at the floor, and the context grows back to what the rest hold: that is
+    # not "the largest that fits" (with every layer on the card) either
     r = cli_in_process("fit", "-m", str(shape_path("dense-8b")), "--gpu-memory", "4G", "--ram", "64G")
     line = _plan_line(r.stdout)
-    assert line.startswith("plan      partial GPU · context 4,096 tokens") and line.endswith(
-        "(shrunk to the floor, still short of GPU memory)"), line
+    assert line.startswith("plan      partial GPU · context 5,632 tokens") and line.endswith(
+        "(shrunk to fit, with layers off the GPU)"), line
+    # the layers left on a card fill it at the floor: the context stays there
+    r = cli_in_process("fit", "-m", m, "--gpu-memory", "1.8G", "--ram", "8G", "--ctx", "8192")
+    assert _plan_line(r.stdout) == ("plan      partial GPU · context 4,096 tokens (8,192 asked, shrunk to the floor, "
+                                    "still short of GPU memory)"), r.stdout
+    # no layer fits the card even at the floor: the plan of no GPU, the context asked in RAM (docs/fit.md)
+    r = cli_in_process("fit", "-m", m, "--gpu-memory", "1G", "--ctx", "8192")
+    assert _plan_line(r.stdout) == "plan      CPU only · context 8,192 tokens (as asked)", r.stdout
+    assert "0 of 31 on the GPU" in r.stdout
     # a card with room for every layer at a smaller context: that one is the largest that fits
     r = cli_in_process("fit", "-m", str(shape_path("dense-8b")), "--gpu-memory", "8G", "--ram", "64G")
     assert _plan_line(r.stdout).endswith("(the largest that fits)"), r.stdout
@@ -294,7 +335,7 @@ def test_fit_plans_with_a_presets_context_and_load_settings_as_run_loads_them(cl
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert (doc["ctx"], doc["asked"], doc["asked_by"], doc["largest"], doc["flags"]) == (
-        2048, 2048, "preset", False, "--ctx 2048")
+        2048, 2048, "preset", False, "--ctx 2048 -ctk q8_0")  # the preset's load settings are the load's too
     s = read_summary(doc["model"]["file"])
     assert doc["devices"][0]["kv"] == footprint.kv_bytes(s, 2048, "q8_0", "f16")  # the preset's K cache type
     assert _plan_line(lg("fit", "-m", "audit-ctx").stdout).endswith("context 2,048 tokens (the preset's num_ctx)")
@@ -356,6 +397,28 @@ def test_fit_loads_nothing(shape_path: Callable[[str], Path], cli_env: dict[str,
                        timeout=60, check=False)
     assert r.returncode == 0, r.stderr
     assert "full GPU" in r.stdout
+
+
+def test_a_card_too_small_for_any_layer_loads_the_context_asked_in_ram(cli_env: dict[str, str],
+                                                                      smollm2_path: Path) -> None:
+    """On a 1 GB card (described) no layer fits even at the floor: everything goes to RAM, and RAM holds the 8192
+    tokens asked, so run loads them (not the floor), with the KV cache llama.cpp's load log reports."""
+    from tests.test_footprint import reported
+
+    code = ("import sys\nfrom localgen.models import fit, footprint\nfrom localgen.models.load import open_engine\n"
+            "from localgen.models.resolve import resolve\nfrom localgen.types import LoadParams\n"
+            "ref = resolve(sys.argv[1])\nmachine = fit.described((1 << 30,), 8 << 30)\n"
+            "p = fit.plan(ref.summary, footprint.layout(ref.path), machine, LoadParams(n_ctx=8192), ctx=8192)\n"
+            "said = []\n"
+            "eng = open_engine(ref, LoadParams(n_ctx=8192), verbose=True, warn=said.append, machine=machine)\n"
+            "print(p.ctx, p.gpu_layers, p.footprint.on('CPU').kv, eng.params.n_ctx, len(said), flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True, text=True, env=cli_env,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ctx, gpu_layers, kv, loaded, warned = (int(x) for x in r.stdout.split())
+    sizes, offloaded, _ = reported(r.stderr)
+    assert (ctx, gpu_layers, loaded, warned, offloaded) == (8192, 0, 8192, 0, 0)
+    assert round(kv / (1 << 20), 2) == sizes["kv"] == 180.0
 
 
 def test_run_loads_by_the_plan_and_says_when_it_shrinks_the_context(smollm2_path: Path) -> None:

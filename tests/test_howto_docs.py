@@ -5,7 +5,7 @@ against the real CLI and a real `localgen serve` on SmolLM2.
   server's address and key put in), the agent's model made SmolLM2; a `claude-` name is the server's `-m`
   model, either key header is taken, and an OpenAI model name the server lacks is a 404.
 - docs/team.md: the chat page's requests leave no conversation on the server (no log), and the log's request
-  line, in text or JSON, holds no prompt or answer.
+  line, in text or JSON, holds no prompt or answer; `GET /api/ps` wants the key.
 - docs/ci.md: the same seed gives the same text, so does temperature 0; offline, a model not on disk is exit 1
   naming the offline mode; a bad flag is exit 2; a failed --file line is an `error` object and exit 1.
 - docs/bigger-engine.md: `show --json`'s `file` is `list --json`'s `path`; serve takes every llama.cpp flag the
@@ -99,6 +99,14 @@ def test_the_server_keeps_no_conversation_and_logs_no_text(server: Server, cli_e
     assert "pomegranate" not in said and (not answer.strip() or answer.strip() not in said)
 
 
+def test_api_ps_takes_the_key_as_the_team_page_says(server: Server) -> None:
+    assert "`GET /api/ps` with the key from any machine that reaches the server (without it, `401`)" in " ".join(
+        _page("team.md").split())
+    assert httpx.get(f"{server.url}/api/ps", timeout=60).status_code == 401
+    r = httpx.get(f"{server.url}/api/ps", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 200 and "models" in r.json(), r.text
+
+
 def test_the_same_seed_gives_the_same_text_and_so_does_temperature_0(cli: CLI) -> None:
     def text(*flags: str) -> str:
         r = cli("run", "-p", "Name a colour.", "-n", "12", "--no-log", "--json", *flags)
@@ -121,6 +129,21 @@ def test_the_ci_pages_exit_codes(cli: CLI, tmp_path: Path) -> None:
     r = cli("run", "--file", str(tmp_path / "p.jsonl"), "--json", "--no-log")
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert r.returncode == 1 and len(lines) == 2 and "text" in lines[0] and "error" in lines[1], r.stdout
+
+
+def test_the_ci_pages_exit_code_for_nothing_to_go_on_with(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """ci.md's table: `run --continue` and `chat --resume` in a home with no conversation yet, and a `--cid` or
+    `--resume NAME` that names none, are errors (1), not bad usage."""
+    row1 = next(line for line in (ROOT / "docs" / "ci.md").read_text(encoding="utf-8").splitlines()
+                if line.startswith("| 1 |"))
+    assert ("nothing to go on with (`run --continue` or `chat --resume` before any conversation, a `--cid` or "
+            "`--resume NAME` that names none)") in row1
+    empty = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path / "empty")})
+    for args in (["run", "--continue", "hi"], ["chat", "--resume"], ["run", "--cid", "nosuch", "hi"],
+                 ["chat", "--resume", "nosuch"]):
+        r = empty(*args, input="hi\n")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and r.stderr.startswith("localgen: error:"), (
+            args, r.stderr)
 
 
 def test_the_ci_pages_exit_codes_for_files(cli_in_process: InProcessCLI, tmp_path: Path) -> None:

@@ -89,9 +89,12 @@ def test_continue_sends_the_earlier_turns(lcli: CLI) -> None:
     assert r.returncode == 2 and "cannot be combined with --raw" in r.stderr
 
 
-def test_continue_with_an_empty_log_is_a_usage_error(lcli: CLI) -> None:
+def test_continue_with_an_empty_log_is_an_error_as_chat_resume_is(lcli: CLI) -> None:
+    """Nothing to go on with is exit 1 (docs/ci.md), for `run --continue` as for `chat --resume`."""
     r = lcli("run", "--continue", "hi")
-    assert r.returncode == 2 and "the log has no conversation yet" in r.stderr
+    assert r.returncode == 1 and "the log has no conversation yet" in r.stderr and r.stderr.count("\n") == 1
+    r = lcli("chat", "--resume", input="hi\n")
+    assert r.returncode == 1 and "there is no saved conversation to resume" in r.stderr, r.stderr
 
 
 def test_no_log_and_logs_off(lcli: CLI) -> None:

@@ -610,3 +610,32 @@ def test_gated_repo_in_pull_list_names_hf_token(env: dict[str, str], hub: hub_se
     r = lg(env, "pull", REPO, "--list")
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "gated" in r.stderr and "HF_TOKEN" in r.stderr
+
+
+@pytest.mark.parametrize("lost", ["link", "blob"])
+def test_a_split_model_missing_a_part_is_one_line_naming_it_offline(env: dict[str, str], hub: hub_server.FakeHub,
+                                                                     split_parts: list[Path], lost: str) -> None:
+    """A split model whose cache lost a part (its snapshot link, or the blob the link points at): `pull
+    --offline` and `run --offline` say which part is missing, in one line, and fail, before anything loads;
+    online, `run` and `pull` fetch that part again (and only that one)."""
+    hub.repos["acme/Split-GGUF"] = hub_server.HubRepo(COMMIT, {p.name: hub_server.HubFile(p) for p in split_parts})
+    assert lg(env, "pull", "acme/Split-GGUF:q4_1").returncode == 0
+    second = next((Path(env["HF_HUB_CACHE"]) / "models--acme--Split-GGUF" / "snapshots").glob(
+        f"*/{split_parts[1].name}"))
+    (second.resolve() if lost == "blob" else second).unlink()
+    for args in (("pull", "acme/Split-GGUF:q4_1", "--offline"),
+                 ("run", "-m", "acme/Split-GGUF:Q4_1", "--offline", "-p", "Hi", "-n", "2")):
+        r = lg(env, *args)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert f"part 2 of 2 of acme/Split-GGUF:Q4_1 ({split_parts[1].name}) is missing from the cache" in lines[0], \
+            r.stderr
+        assert "Traceback" not in r.stderr and len(lines) <= 2 and not r.stdout, r.stderr
+        assert lines[0].endswith("(`localgen pull acme/Split-GGUF:Q4_1` without --offline fetches it again)"), lines
+    online = ("run", "-m", "acme/Split-GGUF:Q4_1", "-p", "Hi", "-n", "2") if lost == "link" else (
+        "pull", "acme/Split-GGUF:Q4_1")
+    r = lg(env, *online)  # online: the lost part fetched again
+    assert r.returncode == 0 and r.stdout, r.stderr
+    assert second.exists()
+    assert hub.sent[split_parts[1].name] == (2 if lost == "blob" else 1) * split_parts[1].stat().st_size
+    assert hub.sent[split_parts[0].name] == split_parts[0].stat().st_size, "the part it had is not fetched again"

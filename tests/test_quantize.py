@@ -471,6 +471,57 @@ def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: P
     assert list(tmp_path.glob("*kept.logits*")) == []
 
 
+def test_ctrl_c_stops_a_decode_under_way(qcli: CLI, test_text: Path) -> None:
+    """A decode of 16 windows (-c 128 -b 2048), seconds long, is stopped where it is by Ctrl-C (llama.cpp's abort
+    callback), not run to its end: none of its windows is measured."""
+    p = qcli.popen("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "128", "-b", "2048", "-t", "1",
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stderr is not None and p.stdout is not None
+    first = p.stderr.readline()  # "smollm2:135m: N windows": the first decode starts
+    assert first.endswith(b" windows\n") and b"/" not in first, first
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=120)
+    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    assert rc == 130, err
+    assert out == "" and err.strip().splitlines()[-1] == "interrupted before the first window was measured", err
+    assert "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_a_ctrl_c_noted_inside_llama_cpp_stops_the_decode_under_way(smollm2_path: Path) -> None:
+    """The mechanism of the test above, without its race: a Ctrl-C landing in llama.cpp's abort check is noted
+    there (logs.defer_interrupt), the check stops the decode under way (llama.cpp says ret = 2), and the Ctrl-C
+    is raised once llama.cpp has returned; with no window of that decode measured."""
+    import signal
+
+    from localgen.engine import perplexity as ppl
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+    from localgen.native import logs
+    from localgen.quant.text import default_text
+    from localgen.types import LoadParams
+
+    frames: list[bool] = []
+    check = logs.abort_check(lambda: frames.append(logs.defer_interrupt(sys._getframe(1))) or False)
+    check(None)  # a handler running inside the check defers the Ctrl-C...
+    assert frames == [True] and logs._deferred and check(None) is True  # ...and the check stops the computation
+    logs._deferred = False
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)  # a handler of ours (not Python's default)
+    engine = Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=128, n_threads=1, n_threads_batch=1))
+    try:
+        m = ppl.Perplexity(engine, ppl.windows(engine, default_text(), 128, 32), n_batch=2048, n_ubatch=512)
+        try:
+            logs._deferred = True  # a Ctrl-C, as defer_interrupt notes one inside llama.cpp's call
+            with pytest.raises(KeyboardInterrupt):
+                next(m.run())
+            assert m.done == 0 and "failed to decode, ret = 2" in "\n".join(logs.lines(last=100))
+        finally:
+            m.close()
+    finally:
+        logs._deferred = False
+        engine.close()
+        signal.signal(signal.SIGINT, previous)
+
+
 def _stopped_in_the_reference(q: CLI, *args: str) -> tuple[int, str, str]:
     """The command stopped with Ctrl-C once its --reference F16 has measured its first windows: (exit status,
     stdout, stderr)."""

@@ -5,9 +5,14 @@ is the same 500; and once the file is moved aside the next request starts a new 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sqlite3
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
+import pytest
 
 from tests.test_serve import Server
 
@@ -43,3 +48,122 @@ def test_a_damaged_responses_store_is_one_clear_error_and_store_false_still_work
     assert said and all(line.startswith(f"localgen serve: the Responses store {store} is damaged")
                         for line in said), log
     assert "Traceback" not in log, log
+
+
+def _events(r: httpx.Response) -> list[dict[str, Any]]:
+    """A stream's server-sent events, each as its JSON, checked against its `event:` line."""
+    out = []
+    for block in r.text.split("\n\n"):
+        if block.strip():
+            kind, data = block.split("\n", 1)
+            out.append(json.loads(data.removeprefix("data: ")))
+            assert kind == f"event: {out[-1]['type']}", block
+    return out
+
+
+def test_a_store_that_fails_at_the_save_keeps_the_streamed_answer_and_the_stored_ones(cli_env: dict[str, str],
+                                                                                     tmp_path: Path) -> None:
+    """The store checked when the request came, failing when the answer is kept: a stream's answer, already
+    sent, stays whole, an `error` event says it was not stored and the response ends marked `store: false`; a
+    whole answer is the store's 500; the server's log has one line naming the file; the responses stored before
+    are still there, and the server still answers."""
+    home = tmp_path / "home"
+    store = home / "data" / "responses" / "responses.db"
+    s = Server({**cli_env, "LOCALGEN_HOME": str(home)}, "--ctx", "512")
+    try:
+        ask = {"model": "smollm2:135m", "input": "Name a colour.", "max_output_tokens": 4, "temperature": 0}
+        kept = httpx.post(f"{s.url}/v1/responses", json=ask, timeout=120).json()
+        # from now on the store refuses every write, as a file damaged after a request's check does; reads work
+        with sqlite3.connect(store) as db:
+            db.execute("CREATE TRIGGER refuse BEFORE INSERT ON responses BEGIN SELECT RAISE(ABORT, 'disk I/O "
+                       "failed'); END")
+        db.close()
+        r = httpx.post(f"{s.url}/v1/responses", json={**ask, "stream": True}, timeout=120)
+        assert r.status_code == 200, r.text
+        events = _events(r)
+        kinds = [e["type"] for e in events]
+        assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-2:] == [
+            "error", "response.incomplete"], kinds
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        last = events[-1]["response"]
+        assert text and last["output"][0]["content"][0]["text"] == text == kept["output"][0]["content"][0]["text"]
+        assert last["store"] is False and last["usage"]["output_tokens"] == 4, last
+        error = events[-2]
+        assert error["code"] == "server_error" and error["message"].startswith(
+            "the answer was sent but not stored: the Responses store responses.db is damaged (disk I/O failed)"), error
+        assert str(home) not in r.text
+        assert httpx.get(f"{s.url}/v1/responses/{last['id']}", timeout=60).status_code == 404
+        whole = httpx.post(f"{s.url}/v1/responses", json=ask, timeout=120)
+        assert whole.status_code == 500 and "responses.db is damaged" in whole.json()["error"]["message"], whole.text
+        got = httpx.get(f"{s.url}/v1/responses/{kept['id']}", timeout=60)  # stored before: still there
+        assert got.status_code == 200 and got.json()["output"] == kept["output"], got.text
+        r = httpx.post(f"{s.url}/v1/responses", json={**ask, "store": False}, timeout=120)
+        assert r.status_code == 200 and r.json()["store"] is False, r.text
+    finally:
+        assert s.stop() == 0
+    assert s.proc.stderr is not None
+    log = s.proc.stderr.read().decode()
+    said = [line for line in log.splitlines() if "Responses store" in line]
+    assert len(said) == 2 and all(line.startswith(f"localgen serve: the Responses store {store} is damaged (disk "
+                                                  "I/O failed)") for line in said), log
+    assert f"{last['id']} was answered but not stored" in said[0], said
+    assert "Traceback" not in log and "Exception" not in log, log
+
+
+def test_a_store_damaged_between_the_check_and_the_save_ends_the_stream_cleanly_and_is_left_as_it_is(
+        tmp_path: Path) -> None:
+    """The store's file damaged after the request's check (another process wrote over it): the stream's end is
+    its closed items, the `error` event naming the file (not where it is) and the response marked not stored;
+    the log one line with the path; the damaged file is left as it was (what it held stays for the user to
+    recover), and the next request's check says so."""
+    from localgen.backend import Completion
+    from localgen.serve.apierror import HTTPError
+    from localgen.serve.responseitems import Encoder
+    from localgen.serve.responsestore import ResponseStore
+    from localgen.serve.servelog import LOG, ServeLog
+    from localgen.tools.stream import Piece
+    from localgen.types import GenerationRequest
+
+    path = tmp_path / "responses.db"
+    store = ResponseStore(path)
+    store.save("resp_before", {"id": "resp_before"}, [{"role": "user", "content": "Hi"}])
+    store.check()  # the request's check passes
+    damaged = b"written over by something else " * 300
+    path.write_bytes(damaged)
+    lines: list[str] = []
+    asked = [{"role": "user", "content": "Name a colour."}]
+    encoder = Encoder({"model": "m", "input": "Name a colour."}, "m", GenerationRequest(messages=tuple(asked)),
+                      store, asked)
+    token = LOG.set(ServeLog(access=False, write=lines.append))
+    try:
+        sent = [*encoder.opening(), *encoder.said([Piece("content", "Blue")]),
+                *asyncio.run(encoder.done(Completion(0, "Blue", "stop", 5, 1, 0.1, 0.2, 0), cast(Any, None)))]
+    finally:
+        LOG.reset(token)
+    events = [json.loads(chunk.decode().split("data: ", 1)[1]) for chunk in sent]
+    assert [e["type"] for e in events][-5:] == ["response.output_text.done", "response.content_part.done",
+                                                "response.output_item.done", "error", "response.completed"]
+    assert events[-2]["message"].startswith("the answer was sent but not stored: the Responses store "
+                                            "responses.db is damaged (file is not a database)"), events[-2]
+    assert str(tmp_path) not in events[-2]["message"]
+    last = events[-1]["response"]
+    assert last["store"] is False and last["output"][0]["content"][0]["text"] == "Blue" and last["error"] is None
+    assert len(lines) == 1 and lines[0].startswith(f"localgen serve: the Responses store {path} is damaged"), lines
+    assert path.read_bytes() == damaged
+    with pytest.raises(HTTPError, match="is damaged"):
+        store.check()
+    assert path.read_bytes() == damaged
+
+
+def test_a_store_whose_folder_cannot_be_made_is_the_stores_error(tmp_path: Path) -> None:
+    """An OSError making the store's folder (a file where the folder should be) is the store's 500, not an
+    unexpected error."""
+    from localgen.serve.apierror import HTTPError
+    from localgen.serve.responsestore import ResponseStore
+
+    (tmp_path / "responses").write_text("a file, not a folder")
+    store = ResponseStore(tmp_path / "responses" / "responses.db")
+    with pytest.raises(HTTPError, match=r"the Responses store .*responses\.db cannot be used") as e:
+        store.save("resp_x", {"id": "resp_x"}, [])
+    assert e.value.status == 500 and e.value.logged is not None

@@ -401,3 +401,36 @@ def test_tune_measures_with_the_placement_and_keeps_the_record_for_it(cli_env: d
     assert origins("-m", "moe2") == {"tuned"}
     bad = cli("tune", "-m", str(moe_path), "-ot", "exps=NOPE0")
     assert bad.returncode == 2 and "no buffer type 'NOPE0'" in bad.stderr
+
+
+def test_a_stop_is_asked_before_each_decode_and_inside_the_untimed_ones(smollm2_path: Path) -> None:
+    """Ctrl-C during tune acts within one decode, as chat's prompt evaluation does: `check` (cli/stopping's, which
+    raises once Ctrl-C was pressed) is asked before each decode, and inside the decodes that fill the context
+    (untimed) through llama.cpp's abort callback, which stops one where it is (llama.cpp says ret = 2)."""
+    from localgen.engine.tune import Probe
+    from localgen.models.resolve import resolve
+    from localgen.native import logs
+
+    class Stop(Exception):
+        pass
+
+    calls = 0
+    stop_at = 0
+
+    def check() -> None:
+        nonlocal calls
+        calls += 1
+        if stop_at and calls >= stop_at:
+            raise Stop
+
+    probe = Probe(resolve(str(smollm2_path)), repack=False, flash_attn=True, n_ctx_seq=2048, streams=1,
+                  cpu_only=True, prompt=64, check=check)
+    try:
+        probe.prompt(1, 16)  # a measured prompt: asked before each of its 4 decodes, never inside one
+        assert calls == 4
+        calls, stop_at = 0, 3  # asked before the fill's first decode, then inside it: the second time there stops
+        with pytest.raises(Stop):
+            probe.fill(2048, 1)
+        assert calls == 4 and "failed to decode, ret = 2" in "\n".join(logs.lines(last=50))
+    finally:
+        probe.close()

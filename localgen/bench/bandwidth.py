@@ -1,5 +1,7 @@
-"""Memory bandwidth, measured, to put generation rates against their limit: decoding one token reads
-every weight once, so tokens/s cannot exceed bandwidth / model bytes (on CPU and unified memory)."""
+"""Memory bandwidth, measured, to put generation rates against their limit: decoding one token reads each
+weight it uses once, so tokens/s cannot exceed bandwidth / the bytes a token reads (on CPU and unified memory):
+every weight, but of the token embedding's table one row, and of a mixture of experts' expert tensors only the
+experts its router picks (bytes_per_token)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,29 @@ import json
 import os
 import platform
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localgen.types import GGUFSummary
 
 REMEMBERED_S = 24 * 3600  # a measurement is reused for a day on the same machine
+
+
+def bytes_per_token(path: str, s: GGUFSummary) -> int:
+    """The weights one decoded token reads, from the GGUF header: every tensor, but of the token embedding's table
+    one row (unless it is tied, and read whole as the output matrix), and of a mixture of experts' expert tensors
+    the share its router picks for a token (expert_used_count of expert_count)."""
+    from localgen.models import footprint
+
+    w = footprint.layout(path)
+    read = w.total
+    if not w.tied and w.embedding:
+        read -= w.embedding - w.embedding // max(1, s.vocab_size or 1)
+    n, used = (s.metadata.get(f"{s.architecture}.{k}") for k in ("expert_count", "expert_used_count"))
+    if w.moe and isinstance(n, int) and isinstance(used, int) and 0 < used < n:
+        experts = sum(w.experts)
+        read -= experts - experts * used // n
+    return read
 
 
 def measure(megabytes: int = 512, repeats: int = 5) -> float:

@@ -121,6 +121,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         open_model: Callable[[str], Any] | None = None, rpc: tuple[str, ...] = ()) -> Iterator[Result]:
     """Run the plan, yielding a Result per configuration and test as soon as it is measured."""
     from localgen.engine.bench import BenchContext, model_desc, model_size
+    from localgen.engine.defaults import UBATCH
     from localgen.engine.llama import Engine
     from localgen.models.resolve import resolve
 
@@ -134,23 +135,32 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         progress.loading(_describe(cfg))
         ref = refs.get(cfg.model) or (open_model(cfg.model) if open_model else resolve(cfg.model))
         refs[cfg.model] = ref
-        params = LoadParams(n_ctx=n_ctx, n_threads=cfg.n_threads, n_threads_batch=cfg.n_threads,
-                            n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-                            flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k, cache_type_v=cfg.type_v, rpc=rpc,
+        # a context that holds the micro-batch asked (or the largest a tuning record or the rule chooses), so that
+        # llama.cpp does not cap it at a short test's context: the value recorded is the one used, as asked
+        params = LoadParams(n_ctx=max(n_ctx, cfg.n_ubatch or UBATCH), n_threads=cfg.n_threads,
+                            n_threads_batch=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch,
+                            n_ubatch=cfg.n_ubatch, flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k,
+                            cache_type_v=cfg.type_v, rpc=rpc,
                             n_cpu_moe=cfg.n_cpu_moe or None, override_tensor=cfg.override_tensor,
                             cpu_moe=cfg.cpu_moe, kv_unified=plan.kv_unified)
         _reset_peak_rss()
         engine = Engine(ref, params)
         progress.loaded(ref.name, ref.path, vars(engine.params), engine.origins)
-        # the settings the load chose where the sweep left them open (tuning record or rule), as measured
-        cfg = dataclasses.replace(cfg, n_threads=engine.params.n_threads, n_ubatch=engine.params.n_ubatch,
-                                  flash_attn=engine.flash_attn)
+        # the settings the load chose where the sweep left them open (tuning record or rule), as measured; -ub as
+        # asked, as llama-bench records it (llama.cpp caps the micro-batch at --batch-size, in both tools)
+        cfg = dataclasses.replace(cfg, n_threads=engine.params.n_threads,
+                                  n_ubatch=cfg.n_ubatch or engine.params.n_ubatch, flash_attn=engine.flash_attn)
         try:
             size, n_params = model_size(engine)
             model = {"name": ref.name, "filename": os.path.abspath(ref.path), "type": model_desc(engine), "size": size,
                      "n_params": n_params, "moved": engine.load_report.moved}
-            # the limit is host memory bandwidth over the weights: meaningless once layers are on a GPU
-            limit = bandwidth / size if bandwidth and size and not engine.offloaded else None
+            # the limit is host memory bandwidth over the weights a token reads (all of them, but of a mixture of
+            # experts only the experts used): meaningless once layers are on a GPU
+            limit = None
+            if bandwidth and size and not engine.offloaded:
+                from localgen.bench.bandwidth import bytes_per_token
+
+                limit = bandwidth / bytes_per_token(ref.path, ref.summary)
             bench = BenchContext(engine)
             bench.clear()
             warm = time.perf_counter()

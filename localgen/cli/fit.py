@@ -68,7 +68,7 @@ def fit(
         asked_by = "--ctx" if typed_by_user(ctx, "context") else "LOCALGEN_CTX"
     asked = context if context is not None else ref.context
     plan = planner.plan(ref.summary, footprint.layout(ref.path), machine, load, ctx=asked, parallel=parallel)
-    doc = _doc(ref, plan, asked, asked_by, ram_given=ram is not None)
+    doc = _doc(ref, plan, load, asked, asked_by, ram_given=ram is not None)
     if json_out:
         print(json.dumps(doc))
         return
@@ -140,7 +140,8 @@ def _check_buffers(load: Any, n_gpus: int) -> None:
                              f"{n_gpus or 'no'} GPU{'s' if n_gpus != 1 else ''}")
 
 
-def _doc(ref: Any, plan: Any, asked: int | None, asked_by: str | None, ram_given: bool) -> dict[str, Any]:
+def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None,
+         ram_given: bool) -> dict[str, Any]:
     s = ref.summary
     m = plan.machine
     devices = []
@@ -152,11 +153,6 @@ def _doc(ref: Any, plan: Any, asked: int | None, asked_by: str | None, ram_given
             budget = m.ram_budget if m.unified else m.gpu_budget(i)
         devices.append({"device": d.device, "weights": d.weights, "experts": d.experts, "kv": d.kv,
                         "compute": d.compute, "output": d.output, "total": d.total, "budget": budget})
-    flags = [f"--ctx {plan.ctx}"]
-    if m.gpus:
-        flags.append(f"--gpu-layers {-1 if plan.gpu_layers >= plan.n_layer + 1 else plan.gpu_layers}")
-    if plan.n_cpu_moe and "placement" not in plan.fixed:
-        flags.append(f"--n-cpu-moe {plan.n_cpu_moe}")
     return {
         "model": {"name": ref.name, "file": ref.path, "architecture": s.architecture, "layers": plan.n_layer,
                   "weights": s.tensor_bytes, "context_length": s.context_length, "moe": plan.moe},
@@ -166,22 +162,71 @@ def _doc(ref: Any, plan: Any, asked: int | None, asked_by: str | None, ram_given
         "shrunk": plan.shrunk, "parallel": plan.parallel,
         "gpu_layers": plan.gpu_layers, "layers_per_gpu": list(plan.layers), "n_cpu_moe": plan.n_cpu_moe,
         "experts_in_ram": plan.experts_in_ram, "fits": plan.fits, "verdict": plan.verdict, "devices": devices,
-        "flags": " ".join(flags),
+        "flags": _flags(plan, load),
     }
+
+
+def _flags(plan: Any, given: Any) -> str:
+    """The settings run, chat and serve would load with, as run spells them: the plan's context, GPU layers and
+    experts in RAM, and the load settings given (on the command line or by a preset) that the plan was made with:
+    placement, batch sizes, flash attention, cache types, repacking, the split, RoPE scaling."""
+    import shlex
+
+    from localgen.types import LoadParams
+
+    load, default = plan.load(given), LoadParams()
+    flags = [f"--ctx {plan.ctx}"]
+    if plan.machine.gpus:
+        flags.append(f"--gpu-layers {-1 if plan.gpu_layers >= plan.n_layer + 1 else plan.gpu_layers}")
+    if load.n_cpu_moe:
+        flags.append(f"--n-cpu-moe {load.n_cpu_moe}")
+    if load.cpu_moe:
+        flags.append("--cpu-moe")
+    if load.override_tensor:
+        flags.append("-ot " + shlex.quote(",".join(f"{pattern}={buffer}" for pattern, buffer in load.override_tensor)))
+    if load.n_batch != default.n_batch:
+        flags.append(f"-b {load.n_batch}")
+    if load.n_ubatch is not None:
+        flags.append(f"-ub {load.n_ubatch}")
+    if load.flash_attn is not None:
+        flags.append("-fa " + (load.flash_attn if isinstance(load.flash_attn, str) else
+                               "on" if load.flash_attn else "off"))
+    if load.cache_type_k != default.cache_type_k:
+        flags.append(f"-ctk {load.cache_type_k}")
+    if load.cache_type_v != default.cache_type_v:
+        flags.append(f"-ctv {load.cache_type_v}")
+    if load.repack is not None:
+        flags.append("--repack" if load.repack else "--no-repack")
+    if load.tensor_split:
+        flags.append("-ts " + ",".join(f"{x:g}" for x in load.tensor_split))
+    if load.rope_scaling:
+        flags.append(f"--rope-scaling {load.rope_scaling}")
+    if load.rope_freq_scale:
+        flags.append(f"--rope-freq-scale {load.rope_freq_scale:g}")
+    return " ".join(flags)
 
 
 def _why(plan: Any, asked: int | None, asked_by: str | None) -> str:
     """How the plan's context came to be, as the plan line says it: the training context or the largest that
     fits (none asked); as asked, capped at the training context, rounded up to llama.cpp's multiple of 256; and
-    shrunk to fit, or to the floor with memory still short there (RAM: the verdict is "won't fit")."""
+    shrunk to fit, or to the floor with memory still short there (RAM: the verdict is "won't fit"), or to what the
+    layers left on the GPU hold (they left it at the floor; the context then grew back)."""
     done = []
     if asked is not None and plan.capped:
         done.append("capped at the training context")
     elif asked is not None and plan.asked > asked:
         done.append("rounded up to a multiple of 256")
     if plan.shrunk:
-        short = "GPU memory" if plan.fits else "RAM"
-        done.append("shrunk to fit" if plan.whole else f"shrunk to the floor, still short of {short}")
+        from localgen.models.fit import MIN_CTX
+
+        if plan.whole:
+            done.append("shrunk to fit")
+        elif not plan.fits:
+            done.append("shrunk to the floor, still short of RAM")
+        elif plan.ctx <= MIN_CTX:
+            done.append("shrunk to the floor, still short of GPU memory")
+        else:  # layers left the GPU at the floor; the context grew back to what that placement holds
+            done.append("shrunk to fit, with layers off the GPU")
     if asked is None:
         if not plan.shrunk:
             return "the training context"

@@ -224,7 +224,7 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
     stop()
     repack, fa = config
     probe = Probe(ref, repack, fa, max(plan.depths) + plan.prompt + plan.steps + 8, parallel,
-                  cpu_only=not plan.offloaded, prompt=plan.prompt, placement=plan.placement)
+                  cpu_only=not plan.offloaded, prompt=plan.prompt, placement=plan.placement, check=stop)
     try:
         from localgen import hardware
 

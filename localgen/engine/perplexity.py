@@ -454,6 +454,8 @@ class Perplexity:
 
             raise LocalgenError(f"llama.cpp could not make a context of {n_seq} × {n_ctx} tokens: "
                                 f"{logs.first_error() or 'see --verbose'}", hint="try a smaller --batch-size")
+        # a decode holds n_batch tokens (2048 by default: seconds on a busy CPU): Ctrl-C stops it where it is
+        self._abort = context.stop_on_ctrl_c(self.ctx)
         self.batch = Batch(self.n_batch)
         import threading
         from concurrent.futures import ThreadPoolExecutor

@@ -51,8 +51,11 @@ class Probe:
 
     def __init__(self, model: ModelRef, repack: bool, flash_attn: bool, n_ctx_seq: int, streams: int,
                  cpu_only: bool, seed: int = 1234, prompt: int = PROMPT,
-                 placement: tuple[tuple[str, str], ...] = ()) -> None:
-        """`placement`: the (pattern, buffer type) pairs the model loads with (-ot, --cpu-moe, --n-cpu-moe)."""
+                 placement: tuple[tuple[str, str], ...] = (), check: Callable[[], None] = lambda: None) -> None:
+        """`placement`: the (pattern, buffer type) pairs the model loads with (-ot, --cpu-moe, --n-cpu-moe).
+        `check` raises once the tune is to stop (Ctrl-C): asked before each decode, and inside the untimed
+        decodes that fill the context (through llama.cpp's abort callback, which costs the timed ones nothing)."""
+        self.check = check
         from localgen.engine.llama import Engine
         from localgen.types import KV_CACHE_TYPES
 
@@ -96,17 +99,35 @@ class Probe:
         b.n_tokens = 0
         for i, (pos, seq) in enumerate(rows):
             b.add(self.rng.randrange(self.n_vocab), pos, seq, i == len(rows) - 1)
+        self.check()  # a Ctrl-C acts before the next decode, not after the measurement
         rc = context.decode(self.ctx, b)
+        logs.raise_deferred()
+        if rc == 2:  # stopped by the abort callback (fill): check raises
+            self.check()
         if rc != 0:
             raise LocalgenError(f"llama_decode failed ({rc}) while tuning", hint="try a smaller --depth")
         context.synchronize(self.ctx)
         logs.raise_deferred()
 
+    def _stopping(self) -> bool:
+        """Whether check would raise (asked by llama.cpp between the operations of a decode)."""
+        try:
+            self.check()
+        except Exception:  # whatever check raises to stop the tune
+            return True
+        return False
+
     def fill(self, depth: int, threads: int) -> None:
-        """Make every stream hold `depth` tokens (stream 0 evaluated, the others copies of it)."""
+        """Make every stream hold `depth` tokens (stream 0 evaluated, the others copies of it); untimed, so a
+        Ctrl-C stops a decode of it where it is."""
         context.clear(self.mem, True)
-        for start in range(0, depth, UBATCH):
-            self._decode([(p, 0) for p in range(start, min(depth, start + UBATCH))], threads, threads)
+        abort = context.set_abort(self.ctx, self._stopping)
+        try:
+            for start in range(0, depth, UBATCH):
+                self._decode([(p, 0) for p in range(start, min(depth, start + UBATCH))], threads, threads)
+        finally:
+            context.set_abort(self.ctx, None)
+            del abort
         for s in range(1, self.streams):
             context.seq_cp(self.mem, 0, s, -1, -1)
         self.depth = depth

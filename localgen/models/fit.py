@@ -5,8 +5,10 @@ take its verdicts.
 
 The order, where memory is short: the GPU gets every layer's attention and dense weights first, then as many
 layers' experts as it has room for (the rest stay in RAM, as --n-cpu-moe keeps them); then the context
-shrinks, never below MIN_CTX (or the one asked, if smaller); only then do whole layers leave the GPU. With no
-GPU, the context shrinks to fit RAM. A setting given (--gpu-layers, a placement flag) is kept as given.
+shrinks, never below MIN_CTX (or the one asked, if smaller); only then do whole layers leave the GPU, as few as
+the floor needs, and the context grows back to the largest that placement holds (each layer's KV cache where its
+layer is, as llama.cpp's offload_kqv keeps it: no layer on the GPU, and it is the context RAM holds). With no GPU,
+the context shrinks to fit RAM. A setting given (--gpu-layers, a placement flag) is kept as given.
 
 Budgets: RAM_SHARE of the available RAM; on each GPU its free memory less what our own GPU context takes
 (GPU_CONTEXT_RESERVE) and llama.cpp --fit's default margin (GPU_MARGIN)."""
@@ -150,21 +152,41 @@ def plan(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPara
     # the largest context (a multiple of 256) at which the plan is whole: every layer stays on the GPU (with a
     # GPU) or the model fits (without), between the floor and the top
     low = at(floor)
-    if not low.whole:
-        return low  # at the floor: layers leave the GPU, or it does not fit at all
-    lo, hi = floor // 256, top // 256  # low is whole, hi is not
+    if low.whole:
+        return at(_largest(floor, top, lambda c: at(c).whole))
+    if not low.fits:
+        return low  # RAM is short even at the floor: it does not fit at all
+    # layers leave the GPU even at the floor: the placement found there is kept (each layer's KV cache goes with
+    # its layer, as llama.cpp's offload_kqv puts it), and the context grows back to the largest that placement
+    # holds, on the GPU for its layers and in RAM for the rest
+    def held(c: int) -> Plan:
+        return at(c) if c == floor else dataclasses.replace(
+            _place(s, weights, machine, dataclasses.replace(load, n_ctx=c), c, asked, parallel, n_layer, fixed,
+                   keep=(low.gpu_layers, low.n_cpu_moe)), capped=capped)
+
+    return held(_largest(floor, top, lambda c: held(c).fits))
+
+
+def _largest(floor: int, top: int, ok: object) -> int:
+    """The largest context, a multiple of 256 between floor and top, with ok(context) (monotone: true at the floor,
+    then false); top itself where ok(top)."""
+    assert callable(ok)
+    if ok(top):
+        return top
+    lo, hi = floor // 256, top // 256  # ok at lo, not at hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if at(mid * 256).whole:
+        if ok(mid * 256):
             lo = mid
         else:
             hi = mid
-    return at(lo * 256)
+    return lo * 256
 
 
 def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadParams, ctx: int, asked: int,
-           parallel: int, n_layer: int, fixed: tuple[str, ...]) -> Plan:
-    """At one context: the GPU layers and experts in RAM, by the order in the module's docstring."""
+           parallel: int, n_layer: int, fixed: tuple[str, ...], keep: tuple[int, int] | None = None) -> Plan:
+    """At one context: the GPU layers and experts in RAM, by the order in the module's docstring; `keep`: those
+    (GPU layers, layers with experts in RAM) as they are, the plan fitting where the GPUs and RAM both hold them."""
     from localgen import placement
 
     gpus = machine.gpus
@@ -191,6 +213,10 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
 
     if not gpus:
         return result(0, 0, fp(0, 0))
+    if keep is not None:
+        f = fp(*keep)
+        p = result(*keep, f)
+        return p if gpus_fit(f) else dataclasses.replace(p, fits=False)
     given = load.n_gpu_layers
     every = n_layer + 1
     if given is not None:

@@ -124,8 +124,11 @@ def _hub_model(t: Target, offline: bool, progress: download.Progress, pull_missi
     cached = store.find_cached(s.repo, s.revision, s.quant, s.filename)
     if not s.quant and not s.filename and cached:
         cached.sort(key=lambda f: ((f.quant or "").upper() != t.default_quant.upper(), -rank(f.quant or "")))
-    if cached:
+    lost = _lost_part(cached[0], t, offline) if cached else None
+    if cached and lost is None:
         return _from_cache(cached[0], t, progress)
+    if lost is not None and (offline or not pull_missing):
+        raise lost
     if offline:
         have = sorted({f"{f.repo}:{f.quant}" for f in store.cached_files()})
         raise NotDownloadedError(
@@ -136,6 +139,19 @@ def _hub_model(t: Target, offline: bool, progress: download.Progress, pull_missi
         raise NotDownloadedError(f"{t.display} is not downloaded", hint=f"localgen pull {t.display}",
                                  name=t.display)
     return pull(t, progress)
+
+
+def _lost_part(f: store.CachedFile, t: Target, offline: bool) -> NotDownloadedError | None:
+    """The error for a split model whose cache lost a part (its link, or the blob it points at), naming the
+    first such part; None when every part is there. Online, a pull fetches what is missing."""
+    parts = store.split_parts(f)
+    for i, part in enumerate(parts, 1):
+        if not part.exists():
+            name = t.display if t.spec.quant or t.spec.filename else f"{f.repo}:{f.quant}"
+            how = f"`localgen pull {name}`{' without --offline' if offline else ''} fetches it again"
+            return NotDownloadedError(f"part {i} of {len(parts)} of {name} ({part.name}) is missing from the cache",
+                                      hint=how, name=name)
+    return None
 
 
 def _from_cache(f: store.CachedFile, t: Target, progress: download.Progress) -> ModelRef:

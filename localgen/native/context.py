@@ -185,12 +185,30 @@ def embeddings_seq(ctx: Any, seq: int, n: int) -> list[float] | None:
 
 
 def set_abort(ctx: Any, cancelled: Callable[[], bool] | None) -> Any:
-    """Have llama.cpp ask `cancelled` between the operations of a computation and stop it when it says so
-    (None: never). Returns the ctypes thunk, to keep referenced while it is set (None when cleared)."""
+    """Have llama.cpp ask `cancelled` between the operations of a computation and stop it when it says so, or when
+    a Ctrl-C came meanwhile (None: never). Returns the ctypes thunk, to keep referenced while it is set (None when
+    cleared). A call that returns 2 was stopped; logs.raise_deferred raises the Ctrl-C, if that was it."""
+    from localgen.native import logs
+
     lc = lib()
     if cancelled is None:
         lc.llama_set_abort_callback(ctx, lc.ggml_abort_callback(0), None)
         return None
-    thunk = lc.ggml_abort_callback(lambda _data: bool(cancelled()))
+    thunk = lc.ggml_abort_callback(logs.abort_check(cancelled))
     lc.llama_set_abort_callback(ctx, thunk, None)
     return thunk
+
+
+def stop_on_ctrl_c(ctx: Any) -> Any:
+    """Have a Ctrl-C stop ctx's computations between two of their operations (a long decode stops at once, not
+    when it ends), where the SIGINT handler in place is one of ours, which notes a Ctrl-C that lands inside a
+    llama.cpp call (logs.defer_interrupt): Python's default handler would raise there, where ctypes drops the
+    exception, and the Ctrl-C would be lost. Returns the thunk to keep referenced (None where none was set)."""
+    import signal
+    import threading
+
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(handler) or \
+            handler is signal.default_int_handler:
+        return None
+    return set_abort(ctx, bool)

@@ -7,6 +7,7 @@ import collections
 import ctypes
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 # ggml's levels as this llama.cpp sends them (the bindings' comment lists an older order).
@@ -54,14 +55,29 @@ def install(llama_cpp: Any) -> None:
     llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
 
 
+def abort_check(cancelled: Callable[[], bool]) -> Callable[[Any], bool]:
+    """The function for llama.cpp's abort callback (native/context.set_abort), which it calls between the
+    operations of a computation: stop when `cancelled()` says so, or when a Ctrl-C came inside the call (noted by
+    defer_interrupt; raise_deferred raises it once llama.cpp has returned)."""
+
+    def _on_abort(_data: Any) -> bool:
+        return _deferred or bool(cancelled())
+
+    return _on_abort
+
+
+_ON_ABORT = abort_check(bool).__code__  # every abort check's code: a Ctrl-C landing there is deferred
+
+
 def defer_interrupt(frame: Any) -> bool:
-    """Whether a Ctrl-C handler is running inside llama.cpp's call back into Python. On a GPU llama.cpp logs
-    on every decode, so that is where Ctrl-C usually lands; an exception raised there cannot cross the C
-    frames (ctypes prints and drops it) and the generation would run on. If so, the interrupt is noted
-    instead, and `raise_deferred` raises it once llama.cpp has returned."""
+    """Whether a Ctrl-C handler is running inside llama.cpp's call back into Python (its log callback, or an
+    abort check). On a GPU llama.cpp logs on every decode, so that is where Ctrl-C usually lands; with an abort
+    check set, it lands there on the CPU too. An exception raised there cannot cross the C frames (ctypes prints
+    and drops it) and the computation would run on. If so, the interrupt is noted instead: an abort check then
+    stops the computation, and `raise_deferred` raises it once llama.cpp has returned."""
     global _deferred
     while frame is not None:
-        if frame.f_code is _on_log.__code__:
+        if frame.f_code is _on_log.__code__ or frame.f_code is _ON_ABORT:
             _deferred = True
             return True
         frame = frame.f_back

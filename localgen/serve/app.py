@@ -29,7 +29,7 @@ from localgen.serve.guard import Gate, Policy
 from localgen.serve.incoming import INCOMING, Incoming
 from localgen.serve.jobs import INTERNAL, Failed
 from localgen.serve.metrics import Metrics
-from localgen.serve.servelog import STDERR_LOG, TRACE, ServeLog, Trace, request_id
+from localgen.serve.servelog import LOG, STDERR_LOG, TRACE, ServeLog, Trace, request_id
 from localgen.serve.state import ServeState
 
 # After SIGTERM or Ctrl-C, uvicorn waits the drain time + 1 s for the requests in flight (cli/serve/command.py's
@@ -142,11 +142,13 @@ class FrontDoor:
         trace = Trace(request_id(given), f"{client[0]}:{client[1]}" if client else "-")
         token = INCOMING.set(Incoming(self.front.pool, receive))
         traced = TRACE.set(trace)
+        logged = LOG.set(self.front.log)
         extra = ERROR_EXTRA.set((("request_id", trace.id),))  # every error body of this request carries its id
         try:
             await self._observed(scope, receive, send, trace)
         finally:
             ERROR_EXTRA.reset(extra)
+            LOG.reset(logged)
             TRACE.reset(traced)
             INCOMING.reset(token)
 

@@ -1,7 +1,8 @@
 """The Responses API's answers (serve/responses.py reads the requests): the response object with the request's
 settings echoed, the output items an answer's pieces become (reasoning, message, function_call), and the
 `response.*` events that stream them, numbered, each item opened, streamed and closed before the next (a
-whole answer is the same items, unstreamed); the response kept in the store when the request asked."""
+whole answer is the same items, unstreamed); the response kept in the store when the request asked (a stream's
+answer, already sent, stays whole when the store then fails: an `error` event says it was not stored)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from localgen.serve.apierror import HTTPError, without_paths
 from localgen.serve.jobs import Job
 from localgen.serve.pipeline import parts
 from localgen.serve.responsestore import ResponseStore
+from localgen.serve.servelog import LOG
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream
 from localgen.tools.stream import Event as Said
@@ -145,25 +147,41 @@ class Encoder:
                                                       response=self.response("failed", self.output, error=error))]
 
     async def done(self, c: Completion, job: Job) -> list[bytes]:
-        out, doc = await self._end(c)
+        """The stream's end. Its answer is already sent: a store that fails to keep it now (damaged since the
+        request's check) is an `error` event saying so, the response marked `store: false` and one line in the
+        server's log, never a stream cut short."""
+        out, doc = self._end(c)
+        try:
+            await self._keep(doc)
+        except HTTPError as e:
+            LOG.get().error(f"{e.logged or e.message} (response {self.ident} was answered but not stored)")
+            out.append(self.event("error", code="server_error", param=None,
+                                  message=f"the answer was sent but not stored: {without_paths(e.message)}"))
+            doc = {**doc, "store": False}
         return [*out, self.event(f"response.{doc['status']}", response=doc)]
 
     async def whole(self, c: Completion, job: Job | None, answer: AnswerStream | None) -> dict[str, Any]:
+        """The whole answer; a store that fails to keep it is its 500 (serve/responsestore.py)."""
         assert answer is not None
         self.said(parts(answer))  # the same items, their events unsent
-        return (await self._end(c))[1]
+        doc = self._end(c)[1]
+        await self._keep(doc)
+        return doc
 
-    async def _end(self, c: Completion) -> tuple[list[bytes], dict[str, Any]]:
-        """The last item closed (an empty answer is one empty message), and the response, kept when asked."""
+    def _end(self, c: Completion) -> tuple[list[bytes], dict[str, Any]]:
+        """The last item closed (an empty answer is one empty message), and the response."""
         status = "incomplete" if c.finish_reason in ("length", "context") and not self.calls else "completed"
         out = [*(self.open("message") if self.kind is None and not self.output else []), *self.close(status)]
-        doc = self.response(status, self.output, usage(c))
-        if self.store is not None:  # the conversation, with the answer as an assistant message
-            said: dict[str, Any] = {"role": "assistant", "content": self.content}
-            if self.calls:
-                said["tool_calls"] = [call.to_openai() for call in self.calls]
-            await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, said])
-        return out, doc
+        return out, self.response(status, self.output, usage(c))
+
+    async def _keep(self, doc: dict[str, Any]) -> None:
+        """The response kept when asked, with its conversation and the answer as an assistant message."""
+        if self.store is None:
+            return
+        said: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.calls:
+            said["tool_calls"] = [call.to_openai() for call in self.calls]
+        await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, said])
 
 
 def usage(c: Completion) -> dict[str, Any]:

@@ -86,17 +86,17 @@ class ResponseStore:
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         """A connection, in one transaction; a store SQLite cannot use (a damaged file, a lock held past the
-        timeout) is a 500 that says so and what to do, and one line in the server's log (as the bench history,
-        the log and collections say it), never a traceback."""
+        timeout, a folder it cannot make) is a 500 that says so and what to do, and one line in the server's log
+        (as the bench history, the log and collections say it), never a traceback."""
         try:
             with self._open() as db:
                 yield db
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, OSError) as e:
             self._made = False  # moved aside: the next request makes a new one
             raise self._unusable(e) from None
 
-    def _unusable(self, e: sqlite3.DatabaseError) -> HTTPError:
-        how = "cannot be used" if isinstance(e, sqlite3.OperationalError) else "is damaged"
+    def _unusable(self, e: sqlite3.DatabaseError | OSError) -> HTTPError:
+        how = "cannot be used" if isinstance(e, sqlite3.OperationalError | OSError) else "is damaged"
         what = (f"the Responses store {self.path} {how} ({e}): move it aside (the next request starts a new one), "
                 "or send \"store\": false")
         return HTTPError(500, what, "server_error", logged=f"localgen serve: {what}")

@@ -5,7 +5,8 @@ members first (time, event, request_id, route, model, status: null where they do
 has an id (the client's X-Request-Id when it sends a usable one, else a fresh one) that its access line, its
 error body and its X-Request-Id response header carry (serve/app.py's FrontDoor sets it, and apierror.py's
 ERROR_EXTRA for the error bodies); `TRACE` holds the request's record for the code that fills it (a Job
-takes it when made, its worker counts the generation's tokens into it)."""
+takes it when made, its worker counts the generation's tokens into it), and `LOG` the server's log for what a
+request's own code must say there after its answer began (a stream cannot carry an exception to app.py)."""
 
 from __future__ import annotations
 
@@ -183,3 +184,5 @@ def _tokens(prompt: int | None, made: int | None) -> str:
 
 # what an app or a worker made without one logs: its events and errors as text on stderr, no access lines
 STDERR_LOG = ServeLog(access=False)
+# the log of the server handling the request (FrontDoor sets it)
+LOG: contextvars.ContextVar[ServeLog] = contextvars.ContextVar("localgen_log", default=STDERR_LOG)

@@ -83,10 +83,26 @@ def _system(runner: Any, view: Any, arg: str) -> None:
 
 
 def _clear(runner: Any, view: Any, arg: str) -> None:
-    runner.session.messages.clear()
-    runner.forget()
-    runner.session.save()
-    view.info("conversation cleared")
+    """A new conversation, as a fresh chat starts one (a name from the clock, claimed at its first save, and its
+    own conversation in the log), with the same model, system prompt and /set values: the one cleared stays
+    whole in its file (a chat saved by name is never emptied) and in the log."""
+    import dataclasses
+    import time
+
+    from localgen.chat import session as sessions
+    from localgen.cli.chat.turn import save_state
+    from localgen.log.store import new_id
+
+    old = runner.session
+    if not old.messages:
+        view.info("conversation cleared")
+        return
+    save_state(runner)  # its KV state, for a later --resume or /load of it
+    now = time.time()
+    runner.adopt(dataclasses.replace(old, name=sessions.new_name(), messages=[], settings=dict(old.settings),
+                                     created=now, updated=now, log_id=new_id(), fresh=True, auto_named=True),
+                 runner.sampling)
+    view.info(f"conversation cleared: this chat goes on as {runner.session.name} ({old.name} is kept as it was)")
 
 
 def _undo(runner: Any, view: Any, arg: str) -> None:

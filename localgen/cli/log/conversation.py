@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localgen.cli.run.options import LogOptions
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import LocalgenError
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats
 
 
@@ -32,7 +32,7 @@ def thread_for(log: LogOptions) -> Thread:
     if not cid:
         cid = store.last_conversation()
         if cid is None:
-            raise UsageError("--continue: the log has no conversation yet", hint="run without --continue first")
+            raise LocalgenError("--continue: the log has no conversation yet", hint="run without --continue first")
     return logged_thread(cid)
 
 
