@@ -27,6 +27,7 @@ def lib() -> Any:
 
 
 _abort_cb: Any = None  # the ctypes thunk; kept referenced
+_libggml: Any = None
 _on_abort: set[str] = set()  # files being written that an abort removes (a quantization's temp file)
 
 
@@ -38,7 +39,6 @@ def remove_on_abort(path: str | os.PathLike[str]) -> None:
 def forget_on_abort(path: str | os.PathLike[str]) -> None:
     """`path` is no longer the abort handler's to remove."""
     _on_abort.discard(os.fspath(path))
-_libggml: Any = None
 
 
 def libggml() -> Any:
