@@ -210,6 +210,51 @@ def test_history_and_compare(benv: dict[str, str], bench_here: InProcessCLI,
     assert missing.returncode == 1 and "no benchmark run 99999" in missing.stderr
 
 
+def test_history_takes_every_output_format_with_and_without_an_id(benv: dict[str, str],
+                                                                   bench_here: InProcessCLI) -> None:
+    """bench.md: `bench history [ID] [-o md|csv|json|jsonl]`: each format of a run and of the list; another is one
+    line, exit 2. And `bench compare` labels each bar with the settings that tell the rows apart."""
+    r = bench(benv, "-p", "16", "-n", "0", "-r", "1", "--no-e2e", "-t", "1,2", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    recs = json.loads(r.stdout)
+    run = str(int(r.stderr.split("saved as run ")[1].split(":")[0]))
+    jsonl = bench_here("bench", "history", run, "-o", "jsonl")
+    assert jsonl.returncode == 0 and [json.loads(x) for x in jsonl.stdout.splitlines()] == recs
+    rows = list(csv.DictReader(io.StringIO(bench_here("bench", "history", run, "-o", "csv").stdout)))
+    assert [x["n_threads"] for x in rows] == ["1", "2"]
+    md = bench_here("bench", "history", run, "-o", "md").stdout.splitlines()
+    assert md[0].startswith("| model") and len(md) == 4
+    assert json.loads(bench_here("bench", "history", run, "-o", "json").stdout) == recs
+    listed = json.loads(bench_here("bench", "history", "-o", "json").stdout)
+    assert listed[0]["id"] == int(run) and listed[0]["results"] == 2 and "-t 1,2" in listed[0]["command"]
+    assert set(listed[0]) == {"id", "created", "results", "command"}
+    lines = [json.loads(x) for x in bench_here("bench", "history", "-o", "jsonl").stdout.splitlines()]
+    assert lines == listed
+    table = list(csv.DictReader(io.StringIO(bench_here("bench", "history", "-o", "csv").stdout)))
+    assert [int(x["id"]) for x in table] == [x["id"] for x in listed]
+    md = bench_here("bench", "history", "-o", "md").stdout.splitlines()
+    assert md[0] == "| ID | date | results | command |" and len(md) == len(listed) + 2
+    for args in (["history", "-o", "xml"], ["history", run, "-o", "xml"]):
+        bad = bench_here("bench", *args)
+        assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1
+        assert "--output must be one of md, csv, json, jsonl, not 'xml'" in bad.stderr
+    chart = bench_here("bench", "compare", run, run).stdout
+    assert re.search(r"pp16 threads=1 run \d+ ", chart) and re.search(r"pp16 threads=2 run \d+ ", chart)
+
+
+@pytest.mark.parametrize("flags", [["-o", "xml"], ["-fa", "0"], ["-fa", "0,1"], ["-d", "4096"], ["-ctk", "q8_0"],
+                                   ["-npl", "2"], ["--endpoint", "http://127.0.0.1:9"], ["-b", "512"], ["-pg", "8,2"],
+                                   ["--no-e2e"], ["--rpc", "127.0.0.1:50052"]])
+def test_quality_refuses_the_flags_it_does_not_use(bench_here: InProcessCLI, flags: list[str]) -> None:
+    """bench.md: any of bench's flags --quality does not take is one line, exit 2, before anything loads (the
+    reference named here is not there: looking for it would be another error)."""
+    r = bench_here("bench", "--quality", "default", "--reference", "/no/such/ref.gguf", "-m", "/no/such.gguf",
+                   *flags)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("localgen: error: ")
+    assert "--quality does not take" in r.stderr or "--output must be one of" in r.stderr
+
+
 def test_bad_bench_flags(bench_here: InProcessCLI) -> None:
     # each refused before any model loads or anything is measured
     r = bench_here("bench", "-t", "1-8*1")

@@ -159,6 +159,68 @@ def test_bad_input_is_one_line_exit_2(qcli: CLI, smollm2_f16: Path, args: list[s
     assert not folder.exists() or list(folder.iterdir()) == []
 
 
+@pytest.mark.parametrize(("flag", "type_name", "needle"), [
+    ("--output-tensor-type", "deprecated", "unknown ggml type 'deprecated'"),  # llama.cpp: a division by 0
+    ("--output-tensor-type", "q8_1", "unknown ggml type 'q8_1'"),  # a ggml type with no quantizer: an assertion
+    ("--token-embedding-type", "i32", "unknown ggml type 'i32'"),
+    ("--token-embedding-type", "Q4_K", "token_embd.weight's rows hold 576 values, not a multiple of q4_k's blocks "
+                                       "of 256"),
+    ("--token-embedding-type", "iq4_xs", "not a multiple of iq4_xs's blocks of 256"),
+])
+def test_a_ggml_type_llama_cpp_cannot_write_there_is_refused_before_a_byte(qcli: CLI, smollm2_f16: Path,
+                                                                           tmp_path: Path, flag: str,
+                                                                           type_name: str, needle: str) -> None:
+    """quantize.md: "Checked before a byte is written": a ggml type ggml_quantize_chunk has no quantizer for, or
+    one whose blocks do not divide the tensor's rows (llama.cpp falls back for the types it picks, never for one
+    given by name), is one line, exit 2, and nothing is written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    r = qcli("quantize", str(smollm2_f16), "Q4_K_M", flag, type_name, "-o", str(out / "x.gguf"))
+    assert r.returncode == 2, r.stderr
+    assert needle in _one_line(r.stderr)
+    assert list(out.iterdir()) == []
+
+
+def test_the_ggml_types_offered_are_the_ones_llama_cpp_quantizes_to(qcli: CLI, smollm2_f16: Path) -> None:
+    """The unknown-type line lists every type a tensor can take, and only those; and each llama-quantize type,
+    COPY too."""
+    r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "--output-tensor-type", "nope")
+    listed = _one_line(r.stderr).split("quantized to: ", 1)[1].rstrip(")").split(", ")
+    assert {"q8_0", "f16", "q4_k", "iq4_nl", "bf16"} <= set(listed)
+    assert not {"q8_1", "q8_k", "i8", "i32", "f64", "deprecated"} & set(listed)
+    r = qcli("quantize", str(smollm2_f16), "Q9")
+    assert "COPY" in _one_line(r.stderr).split("llama-quantize's types: ")[1]
+
+
+def test_an_abort_inside_llama_cpp_removes_the_partial_file(smollm2_f16: Path, tmp_path: Path) -> None:
+    """What the checks cannot foresee: llama.cpp stopping the process mid-way (GGML_ASSERT) is one line, exit 1,
+    and its temp file is removed ("nothing partial is ever left"). Here a type with no quantizer, past the
+    checks."""
+    code = ("import dataclasses, sys\n"
+            "from pathlib import Path\n"
+            "from localgen.quant import quantize as q\n"
+            "job = q.plan(Path(sys.argv[1]), 'Q8_0', Path(sys.argv[2]), q.Options(threads=1))\n"
+            "job = dataclasses.replace(job, params=dataclasses.replace(job.params, token_embedding_type=9))\n"
+            "q.run(job)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(smollm2_f16), str(tmp_path / "x.gguf")],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 1, r.stderr
+    assert "localgen: error: llama.cpp stopped: GGML_ASSERT" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_ending_in_a_slash_is_a_folder(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
+    """quantize.md: "-o FILE ... (a folder, or a name ending in /: NAME-TYPE.gguf inside it, the folder made
+    where it is not there)"."""
+    r = qcli("quantize", str(smollm2_f16), "Q8_0", "-o", f"{tmp_path / 'new' / 'dir'}/", "--json")
+    assert r.returncode == 0, r.stderr
+    want = tmp_path / "new" / "dir" / "smollm2-135m-instruct-q8_0.gguf"
+    assert json.loads(r.stdout)["path"] == str(want) and want.is_file()
+    (tmp_path / "afile").write_text("x")
+    r = qcli("quantize", str(smollm2_f16), "Q8_0", "-o", f"{tmp_path / 'afile'}/")
+    assert r.returncode == 2 and "is not a folder" in _one_line(r.stderr)
+
+
 def _made(q: CLI) -> list[str]:
     """The files in the quantized models' folder."""
     folder = _home(q) / "data" / "quantized"
@@ -360,6 +422,33 @@ def test_a_reference_with_another_vocabulary_is_one_line(qcli: CLI, test_text: P
     r = qcli("perplexity", "-m", "smollm2:135m", *_ppl_args(test_text), "--reference", "gemma3:270m")
     assert r.returncode == 2
     assert "the reference has another vocabulary" in _one_line(r.stderr)
+
+
+def test_a_text_other_than_the_logits_files_is_named_as_such(qcli: CLI, test_text: Path, tmp_path: Path) -> None:
+    """perplexity.md: a text given beside a logits file must be the one it was saved from; another is refused as
+    another text, not as another vocabulary."""
+    logits = tmp_path / "f16.logits"
+    saved = qcli("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "128", "--chunks", "2", "-t", "1",
+                 "--save-logits", str(logits))
+    assert saved.returncode == 0, saved.stderr
+    other = tmp_path / "other.txt"
+    other.write_text(" ".join(f"Line {i} of a text that is not the one the logits came from." for i in range(200)))
+    r = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(logits), "-f", str(other), "--chunks", "2")
+    assert r.returncode == 2
+    line = _one_line(r.stderr)
+    assert "the text differs from the one f16.logits was saved from" in line and "vocabulary" not in line
+    same = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(logits), "-f", str(test_text), "--chunks",
+                "2", "-t", "1", "--json")
+    assert same.returncode == 0, same.stderr
+
+
+def test_a_batch_that_is_no_multiple_of_the_context_suggests_one(qcli: CLI, test_text: Path) -> None:
+    """perplexity.md: the batch is smaller than --ctx or a multiple of it; the refusal says which -b fits."""
+    r = InProcessCLI(qcli.env)("perplexity", "-m", "nope-not-loaded.gguf", "-f", str(test_text), "-c", "63")
+    assert r.returncode == 2
+    line = _one_line(r.stderr)
+    assert "the batch (2048) must be smaller than the context (63) or a multiple of it" in line
+    assert "give -b 2016, or -b 62" in line
 
 
 def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: Path) -> None:
@@ -592,8 +681,23 @@ def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path,
     assert again.returncode == 0, again.stderr
     assert [(row["model"], row["reference"]) for row in json.loads(again.stdout)["rows"]] == [
         ("SmolLM2-135M-Instruct-F16.gguf", True), ("model-Q8_0.gguf", False)]
+    # every -o of bench history, on a quality run: its rows, not speed records
+    csv_rows = qcli("bench", "history", str(doc["run"]), "-o", "csv").stdout.splitlines()
+    assert csv_rows[0].startswith("model,path,type_name,size,bits_per_weight") and len(csv_rows) == 3
+    jsonl = [json.loads(x) for x in qcli("bench", "history", str(doc["run"]), "-o", "jsonl").stdout.splitlines()]
+    assert [x["kld"] for x in jsonl] == [row["kld"] for row in doc["rows"]]
+    md = qcli("bench", "history", str(doc["run"]), "-o", "md").stdout.splitlines()
+    assert md[0].startswith("| model | type | size |") and md[-1].startswith("fastest within a mean KLD of 0.05")
+    assert json.loads(qcli("bench", "history", str(doc["run"]), "-o", "json").stdout) == doc
+    runs = len(json.loads(qcli("bench", "history", "-o", "json").stdout))
     bad = qcli("bench", "-m", str(q8), "--quality", str(test_text), "--reference", "gemma3:270m")
     assert bad.returncode == 2 and "another vocabulary" in _one_line(bad.stderr)
+    short = tmp_path / "short.txt"
+    short.write_text("Just a few words, far fewer than two windows.\n")
+    bad = qcli("bench", "-m", str(q8), "--quality", str(short), "--reference", str(smollm2_f16), "-c", "128")
+    assert bad.returncode == 2 and "needs at least 256 (two windows)" in _one_line(bad.stderr)
+    # bench.md: a run refused before its first row keeps none
+    assert len(json.loads(qcli("bench", "history", "-o", "json").stdout)) == runs
 
 
 def test_ctrl_c_before_the_ladders_first_row_keeps_no_run(qcli: CLI, smollm2_f16: Path, test_text: Path) -> None:
@@ -623,6 +727,26 @@ def test_create_q_quantizes_the_from_model_then_makes_the_preset(qcli: CLI, smol
     bad = qcli("create", "other", "-f", str(mf), "-q", "Q4_K_M")
     assert bad.returncode == 1 and "already quantized (Q4_1)" in _one_line(bad.stderr)
     assert "other:q4_k_m" not in {m["name"] for m in json.loads(qcli("list", "--json").stdout)}
+    # models.md: removing a model a preset is made on says so in one warning line
+    gone = qcli("rm", "mybot:q4_k_m", "--yes")
+    assert gone.returncode == 0, gone.stderr
+    assert gone.stderr == "warning: the preset mybot is made on mybot:q4_k_m: without it they cannot run\n"
+
+
+def test_create_q_hints_name_what_create_can_do(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
+    """create has neither --imatrix nor --allow-requantize: its refusals never point at them."""
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f"FROM {smollm2_f16}\n")
+    r = qcli("create", "mybot", "-f", str(mf), "-q", "IQ2_XS")
+    line = _one_line(r.stderr)
+    assert r.returncode == 2 and "IQ2_XS needs an importance matrix" in line
+    assert "give one with --imatrix" not in line and "`localgen quantize MODEL IQ2_XS --imatrix FILE`" in line
+    mf.write_text("FROM smollm2:135m\n")
+    r = qcli("create", "mybot", "-f", str(mf), "-q", "Q4_K_M")
+    line = _one_line(r.stderr)
+    assert r.returncode == 1 and "already quantized" in line
+    assert "--allow-requantize" not in line and "FROM this one without -q" in line
+    assert _made(qcli) == []
 
 
 def test_create_q_checks_everything_first_and_replaces_only_with_force(qcli: CLI, smollm2_f16: Path,

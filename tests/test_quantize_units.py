@@ -25,13 +25,14 @@ def test_types_are_llama_quantizes_names_in_any_case_or_its_numbers() -> None:
     assert parse_type("12") == parse_type("Q3_K") == ("Q3_K_M", 12)
     with pytest.raises(UsageError) as e:
         parse_type("Q9_X")
-    assert e.value.hint is not None and all(t in e.value.hint for t in type_names() if t != "COPY")
+    assert e.value.hint is not None and all(t in e.value.hint for t in type_names())  # "lists them all", COPY too
 
 
 @pytest.mark.parametrize(("source", "base"), [
     ("SmolLM2-135M-Instruct-F16.gguf", "smollm2-135m-instruct"), ("/models/Qwen2.5-7B-BF16.gguf", "qwen2.5-7b"),
     ("Model-F32-00001-of-00003.gguf", "model"), ("smollm2:135m", "smollm2-135m"), ("mine:q8_0", "mine"),
     ("bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M", "llama-3.2-3b-instruct"),
+    ("smollm2-135m-instruct:copy", "smollm2-135m-instruct"),  # COPY is a type too: its tag goes
 ])
 def test_a_results_name_comes_from_the_sources(source: str, base: str) -> None:
     from localgen.models import quantized
@@ -198,3 +199,15 @@ def test_a_temp_file_a_dead_process_left_is_removed_by_the_next_quantize(tmp_pat
     live.write_bytes(b"x")
     drop_stale(out)
     assert not stale.exists() and live.exists()
+
+
+def test_one_window_is_one_window() -> None:
+    """perplexity's lines count windows in words that agree with the number."""
+    from types import SimpleNamespace
+
+    from localgen.cli.perplexity import render
+
+    m = SimpleNamespace(model="m", chunks=1, n_ctx=128, tokens=64, tokens_per_s=10.0, divergence=None, ppl=2.0,
+                        ppl_err=0.1)
+    assert render(m).startswith("model: m; 1 window of 128 tokens")
+    assert render(SimpleNamespace(**{**m.__dict__, "chunks": 2})).startswith("model: m; 2 windows of 128 tokens")

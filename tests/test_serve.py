@@ -326,6 +326,22 @@ def test_serve_usage_errors(cli_env: dict[str, str], cli_in_process: InProcessCL
         assert r.returncode == 2 and "--cache-ram" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
+def test_a_disk_cache_that_cannot_work_says_so(cli_env: dict[str, str]) -> None:
+    """caches.md: --cache-disk needs the prompt cache in RAM; with --cache-ram 0, a size given to --cache-disk
+    says in one warning line that it is off (the default says nothing)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = str(s.getsockname()[1])
+    err_r, err_w = os.pipe()
+    p = serve_process(cli_env, ["--port", free, "--cache-ram", "0", "--cache-disk", "1G"], err_w)
+    os.close(err_w)
+    with open(err_r, "rb") as stderr:
+        first = stderr.readline().decode()
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=60)
+    assert first == "warning: --cache-disk is off: it needs the prompt cache in RAM, and --cache-ram is 0\n"
+
+
 def test_a_growing_conversation_reuses_its_slot(server: Server) -> None:
     conv = [{"role": "system", "content": "You are terse. " * 60}, {"role": "user", "content": "Name a colour."}]
     body = {"model": "smollm2:135m", "max_tokens": 6, "temperature": 0}

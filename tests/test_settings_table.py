@@ -92,7 +92,7 @@ def test_the_server_routes_take_the_tables_names(cli_env: dict[str, str]) -> Non
                 r = httpx.post(server.url + route, json=body, timeout=60)
                 err = r.json()["error"]  # named as the request spelled it
                 assert r.status_code == 400 and err["message"].startswith(theirs) and err["param"] == theirs, (
-                    route, theirs, ours, r.text)
+                    route, theirs, r.text)
         for theirs, ours in settings.spellings("ollama").items():
             r = httpx.post(server.url + "/api/chat", json={**ask, "options": {theirs: bad}}, timeout=60)
             assert r.status_code == 400 and r.json()["error"].startswith(f"options.{theirs}"), (theirs, ours, r.text)

@@ -17,8 +17,9 @@ from localgen.units import format_bytes
 
 
 def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label: str, settings: ms.Settings,
-               speed: ladder.Speed, kld_bound: float, json_out: bool) -> None:
-    """Measure every file against the reference; each row goes to bench's history as it is measured."""
+               speed: ladder.Speed, kld_bound: float, output: str | None) -> None:
+    """Measure every file against the reference; each row goes to bench's history as it is measured. `output`:
+    None (a table and the verdict), or one of bench's -o formats (show)."""
     from localgen.bench import history, records
     from localgen.cli.output import ErrWriter
     from localgen.cli.perplexity import ChunkView
@@ -27,7 +28,7 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
     system = records.system_info()
     run_id = history.start(shlex.join(["localgen", *sys.argv[1:]]), system)
     found: list[ladder.Row] = []
-    view = ChunkView(json_out)
+    view = ChunkView(output is not None)
 
     def step(what: str) -> None:
         view.end()
@@ -44,27 +45,70 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
             history.drop(run_id)
             err.interrupted("interrupted before the first row: nothing was measured, nothing saved")
             raise typer.Exit(130) from None
-        show(found, kld_bound, json_out, run_id)
+        show(found, kld_bound, output, run_id)
         rows = f"{len(found)} row{'s' if len(found) > 1 else ''}"
         err.interrupted(f"interrupted; the {rows} above were measured and kept (run {run_id})")
         raise typer.Exit(130) from None
+    except BaseException:
+        if not found:  # refused before the first row (a text too short, another vocabulary): no run to keep
+            history.drop(run_id)
+        raise
     finally:
         view.end()
-    show(found, kld_bound, json_out, run_id)
+    show(found, kld_bound, output, run_id)
     err.line(f"saved as run {run_id}: localgen bench history {run_id}")
 
 
-def show(found: list[ladder.Row], kld_bound: float, json_out: bool, run_id: int | None = None) -> None:
-    """The table and the verdict on stdout, or one JSON document."""
+def show(found: list[ladder.Row], kld_bound: float, output: str | None, run_id: int | None = None) -> None:
+    """The table and the verdict on stdout; or the rows as `output` says: md (a Markdown table, the verdict after
+    it), csv (a row's fields), json (one document: the run, the bound, the rows and the pick), jsonl (a row a
+    line)."""
     pick = ladder.best(found, kld_bound)
-    if json_out:
+    if output == "json":
         print(json.dumps({"run": run_id, "kld_bound": kld_bound, "rows": [r.__dict__ for r in found],
                           "best": pick.model if pick else None}))
         return
+    if output == "jsonl":
+        sys.stdout.write("".join(json.dumps(r.__dict__) + "\n" for r in found))
+        return
+    if output == "csv":
+        import csv
+        import io
+
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=list(ladder.Row.__dataclass_fields__), lineterminator="\n")
+        w.writeheader()
+        for r in found:
+            w.writerow(r.__dict__)
+        sys.stdout.write(out.getvalue())
+        return
     if not found:
+        return
+    if output == "md":
+        print(markdown(found))
+        print()
+        print(verdict(found, pick, kld_bound))
         return
     print(table(found))
     print(verdict(found, pick, kld_bound))
+
+
+def _cells(found: list[ladder.Row]) -> tuple[list[str], list[list[str]]]:
+    head = ["model", "type", "size", "bpw", "pp t/s", "tg t/s", "PPL", "mean KLD", "KLD p99", "same top",
+            "fits here"]
+    cells = [[r.model, r.type_name + (" (ref)" if r.reference else ""), format_bytes(r.size),
+              f"{r.bits_per_weight:.2f}", _f(r.pp_ts, ".1f"), _f(r.tg_ts, ".1f"), f"{r.ppl:.4f}",
+              _f(r.kld, ".6f"), _f(r.kld_p99, ".6f"),
+              f"{100 * r.same_top:.2f}%" if r.same_top is not None else "-", r.fits] for r in found]
+    return head, cells
+
+
+def markdown(found: list[ladder.Row]) -> str:
+    """The table in Markdown."""
+    head, cells = _cells(found)
+    right = {2, 3, 4, 5, 6, 7, 8, 9}
+    sep = ["-" * (len(h) - 1) + ":" if i in right else "-" * len(h) for i, h in enumerate(head)]
+    return "\n".join("| " + " | ".join(line) + " |" for line in [head, sep, *cells])
 
 
 def _f(v: float | None, fmt: str) -> str:
@@ -73,12 +117,7 @@ def _f(v: float | None, fmt: str) -> str:
 
 def table(found: list[ladder.Row]) -> str:
     """One row per file: type, size, bits per weight, pp and tg t/s, PPL, mean KLD, KLD p99, top-1, fit."""
-    head = ["model", "type", "size", "bpw", "pp t/s", "tg t/s", "PPL", "mean KLD", "KLD p99", "same top",
-            "fits here"]
-    cells = [[r.model, r.type_name + (" (ref)" if r.reference else ""), format_bytes(r.size),
-              f"{r.bits_per_weight:.2f}", _f(r.pp_ts, ".1f"), _f(r.tg_ts, ".1f"), f"{r.ppl:.4f}",
-              _f(r.kld, ".6f"), _f(r.kld_p99, ".6f"),
-              f"{100 * r.same_top:.2f}%" if r.same_top is not None else "-", r.fits] for r in found]
+    head, cells = _cells(found)
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
     right = {2, 3, 4, 5, 6, 7, 8, 9}
     lines = []

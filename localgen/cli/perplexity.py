@@ -71,6 +71,7 @@ def perplexity(
     ref_model = None
     if ctx is None:  # against a logits file: the context it was saved at, which the measure must use
         ctx = ms.logits_context(ref_file) if ref_file is not None else 512
+    ms.check_batch(ctx, batch)
     s = ms.Settings(ctx=ctx, batch=batch, ubatch=ubatch, chunks=chunks, threads=threads, gpu_layers=gpu_layers,
                     verbose=verbose)
     ref = resolve(model, offline=offline)
@@ -99,7 +100,7 @@ def perplexity(
         engine = ms.open_model(ref, s)
         try:
             if ref_file is not None:
-                result = ms.against(engine, ref_file, s, text, view.chunk)
+                result = ms.against(engine, ref_file, s, text, view.chunk, users_text=ref_model is None)
                 out.setdefault("reference", {"file": str(ref_file)})
             else:
                 assert text is not None
@@ -157,13 +158,13 @@ def _interrupted(measured: Any, measuring: Any, ref: Any, out: dict[str, Any], j
 
     err = ErrWriter()
     if measuring is not ref:
-        done = f" ({measured.chunks} of {measured.chunks_total} windows)" if measured else ""
+        done = f" ({measured.chunks} of {_windows(measured.chunks_total)})" if measured else ""
         err.interrupted(f"interrupted while measuring the reference {measuring.name}{done}: {ref.name} was not "
                         "measured")
     elif measured is not None:
         _show(measured, out, json_out)
-        err.interrupted(f"interrupted after {measured.chunks} of {measured.chunks_total} windows: the figures above "
-                        "cover those" + ("; the logits file was not written" if saving else ""))
+        err.interrupted(f"interrupted after {measured.chunks} of {_windows(measured.chunks_total)}: the figures "
+                        "above cover those" + ("; the logits file was not written" if saving else ""))
     else:
         err.interrupted("interrupted before the first window was measured")
 
@@ -183,9 +184,13 @@ def _show(m: Any, out: dict[str, Any], json_out: bool) -> None:
     print(render(m, out.get("reference")))
 
 
+def _windows(n: int) -> str:
+    return f"{n} window" if n == 1 else f"{n} windows"
+
+
 def render(m: Any, reference: dict[str, Any] | None = None) -> str:
     """The figures as llama-perplexity prints its final statistics."""
-    lines = [f"model: {m.model}; {m.chunks} windows of {m.n_ctx} tokens, {m.tokens:,} positions scored, "
+    lines = [f"model: {m.model}; {_windows(m.chunks)} of {m.n_ctx} tokens, {m.tokens:,} positions scored, "
              f"{m.tokens_per_s:,.1f} tokens/s"]
     d = m.divergence
     if d is None:
@@ -251,10 +256,10 @@ class ChunkView:
             self.label, self.next_mark = label, 0
         pct = done * 100 // total if total else 100
         if done == 0:
-            print(f"{label}: {total} windows", file=sys.stderr, flush=True)
+            print(f"{label}: {_windows(total)}", file=sys.stderr, flush=True)
             self.next_mark = 10
         while pct >= self.next_mark > 0:
-            print(f"{label}: {done}/{total} windows", file=sys.stderr, flush=True)
+            print(f"{label}: {done}/{_windows(total)}", file=sys.stderr, flush=True)
             self.next_mark = (pct // 10 + 1) * 10 if pct < 100 else 1 << 30
 
     def _bar(self, label: str, total: int) -> None:

@@ -25,9 +25,10 @@ def quantize(
     type_name: Annotated[str | None, typer.Argument(
         metavar="TYPE", show_default=False,
         help="llama-quantize's type name, any case (Q4_K_M, q8_0, IQ4_XS, ...) or its number.")] = None,
-    output: Annotated[Path | None, typer.Option(
-        "--output", "-o", show_default=False,
-        help="Write the result here instead of localgen's models (where `list` shows it as NAME:TYPE).")] = None,
+    output: Annotated[str | None, typer.Option(
+        "--output", "-o", show_default=False, metavar="PATH",
+        help="Write the result here instead of localgen's models (where `list` shows it as NAME:TYPE); a folder, "
+             "or a name ending in /, gets NAME-TYPE.gguf inside it (made where it is not there).")] = None,
     name: Annotated[str | None, typer.Option(
         "--name", show_default=False,
         help="NAME of the result, NAME:TYPE in `localgen list` (default: from the source's name).")] = None,
@@ -112,12 +113,20 @@ def _cores() -> int:
     return hardware.usable_cores()
 
 
-def target(base: str, type_name: str, output: Path | None) -> tuple[Path, str | None]:
-    """Where a result goes and its model name (None for a file of the user's, -o)."""
+def target(base: str, type_name: str, output: str | None) -> tuple[Path, str | None]:
+    """Where a result goes and its model name (None for a file of the user's, -o). A name ending in a slash is a
+    folder, made where it is not there."""
     from localgen.models import quantized
 
     if output is not None:
-        out = output.expanduser()
+        out = Path(output).expanduser()
+        if output.endswith(("/", os.sep)) and not out.is_dir():
+            if out.exists():
+                raise UsageError(f"{out} is not a folder")
+            try:
+                out.mkdir(parents=True)
+            except OSError as e:
+                raise UsageError(f"cannot make the folder {out}: {e.strerror}") from None
         if out.is_dir():
             out = out / f"{base}-{type_name}.gguf"
         return out, None
@@ -128,12 +137,12 @@ def target(base: str, type_name: str, output: Path | None) -> tuple[Path, str | 
     return quantized.path_for(name), name
 
 
-def make(src: Path, type_text: str, base: str, output: Path | None, opts: Any) -> Any:
+def make(src: Path, type_text: str, base: str, output: str | None, opts: Any) -> Any:
     """Plan and run one quantization with a progress bar; Ctrl-C removes what it wrote and exits at once."""
     return run_job(*prepare(src, type_text, base, output, opts))
 
 
-def prepare(src: Path, type_text: str, base: str, output: Path | None, opts: Any) -> tuple[Any, str | None]:
+def prepare(src: Path, type_text: str, base: str, output: str | None, opts: Any) -> tuple[Any, str | None]:
     """One quantization checked (quant/quantize.py's plan) and its model name, nothing written yet."""
     from localgen.quant import quantize as q
 
@@ -210,6 +219,8 @@ def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_
             done, _ = run_job(job, model_name)
             err.line(f"{model_name}: {done.type_name}, {done.bits_per_weight:.2f} bits per weight")
         files.append(resolve(model_name, offline=True))
-    settings = ms.Settings(ctx=ctx, chunks=chunks, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+    settings = ms.Settings(ctx=ctx, batch=ms.fitting_batch(ctx), chunks=chunks, threads=threads,
+                           gpu_layers=gpu_layers, verbose=verbose)
     run_ladder(ref, files, text, measure_text or "default", settings,
-               ladder.Speed(n_prompt=n_prompt, n_gen=n_gen, reps=reps, threads=threads), kld_bound, json_out)
+               ladder.Speed(n_prompt=n_prompt, n_gen=n_gen, reps=reps, threads=threads), kld_bound,
+               "json" if json_out else None)

@@ -48,7 +48,8 @@ def base_for(source: str) -> str:
         head, _, tail = text.rpartition("/")
         stem = tail if head else text
         base, _, tag = stem.partition(":")
-        stem = base if tag and quant_tag(f"x-{tag}.gguf") else stem.replace(":", "-")  # a type tag goes
+        typed = tag and (quant_tag(f"x-{tag}.gguf") or tag.lower() == "copy")  # COPY: quantize's type too
+        stem = base if typed else stem.replace(":", "-")  # a type tag goes
         stem = re.sub(r"[-_.]gguf$", "", stem, flags=re.IGNORECASE)
     cleaned = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")
     return cleaned[:80] or "model"

@@ -3,6 +3,7 @@ the libggml llama.cpp maps; one output row's logits as a numpy view."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,20 @@ def abort_line(make: Callable[[str, str | None], str] | None) -> None:
     """Write llama.cpp's abort as `make(message, hint)` makes it (None: the CLI's plain error line)."""
     global _abort_line
     _abort_line = make
+
+
 _libggml: Any = None
+_on_abort: set[str] = set()  # files being written that an abort removes (a quantization's temp file)
+
+
+def remove_on_abort(path: str | os.PathLike[str]) -> None:
+    """Have the abort handler remove `path` if llama.cpp aborts while it is written."""
+    _on_abort.add(os.fspath(path))
+
+
+def forget_on_abort(path: str | os.PathLike[str]) -> None:
+    """`path` is no longer the abort handler's to remove."""
+    _on_abort.discard(os.fspath(path))
 
 
 def libggml() -> Any:
@@ -76,8 +90,8 @@ def _install_abort_handler() -> None:
     """When llama.cpp meets a state it cannot go on from (GGML_ABORT: a GPU with no memory for its own
     context, an RPC server that went away mid-generation), it aborts the process with a C backtrace. localgen
     cannot continue either, but says so in one line and exits 1."""
+    import contextlib
     import ctypes
-    import os
     import sys
 
     global _abort_cb
@@ -96,6 +110,9 @@ def _install_abort_handler() -> None:
         elif "CUDA" in text or "out of memory" in text.lower():
             hint = "the GPU ran out of memory: try fewer --gpu-layers, a smaller --ctx, or free GPU memory"
         try:
+            for path in list(_on_abort):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             if _abort_line is not None:
                 sys.stderr.write(_abort_line(f"llama.cpp stopped: {why}", hint) + "\n")
             else:

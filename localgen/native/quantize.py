@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from localgen.native.lib import lib, libggml
+from localgen.native.lib import forget_on_abort, lib, libggml, remove_on_abort
 
 # llama-quantize's QUANT_OPTIONS (tools/quantize/quantize.cpp), in its order: name, llama_ftype, what it says
 FTYPES: tuple[tuple[str, int, str], ...] = (
@@ -84,16 +84,35 @@ def canonical(name: str) -> str:
     return name
 
 
+# The tensor types ggml_quantize_chunk (ggml/src/ggml.c) writes: a tensor can be quantized to these only. Others
+# have a name (q8_1, q8_k, i32, "deprecated" for removed numbers) but no quantizer: llama.cpp asserts, or divides
+# by a block size of 0, mid-way through the file.
+QUANTIZABLE = frozenset({
+    "f32", "f16", "bf16", "q1_0", "q2_0", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "nvfp4", "q2_k",
+    "q3_k", "q4_k", "q5_k", "q6_k", "tq1_0", "tq2_0", "iq2_xxs", "iq2_xs", "iq3_xxs", "iq3_s", "iq2_s", "iq1_s",
+    "iq1_m", "iq4_nl", "iq4_xs"})
+# Those ggml_quantize_requires_imatrix names: without an importance matrix for the tensor, llama.cpp aborts
+NEED_IMATRIX = frozenset({"iq2_xxs", "iq2_xs", "iq1_s"})
+
+
 def ggml_types() -> dict[str, int]:
-    """ggml's tensor type names (lower case, as ggml_type_name gives them) → their numbers."""
+    """The ggml tensor types a tensor can be quantized to (lower case, as ggml_type_name gives them) → their
+    numbers, in ggml's order."""
     fn = libggml().ggml_type_name
     fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_char_p
     out: dict[str, int] = {}
     for i in range(_NO_TYPE):
-        name = (fn(i) or b"").decode()
-        if name and name != "NONE" and " " not in name:  # "type_q4_0_4_4 removed, use ...": gone
-            out[name.lower()] = i
+        name = (fn(i) or b"").decode().lower()
+        if name in QUANTIZABLE:
+            out[name] = i
     return out
+
+
+def block_size(ggml_type: int) -> int:
+    """How many values one block of a ggml type holds (ggml_blck_size): a row quantized to it is a multiple."""
+    fn = libggml().ggml_blck_size
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int64
+    return int(fn(ggml_type))
 
 
 @dataclass(frozen=True)
@@ -152,6 +171,10 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], p: Quanti
                 kvs[i].value.val_i64 = value
         keep.append(kvs)
         qp.kv_overrides = ctypes.cast(kvs, ctypes.POINTER(lc.llama_model_kv_override))
-    rc = lc.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(qp))
+    remove_on_abort(dst)  # llama.cpp aborting mid-way ends the process: the abort handler removes what it wrote
+    try:
+        rc = lc.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(qp))
+    finally:
+        forget_on_abort(dst)
     del keep
     return int(rc) == 0

@@ -35,6 +35,19 @@ class Settings:
     verbose: bool = False
 
 
+def fitting_batch(ctx: int, batch: int = 2048) -> int:
+    """A batch llama-perplexity takes for windows of `ctx`: `batch` where it is smaller than the context or a
+    multiple of it, else the largest multiple below it."""
+    return batch if batch < ctx or batch % ctx == 0 else ctx * (batch // ctx)
+
+
+def check_batch(ctx: int, batch: int) -> None:
+    """llama-perplexity's rule, before anything loads: the batch is smaller than the context or a multiple of it."""
+    if fitting_batch(ctx, batch) != batch:
+        raise UsageError(f"the batch ({batch}) must be smaller than the context ({ctx}) or a multiple of it, as "
+                         "llama-perplexity requires", hint=f"give -b {fitting_batch(ctx, batch)}, or -b {ctx - 1}")
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a measurement: `measured` is what it had measured (None before the first window)."""
 
@@ -121,10 +134,19 @@ def perplexity(engine: Any, text: str, s: Settings, save: Path | None = None,
     return result
 
 
+def _starts_with(engine: Any, tokens: Any, text: str) -> bool:
+    """Whether `text` begins with what the logits file's first tokens spell in this model's vocabulary (whitespace
+    aside): the same text, tokenized another way."""
+    spelled = b"".join(engine.piece(int(t)) for t in tokens[:200]).decode("utf-8", errors="ignore")
+    words = spelled.split()[:-1]  # the last piece may be part of a word
+    return " ".join(text.split()).startswith(" ".join(words))
+
+
 def against(engine: Any, reference: Path, s: Settings, text: str | None = None,
-            on_chunk: OnChunk | None = None) -> Any:
+            on_chunk: OnChunk | None = None, users_text: bool = False) -> Any:
     """KL divergence (and PPL) of a loaded model against a logits file. With `text` (a reference model measured
-    on it), the model must tokenize it as the reference did."""
+    on it), the model must tokenize it as the reference did; `users_text`: the text came with a logits file the
+    user gave, and may be another one than it was saved from."""
     from localgen.engine import perplexity as ppl
 
     reader = ppl.LogitsReader(reference)
@@ -139,6 +161,9 @@ def against(engine: Any, reference: Path, s: Settings, text: str | None = None,
         if text is not None:
             mine = engine.tokenize(text, add_special=True, parse_special=False)[: reader.n_ctx * n_chunk]
             if list(reader.tokens[: reader.n_ctx * n_chunk]) != mine:
+                if users_text and not _starts_with(engine, reader.tokens, text):
+                    raise UsageError(f"the text differs from the one {reference.name} was saved from",
+                                     hint="give that text, or no -f: the logits file holds its tokens")
                 raise UsageError(f"{engine.model.name} tokenizes the text differently from the reference: another "
                                  "vocabulary")
         w = ppl.Windows(reader.tokens, reader.n_ctx, n_chunk)

@@ -81,7 +81,7 @@ def parse_type(text: str) -> tuple[str, int]:
     found = file_type(text)
     if found is None:
         raise UsageError(f"unknown quantization type {text!r}",
-                         hint=f"llama-quantize's types: {', '.join(t for t in type_names() if t != 'COPY')}")
+                         hint=f"llama-quantize's types: {', '.join(type_names())}")
     return found
 
 
@@ -93,13 +93,43 @@ def _tensor_type(flag: str, text: str | None) -> int | None:
     types = ggml_types()
     found = types.get(text.strip().lower())
     if found is None:
-        raise UsageError(f"{flag}: unknown ggml type {text!r}", hint=f"ggml's types: {', '.join(types)}")
+        raise UsageError(f"{flag}: unknown ggml type {text!r}",
+                         hint=f"the ggml types a tensor can be quantized to: {', '.join(types)}")
     return found
 
 
-def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | None = None) -> QuantizeJob:
+def _check_rows(flag: str, ggml_type: int | None, names: tuple[str, ...], tensors: list[Any]) -> None:
+    """A type given for a tensor whose rows it cannot hold in whole blocks: llama.cpp falls back to another type for
+    the types it picks, but asserts mid-way on one given by name."""
+    if ggml_type is None:
+        return
+    from localgen.native.quantize import block_size, ggml_types
+
+    block = block_size(ggml_type)
+    name = next(n for n, number in ggml_types().items() if number == ggml_type)
+    for tensor, shape, _, _ in tensors:
+        if tensor in names and shape and shape[0] % block:
+            raise UsageError(f"{flag} {name}: {tensor}'s rows hold {shape[0]} values, not a multiple of {name}'s "
+                             f"blocks of {block}", hint="pick a type with smaller blocks: q8_0, q4_0, iq4_nl, ...")
+
+
+def _check_tensor_imatrix(flag: str, text: str | None, tensor: str, imatrix: dict[str, Any]) -> None:
+    """A type llama.cpp cannot write without an importance matrix for the tensor (it aborts mid-way otherwise)."""
+    from localgen.native.quantize import NEED_IMATRIX
+
+    name = (text or "").strip().lower()
+    if name in NEED_IMATRIX and tensor not in imatrix:
+        have = "no importance matrix was given" if not imatrix else f"the importance matrix has no {tensor}"
+        raise UsageError(f"{flag} {name} needs an importance matrix for {tensor}: {have}",
+                         hint="pick another type: q4_k, iq4_xs, q8_0, ...")
+
+
+def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | None = None,
+         for_create: bool = False) -> QuantizeJob:
     """Check everything a quantization needs before it starts (one UsageError or LocalgenError each); `label`
-    names the source in them (the model's name, where a server's client asked: never its path there)."""
+    names the source in them (the model's name, where a server's client asked: never its path there).
+    `for_create`: `create -q` (and /api/create) asks, which has neither --allow-requantize nor --imatrix: the
+    hints say what it can do instead."""
     from localgen.models.gguf_meta import read_gguf
     from localgen.native.quantize import QuantizeParams
 
@@ -107,13 +137,17 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
     output_type = _tensor_type("--output-tensor-type", opts.output_tensor_type)
     embedding_type = _tensor_type("--token-embedding-type", opts.token_embedding_type)
     meta, tensors, _ = read_gguf(str(source))
+    _check_rows("--output-tensor-type", output_type, ("output.weight",), tensors)
+    _check_rows("--token-embedding-type", embedding_type, ("token_embd.weight", "per_layer_token_embd.weight"),
+                tensors)
     quantized = sorted({t for _, _, t, _ in tensors if t not in UNQUANTIZED})
     source_type = _file_type_name(meta.get("general.file_type"))
     if quantized and not opts.allow_requantize and type_name != "COPY":
         raise LocalgenError(
             f"{label or source} is already quantized ({source_type or 'quantized tensors'}): quantizing it again "
             "loses more than quantizing from the original weights",
-            hint="quantize from an F16, BF16 or F32 file; --allow-requantize does it anyway")
+            hint="FROM an F16, BF16 or F32 model; or FROM this one without -q" if for_create else
+            "quantize from an F16, BF16 or F32 file; --allow-requantize does it anyway")
     try:
         if out.resolve() == source.resolve():
             raise UsageError("the output would overwrite the source")
@@ -139,12 +173,17 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
         overrides.append((KV_IMATRIX_ENTRIES, len(imatrix)))
         if im.chunk_count > 0:
             overrides.append((KV_IMATRIX_CHUNKS, im.chunk_count))
+    present = {t for t, _, _, _ in tensors}
+    if "output.weight" in present:  # tied to the embedding without one: llama.cpp picks a type that fits it
+        _check_tensor_imatrix("--output-tensor-type", opts.output_tensor_type, "output.weight", imatrix)
+    if "token_embd.weight" in present:
+        _check_tensor_imatrix("--token-embedding-type", opts.token_embedding_type, "token_embd.weight", imatrix)
     params = QuantizeParams(
         ftype=ftype, threads=opts.threads, only_copy=type_name == "COPY", allow_requantize=opts.allow_requantize,
         leave_output_tensor=opts.leave_output_tensor, pure=opts.pure, output_tensor_type=output_type,
         token_embedding_type=embedding_type, imatrix=imatrix, kv_overrides=tuple(overrides))
     drop_stale(out)
-    expected = _dry_run(source, out, params, type_name)
+    expected = _dry_run(source, out, params, type_name, for_create)
     _check_space(out.parent, expected)
     return QuantizeJob(source=source, type_name=type_name, out=out, params=params, expected=expected,
                        source_type=source_type)
@@ -158,7 +197,7 @@ def _file_type_name(ftype: Any) -> str | None:
     return next((name for name, number, _ in FTYPES if number == ftype and not name.endswith("_K")), None)
 
 
-def _dry_run(source: Path, out: Path, params: Any, type_name: str) -> int:
+def _dry_run(source: Path, out: Path, params: Any, type_name: str, for_create: bool = False) -> int:
     """The result's size in bytes, by llama.cpp's dry run (its log's "quant size"), plus the source's header; a type
     that needs an importance matrix without one is refused here."""
     import dataclasses
@@ -172,8 +211,10 @@ def _dry_run(source: Path, out: Path, params: Any, type_name: str) -> int:
     if not ok:
         raise LocalgenError(f"llama.cpp cannot quantize {source} to {type_name}: {_reason(lines)}")
     if any("will require an imatrix" in line for line in lines) and not params.imatrix:
-        raise UsageError(f"{type_name} needs an importance matrix", hint="give one with --imatrix FILE "
-                         "(llama-imatrix makes it)")
+        raise UsageError(f"{type_name} needs an importance matrix", hint=(
+            "-q takes none: pick a type that needs none (Q4_K_M, IQ4_XS, ...), or make this one with "
+            f"`localgen quantize MODEL {type_name} --imatrix FILE` and FROM the result") if for_create else
+            "give one with --imatrix FILE (llama-imatrix makes it)")
     sizes = [float(m.group(1)) for line in lines if (m := _QUANT_SIZE.search(line))]
     from localgen.models.gguf_meta import read_gguf
 
@@ -323,7 +364,8 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
                          f"preset; or FROM {made} without -q")
     ref = lookup(spec.base)
     out.parent.mkdir(parents=True, exist_ok=True)
-    job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=force), spec.base)
+    job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=force), spec.base,
+               for_create=True)
     try:
         run(job, progress)
     except BaseException:

@@ -79,12 +79,23 @@ def bench(
         return
     from localgen.bench import records
 
-    if quality.quality is not None or quality.reference is not None:
-        _measure_quality(model, quality, n_prompt, n_gen, threads, ngl, measuring.reps, offline,
-                         measuring.output in ("json", "jsonl"))
-        return
     if measuring.output is not None and measuring.output not in records.FORMATS:
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {measuring.output!r}")
+    if quality.quality is not None or quality.reference is not None:
+        unused = {"--prompt-gen": pg, "--n-depth": n_depth, "--n-cpu-moe": ncmoe, "--override-tensor": ot,
+                  "--batch-size": batch, "--ubatch-size": ubatch, "--flash-attn": fa, "--cache-type-k": ctk,
+                  "--cache-type-v": ctv, "--parallel": parallel, "--rpc": rpc, "--endpoint": remote.endpoint,
+                  "--api-key-env": remote.api_key_env, "--request-rate": serving.request_rate,
+                  "--num-prompts": serving.num_prompts, "--same-prompt": serving.same_prompt,
+                  "--exact/--no-exact": measuring.exact is not None, "--no-e2e": not measuring.e2e,
+                  "--cpu-moe": knobs.get("cpu_moe") and knobs.typed("cpu_moe"),
+                  "--kv-unified/--no-kv-unified": knobs.typed("kv_unified")}
+        bad = [flag for flag, v in unused.items() if v]
+        if bad:
+            raise UsageError(f"--quality does not take {', '.join(bad)}", hint="it takes -m, --reference, --ctx, "
+                             "--chunks, --kld-bound, one -p, -n, -t and -ngl, -r, -o and --offline")
+        _measure_quality(model, quality, n_prompt, n_gen, threads, ngl, measuring.reps, offline, measuring.output)
+        return
     if remote.endpoint or any(_is_named_endpoint(m) for m in model or _env_model()):
         local = {"--threads": threads, "--n-gpu-layers": ngl, "--n-cpu-moe": ncmoe, "--override-tensor": ot,
                  "--cpu-moe": knobs.get("cpu_moe") and knobs.typed("cpu_moe"), "--batch-size": batch,
@@ -109,7 +120,7 @@ def bench(
 
 
 def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values, threads: Values, ngl: Values,
-                     reps: int, offline: bool, json_out: bool) -> None:
+                     reps: int, offline: bool, output: str | None) -> None:
     """bench --quality TEXT --reference SOURCE: the ladder's table (quant/ladder.py) for the -m files."""
     from localgen.bench import sweep
     from localgen.cli.ladderview import run_ladder
@@ -133,10 +144,11 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
     files = [resolve(m, offline=offline) for m in names]
     t = one["--threads"][0] if one["--threads"] else None
     ngl_one = one["--n-gpu-layers"][0] if one["--n-gpu-layers"] else None
-    settings = ms.Settings(ctx=q.quality_ctx, chunks=q.chunks, threads=t, gpu_layers=ngl_one)
+    settings = ms.Settings(ctx=q.quality_ctx, batch=ms.fitting_batch(q.quality_ctx), chunks=q.chunks, threads=t,
+                           gpu_layers=ngl_one)
     speed = ladder.Speed(n_prompt=(one["--n-prompt"] or [512])[0], n_gen=(one["--n-gen"] or [128])[0], reps=reps,
                          threads=t)
-    run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound, json_out)
+    run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound, output)
 
 
 def _is_named_endpoint(model: str) -> bool:
@@ -381,26 +393,58 @@ def history_cmd(
     """Past benchmark runs (kept in the data dir), newest first; or one run in full."""
     from localgen.bench import history, records
 
+    if output is not None and output not in records.FORMATS:
+        raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {output!r}")
     if run_id is None:
-        rows = history.runs()
-        if not rows:
-            print("no benchmark runs yet: localgen bench", file=sys.stderr)
-            return
-        print(f"{'ID':>4}  {'DATE':16}  {'RESULTS':>7}  COMMAND")
-        for r in rows:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created))
-            print(f"{r.id:>4}  {when:16}  {len(r.records):>7}  {r.command}")
+        _list_runs(history.runs(), output)
         return
     run = history.get(run_id)
-    if output is not None and output not in records.FORMATS:
-        raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}")
     from localgen.cli import ladderview
 
     rungs = ladderview.quality_rows(run.records)
     if rungs:  # a ladder's run (quantize --ladder, bench --quality)
-        ladderview.show(rungs, run.records[0].get("kld_bound", 0.05), output in ("json", "jsonl"), run.id)
+        ladderview.show(rungs, run.records[0].get("kld_bound", 0.05), output, run.id)
         return
-    emit(run.records, run.system, output)
+    if output:
+        sys.stdout.write(records.FORMATS[output](run.records))
+        sys.stdout.flush()
+        return
+    emit(run.records, run.system, None)
+
+
+def _list_runs(rows: list[Any], output: str | None) -> None:
+    """The runs, newest first: a table (ID, date, results, command), or each run's id, created (seconds since
+    the epoch), results and command in the -o format."""
+    import csv
+    import io
+    import json
+
+    docs = [{"id": r.id, "created": r.created, "results": len(r.records), "command": r.command} for r in rows]
+    if output == "json":
+        print(json.dumps(docs, indent=2))
+    elif output == "jsonl":
+        sys.stdout.write("".join(json.dumps(d) + "\n" for d in docs))
+    elif output == "csv":
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=["id", "created", "results", "command"], lineterminator="\n")
+        w.writeheader()
+        w.writerows(docs)
+        sys.stdout.write(out.getvalue())
+    elif not rows:
+        print("no benchmark runs yet: localgen bench", file=sys.stderr)
+    elif output == "md":
+        print("| ID | date | results | command |\n|---:|---|---:|---|")
+        for d in docs:
+            command = str(d["command"]).replace("|", "\\|")
+            print(f"| {d['id']} | {_when(d['created'])} | {d['results']} | `{command}` |")
+    else:
+        print(f"{'ID':>4}  {'DATE':16}  {'RESULTS':>7}  COMMAND")
+        for d in docs:
+            print(f"{d['id']:>4}  {_when(d['created']):16}  {d['results']:>7}  {d['command']}")
+
+
+def _when(created: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(created))
 
 
 @bench_app.command("compare")
@@ -446,8 +490,14 @@ def compare_cmd(
     for line in [head, *cells]:
         print("  ".join(v.rjust(w) if i >= len(head) - 3 else v.ljust(w)
                         for i, (v, w) in enumerate(zip(line, widths, strict=True))).rstrip())
-    chart = [(f"{r['model_name']} {r['test']} run {a}", r["a_ts"]) for r in rows]
-    chart += [(f"{r['model_name']} {r['test']} run {b}", r["b_ts"]) for r in rows]
+    def bar(r: dict[str, Any], run: int) -> str:  # the settings that differ between rows tell the bars apart
+        from localgen.bench import records
+
+        told = [f"{records.SHORT[k]}={int(r[k]) if isinstance(r[k], bool) else r[k]}" for k in settings]
+        return " ".join([r["model_name"], r["test"], *told, f"run {run}"])
+
+    chart = [(bar(r, a), r["a_ts"]) for r in rows]
+    chart += [(bar(r, b), r["b_ts"]) for r in rows]
     print()
     import shutil
 

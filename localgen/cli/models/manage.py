@@ -396,6 +396,7 @@ def rm(
         return
     from localgen.models import quantized
 
+    _warn_presets_on(name)
     made = quantized.find(name)
     if made is not None:  # quantized here (localgen quantize): its one file
         _confirm(f"the quantized model {name} ({made})", made.stat().st_size, yes)
@@ -420,6 +421,17 @@ def rm(
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
     print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 bytes'}{kept}")
+
+
+def _warn_presets_on(name: str) -> None:
+    """One warning line naming the presets whose FROM is `name`: removing it leaves them without a model."""
+    from localgen.cli.output import ErrWriter
+    from localgen.models import presets
+
+    users = sorted(p.name for p in presets.all_presets() if p.base.lower() == name.strip().lower())
+    if users:
+        these = f"the preset {users[0]} is" if len(users) == 1 else f"the presets {', '.join(users)} are"
+        ErrWriter().warn(f"{these} made on {name}: without it they cannot run")
 
 
 def _confirm(desc: str, total: int, yes: bool, size: bool = True) -> None:

@@ -147,6 +147,8 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     cache_ram = _cache_ram(f.batching.cache_ram)  # before the port: a bad flag is a usage error whatever listens there
     cache_disk = _cache_disk(f.batching.cache_disk)
     _check_port(listen.host, listen.port)
+    if cache_ram == 0 and cache_disk and f.batching.cache_disk.strip().lower() != "auto":
+        log.warning("--cache-disk is off: it needs the prompt cache in RAM, and --cache-ram is 0")
     if not is_loopback(listen.host) and not key:
         log.warning(f"listening on {listen.host} with no API key: anyone who can reach this port can use the models")
     residency = _residency(f.residency, models.offload, log)
