@@ -40,7 +40,7 @@ def test_a_bad_line_fails_alone_in_a_batch(cli: CLI, tmp_path: Path) -> None:
     r = cli("run", "--file", str(jsonl), "--raw", "-n", "3", "--temperature", "0", "--json")
     assert r.returncode == 1, r.stderr
     docs = [json.loads(x) for x in r.stdout.splitlines()]
-    assert "lone surrogate" in docs[0]["error"] and docs[1]["text"] and "top_k must be within" in docs[2]["error"]
+    assert "lone surrogate" in docs[0]["error"] and docs[1]["text"] and "top_k must be at most 2,147,483,647" in docs[2]["error"]
     r = subprocess.run(cli.argv("run", "--each-line", "--raw", "-n", "3", "--temperature", "0"),
                        input=b"caf\xe9 au lait\nThe sky is\n", capture_output=True, env=cli.env)
     lines = r.stdout.decode().split("\n")
@@ -80,7 +80,7 @@ def test_integer_settings_stop_at_what_a_c_int_holds(cli: CLI) -> None:
     from localgen.errors import UsageError
 
     for name in ("top_k", "repeat_last_n", "max_tokens", "dry_allowed_length", "dry_penalty_last_n"):
-        with pytest.raises(UsageError, match="must be within"):
+        with pytest.raises(UsageError, match=r"must be at most 2,147,483,647 \(llama.cpp takes it as a C int\)"):
             settings.check(name, 2**31)
         assert settings.check(name, 2**31 - 1) == 2**31 - 1
 

@@ -202,7 +202,7 @@ def test_errors_have_each_apis_shape_and_status(server: Server) -> None:
     assert r.status_code == 400 and r.json()["error"]["message"] == "top_k must be at least 0, not -5"
     r = httpx.post(f"{u}/api/generate", headers=h, json={"model": "smollm2:135m", "prompt": "x",
                                                          "options": {"num_predict": -5}})
-    assert r.status_code == 400 and r.json()["error"] == "num_predict must be at least -1, not -5"
+    assert r.status_code == 400 and r.json()["error"] == "options.num_predict must be at least -1, not -5"
     r = httpx.post(f"{u}/v1/chat/completions", headers=h, json={"model": "smollm2:135m", "n": 2,
                                                                 "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
