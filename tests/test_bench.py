@@ -377,7 +377,7 @@ def test_a_tuned_micro_batch_larger_than_the_context_is_recorded_as_used(cli_in_
                                                                          smollm2_path: Path, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A tuning record's -ub (2048) larger than a short test's context: llama.cpp caps it at the context, and the
-    record bench writes says the value llama.cpp used, not the record's."""
+    record bench writes says the value llama.cpp used, not the record's (the load's settings cap it)."""
     from localgen import tuning
     from localgen.engine.bench import BenchContext
     from localgen.engine.defaults import build_id, device_id

@@ -148,10 +148,9 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         progress.loaded(ref.name, ref.path, vars(engine.params), engine.origins)
         # the settings the load chose where the sweep left them open (tuning record or rule), as measured; -ub as
         # asked, as llama-bench records it (llama.cpp caps the micro-batch at --batch-size, in both tools). One a
-        # tuning record chose may be larger than this context: llama.cpp caps it at the context, and so does this
-        chosen_ub = min(engine.params.n_ubatch or UBATCH, engine.params.n_batch, engine.params.n_ctx)
+        # tuning record chose larger than this context is capped at it by the load's settings (engine/defaults.py)
         cfg = dataclasses.replace(cfg, n_threads=engine.params.n_threads,
-                                  n_ubatch=cfg.n_ubatch or chosen_ub, flash_attn=engine.flash_attn)
+                                  n_ubatch=cfg.n_ubatch or engine.params.n_ubatch, flash_attn=engine.flash_attn)
         try:
             size, n_params = model_size(engine)
             model = {"name": ref.name, "filename": os.path.abspath(ref.path), "type": model_desc(engine), "size": size,
