@@ -371,3 +371,35 @@ def test_the_micro_batch_recorded_is_the_one_asked_and_used(bench_here: InProces
         assert r.returncode == 0, r.stderr
         assert {json.loads(x)["n_ubatch"] for x in r.stdout.splitlines()} == {want}, args
         assert set(used) == {want}, args
+
+
+def test_a_tuned_micro_batch_larger_than_the_context_is_recorded_as_used(cli_in_process: InProcessCLI,
+                                                                         smollm2_path: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tuning record's -ub (2048) larger than a short test's context: llama.cpp caps it at the context, and the
+    record bench writes says the value llama.cpp used, not the record's (the load's settings cap it)."""
+    from localgen import tuning
+    from localgen.engine.bench import BenchContext
+    from localgen.engine.defaults import build_id, device_id
+    from localgen.models.resolve import resolve
+    from localgen.native.lib import lib
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALGEN_HOME", str(home))
+    ref = resolve(str(smollm2_path))
+    key = tuning.Key(tuning.file_sha256(ref.path), build_id(), device_id(False), 1)
+    tuning.save(tuning.Record(key=key, model=ref.name, size=os.stat(ref.path).st_size, date="2026-11-25T10:00:00Z",
+                              settings={"n_ubatch": 2048}, depth=1500, exchange_s=1.0))
+    used: list[int] = []
+    measure = BenchContext.prompt
+
+    def prompt(self: BenchContext, n: int) -> float:
+        used.append(lib().llama_n_ubatch(self.ctx))
+        return measure(self, n)
+
+    monkeypatch.setattr(BenchContext, "prompt", prompt)
+    here = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(home)})
+    r = here("bench", "-m", str(smollm2_path), "-p", "8", "-n", "2", "-r", "1", "-b", "2048", "--no-e2e", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    recorded = {json.loads(x)["n_ubatch"] for x in r.stdout.splitlines()}
+    assert len(set(used)) == 1 and used[0] < 2048 and recorded == set(used), (recorded, used)

@@ -107,6 +107,10 @@ def test_a_database_from_before_removals_counted_gets_its_column_and_reads_as_be
         conn.execute("UPDATE embeddings SET updated = 0")
         conn.execute("UPDATE collections SET created = 0")
     assert _listed(hcli)[0]["last_written_utc"] == "1970-01-01T00:00:00", "an entry's time, as before"
+    assert hcli("collections", "show", "notes").returncode == 0
+    with closing(sqlite3.connect(_db(hcli))) as conn:
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(collections)")}
+    assert "written" not in columns, "a listing reads the file as it is, never changes it"
     r = hcli("collections", "rm", "notes", "--id", "2")
     assert r.returncode == 0 and r.stderr == "notes: removed 1 entry, 2 left\n", r.stderr
     assert str(_listed(hcli)[0]["last_written_utc"]) > "2020"

@@ -135,8 +135,8 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         progress.loading(_describe(cfg))
         ref = refs.get(cfg.model) or (open_model(cfg.model) if open_model else resolve(cfg.model))
         refs[cfg.model] = ref
-        # a context that holds the micro-batch asked (or the largest a tuning record or the rule chooses), so that
-        # llama.cpp does not cap it at a short test's context: the value recorded is the one used, as asked
+        # a context that holds the micro-batch asked (or the rule's), so that llama.cpp does not cap it at a short
+        # test's context: the value recorded is the one used, as asked
         params = LoadParams(n_ctx=max(n_ctx, cfg.n_ubatch or UBATCH), n_threads=cfg.n_threads,
                             n_threads_batch=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch,
                             n_ubatch=cfg.n_ubatch, flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k,
@@ -147,7 +147,8 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         engine = Engine(ref, params)
         progress.loaded(ref.name, ref.path, vars(engine.params), engine.origins)
         # the settings the load chose where the sweep left them open (tuning record or rule), as measured; -ub as
-        # asked, as llama-bench records it (llama.cpp caps the micro-batch at --batch-size, in both tools)
+        # asked, as llama-bench records it (llama.cpp caps the micro-batch at --batch-size, in both tools). One a
+        # tuning record chose larger than this context is capped at it by the load's settings (engine/defaults.py)
         cfg = dataclasses.replace(cfg, n_threads=engine.params.n_threads,
                                   n_ubatch=cfg.n_ubatch or engine.params.n_ubatch, flash_attn=engine.flash_attn)
         try:

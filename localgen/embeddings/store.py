@@ -67,9 +67,10 @@ def _unusable(db_path: Path, e: sqlite3.Error) -> LocalgenError:
 
 
 @contextmanager
-def _db(create: bool) -> Iterator[Any]:
-    """The database (its tables made first if `create`); any SQLite failure, in here or in the caller's
-    statements, is one LocalgenError naming the file."""
+def _db(create: bool, write: bool = False) -> Iterator[Any]:
+    """The database (its tables made first if `create`; an older one's missing column added where the caller
+    writes, `create` or `write`, never by a reader); any SQLite failure, in here or in the caller's statements,
+    is one LocalgenError naming the file."""
     from localgen.sqlitedb import sqlite_utils_module
 
     sqlite_utils = sqlite_utils_module()
@@ -90,7 +91,7 @@ def _db(create: bool) -> Iterator[Any]:
             raise LocalgenError(f"the collections database {db_path} has no {' or '.join(missing)} table",
                                 hint="it is damaged or not localgen's: move it aside and store the collections "
                                      "again with `localgen embed --store`")
-        elif "written" not in db["collections"].columns_dict:  # made before removals counted as writes
+        elif write and "written" not in db["collections"].columns_dict:  # made before removals counted
             _make_schema(db_path)
         yield db
     except sqlite3.Error as e:  # sqlite3.DatabaseError and kin: a damaged file, a lock held past the timeout
@@ -249,15 +250,18 @@ def listing() -> list[Listed]:
     if not path().exists():
         return []
     with _db(create=False) as db:
-        rows = db.conn.execute(_LISTING.format(where="") + " ORDER BY c.name").fetchall()
+        rows = db.conn.execute(_listing(db, "") + " ORDER BY c.name").fetchall()
     return [_listed(r) for r in rows]
 
 
-# every collection (or one, `where`) with its count of entries and its last write: a removal's or a store's
-# (`written`), or an entry's own time in a database made before removals counted
-_LISTING = ("SELECT c.name, c.model, c.pooling, c.dimensions, c.normalized, c.created, count(e.id), "
-            "max(coalesce(c.written, c.created), coalesce(max(e.updated), 0)) "
-            "FROM collections c LEFT JOIN embeddings e ON e.collection = c.name {where} GROUP BY c.name")
+def _listing(db: Any, where: str) -> str:
+    """Every collection (or one, `where`) with its count of entries and its last write: a removal's or a store's
+    (`written`), or an entry's own time in a database made before removals counted (read as it is: a listing
+    never changes the file)."""
+    written = "coalesce(c.written, c.created)" if "written" in db["collections"].columns_dict else "c.created"
+    return ("SELECT c.name, c.model, c.pooling, c.dimensions, c.normalized, c.created, count(e.id), "
+            f"max({written}, coalesce(max(e.updated), 0)) "
+            f"FROM collections c LEFT JOIN embeddings e ON e.collection = c.name {where} GROUP BY c.name")
 
 
 def _listed(r: Any) -> Listed:
@@ -269,7 +273,7 @@ def described(name: str) -> Listed:
     if not path().exists():
         raise LocalgenError(f"no collection named {name!r}: there are no collections yet")
     with _db(create=False) as db:
-        rows = db.conn.execute(_LISTING.format(where="WHERE c.name = ?"), (name,)).fetchall()
+        rows = db.conn.execute(_listing(db, "WHERE c.name = ?"), (name,)).fetchall()
         error = None if rows else _missing(db.conn, [name])
     if error is not None:
         raise error
@@ -301,7 +305,7 @@ def remove(names: list[str], waiting: Waiting | None = None) -> dict[str, int]:
     first, in the same transaction, and an unknown one removes nothing."""
     if not path().exists():
         raise LocalgenError(f"no collection named {names[0]!r}: there are no collections yet")
-    with _db(create=False) as db:
+    with _db(create=False, write=True) as db:
         conn = db.conn
         with _writing(conn, waiting):
             error = _missing(conn, names)
@@ -325,7 +329,7 @@ def remove_ids(name: str, ids: list[str], waiting: Waiting | None = None) -> tup
     if not path().exists():
         raise LocalgenError(f"no collection named {name!r}: there are no collections yet")
     wanted = sorted(set(ids))
-    with _db(create=False) as db:
+    with _db(create=False, write=True) as db:
         conn = db.conn
         with _writing(conn, waiting):
             error = _missing(conn, [name])

@@ -16,6 +16,7 @@ Budgets: RAM_SHARE of the available RAM; on each GPU its free memory less what o
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from localgen import hardware
@@ -167,10 +168,9 @@ def plan(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPara
     return held(_largest(floor, top, lambda c: held(c).fits))
 
 
-def _largest(floor: int, top: int, ok: object) -> int:
+def _largest(floor: int, top: int, ok: Callable[[int], bool]) -> int:
     """The largest context, a multiple of 256 between floor and top, with ok(context) (monotone: true at the floor,
     then false); top itself where ok(top)."""
-    assert callable(ok)
     if ok(top):
         return top
     lo, hi = floor // 256, top // 256  # ok at lo, not at hi
@@ -237,9 +237,8 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
     return result(ngl, ncm if ngl else 0, fp(ngl, ncm if ngl else 0))
 
 
-def _least(lo: int, hi: int, ok: object, default: int) -> int:
+def _least(lo: int, hi: int, ok: Callable[[int], bool], default: int) -> int:
     """The least k in lo..hi with ok(k) (ok is monotone: false, then true), else default."""
-    assert callable(ok)
     if not ok(hi):
         return default
     while lo < hi:
@@ -251,9 +250,8 @@ def _least(lo: int, hi: int, ok: object, default: int) -> int:
     return lo
 
 
-def _most(lo: int, hi: int, ok: object) -> int:
+def _most(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
     """The most k in lo..hi with ok(k) (monotone: true, then false); lo where none."""
-    assert callable(ok)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if ok(mid):

@@ -21,7 +21,6 @@ from localgen.serve.ask import (
     one_of,
     optional_object,
     positive_int,
-    request_fields,
     sampling_values,
     split_reasoning,
 )
@@ -70,7 +69,7 @@ class Messages:
         if thinking and body["thinking"]["type"] == "enabled":  # its budget, unless the request set a reasoning_budget
             values.setdefault("reasoning_budget", body["thinking"].get("budget_tokens"))
         choice, parallel = _choice(body.get("tool_choice"))
-        return Ask(values=values, fields=request_fields(body, "anthropic"),
+        return Ask(values=values,
                    messages=_chat_messages(body.get("system"), body.get("messages")), schema=schema,
                    tools=_tools(body.get("tools")), tool_choice=choice, parallel_tool_calls=parallel, effort=effort,
                    thinking=thinking if thinking is not None else (None if effort is None else True),
@@ -107,8 +106,9 @@ def _thinking(config: Any) -> bool | None:
         raise HTTPError(400, "thinking.type must be enabled, adaptive or disabled", param="thinking")
     if kind == "enabled":
         budget = config.get("budget_tokens")
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise HTTPError(400, "thinking.budget_tokens must be a positive integer", param="thinking.budget_tokens")
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= settings.INT32:
+            raise HTTPError(400, f"thinking.budget_tokens must be an integer from 1 to {settings.INT32:,}",
+                            param="thinking.budget_tokens")
     return bool(kind != "disabled")
 
 

@@ -42,7 +42,6 @@ class Ask:
     exact: bool = False  # the answer this prompt gives alone, even where the server batches
     stream: bool = False
     keep_alive: float | None = None  # seconds the model stays loaded once idle after this request
-    fields: tuple[tuple[str, str], ...] = ()  # each setting's field in the request, by the table's name (errors)
 
 
 def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dict[str, Any]:
@@ -59,12 +58,6 @@ def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dic
                     raise HTTPError(400, e.message, param=prefix + theirs) from None
             out[ours] = where[theirs]
     return out
-
-
-def request_fields(where: Mapping[str, Any], api: str, prefix: str = "") -> tuple[tuple[str, str], ...]:
-    """The request's own field for each setting it gives, by the table's name: an error names what the client
-    sent (mirostat_tau, not the table's mirostat_ent). `prefix`: where they sit (Ollama's "options.")."""
-    return tuple((ours, prefix + theirs) for theirs, ours in settings.spellings(api).items() if theirs in where)
 
 
 def split_reasoning(body: Mapping[str, Any]) -> bool:

@@ -18,7 +18,7 @@ from starlette.routing import Route
 from localgen import settings
 from localgen.backend import Completion
 from localgen.serve.apierror import OLLAMA, HTTPError, error_body
-from localgen.serve.ask import Ask, Schema, flag, keep_alive, request_fields, sampling_values, split_reasoning
+from localgen.serve.ask import Ask, Schema, flag, keep_alive, sampling_values, split_reasoning
 from localgen.serve.jobs import Job
 from localgen.serve.jsonbody import read_json
 from localgen.serve.loadnow import load_now
@@ -63,7 +63,7 @@ class Generate:
             raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"", param="think")
         fmt = body.get("format")
         common: dict[str, Any] = dict(
-            values=sampling_values(opts, "ollama", "options."), fields=request_fields(opts, "ollama", "options."),
+            values=sampling_values(opts, "ollama", "options."),
             schema=Schema(fmt, "format") if fmt not in (None, "") else None,
             thinking=None if think is None else think is not False, effort=think if isinstance(think, str) else None,
             exact=flag(opts, "exact", "options.exact"), split_reasoning=split_reasoning(body),

@@ -21,7 +21,6 @@ from localgen.serve.ask import (
     flag,
     keep_alive,
     one_of,
-    request_fields,
     sampling_values,
     split_reasoning,
 )
@@ -73,7 +72,7 @@ class Completions:
             logprobs = top
         effort = body.get("reasoning_effort")
         common: dict[str, Any] = dict(
-            values=sampling_values(body, "openai"), fields=request_fields(body, "openai"),
+            values=sampling_values(body, "openai"),
             schema=_response_format(body.get("response_format")),
             logprobs=logprobs, exact=flag(body, "exact"), stream=flag(body, "stream"),
             keep_alive=keep_alive(body.get("ttl"), "ttl"), effort=effort if isinstance(effort, str) else None)

@@ -115,7 +115,7 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
     values = dict(ask.values)
     effort_budget(values, ask.effort)
     grammar = await schema_grammar(ask.schema.value, ask.schema.param) if ask.schema is not None else None
-    chosen = sampling(state, worker, values, grammar, dict(ask.fields))
+    chosen = sampling(state, worker, values, grammar)
     raw = ask.prompt is not None and (ask.messages is None or not worker.ref.summary.chat_template)
     if raw:
         if _has_media(ask.messages):
@@ -129,20 +129,19 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
                              template_args=template_args(ask)), msgs
 
 
-def sampling(state: ServeState, worker: Served, values: Mapping[str, Any], grammar: str | None = None,
-             fields: Mapping[str, str] | None = None) -> SamplingParams:
+def sampling(state: ServeState, worker: Served, values: Mapping[str, Any],
+             grammar: str | None = None) -> SamplingParams:
     """The request's settings over the flags `serve` was given over the model's recommended ones, all
-    through the one validation (settings.py); a bad one is a 400 naming the request's field (`fields`: by the
-    table's name)."""
+    through the one validation (settings.py). Each route checked the fields it read under the request's own
+    names (ask.sampling_values); what is checked here again also covers values a route derived (a thinking
+    budget, an effort level's budget)."""
     for key, value in values.items():
         if value is None:
             continue
         try:
-            settings.check(key, value)
+            settings.check(key, value)  # the request's own fields were checked under their names (ask.py)
         except UsageError as e:
-            field = (fields or {}).get(key, key)
-            message = field + e.message.removeprefix(key) if e.message.startswith(key) else e.message
-            raise HTTPError(400, message, param=field) from None
+            raise HTTPError(400, e.message, param=key) from None
     try:
         base = settings.apply(SamplingParams(), worker.ref.sampling_defaults)
         base = settings.apply(base, state.flag_sampling)

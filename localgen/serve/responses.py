@@ -21,7 +21,6 @@ from localgen.serve.ask import (
     flag,
     optional_object,
     positive_int,
-    request_fields,
     sampling_values,
     split_reasoning,
 )
@@ -75,7 +74,7 @@ class Responses:
         if instructions is not None and not isinstance(instructions, str):
             raise HTTPError(400, "instructions must be a string", param="instructions")
         lead = [{"role": "system", "content": instructions}] if instructions else []
-        return Ask(values=sampling_values(body, "responses"), fields=request_fields(body, "responses"),
+        return Ask(values=sampling_values(body, "responses"),
                    schema=_text_format(body.get("text")),
                    messages=[*lead, *history, *_input_messages(body.get("input"), history)],
                    tools=_tools(body.get("tools")), tool_choice=_choice(body.get("tool_choice")),

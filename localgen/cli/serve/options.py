@@ -14,6 +14,7 @@ import typer
 from localgen.cli.options import CommandArgs, OptionGroup
 from localgen.cli.options.knobs import Knobs
 from localgen.errors import UsageError
+from localgen.serve.stalls import DEFAULT_READ_TIMEOUT_S
 from localgen.types import LoadParams
 
 SERVE = "Server"
@@ -54,7 +55,7 @@ class ListenOptions(OptionGroup):
         float, typer.Option("--read-timeout", min=1, max=3600, rich_help_panel=SERVE, metavar="SECONDS",
                             help="A client must send a request's headers, and each part of its body, within "
                                  "this time: a stalled connection is closed (a stalled body gets 408).")
-    ] = 30.0
+    ] = DEFAULT_READ_TIMEOUT_S
     webui: Annotated[
         bool, typer.Option("--webui/--no-webui", rich_help_panel=SERVE,
                            help="A chat page at / for browsers (with --api-key it asks for the key); "
