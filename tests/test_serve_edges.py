@@ -131,7 +131,16 @@ def test_a_failed_decode_says_internal_error_and_health_counts_it(smollm2_path: 
 
 # ---- 3. a load whose clients left ---------------------------------------------------------------------
 
-def test_a_load_whose_client_left_evicts_nothing(cli_env: dict[str, str], gemma_path: Path) -> None:
+LEAVERS = [  # a generation, and the loads that generate nothing (llama-server's, Ollama's empty prompt)
+    ("/v1/completions", {"model": "gemma3:270m", "prompt": "Hi", "max_tokens": 2}),
+    ("/models/load", {"model": "gemma3:270m"}),
+    ("/api/generate", {"model": "gemma3:270m", "prompt": ""}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), LEAVERS, ids=[p for p, _ in LEAVERS])
+def test_a_load_whose_client_left_evicts_nothing(cli_env: dict[str, str], gemma_path: Path, path: str,
+                                                 body: dict[str, Any]) -> None:
     s = Server(cli_env, "--max-models", "1", "-np", "1")
     try:
         busy: dict[str, Any] = {}
@@ -145,8 +154,7 @@ def test_a_load_whose_client_left_evicts_nothing(cli_env: dict[str, str], gemma_
         while s.health()["running"] == 0:
             time.sleep(0.05)
         with pytest.raises(httpx.TimeoutException):
-            httpx.post(f"{s.url}/v1/completions", json={"model": "gemma3:270m", "prompt": "Hi", "max_tokens": 2},
-                       headers={"X-Request-Id": "leaver"}, timeout=2)
+            httpx.post(f"{s.url}{path}", json=body, headers={"X-Request-Id": "leaver"}, timeout=2)
         assert " 499 " in _access(s, "leaver"), _log(s)  # dropped at once, not after --load-wait
         assert "gemma3:270m waits for room" in _log(s), "the load waited for SmolLM2's room when its client left"
         health = httpx.get(f"{s.url}/health", timeout=10).json()
@@ -158,6 +166,23 @@ def test_a_load_whose_client_left_evicts_nothing(cli_env: dict[str, str], gemma_
         assert "to make room for gemma3" not in _log(s) and "loaded gemma3" not in _log(s)
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize(("path", "body"), [("/models/load", {"model": MODEL}),
+                                            ("/api/generate", {"model": MODEL, "prompt": ""})])
+def test_a_load_answers_nothing_so_counts_no_tokens(child: Server, path: str, body: dict[str, Any]) -> None:
+    def prompt_tokens() -> float:
+        text = httpx.get(f"{child.url}/metrics", timeout=10).text
+        found = re.search(r'^localgen_prompt_tokens_total\{model="smollm2:135m"\} (\S+)$', text, re.M)
+        return float(found[1]) if found else 0.0
+
+    before = prompt_tokens()
+    rid = "loadonly" + path.replace("/", "-")
+    r = httpx.post(f"{child.url}{path}", json=body, headers={"X-Request-Id": rid}, timeout=60)
+    assert r.status_code == 200, r.text
+    line = _access(child, rid)
+    assert " 200 " in line and " tokens " not in line, line
+    assert prompt_tokens() == before
 
 
 # ---- 5. clients that leave ----------------------------------------------------------------------------

@@ -108,7 +108,7 @@ async def load(state: ServeState, request: Request, chat: bool) -> Response | No
         if not worker.busy:
             await asyncio.to_thread(unloaded.wait, 10)
     else:  # loaded now, or the reason it cannot be (no room, over --max-memory), as /models/load says
-        await load_now(worker)
+        await load_now(worker, request)
     said = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
     return JSONResponse({**_head(worker.name), **said, "done": True, "done_reason": "unload" if ttl == 0 else "load"})
 
