@@ -312,3 +312,35 @@ def test_anthropic_allows_an_empty_final_assistant_message(child: Server) -> Non
     r = httpx.post(f"{child.url}/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": [
         *HI, {"role": "assistant", "content": ""}]}, timeout=60)
     assert r.status_code == 200, r.text
+
+
+# ---- true/false fields: "no" is a 400 naming the field, never read as true (api.md) ---------------------
+
+RESULT = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "4", "is_error": "no"}]}]
+FLAGS = [  # (route, body, the field as the 400 names it)
+    ("/api/generate", {"prompt": "hi", "raw": "no", "stream": False, "options": {"num_predict": 1}}, "raw"),
+    ("/api/chat", {"messages": HI, "parallel_tool_calls": "no", "stream": False, "options": {"num_predict": 1}},
+     "parallel_tool_calls"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "logprobs": "no"}, "logprobs"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "stream": True,
+                              "stream_options": {"include_usage": "no"}}, "stream_options.include_usage"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "echo": "no"}, "echo"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 1, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 1, "background": "no"}, "background"),
+    ("/v1/rerank", {"query": "a", "documents": ["b"], "return_documents": "no"}, "return_documents"),
+    ("/v1/messages", {"max_tokens": 1, "messages": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "add", "input": {}}]}, *RESULT]},
+     "is_error"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), FLAGS, ids=[f"{p}-{f}" for p, _, f in FLAGS])
+def test_a_true_false_field_of_no_is_a_400(child: Server, path: str, body: dict[str, Any], field: str) -> None:
+    r = httpx.post(f"{child.url}{path}", json={"model": MODEL, **body}, timeout=120)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    message = err if isinstance(err, str) else err["message"]
+    assert f"`{field}` must be true or false" in message, message
+

@@ -70,14 +70,14 @@ class Generate:
             stream=flag(body, "stream", default=True), keep_alive=keep_alive(body.get("keep_alive"), "keep_alive"))
         if self.chat:
             return Ask(messages=body.get("messages"), tools=body.get("tools"), tool_choice=body.get("tool_choice"),
-                       parallel_tool_calls=body.get("parallel_tool_calls"), **common)
+                       parallel_tool_calls=flag(body, "parallel_tool_calls", default=True), **common)
         if body.get("suffix"):  # Ollama's fill-in-the-middle ("insert"): no model here is run that way
             raise HTTPError(400, "`suffix` is not supported by this model: it does not support insert "
                                  "(fill-in-the-middle)", param="suffix")
         prompt, system, images = body.get("prompt"), body.get("system"), body.get("images")
         if not isinstance(prompt, str):
             raise HTTPError(400, "`prompt` must be a string", param="prompt")
-        if body.get("raw"):
+        if flag(body, "raw"):
             if images:
                 raise HTTPError(400, "`images` need the model's chat template: they cannot go with a raw prompt",
                                 param="images")
