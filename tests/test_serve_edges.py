@@ -228,6 +228,35 @@ def test_a_connection_that_sends_no_whole_request_is_closed(child: Server, data:
     assert _closed_by_server(child.port, data) == b""
 
 
+def _one_answer(sock: socket.socket) -> bytes:
+    """One whole response (with a Content-Length) read from the connection; b"" when it was closed."""
+    out = b""
+    while b"\r\n\r\n" not in out and (chunk := sock.recv(65536)):
+        out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length: *(\d+)", head)
+    while length is not None and len(body) < int(length[1]) and (chunk := sock.recv(65536)):
+        body += chunk
+    return out and head + b"\r\n\r\n" + body
+
+
+def test_an_idle_connection_stays_open_for_the_read_timeout(cli_env: dict[str, str]) -> None:
+    # serve.md: the next request's headers are due within --read-timeout of the previous answer's end
+    s = Server(cli_env, "--read-timeout", "9")
+    try:
+        with socket.create_connection(("127.0.0.1", s.port)) as sock:
+            sock.settimeout(30)
+            ask = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            sock.sendall(ask)
+            assert _one_answer(sock).startswith(b"HTTP/1.1 200")
+            time.sleep(6)  # past uvicorn's own keep-alive default (5 s), well within --read-timeout
+            sock.sendall(ask)
+            assert _one_answer(sock).startswith(b"HTTP/1.1 200"), "the idle connection was closed early"
+            assert sock.recv(65536) == b"", "closed after --read-timeout idle"
+    finally:
+        assert s.stop() == 0
+
+
 def test_a_stalled_body_is_a_408_and_closed(child: Server) -> None:
     out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
                                         b"application/json\r\nContent-Length: 100\r\n\r\n{")
