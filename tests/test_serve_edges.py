@@ -72,6 +72,22 @@ def test_a_prompt_of_no_tokens_is_a_400_and_the_server_lives(child: Server, body
     _still_answers(child.url)
 
 
+@pytest.mark.parametrize(("path", "param"), [("/v1/chat/completions", "messages"), ("/v1/responses", "input")])
+def test_a_chat_that_renders_to_nothing_names_the_conversation(child: Server, path: str, param: str) -> None:
+    name = "blank" + path.replace("/", "-")
+    made = httpx.post(f"{child.url}/api/create", json={"model": name, "from": MODEL, "stream": False,
+                                                       "template": "{% if false %}x{% endif %}"}, timeout=60)
+    assert made.status_code == 200, made.text
+    try:
+        body = {"messages": HI, "max_tokens": 2} if param == "messages" else {"input": "hi", "max_output_tokens": 2}
+        r = httpx.post(f"{child.url}{path}", json={"model": name, **body}, timeout=60)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["message"].startswith("prompt must not be empty") and err["param"] == param, err
+    finally:
+        httpx.request("DELETE", f"{child.url}/api/delete", json={"model": name}, timeout=60)
+
+
 def test_an_empty_string_a_model_gives_a_bos_for_is_a_prompt(child: Server) -> None:
     # gemma3 adds BOS: "" is one token there, which it completes (decided on tokens, not on the string)
     r = httpx.post(f"{child.url}/v1/completions", json={"model": "gemma3:270m", "prompt": "", "max_tokens": 2,

@@ -43,6 +43,7 @@ class Ask:
     stream: bool = False
     keep_alive: float | None = None  # seconds the model stays loaded once idle after this request
     fields: tuple[tuple[str, str], ...] = ()  # each setting's field in the request, by the table's name (errors)
+    conversation: str = "messages"  # the request's field the messages came from (errors name it): input, prompt
 
 
 def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dict[str, Any]:

@@ -84,7 +84,8 @@ class Generate:
             return Ask(prompt=prompt, chat=False, **common)
         user: dict[str, Any] = {"role": "user", "content": prompt, **({"images": images} if images is not None else {})}
         head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
-        return Ask(messages=[*head, user], prompt=prompt, chat=False, **common)  # raw when the model has no template
+        # raw when the model has no template
+        return Ask(messages=[*head, user], prompt=prompt, chat=False, conversation="prompt", **common)
 
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> _Encoder:
         return _Encoder(self.chat, made.model)

@@ -76,7 +76,7 @@ class Responses:
             raise HTTPError(400, "instructions must be a string", param="instructions")
         lead = [{"role": "system", "content": instructions}] if instructions else []
         return Ask(values=sampling_values(body, "responses"), fields=request_fields(body, "responses"),
-                   schema=_text_format(body.get("text")),
+                   conversation="input", schema=_text_format(body.get("text")),
                    messages=[*lead, *history, *_input_messages(body.get("input"), history)],
                    tools=_tools(body.get("tools")), tool_choice=_choice(body.get("tool_choice")),
                    parallel_tool_calls=flag(body, "parallel_tool_calls", default=True), thinking=thinking,
