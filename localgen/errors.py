@@ -99,11 +99,11 @@ class EmptyPrompt(UsageError, BadRequest):
     """A prompt of no tokens: nothing to evaluate, so nothing to predict from (llama.cpp cannot decode it)."""
 
     status = 400
-    param = "prompt"
 
-    def __init__(self) -> None:
+    def __init__(self, param: str = "prompt") -> None:
         super().__init__("prompt must not be empty: it makes no tokens for this model to predict from",
                          hint="give a prompt of at least one token")
+        self.param = param  # the request's field: `messages` for a chat whose template rendered nothing
 
 
 class NotFound(ServeError):

@@ -72,6 +72,22 @@ def test_a_prompt_of_no_tokens_is_a_400_and_the_server_lives(child: Server, body
     _still_answers(child.url)
 
 
+@pytest.mark.parametrize(("path", "param"), [("/v1/chat/completions", "messages"), ("/v1/responses", "input")])
+def test_a_chat_that_renders_to_nothing_names_the_conversation(child: Server, path: str, param: str) -> None:
+    name = "blank" + path.replace("/", "-")
+    made = httpx.post(f"{child.url}/api/create", json={"model": name, "from": MODEL, "stream": False,
+                                                       "template": "{% if false %}x{% endif %}"}, timeout=60)
+    assert made.status_code == 200, made.text
+    try:
+        body = {"messages": HI, "max_tokens": 2} if param == "messages" else {"input": "hi", "max_output_tokens": 2}
+        r = httpx.post(f"{child.url}{path}", json={"model": name, **body}, timeout=60)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["message"].startswith("prompt must not be empty") and err["param"] == param, err
+    finally:
+        httpx.request("DELETE", f"{child.url}/api/delete", json={"model": name}, timeout=60)
+
+
 def test_an_empty_string_a_model_gives_a_bos_for_is_a_prompt(child: Server) -> None:
     # gemma3 adds BOS: "" is one token there, which it completes (decided on tokens, not on the string)
     r = httpx.post(f"{child.url}/v1/completions", json={"model": "gemma3:270m", "prompt": "", "max_tokens": 2,
@@ -131,7 +147,16 @@ def test_a_failed_decode_says_internal_error_and_health_counts_it(smollm2_path: 
 
 # ---- 3. a load whose clients left ---------------------------------------------------------------------
 
-def test_a_load_whose_client_left_evicts_nothing(cli_env: dict[str, str], gemma_path: Path) -> None:
+LEAVERS = [  # a generation, and the loads that generate nothing (llama-server's, Ollama's empty prompt)
+    ("/v1/completions", {"model": "gemma3:270m", "prompt": "Hi", "max_tokens": 2}),
+    ("/models/load", {"model": "gemma3:270m"}),
+    ("/api/generate", {"model": "gemma3:270m", "prompt": ""}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), LEAVERS, ids=[p for p, _ in LEAVERS])
+def test_a_load_whose_client_left_evicts_nothing(cli_env: dict[str, str], gemma_path: Path, path: str,
+                                                 body: dict[str, Any]) -> None:
     s = Server(cli_env, "--max-models", "1", "-np", "1")
     try:
         busy: dict[str, Any] = {}
@@ -145,8 +170,7 @@ def test_a_load_whose_client_left_evicts_nothing(cli_env: dict[str, str], gemma_
         while s.health()["running"] == 0:
             time.sleep(0.05)
         with pytest.raises(httpx.TimeoutException):
-            httpx.post(f"{s.url}/v1/completions", json={"model": "gemma3:270m", "prompt": "Hi", "max_tokens": 2},
-                       headers={"X-Request-Id": "leaver"}, timeout=2)
+            httpx.post(f"{s.url}{path}", json=body, headers={"X-Request-Id": "leaver"}, timeout=2)
         assert " 499 " in _access(s, "leaver"), _log(s)  # dropped at once, not after --load-wait
         assert "gemma3:270m waits for room" in _log(s), "the load waited for SmolLM2's room when its client left"
         health = httpx.get(f"{s.url}/health", timeout=10).json()
@@ -158,6 +182,23 @@ def test_a_load_whose_client_left_evicts_nothing(cli_env: dict[str, str], gemma_
         assert "to make room for gemma3" not in _log(s) and "loaded gemma3" not in _log(s)
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize(("path", "body"), [("/models/load", {"model": MODEL}),
+                                            ("/api/generate", {"model": MODEL, "prompt": ""})])
+def test_a_load_answers_nothing_so_counts_no_tokens(child: Server, path: str, body: dict[str, Any]) -> None:
+    def prompt_tokens() -> float:
+        text = httpx.get(f"{child.url}/metrics", timeout=10).text
+        found = re.search(r'^localgen_prompt_tokens_total\{model="smollm2:135m"\} (\S+)$', text, re.M)
+        return float(found[1]) if found else 0.0
+
+    before = prompt_tokens()
+    rid = "loadonly" + path.replace("/", "-")
+    r = httpx.post(f"{child.url}{path}", json=body, headers={"X-Request-Id": rid}, timeout=60)
+    assert r.status_code == 200, r.text
+    line = _access(child, rid)
+    assert " 200 " in line and " tokens " not in line, line
+    assert prompt_tokens() == before
 
 
 # ---- 5. clients that leave ----------------------------------------------------------------------------
@@ -203,6 +244,35 @@ def test_a_connection_that_sends_no_whole_request_is_closed(child: Server, data:
     assert _closed_by_server(child.port, data) == b""
 
 
+def _one_answer(sock: socket.socket) -> bytes:
+    """One whole response (with a Content-Length) read from the connection; b"" when it was closed."""
+    out = b""
+    while b"\r\n\r\n" not in out and (chunk := sock.recv(65536)):
+        out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length: *(\d+)", head)
+    while length is not None and len(body) < int(length[1]) and (chunk := sock.recv(65536)):
+        body += chunk
+    return out and head + b"\r\n\r\n" + body
+
+
+def test_an_idle_connection_stays_open_for_the_read_timeout(cli_env: dict[str, str]) -> None:
+    # serve.md: the next request's headers are due within --read-timeout of the previous answer's end
+    s = Server(cli_env, "--read-timeout", "9")
+    try:
+        with socket.create_connection(("127.0.0.1", s.port)) as sock:
+            sock.settimeout(30)
+            ask = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            sock.sendall(ask)
+            assert _one_answer(sock).startswith(b"HTTP/1.1 200")
+            time.sleep(6)  # past uvicorn's own keep-alive default (5 s), well within --read-timeout
+            sock.sendall(ask)
+            assert _one_answer(sock).startswith(b"HTTP/1.1 200"), "the idle connection was closed early"
+            assert sock.recv(65536) == b"", "closed after --read-timeout idle"
+    finally:
+        assert s.stop() == 0
+
+
 def test_a_stalled_body_is_a_408_and_closed(child: Server) -> None:
     out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
                                         b"application/json\r\nContent-Length: 100\r\n\r\n{")
@@ -219,12 +289,22 @@ def test_a_doubled_host_or_content_type_is_a_400(child: Server, doubled: bytes) 
     out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.1\r\n" + doubled + b"\r\nConnection: close"
                             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     assert out.startswith(b"HTTP/1.1 400"), out
-    assert b"more than one" in out or b"Content-Length: 2" in doubled, out  # httptools refuses that one itself
+    if b"Content-Length: 2" in doubled:  # the HTTP parser refuses that one itself, before serve (serve.md)
+        assert b"text/plain" in out and out.endswith(b"Invalid HTTP request received."), out
+    else:
+        assert b"more than one" in out, out
 
 
 def test_a_request_without_host_is_allowed(child: Server) -> None:  # HTTP/1.0 clients send none (serve.md)
     out = _closed_by_server(child.port, b"GET /health HTTP/1.0\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 200"), out
+
+
+def test_a_stream_is_chunked_even_to_http_1_0(child: Server) -> None:  # so it needs HTTP/1.1 (serve.md)
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "stream": True}).encode()
+    out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert out.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in out.lower(), out
 
 
 # ---- 7-9. loose types and the words of the errors: each a 400 naming the request's own field ---------------
@@ -289,3 +369,35 @@ def test_anthropic_allows_an_empty_final_assistant_message(child: Server) -> Non
     r = httpx.post(f"{child.url}/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": [
         *HI, {"role": "assistant", "content": ""}]}, timeout=60)
     assert r.status_code == 200, r.text
+
+
+# ---- true/false fields: "no" is a 400 naming the field, never read as true (api.md) ---------------------
+
+RESULT = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "4", "is_error": "no"}]}]
+FLAGS = [  # (route, body, the field as the 400 names it)
+    ("/api/generate", {"prompt": "hi", "raw": "no", "stream": False, "options": {"num_predict": 1}}, "raw"),
+    ("/api/chat", {"messages": HI, "parallel_tool_calls": "no", "stream": False, "options": {"num_predict": 1}},
+     "parallel_tool_calls"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "logprobs": "no"}, "logprobs"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "stream": True,
+                              "stream_options": {"include_usage": "no"}}, "stream_options.include_usage"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "echo": "no"}, "echo"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 1, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 1, "background": "no"}, "background"),
+    ("/v1/rerank", {"query": "a", "documents": ["b"], "return_documents": "no"}, "return_documents"),
+    ("/v1/messages", {"max_tokens": 1, "messages": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "add", "input": {}}]}, *RESULT]},
+     "is_error"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), FLAGS, ids=[f"{p}-{f}" for p, _, f in FLAGS])
+def test_a_true_false_field_of_no_is_a_400(child: Server, path: str, body: dict[str, Any], field: str) -> None:
+    r = httpx.post(f"{child.url}{path}", json={"model": MODEL, **body}, timeout=120)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    message = err if isinstance(err, str) else err["message"]
+    assert f"`{field}` must be true or false" in message, message
+

@@ -190,7 +190,7 @@ def _result_text(block: dict[str, Any]) -> str:
                                                                             b.get("type") == "image"))
     if not isinstance(content, str):
         raise HTTPError(400, "a tool_result's content must be a string or text blocks", param="messages")
-    return f"Error: {content}" if block.get("is_error") else content
+    return f"Error: {content}" if flag(block, "is_error") else content
 
 
 def _tools(raw: Any) -> Any:

@@ -42,6 +42,7 @@ class Ask:
     exact: bool = False  # the answer this prompt gives alone, even where the server batches
     stream: bool = False
     keep_alive: float | None = None  # seconds the model stays loaded once idle after this request
+    conversation: str = "messages"  # the request's field the messages came from (errors name it): input, prompt
 
 
 def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dict[str, Any]:

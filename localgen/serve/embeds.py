@@ -57,7 +57,7 @@ def routes(state: ServeState) -> list[Route]:
         top = body.get("top_n", len(docs))
         if isinstance(top, bool) or not isinstance(top, int) or top < 1:
             raise HTTPError(400, "`top_n` must be a positive integer", param="top_n")
-        keep = body.get("return_documents", False)
+        keep = flag(body, "return_documents")
         # documents are cut to fit beside the query; one with no room left is a 400 (embed.py QueryTooLong)
         scored = await embed(worker, docs, None, True, query=query, http=request)
         order = sorted(range(len(docs)), key=lambda i: -scored[i][0])[:top]

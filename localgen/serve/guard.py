@@ -51,7 +51,7 @@ class Policy:
     origins: tuple[str, ...] = DEFAULT_ORIGINS
     check_host: bool = True
     max_body: int = 16 << 20
-    read_timeout: float = DEFAULT_READ_TIMEOUT_S  # seconds a body may stall (no byte) before a 408 (serve --read-timeout)
+    read_timeout: float = DEFAULT_READ_TIMEOUT_S  # seconds a body may stall before a 408 (serve --read-timeout)
     open_paths: tuple[str, ...] = ("/health", "/")
 
     def origin_allowed(self, origin: str) -> bool:

@@ -59,7 +59,7 @@ def _model_routes(state: ServeState) -> list[Route]:
 
     async def router_load(request: Request) -> Response:
         worker = state.worker(_name(await read_json(request)))
-        await load_now(worker)
+        await load_now(worker, request)
         return JSONResponse({"success": True})
 
     async def router_unload(request: Request) -> Response:

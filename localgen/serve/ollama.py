@@ -70,21 +70,22 @@ class Generate:
             stream=flag(body, "stream", default=True), keep_alive=keep_alive(body.get("keep_alive"), "keep_alive"))
         if self.chat:
             return Ask(messages=body.get("messages"), tools=body.get("tools"), tool_choice=body.get("tool_choice"),
-                       parallel_tool_calls=body.get("parallel_tool_calls"), **common)
+                       parallel_tool_calls=flag(body, "parallel_tool_calls", default=True), **common)
         if body.get("suffix"):  # Ollama's fill-in-the-middle ("insert"): no model here is run that way
             raise HTTPError(400, "`suffix` is not supported by this model: it does not support insert "
                                  "(fill-in-the-middle)", param="suffix")
         prompt, system, images = body.get("prompt"), body.get("system"), body.get("images")
         if not isinstance(prompt, str):
             raise HTTPError(400, "`prompt` must be a string", param="prompt")
-        if body.get("raw"):
+        if flag(body, "raw"):
             if images:
                 raise HTTPError(400, "`images` need the model's chat template: they cannot go with a raw prompt",
                                 param="images")
             return Ask(prompt=prompt, chat=False, **common)
         user: dict[str, Any] = {"role": "user", "content": prompt, **({"images": images} if images is not None else {})}
         head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
-        return Ask(messages=[*head, user], prompt=prompt, chat=False, **common)  # raw when the model has no template
+        # raw when the model has no template
+        return Ask(messages=[*head, user], prompt=prompt, chat=False, conversation="prompt", **common)
 
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> _Encoder:
         return _Encoder(self.chat, made.model)
@@ -108,7 +109,7 @@ async def load(state: ServeState, request: Request, chat: bool) -> Response | No
         if not worker.busy:
             await asyncio.to_thread(unloaded.wait, 10)
     else:  # loaded now, or the reason it cannot be (no room, over --max-memory), as /models/load says
-        await load_now(worker)
+        await load_now(worker, request)
     said = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
     return JSONResponse({**_head(worker.name), **said, "done": True, "done_reason": "unload" if ttl == 0 else "load"})
 

@@ -21,6 +21,7 @@ from localgen.serve.ask import (
     flag,
     keep_alive,
     one_of,
+    optional_object,
     sampling_values,
     split_reasoning,
 )
@@ -59,11 +60,14 @@ class Completions:
             if body.get(key):
                 raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
         _check_text_output(body)
+        opts = optional_object(body, "stream_options")
+        if opts is not None:
+            flag(opts, "include_usage", "stream_options.include_usage")
         if body.get("n") not in (None, 1):  # null is OpenAI's default, 1
             raise HTTPError(400, "only n=1 is supported: send the request n times (they run in parallel slots)",
                             param="n")
         logprobs = None
-        if body.get("logprobs"):
+        if flag(body, "logprobs") if self.chat else body.get("logprobs"):  # /v1/completions: a count
             top = body.get("top_logprobs") if self.chat else body.get("logprobs")
             top = 0 if top is True or top is None else top  # null: OpenAI's default, none
             if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
@@ -81,20 +85,20 @@ class Completions:
             return Ask(messages=body.get("messages"), template_vars=_template_vars(body.get("chat_template_kwargs")),
                        thinking=None if effort is None else effort not in ("none", "minimal"),
                        tools=body.get("tools"), tool_choice=body.get("tool_choice"),
-                       parallel_tool_calls=body.get("parallel_tool_calls"), split_reasoning=split_reasoning(body),
-                       **common)
+                       parallel_tool_calls=flag(body, "parallel_tool_calls", default=True),
+                       split_reasoning=split_reasoning(body), **common)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise HTTPError(400, "`prompt` must be a string (one prompt per request)", param="prompt")
-        if body.get("echo") or body.get("suffix"):
+        if flag(body, "echo") or body.get("suffix"):
             raise HTTPError(400, "`echo` and `suffix` are not supported", param="echo")
         return Ask(prompt=prompt, chat=False, **common)
 
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> _Encoder:
         opts = body.get("stream_options")
-        usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        usage = isinstance(opts, dict) and opts.get("include_usage") is True  # checked by parse
         return _Encoder(self.chat, made.model, ask.logprobs is not None, usage)
 
 

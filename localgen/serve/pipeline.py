@@ -98,14 +98,21 @@ async def handle(state: ServeState, http: Request, api: Api) -> Response:
     request = apply_plan(plan, request)
     encoder = api.encoder(body, ask, Made(worker.name, request, said))
     answer = stream_for(worker, plan, request, ask.split_reasoning) if ask.chat else None
+    try:
+        if not ask.stream:
+            watch = stream_for(worker, plan, request, ask.split_reasoning) if plan is not None else None
+            job, final = await run_whole(worker, request, http, ask.keep_alive, watch)
+        else:
+            job, first = await run_job(worker, request, http, ask.keep_alive)
+    except HTTPError as e:  # the model's thread names the conversation `messages`: the request's own field
+        if e.param == "messages":
+            e.param = ask.conversation
+        raise
     if not ask.stream:
-        watch = stream_for(worker, plan, request, ask.split_reasoning) if plan is not None else None
-        job, final = await run_whole(worker, request, http, ask.keep_alive, watch)
         if answer is not None:
             answer.feed(final.text)
             answer.finish()
         return JSONResponse(await encoder.whole(final, job, answer))
-    job, first = await run_job(worker, request, http, ask.keep_alive)
     return StreamingResponse(_stream(job, first, answer, encoder), media_type=encoder.media_type,
                              headers=STREAM_HEADERS)
 

@@ -92,7 +92,7 @@ def request(backend: Any, pc: Any, job_id: int, job: Job, prompt: Prompt | None 
         backend.engine.check_grammar(job.request.sampling.grammar)
     n = len(prompt.tokens)
     if n == 0 and job.request.sampling.max_tokens != 0:  # "" without a BOS: nothing llama.cpp can decode
-        raise EmptyPrompt()
+        raise EmptyPrompt("messages" if job.request.messages else "prompt")
     if n >= pc.n_ctx_seq:
         raise PromptTooLong(f"the prompt is {n:,} tokens; each slot's context window is {pc.n_ctx_seq:,}")
     return Request(job_id, prompt, job.request.sampling, job.seed, job.request.logprobs, exact=job.request.exact)

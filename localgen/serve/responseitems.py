@@ -60,7 +60,7 @@ class Encoder:
             "tools": [{"type": "function", "name": t.get("name"), "description": t.get("description"),
                        "parameters": t.get("parameters"), "strict": t.get("strict")} for t in tools],
             "tool_choice": choice,
-            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,  # checked by parse (flag)
             "temperature": request.sampling.temperature, "top_p": request.sampling.top_p,
             "max_output_tokens": body.get("max_output_tokens"),
             "previous_response_id": body.get("previous_response_id"), "store": self.store is not None,

@@ -75,10 +75,10 @@ class Responses:
             raise HTTPError(400, "instructions must be a string", param="instructions")
         lead = [{"role": "system", "content": instructions}] if instructions else []
         return Ask(values=sampling_values(body, "responses"),
-                   schema=_text_format(body.get("text")),
+                   conversation="input", schema=_text_format(body.get("text")),
                    messages=[*lead, *history, *_input_messages(body.get("input"), history)],
                    tools=_tools(body.get("tools")), tool_choice=_choice(body.get("tool_choice")),
-                   parallel_tool_calls=body.get("parallel_tool_calls"), thinking=thinking,
+                   parallel_tool_calls=flag(body, "parallel_tool_calls", default=True), thinking=thinking,
                    effort=reasoning.get("effort") if thinking else None, split_reasoning=split_reasoning(body),
                    stream=flag(body, "stream"))
 
@@ -116,7 +116,7 @@ def _check_options(body: dict[str, Any]) -> None:
     if include is not None and (not isinstance(include, list) or any(i not in INCLUDABLE for i in include)):
         raise HTTPError(400, f"include must be a list of: {', '.join(INCLUDABLE)}", param="include")
     for key in ("background", "conversation", "prompt"):
-        if body.get(key):
+        if flag(body, key) if key == "background" else body.get(key):  # background: a true/false field
             raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
 
 

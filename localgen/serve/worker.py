@@ -355,9 +355,10 @@ class ModelWorker:
 
     def _finished(self, job: Job, c: Completion) -> None:
         """A generation job's end as its event: Done, or why it did not finish."""
-        if job.trace is not None and c.error is None:  # its access line's tokens and time to first token
+        counted = c.error is None and job.answers  # a load (serve/loadnow.py) answers nothing: no usage
+        if job.trace is not None and counted:  # its access line's tokens and time to first token
             job.trace.completed(self.name, c)
-        if self.on_completion is not None and c.error is None:  # counted before the client can ask /metrics
+        if self.on_completion is not None and counted:  # counted before the client can ask /metrics
             try:
                 self.on_completion(self.name, c)
             except Exception as e:  # a metrics fault is logged, and never fails the request

@@ -170,9 +170,10 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     from localgen.serve.stalls import with_header_deadline
 
     # a connection that sends no request, or half its headers, is closed after --read-timeout (uvicorn would
-    # wait forever); one idle between requests after uvicorn's keep-alive timeout
+    # wait forever); so is one idle between requests (uvicorn's keep-alive timeout is no shorter: serve.md)
     config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning" if not f.verbose else "info",
-                            http=with_header_deadline(AutoHTTPProtocol, listen.read_timeout), timeout_keep_alive=5,
+                            http=with_header_deadline(AutoHTTPProtocol, listen.read_timeout),
+                            timeout_keep_alive=math.ceil(listen.read_timeout),
                             timeout_graceful_shutdown=math.ceil(f.drain_timeout) + 1, access_log=False,
                             lifespan="on", **_uvicorn_logging(log.json))
     server = _Server(config)
