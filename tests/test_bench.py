@@ -349,11 +349,8 @@ def test_the_limit_counts_the_weights_a_token_reads(cli_env: dict[str, str], tmp
     assert dense["limit_ts"] == round(bw / dense["model_size"], 2)  # tied: every weight, the table read as output
 
 
-def test_the_micro_batch_recorded_is_the_one_asked_and_used(bench_here: InProcessCLI,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/benchmarks.md: bench's records name the settings as llama-bench's do, and llama-bench records -ub as
-    asked. Short tests (-p 8 -n 2) still get a context that holds the micro-batch, so llama.cpp's context
-    (its own getter) uses the value recorded: asked, or the rule's 512."""
+def _ubatch_spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The micro-batch llama.cpp's context uses (its own getter), noted at each prompt bench measures."""
     from localgen.engine.bench import BenchContext
     from localgen.native.lib import lib
 
@@ -365,6 +362,15 @@ def test_the_micro_batch_recorded_is_the_one_asked_and_used(bench_here: InProces
         return measure(self, n)
 
     monkeypatch.setattr(BenchContext, "prompt", prompt)
+    return used
+
+
+def test_the_micro_batch_recorded_is_the_one_asked_and_used(bench_here: InProcessCLI,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/benchmarks.md: bench's records name the settings as llama-bench's do, and llama-bench records -ub as
+    asked. Short tests (-p 8 -n 2) still get a context that holds the micro-batch, so llama.cpp's context
+    (its own getter) uses the value recorded: asked, or the rule's 512."""
+    used = _ubatch_spy(monkeypatch)
     for args, want in ((["-ub", "512"], 512), ([], 512), (["-ub", "64"], 64)):
         used.clear()
         r = bench_here("bench", "-p", "8", "-n", "2", "-r", "1", "-b", "2048", "--no-e2e", "-o", "jsonl", *args)
@@ -379,10 +385,8 @@ def test_a_tuned_micro_batch_larger_than_the_context_is_recorded_as_used(cli_in_
     """A tuning record's -ub (2048) larger than a short test's context: llama.cpp caps it at the context, and the
     record bench writes says the value llama.cpp used, not the record's (the load's settings cap it)."""
     from localgen import tuning
-    from localgen.engine.bench import BenchContext
     from localgen.engine.defaults import build_id, device_id
     from localgen.models.resolve import resolve
-    from localgen.native.lib import lib
 
     home = tmp_path / "home"
     monkeypatch.setenv("LOCALGEN_HOME", str(home))
@@ -390,14 +394,7 @@ def test_a_tuned_micro_batch_larger_than_the_context_is_recorded_as_used(cli_in_
     key = tuning.Key(tuning.file_sha256(ref.path), build_id(), device_id(False), 1)
     tuning.save(tuning.Record(key=key, model=ref.name, size=os.stat(ref.path).st_size, date="2026-11-25T10:00:00Z",
                               settings={"n_ubatch": 2048}, depth=1500, exchange_s=1.0))
-    used: list[int] = []
-    measure = BenchContext.prompt
-
-    def prompt(self: BenchContext, n: int) -> float:
-        used.append(lib().llama_n_ubatch(self.ctx))
-        return measure(self, n)
-
-    monkeypatch.setattr(BenchContext, "prompt", prompt)
+    used = _ubatch_spy(monkeypatch)
     here = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(home)})
     r = here("bench", "-m", str(smollm2_path), "-p", "8", "-n", "2", "-r", "1", "-b", "2048", "--no-e2e", "-o", "jsonl")
     assert r.returncode == 0, r.stderr

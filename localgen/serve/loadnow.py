@@ -10,9 +10,9 @@ import asyncio
 from starlette.requests import Request
 
 from localgen.errors import LocalgenError
-from localgen.serve.apierror import HTTPError, http_error
-from localgen.serve.jobs import Failed, Job
-from localgen.serve.running import watch_disconnect
+from localgen.serve.apierror import HTTPError
+from localgen.serve.jobs import Job
+from localgen.serve.running import first_event
 from localgen.serve.served import Served
 from localgen.types import GenerationRequest, SamplingParams
 
@@ -27,13 +27,4 @@ async def load_now(worker: Served, http: Request) -> None:
         worker.submit(job)
     except LocalgenError as e:  # a full queue, or a worker that has stopped
         raise HTTPError(503, e.message, "server_error") from None
-    watcher = asyncio.ensure_future(watch_disconnect(http, job))
-    try:
-        event = await job.events.get()
-    except BaseException:  # the handler was cancelled
-        job.cancelled.set()
-        raise
-    finally:
-        watcher.cancel()
-    if isinstance(event, Failed):
-        raise http_error(event)
+    await first_event(job, http)

@@ -26,6 +26,12 @@ async def run_job(worker: Served, request: GenerationRequest, http: Request,
     here, before any response starts. A client that disconnects meanwhile (queued, or waiting for its model
     to load) cancels the job."""
     job = submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive))
+    return job, await first_event(job, http)
+
+
+async def first_event(job: Job, http: Request) -> Event:
+    """The job's first event, the job cancelled if its client leaves meanwhile (queued, or waiting for its model
+    to load) or the handler is; a failure as its HTTPError."""
     watcher = asyncio.ensure_future(watch_disconnect(http, job))
     try:
         first = await job.events.get()
@@ -36,7 +42,7 @@ async def run_job(worker: Served, request: GenerationRequest, http: Request,
         watcher.cancel()
     if isinstance(first, Failed):
         raise http_error(first)
-    return job, first
+    return first
 
 
 async def run_whole(worker: Served, request: GenerationRequest, http: Request, keep_alive: float | None = None,
