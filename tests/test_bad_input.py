@@ -100,6 +100,10 @@ def test_show_template_prints_the_template_alone(cli_in_process: InProcessCLI) -
     (["chat", ""], "the conversation name is empty"),
     (["chat", "--resume", ""], "the conversation name is empty"),
     (["serve", "--cors", ""], "--cors is empty"),
+    (["rerank", "", "a document"], "the query is empty"),
+    (["similar", "notes", " "], "the query is empty"),
+    (["bench", "--chunks", "4", "-p", "8", "-n", "1", "-r", "1"], "--chunks is for --quality"),
+    (["bench", "--kld-bound", "0.1", "-p", "8", "-n", "1", "-r", "1"], "--kld-bound is for --quality"),
 ])
 def test_an_empty_value_is_not_taken_for_none_given(cli_in_process: InProcessCLI, args: list[str], said: str) -> None:
     # each was taken as if the flag were left out: the default model, no filter, nothing stored, no stop string

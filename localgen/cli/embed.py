@@ -186,12 +186,20 @@ class RerankArgs(_InputArgs):
     top: int | None
 
 
+def _asked(query: str) -> str:
+    """The query of similar or rerank: an empty one (an unset shell variable, say) is a usage error, not a
+    ranking against nothing."""
+    if not query.strip():
+        raise UsageError("the query is empty", hint="give the text to rank against")
+    return query
+
+
 def run_rerank(f: RerankArgs) -> None:
     """Score each document (reranker models only) and print them by relevance."""
 
     from localgen.text import checked
 
-    query = checked(f.query, "the query")
+    query = checked(_asked(f.query), "the query")
     items = _inputs(f.documents, f.file, verb="rerank")
     backend = _backend(f, f.model)
     try:
@@ -336,11 +344,12 @@ def run_similar(f: SimilarArgs) -> None:
     from localgen.embeddings import store as collections
     from localgen.text import checked
 
+    query = checked(_asked(f.query), "the query")
     coll = collections.get(f.collection)
     rows = collections.vectors(f.collection)
     backend = _backend(f, coll.model_spec)
     try:
-        q = backend.embed([checked(f.query, "the query")], coll.pooling, coll.normalized,
+        q = backend.embed([query], coll.pooling, coll.normalized,
                           coll.dimensions if coll.dimensions else None, truncate=True)[0].vector
     finally:
         backend.close()

@@ -13,7 +13,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.bench import past
-from localgen.cli.bench.options import Measuring, Quality, ServingSweep, Values, sweep
+from localgen.cli.bench.options import KLD_BOUND, QUALITY_CTX, Measuring, Quality, ServingSweep, Values, sweep
 from localgen.cli.bench.view import ProgressView, emit, emit_serving
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
@@ -97,6 +97,12 @@ def bench(
                              "--chunks, --kld-bound, one -p, -n, -t and -ngl, -r, -o and --offline")
         _measure_quality(model, quality, n_prompt, n_gen, threads, ngl, measuring.reps, offline, measuring.output)
         return
+    given = [flag for flag, on in (("--ctx", quality.quality_ctx != QUALITY_CTX),
+                                   ("--chunks", quality.chunks is not None),
+                                   ("--kld-bound", quality.kld_bound != KLD_BOUND)) if on]
+    if given:  # a speed sweep would ignore them
+        raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --quality",
+                         hint="add --quality TEXT --reference SOURCE, or leave them out")
     if remote.endpoint or any(_is_named_endpoint(m) for m in model or _env_model()):
         local = {"--threads": threads, "--n-gpu-layers": ngl, "--n-cpu-moe": ncmoe, "--override-tensor": ot,
                  "--cpu-moe": knobs.get("cpu_moe") and knobs.typed("cpu_moe"), "--batch-size": batch,

@@ -21,6 +21,10 @@ def sweep(*names: str, help: str, panel: str = SWEEP) -> Any:
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False)
 
 
+KLD_BOUND = 0.05  # --quality's verdict: the mean KL divergence it accepts
+QUALITY_CTX = 512  # --quality's perplexity window
+
+
 @dataclass(frozen=True)
 class Measuring(OptionGroup):
     """How each test is measured, and how the results are shown."""
@@ -78,8 +82,8 @@ class Quality(OptionGroup):
                                  help="With --quality: the original weights (an F16/BF16 file or a model name).")
     ] = None
     kld_bound: Annotated[float, typer.Option("--kld-bound", min=0.0, rich_help_panel=QUALITY,
-                                             help="With --quality: the mean KLD the verdict accepts.")] = 0.05
+                                             help="With --quality: the mean KLD the verdict accepts.")] = KLD_BOUND
     quality_ctx: Annotated[int, typer.Option("--ctx", "-c", min=8, rich_help_panel=QUALITY,
-                                     help="With --quality: tokens per perplexity window.")] = 512
+                                     help="With --quality: tokens per perplexity window.")] = QUALITY_CTX
     chunks: Annotated[int | None, typer.Option("--chunks", min=1, rich_help_panel=QUALITY, show_default=False,
                                                help="With --quality: measure only the first N windows.")] = None
