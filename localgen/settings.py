@@ -178,11 +178,7 @@ def check(name: str, value: Any, label: str | None = None) -> Any:
             checked_text(x, shown)
         return tuple(x for x in value if x)
     if k.kind == BIAS:
-        try:
-            return _check_bias(value)
-        except UsageError as e:  # named as given (Ollama's options.logit_bias)
-            raise UsageError(shown + e.message.removeprefix(name) if e.message.startswith(name) else e.message) \
-                from None
+        return _check_bias(value, shown)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UsageError(f"{shown} must be {'an integer' if k.kind == INT else 'a number'}, not {value!r}")
     if k.kind == INT:
@@ -197,7 +193,8 @@ def check(name: str, value: Any, label: str | None = None) -> Any:
     return value
 
 
-def _check_bias(value: Any) -> tuple[tuple[int, float], ...]:
+def _check_bias(value: Any, shown: str = "logit_bias") -> tuple[tuple[int, float], ...]:
+    """A logit bias as (token, bias) pairs; messages name it `shown` (as the client spelled it)."""
     items: list[Any]
     if isinstance(value, Mapping):  # OpenAI's {"token id": bias}
         items = list(value.items())
@@ -206,18 +203,18 @@ def _check_bias(value: Any) -> tuple[tuple[int, float], ...]:
     elif isinstance(value, str):
         items = [parse_bias(value)]
     else:
-        raise UsageError(f"logit_bias must be TOKEN(+|-)BIAS items or a token→bias object, not {value!r}")
+        raise UsageError(f"{shown} must be TOKEN(+|-)BIAS items or a token→bias object, not {value!r}")
     out = []
     for item in items:
         if not (isinstance(item, (list, tuple)) and len(item) == 2):
-            raise UsageError(f"bad logit_bias item {item!r}")
+            raise UsageError(f"bad {shown} item {item!r}")
         tok, bias = item
         if isinstance(tok, str) and tok.strip().isdigit():
             tok = int(tok)
         if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= INT32:
-            raise UsageError(f"logit_bias: a token id must be a non-negative integer, not {tok!r}")
+            raise UsageError(f"{shown}: a token id must be a non-negative integer, not {tok!r}")
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias):
-            raise UsageError(f"logit_bias: the bias of token {tok} must be a number, not {bias!r}")
+            raise UsageError(f"{shown}: the bias of token {tok} must be a number, not {bias!r}")
         out.append((tok, float(bias)))
     return tuple(out)
 
