@@ -184,3 +184,16 @@ def test_a_damaged_or_unwritable_log_never_stops_an_answer(lcli: CLI) -> None:
     db.parent.write_text("a file where the log's folder should be")  # nothing can be written there
     r = lcli("run", "Third.", *N)
     assert r.returncode == 0 and r.stdout.strip() and "this answer was not logged" in r.stderr
+
+
+def test_a_chat_with_a_damaged_log_warns_once_and_answers_every_turn(lcli: CLI) -> None:
+    """A chat meets the log on every turn: one warning (not an error line a turn), every answer, exit 0."""
+    db = _db(lcli)
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"this is not a database, just some bytes " * 100)
+    r = lcli("chat", *N, input="Hi.\nName a fruit.\nName a colour.\n")
+    assert r.returncode == 0, r.stderr
+    assert len([line for line in r.stdout.splitlines() if line.strip()]) >= 3, "every turn was answered"
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("warning: the log at "), r.stderr
+    assert "this answer was not logged (nor are the chat's later answers while this lasts)" in r.stderr
+    assert db.read_bytes().startswith(b"this is not a database"), "the damaged file is left as it was"

@@ -91,7 +91,9 @@ def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: s
     try:
         store.record(entry)
     except store.LogError as e:
-        err.warn(f"{e.message}; this answer was not logged")
+        # a chat says it once (cli/chat/loop.py), so it says what its later turns meet too
+        later = " (nor are the chat's later answers while this lasts)" if source == "chat" else ""
+        err.warn(f"{e.message}; this answer was not logged{later}")
 
 
 def _text(content: Any) -> str:
