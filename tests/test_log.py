@@ -197,3 +197,56 @@ def test_a_chat_with_a_damaged_log_warns_once_and_answers_every_turn(lcli: CLI) 
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("warning: the log at "), r.stderr
     assert "this answer was not logged (nor are the chat's later answers while this lasts)" in r.stderr
     assert db.read_bytes().startswith(b"this is not a database"), "the damaged file is left as it was"
+
+
+def _half_made(db: Path, keep: str) -> None:
+    """The log as a first write leaves it when the disk fills up part of the way through making it: an empty
+    file, the table alone, or the full-text table with one of its three triggers; user_version still 0."""
+    db.parent.mkdir(parents=True)
+    db.touch()
+    if keep == "empty file":
+        return
+    import sqlite_utils
+
+    from localgen.log import store
+
+    with sqlite3.connect(db) as conn:
+        sqlite_utils.Database(conn).table("responses").create(store.COLUMNS, pk="id")  # one statement: whole
+        if keep == "full-text table and one trigger":
+            conn.execute("CREATE VIRTUAL TABLE responses_fts USING FTS5 (prompt, response, content=[responses])")
+            conn.execute("CREATE TRIGGER responses_ai AFTER INSERT ON responses BEGIN INSERT INTO responses_fts "
+                         "(rowid, prompt, response) VALUES (new.rowid, new.prompt, new.response); END")
+    conn.close()
+
+
+@pytest.mark.parametrize("keep", ["empty file", "table", "full-text table and one trigger"])
+def test_a_log_whose_first_write_stopped_half_way_is_empty_and_the_next_run_finishes_it(lcli: CLI, keep: str) -> None:
+    """A first run on a disk that filled up leaves the log half made: `logs` shows an empty log (not an error),
+    and once there is room the next run makes the rest and is logged, searchable, as every later one."""
+    db = _db(lcli)
+    _half_made(db, keep)
+    shown = lcli("logs")
+    assert shown.returncode == 0 and shown.stderr == "the log holds no exchange yet\n", shown.stderr
+    status = lcli("logs", "status")
+    assert status.returncode == 0 and "· 0 exchanges" in status.stdout, status.stderr
+    assert lcli("logs", "--json").stdout.strip() == "[]"
+    r = lcli("run", "--cid", "abc", "hi")
+    assert r.returncode == 1 and "the log has no conversation 'abc'" in r.stderr, r.stderr
+    for prompt in ("Name a yellow fruit.", "Name a red berry."):
+        r = lcli("run", prompt, *N)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+    assert [x["prompt"] for x in _logged(lcli, "-q", "yellow")] == ["Name a yellow fruit."]
+    assert [x["prompt"] for x in _logged(lcli, "-q", "red berry")] == ["Name a red berry."]
+
+
+def test_logs_count_beyond_what_sqlite_counts_to_shows_them_all(lcli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-n takes any count: one past SQLite's largest integer means all of them, not a log called unusable."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", lcli.env["LOCALGEN_HOME"])
+    for prompt in ("One.", "Two."):
+        store.record(store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt=prompt, response="r"))
+    for args in (("-n", "99999999999999999999"), ("-n", str(2**63)), ("-q", "r", "-n", str(2**64))):
+        r = lcli("logs", "--json", *args)
+        assert r.returncode == 0, r.stderr
+        assert sorted(x["prompt"] for x in json.loads(r.stdout)) == ["One.", "Two."]
