@@ -250,3 +250,43 @@ def test_logs_count_beyond_what_sqlite_counts_to_shows_them_all(lcli: CLI, monke
         r = lcli("logs", "--json", *args)
         assert r.returncode == 0, r.stderr
         assert sorted(x["prompt"] for x in json.loads(r.stdout)) == ["One.", "Two."]
+
+
+READ_ONLY = 'mount --bind -o ro "$H" "$H"'
+FULL = ('cp -a "$H/data/logs" "$T/logs" && mount -t tmpfs -o size=256k tmpfs "$H/data/logs" && cp -a "$T/logs/." '
+        '"$H/data/logs/" && { dd if=/dev/zero of="$H/data/logs/filler" bs=4k 2>/dev/null; true; }')
+
+
+def _mounted(lcli: CLI, tmp_path: Path, mount: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`localgen ARGS` with the home read-only, or the log's folder on a full disk: a mount of its own (in a
+    mount namespace that ends with the process; the home outside it is left as it was)."""
+    import shutil
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    env = {**lcli.env, "H": lcli.env["LOCALGEN_HOME"], "T": str(tmp_path), "PY": sys.executable}
+    return subprocess.run(["unshare", "-m", "sh", "-c", f'{mount} && exec "$PY" -m localgen "$@"', "sh", *args],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(("mount", "why"), [(READ_ONLY, "its folder cannot be written"),
+                                            (FULL, "no space is left on its disk")])
+def test_a_log_that_cannot_be_written_is_still_read_and_says_why_an_answer_was_not_logged(
+        lcli: CLI, tmp_path: Path, mount: str, why: str) -> None:
+    """A home on a read-only disk, or a full one: the log is read as it is (logs, -q, status, --continue), and a run
+    answers with one warning that says the cause instead of SQLite's "unable to open" or "disk I/O error"."""
+    first = lcli("run", "Name a yellow fruit.", *N)
+    assert first.returncode == 0 and not first.stderr, first.stderr
+    listed = _mounted(lcli, tmp_path, mount, "logs", "-n", "0", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [x["prompt"] for x in json.loads(listed.stdout)] == ["Name a yellow fruit."]
+    found = _mounted(lcli, tmp_path, mount, "logs", "-q", "yellow", "--json")
+    assert found.returncode == 0 and len(json.loads(found.stdout)) == 1, found.stderr
+    status = _mounted(lcli, tmp_path, mount, "logs", "status")
+    assert status.returncode == 0 and "· 1 exchanges" in status.stdout, status.stderr
+    r = _mounted(lcli, tmp_path, mount, "run", "--continue", "Another?", *N)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert r.stderr.count("\n") == 1 and f"is unusable: {why} (" in r.stderr and "not logged" in r.stderr, r.stderr
+    assert [x["prompt"] for x in _logged(lcli)] == ["Name a yellow fruit."], "the log outside is as it was"
+    assert lcli("run", "One more.", *N).returncode == 0 and len(_logged(lcli)) == 2, "and takes the next run"

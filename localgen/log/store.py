@@ -111,7 +111,16 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
     except (OSError, sqlite3.Error) as e:
         raise LogError(f"the log at {db} cannot be opened: {e}") from None
     try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.OperationalError:
+            if create or not _cannot_write(db.parent):
+                raise
+            # a log on a read-only disk, or a full one: WAL wants a file beside it to read, which cannot be
+            # made there; read as it is (no one can write it either)
+            conn.close()
+            conn = sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro&immutable=1", uri=True, isolation_level=None)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version < SCHEMA_VERSION:
             if create:
                 _make_schema(db)
@@ -123,9 +132,36 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
             raise LogError(f"the log at {db} was written by a newer localgen (schema {version})")
         yield conn
     except sqlite3.Error as e:
-        raise LogError(f"the log at {db} is unusable: {e}") from None
+        raise LogError(f"the log at {db} is unusable: {_why(e, db.parent)}") from None
     finally:
         conn.close()
+
+
+def _cannot_write(folder: Path) -> bool:
+    """Whether nothing can be written in the log's folder: read-only, or no room left on its disk."""
+    import shutil
+
+    try:
+        return not os.access(folder, os.W_OK) or shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
+
+
+def _why(e: sqlite3.Error, folder: Path) -> str:
+    """SQLite's words, with the cause said where its words hide it ("disk I/O error" for a full disk)."""
+    import shutil
+
+    said = str(e)
+    if said in ("disk I/O error", "database or disk is full", "unable to open database file",
+                "attempt to write a readonly database"):
+        try:
+            if shutil.disk_usage(folder).free < 1 << 20:
+                return f"no space is left on its disk ({said})"
+            if not os.access(folder, os.W_OK):
+                return f"its folder cannot be written ({said})"
+        except OSError:
+            pass
+    return said
 
 
 def _make_schema(db: Path) -> None:
