@@ -290,3 +290,12 @@ def test_a_log_that_cannot_be_written_is_still_read_and_says_why_an_answer_was_n
     assert r.stderr.count("\n") == 1 and f"is unusable: {why} (" in r.stderr and "not logged" in r.stderr, r.stderr
     assert [x["prompt"] for x in _logged(lcli)] == ["Name a yellow fruit."], "the log outside is as it was"
     assert lcli("run", "One more.", *N).returncode == 0 and len(_logged(lcli)) == 2, "and takes the next run"
+
+
+def test_a_log_never_made_on_a_read_only_disk_is_one_warning_and_exit_0(lcli: CLI, tmp_path: Path) -> None:
+    """Making the log's tables takes a lock file beside it: on a read-only disk that is one warning too, not an
+    error after the answer (exit 1)."""
+    _half_made(_db(lcli), "empty file")
+    r = _mounted(lcli, tmp_path, READ_ONLY, "run", "Hi.", *N)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("warning: the log at ") and "not logged" in r.stderr

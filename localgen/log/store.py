@@ -131,7 +131,7 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
         elif version > SCHEMA_VERSION:
             raise LogError(f"the log at {db} was written by a newer localgen (schema {version})")
         yield conn
-    except sqlite3.Error as e:
+    except (sqlite3.Error, OSError) as e:  # OSError: the lock the schema is made under (a read-only folder)
         raise LogError(f"the log at {db} is unusable: {_why(e, db.parent)}") from None
     finally:
         conn.close()
@@ -147,7 +147,7 @@ def _cannot_write(folder: Path) -> bool:
         return False
 
 
-def _why(e: sqlite3.Error, folder: Path) -> str:
+def _why(e: sqlite3.Error | OSError, folder: Path) -> str:
     """SQLite's words, with the cause said where its words hide it ("disk I/O error" for a full disk)."""
     import shutil
 
