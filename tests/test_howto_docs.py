@@ -144,6 +144,16 @@ def test_offline_by_the_ci_pages_variable_says_to_unset_it(cli: CLI) -> None:
     assert r.returncode == 1 and r.stderr.strip().endswith("pull without --offline)"), r.stderr
 
 
+def test_the_wheel_cache_is_where_the_ci_page_says() -> None:
+    """ci.md: the install keeps the wheel in ~/.cache/localgen/llama-wheels/, which LOCALGEN_WHEEL_CACHE and
+    XDG_CACHE_HOME move: what scripts/install.sh reads, in that order."""
+    page = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
+    assert ("`~/.cache/localgen/llama-wheels/` (`LOCALGEN_WHEEL_CACHE` moves it, and so does `XDG_CACHE_HOME`)"
+            in page.replace("\n", " "))
+    script = (ROOT / "scripts" / "install.sh").read_text(encoding="utf-8")
+    assert "wheels=${LOCALGEN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/localgen/llama-wheels}/" in script
+
+
 def test_the_ci_pages_exit_code_for_nothing_to_go_on_with(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
     """ci.md's table: `run --continue` and `chat --resume` in a home with no conversation yet, and a `--cid` or
     `--resume NAME` that names none, are errors (1), not bad usage."""
