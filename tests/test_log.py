@@ -299,3 +299,23 @@ def test_a_log_never_made_on_a_read_only_disk_is_one_warning_and_exit_0(lcli: CL
     r = _mounted(lcli, tmp_path, READ_ONLY, "run", "Hi.", *N)
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("warning: the log at ") and "not logged" in r.stderr
+
+
+def test_a_log_held_past_the_wait_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that waited its busy timeout out says another process held the log, not just 'unusable'."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    entry = store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt="p", response="r")
+    store.record(entry)
+    monkeypatch.setattr(store, "BUSY_TIMEOUT_S", 0.2)
+    hold = sqlite3.connect(store.path(), isolation_level=None)
+    hold.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(store.LogError) as e:
+            store.record(entry)
+    finally:
+        hold.rollback()
+        hold.close()
+    assert "another process held it for the 0.2 s a writer waits (database is locked)" in e.value.message
+    assert store.count() == 1

@@ -152,6 +152,8 @@ def _why(e: sqlite3.Error | OSError, folder: Path) -> str:
     import shutil
 
     said = str(e)
+    if said == "database is locked":
+        return f"another process held it for the {BUSY_TIMEOUT_S:g} s a writer waits ({said})"
     if said in ("disk I/O error", "database or disk is full", "unable to open database file",
                 "attempt to write a readonly database"):
         try:
