@@ -89,6 +89,12 @@ def test_continue_sends_the_earlier_turns(lcli: CLI) -> None:
     assert r.returncode == 2 and "cannot be combined with --raw" in r.stderr
 
 
+def test_logs_json_before_anything_is_logged_is_an_empty_array(lcli: CLI) -> None:
+    for args in ((), ("-q", "word"), ("--cid", "abc")):
+        r = lcli("logs", "--json", *args)
+        assert r.returncode == 0 and json.loads(r.stdout) == [] and "nothing is logged yet" in r.stderr, r
+
+
 def test_continue_with_an_empty_log_is_an_error_as_chat_resume_is(lcli: CLI) -> None:
     """Nothing to go on with is exit 1 (docs/ci.md), for `run --continue` as for `chat --resume`."""
     r = lcli("run", "--continue", "hi")
