@@ -132,7 +132,9 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
             raise LogError(f"the log at {db} was written by a newer localgen (schema {version})")
         yield conn
     except (sqlite3.Error, OSError) as e:  # OSError: the lock the schema is made under (a read-only folder)
-        raise LogError(f"the log at {db} is unusable: {_why(e, db.parent)}") from None
+        damaged = str(e) in ("file is not a database", "database disk image is malformed")
+        raise LogError(f"the log at {db} is unusable: {_why(e, db.parent)}",
+                       hint="move it away, and the next run starts a new log" if damaged else None) from None
     finally:
         conn.close()
 
