@@ -186,6 +186,8 @@ def test_a_damaged_or_unwritable_log_never_stops_an_answer(lcli: CLI) -> None:
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.endswith("is unusable: file is not a database (move it away, and the next run starts a new "
                                "log)\n"), bad.stderr
+    resumed = lcli("chat", "--resume", "some-id", input="hi\n")  # not "no conversation": the log cannot tell
+    assert resumed.returncode == 1 and "is unusable: file is not a database" in resumed.stderr, resumed.stderr
     assert db.read_bytes().startswith(b"this is not a database"), "the damaged file is left as it was"
     db.unlink()
     db.parent.rmdir()

@@ -40,6 +40,10 @@ class LogError(LocalgenError):
     """The log cannot be read or written (damaged, read-only, no space)."""
 
 
+class NoConversation(LogError):
+    """The log holds no conversation with that id (the log itself is fine)."""
+
+
 class _Empty(LogError):
     """The log's file is there with nothing in it yet: its first write never finished (a full disk, a run
     stopped at that moment). Readers take it as a log that holds no exchange; the next write makes it."""
@@ -288,7 +292,7 @@ def conversation(cid: str) -> list[Entry]:
         if path().exists():
             raise
     if not rows:
-        raise LogError(f"the log has no conversation {cid!r}", hint="`localgen logs` lists recent ones")
+        raise NoConversation(f"the log has no conversation {cid!r}", hint="`localgen logs` lists recent ones")
     return [_entry(dict(r)) for r in rows]
 
 

@@ -57,7 +57,7 @@ def chat_from_log(cid: str, model: str | None) -> Any:
 
     try:
         thread = logged_thread(cid)
-    except store.LogError:
+    except store.NoConversation:  # a damaged log says so instead (its own LogError)
         raise LocalgenError(f"no saved conversation named {cid!r}, nor a conversation with that id in the log",
                             hint="see `localgen chat --list` and `localgen logs`") from None
     return sessions.ChatSession(name=cid, model=thread.model_spec or model or DEFAULT_MODEL, system=thread.system,
