@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI
+from tests.conftest import CLI, InProcessCLI
 
 N = ["-n", "6", "--temperature", "0"]
 
@@ -93,6 +93,16 @@ def test_logs_json_before_anything_is_logged_is_an_empty_array(lcli: CLI) -> Non
     for args in ((), ("-q", "word"), ("--cid", "abc")):
         r = lcli("logs", "--json", *args)
         assert r.returncode == 0 and json.loads(r.stdout) == [] and "nothing is logged yet" in r.stderr, r
+
+
+@pytest.mark.parametrize("args", [("logs", "-q", "a\udcffb"), ("logs", "-m", "a\udcffb"), ("logs", "--cid", "a\udcffb"),
+                                  ("run", "--cid", "a\udcffb", "hi")])
+def test_a_filter_or_id_that_is_not_utf8_is_a_usage_error(cli_in_process: InProcessCLI, args: tuple[str, ...]) -> None:
+    """Bytes that are not UTF-8 (a lone surrogate in Python's argv) are one line, exit 2, not SQLite's traceback."""
+    r = cli_in_process(*args)
+    flag = args[-2] if args[0] == "logs" else "--cid"
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"localgen: error: {flag} is not valid UTF-8 text: byte 0xff at character 2 is not UTF-8\n"
 
 
 def test_continue_with_an_empty_log_is_an_error_as_chat_resume_is(lcli: CLI) -> None:

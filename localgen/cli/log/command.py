@@ -35,6 +35,11 @@ def logs(
     from localgen.cli.options import refuse_empty
 
     refuse_empty(("-q", query), ("-m", model), ("--cid", cid))  # each would filter nothing: not what was asked
+    from localgen.text import checked
+
+    for flag, value in (("-q", query), ("-m", model), ("--cid", cid)):
+        if value is not None:
+            checked(value, flag)  # bytes that are not UTF-8 match nothing the log holds: a usage error
     from localgen.cli.output import ErrWriter, TextWriter
     from localgen.log import store
 
