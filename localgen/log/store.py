@@ -9,7 +9,9 @@ pipeline would pay it on every call (docs/benchmarks.md, The log). Readers (`loc
 table with each word of -q as a quoted phrase (fts_query); a full-text table that has gone missing is made
 again from the rows by the first reader or writer to meet it. Concurrent writers wait for each other (busy
 timeout), so no row is lost and nobody is locked out; any failure of the log is a LogError, which callers
-turn into a one-line warning: the log never stops an answer."""
+turn into a one-line warning: the log never stops an answer. A schema whose making stopped half-way (a full
+disk) reads as an empty log and is finished by the next writer; a log that cannot be written (a read-only or
+full disk) is still read, opened immutable."""
 
 from __future__ import annotations
 
