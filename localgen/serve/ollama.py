@@ -102,7 +102,7 @@ async def load(state: ServeState, request: Request, chat: bool) -> Response | No
         return None
     worker = state.worker(body.get("model"))
     ttl = keep_alive(body.get("keep_alive"), "keep_alive")
-    if ttl is not None:
+    if ttl:  # 0 unloads this once: the model keeps its keep-alive for when it loads again
         worker.keep_alive = ttl
     if ttl == 0:  # the worker thread unloads once its jobs end; an idle one at once
         unloaded = worker.request_unload()

@@ -369,7 +369,9 @@ class ModelWorker:
             job.send(Failed(499, "cancelled"))
         else:  # it ended by itself, or on its handler's word (Job.finish)
             job.send(Done(c if c.finish_reason != "cancelled" else dataclasses.replace(c, finish_reason="stop")))
-        if job.keep_alive is not None:
+        if job.keep_alive == 0:  # unloaded once nothing runs; its keep-alive stays for when it loads again
+            self.request_unload()
+        elif job.keep_alive is not None:
             self.residence.keep_alive = job.keep_alive
 
     def _load_for(self, job: Job | EmbedJob) -> Failed | None:
