@@ -1,0 +1,99 @@
+"""docs/api.md's promises that no other file holds, against a real `localgen serve` on SmolLM2: Ollama's
+`keep_alive: 0` (and LM Studio's `ttl: 0`) unloads the model that once, and the next request keeps it loaded for
+its keep-alive again; /v1/completions' `logprobs: 0` gives the chosen tokens' log-probabilities; its refusals
+name the field sent (`suffix`, `tools`, `reasoning_effort`); a method /v1/responses/{id} does not take is a 405
+whose `Allow` names both the methods it does."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.test_serve import Server
+
+MODEL = "smollm2:135m"
+pytestmark = pytest.mark.slow  # every test talks to a server on SmolLM2
+
+
+@pytest.fixture(scope="module")
+def child(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(cli_env, "-np", "2", "--ctx", "1024")  # keep-alive: the default five minutes
+    yield s
+    assert s.stop() == 0
+
+
+def _post(s: Server, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{s.url}{path}", json={"model": MODEL, **body}, timeout=120)
+
+
+def _unloaded(s: Server) -> bool:
+    deadline = time.monotonic() + 30
+    while s.health()["loaded"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return s.health()["loaded"] is False
+
+
+def _seconds_left(s: Server) -> float:
+    """How long /api/ps says the model stays loaded (0 when it is not loaded)."""
+    for m in httpx.get(f"{s.url}/api/ps", timeout=10).json()["models"]:
+        if m["name"] == MODEL:
+            return (datetime.fromisoformat(m["expires_at"]) - datetime.now(UTC)).total_seconds()
+    return 0.0
+
+
+@pytest.mark.parametrize("path, unload", [
+    ("/api/generate", {"prompt": "", "keep_alive": 0}),  # `ollama stop`'s request
+    ("/api/generate", {"prompt": "Hi", "keep_alive": 0, "stream": False, "options": {"num_predict": 1}}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 1, "ttl": 0}),
+])
+def test_keep_alive_0_unloads_once_and_the_next_request_keeps_the_model(child: Server, path: str,
+                                                                         unload: dict[str, Any]) -> None:
+    assert _post(child, path, unload).status_code == 200
+    assert _unloaded(child), "keep_alive 0 unloads the model"
+    r = _post(child, "/v1/completions", {"prompt": "Hi", "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    # the server's keep-alive (5 minutes) again: not 0, which unloaded it after every later request
+    assert _seconds_left(child) > 60 and child.health()["loaded"] is True
+
+
+def test_completions_logprobs_0_gives_the_chosen_tokens(child: Server) -> None:
+    r = _post(child, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 2, "logprobs": 0})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    lp = doc["choices"][0]["logprobs"]
+    assert lp is not None, "logprobs 0 asks for them (OpenAI's legacy API: no alternatives)"
+    n = doc["usage"]["completion_tokens"]
+    assert len(lp["tokens"]) == n and len(lp["token_logprobs"]) == n
+    assert all(isinstance(x, float) and x <= 0 for x in lp["token_logprobs"]) and lp["top_logprobs"] == [{}] * n
+    plain = _post(child, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 1}).json()
+    assert plain["choices"][0]["logprobs"] is None, "none asked for, none given"
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"suffix": "y"}, "suffix"),
+    ({"echo": True}, "echo"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"reasoning_effort": "huge"}, "reasoning_effort"),
+])
+def test_completions_refusals_name_the_field(child: Server, extra: dict[str, Any], param: str) -> None:
+    r = _post(child, "/v1/completions", {"prompt": "x", "max_tokens": 1, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert f"`{param}`" in r.json()["error"]["message"] or param in r.json()["error"]["message"]
+
+
+def test_a_stored_responses_405_names_get_and_delete(child: Server) -> None:
+    r = _post(child, "/v1/responses", {"input": "Hi", "max_output_tokens": 1})
+    ident = r.json()["id"]
+    put = httpx.put(f"{child.url}/v1/responses/{ident}", json={}, timeout=30)
+    assert put.status_code == 405
+    allowed = {m.strip() for m in put.headers["allow"].split(",")}
+    assert {"GET", "DELETE"} <= allowed, put.headers["allow"]
+    assert httpx.get(f"{child.url}/v1/responses/{ident}", timeout=30).json()["id"] == ident
+    gone = httpx.delete(f"{child.url}/v1/responses/{ident}", timeout=30)
+    assert gone.json() == {"id": ident, "object": "response.deleted", "deleted": True}
+    assert httpx.get(f"{child.url}/v1/responses/{ident}", timeout=30).status_code == 404
