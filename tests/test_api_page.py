@@ -2,10 +2,12 @@
 `keep_alive: 0` (and LM Studio's `ttl: 0`) unloads the model that once, and the next request keeps it loaded for
 its keep-alive again; /v1/completions' `logprobs: 0` gives the chosen tokens' log-probabilities; its refusals
 name the field sent (`suffix`, `tools`, `reasoning_effort`); a method /v1/responses/{id} does not take is a 405
-whose `Allow` names both the methods it does."""
+whose `Allow` names both the methods it does; the routes table names every route the server has, and no
+other; Ollama's load-time options are ignored, and /api/tags gives the fields the table names."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import ROOT
 from tests.test_serve import Server
 
 MODEL = "smollm2:135m"
@@ -97,3 +100,51 @@ def test_a_stored_responses_405_names_get_and_delete(child: Server) -> None:
     gone = httpx.delete(f"{child.url}/v1/responses/{ident}", timeout=30)
     assert gone.json() == {"id": ident, "object": "response.deleted", "deleted": True}
     assert httpx.get(f"{child.url}/v1/responses/{ident}", timeout=30).status_code == 404
+
+
+def _table() -> set[tuple[str, str]]:
+    """The routes docs/api.md's table names, as (method, path) with Starlette's `{name}` for a variable part."""
+    table = (ROOT / "docs" / "api.md").read_text().split("## Routes", 1)[1].split("\n## ", 1)[0]
+    rows = [row.split(" | ")[0] for row in table.splitlines() if row.startswith("| `")]
+    found = {(m, p) for row in rows for m, p in re.findall(r"`(GET|POST|DELETE|HEAD) (/[^`]*)`", row)}
+    return {(m, p.replace("/webui/FILE", "/webui/{name}")) for m, p in found}
+
+
+def test_the_routes_table_names_every_route_served_and_no_other() -> None:
+    from starlette.routing import Route
+
+    from localgen.serve.app import build
+    from localgen.serve.state import ServeState
+
+    served = set()
+    for r in build(ServeState(workers={})).routes:
+        assert isinstance(r, Route)
+        # HEAD: Starlette answers it for every GET route; the table names it where a client uses it (`/`)
+        served |= {(m, r.path) for m in r.methods or () if m != "HEAD" or r.path == "/"}
+    assert _table() == served
+
+
+# Ollama's options that set how a model loads, and llama.cpp's: docs/api.md names each as ignored
+LOAD_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "num_thread", "num_keep", "main_gpu", "use_mmap", "use_mlock",
+                "numa", "low_vram", "f16_kv", "vocab_only", "penalize_newline", "tfs_z", "n_cpu_moe", "cpu_moe",
+                "override_tensor", "kv_unified")
+
+
+def test_load_time_options_are_ignored_and_any_other_is_a_400(child: Server) -> None:
+    page = " ".join((ROOT / "docs" / "api.md").read_text().split())
+    assert all(f"`{name}`" in page for name in LOAD_OPTIONS)
+    values = {"use_mmap": True, "use_mlock": False, "numa": False, "low_vram": False, "f16_kv": True,
+              "vocab_only": False, "penalize_newline": True, "tfs_z": 1.0, "cpu_moe": False,
+              "override_tensor": "x=CPU", "kv_unified": True}
+    options = {name: values.get(name, 1) for name in LOAD_OPTIONS}
+    r = _post(child, "/api/generate", {"prompt": "Hi", "stream": False, "options": {**options, "num_predict": 1}})
+    assert r.status_code == 200 and r.json()["eval_count"] == 1, r.text
+    bad = _post(child, "/api/generate", {"prompt": "Hi", "stream": False, "options": {"num_predict": 1, "bogus": 1}})
+    assert bad.status_code == 400 and "bogus" in bad.json()["error"], bad.text
+
+
+def test_tags_gives_the_fields_the_table_names(child: Server) -> None:
+    models = httpx.get(f"{child.url}/api/tags", timeout=30).json()["models"]
+    mine = next(m for m in models if m["name"] == MODEL)
+    assert {"name", "model", "modified_at", "size", "digest", "details"} <= set(mine)
+    assert mine["size"] > 0 and datetime.fromisoformat(mine["modified_at"]).year >= 2024
