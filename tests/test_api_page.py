@@ -148,3 +148,10 @@ def test_tags_gives_the_fields_the_table_names(child: Server) -> None:
     mine = next(m for m in models if m["name"] == MODEL)
     assert {"name", "model", "modified_at", "size", "digest", "details"} <= set(mine)
     assert mine["size"] > 0 and datetime.fromisoformat(mine["modified_at"]).year >= 2024
+
+
+def test_ollamas_older_embeddings_route_takes_one_prompt(child: Server) -> None:
+    one = _post(child, "/api/embeddings", {"prompt": "the cat"})
+    assert one.status_code == 200 and len(one.json()["embedding"]) == 576, one.text  # SmolLM2-135M's width
+    several = _post(child, "/api/embeddings", {"prompt": ["the cat", "the dog"]})
+    assert several.status_code == 400 and "`prompt` must be a string" in several.json()["error"], several.text

@@ -82,7 +82,10 @@ def routes(state: ServeState) -> list[Route]:
         """/api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
         body = await read_json(request)
         worker = state.worker(body.get("model"))
-        vectors = await embed(worker, embed_inputs(body.get("prompt"), "prompt"), None, True, http=request)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):  # one text, one vector: a list would be embedded whole for its first
+            raise HTTPError(400, "`prompt` must be a string (one text; /api/embed takes several)", param="prompt")
+        vectors = await embed(worker, embed_inputs(prompt, "prompt"), None, True, http=request)
         return JSONResponse({"embedding": vectors[0].vector})
 
     return [Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/v1/rerank", rerank, methods=["POST"]),
