@@ -155,3 +155,20 @@ def test_ollamas_older_embeddings_route_takes_one_prompt(child: Server) -> None:
     assert one.status_code == 200 and len(one.json()["embedding"]) == 576, one.text  # SmolLM2-135M's width
     several = _post(child, "/api/embeddings", {"prompt": ["the cat", "the dog"]})
     assert several.status_code == 400 and "`prompt` must be a string" in several.json()["error"], several.text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings", "/rerank", "/models/load"])
+def test_a_body_not_sent_as_json_is_a_415_outside_ollamas_routes(path: str) -> None:
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False)))
+    body = b'{"model": "smollm2:135m"}'
+    for kind in ("text/plain", "application/x-www-form-urlencoded"):
+        assert client.post(path, content=body, headers={"Content-Type": kind}).status_code == 415, (path, kind)
+    # Ollama's routes read a form type (or none) as JSON, as Ollama does: past the body, to the model (none here)
+    r = client.post("/api/show", content=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code != 415, r.text
