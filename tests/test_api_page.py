@@ -172,3 +172,20 @@ def test_a_body_not_sent_as_json_is_a_415_outside_ollamas_routes(path: str) -> N
     # Ollama's routes read a form type (or none) as JSON, as Ollama does: past the body, to the model (none here)
     r = client.post("/api/show", content=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert r.status_code != 415, r.text
+
+
+def test_ollamas_embed_says_its_load_and_takes_keep_alive(child: Server) -> None:
+    assert _post(child, "/api/generate", {"prompt": "", "keep_alive": 0}).json()["done_reason"] == "unload"
+    assert _unloaded(child)
+    first = _post(child, "/api/embed", {"input": "the cat", "keep_alive": 0})
+    assert first.status_code == 200 and first.json()["load_duration"] > 0, first.text  # it loaded the model
+    assert _unloaded(child), "keep_alive 0 unloads it after the embedding"
+    kept = _post(child, "/api/embed", {"input": "the cat", "keep_alive": "10m"})
+    assert kept.status_code == 200 and kept.json()["load_duration"] > 0
+    assert _seconds_left(child) > 360, "10 minutes, not the server's 5"
+    again = _post(child, "/api/embeddings", {"prompt": "the cat"}).json()
+    assert len(again["embedding"]) == 576
+    warm = _post(child, "/api/embed", {"input": "the cat"}).json()
+    assert warm["load_duration"] == 0, "loaded already"
+    assert _post(child, "/api/embed", {"input": "x", "keep_alive": "soon"}).status_code == 400
+    assert _post(child, "/api/generate", {"prompt": "", "keep_alive": "5m"}).status_code == 200  # as it was
