@@ -128,9 +128,8 @@ def sniff(data: bytes, source: str) -> Media:
     empty, of a format libmtmd cannot read, truncated, or too large."""
     if not data:
         raise MediaError(f"{source} is empty")
-    if len(data) > MAX_BYTES:
-        raise MediaError(f"{source} is {len(data) / 2**20:.0f} MiB; an attachment may be at most "
-                         f"{MAX_BYTES // 2**20} MiB")
+    if len(data) > MAX_BYTES:  # read up to one byte past the bound (stdin, a fetch): its size is not known
+        raise too_large(source, None if len(data) == MAX_BYTES + 1 else len(data))
     head = data[:64]
     if head.startswith(b"\x89PNG\r\n\x1a\n"):
         return _image("PNG", data, source, *png_size(data, source))
@@ -155,6 +154,13 @@ def sniff(data: bytes, source: str) -> Media:
                              hint=f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}")
     raise MediaError(f"{source} is not an image or audio file localgen can read",
                      hint=f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}")
+
+
+def too_large(source: str, size: int | None) -> MediaError:
+    """An attachment past MAX_BYTES, with its size when it is known (a file's), to one decimal: a file of 64.3 MiB
+    is not "64 MiB" past a bound of 64."""
+    what = f"{size / 2**20:.1f} MiB" if size is not None else f"larger than {MAX_BYTES / 2**20:g} MiB"
+    return MediaError(f"{source} is {what}; an attachment may be at most {MAX_BYTES / 2**20:g} MiB")
 
 
 def _image(fmt: str, data: bytes, source: str, w: int, h: int) -> Media:
@@ -188,8 +194,7 @@ def read(spec: str, stdin: Any = None) -> Media:
             raise MediaError(f"{spec} is a folder, not a file")
         size = path.stat().st_size
         if size > MAX_BYTES:
-            raise MediaError(f"{spec} is {size / 2**20:.0f} MiB; an attachment may be at most "
-                             f"{MAX_BYTES // 2**20} MiB")
+            raise too_large(spec, size)
         data = path.read_bytes()
     except FileNotFoundError:
         raise MediaError(f"no such file: {spec}") from None

@@ -171,6 +171,37 @@ def test_bad_input_at_the_command_line(cli: CLI, mm: dict[str, Path], tmp_path: 
         assert "Traceback" not in r.stderr
 
 
+def test_attach_stdin_on_a_terminal_is_refused_at_once(cli_env: dict[str, str], mm: dict[str, Path]) -> None:
+    """`-a -` with stdin a terminal: one line and exit 2 before anything loads, not a wait for a picture typed in."""
+    import pexpect
+
+    from tests import terminal
+
+    child = terminal.spawn(dict(cli_env), ["run", "--mmproj", str(mm["proj"]), "-a", "-", "-p", "hi", "-n", "4"],
+                           timeout=60)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2, child.before
+    assert "-a - reads a picture or clip from stdin, but stdin is this terminal" in child.before
+    assert child.before.strip().count("\n") == 0, child.before
+
+
+def test_an_attachment_over_the_bound_says_how_much(tmp_path: Path) -> None:
+    """stdin is read only up to one byte past the bound: it is "larger than 64 MiB", never "64 MiB; at most 64"; a
+    file's size is known, to a tenth of a MiB."""
+    from localgen import media
+
+    with pytest.raises(media.MediaError) as e:
+        media.read("-", stdin=_Bytes(bytes(media.MAX_BYTES + 2)))
+    assert e.value.message == "stdin is larger than 64 MiB; an attachment may be at most 64 MiB", e.value.message
+    big = tmp_path / "big.png"
+    with big.open("wb") as f:
+        f.truncate(media.MAX_BYTES + 300 * 1024)  # sparse: 64.3 MiB on paper, nothing on disk
+    with pytest.raises(media.MediaError) as e:
+        media.read(str(big))
+    assert e.value.message == f"{big} is 64.3 MiB; an attachment may be at most 64 MiB", e.value.message
+
+
 def test_second_turn_does_not_encode_the_image_again(smollm2_engine: Any, mm: dict[str, Path]) -> None:
     import dataclasses
 
