@@ -331,12 +331,18 @@ DROPPED = re.compile(r"""^\s*(['"]?)(?P<path>(?:~|/|\.{1,2}/|[A-Za-z]:\\)[^\n]*?
                      r"""\.(?:png|jpe?g|gif|bmp|wav|mp3|flac))\1\s*$""", re.I)
 
 
+def typed_path(text: str) -> str:
+    """A path as a terminal types it: quoted, or its spaces escaped (`my\\ photo.png`), as written."""
+    text = text.strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text.replace("\\ ", " ")
+
+
 def dropped_path(line: str) -> Path | None:
-    """The file a line names when it is nothing but the path of an image or audio file that exists (what
-    a terminal types when a file is dropped on it: maybe quoted, spaces maybe escaped)."""
+    """The file a line names when it is nothing but the path of an image or audio file (what a terminal types
+    when a file is dropped on it: maybe quoted, spaces maybe escaped), whether or not it exists."""
     m = DROPPED.match(line)
     if not m:
         return None
-    raw = m.group("path")
-    path = Path(raw.replace("\\ ", " ") if not m.group(1) else raw).expanduser()
-    return path if path.is_file() else None
+    return Path(typed_path(line)).expanduser()

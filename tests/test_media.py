@@ -321,7 +321,7 @@ def wrappable(words: str) -> str:
 
 def test_chat_attaches_images_and_keeps_them_in_the_cache(cli_env: dict[str, str], home: Path,
                                                           mm: dict[str, Path]) -> None:
-    from tests.test_chat import send, spawn
+    from tests.test_chat import PROMPT, send, spawn
 
     child = spawn(cli_env, "picchat", "--mmproj", str(mm["proj"]), "-n", "8", "--temp", "0")
     send(child, f"/image {mm['96x64']}", "will be sent with your next message")
@@ -331,6 +331,14 @@ def test_chat_attaches_images_and_keeps_them_in_the_cache(cli_env: dict[str, str
     out = send(child, "/stats", r"stop: ")
     assert "media 32 tokens" in out and "cached)" in out  # the first picture came from the KV cache
     send(child, "/audio " + str(mm["96x64"]), wrappable("is an image: use /image"))
+    spaced = mm["96x64"].with_name("my photo.png")
+    spaced.write_bytes(mm["96x64"].read_bytes())
+    send(child, "/image " + str(spaced).replace(" ", "\\ "), r"my photo\.png \(image, 96×64\) will be sent")
+    gone = str(mm["96x64"].with_name("gone.png"))
+    child.sendline(gone)  # a dropped file that is not there: not an unknown /command, nor text for the model
+    assert child.expect(["no such file", "unknown command", "tok/s"]) == 0, child.before
+    child.expect_exact(PROMPT)
+    send(child, "/detach", "dropped 1 attachment")
     child.sendline("/exit")
     child.expect(pexpect_eof())
     saved = json.loads((home / "data" / "chats" / "picchat.json").read_text())
