@@ -101,6 +101,10 @@ REFUSED_PICTURES = {
     "huge BMP": (_bmp(20000, 20000, rows=False), "is 20000×20000 pixels; an image may have at most 50 megapixels"),
     "huge GIF": (b"GIF89a" + struct.pack("<HH", 65535, 65535) + bytes(20), "is 65535×65535 pixels"),
     "huge JPEG": (_jpeg(60000, 60000), "is 60000×60000 pixels"),
+    "JPEG of 2 megapixels but 20,000 pixels a side": (_jpeg(20000, 100), "is 20000×100 pixels; an image may have at "
+                                                                         "most 50 megapixels and 16,384 pixels a side"),
+    "BMP one pixel wider than 16,384": (_bmp(16385, 2, rows=False), "is 16385×2 pixels"),
+    "lossless JPEG": (_jpeg(64, 64, sof=0xC3), "is a JPEG of a kind localgen cannot read (lossless)"),
     "arithmetic-coded JPEG": (_jpeg(64, 64, sof=0xC9), "is a JPEG of a kind localgen cannot read (arithmetic-coded)"),
     "12-bit JPEG": (_jpeg(64, 64, bits=12), "is a JPEG of a kind localgen cannot read (12-bit)"),
     "WebP, with its size": (_webp_lossless(9000, 7000), "bomb.png is WebP (9000×7000 pixels), which localgen cannot "
