@@ -202,6 +202,28 @@ def test_an_attachment_over_the_bound_says_how_much(tmp_path: Path) -> None:
     assert e.value.message == f"{big} is 64.3 MiB; an attachment may be at most 64 MiB", e.value.message
 
 
+def test_the_seeded_projectors_and_media_come_from_the_script_s_command_line(tmp_path: Path) -> None:
+    """media.md: `scripts/make_mmproj.py` writes both projectors the tests use, the picture and the clip, the same
+    bytes as the tests' own (seeded); a bad size is a usage error."""
+    import subprocess
+
+    from make_mmproj import wav
+
+    page = (ROOT / "docs" / "media.md").read_text(encoding="utf-8")
+    script = str(ROOT / "scripts" / "make_mmproj.py")
+    made = {"vision": (["v.gguf"], write_mmproj(tmp_path / "v0.gguf").read_bytes()),
+            "audio": (["--audio", "a.gguf"], write_audio_mmproj(tmp_path / "a0.gguf").read_bytes()),
+            "png": (["--png", "p.png"], png(96, 64)), "wav": (["--wav", "c.wav"], wav(1.5))}
+    for args, data in made.values():
+        assert f"scripts/make_mmproj.py {' '.join(args[:-1]) + ' ' if args[:-1] else ''}" in page, args
+        r = subprocess.run([sys.executable, script, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / args[-1]).read_bytes() == data, args
+    r = subprocess.run([sys.executable, script, "--png", "x.png", "--size", "96"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "--size takes WIDTHxHEIGHT" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_second_turn_does_not_encode_the_image_again(smollm2_engine: Any, mm: dict[str, Path]) -> None:
     import dataclasses
 
@@ -265,6 +287,18 @@ def test_serve_images_through_the_openai_and_ollama_clients(vserver: Any, mm: di
         "model": "smollm2:135m", "prompt": case["prompt"], "images": [base64.b64encode(pic).decode()],
         "stream": False, "options": {"temperature": 0, "num_predict": case["max_tokens"], "exact": True}})
     assert g.json()["response"] == case["text"]
+    b64 = base64.b64encode(pic).decode()
+    r = client.responses.create(  # the Responses API's input_image, and Anthropic's image block: the same answer
+        model="smollm2:135m", temperature=0, max_output_tokens=case["max_tokens"], extra_body={"exact": True},
+        input=[{"role": "user", "content": [{"type": "input_image", "image_url": url, "detail": "auto"},
+                                            {"type": "input_text", "text": case["prompt"]}]}])
+    assert r.output_text == case["text"]
+    a = httpx.post(f"{vserver.url}/v1/messages", timeout=60, json={
+        "model": "smollm2:135m", "max_tokens": case["max_tokens"], "temperature": 0, "exact": True,
+        "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+            {"type": "text", "text": case["prompt"]}]}]})
+    assert a.json()["content"][0]["text"] == case["text"], a.text
     # two at once, batched (the throughput scheduler evaluates each slot's image into its own sequence)
     import concurrent.futures
 
