@@ -224,6 +224,16 @@ def test_the_seeded_projectors_and_media_come_from_the_script_s_command_line(tmp
     assert r.returncode == 2 and "--size takes WIDTHxHEIGHT" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_ultravox_s_own_stack_factor_is_one_line_from_llama_cpp(cli: CLI, mm: dict[str, Path], tmp_path: Path) -> None:
+    """media.md: with Ultravox's own stack factor (8) this llama.cpp aborts on a 30-second window; localgen says so
+    in one line (`llama.cpp stopped: Invalid number of output tokens`), no trace of the abort."""
+    proj = write_audio_mmproj(tmp_path / "stack8.gguf", stack=8)
+    r = cli("run", "--mmproj", str(proj), "-a", str(mm["1.5s"]), "-p", "hi", "-n", "2")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == "localgen: error: llama.cpp stopped: Invalid number of output tokens", r.stderr
+    assert "`llama.cpp stopped: Invalid number of output tokens`" in (ROOT / "docs" / "media.md").read_text()
+
+
 def test_second_turn_does_not_encode_the_image_again(smollm2_engine: Any, mm: dict[str, Path]) -> None:
     import dataclasses
 
