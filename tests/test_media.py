@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, ROOT, InProcessCLI
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_mmproj import png, write_audio_mmproj, write_mmproj
@@ -232,6 +232,16 @@ def test_ultravox_s_own_stack_factor_is_one_line_from_llama_cpp(cli: CLI, mm: di
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip() == "localgen: error: llama.cpp stopped: Invalid number of output tokens", r.stderr
     assert "`llama.cpp stopped: Invalid number of output tokens`" in (ROOT / "docs" / "media.md").read_text()
+
+
+def test_serve_refuses_one_projector_for_several_models_before_loading(cli_in_process: InProcessCLI,
+                                                                        mm: dict[str, Path]) -> None:
+    """`serve --mmproj` pairs a projector with *the* model: with two -m it is bad usage at once, not an error after
+    the first model (which the projector fits) has loaded."""
+    r = cli_in_process("serve", "--port", "9", "--mmproj", str(mm["proj"]), "-m", "smollm2:135m", "-m", "gemma3:270m")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("localgen: error: --mmproj pairs a projector with one model, and -m names 2")
+    assert r.stderr.count("\n") == 1 and "loading" not in r.stderr and "loaded" not in r.stderr
 
 
 def test_second_turn_does_not_encode_the_image_again(smollm2_engine: Any, mm: dict[str, Path]) -> None:
