@@ -263,14 +263,14 @@ def part_media(part: Any, allow_http: bool = False) -> Media | None:
         url = inner.get("url") if isinstance(inner, dict) else inner
         media = from_url(str(url or ""), allow_http)
         if media.kind != "image":
-            raise MediaError(f"an image_url part holds {media.format} audio")
+            raise MediaError(f"{media.source} is {media.format} audio, where an image goes")
         return media
     if kind == "input_audio":
         inner = part.get("input_audio")
         data = inner.get("data") if isinstance(inner, dict) else None
         media = from_url(str(data or ""), allow_http=False)
         if media.kind != "audio":
-            raise MediaError(f"an input_audio part holds a {media.format} image")
+            raise MediaError(f"{media.source} is a {media.format} image, where audio goes")
         return media
     raise MediaError(f"unsupported content part type: {kind!r}")
 

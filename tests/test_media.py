@@ -95,7 +95,7 @@ def test_media_sources_and_parts(tmp_path: Path) -> None:
         media.from_url("data:image/png;base64,@@@@", allow_http=False)
     wav = media.sniff(_wav(2.5), "clip.wav")
     assert (wav.kind, wav.seconds) == ("audio", 2.5)
-    with pytest.raises(media.MediaError, match="holds WAV audio"):
+    with pytest.raises(media.MediaError, match=r"is WAV audio, where an image goes$"):
         media.part_media({"type": "image_url", "image_url": {"url": "data:audio/wav;base64,"
                                                              + base64.b64encode(_wav(1)).decode()}})
     messages, found = media.split([{"role": "user", "content": media.content("Describe.", [m])}], "<M>")
@@ -359,6 +359,10 @@ def test_serve_refuses_bad_media_and_stays_up(vserver: Any) -> None:
     r = httpx.post(f"{vserver.url}/api/chat", json={"model": "smollm2:135m", "stream": False, "messages": [
         {"role": "user", "content": "hi", "images": ["not base64!"]}]}, timeout=60)
     assert r.status_code == 400 and "base64" in r.text
+    r = httpx.post(f"{vserver.url}/api/chat", json={"model": "smollm2:135m", "stream": False, "messages": [
+        {"role": "user", "content": "hi", "images": [base64.b64encode(_wav(1)).decode()]}]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"].endswith("is WAV audio, where an image goes"), r.text
+    assert "image_url" not in r.text  # an Ollama client sent no image_url part
     small = base64.b64encode(png(8, 8)).decode()
     r = httpx.post(f"{vserver.url}/api/generate", json={"model": "smollm2:135m", "stream": False, "raw": True,
                                                         "prompt": "hi", "images": [small]},
