@@ -224,7 +224,8 @@ _WAV_CODECS = {1: "PCM", 3: "float", 6: "A-law", 7: "µ-law", 2: "MS ADPCM", 0x1
 
 
 def wav_seconds(data: bytes, source: str) -> float:
-    """The length of a WAV file from its fmt and data chunks (the data that is there, as miniaudio reads)."""
+    """The length of a WAV file from its fmt and data chunks; a data chunk shorter than its header says is a
+    truncated file (one of unknown length, 0xFFFFFFFF, as a stream writes it, runs to the end)."""
     i, codec, channels, rate, block, bits = 12, 0, 0, 0, 0, 0
     for _ in range(MAX_STEPS):
         if i + 8 > len(data):
@@ -240,7 +241,11 @@ def wav_seconds(data: bytes, source: str) -> float:
             if codec not in _WAV_CODECS:
                 raise MediaError(f"{source} is a WAV in a codec localgen cannot read (format 0x{codec:04X})",
                                  hint="convert it to PCM WAV, MP3 or FLAC")
-            size = min(size, len(data) - i - 8) if size != 0xFFFFFFFF else len(data) - i - 8
+            there = len(data) - i - 8
+            if size != 0xFFFFFFFF and size > there:  # cut short (a download that stopped): not half the clip
+                raise MediaError(f"{source} is a truncated WAV: its data chunk promises {size:,} bytes and "
+                                 f"{there:,} are there")
+            size = size if size != 0xFFFFFFFF else there  # a streamed WAV's unknown length: to the end
             if codec in (2, 0x11):
                 head = (7 if codec == 2 else 4) * channels
                 per_block = max(1, (block - head) * 2 // channels + (2 if codec == 2 else 1))

@@ -216,6 +216,9 @@ REFUSED_SOUNDS = {
                                                             "is 11.0 minutes of audio"),
     "WAV of a codec miniaudio cannot read": (_wav(0x55, 8000, 1, 8, bytes(100)),
                                              "clip is a WAV in a codec localgen cannot read (format 0x0055)"),
+    "WAV cut short (a download that stopped)": (_wav(1, 8000, 1, 8, bytes(8000))[:-3000],
+                                                "clip is a truncated WAV: its data chunk promises 8,000 bytes and "
+                                                "5,000 are there"),
     "FLAC longer than its limit": (_flac(8000 * 700), "is 11.7 minutes of audio"),
     "FLAC that does not give its length": (_flac(0), "clip is a FLAC that does not give its length"),
     "MP3 of more frames than ten minutes": (FRAME * 8400, "clip is more than 10.0 minutes of audio; at most 10 "
@@ -245,6 +248,9 @@ def test_real_sounds_pass_with_their_length() -> None:
     assert media.sniff(FRAME * 1000, "a.mp3").seconds == pytest.approx(72)
     assert media.sniff(_id3(100) + FRAME * 1000, "a.mp3").seconds == pytest.approx(72)
     assert media.sniff(_xing(500) + FRAME * 500, "a.mp3").seconds == pytest.approx(36)
+    streamed = bytearray(_wav(1, 8000, 1, 8, bytes(16000)))
+    streamed[-16004:-16000] = b"\xff\xff\xff\xff"  # a stream's WAV: its data's length unknown, to the end
+    assert media.sniff(bytes(streamed), "a.wav").seconds == pytest.approx(2)
 
 
 def test_a_hostile_file_costs_few_steps() -> None:
