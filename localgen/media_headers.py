@@ -196,11 +196,45 @@ def jpeg_size(data: bytes, source: str) -> tuple[int, int]:
 
 
 def gif_size(data: bytes, source: str) -> tuple[int, int]:
-    """A GIF's logical screen: stb_image decodes the first frame, inside it."""
+    """A GIF's logical screen: stb_image decodes the first frame, inside it; a file that ends before that
+    frame's data does is truncated (stb_image would show the part that arrived)."""
     if len(data) < 13:
         raise MediaError(f"{source} is a truncated or corrupt GIF")
     w, h = struct.unpack("<HH", data[6:10])
+    check_size("GIF", source, w, h)  # first: a walk to prove a picture too large is truncated is of no use
+    if _gif_cut_short(data):
+        raise MediaError(f"{source} is a truncated GIF: it ends inside its first picture")
     return int(w), int(h)
+
+
+def _gif_cut_short(data: bytes) -> bool:
+    """Whether the blocks up to the end of the first image's data run past the file (a colour table, an
+    extension's or the image's sub-blocks). Anything else odd is left to stb_image, as is a walk that would
+    take more than MAX_STEPS sub-blocks."""
+    pos = 13 + (3 << ((data[10] & 7) + 1) if data[10] & 0x80 else 0)
+    steps = 0
+    while pos < len(data) and steps < MAX_STEPS:
+        kind = data[pos]
+        if kind == 0x2C:  # an image: its descriptor, a local colour table, the LZW code size, then its data
+            if pos + 10 > len(data):
+                return True
+            flags = data[pos + 9]
+            pos += 10 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0) + 1
+        elif kind == 0x21:  # an extension: its label, then sub-blocks
+            pos += 2
+        else:  # the trailer before any image, or not a block: stb_image's to judge
+            return False
+        while pos < len(data) and steps < MAX_STEPS:  # sub-blocks: a length byte, then that many bytes; 0 ends
+            n = data[pos]
+            pos += 1 + n
+            steps += 1
+            if n == 0:
+                break
+        else:
+            return steps < MAX_STEPS
+        if kind == 0x2C:
+            return pos > len(data)
+    return pos >= len(data) and steps < MAX_STEPS
 
 
 def webp_size(data: bytes) -> str:

@@ -75,6 +75,10 @@ def _webp_lossless(w: int, h: int) -> bytes:
     return b"RIFF" + struct.pack("<I", 4 + 8 + len(body)) + b"WEBPVP8L" + struct.pack("<I", len(body)) + body
 
 
+# one pixel: a two-colour table, a graphic control extension, the image, its data, the trailer
+_GIF = (b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00"
+        b"\x00\x00\x01\x00\x01\x00\x00\x02\x01D\x00;")
+
 REFUSED_PICTURES = {
     # a PNG whose 1×1 header is followed by 64 MiB of pixel data (stb_image would inflate it all)
     "PNG inflating past its header": (_png(1, 1, _zeros_deflated(64)),
@@ -99,6 +103,8 @@ REFUSED_PICTURES = {
     "BMP holding a PNG": (_bmp(64, 64, compression=5), "is a BMP holding a PNG"),
     "BMP of 2 bits a pixel": (_bmp(64, 64, bpp=2), "(2 bits a pixel, compression 0, 1 planes)"),
     "huge BMP": (_bmp(20000, 20000, rows=False), "is 20000×20000 pixels; an image may have at most 50 megapixels"),
+    "GIF cut inside its first picture": (_GIF[:30], "bomb.png is a truncated GIF: it ends inside its first picture"),
+    "GIF cut inside its colour table": (_GIF[:15], "is a truncated GIF"),
     "huge GIF": (b"GIF89a" + struct.pack("<HH", 65535, 65535) + bytes(20), "is 65535×65535 pixels"),
     "huge JPEG": (_jpeg(60000, 60000), "is 60000×60000 pixels"),
     "JPEG of 2 megapixels but 20,000 pixels a side": (_jpeg(20000, 100), "is 20000×100 pixels; an image may have at "
@@ -175,6 +181,7 @@ def test_real_pictures_pass() -> None:
     assert media.sniff(_bmp(5, 5, bpp=1), "a.bmp").format == "BMP"
     assert media.sniff(_bmp(5, 5, bpp=32, compression=3, header=124), "a.bmp").format == "BMP"
     assert media.sniff(_jpeg(640, 480, sof=0xC2), "a.jpg").width == 640
+    assert media.sniff(_GIF, "a.gif").width == media.sniff(_GIF[:-1], "a.gif").width == 1  # no trailer: all there
 
 
 # ---- sounds ------------------------------------------------------------------------------------------
