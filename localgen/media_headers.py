@@ -167,7 +167,8 @@ _JPEG_KINDS = {0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical", 0xC
 
 
 def jpeg_size(data: bytes, source: str) -> tuple[int, int]:
-    """Width and height from the first start-of-frame marker, of a kind stb_image decodes."""
+    """Width and height from the first start-of-frame marker, of a kind stb_image decodes, in a file that holds
+    an end-of-image marker after it (a thumbnail's, in the EXIF block before the frame, does not count)."""
     i, n = 2, len(data)
     for _ in range(MAX_STEPS):
         if i + 4 > n or data[i] != 0xFF:
@@ -188,6 +189,9 @@ def jpeg_size(data: bytes, source: str) -> tuple[int, int]:
                 kind = _JPEG_KINDS.get(marker) or (f"{bits}-bit" if bits != 8 else f"{parts}-component")
                 raise MediaError(f"{source} is a JPEG of a kind localgen cannot read ({kind})",
                                  hint="save it as a baseline or progressive 8-bit JPEG, or a PNG")
+            check_size("JPEG", source, w, h)
+            if data.rfind(b"\xff\xd9") < i:  # no end-of-image after the frame: stb_image would grey the rest
+                raise MediaError(f"{source} is a truncated JPEG: it ends before its end-of-image marker")
             return w, h
         if length < 2:
             break

@@ -111,6 +111,8 @@ REFUSED_PICTURES = {
                                                                          "most 50 megapixels and 16,384 pixels a side"),
     "BMP one pixel wider than 16,384": (_bmp(16385, 2, rows=False), "is 16385×2 pixels"),
     "lossless JPEG": (_jpeg(64, 64, sof=0xC3), "is a JPEG of a kind localgen cannot read (lossless)"),
+    "JPEG cut short": (_jpeg(64, 64)[:-2] + bytes(40), "bomb.png is a truncated JPEG: it ends before its "
+                                                        "end-of-image marker"),
     "arithmetic-coded JPEG": (_jpeg(64, 64, sof=0xC9), "is a JPEG of a kind localgen cannot read (arithmetic-coded)"),
     "12-bit JPEG": (_jpeg(64, 64, bits=12), "is a JPEG of a kind localgen cannot read (12-bit)"),
     "WebP, with its size": (_webp_lossless(9000, 7000), "bomb.png is WebP (9000×7000 pixels), which localgen cannot "
