@@ -241,6 +241,13 @@ def _server_class() -> Any:
             if self.on_exit is not None:
                 self.on_exit()
 
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets)
+            if self.force_exit:
+                # uvicorn skips the app's lifespan shutdown after a second Ctrl-C: its task, cancelled as the
+                # loop closed, then printed Starlette's traceback of that CancelledError. Ours takes no time.
+                await self.lifespan.shutdown()
+
     return Server
 
 
