@@ -229,6 +229,16 @@ def test_ps_with_no_server(cli: CLI) -> None:
     assert r.returncode == 1 and "no localgen serve is running" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_ps_says_when_a_model_unloads_in_words() -> None:
+    """`localgen ps`'s UNTIL, as Ollama's: a model 20 s from unloading said "0 minutes from now"."""
+    from localgen.cli.serve.ps import until_text
+
+    assert until_text(20.4) == "20 seconds from now" and until_text(1) == "1 second from now"
+    assert until_text(-3) == "0 seconds from now" and until_text(299.6) == "5 minutes from now"
+    assert until_text(60 * 90) == "90 minutes from now" and until_text(3 * 3600) == "3 hours from now"
+    assert until_text(400 * 86400) == "forever"
+
+
 def test_defaults_three_models_and_most_of_the_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """--max-models 3 (per GPU when offloading), --max-memory 90 % of RAM (plus GPU memory when offloading);
     a size in the flag's units, and a bad one is a usage error."""
