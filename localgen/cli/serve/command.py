@@ -57,7 +57,7 @@ def serve(
     chat_template_file: o.ChatTemplateFile = None,
     mmproj: o.MmProj = None,
     drain_timeout: Annotated[
-        float, typer.Option("--drain-timeout", min=0, max=3600,
+        float, typer.Option("--drain-timeout", min=0, max=3600, rich_help_panel=SERVE,
                             help="Seconds the requests in flight may go on after Ctrl-C or SIGTERM; those still "
                                  "running then end with a 503 (a second signal ends them at once).")
     ] = 4.0,
