@@ -333,6 +333,28 @@ def test_a_killed_serve_finishes_the_batch_after_a_restart(env: dict[str, str], 
         assert again.stop() == 0
 
 
+def test_a_serve_stopped_mid_batch_goes_on_at_its_next_start(env: dict[str, str]) -> None:
+    """SIGTERM mid-batch: serve exits 0 at once (the requests in flight are not recorded), and the next start
+    finishes the batch, each custom_id once."""
+    first = Server(env, *ARGS)
+    client = _client(first)
+    upload = client.files.create(file=("term.jsonl", _jsonl([_line(f"t{i}", _chat(i)) for i in range(6)])),
+                                 purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    while client.batches.retrieve(batch.id).request_counts.completed < 1:
+        time.sleep(0.05)
+    assert first.stop() == 0
+    assert "Traceback" not in first.proc.stderr.read().decode()
+    again = Server(env, *ARGS)
+    try:
+        batch = _finished(_client(again), batch.id)
+        records = _records(_client(again), batch.output_file_id)
+        assert batch.status == "completed" and sorted(r["custom_id"] for r in records) == [f"t{i}" for i in range(6)]
+        assert batch.request_counts.failed == 0
+    finally:
+        assert again.stop() == 0
+
+
 def test_a_second_serve_on_the_same_data_leaves_the_batches_to_the_first(env: dict[str, str]) -> None:
     """One server runs a data dir's batches: a second one on the same folder answers 503 saying so."""
     import openai
