@@ -277,7 +277,8 @@ class ModelWorker:
             elif bool(self._yield_to) and self.loaded:
                 advance(job, State.HELD)
             elif (failure := self._load_for(job)) is not None:  # those held back fail the same way, rather
-                for held in (job, *self._jobs(State.HELD)):  # than each wait again
+                for held in (job, *(h for h in self._jobs(State.HELD) if h is not job)):  # than each wait again
+                    self.aborted += failure.status == 499  # a load abandoned: every client had left
                     held.send(failure)
             elif isinstance(job, EmbedJob):
                 self._admit(job, functools.partial(task, self.residence.backend, job.id, job))
@@ -384,8 +385,7 @@ class ModelWorker:
             return None
         except NoRoom as e:
             return Failed(503, e.message)
-        except Abandoned:
-            self.aborted += 1
+        except Abandoned:  # counted with each job it fails (_intake)
             return Failed(499, "the client went away")
         except LocalgenError as e:
             return Failed(500, f"cannot load {self.name}: {e.message}")
