@@ -175,7 +175,8 @@ def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
     lines: list[Any] = [_line("a", _chat(1)), "not json", _line("b", _chat(1), url="/v1/completions"),
                         _line("a", _chat(1)),
                         {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions"},
-                        _line("d", {**_chat(1), "stream": True}), {**_line("e", _chat(1)), "method": "GET"}]
+                        _line("d", {**_chat(1), "stream": True}), {**_line("e", _chat(1)), "method": "GET"},
+                        _line("b", _chat(1))]  # taken by a line refused above: still taken
     data = b"".join((json.dumps(x) if isinstance(x, dict) else x).encode() + b"\n\n" for x in lines)  # blanks skipped
     upload = client.files.create(file=("bad.jsonl", data), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -183,7 +184,7 @@ def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
     assert [(x.code, x.line, x.param) for x in batch.errors.data] == [
         ("invalid_json_line", 3, None), ("url_mismatch", 5, "url"), ("duplicate_custom_id", 7, "custom_id"),
         ("missing_required_parameter", 9, "body"), ("invalid_request", 11, "body.stream"),
-        ("invalid_request", 13, "method")]
+        ("invalid_request", 13, "method"), ("duplicate_custom_id", 15, "custom_id")]
     empty = client.files.create(file=("empty.jsonl", b"\n"), purpose="batch")
     failed = client.batches.create(input_file_id=empty.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert [x.code for x in failed.errors.data] == ["empty_file"]
@@ -269,7 +270,7 @@ def test_batch_requests_wait_behind_a_waiting_request(server: Server) -> None:
     --batch-lines 3, /health never shows more than one request queued while a batch runs alone, and a client's
     request sent meanwhile is answered before the batch's end."""
     client = _client(server)
-    upload = client.files.create(file=("q.jsonl", _jsonl([_line(f"q{i}", _chat(i)) for i in range(6)])),
+    upload = client.files.create(file=("q.jsonl", _jsonl([_line(f"q{i}", _chat(i)) for i in range(8)])),
                                  purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     queued: list[int] = []
@@ -279,8 +280,8 @@ def test_batch_requests_wait_behind_a_waiting_request(server: Server) -> None:
     after = client.batches.retrieve(batch.id)
     batch = _finished(client, batch.id)
     assert answer.choices[0].message.content and after.status == "in_progress"
-    assert after.request_counts.completed < 6
-    assert max(queued) <= 1 and batch.request_counts.completed == 6
+    assert after.request_counts.completed < 8
+    assert max(queued) <= 1 and batch.request_counts.completed == 8
 
 
 def test_the_pages_python_example_runs(server: Server, cli_env: dict[str, str]) -> None:

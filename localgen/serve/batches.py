@@ -114,6 +114,8 @@ def validate(path: Path, endpoint: str) -> tuple[int, str | None, list[dict[str,
         found = parse(number, raw, endpoint)
         if isinstance(found, dict):
             errors.append(found)
+            with contextlib.suppress(ValueError, RecursionError, KeyError, TypeError):
+                seen.add(json.loads(raw)["custom_id"])  # a later line may not take it either
         elif found.custom_id in seen:
             errors.append({"code": "duplicate_custom_id", "line": number, "message": "The custom_id "
                            f"{found.custom_id[:100]!r} is used by an earlier line.", "param": "custom_id"})

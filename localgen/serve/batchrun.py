@@ -64,7 +64,8 @@ class Runner:
 
         source = read_lines(self.desk.files.content(doc["input_file_id"]))
         slots = asyncio.Semaphore(self.at_once)
-        transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False)
+        # the access lines' client (--log-format json) is the batch
+        transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False, client=(doc["id"], 0))
         try:
             async with (httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=None) as client,
                         asyncio.TaskGroup() as group):
