@@ -204,7 +204,7 @@ class Progress:
     def write(self, record: dict[str, Any], ok: bool) -> None:
         """One answered request, appended to its file and synced (in a thread: it waits for the disk); then
         count() it."""
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+        line = (json.dumps(record) + "\n").encode()  # ASCII: a custom_id's lone surrogate stays an escape
         fd = os.open(self.folder / ("output.jsonl" if ok else "errors.jsonl"),
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -300,7 +300,7 @@ class Desk:
         return int(self.clock())
 
     def create(self, input_file_id: str, endpoint: str, window: str, metadata: Any) -> dict[str, Any]:
-        """A new batch, `validating`, made durable before anything else."""
+        """A new batch, `validating`, made durable before anything else (the caller lists it)."""
         ident = f"batch_{secrets.token_hex(12)}"
         doc = {"id": ident, "object": "batch", "endpoint": endpoint, "errors": None, "input_file_id": input_file_id,
                "completion_window": window, "status": "validating", "output_file_id": None, "error_file_id": None,
@@ -310,8 +310,6 @@ class Desk:
                "metadata": metadata, "model": None, "usage": None}
         paths.private_dir(self.runs / ident)
         self.save(doc)
-        assert self.batches is not None
-        self.batches[ident] = doc
         return doc
 
     def validate(self, doc: dict[str, Any]) -> None:
@@ -392,6 +390,7 @@ def routes(desk: Desk) -> list[Route]:
             raise HTTPError(400, f"{file_id} has purpose {known['purpose']!r}: a batch's input needs a file uploaded "
                                  "with purpose \"batch\"", param="input_file_id")
         doc = await asyncio.to_thread(desk.create, file_id, str(endpoint), str(window), body.get("metadata"))
+        owned()[doc["id"]] = doc  # listed from now on (the table changes on the event loop only)
         await asyncio.to_thread(desk.validate, doc)
         desk.wake.set()
         return JSONResponse(doc)

@@ -21,6 +21,7 @@ from typing import Any
 
 from localgen.serve.apierror import HTTPError
 from localgen.serve.batches import Desk, Line, Progress, parse, read_lines
+from localgen.serve.jobs import INTERNAL
 from localgen.serve.state import ServeState
 
 POLL_S = 0.05  # how often a request held back looks again for a free slot
@@ -100,19 +101,25 @@ class Runner:
             headers = {"Content-Type": "application/json"}
             if self.key:
                 headers["Authorization"] = f"Bearer {self.key}"
-            r = await client.post(line.url, content=json.dumps(line.body, ensure_ascii=False).encode(),
-                                  headers=headers)
-            if not r.is_success and self.stopping():
-                return  # ended by the shutdown: no answer, and the next start sends it again
-            try:
-                body = r.json()
-            except ValueError:
-                body = r.text
-            record = {"id": f"batch_req_{secrets.token_hex(12)}", "custom_id": line.custom_id,
-                      "response": {"status_code": r.status_code, "request_id": r.headers.get("x-request-id"),
-                                   "body": body}, "error": None}
-            await asyncio.to_thread(progress.write, record, r.is_success)
-            progress.count(record, r.is_success)
+            record: dict[str, Any] = {"id": f"batch_req_{secrets.token_hex(12)}", "custom_id": line.custom_id}
+            try:  # JSON's escapes kept as sent (a lone surrogate is the route's 400, as for a client)
+                r = await client.post(line.url, content=json.dumps(line.body).encode(), headers=headers)
+            except Exception:  # a fault of ours before the app answered: this request fails alone, said in the log
+                self.log("localgen serve: a batch request failed:\n" + traceback.format_exc().rstrip())
+                record.update(response=None, error={"code": "server_error", "message": INTERNAL})
+                ok = False
+            else:
+                if not r.is_success and self.stopping():
+                    return  # ended by the shutdown: no answer, and the next start sends it again
+                try:
+                    body = r.json()
+                except ValueError:
+                    body = r.text
+                record.update(response={"status_code": r.status_code, "request_id": r.headers.get("x-request-id"),
+                                        "body": body}, error=None)
+                ok = r.is_success
+            await asyncio.to_thread(progress.write, record, ok)
+            progress.count(record, ok)
         finally:
             slots.release()
 

@@ -41,7 +41,7 @@ def default_root() -> Path:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """`data` at `path`, whole or not at all: a temporary file (0600) synced, renamed, and the folder synced."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")  # writers in two threads: two names
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "wb") as f:
