@@ -44,6 +44,12 @@ def env(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> di
     return {**cli_env, "LOCALGEN_HOME": str(tmp_path_factory.mktemp("batch-home"))}
 
 
+@pytest.fixture
+def own_env(cli_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A home of the test's own, for the servers it starts and stops (one server holds a home's batches)."""
+    return {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+
+
 @pytest.fixture(scope="module")
 def server(env: dict[str, str]) -> Iterator[Server]:
     s = Server(env, *ARGS)
@@ -304,20 +310,23 @@ def test_the_pages_python_example_runs(server: Server, cli_env: dict[str, str]) 
     assert sorted(line.split()[0] for line in lines[1:]) == ["q0", "q1"]
 
 
-def test_a_killed_serve_finishes_the_batch_after_a_restart(env: dict[str, str], server: Server) -> None:
+def test_a_killed_serve_finishes_the_batch_after_a_restart(own_env: dict[str, str]) -> None:
     """A serve killed (SIGKILL) mid-batch, its last record cut short as a crash may leave it, and started again
     on the same data: the batch goes on from the requests not answered, and its output has every custom_id once,
     those answered before the kill as they were."""
-    server.stop()  # the data dir's batches are held by one server at a time
+    env = own_env
     first = Server(env, *ARGS)
-    client = _client(first)
-    upload = client.files.create(file=("kill.jsonl", _jsonl([_line(f"k{i}", _chat(i)) for i in range(6)])),
-                                 purpose="batch")
-    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
-    while client.batches.retrieve(batch.id).request_counts.completed < 2:
-        time.sleep(0.05)
-    first.proc.send_signal(signal.SIGKILL)
-    first.proc.wait(timeout=60)
+    try:
+        client = _client(first)
+        upload = client.files.create(file=("kill.jsonl", _jsonl([_line(f"k{i}", _chat(i)) for i in range(6)])),
+                                     purpose="batch")
+        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        while client.batches.retrieve(batch.id).request_counts.completed < 2:
+            time.sleep(0.05)
+    finally:
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=60)
     output = Path(env["LOCALGEN_HOME"]) / "data" / "batches" / "runs" / batch.id / "output.jsonl"
     before = [json.loads(line) for line in output.read_text().splitlines()]
     assert 2 <= len(before) < 6
@@ -335,9 +344,10 @@ def test_a_killed_serve_finishes_the_batch_after_a_restart(env: dict[str, str], 
         assert again.stop() == 0
 
 
-def test_a_serve_stopped_mid_batch_goes_on_at_its_next_start(env: dict[str, str]) -> None:
+def test_a_serve_stopped_mid_batch_goes_on_at_its_next_start(own_env: dict[str, str]) -> None:
     """SIGTERM mid-batch: serve exits 0 at once (the requests in flight are not recorded), and the next start
     finishes the batch, each custom_id once."""
+    env = own_env
     first = Server(env, *ARGS)
     client = _client(first)
     upload = client.files.create(file=("term.jsonl", _jsonl([_line(f"t{i}", _chat(i)) for i in range(6)])),
@@ -357,11 +367,11 @@ def test_a_serve_stopped_mid_batch_goes_on_at_its_next_start(env: dict[str, str]
         assert again.stop() == 0
 
 
-def test_a_second_serve_on_the_same_data_leaves_the_batches_to_the_first(env: dict[str, str]) -> None:
+def test_a_second_serve_on_the_same_data_leaves_the_batches_to_the_first(own_env: dict[str, str]) -> None:
     """One server runs a data dir's batches: a second one on the same folder answers 503 saying so."""
     import openai
 
-    first, second = Server(env, *ARGS), Server(env, *ARGS)
+    first, second = Server(own_env, *ARGS), Server(own_env, *ARGS)
     try:
         _client(first).batches.list()
         with pytest.raises(openai.InternalServerError) as e:
