@@ -249,6 +249,23 @@ def test_an_upload_sent_in_chunks_stops_at_the_bound(monkeypatch: pytest.MonkeyP
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "lock"]
 
 
+def test_a_file_over_the_line_bound_fails_with_too_many_tasks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """More requests than MAX_LINES (OpenAI's 50,000; 3 here) is one fault, too_many_tasks, on the first line past
+    it, and reading stops there."""
+    from localgen.serve import batches
+
+    assert batches.MAX_LINES == 50_000
+    monkeypatch.setattr(batches, "MAX_LINES", 3)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(_jsonl([_line(f"m{i}", _chat(i)) for i in range(3)]) + b"\n" + _jsonl([_line("m9", _chat(9))])
+                     + b"not json\n")
+    total, model, errors = batches.validate(path, "/v1/chat/completions")
+    assert (total, model) == (3, MODEL)
+    assert [(e["code"], e["line"]) for e in errors] == [("too_many_tasks", 5)]
+    path.write_bytes(_jsonl([_line(f"m{i}", _chat(i)) for i in range(3)]))
+    assert batches.validate(path, "/v1/chat/completions") == (3, MODEL, [])
+
+
 def test_cancel_ends_after_the_lines_in_flight(server: Server) -> None:
     """Cancelling: `cancelling`, then `cancelled` once the requests in flight end; what was answered is in the
     output file, each once; the input cannot be deleted while the batch reads it, and can be after."""
