@@ -257,14 +257,14 @@ class Desk:
                                  "folder: send batches and files to that server", "server_error") from None
         self._lock = lock
         self.batches = {}
-        for folder in sorted(self.runs.glob("batch_*"), key=lambda p: p.stat().st_mtime) if self.runs.is_dir() else []:
+        for folder in self.runs.glob("batch_*") if self.runs.is_dir() else []:
             with contextlib.suppress(OSError, ValueError):
                 doc = json.loads((folder / "batch.json").read_bytes())
                 if doc.get("status") in RUNNING:
                     self.progress[doc["id"]] = progress = Progress.read(folder)
                     progress.shown(doc)
                 self.batches[doc["id"]] = doc
-        self.batches = dict(sorted(self.batches.items(), key=lambda kv: (kv[1]["created_at"], kv[0])))
+        self.batches = dict(sorted(self.batches.items(), key=lambda kv: (kv[1]["created_at"], kv[0])))  # oldest first
 
     def release(self) -> None:
         """Let another server hold the batches (at shutdown)."""
@@ -322,12 +322,11 @@ class Desk:
             total, model, errors = validate(source, doc["endpoint"])
         doc["request_counts"] = {"total": total, "completed": 0, "failed": 0}
         doc["model"] = model
-        if doc["status"] == "cancelling":  # cancelled while it was checked
-            pass
-        elif errors:
-            doc.update(status="failed", failed_at=self.now(), errors={"object": "list", "data": errors})
-        else:
-            doc.update(status="in_progress", in_progress_at=self.now())
+        if doc["status"] != "cancelling":  # one cancelled while it was checked ends as cancelled
+            if errors:
+                doc.update(status="failed", failed_at=self.now(), errors={"object": "list", "data": errors})
+            else:
+                doc.update(status="in_progress", in_progress_at=self.now())
         if not errors:
             self.progress[doc["id"]] = Progress.read(self.runs / doc["id"])
         self.save(doc)
