@@ -39,7 +39,14 @@ async function call(path, init = {}) {
   for (;;) {
     const headers = new Headers(init.headers || {});
     const key = sessionStorage.getItem(KEY);
-    if (key !== null) headers.set("Authorization", `Bearer ${key}`);
+    if (key !== null) {
+      try {
+        headers.set("Authorization", `Bearer ${key}`);
+      } catch {
+        sessionStorage.removeItem(KEY); // a key no browser can send (kept by an older page): asked for again
+        continue;
+      }
+    }
     let response;
     try {
       response = await fetch(path, { ...init, headers, cache: "no-store" });
