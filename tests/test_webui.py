@@ -710,6 +710,17 @@ def test_the_page_fits_a_phone_and_a_desktop_in_light_and_dark(browser: Any, ser
     box = page.locator("#sidebar").bounding_box()
     assert box["x"] + box["width"] <= 0, "the list is off screen on a phone"
     assert page.is_visible("#input") and page.is_visible("#send")
+    page.focus("#input")
+    tabbed = []
+    for _ in range(8):  # the closed drawer's buttons are out of the Tab order
+        page.keyboard.press("Tab")
+        tabbed.append(page.evaluate("document.activeElement.closest('#sidebar') === null"))
+    assert all(tabbed), tabbed
+    page.click("#open-sidebar")  # open, it has the focus; Escape closes it and gives the focus back to ☰
+    page.wait_for_function("() => document.activeElement.id === 'new-chat'")
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().right <= 0")
+    assert page.evaluate("document.activeElement.id") == "open-sidebar"
     page.click("#open-sidebar")
     page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().left >= 0")
     page.click("#conversations .conv .open")  # picking one closes the drawer

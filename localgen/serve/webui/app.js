@@ -779,11 +779,19 @@ function grow(area) {
 function openSidebar() {
   ui.app.classList.add("sidebar-open");
   $("scrim").hidden = false;
+  $("new-chat").focus();
+}
+
+function sidebarOpen() {
+  // a drawer only on a narrow screen, where ☰ shows
+  return ui.app.classList.contains("sidebar-open") && $("open-sidebar").offsetParent !== null;
 }
 
 function closeSidebar() {
+  const had = sidebarOpen() && ui.app.querySelector("#sidebar").contains(document.activeElement);
   ui.app.classList.remove("sidebar-open");
   $("scrim").hidden = true;
+  if (had) $("open-sidebar").focus(); // the focus does not stay in a list no one sees
 }
 
 async function exportAll() {
@@ -824,7 +832,11 @@ function wireEvents() {
   });
   ui.stop.addEventListener("click", stop);
   document.addEventListener("keydown", (e) => {
-    if (e.key === "Escape" && state.running && !document.querySelector("dialog[open]")) {
+    if (e.key !== "Escape" || document.querySelector("dialog[open]")) return;
+    if (sidebarOpen()) {
+      e.preventDefault();
+      closeSidebar(); // the drawer first: a second Escape stops the answer
+    } else if (state.running) {
       e.preventDefault();
       stop();
     }
