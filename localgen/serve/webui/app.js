@@ -878,6 +878,10 @@ function wireEvents() {
     $("import-file").value = "";
     if (file) importFile(file);
   });
+  window.addEventListener("hashchange", () => { // another conversation's address typed or opened in this tab
+    const id = decodeURIComponent(location.hash.slice(1));
+    if (id && id !== state.conv.id) openConversation(id);
+  });
   document.addEventListener("visibilitychange", () => {
     if (document.visibilityState === "visible" && !state.running) loadModels();
   });
