@@ -847,9 +847,8 @@ def test_an_imported_conversation_reads_as_it_did(tab: Tab, tmp_path: Path) -> N
         await (await import('./webui/store.js')).save(conv, tree.merge);
         location.hash = conv.id;  // its address opened in this tab: shown, as on a reload
     }""")
-    page.wait_for_function("() => document.querySelector('article.assistant .note')?.textContent.length > 0")
-    assert page.locator("article.assistant .body").inner_text() == "half an"
-    assert page.locator("#conversations .conv.active .open").inner_text() == "Closed"
+    page.wait_for_function("""() => document.querySelector('article.assistant .body')?.textContent === 'half an'
+        && document.querySelector('#conversations .conv.active .open')?.textContent === 'Closed'""")
     assert page.locator("article.assistant .note").inner_text() == (
         "The answer was interrupted: the page was closed or reloaded while it came. Press Regenerate to ask again.")
 
