@@ -128,9 +128,8 @@ def sniff(data: bytes, source: str) -> Media:
     empty, of a format libmtmd cannot read, truncated, or too large."""
     if not data:
         raise MediaError(f"{source} is empty")
-    if len(data) > MAX_BYTES:
-        raise MediaError(f"{source} is {len(data) / 2**20:.0f} MiB; an attachment may be at most "
-                         f"{MAX_BYTES // 2**20} MiB")
+    if len(data) > MAX_BYTES:  # read up to one byte past the bound (stdin, a fetch): its size is not known
+        raise too_large(source, None if len(data) == MAX_BYTES + 1 else len(data))
     head = data[:64]
     if head.startswith(b"\x89PNG\r\n\x1a\n"):
         return _image("PNG", data, source, *png_size(data, source))
@@ -155,6 +154,13 @@ def sniff(data: bytes, source: str) -> Media:
                              hint=f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}")
     raise MediaError(f"{source} is not an image or audio file localgen can read",
                      hint=f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}")
+
+
+def too_large(source: str, size: int | None) -> MediaError:
+    """An attachment past MAX_BYTES, with its size when it is known (a file's), to one decimal: a file of 64.3 MiB
+    is not "64 MiB" past a bound of 64."""
+    what = f"{size / 2**20:.1f} MiB" if size is not None else f"larger than {MAX_BYTES / 2**20:g} MiB"
+    return MediaError(f"{source} is {what}; an attachment may be at most {MAX_BYTES / 2**20:g} MiB")
 
 
 def _image(fmt: str, data: bytes, source: str, w: int, h: int) -> Media:
@@ -188,8 +194,7 @@ def read(spec: str, stdin: Any = None) -> Media:
             raise MediaError(f"{spec} is a folder, not a file")
         size = path.stat().st_size
         if size > MAX_BYTES:
-            raise MediaError(f"{spec} is {size / 2**20:.0f} MiB; an attachment may be at most "
-                             f"{MAX_BYTES // 2**20} MiB")
+            raise too_large(spec, size)
         data = path.read_bytes()
     except FileNotFoundError:
         raise MediaError(f"no such file: {spec}") from None
@@ -258,14 +263,14 @@ def part_media(part: Any, allow_http: bool = False) -> Media | None:
         url = inner.get("url") if isinstance(inner, dict) else inner
         media = from_url(str(url or ""), allow_http)
         if media.kind != "image":
-            raise MediaError(f"an image_url part holds {media.format} audio")
+            raise MediaError(f"{media.source} is {media.format} audio, where an image goes")
         return media
     if kind == "input_audio":
         inner = part.get("input_audio")
         data = inner.get("data") if isinstance(inner, dict) else None
         media = from_url(str(data or ""), allow_http=False)
         if media.kind != "audio":
-            raise MediaError(f"an input_audio part holds a {media.format} image")
+            raise MediaError(f"{media.source} is a {media.format} image, where audio goes")
         return media
     raise MediaError(f"unsupported content part type: {kind!r}")
 
@@ -326,12 +331,18 @@ DROPPED = re.compile(r"""^\s*(['"]?)(?P<path>(?:~|/|\.{1,2}/|[A-Za-z]:\\)[^\n]*?
                      r"""\.(?:png|jpe?g|gif|bmp|wav|mp3|flac))\1\s*$""", re.I)
 
 
+def typed_path(text: str) -> str:
+    """A path as a terminal types it: quoted, or its spaces escaped (`my\\ photo.png`), as written."""
+    text = text.strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text.replace("\\ ", " ")
+
+
 def dropped_path(line: str) -> Path | None:
-    """The file a line names when it is nothing but the path of an image or audio file that exists (what
-    a terminal types when a file is dropped on it: maybe quoted, spaces maybe escaped)."""
+    """The file a line names when it is nothing but the path of an image or audio file (what a terminal types
+    when a file is dropped on it: maybe quoted, spaces maybe escaped), whether or not it exists."""
     m = DROPPED.match(line)
     if not m:
         return None
-    raw = m.group("path")
-    path = Path(raw.replace("\\ ", " ") if not m.group(1) else raw).expanduser()
-    return path if path.is_file() else None
+    return Path(typed_path(line)).expanduser()

@@ -167,7 +167,8 @@ _JPEG_KINDS = {0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical", 0xC
 
 
 def jpeg_size(data: bytes, source: str) -> tuple[int, int]:
-    """Width and height from the first start-of-frame marker, of a kind stb_image decodes."""
+    """Width and height from the first start-of-frame marker, of a kind stb_image decodes, in a file that holds
+    an end-of-image marker after it (a thumbnail's, in the EXIF block before the frame, does not count)."""
     i, n = 2, len(data)
     for _ in range(MAX_STEPS):
         if i + 4 > n or data[i] != 0xFF:
@@ -188,6 +189,9 @@ def jpeg_size(data: bytes, source: str) -> tuple[int, int]:
                 kind = _JPEG_KINDS.get(marker) or (f"{bits}-bit" if bits != 8 else f"{parts}-component")
                 raise MediaError(f"{source} is a JPEG of a kind localgen cannot read ({kind})",
                                  hint="save it as a baseline or progressive 8-bit JPEG, or a PNG")
+            check_size("JPEG", source, w, h)
+            if data.rfind(b"\xff\xd9") < i:  # no end-of-image after the frame: stb_image would grey the rest
+                raise MediaError(f"{source} is a truncated JPEG: it ends before its end-of-image marker")
             return w, h
         if length < 2:
             break
@@ -196,11 +200,45 @@ def jpeg_size(data: bytes, source: str) -> tuple[int, int]:
 
 
 def gif_size(data: bytes, source: str) -> tuple[int, int]:
-    """A GIF's logical screen: stb_image decodes the first frame, inside it."""
+    """A GIF's logical screen: stb_image decodes the first frame, inside it; a file that ends before that
+    frame's data does is truncated (stb_image would show the part that arrived)."""
     if len(data) < 13:
         raise MediaError(f"{source} is a truncated or corrupt GIF")
     w, h = struct.unpack("<HH", data[6:10])
+    check_size("GIF", source, w, h)  # first: a walk to prove a picture too large is truncated is of no use
+    if _gif_cut_short(data):
+        raise MediaError(f"{source} is a truncated GIF: it ends inside its first picture")
     return int(w), int(h)
+
+
+def _gif_cut_short(data: bytes) -> bool:
+    """Whether the blocks up to the end of the first image's data run past the file (a colour table, an
+    extension's or the image's sub-blocks). Anything else odd is left to stb_image, as is a walk that would
+    take more than MAX_STEPS sub-blocks."""
+    pos = 13 + (3 << ((data[10] & 7) + 1) if data[10] & 0x80 else 0)
+    steps = 0
+    while pos < len(data) and steps < MAX_STEPS:
+        kind = data[pos]
+        if kind == 0x2C:  # an image: its descriptor, a local colour table, the LZW code size, then its data
+            if pos + 10 > len(data):
+                return True
+            flags = data[pos + 9]
+            pos += 10 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0) + 1
+        elif kind == 0x21:  # an extension: its label, then sub-blocks
+            pos += 2
+        else:  # the trailer before any image, or not a block: stb_image's to judge
+            return False
+        while pos < len(data) and steps < MAX_STEPS:  # sub-blocks: a length byte, then that many bytes; 0 ends
+            n = data[pos]
+            pos += 1 + n
+            steps += 1
+            if n == 0:
+                break
+        else:
+            return steps < MAX_STEPS
+        if kind == 0x2C:
+            return pos > len(data)
+    return pos >= len(data) and steps < MAX_STEPS
 
 
 def webp_size(data: bytes) -> str:
@@ -224,7 +262,8 @@ _WAV_CODECS = {1: "PCM", 3: "float", 6: "A-law", 7: "µ-law", 2: "MS ADPCM", 0x1
 
 
 def wav_seconds(data: bytes, source: str) -> float:
-    """The length of a WAV file from its fmt and data chunks (the data that is there, as miniaudio reads)."""
+    """The length of a WAV file from its fmt and data chunks; a data chunk shorter than its header says is a
+    truncated file (one of unknown length, 0xFFFFFFFF, as a stream writes it, runs to the end)."""
     i, codec, channels, rate, block, bits = 12, 0, 0, 0, 0, 0
     for _ in range(MAX_STEPS):
         if i + 8 > len(data):
@@ -240,7 +279,11 @@ def wav_seconds(data: bytes, source: str) -> float:
             if codec not in _WAV_CODECS:
                 raise MediaError(f"{source} is a WAV in a codec localgen cannot read (format 0x{codec:04X})",
                                  hint="convert it to PCM WAV, MP3 or FLAC")
-            size = min(size, len(data) - i - 8) if size != 0xFFFFFFFF else len(data) - i - 8
+            there = len(data) - i - 8
+            if size != 0xFFFFFFFF and size > there:  # cut short (a download that stopped): not half the clip
+                raise MediaError(f"{source} is a truncated WAV: its data chunk promises {size:,} bytes and "
+                                 f"{there:,} are there")
+            size = size if size != 0xFFFFFFFF else there  # a streamed WAV's unknown length: to the end
             if codec in (2, 0x11):
                 head = (7 if codec == 2 else 4) * channels
                 per_block = max(1, (block - head) * 2 // channels + (2 if codec == 2 else 1))

@@ -5,10 +5,13 @@ of `--n-embd` (SmolLM2-135M: 576). SmolVLM's own type (idefics3) wraps images in
 vocabulary lacks, so it cannot pair with it; mlp wraps them in nothing. No vision GGUF is reachable from
 the package registries, so the tests pair this with the real SmolLM2 to prove the plumbing
 (preprocessing, encode, positions, decoding) against llama-mtmd-cli: the weights are seeded, so the file
-is the same bytes on every machine. Also writes a test picture (PNG, stdlib only).
+is the same bytes on every machine. Also writes the audio projector (Ultravox's kind), a test picture (PNG)
+and a test clip (WAV), stdlib only.
 
     scripts/make_mmproj.py OUT.gguf [--n-embd 576] [--seed 0]
+    scripts/make_mmproj.py --audio OUT.gguf [--n-embd 576] [--seed 0]
     scripts/make_mmproj.py --png OUT.png [--size 96x64]
+    scripts/make_mmproj.py --wav OUT.wav [--seconds 1.5]
 """
 
 from __future__ import annotations
@@ -182,16 +185,36 @@ def png(width: int = 96, height: int = 64) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description="Write a seeded random-weight projector (mmproj GGUF) for SmolLM2, "
+                                             "to try images or audio with a real text model, or a test picture or "
+                                             "clip.",
+                                 epilog="The projectors prove the plumbing, not eyesight or hearing: what the model "
+                                        "says of a picture is noise.")
     ap.add_argument("out", type=Path)
-    ap.add_argument("--n-embd", type=int, default=576)
+    what = ap.add_mutually_exclusive_group()
+    what.add_argument("--audio", action="store_true",
+                      help="an audio projector (Ultravox's kind) instead of a vision one")
+    what.add_argument("--png", action="store_true", help="write the test picture instead")
+    what.add_argument("--wav", action="store_true", help="write the test clip (two tones, 16 kHz) instead")
+    ap.add_argument("--n-embd", type=int, default=576, help="the text model's embedding width (SmolLM2-135M: 576)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--png", action="store_true", help="write the test picture instead")
-    ap.add_argument("--size", default="96x64")
+    ap.add_argument("--size", default="96x64", help="the picture's WIDTHxHEIGHT (--png)")
+    ap.add_argument("--seconds", type=float, default=1.5, help="the clip's length (--wav)")
     a = ap.parse_args(argv)
     if a.png:
-        w, h = (int(v) for v in a.size.split("x"))
+        try:
+            w, h = (int(v) for v in a.size.lower().split("x"))
+        except ValueError:
+            ap.error(f"--size takes WIDTHxHEIGHT, such as 96x64, not {a.size!r}")
+        if not (0 < w <= 4096 and 0 < h <= 4096):
+            ap.error(f"--size: each side from 1 to 4096 pixels, not {a.size}")
         a.out.write_bytes(png(w, h))
+    elif a.wav:
+        if not 0 < a.seconds <= 600:
+            ap.error(f"--seconds: more than 0 and at most 600, not {a.seconds:g}")
+        a.out.write_bytes(wav(a.seconds))
+    elif a.audio:
+        write_audio_mmproj(a.out, a.n_embd, a.seed)
     else:
         write_mmproj(a.out, a.n_embd, a.seed)
     print(a.out)

@@ -115,3 +115,15 @@ def test_serve_help_names_every_api_it_answers(cli_in_process: InProcessCLI) -> 
 def test_an_alias_left_out_of_the_help_still_parses_before_it(cli_in_process: InProcessCLI) -> None:
     r = cli_in_process("run", "--ctx-size", "512", "--no-prompt-cache", "--temp", "0", "--help-all")
     assert r.returncode == 0 and "Usage: localgen run" in r.stdout and r.stderr == "", r.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_an_off_switch_its_help_explains_is_not_said_again(cli_in_process: InProcessCLI, command: str) -> None:
+    """--exact's default is chosen at run time and its help says what --no-exact does: `--help-all` adds no
+    "--no-exact turns it off." after it (which, after serve's "a request may ask with "exact": true", read as if
+    --no-exact refused exact requests)."""
+    cli_in_process.env["COLUMNS"] = "120"
+    words = " ".join(_help(cli_in_process, command, "--help-all").replace("│", " ").split())
+    assert "--no-exact: " in words
+    assert "--no-exact turns it off" not in words
+    assert "--no-kv-unified, -no-kvu turns it off" in words  # a None default whose help does not name it keeps it

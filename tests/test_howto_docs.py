@@ -223,3 +223,23 @@ def test_the_json_log_holds_no_prompt_or_answer_either(cli_env: dict[str, str]) 
     assert request and request[0]["prompt_tokens"] > 0, lines
     said = json.dumps(lines)
     assert "pomegranate" not in said and (not answer or answer not in said)
+
+
+def test_the_preset_the_page_shows_is_one_a_page_it_links_makes() -> None:
+    """bigger-engine.md's `show NAME --modelfile` names a preset that no fresh home has: the page says where it is
+    made, and that page's example makes it."""
+    page = _page("bigger-engine.md")
+    name = re.search(r"localgen show (\S+) --modelfile", page)
+    assert name, "the page shows show --modelfile"
+    assert f"(`{name[1]}` is the preset that [Presets](models.md#presets-localgen-create-cp)" in page
+    assert re.search(rf"^localgen create {name[1]} -f ", _page("models.md"), re.M)
+
+
+def test_serve_does_not_speculate_as_the_page_says(cli_in_process: InProcessCLI) -> None:
+    """bigger-engine.md: speculation is run's alone; serve has no --draft or --lookup (a usage error), run has both."""
+    assert "`localgen serve` batches its slots but does not speculate" in _page("bigger-engine.md")
+    for flag in (["--draft", "smollm2:135m"], ["--lookup"]):
+        r = cli_in_process("serve", *flag)
+        assert r.returncode == 2 and "No such option" in r.stderr, (flag, r.stderr)
+    r = cli_in_process("run", "--lookup", "--draft", "smollm2:135m", "-p", "hi", "--mmproj", "/nonexistent.gguf")
+    assert r.returncode == 2 and "No such option" not in r.stderr, r.stderr

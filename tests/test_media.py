@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, ROOT, InProcessCLI
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_mmproj import png, write_audio_mmproj, write_mmproj
@@ -95,7 +95,7 @@ def test_media_sources_and_parts(tmp_path: Path) -> None:
         media.from_url("data:image/png;base64,@@@@", allow_http=False)
     wav = media.sniff(_wav(2.5), "clip.wav")
     assert (wav.kind, wav.seconds) == ("audio", 2.5)
-    with pytest.raises(media.MediaError, match="holds WAV audio"):
+    with pytest.raises(media.MediaError, match=r"is WAV audio, where an image goes$"):
         media.part_media({"type": "image_url", "image_url": {"url": "data:audio/wav;base64,"
                                                              + base64.b64encode(_wav(1)).decode()}})
     messages, found = media.split([{"role": "user", "content": media.content("Describe.", [m])}], "<M>")
@@ -171,6 +171,79 @@ def test_bad_input_at_the_command_line(cli: CLI, mm: dict[str, Path], tmp_path: 
         assert "Traceback" not in r.stderr
 
 
+def test_attach_stdin_on_a_terminal_is_refused_at_once(cli_env: dict[str, str], mm: dict[str, Path]) -> None:
+    """`-a -` with stdin a terminal: one line and exit 2 before anything loads, not a wait for a picture typed in."""
+    import pexpect
+
+    from tests import terminal
+
+    child = terminal.spawn(dict(cli_env), ["run", "--mmproj", str(mm["proj"]), "-a", "-", "-p", "hi", "-n", "4"],
+                           timeout=60)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2, child.before
+    assert "-a - reads a picture or clip from stdin, but stdin is this terminal" in child.before
+    assert child.before.strip().count("\n") == 0, child.before
+
+
+def test_an_attachment_over_the_bound_says_how_much(tmp_path: Path) -> None:
+    """stdin is read only up to one byte past the bound: it is "larger than 64 MiB", never "64 MiB; at most 64"; a
+    file's size is known, to a tenth of a MiB."""
+    from localgen import media
+
+    with pytest.raises(media.MediaError) as e:
+        media.read("-", stdin=_Bytes(bytes(media.MAX_BYTES + 2)))
+    assert e.value.message == "stdin is larger than 64 MiB; an attachment may be at most 64 MiB", e.value.message
+    big = tmp_path / "big.png"
+    with big.open("wb") as f:
+        f.truncate(media.MAX_BYTES + 300 * 1024)  # sparse: 64.3 MiB on paper, nothing on disk
+    with pytest.raises(media.MediaError) as e:
+        media.read(str(big))
+    assert e.value.message == f"{big} is 64.3 MiB; an attachment may be at most 64 MiB", e.value.message
+
+
+def test_the_seeded_projectors_and_media_come_from_the_script_s_command_line(tmp_path: Path) -> None:
+    """media.md: `scripts/make_mmproj.py` writes both projectors the tests use, the picture and the clip, the same
+    bytes as the tests' own (seeded); a bad size is a usage error."""
+    import subprocess
+
+    from make_mmproj import wav
+
+    page = (ROOT / "docs" / "media.md").read_text(encoding="utf-8")
+    script = str(ROOT / "scripts" / "make_mmproj.py")
+    made = {"vision": (["v.gguf"], write_mmproj(tmp_path / "v0.gguf").read_bytes()),
+            "audio": (["--audio", "a.gguf"], write_audio_mmproj(tmp_path / "a0.gguf").read_bytes()),
+            "png": (["--png", "p.png"], png(96, 64)), "wav": (["--wav", "c.wav"], wav(1.5))}
+    for args, data in made.values():
+        assert f"scripts/make_mmproj.py {' '.join(args[:-1]) + ' ' if args[:-1] else ''}" in page, args
+        r = subprocess.run([sys.executable, script, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / args[-1]).read_bytes() == data, args
+    r = subprocess.run([sys.executable, script, "--png", "x.png", "--size", "96"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "--size takes WIDTHxHEIGHT" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ultravox_s_own_stack_factor_is_one_line_from_llama_cpp(cli: CLI, mm: dict[str, Path], tmp_path: Path) -> None:
+    """media.md: with Ultravox's own stack factor (8) this llama.cpp aborts on a 30-second window; localgen says so
+    in one line (`llama.cpp stopped: Invalid number of output tokens`), no trace of the abort."""
+    proj = write_audio_mmproj(tmp_path / "stack8.gguf", stack=8)
+    r = cli("run", "--mmproj", str(proj), "-a", str(mm["1.5s"]), "-p", "hi", "-n", "2")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == "localgen: error: llama.cpp stopped: Invalid number of output tokens", r.stderr
+    assert "`llama.cpp stopped: Invalid number of output tokens`" in (ROOT / "docs" / "media.md").read_text()
+
+
+def test_serve_refuses_one_projector_for_several_models_before_loading(cli_in_process: InProcessCLI,
+                                                                        mm: dict[str, Path]) -> None:
+    """`serve --mmproj` pairs a projector with *the* model: with two -m it is bad usage at once, not an error after
+    the first model (which the projector fits) has loaded."""
+    r = cli_in_process("serve", "--port", "9", "--mmproj", str(mm["proj"]), "-m", "smollm2:135m", "-m", "gemma3:270m")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("localgen: error: --mmproj pairs a projector with one model, and -m names 2")
+    assert r.stderr.count("\n") == 1 and "loading" not in r.stderr and "loaded" not in r.stderr
+
+
 def test_second_turn_does_not_encode_the_image_again(smollm2_engine: Any, mm: dict[str, Path]) -> None:
     import dataclasses
 
@@ -234,6 +307,18 @@ def test_serve_images_through_the_openai_and_ollama_clients(vserver: Any, mm: di
         "model": "smollm2:135m", "prompt": case["prompt"], "images": [base64.b64encode(pic).decode()],
         "stream": False, "options": {"temperature": 0, "num_predict": case["max_tokens"], "exact": True}})
     assert g.json()["response"] == case["text"]
+    b64 = base64.b64encode(pic).decode()
+    r = client.responses.create(  # the Responses API's input_image, and Anthropic's image block: the same answer
+        model="smollm2:135m", temperature=0, max_output_tokens=case["max_tokens"], extra_body={"exact": True},
+        input=[{"role": "user", "content": [{"type": "input_image", "image_url": url, "detail": "auto"},
+                                            {"type": "input_text", "text": case["prompt"]}]}])
+    assert r.output_text == case["text"]
+    a = httpx.post(f"{vserver.url}/v1/messages", timeout=60, json={
+        "model": "smollm2:135m", "max_tokens": case["max_tokens"], "temperature": 0, "exact": True,
+        "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+            {"type": "text", "text": case["prompt"]}]}]})
+    assert a.json()["content"][0]["text"] == case["text"], a.text
     # two at once, batched (the throughput scheduler evaluates each slot's image into its own sequence)
     import concurrent.futures
 
@@ -274,6 +359,10 @@ def test_serve_refuses_bad_media_and_stays_up(vserver: Any) -> None:
     r = httpx.post(f"{vserver.url}/api/chat", json={"model": "smollm2:135m", "stream": False, "messages": [
         {"role": "user", "content": "hi", "images": ["not base64!"]}]}, timeout=60)
     assert r.status_code == 400 and "base64" in r.text
+    r = httpx.post(f"{vserver.url}/api/chat", json={"model": "smollm2:135m", "stream": False, "messages": [
+        {"role": "user", "content": "hi", "images": [base64.b64encode(_wav(1)).decode()]}]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"].endswith("is WAV audio, where an image goes"), r.text
+    assert "image_url" not in r.text  # an Ollama client sent no image_url part
     small = base64.b64encode(png(8, 8)).decode()
     r = httpx.post(f"{vserver.url}/api/generate", json={"model": "smollm2:135m", "stream": False, "raw": True,
                                                         "prompt": "hi", "images": [small]},
@@ -290,7 +379,7 @@ def wrappable(words: str) -> str:
 
 def test_chat_attaches_images_and_keeps_them_in_the_cache(cli_env: dict[str, str], home: Path,
                                                           mm: dict[str, Path]) -> None:
-    from tests.test_chat import send, spawn
+    from tests.test_chat import PROMPT, send, spawn
 
     child = spawn(cli_env, "picchat", "--mmproj", str(mm["proj"]), "-n", "8", "--temp", "0")
     send(child, f"/image {mm['96x64']}", "will be sent with your next message")
@@ -300,6 +389,14 @@ def test_chat_attaches_images_and_keeps_them_in_the_cache(cli_env: dict[str, str
     out = send(child, "/stats", r"stop: ")
     assert "media 32 tokens" in out and "cached)" in out  # the first picture came from the KV cache
     send(child, "/audio " + str(mm["96x64"]), wrappable("is an image: use /image"))
+    spaced = mm["96x64"].with_name("my photo.png")
+    spaced.write_bytes(mm["96x64"].read_bytes())
+    send(child, "/image " + str(spaced).replace(" ", "\\ "), r"my photo\.png \(image, 96×64\) will be sent")
+    gone = str(mm["96x64"].with_name("gone.png"))
+    child.sendline(gone)  # a dropped file that is not there: not an unknown /command, nor text for the model
+    assert child.expect(["no such file", "unknown command", "tok/s"]) == 0, child.before
+    child.expect_exact(PROMPT)
+    send(child, "/detach", "dropped 1 attachment")
     child.sendline("/exit")
     child.expect(pexpect_eof())
     saved = json.loads((home / "data" / "chats" / "picchat.json").read_text())

@@ -75,6 +75,10 @@ def _webp_lossless(w: int, h: int) -> bytes:
     return b"RIFF" + struct.pack("<I", 4 + 8 + len(body)) + b"WEBPVP8L" + struct.pack("<I", len(body)) + body
 
 
+# one pixel: a two-colour table, a graphic control extension, the image, its data, the trailer
+_GIF = (b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00"
+        b"\x00\x00\x01\x00\x01\x00\x00\x02\x01D\x00;")
+
 REFUSED_PICTURES = {
     # a PNG whose 1×1 header is followed by 64 MiB of pixel data (stb_image would inflate it all)
     "PNG inflating past its header": (_png(1, 1, _zeros_deflated(64)),
@@ -99,8 +103,16 @@ REFUSED_PICTURES = {
     "BMP holding a PNG": (_bmp(64, 64, compression=5), "is a BMP holding a PNG"),
     "BMP of 2 bits a pixel": (_bmp(64, 64, bpp=2), "(2 bits a pixel, compression 0, 1 planes)"),
     "huge BMP": (_bmp(20000, 20000, rows=False), "is 20000×20000 pixels; an image may have at most 50 megapixels"),
+    "GIF cut inside its first picture": (_GIF[:30], "bomb.png is a truncated GIF: it ends inside its first picture"),
+    "GIF cut inside its colour table": (_GIF[:15], "is a truncated GIF"),
     "huge GIF": (b"GIF89a" + struct.pack("<HH", 65535, 65535) + bytes(20), "is 65535×65535 pixels"),
     "huge JPEG": (_jpeg(60000, 60000), "is 60000×60000 pixels"),
+    "JPEG of 2 megapixels but 20,000 pixels a side": (_jpeg(20000, 100), "is 20000×100 pixels; an image may have at "
+                                                                         "most 50 megapixels and 16,384 pixels a side"),
+    "BMP one pixel wider than 16,384": (_bmp(16385, 2, rows=False), "is 16385×2 pixels"),
+    "lossless JPEG": (_jpeg(64, 64, sof=0xC3), "is a JPEG of a kind localgen cannot read (lossless)"),
+    "JPEG cut short": (_jpeg(64, 64)[:-2] + bytes(40), "bomb.png is a truncated JPEG: it ends before its "
+                                                        "end-of-image marker"),
     "arithmetic-coded JPEG": (_jpeg(64, 64, sof=0xC9), "is a JPEG of a kind localgen cannot read (arithmetic-coded)"),
     "12-bit JPEG": (_jpeg(64, 64, bits=12), "is a JPEG of a kind localgen cannot read (12-bit)"),
     "WebP, with its size": (_webp_lossless(9000, 7000), "bomb.png is WebP (9000×7000 pixels), which localgen cannot "
@@ -171,6 +183,7 @@ def test_real_pictures_pass() -> None:
     assert media.sniff(_bmp(5, 5, bpp=1), "a.bmp").format == "BMP"
     assert media.sniff(_bmp(5, 5, bpp=32, compression=3, header=124), "a.bmp").format == "BMP"
     assert media.sniff(_jpeg(640, 480, sof=0xC2), "a.jpg").width == 640
+    assert media.sniff(_GIF, "a.gif").width == media.sniff(_GIF[:-1], "a.gif").width == 1  # no trailer: all there
 
 
 # ---- sounds ------------------------------------------------------------------------------------------
@@ -212,6 +225,9 @@ REFUSED_SOUNDS = {
                                                             "is 11.0 minutes of audio"),
     "WAV of a codec miniaudio cannot read": (_wav(0x55, 8000, 1, 8, bytes(100)),
                                              "clip is a WAV in a codec localgen cannot read (format 0x0055)"),
+    "WAV cut short (a download that stopped)": (_wav(1, 8000, 1, 8, bytes(8000))[:-3000],
+                                                "clip is a truncated WAV: its data chunk promises 8,000 bytes and "
+                                                "5,000 are there"),
     "FLAC longer than its limit": (_flac(8000 * 700), "is 11.7 minutes of audio"),
     "FLAC that does not give its length": (_flac(0), "clip is a FLAC that does not give its length"),
     "MP3 of more frames than ten minutes": (FRAME * 8400, "clip is more than 10.0 minutes of audio; at most 10 "
@@ -241,6 +257,9 @@ def test_real_sounds_pass_with_their_length() -> None:
     assert media.sniff(FRAME * 1000, "a.mp3").seconds == pytest.approx(72)
     assert media.sniff(_id3(100) + FRAME * 1000, "a.mp3").seconds == pytest.approx(72)
     assert media.sniff(_xing(500) + FRAME * 500, "a.mp3").seconds == pytest.approx(36)
+    streamed = bytearray(_wav(1, 8000, 1, 8, bytes(16000)))
+    streamed[-16004:-16000] = b"\xff\xff\xff\xff"  # a stream's WAV: its data's length unknown, to the end
+    assert media.sniff(bytes(streamed), "a.wav").seconds == pytest.approx(2)
 
 
 def test_a_hostile_file_costs_few_steps() -> None:

@@ -221,6 +221,20 @@ def test_an_output_ending_in_a_slash_is_a_folder(qcli: CLI, smollm2_f16: Path, t
     assert r.returncode == 2 and "is not a folder" in _one_line(r.stderr)
 
 
+def test_a_folder_made_for_a_refused_quantization_is_removed(qcli: CLI, tmp_path: Path) -> None:
+    """The folder -o DIR/ makes is for the result: a plan refused before a byte is written (here, requantizing
+    without --allow-requantize) leaves no empty folders behind, and a folder that was there is kept."""
+    top = tmp_path / "out"
+    top.mkdir()
+    r = qcli("quantize", "smollm2:135m", "Q8_0", "-o", f"{top / 'new' / 'dir'}/")
+    assert r.returncode == 1 and "--allow-requantize" in _one_line(r.stderr)
+    assert list(top.iterdir()) == []
+    (top / "kept").mkdir()
+    r = qcli("quantize", "smollm2:135m", "Q8_0", "-o", f"{top / 'kept' / 'sub'}/")
+    assert r.returncode == 1
+    assert [p.name for p in top.iterdir()] == ["kept"] and list((top / "kept").iterdir()) == []
+
+
 def _made(q: CLI) -> list[str]:
     """The files in the quantized models' folder."""
     folder = _home(q) / "data" / "quantized"

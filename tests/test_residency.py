@@ -361,3 +361,39 @@ def test_an_idle_model_writes_its_prefixes_without_a_stop(smollm2_path: Path, tm
     finally:
         loop.close()
         w.stop()
+
+
+def test_a_load_abandoned_by_every_client_counts_each_job_as_aborted() -> None:
+    """/health's aborted_jobs counts each job whose client left: a load given up because every client waiting
+    for it left fails the job that asked for it and those held back with it, each a 499, each counted once."""
+    import asyncio
+
+    from localgen.serve.jobs import Failed, Job, State
+    from localgen.serve.residency import Abandoned
+    from localgen.serve.worker import ModelWorker
+    from localgen.types import GenerationRequest, LoadParams, ModelRef
+
+    ref = ModelRef(name="m", path=str(__file__), source="path", summary=None)  # type: ignore[arg-type]
+    w = ModelWorker(ref, LoadParams(), 4, -1, 4, residency=None, pinned=False)
+    loop = asyncio.new_event_loop()
+    try:
+        jobs = [Job(GenerationRequest(prompt="x"), loop) for _ in range(3)]
+        sent: list[list[Any]] = []
+        for job in jobs:
+            w.submit(job)
+            sent.append([])
+            job.send = lambda e, send=job.send, seen=sent[-1]: (seen.append(e), send(e))  # type: ignore[method-assign]
+        jobs[1].state = jobs[2].state = State.HELD  # held back while the model yielded its room
+
+        def leave(warm: bool, wanted: Any = None) -> None:  # every client leaves while the load waits for room
+            for job in jobs:
+                job.cancelled.set()
+            raise Abandoned("nobody waits for m any more")
+
+        w.residence.__dict__["ensure"] = leave
+        w._intake(wait=False)
+        assert [[type(e).__name__ for e in s] for s in sent] == [["Failed"]] * 3
+        assert all(isinstance(s[0], Failed) and s[0].status == 499 for s in sent)
+        assert w.aborted == 3
+    finally:
+        loop.close()

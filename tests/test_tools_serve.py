@@ -191,9 +191,19 @@ def test_reasoning_never_leaks_into_content(reasoning_server: Server) -> None:
         "model": "smollm2:135m", "messages": kw["messages"], "stream": False,
         "options": {"temperature": 0, "num_predict": 24}}, timeout=60).json()["message"]
     assert r["thinking"] == reasoning and r["content"] == ""
+    g = httpx.post(f"{reasoning_server.url}/api/generate", json={
+        "model": "smollm2:135m", "prompt": kw["messages"][0]["content"], "stream": False,
+        "options": {"temperature": 0, "num_predict": 24}}, timeout=60).json()
+    assert g["thinking"] == reasoning and g["response"] == "", "Ollama's /api/generate: the thinking apart"
+    with httpx.stream("POST", f"{reasoning_server.url}/api/generate", json={
+            "model": "smollm2:135m", "prompt": kw["messages"][0]["content"],
+            "options": {"temperature": 0, "num_predict": 24}}, timeout=60) as lines:
+        pieces = [json.loads(ln) for ln in lines.iter_lines() if ln]
+    assert "".join(p.get("thinking", "") for p in pieces) == reasoning
+    assert "".join(p["response"] for p in pieces) == ""
 
 
-@pytest.mark.parametrize("api", ["openai", "anthropic", "responses", "ollama"])
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses", "ollama", "ollama-generate"])
 def test_reasoning_format_none_reaches_every_api(reasoning_server: Server, api: str) -> None:
     """llama-server's `reasoning_format: "none"` leaves the thinking in the answer's text, in every API (the
     pipeline reads it once): R1's template opens <think>, so the whole answer is what would be reasoning."""
@@ -214,6 +224,9 @@ def test_reasoning_format_none_reaches_every_api(reasoning_server: Server, api: 
                                  [o["type"] for o in d["output"] if o["type"] != "message"] or None)),
         "ollama": ("/api/chat", {"messages": ask, "options": {"num_predict": 24, "temperature": 0}},
                    lambda d: (d["message"]["content"], d["message"].get("thinking"))),
+        "ollama-generate": ("/api/generate", {"prompt": ask[0]["content"],
+                                              "options": {"num_predict": 24, "temperature": 0}},
+                            lambda d: (d["response"], d.get("thinking"))),
     }[api]
     r = httpx.post(f"{reasoning_server.url}{path}", json={**base, **body}, timeout=120)
     assert r.status_code == 200, r.text

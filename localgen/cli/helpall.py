@@ -96,8 +96,12 @@ def _readable(param: Any) -> None:
         extra.append("Also " + ", ".join(longs[1:]) + ".")
     if param.secondary_opts:  # --no-X: named in the help, not in a column of its own
         off = ", ".join(param.secondary_opts)
-        extra.append(f"On by default; {off} turns it off." if param.default is True else
-                     f"Off by default ({off})." if param.default is False else f"{off} turns it off.")
+        if param.default is True:
+            extra.append(f"On by default; {off} turns it off.")
+        elif param.default is False:
+            extra.append(f"Off by default ({off}).")
+        elif not any(o in (param.help or "") for o in param.secondary_opts):
+            extra.append(f"{off} turns it off.")  # a default of None (chosen at run time): its help tells the rest
         param.secondary_opts = []
         param.show_default = False
     if extra:

@@ -3,6 +3,7 @@ in `localgen list`; with --ladder, several types made and measured against the s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -113,28 +114,42 @@ def _cores() -> int:
     return hardware.usable_cores()
 
 
-def target(base: str, type_name: str, output: str | None) -> tuple[Path, str | None]:
-    """Where a result goes and its model name (None for a file of the user's, -o). A name ending in a slash is a
-    folder, made where it is not there."""
+def target(base: str, type_name: str, output: str | None) -> tuple[Path, str | None, Path | None]:
+    """Where a result goes, its model name (None for a file of the user's, -o) and the outermost folder made for
+    it (None where none was). A name ending in a slash is a folder, made where it is not there."""
     from localgen.models import quantized
 
     if output is not None:
         out = Path(output).expanduser()
+        made = None
         if output.endswith(("/", os.sep)) and not out.is_dir():
             if out.exists():
                 raise UsageError(f"{out} is not a folder")
+            made = out
+            while not made.parent.exists():
+                made = made.parent
             try:
                 out.mkdir(parents=True)
             except OSError as e:
                 raise UsageError(f"cannot make the folder {out}: {e.strerror}") from None
         if out.is_dir():
             out = out / f"{base}-{type_name}.gguf"
-        return out, None
+        return out, None, made
     name = quantized.name_of(base, type_name)
     quantized.check_free(name)
     folder = quantized.folder()
     folder.mkdir(parents=True, exist_ok=True)
-    return quantized.path_for(name), name
+    return quantized.path_for(name), name, None
+
+
+def _unmake(folder: Path, made: Path) -> None:
+    """Remove the empty folders target() made, from `folder` up to `made`, so a refused plan leaves nothing."""
+    with contextlib.suppress(OSError):
+        while True:
+            folder.rmdir()
+            if folder == made:
+                return
+            folder = folder.parent
 
 
 def make(src: Path, type_text: str, base: str, output: str | None, opts: Any) -> Any:
@@ -147,8 +162,13 @@ def prepare(src: Path, type_text: str, base: str, output: str | None, opts: Any)
     from localgen.quant import quantize as q
 
     type_name, _ = q.parse_type(type_text)
-    out, model_name = target(base, type_name.lower(), output)
-    return q.plan(src, type_name, out, opts), model_name
+    out, model_name, made = target(base, type_name.lower(), output)
+    try:
+        return q.plan(src, type_name, out, opts), model_name
+    except BaseException:
+        if made is not None:
+            _unmake(out.parent, made)
+        raise
 
 
 def run_job(job: Any, model_name: str | None) -> Any:
@@ -207,7 +227,7 @@ def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_
     err = ErrWriter()
     jobs: list[tuple[str, Any]] = []  # (model name, its planned job; None: made earlier, kept)
     for t in types:
-        out, model_name = target(base, t.lower(), None)
+        out, model_name, _ = target(base, t.lower(), None)
         assert model_name is not None
         jobs.append((model_name, None if out.exists() and not opts.force else prepare(src, t, base, None, opts)[0]))
     q.check_space_together([job for _, job in jobs if job is not None])

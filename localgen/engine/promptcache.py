@@ -38,7 +38,7 @@ def cache_root() -> Path:
 
 
 def cap_bytes() -> int:
-    """The size cap (LOCALGEN_PROMPT_CACHE_MB, default 4096; 0 keeps nothing); a UsageError for a value that is
+    """The size cap (LOCALGEN_PROMPT_CACHE_MB, default 4096; 0 turns the cache off); a UsageError for a value that is
     not a whole number of megabytes, 0 or more (run and chat check it before anything loads)."""
     value = os.environ.get(CAP_ENV, "").strip()
     if not value:

@@ -6,6 +6,7 @@ when the client leaves."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -14,7 +15,7 @@ from starlette.routing import Route
 
 from localgen.errors import LocalgenError
 from localgen.serve.apierror import HTTPError, http_error
-from localgen.serve.ask import flag, one_of
+from localgen.serve.ask import flag, keep_alive, one_of
 from localgen.serve.jobs import EmbedJob, Failed
 from localgen.serve.jsonbody import read_json
 from localgen.serve.pipeline import CHARS_PER_TOKEN, check_prompt_size
@@ -33,8 +34,8 @@ def routes(state: ServeState) -> list[Route]:
         body = await read_json(request)
         worker = state.worker(body.get("model"))
         fmt = one_of(body.get("encoding_format", "float"), ("float", "base64"), "encoding_format")
-        vectors = await embed(worker, embed_inputs(body.get("input")), dimensions(body.get("dimensions")),
-                              http=request)
+        vectors = (await embed(worker, embed_inputs(body.get("input")), dimensions(body.get("dimensions")),
+                               http=request)).values
         from localgen.embeddings.store import b64
 
         data = [{"object": "embedding", "index": i, "embedding": v.vector if fmt == "float" else b64(v.vector)}
@@ -59,7 +60,7 @@ def routes(state: ServeState) -> list[Route]:
             raise HTTPError(400, "`top_n` must be a positive integer", param="top_n")
         keep = flag(body, "return_documents")
         # documents are cut to fit beside the query; one with no room left is a 400 (embed.py QueryTooLong)
-        scored = await embed(worker, docs, None, True, query=query, http=request)
+        scored = (await embed(worker, docs, None, True, query=query, http=request)).values
         order = sorted(range(len(docs)), key=lambda i: -scored[i][0])[:top]
         results = [{"index": i, "relevance_score": scored[i][0], **({"document": {"text": docs[i]}} if keep else {})}
                    for i in order]
@@ -73,17 +74,23 @@ def routes(state: ServeState) -> list[Route]:
         worker = state.worker(body.get("model"))
         truncate = flag(body, "truncate", default=True)
         t0 = time.perf_counter()
-        vectors = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), truncate, http=request)
-        return JSONResponse({"model": worker.name, "embeddings": [v.vector for v in vectors],
-                             "total_duration": int((time.perf_counter() - t0) * NS), "load_duration": 0,
-                             "prompt_eval_count": sum(v.tokens for v in vectors)})
+        done = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), truncate, http=request,
+                           keep=keep_alive(body.get("keep_alive"), "keep_alive"))
+        return JSONResponse({"model": worker.name, "embeddings": [v.vector for v in done.values],
+                             "total_duration": int((time.perf_counter() - t0) * NS),
+                             "load_duration": int(done.load_s * NS),
+                             "prompt_eval_count": sum(v.tokens for v in done.values)})
 
     async def ollama_embeddings(request: Request) -> Response:
         """/api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
         body = await read_json(request)
         worker = state.worker(body.get("model"))
-        vectors = await embed(worker, embed_inputs(body.get("prompt"), "prompt"), None, True, http=request)
-        return JSONResponse({"embedding": vectors[0].vector})
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):  # one text, one vector: a list would be embedded whole for its first
+            raise HTTPError(400, "`prompt` must be a string (one text; /api/embed takes several)", param="prompt")
+        done = await embed(worker, embed_inputs(prompt, "prompt"), None, True, http=request,
+                           keep=keep_alive(body.get("keep_alive"), "keep_alive"))
+        return JSONResponse({"embedding": done.values[0].vector})
 
     return [Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/v1/rerank", rerank, methods=["POST"]),
             Route("/rerank", rerank, methods=["POST"]), Route("/api/embed", ollama_embed, methods=["POST"]),
@@ -109,16 +116,25 @@ def dimensions(raw: object) -> int | None:
     return raw
 
 
+@dataclass(frozen=True)
+class Embedded:
+    """An embedding job's result: the Embeddings (or (score, tokens) pairs), and the seconds it spent loading
+    the model (0 when it was loaded)."""
+
+    values: list[Any]
+    load_s: float
+
+
 async def embed(worker: Served, texts: list[str], dimensions: int | None = None, truncate: bool = False,
-                query: str | None = None, http: Request | None = None) -> list[Any]:
+                query: str | None = None, http: Request | None = None, keep: float | None = None) -> Embedded:
     """Embed (or with a query, rerank) on the worker's thread, a slice at a time between decoding steps; the
-    Embeddings (or (score, tokens) pairs), or an HTTPError. A client that disconnects (`http`) or a handler
-    cancelled stops the job at its next slice."""
+    result, or an HTTPError. A client that disconnects (`http`) or a handler cancelled stops the job at its
+    next slice. `keep`: Ollama's keep_alive, applied once the job ends."""
     import asyncio
 
     for t in texts:
         check_prompt_size(worker, [t])
-    job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate, query)
+    job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate, query, keep_alive=keep)
     try:
         worker.submit(job)
     except LocalgenError as e:
@@ -132,4 +148,4 @@ async def embed(worker: Served, texts: list[str], dimensions: int | None = None,
         job.cancelled.set()  # a no-op once done; stops the job at its next slice when the handler was cancelled
     if isinstance(result, Failed):
         raise http_error(result)
-    return list(result)
+    return Embedded(list(result), job.load_s)

@@ -135,7 +135,7 @@ def messages(raw: Any, allow_urls: bool = False,
                     url = inner.get("url") if isinstance(inner, dict) else inner
                     if fetched and isinstance(url, str) and url in fetched:
                         if fetched[url].kind != "image":
-                            raise HTTPError(400, f"an image_url part holds {fetched[url].format} audio",
+                            raise HTTPError(400, f"{url} is {fetched[url].format} audio, where an image goes",
                                             param="messages")
                         parts.append(fetched[url].part())
                         continue

@@ -171,6 +171,8 @@ class EmbedJob:
     dimensions: int | None = None
     truncate: bool = False
     query: str | None = None  # set: score each text as a document for this query (a reranker)
+    keep_alive: float | None = None  # seconds the model stays loaded after this job (Ollama's keep_alive)
+    load_s: float = 0.0  # time spent loading the model for this job
     result: asyncio.Future[list[Any] | Failed] = field(init=False)  # Embeddings or (score, tokens) pairs
     on_end: Callable[[], None] | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)  # the client left: stop between slices

@@ -102,7 +102,7 @@ async def load(state: ServeState, request: Request, chat: bool) -> Response | No
         return None
     worker = state.worker(body.get("model"))
     ttl = keep_alive(body.get("keep_alive"), "keep_alive")
-    if ttl is not None:
+    if ttl:  # 0 unloads this once: the model keeps its keep-alive for when it loads again
         worker.keep_alive = ttl
     if ttl == 0:  # the worker thread unloads once its jobs end; an idle one at once
         unloaded = worker.request_unload()
@@ -145,8 +145,8 @@ class _Encoder:
     def said(self, pieces: list[Said]) -> list[bytes]:
         if not pieces:
             return []
-        text = {"message": _message(pieces)} if self.chat else {"response": "".join(
-            p.text for p in pieces if isinstance(p, Piece))}
+        message = _message(pieces)
+        text = {"message": message} if self.chat else _generated(message)
         return [_line({**_head(self.model), **text, "done": False})]
 
     def failed(self, e: HTTPError) -> list[bytes]:  # after the first token: Ollama's client raises it
@@ -159,12 +159,17 @@ class _Encoder:
         return self._final(c, job, _message(parts(answer) if answer else [Piece("content", c.text)]))
 
     def _final(self, c: Completion, job: Job, message: dict[str, Any]) -> dict[str, Any]:
-        said = {"message": message} if self.chat else {"response": message["content"]}
+        said = {"message": message} if self.chat else _generated(message)
         return {**_head(self.model), **said, "done": True,
                 "done_reason": "length" if c.finish_reason in ("length", "context") else "stop",
                 "total_duration": int((time.perf_counter() - job.enqueued) * NS), "load_duration": int(job.load_s * NS),
                 "prompt_eval_count": c.prompt_tokens, "prompt_eval_duration": int(c.prompt_s * NS),
                 "eval_count": c.completion_tokens, "eval_duration": int(c.decode_s * NS)}
+
+
+def _generated(message: dict[str, Any]) -> dict[str, Any]:
+    """/api/generate's words for an answer: `response`, and the model's reasoning apart in `thinking`."""
+    return {"response": message["content"], **({"thinking": message["thinking"]} if "thinking" in message else {})}
 
 
 def _head(model: str) -> dict[str, Any]:

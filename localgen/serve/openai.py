@@ -67,33 +67,36 @@ class Completions:
             raise HTTPError(400, "only n=1 is supported: send the request n times (they run in parallel slots)",
                             param="n")
         logprobs = None
-        if flag(body, "logprobs") if self.chat else body.get("logprobs"):  # /v1/completions: a count
+        count = body.get("logprobs")  # /v1/completions: a count, and 0 (the chosen tokens alone) asks too
+        if flag(body, "logprobs") if self.chat else count is not None and count is not False:
             top = body.get("top_logprobs") if self.chat else body.get("logprobs")
             top = 0 if top is True or top is None else top  # null: OpenAI's default, none
             if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
                 field = "top_logprobs" if self.chat else "logprobs"  # /v1/completions: logprobs is the count
                 raise HTTPError(400, f"{field} must be an integer from 0 to 20", param=field)
             logprobs = top
-        effort = body.get("reasoning_effort")
+        effort = one_of(body.get("reasoning_effort"), REASONING_EFFORTS, "reasoning_effort")
         common: dict[str, Any] = dict(
             values=sampling_values(body, "openai"),
             schema=_response_format(body.get("response_format")),
             logprobs=logprobs, exact=flag(body, "exact"), stream=flag(body, "stream"),
-            keep_alive=keep_alive(body.get("ttl"), "ttl"), effort=effort if isinstance(effort, str) else None)
+            keep_alive=keep_alive(body.get("ttl"), "ttl"), effort=effort)
         if self.chat:
-            one_of(effort, REASONING_EFFORTS, "reasoning_effort")
             return Ask(messages=body.get("messages"), template_vars=_template_vars(body.get("chat_template_kwargs")),
                        thinking=None if effort is None else effort not in ("none", "minimal"),
                        tools=body.get("tools"), tool_choice=body.get("tool_choice"),
                        parallel_tool_calls=flag(body, "parallel_tool_calls", default=True),
                        split_reasoning=split_reasoning(body), **common)
+        if body.get("tools"):  # a raw prompt has no template to offer them in: refused, never dropped silently
+            raise HTTPError(400, "`tools` need a chat: send them to /v1/chat/completions", param="tools")
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise HTTPError(400, "`prompt` must be a string (one prompt per request)", param="prompt")
-        if flag(body, "echo") or body.get("suffix"):
-            raise HTTPError(400, "`echo` and `suffix` are not supported", param="echo")
+        for key in ("echo", "suffix"):
+            if flag(body, key) if key == "echo" else body.get(key):
+                raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
         return Ask(prompt=prompt, chat=False, **common)
 
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> _Encoder:

@@ -97,7 +97,9 @@ async def handle(state: ServeState, http: Request, api: Api) -> Response:
     plan = await tool_plan(worker, ask.tools, ask.tool_choice, ask.parallel_tool_calls) if ask.chat else None
     request = apply_plan(plan, request)
     encoder = api.encoder(body, ask, Made(worker.name, request, said))
-    answer = stream_for(worker, plan, request, ask.split_reasoning) if ask.chat else None
+    # the answer stage reads a chat's answer, and a prompt put through the chat template (Ollama's /api/generate:
+    # its thinking apart, in `thinking`); a raw prompt's text is given as it is
+    answer = stream_for(worker, plan, request, ask.split_reasoning) if ask.chat or request.messages else None
     try:
         if not ask.stream:
             watch = stream_for(worker, plan, request, ask.split_reasoning) if plan is not None else None

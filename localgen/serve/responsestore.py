@@ -166,18 +166,16 @@ def routes(store: ResponseStore) -> list[Route]:
     def not_found(ident: str) -> HTTPError:
         return HTTPError(404, f"Response with id '{ident}' not found.", "invalid_request_error", "response_id")
 
-    async def get(request: Request) -> Response:
+    async def stored(request: Request) -> Response:
         ident = request.path_params["id"]
+        if request.method == "DELETE":
+            if not await asyncio.to_thread(store.delete, ident):
+                raise not_found(ident)
+            return JSONResponse({"id": ident, "object": "response.deleted", "deleted": True})
         found = await asyncio.to_thread(store.load, ident)
         if found is None:
             raise not_found(ident)
         return JSONResponse(found.response)
 
-    async def delete(request: Request) -> Response:
-        ident = request.path_params["id"]
-        if not await asyncio.to_thread(store.delete, ident):
-            raise not_found(ident)
-        return JSONResponse({"id": ident, "object": "response.deleted", "deleted": True})
-
-    return [Route("/v1/responses/{id}", get, methods=["GET"]), Route("/v1/responses/{id}", delete,
-                                                                        methods=["DELETE"])]
+    # one route for both methods, so that another method's 405 names them both in `Allow`
+    return [Route("/v1/responses/{id}", stored, methods=["GET", "DELETE"])]

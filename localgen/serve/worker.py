@@ -277,7 +277,8 @@ class ModelWorker:
             elif bool(self._yield_to) and self.loaded:
                 advance(job, State.HELD)
             elif (failure := self._load_for(job)) is not None:  # those held back fail the same way, rather
-                for held in (job, *self._jobs(State.HELD)):  # than each wait again
+                for held in (job, *(h for h in self._jobs(State.HELD) if h is not job)):  # than each wait again
+                    self.aborted += failure.status == 499  # a load abandoned: every client had left
                     held.send(failure)
             elif isinstance(job, EmbedJob):
                 self._admit(job, functools.partial(task, self.residence.backend, job.id, job))
@@ -350,6 +351,7 @@ class ModelWorker:
             else:
                 assert isinstance(job, EmbedJob), "a task's result"
                 job.send(out.value)
+                self._keep(job.keep_alive)
         if sched.idle:
             self.residence.rested()
 
@@ -369,8 +371,15 @@ class ModelWorker:
             job.send(Failed(499, "cancelled"))
         else:  # it ended by itself, or on its handler's word (Job.finish)
             job.send(Done(c if c.finish_reason != "cancelled" else dataclasses.replace(c, finish_reason="stop")))
-        if job.keep_alive is not None:
-            self.residence.keep_alive = job.keep_alive
+        self._keep(job.keep_alive)
+
+    def _keep(self, keep_alive: float | None) -> None:
+        """A job's keep-alive, once it has ended: 0 unloads the model once nothing runs (its keep-alive stays
+        for when it loads again); another sets it."""
+        if keep_alive == 0:
+            self.request_unload()
+        elif keep_alive is not None:
+            self.residence.keep_alive = keep_alive
 
     def _load_for(self, job: Job | EmbedJob) -> Failed | None:
         """Load the model if it is not loaded; why it cannot be, as the job's event (not sent yet)."""
@@ -379,13 +388,11 @@ class ModelWorker:
                 t0 = time.perf_counter()
                 was_loaded = self.loaded
                 self.residence.ensure(warm=threading.current_thread() is self.thread, wanted=self._wanted)
-                if isinstance(job, Job):
-                    job.load_s = 0.0 if was_loaded else time.perf_counter() - t0
+                job.load_s = 0.0 if was_loaded else time.perf_counter() - t0
             return None
         except NoRoom as e:
             return Failed(503, e.message)
-        except Abandoned:
-            self.aborted += 1
+        except Abandoned:  # counted with each job it fails (_intake)
             return Failed(499, "the client went away")
         except LocalgenError as e:
             return Failed(500, f"cannot load {self.name}: {e.message}")

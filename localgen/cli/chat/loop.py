@@ -4,6 +4,7 @@ saving after each turn."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -310,6 +311,10 @@ def attach_dropped(text: str, runner: Any, view: ChatView) -> bool:
     path = media.dropped_path(text)
     if path is None:
         return False
+    if not path.is_file():
+        if re.match(r"/[a-z]+(\s|$)", text.strip()):  # /image a.png: a command, for the commands
+            return False
+        raise media.MediaError(f"no such file: {path}")  # a dropped file gone: not an unknown /command, nor text
     found = media.read(str(path))
     attach_media(runner, view, found)
     view.info(f"attached {found.label()}: it goes with your next message (/detach drops it)")

@@ -141,7 +141,7 @@ def _media(kind: str) -> Handler:
 
         if not arg:
             raise UsageError(f"usage: /{kind} FILE (or an http(s) URL)")
-        found = media.read(arg.strip().strip("'\""))
+        found = media.read(media.typed_path(arg))
         if found.kind != kind:
             raise UsageError(f"{arg} is {'audio' if found.kind == 'audio' else 'an image'}: use /{found.kind}")
         attach_media(runner, view, found)

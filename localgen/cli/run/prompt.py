@@ -24,6 +24,9 @@ def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tupl
         raise UsageError(f"images and audio (--image, -a) cannot be combined with {', '.join(dropped)}")
     if attach.count("-") > 1:
         raise UsageError("stdin can be read once: give -a - only once")
+    if "-" in attach and sys.stdin is not None and not sys.stdin.closed and sys.stdin.isatty():
+        raise UsageError("-a - reads a picture or clip from stdin, but stdin is this terminal",
+                         hint="pipe the file in: `-a - < photo.jpg`, or give its path: `-a photo.jpg`")
     from localgen import media as readers
 
     out = []

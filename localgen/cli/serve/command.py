@@ -135,6 +135,11 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     o.refuse_empty(*(("--cors", origin) for origin in listen.cors or ()))
     if fetching.allow_private_urls and not fetching.allow_image_urls:
         raise UsageError("--allow-private-urls needs --allow-image-urls (without it no URL is fetched)")
+    named = list(dict.fromkeys(f.models or []))
+    if f.mmproj and len(named) > 1:  # refused before any loads, not after the first model that it fits
+        raise UsageError(f"--mmproj pairs a projector with one model, and -m names {len(named)}",
+                         hint="serve the model it belongs to with it alone; a vision model from the catalogue "
+                              "brings its own projector")
     key = _api_key(f)
     try:
         keep = parse_duration(f.residency.keep_alive)
