@@ -887,6 +887,11 @@ def test_a_key_a_browser_cannot_send_is_refused_in_the_prompt(browser: Any, serv
     page.click("#settings-form button[type=submit]")  # the browser's own check holds the form
     assert page.evaluate("document.getElementById('seed').validity.rangeUnderflow")
     assert page.is_visible("#settings")
+    page.click("#settings-cancel")
+    page.select_option("#model", "gemma3:270m")  # the model picked last is this browser's pick for a new chat
+    page.goto(t.url)
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert page.input_value("#model") == "gemma3:270m"
     t.close()
 
 
