@@ -80,9 +80,8 @@ async function errorOf(response) {
   const status = response.status;
   message = message || response.statusText || "no reason given";
   if (status === 401) return new ApiError(`The server refused the key: ${message}`, "auth", status);
-  if (status === 413 || /context window|slot's window/.test(message)) {
-    return new ApiError(message, "context", status);
-  }
+  if (/context window|slot's window/.test(message)) return new ApiError(message, "context", status);
+  // any other 413 is the body over serve's --max-body (pictures, mostly), not the model's window
   return new ApiError(`${message} (HTTP ${status})`, "refused", status);
 }
 
