@@ -625,7 +625,8 @@ def test_images_go_to_a_model_that_takes_them_and_errors_are_clear(tab: Tab, ser
 
 def test_a_request_over_the_body_limit_is_not_called_too_long_for_the_window(tab: Tab) -> None:
     """Pictures that make the request larger than serve's --max-body (16 MiB by default) get the server's own
-    reason, which names the flag, with its status: not the advice for a conversation past the model's window."""
+    reason, which names the flag, with its status and what to do: not the advice for a conversation past the
+    model's window."""
     page = tab.open()
     settings(page, max_tokens=4)
     big = b"\x89PNG\r\n\x1a\n" + bytes(6 << 20)  # three of these are 24 MiB once in base64
@@ -633,7 +634,8 @@ def test_a_request_over_the_body_limit_is_not_called_too_long_for_the_window(tab
         {"name": f"p{k}.png", "mimeType": "image/png", "buffer": big} for k in range(3)])
     page.wait_for_function("() => document.querySelectorAll('#attachments img').length === 3")
     note = ask(page, "Three pictures.").locator(".note").inner_text()
-    assert note == "the request body is over the limit of 16,777,216 bytes (serve --max-body) (HTTP 413)", note
+    assert note == ("the request body is over the limit of 16,777,216 bytes (serve --max-body) (HTTP 413). Each "
+                    "message sends the conversation's pictures again: start a new chat to send fewer."), note
 
 
 def test_markdown_becomes_nodes_never_html(tab: Tab) -> None:

@@ -391,6 +391,7 @@ function noteOf(m) {
     const advice = {
       network: " Your messages are kept: press Regenerate once the server is back.",
       interrupted: " Press Regenerate to ask again.",
+      size: " Each message sends the conversation's pictures again: start a new chat to send fewer.",
       context: " Start a new chat, or edit an earlier message to branch off with less.",
     }[m.error.kind] || "";
     const what = m.error.kind === "context" ? "Too long for the model's window: " : "";

@@ -150,7 +150,7 @@ export function imported(doc) {
   return conv;
 }
 
-const ERRORS = new Set(["network", "interrupted", "auth", "context", "refused"]);
+const ERRORS = new Set(["network", "interrupted", "auth", "context", "size", "refused"]);
 
 /** What an answer of an export says besides its text: its reasoning, model, stats, and the note under it
  * (stopped, cut at max_tokens, edited, or the error it met), checked, so that it reads as it did. */
