@@ -161,6 +161,28 @@ def gpus() -> list[GPU]:
     return found
 
 
+def why_no_gpu() -> str:
+    """Why gpus() found none, in a few words: no nvidia-smi, or what the nvidia-smi there said when it failed
+    (a driver not loaded says so there), or that it listed none."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return "no nvidia-smi; not Apple Silicon"
+    try:
+        r = subprocess.run([exe, "--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=5)
+    except subprocess.TimeoutExpired:
+        return f"{exe} did not answer in 5 s"
+    except OSError as e:
+        return f"{exe} cannot run: {e.strerror or e}"
+    said = next((line.strip() for line in (r.stderr + "\n" + r.stdout).splitlines() if line.strip()), "")
+    if r.returncode:
+        return f"{exe} failed (exit {r.returncode})" + (f": {said[:200]}" if said else "")
+    return f"{exe} lists no GPU with its memory" + (f" ({said[:200]})" if said else "")
+
+
 def cpu_name() -> str:
     """The CPU model name, where the OS tells."""
     import platform

@@ -516,6 +516,8 @@ def rpc_servers(text: str | None) -> tuple[str, ...]:
     """--rpc's servers (HOST:PORT,...), each checked for its shape and port range before anything connects or
     loads: a usage error otherwise. The host has no colon, as llama.cpp's own parser splits at the first."""
     servers = tuple(x.strip() for x in str(text or "").split(",") if x.strip())
+    if text is not None and not servers:  # `--rpc ""` is never taken for the flag left out
+        raise UsageError(f"--rpc {text!r} names no server", hint="give HOST:PORT[,HOST:PORT...], or leave it out")
     for server in servers:
         host, _, port = server.rpartition(":")
         if not host or ":" in host or not (port.isascii() and port.isdigit()):

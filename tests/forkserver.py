@@ -100,7 +100,7 @@ def serve(path: str) -> dict[str, Any]:
         for key, _ in watch.select():
             if key.fileobj is listener:
                 conn, _ = listener.accept()
-                data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+                data, fds = read_request(conn)
                 why = other_threads()
                 if why is not None:
                     for fd in fds:
@@ -126,6 +126,15 @@ def serve(path: str) -> dict[str, Any]:
                 _, status = os.waitpid(pid, 0)
                 with conn, contextlib.suppress(OSError):  # a caller that went without waiting for it
                     conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+def read_request(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """A request whole: its first piece carries the descriptors, and a long one (a large argument) comes in
+    several pieces, up to the caller's half-close."""
+    data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+    while data and len(data) <= MAX_REQUEST and (more := conn.recv(MAX_REQUEST)):
+        data += more
+    return data, fds
 
 
 def start_child(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
@@ -198,7 +207,10 @@ class ForkServer:
             conn.connect(self.path)
             request = {"argv": argv, "env": env, "cwd": str(cwd or self.cwd), "cpus": sorted(os.sched_getaffinity(0)),
                        "sigint": sigint, "tty": tty}
-            socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
+            payload = json.dumps(request).encode()
+            sent = socket.send_fds(conn, [payload], list(fds))
+            conn.sendall(payload[sent:])  # a long request does not go in one piece
+            conn.shutdown(socket.SHUT_WR)  # the request ends here; the replies still come back
         except BaseException:
             conn.close()
             raise

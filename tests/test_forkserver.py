@@ -52,6 +52,14 @@ def test_a_forked_child_is_what_a_started_interpreter_is(forks: ForkServer, cli_
     assert forked.stderr == real.stderr == ("" if how == "TERM" else "atexit ran\n")
 
 
+def test_a_long_argument_reaches_the_forked_child_whole(forks: ForkServer, cli_env: dict[str, str]) -> None:
+    """A request larger than one socket read (a 300,000-character argument, as a long `-p`) arrives whole."""
+    long = "word " * 60_000
+    forked = forks.run(["0", long], cli_env, "", 60, module="tests.forkprobe")
+    assert forked.returncode == 0, forked.stderr
+    assert seen(forked)["argv"] == ["0", long]
+
+
 def test_a_forked_child_has_the_callers_cpus(forks: ForkServer, cli_env: dict[str, str]) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, cpus[:1])

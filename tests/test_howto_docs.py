@@ -131,6 +131,29 @@ def test_the_ci_pages_exit_codes(cli: CLI, tmp_path: Path) -> None:
     assert r.returncode == 1 and len(lines) == 2 and "text" in lines[0] and "error" in lines[1], r.stdout
 
 
+def test_offline_by_the_ci_pages_variable_says_to_unset_it(cli: CLI) -> None:
+    """ci.md sets LOCALGEN_OFFLINE=1: a model not on disk then says to pull with that unset (there is no
+    --offline to leave out); HF_HUB_OFFLINE, which localgen honours too, is named when it is the cause."""
+    env = {k: v for k, v in cli.env.items() if k != "HF_HUB_OFFLINE"}
+    for extra, how in (({"LOCALGEN_OFFLINE": "1"}, "pull with LOCALGEN_OFFLINE unset)"),
+                       ({"HF_HUB_OFFLINE": "1"}, "pull with HF_HUB_OFFLINE unset)")):
+        for args in (("run", "-m", "qwen2.5:0.5b", "-p", "hi"), ("pull", "qwen2.5:0.5b")):
+            r = CLI({**env, **extra})(*args)
+            assert r.returncode == 1 and r.stderr.strip().endswith(how), (extra, args, r.stderr)
+    r = CLI(env)("run", "-m", "qwen2.5:0.5b", "-p", "hi", "--offline")
+    assert r.returncode == 1 and r.stderr.strip().endswith("pull without --offline)"), r.stderr
+
+
+def test_the_wheel_cache_is_where_the_ci_page_says() -> None:
+    """ci.md: the install keeps the wheel in ~/.cache/localgen/llama-wheels/, which LOCALGEN_WHEEL_CACHE and
+    XDG_CACHE_HOME move: what scripts/install.sh reads, in that order."""
+    page = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
+    assert ("`~/.cache/localgen/llama-wheels/` (`LOCALGEN_WHEEL_CACHE` moves it, and so does `XDG_CACHE_HOME`)"
+            in page.replace("\n", " "))
+    script = (ROOT / "scripts" / "install.sh").read_text(encoding="utf-8")
+    assert "wheels=${LOCALGEN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/localgen/llama-wheels}/" in script
+
+
 def test_the_ci_pages_exit_code_for_nothing_to_go_on_with(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
     """ci.md's table: `run --continue` and `chat --resume` in a home with no conversation yet, and a `--cid` or
     `--resume NAME` that names none, are errors (1), not bad usage."""

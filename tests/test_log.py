@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI
+from tests.conftest import CLI, InProcessCLI
 
 N = ["-n", "6", "--temperature", "0"]
 
@@ -87,6 +87,22 @@ def test_continue_sends_the_earlier_turns(lcli: CLI) -> None:
     assert r.returncode == 1 and "no conversation 'nonexistent'" in r.stderr and r.stderr.count("\n") == 1
     r = lcli("run", "--continue", "--raw", "hi")
     assert r.returncode == 2 and "cannot be combined with --raw" in r.stderr
+
+
+def test_logs_json_before_anything_is_logged_is_an_empty_array(lcli: CLI) -> None:
+    for args in ((), ("-q", "word"), ("--cid", "abc")):
+        r = lcli("logs", "--json", *args)
+        assert r.returncode == 0 and json.loads(r.stdout) == [] and "nothing is logged yet" in r.stderr, r
+
+
+@pytest.mark.parametrize("args", [("logs", "-q", "a\udcffb"), ("logs", "-m", "a\udcffb"), ("logs", "--cid", "a\udcffb"),
+                                  ("run", "--cid", "a\udcffb", "hi")])
+def test_a_filter_or_id_that_is_not_utf8_is_a_usage_error(cli_in_process: InProcessCLI, args: tuple[str, ...]) -> None:
+    """Bytes that are not UTF-8 (a lone surrogate in Python's argv) are one line, exit 2, not SQLite's traceback."""
+    r = cli_in_process(*args)
+    flag = args[-2] if args[0] == "logs" else "--cid"
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"localgen: error: {flag} is not valid UTF-8 text: byte 0xff at character 2 is not UTF-8\n"
 
 
 def test_continue_with_an_empty_log_is_an_error_as_chat_resume_is(lcli: CLI) -> None:
@@ -178,9 +194,148 @@ def test_a_damaged_or_unwritable_log_never_stops_an_answer(lcli: CLI) -> None:
     assert r.stderr.count("\n") == 1 and "the log at" in r.stderr and "this answer was not logged" in r.stderr
     bad = lcli("logs")
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.endswith("is unusable: file is not a database (move it away, and the next run starts a new "
+                               "log)\n"), bad.stderr
+    resumed = lcli("chat", "--resume", "some-id", input="hi\n")  # not "no conversation": the log cannot tell
+    assert resumed.returncode == 1 and "is unusable: file is not a database" in resumed.stderr, resumed.stderr
     assert db.read_bytes().startswith(b"this is not a database"), "the damaged file is left as it was"
     db.unlink()
     db.parent.rmdir()
     db.parent.write_text("a file where the log's folder should be")  # nothing can be written there
     r = lcli("run", "Third.", *N)
     assert r.returncode == 0 and r.stdout.strip() and "this answer was not logged" in r.stderr
+
+
+def test_a_chat_with_a_damaged_log_warns_once_and_answers_every_turn(lcli: CLI) -> None:
+    """A chat meets the log on every turn: one warning (not an error line a turn), every answer, exit 0."""
+    db = _db(lcli)
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"this is not a database, just some bytes " * 100)
+    r = lcli("chat", *N, input="Hi.\nName a fruit.\nName a colour.\n")
+    assert r.returncode == 0, r.stderr
+    assert len([line for line in r.stdout.splitlines() if line.strip()]) >= 3, "every turn was answered"
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("warning: the log at "), r.stderr
+    assert "this answer was not logged (nor are the chat's later answers while this lasts)" in r.stderr
+    assert db.read_bytes().startswith(b"this is not a database"), "the damaged file is left as it was"
+
+
+def _half_made(db: Path, keep: str) -> None:
+    """The log as a first write leaves it when the disk fills up part of the way through making it: an empty
+    file, the table alone, or the full-text table with one of its three triggers; user_version still 0."""
+    db.parent.mkdir(parents=True)
+    db.touch()
+    if keep == "empty file":
+        return
+    import sqlite_utils
+
+    from localgen.log import store
+
+    with sqlite3.connect(db) as conn:
+        sqlite_utils.Database(conn).table("responses").create(store.COLUMNS, pk="id")  # one statement: whole
+        if keep == "full-text table and one trigger":
+            conn.execute("CREATE VIRTUAL TABLE responses_fts USING FTS5 (prompt, response, content=[responses])")
+            conn.execute("CREATE TRIGGER responses_ai AFTER INSERT ON responses BEGIN INSERT INTO responses_fts "
+                         "(rowid, prompt, response) VALUES (new.rowid, new.prompt, new.response); END")
+    conn.close()
+
+
+@pytest.mark.parametrize("keep", ["empty file", "table", "full-text table and one trigger"])
+def test_a_log_whose_first_write_stopped_half_way_is_empty_and_the_next_run_finishes_it(lcli: CLI, keep: str) -> None:
+    """A first run on a disk that filled up leaves the log half made: `logs` shows an empty log (not an error),
+    and once there is room the next run makes the rest and is logged, searchable, as every later one."""
+    db = _db(lcli)
+    _half_made(db, keep)
+    shown = lcli("logs")
+    assert shown.returncode == 0 and shown.stderr == "the log holds no exchange yet\n", shown.stderr
+    status = lcli("logs", "status")
+    assert status.returncode == 0 and "· 0 exchanges" in status.stdout, status.stderr
+    assert lcli("logs", "--json").stdout.strip() == "[]"
+    r = lcli("run", "--cid", "abc", "hi")
+    assert r.returncode == 1 and "the log has no conversation 'abc'" in r.stderr, r.stderr
+    for prompt in ("Name a yellow fruit.", "Name a red berry."):
+        r = lcli("run", prompt, *N)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+    assert [x["prompt"] for x in _logged(lcli, "-q", "yellow")] == ["Name a yellow fruit."]
+    assert [x["prompt"] for x in _logged(lcli, "-q", "red berry")] == ["Name a red berry."]
+
+
+def test_logs_count_beyond_what_sqlite_counts_to_shows_them_all(lcli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-n takes any count: one past SQLite's largest integer means all of them, not a log called unusable."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", lcli.env["LOCALGEN_HOME"])
+    for prompt in ("One.", "Two."):
+        store.record(store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt=prompt, response="r"))
+    for args in (("-n", "99999999999999999999"), ("-n", str(2**63)), ("-q", "r", "-n", str(2**64))):
+        r = lcli("logs", "--json", *args)
+        assert r.returncode == 0, r.stderr
+        assert sorted(x["prompt"] for x in json.loads(r.stdout)) == ["One.", "Two."]
+
+
+READ_ONLY = 'mount --bind -o ro "$H" "$H"'
+FULL = ('cp -a "$H/data/logs" "$T/logs" && mount -t tmpfs -o size=256k tmpfs "$H/data/logs" && cp -a "$T/logs/." '
+        '"$H/data/logs/" && { dd if=/dev/zero of="$H/data/logs/filler" bs=4k 2>/dev/null; true; }')
+
+
+def _mounted(lcli: CLI, tmp_path: Path, mount: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`localgen ARGS` with the home read-only, or the log's folder on a full disk: a mount of its own (in a
+    mount namespace that ends with the process; the home outside it is left as it was)."""
+    import shutil
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    env = {**lcli.env, "H": lcli.env["LOCALGEN_HOME"], "T": str(tmp_path), "PY": sys.executable}
+    return subprocess.run(["unshare", "-m", "sh", "-c", f'{mount} && exec "$PY" -m localgen "$@"', "sh", *args],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(("mount", "why"), [(READ_ONLY, "its folder cannot be written"),
+                                            (FULL, "no space is left on its disk")])
+def test_a_log_that_cannot_be_written_is_still_read_and_says_why_an_answer_was_not_logged(
+        lcli: CLI, tmp_path: Path, mount: str, why: str) -> None:
+    """A home on a read-only disk, or a full one: the log is read as it is (logs, -q, status, --continue), and a run
+    answers with one warning that says the cause instead of SQLite's "unable to open" or "disk I/O error"."""
+    first = lcli("run", "Name a yellow fruit.", *N)
+    assert first.returncode == 0 and not first.stderr, first.stderr
+    listed = _mounted(lcli, tmp_path, mount, "logs", "-n", "0", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [x["prompt"] for x in json.loads(listed.stdout)] == ["Name a yellow fruit."]
+    found = _mounted(lcli, tmp_path, mount, "logs", "-q", "yellow", "--json")
+    assert found.returncode == 0 and len(json.loads(found.stdout)) == 1, found.stderr
+    status = _mounted(lcli, tmp_path, mount, "logs", "status")
+    assert status.returncode == 0 and "· 1 exchanges" in status.stdout, status.stderr
+    r = _mounted(lcli, tmp_path, mount, "run", "--continue", "Another?", *N)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert r.stderr.count("\n") == 1 and f"is unusable: {why} (" in r.stderr and "not logged" in r.stderr, r.stderr
+    assert [x["prompt"] for x in _logged(lcli)] == ["Name a yellow fruit."], "the log outside is as it was"
+    assert lcli("run", "One more.", *N).returncode == 0 and len(_logged(lcli)) == 2, "and takes the next run"
+
+
+def test_a_log_never_made_on_a_read_only_disk_is_one_warning_and_exit_0(lcli: CLI, tmp_path: Path) -> None:
+    """Making the log's tables takes a lock file beside it: on a read-only disk that is one warning too, not an
+    error after the answer (exit 1)."""
+    _half_made(_db(lcli), "empty file")
+    r = _mounted(lcli, tmp_path, READ_ONLY, "run", "Hi.", *N)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("warning: the log at ") and "not logged" in r.stderr
+
+
+def test_a_log_held_past_the_wait_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that waited its busy timeout out says another process held the log, not just 'unusable'."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    entry = store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt="p", response="r")
+    store.record(entry)
+    monkeypatch.setattr(store, "BUSY_TIMEOUT_S", 0.2)
+    hold = sqlite3.connect(store.path(), isolation_level=None)
+    hold.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(store.LogError) as e:
+            store.record(entry)
+    finally:
+        hold.rollback()
+        hold.close()
+    assert "another process held it for the 0.2 s a writer waits (database is locked)" in e.value.message
+    assert store.count() == 1

@@ -396,6 +396,26 @@ def test_doctor_exits_1_when_a_gpu_cannot_be_used(cli_env: dict[str, str], tmp_p
     assert "scripts/install.sh --cuda" in r.stdout
 
 
+@pytest.mark.parametrize(("script", "said"), [
+    ("echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"; exit 9",
+     "nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.)"),
+    ("echo 'NVIDIA H100, [N/A], [N/A]'", "nvidia-smi lists no GPU with its memory (NVIDIA H100, [N/A], [N/A]))"),
+])
+def test_doctor_says_what_nvidia_smi_said_when_it_finds_no_gpu(cli_env: dict[str, str], tmp_path: Path, script: str,
+                                                               said: str) -> None:
+    """An nvidia-smi that fails (a driver not loaded) is not "no nvidia-smi": doctor's GPU line says what it said."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n{script}\n")
+    smi.chmod(0o755)
+    env = {**cli_env, "PATH": f"{bin_dir}{os.pathsep}{cli_env.get('PATH', '')}"}
+    r = subprocess.run([sys.executable, "-m", "localgen", "doctor", "--no-check"], env=env, capture_output=True,
+                       text=True, cwd=ROOT, timeout=60)
+    gpu = next(line for line in r.stdout.splitlines() if line.startswith("GPU "))
+    assert gpu.startswith("GPU       none found (") and gpu.endswith(said), gpu
+
+
 def test_stop_with_parallel_and_with_beams(cli: CLI, tmp_path: Path) -> None:
     prompt = "Count from 1 to 20."
     f = tmp_path / "p.txt"

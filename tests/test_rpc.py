@@ -81,6 +81,8 @@ def test_a_dead_server_is_an_error_before_load(cli: CLI) -> None:
     ("127.0.0.1:99999", "--rpc 127.0.0.1:99999: the port must be 1 to 65535"),
     ("127.0.0.1:0", "--rpc 127.0.0.1:0: the port must be 1 to 65535"),
     ("a:\u0665", "--rpc takes HOST:PORT[,HOST:PORT...], not 'a:\u0665'"),  # a digit, but not one a port is written in
+    ("", "--rpc '' names no server"),  # never taken for the flag left out (docs/ci.md's exit 2 for empty text)
+    (" , ", "--rpc ' , ' names no server"),
 ])
 @pytest.mark.parametrize("command", ["run", "doctor", "bench"])
 def test_a_malformed_rpc_server_is_a_usage_error(cli_in_process: InProcessCLI, command: str, value: str,

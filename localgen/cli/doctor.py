@@ -65,7 +65,7 @@ def doctor(
         for g in gpus:
             print(f"GPU       {g.name} · {format_bytes(g.total)} ({format_bytes(g.free)} free)")
     else:
-        print("GPU       none found (no nvidia-smi; not Apple Silicon)")
+        print(f"GPU       none found ({hardware.why_no_gpu()})")
     info = backend_info()
     offload = bool(info["gpu_offload"])
     print(f"build     llama-cpp-python {info['llama_cpp_python']} · GPU offload: "

@@ -9,7 +9,9 @@ pipeline would pay it on every call (docs/benchmarks.md, The log). Readers (`loc
 table with each word of -q as a quoted phrase (fts_query); a full-text table that has gone missing is made
 again from the rows by the first reader or writer to meet it. Concurrent writers wait for each other (busy
 timeout), so no row is lost and nobody is locked out; any failure of the log is a LogError, which callers
-turn into a one-line warning: the log never stops an answer."""
+turn into a one-line warning: the log never stops an answer. A schema whose making stopped half-way (a full
+disk) reads as an empty log and is finished by the next writer; a log that cannot be written (a read-only or
+full disk) is still read, opened immutable."""
 
 from __future__ import annotations
 
@@ -38,6 +40,15 @@ COLUMNS = {
 
 class LogError(LocalgenError):
     """The log cannot be read or written (damaged, read-only, no space)."""
+
+
+class NoConversation(LogError):
+    """The log holds no conversation with that id (the log itself is fine)."""
+
+
+class _Empty(LogError):
+    """The log's file is there with nothing in it yet: its first write never finished (a full disk, a run
+    stopped at that moment). Readers take it as a log that holds no exchange; the next write makes it."""
 
 
 @dataclass(frozen=True)
@@ -106,22 +117,67 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
     except (OSError, sqlite3.Error) as e:
         raise LogError(f"the log at {db} cannot be opened: {e}") from None
     try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.OperationalError:
+            if create or not _cannot_write(db.parent):
+                raise
+            # a log on a read-only disk, or a full one: WAL wants a file beside it to read, which cannot be
+            # made there; read as it is (no one can write it either)
+            conn.close()
+            conn = sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro&immutable=1", uri=True, isolation_level=None)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version < SCHEMA_VERSION:
-            if not create:
-                raise LogError(f"the log at {db} is empty")
-            _make_schema(db)
+            if create:
+                _make_schema(db)
+            elif conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'responses'").fetchone() \
+                    is None:
+                raise _Empty(f"the log at {db} is empty")
+            # else a schema whose making stopped half-way (a full disk): its rows are read as they are
         elif version > SCHEMA_VERSION:
             raise LogError(f"the log at {db} was written by a newer localgen (schema {version})")
         yield conn
-    except sqlite3.Error as e:
-        raise LogError(f"the log at {db} is unusable: {e}") from None
+    except (sqlite3.Error, OSError) as e:  # OSError: the lock the schema is made under (a read-only folder)
+        damaged = str(e) in ("file is not a database", "database disk image is malformed")
+        raise LogError(f"the log at {db} is unusable: {_why(e, db.parent)}",
+                       hint="move it away, and the next run starts a new log" if damaged else None) from None
     finally:
         conn.close()
 
 
+def _cannot_write(folder: Path) -> bool:
+    """Whether nothing can be written in the log's folder: read-only, or no room left on its disk."""
+    import shutil
+
+    try:
+        return not os.access(folder, os.W_OK) or shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
+
+
+def _why(e: sqlite3.Error | OSError, folder: Path) -> str:
+    """SQLite's words, with the cause said where its words hide it ("disk I/O error" for a full disk)."""
+    import shutil
+
+    said = str(e)
+    if said == "database is locked":
+        return f"another process held it for the {BUSY_TIMEOUT_S:g} s a writer waits ({said})"
+    if said in ("disk I/O error", "database or disk is full", "unable to open database file",
+                "attempt to write a readonly database"):
+        try:
+            if shutil.disk_usage(folder).free < 1 << 20:
+                return f"no space is left on its disk ({said})"
+            if not os.access(folder, os.W_OK):
+                return f"its folder cannot be written ({said})"
+        except OSError:
+            pass
+    return said
+
+
 def _make_schema(db: Path) -> None:
-    """The table, its FTS5 index and the triggers that keep it current (once, whoever gets there first)."""
+    """The table, its FTS5 index and the triggers that keep it current (once, whoever gets there first). Each
+    step is skipped when it is done already, so a making that stopped half-way (a disk that filled up) is
+    finished by the next writer instead of failing it for good."""
     from filelock import FileLock
 
     from localgen._compat import sqlite_utils_module
@@ -136,10 +192,16 @@ def _make_schema(db: Path) -> None:
             conn.execute("PRAGMA journal_mode=WAL")
             s = sqlite_utils.Database(conn)
             table = s.table("responses")
-            table.create(COLUMNS, pk="id", not_null={"id", "conversation_id", "datetime_utc", "prompt", "response"})
-            table.create_index(["conversation_id", "datetime_utc"])
-            table.create_index(["datetime_utc"])
-            table.enable_fts(["prompt", "response"], fts_version="FTS5", create_triggers=True)
+            table.create(COLUMNS, pk="id", not_null={"id", "conversation_id", "datetime_utc", "prompt", "response"},
+                         if_not_exists=True)
+            table.create_index(["conversation_id", "datetime_utc"], if_not_exists=True)
+            table.create_index(["datetime_utc"], if_not_exists=True)
+            made = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+            if not {"responses_fts", "responses_ai", "responses_ad", "responses_au"} <= made:  # none, or half
+                for suffix in ("ai", "ad", "au"):
+                    conn.execute(f"DROP TRIGGER IF EXISTS responses_{suffix}")
+                conn.execute("DROP TABLE IF EXISTS responses_fts")
+                table.enable_fts(["prompt", "response"], fts_version="FTS5", create_triggers=True)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             conn.commit()
         finally:
@@ -220,12 +282,19 @@ def _entry(row: dict[str, Any]) -> Entry:
 
 def conversation(cid: str) -> list[Entry]:
     """A conversation's exchanges, oldest first; LogError when there is none with that id."""
-    with _connect(create=False) as conn:
-        conn.row_factory = sqlite3.Row
-        rows = conn.execute("SELECT * FROM responses WHERE conversation_id = ? ORDER BY datetime_utc, id",
-                            (cid,)).fetchall()
+    rows = []
+    try:
+        with _connect(create=False) as conn:
+            conn.row_factory = sqlite3.Row
+            rows = conn.execute("SELECT * FROM responses WHERE conversation_id = ? ORDER BY datetime_utc, id",
+                                (cid,)).fetchall()
+    except _Empty:
+        pass
+    except LogError:
+        if path().exists():
+            raise
     if not rows:
-        raise LogError(f"the log has no conversation {cid!r}", hint="`localgen logs` lists recent ones")
+        raise NoConversation(f"the log has no conversation {cid!r}", hint="`localgen logs` lists recent ones")
     return [_entry(dict(r)) for r in rows]
 
 
@@ -235,6 +304,8 @@ def last_conversation() -> str | None:
         with _connect(create=False) as conn:
             row = conn.execute("SELECT conversation_id FROM responses ORDER BY datetime_utc DESC, id DESC "
                                "LIMIT 1").fetchone()
+    except _Empty:
+        return None
     except LogError:
         if not path().exists():
             return None
@@ -244,8 +315,11 @@ def last_conversation() -> str | None:
 
 def count() -> int:
     """How many exchanges the log holds."""
-    with _connect(create=False) as conn:
-        return int(conn.execute("SELECT count(*) FROM responses").fetchone()[0])
+    try:
+        with _connect(create=False) as conn:
+            return int(conn.execute("SELECT count(*) FROM responses").fetchone()[0])
+    except _Empty:
+        return 0
 
 
 def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: str | None = None) -> list[Entry]:
@@ -261,8 +335,15 @@ def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: 
     match = fts_query(query) if query else ""
     if query and not match:
         raise UsageError(f"-q {query!r} has no word to search for", hint="give letters or digits")
-    limit = f" LIMIT {int(n)}" if n else ""
+    limit = f" LIMIT {min(int(n), 2**63 - 1)}" if n else ""  # more than SQLite counts to: all of them
     filters = " WHERE " + " AND ".join(where) if where else ""
+    try:
+        return _recent(query, match, limit, filters, args)
+    except _Empty:
+        return []
+
+
+def _recent(query: str | None, match: str, limit: str, filters: str, args: list[str]) -> list[Entry]:
     if not query:
         with _connect(create=False) as conn:
             conn.row_factory = sqlite3.Row

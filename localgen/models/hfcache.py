@@ -31,6 +31,18 @@ def offline_env() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def without_offline(flag: bool) -> str:
+    """How to be online again, said as the user made localgen offline: `flag` (--offline, or LOCALGEN_OFFLINE,
+    its environment variable), HF_HUB_OFFLINE, or both."""
+    ways = []
+    if flag:
+        given = os.environ.get("LOCALGEN_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on", "t", "y")
+        ways.append("with LOCALGEN_OFFLINE unset" if given else "without --offline")
+    if offline_env():
+        ways.append("with HF_HUB_OFFLINE unset")
+    return " and ".join(ways) or "without --offline"
+
+
 def check_repo_id(repo: str) -> str:
     """owner/name with safe characters only; never a path trick."""
     if not REPO_ID.match(repo) or ".." in repo:

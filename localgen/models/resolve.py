@@ -69,7 +69,7 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
         from localgen.models.download import Quiet
 
         progress = Quiet()
-    return _hub_model(target, offline or hfcache.offline_env(), progress, pull_missing)
+    return _hub_model(target, offline, progress, pull_missing)
 
 
 def _preset(spec: names.CatalogueSpec) -> presets.Preset | None:
@@ -119,12 +119,14 @@ def _entry(name: str) -> catalogue.CatalogueEntry:
     return entries[name]
 
 
-def _hub_model(t: Target, offline: bool, progress: download.Progress, pull_missing: bool) -> ModelRef:
+def _hub_model(t: Target, flag: bool, progress: download.Progress, pull_missing: bool) -> ModelRef:
+    """The model from the cache, else pulled (unless offline: `flag`, --offline's, or HF_HUB_OFFLINE)."""
+    offline = flag or hfcache.offline_env()
     s = t.spec
     cached = store.find_cached(s.repo, s.revision, s.quant, s.filename)
     if not s.quant and not s.filename and cached:
         cached.sort(key=lambda f: ((f.quant or "").upper() != t.default_quant.upper(), -rank(f.quant or "")))
-    lost = _lost_part(cached[0], t, offline) if cached else None
+    lost = _lost_part(cached[0], t, offline, flag) if cached else None
     if cached and lost is None:
         return _from_cache(cached[0], t, progress)
     if lost is not None and (offline or not pull_missing):
@@ -133,7 +135,8 @@ def _hub_model(t: Target, offline: bool, progress: download.Progress, pull_missi
         have = sorted({f"{f.repo}:{f.quant}" for f in store.cached_files()})
         raise NotDownloadedError(
             f"{t.display} is not in the cache and localgen is offline",
-            hint=("cached: " + ", ".join(have[:8])) if have else "nothing is cached yet; pull without --offline",
+            hint=("cached: " + ", ".join(have[:8])) if have
+            else f"nothing is cached yet; pull {hfcache.without_offline(flag)}",
             name=t.display)
     if not pull_missing:
         raise NotDownloadedError(f"{t.display} is not downloaded", hint=f"localgen pull {t.display}",
@@ -141,14 +144,14 @@ def _hub_model(t: Target, offline: bool, progress: download.Progress, pull_missi
     return pull(t, progress)
 
 
-def _lost_part(f: store.CachedFile, t: Target, offline: bool) -> NotDownloadedError | None:
+def _lost_part(f: store.CachedFile, t: Target, offline: bool, flag: bool) -> NotDownloadedError | None:
     """The error for a split model whose cache lost a part (its link, or the blob it points at), naming the
     first such part; None when every part is there. Online, a pull fetches what is missing."""
     parts = store.split_parts(f)
     for i, part in enumerate(parts, 1):
         if not part.exists():
             name = t.display if t.spec.quant or t.spec.filename else f"{f.repo}:{f.quant}"
-            how = f"`localgen pull {name}`{' without --offline' if offline else ''} fetches it again"
+            how = f"`localgen pull {name}`{' ' + hfcache.without_offline(flag) if offline else ''} fetches it again"
             return NotDownloadedError(f"part {i} of {len(parts)} of {name} ({part.name}) is missing from the cache",
                                       hint=how, name=name)
     return None
@@ -204,9 +207,10 @@ def choose(options: list[QuantOption], t: Target, repo: str) -> QuantOption:
     return max(fitting, key=lambda o: rank(o.tag))
 
 
-def cached(t: Target, progress: download.Progress) -> ModelRef:
-    """`pull` offline: the target as the cache holds it, verified; ModelNotFoundError when it is not there."""
-    return _hub_model(t, True, progress, False)
+def cached(t: Target, progress: download.Progress, flag: bool = True) -> ModelRef:
+    """`pull` offline: the target as the cache holds it, verified; ModelNotFoundError when it is not there.
+    `flag`: whether --offline (or LOCALGEN_OFFLINE) made it offline, rather than HF_HUB_OFFLINE alone."""
+    return _hub_model(t, flag or not hfcache.offline_env(), progress, False)
 
 
 def pull(t: Target, progress: download.Progress) -> ModelRef:

@@ -56,7 +56,8 @@ def start(plan: ChatPlan) -> None:
     runner = ChatRunner(session, backend, send.sampling.params(backend.defaults, session.settings,
                                                                grammar=send.grammar))
     runner.json_schema = send.json_schema
-    runner.on_answer = lambda request, gen, text: _log_turn(view, runner, request, gen, text, model=model,
+    log_warn = _Warn(view)
+    runner.on_answer = lambda request, gen, text: _log_turn(log_warn, runner, request, gen, text, model=model,
                                                             no_log=plan.no_log, remote=bool(endpoints))
     if tools is not None:
         runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, tools.tool_steps, tools.tool_timeout
@@ -119,24 +120,32 @@ def _open_session(name: str | None, resume: bool, model: str | None, system: str
     return session
 
 
-def _log_turn(view: Any, runner: Any, request: Any, gen: Any, text: str, *, model: str | None, no_log: bool,
-              remote: bool) -> None:
+def _log_turn(warn: _Warn, runner: Any, request: Any, gen: Any, text: str, *, model: str | None, no_log: bool,
+               remote: bool) -> None:
     """Each answer goes to the log, in the chat's own conversation there, with its turn's stats."""
     from localgen.cli.log import conversation
 
-    conversation.record(_Warn(view), runner.backend, request, runner.session.log_id, text, runner.last_stats,
+    conversation.record(warn, runner.backend, request, runner.session.log_id, text, runner.last_stats,
                         str(gen.finish_reason), model=model, no_log=no_log, source="chat", remote=remote,
                         seed=gen.seed)
 
 
 class _Warn:
-    """ErrWriter's warn() for the log, as a chat notice."""
+    """ErrWriter's warn() for the log, as a chat notice: a warning (the chat goes on, and ends with exit 0), and
+    once a chat for each thing that went wrong, not once a turn."""
 
     def __init__(self, view: Any) -> None:
         self.view = view
+        self.said: set[str] = set()
 
     def warn(self, text: str) -> None:
-        self.view.error(text)
+        if text in self.said:
+            return
+        self.said.add(text)
+        if self.view.console is not None:
+            self.view.console.print(f"warning: {text}", style="yellow", markup=False)
+        else:
+            self.view.err.warn(text)
 
 
 def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:

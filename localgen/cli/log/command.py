@@ -35,17 +35,24 @@ def logs(
     from localgen.cli.options import refuse_empty
 
     refuse_empty(("-q", query), ("-m", model), ("--cid", cid))  # each would filter nothing: not what was asked
+    from localgen.text import checked
+
+    for flag, value in (("-q", query), ("-m", model), ("--cid", cid)):
+        if value is not None:
+            checked(value, flag)  # bytes that are not UTF-8 match nothing the log holds: a usage error
     from localgen.cli.output import ErrWriter, TextWriter
     from localgen.log import store
 
+    out = TextWriter(sys.stdout)
     if not store.path().exists():
         ErrWriter().line(f"nothing is logged yet (the log will be {store.path()})")
+        if json_out:  # still a JSON array: a script reads none
+            out.write("[]\n")
         return
     entries = store.recent(count, query=query, model=model, cid=cid)
     if not entries:
         what = " and ".join(f"{k} {v!r}" for k, v in (("-q", query), ("-m", model), ("--cid", cid)) if v)
         ErrWriter().line(f"no logged exchange matches {what}" if what else "the log holds no exchange yet")
-    out = TextWriter(sys.stdout)
     if json_out:
         from dataclasses import asdict
 

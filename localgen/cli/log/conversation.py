@@ -57,7 +57,7 @@ def chat_from_log(cid: str, model: str | None) -> Any:
 
     try:
         thread = logged_thread(cid)
-    except store.LogError:
+    except store.NoConversation:  # a damaged log says so instead (its own LogError)
         raise LocalgenError(f"no saved conversation named {cid!r}, nor a conversation with that id in the log",
                             hint="see `localgen chat --list` and `localgen logs`") from None
     return sessions.ChatSession(name=cid, model=thread.model_spec or model or DEFAULT_MODEL, system=thread.system,
@@ -91,7 +91,9 @@ def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: s
     try:
         store.record(entry)
     except store.LogError as e:
-        err.warn(f"{e.message}; this answer was not logged")
+        # a chat says it once (cli/chat/loop.py), so it says what its later turns meet too
+        later = " (nor are the chat's later answers while this lasts)" if source == "chat" else ""
+        err.warn(f"{e.message}; this answer was not logged{later}")
 
 
 def _text(content: Any) -> str:

@@ -57,14 +57,14 @@ def pull(
         _pull_embedded(name, model, list_quants, json_out)
         return
     target = resolve.target(name)
-    offline = offline or hfcache.offline_env()
+    flag, offline = offline, offline or hfcache.offline_env()
     if offline and list_quants:
         raise UsageError("pull --list reads the Hub's listing; it cannot run offline")
     if list_quants:
         _list_quants(target, ctx, json_out, machine_for(gpu_memory, ram))
         return
     if offline:  # what the cache holds whole, verified, or one line saying it is not there
-        ref = resolve.cached(target, make_progress())
+        ref = resolve.cached(target, make_progress(), flag)
         print(f"offline: {ref.name} is in the cache (not checked for a newer version on the Hub)", file=sys.stderr)
     else:
         ref = resolve.pull(target, make_progress())

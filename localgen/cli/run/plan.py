@@ -55,6 +55,10 @@ def check(f: RunArgs) -> RunPlan:
     from localgen.cli.log import conversation
 
     refuse_empty(("--cid", f.log.cid))
+    if f.log.cid is not None:
+        from localgen.text import checked
+
+        checked(f.log.cid, "--cid")
     many = f.many.file is not None or f.many.each_line
     if (f.log.continue_ or f.log.cid) and (many or f.raw):
         raise UsageError(f"{'--continue' if f.log.continue_ else '--cid'} continues a chat: it cannot be combined "
