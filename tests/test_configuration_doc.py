@@ -53,3 +53,21 @@ def test_the_model_cache_is_the_one_huggingface_hub_uses(tmp_path: Path, given: 
     assert ours == theirs, r.stderr
     first = given[0] if given else "HOME"
     assert Path(ours).is_relative_to(tmp_path / first.lower()), ours
+
+
+def test_every_folder_and_file_the_code_keeps_is_in_the_directories_table() -> None:
+    """Each `paths.X_dir() / "NAME"` in localgen is named, as `NAME` or `NAME/`, in that dir's row of the page's
+    Directories table (and `endpoints.toml`, `models.toml` in the config dir's): a new file is documented."""
+    import re
+
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| (config|data|state|cache) dir \| [^|]+ \| (.+) \|$", page, re.M)}
+    assert set(rows) == {"config", "data", "state", "cache"}, rows
+    found: set[tuple[str, str]] = set()
+    for py in (ROOT / "localgen").rglob("*.py"):
+        text = py.read_text(encoding="utf-8")
+        found |= set(re.findall(r"\b(?:paths\.)?(config|data|state|cache)_dir\(\) / \"([^\"]+)\"", text))
+    assert ("data", "chats") in found and ("config", "endpoints.toml") in found, found
+    missing = [(d, name) for d, name in sorted(found)
+               if f"`{name}`" not in rows[d] and f"`{name}/`" not in rows[d] and f"`{name}/" not in rows[d]]
+    assert not missing, missing
