@@ -639,3 +639,60 @@ def test_a_split_model_missing_a_part_is_one_line_naming_it_offline(env: dict[st
     assert second.exists()
     assert hub.sent[split_parts[1].name] == (2 if lost == "blob" else 1) * split_parts[1].stat().st_size
     assert hub.sent[split_parts[0].name] == split_parts[0].stat().st_size, "the part it had is not fetched again"
+
+
+FULL_DISK_SCRIPT = r'''
+set -u
+mount -t tmpfs -o size=260m tmpfs "$D" || exit 99
+export HF_HUB_CACHE="$D/hf"
+lg() { "$PY" -m localgen "$@"; }
+lg pull "$REPO:Q4_1" >/dev/null 2>"$T/first.err" || { echo "first pull failed"; cat "$T/first.err"; exit 98; }
+lg pull acme/Other-GGUF:Q4_1 >/dev/null 2>"$T/full.err" &
+pid=$!
+part="$D/hf/models--acme--Other-GGUF/blobs/$OTHER.incomplete"
+n=0
+while [ ! -s "$part" ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n + 1)); done
+dd if=/dev/zero of="$D/filler" bs=1M 2>/dev/null  # the disk fills while the pull writes
+wait $pid
+echo "full rc=$?"
+echo "kept $(stat -c %s "$part")"
+rm "$D/filler"
+lg pull acme/Other-GGUF:Q4_1 >/dev/null 2>"$T/again.err"
+echo "again rc=$?"
+sha256sum "$D/hf/models--acme--Other-GGUF/blobs/$OTHER" "$D/hf/models--$REPO_DIR/blobs/$FIRST"
+'''
+
+
+def test_a_real_full_disk_stops_the_pull_keeps_what_arrived_and_the_next_pull_resumes(
+        env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile, tmp_path: Path) -> None:
+    """A cache on a tmpfs that fills during a download (ENOSPC from the kernel, not a stand-in): the pull stops at
+    once with `cannot write PATH: No space left on device`, exit 1, keeping the bytes that arrived; with space
+    freed the next pull resumes and finishes, verified; the model pulled before is never touched."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    other = tmp_path / "other-Q4_1.gguf"
+    shutil.copyfile(model_file.source, other)
+    with open(other, "r+b") as f:  # another file of the same size: other bytes, another SHA-256
+        f.seek(60_000_000)
+        byte = f.read(1)
+        f.seek(60_000_000)
+        f.write(bytes([byte[0] ^ 1]))
+    other_file = hub_server.HubFile(other)
+    hub.repos["acme/Other-GGUF"] = hub_server.HubRepo(COMMIT, {"other-Q4_1.gguf": other_file})
+    hub.delay_per_mb = 0.05
+    (tmp_path / "disk").mkdir()
+    run_env = {**env, "D": str(tmp_path / "disk"), "T": str(tmp_path), "PY": sys.executable, "REPO": REPO,
+               "REPO_DIR": REPO.replace("/", "--"), "OTHER": other_file.sha256, "FIRST": model_file.sha256}
+    r = subprocess.run(["unshare", "-m", "sh", "-c", FULL_DISK_SCRIPT], env=run_env, capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    out = r.stdout
+    assert r.returncode == 0 and "full rc=1" in out, out + r.stderr
+    full = (tmp_path / "full.err").read_text()
+    last = full.strip().splitlines()[-1]
+    assert "Traceback" not in full and last.startswith("localgen: error: cannot write "), full
+    assert last.endswith("No space left on device (free some disk space, then pull again: it resumes)"), full
+    kept = int(out.split("kept ")[1].split()[0])
+    assert 0 < kept < other_file.size, out
+    again = (tmp_path / "again.err").read_text()
+    assert "again rc=0" in out and "resuming at" in again, again
+    assert f"{other_file.sha256}  " in out and f"{model_file.sha256}  " in out, out
