@@ -696,3 +696,26 @@ def test_a_real_full_disk_stops_the_pull_keeps_what_arrived_and_the_next_pull_re
     again = (tmp_path / "again.err").read_text()
     assert "again rc=0" in out and "resuming at" in again, again
     assert f"{other_file.sha256}  " in out and f"{model_file.sha256}  " in out, out
+
+
+@pytest.mark.parametrize("bad", ["notaurl", "ftp://mirror.example", "http://", "http://[::1", "http://h:port"])
+@pytest.mark.parametrize("args", [["pull", REPO], ["pull", REPO, "--list"], ["run", "-m", REPO, "-p", "hi"]])
+def test_an_hf_endpoint_that_is_no_url_is_one_usage_line(env: dict[str, str], hub: hub_server.FakeHub, bad: str,
+                                                         args: list[str]) -> None:
+    """HF_ENDPOINT names the Hub or a mirror: a value that is no http(s) URL is a usage error naming it, exit 2,
+    before any request (it was a network error, or a traceback from huggingface_hub's import)."""
+    r = lg({**env, "HF_ENDPOINT": bad}, *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == [f"localgen: error: HF_ENDPOINT must be an http:// or https:// URL (the Hub or "
+                                     f"a mirror), not {bad!r} (unset it for https://huggingface.co)"], r.stderr
+    assert not hub.requests
+
+
+def test_an_empty_hf_endpoint_is_the_hub_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localgen.models import hub
+
+    for value in ("", "  "):
+        monkeypatch.setenv("HF_ENDPOINT", value)
+        assert hub.endpoint() == "https://huggingface.co"
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:18450/")
+    assert hub.endpoint() == "http://127.0.0.1:18450"
