@@ -374,9 +374,18 @@ def test_not_enough_disk(env: dict[str, str], hub: hub_server.FakeHub, monkeypat
     real = shutil.disk_usage
     monkeypatch.setattr(download.shutil, "disk_usage",
                         lambda p: real(p)._replace(free=10 << 20))
-    with pytest.raises(LocalgenError, match=r"not enough disk space .*need 1\d\d MiB, have 10 MiB"):
+    need = f"{(hub.repos[REPO].files[FILE].size + (64 << 20)) / (1 << 20):.0f} MiB"  # the file and 64 MiB (the page)
+    with pytest.raises(LocalgenError, match=rf"not enough disk space .*need {need}, have 10 MiB"):
         resolve.pull(resolve.target(f"{REPO}:Q4_1"), download.Quiet())
     assert FILE not in hub.sent
+    f = hub.repos[REPO].files[FILE]
+    partial = blob(env, f.sha256).with_name(f.sha256 + ".incomplete")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(f.read(0, 50 << 20))  # half a pull that stopped: only the rest is needed
+    need = f"{(f.size - (50 << 20) + (64 << 20)) / (1 << 20):.0f} MiB"
+    with pytest.raises(LocalgenError, match=rf"not enough disk space .*need {need}, have 10 MiB"):
+        resolve.pull(resolve.target(f"{REPO}:Q4_1"), download.Quiet())
+    assert partial.stat().st_size == 50 << 20
 
 
 def test_hostile_file_names_never_leave_the_cache(env: dict[str, str], hub: hub_server.FakeHub,
