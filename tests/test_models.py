@@ -280,7 +280,8 @@ def test_same_size_wrong_bytes_are_rejected_and_deleted(env: dict[str, str], hub
 @pytest.mark.parametrize(
     ("setup", "args", "needle"),
     [
-        (lambda hub: None, ["pull", "nobody/nothing"], "no repo nobody/nothing on the Hub"),
+        (lambda hub: None, ["pull", "nobody/nothing"], "no repo nobody/nothing on the Hub (or it is private)"),
+        (lambda hub: setattr(hub.repos[REPO], "gated", True), ["pull", f"{REPO}:Q4_1"], "is gated: "),
         (lambda hub: setattr(hub.repos[REPO], "gated", True), ["pull", f"{REPO}:Q4_1"], "HF_TOKEN"),
         (lambda hub: None, ["pull", f"{REPO}:Q9_9"], "has no quantization Q9_9 (it has: Q4_1, Q8_0)"),
         (lambda hub: hub.fail_statuses.extend([503] * 10), ["pull", f"{REPO}:Q4_1"], "answered 503"),
@@ -619,6 +620,11 @@ def test_gated_repo_in_pull_list_names_hf_token(env: dict[str, str], hub: hub_se
     r = lg(env, "pull", REPO, "--list")
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "gated" in r.stderr and "HF_TOKEN" in r.stderr
+    r = lg(env, "pull", f"{REPO}:Q4_1")  # the listing answers, the file is refused: the same words
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1] == ("localgen: error: the Hub refused the download (401): the repo is gated or "
+                                         "private (accept its terms on the Hub, then set HF_TOKEN (or `hf auth "
+                                         "login`))"), r.stderr
 
 
 @pytest.mark.parametrize("lost", ["link", "blob"])
