@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -63,3 +64,41 @@ def test_a_v1_too_many_or_too_few_is_a_404(server: Server) -> None:
         ollama.Client(host=f"{server.url}/v1").chat(model="smollm2:135m", messages=ask)
     assert e.value.status_code == 404
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_with_an_api_key_each_client_gives_it_as_the_page_says(cli_env: dict[str, str]) -> None:
+    """The page's "With an API key": `api_key=KEY` for openai and anthropic (the anthropic library sends it as a
+    Bearer token, its older versions as x-api-key: serve takes both), `headers={"Authorization": "Bearer KEY"}`
+    for ollama.Client; without it, each client meets the 401."""
+    import anthropic
+    import ollama
+    import openai
+
+    key = "sk-clients-doc"
+    s = Server(cli_env, "--api-key", key, "--no-on-demand", "-np", "1", "--ctx", "256")
+    try:
+        ask = [{"role": "user", "content": "Name three rivers."}]
+        sent: list[Any] = []  # the headers of each request the anthropic client sends
+        seen = anthropic.DefaultHttpxClient(event_hooks={"request": [lambda r: sent.append(r.headers)]})
+        client = anthropic.Anthropic(base_url=s.url, api_key=key, http_client=seen)
+        assert client.messages.create(model="smollm2:135m", max_tokens=4, messages=ask).content  # type: ignore[arg-type]
+        assert sent[-1].get("authorization") == f"Bearer {key}" or sent[-1].get("x-api-key") == key
+        old_style = httpx.post(f"{s.url}/v1/messages", headers={"x-api-key": key}, timeout=60,  # older clients'
+                               json={"model": "smollm2:135m", "max_tokens": 2, "messages": ask})
+        assert old_style.status_code == 200, old_style.text
+        chat = openai.OpenAI(base_url=f"{s.url}/v1", api_key=key).chat.completions.create(
+            model="smollm2:135m", max_tokens=4, messages=ask)  # type: ignore[arg-type]
+        assert chat.choices[0].message.content
+        reply = ollama.Client(host=s.url, headers={"Authorization": f"Bearer {key}"}).chat(
+            model="smollm2:135m", messages=ask, options={"num_predict": 4})
+        assert reply.message.content
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{s.url}/v1", api_key="none").models.list()
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(base_url=s.url, api_key="none").messages.create(
+                model="smollm2:135m", max_tokens=4, messages=ask)  # type: ignore[arg-type]
+        with pytest.raises(ollama.ResponseError) as e:
+            ollama.Client(host=s.url).chat(model="smollm2:135m", messages=ask)
+        assert e.value.status_code == 401
+    finally:
+        assert s.stop() == 0

@@ -623,6 +623,21 @@ def test_images_go_to_a_model_that_takes_them_and_errors_are_clear(tab: Tab, ser
     assert "context window is 2,048. Start a new chat, or edit an earlier message" in note
 
 
+def test_a_request_over_the_body_limit_is_not_called_too_long_for_the_window(tab: Tab) -> None:
+    """Pictures that make the request larger than serve's --max-body (16 MiB by default) get the server's own
+    reason, which names the flag, with its status and what to do: not the advice for a conversation past the
+    model's window."""
+    page = tab.open()
+    settings(page, max_tokens=4)
+    big = b"\x89PNG\r\n\x1a\n" + bytes(6 << 20)  # three of these are 24 MiB once in base64
+    page.set_input_files("#attach-file", files=[
+        {"name": f"p{k}.png", "mimeType": "image/png", "buffer": big} for k in range(3)])
+    page.wait_for_function("() => document.querySelectorAll('#attachments img').length === 3")
+    note = ask(page, "Three pictures.").locator(".note").inner_text()
+    assert note == ("the request body is over the limit of 16,777,216 bytes (serve --max-body) (HTTP 413). Each "
+                    "message sends the conversation's pictures again: start a new chat to send fewer."), note
+
+
 def test_markdown_becomes_nodes_never_html(tab: Tab) -> None:
     """markdown.js: the subset it renders, as the DOM it builds; HTML in the text stays text; links only for
     http, https and mailto; a code block's Copy button copies its code."""
@@ -710,6 +725,17 @@ def test_the_page_fits_a_phone_and_a_desktop_in_light_and_dark(browser: Any, ser
     box = page.locator("#sidebar").bounding_box()
     assert box["x"] + box["width"] <= 0, "the list is off screen on a phone"
     assert page.is_visible("#input") and page.is_visible("#send")
+    page.focus("#input")
+    tabbed = []
+    for _ in range(8):  # the closed drawer's buttons are out of the Tab order
+        page.keyboard.press("Tab")
+        tabbed.append(page.evaluate("document.activeElement.closest('#sidebar') === null"))
+    assert all(tabbed), tabbed
+    page.click("#open-sidebar")  # open, it has the focus; Escape closes it and gives the focus back to ☰
+    page.wait_for_function("() => document.activeElement.id === 'new-chat'")
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().right <= 0")
+    assert page.evaluate("document.activeElement.id") == "open-sidebar"
     page.click("#open-sidebar")
     page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().left >= 0")
     page.click("#conversations .conv .open")  # picking one closes the drawer
@@ -727,6 +753,160 @@ def test_the_page_fits_a_phone_and_a_desktop_in_light_and_dark(browser: Any, ser
     for name, width in (("phone.png", 390), ("desktop.png", 1280)):
         head = (tmp_path / name).read_bytes()[:24]
         assert head[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(head[16:20], "big") == width
+    t.close()
+
+
+def user_texts(page: Any) -> list[str]:
+    return list(page.eval_on_selector_all("article.user .text", "xs => xs.map(x => x.textContent)"))
+
+
+def stored_user_texts(page: Any) -> list[list[str]]:
+    """Every conversation in the browser's storage, as the user messages it holds (every branch)."""
+    return list(page.evaluate("""async () => (await (await import('./webui/store.js')).all())
+        .map(c => Object.values(c.messages).filter(m => m.role === 'user').map(m => m.content).sort())"""))
+
+
+def test_two_tabs_on_one_conversation_lose_nothing(tab: Tab) -> None:
+    """docs/webui.md: conversations are kept in this browser. Two tabs on one conversation: what one sends shows in
+    the other, and what either writes is kept; a rename or a delete in one is the other's too. A tab that hears
+    nothing (no BroadcastChannel) still loses nothing: each write takes in what another tab added first."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "one")
+    other = tab.context.new_page()
+    other.set_default_timeout(TIMEOUT_MS)
+    other.goto(page.url)
+    other.fill("#key-input", KEY)
+    other.press("#key-input", "Enter")
+    other.wait_for_function("() => document.querySelectorAll('article.assistant').length === 1")
+    ask(page, "two")
+    other.wait_for_function("() => document.querySelectorAll('article.user').length === 2")  # heard, shown
+    ask(other, "three")
+    page.wait_for_function("() => document.querySelectorAll('article.user').length === 3")
+    assert user_texts(page) == user_texts(other) == ["one", "two", "three"]
+    assert stored_user_texts(page) == [["one", "three", "two"]]
+    other.get_by_role("button", name="Rename one").click()
+    other.fill("#conversations input.rename", "Renamed")
+    other.press("#conversations input.rename", "Enter")
+    page.wait_for_function("() => document.querySelector('#conversations .conv .open')?.textContent === 'Renamed'")
+    ask(page, "four")  # its write keeps the other tab's name
+    assert page.evaluate("async () => (await (await import('./webui/store.js')).all())[0].name") == "Renamed"
+    deaf = tab.context.new_page()  # a tab that hears nothing from the others
+    deaf.set_default_timeout(TIMEOUT_MS)
+    deaf.add_init_script("delete window.BroadcastChannel")
+    deaf.goto(page.url)
+    deaf.fill("#key-input", KEY)
+    deaf.press("#key-input", "Enter")
+    deaf.wait_for_function("() => document.querySelectorAll('article.user').length === 4")
+    ask(page, "five")
+    ask(deaf, "six")  # on its stale copy: a branch beside "five", which stays
+    assert stored_user_texts(page) == [["five", "four", "one", "six", "three", "two"]]
+    deaf.close()
+    other.once("dialog", lambda d: d.accept())
+    other.get_by_role("button", name="Delete Renamed").click()
+    page.wait_for_function("() => document.getElementById('banner-text').textContent.includes('in another tab')")
+    assert page.locator("article").count() == 0 and page.locator("#conversations .conv").count() == 0
+    assert stored_user_texts(page) == []
+
+
+def test_an_imported_conversation_reads_as_it_did(tab: Tab, tmp_path: Path) -> None:
+    """Export then Import JSON brings back each answer's note (stopped, cut at max_tokens, the error it met),
+    a conversation of thousands of messages, and an answer a closed page left unfinished says so on opening."""
+    page = tab.open()
+    exported = page.evaluate("""async () => {
+        const tree = await import('./webui/tree.js');
+        const t = await import('./webui/transcript.js');
+        const conv = tree.conversation();
+        conv.name = 'Notes';
+        const q = tree.add(conv, 'root', {role: 'user', content: 'q'});
+        tree.add(conv, q.id, {role: 'assistant', content: 'partial', stopped: true});
+        tree.add(conv, q.id, {role: 'assistant', content: 'cut', finish: 'length', stats: {tokens: 4, max_tokens: 4}});
+        tree.add(conv, q.id, {role: 'assistant', content: '', error: {kind: 'network',
+            message: 'Cannot reach the server: is localgen serve still running?'}});
+        const long = tree.conversation();
+        long.name = 'Long';
+        let at = 'root';
+        for (let i = 0; i < 20000; i++) {
+            at = tree.add(long, at, {role: i % 2 ? 'assistant' : 'user', content: `m${i}`}).id;
+        }
+        return t.exportJson([conv, long]);
+    }""")
+    chats = tmp_path / "chats.json"
+    chats.write_text(exported)
+    page.set_input_files("#import-file", str(chats))
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 2")
+    page.wait_for_function("() => document.querySelectorAll('article.assistant').length === 1")  # the first shown
+    assert page.locator("#conversations .conv.active .open").inner_text() == "Notes"
+    note = page.locator("article.assistant .note")
+    assert note.inner_text() == ("Cannot reach the server: is localgen serve still running? Your messages are kept: "
+                                 "press Regenerate once the server is back.")
+    page.get_by_role("button", name="Previous version").click()
+    page.wait_for_function("() => document.querySelector('article.assistant .count')?.textContent === '2/3'")
+    assert note.inner_text() == "The answer was cut at max_tokens (4)."
+    page.get_by_role("button", name="Previous version").click()
+    page.wait_for_function("() => document.querySelector('article.assistant .count')?.textContent === '1/3'")
+    assert note.inner_text() == "Stopped."
+    assert page.evaluate("""async () => {  // every message, down the one branch
+        const tree = await import('./webui/tree.js');
+        const long = (await (await import('./webui/store.js')).all()).find((c) => c.name === 'Long');
+        const want = [...Array(20000).keys()].map((i) => `m${i}`).join(' ');
+        return tree.path(long).map((m) => m.content).join(' ') === want;
+    }""")
+    # an answer still coming when its page was closed: kept, and said to be cut off, with what to do
+    page.evaluate("""async () => {
+        const tree = await import('./webui/tree.js');
+        const conv = tree.conversation();
+        conv.name = 'Closed';
+        const q = tree.add(conv, 'root', {role: 'user', content: 'q'});
+        tree.add(conv, q.id, {role: 'assistant', content: 'half an', pending: true});
+        await (await import('./webui/store.js')).save(conv, tree.merge);
+        location.hash = conv.id;  // its address opened in this tab: shown, as on a reload
+    }""")
+    page.wait_for_function("""() => document.querySelector('article.assistant .body')?.textContent === 'half an'
+        && document.querySelector('#conversations .conv.active .open')?.textContent === 'Closed'""")
+    assert page.locator("article.assistant .note").inner_text() == (
+        "The answer was interrupted: the page was closed or reloaded while it came. Press Regenerate to ask again.")
+
+
+def test_a_key_a_browser_cannot_send_is_refused_in_the_prompt(browser: Any, server: Server) -> None:
+    """A key pasted with a character no browser can put in a header (an invisible space) is refused in the key
+    prompt with the reason, not kept; one kept by an older page is asked for again. After the key, the note says
+    nothing about the model until the server has said whether it is loaded, and the message box has the focus."""
+    t = Tab(browser, server)
+    page = t.page
+    page.add_init_script("""document.addEventListener('DOMContentLoaded', () => {
+        const note = document.getElementById('model-note');
+        window.notes = [];
+        new MutationObserver(() => window.notes.push(note.textContent)).observe(note, {childList: true});
+    })""")
+    page.goto(t.url)
+    page.fill("#key-input", KEY + "\u200b")
+    page.press("#key-input", "Enter")
+    page.locator("#key-error").wait_for(state="visible")
+    assert "cannot send (U+200B)" in page.inner_text("#key-error") and page.is_visible("#key-dialog")
+    assert page.evaluate("sessionStorage.getItem('localgen.apiKey')") is None
+    page.fill("#key-input", KEY)
+    page.press("#key-input", "Enter")
+    page.wait_for_function("() => document.getElementById('model-note')?.textContent === 'loaded'")
+    assert page.evaluate("window.notes") == ["loaded"], "never 'not loaded yet' for a model that is loaded"
+    assert page.evaluate("document.activeElement.id") == "input"
+    page.evaluate("sessionStorage.setItem('localgen.apiKey', 'sk-\u2019quoted\u2019')")
+    page.reload()
+    page.locator("#key-dialog").wait_for(state="visible")
+    assert "needs its API key" in page.inner_text("#key-reason")
+    page.fill("#key-input", KEY)
+    page.press("#key-input", "Enter")
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    page.click("#open-settings")
+    page.fill("#seed", "-1")  # the server takes 0 to 4,294,967,295: said in the dialog, before any request
+    page.click("#settings-form button[type=submit]")  # the browser's own check holds the form
+    assert page.evaluate("document.getElementById('seed').validity.rangeUnderflow")
+    assert page.is_visible("#settings")
+    page.click("#settings-cancel")
+    page.select_option("#model", "gemma3:270m")  # the model picked last is this browser's pick for a new chat
+    page.goto(t.url)
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert page.input_value("#model") == "gemma3:270m"
     t.close()
 
 

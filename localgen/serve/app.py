@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen.fetch import FetchPool
-from localgen.serve import anthropic, embeds, listings, manage, ollama, openai, page, responses
+from localgen.serve import anthropic, batches, batchrun, embeds, listings, manage, ollama, openai, page, responses
 from localgen.serve.apierror import ERROR_EXTRA, HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.incoming import INCOMING, Incoming
@@ -55,9 +55,12 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
             doc["prefix_store"] = await asyncio.to_thread(state.store.status)
         return JSONResponse(doc, status_code=200 if ok else 503)
 
+    desk = batches.Desk()  # the Batch and Files APIs (serve/batches.py; its runner: serve/batchrun.py)
     routes = [Route("/health", health), *listings.routes(state), *openai.routes(state), *anthropic.routes(state),
-              *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state)]
+              *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state),
+              *batches.routes(desk)]
     policy = policy or Policy(api_key=state.api_key)
+    policy, desk.read_timeout = dataclasses.replace(policy, uploads=batches.UPLOADS), policy.read_timeout
     if webui:
         root = next(r for r in routes if r.path == "/")  # Ollama's "is running", for clients that are not browsers
         routes = [*page.routes(root.endpoint), *(r for r in routes if r is not root)]
@@ -91,7 +94,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         async with anyio.create_task_group():
             pass
         drain.loop = asyncio.get_running_loop()
-        yield
+        async with batchrun.running(desk, state, app, policy.api_key, lambda: drain.stopping, front.log.error):
+            yield
 
     front = Front(metrics=metrics)
     drain = Drain(state, front)
@@ -215,6 +219,7 @@ class Drain:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.seconds = DRAIN_S  # serve --drain-timeout
+        self.stopping = False  # an exit signal came (the batches' runner starts nothing more)
 
     def signal(self) -> None:
         """An exit signal came (from a signal handler: only hand over to the loop)."""
@@ -223,6 +228,7 @@ class Drain:
                 self.loop.call_soon_threadsafe(self._on_loop)
 
     def _on_loop(self) -> None:
+        self.stopping = True
         self.front.pool.close()  # a request still fetching its image would not finish in time: it ends now
         if self._timer is None and self.loop is not None:
             self._timer = self.loop.call_later(self.seconds, self.fail_all)

@@ -53,6 +53,7 @@ class Policy:
     max_body: int = 16 << 20
     read_timeout: float = DEFAULT_READ_TIMEOUT_S  # seconds a body may stall before a 408 (serve --read-timeout)
     open_paths: tuple[str, ...] = ("/health", "/")
+    uploads: tuple[str, ...] = ()  # paths whose POST body is a file upload the route reads and bounds itself
 
     def origin_allowed(self, origin: str) -> bool:
         """Whether a page at this origin may use the server."""
@@ -164,6 +165,9 @@ class Gate:
                 return
         if scope["method"] not in ("POST", "PUT", "PATCH") or not self._routed(scope):
             await self.app(scope, receive, send)  # a path no route serves, a method it does not take: 404, 405
+            return
+        if path in self.policy.uploads:  # multipart, up to its route's own bound (serve/files.py), read as it comes
+            await self.app(scope, receive, send)
             return
         kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if kind != "application/json" and not (path.startswith("/api/") and kind in OLLAMA_BODY_TYPES):

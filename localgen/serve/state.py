@@ -37,6 +37,7 @@ class ServeState:
     on_completion: Callable[[str, Completion], None] | None = None  # metrics' count of each finished generation
     offline: bool = False  # serve --offline: /api/pull is refused
     store: PrefixStore | None = None  # the prompt cache on disk (None: --cache-disk 0)
+    batch_lines: int = 2  # serve --batch-lines: the Batch API's requests run at once (serve/batchrun.py)
     pulls: set[Any] = field(default_factory=set)  # serve/manage.py's pulls under way (stopped at shutdown)
 
     def worker(self, name: object, claude: bool = False) -> Served:

@@ -164,7 +164,7 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
                        allow_image_urls=fetching.allow_image_urls,
                        default=workers[0].name,  # the first -m, or the default model
                        on_demand=_on_demand(models, make) if on_demand else None,
-                       residency=residency, offline=f.offline, store=store)
+                       residency=residency, offline=f.offline, store=store, batch_lines=f.batching.batch_lines)
     app = build(state, policy, webui=listen.webui)
     app.state.front.pool = FetchPool(Fetcher(private=fetching.allow_private_urls, timeout=fetching.fetch_timeout),
                                      size=MAX_FETCHES, wait=FETCH_WAIT_S)

@@ -115,6 +115,12 @@ class SlotOptions(OptionGroup):
         int, typer.Option("--parallel", "-np", min=1, max=256, rich_help_panel=SERVE,
                           help="Slots per model: requests decoded together (continuous batching).")
     ] = 4
+    batch_lines: Annotated[
+        int, typer.Option("--batch-lines", min=1, max=256, rich_help_panel=SERVE, metavar="N",
+                          help="Requests of the Batch API's batches (/v1/batches) run at once, all batches "
+                               "together; a new one starts only while no request waits for a slot, so clients "
+                               "wait at most for those in flight.")
+    ] = 2
     exact: Annotated[
         bool | None, typer.Option("--exact/--no-exact", rich_help_panel=SERVE, show_default=False,
                                   help="Batching mode. Default: every request batched for throughput wherever "

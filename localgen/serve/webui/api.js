@@ -2,7 +2,8 @@
 // for what is loaded, Ollama's /api/show for what a model takes), the chat stream (/v1/chat/completions with
 // server-sent events), the API key (asked for once on a 401 and kept in sessionStorage), and every failure as
 // an ApiError whose `kind` says what went wrong: "network" (the server is gone), "auth", "context" (the
-// conversation does not fit the model's window) or "refused" (any other answer that is not a success).
+// conversation does not fit the model's window), "size" (the request is over serve's --max-body) or "refused"
+// (any other answer that is not a success).
 
 const KEY = "localgen.apiKey";
 
@@ -39,7 +40,14 @@ async function call(path, init = {}) {
   for (;;) {
     const headers = new Headers(init.headers || {});
     const key = sessionStorage.getItem(KEY);
-    if (key !== null) headers.set("Authorization", `Bearer ${key}`);
+    if (key !== null) {
+      try {
+        headers.set("Authorization", `Bearer ${key}`);
+      } catch {
+        sessionStorage.removeItem(KEY); // a key no browser can send (kept by an older page): asked for again
+        continue;
+      }
+    }
     let response;
     try {
       response = await fetch(path, { ...init, headers, cache: "no-store" });
@@ -73,9 +81,9 @@ async function errorOf(response) {
   const status = response.status;
   message = message || response.statusText || "no reason given";
   if (status === 401) return new ApiError(`The server refused the key: ${message}`, "auth", status);
-  if (status === 413 || /context window|slot's window/.test(message)) {
-    return new ApiError(message, "context", status);
-  }
+  if (/context window|slot's window/.test(message)) return new ApiError(message, "context", status);
+  // any other 413 is the body over serve's --max-body (pictures, mostly), not the model's window
+  if (status === 413) return new ApiError(`${message} (HTTP ${status})`, "size", status);
   return new ApiError(`${message} (HTTP ${status})`, "refused", status);
 }
 

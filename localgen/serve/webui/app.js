@@ -24,6 +24,7 @@ const state = {
   conv: tree.conversation(), // the conversation on screen (kept once it has a message)
   models: [], // /v1/models
   loaded: new Set(), // the models loaded now, as /models said last
+  loadedKnown: false, // whether /models has answered yet (until then the note says nothing)
   vision: null, // whether the picked model takes images (null: unknown, so the page lets you try)
   running: null, // {controller, conv, answer} while an answer streams
   loading: null, // the model an answer waits for while it loads (until its first words)
@@ -72,6 +73,7 @@ function askKey(reason) {
   const dialog = ui.keyDialog;
   const input = $("key-input");
   $("key-reason").textContent = reason;
+  $("key-error").hidden = true;
   input.value = "";
   return new Promise((resolve) => {
     const done = (value) => {
@@ -79,11 +81,17 @@ function askKey(reason) {
       $("key-cancel").onclick = null;
       dialog.oncancel = null;
       if (dialog.open) dialog.close();
+      if (value) ui.input.focus(); // back to the message box, whatever had the focus before the question
       resolve(value);
     };
     $("key-form").onsubmit = (e) => {
       e.preventDefault();
-      done(input.value.trim() || null);
+      const typed = input.value.trim();
+      const wrong = unsendable(typed);
+      $("key-error").textContent = wrong;
+      $("key-error").hidden = !wrong;
+      if (wrong) input.focus();
+      else done(typed || null);
     };
     $("key-cancel").onclick = () => done(null);
     dialog.oncancel = (e) => {
@@ -93,6 +101,20 @@ function askKey(reason) {
     dialog.showModal();
     input.focus();
   });
+}
+
+/** Why a browser cannot send this key in a header (a character past Latin-1: a typographic quote, an
+ * invisible space pasted with it), or "" when it can. */
+function unsendable(key) {
+  try {
+    new Headers().set("Authorization", `Bearer ${key}`);
+    return "";
+  } catch {
+    const odd = [...key].find((ch) => ch.codePointAt(0) > 0xff || ch.codePointAt(0) < 0x20);
+    const code = odd ? `U+${odd.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}` : "";
+    return `That key holds a character a browser cannot send${code ? ` (${code})` : ""}, such as a typographic `
+      + "quote or an invisible space copied with it: type or paste the key again.";
+  }
 }
 
 // ---- models
@@ -134,12 +156,16 @@ async function modelChanged(chosen) {
   if (chosen) {
     localStorage.setItem(MODEL_KEY, name);
     state.conv.model = name;
+    state.conv.meta = Date.now();
     if (hasMessages(state.conv)) persist(state.conv);
   }
   showNote();
   const [loaded, caps] = await Promise.allSettled([api.loaded(), api.capabilities(name)]);
   if (ui.model.value !== name) return; // another was picked meanwhile
-  if (loaded.status === "fulfilled") state.loaded = loaded.value;
+  if (loaded.status === "fulfilled") {
+    state.loaded = loaded.value;
+    state.loadedKnown = true;
+  }
   state.vision = caps.status === "fulfilled" ? caps.value.includes("vision") : null;
   ui.attach.disabled = state.vision === false;
   ui.attach.title = {
@@ -159,6 +185,7 @@ function showNote() {
   const loading = state.loading === name;
   ui.note.className = loading ? "loading" : "";
   if (loading) ui.note.textContent = `Loading ${name}…`;
+  else if (!state.loadedKnown) ui.note.textContent = "";
   else if (state.loaded.has(name)) ui.note.textContent = "loaded";
   else ui.note.textContent = "not loaded yet: the first message loads it";
 }
@@ -171,11 +198,34 @@ function hasMessages(conv) {
 
 async function persist(conv) {
   if (state.deleted.has(conv.id)) return;
+  let took;
   try {
-    await store.put(conv);
+    took = await store.save(conv, tree.merge);
   } catch (e) {
     banner(`This browser would not keep the conversation: ${e.message || e}`);
+    return;
   }
+  if (took && conv === state.conv && !editing()) renderConversation(); // another tab had added to it
+}
+
+function editing() {
+  return ui.messages.querySelector(".editor") !== null;
+}
+
+// Another tab of this page wrote or deleted a conversation: the list shows it, and so does the screen.
+async function heard(news) {
+  if (news.kind === "removed") {
+    state.deleted.add(news.id);
+    if (state.running && state.running.conv.id === news.id) stop();
+    if (state.conv.id === news.id) {
+      newChat();
+      banner("The conversation on screen was deleted in another tab.", null, "info");
+    }
+  } else if (news.id === state.conv.id && !(state.running && state.running.conv.id === news.id)) {
+    const stored = await store.get(news.id);
+    if (stored && tree.merge(state.conv, stored) && !editing()) renderConversation();
+  }
+  refreshList();
 }
 
 async function refreshList() {
@@ -231,6 +281,7 @@ async function rename(id, name) {
   const conv = live || await store.get(id);
   if (!conv) return;
   conv.name = name.trim().slice(0, 200);
+  conv.meta = Date.now();
   await persist(conv);
 }
 
@@ -256,7 +307,7 @@ async function openConversation(id) {
     for (const m of Object.values(conv.messages)) {
       if (m.pending) {
         m.pending = false;
-        m.error = { kind: "network", message: "The answer was interrupted: the page was closed or reloaded while it came." };
+        m.error = { kind: "interrupted", message: "The answer was interrupted: the page was closed or reloaded while it came." };
       }
     }
     show(conv);
@@ -339,6 +390,8 @@ function noteOf(m) {
   if (m.error) {
     const advice = {
       network: " Your messages are kept: press Regenerate once the server is back.",
+      interrupted: " Press Regenerate to ask again.",
+      size: " Each message sends the conversation's pictures again: start a new chat to send fewer.",
       context: " Start a new chat, or edit an earlier message to branch off with less.",
     }[m.error.kind] || "";
     const what = m.error.kind === "context" ? "Too long for the model's window: " : "";
@@ -527,8 +580,11 @@ async function send() {
     return;
   }
   const conv = state.conv;
-  if (!conv.name) conv.name = (text.trim().split("\n")[0] || "Image").slice(0, 60);
-  conv.model = ui.model.value;
+  if (!conv.name || conv.model !== ui.model.value) {
+    if (!conv.name) conv.name = (text.trim().split("\n")[0] || "Image").slice(0, 60);
+    conv.model = ui.model.value;
+    conv.meta = Date.now();
+  }
   const message = tree.add(conv, conv.current, { role: "user", content: text, images });
   ui.input.value = "";
   grow(ui.input);
@@ -589,6 +645,7 @@ async function generate(conv, parent) {
       schedule(answer);
       if (performance.now() - saved > SAVE_EVERY_MS) {
         saved = performance.now();
+        answer.updated = Date.now(); // this copy of the answer is newer than any another tab holds
         persist(conv);
       }
     }
@@ -600,6 +657,7 @@ async function generate(conv, parent) {
     answer.stats = stats(timings, usage, first, performance.now() - started, settings.max_tokens, windowOf(model));
     state.running = null;
     conv.updated = Date.now();
+    answer.updated = conv.updated;
     await persist(conv);
     setRunning(false);
     schedule(answer);
@@ -705,6 +763,7 @@ function saveSettings(e) {
   c.settings = values;
   c.system = $("system").value;
   c.name = $("conv-name").value.trim().slice(0, 200);
+  c.meta = Date.now();
   ui.settings.close();
   if (hasMessages(c)) {
     persist(c).then(refreshList);
@@ -721,11 +780,19 @@ function grow(area) {
 function openSidebar() {
   ui.app.classList.add("sidebar-open");
   $("scrim").hidden = false;
+  $("new-chat").focus();
+}
+
+function sidebarOpen() {
+  // a drawer only on a narrow screen, where ☰ shows
+  return ui.app.classList.contains("sidebar-open") && $("open-sidebar").offsetParent !== null;
 }
 
 function closeSidebar() {
+  const had = sidebarOpen() && ui.app.querySelector("#sidebar").contains(document.activeElement);
   ui.app.classList.remove("sidebar-open");
   $("scrim").hidden = true;
+  if (had) $("open-sidebar").focus(); // the focus does not stay in a list no one sees
 }
 
 async function exportAll() {
@@ -766,7 +833,11 @@ function wireEvents() {
   });
   ui.stop.addEventListener("click", stop);
   document.addEventListener("keydown", (e) => {
-    if (e.key === "Escape" && state.running && !document.querySelector("dialog[open]")) {
+    if (e.key !== "Escape" || document.querySelector("dialog[open]")) return;
+    if (sidebarOpen()) {
+      e.preventDefault();
+      closeSidebar(); // the drawer first: a second Escape stops the answer
+    } else if (state.running) {
       e.preventDefault();
       stop();
     }
@@ -808,6 +879,10 @@ function wireEvents() {
     $("import-file").value = "";
     if (file) importFile(file);
   });
+  window.addEventListener("hashchange", () => { // another conversation's address typed or opened in this tab
+    const id = decodeURIComponent(location.hash.slice(1));
+    if (id && id !== state.conv.id) openConversation(id);
+  });
   document.addEventListener("visibilitychange", () => {
     if (document.visibilityState === "visible" && !state.running) loadModels();
   });
@@ -815,6 +890,7 @@ function wireEvents() {
 
 async function start() {
   api.onKeyNeeded(askKey);
+  store.onChange(heard);
   wireEvents();
   const id = decodeURIComponent(location.hash.slice(1));
   await refreshList();

@@ -1,5 +1,6 @@
 // Conversations kept in this browser (IndexedDB, one record per conversation, for this page's origin): nothing
-// of them is sent anywhere but in the chat requests themselves.
+// of them is sent anywhere but in the chat requests themselves. Several tabs may write one conversation: each
+// write takes in what another tab added first (save), and every tab hears of the others' writes (onChange).
 
 const NAME = "localgen-chat";
 const STORE = "conversations";
@@ -38,10 +39,41 @@ export function get(id) {
   return run("readonly", (s) => s.get(id));
 }
 
-export function put(conv) {
-  return run("readwrite", (s) => s.put(conv));
+/** Writes `conv`, first taking into it (through `merge(conv, stored)`, in the same transaction, so that no other
+ * tab writes in between) what the copy kept here has that it lacks: another tab may have added to it. True
+ * when `conv` took something. Other tabs of this page hear of the change. */
+export async function save(conv, merge) {
+  const db = await database();
+  const took = await new Promise((resolve, reject) => {
+    const tx = db.transaction(STORE, "readwrite");
+    const s = tx.objectStore(STORE);
+    let took = false;
+    const got = s.get(conv.id);
+    got.onsuccess = () => {
+      if (got.result) took = merge(conv, got.result);
+      s.put(conv);
+    };
+    tx.oncomplete = () => resolve(took);
+    tx.onerror = () => reject(tx.error);
+    tx.onabort = () => reject(tx.error || new Error("the browser's storage refused the change"));
+  });
+  tell({ kind: "saved", id: conv.id });
+  return took;
 }
 
-export function remove(id) {
-  return run("readwrite", (s) => s.delete(id));
+export async function remove(id) {
+  await run("readwrite", (s) => s.delete(id));
+  tell({ kind: "removed", id });
+}
+
+// Every tab of this page (same origin) hears what the others wrote or deleted, to show it.
+const channel = typeof BroadcastChannel === "function" ? new BroadcastChannel(NAME) : null;
+
+function tell(news) {
+  if (channel) channel.postMessage(news);
+}
+
+/** `listen({kind: "saved"|"removed", id})` is called when another tab changed a conversation. */
+export function onChange(listen) {
+  if (channel) channel.onmessage = (e) => listen(e.data);
 }

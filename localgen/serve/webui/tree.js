@@ -49,6 +49,49 @@ export function show(conv, id) {
   conv.current = m.id;
 }
 
+/** When a message last changed (an answer changes while it streams): what decides between two copies of it. */
+function changed(m) {
+  return Number.isFinite(m.updated) ? m.updated : m.created || 0;
+}
+
+const META = ["name", "system", "settings", "model"];
+
+/** Takes into `conv` (in place: its objects stay the ones the page holds) what another copy of it, written by
+ * another tab, has and it lacks: every message it has not got, a later version of one it has (the answer
+ * another tab was still writing), and its name and settings if they changed later. Messages are only ever
+ * added, so nothing either tab wrote is lost. True when `conv` took something. */
+export function merge(conv, other) {
+  let took = false;
+  for (const [id, m] of Object.entries(other.messages)) {
+    const mine = conv.messages[id];
+    if (!mine) {
+      conv.messages[id] = { ...m, children: [] };
+      took = true;
+    } else if (id !== ROOT && changed(m) > changed(mine)) {
+      const children = mine.children;
+      for (const k of Object.keys(mine)) delete mine[k];
+      Object.assign(mine, m, { children });
+      took = true;
+    }
+  }
+  for (const [id, m] of Object.entries(other.messages)) {
+    const kids = conv.messages[id].children;
+    const missing = m.children.filter((c) => !kids.includes(c));
+    if (missing.length) {
+      kids.push(...missing);
+      kids.sort((a, b) => (conv.messages[a].created || 0) - (conv.messages[b].created || 0));
+    }
+  }
+  if ((other.meta || 0) > (conv.meta || 0)) {
+    for (const k of META) conv[k] = other[k];
+    conv.meta = other.meta;
+    took = true;
+  }
+  conv.updated = Math.max(conv.updated || 0, other.updated || 0);
+  if (took) show(conv, conv.current); // the branch on screen goes on to what was added under its last message
+  return took;
+}
+
 const ROLES = new Set(["user", "assistant"]);
 const IMAGE = /^data:image\/[a-z0-9.+-]+;base64,[A-Za-z0-9+/=]+$/;
 
@@ -79,8 +122,10 @@ export function imported(doc) {
   for (const k of ["created", "updated"]) if (Number.isFinite(doc[k])) conv[k] = doc[k];
   const ids = new Map([[ROOT, ROOT]]); // old id → new id
   const source = doc.messages;
-  const visit = (oldId, depth) => {
-    if (depth > 100000) throw new Error("the messages nest too deeply");
+  if (!source[ROOT]) throw new Error("a conversation has no root message");
+  const todo = [ROOT]; // a stack, not recursion: a conversation of many thousand turns imports too
+  while (todo.length) {
+    const oldId = todo.pop();
     const m = source[oldId];
     if (!m || typeof m !== "object" || !Array.isArray(m.children)) throw new Error(`message ${oldId} is missing`);
     for (const child of m.children) {
@@ -93,24 +138,34 @@ export function imported(doc) {
       }
       const copy = add(conv, ids.get(oldId), { role: c.role, content: text(c.content, "a message") });
       if (images.length) copy.images = images;
-      if (c.role === "assistant") {
-        copy.reasoning = text(c.reasoning, "reasoning");
-        copy.model = c.model === undefined || c.model === null ? null : text(c.model, "model");
-        for (const k of ["stats", "note"]) if (c[k] && typeof c[k] === "object") copy[k] = sanitized(c[k]);
-        if (typeof c.error === "string") copy.error = c.error;
-      }
+      if (c.role === "assistant") answerFields(copy, c);
       if (Number.isFinite(c.created)) copy.created = c.created;
       ids.set(child, copy.id);
-      visit(child, depth + 1);
     }
-  };
-  const root = source[ROOT];
-  if (!root) throw new Error("a conversation has no root message");
-  visit(ROOT, 0);
+    for (let k = m.children.length - 1; k >= 0; k--) todo.push(m.children[k]);
+  }
   if (typeof doc.current === "string" && ids.has(doc.current)) conv.current = ids.get(doc.current);
   else show(conv, ROOT);
   if (Number.isFinite(doc.updated)) conv.updated = doc.updated;
   return conv;
+}
+
+const ERRORS = new Set(["network", "interrupted", "auth", "context", "size", "refused"]);
+
+/** What an answer of an export says besides its text: its reasoning, model, stats, and the note under it
+ * (stopped, cut at max_tokens, edited, or the error it met), checked, so that it reads as it did. */
+function answerFields(copy, c) {
+  copy.reasoning = text(c.reasoning, "reasoning");
+  copy.model = c.model === undefined || c.model === null ? null : text(c.model, "model");
+  for (const k of ["stats", "note"]) if (c[k] && typeof c[k] === "object") copy[k] = sanitized(c[k]);
+  if (c.stopped === true) copy.stopped = true;
+  if (c.edited === true) copy.edited = true;
+  if (typeof c.finish === "string" && c.finish.length < 40) copy.finish = c.finish;
+  const e = c.error;
+  if (typeof e === "string" && e) copy.error = { kind: "refused", message: e.slice(0, 2000) };
+  else if (e && typeof e === "object" && typeof e.message === "string") {
+    copy.error = { kind: ERRORS.has(e.kind) ? e.kind : "refused", message: e.message.slice(0, 2000) };
+  }
 }
 
 function sanitized(obj) {

@@ -1,0 +1,425 @@
+"""OpenAI's Batch API: `POST /v1/batches` (an uploaded file of requests, one JSON line each, for one endpoint),
+`GET /v1/batches` (newest first), `GET /v1/batches/{id}` and `POST /v1/batches/{id}/cancel`; the Files API
+beside it (serve/files.py) holds the input and the results. Each batch is a folder in the data dir's
+`batches/runs/`: `batch.json` (OpenAI's Batch object, written atomically at each change of status),
+`output.jsonl` and `errors.jsonl` (one line appended and synced per request answered: a 2xx answer to the
+output, any other to the errors). Those two files are what has been done: a `serve` started again counts them
+(a line cut short by a crash is dropped), and serve/batchrun.py's runner goes on with the requests they do not
+answer yet, so a finished request is never run twice or lost.
+
+A batch's lines are all checked before any runs (validate): each a JSON object with `custom_id` (unique),
+`method` POST, `url` the batch's endpoint and a `body` object that does not stream, at most MAX_LINES; a
+file that is not so makes the batch `failed`, with OpenAI's `errors.data` (code, line, message, param).
+Only one server runs a data dir's batches: the first to use them holds `batches/lock` while it runs; another
+answers these routes with 503."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from localgen import paths
+from localgen.serve import files
+from localgen.serve.apierror import HTTPError
+from localgen.serve.jsonbody import read_json
+from localgen.serve.responsestore import check_metadata
+from localgen.serve.stalls import DEFAULT_READ_TIMEOUT_S
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+MAX_LINES = 50_000  # OpenAI's bound on the requests of one batch
+MAX_ERRORS = 100  # the input's faults a failed batch lists (errors.data), the first ones
+WINDOWS = ("24h",)  # OpenAI's only completion_window; here a batch runs until it is done or cancelled
+RUNNING = ("validating", "in_progress", "finalizing", "cancelling")  # the statuses of a batch not ended
+MAX_BATCHES_LISTED = 100  # GET /v1/batches' largest `limit` (its default: 20)
+UPLOADS = files.UPLOADS  # the paths whose bodies the gate leaves to the route (serve/guard.py)
+
+
+def default_root() -> Path:
+    """Where the server keeps its batches and their files."""
+    return paths.data_dir() / "batches"
+
+
+@dataclass(frozen=True)
+class Line:
+    """A request of a batch's input: its line number (from 1), custom_id, url and body."""
+
+    number: int
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+
+
+def read_lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
+    """The input's lines that are not blank, with their numbers (from 1), read one at a time."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if raw.strip():
+                yield number, raw
+
+
+def parse(number: int, raw: bytes, endpoint: str) -> Line | dict[str, Any]:
+    """One input line as a Line, or its fault as an entry of OpenAI's errors.data."""
+    def fault(code: str, message: str, param: str | None = None) -> dict[str, Any]:
+        return {"code": code, "line": number, "message": message, "param": param}
+
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, a number too long, nesting too deep
+        return fault("invalid_json_line", "This line is not parseable as valid JSON.")
+    if not isinstance(doc, dict):
+        return fault("invalid_json_line", "This line is not a JSON object.")
+    for name in ("custom_id", "method", "url", "body"):
+        if name not in doc:
+            return fault("missing_required_parameter", f"Missing required parameter: '{name}'.", name)
+    custom_id, method, url, body = doc["custom_id"], doc["method"], doc["url"], doc["body"]
+    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512:
+        return fault("invalid_request", "custom_id must be a string of 1 to 512 characters.", "custom_id")
+    if method != "POST":
+        return fault("invalid_request", f"method must be POST (got {str(method)[:20]!r}).", "method")
+    if url != endpoint:
+        return fault("url_mismatch", f"The url {str(url)[:100]!r} does not match the batch's endpoint "
+                                     f"{endpoint!r}.", "url")
+    if not isinstance(body, dict):
+        return fault("invalid_request", "body must be a JSON object.", "body")
+    if body.get("stream") not in (None, False):
+        return fault("invalid_request", "A batch request cannot stream: leave stream out or false.", "body.stream")
+    return Line(number, custom_id, url, body)
+
+
+def validate(path: Path, endpoint: str) -> tuple[int, str | None, list[dict[str, Any]]]:
+    """The input's requests counted and checked before any runs: their number, the first one's model, and the
+    faults found (the first MAX_ERRORS; more lines than MAX_LINES is one fault, and reading stops there)."""
+    errors: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    total, model = 0, None
+    for number, raw in read_lines(path):
+        total += 1
+        if total > MAX_LINES:
+            errors.append({"code": "too_many_tasks", "line": number, "message": f"The batch has more than "
+                           f"{MAX_LINES:,} requests: split it into several.", "param": None})
+            break
+        found = parse(number, raw, endpoint)
+        if isinstance(found, dict):
+            errors.append(found)
+            with contextlib.suppress(ValueError, RecursionError, KeyError, TypeError):
+                seen.add(json.loads(raw)["custom_id"])  # a later line may not take it either
+        elif found.custom_id in seen:
+            errors.append({"code": "duplicate_custom_id", "line": number, "message": "The custom_id "
+                           f"{found.custom_id[:100]!r} is used by an earlier line.", "param": "custom_id"})
+        else:
+            seen.add(found.custom_id)
+            if model is None and isinstance(found.body.get("model"), str):
+                model = found.body["model"]
+    if total == 0:
+        errors.append({"code": "empty_file", "line": None, "message": "The input file has no requests.",
+                       "param": None})
+    return min(total, MAX_LINES), model, errors[:MAX_ERRORS]
+
+
+def answered(path: Path) -> list[dict[str, Any]]:
+    """The records of a results file, whole ones only: a line a crash cut short is removed from the file, so the
+    next record starts on a line of its own."""
+    try:
+        with open(path, "rb+") as f:
+            data = f.read()
+            end = data.rfind(b"\n") + 1
+            if end < len(data):
+                f.truncate(end)
+                f.flush()
+                os.fsync(f.fileno())
+    except FileNotFoundError:
+        return []
+    out = []
+    for raw in data[:end].splitlines():
+        with contextlib.suppress(ValueError):
+            doc = json.loads(raw)
+            if isinstance(doc, dict) and isinstance(doc.get("custom_id"), str):
+                out.append(doc)
+    return out
+
+
+def usage_of(body: Any) -> tuple[int, int, int, int]:
+    """A 2xx answer's tokens as the Batch object counts them: input, cached input, output, reasoning (the usage
+    of chat and text completions, embeddings and responses alike)."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0, 0, 0
+
+    def number(doc: Any, *names: str) -> int:
+        for name in names:
+            value = doc.get(name) if isinstance(doc, dict) else None
+            if isinstance(value, int):
+                return value
+        return 0
+
+    cached = number(usage.get("prompt_tokens_details") or usage.get("input_tokens_details"), "cached_tokens")
+    reasoning = number(usage.get("completion_tokens_details") or usage.get("output_tokens_details"),
+                       "reasoning_tokens")
+    return (number(usage, "prompt_tokens", "input_tokens"), cached, number(usage, "completion_tokens",
+                                                                             "output_tokens"), reasoning)
+
+
+@dataclass
+class Progress:
+    """What a running batch has answered: its custom_ids, counts and tokens, and the results files it appends to."""
+
+    folder: Path
+    done: set[str] = field(default_factory=set)
+    completed: int = 0
+    failed: int = 0
+    tokens: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # input, cached, output, reasoning
+
+    @classmethod
+    def read(cls, folder: Path) -> Progress:
+        """The progress its results files hold (a torn last line dropped)."""
+        progress = cls(folder)
+        for ok, name in ((True, "output.jsonl"), (False, "errors.jsonl")):
+            for record in answered(folder / name):
+                progress.count(record, ok)
+        return progress
+
+    def count(self, record: dict[str, Any], ok: bool) -> None:
+        """An answered request counted (on the event loop, which reads the counts)."""
+        self.done.add(record["custom_id"])
+        if ok:
+            self.completed += 1
+            body = (record.get("response") or {}).get("body")
+            self.tokens = [a + b for a, b in zip(self.tokens, usage_of(body), strict=True)]
+        else:
+            self.failed += 1
+
+    def write(self, record: dict[str, Any], ok: bool) -> None:
+        """One answered request, appended to its file and synced (in a thread: it waits for the disk); then
+        count() it."""
+        line = (json.dumps(record) + "\n").encode()  # ASCII: a custom_id's lone surrogate stays an escape
+        fd = os.open(self.folder / ("output.jsonl" if ok else "errors.jsonl"),
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            view = memoryview(line)
+            while view:  # one append (O_APPEND); a short write goes on where it stopped
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def shown(self, doc: dict[str, Any]) -> None:
+        """Its counts and tokens in the batch's object."""
+        doc["request_counts"] = {"total": doc["request_counts"]["total"], "completed": self.completed,
+                                 "failed": self.failed}
+        given, cached, made, reasoning = self.tokens
+        doc["usage"] = {"input_tokens": given, "input_tokens_details": {"cached_tokens": cached},
+                        "output_tokens": made, "output_tokens_details": {"reasoning_tokens": reasoning},
+                        "total_tokens": given + made}
+
+
+class Desk:
+    """The data dir's batches: their objects (read when this server first uses them), each running one's
+    Progress, and the files; `wake` tells the runner (serve/batchrun.py) that there is work."""
+
+    def __init__(self, root: Path | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.root = root or default_root()
+        self.clock = clock
+        self.files = files.FileStore(self.root / "files", clock)
+        self.batches: dict[str, dict[str, Any]] | None = None  # by id, in order of creation; None: not owned yet
+        self.progress: dict[str, Progress] = {}
+        self.wake = asyncio.Event()
+        self.read_timeout = DEFAULT_READ_TIMEOUT_S  # serve --read-timeout, for an upload's parts
+        self._lock: Any = None
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    def owner(self) -> None:
+        """Hold the data dir's batches (a 503 when another server does), and read them the first time."""
+        if self.batches is not None:
+            return
+        from filelock import FileLock, Timeout
+
+        lock = FileLock(paths.private_dir(self.root) / "lock", timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise HTTPError(503, "another localgen serve on this machine runs the Batch API with the same data "
+                                 "folder: send batches and files to that server", "server_error") from None
+        self._lock = lock
+        self.batches = {}
+        for folder in self.runs.glob("batch_*") if self.runs.is_dir() else []:
+            with contextlib.suppress(OSError, ValueError):
+                doc = json.loads((folder / "batch.json").read_bytes())
+                if doc.get("status") in RUNNING:
+                    self.progress[doc["id"]] = progress = Progress.read(folder)
+                    progress.shown(doc)
+                self.batches[doc["id"]] = doc
+        self.batches = dict(sorted(self.batches.items(), key=lambda kv: (kv[1]["created_at"], kv[0])))  # oldest first
+
+    def release(self) -> None:
+        """Let another server hold the batches (at shutdown)."""
+        if self._lock is not None:
+            self._lock.release()
+
+    def pending(self) -> bool:
+        """Whether a batch is left to run, from an earlier start: this server takes the batches at once then."""
+        if not self.runs.is_dir():
+            return False
+        for path in self.runs.glob("batch_*/batch.json"):
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(path.read_bytes()).get("status") in RUNNING:
+                    return True
+        return False
+
+    def save(self, doc: dict[str, Any]) -> None:
+        """A batch's object, written atomically (its counts brought up to date first)."""
+        if doc["id"] in self.progress:
+            self.progress[doc["id"]].shown(doc)
+        files.write_atomic(self.runs / doc["id"] / "batch.json", json.dumps(doc).encode())
+
+    def next(self) -> dict[str, Any] | None:
+        """The oldest batch not ended, or None."""
+        return next((d for d in (self.batches or {}).values() if d["status"] in RUNNING), None)
+
+    def in_use(self, file_id: str) -> str | None:
+        """The running batch that reads this file, if one does."""
+        return next((d["id"] for d in (self.batches or {}).values()
+                     if d["status"] in RUNNING and d["input_file_id"] == file_id), None)
+
+    def now(self) -> int:
+        return int(self.clock())
+
+    def create(self, input_file_id: str, endpoint: str, window: str, metadata: Any) -> dict[str, Any]:
+        """A new batch, `validating`, made durable before anything else (the caller lists it)."""
+        ident = f"batch_{secrets.token_hex(12)}"
+        doc = {"id": ident, "object": "batch", "endpoint": endpoint, "errors": None, "input_file_id": input_file_id,
+               "completion_window": window, "status": "validating", "output_file_id": None, "error_file_id": None,
+               "created_at": self.now(), "in_progress_at": None, "expires_at": None, "finalizing_at": None,
+               "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
+               "cancelled_at": None, "request_counts": {"total": 0, "completed": 0, "failed": 0},
+               "metadata": metadata, "model": None, "usage": None}
+        paths.private_dir(self.runs / ident)
+        self.save(doc)
+        return doc
+
+    def validate(self, doc: dict[str, Any]) -> None:
+        """Check a `validating` batch's input: `in_progress` with its count, or `failed` with its faults."""
+        source = self.files.content(doc["input_file_id"])
+        if not source.exists():
+            total, model, errors = 0, None, [{"code": "file_not_found", "line": None, "param": "input_file_id",
+                                               "message": f"The input file {doc['input_file_id']} was deleted."}]
+        else:
+            total, model, errors = validate(source, doc["endpoint"])
+        doc["request_counts"] = {"total": total, "completed": 0, "failed": 0}
+        doc["model"] = model
+        if doc["status"] != "cancelling":  # one cancelled while it was checked ends as cancelled
+            if errors:
+                doc.update(status="failed", failed_at=self.now(), errors={"object": "list", "data": errors})
+            else:
+                doc.update(status="in_progress", in_progress_at=self.now())
+        if not errors:
+            self.progress[doc["id"]] = Progress.read(self.runs / doc["id"])
+        self.save(doc)
+
+    def finish(self, doc: dict[str, Any]) -> None:
+        """End a batch whose lines are done (or were cancelled): `finalizing`, its results as files, then
+        `completed` or `cancelled`. Run again after a crash, it ends the same way."""
+        cancelled = doc["status"] == "cancelling"
+        if doc["status"] == "in_progress":
+            doc.update(status="finalizing", finalizing_at=self.now())
+            self.save(doc)
+        folder = self.runs / doc["id"]
+        progress = self.progress.get(doc["id"]) or Progress.read(folder)
+        for key, name, what, count in (("output_file_id", "output.jsonl", "output", progress.completed),
+                                       ("error_file_id", "errors.jsonl", "error", progress.failed)):
+            if count:
+                ident = "file-" + hashlib.sha256(f"{doc['id']}:{what}".encode()).hexdigest()[:24]
+                self.files.adopt(folder / name, ident, f"{doc['id']}_{what}.jsonl", "batch_output")
+                doc[key] = ident
+        if cancelled:
+            doc.update(status="cancelled", cancelled_at=self.now())
+        else:
+            doc.update(status="completed", completed_at=self.now())
+        self.save(doc)
+        self.progress.pop(doc["id"], None)
+
+
+def routes(desk: Desk) -> list[Route]:
+    """The Batch API's routes, and the Files API's (serve/files.py) over the same desk."""
+
+    def owned() -> dict[str, dict[str, Any]]:
+        desk.owner()
+        assert desk.batches is not None
+        return desk.batches
+
+    def found(ident: str) -> dict[str, Any]:
+        doc = owned().get(ident)
+        if doc is None:
+            raise HTTPError(404, f"No batch found with id '{ident[:100]}'.", "invalid_request_error", "batch_id")
+        return doc
+
+    async def create(request: Request) -> Response:
+        owned()
+        body = await read_json(request)
+        file_id, endpoint, window = body.get("input_file_id"), body.get("endpoint"), body.get("completion_window")
+        if not isinstance(file_id, str):
+            raise HTTPError(400, "input_file_id is required: the id of a file uploaded with purpose \"batch\"",
+                            param="input_file_id")
+        if endpoint not in ENDPOINTS:
+            raise HTTPError(400, f"endpoint must be one of {', '.join(ENDPOINTS)} (got {str(endpoint)[:60]!r})",
+                            param="endpoint")
+        if window not in WINDOWS:
+            raise HTTPError(400, f"completion_window must be \"24h\" (got {str(window)[:20]!r})",
+                            param="completion_window")
+        check_metadata(body.get("metadata"), None)
+        known = await asyncio.to_thread(desk.files.get, file_id)
+        if known is None:
+            raise HTTPError(400, f"No such File object: {file_id[:100]}", param="input_file_id")
+        if known["purpose"] != "batch":
+            raise HTTPError(400, f"{file_id} has purpose {known['purpose']!r}: a batch's input needs a file uploaded "
+                                 "with purpose \"batch\"", param="input_file_id")
+        doc = await asyncio.to_thread(desk.create, file_id, str(endpoint), str(window), body.get("metadata"))
+        owned()[doc["id"]] = doc  # listed from now on (the table changes on the event loop only)
+        await asyncio.to_thread(desk.validate, doc)
+        desk.wake.set()
+        return JSONResponse(doc)
+
+    async def listed(request: Request) -> Response:
+        docs = list(reversed(owned().values()))
+        query = request.query_params
+        limit = files.limit_param(query.get("limit"), 20, MAX_BATCHES_LISTED)
+        return JSONResponse(files.page([_shown(d) for d in docs], query.get("after"), limit))
+
+    async def retrieve(request: Request) -> Response:
+        return JSONResponse(_shown(found(request.path_params["id"])))
+
+    async def cancel(request: Request) -> Response:
+        doc = found(request.path_params["id"])
+        if doc["status"] in ("validating", "in_progress"):
+            doc.update(status="cancelling", cancelling_at=desk.now())
+            await asyncio.to_thread(desk.save, doc)
+            desk.wake.set()
+        elif doc["status"] not in ("cancelling", "cancelled"):
+            raise HTTPError(409, f"Cannot cancel a batch with status {doc['status']!r}.", param="batch_id")
+        return JSONResponse(_shown(doc))
+
+    def _shown(doc: dict[str, Any]) -> dict[str, Any]:
+        progress = desk.progress.get(doc["id"])
+        if progress is not None:
+            progress.shown(doc)
+        return doc
+
+    return [Route("/v1/batches", create, methods=["POST"]), Route("/v1/batches", listed, methods=["GET"]),
+            Route("/v1/batches/{id}", retrieve, methods=["GET"]),
+            Route("/v1/batches/{id}/cancel", cancel, methods=["POST"]),
+            *files.routes(desk.files, desk.owner, desk.in_use, lambda: desk.read_timeout)]

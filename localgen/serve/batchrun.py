@@ -1,0 +1,144 @@
+"""The runner of the Batch API's batches (serve/batches.py), one batch at a time, oldest first, in the server's
+event loop. Each request of a batch is POSTed to the server's own app in process (httpx's ASGITransport), with
+the server's API key: it passes the same gate, route, checks and pipeline as the same body sent by a client,
+and its answer (status, request id, body) is the record kept. At most `at_once` requests of the batches run
+together (serve --batch-lines), and a new one starts only once the one before has reached its model's worker
+and while no request waits for a model's slot, so a client that comes while a batch runs waits at most for the
+batch's requests in flight, never behind the rest of the batch. Cancelling lets the requests in flight end,
+and starts no other. At shutdown the runner stops: a request the shutdown ended (its 503) is not recorded, so
+the next start runs it again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import traceback
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from localgen.serve.apierror import HTTPError
+from localgen.serve.batches import Desk, Line, Progress, parse, read_lines
+from localgen.serve.jobs import INTERNAL
+from localgen.serve.state import ServeState
+
+POLL_S = 0.05  # how often a request held back looks again for a free slot
+
+
+class Runner:
+    """Runs the desk's batches through `app`, `at_once` requests at a time."""
+
+    def __init__(self, desk: Desk, state: ServeState, app: Any, key: str | None, stopping: Callable[[], bool],
+                 at_once: int, log: Callable[[str], None]) -> None:
+        self.desk, self.state, self.app, self.key = desk, state, app, key
+        self.stopping, self.at_once, self.log = stopping, at_once, log
+
+    async def serve(self) -> None:
+        """Run batches as they come, until the server stops; an unexpected fault stops the runner (said in the
+        server's log, with its traceback): the next start goes on where it stopped."""
+        try:
+            while not self.stopping():
+                self.desk.wake.clear()
+                doc = self.desk.next() if self.desk.batches is not None else None
+                if doc is None:
+                    await self.desk.wake.wait()
+                    continue
+                await self.run(doc)
+        except Exception:
+            self.log("localgen serve: the Batch API's runner stopped (restart serve to go on with its batches):\n"
+                     + traceback.format_exc().rstrip())
+
+    async def run(self, doc: dict[str, Any]) -> None:
+        """One batch, from where it stands to its end (or until the server stops)."""
+        if doc["status"] == "validating":  # a start that stopped while it was checked
+            await asyncio.to_thread(self.desk.validate, doc)
+        if doc["status"] == "in_progress":
+            await self.lines(doc, self.desk.progress[doc["id"]])
+        if not self.stopping() and doc["status"] in ("in_progress", "finalizing", "cancelling"):
+            await asyncio.to_thread(self.desk.finish, doc)
+
+    async def lines(self, doc: dict[str, Any], progress: Progress) -> None:
+        """Send the requests not answered yet, in the input's order, `at_once` at most in flight."""
+        import httpx
+
+        source = read_lines(self.desk.files.content(doc["input_file_id"]))
+        slots = asyncio.Semaphore(self.at_once)
+        # the access lines' client (--log-format json) is the batch
+        transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False, client=(doc["id"], 0))
+        try:
+            async with (httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=None) as client,
+                        asyncio.TaskGroup() as group):
+                while (item := await asyncio.to_thread(next, source, None)) is not None:
+                    line = parse(*item, doc["endpoint"])
+                    if not isinstance(line, Line) or line.custom_id in progress.done:
+                        continue
+                    await slots.acquire()
+                    await self._behind_live()
+                    if doc["status"] != "in_progress" or self.stopping():
+                        slots.release()
+                        break
+                    before = self._outstanding()
+                    sent = group.create_task(self.one(client, progress, line, slots))
+                    while not sent.done() and self._outstanding() == before:  # until it reaches a worker
+                        await asyncio.sleep(POLL_S)
+        finally:
+            source.close()
+
+    def _outstanding(self) -> int:
+        """The requests the models' workers hold, queued or running."""
+        return sum(w.outstanding for w in list(self.state.workers.values()))
+
+    async def _behind_live(self) -> None:
+        """Wait while a request waits for a model's slot (a client's, or one of ours not yet in its slot)."""
+        while not self.stopping() and any(w.outstanding > w.running for w in list(self.state.workers.values())):
+            await asyncio.sleep(POLL_S)
+
+    async def one(self, client: Any, progress: Progress, line: Line, slots: asyncio.Semaphore) -> None:
+        """One request through the app; its answer appended to the output (2xx) or the errors."""
+        try:
+            headers = {"Content-Type": "application/json"}
+            if self.key:
+                headers["Authorization"] = f"Bearer {self.key}"
+            record: dict[str, Any] = {"id": f"batch_req_{secrets.token_hex(12)}", "custom_id": line.custom_id}
+            try:  # JSON's escapes kept as sent (a lone surrogate is the route's 400, as for a client)
+                r = await client.post(line.url, content=json.dumps(line.body).encode(), headers=headers)
+            except Exception:  # a fault of ours before the app answered: this request fails alone, said in the log
+                self.log("localgen serve: a batch request failed:\n" + traceback.format_exc().rstrip())
+                record.update(response=None, error={"code": "server_error", "message": INTERNAL})
+                ok = False
+            else:
+                if not r.is_success and self.stopping():
+                    return  # ended by the shutdown: no answer, and the next start sends it again
+                try:
+                    body = r.json()
+                except ValueError:
+                    body = r.text
+                record.update(response={"status_code": r.status_code, "request_id": r.headers.get("x-request-id"),
+                                        "body": body}, error=None)
+                ok = r.is_success
+            await asyncio.to_thread(progress.write, record, ok)
+            progress.count(record, ok)
+        finally:
+            slots.release()
+
+
+@asynccontextmanager
+async def running(desk: Desk, state: ServeState, app: Any, key: str | None, stopping: Callable[[], bool],
+                  log: Callable[[str], None]) -> AsyncIterator[None]:
+    """The runner, while the app runs: batches an earlier start left unfinished go on at once (this server then
+    holds the data dir's batches); at shutdown it stops, and lets another server hold them."""
+    if await asyncio.to_thread(desk.pending):
+        try:
+            desk.owner()
+        except HTTPError as e:
+            log(f"localgen serve: the unfinished batches wait: {e.message}")
+    task = asyncio.create_task(Runner(desk, state, app, key, stopping, state.batch_lines, log).serve())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        desk.release()

@@ -1,0 +1,266 @@
+"""OpenAI's Files API, for the Batch API (serve/batches.py): `POST /v1/files` (multipart: `file` and `purpose`,
+which must be "batch"), `GET /v1/files` (newest first), `GET /v1/files/{id}`, `GET /v1/files/{id}/content` and
+`DELETE /v1/files/{id}`. Each file is two files in the data dir's `batches/files/` (0600 in a 0700 folder):
+its bytes (`ID.jsonl`) and its FileObject (`ID.json`), each written to a temporary name, synced and renamed, the
+bytes first, so a file is listed only once it is whole. An upload is bounded before it is read: its declared
+length, then its bytes as they arrive (MAX_BYTES, OpenAI's 200 MB), spooled to disk by Starlette's multipart
+parser, never held in memory whole. What its lines hold is checked when a batch names it (serve/batches.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
+from typing import IO, Any
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from localgen import paths
+from localgen.serve.apierror import HTTPError
+
+MAX_BYTES = 200 * 1024 * 1024  # OpenAI's bound on a batch input file (209,715,200 bytes)
+FORM_SLACK = 64 * 1024  # what a multipart body may hold besides the file: its boundaries, headers and `purpose`
+PURPOSES = ("batch",)  # what may be uploaded; the batches' results are files of purpose "batch_output"
+_ID = re.compile(r"file-[0-9a-f]{24}")
+UPLOADS = ("/v1/files",)  # the gate lets these bodies through unread (serve/guard.py's Policy.uploads)
+MAX_LIST = 10_000  # OpenAI's largest `limit` for GET /v1/files (and its default)
+
+
+def default_root() -> Path:
+    """Where the server keeps its files."""
+    return paths.data_dir() / "batches" / "files"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """`data` at `path`, whole or not at all: a temporary file (0600) synced, renamed, and the folder synced."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")  # writers in two threads: two names
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        paths.fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class FileStore:
+    """Files by id: their bytes and their FileObject, in one folder."""
+
+    def __init__(self, root: Path, clock: Callable[[], float] = time.time) -> None:
+        self.root = root
+        self.clock = clock
+
+    def _folder(self) -> Path:
+        return paths.private_dir(self.root)
+
+    def content(self, ident: str) -> Path:
+        """Where a file's bytes are (the id checked first: it names a file in this folder and nothing else)."""
+        if not _ID.fullmatch(ident):
+            raise KeyError(ident)
+        return self.root / f"{ident}.jsonl"
+
+    def get(self, ident: str) -> dict[str, Any] | None:
+        """A file's FileObject, or None when there is none of that id."""
+        if not _ID.fullmatch(ident):
+            return None
+        try:
+            doc: dict[str, Any] = json.loads((self.root / f"{ident}.json").read_bytes())
+        except FileNotFoundError:
+            return None
+        return doc
+
+    def add(self, source: IO[bytes], filename: str, purpose: str, ident: str | None = None) -> dict[str, Any]:
+        """Copy `source` in as a new file (or as `ident`), its bytes first, then its FileObject."""
+        ident = ident or f"file-{secrets.token_hex(12)}"
+        folder = self._folder()
+        target = folder / f"{ident}.jsonl"
+        tmp = folder / f".{ident}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with open(fd, "wb") as f:
+                shutil.copyfileobj(source, f, 1 << 20)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return self._describe(ident, filename, purpose)
+
+    def adopt(self, source: Path, ident: str, filename: str, purpose: str) -> dict[str, Any]:
+        """Move a file written elsewhere in the data dir (a batch's results) in as `ident`; again after a crash,
+        what was moved already stays."""
+        folder = self._folder()
+        target = folder / f"{ident}.jsonl"
+        if source.exists():
+            os.replace(source, target)
+        found = self.get(ident)
+        return found if found is not None else self._describe(ident, filename, purpose)
+
+    def _describe(self, ident: str, filename: str, purpose: str) -> dict[str, Any]:
+        target = self.root / f"{ident}.jsonl"
+        doc = {"id": ident, "object": "file", "bytes": target.stat().st_size, "created_at": int(self.clock()),
+               "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
+               "status_details": None}
+        write_atomic(self.root / f"{ident}.json", json.dumps(doc).encode())
+        return doc
+
+    def listed(self) -> list[dict[str, Any]]:
+        """Every file's FileObject, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = [d for p in self.root.glob("file-*.json") if (d := self.get(p.stem)) is not None]
+        return sorted(found, key=lambda d: (d["created_at"], d["id"]))
+
+    def delete(self, ident: str) -> bool:
+        """Forget a file: its FileObject first (it is unlisted at once), then its bytes."""
+        if self.get(ident) is None:
+            return False
+        (self.root / f"{ident}.json").unlink(missing_ok=True)
+        self.content(ident).unlink(missing_ok=True)
+        paths.fsync_dir(self.root)
+        return True
+
+
+def not_found(ident: str, param: str = "file_id") -> HTTPError:
+    """OpenAI's 404 for a file id it does not know."""
+    return HTTPError(404, f"No such File object: {ident[:100]}", "invalid_request_error", param)
+
+
+def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], str | None],
+           read_timeout: Callable[[], float]) -> list[Route]:
+    """The Files API's routes over `store`. `owner()` is called first by each (serve/batches.py: this server
+    holds the data dir's batches, or a 503); `in_use(id)` names the batch still reading a file, which may not be
+    deleted meanwhile."""
+
+    async def create(request: Request) -> Response:
+        owner()
+        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if kind != "multipart/form-data":
+            raise HTTPError(415, "upload a file as multipart/form-data, with the fields file and purpose "
+                                 f"(got {kind or 'no content type'!r})", param="file")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BYTES + FORM_SLACK:
+            raise too_big()
+        return JSONResponse(await _upload(request, store))
+
+    async def listed(request: Request) -> Response:
+        owner()
+        query = request.query_params
+        purpose = query.get("purpose")
+        limit = limit_param(query.get("limit"), MAX_LIST, MAX_LIST)
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise HTTPError(400, f"order must be asc or desc (got {order[:20]!r})", param="order")
+        docs = await asyncio.to_thread(store.listed)
+        docs = [d for d in docs if purpose is None or d["purpose"] == purpose]
+        if order == "desc":
+            docs.reverse()
+        return JSONResponse(page(docs, query.get("after"), limit))
+
+    async def retrieve(request: Request) -> Response:
+        owner()
+        ident = request.path_params["id"]
+        doc = await asyncio.to_thread(store.get, ident)
+        if doc is None:
+            raise not_found(ident)
+        return JSONResponse(doc)
+
+    async def content(request: Request) -> Response:
+        owner()
+        ident = request.path_params["id"]
+        if await asyncio.to_thread(store.get, ident) is None:
+            raise not_found(ident)
+        return FileResponse(store.content(ident), media_type="application/octet-stream")
+
+    async def delete(request: Request) -> Response:
+        owner()
+        ident = request.path_params["id"]
+        user = in_use(ident)
+        if user is not None:
+            raise HTTPError(409, f"{ident} is the input of {user}, which is still running: cancel it first, or "
+                                 "wait for its end", param="file_id")
+        if not await asyncio.to_thread(store.delete, ident):
+            raise not_found(ident)
+        return JSONResponse({"id": ident, "object": "file", "deleted": True})
+
+    async def _upload(request: Request, store: FileStore) -> dict[str, Any]:
+        from starlette.datastructures import UploadFile
+        from starlette.formparsers import MultiPartException, MultiPartParser
+
+        parser = MultiPartParser(request.headers, _bounded(request, read_timeout()), max_files=1, max_fields=8)
+        try:
+            form = await parser.parse()
+        except MultiPartException as e:
+            raise HTTPError(400, f"the upload is not a valid multipart form: {e.message}", param="file") from None
+        try:
+            file, purpose = form.get("file"), form.get("purpose")
+            if not isinstance(file, UploadFile):
+                raise HTTPError(400, "the form has no file: send it as the field `file`", param="file")
+            if purpose not in PURPOSES:
+                raise HTTPError(400, f"purpose must be \"batch\" (got {str(purpose)[:40]!r}): this server keeps "
+                                     "files for the Batch API only", param="purpose")
+            if file.size is not None and file.size > MAX_BYTES:
+                raise too_big()
+            name = os.path.basename(file.filename or "upload.jsonl")[:255]
+            return await asyncio.to_thread(store.add, file.file, name, str(purpose))
+        finally:
+            await form.close()
+
+    return [Route("/v1/files", create, methods=["POST"]), Route("/v1/files", listed, methods=["GET"]),
+            Route("/v1/files/{id}", retrieve, methods=["GET"]), Route("/v1/files/{id}", delete, methods=["DELETE"]),
+            Route("/v1/files/{id}/content", content, methods=["GET"])]
+
+
+def too_big() -> HTTPError:
+    """The 413 of a file over MAX_BYTES."""
+    return HTTPError(413, f"the file is over the limit of {MAX_BYTES:,} bytes (200 MB, as OpenAI's): split it into "
+                          "several batches", param="file")
+
+
+async def _bounded(request: Request, timeout: float) -> AsyncGenerator[bytes, None]:
+    """The request's body as it arrives, a 413 once it passes the bound (nothing past it is read), a 408 when a
+    part stalls for `timeout` seconds (serve --read-timeout)."""
+    seen = 0
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), timeout)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise HTTPError(408, f"the upload stalled: no byte came for {timeout:g} s (serve --read-timeout)") \
+                from None
+        seen += len(chunk)
+        if seen > MAX_BYTES + FORM_SLACK:
+            raise too_big()
+        yield chunk
+
+
+def limit_param(text: str | None, default: int, most: int) -> int:
+    """A list's `limit` query parameter, checked."""
+    if text is None:
+        return default
+    if not text.isdigit() or not 1 <= int(text) <= most:
+        raise HTTPError(400, f"limit must be a whole number from 1 to {most:,} (got {text[:20]!r})", param="limit")
+    return int(text)
+
+
+def page(docs: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
+    """OpenAI's cursor page of `docs` (in the order listed): those after the id `after`, at most `limit`."""
+    if after is not None:
+        at = next((i for i, d in enumerate(docs) if d["id"] == after), None)
+        docs = docs[at + 1:] if at is not None else []
+    shown = docs[:limit]
+    return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
+            "last_id": shown[-1]["id"] if shown else None, "has_more": len(docs) > limit}

@@ -1,0 +1,398 @@
+"""The Batch and Files APIs of `localgen serve` (docs/batch.md), driven by the real `openai` client against
+SmolLM2 135M: a batch's lines answered as the same bodies POSTed to the route, refused inputs (a 400 naming the
+field, or the batch `failed` with OpenAI's errors.data), cancelling, a serve killed mid-batch and started again,
+and batches held back while a request waits for a slot."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.test_serve import Server
+
+KEY = "sk-batch-test"
+MODEL = "smollm2:135m"
+# one slot and three batch requests at once: a batch request that is not in the slot waits, so the runner
+# starts no other meanwhile (docs/batch.md)
+ARGS = ("--api-key", KEY, "-np", "1", "--batch-lines", "3", "--ctx", "512", "--no-on-demand")
+
+
+def _chat(i: int, model: str = MODEL) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": f"Count to {i}."}], "max_tokens": 4,
+            "temperature": 0}
+
+
+def _line(custom_id: str, body: dict[str, Any], url: str = "/v1/chat/completions") -> dict[str, Any]:
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def _jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+@pytest.fixture(scope="module")
+def env(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A home of the module's own: its batches are these tests' alone."""
+    return {**cli_env, "LOCALGEN_HOME": str(tmp_path_factory.mktemp("batch-home"))}
+
+
+@pytest.fixture
+def own_env(cli_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A home of the test's own, for the servers it starts and stops (one server holds a home's batches)."""
+    return {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+
+
+@pytest.fixture(scope="module")
+def server(env: dict[str, str]) -> Iterator[Server]:
+    s = Server(env, *ARGS)
+    yield s
+    assert s.stop() == 0
+
+
+def _client(server: Server) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+
+
+def _finished(client: Any, batch_id: str, timeout: float = 600) -> Any:
+    deadline = time.monotonic() + timeout  # a safety net for busy cores, not a timing
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "cancelled", "expired"):
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"{batch_id} did not end")
+
+
+def _records(client: Any, file_id: str | None) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()] if file_id else []
+
+
+def _answer(body: dict[str, Any]) -> dict[str, Any]:
+    """What two answers to the same body share: everything but ids, times and the timings."""
+    return {k: v for k, v in body.items() if k not in ("id", "created", "created_at", "timings")}
+
+
+def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
+    """docs/batch.md: each line goes through the route it names, as the same body POSTed there: the same answer
+    (temperature 0), the same error for a model not served (an error line, and the batch goes on), and the
+    Batch object's counts and tokens; retrieve and list parse as the openai client's types."""
+    from openai.types import Batch, FileObject
+
+    client = _client(server)
+    odd = {**_chat(4), "messages": [{"role": "user", "content": "\ud800"}]}  # a lone surrogate: the route's 400
+    bodies = {"one": _chat(1), "two": _chat(2), "lost": _chat(3, model="no-such-model"), "odd\ud800": odd}
+    upload = client.files.create(file=("chat.jsonl", _jsonl([_line(k, b) for k, b in bodies.items()])),
+                                 purpose="batch")
+    assert upload.purpose == "batch" and upload.bytes > 100 and upload.filename == "chat.jsonl"
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h",
+                                  metadata={"job": "nightly"})
+    assert batch.status == "in_progress" and batch.request_counts.total == 4 and batch.metadata == {"job": "nightly"}
+    batch = _finished(client, batch.id)
+    assert batch.status == "completed" and batch.model == MODEL
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 2)
+    assert batch.completed_at >= batch.finalizing_at >= batch.in_progress_at >= batch.created_at
+    output, errors = _records(client, batch.output_file_id), _records(client, batch.error_file_id)
+    assert sorted(r["custom_id"] for r in output) == ["one", "two"]
+    assert sorted(r["custom_id"] for r in errors) == ["lost", "odd\ud800"]
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for record in output + errors:
+        direct = httpx.post(f"{server.url}/v1/chat/completions", content=json.dumps(bodies[record["custom_id"]]),
+                            headers={**headers, "Content-Type": "application/json"}, timeout=300)
+        response = record["response"]
+        assert response["status_code"] == direct.status_code and record["error"] is None
+        assert response["request_id"].startswith("req_") and record["id"].startswith("batch_req_")
+        if direct.status_code == 200:
+            assert _answer(response["body"]) == _answer(direct.json())
+        else:
+            assert direct.status_code == (404 if record["custom_id"] == "lost" else 400)
+            assert response["body"]["error"] == direct.json()["error"]
+    usage = batch.usage
+    assert usage.input_tokens == sum(r["response"]["body"]["usage"]["prompt_tokens"] for r in output)
+    made = sum(r["response"]["body"]["usage"]["completion_tokens"] for r in output)
+    assert made > 0 and usage.output_tokens == made and usage.total_tokens == usage.input_tokens + made
+    # the shapes, validated by the openai client's own types (the client itself builds them unchecked)
+    raw = httpx.get(f"{server.url}/v1/batches/{batch.id}", headers=headers).json()
+    assert Batch.model_validate(raw).request_counts == batch.request_counts
+    page = httpx.get(f"{server.url}/v1/batches", params={"limit": 1}, headers=headers).json()
+    assert [Batch.model_validate(d).id for d in page["data"]] == [batch.id] and page["first_id"] == batch.id
+    listed = [FileObject.model_validate(d) for d in httpx.get(f"{server.url}/v1/files", headers=headers).json()["data"]]
+    assert {f.id for f in listed} >= {upload.id, batch.output_file_id, batch.error_file_id}
+    assert {f.purpose for f in listed if f.id != upload.id} == {"batch_output"}
+    assert batch.id in [b.id for b in client.batches.list()]
+    assert [f.id for f in client.files.list(purpose="batch")] == [upload.id]
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/embeddings", "/v1/responses"])
+def test_the_other_endpoints_answer_as_their_routes(server: Server, endpoint: str) -> None:
+    """Text completions, embeddings and the Responses API in a batch: the same answer as the route's."""
+    client = _client(server)
+    bodies: dict[str, dict[str, Any]] = {
+        "/v1/completions": {"model": MODEL, "prompt": "Once upon", "max_tokens": 4, "temperature": 0},
+        "/v1/embeddings": {"model": MODEL, "input": ["a cat", "a dog"]},
+        "/v1/responses": {"model": MODEL, "input": "Say hi.", "max_output_tokens": 4, "temperature": 0,
+                          "store": False}}
+    body = bodies[endpoint]
+    upload = client.files.create(file=("in.jsonl", _jsonl([_line("x", body, endpoint)])), purpose="batch")
+    batch = _finished(client, client.batches.create(input_file_id=upload.id, endpoint=endpoint,
+                                                    completion_window="24h").id)
+    assert (batch.status, batch.request_counts.completed) == ("completed", 1), batch
+    [record] = _records(client, batch.output_file_id)
+    direct = httpx.post(f"{server.url}{endpoint}", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=300)
+    assert direct.status_code == 200 and record["response"]["status_code"] == 200
+    got, want = _answer(record["response"]["body"]), _answer(direct.json())
+    if endpoint == "/v1/responses":  # its output items carry ids of their own
+        assert got["output"][0]["content"][0]["text"] == want["output"][0]["content"][0]["text"]
+        got, want = ({k: v for k, v in d.items() if k != "output"} for d in (got, want))
+    assert got == want
+
+
+def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
+    """docs/batch.md, Refused input: a 400 naming the field for the request itself; a file whose lines are not
+    right makes the batch `failed` with every fault's code, line and param, and nothing runs."""
+    import openai
+
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.files.create(file=("in.jsonl", b"{}\n"), purpose="fine-tune")
+    assert dict(e.value.body)["param"] == "purpose"  # type: ignore[call-overload]
+    good = client.files.create(file=("in.jsonl", _jsonl([_line("a", _chat(1))])), purpose="batch")
+    cases: list[tuple[dict[str, Any], str]] = [(dict(input_file_id="file-0123456789abcdef01234567"), "input_file_id"),
+                                                (dict(endpoint="/v1/moderations"), "endpoint"),
+                                                (dict(completion_window="1h"), "completion_window"),
+                                                (dict(metadata={"k": 1}), "metadata")]
+    for given, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.batches.create(**{"input_file_id": good.id, "endpoint": "/v1/chat/completions",
+                                     "completion_window": "24h", **given})
+        assert dict(e.value.body)["param"] == param, given  # type: ignore[call-overload]
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve("file-0123456789abcdef01234567")
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("batch_nope")
+    lines: list[Any] = [_line("a", _chat(1)), "not json", _line("b", _chat(1), url="/v1/completions"),
+                        _line("a", _chat(1)),
+                        {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions"},
+                        _line("d", {**_chat(1), "stream": True}), {**_line("e", _chat(1)), "method": "GET"},
+                        _line("b", _chat(1))]  # taken by a line refused above: still taken
+    data = b"".join((json.dumps(x) if isinstance(x, dict) else x).encode() + b"\n\n" for x in lines)  # blanks skipped
+    upload = client.files.create(file=("bad.jsonl", data), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert batch.status == "failed" and batch.failed_at and batch.output_file_id is None
+    assert [(x.code, x.line, x.param) for x in batch.errors.data] == [
+        ("invalid_json_line", 3, None), ("url_mismatch", 5, "url"), ("duplicate_custom_id", 7, "custom_id"),
+        ("missing_required_parameter", 9, "body"), ("invalid_request", 11, "body.stream"),
+        ("invalid_request", 13, "method"), ("duplicate_custom_id", 15, "custom_id")]
+    empty = client.files.create(file=("empty.jsonl", b"\n"), purpose="batch")
+    failed = client.batches.create(input_file_id=empty.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert [x.code for x in failed.errors.data] == ["empty_file"]
+    # without the key, nothing of it answers
+    for method, path in (("GET", "/v1/files"), ("POST", "/v1/files"), ("GET", f"/v1/files/{good.id}/content"),
+                         ("GET", "/v1/batches"), ("POST", f"/v1/batches/{batch.id}/cancel")):
+        assert httpx.request(method, f"{server.url}{path}").status_code == 401, path
+    r = httpx.post(f"{server.url}/v1/files", json={"purpose": "batch"}, headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 415 and r.json()["error"]["param"] == "file"
+
+
+def test_an_upload_over_the_bound_is_refused_before_it_is_read(server: Server) -> None:
+    """A declared length over 200 MB is a 413 at once: the server answers before a byte of the body came."""
+    head = (f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 300000000\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
+        s.sendall(head.encode())
+        answer = b""
+        while b"}" not in answer.partition(b"\r\n\r\n")[2]:  # the headers, then the JSON body
+            chunk = s.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    answer = answer.decode()
+    assert answer.startswith("HTTP/1.1 413"), answer[:200]
+    assert '"param":"file"' in answer and "209,715,200 bytes" in answer
+
+
+def test_an_upload_sent_in_chunks_stops_at_the_bound(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With no length declared, the bytes are counted as they come, and the upload ends at the bound (in process,
+    with a bound of 1 KiB): nothing is kept."""
+    from localgen.serve import files
+    from localgen.serve.app import build
+    from localgen.serve.state import ServeState
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    monkeypatch.setattr(files, "MAX_BYTES", 1024)
+    monkeypatch.setattr(files, "FORM_SLACK", 512)
+    app = build(ServeState(workers={}), webui=False)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        yield b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+        for _ in range(64):
+            yield b"{}\n" * 16
+
+    async def post() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
+            return await c.post("/v1/files", content=body(),
+                                headers={"Content-Type": "multipart/form-data; boundary=x"})
+
+    import asyncio
+
+    r = asyncio.run(post())
+    assert r.status_code == 413 and r.json()["error"]["param"] == "file"
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "lock"]
+
+
+def test_a_file_over_the_line_bound_fails_with_too_many_tasks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """More requests than MAX_LINES (OpenAI's 50,000; 3 here) is one fault, too_many_tasks, on the first line past
+    it, and reading stops there."""
+    from localgen.serve import batches
+
+    assert batches.MAX_LINES == 50_000
+    monkeypatch.setattr(batches, "MAX_LINES", 3)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(_jsonl([_line(f"m{i}", _chat(i)) for i in range(3)]) + b"\n" + _jsonl([_line("m9", _chat(9))])
+                     + b"not json\n")
+    total, model, errors = batches.validate(path, "/v1/chat/completions")
+    assert (total, model) == (3, MODEL)
+    assert [(e["code"], e["line"]) for e in errors] == [("too_many_tasks", 5)]
+    path.write_bytes(_jsonl([_line(f"m{i}", _chat(i)) for i in range(3)]))
+    assert batches.validate(path, "/v1/chat/completions") == (3, MODEL, [])
+
+
+def test_cancel_ends_after_the_lines_in_flight(server: Server) -> None:
+    """Cancelling: `cancelling`, then `cancelled` once the requests in flight end; what was answered is in the
+    output file, each once; the input cannot be deleted while the batch reads it, and can be after."""
+    import openai
+
+    client = _client(server)
+    upload = client.files.create(file=("many.jsonl", _jsonl([_line(f"n{i}", _chat(i)) for i in range(24)])),
+                                 purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.ConflictError):
+        client.files.delete(upload.id)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
+    batch = _finished(client, batch.id)
+    assert batch.status == "cancelled" and batch.cancelled_at and batch.completed_at is None
+    done = [r["custom_id"] for r in _records(client, batch.output_file_id)]
+    assert batch.request_counts.completed == len(done) < 24 and len(set(done)) == len(done)
+    assert client.batches.cancel(batch.id).status == "cancelled"  # again: as it is
+    assert client.files.delete(upload.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.content(upload.id)
+
+
+def test_batch_requests_wait_behind_a_waiting_request(server: Server) -> None:
+    """docs/batch.md: a batch request starts only while no request waits for a slot; with one slot and
+    --batch-lines 3, /health never shows more than one request queued while a batch runs alone, and a client's
+    request sent meanwhile is answered before the batch's end."""
+    client = _client(server)
+    upload = client.files.create(file=("q.jsonl", _jsonl([_line(f"q{i}", _chat(i)) for i in range(8)])),
+                                 purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    queued: list[int] = []
+    while client.batches.retrieve(batch.id).request_counts.completed < 2:
+        queued.append(server.health()["queued"])
+    answer = client.chat.completions.create(**_chat(99))
+    after = client.batches.retrieve(batch.id)
+    batch = _finished(client, batch.id)
+    assert answer.choices[0].message.content and after.status == "in_progress"
+    assert after.request_counts.completed < 8
+    assert max(queued) <= 1 and batch.request_counts.completed == 8
+
+
+def test_the_pages_python_example_runs(server: Server, cli_env: dict[str, str]) -> None:
+    """docs/batch.md's example runs as written against a real serve (its address and key made the test
+    server's) and prints the batch's end and each answer."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    [code] = re.findall(r"^```python\n(.*?)^```$", (ROOT / "docs" / "batch.md").read_text(), re.S | re.M)
+    code = code.replace("127.0.0.1:11435", server.url.removeprefix("http://")).replace('api_key="none"',
+                                                                                      f'api_key="{KEY}"')
+    r = subprocess.run([sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("completed BatchRequestCounts(completed=2, failed=0, total=2)")
+    assert sorted(line.split()[0] for line in lines[1:]) == ["q0", "q1"]
+
+
+def test_a_killed_serve_finishes_the_batch_after_a_restart(own_env: dict[str, str]) -> None:
+    """A serve killed (SIGKILL) mid-batch, its last record cut short as a crash may leave it, and started again
+    on the same data: the batch goes on from the requests not answered, and its output has every custom_id once,
+    those answered before the kill as they were."""
+    env = own_env
+    first = Server(env, *ARGS)
+    try:
+        client = _client(first)
+        upload = client.files.create(file=("kill.jsonl", _jsonl([_line(f"k{i}", _chat(i)) for i in range(6)])),
+                                     purpose="batch")
+        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        while client.batches.retrieve(batch.id).request_counts.completed < 2:
+            time.sleep(0.05)
+    finally:
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=60)
+    output = Path(env["LOCALGEN_HOME"]) / "data" / "batches" / "runs" / batch.id / "output.jsonl"
+    before = [json.loads(line) for line in output.read_text().splitlines()]
+    assert 2 <= len(before) < 6
+    with open(output, "a") as f:
+        f.write('{"id": "batch_req_torn", "custom_id": "k')  # a record the kill cut short
+    again = Server(env, *ARGS)
+    try:
+        client = _client(again)
+        batch = _finished(client, batch.id)
+        assert batch.status == "completed" and batch.request_counts.completed == 6
+        records = _records(client, batch.output_file_id)
+        assert sorted(r["custom_id"] for r in records) == sorted(f"k{i}" for i in range(6))
+        assert records[:len(before)] == before
+    finally:
+        assert again.stop() == 0
+
+
+def test_a_serve_stopped_mid_batch_goes_on_at_its_next_start(own_env: dict[str, str]) -> None:
+    """SIGTERM mid-batch: serve exits 0 at once (the requests in flight are not recorded), and the next start
+    finishes the batch, each custom_id once."""
+    env = own_env
+    first = Server(env, *ARGS)
+    client = _client(first)
+    upload = client.files.create(file=("term.jsonl", _jsonl([_line(f"t{i}", _chat(i)) for i in range(6)])),
+                                 purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    while client.batches.retrieve(batch.id).request_counts.completed < 1:
+        time.sleep(0.05)
+    assert first.stop() == 0
+    assert "Traceback" not in first.proc.stderr.read().decode()
+    again = Server(env, *ARGS)
+    try:
+        batch = _finished(_client(again), batch.id)
+        records = _records(_client(again), batch.output_file_id)
+        assert batch.status == "completed" and sorted(r["custom_id"] for r in records) == [f"t{i}" for i in range(6)]
+        assert batch.request_counts.failed == 0
+    finally:
+        assert again.stop() == 0
+
+
+def test_a_second_serve_on_the_same_data_leaves_the_batches_to_the_first(own_env: dict[str, str]) -> None:
+    """One server runs a data dir's batches: a second one on the same folder answers 503 saying so."""
+    import openai
+
+    first, second = Server(own_env, *ARGS), Server(own_env, *ARGS)
+    try:
+        _client(first).batches.list()
+        with pytest.raises(openai.InternalServerError) as e:
+            _client(second).batches.list()
+        assert e.value.status_code == 503 and "another localgen serve" in e.value.message
+    finally:
+        assert first.stop() == 0 and second.stop() == 0
