@@ -192,5 +192,5 @@ def default_budget(offload: bool) -> int:
 
     total = hardware.total_ram_bytes() or 0
     if offload:
-        total += sum(g.total for g in hardware.gpus() if not g.unified)  # unified memory is the RAM
+        total += sum(g.total or 0 for g in hardware.gpus() if not g.unified)  # unified memory is the RAM
     return int(total * 0.9)
