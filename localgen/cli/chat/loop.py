@@ -57,6 +57,7 @@ def start(plan: ChatPlan) -> None:
                                                                grammar=send.grammar))
     runner.json_schema = send.json_schema
     log_warn = _Warn(view)
+    runner.warn = log_warn.warn  # a conversation that cannot be saved: a warning, and the chat goes on
     runner.on_answer = lambda request, gen, text: _log_turn(log_warn, runner, request, gen, text, model=model,
                                                             no_log=plan.no_log, remote=bool(endpoints))
     if tools is not None:
@@ -80,6 +81,9 @@ def start(plan: ChatPlan) -> None:
             _repl(runner, view, endpoints)
         else:
             _scripted(runner, view)
+        if runner.unsaved is not None:  # every answer was given; the exit status says the file is behind them
+            raise LocalgenError(f"the conversation was not saved: {runner.unsaved}",
+                                hint="its answers are above; make that folder writable to keep chats")
     finally:
         save_state(runner)
         runner.backend.close()
@@ -131,7 +135,7 @@ def _log_turn(warn: _Warn, runner: Any, request: Any, gen: Any, text: str, *, mo
 
 
 class _Warn:
-    """ErrWriter's warn() for the log, as a chat notice: a warning (the chat goes on, and ends with exit 0), and
+    """ErrWriter's warn() for the log and the conversation's file, as a chat notice: a warning (the chat goes on),
     once a chat for each thing that went wrong, not once a turn."""
 
     def __init__(self, view: Any) -> None:
