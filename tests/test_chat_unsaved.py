@@ -1,5 +1,6 @@
-"""`localgen chat` on a home that cannot be written (a read-only disk): every answer is given, one warning says why
-the conversation is not saved, and the exit status says it was not."""
+"""`localgen chat` when a write fails. On a home that cannot be written (a read-only disk): every answer is given,
+one warning says why the conversation is not saved, and the exit status says it was not. With stdout's reader gone
+(`| head -1`): the chat ends quietly and keeps what was said."""
 
 from __future__ import annotations
 
@@ -96,3 +97,25 @@ def test_the_repl_on_a_read_only_home_keeps_answering_and_says_once_that_nothing
     assert text.count("tok/s") == 2, text  # both answered, each with its footer
     assert "the conversation was not saved" in text, text
     assert child.exitstatus == 1, text
+
+
+def test_a_scripted_chat_whose_reader_goes_away_keeps_the_message_and_what_was_said(ucli: CLI) -> None:
+    """`chat | head -1`: the chat ends with status 0 at the answer's next write, and the conversation keeps the
+    message and the partial answer, as Ctrl-C keeps it (it was lost whole)."""
+    p = subprocess.Popen(ucli.argv("chat", "-n", "300", "--temperature", "0"), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ucli.env, cwd=ROOT)
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write("Write a long story about a dragon, in many short lines.\n")
+    p.stdin.close()
+    first = p.stdout.readline()
+    p.stdout.close()
+    assert p.stderr is not None
+    err = p.stderr.read()
+    p.wait(600)
+    assert p.returncode == 0 and first.strip(), err
+    saved = list((Path(ucli.env["LOCALGEN_HOME"]) / "data" / "chats").glob("*.json"))
+    assert len(saved) == 1, err
+    messages = json.loads(saved[0].read_text())["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"], messages
+    assert messages[0]["content"] == "Write a long story about a dragon, in many short lines."
+    assert messages[1]["content"].startswith(first.rstrip("\n")), (messages, first)

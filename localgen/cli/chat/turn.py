@@ -36,6 +36,7 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
     """Show one answer as it comes (with the tools it calls, each asked for first unless allowed), record
     it, and print its footer. A tool's failure takes the whole turn back: the question goes, or, for
     /retry, the answer it replaced (`restore`) comes back."""
+    from localgen.cli.output import ReaderGone
     from localgen.errors import RemoteError, ToolError
     from localgen.tools.loop import Turn
 
@@ -64,7 +65,13 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
                 raise
             view.error(e.message, e.hint or "the message was taken back; the conversation is as it was")
             return
-        except BaseException:  # the reader went away, or worse: settle the stream before the engine goes
+        except (ReaderGone, OSError):  # stdout's reader went away (`| head -1`) or its disk is full: the chat
+            if runner.gen is not None:  # ends, and keeps what was said, as Ctrl-C keeps a partial answer
+                runner.gen.close()
+            if turn.messages:
+                runner.record(turn)
+            raise
+        except BaseException:  # worse: settle the stream before the engine goes
             if runner.gen is not None:
                 runner.gen.close()
             raise
