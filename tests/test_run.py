@@ -48,6 +48,11 @@ def test_json_reports_text_model_settings_and_stats(cli: CLI) -> None:
     assert stats["completion_tokens"] <= 12 and stats["prompt_tokens"] > 5
     for key in ("load_s", "ttft_s", "prefill_tps", "decode_tps", "total_s", "cached_tokens"):
         assert key in stats
+    # docs/run.md lists every key of the object: a new one must be documented
+    assert set(doc) == {"text", "finish_reason", "model", "seed", "sampling", "load", "stats", "localgen",
+                        "prompt_cache", "conversation_id"}, sorted(doc)
+    assert set(doc["model"]) == {"name", "file", "source", "quantization", "architecture", "parameters",
+                                 "file_size"}, sorted(doc["model"])
     assert doc["text"]
 
 
