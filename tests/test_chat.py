@@ -367,6 +367,9 @@ def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:
     assert r.returncode == 1 and "no saved conversation named" in r.stderr
     r = cli("chat", "bad/name", input="hi\n")
     assert r.returncode == 2 and "bad conversation name" in r.stderr
+    r = cli("chat", ".hidden", input="hi\n")  # a name may not begin with '.': the error says so
+    assert r.returncode == 2 and r.stderr == ("localgen: error: bad conversation name '.hidden': use at most 64 letters, "
+                                              "digits, '.', '_' or '-', beginning with a letter or digit\n"), r.stderr
 
 
 def test_corrupt_save_is_reported_and_kept(cli: CLI, home: Path) -> None:

@@ -29,7 +29,8 @@ def chats_dir() -> Path:
 def check_name(name: str) -> str:
     """A conversation name is a plain file-name-safe word; anything else is a usage error."""
     if not _NAME.fullmatch(name):  # `$` alone would take a name ending in a newline
-        raise UsageError(f"bad conversation name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+        raise UsageError(f"bad conversation name {name!r}: use at most 64 letters, digits, '.', '_' or '-', "
+                         "beginning with a letter or digit")
     return name
 
 
