@@ -368,8 +368,9 @@ def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:
     r = cli("chat", "bad/name", input="hi\n")
     assert r.returncode == 2 and "bad conversation name" in r.stderr
     r = cli("chat", ".hidden", input="hi\n")  # a name may not begin with '.': the error says so
-    assert r.returncode == 2 and r.stderr == ("localgen: error: bad conversation name '.hidden': use at most 64 letters, "
-                                              "digits, '.', '_' or '-', beginning with a letter or digit\n"), r.stderr
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ("localgen: error: bad conversation name '.hidden': use at most 64 letters, digits, '.', '_' "
+                        "or '-', beginning with a letter or digit\n"), r.stderr
 
 
 def test_corrupt_save_is_reported_and_kept(cli: CLI, home: Path) -> None:
@@ -485,3 +486,21 @@ def test_a_streamed_answer_ends_on_screen_as_the_whole_answer_renders(answer: st
     whole = terminal.Screen((30, 40), onlcr=True)
     console(whole).print(Markdown(answer, code_theme="monokai"))
     assert streamed.rows() == whole.rows(), "\n".join(streamed.rows())
+
+
+def test_set_verbose_off_hides_the_footer_and_on_shows_it_again(cli_env: dict[str, str]) -> None:
+    """chat.md: after each answer a footer shows tokens, tok/s, ... (`/set verbose off` hides it)."""
+    child = spawn(cli_env, "-n", "4", "--temp", "0")
+    send(child, "Hi", r"tok/s")
+    send(child, "/set verbose off", r"verbose off")
+    child.sendline("Hello again.")
+    child.expect_exact("Hello again.")  # the echo of the message
+    child.expect_exact(PROMPT)
+    answer = str(child.before)  # the answer, and the footer if there were one
+    assert answer.strip() and "tok/s" not in answer and "context " not in answer, answer
+    send(child, "/set verbose on", r"verbose on")
+    send(child, "Bye.", r"tok/s · first token [\d.]+ s · context [\d,]+/")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
