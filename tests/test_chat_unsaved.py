@@ -19,6 +19,8 @@ from tests.conftest import CLI, ROOT
 
 N = ["-n", "6", "--temperature", "0"]
 READ_ONLY = 'mount --bind -o ro "$H" "$H"'
+FULL = ('cp -a "$H/data/chats" "$T" && mount -t tmpfs -o size=16k tmpfs "$H/data/chats" && cp -a "$T/chats/." '
+        '"$H/data/chats/" && { dd if=/dev/zero of="$H/data/chats/filler" bs=4k 2>/dev/null; true; }')
 
 
 @pytest.fixture
@@ -31,26 +33,31 @@ def _can_mount() -> bool:
                                                                       capture_output=True).returncode
 
 
-def _read_only(ucli: CLI, *args: str, input: str) -> subprocess.CompletedProcess[str]:
-    """`localgen ARGS` with the home bind-mounted read-only, in a mount namespace that ends with the process."""
+def _read_only(ucli: CLI, *args: str, input: str, mount: str = READ_ONLY) -> subprocess.CompletedProcess[str]:
+    """`localgen ARGS` with the home bind-mounted read-only (or its chats on a full disk), in a mount namespace
+    that ends with the process."""
     if not _can_mount():
         pytest.skip("mounting needs unshare and the right to use it (root)")
-    env = {**ucli.env, "H": ucli.env["LOCALGEN_HOME"], "PY": sys.executable}
-    return subprocess.run(["unshare", "-m", "sh", "-c", f'{READ_ONLY} && exec "$PY" -m localgen "$@"', "sh", *args],
+    env = {**ucli.env, "H": ucli.env["LOCALGEN_HOME"], "T": str(Path(ucli.env["LOCALGEN_HOME"]).parent),
+           "PY": sys.executable}
+    return subprocess.run(["unshare", "-m", "sh", "-c", f'{mount} && exec "$PY" -m localgen "$@"', "sh", *args],
                           env=env, input=input, capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
-def test_a_chat_on_a_read_only_home_answers_every_message_warns_once_and_exits_1(ucli: CLI) -> None:
+@pytest.mark.parametrize(("mount", "why"), [(READ_ONLY, "Read-only file system"), (FULL, "No space left on device")])
+def test_a_chat_on_a_read_only_home_answers_every_message_warns_once_and_exits_1(ucli: CLI, mount: str,
+                                                                                 why: str) -> None:
     first = ucli("chat", "trip", *N, input="Name a yellow fruit.\n")
     assert first.returncode == 0, first.stderr
     saved = Path(ucli.env["LOCALGEN_HOME"]) / "data" / "chats" / "trip.json"
     before = saved.read_bytes()
-    r = _read_only(ucli, "chat", "--resume", "trip", *N, input="Name a red fruit.\nAnd a green one?\n/save other\n")
+    r = _read_only(ucli, "chat", "--resume", "trip", *N, input="Name a red fruit.\nAnd a green one?\n/save other\n",
+                   mount=mount)
     answers = r.stdout.splitlines()
     assert len(answers) == 2 and all(a.strip() for a in answers), (r.stdout, r.stderr)  # both answered
     lines = r.stderr.splitlines()
     warned = [x for x in lines if x.startswith("warning: cannot write") and "trip.json" in x]
-    assert len(warned) == 1 and "Read-only file system" in warned[0], r.stderr
+    assert len(warned) == 1 and why in warned[0], r.stderr
     assert any(x.startswith("not saved: cannot write") and "other.json" in x for x in lines), r.stderr
     assert r.returncode == 1, r.stderr
     assert lines[-1].startswith("localgen: error: the conversation was not saved: cannot write"), r.stderr
@@ -119,3 +126,27 @@ def test_a_scripted_chat_whose_reader_goes_away_keeps_the_message_and_what_was_s
     assert [m["role"] for m in messages] == ["user", "assistant"], messages
     assert messages[0]["content"] == "Write a long story about a dragon, in many short lines."
     assert messages[1]["content"].startswith(first.rstrip("\n")), (messages, first)
+
+
+def test_a_first_save_that_fails_leaves_no_empty_file_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new conversation claims its file before writing it: when the write fails (a full disk), the empty file
+    claimed goes too, instead of staying as a conversation that `--list` skips and `--resume` calls unreadable."""
+    import errno
+    import os
+
+    from localgen.chat import session as sessions
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    chat = sessions.ChatSession(name="full", model="m", fresh=True, auto_named=False)
+    chat.add("user", "Hi")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as m:
+        m.setattr(sessions.os, "fsync", full)
+        with pytest.raises(OSError):
+            chat.save()
+    assert list(sessions.chats_dir().iterdir()) == [], "nothing is left in the folder"
+    assert chat.save() == sessions.chats_dir() / "full.json", "the next save claims the file again"
+    assert sessions.ChatSession.load("full").messages == [{"role": "user", "content": "Hi"}]

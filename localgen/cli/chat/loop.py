@@ -83,7 +83,7 @@ def start(plan: ChatPlan) -> None:
             _scripted(runner, view)
         if runner.unsaved is not None:  # every answer was given; the exit status says the file is behind them
             raise LocalgenError(f"the conversation was not saved: {runner.unsaved}",
-                                hint="its answers are above; make that folder writable to keep chats")
+                                hint="its answers are above; to keep chats, free space there or make it writable")
     finally:
         save_state(runner)
         runner.backend.close()
