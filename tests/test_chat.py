@@ -504,3 +504,29 @@ def test_set_verbose_off_hides_the_footer_and_on_shows_it_again(cli_env: dict[st
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_ctrl_c_in_a_scripted_chat_keeps_the_answer_and_ends_the_script(cli_env: dict[str, str],
+                                                                         tmp_path: Path) -> None:
+    """`localgen chat < messages.txt`: Ctrl-C stops the answer under way, keeps it (saved), and ends the script
+    with "interrupted" and exit 130, as it ends `run --file`; the messages after it are not sent (Ctrl-C only
+    stopped one answer, and the script went on)."""
+    import signal
+    import subprocess
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    p = subprocess.Popen(CLI(env).argv("chat", "-n", "3000", "--temp", "0"), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    assert p.stdin is not None and p.stdout is not None and p.stderr is not None
+    p.stdin.write("Write a very long essay about the history of rivers.\nAnd now about lakes.\n")
+    p.stdin.close()
+    first = p.stdout.readline()  # the answer is streaming (3,000 tokens take far longer)
+    p.send_signal(signal.SIGINT)
+    out, err = first + p.stdout.read(), p.stderr.read()
+    assert p.wait(SAFETY_NET_S) == 130, err
+    assert err.endswith("(stopped; the partial answer is kept)\ninterrupted\n"), err
+    saved = list((tmp_path / "home" / "data" / "chats").glob("*.json"))
+    assert len(saved) == 1, err
+    messages = json.loads(saved[0].read_text())["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"], messages
+    assert out.startswith(messages[1]["content"].rstrip("\n")[:20]) and messages[1]["content"], (out, messages)

@@ -82,6 +82,8 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
                                                     for m in turn.messages):
         _take_back(runner, restore)  # stopped before a word was said: as if the message had not been sent
         view.info("(stopped before the answer began; the message was taken back)")
+        if not view.interactive:  # scripted: Ctrl-C ends the script (130), not only this answer
+            _end_script(view)
         return
     runner.record(turn)
     if not view.interactive and not screen.answered:
@@ -90,8 +92,21 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
     s = runner.last_stats
     if interrupted:
         view.info("(stopped; the partial answer is kept)")
-    if s is None:
-        return
+    if s is not None:
+        _show_footer(s, turn, runner, view)
+    if interrupted and not view.interactive:  # scripted: the answer is kept, and Ctrl-C ends the script (130)
+        _end_script(view)
+
+
+def _end_script(view: Any) -> None:
+    """Ctrl-C in a scripted chat ends the script, as it ends `run --file`: one "interrupted" line, exit 130 (the
+    chat's own Ctrl-C handler took the signal, so the exit would not know to say it)."""
+    view.err.interrupted()
+    raise KeyboardInterrupt
+
+
+def _show_footer(s: Any, turn: Any, runner: Any, view: Any) -> None:
+    """The turn's footer: on the terminal (unless /set verbose off), or on stderr when scripted with --stats."""
     footer = _footer(s, runner.last_context, runner.backend.n_ctx)
     if len(turn.generations) > 1:
         declined = sum(1 for r in turn.results if r.declined)
