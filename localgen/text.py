@@ -34,10 +34,15 @@ def read_file(path: str | Path, what: str | None = None) -> str:
     """A text file's contents, all of it UTF-8; a UsageError naming the file (or `what`), the line and the first
     byte that is not. Line ends read as Path.read_text reads them (\\r\\n and \\r as \\n). OSError is the caller's
     to word."""
-    data = Path(path).read_bytes()
+    return decode(Path(path).read_bytes(), what or str(path))
+
+
+def decode(data: bytes, what: str) -> str:
+    """A file's bytes as text, as read_file reads them; a UsageError naming `what`, the line and the first byte
+    that is not UTF-8."""
     try:
         return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise UsageError(f"{what or path} is not UTF-8 text: byte 0x{data[e.start]:02x} on line {line:,} is not "
+        raise UsageError(f"{what} is not UTF-8 text: byte 0x{data[e.start]:02x} on line {line:,} is not "
                          "UTF-8") from None

@@ -530,3 +530,26 @@ def test_ctrl_c_in_a_scripted_chat_keeps_the_answer_and_ends_the_script(cli_env:
     messages = json.loads(saved[0].read_text())["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"], messages
     assert out.startswith(messages[1]["content"].rstrip("\n")[:20]) and messages[1]["content"], (out, messages)
+
+
+def test_read_checks_the_size_before_reading_and_names_a_bad_byte_line(cli_env: dict[str, str],
+                                                                        tmp_path: Path) -> None:
+    """/read reads at most one byte past its 1 MiB bound: /dev/zero is refused at once (it was read whole: a
+    MemoryError traceback, or the machine's memory); a file that is not UTF-8 is named with its line, as -f's is."""
+    import resource
+    import subprocess
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+
+    def limited() -> None:  # the old reader stops at this bound instead of at the machine's memory
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    r = subprocess.run(CLI(env).argv("chat", "-n", "4"), input="/read /dev/zero\nHi\n", capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=SAFETY_NET_S, preexec_fn=limited)
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert r.stderr == "localgen: error: /dev/zero is larger than 1 MiB\n", r.stderr
+    bad = tmp_path / "notes.txt"
+    bad.write_bytes(b"first line\ncaf\xe9\n")
+    r = CLI(env)("chat", "-n", "4", input=f"/read {bad}\nHi\n")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr == f"localgen: error: {bad} is not UTF-8 text: byte 0xe9 on line 2 is not UTF-8\n", r.stderr

@@ -239,17 +239,18 @@ def _context(runner: Any, view: Any, arg: str) -> None:
 
 
 def _read_attachment(path: Path) -> str:
+    """The file as the next message's attachment: read only up to one byte past the bound (a huge file or
+    /dev/zero is refused without reading it whole), UTF-8 as -f reads a file (the line of a bad byte named)."""
+    from localgen.text import decode
+
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_ATTACHMENT + 1)
     except OSError as e:
         raise LocalgenError(f"cannot read {path}: {e.strerror}") from None
     if len(data) > MAX_ATTACHMENT:
         raise LocalgenError(f"{path} is larger than {MAX_ATTACHMENT >> 20} MiB")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise LocalgenError(f"{path} is not UTF-8 text") from None
-    return f"Contents of {path.name}:\n\n{text}"
+    return f"Contents of {path.name}:\n\n{decode(data, str(path))}"
 
 
 def _think(runner: Any, view: Any, arg: str) -> None:
