@@ -553,3 +553,23 @@ def test_read_checks_the_size_before_reading_and_names_a_bad_byte_line(cli_env: 
     r = CLI(env)("chat", "-n", "4", input=f"/read {bad}\nHi\n")
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert r.stderr == f"localgen: error: {bad} is not UTF-8 text: byte 0xe9 on line 2 is not UTF-8\n", r.stderr
+
+
+def test_a_scripted_message_past_64_mib_is_refused_without_reading_it_whole(cli_env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    """`chat < /dev/zero` (one line that never ends): a message is bounded as run's prompt is, and read only one
+    character past the bound (the line was read whole: a MemoryError traceback, or the machine's memory)."""
+    import resource
+    import subprocess
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+
+    def limited() -> None:  # the old reader stops at this bound instead of at the machine's memory
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run(CLI(env).argv("chat", "-n", "4"), stdin=zero, capture_output=True, text=True, env=env,
+                           cwd=ROOT, timeout=SAFETY_NET_S, preexec_fn=limited)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr == ("localgen: error: a message on stdin is larger than 64 MiB: more text than any context "
+                        "window holds\n"), r.stderr

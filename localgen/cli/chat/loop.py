@@ -265,16 +265,22 @@ def _local_names() -> list[str]:
 
 
 def _scripted(runner: Any, view: ChatView) -> None:
+    from localgen.text import MAX_PROMPT_TEXT, too_long
+
     block: list[str] | None = None
-    for raw in sys.stdin:
+    held = 0  # characters of the block so far: a message is bounded as run's prompt is
+    while raw := sys.stdin.readline(MAX_PROMPT_TEXT + 1):  # a line never read past the bound (/dev/zero)
+        if len(raw) > MAX_PROMPT_TEXT or held + len(raw) > MAX_PROMPT_TEXT:
+            raise too_long("a message on stdin")
         line = raw.rstrip("\n")
         if block is not None:
             if line.strip() == '"""':
-                text, block = "\n".join(block), None
+                text, block, held = "\n".join(block), None, 0
                 if not handle(text, runner, view, command_ok=False):
                     return
             else:
                 block.append(line)
+                held += len(raw)
             continue
         if line.strip() == '"""':
             block = []
