@@ -172,7 +172,12 @@ def test_an_unwritable_data_dir_is_one_line(cli_env: dict[str, str], tmp_path: P
     (home / "data").mkdir(parents=True)
     (home / "data" / "chats").write_text("a file where the chats folder should be")
     r = CLI({**cli_env, "LOCALGEN_HOME": str(home)})("chat", "x", "-n", "4", input="hi\n")
-    one_line_error(r, 1, f"cannot write {home / 'data' / 'chats'}")
+    # the answer is given; one warning says why it is not saved, and the exit says so (chat.md, Saving)
+    assert r.returncode == 1 and r.stdout.strip(), r.stderr
+    warned, error = r.stderr.splitlines()
+    assert warned.startswith(f"warning: cannot write {home / 'data' / 'chats'}: "), r.stderr
+    assert error.startswith(f"localgen: error: the conversation was not saved: cannot write {home / 'data' / 'chats'}")
+    assert "Traceback" not in r.stderr
 
 
 def test_an_unwritable_prompt_cache_warns_once_and_answers(cli_env: dict[str, str], tmp_path: Path) -> None:
