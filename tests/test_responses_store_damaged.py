@@ -119,6 +119,7 @@ def test_a_store_damaged_between_the_check_and_the_save_ends_the_stream_cleanly_
     recover), and the next request's check says so."""
     from localgen.backend import Completion
     from localgen.serve.apierror import HTTPError
+    from localgen.serve.jobs import Text
     from localgen.serve.responseitems import Encoder
     from localgen.serve.responsestore import ResponseStore
     from localgen.serve.servelog import LOG, ServeLog
@@ -137,7 +138,7 @@ def test_a_store_damaged_between_the_check_and_the_save_ends_the_stream_cleanly_
                       store, asked)
     token = LOG.set(ServeLog(access=False, write=lines.append))
     try:
-        sent = [*encoder.opening(), *encoder.said([Piece("content", "Blue")]),
+        sent = [*encoder.opening(Text("Blue", 5)), *encoder.said([Piece("content", "Blue")]),
                 *asyncio.run(encoder.done(Completion(0, "Blue", "stop", 5, 1, 0.1, 0.2, 0), cast(Any, None)))]
     finally:
         LOG.reset(token)

@@ -497,6 +497,28 @@ def test_anthropic_client_whole_streamed_counted_and_keyed(server: Server) -> No
             model="smollm2:135m", max_tokens=1, messages=ask)  # type: ignore[arg-type]
 
 
+def test_anthropic_message_start_carries_the_prompts_tokens(server: Server) -> None:
+    """The real `anthropic` SDK's stream events: message_start (what Claude Code's context meter reads) already
+    has the prompt's tokens, as count_tokens counts them (the cached part apart), equal to what message_delta
+    says at the end."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key=KEY)
+    ask = [{"role": "user", "content": "Name a fruit, then a colour, then an animal."}]
+    counted = client.messages.count_tokens(model="smollm2:135m", messages=ask)  # type: ignore[arg-type]
+    for _ in range(2):  # the same prompt again: any part a slot's cache held is counted apart
+        with client.messages.stream(model="smollm2:135m", max_tokens=4, messages=ask,  # type: ignore[arg-type]
+                                    extra_body={"temperature": 0}) as stream:
+            events = list(stream)
+        start = events[0]
+        assert start.type == "message_start", [e.type for e in events]
+        usage = start.message.usage
+        assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == counted.input_tokens > 0, usage
+        end = next(e for e in events if e.type == "message_delta")
+        assert end.usage.input_tokens == usage.input_tokens
+        assert end.usage.cache_read_input_tokens == usage.cache_read_input_tokens
+
+
 def test_anthropic_errors_have_anthropics_shape(server: Server) -> None:
     url = f"{server.url}/v1/messages"
     head = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}

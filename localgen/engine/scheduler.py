@@ -36,10 +36,13 @@ SLICE_TOKENS = 128
 
 @dataclass(frozen=True)
 class Piece:
-    """Text a generation job decided in this step."""
+    """Text a generation job decided in this step, and its prompt's tokens (all evaluated by now: text comes
+    only from sampled tokens), of which `cached` a slot's cache already held."""
 
     id: int
     text: str
+    prompt_tokens: int = 0
+    cached: int = 0
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ class Scheduler:
     def flush(self, seq: Seq) -> None:
         """Hand on the text a sequence decided since the last flush, as one Piece."""
         if seq.text:
-            self.out.append(Piece(seq.req.index, "".join(seq.text)))
+            self.out.append(Piece(seq.req.index, "".join(seq.text), len(seq.req.tokens), seq.cached))
             seq.text.clear()
 
     def start(self, req: Request, continuation_only: bool = False) -> Seq | None:

@@ -24,7 +24,7 @@ from localgen.serve.ask import (
     sampling_values,
     split_reasoning,
 )
-from localgen.serve.jobs import Job
+from localgen.serve.jobs import Done, Event, Job, Text
 from localgen.serve.pipeline import Made, parts, route
 from localgen.serve.state import ServeState
 from localgen.serve.tooling import checked_tool
@@ -274,11 +274,17 @@ class _Encoder:
         return {"input_tokens": c.prompt_tokens - c.cached_tokens, "output_tokens": c.completion_tokens,
                 "cache_read_input_tokens": c.cached_tokens, "cache_creation_input_tokens": 0}
 
-    def opening(self) -> list[bytes]:  # the prompt's tokens are counted once the answer ends: in message_delta
+    def opening(self, first: Event) -> list[bytes]:
+        """message_start, with the prompt's tokens as Anthropic gives them there (a client's context meter reads
+        them): the prompt was evaluated before the first event, text or the end, came."""
+        if isinstance(first, Done):
+            prompt, cached = first.completion.prompt_tokens, first.completion.cached_tokens
+        else:
+            prompt, cached = (first.prompt_tokens, first.cached) if isinstance(first, Text) else (0, 0)
+        usage = {"input_tokens": prompt - cached, "output_tokens": 0, "cache_read_input_tokens": cached,
+                 "cache_creation_input_tokens": 0}
         empty: dict[str, str | None] = {"stop_reason": None, "stop_sequence": None}
-        return [_event("message_start", {"message": self._message([], empty, {"input_tokens": 0,
-                                                                             "output_tokens": 0})}),
-                _event("ping", {})]
+        return [_event("message_start", {"message": self._message([], empty, usage)}), _event("ping", {})]
 
     def said(self, pieces: list[Said]) -> list[bytes]:
         out: list[bytes] = []

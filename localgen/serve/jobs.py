@@ -31,9 +31,12 @@ class QueueFull(Overloaded):
 
 @dataclass(frozen=True)
 class Text:
-    """A piece of the answer, as it is decided."""
+    """A piece of the answer, as it is decided, and the prompt's tokens (evaluated before any text comes), of
+    which `cached` a slot's cache already held (an API that reports them as its stream opens reads them here)."""
 
     text: str
+    prompt_tokens: int = 0
+    cached: int = 0
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from localgen import settings
 from localgen.backend import Completion
 from localgen.serve.apierror import OLLAMA, HTTPError, error_body
 from localgen.serve.ask import Ask, Schema, flag, keep_alive, sampling_values, split_reasoning
-from localgen.serve.jobs import Job
+from localgen.serve.jobs import Event, Job
 from localgen.serve.jsonbody import read_json
 from localgen.serve.loadnow import load_now
 from localgen.serve.pipeline import Made, handle, parts
@@ -139,7 +139,7 @@ class _Encoder:
     def __init__(self, chat: bool, model: str) -> None:
         self.chat, self.model = chat, model
 
-    def opening(self) -> list[bytes]:
+    def opening(self, first: Event) -> list[bytes]:
         return []
 
     def said(self, pieces: list[Said]) -> list[bytes]:

@@ -25,7 +25,7 @@ from localgen.serve.ask import (
     sampling_values,
     split_reasoning,
 )
-from localgen.serve.jobs import Job
+from localgen.serve.jobs import Event, Job
 from localgen.serve.pipeline import Made, route
 from localgen.serve.state import ServeState
 from localgen.tools.stream import AnswerStream, Piece
@@ -203,7 +203,7 @@ class _Encoder:
             choice["logprobs"] = self._logprobs(done)
         return {**self.head(), "choices": [choice]}
 
-    def opening(self) -> list[bytes]:
+    def opening(self, first: Event) -> list[bytes]:
         return [_data(self.chunk({"role": "assistant", "content": ""}, None))] if self.chat else []
 
     def said(self, pieces: list[Said]) -> list[bytes]:

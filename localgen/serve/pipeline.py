@@ -54,11 +54,12 @@ class Made:
 
 class Encoder(Protocol):
     """One request's answer in an API's words: its stream (opening, what the answer stage gave out, then its
-    end or an error after the stream began, each closing the stream) and its whole answer."""
+    end or an error after the stream began, each closing the stream) and its whole answer. The stream opens
+    once the job's first event came (its prompt evaluated: that event carries the prompt's token counts)."""
 
     media_type: str
 
-    def opening(self) -> list[bytes]: ...
+    def opening(self, first: Event) -> list[bytes]: ...
 
     def said(self, pieces: list[Said]) -> list[bytes]: ...
 
@@ -201,7 +202,7 @@ def _has_media(messages: Any) -> bool:
 
 async def _stream(job: Job, first: Event, answer: AnswerStream | None, encoder: Encoder) -> AsyncIterator[bytes]:
     """The job's events through the answer stage (a raw prompt's text as it is) into the encoder's stream."""
-    for chunk in encoder.opening():
+    for chunk in encoder.opening(first):
         yield chunk
     async for event in events(job, first):
         if isinstance(event, Text):

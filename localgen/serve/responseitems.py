@@ -14,7 +14,7 @@ from typing import Any
 
 from localgen.backend import Completion
 from localgen.serve.apierror import HTTPError, without_paths
-from localgen.serve.jobs import Job
+from localgen.serve.jobs import Event, Job
 from localgen.serve.pipeline import parts
 from localgen.serve.responsestore import ResponseStore
 from localgen.serve.servelog import LOG
@@ -84,7 +84,7 @@ class Encoder:
         self.seq += 1
         return f"event: {kind}\ndata: {data}\n\n".encode()
 
-    def opening(self) -> list[bytes]:
+    def opening(self, first: Event) -> list[bytes]:
         return [self.event(f"response.{s}", response=self.response("in_progress", [])) for s in ("created",
                                                                                                 "in_progress")]
 

@@ -339,7 +339,7 @@ class ModelWorker:
                 continue
             if isinstance(out, Piece):
                 if isinstance(job, Job) and job.stream:
-                    job.send(Text(out.text))
+                    job.send(Text(out.text, out.prompt_tokens, out.cached))
                 continue
             if job.state is State.ABORTING or isinstance(getattr(out, "error", None), Cancelled):
                 self.aborted += 0 if finishing(job) else 1
