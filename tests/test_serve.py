@@ -519,6 +519,30 @@ def test_anthropic_message_start_carries_the_prompts_tokens(server: Server) -> N
         assert end.usage.cache_read_input_tokens == usage.cache_read_input_tokens
 
 
+@pytest.mark.parametrize(("source", "words"), [
+    ({"type": "base64", "media_type": "image/png", "data": "aGVsbG8gd29ybGQ="},
+     "an image block's source.data is not an image"),
+    ({"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgoAAAANSUhEUgAA"},
+     "an image block's source.data is a truncated or corrupt PNG"),
+    ({"type": "base64", "media_type": "image/png", "data": "not base64!"},
+     "an image block's source.data is not valid base64"),
+    ({"type": "base64", "media_type": "image/png", "data": ""}, "an image block's source.data must be"),
+    ({"type": "base64", "media_type": "text/plain", "data": "aGVsbG8="}, "source.media_type must be an image type"),
+    ({"type": "url", "url": "ftp://example.com/a.png"}, "source.url must be an http(s) URL"),
+    ({"type": "url", "url": "https://example.com/a.png"}, "send it as a base64 source (source.data)"),
+])
+def test_anthropic_image_errors_name_anthropics_fields(server: Server, source: dict[str, str], words: str) -> None:
+    """An image block's faults in Anthropic's words (its source's data, media_type, url), not OpenAI's data: URI."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key=KEY)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="smollm2:135m", max_tokens=1, messages=[  # type: ignore[list-item,misc]
+            {"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": "What?"}]}])
+    message = e.value.body["error"]["message"]  # type: ignore[index,call-overload]
+    assert words in message and "URI" not in message, message
+
+
 def test_anthropic_errors_have_anthropics_shape(server: Server) -> None:
     url = f"{server.url}/v1/messages"
     head = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}

@@ -6,9 +6,12 @@ pieces become Anthropic's content blocks."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
 from localgen import settings
@@ -25,7 +28,7 @@ from localgen.serve.ask import (
     split_reasoning,
 )
 from localgen.serve.jobs import Done, Event, Job, Text
-from localgen.serve.pipeline import Made, parts, route
+from localgen.serve.pipeline import Made, handle, parts
 from localgen.serve.state import ServeState
 from localgen.serve.tooling import checked_tool
 from localgen.tools.spec import ToolCall
@@ -33,11 +36,25 @@ from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
 
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # Anthropic's
 
 
 def routes(state: ServeState) -> list[Route]:
     """The Messages routes."""
-    return [route(state, "/v1/messages", MESSAGES), route(state, "/v1/messages/count_tokens", COUNT)]
+    return [_route(state, "/v1/messages", MESSAGES), _route(state, "/v1/messages/count_tokens", COUNT)]
+
+
+def _route(state: ServeState, path: str, api: Messages) -> Route:
+    """The pipeline's route, its errors about images in Anthropic's words."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handle(state, request, api)
+        except HTTPError as e:
+            _in_anthropics_words(e)
+            raise
+
+    return Route(path, endpoint, methods=["POST"])
 
 
 class Messages:
@@ -175,12 +192,33 @@ def _text_of(block: Any, param: str) -> str:
 
 
 def _image_url(source: Any) -> str:
-    """An image block's source as the URL the media reader takes (a base64 source as a data: URI)."""
-    if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
-        return f"data:{source.get('media_type') or 'image/png'};base64,{source['data']}"
-    if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
-        return str(source["url"])
-    raise HTTPError(400, "an image block's source must be base64 (media_type, data) or a url", param="messages")
+    """An image block's source as the URL the media reader takes (a base64 source as a data: URI, which the
+    reader's errors name as the block's source.data: _in_anthropics_words)."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        assert isinstance(source, dict)
+        mime, data = source.get("media_type", "image/png"), source.get("data")
+        if not isinstance(mime, str) or not re.fullmatch(r"image/[\w.+-]+", mime):
+            raise HTTPError(400, f"an image block's source.media_type must be an image type such as "
+                                 f"{', '.join(IMAGE_TYPES)}, not {mime!r}", param="messages")
+        if not isinstance(data, str) or not data:
+            raise HTTPError(400, "an image block's source.data must be the image, base64-encoded", param="messages")
+        return f"data:{mime};base64,{data}"
+    if kind == "url":
+        assert isinstance(source, dict)
+        url = source.get("url")
+        if not isinstance(url, str) or not re.match(r"https?://.", url, re.I):
+            raise HTTPError(400, "an image block's source.url must be an http(s) URL", param="messages")
+        return url
+    raise HTTPError(400, "an image block's source must be {\"type\": \"base64\", \"media_type\", \"data\"} or "
+                         "{\"type\": \"url\", \"url\"}", param="messages")
+
+
+def _in_anthropics_words(e: HTTPError) -> None:
+    """An error of the media reader (localgen/media.py, in OpenAI's words: the data: URI an image block's base64
+    source became; a fetched URL is named as itself) in Anthropic's: its source.data, a base64 source."""
+    e.message = re.sub(r"^(data URI|the media data)\b", "an image block's source.data", e.message.replace(
+        "send the image as a data: URI", "send it as a base64 source (source.data)"))
 
 
 def _result_text(block: dict[str, Any]) -> str:
