@@ -32,6 +32,7 @@ MODEL = "smollm2:135m"
 # ---- #47.4: origins ----------------------------------------------------------------------------------
 
 def test_origin_patterns_have_only_star_as_a_wildcard() -> None:
+    from localgen.errors import UsageError
     from localgen.serve.guard import Policy, origins_from
 
     policy = Policy()
@@ -41,8 +42,10 @@ def test_origin_patterns_have_only_star_as_a_wildcard() -> None:
     for refused in ("http://1:5173", "http://:5173", "http://[::2]:5173", "http://evil.test", "https://evil.test",
                     "http://localhost.evil.test", "http://127.0.0.1.evil.test"):
         assert not policy.origin_allowed(refused), refused
-    extra = Policy(origins=origins_from(["http://a?.test", "https://*.example.test"], None))
-    assert extra.origin_allowed("http://a?.test") and not extra.origin_allowed("http://ab.test"), "? is itself"
+    extra = Policy(origins=origins_from(["http://a.test", "https://*.example.test"], None))
+    assert extra.origin_allowed("http://a.test") and not extra.origin_allowed("http://ab.test")
+    with pytest.raises(UsageError, match="not an origin"):  # ? is no wildcard: and no origin holds one
+        origins_from(["http://a?.test"], None)
     assert extra.origin_allowed("https://app.example.test") and not extra.origin_allowed("https://example.test")
 
 

@@ -402,6 +402,37 @@ def test_cors_flag_and_env_widen_the_origins(cli_env: dict[str, str]) -> None:
         assert s.stop() == 0
 
 
+@pytest.mark.parametrize(("flag", "env", "bad"), [
+    ("not an origin", None, "not an origin"), ("http://x/path", None, "http://x/path"),
+    ("*.example.com", None, "*.example.com"), ("https://ok.example", "https://a.example, http://[::1]:80/x",
+                                                "http://[::1]:80/x"),
+])
+def test_cors_values_that_are_not_origins_are_usage_errors(cli_env: dict[str, str], flag: str, env: str | None,
+                                                           bad: str) -> None:
+    """--cors or LOCALGEN_ORIGINS holding something a browser never sends as an Origin (a space, a path, a
+    pattern without its scheme) is one line and exit 2, naming it and where it came from, before anything loads."""
+    from tests.conftest import CLI
+
+    r = CLI({**cli_env, **({"LOCALGEN_ORIGINS": env} if env else {})})("serve", "--port", "18551", "--cors", flag,
+                                                                      timeout=60)
+    source = "LOCALGEN_ORIGINS" if env else "--cors"
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.strip().splitlines() == [f"localgen: error: {source}: {bad!r} is not an origin: give "
+                                             "scheme://host[:port] (such as https://chat.example.com, "
+                                             "https://*.example.com or http://localhost:*), or * for any"]
+
+
+def test_cors_takes_any_origin_pattern_the_docs_show() -> None:
+    from localgen.serve.guard import DEFAULT_ORIGINS, origins_from
+
+    given = ["*", "https://*.example.com", "http://[::1]:5173", "http://localhost:*", "https://chat.example.com/",
+             "vscode-webview://abc", "app://*"]
+    assert origins_from(given, " https://a.example ,, ") == (*DEFAULT_ORIGINS, "*", "https://*.example.com",
+                                                              "http://[::1]:5173", "http://localhost:*",
+                                                              "https://chat.example.com", "vscode-webview://abc",
+                                                              "app://*", "https://a.example")
+
+
 def test_dns_rebinding_hosts_are_refused_on_loopback(child: Server) -> None:
     for host, status in ((f"attacker.example:{child.port}", 403), (f"localhost:{child.port}", 200),
                          (f"127.0.0.1:{child.port}", 200), (f"[::1]:{child.port}", 200),

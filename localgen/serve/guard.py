@@ -21,6 +21,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Match
 
+from localgen.errors import UsageError
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.stalls import DEFAULT_READ_TIMEOUT_S
 
@@ -68,10 +69,25 @@ def _origin_pattern(pattern: str) -> re.Pattern[str]:
     return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
 
 
+# An origin as a browser sends it (scheme://host[:port], no path), `*` standing for any run of characters
+# in the scheme, the host or the port; or `*` alone, for any origin.
+_ORIGIN = re.compile(r"\*|[a-z*][a-z0-9+.*-]*://(?:\[[0-9a-f:.*]+\]|[a-z0-9._~*-]+)(?::[0-9*]+)?", re.I)
+
+
 def origins_from(extra: list[str] | None, env: str | None) -> tuple[str, ...]:
-    """The default origins, widened by --cors (repeatable) and LOCALGEN_ORIGINS (comma-separated)."""
-    more = [*(extra or []), *((env or "").split(","))]
-    return DEFAULT_ORIGINS + tuple(o.strip().rstrip("/") for o in more if o.strip())
+    """The default origins, widened by --cors (repeatable) and LOCALGEN_ORIGINS (comma-separated); a
+    UsageError names one that is not an origin (a path, a space, a pattern without its scheme)."""
+    more = [*(("--cors", o) for o in extra or []), *(("LOCALGEN_ORIGINS", o) for o in (env or "").split(","))]
+    out = []
+    for source, given in more:
+        origin = given.strip().rstrip("/")
+        if not origin and not given.strip():
+            continue
+        if _ORIGIN.fullmatch(origin) is None:
+            raise UsageError(f"{source}: {given.strip()!r} is not an origin: give scheme://host[:port] (such as "
+                             "https://chat.example.com, https://*.example.com or http://localhost:*), or * for any")
+        out.append(origin)
+    return DEFAULT_ORIGINS + tuple(out)
 
 
 # A Host header as RFC 9110 allows it: a bracketed IPv6 address or a name (or IPv4 address), then an optional
