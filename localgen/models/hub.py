@@ -125,7 +125,7 @@ def list_repo(repo: str, revision: str = "main") -> RepoListing:
         except (OSError, *_transport_errors()) as e:  # type: ignore[misc]
             if attempt + 1 == RETRIES:
                 raise HubUnreachableError(
-                    f"cannot reach the Hub at {endpoint()}: {type(e).__name__}",
+                    f"cannot reach the Hub at {endpoint()}: {connection_reason(e)}",
                     hint="use --offline to run models already in the cache (localgen list)",
                 ) from None
         time.sleep(0.5 * 2**attempt)
@@ -139,6 +139,21 @@ def list_repo(repo: str, revision: str = "main") -> RepoListing:
         size = s.lfs.size if s.lfs else (s.size or 0)
         files.append(RemoteFile(name=name, size=int(size), sha256=sha))
     return RepoListing(repo=repo, revision=revision, commit=commit, files=tuple(files))
+
+
+def connection_reason(e: BaseException) -> str:
+    """Why a connection failed, in words ("connection refused", "name or service not known", "timed out"):
+    the system's reason inside the HTTP client's message, never the exception's class."""
+    import re
+
+    text = str(e).strip()
+    found = re.search(r"\[Errno -?\d+\] ([^'\")\]\n]+)", text)
+    if found:
+        return found.group(1).strip().rstrip(".").lower()
+    if "timeout" in type(e).__name__.lower() or "timed out" in text.lower():
+        return "timed out"
+    line = text.splitlines()[0].strip() if text else ""
+    return line[:200] if line and " " in line else "the connection failed"
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
