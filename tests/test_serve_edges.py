@@ -432,3 +432,28 @@ def test_a_stopped_worker_makes_health_a_503_and_its_requests_503s_at_once(smoll
         assert time.monotonic() - t0 < 30, "at once, not after a wait"
     finally:
         s.close()
+
+
+def test_a_downloaded_files_numbers_are_not_its_access_lines_tokens(child: Server) -> None:
+    """The access line's tokens come from generation (and embeddings) alone: a file downloaded from
+    /v1/files/{id}/content whose text holds usage numbers is no tokens."""
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": MODEL, "messages": HI, "metadata": {"prompt_tokens": 33, "completion_tokens": 4}}})
+    up = httpx.post(f"{child.url}/v1/files", data={"purpose": "batch"},
+                    files={"file": ("in.jsonl", (line + "\n").encode(), "application/jsonl")}, timeout=60)
+    assert up.status_code == 200, up.text
+    got = httpx.get(f"{child.url}/v1/files/{up.json()['id']}/content", headers={"X-Request-Id": "files-content"},
+                    timeout=60)
+    assert got.status_code == 200 and b'"prompt_tokens": 33' in got.content
+    said = _access(child, "files-content")
+    assert said.startswith(f"GET /v1/files/{up.json()['id']}/content 200 ") and "tokens" not in said, said
+    made = httpx.post(f"{child.url}/v1/chat/completions", json={"model": MODEL, "messages": HI, "max_tokens": 2},
+                      headers={"X-Request-Id": "files-chat"}, timeout=120)
+    usage = made.json()["usage"]
+    assert f" 200 {usage['prompt_tokens']}+{usage['completion_tokens']} tokens " in _access(child, "files-chat")
+    embedded = httpx.post(f"{child.url}/v1/embeddings", json={"model": MODEL, "input": "hi there"},
+                          headers={"X-Request-Id": "files-embed"}, timeout=120)
+    assert embedded.status_code == 200, embedded.text
+    used = embedded.json()["usage"]["prompt_tokens"]
+    assert f" 200 {used}+0 tokens " in _access(child, "files-embed") or f" 200 {used} tokens " in _access(
+        child, "files-embed"), _access(child, "files-embed")

@@ -97,7 +97,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         async with batchrun.running(desk, state, app, policy.api_key, lambda: drain.stopping, front.log.error):
             yield
 
-    front = Front(metrics=metrics)
+    # the routes whose tokens no worker counts (embeddings, rerank): their access line reads the response's usage
+    front = Front(metrics=metrics, usage_paths=frozenset(r.path for r in embeds.routes(state)))
     drain = Drain(state, front)
     app = Starlette(routes=routes, exception_handlers={HTTPError: on_error, HTTPException: on_routing,
                                                        Exception: on_unexpected},
@@ -117,10 +118,12 @@ class Front:
     pool: FetchPool = field(default_factory=FetchPool)
     log: ServeLog = STDERR_LOG
     metrics: Metrics | None = None
+    usage_paths: frozenset[str] = frozenset()  # POST routes whose response's usage is their access line's tokens
 
 
 # a response's token counts, from the usage it ends with (OpenAI's usage, Ollama's eval counts), for the
-# requests whose tokens no worker counted (embeddings)
+# requests whose tokens no worker counted (embeddings: Front.usage_paths; never another route's body, such as a
+# file of batch results downloaded)
 _COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count)":\s*(\d+)')
 _KIND = {b"prompt_tokens": "prompt", b"prompt_eval_count": "prompt", b"completion_tokens": "completion",
          b"eval_count": "completion"}
@@ -163,6 +166,7 @@ class FrontDoor:
         status = 0
         ended = left = False  # the response's last byte was sent; the client left before it
         counts: dict[str, int] = {}
+        scraped = log.access_on and scope["method"] == "POST" and scope["path"] in self.front.usage_paths
         header = (b"x-request-id", trace.id.encode("latin-1"))
 
         async def receiving() -> dict[str, Any]:
@@ -179,7 +183,7 @@ class FrontDoor:
             elif message["type"] == "http.response.body":
                 ended = ended or (not message.get("more_body", False) and not left)
                 tail = message.get("body", b"")[-_TAIL:]
-                if log.access_on and (b'_tokens"' in tail or b'eval_count"' in tail):
+                if scraped and (b'_tokens"' in tail or b'eval_count"' in tail):
                     counts.update((_KIND[k], int(v)) for k, v in _COUNTS.findall(tail))
             await send(message)
 
