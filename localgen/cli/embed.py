@@ -222,6 +222,9 @@ def _ndjson(docs: Iterable[dict[str, Any]]) -> None:
             return
 
 
+MAX_INPUT = 256 * 2**20  # a --file or stdin, read whole before the model loads: bounded, as memory is
+
+
 def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False,
             verb: str = "embed") -> list[tuple[str, str]]:
     """(id, text) pairs: the arguments (numbered, or with `by_content` each its content's id), else --file,
@@ -238,11 +241,16 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
         given = [checked(t, f"text {i}") for i, t in enumerate(texts, 1)]
         return [(text_id(t) if by_content else str(i), t) for i, t in enumerate(given, 1)]
     if file:
-        from localgen.text import read_file
+        from localgen.text import decode
 
-        lines = read_file(file).splitlines()
+        with file.open("rb") as stream:
+            data = stream.read(MAX_INPUT + 1)  # only one byte past the bound (a huge file, /dev/zero)
+        _bounded(len(data), str(file), verb)
+        lines = decode(data, str(file)).splitlines()
     elif sys.stdin is not None and not sys.stdin.isatty():
-        lines = sys.stdin.read().splitlines()
+        text = sys.stdin.read(MAX_INPUT + 1)
+        _bounded(len(text), "stdin", verb)
+        lines = text.splitlines()
     else:
         what = "documents" if verb == "rerank" else "texts"
         raise UsageError(f"nothing to {verb}: give {what} as arguments, --file, or lines on stdin")
@@ -264,6 +272,11 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
     if not out:
         raise UsageError(f"nothing to {verb}: every line is blank")
     return out
+
+
+def _bounded(size: int, what: str, verb: str) -> None:
+    if size > MAX_INPUT:
+        raise UsageError(f"{what} is larger than {MAX_INPUT >> 20} MiB: {verb} it in parts")
 
 
 def _backend(f: _LoadArgs, model: str | None) -> Any:
@@ -297,6 +310,8 @@ def run_embed(f: EmbedArgs) -> None:
     if f.pooling is not None and f.pooling not in POOLING:
         raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
     o.refuse_empty(("--store", f.store))
+    if f.store and any(ord(c) < 32 or ord(c) == 127 for c in f.store):  # one line a collection, wherever listed
+        raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
     if f.replace and not f.store:
         raise UsageError("--replace needs --store NAME (the collection whose other entries it removes)")
     items = _inputs(f.texts, f.file, by_content=True)

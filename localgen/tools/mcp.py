@@ -31,6 +31,7 @@ class McpServer:
         self._stack = contextlib.AsyncExitStack()
         self._session: Any = None
         self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
+        _quiet_sdk()
         try:
             if target.startswith(("http://", "https://")):
                 _reachable(target)
@@ -121,6 +122,18 @@ class McpServer:
                 asyncio.run_coroutine_threadsafe(self._stack.aclose(), self._loop).result(5)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+
+
+def _quiet_sdk() -> None:
+    """Keep the SDK's own log records (a traceback for each line a server writes to stdout that is not JSON-RPC,
+    "Session termination failed" when an HTTP server is gone) off stderr: what went wrong is the one error line
+    a failed start or call gives."""
+    import logging
+
+    sdk = logging.getLogger("mcp")
+    if not any(isinstance(h, logging.NullHandler) for h in sdk.handlers):
+        sdk.addHandler(logging.NullHandler())
+    sdk.propagate = False
 
 
 def _reachable(url: str) -> None:
