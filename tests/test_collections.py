@@ -346,3 +346,16 @@ def test_embed_of_an_empty_file_or_dev_zero_is_one_line_and_keeps_the_collection
         assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
         assert "stdin is larger than 256 MiB" in p.stderr
     assert sorted(_held(hcli, "notes").values()) == sorted(LINES)
+
+
+def test_a_json_line_s_id_is_a_string_on_one_line_or_a_whole_number(hcli: CLI, bert: str) -> None:
+    """docs/embed.md, "Ids": null, true, an object or a multi-line string are a usage error naming the line,
+    never stored as the words None, True or {...}; a number is its digits."""
+    for bad in ("null", "true", '{"a": 1}', '"x\\ny"', '""'):
+        r = hcli("embed", "-m", bert, "--store", "notes", input=f'{{"id": 1, "text": "the cat"}}\n'
+                                                            f'{{"id": {bad}, "text": "the dog"}}\n')
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (bad, r.stderr)
+        assert r.stderr.startswith('localgen: error: line 2: bad JSON line: its "id" must be'), r.stderr
+    assert not _db(hcli).exists()
+    _store(hcli, bert, "notes", input='{"id": 7, "text": "the cat"}\n{"id": "a b", "text": "the dog"}\n')
+    assert _held(hcli, "notes") == {"7": "the cat", "a b": "the dog"}

@@ -265,13 +265,23 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
                 text = doc.get("text", doc.get("content"))
                 if not isinstance(text, str):
                     raise ValueError('needs a "text" string')
-                ident = str(doc.get("id", n))
+                ident = _id(doc.get("id", n))
             except (ValueError, AttributeError) as e:
                 raise UsageError(f"line {n}: bad JSON line: {e}") from None
         out.append((ident, checked(text, f"line {n}")))
     if not out:
         raise UsageError(f"nothing to {verb}: every line is blank")
     return out
+
+
+def _id(value: Any) -> str:
+    """A JSON line's "id" as its entry's id: a string (one line, not empty) or a whole number; a ValueError
+    otherwise (null, true, an object would be stored as the words None, True, {...})."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError('its "id" must be a string on one line, or a whole number')
+    return value
 
 
 def _bounded(size: int, what: str, verb: str) -> None:
