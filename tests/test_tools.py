@@ -302,6 +302,8 @@ def test_an_mcp_server_that_writes_no_json_rpc_is_one_line(cli: CLI, tmp_path: P
     r = cli("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", "echo not-json-rpc", "--yes", "Go.")
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "the MCP server echo not-json-rpc failed (starting)" in r.stderr and "Traceback" not in r.stderr
+    r = cli("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", "'unclosed quote", "--yes", "Go.")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is not a command line" in r.stderr, r.stderr
 
 
 def test_run_prints_no_cut_off_call_marker(cli: CLI, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from localgen.errors import ToolError
+from localgen.errors import ToolError, UsageError
 from localgen.tools.spec import ToolSpec, check_schema
 
 CONNECT_TIMEOUT_S = 30.0
@@ -25,6 +25,11 @@ class McpServer:
         self.target = target
         self.label = target if len(target) <= 60 else target[:57] + "..."
         self.tools: tuple[ToolSpec, ...] = ()
+        if not target.startswith(("http://", "https://")):
+            try:
+                shlex.split(target)
+            except ValueError as e:  # a quote left open: the command line itself is wrong
+                raise UsageError(f"--mcp {target!r} is not a command line: {e}") from None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp {self.label}", daemon=True)
         self._thread.start()
