@@ -296,6 +296,20 @@ def test_a_tool_s_failure_and_a_result_too_big_to_read_are_one_line(tmp_path: Pa
         box.close()
 
 
+def test_redaction_takes_the_values_the_page_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/tools.md: values of 8 characters or more, of variables named like *KEY*, *TOKEN*, *SECRET*,
+    *PASSW*, *CREDENTIAL*, *AUTH*, in any case."""
+    from localgen.tools.loop import redact
+
+    names = ["MY_API_KEY", "gh_token", "A_SECRET", "DB_PASSWORD", "CREDENTIALS_X", "OAuth_Y"]
+    for i, n in enumerate(names):
+        monkeypatch.setenv(n, f"value-{i}-abcdefgh")
+    monkeypatch.setenv("SHORT_KEY", "1234567")
+    monkeypatch.setenv("PLAIN", "plain-value-123")
+    text = " ".join(f"value-{i}-abcdefgh" for i in range(len(names))) + " 1234567 plain-value-123"
+    assert redact(text) == " ".join(f"[{n} redacted]" for n in names) + " 1234567 plain-value-123"
+
+
 def test_an_mcp_server_that_writes_no_json_rpc_is_one_line(cli: CLI, tmp_path: Path) -> None:
     """The SDK logs a traceback for each line on a server's stdout that is not JSON-RPC: off stderr, which
     has the one error line."""
