@@ -141,6 +141,7 @@ class RemoteBackend:
                 while not stop.is_set() and client.dead is None:
                     if retry:
                         item = retry.popleft()
+                        counts["retried"] += 1  # moved: a live endpoint takes it
                     else:
                         try:
                             item = next(source)
@@ -167,8 +168,9 @@ class RemoteBackend:
                 with lock:
                     if c is None:  # the endpoint is gone: another takes the line
                         retry.appendleft(item)
-                        counts["retried"] += 1
-                        last_error[:] = [client.dead.message if client.dead else "gone"]
+                        # the reason the endpoint went, not this line's fate: no line that fails for it has a part
+                        reason = client.dead.message if client.dead else "gone"
+                        last_error[:] = [reason.removesuffix("; the answer is partial")]
                         return
                     counts["requests"] += 1
                     on_done(c)
