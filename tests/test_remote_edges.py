@@ -104,3 +104,14 @@ def test_a_server_that_never_answers_is_an_endpoint_gone() -> None:
         finally:
             client.close()
     assert e.value.down and "did not answer in time" in e.value.message
+
+
+def test_a_fan_out_whose_reader_goes_away_ends_quietly(cli: CLI, fake: FakeServer, tmp_path: Path) -> None:
+    """`run --file ... --endpoint ... | head -1`: the workers that print the answers stop, with no traceback."""
+    prompts = tmp_path / "in.txt"
+    prompts.write_text("hi\n" * 300)
+    argv = " ".join(cli.argv("run", "--file", str(prompts), "--endpoint", fake.url, "-m", "plain", "-np", "4"))
+    r = subprocess.run(["bash", "-c", f"{argv} | head -1; exit ${{PIPESTATUS[0]}}"], env=cli.env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.stdout == "Hello world\n", r.stdout
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "Exception" not in r.stderr, r.stderr
