@@ -396,3 +396,85 @@ def test_a_second_serve_on_the_same_data_leaves_the_batches_to_the_first(own_env
         assert e.value.status_code == 503 and "another localgen serve" in e.value.message
     finally:
         assert first.stop() == 0 and second.stop() == 0
+
+
+def test_a_hostile_query_or_a_bare_cancel_gets_a_plain_answer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A `limit` of a digit int() refuses ("²") is a 400 naming limit, not a 500; `curl -X POST .../cancel` (no
+    body, no Content-Type: the route reads none) reaches the route instead of a 415 about JSON."""
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))
+    for path in ("/v1/batches", "/v1/files"):
+        r = client.get(path, params={"limit": "\u00b2"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
+    r = client.post("/v1/batches/batch_nope/cancel")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "batch_id", r.text
+    r = client.post("/v1/batches", content=b"{}")  # a route that reads a body still wants JSON's type
+    assert r.status_code == 415, r.text
+
+
+def test_a_line_longer_than_a_request_may_be_is_refused_unread(tmp_path: Path) -> None:
+    """docs/batch.md: a line over the server's --max-body is `invalid_request` on its line (it could only be a 413),
+    found without holding it whole; the lines after it are still read, numbered as they are."""
+    from localgen.serve import batches
+
+    path = tmp_path / "in.jsonl"
+    long = json.dumps(_line("long", {**_chat(1), "messages": [{"role": "user", "content": "a " * 5000}]}))
+    path.write_bytes(_jsonl([_line("a", _chat(1))]) + long.encode() + b"\r\n" + _jsonl([_line("b", _chat(2))]) + b"{")
+    assert [(n, raw is None) for n, raw in batches.read_lines(path, 4096)] == [(1, False), (2, True), (3, False),
+                                                                             (4, False)]
+    total, _, errors = batches.validate(path, "/v1/chat/completions", 4096)
+    assert total == 4
+    assert [(e["code"], e["line"], e["param"]) for e in errors] == [("invalid_request", 2, "body"),
+                                                                   ("invalid_json_line", 4, None)]
+    assert "--max-body" in errors[0]["message"]
+    assert batches.validate(path, "/v1/chat/completions", 1 << 20)[2] == [errors[1]]
+
+
+def test_a_crash_while_finalizing_keeps_every_answer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A serve that dies in `finalizing`, after its results became files but before the batch's object said so:
+    the next start ends the batch with its output file and its counts, every answer in it."""
+    import io
+
+    from localgen.serve import batches
+
+    first = batches.Desk(tmp_path)
+    first.owner()
+    upload = first.files.add(io.BytesIO(_jsonl([_line(f"f{i}", _chat(i)) for i in range(2)])), "in.jsonl", "batch")
+    doc = first.create(upload["id"], "/v1/chat/completions", "24h", None)
+    first.validate(doc)
+    progress = first.progress[doc["id"]]
+    for i in range(2):
+        record = {"id": f"batch_req_{i}", "custom_id": f"f{i}", "error": None,
+                  "response": {"status_code": 200, "request_id": "req_x", "body": {"usage": {"prompt_tokens": 3,
+                                                                                             "completion_tokens": 4}}}}
+        progress.write(record, True)
+        progress.count(record, True)
+    save = first.save
+
+    def dies(d: dict[str, Any]) -> None:
+        if d["status"] == "completed":
+            raise RuntimeError("killed")
+        save(d)
+
+    monkeypatch.setattr(first, "save", dies)
+    with pytest.raises(RuntimeError):
+        first.finish(doc)
+    first.release()
+    again = batches.Desk(tmp_path)
+    again.owner()
+    assert again.batches is not None
+    doc = again.batches[doc["id"]]
+    assert doc["status"] == "finalizing"
+    again.finish(doc)
+    assert doc["status"] == "completed" and doc["request_counts"]["completed"] == 2 and doc["output_file_id"]
+    assert doc["usage"]["output_tokens"] == 8
+    kept = again.files.content(doc["output_file_id"]).read_text().splitlines()
+    assert sorted(json.loads(line)["custom_id"] for line in kept) == ["f0", "f1"]
+    assert json.loads((tmp_path / "runs" / doc["id"] / "batch.json").read_bytes())["output_file_id"] == doc[
+        "output_file_id"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import secrets
@@ -43,8 +44,10 @@ MAX_LINES = 50_000  # OpenAI's bound on the requests of one batch
 MAX_ERRORS = 100  # the input's faults a failed batch lists (errors.data), the first ones
 WINDOWS = ("24h",)  # OpenAI's only completion_window; here a batch runs until it is done or cancelled
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")  # the statuses of a batch not ended
+MAX_LINE = 16 << 20  # a line's bound in bytes: the server's --max-body (serve/guard.py's Policy), set by the app
 MAX_BATCHES_LISTED = 100  # GET /v1/batches' largest `limit` (its default: 20)
 UPLOADS = files.UPLOADS  # the paths whose bodies the gate leaves to the route (serve/guard.py)
+BODILESS = (r"/v1/batches/[^/]+/cancel",)  # a POST that reads no body: the gate asks for no JSON type
 
 
 def default_root() -> Path:
@@ -62,19 +65,30 @@ class Line:
     body: dict[str, Any]
 
 
-def read_lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
-    """The input's lines that are not blank, with their numbers (from 1), read one at a time."""
+def read_lines(path: Path, bound: int) -> Generator[tuple[int, bytes | None], None, None]:
+    """The input's lines that are not blank, with their numbers (from 1), read one at a time; a line over `bound`
+    bytes (the server's --max-body: no request may be larger) is None, skipped without being held whole."""
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            if raw.strip():
+        for number in itertools.count(1):
+            raw = f.readline(bound + 1)
+            if not raw:
+                return
+            if len(raw) > bound and not raw.endswith(b"\n"):
+                while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+                    pass
+                yield number, None
+            elif raw.strip():
                 yield number, raw
 
 
-def parse(number: int, raw: bytes, endpoint: str) -> Line | dict[str, Any]:
-    """One input line as a Line, or its fault as an entry of OpenAI's errors.data."""
+def parse(number: int, raw: bytes | None, endpoint: str) -> Line | dict[str, Any]:
+    """One input line as a Line, or its fault as an entry of OpenAI's errors.data (None: a line over the bound)."""
     def fault(code: str, message: str, param: str | None = None) -> dict[str, Any]:
         return {"code": code, "line": number, "message": message, "param": param}
 
+    if raw is None:
+        return fault("invalid_request", "This line is longer than a request's body may be (serve --max-body).",
+                     "body")
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):  # bad JSON or UTF-8, a number too long, nesting too deep
@@ -99,13 +113,13 @@ def parse(number: int, raw: bytes, endpoint: str) -> Line | dict[str, Any]:
     return Line(number, custom_id, url, body)
 
 
-def validate(path: Path, endpoint: str) -> tuple[int, str | None, list[dict[str, Any]]]:
+def validate(path: Path, endpoint: str, bound: int = MAX_LINE) -> tuple[int, str | None, list[dict[str, Any]]]:
     """The input's requests counted and checked before any runs: their number, the first one's model, and the
     faults found (the first MAX_ERRORS; more lines than MAX_LINES is one fault, and reading stops there)."""
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
     total, model = 0, None
-    for number, raw in read_lines(path):
+    for number, raw in read_lines(path, bound):
         total += 1
         if total > MAX_LINES:
             errors.append({"code": "too_many_tasks", "line": number, "message": f"The batch has more than "
@@ -115,7 +129,7 @@ def validate(path: Path, endpoint: str) -> tuple[int, str | None, list[dict[str,
         if isinstance(found, dict):
             errors.append(found)
             with contextlib.suppress(ValueError, RecursionError, KeyError, TypeError):
-                seen.add(json.loads(raw)["custom_id"])  # a later line may not take it either
+                seen.add(json.loads(raw or b"")["custom_id"])  # a later line may not take it either
         elif found.custom_id in seen:
             errors.append({"code": "duplicate_custom_id", "line": number, "message": "The custom_id "
                            f"{found.custom_id[:100]!r} is used by an earlier line.", "param": "custom_id"})
@@ -237,6 +251,7 @@ class Desk:
         self.progress: dict[str, Progress] = {}
         self.wake = asyncio.Event()
         self.read_timeout = DEFAULT_READ_TIMEOUT_S  # serve --read-timeout, for an upload's parts
+        self.max_line = MAX_LINE  # serve --max-body: a longer line could not be sent, and is not read whole
         self._lock: Any = None
 
     @property
@@ -319,7 +334,7 @@ class Desk:
             total, model, errors = 0, None, [{"code": "file_not_found", "line": None, "param": "input_file_id",
                                                "message": f"The input file {doc['input_file_id']} was deleted."}]
         else:
-            total, model, errors = validate(source, doc["endpoint"])
+            total, model, errors = validate(source, doc["endpoint"], self.max_line)
         doc["request_counts"] = {"total": total, "completed": 0, "failed": 0}
         doc["model"] = model
         if doc["status"] != "cancelling":  # one cancelled while it was checked ends as cancelled
@@ -352,6 +367,8 @@ class Desk:
             doc.update(status="completed", completed_at=self.now())
         self.save(doc)
         self.progress.pop(doc["id"], None)
+        for name in ("output.jsonl", "errors.jsonl"):  # the results' files hold them now, and the object says so
+            (folder / name).unlink(missing_ok=True)
 
 
 def routes(desk: Desk) -> list[Route]:

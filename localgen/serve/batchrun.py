@@ -63,7 +63,7 @@ class Runner:
         """Send the requests not answered yet, in the input's order, `at_once` at most in flight."""
         import httpx
 
-        source = read_lines(self.desk.files.content(doc["input_file_id"]))
+        source = read_lines(self.desk.files.content(doc["input_file_id"]), self.desk.max_line)
         slots = asyncio.Semaphore(self.at_once)
         # the access lines' client (--log-format json) is the batch
         transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False, client=(doc["id"], 0))

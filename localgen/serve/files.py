@@ -98,12 +98,24 @@ class FileStore:
         return self._describe(ident, filename, purpose)
 
     def adopt(self, source: Path, ident: str, filename: str, purpose: str) -> dict[str, Any]:
-        """Move a file written elsewhere in the data dir (a batch's results) in as `ident`; again after a crash,
-        what was moved already stays."""
+        """Take a file written elsewhere in the data dir (a batch's results) in as `ident`: a second name for its
+        bytes (a copy where the disk has no hard links), so the source stays whole until its batch's object says
+        where the results went; again after a crash, what was taken already stays."""
         folder = self._folder()
         target = folder / f"{ident}.jsonl"
-        if source.exists():
-            os.replace(source, target)
+        if not target.exists():
+            try:
+                os.link(source, target)
+            except FileExistsError:
+                pass
+            except OSError:  # a disk without hard links: a copy, whole or not at all
+                tmp = folder / f".{ident}.{os.getpid()}.tmp"
+                try:
+                    shutil.copyfile(source, tmp)
+                    os.replace(tmp, target)
+                finally:
+                    tmp.unlink(missing_ok=True)
+            paths.fsync_dir(folder)
         found = self.get(ident)
         return found if found is not None else self._describe(ident, filename, purpose)
 
@@ -251,7 +263,7 @@ def limit_param(text: str | None, default: int, most: int) -> int:
     """A list's `limit` query parameter, checked."""
     if text is None:
         return default
-    if not text.isdigit() or not 1 <= int(text) <= most:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= most:  # "²" is a digit int() refuses
         raise HTTPError(400, f"limit must be a whole number from 1 to {most:,} (got {text[:20]!r})", param="limit")
     return int(text)
 
