@@ -478,3 +478,76 @@ def test_a_crash_while_finalizing_keeps_every_answer(monkeypatch: pytest.MonkeyP
     assert sorted(json.loads(line)["custom_id"] for line in kept) == ["f0", "f1"]
     assert json.loads((tmp_path / "runs" / doc["id"] / "batch.json").read_bytes())["output_file_id"] == doc[
         "output_file_id"]
+
+
+def test_a_full_disk_is_a_507_and_a_pause_never_a_lost_answer(own_env: dict[str, str]) -> None:
+    """The batches' folder on a small disk (tmpfs, in a mount namespace of the server's own), filled through the
+    API: an upload or a batch that cannot be written is a 507 that says so; a running batch waits instead of its
+    runner dying, and once space is freed it ends with every custom_id answered once; no traceback."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    folder = Path(own_env["LOCALGEN_HOME"]) / "data" / "batches"
+    folder.mkdir(parents=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = folder.parent / "serve.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=256k tmpfs "$B" && exec "$PY" -m localgen serve "$@"',
+             "sh", "--port", str(port), *ARGS[2:]], env={**own_env, "B": str(folder), "PY": sys.executable},
+            stderr=err, stdout=subprocess.DEVNULL)
+    url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
+    try:
+        deadline = time.monotonic() + 600  # a safety net for busy cores, not a timing
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+
+        def upload(data: bytes) -> httpx.Response:
+            return httpx.post(f"{url}/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"},
+                              headers=headers, timeout=60)
+
+        def create(file_id: str) -> httpx.Response:
+            return httpx.post(f"{url}/v1/batches", headers=headers, timeout=60, json={
+                "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+
+        given = upload(_jsonl([_line(f"d{i}", _chat(i)) for i in range(3)])).json()["id"]
+        fillers: list[tuple[str, int]] = []
+
+        def fill(size: int) -> httpx.Response:
+            while (r := upload(b"\n" * size)).status_code == 200:
+                fillers.append((r.json()["id"], size))
+            return r
+
+        r = fill(32768)
+        assert r.status_code == 507 and "cannot be written" in r.json()["error"]["message"], r.text
+        if fill(4096) and fillers[-1][1] != 4096:  # room for none: a larger one made room
+            httpx.delete(f"{url}/v1/files/{fillers.pop()[0]}", headers=headers)
+            fill(4096)
+        assert create(given).status_code == 507  # no room for the batch's object
+        httpx.delete(f"{url}/v1/files/{fillers.pop()[0]}", headers=headers)  # room for it, not for its answers
+        batch = create(given).json()["id"]
+        while b"the Batch API waits" not in log.read_bytes():
+            assert time.monotonic() < deadline - 300 and proc.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.1)
+        for ident, _ in fillers:
+            assert httpx.delete(f"{url}/v1/files/{ident}", headers=headers).status_code == 200
+        assert create(given).status_code == 200  # space again: a new batch, which wakes the runner
+        while (doc := httpx.get(f"{url}/v1/batches/{batch}", headers=headers).json())["status"] != "completed":
+            assert time.monotonic() < deadline and doc["status"] == "in_progress", doc
+            time.sleep(0.2)
+        output = httpx.get(f"{url}/v1/files/{doc['output_file_id']}/content", headers=headers).text.splitlines()
+        assert sorted(json.loads(line)["custom_id"] for line in output) == ["d0", "d1", "d2"]
+        assert doc["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)
+    assert "Traceback" not in log.read_text()

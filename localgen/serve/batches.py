@@ -222,10 +222,15 @@ class Progress:
         fd = os.open(self.folder / ("output.jsonl" if ok else "errors.jsonl"),
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            view = memoryview(line)
-            while view:  # one append (O_APPEND); a short write goes on where it stopped
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            start = os.fstat(fd).st_size
+            try:
+                view = memoryview(line)
+                while view:  # one append (O_APPEND); a short write goes on where it stopped
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:  # a full disk: no torn record left for the next one to follow on its line
+                os.ftruncate(fd, start)
+                raise
         finally:
             os.close(fd)
 
@@ -361,11 +366,10 @@ class Desk:
                 ident = "file-" + hashlib.sha256(f"{doc['id']}:{what}".encode()).hexdigest()[:24]
                 self.files.adopt(folder / name, ident, f"{doc['id']}_{what}.jsonl", "batch_output")
                 doc[key] = ident
-        if cancelled:
-            doc.update(status="cancelled", cancelled_at=self.now())
-        else:
-            doc.update(status="completed", completed_at=self.now())
-        self.save(doc)
+        ended = {**doc, **({"status": "cancelled", "cancelled_at": self.now()} if cancelled else
+                           {"status": "completed", "completed_at": self.now()})}
+        self.save(ended)  # on disk first: a full disk leaves the batch to end again (serve/batchrun.py)
+        doc.update(ended)
         self.progress.pop(doc["id"], None)
         for name in ("output.jsonl", "errors.jsonl"):  # the results' files hold them now, and the object says so
             (folder / name).unlink(missing_ok=True)
@@ -436,7 +440,9 @@ def routes(desk: Desk) -> list[Route]:
             progress.shown(doc)
         return doc
 
-    return [Route("/v1/batches", create, methods=["POST"]), Route("/v1/batches", listed, methods=["GET"]),
-            Route("/v1/batches/{id}", retrieve, methods=["GET"]),
-            Route("/v1/batches/{id}/cancel", cancel, methods=["POST"]),
+    on_disk = files.on_disk  # a full or read-only data folder: a 507 saying so
+    return [Route("/v1/batches", on_disk(create), methods=["POST"]),
+            Route("/v1/batches", on_disk(listed), methods=["GET"]),
+            Route("/v1/batches/{id}", on_disk(retrieve), methods=["GET"]),
+            Route("/v1/batches/{id}/cancel", on_disk(cancel), methods=["POST"]),
             *files.routes(desk.files, desk.owner, desk.in_use, lambda: desk.read_timeout)]

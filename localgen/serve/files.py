@@ -9,13 +9,15 @@ parser, never held in memory whole. What its lines hold is checked when a batch 
 from __future__ import annotations
 
 import asyncio
+import errno
+import functools
 import json
 import os
 import re
 import secrets
 import shutil
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -229,9 +231,38 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
         finally:
             await form.close()
 
-    return [Route("/v1/files", create, methods=["POST"]), Route("/v1/files", listed, methods=["GET"]),
-            Route("/v1/files/{id}", retrieve, methods=["GET"]), Route("/v1/files/{id}", delete, methods=["DELETE"]),
-            Route("/v1/files/{id}/content", content, methods=["GET"])]
+    return [Route("/v1/files", on_disk(create), methods=["POST"]),
+            Route("/v1/files", on_disk(listed), methods=["GET"]),
+            Route("/v1/files/{id}", on_disk(retrieve), methods=["GET"]),
+            Route("/v1/files/{id}", on_disk(delete), methods=["DELETE"]),
+            Route("/v1/files/{id}/content", on_disk(content), methods=["GET"])]
+
+
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+
+
+def disk_fault(e: OSError) -> HTTPError | None:
+    """The 507 of a data folder that cannot be written (full, read-only, not ours), or None for another fault."""
+    if e.errno not in DISK_ERRNOS:
+        return None
+    where = f": {e.filename}" if e.filename else ""
+    return HTTPError(507, f"the server's data folder cannot be written ({e.strerror or e}{where}): free some space "
+                          "or fix its rights, then send it again", "server_error")
+
+
+def on_disk(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """A route whose disk faults (a full or read-only data folder) are a 507 that says so, not a 500."""
+    @functools.wraps(handler)
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except OSError as e:
+            fault = disk_fault(e)
+            if fault is None:
+                raise
+            raise fault from None
+
+    return wrapped
 
 
 def too_big() -> HTTPError:
