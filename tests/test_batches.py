@@ -416,6 +416,10 @@ def test_a_hostile_query_or_a_bare_cancel_gets_a_plain_answer(monkeypatch: pytes
     assert r.status_code == 404 and r.json()["error"]["param"] == "batch_id", r.text
     r = client.post("/v1/batches", content=b"{}")  # a route that reads a body still wants JSON's type
     assert r.status_code == 415, r.text
+    form = (b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--x\r\n'
+            b'Content-Disposition: form-data; name="file"\r\n\r\n{}\n\r\n--x--\r\n')  # curl -F 'file=<in.jsonl'
+    r = client.post("/v1/files", content=form, headers={"Content-Type": "multipart/form-data; boundary=x"})
+    assert r.status_code == 400 and "curl -F file=@" in r.json()["error"]["message"], r.text
 
 
 def test_a_line_longer_than_a_request_may_be_is_refused_unread(tmp_path: Path) -> None:

@@ -219,6 +219,9 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
             raise HTTPError(400, f"the upload is not a valid multipart form: {e.message}", param="file") from None
         try:
             file, purpose = form.get("file"), form.get("purpose")
+            if isinstance(file, str):  # a part with no filename (curl's -F 'file=<in.jsonl') is a text field
+                raise HTTPError(400, "the field `file` came as text, with no filename: send it as a file (curl -F "
+                                     "file=@requests.jsonl)", param="file")
             if not isinstance(file, UploadFile):
                 raise HTTPError(400, "the form has no file: send it as the field `file`", param="file")
             if purpose not in PURPOSES:
