@@ -119,9 +119,10 @@ def available_ram_bytes() -> int | None:
 
 
 class GPU:
-    """One accelerator: name, total and free memory in bytes, and whether memory is unified (Apple)."""
+    """One accelerator: name, total and free memory in bytes (None where nvidia-smi says `[N/A]`, as for MIG
+    and for NVIDIA's unified-memory chips), and whether memory is unified (Apple)."""
 
-    def __init__(self, name: str, total: int, free: int, unified: bool = False) -> None:
+    def __init__(self, name: str, total: int | None, free: int | None, unified: bool = False) -> None:
         self.name = name
         self.total = total
         self.free = free
@@ -153,12 +154,19 @@ def gpus() -> list[GPU]:
         return []
     found = []
     for line in out.strip().splitlines():
-        try:
-            gpu_name, total_mib, free_mib = (x.strip() for x in line.split(","))
-            found.append(GPU(gpu_name, int(float(total_mib)) << 20, int(float(free_mib)) << 20))
-        except ValueError:
-            continue
+        fields = [x.strip() for x in line.rsplit(",", 2)]  # a name may hold a comma; the numbers do not
+        if len(fields) == 3 and fields[0]:
+            found.append(GPU(fields[0], _mib(fields[1]), _mib(fields[2])))
     return found
+
+
+def _mib(text: str) -> int | None:
+    """One of nvidia-smi's memory figures (MiB) in bytes; None for `[N/A]`, `[Not Supported]` and the like."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) << 20 if value >= 0 and value == value and value != float("inf") else None
 
 
 def why_no_gpu() -> str:
@@ -180,7 +188,7 @@ def why_no_gpu() -> str:
     said = next((line.strip() for line in (r.stderr + "\n" + r.stdout).splitlines() if line.strip()), "")
     if r.returncode:
         return f"{exe} failed (exit {r.returncode})" + (f": {said[:200]}" if said else "")
-    return f"{exe} lists no GPU with its memory" + (f" ({said[:200]})" if said else "")
+    return f"{exe} lists no GPU" + (f" ({said[:200]})" if said else "")
 
 
 def cpu_name() -> str:

@@ -14,6 +14,23 @@ def _home() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def check_home() -> None:
+    """A LOCALGEN_HOME that cannot hold localgen's folders is a usage error, said before anything is written:
+    a file (every save would fail, or be skipped with a warning) or a relative path (chats, presets and the
+    log would land under whatever folder each command starts in, and seem lost from any other)."""
+    value = os.environ.get("LOCALGEN_HOME")
+    if not value:
+        return
+    from localgen.errors import UsageError
+
+    home = Path(value).expanduser()
+    if not home.is_absolute():
+        raise UsageError(f"LOCALGEN_HOME must be an absolute path, not {value!r}: a relative one would move with "
+                         f"the current directory (try {str(Path.cwd() / home)!r})")
+    if home.exists() and not home.is_dir():
+        raise UsageError(f"LOCALGEN_HOME is {value!r}, which is not a directory (give a folder, or unset it)")
+
+
 def config_dir() -> Path:
     """User configuration (models.toml overrides)."""
     home = _home()

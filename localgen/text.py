@@ -1,13 +1,21 @@
 """Text at the input boundary: every prompt, system prompt and stop string that reaches a tokenizer is
 valid Unicode. Bytes that are not UTF-8 (which Python keeps as lone surrogates in argv and stdin) and JSON's
 lone-surrogate escapes are refused with a message that says where, never passed on; so are files read whole
-that are not UTF-8 (read_file: the line of the first bad byte). Stdlib only."""
+that are not UTF-8 (read_file: the line of the first bad byte). A prompt's text is bounded (MAX_PROMPT_TEXT) and
+read only up to one byte past the bound. Stdlib only."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from localgen.errors import UsageError
+
+MAX_PROMPT_TEXT = 64 * 2**20  # a prompt's file or piped stdin: some 16 million tokens, past any context window
+
+
+def too_long(what: str) -> UsageError:
+    """The error for a prompt's text past MAX_PROMPT_TEXT (read only up to one byte past it)."""
+    return UsageError(f"{what} is larger than {MAX_PROMPT_TEXT >> 20} MiB: more text than any context window holds")
 
 
 def problem(text: str) -> str | None:
@@ -30,14 +38,26 @@ def checked(text: str, what: str) -> str:
     return text
 
 
-def read_file(path: str | Path, what: str | None = None) -> str:
+def read_file(path: str | Path, what: str | None = None, limit: int | None = None) -> str:
     """A text file's contents, all of it UTF-8; a UsageError naming the file (or `what`), the line and the first
-    byte that is not. Line ends read as Path.read_text reads them (\\r\\n and \\r as \\n). OSError is the caller's
-    to word."""
-    data = Path(path).read_bytes()
+    byte that is not. Line ends read as Path.read_text reads them (CRLF and CR as LF). With `limit` (bytes), a
+    larger file is refused after reading one byte past it (a huge file, /dev/zero). OSError is the caller's to
+    word."""
+    if limit is None:
+        return decode(Path(path).read_bytes(), what or str(path))
+    with Path(path).open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise too_long(what or str(path))
+    return decode(data, what or str(path))
+
+
+def decode(data: bytes, what: str) -> str:
+    """A file's bytes as text, as read_file reads them; a UsageError naming `what`, the line and the first byte
+    that is not UTF-8."""
     try:
         return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise UsageError(f"{what or path} is not UTF-8 text: byte 0x{data[e.start]:02x} on line {line:,} is not "
+        raise UsageError(f"{what} is not UTF-8 text: byte 0x{data[e.start]:02x} on line {line:,} is not "
                          "UTF-8") from None

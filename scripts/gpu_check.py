@@ -412,7 +412,7 @@ def main() -> None:
                                                                  "at 600): past it, the next call goes on")
     a = ap.parse_args()
     payload = a.payload or ROOT / ("gpu-payload-cpu" if a.cpu else "gpu-payload")
-    work = a.work
+    work = a.work.resolve()  # LOCALGEN_HOME below must be absolute
     work.mkdir(parents=True, exist_ok=True)
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else work
     report_path = a.report or out_dir / "gpu_check.md"

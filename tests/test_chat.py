@@ -367,6 +367,10 @@ def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:
     assert r.returncode == 1 and "no saved conversation named" in r.stderr
     r = cli("chat", "bad/name", input="hi\n")
     assert r.returncode == 2 and "bad conversation name" in r.stderr
+    r = cli("chat", ".hidden", input="hi\n")  # a name may not begin with '.': the error says so
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ("localgen: error: bad conversation name '.hidden': use at most 64 letters, digits, '.', '_' "
+                        "or '-', beginning with a letter or digit\n"), r.stderr
 
 
 def test_corrupt_save_is_reported_and_kept(cli: CLI, home: Path) -> None:
@@ -482,3 +486,90 @@ def test_a_streamed_answer_ends_on_screen_as_the_whole_answer_renders(answer: st
     whole = terminal.Screen((30, 40), onlcr=True)
     console(whole).print(Markdown(answer, code_theme="monokai"))
     assert streamed.rows() == whole.rows(), "\n".join(streamed.rows())
+
+
+def test_set_verbose_off_hides_the_footer_and_on_shows_it_again(cli_env: dict[str, str]) -> None:
+    """chat.md: after each answer a footer shows tokens, tok/s, ... (`/set verbose off` hides it)."""
+    child = spawn(cli_env, "-n", "4", "--temp", "0")
+    send(child, "Hi", r"tok/s")
+    send(child, "/set verbose off", r"verbose off")
+    child.sendline("Hello again.")
+    child.expect_exact("Hello again.")  # the echo of the message
+    child.expect_exact(PROMPT)
+    answer = str(child.before)  # the answer, and the footer if there were one
+    assert answer.strip() and "tok/s" not in answer and "context " not in answer, answer
+    send(child, "/set verbose on", r"verbose on")
+    send(child, "Bye.", r"tok/s · first token [\d.]+ s · context [\d,]+/")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_ctrl_c_in_a_scripted_chat_keeps_the_answer_and_ends_the_script(cli_env: dict[str, str],
+                                                                         tmp_path: Path) -> None:
+    """`localgen chat < messages.txt`: Ctrl-C stops the answer under way, keeps it (saved), and ends the script
+    with "interrupted" and exit 130, as it ends `run --file`; the messages after it are not sent (Ctrl-C only
+    stopped one answer, and the script went on)."""
+    import signal
+    import subprocess
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    p = subprocess.Popen(CLI(env).argv("chat", "-n", "3000", "--temp", "0"), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    assert p.stdin is not None and p.stdout is not None and p.stderr is not None
+    p.stdin.write("Write a very long essay about the history of rivers.\nAnd now about lakes.\n")
+    p.stdin.close()
+    first = p.stdout.readline()  # the answer is streaming (3,000 tokens take far longer)
+    p.send_signal(signal.SIGINT)
+    out, err = first + p.stdout.read(), p.stderr.read()
+    assert p.wait(SAFETY_NET_S) == 130, err
+    assert err.endswith("(stopped; the partial answer is kept)\ninterrupted\n"), err
+    saved = list((tmp_path / "home" / "data" / "chats").glob("*.json"))
+    assert len(saved) == 1, err
+    messages = json.loads(saved[0].read_text())["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"], messages
+    assert out.startswith(messages[1]["content"].rstrip("\n")[:20]) and messages[1]["content"], (out, messages)
+
+
+def test_read_checks_the_size_before_reading_and_names_a_bad_byte_line(cli_env: dict[str, str],
+                                                                        tmp_path: Path) -> None:
+    """/read reads at most one byte past its 1 MiB bound: /dev/zero is refused at once (it was read whole: a
+    MemoryError traceback, or the machine's memory); a file that is not UTF-8 is named with its line, as -f's is."""
+    import resource
+    import subprocess
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+
+    def limited() -> None:  # the old reader stops at this bound instead of at the machine's memory
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    r = subprocess.run(CLI(env).argv("chat", "-n", "4"), input="/read /dev/zero\nHi\n", capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=SAFETY_NET_S, preexec_fn=limited)
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert r.stderr == "localgen: error: /dev/zero is larger than 1 MiB\n", r.stderr
+    bad = tmp_path / "notes.txt"
+    bad.write_bytes(b"first line\ncaf\xe9\n")
+    r = CLI(env)("chat", "-n", "4", input=f"/read {bad}\nHi\n")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr == f"localgen: error: {bad} is not UTF-8 text: byte 0xe9 on line 2 is not UTF-8\n", r.stderr
+
+
+def test_a_scripted_message_past_64_mib_is_refused_without_reading_it_whole(cli_env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    """`chat < /dev/zero` (one line that never ends): a message is bounded as run's prompt is, and read only one
+    character past the bound (the line was read whole: a MemoryError traceback, or the machine's memory)."""
+    import resource
+    import subprocess
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+
+    def limited() -> None:  # the old reader stops at this bound instead of at the machine's memory
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run(CLI(env).argv("chat", "-n", "4"), stdin=zero, capture_output=True, text=True, env=env,
+                           cwd=ROOT, timeout=SAFETY_NET_S, preexec_fn=limited)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr == ("localgen: error: a message on stdin is larger than 64 MiB: more text than any context "
+                        "window holds\n"), r.stderr

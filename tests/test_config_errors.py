@@ -170,7 +170,7 @@ def test_a_typed_api_key_file_wins_over_the_variable(own: CLI, tmp_path: Path) -
         assert s.stop() == 0
 
 
-@pytest.mark.parametrize("value", ["0", "false", "off", "no", "OFF", ""])
+@pytest.mark.parametrize("value", ["0", "false", "off", "no", "OFF", "disabled", ""])
 def test_localgen_debug_off_values_keep_the_one_line_error(own: CLI, value: str) -> None:
     r = CLI({**own.env, "LOCALGEN_DEBUG": value})("show", "no-such-model:1b")
     assert r.returncode == 1 and _lines(r) == [line for line in r.stderr.splitlines()]
@@ -180,3 +180,22 @@ def test_localgen_debug_off_values_keep_the_one_line_error(own: CLI, value: str)
 def test_localgen_debug_on_gives_the_traceback(own: CLI) -> None:
     r = CLI({**own.env, "LOCALGEN_DEBUG": "true"})("show", "no-such-model:1b")
     assert r.returncode == 1 and "Traceback" in r.stderr and "ModelNotFoundError" in r.stderr
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ("relative/home", "LOCALGEN_HOME must be an absolute path, not 'relative/home'"),
+    ("FILE", "which is not a directory (give a folder, or unset it)"),
+])
+@pytest.mark.parametrize("args", [["list"], ["run", "-p", "hi", "-n", "1"], ["create", "x", "-f", "-"]])
+def test_a_localgen_home_that_cannot_hold_its_folders_is_one_usage_line(own: CLI, tmp_path: Path, given: str,
+                                                                       said: str, args: list[str]) -> None:
+    """A relative LOCALGEN_HOME would put chats, presets and the log under whichever folder a command starts in; a
+    file can hold none of them: either is refused before anything is written, exit 2."""
+    file = tmp_path / "a-file"
+    file.write_text("mine\n")
+    value = str(file) if given == "FILE" else given
+    r = CLI({**own.env, "LOCALGEN_HOME": value})(*args, input="FROM smollm2:135m\n", cwd=tmp_path)
+    assert r.returncode == 2 and len(_lines(r)) == 1 and said in r.stderr and r.stdout == "", r.stderr
+    assert file.read_text() == "mine\n" and not (tmp_path / "relative").exists()
+    r = CLI({**own.env, "LOCALGEN_HOME": value})("--help")
+    assert r.returncode == 0, r.stderr

@@ -31,3 +31,43 @@ def test_presets_the_responses_store_and_the_prompt_cache_live_where_the_page_sa
         where, rest = said.split("/", 1)
         assert path == dirs[where] / rest.rstrip("/"), (said, path)
 
+
+
+@pytest.mark.parametrize("given", [
+    ("HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"), ("HF_HOME", "XDG_CACHE_HOME"), ("XDG_CACHE_HOME",), (),
+])
+def test_the_model_cache_is_the_one_huggingface_hub_uses(tmp_path: Path, given: tuple[str, ...]) -> None:
+    """"HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub" (and XDG_CACHE_HOME, as huggingface_hub
+    reads it): localgen's cache folder is huggingface_hub's own for each combination, so pulls are shared."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")}
+    env.update({k: str(tmp_path / k.lower()) for k in given}, HOME=str(tmp_path / "home"))
+    probe = ("from huggingface_hub import constants; from localgen.models.hfcache import hub_cache; "
+             "print(constants.HF_HUB_CACHE); print(hub_cache())")
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    theirs, ours = r.stdout.split()
+    assert ours == theirs, r.stderr
+    first = given[0] if given else "HOME"
+    assert Path(ours).is_relative_to(tmp_path / first.lower()), ours
+
+
+def test_every_folder_and_file_the_code_keeps_is_in_the_directories_table() -> None:
+    """Each `paths.X_dir() / "NAME"` in localgen is named, as `NAME` or `NAME/`, in that dir's row of the page's
+    Directories table (and `endpoints.toml`, `models.toml` in the config dir's): a new file is documented."""
+    import re
+
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| (config|data|state|cache) dir \| [^|]+ \| (.+) \|$", page, re.M)}
+    assert set(rows) == {"config", "data", "state", "cache"}, rows
+    found: set[tuple[str, str]] = set()
+    for py in (ROOT / "localgen").rglob("*.py"):
+        text = py.read_text(encoding="utf-8")
+        found |= set(re.findall(r"\b(?:paths\.)?(config|data|state|cache)_dir\(\) / \"([^\"]+)\"", text))
+    assert ("data", "chats") in found and ("config", "endpoints.toml") in found, found
+    missing = [(d, name) for d, name in sorted(found)
+               if f"`{name}`" not in rows[d] and f"`{name}/`" not in rows[d] and f"`{name}/" not in rows[d]]
+    assert not missing, missing

@@ -130,3 +130,17 @@ def test_bench_takes_the_variables_as_one_value_each(cli: CLI, moe_path: Path, t
     r = subprocess.run(cli.argv(*BENCH), capture_output=True, text=True, env=_env(cli, LLAMA_ARG_N_CPU_MOE="x"),
                        timeout=120, check=False)
     assert r.returncode == 2 and "LLAMA_ARG_N_CPU_MOE takes a number of layers" in r.stderr, r.stderr
+
+
+def test_models_page_names_every_command_with_offline() -> None:
+    """docs/models.md's `--offline` sentence lists exactly the commands that take the flag, and each reads
+    LOCALGEN_OFFLINE, as configuration.md's row says."""
+    options = _options()
+    having = {cmd for (cmd, flag) in options if flag == "--offline" and cmd}
+    assert {options[(cmd, "--offline")] for cmd in having} == {"LOCALGEN_OFFLINE"}
+    page = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    start = page.index("- `--offline` (on ")
+    said = page[start:page.index(")", start)]
+    from localgen.cli.app import COMMANDS
+
+    assert {n for n in re.findall(r"`([a-z-]+)`", said) if n in COMMANDS} == having

@@ -127,3 +127,17 @@ def test_an_off_switch_its_help_explains_is_not_said_again(cli_in_process: InPro
     assert "--no-exact: " in words
     assert "--no-exact turns it off" not in words
     assert "--no-kv-unified, -no-kvu turns it off" in words  # a None default whose help does not name it keeps it
+
+
+def test_serve_help_all_puts_every_server_option_in_a_panel(cli_in_process: InProcessCLI) -> None:
+    """`serve --help-all`: --drain-timeout and the image-URL options sat alone beside --help in the catch-all
+    "Options" panel; they are the server's."""
+    cli_in_process.env["COLUMNS"] = "120"
+    full = _help(cli_in_process, "serve", "--help-all")
+    catch_all = full[full.index("─ Options ─"):]
+    catch_all = catch_all[:catch_all.index("╰")]
+    assert re.findall(r"--[a-z-]+", catch_all) == ["--help"], catch_all
+    server = full[full.index("─ Server ─"):]
+    server = server[:server.index("╰")]
+    for flag in ("--drain-timeout", "--allow-image-urls", "--allow-private-urls", "--fetch-timeout"):
+        assert flag in server, flag

@@ -280,7 +280,8 @@ def test_same_size_wrong_bytes_are_rejected_and_deleted(env: dict[str, str], hub
 @pytest.mark.parametrize(
     ("setup", "args", "needle"),
     [
-        (lambda hub: None, ["pull", "nobody/nothing"], "no repo nobody/nothing on the Hub"),
+        (lambda hub: None, ["pull", "nobody/nothing"], "no repo nobody/nothing on the Hub (or it is private)"),
+        (lambda hub: setattr(hub.repos[REPO], "gated", True), ["pull", f"{REPO}:Q4_1"], "is gated: "),
         (lambda hub: setattr(hub.repos[REPO], "gated", True), ["pull", f"{REPO}:Q4_1"], "HF_TOKEN"),
         (lambda hub: None, ["pull", f"{REPO}:Q9_9"], "has no quantization Q9_9 (it has: Q4_1, Q8_0)"),
         (lambda hub: hub.fail_statuses.extend([503] * 10), ["pull", f"{REPO}:Q4_1"], "answered 503"),
@@ -374,9 +375,18 @@ def test_not_enough_disk(env: dict[str, str], hub: hub_server.FakeHub, monkeypat
     real = shutil.disk_usage
     monkeypatch.setattr(download.shutil, "disk_usage",
                         lambda p: real(p)._replace(free=10 << 20))
-    with pytest.raises(LocalgenError, match=r"not enough disk space .*need 1\d\d MiB, have 10 MiB"):
+    need = f"{(hub.repos[REPO].files[FILE].size + (64 << 20)) / (1 << 20):.0f} MiB"  # the file and 64 MiB (the page)
+    with pytest.raises(LocalgenError, match=rf"not enough disk space .*need {need}, have 10 MiB"):
         resolve.pull(resolve.target(f"{REPO}:Q4_1"), download.Quiet())
     assert FILE not in hub.sent
+    f = hub.repos[REPO].files[FILE]
+    partial = blob(env, f.sha256).with_name(f.sha256 + ".incomplete")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(f.read(0, 50 << 20))  # half a pull that stopped: only the rest is needed
+    need = f"{(f.size - (50 << 20) + (64 << 20)) / (1 << 20):.0f} MiB"
+    with pytest.raises(LocalgenError, match=rf"not enough disk space .*need {need}, have 10 MiB"):
+        resolve.pull(resolve.target(f"{REPO}:Q4_1"), download.Quiet())
+    assert partial.stat().st_size == 50 << 20
 
 
 def test_hostile_file_names_never_leave_the_cache(env: dict[str, str], hub: hub_server.FakeHub,
@@ -610,6 +620,11 @@ def test_gated_repo_in_pull_list_names_hf_token(env: dict[str, str], hub: hub_se
     r = lg(env, "pull", REPO, "--list")
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "gated" in r.stderr and "HF_TOKEN" in r.stderr
+    r = lg(env, "pull", f"{REPO}:Q4_1")  # the listing answers, the file is refused: the same words
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1] == ("localgen: error: the Hub refused the download (401): the repo is gated or "
+                                         "private (accept its terms on the Hub, then set HF_TOKEN (or `hf auth "
+                                         "login`))"), r.stderr
 
 
 @pytest.mark.parametrize("lost", ["link", "blob"])
@@ -639,3 +654,83 @@ def test_a_split_model_missing_a_part_is_one_line_naming_it_offline(env: dict[st
     assert second.exists()
     assert hub.sent[split_parts[1].name] == (2 if lost == "blob" else 1) * split_parts[1].stat().st_size
     assert hub.sent[split_parts[0].name] == split_parts[0].stat().st_size, "the part it had is not fetched again"
+
+
+FULL_DISK_SCRIPT = r'''
+set -u
+mount -t tmpfs -o size=260m tmpfs "$D" || exit 99
+export HF_HUB_CACHE="$D/hf"
+lg() { "$PY" -m localgen "$@"; }
+lg pull "$REPO:Q4_1" >/dev/null 2>"$T/first.err" || { echo "first pull failed"; cat "$T/first.err"; exit 98; }
+lg pull acme/Other-GGUF:Q4_1 >/dev/null 2>"$T/full.err" &
+pid=$!
+part="$D/hf/models--acme--Other-GGUF/blobs/$OTHER.incomplete"
+n=0
+while [ ! -s "$part" ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n + 1)); done
+dd if=/dev/zero of="$D/filler" bs=1M 2>/dev/null  # the disk fills while the pull writes
+wait $pid
+echo "full rc=$?"
+echo "kept $(stat -c %s "$part")"
+rm "$D/filler"
+lg pull acme/Other-GGUF:Q4_1 >/dev/null 2>"$T/again.err"
+echo "again rc=$?"
+sha256sum "$D/hf/models--acme--Other-GGUF/blobs/$OTHER" "$D/hf/models--$REPO_DIR/blobs/$FIRST"
+'''
+
+
+def test_a_real_full_disk_stops_the_pull_keeps_what_arrived_and_the_next_pull_resumes(
+        env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile, tmp_path: Path) -> None:
+    """A cache on a tmpfs that fills during a download (ENOSPC from the kernel, not a stand-in): the pull stops at
+    once with `cannot write PATH: No space left on device`, exit 1, keeping the bytes that arrived; with space
+    freed the next pull resumes and finishes, verified; the model pulled before is never touched."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    other = tmp_path / "other-Q4_1.gguf"
+    shutil.copyfile(model_file.source, other)
+    with open(other, "r+b") as f:  # another file of the same size: other bytes, another SHA-256
+        f.seek(60_000_000)
+        byte = f.read(1)
+        f.seek(60_000_000)
+        f.write(bytes([byte[0] ^ 1]))
+    other_file = hub_server.HubFile(other)
+    hub.repos["acme/Other-GGUF"] = hub_server.HubRepo(COMMIT, {"other-Q4_1.gguf": other_file})
+    hub.delay_per_mb = 0.05
+    (tmp_path / "disk").mkdir()
+    run_env = {**env, "D": str(tmp_path / "disk"), "T": str(tmp_path), "PY": sys.executable, "REPO": REPO,
+               "REPO_DIR": REPO.replace("/", "--"), "OTHER": other_file.sha256, "FIRST": model_file.sha256}
+    r = subprocess.run(["unshare", "-m", "sh", "-c", FULL_DISK_SCRIPT], env=run_env, capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    out = r.stdout
+    assert r.returncode == 0 and "full rc=1" in out, out + r.stderr
+    full = (tmp_path / "full.err").read_text()
+    last = full.strip().splitlines()[-1]
+    assert "Traceback" not in full and last.startswith("localgen: error: cannot write "), full
+    assert last.endswith("No space left on device (free some disk space, then pull again: it resumes)"), full
+    kept = int(out.split("kept ")[1].split()[0])
+    assert 0 < kept < other_file.size, out
+    again = (tmp_path / "again.err").read_text()
+    assert "again rc=0" in out and "resuming at" in again, again
+    assert f"{other_file.sha256}  " in out and f"{model_file.sha256}  " in out, out
+
+
+@pytest.mark.parametrize("bad", ["notaurl", "ftp://mirror.example", "http://", "http://[::1", "http://h:port"])
+@pytest.mark.parametrize("args", [["pull", REPO], ["pull", REPO, "--list"], ["run", "-m", REPO, "-p", "hi"]])
+def test_an_hf_endpoint_that_is_no_url_is_one_usage_line(env: dict[str, str], hub: hub_server.FakeHub, bad: str,
+                                                         args: list[str]) -> None:
+    """HF_ENDPOINT names the Hub or a mirror: a value that is no http(s) URL is a usage error naming it, exit 2,
+    before any request (it was a network error, or a traceback from huggingface_hub's import)."""
+    r = lg({**env, "HF_ENDPOINT": bad}, *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == [f"localgen: error: HF_ENDPOINT must be an http:// or https:// URL (the Hub or "
+                                     f"a mirror), not {bad!r} (unset it for https://huggingface.co)"], r.stderr
+    assert not hub.requests
+
+
+def test_an_empty_hf_endpoint_is_the_hub_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localgen.models import hub
+
+    for value in ("", "  "):
+        monkeypatch.setenv("HF_ENDPOINT", value)
+        assert hub.endpoint() == "https://huggingface.co"
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:18450/")
+    assert hub.endpoint() == "http://127.0.0.1:18450"

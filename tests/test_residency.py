@@ -130,6 +130,32 @@ def test_a_pinned_busy_model_is_never_asked_to_yield() -> None:
     assert pinned.yielding == [] and r.status()["waiting"] == []
 
 
+def test_at_start_a_load_behind_pinned_models_fails_at_once() -> None:
+    """serve's start (not `patient`): every model loaded is pinned, so nothing would ever make room; the
+    load says so at once instead of waiting --load-wait (serve -m A -m B --max-models 1 sat silent)."""
+    r = Residency(budget=1000 * MB, max_models=1, wait_s=30)
+    r.admit(Stand(r, "a", pinned=True), 100 * MB)
+    t0 = time.monotonic()
+    with pytest.raises(NoRoom, match=r"no room to load b beside a: -m pins") as e:
+        r.admit(Stand(r, "b", pinned=True), 100 * MB, patient=False)
+    assert time.monotonic() - t0 < 10 and "--max-models" in (e.value.hint or "")
+    assert r.status()["waiting"] == [] and r.status()["loaded"] == ["a"]
+
+
+def test_serve_with_more_pinned_models_than_room_says_so(cli: CLI) -> None:
+    """serve.md: -m loads each model at start and pins it; two with --max-models 1 is one error line, exit 1,
+    at once (it waited silently for room that never came)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = cli("serve", "--port", str(port), "-m", "smollm2:135m", "-m", "gemma3:270m", "--max-models", "1",
+            timeout=100)
+    assert r.returncode == 1 and "no room to load gemma3:270m beside smollm2:135m" in r.stderr, r.stderr
+    assert r.stderr.count("localgen: error:") == 1 and "Traceback" not in r.stderr
+
+
 def test_a_model_bigger_than_the_budget_says_what_it_needs() -> None:
     r = Residency(budget=500 * MB, max_models=3)
     with pytest.raises(TooBig, match=r"needs about 800 MiB .* budget for loaded models is 500 MiB"):
@@ -227,6 +253,16 @@ def test_ps_with_no_server(cli: CLI) -> None:
         port = s.getsockname()[1]
     r = cli("ps", "--port", str(port))
     assert r.returncode == 1 and "no localgen serve is running" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ps_says_when_a_model_unloads_in_words() -> None:
+    """`localgen ps`'s UNTIL, as Ollama's: a model 20 s from unloading said "0 minutes from now"."""
+    from localgen.cli.serve.ps import until_text
+
+    assert until_text(20.4) == "20 seconds from now" and until_text(1) == "1 second from now"
+    assert until_text(-3) == "0 seconds from now" and until_text(299.6) == "5 minutes from now"
+    assert until_text(60 * 90) == "90 minutes from now" and until_text(3 * 3600) == "3 hours from now"
+    assert until_text(400 * 86400) == "forever"
 
 
 def test_defaults_three_models_and_most_of_the_memory(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,6 +48,11 @@ def test_json_reports_text_model_settings_and_stats(cli: CLI) -> None:
     assert stats["completion_tokens"] <= 12 and stats["prompt_tokens"] > 5
     for key in ("load_s", "ttft_s", "prefill_tps", "decode_tps", "total_s", "cached_tokens"):
         assert key in stats
+    # docs/run.md lists every key of the object: a new one must be documented
+    assert set(doc) == {"text", "finish_reason", "model", "seed", "sampling", "load", "stats", "localgen",
+                        "prompt_cache", "conversation_id"}, sorted(doc)
+    assert set(doc["model"]) == {"name", "file", "source", "quantization", "architecture", "parameters",
+                                 "file_size"}, sorted(doc["model"])
     assert doc["text"]
 
 
@@ -302,3 +307,26 @@ def test_version_and_help(cli: CLI) -> None:
                  "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "--seed", "--max-tokens",
                  "--stop", "--system", "--grammar", "--json-schema", "--ctx", "--threads", "--gpu-layers"):
         assert flag in r.stdout, flag
+
+
+@pytest.mark.parametrize("args", [["-f", "/dev/zero", "Hi"], ["Hi", "-jf", "/dev/zero"],
+                                  ["Hi", "--chat-template-file", "/dev/zero"], ["Hi", "<"]])
+def test_a_prompt_file_or_stdin_past_64_mib_is_refused_without_reading_it_whole(cli_env: dict[str, str],
+                                                                                args: list[str]) -> None:
+    """A prompt's text is read only up to one byte past 64 MiB (more than any context window holds): a huge file
+    or /dev/zero is one usage error at once; it was read whole, a MemoryError traceback or the machine's memory."""
+    import resource
+    import sys
+
+    def limited() -> None:  # the old reader stops at this bound instead of at the machine's memory
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    piped = args[-1] == "<"
+    argv = args[:-1] if piped else args
+    with open("/dev/zero" if piped else "/dev/null", "rb") as stdin:
+        r = subprocess.run([sys.executable, "-m", "localgen", "run", *argv, "-n", "2"],
+                           stdin=stdin, capture_output=True, text=True, env=cli_env, timeout=120, preexec_fn=limited)
+    what = "stdin" if piped else "/dev/zero"
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("localgen: error: ") and what in r.stderr, r.stderr
+    assert r.stderr.endswith(" is larger than 64 MiB: more text than any context window holds\n"), r.stderr

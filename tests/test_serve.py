@@ -326,6 +326,25 @@ def test_serve_usage_errors(cli_env: dict[str, str], cli_in_process: InProcessCL
         assert r.returncode == 2 and "--cache-ram" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
+def test_serve_sizes_say_what_they_mean(cli_in_process: InProcessCLI) -> None:
+    """serve.md: --max-memory with no room for any model is a usage error before the port (it was exit 1,
+    after the model resolved, with a budget of "-"); a plain number given to --cache-ram or --cache-disk is
+    MiB, 1.5 too (it was 1 byte, and 0.5 turned the store off)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        for bad in ("0", "0.5", "1000"):
+            r = cli_in_process("serve", "--port", port, "--max-memory", bad)
+            assert r.returncode == 2 and "--max-memory" in r.stderr and "no room" in r.stderr, r.stderr
+            assert r.stderr.count("\n") == 1, r.stderr
+    from localgen.cli.serve.command import _cache_disk, _cache_ram
+
+    assert _cache_disk("1.5") == _cache_ram("1.5") == 3 << 19
+    assert _cache_disk("0.5") == 1 << 19 and _cache_disk("1") == 1 << 20 and _cache_disk("64K") == 64 << 10
+    assert _cache_disk("0") == _cache_ram("0") == 0 and _cache_ram("4096") == 4 << 30
+
+
 def test_a_disk_cache_that_cannot_work_says_so(cli_env: dict[str, str]) -> None:
     """caches.md: --cache-disk needs the prompt cache in RAM; with --cache-ram 0, a size given to --cache-disk
     says in one warning line that it is off (the default says nothing)."""

@@ -401,3 +401,34 @@ def test_a_true_false_field_of_no_is_a_400(child: Server, path: str, body: dict[
     message = err if isinstance(err, str) else err["message"]
     assert f"`{field}` must be true or false" in message, message
 
+
+
+# ---- a worker thread that stops -----------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread's end, on purpose
+def test_a_stopped_worker_makes_health_a_503_and_its_requests_503s_at_once(smollm2_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve.md, Faults: /health answers 503 with "status": "error" (and the model's `alive` false) once a
+    model's worker has stopped, and its requests then get 503 at once."""
+    s = InProcess(smollm2_path)
+    try:
+        _still_answers(s.url)
+        assert httpx.get(f"{s.url}/health").json()["status"] == "ok"
+
+        def step(sched: Any) -> None:
+            raise RuntimeError("the worker's loop broke")
+
+        monkeypatch.setattr(s.worker, "_step", step)
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 500 and "the worker's loop broke" not in r.text, r.text
+        s.worker.thread.join(30)
+        health = httpx.get(f"{s.url}/health")
+        assert health.status_code == 503 and health.json()["status"] == "error"
+        assert health.json()["models"][MODEL]["alive"] is False
+        t0 = time.monotonic()
+        again = httpx.post(f"{s.url}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4},
+                           timeout=60)
+        assert again.status_code == 503 and "worker has stopped" in again.json()["error"]["message"], again.text
+        assert time.monotonic() - t0 < 30, "at once, not after a wait"
+    finally:
+        s.close()

@@ -340,3 +340,43 @@ def test_drain_timeout_is_how_long_requests_in_flight_go_on_after_sigterm(cli_en
         if running_at_pause:
             return
     raise AssertionError("every stream had ended before the server paused")
+
+
+def test_a_second_ctrl_c_ends_the_requests_in_flight_at_once_without_a_traceback(cli_env: dict[str, str]) -> None:
+    """serve.md, Stopping: Ctrl-C lets the requests in flight finish for --drain-timeout (here 600 s, far past
+    the test); a second Ctrl-C ends them at once with a 503 error event, and the server exits 0 with no
+    traceback (uvicorn skipped the app's lifespan shutdown then, and Starlette printed the cancelled task's)."""
+    s = Server(cli_env, "-np", "1", "--drain-timeout", "600")
+    lines: list[str] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        body = {"model": "smollm2:135m", "prompt": "Once", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=600) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    lines.append(line)
+                    first.set()
+
+    t = threading.Thread(target=stream)
+    try:
+        t.start()
+        assert first.wait(120), "the stream produced its first token"
+        s.proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 120  # a safety net
+        while _listening(s.port) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _listening(s.port), "the server began its shutdown"
+        s.proc.send_signal(signal.SIGINT)
+        t.join(600)
+        assert s.proc.wait(timeout=600) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    assert s.proc.stderr is not None
+    said = s.proc.stderr.read().decode()
+    assert "Traceback" not in said and "ERROR" not in said, said
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    cut = json.loads(lines[-2][5:])
+    assert cut["error"]["code"] == 503 and "shutting down" in cut["error"]["message"]
+    assert len(lines) < 2000, "cut at the second Ctrl-C, not run to its end"

@@ -78,10 +78,8 @@ def test_chat_set_reasoning(monkeypatch: pytest.MonkeyPatch) -> None:
     class Runner:
         thinking: bool | None = None
 
-        class session:
-            @staticmethod
-            def save() -> None:
-                pass
+        def save(self) -> None:  # ChatRunner.save: the conversation's file (a warning where it cannot be written)
+            pass
 
     class View:
         def info(self, text: str) -> None:

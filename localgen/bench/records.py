@@ -40,7 +40,8 @@ def system_info() -> dict[str, Any]:
         backends = "Metal" if platform.system() == "Darwin" else "CUDA" if gpus else "GPU"
     return {
         "cpu_info": hardware.cpu_name(), "cores": hardware.usable_cores(), "ram": hardware.total_ram_bytes(),
-        "gpu_info": ", ".join(f"{g.name} ({g.total >> 20} MiB)" for g in gpus), "backends": backends,
+        "gpu_info": ", ".join(f"{g.name} ({'memory [N/A]' if g.total is None else f'{g.total >> 20} MiB'})"
+                              for g in gpus), "backends": backends,
         "build_commit": f"llama-cpp-python {b['llama_cpp_python']}", "build_number": 0,
         "features": features, "localgen_version": localgen.__version__,
     }

@@ -102,7 +102,8 @@ def _gpu_used() -> int | None:
     g = hardware.gpus()
     if not g or g[0].unified:
         return None
-    return sum(x.total - x.free for x in g)
+    known = [x.total - x.free for x in g if x.total is not None and x.free is not None]
+    return sum(known) if len(known) == len(g) else None  # a GPU nvidia-smi says [N/A] for: not known
 
 
 def _percentiles(times: list[float]) -> dict[str, float]:

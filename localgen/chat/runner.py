@@ -7,7 +7,9 @@ only moves forward (each turn's prompt then extends the last one, and the KV cac
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from localgen import settings
@@ -43,6 +45,8 @@ class ChatRunner:
         self.gen: Any = None  # the generation under way
         self.stopping = False  # the answer under way was asked to stop
         self._plans: dict[tuple[str | None, str], Any] = {}  # plan() by (template, tool choice)
+        self.warn: Callable[[str], None] = lambda text: None  # told when the conversation's file cannot be written
+        self.unsaved: str | None = None  # why the conversation's file is behind it (its last save failed), or None
 
     def set(self, name: str, value: str) -> str:
         """Change one sampling setting (validated as flags are); returns a confirmation."""
@@ -167,9 +171,25 @@ class ChatRunner:
         self.last_stats = turn.stats()
         if steps := turn.step_stats():
             self.last_context = steps[-1].prompt_tokens + steps[-1].completion_tokens
-        self.session.save()
+        self.save()
         if self.on_answer is not None and self.last_request is not None and gen is not None:
             self.on_answer(self.last_request, gen, turn.text)
+
+    def save(self, warn: bool = True) -> Path | None:
+        """Save the conversation; its path, or None where the file cannot be written (a read-only or full disk).
+        That never stops the chat: the answer is already shown and kept in memory, the first failure is a
+        warning, each later save tries again, and `unsaved` says why until one succeeds."""
+        try:
+            path = self.session.save()
+        except OSError as e:
+            where = os.fsdecode(e.filename) if e.filename is not None else str(self.session.path)
+            why = f"cannot write {where}: {e.strerror or e}"
+            if warn and self.unsaved is None:
+                self.warn(f"{why}; the chat goes on, but the conversation is not saved")
+            self.unsaved = why
+            return None
+        self.unsaved = None
+        return path
 
     def forget(self) -> None:
         """After /clear or /undo: the window cannot start past the end."""

@@ -29,7 +29,8 @@ def chats_dir() -> Path:
 def check_name(name: str) -> str:
     """A conversation name is a plain file-name-safe word; anything else is a usage error."""
     if not _NAME.fullmatch(name):  # `$` alone would take a name ending in a newline
-        raise UsageError(f"bad conversation name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+        raise UsageError(f"bad conversation name {name!r}: use at most 64 letters, digits, '.', '_' or '-', "
+                         "beginning with a letter or digit")
     return name
 
 
@@ -123,7 +124,8 @@ class ChatSession:
         chats started in the same second never write over each other."""
         self.updated = time.time()
         paths.private_dir(chats_dir())
-        if self.fresh:
+        claimed = self.fresh
+        if claimed:
             self._claim()
         target = self.path
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -135,6 +137,11 @@ class ChatSession:
                 os.fsync(f.fileno())
             os.replace(tmp, target)
             paths.fsync_dir(target.parent)
+        except BaseException:
+            if claimed:  # a full disk: the empty file claimed is not left to read as a corrupt conversation
+                target.unlink(missing_ok=True)
+                self.fresh = True
+            raise
         finally:
             tmp.unlink(missing_ok=True)
         return target

@@ -63,7 +63,11 @@ def doctor(
     gpus = hardware.gpus()
     if gpus:
         for g in gpus:
-            print(f"GPU       {g.name} · {format_bytes(g.total)} ({format_bytes(g.free)} free)")
+            if g.total is None or g.free is None:
+                print(f"GPU       {g.name} · memory not reported by nvidia-smi ([N/A]: MIG or unified memory); "
+                      "plans ask llama.cpp's CUDA backend, else keep the model off it")
+            else:
+                print(f"GPU       {g.name} · {format_bytes(g.total)} ({format_bytes(g.free)} free)")
     else:
         print(f"GPU       none found ({hardware.why_no_gpu()})")
     info = backend_info()

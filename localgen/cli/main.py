@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     catalogue.warn_with(err.warn)  # what of the user's models.toml cannot be used: said once, the rest works
     rc: Any = 0
     try:
+        if args and not ("--help" in args or "-h" in args):
+            from localgen.paths import check_home
+
+            check_home()
         rc = command.main(args=args, prog_name="localgen", standalone_mode=False)
     except typer.Exit as e:
         rc = e.exit_code

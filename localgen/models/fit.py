@@ -58,8 +58,22 @@ def this_machine(offload: bool) -> Machine:
     ram = hardware.available_ram_bytes() or hardware.total_ram_bytes() or 0
     unified = bool(g and g[0].unified)
     if unified:  # what Metal may use of it (hardware.gpus)
-        return Machine(ram=min(ram, g[0].free) if ram else g[0].free, gpus=(g[0].free,), unified=True)
-    return Machine(ram=ram, gpus=tuple(x.free for x in g))
+        metal = g[0].free or 0
+        return Machine(ram=min(ram, metal) if ram else metal, gpus=(metal,), unified=True)
+    if any(x.free is None for x in g):  # nvidia-smi says [N/A] (MIG, unified-memory chips): ask llama.cpp
+        return Machine(ram=ram, gpus=_ggml_gpu_free() or tuple(x.free or 0 for x in g))
+    return Machine(ram=ram, gpus=tuple(x.free or 0 for x in g))
+
+
+def _ggml_gpu_free() -> tuple[int, ...]:
+    """Each local GPU's free memory as llama.cpp's own backends report it (cudaMemGetInfo, which knows a MIG
+    slice's memory), in the order a load numbers them; () where they report none. A GPU of unknown memory
+    counts 0 here, so nothing is planned onto it."""
+    from localgen.native import devices
+
+    found = [d.free for d in devices.devices() if d.kind in (devices.GPU, devices.IGPU)
+             and not d.name.startswith("RPC")]
+    return tuple(found) if found and all(found) else ()
 
 
 def described(gpu_memory: tuple[int, ...], ram: int | None = None) -> Machine:

@@ -31,8 +31,21 @@ class RepoListing:
 
 
 def endpoint() -> str:
-    """HF_ENDPOINT, read now (huggingface_hub reads it once, at import)."""
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    """HF_ENDPOINT, read now (huggingface_hub reads it once, at import); empty or unset: the Hub itself. A value
+    that is no http(s) URL is a usage error here, before any request (not a network error, nor a traceback)."""
+    value = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        from localgen.errors import UsageError
+
+        raise UsageError(f"HF_ENDPOINT must be an http:// or https:// URL (the Hub or a mirror), not {value!r}",
+                         hint="unset it for https://huggingface.co")
+    return value.rstrip("/")
 
 
 def file_url(repo: str, commit: str, filename: str) -> str:
@@ -69,6 +82,7 @@ def keeps_token(url: str, redirected_to: str) -> bool:
 
 def auth_headers() -> dict[str, str]:
     """Authorization (HF_TOKEN or the saved login) and user agent, as huggingface_hub builds them."""
+    endpoint()  # a bad HF_ENDPOINT breaks huggingface_hub's import: said first, as a usage error
     from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
     return dict(build_hf_headers(library_name="localgen"))
@@ -76,11 +90,12 @@ def auth_headers() -> dict[str, str]:
 
 def list_repo(repo: str, revision: str = "main") -> RepoListing:
     """The repo's files at a revision, with the SHA-256 the Hub publishes for each LFS file."""
+    hub_url = endpoint()  # before huggingface_hub's import, which a bad HF_ENDPOINT breaks
     from huggingface_hub import HfApi
     from huggingface_hub import errors as hf_errors
 
     check_repo_id(repo)
-    api = HfApi(endpoint=endpoint(), library_name="localgen")
+    api = HfApi(endpoint=hub_url, library_name="localgen")
     for attempt in range(RETRIES):
         try:
             info = api.model_info(repo, revision=revision, files_metadata=True, timeout=30)

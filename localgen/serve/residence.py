@@ -75,17 +75,18 @@ class Residence:
     def loaded(self) -> bool:  # whether the model is in memory now
         return self.backend is not None
 
-    def ensure(self, warm: bool, wanted: Callable[[], bool] = lambda: True) -> None:
+    def ensure(self, warm: bool, wanted: Callable[[], bool] = lambda: True, patient: bool = True) -> None:
         """Load the model unless it is loaded, once the residency has room for it (NoRoom, TooBig, Abandoned
         once `wanted()` turns false while it waits, or the load's own error otherwise). `warm`: decode a
-        warm-up now (the caller is the thread that decodes)."""
+        warm-up now (the caller is the thread that decodes); not `patient`: no waiting for pinned models
+        (Residency.admit)."""
         if self.backend is not None:
             return
         from localgen.engine.scheduler import Scheduler
         from localgen.serve.model import footprint, open_model
 
         self.need = footprint(self.ref, self.load, self.parallel)
-        waited = self._residency.admit(self.tenant, self.need, wanted) if self._residency is not None else 0.0
+        waited = self._residency.admit(self.tenant, self.need, wanted, patient) if self._residency is not None else 0.0
         t0 = time.perf_counter()
         try:
             backend, pc, mode = open_model(self.ref, self.load, self.parallel, self._exact, self._share_prefixes,

@@ -77,11 +77,14 @@ class Residency:
     _waiting: list[Tenant] = field(default_factory=list)  # workers waiting for room, first come first
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
-    def admit(self, worker: Tenant, need: int, wanted: Callable[[], bool] = lambda: True) -> float:
+    def admit(self, worker: Tenant, need: int, wanted: Callable[[], bool] = lambda: True,
+              patient: bool = True) -> float:
         """Block until `worker` (about to load, needing `need` bytes) has room, unloading idle models to make
         it (and asking a busy one to yield: fair swaps); NoRoom after wait_s with every other model busy or
-        pinned, TooBig when it never could fit, Abandoned as soon as `wanted()` is false (every client that
-        asked for the load has left), before anything more is evicted for it. The seconds it waited."""
+        pinned (at once when not `patient` and every other is pinned: serve's start, where -m pins every model
+        it loads and nothing would ever make room), TooBig when it never could fit, Abandoned as soon as
+        `wanted()` is false (every client that asked for the load has left), before anything more is evicted
+        for it. The seconds it waited."""
         if need > self.budget:
             raise TooBig(f"{worker.name} needs about {format_bytes(need)} (weights, KV cache and buffers); the "
                          f"budget for loaded models is {format_bytes(self.budget)}",
@@ -105,6 +108,13 @@ class Residency:
                     if victim is None:
                         if first and yielding is None:
                             yielding = self._yielder(worker)
+                            if yielding is None and not patient:
+                                pinned = ", ".join(w.name for w in self._loaded)
+                                raise NoRoom(f"no room to load {worker.name} beside {pinned}: -m pins each model "
+                                             f"it names, and {self.max_models} model(s) or "
+                                             f"{format_bytes(self.budget)} is the most held at once",
+                                             hint="raise --max-models or --max-memory, or name fewer models "
+                                                  "with -m")
                         left = deadline - time.monotonic()
                         if left <= 0:
                             busy = ", ".join(w.name for w in self._loaded)
@@ -182,5 +192,5 @@ def default_budget(offload: bool) -> int:
 
     total = hardware.total_ram_bytes() or 0
     if offload:
-        total += sum(g.total for g in hardware.gpus() if not g.unified)  # unified memory is the RAM
+        total += sum(g.total or 0 for g in hardware.gpus() if not g.unified)  # unified memory is the RAM
     return int(total * 0.9)

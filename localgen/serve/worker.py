@@ -91,7 +91,7 @@ class ModelWorker:
         model before it listens)."""
         assert not self.thread.is_alive()
         with self.residence.lock:
-            self.residence.ensure(warm=False)
+            self.residence.ensure(warm=False, patient=False)  # at start nothing would make room: say so now
 
     def submit(self, job: Job | EmbedJob) -> None:
         """Queue a job; QueueFull when every slot is busy and `max_queue` jobs already wait."""

@@ -57,6 +57,7 @@ def start(plan: ChatPlan) -> None:
                                                                grammar=send.grammar))
     runner.json_schema = send.json_schema
     log_warn = _Warn(view)
+    runner.warn = log_warn.warn  # a conversation that cannot be saved: a warning, and the chat goes on
     runner.on_answer = lambda request, gen, text: _log_turn(log_warn, runner, request, gen, text, model=model,
                                                             no_log=plan.no_log, remote=bool(endpoints))
     if tools is not None:
@@ -80,6 +81,9 @@ def start(plan: ChatPlan) -> None:
             _repl(runner, view, endpoints)
         else:
             _scripted(runner, view)
+        if runner.unsaved is not None:  # every answer was given; the exit status says the file is behind them
+            raise LocalgenError(f"the conversation was not saved: {runner.unsaved}",
+                                hint="its answers are above; to keep chats, free space there or make it writable")
     finally:
         save_state(runner)
         runner.backend.close()
@@ -131,7 +135,7 @@ def _log_turn(warn: _Warn, runner: Any, request: Any, gen: Any, text: str, *, mo
 
 
 class _Warn:
-    """ErrWriter's warn() for the log, as a chat notice: a warning (the chat goes on, and ends with exit 0), and
+    """ErrWriter's warn() for the log and the conversation's file, as a chat notice: a warning (the chat goes on),
     once a chat for each thing that went wrong, not once a turn."""
 
     def __init__(self, view: Any) -> None:
@@ -261,16 +265,22 @@ def _local_names() -> list[str]:
 
 
 def _scripted(runner: Any, view: ChatView) -> None:
+    from localgen.text import MAX_PROMPT_TEXT, too_long
+
     block: list[str] | None = None
-    for raw in sys.stdin:
+    held = 0  # characters of the block so far: a message is bounded as run's prompt is
+    while raw := sys.stdin.readline(MAX_PROMPT_TEXT + 1):  # a line never read past the bound (/dev/zero)
+        if len(raw) > MAX_PROMPT_TEXT or held + len(raw) > MAX_PROMPT_TEXT:
+            raise too_long("a message on stdin")
         line = raw.rstrip("\n")
         if block is not None:
             if line.strip() == '"""':
-                text, block = "\n".join(block), None
+                text, block, held = "\n".join(block), None, 0
                 if not handle(text, runner, view, command_ok=False):
                     return
             else:
                 block.append(line)
+                held += len(raw)
             continue
         if line.strip() == '"""':
             block = []

@@ -3,6 +3,7 @@ Tab completion of slash commands and their arguments, Ctrl-G to write the messag
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,8 @@ class LineInput:
         from prompt_toolkit.history import FileHistory
         from prompt_toolkit.key_binding import KeyBindings
 
-        history.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a read-only home: the history is this chat's only (see _History)
+            history.parent.mkdir(parents=True, exist_ok=True)
         kb = KeyBindings()
 
         @kb.add("escape", "enter")
@@ -105,7 +107,7 @@ class LineInput:
             event.current_buffer.open_in_editor(validate_and_handle=False)
 
         self.session: Any = PromptSession(
-            history=FileHistory(str(history)), completer=completer, key_bindings=kb, multiline=True,
+            history=_history(FileHistory, history), completer=completer, key_bindings=kb, multiline=True,
             enable_open_in_editor=True, complete_while_typing=False,
             prompt_continuation=lambda width, line_number, is_soft_wrap: "... ".rjust(width),
         )
@@ -114,6 +116,18 @@ class LineInput:
         """One message, with a \"\"\" block's quotes removed."""
         text = str(self.session.prompt(prompt))
         return unquote(text)
+
+
+def _history(base: Any, path: Path) -> Any:
+    """The input history kept across runs in `path`; where it cannot be written (a read-only or full disk) it
+    still works for this chat: it is state that may be lost without harm, and never stops the chat."""
+
+    class History(base):  # type: ignore[misc,valid-type]
+        def store_string(self, string: str) -> None:
+            with contextlib.suppress(OSError):
+                super().store_string(string)
+
+    return History(str(path))
 
 
 def unquote(text: str) -> str:

@@ -56,7 +56,7 @@ def _set(runner: Any, view: Any, arg: str) -> None:
         view.info(f"{key} {value}")
     else:
         view.info(runner.set(key, value))
-    runner.session.save()
+    runner.save()
 
 
 def _show(runner: Any, view: Any, arg: str) -> None:
@@ -76,7 +76,7 @@ def _show(runner: Any, view: Any, arg: str) -> None:
 def _system(runner: Any, view: Any, arg: str) -> None:
     if arg:
         runner.session.system = arg
-        runner.session.save()
+        runner.save()
         view.info("system prompt set")
     else:
         view.info(f"system: {runner.session.system or 'none'}")
@@ -108,7 +108,7 @@ def _clear(runner: Any, view: Any, arg: str) -> None:
 def _undo(runner: Any, view: Any, arg: str) -> None:
     view.info("last exchange dropped" if runner.session.undo() else "nothing to undo")
     runner.forget()
-    runner.session.save()
+    runner.save()
 
 
 def _retry(runner: Any, view: Any, arg: str) -> None:
@@ -184,7 +184,8 @@ def _save(runner: Any, view: Any, arg: str) -> None:
     if name != runner.session.name:  # a new file is claimed; one the user agreed to overwrite is not
         runner.session.fresh, runner.session.auto_named = not target.exists(), False
     runner.session.name = name
-    view.info(f"saved to {runner.session.save()}")
+    saved = runner.save(warn=False)
+    view.info(f"saved to {saved}" if saved is not None else f"not saved: {runner.unsaved}")
 
 
 def _load(runner: Any, view: Any, arg: str) -> None:
@@ -220,7 +221,7 @@ def _model(runner: Any, view: Any, arg: str) -> None:
         backend.close()
         raise
     runner.switch(backend, arg)
-    runner.session.save()
+    runner.save()
 
 
 def _stats(runner: Any, view: Any, arg: str) -> None:
@@ -238,17 +239,18 @@ def _context(runner: Any, view: Any, arg: str) -> None:
 
 
 def _read_attachment(path: Path) -> str:
+    """The file as the next message's attachment: read only up to one byte past the bound (a huge file or
+    /dev/zero is refused without reading it whole), UTF-8 as -f reads a file (the line of a bad byte named)."""
+    from localgen.text import decode
+
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_ATTACHMENT + 1)
     except OSError as e:
         raise LocalgenError(f"cannot read {path}: {e.strerror}") from None
     if len(data) > MAX_ATTACHMENT:
         raise LocalgenError(f"{path} is larger than {MAX_ATTACHMENT >> 20} MiB")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise LocalgenError(f"{path} is not UTF-8 text") from None
-    return f"Contents of {path.name}:\n\n{text}"
+    return f"Contents of {path.name}:\n\n{decode(data, str(path))}"
 
 
 def _think(runner: Any, view: Any, arg: str) -> None:

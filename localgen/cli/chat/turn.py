@@ -36,6 +36,7 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
     """Show one answer as it comes (with the tools it calls, each asked for first unless allowed), record
     it, and print its footer. A tool's failure takes the whole turn back: the question goes, or, for
     /retry, the answer it replaced (`restore`) comes back."""
+    from localgen.cli.output import ReaderGone
     from localgen.errors import RemoteError, ToolError
     from localgen.tools.loop import Turn
 
@@ -64,7 +65,13 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
                 raise
             view.error(e.message, e.hint or "the message was taken back; the conversation is as it was")
             return
-        except BaseException:  # the reader went away, or worse: settle the stream before the engine goes
+        except (ReaderGone, OSError):  # stdout's reader went away (`| head -1`) or its disk is full: the chat
+            if runner.gen is not None:  # ends, and keeps what was said, as Ctrl-C keeps a partial answer
+                runner.gen.close()
+            if turn.messages:
+                runner.record(turn)
+            raise
+        except BaseException:  # worse: settle the stream before the engine goes
             if runner.gen is not None:
                 runner.gen.close()
             raise
@@ -75,6 +82,8 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
                                                     for m in turn.messages):
         _take_back(runner, restore)  # stopped before a word was said: as if the message had not been sent
         view.info("(stopped before the answer began; the message was taken back)")
+        if not view.interactive:  # scripted: Ctrl-C ends the script (130), not only this answer
+            _end_script(view)
         return
     runner.record(turn)
     if not view.interactive and not screen.answered:
@@ -83,8 +92,21 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
     s = runner.last_stats
     if interrupted:
         view.info("(stopped; the partial answer is kept)")
-    if s is None:
-        return
+    if s is not None:
+        _show_footer(s, turn, runner, view)
+    if interrupted and not view.interactive:  # scripted: the answer is kept, and Ctrl-C ends the script (130)
+        _end_script(view)
+
+
+def _end_script(view: Any) -> None:
+    """Ctrl-C in a scripted chat ends the script, as it ends `run --file`: one "interrupted" line, exit 130 (the
+    chat's own Ctrl-C handler took the signal, so the exit would not know to say it)."""
+    view.err.interrupted()
+    raise KeyboardInterrupt
+
+
+def _show_footer(s: Any, turn: Any, runner: Any, view: Any) -> None:
+    """The turn's footer: on the terminal (unless /set verbose off), or on stderr when scripted with --stats."""
     footer = _footer(s, runner.last_context, runner.backend.n_ctx)
     if len(turn.generations) > 1:
         declined = sum(1 for r in turn.results if r.declined)

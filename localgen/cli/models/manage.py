@@ -396,9 +396,9 @@ def rm(
         return
     from localgen.models import quantized
 
-    _warn_presets_on(name)
     made = quantized.find(name)
     if made is not None:  # quantized here (localgen quantize): its one file
+        _warn_presets_on(name)
         _confirm(f"the quantized model {name} ({made})", made.stat().st_size, yes)
         print(f"removed {name}, freed {format_bytes(quantized.remove(name))}")
         return
@@ -406,7 +406,7 @@ def rm(
     if isinstance(spec, names.PathSpec):
         raise UsageError("rm removes models from the cache; delete your own .gguf files yourself")
     model = embedded_model(name)
-    if model is not None:
+    if model is not None:  # its presets keep working: the package stays, a removed gemma3:270m is made again
         _rm_embedded(model, yes)
         return
     t = target(name)
@@ -415,6 +415,7 @@ def rm(
     if not files:
         raise LocalgenError(f"{t.display} is not in the cache", hint="localgen list shows what is")
     total = sum(store.total_size(f) for f in files)
+    _warn_presets_on(name)
     _confirm(", ".join(f"{f.repo}/{f.filename}" for f in files), total, yes)
     sizes = {p.resolve(): p.resolve().stat().st_size for f in files for p in store.split_parts(f) if p.exists()}
     links, blobs = store.remove(files)

@@ -22,10 +22,10 @@ def with_template(ref: Any, proj: Path | None, path: Path | None) -> Any:
     if path is None:
         return ref
     from localgen.errors import UsageError
-    from localgen.text import read_file
+    from localgen.text import MAX_PROMPT_TEXT, read_file
 
     try:
-        text = read_file(path, f"the chat template {path}")
+        text = read_file(path, f"the chat template {path}", limit=MAX_PROMPT_TEXT)
     except OSError as e:
         raise UsageError(f"cannot read the chat template {path}: {e}") from None
     if not text.strip():
@@ -41,15 +41,17 @@ def output_grammar(out: OutputFormat) -> tuple[str | None, str | None]:
     and the JSON schema it came from (a remote server takes the schema itself); (None, None) without them."""
     if out.grammar is not None:
         return _gbnf(str(out.grammar)), None
-    from localgen.text import read_file
+    from localgen.text import MAX_PROMPT_TEXT, read_file
 
     schema: str | None = None
     if out.json_schema_file:
-        schema = read_file(out.json_schema_file, f"the JSON schema file {out.json_schema_file}")
+        schema = read_file(out.json_schema_file, f"the JSON schema file {out.json_schema_file}",
+                           limit=MAX_PROMPT_TEXT)
     elif out.json_schema:
         schema = out.json_schema
         if not schema.lstrip().startswith(("{", "[")) and Path(schema).expanduser().is_file():
-            schema = read_file(Path(schema).expanduser(), f"the JSON schema file {schema}")
+            schema = read_file(Path(schema).expanduser(), f"the JSON schema file {schema}",
+                               limit=MAX_PROMPT_TEXT)
     if schema is None:
         return None, None
     from localgen.engine.grammar import grammar_from_json_schema
@@ -61,14 +63,14 @@ def _gbnf(value: str) -> str:
     """--grammar's GBNF: the file it names when one exists, else the value itself when it has a rule (llama.cpp
     parses it when the model loads, where a vocabulary is at hand)."""
     from localgen.errors import UsageError
-    from localgen.text import read_file
+    from localgen.text import MAX_PROMPT_TEXT, read_file
 
     if not value.strip():
         raise UsageError("--grammar is empty: give a GBNF file or the grammar itself (root ::= ...)")
     path = Path(value).expanduser()
     if path.is_file():
         try:
-            text = read_file(path, f"the grammar file {value}")
+            text = read_file(path, f"the grammar file {value}", limit=MAX_PROMPT_TEXT)
         except OSError as e:
             raise UsageError(f"cannot read the grammar file {value}: {e.strerror or e}") from None
         if not text.strip():

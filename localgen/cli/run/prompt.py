@@ -56,19 +56,23 @@ def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdi
 
 
 def _read_text(path: Path) -> str:
-    from localgen.text import read_file
+    from localgen.text import MAX_PROMPT_TEXT, read_file
 
-    return read_file(path)
+    return read_file(path, limit=MAX_PROMPT_TEXT)
 
 
 def _read_stdin() -> str:
+    from localgen.text import MAX_PROMPT_TEXT, too_long
+
     stdin = sys.stdin
     if stdin is None or stdin.closed or stdin.isatty():
         return ""
     try:
-        text = stdin.read().strip("\n")
+        text = stdin.read(MAX_PROMPT_TEXT + 1)  # characters, read only one past the bound (a huge file, /dev/zero)
     except UnicodeDecodeError:
         raise UsageError("stdin is not UTF-8 text") from None
     except (OSError, ValueError):
         return ""
-    return checked(text, "stdin")
+    if len(text) > MAX_PROMPT_TEXT:
+        raise too_long("stdin")
+    return checked(text.strip(chr(10)), "stdin")

@@ -57,7 +57,7 @@ def serve(
     chat_template_file: o.ChatTemplateFile = None,
     mmproj: o.MmProj = None,
     drain_timeout: Annotated[
-        float, typer.Option("--drain-timeout", min=0, max=3600,
+        float, typer.Option("--drain-timeout", min=0, max=3600, rich_help_panel=SERVE,
                             help="Seconds the requests in flight may go on after Ctrl-C or SIGTERM; those still "
                                  "running then end with a 503 (a second signal ends them at once).")
     ] = 4.0,
@@ -151,12 +151,12 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     models = model_settings(f.knobs, f.batching.parallel)  # the flags are valid before anything loads
     cache_ram = _cache_ram(f.batching.cache_ram)  # before the port: a bad flag is a usage error whatever listens there
     cache_disk = _cache_disk(f.batching.cache_disk)
+    residency = _residency(f.residency, models.offload, log)
     _check_port(listen.host, listen.port)
     if cache_ram == 0 and cache_disk and f.batching.cache_disk.strip().lower() != "auto":
         log.warning("--cache-disk is off: it needs the prompt cache in RAM, and --cache-ram is 0")
     if not is_loopback(listen.host) and not key:
         log.warning(f"listening on {listen.host} with no API key: anyone who can reach this port can use the models")
-    residency = _residency(f.residency, models.offload, log)
     store = _prefix_store(cache_disk, cache_ram, log)
     make = _maker(f, models, keep, cache_ram, residency, store, log)
     workers = _workers(f, models, make, err, log)
@@ -241,6 +241,13 @@ def _server_class() -> Any:
             if self.on_exit is not None:
                 self.on_exit()
 
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets)
+            if self.force_exit:
+                # uvicorn skips the app's lifespan shutdown after a second Ctrl-C: its task, cancelled as the
+                # loop closed, then printed Starlette's traceback of that CancelledError. Ours takes no time.
+                await self.lifespan.shutdown()
+
     return Server
 
 
@@ -276,6 +283,9 @@ def _residency(options: ResidencyOptions, offload_given: bool, log: Any = None) 
             budget = parse_bytes(max_memory)
         except (LocalgenError, ValueError):
             raise UsageError(f"--max-memory takes a size such as 12G or 800M, not {max_memory!r}") from None
+        if budget < 1 << 20:
+            raise UsageError(f"--max-memory {max_memory!r} leaves no room for any model: give a size such as 12G "
+                             "or 800M")
     else:
         budget = default_budget(offload)
     from localgen.serve.servelog import STDERR_LOG
@@ -357,7 +367,6 @@ def _workers(f: ServeArgs, models: ModelSettings, make: Callable[[ModelRef, bool
 def _cache_ram(text: str) -> int:
     """--cache-ram in bytes (-1 no limit, 0 off): a plain number is MiB, as llama-server's."""
     from localgen import hardware
-    from localgen.units import parse_bytes
 
     value = text.strip().lower()
     if value == "auto":
@@ -365,7 +374,7 @@ def _cache_ram(text: str) -> int:
     if value == "-1":
         return -1
     try:
-        return int(value) << 20 if value.isdigit() else parse_bytes(value)
+        return _mib_or_size(value)
     except ValueError:
         raise UsageError(f"--cache-ram: {text!r} is not a size: use MiB (as llama-server), 512M, 4G, 0 (off), "
                          "-1 (no limit) or auto") from None
@@ -376,7 +385,6 @@ def _cache_disk(text: str) -> int:
     import shutil
 
     from localgen import paths
-    from localgen.units import parse_bytes
 
     value = text.strip().lower()
     if value == "auto":
@@ -389,9 +397,21 @@ def _cache_disk(text: str) -> int:
             free = 32 << 30
         return min(8 << 30, free // 4)
     try:
-        return int(value) << 20 if value.isdigit() else parse_bytes(value)
+        return _mib_or_size(value)
     except ValueError:
         raise UsageError(f"--cache-disk: {text!r} is not a size: use 512M, 8G, 0 (off) or auto") from None
+
+
+def _mib_or_size(value: str) -> int:
+    """--cache-ram's and --cache-disk's sizes in bytes: a plain number is MiB, as llama-server's (1.5 too, not
+    1 byte), else a size with its unit (512M, 4G); ValueError otherwise."""
+    import re
+
+    from localgen.units import parse_bytes
+
+    if re.fullmatch(r"\d+(?:\.\d+)?", value):
+        return int(float(value) * (1 << 20))
+    return parse_bytes(value)
 
 
 def _cache_ram_label(n: int) -> str:

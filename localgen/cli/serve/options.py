@@ -158,18 +158,18 @@ class FetchOptions(OptionGroup):
     """Image URLs in requests: whether the server fetches them, from where, how long."""
 
     allow_image_urls: Annotated[
-        bool, typer.Option("--allow-image-urls", help="Fetch http(s) image URLs in requests (off: only data: URIs "
-                                                      "and base64, so clients cannot make the server fetch URLs). "
-                                                      "Loopback, private, link-local and cloud metadata addresses "
-                                                      "are refused, after redirects and DNS too.")
+        bool, typer.Option("--allow-image-urls", rich_help_panel=SERVE,
+                           help="Fetch http(s) image URLs in requests (off: only data: URIs and base64, so clients "
+                                "cannot make the server fetch URLs). Loopback, private, link-local and cloud "
+                                "metadata addresses are refused, after redirects and DNS too.")
     ] = False
     allow_private_urls: Annotated[
-        bool, typer.Option("--allow-private-urls",
+        bool, typer.Option("--allow-private-urls", rich_help_panel=SERVE,
                            help="With --allow-image-urls, also fetch from loopback, private and link-local "
                                 "addresses (a LAN's own image server); any client can then reach them.")
     ] = False
     fetch_timeout: Annotated[
-        float, typer.Option("--fetch-timeout", min=0.1, max=600,
+        float, typer.Option("--fetch-timeout", min=0.1, max=600, rich_help_panel=SERVE,
                             help="Seconds an image URL's fetch may take, connect and body together; "
                                  f"{MAX_FETCHES} run at once, and one that waits over {FETCH_WAIT_S:g} s gets 503.")
     ] = 10.0

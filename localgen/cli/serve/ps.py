@@ -55,10 +55,22 @@ def ps(
         until = datetime.datetime.fromisoformat(m["expires_at"].replace("Z", "+00:00"))
         left = (until - now).total_seconds()
         rows.append([m["name"], format_bytes(size), where, f"{m.get('context_length', 0):,}",
-                     "forever" if left > 365 * 86400 else f"{max(0, round(left / 60))} minutes from now"])
+                     until_text(left)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def until_text(left: float) -> str:
+    """When a model unloads, `left` seconds from now, as Ollama's ps says it: "forever" past a year, else in
+    seconds under a minute and a half (a model 20 s from unloading read "0 minutes from now"), minutes under
+    two hours, then hours."""
+    if left > 365 * 86400:
+        return "forever"
+    n, unit = ((round(left), "second") if left < 90 else (round(left / 60), "minute") if left < 7200
+               else (round(left / 3600), "hour"))
+    n = max(0, n)
+    return f"{n} {unit}{'' if n == 1 else 's'} from now"
 
 
 def _said(r: Any) -> str:

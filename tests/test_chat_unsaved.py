@@ -1,0 +1,152 @@
+"""`localgen chat` when a write fails. On a home that cannot be written (a read-only disk): every answer is given,
+one warning says why the conversation is not saved, and the exit status says it was not. With stdout's reader gone
+(`| head -1`): the chat ends quietly and keeps what was said."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from tests.conftest import CLI, ROOT
+
+N = ["-n", "6", "--temperature", "0"]
+READ_ONLY = 'mount --bind -o ro "$H" "$H"'
+FULL = ('cp -a "$H/data/chats" "$T" && mount -t tmpfs -o size=16k tmpfs "$H/data/chats" && cp -a "$T/chats/." '
+        '"$H/data/chats/" && { dd if=/dev/zero of="$H/data/chats/filler" bs=4k 2>/dev/null; true; }')
+
+
+@pytest.fixture
+def ucli(cli_env: dict[str, str], tmp_path: Path) -> CLI:
+    return CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+
+
+def _can_mount() -> bool:
+    return shutil.which("unshare") is not None and not subprocess.run(["unshare", "-m", "true"],
+                                                                      capture_output=True).returncode
+
+
+def _read_only(ucli: CLI, *args: str, input: str, mount: str = READ_ONLY) -> subprocess.CompletedProcess[str]:
+    """`localgen ARGS` with the home bind-mounted read-only (or its chats on a full disk), in a mount namespace
+    that ends with the process."""
+    if not _can_mount():
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    env = {**ucli.env, "H": ucli.env["LOCALGEN_HOME"], "T": str(Path(ucli.env["LOCALGEN_HOME"]).parent),
+           "PY": sys.executable}
+    return subprocess.run(["unshare", "-m", "sh", "-c", f'{mount} && exec "$PY" -m localgen "$@"', "sh", *args],
+                          env=env, input=input, capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+@pytest.mark.parametrize(("mount", "why"), [(READ_ONLY, "Read-only file system"), (FULL, "No space left on device")])
+def test_a_chat_on_a_read_only_home_answers_every_message_warns_once_and_exits_1(ucli: CLI, mount: str,
+                                                                                 why: str) -> None:
+    first = ucli("chat", "trip", *N, input="Name a yellow fruit.\n")
+    assert first.returncode == 0, first.stderr
+    saved = Path(ucli.env["LOCALGEN_HOME"]) / "data" / "chats" / "trip.json"
+    before = saved.read_bytes()
+    r = _read_only(ucli, "chat", "--resume", "trip", *N, input="Name a red fruit.\nAnd a green one?\n/save other\n",
+                   mount=mount)
+    answers = r.stdout.splitlines()
+    assert len(answers) == 2 and all(a.strip() for a in answers), (r.stdout, r.stderr)  # both answered
+    lines = r.stderr.splitlines()
+    warned = [x for x in lines if x.startswith("warning: cannot write") and "trip.json" in x]
+    assert len(warned) == 1 and why in warned[0], r.stderr
+    assert any(x.startswith("not saved: cannot write") and "other.json" in x for x in lines), r.stderr
+    assert r.returncode == 1, r.stderr
+    assert lines[-1].startswith("localgen: error: the conversation was not saved: cannot write"), r.stderr
+    assert saved.read_bytes() == before, "the saved conversation is left as it was"
+    assert json.loads(before)["messages"][0]["content"] == "Name a yellow fruit."
+
+
+def test_a_new_chat_on_an_empty_read_only_home_answers_and_exits_1(ucli: CLI) -> None:
+    Path(ucli.env["LOCALGEN_HOME"]).mkdir()
+    r = _read_only(ucli, "chat", *N, input="Hi\n")
+    assert r.stdout.strip() and len(r.stdout.splitlines()) == 1, (r.stdout, r.stderr)
+    lines = r.stderr.splitlines()
+    assert [x.endswith("the chat goes on, but the conversation is not saved") for x in lines
+            if x.startswith("warning: cannot write")] == [True], r.stderr
+    assert lines[-1].startswith("localgen: error: the conversation was not saved: cannot write"), r.stderr
+    assert r.returncode == 1, r.stderr
+
+
+def test_the_repl_on_a_read_only_home_keeps_answering_and_says_once_that_nothing_is_saved(
+        ucli: CLI, cli_env: dict[str, str]) -> None:
+    """A terminal chat: the input history and the conversation cannot be written, and neither stops it."""
+    if not _can_mount():
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    first = ucli("chat", *N, input="Hi\n")  # the home exists, with a saved chat
+    assert first.returncode == 0, first.stderr
+    env = {**ucli.env, "H": ucli.env["LOCALGEN_HOME"], "PY": sys.executable, "TERM": "xterm",
+           "PROMPT_TOOLKIT_NO_CPR": "1"}
+    env.pop("NO_COLOR", None)
+    child: Any = pexpect.spawn("unshare", ["-m", "sh", "-c", f'{READ_ONLY} && exec "$PY" -m localgen chat "$@"', "sh",
+                                           *N], env=env, cwd=str(ROOT), encoding="utf-8", timeout=300,
+                               dimensions=(40, 120))
+    child.logfile_read = shown = io.StringIO()
+    child.expect("ready in")
+    child.expect_exact(">>>")
+    for message in ("Name a red fruit.", "And a green one?"):
+        child.sendline(message)
+        child.expect(r"tok/s")
+        child.expect_exact(">>>")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    text = shown.getvalue()
+    assert text.count("warning: cannot write") == 1, text
+    assert text.count("tok/s") == 2, text  # both answered, each with its footer
+    assert "the conversation was not saved" in text, text
+    assert child.exitstatus == 1, text
+
+
+def test_a_scripted_chat_whose_reader_goes_away_keeps_the_message_and_what_was_said(ucli: CLI) -> None:
+    """`chat | head -1`: the chat ends with status 0 at the answer's next write, and the conversation keeps the
+    message and the partial answer, as Ctrl-C keeps it (it was lost whole)."""
+    p = subprocess.Popen(ucli.argv("chat", "-n", "300", "--temperature", "0"), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ucli.env, cwd=ROOT)
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write("Write a long story about a dragon, in many short lines.\n")
+    p.stdin.close()
+    first = p.stdout.readline()
+    p.stdout.close()
+    assert p.stderr is not None
+    err = p.stderr.read()
+    p.wait(600)
+    assert p.returncode == 0 and first.strip(), err
+    saved = list((Path(ucli.env["LOCALGEN_HOME"]) / "data" / "chats").glob("*.json"))
+    assert len(saved) == 1, err
+    messages = json.loads(saved[0].read_text())["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"], messages
+    assert messages[0]["content"] == "Write a long story about a dragon, in many short lines."
+    assert messages[1]["content"].startswith(first.rstrip("\n")), (messages, first)
+
+
+def test_a_first_save_that_fails_leaves_no_empty_file_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new conversation claims its file before writing it: when the write fails (a full disk), the empty file
+    claimed goes too, instead of staying as a conversation that `--list` skips and `--resume` calls unreadable."""
+    import errno
+    import os
+
+    from localgen.chat import session as sessions
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    chat = sessions.ChatSession(name="full", model="m", fresh=True, auto_named=False)
+    chat.add("user", "Hi")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as m:
+        m.setattr(sessions.os, "fsync", full)
+        with pytest.raises(OSError):
+            chat.save()
+    assert list(sessions.chats_dir().iterdir()) == [], "nothing is left in the folder"
+    assert chat.save() == sessions.chats_dir() / "full.json", "the next save claims the file again"
+    assert sessions.ChatSession.load("full").messages == [{"role": "user", "content": "Hi"}]
