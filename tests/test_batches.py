@@ -555,3 +555,62 @@ def test_a_full_disk_is_a_507_and_a_pause_never_a_lost_answer(own_env: dict[str,
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=300)
     assert "Traceback" not in log.read_text()
+
+
+def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_path: Path) -> None:
+    """docs/batch.md: a batch's line whose model is not loaded (its load may evict another) starts only once no
+    model holds a request; a line for the loaded model runs beside a client's request as before. Driven through
+    the runner with stand-in workers and app (a client streams to model a; the batch names a, then b)."""
+    import asyncio
+    import io
+    import time
+    from types import SimpleNamespace
+
+    from localgen.serve import batches
+    from localgen.serve.batchrun import Runner
+
+    desk = batches.Desk(tmp_path)
+    desk.owner()
+    upload = desk.files.add(io.BytesIO(_jsonl([_line("on-a", _chat(1, "a")), _line("on-b", _chat(2, "b"))])),
+                            "in.jsonl", "batch")
+    doc = desk.create(upload["id"], "/v1/chat/completions", "24h", None)
+    desk.validate(doc)
+    workers = {"a": SimpleNamespace(loaded=True, outstanding=1, running=1),  # a client's answer streams
+               "b": SimpleNamespace(loaded=False, outstanding=0, running=0)}
+    sent: dict[str, float] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:  # each request reaches its worker
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        model = json.loads(body)["model"]
+        sent[model] = time.monotonic()
+        w = workers[model]
+        w.outstanding += 1
+        w.running += 1
+        await asyncio.sleep(0.05)
+        w.loaded = True
+        w.outstanding -= 1
+        w.running -= 1
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    state = SimpleNamespace(workers=workers, default="a", on_demand=None)
+    runner = Runner(desk, state, app, None, lambda: False, 2, print)  # type: ignore[arg-type]
+
+    async def client_ends() -> float:
+        await asyncio.sleep(0.5)
+        workers["a"].outstanding = workers["a"].running = 0
+        return time.monotonic()
+
+    async def both() -> float:
+        ended = asyncio.create_task(client_ends())
+        await runner.lines(doc, desk.progress[doc["id"]])
+        return await ended
+
+    ended = asyncio.run(both())
+    assert sent["a"] < ended <= sent["b"], (sent, ended)
+    desk.release()

@@ -4,9 +4,10 @@ the server's API key: it passes the same gate, route, checks and pipeline as the
 and its answer (status, request id, body) is the record kept. At most `at_once` requests of the batches run
 together (serve --batch-lines), and a new one starts only once the one before has reached its model's worker
 and while no request waits for a model's slot, so a client that comes while a batch runs waits at most for the
-batch's requests in flight, never behind the rest of the batch. Cancelling lets the requests in flight end,
-and starts no other. At shutdown the runner stops: a request the shutdown ended (its 503) is not recorded, so
-the next start runs it again."""
+batch's requests in flight, never behind the rest of the batch; a request whose model is not loaded waits until
+no model holds a request, so its load never evicts a model from under a client. Cancelling lets the requests in
+flight end, and starts no other. At shutdown the runner stops: a request the shutdown ended (its 503) is not
+recorded, so the next start runs it again."""
 
 from __future__ import annotations
 
@@ -93,6 +94,8 @@ class Runner:
                         continue
                     await slots.acquire()
                     await self._behind_live()
+                    if not self._loaded_for(line.body):  # a model to load (and another to evict, maybe)
+                        await self._idle()
                     if doc["status"] != "in_progress" or self.stopping():
                         slots.release()
                         break
@@ -106,6 +109,24 @@ class Runner:
     def _outstanding(self) -> int:
         """The requests the models' workers hold, queued or running."""
         return sum(w.outstanding for w in list(self.state.workers.values()))
+
+    def _loaded_for(self, body: dict[str, Any]) -> bool:
+        """Whether the model a request names is loaded now (an unknown name counts as one to load)."""
+        name = body.get("model")
+        workers = self.state.workers
+        if name is None or name == "":
+            name = self.state.default if self.state.default is not None or len(workers) != 1 else next(iter(workers))
+        on_demand = self.state.on_demand
+        if isinstance(name, str) and on_demand is not None and name not in workers:
+            name = on_demand.aliases.get(name, name)
+        w = workers.get(name) if isinstance(name, str) else None
+        return w is not None and w.loaded
+
+    async def _idle(self) -> None:
+        """Wait until no model holds a request, ours included: a batch's line that loads a model (and may evict
+        one) never takes a model from under a client's request, nor from ours in flight."""
+        while not self.stopping() and self._outstanding() > 0:
+            await asyncio.sleep(POLL_S)
 
     async def _behind_live(self) -> None:
         """Wait while a request waits for a model's slot (a client's, or one of ours not yet in its slot)."""
