@@ -321,6 +321,19 @@ def test_a_log_never_made_on_a_read_only_disk_is_one_warning_and_exit_0(lcli: CL
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("warning: the log at ") and "not logged" in r.stderr
 
 
+def test_a_fresh_home_on_a_read_only_disk_says_its_folder_cannot_be_written_in_words(lcli: CLI,
+                                                                                     tmp_path: Path) -> None:
+    """A home where nothing was ever written, read-only: the warning says the folder cannot be written, with its
+    path, as the other log warnings do, not Python's "[Errno 30] Read-only file system: '...'"."""
+    home = Path(lcli.env["LOCALGEN_HOME"])
+    home.mkdir()
+    r = _mounted(lcli, tmp_path, READ_ONLY, "run", "Hi.", *N)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert r.stderr == (f"warning: the log at {_db(lcli)} cannot be opened: its folder cannot be written "
+                        f"({home / 'data'}: read-only file system); this answer was not logged\n"), r.stderr
+    assert list(home.iterdir()) == []
+
+
 def test_a_log_held_past_the_wait_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer that waited its busy timeout out says another process held the log, not just 'unusable'."""
     from localgen.log import store
