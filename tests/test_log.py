@@ -304,7 +304,7 @@ def test_a_log_that_cannot_be_written_is_still_read_and_says_why_an_answer_was_n
     found = _mounted(lcli, tmp_path, mount, "logs", "-q", "yellow", "--json")
     assert found.returncode == 0 and len(json.loads(found.stdout)) == 1, found.stderr
     status = _mounted(lcli, tmp_path, mount, "logs", "status")
-    assert status.returncode == 0 and "· 1 exchanges" in status.stdout, status.stderr
+    assert status.returncode == 0 and status.stdout.endswith("· 1 exchange\n"), status.stderr
     r = _mounted(lcli, tmp_path, mount, "run", "--continue", "Another?", *N)
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     assert r.stderr.count("\n") == 1 and f"is unusable: {why} (" in r.stderr and "not logged" in r.stderr, r.stderr
@@ -332,6 +332,24 @@ def test_a_fresh_home_on_a_read_only_disk_says_its_folder_cannot_be_written_in_w
     assert r.stderr == (f"warning: the log at {_db(lcli)} cannot be opened: its folder cannot be written "
                         f"({home / 'data'}: read-only file system); this answer was not logged\n"), r.stderr
     assert list(home.iterdir()) == []
+
+
+def test_logs_status_counts_one_exchange_in_the_singular_and_refuses_the_listing_options(
+        lcli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`logs status` says "1 exchange", not "1 exchanges"; `logs -n 5 status` (the listing's options before a
+    subcommand, which ignored them) is one usage error naming the option, exit 2."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", lcli.env["LOCALGEN_HOME"])
+    store.record(store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt="p", response="r"))
+    r = lcli("logs", "status")
+    assert r.returncode == 0 and r.stdout == f"logging is on · {_db(lcli)} · 1 exchange\n", r.stdout
+    for args, flag in ((("-n", "5", "status"), "-n/--count"), (("--json", "path"), "--json"),
+                       (("-q", "x", "off"), "-q/--query")):
+        r = lcli("logs", *args)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"localgen: error: {flag} lists exchanges: `logs {args[-1]}` takes no options")
+    assert lcli("logs", "status").stdout.startswith("logging is on"), "`logs -q x off` turned nothing off"
 
 
 def test_a_log_held_past_the_wait_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

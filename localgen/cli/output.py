@@ -83,6 +83,11 @@ def silence_stdout() -> None:
         pass
 
 
+def plural(n: int, word: str) -> str:
+    """`n word`, with an s for any count but 1 ("1 exchange", "2 exchanges"); n with thousands separators."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def format_stats(s: Stats) -> str:
     """One human line: tokens, rates, time to first token, load and total time, why it stopped."""
     prompt = f"{s.prompt_tokens} prompt tokens"
