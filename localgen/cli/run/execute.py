@@ -138,6 +138,10 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
     ref = files.with_template(resolve(load.model, offline=load.offline, progress=make_progress()), load.mmproj,
                                   load.template_file)
     params = preset.load_params(ref, load.params, load.load_given.__contains__)
+    trained = ref.summary.context_length
+    if load.ctx_given and trained and not (params.rope_scaling or params.rope_freq_scale) and params.n_ctx > trained:
+        err.warn(f"--ctx {params.n_ctx:,} is past the {trained:,} tokens {ref.name} was trained on: the window is "
+                 f"{trained:,} (--rope-scaling stretches it)")  # as the load caps it (engine/defaults.py)
     draft = decoding.draft
     draft_ref = resolve(draft, offline=load.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
