@@ -67,7 +67,11 @@ def _show(runner: Any, view: Any, arg: str) -> None:
         view.info(f"model {info['name']} · at {', '.join(info['endpoint'])}")
     else:
         view.info(f"model {info['name']} ({info['quantization']}) · {info['file']}")
-    view.info(f"conversation {session.name} · {plural(len(session.messages), 'message')} · saved at {session.path}")
+    if runner.unsaved:  # its last save failed: the file is behind the conversation
+        saved = f"not saved ({runner.unsaved}): {session.path}"
+    else:  # nothing is written before the first exchange
+        saved = f"saved at {session.path}" if session.path.exists() else f"to be saved at {session.path}"
+    view.info(f"conversation {session.name} · {plural(len(session.messages), 'message')} · {saved}")
     view.info(f"system: {session.system or 'none'}")
     view.info(" · ".join(f"{k} {settings.as_text(k, getattr(runner.sampling, k))}" for k in settings.KNOBS))
     view.info(f"think {'on' if view.think else 'off'} · verbose {'on' if view.footer else 'off'} · "
