@@ -464,3 +464,29 @@ def test_a_file_line_that_never_ends_is_one_usage_error_after_the_lines_before_a
         r = run("--each-line", stdin=f)
     assert r.returncode == 2 and "line 2 of stdin is larger than 64 MiB" in r.stderr, r.stderr
     assert [json.loads(x)["line"] for x in r.stdout.splitlines()] == [1], r.stdout
+
+
+def test_ctrl_c_of_a_file_on_a_terminal_says_interrupted_on_a_line_of_its_own(
+        cli_env: dict[str, str], tmp_path: Path) -> None:
+    """On a terminal, which echoes Ctrl-C as `^C` after the last whole answer line, `interrupted` starts a line of
+    its own (it was printed `^Cinterrupted`), as chat's does; exit 130."""
+    import pexpect
+
+    from tests import terminal
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"Write a long story about river number {i}.\n" for i in range(40)))
+    env = {**cli_env, "TERM": "xterm"}
+    child = terminal.spawn(env, ["run", "--file", str(prompts), "-n", "200"], timeout=300)
+    try:
+        child.expect("loading")
+        child.expect("\n")
+        child.expect("\n")  # a tip, or an answer: Ctrl-C lands between whole lines, loading or answering
+        child.sendintr()
+        child.expect("interrupted")
+        before = child.before
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 130, before
+    assert re.search(r"\^C\r\n(\x1b\[[0-9;]*m)*$", before), repr(before[-80:])

@@ -45,6 +45,11 @@ def execute(plan: RunPlan) -> None:
         if thread is not None and thread.turns and not load.model_given:  # the conversation's model is gone
             raise model_gone(thread.cid, load.model, e, "continue") from None
         raise
+    except KeyboardInterrupt:
+        if toolbox is not None:
+            toolbox.close()
+        err.interrupted(at_line_start=True)  # loading prints whole lines (loading ..., a tip, a warning)
+        raise typer.Exit(130) from None
     except BaseException:
         if toolbox is not None:
             toolbox.close()
@@ -74,6 +79,9 @@ def execute(plan: RunPlan) -> None:
             stats, finish, seed = gen.stats, str(gen.finish_reason), gen.seed
         conversation.record(err, backend, request, thread.cid, text, stats, finish, model=load.model,
                             no_log=plan.no_log, remote=load.remote, seed=seed)
+    except KeyboardInterrupt:  # between whole lines: an answer under way ends its line and says it itself
+        err.interrupted(at_line_start=True)
+        raise typer.Exit(130) from None
     finally:
         backend.close()
         if toolbox is not None:
@@ -300,5 +308,5 @@ def run_many(many: ManyPlan, plan: RunPlan, backend: Backend, err: ErrWriter) ->
                 return run_batch(backend, source, base, opts)
         return run_batch(backend, sys.stdin, base, opts)
     except KeyboardInterrupt:
-        err.interrupted()
+        err.interrupted(at_line_start=True)  # the answers are whole lines
         return 130
