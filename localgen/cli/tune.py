@@ -285,7 +285,7 @@ class _Load:
                 avg = os.getloadavg()[0]
             except OSError:
                 avg = 0.0
-            busy = f"a load of {avg:.1f} on {cores} cores" if avg > 0.5 * cores else None
+            busy = f"a load of {avg:.1f} on {plural(cores, 'core')}" if avg > 0.5 * cores else None
         what = f"{busy} just before measuring" if busy else None
         if busy is not None:
             err.warn(f"this machine is busy (other work takes {busy}): the figures will reflect it, and the "
