@@ -63,6 +63,10 @@ def tune(
     record is for loads placed so."""
     from localgen import tuning
 
+    if show and reset:
+        from localgen.errors import UsageError
+
+        raise UsageError("--show lists the records and --reset forgets them: give one of the two")
     if show:
         _show(tuning.records(), as_json)
         return

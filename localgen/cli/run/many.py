@@ -122,8 +122,8 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
     def requests() -> Iterator[Indexed]:
         for ln in lines_in():
             lines[ln.number] = ln
-            if ln.number in answered:
-                ln.previous = answered[ln.number] if copy else ""
+            if ln.number in answered and (answered[ln.number][1] or (ln.prompt is None and ln.error is None)):
+                ln.previous = answered[ln.number][0] if copy else ""
                 ready[ln.number] = (ln, None)
                 state["skipped"] += 1
                 flush()
@@ -206,9 +206,10 @@ def _print_stats(state: dict[str, int], secs: float, counters: dict[str, Any], p
           + (f" · {state['failed']} failed" if state["failed"] else ""), file=sys.stderr)
 
 
-def _resume(path: Path | None) -> tuple[dict[int, str], bool]:
-    """The lines an earlier JSONL output answered (line number -> its output line), and whether to copy them
-    to this output: not when stdout appends to that same file (`>> OUTPUT.jsonl`)."""
+def _resume(path: Path | None) -> tuple[dict[int, tuple[str, bool]], bool]:
+    """The lines an earlier JSONL output answered (line number -> its output line, and whether it holds an answer
+    rather than a blank input line's `{"line": N}`), and whether to copy them to this output: not when stdout
+    appends to that same file (`>> OUTPUT.jsonl`)."""
     if path is None:
         return {}, False
     import os
@@ -219,15 +220,17 @@ def _resume(path: Path | None) -> tuple[dict[int, str], bool]:
         return {}, True  # nothing answered yet: the first run of a job that will resume from its output
     except OSError as e:
         raise UsageError(f"cannot read --resume-from {path}: {e}") from None
-    answered: dict[int, str] = {}
+    answered: dict[int, tuple[str, bool]] = {}
     for line in data.splitlines():
         try:
             raw = line.decode("utf-8")
             doc = json.loads(raw)
         except ValueError:  # UnicodeDecodeError too: a crash can cut a character in two
             continue  # a line cut short by a crash: that line runs again
-        if isinstance(doc, dict) and isinstance(doc.get("line"), int) and "error" not in doc and "text" in doc:
-            answered[doc["line"]] = raw
+        # an answer, or a blank input line's `{"line": N}` (which counts only where that line is still blank)
+        if (isinstance(doc, dict) and isinstance(doc.get("line"), int) and "error" not in doc
+                and ("text" in doc or set(doc) == {"line"})):
+            answered[doc["line"]] = (raw, "text" in doc)
     try:
         out, old = os.fstat(sys.stdout.fileno()), os.stat(path)
         same = (out.st_dev, out.st_ino) == (old.st_dev, old.st_ino)
