@@ -54,7 +54,7 @@ def test_every_run_is_logged_and_found(lcli: CLI) -> None:
     db = _db(lcli)
     assert stat.S_IMODE(db.stat().st_mode) == 0o600 and stat.S_IMODE(db.parent.stat().st_mode) == 0o700
     assert lcli("logs", "path").stdout.strip() == str(db)
-    assert "1 exchanges" in lcli("logs", "status").stdout
+    assert lcli("logs", "status").stdout.endswith(" · 1 exchange\n")
 
 
 def test_the_log_keeps_the_seed_a_run_drew_so_the_answer_can_be_made_again(lcli: CLI) -> None:
