@@ -19,12 +19,20 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from localgen.serve import files
 from localgen.serve.apierror import HTTPError
 from localgen.serve.batches import Desk, Line, Progress, parse, read_lines
 from localgen.serve.jobs import INTERNAL
 from localgen.serve.state import ServeState
 
 POLL_S = 0.05  # how often a request held back looks again for a free slot
+RETRY_S = 30.0  # how soon a batch that could not be written tries again (or at the next batch or cancel)
+
+
+def _first(group: BaseExceptionGroup[OSError]) -> OSError:
+    """The first of the faults a batch's requests met."""
+    e = group.exceptions[0]
+    return e if isinstance(e, OSError) else _first(e)
 
 
 class Runner:
@@ -45,7 +53,16 @@ class Runner:
                 if doc is None:
                     await self.desk.wake.wait()
                     continue
-                await self.run(doc)
+                try:
+                    await self.run(doc)
+                except* OSError as group:  # a full or read-only disk: the batch waits, and nothing is lost
+                    fault = _first(group)
+                    if files.disk_fault(fault) is None:
+                        raise
+                    self.log(f"localgen serve: the Batch API waits: its data folder cannot be written ({fault}); "
+                             f"it tries again in {RETRY_S:g} s")
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.desk.wake.wait(), RETRY_S)
         except Exception:
             self.log("localgen serve: the Batch API's runner stopped (restart serve to go on with its batches):\n"
                      + traceback.format_exc().rstrip())
@@ -63,7 +80,7 @@ class Runner:
         """Send the requests not answered yet, in the input's order, `at_once` at most in flight."""
         import httpx
 
-        source = read_lines(self.desk.files.content(doc["input_file_id"]))
+        source = read_lines(self.desk.files.content(doc["input_file_id"]), self.desk.max_line)
         slots = asyncio.Semaphore(self.at_once)
         # the access lines' client (--log-format json) is the batch
         transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False, client=(doc["id"], 0))
@@ -134,6 +151,8 @@ async def running(desk: Desk, state: ServeState, app: Any, key: str | None, stop
             desk.owner()
         except HTTPError as e:
             log(f"localgen serve: the unfinished batches wait: {e.message}")
+        except OSError as e:  # a read-only data folder: the server runs, and the batches wait for a start that can
+            log(f"localgen serve: the unfinished batches wait: their data folder cannot be written ({e})")
     task = asyncio.create_task(Runner(desk, state, app, key, stopping, state.batch_lines, log).serve())
     try:
         yield
