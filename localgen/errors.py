@@ -68,7 +68,17 @@ class RemoteError(LocalgenError):
 
 
 class ToolError(LocalgenError):
-    """A tool definition, a model's call to a tool, or a tool's run went wrong."""
+    """A tool definition, a model's call to a tool, or a tool's run went wrong. The message is one line, as
+    every error is: a tool's own text (an exception's message, an MCP server's error, a traceback) has its lines
+    joined and is cut at MESSAGE_CHARS."""
+
+    MESSAGE_CHARS = 400
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+        if len(text) > self.MESSAGE_CHARS:
+            text = text[:self.MESSAGE_CHARS - 1] + "…"
+        super().__init__(text, hint)
 
 
 # ---- a served request's faults: raised where the fault is found, each with the HTTP status it answers with

@@ -428,3 +428,65 @@ def test_exact_rows_follow_the_matrix_types_including_a_tied_embedding() -> None
     assert rows(("token_embd.weight", q6k), ("blk.0.attn_q.weight", q8), ("output.weight", q8)) == 0
     assert rows(("blk.0.attn_q.weight", q4k), ("blk.0.ffn_up.weight", q8), ("output.weight", q8)) == 7
     assert rows(("blk.0.attn_q.weight", q4k), ("blk.0.ffn_up.weight", iq4nl), ("output.weight", q8)) == 3
+
+
+def _limited() -> None:  # an endless line read whole stops at this bound instead of at the machine's memory
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+def test_a_file_line_that_never_ends_is_one_usage_error_after_the_lines_before_are_answered(
+        cli_env: dict[str, str], tmp_path: Path) -> None:
+    """--file /dev/zero, or a --file / --each-line line past 64 MiB, is read only that far: one usage error,
+    exit 2, naming the line, and the lines before it answered and written; it was one line read until
+    MemoryError."""
+    import sys
+
+    def run(*args: str, stdin: object = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "localgen", "run", *args, "-n", "2", "--temperature", "0",
+                               "--json"], stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                              capture_output=True, text=True, env=cli_env, timeout=300, preexec_fn=_limited)
+
+    r = run("--file", "/dev/zero")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr == ("localgen: error: line 1 of /dev/zero is larger than 64 MiB: more text than any context "
+                        "window holds\n"), r.stderr
+    long = tmp_path / "long.txt"
+    with long.open("w") as f:
+        f.write("Name a color.\n")
+        f.truncate(len("Name a color.\n") + (64 << 20) + 1)  # sparse: a second line of NULs with no end
+    r = run("--file", str(long))
+    assert r.returncode == 2 and r.stderr == (f"localgen: error: line 2 of {long} is larger than 64 MiB: more text "
+                                              "than any context window holds\n"), r.stderr
+    assert [json.loads(x)["line"] for x in r.stdout.splitlines()] == [1] and json.loads(r.stdout)["text"], r.stdout
+    with long.open("rb") as f:
+        r = run("--each-line", stdin=f)
+    assert r.returncode == 2 and "line 2 of stdin is larger than 64 MiB" in r.stderr, r.stderr
+    assert [json.loads(x)["line"] for x in r.stdout.splitlines()] == [1], r.stdout
+
+
+def test_ctrl_c_of_a_file_on_a_terminal_says_interrupted_on_a_line_of_its_own(
+        cli_env: dict[str, str], tmp_path: Path) -> None:
+    """On a terminal, which echoes Ctrl-C as `^C` after the last whole answer line, `interrupted` starts a line of
+    its own (it was printed `^Cinterrupted`), as chat's does; exit 130."""
+    import pexpect
+
+    from tests import terminal
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"Write a long story about river number {i}.\n" for i in range(40)))
+    env = {**cli_env, "TERM": "xterm"}
+    child = terminal.spawn(env, ["run", "--file", str(prompts), "-n", "200"], timeout=300)
+    try:
+        child.expect("loading")
+        child.expect("\n")
+        child.expect("\n")  # a tip, or an answer: Ctrl-C lands between whole lines, loading or answering
+        child.sendintr()
+        child.expect("interrupted")
+        before = child.before
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 130, before
+    assert re.search(r"\^C\r\n(\x1b\[[0-9;]*m)*$", before), repr(before[-80:])

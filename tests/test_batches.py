@@ -396,3 +396,221 @@ def test_a_second_serve_on_the_same_data_leaves_the_batches_to_the_first(own_env
         assert e.value.status_code == 503 and "another localgen serve" in e.value.message
     finally:
         assert first.stop() == 0 and second.stop() == 0
+
+
+def test_a_hostile_query_or_a_bare_cancel_gets_a_plain_answer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A `limit` of a digit int() refuses ("²") is a 400 naming limit, not a 500; `curl -X POST .../cancel` (no
+    body, no Content-Type: the route reads none) reaches the route instead of a 415 about JSON."""
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))
+    for path in ("/v1/batches", "/v1/files"):
+        r = client.get(path, params={"limit": "\u00b2"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
+    r = client.post("/v1/batches/batch_nope/cancel")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "batch_id", r.text
+    r = client.post("/v1/batches", content=b"{}")  # a route that reads a body still wants JSON's type
+    assert r.status_code == 415, r.text
+    form = (b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--x\r\n'
+            b'Content-Disposition: form-data; name="file"\r\n\r\n{}\n\r\n--x--\r\n')  # curl -F 'file=<in.jsonl'
+    r = client.post("/v1/files", content=form, headers={"Content-Type": "multipart/form-data; boundary=x"})
+    assert r.status_code == 400 and "curl -F file=@" in r.json()["error"]["message"], r.text
+
+
+def test_a_line_longer_than_a_request_may_be_is_refused_unread(tmp_path: Path) -> None:
+    """docs/batch.md: a line over the server's --max-body is `invalid_request` on its line (it could only be a 413),
+    found without holding it whole; the lines after it are still read, numbered as they are."""
+    from localgen.serve import batches
+
+    path = tmp_path / "in.jsonl"
+    long = json.dumps(_line("long", {**_chat(1), "messages": [{"role": "user", "content": "a " * 5000}]}))
+    path.write_bytes(_jsonl([_line("a", _chat(1))]) + long.encode() + b"\r\n" + _jsonl([_line("b", _chat(2))]) + b"{")
+    assert [(n, raw is None) for n, raw in batches.read_lines(path, 4096)] == [(1, False), (2, True), (3, False),
+                                                                             (4, False)]
+    total, _, errors = batches.validate(path, "/v1/chat/completions", 4096)
+    assert total == 4
+    assert [(e["code"], e["line"], e["param"]) for e in errors] == [("invalid_request", 2, "body"),
+                                                                   ("invalid_json_line", 4, None)]
+    assert "--max-body" in errors[0]["message"]
+    assert batches.validate(path, "/v1/chat/completions", 1 << 20)[2] == [errors[1]]
+
+
+def test_a_crash_while_finalizing_keeps_every_answer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A serve that dies in `finalizing`, after its results became files but before the batch's object said so:
+    the next start ends the batch with its output file and its counts, every answer in it."""
+    import io
+
+    from localgen.serve import batches
+
+    first = batches.Desk(tmp_path)
+    first.owner()
+    upload = first.files.add(io.BytesIO(_jsonl([_line(f"f{i}", _chat(i)) for i in range(2)])), "in.jsonl", "batch")
+    doc = first.create(upload["id"], "/v1/chat/completions", "24h", None)
+    first.validate(doc)
+    progress = first.progress[doc["id"]]
+    for i in range(2):
+        record = {"id": f"batch_req_{i}", "custom_id": f"f{i}", "error": None,
+                  "response": {"status_code": 200, "request_id": "req_x", "body": {"usage": {"prompt_tokens": 3,
+                                                                                             "completion_tokens": 4}}}}
+        progress.write(record, True)
+        progress.count(record, True)
+    save = first.save
+
+    def dies(d: dict[str, Any]) -> None:
+        if d["status"] == "completed":
+            raise RuntimeError("killed")
+        save(d)
+
+    monkeypatch.setattr(first, "save", dies)
+    with pytest.raises(RuntimeError):
+        first.finish(doc)
+    first.release()
+    again = batches.Desk(tmp_path)
+    again.owner()
+    assert again.batches is not None
+    doc = again.batches[doc["id"]]
+    assert doc["status"] == "finalizing"
+    again.finish(doc)
+    assert doc["status"] == "completed" and doc["request_counts"]["completed"] == 2 and doc["output_file_id"]
+    assert doc["usage"]["output_tokens"] == 8
+    kept = again.files.content(doc["output_file_id"]).read_text().splitlines()
+    assert sorted(json.loads(line)["custom_id"] for line in kept) == ["f0", "f1"]
+    assert json.loads((tmp_path / "runs" / doc["id"] / "batch.json").read_bytes())["output_file_id"] == doc[
+        "output_file_id"]
+
+
+def test_a_full_disk_is_a_507_and_a_pause_never_a_lost_answer(own_env: dict[str, str]) -> None:
+    """The batches' folder on a small disk (tmpfs, in a mount namespace of the server's own), filled through the
+    API: an upload or a batch that cannot be written is a 507 that says so; a running batch waits instead of its
+    runner dying, and once space is freed it ends with every custom_id answered once; no traceback."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    folder = Path(own_env["LOCALGEN_HOME"]) / "data" / "batches"
+    folder.mkdir(parents=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = folder.parent / "serve.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=256k tmpfs "$B" && exec "$PY" -m localgen serve "$@"',
+             "sh", "--port", str(port), *ARGS[2:]], env={**own_env, "B": str(folder), "PY": sys.executable},
+            stderr=err, stdout=subprocess.DEVNULL)
+    url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
+    try:
+        deadline = time.monotonic() + 600  # a safety net for busy cores, not a timing
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+
+        def upload(data: bytes) -> httpx.Response:
+            return httpx.post(f"{url}/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"},
+                              headers=headers, timeout=60)
+
+        def create(file_id: str) -> httpx.Response:
+            return httpx.post(f"{url}/v1/batches", headers=headers, timeout=60, json={
+                "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+
+        given = upload(_jsonl([_line(f"d{i}", _chat(i)) for i in range(3)])).json()["id"]
+        fillers: list[tuple[str, int]] = []
+
+        def fill(size: int) -> httpx.Response:
+            while (r := upload(b"\n" * size)).status_code == 200:
+                fillers.append((r.json()["id"], size))
+            return r
+
+        r = fill(32768)
+        assert r.status_code == 507 and "cannot be written" in r.json()["error"]["message"], r.text
+        if fill(4096) and fillers[-1][1] != 4096:  # room for none: a larger one made room
+            httpx.delete(f"{url}/v1/files/{fillers.pop()[0]}", headers=headers)
+            fill(4096)
+        assert create(given).status_code == 507  # no room for the batch's object
+        httpx.delete(f"{url}/v1/files/{fillers.pop()[0]}", headers=headers)  # room for it, not for its answers
+        batch = create(given).json()["id"]
+        while b"the Batch API waits" not in log.read_bytes():
+            assert time.monotonic() < deadline - 300 and proc.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.1)
+        for ident, _ in fillers:
+            assert httpx.delete(f"{url}/v1/files/{ident}", headers=headers).status_code == 200
+        assert create(given).status_code == 200  # space again: a new batch, which wakes the runner
+        while (doc := httpx.get(f"{url}/v1/batches/{batch}", headers=headers).json())["status"] != "completed":
+            assert time.monotonic() < deadline and doc["status"] == "in_progress", doc
+            time.sleep(0.2)
+        output = httpx.get(f"{url}/v1/files/{doc['output_file_id']}/content", headers=headers).text.splitlines()
+        assert sorted(json.loads(line)["custom_id"] for line in output) == ["d0", "d1", "d2"]
+        assert doc["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)
+    assert "Traceback" not in log.read_text()
+
+
+def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_path: Path) -> None:
+    """docs/batch.md: a batch's line whose model is not loaded (its load may evict another) starts only once no
+    model holds a request; a line for the loaded model runs beside a client's request as before. Driven through
+    the runner with stand-in workers and app (a client streams to model a; the batch names a, then b)."""
+    import asyncio
+    import io
+    import time
+    from types import SimpleNamespace
+
+    from localgen.serve import batches
+    from localgen.serve.batchrun import Runner
+
+    desk = batches.Desk(tmp_path)
+    desk.owner()
+    upload = desk.files.add(io.BytesIO(_jsonl([_line("on-a", _chat(1, "a")), _line("on-b", _chat(2, "b"))])),
+                            "in.jsonl", "batch")
+    doc = desk.create(upload["id"], "/v1/chat/completions", "24h", None)
+    desk.validate(doc)
+    workers = {"a": SimpleNamespace(loaded=True, outstanding=1, running=1),  # a client's answer streams
+               "b": SimpleNamespace(loaded=False, outstanding=0, running=0)}
+    sent: dict[str, float] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:  # each request reaches its worker
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        model = json.loads(body)["model"]
+        sent[model] = time.monotonic()
+        w = workers[model]
+        w.outstanding += 1
+        w.running += 1
+        await asyncio.sleep(0.05)
+        w.loaded = True
+        w.outstanding -= 1
+        w.running -= 1
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    state = SimpleNamespace(workers=workers, default="a", on_demand=None)
+    runner = Runner(desk, state, app, None, lambda: False, 2, print)  # type: ignore[arg-type]
+
+    async def client_ends() -> float:
+        await asyncio.sleep(0.5)
+        workers["a"].outstanding = workers["a"].running = 0
+        return time.monotonic()
+
+    async def both() -> float:
+        ended = asyncio.create_task(client_ends())
+        await runner.lines(doc, desk.progress[doc["id"]])
+        return await ended
+
+    ended = asyncio.run(both())
+    assert sent["a"] < ended <= sent["b"], (sent, ended)
+    desk.release()

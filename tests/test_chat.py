@@ -231,6 +231,19 @@ def test_resume_last_without_a_name(cli: CLI) -> None:
     assert "conversation latest-one · 2 messages" in r.stderr
 
 
+def test_show_says_where_a_conversation_will_be_saved_before_its_first_save(cli: CLI, home: Path) -> None:
+    """/show before the first exchange says where the conversation is to be saved (it said "saved at" a file that
+    did not exist yet); after it, where it is saved."""
+    import os
+
+    name = f"showme-{os.urandom(4).hex()}"  # the home is the session's: a name no other run has saved
+    r = cli("chat", name, "-n", "2", input="/show\nHi.\n/show\n")
+    path = home / "data" / "chats" / f"{name}.json"
+    assert r.returncode == 0 and path.is_file(), r.stderr
+    assert f"conversation {name} · 0 messages · to be saved at {path}\n" in r.stderr, r.stderr
+    assert f"conversation {name} · 2 messages · saved at {path}\n" in r.stderr, r.stderr
+
+
 def test_scripted_chat_prints_answers_plainly(cli: CLI) -> None:
     script = 'Hello\n/set temperature 0\nWhat is 2+2?\n"""\nA message\non two lines\n"""\n'
     r = cli("chat", "-n", "10", "--stats", input=script)

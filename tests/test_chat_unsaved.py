@@ -150,3 +150,16 @@ def test_a_first_save_that_fails_leaves_no_empty_file_behind(tmp_path: Path, mon
     assert list(sessions.chats_dir().iterdir()) == [], "nothing is left in the folder"
     assert chat.save() == sessions.chats_dir() / "full.json", "the next save claims the file again"
     assert sessions.ChatSession.load("full").messages == [{"role": "user", "content": "Hi"}]
+
+
+def test_show_after_a_failed_save_says_the_conversation_is_not_saved_and_why(ucli: CLI) -> None:
+    """/show after a save that failed (a read-only home) says `not saved (why)`, not `saved at` a file that is
+    behind the conversation."""
+    first = ucli("chat", "shown", *N, input="Name a yellow fruit.\n")
+    assert first.returncode == 0, first.stderr
+    r = _read_only(ucli, "chat", "--resume", "shown", *N, input="Name a red fruit.\n/show\n")
+    saved = Path(ucli.env["LOCALGEN_HOME"]) / "data" / "chats" / "shown.json"
+    shown = [x for x in r.stderr.splitlines() if x.startswith("conversation shown · ")]
+    assert len(shown) == 1 and shown[0].startswith("conversation shown · 4 messages · not saved (cannot write "), \
+        r.stderr
+    assert "Read-only file system" in shown[0] and shown[0].endswith(f"): {saved}"), shown

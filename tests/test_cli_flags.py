@@ -222,3 +222,11 @@ def test_each_command_s_args_hold_exactly_its_parameters(command: str) -> None:
                            f"{sorted(set(held) - set(taken))}")
     assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
                for f in dataclasses.fields(cls)), "every field is given by the command's body"
+
+
+def test_counts_the_cli_prints_are_singular_for_one() -> None:
+    """"1 exchange", "1 message", "1 core": a count of one takes the singular (it printed "1 exchanges")."""
+    from localgen.cli.output import plural
+
+    assert [plural(n, "exchange") for n in (0, 1, 2, 1000)] == ["0 exchanges", "1 exchange", "2 exchanges",
+                                                               "1,000 exchanges"]

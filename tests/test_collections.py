@@ -315,3 +315,47 @@ def test_the_new_commands_on_a_damaged_database_are_one_line(hcli: CLI, bert: st
         r = hcli(*args)
         assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, (args, r.stderr)
         assert str(db) in r.stderr and "is unusable" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_a_collection_name_with_control_characters_is_refused(hcli: CLI, bert: str) -> None:
+    """A collection is one line wherever it is listed: a name with a newline or a tab is a usage error,
+    before anything is embedded or stored."""
+    for name in ("a\nb", "a\tb"):
+        r = hcli("embed", "-m", bert, "--store", name, "the cat")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stdout == "", r.stderr
+        assert "cannot hold control characters" in r.stderr
+    assert not _db(hcli).exists()
+
+
+def test_embed_of_an_empty_file_or_dev_zero_is_one_line_and_keeps_the_collection(hcli: CLI, bert: str,
+                                                                                 tmp_path: Path) -> None:
+    """docs/embed.md: bad input is one line and exit 2 before the model loads; --file and stdin are read only
+    up to a bound (/dev/zero never ends), and the collection the run would have written keeps what it held."""
+    _store(hcli, bert, "notes", *LINES)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    r = hcli("embed", "-m", bert, "--store", "notes", "--replace", "--file", str(empty))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "every line is blank" in r.stderr, r.stderr
+    r = hcli("embed", "-m", bert, "--store", "notes", "--replace", "--file", "/dev/zero", timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "/dev/zero is larger than 256 MiB" in r.stderr
+    for command in (["embed", "-m", bert, "--store", "notes", "--replace"], ["rerank", "-m", bert, "query"]):
+        with open("/dev/zero", "rb") as zero:
+            p = subprocess.run(hcli.argv(*command), stdin=zero, capture_output=True, text=True, env=hcli.env,
+                               timeout=60)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert "stdin is larger than 256 MiB" in p.stderr
+    assert sorted(_held(hcli, "notes").values()) == sorted(LINES)
+
+
+def test_a_json_line_s_id_is_a_string_on_one_line_or_a_whole_number(hcli: CLI, bert: str) -> None:
+    """docs/embed.md, "Ids": null, true, an object or a multi-line string are a usage error naming the line,
+    never stored as the words None, True or {...}; a number is its digits."""
+    for bad in ("null", "true", '{"a": 1}', '"x\\ny"', '""'):
+        r = hcli("embed", "-m", bert, "--store", "notes", input=f'{{"id": 1, "text": "the cat"}}\n'
+                                                            f'{{"id": {bad}, "text": "the dog"}}\n')
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (bad, r.stderr)
+        assert r.stderr.startswith('localgen: error: line 2: bad JSON line: its "id" must be'), r.stderr
+    assert not _db(hcli).exists()
+    _store(hcli, bert, "notes", input='{"id": 7, "text": "the cat"}\n{"id": "a b", "text": "the dog"}\n')
+    assert _held(hcli, "notes") == {"7": "the cat", "a b": "the dog"}

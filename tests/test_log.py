@@ -54,7 +54,7 @@ def test_every_run_is_logged_and_found(lcli: CLI) -> None:
     db = _db(lcli)
     assert stat.S_IMODE(db.stat().st_mode) == 0o600 and stat.S_IMODE(db.parent.stat().st_mode) == 0o700
     assert lcli("logs", "path").stdout.strip() == str(db)
-    assert "1 exchanges" in lcli("logs", "status").stdout
+    assert lcli("logs", "status").stdout.endswith(" · 1 exchange\n")
 
 
 def test_the_log_keeps_the_seed_a_run_drew_so_the_answer_can_be_made_again(lcli: CLI) -> None:
@@ -304,7 +304,7 @@ def test_a_log_that_cannot_be_written_is_still_read_and_says_why_an_answer_was_n
     found = _mounted(lcli, tmp_path, mount, "logs", "-q", "yellow", "--json")
     assert found.returncode == 0 and len(json.loads(found.stdout)) == 1, found.stderr
     status = _mounted(lcli, tmp_path, mount, "logs", "status")
-    assert status.returncode == 0 and "· 1 exchanges" in status.stdout, status.stderr
+    assert status.returncode == 0 and status.stdout.endswith("· 1 exchange\n"), status.stderr
     r = _mounted(lcli, tmp_path, mount, "run", "--continue", "Another?", *N)
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     assert r.stderr.count("\n") == 1 and f"is unusable: {why} (" in r.stderr and "not logged" in r.stderr, r.stderr
@@ -319,6 +319,37 @@ def test_a_log_never_made_on_a_read_only_disk_is_one_warning_and_exit_0(lcli: CL
     r = _mounted(lcli, tmp_path, READ_ONLY, "run", "Hi.", *N)
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("warning: the log at ") and "not logged" in r.stderr
+
+
+def test_a_fresh_home_on_a_read_only_disk_says_its_folder_cannot_be_written_in_words(lcli: CLI,
+                                                                                     tmp_path: Path) -> None:
+    """A home where nothing was ever written, read-only: the warning says the folder cannot be written, with its
+    path, as the other log warnings do, not Python's "[Errno 30] Read-only file system: '...'"."""
+    home = Path(lcli.env["LOCALGEN_HOME"])
+    home.mkdir()
+    r = _mounted(lcli, tmp_path, READ_ONLY, "run", "Hi.", *N)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert r.stderr == (f"warning: the log at {_db(lcli)} cannot be opened: its folder cannot be written "
+                        f"({home / 'data'}: read-only file system); this answer was not logged\n"), r.stderr
+    assert list(home.iterdir()) == []
+
+
+def test_logs_status_counts_one_exchange_in_the_singular_and_refuses_the_listing_options(
+        lcli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`logs status` says "1 exchange", not "1 exchanges"; `logs -n 5 status` (the listing's options before a
+    subcommand, which ignored them) is one usage error naming the option, exit 2."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", lcli.env["LOCALGEN_HOME"])
+    store.record(store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt="p", response="r"))
+    r = lcli("logs", "status")
+    assert r.returncode == 0 and r.stdout == f"logging is on · {_db(lcli)} · 1 exchange\n", r.stdout
+    for args, flag in ((("-n", "5", "status"), "-n/--count"), (("--json", "path"), "--json"),
+                       (("-q", "x", "off"), "-q/--query")):
+        r = lcli("logs", *args)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"localgen: error: {flag} lists exchanges: `logs {args[-1]}` takes no options")
+    assert lcli("logs", "status").stdout.startswith("logging is on"), "`logs -q x off` turned nothing off"
 
 
 def test_a_log_held_past_the_wait_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -330,3 +330,15 @@ def test_a_prompt_file_or_stdin_past_64_mib_is_refused_without_reading_it_whole(
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("localgen: error: ") and what in r.stderr, r.stderr
     assert r.stderr.endswith(" is larger than 64 MiB: more text than any context window holds\n"), r.stderr
+
+
+def test_a_ctx_past_the_training_context_is_said_once_on_stderr(cli: CLI) -> None:
+    """`run -c 100000` loads smollm2's 8,192-token window: one warning says so (it was capped without a word);
+    a --ctx within it says nothing, and --help shows --ctx's default."""
+    r = cli("run", "-c", "100000", "Hi", "-n", "2", "--temperature", "0")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert r.stderr == ("warning: --ctx 100,000 is past the 8,192 tokens smollm2:135m was trained on: the window is "
+                        "8,192 (--rope-scaling stretches it)\n"), r.stderr
+    r = cli("run", "-c", "8192", "Hi", "-n", "2", "--temperature", "0", "--json")
+    assert r.returncode == 0 and r.stderr == "" and json.loads(r.stdout)["load"]["n_ctx"] == 8192, r.stderr
+    assert "[default: 4096]" in " ".join(cli("run", "--help").stdout.split("--ctx", 1)[1].split()[:40])

@@ -260,6 +260,66 @@ def test_run_tool_failures_are_one_line_errors(cli: CLI, cli_in_process: InProce
     assert r.returncode == 2 and "--raw" in r.stderr
 
 
+def test_a_functions_file_that_fails_as_it_loads_is_one_line(cli: CLI, tmp_path: Path) -> None:
+    """docs/tools.md: a tools file that raises on import, or calls sys.exit there, is one error line and exit
+    1, before the model loads (the model named here does not exist)."""
+    for body, said in (('raise RuntimeError("first line\\nsecond line")', "RuntimeError: first line second line"),
+                       ("import sys\nsys.exit(3)", "SystemExit: 3")):
+        fns = tmp_path / "tools.py"
+        fns.write_text(body + "\n")
+        r = cli("run", "-m", str(tmp_path / "missing.gguf"), "--functions", str(fns), "--yes", "Go.")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert f"loading {fns} failed: {said}" in r.stderr, r.stderr
+
+
+def test_a_tool_s_failure_and_a_result_too_big_to_read_are_one_line(tmp_path: Path) -> None:
+    """A tool's multi-line exception is one error line, and a result longer than a model can read is refused
+    by the tool's name (not as the chat template's "absurdly long prompt")."""
+    from localgen.errors import ToolError
+    from localgen.tools.loop import MAX_RESULT_CHARS, Toolbox
+    from localgen.tools.spec import ToolCall
+
+    fns = tmp_path / "tools.py"
+    fns.write_text('def fail() -> str:\n    """Fail."""\n    raise ValueError("first\\nsecond\\n\\nthird")\n\n'
+                   f'def huge() -> str:\n    """Huge."""\n    return "x" * {MAX_RESULT_CHARS + 1}\n\n'
+                   f'def big() -> str:\n    """Big."""\n    return "x" * {MAX_RESULT_CHARS}\n')
+    box = Toolbox.open([fns], [])
+    try:
+        with pytest.raises(ToolError) as e:
+            box.call(ToolCall("fail", "{}"), 10)
+        assert e.value.message == "fail failed: ValueError: first second third"
+        with pytest.raises(ToolError) as e:
+            box.call(ToolCall("huge", "{}"), 10)
+        assert e.value.message.startswith(f"huge returned {MAX_RESULT_CHARS + 1:,} characters"), e.value.message
+        assert len(box.call(ToolCall("big", "{}"), 10)) == MAX_RESULT_CHARS
+    finally:
+        box.close()
+
+
+def test_redaction_takes_the_values_the_page_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/tools.md: values of 8 characters or more, of variables named like *KEY*, *TOKEN*, *SECRET*,
+    *PASSW*, *CREDENTIAL*, *AUTH*, in any case."""
+    from localgen.tools.loop import redact
+
+    names = ["MY_API_KEY", "gh_token", "A_SECRET", "DB_PASSWORD", "CREDENTIALS_X", "OAuth_Y"]
+    for i, n in enumerate(names):
+        monkeypatch.setenv(n, f"value-{i}-abcdefgh")
+    monkeypatch.setenv("SHORT_KEY", "1234567")
+    monkeypatch.setenv("PLAIN", "plain-value-123")
+    text = " ".join(f"value-{i}-abcdefgh" for i in range(len(names))) + " 1234567 plain-value-123"
+    assert redact(text) == " ".join(f"[{n} redacted]" for n in names) + " 1234567 plain-value-123"
+
+
+def test_an_mcp_server_that_writes_no_json_rpc_is_one_line(cli: CLI, tmp_path: Path) -> None:
+    """The SDK logs a traceback for each line on a server's stdout that is not JSON-RPC: off stderr, which
+    has the one error line."""
+    r = cli("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", "echo not-json-rpc", "--yes", "Go.")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "the MCP server echo not-json-rpc failed (starting)" in r.stderr and "Traceback" not in r.stderr
+    r = cli("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", "'unclosed quote", "--yes", "Go.")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is not a command line" in r.stderr, r.stderr
+
+
 def test_run_prints_no_cut_off_call_marker(cli: CLI, tmp_path: Path) -> None:
     """A call with no arguments, forced, is made again until -n cuts the repeat inside `<tool_call`: that
     piece of a marker is neither answer text on stdout nor, when the tool fails, printed before the error."""

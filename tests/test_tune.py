@@ -434,3 +434,10 @@ def test_a_stop_is_asked_before_each_decode_and_inside_the_untimed_ones(smollm2_
         assert calls == 4 and "failed to decode, ret = 2" in "\n".join(logs.lines(last=50))
     finally:
         probe.close()
+
+
+def test_show_and_reset_together_are_a_usage_error(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """--show lists and --reset forgets: both at once would silently do one of them, so neither is done."""
+    cli = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})
+    r = cli("tune", "--show", "--reset")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--show" in r.stderr and "--reset" in r.stderr, r.stderr

@@ -222,6 +222,9 @@ def _ndjson(docs: Iterable[dict[str, Any]]) -> None:
             return
 
 
+MAX_INPUT = 256 * 2**20  # a --file or stdin, read whole before the model loads: bounded, as memory is
+
+
 def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False,
             verb: str = "embed") -> list[tuple[str, str]]:
     """(id, text) pairs: the arguments (numbered, or with `by_content` each its content's id), else --file,
@@ -238,11 +241,16 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
         given = [checked(t, f"text {i}") for i, t in enumerate(texts, 1)]
         return [(text_id(t) if by_content else str(i), t) for i, t in enumerate(given, 1)]
     if file:
-        from localgen.text import read_file
+        from localgen.text import decode
 
-        lines = read_file(file).splitlines()
+        with file.open("rb") as stream:
+            data = stream.read(MAX_INPUT + 1)  # only one byte past the bound (a huge file, /dev/zero)
+        _bounded(len(data), str(file), verb)
+        lines = decode(data, str(file)).splitlines()
     elif sys.stdin is not None and not sys.stdin.isatty():
-        lines = sys.stdin.read().splitlines()
+        text = sys.stdin.read(MAX_INPUT + 1)
+        _bounded(len(text), "stdin", verb)
+        lines = text.splitlines()
     else:
         what = "documents" if verb == "rerank" else "texts"
         raise UsageError(f"nothing to {verb}: give {what} as arguments, --file, or lines on stdin")
@@ -257,13 +265,28 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
                 text = doc.get("text", doc.get("content"))
                 if not isinstance(text, str):
                     raise ValueError('needs a "text" string')
-                ident = str(doc.get("id", n))
+                ident = _id(doc.get("id", n))
             except (ValueError, AttributeError) as e:
                 raise UsageError(f"line {n}: bad JSON line: {e}") from None
         out.append((ident, checked(text, f"line {n}")))
     if not out:
         raise UsageError(f"nothing to {verb}: every line is blank")
     return out
+
+
+def _id(value: Any) -> str:
+    """A JSON line's "id" as its entry's id: a string (one line, not empty) or a whole number; a ValueError
+    otherwise (null, true, an object would be stored as the words None, True, {...})."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError('its "id" must be a string on one line, or a whole number')
+    return value
+
+
+def _bounded(size: int, what: str, verb: str) -> None:
+    if size > MAX_INPUT:
+        raise UsageError(f"{what} is larger than {MAX_INPUT >> 20} MiB: {verb} it in parts")
 
 
 def _backend(f: _LoadArgs, model: str | None) -> Any:
@@ -297,6 +320,8 @@ def run_embed(f: EmbedArgs) -> None:
     if f.pooling is not None and f.pooling not in POOLING:
         raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
     o.refuse_empty(("--store", f.store))
+    if f.store and any(ord(c) < 32 or ord(c) == 127 for c in f.store):  # one line a collection, wherever listed
+        raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
     if f.replace and not f.store:
         raise UsageError("--replace needs --store NAME (the collection whose other entries it removes)")
     items = _inputs(f.texts, f.file, by_content=True)

@@ -83,6 +83,24 @@ def silence_stdout() -> None:
         pass
 
 
+def _echoes_ctrl_c(stream: TextIO) -> bool:
+    """Whether the terminal of `stream` echoes a typed Ctrl-C as `^C` where the cursor is (ECHO and ECHOCTL)."""
+    try:
+        import termios
+    except ImportError:  # no termios (Windows)
+        return False
+    try:
+        lflag = termios.tcgetattr(stream.fileno())[3]
+    except (termios.error, OSError, ValueError, AttributeError):
+        return False
+    return bool(lflag & termios.ECHO and lflag & termios.ECHOCTL)
+
+
+def plural(n: int, word: str) -> str:
+    """`n word`, with an s for any count but 1 ("1 exchange", "2 exchanges"); n with thousands separators."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def format_stats(s: Stats) -> str:
     """One human line: tokens, rates, time to first token, load and total time, why it stopped."""
     prompt = f"{s.prompt_tokens} prompt tokens"
@@ -139,11 +157,15 @@ class ErrWriter:
         """A plain informational line."""
         self._print(text, "dim")
 
-    def interrupted(self, text: str = "interrupted") -> None:
+    def interrupted(self, text: str = "interrupted", at_line_start: bool = False) -> None:
         """The one "interrupted" line of a Ctrl-C (printed once, whoever notices first): `text` says what was kept
-        where the command knows, and then the exit adds no second line."""
+        where the command knows, and then the exit adds no second line. `at_line_start`: the output was whole
+        lines when Ctrl-C came (run --file), so a terminal that echoes it as `^C` left the cursor after that echo,
+        and the word starts a line of its own (not `^Cinterrupted`)."""
         if not _said["interrupted"]:
             _said["interrupted"] = True
+            if at_line_start and self.tty and _echoes_ctrl_c(self.stream):
+                text = "\n" + text
             self._print(text, "dim")
 
     def warn(self, text: str) -> None:

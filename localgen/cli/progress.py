@@ -68,7 +68,8 @@ class LineProgress:
         self.name, self.total, self.done = name, total, done
         pct = done * 100 // total if total else 100
         self.next_mark = (pct // 25 + 1) * 25
-        self._line(f"{name}: {format_bytes(total)}" + (f", resuming at {pct}%" if done else ""))
+        if not done:  # a resumed download has said so already, where it resumes and the size (its note)
+            self._line(f"{name}: {format_bytes(total)}")
 
     def advance(self, n: int) -> None:
         self.done += n

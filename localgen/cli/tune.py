@@ -15,6 +15,7 @@ import typer
 from localgen.cli import options as o
 from localgen.cli.options import preset
 from localgen.cli.options.knobs import Knobs
+from localgen.cli.output import plural
 from localgen.cli.stopping import Stopped, stop_on_sigint
 
 PLACEMENT = ("n_cpu_moe", "cpu_moe", "override_tensor")  # where the experts run: measured there, kept for it
@@ -62,6 +63,10 @@ def tune(
     record is for loads placed so."""
     from localgen import tuning
 
+    if show and reset:
+        from localgen.errors import UsageError
+
+        raise UsageError("--show lists the records and --reset forgets them: give one of the two")
     if show:
         _show(tuning.records(), as_json)
         return
@@ -242,7 +247,7 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
             stop()
 
         measure(probe, jobs, plan.steps, keep)
-        what = "its other batch sizes" if threads_batch is not None else f"{len(jobs)} figures"
+        what = "its other batch sizes" if threads_batch is not None else plural(len(jobs), "figure")
         view.note(f"measured repack {_onoff(repack)} · flash attention {_onoff(fa)}: {what}")
     finally:
         probe.close()
@@ -284,7 +289,7 @@ class _Load:
                 avg = os.getloadavg()[0]
             except OSError:
                 avg = 0.0
-            busy = f"a load of {avg:.1f} on {cores} cores" if avg > 0.5 * cores else None
+            busy = f"a load of {avg:.1f} on {plural(cores, 'core')}" if avg > 0.5 * cores else None
         what = f"{busy} just before measuring" if busy else None
         if busy is not None:
             err.warn(f"this machine is busy (other work takes {busy}): the figures will reflect it, and the "
@@ -336,8 +341,9 @@ def _estimate(probe: Any, plan: _Plan, threads: tuple[int, ...], view: Any) -> N
     per_config = len(plan.depths) * len(threads) * (pp + plan.steps * tg) * deep + fills
     batches = len(plan.batch_jobs(1)) * pp * deep + fills
     seconds = len(plan.configs) * per_config + batches
-    view.note(f"tuning {probe.engine.model.name}: {len(plan.configs)} configurations × {len(threads)} thread counts "
-             f"at depths {' and '.join(f'{d:,}' for d in plan.depths)}, then {len(plan.ubatches)} batch sizes; "
+    view.note(f"tuning {probe.engine.model.name}: {plural(len(plan.configs), 'configuration')} × "
+             f"{plural(len(threads), 'thread count')} at depths {' and '.join(f'{d:,}' for d in plan.depths)}, "
+             f"then {plural(len(plan.ubatches), 'batch size')}; "
              f"about {seconds:.0f} s (Ctrl-C keeps what was measured)")
 
 

@@ -114,8 +114,10 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
                 raise LogError(f"there is no log yet at {db}")
             paths.private_file(db)  # SQLite gives its -wal and -shm files the same mode
         conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-    except (OSError, sqlite3.Error) as e:
-        raise LogError(f"the log at {db} cannot be opened: {e}") from None
+    except OSError as e:  # its folder cannot be made, or the file in it (a read-only or full disk)
+        raise LogError(f"the log at {db} cannot be opened: {_os_why(e, db.parent)}") from None
+    except sqlite3.Error as e:
+        raise LogError(f"the log at {db} cannot be opened: {_why(e, db.parent)}") from None
     try:
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -153,6 +155,20 @@ def _cannot_write(folder: Path) -> bool:
         return not os.access(folder, os.W_OK) or shutil.disk_usage(folder).free < 1 << 20
     except OSError:
         return False
+
+
+def _os_why(e: OSError, folder: Path) -> str:
+    """An OSError in words, as _why says SQLite's: the folder (or file) it met and the cause, not Python's
+    "[Errno 30] Read-only file system: '...'"."""
+    import errno
+
+    where = Path(e.filename) if e.filename else folder
+    cause = (e.strerror or "unknown error").lower()
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"its folder cannot be written ({where}: {cause})"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space is left on its disk ({where}: {cause})"
+    return f"{where}: {cause}"
 
 
 def _why(e: sqlite3.Error | OSError, folder: Path) -> str:

@@ -135,12 +135,14 @@ class RemoteBackend:
         counts = {"requests": 0.0, "retried": 0.0}
         last_error: list[str] = []
         flying = [0]  # lines in flight: while any is, a line may yet come back from an endpoint that dies
+        failed: list[BaseException] = []  # what stopped a worker (the reader of stdout went away): raised here
 
         def take(client: RemoteClient) -> Indexed | None:
             with lock:
                 while not stop.is_set() and client.dead is None:
                     if retry:
                         item = retry.popleft()
+                        counts["retried"] += 1  # moved: a live endpoint takes it
                     else:
                         try:
                             item = next(source)
@@ -154,6 +156,15 @@ class RemoteBackend:
                 return None
 
         def work(client: RemoteClient) -> None:
+            try:
+                lines(client)
+            except BaseException as e:  # printing an answer failed (`| head -1`): every worker stops, the caller hears
+                with lock:
+                    failed.append(e)
+                    stop.set()
+                    lock.notify_all()
+
+        def lines(client: RemoteClient) -> None:
             while not stop.is_set() and client.dead is None:
                 item = take(client)
                 if item is None:
@@ -167,8 +178,9 @@ class RemoteBackend:
                 with lock:
                     if c is None:  # the endpoint is gone: another takes the line
                         retry.appendleft(item)
-                        counts["retried"] += 1
-                        last_error[:] = [client.dead.message if client.dead else "gone"]
+                        # the reason the endpoint went, not this line's fate: no line that fails for it has a part
+                        reason = client.dead.message if client.dead else "gone"
+                        last_error[:] = [reason.removesuffix("; the answer is partial")]
                         return
                     counts["requests"] += 1
                     on_done(c)
@@ -184,6 +196,8 @@ class RemoteBackend:
         except KeyboardInterrupt:
             stop.set()
             raise
+        if failed:
+            raise failed[0]
         # every endpoint is gone: what is left fails, each line with the reason
         reason = f"every endpoint is gone (last: {last_error[0]})" if last_error else "every endpoint is gone"
         for item in itertools.chain(retry, source):

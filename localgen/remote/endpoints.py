@@ -95,16 +95,18 @@ def declared(head: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
     if not head or not path.is_file():
         return None
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        data = path.read_bytes()
+    except OSError as e:
         warn(f"{path} cannot be read ({e}): its endpoints are not used")
         return None
     try:
+        text = data.decode("utf-8")
         doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        if _declares(text, head):
-            raise UsageError(f"{path}: {e}") from None
-        warn(f"{path} is not valid TOML ({e}): its endpoints are not used")
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:  # TOML is UTF-8: other bytes are not valid TOML
+        why = _where(e, data)
+        if _declares(data.decode("utf-8", "replace"), head):
+            raise UsageError(f"{path}: {why}") from None
+        warn(f"{path} is not valid TOML ({why}): its endpoints are not used")
         return None
     if head not in doc:
         return None
@@ -112,6 +114,21 @@ def declared(head: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
     if not isinstance(table, dict) or not isinstance(table.get("url"), str):
         raise UsageError(f"{path}: [{head}] needs url = \"http://...\"")
     return table
+
+
+def _where(e: ValueError, data: bytes) -> str:
+    """What is wrong with the file and where (line and column), also where tomllib says only "at end of document"
+    or the fault is a byte that is not UTF-8."""
+    newline = b"\n"
+    if isinstance(e, UnicodeDecodeError):
+        before = data[:e.start]
+        line, column = before.count(newline) + 1, e.start - before.rfind(newline)
+        return f"not UTF-8 text: byte 0x{data[e.start]:02x} (at line {line}, column {column})"
+    text, end = str(e), "(at end of document)"
+    if text.endswith(end):
+        line, column = data.count(newline) + 1, len(data.decode("utf-8")) - data.decode("utf-8").rfind("\n")
+        text = f"{text[:-len(end)]}(at end of document, line {line}, column {column})"
+    return text
 
 
 def _declares(text: str, head: str) -> bool:
@@ -171,9 +188,8 @@ def choose(urls: list[str] | None, key_env: str | None, model: str | None,
     ep = entry(head, warn)
     if ep is None:
         return [], model
-    chosen = rest or (ep.models[0] if ep.models else "")
-    if not chosen:
-        raise UsageError(f"name the model: -m {head}/MODEL (or list models = [...] in {endpoints_file()})")
+    # None: the server's only or default model, as for --endpoint without -m
+    chosen = rest or (ep.models[0] if ep.models else None)
     if ep.models and chosen not in ep.models:
         raise UsageError(f"{head} serves {', '.join(ep.models)}, not {chosen!r}")
     return [ep], chosen

@@ -60,7 +60,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
               *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state),
               *batches.routes(desk)]
     policy = policy or Policy(api_key=state.api_key)
-    policy, desk.read_timeout = dataclasses.replace(policy, uploads=batches.UPLOADS), policy.read_timeout
+    policy = dataclasses.replace(policy, uploads=batches.UPLOADS, bodiless=batches.BODILESS)
+    desk.read_timeout, desk.max_line = policy.read_timeout, policy.max_body
     if webui:
         root = next(r for r in routes if r.path == "/")  # Ollama's "is running", for clients that are not browsers
         routes = [*page.routes(root.endpoint), *(r for r in routes if r is not root)]

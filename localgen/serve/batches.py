@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import secrets
@@ -43,8 +44,10 @@ MAX_LINES = 50_000  # OpenAI's bound on the requests of one batch
 MAX_ERRORS = 100  # the input's faults a failed batch lists (errors.data), the first ones
 WINDOWS = ("24h",)  # OpenAI's only completion_window; here a batch runs until it is done or cancelled
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")  # the statuses of a batch not ended
+MAX_LINE = 16 << 20  # a line's bound in bytes: the server's --max-body (serve/guard.py's Policy), set by the app
 MAX_BATCHES_LISTED = 100  # GET /v1/batches' largest `limit` (its default: 20)
 UPLOADS = files.UPLOADS  # the paths whose bodies the gate leaves to the route (serve/guard.py)
+BODILESS = (r"/v1/batches/[^/]+/cancel",)  # a POST that reads no body: the gate asks for no JSON type
 
 
 def default_root() -> Path:
@@ -62,19 +65,30 @@ class Line:
     body: dict[str, Any]
 
 
-def read_lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
-    """The input's lines that are not blank, with their numbers (from 1), read one at a time."""
+def read_lines(path: Path, bound: int) -> Generator[tuple[int, bytes | None], None, None]:
+    """The input's lines that are not blank, with their numbers (from 1), read one at a time; a line over `bound`
+    bytes (the server's --max-body: no request may be larger) is None, skipped without being held whole."""
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            if raw.strip():
+        for number in itertools.count(1):
+            raw = f.readline(bound + 1)
+            if not raw:
+                return
+            if len(raw) > bound and not raw.endswith(b"\n"):
+                while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+                    pass
+                yield number, None
+            elif raw.strip():
                 yield number, raw
 
 
-def parse(number: int, raw: bytes, endpoint: str) -> Line | dict[str, Any]:
-    """One input line as a Line, or its fault as an entry of OpenAI's errors.data."""
+def parse(number: int, raw: bytes | None, endpoint: str) -> Line | dict[str, Any]:
+    """One input line as a Line, or its fault as an entry of OpenAI's errors.data (None: a line over the bound)."""
     def fault(code: str, message: str, param: str | None = None) -> dict[str, Any]:
         return {"code": code, "line": number, "message": message, "param": param}
 
+    if raw is None:
+        return fault("invalid_request", "This line is longer than a request's body may be (serve --max-body).",
+                     "body")
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):  # bad JSON or UTF-8, a number too long, nesting too deep
@@ -99,13 +113,13 @@ def parse(number: int, raw: bytes, endpoint: str) -> Line | dict[str, Any]:
     return Line(number, custom_id, url, body)
 
 
-def validate(path: Path, endpoint: str) -> tuple[int, str | None, list[dict[str, Any]]]:
+def validate(path: Path, endpoint: str, bound: int = MAX_LINE) -> tuple[int, str | None, list[dict[str, Any]]]:
     """The input's requests counted and checked before any runs: their number, the first one's model, and the
     faults found (the first MAX_ERRORS; more lines than MAX_LINES is one fault, and reading stops there)."""
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
     total, model = 0, None
-    for number, raw in read_lines(path):
+    for number, raw in read_lines(path, bound):
         total += 1
         if total > MAX_LINES:
             errors.append({"code": "too_many_tasks", "line": number, "message": f"The batch has more than "
@@ -115,7 +129,7 @@ def validate(path: Path, endpoint: str) -> tuple[int, str | None, list[dict[str,
         if isinstance(found, dict):
             errors.append(found)
             with contextlib.suppress(ValueError, RecursionError, KeyError, TypeError):
-                seen.add(json.loads(raw)["custom_id"])  # a later line may not take it either
+                seen.add(json.loads(raw or b"")["custom_id"])  # a later line may not take it either
         elif found.custom_id in seen:
             errors.append({"code": "duplicate_custom_id", "line": number, "message": "The custom_id "
                            f"{found.custom_id[:100]!r} is used by an earlier line.", "param": "custom_id"})
@@ -208,10 +222,15 @@ class Progress:
         fd = os.open(self.folder / ("output.jsonl" if ok else "errors.jsonl"),
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            view = memoryview(line)
-            while view:  # one append (O_APPEND); a short write goes on where it stopped
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            start = os.fstat(fd).st_size
+            try:
+                view = memoryview(line)
+                while view:  # one append (O_APPEND); a short write goes on where it stopped
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:  # a full disk: no torn record left for the next one to follow on its line
+                os.ftruncate(fd, start)
+                raise
         finally:
             os.close(fd)
 
@@ -237,6 +256,7 @@ class Desk:
         self.progress: dict[str, Progress] = {}
         self.wake = asyncio.Event()
         self.read_timeout = DEFAULT_READ_TIMEOUT_S  # serve --read-timeout, for an upload's parts
+        self.max_line = MAX_LINE  # serve --max-body: a longer line could not be sent, and is not read whole
         self._lock: Any = None
 
     @property
@@ -319,7 +339,7 @@ class Desk:
             total, model, errors = 0, None, [{"code": "file_not_found", "line": None, "param": "input_file_id",
                                                "message": f"The input file {doc['input_file_id']} was deleted."}]
         else:
-            total, model, errors = validate(source, doc["endpoint"])
+            total, model, errors = validate(source, doc["endpoint"], self.max_line)
         doc["request_counts"] = {"total": total, "completed": 0, "failed": 0}
         doc["model"] = model
         if doc["status"] != "cancelling":  # one cancelled while it was checked ends as cancelled
@@ -346,12 +366,13 @@ class Desk:
                 ident = "file-" + hashlib.sha256(f"{doc['id']}:{what}".encode()).hexdigest()[:24]
                 self.files.adopt(folder / name, ident, f"{doc['id']}_{what}.jsonl", "batch_output")
                 doc[key] = ident
-        if cancelled:
-            doc.update(status="cancelled", cancelled_at=self.now())
-        else:
-            doc.update(status="completed", completed_at=self.now())
-        self.save(doc)
+        ended = {**doc, **({"status": "cancelled", "cancelled_at": self.now()} if cancelled else
+                           {"status": "completed", "completed_at": self.now()})}
+        self.save(ended)  # on disk first: a full disk leaves the batch to end again (serve/batchrun.py)
+        doc.update(ended)
         self.progress.pop(doc["id"], None)
+        for name in ("output.jsonl", "errors.jsonl"):  # the results' files hold them now, and the object says so
+            (folder / name).unlink(missing_ok=True)
 
 
 def routes(desk: Desk) -> list[Route]:
@@ -419,7 +440,9 @@ def routes(desk: Desk) -> list[Route]:
             progress.shown(doc)
         return doc
 
-    return [Route("/v1/batches", create, methods=["POST"]), Route("/v1/batches", listed, methods=["GET"]),
-            Route("/v1/batches/{id}", retrieve, methods=["GET"]),
-            Route("/v1/batches/{id}/cancel", cancel, methods=["POST"]),
+    on_disk = files.on_disk  # a full or read-only data folder: a 507 saying so
+    return [Route("/v1/batches", on_disk(create), methods=["POST"]),
+            Route("/v1/batches", on_disk(listed), methods=["GET"]),
+            Route("/v1/batches/{id}", on_disk(retrieve), methods=["GET"]),
+            Route("/v1/batches/{id}/cancel", on_disk(cancel), methods=["POST"]),
             *files.routes(desk.files, desk.owner, desk.in_use, lambda: desk.read_timeout)]

@@ -4,9 +4,10 @@ the server's API key: it passes the same gate, route, checks and pipeline as the
 and its answer (status, request id, body) is the record kept. At most `at_once` requests of the batches run
 together (serve --batch-lines), and a new one starts only once the one before has reached its model's worker
 and while no request waits for a model's slot, so a client that comes while a batch runs waits at most for the
-batch's requests in flight, never behind the rest of the batch. Cancelling lets the requests in flight end,
-and starts no other. At shutdown the runner stops: a request the shutdown ended (its 503) is not recorded, so
-the next start runs it again."""
+batch's requests in flight, never behind the rest of the batch; a request whose model is not loaded waits until
+no model holds a request, so its load never evicts a model from under a client. Cancelling lets the requests in
+flight end, and starts no other. At shutdown the runner stops: a request the shutdown ended (its 503) is not
+recorded, so the next start runs it again."""
 
 from __future__ import annotations
 
@@ -19,12 +20,20 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from localgen.serve import files
 from localgen.serve.apierror import HTTPError
 from localgen.serve.batches import Desk, Line, Progress, parse, read_lines
 from localgen.serve.jobs import INTERNAL
 from localgen.serve.state import ServeState
 
 POLL_S = 0.05  # how often a request held back looks again for a free slot
+RETRY_S = 30.0  # how soon a batch that could not be written tries again (or at the next batch or cancel)
+
+
+def _first(group: BaseExceptionGroup[OSError]) -> OSError:
+    """The first of the faults a batch's requests met."""
+    e = group.exceptions[0]
+    return e if isinstance(e, OSError) else _first(e)
 
 
 class Runner:
@@ -45,7 +54,16 @@ class Runner:
                 if doc is None:
                     await self.desk.wake.wait()
                     continue
-                await self.run(doc)
+                try:
+                    await self.run(doc)
+                except* OSError as group:  # a full or read-only disk: the batch waits, and nothing is lost
+                    fault = _first(group)
+                    if files.disk_fault(fault) is None:
+                        raise
+                    self.log(f"localgen serve: the Batch API waits: its data folder cannot be written ({fault}); "
+                             f"it tries again in {RETRY_S:g} s")
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.desk.wake.wait(), RETRY_S)
         except Exception:
             self.log("localgen serve: the Batch API's runner stopped (restart serve to go on with its batches):\n"
                      + traceback.format_exc().rstrip())
@@ -63,7 +81,7 @@ class Runner:
         """Send the requests not answered yet, in the input's order, `at_once` at most in flight."""
         import httpx
 
-        source = read_lines(self.desk.files.content(doc["input_file_id"]))
+        source = read_lines(self.desk.files.content(doc["input_file_id"]), self.desk.max_line)
         slots = asyncio.Semaphore(self.at_once)
         # the access lines' client (--log-format json) is the batch
         transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False, client=(doc["id"], 0))
@@ -76,6 +94,8 @@ class Runner:
                         continue
                     await slots.acquire()
                     await self._behind_live()
+                    if not self._loaded_for(line.body):  # a model to load (and another to evict, maybe)
+                        await self._idle()
                     if doc["status"] != "in_progress" or self.stopping():
                         slots.release()
                         break
@@ -89,6 +109,24 @@ class Runner:
     def _outstanding(self) -> int:
         """The requests the models' workers hold, queued or running."""
         return sum(w.outstanding for w in list(self.state.workers.values()))
+
+    def _loaded_for(self, body: dict[str, Any]) -> bool:
+        """Whether the model a request names is loaded now (an unknown name counts as one to load)."""
+        name = body.get("model")
+        workers = self.state.workers
+        if name is None or name == "":
+            name = self.state.default if self.state.default is not None or len(workers) != 1 else next(iter(workers))
+        on_demand = self.state.on_demand
+        if isinstance(name, str) and on_demand is not None and name not in workers:
+            name = on_demand.aliases.get(name, name)
+        w = workers.get(name) if isinstance(name, str) else None
+        return w is not None and w.loaded
+
+    async def _idle(self) -> None:
+        """Wait until no model holds a request, ours included: a batch's line that loads a model (and may evict
+        one) never takes a model from under a client's request, nor from ours in flight."""
+        while not self.stopping() and self._outstanding() > 0:
+            await asyncio.sleep(POLL_S)
 
     async def _behind_live(self) -> None:
         """Wait while a request waits for a model's slot (a client's, or one of ours not yet in its slot)."""
@@ -134,6 +172,8 @@ async def running(desk: Desk, state: ServeState, app: Any, key: str | None, stop
             desk.owner()
         except HTTPError as e:
             log(f"localgen serve: the unfinished batches wait: {e.message}")
+        except OSError as e:  # a read-only data folder: the server runs, and the batches wait for a start that can
+            log(f"localgen serve: the unfinished batches wait: their data folder cannot be written ({e})")
     task = asyncio.create_task(Runner(desk, state, app, key, stopping, state.batch_lines, log).serve())
     try:
         yield

@@ -9,13 +9,15 @@ parser, never held in memory whole. What its lines hold is checked when a batch 
 from __future__ import annotations
 
 import asyncio
+import errno
+import functools
 import json
 import os
 import re
 import secrets
 import shutil
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -98,12 +100,24 @@ class FileStore:
         return self._describe(ident, filename, purpose)
 
     def adopt(self, source: Path, ident: str, filename: str, purpose: str) -> dict[str, Any]:
-        """Move a file written elsewhere in the data dir (a batch's results) in as `ident`; again after a crash,
-        what was moved already stays."""
+        """Take a file written elsewhere in the data dir (a batch's results) in as `ident`: a second name for its
+        bytes (a copy where the disk has no hard links), so the source stays whole until its batch's object says
+        where the results went; again after a crash, what was taken already stays."""
         folder = self._folder()
         target = folder / f"{ident}.jsonl"
-        if source.exists():
-            os.replace(source, target)
+        if not target.exists():
+            try:
+                os.link(source, target)
+            except FileExistsError:
+                pass
+            except OSError:  # a disk without hard links: a copy, whole or not at all
+                tmp = folder / f".{ident}.{os.getpid()}.tmp"
+                try:
+                    shutil.copyfile(source, tmp)
+                    os.replace(tmp, target)
+                finally:
+                    tmp.unlink(missing_ok=True)
+            paths.fsync_dir(folder)
         found = self.get(ident)
         return found if found is not None else self._describe(ident, filename, purpose)
 
@@ -205,6 +219,9 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
             raise HTTPError(400, f"the upload is not a valid multipart form: {e.message}", param="file") from None
         try:
             file, purpose = form.get("file"), form.get("purpose")
+            if isinstance(file, str):  # a part with no filename (curl's -F 'file=<in.jsonl') is a text field
+                raise HTTPError(400, "the field `file` came as text, with no filename: send it as a file (curl -F "
+                                     "file=@requests.jsonl)", param="file")
             if not isinstance(file, UploadFile):
                 raise HTTPError(400, "the form has no file: send it as the field `file`", param="file")
             if purpose not in PURPOSES:
@@ -217,9 +234,38 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
         finally:
             await form.close()
 
-    return [Route("/v1/files", create, methods=["POST"]), Route("/v1/files", listed, methods=["GET"]),
-            Route("/v1/files/{id}", retrieve, methods=["GET"]), Route("/v1/files/{id}", delete, methods=["DELETE"]),
-            Route("/v1/files/{id}/content", content, methods=["GET"])]
+    return [Route("/v1/files", on_disk(create), methods=["POST"]),
+            Route("/v1/files", on_disk(listed), methods=["GET"]),
+            Route("/v1/files/{id}", on_disk(retrieve), methods=["GET"]),
+            Route("/v1/files/{id}", on_disk(delete), methods=["DELETE"]),
+            Route("/v1/files/{id}/content", on_disk(content), methods=["GET"])]
+
+
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+
+
+def disk_fault(e: OSError) -> HTTPError | None:
+    """The 507 of a data folder that cannot be written (full, read-only, not ours), or None for another fault."""
+    if e.errno not in DISK_ERRNOS:
+        return None
+    where = f": {e.filename}" if e.filename else ""
+    return HTTPError(507, f"the server's data folder cannot be written ({e.strerror or e}{where}): free some space "
+                          "or fix its rights, then send it again", "server_error")
+
+
+def on_disk(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """A route whose disk faults (a full or read-only data folder) are a 507 that says so, not a 500."""
+    @functools.wraps(handler)
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except OSError as e:
+            fault = disk_fault(e)
+            if fault is None:
+                raise
+            raise fault from None
+
+    return wrapped
 
 
 def too_big() -> HTTPError:
@@ -251,7 +297,7 @@ def limit_param(text: str | None, default: int, most: int) -> int:
     """A list's `limit` query parameter, checked."""
     if text is None:
         return default
-    if not text.isdigit() or not 1 <= int(text) <= most:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= most:  # "²" is a digit int() refuses
         raise HTTPError(400, f"limit must be a whole number from 1 to {most:,} (got {text[:20]!r})", param="limit")
     return int(text)
 

@@ -55,6 +55,7 @@ class Policy:
     read_timeout: float = DEFAULT_READ_TIMEOUT_S  # seconds a body may stall before a 408 (serve --read-timeout)
     open_paths: tuple[str, ...] = ("/health", "/")
     uploads: tuple[str, ...] = ()  # paths whose POST body is a file upload the route reads and bounds itself
+    bodiless: tuple[str, ...] = ()  # patterns of paths whose POST reads no body: no Content-Type is asked for
 
     def origin_allowed(self, origin: str) -> bool:
         """Whether a page at this origin may use the server."""
@@ -186,7 +187,8 @@ class Gate:
             await self.app(scope, receive, send)
             return
         kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if kind != "application/json" and not (path.startswith("/api/") and kind in OLLAMA_BODY_TYPES):
+        if kind != "application/json" and not (path.startswith("/api/") and kind in OLLAMA_BODY_TYPES) \
+                and not any(re.fullmatch(p, path) for p in self.policy.bodiless):  # `curl -X POST .../cancel`
             await _refuse(scope, receive, send, HTTPError(
                 415, f"the body must be JSON, sent with Content-Type: application/json (got {kind or 'none'!r}; "
                      "with curl, use --json or -H 'Content-Type: application/json')"))

@@ -32,7 +32,7 @@ def load(path: Path) -> list[tuple[ToolSpec, Callable[..., Any]]]:
         spec.loader.exec_module(module)
     except SyntaxError as e:
         raise ToolError(f"{path}:{e.lineno}: {e.msg}") from None
-    except Exception as e:  # the user's module ran and failed: say where, in one line
+    except (Exception, SystemExit) as e:  # the user's module ran and failed (or called sys.exit): one line
         raise ToolError(f"loading {path} failed: {type(e).__name__}: {e}") from None
     found = [(name, fn) for name, fn in vars(module).items()
              if inspect.isfunction(fn) and fn.__module__ == module.__name__ and not name.startswith("_")]

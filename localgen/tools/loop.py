@@ -21,6 +21,7 @@ from localgen.tools.spec import ToolCall, ToolSpec, check_call
 from localgen.types import GenerationRequest, Message, Stats, turn_stats
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+MAX_RESULT_CHARS = 2 << 20  # a tool's result, in characters: some 500,000 tokens, more than a context window holds
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,11 @@ class Toolbox:
     def call(self, call: ToolCall, timeout: float) -> str:
         """Run a checked call; its result with secrets from the environment taken out."""
         check_call(call, self.specs)
-        return redact(self._runners[call.name](call.args, timeout))
+        text = self._runners[call.name](call.args, timeout)
+        if len(text) > MAX_RESULT_CHARS:  # said here, by name, before the template and tokenizer spend on it
+            raise ToolError(f"{call.name} returned {len(text):,} characters, more than the model can read "
+                            f"(at most {MAX_RESULT_CHARS:,})")
+        return redact(text)
 
     def close(self) -> None:
         """Stop the MCP servers."""

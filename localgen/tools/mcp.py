@@ -12,7 +12,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from localgen.errors import ToolError
+from localgen.errors import ToolError, UsageError
 from localgen.tools.spec import ToolSpec, check_schema
 
 CONNECT_TIMEOUT_S = 30.0
@@ -25,12 +25,18 @@ class McpServer:
         self.target = target
         self.label = target if len(target) <= 60 else target[:57] + "..."
         self.tools: tuple[ToolSpec, ...] = ()
+        if not target.startswith(("http://", "https://")):
+            try:
+                shlex.split(target)
+            except ValueError as e:  # a quote left open: the command line itself is wrong
+                raise UsageError(f"--mcp {target!r} is not a command line: {e}") from None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp {self.label}", daemon=True)
         self._thread.start()
         self._stack = contextlib.AsyncExitStack()
         self._session: Any = None
         self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
+        _quiet_sdk()
         try:
             if target.startswith(("http://", "https://")):
                 _reachable(target)
@@ -121,6 +127,18 @@ class McpServer:
                 asyncio.run_coroutine_threadsafe(self._stack.aclose(), self._loop).result(5)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+
+
+def _quiet_sdk() -> None:
+    """Keep the SDK's own log records (a traceback for each line a server writes to stdout that is not JSON-RPC,
+    "Session termination failed" when an HTTP server is gone) off stderr: what went wrong is the one error line
+    a failed start or call gives."""
+    import logging
+
+    sdk = logging.getLogger("mcp")
+    if not any(isinstance(h, logging.NullHandler) for h in sdk.handlers):
+        sdk.addHandler(logging.NullHandler())
+    sdk.propagate = False
 
 
 def _reachable(url: str) -> None:

@@ -17,7 +17,7 @@ from localgen.cli.bench.options import KLD_BOUND, QUALITY_CTX, Measuring, Qualit
 from localgen.cli.bench.view import ProgressView, emit, emit_serving
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
-from localgen.errors import UsageError
+from localgen.errors import RemoteError, UsageError
 from localgen.settings import rpc_servers
 
 bench_app = typer.Typer(
@@ -206,7 +206,7 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
                                 sys.stdout.write(records_jsonl([rec]))
                                 sys.stdout.flush()
                             if rec["requests"] == 0:
-                                raise UsageError(f"every request failed: {rec['first_error']}")
+                                raise RemoteError(f"every request failed: {rec['first_error']}")
                             view.step(f"{ep.label} {model_id}: prompt {p}, answer {g}")
                             if len(results) == 1:  # the first point's latency foresees the rest
                                 e2e = (rec["e2e_p50_ms"] or 0.0) / 1000

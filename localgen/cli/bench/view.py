@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from localgen.cli.output import plural
 from localgen.units import format_bytes
 
 LONG_S = 120.0  # in a pipe, a sweep foreseen to take this long says so first and reports each row
@@ -110,7 +111,8 @@ def header(system: dict[str, Any]) -> str:
     ram = format_bytes(system.get("ram")) if system.get("ram") else "?"
     bw = f" · memory bandwidth {system['bandwidth'] / 1e9:.1f} GB/s" if system.get("bandwidth") else ""
     return (f"localgen {system['localgen_version']} · {system['build_commit']} · backend {system['backends']}\n"
-            f"CPU {system['cpu_info']} · {system['cores']} cores · RAM {ram} · GPU {system['gpu_info'] or 'none'}{bw}")
+            f"CPU {system['cpu_info']} · {plural(system['cores'], 'core')} · RAM {ram} · "
+            f"GPU {system['gpu_info'] or 'none'}{bw}")
 
 
 def emit(results: list[dict[str, Any]], system: dict[str, Any], output: str | None) -> None:

@@ -16,6 +16,7 @@ from localgen.cli.hints import model_gone
 from localgen.cli.options import files, preset
 from localgen.cli.options.plan import LoadPlan
 from localgen.cli.options.tools import open_toolbox
+from localgen.cli.output import plural
 from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
 from localgen.text import checked
 
@@ -211,7 +212,7 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     import localgen.cli.chat.slash
     import localgen.tools.loop  # noqa: F401
     if runner.session.messages:
-        view.info(f"resumed {runner.session.name}: {len(runner.session.messages)} messages")
+        view.info(f"resumed {runner.session.name}: {plural(len(runner.session.messages), 'message')}")
     while True:
         try:
             text = line_input.read()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen import settings
+from localgen.cli.output import plural
 from localgen.errors import LocalgenError, UsageError
 
 MAX_ATTACHMENT = 1 << 20
@@ -66,7 +67,11 @@ def _show(runner: Any, view: Any, arg: str) -> None:
         view.info(f"model {info['name']} · at {', '.join(info['endpoint'])}")
     else:
         view.info(f"model {info['name']} ({info['quantization']}) · {info['file']}")
-    view.info(f"conversation {session.name} · {len(session.messages)} messages · saved at {session.path}")
+    if runner.unsaved:  # its last save failed: the file is behind the conversation
+        saved = f"not saved ({runner.unsaved}): {session.path}"
+    else:  # nothing is written before the first exchange
+        saved = f"saved at {session.path}" if session.path.exists() else f"to be saved at {session.path}"
+    view.info(f"conversation {session.name} · {plural(len(session.messages), 'message')} · {saved}")
     view.info(f"system: {session.system or 'none'}")
     view.info(" · ".join(f"{k} {settings.as_text(k, getattr(runner.sampling, k))}" for k in settings.KNOBS))
     view.info(f"think {'on' if view.think else 'off'} · verbose {'on' if view.footer else 'off'} · "
@@ -204,7 +209,7 @@ def _load(runner: Any, view: Any, arg: str) -> None:
     runner.adopt(loaded, view.sampling.params(runner.backend.defaults, loaded.settings,
                                               grammar=runner.sampling.grammar))
     restore_state(runner, view)
-    view.info(f"continuing {loaded.name}: {len(loaded.messages)} messages")
+    view.info(f"continuing {loaded.name}: {plural(len(loaded.messages), 'message')}")
 
 
 def _model(runner: Any, view: Any, arg: str) -> None:
@@ -235,7 +240,8 @@ def _context(runner: Any, view: Any, arg: str) -> None:
     n = len(runner.session.messages)
     window = f" ({n - runner.first} in the window)" if runner.first else ""
     view.info(f"{used:,} of {n_ctx:,} tokens used ({used * 100 // n_ctx} %) as the next prompt sends the conversation "
-              f"(the footer's figure: as the last answer ended, before its turn was closed) · {n} messages{window}")
+              f"(the footer's figure: as the last answer ended, before its turn was closed) · "
+              f"{plural(n, 'message')}{window}")
 
 
 def _read_attachment(path: Path) -> str:

@@ -234,7 +234,9 @@ def _cancel_on_sigint(runner: Any) -> Iterator[Callable[[], bool]]:
 
 def _footer(s: Any, used: int, n_ctx: int) -> str:
     """The turn's tokens (over all its rounds), decode rate and time to first token; the window in use now."""
-    parts = [f"{s.completion_tokens} tokens"]
+    from localgen.cli.output import plural
+
+    parts = [plural(s.completion_tokens, "token")]
     if s.decode_tps:
         parts.append(f"{s.decode_tps:.1f} tok/s")
     if s.ttft_s is not None:

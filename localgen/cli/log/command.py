@@ -27,7 +27,15 @@ def logs(
     json_out: Annotated[bool, typer.Option("--json", help="A JSON array of the exchanges.")] = False,
 ) -> None:
     """Show the latest logged exchanges, oldest first (or the best matches of -q)."""
-    if ctx.invoked_subcommand is not None:
+    if ctx.invoked_subcommand is not None:  # `logs -n 5 status`: the listing's options would do nothing there
+        from localgen.cli.options.knobs import typed_by_user
+        from localgen.errors import UsageError
+
+        for param in ctx.command.params:
+            if param.name and typed_by_user(ctx, param.name):
+                flag = "/".join(sorted(param.opts, key=len))
+                raise UsageError(f"{flag} lists exchanges: `logs {ctx.invoked_subcommand}` takes no options",
+                                 hint="drop it: it goes with `localgen logs` alone")
         return
     import json
     import sys
@@ -97,7 +105,8 @@ def off() -> None:
 @logs_app.command("status")
 def status() -> None:
     """Whether logging is on, where the log is, and how many exchanges it holds."""
+    from localgen.cli.output import plural
     from localgen.log import store
 
     n = store.count() if store.path().exists() else 0
-    typer.echo(f"logging is {'on' if store.enabled() else 'off'} · {store.path()} · {n:,} exchanges")
+    typer.echo(f"logging is {'on' if store.enabled() else 'off'} · {store.path()} · {plural(n, 'exchange')}")

@@ -45,6 +45,11 @@ def execute(plan: RunPlan) -> None:
         if thread is not None and thread.turns and not load.model_given:  # the conversation's model is gone
             raise model_gone(thread.cid, load.model, e, "continue") from None
         raise
+    except KeyboardInterrupt:
+        if toolbox is not None:
+            toolbox.close()
+        err.interrupted(at_line_start=True)  # loading prints whole lines (loading ..., a tip, a warning)
+        raise typer.Exit(130) from None
     except BaseException:
         if toolbox is not None:
             toolbox.close()
@@ -74,6 +79,9 @@ def execute(plan: RunPlan) -> None:
             stats, finish, seed = gen.stats, str(gen.finish_reason), gen.seed
         conversation.record(err, backend, request, thread.cid, text, stats, finish, model=load.model,
                             no_log=plan.no_log, remote=load.remote, seed=seed)
+    except KeyboardInterrupt:  # between whole lines: an answer under way ends its line and says it itself
+        err.interrupted(at_line_start=True)
+        raise typer.Exit(130) from None
     finally:
         backend.close()
         if toolbox is not None:
@@ -138,6 +146,10 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
     ref = files.with_template(resolve(load.model, offline=load.offline, progress=make_progress()), load.mmproj,
                                   load.template_file)
     params = preset.load_params(ref, load.params, load.load_given.__contains__)
+    trained = ref.summary.context_length
+    if load.ctx_given and trained and not (params.rope_scaling or params.rope_freq_scale) and params.n_ctx > trained:
+        err.warn(f"--ctx {params.n_ctx:,} is past the {trained:,} tokens {ref.name} was trained on: the window is "
+                 f"{trained:,} (--rope-scaling stretches it)")  # as the load caps it (engine/defaults.py)
     draft = decoding.draft
     draft_ref = resolve(draft, offline=load.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
@@ -288,7 +300,7 @@ def run_many(many: ManyPlan, plan: RunPlan, backend: Backend, err: ErrWriter) ->
     opts = BatchOptions(instruction=many.instruction, system=preset.system(backend, send.system), raw=plan.raw,
                         parallel=many.parallel, json_out=report.json_out, stats=report.stats, exact=many.exact,
                         logprobs=report.logprobs, json_schema=send.json_schema, resume_from=many.resume_from,
-                        think=send.think)
+                        think=send.think, source_name=str(many.file) if many.file is not None else "stdin")
     try:
         if many.file is not None:
             # a line that is not UTF-8 fails alone, with its number, as --each-line's do (many.parse)
@@ -296,5 +308,5 @@ def run_many(many: ManyPlan, plan: RunPlan, backend: Backend, err: ErrWriter) ->
                 return run_batch(backend, source, base, opts)
         return run_batch(backend, sys.stdin, base, opts)
     except KeyboardInterrupt:
-        err.interrupted()
+        err.interrupted(at_line_start=True)  # the answers are whole lines
         return 130

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from localgen import settings
 from localgen.backend import Completion, Indexed
 from localgen.errors import UsageError
-from localgen.text import checked, problem
+from localgen.text import MAX_PROMPT_TEXT, checked, problem, too_long
 from localgen.types import GenerationRequest, SamplingParams, thinking_args
 
 
@@ -35,9 +35,22 @@ class _Line:
     seeded: bool = False  # the JSON line has a "seed" of its own
 
 
-def parse(source: TextIO, instruction: str | None, system: str | None, base: SamplingParams) -> Iterator[_Line]:
-    """Input lines as prompts, JSON lines with their settings checked (a bad one carries its error)."""
-    for number, raw in enumerate(source, 1):
+def _lines(source: TextIO, what: str) -> Iterator[str]:
+    """`source`'s lines, each read only up to one character past MAX_PROMPT_TEXT: a longer one (a line that never
+    ends, /dev/zero) is a UsageError naming it, raised before it is read whole."""
+    number = 0
+    while raw := source.readline(MAX_PROMPT_TEXT + 1):
+        number += 1
+        if len(raw) > MAX_PROMPT_TEXT:
+            raise too_long(f"line {number} of {what}")
+        yield raw
+
+
+def parse(source: TextIO, instruction: str | None, system: str | None, base: SamplingParams,
+          what: str = "stdin") -> Iterator[_Line]:
+    """Input lines as prompts, JSON lines with their settings checked (a bad one carries its error). A line past
+    MAX_PROMPT_TEXT raises UsageError (`what` names the input) when it is reached."""
+    for number, raw in enumerate(_lines(source, what), 1):
         line = raw.rstrip("\n")
         if not line.strip():
             yield _Line(number, None, system, base)
@@ -84,11 +97,13 @@ class BatchOptions:
     logprobs: int | None = None
     json_schema: str | None = None  # for a remote server's response_format
     resume_from: Path | None = None  # an earlier JSONL output: its answered lines are not run again
+    source_name: str = "stdin"  # the input as a too-long line's error names it
     think: bool | None = None  # the template's thinking switch (--think/--no-think); None: its default
 
 
 def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions) -> int:
-    """Complete every line; returns the exit status (1 if any line failed)."""
+    """Complete every line; returns the exit status (1 if any line failed). A line past MAX_PROMPT_TEXT ends the
+    input there: the lines before it are answered and written, then its UsageError is raised."""
     instruction, system, json_out = opts.instruction, opts.system, opts.json_out
     lines: dict[int, _Line] = {}
     ready: dict[int, tuple[_Line, Completion | None]] = {}
@@ -96,11 +111,19 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
     answered, copy = _resume(opts.resume_from)
     promise = getattr(backend, "exactness", None)  # a local model's; remote endpoints promise nothing here
 
+    stopped: list[UsageError] = []  # a line too long to read: the input ends there
+
+    def lines_in() -> Iterator[_Line]:
+        try:
+            yield from parse(source, instruction, system, base, opts.source_name)
+        except UsageError as e:
+            stopped.append(e)
+
     def requests() -> Iterator[Indexed]:
-        for ln in parse(source, instruction, system, base):
+        for ln in lines_in():
             lines[ln.number] = ln
-            if ln.number in answered:
-                ln.previous = answered[ln.number] if copy else ""
+            if ln.number in answered and (answered[ln.number][1] or (ln.prompt is None and ln.error is None)):
+                ln.previous = answered[ln.number][0] if copy else ""
                 ready[ln.number] = (ln, None)
                 state["skipped"] += 1
                 flush()
@@ -121,6 +144,7 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
     def flush() -> None:
         while state["next"] in ready:
             ln, c = ready.pop(state["next"])
+            lines.pop(ln.number, None)  # written: a long input holds only the lines in flight
             if ln.previous is not None:
                 if ln.previous:
                     sys.stdout.write(ln.previous + "\n")
@@ -139,6 +163,8 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
     flush()
     if opts.stats:
         _print_stats(state, time.perf_counter() - t0, counters, opts.parallel, len(getattr(backend, "endpoints", ())))
+    if stopped:
+        raise stopped[0]
     return 1 if state["failed"] else 0
 
 
@@ -180,9 +206,10 @@ def _print_stats(state: dict[str, int], secs: float, counters: dict[str, Any], p
           + (f" · {state['failed']} failed" if state["failed"] else ""), file=sys.stderr)
 
 
-def _resume(path: Path | None) -> tuple[dict[int, str], bool]:
-    """The lines an earlier JSONL output answered (line number -> its output line), and whether to copy them
-    to this output: not when stdout appends to that same file (`>> OUTPUT.jsonl`)."""
+def _resume(path: Path | None) -> tuple[dict[int, tuple[str, bool]], bool]:
+    """The lines an earlier JSONL output answered (line number -> its output line, and whether it holds an answer
+    rather than a blank input line's `{"line": N}`), and whether to copy them to this output: not when stdout
+    appends to that same file (`>> OUTPUT.jsonl`)."""
     if path is None:
         return {}, False
     import os
@@ -193,15 +220,17 @@ def _resume(path: Path | None) -> tuple[dict[int, str], bool]:
         return {}, True  # nothing answered yet: the first run of a job that will resume from its output
     except OSError as e:
         raise UsageError(f"cannot read --resume-from {path}: {e}") from None
-    answered: dict[int, str] = {}
+    answered: dict[int, tuple[str, bool]] = {}
     for line in data.splitlines():
         try:
             raw = line.decode("utf-8")
             doc = json.loads(raw)
         except ValueError:  # UnicodeDecodeError too: a crash can cut a character in two
             continue  # a line cut short by a crash: that line runs again
-        if isinstance(doc, dict) and isinstance(doc.get("line"), int) and "error" not in doc and "text" in doc:
-            answered[doc["line"]] = raw
+        # an answer, or a blank input line's `{"line": N}` (which counts only where that line is still blank)
+        if (isinstance(doc, dict) and isinstance(doc.get("line"), int) and "error" not in doc
+                and ("text" in doc or set(doc) == {"line"})):
+            answered[doc["line"]] = (raw, "text" in doc)
     try:
         out, old = os.fstat(sys.stdout.fileno()), os.stat(path)
         same = (out.st_dev, out.st_ino) == (old.st_dev, old.st_ino)

@@ -1,0 +1,117 @@
+"""docs/remote.md's promises at the edges, against the fake OpenAI server (tests/fake_openai.py): a named endpoint
+without `models`, an endpoints.toml that is not TOML at its end or not UTF-8, a bench whose every request fails,
+a fan-out whose every endpoint is gone, --resume-from over blank input lines, and a server that never answers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localgen.errors import RemoteError
+from localgen.remote.client import RemoteClient
+from localgen.remote.endpoints import Endpoint
+from localgen.types import GenerationRequest, SamplingParams
+from tests.conftest import CLI
+from tests.fake_openai import FakeServer
+
+
+@pytest.fixture
+def endpoints_toml(home: Path) -> Iterator[Path]:
+    config = home / "config"  # LOCALGEN_HOME/config (paths.config_dir)
+    config.mkdir(parents=True, exist_ok=True)
+    path = config / "endpoints.toml"
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def test_a_named_endpoint_without_models_takes_the_servers_only_model(cli: CLI, fake: FakeServer,
+                                                                       endpoints_toml: Path) -> None:
+    """`-m NAME` of an entry with no `models`: the server's only model (from /v1/models), as --endpoint without -m."""
+    endpoints_toml.write_text(f'[box]\nurl = "{fake.url}"\n')
+    fake.requests.clear()
+    r = cli("run", "-m", "box", "-p", "hi")
+    assert r.returncode == 0 and r.stdout == "Hello world\n", r.stderr
+    assert fake.requests[-1]["body"]["model"] == "plain"
+
+
+def test_an_endpoints_file_broken_at_its_end_or_not_utf8_is_one_line_with_line_and_column(
+        cli: CLI, fake: FakeServer, endpoints_toml: Path) -> None:
+    endpoints_toml.write_text(f'[box]\nurl = "{fake.url}"\nmodels = ["plain"\n')
+    r = cli("run", "-m", "box/plain", "-p", "hi")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{endpoints_toml}: Unclosed array (at end of document, line 4, column 1)" in r.stderr, r.stderr
+    endpoints_toml.write_bytes(b'[box]\nurl = "http://h\xfft"\n')
+    r = cli("run", "-m", "box/plain", "-p", "hi")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{endpoints_toml}: not UTF-8 text: byte 0xff (at line 2, column 16)" in r.stderr, r.stderr
+
+
+def test_a_bench_whose_every_request_fails_exits_1(cli: CLI, fake: FakeServer) -> None:
+    """A busy server is not a usage error: one line, exit status 1 (docs/remote.md, Errors)."""
+    r = cli("bench", "--endpoint", fake.url, "-m", "busy", "-npl", "1", "-p", "8", "-n", "4", "--num-prompts", "1",
+            timeout=120)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "localgen: error: every request failed: " in r.stderr and "busy (503)" in r.stderr, r.stderr
+
+
+def test_when_every_endpoint_is_gone_no_line_is_said_to_be_moved_or_partial(cli: CLI, fake: FakeServer,
+                                                                            tmp_path: Path) -> None:
+    prompts = tmp_path / "in.txt"
+    prompts.write_text("a\nb\nc\n")
+    r = cli("run", "--file", str(prompts), "--endpoint", fake.url, "-m", "broken", "--json", "--stats")
+    assert r.returncode == 1, r.stderr
+    docs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [d["line"] for d in docs] == [1, 2, 3] and all("text" not in d for d in docs)
+    for d in docs:
+        assert d["error"].startswith("every endpoint is gone (last: the stream from ") and "partial" not in d["error"]
+    assert "moved" not in r.stderr and "3 failed" in r.stderr, r.stderr
+
+
+def test_resume_from_appends_a_blank_lines_record_once(cli: CLI, fake: FakeServer, tmp_path: Path) -> None:
+    """A blank input line's `{"line": N}` counts as answered: resuming twice with `>>` adds nothing."""
+    prompts = tmp_path / "in.txt"
+    prompts.write_text("a\n\nb\n")
+    out = tmp_path / "out.jsonl"
+    args = ("run", "--file", str(prompts), "--endpoint", fake.url, "-m", "plain", "--json", "--resume-from", str(out))
+    for _ in range(3):
+        with open(out, "a") as sink:
+            p = cli.popen(*args, stdout=sink, stderr=subprocess.PIPE, text=True)
+            _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    assert [json.loads(x)["line"] for x in out.read_text().splitlines()] == [1, 2, 3]
+    fresh = cli(*args)
+    assert fresh.returncode == 0 and fresh.stdout == out.read_text(), "`>` a new file copies the same lines"
+
+
+def test_a_server_that_never_answers_is_an_endpoint_gone() -> None:
+    """A server that takes the connection and sends nothing: after the read timeout (10 minutes, here less) the
+    endpoint is down, so run --file moves its lines (docs/remote.md)."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        port = hung.getsockname()[1]
+        assert RemoteClient(Endpoint(f"http://127.0.0.1:{port}/v1"), "m").http.timeout.read == 600.0
+        client = RemoteClient(Endpoint(f"http://127.0.0.1:{port}/v1"), "m", timeout=0.5)
+        request = GenerationRequest(messages=({"role": "user", "content": "hi"},), sampling=SamplingParams())
+        try:
+            with pytest.raises(RemoteError) as e:
+                client.open(request, 1)
+        finally:
+            client.close()
+    assert e.value.down and "did not answer in time" in e.value.message
+
+
+def test_a_fan_out_whose_reader_goes_away_ends_quietly(cli: CLI, fake: FakeServer, tmp_path: Path) -> None:
+    """`run --file ... --endpoint ... | head -1`: the workers that print the answers stop, with no traceback."""
+    prompts = tmp_path / "in.txt"
+    prompts.write_text("hi\n" * 300)
+    argv = " ".join(cli.argv("run", "--file", str(prompts), "--endpoint", fake.url, "-m", "plain", "-np", "4"))
+    r = subprocess.run(["bash", "-c", f"{argv} | head -1; exit ${{PIPESTATUS[0]}}"], env=cli.env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.stdout == "Hello world\n", r.stdout
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "Exception" not in r.stderr, r.stderr
