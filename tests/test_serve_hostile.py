@@ -240,6 +240,7 @@ def test_the_model_is_warmed_up_in_the_thread_that_decodes(smollm2_path: Path) -
         s.close()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the test's own
 def test_a_dead_worker_is_a_503_everywhere(smollm2_path: Path) -> None:
     s = InProcess(smollm2_path)
     try:
