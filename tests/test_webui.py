@@ -480,6 +480,7 @@ def test_edit_and_regenerate_make_branches(tab: Tab) -> None:
     page.wait_for_function("() => document.querySelector('article.assistant .versions .count')?.textContent === '2/2'")
     assert page.locator("article.assistant .body").inner_text() == "Goodbye, friend."
     assert page.locator("article.assistant .body strong").inner_text() == "friend"
+    saved_edit(page, "Goodbye, **friend**.")  # the screen shows it before IndexedDB's write commits
     page.reload()
     page.wait_for_function("() => document.querySelectorAll('article.user').length === 1")
     assert page.locator("article.user .text").inner_text() == "Say goodbye."
@@ -758,6 +759,16 @@ def test_the_page_fits_a_phone_and_a_desktop_in_light_and_dark(browser: Any, ser
 
 def user_texts(page: Any) -> list[str]:
     return list(page.eval_on_selector_all("article.user .text", "xs => xs.map(x => x.textContent)"))
+
+
+def saved_edit(page: Any, text: str) -> None:
+    """Wait until the browser's storage holds a message with this text and the conversation's branch on screen
+    (`current`) ends at it: a save is written after the screen shows it."""
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while not page.evaluate("""async (text) => (await (await import('./webui/store.js')).all())
+            .some(c => c.messages[c.current] && c.messages[c.current].content === text)""", text):
+        assert time.monotonic() < deadline, f"{text!r} was never saved as the message on screen"
+        time.sleep(0.05)
 
 
 def stored_user_texts(page: Any) -> list[list[str]]:
