@@ -598,7 +598,7 @@ def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_p
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    state = SimpleNamespace(workers=workers, default="a", on_demand=None)
+    state = SimpleNamespace(workers=workers, on_demand=None, meant=lambda name: name or "a")  # "a": the default
     runner = Runner(desk, state, app, None, lambda: False, 2, print)  # type: ignore[arg-type]
 
     async def client_ends() -> float:

@@ -112,10 +112,8 @@ class Runner:
 
     def _loaded_for(self, body: dict[str, Any]) -> bool:
         """Whether the model a request names is loaded now (an unknown name counts as one to load)."""
-        name = body.get("model")
+        name = self.state.meant(body.get("model"))
         workers = self.state.workers
-        if name is None or name == "":
-            name = self.state.default if self.state.default is not None or len(workers) != 1 else next(iter(workers))
         on_demand = self.state.on_demand
         if isinstance(name, str) and on_demand is not None and name not in workers:
             name = on_demand.aliases.get(name, name)

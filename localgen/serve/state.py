@@ -55,11 +55,16 @@ class ServeState:
         w.on_completion = self.on_completion  # every request passes here: pinned and on-demand workers alike
         return w
 
-    def _worker(self, name: object) -> ModelWorker:
+    def meant(self, name: object) -> object:
+        """The model a request's `model` means: itself, or for none the default (or the one worker)."""
         if name is None or name == "":
             name = self.default
             if name is None and len(self.workers) == 1:
                 name = next(iter(self.workers))
+        return name
+
+    def _worker(self, name: object) -> ModelWorker:
+        name = self.meant(name)
         if isinstance(name, str) and name in self.workers:
             return self.workers[name]
         if isinstance(name, str) and self.on_demand is not None:
