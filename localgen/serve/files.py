@@ -166,7 +166,7 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BYTES + FORM_SLACK:
             raise too_big()
-        return JSONResponse(await _upload(request, store))
+        return JSONResponse(await _upload(request, store, read_timeout()))
 
     async def listed(request: Request) -> Response:
         owner()
@@ -208,38 +208,41 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
             raise not_found(ident)
         return JSONResponse({"id": ident, "object": "file", "deleted": True})
 
-    async def _upload(request: Request, store: FileStore) -> dict[str, Any]:
-        from starlette.datastructures import UploadFile
-        from starlette.formparsers import MultiPartException, MultiPartParser
-
-        parser = MultiPartParser(request.headers, _bounded(request, read_timeout()), max_files=1, max_fields=8)
-        try:
-            form = await parser.parse()
-        except MultiPartException as e:
-            raise HTTPError(400, f"the upload is not a valid multipart form: {e.message}", param="file") from None
-        try:
-            file, purpose = form.get("file"), form.get("purpose")
-            if isinstance(file, str):  # a part with no filename (curl's -F 'file=<in.jsonl') is a text field
-                raise HTTPError(400, "the field `file` came as text, with no filename: send it as a file (curl -F "
-                                     "file=@requests.jsonl)", param="file")
-            if not isinstance(file, UploadFile):
-                raise HTTPError(400, "the form has no file: send it as the field `file`", param="file")
-            if purpose not in PURPOSES:
-                raise HTTPError(400, f"purpose must be \"batch\" (got {str(purpose)[:40]!r}): this server keeps "
-                                     "files for the Batch API only", param="purpose")
-            if file.size is not None and file.size > MAX_BYTES:
-                raise too_big()
-            name = os.path.basename(file.filename or "upload.jsonl")[:255]
-            return await asyncio.to_thread(store.add, file.file, name, str(purpose))
-        finally:
-            await form.close()
-
     return [Route("/v1/files", on_disk(create), methods=["POST"]),
             Route("/v1/files", on_disk(listed), methods=["GET"]),
             Route("/v1/files/{id}", on_disk(retrieve), methods=["GET"]),
             Route("/v1/files/{id}", on_disk(delete), methods=["DELETE"]),
             Route("/v1/files/{id}/content", on_disk(content), methods=["GET"])]
 
+
+
+async def _upload(request: Request, store: FileStore, read_timeout: float) -> dict[str, Any]:
+    """An upload's form read within its bounds (a body that stalls past `read_timeout` ends it), its fields
+    checked, and its file added to `store`."""
+    from starlette.datastructures import UploadFile
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    parser = MultiPartParser(request.headers, _bounded(request, read_timeout), max_files=1, max_fields=8)
+    try:
+        form = await parser.parse()
+    except MultiPartException as e:
+        raise HTTPError(400, f"the upload is not a valid multipart form: {e.message}", param="file") from None
+    try:
+        file, purpose = form.get("file"), form.get("purpose")
+        if isinstance(file, str):  # a part with no filename (curl's -F 'file=<in.jsonl') is a text field
+            raise HTTPError(400, "the field `file` came as text, with no filename: send it as a file (curl -F "
+                                 "file=@requests.jsonl)", param="file")
+        if not isinstance(file, UploadFile):
+            raise HTTPError(400, "the form has no file: send it as the field `file`", param="file")
+        if purpose not in PURPOSES:
+            raise HTTPError(400, f"purpose must be \"batch\" (got {str(purpose)[:40]!r}): this server keeps "
+                                 "files for the Batch API only", param="purpose")
+        if file.size is not None and file.size > MAX_BYTES:
+            raise too_big()
+        name = os.path.basename(file.filename or "upload.jsonl")[:255]
+        return await asyncio.to_thread(store.add, file.file, name, str(purpose))
+    finally:
+        await form.close()
 
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
