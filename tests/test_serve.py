@@ -644,6 +644,8 @@ def test_a_null_optional_field_is_the_default(server: Server) -> None:
     ("DELETE", "/v1/chat/completions", 405, "openai"), ("GET", "/v1/responses", 405, "openai"),
     ("POST", "/v1/messages/nothing", 404, "anthropic"), ("GET", "/v1/messages", 405, "anthropic"),
     ("GET", "/api/nothing", 404, "ollama"), ("GET", "/api/chat", 405, "ollama"),
+    ("PUT", "/v1/files", 405, "openai"), ("POST", "/v1/files/file-x", 405, "openai"),
+    ("PUT", "/v1/batches", 405, "openai"), ("POST", "/v1/responses/resp_x", 405, "openai"),
 ])
 def test_unknown_routes_and_methods_answer_in_the_apis_shape(server: Server, method: str, path: str, status: int,
                                                              shape: str) -> None:
@@ -661,6 +663,11 @@ def test_unknown_routes_and_methods_answer_in_the_apis_shape(server: Server, met
         assert doc["error"]["type"] == "invalid_request_error" and doc["error"]["code"] == status
     if status == 405:
         assert r.headers["allow"] and r.headers["allow"] in message
+        # every method the path takes, not only the first route's
+        takes = {"/v1/files": {"GET", "POST"}, "/v1/files/file-x": {"GET", "DELETE"}, "/v1/batches": {"GET", "POST"},
+                 "/v1/responses/resp_x": {"GET", "DELETE"}}.get(path)
+        if takes is not None:
+            assert takes <= {m.strip() for m in r.headers["allow"].split(",")}, r.headers["allow"]
 
 
 def test_anthropic_json_output_follows_the_schema(server: Server) -> None:
