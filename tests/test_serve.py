@@ -816,3 +816,30 @@ def test_ps_against_a_server_with_a_key(server: Server, cli: CLI) -> None:
     assert r.returncode == 0 and "smollm2:135m" in r.stdout, r.stderr
     keyed = CLI({**cli.env, "LOCALGEN_API_KEY": KEY})("ps", "--port", port, "--json")
     assert keyed.returncode == 0 and json.loads(keyed.stdout)[0]["name"] == "smollm2:135m", keyed.stderr
+
+
+def _raw(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """One request over a bare socket, read to the server's close: the response's head and body as sent."""
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.lower(), body
+
+
+def test_an_http_1_0_client_gets_a_stream_whole_with_its_length_not_in_chunks(server: Server) -> None:
+    """HTTP/1.0 has no chunked encoding: a streamed answer to a 1.0 request comes whole, with Content-Length,
+    its events as a 1.1 client reads them; a 1.1 request still streams in chunks."""
+    body = json.dumps({"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 3, "stream": True,
+                       "temperature": 0}).encode()
+    asks = {version: (f"POST /v1/completions HTTP/{version}\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                      ).encode() + body for version in ("1.0", "1.1")}
+    head, got = _raw(server.port, asks["1.0"])
+    assert head.split(b"\r\n")[0].endswith(b" 200 ok") and b"transfer-encoding" not in head, head
+    assert f"content-length: {len(got)}".encode() in head.split(b"\r\n"), head
+    assert got.startswith(b"data: {") and got.rstrip().endswith(b"data: [DONE]"), got[:200]
+    head, got = _raw(server.port, asks["1.1"])
+    assert b"transfer-encoding: chunked" in head and b"content-length" not in head, head
