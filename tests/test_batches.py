@@ -614,3 +614,29 @@ def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_p
     ended = asyncio.run(both())
     assert sent["a"] < ended <= sent["b"], (sent, ended)
     desk.release()
+
+
+def test_files_and_batches_of_the_same_second_list_in_the_order_made(tmp_path: Path) -> None:
+    """docs/batch.md: both lists are newest first, also for files and batches made within one second (a script's
+    burst of uploads), and still so after a restart; a batch's results list after its input."""
+    import io
+
+    from localgen.serve import batches, files
+
+    desk = batches.Desk(tmp_path, clock=lambda: 1_800_000_000.0)  # one second for all
+    desk.owner()
+    uploaded = [desk.files.add(io.BytesIO(_jsonl([_line("a", _chat(1))])), f"{i}.jsonl", "batch")["id"]
+                for i in range(8)]
+    docs = [desk.create(ident, "/v1/chat/completions", "24h", None) for ident in uploaded]
+    doc = docs[0]
+    desk.validate(doc)
+    desk.progress[doc["id"]].write({"id": "batch_req_0", "custom_id": "a", "response": {"status_code": 200}}, True)
+    desk.progress[doc["id"]].count({"custom_id": "a"}, True)
+    desk.finish(doc)
+    assert [d["id"] for d in desk.files.listed()] == [*uploaded, doc["output_file_id"]]
+    assert files.page(list(reversed(desk.files.listed())), uploaded[5], 2)["data"][1]["id"] == uploaded[3]
+    desk.release()
+    again = batches.Desk(tmp_path, clock=lambda: 1_800_000_000.0)
+    again.owner()
+    assert list(again.batches or {}) == [d["id"] for d in docs]
+    again.release()

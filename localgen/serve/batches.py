@@ -21,7 +21,6 @@ import hashlib
 import itertools
 import json
 import os
-import secrets
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -321,7 +320,7 @@ class Desk:
 
     def create(self, input_file_id: str, endpoint: str, window: str, metadata: Any) -> dict[str, Any]:
         """A new batch, `validating`, made durable before anything else (the caller lists it)."""
-        ident = f"batch_{secrets.token_hex(12)}"
+        ident = files.new_id("batch_")  # in order of creation: listed so after a restart too
         doc = {"id": ident, "object": "batch", "endpoint": endpoint, "errors": None, "input_file_id": input_file_id,
                "completion_window": window, "status": "validating", "output_file_id": None, "error_file_id": None,
                "created_at": self.now(), "in_progress_at": None, "expires_at": None, "finalizing_at": None,
@@ -363,7 +362,10 @@ class Desk:
         for key, name, what, count in (("output_file_id", "output.jsonl", "output", progress.completed),
                                        ("error_file_id", "errors.jsonl", "error", progress.failed)):
             if count:
-                ident = "file-" + hashlib.sha256(f"{doc['id']}:{what}".encode()).hexdigest()[:24]
+                # the same id when run again after a crash: its time is the results' last write (files list by id
+                # within a second), then a digest of the batch's id
+                written = (folder / name).stat().st_mtime_ns
+                ident = f"file-{written:016x}" + hashlib.sha256(f"{doc['id']}:{what}".encode()).hexdigest()[:8]
                 self.files.adopt(folder / name, ident, f"{doc['id']}_{what}.jsonl", "batch_output")
                 doc[key] = ident
         ended = {**doc, **({"status": "cancelled", "cancelled_at": self.now()} if cancelled else

@@ -56,6 +56,17 @@ def write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
+_last_ns = 0
+
+
+def new_id(prefix: str) -> str:
+    """A new id of 24 hex digits after `prefix`, in the order ids are made: its time in ns (one more than the last
+    id's where the clock has not moved on), then random ones. Lists sort objects of the same second by id."""
+    global _last_ns
+    _last_ns = max(time.time_ns(), _last_ns + 1)
+    return f"{prefix}{_last_ns:016x}{secrets.token_hex(4)}"
+
+
 class FileStore:
     """Files by id: their bytes and their FileObject, in one folder."""
 
@@ -84,7 +95,7 @@ class FileStore:
 
     def add(self, source: IO[bytes], filename: str, purpose: str, ident: str | None = None) -> dict[str, Any]:
         """Copy `source` in as a new file (or as `ident`), its bytes first, then its FileObject."""
-        ident = ident or f"file-{secrets.token_hex(12)}"
+        ident = ident or new_id("file-")
         folder = self._folder()
         target = folder / f"{ident}.jsonl"
         tmp = folder / f".{ident}.{os.getpid()}.tmp"
