@@ -640,3 +640,43 @@ def test_files_and_batches_of_the_same_second_list_in_the_order_made(tmp_path: P
     again.owner()
     assert list(again.batches or {}) == [d["id"] for d in docs]
     again.release()
+
+
+def test_a_batch_whose_input_is_gone_fails_and_the_next_runs(tmp_path: Path) -> None:
+    """A running batch whose input file was removed (by hand, to free a full disk; or a DELETE that raced its
+    creation) ends `failed` with `file_not_found`, keeping what it answered, and the batches after it still run:
+    the runner does not stop for good (it did, at every start)."""
+    import asyncio
+    import io
+    from types import SimpleNamespace
+
+    from localgen.serve import batches
+    from localgen.serve.batchrun import Runner
+
+    desk = batches.Desk(tmp_path)
+    desk.owner()
+    assert desk.batches is not None
+    docs = []
+    for i in range(2):
+        upload = desk.files.add(io.BytesIO(_jsonl([_line("a", _chat(1)), _line("b", _chat(2))])), "in.jsonl", "batch")
+        doc = desk.batches[f"b{i}"] = desk.create(upload["id"], "/v1/chat/completions", "24h", None)
+        desk.validate(doc)
+        for custom_id in ("a", "b"):  # answered already: the runner need send nothing
+            record = {"id": "batch_req_0", "custom_id": custom_id, "error": None, "response": {"status_code": 200}}
+            desk.progress[doc["id"]].write(record, True)
+            desk.progress[doc["id"]].count(record, True)
+            if i == 0:
+                break
+        docs.append(doc)
+    desk.files.content(docs[0]["input_file_id"]).unlink()
+    logged: list[str] = []
+    state = SimpleNamespace(workers={}, on_demand=None, meant=lambda name: name)
+    ended = lambda: all(d["status"] not in batches.RUNNING for d in docs)  # noqa: E731
+    runner = Runner(desk, state, None, None, ended, 2, logged.append)  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(runner.serve(), 60))
+    assert not logged, logged
+    assert docs[0]["status"] == "failed" and docs[0]["failed_at"] and docs[0]["output_file_id"]
+    assert [e["code"] for e in docs[0]["errors"]["data"]] == ["file_not_found"]
+    assert docs[0]["request_counts"] == {"total": 2, "completed": 1, "failed": 0}
+    assert docs[1]["status"] == "completed" and docs[1]["request_counts"]["completed"] == 2
+    desk.release()

@@ -335,8 +335,7 @@ class Desk:
         """Check a `validating` batch's input: `in_progress` with its count, or `failed` with its faults."""
         source = self.files.content(doc["input_file_id"])
         if not source.exists():
-            total, model, errors = 0, None, [{"code": "file_not_found", "line": None, "param": "input_file_id",
-                                               "message": f"The input file {doc['input_file_id']} was deleted."}]
+            total, model, errors = 0, None, [input_gone(doc)]
         else:
             total, model, errors = validate(source, doc["endpoint"], self.max_line)
         doc["request_counts"] = {"total": total, "completed": 0, "failed": 0}
@@ -352,9 +351,11 @@ class Desk:
 
     def finish(self, doc: dict[str, Any]) -> None:
         """End a batch whose lines are done (or were cancelled): `finalizing`, its results as files, then
-        `completed` or `cancelled`. Run again after a crash, it ends the same way."""
+        `completed` or `cancelled` (or `failed`, with its `errors`, when its input went missing). Run again after a
+        crash, it ends the same way."""
         cancelled = doc["status"] == "cancelling"
-        if doc["status"] == "in_progress":
+        failed = not cancelled and doc.get("errors") is not None  # its input went missing (serve/batchrun.py)
+        if doc["status"] == "in_progress" and not failed:
             doc.update(status="finalizing", finalizing_at=self.now())
             self.save(doc)
         folder = self.runs / doc["id"]
@@ -369,12 +370,19 @@ class Desk:
                 self.files.adopt(folder / name, ident, f"{doc['id']}_{what}.jsonl", "batch_output")
                 doc[key] = ident
         ended = {**doc, **({"status": "cancelled", "cancelled_at": self.now()} if cancelled else
+                           {"status": "failed", "failed_at": self.now()} if failed else
                            {"status": "completed", "completed_at": self.now()})}
         self.save(ended)  # on disk first: a full disk leaves the batch to end again (serve/batchrun.py)
         doc.update(ended)
         self.progress.pop(doc["id"], None)
         for name in ("output.jsonl", "errors.jsonl"):  # the results' files hold them now, and the object says so
             (folder / name).unlink(missing_ok=True)
+
+
+def input_gone(doc: dict[str, Any]) -> dict[str, Any]:
+    """The fault of a batch whose input file is no longer there, as an entry of errors.data."""
+    return {"code": "file_not_found", "line": None, "param": "input_file_id",
+            "message": f"The input file {doc['input_file_id']} was deleted before the batch's requests ran."}
 
 
 def routes(desk: Desk) -> list[Route]:
