@@ -680,3 +680,31 @@ def test_a_batch_whose_input_is_gone_fails_and_the_next_runs(tmp_path: Path) -> 
     assert docs[0]["request_counts"] == {"total": 2, "completed": 1, "failed": 0}
     assert docs[1]["status"] == "completed" and docs[1]["request_counts"]["completed"] == 2
     desk.release()
+
+
+def test_a_restart_reads_a_large_results_file_a_line_at_a_time(tmp_path: Path) -> None:
+    """docs/batch.md's restart: the answers on disk are counted again (a torn last line dropped) without holding
+    the results file whole: an embeddings batch's output runs to gigabytes. Here 24 MB of answers are read back
+    within a fraction of their size."""
+    import tracemalloc
+
+    from localgen.serve import batches
+
+    vector = [0.123456789] * 3000
+    record = {"id": "batch_req_0", "error": None, "response": {"status_code": 200, "request_id": "req_0",
+              "body": {"object": "list", "data": [{"embedding": vector}], "usage": {"prompt_tokens": 5}}}}
+    with open(tmp_path / "output.jsonl", "w") as f:
+        for i in range(600):
+            f.write(json.dumps({**record, "custom_id": f"e{i}"}) + "\n")
+        f.write(json.dumps({**record, "custom_id": "torn"})[:5000])  # cut short by a crash
+    size = (tmp_path / "output.jsonl").stat().st_size
+    assert size > 20 << 20
+    tracemalloc.start()
+    try:
+        progress = batches.Progress.read(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert progress.completed == 600 and "torn" not in progress.done and progress.tokens[0] == 3000
+    assert (tmp_path / "output.jsonl").read_bytes().endswith(b"}\n")
+    assert peak < size // 4, (peak, size)

@@ -22,7 +22,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,26 +142,32 @@ def validate(path: Path, endpoint: str, bound: int = MAX_LINE) -> tuple[int, str
     return min(total, MAX_LINES), model, errors[:MAX_ERRORS]
 
 
-def answered(path: Path) -> list[dict[str, Any]]:
-    """The records of a results file, whole ones only: a line a crash cut short is removed from the file, so the
-    next record starts on a line of its own."""
-    try:
-        with open(path, "rb+") as f:
-            data = f.read()
-            end = data.rfind(b"\n") + 1
-            if end < len(data):
-                f.truncate(end)
-                f.flush()
-                os.fsync(f.fileno())
-    except FileNotFoundError:
-        return []
-    out = []
-    for raw in data[:end].splitlines():
-        with contextlib.suppress(ValueError):
-            doc = json.loads(raw)
-            if isinstance(doc, dict) and isinstance(doc.get("custom_id"), str):
-                out.append(doc)
-    return out
+def answered(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a results file, whole ones only, read one line at a time (an embeddings batch's answers may
+    be gigabytes): a line a crash cut short is first removed from the file, so the next record starts on a line
+    of its own."""
+    if not path.exists():
+        return
+    with open(path, "rb+") as f:
+        size = end = f.seek(0, os.SEEK_END)
+        while end > 0:  # back from the end to the last newline: a torn line is all that follows it
+            step = min(end, 1 << 16)
+            f.seek(end - step)
+            found = f.read(step).rfind(b"\n")
+            if found >= 0:
+                end = end - step + found + 1
+                break
+            end -= step
+        if end < size:
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+        f.seek(0)
+        for raw in f:
+            with contextlib.suppress(ValueError):
+                doc = json.loads(raw)
+                if isinstance(doc, dict) and isinstance(doc.get("custom_id"), str):
+                    yield doc
 
 
 def usage_of(body: Any) -> tuple[int, int, int, int]:
