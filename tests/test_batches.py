@@ -708,3 +708,45 @@ def test_a_restart_reads_a_large_results_file_a_line_at_a_time(tmp_path: Path) -
     assert progress.completed == 600 and "torn" not in progress.done and progress.tokens[0] == 3000
     assert (tmp_path / "output.jsonl").read_bytes().endswith(b"}\n")
     assert peak < size // 4, (peak, size)
+
+
+def test_a_short_write_on_a_full_disk_never_takes_another_answer_with_it(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    """Two of a batch's answers appended at once (--batch-lines 2) while the disk fills: the one whose write
+    stopped short and then failed is taken back whole, and the other's record, written meanwhile, stays whole on
+    its line (it was cut off with the failed one, or split around its rest)."""
+    import contextlib
+    import errno
+    import os
+    import threading
+
+    from localgen.serve import batches
+
+    progress = batches.Progress(tmp_path)
+    real = os.write
+    half, other_done = threading.Event(), threading.Event()
+
+    def write(fd: int, data: Any) -> int:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if threading.current_thread().name != "first" or not target.endswith("output.jsonl"):
+            return real(fd, data)
+        if not half.is_set():
+            half.set()
+            return real(fd, bytes(data[: len(data) // 2]))  # a short write
+        other_done.wait(2)  # the other answer goes in meanwhile, unless it must wait for this one
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def answer(custom_id: str) -> None:
+        with contextlib.suppress(OSError):
+            progress.write({"id": "batch_req_0", "custom_id": custom_id, "response": {"status_code": 200}}, True)
+
+    monkeypatch.setattr(os, "write", write)
+    one = threading.Thread(target=answer, args=("a",), name="first")
+    one.start()
+    half.wait(30)
+    two = threading.Thread(target=lambda: (answer("b"), other_done.set()))
+    two.start()
+    one.join(30)
+    two.join(30)
+    monkeypatch.undo()
+    assert [json.loads(line)["custom_id"] for line in (tmp_path / "output.jsonl").read_bytes().splitlines()] == ["b"]

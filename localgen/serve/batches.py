@@ -21,6 +21,7 @@ import hashlib
 import itertools
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -200,6 +201,7 @@ class Progress:
     completed: int = 0
     failed: int = 0
     tokens: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # input, cached, output, reasoning
+    appending: threading.Lock = field(default_factory=threading.Lock)  # one write() at a time: see there
 
     @classmethod
     def read(cls, folder: Path) -> Progress:
@@ -222,10 +224,14 @@ class Progress:
 
     def write(self, record: dict[str, Any], ok: bool) -> None:
         """One answered request, appended to its file and synced (in a thread: it waits for the disk); then
-        count() it."""
+        count() it. The batch's requests end in threads of their own: one appends at a time, so a short write's
+        rest cannot land after another's record, nor a full disk's truncation take another's record with it."""
         line = (json.dumps(record) + "\n").encode()  # ASCII: a custom_id's lone surrogate stays an escape
-        fd = os.open(self.folder / ("output.jsonl" if ok else "errors.jsonl"),
-                     os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with self.appending:
+            self._append("output.jsonl" if ok else "errors.jsonl", line)
+
+    def _append(self, name: str, line: bytes) -> None:
+        fd = os.open(self.folder / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             start = os.fstat(fd).st_size
             try:
