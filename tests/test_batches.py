@@ -750,3 +750,34 @@ def test_a_short_write_on_a_full_disk_never_takes_another_answer_with_it(monkeyp
     two.join(30)
     monkeypatch.undo()
     assert [json.loads(line)["custom_id"] for line in (tmp_path / "output.jsonl").read_bytes().splitlines()] == ["b"]
+
+
+def test_what_a_crash_left_half_written_is_swept_at_the_next_start(tmp_path: Path) -> None:
+    """An upload killed while it was copied in (its temporary file, up to 200 MB, listed nowhere), a delete cut
+    between its two unlinks, an object whose rename never came: the next server to hold the batches removes them;
+    the files and batches that were whole stay, and the batch still running ends with its answers."""
+    import io
+
+    from localgen.serve import batches
+
+    desk = batches.Desk(tmp_path)
+    desk.owner()
+    kept = desk.files.add(io.BytesIO(_jsonl([_line("a", _chat(1))])), "in.jsonl", "batch")
+    doc = desk.create(kept["id"], "/v1/chat/completions", "24h", None)
+    desk.validate(doc)
+    record = {"id": "batch_req_0", "custom_id": "a", "error": None, "response": {"status_code": 200}}
+    desk.progress[doc["id"]].write(record, True)
+    desk.release()
+    files_dir, run = tmp_path / "files", tmp_path / "runs" / doc["id"]
+    left = [files_dir / ".file-0123456789abcdef01234567.4242.tmp", files_dir / ".file-x.json.0a1b2c.tmp",
+            files_dir / "file-0123456789abcdef01234567.jsonl", run / ".batch.json.0a1b2c.tmp"]
+    for path in left:
+        path.write_bytes(b"{}\n" * 1000)
+    again = batches.Desk(tmp_path)
+    again.owner()
+    assert [p for p in left if p.exists()] == []
+    assert again.files.content(kept["id"]).read_bytes() == _jsonl([_line("a", _chat(1))])
+    assert again.batches is not None and again.batches[doc["id"]]["status"] == "in_progress"
+    again.finish(again.batches[doc["id"]])
+    assert again.files.content(again.batches[doc["id"]]["output_file_id"]).read_bytes().count(b"\n") == 1
+    again.release()

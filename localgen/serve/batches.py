@@ -288,7 +288,11 @@ class Desk:
                                  "folder: send batches and files to that server", "server_error") from None
         self._lock = lock
         self.batches = {}
+        self.files.sweep()
         for folder in self.runs.glob("batch_*") if self.runs.is_dir() else []:
+            for left in folder.glob(".*.tmp"):  # an object a crash left half-written (its rename never came)
+                with contextlib.suppress(OSError):
+                    left.unlink()
             with contextlib.suppress(OSError, ValueError):
                 doc = json.loads((folder / "batch.json").read_bytes())
                 if doc.get("status") in RUNNING:

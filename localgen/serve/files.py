@@ -9,6 +9,7 @@ parser, never held in memory whole. What its lines hold is checked when a batch 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import json
@@ -146,6 +147,22 @@ class FileStore:
             return []
         found = [d for p in self.root.glob("file-*.json") if (d := self.get(p.stem)) is not None]
         return sorted(found, key=lambda d: (d["created_at"], d["id"]))
+
+    def sweep(self) -> None:
+        """Remove what a crash left behind, unlisted and unseen: temporary files (an upload cut short, up to its
+        200 MB), and bytes whose object was never written or was deleted first (an upload not answered yet, a
+        delete half done, a batch's results: its batch, not ended yet, takes them again). Only for the server
+        that holds the folder, before it writes there."""
+        try:
+            found = list(self.root.iterdir())
+        except OSError:  # none yet, or not readable: nothing to sweep
+            return
+        for path in found:
+            left = path.name.startswith(".") and path.name.endswith(".tmp")
+            orphan = path.suffix == ".jsonl" and _ID.fullmatch(path.stem) and not path.with_suffix(".json").exists()
+            if left or orphan:
+                with contextlib.suppress(OSError):  # a folder that cannot be written: left for a later start
+                    path.unlink()
 
     def delete(self, ident: str) -> bool:
         """Forget a file: its FileObject first (it is unlisted at once), then its bytes."""
