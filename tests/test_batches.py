@@ -91,11 +91,13 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
     client = _client(server)
     odd = {**_chat(4), "messages": [{"role": "user", "content": "\ud800"}]}  # a lone surrogate: the route's 400
     bodies = {"one": _chat(1), "two": _chat(2), "lost": _chat(3, model="no-such-model"), "odd\ud800": odd}
+    hour = {"anchor": "created_at", "seconds": 3600}  # accepted, and ignored: nothing expires here
     upload = client.files.create(file=("chat.jsonl", _jsonl([_line(k, b) for k, b in bodies.items()])),
-                                 purpose="batch")
+                                 purpose="batch", expires_after=hour)  # type: ignore[arg-type]
     assert upload.purpose == "batch" and upload.bytes > 100 and upload.filename == "chat.jsonl"
+    assert upload.expires_at is None
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                  metadata={"job": "nightly"})
+                                  metadata={"job": "nightly"}, output_expires_after=hour)  # type: ignore[arg-type]
     assert batch.status == "in_progress" and batch.request_counts.total == 4 and batch.metadata == {"job": "nightly"}
     batch = _finished(client, batch.id)
     assert batch.status == "completed" and batch.model == MODEL
