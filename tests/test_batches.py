@@ -783,3 +783,72 @@ def test_what_a_crash_left_half_written_is_swept_at_the_next_start(tmp_path: Pat
     again.finish(again.batches[doc["id"]])
     assert again.files.content(again.batches[doc["id"]]["output_file_id"]).read_bytes().count(b"\n") == 1
     again.release()
+
+
+def test_the_runner_leaves_a_batch_to_the_request_that_validates_it(tmp_path: Path) -> None:
+    """A batch is listed (`validating`) while POST /v1/batches checks its file; a runner that wakes meanwhile (a
+    batch before it ended, another was created or cancelled) must not check and run it too: that ran its lines
+    twice, and the second check set an ended batch back to `in_progress` with counts of nothing."""
+    import asyncio
+    import io
+    import threading
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+
+    from localgen.serve import batches
+    from localgen.serve.batchrun import Runner
+
+    desk = batches.Desk(tmp_path)
+    desk.owner()
+    upload = desk.files.add(io.BytesIO(_jsonl([_line(f"v{i}", _chat(i)) for i in range(3)])), "in.jsonl", "batch")
+    routes = Starlette(routes=batches.routes(desk))
+    sent: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
+            sent.append(scope["path"])
+        await routes(scope, receive, send)  # a chat request: a 404 here, an error line of the batch
+
+    checking, release = threading.Event(), threading.Event()
+    validate = desk.validate
+
+    def slow(doc: dict[str, Any]) -> None:
+        if not checking.is_set():  # the request's own check waits until the runner has woken
+            checking.set()
+            release.wait(30)
+        validate(doc)
+
+    desk.validate = slow  # type: ignore[method-assign]
+    state = SimpleNamespace(workers={}, on_demand=None, meant=lambda name: name)
+    stop = False
+    runner = Runner(desk, state, app, None, lambda: stop, 1, print)  # type: ignore[arg-type]
+
+    async def scenario() -> dict[str, Any]:
+        nonlocal stop
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
+            made = asyncio.create_task(c.post("/v1/batches", json={
+                "input_file_id": upload["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}))
+            while not checking.is_set():
+                await asyncio.sleep(0.01)
+            running = asyncio.create_task(runner.serve())
+            desk.wake.set()
+            for _ in range(50):  # the runner's turn: it finds the batch listed, `validating`
+                await asyncio.sleep(0.02)
+            release.set()
+            doc = (await made).json()
+            while (doc := (await c.get(f"/v1/batches/{doc['id']}")).json())["status"] in batches.RUNNING:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)  # nothing sets it back
+            doc = (await c.get(f"/v1/batches/{doc['id']}")).json()
+            stop = True
+            desk.wake.set()
+            await asyncio.wait_for(running, 30)
+            return doc
+
+    doc = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert doc["status"] == "completed" and doc["request_counts"] == {"total": 3, "completed": 0, "failed": 3}, doc
+    assert len(sent) == 3
+    errors = desk.files.content(doc["error_file_id"]).read_bytes().splitlines()
+    assert sorted(json.loads(line)["custom_id"] for line in errors) == ["v0", "v1", "v2"]
+    desk.release()

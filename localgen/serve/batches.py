@@ -265,6 +265,7 @@ class Desk:
         self.files = files.FileStore(self.root / "files", clock)
         self.batches: dict[str, dict[str, Any]] | None = None  # by id, in order of creation; None: not owned yet
         self.progress: dict[str, Progress] = {}
+        self.checking: set[str] = set()  # the batches POST /v1/batches is validating: the runner leaves them be
         self.wake = asyncio.Event()
         self.read_timeout = DEFAULT_READ_TIMEOUT_S  # serve --read-timeout, for an upload's parts
         self.max_line = MAX_LINE  # serve --max-body: a longer line could not be sent, and is not read whole
@@ -323,8 +324,9 @@ class Desk:
         files.write_atomic(self.runs / doc["id"] / "batch.json", json.dumps(doc).encode())
 
     def next(self) -> dict[str, Any] | None:
-        """The oldest batch not ended, or None."""
-        return next((d for d in (self.batches or {}).values() if d["status"] in RUNNING), None)
+        """The oldest batch not ended and not being validated by its request, or None."""
+        return next((d for d in (self.batches or {}).values()
+                     if d["status"] in RUNNING and d["id"] not in self.checking), None)
 
     def in_use(self, file_id: str) -> str | None:
         """The running batch that reads this file, if one does."""
@@ -436,9 +438,13 @@ def routes(desk: Desk) -> list[Route]:
             raise HTTPError(400, f"{file_id} has purpose {known['purpose']!r}: a batch's input needs a file uploaded "
                                  "with purpose \"batch\"", param="input_file_id")
         doc = await asyncio.to_thread(desk.create, file_id, str(endpoint), str(window), body.get("metadata"))
+        desk.checking.add(doc["id"])
         owned()[doc["id"]] = doc  # listed from now on (the table changes on the event loop only)
-        await asyncio.to_thread(desk.validate, doc)
-        desk.wake.set()
+        try:
+            await asyncio.to_thread(desk.validate, doc)
+        finally:  # checked, or a fault: the runner takes it from here (and checks it again if need be)
+            desk.checking.discard(doc["id"])
+            desk.wake.set()
         return JSONResponse(doc)
 
     async def listed(request: Request) -> Response:
