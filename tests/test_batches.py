@@ -463,10 +463,10 @@ def test_a_crash_while_finalizing_keeps_every_answer(monkeypatch: pytest.MonkeyP
         progress.count(record, True)
     save = first.save
 
-    def dies(d: dict[str, Any]) -> None:
-        if d["status"] == "completed":
+    def dies(d: dict[str, Any], **changes: Any) -> None:
+        if changes.get("status", d["status"]) == "completed":
             raise RuntimeError("killed")
-        save(d)
+        save(d, **changes)
 
     monkeypatch.setattr(first, "save", dies)
     with pytest.raises(RuntimeError):
@@ -851,4 +851,39 @@ def test_the_runner_leaves_a_batch_to_the_request_that_validates_it(tmp_path: Pa
     assert len(sent) == 3
     errors = desk.files.content(doc["error_file_id"]).read_bytes().splitlines()
     assert sorted(json.loads(line)["custom_id"] for line in errors) == ["v0", "v1", "v2"]
+    desk.release()
+
+
+def test_a_slow_save_never_lands_after_a_later_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A batch's object is saved from threads (a cancel's request, the runner's end of the batch): one that was
+    slow to reach the disk landed after a later one, and left `batch.json` saying `cancelling` for a batch that
+    had ended, which the next start ended again with counts of nothing. Saves now land in the order made."""
+    import io
+    import threading
+
+    from localgen.serve import batches, files
+
+    desk = batches.Desk(tmp_path)
+    desk.owner()
+    upload = desk.files.add(io.BytesIO(_jsonl([_line("a", _chat(1))])), "in.jsonl", "batch")
+    doc = desk.create(upload["id"], "/v1/chat/completions", "24h", None)
+    desk.validate(doc)
+    real, slow = files.write_atomic, threading.Event()
+
+    def write_atomic(path: Path, data: bytes) -> None:
+        if threading.current_thread().name == "cancel":
+            slow.wait(2)  # a disk slow for this one
+        real(path, data)
+
+    monkeypatch.setattr(files, "write_atomic", write_atomic)
+    doc.update(status="cancelling", cancelling_at=desk.now())
+    cancel = threading.Thread(target=desk.save, args=(doc,), name="cancel")
+    cancel.start()
+    end = threading.Thread(target=desk.finish, args=(doc,))
+    end.start()
+    end.join(30)
+    slow.set()
+    cancel.join(30)
+    assert doc["status"] == "cancelled"
+    assert json.loads((tmp_path / "runs" / doc["id"] / "batch.json").read_bytes())["status"] == "cancelled"
     desk.release()

@@ -270,6 +270,7 @@ class Desk:
         self.read_timeout = DEFAULT_READ_TIMEOUT_S  # serve --read-timeout, for an upload's parts
         self.max_line = MAX_LINE  # serve --max-body: a longer line could not be sent, and is not read whole
         self._lock: Any = None
+        self._saving = threading.Lock()
 
     @property
     def runs(self) -> Path:
@@ -317,11 +318,15 @@ class Desk:
                     return True
         return False
 
-    def save(self, doc: dict[str, Any]) -> None:
-        """A batch's object, written atomically (its counts brought up to date first)."""
-        if doc["id"] in self.progress:
-            self.progress[doc["id"]].shown(doc)
-        files.write_atomic(self.runs / doc["id"] / "batch.json", json.dumps(doc).encode())
+    def save(self, doc: dict[str, Any], **changes: Any) -> None:
+        """A batch's object, written atomically (its counts brought up to date first), with `changes` made to it
+        once they are on disk. Saves come from threads (a cancel's request, the runner): one at a time, each of
+        the object as it is then, so a slow one never lands after a later one."""
+        with self._saving:
+            if doc["id"] in self.progress:
+                self.progress[doc["id"]].shown(doc)
+            files.write_atomic(self.runs / doc["id"] / "batch.json", json.dumps({**doc, **changes}).encode())
+            doc.update(changes)
 
     def next(self) -> dict[str, Any] | None:
         """The oldest batch not ended and not being validated by its request, or None."""
@@ -387,11 +392,10 @@ class Desk:
                 ident = f"file-{written:016x}" + hashlib.sha256(f"{doc['id']}:{what}".encode()).hexdigest()[:8]
                 self.files.adopt(folder / name, ident, f"{doc['id']}_{what}.jsonl", "batch_output")
                 doc[key] = ident
-        ended = {**doc, **({"status": "cancelled", "cancelled_at": self.now()} if cancelled else
-                           {"status": "failed", "failed_at": self.now()} if failed else
-                           {"status": "completed", "completed_at": self.now()})}
-        self.save(ended)  # on disk first: a full disk leaves the batch to end again (serve/batchrun.py)
-        doc.update(ended)
+        ended = ({"status": "cancelled", "cancelled_at": self.now()} if cancelled else
+                 {"status": "failed", "failed_at": self.now()} if failed else
+                 {"status": "completed", "completed_at": self.now()})
+        self.save(doc, **ended)  # on disk first: a full disk leaves the batch to end again (serve/batchrun.py)
         self.progress.pop(doc["id"], None)
         for name in ("output.jsonl", "errors.jsonl"):  # the results' files hold them now, and the object says so
             (folder / name).unlink(missing_ok=True)
