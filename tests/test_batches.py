@@ -887,3 +887,30 @@ def test_a_slow_save_never_lands_after_a_later_one(monkeypatch: pytest.MonkeyPat
     assert doc["status"] == "cancelled"
     assert json.loads((tmp_path / "runs" / doc["id"] / "batch.json").read_bytes())["status"] == "cancelled"
     desk.release()
+
+
+def test_a_batch_refused_for_a_full_disk_is_not_made(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """POST /v1/batches whose check could not be saved (a disk that filled meanwhile) answers 507, and the batch is
+    not made: it was listed, `validating`, and ran later beside the one the client sent again."""
+    import errno
+
+    from starlette.testclient import TestClient
+
+    from localgen.serve import batches
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    def full(self: batches.Desk, doc: dict[str, Any]) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    monkeypatch.setattr(batches.Desk, "validate", full)
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))
+    upload = client.post("/v1/files", files={"file": ("in.jsonl", _jsonl([_line("a", _chat(1))]))},
+                         data={"purpose": "batch"}).json()
+    r = client.post("/v1/batches", json={"input_file_id": upload["id"], "endpoint": "/v1/chat/completions",
+                                         "completion_window": "24h"})
+    assert r.status_code == 507 and "cannot be written" in r.json()["error"]["message"], r.text
+    assert client.get("/v1/batches").json()["data"] == []
+    assert list((tmp_path / "data" / "batches" / "runs").iterdir()) == []

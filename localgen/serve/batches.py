@@ -21,6 +21,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -354,6 +355,11 @@ class Desk:
         self.save(doc)
         return doc
 
+    def forget(self, ident: str) -> None:
+        """Remove a batch that was not made after all (its folder, so a later start does not run it)."""
+        self.progress.pop(ident, None)
+        shutil.rmtree(self.runs / ident, ignore_errors=True)
+
     def validate(self, doc: dict[str, Any]) -> None:
         """Check a `validating` batch's input: `in_progress` with its count, or `failed` with its faults."""
         source = self.files.content(doc["input_file_id"])
@@ -446,7 +452,11 @@ def routes(desk: Desk) -> list[Route]:
         owned()[doc["id"]] = doc  # listed from now on (the table changes on the event loop only)
         try:
             await asyncio.to_thread(desk.validate, doc)
-        finally:  # checked, or a fault: the runner takes it from here (and checks it again if need be)
+        except OSError:  # its 507 (a full disk) says nothing was made: a client that sends it again makes one batch
+            owned().pop(doc["id"], None)
+            await asyncio.to_thread(desk.forget, doc["id"])
+            raise
+        finally:  # checked: the runner takes it from here
             desk.checking.discard(doc["id"])
             desk.wake.set()
         return JSONResponse(doc)
