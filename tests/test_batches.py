@@ -915,3 +915,30 @@ def test_a_batch_refused_for_a_full_disk_is_not_made(monkeypatch: pytest.MonkeyP
     assert r.status_code == 507 and "cannot be written" in r.json()["error"]["message"], r.text
     assert client.get("/v1/batches").json()["data"] == []
     assert list((tmp_path / "data" / "batches" / "runs").iterdir()) == []
+
+
+def test_a_clean_up_loop_that_deletes_while_it_pages_deletes_every_file(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    """`for f in client.files.list(limit=2): client.files.delete(f.id)`: the openai client asks for the next page
+    after the last file it was given, which is deleted by then; that page was empty, and the loop stopped after
+    the first page. Both orders; an `after` that names nothing ever listed is still an empty page."""
+    import openai
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    http = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
+    for order in ("desc", "asc"):
+        made = [client.files.create(file=(f"{i}.jsonl", b"{}\n"), purpose="batch").id for i in range(7)]
+        gone = []
+        for f in client.files.list(limit=2, order=order):  # type: ignore[arg-type]
+            client.files.delete(f.id)
+            gone.append(f.id)
+        assert gone == (made[::-1] if order == "desc" else made)
+        assert client.files.list().data == []
+    client.files.create(file=("kept.jsonl", b"{}\n"), purpose="batch")
+    assert http.get("/v1/files", params={"after": "file-" + "f" * 24}).json()["data"] == []  # no time: nothing

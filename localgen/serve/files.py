@@ -33,6 +33,7 @@ MAX_BYTES = 200 * 1024 * 1024  # OpenAI's bound on a batch input file (209,715,2
 FORM_SLACK = 64 * 1024  # what a multipart body may hold besides the file: its boundaries, headers and `purpose`
 PURPOSES = ("batch",)  # what may be uploaded; the batches' results are files of purpose "batch_output"
 _ID = re.compile(r"file-[0-9a-f]{24}")
+_ORDERED = re.compile(r"(?:file-|batch_)([0-9a-f]{16})[0-9a-f]{8}")  # an id new_id made: its time in ns, first
 UPLOADS = ("/v1/files",)  # the gate lets these bodies through unread (serve/guard.py's Policy.uploads)
 MAX_LIST = 10_000  # OpenAI's largest `limit` for GET /v1/files (and its default)
 
@@ -208,7 +209,7 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
         docs = [d for d in docs if purpose is None or d["purpose"] == purpose]
         if order == "desc":
             docs.reverse()
-        return JSONResponse(page(docs, query.get("after"), limit))
+        return JSONResponse(page(docs, query.get("after"), limit, order == "desc"))
 
     async def retrieve(request: Request) -> Response:
         owner()
@@ -343,11 +344,19 @@ def limit_param(text: str | None, default: int, most: int) -> int:
     return int(text)
 
 
-def page(docs: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
-    """OpenAI's cursor page of `docs` (in the order listed): those after the id `after`, at most `limit`."""
+def page(docs: list[dict[str, Any]], after: str | None, limit: int, descending: bool = True) -> dict[str, Any]:
+    """OpenAI's cursor page of `docs` (listed by created_at then id, newest first unless not `descending`): those
+    after the id `after`, at most `limit`. An `after` no longer listed (a file deleted while a client pages through
+    them, as a clean-up loop does) keeps its place by the time its id begins with (new_id)."""
     if after is not None:
         at = next((i for i, d in enumerate(docs) if d["id"] == after), None)
-        docs = docs[at + 1:] if at is not None else []
+        if at is not None:
+            docs = docs[at + 1:]
+        elif (made := _ORDERED.fullmatch(after)) is None or not 1_577_836_800 <= (
+                second := int(made[1], 16) // 1_000_000_000) <= time.time() + 86_400:  # 2020 to now: a time
+            docs = []
+        else:
+            docs = [d for d in docs if ((d["created_at"], d["id"]) < (second, after)) == descending]
     shown = docs[:limit]
     return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
             "last_id": shown[-1]["id"] if shown else None, "has_more": len(docs) > limit}
