@@ -1,0 +1,92 @@
+"""What a newcomer's trial of docs/tutorial.md (followed literally, in order) found the page getting wrong, each
+held here: the scripted chat's answers are capped, `run --continue` after the `--cid` run goes on with the
+colours, `run --file` jobs are not logged, and `localgen serve` alone loads the default model at start."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+from tests.conftest import CLI, InProcessCLI
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "tutorial.md"
+
+
+def words() -> str:
+    return " ".join(PAGE.read_text().split())
+
+
+def section(title: str) -> str:
+    """The text of the tutorial's section whose heading starts with `title`, up to the next heading."""
+    return PAGE.read_text().split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def in_home(cli: CLI, home: Path) -> CLI:
+    """The `cli` fixture in a LOCALGEN_HOME of the test's own: which conversation is the latest is its business."""
+    return CLI({**cli.env, "LOCALGEN_HOME": str(home)})
+
+
+def test_the_scripted_chat_caps_each_answer(cli: CLI, tmp_path: Path) -> None:
+    """tutorial.md, step 4: its scripted chat gives `-n 64`, and each answer stops there. Without it, SmolLM2
+    once repeated its first answer until the 4,096-token window was full (4 min 38 s on 2 busy cores), and the
+    second turn no longer saw the first."""
+    line = next(x for x in section("4.").splitlines() if "| localgen chat" in x)
+    script, command = line.split(" | ", 1)
+    argv = shlex.split(command)
+    assert argv[:2] == ["localgen", "chat"] and "-n" in argv, line
+    cap = int(argv[argv.index("-n") + 1])
+    assert f"`-n {cap}` caps each answer at {cap} tokens, as `/set max_tokens {cap}` does inside a chat" in words()
+    assert "it repeats itself until the context window is full" in words()
+    stdin = shlex.split(script)[1].replace("\\n", "\n")
+    r = in_home(cli, tmp_path)("chat", *argv[2:], "--stats", input=stdin)
+    assert r.returncode == 0, r.stderr
+    footers = [int(m) for m in re.findall(r"^(\d+) tokens · ", r.stderr, re.M)]
+    assert len(footers) == 2 and all(0 < n <= cap for n in footers), r.stderr
+
+
+def test_continue_after_the_cid_run_goes_on_with_the_colours(cli: CLI, tmp_path: Path) -> None:
+    """tutorial.md, step 5, in the page's order: a run about colours, the chat about Ada, `run --cid ID` on the
+    colours; then `run --continue` goes on with the colours (the conversation with the latest exchange), not
+    the chat about Ada, as the page used to say. And the `run --file` job of step 3 is not in the log."""
+    assert ("`run --continue` carries on the conversation with the latest exchange instead: before the `--cid` "
+            "run that was the chat about Ada, and now it is the colours one.") in words()
+    assert "but for a `run --file` job's, whose answers are already in its output" in words()
+    run = in_home(cli, tmp_path)
+    assert run("run", "-p", "Name three colours.", "-n", "2").returncode == 0
+    (tmp_path / "prompts.txt").write_text("Why is the sky blue?\nName a colour.\n")
+    r = run("run", "--file", str(tmp_path / "prompts.txt"), "--json", "-n", "2")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 2, r.stderr
+    assert run("chat", "-n", "2", input="My name is Ada.\nWhat is my name?\n").returncode == 0
+
+    def latest() -> dict[str, str]:
+        return json.loads(run("logs", "-n", "1", "--json").stdout)[0]  # type: ignore[no-any-return]
+
+    ada = latest()["conversation_id"]
+    found = run("logs", "-q", "colours").stdout
+    colours = re.search(r"conversation (\w+)", found)[1]  # type: ignore[index]
+    assert colours != ada
+    assert run("run", "--cid", colours, "And three more.", "-n", "2").returncode == 0
+    assert run("run", "--continue", "And then?", "-n", "2").returncode == 0
+    assert latest()["conversation_id"] == colours
+    prompts = [x["prompt"] for x in json.loads(run("logs", "--cid", colours, "-n", "0", "--json").stdout)]
+    assert prompts == ["Name three colours.", "And three more.", "And then?"], prompts
+    status = run("logs", "status").stdout
+    assert " · 5 exchanges" in status, status  # 1 run, 2 chat turns, --cid, --continue: the --file job's 2 not
+    assert "Name a colour" not in run("logs", "-n", "0").stdout
+
+
+def test_serve_alone_loads_the_default_model_at_start(cli_in_process: InProcessCLI) -> None:
+    """tutorial.md, step 6, says what `localgen serve --help` says: with no -m, smollm2:135m is loaded at start
+    and the others on demand, each unloaded after 5 idle minutes (the page used to say that models load when a
+    request names them). tests/test_doc_examples_run.py's `ps` after the page's `serve` sees SmolLM2 loaded."""
+    text = " ".join(section("6.").split())
+    assert "the default model, loaded at start, and any other once a request names it" in text
+    assert "Each unloads after five idle minutes (`--keep-alive`)" in text
+    cli_in_process.env["COLUMNS"] = "200"
+    help_text = " ".join(cli_in_process("serve", "--help").stdout.replace("│", " ").split())
+    assert "default: smollm2:135m, loaded at start, unpinned" in help_text, help_text
+    assert "--keep-alive TEXT Unload a model after this long idle" in help_text
+    assert "[default: 5m]" in help_text.split("--keep-alive", 1)[1].split("--max-models", 1)[0]
