@@ -146,3 +146,19 @@ def test_resume_brings_back_the_conversation_saved_last(cli: CLI, tmp_path: Path
     assert f"conversation {other} · 2 messages" in shown.stdout + shown.stderr, shown
     shown = run("chat", "--resume", "trip", "-n", "2", input="/show\n")
     assert "conversation trip · 2 messages" in shown.stdout + shown.stderr, shown
+
+
+def test_the_test_command_s_install_is_the_one_the_pages_describe() -> None:
+    """README.md and docs/index.md: `scripts/test` is what `.ci/run` runs, and it installs with the test tools
+    (`install.sh --dev`), which brings Debian's chromium through apt-get (as root, else sudo) where none is: the
+    pages said "with the test tools" only, and a machine without root or sudo fails there."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.rstrip().endswith("exec scripts/test"), ci
+    assert '"$root/scripts/install.sh" --dev' in (ROOT / "scripts" / "test").read_text()
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert '[ "$dev" = 1 ] && [ -z "${LOCALGEN_CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]' in install
+    assert "apt-get install -y -q chromium" in install and "as_root=(sudo)" in install
+    said = "(with the test tools, and Debian's `chromium` through apt-get, as root or with sudo, where no " \
+           "`/usr/bin/chromium` is"
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        assert said in " ".join(page.read_text().split()), page
