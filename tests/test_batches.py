@@ -412,6 +412,7 @@ def test_a_hostile_query_or_a_bare_cancel_gets_a_plain_answer(monkeypatch: pytes
     for path in ("/v1/batches", "/v1/files"):
         r = client.get(path, params={"limit": "\u00b2"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
+    assert client.head("/v1/files").status_code == 200  # HEAD wherever GET is taken, as Starlette's routes do
     r = client.post("/v1/batches/batch_nope/cancel")
     assert r.status_code == 404 and r.json()["error"]["param"] == "batch_id", r.text
     r = client.post("/v1/batches", content=b"{}")  # a route that reads a body still wants JSON's type

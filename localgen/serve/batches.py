@@ -441,8 +441,7 @@ def routes(desk: Desk) -> list[Route]:
         return doc
 
     on_disk = files.on_disk  # a full or read-only data folder: a 507 saying so
-    return [Route("/v1/batches", on_disk(create), methods=["POST"]),
-            Route("/v1/batches", on_disk(listed), methods=["GET"]),
-            Route("/v1/batches/{id}", on_disk(retrieve), methods=["GET"]),
-            Route("/v1/batches/{id}/cancel", on_disk(cancel), methods=["POST"]),
+    return [files.route("/v1/batches", POST=on_disk(create), GET=on_disk(listed)),
+            files.route("/v1/batches/{id}", GET=on_disk(retrieve)),
+            files.route("/v1/batches/{id}/cancel", POST=on_disk(cancel)),
             *files.routes(desk.files, desk.owner, desk.in_use, lambda: desk.read_timeout)]

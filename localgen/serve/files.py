@@ -208,11 +208,21 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
             raise not_found(ident)
         return JSONResponse({"id": ident, "object": "file", "deleted": True})
 
-    return [Route("/v1/files", on_disk(create), methods=["POST"]),
-            Route("/v1/files", on_disk(listed), methods=["GET"]),
-            Route("/v1/files/{id}", on_disk(retrieve), methods=["GET"]),
-            Route("/v1/files/{id}", on_disk(delete), methods=["DELETE"]),
-            Route("/v1/files/{id}/content", on_disk(content), methods=["GET"])]
+    return [route("/v1/files", POST=on_disk(create), GET=on_disk(listed)),
+            route("/v1/files/{id}", GET=on_disk(retrieve), DELETE=on_disk(delete)),
+            route("/v1/files/{id}/content", GET=on_disk(content))]
+
+
+def route(path: str, **by_method: Callable[[Request], Awaitable[Response]]) -> Route:
+    """One route for `path` that hands each method to its handler: one route, not one per method, so that a
+    method it does not take gets a 405 whose `Allow` names every method it does take (Starlette's 405 names only
+    the first route that matched the path)."""
+
+    async def endpoint(request: Request) -> Response:
+        # Starlette lets HEAD through wherever GET is taken
+        return await (by_method.get(request.method) or by_method["GET"])(request)
+
+    return Route(path, endpoint, methods=list(by_method))
 
 
 
