@@ -319,6 +319,23 @@ def test_a_damaged_chat_state_is_not_resumed(env: dict[str, str]) -> None:
     assert not state.exists(), "the damaged state was removed"
 
 
+def test_a_chat_state_too_long_for_a_smaller_window_is_kept_for_a_larger_one(env: dict[str, str]) -> None:
+    """--resume with a window smaller than the conversation's saved KV state cannot load it, but the state is whole:
+    it stays, and --resume with the window that made it restores it (it was removed as if damaged, and the next
+    resume read the whole history again)."""
+    def chat(*args: str, text: str) -> subprocess.CompletedProcess[str]:
+        return CLI(env)("chat", *args, "-n", "6", "--temperature", "0", input=text, timeout=180)
+
+    rivers = "Tell me about rivers: " + "their springs, their valleys, their bridges and their mills. " * 60
+    assert chat("kw", text=f"{rivers}\n").returncode == 0
+    [state] = (Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("kw.*.state")
+    r = chat("--resume", "kw", "--ctx", "512", text="")  # looked in, nothing said
+    assert r.returncode == 0 and "restored" not in r.stderr, r.stderr
+    assert state.exists(), "a whole state that this window cannot hold is not removed"
+    r = chat("--resume", "kw", text="And lakes?\n")
+    assert r.returncode == 0 and "restored the KV state" in r.stderr, r.stderr
+
+
 def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp_path: Path) -> None:
     """chat, as run: a system prompt past 256 tokens is saved by the first chat that starts with it and loaded by
     the next (the same file: a new save would replace it); --no-prompt-cache neither saves nor loads it, and the
