@@ -3,9 +3,10 @@ and its KV state kept on disk, keyed by the engine's identity (model file, KV an
 offload, llama.cpp build) and the exact tokens. Files are written atomically, evicted least-recently-used
 past a size cap (a state larger than the whole cap is not written at all), and each file's name ends with
 the SHA-256 of its bytes: a file is hashed before llama.cpp reads it, and one that does not match its name
-(or a prompt's state that does not load) is removed, never loaded (llama.cpp itself checks only the header and the sizes, so
-flipped KV bytes would load without a word). Chats keep their conversation's state here too, under the
-same identity, so --resume does not re-read the history and never continues from another model's KV. The
+(or a prompt's state that does not load) is removed, never loaded (llama.cpp itself checks only the header
+and the sizes, so flipped KV bytes would load without a word). Chats keep their conversation's state here
+too, under the same identity, so --resume does not re-read the history and never continues from another
+model's KV (a whole state that does not serve this resume stays for a later one: restore_chat). The
 cache is an optimisation only: when it cannot be written, the answer comes all the same."""
 
 from __future__ import annotations
