@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -362,3 +364,30 @@ def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp
     assert kept_at_least({"cached_tokens": cached, "prompt_tokens": prompt}), (prompt, cached)
     assert last_turn(off.stderr)[1] == last_turn(saved.stderr)[1] == 0, "evaluated for the answer: nothing cached"
     assert off.stdout == saved.stdout == hit.stdout and off.stdout.strip()
+
+
+def test_eviction_is_not_upset_by_another_run_evicting_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two runs evicting together: a state the other run removed between this one's listing and its reading of
+    the sizes is no longer counted. It was a FileNotFoundError, which attach_prefix took for an unwritable cache:
+    the state it had just saved was reported `unwritable`, with a warning, and the eviction stopped short."""
+    from localgen.engine import promptcache
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    monkeypatch.setenv(promptcache.CAP_ENV, "2")
+    root = promptcache.cache_root()
+    root.mkdir(parents=True)
+    made = []
+    for i in range(4):  # 1 MiB each, the oldest first
+        path = root / f"{i:064x}.{i:064x}.state"
+        path.write_bytes(b"\0" * (1 << 20))
+        os.utime(path, (1000 + i, 1000 + i))
+        made.append(path)
+    real = Path.rglob
+
+    def listed_then_one_gone(self: Path, pattern: str) -> Iterator[Path]:
+        yield from real(self, pattern)
+        made[1].unlink()  # the other run's eviction, once this one has listed the files
+
+    monkeypatch.setattr(Path, "rglob", listed_then_one_gone)
+    promptcache.evict()
+    assert sorted(p.name for p in root.glob("*.state")) == sorted(p.name for p in made[2:])

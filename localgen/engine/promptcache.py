@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,16 +186,23 @@ def restore_chat(engine: Engine, name: str, conversation_tokens: list[int]) -> i
 
 
 def evict() -> None:
-    """Remove least-recently-used states until the cache is under its cap."""
-    root = cache_root()
-    files = [p for p in root.rglob("*.state") if p.is_file()]
-    total = sum(p.stat().st_size for p in files)
+    """Remove least-recently-used states until the cache is under its cap. Another run may evict at the same
+    moment: a file gone meanwhile is simply no longer counted (it was an OSError that called the state just
+    saved unwritable)."""
+    found: list[tuple[float, int, Path]] = []
+    for p in cache_root().rglob("*.state"):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            if stat.S_ISREG(st.st_mode):
+                found.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in found)
     cap = cap_bytes()
-    for p in sorted(files, key=lambda p: p.stat().st_mtime):
+    for _, size, p in sorted(found):
         if total <= cap:
             break
-        total -= p.stat().st_size
-        p.unlink(missing_ok=True)
+        total -= size
+        with contextlib.suppress(OSError):
+            p.unlink(missing_ok=True)
 
 
 def _reason(e: OSError, path: Path) -> str:
