@@ -329,8 +329,8 @@ def test_a_chat_state_too_long_for_a_smaller_window_is_kept_for_a_larger_one(env
         return CLI(env)("chat", *args, "-n", "6", "--temperature", "0", input=text, timeout=180)
 
     page = " ".join((Path(__file__).parents[1] / "docs" / "caches.md").read_text(encoding="utf-8").split())
-    assert ("and so does a resume with a window too small to hold it, which leaves the state for the next resume with "
-            "a larger one") in page
+    assert ("and so does a resume with a window too small for the state, which leaves it for a larger window until a "
+            "turn of its own saves a newer one") in page
     rivers = "Tell me about rivers: " + "their springs, their valleys, their bridges and their mills. " * 60
     assert chat("kw", text=f"{rivers}\n").returncode == 0
     [state] = (Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("kw.*.state")
