@@ -103,6 +103,24 @@ def test_a_base_url_with_or_without_v1_the_wrong_way_says_which_it_meant(server:
     assert r.status_code == 404 and r.json()["error"]["message"] == "Invalid URL (POST /v1/nothing)", r.text
 
 
+def test_tools_the_agent_does_not_run_itself_are_a_400_naming_their_type(server: Server) -> None:
+    """agents.md: hosted tools (web search) and the Responses API's freeform `custom` tools (Codex's apply_patch)
+    are refused with a 400 that names the tool's type, on both APIs an agent speaks."""
+    page = " ".join(_page("agents.md").split())
+    assert ("Tools that the API's maker runs (web search, file search, code execution) and the Responses API's "
+            "freeform `custom` tools are refused with a `400` that names the tool's type") in page
+    auth = {"Authorization": f"Bearer {KEY}"}
+    function = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}
+    for tool in ({"type": "custom", "name": "apply_patch", "description": "Apply a patch"}, {"type": "web_search"}):
+        r = httpx.post(f"{server.url}/v1/responses", headers=auth, timeout=60, json={
+            "model": "smollm2:135m", "input": "Hi", "max_output_tokens": 2, "tools": [function, tool]})
+        assert r.status_code == 400 and repr(tool["type"]) in r.json()["error"]["message"], r.text
+    r = httpx.post(f"{server.url}/v1/messages", headers=auth, timeout=60, json={
+        "model": "claude-sonnet-4-6", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}]})
+    assert r.status_code == 400 and "web_search_20250305" in r.json()["error"]["message"], r.text
+
+
 def test_the_server_keeps_no_conversation_and_logs_no_text(server: Server, cli_env: dict[str, str]) -> None:
     words = "Remember the word pomegranate."
     r = httpx.post(f"{server.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=300,
