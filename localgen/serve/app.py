@@ -26,6 +26,7 @@ from localgen.fetch import FetchPool
 from localgen.serve import anthropic, batches, batchrun, embeds, listings, manage, ollama, openai, page, responses
 from localgen.serve.apierror import ERROR_EXTRA, HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
+from localgen.serve.http10 import Http10
 from localgen.serve.incoming import INCOMING, Incoming
 from localgen.serve.jobs import INTERNAL, Failed
 from localgen.serve.metrics import Metrics
@@ -108,7 +109,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     app.state.drain = drain
     app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
     app.add_middleware(Gate, policy=policy, routes=routes)  # type: ignore[arg-type]
-    app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]  # outermost: added last
+    app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]
+    app.add_middleware(Http10)  # type: ignore[arg-type]  # outermost (added last): the bytes as they leave
     return app
 
 
