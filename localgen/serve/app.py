@@ -67,7 +67,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         root = next(r for r in routes if r.path == "/")  # Ollama's "is running", for clients that are not browsers
         routes = [*page.routes(root.endpoint), *(r for r in routes if r is not root)]
         policy = dataclasses.replace(policy, open_paths=policy.open_paths + page.ASSETS)
-    metrics = Metrics(state, routes)
+    metrics = Metrics(state, routes, desk)
     routes.append(Route("/metrics", metrics.endpoint))
     state.on_completion = metrics.observe
 
