@@ -331,6 +331,24 @@ def test_a_server_with_another_window_or_slot_count_leaves_the_stored_prefixes(c
     assert "; 1 stored prefix read back" in _log(again) and cached == _kept(prompt, prompt) > 0, _log(again)
 
 
+def test_a_prefix_folder_that_cannot_be_made_is_one_warning_and_serve_answers(cli_env: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    """caches.md: the prompt cache on disk is a cache: when its folder cannot be made (a file in its place, no
+    permission, a read-only disk), serve says so in one warning line and answers without it, as run and chat do
+    (it exited 1 with "cannot write .../serve-prefixes")."""
+    (tmp_path / "home" / "cache").mkdir(parents=True)
+    (tmp_path / "home" / "cache" / "serve-prefixes").write_text("not a folder")
+    s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}, "-np", "1", "--ctx", "1024")
+    try:
+        _turn(s, [], "Hello?")
+    finally:
+        assert s.stop() == 0
+    log = _log(s)
+    said = [line for line in log.splitlines() if "serve-prefixes" in line]
+    assert len(said) == 1 and said[0].startswith("warning: no prompt cache on disk: cannot write"), log
+    assert "no prompt cache on disk ·" in log and "Traceback" not in log, log
+
+
 def test_a_pinned_model_is_unloaded_when_a_client_asks_and_loads_again(cli_env: dict[str, str]) -> None:
     """docs/serve.md, Which models: -m pins a model against eviction (and deletion), not against an explicit unload
     (llama-server's router and Ollama honour one): POST /models/unload and Ollama's keep_alive 0 unload it, with
