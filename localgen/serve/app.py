@@ -116,7 +116,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
 
 @dataclass
 class Front:
-    """What the outermost layer gives each request: the pool that fetches its image URLs, the server's log
+    """What FrontDoor gives each request: the pool that fetches its image URLs, the server's log
     (its access line, and the format: serve/servelog.py), and the metrics that count it."""
 
     pool: FetchPool = field(default_factory=FetchPool)
@@ -136,10 +136,10 @@ SETTLE_S = 5.0  # how long a request whose client left waits for its jobs' count
 
 
 class FrontDoor:
-    """Pure ASGI, outermost: each request's Incoming and Trace (its id: the client's X-Request-Id, sanitized,
-    or a fresh one, sent back as X-Request-Id) in context; when it ends, its count in the metrics by route and
-    status, and its access line (serve/servelog.py): method, path, status, tokens, milliseconds and id, or in
-    JSON also its route, model, cached tokens, time to first token and client."""
+    """Pure ASGI, outside everything but Http10: each request's Incoming and Trace (its id: the client's
+    X-Request-Id, sanitized, or a fresh one, sent back as X-Request-Id) in context; when it ends, its count in the
+    metrics by route and status, and its access line (serve/servelog.py): method, path, status, tokens,
+    milliseconds and id, or in JSON also its route, model, cached tokens, time to first token and client."""
 
     def __init__(self, app: Any, front: Front) -> None:
         self.app = app

@@ -38,6 +38,7 @@ from localgen.serve import files
 from localgen.serve.apierror import HTTPError
 from localgen.serve.jsonbody import read_json
 from localgen.serve.responsestore import check_metadata
+from localgen.serve.routing import by_method
 from localgen.serve.stalls import DEFAULT_READ_TIMEOUT_S
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
@@ -506,7 +507,7 @@ def routes(desk: Desk) -> list[Route]:
         return doc
 
     on_disk = files.on_disk  # a full or read-only data folder: a 507 saying so
-    return [files.route("/v1/batches", POST=on_disk(create), GET=on_disk(listed)),
-            files.route("/v1/batches/{id}", GET=on_disk(retrieve)),
-            files.route("/v1/batches/{id}/cancel", POST=on_disk(cancel)),
+    return [by_method("/v1/batches", POST=on_disk(create), GET=on_disk(listed)),
+            by_method("/v1/batches/{id}", GET=on_disk(retrieve)),
+            by_method("/v1/batches/{id}/cancel", POST=on_disk(cancel)),
             *files.routes(desk.files, desk.owner, desk.in_use, lambda: desk.read_timeout)]
