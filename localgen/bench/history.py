@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,21 +35,44 @@ def db_path() -> Path:
     return paths.data_dir() / "bench.sqlite"
 
 
-def _connect() -> sqlite3.Connection:
+@contextmanager
+def _db() -> Iterator[sqlite3.Connection]:
+    """The history, open; any failure of SQLite's (a full disk, a folder that cannot be written, a damaged file)
+    is one LocalgenError naming the file and the cause."""
     path = db_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        conn = sqlite3.connect(path, timeout=30)
-        conn.executescript(SCHEMA)
-    except sqlite3.DatabaseError as e:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with closing(sqlite3.connect(path, timeout=30)) as conn:
+            conn.executescript(SCHEMA)
+            yield conn
+    except (sqlite3.OperationalError, sqlite3.IntegrityError, OSError) as e:  # it cannot be opened or written here
+        raise LocalgenError(f"the benchmark history {path} cannot be used: {_why(e, path.parent)}",
+                            hint="free some space, or set LOCALGEN_HOME to a data dir that can be written"
+                            ) from None
+    except sqlite3.DatabaseError as e:  # not SQLite, or damaged
         raise LocalgenError(f"the benchmark history {path} is unreadable: {e}",
                             hint="move it aside to start a new one; it is never overwritten") from None
-    return conn
+
+
+def _why(e: sqlite3.Error | OSError, folder: Path) -> str:
+    """SQLite's words, with the cause said where they hide it (a full disk can read "disk I/O error")."""
+    import shutil
+
+    try:
+        if shutil.disk_usage(folder).free < 1 << 20:
+            return f"no space is left on its disk ({_words(e)})"
+    except OSError:
+        pass
+    return _words(e)
+
+
+def _words(e: sqlite3.Error | OSError) -> str:
+    return e.strerror or str(e) if isinstance(e, OSError) else str(e)
 
 
 def start(command: str, system: dict[str, Any]) -> int:
     """Open a run; results are added as they are measured, so an interrupted run keeps what it measured."""
-    with closing(_connect()) as conn, conn:
+    with _db() as conn, conn:
         cur = conn.execute("INSERT INTO runs (created, command, system) VALUES (?, ?, ?)",
                            (time.time(), command, json.dumps(system)))
         return int(cur.lastrowid or 0)
@@ -56,13 +80,13 @@ def start(command: str, system: dict[str, Any]) -> int:
 
 def add(run_id: int, seq: int, record: dict[str, Any]) -> None:
     """Store one result."""
-    with closing(_connect()) as conn, conn:
+    with _db() as conn, conn:
         conn.execute("INSERT INTO results (run_id, seq, record) VALUES (?, ?, ?)", (run_id, seq, json.dumps(record)))
 
 
 def drop(run_id: int) -> None:
     """Forget a run (one stopped before its first result: nothing to keep)."""
-    with closing(_connect()) as conn, conn:
+    with _db() as conn, conn:
         conn.execute("DELETE FROM results WHERE run_id = ?", (run_id,))
         conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 
@@ -76,29 +100,46 @@ class Run:
     command: str
     system: dict[str, Any]
     records: list[dict[str, Any]]
+    damaged: int = 0  # results kept in the file that no longer read as a record (left out of `records`)
 
 
 def runs(limit: int = 50) -> list[Run]:
     """Most recent first."""
-    with closing(_connect()) as conn:
+    with _db() as conn:
         rows = conn.execute(
             "SELECT id, created, command, system FROM runs ORDER BY id DESC LIMIT ?", (limit,)
         ).fetchall()
-        return [Run(i, c, cmd, json.loads(s), _records(conn, i)) for i, c, cmd, s in rows]
+        return [Run(i, c, cmd, _system(s), *_records(conn, i)) for i, c, cmd, s in rows]
 
 
 def get(run_id: int) -> Run:
     """One run, or a clear error."""
-    with closing(_connect()) as conn:
+    with _db() as conn:
         row = conn.execute("SELECT id, created, command, system FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise LocalgenError(f"no benchmark run {run_id}", hint="localgen bench history lists them")
-        return Run(row[0], row[1], row[2], json.loads(row[3]), _records(conn, run_id))
+        return Run(row[0], row[1], row[2], _system(row[3]), *_records(conn, run_id))
 
 
-def _records(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+def _records(conn: sqlite3.Connection, run_id: int) -> tuple[list[dict[str, Any]], int]:
+    """A run's records, and how many of its results no longer read as one (a file damaged or edited by hand):
+    those are left out, so the rest of the run, and every other run, still reads."""
     rows = conn.execute("SELECT record FROM results WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
-    return [json.loads(r[0]) for r in rows]
+    found = [_json(r[0]) for r in rows]
+    records = [r for r in found if isinstance(r, dict)]
+    return records, len(found) - len(records)
+
+
+def _system(text: Any) -> dict[str, Any]:
+    found = _json(text)
+    return found if isinstance(found, dict) else {}
+
+
+def _json(text: Any) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return None
 
 
 def measured(run: Run) -> str | None:
