@@ -224,6 +224,28 @@ def test_fit_prints_the_plan_for_a_described_card(cli_in_process: InProcessCLI,
         assert bad.returncode == 2 and says in bad.stderr, bad.stderr
 
 
+def test_the_pages_example_is_what_fit_prints_for_that_shape(cli_in_process: InProcessCLI,
+                                                               shape_path: Callable[[str], Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/fit.md's Output block, every figure: the command it shows, run on the 30B-A3B shape under the name
+    the page gives it."""
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "fit.md").read_text(encoding="utf-8")
+    block = re.search(r"```console\n\$ localgen ([^\n]+)\n(.*?)```", page, re.S)
+    assert block, "fit.md's console block"
+    args = block.group(1).split()
+    folder = shape_path("moe-30b-a3b").parent / "as-the-page-names-it"
+    folder.mkdir(exist_ok=True)
+    named = folder / "qwen3-30b-a3b.gguf"
+    if not named.exists():
+        named.symlink_to(shape_path("moe-30b-a3b"))
+    monkeypatch.chdir(folder)
+    r = cli_in_process(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == block.group(2)
+
+
 # ---- what fit says of the context, the sizes it takes, a model that is not here -------------------------
 
 
