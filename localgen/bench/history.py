@@ -142,13 +142,16 @@ def _json(text: Any) -> Any:
         return None
 
 
+QUALITY = "quality (PPL and KL divergence: bench --quality)"
+
+
 def measured(run: Run) -> str | None:
     """What a run measured, in words: a quality ladder's figures (bench --quality, quantize --ladder) or speed (t/s:
     llama-bench's tests, or a server's from the client); None for a run without results."""
     if not run.records:
         return None
     if any(r.get("test") == "quality" for r in run.records):
-        return "quality (PPL and KL divergence: bench --quality)"
+        return QUALITY
     return "speed (t/s)"
 
 
@@ -157,11 +160,16 @@ KEY_FIELDS = ("model_filename", "test", "n_threads", "n_gpu_layers", "n_batch", 
 
 
 def compare(a: Run, b: Run) -> list[tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]]:
-    """Pair results of two runs by model file, test and settings: (key, A's record, B's record)."""
+    """Pair results of two runs by model file, test and settings: (key, A's record, B's record). A quality run
+    (bench --quality, quantize --ladder) has one row per file, paired by the file alone: its KL divergence and
+    PPL do not depend on the threads or batch it was timed with."""
     from localgen.bench.records import DEFAULTS
 
+    quality = measured(a) == measured(b) == QUALITY
+    fields = KEY_FIELDS if not quality else KEY_FIELDS[:2]
+
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(r.get(k, DEFAULTS.get(k)) for k in KEY_FIELDS)  # (a run from before a field was kept)
+        return tuple(r.get(k, DEFAULTS.get(k)) for k in fields)  # (a run from before a field was kept)
 
     bmap = {key(r): r for r in b.records}
     out: list[tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]] = []
@@ -169,8 +177,8 @@ def compare(a: Run, b: Run) -> list[tuple[dict[str, Any], dict[str, Any] | None,
     for r in a.records:
         k = key(r)
         seen.add(k)
-        out.append((dict(zip(KEY_FIELDS, k, strict=True)), r, bmap.get(k)))
+        out.append((dict(zip(fields, k, strict=True)), r, bmap.get(k)))
     for r in b.records:
         if key(r) not in seen:
-            out.append((dict(zip(KEY_FIELDS, key(r), strict=True)), None, r))
+            out.append((dict(zip(fields, key(r), strict=True)), None, r))
     return out
