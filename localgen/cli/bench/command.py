@@ -98,9 +98,9 @@ def bench(
                              "--chunks, --kld-bound, one -p, -n, -t and -ngl, -r, -o and --offline")
         _measure_quality(model, quality, n_prompt, n_gen, threads, ngl, measuring.reps, offline, measuring.output)
         return
-    given = [flag for flag, on in (("--ctx", quality.quality_ctx != QUALITY_CTX),
+    given = [flag for flag, on in (("--ctx", quality.quality_ctx is not None),
                                    ("--chunks", quality.chunks is not None),
-                                   ("--kld-bound", quality.kld_bound != KLD_BOUND)) if on]
+                                   ("--kld-bound", quality.kld_bound is not None)) if on]
     if given:  # a speed sweep would ignore them
         raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --quality",
                          hint="add --quality TEXT --reference SOURCE, or leave them out")
@@ -152,11 +152,13 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
     files = [resolve(m, offline=offline) for m in names]
     t = one["--threads"][0] if one["--threads"] else None
     ngl_one = one["--n-gpu-layers"][0] if one["--n-gpu-layers"] else None
-    settings = ms.Settings(ctx=q.quality_ctx, batch=ms.fitting_batch(q.quality_ctx), chunks=q.chunks, threads=t,
+    n_ctx = q.quality_ctx if q.quality_ctx is not None else QUALITY_CTX
+    settings = ms.Settings(ctx=n_ctx, batch=ms.fitting_batch(n_ctx), chunks=q.chunks, threads=t,
                            gpu_layers=ngl_one)
     speed = ladder.Speed(n_prompt=(one["--n-prompt"] or [512])[0], n_gen=(one["--n-gen"] or [128])[0], reps=reps,
                          threads=t)
-    run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound, output)
+    run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound if q.kld_bound is not None
+               else KLD_BOUND, output)
 
 
 def _is_named_endpoint(model: str) -> bool:
