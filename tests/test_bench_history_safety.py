@@ -107,3 +107,31 @@ def test_a_quality_run_whose_history_fills_up_still_prints_its_rows(cli: CLI, tm
     assert lines[-2] == "2 rows measured; 1 of them kept as run 1: localgen bench history 1"
     assert lines[-1].startswith(f"localgen: error: the benchmark history {db} cannot be used: database or disk is "
                                 "full")
+
+
+def test_ctrl_c_after_a_ladders_first_row_prints_and_keeps_it(cli: CLI, tmp_path: Path, smollm2_path: Path) -> None:
+    """bench.md: Ctrl-C prints the rows measured and keeps them, exit status 130; here once the reference's row
+    is in and the next file is being measured."""
+    import shutil
+    import signal
+    import subprocess
+
+    c, _ = _home(cli, tmp_path)
+    other = tmp_path / "copy.gguf"
+    shutil.copyfile(smollm2_path, other)
+    p = c.popen("bench", "-m", str(other), "--quality", "default", "--reference", str(smollm2_path), "-c", "64",
+                "--chunks", "60", "-t", "1", "-p", "0", "-n", "0", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stderr is not None and p.stdout is not None
+    seen = b""
+    while b"measuring copy.gguf" not in seen:
+        line = p.stderr.readline()
+        assert line, f"it ended before it could be stopped: {seen!r}"
+        seen += line
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=120)
+    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    assert rc == 130, err
+    assert [line.split()[0] for line in out.splitlines()[1:-1]] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert err.strip().splitlines()[-1] == "interrupted; the row above was measured and kept (run 1)"
+    kept = c("bench", "history", "1", "-o", "json")
+    assert [row["model"] for row in json.loads(kept.stdout)["rows"]] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]

@@ -49,8 +49,8 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
             err.interrupted("interrupted before the first row: nothing was measured, nothing saved")
             raise typer.Exit(130) from None
         show(found, kld_bound, output, run_id)
-        rows = f"{len(found)} row{'s' if len(found) > 1 else ''}"
-        err.interrupted(f"interrupted; the {rows} above were measured and kept (run {run_id})")
+        rows = "row above was" if len(found) == 1 else f"{len(found)} rows above were"
+        err.interrupted(f"interrupted; the {rows} measured and kept (run {run_id})")
         raise typer.Exit(130) from None
     except LocalgenError:
         view.end()
