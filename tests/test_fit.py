@@ -165,6 +165,23 @@ def test_plans_for_an_8b_dense_model_on_small_and_large_cards(shape_path: Callab
     assert kept.gpu_layers == 10 and kept.ctx == 131072 and kept.load(LoadParams(n_gpu_layers=10)).n_gpu_layers == 10
 
 
+def test_tensor_split_takes_one_proportion_per_gpu_as_llama_cpp_reads_it(shape_path: Callable[[str], Path]) -> None:
+    """fit.md: -ts as run takes it, and run hands it to llama.cpp, which reads one proportion per GPU (a missing one
+    0, one beyond the GPUs not read; all 0: its own split by free memory). A list of another length than the
+    cards was once ignored, and the plan split by the budgets instead."""
+    path = shape_path("dense-8b")
+    cards = (24 * GB, 12 * GB)
+    even = _plan(path, cards, tensor_split=(1.0, 1.0))
+    assert even.layers == (17, 15) and _within_budgets(even)  # llama.cpp counts the output layer in: 33 halves
+    assert _plan(path, cards, tensor_split=(1.0, 1.0, 1.0)).layers == even.layers  # the third not read
+    first = _plan(path, cards, tensor_split=(3.0,))  # (3, 0): every layer on the first card
+    assert first.layers == (32, 0) and [d.device for d in first.footprint.gpus] == ["GPU0"]
+    assert _plan(path, cards, tensor_split=(0.0, 0.0, 1.0)).layers == _plan(path, cards).layers  # all 0 read
+    page = " ".join((Path(__file__).parent.parent / "docs" / "fit.md").read_text(encoding="utf-8").split())
+    assert "or by `-ts`'s proportions, one per GPU as llama.cpp reads them (a missing one is 0, one beyond the GPUs " \
+           "is not read)" in page
+
+
 def test_plans_for_a_30b_moe_put_attention_on_the_gpu_and_experts_in_ram(shape_path: Callable[[str], Path]) -> None:
     path = shape_path("moe-30b-a3b")
     s, w = read_summary(str(path)), footprint.layout(str(path))

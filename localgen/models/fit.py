@@ -206,8 +206,9 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
     gpus = machine.gpus
     patterns = placement.overrides(load.override_tensor, load.cpu_moe, load.n_cpu_moe or 0)
     shares = tuple(float(max(1, machine.gpu_budget(i))) for i in range(len(gpus))) or (1.0,)
-    if load.tensor_split and len(load.tensor_split) == len(gpus):
-        shares = tuple(load.tensor_split)
+    split = tuple(load.tensor_split or ())[:len(gpus)]  # llama.cpp reads one proportion per GPU, a missing one 0
+    if any(split):  # (all 0: its default, by free memory)
+        shares = split + (0.0,) * (len(gpus) - len(split))
     moe = weights.moe and "placement" not in fixed
 
     def fp(ngl: int, ncm: int) -> Footprint:
