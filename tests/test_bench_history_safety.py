@@ -135,3 +135,37 @@ def test_ctrl_c_after_a_ladders_first_row_prints_and_keeps_it(cli: CLI, tmp_path
     assert err.strip().splitlines()[-1] == "interrupted; the row above was measured and kept (run 1)"
     kept = c("bench", "history", "1", "-o", "json")
     assert [row["model"] for row in json.loads(kept.stdout)["rows"]] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+
+
+def test_what_a_killed_measurement_left_is_removed_by_the_next(cli: CLI, tmp_path: Path, smollm2_path: Path) -> None:
+    """perplexity.md: a reference model's logits are kept in a temporary file, removed after; and a --save-logits
+    file is written whole or not at all. A process killed mid-way cannot remove them (hundreds of MB each): the
+    next measurement removes what a process no longer running left, and leaves a running one's alone."""
+    import subprocess
+
+    c, _ = _home(cli, tmp_path)
+    gone = int(subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True).stdout)  # ended
+    alive = subprocess.Popen(["sleep", "600"])
+    try:
+        cache = Path(c.env["LOCALGEN_HOME"]) / "cache" / "perplexity"
+        cache.mkdir(parents=True)
+        left = [cache / f"reference-model-{gone}.logits", cache / f".reference-ladder-{gone}.logits.{gone}.partial"]
+        kept = [cache / f"reference-model-{alive.pid}.logits", cache / "notes.txt"]
+        saved = tmp_path / "f.logits"
+        left.append(tmp_path / f".f.logits.{gone}.partial")
+        for path in left + kept:
+            path.write_bytes(b"x" * 1000)
+        r = c("perplexity", "-m", str(smollm2_path), "--reference", "smollm2:135m", "-c", "64", "--chunks", "2",
+              "-t", "1")
+        assert r.returncode == 0, r.stderr
+        r = c("perplexity", "-m", str(smollm2_path), "-c", "64", "--chunks", "2", "-t", "1", "--save-logits",
+              str(saved))
+        assert r.returncode == 0, r.stderr
+        assert [p.name for p in left if p.exists()] == [] and all(p.exists() for p in kept)
+        assert saved.exists() and sorted(p.name for p in cache.iterdir()) == sorted(p.name for p in kept)
+        page = " ".join(Path(__file__).parent.parent.joinpath("docs", "perplexity.md").read_text().split())
+        assert ("one that a killed process left, and a `--save-logits` file it was writing, is removed by the next "
+                "measurement") in page
+    finally:
+        alive.kill()
+        alive.wait()

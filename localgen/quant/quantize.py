@@ -259,11 +259,12 @@ def drop_stale(out: Path) -> None:
     killed mid-way): its temp file, named by a process no longer running."""
     for path in out.parent.glob(f".{out.name}.*.partial"):
         pid = path.name[len(out.name) + 2: -len(".partial")]
-        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not running(int(pid)):
             path.unlink(missing_ok=True)
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether a process of that id is running (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
