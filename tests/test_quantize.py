@@ -434,6 +434,18 @@ def test_a_text_shorter_than_two_windows_is_one_line(qcli: CLI, tmp_path: Path) 
     assert "perplexity at a context of 128 needs at least 256 (two windows)" in _one_line(r.stderr)
 
 
+def test_a_model_given_for_the_text_is_refused_before_it_is_read(cli_in_process: InProcessCLI,
+                                                                 smollm2_path: Path) -> None:
+    """-f/--quality/--measure take a text; a GGUF given there by mistake is named as one (not read whole, gigabytes
+    of it, only to fail as UTF-8), one line, exit 2."""
+    for args in (["perplexity", "-f", str(smollm2_path)],
+                 ["bench", "-m", str(smollm2_path), "--quality", str(smollm2_path), "--reference", str(smollm2_path)]):
+        r = cli_in_process(*args)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert r.stderr == (f"localgen: error: {smollm2_path} is a GGUF model, not a text (the model to measure goes "
+                            "to -m)\n")
+
+
 def test_a_reference_with_another_vocabulary_is_one_line(qcli: CLI, test_text: Path) -> None:
     r = qcli("perplexity", "-m", "smollm2:135m", *_ppl_args(test_text), "--reference", "gemma3:270m")
     assert r.returncode == 2
