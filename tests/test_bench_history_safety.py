@@ -10,6 +10,8 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import CLI, knows_the_bandwidth
 
 TINY = ("-p", "8,16", "-n", "0", "-r", "1", "-t", "1", "--no-e2e")
@@ -73,7 +75,7 @@ def test_a_damaged_record_leaves_the_rest_readable(cli: CLI, tmp_path: Path) -> 
         conn.execute("UPDATE results SET record = '{\"test\": \"pp8\", ' WHERE run_id = 1 AND seq = 0")
     listed = c("bench", "history", "-o", "json")
     assert listed.returncode == 0, listed.stderr
-    assert [(d["id"], d["results"]) for d in json.loads(listed.stdout)] == [(2, 2), (1, 1)]
+    assert [(d["id"], d["results"]) for d in json.loads(listed.stdout)] == [(2, 2), (1, 2)]  # (results stored)
     shown = c("bench", "history", "1", "-o", "json")
     assert shown.returncode == 0 and [rec["test"] for rec in json.loads(shown.stdout)] == ["pp16"]
     assert shown.stderr == ("warning: run 1: 1 result in the history no longer reads as a record (damaged): left "
@@ -169,3 +171,22 @@ def test_what_a_killed_measurement_left_is_removed_by_the_next(cli: CLI, tmp_pat
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_history_lists_every_run(cli: CLI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.md: `bench history` lists the runs: every one (the 50 newest alone were listed once, without a word of
+    the others), each with its results counted."""
+    from localgen.bench import history
+
+    c, _ = _home(cli, tmp_path)
+    monkeypatch.setenv("LOCALGEN_HOME", c.env["LOCALGEN_HOME"])
+    for i in range(60):
+        run = history.start(f"localgen bench -p {i}", {"build_commit": "x"})
+        for seq in range(i % 3):
+            history.add(run, seq, {"test": f"pp{i}", "avg_ts": 1.0})
+    for fmt in ("json", "csv"):
+        listed = c("bench", "history", "-o", fmt)
+        assert listed.returncode == 0, listed.stderr
+    docs = json.loads(c("bench", "history", "-o", "json").stdout)
+    assert [(d["id"], d["results"]) for d in docs] == [(i + 1, i % 3) for i in reversed(range(60))]
+    assert len(c("bench", "history").stdout.splitlines()) == 61

@@ -103,13 +103,23 @@ class Run:
     damaged: int = 0  # results kept in the file that no longer read as a record (left out of `records`)
 
 
-def runs(limit: int = 50) -> list[Run]:
-    """Most recent first."""
+@dataclass(frozen=True)
+class Listed:
+    """A run as `bench history` lists it: its results counted, not read."""
+
+    id: int
+    created: float
+    command: str
+    results: int
+
+
+def runs() -> list[Listed]:
+    """Every run, most recent first."""
     with _db() as conn:
-        rows = conn.execute(
-            "SELECT id, created, command, system FROM runs ORDER BY id DESC LIMIT ?", (limit,)
-        ).fetchall()
-        return [Run(i, c, cmd, _system(s), *_records(conn, i)) for i, c, cmd, s in rows]
+        rows = conn.execute("SELECT runs.id, runs.created, runs.command, COUNT(results.seq) FROM runs "
+                            "LEFT JOIN results ON results.run_id = runs.id GROUP BY runs.id ORDER BY runs.id DESC"
+                            ).fetchall()
+    return [Listed(int(i), float(c), str(cmd), int(n)) for i, c, cmd, n in rows]
 
 
 def get(run_id: int) -> Run:

@@ -41,13 +41,13 @@ def history_cmd(
 
 
 def _list_runs(rows: list[Any], output: str | None) -> None:
-    """The runs, newest first: a table (ID, date, results, command), or each run's id, created (seconds since
+    """Every run, newest first: a table (ID, date, results, command), or each run's id, created (seconds since
     the epoch), results and command in the -o format."""
     import csv
     import io
     import json
 
-    docs = [{"id": r.id, "created": r.created, "results": len(r.records), "command": r.command} for r in rows]
+    docs = [{"id": r.id, "created": r.created, "results": r.results, "command": r.command} for r in rows]
     if output == "json":
         print(json.dumps(docs, indent=2))
     elif output == "jsonl":
