@@ -630,6 +630,9 @@ def test_the_ladder_measures_each_type_and_keeps_the_rows(qcli: CLI, smollm2_f16
     assert r.returncode == 0, r.stderr
     assert "smollm2-135m-instruct:q8_0: kept (made earlier; --force makes it again)" in r.stderr
     doc = json.loads(r.stdout)
+    assert set(doc) == {"run", "kld_bound", "rows", "best"} and doc["kld_bound"] == 0.02
+    assert ("with `--ladder`, the table as one document, `run`, `kld_bound`, `rows` and `best`, as `bench --quality -o "
+            "json` prints it") in _flat("quantize.md")
     rows = {row["type_name"]: row for row in doc["rows"]}
     assert set(rows) == {"F16", "Q8_0", "Q4_K_M"} and rows["F16"]["reference"]
     for t in ("Q8_0", "Q4_K_M"):
