@@ -34,8 +34,8 @@ def test_a_history_that_fills_up_mid_sweep_still_prints_the_rows_measured(cli: C
     assert [rec["test"] for rec in json.loads(r.stdout)] == ["pp8", "pp16"]  # both measured rows, on stdout
     lines = r.stderr.splitlines()
     assert lines[-2] == "2 results measured; 1 of them kept as run 2: localgen bench history 2"
-    assert lines[-1].startswith(f"localgen: error: the benchmark history {db} cannot be used: database or disk is "
-                                "full")
+    assert lines[-1] == (f"localgen: error: the benchmark history {db} cannot be used: database or disk is full "
+                         "(free some space)")
     kept = c("bench", "history", "2", "-o", "json")
     assert [rec["test"] for rec in json.loads(kept.stdout)] == ["pp8"]
 

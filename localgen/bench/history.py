@@ -46,9 +46,11 @@ def _db() -> Iterator[sqlite3.Connection]:
             conn.executescript(SCHEMA)
             yield conn
     except (sqlite3.OperationalError, sqlite3.IntegrityError, OSError) as e:  # it cannot be opened or written here
-        raise LocalgenError(f"the benchmark history {path} cannot be used: {_why(e, path.parent)}",
-                            hint="free some space, or set LOCALGEN_HOME to a data dir that can be written"
-                            ) from None
+        why = _why(e, path.parent)
+        hint = ("free some space" if why.startswith("no space") or "disk is full" in why else
+                "another localgen holds it: try again" if "locked" in why else
+                "set LOCALGEN_HOME to a data dir that can be written")
+        raise LocalgenError(f"the benchmark history {path} cannot be used: {why}", hint=hint) from None
     except sqlite3.DatabaseError as e:  # not SQLite, or damaged
         raise LocalgenError(f"the benchmark history {path} is unreadable: {e}",
                             hint="move it aside to start a new one; it is never overwritten") from None
