@@ -65,7 +65,9 @@ _SOURCES_LOCK = threading.Lock()
 MAX_SOURCES = 256
 
 
-def _remember(m: Media) -> None:
+def remember(m: Media) -> None:
+    """Keep the name of the source `m` was read from, for what reads its bytes back (a data URI's plain "data
+    URI" is not kept)."""
     if m.source in ("data URI", "base64 data"):
         return
     with _SOURCES_LOCK:
@@ -116,7 +118,7 @@ class Media:
 
     def part(self) -> dict[str, Any]:
         """The OpenAI content part that carries it (its source remembered, for errors about the part)."""
-        _remember(self)
+        remember(self)
         b64 = base64.b64encode(self.data).decode("ascii")
         if self.kind == "image":
             return {"type": "image_url", "image_url": {"url": f"data:{self.mime};base64,{b64}"}}
@@ -217,9 +219,22 @@ def fetch(url: str, fetcher: Fetcher | None = None, cancel: threading.Event | No
     return sniff(data, url)
 
 
-def from_url(url: str, allow_http: bool) -> Media:
+@dataclass(frozen=True)
+class Inline:
+    """How an API's errors name media sent inline in a request: OpenAI's words unless an API gives its own
+    (serve/anthropic.py: an image block's source.data)."""
+
+    decoded: str = "data URI"  # the bytes a data: URI holds
+    encoded: str = "the media data"  # the base64 text, before it is decoded
+    instead: str = "send the image as a data: URI"  # what to send in place of a URL this server does not fetch
+
+
+OPENAI_WORDS = Inline()
+
+
+def from_url(url: str, allow_http: bool, inline: Inline = OPENAI_WORDS) -> Media:
     """An image_url's or input_audio's `url`/`data`: a data: URI, plain base64, or (with allow_http) an
-    http(s) URL."""
+    http(s) URL; its errors name inline data in `inline`'s words."""
     if not isinstance(url, str) or not url:
         raise MediaError("the media part has no data")
     m = _DATA_URI.match(url)
@@ -228,31 +243,32 @@ def from_url(url: str, allow_http: bool) -> Media:
         if not m.group(3):
             from urllib.parse import unquote_to_bytes
 
-            return _sniff_part(unquote_to_bytes(body), "data URI")
-        return _sniff_part(_b64(body), "data URI")
+            return _sniff_part(unquote_to_bytes(body), inline.decoded)
+        return _sniff_part(_b64(body, inline.encoded), inline.decoded)
     if re.match(r"https?://", url, re.I):
         if not allow_http:
-            raise MediaError("image URLs are not fetched by this server (start it with --allow-image-urls); "
-                             "send the image as a data: URI")
+            raise MediaError(f"image URLs are not fetched by this server (start it with --allow-image-urls); "
+                             f"{inline.instead}")
         from localgen.fetch import Fetcher
 
         return fetch(url, Fetcher(private=False, max_bytes=MAX_BYTES))  # a request's URL: nothing inside
     if re.match(r"[a-z][a-z0-9+.-]*:", url, re.I) and not re.match(r"[A-Za-z0-9+/]{8}", url):
         raise MediaError(f"unsupported media URL scheme: {url.split(':', 1)[0]}:")
-    return _sniff_part(_b64(url), "base64 data")
+    return _sniff_part(_b64(url, inline.encoded), "base64 data")
 
 
-def _b64(text: str) -> bytes:
+def _b64(text: str, name: str) -> bytes:
     if len(text) > MAX_BYTES * 4 // 3 + 16:
-        raise MediaError(f"the media data is larger than {MAX_BYTES // 2**20} MiB")
+        raise MediaError(f"{name} is larger than {MAX_BYTES // 2**20} MiB")
     try:
         return base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError):
-        raise MediaError("the media data is not valid base64") from None
+        raise MediaError(f"{name} is not valid base64") from None
 
 
-def part_media(part: Any, allow_http: bool = False) -> Media | None:
-    """The Media in one OpenAI content part (None for a text part); a MediaError for a malformed one."""
+def part_media(part: Any, allow_http: bool = False, inline: Inline = OPENAI_WORDS) -> Media | None:
+    """The Media in one OpenAI content part (None for a text part); a MediaError for a malformed one, naming
+    inline data in `inline`'s words."""
     if not isinstance(part, dict):
         raise MediaError("each content part must be an object")
     kind = part.get("type")
@@ -261,14 +277,14 @@ def part_media(part: Any, allow_http: bool = False) -> Media | None:
     if kind == "image_url":
         inner = part.get("image_url")
         url = inner.get("url") if isinstance(inner, dict) else inner
-        media = from_url(str(url or ""), allow_http)
+        media = from_url(str(url or ""), allow_http, inline)
         if media.kind != "image":
             raise MediaError(f"{media.source} is {media.format} audio, where an image goes")
         return media
     if kind == "input_audio":
         inner = part.get("input_audio")
         data = inner.get("data") if isinstance(inner, dict) else None
-        media = from_url(str(data or ""), allow_http=False)
+        media = from_url(str(data or ""), allow_http=False, inline=inline)
         if media.kind != "audio":
             raise MediaError(f"{media.source} is a {media.format} image, where audio goes")
         return media

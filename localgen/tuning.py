@@ -124,13 +124,19 @@ def save(record: Record) -> None:
         _write(doc)
 
 
-def reset(sha256: str | None = None) -> int:
-    """Forget every record (or those of one model file); how many were forgotten."""
+def reset(sha256: str | None = None, model: str | None = None) -> int:
+    """Forget every record, or those of one model: of its file (`sha256`) or its name (`model`, the name the
+    record was made under: a file that is gone has no hash to match); how many were forgotten."""
+    def mine(d: dict[str, Any]) -> bool:
+        if sha256 is None and model is None:
+            return True
+        return (sha256 is not None and d.get("key", {}).get("sha256") == sha256) or (
+            model is not None and d.get("model") == model)
+
     with _locked():
         doc = _read()
         before = len(doc["records"])
-        doc["records"] = [d for d in doc["records"]
-                          if sha256 is not None and d.get("key", {}).get("sha256") != sha256]
+        doc["records"] = [d for d in doc["records"] if not mine(d)]
         _write(doc)
         return before - len(doc["records"])
 

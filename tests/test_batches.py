@@ -91,11 +91,13 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
     client = _client(server)
     odd = {**_chat(4), "messages": [{"role": "user", "content": "\ud800"}]}  # a lone surrogate: the route's 400
     bodies = {"one": _chat(1), "two": _chat(2), "lost": _chat(3, model="no-such-model"), "odd\ud800": odd}
+    hour = {"anchor": "created_at", "seconds": 3600}  # accepted, and ignored: nothing expires here
     upload = client.files.create(file=("chat.jsonl", _jsonl([_line(k, b) for k, b in bodies.items()])),
-                                 purpose="batch")
+                                 purpose="batch", expires_after=hour)  # type: ignore[arg-type]
     assert upload.purpose == "batch" and upload.bytes > 100 and upload.filename == "chat.jsonl"
+    assert upload.expires_at is None
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                  metadata={"job": "nightly"})
+                                  metadata={"job": "nightly"}, output_expires_after=hour)  # type: ignore[arg-type]
     assert batch.status == "in_progress" and batch.request_counts.total == 4 and batch.metadata == {"job": "nightly"}
     batch = _finished(client, batch.id)
     assert batch.status == "completed" and batch.model == MODEL
@@ -130,6 +132,30 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
     assert {f.purpose for f in listed if f.id != upload.id} == {"batch_output"}
     assert batch.id in [b.id for b in client.batches.list()]
     assert [f.id for f in client.files.list(purpose="batch")] == [upload.id]
+
+
+def test_metrics_count_the_batches_by_status_and_their_requests(server: Server) -> None:
+    """docs/batch.md: /metrics has the batches by status and their requests answered, by result, and those still
+    to run: the same counts the Batch objects give."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client = _client(server)
+    upload = client.files.create(file=("m.jsonl", _jsonl([_line("a", _chat(1)), _line("b", _chat(2, "nope"))])),
+                                 purpose="batch")
+    _finished(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                            completion_window="24h").id)
+    listed = list(client.batches.list(limit=100))
+    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    for status in ("completed", "in_progress", "cancelled", "failed"):
+        assert samples[("localgen_batches", (("status", status),))] == sum(b.status == status for b in listed)
+    for result in ("completed", "failed"):
+        assert samples[("localgen_batch_requests_total", (("result", result),))] == sum(
+            getattr(b.request_counts, result) for b in listed) >= 1
+    running = [b for b in listed if b.status in ("validating", "in_progress", "finalizing", "cancelling")]
+    assert samples[("localgen_batch_requests_pending", ())] == sum(
+        b.request_counts.total - b.request_counts.completed - b.request_counts.failed for b in running)
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/embeddings", "/v1/responses"])
@@ -412,6 +438,7 @@ def test_a_hostile_query_or_a_bare_cancel_gets_a_plain_answer(monkeypatch: pytes
     for path in ("/v1/batches", "/v1/files"):
         r = client.get(path, params={"limit": "\u00b2"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
+    assert client.head("/v1/files").status_code == 200  # HEAD wherever GET is taken, as Starlette's routes do
     r = client.post("/v1/batches/batch_nope/cancel")
     assert r.status_code == 404 and r.json()["error"]["param"] == "batch_id", r.text
     r = client.post("/v1/batches", content=b"{}")  # a route that reads a body still wants JSON's type
@@ -461,10 +488,10 @@ def test_a_crash_while_finalizing_keeps_every_answer(monkeypatch: pytest.MonkeyP
         progress.count(record, True)
     save = first.save
 
-    def dies(d: dict[str, Any]) -> None:
-        if d["status"] == "completed":
+    def dies(d: dict[str, Any], **changes: Any) -> None:
+        if changes.get("status", d["status"]) == "completed":
             raise RuntimeError("killed")
-        save(d)
+        save(d, **changes)
 
     monkeypatch.setattr(first, "save", dies)
     with pytest.raises(RuntimeError):
@@ -614,3 +641,328 @@ def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_p
     ended = asyncio.run(both())
     assert sent["a"] < ended <= sent["b"], (sent, ended)
     desk.release()
+
+
+def test_files_and_batches_of_the_same_second_list_in_the_order_made(tmp_path: Path) -> None:
+    """docs/batch.md: both lists are newest first, also for files and batches made within one second (a script's
+    burst of uploads), and still so after a restart; a batch's results list after its input."""
+    import io
+
+    from localgen.serve import batches, files
+
+    desk = batches.Desk(tmp_path, clock=lambda: 1_800_000_000.0)  # one second for all
+    desk.owner()
+    uploaded = [desk.files.add(io.BytesIO(_jsonl([_line("a", _chat(1))])), f"{i}.jsonl", "batch")["id"]
+                for i in range(8)]
+    docs = [desk.create(ident, "/v1/chat/completions", "24h", None) for ident in uploaded]
+    doc = docs[0]
+    desk.validate(doc)
+    desk.progress[doc["id"]].write({"id": "batch_req_0", "custom_id": "a", "response": {"status_code": 200}}, True)
+    desk.progress[doc["id"]].count({"custom_id": "a"}, True)
+    desk.finish(doc)
+    assert [d["id"] for d in desk.files.listed()] == [*uploaded, doc["output_file_id"]]
+    assert files.page(list(reversed(desk.files.listed())), uploaded[5], 2)["data"][1]["id"] == uploaded[3]
+    desk.release()
+    again = batches.Desk(tmp_path, clock=lambda: 1_800_000_000.0)
+    again.owner()
+    assert list(again.batches or {}) == [d["id"] for d in docs]
+    again.release()
+
+
+def test_a_batch_whose_input_is_gone_fails_and_the_next_runs(tmp_path: Path) -> None:
+    """A running batch whose input file was removed (by hand, to free a full disk; or a DELETE that raced its
+    creation) ends `failed` with `file_not_found`, keeping what it answered, and the batches after it still run:
+    the runner does not stop for good (it did, at every start)."""
+    import asyncio
+    import io
+    from types import SimpleNamespace
+
+    from localgen.serve import batches
+    from localgen.serve.batchrun import Runner
+
+    desk = batches.Desk(tmp_path)
+    desk.owner()
+    assert desk.batches is not None
+    docs = []
+    for i in range(2):
+        upload = desk.files.add(io.BytesIO(_jsonl([_line("a", _chat(1)), _line("b", _chat(2))])), "in.jsonl", "batch")
+        doc = desk.batches[f"b{i}"] = desk.create(upload["id"], "/v1/chat/completions", "24h", None)
+        desk.validate(doc)
+        for custom_id in ("a", "b"):  # answered already: the runner need send nothing
+            record = {"id": "batch_req_0", "custom_id": custom_id, "error": None, "response": {"status_code": 200}}
+            desk.progress[doc["id"]].write(record, True)
+            desk.progress[doc["id"]].count(record, True)
+            if i == 0:
+                break
+        docs.append(doc)
+    desk.files.content(docs[0]["input_file_id"]).unlink()
+    logged: list[str] = []
+    state = SimpleNamespace(workers={}, on_demand=None, meant=lambda name: name)
+    ended = lambda: all(d["status"] not in batches.RUNNING for d in docs)  # noqa: E731
+    runner = Runner(desk, state, None, None, ended, 2, logged.append)  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(runner.serve(), 60))
+    assert not logged, logged
+    assert docs[0]["status"] == "failed" and docs[0]["failed_at"] and docs[0]["output_file_id"]
+    assert [e["code"] for e in docs[0]["errors"]["data"]] == ["file_not_found"]
+    assert docs[0]["request_counts"] == {"total": 2, "completed": 1, "failed": 0}
+    assert docs[1]["status"] == "completed" and docs[1]["request_counts"]["completed"] == 2
+    desk.release()
+
+
+def test_a_restart_reads_a_large_results_file_a_line_at_a_time(tmp_path: Path) -> None:
+    """docs/batch.md's restart: the answers on disk are counted again (a torn last line dropped) without holding
+    the results file whole: an embeddings batch's output runs to gigabytes. Here 24 MB of answers are read back
+    within a fraction of their size."""
+    import tracemalloc
+
+    from localgen.serve import batches
+
+    vector = [0.123456789] * 3000
+    record = {"id": "batch_req_0", "error": None, "response": {"status_code": 200, "request_id": "req_0",
+              "body": {"object": "list", "data": [{"embedding": vector}], "usage": {"prompt_tokens": 5}}}}
+    with open(tmp_path / "output.jsonl", "w") as f:
+        for i in range(600):
+            f.write(json.dumps({**record, "custom_id": f"e{i}"}) + "\n")
+        f.write(json.dumps({**record, "custom_id": "torn"})[:5000])  # cut short by a crash
+    size = (tmp_path / "output.jsonl").stat().st_size
+    assert size > 20 << 20
+    tracemalloc.start()
+    try:
+        progress = batches.Progress.read(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert progress.completed == 600 and "torn" not in progress.done and progress.tokens[0] == 3000
+    assert (tmp_path / "output.jsonl").read_bytes().endswith(b"}\n")
+    assert peak < size // 4, (peak, size)
+
+
+def test_a_short_write_on_a_full_disk_never_takes_another_answer_with_it(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    """Two of a batch's answers appended at once (--batch-lines 2) while the disk fills: the one whose write
+    stopped short and then failed is taken back whole, and the other's record, written meanwhile, stays whole on
+    its line (it was cut off with the failed one, or split around its rest)."""
+    import contextlib
+    import errno
+    import os
+    import threading
+
+    from localgen.serve import batches
+
+    progress = batches.Progress(tmp_path)
+    real = os.write
+    half, other_done = threading.Event(), threading.Event()
+
+    def write(fd: int, data: Any) -> int:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if threading.current_thread().name != "first" or not target.endswith("output.jsonl"):
+            return real(fd, data)
+        if not half.is_set():
+            half.set()
+            return real(fd, bytes(data[: len(data) // 2]))  # a short write
+        other_done.wait(2)  # the other answer goes in meanwhile, unless it must wait for this one
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def answer(custom_id: str) -> None:
+        with contextlib.suppress(OSError):
+            progress.write({"id": "batch_req_0", "custom_id": custom_id, "response": {"status_code": 200}}, True)
+
+    monkeypatch.setattr(os, "write", write)
+    one = threading.Thread(target=answer, args=("a",), name="first")
+    one.start()
+    half.wait(30)
+    two = threading.Thread(target=lambda: (answer("b"), other_done.set()))
+    two.start()
+    one.join(30)
+    two.join(30)
+    monkeypatch.undo()
+    assert [json.loads(line)["custom_id"] for line in (tmp_path / "output.jsonl").read_bytes().splitlines()] == ["b"]
+
+
+def test_what_a_crash_left_half_written_is_swept_at_the_next_start(tmp_path: Path) -> None:
+    """An upload killed while it was copied in (its temporary file, up to 200 MB, listed nowhere), a delete cut
+    between its two unlinks, an object whose rename never came: the next server to hold the batches removes them;
+    the files and batches that were whole stay, and the batch still running ends with its answers."""
+    import io
+
+    from localgen.serve import batches
+
+    desk = batches.Desk(tmp_path)
+    desk.owner()
+    kept = desk.files.add(io.BytesIO(_jsonl([_line("a", _chat(1))])), "in.jsonl", "batch")
+    doc = desk.create(kept["id"], "/v1/chat/completions", "24h", None)
+    desk.validate(doc)
+    record = {"id": "batch_req_0", "custom_id": "a", "error": None, "response": {"status_code": 200}}
+    desk.progress[doc["id"]].write(record, True)
+    desk.release()
+    files_dir, run = tmp_path / "files", tmp_path / "runs" / doc["id"]
+    left = [files_dir / ".file-0123456789abcdef01234567.4242.tmp", files_dir / ".file-x.json.0a1b2c.tmp",
+            files_dir / "file-0123456789abcdef01234567.jsonl", run / ".batch.json.0a1b2c.tmp"]
+    for path in left:
+        path.write_bytes(b"{}\n" * 1000)
+    again = batches.Desk(tmp_path)
+    again.owner()
+    assert [p for p in left if p.exists()] == []
+    assert again.files.content(kept["id"]).read_bytes() == _jsonl([_line("a", _chat(1))])
+    assert again.batches is not None and again.batches[doc["id"]]["status"] == "in_progress"
+    again.finish(again.batches[doc["id"]])
+    assert again.files.content(again.batches[doc["id"]]["output_file_id"]).read_bytes().count(b"\n") == 1
+    again.release()
+
+
+def test_the_runner_leaves_a_batch_to_the_request_that_validates_it(tmp_path: Path) -> None:
+    """A batch is listed (`validating`) while POST /v1/batches checks its file; a runner that wakes meanwhile (a
+    batch before it ended, another was created or cancelled) must not check and run it too: that ran its lines
+    twice, and the second check set an ended batch back to `in_progress` with counts of nothing."""
+    import asyncio
+    import io
+    import threading
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+
+    from localgen.serve import batches
+    from localgen.serve.batchrun import Runner
+
+    desk = batches.Desk(tmp_path)
+    desk.owner()
+    upload = desk.files.add(io.BytesIO(_jsonl([_line(f"v{i}", _chat(i)) for i in range(3)])), "in.jsonl", "batch")
+    routes = Starlette(routes=batches.routes(desk))
+    sent: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
+            sent.append(scope["path"])
+        await routes(scope, receive, send)  # a chat request: a 404 here, an error line of the batch
+
+    checking, release = threading.Event(), threading.Event()
+    validate = desk.validate
+
+    def slow(doc: dict[str, Any]) -> None:
+        if not checking.is_set():  # the request's own check waits until the runner has woken
+            checking.set()
+            release.wait(30)
+        validate(doc)
+
+    desk.validate = slow  # type: ignore[method-assign]
+    state = SimpleNamespace(workers={}, on_demand=None, meant=lambda name: name)
+    stop = False
+    runner = Runner(desk, state, app, None, lambda: stop, 1, print)  # type: ignore[arg-type]
+
+    async def scenario() -> dict[str, Any]:
+        nonlocal stop
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
+            made = asyncio.create_task(c.post("/v1/batches", json={
+                "input_file_id": upload["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}))
+            while not checking.is_set():
+                await asyncio.sleep(0.01)
+            running = asyncio.create_task(runner.serve())
+            desk.wake.set()
+            for _ in range(50):  # the runner's turn: it finds the batch listed, `validating`
+                await asyncio.sleep(0.02)
+            release.set()
+            doc = (await made).json()
+            while (doc := (await c.get(f"/v1/batches/{doc['id']}")).json())["status"] in batches.RUNNING:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)  # nothing sets it back
+            doc = (await c.get(f"/v1/batches/{doc['id']}")).json()
+            stop = True
+            desk.wake.set()
+            await asyncio.wait_for(running, 30)
+            return doc
+
+    doc = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert doc["status"] == "completed" and doc["request_counts"] == {"total": 3, "completed": 0, "failed": 3}, doc
+    assert len(sent) == 3
+    errors = desk.files.content(doc["error_file_id"]).read_bytes().splitlines()
+    assert sorted(json.loads(line)["custom_id"] for line in errors) == ["v0", "v1", "v2"]
+    desk.release()
+
+
+def test_a_slow_save_never_lands_after_a_later_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A batch's object is saved from threads (a cancel's request, the runner's end of the batch): one that was
+    slow to reach the disk landed after a later one, and left `batch.json` saying `cancelling` for a batch that
+    had ended, which the next start ended again with counts of nothing. Saves now land in the order made."""
+    import io
+    import threading
+
+    from localgen.serve import batches, files
+
+    desk = batches.Desk(tmp_path)
+    desk.owner()
+    upload = desk.files.add(io.BytesIO(_jsonl([_line("a", _chat(1))])), "in.jsonl", "batch")
+    doc = desk.create(upload["id"], "/v1/chat/completions", "24h", None)
+    desk.validate(doc)
+    real, slow = files.write_atomic, threading.Event()
+
+    def write_atomic(path: Path, data: bytes) -> None:
+        if threading.current_thread().name == "cancel":
+            slow.wait(2)  # a disk slow for this one
+        real(path, data)
+
+    monkeypatch.setattr(files, "write_atomic", write_atomic)
+    doc.update(status="cancelling", cancelling_at=desk.now())
+    cancel = threading.Thread(target=desk.save, args=(doc,), name="cancel")
+    cancel.start()
+    end = threading.Thread(target=desk.finish, args=(doc,))
+    end.start()
+    end.join(30)
+    slow.set()
+    cancel.join(30)
+    assert doc["status"] == "cancelled"
+    assert json.loads((tmp_path / "runs" / doc["id"] / "batch.json").read_bytes())["status"] == "cancelled"
+    desk.release()
+
+
+def test_a_batch_refused_for_a_full_disk_is_not_made(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """POST /v1/batches whose check could not be saved (a disk that filled meanwhile) answers 507, and the batch is
+    not made: it was listed, `validating`, and ran later beside the one the client sent again."""
+    import errno
+
+    from starlette.testclient import TestClient
+
+    from localgen.serve import batches
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    def full(self: batches.Desk, doc: dict[str, Any]) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    monkeypatch.setattr(batches.Desk, "validate", full)
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))
+    upload = client.post("/v1/files", files={"file": ("in.jsonl", _jsonl([_line("a", _chat(1))]))},
+                         data={"purpose": "batch"}).json()
+    r = client.post("/v1/batches", json={"input_file_id": upload["id"], "endpoint": "/v1/chat/completions",
+                                         "completion_window": "24h"})
+    assert r.status_code == 507 and "cannot be written" in r.json()["error"]["message"], r.text
+    assert client.get("/v1/batches").json()["data"] == []
+    assert list((tmp_path / "data" / "batches" / "runs").iterdir()) == []
+
+
+def test_a_clean_up_loop_that_deletes_while_it_pages_deletes_every_file(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    """`for f in client.files.list(limit=2): client.files.delete(f.id)`: the openai client asks for the next page
+    after the last file it was given, which is deleted by then; that page was empty, and the loop stopped after
+    the first page. Both orders; an `after` that names nothing ever listed is still an empty page."""
+    import openai
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    http = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
+    for order in ("desc", "asc"):
+        made = [client.files.create(file=(f"{i}.jsonl", b"{}\n"), purpose="batch").id for i in range(7)]
+        gone = []
+        for f in client.files.list(limit=2, order=order):  # type: ignore[arg-type]
+            client.files.delete(f.id)
+            gone.append(f.id)
+        assert gone == (made[::-1] if order == "desc" else made)
+        assert client.files.list().data == []
+    client.files.create(file=("kept.jsonl", b"{}\n"), purpose="batch")
+    assert http.get("/v1/files", params={"after": "file-" + "f" * 24}).json()["data"] == []  # no time: nothing

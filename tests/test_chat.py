@@ -586,3 +586,4 @@ def test_a_scripted_message_past_64_mib_is_refused_without_reading_it_whole(cli_
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert r.stderr == ("localgen: error: a message on stdin is larger than 64 MiB: more text than any context "
                         "window holds\n"), r.stderr
+

@@ -644,6 +644,8 @@ def test_a_null_optional_field_is_the_default(server: Server) -> None:
     ("DELETE", "/v1/chat/completions", 405, "openai"), ("GET", "/v1/responses", 405, "openai"),
     ("POST", "/v1/messages/nothing", 404, "anthropic"), ("GET", "/v1/messages", 405, "anthropic"),
     ("GET", "/api/nothing", 404, "ollama"), ("GET", "/api/chat", 405, "ollama"),
+    ("PUT", "/v1/files", 405, "openai"), ("POST", "/v1/files/file-x", 405, "openai"),
+    ("PUT", "/v1/batches", 405, "openai"), ("POST", "/v1/responses/resp_x", 405, "openai"),
 ])
 def test_unknown_routes_and_methods_answer_in_the_apis_shape(server: Server, method: str, path: str, status: int,
                                                              shape: str) -> None:
@@ -661,6 +663,11 @@ def test_unknown_routes_and_methods_answer_in_the_apis_shape(server: Server, met
         assert doc["error"]["type"] == "invalid_request_error" and doc["error"]["code"] == status
     if status == 405:
         assert r.headers["allow"] and r.headers["allow"] in message
+        # every method the path takes, not only the first route's
+        takes = {"/v1/files": {"GET", "POST"}, "/v1/files/file-x": {"GET", "DELETE"}, "/v1/batches": {"GET", "POST"},
+                 "/v1/responses/resp_x": {"GET", "DELETE"}}.get(path)
+        if takes is not None:
+            assert takes <= {m.strip() for m in r.headers["allow"].split(",")}, r.headers["allow"]
 
 
 def test_anthropic_json_output_follows_the_schema(server: Server) -> None:
@@ -809,3 +816,30 @@ def test_ps_against_a_server_with_a_key(server: Server, cli: CLI) -> None:
     assert r.returncode == 0 and "smollm2:135m" in r.stdout, r.stderr
     keyed = CLI({**cli.env, "LOCALGEN_API_KEY": KEY})("ps", "--port", port, "--json")
     assert keyed.returncode == 0 and json.loads(keyed.stdout)[0]["name"] == "smollm2:135m", keyed.stderr
+
+
+def _raw(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """One request over a bare socket, read to the server's close: the response's head and body as sent."""
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.lower(), body
+
+
+def test_an_http_1_0_client_gets_a_stream_whole_with_its_length_not_in_chunks(server: Server) -> None:
+    """HTTP/1.0 has no chunked encoding: a streamed answer to a 1.0 request comes whole, with Content-Length,
+    its events as a 1.1 client reads them; a 1.1 request still streams in chunks."""
+    body = json.dumps({"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 3, "stream": True,
+                       "temperature": 0}).encode()
+    asks = {version: (f"POST /v1/completions HTTP/{version}\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                      ).encode() + body for version in ("1.0", "1.1")}
+    head, got = _raw(server.port, asks["1.0"])
+    assert head.split(b"\r\n")[0].endswith(b" 200 ok") and b"transfer-encoding" not in head, head
+    assert f"content-length: {len(got)}".encode() in head.split(b"\r\n"), head
+    assert got.startswith(b"data: {") and got.rstrip().endswith(b"data: [DONE]"), got[:200]
+    head, got = _raw(server.port, asks["1.1"])
+    assert b"transfer-encoding: chunked" in head and b"content-length" not in head, head

@@ -300,13 +300,6 @@ def test_a_request_without_host_is_allowed(child: Server) -> None:  # HTTP/1.0 c
     assert out.startswith(b"HTTP/1.1 200"), out
 
 
-def test_a_stream_is_chunked_even_to_http_1_0(child: Server) -> None:  # so it needs HTTP/1.1 (serve.md)
-    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "stream": True}).encode()
-    out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
-                            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    assert out.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in out.lower(), out
-
-
 # ---- 7-9. loose types and the words of the errors: each a 400 naming the request's own field ---------------
 
 HI = [{"role": "user", "content": "hi"}]

@@ -354,6 +354,33 @@ def test_run_keeps_secrets_from_the_model(cli: CLI, tmp_path: Path) -> None:
     assert "abcdefgh12345678" not in r.stdout + r.stderr
 
 
+def test_an_mcp_server_that_stopped_has_its_tools_withdrawn(tmp_path: Path) -> None:
+    """A call that finds its MCP server gone says so, with a hint that its tools are no longer offered; from then
+    on the model is not offered them (a chat's next turn would otherwise call a dead server again), while the
+    tools of a Python file stay."""
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox, plan_for
+    from localgen.tools.spec import ToolCall
+
+    (tmp_path / "tools.py").write_text('def double(x: int) -> int:\n    """Twice x."""\n    return 2 * x\n')
+    box = Toolbox.open([tmp_path / "tools.py"], [MCP])
+    try:
+        assert {s.name for s in box.specs} == {"double", "add", "leak", "crash"}
+        template = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}{{ tools }}{% endif %}"
+        before = plan_for(template, box)
+        with pytest.raises(ToolError) as e:
+            box.call(ToolCall("crash", "{}"), 30)
+        assert "failed (calling crash)" in e.value.message and "no longer offered" in (e.value.hint or "")
+        assert [s.name for s in box.specs] == ["double"]
+        after = plan_for(template, box)
+        assert before is not None and after is not None and after.tools == box.specs != before.tools
+        with pytest.raises(ToolError, match="not a tool here"):
+            box.call(ToolCall("add", '{"a": 1, "b": 2}'), 30)
+        assert box.call(ToolCall("double", '{"x": 4}'), 30) == "8"
+    finally:
+        box.close()
+
+
 def test_run_with_a_stdio_mcp_server(cli: CLI, cli_in_process: InProcessCLI, monkeypatch: pytest.MonkeyPatch) -> None:
     from localgen.tools.loop import Toolbox
     from localgen.tools.spec import ToolCall

@@ -162,3 +162,30 @@ def test_chat_folds_thinking_on_a_terminal(cli_env: dict[str, str], home: Path) 
     child.expect_exact(PROMPT)
     child.sendline("/exit")
     child.expect(pexpect.EOF)
+
+
+def test_chat_withdraws_the_tools_of_an_mcp_server_that_stopped(cli_env: dict[str, str], home: Path,
+                                                                 tmp_path: Path) -> None:
+    """tools.md: on a terminal, a call that finds its MCP server dead is one error whose hint says its tools are
+    withdrawn; the next turn is answered (the forced choice of a withdrawn tool no longer applies) and /tools
+    lists only what is left."""
+    from tests.test_chat import PROMPT, spawn
+
+    (tmp_path / "tools.py").write_text('def double(x: int) -> int:\n    """Twice x."""\n    return 2 * x\n')
+    child = spawn(cli_env, "deadmcp", *CHAT_TOOLS, "--functions", str(tmp_path / "tools.py"), "--mcp", MCP, "--yes",
+                  "--tool-choice", "crash")
+    child.sendline("Crash.")
+    child.expect_exact("failed (calling crash)")
+    child.expect_exact("no longer offered")
+    child.expect_exact(PROMPT)
+    child.sendline("Say hello.")
+    assert child.expect([r"tok/s", r"failed \(calling"]) == 0, child.before
+    child.expect_exact(PROMPT)
+    child.sendline("/tools")
+    child.expect(r"double\(x\)")
+    listed = str(child.before)
+    child.expect_exact(PROMPT)
+    listed += str(child.before)  # the tools after it, up to the prompt
+    assert "add(" not in listed and "crash(" not in listed, listed
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)

@@ -441,3 +441,26 @@ def test_show_and_reset_together_are_a_usage_error(cli_in_process: InProcessCLI,
     cli = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})
     r = cli("tune", "--show", "--reset")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--show" in r.stderr and "--reset" in r.stderr, r.stderr
+
+
+def test_reset_of_a_model_not_here_forgets_its_records_by_name_and_asks_no_hub(
+        cli_in_process: InProcessCLI, own_home: Path, smollm2_path: Path) -> None:
+    """`tune --reset -m NAME` forgets that model's records even when its file is gone (by the name they were made
+    under) and never downloads it to find its hash; a measuring flag with --reset or --show is a usage error,
+    not silently ignored."""
+    from localgen import tuning
+
+    cli = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(own_home), "HF_ENDPOINT": "http://127.0.0.1:9"})
+    kept = _record(_ref(smollm2_path))
+    tuning.save(dataclasses.replace(kept, model="someone/gone-GGUF:Q4_K_M",
+                                    key=dataclasses.replace(kept.key, sha256="0" * 64)))
+    tuning.save(kept)
+    r = cli("tune", "--reset", "-m", "someone/gone-GGUF:Q4_K_M")
+    assert r.returncode == 0 and "forgot 1 tuning record of someone/gone-GGUF:Q4_K_M" in r.stderr, r.stderr
+    assert [rec.model for rec in tuning.records()] == [kept.model]
+    for args in (("--reset", "--prompt", "64"), ("--show", "-m", "smollm2:135m"), ("--reset", "--json")):
+        r = cli("tune", *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "measures nothing" in r.stderr, (args, r.stderr)
+    assert len(tuning.records()) == 1  # nothing forgotten by a refused command
+    r = cli("tune", "--reset", "-m", str(smollm2_path))  # a file here: its records, by its hash
+    assert r.returncode == 0 and "forgot 1 tuning record" in r.stderr and tuning.records() == [], r.stderr

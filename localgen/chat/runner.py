@@ -44,7 +44,7 @@ class ChatRunner:
         self.thinking: bool | None = None  # the template's thinking switch (--think, /set reasoning); None: default
         self.gen: Any = None  # the generation under way
         self.stopping = False  # the answer under way was asked to stop
-        self._plans: dict[tuple[str | None, str], Any] = {}  # plan() by (template, tool choice)
+        self._plans: dict[tuple[str | None, str, tuple[str, ...]], Any] = {}  # plan() by (template, choice, tools)
         self.warn: Callable[[str], None] = lambda text: None  # told when the conversation's file cannot be written
         self.unsaved: str | None = None  # why the conversation's file is behind it (its last save failed), or None
 
@@ -99,8 +99,8 @@ class ChatRunner:
         each window a turn considers would otherwise build the tools' grammar again every time."""
         from localgen.tools.loop import plan_for
 
-        key = (self.template(), choice)
-        if key not in self._plans:
+        key = (self.template(), choice, tuple(s.name for s in self.toolbox.specs) if self.toolbox is not None else ())
+        if key not in self._plans:  # the tools are a part of the key: those of an MCP server that stopped go
             self._plans[key] = plan_for(key[0], self.toolbox, choice)
         return self._plans[key]
 
@@ -145,7 +145,10 @@ class ChatRunner:
 
         assert self.last_request is not None
         plan = self.plan()
-        first = self.plan(self.tool_choice) if plan is not None and self.tool_choice != "auto" else None
+        first = None
+        if plan is not None and self.tool_choice != "auto" and (self.tool_choice in ("required", "none") or any(
+                s.name == self.tool_choice for s in self.toolbox.specs)):  # not a tool of a server that stopped
+            first = self.plan(self.tool_choice)
         return run_turn(self, self.last_request, plan, self.toolbox, approve, show, self.tool_steps,
                         self.tool_timeout, self.template(), first=first, turn=turn,
                         stopped=lambda: self.stopping)

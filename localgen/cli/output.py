@@ -46,6 +46,16 @@ def guard_stdout() -> None:
         sys.stdout = _GuardedStdout(sys.stdout)  # type: ignore[assignment]
 
 
+# whether the last thing written to the terminal left its line open (an answer's tokens), as far as the writers
+# here know: a Ctrl-C pressed at a line's start is echoed as `^C` there, and "interrupted" then needs a new line
+_cursor = {"mid_line": False}
+
+
+def at_line_start() -> bool:
+    """Whether the output written so far ended with a whole line (TextWriter's text, ErrWriter's lines)."""
+    return not _cursor["mid_line"]
+
+
 class TextWriter:
     """Streams text to stdout, flushing each chunk; notices a closed pipe instead of raising."""
 
@@ -65,6 +75,7 @@ class TextWriter:
             silence_stdout()
             return False
         self.wrote = (self.wrote + text)[-1:]
+        _cursor["mid_line"] = self.wrote != "\n"
         return True
 
     def end(self) -> None:
@@ -140,6 +151,7 @@ class ErrWriter:
             self._console = Console(file=self.stream, highlight=False, soft_wrap=True)
 
     def _print(self, text: str, style: str | None = None) -> None:
+        _cursor["mid_line"] = False
         try:
             if self._console is not None:
                 self._console.print(text, style=style, markup=False)

@@ -67,20 +67,53 @@ def tune(
         from localgen.errors import UsageError
 
         raise UsageError("--show lists the records and --reset forgets them: give one of the two")
+    if show or reset:
+        _measures_nothing(ctx, knobs, "--show" if show else "--reset", allowed=("model",) if reset else ("as_json",))
     if show:
         _show(tuning.records(), as_json)
         return
     if reset:
-        sha = None
-        if model is not None:
-            sha = tuning.file_sha256(_resolve(model, offline).path)
-        n = tuning.reset(sha)
-        print(f"forgot {n} tuning record{'s' if n != 1 else ''}", file=sys.stderr)
+        n = tuning.reset(*_which(model)) if model is not None else tuning.reset()
+        print(f"forgot {n} tuning record{'s' if n != 1 else ''}"
+              f"{f' of {model}' if model is not None else ''}", file=sys.stderr)
         return
     load = knobs.load()  # a bad flag is one error before anything loads
     ref = _resolve(model, offline)
     _run(ref, _plan(ref, depth, prompt, answer, preset.load_params(ref, load, knobs.given)), parallel, as_json,
          even_if_busy)
+
+
+MEASURING = ("depth", "parallel", "prompt", "answer", "even_if_busy")  # what only a measurement reads
+
+
+def _measures_nothing(ctx: typer.Context, knobs: Knobs, mode: str, allowed: tuple[str, ...]) -> None:
+    """--show and --reset measure nothing: a flag only a measurement reads, given with them, is a usage error
+    (else `tune --reset --prompt 64` would seem to have done something with it)."""
+    from localgen.cli.options.knobs import typed_by_user
+    from localgen.errors import UsageError
+
+    names = [n for n in (*MEASURING, "model", "as_json") if n not in allowed and typed_by_user(ctx, n)]
+    names += sorted(n for n in knobs.given_names if knobs.typed(n))
+    if names:
+        spelled = {"model": "-m", "as_json": "--json"}
+        flags = ", ".join(spelled.get(n, "--" + n.replace("_", "-")) for n in names)
+        raise UsageError(f"{mode} measures nothing: {flags} {'is' if len(names) == 1 else 'are'} not for it",
+                         hint="localgen tune --show [--json] lists the records; localgen tune --reset [-m MODEL] "
+                              "forgets them")
+
+
+def _which(model: str) -> tuple[str | None, str]:
+    """A model's records to forget: its file's (when it is here; --reset never downloads) and its name's."""
+    from localgen.errors import ModelNotFoundError
+    from localgen.models.resolve import resolve
+
+    try:
+        ref = resolve(model, offline=True)
+    except ModelNotFoundError:
+        return None, model
+    from localgen import tuning
+
+    return tuning.file_sha256(ref.path), ref.name
 
 
 def _resolve(model: str | None, offline: bool) -> Any:

@@ -10,12 +10,11 @@ import re
 import uuid
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from localgen import settings
 from localgen.backend import Completion
+from localgen.media import Inline
 from localgen.serve.apierror import ANTHROPIC, HTTPError, error_body
 from localgen.serve.ask import (
     Ask,
@@ -28,7 +27,7 @@ from localgen.serve.ask import (
     split_reasoning,
 )
 from localgen.serve.jobs import Done, Event, Job, Text
-from localgen.serve.pipeline import Made, handle, parts
+from localgen.serve.pipeline import Made, parts, route
 from localgen.serve.state import ServeState
 from localgen.serve.tooling import checked_tool
 from localgen.tools.spec import ToolCall
@@ -37,24 +36,14 @@ from localgen.tools.stream import Event as Said
 
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # Anthropic's
+# an image block's base64 source reaches the media reader as a data: URI: its errors name the block's field
+INLINE = Inline(decoded="an image block's source.data", encoded="an image block's source.data",
+                instead="send it as a base64 source (source.data)")
 
 
 def routes(state: ServeState) -> list[Route]:
     """The Messages routes."""
-    return [_route(state, "/v1/messages", MESSAGES), _route(state, "/v1/messages/count_tokens", COUNT)]
-
-
-def _route(state: ServeState, path: str, api: Messages) -> Route:
-    """The pipeline's route, its errors about images in Anthropic's words."""
-
-    async def endpoint(request: Request) -> Response:
-        try:
-            return await handle(state, request, api)
-        except HTTPError as e:
-            _in_anthropics_words(e)
-            raise
-
-    return Route(path, endpoint, methods=["POST"])
+    return [route(state, "/v1/messages", MESSAGES), route(state, "/v1/messages/count_tokens", COUNT)]
 
 
 class Messages:
@@ -90,7 +79,8 @@ class Messages:
                    messages=_chat_messages(body.get("system"), body.get("messages")), schema=schema,
                    tools=_tools(body.get("tools")), tool_choice=choice, parallel_tool_calls=parallel, effort=effort,
                    thinking=thinking if thinking is not None else (None if effort is None else True),
-                   split_reasoning=split_reasoning(body), stream=flag(body, "stream") and not self.counting)
+                   split_reasoning=split_reasoning(body), stream=flag(body, "stream") and not self.counting,
+                   inline=INLINE)
 
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> _Encoder:
         return _Encoder(str(body.get("model") or made.model), made.request.sampling.stop, self.counting)
@@ -193,7 +183,7 @@ def _text_of(block: Any, param: str) -> str:
 
 def _image_url(source: Any) -> str:
     """An image block's source as the URL the media reader takes (a base64 source as a data: URI, which the
-    reader's errors name as the block's source.data: _in_anthropics_words)."""
+    reader's errors name as the block's source.data: INLINE)."""
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "base64":
         assert isinstance(source, dict)
@@ -212,13 +202,6 @@ def _image_url(source: Any) -> str:
         return url
     raise HTTPError(400, "an image block's source must be {\"type\": \"base64\", \"media_type\", \"data\"} or "
                          "{\"type\": \"url\", \"url\"}", param="messages")
-
-
-def _in_anthropics_words(e: HTTPError) -> None:
-    """An error of the media reader (localgen/media.py, in OpenAI's words: the data: URI an image block's base64
-    source became; a fetched URL is named as itself) in Anthropic's: its source.data, a base64 source."""
-    e.message = re.sub(r"^(data URI|the media data)\b", "an image block's source.data", e.message.replace(
-        "send the image as a data: URI", "send it as a base64 source (source.data)"))
 
 
 def _result_text(block: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ from localgen.fetch import FetchPool
 from localgen.serve import anthropic, batches, batchrun, embeds, listings, manage, ollama, openai, page, responses
 from localgen.serve.apierror import ERROR_EXTRA, HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
+from localgen.serve.http10 import Http10
 from localgen.serve.incoming import INCOMING, Incoming
 from localgen.serve.jobs import INTERNAL, Failed
 from localgen.serve.metrics import Metrics
@@ -66,7 +67,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         root = next(r for r in routes if r.path == "/")  # Ollama's "is running", for clients that are not browsers
         routes = [*page.routes(root.endpoint), *(r for r in routes if r is not root)]
         policy = dataclasses.replace(policy, open_paths=policy.open_paths + page.ASSETS)
-    metrics = Metrics(state, routes)
+    metrics = Metrics(state, routes, desk)
     routes.append(Route("/metrics", metrics.endpoint))
     state.on_completion = metrics.observe
 
@@ -107,7 +108,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     app.state.drain = drain
     app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
     app.add_middleware(Gate, policy=policy, routes=routes)  # type: ignore[arg-type]
-    app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]  # outermost: added last
+    app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]
+    app.add_middleware(Http10)  # type: ignore[arg-type]  # outermost (added last): the bytes as they leave
     return app
 
 

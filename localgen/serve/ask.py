@@ -10,6 +10,7 @@ from typing import Any
 
 from localgen import settings
 from localgen.errors import LocalgenError, UsageError
+from localgen.media import OPENAI_WORDS, Inline
 from localgen.serve.apierror import HTTPError
 from localgen.serve.jobs import parse_duration
 
@@ -43,6 +44,7 @@ class Ask:
     stream: bool = False
     keep_alive: float | None = None  # seconds the model stays loaded once idle after this request
     conversation: str = "messages"  # the request's field the messages came from (errors name it): input, prompt
+    inline: Inline = OPENAI_WORDS  # how the API's errors name media sent inline (Anthropic: source.data)
 
 
 def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dict[str, Any]:

@@ -21,9 +21,10 @@ import hashlib
 import itertools
 import json
 import os
-import secrets
+import shutil
+import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ MAX_LINES = 50_000  # OpenAI's bound on the requests of one batch
 MAX_ERRORS = 100  # the input's faults a failed batch lists (errors.data), the first ones
 WINDOWS = ("24h",)  # OpenAI's only completion_window; here a batch runs until it is done or cancelled
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")  # the statuses of a batch not ended
+STATUSES = (*RUNNING, "completed", "failed", "cancelled")  # OpenAI's, but "expired": nothing expires here
 MAX_LINE = 16 << 20  # a line's bound in bytes: the server's --max-body (serve/guard.py's Policy), set by the app
 MAX_BATCHES_LISTED = 100  # GET /v1/batches' largest `limit` (its default: 20)
 UPLOADS = files.UPLOADS  # the paths whose bodies the gate leaves to the route (serve/guard.py)
@@ -143,26 +145,32 @@ def validate(path: Path, endpoint: str, bound: int = MAX_LINE) -> tuple[int, str
     return min(total, MAX_LINES), model, errors[:MAX_ERRORS]
 
 
-def answered(path: Path) -> list[dict[str, Any]]:
-    """The records of a results file, whole ones only: a line a crash cut short is removed from the file, so the
-    next record starts on a line of its own."""
-    try:
-        with open(path, "rb+") as f:
-            data = f.read()
-            end = data.rfind(b"\n") + 1
-            if end < len(data):
-                f.truncate(end)
-                f.flush()
-                os.fsync(f.fileno())
-    except FileNotFoundError:
-        return []
-    out = []
-    for raw in data[:end].splitlines():
-        with contextlib.suppress(ValueError):
-            doc = json.loads(raw)
-            if isinstance(doc, dict) and isinstance(doc.get("custom_id"), str):
-                out.append(doc)
-    return out
+def answered(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a results file, whole ones only, read one line at a time (an embeddings batch's answers may
+    be gigabytes): a line a crash cut short is first removed from the file, so the next record starts on a line
+    of its own."""
+    if not path.exists():
+        return
+    with open(path, "rb+") as f:
+        size = end = f.seek(0, os.SEEK_END)
+        while end > 0:  # back from the end to the last newline: a torn line is all that follows it
+            step = min(end, 1 << 16)
+            f.seek(end - step)
+            found = f.read(step).rfind(b"\n")
+            if found >= 0:
+                end = end - step + found + 1
+                break
+            end -= step
+        if end < size:
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+        f.seek(0)
+        for raw in f:
+            with contextlib.suppress(ValueError):
+                doc = json.loads(raw)
+                if isinstance(doc, dict) and isinstance(doc.get("custom_id"), str):
+                    yield doc
 
 
 def usage_of(body: Any) -> tuple[int, int, int, int]:
@@ -195,6 +203,7 @@ class Progress:
     completed: int = 0
     failed: int = 0
     tokens: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # input, cached, output, reasoning
+    appending: threading.Lock = field(default_factory=threading.Lock)  # one write() at a time: see there
 
     @classmethod
     def read(cls, folder: Path) -> Progress:
@@ -217,10 +226,14 @@ class Progress:
 
     def write(self, record: dict[str, Any], ok: bool) -> None:
         """One answered request, appended to its file and synced (in a thread: it waits for the disk); then
-        count() it."""
+        count() it. The batch's requests end in threads of their own: one appends at a time, so a short write's
+        rest cannot land after another's record, nor a full disk's truncation take another's record with it."""
         line = (json.dumps(record) + "\n").encode()  # ASCII: a custom_id's lone surrogate stays an escape
-        fd = os.open(self.folder / ("output.jsonl" if ok else "errors.jsonl"),
-                     os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with self.appending:
+            self._append("output.jsonl" if ok else "errors.jsonl", line)
+
+    def _append(self, name: str, line: bytes) -> None:
+        fd = os.open(self.folder / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             start = os.fstat(fd).st_size
             try:
@@ -254,14 +267,34 @@ class Desk:
         self.files = files.FileStore(self.root / "files", clock)
         self.batches: dict[str, dict[str, Any]] | None = None  # by id, in order of creation; None: not owned yet
         self.progress: dict[str, Progress] = {}
+        self.checking: set[str] = set()  # the batches POST /v1/batches is validating: the runner leaves them be
         self.wake = asyncio.Event()
         self.read_timeout = DEFAULT_READ_TIMEOUT_S  # serve --read-timeout, for an upload's parts
         self.max_line = MAX_LINE  # serve --max-body: a longer line could not be sent, and is not read whole
         self._lock: Any = None
+        self._saving = threading.Lock()
 
     @property
     def runs(self) -> Path:
         return self.root / "runs"
+
+    def tally(self) -> tuple[dict[str, int], dict[str, int]]:
+        """For /metrics: the batches by status, and their requests (total, completed, failed, and pending: those
+        of batches still running not answered yet). Nothing before this server holds the data dir's batches."""
+        by_status = dict.fromkeys(STATUSES, 0)
+        lines = dict.fromkeys(("total", "completed", "failed", "pending"), 0)
+        for doc in list((self.batches or {}).values()):  # a copy: the table changes on the event loop
+            by_status[doc["status"]] = by_status.get(doc["status"], 0) + 1
+            progress = self.progress.get(doc["id"])
+            counts = doc["request_counts"]
+            done = (progress.completed, progress.failed) if progress is not None else (counts["completed"],
+                                                                                      counts["failed"])
+            lines["total"] += counts["total"]
+            lines["completed"] += done[0]
+            lines["failed"] += done[1]
+            if doc["status"] in RUNNING:
+                lines["pending"] += max(0, counts["total"] - sum(done))
+        return by_status, lines
 
     def owner(self) -> None:
         """Hold the data dir's batches (a 503 when another server does), and read them the first time."""
@@ -277,7 +310,11 @@ class Desk:
                                  "folder: send batches and files to that server", "server_error") from None
         self._lock = lock
         self.batches = {}
+        self.files.sweep()
         for folder in self.runs.glob("batch_*") if self.runs.is_dir() else []:
+            for left in folder.glob(".*.tmp"):  # an object a crash left half-written (its rename never came)
+                with contextlib.suppress(OSError):
+                    left.unlink()
             with contextlib.suppress(OSError, ValueError):
                 doc = json.loads((folder / "batch.json").read_bytes())
                 if doc.get("status") in RUNNING:
@@ -301,15 +338,20 @@ class Desk:
                     return True
         return False
 
-    def save(self, doc: dict[str, Any]) -> None:
-        """A batch's object, written atomically (its counts brought up to date first)."""
-        if doc["id"] in self.progress:
-            self.progress[doc["id"]].shown(doc)
-        files.write_atomic(self.runs / doc["id"] / "batch.json", json.dumps(doc).encode())
+    def save(self, doc: dict[str, Any], **changes: Any) -> None:
+        """A batch's object, written atomically (its counts brought up to date first), with `changes` made to it
+        once they are on disk. Saves come from threads (a cancel's request, the runner): one at a time, each of
+        the object as it is then, so a slow one never lands after a later one."""
+        with self._saving:
+            if doc["id"] in self.progress:
+                self.progress[doc["id"]].shown(doc)
+            files.write_atomic(self.runs / doc["id"] / "batch.json", json.dumps({**doc, **changes}).encode())
+            doc.update(changes)
 
     def next(self) -> dict[str, Any] | None:
-        """The oldest batch not ended, or None."""
-        return next((d for d in (self.batches or {}).values() if d["status"] in RUNNING), None)
+        """The oldest batch not ended and not being validated by its request, or None."""
+        return next((d for d in (self.batches or {}).values()
+                     if d["status"] in RUNNING and d["id"] not in self.checking), None)
 
     def in_use(self, file_id: str) -> str | None:
         """The running batch that reads this file, if one does."""
@@ -321,7 +363,7 @@ class Desk:
 
     def create(self, input_file_id: str, endpoint: str, window: str, metadata: Any) -> dict[str, Any]:
         """A new batch, `validating`, made durable before anything else (the caller lists it)."""
-        ident = f"batch_{secrets.token_hex(12)}"
+        ident = files.new_id("batch_")  # in order of creation: listed so after a restart too
         doc = {"id": ident, "object": "batch", "endpoint": endpoint, "errors": None, "input_file_id": input_file_id,
                "completion_window": window, "status": "validating", "output_file_id": None, "error_file_id": None,
                "created_at": self.now(), "in_progress_at": None, "expires_at": None, "finalizing_at": None,
@@ -332,12 +374,16 @@ class Desk:
         self.save(doc)
         return doc
 
+    def forget(self, ident: str) -> None:
+        """Remove a batch that was not made after all (its folder, so a later start does not run it)."""
+        self.progress.pop(ident, None)
+        shutil.rmtree(self.runs / ident, ignore_errors=True)
+
     def validate(self, doc: dict[str, Any]) -> None:
         """Check a `validating` batch's input: `in_progress` with its count, or `failed` with its faults."""
         source = self.files.content(doc["input_file_id"])
         if not source.exists():
-            total, model, errors = 0, None, [{"code": "file_not_found", "line": None, "param": "input_file_id",
-                                               "message": f"The input file {doc['input_file_id']} was deleted."}]
+            total, model, errors = 0, None, [input_gone(doc)]
         else:
             total, model, errors = validate(source, doc["endpoint"], self.max_line)
         doc["request_counts"] = {"total": total, "completed": 0, "failed": 0}
@@ -353,9 +399,11 @@ class Desk:
 
     def finish(self, doc: dict[str, Any]) -> None:
         """End a batch whose lines are done (or were cancelled): `finalizing`, its results as files, then
-        `completed` or `cancelled`. Run again after a crash, it ends the same way."""
+        `completed` or `cancelled` (or `failed`, with its `errors`, when its input went missing). Run again after a
+        crash, it ends the same way."""
         cancelled = doc["status"] == "cancelling"
-        if doc["status"] == "in_progress":
+        failed = not cancelled and doc.get("errors") is not None  # its input went missing (serve/batchrun.py)
+        if doc["status"] == "in_progress" and not failed:
             doc.update(status="finalizing", finalizing_at=self.now())
             self.save(doc)
         folder = self.runs / doc["id"]
@@ -363,16 +411,25 @@ class Desk:
         for key, name, what, count in (("output_file_id", "output.jsonl", "output", progress.completed),
                                        ("error_file_id", "errors.jsonl", "error", progress.failed)):
             if count:
-                ident = "file-" + hashlib.sha256(f"{doc['id']}:{what}".encode()).hexdigest()[:24]
+                # the same id when run again after a crash: its time is the results' last write (files list by id
+                # within a second), then a digest of the batch's id
+                written = (folder / name).stat().st_mtime_ns
+                ident = f"file-{written:016x}" + hashlib.sha256(f"{doc['id']}:{what}".encode()).hexdigest()[:8]
                 self.files.adopt(folder / name, ident, f"{doc['id']}_{what}.jsonl", "batch_output")
                 doc[key] = ident
-        ended = {**doc, **({"status": "cancelled", "cancelled_at": self.now()} if cancelled else
-                           {"status": "completed", "completed_at": self.now()})}
-        self.save(ended)  # on disk first: a full disk leaves the batch to end again (serve/batchrun.py)
-        doc.update(ended)
+        ended = ({"status": "cancelled", "cancelled_at": self.now()} if cancelled else
+                 {"status": "failed", "failed_at": self.now()} if failed else
+                 {"status": "completed", "completed_at": self.now()})
+        self.save(doc, **ended)  # on disk first: a full disk leaves the batch to end again (serve/batchrun.py)
         self.progress.pop(doc["id"], None)
         for name in ("output.jsonl", "errors.jsonl"):  # the results' files hold them now, and the object says so
             (folder / name).unlink(missing_ok=True)
+
+
+def input_gone(doc: dict[str, Any]) -> dict[str, Any]:
+    """The fault of a batch whose input file is no longer there, as an entry of errors.data."""
+    return {"code": "file_not_found", "line": None, "param": "input_file_id",
+            "message": f"The input file {doc['input_file_id']} was deleted before the batch's requests ran."}
 
 
 def routes(desk: Desk) -> list[Route]:
@@ -410,9 +467,17 @@ def routes(desk: Desk) -> list[Route]:
             raise HTTPError(400, f"{file_id} has purpose {known['purpose']!r}: a batch's input needs a file uploaded "
                                  "with purpose \"batch\"", param="input_file_id")
         doc = await asyncio.to_thread(desk.create, file_id, str(endpoint), str(window), body.get("metadata"))
+        desk.checking.add(doc["id"])
         owned()[doc["id"]] = doc  # listed from now on (the table changes on the event loop only)
-        await asyncio.to_thread(desk.validate, doc)
-        desk.wake.set()
+        try:
+            await asyncio.to_thread(desk.validate, doc)
+        except OSError:  # its 507 (a full disk) says nothing was made: a client that sends it again makes one batch
+            owned().pop(doc["id"], None)
+            await asyncio.to_thread(desk.forget, doc["id"])
+            raise
+        finally:  # checked: the runner takes it from here
+            desk.checking.discard(doc["id"])
+            desk.wake.set()
         return JSONResponse(doc)
 
     async def listed(request: Request) -> Response:
@@ -441,8 +506,7 @@ def routes(desk: Desk) -> list[Route]:
         return doc
 
     on_disk = files.on_disk  # a full or read-only data folder: a 507 saying so
-    return [Route("/v1/batches", on_disk(create), methods=["POST"]),
-            Route("/v1/batches", on_disk(listed), methods=["GET"]),
-            Route("/v1/batches/{id}", on_disk(retrieve), methods=["GET"]),
-            Route("/v1/batches/{id}/cancel", on_disk(cancel), methods=["POST"]),
+    return [files.route("/v1/batches", POST=on_disk(create), GET=on_disk(listed)),
+            files.route("/v1/batches/{id}", GET=on_disk(retrieve)),
+            files.route("/v1/batches/{id}/cancel", POST=on_disk(cancel)),
             *files.routes(desk.files, desk.owner, desk.in_use, lambda: desk.read_timeout)]

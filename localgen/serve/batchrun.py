@@ -22,7 +22,7 @@ from typing import Any
 
 from localgen.serve import files
 from localgen.serve.apierror import HTTPError
-from localgen.serve.batches import Desk, Line, Progress, parse, read_lines
+from localgen.serve.batches import Desk, Line, Progress, input_gone, parse, read_lines
 from localgen.serve.jobs import INTERNAL
 from localgen.serve.state import ServeState
 
@@ -73,7 +73,10 @@ class Runner:
         if doc["status"] == "validating":  # a start that stopped while it was checked
             await asyncio.to_thread(self.desk.validate, doc)
         if doc["status"] == "in_progress":
-            await self.lines(doc, self.desk.progress[doc["id"]])
+            if await asyncio.to_thread(self.desk.files.content(doc["input_file_id"]).exists):
+                await self.lines(doc, self.desk.progress[doc["id"]])
+            else:  # removed by hand, or by a DELETE that raced the batch's creation: it fails, the next ones run
+                doc["errors"] = {"object": "list", "data": [input_gone(doc)]}
         if not self.stopping() and doc["status"] in ("in_progress", "finalizing", "cancelling"):
             await asyncio.to_thread(self.desk.finish, doc)
 

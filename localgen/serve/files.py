@@ -9,6 +9,7 @@ parser, never held in memory whole. What its lines hold is checked when a batch 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import json
@@ -32,6 +33,7 @@ MAX_BYTES = 200 * 1024 * 1024  # OpenAI's bound on a batch input file (209,715,2
 FORM_SLACK = 64 * 1024  # what a multipart body may hold besides the file: its boundaries, headers and `purpose`
 PURPOSES = ("batch",)  # what may be uploaded; the batches' results are files of purpose "batch_output"
 _ID = re.compile(r"file-[0-9a-f]{24}")
+_ORDERED = re.compile(r"(?:file-|batch_)([0-9a-f]{16})[0-9a-f]{8}")  # an id new_id made: its time in ns, first
 UPLOADS = ("/v1/files",)  # the gate lets these bodies through unread (serve/guard.py's Policy.uploads)
 MAX_LIST = 10_000  # OpenAI's largest `limit` for GET /v1/files (and its default)
 
@@ -54,6 +56,17 @@ def write_atomic(path: Path, data: bytes) -> None:
         paths.fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+_last_ns = 0
+
+
+def new_id(prefix: str) -> str:
+    """A new id of 24 hex digits after `prefix`, in the order ids are made: its time in ns (one more than the last
+    id's where the clock has not moved on), then random ones. Lists sort objects of the same second by id."""
+    global _last_ns
+    _last_ns = max(time.time_ns(), _last_ns + 1)
+    return f"{prefix}{_last_ns:016x}{secrets.token_hex(4)}"
 
 
 class FileStore:
@@ -84,7 +97,7 @@ class FileStore:
 
     def add(self, source: IO[bytes], filename: str, purpose: str, ident: str | None = None) -> dict[str, Any]:
         """Copy `source` in as a new file (or as `ident`), its bytes first, then its FileObject."""
-        ident = ident or f"file-{secrets.token_hex(12)}"
+        ident = ident or new_id("file-")
         folder = self._folder()
         target = folder / f"{ident}.jsonl"
         tmp = folder / f".{ident}.{os.getpid()}.tmp"
@@ -136,6 +149,22 @@ class FileStore:
         found = [d for p in self.root.glob("file-*.json") if (d := self.get(p.stem)) is not None]
         return sorted(found, key=lambda d: (d["created_at"], d["id"]))
 
+    def sweep(self) -> None:
+        """Remove what a crash left behind, unlisted and unseen: temporary files (an upload cut short, up to its
+        200 MB), and bytes whose object was never written or was deleted first (an upload not answered yet, a
+        delete half done, a batch's results: its batch, not ended yet, takes them again). Only for the server
+        that holds the folder, before it writes there."""
+        try:
+            found = list(self.root.iterdir())
+        except OSError:  # none yet, or not readable: nothing to sweep
+            return
+        for path in found:
+            left = path.name.startswith(".") and path.name.endswith(".tmp")
+            orphan = path.suffix == ".jsonl" and _ID.fullmatch(path.stem) and not path.with_suffix(".json").exists()
+            if left or orphan:
+                with contextlib.suppress(OSError):  # a folder that cannot be written: left for a later start
+                    path.unlink()
+
     def delete(self, ident: str) -> bool:
         """Forget a file: its FileObject first (it is unlisted at once), then its bytes."""
         if self.get(ident) is None:
@@ -180,7 +209,7 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
         docs = [d for d in docs if purpose is None or d["purpose"] == purpose]
         if order == "desc":
             docs.reverse()
-        return JSONResponse(page(docs, query.get("after"), limit))
+        return JSONResponse(page(docs, query.get("after"), limit, order == "desc"))
 
     async def retrieve(request: Request) -> Response:
         owner()
@@ -208,11 +237,21 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
             raise not_found(ident)
         return JSONResponse({"id": ident, "object": "file", "deleted": True})
 
-    return [Route("/v1/files", on_disk(create), methods=["POST"]),
-            Route("/v1/files", on_disk(listed), methods=["GET"]),
-            Route("/v1/files/{id}", on_disk(retrieve), methods=["GET"]),
-            Route("/v1/files/{id}", on_disk(delete), methods=["DELETE"]),
-            Route("/v1/files/{id}/content", on_disk(content), methods=["GET"])]
+    return [route("/v1/files", POST=on_disk(create), GET=on_disk(listed)),
+            route("/v1/files/{id}", GET=on_disk(retrieve), DELETE=on_disk(delete)),
+            route("/v1/files/{id}/content", GET=on_disk(content))]
+
+
+def route(path: str, **by_method: Callable[[Request], Awaitable[Response]]) -> Route:
+    """One route for `path` that hands each method to its handler: one route, not one per method, so that a
+    method it does not take gets a 405 whose `Allow` names every method it does take (Starlette's 405 names only
+    the first route that matched the path)."""
+
+    async def endpoint(request: Request) -> Response:
+        # Starlette lets HEAD through wherever GET is taken
+        return await (by_method.get(request.method) or by_method["GET"])(request)
+
+    return Route(path, endpoint, methods=list(by_method))
 
 
 
@@ -305,11 +344,19 @@ def limit_param(text: str | None, default: int, most: int) -> int:
     return int(text)
 
 
-def page(docs: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
-    """OpenAI's cursor page of `docs` (in the order listed): those after the id `after`, at most `limit`."""
+def page(docs: list[dict[str, Any]], after: str | None, limit: int, descending: bool = True) -> dict[str, Any]:
+    """OpenAI's cursor page of `docs` (listed by created_at then id, newest first unless not `descending`): those
+    after the id `after`, at most `limit`. An `after` no longer listed (a file deleted while a client pages through
+    them, as a clean-up loop does) keeps its place by the time its id begins with (new_id)."""
     if after is not None:
         at = next((i for i, d in enumerate(docs) if d["id"] == after), None)
-        docs = docs[at + 1:] if at is not None else []
+        if at is not None:
+            docs = docs[at + 1:]
+        elif (made := _ORDERED.fullmatch(after)) is None or not 1_577_836_800 <= (
+                second := int(made[1], 16) // 1_000_000_000) <= time.time() + 86_400:  # 2020 to now: a time
+            docs = []
+        else:
+            docs = [d for d in docs if ((d["created_at"], d["id"]) < (second, after)) == descending]
     shown = docs[:limit]
     return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
             "last_id": shown[-1]["id"] if shown else None, "has_more": len(docs) > limit}

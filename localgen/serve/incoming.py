@@ -10,6 +10,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from localgen import media
 from localgen.fetch import FetchPool
 from localgen.serve.apierror import HTTPError
 
@@ -47,7 +48,6 @@ async def fetch_media(raw: list[Any]) -> dict[str, Any] | None:
     or closing; every fetch stops when one fails or the client leaves."""
     import functools
 
-    from localgen import media
     from localgen.fetch import FetchBusy, FetchError, default_pool
 
     urls = _media_urls(raw)
@@ -90,24 +90,24 @@ async def _client_left(receive: Any) -> None:
         pass
 
 
-async def read_messages(raw: Any, allow_urls: bool = False) -> tuple[dict[str, Any], ...]:
+async def read_messages(raw: Any, allow_urls: bool = False,
+                        inline: media.Inline = media.OPENAI_WORDS) -> tuple[dict[str, Any], ...]:
     """messages(), off the event loop when they may hold media (content parts, Ollama's `images`): decoding up
     to 64 MiB of base64 must not stall every other client. Image URLs (with allow_urls) are fetched and
     checked first, in the server's own bounded pool (fetch_media), never the loop's default one."""
     if isinstance(raw, list) and any(isinstance(m, dict) and (isinstance(m.get("content"), list) or m.get("images"))
                                      for m in raw):
         fetched = await fetch_media(raw) if allow_urls else None
-        return await asyncio.to_thread(messages, raw, allow_urls, fetched)
+        return await asyncio.to_thread(messages, raw, allow_urls, fetched, inline)
     return messages(raw, allow_urls)
 
 
-def messages(raw: Any, allow_urls: bool = False,
-             fetched: dict[str, Any] | None = None) -> tuple[dict[str, Any], ...]:
+def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None = None,
+             inline: media.Inline = media.OPENAI_WORDS) -> tuple[dict[str, Any], ...]:
     """Chat messages with string content (OpenAI's text parts are joined; with an image or audio part, the
     parts stay, each medium read and checked here, a fetched URL as a data: URI; `fetched`: the Media
-    read_messages fetched, by URL): an assistant's tool_calls and a tool result's tool_call_id (or Ollama's
-    tool_name, and its `images`) are kept; anything else is a 400."""
-    from localgen import media
+    read_messages fetched, by URL; `inline`: how the API names inline media): an assistant's tool_calls and a
+    tool result's tool_call_id (or Ollama's tool_name, and its `images`) are kept; anything else is a 400."""
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "`messages` must be a non-empty list", param="messages")
     out = []
@@ -140,9 +140,11 @@ def messages(raw: Any, allow_urls: bool = False,
                         parts.append(fetched[url].part())
                         continue
                     try:
-                        found = media.part_media(p, allow_http=allow_urls)
+                        found = media.part_media(p, allow_http=allow_urls, inline=inline)
                     except media.MediaError as e:
                         raise HTTPError(400, e.message, param="messages") from None
+                    if found is not None:
+                        media.remember(found)  # libmtmd's errors, reading it back, name it as the API does
                     if found is not None and found.source.lower().startswith(("http://", "https://")):
                         p = found.part()  # fetched: carried as a data: URI; anything else as sent
                     parts.append(p)

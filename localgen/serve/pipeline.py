@@ -133,7 +133,7 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
         assert ask.prompt is not None
         check_prompt_size(worker, [ask.prompt])
         return GenerationRequest(prompt=ask.prompt, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact), ()
-    msgs = await read_messages(ask.messages, state.allow_image_urls)
+    msgs = await read_messages(ask.messages, state.allow_image_urls, ask.inline)
     check_prompt_size(worker, [m["content"] for m in msgs])
     return GenerationRequest(messages=msgs, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact,
                              template_args=template_args(ask)), msgs

@@ -37,9 +37,15 @@ class Toolbox:
     """The tools of one run or chat, from Python files and MCP servers, callable by name."""
 
     def __init__(self) -> None:
-        self.specs: tuple[ToolSpec, ...] = ()
+        self._specs: tuple[ToolSpec, ...] = ()
         self._runners: dict[str, Callable[[dict[str, Any], float], str]] = {}
         self._servers: list[Any] = []
+        self._of: dict[str, Any] = {}  # an MCP tool's server, by the tool's name
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """The tools the model may call: all of them but those of an MCP server that stopped."""
+        return tuple(s for s in self._specs if not getattr(self._of.get(s.name), "gone", False))
 
     @classmethod
     def open(cls, functions: list[Path], servers: list[str]) -> Toolbox:
@@ -58,6 +64,7 @@ class Toolbox:
                 box._servers.append(server)
                 for spec in server.tools:
                     box._add(spec, _mcp_runner(server, spec.name))
+                    box._of[spec.name] = server
         except BaseException:
             box.close()
             raise
@@ -66,7 +73,7 @@ class Toolbox:
     def _add(self, spec: ToolSpec, runner: Callable[[dict[str, Any], float], str]) -> None:
         if spec.name in self._runners:
             raise ToolError(f"two tools are named {spec.name!r}")
-        self.specs += (spec,)
+        self._specs += (spec,)
         self._runners[spec.name] = runner
 
     def call(self, call: ToolCall, timeout: float) -> str:

@@ -25,6 +25,7 @@ class McpServer:
         self.target = target
         self.label = target if len(target) <= 60 else target[:57] + "..."
         self.tools: tuple[ToolSpec, ...] = ()
+        self.gone = False  # the connection was lost (the process died, the HTTP server went away): no more calls
         if not target.startswith(("http://", "https://")):
             try:
                 shlex.split(target)
@@ -57,6 +58,11 @@ class McpServer:
         except ToolError:
             raise
         except Exception as e:  # the SDK's errors, a dead process, a refused connection: one line each
+            if _lost(e):
+                self.gone = True
+                raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}",
+                                hint="it stopped: its tools are no longer offered to the model (start it again "
+                                     "with a new chat)") from None
             raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}") from None
 
     def _said(self) -> str:
@@ -127,6 +133,19 @@ class McpServer:
                 asyncio.run_coroutine_threadsafe(self._stack.aclose(), self._loop).result(5)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+
+
+def _lost(e: BaseException) -> bool:
+    """Whether an error means the connection is gone for good (the SDK's "Connection closed", a closed
+    stream, a refused connection), not one call's failure."""
+    import anyio
+
+    if isinstance(e, (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, ConnectionError)):
+        return True
+    from mcp.types import CONNECTION_CLOSED
+
+    return getattr(getattr(e, "error", None), "code", None) == CONNECTION_CLOSED or any(
+        type(c).__name__ == "ConnectError" for c in (e.__cause__, e.__context__) if c is not None)
 
 
 def _quiet_sdk() -> None:

@@ -35,6 +35,7 @@ from localgen.units import format_bytes, parse_bytes
 if TYPE_CHECKING:
     from localgen.cli.output import ErrWriter
     from localgen.engine.prefixstore import PrefixStore
+    from localgen.serve.guard import Policy
     from localgen.serve.ondemand import OnDemand
     from localgen.serve.residency import Residency
     from localgen.serve.servelog import ServeLog
@@ -119,18 +120,61 @@ def start(f: ServeArgs) -> None:
 
 
 def _start(f: ServeArgs, log: ServeLog) -> None:
-    import uvicorn
-
-    from localgen.cli.main import is_loopback
     from localgen.cli.output import ErrWriter
-    from localgen.fetch import Fetcher, FetchPool
     from localgen.serve.app import build
-    from localgen.serve.guard import Policy, origins_from
-    from localgen.serve.jobs import parse_duration
     from localgen.serve.state import ServeState
 
-    err = ErrWriter()
-    listen, fetching, on_demand = f.listen, f.fetching, f.residency.on_demand
+    checked = _checked(f, log)  # every flag, before the port and before any load
+    _check_port(f.listen.host, f.listen.port)
+    if checked.cache_ram == 0 and checked.cache_disk and f.batching.cache_disk.strip().lower() != "auto":
+        log.warning("--cache-disk is off: it needs the prompt cache in RAM, and --cache-ram is 0")
+    if not _is_loopback(f.listen.host) and not checked.key:
+        log.warning(f"listening on {f.listen.host} with no API key: anyone who can reach this port can use the "
+                    "models")
+    store = _prefix_store(checked.cache_disk, checked.cache_ram, log)
+    make = _maker(f, checked.models, checked.keep, checked.cache_ram, checked.residency, store, log)
+    workers = _workers(f, checked.models, make, ErrWriter(), log)
+    state = ServeState(workers={w.name: w for w in workers}, api_key=checked.key, flag_sampling=checked.models.sampling,
+                       allow_image_urls=f.fetching.allow_image_urls,
+                       default=workers[0].name,  # the first -m, or the default model
+                       on_demand=_on_demand(checked.models, make) if f.residency.on_demand else None,
+                       residency=checked.residency, offline=f.offline, store=store,
+                       batch_lines=f.batching.batch_lines)
+    app = build(state, checked.policy, webui=f.listen.webui)
+    server = _listener(app, f, log)
+    log.event("start", None, _started_line(f, list(state.workers), checked.cache_ram, checked.residency,
+                                           store).removeprefix("localgen serve: "),
+              url=f"http://{_url_host(f.listen.host)}:{f.listen.port}", models=list(state.workers),
+              default_model=state.default)
+    for w in workers:
+        _worker_lines(w, log)
+    try:
+        server.run()
+    finally:
+        for w in list(state.workers.values()):
+            w.stop(timeout=5)
+    if getattr(server, "started", True) is False:
+        raise LocalgenError(f"the server could not start on {f.listen.host}:{f.listen.port}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """serve's flags, each checked (a usage error otherwise) before the port is tried or a model loads."""
+
+    key: str | None
+    keep: float
+    policy: Policy
+    models: ModelSettings
+    cache_ram: int
+    cache_disk: int
+    residency: Residency
+
+
+def _checked(f: ServeArgs, log: ServeLog) -> _Checked:
+    from localgen.serve.guard import Policy, origins_from
+    from localgen.serve.jobs import parse_duration
+
+    listen, fetching = f.listen, f.fetching
     check_host(listen.host)
     o.refuse_empty(*(("--cors", origin) for origin in listen.cors or ()))
     if fetching.allow_private_urls and not fetching.allow_image_urls:
@@ -146,34 +190,33 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     except LocalgenError as e:
         raise UsageError(f"--keep-alive: {e.message}") from None
     policy = Policy(api_key=key, origins=origins_from(listen.cors, os.environ.get("LOCALGEN_ORIGINS")),
-                    check_host=is_loopback(listen.host), max_body=_max_body(listen.max_body),
+                    check_host=_is_loopback(listen.host), max_body=_max_body(listen.max_body),
                     read_timeout=listen.read_timeout)
-    models = model_settings(f.knobs, f.batching.parallel)  # the flags are valid before anything loads
-    cache_ram = _cache_ram(f.batching.cache_ram)  # before the port: a bad flag is a usage error whatever listens there
-    cache_disk = _cache_disk(f.batching.cache_disk)
-    residency = _residency(f.residency, models.offload, log)
-    _check_port(listen.host, listen.port)
-    if cache_ram == 0 and cache_disk and f.batching.cache_disk.strip().lower() != "auto":
-        log.warning("--cache-disk is off: it needs the prompt cache in RAM, and --cache-ram is 0")
-    if not is_loopback(listen.host) and not key:
-        log.warning(f"listening on {listen.host} with no API key: anyone who can reach this port can use the models")
-    store = _prefix_store(cache_disk, cache_ram, log)
-    make = _maker(f, models, keep, cache_ram, residency, store, log)
-    workers = _workers(f, models, make, err, log)
-    state = ServeState(workers={w.name: w for w in workers}, api_key=key, flag_sampling=models.sampling,
-                       allow_image_urls=fetching.allow_image_urls,
-                       default=workers[0].name,  # the first -m, or the default model
-                       on_demand=_on_demand(models, make) if on_demand else None,
-                       residency=residency, offline=f.offline, store=store, batch_lines=f.batching.batch_lines)
-    app = build(state, policy, webui=listen.webui)
-    app.state.front.pool = FetchPool(Fetcher(private=fetching.allow_private_urls, timeout=fetching.fetch_timeout),
-                                     size=MAX_FETCHES, wait=FETCH_WAIT_S)
-    app.state.front.log = log
-    # our access line (serve/app.py's FrontDoor) replaces uvicorn's, which is off even with --verbose
+    models = model_settings(f.knobs, f.batching.parallel)
+    # a bad cache flag is a usage error whatever listens on the port
+    cache_ram, cache_disk = _cache_ram(f.batching.cache_ram), _cache_disk(f.batching.cache_disk)
+    return _Checked(key=key, keep=keep, policy=policy, models=models, cache_ram=cache_ram, cache_disk=cache_disk,
+                    residency=_residency(f.residency, models.offload, log))
+
+
+def _is_loopback(host: str) -> bool:
+    from localgen.cli.main import is_loopback
+
+    return is_loopback(host)
+
+
+def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
+    """uvicorn's server for `app`, with its fetch pool, our access line and the read deadlines; drained on exit."""
+    import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+    from localgen.fetch import Fetcher, FetchPool
     from localgen.serve.stalls import with_header_deadline
 
+    listen, fetching = f.listen, f.fetching
+    app.state.front.pool = FetchPool(Fetcher(private=fetching.allow_private_urls, timeout=fetching.fetch_timeout),
+                                     size=MAX_FETCHES, wait=FETCH_WAIT_S)
+    app.state.front.log = log  # our access line (serve/app.py's FrontDoor) replaces uvicorn's, off even with -v
     # a connection that sends no request, or half its headers, is closed after --read-timeout (uvicorn would
     # wait forever); so is one idle between requests (uvicorn's keep-alive timeout is no shorter: serve.md)
     config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning" if not f.verbose else "info",
@@ -184,28 +227,22 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     server = _Server(config)
     server.on_exit = app.state.drain.signal
     app.state.drain.seconds = f.drain_timeout
-    log.event("start", None, _started_line(f, list(state.workers), cache_ram, residency, store).removeprefix(
-        "localgen serve: "), url=f"http://{_url_host(listen.host)}:{listen.port}", models=list(state.workers),
-        default_model=state.default)
-    for w in workers:
-        mode = w.residence.mode
-        if mode is not None:
-            log.line(f"  {w.name}: {mode.name} batching: {mode.why}")
-            if w.residence.pc is not None and w.residence.pc.one_pool:  # --kv-unified, or its default here
-                log.line(f"  {w.name}: the slots share one pool of KV cells (--no-kv-unified: a stream each)")
-        loaded = w.residence.settings()
-        if loaded:
-            from localgen.cli.hints import record_note
+    return server
 
-            record_note(lambda text: log.line(f"  {text}"), w.name, w.ref.path,
-                        {k: v["value"] for k, v in loaded.items()}, {k: v["from"] for k, v in loaded.items()})
-    try:
-        server.run()
-    finally:
-        for w in list(state.workers.values()):
-            w.stop(timeout=5)
-    if getattr(server, "started", True) is False:
-        raise LocalgenError(f"the server could not start on {listen.host}:{listen.port}")
+
+def _worker_lines(w: ModelWorker, log: ServeLog) -> None:
+    """Under the start line, a model's batching mode and why, and where its settings came from."""
+    mode = w.residence.mode
+    if mode is not None:
+        log.line(f"  {w.name}: {mode.name} batching: {mode.why}")
+        if w.residence.pc is not None and w.residence.pc.one_pool:  # --kv-unified, or its default here
+            log.line(f"  {w.name}: the slots share one pool of KV cells (--no-kv-unified: a stream each)")
+    loaded = w.residence.settings()
+    if loaded:
+        from localgen.cli.hints import record_note
+
+        record_note(lambda text: log.line(f"  {text}"), w.name, w.ref.path,
+                    {k: v["value"] for k, v in loaded.items()}, {k: v["from"] for k, v in loaded.items()})
 
 
 def _started_line(f: ServeArgs, names: list[str], cache_ram: int, residency: Any, store: Any) -> str:

@@ -1,0 +1,43 @@
+"""An HTTP/1.0 client's answers, sent whole. HTTP/1.0 has no chunked encoding (RFC 9112, section 6.1: a server
+sends none to such a client), yet uvicorn frames every response without a Content-Length in chunks, whatever the
+request's version; a 1.0 client (nginx's proxy_pass by default, ApacheBench, old tools) reads the chunks' sizes as
+part of the body. So a response without a length, to a 1.0 request, is gathered and sent with its length: a stream
+reaches that client whole, at its end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Http10:
+    """Pure ASGI: for an HTTP/1.0 request (not HEAD), a response without Content-Length is held until its last
+    part and sent with one."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("http_version") != "1.0" or scope["method"] == "HEAD":
+            await self.app(scope, receive, send)
+            return
+        start: dict[str, Any] | None = None
+        held: list[bytes] = []
+
+        async def sending(message: dict[str, Any]) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start" and not any(
+                    k.lower() in (b"content-length", b"transfer-encoding") for k, _ in message.get("headers", ())):
+                start = message
+                return
+            if start is not None and message["type"] == "http.response.body":
+                held.append(message.get("body", b""))
+                if message.get("more_body", False):
+                    return
+                body = b"".join(held)
+                await send({**start, "headers": [*start.get("headers", ()),
+                                                 (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await send(message)
+
+        await self.app(scope, receive, sending)
