@@ -263,6 +263,21 @@ def test_the_pages_example_is_what_fit_prints_for_that_shape(cli_in_process: InP
     assert r.stdout == block.group(2)
 
 
+def test_the_json_has_the_keys_the_page_lists(cli_in_process: InProcessCLI, smollm2_path: Path) -> None:
+    """fit.md's `--json` paragraph names every key of the object, of `model` and of each device: no more, no fewer
+    (the page once left `model` out)."""
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "fit.md").read_text(encoding="utf-8")
+    said = page[page.index("`--json` prints the same as one"):page.index("A plan is an answer")]
+    named = set(re.findall(r"`([a-z_]+)`", said))
+    doc = json.loads(cli_in_process("fit", "-m", str(smollm2_path), "--json").stdout)
+    assert set(doc) <= named and set(doc["model"]) <= named
+    assert set(doc["devices"][0]) - {"device"} <= named
+    values = {"preset"}  # named there as a value (asked_by's), not a key
+    assert named - values == set(doc) | set(doc["model"]) | (set(doc["devices"][0]) - {"device"})
+
+
 # ---- what fit says of the context, the sizes it takes, a model that is not here -------------------------
 
 
