@@ -134,6 +134,8 @@ def test_ctrl_c_after_a_ladders_first_row_prints_and_keeps_it(cli: CLI, tmp_path
     out, err = p.stdout.read().decode(), p.stderr.read().decode()
     assert rc == 130, err
     assert [line.split()[0] for line in out.splitlines()[1:-1]] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert out.splitlines()[-1] == ("only the reference SmolLM2-135M-Instruct.Q4_1.gguf was measured: no quantization "
+                                    "to choose from")
     assert err.strip().splitlines()[-1] == "interrupted; the row above was measured and kept (run 1)"
     kept = c("bench", "history", "1", "-o", "json")
     assert [row["model"] for row in json.loads(kept.stdout)["rows"]] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]

@@ -160,7 +160,15 @@ def table(found: list[ladder.Row]) -> str:
 
 
 def verdict(found: list[ladder.Row], pick: ladder.Row | None, kld_bound: float) -> str:
-    """The closing line: the fastest type within the KLD bound (and that fits here)."""
+    """The closing line: the fastest type within the KLD bound (and that fits here); where only the reference was
+    measured (a Ctrl-C before the next row), or nothing was timed (-p 0 -n 0), it says so instead of naming the
+    fastest."""
+    if found and all(r.reference for r in found):
+        return f"only the reference {found[0].model} was measured: no quantization to choose from"
+    if not any(r.tg_ts is not None or r.pp_ts is not None for r in found):
+        within = [r.model for r in found if not r.reference and r.kld is not None and r.kld <= kld_bound
+                  and r.fits != "won't fit"]
+        return f"none was timed (-p 0 -n 0); within a mean KLD of {kld_bound}: {', '.join(within) or 'none'}"
     if pick is None:
         return f"none is within a mean KLD of {kld_bound} and fits here"
     if pick.reference:
