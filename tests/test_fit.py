@@ -178,8 +178,18 @@ def test_tensor_split_takes_one_proportion_per_gpu_as_llama_cpp_reads_it(shape_p
     assert first.layers == (32, 0) and [d.device for d in first.footprint.gpus] == ["GPU0"]
     assert _plan(path, cards, tensor_split=(0.0, 0.0, 1.0)).layers == _plan(path, cards).layers  # all 0 read
     page = " ".join((Path(__file__).parent.parent / "docs" / "fit.md").read_text(encoding="utf-8").split())
-    assert "or by `-ts`'s proportions, one per GPU as llama.cpp reads them (a missing one is 0, one beyond the GPUs " \
-           "is not read)" in page
+    assert "`-ts` gives the proportions instead, one per GPU as llama.cpp reads them (a missing one is 0, one beyond " \
+           "the GPUs is not read)" in page
+
+
+def test_a_gpu_with_no_memory_to_give_takes_no_layer_and_the_next_takes_them(
+        shape_path: Callable[[str], Path]) -> None:
+    """A first GPU the plan may take nothing of (an [N/A] card that llama.cpp reports no memory for) gets no
+    layer, as llama.cpp's split by free memory gives it none: the second card takes them (it was all on the CPU)."""
+    path = shape_path("dense-8b")
+    plan = _plan(path, (0, 24 * GB))
+    assert plan.verdict == fit.FULL_GPU and plan.layers == (0, 32), plan.layers
+    assert plan.footprint.on("GPU0").total == 0 < plan.footprint.on("GPU1").total <= plan.machine.gpu_budget(1)
 
 
 def test_plans_for_a_30b_moe_put_attention_on_the_gpu_and_experts_in_ram(shape_path: Callable[[str], Path]) -> None:

@@ -81,7 +81,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         """Starlette's own refusals (no such route, a method the route does not take) in the API's shape."""
         assert isinstance(exc, HTTPException)
         where = f"{request.method} {request.url.path}"[:200]
-        message = {404: f"Invalid URL ({where})", 405: f"Method not allowed ({where}; it takes "
+        message = {404: f"Invalid URL ({where}){_meant(request.url.path, routes)}",
+                   405: f"Method not allowed ({where}; it takes "
                    f"{(exc.headers or {}).get('Allow', 'another method')})"}.get(exc.status_code, str(exc.detail))
         return error_response(request, HTTPError(exc.status_code, message, "invalid_request_error"), exc.headers)
 
@@ -250,3 +251,13 @@ class Drain:
             w.fail_all(Failed(503, f"{w.name}: {STOPPING}"))
         for pull in list(self.state.pulls):
             pull.end(f"{STOPPING}: the download stops here, and the next pull of this model resumes it")
+
+
+def _meant(path: str, routes: list[Any]) -> str:
+    """For a path that is a route but for its /v1 (a client's base URL given with /v1 where it adds it itself,
+    as Anthropic's clients do, or without it where it does not, as OpenAI's): which route it meant, and why."""
+    alt = path[3:] if path.startswith("/v1/v1/") else "" if path.startswith("/v1/") else "/v1" + path
+    if not alt or alt not in {getattr(r, "path", None) for r in routes}:
+        return ""
+    return (f": did you mean {alt}? (an Anthropic client's base URL has no /v1, it adds it; an OpenAI client's "
+            "ends in /v1)")
