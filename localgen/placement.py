@@ -16,6 +16,7 @@ from localgen.errors import UsageError
 # llama.cpp's LLM_FFN_EXPS_REGEX: a MoE layer's expert weights (gate_up fused, and the chunked _chexps)
 EXPS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 CPU = "CPU"
+MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS (src/llama-hparams.h): no model has a layer past it
 _NOT_ECMASCRIPT = re.compile(r"(?<!\\)\(\?[^:=!]|(?<!\\)\\[AZzG]")  # Python-only: named groups, flags, lookbehind
 
 
@@ -25,8 +26,10 @@ def cpu_moe() -> tuple[str, str]:
 
 
 def n_cpu_moe(n: int) -> list[tuple[str, str]]:
-    """--n-cpu-moe N: the experts of the first N layers in RAM (llm_add_n_cpu_ffn_overrides)."""
-    return [(rf"blk\.{i}{EXPS}", CPU) for i in range(n)]
+    """--n-cpu-moe N: the experts of the first N layers in RAM (llm_add_n_cpu_ffn_overrides). An N past the
+    most layers a model can have means every layer, as it does to llama.cpp, without a pattern per layer that
+    cannot exist (--n-cpu-moe 99999999999999999999 would otherwise fill the memory)."""
+    return [(rf"blk\.{i}{EXPS}", CPU) for i in range(min(n, MAX_LAYERS))]
 
 
 def parse(text: str | Iterable[str] | None) -> tuple[tuple[str, str], ...]:

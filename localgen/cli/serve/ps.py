@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localgen.errors import LocalgenError
+from localgen.errors import LocalgenError, UsageError
 
 
 def ps(
@@ -28,9 +28,14 @@ def ps(
     from localgen.units import format_bytes
 
     check_host(host)
+    if api_key and not (api_key.isascii() and api_key.isprintable() and " " not in api_key):
+        raise UsageError("--api-key (or LOCALGEN_API_KEY) has spaces, control characters or non-ASCII letters "
+                         "inside: no HTTP header carries it as given")
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     try:
         r = httpx.get(f"{url}/api/ps", headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=10)
+    except httpx.InvalidURL as e:
+        raise UsageError(f"--host {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
     except httpx.HTTPError:
         raise LocalgenError(f"no localgen serve is running at {url}", hint="start one with localgen serve, or give "
                             "--host and --port") from None

@@ -1,0 +1,49 @@
+"""Hostile values on the command line (found by fuzzing every command's every option: empty, blank, huge,
+negative, NaN, control characters, 100 KB strings, directories, /dev/null): each gets one line on stderr, exit 2
+for a usage error, no traceback, no hang, and nothing written to the user's data."""
+
+from __future__ import annotations
+
+import pytest
+
+from localgen import placement
+from tests.conftest import InProcessCLI
+
+BIG = "A" * 100_000
+
+
+def one_line_usage_error(r: object, *names: str) -> str:
+    """The error line of a refused call, checked: exit 2, no traceback, one line naming each of `names`."""
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])  # type: ignore[attr-defined]
+    err: str = r.stderr  # type: ignore[attr-defined]
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("localgen: error: "), err[-2000:]
+    assert len(lines[0]) < 1000, "the value is not echoed whole"
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+def test_n_cpu_moe_past_any_model_s_layers_is_every_layer_not_a_pattern_each() -> None:
+    # --n-cpu-moe 99999999999999999999 made a pattern per layer up to it: fit, run and serve never ended
+    assert placement.n_cpu_moe(10**6) == placement.n_cpu_moe(512)  # llama.cpp's LLAMA_MAX_LAYERS
+    assert len(placement.n_cpu_moe(10**6)) == 512
+    assert placement.n_cpu_moe(3) == [(rf"blk\.{i}{placement.EXPS}", "CPU") for i in range(3)]
+
+
+def test_fit_takes_a_huge_n_cpu_moe_as_every_layer(cli_in_process: InProcessCLI) -> None:
+    r = cli_in_process("fit", "-m", "smollm2:135m", "--n-cpu-moe", "99999999999999999999", "--json")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(("args", "names"), [
+    (("--host", "\x1b[2J"), ("--host",)),
+    (("--host", "é✓日本"), ("--host",)),
+    (("--host", BIG), ("--host",)),
+    (("--api-key", "é✓日本"), ("--api-key",)),
+    (("--api-key", "\x1b[2J\u202e"), ("--api-key",)),
+])
+def test_ps_refuses_a_host_or_key_no_url_or_header_can_carry(cli_in_process: InProcessCLI, args: tuple[str, ...],
+                                                               names: tuple[str, ...]) -> None:
+    one_line_usage_error(cli_in_process("ps", "--port", "9", *args), *names)
