@@ -47,3 +47,14 @@ def test_fit_takes_a_huge_n_cpu_moe_as_every_layer(cli_in_process: InProcessCLI)
 def test_ps_refuses_a_host_or_key_no_url_or_header_can_carry(cli_in_process: InProcessCLI, args: tuple[str, ...],
                                                                names: tuple[str, ...]) -> None:
     one_line_usage_error(cli_in_process("ps", "--port", "9", *args), *names)
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+@pytest.mark.parametrize("schema", ["-1", "null", '"x"', "1e400", "[" + ",".join(["1"] * 100) + "]"])
+def test_a_json_schema_that_is_no_object_is_one_line(cli_in_process: InProcessCLI, command: str,
+                                                      schema: str) -> None:
+    # validator_for looked for "$schema" inside a number: a TypeError's traceback (exit 1 as every invalid schema)
+    r = cli_in_process(command, "-m", "smollm2:135m", "-n", "1", "--json-schema", schema, input="hi\n")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    line, = r.stderr.strip().splitlines()
+    assert line.startswith("localgen: error: the JSON schema is not valid: ") and len(line) < 200, line

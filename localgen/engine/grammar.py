@@ -152,6 +152,10 @@ def check_json_schema(schema: Any) -> None:
     names none): the converter takes `{"type": "objekt"}` or a nested `"strng"` for "anything"."""
     import jsonschema
 
+    if not isinstance(schema, (dict, bool)):  # validator_for looks for "$schema" inside: a number has no inside
+        shown = json.dumps(schema)
+        raise GrammarError(f"the JSON schema is not valid: {shown if len(shown) <= 80 else shown[:77] + '...'} is not "
+                           "of type 'object', 'boolean'")
     try:
         jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as e:
