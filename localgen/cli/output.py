@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any, TextIO
 
@@ -150,6 +151,22 @@ def format_stats(s: Stats) -> str:
     return " · ".join(parts)
 
 
+ERROR_HEAD, ERROR_TAIL = 600, 400  # what an error line keeps of its start and end when it quotes a huge value
+# characters that would act on a terminal instead of showing (ESC, BEL, CR, ...) or reorder the line (bidi controls)
+_INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def error_text(line: str) -> str:
+    """An error line as it is printed: a control character a quoted value carried is shown escaped (\\x1b), not
+    obeyed by the terminal, and a line past ERROR_HEAD + ERROR_TAIL characters (a 100 KB flag value quoted) keeps
+    its start and its end, where the hint is, around what was left out."""
+    line = _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), line)
+    if len(line) > ERROR_HEAD + ERROR_TAIL + 100:
+        left_out = len(line) - ERROR_HEAD - ERROR_TAIL
+        line = f"{line[:ERROR_HEAD]} … ({left_out:,} characters left out) … {line[-ERROR_TAIL:]}"
+    return line
+
+
 class ErrWriter:
     """stderr: styled on a terminal (unless NO_COLOR), plain text otherwise."""
 
@@ -199,8 +216,8 @@ class ErrWriter:
         self._print(f"warning: {text}", "yellow")
 
     def error(self, message: str, hint: str | None = None) -> None:
-        """The one-line error: `localgen: error: message (hint)`."""
-        self._print(f"localgen: error: {message}" + (f" ({hint})" if hint else ""), "red")
+        """The one-line error: `localgen: error: message (hint)`, readable whatever value it quotes (error_text)."""
+        self._print(error_text(f"localgen: error: {message}" + (f" ({hint})" if hint else "")), "red")
 
     def stats(self, s: Stats, lead: str = "") -> None:
         """The stats line (after `lead`: a tool run's steps)."""
