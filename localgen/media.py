@@ -180,6 +180,8 @@ def _audio(fmt: str, data: bytes, source: str, seconds: float | None) -> Media:
 def read(spec: str, stdin: Any = None) -> Media:
     """An attachment named on the command line: a file path, an http(s) URL, a data: URI, or `-` (stdin's
     bytes)."""
+    if not spec.strip():  # Path("") is the current folder
+        raise MediaError("an empty attachment name: give a file path, an http(s) URL, a data: URI or - (stdin)")
     if spec == "-":
         if stdin is None:
             import sys

@@ -58,3 +58,36 @@ def test_a_json_schema_that_is_no_object_is_one_line(cli_in_process: InProcessCL
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     line, = r.stderr.strip().splitlines()
     assert line.startswith("localgen: error: the JSON schema is not valid: ") and len(line) < 200, line
+
+
+@pytest.mark.parametrize("args", [
+    ("fit", "-m", "smollm2:135m", "--cache-type-k", BIG),
+    ("fit", "-m", "smollm2:135m", "--rope-scaling", BIG),
+    ("run", "-m", "smollm2:135m", "-n", "1", "--attach", BIG, "hi"),
+])
+def test_an_error_quoting_a_huge_value_keeps_its_start_and_end(cli_in_process: InProcessCLI,
+                                                               args: tuple[str, ...]) -> None:
+    # the 100 KB value came back whole, in one 100 KB line
+    r = cli_in_process(*args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    line, = r.stderr.strip().splitlines()
+    assert line.startswith("localgen: error: ") and len(line) < 1200, len(line)
+    assert "characters left out" in line
+
+
+@pytest.mark.parametrize("value", ["\x1b[2J\u202eX\x07", "a\rb", "\x9b31m"])
+def test_an_error_shows_a_value_s_control_characters_escaped(cli_in_process: InProcessCLI, value: str) -> None:
+    # "no such file: ESC[2J": the terminal cleared the screen instead of showing the name
+    r = cli_in_process("run", "-m", "smollm2:135m", "-n", "1", "--attach", value, "hi")
+    assert r.returncode == 2
+    assert r.stderr.isprintable() is False and r.stderr.endswith("\n")
+    line = r.stderr[:-1]
+    assert line.isprintable() and line.startswith("localgen: error: no such file: "), repr(line)
+    assert value.encode("unicode_escape").decode() in line
+
+
+def test_an_empty_attachment_name_is_said_so(cli_in_process: InProcessCLI) -> None:
+    # Path("") is the current folder: "localgen: error:  is a folder, not a file"
+    for value in ("", "  "):
+        line = one_line_usage_error(cli_in_process("run", "-m", "smollm2:135m", "-n", "1", "--attach", value, "hi"))
+        assert "empty attachment name" in line, line
