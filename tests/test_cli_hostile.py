@@ -91,3 +91,13 @@ def test_an_empty_attachment_name_is_said_so(cli_in_process: InProcessCLI) -> No
     for value in ("", "  "):
         line = one_line_usage_error(cli_in_process("run", "-m", "smollm2:135m", "-n", "1", "--attach", value, "hi"))
         assert "empty attachment name" in line, line
+
+
+@pytest.mark.parametrize("args", [("bench", "history", "99999999999999999999"),
+                                  ("bench", "compare", "99999999999999999999", "1"),
+                                  ("bench", "compare", "1", "99999999999999999999")])
+def test_a_run_number_past_what_sqlite_stores_is_no_run(cli_in_process: InProcessCLI, args: tuple[str, ...]) -> None:
+    # OverflowError: Python int too large to convert to SQLite INTEGER
+    r = cli_in_process(*args)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.startswith("localgen: error: no benchmark run ") and r.stderr.count("\n") == 1, r.stderr

@@ -126,6 +126,8 @@ def runs() -> list[Listed]:
 
 def get(run_id: int) -> Run:
     """One run, or a clear error."""
+    if not 0 < run_id < 2**63:  # past what SQLite stores (an OverflowError), or a number no run gets
+        raise LocalgenError(f"no benchmark run {run_id}", hint="localgen bench history lists them")
     with _db() as conn:
         row = conn.execute("SELECT id, created, command, system FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
