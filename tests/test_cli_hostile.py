@@ -4,10 +4,12 @@ for a usage error, no traceback, no hang, and nothing written to the user's data
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from localgen import placement
-from tests.conftest import InProcessCLI
+from tests.conftest import CLI, InProcessCLI
 
 BIG = "A" * 100_000
 
@@ -101,3 +103,15 @@ def test_a_run_number_past_what_sqlite_stores_is_no_run(cli_in_process: InProces
     r = cli_in_process(*args)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.startswith("localgen: error: no benchmark run ") and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("bad", ["no-such-model-here", "\x1b[2J\u202e\x07"])
+def test_serve_finds_every_model_before_it_loads_one(cli: CLI, bad: str) -> None:
+    # the first -m was loaded (and its worker left running: a segfault at exit, 1 run in 6) before the second's
+    # name was found unknown
+    with socket.socket() as s:  # a port free now: the check that it is comes before the models
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = cli("serve", "-m", "smollm2:135m", "-m", bad, "--port", str(port), timeout=120)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.startswith("localgen: error: unknown model ") and r.stderr.count("\n") == 1, r.stderr

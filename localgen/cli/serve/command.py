@@ -394,18 +394,24 @@ def _workers(f: ServeArgs, models: ModelSettings, make: Callable[[ModelRef, bool
 
     load = models.load  # the tuning record for this many streams, if one was made
     names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
-    workers = []
-    for name in names:
-        progress = LineProgress(log.line) if log.json else make_progress()
-        ref = files.with_template(resolve(name, offline=f.offline, progress=progress), f.mmproj,
-                                  f.chat_template_file)
-        # -m pins; the default model, loaded at start, may make room
-        w = make(ref, bool(f.models), load)
-        if not log.json:
-            err.status(f"loading {ref.name} ...")
-        w.preload()
-        w.start()
-        workers.append(w)
+    # every name found (or fetched) before any model loads: a bad second -m costs no load of the first
+    refs = [files.with_template(resolve(name, offline=f.offline,
+                                        progress=LineProgress(log.line) if log.json else make_progress()),
+                                f.mmproj, f.chat_template_file) for name in names]
+    workers: list[ModelWorker] = []
+    try:
+        for ref in refs:
+            # -m pins; the default model, loaded at start, may make room
+            w = make(ref, bool(f.models), load)
+            if not log.json:
+                err.status(f"loading {ref.name} ...")
+            w.preload()
+            w.start()
+            workers.append(w)
+    except BaseException:
+        for w in workers:  # a worker's thread left running in llama.cpp as the interpreter ends: a segfault
+            w.stop(timeout=5)
+        raise
     return workers
 
 
