@@ -115,3 +115,10 @@ def test_serve_finds_every_model_before_it_loads_one(cli: CLI, bad: str) -> None
     r = cli("serve", "-m", "smollm2:135m", "-m", bad, "--port", str(port), timeout=120)
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
     assert r.stderr.startswith("localgen: error: unknown model ") and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("host", ["\x1b[2J\u202e\x07", "local host", "127.0.0.1\n"])
+def test_serve_refuses_a_host_with_control_characters(cli_in_process: InProcessCLI, host: str) -> None:
+    # bind() raised "TypeError: encoding of hostname failed": a traceback
+    line = one_line_usage_error(cli_in_process("serve", "--host", host, "--port", "1"), "--host")
+    assert "not a host name or address" in line, line

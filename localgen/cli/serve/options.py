@@ -64,10 +64,14 @@ class ListenOptions(OptionGroup):
 
 
 def check_host(host: str) -> None:
-    """An empty --host (serve's or ps's) is a usage error: serve would take it for every interface, IPv4 and IPv6."""
+    """An empty --host (serve's or ps's) is a usage error: serve would take it for every interface, IPv4 and IPv6;
+    so is one with spaces or control characters, which no host name has."""
     if not host.strip():
         raise UsageError("--host is empty", hint="give an address: 127.0.0.1 for this machine only, 0.0.0.0 for "
                          "every interface")
+    if not host.isprintable() or any(c.isspace() for c in host):  # no host name has them; bind() says TypeError
+        raise UsageError(f"--host {host[:100]!r} is not a host name or address: it has spaces or control characters",
+                         hint="give an address: 127.0.0.1 for this machine only, 0.0.0.0 for every interface")
 
 
 @dataclass(frozen=True)
