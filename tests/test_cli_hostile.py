@@ -4,12 +4,18 @@ for a usage error, no traceback, no hang, and nothing written to the user's data
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from localgen import placement
-from tests.conftest import CLI, InProcessCLI
+from tests.conftest import CLI, ROOT, InProcessCLI
 
 BIG = "A" * 100_000
 
@@ -122,3 +128,28 @@ def test_serve_refuses_a_host_with_control_characters(cli_in_process: InProcessC
     # bind() raised "TypeError: encoding of hostname failed": a traceback
     line = one_line_usage_error(cli_in_process("serve", "--host", host, "--port", "1"), "--host")
     assert "not a host name or address" in line, line
+
+
+def test_quantize_to_a_folder_it_cannot_write_is_refused_before_the_work() -> None:
+    # llama.cpp was asked to write there, and the error blamed the disk: "the disk is full or the file too large"
+    top = Path(tempfile.mkdtemp(prefix="localgen-ro-", dir="/tmp"))
+    try:
+        top.chmod(0o777)  # the home is the user's; only the output's folder is not
+        folder = top / "ro"
+        folder.mkdir(mode=0o555)
+        folder.chmod(0o555)
+        env = {"PATH": os.environ.get("PATH", ""), "LOCALGEN_HOME": str(top / "home"), "HF_HOME": str(top / "hf"),
+               "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+        as_nobody: list[str] = []
+        if os.geteuid() == 0:  # root writes anywhere: run as nobody
+            if shutil.which("setpriv") is None:
+                pytest.skip("root, and no setpriv to run as another user")
+            as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        r = subprocess.run([*as_nobody, sys.executable, "-m", "localgen", "quantize", "smollm2:135m", "Q8_0",
+                            "--allow-requantize", "--output", str(folder / "q.gguf")], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        line = one_line_usage_error(r)
+        assert f"cannot write in {folder}: permission denied" in line, line
+        assert list(folder.iterdir()) == []
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

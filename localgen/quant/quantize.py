@@ -161,6 +161,8 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
         raise UsageError(f"{out} is a directory")
     if not out.parent.is_dir():
         raise UsageError(f"no such folder: {out.parent}")
+    if not os.access(out.parent, os.W_OK | os.X_OK):  # found now, not once llama.cpp has done the work
+        raise UsageError(f"cannot write in {out.parent}: permission denied", hint="give --output a folder of yours")
     imatrix: dict[str, Any] = {}
     overrides: list[tuple[str, int | str]] = []
     if opts.imatrix is not None:
