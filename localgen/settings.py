@@ -374,7 +374,7 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
     LoadKnob("tensor_split", TEXT, ("--tensor-split", "-ts"), "Proportions of the model per GPU (and RPC device), "
              "e.g. 3,1.", panel=GPU, metavar="N,N,..."),
     LoadKnob("main_gpu", INT, ("--main-gpu", "-mg"), "The GPU for the whole model with --split-mode none (and for "
-             "scratch with row).", "main_gpu", 0, panel=GPU, ollama="main_gpu"),
+             "scratch with row).", "main_gpu", 0, INT32, panel=GPU, ollama="main_gpu"),
     LoadKnob("n_cpu_moe", INT, ("--n-cpu-moe", "-ncmoe"), "Keep the mixture-of-experts weights of the first N "
              "layers in RAM, the rest of those layers on the GPU (default: as the plan finds room; `localgen fit`).",
              "n_cpu_moe", 0, panel=GPU, envvar="LLAMA_ARG_N_CPU_MOE", metavar="N"),
@@ -390,7 +390,7 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
     LoadKnob("rope_freq_scale", FLOAT, ("--rope-freq-scale",), "RoPE frequency scale (1/N stretches the context N "
              "times); 0 from the model.", "rope_freq_scale", 0.0, panel=GPU),
     LoadKnob("yarn_orig_ctx", INT, ("--yarn-orig-ctx",), "YaRN: the model's original training context; 0 from the "
-             "model.", "yarn_orig_ctx", 0, panel=GPU),
+             "model.", "yarn_orig_ctx", 0, INT32, panel=GPU),
     LoadKnob("lora", TEXT, ("--lora",), "LoRA adapters (GGUF) to apply over the model, comma-separated; each "
              "is made for one base model.", metavar="FILE,..."),
     LoadKnob("lora_scaled", TEXT, ("--lora-scaled",), "LoRA adapters with a scale each (0 turns one off, 1 is "

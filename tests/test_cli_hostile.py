@@ -153,3 +153,14 @@ def test_quantize_to_a_folder_it_cannot_write_is_refused_before_the_work() -> No
         assert list(folder.iterdir()) == []
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+@pytest.mark.parametrize(("flag", "value"), [("--yarn-orig-ctx", "99999999999999999999"),
+                                             ("--main-gpu", "4294967296")])
+def test_a_load_number_past_a_c_int_is_refused(cli_in_process: InProcessCLI, command: str, flag: str,
+                                               value: str) -> None:
+    # ctypes wraps it silently: --yarn-orig-ctx 99999999999999999999 ran with some other number
+    # serve's bad --log-format, found after the flags are parsed, keeps a regression from starting a server
+    args = ["-m", "smollm2:135m", flag, value] + (["-n", "1", "hi"] if command == "run" else ["--log-format", "x"])
+    one_line_usage_error(cli_in_process(command, *args), flag, "2147483647")
