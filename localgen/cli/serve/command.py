@@ -512,12 +512,17 @@ def _api_key(f: ServeArgs) -> str | None:
     return _checked_key(listen.api_key, where)
 
 
+MAX_KEY = 4096  # an API key's characters: the Authorization header must fit the server's 16 KiB of headers
+
+
 def _checked_key(key: str, where: str) -> str:
     """A key a client can send in `Authorization: Bearer KEY`: one line, no spaces or control characters."""
     if any(c.isspace() or not c.isprintable() for c in key):
         raise UsageError(f"{where}: the key has spaces, line breaks or control characters inside; a client "
                          "sends it on one header line, so no request could match",
                          hint="one key, on one line")
+    if len(key) > MAX_KEY:  # past what the server reads of a request's headers (h11: 16 KiB in all)
+        raise UsageError(f"{where}: the key is {len(key):,} characters; at most {MAX_KEY:,} fit a request's headers")
     return key
 
 

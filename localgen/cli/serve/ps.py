@@ -28,12 +28,14 @@ def ps(
     from localgen.units import format_bytes
 
     check_host(host)
-    if api_key and not (api_key.isascii() and api_key.isprintable() and " " not in api_key):
-        raise UsageError("--api-key (or LOCALGEN_API_KEY) has spaces, control characters or non-ASCII letters "
-                         "inside: no HTTP header carries it as given")
+    if api_key and not (api_key.isprintable() and " " not in api_key):
+        raise UsageError("--api-key (or LOCALGEN_API_KEY) has spaces or control characters inside: no HTTP header "
+                         "carries it as given")
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     try:
-        r = httpx.get(f"{url}/api/ps", headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=10)
+        # the key's UTF-8 bytes, as serve compares them (httpx would encode a str header as ASCII only)
+        auth = {b"Authorization": f"Bearer {api_key}".encode()} if api_key else {}
+        r = httpx.get(f"{url}/api/ps", headers=auth, timeout=10)
     except httpx.InvalidURL as e:
         raise UsageError(f"--host {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
     except httpx.HTTPError:
