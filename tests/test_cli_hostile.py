@@ -178,3 +178,15 @@ def test_serve_refuses_a_key_longer_than_a_request_s_headers_hold(cli_in_process
         r = cli_in_process("serve", "--api-key", BIG, "--port", str(taken.getsockname()[1]))
     line = one_line_usage_error(r, "--api-key")
     assert "100,000 characters" in line, line
+
+
+@pytest.mark.parametrize("args", [
+    ("perplexity", "-m", "smollm2:135m", "--file", str(ROOT / "README.md"), "--ctx", "64", "--chunks", "1"),
+    ("rpc-server", "--port", "1"),
+    ("quantize", "smollm2:135m", "Q8_0", "--allow-requantize", "--output", "/nonexistent/q.gguf"),
+])
+def test_threads_past_what_any_machine_has_are_refused(cli: CLI, args: tuple[str, ...]) -> None:
+    # perplexity --threads 99999999999999999999: llama.cpp's std::bad_alloc, SIGABRT and a gdb backtrace;
+    # rpc-server served with the number wrapped to another
+    r = cli(*args, "--threads", "99999999999999999999", timeout=60)
+    one_line_usage_error(r, "--threads", "1024")

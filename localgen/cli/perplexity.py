@@ -25,7 +25,7 @@ BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1,
 UBatchOpt = Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, help="Physical batch size.")]
 ChunksOpt = Annotated[int | None, typer.Option("--chunks", min=1, show_default=False,
                                                help="Measure only the first N windows (default: all).")]
-ThreadsOpt = Annotated[int | None, typer.Option("--threads", "-t", min=1, show_default=False,
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", "-t", min=1, max=1024, show_default=False,
                                                 help="CPU threads (default: the cores this process may use).")]
 GpuOpt = Annotated[int | None, typer.Option("--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, show_default=False,
                                             help="Layers on the GPU, -1 all (default: as many as fit).")]

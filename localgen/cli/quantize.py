@@ -33,7 +33,7 @@ def quantize(
     name: Annotated[str | None, typer.Option(
         "--name", show_default=False,
         help="NAME of the result, NAME:TYPE in `localgen list` (default: from the source's name).")] = None,
-    threads: Annotated[int | None, typer.Option("--threads", "-t", min=1, show_default=False,
+    threads: Annotated[int | None, typer.Option("--threads", "-t", min=1, max=1024, show_default=False,
                                                 help="Threads (default: every CPU this process may use).")] = None,
     allow_requantize: Annotated[bool, typer.Option(
         "--allow-requantize", help="Quantize a source that is already quantized (loses more quality).")] = False,

@@ -18,7 +18,7 @@ def rpc_server(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=1, max=65535, help="Port.")] = 50052,
     threads: Annotated[
-        int | None, typer.Option("--threads", "-t", min=1, show_default=False,
+        int | None, typer.Option("--threads", "-t", min=1, max=1024, show_default=False,
                                  help="CPU threads (default: the physical cores this process may use).")
     ] = None,
     cache: Annotated[
