@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localgen.cli.chat.plan import ChatPlan
-from localgen.cli.chat.turn import restore_state, save_state, stream
+from localgen.cli.chat.turn import restore_state, save_state, stream, summary_interrupts
 from localgen.cli.chat.view import ChatView
 from localgen.cli.hints import model_gone
 from localgen.cli.options import files, preset
@@ -35,7 +35,7 @@ def start(plan: ChatPlan) -> None:
     session = _open_session(plan.name, plan.resume, model, send.system)
     tools = send.tools
     view = ChatView(interactive=plan.interactive, plain=plan.plain, stats=plan.stats, sampling=send.sampling,
-                    model_given=load.model_given, yes=tools is not None and tools.yes)
+                    model_given=load.model_given, yes=tools is not None and tools.yes, compact=plan.compact)
     view.loader = (lambda name: remote_backend(endpoints, name, load.assumed_ctx, view)) if endpoints else (
         lambda name: load_backend(name, load, view))
     toolbox = open_toolbox(tools)
@@ -65,6 +65,8 @@ def start(plan: ChatPlan) -> None:
         runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, tools.tool_steps, tools.tool_timeout
         runner.tool_choice = tools.tool_choice
     runner.thinking = send.think
+    use_compaction(runner, view)
+    runner.note, runner.alert = view.info, view.warning
     runner.prompt_cache = send.prompt_cache
     try:
         if send.grammar is not None:
@@ -212,7 +214,8 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     import localgen.cli.chat.slash
     import localgen.tools.loop  # noqa: F401
     if runner.session.messages:
-        view.info(f"resumed {runner.session.name}: {plural(len(runner.session.messages), 'message')}")
+        view.info(f"resumed {runner.session.name}: {plural(len(runner.session.messages), 'message')}"
+                  + summarized(runner.session))
     while True:
         try:
             text = line_input.read()
@@ -223,6 +226,20 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
             return
         if not handle(text, runner, view):
             return
+
+
+def use_compaction(runner: Any, view: ChatView) -> None:
+    """Compaction on or off as --compact / --no-compact say, else as the conversation was saved; a flag given is
+    saved with the conversation (a resumed chat goes on compacting)."""
+    if view.compact is not None:
+        runner.session.compact = view.compact
+    runner.compact = bool(runner.session.compact)
+
+
+def summarized(session: Any) -> str:
+    """What a resumed or loaded conversation's summary covers, for the line that says it goes on."""
+    s = session.summary
+    return f" (the first {s.covers:,} sent as a summary)" if s is not None else ""
 
 
 def _model_names(endpoints: list[Any]) -> Callable[[], list[str]]:
@@ -306,7 +323,8 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
         if view.attachments:
             text = "\n\n".join([*view.attachments, text])
             view.attachments.clear()
-        first = runner.start(checked(text, "the message"), view.media)
+        with summary_interrupts(runner):  # Ctrl-C while a summary is written stops only the summary
+            first = runner.start(checked(text, "the message"), view.media)
         view.media.clear()
     except KeyboardInterrupt:  # Ctrl-C between Enter and the answer (fitting a long history to the window)
         if not view.interactive:

@@ -31,6 +31,7 @@ class ChatView:
     err: ErrWriter = field(default_factory=ErrWriter)
     yes: bool = False  # tool calls run without asking (--yes)
     always: set[str] = field(default_factory=set)  # tools the user allowed for the rest of the chat
+    compact: bool | None = None  # --compact / --no-compact, over a loaded chat's own choice (None: not given)
 
     def ask(self, question: str) -> str:
         """A question to the user on the terminal (scripted chats never ask: they need --yes)."""
@@ -50,6 +51,13 @@ class ChatView:
             self.console.print(text, style="dim", markup=False)
         else:
             self.err.line(text)
+
+    def warning(self, text: str) -> None:
+        """A warning the chat goes on after: yellow on the terminal; stderr when scripted."""
+        if self.console is not None:
+            self.console.print(f"warning: {text}", style="yellow", markup=False)
+        else:
+            self.err.warn(text)
 
     def error(self, message: str, hint: str | None = None) -> None:
         """An error the chat survives (on a terminal) or ends with (scripted)."""
