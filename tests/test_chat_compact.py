@@ -85,6 +85,27 @@ def test_fold_refuses_a_window_that_holds_no_request() -> None:
         fold(["User: hi"], None, lambda p, chunk: False, lambda p, chunk: "S")
 
 
+def test_a_summary_takes_an_eighth_of_the_window_within_bounds() -> None:
+    assert [compact.budget(n) for n in (128, 512, 4096, 32768)] == [32, 64, 512, 512]
+
+
+def test_undo_past_what_the_summary_covers_drops_it() -> None:
+    from localgen.chat.runner import ChatRunner
+
+    session = ChatSession(name="undo", model="m", messages=[
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}])
+    session.summary = Summary(text="s", covers=2, tokens=1, compactions=1, model="m", created=0.0)
+    runner = ChatRunner(session, backend=None, sampling=SamplingParams())  # type: ignore[arg-type]
+    assert runner.first == 2, "the window starts after what the summary covers"
+    session.undo()
+    runner.forget()
+    assert session.summary is not None, "the summary still covers messages that are there"
+    session.undo()
+    runner.forget()
+    assert session.summary is None and runner.first == 0
+
+
 def test_the_transcript_names_who_said_what() -> None:
     call = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]}
@@ -167,6 +188,7 @@ def test_the_model_gets_the_system_prompt_the_summary_and_the_recent_turns(small
     assert sent[2:] == runner.session.messages[s.covers:], "the recent turns go verbatim"
     assert list(runner.last_request.messages) == sent
     assert runner.count(sent) <= 512 - runner.reserve()
+    assert runner.count(sent) <= (512 - runner.reserve()) // 2, "the recent turns fill at most half the window"
     request = runner.backend.generated[0]
     assert request.messages[0]["content"] == compact.INSTRUCTION and request.sampling.max_tokens == compact.budget(512)
     assert [n for n in notes if n.startswith("(compacted")] == notes and len(notes) == 1, notes
@@ -181,6 +203,46 @@ def test_the_model_gets_the_system_prompt_the_summary_and_the_recent_turns(small
     assert s is not None and s.compactions == 2 and s.covers > first.covers
     assert f"The summary so far:\n{first.text}" in runner.backend.generated[0].messages[1]["content"]
     assert runner.sent()[2:] == runner.session.messages[s.covers:]
+
+
+STRICT = """{%- if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set sys =
+messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set sys = '' %}{% endif %}<|im_start|>system
+{{ sys }}<|im_end|>
+{% for m in loop_messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation
+ roles must alternate user/assistant/user/assistant/...') }}{% endif %}<|im_start|>{{ m['role'] }}
+{{ m['content'] }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+@pytest.mark.slow
+def test_a_template_that_takes_one_system_message_gets_the_summary_in_it(smollm2_path: Path, tmp_path: Path) -> None:
+    from localgen.chat.runner import ChatRunner
+    from localgen.cli.options.files import with_template
+    from localgen.engine.llama import Engine
+    from localgen.engine.local import LocalBackend
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    path = tmp_path / "strict.jinja"
+    path.write_text(STRICT)
+    ref = with_template(resolve(str(smollm2_path)), None, path)
+    backend = LocalBackend(Engine(ref, LoadParams(n_ctx=512)))
+    try:
+        session = ChatSession(name="strict", model="m", system="Be brief.", messages=[
+            {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}])
+        session.summary = Summary(text="They said a and b.", covers=2, tokens=6, compactions=1, model="m",
+                                  created=0.0)
+        runner = ChatRunner(session, backend, SamplingParams())
+        sent = runner.sent()
+        assert sent == [{"role": "system", "content": "Be brief.\n\n" + compact.summary_text(2, "They said a and b.")},
+                        {"role": "user", "content": "c"}]
+        assert "They said a and b." in backend.render(runner.request(sent))
+        session.system = None  # no system prompt: the summary is the system message
+        assert runner.sent()[0] == {"role": "system", "content": compact.summary_text(2, "They said a and b.")}
+    finally:
+        backend.close()
 
 
 @pytest.mark.slow
@@ -230,6 +292,7 @@ def test_a_scripted_chat_compacts_and_resume_keeps_it(cli: CLI, home: Path) -> N
     assert [m["role"] for m in saved["messages"]] == ["user", "assistant"] * 5
     summary = saved["summary"]
     assert summary["text"] and summary["compactions"] == 1 and saved["compact"] is True
+    assert summary["model"] == "smollm2:135m" and 0 < summary["tokens"] <= compact.budget(512)
     assert 0 < summary["covers"] < 10 and saved["messages"][summary["covers"]]["role"] == "user"
     # resumed: the summary is sent, /show and /context say so, and compaction goes on (it was saved on)
     r = cli("chat", "--resume", "compacted", "--ctx", "512", "-n", "16", "--temp", "0",
@@ -238,14 +301,26 @@ def test_a_scripted_chat_compacts_and_resume_keeps_it(cli: CLI, home: Path) -> N
     assert f"summary of the first {summary['covers']} messages (1 compaction" in r.stderr
     assert f"the first {summary['covers']} sent as a summary" in r.stderr
     assert "compact on" in r.stderr and r.stderr.count("(compacted ") == 1, r.stderr
+    assert "outgrew" not in r.stderr
     again = _saved(home, "compacted")
     assert again["summary"]["compactions"] == 2 and again["summary"]["covers"] > summary["covers"]
     assert [m["content"] for m in again["messages"] if m["role"] == "user"] == _messages(8)
-    # --no-compact turns it off (saved with the next turn); the summary still stands for what it covers
-    r = cli("chat", "--resume", "compacted", "--no-compact", "--ctx", "512", "-n", "4", input="/show\nThanks!\n")
+    # --no-compact turns it off (saved with the next turn); the summary still stands for what it covers; /compact
+    # summarizes now all but the last exchange; /load takes the summary too; /clear starts without one
+    r = cli("chat", "--resume", "compacted", "--no-compact", "--ctx", "512", "-n", "4", "--temp", "0",
+            input="/show\nThanks!\n")
+    assert r.returncode == 0, r.stderr
     assert "compact off" in r.stderr and "summary of the first" in r.stderr
     last = _saved(home, "compacted")
     assert last["compact"] is False and last["summary"] == again["summary"]
+    r = cli("chat", "other", "--ctx", "512", "-n", "4", "--temp", "0",
+            input="/load compacted\n/context\n/compact\n/show\n/clear\n/show\n")
+    assert r.returncode == 0, r.stderr
+    n = len(last["messages"])
+    assert f"(the first {again['summary']['covers']} sent as a summary" in r.stderr
+    assert f"summary of the first {n - 2} messages (3 compactions" in r.stderr, r.stderr
+    assert r.stderr.count("summary: none") == 1, "/clear starts without a summary"
+    assert _saved(home, "compacted")["summary"]["covers"] == n - 2
 
 
 @pytest.mark.slow
@@ -260,6 +335,34 @@ def test_a_summary_that_fails_leaves_the_turns_out_and_keeps_the_conversation(cl
     saved = _saved(home, "nosummary")
     assert saved["summary"] is None
     assert [m["content"] for m in saved["messages"] if m["role"] == "user"] == asked
+    assert [m["role"] for m in saved["messages"]] == ["user", "assistant"] * 3, "every message was answered"
+    # /compact that fails: an error, and the conversation as it was
+    r = cli("chat", "--resume", "nosummary", "--ctx", "512", "-n", "16", "--logit-bias", "2+100", input="/compact\n")
+    assert r.returncode == 1 and "the model wrote an empty summary" in r.stderr
+    assert _saved(home, "nosummary") == saved
+
+
+def test_a_remote_summary_that_fails_leaves_the_turns_out(home: Path, fake: FakeServer) -> None:
+    from localgen.chat.runner import ChatRunner
+    from localgen.remote.backend import RemoteBackend
+    from localgen.remote.endpoints import Endpoint
+
+    backend = RemoteBackend([Endpoint(url=fake.url + "/v1")], "error-mid", assumed_ctx=512)
+    session = ChatSession(name="remote-fail", model="error-mid")
+    for text in _messages(6):
+        session.add("user", text)
+        session.add("assistant", "Hello world")
+    runner = ChatRunner(session, backend, SamplingParams(max_tokens=16))
+    runner.compact = True
+    alerts: list[str] = []
+    runner.alert = alerts.append
+    try:
+        left_out = runner.start("And then?")
+    finally:
+        backend.close()
+    assert len(alerts) == 1 and alerts[0].startswith("the summary could not be written (") and "the GPU fell over" \
+        in alerts[0], alerts
+    assert left_out > 0 and session.summary is None and len(session.messages) == 13
 
 
 def test_compaction_goes_through_a_remote_endpoint(home: Path, fake: FakeServer) -> None:
