@@ -11,7 +11,7 @@ from typing import Any
 
 from localgen.cli.chat.plan import ChatPlan
 from localgen.cli.chat.turn import restore_state, save_state, stream, summary_interrupts
-from localgen.cli.chat.view import ChatView
+from localgen.cli.chat.view import ChatView, summarized
 from localgen.cli.hints import model_gone
 from localgen.cli.options import files, preset
 from localgen.cli.options.plan import LoadPlan
@@ -65,7 +65,7 @@ def start(plan: ChatPlan) -> None:
         runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, tools.tool_steps, tools.tool_timeout
         runner.tool_choice = tools.tool_choice
     runner.thinking = send.think
-    use_compaction(runner, view)
+    runner.compact = view.compaction(session)
     runner.note, runner.alert = view.info, view.warning
     runner.prompt_cache = send.prompt_cache
     try:
@@ -226,20 +226,6 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
             return
         if not handle(text, runner, view):
             return
-
-
-def use_compaction(runner: Any, view: ChatView) -> None:
-    """Compaction on or off as --compact / --no-compact say, else as the conversation was saved; a flag given is
-    saved with the conversation (a resumed chat goes on compacting)."""
-    if view.compact is not None:
-        runner.session.compact = view.compact
-    runner.compact = bool(runner.session.compact)
-
-
-def summarized(session: Any) -> str:
-    """What a resumed or loaded conversation's summary covers, for the line that says it goes on."""
-    s = session.summary
-    return f" (the first {s.covers:,} sent as a summary)" if s is not None else ""
 
 
 def _model_names(endpoints: list[Any]) -> Callable[[], list[str]]:

@@ -229,8 +229,8 @@ def _save(runner: Any, view: Any, arg: str) -> None:
 
 def _load(runner: Any, view: Any, arg: str) -> None:
     from localgen.chat import session as sessions
-    from localgen.cli.chat.loop import summarized, use_compaction
     from localgen.cli.chat.turn import restore_state, save_state
+    from localgen.cli.chat.view import summarized
 
     if not arg:
         raise UsageError("usage: /load NAME")
@@ -243,7 +243,7 @@ def _load(runner: Any, view: Any, arg: str) -> None:
     # its own /set values under the command-line flags, as --resume applies them; the chat's grammar stays
     runner.adopt(loaded, view.sampling.params(runner.backend.defaults, loaded.settings,
                                               grammar=runner.sampling.grammar))
-    use_compaction(runner, view)  # --compact / --no-compact, else the loaded conversation's own choice
+    runner.compact = view.compaction(loaded)  # --compact / --no-compact, else the loaded conversation's own
     restore_state(runner, view)
     view.info(f"continuing {loaded.name}: {plural(len(loaded.messages), 'message')}" + summarized(loaded))
 

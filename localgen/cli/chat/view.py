@@ -52,6 +52,13 @@ class ChatView:
         else:
             self.err.line(text)
 
+    def compaction(self, session: Any) -> bool:
+        """Compaction on or off as --compact / --no-compact say, else as the conversation was saved; a flag given
+        is saved with the conversation (a resumed chat goes on compacting)."""
+        if self.compact is not None:
+            session.compact = self.compact
+        return bool(session.compact)
+
     def warning(self, text: str) -> None:
         """A warning the chat goes on after: yellow on the terminal; stderr when scripted."""
         if self.console is not None:
@@ -65,3 +72,9 @@ class ChatView:
             self.console.print(f"error: {message}" + (f" ({hint})" if hint else ""), style="red", markup=False)
         else:
             self.err.error(message, hint)
+
+
+def summarized(session: Any) -> str:
+    """What a resumed or loaded conversation's summary covers, for the line that says it goes on."""
+    s = session.summary
+    return f" (the first {s.covers:,} sent as a summary)" if s is not None else ""
