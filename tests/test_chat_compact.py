@@ -167,6 +167,7 @@ def _runner(backend: Any, exchanges: int) -> Any:
         session.add("assistant", "They are remarkable places, studied for their history and their life.")
     runner = ChatRunner(session, Spy(backend), SamplingParams(temperature=0.0, max_tokens=32))
     runner.compact = True
+    runner.prompt_cache = True
     return runner
 
 
@@ -187,6 +188,7 @@ def test_the_model_gets_the_system_prompt_the_summary_and_the_recent_turns(small
     assert sent[1] == {"role": "system", "content": compact.summary_text(s.covers, s.text)}
     assert sent[2:] == runner.session.messages[s.covers:], "the recent turns go verbatim"
     assert list(runner.last_request.messages) == sent
+    assert not runner.last_request.prompt_cache, "a summary before the first user turn is no prefix to keep on disk"
     assert runner.count(sent) <= 512 - runner.reserve()
     assert runner.count(sent) <= (512 - runner.reserve()) // 2, "the recent turns fill at most half the window"
     request = runner.backend.generated[0]
@@ -268,6 +270,7 @@ def test_ctrl_c_during_the_summary_leaves_the_turns_out_instead(small_backend: A
     assert alerts == ["the summary was stopped: the oldest turns are left out instead (the conversation is kept "
                       "whole)"]
     assert runner.session.summary is None and left_out > 0
+    assert runner.last_request.prompt_cache, "without a summary, the prefix goes to the prompt cache as before"
     assert runner.session.messages[:-1] == original
     assert runner.sent()[1:] == runner.session.messages[runner.first:]
 
@@ -339,6 +342,7 @@ def test_a_summary_that_fails_leaves_the_turns_out_and_keeps_the_conversation(cl
     # /compact that fails: an error, and the conversation as it was
     r = cli("chat", "--resume", "nosummary", "--ctx", "512", "-n", "16", "--logit-bias", "2+100", input="/compact\n")
     assert r.returncode == 1 and "the model wrote an empty summary" in r.stderr
+    assert "nothing was compacted; the conversation is as it was" in r.stderr
     assert _saved(home, "nosummary") == saved
 
 

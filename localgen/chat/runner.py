@@ -85,8 +85,11 @@ class ChatRunner:
                                     "need", hint="chat without --functions/--mcp, or give a template with "
                                                  "--chat-template-file")
             return GenerationRequest(prompt=plain_text(messages, self.backend.name), sampling=self.sampling)
+        # what comes before the first user turn is the prompt cache's prefix: with a summary in it, one that never
+        # repeats (each compaction writes another), so a compacted conversation's is not kept on disk
         return GenerationRequest(messages=tuple(messages), sampling=self.sampling, json_schema=self.json_schema,
-                                 template_args=thinking_args(self.thinking), prompt_cache=self.prompt_cache)
+                                 template_args=thinking_args(self.thinking),
+                                 prompt_cache=self.prompt_cache and self.session.summary is None)
 
     def count(self, messages: list[Message]) -> int:
         """Prompt tokens of a conversation as the template renders it (with the tools, when there are any)."""

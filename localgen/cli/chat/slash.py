@@ -102,8 +102,12 @@ def _compact(runner: Any, view: Any, arg: str) -> None:
     if arg and not (arg.isdigit() and len(arg) < 6):
         raise UsageError("usage: /compact [N] (keep the last N exchanges as they are; 1 unless given)")
     keep = int(arg) if arg else 1
-    with summary_interrupts(runner):
-        done = runner.compact_now(keep)
+    try:
+        with summary_interrupts(runner):
+            done = runner.compact_now(keep)
+    except LocalgenError as e:
+        e.hint = e.hint or "nothing was compacted; the conversation is as it was"
+        raise
     if done is None:
         view.info("nothing to compact: " + (f"the last {plural(keep, 'exchange')} stay as they are"
                                             if keep else "the conversation is empty"))
