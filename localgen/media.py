@@ -65,9 +65,7 @@ _SOURCES_LOCK = threading.Lock()
 MAX_SOURCES = 256
 
 
-def remember(m: Media) -> None:
-    """Keep the name of the source `m` was read from, for what reads its bytes back (a data URI's plain "data
-    URI" is not kept)."""
+def _remember(m: Media) -> None:
     if m.source in ("data URI", "base64 data"):
         return
     with _SOURCES_LOCK:
@@ -116,9 +114,12 @@ class Media:
         dur = f", {self.seconds:.1f} s" if self.seconds is not None else ""
         return f"{name} ({self.kind}{size}{dur})"
 
-    def part(self) -> dict[str, Any]:
-        """The OpenAI content part that carries it (its source remembered, for errors about the part)."""
-        remember(self)
+    def part(self, keep_name: bool = True) -> dict[str, Any]:
+        """The OpenAI content part that carries it; its source remembered, for errors about the part, unless not
+        `keep_name` (a server: the table is the process's, and one client's URL must never name another's
+        bytes)."""
+        if keep_name:
+            _remember(self)
         b64 = base64.b64encode(self.data).decode("ascii")
         if self.kind == "image":
             return {"type": "image_url", "image_url": {"url": f"data:{self.mime};base64,{b64}"}}

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import (
     CLI,
     GPU_SHARED_PREFIX,
@@ -494,25 +496,28 @@ def test_ctrl_c_of_a_file_on_a_terminal_says_interrupted_on_a_line_of_its_own(
     assert re.search(r"\^C\r\n(\x1b\[[0-9;]*m)*$", before), repr(before[-80:])
 
 
-def test_ctrl_c_at_a_lines_start_anywhere_says_interrupted_on_a_line_of_its_own(cli_env: dict[str, str]) -> None:
-    """Not only run --file's: wherever Ctrl-C lands while the output is whole lines (a chat's or bench's load, a
-    probe), the terminal's `^C` echo is followed by a new line before "interrupted", not `^Cinterrupted`. The
-    command here is the CLI's own boundary, held after a whole line by a start-up step that waits."""
+@pytest.mark.parametrize(("before", "said"), [("ErrWriter().status('loading ...')", r"loading \.\.\..*\n"),
+                                             ("TextWriter(sys.stdout).write('partial')", "partial")])
+def test_ctrl_c_anywhere_says_interrupted_on_a_line_of_its_own(cli_env: dict[str, str], before: str,
+                                                               said: str) -> None:
+    """Not only run --file's: wherever Ctrl-C lands (a chat's or bench's load, after whole lines; a probe; an
+    answer's open line), the terminal's `^C` echo is followed by a new line before "interrupted", never
+    `^Cinterrupted`. The command here is the CLI's own boundary, held by a start-up step that waits."""
     import pexpect
 
-    script = ("import sys, time\nimport localgen.paths as p\n"
-              "def wait():\n    print('loading ...', file=sys.stderr, flush=True)\n    time.sleep(60)\n"
+    script = ("import sys, time\nimport localgen.paths as p\nfrom localgen.cli.output import ErrWriter, TextWriter\n"
+              f"def wait():\n    {before}\n    time.sleep(60)\n"
               "p.check_home = wait\nfrom localgen.cli.main import main\nsys.argv = ['localgen', 'doctor']\nmain()\n")
     env = {**cli_env, "TERM": "xterm"}
     child = pexpect.spawn(sys.executable, ["-c", script], env=env, encoding="utf-8", timeout=60,
                           preexec_fn=default_sigint)
     try:
-        child.expect_exact("loading ...\r\n")
+        child.expect(said)
         child.sendintr()
         child.expect("interrupted")
-        before = child.before
+        seen = child.before
         child.expect(pexpect.EOF)
     finally:
         child.close()
-    assert child.exitstatus == 130, before
-    assert re.search(r"\A\^C\r\n(\x1b\[[0-9;]*m)*$", before), repr(before)
+    assert child.exitstatus == 130, seen
+    assert re.search(r"\A(\x1b\[[0-9;]*m)*\^C\r\n(\x1b\[[0-9;]*m)*$", seen), repr(seen)

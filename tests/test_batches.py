@@ -134,6 +134,30 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
     assert [f.id for f in client.files.list(purpose="batch")] == [upload.id]
 
 
+def test_metrics_count_the_batches_by_status_and_their_requests(server: Server) -> None:
+    """docs/batch.md: /metrics has the batches by status and their requests answered, by result, and those still
+    to run: the same counts the Batch objects give."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client = _client(server)
+    upload = client.files.create(file=("m.jsonl", _jsonl([_line("a", _chat(1)), _line("b", _chat(2, "nope"))])),
+                                 purpose="batch")
+    _finished(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                            completion_window="24h").id)
+    listed = list(client.batches.list(limit=100))
+    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    for status in ("completed", "in_progress", "cancelled", "failed"):
+        assert samples[("localgen_batches", (("status", status),))] == sum(b.status == status for b in listed)
+    for result in ("completed", "failed"):
+        assert samples[("localgen_batch_requests_total", (("result", result),))] == sum(
+            getattr(b.request_counts, result) for b in listed) >= 1
+    running = [b for b in listed if b.status in ("validating", "in_progress", "finalizing", "cancelling")]
+    assert samples[("localgen_batch_requests_pending", ())] == sum(
+        b.request_counts.total - b.request_counts.completed - b.request_counts.failed for b in running)
+
+
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/embeddings", "/v1/responses"])
 def test_the_other_endpoints_answer_as_their_routes(server: Server, endpoint: str) -> None:
     """Text completions, embeddings and the Responses API in a batch: the same answer as the route's."""

@@ -165,6 +165,16 @@ def test_plans_for_an_8b_dense_model_on_small_and_large_cards(shape_path: Callab
     assert kept.gpu_layers == 10 and kept.ctx == 131072 and kept.load(LoadParams(n_gpu_layers=10)).n_gpu_layers == 10
 
 
+def test_a_gpu_with_no_memory_to_give_takes_no_layer_and_the_next_takes_them(
+        shape_path: Callable[[str], Path]) -> None:
+    """A first GPU the plan may take nothing of (an [N/A] card that llama.cpp reports no memory for) gets no
+    layer, as llama.cpp's split by free memory gives it none: the second card takes them (it was all on the CPU)."""
+    path = shape_path("dense-8b")
+    plan = _plan(path, (0, 24 * GB))
+    assert plan.verdict == fit.FULL_GPU and plan.layers == (0, 32), plan.layers
+    assert plan.footprint.on("GPU0").total == 0 < plan.footprint.on("GPU1").total <= plan.machine.gpu_budget(1)
+
+
 def test_plans_for_a_30b_moe_put_attention_on_the_gpu_and_experts_in_ram(shape_path: Callable[[str], Path]) -> None:
     path = shape_path("moe-30b-a3b")
     s, w = read_summary(str(path)), footprint.layout(str(path))

@@ -81,10 +81,51 @@ def test_an_openai_name_the_server_lacks_is_a_404(server: Server) -> None:
     assert r.status_code == 404, r.text
 
 
+def test_a_base_url_with_or_without_v1_the_wrong_way_says_which_it_meant(server: Server) -> None:
+    """agents.md: Anthropic's base URL has no /v1, OpenAI's ends in /v1. A client given it the other way gets a 404
+    that names the route it meant and the rule (it said only "Invalid URL"); a path that is no route either way
+    gets the plain 404."""
+    import anthropic
+    import openai
+
+    page = " ".join(_page("agents.md").split())
+    assert "The base URL has no `/v1`: Anthropic's clients add it themselves." in page
+    assert "read the server from `OPENAI_BASE_URL`, which does end in `/v1`" in page
+    claude = anthropic.Anthropic(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(anthropic.NotFoundError) as found:
+        claude.messages.create(model="claude-sonnet-4-6", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+    assert "did you mean /v1/messages? (an Anthropic client's base URL has no /v1" in str(found.value), found.value
+    codex = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as found2:
+        codex.responses.create(model="smollm2:135m", input="Hi", max_output_tokens=2)
+    assert "did you mean /v1/responses?" in str(found2.value) and "an OpenAI client's ends in /v1" in str(found2.value)
+    r = httpx.post(f"{server.url}/v1/nothing", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["message"] == "Invalid URL (POST /v1/nothing)", r.text
+
+
+def test_tools_the_agent_does_not_run_itself_are_a_400_naming_their_type(server: Server) -> None:
+    """agents.md: hosted tools (web search) and the Responses API's freeform `custom` tools (Codex's apply_patch)
+    are refused with a 400 that names the tool's type, on both APIs an agent speaks."""
+    page = " ".join(_page("agents.md").split())
+    assert ("Tools that the API's maker runs (web search, file search, code execution) and the Responses API's "
+            "freeform `custom` tools are refused with a `400` that names the tool's type") in page
+    auth = {"Authorization": f"Bearer {KEY}"}
+    function = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}
+    for tool in ({"type": "custom", "name": "apply_patch", "description": "Apply a patch"}, {"type": "web_search"}):
+        r = httpx.post(f"{server.url}/v1/responses", headers=auth, timeout=60, json={
+            "model": "smollm2:135m", "input": "Hi", "max_output_tokens": 2, "tools": [function, tool]})
+        assert r.status_code == 400 and repr(tool["type"]) in r.json()["error"]["message"], r.text
+    r = httpx.post(f"{server.url}/v1/messages", headers=auth, timeout=60, json={
+        "model": "claude-sonnet-4-6", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}]})
+    assert r.status_code == 400 and "web_search_20250305" in r.json()["error"]["message"], r.text
+
+
 def test_the_server_keeps_no_conversation_and_logs_no_text(server: Server, cli_env: dict[str, str]) -> None:
     words = "Remember the word pomegranate."
     r = httpx.post(f"{server.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=300,
-                   json={"model": "smollm2:135m", "max_tokens": 3, "messages": [{"role": "user", "content": words}]})
+                   json={"model": "smollm2:135m", "max_tokens": 3, "temperature": 0,  # sampled, "A" is in the log
+                         "messages": [{"role": "user", "content": words}]})
     assert r.status_code == 200
     answer = r.json()["choices"][0]["message"]["content"]
     logs = Path(cli_env["LOCALGEN_HOME"]) / "data" / "logs" / "logs.db"

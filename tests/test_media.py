@@ -453,3 +453,23 @@ def pexpect_eof() -> Any:
     import pexpect
 
     return pexpect.EOF
+
+
+def test_a_servers_requests_never_name_each_others_media() -> None:
+    """serve reads media for many clients in one process: a name one request gave its bytes (Anthropic's
+    source.data, a URL it fetched, which may be signed) never names the same bytes sent by another request."""
+    from localgen import media
+    from localgen.serve import anthropic
+    from localgen.serve.apierror import HTTPError
+    from localgen.serve.incoming import messages
+
+    picture = png(8, 8)
+    b64 = base64.b64encode(picture).decode()
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64}"}}
+    url = "https://example.com/signed.png?token=s3cret"
+    messages([{"role": "user", "content": [image]}], inline=anthropic.INLINE)
+    messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}], allow_urls=True,
+             fetched={url: media.sniff(picture, url)})
+    with pytest.raises(HTTPError) as e:  # the same bytes where audio goes: the error names them
+        messages([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": b64}}]}])
+    assert e.value.message.startswith("base64 data is a PNG image"), e.value.message

@@ -147,3 +147,19 @@ def test_a_link_is_never_followed(tmp_path: Path) -> None:
     assert target.exists() and (root / KEY / target.name).is_symlink()
     assert [p.name for p in (elsewhere / KEY).iterdir()] == [target.name]
     assert len(said) == 2 and all("its folder is a link" in line for line in said), said
+
+
+def test_a_folder_that_cannot_be_made_is_said_once_and_costs_only_the_prefixes(tmp_path: Path) -> None:
+    """A model's folder that cannot be made (here a file in its place; also no permission or a read-only disk):
+    reading finds nothing and writing keeps nothing, said in one line, once. It was an OSError out of load and
+    write, which serve logged as an internal error with a traceback at each load, idle write and stop."""
+    store, said = _store(tmp_path)
+    (tmp_path / KEY).write_bytes(b"not a folder")
+    for _ in range(2):
+        assert store.load(KEY, IDENT, None) == []
+        assert store.write(KEY, IDENT, [_entry(list(range(100)))]) == 0
+        assert not store.has(KEY, list(range(100)))
+    assert len(said) == 1 and "cannot use" in said[0] and "\n" not in said[0], said
+    assert (tmp_path / KEY).read_bytes() == b"not a folder"
+    other = _entry(list(range(300)))  # another model's folder is not the worse for it
+    assert store.write("o" * 24, IDENT, [other]) == other[3] and len(store.load("o" * 24, IDENT, None)) == 1

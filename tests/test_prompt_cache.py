@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +321,26 @@ def test_a_damaged_chat_state_is_not_resumed(env: dict[str, str]) -> None:
     assert not state.exists(), "the damaged state was removed"
 
 
+def test_a_chat_state_too_long_for_a_smaller_window_is_kept_for_a_larger_one(env: dict[str, str]) -> None:
+    """--resume with a window smaller than the conversation's saved KV state cannot load it, but the state is whole:
+    it stays, and --resume with the window that made it restores it (it was removed as if damaged, and the next
+    resume read the whole history again)."""
+    def chat(*args: str, text: str) -> subprocess.CompletedProcess[str]:
+        return CLI(env)("chat", *args, "-n", "6", "--temperature", "0", input=text, timeout=180)
+
+    page = " ".join((Path(__file__).parents[1] / "docs" / "caches.md").read_text(encoding="utf-8").split())
+    assert ("and so does a resume with a window too small for the state, which leaves it for a larger window until a "
+            "turn of its own saves a newer one") in page
+    rivers = "Tell me about rivers: " + "their springs, their valleys, their bridges and their mills. " * 60
+    assert chat("kw", text=f"{rivers}\n").returncode == 0
+    [state] = (Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("kw.*.state")
+    r = chat("--resume", "kw", "--ctx", "512", text="")  # looked in, nothing said
+    assert r.returncode == 0 and "restored" not in r.stderr, r.stderr
+    assert state.exists(), "a whole state that this window cannot hold is not removed"
+    r = chat("--resume", "kw", text="And lakes?\n")
+    assert r.returncode == 0 and "restored the KV state" in r.stderr, r.stderr
+
+
 def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp_path: Path) -> None:
     """chat, as run: a system prompt past 256 tokens is saved by the first chat that starts with it and loaded by
     the next (the same file: a new save would replace it); --no-prompt-cache neither saves nor loads it, and the
@@ -342,3 +364,30 @@ def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp
     assert kept_at_least({"cached_tokens": cached, "prompt_tokens": prompt}), (prompt, cached)
     assert last_turn(off.stderr)[1] == last_turn(saved.stderr)[1] == 0, "evaluated for the answer: nothing cached"
     assert off.stdout == saved.stdout == hit.stdout and off.stdout.strip()
+
+
+def test_eviction_is_not_upset_by_another_run_evicting_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two runs evicting together: a state the other run removed between this one's listing and its reading of
+    the sizes is no longer counted. It was a FileNotFoundError, which attach_prefix took for an unwritable cache:
+    the state it had just saved was reported `unwritable`, with a warning, and the eviction stopped short."""
+    from localgen.engine import promptcache
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    monkeypatch.setenv(promptcache.CAP_ENV, "2")
+    root = promptcache.cache_root()
+    root.mkdir(parents=True)
+    made = []
+    for i in range(4):  # 1 MiB each, the oldest first
+        path = root / f"{i:064x}.{i:064x}.state"
+        path.write_bytes(b"\0" * (1 << 20))
+        os.utime(path, (1000 + i, 1000 + i))
+        made.append(path)
+    real = Path.rglob
+
+    def listed_then_one_gone(self: Path, pattern: str) -> Iterator[Path]:
+        yield from real(self, pattern)
+        made[1].unlink()  # the other run's eviction, once this one has listed the files
+
+    monkeypatch.setattr(Path, "rglob", listed_then_one_gone)
+    promptcache.evict()
+    assert sorted(p.name for p in root.glob("*.state")) == sorted(p.name for p in made[2:])

@@ -843,3 +843,9 @@ def test_an_http_1_0_client_gets_a_stream_whole_with_its_length_not_in_chunks(se
     assert got.startswith(b"data: {") and got.rstrip().endswith(b"data: [DONE]"), got[:200]
     head, got = _raw(server.port, asks["1.1"])
     assert b"transfer-encoding: chunked" in head and b"content-length" not in head, head
+    # a status that has no body has no length either (RFC 9110): a 304 of the chat page's file, to a 1.0 client
+    ask = b"GET /webui/app.js HTTP/1.0\r\nHost: 127.0.0.1\r\n"
+    head, _ = _raw(server.port, ask + b"\r\n")
+    etag = next(line for line in head.split(b"\r\n") if line.startswith(b"etag:")).split(b":", 1)[1].strip()
+    head, got = _raw(server.port, ask + b"If-None-Match: " + etag + b"\r\n\r\n")
+    assert b" 304 " in head.split(b"\r\n")[0] and b"content-length" not in head and got == b"", head

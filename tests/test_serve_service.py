@@ -297,6 +297,58 @@ def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: 
     assert "skipped a stored prefix" in log and "the file is torn" in log, log
 
 
+def test_a_server_with_another_window_or_slot_count_leaves_the_stored_prefixes(cli_env: dict[str, str],
+                                                                                tmp_path: Path) -> None:
+    """caches.md: the stored prefixes are read back only by the model and settings that made them, --ctx and
+    --parallel among them; a server started with another window or slot count starts cold and leaves them (the
+    page said that a file of another model was removed), and the next start with the first settings reads them
+    back."""
+    page = " ".join((Path(__file__).parents[1] / "docs" / "caches.md").read_text(encoding="utf-8").split())
+    assert ("The settings include `--ctx` and `--parallel`: a server started with another window or slot count "
+            "starts without the prefixes, and leaves them for the next start with the settings that made them") in page
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    first = Server(env, "-np", "1", "--ctx", "2048")
+    try:
+        _, prompt, _ = _turn(first, [], "Which day does the gold door open?")
+    finally:
+        assert first.stop() == 0
+    store = tmp_path / "home" / "cache" / "serve-prefixes"
+    written = sorted(store.glob("*/*.prefix"))
+    assert written, _log(first)
+    for other in (("-np", "2", "--ctx", "2048"), ("-np", "1", "--ctx", "4096")):
+        s = Server(env, *other)
+        try:
+            _, _, cached = _turn(s, [], "Which day does the gold door open?")
+        finally:
+            assert s.stop() == 0
+        assert cached == 0 and "; 0 stored prefixes read back" in _log(s), (other, _log(s))
+        assert set(written) <= set(store.glob("*/*.prefix")), other
+    again = Server(env, "-np", "1", "--ctx", "2048")
+    try:
+        _, _, cached = _turn(again, [], "Which day does the gold door open?")
+    finally:
+        assert again.stop() == 0
+    assert "; 1 stored prefix read back" in _log(again) and cached == _kept(prompt, prompt) > 0, _log(again)
+
+
+def test_a_prefix_folder_that_cannot_be_made_is_one_warning_and_serve_answers(cli_env: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    """caches.md: the prompt cache on disk is a cache: when its folder cannot be made (a file in its place, no
+    permission, a read-only disk), serve says so in one warning line and answers without it, as run and chat do
+    (it exited 1 with "cannot write .../serve-prefixes")."""
+    (tmp_path / "home" / "cache").mkdir(parents=True)
+    (tmp_path / "home" / "cache" / "serve-prefixes").write_text("not a folder")
+    s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}, "-np", "1", "--ctx", "1024")
+    try:
+        _turn(s, [], "Hello?")
+    finally:
+        assert s.stop() == 0
+    log = _log(s)
+    said = [line for line in log.splitlines() if "serve-prefixes" in line]
+    assert len(said) == 1 and said[0].startswith("warning: no prompt cache on disk: cannot write"), log
+    assert "no prompt cache on disk ·" in log and "Traceback" not in log, log
+
+
 def test_a_pinned_model_is_unloaded_when_a_client_asks_and_loads_again(cli_env: dict[str, str]) -> None:
     """docs/serve.md, Which models: -m pins a model against eviction (and deletion), not against an explicit unload
     (llama-server's router and Ollama honour one): POST /models/unload and Ollama's keep_alive 0 unload it, with

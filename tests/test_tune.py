@@ -462,5 +462,10 @@ def test_reset_of_a_model_not_here_forgets_its_records_by_name_and_asks_no_hub(
         r = cli("tune", *args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "measures nothing" in r.stderr, (args, r.stderr)
     assert len(tuning.records()) == 1  # nothing forgotten by a refused command
-    r = cli("tune", "--reset", "-m", str(smollm2_path))  # a file here: its records, by its hash
+    # another file of the same name, elsewhere: a file here is matched by its hash alone, a path gone by its name
+    tuning.save(dataclasses.replace(kept, key=dataclasses.replace(kept.key, sha256="1" * 64)))
+    r = cli("tune", "--reset", "-m", str(smollm2_path))
+    assert r.returncode == 0 and "forgot 1 tuning record" in r.stderr, r.stderr
+    assert [rec.key.sha256 for rec in tuning.records()] == ["1" * 64]
+    r = cli("tune", "--reset", "-m", f"/gone/elsewhere/{smollm2_path.name}")
     assert r.returncode == 0 and "forgot 1 tuning record" in r.stderr and tuning.records() == [], r.stderr

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as e:
         rc = e.exit_code
     except typer.Abort:
-        err.interrupted(at_line_start=_sigint["at_line_start"])
+        err.interrupted()
         rc = 130
     except typer.TyperException as e:  # usage errors: bad flag, value out of range, missing file
         ctx = getattr(e, "ctx", None)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         err.error(e.message, e.hint)
         rc = e.exit_code
     except KeyboardInterrupt:
-        err.interrupted(at_line_start=_sigint["at_line_start"])
+        err.interrupted()
         rc = 130
     except (ReaderGone, BrokenPipeError):  # the reader went away (`| head -1`): a normal end
         silence_stdout()
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         err.error(describe_os_error(e))
         rc = 1
     if rc == 130 and _sigint["seen"]:
-        err.interrupted(at_line_start=_sigint["at_line_start"])  # typer turns a KeyboardInterrupt into a silent 130
+        err.interrupted()  # typer turns a KeyboardInterrupt into a silent 130
     sys.exit(rc if isinstance(rc, int) else 0)
 
 
@@ -115,7 +115,7 @@ def line_buffered_stdout() -> None:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
 
 
-_sigint = {"seen": False, "at_line_start": False}
+_sigint = {"seen": False}
 
 
 def _watch_sigint() -> None:
@@ -126,9 +126,10 @@ def _watch_sigint() -> None:
         return  # ignored (a background job) or handled by someone else: leave it so
 
     def on_sigint(signum: int, frame: Any) -> None:
-        if not _sigint["seen"]:  # where the terminal echoed the first press: the exit's line starts after it
-            output = sys.modules.get("localgen.cli.output")  # loaded by main() before this handler is set
-            _sigint["seen"], _sigint["at_line_start"] = True, output is not None and output.at_line_start()
+        _sigint["seen"] = True
+        output = sys.modules.get("localgen.cli.output")  # loaded by main() before this handler is set
+        if output is not None:
+            output.ctrl_c_pressed()
         logs = sys.modules.get("localgen.native.logs")  # not loaded: no llama.cpp callback can be running
         if logs is not None and logs.defer_interrupt(frame):
             return  # raised once llama.cpp returns: an exception cannot cross its C frames

@@ -46,14 +46,26 @@ def guard_stdout() -> None:
         sys.stdout = _GuardedStdout(sys.stdout)  # type: ignore[assignment]
 
 
-# whether the last thing written to the terminal left its line open (an answer's tokens), as far as the writers
-# here know: a Ctrl-C pressed at a line's start is echoed as `^C` there, and "interrupted" then needs a new line
-_cursor = {"mid_line": False}
+# what the writers here (TextWriter's text, ErrWriter's lines) last left on the terminal, and how many writes there
+# were when Ctrl-C was pressed: the terminal echoes it as `^C` where the cursor then was
+_cursor = {"mid_line": False, "writes": 0, "writes_at_press": -1}
 
 
-def at_line_start() -> bool:
-    """Whether the output written so far ended with a whole line (TextWriter's text, ErrWriter's lines)."""
-    return not _cursor["mid_line"]
+def _wrote(text: str) -> None:
+    _cursor["writes"] += 1
+    _cursor["mid_line"] = not text.endswith("\n")
+
+
+def ctrl_c_pressed() -> None:
+    """Called by a SIGINT handler at the first press: where the output stood when the terminal echoed it."""
+    if _cursor["writes_at_press"] < 0:
+        _cursor["writes_at_press"] = _cursor["writes"]
+
+
+def after_the_echo() -> bool:
+    """Whether the cursor is where the terminal's `^C` echo left it (nothing written since the press), or on a
+    line left open since: either way "interrupted" needs a line of its own."""
+    return _cursor["writes"] == _cursor["writes_at_press"] or bool(_cursor["mid_line"])
 
 
 class TextWriter:
@@ -75,7 +87,7 @@ class TextWriter:
             silence_stdout()
             return False
         self.wrote = (self.wrote + text)[-1:]
-        _cursor["mid_line"] = self.wrote != "\n"
+        _wrote(text)
         return True
 
     def end(self) -> None:
@@ -151,7 +163,7 @@ class ErrWriter:
             self._console = Console(file=self.stream, highlight=False, soft_wrap=True)
 
     def _print(self, text: str, style: str | None = None) -> None:
-        _cursor["mid_line"] = False
+        _wrote("\n")
         try:
             if self._console is not None:
                 self._console.print(text, style=style, markup=False)
@@ -169,11 +181,13 @@ class ErrWriter:
         """A plain informational line."""
         self._print(text, "dim")
 
-    def interrupted(self, text: str = "interrupted", at_line_start: bool = False) -> None:
+    def interrupted(self, text: str = "interrupted", at_line_start: bool | None = None) -> None:
         """The one "interrupted" line of a Ctrl-C (printed once, whoever notices first): `text` says what was kept
         where the command knows, and then the exit adds no second line. `at_line_start`: the output was whole
-        lines when Ctrl-C came (run --file), so a terminal that echoes it as `^C` left the cursor after that echo,
-        and the word starts a line of its own (not `^Cinterrupted`)."""
+        lines when Ctrl-C came (None: what the writers here saw, after_the_echo), so a terminal that echoes it as
+        `^C` left the cursor after that echo, and the word starts a line of its own (not `^Cinterrupted`)."""
+        if at_line_start is None:
+            at_line_start = after_the_echo()
         if not _said["interrupted"]:
             _said["interrupted"] = True
             if at_line_start and self.tty and _echoes_ctrl_c(self.stream):

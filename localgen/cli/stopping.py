@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from localgen.cli.output import ctrl_c_pressed
+
 
 class Stopped(Exception):
     """Ctrl-C was pressed: raised by the check at the next point between two measurements."""
@@ -24,6 +26,8 @@ def stop_on_sigint() -> Iterator[Callable[[], None]]:
     def on_sigint(signum: int, frame: Any) -> None:
         nonlocal presses
         presses += 1
+        if presses == 1:
+            ctrl_c_pressed()
         if presses > 1:
             logs = sys.modules.get("localgen.native.logs")
             if logs is not None and logs.defer_interrupt(frame):

@@ -102,18 +102,21 @@ def _measures_nothing(ctx: typer.Context, knobs: Knobs, mode: str, allowed: tupl
                               "forgets them")
 
 
-def _which(model: str) -> tuple[str | None, str]:
-    """A model's records to forget: its file's (when it is here; --reset never downloads) and its name's."""
+def _which(model: str) -> tuple[str | None, str | None]:
+    """A model's records to forget: its file's, by hash, when it is here (--reset never downloads); else those
+    made under its name (a path's file name: the name a record of a file keeps)."""
+    from pathlib import Path
+
     from localgen.errors import ModelNotFoundError
     from localgen.models.resolve import resolve
 
     try:
         ref = resolve(model, offline=True)
     except ModelNotFoundError:
-        return None, model
+        return None, Path(model).name if model.lower().endswith(".gguf") else model
     from localgen import tuning
 
-    return tuning.file_sha256(ref.path), ref.name
+    return tuning.file_sha256(ref.path), None
 
 
 def _resolve(model: str | None, offline: bool) -> Any:

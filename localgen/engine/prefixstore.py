@@ -71,6 +71,7 @@ class PrefixStore:
         self.dropped = dropped or say  # the one line a trim logs: what it removed to keep within the limit
         self._lock = threading.Lock()
         self._lengths: dict[str, dict[str, int]] = {}  # folder → file → its tokens' count (what is on disk)
+        self._unusable: set[str] = set()  # folders that could not be made, said once each
         self.written = self.written_bytes = 0  # prefixes and bytes written by this process
         self.read = self.read_bytes = 0  # prefixes and bytes read back
         self.skipped = 0  # files refused (other identity or build, torn, damaged)
@@ -225,14 +226,24 @@ class PrefixStore:
                 "skipped": self.skipped, "evicted": self.evicted}
 
     def _folder(self, key: str) -> Path | None:
-        """A model's folder, made if missing; None (and one line) when it is a link: never followed."""
+        """A model's folder, made if missing; None (and one line) when it is a link: never followed, or when it
+        cannot be made (a file in its place, no permission, a full or read-only disk): the prefixes are only a
+        cache, so that is said once and the model is served without them (it was an internal error with a
+        traceback at each load, stop and idle write)."""
         from localgen import paths
 
         folder = self.root / key
         if folder.is_symlink():
             self.say(f"skipped the stored prefixes of {key}: its folder is a link, which is never followed")
             return None
-        return paths.private_dir(folder)
+        try:
+            return paths.private_dir(folder)
+        except OSError as e:
+            with self._lock:
+                told, self._unusable = key in self._unusable, self._unusable | {key}
+            if not told:
+                self.say(f"cannot use {folder} for stored prefixes ({e.strerror or e}); this model's are not kept")
+            return None
 
     def _files(self, key: str) -> dict[str, int]:
         """The files of a folder and their tokens' counts (their headers read once per process)."""

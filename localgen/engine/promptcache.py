@@ -3,9 +3,10 @@ and its KV state kept on disk, keyed by the engine's identity (model file, KV an
 offload, llama.cpp build) and the exact tokens. Files are written atomically, evicted least-recently-used
 past a size cap (a state larger than the whole cap is not written at all), and each file's name ends with
 the SHA-256 of its bytes: a file is hashed before llama.cpp reads it, and one that does not match its name
-or does not load is removed, never loaded (llama.cpp itself checks only the header and the sizes, so
-flipped KV bytes would load without a word). Chats keep their conversation's state here too, under the
-same identity, so --resume does not re-read the history and never continues from another model's KV. The
+(or a prompt's state that does not load) is removed, never loaded (llama.cpp itself checks only the header
+and the sizes, so flipped KV bytes would load without a word). Chats keep their conversation's state here
+too, under the same identity, so --resume does not re-read the history and never continues from another
+model's KV (a whole state that does not serve this resume stays for a later one: restore_chat). The
 cache is an optimisation only: when it cannot be written, the answer comes all the same."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,13 +170,14 @@ def save_chat(engine: Engine, name: str) -> None:
 
 def restore_chat(engine: Engine, name: str, conversation_tokens: list[int]) -> int:
     """Load a conversation's state if it was saved by this identity, is whole, and is a prefix of the
-    conversation as rendered now; returns the tokens reused."""
+    conversation as rendered now; returns the tokens reused. A whole state that does not serve now stays (only a
+    damaged one goes, in _stored): one longer than this window, or one the conversation as this window renders
+    it does not begin with (its oldest turns left out), is what a resume with the window that made it loads,
+    and the conversation's next save replaces it anyway."""
     for path in _stored(chat_states(), chat_stem(engine, name))[:1]:
         tokens = engine.kv.load_state(path)
         if tokens is None or tokens != conversation_tokens[: len(tokens)]:
-            engine.kv.clear()  # did not load, or the history changed since: the state is stale
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
+            engine.kv.clear()  # did not load here, or the conversation is sent otherwise now: not this time
             return 0
         with contextlib.suppress(OSError):
             os.utime(path)
@@ -183,16 +186,23 @@ def restore_chat(engine: Engine, name: str, conversation_tokens: list[int]) -> i
 
 
 def evict() -> None:
-    """Remove least-recently-used states until the cache is under its cap."""
-    root = cache_root()
-    files = [p for p in root.rglob("*.state") if p.is_file()]
-    total = sum(p.stat().st_size for p in files)
+    """Remove least-recently-used states until the cache is under its cap. Another run may evict at the same
+    moment: a file gone meanwhile is simply no longer counted (it was an OSError that called the state just
+    saved unwritable)."""
+    found: list[tuple[float, int, Path]] = []
+    for p in cache_root().rglob("*.state"):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            if stat.S_ISREG(st.st_mode):
+                found.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in found)
     cap = cap_bytes()
-    for p in sorted(files, key=lambda p: p.stat().st_mtime):
+    for _, size, p in sorted(found):
         if total <= cap:
             break
-        total -= p.stat().st_size
-        p.unlink(missing_ok=True)
+        total -= size
+        with contextlib.suppress(OSError):
+            p.unlink(missing_ok=True)
 
 
 def _reason(e: OSError, path: Path) -> str:

@@ -205,7 +205,9 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
 
     gpus = machine.gpus
     patterns = placement.overrides(load.override_tensor, load.cpu_moe, load.n_cpu_moe or 0)
-    shares = tuple(float(max(1, machine.gpu_budget(i))) for i in range(len(gpus))) or (1.0,)
+    # each GPU's part of the layers, by what the plan may take of it (llama.cpp splits by free memory): one with
+    # nothing to give takes no layer, and the others take them
+    shares = tuple(float(machine.gpu_budget(i)) for i in range(len(gpus))) or (1.0,)
     if load.tensor_split and len(load.tensor_split) == len(gpus):
         shares = tuple(load.tensor_split)
     moe = weights.moe and "placement" not in fixed

@@ -67,7 +67,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         root = next(r for r in routes if r.path == "/")  # Ollama's "is running", for clients that are not browsers
         routes = [*page.routes(root.endpoint), *(r for r in routes if r is not root)]
         policy = dataclasses.replace(policy, open_paths=policy.open_paths + page.ASSETS)
-    metrics = Metrics(state, routes)
+    metrics = Metrics(state, routes, desk)
     routes.append(Route("/metrics", metrics.endpoint))
     state.on_completion = metrics.observe
 
@@ -81,7 +81,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         """Starlette's own refusals (no such route, a method the route does not take) in the API's shape."""
         assert isinstance(exc, HTTPException)
         where = f"{request.method} {request.url.path}"[:200]
-        message = {404: f"Invalid URL ({where})", 405: f"Method not allowed ({where}; it takes "
+        message = {404: f"Invalid URL ({where}){_meant(request.url.path, routes)}",
+                   405: f"Method not allowed ({where}; it takes "
                    f"{(exc.headers or {}).get('Allow', 'another method')})"}.get(exc.status_code, str(exc.detail))
         return error_response(request, HTTPError(exc.status_code, message, "invalid_request_error"), exc.headers)
 
@@ -115,7 +116,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
 
 @dataclass
 class Front:
-    """What the outermost layer gives each request: the pool that fetches its image URLs, the server's log
+    """What FrontDoor gives each request: the pool that fetches its image URLs, the server's log
     (its access line, and the format: serve/servelog.py), and the metrics that count it."""
 
     pool: FetchPool = field(default_factory=FetchPool)
@@ -135,10 +136,10 @@ SETTLE_S = 5.0  # how long a request whose client left waits for its jobs' count
 
 
 class FrontDoor:
-    """Pure ASGI, outermost: each request's Incoming and Trace (its id: the client's X-Request-Id, sanitized,
-    or a fresh one, sent back as X-Request-Id) in context; when it ends, its count in the metrics by route and
-    status, and its access line (serve/servelog.py): method, path, status, tokens, milliseconds and id, or in
-    JSON also its route, model, cached tokens, time to first token and client."""
+    """Pure ASGI, outside everything but Http10: each request's Incoming and Trace (its id: the client's
+    X-Request-Id, sanitized, or a fresh one, sent back as X-Request-Id) in context; when it ends, its count in the
+    metrics by route and status, and its access line (serve/servelog.py): method, path, status, tokens,
+    milliseconds and id, or in JSON also its route, model, cached tokens, time to first token and client."""
 
     def __init__(self, app: Any, front: Front) -> None:
         self.app = app
@@ -250,3 +251,13 @@ class Drain:
             w.fail_all(Failed(503, f"{w.name}: {STOPPING}"))
         for pull in list(self.state.pulls):
             pull.end(f"{STOPPING}: the download stops here, and the next pull of this model resumes it")
+
+
+def _meant(path: str, routes: list[Any]) -> str:
+    """For a path that is a route but for its /v1 (a client's base URL given with /v1 where it adds it itself,
+    as Anthropic's clients do, or without it where it does not, as OpenAI's): which route it meant, and why."""
+    alt = path[3:] if path.startswith("/v1/v1/") else "" if path.startswith("/v1/") else "/v1" + path
+    if not alt or alt not in {getattr(r, "path", None) for r in routes}:
+        return ""
+    return (f": did you mean {alt}? (an Anthropic client's base URL has no /v1, it adds it; an OpenAI client's "
+            "ends in /v1)")

@@ -38,6 +38,7 @@ from localgen.serve import files
 from localgen.serve.apierror import HTTPError
 from localgen.serve.jsonbody import read_json
 from localgen.serve.responsestore import check_metadata
+from localgen.serve.routing import by_method
 from localgen.serve.stalls import DEFAULT_READ_TIMEOUT_S
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
@@ -45,6 +46,7 @@ MAX_LINES = 50_000  # OpenAI's bound on the requests of one batch
 MAX_ERRORS = 100  # the input's faults a failed batch lists (errors.data), the first ones
 WINDOWS = ("24h",)  # OpenAI's only completion_window; here a batch runs until it is done or cancelled
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")  # the statuses of a batch not ended
+STATUSES = (*RUNNING, "completed", "failed", "cancelled")  # OpenAI's, but "expired": nothing expires here
 MAX_LINE = 16 << 20  # a line's bound in bytes: the server's --max-body (serve/guard.py's Policy), set by the app
 MAX_BATCHES_LISTED = 100  # GET /v1/batches' largest `limit` (its default: 20)
 UPLOADS = files.UPLOADS  # the paths whose bodies the gate leaves to the route (serve/guard.py)
@@ -277,6 +279,24 @@ class Desk:
     def runs(self) -> Path:
         return self.root / "runs"
 
+    def tally(self) -> tuple[dict[str, int], dict[str, int]]:
+        """For /metrics: the batches by status, and their requests (total, completed, failed, and pending: those
+        of batches still running not answered yet). Nothing before this server holds the data dir's batches."""
+        by_status = dict.fromkeys(STATUSES, 0)
+        lines = dict.fromkeys(("total", "completed", "failed", "pending"), 0)
+        for doc in list((self.batches or {}).values()):  # a copy: the table changes on the event loop
+            by_status[doc["status"]] = by_status.get(doc["status"], 0) + 1
+            progress = self.progress.get(doc["id"])
+            counts = doc["request_counts"]
+            done = (progress.completed, progress.failed) if progress is not None else (counts["completed"],
+                                                                                      counts["failed"])
+            lines["total"] += counts["total"]
+            lines["completed"] += done[0]
+            lines["failed"] += done[1]
+            if doc["status"] in RUNNING:
+                lines["pending"] += max(0, counts["total"] - sum(done))
+        return by_status, lines
+
     def owner(self) -> None:
         """Hold the data dir's batches (a 503 when another server does), and read them the first time."""
         if self.batches is not None:
@@ -487,7 +507,7 @@ def routes(desk: Desk) -> list[Route]:
         return doc
 
     on_disk = files.on_disk  # a full or read-only data folder: a 507 saying so
-    return [files.route("/v1/batches", POST=on_disk(create), GET=on_disk(listed)),
-            files.route("/v1/batches/{id}", GET=on_disk(retrieve)),
-            files.route("/v1/batches/{id}/cancel", POST=on_disk(cancel)),
+    return [by_method("/v1/batches", POST=on_disk(create), GET=on_disk(listed)),
+            by_method("/v1/batches/{id}", GET=on_disk(retrieve)),
+            by_method("/v1/batches/{id}/cancel", POST=on_disk(cancel)),
             *files.routes(desk.files, desk.owner, desk.in_use, lambda: desk.read_timeout)]

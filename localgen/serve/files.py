@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from localgen import paths
 from localgen.serve.apierror import HTTPError
+from localgen.serve.routing import by_method
 
 MAX_BYTES = 200 * 1024 * 1024  # OpenAI's bound on a batch input file (209,715,200 bytes)
 FORM_SLACK = 64 * 1024  # what a multipart body may hold besides the file: its boundaries, headers and `purpose`
@@ -237,21 +238,9 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
             raise not_found(ident)
         return JSONResponse({"id": ident, "object": "file", "deleted": True})
 
-    return [route("/v1/files", POST=on_disk(create), GET=on_disk(listed)),
-            route("/v1/files/{id}", GET=on_disk(retrieve), DELETE=on_disk(delete)),
-            route("/v1/files/{id}/content", GET=on_disk(content))]
-
-
-def route(path: str, **by_method: Callable[[Request], Awaitable[Response]]) -> Route:
-    """One route for `path` that hands each method to its handler: one route, not one per method, so that a
-    method it does not take gets a 405 whose `Allow` names every method it does take (Starlette's 405 names only
-    the first route that matched the path)."""
-
-    async def endpoint(request: Request) -> Response:
-        # Starlette lets HEAD through wherever GET is taken
-        return await (by_method.get(request.method) or by_method["GET"])(request)
-
-    return Route(path, endpoint, methods=list(by_method))
+    return [by_method("/v1/files", POST=on_disk(create), GET=on_disk(listed)),
+            by_method("/v1/files/{id}", GET=on_disk(retrieve), DELETE=on_disk(delete)),
+            by_method("/v1/files/{id}/content", GET=on_disk(content))]
 
 
 

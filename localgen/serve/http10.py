@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+BODILESS = (*range(100, 200), 204, 304)  # statuses that carry no body, and so no length (RFC 9110, section 8.6)
+
 
 class Http10:
-    """Pure ASGI: for an HTTP/1.0 request (not HEAD), a response without Content-Length is held until its last
-    part and sent with one."""
+    """Pure ASGI: for an HTTP/1.0 request (not HEAD), a response without Content-Length (one that may have a
+    body) is held until its last part and sent with one. Outermost, so that the access line (app.py's FrontDoor)
+    sees each part as the route sent it."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -25,7 +28,7 @@ class Http10:
 
         async def sending(message: dict[str, Any]) -> None:
             nonlocal start
-            if message["type"] == "http.response.start" and not any(
+            if message["type"] == "http.response.start" and message["status"] not in BODILESS and not any(
                     k.lower() in (b"content-length", b"transfer-encoding") for k, _ in message.get("headers", ())):
                 start = message
                 return

@@ -137,16 +137,14 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
                         if fetched[url].kind != "image":
                             raise HTTPError(400, f"{url} is {fetched[url].format} audio, where an image goes",
                                             param="messages")
-                        parts.append(fetched[url].part())
+                        parts.append(fetched[url].part(keep_name=False))
                         continue
                     try:
                         found = media.part_media(p, allow_http=allow_urls, inline=inline)
                     except media.MediaError as e:
                         raise HTTPError(400, e.message, param="messages") from None
-                    if found is not None:
-                        media.remember(found)  # libmtmd's errors, reading it back, name it as the API does
                     if found is not None and found.source.lower().startswith(("http://", "https://")):
-                        p = found.part()  # fetched: carried as a data: URI; anything else as sent
+                        p = found.part(keep_name=False)  # fetched: carried as a data: URI; else as sent
                     parts.append(p)
                 content = parts
         if content is None:

@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Match
 
 if TYPE_CHECKING:
     from localgen.backend import Completion
+    from localgen.serve.batches import Desk
     from localgen.serve.state import ServeState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -30,7 +31,7 @@ OTHER = "other"  # the route of a path no route takes: raw paths as labels would
 class Metrics:
     """One app's metrics: its registry, the counters and histograms it fills, and the gauges read at scrape."""
 
-    def __init__(self, state: ServeState, routes: Sequence[BaseRoute] = ()) -> None:
+    def __init__(self, state: ServeState, routes: Sequence[BaseRoute] = (), desk: Desk | None = None) -> None:
         self.routes = routes  # the app's routes (the list itself: a route added later is matched too)
         self.registry = CollectorRegistry()
         r = self.registry
@@ -46,7 +47,7 @@ class Metrics:
         self.itl = Histogram("localgen_inter_token_seconds",
                              "each generation's mean time between tokens: (total - TTFT) / (tokens - 1)",
                              ["model"], buckets=BUCKETS, registry=r)
-        r.register(Gauges(state))
+        r.register(Gauges(state, desk))
 
     def route(self, scope: dict[str, Any]) -> str:
         """The path template of the route that takes this request (`other` when none does)."""
@@ -85,10 +86,11 @@ class Metrics:
 
 class Gauges(Collector):
     """What holds now, read at each scrape: each model's queue, running requests, whether it is loaded and
-    the memory it holds by its estimate; the budget, loads and evictions."""
+    the memory it holds by its estimate; the budget, loads and evictions; the batches (serve/batches.py)."""
 
-    def __init__(self, state: ServeState) -> None:
+    def __init__(self, state: ServeState, desk: Desk | None = None) -> None:
         self.state = state
+        self.desk = desk
 
     def collect(self) -> Iterator[Metric]:
         """The gauges as they are now (prometheus_client calls this at each scrape)."""
@@ -116,6 +118,24 @@ class Gauges(Collector):
             yield CounterMetricFamily("localgen_swaps_waited", "loads that waited for a busy model to yield its "
                                       "room (fair swaps)", value=s["swaps_waited"])
         yield from self._prefixes()
+        yield from self._batches()
+
+    def _batches(self) -> Iterator[Metric]:
+        """The Batch API's batches by status and their requests: answered, failed, and still to run."""
+        if self.desk is None:
+            return
+        by_status, lines = self.desk.tally()
+        batches = GaugeMetricFamily("localgen_batches", "batches by status (the Batch API)", labels=["status"])
+        for status, n in by_status.items():
+            batches.add_metric([status], n)
+        yield batches
+        requests = CounterMetricFamily("localgen_batch_requests", "batches' requests answered, by result",
+                                       labels=["result"])
+        requests.add_metric(["completed"], lines["completed"])
+        requests.add_metric(["failed"], lines["failed"])
+        yield requests
+        yield GaugeMetricFamily("localgen_batch_requests_pending", "requests of running batches not answered yet",
+                                value=lines["pending"])
 
     def _prefixes(self) -> Iterator[Metric]:
         """The prompt cache on disk (--cache-disk): its bytes and files, what was written and read back, and

@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from localgen import paths
 from localgen.serve.apierror import HTTPError
+from localgen.serve.routing import by_method
 
 MAX_RESPONSES = 1000
 MAX_BYTES = 1 << 30  # the stored responses' JSON together (UTF-8): the oldest go first past it
@@ -166,16 +167,16 @@ def routes(store: ResponseStore) -> list[Route]:
     def not_found(ident: str) -> HTTPError:
         return HTTPError(404, f"Response with id '{ident}' not found.", "invalid_request_error", "response_id")
 
-    async def stored(request: Request) -> Response:
-        ident = request.path_params["id"]
-        if request.method == "DELETE":
-            if not await asyncio.to_thread(store.delete, ident):
-                raise not_found(ident)
-            return JSONResponse({"id": ident, "object": "response.deleted", "deleted": True})
-        found = await asyncio.to_thread(store.load, ident)
+    async def retrieve(request: Request) -> Response:
+        found = await asyncio.to_thread(store.load, request.path_params["id"])
         if found is None:
-            raise not_found(ident)
+            raise not_found(request.path_params["id"])
         return JSONResponse(found.response)
 
-    # one route for both methods, so that another method's 405 names them both in `Allow`
-    return [Route("/v1/responses/{id}", stored, methods=["GET", "DELETE"])]
+    async def delete(request: Request) -> Response:
+        ident = request.path_params["id"]
+        if not await asyncio.to_thread(store.delete, ident):
+            raise not_found(ident)
+        return JSONResponse({"id": ident, "object": "response.deleted", "deleted": True})
+
+    return [by_method("/v1/responses/{id}", GET=retrieve, DELETE=delete)]

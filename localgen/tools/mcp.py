@@ -61,8 +61,7 @@ class McpServer:
             if _lost(e):
                 self.gone = True
                 raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}",
-                                hint="it stopped: its tools are no longer offered to the model (start it again "
-                                     "with a new chat)") from None
+                                hint="it has gone: its tools are no longer offered to the model") from None
             raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}") from None
 
     def _said(self) -> str:

@@ -301,7 +301,15 @@ def _prefix_store(limit: int, cache_ram: int, log: Any) -> Any:
     from localgen.engine.prefixstore import PrefixStore
     from localgen.native.lib import build_id
 
-    return PrefixStore(paths.private_dir(paths.cache_dir() / "serve-prefixes"), limit, build_id(),
+    folder = paths.cache_dir() / "serve-prefixes"
+    try:
+        paths.private_dir(folder)
+    except OSError as e:  # a file in its place, no permission, a read-only disk: served without it, as run does
+        from localgen.cli.main import describe_os_error
+
+        log.warning(f"no prompt cache on disk: {describe_os_error(e)} (--cache-disk 0 says so without trying)")
+        return None
+    return PrefixStore(folder, limit, build_id(),
                        say=lambda text: log.event("prefix-skipped", "", text, detail=text),
                        dropped=lambda text: log.event("prefix-evicted", "", text, detail=text))
 
