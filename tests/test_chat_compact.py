@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pexpect
 import pytest
 from typer.testing import CliRunner
 
@@ -21,8 +22,10 @@ from localgen.chat.compact import CompactionError, fold
 from localgen.chat.session import ChatSession, Summary
 from localgen.errors import LocalgenError
 from localgen.types import SamplingParams
+from tests import terminal
 from tests.conftest import CLI
 from tests.fake_openai import FakeServer
+from tests.test_chat import spawn
 
 # about 120 tokens each: four exchanges no longer fit a 512-token window
 TOPICS = ("rivers", "volcanoes", "glaciers", "deserts", "forests", "coral reefs", "comets")
@@ -284,7 +287,7 @@ def _saved(home: Path, name: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_a_scripted_chat_compacts_and_resume_keeps_it(cli: CLI, home: Path) -> None:
+def test_a_scripted_chat_compacts_and_resume_keeps_it(cli: CLI, cli_env: dict[str, str], home: Path) -> None:
     asked = _messages(5)
     r = cli("chat", "compacted", "--compact", "--ctx", "512", "-n", "16", "--temp", "0", "--system", "Be brief.",
             input="".join(f"{m}\n" for m in asked))
@@ -316,7 +319,7 @@ def test_a_scripted_chat_compacts_and_resume_keeps_it(cli: CLI, home: Path) -> N
     assert "compact off" in r.stderr and "summary of the first" in r.stderr
     last = _saved(home, "compacted")
     assert last["compact"] is False and last["summary"] == again["summary"]
-    r = cli("chat", "other", "--ctx", "512", "-n", "4", "--temp", "0",
+    r = cli("chat", "compact-loader", "--ctx", "512", "-n", "4", "--temp", "0",
             input="/load compacted\n/context\n/compact\n/show\n/clear\n/show\n")
     assert r.returncode == 0, r.stderr
     n = len(last["messages"])
@@ -324,6 +327,12 @@ def test_a_scripted_chat_compacts_and_resume_keeps_it(cli: CLI, home: Path) -> N
     assert f"summary of the first {n - 2} messages (3 compactions" in r.stderr, r.stderr
     assert r.stderr.count("summary: none") == 1, "/clear starts without a summary"
     assert _saved(home, "compacted")["summary"]["covers"] == n - 2
+    # on a terminal, the resumed chat says what the summary stands for
+    screen = terminal.Screen((40, 120))
+    child = spawn(cli_env, "--resume", "compacted", "--ctx", "512", log=screen)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    assert f"resumed compacted: {n} messages (the first {n - 2} sent as a summary)" in "\n".join(screen.rows())
 
 
 @pytest.mark.slow
