@@ -320,19 +320,20 @@ def test_a_scripted_chat_compacts_and_resume_keeps_it(cli: CLI, cli_env: dict[st
     last = _saved(home, "compacted")
     assert last["compact"] is False and last["summary"] == again["summary"]
     r = cli("chat", "compact-loader", "--ctx", "512", "-n", "4", "--temp", "0",
-            input="/load compacted\n/context\n/compact\n/show\n/clear\n/show\n")
+            input="/load compacted\n/context\n/compact\n/show\n/compact 0\n/show\n/clear\n/show\n")
     assert r.returncode == 0, r.stderr
     n = len(last["messages"])
     assert f"(the first {again['summary']['covers']} sent as a summary" in r.stderr
     assert f"summary of the first {n - 2} messages (3 compactions" in r.stderr, r.stderr
+    assert f"summary of the first {n} messages (4 compactions" in r.stderr, "/compact 0 folds every message"
     assert r.stderr.count("summary: none") == 1, "/clear starts without a summary"
-    assert _saved(home, "compacted")["summary"]["covers"] == n - 2
+    assert _saved(home, "compacted")["summary"]["covers"] == n
     # on a terminal, the resumed chat says what the summary stands for
     screen = terminal.Screen((40, 120))
     child = spawn(cli_env, "--resume", "compacted", "--ctx", "512", log=screen)
     child.sendline("/exit")
     child.expect(pexpect.EOF)
-    assert f"resumed compacted: {n} messages (the first {n - 2} sent as a summary)" in "\n".join(screen.rows())
+    assert f"resumed compacted: {n} messages (the first {n} sent as a summary)" in "\n".join(screen.rows())
 
 
 @pytest.mark.slow
