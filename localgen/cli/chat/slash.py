@@ -155,7 +155,7 @@ def _undo(runner: Any, view: Any, arg: str) -> None:
 
 
 def _retry(runner: Any, view: Any, arg: str) -> None:
-    from localgen.cli.chat.turn import stream
+    from localgen.cli.chat.turn import stream, summary_interrupts
 
     messages = runner.session.messages
     kept = list(messages)
@@ -164,7 +164,8 @@ def _retry(runner: Any, view: Any, arg: str) -> None:
         raise UsageError("nothing to retry")
     old = kept[len(messages):]  # the answer being replaced: it comes back if the new one fails
     try:
-        first = runner.prepare()
+        with summary_interrupts(runner):  # Ctrl-C while a summary is written stops only the summary
+            first = runner.prepare()
     except BaseException:
         messages.extend(old)
         raise
