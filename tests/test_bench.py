@@ -255,6 +255,18 @@ def test_quality_refuses_the_flags_it_does_not_use(bench_here: InProcessCLI, fla
     assert "--quality does not take" in r.stderr or "--output must be one of" in r.stderr
 
 
+@pytest.mark.parametrize("flags", [["--ctx", "512"], ["-c", "512"], ["--kld-bound", "0.05"], ["--chunks", "1"]])
+def test_the_quality_flags_without_quality_are_refused_even_at_their_defaults(bench_here: InProcessCLI,
+                                                                              flags: list[str]) -> None:
+    """bench.md: `--ctx`, `--chunks` or `--kld-bound` without `--quality` is refused in one line, exit 2 (a value
+    equal to the default was once taken for none given, and the speed sweep ran without a word)."""
+    r = bench_here("bench", "-m", "/no/such.gguf", "-p", "8", "-n", "0", *flags)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    said = {"-c": "--ctx"}.get(flags[0], flags[0])
+    assert r.stderr == (f"localgen: error: {said} is for --quality (add --quality TEXT --reference SOURCE, or "
+                        "leave them out)\n")
+
+
 def test_bad_bench_flags(bench_here: InProcessCLI) -> None:
     # each refused before any model loads or anything is measured
     r = bench_here("bench", "-t", "1-8*1")

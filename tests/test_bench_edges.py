@@ -453,3 +453,32 @@ def test_a_ladder_row_keeps_its_files_absolute_path(tmp_path: Path, monkeypatch:
     row = ladder.Row("x.gguf", "./x.gguf", "Q8_0", 1, 8.5, 1.0, 1.0, 20.0, 0.1, 0.01, 0.001, 0.1, 0.5, 0.99, 0.01,
                      "CPU only")
     assert row.record(ms.Settings(), ladder.Speed(), "default")["model_filename"] == str(tmp_path / "x.gguf")
+
+
+def test_compare_of_two_ladders_pairs_each_file_whatever_threads_or_batch_timed_it(
+        cli: CLI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.md: `bench compare` of two --quality runs shows each file's mean KLD, PPL and generation speed in
+    both; quantize-choose.md: two texts, or two contexts, side by side. A ladder's KL divergence does not depend on
+    the threads it was timed with, nor on the batch its context takes: each file is one row of both runs."""
+    from localgen.bench import history
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    system = {"build_commit": "x", "localgen_version": "0"}
+    runs = []
+    for threads, batch, kld in ((None, 2048, 0.005), (2, 2000, 0.007)):  # -t 2, and a --ctx of 100 (batch 2000)
+        run = history.start("localgen bench --quality ...", system)
+        for seq, (name, k) in enumerate((("f16.gguf", None), ("model-Q8_0.gguf", kld))):
+            history.add(run, seq, {"test": "quality", "model_filename": f"/m/{name}", "model_name": name,
+                                   "n_threads": threads, "n_gpu_layers": None, "n_batch": batch, "n_ubatch": 512,
+                                   "flash_attn": None, "type_k": "f16", "type_v": "f16", "kld": k, "ppl": 20.0,
+                                   "tg_ts": 40.0})
+        runs.append(run)
+    c = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path)})
+    r = c("bench", "compare", *map(str, runs), "--json")
+    assert r.returncode == 0, r.stderr
+    assert [(x["model_name"], x["a_kld"], x["b_kld"]) for x in json.loads(r.stdout)["results"]] == [
+        ("f16.gguf", None, None), ("model-Q8_0.gguf", 0.005, 0.007)]
+    flat = {page: " ".join((ROOT / "docs" / page).read_text(encoding="utf-8").split())
+            for page in ("bench.md", "quantize-choose.md")}
+    assert "paired by the file alone, whatever `-t` or `--ctx` each was measured with" in flat["bench.md"]
+    assert "each file on one line (two texts, or two contexts)" in flat["quantize-choose.md"]

@@ -165,6 +165,23 @@ def test_plans_for_an_8b_dense_model_on_small_and_large_cards(shape_path: Callab
     assert kept.gpu_layers == 10 and kept.ctx == 131072 and kept.load(LoadParams(n_gpu_layers=10)).n_gpu_layers == 10
 
 
+def test_tensor_split_takes_one_proportion_per_gpu_as_llama_cpp_reads_it(shape_path: Callable[[str], Path]) -> None:
+    """fit.md: -ts as run takes it, and run hands it to llama.cpp, which reads one proportion per GPU (a missing one
+    0, one beyond the GPUs not read; all 0: its own split by free memory). A list of another length than the
+    cards was once ignored, and the plan split by the budgets instead."""
+    path = shape_path("dense-8b")
+    cards = (24 * GB, 12 * GB)
+    even = _plan(path, cards, tensor_split=(1.0, 1.0))
+    assert even.layers == (17, 15) and _within_budgets(even)  # llama.cpp counts the output layer in: 33 halves
+    assert _plan(path, cards, tensor_split=(1.0, 1.0, 1.0)).layers == even.layers  # the third not read
+    first = _plan(path, cards, tensor_split=(3.0,))  # (3, 0): every layer on the first card
+    assert first.layers == (32, 0) and [d.device for d in first.footprint.gpus] == ["GPU0"]
+    assert _plan(path, cards, tensor_split=(0.0, 0.0, 1.0)).layers == _plan(path, cards).layers  # all 0 read
+    page = " ".join((Path(__file__).parent.parent / "docs" / "fit.md").read_text(encoding="utf-8").split())
+    assert "`-ts` gives the proportions instead, one per GPU as llama.cpp reads them (a missing one is 0, one beyond " \
+           "the GPUs is not read)" in page
+
+
 def test_a_gpu_with_no_memory_to_give_takes_no_layer_and_the_next_takes_them(
         shape_path: Callable[[str], Path]) -> None:
     """A first GPU the plan may take nothing of (an [N/A] card that llama.cpp reports no memory for) gets no
@@ -232,6 +249,43 @@ def test_fit_prints_the_plan_for_a_described_card(cli_in_process: InProcessCLI,
                        (["--gpu-memory", "24G", "-ot", "exps=CUDA1"], "names GPU 1, and the plan has 1 GPU")):
         bad = cli_in_process("fit", "-m", path, *args)
         assert bad.returncode == 2 and says in bad.stderr, bad.stderr
+
+
+def test_the_pages_example_is_what_fit_prints_for_that_shape(cli_in_process: InProcessCLI,
+                                                               shape_path: Callable[[str], Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/fit.md's Output block, every figure: the command it shows, run on the 30B-A3B shape under the name
+    the page gives it."""
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "fit.md").read_text(encoding="utf-8")
+    block = re.search(r"```console\n\$ localgen ([^\n]+)\n(.*?)```", page, re.S)
+    assert block, "fit.md's console block"
+    args = block.group(1).split()
+    folder = shape_path("moe-30b-a3b").parent / "as-the-page-names-it"
+    folder.mkdir(exist_ok=True)
+    named = folder / "qwen3-30b-a3b.gguf"
+    if not named.exists():
+        named.symlink_to(shape_path("moe-30b-a3b"))
+    monkeypatch.chdir(folder)
+    r = cli_in_process(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == block.group(2)
+
+
+def test_the_json_has_the_keys_the_page_lists(cli_in_process: InProcessCLI, smollm2_path: Path) -> None:
+    """fit.md's `--json` paragraph names every key of the object, of `model` and of each device: no more, no fewer
+    (the page once left `model` out)."""
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "fit.md").read_text(encoding="utf-8")
+    said = page[page.index("`--json` prints the same as one"):page.index("A plan is an answer")]
+    named = set(re.findall(r"`([a-z_]+)`", said))
+    doc = json.loads(cli_in_process("fit", "-m", str(smollm2_path), "--json").stdout)
+    assert set(doc) <= named and set(doc["model"]) <= named
+    assert set(doc["devices"][0]) - {"device"} <= named
+    values = {"preset"}  # named there as a value (asked_by's), not a key
+    assert named - values == set(doc) | set(doc["model"]) | (set(doc["devices"][0]) - {"device"})
 
 
 # ---- what fit says of the context, the sizes it takes, a model that is not here -------------------------

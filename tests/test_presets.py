@@ -405,8 +405,18 @@ def test_serve_and_bench_take_a_preset(cli_env: dict[str, str], tmp_path: Path) 
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3, r.text  # its num_predict
         loaded = {m["name"]: m["context_length"] for m in httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]}
         assert loaded["terse"] == 1024
+        # Ollama's clients send an untagged name as NAME:latest: the same model, not a second load or a 404
+        import ollama
+
+        said = ollama.Client(host=s.url).chat(model="terse:latest", messages=[{"role": "user", "content": "Sky?"}])
+        assert said.message.content and said.eval_count <= 3, said
+        names = [m["name"] for m in httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]]
+        assert names.count("terse") == 1 and "terse:latest" not in names, names
     finally:
         assert s.stop() == 0
+    r = CLI(env)("run", "-m", "terse:latest", "Sky?")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert CLI(env)("run", "-m", "smollm2:latest", "Sky?").returncode == 1  # a family's: no tag is its default
     r = CLI(env)("bench", "-m", "terse", "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[0])["n_prompt"] == 8

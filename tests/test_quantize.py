@@ -267,7 +267,9 @@ def test_a_type_by_number_or_alias_is_named_by_the_type_it_stands_for(qcli: CLI,
     inode = Path(doc["path"]).stat().st_ino
     for same in ("Q4_K_M", "q4_k"):
         again = qcli("quantize", str(smollm2_f16), same, "--name", "num")
-        assert again.returncode == 2 and "num@q4_k_m.gguf exists" in _one_line(again.stderr)
+        # named as `list` and run -m name it, not by its file (quantize.md: kept as NAME:TYPE)
+        assert again.returncode == 2 and _one_line(again.stderr) == ("localgen: error: the quantized model "
+                                                                     "num:q4_k_m exists (--force replaces it)")
     assert _made(qcli) == ["num@q4_k_m.gguf"] and Path(doc["path"]).stat().st_ino == inode
 
 
@@ -430,6 +432,18 @@ def test_a_text_shorter_than_two_windows_is_one_line(qcli: CLI, tmp_path: Path) 
     r = qcli("perplexity", "-m", "smollm2:135m", "-f", str(short), "-c", "128")
     assert r.returncode == 2
     assert "perplexity at a context of 128 needs at least 256 (two windows)" in _one_line(r.stderr)
+
+
+def test_a_model_given_for_the_text_is_refused_before_it_is_read(cli_in_process: InProcessCLI,
+                                                                 smollm2_path: Path) -> None:
+    """-f/--quality/--measure take a text; a GGUF given there by mistake is named as one (not read whole, gigabytes
+    of it, only to fail as UTF-8), one line, exit 2."""
+    for args in (["perplexity", "-f", str(smollm2_path)],
+                 ["bench", "-m", str(smollm2_path), "--quality", str(smollm2_path), "--reference", str(smollm2_path)]):
+        r = cli_in_process(*args)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert r.stderr == (f"localgen: error: {smollm2_path} is a GGUF model, not a text (the model to measure goes "
+                            "to -m)\n")
 
 
 def test_a_reference_with_another_vocabulary_is_one_line(qcli: CLI, test_text: Path) -> None:
@@ -616,6 +630,9 @@ def test_the_ladder_measures_each_type_and_keeps_the_rows(qcli: CLI, smollm2_f16
     assert r.returncode == 0, r.stderr
     assert "smollm2-135m-instruct:q8_0: kept (made earlier; --force makes it again)" in r.stderr
     doc = json.loads(r.stdout)
+    assert set(doc) == {"run", "kld_bound", "rows", "best"} and doc["kld_bound"] == 0.02
+    assert ("with `--ladder`, the table as one document, `run`, `kld_bound`, `rows` and `best`, as `bench --quality -o "
+            "json` prints it") in _flat("quantize.md")
     rows = {row["type_name"]: row for row in doc["rows"]}
     assert set(rows) == {"F16", "Q8_0", "Q4_K_M"} and rows["F16"]["reference"]
     for t in ("Q8_0", "Q4_K_M"):

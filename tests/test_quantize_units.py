@@ -211,3 +211,28 @@ def test_one_window_is_one_window() -> None:
                         ppl_err=0.1)
     assert render(m).startswith("model: m; 1 window of 128 tokens")
     assert render(SimpleNamespace(**{**m.__dict__, "chunks": 2})).startswith("model: m; 2 windows of 128 tokens")
+
+
+def test_the_closing_line_names_the_fastest_only_where_there_is_one_to_name() -> None:
+    """bench.md and quantize-choose.md: the closing line names the fastest type within --kld-bound. Where only the
+    reference was measured (Ctrl-C before the next row) or nothing was timed (-p 0 -n 0), nothing is the fastest:
+    the line says which of them is within the bound instead (it once named the reference, or the one file, as
+    'fastest')."""
+    from localgen.cli import ladderview
+    from localgen.quant.ladder import Row, best
+
+    def row(name: str, kld: float | None, tg: float | None, reference: bool = False) -> Row:
+        return Row(name, name, "Q8_0", 1, 8.5, tg, tg, 20.0, 0.1, kld, None, None, None, None, None, "CPU only",
+                   reference)
+
+    ref = row("f16.gguf", None, 10.0, reference=True)
+    assert ladderview.verdict([ref], best([ref], 0.05), 0.05) == ("only the reference f16.gguf was measured: no "
+                                                                  "quantization to choose from")
+    untimed = [row("f16.gguf", None, None, True), row("q8.gguf", 0.004, None), row("q3.gguf", 0.2, None)]
+    assert ladderview.verdict(untimed, best(untimed, 0.05), 0.05) == ("none was timed (-p 0 -n 0); within a mean "
+                                                                      "KLD of 0.05: q8.gguf")
+    page = " ".join(Path(__file__).parent.parent.joinpath("docs", "quantize-choose.md").read_text().split())
+    assert "with `-p 0 -n 0` nothing is timed, and it names every type within the bound" in page
+    timed = [ref, row("q8.gguf", 0.004, 20.0), row("q3.gguf", 0.2, 40.0)]
+    assert ladderview.verdict(timed, best(timed, 0.05), 0.05) == ("fastest within a mean KLD of 0.05: q8.gguf (Q8_0, "
+                                                                  "20.0 t/s generating, mean KLD 0.0040)")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,21 +35,46 @@ def db_path() -> Path:
     return paths.data_dir() / "bench.sqlite"
 
 
-def _connect() -> sqlite3.Connection:
+@contextmanager
+def _db() -> Iterator[sqlite3.Connection]:
+    """The history, open; any failure of SQLite's (a full disk, a folder that cannot be written, a damaged file)
+    is one LocalgenError naming the file and the cause."""
     path = db_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        conn = sqlite3.connect(path, timeout=30)
-        conn.executescript(SCHEMA)
-    except sqlite3.DatabaseError as e:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with closing(sqlite3.connect(path, timeout=30)) as conn:
+            conn.executescript(SCHEMA)
+            yield conn
+    except (sqlite3.OperationalError, sqlite3.IntegrityError, OSError) as e:  # it cannot be opened or written here
+        why = _why(e, path.parent)
+        hint = ("free some space" if why.startswith("no space") or "disk is full" in why else
+                "another localgen holds it: try again" if "locked" in why else
+                "set LOCALGEN_HOME to a data dir that can be written")
+        raise LocalgenError(f"the benchmark history {path} cannot be used: {why}", hint=hint) from None
+    except sqlite3.DatabaseError as e:  # not SQLite, or damaged
         raise LocalgenError(f"the benchmark history {path} is unreadable: {e}",
                             hint="move it aside to start a new one; it is never overwritten") from None
-    return conn
+
+
+def _why(e: sqlite3.Error | OSError, folder: Path) -> str:
+    """SQLite's words, with the cause said where they hide it (a full disk can read "disk I/O error")."""
+    import shutil
+
+    try:
+        if shutil.disk_usage(folder).free < 1 << 20:
+            return f"no space is left on its disk ({_words(e)})"
+    except OSError:
+        pass
+    return _words(e)
+
+
+def _words(e: sqlite3.Error | OSError) -> str:
+    return e.strerror or str(e) if isinstance(e, OSError) else str(e)
 
 
 def start(command: str, system: dict[str, Any]) -> int:
     """Open a run; results are added as they are measured, so an interrupted run keeps what it measured."""
-    with closing(_connect()) as conn, conn:
+    with _db() as conn, conn:
         cur = conn.execute("INSERT INTO runs (created, command, system) VALUES (?, ?, ?)",
                            (time.time(), command, json.dumps(system)))
         return int(cur.lastrowid or 0)
@@ -56,13 +82,13 @@ def start(command: str, system: dict[str, Any]) -> int:
 
 def add(run_id: int, seq: int, record: dict[str, Any]) -> None:
     """Store one result."""
-    with closing(_connect()) as conn, conn:
+    with _db() as conn, conn:
         conn.execute("INSERT INTO results (run_id, seq, record) VALUES (?, ?, ?)", (run_id, seq, json.dumps(record)))
 
 
 def drop(run_id: int) -> None:
     """Forget a run (one stopped before its first result: nothing to keep)."""
-    with closing(_connect()) as conn, conn:
+    with _db() as conn, conn:
         conn.execute("DELETE FROM results WHERE run_id = ?", (run_id,))
         conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 
@@ -76,29 +102,59 @@ class Run:
     command: str
     system: dict[str, Any]
     records: list[dict[str, Any]]
+    damaged: int = 0  # results kept in the file that no longer read as a record (left out of `records`)
 
 
-def runs(limit: int = 50) -> list[Run]:
-    """Most recent first."""
-    with closing(_connect()) as conn:
-        rows = conn.execute(
-            "SELECT id, created, command, system FROM runs ORDER BY id DESC LIMIT ?", (limit,)
-        ).fetchall()
-        return [Run(i, c, cmd, json.loads(s), _records(conn, i)) for i, c, cmd, s in rows]
+@dataclass(frozen=True)
+class Listed:
+    """A run as `bench history` lists it: its results counted, not read."""
+
+    id: int
+    created: float
+    command: str
+    results: int
+
+
+def runs() -> list[Listed]:
+    """Every run, most recent first."""
+    with _db() as conn:
+        rows = conn.execute("SELECT runs.id, runs.created, runs.command, COUNT(results.seq) FROM runs "
+                            "LEFT JOIN results ON results.run_id = runs.id GROUP BY runs.id ORDER BY runs.id DESC"
+                            ).fetchall()
+    return [Listed(int(i), float(c), str(cmd), int(n)) for i, c, cmd, n in rows]
 
 
 def get(run_id: int) -> Run:
     """One run, or a clear error."""
-    with closing(_connect()) as conn:
+    with _db() as conn:
         row = conn.execute("SELECT id, created, command, system FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise LocalgenError(f"no benchmark run {run_id}", hint="localgen bench history lists them")
-        return Run(row[0], row[1], row[2], json.loads(row[3]), _records(conn, run_id))
+        return Run(row[0], row[1], row[2], _system(row[3]), *_records(conn, run_id))
 
 
-def _records(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+def _records(conn: sqlite3.Connection, run_id: int) -> tuple[list[dict[str, Any]], int]:
+    """A run's records, and how many of its results no longer read as one (a file damaged or edited by hand):
+    those are left out, so the rest of the run, and every other run, still reads."""
     rows = conn.execute("SELECT record FROM results WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
-    return [json.loads(r[0]) for r in rows]
+    found = [_json(r[0]) for r in rows]
+    records = [r for r in found if isinstance(r, dict)]
+    return records, len(found) - len(records)
+
+
+def _system(text: Any) -> dict[str, Any]:
+    found = _json(text)
+    return found if isinstance(found, dict) else {}
+
+
+def _json(text: Any) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return None
+
+
+QUALITY = "quality (PPL and KL divergence: bench --quality)"
 
 
 def measured(run: Run) -> str | None:
@@ -107,7 +163,7 @@ def measured(run: Run) -> str | None:
     if not run.records:
         return None
     if any(r.get("test") == "quality" for r in run.records):
-        return "quality (PPL and KL divergence: bench --quality)"
+        return QUALITY
     return "speed (t/s)"
 
 
@@ -116,11 +172,16 @@ KEY_FIELDS = ("model_filename", "test", "n_threads", "n_gpu_layers", "n_batch", 
 
 
 def compare(a: Run, b: Run) -> list[tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]]:
-    """Pair results of two runs by model file, test and settings: (key, A's record, B's record)."""
+    """Pair results of two runs by model file, test and settings: (key, A's record, B's record). A quality run
+    (bench --quality, quantize --ladder) has one row per file, paired by the file alone: its KL divergence and
+    PPL do not depend on the threads or batch it was timed with."""
     from localgen.bench.records import DEFAULTS
 
+    quality = measured(a) == measured(b) == QUALITY
+    fields = KEY_FIELDS if not quality else KEY_FIELDS[:2]
+
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(r.get(k, DEFAULTS.get(k)) for k in KEY_FIELDS)  # (a run from before a field was kept)
+        return tuple(r.get(k, DEFAULTS.get(k)) for k in fields)  # (a run from before a field was kept)
 
     bmap = {key(r): r for r in b.records}
     out: list[tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]] = []
@@ -128,8 +189,8 @@ def compare(a: Run, b: Run) -> list[tuple[dict[str, Any], dict[str, Any] | None,
     for r in a.records:
         k = key(r)
         seen.add(k)
-        out.append((dict(zip(KEY_FIELDS, k, strict=True)), r, bmap.get(k)))
+        out.append((dict(zip(fields, k, strict=True)), r, bmap.get(k)))
     for r in b.records:
         if key(r) not in seen:
-            out.append((dict(zip(KEY_FIELDS, key(r), strict=True)), None, r))
+            out.append((dict(zip(fields, key(r), strict=True)), None, r))
     return out

@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from localgen.errors import LocalgenError
 from localgen.quant import ladder
 from localgen.quant import measure as ms
 from localgen.types import ModelRef
@@ -34,29 +35,60 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
         view.end()
         err.line(what)
 
+    kept = 0  # rows in the history
     try:
         for row in ladder.rows(reference, files, text, settings, speed, view.chunk, step):
             view.end()
-            history.add(run_id, len(found), {**row.record(settings, speed, text_label), "kld_bound": kld_bound})
             found.append(row)
+            history.add(run_id, kept, {**row.record(settings, speed, text_label), "kld_bound": kld_bound})
+            kept += 1
     except KeyboardInterrupt:
         view.end()
         if not found:  # stopped while the reference was measured: no row, no run to keep
-            history.drop(run_id)
+            _drop(run_id)
             err.interrupted("interrupted before the first row: nothing was measured, nothing saved")
             raise typer.Exit(130) from None
         show(found, kld_bound, output, run_id)
-        rows = f"{len(found)} row{'s' if len(found) > 1 else ''}"
-        err.interrupted(f"interrupted; the {rows} above were measured and kept (run {run_id})")
+        rows = "row above was" if len(found) == 1 else f"{len(found)} rows above were"
+        err.interrupted(f"interrupted; the {rows} measured and kept (run {run_id})")
         raise typer.Exit(130) from None
+    except LocalgenError:
+        view.end()
+        if not kept:  # refused before the first row (a text too short, another vocabulary): no run to keep
+            _drop(run_id)
+        if found:  # a history that cannot be written, say: the rows measured are shown before the error
+            show(found, kld_bound, output, run_id)
+            from localgen.cli.output import plural
+
+            err.line(f"{plural(len(found), 'row')} measured; {kept_where(kept, len(found), run_id)}")
+        raise
     except BaseException:
-        if not found:  # refused before the first row (a text too short, another vocabulary): no run to keep
-            history.drop(run_id)
+        if not kept:
+            _drop(run_id)
         raise
     finally:
         view.end()
     show(found, kld_bound, output, run_id)
     err.line(f"saved as run {run_id}: localgen bench history {run_id}")
+
+
+def kept_where(kept: int, measured: int, run_id: int) -> str:
+    """Where the rows of a run that stopped on an error are kept (bench's sweep says it too)."""
+    if not kept:
+        return "none is kept in the history"
+    which = "kept" if kept == measured else f"{kept} of them kept"
+    return f"{which} as run {run_id}: localgen bench history {run_id}"
+
+
+def _drop(run_id: int) -> None:
+    """Forget a run that kept no row; where the history cannot be written even for that, the error that stopped
+    the run is the one to tell."""
+    import contextlib
+
+    from localgen.bench import history
+
+    with contextlib.suppress(LocalgenError):
+        history.drop(run_id)
 
 
 def show(found: list[ladder.Row], kld_bound: float, output: str | None, run_id: int | None = None) -> None:
@@ -128,7 +160,15 @@ def table(found: list[ladder.Row]) -> str:
 
 
 def verdict(found: list[ladder.Row], pick: ladder.Row | None, kld_bound: float) -> str:
-    """The closing line: the fastest type within the KLD bound (and that fits here)."""
+    """The closing line: the fastest type within the KLD bound (and that fits here); where only the reference was
+    measured (a Ctrl-C before the next row), or nothing was timed (-p 0 -n 0), it says so instead of naming the
+    fastest."""
+    if found and all(r.reference for r in found):
+        return f"only the reference {found[0].model} was measured: no quantization to choose from"
+    if not any(r.tg_ts is not None or r.pp_ts is not None for r in found):
+        within = [r.model for r in found if not r.reference and r.kld is not None and r.kld <= kld_bound
+                  and r.fits != "won't fit"]
+        return f"none was timed (-p 0 -n 0); within a mean KLD of {kld_bound}: {', '.join(within) or 'none'}"
     if pick is None:
         return f"none is within a mean KLD of {kld_bound} and fits here"
     if pick.reference:

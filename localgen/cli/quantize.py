@@ -164,7 +164,7 @@ def prepare(src: Path, type_text: str, base: str, output: str | None, opts: Any)
     type_name, _ = q.parse_type(type_text)
     out, model_name, made = target(base, type_name.lower(), output)
     try:
-        return q.plan(src, type_name, out, opts), model_name
+        return q.plan(src, type_name, out, opts, out_name=model_name), model_name
     except BaseException:
         if made is not None:
             _unmake(out.parent, made)

@@ -208,8 +208,9 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
     # each GPU's part of the layers, by what the plan may take of it (llama.cpp splits by free memory): one with
     # nothing to give takes no layer, and the others take them
     shares = tuple(float(machine.gpu_budget(i)) for i in range(len(gpus))) or (1.0,)
-    if load.tensor_split and len(load.tensor_split) == len(gpus):
-        shares = tuple(load.tensor_split)
+    split = tuple(load.tensor_split or ())[:len(gpus)]  # llama.cpp reads one proportion per GPU, a missing one 0
+    if any(split):  # (all 0: its default, by free memory)
+        shares = split + (0.0,) * (len(gpus) - len(split))
     moe = weights.moe and "placement" not in fixed
 
     def fp(ngl: int, ncm: int) -> Footprint:

@@ -4,6 +4,7 @@ Hugging Face repo. Cached Hub files are used without touching the network; missi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
         return ModelRef(name=spec.path.name, path=str(spec.path), source="path",
                         summary=read_summary(str(spec.path)))
     if isinstance(spec, names.CatalogueSpec):
+        spec = _latest(spec)
         preset = _preset(spec)
         if preset is not None:
             from localgen.models import presets
@@ -70,6 +72,20 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
 
         progress = Quiet()
     return _hub_model(target, offline, progress, pull_missing)
+
+
+def _latest(spec: names.CatalogueSpec) -> names.CatalogueSpec:
+    """Ollama's NAME:latest (what its clients and users write for a name with no tag) as NAME, where no model is
+    called NAME:latest and NAME itself is one (a preset, a quantized model, a catalogue entry)."""
+    if not spec.name.lower().endswith(":latest") or _known(spec):
+        return spec
+    bare = dataclasses.replace(spec, name=spec.name[:-len(":latest")])
+    return bare if bare.name and _known(bare) else spec
+
+
+def _known(spec: names.CatalogueSpec) -> bool:
+    return spec.name in catalogue.for_name(spec.name).entries or _preset(spec) is not None or (
+        _quantized(spec) is not None)
 
 
 def _preset(spec: names.CatalogueSpec) -> presets.Preset | None:
@@ -276,6 +292,7 @@ def target(name: str, local: bool = True) -> Target:
     names.parse's (False: a name a client sent the server, never a file here)."""
     spec = names.parse(name, local)
     if isinstance(spec, names.CatalogueSpec):
+        spec = _latest(spec)
         preset = _preset(spec)
         if preset is not None:
             raise LocalgenError(f"{spec.name} is a preset of {preset.base}; it has no files of its own",

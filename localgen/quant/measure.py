@@ -118,6 +118,9 @@ def perplexity(engine: Any, text: str, s: Settings, save: Path | None = None,
     w = ppl.windows(engine, text, s.ctx, s.chunks)
     writer = None
     if save is not None:
+        from localgen.quant.quantize import drop_stale
+
+        drop_stale(save)  # the partial file a killed run left beside it
         check_space(save.parent, ppl.size_of_logits(w, engine.n_vocab), "--save-logits")
         writer = ppl.LogitsWriter(save, w, engine.n_vocab)
     m = ppl.Perplexity(engine, w, s.batch, s.ubatch, _threads(s), save=writer)
@@ -234,7 +237,21 @@ def temp_logits(tag: str) -> Path:
 
     d = paths.cache_dir() / "perplexity"
     d.mkdir(parents=True, exist_ok=True)
+    _drop_dead(d)
     return d / f"reference-{tag}-{os.getpid()}.logits"
+
+
+def _drop_dead(folder: Path) -> None:
+    """Remove the reference logits (whole, or the partial file being written) that a process which ended without
+    its cleanup left here (killed mid-way): named by a process no longer running. They take hundreds of MB."""
+    import re
+
+    from localgen.quant.quantize import running
+
+    for path in folder.glob("*reference-*"):
+        m = re.fullmatch(r"\.?reference-\w+-(\d+)\.logits(?:\.\d+\.partial)?", path.name)
+        if m and int(m.group(1)) != os.getpid() and not running(int(m.group(1))):
+            path.unlink(missing_ok=True)
 
 
 def same_vocabulary(a: ModelRef, b: ModelRef) -> None:

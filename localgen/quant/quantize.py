@@ -125,9 +125,10 @@ def _check_tensor_imatrix(flag: str, text: str | None, tensor: str, imatrix: dic
 
 
 def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | None = None,
-         for_create: bool = False) -> QuantizeJob:
+         for_create: bool = False, out_name: str | None = None) -> QuantizeJob:
     """Check everything a quantization needs before it starts (one UsageError or LocalgenError each); `label`
-    names the source in them (the model's name, where a server's client asked: never its path there).
+    names the source in them (the model's name, where a server's client asked: never its path there), `out_name`
+    the result where it is one of localgen's models (NAME:TYPE, as `list` shows it; not its file's name).
     `for_create`: `create -q` (and /api/create) asks, which has neither --allow-requantize nor --imatrix: the
     hints say what it can do instead."""
     from localgen.models.gguf_meta import read_gguf
@@ -154,7 +155,8 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
     except OSError:
         pass
     if out.exists() and not opts.force:
-        raise UsageError(f"{out} exists", hint="--force replaces it")
+        raise UsageError(f"the quantized model {out_name} exists" if out_name else f"{out} exists",
+                         hint="--force replaces it")
     if out.exists() and out.is_dir():
         raise UsageError(f"{out} is a directory")
     if not out.parent.is_dir():
@@ -257,11 +259,12 @@ def drop_stale(out: Path) -> None:
     killed mid-way): its temp file, named by a process no longer running."""
     for path in out.parent.glob(f".{out.name}.*.partial"):
         pid = path.name[len(out.name) + 2: -len(".partial")]
-        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not running(int(pid)):
             path.unlink(missing_ok=True)
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether a process of that id is running (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -35,6 +35,9 @@ def read_text(path: str) -> str:
     if path == "-":
         return _drop_newline(sys.stdin.read())
     try:
+        with Path(path).expanduser().open("rb") as f:  # a model given for the text, by mistake: said before it is
+            if f.read(4) == b"GGUF":                   # read whole (gigabytes) only to fail as UTF-8
+                raise UsageError(f"{path} is a GGUF model, not a text", hint="the model to measure goes to -m")
         return _drop_newline(Path(path).expanduser().read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise UsageError(f"{path} is not UTF-8 text") from None

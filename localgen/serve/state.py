@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from localgen.serve.residency import Residency
 
 
+LATEST = ":latest"  # Ollama's tag for a name given without one
+
+
 @dataclass
 class ServeState:
     """What the routes share: the workers by model name, the API key, the defaults from the flags."""
@@ -56,11 +59,17 @@ class ServeState:
         return w
 
     def meant(self, name: object) -> object:
-        """The model a request's `model` means: itself, or for none the default (or the one worker)."""
+        """The model a request's `model` means: itself, or for none the default (or the one worker); Ollama's
+        NAME:latest, as its clients send an untagged name, is NAME where no model is called NAME:latest."""
         if name is None or name == "":
             name = self.default
             if name is None and len(self.workers) == 1:
                 name = next(iter(self.workers))
+        if isinstance(name, str) and name.lower().endswith(LATEST) and name not in self.workers:
+            bare = name[:-len(LATEST)]
+            listed = self.on_demand.listing() if self.on_demand is not None else ()
+            if name not in listed and (bare in self.workers or bare in listed):
+                return bare
         return name
 
     def _worker(self, name: object) -> ModelWorker:

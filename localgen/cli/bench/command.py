@@ -3,6 +3,7 @@ subcommands are bench/past.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -17,7 +18,7 @@ from localgen.cli.bench.options import KLD_BOUND, QUALITY_CTX, Measuring, Qualit
 from localgen.cli.bench.view import ProgressView, emit, emit_serving
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
-from localgen.errors import RemoteError, UsageError
+from localgen.errors import LocalgenError, RemoteError, UsageError
 from localgen.settings import rpc_servers
 
 bench_app = typer.Typer(
@@ -97,9 +98,9 @@ def bench(
                              "--chunks, --kld-bound, one -p, -n, -t and -ngl, -r, -o and --offline")
         _measure_quality(model, quality, n_prompt, n_gen, threads, ngl, measuring.reps, offline, measuring.output)
         return
-    given = [flag for flag, on in (("--ctx", quality.quality_ctx != QUALITY_CTX),
+    given = [flag for flag, on in (("--ctx", quality.quality_ctx is not None),
                                    ("--chunks", quality.chunks is not None),
-                                   ("--kld-bound", quality.kld_bound != KLD_BOUND)) if on]
+                                   ("--kld-bound", quality.kld_bound is not None)) if on]
     if given:  # a speed sweep would ignore them
         raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --quality",
                          hint="add --quality TEXT --reference SOURCE, or leave them out")
@@ -151,11 +152,13 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
     files = [resolve(m, offline=offline) for m in names]
     t = one["--threads"][0] if one["--threads"] else None
     ngl_one = one["--n-gpu-layers"][0] if one["--n-gpu-layers"] else None
-    settings = ms.Settings(ctx=q.quality_ctx, batch=ms.fitting_batch(q.quality_ctx), chunks=q.chunks, threads=t,
+    n_ctx = q.quality_ctx if q.quality_ctx is not None else QUALITY_CTX
+    settings = ms.Settings(ctx=n_ctx, batch=ms.fitting_batch(n_ctx), chunks=q.chunks, threads=t,
                            gpu_layers=ngl_one)
     speed = ladder.Speed(n_prompt=(one["--n-prompt"] or [512])[0], n_gen=(one["--n-gen"] or [128])[0], reps=reps,
                          threads=t)
-    run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound, output)
+    run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound if q.kld_bound is not None
+               else KLD_BOUND, output)
 
 
 def _is_named_endpoint(model: str) -> bool:
@@ -200,8 +203,8 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
                         view.loading(f"{ep.label} {model_id}: prompt {p}, answer {g}")
                         for rec in serving.run(client, ep.url, model_id, concurrencies, rate_values, num_prompts,
                                                p, g, 1234, system, same_prompt):
-                            history.add(run_id, len(results), rec)
-                            results.append(rec)
+                            results.append(rec)  # shown even where the history cannot keep it
+                            history.add(run_id, len(results) - 1, rec)
                             if output == "jsonl":
                                 sys.stdout.write(records_jsonl([rec]))
                                 sys.stdout.flush()
@@ -217,7 +220,8 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
     except KeyboardInterrupt:
         view.end()
         if not results:
-            history.drop(run_id)
+            with contextlib.suppress(LocalgenError):
+                history.drop(run_id)
             err.interrupted("interrupted before the first result: nothing was measured, nothing saved")
         else:
             err.interrupted("interrupted; the results above were measured and kept")
@@ -351,7 +355,8 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
     from localgen.bench import history, records
     from localgen.bench.bandwidth import remembered
     from localgen.bench.runner import run
-    from localgen.cli.output import ErrWriter
+    from localgen.cli.ladderview import kept_where
+    from localgen.cli.output import ErrWriter, plural
     from localgen.cli.progress import make_progress
     from localgen.models.resolve import resolve
 
@@ -363,28 +368,41 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
     system["bandwidth"] = remembered()
     run_id = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
     results: list[dict[str, Any]] = []
+    kept = 0  # of them, in the history
     interrupted = False
+    failed: LocalgenError | None = None
     with stop_on_sigint() as stop:
         view = ProgressView.of(plan, stop)
         try:
             for result in run(plan, view, system["bandwidth"], open_model=refs.__getitem__,  # type: ignore[arg-type]
                               rpc=rpc):
                 rec = records.record(result, system)
-                history.add(run_id, len(results), rec)
                 results.append(rec)
                 if output == "jsonl":  # one line per result as it is measured, for pipelines
                     sys.stdout.write(records.FORMATS["jsonl"]([rec]))
                     sys.stdout.flush()
+                history.add(run_id, kept, rec)
+                kept += 1
                 view.row(rec, len(results))
         except (Stopped, KeyboardInterrupt):
             interrupted = True
+        except LocalgenError as e:  # a later model that does not load, a history that cannot be written
+            failed = e
         finally:
             view.end()
     err = ErrWriter()
-    if interrupted and not results:  # stopped before the first result (in a model load, say): an empty run goes
-        history.drop(run_id)
+    if not kept:  # stopped or failed before the first result was kept (in a model load, say): an empty run goes
+        with contextlib.suppress(LocalgenError):
+            history.drop(run_id)
+    if interrupted and not results:
         err.line("interrupted before the first result: nothing was measured, nothing saved")
         raise typer.Exit(130)
+    if failed is not None:  # the rows measured before it are shown, and said which are kept, then the error
+        if results and output != "jsonl":
+            emit(results, system, output)
+        if results:
+            err.line(f"{plural(len(results), 'result')} measured; {kept_where(kept, len(results), run_id)}")
+        raise failed
     emit(results, system, output)
     err.line(f"saved as run {run_id}: localgen bench history {run_id}")
     if interrupted:

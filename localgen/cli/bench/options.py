@@ -81,9 +81,14 @@ class Quality(OptionGroup):
         str | None, typer.Option("--reference", metavar="SOURCE", rich_help_panel=QUALITY, show_default=False,
                                  help="With --quality: the original weights (an F16/BF16 file or a model name).")
     ] = None
-    kld_bound: Annotated[float, typer.Option("--kld-bound", min=0.0, rich_help_panel=QUALITY,
-                                             help="With --quality: the mean KLD the verdict accepts.")] = KLD_BOUND
-    quality_ctx: Annotated[int, typer.Option("--ctx", "-c", min=8, rich_help_panel=QUALITY,
-                                     help="With --quality: tokens per perplexity window.")] = QUALITY_CTX
+    # None where not given: bench without --quality refuses either one given, even at its default value
+    kld_bound: Annotated[float | None, typer.Option("--kld-bound", min=0.0, rich_help_panel=QUALITY,
+                                                    show_default=False,
+                                                    help=f"With --quality: the mean KLD the verdict accepts "
+                                                         f"(default {KLD_BOUND}).")] = None
+    quality_ctx: Annotated[int | None, typer.Option("--ctx", "-c", min=8, rich_help_panel=QUALITY,
+                                                    show_default=False,
+                                                    help=f"With --quality: tokens per perplexity window (default "
+                                                         f"{QUALITY_CTX}).")] = None
     chunks: Annotated[int | None, typer.Option("--chunks", min=1, rich_help_panel=QUALITY, show_default=False,
                                                help="With --quality: measure only the first N windows.")] = None

@@ -26,6 +26,7 @@ def history_cmd(
         _list_runs(history.runs(), output)
         return
     run = history.get(run_id)
+    _say_damaged(run)
     from localgen.cli import ladderview
 
     rungs = ladderview.quality_rows(run.records)
@@ -40,13 +41,13 @@ def history_cmd(
 
 
 def _list_runs(rows: list[Any], output: str | None) -> None:
-    """The runs, newest first: a table (ID, date, results, command), or each run's id, created (seconds since
+    """Every run, newest first: a table (ID, date, results, command), or each run's id, created (seconds since
     the epoch), results and command in the -o format."""
     import csv
     import io
     import json
 
-    docs = [{"id": r.id, "created": r.created, "results": len(r.records), "command": r.command} for r in rows]
+    docs = [{"id": r.id, "created": r.created, "results": r.results, "command": r.command} for r in rows]
     if output == "json":
         print(json.dumps(docs, indent=2))
     elif output == "jsonl":
@@ -70,6 +71,15 @@ def _list_runs(rows: list[Any], output: str | None) -> None:
             print(f"{d['id']:>4}  {_when(d['created']):16}  {d['results']:>7}  {d['command']}")
 
 
+def _say_damaged(run: Any) -> None:
+    """One line on stderr for results of a run that no longer read as records (left out of what is shown)."""
+    if run.damaged:
+        from localgen.cli.output import ErrWriter, plural
+
+        ErrWriter().warn(f"run {run.id}: {plural(run.damaged, 'result')} in the history no longer "
+                         f"{'reads' if run.damaged == 1 else 'read'} as a record (damaged): left out")
+
+
 def _when(created: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(created))
 
@@ -86,6 +96,8 @@ def compare_cmd(
     from localgen.bench import history
 
     ra, rb = history.get(a), history.get(b)
+    for run in (ra, rb) if a != b else (ra,):
+        _say_damaged(run)
     ka, kb = history.measured(ra), history.measured(rb)
     if ka and kb and ka != kb:  # their figures have nothing in common to set side by side
         raise UsageError(f"run {a} measured {ka} and run {b} measured {kb}: compare two runs that measured the same "
