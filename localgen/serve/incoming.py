@@ -111,7 +111,7 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "`messages` must be a non-empty list", param="messages")
     out = []
-    for m in raw:
+    for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
             raise HTTPError(400, "each message needs a role: system, developer, user, assistant or tool",
                             param="messages")
@@ -126,8 +126,10 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
         if isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}, ...]
             if not all(isinstance(p, dict) for p in content):
                 raise HTTPError(400, "each content part must be an object", param="messages")
+            if any(p.get("type") == "text" and not isinstance(p.get("text"), str) for p in content):
+                raise HTTPError(400, "a text part's `text` must be a string", param=f"messages.{i}.content")
             if all(p.get("type") == "text" for p in content):
-                content = "".join(str(p.get("text", "")) for p in content)
+                content = "".join(p["text"] for p in content)
             else:
                 parts = []
                 for p in content:

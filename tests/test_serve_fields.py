@@ -1,0 +1,73 @@
+"""Every malformed field of a `serve` request is a 4xx in its route's API shape naming the field (docs/api.md's
+"Every request"), never a 500, a value quietly read as another, or an answer the size of what was sent: one
+table of (route, body, field) found by driving a real server with hostile values in every field, checked here
+against the real app on SmolLM2 in this process (Starlette's TestClient over a real ModelWorker)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MODEL = "smollm2:135m"
+pytestmark = pytest.mark.slow  # a real ModelWorker on SmolLM2
+
+BIG = "x" * 1_000_000
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_path: Path) -> Iterator[Any]:
+    from starlette.testclient import TestClient
+
+    from localgen.models.resolve import resolve
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+    from localgen.serve.worker import ModelWorker
+    from localgen.types import LoadParams
+
+    worker = ModelWorker(resolve(str(smollm2_path)), LoadParams(n_ctx=1024), parallel=2, keep_alive=-1, max_queue=8)
+    worker.preload()
+    worker.start()
+    try:
+        with TestClient(build(ServeState(workers={MODEL: worker}), Policy(check_host=False)),
+                        raise_server_exceptions=False) as c:
+            yield c
+    finally:
+        worker.stop()
+
+
+def _chat_parts(*parts: Any) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": list(parts)}]}
+
+
+# (route, body, the param an OpenAI-shaped error names, or for Anthropic's and Ollama's shapes a word the
+# message must hold)
+CASES: list[tuple[str, dict[str, Any], str]] = [
+    # a text part's text that is not a string was read as Python's repr of it ("None", "[1]", "{'a': 1}")
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": None}), "messages.0.content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": 5}), "messages.0.content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": [1]}), "messages.0.content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": {"a": 1}}), "messages.0.content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text"}), "messages.0.content"),
+    ("/api/chat", {"model": MODEL, "stream": False, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": True}]}]}, "text"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "param"), CASES,
+                         ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(CASES)])
+def test_a_malformed_field_is_a_400_naming_it(client: Any, route: str, body: dict[str, Any], param: str) -> None:
+    r = client.post(route, json=body)
+    assert r.status_code == 400, r.text[:300]
+    doc = r.json()
+    assert len(r.content) < 2_000, "an error never echoes what was sent in full"
+    if route.startswith("/api/"):
+        assert isinstance(doc["error"], str) and param in doc["error"], doc
+    elif route.startswith("/v1/messages"):
+        assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error", doc
+        assert param in doc["error"]["message"], doc
+    else:
+        assert doc["error"]["param"] == param, doc
