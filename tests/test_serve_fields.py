@@ -5,6 +5,7 @@ against the real app on SmolLM2 in this process (Starlette's TestClient over a r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,19 @@ def client(smollm2_path: Path) -> Iterator[Any]:
         worker.stop()
 
 
+def _raw_chat(field: str, raw: str) -> str:
+    """A chat request with `field` set to raw JSON text (NaN and Infinity, which Python's json reads)."""
+    return (f'{{"model": "{MODEL}", "max_tokens": 1, "messages": [{{"role": "user", "content": "Hi"}}], '
+            f'"{field}": {raw}}}')
+
+
 def _chat_parts(*parts: Any) -> dict[str, Any]:
     return {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": list(parts)}]}
 
 
 # (route, body, the param an OpenAI-shaped error names, or for Anthropic's and Ollama's shapes a word the
 # message must hold)
-CASES: list[tuple[str, dict[str, Any], str]] = [
+CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     # a text part's text that is not a string was read as Python's repr of it ("None", "[1]", "{'a': 1}")
     ("/v1/chat/completions", _chat_parts({"type": "text", "text": None}), "messages.0.content"),
     ("/v1/chat/completions", _chat_parts({"type": "text", "text": 5}), "messages.0.content"),
@@ -54,13 +61,18 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/chat/completions", _chat_parts({"type": "text"}), "messages.0.content"),
     ("/api/chat", {"model": MODEL, "stream": False, "messages": [
         {"role": "user", "content": [{"type": "text", "text": True}]}]}, "text"),
+    # LM Studio's ttl as NaN or Infinity was taken: the model never unloaded, and /api/ps was a 500 from then on
+    ("/v1/chat/completions", _raw_chat("ttl", "NaN"), "ttl"),
+    ("/v1/chat/completions", _raw_chat("ttl", "Infinity"), "ttl"),
+    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "ttl": "5m"}, "ttl"),
 ]
 
 
 @pytest.mark.parametrize(("route", "body", "param"), CASES,
                          ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(CASES)])
-def test_a_malformed_field_is_a_400_naming_it(client: Any, route: str, body: dict[str, Any], param: str) -> None:
-    r = client.post(route, json=body)
+def test_a_malformed_field_is_a_400_naming_it(client: Any, route: str, body: dict[str, Any] | str, param: str) -> None:
+    r = (client.post(route, content=body, headers={"Content-Type": "application/json"}) if isinstance(body, str)
+         else client.post(route, json=body))
     assert r.status_code == 400, r.text[:300]
     doc = r.json()
     assert len(r.content) < 2_000, "an error never echoes what was sent in full"
@@ -71,3 +83,18 @@ def test_a_malformed_field_is_a_400_naming_it(client: Any, route: str, body: dic
         assert param in doc["error"]["message"], doc
     else:
         assert doc["error"]["param"] == param, doc
+
+
+@pytest.mark.parametrize("ttl", [1e308, 2**64, 10**12])
+def test_a_ttl_past_a_century_keeps_the_model_and_the_listings_answer(client: Any, ttl: float) -> None:
+    """A ttl of a century or more is "never unload", as a keep_alive that long is: /api/ps, which says when the
+    model unloads, was a 500 (a time past what a timestamp holds) for every client after such a request."""
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "ttl": ttl,
+                                                  "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 200, r.text[:300]
+    ps = client.get("/api/ps")
+    assert ps.status_code == 200, ps.text[:300]
+    assert len(ps.json()["models"]) == 1 and ps.json()["models"][0]["expires_at"] > str(time.gmtime().tm_year + 5)
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "ttl": 600,
+                                                  "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 200 and client.get("/api/ps").status_code == 200
