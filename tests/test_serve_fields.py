@@ -46,6 +46,10 @@ def _raw_chat(field: str, raw: str) -> str:
             f'"{field}": {raw}}}')
 
 
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}], **fields}
+
+
 def _chat_parts(*parts: Any) -> dict[str, Any]:
     return {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": list(parts)}]}
 
@@ -65,6 +69,10 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     ("/v1/chat/completions", _raw_chat("ttl", "NaN"), "ttl"),
     ("/v1/chat/completions", _raw_chat("ttl", "Infinity"), "ttl"),
     ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "ttl": "5m"}, "ttl"),
+    # top_logprobs out of its 0-20, or not a number, was unread (a 200) unless logprobs was on
+    ("/v1/chat/completions", _chat(top_logprobs="x"), "top_logprobs"),
+    ("/v1/chat/completions", _chat(top_logprobs=2**64), "top_logprobs"),
+    ("/v1/chat/completions", _chat(logprobs=False, top_logprobs=21), "top_logprobs"),
 ]
 
 

@@ -68,13 +68,14 @@ class Completions:
                             param="n")
         logprobs = None
         count = body.get("logprobs")  # /v1/completions: a count, and 0 (the chosen tokens alone) asks too
-        if flag(body, "logprobs") if self.chat else count is not None and count is not False:
+        asked = flag(body, "logprobs") if self.chat else count is not None and count is not False
+        if asked or (self.chat and body.get("top_logprobs") is not None):  # checked even when logprobs is off
             top = body.get("top_logprobs") if self.chat else body.get("logprobs")
             top = 0 if top is True or top is None else top  # null: OpenAI's default, none
             if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
                 field = "top_logprobs" if self.chat else "logprobs"  # /v1/completions: logprobs is the count
                 raise HTTPError(400, f"{field} must be an integer from 0 to 20", param=field)
-            logprobs = top
+            logprobs = top if asked else None
         effort = one_of(body.get("reasoning_effort"), REASONING_EFFORTS, "reasoning_effort")
         common: dict[str, Any] = dict(
             values=sampling_values(body, "openai"),
