@@ -73,6 +73,9 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     ("/v1/chat/completions", _chat(top_logprobs="x"), "top_logprobs"),
     ("/v1/chat/completions", _chat(top_logprobs=2**64), "top_logprobs"),
     ("/v1/chat/completions", _chat(logprobs=False, top_logprobs=21), "top_logprobs"),
+    # n: true was read as n: 1 (Python's True == 1)
+    ("/v1/chat/completions", _chat(n=True), "n"),
+    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "n": True}, "n"),
 ]
 
 

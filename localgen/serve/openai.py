@@ -63,7 +63,7 @@ class Completions:
         opts = optional_object(body, "stream_options")
         if opts is not None:
             flag(opts, "include_usage", "stream_options.include_usage")
-        if body.get("n") not in (None, 1):  # null is OpenAI's default, 1
+        if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):  # null: OpenAI's default, 1; true ≠ 1
             raise HTTPError(400, "only n=1 is supported: send the request n times (they run in parallel slots)",
                             param="n")
         logprobs = None
