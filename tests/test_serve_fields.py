@@ -109,3 +109,28 @@ def test_a_ttl_past_a_century_keeps_the_model_and_the_listings_answer(client: An
     r = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "ttl": 600,
                                                   "messages": [{"role": "user", "content": "Hi"}]})
     assert r.status_code == 200 and client.get("/api/ps").status_code == 200
+
+
+LONG = "x" * 1_000_000
+
+
+@pytest.mark.parametrize(("route", "body"), [
+    ("/v1/chat/completions", _chat(model=LONG)),
+    ("/v1/chat/completions", _chat_parts({"type": LONG})),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": LONG}]}]}),
+    ("/v1/messages", {"model": LONG, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}),
+    ("/v1/responses", {"model": MODEL, "input": [{"type": LONG}]}),
+    ("/v1/responses", {"model": MODEL, "input": "Hi", "tools": [{"type": LONG}]}),
+    ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "options": {LONG: 1}}),
+    ("/api/show", {"model": LONG}),
+    ("/api/copy", {"source": MODEL, "destination": LONG}),
+    ("/api/create", {"model": "fields-x", "from": MODEL, "quantize": LONG}),
+    ("/api/create", {"model": "fields-x", "modelfile": LONG}),
+    ("/models/load", {"model": LONG}),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_an_error_never_sends_back_the_megabytes_it_was_sent(client: Any, route: str, body: dict[str, Any]) -> None:
+    """A value the error names (a model, a block's type, an option) is cut: a 1 MB name was echoed whole."""
+    r = client.post(route, json=body)
+    assert 400 <= r.status_code < 500, r.text[:300]
+    assert len(r.content) < 5_000, f"{len(r.content):,} bytes of error"
+    assert "x" * 50 + "…" in r.text, "the value is named, cut"
