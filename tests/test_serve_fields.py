@@ -65,6 +65,9 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     ("/v1/chat/completions", _chat_parts({"type": "text"}), "messages.0.content"),
     ("/api/chat", {"model": MODEL, "stream": False, "messages": [
         {"role": "user", "content": [{"type": "text", "text": True}]}]}, "text"),
+    # /api/generate's system prompt that was not a string was dropped, the prompt answered without it
+    ("/api/generate", {"model": MODEL, "prompt": "Hi", "stream": False, "system": 5}, "system"),
+    ("/api/generate", {"model": MODEL, "prompt": "Hi", "stream": False, "system": ["be brief"]}, "system"),
     # LM Studio's ttl as NaN or Infinity was taken: the model never unloaded, and /api/ps was a 500 from then on
     ("/v1/chat/completions", _raw_chat("ttl", "NaN"), "ttl"),
     ("/v1/chat/completions", _raw_chat("ttl", "Infinity"), "ttl"),
