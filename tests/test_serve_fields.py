@@ -76,6 +76,12 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     ("/v1/chat/completions", _chat(top_logprobs="x"), "top_logprobs"),
     ("/v1/chat/completions", _chat(top_logprobs=2**64), "top_logprobs"),
     ("/v1/chat/completions", _chat(logprobs=False, top_logprobs=21), "top_logprobs"),
+    # chat's metadata and user (OpenAI bounds them as the Responses API's) were taken whatever they held
+    ("/v1/chat/completions", _chat(metadata=[1]), "metadata"),
+    ("/v1/chat/completions", _chat(metadata={"a": 5}), "metadata"),
+    ("/v1/chat/completions", _chat(metadata={f"k{i}": "v" for i in range(17)}), "metadata"),
+    ("/v1/chat/completions", _chat(user=5), "user"),
+    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "user": {"id": 1}}, "user"),
     # n: true was read as n: 1 (Python's True == 1)
     ("/v1/chat/completions", _chat(n=True), "n"),
     ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "n": True}, "n"),

@@ -27,6 +27,7 @@ from localgen.serve.ask import (
 )
 from localgen.serve.jobs import Event, Job
 from localgen.serve.pipeline import Made, route
+from localgen.serve.responsestore import check_metadata
 from localgen.serve.state import ServeState
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
@@ -60,6 +61,7 @@ class Completions:
             if body.get(key):
                 raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
         _check_text_output(body)
+        check_metadata(body.get("metadata") if self.chat else None, body.get("user"))  # bounded as OpenAI does
         opts = optional_object(body, "stream_options")
         if opts is not None:
             flag(opts, "include_usage", "stream_options.include_usage")
