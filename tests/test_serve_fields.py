@@ -68,6 +68,17 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     # /api/generate's system prompt that was not a string was dropped, the prompt answered without it
     ("/api/generate", {"model": MODEL, "prompt": "Hi", "stream": False, "system": 5}, "system"),
     ("/api/generate", {"model": MODEL, "prompt": "Hi", "stream": False, "system": ["be brief"]}, "system"),
+    # /api/create wrote Python's text of a value into the preset (PARAMETER stop {'a': 1}, PARAMETER stop None),
+    # and took parameters or messages of the wrong type ([] or "") as none
+    ("/api/create", {"model": "fields-a", "from": MODEL, "stream": False, "parameters": {"stop": {"a": 1}}},
+     "parameters.stop"),
+    ("/api/create", {"model": "fields-b", "from": MODEL, "stream": False, "parameters": {"stop": None}},
+     "parameters.stop"),
+    ("/api/create", {"model": "fields-c", "from": MODEL, "stream": False, "parameters": {"stop": ["x", [1]]}},
+     "parameters.stop"),
+    ("/api/create", {"model": "fields-d", "from": MODEL, "stream": False, "parameters": []}, "parameters"),
+    ("/api/create", {"model": "fields-e", "from": MODEL, "stream": False, "messages": ""}, "messages"),
+    ("/api/create", {"model": "fields-f", "from": MODEL, "stream": False, "modelfile": 5}, "modelfile"),
     # LM Studio's ttl as NaN or Infinity was taken: the model never unloaded, and /api/ps was a 500 from then on
     ("/v1/chat/completions", _raw_chat("ttl", "NaN"), "ttl"),
     ("/v1/chat/completions", _raw_chat("ttl", "Infinity"), "ttl"),
