@@ -79,6 +79,15 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     ("/api/create", {"model": "fields-d", "from": MODEL, "stream": False, "parameters": []}, "parameters"),
     ("/api/create", {"model": "fields-e", "from": MODEL, "stream": False, "messages": ""}, "messages"),
     ("/api/create", {"model": "fields-f", "from": MODEL, "stream": False, "modelfile": 5}, "modelfile"),
+    # /api/embed's dimensions went unchecked to the engine: a 500 (and a traceback in the log) for 1.5, "8", [8]
+    ("/api/embed", {"model": MODEL, "input": ["a"], "dimensions": 1.5}, "dimensions"),
+    ("/api/embed", {"model": MODEL, "input": ["a"], "dimensions": "8"}, "dimensions"),
+    ("/api/embed", {"model": MODEL, "input": ["a"], "dimensions": [8]}, "dimensions"),
+    ("/api/embed", {"model": MODEL, "input": ["a"], "dimensions": {"n": 8}}, "dimensions"),
+    ("/api/embed", {"model": MODEL, "input": ["a"], "dimensions": 0}, "dimensions"),
+    # the router's load and unload named no param for a model that is not a name
+    ("/models/load", {"model": 5}, "model"),
+    ("/models/unload", {"model": None}, "model"),
     # LM Studio's ttl as NaN or Infinity was taken: the model never unloaded, and /api/ps was a 500 from then on
     ("/v1/chat/completions", _raw_chat("ttl", "NaN"), "ttl"),
     ("/v1/chat/completions", _raw_chat("ttl", "Infinity"), "ttl"),
