@@ -88,6 +88,11 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     # the router's load and unload named no param for a model that is not a name
     ("/models/load", {"model": 5}, "model"),
     ("/models/unload", {"model": None}, "model"),
+    # Anthropic's metadata.user_id was taken whatever it held
+    ("/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
+                      "metadata": {"user_id": 5}}, "metadata.user_id"),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
+                      "metadata": {"user_id": "u" * 257}}, "metadata.user_id"),
     # LM Studio's ttl as NaN or Infinity was taken: the model never unloaded, and /api/ps was a 500 from then on
     ("/v1/chat/completions", _raw_chat("ttl", "NaN"), "ttl"),
     ("/v1/chat/completions", _raw_chat("ttl", "Infinity"), "ttl"),
