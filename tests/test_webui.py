@@ -490,6 +490,24 @@ def test_edit_and_regenerate_make_branches(tab: Tab) -> None:
     # back on a message, its branch shows its latest answer
     assert page.locator("article.assistant .versions .count").inner_text() == "2/2"
     assert page.locator("article.assistant .body").inner_text() == text2
+    # a write the browser never commits (a reload, a closed tab, before IndexedDB's transaction ends) is not lost:
+    # here every write of this page's life aborts, as the reload would cut it
+    page.evaluate("""() => {
+        const open = IDBDatabase.prototype.transaction;
+        IDBDatabase.prototype.transaction = function (names, mode) {
+            const tx = open.call(this, names, mode);
+            if (mode === 'readwrite') setTimeout(() => { try { tx.abort(); } catch (e) {} }, 0);
+            return tx;
+        };
+    }""")
+    page.locator("article.assistant").get_by_role("button", name="Edit").click()
+    page.fill("article.assistant textarea", "Bye for now.")
+    page.locator("article.assistant").get_by_role("button", name="Save").click()
+    page.wait_for_function("() => document.querySelector('article.assistant .body')?.textContent === 'Bye for now.'")
+    page.reload()
+    page.wait_for_function("() => document.querySelector('article.assistant .body')?.textContent === 'Bye for now.'")
+    saved_edit(page, "Bye for now.")  # and now in IndexedDB, the note gone
+    assert page.evaluate("() => Object.keys(localStorage).filter(k => k.startsWith('localgen-chat-pending:'))") == []
 
 
 def test_conversations_are_renamed_exported_imported_and_deleted(tab: Tab, tmp_path: Path) -> None:

@@ -893,6 +893,11 @@ async function start() {
   store.onChange(heard);
   wireEvents();
   const id = decodeURIComponent(location.hash.slice(1));
+  try {
+    await store.recover(tree.merge); // what a reload cut short, before anything is listed or shown
+  } catch (e) {
+    banner(`This browser would not keep the conversation: ${e.message || e}`);
+  }
   await refreshList();
   if (id) await openConversation(id);
   else renderConversation();

@@ -24,7 +24,7 @@ async function run(mode, work) {
     const tx = db.transaction(STORE, mode);
     const request = work(tx.objectStore(STORE));
     tx.oncomplete = () => resolve(request ? request.result : undefined);
-    tx.onerror = () => reject(tx.error);
+    tx.onerror = () => reject(tx.error || new Error("the browser's storage refused the change"));
     tx.onabort = () => reject(tx.error || new Error("the browser's storage refused the change"));
   });
 }
@@ -43,6 +43,7 @@ export function get(id) {
  * tab writes in between) what the copy kept here has that it lacks: another tab may have added to it. True
  * when `conv` took something. Other tabs of this page hear of the change. */
 export async function save(conv, merge) {
+  const noted = journal(conv);
   const db = await database();
   const took = await new Promise((resolve, reject) => {
     const tx = db.transaction(STORE, "readwrite");
@@ -53,8 +54,11 @@ export async function save(conv, merge) {
       if (got.result) took = merge(conv, got.result);
       s.put(conv);
     };
-    tx.oncomplete = () => resolve(took);
-    tx.onerror = () => reject(tx.error);
+    tx.oncomplete = () => {
+      if (noted !== null && localStorage.getItem(PENDING + conv.id) === noted) forget(conv.id); // a later note stays
+      resolve(took);
+    };
+    tx.onerror = () => reject(tx.error || new Error("the browser's storage refused the change"));
     tx.onabort = () => reject(tx.error || new Error("the browser's storage refused the change"));
   });
   tell({ kind: "saved", id: conv.id });
@@ -62,8 +66,55 @@ export async function save(conv, merge) {
 }
 
 export async function remove(id) {
+  forget(id);
   await run("readwrite", (s) => s.delete(id));
   tell({ kind: "removed", id });
+}
+
+// IndexedDB commits a write some milliseconds after the screen shows it, and a reload (or a closed tab) in
+// between loses it. So each write is noted first in localStorage, which writes at once, and the note goes when
+// the write has committed; the next load writes what such a note still holds (recover). A note that does not
+// fit (localStorage is small) is not kept: the write goes on as before.
+const PENDING = "localgen-chat-pending:";
+
+function journal(conv) {
+  try {
+    const text = JSON.stringify(conv);
+    localStorage.setItem(PENDING + conv.id, text);
+    return text;
+  } catch {
+    forget(conv.id); // an older note must not come back over this write
+    return null;
+  }
+}
+
+function forget(id) {
+  try {
+    localStorage.removeItem(PENDING + id);
+  } catch {
+    // storage turned off: nothing was noted
+  }
+}
+
+/** Writes the conversations whose last write a reload or a closed tab cut short (their notes), merged (through
+ * `merge`) with what the browser's storage holds of them. */
+export async function recover(merge) {
+  let keys = [];
+  try {
+    keys = Object.keys(localStorage).filter((k) => k.startsWith(PENDING));
+  } catch {
+    return;
+  }
+  for (const key of keys) {
+    let conv = null;
+    try {
+      conv = JSON.parse(localStorage.getItem(key));
+    } catch {
+      conv = null;
+    }
+    if (conv && typeof conv.id === "string" && conv.messages) await save(conv, merge);
+    else localStorage.removeItem(key);
+  }
 }
 
 // Every tab of this page (same origin) hears what the others wrote or deleted, to show it.
