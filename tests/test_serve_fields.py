@@ -93,6 +93,12 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
                       "metadata": {"user_id": 5}}, "metadata.user_id"),
     ("/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
                       "metadata": {"user_id": "u" * 257}}, "metadata.user_id"),
+    # Ollama's content beside images that was not a string was dropped: the model answered an empty message
+    ("/api/chat", {"model": MODEL, "stream": False, "options": {"num_predict": 1},
+                   "messages": [{"role": "user", "content": 5, "images": []}]},
+     "content"),
+    ("/api/chat", {"model": MODEL, "stream": False, "options": {"num_predict": 1},
+                   "messages": [{"role": "user", "content": {"a": 1}, "images": []}]}, "content"),
     # LM Studio's ttl as NaN or Infinity was taken: the model never unloaded, and /api/ps was a 500 from then on
     ("/v1/chat/completions", _raw_chat("ttl", "NaN"), "ttl"),
     ("/v1/chat/completions", _raw_chat("ttl", "Infinity"), "ttl"),

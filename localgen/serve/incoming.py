@@ -120,7 +120,10 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
         if images is not None:
             if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
                 raise HTTPError(400, "`images` must be a list of base64 strings", param="messages")
-            text = content if isinstance(content, str) else ""
+            if content is not None and not isinstance(content, str):  # Ollama's content beside images: text
+                raise HTTPError(400, "a message's `content` beside its `images` must be a string",
+                                param=f"messages.{i}.content")
+            text = content or ""
             content = [*({"type": "image_url", "image_url": {"url": i}} for i in images),
                        {"type": "text", "text": text}]
         if isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}, ...]
