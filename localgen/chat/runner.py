@@ -2,19 +2,23 @@
 here: a turn's events go to a `show` callback and each tool call to an `approve` one.
 
 The whole conversation is kept and saved; only what is sent to the model is cut to the window. The window
-only moves forward (each turn's prompt then extends the last one, and the KV cache is reused)."""
+only moves forward (each turn's prompt then extends the last one, and the KV cache is reused). With compaction
+on, the turns the window would leave out are first folded into a summary the model writes (compact.py), sent
+after the system prompt; a summary that fails leaves them out as before."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from localgen import settings
 from localgen.backend import Backend
-from localgen.chat.session import ChatSession
+from localgen.chat import compact
+from localgen.chat.session import ChatSession, Summary
 from localgen.errors import ContextOverflowError, LocalgenError
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats, thinking_args
 
@@ -31,7 +35,7 @@ class ChatRunner:
         self.sampling = sampling
         self.last_stats: Stats | None = None  # the last turn's, over all its rounds of tool calls
         self.last_context = 0  # tokens the conversation took in the window at the end of the last turn
-        self.first = 0  # the first message sent to the model
+        self.first = self.covered()  # the first message sent to the model (never one the summary covers)
         self.trim_noticed = False
         self.last_request: GenerationRequest | None = None
         self.on_answer: Callable[[GenerationRequest, Any, str], None] | None = None  # told of each recorded answer
@@ -47,6 +51,12 @@ class ChatRunner:
         self._plans: dict[tuple[str | None, str, tuple[str, ...]], Any] = {}  # plan() by (template, choice, tools)
         self.warn: Callable[[str], None] = lambda text: None  # told when the conversation's file cannot be written
         self.unsaved: str | None = None  # why the conversation's file is behind it (its last save failed), or None
+        self.compact = False  # fold the turns the window leaves out into a summary (--compact, /set compact on)
+        self.summarizing = False  # a summary is being written: Ctrl-C then stops only it (cli/chat/turn.py)
+        self.summary_stopped = False
+        self.note: Callable[[str], None] = lambda text: None  # told of each compaction
+        self.alert: Callable[[str], None] = lambda text: None  # told when a summary fails (turns are left out)
+        self._apart: dict[str | None, bool] = {}  # whether the template shows the summary as a message of its own
 
     def set(self, name: str, value: str) -> str:
         """Change one sampling setting (validated as flags are); returns a confirmation."""
@@ -75,8 +85,11 @@ class ChatRunner:
                                     "need", hint="chat without --functions/--mcp, or give a template with "
                                                  "--chat-template-file")
             return GenerationRequest(prompt=plain_text(messages, self.backend.name), sampling=self.sampling)
+        # what comes before the first user turn is the prompt cache's prefix: with a summary in it, one that never
+        # repeats (each compaction writes another), so a compacted conversation's is not kept on disk
         return GenerationRequest(messages=tuple(messages), sampling=self.sampling, json_schema=self.json_schema,
-                                 template_args=thinking_args(self.thinking), prompt_cache=self.prompt_cache)
+                                 template_args=thinking_args(self.thinking),
+                                 prompt_cache=self.prompt_cache and self.session.summary is None)
 
     def count(self, messages: list[Message]) -> int:
         """Prompt tokens of a conversation as the template renders it (with the tools, when there are any)."""
@@ -104,10 +117,43 @@ class ChatRunner:
             self._plans[key] = plan_for(key[0], self.toolbox, choice)
         return self._plans[key]
 
+    def covered(self) -> int:
+        """How many of the oldest messages the summary stands for (0 without one)."""
+        return self.session.summary.covers if self.session.summary is not None else 0
+
+    def head(self, summary: Summary | None = None) -> list[Message]:
+        """What goes before the window: the system prompt, then the summary (the conversation's, or `summary`)
+        as a system message of its own, or after the system prompt in the same message where the template
+        shows only one (one that wants roles to alternate)."""
+        summary = summary or self.session.summary
+        system = self.session.system
+        head: list[Message] = [{"role": "system", "content": system}] if system else []
+        if summary is None:
+            return head
+        text = compact.summary_text(summary.covers, summary.text)
+        if system and not self._summary_apart():
+            return [{"role": "system", "content": f"{system}\n\n{text}"}]
+        return [*head, {"role": "system", "content": text}]
+
+    def _summary_apart(self) -> bool:
+        """Whether the model's template shows a second system message (found once per template by rendering
+        one); a remote server gets it as one, and a model without a template one text anyway."""
+        if getattr(self.backend, "engine", None) is None or not has_template(self.backend):
+            return True
+        key = self.template()
+        if key not in self._apart:
+            probe = ({"role": "system", "content": "S"}, {"role": "system", "content": compact.HEADING},
+                     {"role": "user", "content": "hi"})
+            try:
+                shown = compact.HEADING in self.backend.render(GenerationRequest(messages=probe))
+            except LocalgenError:  # raise_exception("Conversation roles must alternate ..."): one message
+                shown = False
+            self._apart[key] = shown
+        return self._apart[key]
+
     def sent(self) -> list[Message]:
-        """What the model sees now: the system prompt and the messages of the window."""
-        head = [{"role": "system", "content": self.session.system}] if self.session.system else []
-        return head + self.session.messages[self.first:]
+        """What the model sees now: the system prompt, the summary, and the messages of the window."""
+        return self.head() + self.session.messages[max(self.first, self.covered()):]
 
     def start(self, user_text: str, media: list[Any] | None = None) -> int:
         """Add the user turn (with its images or audio, if any) and get its answer ready (see prepare); returns
@@ -123,10 +169,15 @@ class ChatRunner:
             raise
 
     def prepare(self) -> int:
-        """Fit the conversation as it stands to the window for the next answer (used by start and /retry)."""
+        """Fit the conversation as it stands to the window for the next answer (used by start and /retry): with
+        compaction on, the turns that no longer fit are folded into the summary first; those left out all the
+        same (compaction off, or a summary that failed) are counted in the number returned."""
         n_ctx = int(self.backend.n_ctx)
         limit = n_ctx - self.reserve()
-        self.first = self.session.window_start(lambda conv: self.count(conv) <= limit, self.first)
+        if self.compact and self.count(self.sent()) > limit:
+            self._auto_compact(limit)
+        self.first = self.session.window_start(lambda conv: self.count(conv) <= limit,
+                                               max(self.first, self.covered()), head=self.head())
         need = self.count(self.sent())
         if need > limit:
             raise ContextOverflowError(
@@ -135,7 +186,107 @@ class ChatRunner:
                 hint="shorten it, or restart with a larger --ctx; the conversation is kept",
             )
         self.last_request = self.request(self.sent())
-        return self.first
+        return self.first - self.covered()
+
+    def _auto_compact(self, limit: int) -> None:
+        """Fold the oldest turns into the summary, keeping verbatim the newest that fill at most half of `limit`
+        with the system prompt and a summary of full size (so that the next turns do not compact again at once).
+        A summary that fails or is stopped is one alert, and the window then leaves those turns out."""
+        room = limit // 2 - compact.budget(int(self.backend.n_ctx))
+        empty = Summary(text="", covers=1, tokens=0, compactions=0, model="", created=0.0)
+        end = self.session.window_start(lambda conv: self.count(conv) <= room, max(self.first, self.covered()),
+                                        head=self.head(empty))
+        try:
+            self.fold_to(end)
+        except compact.CompactionError as e:
+            self.alert(f"{e.message}: the oldest turns are left out instead (the conversation is kept whole)")
+        except LocalgenError as e:
+            self.alert(f"the summary could not be written ({e.message}): the oldest turns are left out instead "
+                       "(the conversation is kept whole)")
+
+    def compact_now(self, keep: int) -> Summary | None:
+        """/compact: fold every turn but the last `keep` exchanges into the summary now; None when there is
+        nothing to fold."""
+        users = [i for i, m in enumerate(self.session.messages) if m["role"] == "user"]
+        end = users[-keep] if 0 < keep <= len(users) else (0 if keep else len(self.session.messages))
+        return self.fold_to(end)
+
+    def fold_to(self, end: int) -> Summary | None:
+        """Fold messages[covered:end] (and the summary before, if any) into a new summary the model writes, in
+        as many requests as the window needs; the messages stay in the conversation. Raises CompactionError
+        (stopped, or an empty summary) or the backend's error, and then nothing changes. None: nothing to fold."""
+        covered = self.covered()
+        folding = self.session.messages[covered:end]
+        if not folding:
+            return None
+        n_ctx = int(self.backend.n_ctx)
+        size = compact.budget(n_ctx)
+        before = self.count(self.sent())
+        old = self.session.summary
+        written: list[int] = []
+
+        def fits(previous: str | None, lines: list[str]) -> bool:
+            return int(self.backend.count(self._summary_request(previous, lines, size))) + size <= n_ctx
+
+        def write(previous: str | None, lines: list[str]) -> str:
+            text, tokens = self._summarize(self._summary_request(previous, lines, size))
+            written.append(tokens)
+            return text
+
+        self.summary_stopped = False
+        text, pieces = compact.fold([compact.line_of(m) for m in folding], old.text if old else None, fits, write)
+        self.session.summary = Summary(text=text, covers=end, tokens=written[-1],
+                                       compactions=(old.compactions if old else 0) + 1, model=self.session.model,
+                                       created=time.time())
+        self.first = max(self.first, end)
+        after = self.count(self.sent())
+        turns = sum(1 for m in folding if m["role"] == "user")
+        self.note(f"(compacted {_n(len(folding), 'message')} ({_n(turns, 'turn')}) into a {written[-1]:,}-token "
+                  f"summary{f' in {pieces} requests' if pieces > 1 else ''}: the conversation now takes "
+                  f"{after:,} tokens instead of {before:,}; the saved conversation keeps every message)")
+        return self.session.summary
+
+    def _summary_request(self, previous: str | None, lines: list[str], size: int) -> GenerationRequest:
+        """The request for a summary of `lines` (into `previous`), at most `size` tokens: the chat's sampling
+        without its grammar or stop strings (an answer's constraints), and no tools."""
+        sampling = dataclasses.replace(self.sampling, max_tokens=size, grammar=None, grammar_triggers=(), stop=(),
+                                       ignore_eos=False, asked=self.sampling.asked | {"max_tokens"})
+        messages = compact.request_messages(previous, lines)
+        if not has_template(self.backend):
+            return GenerationRequest(prompt=plain_text(messages, self.backend.name) + "Summary:", sampling=sampling)
+        return GenerationRequest(messages=tuple(messages), sampling=sampling,
+                                 template_args=thinking_args(self.thinking))
+
+    def _summarize(self, request: GenerationRequest) -> tuple[str, int]:
+        """Generate one summary: its text and tokens. stop_summary() (Ctrl-C) cancels it: CompactionError."""
+        if self.summary_stopped:
+            raise compact.CompactionError("the summary was stopped")
+        gen = None
+        self.summarizing = True
+        try:
+            gen = self.backend.generate(request)
+            self.gen = gen
+            if self.summary_stopped:  # Ctrl-C came before the generation existed
+                gen.cancel()
+            for _ in gen:
+                pass
+        finally:
+            self.summarizing = False
+            self.gen = None
+            if gen is not None:
+                gen.close()
+        if self.summary_stopped or gen.finish_reason == "cancelled":
+            raise compact.CompactionError("the summary was stopped")
+        text = compact.cleaned(gen.text)
+        if not text:
+            raise compact.CompactionError("the model wrote an empty summary")
+        return text, gen.stats.completion_tokens if gen.stats is not None else 0
+
+    def stop_summary(self) -> None:
+        """Stop the summary being written (the turn then goes on without it)."""
+        self.summary_stopped = True
+        if self.gen is not None:
+            self.gen.cancel()
 
     def reply(self, show: Callable[[Any], None], approve: Callable[[Any], bool], turn: Any) -> Any:
         """Answer the prepared request into `turn` (tools/loop.py Turn), running the tools the model calls
@@ -195,7 +346,10 @@ class ChatRunner:
         return path
 
     def forget(self) -> None:
-        """After /clear or /undo: the window cannot start past the end."""
+        """After /clear or /undo: the window cannot start past the end, and a summary of messages no longer
+        there (/undo took back a folded one) goes: the window then sends what is left."""
+        if self.session.summary is not None and self.session.summary.covers > len(self.session.messages):
+            self.session.summary = None
         self.first = min(self.first, max(0, len(self.session.messages) - 1))
         if not self.session.messages:
             self.first = 0
@@ -210,15 +364,19 @@ class ChatRunner:
         old = self.backend
         self.backend = backend
         self.session.model = model_name
-        self.first = 0
+        self.first = self.covered()
         old.close()
 
     def adopt(self, session: ChatSession, sampling: SamplingParams) -> None:
         """Continue another conversation (/load) with its own settings."""
         self.session = session
         self.sampling = sampling
-        self.first = 0
+        self.first = self.covered()
         self.trim_noticed = False
+
+
+def _n(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def has_template(backend: Backend) -> bool:

@@ -1,4 +1,5 @@
-"""A chat conversation: messages, the system prompt, trimming to the window, crash-safe saving."""
+"""A chat conversation: messages, the system prompt, the summary of its compacted turns, trimming to the
+window, crash-safe saving."""
 
 from __future__ import annotations
 
@@ -49,6 +50,37 @@ def _next_name(name: str) -> str:
     return f"{base}-{int(n) + 1}" if base.count("-") >= 2 and n.isdigit() and len(n) < 4 else f"{name}-2"
 
 
+@dataclass(frozen=True)
+class Summary:
+    """What compaction made of the oldest messages: the model's summary of `messages[:covers]`, sent in their
+    place after the system prompt. Those messages stay in the conversation as they were."""
+
+    text: str
+    covers: int  # messages[:covers] are folded into the text
+    tokens: int  # the text's tokens, as the summary request generated them
+    compactions: int  # how many compactions made it (each folds the summary before it in)
+    model: str  # the model that wrote it
+    created: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The saved form."""
+        return {"text": self.text, "covers": self.covers, "tokens": self.tokens, "compactions": self.compactions,
+                "model": self.model, "created": self.created}
+
+    @classmethod
+    def from_dict(cls, data: Any, n_messages: int) -> Summary:
+        """A saved summary; ValueError when it is not one (or covers messages the conversation lacks)."""
+        if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+            raise ValueError("summary")
+        covers, tokens, count = data.get("covers", 0), data.get("tokens", 0), data.get("compactions", 1)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (covers, tokens, count)):
+            raise ValueError("summary")
+        if not 0 < covers <= n_messages:
+            raise ValueError("summary")
+        return cls(text=data["text"], covers=covers, tokens=tokens, compactions=count,
+                   model=str(data.get("model") or ""), created=float(data.get("created", 0)))
+
+
 @dataclass
 class ChatSession:
     """The conversation so far. `messages` holds user and assistant turns (an assistant turn may carry
@@ -64,6 +96,8 @@ class ChatSession:
     log_id: str | None = None  # this chat's conversation in the log (localgen logs --cid)
     fresh: bool = False  # a new conversation: its first save claims the name, never overwriting another's
     auto_named: bool = False  # the name came from the clock: if taken meanwhile, the next free one is used
+    summary: Summary | None = None  # the oldest messages folded by compaction (they stay in `messages`)
+    compact: bool | None = None  # compaction chosen on (--compact, /set compact) or off; None: never chosen
 
     def conversation(self) -> list[Message]:
         """Messages as the template sees them, system prompt first."""
@@ -91,12 +125,14 @@ class ChatSession:
             return text_of(self.messages[-1]["content"])
         return None
 
-    def window_start(self, fits: Callable[[list[Message]], bool], start: int = 0) -> int:
-        """The index of the first message to send so that `fits(system + messages[i:])`, from `start` on;
-        a window always begins at a user turn and keeps the last message. Nothing is removed: the saved
-        conversation keeps every turn."""
+    def window_start(self, fits: Callable[[list[Message]], bool], start: int = 0,
+                     head: list[Message] | None = None) -> int:
+        """The index of the first message to send so that `fits(head + messages[i:])`, from `start` on (`head`:
+        the system prompt, and the summary where there is one); a window always begins at a user turn and
+        keeps the last message. Nothing is removed: the saved conversation keeps every turn."""
         i = min(start, max(0, len(self.messages) - 1))
-        head = [{"role": "system", "content": self.system}] if self.system else []
+        if head is None:
+            head = [{"role": "system", "content": self.system}] if self.system else []
         while i < len(self.messages) - 1 and not fits(head + self.messages[i:]):
             i += 1
             while i < len(self.messages) - 1 and self.messages[i]["role"] != "user":
@@ -116,6 +152,7 @@ class ChatSession:
             "format": FORMAT, "name": self.name, "model": self.model, "system": self.system,
             "messages": self.messages, "settings": self.settings, "created": self.created,
             "updated": self.updated, "log_id": self.log_id,
+            "summary": self.summary.to_dict() if self.summary is not None else None, "compact": self.compact,
         }
 
     def save(self) -> Path:
@@ -182,6 +219,8 @@ class ChatSession:
                 name=name, model=str(data.get("model") or ""), system=system, messages=messages,
                 settings=saved, created=float(data.get("created", 0)), updated=float(data.get("updated", 0)),
                 log_id=str(data["log_id"]) if data.get("log_id") else None,
+                summary=Summary.from_dict(data["summary"], len(messages)) if data.get("summary") else None,
+                compact=_flag(data.get("compact")),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             raise LocalgenError(f"the saved conversation {path} is not in localgen's format") from None
@@ -210,6 +249,12 @@ def _message(m: dict[str, Any]) -> Message:
         elif isinstance(value, str):
             out[key] = value
     return out
+
+
+def _flag(value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError("compact")
+    return value
 
 
 def _is_call(c: Any) -> bool:

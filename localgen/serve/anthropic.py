@@ -58,7 +58,10 @@ class Messages:
         most = settings.KNOBS["max_tokens"].hi
         if (positive_int(body, "max_tokens", required=not self.counting) or 0) > (most or 0):  # no -1 here
             raise HTTPError(400, f"max_tokens must be an integer from 1 to {most:,}", param="max_tokens")
-        optional_object(body, "metadata")
+        user_id = (optional_object(body, "metadata") or {}).get("user_id")
+        if user_id is not None and (not isinstance(user_id, str) or len(user_id) > 256):  # as Anthropic bounds it
+            raise HTTPError(400, "metadata.user_id must be a string of at most 256 characters",
+                            param="metadata.user_id")
         for key in ("temperature", "top_p"):  # Anthropic's ranges are 0 to 1 (wider elsewhere)
             value = body.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))

@@ -63,13 +63,27 @@ def api_of(path: str) -> str:
 def error_body(api: str, e: HTTPError) -> dict[str, Any]:
     """The error's body in an API's shape, with the request's extra fields (ERROR_EXTRA) at its top level."""
     extra = dict(ERROR_EXTRA.get())
-    message = without_paths(e.message)
+    message = without_paths(bounded(e.message))
     if api == OLLAMA:
         return {"error": message, **extra}
     if api == ANTHROPIC:
         kind = ANTHROPIC_KINDS.get(e.status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}, **extra}
     return {"error": {"message": message, "type": e.kind, "param": e.param, "code": e.status}, **extra}
+
+
+# An error's message names what the request sent (a model name, a block's type, an option): a word of it longer
+# than LONGEST_WORD is cut, and the whole past LONGEST_MESSAGE, so that megabytes sent are never sent back.
+LONGEST_WORD, LONGEST_MESSAGE = 200, 4000
+
+
+def bounded(text: str) -> str:
+    """The message with each run of more than LONGEST_WORD characters without a blank cut to its head and `…`,
+    and the whole to LONGEST_MESSAGE."""
+    if len(text) <= LONGEST_WORD:
+        return text
+    text = re.sub(rf"\S{{{LONGEST_WORD + 1},}}", lambda m: m.group(0)[:LONGEST_WORD // 2] + "…", text)
+    return text if len(text) <= LONGEST_MESSAGE else text[:LONGEST_MESSAGE] + "…"
 
 
 def without_paths(text: str) -> str:

@@ -4,6 +4,7 @@ they share. A parser checks shapes and names the field at fault; the pipeline do
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ from localgen import settings
 from localgen.errors import LocalgenError, UsageError
 from localgen.media import OPENAI_WORDS, Inline
 from localgen.serve.apierror import HTTPError
-from localgen.serve.jobs import parse_duration
+from localgen.serve.jobs import NEVER_AFTER, parse_duration
 
 
 @dataclass(frozen=True)
@@ -112,9 +113,9 @@ def keep_alive(value: Any, param: str) -> float | None:
     if value is None:
         return None
     if param == "ttl":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise HTTPError(400, "`ttl` must be a number of seconds, 0 or more", param="ttl")
-        return float(value)
+        return -1.0 if value > NEVER_AFTER else float(value)  # a century or more: never, as keep_alive's
     try:
         return parse_duration(value)
     except LocalgenError as e:

@@ -93,17 +93,22 @@ def modelfile_text(body: dict[str, Any]) -> str:
             hint = " (a preset with a LoRA: localgen create, on the server)" if unsupported == "adapters" else ""
             raise HTTPError(400, f"`{unsupported}` is not supported: a preset takes a model already here "
                                  f"(`from`) with settings over it{hint}")
+    if body.get("modelfile") is not None and not isinstance(body["modelfile"], str):
+        raise HTTPError(400, "`modelfile` must be a string")
     if isinstance(body.get("modelfile"), str) and body["modelfile"].strip():
         return str(body["modelfile"])
     base = body.get("from")
     if not isinstance(base, str) or not base:
         raise HTTPError(400, "`from` must name the model the preset is made from")
     lines = [f"FROM {quote(base)}"]
-    params = body.get("parameters") or {}
+    params = {} if body.get("parameters") is None else body["parameters"]  # [] or "" is no object: a 400
     if not isinstance(params, dict):
         raise HTTPError(400, "`parameters` must be an object")
     for key, value in params.items():
         for v in value if isinstance(value, list) else [value]:
+            if not isinstance(v, (str, int, float)):  # an object or a null would be Python's {'a': 1} or None
+                raise HTTPError(400, f"`parameters.{key[:64]}` must be a string, a number, true or false, or a "
+                                     "list of them")
             text = ("true" if v else "false") if isinstance(v, bool) else str(v)
             lines.append(f"PARAMETER {key} {quote(text)}")
     for field in ("system", "template"):
@@ -112,7 +117,7 @@ def modelfile_text(body: dict[str, Any]) -> str:
             if not isinstance(value, str):
                 raise HTTPError(400, f"`{field}` must be a string")
             lines.append(f"{field.upper()} {quote(value)}")
-    messages = body.get("messages") or []
+    messages = [] if body.get("messages") is None else body["messages"]
     if not isinstance(messages, list):
         raise HTTPError(400, "`messages` must be a list")
     for m in messages:

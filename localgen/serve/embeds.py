@@ -74,7 +74,8 @@ def routes(state: ServeState) -> list[Route]:
         worker = state.worker(body.get("model"))
         truncate = flag(body, "truncate", default=True)
         t0 = time.perf_counter()
-        done = await embed(worker, embed_inputs(body.get("input")), body.get("dimensions"), truncate, http=request,
+        done = await embed(worker, embed_inputs(body.get("input")), dimensions(body.get("dimensions")), truncate,
+                           http=request,
                            keep=keep_alive(body.get("keep_alive"), "keep_alive"))
         return JSONResponse({"model": worker.name, "embeddings": [v.vector for v in done.values],
                              "total_duration": int((time.perf_counter() - t0) * NS),

@@ -111,7 +111,7 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "`messages` must be a non-empty list", param="messages")
     out = []
-    for m in raw:
+    for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
             raise HTTPError(400, "each message needs a role: system, developer, user, assistant or tool",
                             param="messages")
@@ -120,14 +120,19 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
         if images is not None:
             if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
                 raise HTTPError(400, "`images` must be a list of base64 strings", param="messages")
-            text = content if isinstance(content, str) else ""
+            if content is not None and not isinstance(content, str):  # Ollama's content beside images: text
+                raise HTTPError(400, "a message's `content` beside its `images` must be a string",
+                                param=f"messages.{i}.content")
+            text = content or ""
             content = [*({"type": "image_url", "image_url": {"url": i}} for i in images),
                        {"type": "text", "text": text}]
         if isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}, ...]
             if not all(isinstance(p, dict) for p in content):
                 raise HTTPError(400, "each content part must be an object", param="messages")
+            if any(p.get("type") == "text" and not isinstance(p.get("text"), str) for p in content):
+                raise HTTPError(400, "a text part's `text` must be a string", param=f"messages.{i}.content")
             if all(p.get("type") == "text" for p in content):
-                content = "".join(str(p.get("text", "")) for p in content)
+                content = "".join(p["text"] for p in content)
             else:
                 parts = []
                 for p in content:

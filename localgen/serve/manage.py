@@ -178,7 +178,7 @@ def _name(body: dict[str, Any]) -> str:
     """The request's model name (`model`, or the older `name`)."""
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
-        raise HTTPError(400, "`model` must be a model's name")
+        raise HTTPError(400, "`model` must be a model's name", param="model")
     named(name)  # the access line's model
     return name
 

@@ -77,6 +77,8 @@ class Generate:
         prompt, system, images = body.get("prompt"), body.get("system"), body.get("images")
         if not isinstance(prompt, str):
             raise HTTPError(400, "`prompt` must be a string", param="prompt")
+        if system is not None and not isinstance(system, str):  # never dropped unsaid
+            raise HTTPError(400, "`system` must be a string", param="system")
         if flag(body, "raw"):
             if images:
                 raise HTTPError(400, "`images` need the model's chat template: they cannot go with a raw prompt",

@@ -27,6 +27,7 @@ from localgen.serve.ask import (
 )
 from localgen.serve.jobs import Event, Job
 from localgen.serve.pipeline import Made, route
+from localgen.serve.responsestore import check_metadata
 from localgen.serve.state import ServeState
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
@@ -60,21 +61,23 @@ class Completions:
             if body.get(key):
                 raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
         _check_text_output(body)
+        check_metadata(body.get("metadata") if self.chat else None, body.get("user"))  # bounded as OpenAI does
         opts = optional_object(body, "stream_options")
         if opts is not None:
             flag(opts, "include_usage", "stream_options.include_usage")
-        if body.get("n") not in (None, 1):  # null is OpenAI's default, 1
+        if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):  # null: OpenAI's default, 1; true ≠ 1
             raise HTTPError(400, "only n=1 is supported: send the request n times (they run in parallel slots)",
                             param="n")
         logprobs = None
         count = body.get("logprobs")  # /v1/completions: a count, and 0 (the chosen tokens alone) asks too
-        if flag(body, "logprobs") if self.chat else count is not None and count is not False:
+        asked = flag(body, "logprobs") if self.chat else count is not None and count is not False
+        if asked or (self.chat and body.get("top_logprobs") is not None):  # checked even when logprobs is off
             top = body.get("top_logprobs") if self.chat else body.get("logprobs")
             top = 0 if top is True or top is None else top  # null: OpenAI's default, none
             if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
                 field = "top_logprobs" if self.chat else "logprobs"  # /v1/completions: logprobs is the count
                 raise HTTPError(400, f"{field} must be an integer from 0 to 20", param=field)
-            logprobs = top
+            logprobs = top if asked else None
         effort = one_of(body.get("reasoning_effort"), REASONING_EFFORTS, "reasoning_effort")
         common: dict[str, Any] = dict(
             values=sampling_values(body, "openai"),

@@ -33,6 +33,13 @@ def chat(
         bool, typer.Option("--stats", rich_help_panel=o.OUTPUT_PANEL,
                            help="When scripted (stdin not a terminal): print each answer's stats to stderr.")
     ] = False,
+    compact: Annotated[
+        bool | None,
+        typer.Option("--compact/--no-compact", show_default=False,
+                     help="When the conversation outgrows the context window, have the model summarize the oldest "
+                          "turns instead of leaving them out (saved with the conversation; /compact does it now). "
+                          "Default: as the conversation was saved, else off.")
+    ] = None,
     prompt_cache: o.PromptCache = True,
     model: o.Model = None,
     offline: o.Offline = False,
@@ -59,7 +66,7 @@ def chat(
     from localgen.cli.chat.loop import print_list, start
     from localgen.cli.chat.plan import ChatArgs, check
 
-    args = ChatArgs(context=ctx_, name=name, resume=resume, list_=list_, plain=plain, stats=stats,
+    args = ChatArgs(context=ctx_, name=name, resume=resume, list_=list_, plain=plain, stats=stats, compact=compact,
                     prompt_cache=prompt_cache, model=model, offline=offline, chat_template_file=chat_template_file,
                     mmproj=mmproj, system=system, no_log=no_log, verbose=verbose, think=think, tools=tools,
                     output=output, remote=remote, knobs=knobs)

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from localgen.cli.chat.plan import ChatPlan
-from localgen.cli.chat.turn import restore_state, save_state, stream
-from localgen.cli.chat.view import ChatView
+from localgen.cli.chat.turn import restore_state, save_state, stream, summary_interrupts
+from localgen.cli.chat.view import ChatView, summarized
 from localgen.cli.hints import model_gone
 from localgen.cli.options import files, preset
 from localgen.cli.options.plan import LoadPlan
@@ -35,7 +35,7 @@ def start(plan: ChatPlan) -> None:
     session = _open_session(plan.name, plan.resume, model, send.system)
     tools = send.tools
     view = ChatView(interactive=plan.interactive, plain=plan.plain, stats=plan.stats, sampling=send.sampling,
-                    model_given=load.model_given, yes=tools is not None and tools.yes)
+                    model_given=load.model_given, yes=tools is not None and tools.yes, compact=plan.compact)
     view.loader = (lambda name: remote_backend(endpoints, name, load.assumed_ctx, view)) if endpoints else (
         lambda name: load_backend(name, load, view))
     toolbox = open_toolbox(tools)
@@ -65,6 +65,8 @@ def start(plan: ChatPlan) -> None:
         runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, tools.tool_steps, tools.tool_timeout
         runner.tool_choice = tools.tool_choice
     runner.thinking = send.think
+    runner.compact = view.compaction(session)
+    runner.note, runner.alert = view.info, view.warning
     runner.prompt_cache = send.prompt_cache
     try:
         if send.grammar is not None:
@@ -212,7 +214,8 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     import localgen.cli.chat.slash
     import localgen.tools.loop  # noqa: F401
     if runner.session.messages:
-        view.info(f"resumed {runner.session.name}: {plural(len(runner.session.messages), 'message')}")
+        view.info(f"resumed {runner.session.name}: {plural(len(runner.session.messages), 'message')}"
+                  + summarized(runner.session))
     while True:
         try:
             text = line_input.read()
@@ -306,7 +309,8 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
         if view.attachments:
             text = "\n\n".join([*view.attachments, text])
             view.attachments.clear()
-        first = runner.start(checked(text, "the message"), view.media)
+        with summary_interrupts(runner):  # Ctrl-C while a summary is written stops only the summary
+            first = runner.start(checked(text, "the message"), view.media)
         view.media.clear()
     except KeyboardInterrupt:  # Ctrl-C between Enter and the answer (fitting a long history to the window)
         if not view.interactive:

@@ -22,6 +22,7 @@ class ChatArgs(ModelArgs):
     list_: bool
     plain: bool
     stats: bool
+    compact: bool | None
     no_log: bool
 
 
@@ -37,6 +38,7 @@ class ChatPlan:
     interactive: bool  # the REPL on a terminal; else one message per stdin line, answers plainly
     plain: bool  # no Markdown or colour (--plain, NO_COLOR)
     stats: bool  # scripted: each answer's stats to stderr
+    compact: bool | None  # fold the oldest turns into a summary (--compact), not (--no-compact), or as saved (None)
     no_log: bool
 
 
@@ -47,4 +49,5 @@ def check(f: ChatArgs) -> ChatPlan:
     model = shared.check(f, shared.CommandRules(
         cannot_ask=None if interactive else "a scripted chat (stdin not a terminal)"))
     return ChatPlan(load=model.load, send=model.send, name=f.name, resume=f.resume, interactive=interactive,
-                    plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats, no_log=f.no_log)
+                    plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats, compact=f.compact,
+                    no_log=f.no_log)

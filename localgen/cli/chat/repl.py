@@ -10,7 +10,7 @@ from typing import Any
 
 COMMANDS = {
     "/help": "show the commands",
-    "/set": "PARAM VALUE: change a sampling setting, or system / think / verbose / markdown / reasoning",
+    "/set": "PARAM VALUE: change a sampling setting, or system / think / verbose / markdown / reasoning / compact",
     "/show": "current model and settings",
     "/system": "[TEXT]: show or set the system prompt",
     "/clear": "start a new conversation (same model and system prompt; the old one stays saved)",
@@ -25,6 +25,7 @@ COMMANDS = {
     "/model": "NAME: switch model, keep the conversation",
     "/stats": "the last answer's numbers",
     "/context": "tokens used of the context window",
+    "/compact": "[N]: summarize all but the last N exchanges (1) now; the messages stay saved",
     "/tools": "the tools the model may call (--functions, --mcp)",
     "/think": "the last answer's thinking, whole (it is folded to one line)",
     "/exit": "leave (also Ctrl-D)",
@@ -40,7 +41,7 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
     from prompt_toolkit.completion import Completer, Completion, PathCompleter
     from prompt_toolkit.document import Document
 
-    set_names = [*settable, "system", "think", "verbose", "markdown", "reasoning"]
+    set_names = [*settable, "system", "think", "verbose", "markdown", "reasoning", "compact"]
     paths = PathCompleter(expanduser=True)
 
     class SlashCompleter(Completer):
@@ -61,7 +62,7 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
             options: list[str] = []
             if cmd == "/set" and len(words) == 1:
                 options = set_names
-            elif cmd == "/set" and len(words) == 2 and words[0] in ("think", "verbose", "markdown"):
+            elif cmd == "/set" and len(words) == 2 and words[0] in ("think", "verbose", "markdown", "compact"):
                 options = ["on", "off"]
             elif cmd == "/set" and len(words) == 2 and words[0] == "reasoning":
                 options = ["on", "off", "default"]

@@ -50,6 +50,13 @@ def _set(runner: Any, view: Any, arg: str) -> None:
         runner.thinking = None if value == "default" else value == "on"
         view.info(f"reasoning {value}: the template's thinking switch (enable_thinking)"
                   + (" is left as it is" if value == "default" else f" is {value}"))
+    elif key == "compact":
+        if value not in ("on", "off"):
+            raise UsageError("/set compact takes on or off")
+        runner.compact = runner.session.compact = value == "on"
+        view.info(f"compact {value}: " + ("when the conversation outgrows the window, the model summarizes the "
+                                          "oldest turns" if value == "on" else
+                                          "the oldest turns are left out when the conversation outgrows the window"))
     elif key in ("think", "verbose", "markdown"):
         if value not in ("on", "off"):
             raise UsageError(f"/set {key} takes on or off")
@@ -73,9 +80,39 @@ def _show(runner: Any, view: Any, arg: str) -> None:
         saved = f"saved at {session.path}" if session.path.exists() else f"to be saved at {session.path}"
     view.info(f"conversation {session.name} · {plural(len(session.messages), 'message')} · {saved}")
     view.info(f"system: {session.system or 'none'}")
+    view.info(_summary_line(runner))
     view.info(" · ".join(f"{k} {settings.as_text(k, getattr(runner.sampling, k))}" for k in settings.KNOBS))
     view.info(f"think {'on' if view.think else 'off'} · verbose {'on' if view.footer else 'off'} · "
-              f"markdown {'on' if view.markdown else 'off'}")
+              f"markdown {'on' if view.markdown else 'off'} · compact {'on' if runner.compact else 'off'}")
+
+
+def _summary_line(runner: Any) -> str:
+    """What compaction folded: how many messages the summary stands for, and the summary itself."""
+    s = runner.session.summary
+    if s is None:
+        return "summary: none (nothing compacted)"
+    return (f"summary of the first {plural(s.covers, 'message')} ({plural(s.compactions, 'compaction')}, "
+            f"{plural(s.tokens, 'token')}; the messages stay saved): {s.text}")
+
+
+def _compact(runner: Any, view: Any, arg: str) -> None:
+    """Summarize every exchange but the last N (1) now; a summary that fails changes nothing."""
+    from localgen.cli.chat.turn import summary_interrupts
+
+    if arg and not (arg.isdigit() and len(arg) < 6):
+        raise UsageError("usage: /compact [N] (keep the last N exchanges as they are; 1 unless given)")
+    keep = int(arg) if arg else 1
+    try:
+        with summary_interrupts(runner):
+            done = runner.compact_now(keep)
+    except LocalgenError as e:
+        e.hint = e.hint or "nothing was compacted; the conversation is as it was"
+        raise
+    if done is None:
+        view.info("nothing to compact: " + (f"the last {plural(keep, 'exchange')} stay as they are"
+                                            if keep else "the conversation is empty"))
+        return
+    runner.save()
 
 
 def _system(runner: Any, view: Any, arg: str) -> None:
@@ -105,7 +142,8 @@ def _clear(runner: Any, view: Any, arg: str) -> None:
     save_state(runner)  # its KV state, for a later --resume or /load of it
     now = time.time()
     runner.adopt(dataclasses.replace(old, name=sessions.new_name(), messages=[], settings=dict(old.settings),
-                                     created=now, updated=now, log_id=new_id(), fresh=True, auto_named=True),
+                                     summary=None, created=now, updated=now, log_id=new_id(), fresh=True,
+                                     auto_named=True),
                  runner.sampling)
     view.info(f"conversation cleared: this chat goes on as {runner.session.name} ({old.name} is kept as it was)")
 
@@ -117,7 +155,7 @@ def _undo(runner: Any, view: Any, arg: str) -> None:
 
 
 def _retry(runner: Any, view: Any, arg: str) -> None:
-    from localgen.cli.chat.turn import stream
+    from localgen.cli.chat.turn import stream, summary_interrupts
 
     messages = runner.session.messages
     kept = list(messages)
@@ -126,7 +164,8 @@ def _retry(runner: Any, view: Any, arg: str) -> None:
         raise UsageError("nothing to retry")
     old = kept[len(messages):]  # the answer being replaced: it comes back if the new one fails
     try:
-        first = runner.prepare()
+        with summary_interrupts(runner):  # Ctrl-C while a summary is written stops only the summary
+            first = runner.prepare()
     except BaseException:
         messages.extend(old)
         raise
@@ -196,6 +235,7 @@ def _save(runner: Any, view: Any, arg: str) -> None:
 def _load(runner: Any, view: Any, arg: str) -> None:
     from localgen.chat import session as sessions
     from localgen.cli.chat.turn import restore_state, save_state
+    from localgen.cli.chat.view import summarized
 
     if not arg:
         raise UsageError("usage: /load NAME")
@@ -208,8 +248,9 @@ def _load(runner: Any, view: Any, arg: str) -> None:
     # its own /set values under the command-line flags, as --resume applies them; the chat's grammar stays
     runner.adopt(loaded, view.sampling.params(runner.backend.defaults, loaded.settings,
                                               grammar=runner.sampling.grammar))
+    runner.compact = view.compaction(loaded)  # --compact / --no-compact, else the loaded conversation's own
     restore_state(runner, view)
-    view.info(f"continuing {loaded.name}: {plural(len(loaded.messages), 'message')}")
+    view.info(f"continuing {loaded.name}: {plural(len(loaded.messages), 'message')}" + summarized(loaded))
 
 
 def _model(runner: Any, view: Any, arg: str) -> None:
@@ -239,6 +280,8 @@ def _context(runner: Any, view: Any, arg: str) -> None:
     used, n_ctx = runner.context_used()
     n = len(runner.session.messages)
     window = f" ({n - runner.first} in the window)" if runner.first else ""
+    if runner.session.summary is not None:
+        window = f" (the first {runner.session.summary.covers:,} sent as a summary; {n - runner.first} in the window)"
     view.info(f"{used:,} of {n_ctx:,} tokens used ({used * 100 // n_ctx} %) as the next prompt sends the conversation "
               f"(the footer's figure: as the last answer ended, before its turn was closed) · "
               f"{plural(n, 'message')}{window}")
@@ -284,6 +327,6 @@ def _tools(runner: Any, view: Any, arg: str) -> None:
 COMMANDS: dict[str, Handler] = {
     "/exit": _exit, "/bye": _exit, "/quit": _exit, "/help": _help, "/?": _help, "/set": _set, "/show": _show,
     "/system": _system, "/clear": _clear, "/undo": _undo, "/retry": _retry, "/read": _read, "/save": _save,
-    "/load": _load, "/model": _model, "/stats": _stats, "/context": _context, "/tools": _tools,
+    "/load": _load, "/model": _model, "/stats": _stats, "/context": _context, "/compact": _compact, "/tools": _tools,
     "/think": _think, "/image": _media("image"), "/audio": _media("audio"), "/detach": _detach,
 }

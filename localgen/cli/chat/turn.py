@@ -32,6 +32,27 @@ def save_state(runner: Any) -> None:
             runner.backend.save_conversation(runner.session.name)
 
 
+@contextlib.contextmanager
+def summary_interrupts(runner: Any) -> Iterator[None]:
+    """While a turn is prepared: Ctrl-C during a summary stops only the summary (the turn goes on, leaving the
+    oldest turns out); at any other moment it raises KeyboardInterrupt as before (the message is taken back)."""
+    def on_sigint(signum: int, frame: Any) -> None:
+        if runner.summarizing:
+            runner.stop_summary()
+            return
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread: keep the default behaviour
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None) -> None:
     """Show one answer as it comes (with the tools it calls, each asked for first unless allowed), record
     it, and print its footer. A tool's failure takes the whole turn back: the question goes, or, for

@@ -31,6 +31,7 @@ class ChatView:
     err: ErrWriter = field(default_factory=ErrWriter)
     yes: bool = False  # tool calls run without asking (--yes)
     always: set[str] = field(default_factory=set)  # tools the user allowed for the rest of the chat
+    compact: bool | None = None  # --compact / --no-compact, over a loaded chat's own choice (None: not given)
 
     def ask(self, question: str) -> str:
         """A question to the user on the terminal (scripted chats never ask: they need --yes)."""
@@ -51,9 +52,29 @@ class ChatView:
         else:
             self.err.line(text)
 
+    def compaction(self, session: Any) -> bool:
+        """Compaction on or off as --compact / --no-compact say, else as the conversation was saved; a flag given
+        is saved with the conversation (a resumed chat goes on compacting)."""
+        if self.compact is not None:
+            session.compact = self.compact
+        return bool(session.compact)
+
+    def warning(self, text: str) -> None:
+        """A warning the chat goes on after: yellow on the terminal; stderr when scripted."""
+        if self.console is not None:
+            self.console.print(f"warning: {text}", style="yellow", markup=False)
+        else:
+            self.err.warn(text)
+
     def error(self, message: str, hint: str | None = None) -> None:
         """An error the chat survives (on a terminal) or ends with (scripted)."""
         if self.console is not None:
             self.console.print(f"error: {message}" + (f" ({hint})" if hint else ""), style="red", markup=False)
         else:
             self.err.error(message, hint)
+
+
+def summarized(session: Any) -> str:
+    """What a resumed or loaded conversation's summary covers, for the line that says it goes on."""
+    s = session.summary
+    return f" (the first {s.covers:,} sent as a summary)" if s is not None else ""

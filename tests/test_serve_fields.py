@@ -1,0 +1,182 @@
+"""Every malformed field of a `serve` request is a 4xx in its route's API shape naming the field (docs/api.md's
+"Every request"), never a 500, a value quietly read as another, or an answer the size of what was sent: one
+table of (route, body, field) found by driving a real server with hostile values in every field, checked here
+against the real app on SmolLM2 in this process (Starlette's TestClient over a real ModelWorker)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MODEL = "smollm2:135m"
+pytestmark = pytest.mark.slow  # a real ModelWorker on SmolLM2
+
+BIG = "x" * 1_000_000
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_path: Path) -> Iterator[Any]:
+    from starlette.testclient import TestClient
+
+    from localgen.models.resolve import resolve
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+    from localgen.serve.worker import ModelWorker
+    from localgen.types import LoadParams
+
+    worker = ModelWorker(resolve(str(smollm2_path)), LoadParams(n_ctx=1024), parallel=2, keep_alive=-1, max_queue=8)
+    worker.preload()
+    worker.start()
+    try:
+        with TestClient(build(ServeState(workers={MODEL: worker}), Policy(check_host=False)),
+                        raise_server_exceptions=False) as c:
+            yield c
+    finally:
+        worker.stop()
+
+
+def _raw_chat(field: str, raw: str) -> str:
+    """A chat request with `field` set to raw JSON text (NaN and Infinity, which Python's json reads)."""
+    return (f'{{"model": "{MODEL}", "max_tokens": 1, "messages": [{{"role": "user", "content": "Hi"}}], '
+            f'"{field}": {raw}}}')
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}], **fields}
+
+
+def _chat_parts(*parts: Any) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": list(parts)}]}
+
+
+# (route, body, the param an OpenAI-shaped error names, or for Anthropic's and Ollama's shapes a word the
+# message must hold)
+CASES: list[tuple[str, dict[str, Any] | str, str]] = [
+    # a text part's text that is not a string was read as Python's repr of it ("None", "[1]", "{'a': 1}")
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": None}), "messages.0.content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": 5}), "messages.0.content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": [1]}), "messages.0.content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": {"a": 1}}), "messages.0.content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text"}), "messages.0.content"),
+    ("/api/chat", {"model": MODEL, "stream": False, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": True}]}]}, "text"),
+    # /api/generate's system prompt that was not a string was dropped, the prompt answered without it
+    ("/api/generate", {"model": MODEL, "prompt": "Hi", "stream": False, "system": 5}, "system"),
+    ("/api/generate", {"model": MODEL, "prompt": "Hi", "stream": False, "system": ["be brief"]}, "system"),
+    # /api/create wrote Python's text of a value into the preset (PARAMETER stop {'a': 1}, PARAMETER stop None),
+    # and took parameters or messages of the wrong type ([] or "") as none
+    ("/api/create", {"model": "fields-a", "from": MODEL, "stream": False, "parameters": {"stop": {"a": 1}}},
+     "parameters.stop"),
+    ("/api/create", {"model": "fields-b", "from": MODEL, "stream": False, "parameters": {"stop": None}},
+     "parameters.stop"),
+    ("/api/create", {"model": "fields-c", "from": MODEL, "stream": False, "parameters": {"stop": ["x", [1]]}},
+     "parameters.stop"),
+    ("/api/create", {"model": "fields-d", "from": MODEL, "stream": False, "parameters": []}, "parameters"),
+    ("/api/create", {"model": "fields-e", "from": MODEL, "stream": False, "messages": ""}, "messages"),
+    ("/api/create", {"model": "fields-f", "from": MODEL, "stream": False, "modelfile": 5}, "modelfile"),
+    # /api/embed's dimensions went unchecked to the engine: a 500 (and a traceback in the log) for 1.5, "8", [8]
+    ("/api/embed", {"model": MODEL, "input": ["a"], "dimensions": 1.5}, "dimensions"),
+    ("/api/embed", {"model": MODEL, "input": ["a"], "dimensions": "8"}, "dimensions"),
+    ("/api/embed", {"model": MODEL, "input": ["a"], "dimensions": [8]}, "dimensions"),
+    ("/api/embed", {"model": MODEL, "input": ["a"], "dimensions": {"n": 8}}, "dimensions"),
+    ("/api/embed", {"model": MODEL, "input": ["a"], "dimensions": 0}, "dimensions"),
+    # the router's load and unload named no param for a model that is not a name
+    ("/models/load", {"model": 5}, "model"),
+    ("/models/unload", {"model": None}, "model"),
+    # Anthropic's metadata.user_id was taken whatever it held
+    ("/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
+                      "metadata": {"user_id": 5}}, "metadata.user_id"),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
+                      "metadata": {"user_id": "u" * 257}}, "metadata.user_id"),
+    # Ollama's content beside images that was not a string was dropped: the model answered an empty message
+    ("/api/chat", {"model": MODEL, "stream": False, "options": {"num_predict": 1},
+                   "messages": [{"role": "user", "content": 5, "images": []}]},
+     "content"),
+    ("/api/chat", {"model": MODEL, "stream": False, "options": {"num_predict": 1},
+                   "messages": [{"role": "user", "content": {"a": 1}, "images": []}]}, "content"),
+    # LM Studio's ttl as NaN or Infinity was taken: the model never unloaded, and /api/ps was a 500 from then on
+    ("/v1/chat/completions", _raw_chat("ttl", "NaN"), "ttl"),
+    ("/v1/chat/completions", _raw_chat("ttl", "Infinity"), "ttl"),
+    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "ttl": "5m"}, "ttl"),
+    # top_logprobs out of its 0-20, or not a number, was unread (a 200) unless logprobs was on
+    ("/v1/chat/completions", _chat(top_logprobs="x"), "top_logprobs"),
+    ("/v1/chat/completions", _chat(top_logprobs=2**64), "top_logprobs"),
+    ("/v1/chat/completions", _chat(logprobs=False, top_logprobs=21), "top_logprobs"),
+    # chat's metadata and user (OpenAI bounds them as the Responses API's) were taken whatever they held
+    ("/v1/chat/completions", _chat(metadata=[1]), "metadata"),
+    ("/v1/chat/completions", _chat(metadata={"a": 5}), "metadata"),
+    ("/v1/chat/completions", _chat(metadata={f"k{i}": "v" for i in range(17)}), "metadata"),
+    ("/v1/chat/completions", _chat(user=5), "user"),
+    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "user": {"id": 1}}, "user"),
+    # n: true was read as n: 1 (Python's True == 1)
+    ("/v1/chat/completions", _chat(n=True), "n"),
+    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "n": True}, "n"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "param"), CASES,
+                         ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(CASES)])
+def test_a_malformed_field_is_a_400_naming_it(client: Any, route: str, body: dict[str, Any] | str, param: str) -> None:
+    r = (client.post(route, content=body, headers={"Content-Type": "application/json"}) if isinstance(body, str)
+         else client.post(route, json=body))
+    assert r.status_code == 400, r.text[:300]
+    doc = r.json()
+    assert len(r.content) < 2_000, "an error never echoes what was sent in full"
+    if route.startswith("/api/"):
+        assert isinstance(doc["error"], str) and param in doc["error"], doc
+    elif route.startswith("/v1/messages"):
+        assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error", doc
+        assert param in doc["error"]["message"], doc
+    else:
+        assert doc["error"]["param"] == param, doc
+
+
+@pytest.mark.parametrize("ttl", [1e308, 2**64, 10**12])
+def test_a_ttl_past_a_century_keeps_the_model_and_the_listings_answer(client: Any, ttl: float) -> None:
+    """A ttl of a century or more is "never unload", as a keep_alive that long is: /api/ps, which says when the
+    model unloads, was a 500 (a time past what a timestamp holds) for every client after such a request."""
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "ttl": ttl,
+                                                  "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 200, r.text[:300]
+    far = str(time.gmtime().tm_year + 5)  # "never" is shown ten years on
+    deadline = time.monotonic() + 30  # the worker takes the request's ttl once the job ends, after the answer
+    while True:
+        ps = client.get("/api/ps")
+        assert ps.status_code == 200, ps.text[:300]
+        if ps.json()["models"][0]["expires_at"] > far or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(ps.json()["models"]) == 1 and ps.json()["models"][0]["expires_at"] > far
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "ttl": 600,
+                                                  "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 200 and client.get("/api/ps").status_code == 200
+
+
+LONG = "x" * 1_000_000
+
+
+@pytest.mark.parametrize(("route", "body"), [
+    ("/v1/chat/completions", _chat(model=LONG)),
+    ("/v1/chat/completions", _chat_parts({"type": LONG})),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": LONG}]}]}),
+    ("/v1/messages", {"model": LONG, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}),
+    ("/v1/responses", {"model": MODEL, "input": [{"type": LONG}]}),
+    ("/v1/responses", {"model": MODEL, "input": "Hi", "tools": [{"type": LONG}]}),
+    ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "options": {LONG: 1}}),
+    ("/api/show", {"model": LONG}),
+    ("/api/copy", {"source": MODEL, "destination": LONG}),
+    ("/api/create", {"model": "fields-x", "from": MODEL, "quantize": LONG}),
+    ("/api/create", {"model": "fields-x", "modelfile": LONG}),
+    ("/models/load", {"model": LONG}),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_an_error_never_sends_back_the_megabytes_it_was_sent(client: Any, route: str, body: dict[str, Any]) -> None:
+    """A value the error names (a model, a block's type, an option) is cut: a 1 MB name was echoed whole."""
+    r = client.post(route, json=body)
+    assert 400 <= r.status_code < 500, r.text[:300]
+    assert len(r.content) < 5_000, f"{len(r.content):,} bytes of error"
+    assert "x" * 50 + "…" in r.text, "the value is named, cut"
