@@ -229,12 +229,17 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
           ot: list[tuple[tuple[str, str], ...]] | None = None, cmoe: bool = False,
           kv_unified: bool | None = None) -> Plan:
     """Every combination, in llama-bench's order (models outermost)."""
-    for name, values, low in (("--threads", threads, 1), ("--batch-size", batch, 1), ("--ubatch-size", ubatch, 1),
-                              ("--n-prompt", prompts, 0), ("--n-gen", gens, 0), ("--n-depth", depths, 0),
-                              ("--n-gpu-layers", ngl, -1), ("--n-cpu-moe", ncmoe or [], 0)):
+    c_int = 2**31 - 1  # llama.cpp takes each as a C int; --threads as run takes it
+    for name, values, low, high in (("--threads", threads, 1, 1024), ("--batch-size", batch, 1, c_int),
+                                    ("--ubatch-size", ubatch, 1, c_int), ("--n-prompt", prompts, 0, c_int),
+                                    ("--n-gen", gens, 0, c_int), ("--n-depth", depths, 0, c_int),
+                                    ("--n-gpu-layers", ngl, -1, c_int), ("--n-cpu-moe", ncmoe or [], 0, c_int)):
         bad = [v for v in values if v is not None and v < low]
         if bad:
             raise UsageError(f"{name}: {bad[0]} is below {low}")
+        bad = [v for v in values if v is not None and v > high]
+        if bad:  # 99999999999999999999 threads: llama.cpp's std::bad_alloc, an abort
+            raise UsageError(f"{name}: {bad[0]} is above {high}")
     if reps < 1:
         raise UsageError("--repetitions must be 1 or more")
     for v in ctv:
