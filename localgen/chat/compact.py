@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from localgen.errors import LocalgenError
 from localgen.media import text_of
+from localgen.monotone import most
 from localgen.types import Message
 
 INSTRUCTION = (
@@ -88,28 +89,16 @@ def fold(lines: list[str], previous: str | None, fits: Callable[[str | None, lis
 
 def _piece(rest: list[str], summary: str | None, fits: Callable[[str | None, list[str]], bool]) -> int:
     """How many of the first lines the next request holds (at least one: a line too long alone is cut)."""
-    k = _most(len(rest), lambda n: fits(summary, rest[:n]))
+    k = most(0, len(rest), lambda n: fits(summary, rest[:n]))
     if k == 0:
         rest[0] = _cut(rest[0], lambda text: fits(summary, [text]))
         k = 1
     return k
 
 
-def _most(n: int, ok: Callable[[int], bool]) -> int:
-    """The largest k in 0..n with ok(k) (ok holds up to some k and fails past it); 0 when ok(1) fails."""
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 def _cut(text: str, ok: Callable[[str], bool]) -> str:
     """The longest beginning of `text` (marked as cut) that still fits a request."""
-    k = _most(len(text), lambda n: ok(text[:n] + CUT))
+    k = most(0, len(text), lambda n: ok(text[:n] + CUT))
     if k == 0:
         raise CompactionError("the context window cannot hold a summary request")
     return text[:k] + CUT

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from localgen import hardware
 from localgen.models.footprint import Footprint, Placement, WeightLayout, cells, estimate
+from localgen.monotone import least, most
 from localgen.types import GGUFSummary, LoadParams
 
 FULL_GPU, PARTIAL_GPU, CPU_ONLY, WONT_FIT = "full GPU", "partial GPU", "CPU only", "won't fit"
@@ -239,43 +240,19 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
     if given is not None:
         ngl = every if given < 0 or given > n_layer else given
         if moe:
-            ncm = _least(0, n_layer, lambda k: gpus_fit(fp(ngl, k)), default=n_layer)
+            ncm = least(0, n_layer, lambda k: gpus_fit(fp(ngl, k)), default=n_layer)
             return result(ngl, ncm, fp(ngl, ncm))
         return result(ngl, 0, fp(ngl, 0))
     full = fp(every, 0)
     if gpus_fit(full):
         return result(every, 0, full)
     if moe:  # every layer's attention and dense weights on the GPU, the first layers' experts in RAM
-        ncm = _least(0, n_layer, lambda k: gpus_fit(fp(every, k)), default=-1)
+        ncm = least(0, n_layer, lambda k: gpus_fit(fp(every, k)), default=-1)
         if ncm >= 0:
             return result(every, ncm, fp(every, ncm))
     ncm = n_layer if moe else 0  # fewer layers on the GPU, with no experts there
-    ngl = _most(0, n_layer, lambda k: gpus_fit(fp(k, ncm)))
+    ngl = most(0, n_layer, lambda k: gpus_fit(fp(k, ncm)))
     return result(ngl, ncm if ngl else 0, fp(ngl, ncm if ngl else 0))
-
-
-def _least(lo: int, hi: int, ok: Callable[[int], bool], default: int) -> int:
-    """The least k in lo..hi with ok(k) (ok is monotone: false, then true), else default."""
-    if not ok(hi):
-        return default
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def _most(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
-    """The most k in lo..hi with ok(k) (monotone: true, then false); lo where none."""
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _gpu_name(i: int, n: int) -> str:
