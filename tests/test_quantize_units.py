@@ -236,3 +236,21 @@ def test_the_closing_line_names_the_fastest_only_where_there_is_one_to_name() ->
     timed = [ref, row("q8.gguf", 0.004, 20.0), row("q3.gguf", 0.2, 40.0)]
     assert ladderview.verdict(timed, best(timed, 0.05), 0.05) == ("fastest within a mean KLD of 0.05: q8.gguf (Q8_0, "
                                                                   "20.0 t/s generating, mean KLD 0.0040)")
+
+
+def test_an_output_that_is_not_a_regular_file_is_never_replaced(tmp_path: Path, smollm2_path: Path) -> None:
+    """quantize -o and --save-logits write a temporary file and rename it over the target: over /dev/null (run as
+    root) that replaced the device with a regular file for the whole machine. A target that exists and is not a
+    regular file (a device, a pipe, a socket) is refused before anything is written (a pipe stands in here)."""
+    import os
+    import stat
+
+    from localgen.quant import measure, quantize
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with pytest.raises(UsageError, match="not a regular file"):
+        measure.check_logits_target(pipe, None)
+    with pytest.raises(UsageError, match="not a regular file"):
+        quantize.plan(smollm2_path, "Q8_0", pipe, quantize.Options(force=True, allow_requantize=True))
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode)

@@ -185,6 +185,9 @@ def check_writable(path: Path, what: str) -> None:
     folder = path.parent
     if path.is_dir():
         raise UsageError(f"{what}: {path} is a directory")
+    if path.exists() and not path.is_file():  # /dev/null, a pipe: the file written would be renamed over it
+        raise UsageError(f"{what}: {path} is not a regular file (a device, a pipe or a socket): it is not replaced",
+                         hint="give a file's path")
     if not folder.is_dir():
         raise UsageError(f"{what}: cannot write {path}: no such folder {folder}")
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):

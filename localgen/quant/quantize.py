@@ -159,6 +159,9 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
                          hint="--force replaces it")
     if out.exists() and out.is_dir():
         raise UsageError(f"{out} is a directory")
+    if out.exists() and not out.is_file():  # /dev/null, a pipe: the result would be renamed over it
+        raise UsageError(f"{out} is not a regular file (a device, a pipe or a socket): it is not replaced",
+                         hint="give --output a file's path")
     if not out.parent.is_dir():
         raise UsageError(f"no such folder: {out.parent}")
     if not os.access(out.parent, os.W_OK | os.X_OK):  # found now, not once llama.cpp has done the work
