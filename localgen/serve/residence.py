@@ -36,7 +36,7 @@ class Residence:
 
     def __init__(self, tenant: Tenant, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, *,
                  fault: Callable[[BaseException, str], None], warn: Callable[[str], None] = lambda s: None,
-                 exact: bool | None = None, share_prefixes: bool = True, cache_ram: int = 0,
+                 exact: bool | None = None, lookup: int = 0, share_prefixes: bool = True, cache_ram: int = 0,
                  residency: Residency | None = None, store: PrefixStore | None = None,
                  log: ServeLog = STDERR_LOG) -> None:
         self.tenant = tenant  # what the residency is asked for room on behalf of
@@ -45,6 +45,7 @@ class Residence:
         self._fault = fault
         self._warn = warn
         self._exact = exact
+        self._lookup = lookup  # tokens drafted per step at most, by prompt lookup (0: none)
         self._share_prefixes = share_prefixes
         self._cache_ram = cache_ram  # bytes for slot states saved in host memory (-1 no limit, 0 off)
         self._residency = residency  # serve/residency.py: asked for room before each load (None: no limits)
@@ -90,7 +91,7 @@ class Residence:
         t0 = time.perf_counter()
         try:
             backend, pc, mode = open_model(self.ref, self.load, self.parallel, self._exact, self._share_prefixes,
-                                           self._cache_ram, self._warn, warm=warm)
+                                           self._cache_ram, self._warn, warm=warm, lookup=self._lookup)
         except BaseException:
             if self._residency is not None:
                 self._residency.released(self.tenant, failed=True)
