@@ -543,6 +543,29 @@ def test_anthropic_image_errors_name_anthropics_fields(server: Server, source: d
     assert words in message and "URI" not in message, message
 
 
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"  # a 1x1 PNG
+
+
+def test_a_model_asked_what_it_cannot_do_names_the_field_at_fault(server: Server) -> None:
+    """Scores from a model that is no reranker name `model` in `param`, as OpenAI's errors name it for a model of
+    the wrong kind; an image to a text-only model names the conversation that sent it (`messages`, the
+    Responses API's `input`). tests/test_embed.py holds the encoder's and the reranker's."""
+    r = httpx.post(f"{server.url}/v1/rerank", headers=_auth(), timeout=120,
+                   json={"model": "smollm2:135m", "query": "q", "documents": ["a"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+    assert "smollm2:135m is not a reranker" in r.json()["error"]["message"]
+    image = f"data:image/png;base64,{PIXEL}"
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=120, json={
+        "model": "smollm2:135m", "max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What?"}, {"type": "image_url", "image_url": {"url": image}}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    assert "reads text only" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/v1/responses", headers=_auth(), timeout=120, json={
+        "model": "smollm2:135m", "max_output_tokens": 16, "input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": image}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+
+
 def test_anthropic_errors_have_anthropics_shape(server: Server) -> None:
     url = f"{server.url}/v1/messages"
     head = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
