@@ -246,17 +246,26 @@ def test_a_full_queue_is_503_and_a_disconnect_frees_the_slot(cli_env: dict[str, 
 
 
 def test_keep_alive_unloads_and_the_next_request_loads_again(cli_env: dict[str, str]) -> None:
-    s = Server(cli_env, "--keep-alive", "1s")
+    """/api/ps's expires_at (`ollama ps`'s "Until") is the keep-alive from the last request's end, exact as soon
+    as its answer came (it was the one before, until the worker's next idle tick)."""
+    s = Server(cli_env, "--keep-alive", "3s")
     try:
         import ollama
 
         client = ollama.Client(host=s.url)
         first = client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 2})
         assert first["done"]
+        time.sleep(1)  # idle, still loaded
+        asked = time.time()
+        assert client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 2})["done"]
+        (ps,) = client.ps().models
+        read = time.time()
+        assert ps.expires_at is not None
+        assert asked + 3 <= ps.expires_at.timestamp() <= read + 3, (asked, ps.expires_at.timestamp(), read)
         deadline = time.monotonic() + 20
         while client.ps().models and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not client.ps().models and s.health()["loaded"] is False, "unloaded after 1 s idle"
+        assert not client.ps().models and s.health()["loaded"] is False, "unloaded after 3 s idle"
         again = client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 2})
         assert again["done"] and again["load_duration"] > 0, "loaded again for this request"
         gone = client.generate(model="smollm2:135m", prompt="", keep_alive=0)
