@@ -84,13 +84,13 @@ def _answer(body: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
     """docs/batch.md: each line goes through the route it names, as the same body POSTed there: the same answer
-    (temperature 0), the same error for a model not served (an error line, and the batch goes on), and the
-    Batch object's counts and tokens; retrieve and list parse as the openai client's types."""
+    (temperature 0), the same error for a field out of range or a model not served (an error line, and the batch
+    goes on), and the Batch object's counts and tokens; retrieve and list parse as the openai client's types."""
     from openai.types import Batch, FileObject
 
     client = _client(server)
     odd = {**_chat(4), "messages": [{"role": "user", "content": "\ud800"}]}  # a lone surrogate: the route's 400
-    bodies = {"one": _chat(1), "two": _chat(2), "lost": _chat(3, model="no-such-model"), "odd\ud800": odd}
+    bodies = {"one": _chat(1), "two": _chat(2), "hot": {**_chat(3), "top_p": 2}, "odd\ud800": odd}
     hour = {"anchor": "created_at", "seconds": 3600}  # accepted, and ignored: nothing expires here
     upload = client.files.create(file=("chat.jsonl", _jsonl([_line(k, b) for k, b in bodies.items()])),
                                  purpose="batch", expires_after=hour)  # type: ignore[arg-type]
@@ -105,7 +105,7 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
     assert batch.completed_at >= batch.finalizing_at >= batch.in_progress_at >= batch.created_at
     output, errors = _records(client, batch.output_file_id), _records(client, batch.error_file_id)
     assert sorted(r["custom_id"] for r in output) == ["one", "two"]
-    assert sorted(r["custom_id"] for r in errors) == ["lost", "odd\ud800"]
+    assert sorted(r["custom_id"] for r in errors) == ["hot", "odd\ud800"]
     headers = {"Authorization": f"Bearer {KEY}"}
     for record in output + errors:
         direct = httpx.post(f"{server.url}/v1/chat/completions", content=json.dumps(bodies[record["custom_id"]]),
@@ -116,7 +116,7 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
         if direct.status_code == 200:
             assert _answer(response["body"]) == _answer(direct.json())
         else:
-            assert direct.status_code == (404 if record["custom_id"] == "lost" else 400)
+            assert direct.status_code == 400
             assert response["body"]["error"] == direct.json()["error"]
     usage = batch.usage
     assert usage.input_tokens == sum(r["response"]["body"]["usage"]["prompt_tokens"] for r in output)
@@ -132,6 +132,14 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
     assert {f.purpose for f in listed if f.id != upload.id} == {"batch_output"}
     assert batch.id in [b.id for b in client.batches.list()]
     assert [f.id for f in client.files.list(purpose="batch")] == [upload.id]
+    # a model not served: each line's answer is the route's 404, in the error file, and the batch completes
+    lost = client.files.create(file=("lost.jsonl", _jsonl([_line("lost", _chat(3, model="no-such-model"))])),
+                               purpose="batch")
+    batch = _finished(client, client.batches.create(input_file_id=lost.id, endpoint="/v1/chat/completions",
+                                                    completion_window="24h").id)
+    assert batch.status == "completed" and batch.output_file_id is None
+    [record] = _records(client, batch.error_file_id)
+    assert record["response"]["status_code"] == 404 and record["response"]["body"]["error"]["param"] == "model"
 
 
 def test_metrics_count_the_batches_by_status_and_their_requests(server: Server) -> None:
@@ -184,7 +192,8 @@ def test_the_other_endpoints_answer_as_their_routes(server: Server, endpoint: st
 
 def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
     """docs/batch.md, Refused input: a 400 naming the field for the request itself; a file whose lines are not
-    right makes the batch `failed` with every fault's code, line and param, and nothing runs."""
+    right makes the batch `failed` with every fault's code, line and param, and nothing runs (lines that name
+    another model than the first's among them: OpenAI's rule, one model a batch)."""
     import openai
 
     client = _client(server)
@@ -209,7 +218,8 @@ def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
                         _line("a", _chat(1)),
                         {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions"},
                         _line("d", {**_chat(1), "stream": True}), {**_line("e", _chat(1)), "method": "GET"},
-                        _line("b", _chat(1))]  # taken by a line refused above: still taken
+                        _line("b", _chat(1)),  # taken by a line refused above: still taken
+                        _line("f", _chat(1, model="gemma3:270m")), _line("g", {"prompt": "no model"})]
     data = b"".join((json.dumps(x) if isinstance(x, dict) else x).encode() + b"\n\n" for x in lines)  # blanks skipped
     upload = client.files.create(file=("bad.jsonl", data), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -217,7 +227,11 @@ def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
     assert [(x.code, x.line, x.param) for x in batch.errors.data] == [
         ("invalid_json_line", 3, None), ("url_mismatch", 5, "url"), ("duplicate_custom_id", 7, "custom_id"),
         ("missing_required_parameter", 9, "body"), ("invalid_request", 11, "body.stream"),
-        ("invalid_request", 13, "method"), ("duplicate_custom_id", 15, "custom_id")]
+        ("invalid_request", 13, "method"), ("duplicate_custom_id", 15, "custom_id"),
+        ("mismatched_model", 17, "body.model"), ("mismatched_model", 19, "body.model")]
+    assert batch.errors.data[-2].message == ("The provided model 'gemma3:270m' does not match the model for the rest "
+                                             f"of the batch ('{MODEL}'): all requests in a batch must use the same "
+                                             "model.")
     empty = client.files.create(file=("empty.jsonl", b"\n"), purpose="batch")
     failed = client.batches.create(input_file_id=empty.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert [x.code for x in failed.errors.data] == ["empty_file"]
@@ -587,7 +601,7 @@ def test_a_full_disk_is_a_507_and_a_pause_never_a_lost_answer(own_env: dict[str,
 def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_path: Path) -> None:
     """docs/batch.md: a batch's line whose model is not loaded (its load may evict another) starts only once no
     model holds a request; a line for the loaded model runs beside a client's request as before. Driven through
-    the runner with stand-in workers and app (a client streams to model a; the batch names a, then b)."""
+    the runner with stand-in workers and app (a client streams to model a; a batch names a, the next b)."""
     import asyncio
     import io
     import time
@@ -598,10 +612,11 @@ def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_p
 
     desk = batches.Desk(tmp_path)
     desk.owner()
-    upload = desk.files.add(io.BytesIO(_jsonl([_line("on-a", _chat(1, "a")), _line("on-b", _chat(2, "b"))])),
-                            "in.jsonl", "batch")
-    doc = desk.create(upload["id"], "/v1/chat/completions", "24h", None)
-    desk.validate(doc)
+    docs = []
+    for model in ("a", "b"):  # a batch names one model
+        upload = desk.files.add(io.BytesIO(_jsonl([_line(f"on-{model}", _chat(1, model))])), "in.jsonl", "batch")
+        docs.append(desk.create(upload["id"], "/v1/chat/completions", "24h", None))
+        desk.validate(docs[-1])
     workers = {"a": SimpleNamespace(loaded=True, outstanding=1, running=1),  # a client's answer streams
                "b": SimpleNamespace(loaded=False, outstanding=0, running=0)}
     sent: dict[str, float] = {}
@@ -635,7 +650,8 @@ def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_p
 
     async def both() -> float:
         ended = asyncio.create_task(client_ends())
-        await runner.lines(doc, desk.progress[doc["id"]])
+        for doc in docs:
+            await runner.lines(doc, desk.progress[doc["id"]])
         return await ended
 
     ended = asyncio.run(both())
