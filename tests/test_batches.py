@@ -982,3 +982,41 @@ def test_a_clean_up_loop_that_deletes_while_it_pages_deletes_every_file(monkeypa
         assert client.files.list().data == []
     client.files.create(file=("kept.jsonl", b"{}\n"), purpose="batch")
     assert http.get("/v1/files", params={"after": "file-" + "f" * 24}).json()["data"] == []  # no time: nothing
+
+
+def test_a_cancel_refused_for_a_full_disk_changes_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """docs/batch.md: POST /v1/batches/{id}/cancel whose new state could not be saved answers 507 (nothing done:
+    send it again), and the batch is as it was, in memory as on disk: it was `cancelling` in GET and in the
+    runner's eyes, while its batch.json (what a restart reads) said `in_progress`."""
+    import errno
+
+    from starlette.testclient import TestClient
+
+    from localgen.serve import batches
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))  # no runner: no lifespan
+    upload = client.post("/v1/files", files={"file": ("in.jsonl", _jsonl([_line("a", _chat(1))]))},
+                         data={"purpose": "batch"}).json()
+    made = client.post("/v1/batches", json={"input_file_id": upload["id"], "endpoint": "/v1/chat/completions",
+                                            "completion_window": "24h"}).json()
+    assert made["status"] == "in_progress", made
+    saved = tmp_path / "data" / "batches" / "runs" / made["id"] / "batch.json"
+    write = batches.files.write_atomic
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(batches.files, "write_atomic", full)
+    r = client.post(f"/v1/batches/{made['id']}/cancel")
+    assert r.status_code == 507 and "cannot be written" in r.json()["error"]["message"], r.text
+    shown = client.get(f"/v1/batches/{made['id']}").json()
+    assert (shown["status"], shown["cancelling_at"]) == ("in_progress", None), shown
+    assert json.loads(saved.read_bytes())["status"] == "in_progress"
+    monkeypatch.setattr(batches.files, "write_atomic", write)  # room again: the same request now cancels
+    r = client.post(f"/v1/batches/{made['id']}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelling" and r.json()["cancelling_at"], r.text
+    assert json.loads(saved.read_bytes())["status"] == "cancelling"

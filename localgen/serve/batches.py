@@ -421,8 +421,7 @@ class Desk:
         cancelled = doc["status"] == "cancelling"
         failed = not cancelled and doc.get("errors") is not None  # its input went missing (serve/batchrun.py)
         if doc["status"] == "in_progress" and not failed:
-            doc.update(status="finalizing", finalizing_at=self.now())
-            self.save(doc)
+            self.save(doc, status="finalizing", finalizing_at=self.now())
         folder = self.runs / doc["id"]
         progress = self.progress.get(doc["id"]) or Progress.read(folder)
         for key, name, what, count in (("output_file_id", "output.jsonl", "output", progress.completed),
@@ -509,8 +508,8 @@ def routes(desk: Desk) -> list[Route]:
     async def cancel(request: Request) -> Response:
         doc = found(request.path_params["id"])
         if doc["status"] in ("validating", "in_progress"):
-            doc.update(status="cancelling", cancelling_at=desk.now())
-            await asyncio.to_thread(desk.save, doc)
+            # the object changes once saved: a 507 (no room to save it) leaves the batch as it was, and running
+            await asyncio.to_thread(desk.save, doc, status="cancelling", cancelling_at=desk.now())
             desk.wake.set()
         elif doc["status"] not in ("cancelling", "cancelled"):
             raise HTTPError(409, f"Cannot cancel a batch with status {doc['status']!r}.", param="batch_id")
