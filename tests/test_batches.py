@@ -118,6 +118,7 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
         else:
             assert direct.status_code == 400
             assert response["body"]["error"] == direct.json()["error"]
+            assert response["body"]["error"]["code"] == 400  # the status, as every route's (docs/api.md)
     usage = batch.usage
     assert usage.input_tokens == sum(r["response"]["body"]["usage"]["prompt_tokens"] for r in output)
     made = sum(r["response"]["body"]["usage"]["completion_tokens"] for r in output)
@@ -1020,3 +1021,26 @@ def test_a_cancel_refused_for_a_full_disk_changes_nothing(monkeypatch: pytest.Mo
     r = client.post(f"/v1/batches/{made['id']}/cancel")
     assert r.status_code == 200 and r.json()["status"] == "cancelling" and r.json()["cancelling_at"], r.text
     assert json.loads(saved.read_bytes())["status"] == "cancelling"
+
+
+def test_a_request_that_never_reached_its_route_is_kept_with_openais_code(tmp_path: Path) -> None:
+    """docs/batch.md: a line whose request failed before the app answered (a fault of the server's own) is an error
+    record with no response and OpenAI's string code `server_error`, said in the log; the next line still runs."""
+    import asyncio
+
+    from localgen.serve import batches
+    from localgen.serve.batchrun import Runner
+
+    class Broken:  # the in-process client, failing before any answer
+        async def post(self, url: str, **kwargs: Any) -> Any:
+            raise RuntimeError("a bug")
+
+    progress = batches.Progress(tmp_path)
+    said: list[str] = []
+    runner = Runner(batches.Desk(tmp_path), None, None, None, lambda: False, 1, said.append)  # type: ignore[arg-type]
+    line = batches.Line(1, "a", "/v1/chat/completions", _chat(1))
+    asyncio.run(runner.one(Broken(), progress, line, asyncio.Semaphore(0)))
+    [record] = [json.loads(raw) for raw in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert record["response"] is None and record["custom_id"] == "a"
+    assert record["error"] == {"code": "server_error", "message": "internal error (the server's log has the details)"}
+    assert progress.failed == 1 and "a batch request failed" in said[0] and "RuntimeError: a bug" in said[0]
