@@ -164,7 +164,7 @@ def test_an_exception_is_the_apis_500_with_the_request_id_and_the_access_line_sa
     """A bug (here in a pull, raised before its stream or in it) answers "internal error" in the route's shape,
     with its request_id and X-Request-Id, and its access line says 500: before the stream began, for every
     client, and mid-stream for an HTTP/1.0 client, which was sent nothing yet (serve/http10.py holds its stream
-    whole). Mid-stream, a 1.1 client's stream is cut, and its access line says the 200 it was sent."""
+    whole: docs/serve.md). Mid-stream, a 1.1 client's stream is cut, and its access line says the 200 it was sent."""
     import asyncio
     import threading
     import types
