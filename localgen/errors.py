@@ -116,6 +116,18 @@ class EmptyPrompt(UsageError, BadRequest):
         self.param = param  # the request's field: `messages` for a chat whose template rendered nothing
 
 
+class WrongModel(UsageError, BadRequest):
+    """The model cannot do what it is asked: text from an encoder, scores from a model that is not a reranker,
+    embeddings from a reranker, an image read by a model without a projector. In a request, `param` names the
+    field at fault: its `model`, or the conversation that sent what the model cannot read."""
+
+    status = 400
+
+    def __init__(self, message: str, hint: str | None = None, param: str = "model") -> None:
+        super().__init__(message, hint)
+        self.param = param
+
+
 class NotFound(ServeError):
     """No such model or route."""
 

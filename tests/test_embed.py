@@ -303,6 +303,11 @@ def test_serve_reranks_and_refuses_chat_on_an_encoder(cli_env: dict[str, str], t
         assert chat.status_code == 400 and "is an encoder model" in chat.json()["error"]["message"]
         emb = httpx.post(f"{s.url}/v1/embeddings", timeout=60, json={"model": "tiny-bert-reranker.gguf", "input": "x"})
         assert emb.status_code == 400 and "is a reranker" in emb.json()["error"]["message"]
+        scores = httpx.post(f"{s.url}/v1/rerank", timeout=60, json={
+            "model": "tiny-bert.gguf", "query": "q", "documents": ["a"]})
+        assert scores.status_code == 400 and "is not a reranker" in scores.json()["error"]["message"]
+        # a model of the wrong kind is the request's `model` at fault, as OpenAI's errors name it
+        assert [x.json()["error"]["param"] for x in (chat, emb, scores)] == ["model"] * 3
         ok = httpx.post(f"{s.url}/v1/embeddings", timeout=60, json={"model": "tiny-bert.gguf", "input": "the cat"})
         assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 64
     finally:

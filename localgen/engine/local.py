@@ -14,7 +14,7 @@ from localgen.backend import Completion, Indexed
 from localgen.engine.llama import Engine
 from localgen.engine.promptcache import MIN_PREFIX
 from localgen.engine.tokens import common_prefix
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import LocalgenError, UsageError, WrongModel
 from localgen.native.prompt import Prompt
 from localgen.types import GenerationRequest
 
@@ -37,7 +37,7 @@ class LocalBackend:
     def check_generates(self) -> None:
         """A UsageError for a model that cannot generate text (an encoder: embeddings and scores only)."""
         if self.engine.encoder_only:
-            raise UsageError(f"{self.name} is an encoder model: it makes embeddings (or rerank scores), not text",
+            raise WrongModel(f"{self.name} is an encoder model: it makes embeddings (or rerank scores), not text",
                              hint="use `localgen embed` or `localgen rerank` with it")
 
     @property
@@ -87,11 +87,9 @@ class LocalBackend:
         if self._projector is None:
             path = self.engine.model.mmproj
             if not path:
-                from localgen.media import MediaError
-
-                raise MediaError(f"{self.name} reads text only: it has no multimodal projector",
+                raise WrongModel(f"{self.name} reads text only: it has no multimodal projector",
                                  hint="give its mmproj file with --mmproj, or pick a vision model "
-                                      "(`localgen list --catalogue`)")
+                                      "(`localgen list --catalogue`)", param="messages")
             from localgen.native.mtmd import Projector, available
 
             missing = available()

@@ -62,7 +62,6 @@ class Residence:
         self.vram_bytes = 0  # bytes of weights llama.cpp placed on GPUs (from its load log)
         self.placement: dict[str, Any] = {}  # what went where (native/report.py's LoadReport.record)
         self.idle_since = time.monotonic()
-        self.expires_at: float | None = None
         self._kept_at = time.monotonic()  # when the prefix store last had what the slots hold
         self._calls = self._rows = 0  # decode calls and rows of contexts already unloaded
         self._disk_hits = self._disk_hit_tokens = 0  # prefixes from disk used by earlier loads
@@ -165,20 +164,16 @@ class Residence:
                             "the next start", bytes=written)
 
     def expires(self, busy: bool) -> float | None:
-        """When the model unloads if no request comes (a Unix time), None for never (keep-alive -1); while
-        requests run (`busy`), at least the keep-alive from now."""
+        """When the model unloads if no request comes (a Unix time), None for never (keep-alive -1): the
+        keep-alive from the last request's end, read now (not at the last idle tick: a request that ended since,
+        or set another keep-alive, counts); while requests run (`busy`), the keep-alive from now."""
         if self.keep_alive < 0:
             return None
-        if self.expires_at is not None and not busy:
-            return self.expires_at
-        return time.time() + self.keep_alive
+        idle = 0.0 if busy else time.monotonic() - self.idle_since
+        return time.time() + self.keep_alive - idle
 
     def _maybe_unload(self) -> None:
-        if self.backend is None or self.keep_alive < 0:
-            self.expires_at = None
-            return
-        self.expires_at = time.time() + self.keep_alive - (time.monotonic() - self.idle_since)
-        if time.monotonic() - self.idle_since >= self.keep_alive:
+        if self.backend is not None and 0 <= self.keep_alive <= time.monotonic() - self.idle_since:
             self.unload("idle")
 
     def unload(self, reason: str = "asked", evicted_for: str | None = None) -> None:
@@ -203,7 +198,6 @@ class Residence:
             if self.backend is not None:
                 self.backend.close()
                 self.backend = None
-            self.expires_at = None
             self.vram_bytes = 0
         if self._residency is not None:
             self._residency.released(self.tenant, evicted=reason == "evicted")
