@@ -93,7 +93,7 @@ def test_a_file_read_whole_that_is_not_utf8_names_the_file_and_line(cli: CLI, tm
 
 def test_integer_settings_stop_at_what_a_c_int_holds(cli: CLI) -> None:
     _one_line_error(cli("run", "-p", "hi", "--top-k", str(2**32)), 2, "--top-k")
-    _one_line_error(cli("run", "-p", "hi", "--logit-bias", f"{2**40}+1"), 2, "logit_bias")
+    _one_line_error(cli("run", "-p", "hi", "--logit-bias", f"{2**40}+1"), 2, "--logit-bias: ")
     from localgen import settings
     from localgen.errors import UsageError
 

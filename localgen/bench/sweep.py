@@ -276,7 +276,7 @@ def in_range(flag: str, values: Sequence[int | None], low: int, high: int) -> No
     """A UsageError naming the flag and the range it takes, for the first value outside it."""
     for v in values:
         if v is not None and not low <= v <= high:
-            raise UsageError(f"{flag}: {v} is {'below' if v < low else 'above'} {high if v > high else low:,}",
+            raise UsageError(f"{flag}: {v} is {'below' if v < low else 'above'} {high if v > high else low}",
                              hint=f"it takes {low} to {high:,}")
 
 
