@@ -53,8 +53,9 @@ class ContextOverflowError(LocalgenError):
     """The prompt does not fit the context window."""
 
 
-class GrammarError(LocalgenError):
-    """A grammar or JSON schema for constrained output is invalid."""
+class GrammarError(UsageError):
+    """A grammar or JSON schema for constrained output is invalid: bad usage (exit 2), as any other flag's bad
+    file is; a server's 400."""
 
 
 class RemoteError(LocalgenError):
