@@ -367,13 +367,13 @@ class ModelWorker:
                 self.on_completion(self.name, c)
             except Exception as e:  # a metrics fault is logged, and never fails the request
                 self._internal(e, "counting metrics")
+        self._keep(job.keep_alive)  # before the client has its answer, so its next /api/ps shows this keep-alive
         if c.error is not None:
             job.send(failed(c.error))
         elif c.finish_reason == "cancelled" and not finishing(job):
             job.send(Failed(499, "cancelled"))
         else:  # it ended by itself, or on its handler's word (Job.finish)
             job.send(Done(c if c.finish_reason != "cancelled" else dataclasses.replace(c, finish_reason="stop")))
-        self._keep(job.keep_alive)
 
     def _keep(self, keep_alive: float | None) -> None:
         """A job's keep-alive, once it has ended: 0 unloads the model once nothing runs (its keep-alive stays
