@@ -202,3 +202,4 @@ def test_serve_lookup_drafts_and_counts(cli: CLI, cli_env: dict[str, str]) -> No
                                                                     "draft_n_accepted")):
         assert f'{name}{{model="smollm2:135m"}} {float(timings[key])}' in metrics
     assert (health["drafted"], health["accepted"]) == (timings["draft_n"], timings["draft_n_accepted"])
+    assert health["draft_row_cost"] >= 0, "measured at the warm-up"

@@ -223,6 +223,8 @@ class ModelWorker:
                 "batching": mode.name if mode else None, "batching_why": mode.why if mode else None,
                 "drafted": res.pc.drafted if res.pc is not None and res.pc.draft_max else None,
                 "accepted": res.pc.accepted if res.pc is not None and res.pc.draft_max else None,
+                "draft_row_cost": round(res.pc.row_cost, 3)
+                if res.pc is not None and res.pc.draft_max and res.pc.row_cost is not None else None,
                 "kv_unified": pc.one_pool if pc else None,
                 "failed_jobs": self.failures,
                 "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": res.settings(),
