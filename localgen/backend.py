@@ -43,6 +43,8 @@ class Completion:
     prompt_s: float = 0.0  # evaluating the prompt
     decode_s: float = 0.0  # generating
     error: Exception | None = None  # why a request could not run (its finish_reason then says "error: ...")
+    drafted: int = 0  # speculative decoding (prompt lookup): tokens drafted, and those the model kept
+    accepted: int = 0
 
 
 @dataclass(frozen=True)

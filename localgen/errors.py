@@ -53,8 +53,9 @@ class ContextOverflowError(LocalgenError):
     """The prompt does not fit the context window."""
 
 
-class GrammarError(LocalgenError):
-    """A grammar or JSON schema for constrained output is invalid."""
+class GrammarError(UsageError):
+    """A grammar or JSON schema for constrained output is invalid: bad usage (exit 2), as any other flag's bad
+    file is; a server's 400."""
 
 
 class RemoteError(LocalgenError):
@@ -114,6 +115,18 @@ class EmptyPrompt(UsageError, BadRequest):
         super().__init__("prompt must not be empty: it makes no tokens for this model to predict from",
                          hint="give a prompt of at least one token")
         self.param = param  # the request's field: `messages` for a chat whose template rendered nothing
+
+
+class WrongModel(UsageError, BadRequest):
+    """The model cannot do what it is asked: text from an encoder, scores from a model that is not a reranker,
+    embeddings from a reranker, an image read by a model without a projector. In a request, `param` names the
+    field at fault: its `model`, or the conversation that sent what the model cannot read."""
+
+    status = 400
+
+    def __init__(self, message: str, hint: str | None = None, param: str = "model") -> None:
+        super().__init__(message, hint)
+        self.param = param
 
 
 class NotFound(ServeError):

@@ -23,7 +23,9 @@ usage: scripts/bench_serve.py [--model gemma3:270m] [--clients 1,8,32] [--temper
                               [--requests 2] [--words 48] [--tokens 64] [--threads 2] [--rounds 3]
                               [--against /tmp/lsrv/bin/llama-server] [--system-words 0]
                               [--target localgen|llama-server|llama-cpp-python] [--localgen-args "..."]
-                              [--conversation] [--slots N] [--whole]
+                              [--conversation] [--slots N] [--whole] [--copy]
+--copy asks each request to copy back a list (prompt lookup's case: serve --lookup against llama-server's
+--spec-type ngram-simple).
 """
 
 from __future__ import annotations
@@ -194,6 +196,13 @@ def describe(m: dict[str, float], whole: bool) -> str:
             f"ITL p50 {m['itl50']:5.0f} ms p99 {m['itl99']:5.0f} ms")
 
 
+def _copy(rng: random.Random, words: int) -> str:
+    """A list of about `words` words to copy back (a task whose answer repeats its prompt)."""
+    items = [f"Item {i}: the {rng.choice(WORDS)} box holds {rng.randrange(100)} apples for {rng.choice(WORDS)}."
+             for i in range(max(1, words // 11))]
+    return "\n".join(items) + "\n\nCopy the list above exactly."
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gemma3:270m")
@@ -210,6 +219,9 @@ def main() -> None:
     ap.add_argument("--conversation", action="store_true",
                     help="each client's requests are the turns of one chat (earlier turns re-sent)")
     ap.add_argument("--slots", type=int, default=0, help="-np for both servers (default: the client count)")
+    ap.add_argument("--copy", action="store_true", help="prompts that ask to copy a list of about --words words "
+                    "(where prompt lookup's drafts are strong: --localgen-args=--lookup, "
+                    "--llama-args='--spec-type ngram-simple')")
     ap.add_argument("--whole", action="store_true", help="requests that do not stream: request time and the "
                     "server's decoding ms per token instead of TTFT and ITL")
     ap.add_argument("--each-round", action="store_true", help="also print every round's figures (the medians "
@@ -232,7 +244,7 @@ def main() -> None:
     rng = random.Random(7)
     system = " ".join(rng.choice(WORDS) for _ in range(a.system_words))
     print(f"{ref.name}: {a.requests} {'turns of a chat' if a.conversation else 'requests'} per client, "
-          f"{a.words}-word prompts"
+          f"{a.words}-word {'copy ' if a.copy else ''}prompts"
           + (f" after a shared {a.system_words}-word system prompt" if system else "")
           + f", {a.tokens} tokens, {a.threads} threads, {a.rounds} rounds"
           + (f", {a.slots} slots" if a.slots else "") + "; median of rounds")
@@ -248,8 +260,8 @@ def main() -> None:
                         client(http, url, names[t], ["warm up"], 4, raw, 0.0, "", [])
                 for temp in [float(x) for x in a.temperatures.split(",")]:
                     # every round's prompts, the same for each target in that round
-                    rounds = [[[" ".join(rng.choice(WORDS) for _ in range(a.words)) for _ in range(a.requests)]
-                               for _ in range(clients)] for _ in range(a.rounds)]
+                    rounds = [[[_copy(rng, a.words) if a.copy else " ".join(rng.choice(WORDS) for _ in range(a.words))
+                                for _ in range(a.requests)] for _ in range(clients)] for _ in range(a.rounds)]
                     cases = {t: partial(load_next, iter(rounds), urls[t], names[t], a.tokens, raw, temp, system,
                                         a.conversation, a.whole) for t in targets}
 

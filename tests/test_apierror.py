@@ -128,3 +128,78 @@ def test_a_body_that_is_not_json_says_where_in_its_own_words(app_client: Any, bo
         doc = r.json()
         assert r.status_code == 400 and (doc["error"] if api == OLLAMA else doc["error"]["message"]) == says, r.text
         assert not re.search("Expecting|delimiter|codec|char |position|digits", r.text), r.text
+
+
+async def _asgi(app: Any, version: str, path: str, body: bytes) -> tuple[list[dict[str, Any]], BaseException | None]:
+    """One request straight to the ASGI app, as uvicorn hands it over: what the app sent, and what it raised."""
+    import asyncio
+
+    sent: list[dict[str, Any]] = []
+    inbox = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if inbox:
+            return inbox.pop(0)
+        await asyncio.Event().wait()  # the client stays
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "http_version": version, "method": "POST", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "scheme": "http", "client": ("127.0.0.1", 5),
+             "server": ("127.0.0.1", 80), "headers": [(b"content-type", b"application/json"),
+                                                      (b"content-length", str(len(body)).encode())]}
+    try:
+        await app(scope, receive, send)
+    except Exception as e:  # uvicorn logs it with its traceback
+        return sent, e
+    return sent, None
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+@pytest.mark.parametrize("when", ["before", "mid-stream"])
+def test_an_exception_is_the_apis_500_with_the_request_id_and_the_access_line_says_what_was_sent(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, version: str, when: str) -> None:
+    """A bug (here in a pull, raised before its stream or in it) answers "internal error" in the route's shape,
+    with its request_id and X-Request-Id, and its access line says 500: before the stream began, for every
+    client, and mid-stream for an HTTP/1.0 client, which was sent nothing yet (serve/http10.py holds its stream
+    whole: docs/serve.md). Mid-stream, a 1.1 client's stream is cut, and its access line says the 200 it was sent."""
+    import asyncio
+    import threading
+    import types
+
+    from localgen.serve import manage
+    from localgen.serve.app import build
+    from localgen.serve.jobs import INTERNAL
+    from localgen.serve.servelog import ServeLog
+    from localgen.serve.state import ServeState
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def pulling(target: Any) -> tuple[Any, threading.Event, Any]:  # the pull's thread, as its lines reach the loop
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        if when == "mid-stream":
+            out.put_nowait({"status": "pulling x.gguf", "digest": "x.gguf", "total": 10, "completed": 0})
+        out.put_nowait(RuntimeError("a bug"))
+        return out, threading.Event(), types.SimpleNamespace(verified=False)
+
+    monkeypatch.setattr(manage, "_pulling", pulling)
+    lines: list[str] = []
+    app = build(ServeState(workers={}), webui=False)
+    app.state.front.log = ServeLog(write=lines.append)
+    sent, raised = asyncio.run(_asgi(app, version, "/api/pull", b'{"model": "acme/x-GGUF:Q4_0"}'))
+    assert isinstance(raised, RuntimeError), raised  # on to uvicorn, which logs its traceback
+    start = sent[0]
+    headers = dict(start["headers"])
+    rid = headers[b"x-request-id"].decode()
+    assert len(lines) == 1 and lines[0].endswith(f"id={rid}"), lines
+    if when == "mid-stream" and version == "1.1":
+        assert start["status"] == 200 and sent[-1]["more_body"], sent
+        assert lines[0].startswith("POST /api/pull 200 "), lines
+        return
+    assert start["status"] == 500 and len(sent) == 2 and not sent[1].get("more_body"), sent
+    assert json.loads(sent[1]["body"]) == {"error": INTERNAL, "request_id": rid}
+    assert headers[b"content-length"] == str(len(sent[1]["body"])).encode()
+    assert lines[0].startswith("POST /api/pull 500 "), lines

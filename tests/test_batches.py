@@ -84,13 +84,13 @@ def _answer(body: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
     """docs/batch.md: each line goes through the route it names, as the same body POSTed there: the same answer
-    (temperature 0), the same error for a model not served (an error line, and the batch goes on), and the
-    Batch object's counts and tokens; retrieve and list parse as the openai client's types."""
+    (temperature 0), the same error for a field out of range or a model not served (an error line, and the batch
+    goes on), and the Batch object's counts and tokens; retrieve and list parse as the openai client's types."""
     from openai.types import Batch, FileObject
 
     client = _client(server)
     odd = {**_chat(4), "messages": [{"role": "user", "content": "\ud800"}]}  # a lone surrogate: the route's 400
-    bodies = {"one": _chat(1), "two": _chat(2), "lost": _chat(3, model="no-such-model"), "odd\ud800": odd}
+    bodies = {"one": _chat(1), "two": _chat(2), "hot": {**_chat(3), "top_p": 2}, "odd\ud800": odd}
     hour = {"anchor": "created_at", "seconds": 3600}  # accepted, and ignored: nothing expires here
     upload = client.files.create(file=("chat.jsonl", _jsonl([_line(k, b) for k, b in bodies.items()])),
                                  purpose="batch", expires_after=hour)  # type: ignore[arg-type]
@@ -105,7 +105,7 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
     assert batch.completed_at >= batch.finalizing_at >= batch.in_progress_at >= batch.created_at
     output, errors = _records(client, batch.output_file_id), _records(client, batch.error_file_id)
     assert sorted(r["custom_id"] for r in output) == ["one", "two"]
-    assert sorted(r["custom_id"] for r in errors) == ["lost", "odd\ud800"]
+    assert sorted(r["custom_id"] for r in errors) == ["hot", "odd\ud800"]
     headers = {"Authorization": f"Bearer {KEY}"}
     for record in output + errors:
         direct = httpx.post(f"{server.url}/v1/chat/completions", content=json.dumps(bodies[record["custom_id"]]),
@@ -116,8 +116,9 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
         if direct.status_code == 200:
             assert _answer(response["body"]) == _answer(direct.json())
         else:
-            assert direct.status_code == (404 if record["custom_id"] == "lost" else 400)
+            assert direct.status_code == 400
             assert response["body"]["error"] == direct.json()["error"]
+            assert response["body"]["error"]["code"] == 400  # the status, as every route's (docs/api.md)
     usage = batch.usage
     assert usage.input_tokens == sum(r["response"]["body"]["usage"]["prompt_tokens"] for r in output)
     made = sum(r["response"]["body"]["usage"]["completion_tokens"] for r in output)
@@ -132,6 +133,14 @@ def test_a_batch_answers_each_line_as_its_route_does(server: Server) -> None:
     assert {f.purpose for f in listed if f.id != upload.id} == {"batch_output"}
     assert batch.id in [b.id for b in client.batches.list()]
     assert [f.id for f in client.files.list(purpose="batch")] == [upload.id]
+    # a model not served: each line's answer is the route's 404, in the error file, and the batch completes
+    lost = client.files.create(file=("lost.jsonl", _jsonl([_line("lost", _chat(3, model="no-such-model"))])),
+                               purpose="batch")
+    batch = _finished(client, client.batches.create(input_file_id=lost.id, endpoint="/v1/chat/completions",
+                                                    completion_window="24h").id)
+    assert batch.status == "completed" and batch.output_file_id is None
+    [record] = _records(client, batch.error_file_id)
+    assert record["response"]["status_code"] == 404 and record["response"]["body"]["error"]["param"] == "model"
 
 
 def test_metrics_count_the_batches_by_status_and_their_requests(server: Server) -> None:
@@ -184,7 +193,8 @@ def test_the_other_endpoints_answer_as_their_routes(server: Server, endpoint: st
 
 def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
     """docs/batch.md, Refused input: a 400 naming the field for the request itself; a file whose lines are not
-    right makes the batch `failed` with every fault's code, line and param, and nothing runs."""
+    right makes the batch `failed` with every fault's code, line and param, and nothing runs (lines that name
+    another model than the first's among them: OpenAI's rule, one model a batch)."""
     import openai
 
     client = _client(server)
@@ -209,7 +219,8 @@ def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
                         _line("a", _chat(1)),
                         {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions"},
                         _line("d", {**_chat(1), "stream": True}), {**_line("e", _chat(1)), "method": "GET"},
-                        _line("b", _chat(1))]  # taken by a line refused above: still taken
+                        _line("b", _chat(1)),  # taken by a line refused above: still taken
+                        _line("f", _chat(1, model="gemma3:270m")), _line("g", {"prompt": "no model"})]
     data = b"".join((json.dumps(x) if isinstance(x, dict) else x).encode() + b"\n\n" for x in lines)  # blanks skipped
     upload = client.files.create(file=("bad.jsonl", data), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -217,7 +228,11 @@ def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
     assert [(x.code, x.line, x.param) for x in batch.errors.data] == [
         ("invalid_json_line", 3, None), ("url_mismatch", 5, "url"), ("duplicate_custom_id", 7, "custom_id"),
         ("missing_required_parameter", 9, "body"), ("invalid_request", 11, "body.stream"),
-        ("invalid_request", 13, "method"), ("duplicate_custom_id", 15, "custom_id")]
+        ("invalid_request", 13, "method"), ("duplicate_custom_id", 15, "custom_id"),
+        ("mismatched_model", 17, "body.model"), ("mismatched_model", 19, "body.model")]
+    assert batch.errors.data[-2].message == ("The provided model 'gemma3:270m' does not match the model for the rest "
+                                             f"of the batch ('{MODEL}'): all requests in a batch must use the same "
+                                             "model.")
     empty = client.files.create(file=("empty.jsonl", b"\n"), purpose="batch")
     failed = client.batches.create(input_file_id=empty.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert [x.code for x in failed.errors.data] == ["empty_file"]
@@ -587,7 +602,7 @@ def test_a_full_disk_is_a_507_and_a_pause_never_a_lost_answer(own_env: dict[str,
 def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_path: Path) -> None:
     """docs/batch.md: a batch's line whose model is not loaded (its load may evict another) starts only once no
     model holds a request; a line for the loaded model runs beside a client's request as before. Driven through
-    the runner with stand-in workers and app (a client streams to model a; the batch names a, then b)."""
+    the runner with stand-in workers and app (a client streams to model a; a batch names a, the next b)."""
     import asyncio
     import io
     import time
@@ -598,10 +613,11 @@ def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_p
 
     desk = batches.Desk(tmp_path)
     desk.owner()
-    upload = desk.files.add(io.BytesIO(_jsonl([_line("on-a", _chat(1, "a")), _line("on-b", _chat(2, "b"))])),
-                            "in.jsonl", "batch")
-    doc = desk.create(upload["id"], "/v1/chat/completions", "24h", None)
-    desk.validate(doc)
+    docs = []
+    for model in ("a", "b"):  # a batch names one model
+        upload = desk.files.add(io.BytesIO(_jsonl([_line(f"on-{model}", _chat(1, model))])), "in.jsonl", "batch")
+        docs.append(desk.create(upload["id"], "/v1/chat/completions", "24h", None))
+        desk.validate(docs[-1])
     workers = {"a": SimpleNamespace(loaded=True, outstanding=1, running=1),  # a client's answer streams
                "b": SimpleNamespace(loaded=False, outstanding=0, running=0)}
     sent: dict[str, float] = {}
@@ -635,7 +651,8 @@ def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_p
 
     async def both() -> float:
         ended = asyncio.create_task(client_ends())
-        await runner.lines(doc, desk.progress[doc["id"]])
+        for doc in docs:
+            await runner.lines(doc, desk.progress[doc["id"]])
         return await ended
 
     ended = asyncio.run(both())
@@ -966,3 +983,64 @@ def test_a_clean_up_loop_that_deletes_while_it_pages_deletes_every_file(monkeypa
         assert client.files.list().data == []
     client.files.create(file=("kept.jsonl", b"{}\n"), purpose="batch")
     assert http.get("/v1/files", params={"after": "file-" + "f" * 24}).json()["data"] == []  # no time: nothing
+
+
+def test_a_cancel_refused_for_a_full_disk_changes_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """docs/batch.md: POST /v1/batches/{id}/cancel whose new state could not be saved answers 507 (nothing done:
+    send it again), and the batch is as it was, in memory as on disk: it was `cancelling` in GET and in the
+    runner's eyes, while its batch.json (what a restart reads) said `in_progress`."""
+    import errno
+
+    from starlette.testclient import TestClient
+
+    from localgen.serve import batches
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))  # no runner: no lifespan
+    upload = client.post("/v1/files", files={"file": ("in.jsonl", _jsonl([_line("a", _chat(1))]))},
+                         data={"purpose": "batch"}).json()
+    made = client.post("/v1/batches", json={"input_file_id": upload["id"], "endpoint": "/v1/chat/completions",
+                                            "completion_window": "24h"}).json()
+    assert made["status"] == "in_progress", made
+    saved = tmp_path / "data" / "batches" / "runs" / made["id"] / "batch.json"
+    write = batches.files.write_atomic
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(batches.files, "write_atomic", full)
+    r = client.post(f"/v1/batches/{made['id']}/cancel")
+    assert r.status_code == 507 and "cannot be written" in r.json()["error"]["message"], r.text
+    shown = client.get(f"/v1/batches/{made['id']}").json()
+    assert (shown["status"], shown["cancelling_at"]) == ("in_progress", None), shown
+    assert json.loads(saved.read_bytes())["status"] == "in_progress"
+    monkeypatch.setattr(batches.files, "write_atomic", write)  # room again: the same request now cancels
+    r = client.post(f"/v1/batches/{made['id']}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelling" and r.json()["cancelling_at"], r.text
+    assert json.loads(saved.read_bytes())["status"] == "cancelling"
+
+
+def test_a_request_that_never_reached_its_route_is_kept_with_openais_code(tmp_path: Path) -> None:
+    """docs/batch.md: a line whose request failed before the app answered (a fault of the server's own) is an error
+    record with no response and OpenAI's string code `server_error`, said in the log; the next line still runs."""
+    import asyncio
+
+    from localgen.serve import batches
+    from localgen.serve.batchrun import Runner
+
+    class Broken:  # the in-process client, failing before any answer
+        async def post(self, url: str, **kwargs: Any) -> Any:
+            raise RuntimeError("a bug")
+
+    progress = batches.Progress(tmp_path)
+    said: list[str] = []
+    runner = Runner(batches.Desk(tmp_path), None, None, None, lambda: False, 1, said.append)  # type: ignore[arg-type]
+    line = batches.Line(1, "a", "/v1/chat/completions", _chat(1))
+    asyncio.run(runner.one(Broken(), progress, line, asyncio.Semaphore(0)))
+    [record] = [json.loads(raw) for raw in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert record["response"] is None and record["custom_id"] == "a"
+    assert record["error"] == {"code": "server_error", "message": "internal error (the server's log has the details)"}
+    assert progress.failed == 1 and "a batch request failed" in said[0] and "RuntimeError: a bug" in said[0]

@@ -483,3 +483,29 @@ def test_compare_of_two_ladders_pairs_each_file_whatever_threads_or_batch_timed_
             for page in ("bench.md", "quantize-choose.md")}
     assert "paired by the file alone, whatever `-t` or `--ctx` each was measured with" in flat["bench.md"]
     assert "each file on one line (two texts, or two contexts)" in flat["quantize-choose.md"]
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("-r", "99999999999999999999"), "'--repetitions' / '-r': 99999999999999999999 is not in the range 1<=x<=1000"),
+    (("-p", "2000000000"), "pp2000000000 needs a context of 2,000,000,000 tokens (-p): past the 8,192 smollm2:135m"),
+    (("-n", "9000"), "tg9000 needs a context of 9,000 tokens (-n): past the 8,192"),
+    (("-p", "512", "-d", "8000"), "pp512 @ d8000 needs a context of 8,512 tokens (-p + -d)"),
+    (("-pg", "99999999999999999999,1"), "--prompt-gen: 99999999999999999999 is above 2147483647 (it takes 0 to "
+                                        "2,147,483,647)"),
+    (("-npl", "99999999999999999999"), "--parallel: 99999999999999999999 is above 256 (it takes 1 to 256)"),
+    (("--endpoint", "http://127.0.0.1:9", "-npl", "5000"),
+     "--parallel/--concurrency: 5000 is above 1024 (it takes 1 to 1,024)"),
+    (("--endpoint", "http://127.0.0.1:9", "-p", "100000", "-npl", "1000"), "--n-prompt × --num-prompts"),
+    (("--endpoint", "http://127.0.0.1:9", "--num-prompts", "99999999999999999999"), "'--num-prompts'"),
+    (("--quality", "default", "--reference", "smollm2:135m", "-m", "smollm2:135m", "-p", "9000"),
+     "pp9000 needs a context of 9,000 tokens"),
+])
+def test_an_absurd_size_or_count_is_refused_before_anything_is_measured(cli: CLI, own_home: Path,
+                                                                        args: tuple[str, ...], said: str) -> None:
+    """bench.md: -r, -p, -n, -d, -pg, -npl and --num-prompts past what can run (a test longer than the model's training
+    context, the load's cap; more sequences than llama.cpp's 256) are a one-line usage error naming the flag,
+    before any load, estimate or history run: not an estimate of billions of hours, nor a failure once measuring."""
+    r = cli("bench", *args, "-o", "md")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
+    assert "bench:" not in r.stderr and "measuring" not in r.stderr and r.stdout == "", r.stderr
+    assert "no benchmark runs yet" in cli("bench", "history").stderr  # none was started

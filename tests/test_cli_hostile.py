@@ -60,9 +60,9 @@ def test_ps_refuses_a_host_or_key_no_url_or_header_can_carry(cli_in_process: InP
 @pytest.mark.parametrize("schema", ["-1", "null", '"x"', "1e400", "[" + ",".join(["1"] * 100) + "]"])
 def test_a_json_schema_that_is_no_object_is_one_line(cli_in_process: InProcessCLI, command: str,
                                                       schema: str) -> None:
-    # validator_for looked for "$schema" inside a number: a TypeError's traceback (exit 1 as every invalid schema)
+    # validator_for looked for "$schema" inside a number: a TypeError's traceback (exit 2 as every invalid schema)
     r = cli_in_process(command, "-m", "smollm2:135m", "-n", "1", "--json-schema", schema, input="hi\n")
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     line, = r.stderr.strip().splitlines()
     assert line.startswith("localgen: error: the JSON schema is not valid: ") and len(line) < 200, line
 

@@ -99,6 +99,22 @@ def test_vectors_match_llama_embedding_within_what_each_model_measured(cli: CLI,
     assert max(1 - s for s in sims) < EMBEDDING_TOLERANCE[model], sims
 
 
+def test_similar_refuses_a_query_longer_than_the_window_before_embedding_it(ecli: CLI, tmp_path: Path) -> None:
+    """embed.md: a `similar` query longer than the window is an error that says so, exit 2, before any of it is
+    embedded (a 100 KB query was cut and embedded for minutes, unasked), or is cut with --truncate, as embed's
+    texts are."""
+    r = ecli("embed", *TEXTS[:2], "--store", "notes")
+    assert r.returncode == 0, r.stderr
+    long = "word " * 20_000  # 100 KB, 20,001 tokens with the BOS
+    r = ecli("similar", "notes", long)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert "the query is 20,001 tokens; the embeddings window is 4,096 (give a shorter query, or --truncate " \
+           "to embed its first 4,096 tokens)" in r.stderr, r.stderr
+    r = ecli("similar", "notes", long[:21_000], "--truncate", "-n", "2")  # 4,201 tokens: its first 4,096
+    assert r.returncode == 0, r.stderr
+    assert sorted(json.loads(line)["content"] for line in r.stdout.splitlines()) == sorted(TEXTS[:2])
+
+
 def test_collections_store_skip_unchanged_and_find_neighbours(ecli: CLI, tmp_path: Path) -> None:
     docs = tmp_path / "docs.txt"
     docs.write_text("\n".join([*TEXTS, "Stocks fell sharply on Monday."]) + "\n")
@@ -303,6 +319,11 @@ def test_serve_reranks_and_refuses_chat_on_an_encoder(cli_env: dict[str, str], t
         assert chat.status_code == 400 and "is an encoder model" in chat.json()["error"]["message"]
         emb = httpx.post(f"{s.url}/v1/embeddings", timeout=60, json={"model": "tiny-bert-reranker.gguf", "input": "x"})
         assert emb.status_code == 400 and "is a reranker" in emb.json()["error"]["message"]
+        scores = httpx.post(f"{s.url}/v1/rerank", timeout=60, json={
+            "model": "tiny-bert.gguf", "query": "q", "documents": ["a"]})
+        assert scores.status_code == 400 and "is not a reranker" in scores.json()["error"]["message"]
+        # a model of the wrong kind is the request's `model` at fault, as OpenAI's errors name it
+        assert [x.json()["error"]["param"] for x in (chat, emb, scores)] == ["model"] * 3
         ok = httpx.post(f"{s.url}/v1/embeddings", timeout=60, json={"model": "tiny-bert.gguf", "input": "the cat"})
         assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 64
     finally:

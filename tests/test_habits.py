@@ -182,7 +182,7 @@ def test_a_grammar_that_is_neither_a_file_nor_gbnf_is_one_error(cli: CLI, tmp_pa
 
 def test_inline_gbnf_that_does_not_parse_is_one_error(cli: CLI) -> None:
     r = cli("run", "x", "--grammar", 'root ::= ("yes"', "-n", "4", "--ctx", "512")
-    assert r.returncode != 0 and r.stdout == ""
+    assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "the grammar does not parse" in r.stderr
 
 

@@ -27,11 +27,28 @@ def test_text_that_is_not_utf8_is_a_one_line_error_at_every_boundary(cli: CLI, t
     _one_line_error(cli("run", "-p", BAD, "-n", "2"), 2, "the prompt is not valid UTF-8 text: byte 0xe9")
     _one_line_error(cli("run", BAD, "-n", "2"), 2, "the prompt is not valid UTF-8 text")
     _one_line_error(cli("run", "-p", "hi", "--system", BAD), 2, "--system is not valid UTF-8 text")
-    _one_line_error(cli("run", "-p", "hi", "--stop", BAD), 2, "stop is not valid UTF-8 text")
+    _one_line_error(cli("run", "-p", "hi", "--stop", BAD), 2, "error: --stop is not valid UTF-8 text")
     r = subprocess.run(cli.argv("run", "-n", "2"), input=b"caf\xe9 au lait", capture_output=True, env=cli.env)
     assert r.returncode == 2 and b"stdin is not valid UTF-8 text" in r.stderr and r.stderr.count(b"\n") == 1
     r = subprocess.run(cli.argv("chat", "-n", "2"), input=b"caf\xe9\n", capture_output=True, env=cli.env)
     assert r.returncode == 2 and b"the message is not valid UTF-8 text" in r.stderr
+
+
+def test_a_flags_bad_value_names_the_flag_typed_and_a_lines_names_its_field(cli: CLI, tmp_path: Path) -> None:
+    """What the sampling table's check refuses names the spelling the value came under: the flag on the command
+    line (`--stop`, not the field `stop`), the field in a JSONL line, as a client's request names its own."""
+    many = [a for i in range(65) for a in ("--stop", f"s{i}")]
+    for args, said in ((("--stop", BAD), "--stop is not valid UTF-8 text"),
+                       (("--dry-sequence-breaker", BAD), "--dry-sequence-breaker is not valid UTF-8 text"),
+                       (tuple(many), "--stop: at most 64 strings"),
+                       (("--logit-bias", "99999999999+1"), "--logit-bias: a token id must be a non-negative integer")):
+        for command in ("run", "chat"):
+            r = cli(command, "-n", "2", *args, *(("-p", "hi") if command == "run" else ()), input="hi\n")
+            _one_line_error(r, 2, f"localgen: error: {said}")
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text('{"prompt": "x", "logit_bias": {"99999999999": 1}}\n')
+    r = cli("run", "--file", str(jsonl), "-n", "1", "--json")
+    assert r.returncode == 1 and "logit_bias: a token id" in json.loads(r.stdout)["error"], (r.stdout, r.stderr)
 
 
 def test_a_bad_line_fails_alone_in_a_batch(cli: CLI, tmp_path: Path) -> None:
@@ -76,7 +93,7 @@ def test_a_file_read_whole_that_is_not_utf8_names_the_file_and_line(cli: CLI, tm
 
 def test_integer_settings_stop_at_what_a_c_int_holds(cli: CLI) -> None:
     _one_line_error(cli("run", "-p", "hi", "--top-k", str(2**32)), 2, "--top-k")
-    _one_line_error(cli("run", "-p", "hi", "--logit-bias", f"{2**40}+1"), 2, "logit_bias")
+    _one_line_error(cli("run", "-p", "hi", "--logit-bias", f"{2**40}+1"), 2, "--logit-bias: ")
     from localgen import settings
     from localgen.errors import UsageError
 

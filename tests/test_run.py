@@ -128,19 +128,19 @@ def test_bad_grammar_is_a_clear_error(cli: CLI, tmp_path: Path) -> None:
     g = tmp_path / "bad.gbnf"
     g.write_text("root ::= ( unclosed\n")
     r = cli("run", "-p", "x", "--grammar", str(g), *QUICK)
-    assert r.returncode == 1
+    assert r.returncode == 2  # bad usage, as a --grammar path that does not exist or a -f file not UTF-8
     assert r.stderr == "localgen: error: the grammar does not parse: expecting ')' at the end of the grammar\n"
     s = tmp_path / "bad.json"
     s.write_text("{not json")
     r = cli("run", "-p", "x", "--json-schema", str(s), *QUICK)
-    assert r.returncode == 1 and "not valid JSON" in r.stderr
+    assert r.returncode == 2 and "not valid JSON" in r.stderr
     # valid JSON, but no JSON Schema: checked against the metaschema before it becomes a grammar (the converter
     # took them for "anything": `null`, exit 0)
     s.write_text('{"type": "objekt"}')
     for args, where in ((["-j", '{"type": "objekt"}'], "at type"), (["-jf", str(s)], "at type"),
                         (["-j", '{"type": "object", "properties": {"a": {"type": "strng"}}}'], "at properties/a/type")):
         r = cli("run", "-p", "x", *args, *QUICK)
-        assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
         assert r.stderr.startswith(f"localgen: error: the JSON schema is not valid {where}: "), r.stderr
 
 

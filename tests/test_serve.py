@@ -246,17 +246,26 @@ def test_a_full_queue_is_503_and_a_disconnect_frees_the_slot(cli_env: dict[str, 
 
 
 def test_keep_alive_unloads_and_the_next_request_loads_again(cli_env: dict[str, str]) -> None:
-    s = Server(cli_env, "--keep-alive", "1s")
+    """/api/ps's expires_at (`ollama ps`'s "Until") is the keep-alive from the last request's end, exact as soon
+    as its answer came (it was the one before, until the worker's next idle tick)."""
+    s = Server(cli_env, "--keep-alive", "3s")
     try:
         import ollama
 
         client = ollama.Client(host=s.url)
         first = client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 2})
         assert first["done"]
+        time.sleep(1)  # idle, still loaded
+        asked = time.time()
+        assert client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 2})["done"]
+        (ps,) = client.ps().models
+        read = time.time()
+        assert ps.expires_at is not None
+        assert asked + 3 <= ps.expires_at.timestamp() <= read + 3, (asked, ps.expires_at.timestamp(), read)
         deadline = time.monotonic() + 20
         while client.ps().models and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not client.ps().models and s.health()["loaded"] is False, "unloaded after 1 s idle"
+        assert not client.ps().models and s.health()["loaded"] is False, "unloaded after 3 s idle"
         again = client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 2})
         assert again["done"] and again["load_duration"] > 0, "loaded again for this request"
         gone = client.generate(model="smollm2:135m", prompt="", keep_alive=0)
@@ -541,6 +550,29 @@ def test_anthropic_image_errors_name_anthropics_fields(server: Server, source: d
             {"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": "What?"}]}])
     message = e.value.body["error"]["message"]  # type: ignore[index,call-overload]
     assert words in message and "URI" not in message, message
+
+
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"  # a 1x1 PNG
+
+
+def test_a_model_asked_what_it_cannot_do_names_the_field_at_fault(server: Server) -> None:
+    """Scores from a model that is no reranker name `model` in `param`, as OpenAI's errors name it for a model of
+    the wrong kind; an image to a text-only model names the conversation that sent it (`messages`, the
+    Responses API's `input`). tests/test_embed.py holds the encoder's and the reranker's."""
+    r = httpx.post(f"{server.url}/v1/rerank", headers=_auth(), timeout=120,
+                   json={"model": "smollm2:135m", "query": "q", "documents": ["a"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+    assert "smollm2:135m is not a reranker" in r.json()["error"]["message"]
+    image = f"data:image/png;base64,{PIXEL}"
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=120, json={
+        "model": "smollm2:135m", "max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What?"}, {"type": "image_url", "image_url": {"url": image}}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    assert "reads text only" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/v1/responses", headers=_auth(), timeout=120, json={
+        "model": "smollm2:135m", "max_output_tokens": 16, "input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": image}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
 
 
 def test_anthropic_errors_have_anthropics_shape(server: Server) -> None:

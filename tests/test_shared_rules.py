@@ -107,7 +107,7 @@ def test_load_settings_are_checked_before_the_model(cli_in_process: InProcessCLI
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_schema_that_makes_no_grammar(cli_in_process: InProcessCLI, tmp_path: Path, command: str) -> None:
-    err = _refused(cli_in_process, tmp_path, command, "--json-schema", "{not json", code=1)
+    err = _refused(cli_in_process, tmp_path, command, "--json-schema", "{not json")
     assert "the JSON schema is not valid JSON" in err, err
 
 

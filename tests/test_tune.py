@@ -469,3 +469,19 @@ def test_reset_of_a_model_not_here_forgets_its_records_by_name_and_asks_no_hub(
     assert [rec.key.sha256 for rec in tuning.records()] == ["1" * 64]
     r = cli("tune", "--reset", "-m", f"/gone/elsewhere/{smollm2_path.name}")
     assert r.returncode == 0 and "forgot 1 tuning record" in r.stderr and tuning.records() == [], r.stderr
+
+
+def test_reset_of_a_name_that_is_no_model_and_no_record_is_an_error(
+        cli_in_process: InProcessCLI, own_home: Path, smollm2_path: Path) -> None:
+    """`tune --reset -m TYPO` is the unknown-model error every command gives, exit 1, not "forgot 0": a name the
+    catalogue or the Hub knows but never tuned here says so; the records of other models stay."""
+    from localgen import tuning
+
+    cli = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(own_home), "HF_ENDPOINT": "http://127.0.0.1:9"})
+    tuning.save(_record(_ref(smollm2_path)))
+    for name, said in (("nosuchmodel", "unknown model 'nosuchmodel'"), ("/gone/x.gguf", "no such model file"),
+                       ("someone/gone-GGUF:Q4_K_M", "no tuning record was made under that name")):
+        r = cli("tune", "--reset", "-m", name)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and said in r.stderr, (name, r.stderr)
+        assert "forgot" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(tuning.records()) == 1

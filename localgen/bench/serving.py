@@ -19,6 +19,11 @@ from typing import Any
 from localgen.errors import RemoteError
 from localgen.types import GenerationRequest, SamplingParams
 
+MAX_CONCURRENCY = 1024  # requests in flight, a thread each
+MAX_TOKENS = 1 << 20  # -p and -n: a million tokens
+MAX_TEXT = 1 << 26  # the words of a point's prompts, all made in memory before the first request is sent
+MAX_PROMPTS = 100_000  # --num-prompts
+
 WORDS = ("the", "of", "and", "to", "in", "is", "it", "that", "was", "for", "on", "are", "as", "with", "his", "they",
          "at", "be", "this", "have", "from", "or", "one", "had", "by", "word", "but", "not", "what", "all", "were",
          "we", "when", "your", "can", "said", "there", "use", "an", "each", "which", "she", "do", "how", "their")

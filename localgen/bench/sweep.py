@@ -17,6 +17,9 @@ from localgen.types import KV_CACHE_TYPES
 
 _RANGE = re.compile(r"^(-?\d+)-(-?\d+)(?:([*+])(\d+))?$")
 MAX_VALUES = 1000
+MAX_REPETITIONS = 1000  # -r: a thousand of each test is a day at the default sizes on a small CPU
+MAX_PARALLEL = 256  # -npl: llama.cpp's most sequences in one context (LLAMA_MAX_SEQ)
+C_INT = 2**31 - 1  # llama.cpp takes each size as a C int
 
 
 def int_values(flag: str, items: list[str] | None, default: list[int]) -> list[int]:
@@ -229,19 +232,16 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
           ot: list[tuple[tuple[str, str], ...]] | None = None, cmoe: bool = False,
           kv_unified: bool | None = None) -> Plan:
     """Every combination, in llama-bench's order (models outermost)."""
-    c_int = 2**31 - 1  # llama.cpp takes each as a C int; --threads as run takes it
+    c_int = C_INT  # --threads as run takes it
+    pairs_given = [v for pair in pg for v in pair]
     for name, values, low, high in (("--threads", threads, 1, 1024), ("--batch-size", batch, 1, c_int),
                                     ("--ubatch-size", ubatch, 1, c_int), ("--n-prompt", prompts, 0, c_int),
-                                    ("--n-gen", gens, 0, c_int), ("--n-depth", depths, 0, c_int),
-                                    ("--n-gpu-layers", ngl, -1, c_int), ("--n-cpu-moe", ncmoe or [], 0, c_int)):
-        bad = [v for v in values if v is not None and v < low]
-        if bad:
-            raise UsageError(f"{name}: {bad[0]} is below {low}")
-        bad = [v for v in values if v is not None and v > high]
-        if bad:  # 99999999999999999999 threads: llama.cpp's std::bad_alloc, an abort
-            raise UsageError(f"{name}: {bad[0]} is above {high}")
-    if reps < 1:
-        raise UsageError("--repetitions must be 1 or more")
+                                    ("--n-gen", gens, 0, c_int), ("--prompt-gen", pairs_given, 0, c_int),
+                                    ("--n-depth", depths, 0, c_int), ("--n-gpu-layers", ngl, -1, c_int),
+                                    ("--n-cpu-moe", ncmoe or [], 0, c_int), ("--parallel", parallel or [], 1,
+                                                                            MAX_PARALLEL)):
+        in_range(name, values, low, high)  # 99999999999999999999 threads: llama.cpp's std::bad_alloc, an abort
+    in_range("--repetitions", [reps], 1, MAX_REPETITIONS)
     for v in ctv:
         if v not in ("f16", "f32", "bf16") and False in fa:
             raise UsageError(f"a quantized V cache ({v}) needs flash attention; drop -fa 0 or that type")
@@ -254,8 +254,6 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
         tests += [Test("tg", 0, n, d) for n in gens if n > 0]
         tests += [Test("pg", p, n, d) for p, n in pg]
     for b in parallel or []:
-        if b < 1:
-            raise UsageError(f"--parallel: {b} is below 1")
         if b == 1:
             continue  # the plain pp/tg tests above are the single-sequence baseline
         p, n = (prompts[0] if prompts else 0), (gens[0] if gens else 0)
@@ -272,6 +270,30 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
         flag = "--kv-unified" if kv_unified else "--no-kv-unified"
         raise UsageError(f"{flag} sets the KV cells of -npl sequences: add --parallel N (N above 1)")
     return Plan(configs, tests, reps, exact, kv_unified)
+
+
+def in_range(flag: str, values: Sequence[int | None], low: int, high: int) -> None:
+    """A UsageError naming the flag and the range it takes, for the first value outside it."""
+    for v in values:
+        if v is not None and not low <= v <= high:
+            raise UsageError(f"{flag}: {v} is {'below' if v < low else 'above'} {high if v > high else low}",
+                             hint=f"it takes {low} to {high:,}")
+
+
+def check_context(plan: Plan, trained: dict[str, int | None]) -> None:
+    """Refuse, before any load, a test longer than its model's training context (`trained`, by model name): the
+    load caps the window there (engine/defaults.py), so the test could only fail once measuring, after the
+    load and the estimate (the e2e test's chat template counts for some 64 tokens)."""
+    for cfg in plan.configs:
+        limit = trained.get(cfg.model)
+        for t in plan.tests if limit else []:
+            need = t.ctx_needed + (64 if t.kind == "e2e" else 0)
+            if limit is not None and need > limit:
+                flags = {"pp": "-p", "tg": "-n", "pg": "-pg", "e2e": "-n"}[t.kind]
+                flags = "-p + -n" if t.kind == "tg" and t.n_prompt else flags  # an -npl test's prompt, then answer
+                raise UsageError(f"{t.label} needs a context of {need:,} tokens ({flags}{' + -d' if t.n_depth else ''})"
+                                 f": past the {limit:,} {cfg.model} was trained on, the most its load here gives it",
+                                 hint="give smaller sizes")
 
 
 KV_TYPES = list(KV_CACHE_TYPES)

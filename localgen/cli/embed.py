@@ -86,14 +86,19 @@ def similar(
     collection: Annotated[str, typer.Argument(help="A collection made with `embed --store`.")],
     query: Annotated[str, typer.Argument(help="The text to find neighbours of.")],
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="How many.")] = 10,
+    truncate: Annotated[
+        bool, typer.Option("--truncate", rich_help_panel=EMBED,
+                           help="Embed the first tokens of a query longer than the window (4096 tokens, or the "
+                                "model's training context where shorter) instead of refusing it.")
+    ] = False,
     offline: o.Offline = False,
     threads: o.Threads = None,
     repack: o.Repack = None,  # as the collection was embedded: the layouts round differently
     verbose: o.Verbose = False,
 ) -> None:
     """The texts of a collection nearest to a query (cosine similarity), best first, as NDJSON."""
-    run_similar(SimilarArgs(context=ctx, collection=collection, query=query, count=count, offline=offline,
-                            threads=threads, repack=repack, verbose=verbose))
+    run_similar(SimilarArgs(context=ctx, collection=collection, query=query, count=count, truncate=truncate,
+                            offline=offline, threads=threads, repack=repack, verbose=verbose))
 
 
 def rerank(
@@ -175,6 +180,7 @@ class SimilarArgs(_LoadArgs):
     collection: str
     query: str
     count: int
+    truncate: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -367,6 +373,7 @@ def run_similar(f: SimilarArgs) -> None:
     import numpy as np
 
     from localgen.embeddings import store as collections
+    from localgen.engine.embed import ContextTooSmall
     from localgen.text import checked
 
     query = checked(_asked(f.query), "the query")
@@ -375,7 +382,11 @@ def run_similar(f: SimilarArgs) -> None:
     backend = _backend(f, coll.model_spec)
     try:
         q = backend.embed([query], coll.pooling, coll.normalized,
-                          coll.dimensions if coll.dimensions else None, truncate=True)[0].vector
+                          coll.dimensions if coll.dimensions else None, truncate=f.truncate)[0].vector
+    except ContextTooSmall as e:  # refused once tokenized, before any of it is embedded: as embed refuses a text
+        window = backend.embedder(coll.pooling).n_ctx
+        raise UsageError(f"the query is {e.n:,} tokens; the embeddings window is {window:,}",
+                         hint=f"give a shorter query, or --truncate to embed its first {window:,} tokens") from None
     finally:
         backend.close()
     if not rows:

@@ -73,7 +73,7 @@ def tune(
         _show(tuning.records(), as_json)
         return
     if reset:
-        n = tuning.reset(*_which(model)) if model is not None else tuning.reset()
+        n = _forget(model) if model is not None else tuning.reset()
         print(f"forgot {n} tuning record{'s' if n != 1 else ''}"
               f"{f' of {model}' if model is not None else ''}", file=sys.stderr)
         return
@@ -102,21 +102,27 @@ def _measures_nothing(ctx: typer.Context, knobs: Knobs, mode: str, allowed: tupl
                               "forgets them")
 
 
-def _which(model: str) -> tuple[str | None, str | None]:
-    """A model's records to forget: its file's, by hash, when it is here (--reset never downloads); else those
-    made under its name (a path's file name: the name a record of a file keeps)."""
+def _forget(model: str) -> int:
+    """Forget a model's records: its file's, by hash, when it is here (--reset never downloads); else those made
+    under its name (a path's file name: the name a record of a file keeps). A name that is no model here and no
+    record's is an error, as every command's unknown model is, not "forgot 0"."""
     from pathlib import Path
 
-    from localgen.errors import ModelNotFoundError
+    from localgen import tuning
+    from localgen.errors import ModelNotFoundError, NotDownloadedError
     from localgen.models.resolve import resolve
 
     try:
         ref = resolve(model, offline=True)
-    except ModelNotFoundError:
-        return None, Path(model).name if model.lower().endswith(".gguf") else model
-    from localgen import tuning
-
-    return tuning.file_sha256(ref.path), None
+    except ModelNotFoundError as e:
+        n = tuning.reset(model=Path(model).name if model.lower().endswith(".gguf") else model)
+        if n == 0 and isinstance(e, NotDownloadedError):  # a model of the catalogue or the Hub, never tuned here
+            raise ModelNotFoundError(f"{model} is not here and no tuning record was made under that name",
+                                     hint="localgen tune --show lists the records") from None
+        if n == 0:  # a typo: the resolver's own error, as run and show give it
+            raise
+        return n
+    return tuning.reset(sha256=tuning.file_sha256(ref.path))
 
 
 def _resolve(model: str | None, offline: bool) -> Any:

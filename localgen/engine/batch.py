@@ -44,13 +44,15 @@ class ParallelContext:
 
     def __init__(self, engine: Engine, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
                  n_seq_max: int | None = None, pooled: bool = False, share_prefixes: bool = True,
-                 cache_ram: int = 0, together: bool = False) -> None:
+                 cache_ram: int = 0, together: bool = False, draft_max: int = 0) -> None:
         """`unified`: one pool of n_ctx_per_seq cells (beam search); `pooled`: the throughput scheduler, with
         n_ctx_per_seq cells per slot, in one pool shared by all or in a stream per slot (kv_pool); else the exact
         scheduler, each slot its own stream of cells.
         `cache_ram`: bytes of host memory for slot states saved before a slot is reused (engine/hostcache.py;
         -1 no limit, 0 none); used where requests run with `reuse`. `together`: the sequences start together
-        (bench -npl), which by default keeps a stream each (engine/batchmode.py, kv_pool)."""
+        (bench -npl), which by default keeps a stream each (engine/batchmode.py, kv_pool). `draft_max`: the
+        throughput scheduler drafts up to that many tokens per sequence and step by prompt lookup, where they
+        pay (engine/policies.py, Throughput.drafts; 0 none)."""
         self.engine = engine
         self.n_parallel = n_parallel
         self.n_ctx_seq = -(-n_ctx_per_seq // 256) * 256
@@ -97,6 +99,10 @@ class ParallelContext:
         self.rows = 0
         self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
         self.warmed_in: int | None = None  # the thread that ran warm_up (its OpenMP team decodes)
+        self.draft_max = draft_max if pooled else 0
+        self.drafted = self.accepted = 0  # drafted tokens, and those kept
+        # what one more row costs a decoding step, as a share of a one-row step (measured: `calibrate`)
+        self.row_cost: float | None = None
         self.batch = Batch(self.n_batch)
         self.vocab = engine.vocab
         self.n_vocab = engine.n_vocab
@@ -114,7 +120,8 @@ class ParallelContext:
         graph's first allocation. Also loads now what the first request would load: numpy (sampling) and,
         with `eog` (when no request waits for the load), the vocabulary's end-of-generation tokens, which
         only ignore_eos needs (a scan of every token, slow for a large vocabulary). The first request's time to
-        first token is then the later ones' (docs/benchmarks.md, Warm-up; the scan: Costs noted in the code)."""
+        first token is then the later ones' (docs/benchmarks.md, Warm-up; the scan: Costs noted in the code).
+        With drafting on, it also measures what a drafted row costs (`calibrate`)."""
         import numpy  # noqa: F401  (sampling's first pick imports it)
 
         if self.engine.encoder_only or native_model.has_encoder(self.engine.model_ptr):
@@ -126,11 +133,47 @@ class ParallelContext:
         self.decode(1)
         context.clear(context.memory(self.ctx), True)
         context.synchronize(self.ctx)
+        if self.draft_max and self.row_cost is None:
+            self.calibrate()
         context.reset_perf(self.ctx)
         self.batch.n_tokens = 0
         if eog:
             _ = self.engine.eog_tokens
         self.warmed_in = threading.get_ident()
+
+    def calibrate(self, reps: int = 5) -> float:
+        """Measure what a drafted row costs (`row_cost`): decode steps of one row and of 1 + draft_max rows in
+        sequence 0, each once untimed (its compute graph) then `reps` times in turn, the fastest of each (what
+        the hardware does; slower ones are other work on the machine); the cells are forgotten after. Call it
+        while no sequence holds cells (after warm_up, before any request)."""
+        import time
+
+        rows = min(self.draft_max + 1, self.n_ctx_seq - 1, self.n_batch)
+        token = max(native_vocab.bos(self.vocab), 0)
+        mem = context.memory(self.ctx)
+
+        def step(n: int) -> float:
+            self.batch.n_tokens = 0
+            for k in range(n):
+                self.add(token, k, 0, True)
+            t0 = time.perf_counter()
+            self.decode(1)
+            context.synchronize(self.ctx)
+            dt = time.perf_counter() - t0
+            context.seq_rm(mem, 0, -1, -1)
+            return dt
+
+        step(1), step(rows)
+        one: list[float] = []
+        many: list[float] = []
+        for _ in range(reps):
+            one.append(step(1))
+            many.append(step(rows))
+        self.batch.n_tokens = 0
+        context.clear(mem, True)
+        t1, tn = min(one), min(many)
+        self.row_cost = max(0.0, (tn - t1) / (t1 * (rows - 1))) if rows > 1 and t1 > 0 else 1.0
+        return self.row_cost
 
     def clear(self, seq: int = -1) -> None:
         """Forget one sequence's KV entries (all with -1)."""

@@ -39,13 +39,18 @@ def exact_price(engine: Engine) -> str | None:
     return None
 
 
-def batching_mode(engine: Engine, exact: bool | None) -> Mode:
+def batching_mode(engine: Engine, exact: bool | None, lookup: bool = False) -> Mode:
     """The mode for `--exact` (True), `--no-exact` (False) or the default (None): exact for greedy requests
-    where that is free, throughput elsewhere."""
+    where that is free, throughput elsewhere. `lookup` (drafting by prompt lookup, which only the throughput
+    scheduler does) makes throughput the default."""
     if exact is True:
-        return Mode(False, True, "--exact: every answer identical to running alone")
+        return Mode(False, True, "--exact: every answer identical to running alone" +
+                    (" (so nothing is drafted: --lookup is off)" if lookup else ""))
     if exact is False:
         return Mode(True, False, "--no-exact: every request batched")
+    if lookup:
+        return Mode(True, False, "--lookup: every request batched, its drafts checked in the batch; --exact forces "
+                                 "answers identical to running alone, without drafting")
     price = exact_price(engine)
     if price is None:
         return Mode(False, None, "greedy answers identical to running alone (free with this model here)")
@@ -53,14 +58,14 @@ def batching_mode(engine: Engine, exact: bool | None) -> Mode:
                              "forces it")
 
 
-def exactness(engine: Engine, exact: bool | None, greedy: bool) -> str:
+def exactness(engine: Engine, exact: bool | None, greedy: bool, lookup: bool = False) -> str:
     """What one batched answer promises against running it alone (`run --file --json`'s `exact`): "identical"
     (the exact path on a CPU: the same bits as `run -p` alone, which the tests hold), "alone" (the exact path with
     offloaded layers: each sequence decoded in calls of its own, the calls a run alone makes; llama.cpp does not
     promise that its GPU kernels give the same bits from one run to the next, so localgen does not promise
     identical text there: scripts/gpu_check reports what a GPU gave), or "no" (batched with others: it may
     differ from running alone after some tokens, as with llama-server)."""
-    mode = batching_mode(engine, exact)
+    mode = batching_mode(engine, exact, lookup)
     if not (mode.exact is True or (mode.exact is None and greedy)):
         return "no"
     return "alone" if engine.offloaded else "identical"

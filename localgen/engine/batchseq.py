@@ -57,6 +57,11 @@ class Seq:
     filled: int = 0  # prompt tokens evaluated so far (the throughput scheduler evaluates prompts in chunks)
     text: list[str] = field(default_factory=list)  # pieces of text decided since the scheduler last took them
     budget: Any = None  # its reasoning budget (engine/budget.py), if it has one
+    drafts: list[int] = field(default_factory=list)  # tokens drafted after `pending`, in this step's batch
+    lookup: Any = None  # its prompt-lookup index (engine/speculative.py, NgramIndex), once it drafts
+    drafted: int = 0  # tokens drafted for it, and those the model kept
+    accepted: int = 0
+    undrafted: int = 0  # steps since it last drafted (a sequence that stopped drafting tries again now and then)
 
     @property
     def next_pos(self) -> int:
@@ -110,7 +115,8 @@ def completion(seq: Seq) -> Completion:
     assert dec.reason is not None
     return Completion(req.index, dec.text, dec.reason, len(req.tokens), len(dec.tokens),
                       (seq.first or now) - seq.started, now - seq.started, req.seed, dec.logprobs,
-                      cached_tokens=seq.cached, prompt_s=prefilled - seq.started, decode_s=now - prefilled)
+                      cached_tokens=seq.cached, prompt_s=prefilled - seq.started, decode_s=now - prefilled,
+                      drafted=seq.drafted, accepted=seq.accepted)
 
 
 class Solo:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localgen.errors import BadRequest, Cancelled, LocalgenError, PromptTooLong, UsageError
+from localgen.errors import BadRequest, Cancelled, LocalgenError, PromptTooLong, UsageError, WrongModel
 from localgen.native import context, logs
 from localgen.native import model as native_model
 from localgen.native import vocab as native_vocab
@@ -57,7 +57,7 @@ class Embedder:
         if scores:
             if self.pooling != "rank":
                 self.close()
-                raise UsageError(f"{engine.model.name} is not a reranker (its pooling is {self.pooling}, not rank)",
+                raise WrongModel(f"{engine.model.name} is not a reranker (its pooling is {self.pooling}, not rank)",
                                  hint="use a reranker model, e.g. a bge-reranker GGUF")
         elif self.pooling == "none" and pooling is None:  # a chat model names none: average its tokens
             context.free(self.ctx)
@@ -70,7 +70,7 @@ class Embedder:
                              hint="choose --pooling mean, cls or last")
         if self.pooling == "rank" and not scores:
             self.close()
-            raise UsageError(f"{engine.model.name} is a reranker: its pooling gives scores, not embeddings",
+            raise WrongModel(f"{engine.model.name} is a reranker: its pooling gives scores, not embeddings",
                              hint="use `localgen rerank`, or --pooling mean, cls or last")
         model = engine.model_ptr
         self.n_embd = native_model.n_embd_out(model)

@@ -14,7 +14,7 @@ from localgen.backend import Completion, Indexed
 from localgen.engine.llama import Engine
 from localgen.engine.promptcache import MIN_PREFIX
 from localgen.engine.tokens import common_prefix
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import LocalgenError, UsageError, WrongModel
 from localgen.native.prompt import Prompt
 from localgen.types import GenerationRequest
 
@@ -37,7 +37,7 @@ class LocalBackend:
     def check_generates(self) -> None:
         """A UsageError for a model that cannot generate text (an encoder: embeddings and scores only)."""
         if self.engine.encoder_only:
-            raise UsageError(f"{self.name} is an encoder model: it makes embeddings (or rerank scores), not text",
+            raise WrongModel(f"{self.name} is an encoder model: it makes embeddings (or rerank scores), not text",
                              hint="use `localgen embed` or `localgen rerank` with it")
 
     @property
@@ -87,11 +87,9 @@ class LocalBackend:
         if self._projector is None:
             path = self.engine.model.mmproj
             if not path:
-                from localgen.media import MediaError
-
-                raise MediaError(f"{self.name} reads text only: it has no multimodal projector",
+                raise WrongModel(f"{self.name} reads text only: it has no multimodal projector",
                                  hint="give its mmproj file with --mmproj, or pick a vision model "
-                                      "(`localgen list --catalogue`)")
+                                      "(`localgen list --catalogue`)", param="messages")
             from localgen.native.mtmd import Projector, available
 
             missing = available()
@@ -160,20 +158,32 @@ class LocalBackend:
                 yield Request(item.index, prompt, item.request.sampling, item.seed, item.request.logprobs)
 
         self.engine.release_context()  # its KV cache would sit unused beside the parallel one
-        mode = batching_mode(self.engine, exact)
-        pc = ParallelContext(self.engine, parallel, self.engine.n_ctx, pooled=mode.throughput)
+        mode = batching_mode(self.engine, exact, self.lookup)
+        pc = ParallelContext(self.engine, parallel, self.engine.n_ctx, pooled=mode.throughput,
+                             draft_max=self.draft_max if self.lookup else 0)
         try:
+            if pc.draft_max:
+                pc.calibrate()
             pc.run(prepared(), on_done, exact=mode.exact, serial_exact=self.engine.offloaded, reuse=mode.throughput)
         finally:
             pc.close()
         return {"steps": pc.steps, "rows": pc.rows, "throughput": float(mode.throughput),
-                "shared": float(pc.slots.shared), "kv_unified": float(pc.one_pool), "why": mode.why}
+                "shared": float(pc.slots.shared), "kv_unified": float(pc.one_pool), "why": mode.why,
+                **({"drafted": pc.drafted, "accepted": pc.accepted, "row_cost": round(pc.row_cost or 0.0, 3)}
+                   if pc.draft_max else {})}
+
+    @property
+    def lookup(self) -> bool:
+        """Whether it drafts by prompt lookup (--lookup)."""
+        from localgen.engine.speculative import LookupDrafter
+
+        return isinstance(self.drafter, LookupDrafter)
 
     def exactness(self, exact: bool | None, greedy: bool) -> str:
         """What a batched answer promises against running alone (engine/batchmode.py `exactness`)."""
         from localgen.engine.batchmode import exactness
 
-        return exactness(self.engine, exact, greedy)
+        return exactness(self.engine, exact, greedy, self.lookup)
 
     def beams(self, request: GenerationRequest, n: int, length_penalty: float) -> Any:
         """Beam search (engine/beams.py) on the request's prompt."""

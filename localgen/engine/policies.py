@@ -101,10 +101,52 @@ class Throughput:
         self.s.flush(self.solo.seq)
         self.s.done(c)
 
+    def drafts(self, decoding: list[Seq]) -> dict[int, list[int]]:
+        """Tokens to draft after each decoding sequence's pending one in this step (slot → tokens), by prompt
+        lookup (engine/speculative.py, NgramIndex), as many as pay for their rows. The j-th drafted token is
+        kept with probability about alpha**j, alpha the share of the sequence's drafts kept so far (leaning on
+        every sequence's share while it has drafted few); a row costs `row_cost` of a one-row step (measured at
+        load: ParallelContext.calibrate), so with R sequences decoding a step makes R tokens for
+        1 + row_cost·(R − 1) one-row steps, and a drafted row pays while alpha**j beats
+        row_cost·R / (1 + row_cost·(R − 1)). A sequence that drafts nothing tries one token every 16 steps, so
+        its share can recover. None for a prompt with media (its placeholders are not text)."""
+        from localgen.engine.speculative import NgramIndex, draft_length
+
+        pc = self.s.pc
+        cost, n = pc.row_cost or 0.0, len(decoding)
+        threshold = cost * n / (1 + cost * (n - 1))
+        overall = (pc.accepted + 1) / (pc.drafted + 2)
+        left = pc.n_batch - n  # rows the step can still take
+        out: dict[int, list[int]] = {}
+        for seq in decoding:
+            if seq.req.prompt.spans or left <= 0:
+                continue
+            alpha = (seq.accepted + 4 * overall) / (seq.drafted + 4)
+            k = draft_length(alpha, threshold, pc.draft_max)
+            if k == 0:
+                seq.undrafted += 1
+                if seq.undrafted < 16:
+                    continue
+                k = 1
+            # room in the slot's window and under the request's limit, after the pending token
+            k = min(k, left, pc.n_ctx_seq - seq.next_pos - 2, seq.dec.limit.tokens - len(seq.dec.tokens) - 1)
+            if k <= 0:
+                continue
+            if seq.lookup is None:
+                seq.lookup = NgramIndex(seq.req.tokens + seq.dec.tokens)
+            proposed = seq.lookup.propose(k)
+            if proposed:
+                out[seq.slot] = proposed
+                left -= len(proposed)
+                seq.undrafted = 0
+        return out
+
     def _mixed_step(self) -> None:
         s = self.s
         pc, active = s.pc, s.active
-        decoding = sum(1 for q in active.values() if q.pending is not None)
+        decoding_seqs = [q for q in active.values() if q.pending is not None]
+        drafts = self.drafts(decoding_seqs) if pc.draft_max and decoding_seqs else {}
+        decoding = len(decoding_seqs) + sum(len(d) for d in drafts.values())  # rows
         room = min(pc.n_batch, max(pc.step_tokens, decoding + 1)) - decoding
         filling = sorted((q for q in active.values() if q.filled < len(q.req.tokens)), key=lambda q: q.started)
         for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
@@ -124,12 +166,14 @@ class Throughput:
         # that held its prefix) cut it into many small ubatches, each a pass over the weights, and the step is
         # slower (docs/benchmarks.md, Costs inside a step)
         pc.batch.n_tokens = 0
-        wants: list[tuple[Seq, int]] = []
+        wants: list[tuple[Seq, list[int]]] = []
         done: list[Seq] = []
         for slot in sorted(active):
             seq = active[slot]
             if seq.pending is not None:
-                wants.append((seq, pc.add(seq.pending, seq.next_pos, slot, True)))
+                pos = seq.next_pos
+                seq.drafts = drafts.get(slot, [])
+                wants.append((seq, [pc.add(t, pos + j, slot, True) for j, t in enumerate([seq.pending, *seq.drafts])]))
                 seq.pending = None
             elif slot in chunks:
                 tokens, start, end = seq.req.tokens, seq.filled, chunks[slot]
@@ -139,16 +183,16 @@ class Throughput:
                 pc.slots.held[slot].extend(tokens[start:end])
                 seq.filled = end
                 if end == len(tokens):
-                    wants.append((seq, row))
+                    wants.append((seq, [row]))
                     done.append(seq)
         pc.decode(len(active))
         pc.steps += 1
-        pc.rows += decoding
+        pc.rows += len(decoding_seqs)
         now = time.perf_counter()
         for seq in done:
             seq.prefilled = now
-        for seq, i in wants:
-            s.sample(seq, i)
+        for seq, rows in wants:
+            s.verify(seq, rows)
 
 
 class Exact:

@@ -229,6 +229,32 @@ class Scheduler:
         else:
             self.finish(seq)
 
+    def verify(self, seq: Seq, rows: list[int]) -> None:
+        """Sample the sequence's tokens from its rows: the first (its pending token's), then, while each sample
+        equals the token drafted after it (Seq.drafts, fed at the next row), the next (engine/speculative.py's
+        rule: for a deterministic draft the tokens follow the model's distribution). The cells of the drafts
+        not kept are forgotten."""
+        drafts, seq.drafts = seq.drafts, []
+        first = seq.next_pos  # the position of the token fed at rows[0]
+        used = 0  # rows whose fed token stays in the cells
+        for i, row in enumerate(rows):
+            self.sample(seq, row)
+            used = i + 1
+            ended = self.active.get(seq.slot) is not seq
+            if not ended and seq.lookup is not None:
+                seq.lookup.append(seq.dec.tokens[-1])
+            if ended or i >= len(drafts) or seq.pending != drafts[i]:
+                break
+            seq.accepted += 1
+        if drafts:
+            seq.drafted += len(drafts)
+            self.pc.drafted += len(drafts)
+            self.pc.accepted += used - 1
+            if used < len(rows):
+                from localgen.native import context
+
+                context.seq_rm(context.memory(self.pc.ctx), seq.slot, first + used, -1)
+
     def finish(self, seq: Seq) -> None:
         """Hand on a sequence that ended (or, not ended yet, is cancelled) and free its slot."""
         c = completion(seq)

@@ -63,6 +63,52 @@ class LookupDrafter:
         pass
 
 
+class NgramIndex:
+    """Prompt lookup for the batch schedulers (engine/policies.py): as LookupDrafter, the text after the latest
+    earlier occurrence of the last n tokens (n from `max_ngram` down to 1), from an index kept as tokens come,
+    so a proposal costs a few dictionary reads however long the context is (a scan of it each step, for
+    every sequence of a batch, would cost a GPU's step again)."""
+
+    def __init__(self, tokens: list[int], max_ngram: int = 3) -> None:
+        self.tokens = list(tokens)
+        self.max_ngram = max_ngram
+        self.last: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram)]  # n-gram → where it ends
+        for end in range(len(self.tokens) - 1):
+            self._index(end)
+
+    def _index(self, end: int) -> None:
+        """Record the n-grams that end at `end` (each has a continuation: the token after it)."""
+        t = self.tokens
+        for n in range(1, min(self.max_ngram, end + 1) + 1):
+            self.last[n - 1][tuple(t[end - n + 1:end + 1])] = end
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+        self._index(len(self.tokens) - 2)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest tail found."""
+        t = self.tokens
+        for n in range(min(self.max_ngram, len(t) - 1), 0, -1):
+            end = self.last[n - 1].get(tuple(t[-n:]))
+            if end is not None:
+                return t[end + 1:end + 1 + k]
+        return []
+
+
+def draft_length(alpha: float, threshold: float, k_max: int) -> int:
+    """How many drafted tokens pay for their rows: the j-th is kept with probability about alpha**j (each kept
+    while every one before it was), and is worth its row while that beats `threshold` (what a row costs, in
+    tokens of the step's output: engine/policies.py, Throughput.drafts)."""
+    if threshold <= 0:
+        return k_max
+    if alpha <= threshold:
+        return 0
+    import math
+
+    return min(k_max, int(math.log(threshold) / math.log(alpha))) if alpha < 1 else k_max
+
+
 class ModelDrafter:
     """A small model with the same vocabulary, drafting greedily; its KV cache follows the context."""
 

@@ -108,10 +108,41 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
                     lifespan=lifespan)
     app.state.drain = drain
     app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
+    # each added outside the ones before it: FrontDoor, the Gate, Unhandled, then Http10 around the routes
+    app.add_middleware(Http10)  # type: ignore[arg-type]  # a 1.0 client's stream held whole
+    app.add_middleware(Unhandled)  # type: ignore[arg-type]
     app.add_middleware(Gate, policy=policy, routes=routes)  # type: ignore[arg-type]
     app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]
-    app.add_middleware(Http10)  # type: ignore[arg-type]  # outermost (added last): the bytes as they leave
     return app
+
+
+class Unhandled:
+    """Pure ASGI, inside the Gate and FrontDoor: an exception no handler answered, raised before the response
+    began (a 1.0 client's stream too, which Http10 holds until its end), is the route's API's 500, "internal
+    error", sent within the request's context: its request_id, X-Request-Id, CORS headers and an access line
+    with the status sent (Starlette's own last handler sits outside every middleware). The exception goes on,
+    for its traceback in the server's log; raised mid-stream, it can only cut the stream."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        began = False
+
+        async def sending(message: dict[str, Any]) -> None:
+            nonlocal began
+            began = began or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            if not began:
+                await error_response(Request(scope), HTTPError(500, INTERNAL, "server_error"))(scope, receive, send)
+            raise
 
 
 @dataclass
@@ -136,7 +167,7 @@ SETTLE_S = 5.0  # how long a request whose client left waits for its jobs' count
 
 
 class FrontDoor:
-    """Pure ASGI, outside everything but Http10: each request's Incoming and Trace (its id: the client's
+    """Pure ASGI, outside everything: each request's Incoming and Trace (its id: the client's
     X-Request-Id, sanitized, or a fresh one, sent back as X-Request-Id) in context; when it ends, its count in the
     metrics by route and status, and its access line (serve/servelog.py): method, path, status, tokens,
     milliseconds and id, or in JSON also its route, model, cached tokens, time to first token and client."""

@@ -8,7 +8,8 @@ output, any other to the errors). Those two files are what has been done: a `ser
 answer yet, so a finished request is never run twice or lost.
 
 A batch's lines are all checked before any runs (validate): each a JSON object with `custom_id` (unique),
-`method` POST, `url` the batch's endpoint and a `body` object that does not stream, at most MAX_LINES; a
+`method` POST, `url` the batch's endpoint and a `body` object that does not stream and names the same `model` as
+the others (OpenAI's rule), at most MAX_LINES; a
 file that is not so makes the batch `failed`, with OpenAI's `errors.data` (code, line, message, param).
 Only one server runs a data dir's batches: the first to use them holds `batches/lock` while it runs; another
 answers these routes with 503."""
@@ -116,12 +117,16 @@ def parse(number: int, raw: bytes | None, endpoint: str) -> Line | dict[str, Any
     return Line(number, custom_id, url, body)
 
 
+NO_MODEL = object()  # the batch's model before its first request is read
+
+
 def validate(path: Path, endpoint: str, bound: int = MAX_LINE) -> tuple[int, str | None, list[dict[str, Any]]]:
-    """The input's requests counted and checked before any runs: their number, the first one's model, and the
-    faults found (the first MAX_ERRORS; more lines than MAX_LINES is one fault, and reading stops there)."""
+    """The input's requests counted and checked before any runs: their number, their model (OpenAI's rule: every
+    request of a batch names the same one, or here every one none, for the server's default), and the faults
+    found (the first MAX_ERRORS; more lines than MAX_LINES is one fault, and reading stops there)."""
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
-    total, model = 0, None
+    total, model = 0, NO_MODEL
     for number, raw in read_lines(path, bound):
         total += 1
         if total > MAX_LINES:
@@ -138,12 +143,23 @@ def validate(path: Path, endpoint: str, bound: int = MAX_LINE) -> tuple[int, str
                            f"{found.custom_id[:100]!r} is used by an earlier line.", "param": "custom_id"})
         else:
             seen.add(found.custom_id)
-            if model is None and isinstance(found.body.get("model"), str):
-                model = found.body["model"]
+            named = found.body.get("model")
+            if model is NO_MODEL:
+                model = named
+            elif named != model:
+                errors.append({"code": "mismatched_model", "line": number, "message": f"The provided model "
+                               f"{_model_text(named)} does not match the model for the rest of the batch "
+                               f"({_model_text(model)}): all requests in a batch must use the same model.",
+                               "param": "body.model"})
     if total == 0:
         errors.append({"code": "empty_file", "line": None, "message": "The input file has no requests.",
                        "param": None})
-    return min(total, MAX_LINES), model, errors[:MAX_ERRORS]
+    return min(total, MAX_LINES), model if isinstance(model, str) else None, errors[:MAX_ERRORS]
+
+
+def _model_text(model: Any) -> str:
+    """A request's `model` as an error names it: quoted, cut short, or "none" when it names none."""
+    return "none (the server's default)" if model is None else repr(str(model)[:100])
 
 
 def answered(path: Path) -> Iterator[dict[str, Any]]:
@@ -405,8 +421,7 @@ class Desk:
         cancelled = doc["status"] == "cancelling"
         failed = not cancelled and doc.get("errors") is not None  # its input went missing (serve/batchrun.py)
         if doc["status"] == "in_progress" and not failed:
-            doc.update(status="finalizing", finalizing_at=self.now())
-            self.save(doc)
+            self.save(doc, status="finalizing", finalizing_at=self.now())
         folder = self.runs / doc["id"]
         progress = self.progress.get(doc["id"]) or Progress.read(folder)
         for key, name, what, count in (("output_file_id", "output.jsonl", "output", progress.completed),
@@ -493,8 +508,8 @@ def routes(desk: Desk) -> list[Route]:
     async def cancel(request: Request) -> Response:
         doc = found(request.path_params["id"])
         if doc["status"] in ("validating", "in_progress"):
-            doc.update(status="cancelling", cancelling_at=desk.now())
-            await asyncio.to_thread(desk.save, doc)
+            # the object changes once saved: a 507 (no room to save it) leaves the batch as it was, and running
+            await asyncio.to_thread(desk.save, doc, status="cancelling", cancelling_at=desk.now())
             desk.wake.set()
         elif doc["status"] not in ("cancelling", "cancelled"):
             raise HTTPError(409, f"Cannot cancel a batch with status {doc['status']!r}.", param="batch_id")

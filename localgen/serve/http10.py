@@ -2,7 +2,8 @@
 sends none to such a client), yet uvicorn frames every response without a Content-Length in chunks, whatever the
 request's version; a 1.0 client (nginx's proxy_pass by default, ApacheBench, old tools) reads the chunks' sizes as
 part of the body. So a response without a length, to a 1.0 request, is gathered and sent with its length: a stream
-reaches that client whole, at its end."""
+reaches that client whole, at its end; one that fails before its end has sent that client nothing yet, so it is
+answered as a failure before any stream is (serve/app.py's Unhandled)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ BODILESS = (*range(100, 200), 204, 304)  # statuses that carry no body, and so n
 
 class Http10:
     """Pure ASGI: for an HTTP/1.0 request (not HEAD), a response without Content-Length (one that may have a
-    body) is held until its last part and sent with one. Outermost, so that the access line (app.py's FrontDoor)
-    sees each part as the route sent it."""
+    body) is held until its last part and sent with one. Innermost of the middleware, so that the layers outside
+    it (the access line's status, the answer to an exception) see what leaves."""
 
     def __init__(self, app: Any) -> None:
         self.app = app

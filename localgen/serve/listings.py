@@ -70,7 +70,7 @@ def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
 
 
 def _expires(worker: ModelWorker) -> str:
-    when = worker.expires()  # while it answers: at least its keep-alive from now
+    when = worker.expires()  # the keep-alive from its last request's end; while it answers, from now
     return _iso(when if when is not None else time.time() + 10 * 365 * 86400)  # keep-alive -1: never
 
 

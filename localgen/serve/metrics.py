@@ -42,6 +42,10 @@ class Metrics:
         self.prompt_tokens = Counter("localgen_prompt_tokens", "prompt tokens of finished generations", ["model"],
                                      registry=r)
         self.generated_tokens = Counter("localgen_generated_tokens", "tokens generated", ["model"], registry=r)
+        self.drafted = Counter("localgen_draft_tokens", "tokens drafted by prompt lookup (serve --lookup)", ["model"],
+                               registry=r)
+        self.accepted = Counter("localgen_draft_accepted_tokens", "drafted tokens the model kept", ["model"],
+                                registry=r)
         self.ttft = Histogram("localgen_time_to_first_token_seconds", "time to each generation's first token",
                               ["model"], buckets=BUCKETS, registry=r)
         self.itl = Histogram("localgen_inter_token_seconds",
@@ -68,6 +72,9 @@ class Metrics:
         once it made two."""
         self.prompt_tokens.labels(model).inc(c.prompt_tokens)
         self.generated_tokens.labels(model).inc(c.completion_tokens)
+        if c.drafted:
+            self.drafted.labels(model).inc(c.drafted)
+            self.accepted.labels(model).inc(c.accepted)
         if c.completion_tokens >= 1:
             self.ttft.labels(model).observe(c.ttft_s)
         if c.completion_tokens >= 2:

@@ -11,12 +11,12 @@ from localgen.types import LoadParams, ModelRef
 
 
 def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | None, share_prefixes: bool,
-               cache_ram: int, warn: Callable[[str], None], warm: bool) -> tuple[Any, Any, Any]:
+               cache_ram: int, warn: Callable[[str], None], warm: bool, lookup: int = 0) -> tuple[Any, Any, Any]:
     """The LocalBackend, the ParallelContext of `parallel` slots, and the batching Mode; nothing held when it
     fails. `warm`: decode a warm-up now (only in the thread that decodes from now on: llama.cpp's CPU backend
     (OpenMP) keeps a team of threads per calling thread, and a warm-up decode in the loading thread made every
     later step in the worker thread much slower (docs/benchmarks.md, Warm-up); the worker warms a preloaded
-    model itself)."""
+    model itself). `lookup`: tokens drafted per step at most, by prompt lookup (0: none)."""
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchmode import batching_mode
     from localgen.engine.local import LocalBackend
@@ -27,9 +27,9 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
     backend = LocalBackend(engine, warn=warn)
     pc = None
     try:
-        mode = batching_mode(engine, exact)
+        mode = batching_mode(engine, exact, lookup > 0)
         pc = ParallelContext(engine, parallel, engine.n_ctx, pooled=mode.throughput, share_prefixes=share_prefixes,
-                             cache_ram=cache_ram)
+                             cache_ram=cache_ram, draft_max=lookup)
         if warm:  # a job waits for this load: it need not pay for ignore_eos's token scan
             pc.warm_up(eog=False)
     except BaseException:

@@ -171,6 +171,7 @@ def timings(c: Completion) -> dict[str, Any]:
         "predicted_n": c.completion_tokens, "predicted_ms": round(predicted_ms, 3),
         "predicted_per_token_ms": round(predicted_ms / c.completion_tokens, 3) if c.completion_tokens else None,
         "predicted_per_second": round(c.completion_tokens / c.decode_s, 2) if c.decode_s > 0 else None,
+        **({"draft_n": c.drafted, "draft_n_accepted": c.accepted} if c.drafted else {}),
     }
 
 

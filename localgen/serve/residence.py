@@ -36,7 +36,7 @@ class Residence:
 
     def __init__(self, tenant: Tenant, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, *,
                  fault: Callable[[BaseException, str], None], warn: Callable[[str], None] = lambda s: None,
-                 exact: bool | None = None, share_prefixes: bool = True, cache_ram: int = 0,
+                 exact: bool | None = None, lookup: int = 0, share_prefixes: bool = True, cache_ram: int = 0,
                  residency: Residency | None = None, store: PrefixStore | None = None,
                  log: ServeLog = STDERR_LOG) -> None:
         self.tenant = tenant  # what the residency is asked for room on behalf of
@@ -45,6 +45,7 @@ class Residence:
         self._fault = fault
         self._warn = warn
         self._exact = exact
+        self._lookup = lookup  # tokens drafted per step at most, by prompt lookup (0: none)
         self._share_prefixes = share_prefixes
         self._cache_ram = cache_ram  # bytes for slot states saved in host memory (-1 no limit, 0 off)
         self._residency = residency  # serve/residency.py: asked for room before each load (None: no limits)
@@ -61,7 +62,6 @@ class Residence:
         self.vram_bytes = 0  # bytes of weights llama.cpp placed on GPUs (from its load log)
         self.placement: dict[str, Any] = {}  # what went where (native/report.py's LoadReport.record)
         self.idle_since = time.monotonic()
-        self.expires_at: float | None = None
         self._kept_at = time.monotonic()  # when the prefix store last had what the slots hold
         self._calls = self._rows = 0  # decode calls and rows of contexts already unloaded
         self._disk_hits = self._disk_hit_tokens = 0  # prefixes from disk used by earlier loads
@@ -90,7 +90,7 @@ class Residence:
         t0 = time.perf_counter()
         try:
             backend, pc, mode = open_model(self.ref, self.load, self.parallel, self._exact, self._share_prefixes,
-                                           self._cache_ram, self._warn, warm=warm)
+                                           self._cache_ram, self._warn, warm=warm, lookup=self._lookup)
         except BaseException:
             if self._residency is not None:
                 self._residency.released(self.tenant, failed=True)
@@ -164,20 +164,16 @@ class Residence:
                             "the next start", bytes=written)
 
     def expires(self, busy: bool) -> float | None:
-        """When the model unloads if no request comes (a Unix time), None for never (keep-alive -1); while
-        requests run (`busy`), at least the keep-alive from now."""
+        """When the model unloads if no request comes (a Unix time), None for never (keep-alive -1): the
+        keep-alive from the last request's end, read now (not at the last idle tick: a request that ended since,
+        or set another keep-alive, counts); while requests run (`busy`), the keep-alive from now."""
         if self.keep_alive < 0:
             return None
-        if self.expires_at is not None and not busy:
-            return self.expires_at
-        return time.time() + self.keep_alive
+        idle = 0.0 if busy else time.monotonic() - self.idle_since
+        return time.time() + self.keep_alive - idle
 
     def _maybe_unload(self) -> None:
-        if self.backend is None or self.keep_alive < 0:
-            self.expires_at = None
-            return
-        self.expires_at = time.time() + self.keep_alive - (time.monotonic() - self.idle_since)
-        if time.monotonic() - self.idle_since >= self.keep_alive:
+        if self.backend is not None and 0 <= self.keep_alive <= time.monotonic() - self.idle_since:
             self.unload("idle")
 
     def unload(self, reason: str = "asked", evicted_for: str | None = None) -> None:
@@ -202,7 +198,6 @@ class Residence:
             if self.backend is not None:
                 self.backend.close()
                 self.backend = None
-            self.expires_at = None
             self.vram_bytes = 0
         if self._residency is not None:
             self._residency.released(self.tenant, evicted=reason == "evicted")

@@ -54,7 +54,7 @@ class ModelWorker:
     """A model's thread and its jobs; the model itself, loaded or not, is its Residence (serve/residence.py)."""
 
     def __init__(self, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, max_queue: int,
-                 warn: Callable[[str], None] = lambda s: None, exact: bool | None = None,
+                 warn: Callable[[str], None] = lambda s: None, exact: bool | None = None, lookup: int = 0,
                  share_prefixes: bool = True, cache_ram: int = 0, residency: Any = None, pinned: bool = True,
                  store: Any = None, log: ServeLog = STDERR_LOG) -> None:
         self.ref = ref
@@ -65,8 +65,8 @@ class ModelWorker:
         self.last_used = time.monotonic()  # the last job's arrival: the least recently used goes first
         self.log = log  # serve/servelog.py: its internal errors
         self.residence = Residence(self, ref, load, parallel, keep_alive, fault=self._internal, warn=warn, exact=exact,
-                                   share_prefixes=share_prefixes, cache_ram=cache_ram, residency=residency,
-                                   store=store, log=log)
+                                   lookup=lookup, share_prefixes=share_prefixes, cache_ram=cache_ram,
+                                   residency=residency, store=store, log=log)
         self._yield_to: list[str] = []  # models waiting for its room: it takes no new jobs (fair swaps)
         self._live: dict[int, Job | EmbedJob] = {}  # the jobs submitted and not ended, by id (arrival order)
         self._lock = threading.Lock()  # guards _live and _yield_to (the handlers' threads and this one)
@@ -221,6 +221,8 @@ class ModelWorker:
                 "shared_prompt_tokens": pc.slots.shared if pc else 0,
                 "prompt_cache": pc.slots.host.status() if pc and pc.slots.host else None,
                 "batching": mode.name if mode else None, "batching_why": mode.why if mode else None,
+                "drafted": res.pc.drafted if res.pc is not None and res.pc.draft_max else None,
+                "accepted": res.pc.accepted if res.pc is not None and res.pc.draft_max else None,
                 "kv_unified": pc.one_pool if pc else None,
                 "failed_jobs": self.failures,
                 "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": res.settings(),
@@ -365,13 +367,13 @@ class ModelWorker:
                 self.on_completion(self.name, c)
             except Exception as e:  # a metrics fault is logged, and never fails the request
                 self._internal(e, "counting metrics")
+        self._keep(job.keep_alive)  # before the client has its answer, so its next /api/ps shows this keep-alive
         if c.error is not None:
             job.send(failed(c.error))
         elif c.finish_reason == "cancelled" and not finishing(job):
             job.send(Failed(499, "cancelled"))
         else:  # it ended by itself, or on its handler's word (Job.finish)
             job.send(Done(c if c.finish_reason != "cancelled" else dataclasses.replace(c, finish_reason="stop")))
-        self._keep(job.keep_alive)
 
     def _keep(self, keep_alive: float | None) -> None:
         """A job's keep-alive, once it has ended: 0 unloads the model once nothing runs (its keep-alive stays

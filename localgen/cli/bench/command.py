@@ -147,16 +147,23 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
     many = [flag for flag, v in one.items() if len(v) > 1]
     if many:
         raise UsageError(f"--quality takes one value of {', '.join(many)}")
+    t = one["--threads"][0] if one["--threads"] else None
+    ngl_one = one["--n-gpu-layers"][0] if one["--n-gpu-layers"] else None
+    speed = ladder.Speed(n_prompt=(one["--n-prompt"] or [512])[0], n_gen=(one["--n-gen"] or [128])[0], reps=reps,
+                         threads=t)
     text = default_text() if q.quality == "default" else read_text(q.quality)
     reference = resolve(q.reference, offline=offline)
     files = [resolve(m, offline=offline) for m in names]
-    t = one["--threads"][0] if one["--threads"] else None
-    ngl_one = one["--n-gpu-layers"][0] if one["--n-gpu-layers"] else None
+    if speed.n_prompt != 0 or speed.n_gen != 0:  # -p 0 -n 0: no speed columns
+        # the speed columns' plan, checked as a sweep's is, before the minutes of perplexity that come first
+        plan = sweep.build(models=[q.reference, *names], threads=[t], ngl=[0], batch=[2048], ubatch=[None],
+                           fa=[None], ctk=["f16"], ctv=["f16"], prompts=[speed.n_prompt], gens=[speed.n_gen], pg=[],
+                           depths=[0], reps=reps, e2e=False)
+        sweep.check_context(plan, {m: f.summary.context_length
+                                   for m, f in zip([q.reference, *names], [reference, *files], strict=True)})
     n_ctx = q.quality_ctx if q.quality_ctx is not None else QUALITY_CTX
     settings = ms.Settings(ctx=n_ctx, batch=ms.fitting_batch(n_ctx), chunks=q.chunks, threads=t,
                            gpu_layers=ngl_one)
-    speed = ladder.Speed(n_prompt=(one["--n-prompt"] or [512])[0], n_gen=(one["--n-gen"] or [128])[0], reps=reps,
-                         threads=t)
     run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound if q.kld_bound is not None
                else KLD_BOUND, output)
 
@@ -181,6 +188,14 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
     rate_values = _rates(rates)
     prompts = sweep.int_values("--n-prompt", n_prompt, [128])
     gens = sweep.int_values("--n-gen", n_gen, [64])
+    # a thread and a prompt's text per request, made before the first is sent
+    sweep.in_range("--parallel/--concurrency", concurrencies, 1, serving.MAX_CONCURRENCY)
+    sweep.in_range("--n-prompt", prompts, 0, serving.MAX_TOKENS)
+    sweep.in_range("--n-gen", gens, 0, serving.MAX_TOKENS)
+    words = max(prompts) * (1 if same_prompt else max(num_prompts or max(8, 2 * c) for c in concurrencies))
+    if words > serving.MAX_TEXT:
+        raise UsageError(f"--n-prompt × --num-prompts: {words:,} words of prompts, made before the first request, "
+                         f"is past {serving.MAX_TEXT:,}", hint="give fewer or shorter prompts, or --same-prompt")
     targets = _remote_targets(urls, key_env, models)
     import localgen
 
@@ -352,7 +367,7 @@ def _placements(ot: Values, rpc: bool) -> list[Any]:
 
 def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] = ()) -> None:
     """Run the plan, keeping each result in the history as it comes; print them."""
-    from localgen.bench import history, records
+    from localgen.bench import history, records, sweep
     from localgen.bench.bandwidth import remembered
     from localgen.bench.runner import run
     from localgen.cli.ladderview import kept_where
@@ -361,6 +376,7 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
     from localgen.models.resolve import resolve
 
     refs = {m: resolve(m, offline=offline, progress=make_progress()) for m in {c.model for c in plan.configs}}
+    sweep.check_context(plan, {m: ref.summary.context_length for m, ref in refs.items()})
     system = records.system_info()
     if rpc:
         system["backends"] += "+RPC"

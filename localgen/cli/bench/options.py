@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from localgen.bench.serving import MAX_PROMPTS
+from localgen.bench.sweep import MAX_REPETITIONS
 from localgen.cli import options as o
 from localgen.cli.options import OptionGroup
 
@@ -29,7 +31,8 @@ QUALITY_CTX = 512  # --quality's perplexity window
 class Measuring(OptionGroup):
     """How each test is measured, and how the results are shown."""
 
-    reps: Annotated[int, typer.Option("--repetitions", "-r", min=1, help="Repetitions of each test.")] = 5
+    reps: Annotated[int, typer.Option("--repetitions", "-r", min=1, max=MAX_REPETITIONS,
+                                      help="Repetitions of each test.")] = 5
     exact: Annotated[
         bool | None, typer.Option("--exact/--no-exact", show_default=False,
                                   help="With -npl: the batching mode of the sequences decoded together. Default: "
@@ -53,7 +56,8 @@ class ServingSweep(OptionGroup):
                                                                  "Poisson process; inf sends them at once (default).",
                                           panel=o.REMOTE_PANEL)] = None
     num_prompts: Annotated[
-        int | None, typer.Option("--num-prompts", min=1, rich_help_panel=o.REMOTE_PANEL, show_default=False,
+        int | None, typer.Option("--num-prompts", min=1, max=MAX_PROMPTS, rich_help_panel=o.REMOTE_PANEL,
+                                 show_default=False,
                                  help="With --endpoint: requests per sweep point (default: twice the concurrency, "
                                       "at least 8).")
     ] = None

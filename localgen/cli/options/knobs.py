@@ -84,8 +84,8 @@ class Knobs:
                 from localgen.errors import UsageError
 
                 raise UsageError(f"{KNOBS[key].cli[0]} is empty: give the text, or leave the flag out")
-            given[key] = v
-        return SamplingFlags(tuple(settings.validate(given).items()))
+            given[key] = settings.check(key, v, KNOBS[key].cli[0])  # a message names the flag typed, not the field
+        return SamplingFlags(tuple(given.items()))
 
     def remote_conflicts(self) -> list[str]:
         """The load settings typed, which a remote endpoint cannot honour (the model loads on the server); the

@@ -196,7 +196,11 @@ def _print_stats(state: dict[str, int], secs: float, counters: dict[str, Any], p
         " in one pool of KV cells" if counters.get("kv_unified") else "")
     shared = f", {int(counters['shared']):,} prompt tokens shared" if counters.get("shared") else ""
     why = f" · why: {counters['why']}" if counters.get("why") else ""
-    how = (f"{mode}, {per_call:.1f} sequences per decode call{shared}{why}" if counters.get("steps") else
+    drafted = counters.get("drafted")
+    drafts = ("" if drafted is None else f", {drafted:,} tokens drafted, {counters['accepted']:,} kept"
+              + (f" ({counters['accepted'] / drafted:.0%})" if drafted else "")
+              + f", a drafted row costing {counters['row_cost']:.2f} of a step")
+    how = (f"{mode}, {per_call:.1f} sequences per decode call{shared}{drafts}{why}" if counters.get("steps") else
            _plural(endpoints, "endpoint") + (
                f", {_plural(int(counters['retried']), 'line')} moved off a failed one" if counters.get("retried")
                else ""))
@@ -257,6 +261,8 @@ def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = N
         elif c is not None:
             doc.update(text=c.text, finish_reason=c.finish_reason, seed=c.seed, prompt_tokens=c.prompt_tokens,
                        completion_tokens=c.completion_tokens, ttft_s=round(c.ttft_s, 4), total_s=round(c.total_s, 4))
+            if c.drafted:
+                doc.update(drafted=c.drafted, accepted=c.accepted)
             if c.logprobs:
                 doc["logprobs"] = [t.to_dict() for t in c.logprobs]
             if exact is not None:

@@ -64,7 +64,9 @@ class DecodingOptions(OptionGroup):
     lookup: Annotated[
         bool, typer.Option("--lookup", rich_help_panel=SPEC,
                            help="Draft from n-grams already in the context (prompt lookup): fast for summaries, "
-                                "code edits, extraction.")
+                                "code edits, extraction. With many prompts (run --file, serve) the drafts are "
+                                "checked in the batch, only as many as pay for their rows (measured at load), and "
+                                "every request is batched as with --no-exact.")
     ] = False
     draft_max: Annotated[
         int, typer.Option("--draft-max", min=1, max=64, rich_help_panel=SPEC, help="Most tokens drafted per step.")

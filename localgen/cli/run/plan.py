@@ -87,7 +87,8 @@ def check(f: RunArgs) -> RunPlan:
     stdin_taken = any(a == "-" for a in f.media.attach or ())
     parts = () if many else tuple(prompt.prompt_parts(f.prompt if f.prompt is not None else f.prompt_arg,
                                                          f.document, no_stdin=f.no_stdin or stdin_taken))
-    load, warnings = _speculative(model.load, f) if d.draft or d.lookup else (model.load, ())
+    # many prompts promise no identity with plain decoding (they are batched), so nothing is pinned for them
+    load, warnings = _speculative(model.load, f) if (d.draft or d.lookup) and not many else (model.load, ())
     return RunPlan(load=load, send=model.send, raw=f.raw, decoding=d, report=f.report, no_log=f.log.no_log,
                    thread=thread, parts=parts, media=media, warnings=warnings,
                    many=ManyPlan(f.many.file, f.prompt, f.many.parallel, f.many.exact, f.many.resume_from)
@@ -106,7 +107,7 @@ def _check_combinations(f: RunArgs, many: bool) -> None:
                          "add --file FILE or --each-line")
     if many:
         dropped = [flag for flag, on in (("-f/--document", bool(f.document)), ("--draft", bool(d.draft)),
-                                         ("--lookup", d.lookup), ("--beams", bool(d.beams)),
+                                         ("--beams", bool(d.beams)),
                                          ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache),
                                          ("--verbose-prompt", report.verbose_prompt)) if on]
         if dropped:

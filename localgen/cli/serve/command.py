@@ -179,6 +179,8 @@ def _checked(f: ServeArgs, log: ServeLog) -> _Checked:
     o.refuse_empty(*(("--cors", origin) for origin in listen.cors or ()))
     if fetching.allow_private_urls and not fetching.allow_image_urls:
         raise UsageError("--allow-private-urls needs --allow-image-urls (without it no URL is fetched)")
+    if f.given("draft_max") and not f.batching.lookup:
+        raise UsageError("--draft-max sets how many tokens --lookup drafts: add --lookup")
     named = list(dict.fromkeys(f.models or []))
     if f.mmproj and len(named) > 1:  # refused before any loads, not after the first model that it fits
         raise UsageError(f"--mmproj pairs a projector with one model, and -m names {len(named)}",
@@ -357,6 +359,7 @@ def _maker(f: ServeArgs, models: ModelSettings, keep: float, cache_ram: int, res
     def make(ref: ModelRef, pinned: bool, load: LoadParams) -> ModelWorker:
         return ModelWorker(ref, preset.load_params(ref, load, models.given), slots.parallel, keep,
                            f.residency.max_queue, warn=log.warning, exact=slots.exact,
+                           lookup=slots.draft_max if slots.lookup else 0,
                            share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency,
                            pinned=pinned, store=store, log=log)
 

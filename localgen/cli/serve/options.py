@@ -134,6 +134,17 @@ class SlotOptions(OptionGroup):
                                        "--no-exact: batch everything. The start-up line says which and why. A "
                                        "request may ask with \"exact\": true (Ollama: options.exact).")
     ] = None
+    lookup: Annotated[
+        bool, typer.Option("--lookup", rich_help_panel=SERVE,
+                           help="Draft from n-grams already in the context (prompt lookup): fast for summaries, "
+                                "code edits, extraction. With many prompts (run --file, serve) the drafts are "
+                                "checked in the batch, only as many as pay for their rows (measured at load), and "
+                                "every request is batched as with --no-exact.")
+    ] = False
+    draft_max: Annotated[
+        int, typer.Option("--draft-max", min=1, max=64, rich_help_panel=SERVE, metavar="N",
+                          help="Most tokens drafted per step.")
+    ] = 6
     share_prefix: Annotated[
         bool, typer.Option("--share-prefix/--no-share-prefix", rich_help_panel=SERVE,
                            help="In throughput batching, start a new prompt from the longest prefix any slot "
