@@ -68,7 +68,7 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
     screen = _Screen(view)
     turn = Turn()
     runner.stopping = False  # before Ctrl-C is ours: a press from now on stops this turn, even before it begins
-    with _cancel_on_sigint(runner) as pressed:
+    with _cancel_on_sigint(runner, screen.drop_typed) as pressed:
         try:
             screen.hold()
             runner.reply(screen.show, lambda call: _approve(call, runner, view, screen), turn)
@@ -168,6 +168,11 @@ class _Screen:
         if isinstance(event, Piece) and event.kind == "content" and event.text:
             self.answered = True
 
+    def drop_typed(self) -> None:
+        """Ctrl-C: the keys typed before it go, as a terminal drops them (echo.py keeps what was written)."""
+        if self.echo is not None:
+            self.echo.drop_typed()
+
     def finish(self) -> None:
         if self.out is not None:
             self.out.finish()
@@ -227,14 +232,16 @@ def _remote_failed(e: Any, turn: Any, runner: Any, view: Any, restore: list[Any]
 
 
 @contextlib.contextmanager
-def _cancel_on_sigint(runner: Any) -> Iterator[Callable[[], bool]]:
-    """First Ctrl-C cancels the answer between two tokens (the screen stays whole); a second raises."""
+def _cancel_on_sigint(runner: Any, drop_typed: Callable[[], None]) -> Iterator[Callable[[], bool]]:
+    """First Ctrl-C cancels the answer between two tokens (the screen stays whole); a second raises. Each drops the
+    keys typed before it (`drop_typed`)."""
     presses = 0
     previous = signal.getsignal(signal.SIGINT)
 
     def on_sigint(signum: int, frame: Any) -> None:
         nonlocal presses
         presses += 1
+        drop_typed()
         runner.stop()
         if presses > 1:
             logs = sys.modules.get("localgen.native.logs")
