@@ -31,8 +31,11 @@ def _chat(eng: Any, text: str) -> list[int]:
 
 
 def _pc(eng: Any, n: int, draft_max: int, row_cost: float) -> ParallelContext:
+    """A throughput context whose steps cost 1 + row_cost per row past the first (what `calibrate` measures, set:
+    each test decides whether drafts pay)."""
     pc = ParallelContext(eng, n, 1024, pooled=True, draft_max=draft_max)
-    pc.row_cost = row_cost  # what `calibrate` measures, set: each test decides whether drafts pay
+    pc.step_costs = [(1, 1.0), (64, 1.0 + 63 * row_cost)]
+    pc.row_cost = row_cost
     return pc
 
 
@@ -62,11 +65,17 @@ def test_the_ngram_index_proposes_what_a_scan_of_the_context_does() -> None:
                 assert index.propose(k) == scan.propose(tokens[:n], k), (tokens[:n], k)
 
 
-def test_a_draft_is_as_long_as_its_rows_pay() -> None:
-    assert draft_length(0.5, 0.0, 6) == 6  # rows that cost nothing (not measured): all
-    assert draft_length(0.9, 0.8, 6) == 2  # 0.9, 0.81 beat 0.8; 0.729 does not
-    assert draft_length(0.5, 0.6, 6) == 0  # not even the first
-    assert draft_length(1.0, 0.99, 6) == 6
+def test_a_draft_is_as_long_as_makes_the_step_fastest() -> None:
+    free = lambda n: 1.0  # noqa: E731  (rows that cost nothing: a step is a step)
+    full = lambda n: float(n)  # noqa: E731  (each row a step's cost)
+    assert draft_length(0.5, 1.0, 1, free, 6) == 6
+    assert draft_length(0.99, 1.0, 1, full, 6) == 0, "no draft beats a row that costs a whole step"
+    # a CPU's steps, as measured on SmolLM2: a second row doubles a step, the next ones cost less each
+    cpu = dict([(1, 1.0), (2, 1.98), (3, 2.4), (4, 2.83), (5, 3.3), (6, 3.72), (7, 3.9)]).__getitem__
+    assert draft_length(0.5, 1.0, 1, cpu, 6) == 0
+    assert draft_length(0.8, 1.0, 1, cpu, 6) == 3  # 1 + .8 + .64 + .51 = 2.95 tokens for 2.83
+    assert draft_length(0.9, 1.0, 1, cpu, 6) == 6
+    assert draft_length(0.5, 2.0, 2, cpu, 4) == 1, "a third row is cheap where a second was not"
 
 
 # ---- the scheduler, in process ---------------------------------------------------------------------------
@@ -127,8 +136,8 @@ def test_the_cells_hold_exactly_the_kept_tokens_after_every_step(smollm2_engine:
 
 @pytest.mark.slow  # decodes SmolLM2 in this process
 def test_drafts_stop_where_rows_cost_what_they_return(smollm2_engine: object) -> None:
-    """Where a drafted row costs a whole step (row_cost 1: a CPU computing each row in full), no draft length
-    pays, and a sequence only tries one token every 16 steps (so its share can recover); where rows cost
+    """Where a drafted row costs a whole step (a CPU computing each row in full), no draft length pays,
+    and a sequence only tries one token after 16 steps (so its share can recover); where rows cost
     nothing it drafts every step it finds a match."""
     eng: Any = smollm2_engine
     prompt = Prompt.text(_chat(eng, _copy_prompt(5)))
@@ -140,6 +149,18 @@ def test_drafts_stop_where_rows_cost_what_they_return(smollm2_engine: object) ->
 
 
 @pytest.mark.slow  # decodes SmolLM2 in this process
+def test_tries_that_fail_come_ever_later(smollm2_engine: object) -> None:
+    """A sampled poem (little to copy) where rows cost a whole step: its tries fail, and each comes twice as late
+    as the one before (after 16 steps, then 32, 64, 128: at most three in 200 tokens, where one every 16 steps
+    would be twelve)."""
+    eng: Any = smollm2_engine
+    prompt = Prompt.text(_chat(eng, "Write a short poem about the sea."))
+    hot = SamplingParams(temperature=1.5, max_tokens=200, ignore_eos=True)
+    c = _complete(_pc(eng, 1, 4, 1.0), [Request(0, prompt, hot, seed=1)])[0]
+    assert c.completion_tokens == 200 and c.accepted == 0 and 1 <= c.drafted <= 3
+
+
+@pytest.mark.slow  # decodes SmolLM2 in this process
 def test_calibrate_measures_a_row_and_leaves_no_cells(smollm2_engine: object) -> None:
     from localgen.native.lib import lib
 
@@ -147,7 +168,11 @@ def test_calibrate_measures_a_row_and_leaves_no_cells(smollm2_engine: object) ->
     pc = ParallelContext(eng, 2, 512, pooled=True, draft_max=4)
     try:
         cost = pc.calibrate(reps=2)
-        assert cost == pc.row_cost and cost >= 0
+        sizes = [n for n, _ in pc.step_costs]
+        assert sizes[:2] == [1, 2] and sizes[-1] == 2 * 5 and sizes == sorted(sizes)  # both slots, four drafts
+        costs = [c for _, c in pc.step_costs]
+        assert costs[0] == 1.0 and costs == sorted(costs) and cost == pc.row_cost == costs[1] - 1
+        assert pc.step_cost(2) == costs[1] and costs[0] <= pc.step_cost(5) <= costs[-1]
         lc = lib()
         mem = lc.llama_get_memory(pc.ctx)
         assert [lc.llama_memory_seq_pos_max(mem, q) for q in range(2)] == [-1, -1]

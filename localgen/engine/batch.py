@@ -101,7 +101,9 @@ class ParallelContext:
         self.warmed_in: int | None = None  # the thread that ran warm_up (its OpenMP team decodes)
         self.draft_max = draft_max if pooled else 0
         self.drafted = self.accepted = 0  # drafted tokens, and those kept
-        # what one more row costs a decoding step, as a share of a one-row step (measured: `calibrate`)
+        # what a step of n rows costs in one-row steps, measured (`calibrate`: (n, cost), n ascending), and what
+        # the first drafted row costs (its share of a one-row step)
+        self.step_costs: list[tuple[int, float]] = []
         self.row_cost: float | None = None
         self.batch = Batch(self.n_batch)
         self.vocab = engine.vocab
@@ -141,14 +143,20 @@ class ParallelContext:
             _ = self.engine.eog_tokens
         self.warmed_in = threading.get_ident()
 
-    def calibrate(self, reps: int = 5) -> float:
-        """Measure what a drafted row costs (`row_cost`): decode steps of one row and of 1 + draft_max rows in
-        sequence 0, each once untimed (its compute graph) then `reps` times in turn, the fastest of each (what
-        the hardware does; slower ones are other work on the machine); the cells are forgotten after. Call it
-        while no sequence holds cells (after warm_up, before any request)."""
+    def calibrate(self, reps: int = 3) -> float:
+        """Measure what a step of n rows costs against a step of one (`step_cost`), for n from 1 to what drafting
+        may ask (every slot decoding with `draft_max` drafts, up to 32 rows): a decode in sequence 0 with each
+        row's check (its logits read, its greedy pick), each size once untimed (its compute graph) then `reps`
+        times in turn, the fastest (what the hardware does; slower ones are other work on the machine). The
+        cells are forgotten after. Call it while no sequence holds cells (after warm_up, before any request).
+        Returns `row_cost`, what the first drafted row costs (on a CPU a step of two rows cost SmolLM2 twice one,
+        and of seven 4.2 times: rows get cheaper in larger batches, so the sizes are measured, not a slope)."""
         import time
 
-        rows = min(self.draft_max + 1, self.n_ctx_seq - 1, self.n_batch)
+        import numpy
+
+        top = max(2, min(self.n_parallel * (self.draft_max + 1), 32, self.n_ctx_seq - 1, self.n_batch))
+        sizes = [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if n < top] + [top]
         token = max(native_vocab.bos(self.vocab), 0)
         mem = context.memory(self.ctx)
 
@@ -159,21 +167,42 @@ class ParallelContext:
             t0 = time.perf_counter()
             self.decode(1)
             context.synchronize(self.ctx)
+            for row in range(n):
+                int(numpy.argmax(self.logits(row)))
             dt = time.perf_counter() - t0
             context.seq_rm(mem, 0, -1, -1)
             return dt
 
-        step(1), step(rows)
-        one: list[float] = []
-        many: list[float] = []
+        times: dict[int, list[float]] = {n: [] for n in sizes}
+        for n in sizes:
+            step(n)
         for _ in range(reps):
-            one.append(step(1))
-            many.append(step(rows))
+            for n in sizes:
+                times[n].append(step(n))
         self.batch.n_tokens = 0
         context.clear(mem, True)
-        t1, tn = min(one), min(many)
-        self.row_cost = max(0.0, (tn - t1) / (t1 * (rows - 1))) if rows > 1 and t1 > 0 else 1.0
+        t1 = min(times[1])
+        costs, last = [], 0.0
+        for n in sizes:  # never cheaper for more rows (noise aside)
+            last = max(last, min(times[n]) / t1 if t1 > 0 else float(n))
+            costs.append((n, last))
+        self.step_costs = costs
+        self.row_cost = costs[1][1] - 1.0
         return self.row_cost
+
+    def step_cost(self, n: int) -> float:
+        """What a decoding step of n rows costs, in one-row steps (`calibrate`'s sizes, in between the line
+        between two, past the largest its last slope); 1 for any n before a calibration (rows taken as free)."""
+        from itertools import pairwise
+
+        costs = self.step_costs
+        if not costs:
+            return 1.0
+        for (a, ca), (b, cb) in pairwise(costs):
+            if n <= b:
+                return ca + (cb - ca) * (n - a) / (b - a)
+        (a, ca), (b, cb) = costs[-2], costs[-1]
+        return cb + (cb - ca) / (b - a) * (n - b)
 
     def clear(self, seq: int = -1) -> None:
         """Forget one sequence's KV entries (all with -1)."""

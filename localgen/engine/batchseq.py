@@ -62,6 +62,7 @@ class Seq:
     drafted: int = 0  # tokens drafted for it, and those the model kept
     accepted: int = 0
     undrafted: int = 0  # steps since it last drafted (a sequence that stopped drafting tries again now and then)
+    probe_gap: int = 16  # ... after this many: doubled by each try that fails, back to 16 once a draft is kept
 
     @property
     def next_pos(self) -> int:

@@ -103,41 +103,42 @@ class Throughput:
 
     def drafts(self, decoding: list[Seq]) -> dict[int, list[int]]:
         """Tokens to draft after each decoding sequence's pending one in this step (slot → tokens), by prompt
-        lookup (engine/speculative.py, NgramIndex), as many as pay for their rows. The j-th drafted token is
-        kept with probability about alpha**j, alpha the share of the sequence's drafts kept so far (leaning on
-        every sequence's share while it has drafted few); a row costs `row_cost` of a one-row step (measured at
-        load: ParallelContext.calibrate), so with R sequences decoding a step makes R tokens for
-        1 + row_cost·(R − 1) one-row steps, and a drafted row pays while alpha**j beats
-        row_cost·R / (1 + row_cost·(R − 1)). A sequence that drafts nothing tries one token every 16 steps, so
-        its share can recover. None for a prompt with media (its placeholders are not text)."""
+        lookup (engine/speculative.py, NgramIndex), as many as make the step's tokens per unit of time largest
+        (speculative.draft_length). The j-th drafted token is kept with probability about alpha**j, alpha the
+        share of the sequence's drafts kept so far (leaning on every sequence's share while it has drafted few);
+        a step of n rows costs what `calibrate` measured at load (ParallelContext.step_cost), so drafts go where
+        rows are cheap (a GPU, a step with few rows) and answers copy their prompts. Sequences are taken in
+        turn, each after the drafts given before it. A sequence that drafts nothing tries one token after 16
+        steps, then 32, 64, ... while its tries fail, so its share can recover. None for a prompt with media
+        (its placeholders are not text)."""
         from localgen.engine.speculative import NgramIndex, draft_length
 
         pc = self.s.pc
-        cost, n = pc.row_cost or 0.0, len(decoding)
-        threshold = cost * n / (1 + cost * (n - 1))
+        rows = len(decoding)
+        tokens = float(rows)  # the step's expected tokens so far
         overall = (pc.accepted + 1) / (pc.drafted + 2)
-        left = pc.n_batch - n  # rows the step can still take
         out: dict[int, list[int]] = {}
         for seq in decoding:
-            if seq.req.prompt.spans or left <= 0:
+            # room in the batch, in the slot's window and under the request's limit, after the pending token
+            room = min(pc.draft_max, pc.n_batch - rows, pc.n_ctx_seq - seq.next_pos - 2,
+                       seq.dec.limit.tokens - len(seq.dec.tokens) - 1)
+            if seq.req.prompt.spans or room <= 0:
                 continue
             alpha = (seq.accepted + 4 * overall) / (seq.drafted + 4)
-            k = draft_length(alpha, threshold, pc.draft_max)
+            k = draft_length(alpha, tokens, rows, pc.step_cost, room)
             if k == 0:
                 seq.undrafted += 1
-                if seq.undrafted < 16:
+                if seq.undrafted < seq.probe_gap:
                     continue
-                k = 1
-            # room in the slot's window and under the request's limit, after the pending token
-            k = min(k, left, pc.n_ctx_seq - seq.next_pos - 2, seq.dec.limit.tokens - len(seq.dec.tokens) - 1)
-            if k <= 0:
-                continue
+                k = 1  # a try, to see whether its drafts are kept again; the next comes twice as late
+                seq.probe_gap = min(2 * seq.probe_gap, 1024)
             if seq.lookup is None:
                 seq.lookup = NgramIndex(seq.req.tokens + seq.dec.tokens)
             proposed = seq.lookup.propose(k)
             if proposed:
                 out[seq.slot] = proposed
-                left -= len(proposed)
+                rows += len(proposed)
+                tokens += sum(alpha ** j for j in range(1, len(proposed) + 1))
                 seq.undrafted = 0
         return out
 

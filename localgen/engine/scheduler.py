@@ -246,6 +246,7 @@ class Scheduler:
             if ended or i >= len(drafts) or seq.pending != drafts[i]:
                 break
             seq.accepted += 1
+            seq.probe_gap = 16
         if drafts:
             seq.drafted += len(drafts)
             self.pc.drafted += len(drafts)

@@ -96,17 +96,18 @@ class NgramIndex:
         return []
 
 
-def draft_length(alpha: float, threshold: float, k_max: int) -> int:
-    """How many drafted tokens pay for their rows: the j-th is kept with probability about alpha**j (each kept
-    while every one before it was), and is worth its row while that beats `threshold` (what a row costs, in
-    tokens of the step's output: engine/policies.py, Throughput.drafts)."""
-    if threshold <= 0:
-        return k_max
-    if alpha <= threshold:
-        return 0
-    import math
-
-    return min(k_max, int(math.log(threshold) / math.log(alpha))) if alpha < 1 else k_max
+def draft_length(alpha: float, tokens: float, rows: int, cost: Callable[[int], float], k_max: int) -> int:
+    """How many tokens to draft after a sequence's pending one: the number that makes the step's tokens per unit
+    of time largest. Without them the step makes `tokens` (expected) from `rows` rows, at cost(rows); the j-th
+    drafted token adds alpha**j (each is kept while every one before it was) and a row. 0 where none pays."""
+    best_k, best = 0, tokens / cost(rows)
+    gain = 0.0
+    for k in range(1, k_max + 1):
+        gain += alpha ** k
+        rate = (tokens + gain) / cost(rows + k)
+        if rate > best:
+            best_k, best = k, rate
+    return best_k
 
 
 class ModelDrafter:
