@@ -123,6 +123,7 @@ def test_the_cells_hold_exactly_the_kept_tokens_after_every_step(smollm2_engine:
             for seq in sched.active.values():
                 if seq.pending is not None:
                     assert lc.llama_memory_seq_pos_max(mem, seq.slot) == seq.next_pos - 1
+                    assert pc.slots.held[seq.slot] == seq.req.tokens + seq.dec.tokens[:-1], "the record agrees"
                     checked += 1
     finally:
         sched.close()
@@ -146,6 +147,37 @@ def test_drafts_stop_where_rows_cost_what_they_return(smollm2_engine: object) ->
     free = _complete(_pc(eng, 1, 4, 0.0), [Request(0, prompt, greedy)])[0]
     assert 0 < dear.drafted <= 48 // 16 + 1
     assert free.drafted > 4 * dear.drafted
+
+
+@pytest.mark.slow  # loads and decodes SmolLM2 in this process
+def test_with_a_stream_per_slot_drafts_beside_other_sequences_are_priced_as_a_pass_of_their_own(
+        smollm2_engine: object, smollm2_path: Path) -> None:
+    """Two copying requests decoding together, rows nearly free within a pass (0.05 of a step each): where the
+    slots share one pool of cells, their drafts ride in the step's one pass and pay; where each slot has a
+    stream (a CPU's default), llama.cpp cuts the step into a pass per number of rows, so drafts cost a pass of
+    their own and only the tries are made."""
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    eng: Any = smollm2_engine
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+    def both(e: Any) -> tuple[bool, int]:
+        pc = _pc(e, 2, 4, 0.05)
+        prompt = Prompt.text(_chat(e, _copy_prompt(5)))
+        done = _complete(pc, [Request(i, prompt, greedy) for i in range(2)])
+        return pc.one_pool, sum(c.drafted for c in done.values())
+
+    streams, drafted_streams = both(eng)
+    pooled_eng = Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=2048, kv_unified=True))
+    try:
+        pooled, drafted_pooled = both(pooled_eng)
+    finally:
+        pooled_eng.close()
+    assert (streams, pooled) == (False, True)
+    assert drafted_streams <= 2 * (40 // 16 + 1), "tries only"
+    assert drafted_pooled > 20
 
 
 @pytest.mark.slow  # decodes SmolLM2 in this process

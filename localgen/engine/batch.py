@@ -99,7 +99,10 @@ class ParallelContext:
         self.rows = 0
         self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
         self.warmed_in: int | None = None  # the thread that ran warm_up (its OpenMP team decodes)
-        self.draft_max = draft_max if pooled else 0
+        # drafting needs the throughput scheduler, and a memory that can drop the tail of a sequence's cells (the
+        # drafts not kept): not a recurrent or hybrid model's, nor an encoder-decoder's (its decode needs an encode)
+        self.draft_max = draft_max if pooled and not native_model.whole_states_only(engine.model_ptr) and not (
+            engine.encoder_only or native_model.has_encoder(engine.model_ptr)) else 0
         self.drafted = self.accepted = 0  # drafted tokens, and those kept
         # what a step of n rows costs in one-row steps, measured (`calibrate`: (n, cost), n ascending), and what
         # the first drafted row costs (its share of a one-row step)

@@ -101,7 +101,7 @@ class Throughput:
         self.s.flush(self.solo.seq)
         self.s.done(c)
 
-    def drafts(self, decoding: list[Seq]) -> dict[int, list[int]]:
+    def drafts(self, decoding: list[Seq], filling: bool) -> dict[int, list[int]]:
         """Tokens to draft after each decoding sequence's pending one in this step (slot → tokens), by prompt
         lookup (engine/speculative.py, NgramIndex), as many as make the step's tokens per unit of time largest
         (speculative.draft_length). The j-th drafted token is kept with probability about alpha**j, alpha the
@@ -110,28 +110,40 @@ class Throughput:
         rows are cheap (a GPU, a step with few rows) and answers copy their prompts. Sequences are taken in
         turn, each after the drafts given before it. A sequence that drafts nothing tries one token after 16
         steps, then 32, 64, ... while its tries fail, so its share can recover. None for a prompt with media
-        (its placeholders are not text)."""
+        (its placeholders are not text).
+
+        Where each slot has a stream of its own cells (a CPU's default), llama.cpp cuts a step into ubatches that
+        take as many rows of every sequence, so with several sequences decoding their drafts are a pass of
+        their own over the weights: priced as such (step_cost(n) + step_cost(drafts)). The drafts take at most
+        the step's `step_tokens` beside the decoding rows, half of that while a prompt is being evaluated (the
+        rest is its chunk's)."""
         from localgen.engine.speculative import NgramIndex, draft_length
 
         pc = self.s.pc
-        rows = len(decoding)
+        n = rows = len(decoding)
         tokens = float(rows)  # the step's expected tokens so far
         overall = (pc.accepted + 1) / (pc.drafted + 2)
+        budget = max(0, pc.step_tokens - n) // (2 if filling else 1)  # rows the drafts may take in all
+        if pc.one_pool or n == 1:
+            cost = pc.step_cost
+        else:
+            def cost(m: int) -> float:
+                return float(pc.step_cost(n) + (pc.step_cost(m - n) if m > n else 0.0))
         out: dict[int, list[int]] = {}
         for seq in decoding:
-            # room in the batch, in the slot's window and under the request's limit, after the pending token
-            room = min(pc.draft_max, pc.n_batch - rows, pc.n_ctx_seq - seq.next_pos - 2,
+            # room in the step, in the slot's window and under the request's limit, after the pending token
+            room = min(pc.draft_max, budget - (rows - n), pc.n_ctx_seq - seq.next_pos - 2,
                        seq.dec.limit.tokens - len(seq.dec.tokens) - 1)
             if seq.req.prompt.spans or room <= 0:
                 continue
             alpha = (seq.accepted + 4 * overall) / (seq.drafted + 4)
-            k = draft_length(alpha, tokens, rows, pc.step_cost, room)
-            if k == 0:
+            k = draft_length(alpha, tokens, rows, cost, room)
+            trying = k == 0
+            if trying:
                 seq.undrafted += 1
                 if seq.undrafted < seq.probe_gap:
                     continue
-                k = 1  # a try, to see whether its drafts are kept again; the next comes twice as late
-                seq.probe_gap = min(2 * seq.probe_gap, 1024)
+                k = 1  # a try, to see whether its drafts are kept again
             if seq.lookup is None:
                 seq.lookup = NgramIndex(seq.req.tokens + seq.dec.tokens)
             proposed = seq.lookup.propose(k)
@@ -140,13 +152,16 @@ class Throughput:
                 rows += len(proposed)
                 tokens += sum(alpha ** j for j in range(1, len(proposed) + 1))
                 seq.undrafted = 0
+                if trying:  # the next try comes twice as late, unless this one is kept (Scheduler.verify)
+                    seq.probe_gap = min(2 * seq.probe_gap, 1024)
         return out
 
     def _mixed_step(self) -> None:
         s = self.s
         pc, active = s.pc, s.active
         decoding_seqs = [q for q in active.values() if q.pending is not None]
-        drafts = self.drafts(decoding_seqs) if pc.draft_max and decoding_seqs else {}
+        drafts = self.drafts(decoding_seqs, any(q.filled < len(q.req.tokens) for q in active.values())) \
+            if pc.draft_max and decoding_seqs else {}
         decoding = len(decoding_seqs) + sum(len(d) for d in drafts.values())  # rows
         room = min(pc.n_batch, max(pc.step_tokens, decoding + 1)) - decoding
         filling = sorted((q for q in active.values() if q.filled < len(q.req.tokens)), key=lambda q: q.started)

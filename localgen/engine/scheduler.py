@@ -252,9 +252,12 @@ class Scheduler:
             self.pc.drafted += len(drafts)
             self.pc.accepted += used - 1
             if used < len(rows):
+                from localgen.errors import LocalgenError
                 from localgen.native import context
 
-                context.seq_rm(context.memory(self.pc.ctx), seq.slot, first + used, -1)
+                if not context.seq_rm(context.memory(self.pc.ctx), seq.slot, first + used, -1):
+                    raise LocalgenError("llama.cpp could not forget the drafts it did not keep",
+                                        hint="serve this model without --lookup")
 
     def finish(self, seq: Seq) -> None:
         """Hand on a sequence that ended (or, not ended yet, is cancelled) and free its slot."""

@@ -69,8 +69,8 @@ class NgramIndex:
     so a proposal costs a few dictionary reads however long the context is (a scan of it each step, for
     every sequence of a batch, would cost a GPU's step again)."""
 
-    def __init__(self, tokens: list[int], max_ngram: int = 3) -> None:
-        self.tokens = list(tokens)
+    def __init__(self, tokens: list[int], max_ngram: int = 3, window: int = 8192) -> None:
+        self.tokens = list(tokens[-window:])  # as LookupDrafter's window: a long prompt's index costs no more
         self.max_ngram = max_ngram
         self.last: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram)]  # n-gram → where it ends
         for end in range(len(self.tokens) - 1):

@@ -84,6 +84,13 @@ def has_encoder(model: Any) -> bool:
     return bool(lib().llama_model_has_encoder(model))
 
 
+def whole_states_only(model: Any) -> bool:
+    """Whether the model's memory cannot drop a tail of a sequence (recurrent and hybrid models: Mamba, RWKV,
+    Jamba, LFM2): a recurrent state is one state, not a cell per position."""
+    lc = lib()
+    return bool(lc.llama_model_is_recurrent(model)) or bool(lc.llama_model_is_hybrid(model))
+
+
 def has_decoder(model: Any) -> bool:
     """Whether the model has a decoder."""
     return bool(lib().llama_model_has_decoder(model))
