@@ -5,9 +5,11 @@ pty as its controlling terminal, as pexpect.spawn would start it, without an int
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import struct
+import subprocess
 import sys
 import termios
 from typing import Any
@@ -43,6 +45,9 @@ class ForkedTerminal(fdpexpect.fdspawn):  # type: ignore[misc]
         return bool(self.process.poll() is None)
 
     def close(self, force: bool = True) -> None:
+        if self.flag_eof:  # the child has closed its side: let it end before closing ours hangs its terminal up
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(60)
         if not self.closed:
             super().close()
         code = self.process.wait(60)

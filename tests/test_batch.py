@@ -492,7 +492,7 @@ def test_ctrl_c_of_a_file_on_a_terminal_says_interrupted_on_a_line_of_its_own(
         child.expect(pexpect.EOF)
     finally:
         child.close()
-    assert child.exitstatus == 130, before
+    assert child.exitstatus == 130, (before, child.signalstatus)
     assert re.search(r"\^C\r\n(\x1b\[[0-9;]*m)*$", before), repr(before[-80:])
 
 

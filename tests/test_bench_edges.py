@@ -505,6 +505,7 @@ def test_an_absurd_size_or_count_is_refused_before_anything_is_measured(cli: CLI
     """bench.md: -r, -p, -n, -d, -pg, -npl and --num-prompts past what can run (a test longer than the model's training
     context, the load's cap; more sequences than llama.cpp's 256) are a one-line usage error naming the flag,
     before any load, estimate or history run: not an estimate of billions of hours, nor a failure once measuring."""
+    cli = CLI({**cli.env, "LOCALGEN_HOME": str(own_home)})  # a history of its own, whatever ran before
     r = cli("bench", *args, "-o", "md")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
     assert "bench:" not in r.stderr and "measuring" not in r.stderr and r.stdout == "", r.stderr
