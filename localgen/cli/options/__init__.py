@@ -91,6 +91,11 @@ UBatch = Annotated[int | None, option("ubatch_size")]
 Repack = Annotated[bool | None, option("repack")]
 Rpc = Annotated[str | None, option("rpc")]
 REMOTE_PANEL = "Remote endpoints"
+# --lookup and --draft-max mean the same in run and serve (tests/test_flag_meanings.py)
+LOOKUP_HELP = ("Draft from n-grams already in the context (prompt lookup): fast for summaries, code edits, extraction. "
+               "With many prompts (run --file, serve) the drafts are checked in the batch, only as many as pay for "
+               "their rows (measured at load), and every request is batched as with --no-exact.")
+DRAFT_MAX_HELP = "Most tokens drafted per step."
 Endpoint = Annotated[
     list[str] | None,
     typer.Option("--endpoint", envvar="LOCALGEN_ENDPOINT", rich_help_panel=REMOTE_PANEL, show_default=False,

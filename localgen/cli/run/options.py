@@ -63,13 +63,10 @@ class DecodingOptions(OptionGroup):
     ] = None
     lookup: Annotated[
         bool, typer.Option("--lookup", rich_help_panel=SPEC,
-                           help="Draft from n-grams already in the context (prompt lookup): fast for summaries, "
-                                "code edits, extraction. With many prompts (run --file, serve) the drafts are "
-                                "checked in the batch, only as many as pay for their rows (measured at load), and "
-                                "every request is batched as with --no-exact.")
+                           help=o.LOOKUP_HELP)
     ] = False
     draft_max: Annotated[
-        int, typer.Option("--draft-max", min=1, max=64, rich_help_panel=SPEC, help="Most tokens drafted per step.")
+        int, typer.Option("--draft-max", min=1, max=64, rich_help_panel=SPEC, help=o.DRAFT_MAX_HELP)
     ] = 6
     beams: Annotated[
         int | None, typer.Option("--beams", min=1, max=64, rich_help_panel="Beam search", show_default=False,

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localgen.cli import options as o
 from localgen.cli.options import CommandArgs, OptionGroup
 from localgen.cli.options.knobs import Knobs
 from localgen.errors import UsageError
@@ -136,14 +137,11 @@ class SlotOptions(OptionGroup):
     ] = None
     lookup: Annotated[
         bool, typer.Option("--lookup", rich_help_panel=SERVE,
-                           help="Draft from n-grams already in the context (prompt lookup): fast for summaries, "
-                                "code edits, extraction. With many prompts (run --file, serve) the drafts are "
-                                "checked in the batch, only as many as pay for their rows (measured at load), and "
-                                "every request is batched as with --no-exact.")
+                           help=o.LOOKUP_HELP)
     ] = False
     draft_max: Annotated[
         int, typer.Option("--draft-max", min=1, max=64, rich_help_panel=SERVE, metavar="N",
-                          help="Most tokens drafted per step.")
+                          help=o.DRAFT_MAX_HELP)
     ] = 6
     share_prefix: Annotated[
         bool, typer.Option("--share-prefix/--no-share-prefix", rich_help_panel=SERVE,
