@@ -218,18 +218,23 @@ class Checks:
         return None if lines and lines[-1] == "data: [DONE]" else "the stream did not finish"
 
     def slow_reader(self) -> str | None:
-        body = {"model": self.model, "prompt": "Once", "max_tokens": 64, "ignore_eos": True, "stream": True}
-        pieces = 0
+        body = {"model": self.model, "prompt": "Once", "max_tokens": 64, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        data: list[str] = []
         with httpx.stream("POST", f"{self.url}/v1/completions", json=body, headers=self.auth, timeout=120) as r:
             lines = r.iter_lines()
             next(lines)
             other = self.post("/v1/completions", prompt="Hello", max_tokens=8, temperature=0)  # while it stalls
             for line in lines:
-                pieces += line.startswith("data:")
+                if line.startswith("data:"):
+                    data.append(line[5:].strip())
                 time.sleep(0.02)
         if other.status_code != 200:
             return f"another client got {other.status_code} while one read slowly"
-        return None if pieces >= 64 else f"only {pieces} pieces reached the slow reader"
+        # the whole stream reached it: every token (pieces may join tokens that make one character), then [DONE]
+        usage = json.loads(data[-2]).get("usage") if len(data) >= 2 and data[-1] == "[DONE]" else None
+        got = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        return None if got == 64 else f"the slow reader's stream ended without its 64 tokens ({got})"
 
     def crowd(self, n: int, max_queue: int, slots: int) -> str | None:
         async def one(client: httpx.AsyncClient) -> int:

@@ -171,6 +171,26 @@ def test_ctrl_c_inside_a_llama_cpp_log_callback_is_raised_after_it(smollm2_engin
         main._sigint["seen"] = False
 
 
+def test_a_ctrl_c_during_the_load_frees_the_model_at_once(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that came while llama.cpp loaded (deferred, raised as the load ends) frees the context and the
+    model before it propagates, not when the half-made engine is collected (at exit, perhaps after llama.cpp's
+    own teardown)."""
+    from localgen.engine import llama
+    from localgen.models.resolve import resolve
+    from localgen.native import context as native_context
+    from localgen.native import model as native_model
+
+    freed: list[str] = []
+    free_model, free_context = native_model.free, native_context.free
+    monkeypatch.setattr(native_model, "free", lambda m: (freed.append("model"), free_model(m))[1])
+    monkeypatch.setattr(native_context, "free", lambda c: (freed.append("context"), free_context(c))[1])
+    monkeypatch.setattr(llama.logs, "_deferred", True)  # as if Ctrl-C had landed inside a log callback
+    with pytest.raises(KeyboardInterrupt) as caught:
+        llama.Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=256))
+    # the exception's traceback still holds the half-made engine (as main()'s handler does until it returns)
+    assert caught.tb is not None and freed == ["context", "model"]
+
+
 def test_an_engine_is_freed_when_its_last_user_lets_go(smollm2_path: Path) -> None:
     """Its KV record (Engine.kv) reaches the context through a weak reference: no reference cycle keeps the
     model and its context loaded until the garbage collector runs."""

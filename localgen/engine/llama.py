@@ -57,7 +57,11 @@ class Engine:
             self.model_ptr = None  # close() (from __del__) must not free it again
             raise
         self.load_s = time.perf_counter() - t0
-        logs.raise_deferred()  # a Ctrl-C during the load (which logs throughout)
+        try:
+            logs.raise_deferred()  # a Ctrl-C during the load (which logs throughout)
+        except BaseException:
+            self.close()  # now, not when the half-made engine is collected (at exit, perhaps after llama.cpp's end)
+            raise
         self.load_report = last_load()  # what llama.cpp's log said about this load (native/report.py)
         # Which kernels this load uses, as far as batch invariance goes: llama.cpp's repacked CPU layouts
         # compute 4+ rows of a batch differently from fewer, and GPU kernels change with the batch size.
