@@ -35,7 +35,6 @@ def _pc(eng: Any, n: int, draft_max: int, row_cost: float) -> ParallelContext:
     each test decides whether drafts pay)."""
     pc = ParallelContext(eng, n, 1024, pooled=True, draft_max=draft_max)
     pc.step_costs = [(1, 1.0), (64, 1.0 + 63 * row_cost)]
-    pc.row_cost = row_cost
     return pc
 
 

@@ -104,10 +104,8 @@ class ParallelContext:
         self.draft_max = draft_max if pooled and not native_model.whole_states_only(engine.model_ptr) and not (
             engine.encoder_only or native_model.has_encoder(engine.model_ptr)) else 0
         self.drafted = self.accepted = 0  # drafted tokens, and those kept
-        # what a step of n rows costs in one-row steps, measured (`calibrate`: (n, cost), n ascending), and what
-        # the first drafted row costs (its share of a one-row step)
+        # what a step of n rows costs in one-row steps, measured (`calibrate`: (n, cost), n ascending)
         self.step_costs: list[tuple[int, float]] = []
-        self.row_cost: float | None = None
         self.batch = Batch(self.n_batch)
         self.vocab = engine.vocab
         self.n_vocab = engine.n_vocab
@@ -138,7 +136,7 @@ class ParallelContext:
         self.decode(1)
         context.clear(context.memory(self.ctx), True)
         context.synchronize(self.ctx)
-        if self.draft_max and self.row_cost is None:
+        if self.draft_max and not self.step_costs:
             self.calibrate()
         context.reset_perf(self.ctx)
         self.batch.n_tokens = 0
@@ -190,8 +188,12 @@ class ParallelContext:
             last = max(last, min(times[n]) / t1 if t1 > 0 else float(n))
             costs.append((n, last))
         self.step_costs = costs
-        self.row_cost = costs[1][1] - 1.0
-        return self.row_cost
+        return costs[1][1] - 1.0
+
+    @property
+    def row_cost(self) -> float | None:
+        """What the first drafted row costs, as a share of a one-row step (None before `calibrate`)."""
+        return self.step_costs[1][1] - 1.0 if self.step_costs else None
 
     def step_cost(self, n: int) -> float:
         """What a decoding step of n rows costs, in one-row steps (`calibrate`'s sizes, in between the line

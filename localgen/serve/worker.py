@@ -213,6 +213,7 @@ class ModelWorker:
         """Slots, queue, batching counters and failures (for /health)."""
         res = self.residence
         pc, mode = res.pc, res.mode
+        drafting = pc if pc is not None and pc.draft_max else None  # serve --lookup, on a model that drafts
         calls, rows = res.steps()
         states = [j.state for j in self._jobs()]
         return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel,
@@ -221,10 +222,9 @@ class ModelWorker:
                 "shared_prompt_tokens": pc.slots.shared if pc else 0,
                 "prompt_cache": pc.slots.host.status() if pc and pc.slots.host else None,
                 "batching": mode.name if mode else None, "batching_why": mode.why if mode else None,
-                "drafted": res.pc.drafted if res.pc is not None and res.pc.draft_max else None,
-                "accepted": res.pc.accepted if res.pc is not None and res.pc.draft_max else None,
-                "draft_row_cost": round(res.pc.row_cost, 3)
-                if res.pc is not None and res.pc.draft_max and res.pc.row_cost is not None else None,
+                "drafted": drafting.drafted if drafting else None,
+                "accepted": drafting.accepted if drafting else None,
+                "draft_row_cost": round(drafting.row_cost, 3) if drafting and drafting.row_cost is not None else None,
                 "kv_unified": pc.one_pool if pc else None,
                 "failed_jobs": self.failures,
                 "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": res.settings(),
