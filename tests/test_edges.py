@@ -175,7 +175,8 @@ def _chat_request(body: dict[str, Any]) -> Any:
     from localgen.serve.pipeline import generation
     from localgen.serve.state import ServeState
 
-    worker = SimpleNamespace(ref=SimpleNamespace(sampling_defaults={}), n_ctx=2048)
+    summary = SimpleNamespace(chat_template="{{ x }}")
+    worker = SimpleNamespace(ref=SimpleNamespace(sampling_defaults={}, summary=summary), n_ctx=2048)
     state = ServeState(workers={})
     full = {"messages": [{"role": "user", "content": "Hi"}], **body}
 

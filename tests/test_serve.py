@@ -159,7 +159,10 @@ def test_ollama_client_chat_and_generate(server: Server) -> None:
     assert "".join(p["message"]["content"] for p in streamed) == chat["message"]["content"]
     assert [m.model for m in client.list().models][:1] == ["smollm2:135m"]
     assert client.ps().models and client.show("smollm2:135m").details.quantization_level == "Q4_1"
-    assert httpx.get(f"{server.url}/api/version", headers=_auth()).json()["version"]
+    import localgen
+
+    assert httpx.get(f"{server.url}/api/version", headers=_auth()).json() == {"version": "0.12.0",
+                                                                             "localgen": localgen.__version__}
 
 
 def test_concurrent_requests_are_decoded_together(server: Server) -> None:
@@ -208,7 +211,13 @@ def test_errors_have_each_apis_shape_and_status(server: Server) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
     r = httpx.post(f"{u}/v1/completions", headers=h, timeout=60,
                    json={"model": "smollm2:135m", "prompt": "word " * 1500})
-    assert r.status_code == 413 and "context window" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "context window" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == "context_length_exceeded"  # OpenAI's code, which Codex reads to compact
+    r = httpx.post(f"{u}/v1/messages", headers=h, timeout=60, json={"model": "smollm2:135m", "max_tokens": 8,
+                                                                     "messages": [{"role": "user",
+                                                                                   "content": "word " * 1500}]})
+    assert r.status_code == 400, r.text  # Anthropic's words, which Claude Code reads to compact
+    assert re.fullmatch(r"prompt is too long: \d+ tokens > 1024 maximum", r.json()["error"]["message"]), r.text
     for path in ("/v1/chat/completions", "/api/chat"):  # a message that is not an object
         r = httpx.post(f"{u}{path}", headers=h, json={"model": "smollm2:135m", "messages": ["hi"]})
         assert r.status_code == 400, r.text
@@ -881,3 +890,15 @@ def test_an_http_1_0_client_gets_a_stream_whole_with_its_length_not_in_chunks(se
     etag = next(line for line in head.split(b"\r\n") if line.startswith(b"etag:")).split(b":", 1)[1].strip()
     head, got = _raw(server.port, ask + b"If-None-Match: " + etag + b"\r\n\r\n")
     assert b" 304 " in head.split(b"\r\n")[0] and b"content-length" not in head and got == b"", head
+
+
+def test_a_ctx_past_the_trained_window_is_said_at_start(cli_env: dict[str, str]) -> None:
+    """As run says it: the load caps --ctx at what the model was trained on (SmolLM2: 8,192), and serve says so."""
+    s = Server(cli_env, "-np", "1", "--ctx", "16384")
+    try:
+        assert httpx.get(f"{s.url}/api/ps", timeout=10).json()["models"][0]["context_length"] == 8192
+    finally:
+        assert s.stop() == 0
+    text = s.proc.stderr.read().decode() if s.proc.stderr else ""
+    assert ("warning: --ctx 16,384 is past the 8,192 tokens smollm2:135m was trained on: its window is 8,192 "
+            "(--rope-scaling stretches it)") in text, text

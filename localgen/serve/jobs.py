@@ -53,6 +53,7 @@ class Failed:
     status: int
     message: str
     param: str | None = None  # the request field at fault, when one is
+    overflow: tuple[int, int] | None = None  # a prompt too long: its tokens and the window (each API words it)
 
 
 Event = Text | Done | Failed
@@ -220,7 +221,8 @@ def failed(e: BaseException) -> Failed:
     LocalgenError (the request asked for something this model cannot do), else an internal 500 whose details
     stay in the server's log."""
     if isinstance(e, ServeError):
-        return Failed(e.status, e.message, e.param)
+        tokens, window = getattr(e, "tokens", None), getattr(e, "window", None)
+        return Failed(e.status, e.message, e.param, (tokens, window) if tokens and window else None)
     if isinstance(e, LocalgenError):
         return Failed(400, e.message)
     return Failed(500, INTERNAL)

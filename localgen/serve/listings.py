@@ -18,6 +18,8 @@ from localgen.serve.state import ServeState
 from localgen.serve.worker import ModelWorker
 from localgen.types import ModelRef
 
+OLLAMA_API_VERSION = "0.12.0"  # /api/version: the Ollama whose API serve speaks (docs/api.md)
+
 
 def routes(state: ServeState) -> list[Route]:
     """The listing routes of both APIs."""
@@ -35,7 +37,9 @@ def routes(state: ServeState) -> list[Route]:
     async def version(request: Request) -> Response:
         import localgen
 
-        return JSONResponse({"version": localgen.__version__})
+        # Ollama's clients read `version` as Ollama's, and some turn features off below a version: the one whose
+        # API this server speaks (tools, structured outputs, thinking with its levels), and localgen's own beside
+        return JSONResponse({"version": OLLAMA_API_VERSION, "localgen": localgen.__version__})
 
     async def tags(request: Request) -> Response:
         offered = await asyncio.to_thread(state.offered)  # reads GGUF headers

@@ -135,6 +135,9 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
         assert ask.prompt is not None
         check_prompt_size(worker, [ask.prompt])
         return GenerationRequest(prompt=ask.prompt, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact), ()
+    if not worker.ref.summary.chat_template:  # said before the model's thread is asked, with the way round it
+        raise HTTPError(400, f"{worker.name} has no chat template (it may be a base model): send it a plain prompt "
+                             "at /v1/completions, or Ollama's /api/generate", param="model")
     msgs = await read_messages(ask.messages, state.allow_image_urls, ask.inline)
     check_prompt_size(worker, [m["content"] for m in msgs])
     return GenerationRequest(messages=msgs, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact,
@@ -178,14 +181,16 @@ def template_args(ask: Ask) -> tuple[tuple[str, Any], ...]:
 
 
 def check_prompt_size(worker: Served, texts: list[Any]) -> None:
-    """A 413 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it."""
+    """A 400 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it (its
+    tokens, for the APIs that say them: at least one per CHARS_PER_TOKEN characters)."""
     from localgen.media import text_of
 
     chars = sum(len(text_of(t)) for t in texts)
     most = CHARS_PER_TOKEN * worker.n_ctx
     if chars > most:
-        raise HTTPError(413, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
-                             f"takes at most {most:,} here", param="prompt")
+        raise HTTPError(400, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
+                             f"takes at most {most:,} here", param="prompt",
+                        overflow=(chars // CHARS_PER_TOKEN, worker.n_ctx))
 
 
 def parts(answer: AnswerStream) -> list[Said]:
