@@ -902,3 +902,27 @@ def test_a_ctx_past_the_trained_window_is_said_at_start(cli_env: dict[str, str])
     text = s.proc.stderr.read().decode() if s.proc.stderr else ""
     assert ("warning: --ctx 16,384 is past the 8,192 tokens smollm2:135m was trained on: its window is 8,192 "
             "(--rope-scaling stretches it)") in text, text
+
+
+def test_models_are_listed_in_the_shape_of_the_client_that_asks(server: Server) -> None:
+    """OpenAI's shape by default; Anthropic's (type, display_name, created_at, has_more) for its SDK, which sends
+    anthropic-version; one model by its id in either; a page of Anthropic's by limit and after_id."""
+    import anthropic
+    import openai
+
+    o = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    one = o.models.retrieve("smollm2:135m")
+    assert (one.id, one.object, one.owned_by) == ("smollm2:135m", "model", "localgen")
+    a = anthropic.Anthropic(base_url=server.url, api_key=KEY)
+    listed = a.models.list()
+    ids = [m.id for m in listed.data]
+    assert ids[0] == "smollm2:135m" and {m.type for m in listed.data} == {"model"}
+    assert listed.data[0].display_name == "smollm2:135m" and listed.data[0].created_at.year >= 2026
+    got = a.models.retrieve("smollm2:135m")
+    assert (got.id, got.type) == ("smollm2:135m", "model")
+    first = a.models.list(limit=1)
+    assert [m.id for m in first.data] == ids[:1] and first.has_more == (len(ids) > 1)
+    if len(ids) > 1:
+        assert [m.id for m in a.models.list(limit=1, after_id=ids[0]).data] == ids[1:2]
+    r = httpx.get(f"{server.url}/v1/models/nosuch", headers=_auth(), timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
