@@ -786,6 +786,39 @@ def test_responses_client_whole_streamed_continued_and_stored(server: Server) ->
         client.responses.retrieve(unstored.id)
 
 
+def test_a_responses_input_items_are_its_own_input(server: Server) -> None:
+    """GET /v1/responses/{id}/input_items (the SDK's responses.input_items.list): the request's own input as
+    items, newest first unless order=asc, paged by limit and after; not what it continued, nor its answer."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    first = client.responses.create(model="smollm2:135m", max_output_tokens=2, temperature=0, instructions="Brief.",
+                                    input=[{"role": "user", "content": "Name a colour."},  # type: ignore[list-item]
+                                           {"role": "assistant", "content": "Red."},
+                                           {"role": "user", "content": [{"type": "input_text", "text": "Another?"}]}])
+    items = client.responses.input_items.list(first.id, order="asc").data
+    assert [(i.type, i.role, i.content[0].type, i.content[0].text) for i in items] == [  # type: ignore[union-attr]
+        ("message", "user", "input_text", "Name a colour."), ("message", "assistant", "output_text", "Red."),
+        ("message", "user", "input_text", "Another?")]
+    assert len({i.id for i in items}) == 3
+    newest = client.responses.input_items.list(first.id)
+    assert [i.id for i in newest.data] == [i.id for i in reversed(items)] and not newest.has_more
+    page = client.responses.input_items.list(first.id, order="asc", limit=2)
+    assert [i.id for i in page.data] == [i.id for i in items[:2]] and page.has_more
+    rest = client.responses.input_items.list(first.id, order="asc", limit=2, after=items[1].id)
+    assert [i.id for i in rest.data] == [items[2].id] and not rest.has_more
+    # a follow-up's input is its own message, not the conversation it continues
+    second = client.responses.create(model="smollm2:135m", max_output_tokens=2, temperature=0, input="And a third?",
+                                     previous_response_id=first.id)
+    assert [(i.role, i.content[0].text) for i in client.responses.input_items.list(second.id).data] == [  # type: ignore[union-attr]
+        ("user", "And a third?")]
+    for bad, param in (("order=sideways", "order"), ("limit=0", "limit"), ("after=msg_nosuch", "after")):
+        r = httpx.get(f"{server.url}/v1/responses/{first.id}/input_items?{bad}", headers=_auth(), timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = httpx.get(f"{server.url}/v1/responses/resp_nosuch/input_items", headers=_auth(), timeout=10)
+    assert r.status_code == 404
+
+
 def test_responses_errors_and_json_output(server: Server) -> None:
     url, head = f"{server.url}/v1/responses", _auth()
     for body, param in (({"input": []}, "input"), ({"input": ""}, "input"),

@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from starlette.routing import Route
@@ -47,6 +48,11 @@ INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search
               "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs")
 
 
+# How many messages of a request's conversation came from the response it continues: set by parse, read by the
+# encoder of the same request, which keeps the rest as the request's input (GET .../input_items lists them).
+CONTINUED: ContextVar[int] = ContextVar("localgen_responses_continued", default=0)
+
+
 def routes(state: ServeState) -> list[Route]:
     """POST /v1/responses, and the stored responses' GET and DELETE; the store is opened on first use."""
     store = ResponseStore(default_path())
@@ -66,6 +72,7 @@ class Responses:
         if body.get("store") is not False:  # a store that cannot keep the answer: said before it is made
             await asyncio.to_thread(self.store.check)
         history = await self._history(body.get("previous_response_id"))
+        CONTINUED.set(len(history))
         _check_options(body)
         positive_int(body, "max_output_tokens")
         reasoning = optional_object(body, "reasoning") or {}
@@ -89,7 +96,7 @@ class Responses:
             raise HTTPError(400, f"the conversation is over {MAX_CONVERSATION_CHARS:,} characters, more than a "
                                  "stored response may hold: send it with store: false", param="store")
         return Encoder(body, str(body.get("model") or made.model), made.request, self.store if keep else None,
-                       conversation)
+                       conversation, inputs=len(conversation) - CONTINUED.get())
 
     async def _history(self, previous: Any) -> list[dict[str, Any]]:
         """The conversation a previous response ended (its instructions are not carried over, as OpenAI's
