@@ -67,7 +67,7 @@ class Encoder(Protocol):
 
     async def done(self, c: Completion, job: Job) -> list[bytes]: ...
 
-    async def whole(self, c: Completion, job: Job, answer: AnswerStream | None) -> dict[str, Any]: ...
+    async def whole(self, c: Completion, job: Job, answer: AnswerStream | None) -> dict[str, Any] | Response: ...
 
 
 class Api(Protocol):
@@ -89,9 +89,10 @@ def route(state: ServeState, path: str, api: Api) -> Route:
     return Route(path, endpoint, methods=["POST"])
 
 
-async def handle(state: ServeState, http: Request, api: Api) -> Response:
-    """A generation request, from its body to its answer in `api`'s words."""
-    body = await read_json(http)
+async def handle(state: ServeState, http: Request, api: Api, body: dict[str, Any] | None = None) -> Response:
+    """A generation request, from its body (JSON, unless the route read another kind: `body`) to its answer in
+    `api`'s words."""
+    body = body if body is not None else await read_json(http)
     worker = state.worker(body.get("model"), api.claude)
     ask = await api.parse(body)
     request, said = await generation(state, worker, ask)
@@ -115,7 +116,8 @@ async def handle(state: ServeState, http: Request, api: Api) -> Response:
         if answer is not None:
             answer.feed(final.text)
             answer.finish()
-        return JSONResponse(await encoder.whole(final, job, answer))
+        doc = await encoder.whole(final, job, answer)
+        return doc if isinstance(doc, Response) else JSONResponse(doc)
     return StreamingResponse(_stream(job, first, answer, encoder), media_type=encoder.media_type,
                              headers=STREAM_HEADERS)
 

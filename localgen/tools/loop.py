@@ -41,6 +41,8 @@ class Toolbox:
         self._runners: dict[str, Callable[[dict[str, Any], float], str]] = {}
         self._servers: list[Any] = []
         self._of: dict[str, Any] = {}  # an MCP tool's server, by the tool's name
+        self._source: dict[str, str] = {}  # where each tool comes from: "mcp: LABEL" or "functions: FILE"
+        self._secrets: dict[str, str] = {}  # what MCP config files give their servers (env, headers), redacted too
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
@@ -56,25 +58,33 @@ class Toolbox:
         try:
             for path in functions:
                 for spec, fn in fn_source.load(path):
-                    box._add(spec, _python_runner(spec.name, fn))
-            for target in servers:
+                    box._add(spec, _python_runner(spec.name, fn), f"functions: {path.name}")
+            from localgen.tools.mcpconfig import targets
+
+            for target in targets(servers):
                 from localgen.tools.mcp import McpServer
 
+                box._secrets.update({**target.env, **target.headers})
                 server = McpServer(target)
                 box._servers.append(server)
                 for spec in server.tools:
-                    box._add(spec, _mcp_runner(server, spec.name))
+                    box._add(spec, _mcp_runner(server, spec.name), f"mcp: {server.label}")
                     box._of[spec.name] = server
         except BaseException:
             box.close()
             raise
         return box
 
-    def _add(self, spec: ToolSpec, runner: Callable[[dict[str, Any], float], str]) -> None:
+    def _add(self, spec: ToolSpec, runner: Callable[[dict[str, Any], float], str], source: str) -> None:
         if spec.name in self._runners:
-            raise ToolError(f"two tools are named {spec.name!r}")
+            raise ToolError(f"two tools are named {spec.name!r} ({self._source[spec.name]}; {source})")
         self._specs += (spec,)
         self._runners[spec.name] = runner
+        self._source[spec.name] = source
+
+    def source(self, name: str) -> str | None:
+        """Where a tool comes from ("mcp: LABEL", "functions: FILE"); None for a name that was never a tool."""
+        return self._source.get(name)
 
     def call(self, call: ToolCall, timeout: float) -> str:
         """Run a checked call; its result with secrets from the environment taken out."""
@@ -83,7 +93,7 @@ class Toolbox:
         if len(text) > MAX_RESULT_CHARS:  # said here, by name, before the template and tokenizer spend on it
             raise ToolError(f"{call.name} returned {len(text):,} characters, more than the model can read "
                             f"(at most {MAX_RESULT_CHARS:,})")
-        return redact(text)
+        return redact(text, self._secrets)
 
     def close(self) -> None:
         """Stop the MCP servers."""
@@ -139,9 +149,10 @@ def _mcp_runner(server: Any, name: str) -> Callable[[dict[str, Any], float], str
     return lambda args, timeout: str(server.call(name, args, timeout))
 
 
-def redact(text: str) -> str:
-    """The text with the values of secret-looking environment variables (keys, tokens, passwords) replaced."""
-    for key, value in os.environ.items():
+def redact(text: str, more: dict[str, str] | None = None) -> str:
+    """The text with the values of secret-looking environment variables (keys, tokens, passwords) replaced:
+    this process's, and `more` (what an MCP config file gives its servers: their env and headers)."""
+    for key, value in [*os.environ.items(), *(more or {}).items()]:
         if len(value) >= 8 and SECRET_NAME.search(key) and value in text:
             text = text.replace(value, f"[{key} redacted]")
     return text
