@@ -121,8 +121,8 @@ class Probe:
     @contextlib.contextmanager
     def _stoppable(self) -> Iterator[None]:
         """A Ctrl-C stops a decode made inside where it is: llama.cpp's abort callback, asked once per operation of
-        the graph (515 for SmolLM2's, 0.5 µs each here, against a 512-token prompt's 100 ms and more). Not around
-        the decoding steps: a step is a token, soon over, and there the same cost would weigh on what is timed."""
+        the graph, a cost lost beside a prompt's own work. Not around the decoding steps: a step is a token, soon
+        over, and there the same cost would weigh on what is timed."""
         abort = context.set_abort(self.ctx, self._stopping)
         try:
             yield
