@@ -119,7 +119,7 @@ def test_text_format_is_a_grammar_and_effort_the_templates_switch() -> None:
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"truncation": "auto"}, "truncation"),
+    ({"truncation": "sideways"}, "truncation"),
     ({"include": ["everything"]}, "include"),
     ({"metadata": "x"}, "metadata"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),  # OpenAI's bounds: 16 keys,

@@ -823,7 +823,7 @@ def test_responses_errors_and_json_output(server: Server) -> None:
     url, head = f"{server.url}/v1/responses", _auth()
     for body, param in (({"input": []}, "input"), ({"input": ""}, "input"),
                         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
-                        ({"input": "x", "truncation": "auto"}, "truncation"),
+                        ({"input": "x", "truncation": "middle"}, "truncation"),
                         ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
                         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
                         ({"input": [{"type": "item_reference", "id": "x"}]}, "input")):

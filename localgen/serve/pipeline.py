@@ -97,6 +97,8 @@ async def handle(state: ServeState, http: Request, api: Api, body: dict[str, Any
     ask = await api.parse(body)
     request, said = await generation(state, worker, ask)
     plan = await tool_plan(worker, ask.tools, ask.tool_choice, ask.parallel_tool_calls) if ask.chat else None
+    if ask.fit and request.messages:
+        request, said = await _fitted(worker, request, said, plan, http, ask)
     request = apply_plan(plan, request)
     encoder = api.encoder(body, ask, Made(worker.name, request, said))
     # the answer stage reads a chat's answer, and a prompt put through the chat template (Ollama's /api/generate:
@@ -200,6 +202,21 @@ def parts(answer: AnswerStream) -> list[Said]:
     if answer.content or not (answer.calls or answer.reasoning):
         out.append(Piece("content", answer.content))
     return [*out, *answer.calls]
+
+
+async def _fitted(worker: Served, request: GenerationRequest, said: tuple[Message, ...], plan: Any, http: Request,
+                  ask: Ask) -> tuple[GenerationRequest, tuple[Message, ...]]:
+    """The conversation fitted to a slot's window (serve/fitting.py), said in the server's log when it was."""
+    from localgen.serve.fitting import fit
+    from localgen.serve.servelog import LOG
+
+    fitted = await fit(worker, request, said, plan, http, ask.keep_alive)
+    if fitted.folded or fitted.dropped:
+        text = (f"{worker.name}: a conversation past a slot's window of {worker.n_ctx:,} tokens: "
+                f"{fitted.folded} message{'s' if fitted.folded != 1 else ''} folded into a summary, "
+                f"{fitted.dropped} left out")
+        LOG.get().event("fitted", worker.name, text, folded=fitted.folded, dropped=fitted.dropped)
+    return fitted.request, fitted.conversation
 
 
 def _has_media(messages: Any) -> bool:
