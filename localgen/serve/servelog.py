@@ -60,6 +60,7 @@ class Trace:
     client: str
     model: str | None = None
     jobs: list[Any] = field(default_factory=list)  # its generation jobs (a client that left waits for their counts)
+    failed: int | None = None  # the status of an error that ended its stream after the stream began
 
     def counted(self) -> Tally | None:
         """The request's tokens now: its jobs' tallies (each read once: the worker may replace it meanwhile)
