@@ -137,7 +137,10 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
         assert ask.prompt is not None
         check_prompt_size(worker, [ask.prompt])
         return GenerationRequest(prompt=ask.prompt, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact), ()
-    if not worker.ref.summary.chat_template:  # said before the model's thread is asked, with the way round it
+    summary = worker.ref.summary
+    if not summary.chat_template and not summary.encoder_only and not worker.ref.mmproj \
+            and not _has_media(ask.messages):  # said before the model's thread is asked, with the way round it
+        # (an encoder, a projector or media: the model's thread says what the model cannot do instead)
         raise HTTPError(400, f"{worker.name} has no chat template (it may be a base model): send it a plain prompt "
                              "at /v1/completions, or Ollama's /api/generate", param="model")
     msgs = await read_messages(ask.messages, state.allow_image_urls, ask.inline)
