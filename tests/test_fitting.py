@@ -53,6 +53,23 @@ def test_a_thread_past_the_window_is_folded_and_goes_on(server: Server) -> None:
     assert '"event": "fitted"' not in later and '"event":"fitted"' not in later
 
 
+def test_a_long_input_of_its_own_is_folded_and_its_items_are_what_was_kept(server: Server) -> None:
+    """No previous response: the request's own earlier turns are folded; its input items list what it sent that
+    was kept, never the summary the server wrote."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    sent = [{"role": "user", "content": PARA}, {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": PARA + "Where are the bells?"}]
+    fitted = client.responses.create(model="smollm2:135m", input=sent, max_output_tokens=8,  # type: ignore[arg-type]
+                                     temperature=0, truncation="auto")
+    assert fitted.usage is not None and fitted.usage.input_tokens + 8 <= 512
+    items = client.responses.input_items.list(fitted.id, order="asc").data
+    kept = [(i.role, i.content[0].text) for i in items]  # type: ignore[union-attr]
+    assert kept and kept[-1] == ("user", PARA + "Where are the bells?") and all(role != "system" for role, _ in kept)
+    assert len(kept) < len(sent)
+
+
 def test_the_parts_of_a_conversation_and_its_summary_round_trip() -> None:
     system = {"role": "system", "content": "Be brief."}
     call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",

@@ -33,13 +33,19 @@ def test_a_config_file_names_servers_as_the_desktop_apps_write_them(tmp_path: Pa
         "remote": {"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "Bearer xyz12345678"}},
         "off": {"command": "never-started", "disabled": True}}})
     assert targets([path, "uvx some-server", "http://127.0.0.1:9/mcp"]) == [
-        McpTarget("calc", argv=(sys.executable, SERVER), env={"A_TOKEN": "abcdefgh1234"}, cwd="/tmp"),
-        McpTarget("remote", url="https://mcp.example.com/mcp", headers={"Authorization": "Bearer xyz12345678"}),
+        McpTarget("calc", argv=(sys.executable, SERVER), env={"A_TOKEN": "abcdefgh1234"}, cwd="/tmp", named=True),
+        McpTarget("remote", url="https://mcp.example.com/mcp", headers={"Authorization": "Bearer xyz12345678"},
+                  named=True),
         McpTarget("uvx some-server", argv=("uvx", "some-server")),
         McpTarget("http://127.0.0.1:9/mcp", url="http://127.0.0.1:9/mcp")]
     # VS Code's key, with its "type"
     vscode = _write(tmp_path, {"servers": {"calc": {"type": "stdio", "command": "x", "args": ["1"]}}}, "vs.json")
-    assert targets([vscode]) == [McpTarget("calc", argv=("x", "1"))]
+    assert targets([vscode]) == [McpTarget("calc", argv=("x", "1"), named=True)]
+    # where Claude Desktop keeps it on a Mac: a path with a space is a file, not a command line
+    spaced = tmp_path / "Application Support" / "Claude"
+    spaced.mkdir(parents=True)
+    (spaced / "claude_desktop_config.json").write_text(json.dumps({"mcpServers": {"calc": {"command": "x"}}}))
+    assert targets([str(spaced / "claude_desktop_config.json")]) == [McpTarget("calc", argv=("x",), named=True)]
 
 
 @pytest.mark.parametrize(("doc", "said"), [
@@ -85,7 +91,29 @@ def test_a_config_files_servers_start_with_their_env_and_its_secrets_are_redacte
         box.close()
 
 
+def test_two_servers_of_a_file_may_offer_a_tool_of_the_same_name(tmp_path: Path) -> None:
+    """As Claude Desktop keeps both: the second server's is offered as server_tool, and calls reach it; two
+    tools of one name elsewhere (two Python files, command lines) stay an error."""
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    entry = {"command": sys.executable, "args": [SERVER]}
+    path = _write(tmp_path, {"mcpServers": {"calc": entry, "calc 2": entry}})
+    box = Toolbox.open([], [path])
+    try:
+        names = [s.name for s in box.specs]
+        assert names[:3] == ["add", "leak", "crash"] and "calc_2_add" in names and box.source("calc_2_add") == \
+            "mcp: calc 2"
+        assert box.call(ToolCall("calc_2_add", '{"a": 1, "b": 1}'), 30) == "2"
+    finally:
+        box.close()
+    with pytest.raises(ToolError, match="two tools are named 'add'"):
+        Toolbox.open([], [f"{sys.executable} {SERVER}", f"{sys.executable} {SERVER}"])
+
+
 def test_a_config_files_http_server_is_reached_with_its_headers(tmp_path: Path) -> None:
+    from localgen.errors import ToolError
     from localgen.tools.loop import Toolbox
     from localgen.tools.spec import ToolCall
 
@@ -107,8 +135,11 @@ def test_a_config_files_http_server_is_reached_with_its_headers(tmp_path: Path) 
         try:
             assert box.source("add") == "mcp: web"
             assert box.call(ToolCall("add", '{"a": 20, "b": 22}'), 30) == "42"
-            # the header reached the server, and its value is kept from the model
+            # the header reached the server, and its value is kept from the model: whole, or its token alone
             assert box.call(ToolCall("authorization", "{}"), 30) == "[Authorization redacted]"
+            with pytest.raises(ToolError) as e:  # a failure's reason that quotes the token
+                box.call(ToolCall("add", '{"a": "secret-1234567", "b": 1}'), 30)
+            assert "secret-1234567" not in e.value.message and "[Authorization token redacted]" in e.value.message
         finally:
             box.close()
     finally:

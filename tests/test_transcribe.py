@@ -83,6 +83,8 @@ def test_text_translations_and_a_language(server: Server, clip: Path) -> None:
     assert r.text == CASE["text"] + "\n"
     bounded = {"max_tokens": "4", "ignore_eos": "true"}
     plain = _post(server, clip, **bounded).json()
+    # OpenAI's model names (Open WebUI sends whisper-1 unless told) mean the default model
+    assert _post(server, clip, model="whisper-1", **bounded).json() == plain
     german = _post(server, clip, language="de", **bounded).json()
     translated = _post(server, clip, "translations", **bounded).json()
     for doc in (plain, german, translated):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.requests import Request
@@ -22,6 +23,9 @@ from localgen.serve.served import Served
 from localgen.serve.tooling import apply_plan
 from localgen.tools.plan import ToolPlan
 from localgen.types import GenerationRequest, Message
+
+# the threads that run compact.fold (each waits on the model for its summary), apart from the loop's default pool
+_FOLDS = ThreadPoolExecutor(4, thread_name_prefix="summary")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,9 +201,9 @@ async def _summary(worker: Served, request: GenerationRequest, http: Request, ke
         return text
 
     lines = [compact.line_of(m) for m in turns]
-    try:
-        text, _ = await asyncio.to_thread(
-            compact.fold, lines, previous[0] if previous else None,
+    try:  # in a pool of its own: the thread waits on the model for the whole summary
+        text, _ = await loop.run_in_executor(
+            _FOLDS, compact.fold, lines, previous[0] if previous else None,
             lambda s, ls: bool(wait(count(s, ls))), lambda s, ls: str(wait(write(s, ls))))
     except (compact.CompactionError, HTTPError):
         return None

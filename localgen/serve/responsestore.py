@@ -71,9 +71,16 @@ class Stored:
 
     @property
     def input_messages(self) -> list[dict[str, Any]]:
-        """The request's input, as messages: the conversation before the answer, without what it continued."""
+        """The request's input, as messages: the conversation before the answer, without what it continued, nor
+        a summary the server wrote in place of turns it folded (serve/fitting.py), nor what came before that."""
+        from localgen.compact import HEADING
+
         before = self.conversation[:-1]
-        return before[len(before) - self.inputs:] if 0 <= self.inputs <= len(before) else before
+        start = len(before) - self.inputs if 0 <= self.inputs <= len(before) else 0
+        for i, m in enumerate(before):
+            if m.get("role") == "system" and str(m.get("content", "")).startswith(HEADING):
+                start = max(start, i + 1)
+        return before[start:]
 
 
 def default_path() -> Path:

@@ -34,6 +34,7 @@ FORMATS = ("json", "text")
 TIMED = ("verbose_json", "srt", "vtt")  # OpenAI's formats with timestamps, which an audio LLM does not give
 FIELDS = ("file", "model", "prompt", "language", "response_format", "stream", "exact")
 IGNORED = ("include", "chunking_strategy")  # OpenAI's, for its own models' logprobs and server-side VAD
+OPENAI_MODELS = ("whisper-", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")  # the default model's, unless served
 FORM_SLACK = 64 * 1024  # the form's boundaries, part headers and text fields, besides the file
 TRANSCRIBE = "Transcribe the audio to text. Write only the words that are spoken, nothing else."
 TRANSLATE = "Translate the speech in the audio into English text. Write only the translation, nothing else."
@@ -54,6 +55,12 @@ def routes(state: ServeState, bounds: Callable[[], tuple[int, float]]) -> list[R
         async def answer(request: Request) -> Response:
             limit, timeout = bounds()
             body = await _form(request, limit, timeout)
+            name = body.get("model")
+            if isinstance(name, str) and name.startswith(OPENAI_MODELS) and name not in state.workers:
+                try:  # OpenAI's model names (Open WebUI's default, whisper-1) mean the default model here
+                    state.worker(name)
+                except HTTPError:
+                    body.pop("model")
             return await handle(state, request, Speech(translate), body)
 
         return answer

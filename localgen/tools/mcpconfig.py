@@ -27,15 +27,16 @@ class McpTarget:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    named: bool = False  # from a config file, labelled by its name there
 
 
 def targets(values: list[str]) -> list[McpTarget]:
     """The servers that --mcp's values name, in order (a UsageError for a value or a file that is wrong)."""
     out: list[McpTarget] = []
     for value in values:
-        if value.lower().endswith(".json") and " " not in value.strip() and not value.startswith(("http://",
-                                                                                                   "https://")):
-            out += from_file(Path(value))
+        if value.lower().endswith(".json") and not value.startswith(("http://", "https://")) and (
+                " " not in value.strip() or Path(value).expanduser().is_file()):  # Application Support/...
+            out += from_file(Path(value).expanduser())
         else:
             out.append(one(value))
     return out
@@ -98,7 +99,7 @@ def _entry(where: str, name: str, entry: dict[str, Any]) -> McpTarget:
     if url is not None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise UsageError(f"{where}: the server {name!r} has a url that is not http(s)")
-        return McpTarget(name, url=url, headers=_strings(where, name, entry, "headers"))
+        return McpTarget(name, url=url, headers=_strings(where, name, entry, "headers"), named=True)
     args = entry.get("args", [])
     if not isinstance(command, str) or not command.strip():
         raise UsageError(f"{where}: the server {name!r} has an empty command")
@@ -108,7 +109,7 @@ def _entry(where: str, name: str, entry: dict[str, Any]) -> McpTarget:
     if cwd is not None and not isinstance(cwd, str):
         raise UsageError(f"{where}: the server {name!r}'s cwd must be a string")
     return McpTarget(name, argv=(command, *(str(a) for a in args)), env=_strings(where, name, entry, "env"),
-                     cwd=cwd)
+                     cwd=cwd, named=True)
 
 
 def _strings(where: str, name: str, entry: dict[str, Any], key: str) -> dict[str, str]:

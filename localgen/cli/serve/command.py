@@ -223,6 +223,10 @@ def _check_tools(f: ServeArgs, key: str | None) -> None:
     if f.tools.any and not key and not _is_loopback(f.listen.host):
         raise UsageError(f"--functions and --mcp on {f.listen.host} with no API key would let anyone who can reach "
                          "this port run the tools", hint="add --api-key (or --api-key-file), or listen on 127.0.0.1")
+    widened = [*(f.listen.cors or ()), *(o for o in os.environ.get("LOCALGEN_ORIGINS", "").split(",") if o.strip())]
+    if f.tools.any and not key and widened:
+        raise UsageError(f"--functions and --mcp with more web origins allowed ({', '.join(widened)[:100]}) and no API "
+                         "key would let those pages run the tools", hint="add --api-key (or --api-key-file)")
 
 
 def _is_loopback(host: str) -> bool:
