@@ -213,8 +213,9 @@ def _context(src: _Lines, number: int, value: str) -> int:
         n = int(value)
     except ValueError:
         raise src.error(number, f"num_ctx takes an integer, not {value!r}") from None
-    if n < MIN_CTX or n > settings.INT32:
-        raise src.error(number, f"num_ctx must be within {MIN_CTX} to {settings.INT32}, not {n}")
+    if (n != 0 and n < MIN_CTX) or n > settings.INT32:  # 0: the model's training context, as --ctx 0
+        raise src.error(number, f"num_ctx must be 0 (the model's training context) or within {MIN_CTX} to "
+                                f"{settings.INT32}, not {n}")
     return n
 
 
