@@ -243,6 +243,8 @@ class FrontDoor:
             if left:  # mid-body, queued or mid-stream: a client that left is a 499, with the tokens made for it
                 status = 499
                 await _settled(trace)
+            elif status < 400 and trace.failed is not None:  # a stream its error event ended (a 503 at shutdown)
+                status = trace.failed
             seconds = time.perf_counter() - start
             route = metrics.route(scope) if metrics is not None else scope["path"]
             if metrics is not None:
