@@ -892,6 +892,41 @@ def test_ps_against_a_server_with_a_key(server: Server, cli: CLI) -> None:
     assert keyed.returncode == 0 and json.loads(keyed.stdout)[0]["name"] == "smollm2:135m", keyed.stderr
 
 
+def test_ps_takes_a_key_file_and_the_address_from_the_environment(server: Server, cli: CLI, tmp_path: Path) -> None:
+    """`localgen ps --api-key-file FILE` as serve's (a typed file wins over LOCALGEN_API_KEY; with --api-key, an
+    empty or unreadable file: usage errors); LOCALGEN_HOST and LOCALGEN_PORT set its --host and --port."""
+    key = tmp_path / "key.txt"
+    key.write_text(f"{KEY}\n")
+    at = CLI({**cli.env, "LOCALGEN_HOST": "localhost", "LOCALGEN_PORT": str(server.port), "LOCALGEN_API_KEY": "wrong"})
+    r = at("ps", "--api-key-file", str(key), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["name"] == "smollm2:135m", r.stderr
+    r = at("ps", "--api-key-file", str(key), "--port", "1")  # a typed flag wins over the variable
+    assert r.returncode == 1 and "no localgen serve is running at http://localhost:1" in r.stderr, r.stderr
+    r = at("ps")
+    assert r.returncode == 1 and "refused the API key" in r.stderr, r.stderr
+    (tmp_path / "empty.txt").write_text("\n")
+    for args, said in ((["--api-key", KEY, "--api-key-file", str(key)], "cannot be combined"),
+                       (["--api-key-file", str(tmp_path / "empty.txt")], "is empty"),
+                       (["--api-key-file", str(tmp_path / "nothing.txt")], "cannot be read")):
+        r = at("ps", *args)
+        assert r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = CLI({**cli.env, "LOCALGEN_PORT": "x"})("ps")
+    assert r.returncode == 2 and "LOCALGEN_PORT" in r.stderr, r.stderr
+
+
+def test_run_and_chat_without_m_name_the_missing_key(server: Server, cli: CLI) -> None:
+    """--endpoint without -m asks the server's /models for the model: a keyed server's 401 is said as a request's
+    refusal naming --api-key-env (it was "did not list its models (name the model with -m)"), with or without -m."""
+    url = f"{server.url}/v1"
+    for command, extra in (("run", ["-p", "Hi"]), ("chat", [])):
+        for model in ([], ["-m", "smollm2:135m"]):
+            r = cli(command, "--endpoint", url, *model, *extra, "-n", "2", input="Hi\n")
+            assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+            assert "refused the request (401)" in r.stderr and "--api-key-env" in r.stderr, r.stderr
+    r = CLI({**cli.env, "THE_KEY": KEY})("run", "--endpoint", url, "--api-key-env", "THE_KEY", "-p", "Hi", "-n", "2")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+
+
 def _raw(port: int, request: bytes) -> tuple[bytes, bytes]:
     """One request over a bare socket, read to the server's close: the response's head and body as sent."""
     with socket.create_connection(("127.0.0.1", port), timeout=120) as s:

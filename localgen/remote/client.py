@@ -177,8 +177,9 @@ class RemoteClient:
         """Close the connections."""
         self.http.close()
 
-    def get(self, path: str) -> Any:
-        """A GET as JSON (for /models and friends), or None when the server has no such route."""
+    def get(self, path: str, refused: bool = False) -> Any:
+        """A GET as JSON (for /models and friends), or None when the server has no such route; with `refused`,
+        a 401 or 403 is the error a request would get (a key is missing or wrong), not "nothing listed"."""
         import httpx
 
         try:
@@ -187,6 +188,8 @@ class RemoteClient:
             raise RemoteError(_connect_message(self.endpoint.label, e), down=True) from None
         except httpx.HTTPError:
             return None
+        if refused and r.status_code in (401, 403):
+            raise _status_error(self.endpoint.label, r, self.model)
         if r.status_code != 200:
             return None
         try:
