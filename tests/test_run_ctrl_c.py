@@ -127,3 +127,29 @@ def test_ctrl_c_shows_all_of_the_answer_a_lagging_terminal_had_not_shown(home: P
     assert "\ninterrupted\nexit 130\n" in text, text[-200:]
     assert typed == "after", "the keys typed before Ctrl-C reached the shell"
     assert "typed" not in text and "^C" not in log.getvalue(), text[-200:]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ctrl_c_while_the_answer_waits_on_a_full_terminal_shows_what_it_was_writing(home: Path, answer: str,
+                                                                                    mode: str) -> None:
+    """The terminal falls so far behind that the pty takes no more, and the answer's next piece waits to be written:
+    Ctrl-C, and that piece reaches the screen too, after all the answer before it (unbuffered, the write that Ctrl-C
+    ended short dropped it)."""
+    child, log = spawn(home, mode, str(BIN), ARGS)
+    try:
+        child.expect_exact(begins(answer))
+        while True:  # the terminal's backlog until the pty is full (it may take a little more once it has moved some)
+            try:
+                write_into(child.pid, b"\0" * 65536, nonblocking=True)
+            except BlockingIOError:
+                if (waiting := terminal.waiting_to_write(child.pid)) is not None:
+                    break
+            assert child.isalive(), "the answer ended before the terminal was full"
+            time.sleep(0.05)
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 130, child.signalstatus
+    shown = shown_answer(screen_text(log), answer)
+    assert waiting and shown.endswith(waiting.decode()), f"{waiting!r} was not shown: ...{shown[-80:]!r}"
