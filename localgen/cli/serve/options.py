@@ -28,10 +28,11 @@ class ListenOptions(OptionGroup):
     """Where the server listens, and who may use it."""
 
     host: Annotated[
-        str, typer.Option("--host", rich_help_panel=SERVE,
+        str, typer.Option("--host", envvar="LOCALGEN_HOST", rich_help_panel=SERVE,
                           help="Address to listen on. Anything but loopback is reachable by others: use an API key.")
     ] = "127.0.0.1"
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, rich_help_panel=SERVE, help="Port.")] = 11435
+    port: Annotated[int, typer.Option("--port", envvar="LOCALGEN_PORT", min=1, max=65535, rich_help_panel=SERVE,
+                                      help="Port.")] = 11435
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="LOCALGEN_API_KEY", rich_help_panel=SERVE, show_default=False,
                                  help="Require `Authorization: Bearer KEY` on every route but /health and the chat "
@@ -73,6 +74,21 @@ def check_host(host: str) -> None:
     if not host.isprintable() or any(c.isspace() for c in host):  # no host name has them; bind() says TypeError
         raise UsageError(f"--host {host[:100]!r} is not a host name or address: it has spaces or control characters",
                          hint="give an address: 127.0.0.1 for this machine only, 0.0.0.0 for every interface")
+
+
+@dataclass(frozen=True)
+class ServeToolOptions(OptionGroup):
+    """The tools the server runs itself: GET /tools lists them, POST /tools/call runs one (the chat page's
+    tools; serve/servertools.py)."""
+
+    functions: o.Functions = None
+    mcp: o.Mcp = None
+    tool_timeout: o.ToolTimeout = 30.0
+
+    @property
+    def any(self) -> bool:
+        """Whether any tool was given."""
+        return bool(self.functions or self.mcp)
 
 
 @dataclass(frozen=True)
@@ -204,6 +220,7 @@ class ServeArgs(CommandArgs):
     residency: ResidencyOptions
     batching: SlotOptions
     fetching: FetchOptions
+    tools: ServeToolOptions
     knobs: Knobs
 
 
