@@ -23,7 +23,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localgen.fetch import FetchPool
-from localgen.serve import anthropic, batches, batchrun, embeds, listings, manage, ollama, openai, page, responses
+from localgen.serve import (
+    anthropic,
+    batches,
+    batchrun,
+    embeds,
+    listings,
+    manage,
+    ollama,
+    openai,
+    page,
+    responses,
+    servertools,
+)
 from localgen.serve.apierror import ERROR_EXTRA, HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.http10 import Http10
@@ -59,7 +71,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     desk = batches.Desk()  # the Batch and Files APIs (serve/batches.py; its runner: serve/batchrun.py)
     routes = [Route("/health", health), *listings.routes(state), *openai.routes(state), *anthropic.routes(state),
               *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state),
-              *batches.routes(desk)]
+              *batches.routes(desk), *servertools.routes(state.toolbox, state.tool_timeout)]
     policy = policy or Policy(api_key=state.api_key)
     policy = dataclasses.replace(policy, uploads=batches.UPLOADS, bodiless=batches.BODILESS)
     desk.read_timeout, desk.max_line = policy.read_timeout, policy.max_body

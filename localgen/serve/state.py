@@ -42,6 +42,8 @@ class ServeState:
     store: PrefixStore | None = None  # the prompt cache on disk (None: --cache-disk 0)
     batch_lines: int = 2  # serve --batch-lines: the Batch API's requests run at once (serve/batchrun.py)
     pulls: set[Any] = field(default_factory=set)  # serve/manage.py's pulls under way (stopped at shutdown)
+    toolbox: Any = None  # serve --mcp / --functions: the tools /tools lists and /tools/call runs (a Toolbox)
+    tool_timeout: float = 30.0  # serve --tool-timeout: seconds one call may take
 
     def worker(self, name: object, claude: bool = False) -> Served:
         """The model a request's `model` names, as its handler sees it: one served, or an installed model (its

@@ -41,6 +41,7 @@ class Toolbox:
         self._runners: dict[str, Callable[[dict[str, Any], float], str]] = {}
         self._servers: list[Any] = []
         self._of: dict[str, Any] = {}  # an MCP tool's server, by the tool's name
+        self._source: dict[str, str] = {}  # where each tool comes from: "mcp: LABEL" or "functions: FILE"
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
@@ -56,25 +57,30 @@ class Toolbox:
         try:
             for path in functions:
                 for spec, fn in fn_source.load(path):
-                    box._add(spec, _python_runner(spec.name, fn))
+                    box._add(spec, _python_runner(spec.name, fn), f"functions: {path.name}")
             for target in servers:
                 from localgen.tools.mcp import McpServer
 
                 server = McpServer(target)
                 box._servers.append(server)
                 for spec in server.tools:
-                    box._add(spec, _mcp_runner(server, spec.name))
+                    box._add(spec, _mcp_runner(server, spec.name), f"mcp: {server.label}")
                     box._of[spec.name] = server
         except BaseException:
             box.close()
             raise
         return box
 
-    def _add(self, spec: ToolSpec, runner: Callable[[dict[str, Any], float], str]) -> None:
+    def _add(self, spec: ToolSpec, runner: Callable[[dict[str, Any], float], str], source: str) -> None:
         if spec.name in self._runners:
-            raise ToolError(f"two tools are named {spec.name!r}")
+            raise ToolError(f"two tools are named {spec.name!r} ({self._source[spec.name]}; {source})")
         self._specs += (spec,)
         self._runners[spec.name] = runner
+        self._source[spec.name] = source
+
+    def source(self, name: str) -> str | None:
+        """Where a tool comes from ("mcp: LABEL", "functions: FILE"); None for a name that was never a tool."""
+        return self._source.get(name)
 
     def call(self, call: ToolCall, timeout: float) -> str:
         """Run a checked call; its result with secrets from the environment taken out."""

@@ -25,6 +25,7 @@ from localgen.cli.serve.options import (
     ModelSettings,
     ResidencyOptions,
     ServeArgs,
+    ServeToolOptions,
     SlotOptions,
     check_host,
     model_settings,
@@ -81,6 +82,7 @@ def serve(
     residency: ResidencyOptions,
     batching: SlotOptions,
     fetching: FetchOptions,
+    tools: ServeToolOptions,
     knobs: Knobs,
 ) -> None:
     """Serve models over HTTP: OpenAI's API (chat completions, Responses) under /v1, Anthropic's Messages API
@@ -92,7 +94,7 @@ def serve(
     start(ServeArgs(context=ctx_, models=models, offline=offline, chat_template_file=chat_template_file,
                     mmproj=mmproj, drain_timeout=drain_timeout, quiet=quiet, verbose=verbose, log_format=log_format,
                     listen=listen,
-                    residency=residency, batching=batching, fetching=fetching, knobs=knobs))
+                    residency=residency, batching=batching, fetching=fetching, tools=tools, knobs=knobs))
 
 
 def start(f: ServeArgs) -> None:
@@ -120,10 +122,6 @@ def start(f: ServeArgs) -> None:
 
 
 def _start(f: ServeArgs, log: ServeLog) -> None:
-    from localgen.cli.output import ErrWriter
-    from localgen.serve.app import build
-    from localgen.serve.state import ServeState
-
     checked = _checked(f, log)  # every flag, before the port and before any load
     _check_port(f.listen.host, f.listen.port)
     if checked.cache_ram == 0 and checked.cache_disk and f.batching.cache_disk.strip().lower() != "auto":
@@ -131,6 +129,19 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     if not _is_loopback(f.listen.host) and not checked.key:
         log.warning(f"listening on {f.listen.host} with no API key: anyone who can reach this port can use the "
                     "models")
+    toolbox = _toolbox(f.tools)  # its servers started (or one clear error) before any model loads
+    try:
+        _serve(f, log, checked, toolbox)
+    finally:
+        if toolbox is not None:
+            toolbox.close()
+
+
+def _serve(f: ServeArgs, log: ServeLog, checked: _Checked, toolbox: Any) -> None:
+    from localgen.cli.output import ErrWriter
+    from localgen.serve.app import build
+    from localgen.serve.state import ServeState
+
     store = _prefix_store(checked.cache_disk, checked.cache_ram, log)
     make = _maker(f, checked.models, checked.keep, checked.cache_ram, checked.residency, store, log)
     workers = _workers(f, checked.models, make, ErrWriter(), log)
@@ -139,7 +150,7 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
                        default=workers[0].name,  # the first -m, or the default model
                        on_demand=_on_demand(checked.models, make) if f.residency.on_demand else None,
                        residency=checked.residency, offline=f.offline, store=store,
-                       batch_lines=f.batching.batch_lines)
+                       batch_lines=f.batching.batch_lines, toolbox=toolbox, tool_timeout=f.tools.tool_timeout)
     app = build(state, checked.policy, webui=f.listen.webui)
     server = _listener(app, f, log)
     log.event("start", None, _started_line(f, list(state.workers), checked.cache_ram, checked.residency,
@@ -148,6 +159,8 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
               default_model=state.default)
     for w in workers:
         _worker_lines(w, log)
+    if toolbox is not None:
+        _tool_lines(toolbox, log)
     try:
         server.run()
     finally:
@@ -187,6 +200,7 @@ def _checked(f: ServeArgs, log: ServeLog) -> _Checked:
                          hint="serve the model it belongs to with it alone; a vision model from the catalogue "
                               "brings its own projector")
     key = _api_key(f)
+    _check_tools(f, key)
     try:
         keep = parse_duration(f.residency.keep_alive)
     except LocalgenError as e:
@@ -199,6 +213,15 @@ def _checked(f: ServeArgs, log: ServeLog) -> _Checked:
     cache_ram, cache_disk = _cache_ram(f.batching.cache_ram), _cache_disk(f.batching.cache_disk)
     return _Checked(key=key, keep=keep, policy=policy, models=models, cache_ram=cache_ram, cache_disk=cache_disk,
                     residency=_residency(f.residency, models.offload, log))
+
+
+def _check_tools(f: ServeArgs, key: str | None) -> None:
+    """--tool-timeout needs tools; tools on an address others reach need a key (POST /tools/call runs them)."""
+    if f.given("tool_timeout") and not f.tools.any:
+        raise UsageError("--tool-timeout sets how long a tool of --functions or --mcp may take: give one")
+    if f.tools.any and not key and not _is_loopback(f.listen.host):
+        raise UsageError(f"--functions and --mcp on {f.listen.host} with no API key would let anyone who can reach "
+                         "this port run the tools", hint="add --api-key (or --api-key-file), or listen on 127.0.0.1")
 
 
 def _is_loopback(host: str) -> bool:
@@ -230,6 +253,24 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     server.on_exit = app.state.drain.signal
     app.state.drain.seconds = f.drain_timeout
     return server
+
+
+def _toolbox(tools: ServeToolOptions) -> Any:
+    """The tools of --functions and --mcp, loaded and started (None without them)."""
+    if not tools.any:
+        return None
+    from localgen.tools.loop import Toolbox
+
+    return Toolbox.open(list(tools.functions or []), list(tools.mcp or []))
+
+
+def _tool_lines(toolbox: Any, log: ServeLog) -> None:
+    """Under the start line, the tools /tools offers, by where they come from."""
+    by_source: dict[str, list[str]] = {}
+    for spec in toolbox.specs:
+        by_source.setdefault(toolbox.source(spec.name), []).append(spec.name)
+    for source, names in by_source.items():
+        log.line(f"  tools ({source}): {', '.join(names)}")
 
 
 def _worker_lines(w: ModelWorker, log: ServeLog) -> None:

@@ -76,6 +76,21 @@ def check_host(host: str) -> None:
 
 
 @dataclass(frozen=True)
+class ServeToolOptions(OptionGroup):
+    """The tools the server runs itself: GET /tools lists them, POST /tools/call runs one (the chat page's
+    tools; serve/servertools.py)."""
+
+    functions: o.Functions = None
+    mcp: o.Mcp = None
+    tool_timeout: o.ToolTimeout = 30.0
+
+    @property
+    def any(self) -> bool:
+        """Whether any tool was given."""
+        return bool(self.functions or self.mcp)
+
+
+@dataclass(frozen=True)
 class ResidencyOptions(OptionGroup):
     """Which models stay loaded, and for how long (serve/residency.py)."""
 
@@ -204,6 +219,7 @@ class ServeArgs(CommandArgs):
     residency: ResidencyOptions
     batching: SlotOptions
     fetching: FetchOptions
+    tools: ServeToolOptions
     knobs: Knobs
 
 

@@ -1,0 +1,125 @@
+"""Tools the server runs itself (`serve --mcp`, `--functions`): GET /tools lists them in the shape a request's
+`tools` takes, POST /tools/call runs one against the real MCP server or Python file, a failed call is a result
+marked is_error (not an HTTP error), and a whole round trip with the OpenAI client: the model calls the listed
+tool, the server runs it, the answer reads the result. SmolLM2 with Qwen2.5's template (tools)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_serve import Server
+from tests.test_tools import QWEN
+
+MCP = f"{sys.executable} {ROOT / 'tests' / 'mcp_server.py'}"
+FUNCTIONS = str(ROOT / "tests" / "tool_functions.py")
+TOKEN = "sk-test-9f8e7d6c5b4a"
+
+
+@pytest.fixture(scope="module")
+def server(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server({**cli_env, "TEST_API_TOKEN": TOKEN}, "-np", "1", "--ctx", "2048", "--chat-template-file", str(QWEN),
+               "--mcp", MCP, "--functions", FUNCTIONS, "--tool-timeout", "2")
+    yield s
+    assert s.stop() == 0
+
+
+def _call(server: Server, name: str, arguments: Any = None) -> dict[str, Any]:
+    r = httpx.post(f"{server.url}/tools/call", json={"name": name, "arguments": arguments}, timeout=60)
+    assert r.status_code == 200, r.text
+    doc: dict[str, Any] = r.json()
+    assert doc["object"] == "tool.result" and doc["name"] == name
+    return doc
+
+
+def test_the_tools_are_listed_as_a_requests_tools_take_them(server: Server) -> None:
+    doc = httpx.get(f"{server.url}/tools", timeout=10).json()
+    assert doc["object"] == "list" and doc["timeout"] == 2
+    sources = {t["function"]["name"]: t["source"] for t in doc["data"]}
+    assert sources["add"].startswith("mcp: ") and "mcp_server.py" in sources["add"]
+    assert sources["get_weather"] == "functions: tool_functions.py"
+    add = next(t for t in doc["data"] if t["function"]["name"] == "add")
+    assert add["type"] == "function" and add["function"]["description"] == "Add two integers."
+    assert add["function"]["parameters"]["properties"].keys() == {"a", "b"}
+    # the start-up lines say what is offered, by source
+    text = server.proc.stderr.read().decode() if server.proc.stderr else ""
+    assert "tools (functions: tool_functions.py): get_weather, explode, stall, secret" in text
+    assert "add, leak, crash" in text
+
+
+def test_calls_run_the_real_tools_and_failures_are_results_the_model_can_read(server: Server) -> None:
+    assert _call(server, "add", {"a": 2, "b": 40}) == {"object": "tool.result", "name": "add", "content": "42",
+                                                        "is_error": False}
+    assert _call(server, "add", '{"a": 1, "b": 1}')["content"] == "2"  # as the model wrote the arguments
+    bad = _call(server, "add", {"a": 2, "b": "x"})
+    assert bad["is_error"] and "fail its schema" in bad["content"] and "integer" in bad["content"]
+    raised = _call(server, "explode", {"reason": "on purpose"})
+    assert raised == {"object": "tool.result", "name": "explode", "content": "explode failed: ValueError: boom: "
+                      "on purpose", "is_error": True}
+    slow = _call(server, "stall")
+    assert slow["is_error"] and "did not finish within 2 s" in slow["content"]
+    # secrets of the server's environment never reach a client: a function's result is redacted, and a stdio
+    # MCP server is started with only the SDK's safe subset of the environment
+    assert _call(server, "secret")["content"] == "token=[TEST_API_TOKEN redacted]"
+    assert _call(server, "leak")["content"] == "token=unset"
+
+
+def test_bad_calls_are_http_errors(server: Server) -> None:
+    r = httpx.post(f"{server.url}/tools/call", json={"name": "nope"}, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "name"
+    assert "tools: get_weather" in r.json()["error"]["message"]
+    for body, param in (({}, "name"), ({"name": "add", "arguments": 5}, "arguments")):
+        r = httpx.post(f"{server.url}/tools/call", json=body, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    # a web page of another origin cannot make the server run a tool
+    r = httpx.post(f"{server.url}/tools/call", json={"name": "add", "arguments": {"a": 1, "b": 2}},
+                   headers={"Origin": "https://evil.example"}, timeout=10)
+    assert r.status_code == 403
+
+
+def test_a_round_trip_with_the_openai_client(server: Server) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    tools = [{k: v for k, v in t.items() if k != "source"}
+             for t in httpx.get(f"{server.url}/tools", timeout=10).json()["data"] if t["function"]["name"] == "add"]
+    messages: list[Any] = [{"role": "user", "content": "What is 17 + 25? Use the add tool."}]
+    r = client.chat.completions.create(model="smollm2:135m", messages=messages, tools=tools, temperature=0,
+                                       max_tokens=60, tool_choice="required")
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "add"
+    result = _call(server, "add", call.function.arguments)
+    args = json.loads(call.function.arguments)
+    assert not result["is_error"] and result["content"] == str(args["a"] + args["b"])
+    messages += [r.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": result["content"]}]
+    r2 = client.chat.completions.create(model="smollm2:135m", messages=messages, tools=tools, temperature=0,
+                                        max_tokens=30, tool_choice="none")
+    assert r2.choices[0].finish_reason in ("stop", "length") and r2.choices[0].message.content
+
+
+def test_a_dead_mcp_server_leaves_the_list_and_its_calls_fail_as_results(server: Server) -> None:
+    # last in the file: it ends the module's MCP server
+    crashed = _call(server, "crash")
+    assert crashed["is_error"] and "failed" in crashed["content"]
+    names = [t["function"]["name"] for t in httpx.get(f"{server.url}/tools", timeout=10).json()["data"]]
+    assert "add" not in names and "get_weather" in names
+    gone = _call(server, "add", {"a": 1, "b": 2})
+    assert gone["is_error"] and "not a tool here" in gone["content"]
+
+
+def test_flags_that_cannot_work_are_refused_before_anything_starts(cli_in_process: Any) -> None:
+    r = cli_in_process("serve", "--tool-timeout", "5")
+    assert r.returncode == 2 and "--tool-timeout" in r.stderr and "--functions or --mcp" in r.stderr, r.stderr
+    r = cli_in_process("serve", "--host", "0.0.0.0", "--functions", FUNCTIONS)
+    assert r.returncode == 2 and "no API key" in r.stderr and "--api-key" in r.stderr, r.stderr
+    r = cli_in_process("serve", "--functions", FUNCTIONS, "--functions", FUNCTIONS, "--port", "1")
+    assert r.returncode == 1 and "two tools are named 'get_weather'" in r.stderr, r.stderr
+    r = cli_in_process("serve", "--mcp", "'unclosed", "--port", "1")
+    assert r.returncode == 2 and "is not a command line" in r.stderr, r.stderr
