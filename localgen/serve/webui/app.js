@@ -937,7 +937,8 @@ function approval(run, call) {
       answer: (yes) => {
         signal.removeEventListener("abort", stopped);
         run.asking = null;
-        schedule(run.answer);
+        const redraw = state.views.get(run.answer.id);
+        if (redraw) redraw(); // at once: the buttons go with the click that answered them
         resolve(yes);
       },
     };
