@@ -127,6 +127,10 @@ def test_the_settings_list_the_servers_tools_and_each_request_offers_them(tab: T
     assert set(page.locator("#tool-list .tool-name").all_inner_texts()) == TOOLS
     assert all(s.startswith("mcp: ") for s in page.locator("#tool-list .tool-source").all_inner_texts())
     assert "Add two integers." in page.inner_text("#tool-list")
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone: the dialog's Tools fit its width
+    dialog = page.locator("#settings")
+    assert dialog.evaluate("d => d.scrollWidth") <= dialog.evaluate("d => d.clientWidth")
+    page.set_viewport_size({"width": 1280, "height": 800})
     page.click("#settings-cancel")
     sent = chat_requests(page)
     tool_settings(page, "auto", max_tokens=3)
