@@ -495,7 +495,9 @@ function callBlock(call, result, status) {
     const row = el("div", "tool-status ask");
     const run = button("Run", "primary small", () => decide(call.id, true), `Run ${name}`);
     const deny = button("Deny", "small", () => decide(call.id, false), `Deny ${name}`);
-    row.append(el("span", null, `Run ${name} with these arguments?`), run, deny);
+    const choices = el("span", "choices");
+    choices.append(run, deny);
+    row.append(el("span", null, `Run ${name} with these arguments?`), choices);
     box.append(row);
   } else box.append(el("div", "tool-status", CALL_STATUS[status]));
   return box;
