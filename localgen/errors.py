@@ -101,9 +101,20 @@ class BadRequest(ServeError):
 
 
 class PromptTooLong(BadRequest):
-    """The prompt (or a text to embed) does not fit the window."""
+    """The prompt (or a text to embed) does not fit the window: a 400, as OpenAI answers it (code
+    context_length_exceeded) and Anthropic ("prompt is too long: N tokens > M maximum"), which agents read to
+    compact their context. `tokens` and `window`, when known, give each API its own words."""
 
-    status = 413
+    status = 400
+    tokens: int | None = None
+    window: int | None = None
+
+
+def prompt_too_long(message: str, tokens: int, window: int) -> PromptTooLong:
+    """A PromptTooLong that knows its numbers."""
+    e = PromptTooLong(message)
+    e.tokens, e.window = tokens, window
+    return e
 
 
 class EmptyPrompt(UsageError, BadRequest):

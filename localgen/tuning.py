@@ -115,13 +115,21 @@ def records() -> list[Record]:
     return out
 
 
-def save(record: Record) -> None:
-    """Keep `record`, replacing any of the same key."""
+def save(record: Record) -> Record | None:
+    """Keep `record`, replacing any of the same key, except that a partial one (an interrupted tune) never
+    replaces a whole one: that one stays as it was, and is returned (None: `record` was kept)."""
+    key = dataclasses.asdict(record.key)
     with _locked():
         doc = _read()
-        doc["records"] = [d for d in doc["records"] if d.get("key") != dataclasses.asdict(record.key)]
+        if record.partial:
+            for d in doc["records"]:
+                with contextlib.suppress(KeyError, TypeError, ValueError):  # one this version cannot read: replaced
+                    if d.get("key") == key and not (earlier := Record.from_json(d)).partial:
+                        return earlier
+        doc["records"] = [d for d in doc["records"] if d.get("key") != key]
         doc["records"].append(record.to_json())
         _write(doc)
+    return None
 
 
 def reset(sha256: str | None = None, model: str | None = None) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "eos", "length", "context", "cancelled"]
@@ -74,11 +74,15 @@ NUMA_MODES = ("distribute", "isolate", "numactl")
 PREFIX_REUSE = ("exact", "all")  # what a reused prefix keeps: engine/tokens.py, reusable_prefix
 
 
+TRAINED_CTX = 0  # --ctx 0: the model's trained context, as llama.cpp's -c 0
+MIN_CTX_FLAG = 16  # the least --ctx other than 0
+
+
 @dataclass(frozen=True)
 class LoadParams:
     """How a model is loaded: context, threads, offload, batching, attention, KV cache, memory, RoPE."""
 
-    n_ctx: int = 4096
+    n_ctx: int = 4096  # TRAINED_CTX (0): the model's trained context (for_model)
     n_threads: int | None = None  # None: the physical cores this process may use
     n_threads_batch: int | None = None  # None: every logical CPU this process may use
     n_gpu_layers: int | None = None  # None: as many as fit when this build can offload, else 0
@@ -114,9 +118,19 @@ class LoadParams:
     kv_unified: bool | None = None
     streams: int = 1  # sequences decoded together (serve's --parallel): which tuning record applies
 
+    def for_model(self, trained: int | None) -> LoadParams:
+        """These settings for a model trained on `trained` tokens: a window of TRAINED_CTX is that context (the
+        default window where the GGUF names none)."""
+        if self.n_ctx != TRAINED_CTX:
+            return self
+        return replace(self, n_ctx=trained or LoadParams.n_ctx)
+
     def __post_init__(self) -> None:
         from localgen.errors import UsageError
 
+        if self.n_ctx != TRAINED_CTX and self.n_ctx < MIN_CTX_FLAG:
+            raise UsageError(f"--ctx takes {TRAINED_CTX} (the model's trained context) or {MIN_CTX_FLAG} tokens or "
+                             f"more, not {self.n_ctx}")
         for name in (self.cache_type_k, self.cache_type_v):
             if name not in KV_CACHE_TYPES:
                 raise UsageError(f"unknown KV-cache type {name!r}; choose from {', '.join(KV_CACHE_TYPES)}")

@@ -1,9 +1,9 @@
 """An F16 GGUF made from a quantized one, with the `gguf` package: every quantized tensor dequantized to F16,
 F32 tensors (norms) kept, the metadata copied with general.file_type set to MOSTLY_F16. The models shipped are
 already quantized; quantizing from this F16 measures the degradation of real weights (the suite's fixture
-`smollm2_f16`, and the how-to's ladder in docs/quantize-choose.md).
+`smollm2_f16`, and the how-to's ladder in docs/quantize-choose.md, whose reader makes it with this command).
 
-    python -m tests.dequant SRC.gguf DST.gguf
+    python -m tests.dequant SRC DST.gguf      # SRC: a GGUF file, or a model's name as `run -m` takes it
 """
 
 from __future__ import annotations
@@ -78,7 +78,23 @@ def dequantize_to_f16(src: Path, dst: Path) -> Path:
     return dst
 
 
+def source(name: str) -> Path:
+    """SRC: a file, else the file of the model that name means here (smollm2:135m: the embedded Q4_1)."""
+    if Path(name).is_file():
+        return Path(name)
+    from localgen.models.resolve import resolve
+
+    return Path(resolve(name, offline=True, pull_missing=False).path)
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m tests.dequant SRC.gguf DST.gguf")
-    dequantize_to_f16(Path(sys.argv[1]), Path(sys.argv[2]))
+        sys.exit("usage: python -m tests.dequant SRC DST.gguf  (SRC: a GGUF file or a model's name, as smollm2:135m)")
+    from localgen.errors import LocalgenError
+
+    try:
+        src = source(sys.argv[1])
+    except LocalgenError as e:
+        sys.exit(f"tests.dequant: {e.message}")
+    dequantize_to_f16(src, Path(sys.argv[2]))
+    print(sys.argv[2])

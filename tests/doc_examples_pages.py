@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 import shlex
 import sqlite3
 import subprocess
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +44,9 @@ FILES = {  # yesno.gbnf: docs/run.md's --grammar row
     "reviews.tsv": "1\tGreat product, works well.\n2\tBroke after a day.\n",
     "report.md": "# Report\n\n## Results\n\nSales rose.\n\n## Conclusions\n\nSales rose by 5 percent.\n",
     "key.txt": "sk-local-docs\n",  # serve's --api-key-file
+    # docs/tools.md's config file of MCP servers: the test server, by this interpreter (no `python` on PATH here)
+    "mcp.json": json.dumps({"mcpServers": {"calc": {"command": sys.executable,
+                                                    "args": [str(ROOT / "tests" / "mcp_server.py")]}}}),
 }
 TEXT = "The cat sat on the mat. It was a sunny day.\n"  # any other .txt or .md: notes, a question, a prompt
 

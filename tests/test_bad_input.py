@@ -37,6 +37,22 @@ def test_a_host_name_that_does_not_resolve_is_not_called_a_busy_port(cli_in_proc
     assert "--port" not in r.stderr
 
 
+def test_serve_listens_where_the_environment_says(cli_in_process: InProcessCLI) -> None:
+    """docs/configuration.md: LOCALGEN_HOST and LOCALGEN_PORT are serve's --host and --port; a flag wins."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        cli_in_process.env.update(LOCALGEN_HOST="nosuch.invalid", LOCALGEN_PORT=port)
+        try:
+            one_line_usage_error(cli_in_process("serve"), f"cannot listen on nosuch.invalid:{port}", "no such host")
+            r = cli_in_process("serve", "--host", "127.0.0.1")
+            assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+        finally:
+            for name in ("LOCALGEN_HOST", "LOCALGEN_PORT"):
+                cli_in_process.env.pop(name, None)
+
+
 @pytest.mark.parametrize(("command", "flag", "what"), [
     ("run", "--grammar", "the grammar file"), ("run", "-jf", "the JSON schema file"),
     ("run", "-j", "the JSON schema file"), ("run", "--chat-template-file", "the chat template"),

@@ -390,7 +390,8 @@ def _a_quality_run_and_a_speed_run(home: Path, monkeypatch: pytest.MonkeyPatch) 
     speed = history.start("localgen bench -m model-Q8_0.gguf", system)
     for i, test in enumerate(("pp512", "tg128")):
         history.add(speed, i, {**common, "test": test, "flash_attn": True, "avg_ts": 100.0 + i})
-    return quality, speed
+    assert quality.id is not None and speed.id is not None
+    return quality.id, speed.id
 
 
 def test_compare_of_a_quality_run_and_a_speed_run_is_one_line_exit_2(cli: CLI, tmp_path: Path,
@@ -473,7 +474,7 @@ def test_compare_of_two_ladders_pairs_each_file_whatever_threads_or_batch_timed_
                                    "n_threads": threads, "n_gpu_layers": None, "n_batch": batch, "n_ubatch": 512,
                                    "flash_attn": None, "type_k": "f16", "type_v": "f16", "kld": k, "ppl": 20.0,
                                    "tg_ts": 40.0})
-        runs.append(run)
+        runs.append(run.id)
     c = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path)})
     r = c("bench", "compare", *map(str, runs), "--json")
     assert r.returncode == 0, r.stderr

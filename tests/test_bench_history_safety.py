@@ -176,8 +176,8 @@ def test_what_a_killed_measurement_left_is_removed_by_the_next(cli: CLI, tmp_pat
 
 
 def test_history_lists_every_run(cli: CLI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench.md: `bench history` lists the runs: every one (the 50 newest alone were listed once, without a word of
-    the others), each with its results counted."""
+    """bench.md: `bench history` lists the runs: every one that kept a result (the 50 newest alone were listed once,
+    without a word of the others), each with its results counted."""
     from localgen.bench import history
 
     c, _ = _home(cli, tmp_path)
@@ -190,5 +190,46 @@ def test_history_lists_every_run(cli: CLI, tmp_path: Path, monkeypatch: pytest.M
         listed = c("bench", "history", "-o", fmt)
         assert listed.returncode == 0, listed.stderr
     docs = json.loads(c("bench", "history", "-o", "json").stdout)
-    assert [(d["id"], d["results"]) for d in docs] == [(i + 1, i % 3) for i in reversed(range(60))]
-    assert len(c("bench", "history").stdout.splitlines()) == 61
+    kept = [i % 3 for i in range(60) if i % 3]  # a run that kept no result is not in the history
+    assert [(d["id"], d["results"]) for d in docs] == list(reversed(list(enumerate(kept, 1))))
+    assert len(c("bench", "history").stdout.splitlines()) == len(kept) + 1
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_bench_killed_before_its_first_result_leaves_no_run(cli: CLI, tmp_path: Path, smollm2_path: Path,
+                                                              sig: str) -> None:
+    """bench.md: a run enters the history with its first result, so a bench killed outright (no Ctrl-C's
+    cleanup) while its model loads or its first test runs leaves no empty run; the runs before it stay whole."""
+    import signal
+    import subprocess
+    import time
+
+    c, _ = _home(cli, tmp_path)
+    assert c("bench", "-m", str(smollm2_path), *TINY).returncode == 0
+    p = c.popen("bench", "-m", str(smollm2_path), "-p", "0", "-n", "4000", "-r", "1", "-t", "1", "--no-e2e",
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)  # a process of its own
+    maps = Path(f"/proc/{p.pid}/maps")
+    deadline = time.monotonic() + 120
+    while str(smollm2_path.resolve()) not in maps.read_text() and time.monotonic() < deadline:  # it is loading
+        assert p.poll() is None, "it ended before it could be killed"
+        time.sleep(0.05)
+    p.send_signal(getattr(signal, sig))
+    assert p.wait(timeout=60) == -getattr(signal, sig), "killed outright, before its first result"
+    listed = c("bench", "history", "-o", "json")
+    assert [(d["id"], d["results"]) for d in json.loads(listed.stdout)] == [(1, 2)], listed.stdout
+    assert [rec["test"] for rec in json.loads(c("bench", "history", "1", "-o", "json").stdout)] == ["pp8", "pp16"]
+
+
+def test_an_empty_run_an_earlier_localgen_left_is_not_shown_as_a_result(cli: CLI, tmp_path: Path) -> None:
+    """A run row with no result (an earlier localgen killed before its first) is not listed, and asking for it
+    says it kept none, exit status 1."""
+    c, db = _home(cli, tmp_path)
+    assert c("bench", *TINY).returncode == 0
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO runs (created, command, system) VALUES (0, 'localgen bench', '{}')")
+    listed = c("bench", "history", "-o", "json")
+    assert [(d["id"], d["results"]) for d in json.loads(listed.stdout)] == [(1, 2)], listed.stdout
+    r = c("bench", "history", "2")
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+    assert r.stderr == ("localgen: error: benchmark run 2 kept no result: it was stopped before its first (localgen "
+                        "bench history lists the runs with results)\n"), r.stderr

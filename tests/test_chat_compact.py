@@ -17,9 +17,9 @@ import pexpect
 import pytest
 from typer.testing import CliRunner
 
-from localgen.chat import compact
-from localgen.chat.compact import CompactionError, fold
+from localgen import compact
 from localgen.chat.session import ChatSession, Summary
+from localgen.compact import CompactionError, fold
 from localgen.errors import LocalgenError
 from localgen.types import SamplingParams
 from tests import terminal

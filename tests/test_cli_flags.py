@@ -118,7 +118,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     engine = SimpleNamespace(offloaded=True, exact_rows=0, flash_attn=False)
     mode = batchmode.batching_mode(engine, None)  # type: ignore[arg-type]
     worker = SimpleNamespace(name="m", residence=SimpleNamespace(mode=mode, pc=None, settings=lambda: None),
-                             stop=lambda timeout: None)
+                             stop=lambda timeout: None,
+                             ref=SimpleNamespace(summary=SimpleNamespace(context_length=8192)))
     build = serve_app.build
 
     def keep(state: Any, policy: Any, **options: Any) -> Any:

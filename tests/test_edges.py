@@ -175,7 +175,8 @@ def _chat_request(body: dict[str, Any]) -> Any:
     from localgen.serve.pipeline import generation
     from localgen.serve.state import ServeState
 
-    worker = SimpleNamespace(ref=SimpleNamespace(sampling_defaults={}), n_ctx=2048)
+    summary = SimpleNamespace(chat_template="{{ x }}")
+    worker = SimpleNamespace(ref=SimpleNamespace(sampling_defaults={}, summary=summary), n_ctx=2048)
     state = ServeState(workers={})
     full = {"messages": [{"role": "user", "content": "Hi"}], **body}
 
@@ -314,3 +315,52 @@ def test_sigterm_ends_every_request_in_flight_in_its_apis_error_shape(cli_env: d
     error = json.loads(lines[-2][5:])["error"]
     assert error["code"] == 503 and "shutting down" in error["message"]
     assert "Traceback" not in stderr and "timeout graceful shutdown exceeded" not in stderr, stderr
+
+
+def test_requests_ended_by_sigterm_have_their_tokens_in_their_access_lines(cli_env: dict[str, str]) -> None:
+    """A request the server's stop ends (here at once: --drain-timeout 0) is logged with the tokens made for it
+    so far, read from what its worker counted at its last step, not waited for: a stream and a whole answer,
+    each one access line with its prompt and generated tokens (the stream's at least the text chunks it got)."""
+    s = Server(cli_env, "-np", "2", "--ctx", "4096", "--drain-timeout", "0", "--log-format", "json")
+    body = {"model": MODEL, "prompt": "Once", "max_tokens": 4000, "ignore_eos": True}
+    got: dict[str, Any] = {}
+    chunks: list[dict[str, Any]] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{s.url}/v1/completions", json={**body, "stream": True}, timeout=120,
+                          headers={"X-Request-Id": "streamed"}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[5:]))
+
+    def whole() -> None:
+        got["whole"] = httpx.post(f"{s.url}/v1/completions", json=body, timeout=120, headers={"X-Request-Id": "whole"})
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=whole)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 120
+        while s.health()["running"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.health()["running"] == 2, "both requests are generating"
+        seen = len(chunks)
+        while len(chunks) < seen + 4 and time.monotonic() < deadline:  # both have made tokens by now
+            time.sleep(0.02)
+        s.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert s.proc.wait(timeout=60) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    assert got["whole"].status_code == 503 and "error" in chunks[-1], (got["whole"].text, chunks[-1:])
+    said = [json.loads(line) for line in (s.proc.stderr.read().decode() if s.proc.stderr else "").splitlines()]
+    logged = {e["request_id"]: e for e in said if e["event"] == "request" and e["path"] == "/v1/completions"}
+    assert set(logged) == {"streamed", "whole"}, said
+    texts = sum(1 for c in chunks if "choices" in c and c["choices"][0]["text"])
+    # the stream began as a 200, but its error event ended it: its line says how it ended
+    assert logged["streamed"]["status"] == 503 and logged["streamed"]["completion_tokens"] >= texts >= 4
+    assert logged["whole"]["status"] == 503 and logged["whole"]["completion_tokens"] >= 1
+    for e in logged.values():
+        assert e["prompt_tokens"] >= 1 and e["cached_tokens"] is not None and e["ttft_ms"] > 0, e

@@ -199,7 +199,8 @@ def test_serve_embeddings_for_the_openai_and_ollama_clients(server: Server, cli:
     bad = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": [1, 2]})
     assert bad.status_code == 400 and "list of strings" in bad.json()["error"]["message"]
     long = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": "word " * 700})
-    assert long.status_code == 413 and "window is 512" in long.json()["error"]["message"]
+    assert long.status_code == 400 and "window is 512" in long.json()["error"]["message"]
+    assert long.json()["error"]["code"] == "context_length_exceeded"
     ok = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "word " * 700}, timeout=120)
     assert ok.status_code == 200 and ok.json()["prompt_eval_count"] == 512, "Ollama truncates by default"
     assert server.health()["alive"]

@@ -18,8 +18,9 @@ from tests.conftest import CLI, ROOT
 
 PAGE = ROOT / "docs" / "configuration.md"
 VARS = ("LOCALGEN_MODEL", "LOCALGEN_CTX", "LLAMA_ARG_RPC", "LLAMA_ARG_N_CPU_MOE", "LLAMA_ARG_CPU_MOE",
-        "LLAMA_ARG_OVERRIDE_TENSOR", "LLAMA_ARG_KV_UNIFIED")
+        "LLAMA_ARG_OVERRIDE_TENSOR", "LLAMA_ARG_KV_UNIFIED", "LOCALGEN_HOST", "LOCALGEN_PORT")
 FLAG = {"LOCALGEN_MODEL": "--model", "LOCALGEN_CTX": "--ctx", "LLAMA_ARG_RPC": "--rpc",
+        "LOCALGEN_HOST": "--host", "LOCALGEN_PORT": "--port",
         "LLAMA_ARG_N_CPU_MOE": "--n-cpu-moe", "LLAMA_ARG_CPU_MOE": "--cpu-moe",
         "LLAMA_ARG_OVERRIDE_TENSOR": "--override-tensor", "LLAMA_ARG_KV_UNIFIED": "--kv-unified"}
 # bench reads these in its body, not through Click (its -m and -ncmoe/-ot are sweeps): the table below shows it

@@ -199,6 +199,35 @@ def test_cp_copies_a_preset_or_names_a_model(pcli: InProcessCLI, tmp_path: Path)
     one_error(pcli("cp", "nosuch:model", "x"), "FROM nosuch:model", "unknown model")
 
 
+def test_name_and_name_latest_are_one_model(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """As in Ollama, NAME and NAME:latest are one model: a preset made as mine:latest is `mine` (listed so, and
+    found by either name: `-m mine` was "unknown model 'mine'"), a second one of either name is refused, rm of either
+    removes it; a preset kept as NAME@latest.json before is found the same way; a user's catalogue entry foo:latest
+    is `-m foo` too."""
+    r = pcli("cp", "smollm2:135m", "mine:latest")
+    assert (r.returncode, r.stdout) == (0, "mine  preset of smollm2:135m\n"), r.stderr
+    for name in ("mine", "mine:latest", "mine:LATEST"):
+        assert pcli("show", name, "--modelfile").stdout == "FROM smollm2:135m\n", name
+        assert pcli("show", name, "--json").returncode == 0, name
+    one_error(pcli("cp", "smollm2:135m", "mine"), "a preset named 'mine' exists")
+    one_error(pcli("create", "mine:latest", "-f", "-", input=TERSE), "a preset named 'mine' exists")
+    listed = [i["name"] for i in json.loads(pcli("list", "--json").stdout)]
+    assert listed.count("mine") == 1 and "mine:latest" not in listed, listed
+    folder = tmp_path / "home" / "data" / "presets"
+    doc = json.loads((folder / "mine.json").read_text())
+    (folder / "old@latest.json").write_text(json.dumps({**doc, "name": "old:latest"}))  # as kept before
+    listed = [i["name"] for i in json.loads(pcli("list", "--json").stdout)]
+    assert listed.count("old") == 1 and "old:latest" not in listed, listed
+    assert pcli("show", "old", "--modelfile").stdout == "FROM smollm2:135m\n"
+    one_error(pcli("cp", "smollm2:135m", "old"), "a preset named 'old' exists")
+    assert pcli("rm", "old", "--yes").returncode == 0 and not list(folder.glob("old*"))
+    assert pcli("rm", "mine:latest", "--yes").returncode == 0 and not list(folder.glob("mine*"))
+    one_error(pcli("show", "mine"), "unknown model 'mine'")
+    (tmp_path / "home" / "config").mkdir(parents=True)
+    (tmp_path / "home" / "config" / "models.toml").write_text('[models."foo:latest"]\nrepo = "acme/Foo-GGUF"\n')
+    one_error(pcli("show", "foo"), "foo:latest@Q4_K_M is not in the cache")
+
+
 def test_from_a_preset_layers_on_it(pcli: InProcessCLI, tmp_path: Path) -> None:
     (tmp_path / "Modelfile").write_text(TERSE)
     assert pcli("create", "terse", "-f", str(tmp_path / "Modelfile")).returncode == 0
@@ -396,6 +425,7 @@ def test_serve_and_bench_take_a_preset(cli_env: dict[str, str], tmp_path: Path) 
 
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
     assert CLI(env)("create", "terse", "-f", "-", input=TERSE).returncode == 0
+    assert CLI(env)("cp", "terse", "mine:latest").returncode == 0
     s = Server(env, "-np", "1")
     try:
         windows = {m["id"]: m["max_model_len"] for m in httpx.get(f"{s.url}/v1/models", timeout=60).json()["data"]}
@@ -412,10 +442,14 @@ def test_serve_and_bench_take_a_preset(cli_env: dict[str, str], tmp_path: Path) 
         assert said.message.content and said.eval_count <= 3, said
         names = [m["name"] for m in httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]]
         assert names.count("terse") == 1 and "terse:latest" not in names, names
+        # and the other way round: a preset made as NAME:latest is NAME, as in Ollama (it was a 404)
+        said = ollama.Client(host=s.url).chat(model="mine", messages=[{"role": "user", "content": "Sky?"}])
+        assert said.message.content and said.eval_count <= 3, said
     finally:
         assert s.stop() == 0
-    r = CLI(env)("run", "-m", "terse:latest", "Sky?")
-    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    for name in ("terse:latest", "mine", "mine:latest"):
+        r = CLI(env)("run", "-m", name, "Sky?")
+        assert r.returncode == 0 and r.stdout.strip(), r.stderr
     assert CLI(env)("run", "-m", "smollm2:latest", "Sky?").returncode == 1  # a family's: no tag is its default
     r = CLI(env)("bench", "-m", "terse", "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl")
     assert r.returncode == 0, r.stderr

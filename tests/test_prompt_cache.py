@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -234,9 +235,36 @@ def test_size_cap_evicts_least_recently_used(env: dict[str, str], asked: Asked, 
     assert len(remaining) == 1 and remaining[0] != first, "the older state was evicted for the newer"
 
 
+def test_a_lowered_cap_evicts_at_the_next_run(env: dict[str, str], asked: Asked) -> None:
+    """docs/caches.md: files are evicted least recently used past the cap, and a lowered cap does it at the next
+    run, before anything is loaded; that run hits the newer state, which is all the cap holds now (the older one
+    stayed beside it, and it was loaded all the same)."""
+    newer = asked.home_with_the_state(env)
+    older = newer.with_name(f"{'0' * 64}.{hashlib.sha256(asked.state_bytes).hexdigest()}.state")  # another prefix's
+    older.write_bytes(asked.state_bytes)
+    os.utime(older, (1000, 1000))
+    cap_mb = len(asked.state_bytes) * 3 // 2 >> 20
+    assert cap_mb >= 1 and len(asked.state_bytes) <= cap_mb << 20 < 2 * len(asked.state_bytes)
+    again = run({**env, "LOCALGEN_PROMPT_CACHE_MB": str(cap_mb)}, *asked.ask)
+    assert again["prompt_cache"] == "hit" and again["text"] == asked.saved["text"]
+    assert states(env) == [newer], "the least recently used state was evicted"
+
+
+def test_a_state_past_a_lowered_cap_is_not_loaded(env: dict[str, str], asked: Asked) -> None:
+    """A state saved under a larger cap is evicted by the first run under a cap it no longer fits: that run
+    evaluates the prefix (`too big`, with the answer a fresh evaluation gives), where it said `hit`."""
+    asked.home_with_the_state(env)
+    r = CLI({**env, "LOCALGEN_PROMPT_CACHE_MB": "1"})("run", "--temperature", "0", "--json", *asked.ask, timeout=180)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["prompt_cache"] == "too big" and out["stats"]["cached_tokens"] == 0, out["prompt_cache"]
+    assert out["text"] == asked.off["text"]
+    assert states(env) == []
+
+
 def test_a_state_over_the_cap_is_not_kept(env: dict[str, str], asked: Asked, tmp_path: Path) -> None:
-    """A prefix whose state is larger than LOCALGEN_PROMPT_CACHE_MB is not written (and evicts nothing): the run
-    says `too big` and warns once."""
+    """A prefix whose state is larger than LOCALGEN_PROMPT_CACHE_MB is not written: the run says `too big` and
+    warns once; the cache is still brought within the cap (the other prefix's state, larger too, is evicted)."""
     other = asked.home_with_the_state(env)
     capped = {**env, "LOCALGEN_PROMPT_CACHE_MB": "1"}
     assert len(asked.state_bytes) > 1 << 20
@@ -245,7 +273,7 @@ def test_a_state_over_the_cap_is_not_kept(env: dict[str, str], asked: Asked, tmp
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["prompt_cache"] == "too big" and out["stats"]["cached_tokens"] == 0
-    assert states(env) == [other], "nothing written, nothing evicted"
+    assert not other.exists() and states(env) == [], "nothing written, and the state past the cap evicted"
     assert r.stderr.count("LOCALGEN_PROMPT_CACHE_MB") == 1, r.stderr
 
 
@@ -306,6 +334,23 @@ def test_a_chat_s_next_turn_counts_what_its_kv_cache_gave_back(env: dict[str, st
     assert states(env) == [], "no prefix of 256 tokens to save"
 
 
+def test_a_chat_state_past_a_lowered_cap_is_not_resumed(env: dict[str, str]) -> None:
+    """A conversation's KV state saved under a larger cap is evicted by a --resume under a cap it does not fit,
+    and the history is read again."""
+    def chat(cap: dict[str, str], *args: str, text: str) -> subprocess.CompletedProcess[str]:
+        r = CLI({**env, **cap})("chat", *args, "-n", "6", "--temperature", "0", "--stats", input=text, timeout=180)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    rivers = "Tell me about rivers: " + "their springs, their valleys, their bridges and their mills. " * 3
+    chat({}, "kc", text=f"{rivers}\n")
+    [state] = (Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("kc.*.state")
+    assert state.stat().st_size > 1 << 20
+    r = chat({"LOCALGEN_PROMPT_CACHE_MB": "1"}, "--resume", "kc", text="And lakes?\n/stats\n")
+    assert "restored the KV state" not in r.stderr and last_turn(r.stderr)[1] == 0, r.stderr
+    assert not state.exists(), "the state past the cap was evicted"
+
+
 def test_a_damaged_chat_state_is_not_resumed(env: dict[str, str]) -> None:
     """A conversation's saved KV state with flipped bytes is removed, and --resume reads the history again."""
     def chat(*args: str, text: str) -> subprocess.CompletedProcess[str]:
@@ -364,6 +409,27 @@ def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp
     assert kept_at_least({"cached_tokens": cached, "prompt_tokens": prompt}), (prompt, cached)
     assert last_turn(off.stderr)[1] == last_turn(saved.stderr)[1] == 0, "evaluated for the answer: nothing cached"
     assert off.stdout == saved.stdout == hit.stdout and off.stdout.strip()
+
+
+def test_a_cap_of_0_evicts_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A cap of 0 turns the cache off: the states saved before stay (docs/configuration.md) until a later cap
+    evicts them."""
+    from localgen.engine import promptcache
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    root = promptcache.cache_root()
+    root.mkdir(parents=True)
+    kept = root / f"{0:064x}.{0:064x}.state"
+    kept.write_bytes(b"\0" * 1024)
+    monkeypatch.setenv(promptcache.CAP_ENV, "0")
+    promptcache.evict()
+    assert kept.exists()
+    monkeypatch.setenv(promptcache.CAP_ENV, "1")
+    promptcache.evict()
+    assert kept.exists(), "within a cap of 1 MB"
+    kept.write_bytes(b"\0" * (2 << 20))
+    promptcache.evict()
+    assert not kept.exists()
 
 
 def test_eviction_is_not_upset_by_another_run_evicting_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

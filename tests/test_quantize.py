@@ -11,8 +11,8 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -312,15 +312,37 @@ def test_ctrl_c_during_a_quantize_leaves_no_file(qcli: CLI, smollm2_f16: Path, t
     out = folder / "q.gguf"
     p = qcli.popen("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(out), "-t", "1",
                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while not list(folder.glob(".q.gguf.*.partial")):  # llama.cpp has begun to write
-        assert p.poll() is None and time.monotonic() < deadline, "the quantization ended before it could be stopped"
-        time.sleep(0.05)
+    _wait_for_bytes(p)
     p.send_signal(signal.SIGINT)
     rc = p.wait(timeout=60)
     err = p.stderr.read().decode() if p.stderr else ""
     assert rc == 130, err
     assert "interrupted: nothing was written" in err and "Traceback" not in err
+    assert list(folder.iterdir()) == []
+
+
+def _wait_for_bytes(p: Any) -> None:
+    """Until a quantization's progress (plain lines on a pipe) says llama.cpp has written part of the result."""
+    assert p.stderr is not None
+    seen = b""
+    while not re.search(rb": \d+%$", seen.rstrip()):
+        line = p.stderr.readline()
+        assert line, f"the quantization ended before it could be stopped: {seen!r}"
+        seen += line
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSEGV"])
+def test_a_quantize_that_crashes_or_is_killed_leaves_no_file(qcli: CLI, smollm2_f16: Path, tmp_path: Path,
+                                                             sig: str) -> None:
+    """quantize.md: a quantization ended by anything but its own cleanup (SIGKILL, the OOM killer, a crash that
+    is not llama.cpp's abort) leaves nothing: the result is written into a file with no name until it is whole."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    p = qcli.popen("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(folder / "q.gguf"), "-t", "1",
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for_bytes(p)
+    p.send_signal(getattr(signal, sig))
+    assert p.wait(timeout=60) == -getattr(signal, sig)
     assert list(folder.iterdir()) == []
 
 

@@ -5,9 +5,15 @@ and what the page says of them holds for those rows."""
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 from localgen.cli import ladderview
+from localgen.models.gguf_meta import read_summary
 from localgen.quant.ladder import Row
+from localgen.units import format_bytes
 from tests.conftest import ROOT
 
 PAGE = (ROOT / "docs" / "quantize-choose.md").read_text(encoding="utf-8")
@@ -37,3 +43,25 @@ def test_what_the_page_says_of_the_rows() -> None:
     assert f"Q5_K_M drifts further than Q4_K_M ({q5.kld:.3f} against {q4.kld:.3f}) with more bits" in PAGE
     assert all(r.fits == "CPU only" for r in ROWS) and "all fit this\nmachine's RAM" in PAGE
     assert "40 windows of 256 tokens" in PAGE and "(10,240\ntokens)" in PAGE and "--ctx 256 --chunks 40" in PAGE
+
+
+def test_the_f16_the_page_starts_from_is_made_by_the_command_it_shows(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """The ladder starts from SmolLM2 as F16, which no download gives: the page shows the command that makes it
+    (the checkout's tests.dequant from the embedded model, as this suite's F16 is made), before the ladder's
+    command that reads it, and says its size."""
+    block = PAGE[PAGE.index("```sh\n.venv/bin/python -m tests.dequant"):]
+    block = block[:block.index("```\n", 6)]
+    made, ladder = block.splitlines()[1:3]
+    argv = shlex.split(made)
+    assert argv[:3] == [".venv/bin/python", "-m", "tests.dequant"] and len(argv) == 5, made
+    src, dst = argv[3:]
+    assert shlex.split(ladder)[:3] == ["localgen", "quantize", dst] and f"\n{dst} " in PAGE  # the table's first row
+    r = subprocess.run([sys.executable, "-m", "tests.dequant", src, str(tmp_path / dst)], cwd=ROOT, env=cli_env,
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr
+    summary = read_summary(str(tmp_path / dst))
+    assert summary.quantization == "F16" and summary.architecture == "llama", summary
+    assert f"({format_bytes(summary.file_size)}, " in PAGE
+    r = subprocess.run([sys.executable, "-m", "tests.dequant", "nosuch:model", str(tmp_path / "x.gguf")], cwd=ROOT,
+                       env=cli_env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 1 and r.stderr == "tests.dequant: unknown model 'nosuch:model'\n", r.stderr

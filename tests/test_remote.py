@@ -80,6 +80,21 @@ def test_a_setting_left_alone_is_the_servers_and_the_seed_is_always_sent(cli: CL
     assert [b["body"].get("temperature") for b in fake.requests[-2:]] == [0.8, None]
 
 
+def test_json_sampling_is_what_was_sent_and_nothing_else(cli: CLI, fake: FakeServer) -> None:
+    """docs/remote.md: `run --endpoint --json`'s `sampling` has the settings sent, by localgen's names, as sent,
+    and nothing of the ones left to the server (its defaults, which it does not say)."""
+    fake.requests.clear()
+    r = _run(cli, fake, "plain", "--json", "--temperature", "0.3", "--top-k", "40", "-n", "9", "--mirostat", "2",
+             "--logit-bias", "15043-1")
+    assert r.returncode == 0, r.stderr
+    body, doc = fake.requests[-1]["body"], json.loads(r.stdout)
+    assert doc["sampling"] == {"seed": doc["seed"], "temperature": 0.3, "top_k": 40, "max_tokens": 9, "mirostat": 2,
+                               "mirostat_lr": 0.1, "mirostat_ent": 5.0, "logit_bias": {"15043": -1.0}}, doc["sampling"]
+    assert body["seed"] == doc["seed"] and body["logit_bias"] == {"15043": -1.0}
+    r = _run(cli, fake, "plain", "--json")
+    assert json.loads(r.stdout)["sampling"] == {"seed": fake.requests[-1]["body"]["seed"]}
+
+
 def test_a_429_is_retried_and_a_busy_server_is_reported(cli: CLI, fake: FakeServer) -> None:
     fake.busy_once_seen = 0
     r = _run(cli, fake, "busy-once")

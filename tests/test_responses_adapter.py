@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -118,7 +119,7 @@ def test_text_format_is_a_grammar_and_effort_the_templates_switch() -> None:
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"truncation": "auto"}, "truncation"),
+    ({"truncation": "sideways"}, "truncation"),
     ({"include": ["everything"]}, "include"),
     ({"metadata": "x"}, "metadata"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),  # OpenAI's bounds: 16 keys,
@@ -286,3 +287,31 @@ def test_the_store_is_bounded_in_bytes_the_oldest_going_first(tmp_path: Path) ->
         kept = sorted(row[0] for row in db.execute("SELECT id FROM responses"))
         total = db.execute("SELECT SUM(bytes) FROM responses").fetchone()[0]
     assert kept == ["resp_2", "resp_3", "resp_4"] and total <= 1_000_000, (kept, total)
+
+
+def test_input_items_of_calls_results_and_a_store_made_before_them(tmp_path: Path) -> None:
+    """A conversation's calls and results as function_call and function_call_output items; a row stored before
+    input_items were kept (no count) lists everything before its answer."""
+    import sqlite3
+
+    from localgen.serve.responsestore import ResponseStore, as_items
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    convo = [{"role": "user", "content": "Add."}, {"role": "assistant", "content": "", "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "2"}, {"role": "assistant", "content": "Two."}]
+    items = as_items(convo[:3], "abc")
+    assert [i["type"] for i in items] == ["message", "function_call", "function_call_output"]
+    assert items[1] | {"id": ""} == {"id": "", "type": "function_call", "call_id": "call_1", "name": "add",
+                                     "arguments": '{"a": 1}', "status": "completed"}
+    assert items[2]["output"] == "2" and items[2]["call_id"] == "call_1"
+    path = tmp_path / "responses.db"
+    with sqlite3.connect(path) as db:  # the table as an older localgen made it, one row in it
+        db.execute("CREATE TABLE responses (id TEXT PRIMARY KEY, created REAL NOT NULL, response TEXT NOT NULL, "
+                   "conversation TEXT NOT NULL, bytes INTEGER NOT NULL DEFAULT 0)")
+        db.execute("INSERT INTO responses VALUES (?, ?, ?, ?, 0)", ("resp_old", time.time(), "{}", json.dumps(convo)))
+    store = ResponseStore(path)
+    old = store.load("resp_old")
+    assert old is not None and old.inputs == -1 and old.input_messages == convo[:3]
+    store.save("resp_new", {}, convo, inputs=1)
+    new = store.load("resp_new")
+    assert new is not None and new.input_messages == [convo[2]]

@@ -202,7 +202,7 @@ def test_ctrl_c_stops_generation_with_130(cli: CLI) -> None:
     [
         (["--top-p", "1.5"], "--top-p"),
         (["--temperature", "-1"], "--temperature"),
-        (["--ctx", "0"], "--ctx"),
+        (["--ctx", "8"], "--ctx takes 0 (the model's trained context) or 16 tokens or more, not 8"),
         (["--top-k", "-3"], "--top-k"),
         (["--max-tokens", "-5"], "--max-tokens"),
         (["--seed", "-1"], "--seed"),
@@ -342,3 +342,23 @@ def test_a_ctx_past_the_training_context_is_said_once_on_stderr(cli: CLI) -> Non
     r = cli("run", "-c", "8192", "Hi", "-n", "2", "--temperature", "0", "--json")
     assert r.returncode == 0 and r.stderr == "" and json.loads(r.stdout)["load"]["n_ctx"] == 8192, r.stderr
     assert "[default: 4096]" in " ".join(cli("run", "--help").stdout.split("--ctx", 1)[1].split()[:40])
+
+
+def test_ctx_0_is_the_models_training_context(cli: CLI) -> None:
+    """docs/run.md: `--ctx 0` (or LOCALGEN_CTX=0, or a preset's num_ctx 0) is the window the model was trained on,
+    as llama.cpp's `-c 0`, for run, chat and fit: 8,192 tokens for smollm2, 32,768 for gemma3 (it was a usage
+    error)."""
+    for model, trained in (("smollm2:135m", 8192), ("gemma3:270m", 32768)):
+        r = cli("run", "-m", model, "--ctx", "0", "--raw", "Hi", "-n", "2", "--json")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert json.loads(r.stdout)["load"]["n_ctx"] == trained == json.loads(
+            cli("show", model, "--json").stdout)["context_length"]
+    r = CLI({**cli.env, "LOCALGEN_CTX": "0"})("run", "Hi", "-n", "2", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["load"]["n_ctx"] == 8192, r.stderr
+    r = cli("chat", "--ctx", "0", "-n", "2", input="Hi\n/context\n")
+    assert r.returncode == 0 and " of 8,192 tokens used" in r.stderr, r.stderr
+    assert cli("create", "whole", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_ctx 0\n").returncode == 0
+    r = cli("run", "-m", "whole", "Hi", "-n", "2", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["load"]["n_ctx"] == 8192, r.stderr
+    r = cli("fit", "--ctx", "0", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ctx"] == 8192, r.stderr

@@ -159,7 +159,10 @@ def test_ollama_client_chat_and_generate(server: Server) -> None:
     assert "".join(p["message"]["content"] for p in streamed) == chat["message"]["content"]
     assert [m.model for m in client.list().models][:1] == ["smollm2:135m"]
     assert client.ps().models and client.show("smollm2:135m").details.quantization_level == "Q4_1"
-    assert httpx.get(f"{server.url}/api/version", headers=_auth()).json()["version"]
+    import localgen
+
+    assert httpx.get(f"{server.url}/api/version", headers=_auth()).json() == {"version": "0.12.0",
+                                                                             "localgen": localgen.__version__}
 
 
 def test_concurrent_requests_are_decoded_together(server: Server) -> None:
@@ -208,7 +211,13 @@ def test_errors_have_each_apis_shape_and_status(server: Server) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
     r = httpx.post(f"{u}/v1/completions", headers=h, timeout=60,
                    json={"model": "smollm2:135m", "prompt": "word " * 1500})
-    assert r.status_code == 413 and "context window" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "context window" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == "context_length_exceeded"  # OpenAI's code, which Codex reads to compact
+    r = httpx.post(f"{u}/v1/messages", headers=h, timeout=60, json={"model": "smollm2:135m", "max_tokens": 8,
+                                                                     "messages": [{"role": "user",
+                                                                                   "content": "word " * 1500}]})
+    assert r.status_code == 400, r.text  # Anthropic's words, which Claude Code reads to compact
+    assert re.fullmatch(r"prompt is too long: \d+ tokens > 1024 maximum", r.json()["error"]["message"]), r.text
     for path in ("/v1/chat/completions", "/api/chat"):  # a message that is not an object
         r = httpx.post(f"{u}{path}", headers=h, json={"model": "smollm2:135m", "messages": ["hi"]})
         assert r.status_code == 400, r.text
@@ -777,11 +786,44 @@ def test_responses_client_whole_streamed_continued_and_stored(server: Server) ->
         client.responses.retrieve(unstored.id)
 
 
+def test_a_responses_input_items_are_its_own_input(server: Server) -> None:
+    """GET /v1/responses/{id}/input_items (the SDK's responses.input_items.list): the request's own input as
+    items, newest first unless order=asc, paged by limit and after; not what it continued, nor its answer."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    first = client.responses.create(model="smollm2:135m", max_output_tokens=2, temperature=0, instructions="Brief.",
+                                    input=[{"role": "user", "content": "Name a colour."},  # type: ignore[list-item]
+                                           {"role": "assistant", "content": "Red."},
+                                           {"role": "user", "content": [{"type": "input_text", "text": "Another?"}]}])
+    items = client.responses.input_items.list(first.id, order="asc").data
+    assert [(i.type, i.role, i.content[0].type, i.content[0].text) for i in items] == [  # type: ignore[union-attr]
+        ("message", "user", "input_text", "Name a colour."), ("message", "assistant", "output_text", "Red."),
+        ("message", "user", "input_text", "Another?")]
+    assert len({i.id for i in items}) == 3
+    newest = client.responses.input_items.list(first.id)
+    assert [i.id for i in newest.data] == [i.id for i in reversed(items)] and not newest.has_more
+    page = client.responses.input_items.list(first.id, order="asc", limit=2)
+    assert [i.id for i in page.data] == [i.id for i in items[:2]] and page.has_more
+    rest = client.responses.input_items.list(first.id, order="asc", limit=2, after=items[1].id)
+    assert [i.id for i in rest.data] == [items[2].id] and not rest.has_more
+    # a follow-up's input is its own message, not the conversation it continues
+    second = client.responses.create(model="smollm2:135m", max_output_tokens=2, temperature=0, input="And a third?",
+                                     previous_response_id=first.id)
+    assert [(i.role, i.content[0].text) for i in client.responses.input_items.list(second.id).data] == [  # type: ignore[union-attr]
+        ("user", "And a third?")]
+    for bad, param in (("order=sideways", "order"), ("limit=0", "limit"), ("after=msg_nosuch", "after")):
+        r = httpx.get(f"{server.url}/v1/responses/{first.id}/input_items?{bad}", headers=_auth(), timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = httpx.get(f"{server.url}/v1/responses/resp_nosuch/input_items", headers=_auth(), timeout=10)
+    assert r.status_code == 404
+
+
 def test_responses_errors_and_json_output(server: Server) -> None:
     url, head = f"{server.url}/v1/responses", _auth()
     for body, param in (({"input": []}, "input"), ({"input": ""}, "input"),
                         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
-                        ({"input": "x", "truncation": "auto"}, "truncation"),
+                        ({"input": "x", "truncation": "middle"}, "truncation"),
                         ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
                         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
                         ({"input": [{"type": "item_reference", "id": "x"}]}, "input")):
@@ -850,6 +892,41 @@ def test_ps_against_a_server_with_a_key(server: Server, cli: CLI) -> None:
     assert keyed.returncode == 0 and json.loads(keyed.stdout)[0]["name"] == "smollm2:135m", keyed.stderr
 
 
+def test_ps_takes_a_key_file_and_the_address_from_the_environment(server: Server, cli: CLI, tmp_path: Path) -> None:
+    """`localgen ps --api-key-file FILE` as serve's (a typed file wins over LOCALGEN_API_KEY; with --api-key, an
+    empty or unreadable file: usage errors); LOCALGEN_HOST and LOCALGEN_PORT set its --host and --port."""
+    key = tmp_path / "key.txt"
+    key.write_text(f"{KEY}\n")
+    at = CLI({**cli.env, "LOCALGEN_HOST": "localhost", "LOCALGEN_PORT": str(server.port), "LOCALGEN_API_KEY": "wrong"})
+    r = at("ps", "--api-key-file", str(key), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["name"] == "smollm2:135m", r.stderr
+    r = at("ps", "--api-key-file", str(key), "--port", "1")  # a typed flag wins over the variable
+    assert r.returncode == 1 and "no localgen serve is running at http://localhost:1" in r.stderr, r.stderr
+    r = at("ps")
+    assert r.returncode == 1 and "refused the API key" in r.stderr, r.stderr
+    (tmp_path / "empty.txt").write_text("\n")
+    for args, said in ((["--api-key", KEY, "--api-key-file", str(key)], "cannot be combined"),
+                       (["--api-key-file", str(tmp_path / "empty.txt")], "is empty"),
+                       (["--api-key-file", str(tmp_path / "nothing.txt")], "cannot be read")):
+        r = at("ps", *args)
+        assert r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = CLI({**cli.env, "LOCALGEN_PORT": "x"})("ps")
+    assert r.returncode == 2 and "LOCALGEN_PORT" in r.stderr, r.stderr
+
+
+def test_run_and_chat_without_m_name_the_missing_key(server: Server, cli: CLI) -> None:
+    """--endpoint without -m asks the server's /models for the model: a keyed server's 401 is said as a request's
+    refusal naming --api-key-env (it was "did not list its models (name the model with -m)"), with or without -m."""
+    url = f"{server.url}/v1"
+    for command, extra in (("run", ["-p", "Hi"]), ("chat", [])):
+        for model in ([], ["-m", "smollm2:135m"]):
+            r = cli(command, "--endpoint", url, *model, *extra, "-n", "2", input="Hi\n")
+            assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+            assert "refused the request (401)" in r.stderr and "--api-key-env" in r.stderr, r.stderr
+    r = CLI({**cli.env, "THE_KEY": KEY})("run", "--endpoint", url, "--api-key-env", "THE_KEY", "-p", "Hi", "-n", "2")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+
+
 def _raw(port: int, request: bytes) -> tuple[bytes, bytes]:
     """One request over a bare socket, read to the server's close: the response's head and body as sent."""
     with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
@@ -881,3 +958,39 @@ def test_an_http_1_0_client_gets_a_stream_whole_with_its_length_not_in_chunks(se
     etag = next(line for line in head.split(b"\r\n") if line.startswith(b"etag:")).split(b":", 1)[1].strip()
     head, got = _raw(server.port, ask + b"If-None-Match: " + etag + b"\r\n\r\n")
     assert b" 304 " in head.split(b"\r\n")[0] and b"content-length" not in head and got == b"", head
+
+
+def test_a_ctx_past_the_trained_window_is_said_at_start(cli_env: dict[str, str]) -> None:
+    """As run says it: the load caps --ctx at what the model was trained on (SmolLM2: 8,192), and serve says so."""
+    s = Server(cli_env, "-np", "1", "--ctx", "16384")
+    try:
+        assert httpx.get(f"{s.url}/api/ps", timeout=10).json()["models"][0]["context_length"] == 8192
+    finally:
+        assert s.stop() == 0
+    text = s.proc.stderr.read().decode() if s.proc.stderr else ""
+    assert ("warning: --ctx 16,384 is past the 8,192 tokens smollm2:135m was trained on: its window is 8,192 "
+            "(--rope-scaling stretches it)") in text, text
+
+
+def test_models_are_listed_in_the_shape_of_the_client_that_asks(server: Server) -> None:
+    """OpenAI's shape by default; Anthropic's (type, display_name, created_at, has_more) for its SDK, which sends
+    anthropic-version; one model by its id in either; a page of Anthropic's by limit and after_id."""
+    import anthropic
+    import openai
+
+    o = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    one = o.models.retrieve("smollm2:135m")
+    assert (one.id, one.object, one.owned_by) == ("smollm2:135m", "model", "localgen")
+    a = anthropic.Anthropic(base_url=server.url, api_key=KEY)
+    listed = a.models.list()
+    ids = [m.id for m in listed.data]
+    assert ids[0] == "smollm2:135m" and {m.type for m in listed.data} == {"model"}
+    assert listed.data[0].display_name == "smollm2:135m" and listed.data[0].created_at.year >= 2026
+    got = a.models.retrieve("smollm2:135m")
+    assert (got.id, got.type) == ("smollm2:135m", "model")
+    first = a.models.list(limit=1)
+    assert [m.id for m in first.data] == ids[:1] and first.has_more == (len(ids) > 1)
+    if len(ids) > 1:
+        assert [m.id for m in a.models.list(limit=1, after_id=ids[0]).data] == ids[1:2]
+    r = httpx.get(f"{server.url}/v1/models/nosuch", headers=_auth(), timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"

@@ -341,10 +341,14 @@ def test_a_body_over_the_limit_is_a_413(inproc: InProcess) -> None:
 
 def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(child: Server) -> None:
     r = _complete(child.url, prompt="word " * 30_000)  # 150,000 characters for a 4,096-token window
-    assert r.status_code == 413 and "characters" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == "context_length_exceeded"
     r = httpx.post(f"{child.url}/api/chat", json={"model": MODEL, "stream": False, "messages": [
         {"role": "user", "content": "word " * 30_000}]}, timeout=30)
-    assert r.status_code == 413
+    assert r.status_code == 400 and "characters" in r.json()["error"]
+    r = httpx.post(f"{child.url}/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": [
+        {"role": "user", "content": "word " * 30_000}]}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "prompt is too long: 4687 tokens > 4096 maximum"
 
 
 def test_grammar_bounds_and_deep_nesting_are_400s_without_internals(child: Server) -> None:

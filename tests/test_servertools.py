@@ -68,6 +68,9 @@ def test_calls_run_the_real_tools_and_failures_are_results_the_model_can_read(se
     # MCP server is started with only the SDK's safe subset of the environment
     assert _call(server, "secret")["content"] == "token=[TEST_API_TOKEN redacted]"
     assert _call(server, "leak")["content"] == "token=unset"
+    # a failure's reason is redacted too: it may quote a key
+    assert _call(server, "explode", {"reason": f"key={TOKEN}"})["content"] == \
+        "explode failed: ValueError: boom: key=[TEST_API_TOKEN redacted]"
 
 
 def test_bad_calls_are_http_errors(server: Server) -> None:
@@ -114,11 +117,31 @@ def test_a_dead_mcp_server_leaves_the_list_and_its_calls_fail_as_results(server:
     assert gone["is_error"] and "not a tool here" in gone["content"]
 
 
+def test_calls_stuck_past_their_timeout_hold_no_more_threads(server: Server) -> None:
+    """Last but one: it leaves 8 of the `stall` tool's threads sleeping past --tool-timeout 2 (a thread cannot be
+    stopped). While they run, a call is a 503, and the server's other routes still answer at once."""
+    import concurrent.futures
+
+    def stall(_: int) -> httpx.Response:
+        return httpx.post(f"{server.url}/tools/call", json={"name": "stall"}, timeout=60)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        stalled = list(pool.map(stall, range(8)))
+    # each timed out (or, once 8 were stuck with an earlier test's, was refused)
+    assert all(r.status_code == 503 or "did not finish within 2 s" in r.json()["content"] for r in stalled)
+    r = httpx.post(f"{server.url}/tools/call", json={"name": "add", "arguments": {"a": 1, "b": 2}}, timeout=30)
+    assert r.status_code == 503 and "tool calls are still running" in r.json()["error"]["message"], r.text
+    assert httpx.get(f"{server.url}/v1/models", timeout=5).status_code == 200
+
+
 def test_flags_that_cannot_work_are_refused_before_anything_starts(cli_in_process: Any) -> None:
     r = cli_in_process("serve", "--tool-timeout", "5")
     assert r.returncode == 2 and "--tool-timeout" in r.stderr and "--functions or --mcp" in r.stderr, r.stderr
     r = cli_in_process("serve", "--host", "0.0.0.0", "--functions", FUNCTIONS)
     assert r.returncode == 2 and "no API key" in r.stderr and "--api-key" in r.stderr, r.stderr
+    # more web origins allowed, and no key: those pages could run the tools
+    r = cli_in_process("serve", "--cors", "*", "--functions", FUNCTIONS)
+    assert r.returncode == 2 and "more web origins allowed (*)" in r.stderr and "--api-key" in r.stderr, r.stderr
     r = cli_in_process("serve", "--functions", FUNCTIONS, "--functions", FUNCTIONS, "--port", "1")
     assert r.returncode == 1 and "two tools are named 'get_weather'" in r.stderr, r.stderr
     r = cli_in_process("serve", "--mcp", "'unclosed", "--port", "1")

@@ -115,9 +115,9 @@ def test_faults_come_out_as_typed_errors(core: Any) -> None:
     while not sched.idle:
         outs += sched.step()
     too_long = next(o for o in outs if isinstance(o, Finished)).completion
-    assert isinstance(too_long.error, PromptTooLong) and too_long.error.status == 413
+    assert isinstance(too_long.error, PromptTooLong) and too_long.error.status == 400
     failed = next(o for o in outs if isinstance(o, Result))
-    assert isinstance(failed.error, ContextTooSmall) and failed.error.status == 413
+    assert isinstance(failed.error, ContextTooSmall) and failed.error.status == 400
 
 
 def test_a_cancelled_task_stops_inside_its_slice_and_the_embedder_goes_on(core: Any) -> None:

@@ -88,7 +88,10 @@ def test_what_the_page_says_of_serve(cli_env: dict[str, str], gemma_path: Path) 
     try:
         chat = httpx.post(f"{server.url}/v1/chat/completions", headers=key, timeout=300, json={
             "model": "gemma3:270m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
-        assert chat.status_code == 400 and "has no chat template" in chat.json()["error"]["message"], chat.text
+        assert chat.status_code == 400 and chat.json()["error"]["message"] == (
+            "gemma3:270m has no chat template (it may be a base model): send it a plain prompt at /v1/completions, "
+            "or Ollama's /api/generate"), chat.text
+        assert chat.json()["error"]["param"] == "model"
         done = httpx.post(f"{server.url}/v1/completions", headers=key, timeout=300,
                           json={"model": "gemma3:270m", "prompt": "The capital of France is", "max_tokens": 2})
         assert done.status_code == 200 and done.json()["choices"][0]["text"], done.text

@@ -212,6 +212,46 @@ def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], cli_in_p
     assert "(partial)" in records("tune", "--show").stdout
 
 
+def test_ctrl_c_keeps_an_earlier_whole_tune_rather_than_the_partial_one(cli_env: dict[str, str], own_home: Path,
+                                                                        smollm2_path: Path) -> None:
+    """tune.md: an interrupted tune does not replace a whole tune made earlier for the same file, build, device and
+    load: that record stays as it was, and one line says so, exit status 130."""
+    from localgen import tuning
+
+    whole = _record(_ref(smollm2_path))
+    tuning.save(whole)
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(own_home)})
+    p = cli.popen("tune", "--depth", "0", "--prompt", "16", "--even-if-busy", stdout=subprocess.PIPE,
+                  stderr=subprocess.PIPE)
+    seen = []
+    assert p.stderr is not None
+    for raw in p.stderr:
+        seen.append(raw.decode())
+        if raw.startswith(b"measured "):
+            p.send_signal(signal.SIGINT)
+            break
+    out, rest = p.communicate(timeout=600)
+    stderr = "".join(seen) + rest.decode()
+    assert p.returncode == 130 and b"fastest first" in out, stderr
+    assert stderr.splitlines()[-1] == ("interrupted; nothing of this tune is kept: the whole tune of 2026-11-25 stays "
+                                       "smollm2:135m's default here (localgen tune --show lists it)"), stderr
+    assert tuning.records() == [whole]
+
+
+def test_a_partial_record_replaces_a_partial_one_and_a_whole_one_replaces_either(own_home: Path,
+                                                                                 smollm2_path: Path) -> None:
+    from localgen import tuning
+
+    ref = _ref(smollm2_path)
+    first = dataclasses.replace(_record(ref), partial=True)
+    assert tuning.save(first) is None and tuning.records() == [first]
+    second = dataclasses.replace(first, exchange_s=2.0)
+    assert tuning.save(second) is None and tuning.records() == [second]
+    whole = _record(ref)
+    assert tuning.save(whole) is None and tuning.records() == [whole]
+    assert tuning.save(second) == whole and tuning.records() == [whole]
+
+
 def test_tune_refuses_a_depth_the_window_cannot_hold(cli_in_process: InProcessCLI) -> None:
     r = cli_in_process("tune", "--depth", "100000")  # refused before any model loads
     assert r.returncode == 2 and "leaves no room" in r.stderr and "Traceback" not in r.stderr
@@ -403,10 +443,11 @@ def test_tune_measures_with_the_placement_and_keeps_the_record_for_it(cli_env: d
     assert bad.returncode == 2 and "no buffer type 'NOPE0'" in bad.stderr
 
 
-def test_a_stop_is_asked_before_each_decode_and_inside_the_untimed_ones(smollm2_path: Path) -> None:
-    """Ctrl-C during tune acts within one decode, as chat's prompt evaluation does: `check` (cli/stopping's, which
-    raises once Ctrl-C was pressed) is asked before each decode, and inside the decodes that fill the context
-    (untimed) through llama.cpp's abort callback, which stops one where it is (llama.cpp says ret = 2)."""
+def test_a_stop_is_asked_before_each_decode_and_inside_the_prompts_and_fills(smollm2_path: Path) -> None:
+    """Ctrl-C during tune acts at once, as chat's prompt evaluation does: `check` (cli/stopping's, which raises once
+    Ctrl-C was pressed) is asked before each decode, and inside the decodes of a measured prompt and of the fills
+    (untimed) through llama.cpp's abort callback, which stops one where it is (llama.cpp says ret = 2); a decoding
+    step, one token, is never asked inside (there the callback's cost would weigh on what is timed)."""
     from localgen.engine.tune import Probe
     from localgen.models.resolve import resolve
     from localgen.native import logs
@@ -426,8 +467,14 @@ def test_a_stop_is_asked_before_each_decode_and_inside_the_untimed_ones(smollm2_
     probe = Probe(resolve(str(smollm2_path)), repack=False, flash_attn=True, n_ctx_seq=2048, streams=1,
                   cpu_only=True, prompt=64, check=check)
     try:
-        probe.prompt(1, 16)  # a measured prompt: asked before each of its 4 decodes, never inside one
+        probe.step(1, 4)  # decoding steps: asked before each of the 4, never inside one
         assert calls == 4
+        logs.clear()
+        calls, stop_at = 0, 2  # a measured prompt, one decode: asked before it, then inside it, where it stops
+        with pytest.raises(Stop):  # (and once more as llama.cpp returns 2)
+            probe.prompt(1, 64)
+        assert calls == 3 and "failed to decode, ret = 2" in "\n".join(logs.lines(last=50))
+        logs.clear()
         calls, stop_at = 0, 3  # asked before the fill's first decode, then inside it: the second time there stops
         with pytest.raises(Stop):
             probe.fill(2048, 1)

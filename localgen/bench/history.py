@@ -72,25 +72,51 @@ def _words(e: sqlite3.Error | OSError) -> str:
     return e.strerror or str(e) if isinstance(e, OSError) else str(e)
 
 
-def start(command: str, system: dict[str, Any]) -> int:
-    """Open a run; results are added as they are measured, so an interrupted run keeps what it measured."""
-    with _db() as conn, conn:
-        cur = conn.execute("INSERT INTO runs (created, command, system) VALUES (?, ?, ?)",
-                           (time.time(), command, json.dumps(system)))
-        return int(cur.lastrowid or 0)
+class Recording:
+    """A run being measured. It enters the history with its first result, in one transaction, so a run
+    stopped before that (Ctrl-C, or killed outright: SIGKILL, SIGTERM) leaves no empty run behind; each later
+    result is added as it is measured, so a run stopped after it keeps what it measured. `id` is None until
+    the first result is kept."""
+
+    def __init__(self, command: str, system: dict[str, Any]) -> None:
+        self.command = command
+        self.system = system
+        self.id: int | None = None
 
 
-def add(run_id: int, seq: int, record: dict[str, Any]) -> None:
-    """Store one result."""
+def start(command: str, system: dict[str, Any]) -> Recording:
+    """A run about to be measured (written with its first result). Its row is written now and rolled back, so a
+    history that cannot keep it is refused before anything is measured."""
+    run = Recording(command, system)
+    with _db() as conn:
+        try:
+            conn.execute("INSERT INTO runs (created, command, system) VALUES (?, ?, ?)",
+                         (time.time(), command, json.dumps(system)))
+        finally:
+            conn.rollback()
+    return run
+
+
+def add(run: Recording, seq: int, record: dict[str, Any]) -> None:
+    """Store one result (the first one with its run)."""
     with _db() as conn, conn:
+        if run.id is None:
+            cur = conn.execute("INSERT INTO runs (created, command, system) VALUES (?, ?, ?)",
+                               (time.time(), run.command, json.dumps(run.system)))
+            run_id = int(cur.lastrowid or 0)
+        else:
+            run_id = run.id
         conn.execute("INSERT INTO results (run_id, seq, record) VALUES (?, ?, ?)", (run_id, seq, json.dumps(record)))
+    run.id = run_id  # once the transaction is committed: a result that failed to be written numbers nothing
 
 
-def drop(run_id: int) -> None:
-    """Forget a run (one stopped before its first result: nothing to keep)."""
+def drop(run: Recording) -> None:
+    """Forget a run (one whose results cannot all be kept: nothing to keep), if it entered the history."""
+    if run.id is None:
+        return
     with _db() as conn, conn:
-        conn.execute("DELETE FROM results WHERE run_id = ?", (run_id,))
-        conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+        conn.execute("DELETE FROM results WHERE run_id = ?", (run.id,))
+        conn.execute("DELETE FROM runs WHERE id = ?", (run.id,))
 
 
 @dataclass(frozen=True)
@@ -116,10 +142,11 @@ class Listed:
 
 
 def runs() -> list[Listed]:
-    """Every run, most recent first."""
+    """Every run that kept a result, most recent first (an empty one, which an earlier localgen left when it was
+    killed before its first result, is no result: not listed)."""
     with _db() as conn:
         rows = conn.execute("SELECT runs.id, runs.created, runs.command, COUNT(results.seq) FROM runs "
-                            "LEFT JOIN results ON results.run_id = runs.id GROUP BY runs.id ORDER BY runs.id DESC"
+                            "JOIN results ON results.run_id = runs.id GROUP BY runs.id ORDER BY runs.id DESC"
                             ).fetchall()
     return [Listed(int(i), float(c), str(cmd), int(n)) for i, c, cmd, n in rows]
 
@@ -132,7 +159,11 @@ def get(run_id: int) -> Run:
         row = conn.execute("SELECT id, created, command, system FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise LocalgenError(f"no benchmark run {run_id}", hint="localgen bench history lists them")
-        return Run(row[0], row[1], row[2], _system(row[3]), *_records(conn, run_id))
+        records, damaged = _records(conn, run_id)
+        if not records and not damaged:  # an earlier localgen's run killed before its first result
+            raise LocalgenError(f"benchmark run {run_id} kept no result: it was stopped before its first",
+                                hint="localgen bench history lists the runs with results")
+        return Run(row[0], row[1], row[2], _system(row[3]), records, damaged)
 
 
 def _records(conn: sqlite3.Connection, run_id: int) -> tuple[list[dict[str, Any]], int]:

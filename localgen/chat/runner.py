@@ -15,9 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from localgen import settings
+from localgen import compact, settings
 from localgen.backend import Backend
-from localgen.chat import compact
 from localgen.chat.session import ChatSession, Summary
 from localgen.errors import ContextOverflowError, LocalgenError
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats, thinking_args

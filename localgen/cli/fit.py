@@ -13,6 +13,7 @@ from localgen.cli import options as o
 from localgen.cli.options import preset
 from localgen.cli.options.knobs import Knobs, typed_by_user
 from localgen.errors import UsageError
+from localgen.types import LoadParams
 from localgen.units import format_bytes, parse_bytes
 
 GpuMemory = Annotated[
@@ -33,10 +34,10 @@ def fit(
     ctx: typer.Context,
     model: o.Model = None,
     context: Annotated[
-        int | None, typer.Option("--ctx", "--ctx-size", "-c", min=16, envvar="LOCALGEN_CTX",
+        int | None, typer.Option("--ctx", "--ctx-size", "-c", min=0, envvar="LOCALGEN_CTX",
                                  rich_help_panel=o.MODEL_PANEL, show_default=False,
                                  help="Context per sequence to plan for (default: a preset's num_ctx, else the largest "
-                                      "that fits, up to the model's training context).")
+                                      "that fits, up to the model's training context); 0: the training context.")
     ] = None,
     parallel: Annotated[
         int, typer.Option("--parallel", "-np", min=1, max=256, rich_help_panel=o.MODEL_PANEL,
@@ -67,6 +68,8 @@ def fit(
     if context is not None:
         asked_by = "--ctx" if typed_by_user(ctx, "context") else "LOCALGEN_CTX"
     asked = context if context is not None else ref.context
+    if asked is not None:  # 0 (as run's --ctx 0): the training context; 1 to 15 refused as run refuses them
+        asked = LoadParams(n_ctx=asked).for_model(ref.summary.context_length).n_ctx
     plan = planner.plan(ref.summary, footprint.layout(ref.path), machine, load, ctx=asked, parallel=parallel)
     doc = _doc(ref, plan, load, asked, asked_by, ram_given=ram is not None)
     if json_out:

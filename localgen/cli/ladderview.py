@@ -27,7 +27,7 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
 
     err = ErrWriter()
     system = records.system_info()
-    run_id = history.start(shlex.join(["localgen", *sys.argv[1:]]), system)
+    recording = history.start(shlex.join(["localgen", *sys.argv[1:]]), system)
     found: list[ladder.Row] = []
     view = ChunkView(output is not None)
 
@@ -40,55 +40,39 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
         for row in ladder.rows(reference, files, text, settings, speed, view.chunk, step):
             view.end()
             found.append(row)
-            history.add(run_id, kept, {**row.record(settings, speed, text_label), "kld_bound": kld_bound})
+            history.add(recording, kept, {**row.record(settings, speed, text_label), "kld_bound": kld_bound})
             kept += 1
     except KeyboardInterrupt:
         view.end()
-        if not found:  # stopped while the reference was measured: no row, no run to keep
-            _drop(run_id)
+        if not found:  # stopped while the reference was measured: no row, no run kept
             err.interrupted("interrupted before the first row: nothing was measured, nothing saved")
             raise typer.Exit(130) from None
-        show(found, kld_bound, output, run_id)
+        show(found, kld_bound, output, recording.id)
         rows = "row above was" if len(found) == 1 else f"{len(found)} rows above were"
-        err.interrupted(f"interrupted; the {rows} measured and kept (run {run_id})")
+        err.interrupted(f"interrupted; the {rows} measured and kept (run {recording.id})" if recording.id else
+                        f"interrupted; the {rows} measured; none is kept in the history")
         raise typer.Exit(130) from None
     except LocalgenError:
         view.end()
-        if not kept:  # refused before the first row (a text too short, another vocabulary): no run to keep
-            _drop(run_id)
         if found:  # a history that cannot be written, say: the rows measured are shown before the error
-            show(found, kld_bound, output, run_id)
+            show(found, kld_bound, output, recording.id)
             from localgen.cli.output import plural
 
-            err.line(f"{plural(len(found), 'row')} measured; {kept_where(kept, len(found), run_id)}")
-        raise
-    except BaseException:
-        if not kept:
-            _drop(run_id)
+            err.line(f"{plural(len(found), 'row')} measured; {kept_where(kept, len(found), recording.id)}")
         raise
     finally:
         view.end()
-    show(found, kld_bound, output, run_id)
-    err.line(f"saved as run {run_id}: localgen bench history {run_id}")
+    show(found, kld_bound, output, recording.id)
+    if recording.id is not None:
+        err.line(f"saved as run {recording.id}: localgen bench history {recording.id}")
 
 
-def kept_where(kept: int, measured: int, run_id: int) -> str:
+def kept_where(kept: int, measured: int, run_id: int | None) -> str:
     """Where the rows of a run that stopped on an error are kept (bench's sweep says it too)."""
     if not kept:
         return "none is kept in the history"
     which = "kept" if kept == measured else f"{kept} of them kept"
     return f"{which} as run {run_id}: localgen bench history {run_id}"
-
-
-def _drop(run_id: int) -> None:
-    """Forget a run that kept no row; where the history cannot be written even for that, the error that stopped
-    the run is the one to tell."""
-    import contextlib
-
-    from localgen.bench import history
-
-    with contextlib.suppress(LocalgenError):
-        history.drop(run_id)
 
 
 def show(found: list[ladder.Row], kld_bound: float, output: str | None, run_id: int | None = None) -> None:

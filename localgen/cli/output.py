@@ -304,15 +304,19 @@ class AnswerWriter:
 
 def answer_json(backend: Any, gen: Any, sampling: SamplingParams, conversation_id: str | None = None,
                 extra: dict[str, Any] | None = None) -> str:
-    """`run --json`'s one object: text, finish reason, model, seed, settings, load, stats, logprobs, and the
-    conversation's id in the log."""
+    """`run --json`'s one object: text, finish reason, model, seed, settings (a remote answer's: those sent), load,
+    stats, logprobs, and the conversation's id in the log."""
     import json
 
     import localgen
 
-    settings = sampling.to_dict()
-    settings["grammar"] = sampling.grammar is not None
-    settings["seed"] = gen.seed
+    sent = getattr(gen, "sent_sampling", None)  # a remote answer's: the settings sent, the seed among them
+    if sent is not None:  # the server's defaults, which it does not say, took the place of the others
+        settings = dict(sent)
+    else:
+        settings = sampling.to_dict()
+        settings["grammar"] = sampling.grammar is not None
+        settings["seed"] = gen.seed
     info = backend.describe()
     doc: dict[str, Any] = {
         "text": gen.text,

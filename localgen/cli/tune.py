@@ -239,8 +239,7 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool
         settings={k: best[k] for k in tuning.TUNABLE}, depth=max(plan.depths), exchange_s=best["total_s"],
         table=table, partial=interrupted, prompt=plan.prompt, answer=plan.answer, busy=busy,
     )
-    if busy is None or even_if_busy:
-        tuning.save(record)
+    whole = tuning.save(record) if busy is None or even_if_busy else None  # an earlier whole tune, kept instead
     if as_json:
         import json
 
@@ -252,6 +251,10 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool
         err.error(f"not kept: other work took {busy}, so these figures reflect it (and favour fewer threads)",
                   "tune again on a quiet machine, or add --even-if-busy to keep them anyway")
         raise typer.Exit(130 if interrupted else 1)
+    if whole is not None:
+        err.line(f"interrupted; nothing of this tune is kept: the whole tune of {whole.day} stays {ref.name}'s "
+                 "default here (localgen tune --show lists it)")
+        raise typer.Exit(130)
     what = "the best of what was measured before the interrupt" if interrupted else "the winner"
     placed = f" with {plan.placed}" if plan.placed else ""
     err.line(f"tuned {ref.name} in {took:.0f} s; {what} is now its default here for "

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from localgen.backend import Completion
 from localgen.engine.budget import budget_for, feed, pick
 from localgen.engine.sequence import SequenceDecoder
-from localgen.errors import EmptyPrompt, PromptTooLong, ServeError
+from localgen.errors import EmptyPrompt, ServeError, prompt_too_long
 from localgen.native import sampler as chains
 from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
@@ -82,8 +82,9 @@ def refuse(req: Request, on_done: Callable[[Completion], None], n_ctx: int) -> N
     if req.sampling.max_tokens == 0:
         on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
     else:
-        e: ServeError = EmptyPrompt() if not req.tokens else PromptTooLong(
-            f"the prompt is longer than the context window ({len(req.tokens):,} ≥ {n_ctx:,} tokens)")
+        e: ServeError = EmptyPrompt() if not req.tokens else prompt_too_long(
+            f"the prompt is longer than the context window ({len(req.tokens):,} ≥ {n_ctx:,} tokens)",
+            len(req.tokens), n_ctx)
         on_done(Completion(req.index, "", f"error: {e.message}", len(req.tokens), 0, 0.0, 0.0, req.seed, error=e))
 
 

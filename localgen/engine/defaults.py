@@ -50,6 +50,7 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
     from localgen.native import devices
 
     train_ctx = model.summary.context_length
+    params = params.for_model(train_ctx)  # --ctx 0: the trained context
     n_ctx = -(-params.n_ctx // 256) * 256
     if train_ctx and not params.rope_scaling and not params.rope_freq_scale:
         n_ctx = min(n_ctx, train_ctx)

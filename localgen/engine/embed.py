@@ -288,6 +288,7 @@ class ContextTooSmall(UsageError, PromptTooLong):
     """A text longer than the embeddings window (`pair`: a rerank document with its query, the reranker's)."""
 
     def __init__(self, n: int, n_ctx: int, pair: bool = False) -> None:
+        self.tokens, self.window = n, n_ctx
         if pair:
             super().__init__(f"a document is {n:,} tokens with the query; the reranker's window is {n_ctx:,}",
                              hint="raise --ctx, or --truncate to score the pair's first tokens")

@@ -1,7 +1,8 @@
 """Saved prompt caches: a long shared prefix (system prompt, documents, piped text) is evaluated once
 and its KV state kept on disk, keyed by the engine's identity (model file, KV and batch settings,
 offload, llama.cpp build) and the exact tokens. Files are written atomically, evicted least-recently-used
-past a size cap (a state larger than the whole cap is not written at all), and each file's name ends with
+past a size cap at each use of the cache (so a lowered cap takes effect at the next run, before anything is
+loaded; a state larger than the whole cap is not written at all), and each file's name ends with
 the SHA-256 of its bytes: a file is hashed before llama.cpp reads it, and one that does not match its name
 (or a prompt's state that does not load) is removed, never loaded (llama.cpp itself checks only the header
 and the sizes, so flipped KV bytes would load without a word). Chats keep their conversation's state here
@@ -73,6 +74,8 @@ def attach_prefix(engine: Engine, prefix: list[int], warn: Callable[[str], None]
     saving the state (when it fits the cap)."""
     if len(prefix) < MIN_PREFIX:
         return Attached("skipped", None)
+    with contextlib.suppress(OSError):  # a cap lowered since the last run: what it no longer holds is not loaded
+        evict()
     folder, stem = cache_root(), _digest(engine, prefix)
     for path in _stored(folder, stem):
         if engine.kv.load_state(path) == prefix:
@@ -174,6 +177,8 @@ def restore_chat(engine: Engine, name: str, conversation_tokens: list[int]) -> i
     damaged one goes, in _stored): one longer than this window, or one the conversation as this window renders
     it does not begin with (its oldest turns left out), is what a resume with the window that made it loads,
     and the conversation's next save replaces it anyway."""
+    with contextlib.suppress(OSError):  # a cap lowered since the last save: a state past it is not loaded
+        evict()
     for path in _stored(chat_states(), chat_stem(engine, name))[:1]:
         tokens = engine.kv.load_state(path)
         if tokens is None or tokens != conversation_tokens[: len(tokens)]:
@@ -186,9 +191,12 @@ def restore_chat(engine: Engine, name: str, conversation_tokens: list[int]) -> i
 
 
 def evict() -> None:
-    """Remove least-recently-used states until the cache is under its cap. Another run may evict at the same
-    moment: a file gone meanwhile is simply no longer counted (it was an OSError that called the state just
-    saved unwritable)."""
+    """Remove least-recently-used states until the cache is under its cap (a cap of 0 turns the cache off and
+    leaves its states as they are). Another run may evict at the same moment: a file gone meanwhile is simply no
+    longer counted (it was an OSError that called the state just saved unwritable)."""
+    cap = cap_bytes()
+    if cap == 0:
+        return
     found: list[tuple[float, int, Path]] = []
     for p in cache_root().rglob("*.state"):
         with contextlib.suppress(OSError):
@@ -196,7 +204,6 @@ def evict() -> None:
             if stat.S_ISREG(st.st_mode):
                 found.append((st.st_mtime, st.st_size, p))
     total = sum(size for _, size, _ in found)
-    cap = cap_bytes()
     for _, size, p in sorted(found):
         if total <= cap:
             break

@@ -37,12 +37,15 @@ SLICE_TOKENS = 128
 @dataclass(frozen=True)
 class Piece:
     """Text a generation job decided in this step, and its prompt's tokens (all evaluated by now: text comes
-    only from sampled tokens), of which `cached` a slot's cache already held."""
+    only from sampled tokens), of which `cached` a slot's cache already held; `made`: the tokens it has generated
+    so far, `ttft_s` the time its first took (a job ended from outside, by a server's stop, is counted by these)."""
 
     id: int
     text: str
     prompt_tokens: int = 0
     cached: int = 0
+    made: int = 0
+    ttft_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,9 @@ class Scheduler:
     def flush(self, seq: Seq) -> None:
         """Hand on the text a sequence decided since the last flush, as one Piece."""
         if seq.text:
-            self.out.append(Piece(seq.req.index, "".join(seq.text), len(seq.req.tokens), seq.cached))
+            first = None if seq.first is None else seq.first - seq.started
+            self.out.append(Piece(seq.req.index, "".join(seq.text), len(seq.req.tokens), seq.cached,
+                                  len(seq.dec.tokens), first))
             seq.text.clear()
 
     def start(self, req: Request, continuation_only: bool = False) -> Seq | None:

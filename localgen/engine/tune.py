@@ -5,10 +5,11 @@ one token per stream, as serve's scheduler runs them."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,17 +118,25 @@ class Probe:
             return True
         return False
 
+    @contextlib.contextmanager
+    def _stoppable(self) -> Iterator[None]:
+        """A Ctrl-C stops a decode made inside where it is: llama.cpp's abort callback, asked once per operation of
+        the graph, a cost lost beside a prompt's own work. Not around the decoding steps: a step is a token, soon
+        over, and there the same cost would weigh on what is timed."""
+        abort = context.set_abort(self.ctx, self._stopping)
+        try:
+            yield
+        finally:
+            context.set_abort(self.ctx, None)
+            del abort
+
     def fill(self, depth: int, threads: int) -> None:
         """Make every stream hold `depth` tokens (stream 0 evaluated, the others copies of it); untimed, so a
         Ctrl-C stops a decode of it where it is."""
         context.clear(self.mem, True)
-        abort = context.set_abort(self.ctx, self._stopping)
-        try:
+        with self._stoppable():
             for start in range(0, depth, UBATCH):
                 self._decode([(p, 0) for p in range(start, min(depth, start + UBATCH))], threads, threads)
-        finally:
-            context.set_abort(self.ctx, None)
-            del abort
         for s in range(1, self.streams):
             context.seq_cp(self.mem, 0, s, -1, -1)
         self.depth = depth
@@ -137,12 +146,14 @@ class Probe:
             context.seq_rm(self.mem, s, self.depth, -1)
 
     def prompt(self, threads: int, ubatch: int) -> float:
-        """Seconds to evaluate the prompt's tokens after the depth in stream 0, `ubatch` tokens a call."""
-        t0 = time.perf_counter()
-        for start in range(0, self.prompt_tokens, ubatch):
-            n = min(ubatch, self.prompt_tokens - start)
-            self._decode([(self.depth + start + i, 0) for i in range(n)], threads, threads)
-        took = time.perf_counter() - t0
+        """Seconds to evaluate the prompt's tokens after the depth in stream 0, `ubatch` tokens a call; a Ctrl-C
+        stops a decode of it where it is (a figure cut short is never kept: check raises)."""
+        with self._stoppable():
+            t0 = time.perf_counter()
+            for start in range(0, self.prompt_tokens, ubatch):
+                n = min(ubatch, self.prompt_tokens - start)
+                self._decode([(self.depth + start + i, 0) for i in range(n)], threads, threads)
+            took = time.perf_counter() - t0
         self._back()
         return took
 

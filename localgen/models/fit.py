@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from localgen import hardware
 from localgen.models.footprint import Footprint, Placement, WeightLayout, cells, estimate
 from localgen.monotone import least, most
-from localgen.types import GGUFSummary, LoadParams
+from localgen.types import TRAINED_CTX, GGUFSummary, LoadParams
 
 FULL_GPU, PARTIAL_GPU, CPU_ONLY, WONT_FIT = "full GPU", "partial GPU", "CPU only", "won't fit"
 MIN_CTX = 4096  # the floor a context is shrunk to (llama.cpp's --fit-ctx default)
@@ -143,7 +143,11 @@ class Plan:
 def plan(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadParams, ctx: int | None = None,
          parallel: int = 1, shrink: bool = True) -> Plan:
     """The plan for `load`'s settings at `ctx` tokens per sequence (None: the largest that fits, up to the
-    training context), or smaller where it does not fit (`shrink`), never below MIN_CTX."""
+    training context; TRAINED_CTX, 0: the training context), or smaller where it does not fit (`shrink`), never
+    below MIN_CTX."""
+    load = load.for_model(s.context_length)
+    if ctx == TRAINED_CTX:
+        ctx = load.n_ctx
     n_layer = weights.n_layer or s.n_layers or 0
     train = s.context_length or MIN_CTX
     stretched = bool(load.rope_scaling or load.rope_freq_scale)

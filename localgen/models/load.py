@@ -33,6 +33,7 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     from localgen.models import footprint, lora
     from localgen.native.devices import backend_info
 
+    params = params.for_model(ref.summary.context_length)  # --ctx 0: the trained context
     lora.check_all(ref, params.lora)  # before the weights load
     make = factory or Engine
     cpu_only = False

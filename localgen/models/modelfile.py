@@ -19,10 +19,11 @@ from typing import Any
 from localgen import settings
 from localgen.errors import UsageError
 from localgen.text import checked
+from localgen.types import MIN_CTX_FLAG, TRAINED_CTX
 
 INSTRUCTIONS = ("FROM", "PARAMETER", "SYSTEM", "TEMPLATE", "MESSAGE", "ADAPTER")
 ROLES = ("system", "user", "assistant")
-MIN_CTX = 16  # as --ctx
+MIN_CTX = MIN_CTX_FLAG  # as --ctx
 # localgen's field → Ollama's name, where they differ (what `show --modelfile` writes): the settings table's
 OLLAMA_NAMES = {k.name: k.ollama for k in settings.KNOBS.values() if k.ollama and k.ollama != k.name}
 REPEATED = ("stop", "dry_sequence_breaker", "logit_bias")
@@ -213,8 +214,9 @@ def _context(src: _Lines, number: int, value: str) -> int:
         n = int(value)
     except ValueError:
         raise src.error(number, f"num_ctx takes an integer, not {value!r}") from None
-    if n < MIN_CTX or n > settings.INT32:
-        raise src.error(number, f"num_ctx must be within {MIN_CTX} to {settings.INT32}, not {n}")
+    if (n != TRAINED_CTX and n < MIN_CTX) or n > settings.INT32:  # 0: the model's training context, as --ctx 0
+        raise src.error(number, f"num_ctx must be 0 (the model's training context) or within {MIN_CTX} to "
+                                f"{settings.INT32}, not {n}")
     return n
 
 

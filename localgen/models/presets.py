@@ -2,12 +2,15 @@
 kept as one small JSON file each in the data dir. A preset's name works wherever a model name does: it
 resolves to its base model with the preset's sampling defaults, system prompt, messages, context size, load
 settings (n_cpu_moe, override_tensor, num_gpu, ...) and chat template, and its LoRA adapters. A preset never
-owns model files (an adapter stays where ADAPTER named it), so removing one removes only the preset."""
+owns model files (an adapter stays where ADAPTER named it), so removing one removes only the preset. As in
+Ollama, NAME and NAME:latest are one preset, kept and listed as NAME (the name serve's clients send either way:
+serve takes NAME:latest for a listed NAME)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -25,6 +28,7 @@ from localgen.types import ModelRef
 # matched whole (fullmatch): `$` would also match before a final newline, and "bot\n" would be a file name
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}(:[A-Za-z0-9][A-Za-z0-9._-]{0,39})?")
 FORMAT = 1
+LATEST = ":latest"  # Ollama's tag for a name given without one
 
 
 class PresetExists(UsageError):
@@ -59,32 +63,51 @@ def check_name(name: str) -> str:
     return name
 
 
+def canonical(name: str) -> str:
+    """The name a preset is kept under: NAME for Ollama's NAME:latest (the tag in any case), else the name."""
+    return name[:-len(LATEST)] if name.lower().endswith(LATEST) and len(name) > len(LATEST) else name
+
+
 def _file(name: str) -> Path:
-    return presets_dir() / f"{name.replace(':', '@')}.json"  # '@' is never in a name; ':' is not in a Windows path
+    # '@' is never in a name; ':' is not in a Windows path
+    return presets_dir() / f"{canonical(name).replace(':', '@')}.json"
+
+
+def _files(name: str) -> list[Path]:
+    """The files a preset of that name may be in: its own, then (for an untagged name) NAME@latest.json, where a
+    preset made as NAME:latest was kept before the two names were one."""
+    key = canonical(name)
+    if ":" in key:
+        return [_file(key)]
+    d = presets_dir()
+    tagged = sorted(d.glob(f"{glob.escape(key)}@*.json")) if d.is_dir() else []
+    return [_file(key), *(f for f in tagged if f.stem[len(key) + 1:].lower() == LATEST[1:])]
 
 
 def find(name: str) -> Preset | None:
-    """The preset of that name, or None; a file that is not a valid preset is an error naming it."""
+    """The preset of that name (NAME and NAME:latest alike), or None; a file that is not a valid preset is an
+    error naming it."""
     if not NAME.fullmatch(name):
         return None
-    path = _file(name)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise LocalgenError(f"cannot read the preset {path}: {e}") from None
-    try:
-        return _from_json(name, json.loads(raw.decode("utf-8")))
-    except (ValueError, TypeError, KeyError, AttributeError, UsageError) as e:
-        why = e.message if isinstance(e, UsageError) else str(e)
-        raise LocalgenError(f"the preset file {path} is damaged: {why}",
-                            hint=f"create it again, or remove it with localgen rm {name}") from None
+    for path in _files(name):
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise LocalgenError(f"cannot read the preset {path}: {e}") from None
+        try:
+            return _from_json(canonical(name), json.loads(raw.decode("utf-8")))
+        except (ValueError, TypeError, KeyError, AttributeError, UsageError) as e:
+            why = e.message if isinstance(e, UsageError) else str(e)
+            raise LocalgenError(f"the preset file {path} is damaged: {why}",
+                                hint=f"create it again, or remove it with localgen rm {name}") from None
+    return None
 
 
 def all_presets() -> list[Preset]:
-    """Every readable preset, by name (damaged files are left for `show` and `rm` to name)."""
-    found = []
+    """Every readable preset, by name, once (damaged files are left for `show` and `rm` to name)."""
+    found: dict[str, Preset] = {}
     d = presets_dir()
     for path in sorted(d.glob("*.json")) if d.is_dir() else []:
         try:
@@ -92,8 +115,8 @@ def all_presets() -> list[Preset]:
         except LocalgenError:
             continue
         if p is not None:
-            found.append(p)
-    return found
+            found.setdefault(p.name, p)
+    return list(found.values())
 
 
 def _to_json(p: Preset) -> dict[str, Any]:
@@ -106,7 +129,9 @@ def _to_json(p: Preset) -> dict[str, Any]:
 
 def _from_json(name: str, d: dict[str, Any]) -> Preset:
     """Read back through the Modelfile parser's checks, so a hand-edited file is held to the same rules."""
-    if d.get("format") != FORMAT or d.get("name") != name or not isinstance(d.get("base"), str):
+    kept = d.get("name")
+    if d.get("format") != FORMAT or not isinstance(kept, str) or canonical(kept) != name or (
+            not isinstance(d.get("base"), str)):
         raise ValueError("not a localgen preset of this version")
     params = {k: tuple(tuple(x) for x in v) if k == "logit_bias" else v for k, v in d["parameters"].items()}
     spec = modelfile.Modelfile(base=d["base"], parameters=settings.validate(params), context=d.get("context"),
@@ -128,7 +153,7 @@ def save(p: Preset, replace: bool) -> None:
     path = _file(p.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     exists = _exists(p.name)
-    if path.exists() and not replace:
+    if not replace and any(f.exists() for f in _files(p.name)):
         raise exists
     text = json.dumps(_to_json(p), indent=2) + "\n"
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # one per writer
@@ -138,6 +163,9 @@ def save(p: Preset, replace: bool) -> None:
             f.write(text)
         if replace:
             os.replace(tmp, path)
+            for old in _files(p.name)[1:]:  # NAME:latest kept apart before: replaced by this one
+                with contextlib.suppress(OSError):
+                    old.unlink()
             return
         try:
             os.link(tmp, path)  # atomic, and refused when the name exists: the check and the write are one
@@ -160,7 +188,7 @@ def _check_new_name(name: str, using: str) -> None:
     from localgen.models import catalogue
 
     check_name(name)
-    if name in catalogue.read(using=using.partition("@")[0]).entries:
+    if canonical(name) in catalogue.read(using=using.partition("@")[0]).entries:
         raise UsageError(f"{name!r} is a catalogue model's name; a preset needs a name of its own")
 
 
@@ -197,7 +225,7 @@ def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", fol
                 raise UsageError(f"{where}: ADAPTER: {e.message}", hint=e.hint) from None
     if spec.template is not None:
         _check_template(spec.template, where)
-    return Preset(name, spec)
+    return Preset(canonical(name), spec)
 
 
 def copy(src: str, dst: str, lookup: BaseLookup, force: bool = False) -> Preset:
@@ -214,7 +242,7 @@ def copied(src: str, dst: str, lookup: BaseLookup) -> Preset:
     if p is None:
         spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup)
         p = Preset(dst, spec)
-    return dataclasses.replace(p, name=dst)
+    return dataclasses.replace(p, name=canonical(dst))
 
 
 def _exists(name: str) -> PresetExists:
@@ -229,19 +257,22 @@ def refuse_existing(name: str, replace: bool) -> None:
 
 
 def exists(name: str) -> bool:
-    """Whether a preset file of that name is here (readable or not)."""
-    return bool(NAME.fullmatch(name)) and _file(name).exists()
+    """Whether a preset file of that name (NAME and NAME:latest alike) is here (readable or not)."""
+    return bool(NAME.fullmatch(name)) and any(f.exists() for f in _files(name))
 
 
 def remove(name: str) -> bool:
     """Remove a preset's file (never a model's); False when there is no such preset."""
     if not NAME.fullmatch(name):
         return False
-    try:
-        _file(name).unlink()
-    except FileNotFoundError:
-        return False
-    return True
+    removed = False
+    for path in _files(name):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed = True
+    return removed
 
 
 def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup) -> modelfile.Modelfile:

@@ -75,12 +75,19 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
 
 
 def _latest(spec: names.CatalogueSpec) -> names.CatalogueSpec:
-    """Ollama's NAME:latest (what its clients and users write for a name with no tag) as NAME, where no model is
-    called NAME:latest and NAME itself is one (a preset, a quantized model, a catalogue entry)."""
-    if not spec.name.lower().endswith(":latest") or _known(spec):
+    """Ollama's NAME and NAME:latest as one model (what its clients and users write for a name with no tag):
+    NAME:latest is NAME where no model is called NAME:latest and NAME itself is one (a preset, a quantized model,
+    a catalogue entry), and NAME is NAME:latest the other way round (a user's catalogue entry of that name;
+    presets keep the two as one, models/presets.py)."""
+    if _known(spec):
         return spec
-    bare = dataclasses.replace(spec, name=spec.name[:-len(":latest")])
-    return bare if bare.name and _known(bare) else spec
+    if spec.name.lower().endswith(":latest"):
+        other = dataclasses.replace(spec, name=spec.name[:-len(":latest")])
+    elif ":" not in spec.name:
+        other = dataclasses.replace(spec, name=f"{spec.name}:latest")
+    else:
+        return spec
+    return other if other.name and _known(other) else spec
 
 
 def _known(spec: names.CatalogueSpec) -> bool:

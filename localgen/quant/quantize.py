@@ -6,6 +6,7 @@ a failure or an interrupt removes it, so nothing partial is ever left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -255,17 +256,72 @@ def check_space_together(jobs: list[QuantizeJob]) -> None:
 
 
 def temp_path(out: Path) -> Path:
-    """The hidden file a quantization writes before it is renamed to `out`."""
+    """The hidden file a quantization writes before it is renamed to `out` (where the folder takes no unnamed
+    file: _Unwritten), and the name an unnamed one is linked under for that rename."""
     return out.with_name(f".{out.name}.{os.getpid()}.partial")
 
 
 def drop_stale(out: Path) -> None:
     """Remove what a quantization to `out` left behind in a process that ended without its cleanup (a server
-    killed mid-way): its temp file, named by a process no longer running."""
+    killed mid-way, where the folder takes no unnamed file): its temp file, named by a process no longer
+    running."""
     for path in out.parent.glob(f".{out.name}.*.partial"):
         pid = path.name[len(out.name) + 2: -len(".partial")]
         if pid.isdigit() and int(pid) != os.getpid() and not running(int(pid)):
             path.unlink(missing_ok=True)
+
+
+class _Unwritten:
+    """Where llama.cpp writes a result until it is whole. Where the system allows (Linux's O_TMPFILE, on most of
+    its filesystems), a file with no name in `out`'s folder, which llama.cpp opens as /proc/self/fd/N: however
+    the process ends before the result is whole (a crash other than llama.cpp's abort, SIGKILL, the OOM
+    killer), the kernel frees it and nothing is left behind. Else the hidden named file (temp_path): a failure
+    removes it, and one a crash left is removed by the next quantization to `out` (drop_stale)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.fd = _unnamed(out.parent)
+        self.path = Path(f"/proc/self/fd/{self.fd}") if self.fd is not None else temp_path(out)
+
+    def size(self) -> int:
+        """Bytes written so far."""
+        return _size(self.path)
+
+    def keep(self) -> None:
+        """The result is whole: it becomes `out` (replacing any), in one rename."""
+        if self.fd is not None:
+            named = temp_path(self.out)
+            named.unlink(missing_ok=True)
+            folder = os.open(self.out.parent, os.O_RDONLY)
+            try:  # linkat with AT_SYMLINK_FOLLOW names the unnamed file (with no dir fd, os.link calls link(),
+                os.link(self.path, named.name, src_dir_fd=folder, dst_dir_fd=folder)  # which links /proc's link)
+            finally:
+                os.close(folder)
+            self.discard()
+            os.replace(named, self.out)
+        else:
+            os.replace(self.path, self.out)
+
+    def discard(self) -> None:
+        """Drop what was written (an unnamed file is freed once llama.cpp, too, has closed it)."""
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+        else:
+            self.path.unlink(missing_ok=True)
+
+
+def _unnamed(folder: Path) -> int | None:
+    """A new file with no name in `folder`, open for writing, or None where the system or the folder's
+    filesystem has none."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, flag | os.O_WRONLY, 0o666)  # less the umask, as llama.cpp's own file would be
+    except OSError:  # EOPNOTSUPP (a filesystem without them), EISDIR (a kernel before 3.11), ...
+        return None
 
 
 def running(pid: int) -> bool:
@@ -281,20 +337,20 @@ def running(pid: int) -> bool:
 
 def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25,
         label: str | None = None) -> Quantized:
-    """Quantize: llama_model_quantize in a thread into the temp file, progress by the bytes it has written against
-    the expected size, then the rename. A failure removes the temp file and raises; so does a KeyboardInterrupt in
-    the waiting thread, but the call it interrupts cannot be stopped: it goes on writing into the removed file
-    until it returns (the CLI exits at once instead; `abandon`)."""
+    """Quantize: llama_model_quantize in a thread into the temp file (_Unwritten), progress by the bytes it has
+    written against the expected size, then the rename. A failure removes the temp file and raises; so does a
+    KeyboardInterrupt in the waiting thread, but the call it interrupts cannot be stopped: it goes on writing into
+    the removed file until it returns (the CLI exits at once instead; `abandon`)."""
     from localgen.native import logs
     from localgen.native.quantize import quantize
 
     progress = progress or Quiet()
-    tmp = temp_path(job.out)
+    tmp = _Unwritten(job.out)
     result: dict[str, bool] = {}
     logs.clear()
 
     def work() -> None:
-        result["ok"] = quantize(job.source, tmp, job.params)
+        result["ok"] = quantize(job.source, tmp.path, job.params)
 
     t0 = time.perf_counter()
     thread = threading.Thread(target=work, name="quantize", daemon=True)
@@ -304,25 +360,28 @@ def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25
         thread.start()
         while thread.is_alive():
             thread.join(poll_s)
-            now = _size(tmp)
+            now = tmp.size()
             if now > done:
                 progress.advance(min(now, job.expected) - min(done, job.expected))
                 done = now
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if tmp.fd is None or not thread.is_alive():  # (a named one: llama.cpp goes on writing into it, removed)
+            tmp.discard()
+        # else the unnamed file stays open, freed as the process ends: closed now, its number could name
+        # another file before llama.cpp opens it by that number
         raise
     finally:
         progress.finish()
     seconds = time.perf_counter() - t0
     if not result.get("ok"):
-        tmp.unlink(missing_ok=True)
+        tmp.discard()
         why = _reason(logs.lines(last=60))
         free = shutil.disk_usage(job.out.parent).free
         if free < SPACE_MARGIN or "iostream" in why or "basic_ios" in why:
             raise LocalgenError(f"llama.cpp could not write {job.out}: the disk is full or the file too large "
                                 f"({format_bytes(free)} free; {why}); nothing was kept")
         raise LocalgenError(f"llama.cpp could not quantize {job.source} to {job.type_name}: {why}")
-    os.replace(tmp, job.out)
+    tmp.keep()
     size = job.out.stat().st_size
     from localgen.models.gguf_meta import read_summary
 

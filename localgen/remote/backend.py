@@ -30,7 +30,7 @@ def _listed(endpoint: Endpoint) -> list[dict[str, Any]]:
         return [{"id": m} for m in endpoint.models]
     client = RemoteClient(endpoint, "")
     try:
-        doc = client.get("/models")
+        doc = client.get("/models", refused=True)
     finally:
         client.close()
     data = doc.get("data", []) if isinstance(doc, dict) else []

@@ -28,30 +28,18 @@ BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up
 
 
 def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str, Any]:
-    """The JSON body for a request: the seed (always, so that the answer can be made again: run --json reports
-    it), then each setting that was asked for or differs from its default, under OpenAI's name, else
-    llama-server's (settings.py's table). A setting left alone, the temperature included, is left to the server's
-    own default (vLLM's and OpenAI's temperature is 1.0, llama-server's 0.8)."""
-    s = request.sampling
-    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
-                            "seed": seed}
+    """The JSON body for a request: the seed and the other settings sent (sent_sampling) under OpenAI's names,
+    else llama-server's (settings.py's table), then the logprobs and the JSON schema asked for."""
+    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
     if request.raw:
         body["prompt"] = request.prompt
     else:
         body["messages"] = [dict(m) for m in request.messages]
         if request.template_args:  # the thinking switch: llama-server's and vLLM's chat_template_kwargs
             body["chat_template_kwargs"] = dict(request.template_args)
-    for k in KNOBS.values():
-        value = getattr(s, k.name)
-        if k.name == "seed" or (value == k.default and k.name not in s.asked):
-            continue
-        if k.name == "logit_bias":
-            value = {str(tok): bias for tok, bias in value}
-        elif isinstance(value, tuple):
-            value = list(value)
+    for name, value in sent_sampling(request, seed).items():
+        k = KNOBS[name]
         body[k.openai or k.llamacpp or k.name] = value
-    if s.mirostat:  # its rate and target go with it, defaults or not
-        body.update({KNOBS[n].llamacpp or n: getattr(s, n) for n in ("mirostat_lr", "mirostat_ent")})
     if request.logprobs is not None:
         if request.raw:
             body["logprobs"] = request.logprobs
@@ -61,6 +49,27 @@ def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str,
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "output", "schema": json.loads(request.json_schema)}}
     return body
+
+
+def sent_sampling(request: GenerationRequest, seed: int) -> dict[str, Any]:
+    """The sampling settings a request sends, by localgen's names, as sent: the seed (always, so that the answer
+    can be made again: run --json reports it), then each setting that was asked for or differs from its default.
+    A setting left alone, the temperature included, is not sent: the server's own default applies (vLLM's and
+    OpenAI's temperature is 1.0, llama-server's 0.8), which only the server knows."""
+    s = request.sampling
+    sent: dict[str, Any] = {"seed": seed}
+    for k in KNOBS.values():
+        value = getattr(s, k.name)
+        if k.name == "seed" or (value == k.default and k.name not in s.asked):
+            continue
+        if k.name == "logit_bias":
+            value = {str(tok): bias for tok, bias in value}
+        elif isinstance(value, tuple):
+            value = list(value)
+        sent[k.name] = value
+    if s.mirostat:  # its rate and target go with it, defaults or not
+        sent.update({n: getattr(s, n) for n in ("mirostat_lr", "mirostat_ent")})
+    return sent
 
 
 def _pieces(n: int) -> str:
@@ -84,6 +93,8 @@ class RemoteGeneration:
         self.request = request
         self.started = started
         self.seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(31)
+        self.sent_sampling = sent_sampling(request, self.seed)  # run --json's `sampling`: the server's defaults
+        # apply to the rest, and it does not say them
         self.text = ""
         self.finish_reason: FinishReason | None = None
         self.stats: Stats | None = None
@@ -166,8 +177,9 @@ class RemoteClient:
         """Close the connections."""
         self.http.close()
 
-    def get(self, path: str) -> Any:
-        """A GET as JSON (for /models and friends), or None when the server has no such route."""
+    def get(self, path: str, refused: bool = False) -> Any:
+        """A GET as JSON (for /models and friends), or None when the server has no such route; with `refused`,
+        a 401 or 403 is the error a request would get (a key is missing or wrong), not "nothing listed"."""
         import httpx
 
         try:
@@ -176,6 +188,8 @@ class RemoteClient:
             raise RemoteError(_connect_message(self.endpoint.label, e), down=True) from None
         except httpx.HTTPError:
             return None
+        if refused and r.status_code in (401, 403):
+            raise _status_error(self.endpoint.label, r, self.model)
         if r.status_code != 200:
             return None
         try:

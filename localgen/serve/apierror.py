@@ -27,18 +27,20 @@ class HTTPError(Exception):
     for the server's log too (the server's own fault, said there in full: a damaged file and where it is)."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 logged: str | None = None):
+                 logged: str | None = None, overflow: tuple[int, int] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.param = param
         self.logged = logged
+        self.overflow = overflow  # a prompt past the window: (its tokens, the window), worded as each API does
 
 
 def http_error(f: Failed) -> HTTPError:
     """A worker's Failed as the HTTPError it answers with (a client error below 500, else the server's)."""
-    return HTTPError(f.status, f.message, "invalid_request_error" if f.status < 500 else "server_error", f.param)
+    return HTTPError(f.status, f.message, "invalid_request_error" if f.status < 500 else "server_error", f.param,
+                     overflow=f.overflow)
 
 
 # Fields every error body carries besides its API's own (a request's id, say), as (name, value) pairs: set per
@@ -68,8 +70,11 @@ def error_body(api: str, e: HTTPError) -> dict[str, Any]:
         return {"error": message, **extra}
     if api == ANTHROPIC:
         kind = ANTHROPIC_KINDS.get(e.status, "api_error")
+        if e.overflow is not None:  # Anthropic's own words, which Claude Code reads to compact its context
+            message = f"prompt is too long: {e.overflow[0]} tokens > {e.overflow[1]} maximum"
         return {"type": "error", "error": {"type": kind, "message": message}, **extra}
-    return {"error": {"message": message, "type": e.kind, "param": e.param, "code": e.status}, **extra}
+    code: int | str = "context_length_exceeded" if e.overflow is not None else e.status  # OpenAI's, read by Codex
+    return {"error": {"message": message, "type": e.kind, "param": e.param, "code": code}, **extra}
 
 
 # An error's message names what the request sent (a model name, a block's type, an option): a word of it longer

@@ -35,6 +35,7 @@ from localgen.serve import (
     page,
     responses,
     servertools,
+    transcribe,
 )
 from localgen.serve.apierror import ERROR_EXTRA, HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
@@ -69,11 +70,13 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         return JSONResponse(doc, status_code=200 if ok else 503)
 
     desk = batches.Desk()  # the Batch and Files APIs (serve/batches.py; its runner: serve/batchrun.py)
+    gate = dataclasses.replace(policy or Policy(api_key=state.api_key), uploads=batches.UPLOADS + transcribe.PATHS,
+                               bodiless=batches.BODILESS)
     routes = [Route("/health", health), *listings.routes(state), *openai.routes(state), *anthropic.routes(state),
               *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state),
-              *batches.routes(desk), *servertools.routes(state.toolbox, state.tool_timeout)]
-    policy = policy or Policy(api_key=state.api_key)
-    policy = dataclasses.replace(policy, uploads=batches.UPLOADS, bodiless=batches.BODILESS)
+              *batches.routes(desk), *servertools.routes(state.toolbox, state.tool_timeout),
+              *transcribe.routes(state, lambda: (gate.max_body, gate.read_timeout))]
+    policy = gate
     desk.read_timeout, desk.max_line = policy.read_timeout, policy.max_body
     if webui:
         root = next(r for r in routes if r.path == "/")  # Ollama's "is running", for clients that are not browsers
@@ -240,6 +243,8 @@ class FrontDoor:
             if left:  # mid-body, queued or mid-stream: a client that left is a 499, with the tokens made for it
                 status = 499
                 await _settled(trace)
+            elif status < 400 and trace.failed is not None:  # a stream its error event ended (a 503 at shutdown)
+                status = trace.failed
             seconds = time.perf_counter() - start
             route = metrics.route(scope) if metrics is not None else scope["path"]
             if metrics is not None:

@@ -46,6 +46,7 @@ class Ask:
     keep_alive: float | None = None  # seconds the model stays loaded once idle after this request
     conversation: str = "messages"  # the request's field the messages came from (errors name it): input, prompt
     inline: Inline = OPENAI_WORDS  # how the API's errors name media sent inline (Anthropic: source.data)
+    fit: bool = False  # fold the oldest turns into a summary where the window cannot hold them (serve/fitting.py)
 
 
 def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dict[str, Any]:

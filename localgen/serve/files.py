@@ -250,7 +250,7 @@ async def _upload(request: Request, store: FileStore, read_timeout: float) -> di
     from starlette.datastructures import UploadFile
     from starlette.formparsers import MultiPartException, MultiPartParser
 
-    parser = MultiPartParser(request.headers, _bounded(request, read_timeout), max_files=1, max_fields=8)
+    parser = MultiPartParser(request.headers, bounded_body(request, read_timeout), max_files=1, max_fields=8)
     try:
         form = await parser.parse()
     except MultiPartException as e:
@@ -305,9 +305,12 @@ def too_big() -> HTTPError:
                           "several batches", param="file")
 
 
-async def _bounded(request: Request, timeout: float) -> AsyncGenerator[bytes, None]:
-    """The request's body as it arrives, a 413 once it passes the bound (nothing past it is read), a 408 when a
-    part stalls for `timeout` seconds (serve --read-timeout)."""
+async def bounded_body(request: Request, timeout: float, limit: int | None = None,
+                       over: HTTPError | None = None) -> AsyncGenerator[bytes, None]:
+    """The request's body as it arrives, `over` (a 413) once it passes `limit` (nothing past it is read; by
+    default a file of MAX_BYTES and its form), a 408 when a part stalls for `timeout` seconds (serve
+    --read-timeout)."""
+    bound = MAX_BYTES + FORM_SLACK if limit is None else limit
     seen = 0
     chunks = request.stream().__aiter__()
     while True:
@@ -319,8 +322,8 @@ async def _bounded(request: Request, timeout: float) -> AsyncGenerator[bytes, No
             raise HTTPError(408, f"the upload stalled: no byte came for {timeout:g} s (serve --read-timeout)") \
                 from None
         seen += len(chunk)
-        if seen > MAX_BYTES + FORM_SLACK:
-            raise too_big()
+        if seen > bound:
+            raise over or too_big()
         yield chunk
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from localgen.backend import Completion
 from localgen.errors import LocalgenError, Overloaded, ServeError
-from localgen.serve.servelog import TRACE, Trace
+from localgen.serve.servelog import TRACE, Tally, Trace
 from localgen.types import GenerationRequest
 
 INTERNAL = "internal error (the server's log has the details)"
@@ -53,6 +53,7 @@ class Failed:
     status: int
     message: str
     param: str | None = None  # the request field at fault, when one is
+    overflow: tuple[int, int] | None = None  # a prompt too long: its tokens and the window (each API words it)
 
 
 Event = Text | Done | Failed
@@ -106,6 +107,7 @@ class Job:
     stream: bool = True  # False: no Text events, only the Done (its Completion has the whole text) or Failed
     answers: bool = True  # False for a load (serve/loadnow.py): it answers nothing, so its tokens count nowhere
     trace: Trace | None = field(default_factory=TRACE.get)  # the HTTP request's record (serve/servelog.py)
+    tally: Tally | None = None  # its tokens so far, for the access line (its worker replaces it as it goes)
     outbox: _Outbox = field(init=False)  # the loop's, shared by its jobs (made on the loop's thread)
     state: State = State.QUEUED
     id: int = 0  # its worker's number for it (the scheduler's job id), set as it is submitted
@@ -220,7 +222,8 @@ def failed(e: BaseException) -> Failed:
     LocalgenError (the request asked for something this model cannot do), else an internal 500 whose details
     stay in the server's log."""
     if isinstance(e, ServeError):
-        return Failed(e.status, e.message, e.param)
+        tokens, window = getattr(e, "tokens", None), getattr(e, "window", None)
+        return Failed(e.status, e.message, e.param, (tokens, window) if tokens and window else None)
     if isinstance(e, LocalgenError):
         return Failed(400, e.message)
     return Failed(500, INTERNAL)

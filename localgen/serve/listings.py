@@ -14,20 +14,36 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from localgen.serve.apierror import HTTPError
 from localgen.serve.state import ServeState
 from localgen.serve.worker import ModelWorker
 from localgen.types import ModelRef
+
+OLLAMA_API_VERSION = "0.12.0"  # /api/version: the Ollama whose API serve speaks (docs/api.md)
 
 
 def routes(state: ServeState) -> list[Route]:
     """The listing routes of both APIs."""
 
+    def openai_model(name: str, ref: ModelRef, w: Any) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen",
+                "max_model_len": state.window(ref, w), **({"default": True} if name == state.default else {})}
+
+    def anthropic_model(name: str) -> dict[str, Any]:
+        return {"type": "model", "id": name, "display_name": name, "created_at": _iso(state.started)}
+
     async def models(request: Request) -> Response:
         offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen",
-             "max_model_len": state.window(ref, w), **({"default": True} if name == state.default else {})}
-            for name, ref, w in offered]})
+        if _anthropic(request):
+            return JSONResponse(_anthropic_page([anthropic_model(name) for name, _, _ in offered], request))
+        return JSONResponse({"object": "list", "data": [openai_model(*entry) for entry in offered]})
+
+    async def model(request: Request) -> Response:
+        ident = request.path_params["id"]
+        found = next((entry for entry in await asyncio.to_thread(state.offered) if entry[0] == ident), None)
+        if found is None:
+            raise HTTPError(404, f"The model '{ident[:100]}' does not exist", param="model")
+        return JSONResponse(anthropic_model(ident) if _anthropic(request) else openai_model(*found))
 
     async def root(request: Request) -> Response:
         return PlainTextResponse("Ollama is running (localgen)")
@@ -35,7 +51,9 @@ def routes(state: ServeState) -> list[Route]:
     async def version(request: Request) -> Response:
         import localgen
 
-        return JSONResponse({"version": localgen.__version__})
+        # Ollama's clients read `version` as Ollama's, and some turn features off below a version: the one whose
+        # API this server speaks (tools, structured outputs, thinking with its levels), and localgen's own beside
+        return JSONResponse({"version": OLLAMA_API_VERSION, "localgen": localgen.__version__})
 
     async def tags(request: Request) -> Response:
         offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
@@ -48,7 +66,8 @@ def routes(state: ServeState) -> list[Route]:
                                          "context_length": w.n_ctx, "placement": w.residence.placement}
                                         for w in list(state.workers.values()) if w.loaded]})
 
-    return [Route("/v1/models", models), Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version),
+    return [Route("/v1/models", models), Route("/v1/models/{id:path}", model),
+            Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version),
             Route("/api/tags", tags), Route("/api/ps", ps)]
 
 
@@ -76,3 +95,28 @@ def _expires(worker: ModelWorker) -> str:
 
 def _iso(stamp: float) -> str:
     return datetime.datetime.fromtimestamp(stamp, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _anthropic(request: Request) -> bool:
+    """A request from Anthropic's clients (its SDK sends anthropic-version on every call): answered in its shape."""
+    return "anthropic-version" in request.headers
+
+
+def _anthropic_page(data: list[dict[str, Any]], request: Request) -> dict[str, Any]:
+    """Anthropic's page of models: `limit` (1 to 1,000; 20) of them, after `after_id` or before `before_id`."""
+    query = request.query_params
+    text = query.get("limit", "20")
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 1000:
+        raise HTTPError(400, f"limit must be a whole number from 1 to 1000 (got {text[:20]!r})", param="limit")
+    limit, ids = int(text), [d["id"] for d in data]
+    for key in ("after_id", "before_id"):
+        if key in query and query[key] not in ids:
+            raise HTTPError(400, f"{key}: no model {query[key][:100]!r} here", param=key)
+    if "before_id" in query:
+        end = ids.index(query["before_id"])
+        page, more = data[max(0, end - limit):end], end > limit
+    else:
+        start = ids.index(query["after_id"]) + 1 if "after_id" in query else 0
+        page, more = data[start:start + limit], start + limit < len(data)
+    return {"data": page, "has_more": more, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None}

@@ -67,7 +67,7 @@ class Encoder(Protocol):
 
     async def done(self, c: Completion, job: Job) -> list[bytes]: ...
 
-    async def whole(self, c: Completion, job: Job, answer: AnswerStream | None) -> dict[str, Any]: ...
+    async def whole(self, c: Completion, job: Job, answer: AnswerStream | None) -> dict[str, Any] | Response: ...
 
 
 class Api(Protocol):
@@ -89,13 +89,16 @@ def route(state: ServeState, path: str, api: Api) -> Route:
     return Route(path, endpoint, methods=["POST"])
 
 
-async def handle(state: ServeState, http: Request, api: Api) -> Response:
-    """A generation request, from its body to its answer in `api`'s words."""
-    body = await read_json(http)
+async def handle(state: ServeState, http: Request, api: Api, body: dict[str, Any] | None = None) -> Response:
+    """A generation request, from its body (JSON, unless the route read another kind: `body`) to its answer in
+    `api`'s words."""
+    body = body if body is not None else await read_json(http)
     worker = state.worker(body.get("model"), api.claude)
     ask = await api.parse(body)
     request, said = await generation(state, worker, ask)
     plan = await tool_plan(worker, ask.tools, ask.tool_choice, ask.parallel_tool_calls) if ask.chat else None
+    if ask.fit and request.messages:
+        request, said = await _fitted(worker, request, said, plan, http, ask)
     request = apply_plan(plan, request)
     encoder = api.encoder(body, ask, Made(worker.name, request, said))
     # the answer stage reads a chat's answer, and a prompt put through the chat template (Ollama's /api/generate:
@@ -115,7 +118,8 @@ async def handle(state: ServeState, http: Request, api: Api) -> Response:
         if answer is not None:
             answer.feed(final.text)
             answer.finish()
-        return JSONResponse(await encoder.whole(final, job, answer))
+        doc = await encoder.whole(final, job, answer)
+        return doc if isinstance(doc, Response) else JSONResponse(doc)
     return StreamingResponse(_stream(job, first, answer, encoder), media_type=encoder.media_type,
                              headers=STREAM_HEADERS)
 
@@ -133,6 +137,12 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
         assert ask.prompt is not None
         check_prompt_size(worker, [ask.prompt])
         return GenerationRequest(prompt=ask.prompt, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact), ()
+    summary = worker.ref.summary
+    if not summary.chat_template and not summary.encoder_only and not worker.ref.mmproj \
+            and not _has_media(ask.messages):  # said before the model's thread is asked, with the way round it
+        # (an encoder, a projector or media: the model's thread says what the model cannot do instead)
+        raise HTTPError(400, f"{worker.name} has no chat template (it may be a base model): send it a plain prompt "
+                             "at /v1/completions, or Ollama's /api/generate", param="model")
     msgs = await read_messages(ask.messages, state.allow_image_urls, ask.inline)
     check_prompt_size(worker, [m["content"] for m in msgs])
     return GenerationRequest(messages=msgs, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact,
@@ -176,14 +186,16 @@ def template_args(ask: Ask) -> tuple[tuple[str, Any], ...]:
 
 
 def check_prompt_size(worker: Served, texts: list[Any]) -> None:
-    """A 413 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it."""
+    """A 400 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it (its
+    tokens, for the APIs that say them: at least one per CHARS_PER_TOKEN characters)."""
     from localgen.media import text_of
 
     chars = sum(len(text_of(t)) for t in texts)
     most = CHARS_PER_TOKEN * worker.n_ctx
     if chars > most:
-        raise HTTPError(413, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
-                             f"takes at most {most:,} here", param="prompt")
+        raise HTTPError(400, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
+                             f"takes at most {most:,} here", param="prompt",
+                        overflow=(chars // CHARS_PER_TOKEN, worker.n_ctx))
 
 
 def parts(answer: AnswerStream) -> list[Said]:
@@ -193,6 +205,21 @@ def parts(answer: AnswerStream) -> list[Said]:
     if answer.content or not (answer.calls or answer.reasoning):
         out.append(Piece("content", answer.content))
     return [*out, *answer.calls]
+
+
+async def _fitted(worker: Served, request: GenerationRequest, said: tuple[Message, ...], plan: Any, http: Request,
+                  ask: Ask) -> tuple[GenerationRequest, tuple[Message, ...]]:
+    """The conversation fitted to a slot's window (serve/fitting.py), said in the server's log when it was."""
+    from localgen.serve.fitting import fit
+    from localgen.serve.servelog import LOG
+
+    fitted = await fit(worker, request, said, plan, http, ask.keep_alive)
+    if fitted.folded or fitted.dropped:
+        text = (f"{worker.name}: a conversation past a slot's window of {worker.n_ctx:,} tokens: "
+                f"{fitted.folded} message{'s' if fitted.folded != 1 else ''} folded into a summary, "
+                f"{fitted.dropped} left out")
+        LOG.get().event("fitted", worker.name, text, folded=fitted.folded, dropped=fitted.dropped)
+    return fitted.request, fitted.conversation
 
 
 def _has_media(messages: Any) -> bool:
@@ -209,6 +236,9 @@ async def _stream(job: Job, first: Event, answer: AnswerStream | None, encoder: 
             out = encoder.said(watch_repeats(job, answer, event.text) if answer else [Piece("content", event.text)])
         elif isinstance(event, Failed):
             out = encoder.failed(http_error(event))
+            trace = getattr(job, "trace", None)
+            if trace is not None:  # the stream said 200 at its start: its access line says how it ended
+                trace.failed = event.status
         else:
             out = encoder.said(answer.finish() if answer else []) + await encoder.done(event.completion, job)
         for chunk in out:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from localgen.errors import EmptyPrompt, PromptTooLong
+from localgen.errors import EmptyPrompt, prompt_too_long
 
 if TYPE_CHECKING:
     from localgen.native.prompt import Prompt
@@ -94,7 +94,8 @@ def request(backend: Any, pc: Any, job_id: int, job: Job, prompt: Prompt | None 
     if n == 0 and job.request.sampling.max_tokens != 0:  # "" without a BOS: nothing llama.cpp can decode
         raise EmptyPrompt("messages" if job.request.messages else "prompt")
     if n >= pc.n_ctx_seq:
-        raise PromptTooLong(f"the prompt is {n:,} tokens; each slot's context window is {pc.n_ctx_seq:,}")
+        raise prompt_too_long(f"the prompt is {n:,} tokens; each slot's context window is {pc.n_ctx_seq:,}", n,
+                              pc.n_ctx_seq)
     return Request(job_id, prompt, job.request.sampling, job.seed, job.request.logprobs, exact=job.request.exact)
 
 

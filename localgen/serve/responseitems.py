@@ -36,9 +36,10 @@ class Encoder:
     media_type = "text/event-stream"
 
     def __init__(self, body: dict[str, Any], model: str, request: GenerationRequest, store: ResponseStore | None,
-                 conversation: list[dict[str, Any]]) -> None:
+                 conversation: list[dict[str, Any]], inputs: int = -1) -> None:
         self.ident, self.created, self.model, self.store = new_id("resp"), int(time.time()), model, store
         self.conversation = conversation
+        self.inputs = inputs  # how many of the conversation's messages are this request's input
         self.seq = 0  # the next event's sequence_number
         self.output: list[dict[str, Any]] = []  # the items closed so far, whole
         self.kind: str | None = None  # the open item's: reasoning or message
@@ -181,7 +182,7 @@ class Encoder:
         said: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.calls:
             said["tool_calls"] = [call.to_openai() for call in self.calls]
-        await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, said])
+        await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, said], self.inputs)
 
 
 def usage(c: Completion) -> dict[str, Any]:

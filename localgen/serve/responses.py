@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from starlette.routing import Route
@@ -47,6 +48,11 @@ INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search
               "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs")
 
 
+# How many messages at the end of a request's conversation are its own input: set by parse, read by the encoder
+# of the same request, which keeps the count with the response (GET .../input_items lists those messages).
+INPUTS: ContextVar[int] = ContextVar("localgen_responses_inputs", default=-1)
+
+
 def routes(state: ServeState) -> list[Route]:
     """POST /v1/responses, and the stored responses' GET and DELETE; the store is opened on first use."""
     store = ResponseStore(default_path())
@@ -74,9 +80,11 @@ class Responses:
         if instructions is not None and not isinstance(instructions, str):
             raise HTTPError(400, "instructions must be a string", param="instructions")
         lead = [{"role": "system", "content": instructions}] if instructions else []
+        inputs = _input_messages(body.get("input"), history)
+        INPUTS.set(len(inputs))
         return Ask(values=sampling_values(body, "responses"),
-                   conversation="input", schema=_text_format(body.get("text")),
-                   messages=[*lead, *history, *_input_messages(body.get("input"), history)],
+                   conversation="input", schema=_text_format(body.get("text")), fit=body.get("truncation") == "auto",
+                   messages=[*lead, *history, *inputs],
                    tools=_tools(body.get("tools")), tool_choice=_choice(body.get("tool_choice")),
                    parallel_tool_calls=flag(body, "parallel_tool_calls", default=True), thinking=thinking,
                    effort=reasoning.get("effort") if thinking else None, split_reasoning=split_reasoning(body),
@@ -89,7 +97,7 @@ class Responses:
             raise HTTPError(400, f"the conversation is over {MAX_CONVERSATION_CHARS:,} characters, more than a "
                                  "stored response may hold: send it with store: false", param="store")
         return Encoder(body, str(body.get("model") or made.model), made.request, self.store if keep else None,
-                       conversation)
+                       conversation, inputs=INPUTS.get())
 
     async def _history(self, previous: Any) -> list[dict[str, Any]]:
         """The conversation a previous response ended (its instructions are not carried over, as OpenAI's
@@ -109,9 +117,8 @@ def _check_options(body: dict[str, Any]) -> None:
     """The fields that change nothing here, checked: a value this server cannot honour is a 400."""
     check_metadata(body.get("metadata"), body.get("user"))  # what a stored response keeps beside its conversation
     _check_echoed(body)
-    if body.get("truncation") not in (None, "disabled"):
-        raise HTTPError(400, "truncation: only \"disabled\" is served: a conversation longer than the model's "
-                             "window is an error, never cut", param="truncation")
+    if body.get("truncation") not in (None, "disabled", "auto"):
+        raise HTTPError(400, "truncation must be \"auto\" or \"disabled\"", param="truncation")
     include = body.get("include")
     if include is not None and (not isinstance(include, list) or any(i not in INCLUDABLE for i in include)):
         raise HTTPError(400, f"include must be a list of: {', '.join(INCLUDABLE)}", param="include")

@@ -67,6 +67,20 @@ class Stored:
 
     response: dict[str, Any]
     conversation: list[dict[str, Any]]
+    inputs: int = -1  # how many messages before the answer were the request's own input (-1: not known)
+
+    @property
+    def input_messages(self) -> list[dict[str, Any]]:
+        """The request's input, as messages: the conversation before the answer, without what it continued, nor
+        a summary the server wrote in place of turns it folded (serve/fitting.py), nor what came before that."""
+        from localgen.compact import HEADING
+
+        before = self.conversation[:-1]
+        start = len(before) - self.inputs if 0 <= self.inputs <= len(before) else 0
+        for i, m in enumerate(before):
+            if m.get("role") == "system" and str(m.get("content", "")).startswith(HEADING):
+                start = max(start, i + 1)
+        return before[start:]
 
 
 def default_path() -> Path:
@@ -120,6 +134,9 @@ class ResponseStore:
                                "response TEXT NOT NULL, conversation TEXT NOT NULL)")
                     db.execute("CREATE INDEX IF NOT EXISTS responses_created ON responses (created)")
                     columns = [row[1] for row in db.execute("PRAGMA table_info(responses)")]
+                    if "inputs" not in columns:  # a store made before input_items: its rows' inputs not known
+                        db.execute("ALTER TABLE responses ADD COLUMN inputs INTEGER NOT NULL DEFAULT -1")
+                        db.commit()
                     if "bytes" not in columns:  # a store made before the bound in bytes: its rows measured
                         db.execute("ALTER TABLE responses ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
                         db.execute("UPDATE responses SET bytes = length(CAST(response AS BLOB)) + "
@@ -131,14 +148,15 @@ class ResponseStore:
             finally:
                 db.close()
 
-    def save(self, ident: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        """Keep a response (replacing one of the same id), then drop the expired and those past the bound."""
+    def save(self, ident: str, response: dict[str, Any], conversation: list[dict[str, Any]], inputs: int = -1) -> None:
+        """Keep a response (replacing one of the same id), then drop the expired and those past the bound;
+        `inputs`: how many of the conversation's messages before the answer were the request's input."""
         now = self.clock()
         doc, said = json.dumps(response, ensure_ascii=False), json.dumps(conversation, ensure_ascii=False)
         size = len(doc.encode()) + len(said.encode())
         with self._db() as db:
-            db.execute("INSERT OR REPLACE INTO responses (id, created, response, conversation, bytes) "
-                       "VALUES (?, ?, ?, ?, ?)", (ident, now, doc, said, size))
+            db.execute("INSERT OR REPLACE INTO responses (id, created, response, conversation, bytes, inputs) "
+                       "VALUES (?, ?, ?, ?, ?, ?)", (ident, now, doc, said, size, inputs))
             db.execute("DELETE FROM responses WHERE created < ?", (now - self.max_age_s,))
             db.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY created DESC, "
                        "rowid DESC LIMIT ?)", (self.most,))
@@ -148,9 +166,9 @@ class ResponseStore:
     def load(self, ident: str) -> Stored | None:
         """The stored response, or None when it is unknown, deleted or expired."""
         with self._db() as db:
-            row = db.execute("SELECT response, conversation FROM responses WHERE id = ? AND created >= ?",
+            row = db.execute("SELECT response, conversation, inputs FROM responses WHERE id = ? AND created >= ?",
                              (ident, self.clock() - self.max_age_s)).fetchone()
-        return None if row is None else Stored(json.loads(row[0]), json.loads(row[1]))
+        return None if row is None else Stored(json.loads(row[0]), json.loads(row[1]), row[2])
 
     def delete(self, ident: str) -> bool:
         """Forget a response; whether there was one to forget."""
@@ -179,4 +197,70 @@ def routes(store: ResponseStore) -> list[Route]:
             raise not_found(ident)
         return JSONResponse({"id": ident, "object": "response.deleted", "deleted": True})
 
-    return [by_method("/v1/responses/{id}", GET=retrieve, DELETE=delete)]
+    async def input_items(request: Request) -> Response:
+        ident = request.path_params["id"]
+        found = await asyncio.to_thread(store.load, ident)
+        if found is None:
+            raise not_found(ident)
+        items = as_items(found.input_messages, ident.removeprefix("resp_"))
+        query = request.query_params
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise HTTPError(400, f"order must be asc or desc (got {order[:20]!r})", param="order")
+        text = query.get("limit", "20")
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 100:
+            raise HTTPError(400, f"limit must be a whole number from 1 to 100 (got {text[:20]!r})", param="limit")
+        if order == "desc":
+            items.reverse()
+        ids = [item["id"] for item in items]
+        start = 0
+        if "after" in query:
+            if query["after"] not in ids:
+                raise HTTPError(400, f"after: no item {query['after'][:100]!r} in this response's input",
+                                param="after")
+            start = ids.index(query["after"]) + 1
+        page = items[start:start + int(text)]
+        return JSONResponse({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                             "last_id": page[-1]["id"] if page else None,
+                             "has_more": start + len(page) < len(items)})
+
+    return [by_method("/v1/responses/{id}", GET=retrieve, DELETE=delete),
+            by_method("/v1/responses/{id}/input_items", GET=input_items)]
+
+
+def as_items(messages: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
+    """Chat messages as the Responses API's input items: a message item per message (its text as input_text,
+    an assistant's as output_text, pictures as input_image), an assistant's calls as function_call items, a
+    tool's result as a function_call_output item; each with an id made from the response's (`tag`) and its
+    place."""
+    out: list[dict[str, Any]] = []
+
+    def add(kind: str, prefix: str, **fields: Any) -> None:
+        out.append({"id": f"{prefix}_{tag}{len(out):04d}", "type": kind, **fields})
+
+    for m in messages:
+        if m.get("role") == "tool":
+            add("function_call_output", "fco", call_id=m.get("tool_call_id", ""), output=str(m.get("content") or ""),
+                status="completed")
+            continue
+        role = m.get("role", "user")
+        text_kind = "output_text" if role == "assistant" else "input_text"
+        content = m.get("content")
+        parts: list[dict[str, Any]] = []
+        pieces: list[dict[str, Any]] = content if isinstance(content, list) else [
+            {"type": "text", "text": content or ""}]
+        for p in pieces:
+            if p.get("type") == "image_url":
+                parts.append({"type": "input_image", "image_url": p["image_url"]["url"], "detail": "auto"})
+            elif p.get("type") == "text":
+                parts.append({"type": text_kind, "text": p.get("text", ""),
+                              **({"annotations": []} if role == "assistant" else {})})
+            else:  # audio, a part of another API's kind: kept as it is
+                parts.append(p)
+        if parts != [{"type": text_kind, "text": "", **({"annotations": []} if role == "assistant" else {})}] \
+                or not m.get("tool_calls"):
+            add("message", "msg", role=role, status="completed", content=parts)
+        for call in m.get("tool_calls") or ():
+            add("function_call", "fc", call_id=call.get("id", ""), name=call["function"]["name"],
+                arguments=call["function"].get("arguments", "{}"), status="completed")
+    return out

@@ -5,8 +5,9 @@ members first (time, event, request_id, route, model, status: null where they do
 has an id (the client's X-Request-Id when it sends a usable one, else a fresh one) that its access line, its
 error body and its X-Request-Id response header carry (serve/app.py's FrontDoor sets it, and apierror.py's
 ERROR_EXTRA for the error bodies); `TRACE` holds the request's record for the code that fills it (a Job
-takes it when made, its worker counts the generation's tokens into it), and `LOG` the server's log for what a
-request's own code must say there after its answer began (a stream cannot carry an exception to app.py)."""
+takes it when made, its worker keeps the generation's token counts on the Job as it goes: Tally), and `LOG`
+the server's log for what a request's own code must say there after its answer began (a stream cannot carry
+an exception to app.py)."""
 
 from __future__ import annotations
 
@@ -37,28 +38,39 @@ def request_id(given: bytes | None) -> str:
     return "req_" + secrets.token_hex(12)
 
 
+@dataclass(frozen=True)
+class Tally:
+    """One generation's tokens as its access line counts them: its worker replaces it at each decoding step
+    and, once the generation has finished, with the finished counts; so a request ended from the event loop
+    (the server's stop, a client gone past SETTLE_S) is logged with what was made for it, waiting on nothing."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float | None
+
+
 @dataclass
 class Trace:
     """One request, as its access line reports it: its id and client, then what its handler and worker learn
-    (the model, and each finished generation's tokens and time to first token)."""
+    (the model, and its generation jobs, each with its Tally: their sums are the request's tokens, the first
+    that made a token gives the time to first token)."""
 
     id: str
     client: str
     model: str | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    ttft_s: float | None = None
     jobs: list[Any] = field(default_factory=list)  # its generation jobs (a client that left waits for their counts)
+    failed: int | None = None  # the status of an error that ended its stream after the stream began
 
-    def completed(self, model: str, c: Any) -> None:
-        """A generation of this request finished (on the worker's thread): its counts add to the request's."""
-        self.model = model
-        self.prompt_tokens = (self.prompt_tokens or 0) + c.prompt_tokens
-        self.cached_tokens = (self.cached_tokens or 0) + c.cached_tokens
-        self.completion_tokens = (self.completion_tokens or 0) + c.completion_tokens
-        if self.ttft_s is None and c.completion_tokens:
-            self.ttft_s = c.ttft_s
+    def counted(self) -> Tally | None:
+        """The request's tokens now: its jobs' tallies (each read once: the worker may replace it meanwhile)
+        summed, None when no job counted any."""
+        tallies = [t for job in self.jobs if (t := job.tally) is not None]
+        if not tallies:
+            return None
+        return Tally(sum(t.prompt_tokens for t in tallies), sum(t.cached_tokens for t in tallies),
+                     sum(t.completion_tokens for t in tallies),
+                     next((t.ttft_s for t in tallies if t.completion_tokens), None))
 
 
 TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("localgen_trace", default=None)
@@ -104,13 +116,15 @@ class ServeLog:
         (its characters are request_id's: no blank can end it early)."""
         if not self.access_on:
             return
-        prompt = trace.prompt_tokens if trace.prompt_tokens is not None else counts.get("prompt")
-        made = trace.completion_tokens if trace.completion_tokens is not None else counts.get("completion")
+        tally = trace.counted()
+        prompt = tally.prompt_tokens if tally is not None else counts.get("prompt")
+        made = tally.completion_tokens if tally is not None else counts.get("completion")
+        ttft = tally.ttft_s if tally is not None else None
         if self.json:
             self.write(json_line("request", request_id=trace.id, route=route, model=trace.model,
                                  status=status or None, method=method, path=path, prompt_tokens=prompt,
-                                 cached_tokens=trace.cached_tokens, completion_tokens=made,
-                                 ttft_ms=None if trace.ttft_s is None else round(trace.ttft_s * 1000, 1),
+                                 cached_tokens=tally.cached_tokens if tally is not None else None,
+                                 completion_tokens=made, ttft_ms=None if ttft is None else round(ttft * 1000, 1),
                                  total_ms=round(seconds * 1000, 1), client=trace.client))
             return
         shown = path if path.isprintable() else repr(path)  # %0A in a path: no forged lines

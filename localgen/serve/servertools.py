@@ -18,13 +18,17 @@ from localgen.errors import ToolError
 from localgen.serve.apierror import HTTPError
 from localgen.serve.jsonbody import read_json
 
-MAX_CALLS = 8  # tool calls running at once; more wait (each holds a thread while it runs)
+MAX_CALLS = 8  # tool calls running at once, in threads of their own; more wait
 
 
 def routes(toolbox: Any, timeout: float) -> list[Route]:
     """`GET /tools` and `POST /tools/call` over a Toolbox (tools/loop.py), or over none: an empty list, and
-    every call a 404."""
-    running = asyncio.Semaphore(MAX_CALLS)
+    every call a 404. Calls run in a pool of their own (the loop's default pool parses, plans and stores for
+    every route); while MAX_CALLS Python tools are still running, some past their timeout (a thread cannot be
+    stopped), a call is a 503."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(MAX_CALLS, thread_name_prefix="tool call")
 
     async def listing(request: Request) -> Response:
         data = [] if toolbox is None else [{**spec.to_openai(), "source": toolbox.source(spec.name)}
@@ -44,11 +48,15 @@ def routes(toolbox: Any, timeout: float) -> list[Route]:
                                  f"({'tools: ' + offered if offered else 'serve was started with no tools'})",
                             param="name")
         tool_call = ToolCall(name, _arguments(body.get("arguments")))
-        async with running:
-            try:
-                text, failed = await asyncio.to_thread(toolbox.call, tool_call, timeout), False
-            except ToolError as e:
-                text, failed = e.message, True
+        stuck = len(toolbox.running)
+        if stuck >= MAX_CALLS:
+            raise HTTPError(503, f"{stuck} tool calls are still running, some past --tool-timeout: try again later",
+                            "server_error")
+        try:
+            text, failed = await asyncio.get_running_loop().run_in_executor(pool, toolbox.call, tool_call,
+                                                                            timeout), False
+        except ToolError as e:
+            text, failed = e.message, True
         return JSONResponse({"object": "tool.result", "name": name, "content": text, "is_error": failed})
 
     return [Route("/tools", listing, methods=["GET"]), Route("/tools/call", call, methods=["POST"])]

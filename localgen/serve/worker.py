@@ -41,7 +41,7 @@ from localgen.serve.model import warm_template
 from localgen.serve.prepare import MediaPrep, has_media, request, task
 from localgen.serve.residence import Residence
 from localgen.serve.residency import Abandoned, NoRoom
-from localgen.serve.servelog import STDERR_LOG, ServeLog
+from localgen.serve.servelog import STDERR_LOG, ServeLog, Tally
 from localgen.types import LoadParams, ModelRef
 
 if TYPE_CHECKING:
@@ -342,6 +342,8 @@ class ModelWorker:
             if job is None or job.state not in IN_SLOTS:
                 continue
             if isinstance(out, Piece):
+                if isinstance(job, Job) and job.answers:  # the access line's tokens if it ends before its Done
+                    job.tally = Tally(out.prompt_tokens, out.cached, out.made, out.ttft_s)
                 if isinstance(job, Job) and job.stream:
                     job.send(Text(out.text, out.prompt_tokens, out.cached))
                 continue
@@ -362,8 +364,8 @@ class ModelWorker:
     def _finished(self, job: Job, c: Completion) -> None:
         """A generation job's end as its event: Done, or why it did not finish."""
         counted = c.error is None and job.answers  # a load (serve/loadnow.py) answers nothing: no usage
-        if job.trace is not None and counted:  # its access line's tokens and time to first token
-            job.trace.completed(self.name, c)
+        if counted:  # its access line's tokens and time to first token, final now
+            job.tally = Tally(c.prompt_tokens, c.cached_tokens, c.completion_tokens, c.ttft_s)
         if self.on_completion is not None and counted:  # counted before the client can ask /metrics
             try:
                 self.on_completion(self.name, c)

@@ -42,6 +42,8 @@ class Toolbox:
         self._servers: list[Any] = []
         self._of: dict[str, Any] = {}  # an MCP tool's server, by the tool's name
         self._source: dict[str, str] = {}  # where each tool comes from: "mcp: LABEL" or "functions: FILE"
+        self._secrets: dict[str, str] = {}  # what MCP config files give their servers (env, headers), redacted too
+        self.running: set[threading.Thread] = set()  # Python tools' calls still running (one past its timeout too)
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
@@ -57,14 +59,25 @@ class Toolbox:
         try:
             for path in functions:
                 for spec, fn in fn_source.load(path):
-                    box._add(spec, _python_runner(spec.name, fn), f"functions: {path.name}")
-            for target in servers:
+                    box._add(spec, _python_runner(spec.name, fn, box.running), f"functions: {path.name}")
+            from localgen.tools.mcpconfig import targets
+
+            for target in targets(servers):
                 from localgen.tools.mcp import McpServer
 
+                box._secrets.update({**target.env, **target.headers})
+                for key, value in target.headers.items():  # "Bearer TOKEN": the token alone is a secret too
+                    scheme, _, token = value.partition(" ")
+                    if token and scheme.isalpha():
+                        box._secrets[f"{key} token"] = token
                 server = McpServer(target)
                 box._servers.append(server)
                 for spec in server.tools:
-                    box._add(spec, _mcp_runner(server, spec.name), f"mcp: {server.label}")
+                    runner = _mcp_runner(server, spec.name)
+                    if spec.name in box._runners and target.named:  # two servers of a config file: as Claude
+                        # Desktop does, both kept, this one's under its server's name (server_tool)
+                        spec = dataclasses.replace(spec, name=_qualified(server.label, spec.name))
+                    box._add(spec, runner, f"mcp: {server.label}")
                     box._of[spec.name] = server
         except BaseException:
             box.close()
@@ -83,13 +96,18 @@ class Toolbox:
         return self._source.get(name)
 
     def call(self, call: ToolCall, timeout: float) -> str:
-        """Run a checked call; its result with secrets from the environment taken out."""
-        check_call(call, self.specs)
-        text = self._runners[call.name](call.args, timeout)
+        """Run a checked call; its result with secrets from the environment taken out (a ToolError's message
+        too: a failure may quote a key)."""
+        try:
+            check_call(call, self.specs)
+            text = self._runners[call.name](call.args, timeout)
+        except ToolError as e:
+            e.message = redact(e.message, self._secrets)
+            raise
         if len(text) > MAX_RESULT_CHARS:  # said here, by name, before the template and tokenizer spend on it
             raise ToolError(f"{call.name} returned {len(text):,} characters, more than the model can read "
                             f"(at most {MAX_RESULT_CHARS:,})")
-        return redact(text)
+        return redact(text, self._secrets)
 
     def close(self) -> None:
         """Stop the MCP servers."""
@@ -98,7 +116,8 @@ class Toolbox:
         self._servers.clear()
 
 
-def _python_runner(name: str, fn: Callable[..., Any]) -> Callable[[dict[str, Any], float], str]:
+def _python_runner(name: str, fn: Callable[..., Any],
+                   running: set[threading.Thread]) -> Callable[[dict[str, Any], float], str]:
     from localgen.tools.functions import call_args
 
     def run(args: dict[str, Any], timeout: float) -> str:
@@ -110,8 +129,11 @@ def _python_runner(name: str, fn: Callable[..., Any]) -> Callable[[dict[str, Any
                 box["value"] = fn(**args)
             except BaseException as e:  # the tool's own failure, reported as one line
                 box["error"] = e
+            finally:
+                running.discard(threading.current_thread())
 
         worker = threading.Thread(target=target, name=f"tool {name}", daemon=True)
+        running.add(worker)
         worker.start()
         worker.join(timeout)
         if worker.is_alive():  # a thread cannot be killed: it is left behind, and the answer fails
@@ -142,12 +164,23 @@ def _as_text(name: str, value: Any) -> str:
 
 
 def _mcp_runner(server: Any, name: str) -> Callable[[dict[str, Any], float], str]:
+    """A call to the server's tool `name` (offered to the model as its own name, or as server_tool)."""
     return lambda args, timeout: str(server.call(name, args, timeout))
 
 
-def redact(text: str) -> str:
-    """The text with the values of secret-looking environment variables (keys, tokens, passwords) replaced."""
-    for key, value in os.environ.items():
+def _qualified(label: str, name: str) -> str:
+    """A tool's name with its server's in front (server_tool, as llama-server names them), in the characters a
+    tool's name may hold."""
+    from localgen.tools.spec import NAME_CHARS
+
+    both = "".join(c if c in NAME_CHARS else "_" for c in f"{label}_{name}")
+    return both[:64]
+
+
+def redact(text: str, more: dict[str, str] | None = None) -> str:
+    """The text with the values of secret-looking environment variables (keys, tokens, passwords) replaced:
+    this process's, and `more` (what an MCP config file gives its servers: their env and headers)."""
+    for key, value in [*os.environ.items(), *(more or {}).items()]:
         if len(value) >= 8 and SECRET_NAME.search(key) and value in text:
             text = text.replace(value, f"[{key} redacted]")
     return text

@@ -1,18 +1,19 @@
 """Tools from MCP servers, through the `mcp` SDK: a command line starts a server over stdio (with only the
-SDK's safe subset of the environment, so secrets stay out of it), an http(s) URL reaches one over streamable
-HTTP. The SDK is asynchronous; a server's session lives on its own event loop in a thread, and `run` and
+SDK's safe subset of the environment, so secrets stay out of it, and what a config file gives it:
+tools/mcpconfig.py), an http(s) URL reaches one over streamable HTTP (with a config file's headers).
+The SDK is asynchronous; a server's session lives on its own event loop in a thread, and `run` and
 `chat` call it with a timeout."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shlex
 import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from localgen.errors import ToolError, UsageError
+from localgen.errors import ToolError
+from localgen.tools.mcpconfig import McpTarget
 from localgen.tools.spec import ToolSpec, check_schema
 
 CONNECT_TIMEOUT_S = 30.0
@@ -21,16 +22,11 @@ CONNECT_TIMEOUT_S = 30.0
 class McpServer:
     """One MCP server: its tools, and calls to them."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: McpTarget) -> None:
         self.target = target
-        self.label = target if len(target) <= 60 else target[:57] + "..."
+        self.label = target.label
         self.tools: tuple[ToolSpec, ...] = ()
         self.gone = False  # the connection was lost (the process died, the HTTP server went away): no more calls
-        if not target.startswith(("http://", "https://")):
-            try:
-                shlex.split(target)
-            except ValueError as e:  # a quote left open: the command line itself is wrong
-                raise UsageError(f"--mcp {target!r} is not a command line: {e}") from None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp {self.label}", daemon=True)
         self._thread.start()
@@ -39,8 +35,8 @@ class McpServer:
         self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
         _quiet_sdk()
         try:
-            if target.startswith(("http://", "https://")):
-                _reachable(target)
+            if target.url is not None:
+                _reachable(target.url)
             self.tools = self._wait(self._connect(), CONNECT_TIMEOUT_S, "starting")
         except BaseException:
             self.close()
@@ -84,20 +80,28 @@ class McpServer:
         from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import streamable_http_client
 
-        if self.target.startswith(("http://", "https://")):
-            transport = streamable_http_client(self.target)
+        target = self.target
+        if target.url is not None:
+            client = None
+            if target.headers:  # a remote server's key, from a config file
+                from mcp.shared._httpx_utils import create_mcp_http_client
+
+                client = await self._stack.enter_async_context(create_mcp_http_client(headers=target.headers))
+            transport = streamable_http_client(target.url, http_client=client)
         else:
-            argv = shlex.split(self.target)
-            if not argv:
-                raise ToolError("--mcp needs a command line or a URL")
             import sys
             import tempfile
+
+            from mcp.client.stdio import get_default_environment
 
             # a server's own log lines: on a terminal; otherwise kept aside, for the reason a failure gives
             errlog = sys.stderr
             if not sys.stderr.isatty():
                 errlog = self._errlog = self._stack.enter_context(tempfile.TemporaryFile("w+"))  # noqa: SIM115
-            transport = stdio_client(StdioServerParameters(command=argv[0], args=argv[1:]), errlog=errlog)
+            env = {**get_default_environment(), **target.env} if target.env else None
+            params = StdioServerParameters(command=target.argv[0], args=list(target.argv[1:]), env=env,
+                                           cwd=target.cwd)
+            transport = stdio_client(params, errlog=errlog)
         read, write = await self._stack.enter_async_context(transport)
         self._session = await self._stack.enter_async_context(ClientSession(read, write))
         await self._session.initialize()

@@ -3,7 +3,6 @@ subcommands are bench/past.py's."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
@@ -201,7 +200,7 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
 
     system = {"build_commit": "client-side", "build_number": 0, "cpu_info": "", "cores": 0, "ram": 0, "gpu_info": "",
               "backends": "remote", "features": "", "localgen_version": localgen.__version__}
-    run_id = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
+    recording = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
     err = ErrWriter()
     results: list[dict[str, Any]] = []
     points = [(c, r, num_prompts or max(8, 2 * c), g) for _ in targets for _ in prompts for g in gens
@@ -219,7 +218,7 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
                         for rec in serving.run(client, ep.url, model_id, concurrencies, rate_values, num_prompts,
                                                p, g, 1234, system, same_prompt):
                             results.append(rec)  # shown even where the history cannot keep it
-                            history.add(run_id, len(results) - 1, rec)
+                            history.add(recording, len(results) - 1, rec)
                             if output == "jsonl":
                                 sys.stdout.write(records_jsonl([rec]))
                                 sys.stdout.flush()
@@ -235,8 +234,6 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
     except KeyboardInterrupt:
         view.end()
         if not results:
-            with contextlib.suppress(LocalgenError):
-                history.drop(run_id)
             err.interrupted("interrupted before the first result: nothing was measured, nothing saved")
         else:
             err.interrupted("interrupted; the results above were measured and kept")
@@ -245,7 +242,8 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
         view.end()
         if results and output != "jsonl":
             _print_results(results, output)
-    err.line(f"saved as run {run_id}: localgen bench history {run_id} (client-side figures)")
+    if recording.id is not None:
+        err.line(f"saved as run {recording.id}: localgen bench history {recording.id} (client-side figures)")
 
 
 def _remote_targets(urls: list[str] | None, key_env: str | None, models: Values) -> list[tuple[Any, str]]:
@@ -382,7 +380,7 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
         system["backends"] += "+RPC"
         system["rpc"] = list(rpc)
     system["bandwidth"] = remembered()
-    run_id = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
+    recording = history.start(shlex.join(["localgen", "bench", *sys.argv[2:]]), system)
     results: list[dict[str, Any]] = []
     kept = 0  # of them, in the history
     interrupted = False
@@ -397,7 +395,7 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
                 if output == "jsonl":  # one line per result as it is measured, for pipelines
                     sys.stdout.write(records.FORMATS["jsonl"]([rec]))
                     sys.stdout.flush()
-                history.add(run_id, kept, rec)
+                history.add(recording, kept, rec)
                 kept += 1
                 view.row(rec, len(results))
         except (Stopped, KeyboardInterrupt):
@@ -407,9 +405,6 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
         finally:
             view.end()
     err = ErrWriter()
-    if not kept:  # stopped or failed before the first result was kept (in a model load, say): an empty run goes
-        with contextlib.suppress(LocalgenError):
-            history.drop(run_id)
     if interrupted and not results:
         err.line("interrupted before the first result: nothing was measured, nothing saved")
         raise typer.Exit(130)
@@ -417,10 +412,11 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
         if results and output != "jsonl":
             emit(results, system, output)
         if results:
-            err.line(f"{plural(len(results), 'result')} measured; {kept_where(kept, len(results), run_id)}")
+            err.line(f"{plural(len(results), 'result')} measured; {kept_where(kept, len(results), recording.id)}")
         raise failed
     emit(results, system, output)
-    err.line(f"saved as run {run_id}: localgen bench history {run_id}")
+    if recording.id is not None:
+        err.line(f"saved as run {recording.id}: localgen bench history {recording.id}")
     if interrupted:
         err.line("interrupted; the results above were measured and kept")
         raise typer.Exit(130)

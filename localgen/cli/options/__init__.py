@@ -182,7 +182,8 @@ Mcp = Annotated[
     list[str] | None,
     typer.Option("--mcp", rich_help_panel=TOOLS_PANEL, show_default=False,
                  help="An MCP server whose tools the model may call: a command line (\"uvx some-server\", over "
-                      "stdio) or an http(s) URL (streamable HTTP). Repeatable."),
+                      "stdio), an http(s) URL (streamable HTTP), or a JSON file of servers as Claude Desktop "
+                      "and Cursor write it (mcpServers). Repeatable."),
 ]
 ToolChoice = Annotated[
     str, typer.Option("--tool-choice", rich_help_panel=TOOLS_PANEL,

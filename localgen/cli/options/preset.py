@@ -15,11 +15,13 @@ def load_params(ref: ModelRef, load: LoadParams, given: Callable[[str], bool],
                 check_buffers: bool = True) -> LoadParams:
     """`load` with the preset's num_ctx and load settings (n_cpu_moe, override_tensor, num_gpu, ...), each
     unless the user gave its flag (`given`, by the table's names: a flag or its environment variable); -ot's
-    buffer types checked against this build's devices (`check_buffers`: `fit` plans for devices described)."""
+    buffer types checked against this build's devices (`check_buffers`: `fit` plans for devices described). A
+    window of 0 (--ctx 0, num_ctx 0) is the model's trained context from here on."""
     from localgen import settings
 
     if ref.context is not None and not given("ctx"):
         load = dataclasses.replace(load, n_ctx=ref.context)
+    load = load.for_model(ref.summary.context_length)
     mine = {k: v for k, v in ref.load.items() if not given(k) and not (k == "flash_attn" and given("no_flash_attn"))}
     if not mine:
         return load

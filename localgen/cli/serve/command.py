@@ -158,6 +158,7 @@ def _serve(f: ServeArgs, log: ServeLog, checked: _Checked, toolbox: Any) -> None
               url=f"http://{_url_host(f.listen.host)}:{f.listen.port}", models=list(state.workers),
               default_model=state.default)
     for w in workers:
+        _ctx_warning(w, checked.models, log)
         _worker_lines(w, log)
     if toolbox is not None:
         _tool_lines(toolbox, log)
@@ -222,6 +223,10 @@ def _check_tools(f: ServeArgs, key: str | None) -> None:
     if f.tools.any and not key and not _is_loopback(f.listen.host):
         raise UsageError(f"--functions and --mcp on {f.listen.host} with no API key would let anyone who can reach "
                          "this port run the tools", hint="add --api-key (or --api-key-file), or listen on 127.0.0.1")
+    widened = [*(f.listen.cors or ()), *(o for o in os.environ.get("LOCALGEN_ORIGINS", "").split(",") if o.strip())]
+    if f.tools.any and not key and widened:
+        raise UsageError(f"--functions and --mcp with more web origins allowed ({', '.join(widened)[:100]}) and no API "
+                         "key would let those pages run the tools", hint="add --api-key (or --api-key-file)")
 
 
 def _is_loopback(host: str) -> bool:
@@ -271,6 +276,14 @@ def _tool_lines(toolbox: Any, log: ServeLog) -> None:
         by_source.setdefault(toolbox.source(spec.name), []).append(spec.name)
     for source, names in by_source.items():
         log.line(f"  tools ({source}): {', '.join(names)}")
+
+
+def _ctx_warning(w: ModelWorker, models: ModelSettings, log: ServeLog) -> None:
+    """A --ctx past what the model was trained on is capped at load, as run's is: said, as run says it."""
+    trained, load = w.ref.summary.context_length, models.load
+    if models.ctx_given and trained and not (load.rope_scaling or load.rope_freq_scale) and load.n_ctx > trained:
+        log.warning(f"--ctx {load.n_ctx:,} is past the {trained:,} tokens {w.name} was trained on: its window is "
+                    f"{trained:,} (--rope-scaling stretches it)")
 
 
 def _worker_lines(w: ModelWorker, log: ServeLog) -> None:

@@ -28,10 +28,11 @@ class ListenOptions(OptionGroup):
     """Where the server listens, and who may use it."""
 
     host: Annotated[
-        str, typer.Option("--host", rich_help_panel=SERVE,
+        str, typer.Option("--host", envvar="LOCALGEN_HOST", rich_help_panel=SERVE,
                           help="Address to listen on. Anything but loopback is reachable by others: use an API key.")
     ] = "127.0.0.1"
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, rich_help_panel=SERVE, help="Port.")] = 11435
+    port: Annotated[int, typer.Option("--port", envvar="LOCALGEN_PORT", min=1, max=65535, rich_help_panel=SERVE,
+                                      help="Port.")] = 11435
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="LOCALGEN_API_KEY", rich_help_panel=SERVE, show_default=False,
                                  help="Require `Authorization: Bearer KEY` on every route but /health and the chat "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -11,11 +12,18 @@ from localgen.errors import LocalgenError, UsageError
 
 
 def ps(
-    host: Annotated[str, typer.Option("--host", help="The server's address.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="The server's port.")] = 11435,
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option("--host", envvar="LOCALGEN_HOST", help="The server's address.")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", envvar="LOCALGEN_PORT", min=1, max=65535, help="The server's port.")
+    ] = 11435,
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="LOCALGEN_API_KEY", show_default=False,
                                  help="The server's API key, if it has one (as serve's --api-key).")
+    ] = None,
+    api_key_file: Annotated[
+        Path | None, typer.Option("--api-key-file", dir_okay=False, show_default=False,
+                                  help="Read the server's API key from a file (as serve's --api-key-file).")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="The server's answer as JSON.")] = False,
 ) -> None:
@@ -24,13 +32,16 @@ def ps(
 
     import httpx
 
+    from localgen.cli.options.knobs import typed_by_user
     from localgen.cli.serve.options import check_host
     from localgen.units import format_bytes
 
     check_host(host)
+    if api_key_file is not None:
+        api_key = _key_file(api_key_file, api_key if typed_by_user(ctx, "api_key") else None)
     if api_key and not (api_key.isprintable() and " " not in api_key):
-        raise UsageError("--api-key (or LOCALGEN_API_KEY) has spaces or control characters inside: no HTTP header "
-                         "carries it as given")
+        raise UsageError(f"{'the API key file' if api_key_file else '--api-key (or LOCALGEN_API_KEY)'} has spaces "
+                         "or control characters inside: no HTTP header carries it as given")
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     try:
         # the key's UTF-8 bytes, as serve compares them (httpx would encode a str header as ASCII only)
@@ -43,8 +54,8 @@ def ps(
                             "--host and --port") from None
     if r.status_code == 401:
         raise LocalgenError(f"the server at {url} needs an API key: give --api-key KEY or set LOCALGEN_API_KEY"
-                            if not api_key else f"the server at {url} refused the API key given (--api-key or "
-                            "LOCALGEN_API_KEY)")
+                            ", or give --api-key-file FILE" if not api_key else f"the server at {url} refused the API "
+                            f"key given ({'--api-key-file' if api_key_file else '--api-key or LOCALGEN_API_KEY'})")
     if r.status_code != 200:
         raise LocalgenError(f"{url}/api/ps answered {r.status_code}: {_said(r)}")
     models = r.json().get("models", [])
@@ -66,6 +77,23 @@ def ps(
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _key_file(path: Path, typed: str | None) -> str:
+    """The key in --api-key-file, stripped (as serve reads its own); a usage error when --api-key is typed too, or
+    when the file cannot be read, is not UTF-8 text or is empty. A typed file wins over LOCALGEN_API_KEY."""
+    if typed is not None:
+        raise UsageError("--api-key and --api-key-file cannot be combined")
+    where = f"the API key file {path}"
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise UsageError(f"{where} is not UTF-8 text") from None
+    except OSError as e:
+        raise UsageError(f"{where} cannot be read: {e.strerror or e}") from None
+    if not key:
+        raise UsageError(f"{where} is empty")
+    return key
 
 
 def until_text(left: float) -> str:

@@ -1,0 +1,119 @@
+"""What an `--mcp` value names: one MCP server (a command line, or an http(s) URL), or a JSON file of servers in
+the shape Claude Desktop, Cursor, VS Code and llama-server's --mcp-servers-config write (`{"mcpServers": {NAME:
+{"command", "args", "env", "cwd"} or {"url", "headers"}}}`; VS Code's `"servers"` key too). A server from a file
+is labelled by its name there and gets the environment the file gives it (on top of the SDK's safe subset),
+and an HTTP server the headers."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localgen.errors import UsageError
+
+MAX_CONFIG_BYTES = 1 << 20  # an MCP config file: a few KB in practice
+
+
+@dataclass(frozen=True)
+class McpTarget:
+    """One MCP server to start or reach: `argv` over stdio, or `url` over streamable HTTP."""
+
+    label: str
+    argv: tuple[str, ...] = ()
+    url: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    named: bool = False  # from a config file, labelled by its name there
+
+
+def targets(values: list[str]) -> list[McpTarget]:
+    """The servers that --mcp's values name, in order (a UsageError for a value or a file that is wrong)."""
+    out: list[McpTarget] = []
+    for value in values:
+        if value.lower().endswith(".json") and not value.startswith(("http://", "https://")) and (
+                " " not in value.strip() or Path(value).expanduser().is_file()):  # Application Support/...
+            out += from_file(Path(value).expanduser())
+        else:
+            out.append(one(value))
+    return out
+
+
+def one(value: str) -> McpTarget:
+    """A server given on the command line: a URL, or a command line (labelled by itself, cut to 60 characters)."""
+    label = value if len(value) <= 60 else value[:57] + "..."
+    if value.startswith(("http://", "https://")):
+        return McpTarget(label, url=value)
+    try:
+        argv = tuple(shlex.split(value))
+    except ValueError as e:  # a quote left open: the command line itself is wrong
+        raise UsageError(f"--mcp {value!r} is not a command line: {e}") from None
+    if not argv:
+        raise UsageError("--mcp needs a command line, a URL, or a JSON file of servers")
+    return McpTarget(label, argv=argv)
+
+
+def from_file(path: Path) -> list[McpTarget]:
+    """The servers of a JSON config file, those marked `"disabled": true` left out."""
+    where = f"--mcp {path}"
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise UsageError(f"{where}: {size:,} bytes is too big for a file of MCP servers")
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{where}: no such file") from None
+    except OSError as e:
+        raise UsageError(f"{where}: cannot read it: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{where}: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{where}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    servers = doc.get("mcpServers", doc.get("servers")) if isinstance(doc, dict) else None
+    if not isinstance(servers, dict):
+        raise UsageError(f'{where}: expected {{"mcpServers": {{NAME: {{"command": ..., "args": [...]}} or '
+                         '{"url": ...}}}, as Claude Desktop and Cursor write it')
+    out = []
+    for name, entry in servers.items():
+        if not isinstance(entry, dict):
+            raise UsageError(f"{where}: the server {name!r} must be an object")
+        if entry.get("disabled") is True:
+            continue
+        out.append(_entry(where, str(name), entry))
+    if not out:
+        raise UsageError(f"{where}: names no server (or only disabled ones)")
+    return out
+
+
+def _entry(where: str, name: str, entry: dict[str, Any]) -> McpTarget:
+    url, command = entry.get("url", entry.get("serverUrl")), entry.get("command")
+    kind = entry.get("type", entry.get("transport"))
+    if kind in ("sse",):
+        raise UsageError(f"{where}: the server {name!r} speaks the old SSE transport; localgen speaks stdio and "
+                         "streamable HTTP")
+    if (url is None) == (command is None):
+        raise UsageError(f'{where}: the server {name!r} needs either "command" (with "args") or "url"')
+    if url is not None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise UsageError(f"{where}: the server {name!r} has a url that is not http(s)")
+        return McpTarget(name, url=url, headers=_strings(where, name, entry, "headers"), named=True)
+    args = entry.get("args", [])
+    if not isinstance(command, str) or not command.strip():
+        raise UsageError(f"{where}: the server {name!r} has an empty command")
+    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+        raise UsageError(f"{where}: the server {name!r}'s args must be a list of strings")
+    cwd = entry.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise UsageError(f"{where}: the server {name!r}'s cwd must be a string")
+    return McpTarget(name, argv=(command, *(str(a) for a in args)), env=_strings(where, name, entry, "env"),
+                     cwd=cwd, named=True)
+
+
+def _strings(where: str, name: str, entry: dict[str, Any], key: str) -> dict[str, str]:
+    value = entry.get(key) or {}
+    if not isinstance(value, dict) or not all(isinstance(v, (str, int, float)) for v in value.values()):
+        raise UsageError(f"{where}: the server {name!r}'s {key} must map names to strings")
+    return {str(k): str(v) for k, v in value.items()}

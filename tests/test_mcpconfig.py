@@ -1,0 +1,147 @@
+"""--mcp FILE.json: the MCP servers of a config file as Claude Desktop, Cursor, VS Code and llama-server write it
+(docs/tools.md, "MCP servers from a config file"): each started with the env and cwd it names, or reached at
+its url with its headers, labelled by its name; disabled ones left out; what the file gives its servers
+redacted from results like this process's secrets; every malformed file one usage error."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localgen.errors import UsageError
+from localgen.tools.mcpconfig import McpTarget, targets
+from tests.conftest import ROOT, InProcessCLI
+
+SERVER = str(ROOT / "tests" / "mcp_server.py")
+
+
+def _write(tmp_path: Path, doc: object, name: str = "mcp.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
+    return str(path)
+
+
+def test_a_config_file_names_servers_as_the_desktop_apps_write_them(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"mcpServers": {
+        "calc": {"command": sys.executable, "args": [SERVER], "env": {"A_TOKEN": "abcdefgh1234"}, "cwd": "/tmp"},
+        "remote": {"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "Bearer xyz12345678"}},
+        "off": {"command": "never-started", "disabled": True}}})
+    assert targets([path, "uvx some-server", "http://127.0.0.1:9/mcp"]) == [
+        McpTarget("calc", argv=(sys.executable, SERVER), env={"A_TOKEN": "abcdefgh1234"}, cwd="/tmp", named=True),
+        McpTarget("remote", url="https://mcp.example.com/mcp", headers={"Authorization": "Bearer xyz12345678"},
+                  named=True),
+        McpTarget("uvx some-server", argv=("uvx", "some-server")),
+        McpTarget("http://127.0.0.1:9/mcp", url="http://127.0.0.1:9/mcp")]
+    # VS Code's key, with its "type"
+    vscode = _write(tmp_path, {"servers": {"calc": {"type": "stdio", "command": "x", "args": ["1"]}}}, "vs.json")
+    assert targets([vscode]) == [McpTarget("calc", argv=("x", "1"), named=True)]
+    # where Claude Desktop keeps it on a Mac: a path with a space is a file, not a command line
+    spaced = tmp_path / "Application Support" / "Claude"
+    spaced.mkdir(parents=True)
+    (spaced / "claude_desktop_config.json").write_text(json.dumps({"mcpServers": {"calc": {"command": "x"}}}))
+    assert targets([str(spaced / "claude_desktop_config.json")]) == [McpTarget("calc", argv=("x",), named=True)]
+
+
+@pytest.mark.parametrize(("doc", "said"), [
+    ("{not json", "not valid JSON at line 1, column 2"),
+    ([1, 2], 'expected {"mcpServers"'),
+    ({"mcpServers": {"a": "cmd"}}, "the server 'a' must be an object"),
+    ({"mcpServers": {"a": {}}}, 'needs either "command" (with "args") or "url"'),
+    ({"mcpServers": {"a": {"command": "x", "url": "http://h/"}}}, 'needs either "command"'),
+    ({"mcpServers": {"a": {"command": "x", "args": "one two"}}}, "args must be a list of strings"),
+    ({"mcpServers": {"a": {"command": "x", "env": {"K": ["v"]}}}}, "env must map names to strings"),
+    ({"mcpServers": {"a": {"url": "ftp://h/"}}}, "url that is not http(s)"),
+    ({"mcpServers": {"a": {"type": "sse", "url": "http://h/sse"}}}, "old SSE transport"),
+    ({"mcpServers": {"a": {"command": "x", "disabled": True}}}, "names no server"),
+])
+def test_a_malformed_config_file_is_one_usage_error(tmp_path: Path, doc: object, said: str) -> None:
+    with pytest.raises(UsageError) as e:
+        targets([_write(tmp_path, doc)])
+    assert said in e.value.message and e.value.message.startswith("--mcp "), e.value.message
+
+
+def test_run_refuses_a_bad_config_file_before_the_model_loads(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.gguf")
+    for value, said in ((str(tmp_path / "none.json"), "no such file"),
+                        (_write(tmp_path, "{"), "not valid JSON")):
+        r = cli_in_process("run", "-m", missing, "--mcp", value, "--yes", "Go.")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
+        assert "missing.gguf" not in r.stderr
+
+
+def test_a_config_files_servers_start_with_their_env_and_its_secrets_are_redacted(tmp_path: Path) -> None:
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    path = _write(tmp_path, {"mcpServers": {"calc": {"command": sys.executable, "args": [SERVER],
+                                                     "env": {"TEST_API_TOKEN": "given-by-the-file-123"}}}})
+    box = Toolbox.open([], [path])
+    try:
+        assert box.source("add") == "mcp: calc"
+        assert box.call(ToolCall("add", '{"a": 2, "b": 3}'), 30) == "5"
+        # the server got the file's env (a bare --mcp server would say "unset"), and the model does not
+        assert box.call(ToolCall("leak", "{}"), 30) == "token=[TEST_API_TOKEN redacted]"
+    finally:
+        box.close()
+
+
+def test_two_servers_of_a_file_may_offer_a_tool_of_the_same_name(tmp_path: Path) -> None:
+    """As Claude Desktop keeps both: the second server's is offered as server_tool, and calls reach it; two
+    tools of one name elsewhere (two Python files, command lines) stay an error."""
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    entry = {"command": sys.executable, "args": [SERVER]}
+    path = _write(tmp_path, {"mcpServers": {"calc": entry, "calc 2": entry}})
+    box = Toolbox.open([], [path])
+    try:
+        names = [s.name for s in box.specs]
+        assert names[:3] == ["add", "leak", "crash"] and "calc_2_add" in names and box.source("calc_2_add") == \
+            "mcp: calc 2"
+        assert box.call(ToolCall("calc_2_add", '{"a": 1, "b": 1}'), 30) == "2"
+    finally:
+        box.close()
+    with pytest.raises(ToolError, match="two tools are named 'add'"):
+        Toolbox.open([], [f"{sys.executable} {SERVER}", f"{sys.executable} {SERVER}"])
+
+
+def test_a_config_files_http_server_is_reached_with_its_headers(tmp_path: Path) -> None:
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        path = _write(tmp_path, {"mcpServers": {"web": {"url": f"http://127.0.0.1:{port}/mcp",
+                                                        "headers": {"Authorization": "Bearer secret-1234567"}}}})
+        box = Toolbox.open([], [path])
+        try:
+            assert box.source("add") == "mcp: web"
+            assert box.call(ToolCall("add", '{"a": 20, "b": 22}'), 30) == "42"
+            # the header reached the server, and its value is kept from the model: whole, or its token alone
+            assert box.call(ToolCall("authorization", "{}"), 30) == "[Authorization redacted]"
+            with pytest.raises(ToolError) as e:  # a failure's reason that quotes the token
+                box.call(ToolCall("add", '{"a": "secret-1234567", "b": 1}'), 30)
+            assert "secret-1234567" not in e.value.message and "[Authorization token redacted]" in e.value.message
+        finally:
+            box.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
