@@ -1,6 +1,7 @@
 // The server's API as any client calls it (no private route): the models (/v1/models, llama-server's /models
 // for what is loaded, Ollama's /api/show for what a model takes), the chat stream (/v1/chat/completions with
-// server-sent events), the server's tools (/tools, /tools/call: its --mcp and --functions), the API key (asked for once on a 401 and kept in sessionStorage), and every failure as
+// server-sent events), the server's tools (/tools, /tools/call: its --mcp and --functions), the API key
+// (asked for once on a 401 and kept in sessionStorage), and every failure as
 // an ApiError whose `kind` says what went wrong: "network" (the server is gone), "auth", "context" (the
 // conversation does not fit the model's window), "size" (the request is over serve's --max-body) or "refused"
 // (any other answer that is not a success).
@@ -135,7 +136,8 @@ export async function callTool(name, args, signal) {
     body: JSON.stringify({ name, arguments: args }),
     signal,
   });
-  return { content: typeof doc.content === "string" ? doc.content : JSON.stringify(doc.content), is_error: doc.is_error === true };
+  const content = typeof doc.content === "string" ? doc.content : JSON.stringify(doc.content);
+  return { content, is_error: doc.is_error === true };
 }
 
 /** The chunks of a streamed chat completion, as parsed JSON objects, until `data: [DONE]`. */

@@ -1,6 +1,7 @@
 // The chat page: the conversation on screen and its branches, the composer, the model picker, the
-// conversation list, settings, the key prompt, and the server's tools (an answer's rounds of calls). Everything the model writes reaches the page through
-// markdown.js (DOM nodes, never HTML); every call to the server goes through api.js.
+// conversation list, settings, the key prompt, and the server's tools (an answer's rounds of calls).
+// Everything the model writes reaches the page through markdown.js (DOM nodes, never HTML); every call to
+// the server goes through api.js.
 
 import * as api from "./api.js";
 import { render as markdown } from "./markdown.js";
@@ -510,7 +511,8 @@ function resultView(result) {
   const d = el("details", result.is_error ? "tool-result error" : "tool-result");
   d.open = text.length <= LONG_RESULT && lines <= 8;
   const label = result.is_error ? "Error" : "Result";
-  d.append(el("summary", null, d.open ? label : `${label} (${lines} line${lines === 1 ? "" : "s"}, ${text.length} characters)`));
+  const size = `${lines} line${lines === 1 ? "" : "s"}, ${text.length} characters`;
+  d.append(el("summary", null, d.open ? label : `${label} (${size})`));
   const pre = el("pre");
   pre.append(el("code", null, text));
   d.append(pre);
@@ -539,7 +541,8 @@ function noteOf(m) {
   }
   if (m.stopped) return [el("span", null, "Stopped.")];
   if (m.finish === "tool_steps") {
-    return [el("span", null, `The model was still calling tools after ${MAX_TOOL_ROUNDS} rounds: its last calls were not run.`)];
+    const said = `The model was still calling tools after ${MAX_TOOL_ROUNDS} rounds: its last calls were not run.`;
+    return [el("span", null, said)];
   }
   if (m.finish === "length") {
     const limit = m.stats && m.stats.max_tokens
@@ -713,7 +716,8 @@ function roundsWire(rounds) {
   const out = [];
   for (const r of rounds) {
     const results = r.results || [];
-    const answered = r.tool_calls.filter((c) => results.some((x) => x.tool_call_id === c.id)); // a call not run is left out
+    // a call never run is left out (a stopped answer's): the model is sent calls with their results only
+    const answered = r.tool_calls.filter((c) => results.some((x) => x.tool_call_id === c.id));
     if (answered.length) {
       out.push({ role: "assistant", content: r.content, tool_calls: answered });
       for (const c of answered) {
@@ -845,7 +849,8 @@ async function generate(conv, parent) {
         continue;
       }
       const rounds = answer.rounds || [];
-      answer.rounds = [...rounds, { content: answer.content, reasoning: answer.reasoning, tool_calls: fresh, results: [] }];
+      const settled = { content: answer.content, reasoning: answer.reasoning, tool_calls: fresh, results: [] };
+      answer.rounds = [...rounds, settled];
       answer.content = "";
       answer.reasoning = "";
       if (rounds.length >= MAX_TOOL_ROUNDS) {

@@ -190,7 +190,8 @@ function round(r) {
   const calls = r.tool_calls.map((t) => {
     const f = t && t.function;
     if (!f || typeof t.id !== "string" || typeof f.name !== "string") throw new Error("a tool call has no id or name");
-    return { id: t.id, type: "function", function: { name: f.name, arguments: text(f.arguments, "a tool call's arguments") } };
+    const args = text(f.arguments, "a tool call's arguments");
+    return { id: t.id, type: "function", function: { name: f.name, arguments: args } };
   });
   const ids = new Set(calls.map((t) => t.id));
   return {
