@@ -8,12 +8,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import platform
 import struct
 import subprocess
 import sys
 import termios
+from pathlib import Path
 from typing import Any
 
+import pytest
 from pexpect import fdpexpect
 
 from tests.conftest import ROOT, default_sigint, fork_server
@@ -88,9 +91,12 @@ class Screen:
         self.screen = pyte.Screen(dimensions[1], dimensions[0])
         self.stream = pyte.Stream(self.screen)
         self.onlcr = onlcr  # written to directly (a console's file), not through a pty: "\n" made "\r\n" as a pty does
+        self.written = ""  # all that was fed, as it came
 
     def write(self, data: str) -> None:
-        self.stream.feed(data.replace("\n", "\r\n") if self.onlcr else data)
+        data = data.replace("\n", "\r\n") if self.onlcr else data
+        self.written += data
+        self.stream.feed(data)
 
     def flush(self) -> None:
         pass
@@ -98,3 +104,34 @@ class Screen:
     def rows(self) -> list[str]:
         """Each row of the screen, right-stripped."""
         return [row.rstrip() for row in self.screen.display]
+
+
+WRITE = {"x86_64": 1, "aarch64": 64}.get(platform.machine())  # write(2)'s number, as /proc/PID/syscall says it
+
+
+def waiting_to_write(pid: int) -> bytes | None:
+    """What the process `pid` waits to write to its stdout (write(2) on descriptor 1, as /proc/PID/syscall and
+    /proc/PID/mem say it), or None while it is not waiting there: a terminal's pty holds some 20 KB that it has
+    not shown; a program writing more waits in write(2) until the terminal reads. Skips the test where /proc does
+    not say it (no procfs, another architecture, no right to read another process's state)."""
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError as e:
+        pytest.skip(f"no /proc/PID/syscall to see the process wait to write: {e}")
+    if WRITE is None:
+        pytest.skip(f"write(2)'s number on {platform.machine()} is not known here")
+    if fields[:2] != [str(WRITE), "0x1"]:
+        return None
+    with open(f"/proc/{pid}/mem", "rb") as mem:
+        mem.seek(int(fields[2], 16))
+        return mem.read(int(fields[3], 16))
+
+
+def written(pid: int) -> int:
+    """The bytes the process `pid` has written so far, to any file (/proc/PID/io's wchar); skips the test where
+    /proc does not say it."""
+    try:
+        io = Path(f"/proc/{pid}/io").read_text()
+    except OSError as e:
+        pytest.skip(f"no /proc/PID/io to count what the process writes: {e}")
+    return int(dict(line.split(": ") for line in io.splitlines())["wchar"])

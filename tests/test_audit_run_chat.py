@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from localgen.settings import FLOAT, INT, KNOBS
 from tests.conftest import CLI, InProcessCLI
 
@@ -155,14 +157,20 @@ def test_a_logit_bias_outside_the_vocabulary_is_a_usage_error(cli: CLI, tmp_path
         in r.stderr, r.stderr
 
 
-def test_a_full_stdout_is_one_error_line_as_the_page_shows(cli_env: dict[str, str]) -> None:
-    """run.md: a disk problem is one line; stdout, which has no path to name, says the reason alone."""
+@pytest.mark.parametrize("unbuffered", [True, False], ids=["PYTHONUNBUFFERED=1", "buffered"])
+@pytest.mark.parametrize("args", [["run", "-p", "hi", "-n", "3"], ["list"]], ids=["run", "list"])
+def test_a_full_stdout_is_one_error_line_as_the_page_shows(cli_env: dict[str, str], args: list[str],
+                                                           unbuffered: bool) -> None:
+    """run.md: a disk problem is one line; stdout, which has no path to name, says the reason alone. Also where
+    stdout is buffered, as a shell starts it (the text the failed write kept made Python's flush at exit print a
+    traceback and exit 120)."""
     import subprocess
     import sys
 
+    env = cli_env if unbuffered else {k: v for k, v in cli_env.items() if k != "PYTHONUNBUFFERED"}
     with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, "-m", "localgen", "run", "-p", "hi", "-n", "3"], stdout=full,
-                           stderr=subprocess.PIPE, text=True, env=cli_env, cwd=ROOT, timeout=300)
+        r = subprocess.run([sys.executable, "-m", "localgen", *args], stdout=full,
+                           stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 1 and r.stderr == "localgen: error: No space left on device\n", r.stderr
     words = " ".join((ROOT / "docs" / "run.md").read_text().split())
     assert "as `run > /dev/full`: `localgen: error: No space left on device`" in words

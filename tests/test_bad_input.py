@@ -48,6 +48,16 @@ def test_serve_listens_where_the_environment_says(cli_in_process: InProcessCLI) 
             one_line_usage_error(cli_in_process("serve"), f"cannot listen on nosuch.invalid:{port}", "no such host")
             r = cli_in_process("serve", "--host", "127.0.0.1")
             assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+            # as OLLAMA_HOST: host:port (or a URL) in LOCALGEN_HOST, whose port wins unless --port is typed
+            with socket.socket() as other:  # a second busy port, for the --port typed
+                other.bind(("127.0.0.1", 0))
+                other.listen()
+                typed = str(other.getsockname()[1])
+                cli_in_process.env.update(LOCALGEN_HOST=f"http://127.0.0.1:{port}", LOCALGEN_PORT=typed)
+                r = cli_in_process("serve")
+                assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+                r = cli_in_process("serve", "--port", typed)
+                assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{typed}" in r.stderr, r.stderr
         finally:
             for name in ("LOCALGEN_HOST", "LOCALGEN_PORT"):
                 cli_in_process.env.pop(name, None)

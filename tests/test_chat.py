@@ -209,38 +209,33 @@ def test_ctrl_c_leaves_the_partial_answer_on_screen_once(cli_env: dict[str, str]
     assert not any("^C" in row for row in rows), "\n".join(rows)
 
 
-def fall_behind(child: Any, by: int) -> None:
-    """The terminal reads nothing until the chat has written `by` bytes more than the pty holds for it to read
-    (4 KB): those wait in the kernel's buffers, which a terminal empties at Ctrl-C unless the program has set
-    NOFLSH. Counted in the bytes the chat writes (/proc/PID/io), not in time, so a busy machine makes no
-    difference."""
-    io = Path(f"/proc/{child.pid}/io")
-    if not io.exists():
-        pytest.skip("no /proc/PID/io to count what the chat writes")
-
-    def written() -> int:
-        return int(dict(line.split(": ") for line in io.read_text().splitlines())["wchar"])
-
-    start, deadline = written(), time.monotonic() + SAFETY_NET_S
-    while written() - start < 4096 + by:
+def fall_behind(child: Any) -> str:
+    """The terminal reads nothing until the chat waits to write to it: the pty holds some 20 KB it has not shown,
+    which a terminal throws away at Ctrl-C unless the program has set NOFLSH, and the write Ctrl-C then lands in
+    ends short (unbuffered, PYTHONUNBUFFERED=1 as here, Python dropped the rest of that frame). Seen in what the
+    chat does (/proc/PID/syscall), not in time, so a busy machine makes no difference. Returns what the chat waits
+    to write, as the terminal gets it (a pty writes "\n" as "\r\n")."""
+    deadline = time.monotonic() + SAFETY_NET_S
+    while (waiting := terminal.waiting_to_write(child.pid)) is None:
         assert child.isalive() and time.monotonic() < deadline, "the answer stopped before the terminal fell behind"
         time.sleep(0.05)
+    return waiting.decode().replace("\n", "\r\n")
 
 
 def test_ctrl_c_after_the_terminal_fell_behind_shows_all_that_was_written(cli_env: dict[str, str],
                                                                            home: Path) -> None:
     """Ctrl-C while the terminal lags behind the answer (a busy machine, a slow link): what the chat wrote before
     it still reaches the screen, so the screen shows the partial answer as it was saved. (The terminal's own
-    Ctrl-C threw it away; the live region's next redraw, counting the rows it drew last, then erased rows of
-    the answer above it: a paragraph printed for good was gone, a blank row in its place.) Keys typed before
-    Ctrl-C are still dropped, as the terminal drops them."""
+    Ctrl-C threw it away, and the frame being written was cut short; the live region's next redraw, counting
+    the rows it drew last, then erased rows of the answer above it: a paragraph printed for good was gone, a
+    blank row in its place.) Keys typed before Ctrl-C are still dropped, as the terminal drops them."""
     tall = (120, SCREEN[1])  # the answer goes on while the terminal lags: all of it stays on the screen
     screen = terminal.Screen(tall)
     child = spawn(cli_env, "behind-letter", "-n", "3000", "--temp", "0", log=screen, dimensions=tall)
     child.sendline(LETTER)
     child.expect_exact("\x1b[?2004l")
     wait_until(child, lambda: bool(paragraphs_shown([*screen.rows(), "tok/s"], LETTER)))  # it streams
-    fall_behind(child, 8 * 1024)  # some 30 frames of the live region (the pty holds some 20 KB in all)
+    waiting = fall_behind(child)
     child.send("dropped")
     child.sendcontrol("c")
     child.expect("stopped; the partial answer is kept", timeout=SAFETY_NET_S)
@@ -254,6 +249,7 @@ def test_ctrl_c_after_the_terminal_fell_behind_shows_all_that_was_written(cli_en
     answer = json.loads((home / "data" / "chats" / "behind-letter.json").read_text())["messages"][-1]["content"]
     assert len(paragraphs_saved(answer)) >= 3, f"the answer went on while the terminal lagged: {answer!r}"
     assert paragraphs_shown(rows, LETTER) == paragraphs_saved(answer), "\n".join(rows)
+    assert waiting in screen.written, f"the frame being written at Ctrl-C was cut short: {waiting!r}"
 
 
 def test_resume_and_list(cli: CLI, cli_env: dict[str, str]) -> None:

@@ -445,8 +445,13 @@ def test_serve_and_bench_take_a_preset(cli_env: dict[str, str], tmp_path: Path) 
         # and the other way round: a preset made as NAME:latest is NAME, as in Ollama (it was a 404)
         said = ollama.Client(host=s.url).chat(model="mine", messages=[{"role": "user", "content": "Sky?"}])
         assert said.message.content and said.eval_count <= 3, said
+        # Ollama's delete of mine:latest unloads the `mine` it served, and removes the preset
+        assert "mine" in [m["name"] for m in httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]]
+        assert httpx.request("DELETE", f"{s.url}/api/delete", json={"model": "mine:latest"}, timeout=60).is_success
+        assert "mine" not in [m["name"] for m in httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]]
     finally:
         assert s.stop() == 0
+    assert CLI(env)("cp", "terse", "mine:latest").returncode == 0
     for name in ("terse:latest", "mine", "mine:latest"):
         r = CLI(env)("run", "-m", name, "Sky?")
         assert r.returncode == 0 and r.stdout.strip(), r.stderr

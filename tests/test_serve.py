@@ -994,3 +994,15 @@ def test_models_are_listed_in_the_shape_of_the_client_that_asks(server: Server) 
         assert [m.id for m in a.models.list(limit=1, after_id=ids[0]).data] == ids[1:2]
     r = httpx.get(f"{server.url}/v1/models/nosuch", headers=_auth(), timeout=10)
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+def test_ctx_0_is_each_models_training_context_before_and_after_it_loads(cli_env: dict[str, str]) -> None:
+    """serve --ctx 0, as llama-server's -c 0: /v1/models says each model's training context before it loads
+    (it said 0), and the loaded model has it."""
+    s = Server(cli_env, "-np", "1", "--ctx", "0", "--cache-ram", "0")
+    try:
+        windows = {m["id"]: m["max_model_len"] for m in httpx.get(f"{s.url}/v1/models", timeout=60).json()["data"]}
+        assert windows["smollm2:135m"] == 8192 and windows["gemma3:270m"] == 32768, windows
+        assert httpx.get(f"{s.url}/api/ps", timeout=10).json()["models"][0]["context_length"] == 8192
+    finally:
+        assert s.stop() == 0

@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err.error(describe_os_error(e))
         rc = 1
+    rc = flush_stdout(err, rc if isinstance(rc, int) else 0)
     if rc == 130:
         if _sigint["seen"]:
             err.interrupted()  # typer turns a KeyboardInterrupt into a silent 130
@@ -109,16 +110,54 @@ def main(argv: list[str] | None = None) -> None:
         # interpreter would then end by killing itself with SIGINT instead of exiting 130. Evaluating a string
         # clears that mark (pythonrun.c, run_eval_code_obj).
         eval("0")
-    sys.exit(rc if isinstance(rc, int) else 0)
+    sys.exit(rc)
 
 
 def line_buffered_stdout() -> None:
     """stdout into a pipe or a file writes each line as it is printed, as on a terminal (Python would hold it
     in an 8 KiB block until exit): `doctor | cat` shows each line as it is known, and on a merged `2>&1` stdout's
     lines and stderr's (line-buffered already) come in the order they were printed. Partial lines (an answer's
-    tokens) are flushed where they are written."""
+    tokens) are flushed where they are written.
+
+    Unbuffered (`python -u`, PYTHONUNBUFFERED=1, as Docker images set it), stdout writes straight to its file
+    descriptor, and a write to a terminal that has fallen behind waits there: Ctrl-C then ends it short, and
+    Python drops the rest of the text it was writing (the token shown last, part of a chat frame). Under a
+    buffer, what the write did not take stays in the buffer and goes at the next flush, as without -u."""
+    import io
+
+    stream = sys.__stdout__
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # detached, or no descriptor: left as it is
+        if stream is not None and sys.stdout is stream and isinstance(stream.buffer, io.RawIOBase):
+            raw = io.FileIO(stream.fileno(), "wb", closefd=False)  # sys.__stdout__ keeps the descriptor
+            sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors,
+                                          line_buffering=True)
     with contextlib.suppress(AttributeError, ValueError):  # replaced by something that cannot (a test's capture)
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+
+def flush_stdout(err: Any, rc: int) -> int:
+    """What stdout still holds (a line cut short, or text a failed write kept in its buffer) goes out before the
+    exit, where Python's own flush at exit could only print a traceback and exit 120: a full disk (`> /dev/full`)
+    is one error line (none more where the command has said it) and exit 1; a reader gone, a quiet end; Ctrl-C,
+    130. Returns the exit status."""
+    from localgen.cli.output import ReaderGone, silence_stdout
+
+    try:
+        if sys.stdout is not None:  # None where the shell closed it (`>&-`)
+            sys.stdout.flush()
+    except (ReaderGone, BrokenPipeError):
+        silence_stdout()
+    except KeyboardInterrupt:
+        err.interrupted()
+        return 130
+    except ValueError:  # closed: nothing it holds can go
+        pass
+    except OSError as e:
+        silence_stdout()  # what it holds cannot be written: the exit's flush goes nowhere
+        if rc == 0:
+            err.error(describe_os_error(e))
+            return 1
+    return rc
 
 
 _sigint = {"seen": False}

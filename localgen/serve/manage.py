@@ -420,8 +420,9 @@ async def _retire(state: ServeState, workers: list[ModelWorker]) -> None:
 async def _delete(state: ServeState, name: str) -> None:
     from localgen.models import presets
 
-    if presets.exists(name):  # only the preset goes, never its base model's files
-        await _retire(state, [w for w in list(state.workers.values()) if w.name == name])
+    if presets.exists(name):  # only the preset goes, never its base model's files (NAME:latest is NAME)
+        await _retire(state, [w for w in list(state.workers.values())
+                              if presets.canonical(w.name) == presets.canonical(name)])
         presets.remove(name)
         return
     ref = await asyncio.to_thread(_ref, state, name)

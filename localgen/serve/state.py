@@ -105,4 +105,7 @@ class ServeState:
         n_ctx = int(self.on_demand.load.n_ctx) if self.on_demand is not None else 0
         if ref.context is not None and not (self.on_demand is not None and self.on_demand.ctx_given):
             n_ctx = ref.context  # a preset's num_ctx
-        return min(n_ctx, ref.summary.context_length) if ref.summary.context_length else n_ctx
+        trained = ref.summary.context_length
+        if n_ctx == 0:  # --ctx 0 (a preset's num_ctx 0): the model's training context
+            return trained or 0
+        return min(n_ctx, trained) if trained else n_ctx

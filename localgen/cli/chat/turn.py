@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from localgen.cli.chat.echo import EchoOff
+from localgen.cli.echo import EchoOff
 
 
 def restore_state(runner: Any, view: Any) -> None:
@@ -143,12 +143,12 @@ def _show_footer(s: Any, turn: Any, runner: Any, view: Any) -> None:
 
 class _Screen:
     """The answer's view, made anew after each question to the user (a live region cannot span a prompt). While
-    it holds the terminal, typed keys are not echoed (echo.py): an echoed `^C` would break the answer's lines."""
+    it holds the terminal, typed keys are not echoed (cli/echo.py): an echoed `^C` would break the answer's lines."""
 
     def __init__(self, view: Any) -> None:
         self.view = view
         self.out: Any = None
-        self.echo = EchoOff() if view.interactive else None
+        self.echo = EchoOff(keep_cr=True) if view.interactive else None
         self.answered = False  # some of the answer's text was shown (not only thinking or tool calls)
 
     def hold(self) -> None:
@@ -169,7 +169,7 @@ class _Screen:
             self.answered = True
 
     def drop_typed(self) -> None:
-        """Ctrl-C: the keys typed before it go, as a terminal drops them (echo.py keeps what was written)."""
+        """Ctrl-C: the keys typed before it go, as a terminal drops them (cli/echo.py keeps what was written)."""
         if self.echo is not None:
             self.echo.drop_typed()
 

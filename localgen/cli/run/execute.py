@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from localgen.cli.echo import EchoOff
 from localgen.cli.hints import model_gone
 from localgen.cli.options import ToolOptions, files, preset
 from localgen.cli.options.plan import LoadPlan
@@ -220,26 +221,28 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
     gen = backend.generate(request, started=time.perf_counter())
     writer = AnswerWriter(err, json_out=report.json_out, show_thinking=report.show_thinking)
     answer = answer_stream(None, template_of(backend), request.template_args, split_reasoning=not request.raw)
-    try:
-        for chunk in gen:
-            if not writer.show(answer.feed(chunk.text)):  # the reader went away (`| head -1`): stop quietly
-                gen.close()
-                raise typer.Exit(0)
-        writer.show(answer.finish())
-    except KeyboardInterrupt:
-        gen.close()
-        writer.end()
-        err.interrupted()
-        raise typer.Exit(130) from None
-    except RemoteError as e:
-        writer.end()
-        if report.json_out and e.partial:  # what arrived, marked as partial, then the one-line error
-            import json
+    with EchoOff(sys.stdout) as terminal:  # to the end of the "interrupted" line: it knows no `^C` was echoed
+        try:
+            for chunk in gen:
+                if not writer.show(answer.feed(chunk.text)):  # the reader went away (`| head -1`): stop quietly
+                    gen.close()
+                    raise typer.Exit(0)
+            writer.show(answer.finish())
+        except KeyboardInterrupt:
+            terminal.drop_typed()
+            gen.close()
+            writer.end()
+            err.interrupted()
+            raise typer.Exit(130) from None
+        except RemoteError as e:
+            writer.end()
+            if report.json_out and e.partial:  # what arrived, marked as partial, then the one-line error
+                import json
 
-            TextWriter(sys.stdout).write(json.dumps({"text": gen.text, "partial": True, "error": e.message},
-                                                    ensure_ascii=False) + "\n")
-        raise
-    writer.end()
+                TextWriter(sys.stdout).write(json.dumps({"text": gen.text, "partial": True, "error": e.message},
+                                                        ensure_ascii=False) + "\n")
+            raise
+        writer.end()
     assert gen.stats is not None
     if gen.finish_reason == "context":
         err.warn(f"stopped: the context window ({backend.n_ctx:,} tokens) is full; raise --ctx for more")

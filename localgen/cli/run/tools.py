@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from localgen.cli.echo import EchoOff
 from localgen.cli.options import ToolOptions
 from localgen.cli.output import AnswerWriter, ErrWriter, TextWriter
 from localgen.cli.run.options import ReportOptions
@@ -31,14 +32,16 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
             raise typer.Exit(0)
 
     t0 = time.perf_counter()
-    try:
-        turn = run_turn(backend, request, plan_for(template, toolbox), toolbox, lambda call: True, show,
-                        tools.tool_steps, tools.tool_timeout, template, first=first_plan(tools, template, toolbox))
-    except KeyboardInterrupt:
+    with EchoOff(sys.stdout) as terminal:  # to the end of the "interrupted" line: it knows no `^C` was echoed
+        try:
+            turn = run_turn(backend, request, plan_for(template, toolbox), toolbox, lambda call: True, show,
+                            tools.tool_steps, tools.tool_timeout, template, first=first_plan(tools, template, toolbox))
+        except KeyboardInterrupt:
+            terminal.drop_typed()
+            writer.end()
+            err.interrupted()
+            raise typer.Exit(130) from None
         writer.end()
-        err.interrupted()
-        raise typer.Exit(130) from None
-    writer.end()
     gen, stats = turn.generations[-1], turn.stats()
     assert stats is not None  # the loop returns once a round has ended
     steps = len(turn.generations)

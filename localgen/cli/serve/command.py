@@ -28,6 +28,7 @@ from localgen.cli.serve.options import (
     ServeToolOptions,
     SlotOptions,
     check_host,
+    host_and_port,
     model_settings,
 )
 from localgen.errors import LocalgenError, UsageError
@@ -104,6 +105,10 @@ def start(f: ServeArgs) -> None:
 
     if f.log_format not in ("text", "json"):
         raise UsageError(f"--log-format is text or json, not {f.log_format!r}")
+    from localgen.cli.options.knobs import typed_by_user
+
+    host, port = host_and_port(f.listen.host, f.listen.port, typed_by_user(f.context, "port"))
+    f = dataclasses.replace(f, listen=dataclasses.replace(f.listen, host=host, port=port))
     log = ServeLog(json_lines=f.log_format == "json", access=not f.quiet)
     if log.json:  # llama.cpp's abort (it ends the process) is one of serve's JSON lines too
         from localgen.native.lib import abort_line

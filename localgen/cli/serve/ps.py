@@ -33,9 +33,10 @@ def ps(
     import httpx
 
     from localgen.cli.options.knobs import typed_by_user
-    from localgen.cli.serve.options import check_host
+    from localgen.cli.serve.options import check_host, host_and_port
     from localgen.units import format_bytes
 
+    host, port = host_and_port(host, port, typed_by_user(ctx, "port"))
     check_host(host)
     if api_key_file is not None:
         api_key = _key_file(api_key_file, api_key if typed_by_user(ctx, "api_key") else None)

@@ -1,0 +1,88 @@
+"""The terminal while an answer streams (`chat`'s turns, `run`'s answer): typed keys are not echoed, and Ctrl-C
+does not throw away output.
+
+The terminal echoes Ctrl-C as `^C` (and any key as itself) where the cursor is: in chat, after a full-width line of
+the answer's live region that moves the cursor to the next row, the region is then redrawn one row too low, and
+its last frame stays on the screen above the answer; in `run`, a key lands inside the answer's text. Keys typed
+meanwhile still reach what reads the terminal next (chat's prompt, the shell); only their echo is held back.
+
+At Ctrl-C a terminal also discards what the program wrote that it has not shown yet (unless NOFLSH): a terminal
+that has fallen behind (a busy machine, a slow link) loses the text of the answer written last, and in chat frames
+of the live region and paragraphs printed for good, whose next redraw, which counts the rows it drew last, then
+erases rows of the answer above it or leaves rows of an old frame. NOFLSH keeps all of it; the keys typed before
+Ctrl-C, which the terminal drops with it, are dropped by drop_typed() instead, from the command's Ctrl-C handling.
+(With echo on, the `^C` echo would also come after all the text pending, or inside the rest of a write the
+Ctrl-C interrupted.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any, TextIO
+
+
+class EchoOff:
+    """off() turns the echo of the terminal on `stream` (stdin by default) off, and its discarding of output at
+    Ctrl-C; restore() puts them back as they were. With `keep_cr`, carriage returns are kept as they are typed, as
+    chat's prompt keeps them in its raw mode: the terminal's cooked mode would turn CR into LF (ICRNL), and
+    Alt-Enter (ESC CR) typed ahead would reach the prompt as ESC LF, which it reads as Enter. Nothing happens where
+    `stream` is not a terminal, the process is not in its foreground (a background job would be stopped by
+    SIGTTOU), or the platform has no termios. As a context manager: off() on entry, restore() on exit."""
+
+    def __init__(self, stream: TextIO | None = None, keep_cr: bool = False) -> None:
+        self.stream = stream
+        self.keep_cr = keep_cr
+        self.fd = -1  # the terminal, once off() has changed it
+        self.saved: list[Any] | None = None  # the terminal's attributes from before off(), while the echo is off
+
+    def __enter__(self) -> EchoOff:
+        self.off()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def off(self) -> None:
+        """Stop echoing keys (a no-op while it is off already)."""
+        if self.saved is not None:
+            return
+        try:
+            import termios
+        except ImportError:  # no termios (Windows): nothing to turn off
+            return
+        try:
+            fd = (self.stream or sys.stdin).fileno()
+            if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+                return
+            saved = termios.tcgetattr(fd)
+            quiet = list(saved)
+            quiet[3] = (saved[3] & ~(termios.ECHO | termios.ECHONL)) | termios.NOFLSH
+            if self.keep_cr:
+                quiet[0] = saved[0] & ~(termios.ICRNL | termios.INLCR | termios.IGNCR)
+            termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW: keys typed ahead are kept
+        except (OSError, ValueError, AttributeError, termios.error):  # no descriptor, or the terminal refused
+            return
+        self.fd, self.saved = fd, saved
+
+    def drop_typed(self) -> None:
+        """At Ctrl-C: drop the keys typed and not yet read, as the terminal does where NOFLSH is off (off() set it,
+        so the terminal kept them). Called from a signal handler: it may come just after restore(), when the
+        terminal has dropped them itself; dropping what came since costs at most keys typed in that instant."""
+        if self.fd < 0:
+            return
+        import termios
+
+        with contextlib.suppress(OSError, termios.error):  # the terminal is gone: nothing left to drop
+            termios.tcflush(self.fd, termios.TCIFLUSH)
+
+    def restore(self) -> None:
+        """Echo keys again, as the terminal did before off()."""
+        if self.saved is None:
+            return
+        import termios
+
+        saved, self.saved = self.saved, None
+        with contextlib.suppress(OSError, termios.error):  # the terminal is gone: nothing to put back
+            if os.tcgetpgrp(self.fd) == os.getpgrp():  # put in the background since (Ctrl-Z, bg): the shell's now
+                termios.tcsetattr(self.fd, termios.TCSANOW, saved)
