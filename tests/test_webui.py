@@ -329,6 +329,7 @@ def test_an_answer_streams_in_as_markdown_with_its_stats_and_is_kept(tab: Tab) -
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["model"] == "smollm2:135m" and body["max_tokens"] == 64 and body["temperature"] == 0
     assert body["seed"] == 7 and body["top_k"] == 20 and "top_p" not in body
+    assert "tools" not in body and "tool_choice" not in body  # a server without tools (GET /tools: none)
     assert body["messages"] == [{"role": "system", "content": "Answer in one sentence."},
                                 {"role": "user", "content": "Why is the sky blue?\nExplain briefly."}]
     stats = article.locator(".stats").inner_text()
@@ -349,9 +350,10 @@ def test_an_answer_streams_in_as_markdown_with_its_stats_and_is_kept(tab: Tab) -
     assert page.locator("article.assistant .stats").inner_text() == stats
     page.click("#open-settings")
     assert page.input_value("#system") == "Answer in one sentence." and page.input_value("#max_tokens") == "64"
+    assert page.locator("#tools-settings").is_hidden()  # no tools offered: no Tools part
     page.click("#settings-cancel")
     # the page called only the public routes any client calls, and nothing but this server
-    api = {"/v1/models", "/models", "/api/show", "/v1/chat/completions"}
+    api = {"/v1/models", "/models", "/api/show", "/v1/chat/completions", "/tools"}
     assert api <= paths and paths <= api | {"/"} | {f"/webui/{n}" for n in FILES}, paths
     # kept per address: the same server opened as localhost is another store (and another tab's key)
     other = tab.context.new_page()

@@ -1,6 +1,7 @@
 // The server's API as any client calls it (no private route): the models (/v1/models, llama-server's /models
 // for what is loaded, Ollama's /api/show for what a model takes), the chat stream (/v1/chat/completions with
-// server-sent events), the API key (asked for once on a 401 and kept in sessionStorage), and every failure as
+// server-sent events), the server's tools (/tools, /tools/call: its --mcp and --functions), the API key
+// (asked for once on a 401 and kept in sessionStorage), and every failure as
 // an ApiError whose `kind` says what went wrong: "network" (the server is gone), "auth", "context" (the
 // conversation does not fit the model's window), "size" (the request is over serve's --max-body) or "refused"
 // (any other answer that is not a success).
@@ -110,6 +111,33 @@ export async function capabilities(model) {
     body: JSON.stringify({ model }),
   });
   return Array.isArray(doc.capabilities) ? doc.capabilities : [];
+}
+
+/** The tools the server offers (serve's --mcp and --functions): [{type, function: {name, description,
+ * parameters}, source}], [] when it has none. A server older than the route (404) offers none. */
+export async function tools() {
+  let doc;
+  try {
+    doc = await json("tools");
+  } catch (e) {
+    if (e.status === 404) return [];
+    throw e;
+  }
+  return Array.isArray(doc.data) ? doc.data.filter((t) => t && t.function && typeof t.function.name === "string") : [];
+}
+
+/** Runs one of the server's tools: {content, is_error}. A call that failed (the tool raised, timed out, its
+ * arguments did not fit) is a result with is_error; a call the server refuses (no such tool, no key, the server
+ * gone) is an ApiError. `args`: the arguments as the model wrote them (a JSON string). */
+export async function callTool(name, args, signal) {
+  const doc = await json("tools/call", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ name, arguments: args }),
+    signal,
+  });
+  const content = typeof doc.content === "string" ? doc.content : JSON.stringify(doc.content);
+  return { content, is_error: doc.is_error === true };
 }
 
 /** The chunks of a streamed chat completion, as parsed JSON objects, until `data: [DONE]`. */

@@ -1,6 +1,7 @@
 // The chat page: the conversation on screen and its branches, the composer, the model picker, the
-// conversation list, settings, and the key prompt. Everything the model writes reaches the page through
-// markdown.js (DOM nodes, never HTML); every call to the server goes through api.js.
+// conversation list, settings, the key prompt, and the server's tools (an answer's rounds of calls).
+// Everything the model writes reaches the page through markdown.js (DOM nodes, never HTML); every call to
+// the server goes through api.js.
 
 import * as api from "./api.js";
 import { render as markdown } from "./markdown.js";
@@ -12,6 +13,9 @@ const $ = (id) => document.getElementById(id);
 const MAX_IMAGE_BYTES = 10 * 1024 * 1024;
 const SAVE_EVERY_MS = 1500; // while an answer streams, what came so far is kept this often (a reload keeps it)
 const MODEL_KEY = "localgen.model";
+const MAX_TOOL_ROUNDS = 8; // rounds of calls in one answer, as run's and chat's --tool-steps
+const DECLINED = "The user declined to run this tool call."; // what the model is told, as chat tells it
+const LONG_RESULT = 400; // characters (or 8 lines) past which a tool's result is shown folded
 
 const ui = {
   app: $("app"), messages: $("messages"), empty: $("empty"), input: $("input"), send: $("send"), stop: $("stop"),
@@ -26,7 +30,9 @@ const state = {
   loaded: new Set(), // the models loaded now, as /models said last
   loadedKnown: false, // whether /models has answered yet (until then the note says nothing)
   vision: null, // whether the picked model takes images (null: unknown, so the page lets you try)
-  running: null, // {controller, conv, answer} while an answer streams
+  running: null, // {controller, conv, answer, calls, asking, calling} while an answer streams or runs its tools
+  tools: null, // the server's tools (/tools): a list, [] with none, null when it could not say
+  toolsError: "", // why /tools could not be read
   loading: null, // the model an answer waits for while it loads (until its first words)
   attachments: [], // data: URIs of the images waiting to be sent
   views: new Map(), // message id → the function that redraws it, for the messages on screen
@@ -130,6 +136,7 @@ async function loadModels() {
   }
   clearBanner();
   state.models = models;
+  await loadTools();
   const offered = new Set(models.map((m) => m.id));
   const previous = ui.model.value;
   ui.model.replaceChildren(...models.map((m) => {
@@ -143,6 +150,22 @@ async function loadModels() {
   if (pick) ui.model.value = pick;
   if (!models.length) banner("The server offers no model: pull one with localgen pull, then Retry.", loadModels);
   await modelChanged(false);
+}
+
+async function loadTools() {
+  try {
+    state.tools = await api.tools();
+    state.toolsError = "";
+  } catch (e) {
+    state.tools = null;
+    state.toolsError = e.message || String(e);
+  }
+}
+
+/** The tools a request of `conv` offers the model (the server's, without their source), or null: none. */
+function offeredTools(conv) {
+  if (!state.tools || !state.tools.length || tree.toolSettings(conv).mode === "off") return null;
+  return state.tools.map((t) => ({ type: "function", function: t.function }));
 }
 
 function windowOf(name) {
@@ -362,20 +385,28 @@ function messageView(m) {
     fillTools(tools, m);
     return article;
   }
+  const rounds = el("div", "rounds");
   const reasoning = el("details", "reasoning");
   const summary = el("summary");
   const thought = el("div", "reasoning-text");
   reasoning.append(summary, thought);
   const body = el("div", "body markdown");
+  const live = el("div", "tool-calls"); // the calls of the round that streams now
   const note = el("div", "note");
   note.setAttribute("role", "status");
-  article.append(reasoning, body, note, tools);
+  article.append(rounds, reasoning, body, live, note, tools);
+  const drawn = [];
   const redraw = () => {
+    drawRounds(m, rounds, drawn);
+    const run = runOf(m);
+    const calls = run ? run.calls.filter(Boolean) : [];
     reasoning.hidden = !m.reasoning;
     summary.textContent = m.pending && !m.content ? "Thinking…" : "Reasoning";
     thought.textContent = m.reasoning || "";
+    const waiting = run && (run.asking || run.calling || calls.length);
     if (m.content) body.replaceChildren(markdown(m.content));
-    else body.replaceChildren(...(m.pending ? [el("span", "typing", "…")] : []));
+    else body.replaceChildren(...(m.pending && !waiting ? [el("span", "typing", "…")] : []));
+    live.replaceChildren(...calls.map((c) => callBlock(c, null, "writing")));
     article.classList.toggle("pending", Boolean(m.pending));
     note.replaceChildren(...noteOf(m));
     note.className = m.error ? "note error" : "note";
@@ -386,7 +417,117 @@ function messageView(m) {
   return article;
 }
 
+/** The run of `m` when it is this tab's answer now streaming or running its tools. */
+function runOf(m) {
+  return state.running && state.running.answer === m ? state.running : null;
+}
+
+/** An answer's rounds of tool calls, each drawn once; a call's block is drawn again only when its state
+ * changes (so a result opened stays open, and a focused Run button keeps the focus). */
+function drawRounds(m, box, drawn) {
+  const list = m.rounds || [];
+  if (drawn.length > list.length) {
+    drawn.length = 0;
+    box.replaceChildren();
+  }
+  list.forEach((r, i) => {
+    if (!drawn[i]) {
+      const node = el("div", "round");
+      if (r.reasoning) {
+        const d = el("details", "reasoning");
+        d.append(el("summary", null, "Reasoning"), el("div", "reasoning-text", r.reasoning));
+        node.append(d);
+      }
+      if (r.content) {
+        const said = el("div", "markdown");
+        said.append(markdown(r.content));
+        node.append(said);
+      }
+      const calls = el("div", "tool-calls");
+      node.append(calls);
+      box.append(node);
+      drawn[i] = { calls, blocks: [] };
+    }
+    const d = drawn[i];
+    r.tool_calls.forEach((call, k) => {
+      const result = (r.results || []).find((x) => x.tool_call_id === call.id) || null;
+      const status = result ? "done" : callStatus(m, call);
+      const sig = `${status}|${result ? result.content.length : ""}`;
+      const had = d.blocks[k];
+      if (had && had.sig === sig) return;
+      const node = callBlock(call, result, status);
+      if (had) had.node.replaceWith(node);
+      else d.calls.append(node);
+      d.blocks[k] = { sig, node };
+    });
+  });
+}
+
+function callStatus(m, call) {
+  const run = runOf(m);
+  if (run) {
+    if (run.asking && run.asking.id === call.id) return "ask";
+    return run.calling === call.id ? "running" : "waiting";
+  }
+  return m.pending ? "waiting" : "not-run";
+}
+
+const CALL_STATUS = {
+  writing: "…", running: "Running…", waiting: "Waiting.",
+  "not-run": "Not run: the answer ended before this call.",
+};
+
+/** A tool call in an answer: the tool, its arguments as indented JSON, and its result (or Run and Deny, while
+ * the page asks). */
+function callBlock(call, result, status) {
+  const name = call.function.name;
+  const box = el("div", `tool-call ${status}`);
+  box.setAttribute("role", "group");
+  box.setAttribute("aria-label", `Tool call: ${name}`);
+  const head = el("div", "tool-head");
+  head.append(el("span", "tool-label", "Tool call"), el("code", "tool-name", name));
+  const known = (state.tools || []).find((t) => t.function.name === name);
+  if (known && known.source) head.append(el("span", "tool-source", known.source));
+  const args = el("pre", "tool-args");
+  args.append(el("code", null, transcript.pretty(call.function.arguments)));
+  box.append(head, args);
+  if (result) box.append(resultView(result));
+  else if (status === "ask") {
+    const row = el("div", "tool-status ask");
+    const run = button("Run", "primary small", () => decide(call.id, true), `Run ${name}`);
+    const deny = button("Deny", "small", () => decide(call.id, false), `Deny ${name}`);
+    const choices = el("span", "choices");
+    choices.append(run, deny);
+    row.append(el("span", null, `Run ${name} with these arguments?`), choices);
+    box.append(row);
+  } else box.append(el("div", "tool-status", CALL_STATUS[status]));
+  return box;
+}
+
+function resultView(result) {
+  if (result.declined) return el("div", "tool-status declined", "Declined: the model was told the user declined.");
+  const text = result.content;
+  const lines = text.split("\n").length;
+  const d = el("details", result.is_error ? "tool-result error" : "tool-result");
+  d.open = text.length <= LONG_RESULT && lines <= 8;
+  const label = result.is_error ? "Error" : "Result";
+  const size = `${lines} line${lines === 1 ? "" : "s"}, ${text.length} characters`;
+  d.append(el("summary", null, d.open ? label : `${label} (${size})`));
+  const pre = el("pre");
+  pre.append(el("code", null, text));
+  d.append(pre);
+  return d;
+}
+
+/** Run (`yes`) or Deny on the call the page asks about. */
+function decide(id, yes) {
+  const asking = state.running && state.running.asking;
+  if (asking && asking.id === id) asking.answer(yes);
+}
+
 function noteOf(m) {
+  const run = runOf(m);
+  if (run && run.asking) return [el("span", null, `Waiting for you: Run or Deny the call to ${run.asking.name}.`)];
   if (m.error) {
     const advice = {
       network: " Your messages are kept: press Regenerate once the server is back.",
@@ -399,6 +540,10 @@ function noteOf(m) {
     return [el("span", null, what + said + advice)];
   }
   if (m.stopped) return [el("span", null, "Stopped.")];
+  if (m.finish === "tool_steps") {
+    const said = `The model was still calling tools after ${MAX_TOOL_ROUNDS} rounds: its last calls were not run.`;
+    return [el("span", null, said)];
+  }
   if (m.finish === "length") {
     const limit = m.stats && m.stats.max_tokens
       ? `max_tokens (${m.stats.max_tokens})`
@@ -413,6 +558,7 @@ function statsText(s) {
   if (Number.isFinite(s.tokens)) parts.push(`${s.tokens} token${s.tokens === 1 ? "" : "s"}`);
   if (Number.isFinite(s.ttft_ms)) parts.push(`${(s.ttft_ms / 1000).toFixed(2)} s to first token`);
   if (Number.isFinite(s.tps)) parts.push(`${s.tps.toFixed(1)} tokens/s`);
+  if (Number.isFinite(s.rounds) && s.rounds > 1) parts.push(`${s.rounds} rounds`);
   return parts.join(" · ");
 }
 
@@ -493,7 +639,9 @@ function startEdit(m) {
       const copy = tree.add(state.conv, m.parent, { role: "user", content: text, images: m.images || [] });
       generate(state.conv, copy.id);
     } else {
-      tree.add(state.conv, m.parent, { role: "assistant", content: text, reasoning: m.reasoning || "", model: m.model, edited: true });
+      const fields = { role: "assistant", content: text, reasoning: m.reasoning || "", model: m.model, edited: true };
+      if (m.rounds) fields.rounds = m.rounds; // the calls it made stay with the edited answer
+      tree.add(state.conv, m.parent, fields);
       persist(state.conv);
       renderConversation();
     }
@@ -549,14 +697,35 @@ function redrawDirty() {
 
 // ---- sending and answers
 
+/** A message of the conversation as the request's messages: an answer with tool rounds is its assistant
+ * messages (each with its calls) and the tool messages with their results, then its last words. */
 function wire(m) {
   if (m.role === "user" && m.images && m.images.length) {
-    return {
+    return [{
       role: "user",
       content: [{ type: "text", text: m.content }, ...m.images.map((url) => ({ type: "image_url", image_url: { url } }))],
-    };
+    }];
   }
-  return { role: m.role, content: m.content };
+  if (m.role !== "assistant") return [{ role: m.role, content: m.content }];
+  const out = roundsWire(m.rounds || []);
+  if (m.content || !out.length) out.push({ role: "assistant", content: m.content });
+  return out;
+}
+
+function roundsWire(rounds) {
+  const out = [];
+  for (const r of rounds) {
+    const results = r.results || [];
+    // a call never run is left out (a stopped answer's): the model is sent calls with their results only
+    const answered = r.tool_calls.filter((c) => results.some((x) => x.tool_call_id === c.id));
+    if (answered.length) {
+      out.push({ role: "assistant", content: r.content, tool_calls: answered });
+      for (const c of answered) {
+        out.push({ role: "tool", tool_call_id: c.id, content: results.find((x) => x.tool_call_id === c.id).content });
+      }
+    } else if (r.content) out.push({ role: "assistant", content: r.content });
+  }
+  return out;
 }
 
 function setRunning(running) {
@@ -601,9 +770,11 @@ async function generate(conv, parent) {
     return;
   }
   const settings = Object.fromEntries(Object.entries(conv.settings).filter(([, v]) => v !== null && v !== undefined));
-  const messages = [];
-  if (conv.system.trim()) messages.push({ role: "system", content: conv.system });
-  for (const m of tree.path(conv, parent)) messages.push(wire(m));
+  const prior = [];
+  if (conv.system.trim()) prior.push({ role: "system", content: conv.system });
+  for (const m of tree.path(conv, parent)) prior.push(...wire(m));
+  const tools = offeredTools(conv);
+  const use = tree.toolSettings(conv);
   const answer = tree.add(conv, parent, { role: "assistant", content: "", reasoning: "", model, pending: true });
   await persist(conv);
   if (conv === state.conv) {
@@ -612,7 +783,8 @@ async function generate(conv, parent) {
   }
   refreshList();
   const controller = new AbortController();
-  state.running = { controller, conv, answer };
+  const run = { controller, conv, answer, calls: [], asking: null, calling: null };
+  state.running = run;
   setRunning(true);
   if (!state.loaded.has(model)) {
     state.loading = model;
@@ -621,32 +793,80 @@ async function generate(conv, parent) {
   const started = performance.now();
   let first = null;
   let saved = started;
-  let timings = null;
-  let usage = null;
+  const steps = []; // each round's {timings, usage}
+  const made = new Set(); // the calls (name and arguments) this answer has made
+  let mustAnswer = false; // the last round only repeated calls: the next one answers
+  const keep = () => {
+    answer.updated = Date.now(); // this copy of the answer is newer than any another tab holds
+    persist(conv);
+  };
   try {
-    for await (const chunk of api.chat({ model, messages, ...settings }, controller.signal)) {
-      const choice = chunk.choices && chunk.choices[0];
-      if (choice) {
-        const delta = choice.delta || {};
-        if (typeof delta.content === "string") answer.content += delta.content;
-        if (typeof delta.reasoning_content === "string") answer.reasoning += delta.reasoning_content;
-        if (first === null && (delta.content || delta.reasoning_content)) {
-          first = performance.now() - started;
-          if (state.loading === model) {
-            state.loading = null;
-            state.loaded.add(model);
-            showNote();
-          }
-        }
-        if (choice.finish_reason) answer.finish = choice.finish_reason;
+    for (let step = 0; ; step++) {
+      const body = { model, messages: [...prior, ...roundsWire(answer.rounds || [])], ...settings };
+      if (tools) {
+        body.tools = tools;
+        body.tool_choice = mustAnswer ? "none" : step === 0 && use.mode === "required" ? "required" : "auto";
       }
-      if (chunk.timings) timings = chunk.timings;
-      if (chunk.usage) usage = chunk.usage;
+      run.calls = [];
+      const round = { timings: null, usage: null };
+      steps.push(round);
+      for await (const chunk of api.chat(body, controller.signal)) {
+        const choice = chunk.choices && chunk.choices[0];
+        if (choice) {
+          const delta = choice.delta || {};
+          if (typeof delta.content === "string") answer.content += delta.content;
+          if (typeof delta.reasoning_content === "string") answer.reasoning += delta.reasoning_content;
+          if (Array.isArray(delta.tool_calls)) takeCalls(run.calls, delta.tool_calls);
+          if (first === null && (delta.content || delta.reasoning_content || delta.tool_calls)) {
+            first = performance.now() - started;
+            if (state.loading === model) {
+              state.loading = null;
+              state.loaded.add(model);
+              showNote();
+            }
+          }
+          if (choice.finish_reason) answer.finish = choice.finish_reason;
+        }
+        if (chunk.timings) round.timings = chunk.timings;
+        if (chunk.usage) round.usage = chunk.usage;
+        schedule(answer);
+        if (performance.now() - saved > SAVE_EVERY_MS) {
+          saved = performance.now();
+          keep();
+        }
+      }
+      const calls = run.calls.filter((c) => c && c.function.name);
+      run.calls = [];
+      if (!calls.length || !tools) break; // an answer without calls: the last round
+      const fresh = calls.filter((c) => !made.has(callKey(c)));
+      if (!fresh.length) {
+        // only calls this answer has made (and the model has the results of): dropped, and the next round must
+        // answer, as run and chat do (a small model asks for the same result again and again otherwise)
+        if (mustAnswer) break;
+        mustAnswer = true;
+        answer.content = "";
+        answer.reasoning = "";
+        continue;
+      }
+      const rounds = answer.rounds || [];
+      const settled = { content: answer.content, reasoning: answer.reasoning, tool_calls: fresh, results: [] };
+      answer.rounds = [...rounds, settled];
+      answer.content = "";
+      answer.reasoning = "";
+      if (rounds.length >= MAX_TOOL_ROUNDS) {
+        answer.finish = "tool_steps"; // its calls stay on screen, not run
+        break;
+      }
+      delete answer.finish;
+      keep();
       schedule(answer);
-      if (performance.now() - saved > SAVE_EVERY_MS) {
-        saved = performance.now();
-        answer.updated = Date.now(); // this copy of the answer is newer than any another tab holds
-        persist(conv);
+      for (const call of fresh) {
+        made.add(callKey(call));
+        const result = await runCall(run, call, use.ask);
+        const open = answer.rounds[answer.rounds.length - 1];
+        open.results = [...(open.results || []), result];
+        keep();
+        schedule(answer);
       }
     }
   } catch (e) {
@@ -654,7 +874,7 @@ async function generate(conv, parent) {
     else answer.error = { kind: e.kind || "refused", message: e.message || String(e) };
   } finally {
     answer.pending = false;
-    answer.stats = stats(timings, usage, first, performance.now() - started, settings.max_tokens, windowOf(model));
+    answer.stats = stats(steps, first, performance.now() - started, settings.max_tokens, windowOf(model));
     state.running = null;
     conv.updated = Date.now();
     answer.updated = conv.updated;
@@ -668,16 +888,98 @@ async function generate(conv, parent) {
   }
 }
 
-function stats(timings, usage, first, total, maxTokens, ctx) {
-  const t = timings || {};
-  const u = usage || {};
+/** Takes a streamed delta's tool_calls into the calls of the round (OpenAI's shape: the first piece of a
+ * call has its id and name, the next ones more of its arguments). */
+function takeCalls(calls, pieces) {
+  for (const piece of pieces) {
+    const k = Number.isInteger(piece.index) ? piece.index : calls.length;
+    if (k < 0 || k > 255) continue;
+    if (!calls[k]) calls[k] = { id: `call_${k}`, type: "function", function: { name: "", arguments: "" } };
+    const call = calls[k];
+    if (typeof piece.id === "string" && piece.id) call.id = piece.id;
+    const f = piece.function || {};
+    if (typeof f.name === "string" && f.name) call.function.name = f.name;
+    if (typeof f.arguments === "string") call.function.arguments += f.arguments;
+  }
+}
+
+function callKey(call) {
+  return `${call.function.name}\n${transcript.pretty(call.function.arguments)}`;
+}
+
+/** One call of the model's, run on the server once the user says Run (when the conversation asks): its result
+ * (also a failure the model should read), or an ApiError that ends the answer (the server refused the call). */
+async function runCall(run, call, ask) {
+  const name = call.function.name;
+  if (ask && !(await approval(run, call))) return { tool_call_id: call.id, content: DECLINED, declined: true };
+  run.calling = call.id;
+  schedule(run.answer);
+  try {
+    const got = await api.callTool(name, call.function.arguments, run.controller.signal);
+    return { tool_call_id: call.id, content: got.content, ...(got.is_error ? { is_error: true } : {}) };
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new api.ApiError(`The server did not run ${name}: ${e.message}`, e.kind || "refused", e.status || 0);
+  } finally {
+    run.calling = null;
+  }
+}
+
+/** Whether the user runs `call` (Run) or not (Deny); Stop or Escape ends the answer instead (an AbortError). */
+function approval(run, call) {
+  const signal = run.controller.signal;
+  return new Promise((resolve, reject) => {
+    const stopped = () => {
+      run.asking = null;
+      reject(new DOMException("The answer was stopped.", "AbortError"));
+    };
+    if (signal.aborted) {
+      stopped();
+      return;
+    }
+    signal.addEventListener("abort", stopped, { once: true });
+    run.asking = {
+      id: call.id,
+      name: call.function.name,
+      answer: (yes) => {
+        signal.removeEventListener("abort", stopped);
+        run.asking = null;
+        const redraw = state.views.get(run.answer.id);
+        if (redraw) redraw(); // at once: the buttons go with the click that answered them
+        resolve(yes);
+      },
+    };
+    schedule(run.answer);
+  });
+}
+
+/** An answer's stats over its rounds: tokens summed, the rate over all of them, the prompt the last round's. */
+function stats(steps, first, total, maxTokens, ctx) {
   const s = {};
-  const tokens = Number.isFinite(u.completion_tokens) ? u.completion_tokens : t.predicted_n;
-  if (Number.isFinite(tokens)) s.tokens = tokens;
+  let tokens = null;
+  let ms = 0;
+  let made = 0;
+  for (const { timings, usage } of steps) {
+    const t = timings || {};
+    const u = usage || {};
+    const n = Number.isFinite(u.completion_tokens) ? u.completion_tokens : t.predicted_n;
+    if (Number.isFinite(n)) tokens = (tokens || 0) + n;
+    if (Number.isFinite(t.predicted_n) && Number.isFinite(t.predicted_ms)) {
+      made += t.predicted_n;
+      ms += t.predicted_ms;
+    }
+  }
+  const last = steps.length ? steps[steps.length - 1] : { timings: null, usage: null };
+  const t = last.timings || {};
+  const u = last.usage || {};
+  if (tokens !== null) s.tokens = tokens;
   const prompt = Number.isFinite(u.prompt_tokens) ? u.prompt_tokens : t.prompt_n;
   if (Number.isFinite(prompt)) s.prompt = prompt;
   if (Number.isFinite(t.cache_n)) s.cached = t.cache_n;
-  if (Number.isFinite(t.predicted_per_second)) s.tps = t.predicted_per_second;
+  if (steps.length > 1) {
+    s.rounds = steps.length;
+    if (ms > 0) s.tps = (made / ms) * 1000;
+  } else if (Number.isFinite(t.predicted_per_second)) s.tps = t.predicted_per_second;
   if (first !== null) s.ttft_ms = Math.round(first);
   s.total_ms = Math.round(total);
   if (Number.isFinite(maxTokens)) s.max_tokens = maxTokens;
@@ -734,9 +1036,30 @@ function openSettings() {
   $("system").value = c.system;
   for (const k of tree.SETTINGS) $(k).value = c.settings[k] === null ? "" : String(c.settings[k]);
   $("settings-error").hidden = true;
+  drawToolSettings(c);
   const saved = hasMessages(c);
   for (const id of ["export-json", "export-md", "delete-conv"]) $(id).disabled = !saved;
   ui.settings.showModal();
+}
+
+/** The Tools part of the settings: shown when the server offers tools (or could not list them). */
+function drawToolSettings(c) {
+  const tools = state.tools || [];
+  $("tools-settings").hidden = !tools.length && !state.toolsError;
+  const use = tree.toolSettings(c);
+  $("tool-mode").value = use.mode;
+  $("tool-ask").checked = use.ask;
+  $("tools-error").textContent = state.toolsError ? `The server's tools could not be listed: ${state.toolsError}` : "";
+  $("tools-error").hidden = !state.toolsError;
+  $("tool-mode").disabled = !tools.length;
+  $("tool-ask").disabled = !tools.length;
+  $("tool-list").replaceChildren(...tools.map((t) => {
+    const li = el("li");
+    li.append(el("code", "tool-name", t.function.name));
+    if (t.source) li.append(el("span", "tool-source", t.source));
+    if (t.function.description) li.append(el("div", "hint", t.function.description));
+    return li;
+  }));
 }
 
 function saveSettings(e) {
@@ -761,6 +1084,7 @@ function saveSettings(e) {
     values[k] = n;
   }
   c.settings = values;
+  if (state.tools && state.tools.length) c.tools = { mode: $("tool-mode").value, ask: $("tool-ask").checked };
   c.system = $("system").value;
   c.name = $("conv-name").value.trim().slice(0, 200);
   c.meta = Date.now();

@@ -36,11 +36,42 @@ export function exportMarkdown(conv) {
   for (const m of path(conv)) {
     const who = m.role === "user" ? "User" : `Assistant${m.model ? ` (${m.model})` : ""}`;
     parts.push(`## ${who}`);
+    for (const r of m.rounds || []) parts.push(...roundMarkdown(r));
     if (m.reasoning) parts.push(m.reasoning.trim().split("\n").map((l) => `> ${l}`).join("\n"));
     if (m.images && m.images.length) parts.push(`*${m.images.length} image${m.images.length > 1 ? "s" : ""} attached*`);
     parts.push(m.content || "");
   }
   return `${parts.join("\n\n")}\n`;
+}
+
+/** A tool round of an answer: what the model said, each call with its arguments, and what came back. */
+function roundMarkdown(r) {
+  const parts = [];
+  if (r.reasoning) parts.push(r.reasoning.trim().split("\n").map((l) => `> ${l}`).join("\n"));
+  if (r.content) parts.push(r.content);
+  for (const call of r.tool_calls) {
+    parts.push(`**Tool call:** \`${call.function.name}\`\n\n${fenced(pretty(call.function.arguments), "json")}`);
+    const result = (r.results || []).find((x) => x.tool_call_id === call.id);
+    if (!result) parts.push("*Not run.*");
+    else if (result.declined) parts.push("*Declined: the model was told the user declined.*");
+    else parts.push(`**${result.is_error ? "Tool error" : "Result"}:**\n\n${fenced(result.content, "")}`);
+  }
+  return parts;
+}
+
+/** A tool call's arguments as indented JSON (as written, when they are not JSON). */
+export function pretty(args) {
+  try {
+    return JSON.stringify(JSON.parse(args), null, 2);
+  } catch {
+    return args;
+  }
+}
+
+function fenced(text, lang) {
+  const longest = Math.max(2, ...(text.match(/`+/g) || []).map((f) => f.length));
+  const fence = "`".repeat(longest + 1);
+  return `${fence}${lang}\n${text}\n${fence}`;
 }
 
 /** A file saved by the browser. */

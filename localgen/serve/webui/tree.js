@@ -4,6 +4,7 @@
 
 export const ROOT = "root";
 export const SETTINGS = ["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed"];
+export const TOOL_MODES = ["auto", "required", "off"];
 
 function newId() {
   return crypto.randomUUID ? crypto.randomUUID() : `${Date.now().toString(36)}-${Math.random().toString(36).slice(2)}`;
@@ -14,9 +15,16 @@ export function conversation() {
   const now = Date.now();
   const settings = Object.fromEntries(SETTINGS.map((k) => [k, null]));
   return {
-    id: newId(), name: "", created: now, updated: now, model: null, system: "", settings,
+    id: newId(), name: "", created: now, updated: now, model: null, system: "", settings, tools: toolSettings({}),
     current: ROOT, messages: { [ROOT]: { id: ROOT, parent: null, children: [], role: "root" } },
   };
+}
+
+/** How a conversation uses the server's tools: {mode: auto | required | off, ask: whether each call waits for
+ * Run}. A conversation kept before tools existed has none: auto, asking. */
+export function toolSettings(conv) {
+  const t = conv.tools && typeof conv.tools === "object" ? conv.tools : {};
+  return { mode: TOOL_MODES.includes(t.mode) ? t.mode : "auto", ask: t.ask !== false };
 }
 
 /** A new message under `parent`; the branch on screen becomes the one that ends with it. */
@@ -54,7 +62,7 @@ function changed(m) {
   return Number.isFinite(m.updated) ? m.updated : m.created || 0;
 }
 
-const META = ["name", "system", "settings", "model"];
+const META = ["name", "system", "settings", "model", "tools"];
 
 /** Takes into `conv` (in place: its objects stay the ones the page holds) what another copy of it, written by
  * another tab, has and it lacks: every message it has not got, a later version of one it has (the answer
@@ -119,6 +127,7 @@ export function imported(doc) {
     }
     conv.settings[key] = v === undefined ? null : v;
   }
+  conv.tools = toolSettings(doc);
   for (const k of ["created", "updated"]) if (Number.isFinite(doc[k])) conv[k] = doc[k];
   const ids = new Map([[ROOT, ROOT]]); // old id → new id
   const source = doc.messages;
@@ -166,6 +175,37 @@ function answerFields(copy, c) {
   else if (e && typeof e === "object" && typeof e.message === "string") {
     copy.error = { kind: ERRORS.has(e.kind) ? e.kind : "refused", message: e.message.slice(0, 2000) };
   }
+  if (c.rounds !== undefined) {
+    if (!Array.isArray(c.rounds)) throw new Error("an answer's tool rounds are not a list");
+    const rounds = c.rounds.map(round);
+    if (rounds.length) copy.rounds = rounds;
+  }
+}
+
+/** One tool round of an answer, as the page keeps it: what the model said, then its calls and their results. */
+function round(r) {
+  if (!r || typeof r !== "object" || !Array.isArray(r.tool_calls)) throw new Error("a tool round has no calls");
+  const results = r.results === undefined ? [] : r.results;
+  if (!Array.isArray(results)) throw new Error("a tool round's results are not a list");
+  const calls = r.tool_calls.map((t) => {
+    const f = t && t.function;
+    if (!f || typeof t.id !== "string" || typeof f.name !== "string") throw new Error("a tool call has no id or name");
+    const args = text(f.arguments, "a tool call's arguments");
+    return { id: t.id, type: "function", function: { name: f.name, arguments: args } };
+  });
+  const ids = new Set(calls.map((t) => t.id));
+  return {
+    content: text(r.content, "a tool round"),
+    reasoning: text(r.reasoning, "a tool round's reasoning"),
+    tool_calls: calls,
+    results: results.map((x) => {
+      if (!x || typeof x !== "object" || !ids.has(x.tool_call_id)) throw new Error("a tool result answers no call");
+      const out = { tool_call_id: x.tool_call_id, content: text(x.content, "a tool result") };
+      if (x.is_error === true) out.is_error = true;
+      if (x.declined === true) out.declined = true;
+      return out;
+    }),
+  };
 }
 
 function sanitized(obj) {
