@@ -269,6 +269,28 @@ def test_resume_and_list(cli: CLI, cli_env: dict[str, str]) -> None:
     assert again.returncode == 2 and "--resume resumable" in again.stderr
 
 
+def test_a_resumed_chat_says_how_much_of_the_history_its_next_turn_evaluates_again(cli: CLI) -> None:
+    """The notice of a restored KV state says what is true: the last answer is not in the state (a generated token
+    is never reused), so the next message evaluates it again, and the notice counts it (it said "the history is
+    not re-read" while /stats showed the last answer's tokens evaluated again)."""
+    r = cli("chat", "kv-told", "-n", "24", "--temp", "0", "--stats",
+            input="Name three colors of fruit.\nAnd three of flowers.\n")
+    assert r.returncode == 0, r.stderr
+    answered = int(re.findall(r"^(\d+) tokens? ·", r.stderr, re.M)[-1])
+    r = cli("chat", "--resume", "kv-told", "-n", "2", "--temp", "0", input="Thanks.\n/stats\n")
+    assert r.returncode == 0, r.stderr
+    told = re.search(r"restored the KV state of ([\d,]+) tokens: the next message evaluates again the last answer "
+                     r"\(([\d,]+) tokens\) and at most 71 tokens before it", r.stderr)
+    assert told is not None, r.stderr
+    restored, again = (int(n.replace(",", "")) for n in told.groups())
+    stats = re.search(r"([\d,]+) prompt tokens \(([\d,]+) cached\)", r.stderr)
+    assert stats is not None, r.stderr
+    prompt, cached = (int(n.replace(",", "")) for n in stats.groups())
+    assert 0 < cached <= restored <= cached + 71, (cached, restored)
+    assert again >= answered, (again, answered)  # the whole last answer is counted as evaluated again
+    assert prompt - cached > again, (prompt, cached, again)  # ... and it was, with the new message
+
+
 def test_resume_last_without_a_name(cli: CLI) -> None:
     cli("chat", "latest-one", "-n", "4", input="Remember the number 7.\n")
     r = cli("chat", "--resume", "-n", "4", input="/show\n")
