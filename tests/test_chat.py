@@ -184,6 +184,26 @@ def test_paragraphs_are_shown_apart_as_the_answer_has_them(cli_env: dict[str, st
     assert paragraphs_shown(screen.rows(), LETTER) == saved, "\n".join(screen.rows())
 
 
+def test_ctrl_d_pressed_while_an_answer_streams_leaves_once_it_is_done(cli_env: dict[str, str], home: Path) -> None:
+    """tutorial.md: Ctrl-D leaves. Pressed while an answer streams, it is taken at the next prompt, as the shell and
+    other REPLs take it: the answer ends whole and is saved, then the chat leaves (it was lost: the terminal's cooked
+    mode made it an end-of-file that reached the prompt as a NUL, and only a second Ctrl-D left)."""
+    screen = terminal.Screen(SCREEN)
+    child = spawn(cli_env, "ctrl-d-ahead", "-n", "60", "--temp", "0", log=screen)
+    child.sendline(LETTER)
+    child.expect_exact("\x1b[?2004l")  # the prompt's last word to the terminal: what follows is the answer
+    wait_until(child, lambda: bool(paragraphs_shown([*screen.rows(), "tok/s"], LETTER)))  # it streams
+    child.sendcontrol("d")
+    child.expect("tok/s", timeout=SAFETY_NET_S)  # the answer goes on to its end
+    child.sendline("/show")  # what a chat still open would answer, after the Ctrl-D typed before it
+    assert child.expect([pexpect.EOF, "conversation ctrl-d-ahead"], timeout=SAFETY_NET_S) == 0, "the chat stayed open"
+    child.close()
+    assert child.exitstatus == 0
+    assert "stopped" not in "\n".join(screen.rows())
+    saved = json.loads((home / "data" / "chats" / "ctrl-d-ahead.json").read_text())["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant"] and saved[-1]["content"]
+
+
 def test_ctrl_c_leaves_the_partial_answer_on_screen_once(cli_env: dict[str, str], home: Path) -> None:
     """Ctrl-C while a paragraph streams: the screen shows the partial answer once, as it was saved, then the
     notice; the terminal's echo of Ctrl-C (`^C`) neither shows nor moves the answer's live lines."""

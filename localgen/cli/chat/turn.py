@@ -160,7 +160,7 @@ class _Screen:
     def __init__(self, view: Any) -> None:
         self.view = view
         self.out: Any = None
-        self.echo = EchoOff(keep_cr=True) if view.interactive else None
+        self.echo = EchoOff(for_prompt=True) if view.interactive else None
         self.answered = False  # some of the answer's text was shown (not only thinking or tool calls)
 
     def hold(self) -> None:
