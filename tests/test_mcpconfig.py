@@ -6,10 +6,7 @@ redacted from results like this process's secrets; every malformed file one usag
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import pytest
 from localgen.errors import UsageError
 from localgen.tools.mcpconfig import McpTarget, targets
 from tests.conftest import ROOT, InProcessCLI
+from tests.test_tools import mcp_over_http
 
 SERVER = str(ROOT / "tests" / "mcp_server.py")
 
@@ -117,18 +115,7 @@ def test_a_config_files_http_server_is_reached_with_its_headers(tmp_path: Path) 
     from localgen.tools.loop import Toolbox
     from localgen.tools.spec import ToolCall
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
+    with mcp_over_http() as port:
         path = _write(tmp_path, {"mcpServers": {"web": {"url": f"http://127.0.0.1:{port}/mcp",
                                                         "headers": {"Authorization": "Bearer secret-1234567"}}}})
         box = Toolbox.open([], [path])
@@ -142,6 +129,3 @@ def test_a_config_files_http_server_is_reached_with_its_headers(tmp_path: Path) 
             assert "secret-1234567" not in e.value.message and "[Authorization token redacted]" in e.value.message
         finally:
             box.close()
-    finally:
-        proc.terminate()
-        proc.wait(10)

@@ -5,8 +5,10 @@ with tools: tests/test_tools_serve.py; `chat` with tools: tests/test_tools_chat.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -420,7 +422,9 @@ def test_run_hides_thinking_unless_asked(cli: CLI) -> None:
     assert Path(R1).exists()
 
 
-def test_run_with_a_streamable_http_mcp_server(cli: CLI, cli_in_process: InProcessCLI) -> None:
+@contextlib.contextmanager
+def mcp_over_http() -> Iterator[int]:
+    """tests/mcp_server.py over streamable HTTP on a free port (its URL: http://127.0.0.1:PORT/mcp), stopped after."""
     import socket
     import subprocess
     import time
@@ -437,15 +441,20 @@ def test_run_with_a_streamable_http_mcp_server(cli: CLI, cli_in_process: InProce
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     break
             time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_run_with_a_streamable_http_mcp_server(cli: CLI, cli_in_process: InProcessCLI) -> None:
+    with mcp_over_http() as port:
         r = _run(cli, "--mcp", f"http://127.0.0.1:{port}/mcp", "--yes", "--tool-choice", "add", "--tool-steps", "2",
                  "--json", "What is 2 + 3?")
         assert r.returncode == 0, r.stderr
         calls = json.loads(r.stdout)["tool_calls"]
         assert calls[0]["name"] == "add"
         assert calls[0]["result"] == str(calls[0]["arguments"]["a"] + calls[0]["arguments"]["b"])
-    finally:
-        proc.terminate()
-        proc.wait(10)
     # nothing listens there now: one line that says so (the SDK's own error is a bare CancelledError)
     r = _run(cli_in_process, "--mcp", f"http://127.0.0.1:{port}/mcp", "--yes", "What is 2 + 3?")
     url = f"http://127.0.0.1:{port}/mcp"

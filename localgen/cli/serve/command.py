@@ -29,6 +29,7 @@ from localgen.cli.serve.options import (
     SlotOptions,
     check_host,
     host_and_port,
+    key_file,
     model_settings,
 )
 from localgen.errors import LocalgenError, UsageError
@@ -554,18 +555,9 @@ def _api_key(f: ServeArgs) -> str | None:
 
     listen = f.listen
     if listen.api_key_file:
-        if listen.api_key and typed_by_user(f.context, "api_key"):
-            raise UsageError("--api-key and --api-key-file cannot be combined")
-        where = f"the API key file {listen.api_key_file}"
-        try:
-            key = Path(listen.api_key_file).read_text(encoding="utf-8").strip()
-        except UnicodeDecodeError:
-            raise UsageError(f"{where} is not UTF-8 text") from None
-        except OSError as e:
-            raise UsageError(f"{where} cannot be read: {e.strerror or e}") from None
-        if not key:
-            raise UsageError(f"{where} is empty")
-        return _checked_key(key, where)
+        key = key_file(Path(listen.api_key_file),
+                       listen.api_key if listen.api_key and typed_by_user(f.context, "api_key") else None)
+        return _checked_key(key, f"the API key file {listen.api_key_file}")
     if listen.api_key is None:
         return None
     where = "--api-key" if typed_by_user(f.context, "api_key") else "LOCALGEN_API_KEY"

@@ -79,6 +79,23 @@ def host_and_port(host: str, port: int, port_typed: bool) -> tuple[str, int]:
     return named, port if port_typed or m[2] is None else int(m[2])
 
 
+def key_file(path: Path, typed: str | None) -> str:
+    """The key in --api-key-file, stripped (serve's and ps's); a usage error when --api-key is typed too, or
+    when the file cannot be read, is not UTF-8 text or is empty. A typed file wins over LOCALGEN_API_KEY."""
+    if typed is not None:
+        raise UsageError("--api-key and --api-key-file cannot be combined")
+    where = f"the API key file {path}"
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise UsageError(f"{where} is not UTF-8 text") from None
+    except OSError as e:
+        raise UsageError(f"{where} cannot be read: {e.strerror or e}") from None
+    if not key:
+        raise UsageError(f"{where} is empty")
+    return key
+
+
 def check_host(host: str) -> None:
     """An empty --host (serve's or ps's) is a usage error: serve would take it for every interface, IPv4 and IPv6;
     so is one with spaces or control characters, which no host name has."""

@@ -33,13 +33,13 @@ def ps(
     import httpx
 
     from localgen.cli.options.knobs import typed_by_user
-    from localgen.cli.serve.options import check_host, host_and_port
+    from localgen.cli.serve.options import check_host, host_and_port, key_file
     from localgen.units import format_bytes
 
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"))
     check_host(host)
     if api_key_file is not None:
-        api_key = _key_file(api_key_file, api_key if typed_by_user(ctx, "api_key") else None)
+        api_key = key_file(api_key_file, api_key if typed_by_user(ctx, "api_key") else None)
     if api_key and not (api_key.isprintable() and " " not in api_key):
         raise UsageError(f"{'the API key file' if api_key_file else '--api-key (or LOCALGEN_API_KEY)'} has spaces "
                          "or control characters inside: no HTTP header carries it as given")
@@ -78,23 +78,6 @@ def ps(
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-
-
-def _key_file(path: Path, typed: str | None) -> str:
-    """The key in --api-key-file, stripped (as serve reads its own); a usage error when --api-key is typed too, or
-    when the file cannot be read, is not UTF-8 text or is empty. A typed file wins over LOCALGEN_API_KEY."""
-    if typed is not None:
-        raise UsageError("--api-key and --api-key-file cannot be combined")
-    where = f"the API key file {path}"
-    try:
-        key = path.read_text(encoding="utf-8").strip()
-    except UnicodeDecodeError:
-        raise UsageError(f"{where} is not UTF-8 text") from None
-    except OSError as e:
-        raise UsageError(f"{where} cannot be read: {e.strerror or e}") from None
-    if not key:
-        raise UsageError(f"{where} is empty")
-    return key
 
 
 def until_text(left: float) -> str:
