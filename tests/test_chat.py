@@ -184,6 +184,26 @@ def test_paragraphs_are_shown_apart_as_the_answer_has_them(cli_env: dict[str, st
     assert paragraphs_shown(screen.rows(), LETTER) == saved, "\n".join(screen.rows())
 
 
+def test_ctrl_d_pressed_while_an_answer_streams_leaves_once_it_is_done(cli_env: dict[str, str], home: Path) -> None:
+    """tutorial.md: Ctrl-D leaves. Pressed while an answer streams, it is taken at the next prompt, as the shell and
+    other REPLs take it: the answer ends whole and is saved, then the chat leaves (it was lost: the terminal's cooked
+    mode made it an end-of-file that reached the prompt as a NUL, and only a second Ctrl-D left)."""
+    screen = terminal.Screen(SCREEN)
+    child = spawn(cli_env, "ctrl-d-ahead", "-n", "60", "--temp", "0", log=screen)
+    child.sendline(LETTER)
+    child.expect_exact("\x1b[?2004l")  # the prompt's last word to the terminal: what follows is the answer
+    wait_until(child, lambda: bool(paragraphs_shown([*screen.rows(), "tok/s"], LETTER)))  # it streams
+    child.sendcontrol("d")
+    child.expect("tok/s", timeout=SAFETY_NET_S)  # the answer goes on to its end
+    child.sendline("/show")  # what a chat still open would answer, after the Ctrl-D typed before it
+    assert child.expect([pexpect.EOF, "conversation ctrl-d-ahead"], timeout=SAFETY_NET_S) == 0, "the chat stayed open"
+    child.close()
+    assert child.exitstatus == 0
+    assert "stopped" not in "\n".join(screen.rows())
+    saved = json.loads((home / "data" / "chats" / "ctrl-d-ahead.json").read_text())["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant"] and saved[-1]["content"]
+
+
 def test_ctrl_c_leaves_the_partial_answer_on_screen_once(cli_env: dict[str, str], home: Path) -> None:
     """Ctrl-C while a paragraph streams: the screen shows the partial answer once, as it was saved, then the
     notice; the terminal's echo of Ctrl-C (`^C`) neither shows nor moves the answer's live lines."""
@@ -267,6 +287,28 @@ def test_resume_and_list(cli: CLI, cli_env: dict[str, str]) -> None:
     assert child.exitstatus == 0
     again = cli("chat", "resumable", input="hi\n")
     assert again.returncode == 2 and "--resume resumable" in again.stderr
+
+
+def test_a_resumed_chat_says_how_much_of_the_history_its_next_turn_evaluates_again(cli: CLI) -> None:
+    """The notice of a restored KV state says what is true: the last answer is not in the state (a generated token
+    is never reused), so the next message evaluates it again, and the notice counts it (it said "the history is
+    not re-read" while /stats showed the last answer's tokens evaluated again)."""
+    r = cli("chat", "kv-told", "-n", "24", "--temp", "0", "--stats",
+            input="Name three colors of fruit.\nAnd three of flowers.\n")
+    assert r.returncode == 0, r.stderr
+    answered = int(re.findall(r"^(\d+) tokens? ·", r.stderr, re.M)[-1])
+    r = cli("chat", "--resume", "kv-told", "-n", "2", "--temp", "0", input="Thanks.\n/stats\n")
+    assert r.returncode == 0, r.stderr
+    told = re.search(r"restored the KV state of ([\d,]+) tokens: the next message evaluates again the last answer "
+                     r"\(([\d,]+) tokens\) and at most 71 tokens before it", r.stderr)
+    assert told is not None, r.stderr
+    restored, again = (int(n.replace(",", "")) for n in told.groups())
+    stats = re.search(r"([\d,]+) prompt tokens \(([\d,]+) cached\)", r.stderr)
+    assert stats is not None, r.stderr
+    prompt, cached = (int(n.replace(",", "")) for n in stats.groups())
+    assert 0 < cached <= restored <= cached + 71, (cached, restored)
+    assert again >= answered, (again, answered)  # the whole last answer is counted as evaluated again
+    assert prompt - cached > again, (prompt, cached, again)  # ... and it was, with the new message
 
 
 def test_resume_last_without_a_name(cli: CLI) -> None:

@@ -12,7 +12,14 @@ of the live region and paragraphs printed for good, whose next redraw, which cou
 erases rows of the answer above it or leaves rows of an old frame. NOFLSH keeps all of it; the keys typed before
 Ctrl-C, which the terminal drops with it, are dropped by drop_typed() instead, from the command's Ctrl-C handling.
 (With echo on, the `^C` echo would also come after all the text pending, or inside the rest of a write the
-Ctrl-C interrupted.)"""
+Ctrl-C interrupted.)
+
+For chat (`for_prompt`), the keys typed during an answer reach its next prompt as they were typed: the terminal's
+line editing (ICANON) is off too. In cooked mode, Ctrl-D typed during the answer is an end-of-file the terminal
+keeps for the next read; the prompt, which reads in raw mode, then gets a NUL in its place (a key that does
+nothing), and a user who pressed Ctrl-D to leave once the answer ends finds the chat still open. With ICANON off,
+Ctrl-D stays the key Ctrl-D, and the prompt takes it as it takes Ctrl-D pressed there: on an empty line, the chat
+ends. (Ctrl-C still stops the answer: ISIG is left on.)"""
 
 from __future__ import annotations
 
@@ -24,15 +31,16 @@ from typing import Any, TextIO
 
 class EchoOff:
     """off() turns the echo of the terminal on `stream` (stdin by default) off, and its discarding of output at
-    Ctrl-C; restore() puts them back as they were. With `keep_cr`, carriage returns are kept as they are typed, as
-    chat's prompt keeps them in its raw mode: the terminal's cooked mode would turn CR into LF (ICRNL), and
-    Alt-Enter (ESC CR) typed ahead would reach the prompt as ESC LF, which it reads as Enter. Nothing happens where
-    `stream` is not a terminal, the process is not in its foreground (a background job would be stopped by
+    Ctrl-C; restore() puts them back as they were. With `for_prompt`, keys are kept as they are typed, as chat's
+    prompt reads them in its raw mode: carriage returns (the terminal's cooked mode would turn CR into LF (ICRNL),
+    and Alt-Enter (ESC CR) typed ahead would reach the prompt as ESC LF, which it reads as Enter), and Ctrl-D,
+    Backspace and the other keys cooked mode edits the line with (ICANON: see the module's docstring). Nothing
+    happens where `stream` is not a terminal, the process is not in its foreground (a background job would be stopped by
     SIGTTOU), or the platform has no termios. As a context manager: off() on entry, restore() on exit."""
 
-    def __init__(self, stream: TextIO | None = None, keep_cr: bool = False) -> None:
+    def __init__(self, stream: TextIO | None = None, for_prompt: bool = False) -> None:
         self.stream = stream
-        self.keep_cr = keep_cr
+        self.for_prompt = for_prompt
         self.fd = -1  # the terminal, once off() has changed it
         self.saved: list[Any] | None = None  # the terminal's attributes from before off(), while the echo is off
 
@@ -58,8 +66,11 @@ class EchoOff:
             saved = termios.tcgetattr(fd)
             quiet = list(saved)
             quiet[3] = (saved[3] & ~(termios.ECHO | termios.ECHONL)) | termios.NOFLSH
-            if self.keep_cr:
+            if self.for_prompt:
                 quiet[0] = saved[0] & ~(termios.ICRNL | termios.INLCR | termios.IGNCR)
+                quiet[3] &= ~termios.ICANON
+                quiet[6] = list(saved[6])
+                quiet[6][termios.VMIN], quiet[6][termios.VTIME] = 1, 0  # (VMIN may share VEOF's slot in cooked mode)
             termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW: keys typed ahead are kept
         except (OSError, ValueError, AttributeError, termios.error):  # no descriptor, or the terminal refused
             return

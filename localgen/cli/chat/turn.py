@@ -13,16 +13,28 @@ from typing import Any
 
 from localgen.cli.echo import EchoOff
 
+EXACT_SLACK = 71  # the most tokens of a reused prompt evaluated again for exactness (engine/tokens.py reusable_prefix)
+
 
 def restore_state(runner: Any, view: Any) -> None:
-    """Load the conversation's saved KV state, so the next turn does not re-read the history (never with
-    --no-prompt-cache)."""
+    """Load the conversation's saved KV state, so the next turn does not re-read the history up to the last
+    answer (never with --no-prompt-cache). The state is what the last turn evaluated as its prompt: the answer
+    generated after it is evaluated again with the next message, as in a chat that never stopped (a generated
+    token is never reused: engine/tokens.py, reusable_prefix), and the notice says so with its size."""
     conv = runner.sent()
     if not conv or not runner.prompt_cache:
         return
-    reused = runner.backend.restore_conversation(runner.session.name, runner.request(conv))
-    if reused:
+    request = runner.request(conv)
+    reused = runner.backend.restore_conversation(runner.session.name, request)
+    if not reused:
+        return
+    rest = int(runner.backend.count(request)) - reused  # the conversation as rendered now, past the state
+    if rest <= 0:
         view.info(f"restored the KV state of {reused:,} tokens; the history is not re-read")
+        return
+    what = "the last answer" if conv[-1]["role"] == "assistant" else "the rest of the history"
+    view.info(f"restored the KV state of {reused:,} tokens: the next message evaluates again {what} ({rest:,} "
+              f"tokens) and at most {EXACT_SLACK} tokens before it (see Caches and exactness in docs/caches.md)")
 
 
 def save_state(runner: Any) -> None:
@@ -148,7 +160,7 @@ class _Screen:
     def __init__(self, view: Any) -> None:
         self.view = view
         self.out: Any = None
-        self.echo = EchoOff(keep_cr=True) if view.interactive else None
+        self.echo = EchoOff(for_prompt=True) if view.interactive else None
         self.answered = False  # some of the answer's text was shown (not only thinking or tool calls)
 
     def hold(self) -> None:
