@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,13 +35,18 @@ def _curls() -> Iterator[tuple[str, str, bool]]:
 
 
 CURLS = list(_curls())
-TO_SERVE = [c for c in CURLS if DOC_ADDRESS in c[1]]
+ASKING = [c for c in CURLS if DOC_ADDRESS in c[1]]
+TO_SERVE = [c for c in ASKING if "'{\"model\"" in c[1]]  # generation requests: run with a bounded answer
+TO_TOOLS = [c for c in ASKING if "/tools" in c[1]]  # serve's tools: run against `serve --mcp` as tools.md starts it
+# a route of a model that is not here (ultravox:1b's transcription): tests/test_transcribe.py runs that route
+ELSEWHERE = [c for c in ASKING if "model=ultravox" in c[1]]
 
 
 def test_no_curl_example_needs_curl_7_82() -> None:
     """`curl --json` came in curl 7.82; a JSON body goes with `-H 'Content-Type: application/json' -d` instead
     (OpenAI's routes answer 415 to curl's plain `-d`, a form type: docs/serve.md, Limits)."""
     assert len(TO_SERVE) >= 3, CURLS
+    assert sorted(TO_SERVE + TO_TOOLS + ELSEWHERE) == sorted(ASKING), "a curl example of serve no test runs"
     for where, line, _ in CURLS:
         assert "--json" not in line.split(), where
     for where, line, _ in TO_SERVE:
@@ -74,3 +80,27 @@ def test_the_curl_example_runs_as_written(where: str, line: str, keyed: bool, se
     if keyed:  # the key is what lets it in
         body = {"model": "smollm2:135m", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
         assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).status_code == 401
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
+def test_the_tools_curl_examples_run_as_written(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """docs/tools.md's /tools and /tools/call examples, against serve started with the page's tools (its
+    relative paths from the checkout), each answer as the page's comment under it shows it."""
+    from tests.conftest import ROOT
+
+    assert len(TO_TOOLS) == 2, TO_TOOLS
+    mcp = f"{sys.executable} {ROOT / 'tests' / 'mcp_server.py'}"
+    s = Server(cli_env, "-np", "1", "--ctx", "512", "--mcp", mcp, "--functions",
+               str(ROOT / "tests" / "tool_functions.py"))
+    try:
+        said = {}
+        for where, line, _ in TO_TOOLS:
+            command = line.replace(DOC_ADDRESS, s.url)
+            r = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, (where, r.stderr)
+            said[line.split()[2].split("/")[-1]] = json.loads(r.stdout)
+        assert said["tools"]["object"] == "list" and said["tools"]["data"][0]["type"] == "function"
+        assert said["call"] == {"object": "tool.result", "name": "add", "content": "42", "is_error": False}
+    finally:
+        assert s.stop() == 0
+

@@ -325,8 +325,9 @@ def _prefix_reuse(server: Server, while_away: Any = lambda: None) -> tuple[int, 
                          + "\nWhich way does river 7 flow?"}], "max_tokens": 2, "temperature": 0}
     url = f"{server.url}/v1/chat/completions"
     assert httpx.post(url, json={**ask, "model": "smollm2:135m"}, timeout=600).status_code == 200
-    # Gemma (no chat template) refuses the chat at once, once it has loaded: SmolLM2 was evicted for it
-    assert httpx.post(url, json={**ask, "model": "gemma3:270m"}, timeout=600).status_code in (200, 400)
+    # Gemma (a base model: a completion) loads in its place: SmolLM2 was evicted for it
+    assert httpx.post(f"{server.url}/v1/completions", timeout=600,
+                      json={"model": "gemma3:270m", "prompt": "Rivers", "max_tokens": 1}).status_code == 200
     assert _loaded(server) == ["gemma3:270m"]
     while_away()
     again = httpx.post(url, json={**ask, "model": "smollm2:135m"}, timeout=600).json()

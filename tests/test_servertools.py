@@ -42,7 +42,9 @@ def test_the_tools_are_listed_as_a_requests_tools_take_them(server: Server) -> N
     doc = httpx.get(f"{server.url}/tools", timeout=10).json()
     assert doc["object"] == "list" and doc["timeout"] == 2
     sources = {t["function"]["name"]: t["source"] for t in doc["data"]}
-    assert sources["add"].startswith("mcp: ") and "mcp_server.py" in sources["add"]
+    from localgen.tools.mcpconfig import one
+
+    assert sources["add"] == f"mcp: {one(MCP).label}"  # the command line (cut at 60 characters)
     assert sources["get_weather"] == "functions: tool_functions.py"
     add = next(t for t in doc["data"] if t["function"]["name"] == "add")
     assert add["type"] == "function" and add["function"]["description"] == "Add two integers."
