@@ -279,6 +279,9 @@ def test_stop_while_asking_ends_the_answer_and_a_reload_mid_call_says_interrupte
     page.keyboard.press("Escape")
     page.wait_for_function("() => document.getElementById('stop').hidden")
     answer = page.locator("article.assistant").last
+    # the answer's view is redrawn at the next frame after the stop: wait for it (90 s at most)
+    page.wait_for_function("() => [...document.querySelectorAll('article.assistant')].pop()"
+                           ".querySelector('.note')?.innerText === 'Stopped.'", timeout=90_000)
     assert answer.locator(".note").inner_text() == "Stopped."
     assert answer.locator(".tool-status").first.inner_text() == "Not run: the answer ended before this call."
     assert len(sent) == 1
