@@ -29,12 +29,12 @@ def missing() -> str | None:
 
 
 @contextmanager
-def chromium() -> Iterator[Any]:
-    """A headless Chromium (a Playwright Browser), closed after."""
+def chromium(*more: str, timeout_ms: float | None = None) -> Iterator[Any]:
+    """A headless Chromium (a Playwright Browser) with ARGS and `more` flags, closed after."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[*ARGS, *more], timeout=timeout_ms)
         try:
             yield browser
         finally:

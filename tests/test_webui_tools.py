@@ -42,15 +42,8 @@ def browser() -> Iterator[Any]:
     why = chromium.missing()
     if why is not None:
         pytest.fail(why)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(chromium.CHROMIUM), timeout=60_000,
-                              args=[*chromium.ARGS, "--js-flags=--max-old-space-size=512"])
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium.chromium("--js-flags=--max-old-space-size=512", timeout_ms=60_000) as b:
+        yield b
 
 
 @pytest.fixture
