@@ -27,8 +27,8 @@ def on_a_terminal() -> None:
     """`tty`: what a process on a pseudo-terminal sees of it, then a prompt, waiting for Ctrl-C (exit 130)."""
     print(json.dumps({"ttys": [os.isatty(fd) for fd in range(3)], "size": tuple(os.get_terminal_size()),
                       "foreground": os.tcgetpgrp(0) == os.getpgrp(), "leader": os.getsid(0) == os.getpid()}))
-    print("> ", end="", flush=True)
     try:  # not input(): a SIGINT that lands between its prompt and its read() is only seen after a line comes
+        print("> ", end="", flush=True)  # inside: Ctrl-C sent on seeing "> " can land before print returns
         while True:
             time.sleep(0.05)
     except KeyboardInterrupt:
