@@ -994,6 +994,15 @@ def test_models_are_listed_in_the_shape_of_the_client_that_asks(server: Server) 
         assert [m.id for m in a.models.list(limit=1, after_id=ids[0]).data] == ids[1:2]
     r = httpx.get(f"{server.url}/v1/models/nosuch", headers=_auth(), timeout=10)
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    # errors too come in the asker's shape: Anthropic's SDK reads {"type": "error", "error": {type, message}}
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        a.models.retrieve("nosuch")
+    body = dict(missing.value.body)
+    assert body.pop("request_id").startswith("req_") and body == {"type": "error", "error": {
+        "type": "not_found_error", "message": "The model 'nosuch' does not exist"}}, body
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        a.models.list(limit=0)
+    assert isinstance(bad.value.body, dict) and bad.value.body["error"]["type"] == "invalid_request_error"
 
 
 def test_ctx_0_is_each_models_training_context_before_and_after_it_loads(cli_env: dict[str, str]) -> None:

@@ -55,11 +55,16 @@ ANTHROPIC_KINDS = {400: "invalid_request_error", 401: "authentication_error", 40
                    415: "invalid_request_error", 499: "invalid_request_error", 503: "overloaded_error"}
 
 
-def api_of(path: str) -> str:
-    """Whose error shape a route answers in, by its path: Anthropic's, Ollama's, else OpenAI's."""
+def api_of(path: str, headers: Mapping[str, str] | None = None) -> str:
+    """Whose error shape a route answers in, by its path: Anthropic's, Ollama's, else OpenAI's. The model
+    listings are both OpenAI's and Anthropic's: a request carrying anthropic-version (as Anthropic's clients
+    send on every call) is answered in Anthropic's shape there."""
     if path.startswith("/api/"):
         return OLLAMA
-    return ANTHROPIC if path.startswith("/v1/messages") else OPENAI
+    if path.startswith("/v1/messages"):
+        return ANTHROPIC
+    shared = path == "/v1/models" or path.startswith("/v1/models/")
+    return ANTHROPIC if shared and headers is not None and "anthropic-version" in headers else OPENAI
 
 
 def error_body(api: str, e: HTTPError) -> dict[str, Any]:
@@ -122,4 +127,4 @@ def _roots() -> list[str]:
 
 def error_response(request: Request, e: HTTPError, headers: Mapping[str, str] | None = None) -> Response:
     """The error as its route's API answers it."""
-    return JSONResponse(error_body(api_of(request.url.path), e), status_code=e.status, headers=headers)
+    return JSONResponse(error_body(api_of(request.url.path, request.headers), e), status_code=e.status, headers=headers)
