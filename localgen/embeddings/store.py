@@ -351,6 +351,14 @@ def remove_ids(name: str, ids: list[str], waiting: Waiting | None = None) -> tup
         return removed, left
 
 
+def stored_bytes(name: str) -> int:
+    """What a collection's texts and vectors take in the database (their bytes, without SQLite's overhead)."""
+    with _db(create=False) as db:
+        row = db.conn.execute("SELECT coalesce(sum(length(CAST(content AS BLOB)) + length(embedding)), 0) "
+                              "FROM embeddings WHERE collection = ?", (name,)).fetchone()
+    return int(row[0])
+
+
 def vectors(name: str) -> list[tuple[str, str, bytes]]:
     """Every (id, text, packed vector) of a collection."""
     with _db(create=False) as db:

@@ -36,6 +36,7 @@ from localgen.serve import (
     responses,
     servertools,
     transcribe,
+    vectorstores,
 )
 from localgen.serve.apierror import ERROR_EXTRA, HTTPError, error_response
 from localgen.serve.guard import Gate, Policy
@@ -75,7 +76,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     routes = [Route("/health", health), *listings.routes(state), *openai.routes(state), *anthropic.routes(state),
               *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state),
               *batches.routes(desk), *servertools.routes(state.toolbox, state.tool_timeout),
-              *transcribe.routes(state, lambda: (gate.max_body, gate.read_timeout))]
+              *transcribe.routes(state, lambda: (gate.max_body, gate.read_timeout)), *vectorstores.routes(state)]
     policy = gate
     desk.read_timeout, desk.max_line = policy.read_timeout, policy.max_body
     if webui:

@@ -127,15 +127,17 @@ class Embedded:
 
 
 async def embed(worker: Served, texts: list[str], dimensions: int | None = None, truncate: bool = False,
-                query: str | None = None, http: Request | None = None, keep: float | None = None) -> Embedded:
+                query: str | None = None, http: Request | None = None, keep: float | None = None,
+                pooling: str | None = None) -> Embedded:
     """Embed (or with a query, rerank) on the worker's thread, a slice at a time between decoding steps; the
     result, or an HTTPError. A client that disconnects (`http`) or a handler cancelled stops the job at its
-    next slice. `keep`: Ollama's keep_alive, applied once the job ends."""
+    next slice. `keep`: Ollama's keep_alive, applied once the job ends. `pooling`: the pooling the vectors must
+    have been made with (a collection's), else a 400."""
     import asyncio
 
     for t in texts:
         check_prompt_size(worker, [t])
-    job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate, query, keep_alive=keep)
+    job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate, query, keep_alive=keep, pooling=pooling)
     try:
         worker.submit(job)
     except LocalgenError as e:

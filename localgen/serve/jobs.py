@@ -177,6 +177,7 @@ class EmbedJob:
     truncate: bool = False
     query: str | None = None  # set: score each text as a document for this query (a reranker)
     keep_alive: float | None = None  # seconds the model stays loaded after this job (Ollama's keep_alive)
+    pooling: str | None = None  # the pooling the model's embeddings must have (a collection's), else the job fails
     load_s: float = 0.0  # time spent loading the model for this job
     result: asyncio.Future[list[Any] | Failed] = field(init=False)  # Embeddings or (score, tokens) pairs
     on_end: Callable[[], None] | None = None

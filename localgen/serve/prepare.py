@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from localgen.errors import EmptyPrompt, prompt_too_long
+from localgen.errors import EmptyPrompt, LocalgenError, prompt_too_long
 
 if TYPE_CHECKING:
     from localgen.native.prompt import Prompt
@@ -104,4 +104,7 @@ def task(backend: Any, job_id: int, job: EmbedJob) -> Any:
     from localgen.engine.embed import EmbedTask
 
     emb = backend.scorer() if job.query is not None else backend.embedder()
+    if job.pooling is not None and emb.pooling != job.pooling:  # another pooling's vectors do not compare
+        raise LocalgenError(f"the collection's vectors were made with {job.pooling} pooling, and this model's "
+                            f"embeddings here have {emb.pooling} pooling")
     return EmbedTask(job_id, emb, job.texts, True, job.dimensions, job.truncate, job.query, job.cancelled.is_set)

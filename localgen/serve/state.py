@@ -44,6 +44,7 @@ class ServeState:
     pulls: set[Any] = field(default_factory=set)  # serve/manage.py's pulls under way (stopped at shutdown)
     toolbox: Any = None  # serve --mcp / --functions: the tools /tools lists and /tools/call runs (a Toolbox)
     tool_timeout: float = 30.0  # serve --tool-timeout: seconds one call may take
+    collections: list[str] = field(default_factory=list)  # serve --collection: offered as vector stores
 
     def worker(self, name: object, claude: bool = False) -> Served:
         """The model a request's `model` names, as its handler sees it: one served, or an installed model (its

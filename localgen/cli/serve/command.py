@@ -156,7 +156,9 @@ def _serve(f: ServeArgs, log: ServeLog, checked: _Checked, toolbox: Any) -> None
                        default=workers[0].name,  # the first -m, or the default model
                        on_demand=_on_demand(checked.models, make) if f.residency.on_demand else None,
                        residency=checked.residency, offline=f.offline, store=store,
-                       batch_lines=f.batching.batch_lines, toolbox=toolbox, tool_timeout=f.tools.tool_timeout)
+                       batch_lines=f.batching.batch_lines, toolbox=toolbox, tool_timeout=f.tools.tool_timeout,
+                       collections=list(dict.fromkeys(f.tools.collections or [])))
+    _check_collections(state)
     app = build(state, checked.policy, webui=f.listen.webui)
     server = _listener(app, f, log)
     log.event("start", None, _started_line(f, list(state.workers), checked.cache_ram, checked.residency,
@@ -168,6 +170,8 @@ def _serve(f: ServeArgs, log: ServeLog, checked: _Checked, toolbox: Any) -> None
         _worker_lines(w, log)
     if toolbox is not None:
         _tool_lines(toolbox, log)
+    if state.collections:
+        log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
     try:
         server.run()
     finally:
@@ -223,9 +227,15 @@ def _checked(f: ServeArgs, log: ServeLog) -> _Checked:
 
 
 def _check_tools(f: ServeArgs, key: str | None) -> None:
-    """--tool-timeout needs tools; tools on an address others reach need a key (POST /tools/call runs them)."""
+    """--tool-timeout needs tools; tools on an address others reach need a key (POST /tools/call runs them), and
+    so do collections (their texts are their owner's)."""
     if f.given("tool_timeout") and not f.tools.any:
         raise UsageError("--tool-timeout sets how long a tool of --functions or --mcp may take: give one")
+    if f.tools.collections and not key and not _is_loopback(f.listen.host):
+        raise UsageError(f"--collection on {f.listen.host} with no API key would let anyone who can reach this port "
+                         "read the collection", hint="add --api-key (or --api-key-file), or listen on 127.0.0.1")
+    for name in f.tools.collections or []:
+        _collection(name)
     if f.tools.any and not key and not _is_loopback(f.listen.host):
         raise UsageError(f"--functions and --mcp on {f.listen.host} with no API key would let anyone who can reach "
                          "this port run the tools", hint="add --api-key (or --api-key-file), or listen on 127.0.0.1")
@@ -233,6 +243,32 @@ def _check_tools(f: ServeArgs, key: str | None) -> None:
     if f.tools.any and not key and widened:
         raise UsageError(f"--functions and --mcp with more web origins allowed ({', '.join(widened)[:100]}) and no API "
                          "key would let those pages run the tools", hint="add --api-key (or --api-key-file)")
+
+
+def _collection(name: str) -> Any:
+    """A --collection by name (a usage error naming those there are)."""
+    from localgen.embeddings import store as collections
+
+    if not collections.path().exists():
+        raise UsageError(f"--collection {name!r}: there are no collections yet",
+                         hint="make one with localgen embed --store NAME")
+    try:
+        return collections.get(name)
+    except LocalgenError as e:
+        raise UsageError(f"--collection: {e.message}") from None
+
+
+def _check_collections(state: Any) -> None:
+    """Each --collection's model is one this server offers (its queries are embedded on that model)."""
+    from localgen.serve.apierror import HTTPError
+
+    for name in state.collections:
+        coll = _collection(name)
+        try:
+            state.worker(coll.model)
+        except HTTPError:
+            raise UsageError(f"--collection {name!r} was made with {coll.model}, which this server does not offer",
+                             hint=f"serve it too: -m {coll.model_spec or coll.model}") from None
 
 
 def _is_loopback(host: str) -> bool:

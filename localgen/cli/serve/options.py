@@ -110,11 +110,17 @@ def check_host(host: str) -> None:
 @dataclass(frozen=True)
 class ServeToolOptions(OptionGroup):
     """The tools the server runs itself: GET /tools lists them, POST /tools/call runs one (the chat page's
-    tools; serve/servertools.py)."""
+    tools; serve/servertools.py); and the collections it searches (serve/vectorstores.py)."""
 
     functions: o.Functions = None
     mcp: o.Mcp = None
     tool_timeout: o.ToolTimeout = 30.0
+    collections: Annotated[
+        list[str] | None,
+        typer.Option("--collection", rich_help_panel=SERVE, show_default=False, metavar="NAME",
+                     help="Offer this embeddings collection (localgen embed --store) as an OpenAI vector store, "
+                          "read-only: GET /v1/vector_stores, POST /v1/vector_stores/NAME/search (repeatable).")
+    ] = None
 
     @property
     def any(self) -> bool:

@@ -1,0 +1,135 @@
+"""serve --collection NAME: the named embeddings collections (localgen embed --store) offered read-only as
+OpenAI's vector stores. GET /v1/vector_stores lists them, GET /v1/vector_stores/{id} is one, and POST
+/v1/vector_stores/{id}/search embeds the query on the collection's own model, through that model's worker as
+/v1/embeddings does (so it loads, queues and unloads as any request's model does), and ranks the collection's
+texts by cosine similarity. Only the collections serve was given are offered: a collection holds its owner's
+texts."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from localgen.serve.apierror import HTTPError
+from localgen.serve.jsonbody import read_json
+from localgen.serve.state import ServeState
+
+MAX_RESULTS = 50  # max_num_results: OpenAI's bound
+MAX_QUERIES = 16  # queries in one search (OpenAI's API takes a list and names no bound)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One text of a collection and its best cosine similarity to the queries."""
+
+    id: str
+    score: float
+    text: str
+
+
+def routes(state: ServeState) -> list[Route]:
+    """The vector store routes (answering 404 for any store when serve was given no --collection)."""
+
+    def offered(ident: str) -> str:
+        if ident not in state.collections:
+            there = ", ".join(state.collections) or "none: serve offers a collection with --collection NAME"
+            raise HTTPError(404, f"No vector store found with id '{ident[:100]}' (offered here: {there})",
+                            param="vector_store_id")
+        return ident
+
+    async def listing(request: Request) -> Response:
+        data = [_store(x) for x in await asyncio.to_thread(_described, state.collections)]
+        return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                             "last_id": data[-1]["id"] if data else None, "has_more": False})
+
+    async def one(request: Request) -> Response:
+        name = offered(request.path_params["id"])
+        return JSONResponse(_store((await asyncio.to_thread(_described, [name]))[0]))
+
+    async def search(request: Request) -> Response:
+        name = offered(request.path_params["id"])
+        body = await read_json(request)
+        queries, count, threshold = _search_args(body)
+        from localgen.embeddings import store as collections
+
+        coll = await asyncio.to_thread(collections.get, name)
+        worker = state.worker(coll.model)
+        from localgen.serve.embeds import embed
+
+        vectors = (await embed(worker, queries, coll.dimensions, truncate=True, http=request,
+                               pooling=coll.pooling)).values
+        rows = await asyncio.to_thread(collections.vectors, name)
+        hits = [h for h in rank(rows, [v.vector for v in vectors], count) if threshold is None or h.score >= threshold]
+        return JSONResponse({"object": "vector_store.search_results.page", "search_query": queries,
+                             "data": [{"file_id": h.id, "filename": h.id, "score": h.score, "attributes": {},
+                                       "content": [{"type": "text", "text": h.text}]} for h in hits],
+                             "has_more": False, "next_page": None})
+
+    return [Route("/v1/vector_stores", listing), Route("/v1/vector_stores/{id:path}/search", search, methods=["POST"]),
+            Route("/v1/vector_stores/{id:path}", one)]
+
+
+def rank(rows: list[tuple[str, str, bytes]], queries: list[list[float]], count: int) -> list[Hit]:
+    """The `count` rows (id, text, packed float32 vector) most like any of the query vectors, best first (ties
+    in the order stored)."""
+    import numpy as np
+
+    if not rows:
+        return []
+    matrix = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), -1).astype(np.float64)
+    q = np.asarray(queries, dtype=np.float64)
+    cosines = (matrix @ q.T) / (np.linalg.norm(matrix, axis=1)[:, None] * np.linalg.norm(q, axis=1)[None, :] + 1e-30)
+    scores = cosines.max(axis=1)
+    best = np.argsort(-scores, kind="stable")[:count]
+    return [Hit(rows[int(k)][0], round(float(scores[k]), 6), rows[int(k)][1]) for k in best]
+
+
+def _search_args(body: dict[str, Any]) -> tuple[list[str], int, float | None]:
+    """A search's queries, how many results, and the score below which none is given; what is not done here
+    (filters, rewriting the query) is a 400 rather than silently ignored."""
+    raw = body.get("query")
+    queries = [raw] if isinstance(raw, str) else raw
+    if not isinstance(queries, list) or not queries or not all(isinstance(q, str) and q.strip() for q in queries):
+        raise HTTPError(400, "`query` must be a non-empty string or a list of them", param="query")
+    if len(queries) > MAX_QUERIES:
+        raise HTTPError(400, f"at most {MAX_QUERIES} queries in one search, not {len(queries):,}", param="query")
+    count = body.get("max_num_results", 10)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_RESULTS:
+        raise HTTPError(400, f"`max_num_results` must be a whole number from 1 to {MAX_RESULTS}",
+                        param="max_num_results")
+    if body.get("filters") is not None:
+        raise HTTPError(400, "`filters` are not supported: a collection's entries have no attributes",
+                        param="filters")
+    if body.get("rewrite_query") is True:
+        raise HTTPError(400, "`rewrite_query` is not supported: the query is searched as it is sent",
+                        param="rewrite_query")
+    ranking = body.get("ranking_options") or {}
+    if not isinstance(ranking, dict):
+        raise HTTPError(400, "`ranking_options` must be an object", param="ranking_options")
+    threshold = ranking.get("score_threshold")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                  or not -1 <= threshold <= 1):
+        raise HTTPError(400, "`ranking_options.score_threshold` must be a number from -1 to 1 (a cosine)",
+                        param="ranking_options.score_threshold")
+    return queries, count, None if threshold is None else float(threshold)
+
+
+def _described(names: list[str]) -> list[tuple[Any, int]]:
+    from localgen.embeddings import store as collections
+
+    return [(collections.described(n), collections.stored_bytes(n)) for n in names]
+
+
+def _store(described: tuple[Any, int]) -> dict[str, Any]:
+    """A collection as OpenAI's vector store object (its entries counted as files: each is one text)."""
+    x, size = described
+    counts = {"in_progress": 0, "completed": x.entries, "failed": 0, "cancelled": 0, "total": x.entries}
+    return {"id": x.name, "object": "vector_store", "name": x.name, "created_at": int(x.created),
+            "last_active_at": int(x.last_written), "usage_bytes": size, "file_counts": counts, "status": "completed",
+            "expires_after": None, "expires_at": None,
+            "metadata": {"model": x.model, "pooling": x.pooling, "dimensions": str(x.dimensions)}}

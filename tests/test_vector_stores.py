@@ -1,0 +1,136 @@
+"""serve --collection NAME: embeddings collections offered read-only as OpenAI's vector stores, through the real
+`openai` client against the real server (docs/api.md, "Vector stores"): the listing and one store, a search that
+ranks as `localgen similar` does, the search's bounds and errors, and serve's start-up checks."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import CLI
+from tests.test_serve import Server
+
+KEY = "sk-vector-test"
+TEXTS = {"cats": "Cats are small furry pets that purr and chase mice.",
+         "rust": "Rust is a systems programming language with a borrow checker.",
+         "paris": "Paris is the capital of France, on the river Seine."}
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def home_env(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A home with collection `notes` (SmolLM2's mean-pooled vectors) and `lasts` (the same with last pooling)."""
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path_factory.mktemp("vs") / "home")}
+    lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in TEXTS.items())
+    for name, extra in (("notes", ()), ("lasts", ("--pooling", "last"))):
+        r = CLI(env)("embed", "--store", name, *extra, input=lines)
+        assert r.returncode == 0, r.stderr
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(home_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(home_env, "--api-key", KEY, "-np", "2", "--ctx", "512", "--collection", "notes",
+               "--collection", "lasts")
+    yield s
+    assert s.stop() == 0
+
+
+def test_collections_are_listed_and_searched_as_openais_vector_stores(server: Server, home_env: dict[str, str]) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    listed = client.vector_stores.list()
+    assert [s.id for s in listed.data] == ["notes", "lasts"] and not listed.has_more
+    one = client.vector_stores.retrieve("notes")
+    assert (one.name, one.status, one.file_counts.completed, one.file_counts.total) == ("notes", "completed", 3, 3)
+    assert one.metadata == {"model": "smollm2:135m", "pooling": "mean", "dimensions": "576"}
+    assert one.usage_bytes > 576 * 4 * 3  # three float32 vectors and their texts
+
+    page = client.vector_stores.search("notes", query=QUESTION, max_num_results=2)
+    got = [(d.file_id, d.score, d.content[0].text) for d in page.data]
+    similar = CLI(home_env)("similar", "notes", QUESTION, "-n", "2")
+    assert similar.returncode == 0, similar.stderr
+    expected = [(d["id"], d["score"], d["content"]) for d in map(json.loads, similar.stdout.splitlines())]
+    assert got == expected and got[0][0] == "paris", got  # the same ranking and scores as `localgen similar`
+    assert [d.filename for d in page.data] == [g[0] for g in got] and page.search_query == [QUESTION]
+
+    # several queries: each text scored by the query it is most like
+    both = client.vector_stores.search("notes", query=[QUESTION, "a purring pet"], max_num_results=3)
+    top2 = {d.file_id for d in both.data[:2]}
+    assert top2 == {"paris", "cats"}, [(d.file_id, d.score) for d in both.data]
+    # a threshold keeps only the scores at or above it
+    cut = client.vector_stores.search("notes", query=QUESTION, ranking_options={"score_threshold": got[0][1]})
+    assert [d.file_id for d in cut.data] == ["paris"]
+
+
+def test_a_search_says_what_it_cannot_do(server: Server) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.vector_stores.search("nosuch", query="x")
+    assert "offered here: notes, lasts" in str(missing.value)
+    for bad, param in (({"query": ""}, "query"), ({"query": []}, "query"),
+                       ({"query": "x", "max_num_results": 0}, "max_num_results"),
+                       ({"query": "x", "max_num_results": 51}, "max_num_results"),
+                       ({"query": "x", "filters": {"type": "eq", "key": "a", "value": "b"}}, "filters"),
+                       ({"query": "x", "rewrite_query": True}, "rewrite_query")):
+        r = httpx.post(f"{server.url}/v1/vector_stores/notes/search", json=bad,
+                       headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)
+    # the key guards the stores as every route: their texts are the collection owner's
+    assert httpx.get(f"{server.url}/v1/vector_stores", timeout=10).status_code == 401
+    # read-only: a store is made and changed with `localgen embed --store`
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.post(f"{server.url}/v1/vector_stores", json={"name": "x"}, headers=auth, timeout=10).status_code == 405
+    assert httpx.delete(f"{server.url}/v1/vector_stores/notes", headers=auth, timeout=10).status_code == 405
+    # a collection whose vectors another pooling made cannot be searched with this model's: a 400 that says so
+    with pytest.raises(openai.BadRequestError) as other:
+        client.vector_stores.search("lasts", query=QUESTION)
+    assert "made with last pooling" in str(other.value) and "mean pooling" in str(other.value)
+
+
+def test_serve_refuses_a_collection_it_cannot_offer(home_env: dict[str, str], tmp_path: Path) -> None:
+    """Checked before the port is taken: an unknown collection (naming those there are), one on an address
+    others reach with no key; and, with no collections at all, a hint at how to make one."""
+    cli = CLI(home_env)
+    r = cli("serve", "--collection", "nosuch", "--port", "1")
+    assert r.returncode == 2 and "no collection named 'nosuch' (there are: notes, lasts)" in r.stderr, r.stderr
+    r = cli("serve", "--collection", "notes", "--host", "0.0.0.0", "--port", "1")
+    assert r.returncode == 2 and "with no API key would let anyone" in r.stderr, r.stderr
+    r = CLI({**home_env, "LOCALGEN_HOME": str(tmp_path / "empty")})("serve", "--collection", "notes", "--port", "1")
+    assert r.returncode == 2 and "there are no collections yet" in r.stderr and "embed --store" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_collection_of_a_model_file_is_searched_once_serve_offers_that_file(
+        home_env: dict[str, str], tmp_path: Path) -> None:
+    """A collection made with `-m FILE` (the tiny BERT, an encoder with CLS pooling): serve without that model is
+    refused with the -m that serves it; with it, the search ranks as `localgen similar` does."""
+    import openai
+
+    from tests.tiny_bert import build
+
+    bert = str(build(tmp_path / "tiny-bert.gguf"))
+    cli = CLI(home_env)
+    r = cli("embed", "-m", bert, "--store", "bert", input="the cat sat on the mat\nstocks fell in paris\n")
+    assert r.returncode == 0, r.stderr
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    r = cli("serve", "--collection", "bert", "--no-on-demand", "--ctx", "512", "--port", port)
+    assert r.returncode == 2 and "was made with tiny-bert" in r.stderr and f"-m {bert}" in r.stderr, r.stderr
+    s = Server(home_env, "-m", bert, "--collection", "bert", "--api-key", KEY)
+    try:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key=KEY)
+        got = [(d.file_id, d.score) for d in client.vector_stores.search("bert", query="a cat on a mat").data]
+    finally:
+        assert s.stop() == 0
+    similar = cli("similar", "bert", "a cat on a mat")
+    assert got == [(d["id"], d["score"]) for d in map(json.loads, similar.stdout.splitlines())], (got, similar)
