@@ -86,10 +86,15 @@ def test_function_tools_and_tool_choice_as_chat_completions() -> None:
                                                        "parameters": {"type": "object"}}}]
     assert r._choice("required") == "required" and r._choice(None) is None
     assert r._choice({"type": "function", "name": "f"}) == {"type": "function", "function": {"name": "f"}}
-    for other in ("web_search", "file_search"):
+    for other in ("web_search", "code_interpreter"):
         with pytest.raises(HTTPError) as e:
             r._tools([{"type": other}])
-        assert e.value.param == "tools" and "only function tools" in e.value.message
+        assert e.value.param == "tools" and "only function and file_search tools" in e.value.message
+    # file_search is the server's own (serve/filesearch.py): no tool for the model; beside functions, the functions
+    assert r._tools([{"type": "file_search", "vector_store_ids": ["notes"]}]) is None
+    assert r._tools([{"type": "file_search"}, {"type": "function", "name": "f"}]) == [
+        {"type": "function", "function": {"name": "f", "description": "", "parameters": {"type": "object",
+                                                                                       "properties": {}}}}]
     for bad in ("sometimes", {"type": "allowed_tools"}, {"type": "function"}):
         with pytest.raises(HTTPError) as e:
             r._choice(bad)

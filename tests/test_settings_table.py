@@ -110,11 +110,13 @@ def _parsers() -> list[tuple[str, Any, dict[str, Any], str | None]]:
     and where its sampling fields go (None: the body; Ollama: `options`)."""
     from localgen.serve import anthropic, ollama, openai, responses
     from localgen.serve.responsestore import ResponseStore
+    from localgen.serve.state import ServeState
 
     chat = [{"role": "user", "content": "hi"}]
     return [("openai", openai.CHAT, {"messages": chat}, None), ("openai", openai.COMPLETIONS, {"prompt": "hi"}, None),
             ("anthropic", anthropic.MESSAGES, {"max_tokens": 5, "messages": chat}, None),
-            ("responses", responses.Responses(ResponseStore(Path("/nonexistent/unused.db"))), {"input": "hi"}, None),
+            ("responses", responses.Responses(ResponseStore(Path("/nonexistent/unused.db")), ServeState(workers={})),
+             {"input": "hi"}, None),
             ("ollama", ollama.CHAT, {"messages": chat}, "options"), ("ollama", ollama.GENERATE, {"prompt": "hi"},
                                                                     "options")]
 

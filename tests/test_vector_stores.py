@@ -134,3 +134,57 @@ def test_a_collection_of_a_model_file_is_searched_once_serve_offers_that_file(
         assert s.stop() == 0
     similar = cli("similar", "bert", "a cat on a mat")
     assert got == [(d["id"], d["score"]) for d in map(json.loads, similar.stdout.splitlines())], (got, similar)
+
+
+def test_responses_file_search_answers_from_the_store(server: Server) -> None:
+    """The Responses API's file_search tool: the request's question searched for in the stores it names, a
+    file_search_call item before the answer (its results with include), the texts put into the question under
+    their ids (what input_items then lists), its events when streamed, and what it refuses."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    tool = {"type": "file_search", "vector_store_ids": ["notes"], "max_num_results": 2}
+    r = client.responses.create(model="smollm2:135m", input=QUESTION, max_output_tokens=16, temperature=0,
+                                tools=[tool], include=["file_search_call.results"])
+    assert [o.type for o in r.output] == ["file_search_call", "message"], r.output
+    call = r.output[0]
+    assert call.type == "file_search_call" and call.queries == [QUESTION] and call.status == "completed"
+    found = client.vector_stores.search("notes", query=QUESTION, max_num_results=2)
+    assert call.results is not None
+    assert [(x.file_id, x.score, x.text) for x in call.results] == \
+        [(d.file_id, d.score, d.content[0].text) for d in found.data]
+    assert r.tools[0].type == "file_search" and r.tools[0].max_num_results == 2
+    # the question the model answered has the texts ahead of it, each under its id
+    asked = client.responses.input_items.list(r.id).data
+    assert len(asked) == 1 and asked[0].type == "message"
+    text = asked[0].content[0].text  # type: ignore[union-attr]
+    assert text.endswith(f"Question: {QUESTION}") and f"[paris]\n{TEXTS['paris']}" in text, text
+    assert "[cats]" not in text  # only the two best
+
+    # without include the item says what was searched for, not what was found
+    plain = client.responses.create(model="smollm2:135m", input=QUESTION, max_output_tokens=4, tools=[tool])
+    assert plain.output[0].type == "file_search_call" and plain.output[0].results is None
+
+    # a continuation searches for its own input, never an earlier turn's
+    follow = client.responses.create(model="smollm2:135m", input="Tell me about a purring pet.", max_output_tokens=4,
+                                     tools=[tool], previous_response_id=r.id, include=["file_search_call.results"])
+    assert follow.output[0].type == "file_search_call"
+    assert follow.output[0].queries == ["Tell me about a purring pet."]
+    assert follow.output[0].results and follow.output[0].results[0].file_id == "cats"
+
+    events = list(client.responses.create(model="smollm2:135m", input=QUESTION, max_output_tokens=4, tools=[tool],
+                                          stream=True))
+    kinds = [e.type for e in events if not e.type.endswith(".delta")]
+    final = events[-1].response  # type: ignore[union-attr]
+    assert kinds[:7] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.file_search_call.in_progress", "response.file_search_call.searching",
+                         "response.file_search_call.completed", "response.output_item.done"], kinds
+    assert [o.type for o in final.output] == ["file_search_call", "message"]
+
+    for tools, words in (([{"type": "file_search", "vector_store_ids": ["nosuch"]}], "No vector store found"),
+                         ([tool, tool], "at most one file_search tool"),
+                         ([{**tool, "filters": {"type": "eq", "key": "a", "value": 1}}], "filters are not supported"),
+                         ([{"type": "file_search", "vector_store_ids": []}], "vector_store_ids")):
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.responses.create(model="smollm2:135m", input=QUESTION, tools=tools)  # type: ignore[arg-type]
+        assert words in str(bad.value), bad.value

@@ -14,6 +14,7 @@ from typing import Any
 
 from localgen.backend import Completion
 from localgen.serve.apierror import HTTPError, without_paths
+from localgen.serve.filesearch import DEFAULT_RESULTS
 from localgen.serve.jobs import Event, Job
 from localgen.serve.pipeline import parts
 from localgen.serve.responsestore import ResponseStore
@@ -36,12 +37,14 @@ class Encoder:
     media_type = "text/event-stream"
 
     def __init__(self, body: dict[str, Any], model: str, request: GenerationRequest, store: ResponseStore | None,
-                 conversation: list[dict[str, Any]], inputs: int = -1) -> None:
+                 conversation: list[dict[str, Any]], inputs: int = -1, searched: dict[str, Any] | None = None) -> None:
         self.ident, self.created, self.model, self.store = new_id("resp"), int(time.time()), model, store
         self.conversation = conversation
         self.inputs = inputs  # how many of the conversation's messages are this request's input
         self.seq = 0  # the next event's sequence_number
-        self.output: list[dict[str, Any]] = []  # the items closed so far, whole
+        # the items closed so far, whole: first the file_search_call the request's search made (serve/filesearch.py)
+        self.output: list[dict[str, Any]] = [searched] if searched is not None else []
+        self.searched = searched
         self.kind: str | None = None  # the open item's: reasoning or message
         self.item, self.text = "", ""  # the open item's id and text
         self.content = ""  # the answer's, so far
@@ -58,8 +61,7 @@ class Encoder:
             said["verbosity"] = text["verbosity"]
         self.echo = {
             "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
-            "tools": [{"type": "function", "name": t.get("name"), "description": t.get("description"),
-                       "parameters": t.get("parameters"), "strict": t.get("strict")} for t in tools],
+            "tools": [_echoed_tool(t) for t in tools],
             "tool_choice": choice,
             "parallel_tool_calls": body.get("parallel_tool_calls") is not False,  # checked by parse (flag)
             "temperature": request.sampling.temperature, "top_p": request.sampling.top_p,
@@ -86,8 +88,16 @@ class Encoder:
         return f"event: {kind}\ndata: {data}\n\n".encode()
 
     def opening(self, first: Event) -> list[bytes]:
-        return [self.event(f"response.{s}", response=self.response("in_progress", [])) for s in ("created",
-                                                                                                "in_progress")]
+        out = [self.event(f"response.{s}", response=self.response("in_progress", [])) for s in ("created",
+                                                                                               "in_progress")]
+        if self.searched is not None:  # done before the model began: its item's events, then the answer's
+            at = {"output_index": 0, "item_id": self.searched["id"]}
+            opened = {**self.searched, "status": "in_progress", "queries": [], "results": None}
+            out += [self.event("response.output_item.added", output_index=0, item=opened),
+                    *(self.event(f"response.file_search_call.{s}", **at) for s in ("in_progress", "searching",
+                                                                                   "completed")),
+                    self.event("response.output_item.done", output_index=0, item=self.searched)]
+        return out
 
     def said(self, pieces: list[Said]) -> list[bytes]:
         """The events for pieces of the answer (text, reasoning, tool calls)."""
@@ -172,7 +182,8 @@ class Encoder:
     def _end(self, c: Completion) -> tuple[list[bytes], dict[str, Any]]:
         """The last item closed (an empty answer is one empty message), and the response."""
         status = "incomplete" if c.finish_reason in ("length", "context") and not self.calls else "completed"
-        out = [*(self.open("message") if self.kind is None and not self.output else []), *self.close(status)]
+        answered = len(self.output) > (self.searched is not None)
+        out = [*(self.open("message") if self.kind is None and not answered else []), *self.close(status)]
         return out, self.response(status, self.output, usage(c))
 
     async def _keep(self, doc: dict[str, Any]) -> None:
@@ -206,6 +217,18 @@ def _item(kind: str, ident: str, text: str | None, status: str) -> dict[str, Any
                 "content": [_part(kind, text)] if text else []}
     return {"type": "message", "id": ident, "status": status, "role": "assistant",
             "content": [] if text is None else [_part(kind, text)]}
+
+
+def _echoed_tool(t: dict[str, Any]) -> dict[str, Any]:
+    """A tool as the response echoes it: a function's fields, or file_search's (serve/filesearch.py)."""
+    if t.get("type") == "file_search":
+        count, ranking = t.get("max_num_results"), t.get("ranking_options") or {}
+        return {"type": "file_search", "vector_store_ids": t.get("vector_store_ids"),
+                "max_num_results": count if count is not None else DEFAULT_RESULTS,
+                "ranking_options": {"ranker": "auto", "score_threshold": ranking.get("score_threshold", 0.0)},
+                "filters": None}
+    return {"type": "function", "name": t.get("name"), "description": t.get("description"),
+            "parameters": t.get("parameters"), "strict": t.get("strict")}
 
 
 def _call_item(ident: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:

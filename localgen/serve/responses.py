@@ -15,6 +15,7 @@ from typing import Any
 
 from starlette.routing import Route
 
+from localgen.serve import filesearch
 from localgen.serve.apierror import HTTPError
 from localgen.serve.ask import (
     Ask,
@@ -26,7 +27,7 @@ from localgen.serve.ask import (
     split_reasoning,
 )
 from localgen.serve.pipeline import Made, route
-from localgen.serve.responseitems import Encoder
+from localgen.serve.responseitems import Encoder, new_id
 from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, check_metadata, default_path
 from localgen.serve.responsestore import routes as store_routes
 from localgen.serve.schema import MAX_SCHEMA_CHARS
@@ -56,7 +57,7 @@ INPUTS: ContextVar[int] = ContextVar("localgen_responses_inputs", default=-1)
 def routes(state: ServeState) -> list[Route]:
     """POST /v1/responses, and the stored responses' GET and DELETE; the store is opened on first use."""
     store = ResponseStore(default_path())
-    return [route(state, "/v1/responses", Responses(store)), *store_routes(store)]
+    return [route(state, "/v1/responses", Responses(store, state)), *store_routes(store)]
 
 
 class Responses:
@@ -64,8 +65,8 @@ class Responses:
 
     claude = False
 
-    def __init__(self, store: ResponseStore) -> None:
-        self.store = store
+    def __init__(self, store: ResponseStore, state: ServeState) -> None:
+        self.store, self.state = store, state
 
     async def parse(self, body: dict[str, Any]) -> Ask:
         flag(body, "store", default=True)
@@ -82,9 +83,15 @@ class Responses:
         lead = [{"role": "system", "content": instructions}] if instructions else []
         inputs = _input_messages(body.get("input"), history)
         INPUTS.set(len(inputs))
+        messages = [*lead, *history, *inputs]
+        searching = _file_search(self.state, body.get("tools"))
+        filesearch.SEARCHED.set(None)
+        if searching is not None:  # the stores searched for the question, their texts put into it
+            messages = await filesearch.run(self.state, searching, messages, len(lead) + len(history),
+                                            "file_search_call.results" in (body.get("include") or []), new_id("fs"))
         return Ask(values=sampling_values(body, "responses"),
                    conversation="input", schema=_text_format(body.get("text")), fit=body.get("truncation") == "auto",
-                   messages=[*lead, *history, *inputs],
+                   messages=messages,
                    tools=_tools(body.get("tools")), tool_choice=_choice(body.get("tool_choice")),
                    parallel_tool_calls=flag(body, "parallel_tool_calls", default=True), thinking=thinking,
                    effort=reasoning.get("effort") if thinking else None, split_reasoning=split_reasoning(body),
@@ -97,7 +104,7 @@ class Responses:
             raise HTTPError(400, f"the conversation is over {MAX_CONVERSATION_CHARS:,} characters, more than a "
                                  "stored response may hold: send it with store: false", param="store")
         return Encoder(body, str(body.get("model") or made.model), made.request, self.store if keep else None,
-                       conversation, inputs=INPUTS.get())
+                       conversation, inputs=INPUTS.get(), searched=filesearch.SEARCHED.get())
 
     async def _history(self, previous: Any) -> list[dict[str, Any]]:
         """The conversation a previous response ended (its instructions are not carried over, as OpenAI's
@@ -266,8 +273,16 @@ def _text(part: Any) -> str:
     return str(part["text"])
 
 
+def _file_search(state: ServeState, raw: Any) -> filesearch.FileSearch | None:
+    """The request's file_search tool, checked (at most one: it names every store to search)."""
+    found = [t for t in raw if isinstance(t, dict) and t.get("type") == "file_search"] if isinstance(raw, list) else []
+    if len(found) > 1:
+        raise HTTPError(400, "at most one file_search tool: list every store in its vector_store_ids", param="tools")
+    return filesearch.tool(state, found[0]) if found else None
+
+
 def _tools(raw: Any) -> Any:
-    """Function tools as chat completions' (the tool plan reads those)."""
+    """Function tools as chat completions' (the tool plan reads those); file_search is the server's own."""
     if raw is None:
         return None
     if not isinstance(raw, list):
@@ -275,8 +290,11 @@ def _tools(raw: Any) -> Any:
     out = []
     for i, t in enumerate(raw):
         kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "file_search":
+            continue
         if kind != "function":
-            raise HTTPError(400, f"only function tools are served here, not {kind!r}", param="tools")
+            raise HTTPError(400, f"only function and file_search tools are served here, not {kind!r}",
+                            param="tools")
         assert isinstance(t, dict)
         if t.get("strict") not in (None, True, False):  # echoed as given
             raise HTTPError(400, "a tool's strict must be true or false", param="tools")
@@ -284,7 +302,7 @@ def _tools(raw: Any) -> Any:
         fn = {"name": t.get("name"), "description": t.get("description") or "",
               "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
         out.append({"type": "function", "function": fn})
-    return out
+    return out if out or not raw else None  # file_search alone: no tools for the model to call
 
 
 def _choice(raw: Any) -> Any:

@@ -51,27 +51,47 @@ def routes(state: ServeState) -> list[Route]:
         name = offered(request.path_params["id"])
         return JSONResponse(_store((await asyncio.to_thread(_described, [name]))[0]))
 
-    async def search(request: Request) -> Response:
+    async def searched(request: Request) -> Response:
         name = offered(request.path_params["id"])
         body = await read_json(request)
         queries, count, threshold = _search_args(body)
-        from localgen.embeddings import store as collections
-
-        coll = await asyncio.to_thread(collections.get, name)
-        worker = state.worker(coll.model)
-        from localgen.serve.embeds import embed
-
-        vectors = (await embed(worker, queries, coll.dimensions, truncate=True, http=request,
-                               pooling=coll.pooling)).values
-        rows = await asyncio.to_thread(collections.vectors, name)
-        hits = [h for h in rank(rows, [v.vector for v in vectors], count) if threshold is None or h.score >= threshold]
+        hits = await search(state, name, queries, count, threshold, request)
         return JSONResponse({"object": "vector_store.search_results.page", "search_query": queries,
                              "data": [{"file_id": h.id, "filename": h.id, "score": h.score, "attributes": {},
                                        "content": [{"type": "text", "text": h.text}]} for h in hits],
                              "has_more": False, "next_page": None})
 
-    return [Route("/v1/vector_stores", listing), Route("/v1/vector_stores/{id:path}/search", search, methods=["POST"]),
+    return [Route("/v1/vector_stores", listing),
+            Route("/v1/vector_stores/{id:path}/search", searched, methods=["POST"]),
             Route("/v1/vector_stores/{id:path}", one)]
+
+
+def check_offered(state: ServeState, ident: object, param: str) -> str:
+    """A vector store's id, one that serve --collection offers; else a 400 naming the ones it does (a 404 is the
+    store routes' own answer)."""
+    if not isinstance(ident, str) or ident not in state.collections:
+        there = ", ".join(state.collections) or "none: serve offers a collection with --collection NAME"
+        raise HTTPError(400, f"No vector store found with id '{str(ident)[:100]}' (offered here: {there})",
+                        param=param)
+    return ident
+
+
+async def search(state: ServeState, name: str, queries: list[str], count: int, threshold: float | None = None,
+                 http: Request | None = None) -> list[Hit]:
+    """The `count` texts of an offered collection most like the queries (at or above `threshold`), the queries
+    embedded on the collection's model through its worker."""
+    from localgen.embeddings import store as collections
+    from localgen.errors import LocalgenError
+    from localgen.serve.embeds import embed
+
+    try:
+        coll = await asyncio.to_thread(collections.get, name)
+    except LocalgenError as e:  # removed (localgen collections rm) since serve started
+        raise HTTPError(404, f"vector store '{name[:100]}' is gone: {e.message}", param="vector_store_id") from None
+    worker = state.worker(coll.model)
+    vectors = (await embed(worker, queries, coll.dimensions, truncate=True, http=http, pooling=coll.pooling)).values
+    rows = await asyncio.to_thread(collections.vectors, name)
+    return [h for h in rank(rows, [v.vector for v in vectors], count) if threshold is None or h.score >= threshold]
 
 
 def rank(rows: list[tuple[str, str, bytes]], queries: list[list[float]], count: int) -> list[Hit]:
