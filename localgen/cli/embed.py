@@ -370,29 +370,11 @@ def run_embed(f: EmbedArgs) -> None:
 def run_similar(f: SimilarArgs) -> None:
     """Embed the query as the collection was made, and rank its texts by cosine similarity."""
 
-    import numpy as np
-
-    from localgen.embeddings import store as collections
-    from localgen.engine.embed import ContextTooSmall
+    from localgen.embeddings.retrieve import Retriever
     from localgen.text import checked
 
     query = checked(_asked(f.query), "the query")
-    coll = collections.get(f.collection)
-    rows = collections.vectors(f.collection)
-    backend = _backend(f, coll.model_spec)
-    try:
-        q = backend.embed([query], coll.pooling, coll.normalized,
-                          coll.dimensions if coll.dimensions else None, truncate=f.truncate)[0].vector
-    except ContextTooSmall as e:  # refused once tokenized, before any of it is embedded: as embed refuses a text
-        window = backend.embedder(coll.pooling).n_ctx
-        raise UsageError(f"the query is {e.n:,} tokens; the embeddings window is {window:,}",
-                         hint=f"give a shorter query, or --truncate to embed its first {window:,} tokens") from None
-    finally:
-        backend.close()
-    if not rows:
-        return
-    matrix = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), -1).astype(np.float64)
-    qv = np.asarray(q, dtype=np.float64)
-    scores = matrix @ qv / (np.linalg.norm(matrix, axis=1) * np.linalg.norm(qv) + 1e-30)
-    best = np.argsort(-scores, kind="stable")[:f.count]
-    _ndjson({"id": rows[int(k)][0], "score": round(float(scores[k]), 6), "content": rows[int(k)][1]} for k in best)
+    with Retriever(f.collection, lambda spec: _backend(f, spec)) as retriever:
+        vector = retriever.embed_query(query, truncate=f.truncate)
+    hits = retriever.rank(vector, f.count)
+    _ndjson({"id": h.id, "score": h.shown_score, "content": h.text} for h in hits)

@@ -14,10 +14,10 @@ _SAMPLING = {"temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "st
 _LOADING = {"model", "ctx", "threads", "gpu_layers", "offline"}
 COMMON: dict[str, frozenset[str]] = {
     "run": frozenset({"prompt_arg", "prompt", "raw", "document", "file", "parallel", "image", "attach", "json_out",
-                      "stats", "think", "continue_", "no_log", "grammar", "json_schema", "endpoint", "verbose",
+                      "stats", "think", "continue_", "no_log", "grammar", "json_schema", "endpoint", "rag", "verbose",
                       *_SAMPLING, *_LOADING}),
     "chat": frozenset({"name", "resume", "list_", "plain", "stats", "compact", "think", "no_log", "endpoint",
-                       "functions", "mcp", "verbose", *_SAMPLING, *_LOADING}),
+                       "functions", "mcp", "rag", "verbose", *_SAMPLING, *_LOADING}),
     "serve": frozenset({"models", "host", "port", "parallel", "api_key", "api_key_file", "keep_alive", "max_models",
                         "max_memory", "cors", "quiet", "verbose", *_SAMPLING, *_LOADING} - {"system", "model"}),
 }

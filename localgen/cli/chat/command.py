@@ -53,6 +53,7 @@ def chat(
     tools: o.ToolOptions,
     output: o.OutputFormat,
     remote: o.RemoteOptions,
+    rag: o.RagOptions,
     knobs: Knobs,
 ) -> None:
     """Chat with a model. Type /help inside for commands.
@@ -69,7 +70,7 @@ def chat(
     args = ChatArgs(context=ctx_, name=name, resume=resume, list_=list_, plain=plain, stats=stats, compact=compact,
                     prompt_cache=prompt_cache, model=model, offline=offline, chat_template_file=chat_template_file,
                     mmproj=mmproj, system=system, no_log=no_log, verbose=verbose, think=think, tools=tools,
-                    output=output, remote=remote, knobs=knobs)
+                    output=output, remote=remote, rag=rag, knobs=knobs)
     if args.list_:
         print_list()
         return

@@ -23,7 +23,7 @@ from localgen.text import checked
 
 def start(plan: ChatPlan) -> None:
     """Open the conversation, load the model and chat: the REPL on a terminal, else the scripted loop."""
-    from localgen.chat.runner import ChatRunner
+    from localgen.chat.runner import ChatRunner, has_template
 
     load, send = plan.load, plan.send
     endpoints = list(load.endpoints)
@@ -38,16 +38,29 @@ def start(plan: ChatPlan) -> None:
                     model_given=load.model_given, yes=tools is not None and tools.yes, compact=plan.compact)
     view.loader = (lambda name: remote_backend(endpoints, name, load.assumed_ctx, view)) if endpoints else (
         lambda name: load_backend(name, load, view))
+    if send.rag is not None:  # its embedding model loads first, and stays for the chat
+        from localgen.cli.options.rag import Rag
+
+        view.rag = Rag(send.rag, load, view.warning)
+        try:
+            view.rag.retriever.load()
+        except BaseException:
+            view.rag.close()
+            raise
     toolbox = open_toolbox(tools)
     try:
         backend = view.loader(session.model)
     except ModelNotFoundError as e:
+        if view.rag is not None:
+            view.rag.close()
         if toolbox is not None:
             toolbox.close()
         if plan.resume and not load.model_given:  # the resumed conversation's model is gone
             raise model_gone(session.name, session.model, e, "resume") from None
         raise
     except BaseException:
+        if view.rag is not None:
+            view.rag.close()
         if toolbox is not None:
             toolbox.close()
         raise
@@ -78,6 +91,10 @@ def start(plan: ChatPlan) -> None:
                 view.info(f"tools: {names} · " + ("calls run without asking (--yes)" if view.yes else
                                                      "each call asks first (y / n / always)"))
         backend.render(runner.request([{"role": "user", "content": "hi"}]))  # no usable chat template: say so now
+        if view.rag is not None and not has_template(backend):
+            raise UsageError(f"{backend.name} has no chat template (it may be a base model): --rag needs one, as it "
+                             "puts the excerpts into a chat message", hint="use a chat model, or give "
+                                                                          "--chat-template-file")
         if plan.resume:
             restore_state(runner, view)
         if plan.interactive:
@@ -90,6 +107,8 @@ def start(plan: ChatPlan) -> None:
     finally:
         save_state(runner)
         runner.backend.close()
+        if view.rag is not None:
+            view.rag.close()
         if toolbox is not None:
             toolbox.close()
 
@@ -306,11 +325,12 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
             return True
         if command_ok and text.startswith("/"):
             return run_command(text, runner, view)
-        if view.attachments:
-            text = "\n\n".join([*view.attachments, text])
-            view.attachments.clear()
+        before = list(view.attachments)
+        text = checked(text, "the message")
+        text = _with_excerpts(text, before, runner, view) if view.rag is not None else "\n\n".join([*before, text])
+        view.attachments.clear()
         with summary_interrupts(runner):  # Ctrl-C while a summary is written stops only the summary
-            first = runner.start(checked(text, "the message"), view.media)
+            first = runner.start(text, view.media)
         view.media.clear()
     except KeyboardInterrupt:  # Ctrl-C between Enter and the answer (fitting a long history to the window)
         if not view.interactive:
@@ -323,7 +343,26 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
         view.error(e.message, e.hint)
         return True
     stream(runner, view, first)
+    messages = runner.session.messages
+    if view.rag is not None and messages and messages[-1]["role"] != "user" and (view.interactive or view.err.tty):
+        from localgen.embeddings.retrieve import sources_line
+
+        view.info(sources_line(view.rag.last))  # (an answer was kept: a question taken back has none)
     return True
+
+
+def _with_excerpts(question: str, before: list[str], runner: Any, view: ChatView) -> str:
+    """--rag: the message with the question's excerpts before it (after what /read attached), those that fit
+    the window with the system prompt and room for the answer; the lowest-scoring are left out first, said in
+    one line. Older turns leave the window before excerpts do (chat's window, chat/runner.py)."""
+    hits = view.rag.search(question)
+    limit = int(runner.backend.n_ctx) - runner.reserve()
+    head = runner.head()
+
+    def fits(message: str) -> bool:
+        return bool(runner.count([*head, {"role": "user", "content": "\n\n".join([*before, message])}]) <= limit)
+
+    return "\n\n".join([*before, view.rag.message(question, hits, fits, view.info)])
 
 
 def attach_dropped(text: str, runner: Any, view: ChatView) -> bool:

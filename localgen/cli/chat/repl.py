@@ -28,6 +28,7 @@ COMMANDS = {
     "/compact": "[N]: summarize all but the last N exchanges (1) now; the messages stay saved",
     "/tools": "the tools the model may call (--functions, --mcp)",
     "/think": "the last answer's thinking, whole (it is folded to one line)",
+    "/sources": "the excerpts --rag sent with the last message, in full",
     "/exit": "leave (also Ctrl-D)",
 }
 KEYS_HELP = (

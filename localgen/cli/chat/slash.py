@@ -324,9 +324,21 @@ def _tools(runner: Any, view: Any, arg: str) -> None:
         view.info(f"{spec.name}({params}){allowed}: {spec.description.splitlines()[0] if spec.description else ''}")
 
 
+def _sources(runner: Any, view: Any, arg: str) -> None:
+    """--rag: the excerpts the last message was sent with, in full, best first."""
+    if view.rag is None:
+        raise UsageError("/sources shows the excerpts of --rag: start the chat with --rag COLLECTION")
+    if not view.rag.last:
+        view.info("no excerpts yet: they come with your next message" if not runner.session.messages else
+                  "the last message was sent without excerpts")
+        return
+    for hit in view.rag.last:
+        view.info(f"[{hit.id}] (score {hit.score:.3f})\n{hit.text}")
+
+
 COMMANDS: dict[str, Handler] = {
     "/exit": _exit, "/bye": _exit, "/quit": _exit, "/help": _help, "/?": _help, "/set": _set, "/show": _show,
     "/system": _system, "/clear": _clear, "/undo": _undo, "/retry": _retry, "/read": _read, "/save": _save,
     "/load": _load, "/model": _model, "/stats": _stats, "/context": _context, "/compact": _compact, "/tools": _tools,
-    "/think": _think, "/image": _media("image"), "/audio": _media("audio"), "/detach": _detach,
+    "/think": _think, "/sources": _sources, "/image": _media("image"), "/audio": _media("audio"), "/detach": _detach,
 }

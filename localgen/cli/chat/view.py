@@ -32,6 +32,7 @@ class ChatView:
     yes: bool = False  # tool calls run without asking (--yes)
     always: set[str] = field(default_factory=set)  # tools the user allowed for the rest of the chat
     compact: bool | None = None  # --compact / --no-compact, over a loaded chat's own choice (None: not given)
+    rag: Any = None  # --rag: the collection each message's excerpts come from (cli/options/rag.py Rag), or None
 
     def ask(self, question: str) -> str:
         """A question to the user on the terminal (scripted chats never ask: they need --yes)."""

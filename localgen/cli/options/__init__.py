@@ -249,6 +249,27 @@ class RemoteOptions(OptionGroup):
     api_key_env: ApiKeyEnv = None
 
 
+RAG_PANEL = "Answer from your documents"
+
+
+@dataclass(frozen=True)
+class RagOptions(OptionGroup):
+    """A collection to answer from (docs/rag.md): the excerpts nearest each question go into its message."""
+
+    rag: Annotated[
+        str | None,
+        typer.Option("--rag", metavar="COLLECTION", rich_help_panel=RAG_PANEL, show_default=False,
+                     help="Answer from this collection (made with `embed --store`): the excerpts nearest each "
+                          "question (--rag-top of them) go before it in the message, each named by its id for the "
+                          "model to cite; stdout stays the answer alone."),
+    ] = None
+    rag_top: Annotated[
+        int, typer.Option("--rag-top", min=1, rich_help_panel=RAG_PANEL,
+                          help="With --rag: how many excerpts each question gets (the lowest-scoring are left out "
+                               "where they do not fit the context window).")
+    ] = 4
+
+
 Offline = Annotated[
     bool,
     typer.Option("--offline", envvar="LOCALGEN_OFFLINE", rich_help_panel=MODEL_PANEL,
@@ -334,6 +355,7 @@ class ModelArgs(CommandArgs):
     tools: ToolOptions
     output: OutputFormat
     remote: RemoteOptions
+    rag: RagOptions
     knobs: Knobs
 
 

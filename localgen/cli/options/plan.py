@@ -62,6 +62,15 @@ class SendPlan:
     sampling: SamplingFlags
     prompt_cache: bool  # keep the KV state of a long shared prefix on disk (a model loaded here)
     tools: ToolOptions | None  # the tools the model may call; None: none
+    rag: RagPlan | None = None  # --rag: the collection each question's excerpts come from
+
+
+@dataclass(frozen=True)
+class RagPlan:
+    """--rag COLLECTION --rag-top K: the collection is known and has entries (checked before anything loads)."""
+
+    collection: str
+    top: int
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,7 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
                              "calls run", hint=rules.ask_hint)
     elif args.given("tool_choice") or args.given("tool_steps") or args.given("tool_timeout"):
         raise UsageError(TOOL_FLAGS_WITHOUT_TOOLS)
+    rag = _check_rag(args)
     sampling = args.knobs.sampling_flags()
     from localgen.cli.options.files import output_grammar
 
@@ -125,8 +135,25 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
                     load_given=frozenset(n for n in LOAD_KNOBS if args.knobs.given(n)), endpoints=tuple(endpoints))
     send = SendPlan(system=args.system, think=args.think, grammar=None if endpoints else grammar,
                     json_schema=schema if endpoints else None, sampling=sampling,
-                    prompt_cache=args.prompt_cache and keep_states, tools=tools if tools.any else None)
+                    prompt_cache=args.prompt_cache and keep_states, tools=tools if tools.any else None, rag=rag)
     return ModelPlan(load, send)
+
+
+def _check_rag(args: ModelArgs) -> RagPlan | None:
+    """--rag's collection must exist and hold entries (read from the store, nothing loads); --rag-top goes with it."""
+    rag = args.rag
+    refuse_empty(("--rag", rag.rag))
+    if rag.rag is None:
+        if args.given("rag_top"):
+            raise UsageError("--rag-top goes with --rag COLLECTION")
+        return None
+    from localgen.embeddings import store
+
+    store.get(rag.rag)  # an unknown name: an error naming the collections there are
+    if store.described(rag.rag).entries == 0:
+        raise UsageError(f"the collection {rag.rag!r} is empty: there is nothing to answer from",
+                         hint=f"store texts in it with `localgen embed --file FILE --store {rag.rag}`")
+    return RagPlan(rag.rag, rag.rag_top)
 
 
 def endpoints_for(remote: RemoteOptions, model: str | None) -> tuple[list[Endpoint], str | None]:

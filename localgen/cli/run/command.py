@@ -56,6 +56,7 @@ def run(
     tools: o.ToolOptions,
     output: o.OutputFormat,
     remote: o.RemoteOptions,
+    rag: o.RagOptions,
     knobs: Knobs,
 ) -> None:
     """Generate from one prompt (or many) and stream the answer to stdout.
@@ -75,4 +76,4 @@ def run(
                     no_stdin=no_stdin, verbose=verbose,
                     system=system, think=think, document=document, prompt_cache=prompt_cache, many=many,
                     decoding=decoding, media=media, report=report, log=log, tools=tools, output=output,
-                    remote=remote, knobs=knobs)))
+                    remote=remote, rag=rag, knobs=knobs)))

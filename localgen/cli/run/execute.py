@@ -37,6 +37,7 @@ def execute(plan: RunPlan) -> None:
         from localgen.cli.options.tools import open_toolbox
 
         toolbox = open_toolbox(send.tools)
+    hits = retrieve(plan, err) if send.rag is not None else None  # before the model loads: one model at a time
     try:
         backend: Backend = remote_backend(load) if load.remote else open_backend(plan, err)
     except ModelNotFoundError as e:
@@ -58,11 +59,16 @@ def execute(plan: RunPlan) -> None:
     try:
         if not load.remote:
             backend.check_generates()  # type: ignore[attr-defined]  # LocalBackend: an encoder cannot
+            if hits is not None:
+                _needs_template(backend)
             plan = plain_completion(plan, backend, toolbox, err)
         if plan.many is not None:  # --file / --each-line
             raise typer.Exit(run_many(plan.many, plan, backend, err))
         assert plan.thread is not None  # one prompt belongs to a conversation
         thread = plan.thread
+        sources = None
+        if hits is not None:
+            plan, sources = _with_excerpts(plan, backend, thread.turns, hits, err)
         request = single_request(plan, backend, thread.turns)
         if plan.report.verbose_prompt:
             err.line("prompt:\n" + backend.render(_as_sent(send.tools, backend, request, toolbox)))
@@ -76,8 +82,13 @@ def execute(plan: RunPlan) -> None:
             text, stats, finish, seed = run_with_tools(send.tools, plan.report, backend, request, toolbox, err,
                                                        thread.cid)
         else:
-            gen, text = stream(plan.report, backend, request, err, thread.cid)
+            extra = {"sources": [{"id": h.id, "score": h.shown_score} for h in sources]} if sources is not None else {}
+            gen, text = stream(plan.report, backend, request, err, thread.cid, extra)
             stats, finish, seed = gen.stats, str(gen.finish_reason), gen.seed
+            if sources is not None and (err.tty or load.verbose) and not plan.report.json_out:
+                from localgen.embeddings.retrieve import sources_line
+
+                err.line(sources_line(sources))
         conversation.record(err, backend, request, thread.cid, text, stats, finish, model=load.model,
                             no_log=plan.no_log, remote=load.remote, seed=seed)
     except KeyboardInterrupt:  # between whole lines: an answer under way ends its line and says it itself
@@ -87,6 +98,53 @@ def execute(plan: RunPlan) -> None:
         backend.close()
         if toolbox is not None:
             toolbox.close()
+
+
+def retrieve(plan: RunPlan, err: ErrWriter) -> list[Any]:
+    """--rag: the question's excerpts, found with the collection's embedding model, which is freed at once (the
+    generation model loads after it). The question is the prompt's last part (the argument, -p, or stdin)."""
+    from localgen.cli.options.rag import Rag
+
+    assert plan.send.rag is not None and plan.parts
+    try:
+        rag = Rag(plan.send.rag, plan.load, err.warn)
+        try:
+            err.status(f"searching {plan.send.rag.collection} ...")
+            return rag.search(plan.parts[-1])
+        finally:
+            rag.close()
+    except KeyboardInterrupt:
+        err.interrupted(at_line_start=True)
+        raise typer.Exit(130) from None
+
+
+def _needs_template(backend: Backend) -> None:
+    """--rag writes the excerpts into a chat message: a model without a chat template (a base model) is refused."""
+    from localgen.errors import UsageError
+    from localgen.tools.stream import template_of
+
+    if not template_of(backend):
+        raise UsageError(f"{backend.name} has no chat template (it may be a base model): --rag needs one, as it puts "
+                         "the excerpts into a chat message", hint="use a chat model, or give --chat-template-file")
+
+
+def _with_excerpts(plan: RunPlan, backend: Backend, turns: list[Message] | None, hits: list[Any],
+                   err: ErrWriter) -> tuple[RunPlan, list[Any]]:
+    """The plan whose question carries the excerpts that fit the window with room for the answer (the
+    lowest-scoring left out first, said in one line); and those excerpts, the sources."""
+    from localgen.cli.options.rag import answer_room, fitted
+
+    *before, question = plan.parts
+    room = answer_room(int(backend.n_ctx), plan.send.sampling.params(backend.defaults).max_tokens)
+
+    def with_message(message: str) -> RunPlan:
+        return dataclasses.replace(plan, parts=(*before, message))
+
+    def fits(message: str) -> bool:
+        return int(backend.count(single_request(with_message(message), backend, turns))) + room <= backend.n_ctx
+
+    message, kept = fitted(question, hits, fits, err.line)
+    return with_message(message), kept
 
 
 def plain_completion(plan: RunPlan, backend: Backend, toolbox: Any, err: ErrWriter) -> RunPlan:
@@ -211,7 +269,7 @@ def single_request(plan: RunPlan, backend: Backend, turns: list[Message] | None 
 
 
 def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, err: ErrWriter,
-           cid: str | None = None) -> tuple[Any, str]:
+           cid: str | None = None, extra: dict[str, Any] | None = None) -> tuple[Any, str]:
     """Stream one answer to stdout (or one JSON object at the end), its reasoning apart (to stderr with
     --show-thinking); returns the finished Generation and the answer without the reasoning."""
     from localgen.cli.output import AnswerWriter
@@ -254,8 +312,8 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
     if report.json_out:
         from localgen.cli.output import answer_json
 
-        extra = {"text": answer.content, "reasoning": answer.reasoning} if answer.reasoning else {}
-        TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, extra) + "\n")
+        fields = {"text": answer.content, "reasoning": answer.reasoning} if answer.reasoning else {}
+        TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, fields | (extra or {})) + "\n")
     return gen, answer.content
 
 

@@ -72,7 +72,8 @@ def check(f: RunArgs) -> RunPlan:
     _check_combinations(f, many)
     d = f.decoding
     model = shared.check(f, shared.CommandRules(
-        with_tools=(("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams))),
+        with_tools=(("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams)),
+                    ("--rag", bool(f.rag.rag))),
         remote_only=[(flag, f.given(name) and bool(value)) for name, flag, value in (
             ("draft", "--draft", d.draft), ("lookup", "--lookup", d.lookup), ("beams", "--beams", d.beams),
             ("verbose_prompt", "--verbose-prompt", f.report.verbose_prompt),
@@ -114,6 +115,12 @@ def _check_combinations(f: RunArgs, many: bool) -> None:
             raise UsageError(f"{', '.join(dropped)} cannot be used with --file/--each-line (many prompts)")
         if f.prompt_arg is not None:
             raise UsageError("with --file/--each-line, give the instruction with -p, not as an argument")
+    if f.rag.rag is not None:  # the excerpts go into one chat message, and --json carries their sources
+        dropped = [flag for flag, on in (("--file/--each-line", many), ("--raw", f.raw),
+                                         ("--beams", bool(d.beams))) if on]
+        if dropped:
+            raise UsageError(f"--rag cannot be combined with {', '.join(dropped)}",
+                             hint="--rag puts the excerpts into the chat message of one question")
     if f.raw and f.system:
         raise UsageError("--system needs the chat template; it cannot be combined with --raw")
     if d.draft and d.lookup:

@@ -1,0 +1,133 @@
+"""Retrieval from a collection (store.py): the query embedded as the collection's texts were (its stored model,
+pooling, dimensions and normalisation), its entries ranked by cosine similarity, the best K returned. `similar`
+prints them; `run --rag` and `chat --rag` put them into the user's message (`rag_message`, one fixed template
+naming each excerpt by its id), dropping the lowest-scoring ones that do not fit the window (`fit`). A Retriever
+loads its embedding model once, at its first search, and keeps it for many queries (a chat) until closed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from localgen.embeddings import store
+from localgen.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One entry of a collection found for a query."""
+
+    id: str
+    score: float  # cosine similarity with the query
+    text: str
+
+    @property
+    def shown_score(self) -> float:
+        """The score as `similar` prints it (6 decimals)."""
+        return round(self.score, 6)
+
+
+class Retriever:
+    """A collection opened for search. `load(model_spec)` loads the collection's embedding model (the caller's:
+    the CLI loads it as `embed` does) and returns a backend with embed() and embedder(); it runs at the first
+    search, and the model stays loaded until close()."""
+
+    def __init__(self, name: str, load: Callable[[str | None], Any]) -> None:
+        self.name = name
+        self.collection = store.get(name)  # an unknown name: a usage error naming the collections there are
+        self.rows = store.vectors(name)
+        self._load = load
+        self.backend: Any = None
+        self._matrix: Any = None
+
+    def __enter__(self) -> Retriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def require_entries(self) -> None:
+        """A collection with no entry has nothing to answer from: a usage error."""
+        if not self.rows:
+            raise UsageError(f"the collection {self.name!r} is empty: there is nothing to answer from",
+                             hint=f"store texts in it with `localgen embed --file FILE --store {self.name}`")
+
+    def load(self) -> None:
+        """Load the collection's embedding model now (else the first search does), once."""
+        if self.backend is None:
+            self.backend = self._load(self.collection.model_spec)
+
+    def embed_query(self, query: str, truncate: bool = False) -> list[float]:
+        """The query's vector, made as the collection's were (the model loads here the first time). A query
+        longer than the embeddings window is a usage error, or is cut to its first tokens with `truncate`."""
+        from localgen.engine.embed import ContextTooSmall
+
+        c = self.collection
+        self.load()
+        try:
+            return list(self.backend.embed([query], c.pooling, c.normalized, c.dimensions if c.dimensions else None,
+                                           truncate=truncate)[0].vector)
+        except ContextTooSmall as e:  # refused once tokenized, before any of it is embedded: as embed refuses a text
+            window = self.backend.embedder(c.pooling).n_ctx
+            raise UsageError(f"the query is {e.n:,} tokens; the embeddings window is {window:,}",
+                             hint=f"give a shorter query, or --truncate to embed its first {window:,} tokens") from None
+
+    def rank(self, vector: Sequence[float], k: int) -> list[Hit]:
+        """The k entries nearest to a query's vector (cosine), best first; equal scores in stored order."""
+        import numpy as np
+
+        if not self.rows:
+            return []
+        if self._matrix is None:
+            m = np.frombuffer(b"".join(r[2] for r in self.rows), dtype="<f4").reshape(len(self.rows), -1)
+            m = m.astype(np.float64)
+            self._matrix = (m, np.linalg.norm(m, axis=1))
+        matrix, norms = self._matrix
+        qv = np.asarray(vector, dtype=np.float64)
+        scores = matrix @ qv / (norms * np.linalg.norm(qv) + 1e-30)
+        best = np.argsort(-scores, kind="stable")[:k]
+        return [Hit(self.rows[int(i)][0], float(scores[i]), self.rows[int(i)][1]) for i in best]
+
+    def search(self, query: str, k: int, truncate: bool = False) -> list[Hit]:
+        """The k entries nearest to the query, best first."""
+        return self.rank(self.embed_query(query, truncate), k)
+
+    def close(self) -> None:
+        """Free the embedding model (idempotent); a later search loads it again."""
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            backend.close()
+
+
+RAG_INSTRUCTION = ("Answer the question at the end from the excerpts below. Cite the excerpts you use by their ids "
+                   "in brackets, as [id]. If the excerpts do not hold the answer, say so.")
+
+
+def rag_message(question: str, hits: Sequence[Hit]) -> str:
+    """The user's message with the excerpts before the question (without excerpts: the question alone)."""
+    if not hits:
+        return question
+    excerpts = "\n\n".join(f"[{h.id}]\n{h.text}" for h in hits)
+    return f"{RAG_INSTRUCTION}\n\n{excerpts}\n\nQuestion: {question}"
+
+
+def fit(hits: Sequence[Hit], fits: Callable[[list[Hit]], bool]) -> list[Hit]:
+    """The best hits whose message fits (`fits`: whether a message with these hits fits the window): the
+    lowest-scoring are dropped first, down to none (the question alone, which the caller then checks)."""
+    kept = list(hits)
+    while kept and not fits(kept):
+        kept.pop()
+    return kept
+
+
+def dropped_line(dropped: Sequence[Hit], kept: int) -> str:
+    """The one stderr line that says which excerpts did not fit."""
+    ids = ", ".join(h.id for h in dropped)
+    return (f"rag: {len(dropped)} excerpt{'s' if len(dropped) != 1 else ''} left out to fit the context window "
+            f"({ids}); {kept} sent")
+
+
+def sources_line(hits: Sequence[Hit]) -> str:
+    """The short line after an answer: each excerpt's id and score."""
+    return "sources: " + (", ".join(f"{h.id} ({h.score:.3f})" for h in hits) if hits else "none (none fit)")

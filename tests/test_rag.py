@@ -1,0 +1,205 @@
+"""`run --rag` and `chat --rag` (docs/rag.md): each question's excerpts, found as `similar` finds them, go into
+its message in the fixed template; the sources in --json, on stderr and with /sources; fitting to the window;
+the errors. Real CLI, the seeded tiny BERT of tests/tiny_bert.py for the collection, SmolLM2 (and Gemma 3 under a
+template without a system role) for the answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from localgen.embeddings.retrieve import RAG_INSTRUCTION
+from tests.conftest import CLI
+from tests.fake_openai import FakeServer
+
+ENTRIES = [("cats.md#1", "The cat named Whiskers sleeps on the red sofa."),
+           ("paris.md#1", "Paris is the capital of France; the Eiffel tower is there."),
+           ("llama.md#2", "Llamas live in the Andes mountains of South America."),
+           ("tea.md#4", "Green tea is brewed with water below boiling.")]
+QUICK = ["-n", "12", "--temperature", "0"]
+
+
+@pytest.fixture(scope="module")
+def hcli(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> CLI:
+    """A CLI with a home of its own holding the collection `notes` (ENTRIES) and the empty collection `empty`."""
+    from tests.tiny_bert import build
+
+    tmp = tmp_path_factory.mktemp("rag")
+    bert = str(build(tmp / "tiny-bert.gguf"))
+    hcli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp / "home")})
+    docs = tmp / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in ENTRIES))
+    r = hcli("embed", "-m", bert, "--file", str(docs), "--store", "notes")
+    assert r.returncode == 0, r.stderr
+    r = hcli("embed", "-m", bert, "--store", "empty", "gone")
+    assert r.returncode == 0, r.stderr
+    r = hcli("collections", "rm", "empty", "--id", json.loads(hcli("collections", "show", "empty", "--json")
+                                                                .stdout)["items"][0]["id"])
+    assert r.returncode == 0, r.stderr
+    return hcli
+
+
+def similar(hcli: CLI, query: str) -> list[dict[str, Any]]:
+    r = hcli("similar", "notes", query)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def message(question: str, hits: list[dict[str, Any]]) -> str:
+    """The template of docs/rag.md, written out here."""
+    excerpts = "\n\n".join(f"[{h['id']}]\n{h['content']}" for h in hits)
+    return f"{RAG_INSTRUCTION}\n\n{excerpts}\n\nQuestion: {question}"
+
+
+def logged(hcli: CLI, n: int) -> list[dict[str, Any]]:
+    """The last n exchanges of the log, oldest first."""
+    r = hcli("logs", "-n", str(n), "--json")
+    assert r.returncode == 0, r.stderr
+    entries: list[dict[str, Any]] = json.loads(r.stdout)
+    return entries
+
+
+def test_run_rag_sends_similars_excerpts_in_the_template_and_json_names_them(hcli: CLI) -> None:
+    question = "Where do llamas live?"
+    want = similar(hcli, question)[:3]
+    r = hcli("run", "--rag", "notes", "--rag-top", "3", question, "--json", *QUICK)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # stdout is the one JSON object
+    assert doc["sources"] == [{"id": h["id"], "score": h["score"]} for h in want]
+    assert r.stderr == ""  # not a terminal, no --verbose: no sources line, nothing left out
+    (entry,) = logged(hcli, 1)
+    assert entry["prompt"] == message(question, want), "the log holds the message as sent"
+    r = hcli("run", "--rag", "notes", question, "--verbose-prompt", *QUICK)  # --rag-top 4 by default
+    assert r.returncode == 0, r.stderr
+    assert message(question, similar(hcli, question)) in r.stderr
+    r = hcli("run", "--rag", "notes", question, "--verbose", *QUICK)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    sources = "sources: " + ", ".join(f"{h['id']} ({h['score']:.3f})" for h in similar(hcli, question))
+    assert r.stderr.splitlines()[-1] == sources
+
+
+def test_the_question_is_the_prompt_and_piped_text_goes_before_the_excerpts(hcli: CLI) -> None:
+    question = "What is the capital of France?"
+    r = hcli("run", "--rag", "notes", "--verbose-prompt", *QUICK, input=question + "\n")  # stdin alone: the question
+    assert r.returncode == 0, r.stderr
+    assert message(question, similar(hcli, question)) in r.stderr
+    r = hcli("run", "--rag", "notes", question, "--verbose-prompt", *QUICK, input="A NOTE PIPED IN\n")
+    assert r.returncode == 0, r.stderr
+    assert "A NOTE PIPED IN\n\n" + message(question, similar(hcli, question)) in r.stderr
+
+
+def test_excerpts_that_do_not_fit_are_left_out_lowest_first(hcli: CLI) -> None:
+    """--ctx 256 (llama.cpp's smallest window) with -n 110 kept for the answer: the four excerpts do not fit, the
+    lowest-scoring go first; a question that does not fit alone is the usual too-long error."""
+    question = "Where do llamas live?"
+    want = similar(hcli, question)
+    r = hcli("run", "--rag", "notes", question, "--json", "--ctx", "256", "-n", "110", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    sent = json.loads(r.stdout)["sources"]
+    assert 0 < len(sent) < len(want) and sent == [{"id": h["id"], "score": h["score"]} for h in want[:len(sent)]]
+    dropped = want[len(sent):]
+    assert r.stderr == (f"rag: {len(dropped)} excerpt{'s' if len(dropped) > 1 else ''} left out to fit the context "
+                        f"window ({', '.join(h['id'] for h in dropped)}); {len(sent)} sent\n")
+    (entry,) = logged(hcli, 1)
+    assert entry["prompt"] == message(question, want[:len(sent)])
+    long = "Where do llamas live? " + "Please answer carefully. " * 200
+    r = hcli("run", "--rag", "notes", long, "--ctx", "256", *QUICK)
+    assert r.returncode == 1 and "left out to fit the context window" in r.stderr, r.stderr
+    assert "the context window is 256" in r.stderr.splitlines()[-1]
+
+
+def test_scripted_chat_retrieves_for_each_question_and_keeps_the_excerpts(hcli: CLI) -> None:
+    questions = ["Where do llamas live?", "What is the capital of France?"]
+    r = hcli("chat", "ragchat", "--rag", "notes", "--rag-top", "2", *QUICK,
+             input="\n".join(questions) + "\n/sources\n")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 2  # stdout: the two answers only
+    wants = [similar(hcli, q)[:2] for q in questions]
+    assert wants[0] != wants[1]
+    prompts = [e["prompt"] for e in logged(hcli, 2)]
+    assert prompts == [message(q, w) for q, w in zip(questions, wants, strict=True)]
+    # /sources: the last question's excerpts, in full, on stderr
+    assert r.stderr == "".join(f"[{h['id']}] (score {h['score']:.3f})\n{h['content']}\n" for h in wants[1])
+    saved = json.loads((Path(hcli.env["LOCALGEN_HOME"]) / "data" / "chats" / "ragchat.json").read_text())
+    users = [m["content"] for m in saved["messages"] if m["role"] == "user"]
+    assert users == prompts, "the conversation keeps each message as sent, excerpts and all"
+
+
+def test_chat_on_a_terminal_shows_the_sources_after_each_answer(hcli: CLI) -> None:
+    from tests import terminal
+
+    env = dict(hcli.env)
+    env.pop("NO_COLOR", None)
+    env.update(TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")
+    child = terminal.spawn(env, ["chat", "--rag", "notes", "--rag-top", "2", *QUICK], timeout=60)
+    child.expect("ready in")
+    child.expect_exact(">>>")
+    want = similar(hcli, "Where do llamas live?")[:2]
+    child.sendline("Where do llamas live?")
+    child.expect_exact("sources: " + ", ".join(f"{h['id']} ({h['score']:.3f})" for h in want))
+    child.expect_exact(">>>")
+    child.sendline("/sources")
+    child.expect_exact(want[0]["content"])
+    child.expect_exact(">>>")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_a_template_without_a_system_role_gets_the_excerpts_in_the_user_turn(hcli: CLI, tmp_path: Path) -> None:
+    """Gemma 3's way (no system role: a template that refuses one) works, as the excerpts are in the user's turn."""
+    template = tmp_path / "nosystem.jinja"
+    template.write_text("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+                        "{{ raise_exception('System role not supported') }}{% endif %}<start_of_turn>"
+                        "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] }}<end_of_turn>\n"
+                        "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    question = "What is the capital of France?"
+    r = hcli("run", "-m", "gemma3:270m", "--chat-template-file", str(template), "--rag", "notes", question,
+             "--verbose-prompt", *QUICK)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert f"<start_of_turn>user\n{message(question, similar(hcli, question))}<end_of_turn>" in r.stderr
+
+
+def test_rag_with_an_endpoint_retrieves_here_and_sends_the_excerpts(hcli: CLI, fake: FakeServer) -> None:
+    question = "Where do llamas live?"
+    r = hcli("run", "--endpoint", fake.url, "-m", "plain", "--rag", "notes", question, "--json", timeout=60)
+    assert r.returncode == 0, r.stderr
+    want = similar(hcli, question)
+    assert json.loads(r.stdout)["sources"] == [{"id": h["id"], "score": h["score"]} for h in want]
+    assert fake.requests[-1]["body"]["messages"][-1] == {"role": "user", "content": message(question, want)}
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["run", "--rag", "nope", "hi"], "no collection named 'nope' (there are: "),
+    (["chat", "--rag", "nope"], "no collection named 'nope' (there are: "),
+    (["run", "--rag", "empty", "hi"], "the collection 'empty' is empty: there is nothing to answer from"),
+    (["chat", "--rag", "empty"], "the collection 'empty' is empty: there is nothing to answer from"),
+    (["run", "--rag", "notes", "--rag-top", "0", "hi"], "Invalid value for '--rag-top': 0 is not in the range"),
+    (["run", "--rag-top", "2", "hi"], "--rag-top goes with --rag COLLECTION"),
+    (["chat", "--rag-top", "2"], "--rag-top goes with --rag COLLECTION"),
+    (["run", "--rag", "", "hi"], "--rag is empty"),
+    (["run", "--rag", "notes", "--raw", "hi"], "--rag cannot be combined with --raw"),
+    (["run", "--rag", "notes", "--each-line", "-p", "hi"], "--rag cannot be combined with --file/--each-line"),
+    (["run", "--rag", "notes", "--beams", "2", "hi"], "--rag cannot be combined with --beams"),
+    (["run", "--rag", "notes", "--functions", "tests/fake_openai.py", "--yes", "hi"],
+     "tools (--functions, --mcp) cannot be combined with --rag"),
+])
+def test_usage_errors_before_anything_loads(hcli: CLI, args: list[str], error: str) -> None:
+    r = hcli(*args, input="")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.count("\n") == 1 and error in r.stderr, r.stderr
+    assert "loading" not in r.stderr
+
+
+def test_a_model_without_chat_template_is_refused(hcli: CLI, bad_models: dict[str, Path]) -> None:
+    for command in (["run", "hi"], ["chat"]):
+        r: subprocess.CompletedProcess[str] = hcli(*command, "-m", str(bad_models["no_template"]), "--rag", "notes",
+                                                   input="hi\n", timeout=120)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert "has no chat template (it may be a base model): --rag needs one" in r.stderr.splitlines()[-1]
