@@ -159,6 +159,9 @@ def test_responses_file_search_answers_from_the_store(server: Server) -> None:
     assert len(asked) == 1 and asked[0].type == "message"
     text = asked[0].content[0].text  # type: ignore[union-attr]
     assert text.endswith(f"Question: {QUESTION}") and f"[paris]\n{TEXTS['paris']}" in text, text
+    from localgen.embeddings.retrieve import RAG_INSTRUCTION
+
+    assert text.startswith(RAG_INSTRUCTION)  # what run --rag sends
     assert "[cats]" not in text  # only the two best
 
     # without include the item says what was searched for, not what was found

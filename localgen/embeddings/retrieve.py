@@ -39,7 +39,6 @@ class Retriever:
         self.rows = store.vectors(name)
         self._load = load
         self.backend: Any = None
-        self._matrix: Any = None
 
     def __enter__(self) -> Retriever:
         return self
@@ -75,19 +74,7 @@ class Retriever:
 
     def rank(self, vector: Sequence[float], k: int) -> list[Hit]:
         """The k entries nearest to a query's vector (cosine), best first; equal scores in stored order."""
-        import numpy as np
-
-        if not self.rows:
-            return []
-        if self._matrix is None:
-            m = np.frombuffer(b"".join(r[2] for r in self.rows), dtype="<f4").reshape(len(self.rows), -1)
-            m = m.astype(np.float64)
-            self._matrix = (m, np.linalg.norm(m, axis=1))
-        matrix, norms = self._matrix
-        qv = np.asarray(vector, dtype=np.float64)
-        scores = matrix @ qv / (norms * np.linalg.norm(qv) + 1e-30)
-        best = np.argsort(-scores, kind="stable")[:k]
-        return [Hit(self.rows[int(i)][0], float(scores[i]), self.rows[int(i)][1]) for i in best]
+        return rank(self.rows, [vector], k)
 
     def search(self, query: str, k: int, truncate: bool = False) -> list[Hit]:
         """The k entries nearest to the query, best first."""
@@ -98,6 +85,21 @@ class Retriever:
         backend, self.backend = self.backend, None
         if backend is not None:
             backend.close()
+
+
+def rank(rows: Sequence[tuple[str, str, bytes]], queries: Sequence[Sequence[float]], k: int) -> list[Hit]:
+    """The k rows (id, text, packed float32 vector) nearest to any of the query vectors (each row scored by its
+    best cosine), best first; equal scores in stored order. `similar`, --rag and serve's vector stores rank here."""
+    import numpy as np
+
+    if not rows:
+        return []
+    matrix = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), -1).astype(np.float64)
+    q = np.asarray(queries, dtype=np.float64).reshape(len(queries), -1)
+    cosines = (matrix @ q.T) / (np.linalg.norm(matrix, axis=1)[:, None] * np.linalg.norm(q, axis=1)[None, :] + 1e-30)
+    scores = cosines.max(axis=1)
+    best = np.argsort(-scores, kind="stable")[:k]
+    return [Hit(rows[int(i)][0], float(scores[i]), rows[int(i)][1]) for i in best]
 
 
 RAG_INSTRUCTION = ("Answer the question at the end from the excerpts below. Cite the excerpts you use by their ids "

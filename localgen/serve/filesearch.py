@@ -1,9 +1,10 @@
 """The Responses API's file_search tool over serve --collection's vector stores: before the model answers, the
 request's last user message is searched for in the stores the tool names (serve/vectorstores.py), and the best
 texts are put into that message ahead of the question, each under its id, with the instruction to answer from
-them. The search is a `file_search_call` output item before the answer (its results with include
-["file_search_call.results"]). The model is not asked to write the query: a small local model answers better
-from a search for the question itself, and the request is answered in one pass."""
+them (embeddings/retrieve.py's rag_message: what run --rag and chat --rag send). The search is a
+`file_search_call` output item before the answer (its results with include ["file_search_call.results"]). The
+model is not asked to write the query: a small local model answers better from a search for the question
+itself, and the request is answered in one pass."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from localgen.embeddings.retrieve import Hit, rag_message
 from localgen.serve.apierror import HTTPError
 from localgen.serve.state import ServeState
-from localgen.serve.vectorstores import MAX_RESULTS, Hit, check_offered, search
+from localgen.serve.vectorstores import MAX_RESULTS, check_offered, search
 
 DEFAULT_RESULTS = 5  # excerpts per request: a local model's window is small (OpenAI's default is 10)
 
@@ -69,7 +71,7 @@ async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]],
         hits += await search(state, name, [question], fs.count, fs.threshold)
     hits = sorted(hits, key=lambda h: -h.score)[:fs.count]
     SEARCHED.set({"type": "file_search_call", "id": ident, "status": "completed", "queries": [question],
-                  "results": [{"file_id": h.id, "filename": h.id, "score": h.score, "text": h.text,
+                  "results": [{"file_id": h.id, "filename": h.id, "score": h.shown_score, "text": h.text,
                                "attributes": {}} for h in hits] if results else None})
     if not hits:
         return messages
@@ -79,18 +81,11 @@ async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]],
     return out
 
 
-def prompt(hits: list[Hit], question: str) -> str:
-    """The question with the texts found ahead of it, each under its id."""
-    found = "\n\n".join(f"[{h.id}]\n{h.text}" for h in hits)
-    return (f"Answer the question from these excerpts where they help, and name the [id] of each excerpt you "
-            f"use.\n\n{found}\n\nQuestion: {question}")
-
-
 def _with_excerpts(content: Any, hits: list[Hit]) -> Any:
     if isinstance(content, str):
-        return prompt(hits, content)
+        return rag_message(content, hits)
     parts = [p for p in content if not (isinstance(p, dict) and p.get("type") == "text")]
-    return [{"type": "text", "text": prompt(hits, _text(content))}, *parts]
+    return [{"type": "text", "text": rag_message(_text(content), hits)}, *parts]
 
 
 def _text(content: Any) -> str:

@@ -8,7 +8,6 @@ texts."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -21,15 +20,6 @@ from localgen.serve.state import ServeState
 
 MAX_RESULTS = 50  # max_num_results: OpenAI's bound
 MAX_QUERIES = 16  # queries in one search (OpenAI's API takes a list and names no bound)
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One text of a collection and its best cosine similarity to the queries."""
-
-    id: str
-    score: float
-    text: str
 
 
 def routes(state: ServeState) -> list[Route]:
@@ -57,7 +47,7 @@ def routes(state: ServeState) -> list[Route]:
         queries, count, threshold = _search_args(body)
         hits = await search(state, name, queries, count, threshold, request)
         return JSONResponse({"object": "vector_store.search_results.page", "search_query": queries,
-                             "data": [{"file_id": h.id, "filename": h.id, "score": h.score, "attributes": {},
+                             "data": [{"file_id": h.id, "filename": h.id, "score": h.shown_score, "attributes": {},
                                        "content": [{"type": "text", "text": h.text}]} for h in hits],
                              "has_more": False, "next_page": None})
 
@@ -77,7 +67,7 @@ def check_offered(state: ServeState, ident: object, param: str) -> str:
 
 
 async def search(state: ServeState, name: str, queries: list[str], count: int, threshold: float | None = None,
-                 http: Request | None = None) -> list[Hit]:
+                 http: Request | None = None) -> list[Any]:
     """The `count` texts of an offered collection most like the queries (at or above `threshold`), the queries
     embedded on the collection's model through its worker."""
     from localgen.embeddings import store as collections
@@ -91,22 +81,10 @@ async def search(state: ServeState, name: str, queries: list[str], count: int, t
     worker = state.worker(coll.model)
     vectors = (await embed(worker, queries, coll.dimensions, truncate=True, http=http, pooling=coll.pooling)).values
     rows = await asyncio.to_thread(collections.vectors, name)
-    return [h for h in rank(rows, [v.vector for v in vectors], count) if threshold is None or h.score >= threshold]
+    from localgen.embeddings.retrieve import rank
 
-
-def rank(rows: list[tuple[str, str, bytes]], queries: list[list[float]], count: int) -> list[Hit]:
-    """The `count` rows (id, text, packed float32 vector) most like any of the query vectors, best first (ties
-    in the order stored)."""
-    import numpy as np
-
-    if not rows:
-        return []
-    matrix = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), -1).astype(np.float64)
-    q = np.asarray(queries, dtype=np.float64)
-    cosines = (matrix @ q.T) / (np.linalg.norm(matrix, axis=1)[:, None] * np.linalg.norm(q, axis=1)[None, :] + 1e-30)
-    scores = cosines.max(axis=1)
-    best = np.argsort(-scores, kind="stable")[:count]
-    return [Hit(rows[int(k)][0], round(float(scores[k]), 6), rows[int(k)][1]) for k in best]
+    found = rank(rows, [v.vector for v in vectors], count)
+    return [h for h in found if threshold is None or h.shown_score >= threshold]
 
 
 def _search_args(body: dict[str, Any]) -> tuple[list[str], int, float | None]:
