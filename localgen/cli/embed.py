@@ -13,9 +13,12 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.options.knobs import Knobs
-from localgen.errors import UsageError
+from localgen.errors import LocalgenError, UsageError
 
 EMBED = "Embeddings"
+DOCS = "Documents"
+CHUNK_TOKENS, CHUNK_OVERLAP = 256, 32  # --docs' defaults
+MIN_CHUNK = 8  # chunk.MIN_LIMIT: room for the special tokens and some text
 Pooling = Annotated[
     str | None,
     typer.Option("--pooling", rich_help_panel=EMBED, show_default=False,
@@ -33,12 +36,30 @@ def embed(
     ctx: typer.Context,
     texts: Annotated[
         list[str] | None,
-        typer.Argument(show_default=False, help="Texts to embed (default: one per line of stdin, or --file)."),
+        typer.Argument(show_default=False, help="Texts to embed (default: one per line of stdin, or --file); "
+                                                "with --docs, files and folders."),
     ] = None,
     file: InputFile = None,
     model: o.Model = None,
     offline: o.Offline = False,
     pooling: Pooling = None,
+    docs: Annotated[
+        bool, typer.Option("--docs", rich_help_panel=DOCS,
+                           help="With --store: the arguments are files and folders (walked in sorted order, hidden "
+                                "ones skipped), each cut into chunks stored as PATH#1, PATH#2, ...; storing a file "
+                                "again replaces its chunks.")
+    ] = False,
+    chunk_tokens: Annotated[
+        int | None, typer.Option("--chunk-tokens", min=MIN_CHUNK, rich_help_panel=DOCS, show_default=False,
+                                 help=f"With --docs: a chunk's most tokens, the model's own as it embeds them (default "
+                                      f"{CHUNK_TOKENS}; at most the embeddings window, --ctx).")
+    ] = None,
+    chunk_overlap: Annotated[
+        int | None, typer.Option("--chunk-overlap", min=0, rich_help_panel=DOCS, show_default=False,
+                                 help=f"With --docs: tokens a chunk repeats of the one before (default "
+                                      f"{CHUNK_OVERLAP}, or a quarter of --chunk-tokens where less; less than "
+                                      "--chunk-tokens).")
+    ] = None,
     normalize: Annotated[
         bool, typer.Option("--normalize/--no-normalize", rich_help_panel=EMBED, help="Scale each vector to length 1.")
     ] = True,
@@ -77,7 +98,8 @@ def embed(
     """Turn texts into embedding vectors, one per text: NDJSON lines {"id", "embedding", "tokens"}."""
     run_embed(EmbedArgs(context=ctx, texts=texts, file=file, model=model, offline=offline, pooling=pooling,
                         normalize=normalize, dimensions=dimensions, truncate=truncate, fmt=fmt, json_out=json_out,
-                        store=store, replace=replace, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers,
+                        store=store, replace=replace, docs=docs, chunk_tokens=chunk_tokens,
+                        chunk_overlap=chunk_overlap, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers,
                         repack=repack, verbose=verbose))
 
 
@@ -171,6 +193,9 @@ class EmbedArgs(_InputArgs):
     json_out: bool
     store: str | None
     replace: bool
+    docs: bool
+    chunk_tokens: int | None
+    chunk_overlap: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,13 +355,21 @@ def run_embed(f: EmbedArgs) -> None:
         raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
     if f.replace and not f.store:
         raise UsageError("--replace needs --store NAME (the collection whose other entries it removes)")
-    items = _inputs(f.texts, f.file, by_content=True)
+    docs: list[tuple[str, str]] = []
+    if f.docs or f.chunk_tokens is not None or f.chunk_overlap is not None:
+        docs = _documents(f)  # every check and read before the model loads
+        items = []
+    else:
+        items = _inputs(f.texts, f.file, by_content=True)
     backend = _backend(f, f.model)
     try:
         name = backend.name
+        if f.docs:
+            items = _chunked(f, backend, docs)
         if f.store:
             # with --replace every text must end up under its own id: one held under another id is stored again
-            skip = collections.unchanged(f.store, items, any_id=bool(f.texts) and not f.replace)
+            # (a chunk is its file's: never found under another id)
+            skip = collections.unchanged(f.store, items, any_id=bool(f.texts) and not f.replace and not f.docs)
             todo = [(i, t) for i, t in items if i not in skip]
         else:
             skip, todo = set(), items
@@ -353,9 +386,12 @@ def run_embed(f: EmbedArgs) -> None:
                            waiting=err.line)
         rows = [(i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)]
         # the removal is in put's one transaction, after every row: a run that fails before it removes nothing
-        gone = collections.put(f.store, rows, keep=[i for i, _ in items] if f.replace else None, waiting=err.line)
-        removed = f", {gone:,} removed" if f.replace else ""
-        err.line(f"{f.store}: {len(todo):,} embedded and stored, {len(skip):,} unchanged{removed}")
+        # with --docs, also each file's chunks it no longer yields (a shorter file leaves no stale FILE#7)
+        gone = collections.put(f.store, rows, keep=[i for i, _ in items] if f.replace else None, waiting=err.line,
+                               files=[d for d, _ in docs], given=[i for i, _ in items])
+        removed = f", {gone:,} removed" if f.replace or gone else ""
+        cut = f" {_count(len(docs), 'file')} in {_count(len(items), 'chunk')}:" if f.docs else ""
+        err.line(f"{f.store}:{cut} {len(todo):,} embedded and stored, {len(skip):,} unchanged{removed}")
         return
     data = [{"id": i, "embedding": collections.b64(v.vector) if f.fmt == "base64" else v.vector, "tokens": v.tokens}
             for (i, _), v in zip(todo, vectors, strict=True)]
@@ -365,6 +401,171 @@ def run_embed(f: EmbedArgs) -> None:
         _ndjson([doc])
         return
     _ndjson(data)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}" + ("" if n == 1 else "s")
+
+
+SNIFF_BYTES = 8192  # of each file in a folder, read first: a binary file is skipped without reading the rest
+NAMED_SKIPPED = 3  # skipped files named on stderr, at most
+
+
+def _documents(f: EmbedArgs) -> list[tuple[str, str]]:
+    """--docs: (id, text) of each file of the arguments (a folder's, walked), checked and read before the model
+    loads; the files of folders that are not UTF-8 text are skipped, and stderr says so."""
+    from localgen.cli.output import ErrWriter
+
+    if not f.docs:
+        flag = "--chunk-tokens" if f.chunk_tokens is not None else "--chunk-overlap"
+        raise UsageError(f"{flag} needs --docs (documents cut into chunks)")
+    if not f.store:
+        raise UsageError("--docs needs --store NAME (the collection the chunks go into)")
+    if f.file:
+        raise UsageError("--docs takes files and folders as arguments, not --file")
+    if not f.texts:
+        raise UsageError("--docs needs files or folders as arguments (it does not read stdin)")
+    limit = f.chunk_tokens or CHUNK_TOKENS
+    if f.chunk_overlap is not None and f.chunk_overlap >= limit:
+        raise UsageError(f"--chunk-overlap {f.chunk_overlap:,} must be less than --chunk-tokens ({limit:,})")
+    found = _doc_files(f.texts)
+    docs, skipped = _read_docs(found)
+    if skipped:
+        named = ", ".join(skipped[:NAMED_SKIPPED])
+        more = f" and {len(skipped) - NAMED_SKIPPED:,} more" if len(skipped) > NAMED_SKIPPED else ""
+        ErrWriter().line(f"skipped {_count(len(skipped), 'file')} that {'is' if len(skipped) == 1 else 'are'} "
+                         f"not UTF-8 text: {named}{more}")
+    if not docs:
+        raise UsageError(f"nothing to embed: no UTF-8 text files in {', '.join(f.texts)}")
+    return docs
+
+
+def _doc_files(args: list[str]) -> list[tuple[str, Path, bool]]:
+    """(id, path, named) of each file the arguments give: a file as typed (normalised), a folder's regular files
+    walked in sorted order (hidden files and folders skipped, linked folders not followed) as joined under it;
+    each id once. `named`: typed as a file (one that is not text is an error, not skipped)."""
+    import os
+
+    out: dict[str, tuple[str, Path, bool]] = {}
+    for arg in args:
+        p = Path(arg)
+        if p.is_dir():
+            for rel in _walk(p):
+                ident = os.path.normpath(os.path.join(arg, rel))
+                out.setdefault(ident, (ident, p / rel, False))
+        elif p.is_file():
+            ident = os.path.normpath(arg)
+            out.setdefault(ident, (ident, p, True))
+        elif p.exists():
+            raise UsageError(f"{arg} is not a file or a folder")
+        else:
+            raise UsageError(f"no such file or folder: {arg}")
+    return list(out.values())
+
+
+def _walk(top: Path) -> list[str]:
+    """A folder's regular files (and links to them), relative to it, in sorted order; hidden names skipped."""
+    import os
+
+    def fail(e: OSError) -> None:
+        raise LocalgenError(f"cannot read the folder {e.filename}: {e.strerror}")
+
+    rels = []
+    for root, dirs, files in os.walk(top, onerror=fail):  # a linked folder is listed, not entered
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            full = os.path.join(root, name)
+            if not name.startswith(".") and os.path.isfile(full):
+                rels.append(os.path.relpath(full, top))
+    return sorted(rels, key=lambda r: r.split(os.sep))
+
+
+def _not_text(data: bytes, final: bool = True) -> str | None:
+    """Why these bytes are not UTF-8 text (a NUL, or a byte that is not UTF-8: its line), or None; not
+    `final`: the start of a file, which may end inside a character."""
+    import codecs
+
+    newline = b"\n"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data, final)
+    except UnicodeDecodeError as e:
+        return f"byte 0x{data[e.start]:02x} on line {data.count(newline, 0, e.start) + 1:,} is not UTF-8"
+    nul = data.find(b"\0")
+    if nul >= 0:
+        return f"a NUL byte on line {data.count(newline, 0, nul) + 1:,} (a binary file)"
+    return None
+
+
+def _read_docs(found: list[tuple[str, Path, bool]]) -> tuple[list[tuple[str, str]], list[str]]:
+    """(id, text) of each file that is UTF-8 text, and the ids of the folders' files that are not. Each file's
+    start is read first, and the text files' sizes are added up: past MAX_INPUT, an error before any is read
+    whole."""
+    import os
+
+    def opened(ident: str, path: Path) -> Any:
+        try:
+            return path.open("rb")
+        except OSError as e:
+            raise LocalgenError(f"cannot read {ident}: {e.strerror}") from None
+
+    def not_text(ident: str, named: bool, why: str, skipped: list[str]) -> None:
+        if named:
+            raise UsageError(f"{ident} is not UTF-8 text: {why}")
+        skipped.append(ident)
+
+    texts: list[tuple[str, Path, bool]] = []
+    skipped: list[str] = []
+    total = 0
+    for ident, path, named in found:
+        with opened(ident, path) as fh:
+            head = fh.read(SNIFF_BYTES)
+            why = _not_text(head, final=len(head) < SNIFF_BYTES)
+            if why:
+                not_text(ident, named, why, skipped)
+                continue
+            total += os.fstat(fh.fileno()).st_size
+            texts.append((ident, path, named))
+    _docs_bounded(total)
+    out, used = [], 0
+    for ident, path, named in texts:
+        with opened(ident, path) as fh:
+            data = fh.read(MAX_INPUT - used + 1)  # a file that grew since: one byte past the bound at most
+        used += len(data)
+        _docs_bounded(used)
+        why = _not_text(data)
+        if why:
+            not_text(ident, named, why, skipped)
+            continue
+        out.append((ident, data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")))
+    return out, skipped
+
+
+def _docs_bounded(size: int) -> None:
+    if size > MAX_INPUT:
+        raise UsageError(f"the documents are {size / 2**20:,.0f} MiB, more than {MAX_INPUT >> 20} MiB: store "
+                         "them in parts")
+
+
+def _chunked(f: EmbedArgs, backend: Any, docs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(FILE#N, chunk) of each document, cut by the model's own tokens as it embeds them."""
+    from localgen.embeddings.chunk import chunks
+
+    emb = backend.embedder(f.pooling)
+    window = emb.n_ctx
+    if f.chunk_tokens is not None and f.chunk_tokens > window:
+        raise UsageError(f"--chunk-tokens {f.chunk_tokens:,} is more than the embeddings window ({window:,} "
+                         "tokens)", hint=f"give at most {window:,}, or a larger --ctx")
+    limit = f.chunk_tokens or min(CHUNK_TOKENS, window)
+    overlap = f.chunk_overlap if f.chunk_overlap is not None else min(CHUNK_OVERLAP, limit // 4)
+    if overlap >= limit:
+        raise UsageError(f"--chunk-overlap {overlap:,} must be less than a chunk's {limit:,} tokens (the "
+                         "embeddings window)")
+
+    def count(text: str) -> int:
+        return len(emb.engine.tokenize(text, add_special=True))
+
+    return [(f"{ident}#{n}", c.text) for ident, text in docs
+            for n, c in enumerate(chunks(text, limit, overlap, count), 1)]
 
 
 def run_similar(f: SimilarArgs) -> None:

@@ -5,9 +5,10 @@ size it was made with, so every later text and query is embedded the same way; a
 unchanged is not embedded again (as `llm embed-multi` does). A text given without an id (embed's arguments)
 gets its content's (text_id), so writers in several processes never replace each other's texts. Collections
 are listed (`listing`), shown entry by entry (`described`, `entries`) and removed whole or by id (`remove`,
-`remove_ids`); `put(..., replace=True)` stores a run's texts and removes the ids it did not give in one
-transaction, so a failed run removes nothing. A writer that finds another holding the write lock says so
-(`waiting`) before it waits."""
+`remove_ids`); `put(..., keep=...)` stores a run's texts and removes the ids it did not give in one
+transaction, so a failed run removes nothing, and `put(..., files=...)` removes the chunks (FILE#N) a
+document stored again no longer yields, in that transaction too. A writer that finds another holding the
+write lock says so (`waiting`) before it waits."""
 
 from __future__ import annotations
 
@@ -190,11 +191,12 @@ def unchanged(name: str, items: Iterable[tuple[str, str]], any_id: bool = False)
 
 
 def put(name: str, rows: list[tuple[str, str, list[float]]], keep: Iterable[str] | None = None,
-        waiting: Waiting | None = None) -> int:
+        waiting: Waiting | None = None, files: Iterable[str] = (), given: Iterable[str] = ()) -> int:
     """Store (id, text, vector) rows, replacing what the ids held; with `keep` (every id of the run, stored now
-    or unchanged), then remove the collection's other ids. One transaction, taken before anything is read
-    (BEGIN IMMEDIATE: it waits for other writers): every row and the removal, or nothing. How many were
-    removed."""
+    or unchanged), then remove the collection's other ids; with `files` (documents stored in chunks, ids
+    FILE#1, FILE#2, ...), remove each file's chunk ids that are not in `given` (every id of the run). One
+    transaction, taken before anything is read (BEGIN IMMEDIATE: it waits for other writers): every row and
+    the removals, or nothing. How many were removed."""
     import json
 
     now = time.time()
@@ -210,9 +212,27 @@ def put(name: str, rows: list[tuple[str, str, list[float]]], keep: Iterable[str]
                 gone = conn.execute(
                     "DELETE FROM embeddings WHERE collection = ? AND id NOT IN (SELECT value FROM json_each(?))",
                     (name, json.dumps(sorted(set(keep))))).rowcount
+            stale = _stale_chunks(conn, name, files, set(given))
+            if stale:
+                gone += conn.execute(
+                    "DELETE FROM embeddings WHERE collection = ? AND id IN (SELECT value FROM json_each(?))",
+                    (name, json.dumps(stale))).rowcount
             if rows or gone:
                 _written(conn, name, now)
             return gone
+
+
+def _stale_chunks(conn: sqlite3.Connection, name: str, files: Iterable[str], given: set[str]) -> list[str]:
+    """The ids FILE#N (N digits) of these files that are not in `given`: chunks a file no longer yields."""
+    wanted = set(files)
+    if not wanted:
+        return []
+    stale = []
+    for (ident,) in conn.execute("SELECT id FROM embeddings WHERE collection = ? AND instr(id, '#') > 0", (name,)):
+        head, _, n = ident.rpartition("#")
+        if head in wanted and n.isdigit() and n.isascii() and ident not in given:
+            stale.append(ident)
+    return stale
 
 
 def _written(conn: sqlite3.Connection, name: str, now: float) -> None:
