@@ -43,8 +43,9 @@ def serve_child(key):
             continue
         if ppid == os.getppid() and "serve" in argv:
             kf = argv[argv.index("--api-key-file") + 1]
-            return {"pid": int(proc.name), "key_on_command_line": any(key in a for a in argv),
-                    "key_file": kf, "key_file_left": os.path.exists(kf)}
+            return {"pid": int(proc.name), "argv": argv, "key_on_command_line": any(key in a for a in argv),
+                    "key_file": kf, "key_file_left": os.path.exists(kf),
+                    "folder_mode": oct(os.stat(os.path.dirname(kf)).st_mode & 0o777)}
     return None
 
 def report(url, key, answer_model, text, **more):
@@ -52,7 +53,13 @@ def report(url, key, answer_model, text, **more):
     auth = {"Authorization": f"Bearer {key}"}
     got = {"argv": sys.argv[1:], "url": url, "serve": serve_child(key), "model": answer_model, "text": text,
            "health": httpx.get(f"{url}/health").json(), "models": httpx.get(f"{url}/v1/models", headers=auth).json(),
-           "unauthorized": httpx.get(f"{url}/v1/models").status_code, **more}
+           "unauthorized": httpx.get(f"{url}/v1/models").status_code,
+           "ps": httpx.get(f"{url}/api/ps", headers=auth).json(), **more}
+    if os.environ.get("FAKE_IGNORE"):  # an agent that a SIGTERM does not end
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(json.dumps({"waiting": True}), flush=True)
+        while True:
+            signal.pause()
     if os.environ.get("FAKE_WAIT"):  # the signals that come: the first, and any in the second after it
         import time
         got["signals"] = []
@@ -65,6 +72,8 @@ def report(url, key, answer_model, text, **more):
         while time.monotonic() < end:
             time.sleep(0.05)
     print(json.dumps(got), flush=True)
+    if os.environ.get("FAKE_KILL"):  # an agent that a signal ends
+        os.kill(os.getpid(), int(os.environ["FAKE_KILL"]))
     sys.exit(int(os.environ.get("FAKE_RC", "0")))
 '''
 
@@ -152,15 +161,19 @@ def _refused(url: str) -> bool:
     return False
 
 
-def _check_own_server(got: dict[str, Any]) -> None:
-    """The server launch started: on loopback, not the default port, one slot and the --ctx asked for, a key
-    that only a file carried (gone once serve read it) and that the server demands; then, stopped."""
+def _check_own_server(got: dict[str, Any], ctx: int = int(CTX)) -> None:
+    """The server launch started: on loopback, not the default port, one slot, the window asked for, loaded for
+    good, a key that only a file in a private folder carried (gone once serve read it) and that the server
+    demands; then, stopped."""
     assert got["url"].startswith("http://127.0.0.1:") and not got["url"].endswith(":11435")
     serve = got["serve"]
     assert serve is not None and not serve["key_on_command_line"] and not serve["key_file_left"]
+    assert serve["folder_mode"] == "0o700"
     assert got["unauthorized"] == 401
     assert got["health"]["models"]["smollm2:135m"]["slots"] == 1
-    assert [m["max_model_len"] for m in got["models"]["data"] if m["id"] == "smollm2:135m"] == [int(CTX)]
+    assert [m["max_model_len"] for m in got["models"]["data"] if m["id"] == "smollm2:135m"] == [ctx]
+    [loaded] = got["ps"]["models"]
+    assert int(loaded["expires_at"][:4]) > time.gmtime().tm_year + 5  # --keep-alive -1: never unloaded
     assert got["model"] == "smollm2:135m" and got["text"].strip()
     assert _gone(serve["pid"]) and _refused(got["url"])
     assert not Path(serve["key_file"]).parent.exists()  # the private folder, the key and the log with it
@@ -182,17 +195,18 @@ def test_claude_gets_its_own_server_and_its_exit_status_passes_through(env: dict
 
 
 def test_codex_gets_a_responses_provider_and_opencode_its_config(env: dict[str, str]) -> None:
-    r = _launch(env, "codex", "-m", "smollm2:135m", "--ctx", CTX, "--", "exec", "fix it")
+    r = _launch(env, "codex", "-m", "smollm2:135m", "--ctx", CTX, "-ngl", "0", "--offline", "--", "exec", "fix it")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     _check_own_server(got)
+    assert {"-ngl", "--offline"} <= set(got["serve"]["argv"])  # passed on to serve
     assert got["rest"] == ["exec", "fix it"] and got["config_model"] == "smollm2:135m"
     assert got["provider"]["wire_api"] == "responses" and got["provider"]["base_url"] == got["url"] + "/v1"
     assert got["provider"]["env_key"] == "LOCALGEN_API_KEY"
-    r = _launch(env, "opencode", "--ctx", CTX, FAKE_RC="0")  # no -m: serve's default model
+    r = _launch(env, "opencode")  # no -m: serve's default model; no --ctx: its trained 8,192 (less than 32,768)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
-    _check_own_server(got)
+    _check_own_server(got, ctx=8192)
     assert got["npm"] == "@ai-sdk/openai-compatible"
 
 
@@ -207,21 +221,40 @@ def running(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
 
 def test_a_running_server_is_used_and_left_running(env: dict[str, str], running: tuple[Server, Path]) -> None:
     server, key = running
-    r = _launch(env, "codex", "--api-key-file", str(key), LOCALGEN_PORT=str(server.port), FAKE_RC="3")
-    assert r.returncode == 3, r.stderr
+    r = _launch(env, "codex", "--api-key-file", str(key), LOCALGEN_PORT=str(server.port), FAKE_KILL="9")
+    assert r.returncode == 128 + 9, r.stderr  # the agent ended by SIGKILL
     got = json.loads(r.stdout)
     assert got["url"] == server.url and got["serve"] is None  # no server of its own
     assert got["config_model"] == "smollm2:135m" and got["text"].strip()  # the server's default model
     assert server.health()["slots"] == 2  # still running, as it was started
-    # --ctx cannot change a running server: said
-    r = _launch(env, "claude", "--ctx", "4096", "--api-key-file", str(key), LOCALGEN_PORT=str(server.port))
-    assert r.returncode == 0 and "--ctx left as it has them" in r.stderr
+    # the key from LOCALGEN_API_KEY; --ctx and -ngl cannot change a running server: said
+    r = _launch(env, "claude", "--ctx", "4096", "-ngl", "0", LOCALGEN_PORT=str(server.port),
+                LOCALGEN_API_KEY="sk-running-server", FAKE_RC="4")
+    assert r.returncode == 4 and "--ctx, -ngl left as it has them" in r.stderr
+    assert json.loads(r.stdout)["url"] == server.url
     # a key it needs and was not given; a model it does not have
     r = _launch(env, "claude", LOCALGEN_PORT=str(server.port))
     assert r.returncode == 1 and "needs an API key" in r.stderr and "--api-key-file" in r.stderr
     r = _launch(env, "claude", "-m", "no-such-model", "--api-key-file", str(key), LOCALGEN_PORT=str(server.port))
     assert r.returncode == 1 and "does not offer no-such-model" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    # --own-server: one of its own all the same
+    r = _launch(env, "claude", "--own-server", "--ctx", CTX, LOCALGEN_PORT=str(server.port))
+    assert r.returncode == 0, r.stderr
+    _check_own_server(json.loads(r.stdout))
+    assert server.health()["slots"] == 2
+
+
+def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], running: tuple[Server, Path]) -> None:
+    server, key = running
+    p = subprocess.Popen([sys.executable, "-m", "localgen", "launch", "claude", "--api-key-file", str(key)],
+                         cwd=ROOT, env={**env, "FAKE_IGNORE": "1", "LOCALGEN_PORT": str(server.port)},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    assert json.loads(p.stdout.readline()) == {"waiting": True}
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGKILL
 
 
 def test_print_env_lines_start_the_agent_by_hand(env: dict[str, str], running: tuple[Server, Path],
@@ -239,6 +272,20 @@ def test_print_env_lines_start_the_agent_by_hand(env: dict[str, str], running: t
         assert got["url"] == server.url and got["model"] == "smollm2:135m" and got["text"].strip()
         if agent == "claude":
             assert "ANTHROPIC_API_KEY" not in got["env"]
+    # the page's example, as it prints it
+    r = _launch(env, "codex", "-m", "smollm2:135m", "--print-env", "--api-key-file", str(key),
+                LOCALGEN_PORT=str(server.port))
+    page = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
+    shown = page.split("--print-env --api-key-file key.txt\n```\n\n```text\n", 1)[1].split("```", 1)[0]
+    assert r.stdout == (shown.replace("qwen2.5-coder:7b", "smollm2:135m").replace(":11435", f":{server.port}")
+                        .replace("key.txt", str(key)))
+    # the key from LOCALGEN_API_KEY: as $LOCALGEN_API_KEY
+    r = _launch(env, "claude", "--print-env", LOCALGEN_PORT=str(server.port), LOCALGEN_API_KEY="sk-running-server")
+    assert r.returncode == 0 and 'ANTHROPIC_AUTH_TOKEN="$LOCALGEN_API_KEY"' in r.stdout
+    assert "sk-running-server" not in r.stdout
+    run = subprocess.run(["bash", "-c", r.stdout], env={**env, "LOCALGEN_API_KEY": "sk-running-server"},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0 and json.loads(run.stdout)["url"] == server.url, run.stderr
     r = _launch(env, "claude", "--print-env")  # nothing runs at LOCALGEN_PORT
     assert r.returncode == 1 and "no localgen serve is running" in r.stderr and not r.stdout
 
@@ -339,5 +386,11 @@ def test_usage_errors(home: Path, tmp_path: Path, agents_dir: Path) -> None:
         assert r.returncode == 0
         assert [line.split()[0] for line in r.stdout.splitlines()] == ["AGENT", "claude", "codex", "opencode"]
         assert all(" no " in line for line in r.stdout.splitlines()[1:])
-    r = InProcessCLI({**env, "PATH": str(agents_dir)})("launch", "--list")
+    found = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_PORT": str(_free_port())})
+    r = found("launch", "--list")
     assert f"{agents_dir}/claude" in r.stdout
+    r = found("launch", "claude", "-m", "qwen2.5-coder:7b")  # no server runs; the model is not here
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "qwen2.5-coder:7b is not downloaded (localgen pull qwen2.5-coder:7b" in r.stderr
+    r = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_API_KEY": "a key"})("launch", "claude")
+    assert r.returncode == 2 and "LOCALGEN_API_KEY has spaces" in r.stderr

@@ -33,11 +33,11 @@ def launch(
         "--model", "-m", envvar="LOCALGEN_MODEL", show_default=False,
         help="The model the agent uses (default: the running server's default model, or serve's).")] = None,
     n_ctx: Annotated[int | None, typer.Option(
-        "--ctx", "-c", min=0, show_default=False,
+        "--ctx", "--ctx-size", "-c", envvar="LOCALGEN_CTX", min=0, show_default=False,
         help=f"The started server's window in tokens (default: {AGENT_CTX:,}, or the model's trained context if "
              "less; 0: the trained context).")] = None,
     gpu_layers: Annotated[int | None, typer.Option(
-        "--gpu-layers", "-ngl", min=-1, show_default=False,
+        "--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, show_default=False,
         help="Layers the started server offloads to the GPU (as serve's -ngl).")] = None,
     offline: Annotated[bool, typer.Option("--offline", envvar="LOCALGEN_OFFLINE",
                                           help="The started server never downloads anything.")] = False,
@@ -94,6 +94,9 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"))
     check_host(host)
     key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
+    if key and not (key.isprintable() and " " not in key):  # as ps: no HTTP header carries it as given
+        raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} has spaces or control "
+                         "characters inside: no HTTP header carries it as given")
     url = url_of(host, port)
     reuse = not own_server and running_at(url)
     if print_env:
@@ -158,9 +161,13 @@ def _model_there(url: str, key: str | None, model: str | None, check: Any, defau
 def _serve_args(model: str | None, n_ctx: int | None, gpu_layers: int | None, offline: bool) -> list[str]:
     """serve's flags for an agent: the model, a window large enough (capped at the trained context), one slot,
     never unloaded while the agent thinks."""
+    from localgen.errors import NotDownloadedError
     from localgen.models.resolve import resolve
 
-    ref = resolve(model, offline=True, pull_missing=False)  # a model not here: pull it first, with its progress
+    try:  # the server would download a missing model where nobody sees its progress
+        ref = resolve(model, offline=True, pull_missing=False)
+    except NotDownloadedError as e:
+        raise LocalgenError(f"{model} is not downloaded", hint=f"localgen pull {e.name} first") from None
     trained = ref.summary.context_length
     window = n_ctx if n_ctx is not None else min(AGENT_CTX, trained) if trained else AGENT_CTX
     args = [*(["-m", model] if model else []), "--ctx", str(window), "--parallel", "1", "--keep-alive", "-1"]
