@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 
 AGENT_CTX = 32768  # an agent's first request alone (instructions and tool schemas) is many thousands of tokens
 TERM_WAIT_S = 10.0  # an agent told to stop (SIGTERM) that is still running after this is killed
-WATCHED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # what launch passes on to the agent, then cleans up
+# what launch passes on to the agent, then cleans up (SIGHUP: the terminal closed; none on Windows)
+WATCHED = {getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)}
+ENDING = WATCHED - {signal.SIGINT}
 SI_KERNEL = 0x80  # siginfo's si_code of a signal the kernel sent: a Ctrl-C typed at the terminal (Linux)
 
 
@@ -85,7 +87,7 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
          gpu_layers: int | None, offline: bool, host: str, port: int, api_key_file: Path | None, own_server: bool,
          print_env: bool) -> None:
     from localgen.agents import Endpoint
-    from localgen.childserver import ChildServer, ServeExited, check_model, default_model, running_at, url_of
+    from localgen.childserver import ChildServer, ServeExited, default_model, running_at, url_of
     from localgen.cli.options.knobs import typed_by_user
     from localgen.cli.output import ErrWriter
     from localgen.cli.serve.options import check_host, host_and_port, key_file
@@ -105,7 +107,7 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
                                 "localgen launch without --print-env, which starts one for the agent")
         import shlex
 
-        name = _model_there(url, key, model, check_model, default_model)
+        name = _model_there(url, key, model)
         expr = (f"$(cat {shlex.quote(str(api_key_file))})" if api_key_file is not None
                 else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
         from localgen.agents import shell_lines
@@ -114,14 +116,14 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
         return
     server = None
     # a SIGTERM or SIGHUP (the terminal closed) while the server starts: it is stopped too
-    previous = {sig: signal.signal(sig, _exit_signalled) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, _exit_signalled) for sig in ENDING}
     try:
         if reuse:
             given = [flag for flag, v in (("--ctx", n_ctx), ("-ngl", gpu_layers)) if v is not None]
             if given:
                 err.warn(f"using the server running at {url}: {', '.join(given)} left as it has them "
                          "(--own-server starts one for the agent)")
-            endpoint = Endpoint(url, key or "localgen", _model_there(url, key, model, check_model, default_model))
+            endpoint = Endpoint(url, key or "localgen", _model_there(url, key, model))
         else:
             server = ChildServer(_serve_args(model, n_ctx, gpu_layers, offline))
             err.status(f"starting localgen serve {' '.join(server.args)} for {a.name} ...")
@@ -150,11 +152,13 @@ def _exit_signalled(signum: int, frame: Any) -> None:
     raise typer.Exit(128 + signum)
 
 
-def _model_there(url: str, key: str | None, model: str | None, check: Any, default: Any) -> str:
+def _model_there(url: str, key: str | None, model: str | None) -> str:
     """-m, checked against the server at url, or that server's default model."""
+    from localgen.childserver import check_model, default_model
+
     if model is None:
-        return str(default(url, key))
-    check(url, key, model)
+        return default_model(url, key)
+    check_model(url, key, model)
     return model
 
 
@@ -208,7 +212,7 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
         raise LocalgenError(f"{a.program} could not start: {e.strerror or e}") from None
     if not hasattr(signal, "sigtimedwait"):  # no siginfo here (macOS): the terminal's Ctrl-C is the agent's
         before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in ENDING:
             signal.signal(sig, lambda signum, frame: p.send_signal(signum))
         try:
             return _status(p.wait())
