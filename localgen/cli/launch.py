@@ -198,7 +198,7 @@ def _unblock_signals(previous: set[int | signal.Signals] | None) -> None:
 def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
     """The agent in the foreground (this terminal's stdin, stdout and stderr), with its settings: its exit
     status (128 + N when signal N ended it). A Ctrl-C typed at the terminal reaches the agent, which shares
-    this process group, and is not sent again; a SIGINT or SIGTERM sent to launch itself is passed on."""
+    this process group, and is not sent again; a SIGINT, SIGTERM or SIGHUP sent to launch itself is passed on."""
     import subprocess
     import time
 
