@@ -138,7 +138,8 @@ COMMAND_PAGES = {"run": "run.md", "chat": "chat.md", "serve": "serve.md", "ps": 
                  "list": "models.md", "show": "models.md", "rm": "models.md", "create": "models.md", "cp": "models.md",
                  "quantize": "quantize.md", "perplexity": "perplexity.md", "bench": "bench.md", "fit": "fit.md",
                  "doctor": "doctor.md", "tune": "tune.md", "logs": "logs.md", "embed": "embed.md",
-                 "similar": "embed.md", "rerank": "embed.md", "collections": "embed.md", "rpc-server": "rpc.md"}
+                 "similar": "embed.md", "rerank": "embed.md", "collections": "embed.md", "rpc-server": "rpc.md",
+                 "launch": "agents.md"}
 
 
 def _options(cmd: Any, path: str) -> list[tuple[str, list[str]]]:

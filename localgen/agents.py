@@ -1,0 +1,97 @@
+"""The coding agents `localgen launch` starts, and what each one reads to talk to a localgen server: its
+environment variables and its command-line flags (docs/agents.md)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# The name of the provider Codex and OpenCode are given (Codex reserves openai, ollama and lmstudio).
+PROVIDER = "localgen"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A localgen server as an agent reaches it: its root URL (no /v1), its key, and the model to ask for."""
+
+    url: str
+    key: str
+    model: str
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What an agent is started with: variables set, variables removed, and flags before the user's own."""
+
+    env: dict[str, str]
+    unset: tuple[str, ...]
+    argv: list[str]
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A coding agent: its program, how to install it, and how to point it at a localgen server."""
+
+    name: str
+    title: str
+    program: str
+    install: str
+    setup: Callable[[Endpoint], Setup]
+
+    def path(self) -> str | None:
+        """Where the program is on PATH, or None."""
+        return shutil.which(self.program)
+
+
+def _claude(e: Endpoint) -> Setup:
+    # Bearer auth (ANTHROPIC_AUTH_TOKEN); a real ANTHROPIC_API_KEY left set would be sent as x-api-key too, and
+    # Claude Code asks before it uses one. Every model it asks for (main, opus/sonnet/haiku, subagents): ours.
+    models = ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
+              "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
+    return Setup(env={"ANTHROPIC_BASE_URL": e.url, "ANTHROPIC_AUTH_TOKEN": e.key, **dict.fromkeys(models, e.model)},
+                 unset=("ANTHROPIC_API_KEY",), argv=[])
+
+
+def _codex(e: Endpoint) -> Setup:
+    # `-c key=value` overrides ~/.codex/config.toml, the value read as TOML (a JSON string is a TOML string);
+    # the key is read from the variable env_key names, so no command line shows it
+    p = f"model_providers.{PROVIDER}"
+    pairs = [("model_provider", PROVIDER), (f"{p}.name", PROVIDER), (f"{p}.base_url", f"{e.url}/v1"),
+             (f"{p}.env_key", "LOCALGEN_API_KEY"), (f"{p}.wire_api", "responses"), ("model", e.model)]
+    argv = [w for k, v in pairs for w in ("-c", f"{k}={json.dumps(v)}")]
+    return Setup(env={"LOCALGEN_API_KEY": e.key}, unset=(), argv=argv)
+
+
+def _opencode(e: Endpoint) -> Setup:
+    # OPENCODE_CONFIG_CONTENT is merged over every config file OpenCode reads; its OpenAI-compatible provider
+    # speaks chat completions under baseURL
+    config = {"provider": {PROVIDER: {"npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
+                                      "options": {"baseURL": f"{e.url}/v1", "apiKey": e.key},
+                                      "models": {e.model: {"name": e.model}}}},
+              "model": f"{PROVIDER}/{e.model}"}
+    return Setup(env={"OPENCODE_CONFIG_CONTENT": json.dumps(config)}, unset=(), argv=[])
+
+
+AGENTS: dict[str, Agent] = {a.name: a for a in (
+    Agent("claude", "Claude Code, on Anthropic's Messages API", "claude",
+          "npm install -g @anthropic-ai/claude-code", _claude),
+    Agent("codex", "Codex, on OpenAI's Responses API", "codex", "npm install -g @openai/codex", _codex),
+    Agent("opencode", "OpenCode, on OpenAI's chat completions", "opencode", "npm install -g opencode-ai", _opencode),
+)}
+
+
+def shell_lines(agent: Agent, endpoint: Endpoint, key_expr: str) -> list[str]:
+    """The POSIX shell lines that set the agent up and start it by hand: `key_expr` (a shell expression such as
+    "$(cat key.txt)") stands wherever the key goes, so the lines never show the key itself."""
+    import shlex
+
+    marker = "__LOCALGEN_KEY__"  # text JSON keeps as it is (a NUL would become \u0000)
+    setup = agent.setup(Endpoint(endpoint.url, marker, endpoint.model))
+    lines = [f"unset {name}" for name in setup.unset]
+    for name, value in setup.env.items():
+        quoted = '"' + "".join("\\" + c if c in '"\\$`' else c for c in value) + '"'
+        lines.append(f"export {name}={quoted.replace(marker, key_expr)}")
+    lines.append(shlex.join([agent.program, *setup.argv]))
+    return lines

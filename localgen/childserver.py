@@ -1,0 +1,196 @@
+"""A `localgen serve` for one client (`localgen launch`): found already answering at an address, or started as a
+child on a free loopback port with a fresh random key, waited for, and stopped again."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localgen.errors import LocalgenError
+
+STOP_WAIT_S = 30.0  # serve finishes the requests in flight (--drain-timeout, 4 s) and writes its prompt cache
+TAIL_LINES = 15  # of a server's log, shown when it ends before it answers
+
+
+class ServeExited(LocalgenError):
+    """The started server ended before it answered: `tail`, the end of its log, says why."""
+
+    def __init__(self, message: str, tail: str) -> None:
+        super().__init__(message)
+        self.tail = tail
+
+
+def url_of(host: str, port: int) -> str:
+    """http://host:port, an IPv6 address in brackets."""
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def running_at(url: str) -> bool:
+    """Whether a localgen server answers /health at url (its `status` and `models`); a 503 (a model's worker
+    stopped) is an error rather than a server to use."""
+    import httpx
+
+    try:
+        r = httpx.get(f"{url}/health", timeout=2)
+    except httpx.HTTPError:
+        return False
+    try:
+        doc = r.json()
+    except ValueError:
+        return False
+    if not (isinstance(doc, dict) and "status" in doc and "models" in doc):
+        return False  # something else listens there
+    if r.status_code != 200:
+        raise LocalgenError(f"the localgen server at {url} answers /health with {r.status_code}: a model's worker "
+                            "has stopped", hint="restart it, or give --own-server")
+    return True
+
+
+def default_model(url: str, key: str | None) -> str:
+    """The model the server at url answers a request that names none (/v1/models marks it `default`)."""
+    doc = _get(url, "/v1/models", key)
+    names = [m.get("id") for m in doc.get("data", []) if isinstance(m, dict) and m.get("default")]
+    if not names or not isinstance(names[0], str):
+        raise LocalgenError(f"the server at {url} has no default model", hint="give -m MODEL")
+    return names[0]
+
+
+def check_model(url: str, key: str | None, model: str) -> None:
+    """The server at url offers `model` (by /v1/models/{id}), else an error that says so."""
+    from urllib.parse import quote
+
+    _get(url, f"/v1/models/{quote(model, safe='')}", key, missing=f"the server at {url} does not offer {model}")
+
+
+def _get(url: str, path: str, key: str | None, missing: str | None = None) -> dict[str, Any]:
+    import httpx
+
+    headers = {b"Authorization": f"Bearer {key}".encode()} if key else {}
+    try:
+        r = httpx.get(f"{url}{path}", headers=headers, timeout=30)
+    except httpx.HTTPError as e:
+        raise LocalgenError(f"the server at {url} did not answer {path}: {e}") from None
+    if r.status_code == 401:
+        raise LocalgenError(f"the server at {url} needs an API key" if not key else
+                            f"the server at {url} refused the API key given",
+                            hint="give --api-key-file FILE (or set LOCALGEN_API_KEY), or --own-server")
+    if r.status_code == 404 and missing:
+        raise LocalgenError(missing, hint="localgen list shows the models here")
+    if r.status_code != 200:
+        raise LocalgenError(f"{url}{path} answered {r.status_code}: {r.text[:200]}")
+    doc = r.json()
+    return doc if isinstance(doc, dict) else {}
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _end_with_parent() -> None:
+    """In the child, before serve starts (Linux): SIGTERM when the process that started it ends, however it
+    ends (SIGKILL too), so that no server outlives its client."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+@dataclass
+class ChildServer:
+    """`localgen serve` started for one client: in its own session (a Ctrl-C typed at the client's terminal
+    never reaches it), its key in a 0600 file in a private temporary folder, its output in a log there."""
+
+    args: list[str]  # serve's own flags past the ones set here (-m, --ctx, ...)
+    host: str = "127.0.0.1"
+    port: int = 0
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    folder: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return url_of(self.host, self.port)
+
+    @property
+    def log(self) -> Path:
+        assert self.folder is not None
+        return self.folder / "serve.log"
+
+    def start(self) -> None:
+        """Start serve: the key travels in a file (only its path is on serve's command line)."""
+        self.folder = Path(tempfile.mkdtemp(prefix="localgen-launch-"))  # 0700
+        key_file = self.folder / "key"
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(self.key)
+        self.port = self.port or free_port()
+        env = {k: v for k, v in os.environ.items() if k not in ("LOCALGEN_API_KEY", "LOCALGEN_HOST", "LOCALGEN_PORT")}
+        argv = [sys.executable, "-m", "localgen", "serve", "--host", self.host, "--port", str(self.port),
+                "--api-key-file", str(key_file), *self.args]
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            env=env, start_new_session=True, preexec_fn=_end_with_parent)
+
+    def wait_ready(self, tick: Callable[[float], None] | None = None) -> None:
+        """Wait until the server answers /health; then its key file goes (serve read it at start). A server
+        that exits first: an error with the end of its log."""
+        import httpx
+
+        assert self.process is not None
+        began = time.monotonic()
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise ServeExited(f"localgen serve exited with status {code} before it answered (its last lines "
+                                  "are above)", tail=self.tail())
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if tick is not None:
+                tick(time.monotonic() - began)
+            time.sleep(0.2)
+        assert self.folder is not None
+        (self.folder / "key").unlink(missing_ok=True)
+
+    def tail(self) -> str:
+        """The last lines of the server's log."""
+        try:
+            lines = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-TAIL_LINES:]) or "(it wrote nothing)"
+
+    def stop(self) -> None:
+        """SIGTERM, then wait (SIGKILL past STOP_WAIT_S); the private folder and the key go with it."""
+        p = self.process
+        try:
+            if p is not None and p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)  # serve and anything it started (an MCP tool server)
+                try:
+                    p.wait(timeout=STOP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        finally:
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,0 +1,242 @@
+"""`localgen launch AGENT`: a coding agent (Claude Code, Codex, OpenCode) on a local model in one command: a
+localgen server found running or started for it, the agent run in the foreground with its settings, the server
+stopped when the agent ends. The agents' table: localgen/agents.py; the child server: localgen/childserver.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from localgen.errors import LocalgenError, UsageError
+
+if TYPE_CHECKING:
+    from localgen.agents import Agent, Endpoint
+
+AGENT_CTX = 32768  # an agent's first request alone (instructions and tool schemas) is many thousands of tokens
+TERM_WAIT_S = 10.0  # an agent told to stop (SIGTERM) that is still running after this is killed
+# what launch passes on to the agent, then cleans up (SIGHUP: the terminal closed; none on Windows)
+WATCHED = {getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)}
+ENDING = WATCHED - {signal.SIGINT}
+SI_KERNEL = 0x80  # siginfo's si_code of a signal the kernel sent: a Ctrl-C typed at the terminal (Linux)
+
+
+def launch(
+    ctx: typer.Context,
+    agent: Annotated[str | None, typer.Argument(show_default=False, help="The agent: claude, codex or opencode "
+                                                "(--list shows them).")] = None,
+    agent_args: Annotated[list[str] | None, typer.Argument(
+        show_default=False, metavar="[-- AGENT-ARGS...]",
+        help="Passed to the agent as they are (after --: `localgen launch claude -- -p 'hi'`).")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", envvar="LOCALGEN_MODEL", show_default=False,
+        help="The model the agent uses (default: the running server's default model, or serve's).")] = None,
+    n_ctx: Annotated[int | None, typer.Option(
+        "--ctx", "--ctx-size", "-c", envvar="LOCALGEN_CTX", min=0, show_default=False,
+        help=f"The started server's window in tokens (default: {AGENT_CTX:,}, or the model's trained context if "
+             "less; 0: the trained context).")] = None,
+    gpu_layers: Annotated[int | None, typer.Option(
+        "--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, show_default=False,
+        help="Layers the started server offloads to the GPU (as serve's -ngl).")] = None,
+    offline: Annotated[bool, typer.Option("--offline", envvar="LOCALGEN_OFFLINE",
+                                          help="The started server never downloads anything.")] = False,
+    host: Annotated[str, typer.Option("--host", envvar="LOCALGEN_HOST",
+                                      help="Where to look for a running server.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", envvar="LOCALGEN_PORT", min=1, max=65535,
+                                      help="The running server's port.")] = 11435,
+    api_key_file: Annotated[Path | None, typer.Option(
+        "--api-key-file", dir_okay=False, show_default=False,
+        help="The running server's API key, from a file (else LOCALGEN_API_KEY).")] = None,
+    own_server: Annotated[bool, typer.Option(
+        "--own-server", help="Start a server for the agent even when one is running at --host/--port.")] = False,
+    print_env: Annotated[bool, typer.Option(
+        "--print-env", help="Print the shell lines that point the agent at the running server, and the command "
+                            "that starts it (the key as $(cat FILE) or $LOCALGEN_API_KEY); start nothing.")] = False,
+    list_agents: Annotated[bool, typer.Option("--list", help="List the agents, and whether each is on PATH.")] = False,
+) -> None:
+    """Start a coding agent on a local model: use the localgen server running at --host/--port, or start one
+    for the agent (a free loopback port, a fresh API key, --parallel 1, --keep-alive -1, a window of 32,768
+    tokens), run the agent with its settings in this terminal, then stop that server. Exits with the agent's
+    status."""
+    from localgen.agents import AGENTS
+
+    if list_agents or agent is None:
+        _list(AGENTS)
+        return
+    a = AGENTS.get(agent)
+    if a is None:
+        raise UsageError(f"no agent is called {agent!r}: launch knows {', '.join(AGENTS)}")
+    if not print_env and a.path() is None:
+        raise UsageError(f"{a.program} is not on PATH", hint=f"install {a.title.split(',')[0]}: {a.install}")
+    _run(ctx, a, agent_args or [], model, n_ctx, gpu_layers, offline, host, port, api_key_file, own_server,
+         print_env)
+
+
+def _list(agents: dict[str, Agent]) -> None:
+    rows = [("AGENT", "WHAT", "ON PATH", "INSTALL")]
+    rows += [(a.name, a.title, a.path() or "no", a.install) for a in agents.values()]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print("  ".join([*(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)), r[3]]).rstrip())
+
+
+def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ctx: int | None,
+         gpu_layers: int | None, offline: bool, host: str, port: int, api_key_file: Path | None, own_server: bool,
+         print_env: bool) -> None:
+    from localgen.agents import Endpoint
+    from localgen.childserver import ChildServer, ServeExited, default_model, running_at, url_of
+    from localgen.cli.options.knobs import typed_by_user
+    from localgen.cli.output import ErrWriter
+    from localgen.cli.serve.options import check_host, host_and_port, key_file
+
+    err = ErrWriter()
+    host, port = host_and_port(host, port, typed_by_user(ctx, "port"))
+    check_host(host)
+    key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
+    if key and not (key.isprintable() and " " not in key):  # as ps: no HTTP header carries it as given
+        raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} has spaces or control "
+                         "characters inside: no HTTP header carries it as given")
+    url = url_of(host, port)
+    reuse = not own_server and running_at(url)
+    if print_env:
+        if not reuse:
+            raise LocalgenError(f"no localgen serve is running at {url}", hint="start one (docs/agents.md), or run "
+                                "localgen launch without --print-env, which starts one for the agent")
+        import shlex
+
+        name = _model_there(url, key, model)
+        expr = (f"$(cat {shlex.quote(str(api_key_file))})" if api_key_file is not None
+                else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
+        from localgen.agents import shell_lines
+
+        print("\n".join(shell_lines(a, Endpoint(url, "", name), expr)))
+        return
+    server = None
+    # a SIGTERM or SIGHUP (the terminal closed) while the server starts: it is stopped too
+    previous = {sig: signal.signal(sig, _exit_signalled) for sig in ENDING}
+    try:
+        if reuse:
+            given = [flag for flag, v in (("--ctx", n_ctx), ("-ngl", gpu_layers)) if v is not None]
+            if given:
+                err.warn(f"using the server running at {url}: {', '.join(given)} left as it has them "
+                         "(--own-server starts one for the agent)")
+            endpoint = Endpoint(url, key or "localgen", _model_there(url, key, model))
+        else:
+            server = ChildServer(_serve_args(model, n_ctx, gpu_layers, offline))
+            err.status(f"starting localgen serve {' '.join(server.args)} for {a.name} ...")
+            server.start()
+            try:
+                server.wait_ready()
+            except ServeExited as e:
+                err.line(e.tail)
+                raise
+            endpoint = Endpoint(server.url, server.key, default_model(server.url, server.key))
+            err.status(f"{endpoint.model} is ready at {server.url}")
+        rc = _run_agent(a, endpoint, extra)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        blocked = _block_signals()  # stopping the server is not cut short
+        try:
+            if server is not None:
+                server.stop()
+        finally:
+            _unblock_signals(blocked)
+    raise typer.Exit(rc)
+
+
+def _exit_signalled(signum: int, frame: Any) -> None:
+    raise typer.Exit(128 + signum)
+
+
+def _model_there(url: str, key: str | None, model: str | None) -> str:
+    """-m, checked against the server at url, or that server's default model."""
+    from localgen.childserver import check_model, default_model
+
+    if model is None:
+        return default_model(url, key)
+    check_model(url, key, model)
+    return model
+
+
+def _serve_args(model: str | None, n_ctx: int | None, gpu_layers: int | None, offline: bool) -> list[str]:
+    """serve's flags for an agent: the model, a window large enough (capped at the trained context), one slot,
+    never unloaded while the agent thinks."""
+    from localgen.errors import NotDownloadedError
+    from localgen.models.resolve import resolve
+
+    try:  # the server would download a missing model where nobody sees its progress
+        ref = resolve(model, offline=True, pull_missing=False)
+    except NotDownloadedError as e:
+        raise LocalgenError(f"{model} is not downloaded", hint=f"localgen pull {e.name} first") from None
+    trained = ref.summary.context_length
+    window = n_ctx if n_ctx is not None else min(AGENT_CTX, trained) if trained else AGENT_CTX
+    args = [*(["-m", model] if model else []), "--ctx", str(window), "--parallel", "1", "--keep-alive", "-1"]
+    if gpu_layers is not None:
+        args += ["-ngl", str(gpu_layers)]
+    return args + (["--offline"] if offline else [])
+
+
+def _block_signals() -> set[int | signal.Signals] | None:
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
+
+
+def _unblock_signals(previous: set[int | signal.Signals] | None) -> None:
+    if previous is None:
+        return
+    if hasattr(signal, "sigtimedwait"):  # what came while blocked is over: the server is stopped
+        while signal.sigtimedwait(WATCHED, 0) is not None:
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
+    """The agent in the foreground (this terminal's stdin, stdout and stderr), with its settings: its exit
+    status (128 + N when signal N ended it). A Ctrl-C typed at the terminal reaches the agent, which shares
+    this process group, and is not sent again; a SIGINT, SIGTERM or SIGHUP sent to launch itself is passed on."""
+    import subprocess
+    import time
+
+    setup = a.setup(endpoint)
+    env = {k: v for k, v in os.environ.items() if k not in setup.unset}
+    env.update(setup.env)
+    argv = [a.path() or a.program, *setup.argv, *extra]
+    try:
+        p = subprocess.Popen(argv, env=env)
+    except OSError as e:
+        raise LocalgenError(f"{a.program} could not start: {e.strerror or e}") from None
+    if not hasattr(signal, "sigtimedwait"):  # no siginfo here (macOS): the terminal's Ctrl-C is the agent's
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in ENDING:
+            signal.signal(sig, lambda signum, frame: p.send_signal(signum))
+        try:
+            return _status(p.wait())
+        finally:
+            signal.signal(signal.SIGINT, before)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
+    deadline: float | None = None
+    try:
+        while p.poll() is None:
+            info = signal.sigtimedwait(WATCHED, 0.1)
+            if info is not None and not (info.si_signo == signal.SIGINT and info.si_code == SI_KERNEL):
+                p.send_signal(info.si_signo)
+                if info.si_signo != signal.SIGINT and deadline is None:
+                    deadline = time.monotonic() + TERM_WAIT_S
+            if deadline is not None and time.monotonic() > deadline:
+                p.kill()
+                deadline = None
+    finally:
+        if p.poll() is None:  # launch itself failed: the agent goes too
+            p.kill()
+            p.wait()
+        _unblock_signals(blocked)
+    return _status(p.returncode)
+
+
+def _status(code: int) -> int:
+    return 128 - code if code < 0 else code

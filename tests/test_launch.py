@@ -1,0 +1,396 @@
+"""`localgen launch AGENT` (docs/agents.md): fake agents, Python scripts named `claude`, `codex` and `opencode` put
+first on PATH, read what launch gave them (environment, flags), ask the server with the real `anthropic` and
+`openai` client libraries, print what they got as JSON and exit with a chosen status. The real CLI starts a
+real `localgen serve` on SmolLM2 for them, or uses one already running."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pexpect
+import pytest
+
+from tests.conftest import ROOT, InProcessCLI
+from tests.test_serve import Server
+
+# What every fake agent reports: its argv, the server's `localgen serve` child (launch's other child: its pid,
+# whether its command line holds the key, its key file and whether that is still there), the server's
+# /health and /v1/models, and the answer. FAKE_WAIT: wait for a signal first, and report it.
+COMMON = r'''
+import json, os, signal, sys, tomllib
+from pathlib import Path
+
+def serve_child(key):
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (proc / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getppid() and "serve" in argv:
+            kf = argv[argv.index("--api-key-file") + 1]
+            return {"pid": int(proc.name), "argv": argv, "key_on_command_line": any(key in a for a in argv),
+                    "key_file": kf, "key_file_left": os.path.exists(kf),
+                    "folder_mode": oct(os.stat(os.path.dirname(kf)).st_mode & 0o777)}
+    return None
+
+def report(url, key, answer_model, text, **more):
+    import httpx
+    auth = {"Authorization": f"Bearer {key}"}
+    got = {"argv": sys.argv[1:], "url": url, "serve": serve_child(key), "model": answer_model, "text": text,
+           "health": httpx.get(f"{url}/health").json(), "models": httpx.get(f"{url}/v1/models", headers=auth).json(),
+           "unauthorized": httpx.get(f"{url}/v1/models").status_code,
+           "ps": httpx.get(f"{url}/api/ps", headers=auth).json(), **more}
+    if os.environ.get("FAKE_IGNORE"):  # an agent that a SIGTERM does not end
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(json.dumps({"waiting": True}), flush=True)
+        while True:
+            signal.pause()
+    if os.environ.get("FAKE_WAIT"):  # the signals that come: the first, and any in the second after it
+        import time
+        got["signals"] = []
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, lambda signum, frame: got["signals"].append(signum))
+        print(json.dumps({"waiting": True}), flush=True)
+        while not got["signals"]:
+            signal.pause()
+        end = time.monotonic() + 1
+        while time.monotonic() < end:
+            time.sleep(0.05)
+    print(json.dumps(got), flush=True)
+    if os.environ.get("FAKE_KILL"):  # an agent that a signal ends
+        os.kill(os.getpid(), int(os.environ["FAKE_KILL"]))
+    sys.exit(int(os.environ.get("FAKE_RC", "0")))
+'''
+
+CLAUDE = COMMON + r'''
+import anthropic
+m = anthropic.Anthropic().messages.create(model=os.environ["ANTHROPIC_MODEL"], max_tokens=8,
+                                          messages=[{"role": "user", "content": "Say hi."}])
+report(os.environ["ANTHROPIC_BASE_URL"], os.environ["ANTHROPIC_AUTH_TOKEN"], m.model, m.content[0].text,
+       env={k: v for k, v in os.environ.items() if k.startswith(("ANTHROPIC_", "CLAUDE_"))})
+'''
+
+CODEX = COMMON + r'''
+import openai
+config, rest, args = {}, [], sys.argv[1:]
+while args:
+    if args[0] == "-c":
+        key, value = args[1].split("=", 1)
+        config[key] = tomllib.loads(f"v = {value}")["v"]
+        args = args[2:]
+    else:
+        rest.append(args.pop(0))
+p = config["model_providers." + config["model_provider"] + ".base_url"].removesuffix("/v1")
+provider = {k.rsplit(".", 1)[1]: v for k, v in config.items() if k.startswith("model_providers.")}
+key = os.environ[provider["env_key"]]
+r = openai.OpenAI(base_url=provider["base_url"], api_key=key).responses.create(
+    model=config["model"], input="Say hi.", max_output_tokens=8)
+report(p, key, r.model, r.output_text, rest=rest, provider=provider, config_model=config["model"])
+'''
+
+OPENCODE = COMMON + r'''
+import openai
+config = json.loads(os.environ["OPENCODE_CONFIG_CONTENT"])
+provider_id, model = config["model"].split("/", 1)
+options = config["provider"][provider_id]["options"]
+r = openai.OpenAI(base_url=options["baseURL"], api_key=options["apiKey"]).chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8)
+report(options["baseURL"].removesuffix("/v1"), options["apiKey"], r.model, r.choices[0].message.content,
+       npm=config["provider"][provider_id]["npm"])
+'''
+
+AGENTS = {"claude": CLAUDE, "codex": CODEX, "opencode": OPENCODE}
+CTX = "1024"  # small: each test's server loads fast
+
+
+@pytest.fixture(scope="module")
+def agents_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("agents")
+    for name, body in AGENTS.items():
+        (d / name).write_text(f"#!{sys.executable}\n{body}", encoding="utf-8")
+        (d / name).chmod(0o755)
+    return d
+
+
+@pytest.fixture(scope="module")
+def env(cli_env: dict[str, str], agents_dir: Path) -> dict[str, str]:
+    # no server at the default address counts: LOCALGEN_PORT points at a port nothing listens on
+    return {**cli_env, "PATH": f"{agents_dir}{os.pathsep}{cli_env['PATH']}", "LOCALGEN_PORT": str(_free_port()),
+            "ANTHROPIC_API_KEY": "sk-ant-real-key-of-the-user"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _launch(env: dict[str, str], *args: str, **more: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localgen", "launch", *args], env={**env, **more}, cwd=ROOT,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # not reaped yet
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def _check_own_server(got: dict[str, Any], ctx: int = int(CTX)) -> None:
+    """The server launch started: on loopback, not the default port, one slot, the window asked for, loaded for
+    good, a key that only a file in a private folder carried (gone once serve read it) and that the server
+    demands; then, stopped."""
+    assert got["url"].startswith("http://127.0.0.1:") and not got["url"].endswith(":11435")
+    serve = got["serve"]
+    assert serve is not None and not serve["key_on_command_line"] and not serve["key_file_left"]
+    assert serve["folder_mode"] == "0o700"
+    assert got["unauthorized"] == 401
+    assert got["health"]["models"]["smollm2:135m"]["slots"] == 1
+    assert [m["max_model_len"] for m in got["models"]["data"] if m["id"] == "smollm2:135m"] == [ctx]
+    [loaded] = got["ps"]["models"]
+    assert int(loaded["expires_at"][:4]) > time.gmtime().tm_year + 5  # --keep-alive -1: never unloaded
+    assert got["model"] == "smollm2:135m" and got["text"].strip()
+    assert _gone(serve["pid"]) and _refused(got["url"])
+    assert not Path(serve["key_file"]).parent.exists()  # the private folder, the key and the log with it
+
+
+def test_claude_gets_its_own_server_and_its_exit_status_passes_through(env: dict[str, str]) -> None:
+    r = _launch(env, "claude", "-m", "smollm2:135m", "--ctx", CTX, "--", "-p", "hi there", FAKE_RC="7")
+    assert r.returncode == 7, r.stderr
+    got = json.loads(r.stdout)
+    assert got["argv"] == ["-p", "hi there"]
+    _check_own_server(got)
+    e = got["env"]
+    assert "ANTHROPIC_API_KEY" not in e  # the user's real key is not sent to the local server
+    assert e["ANTHROPIC_BASE_URL"] == got["url"] and not e["ANTHROPIC_BASE_URL"].endswith("/v1")
+    for name in ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
+                 "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):
+        assert e[name] == "smollm2:135m"
+    assert "Traceback" not in r.stderr
+
+
+def test_codex_gets_a_responses_provider_and_opencode_its_config(env: dict[str, str]) -> None:
+    r = _launch(env, "codex", "-m", "smollm2:135m", "--ctx", CTX, "-ngl", "0", "--offline", "--", "exec", "fix it")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    _check_own_server(got)
+    assert {"-ngl", "--offline"} <= set(got["serve"]["argv"])  # passed on to serve
+    assert got["rest"] == ["exec", "fix it"] and got["config_model"] == "smollm2:135m"
+    assert got["provider"]["wire_api"] == "responses" and got["provider"]["base_url"] == got["url"] + "/v1"
+    assert got["provider"]["env_key"] == "LOCALGEN_API_KEY"
+    r = _launch(env, "opencode")  # no -m: serve's default model; no --ctx: its trained 8,192 (less than 32,768)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    _check_own_server(got, ctx=8192)
+    assert got["npm"] == "@ai-sdk/openai-compatible"
+
+
+@pytest.fixture(scope="module")
+def running(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    key = tmp_path_factory.mktemp("key") / "key.txt"
+    key.write_text("sk-running-server\n")
+    s = Server(cli_env, "--api-key-file", str(key), "--ctx", "768", "-np", "2")
+    yield s, key
+    assert s.stop() == 0
+
+
+def test_a_running_server_is_used_and_left_running(env: dict[str, str], running: tuple[Server, Path]) -> None:
+    server, key = running
+    r = _launch(env, "codex", "--api-key-file", str(key), LOCALGEN_PORT=str(server.port), FAKE_KILL="9")
+    assert r.returncode == 128 + 9, r.stderr  # the agent ended by SIGKILL
+    got = json.loads(r.stdout)
+    assert got["url"] == server.url and got["serve"] is None  # no server of its own
+    assert got["config_model"] == "smollm2:135m" and got["text"].strip()  # the server's default model
+    assert server.health()["slots"] == 2  # still running, as it was started
+    # the key from LOCALGEN_API_KEY; --ctx and -ngl cannot change a running server: said
+    r = _launch(env, "claude", "--ctx", "4096", "-ngl", "0", LOCALGEN_PORT=str(server.port),
+                LOCALGEN_API_KEY="sk-running-server", FAKE_RC="4")
+    assert r.returncode == 4 and "--ctx, -ngl left as it has them" in r.stderr
+    assert json.loads(r.stdout)["url"] == server.url
+    # a key it needs and was not given; a model it does not have
+    r = _launch(env, "claude", LOCALGEN_PORT=str(server.port))
+    assert r.returncode == 1 and "needs an API key" in r.stderr and "--api-key-file" in r.stderr
+    r = _launch(env, "claude", "-m", "no-such-model", "--api-key-file", str(key), LOCALGEN_PORT=str(server.port))
+    assert r.returncode == 1 and "does not offer no-such-model" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    # --own-server: one of its own all the same
+    r = _launch(env, "claude", "--own-server", "--ctx", CTX, LOCALGEN_PORT=str(server.port))
+    assert r.returncode == 0, r.stderr
+    _check_own_server(json.loads(r.stdout))
+    assert server.health()["slots"] == 2
+
+
+def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], running: tuple[Server, Path]) -> None:
+    server, key = running
+    p = subprocess.Popen([sys.executable, "-m", "localgen", "launch", "claude", "--api-key-file", str(key)],
+                         cwd=ROOT, env={**env, "FAKE_IGNORE": "1", "LOCALGEN_PORT": str(server.port)},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    assert json.loads(p.stdout.readline()) == {"waiting": True}
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGKILL
+
+
+def test_print_env_lines_start_the_agent_by_hand(env: dict[str, str], running: tuple[Server, Path],
+                                                 tmp_path: Path) -> None:
+    server, key = running
+    for agent in ("claude", "codex", "opencode"):
+        r = _launch(env, agent, "--print-env", "--api-key-file", str(key), LOCALGEN_PORT=str(server.port))
+        assert r.returncode == 0, r.stderr
+        assert "sk-running-server" not in r.stdout and f"$(cat {key})" in r.stdout
+        # the lines, run by a shell, start the agent on the server (the user's real key unset for claude)
+        run = subprocess.run(["bash", "-c", r.stdout], env=env, capture_output=True, text=True, timeout=300,
+                             cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        got = json.loads(run.stdout)
+        assert got["url"] == server.url and got["model"] == "smollm2:135m" and got["text"].strip()
+        if agent == "claude":
+            assert "ANTHROPIC_API_KEY" not in got["env"]
+    # the page's example, as it prints it
+    r = _launch(env, "codex", "-m", "smollm2:135m", "--print-env", "--api-key-file", str(key),
+                LOCALGEN_PORT=str(server.port))
+    page = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
+    shown = page.split("--print-env --api-key-file key.txt\n```\n\n```text\n", 1)[1].split("```", 1)[0]
+    assert r.stdout == (shown.replace("qwen2.5-coder:7b", "smollm2:135m").replace(":11435", f":{server.port}")
+                        .replace("key.txt", str(key)))
+    # the key from LOCALGEN_API_KEY: as $LOCALGEN_API_KEY
+    r = _launch(env, "claude", "--print-env", LOCALGEN_PORT=str(server.port), LOCALGEN_API_KEY="sk-running-server")
+    assert r.returncode == 0 and 'ANTHROPIC_AUTH_TOKEN="$LOCALGEN_API_KEY"' in r.stdout
+    assert "sk-running-server" not in r.stdout
+    run = subprocess.run(["bash", "-c", r.stdout], env={**env, "LOCALGEN_API_KEY": "sk-running-server"},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0 and json.loads(run.stdout)["url"] == server.url, run.stderr
+    r = _launch(env, "claude", "--print-env")  # nothing runs at LOCALGEN_PORT
+    assert r.returncode == 1 and "no localgen serve is running" in r.stderr and not r.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_launch_goes_to_the_agent_then_the_server_stops(env: dict[str, str], sig: int) -> None:
+    p = subprocess.Popen([sys.executable, "-m", "localgen", "launch", "claude", "--ctx", CTX], cwd=ROOT,
+                         env={**env, "FAKE_WAIT": "1", "FAKE_RC": "5"}, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    assert json.loads(p.stdout.readline()) == {"waiting": True}
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 5, err
+    got = json.loads(out)
+    assert got["signals"] == [sig]
+    _check_own_server(got)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_a_killed_launch_leaves_no_server(env: dict[str, str]) -> None:
+    """SIGKILL cannot be caught: the server, told at its start to end with its parent (Linux), ends anyway."""
+    p = subprocess.Popen([sys.executable, "-m", "localgen", "launch", "claude", "--ctx", CTX], cwd=ROOT,
+                         env={**env, "FAKE_WAIT": "1"}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    assert p.stdout is not None
+    assert json.loads(p.stdout.readline()) == {"waiting": True}
+    children = _children(p.pid)
+    assert len(children) == 2  # the server and the agent
+    argv = [Path(f"/proc/{c}/cmdline").read_bytes().split(b"\0") for c in children]
+    folder = next(Path(a[a.index(b"--api-key-file") + 1].decode()).parent for a in argv if b"serve" in a)
+    p.kill()
+    p.wait()
+    try:
+        deadline = time.monotonic() + 120
+        while not all(_gone(c) or b"serve" not in Path(f"/proc/{c}/cmdline").read_bytes() for c in children):
+            assert time.monotonic() < deadline, "the server outlived launch"
+            time.sleep(0.2)
+    finally:
+        for c in children:  # the agent, left running as a shell leaves a job whose parent was killed
+            if not _gone(c):
+                os.kill(c, signal.SIGKILL)
+        shutil.rmtree(folder)  # the server's log (its key went once it had started): launch had no chance to
+
+
+def test_ctrl_c_at_the_terminal_reaches_the_agent_once_and_not_the_server(env: dict[str, str]) -> None:
+    """The agent shares launch's terminal and process group, so a typed Ctrl-C reaches it from the terminal:
+    launch does not send it again (Claude Code takes a second Ctrl-C as "quit"), and the server, in a session of
+    its own, never sees it."""
+    from tests.terminal import spawn
+
+    term = spawn({**env, "FAKE_WAIT": "1", "FAKE_RC": "0"}, ["launch", "claude", "--ctx", CTX], timeout=300)
+    term.expect("starting localgen serve")  # progress, on a terminal
+    term.expect("is ready at http://127.0.0.1:")
+    term.expect_exact('{"waiting": true}')
+    term.sendintr()
+    term.expect(r'\{"argv".*\}\r\n')  # the whole line
+    got = json.loads(term.after)
+    term.expect(pexpect.EOF)
+    term.close()
+    assert term.exitstatus == 0
+    assert got["signals"] == [signal.SIGINT]
+    _check_own_server(got)
+
+
+def test_a_server_that_ends_before_it_answers(env: dict[str, str], bad_models: dict[str, Path]) -> None:
+    began = time.time()
+    r = _launch(env, "claude", "-m", str(bad_models["unknown_arch"]), "--ctx", CTX)
+    assert r.returncode == 1 and not r.stdout
+    last = r.stderr.strip().splitlines()
+    assert "localgen serve exited with status 1 before it answered" in last[-1]
+    assert "frobnicator" in r.stderr  # serve's own error, from its log
+    assert not [d for d in Path(tempfile.gettempdir()).glob("localgen-launch-*") if d.stat().st_mtime >= began]
+
+
+def test_usage_errors(home: Path, tmp_path: Path, agents_dir: Path) -> None:
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("LOCALGEN_")}
+    env.update(LOCALGEN_HOME=str(home), NO_COLOR="1", HF_HUB_OFFLINE="1", PATH=str(tmp_path))
+    cli = InProcessCLI(env)
+    r = cli("launch", "aider")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "no agent is called 'aider'" in r.stderr and "claude, codex, opencode" in r.stderr
+    r = cli("launch", "codex")  # not on PATH: how to install it, before any server starts
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "codex is not on PATH" in r.stderr and "npm install -g @openai/codex" in r.stderr
+    for args in (("launch",), ("launch", "--list")):
+        r = cli(*args)
+        assert r.returncode == 0
+        assert [line.split()[0] for line in r.stdout.splitlines()] == ["AGENT", "claude", "codex", "opencode"]
+        assert all(" no " in line for line in r.stdout.splitlines()[1:])
+    found = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_PORT": str(_free_port())})
+    r = found("launch", "--list")
+    assert f"{agents_dir}/claude" in r.stdout
+    r = found("launch", "claude", "-m", "qwen2.5-coder:7b")  # no server runs; the model is not here
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "qwen2.5-coder:7b is not downloaded (localgen pull qwen2.5-coder:7b" in r.stderr
+    r = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_API_KEY": "a key"})("launch", "claude")
+    assert r.returncode == 2 and "LOCALGEN_API_KEY has spaces" in r.stderr
