@@ -30,13 +30,22 @@ def home_env(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     for name, extra in (("notes", ()), ("lasts", ("--pooling", "last"))):
         r = CLI(env)("embed", "--store", name, *extra, input=lines)
         assert r.returncode == 0, r.stderr
+    r = CLI(env)("embed", "--store", "long", input="".join(json.dumps({"id": f"fact{i}", "text": LONG[i]}) + "\n"
+                                                          for i in range(len(LONG))))
+    assert r.returncode == 0, r.stderr
+    r = CLI(env)("embed", "--store", "removed", "a text to remove")
+    assert r.returncode == 0, r.stderr
     return env
+
+
+# texts of about 120 tokens each: five of them do not fit a 512-token window beside the answer's room
+LONG = [f"Fact {i} about the river Seine and Paris: " + " ".join(f"word{i}x{j}" for j in range(40)) for i in range(6)]
 
 
 @pytest.fixture(scope="module")
 def server(home_env: dict[str, str]) -> Iterator[Server]:
     s = Server(home_env, "--api-key", KEY, "-np", "2", "--ctx", "512", "--collection", "notes",
-               "--collection", "lasts")
+               "--collection", "lasts", "--collection", "long", "--collection", "removed")
     yield s
     assert s.stop() == 0
 
@@ -46,7 +55,7 @@ def test_collections_are_listed_and_searched_as_openais_vector_stores(server: Se
 
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
     listed = client.vector_stores.list()
-    assert [s.id for s in listed.data] == ["notes", "lasts"] and not listed.has_more
+    assert [s.id for s in listed.data] == ["notes", "lasts", "long", "removed"] and not listed.has_more
     one = client.vector_stores.retrieve("notes")
     assert (one.name, one.status, one.file_counts.completed, one.file_counts.total) == ("notes", "completed", 3, 3)
     assert one.metadata == {"model": "smollm2:135m", "pooling": "mean", "dimensions": "576"}
@@ -75,7 +84,7 @@ def test_a_search_says_what_it_cannot_do(server: Server) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
     with pytest.raises(openai.NotFoundError) as missing:
         client.vector_stores.search("nosuch", query="x")
-    assert "offered here: notes, lasts" in str(missing.value)
+    assert "offered here: notes, lasts, long, removed" in str(missing.value)
     for bad, param in (({"query": ""}, "query"), ({"query": []}, "query"),
                        ({"query": "x", "max_num_results": 0}, "max_num_results"),
                        ({"query": "x", "max_num_results": 51}, "max_num_results"),
@@ -101,7 +110,7 @@ def test_serve_refuses_a_collection_it_cannot_offer(home_env: dict[str, str], tm
     others reach with no key; and, with no collections at all, a hint at how to make one."""
     cli = CLI(home_env)
     r = cli("serve", "--collection", "nosuch", "--port", "1")
-    assert r.returncode == 2 and "no collection named 'nosuch' (there are: notes, lasts)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "no collection named 'nosuch' (there are: notes, lasts, long" in r.stderr, r.stderr
     r = cli("serve", "--collection", "notes", "--host", "0.0.0.0", "--port", "1")
     assert r.returncode == 2 and "with no API key would let anyone" in r.stderr, r.stderr
     r = CLI({**home_env, "LOCALGEN_HOME": str(tmp_path / "empty")})("serve", "--collection", "notes", "--port", "1")
@@ -191,3 +200,52 @@ def test_responses_file_search_answers_from_the_store(server: Server) -> None:
         with pytest.raises(openai.BadRequestError) as bad:
             client.responses.create(model="smollm2:135m", input=QUESTION, tools=tools)  # type: ignore[arg-type]
         assert words in str(bad.value), bad.value
+
+
+def test_a_store_removed_while_serving_is_gone_and_its_paths_say_what_is_served(server: Server,
+                                                                                home_env: dict[str, str]) -> None:
+    """A collection removed (localgen collections rm) while serve offers it: left out of the listing, a 404 for
+    itself and its search that names no collection the server does not offer; a store's other paths: a GET of
+    its search is a 405, its files a 404 that says where a collection is changed."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = CLI(home_env)("collections", "rm", "removed")
+    assert r.returncode == 0, r.stderr
+    listed = httpx.get(f"{server.url}/v1/vector_stores", headers=auth, timeout=30).json()
+    assert "removed" not in [d["id"] for d in listed["data"]] and len(listed["data"]) == 3
+    one = httpx.get(f"{server.url}/v1/vector_stores/removed", headers=auth, timeout=30)
+    found = httpx.post(f"{server.url}/v1/vector_stores/removed/search", json={"query": "x"}, headers=auth, timeout=30)
+    for gone in (one, found):
+        assert gone.status_code == 404 and "is gone" in gone.text and "notes" not in gone.text, gone.text
+    assert httpx.get(f"{server.url}/v1/vector_stores/notes/search", headers=auth, timeout=30).status_code == 405
+    files = httpx.get(f"{server.url}/v1/vector_stores/notes/files", headers=auth, timeout=30)
+    assert files.status_code == 404 and "localgen embed --store" in files.text, files.text
+
+
+def test_file_search_sends_what_fits_and_runs_no_tool_with_tool_choice_none(server: Server) -> None:
+    """Excerpts past a slot's window beside the answer's room are left out, the lowest-scoring first (the item's
+    results are those sent), said in the server's log; tool_choice none searches nothing; required with
+    file_search alone is answered."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    tool = {"type": "file_search", "vector_store_ids": ["long"]}
+    r = client.responses.create(model="smollm2:135m", input="Tell me about the Seine.", max_output_tokens=32,
+                                tools=[tool], include=["file_search_call.results"])
+    call = r.output[0]
+    assert call.type == "file_search_call" and call.results is not None
+    sent = [x.file_id for x in call.results]
+    found = client.vector_stores.search("long", query="Tell me about the Seine.", max_num_results=5)
+    assert 0 < len(sent) < 5 and sent == [d.file_id for d in found.data][:len(sent)], (sent, found.data)
+    assert r.usage is not None and r.usage.input_tokens <= 512 - 32
+    text = client.responses.input_items.list(r.id).data[0].content[0].text  # type: ignore[union-attr]
+    assert all(f"[{i}]" in text for i in sent) and not any(f"[{d.file_id}]" in text for d in found.data[len(sent):])
+    log = server.proc.stderr.read().decode() if server.proc.stderr else ""
+    assert f"excerpt{'s' if 5 - len(sent) != 1 else ''} left out to fit a slot's window of 512 tokens" in log, log
+
+    none = client.responses.create(model="smollm2:135m", input=QUESTION, max_output_tokens=4, tool_choice="none",
+                                   tools=[{"type": "file_search", "vector_store_ids": ["notes"]}])
+    assert [o.type for o in none.output] == ["message"]
+    required = client.responses.create(model="smollm2:135m", input=QUESTION, max_output_tokens=4,
+                                       tool_choice="required",
+                                       tools=[{"type": "file_search", "vector_store_ids": ["notes"]}])
+    assert required.output[0].type == "file_search_call"

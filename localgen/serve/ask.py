@@ -47,6 +47,7 @@ class Ask:
     conversation: str = "messages"  # the request's field the messages came from (errors name it): input, prompt
     inline: Inline = OPENAI_WORDS  # how the API's errors name media sent inline (Anthropic: source.data)
     fit: bool = False  # fold the oldest turns into a summary where the window cannot hold them (serve/fitting.py)
+    excerpts: Any = None  # texts found for the question, placed in it as the window allows (serve/filesearch.py)
 
 
 def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dict[str, Any]:

@@ -1,25 +1,32 @@
 """The Responses API's file_search tool over serve --collection's vector stores: before the model answers, the
 request's last user message is searched for in the stores the tool names (serve/vectorstores.py), and the best
 texts are put into that message ahead of the question, each under its id, with the instruction to answer from
-them (embeddings/retrieve.py's rag_message: what run --rag and chat --rag send). The search is a
+them (embeddings/retrieve.py's rag_message: what run --rag and chat --rag send), as many as the window holds
+with room for the answer, the lowest-scoring left out first (as --rag leaves them). The search is a
 `file_search_call` output item before the answer (its results with include ["file_search_call.results"]). The
 model is not asked to write the query: a small local model answers better from a search for the question
 itself, and the request is answered in one pass."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
+
 from localgen.embeddings.retrieve import Hit, rag_message
 from localgen.serve.apierror import HTTPError
+from localgen.serve.served import Served
 from localgen.serve.state import ServeState
 from localgen.serve.vectorstores import MAX_RESULTS, check_offered, search
+from localgen.types import GenerationRequest, Message
 
 DEFAULT_RESULTS = 5  # excerpts per request: a local model's window is small (OpenAI's default is 10)
 
-# the file_search_call item a request's search made, for the encoder (set by the Responses parser)
+# the file_search_call item a request's search made, for the encoder (set by the Responses parser, its results
+# those placed in the question)
 SEARCHED: ContextVar[dict[str, Any] | None] = ContextVar("localgen_file_search", default=None)
 
 
@@ -46,46 +53,78 @@ def tool(state: ServeState, t: dict[str, Any]) -> FileSearch:
     if t.get("filters") is not None:
         raise HTTPError(400, "file_search's filters are not supported: a collection's entries have no attributes",
                         param="tools")
-    ranking = t.get("ranking_options") or {}
+    ranking = t.get("ranking_options")
     threshold = ranking.get("score_threshold") if isinstance(ranking, dict) else None
-    if not isinstance(ranking, dict) or (threshold is not None and (
+    if (ranking is not None and not isinstance(ranking, dict)) or (threshold is not None and (
             isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not -1 <= threshold <= 1)):
         raise HTTPError(400, "file_search's ranking_options.score_threshold must be a number from -1 to 1",
                         param="tools")
     return FileSearch(stores, count, None if threshold is None else float(threshold))
 
 
+@dataclass
+class Excerpts:
+    """What a search found for the question (best first), to be placed in it by the pipeline (`place`)."""
+
+    question: str
+    hits: list[Hit]
+    item: dict[str, Any]  # the file_search_call item (SEARCHED's)
+    results: bool  # include ["file_search_call.results"]
+
+    async def place(self, worker: Served, request: GenerationRequest, plan: Any, http: Request,
+                    keep_alive: float | None) -> tuple[GenerationRequest, tuple[Message, ...]]:
+        """The request with as many of the texts as fit the window beside the answer's room, in its last user
+        message (the question alone when none fits: then the usual 400 says whether it fits at all)."""
+        from localgen.serve.fitting import prompt_tokens, room
+
+        messages = list(request.messages or ())
+        at = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        if not isinstance(messages[at]["content"], str):  # images or audio beside the question: no excerpts
+            self.hits = []
+        limit = worker.n_ctx - room(request, worker.n_ctx)
+        kept = len(self.hits)
+        while kept:
+            trial = [*messages[:at], {**messages[at], "content": rag_message(self.question, self.hits[:kept])},
+                     *messages[at + 1:]]
+            n = await prompt_tokens(worker, dataclasses.replace(request, messages=tuple(trial)), plan, http, keep_alive)
+            if n is not None and n <= limit:
+                messages = trial
+                break
+            kept -= 1
+        if kept < len(self.hits):
+            from localgen.serve.servelog import LOG
+
+            left = self.hits[kept:]
+            LOG.get().event("excerpts", worker.name, f"{worker.name}: file_search: {len(left)} excerpt"
+                            f"{'s' if len(left) != 1 else ''} left out to fit a slot's window of {worker.n_ctx:,} "
+                            f"tokens ({', '.join(h.id for h in left)[:300]}); {kept} sent", left_out=len(left),
+                            sent=kept)
+        if self.results:
+            self.item["results"] = self.item["results"][:kept]
+        SEARCHED.set(self.item)
+        return dataclasses.replace(request, messages=tuple(messages)), tuple(messages)
+
+
 async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]], first: int, results: bool,
-              ident: str) -> list[dict[str, Any]]:
-    """Search for the text of the last user message from `first` on (the request's own input), and the messages
-    with the best texts put into it (unchanged when there is none to search for); the file_search_call item,
-    for the encoder, in SEARCHED."""
+              ident: str) -> Excerpts | None:
+    """Search for the text of the last user message from `first` on (the request's own input); the texts found,
+    for the pipeline to place (None when there is nothing to search for, or nothing was found). The
+    file_search_call item, for the encoder, is in SEARCHED."""
     at = next((i for i in range(len(messages) - 1, first - 1, -1) if messages[i].get("role") == "user"), None)
     question = _text(messages[at]["content"]) if at is not None else ""
     if not question.strip():
         SEARCHED.set({"type": "file_search_call", "id": ident, "status": "completed", "queries": [],
                       "results": [] if results else None})
-        return messages
+        return None
     hits: list[Hit] = []
     for name in fs.stores:
         hits += await search(state, name, [question], fs.count, fs.threshold)
     hits = sorted(hits, key=lambda h: -h.score)[:fs.count]
-    SEARCHED.set({"type": "file_search_call", "id": ident, "status": "completed", "queries": [question],
-                  "results": [{"file_id": h.id, "filename": h.id, "score": h.shown_score, "text": h.text,
-                               "attributes": {}} for h in hits] if results else None})
-    if not hits:
-        return messages
-    assert at is not None
-    out = list(messages)
-    out[at] = {**messages[at], "content": _with_excerpts(messages[at]["content"], hits)}
-    return out
-
-
-def _with_excerpts(content: Any, hits: list[Hit]) -> Any:
-    if isinstance(content, str):
-        return rag_message(content, hits)
-    parts = [p for p in content if not (isinstance(p, dict) and p.get("type") == "text")]
-    return [{"type": "text", "text": rag_message(_text(content), hits)}, *parts]
+    item = {"type": "file_search_call", "id": ident, "status": "completed", "queries": [question],
+            "results": [{"file_id": h.id, "filename": h.id, "score": h.shown_score, "text": h.text,
+                         "attributes": {}} for h in hits] if results else None}
+    SEARCHED.set(item)
+    return Excerpts(question, hits, item, results) if hits else None
 
 
 def _text(content: Any) -> str:

@@ -39,27 +39,36 @@ class Fitted:
     dropped: int = 0
 
 
+def room(request: GenerationRequest, window: int) -> int:
+    """The tokens kept free for the answer: max_tokens, else an eighth of the window; at most half of it."""
+    return min(request.sampling.max_tokens if request.sampling.max_tokens > 0 else window // 8, window // 2)
+
+
+async def prompt_tokens(worker: Served, request: GenerationRequest, plan: ToolPlan | None, http: Request,
+                        keep_alive: float | None) -> int | None:
+    """The request's prompt tokens (the tools placed as the request places them), or None when it is past the
+    window: the prompt evaluated with nothing generated, so the request that follows reuses its cells."""
+    probe = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, max_tokens=0))
+    try:
+        _, done = await run_whole(worker, apply_plan(plan, probe), http, keep_alive)
+    except HTTPError as e:
+        if e.overflow is not None:
+            return None
+        raise
+    return done.prompt_tokens
+
+
 async def fit(worker: Served, request: GenerationRequest, said: tuple[Message, ...], plan: ToolPlan | None,
               http: Request, keep_alive: float | None) -> Fitted:
     """The request with its conversation fitted to a slot's window (unchanged when it fits, or when even the
     instructions and the turn being answered do not: then the usual 400 says so)."""
     window = worker.n_ctx
-    room = min(request.sampling.max_tokens if request.sampling.max_tokens > 0 else window // 8, window // 2)
-    limit = window - room
+    limit = window - room(request, window)
     loop = asyncio.get_running_loop()
 
     async def tokens(messages: list[Message]) -> int | None:
-        """The prompt's tokens with these messages (the tools placed as the request places them), or None when
-        it is past the window."""
-        probe = dataclasses.replace(request, messages=tuple(messages),
-                                    sampling=dataclasses.replace(request.sampling, max_tokens=0))
-        try:
-            _, done = await run_whole(worker, apply_plan(plan, probe), http, keep_alive)
-        except HTTPError as e:
-            if e.overflow is not None:
-                return None
-            raise
-        return done.prompt_tokens
+        return await prompt_tokens(worker, dataclasses.replace(request, messages=tuple(messages)), plan, http,
+                                   keep_alive)
 
     async def fits(messages: list[Message], within: int) -> bool:
         n = await tokens(messages)

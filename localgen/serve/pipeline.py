@@ -97,6 +97,8 @@ async def handle(state: ServeState, http: Request, api: Api, body: dict[str, Any
     ask = await api.parse(body)
     request, said = await generation(state, worker, ask)
     plan = await tool_plan(worker, ask.tools, ask.tool_choice, ask.parallel_tool_calls) if ask.chat else None
+    if ask.excerpts is not None and request.messages:
+        request, said = await ask.excerpts.place(worker, request, plan, http, ask.keep_alive)
     if ask.fit and request.messages:
         request, said = await _fitted(worker, request, said, plan, http, ask)
     request = apply_plan(plan, request)

@@ -225,7 +225,7 @@ def _echoed_tool(t: dict[str, Any]) -> dict[str, Any]:
         count, ranking = t.get("max_num_results"), t.get("ranking_options") or {}
         return {"type": "file_search", "vector_store_ids": t.get("vector_store_ids"),
                 "max_num_results": count if count is not None else DEFAULT_RESULTS,
-                "ranking_options": {"ranker": "auto", "score_threshold": ranking.get("score_threshold", 0.0)},
+                "ranking_options": {"ranker": "auto", "score_threshold": ranking.get("score_threshold")},
                 "filters": None}
     return {"type": "function", "name": t.get("name"), "description": t.get("description"),
             "parameters": t.get("parameters"), "strict": t.get("strict")}

@@ -85,14 +85,19 @@ class Responses:
         INPUTS.set(len(inputs))
         messages = [*lead, *history, *inputs]
         searching = _file_search(self.state, body.get("tools"))
+        choice, tools = _choice(body.get("tool_choice")), _tools(body.get("tools"))
         filesearch.SEARCHED.set(None)
-        if searching is not None:  # the stores searched for the question, their texts put into it
-            messages = await filesearch.run(self.state, searching, messages, len(lead) + len(history),
+        excerpts = None
+        if searching is not None and choice != "none":  # the stores searched for the question (placed by the
+            # pipeline, as many as the window holds); no tool runs with tool_choice none
+            excerpts = await filesearch.run(self.state, searching, messages, len(lead) + len(history),
                                             "file_search_call.results" in (body.get("include") or []), new_id("fs"))
-        return Ask(values=sampling_values(body, "responses"),
+        if searching is not None and choice == "required" and tools is None:  # file_search ran: nothing more to call
+            choice = None
+        return Ask(values=sampling_values(body, "responses"), excerpts=excerpts,
                    conversation="input", schema=_text_format(body.get("text")), fit=body.get("truncation") == "auto",
                    messages=messages,
-                   tools=_tools(body.get("tools")), tool_choice=_choice(body.get("tool_choice")),
+                   tools=tools, tool_choice=choice,
                    parallel_tool_calls=flag(body, "parallel_tool_calls", default=True), thinking=thinking,
                    effort=reasoning.get("effort") if thinking else None, split_reasoning=split_reasoning(body),
                    stream=flag(body, "stream"))

@@ -27,19 +27,29 @@ def routes(state: ServeState) -> list[Route]:
 
     def offered(ident: str) -> str:
         if ident not in state.collections:
+            store, _, rest = ident.rpartition("/")
+            if store in state.collections and rest == "search":  # GET of the search route
+                raise HTTPError(405, "a vector store's search is a POST")
+            if any(ident.startswith(f"{name}/") for name in state.collections):
+                raise HTTPError(404, f"'/v1/vector_stores/{ident[:100]}' is not served here: a vector store's files "
+                                     "are a collection's entries, changed with localgen embed --store",
+                                param="vector_store_id")
             there = ", ".join(state.collections) or "none: serve offers a collection with --collection NAME"
             raise HTTPError(404, f"No vector store found with id '{ident[:100]}' (offered here: {there})",
                             param="vector_store_id")
         return ident
 
     async def listing(request: Request) -> Response:
-        data = [_store(x) for x in await asyncio.to_thread(_described, state.collections)]
+        data = [_store(x) for x in await asyncio.to_thread(_described, state.collections) if x is not None]
         return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                              "last_id": data[-1]["id"] if data else None, "has_more": False})
 
     async def one(request: Request) -> Response:
         name = offered(request.path_params["id"])
-        return JSONResponse(_store((await asyncio.to_thread(_described, [name]))[0]))
+        found = (await asyncio.to_thread(_described, [name]))[0]
+        if found is None:
+            raise _gone(name)
+        return JSONResponse(_store(found))
 
     async def searched(request: Request) -> Response:
         name = offered(request.path_params["id"])
@@ -76,8 +86,8 @@ async def search(state: ServeState, name: str, queries: list[str], count: int, t
 
     try:
         coll = await asyncio.to_thread(collections.get, name)
-    except LocalgenError as e:  # removed (localgen collections rm) since serve started
-        raise HTTPError(404, f"vector store '{name[:100]}' is gone: {e.message}", param="vector_store_id") from None
+    except LocalgenError:  # removed (localgen collections rm) since serve started
+        raise _gone(name) from None
     worker = state.worker(coll.model)
     vectors = (await embed(worker, queries, coll.dimensions, truncate=True, http=http, pooling=coll.pooling)).values
     rows = await asyncio.to_thread(collections.vectors, name)
@@ -106,7 +116,8 @@ def _search_args(body: dict[str, Any]) -> tuple[list[str], int, float | None]:
     if body.get("rewrite_query") is True:
         raise HTTPError(400, "`rewrite_query` is not supported: the query is searched as it is sent",
                         param="rewrite_query")
-    ranking = body.get("ranking_options") or {}
+    ranking = body.get("ranking_options")
+    ranking = {} if ranking is None else ranking
     if not isinstance(ranking, dict):
         raise HTTPError(400, "`ranking_options` must be an object", param="ranking_options")
     threshold = ranking.get("score_threshold")
@@ -117,10 +128,25 @@ def _search_args(body: dict[str, Any]) -> tuple[list[str], int, float | None]:
     return queries, count, None if threshold is None else float(threshold)
 
 
-def _described(names: list[str]) -> list[tuple[Any, int]]:
-    from localgen.embeddings import store as collections
+def _gone(name: str) -> HTTPError:
+    """A 404 for an offered collection removed since serve started (naming no other collection: those not
+    offered are not the client's to know)."""
+    return HTTPError(404, f"vector store '{name[:100]}' is gone: its collection was removed since the server started",
+                     param="vector_store_id")
 
-    return [(collections.described(n), collections.stored_bytes(n)) for n in names]
+
+def _described(names: list[str]) -> list[tuple[Any, int] | None]:
+    """Each collection as `localgen collections` lists it, and its bytes; None for one removed since."""
+    from localgen.embeddings import store as collections
+    from localgen.errors import LocalgenError
+
+    out: list[tuple[Any, int] | None] = []
+    for n in names:
+        try:
+            out.append((collections.described(n), collections.stored_bytes(n)))
+        except LocalgenError:
+            out.append(None)
+    return out
 
 
 def _store(described: tuple[Any, int]) -> dict[str, Any]:
