@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from localgen.embeddings.store import text_id
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, ROOT, reference_kernels
 from tests.test_serve import Server
 
 TEXTS = ["The cat sat on the mat.", "A feline rested on the rug.", "Quarterly revenue grew 8 percent."]
@@ -85,18 +85,11 @@ def test_embed_options(cli: CLI, tmp_path: Path) -> None:
 # 1 - cosine against llama-embedding's stored vectors, as measured: SmolLM2 (Q4_1, Q8_0) 2.5e-13 on the CPU
 # that made them, which is float rounding of the same numbers; 3.8e-5 on an AMD EPYC (AVX2, no AVX-512) against
 # them, whose kernels sum in another order; Gemma 3 (Q4_K_M) 5.5e-4 on a Xeon without AVX-512 against a
-# fixture made on another CPU, whose K-quant kernels round differently. Same CPU kernels: what llama.cpp's
-# system info names (a fixture records its CPU's); a fixture without that record was made on another CPU.
+# fixture made on another CPU, whose K-quant kernels round differently. Whether this CPU computes as the one
+# that made them: tests/conftest.py's reference_kernels.
 EMBEDDING_TOLERANCE = {"smollm2": 1e-9, "gemma3": 1e-3}
 ACROSS_CPUS = {"smollm2": 1e-4, "gemma3": 1e-3}
 SCORE_GAP, SCORE_GAP_ACROSS_CPUS = 1e-5, 2e-4  # the tiny reranker's scores (7.4e-5 measured across CPUs)
-
-
-def _same_cpu(ref: dict[str, Any]) -> bool:
-    """Whether this CPU runs the kernels the fixture's was made with (llama.cpp's CPU feature line)."""
-    import llama_cpp
-
-    return bool(ref.get("cpu")) and ref["cpu"] == llama_cpp.llama_print_system_info().decode().strip()
 
 
 @pytest.mark.parametrize("model", sorted(EMBEDDING_TOLERANCE))
@@ -107,7 +100,7 @@ def test_vectors_match_llama_embedding_within_what_each_model_measured(cli: CLI,
     ref = json.loads((ROOT / "tests" / "data" / f"llama_embedding_{model}.json").read_text())
     ours = _vectors(cli("embed", "-m", ref["model"], "--pooling", ref["pooling"], *ref["texts"]))
     sims = [_cos(mine, theirs) for mine, theirs in zip(ours, ref["embeddings"], strict=True)]
-    tolerance = (EMBEDDING_TOLERANCE if _same_cpu(ref) else ACROSS_CPUS)[model]
+    tolerance = (EMBEDDING_TOLERANCE if reference_kernels() else ACROSS_CPUS)[model]
     assert max(1 - s for s in sims) < tolerance, sims
 
 
@@ -281,7 +274,7 @@ def test_rerank_scores_match_llama_cpps(cli: CLI, tiny: dict[str, Path], tmp_pat
     assert [g["score"] for g in got] == sorted((g["score"] for g in got), reverse=True), "best first"
     for g in got:
         i = int(g["id"]) - 1
-        gap = SCORE_GAP if _same_cpu(ref) else SCORE_GAP_ACROSS_CPUS
+        gap = SCORE_GAP if reference_kernels() else SCORE_GAP_ACROSS_CPUS
         assert abs(g["score"] - ref["scores"][i]) < gap and g["document"] == ref["documents"][i]
     f = tmp_path / "docs.jsonl"
     f.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(ref["documents"])))
@@ -324,7 +317,7 @@ def test_serve_reranks_and_refuses_chat_on_an_encoder(cli_env: dict[str, str], t
         doc = r.json()
         assert len(doc["results"]) == 3 and doc["usage"]["prompt_tokens"] > 20
         for res in doc["results"]:
-            gap = SCORE_GAP if _same_cpu(ref) else SCORE_GAP_ACROSS_CPUS
+            gap = SCORE_GAP if reference_kernels() else SCORE_GAP_ACROSS_CPUS
             assert abs(res["relevance_score"] - ref["scores"][res["index"]]) < gap
             assert res["document"]["text"] == ref["documents"][res["index"]]
         scores = [res["relevance_score"] for res in doc["results"]]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from localgen.models.download import sha256_file
-from tests.conftest import CLI, ROOT, InProcessCLI
+from tests.conftest import CLI, ROOT, InProcessCLI, reference_kernels, reference_rel
 
 REF = json.loads((ROOT / "tests" / "data" / "llama_quant_reference.json").read_text())
 
@@ -388,12 +388,12 @@ def test_perplexity_agrees_with_llama_perplexity(qcli: CLI, test_text: Path) -> 
     r = qcli("perplexity", "-m", "smollm2:135m", *_ppl_args(test_text), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["ppl"] == pytest.approx(REF["q4_1_ppl"], rel=1e-3)
-    assert doc["ppl_err"] == pytest.approx(REF["q4_1_ppl_err"], rel=1e-2)
+    assert doc["ppl"] == pytest.approx(REF["q4_1_ppl"], rel=reference_rel(1e-3, 1e-2))
+    assert doc["ppl_err"] == pytest.approx(REF["q4_1_ppl_err"], rel=reference_rel(1e-2, 5e-2))
     assert doc["chunks"] == REF["chunks"] and doc["tokens"] == REF["chunks"] * (REF["ctx"] - 1 - REF["ctx"] // 2)
     assert {"ppl", "ppl_err", "chunks", "tokens", "seconds", "tokens_per_s", "divergence"} <= set(doc)
     plain = qcli("perplexity", "-m", "smollm2:135m", *_ppl_args(test_text))
-    assert f"Final estimate: PPL = {REF['q4_1_ppl']:.4f}" in plain.stdout
+    assert f"Final estimate: PPL = {doc['ppl']:.4f}" in plain.stdout  # the JSON's figure, in llama's words
     assert "smollm2:135m: 8 windows" in plain.stderr and "smollm2:135m: 8/8 windows" in plain.stderr
 
 
@@ -413,12 +413,12 @@ def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path
     assert list(d["kld_percentiles"]) == ["max", "p99.9", "p99", "p95", "p90", "median", "p10", "p5", "p1", "p0.1",
                                           "min"]
     assert {"kld", "kld_err", "rms_dp", "same_top", "dp_mean", "dp_percentiles", "ppl_base"} <= set(d)
-    assert d["kld"] == pytest.approx(want["kld"], rel=1e-2)
-    assert d["kld_percentiles"]["p99"] == pytest.approx(want["kld_p99"], rel=1e-2)
-    assert d["kld_percentiles"]["max"] == pytest.approx(want["kld_max"], rel=1e-2)
-    assert 100 * d["same_top"] == pytest.approx(want["same_top"], abs=0.01)
-    assert 100 * d["rms_dp"] == pytest.approx(want["rms_dp"], abs=0.005)
-    assert json.loads(r.stdout)["ppl"] == pytest.approx(want["ppl"], rel=1e-3)
+    assert d["kld"] == pytest.approx(want["kld"], rel=reference_rel(1e-2, 0.1))
+    assert d["kld_percentiles"]["p99"] == pytest.approx(want["kld_p99"], rel=reference_rel(1e-2, 0.2))
+    assert d["kld_percentiles"]["max"] == pytest.approx(want["kld_max"], rel=reference_rel(1e-2, 0.5))
+    assert 100 * d["same_top"] == pytest.approx(want["same_top"], abs=0.01 if reference_kernels() else 1.0)
+    assert 100 * d["rms_dp"] == pytest.approx(want["rms_dp"], abs=0.005 if reference_kernels() else 0.05)
+    assert json.loads(r.stdout)["ppl"] == pytest.approx(want["ppl"], rel=reference_rel(1e-3, 1e-2))
     # without --ctx, the context the file was saved at (its header's); another one is refused in one line
     own = qcli("perplexity", "-m", str(q8), "-t", "1", "--reference", str(logits), "--json")
     assert own.returncode == 0, own.stderr
@@ -435,7 +435,8 @@ def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path
     rows = np.frombuffer(data[head:], dtype="<u2").reshape(-1, 49152 + 4)
     assert len(data) == REF["f16_logits"]["size"]
     assert hashlib.sha256(data[:head]).hexdigest() == REF["f16_logits"]["head_sha256"]
-    assert abs(int(rows[:, 4:].sum(dtype=np.int64)) - REF["f16_logits"]["u16_sum"]) < 64
+    if reference_kernels():  # another CPU's logits differ in their last bits
+        assert abs(int(rows[:, 4:].sum(dtype=np.int64)) - REF["f16_logits"]["u16_sum"]) < 64
     assert want["kld_on_localgen_logits"] == pytest.approx(want["kld"], rel=1e-2)
     # llama-perplexity's spellings
     ll = qcli("perplexity", "-m", str(q8), "-c", str(REF["ctx"]), "-t", "1", "--kl-divergence-base", str(logits),
@@ -444,7 +445,7 @@ def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path
     # a model as the reference: measured first on the same text, its logits in a temporary file, removed after
     m = qcli("perplexity", "-m", str(q8), *_ppl_args(test_text), "--reference", str(smollm2_f16), "--json")
     assert m.returncode == 0, m.stderr
-    assert json.loads(m.stdout)["divergence"]["kld"] == pytest.approx(want["kld"], rel=1e-2)
+    assert json.loads(m.stdout)["divergence"]["kld"] == pytest.approx(want["kld"], rel=reference_rel(1e-2, 0.1))
     assert list((_home(qcli) / "cache" / "perplexity").iterdir()) == []
 
 
@@ -658,8 +659,9 @@ def test_the_ladder_measures_each_type_and_keeps_the_rows(qcli: CLI, smollm2_f16
     rows = {row["type_name"]: row for row in doc["rows"]}
     assert set(rows) == {"F16", "Q8_0", "Q4_K_M"} and rows["F16"]["reference"]
     for t in ("Q8_0", "Q4_K_M"):
-        assert rows[t]["kld"] == pytest.approx(REF["quantized"][t]["kld"], rel=1e-2)  # llama-perplexity's figure
-        assert 100 * rows[t]["same_top"] == pytest.approx(REF["quantized"][t]["same_top"], abs=0.01)
+        assert rows[t]["kld"] == pytest.approx(REF["quantized"][t]["kld"], rel=reference_rel(1e-2, 0.1))  # llama's
+        assert 100 * rows[t]["same_top"] == pytest.approx(REF["quantized"][t]["same_top"],
+                                                          abs=0.01 if reference_kernels() else 1.0)
         assert rows[t]["size"] == REF["quantized"][t]["size"]
         assert rows[t]["pp_ts"] > 0 and rows[t]["tg_ts"] > 0 and rows[t]["fits"] in ("CPU only", "full GPU")
     assert rows["Q8_0"]["bits_per_weight"] > rows["Q4_K_M"]["bits_per_weight"]
@@ -720,12 +722,12 @@ def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path,
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [row["model"] for row in doc["rows"]] == ["SmolLM2-135M-Instruct-F16.gguf", "model-Q8_0.gguf"]
-    assert doc["rows"][1]["kld"] == pytest.approx(REF["quantized"]["Q8_0"]["kld"], rel=1e-2)
+    assert doc["rows"][1]["kld"] == pytest.approx(REF["quantized"]["Q8_0"]["kld"], rel=reference_rel(1e-2, 0.1))
     lines = qcli("bench", "history", str(doc["run"])).stdout.splitlines()
     assert lines[0].split()[:4] == ["model", "type", "size", "bpw"]
     q8_row = next(line for line in lines if line.startswith("model-Q8_0.gguf"))
     kld = float(q8_row.split()[8])  # the mean KLD column (the size is two words)
-    assert kld == pytest.approx(REF["quantized"]["Q8_0"]["kld"], rel=1e-2)
+    assert kld == pytest.approx(REF["quantized"]["Q8_0"]["kld"], rel=reference_rel(1e-2, 0.1))
     assert lines[-1].startswith("fastest within a mean KLD of 0.05: ")
     # the reference among the -m files, and a file given twice: one row each, as `bench compare` pairs rows by file
     again = qcli("bench", "-m", f"{q8},{smollm2_f16},{q8}", "--quality", str(test_text), "--reference",
