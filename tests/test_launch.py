@@ -50,6 +50,10 @@ def serve_child(key):
 
 def report(url, key, answer_model, text, **more):
     import httpx
+    if os.environ.get("FAKE_TSTP"):  # a TUI's Ctrl-Z: it stops itself (and only itself)
+        print(json.dumps({"suspending": True}), flush=True)
+        os.kill(os.getpid(), signal.SIGTSTP)
+        more["resumed"] = True
     auth = {"Authorization": f"Bearer {key}"}
     got = {"argv": sys.argv[1:], "url": url, "serve": serve_child(key), "model": answer_model, "text": text,
            "health": httpx.get(f"{url}/health").json(), "models": httpx.get(f"{url}/v1/models", headers=auth).json(),
@@ -303,6 +307,53 @@ def test_a_signal_to_launch_goes_to_the_agent_then_the_server_stops(env: dict[st
     got = json.loads(out)
     assert got["signals"] == [sig]
     _check_own_server(got)
+
+
+def test_a_stopped_and_continued_launch_goes_on(env: dict[str, str], running: tuple[Server, Path]) -> None:
+    """SIGSTOP then SIGCONT (Ctrl-Z, then fg) to launch and the agent: both go on, and the agent's status comes
+    through (CPython 3.11's sigtimedwait, cut short by a SIGCONT, made up a signal: launch died, the agent killed)."""
+    server, key = running
+    p = subprocess.Popen([sys.executable, "-m", "localgen", "launch", "claude", "--api-key-file", str(key)],
+                         cwd=ROOT, env={**env, "FAKE_WAIT": "1", "FAKE_RC": "5", "LOCALGEN_PORT": str(server.port)},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    assert p.stdout is not None
+    assert json.loads(p.stdout.readline()) == {"waiting": True}
+    for _ in range(3):
+        os.killpg(p.pid, signal.SIGSTOP)
+        time.sleep(0.5)  # longer than any wait launch makes for a signal
+        os.killpg(p.pid, signal.SIGCONT)
+        time.sleep(0.3)
+    assert p.poll() is None
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 5 and "Traceback" not in err, err
+    assert json.loads(out)["signals"] == [signal.SIGTERM]
+
+
+def test_an_agent_that_stops_itself_stops_launch_and_fg_continues_both(env: dict[str, str],
+                                                                       running: tuple[Server, Path]) -> None:
+    """A TUI's Ctrl-Z stops the agent alone (SIGTSTP to itself): launch stops too, so the shell says "Stopped"
+    and takes the terminal back; `fg` continues launch, which continues the agent."""
+    server, key = running
+    shell = pexpect.spawn("bash", ["--norc", "--noprofile", "-i"], cwd=str(ROOT), encoding="utf-8", timeout=120,
+                          env={**env, "PS1": "$ ", "FAKE_TSTP": "1", "FAKE_RC": "3", "LOCALGEN_PORT": str(server.port)})
+    try:
+        shell.expect_exact("$ ")
+        shell.sendline(f"{sys.executable} -m localgen launch claude --api-key-file {key}")
+        shell.expect_exact('{"suspending": true}')
+        shell.expect("Stopped", timeout=60)  # the shell has the terminal back
+        shell.expect_exact("$ ")
+        shell.sendline("fg")
+        shell.expect(r'\{"argv".*\}\r\n')
+        got = json.loads(shell.after)
+        assert got["resumed"] and got["url"] == server.url
+        shell.expect_exact("$ ")
+        shell.sendline("echo status=$?")
+        shell.expect(r"status=(\d+)")
+        assert shell.match[1] == "3"
+    finally:
+        shell.close(force=True)
 
 
 def _children(pid: int) -> list[int]:

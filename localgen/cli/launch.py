@@ -4,6 +4,7 @@ stopped when the agent ends. The agents' table: localgen/agents.py; the child se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -14,6 +15,8 @@ import typer
 from localgen.errors import LocalgenError, UsageError
 
 if TYPE_CHECKING:
+    import subprocess
+
     from localgen.agents import Agent, Endpoint
 
 AGENT_CTX = 32768  # an agent's first request alone (instructions and tool schemas) is many thousands of tokens
@@ -215,15 +218,21 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
         for sig in ENDING:
             signal.signal(sig, lambda signum, frame: p.send_signal(signum))
         try:
-            return _status(p.wait())
+            while not _ended(p):
+                time.sleep(0.05)
+            return _status(p.returncode)
         finally:
             signal.signal(signal.SIGINT, before)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     deadline: float | None = None
     try:
-        while p.poll() is None:
-            info = signal.sigtimedwait(WATCHED, 0.1)
-            if info is not None and not (info.si_signo == signal.SIGINT and info.si_code == SI_KERNEL):
+        while not _ended(p):
+            # never a timeout that can run out: CPython 3.11's sigtimedwait returns a garbage siginfo when a
+            # SIGCONT (`fg` after Ctrl-Z) interrupts it past its timeout; the signals wait, blocked, meanwhile
+            info = signal.sigtimedwait(WATCHED, 0)
+            if info is None:
+                time.sleep(0.05)
+            elif info.si_signo in WATCHED and not (info.si_signo == signal.SIGINT and info.si_code == SI_KERNEL):
                 p.send_signal(info.si_signo)
                 if info.si_signo != signal.SIGINT and deadline is None:
                     deadline = time.monotonic() + TERM_WAIT_S
@@ -236,6 +245,30 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
             p.wait()
         _unblock_signals(blocked)
     return _status(p.returncode)
+
+
+def _ended(p: subprocess.Popen[bytes]) -> bool:
+    """Whether the agent has exited (its status then in p.returncode). An agent that stopped itself (a TUI's
+    Ctrl-Z: SIGTSTP) stops launch too, as sudo and script do, so that the shell takes the terminal back; when
+    the shell's `fg` continues launch, launch continues the agent."""
+    if p.returncode is not None:
+        return True
+    try:
+        pid, status = os.waitpid(p.pid, os.WNOHANG | os.WUNTRACED)
+    except ChildProcessError:  # reaped already
+        return p.poll() is not None
+    if pid == 0:
+        return False
+    if os.WIFSTOPPED(status):
+        stop = os.WSTOPSIG(status)
+        # a SIGTSTP, SIGTTIN or SIGTTOU to launch is dropped where no shell could continue it (an orphaned
+        # process group): then the agent just goes on
+        os.kill(os.getpid(), stop if stop in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU) else signal.SIGTSTP)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGCONT)
+        return False
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return True
 
 
 def _status(code: int) -> int:
