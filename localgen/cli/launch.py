@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from localgen.errors import LocalgenError, UsageError
+from localgen.types import MIN_CTX_FLAG
 
 if TYPE_CHECKING:
     import subprocess
@@ -39,8 +40,8 @@ def launch(
         help="The model the agent uses (default: the running server's default model, or serve's).")] = None,
     n_ctx: Annotated[int | None, typer.Option(
         "--ctx", "--ctx-size", "-c", envvar="LOCALGEN_CTX", min=0, show_default=False,
-        help=f"The started server's window in tokens (default: {AGENT_CTX:,}, or the model's trained context if "
-             "less; 0: the trained context).")] = None,
+        help=f"The started server's window in tokens, 16 or more (default: {AGENT_CTX:,}, or the model's trained "
+             "context if less; 0: the trained context).")] = None,
     gpu_layers: Annotated[int | None, typer.Option(
         "--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, show_default=False,
         help="Layers the started server offloads to the GPU (as serve's -ngl).")] = None,
@@ -57,7 +58,8 @@ def launch(
         "--own-server", help="Start a server for the agent even when one is running at --host/--port.")] = False,
     print_env: Annotated[bool, typer.Option(
         "--print-env", help="Print the shell lines that point the agent at the running server, and the command "
-                            "that starts it (the key as $(cat FILE) or $LOCALGEN_API_KEY); start nothing.")] = False,
+                            "that starts it with the AGENT-ARGS (the key as $(tr -d '[:space:]' < FILE) or "
+                            "$LOCALGEN_API_KEY); start nothing.")] = False,
     list_agents: Annotated[bool, typer.Option("--list", help="List the agents, and whether each is on PATH.")] = False,
 ) -> None:
     """Start a coding agent on a local model: use the localgen server running at --host/--port, or start one
@@ -72,6 +74,11 @@ def launch(
     a = AGENTS.get(agent)
     if a is None:
         raise UsageError(f"no agent is called {agent!r}: launch knows {', '.join(AGENTS)}")
+    if n_ctx is not None and 0 < n_ctx < MIN_CTX_FLAG:  # as serve says it, before anything starts
+        raise UsageError(f"--ctx takes 0 (the model's trained context) or {MIN_CTX_FLAG} tokens or more, not {n_ctx}")
+    if print_env and own_server:
+        raise UsageError("--print-env and --own-server cannot be combined: --print-env starts nothing",
+                         hint="start a server first (docs/agents.md), then give --print-env")
     if not print_env and a.path() is None:
         raise UsageError(f"{a.program} is not on PATH", hint=f"install {a.title.split(',')[0]}: {a.install}")
     _run(ctx, a, agent_args or [], model, n_ctx, gpu_layers, offline, host, port, api_key_file, own_server,
@@ -103,29 +110,46 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
         raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} has spaces or control "
                          "characters inside: no HTTP header carries it as given")
     url = url_of(host, port)
-    reuse = not own_server and running_at(url)
+    try:
+        import httpx
+
+        httpx.URL(url)
+    except httpx.InvalidURL as e:  # as ps says it
+        raise UsageError(f"--host {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
+    found = False if own_server else running_at(url)
+    reuse = found is True
+    other = f"something other than localgen serve answers at {url}"
+    # --ctx and -ngl typed (not from LOCALGEN_CTX) cannot change a running server: said
+    given = [flag for flag, name in (("--ctx", "n_ctx"), ("-ngl", "gpu_layers")) if typed_by_user(ctx, name)]
+    if reuse and given:
+        err.warn(f"using the server running at {url}: {', '.join(given)} left as it has "
+                 f"{'them' if len(given) > 1 else 'it'} (--own-server starts one for the agent)")
     if print_env:
         if not reuse:
-            raise LocalgenError(f"no localgen serve is running at {url}", hint="start one (docs/agents.md), or run "
-                                "localgen launch without --print-env, which starts one for the agent")
+            raise LocalgenError(other if found is None else f"no localgen serve is running at {url}",
+                                hint="start one (docs/agents.md), or run localgen launch without --print-env, which "
+                                "starts one for the agent")
         import shlex
 
-        name = _model_there(url, key, model)
-        expr = (f"$(cat {shlex.quote(str(api_key_file))})" if api_key_file is not None
-                else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
-        from localgen.agents import shell_lines
+        from localgen.agents import OPENCODE_KEY_CHARS, shell_lines
 
-        print("\n".join(shell_lines(a, Endpoint(url, "", name), expr)))
+        if a.name == "opencode" and key and any(c in key for c in OPENCODE_KEY_CHARS):
+            raise UsageError("the API key has \" or \\ inside, which the shell would put into OpenCode's JSON as it "
+                             "is", hint="run localgen launch opencode, which passes it on itself")
+        name = _model_there(url, key, model)
+        # the file's key with the spaces, tabs, CRs and newlines around it removed, as serve reads it (a key
+        # with any inside is refused above)
+        expr = (f"$(tr -d '[:space:]' < {shlex.quote(str(api_key_file))})" if api_key_file is not None
+                else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
+        print("\n".join(shell_lines(a, Endpoint(url, "", name), expr, extra)))
         return
+    if found is None:
+        err.warn(f"{other}: launch starts one for the agent on another port")
     server = None
     # a SIGTERM or SIGHUP (the terminal closed) while the server starts: it is stopped too
     previous = {sig: signal.signal(sig, _exit_signalled) for sig in ENDING}
     try:
         if reuse:
-            given = [flag for flag, v in (("--ctx", n_ctx), ("-ngl", gpu_layers)) if v is not None]
-            if given:
-                err.warn(f"using the server running at {url}: {', '.join(given)} left as it has them "
-                         "(--own-server starts one for the agent)")
             endpoint = Endpoint(url, key or "localgen", _model_there(url, key, model))
         else:
             server = ChildServer(_serve_args(model, n_ctx, gpu_layers, offline))
