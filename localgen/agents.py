@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 # The name of the provider Codex and OpenCode are given (Codex reserves openai, ollama and lmstudio).
 PROVIDER = "localgen"
+# The variable Codex reads the key from: not LOCALGEN_API_KEY, which `eval "$(localgen launch codex --print-env)"`
+# would leave set for every later `localgen serve` in that shell (turning its auth on)
+AGENT_KEY = "LOCALGEN_AGENT_KEY"
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,14 @@ def _claude(e: Endpoint) -> Setup:
     # Claude Code asks before it uses one. Every model it asks for (main, opus/sonnet/haiku, subagents): ours.
     models = ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
               "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
+    # Bedrock or Vertex turned on would send the code to that cloud rather than to ANTHROPIC_BASE_URL; the small
+    # fast model would be a cloud model's name, and custom headers are meant for another server
     return Setup(env={"ANTHROPIC_BASE_URL": e.url, "ANTHROPIC_AUTH_TOKEN": e.key, **dict.fromkeys(models, e.model)},
-                 unset=("ANTHROPIC_API_KEY",), argv=[])
+                 unset=CLAUDE_UNSET, argv=[])
+
+
+CLAUDE_UNSET = ("ANTHROPIC_API_KEY", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "ANTHROPIC_SMALL_FAST_MODEL",
+                "ANTHROPIC_CUSTOM_HEADERS")
 
 
 def _codex(e: Endpoint) -> Setup:
@@ -59,9 +68,13 @@ def _codex(e: Endpoint) -> Setup:
     # the key is read from the variable env_key names, so no command line shows it
     p = f"model_providers.{PROVIDER}"
     pairs = [("model_provider", PROVIDER), (f"{p}.name", PROVIDER), (f"{p}.base_url", f"{e.url}/v1"),
-             (f"{p}.env_key", "LOCALGEN_API_KEY"), (f"{p}.wire_api", "responses"), ("model", e.model)]
+             (f"{p}.env_key", AGENT_KEY), (f"{p}.wire_api", "responses"), ("model", e.model)]
     argv = [w for k, v in pairs for w in ("-c", f"{k}={json.dumps(v)}")]
-    return Setup(env={"LOCALGEN_API_KEY": e.key}, unset=(), argv=argv)
+    return Setup(env={AGENT_KEY: e.key}, unset=(), argv=argv)
+
+
+# What a key that the shell puts into OpenCode's JSON as it is (--print-env) must not have.
+OPENCODE_KEY_CHARS = '"\\'
 
 
 def _opencode(e: Endpoint) -> Setup:
@@ -82,9 +95,10 @@ AGENTS: dict[str, Agent] = {a.name: a for a in (
 )}
 
 
-def shell_lines(agent: Agent, endpoint: Endpoint, key_expr: str) -> list[str]:
-    """The POSIX shell lines that set the agent up and start it by hand: `key_expr` (a shell expression such as
-    "$(cat key.txt)") stands wherever the key goes, so the lines never show the key itself."""
+def shell_lines(agent: Agent, endpoint: Endpoint, key_expr: str, extra: list[str] | None = None) -> list[str]:
+    """The POSIX shell lines that set the agent up and start it by hand, with `extra` (the user's arguments) after
+    its flags: `key_expr` (a shell expression such as "$(cat key.txt)") stands wherever the key goes, so the
+    lines never show the key itself."""
     import shlex
 
     marker = "__LOCALGEN_KEY__"  # text JSON keeps as it is (a NUL would become \u0000)
@@ -93,5 +107,5 @@ def shell_lines(agent: Agent, endpoint: Endpoint, key_expr: str) -> list[str]:
     for name, value in setup.env.items():
         quoted = '"' + "".join("\\" + c if c in '"\\$`' else c for c in value) + '"'
         lines.append(f"export {name}={quoted.replace(marker, key_expr)}")
-    lines.append(shlex.join([agent.program, *setup.argv]))
+    lines.append(shlex.join([agent.program, *setup.argv, *(extra or [])]))
     return lines

@@ -32,13 +32,14 @@ class ServeExited(LocalgenError):
 
 
 def url_of(host: str, port: int) -> str:
-    """http://host:port, an IPv6 address in brackets."""
-    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    """http://host:port, an IPv6 address in brackets (once: `[::1]` is kept as it is)."""
+    return f"http://{'[' + host + ']' if ':' in host and not host.startswith('[') else host}:{port}"
 
 
-def running_at(url: str) -> bool:
-    """Whether a localgen server answers /health at url (its `status` and `models`); a 503 (a model's worker
-    stopped) is an error rather than a server to use."""
+def running_at(url: str) -> bool | None:
+    """Whether a localgen server answers /health at url (its `status` and `models`): True; nothing answers:
+    False; something else answers: None. A 503 (a model's worker stopped) is an error rather than a server to
+    use."""
     import httpx
 
     try:
@@ -48,9 +49,9 @@ def running_at(url: str) -> bool:
     try:
         doc = r.json()
     except ValueError:
-        return False
+        return None
     if not (isinstance(doc, dict) and "status" in doc and "models" in doc):
-        return False  # something else listens there
+        return None  # something else listens there
     if r.status_code != 200:
         raise LocalgenError(f"the localgen server at {url} answers /health with {r.status_code}: a model's worker "
                             "has stopped", hint="restart it, or give --own-server")
@@ -115,7 +116,8 @@ def _end_with_parent() -> None:
 @dataclass
 class ChildServer:
     """`localgen serve` started for one client: in its own session (a Ctrl-C typed at the client's terminal
-    never reaches it), its key in a 0600 file in a private temporary folder, its output in a log there."""
+    never reaches it), its key in a pipe it inherits (no file holds it; Windows: a 0600 file in a private
+    temporary folder, deleted once serve answers), its output in a log in a private temporary folder."""
 
     args: list[str]  # serve's own flags past the ones set here (-m, --ctx, ...)
     host: str = "127.0.0.1"
@@ -134,23 +136,35 @@ class ChildServer:
         return self.folder / "serve.log"
 
     def start(self) -> None:
-        """Start serve: the key travels in a file (only its path is on serve's command line)."""
+        """Start serve: the key travels in a pipe that serve inherits and reads as its --api-key-file /dev/fd/N
+        (only that path is on its command line), so that nothing is left holding it however launch ends."""
         self.folder = Path(tempfile.mkdtemp(prefix="localgen-launch-"))  # 0700
-        key_file = self.folder / "key"
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(self.key)
         self.port = self.port or free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("LOCALGEN_API_KEY", "LOCALGEN_HOST", "LOCALGEN_PORT")}
+        if sys.platform == "win32":  # no /dev/fd
+            key_file, fds = str(self.folder / "key"), ()
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self.key)
+        else:
+            read, write = os.pipe()  # a key is far less than a pipe's buffer: the write never blocks
+            os.write(write, self.key.encode())
+            os.close(write)
+            key_file, fds = f"/dev/fd/{read}", (read,)
         argv = [sys.executable, "-m", "localgen", "serve", "--host", self.host, "--port", str(self.port),
-                "--api-key-file", str(key_file), *self.args]
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            env=env, start_new_session=True, preexec_fn=_end_with_parent)
+                "--api-key-file", key_file, *self.args]
+        try:
+            with open(self.log, "wb") as log:
+                self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                                env=env, start_new_session=True, preexec_fn=_end_with_parent,
+                                                pass_fds=fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def wait_ready(self, tick: Callable[[float], None] | None = None) -> None:
-        """Wait until the server answers /health; then its key file goes (serve read it at start). A server
-        that exits first: an error with the end of its log."""
+        """Wait until the server answers /health (then, on Windows, its key file goes: serve read it at start).
+        A server that exits first: an error with the end of its log."""
         import httpx
 
         assert self.process is not None
@@ -189,7 +203,8 @@ class ChildServer:
                 try:
                     p.wait(timeout=STOP_WAIT_S)
                 except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
         finally:
             if self.folder is not None:

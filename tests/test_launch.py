@@ -5,6 +5,7 @@ real `localgen serve` on SmolLM2 for them, or uses one already running."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -43,13 +44,20 @@ def serve_child(key):
             continue
         if ppid == os.getppid() and "serve" in argv:
             kf = argv[argv.index("--api-key-file") + 1]
+            folder = os.path.dirname(os.readlink(proc / "fd" / "1"))  # its log's
+            fd = kf.removeprefix("/dev/fd/")
             return {"pid": int(proc.name), "argv": argv, "key_on_command_line": any(key in a for a in argv),
-                    "key_file": kf, "key_file_left": os.path.exists(kf),
-                    "folder_mode": oct(os.stat(os.path.dirname(kf)).st_mode & 0o777)}
+                    "key_file": kf, "key_in_a_pipe": fd.isdigit() and os.readlink(proc / "fd" / fd).startswith("pipe:"),
+                    "folder": folder, "files": sorted(os.listdir(folder)),
+                    "folder_mode": oct(os.stat(folder).st_mode & 0o777)}
     return None
 
 def report(url, key, answer_model, text, **more):
     import httpx
+    if os.environ.get("FAKE_TSTP"):  # a TUI's Ctrl-Z: it stops itself (and only itself)
+        print(json.dumps({"suspending": True}), flush=True)
+        os.kill(os.getpid(), signal.SIGTSTP)
+        more["resumed"] = True
     auth = {"Authorization": f"Bearer {key}"}
     got = {"argv": sys.argv[1:], "url": url, "serve": serve_child(key), "model": answer_model, "text": text,
            "health": httpx.get(f"{url}/health").json(), "models": httpx.get(f"{url}/v1/models", headers=auth).json(),
@@ -71,6 +79,10 @@ def report(url, key, answer_model, text, **more):
         end = time.monotonic() + 1
         while time.monotonic() < end:
             time.sleep(0.05)
+        try:  # the server, after the signal
+            got["health_after"] = httpx.get(f"{url}/health").status_code
+        except httpx.HTTPError as e:
+            got["health_after"] = repr(e)
     print(json.dumps(got), flush=True)
     if os.environ.get("FAKE_KILL"):  # an agent that a signal ends
         os.kill(os.getpid(), int(os.environ["FAKE_KILL"]))
@@ -163,12 +175,12 @@ def _refused(url: str) -> bool:
 
 def _check_own_server(got: dict[str, Any], ctx: int = int(CTX)) -> None:
     """The server launch started: on loopback, not the default port, one slot, the window asked for, loaded for
-    good, a key that only a file in a private folder carried (gone once serve read it) and that the server
-    demands; then, stopped."""
+    good, a key that only a pipe carried (no file holds it, and no command line) and that the server demands, its
+    log in a private folder; then, stopped."""
     assert got["url"].startswith("http://127.0.0.1:") and not got["url"].endswith(":11435")
     serve = got["serve"]
-    assert serve is not None and not serve["key_on_command_line"] and not serve["key_file_left"]
-    assert serve["folder_mode"] == "0o700"
+    assert serve is not None and not serve["key_on_command_line"] and serve["key_in_a_pipe"]
+    assert serve["folder_mode"] == "0o700" and serve["files"] == ["serve.log"]
     assert got["unauthorized"] == 401
     assert got["health"]["models"]["smollm2:135m"]["slots"] == 1
     assert [m["max_model_len"] for m in got["models"]["data"] if m["id"] == "smollm2:135m"] == [ctx]
@@ -176,17 +188,20 @@ def _check_own_server(got: dict[str, Any], ctx: int = int(CTX)) -> None:
     assert int(loaded["expires_at"][:4]) > time.gmtime().tm_year + 5  # --keep-alive -1: never unloaded
     assert got["model"] == "smollm2:135m" and got["text"].strip()
     assert _gone(serve["pid"]) and _refused(got["url"])
-    assert not Path(serve["key_file"]).parent.exists()  # the private folder, the key and the log with it
+    assert not Path(serve["folder"]).exists()  # the private folder and the log in it
 
 
 def test_claude_gets_its_own_server_and_its_exit_status_passes_through(env: dict[str, str]) -> None:
-    r = _launch(env, "claude", "-m", "smollm2:135m", "--ctx", CTX, "--", "-p", "hi there", FAKE_RC="7")
+    cloud = {"CLAUDE_CODE_USE_BEDROCK": "1", "CLAUDE_CODE_USE_VERTEX": "1", "ANTHROPIC_SMALL_FAST_MODEL": "claude-x",
+             "ANTHROPIC_CUSTOM_HEADERS": "X-Org: mine"}
+    r = _launch(env, "claude", "-m", "smollm2:135m", "--ctx", CTX, "--", "-p", "hi there", FAKE_RC="7", **cloud)
     assert r.returncode == 7, r.stderr
     got = json.loads(r.stdout)
     assert got["argv"] == ["-p", "hi there"]
     _check_own_server(got)
     e = got["env"]
     assert "ANTHROPIC_API_KEY" not in e  # the user's real key is not sent to the local server
+    assert not set(cloud) & set(e)  # nor the code to a cloud
     assert e["ANTHROPIC_BASE_URL"] == got["url"] and not e["ANTHROPIC_BASE_URL"].endswith("/v1")
     for name in ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
                  "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):
@@ -202,12 +217,31 @@ def test_codex_gets_a_responses_provider_and_opencode_its_config(env: dict[str, 
     assert {"-ngl", "--offline"} <= set(got["serve"]["argv"])  # passed on to serve
     assert got["rest"] == ["exec", "fix it"] and got["config_model"] == "smollm2:135m"
     assert got["provider"]["wire_api"] == "responses" and got["provider"]["base_url"] == got["url"] + "/v1"
-    assert got["provider"]["env_key"] == "LOCALGEN_API_KEY"
-    r = _launch(env, "opencode")  # no -m: serve's default model; no --ctx: its trained 8,192 (less than 32,768)
+    assert got["provider"]["env_key"] == "LOCALGEN_AGENT_KEY"
+    # no -m: serve's default model; no --ctx: its trained 8,192 (less than 32,768); something else on the port
+    with _other_http_server() as port:
+        r = _launch(env, "opencode", LOCALGEN_PORT=str(port))
     assert r.returncode == 0, r.stderr
+    assert (f"something other than localgen serve answers at http://127.0.0.1:{port}: launch starts one for the "
+            "agent on another port") in r.stderr
     got = json.loads(r.stdout)
     _check_own_server(got, ctx=8192)
     assert got["npm"] == "@ai-sdk/openai-compatible"
+
+
+@contextlib.contextmanager
+def _other_http_server() -> Iterator[int]:
+    """A web server that is not localgen serve (its /health a 404 page), on a free port."""
+    import http.server
+    import threading
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield httpd.server_address[1]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +266,12 @@ def test_a_running_server_is_used_and_left_running(env: dict[str, str], running:
                 LOCALGEN_API_KEY="sk-running-server", FAKE_RC="4")
     assert r.returncode == 4 and "--ctx, -ngl left as it has them" in r.stderr
     assert json.loads(r.stdout)["url"] == server.url
+    r = _launch(env, "claude", LOCALGEN_PORT=str(server.port), LOCALGEN_API_KEY="sk-running-server",
+                LOCALGEN_CTX="4096")  # a window from the environment is not a flag typed for this launch
+    assert r.returncode == 0 and "left as" not in r.stderr, r.stderr
+    r = _launch(env, "claude", "--ctx", "4096", "--print-env", LOCALGEN_PORT=str(server.port),
+                LOCALGEN_API_KEY="sk-running-server")  # --print-env says so too
+    assert r.returncode == 0 and "--ctx left as it has it (--own-server" in r.stderr
     # a key it needs and was not given; a model it does not have
     r = _launch(env, "claude", LOCALGEN_PORT=str(server.port))
     assert r.returncode == 1 and "needs an API key" in r.stderr and "--api-key-file" in r.stderr
@@ -260,10 +300,12 @@ def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], run
 def test_print_env_lines_start_the_agent_by_hand(env: dict[str, str], running: tuple[Server, Path],
                                                  tmp_path: Path) -> None:
     server, key = running
+    crlf = tmp_path / "key crlf.txt"  # a key file written on Windows: serve strips the CR, and so do the lines
+    crlf.write_bytes(b"sk-running-server\r\n")
     for agent in ("claude", "codex", "opencode"):
-        r = _launch(env, agent, "--print-env", "--api-key-file", str(key), LOCALGEN_PORT=str(server.port))
+        r = _launch(env, agent, "--print-env", "--api-key-file", str(crlf), LOCALGEN_PORT=str(server.port))
         assert r.returncode == 0, r.stderr
-        assert "sk-running-server" not in r.stdout and f"$(cat {key})" in r.stdout
+        assert "sk-running-server" not in r.stdout and f"$(tr -d '[:space:]' < '{crlf}')" in r.stdout
         # the lines, run by a shell, start the agent on the server (the user's real key unset for claude)
         run = subprocess.run(["bash", "-c", r.stdout], env=env, capture_output=True, text=True, timeout=300,
                              cwd=tmp_path)
@@ -272,6 +314,18 @@ def test_print_env_lines_start_the_agent_by_hand(env: dict[str, str], running: t
         assert got["url"] == server.url and got["model"] == "smollm2:135m" and got["text"].strip()
         if agent == "claude":
             assert "ANTHROPIC_API_KEY" not in got["env"]
+    # the words after -- go on the agent's command line; LOCALGEN_HOST says where the server is
+    r = _launch(env, "codex", "--print-env", "--", "exec", "fix it", LOCALGEN_HOST=f"http://localhost:{server.port}",
+                LOCALGEN_API_KEY="sk-running-server")
+    assert r.returncode == 0 and f"http://localhost:{server.port}/v1" in r.stdout, r.stderr
+    run = subprocess.run(["bash", "-c", r.stdout], env={**env, "LOCALGEN_API_KEY": "sk-running-server"},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["rest"] == ["exec", "fix it"]
+    # a key that the shell would put into OpenCode's JSON as it is, breaking it
+    r = _launch(env, "opencode", "--print-env", LOCALGEN_PORT=str(server.port), LOCALGEN_API_KEY='sk"x')
+    assert r.returncode == 2 and 'the API key has " or \\ inside' in r.stderr and not r.stdout
+    assert r.stderr.count("\n") == 1
     # the page's example, as it prints it
     r = _launch(env, "codex", "-m", "smollm2:135m", "--print-env", "--api-key-file", str(key),
                 LOCALGEN_PORT=str(server.port))
@@ -305,6 +359,53 @@ def test_a_signal_to_launch_goes_to_the_agent_then_the_server_stops(env: dict[st
     _check_own_server(got)
 
 
+def test_a_stopped_and_continued_launch_goes_on(env: dict[str, str], running: tuple[Server, Path]) -> None:
+    """SIGSTOP then SIGCONT (Ctrl-Z, then fg) to launch and the agent: both go on, and the agent's status comes
+    through (CPython 3.11's sigtimedwait, cut short by a SIGCONT, made up a signal: launch died, the agent killed)."""
+    server, key = running
+    p = subprocess.Popen([sys.executable, "-m", "localgen", "launch", "claude", "--api-key-file", str(key)],
+                         cwd=ROOT, env={**env, "FAKE_WAIT": "1", "FAKE_RC": "5", "LOCALGEN_PORT": str(server.port)},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    assert p.stdout is not None
+    assert json.loads(p.stdout.readline()) == {"waiting": True}
+    for _ in range(3):
+        os.killpg(p.pid, signal.SIGSTOP)
+        time.sleep(0.5)  # longer than any wait launch makes for a signal
+        os.killpg(p.pid, signal.SIGCONT)
+        time.sleep(0.3)
+    assert p.poll() is None
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 5 and "Traceback" not in err, err
+    assert json.loads(out)["signals"] == [signal.SIGTERM]
+
+
+def test_an_agent_that_stops_itself_stops_launch_and_fg_continues_both(env: dict[str, str],
+                                                                       running: tuple[Server, Path]) -> None:
+    """A TUI's Ctrl-Z stops the agent alone (SIGTSTP to itself): launch stops too, so the shell says "Stopped"
+    and takes the terminal back; `fg` continues launch, which continues the agent."""
+    server, key = running
+    shell = pexpect.spawn("bash", ["--norc", "--noprofile", "-i"], cwd=str(ROOT), encoding="utf-8", timeout=120,
+                          env={**env, "PS1": "$ ", "FAKE_TSTP": "1", "FAKE_RC": "3", "LOCALGEN_PORT": str(server.port)})
+    try:
+        shell.expect_exact("$ ")
+        shell.sendline(f"{sys.executable} -m localgen launch claude --api-key-file {key}")
+        shell.expect_exact('{"suspending": true}')
+        shell.expect("Stopped", timeout=60)  # the shell has the terminal back
+        shell.expect_exact("$ ")
+        shell.sendline("fg")
+        shell.expect(r'\{"argv".*\}\r\n')
+        got = json.loads(shell.after)
+        assert got["resumed"] and got["url"] == server.url
+        shell.expect_exact("$ ")
+        shell.sendline("echo status=$?")
+        shell.expect(r"status=(\d+)")
+        assert shell.match[1] == "3"
+    finally:
+        shell.close(force=True)
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for proc in Path("/proc").iterdir():
@@ -325,8 +426,8 @@ def test_a_killed_launch_leaves_no_server(env: dict[str, str]) -> None:
     assert json.loads(p.stdout.readline()) == {"waiting": True}
     children = _children(p.pid)
     assert len(children) == 2  # the server and the agent
-    argv = [Path(f"/proc/{c}/cmdline").read_bytes().split(b"\0") for c in children]
-    folder = next(Path(a[a.index(b"--api-key-file") + 1].decode()).parent for a in argv if b"serve" in a)
+    folder = next(Path(os.readlink(f"/proc/{c}/fd/1")).parent for c in children  # the server's log's
+                  if b"serve" in Path(f"/proc/{c}/cmdline").read_bytes().split(b"\0"))
     p.kill()
     p.wait()
     try:
@@ -338,7 +439,41 @@ def test_a_killed_launch_leaves_no_server(env: dict[str, str]) -> None:
         for c in children:  # the agent, left running as a shell leaves a job whose parent was killed
             if not _gone(c):
                 os.kill(c, signal.SIGKILL)
-        shutil.rmtree(folder)  # the server's log (its key went once it had started): launch had no chance to
+        shutil.rmtree(folder)  # the server's log: launch had no chance to
+
+
+def test_a_launch_killed_while_its_server_starts_leaves_no_key(env: dict[str, str]) -> None:
+    """The key reaches serve in a pipe, never a file: a launch killed before its server is ready (when it would
+    have deleted a key file) leaves only the server's log."""
+    p = subprocess.Popen([sys.executable, "-m", "localgen", "launch", "claude", "--ctx", CTX], cwd=ROOT,
+                         env={**env, "FAKE_WAIT": "1"}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    serve: list[int] = []
+    while not serve:  # serve has started (its command line is serve's: its log is its stdout by then)
+        assert time.monotonic() < deadline and p.poll() is None
+        serve = [c for c in _children(p.pid) if b"serve" in Path(f"/proc/{c}/cmdline").read_bytes().split(b"\0")]
+        time.sleep(0.02)
+    folder = Path(os.readlink(f"/proc/{serve[0]}/fd/1")).parent
+    try:
+        assert not _answers(serve[0])  # still starting
+        p.kill()
+        p.wait()
+        while not _gone(serve[0]):
+            assert time.monotonic() < deadline + 60, "the server outlived launch"
+            time.sleep(0.1)
+        assert sorted(f.name for f in folder.iterdir()) == ["serve.log"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answers(pid: int) -> bool:
+    """Whether serve (pid) already answers /health at the port on its command line."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    try:
+        return httpx.get(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_ctrl_c_at_the_terminal_reaches_the_agent_once_and_not_the_server(env: dict[str, str]) -> None:
@@ -358,6 +493,7 @@ def test_ctrl_c_at_the_terminal_reaches_the_agent_once_and_not_the_server(env: d
     term.close()
     assert term.exitstatus == 0
     assert got["signals"] == [signal.SIGINT]
+    assert got["health_after"] == 200  # the server, after the Ctrl-C: still answering
     _check_own_server(got)
 
 
@@ -386,6 +522,7 @@ def test_usage_errors(home: Path, tmp_path: Path, agents_dir: Path) -> None:
         assert r.returncode == 0
         assert [line.split()[0] for line in r.stdout.splitlines()] == ["AGENT", "claude", "codex", "opencode"]
         assert all(" no " in line for line in r.stdout.splitlines()[1:])
+        assert r.stdout.splitlines()[2].endswith("  npm install -g @openai/codex")  # the command that installs it
     found = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_PORT": str(_free_port())})
     r = found("launch", "--list")
     assert f"{agents_dir}/claude" in r.stdout
@@ -394,3 +531,15 @@ def test_usage_errors(home: Path, tmp_path: Path, agents_dir: Path) -> None:
     assert "qwen2.5-coder:7b is not downloaded (localgen pull qwen2.5-coder:7b" in r.stderr
     r = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_API_KEY": "a key"})("launch", "claude")
     assert r.returncode == 2 and "LOCALGEN_API_KEY has spaces" in r.stderr
+    # before anything starts: a window serve would refuse; --print-env, which starts nothing, with --own-server
+    for args, said in ((("--ctx", "1"), "--ctx takes 0 (the model's trained context) or 16 tokens or more, not 1"),
+                       (("--print-env", "--own-server"), "--print-env and --own-server cannot be combined")):
+        r = found("launch", "claude", *args)
+        assert r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    # a host that is no host: as ps says it; an IPv6 one in brackets is bracketed once
+    for given in (("--host", "999.1.1.1"), ()):
+        r = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_HOST": "999.1.1.1"})("launch", "claude", *given)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1
+        assert "--host '999.1.1.1' is not a host name or address: Invalid IPv4 address" in r.stderr
+    r = found("launch", "claude", "--print-env", "--host", "[::1]", "--port", str(_free_port()))
+    assert r.returncode == 1 and "no localgen serve is running at http://[::1]:" in r.stderr, r.stderr

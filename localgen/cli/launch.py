@@ -4,6 +4,7 @@ stopped when the agent ends. The agents' table: localgen/agents.py; the child se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -12,8 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from localgen.errors import LocalgenError, UsageError
+from localgen.types import MIN_CTX_FLAG
 
 if TYPE_CHECKING:
+    import subprocess
+
     from localgen.agents import Agent, Endpoint
 
 AGENT_CTX = 32768  # an agent's first request alone (instructions and tool schemas) is many thousands of tokens
@@ -36,8 +40,8 @@ def launch(
         help="The model the agent uses (default: the running server's default model, or serve's).")] = None,
     n_ctx: Annotated[int | None, typer.Option(
         "--ctx", "--ctx-size", "-c", envvar="LOCALGEN_CTX", min=0, show_default=False,
-        help=f"The started server's window in tokens (default: {AGENT_CTX:,}, or the model's trained context if "
-             "less; 0: the trained context).")] = None,
+        help=f"The started server's window in tokens, 16 or more (default: {AGENT_CTX:,}, or the model's trained "
+             "context if less; 0: the trained context).")] = None,
     gpu_layers: Annotated[int | None, typer.Option(
         "--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, show_default=False,
         help="Layers the started server offloads to the GPU (as serve's -ngl).")] = None,
@@ -54,7 +58,8 @@ def launch(
         "--own-server", help="Start a server for the agent even when one is running at --host/--port.")] = False,
     print_env: Annotated[bool, typer.Option(
         "--print-env", help="Print the shell lines that point the agent at the running server, and the command "
-                            "that starts it (the key as $(cat FILE) or $LOCALGEN_API_KEY); start nothing.")] = False,
+                            "that starts it with the AGENT-ARGS (the key as $(tr -d '[:space:]' < FILE) or "
+                            "$LOCALGEN_API_KEY); start nothing.")] = False,
     list_agents: Annotated[bool, typer.Option("--list", help="List the agents, and whether each is on PATH.")] = False,
 ) -> None:
     """Start a coding agent on a local model: use the localgen server running at --host/--port, or start one
@@ -69,6 +74,11 @@ def launch(
     a = AGENTS.get(agent)
     if a is None:
         raise UsageError(f"no agent is called {agent!r}: launch knows {', '.join(AGENTS)}")
+    if n_ctx is not None and 0 < n_ctx < MIN_CTX_FLAG:  # as serve says it, before anything starts
+        raise UsageError(f"--ctx takes 0 (the model's trained context) or {MIN_CTX_FLAG} tokens or more, not {n_ctx}")
+    if print_env and own_server:
+        raise UsageError("--print-env and --own-server cannot be combined: --print-env starts nothing",
+                         hint="start a server first (docs/agents.md), then give --print-env")
     if not print_env and a.path() is None:
         raise UsageError(f"{a.program} is not on PATH", hint=f"install {a.title.split(',')[0]}: {a.install}")
     _run(ctx, a, agent_args or [], model, n_ctx, gpu_layers, offline, host, port, api_key_file, own_server,
@@ -100,29 +110,46 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
         raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} has spaces or control "
                          "characters inside: no HTTP header carries it as given")
     url = url_of(host, port)
-    reuse = not own_server and running_at(url)
+    try:
+        import httpx
+
+        httpx.URL(url)
+    except httpx.InvalidURL as e:  # as ps says it
+        raise UsageError(f"--host {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
+    found = False if own_server else running_at(url)
+    reuse = found is True
+    other = f"something other than localgen serve answers at {url}"
+    # --ctx and -ngl typed (not from LOCALGEN_CTX) cannot change a running server: said
+    given = [flag for flag, name in (("--ctx", "n_ctx"), ("-ngl", "gpu_layers")) if typed_by_user(ctx, name)]
+    if reuse and given:
+        err.warn(f"using the server running at {url}: {', '.join(given)} left as it has "
+                 f"{'them' if len(given) > 1 else 'it'} (--own-server starts one for the agent)")
     if print_env:
         if not reuse:
-            raise LocalgenError(f"no localgen serve is running at {url}", hint="start one (docs/agents.md), or run "
-                                "localgen launch without --print-env, which starts one for the agent")
+            raise LocalgenError(other if found is None else f"no localgen serve is running at {url}",
+                                hint="start one (docs/agents.md), or run localgen launch without --print-env, which "
+                                "starts one for the agent")
         import shlex
 
-        name = _model_there(url, key, model)
-        expr = (f"$(cat {shlex.quote(str(api_key_file))})" if api_key_file is not None
-                else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
-        from localgen.agents import shell_lines
+        from localgen.agents import OPENCODE_KEY_CHARS, shell_lines
 
-        print("\n".join(shell_lines(a, Endpoint(url, "", name), expr)))
+        if a.name == "opencode" and key and any(c in key for c in OPENCODE_KEY_CHARS):
+            raise UsageError("the API key has \" or \\ inside, which the shell would put into OpenCode's JSON as it "
+                             "is", hint="run localgen launch opencode, which passes it on itself")
+        name = _model_there(url, key, model)
+        # the file's key with the spaces, tabs, CRs and newlines around it removed, as serve reads it (a key
+        # with any inside is refused above)
+        expr = (f"$(tr -d '[:space:]' < {shlex.quote(str(api_key_file))})" if api_key_file is not None
+                else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
+        print("\n".join(shell_lines(a, Endpoint(url, "", name), expr, extra)))
         return
+    if found is None:
+        err.warn(f"{other}: launch starts one for the agent on another port")
     server = None
     # a SIGTERM or SIGHUP (the terminal closed) while the server starts: it is stopped too
     previous = {sig: signal.signal(sig, _exit_signalled) for sig in ENDING}
     try:
         if reuse:
-            given = [flag for flag, v in (("--ctx", n_ctx), ("-ngl", gpu_layers)) if v is not None]
-            if given:
-                err.warn(f"using the server running at {url}: {', '.join(given)} left as it has them "
-                         "(--own-server starts one for the agent)")
             endpoint = Endpoint(url, key or "localgen", _model_there(url, key, model))
         else:
             server = ChildServer(_serve_args(model, n_ctx, gpu_layers, offline))
@@ -215,15 +242,21 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
         for sig in ENDING:
             signal.signal(sig, lambda signum, frame: p.send_signal(signum))
         try:
-            return _status(p.wait())
+            while not _ended(p):
+                time.sleep(0.05)
+            return _status(p.returncode)
         finally:
             signal.signal(signal.SIGINT, before)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     deadline: float | None = None
     try:
-        while p.poll() is None:
-            info = signal.sigtimedwait(WATCHED, 0.1)
-            if info is not None and not (info.si_signo == signal.SIGINT and info.si_code == SI_KERNEL):
+        while not _ended(p):
+            # never a timeout that can run out: CPython 3.11's sigtimedwait returns a garbage siginfo when a
+            # SIGCONT (`fg` after Ctrl-Z) interrupts it past its timeout; the signals wait, blocked, meanwhile
+            info = signal.sigtimedwait(WATCHED, 0)
+            if info is None:
+                time.sleep(0.05)
+            elif info.si_signo in WATCHED and not (info.si_signo == signal.SIGINT and info.si_code == SI_KERNEL):
                 p.send_signal(info.si_signo)
                 if info.si_signo != signal.SIGINT and deadline is None:
                     deadline = time.monotonic() + TERM_WAIT_S
@@ -236,6 +269,30 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
             p.wait()
         _unblock_signals(blocked)
     return _status(p.returncode)
+
+
+def _ended(p: subprocess.Popen[bytes]) -> bool:
+    """Whether the agent has exited (its status then in p.returncode). An agent that stopped itself (a TUI's
+    Ctrl-Z: SIGTSTP) stops launch too, as sudo and script do, so that the shell takes the terminal back; when
+    the shell's `fg` continues launch, launch continues the agent."""
+    if p.returncode is not None:
+        return True
+    try:
+        pid, status = os.waitpid(p.pid, os.WNOHANG | os.WUNTRACED)
+    except ChildProcessError:  # reaped already
+        return p.poll() is not None
+    if pid == 0:
+        return False
+    if os.WIFSTOPPED(status):
+        stop = os.WSTOPSIG(status)
+        # a SIGTSTP, SIGTTIN or SIGTTOU to launch is dropped where no shell could continue it (an orphaned
+        # process group): then the agent just goes on
+        os.kill(os.getpid(), stop if stop in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU) else signal.SIGTSTP)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGCONT)
+        return False
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return True
 
 
 def _status(code: int) -> int:
