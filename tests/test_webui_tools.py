@@ -23,7 +23,7 @@ from tests.test_webui import KEY, Tab, answer_ids, chat_requests
 
 MCP = f"{sys.executable} {ROOT / 'tests' / 'mcp_server.py'}"
 TOOLS = {"add", "leak", "crash"}
-WAIT_MS = 90_000  # a round of SmolLM2 on two busy cores takes seconds; a page stuck past this has failed
+WAIT_MS = 300_000  # a round of SmolLM2 on two busy cores takes seconds (a minute and more under a full suite's load)
 QUESTION = "What is 2 + 3?"
 DECLINED = "The user declined to run this tool call."
 
