@@ -190,10 +190,11 @@ def test_a_folder_is_walked_into_chunks_with_path_ids(dcli: CLI, bert: str, tmp_
     assert r.returncode == 0, r.stderr
     assert _ids(dcli, "m", tmp_path) == ["notes/b.md#1", "notes/sub/c.txt#1", "notes/sub/link.md#1"]
     assert "skipped" not in r.stderr
-    # a file with another's text: a chunk of its own (as a text argument held already would not be)
+    # a file with another's text: a chunk of its own (as a text argument held already would not be), its vector
+    # the other's, not embedded again
     (tmp_path / "twin.md").write_text("the cat sat on the mat.\n")
     r = dcli("embed", "-m", bert, "--store", "m", "--docs", "twin.md", cwd=tmp_path)
-    assert "m: 1 file in 1 chunk: 1 embedded and stored, 0 unchanged" in r.stderr
+    assert "m: 1 file in 1 chunk: 0 embedded and stored, 1 unchanged" in r.stderr
     assert _ids(dcli, "m", tmp_path)[-1] == "twin.md#1"
     r = dcli("collections", "rm", "m", "--id", "twin.md#1", "--id", "notes/b.md#1", cwd=tmp_path)
     assert r.returncode == 0 and "m: removed 2 entries, 2 left" in r.stderr, r.stderr
