@@ -394,3 +394,19 @@ def test_output_flags_with_store_are_usage_errors(cli_in_process: InProcessCLI, 
     for more in ([], ["--docs", "."]):
         r = cli_in_process("embed", "--store", "s", "hi", *more, *flags)
         assert r.returncode == 2 and error in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_file_deleted_from_a_folder_keeps_its_chunks_unless_replace(dcli: CLI, bert: str, tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("The cat sat.\n")
+    (notes / "b.md").write_text("A dog ran.\n")
+    args = ("embed", "-m", bert, "--store", "d", "--docs", "notes")
+    assert dcli(*args, cwd=tmp_path).returncode == 0
+    (notes / "b.md").unlink()
+    r = dcli(*args, cwd=tmp_path)
+    assert "d: 1 file in 1 chunk: 0 embedded and stored, 1 unchanged\n" in r.stderr, r.stderr
+    assert _ids(dcli, "d", tmp_path) == ["notes/a.md#1", "notes/b.md#1"]
+    r = dcli(*args, "--replace", cwd=tmp_path)
+    assert "d: 1 file in 1 chunk: 0 embedded and stored, 1 unchanged, 1 removed\n" in r.stderr, r.stderr
+    assert _ids(dcli, "d", tmp_path) == ["notes/a.md#1"]
