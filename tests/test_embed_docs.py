@@ -190,10 +190,11 @@ def test_a_folder_is_walked_into_chunks_with_path_ids(dcli: CLI, bert: str, tmp_
     assert r.returncode == 0, r.stderr
     assert _ids(dcli, "m", tmp_path) == ["notes/b.md#1", "notes/sub/c.txt#1", "notes/sub/link.md#1"]
     assert "skipped" not in r.stderr
-    # a file with another's text: a chunk of its own (as a text argument held already would not be)
+    # a file with another's text: a chunk of its own (as a text argument held already would not be), its vector
+    # the other's, not embedded again
     (tmp_path / "twin.md").write_text("the cat sat on the mat.\n")
     r = dcli("embed", "-m", bert, "--store", "m", "--docs", "twin.md", cwd=tmp_path)
-    assert "m: 1 file in 1 chunk: 1 embedded and stored, 0 unchanged" in r.stderr
+    assert "m: 1 file in 1 chunk: 0 embedded and stored, 1 unchanged" in r.stderr
     assert _ids(dcli, "m", tmp_path)[-1] == "twin.md#1"
     r = dcli("collections", "rm", "m", "--id", "twin.md#1", "--id", "notes/b.md#1", cwd=tmp_path)
     assert r.returncode == 0 and "m: removed 2 entries, 2 left" in r.stderr, r.stderr
@@ -315,3 +316,97 @@ def test_docs_refuses_what_it_cannot_store(dcli: CLI, cli_in_process: InProcessC
     r = dcli("embed", "-m", "/nonexistent.gguf", "--store", "s", "--docs", "big", cwd=tmp_path)
     assert r.returncode == 2 and "the documents are 300 MiB, more than 256 MiB: store them in parts" in r.stderr
     assert os.path.getsize(big / "0.md") == 150 * 2**20
+
+
+def test_a_mismatched_collection_is_refused_before_anything_is_embedded(dcli: CLI, bert: str, tmp_path: Path) -> None:
+    assert dcli("embed", "-m", bert, "--store", "m", "the cat sat.").returncode == 0
+    # the collection is checked once the model has loaded, before any text is embedded or any file chunked: the
+    # mismatch is the error, not what embedding the texts would have met (a text past the window, a chunk size
+    # past it)
+    long = "the cat sat on the mat. " * 200
+    r = dcli("embed", "-m", bert, "--store", "m", "a kitten.", long, "--dimensions", "8")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "collection 'm' holds tiny-bert.gguf vectors (cls pooling, 64 dimensions), not tiny-bert.gguf (cls, 8) " \
+           "(use --dimensions 64, or another collection name)" in r.stderr, r.stderr
+    notes = _notes(tmp_path)
+    r = dcli("embed", "-m", bert, "--store", "m", "--docs", str(notes), "--pooling", "last", "--chunk-tokens", "100000")
+    assert r.returncode == 2 and r.stderr.count("\n") == 2, "the skip notice, then the error: " + r.stderr
+    assert "(use --pooling cls, or another collection name)" in r.stderr and "--chunk-tokens" not in r.stderr
+    assert len(_ids(dcli, "m", tmp_path)) == 1, "nothing stored"
+
+
+def test_a_line_added_at_the_top_embeds_only_the_new_chunk(dcli: CLI, bert: str, tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    paras = [_para(30, w) for w in ("cat", "dog", "rug")]  # a chunk each at 40 tokens
+    (notes / "a.md").write_text("\n\n".join(paras) + "\n")
+    args = ("embed", "-m", bert, "--store", "n", "--docs", "notes", "--chunk-tokens", "40", "--chunk-overlap", "0")
+    r = dcli(*args, cwd=tmp_path)
+    assert "n: 1 file in 3 chunks: 3 embedded and stored, 0 unchanged" in r.stderr, r.stderr
+    before = {d["id"]: d for d in map(json.loads, dcli("similar", "n", "a dog", "-n", "9").stdout.splitlines())}
+    (notes / "a.md").write_text(_para(30, "mat") + "\n\n" + "\n\n".join(paras) + "\n")  # every chunk's id moves
+    r = dcli(*args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "n: 1 file in 4 chunks: 1 embedded and stored, 3 unchanged" in r.stderr, r.stderr
+    after = {d["id"]: d for d in map(json.loads, dcli("similar", "n", "a dog", "-n", "9").stdout.splitlines())}
+    assert [after[f"notes/a.md#{k}"]["content"] for k in range(1, 5)] == [_para(30, "mat"), *paras]
+    for k in range(1, 4):  # each moved chunk keeps its vector: the same score under its new id
+        assert after[f"notes/a.md#{k + 1}"]["score"] == before[f"notes/a.md#{k}"]["score"]
+    r = dcli(*args, cwd=tmp_path)
+    assert "n: 1 file in 4 chunks: 0 embedded and stored, 4 unchanged" in r.stderr, r.stderr
+
+
+def test_a_byte_order_mark_is_not_text(dcli: CLI, bert: str, tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "bom.md").write_bytes("\ufeffThe cat sat.\n".encode())
+    jl = tmp_path / "in.jsonl"
+    jl.write_bytes('\ufeff{"id": "j", "text": "A dog ran."}\n'.encode())
+    r = dcli("embed", "-m", bert, "--store", "b", "--docs", "notes", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = dcli("embed", "-m", bert, "--store", "b", "--file", str(jl))
+    assert r.returncode == 0, r.stderr
+    assert _texts(dcli, "b", tmp_path) == {"notes/bom.md#1": "The cat sat.", "j": "A dog ran."}
+
+
+def test_a_path_with_control_characters_is_skipped_in_a_folder_and_refused_when_named(
+        dcli: CLI, bert: str, tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "ok.md").write_text("The cat sat.\n")
+    (notes / "two\nlines.md").write_text("A dog ran.\n")
+    r = dcli("embed", "-m", bert, "--store", "c", "--docs", "notes", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "skipped 1 file whose path holds control characters (a newline, a tab), which an id cannot: " \
+           "'notes/two\\nlines.md'\n" in r.stderr, r.stderr
+    assert _ids(dcli, "c", tmp_path) == ["notes/ok.md#1"]
+    r = dcli("embed", "-m", bert, "--store", "c", "--docs", "notes/two\nlines.md", cwd=tmp_path)
+    assert r.returncode == 2 and "the file 'notes/two\\nlines.md': a path with control characters" in r.stderr
+    assert r.stderr.count("\n") == 1 and "loading" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("flags", "error"), [
+    (["--json"], "--json shapes the printed vectors; --store prints none (it stores them)"),
+    (["--format", "base64"], "--format shapes the printed vectors; --store prints none (it stores them)"),
+    (["--format", "float", "--json"], "--json and --format shape the printed vectors; --store prints none"),
+])
+def test_output_flags_with_store_are_usage_errors(cli_in_process: InProcessCLI, flags: list[str], error: str) -> None:
+    for more in ([], ["--docs", "."]):
+        r = cli_in_process("embed", "--store", "s", "hi", *more, *flags)
+        assert r.returncode == 2 and error in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_file_deleted_from_a_folder_keeps_its_chunks_unless_replace(dcli: CLI, bert: str, tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("The cat sat.\n")
+    (notes / "b.md").write_text("A dog ran.\n")
+    args = ("embed", "-m", bert, "--store", "d", "--docs", "notes")
+    assert dcli(*args, cwd=tmp_path).returncode == 0
+    (notes / "b.md").unlink()
+    r = dcli(*args, cwd=tmp_path)
+    assert "d: 1 file in 1 chunk: 0 embedded and stored, 1 unchanged\n" in r.stderr, r.stderr
+    assert _ids(dcli, "d", tmp_path) == ["notes/a.md#1", "notes/b.md#1"]
+    r = dcli(*args, "--replace", cwd=tmp_path)
+    assert "d: 1 file in 1 chunk: 0 embedded and stored, 1 unchanged, 1 removed\n" in r.stderr, r.stderr
+    assert _ids(dcli, "d", tmp_path) == ["notes/a.md#1"]

@@ -130,6 +130,51 @@ def test_scripted_chat_retrieves_for_each_question_and_keeps_the_excerpts(hcli: 
     assert users == prompts, "the conversation keeps each message as sent, excerpts and all"
 
 
+def test_a_chat_searches_the_collection_as_it_is_when_asked(hcli: CLI, tmp_path: Path) -> None:
+    """Entries stored or removed by another process during a chat are found, or no longer sent, from the next
+    question on."""
+    from tests.tiny_bert import build
+
+    bert = str(build(tmp_path / "tiny-bert.gguf"))
+    live = tmp_path / "live.jsonl"
+    live.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in ENTRIES[:2]))
+    assert hcli("embed", "-m", bert, "--file", str(live), "--store", "live").returncode == 0
+    chat = hcli.popen("chat", "--rag", "live", "--rag-top", "4", *QUICK, stdin=subprocess.PIPE,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        def sources() -> set[str]:
+            """The ids /sources prints (to stderr: scripted), read up to the line after the last excerpt."""
+            chat.stdin.write("/sources\n/sources\n")  # the second's first line marks the end of the first's
+            chat.stdin.flush()
+            seen: list[str] = []
+            while True:
+                line = chat.stderr.readline()
+                assert line, "the chat ended early"
+                if line.startswith("[") and "(score" in line:
+                    ident = line[1:line.index("]")]
+                    if ident in seen:
+                        return set(seen)
+                    seen.append(ident)
+
+        chat.stdin.write("Where does the cat sleep?\n")
+        assert sources() == {"cats.md#1", "paris.md#1"}
+        r = hcli("collections", "rm", "live", "--id", "paris.md#1")  # sensitive, say: gone from the next question
+        assert r.returncode == 0, r.stderr
+        live.write_text(json.dumps({"id": ENTRIES[2][0], "text": ENTRIES[2][1]}) + "\n")
+        assert hcli("embed", "-m", bert, "--file", str(live), "--store", "live").returncode == 0
+        chat.stdin.write("Where do llamas live?\n")
+        assert sources() == {"cats.md#1", "llama.md#2"}
+        chat.stdin.close()
+        assert chat.wait(timeout=120) == 0
+    finally:
+        if chat.poll() is None:
+            chat.kill()
+            chat.wait()
+    prompts = [e["prompt"] for e in logged(hcli, 2)]
+    assert ENTRIES[1][1] in prompts[0] and ENTRIES[2][1] not in prompts[0]
+    assert ENTRIES[1][1] not in prompts[1] and ENTRIES[2][1] in prompts[1], prompts[1]
+
+
 def test_chat_on_a_terminal_shows_the_sources_after_each_answer(hcli: CLI) -> None:
     from tests import terminal
 
@@ -184,6 +229,7 @@ def test_rag_with_an_endpoint_retrieves_here_and_sends_the_excerpts(hcli: CLI, f
     (["run", "--rag-top", "2", "hi"], "--rag-top goes with --rag COLLECTION"),
     (["chat", "--rag-top", "2"], "--rag-top goes with --rag COLLECTION"),
     (["run", "--rag", "", "hi"], "--rag is empty"),
+    (["run", "--rag", "notes", "  \t "], "the question is blank: --rag searches the collection for it"),
     (["run", "--rag", "notes", "--raw", "hi"], "--rag cannot be combined with --raw"),
     (["run", "--rag", "notes", "--each-line", "-p", "hi"], "--rag cannot be combined with --file/--each-line"),
     (["run", "--rag", "notes", "--beams", "2", "hi"], "--rag cannot be combined with --beams"),

@@ -47,7 +47,7 @@ def embed(
         bool, typer.Option("--docs", rich_help_panel=DOCS,
                            help="With --store: the arguments are files and folders (walked in sorted order, hidden "
                                 "ones skipped), each cut into chunks stored as PATH#1, PATH#2, ...; storing a file "
-                                "again replaces its chunks.")
+                                "again replaces its chunks, embedding only those whose text is not stored yet.")
     ] = False,
     chunk_tokens: Annotated[
         int | None, typer.Option("--chunk-tokens", min=MIN_CHUNK, rich_help_panel=DOCS, show_default=False,
@@ -73,11 +73,13 @@ def embed(
     ] = False,
     fmt: Annotated[
         str, typer.Option("--format", rich_help_panel=o.OUTPUT_PANEL,
-                          help="float (a JSON list) or base64 (little-endian float32, as OpenAI's API sends).")
+                          help="float (a JSON list) or base64 (little-endian float32, as OpenAI's API sends); not with "
+                               "--store.")
     ] = "float",
     json_out: Annotated[
         bool, typer.Option("--json", rich_help_panel=o.OUTPUT_PANEL,
-                           help="One JSON object (model, pooling, dimensions, data, tokens) instead of NDJSON.")
+                           help="One JSON object (model, pooling, dimensions, data, tokens) instead of NDJSON; "
+                               "not with --store.")
     ] = False,
     store: Annotated[
         str | None, typer.Option("--store", rich_help_panel=EMBED, show_default=False,
@@ -254,6 +256,7 @@ def _ndjson(docs: Iterable[dict[str, Any]]) -> None:
 
 
 MAX_INPUT = 256 * 2**20  # a --file or stdin, read whole before the model loads: bounded, as memory is
+BOM = "\ufeff"  # a byte order mark some editors write at a UTF-8 file's start: not text, dropped
 
 
 def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False,
@@ -277,11 +280,11 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
         with file.open("rb") as stream:
             data = stream.read(MAX_INPUT + 1)  # only one byte past the bound (a huge file, /dev/zero)
         _bounded(len(data), str(file), verb)
-        lines = decode(data, str(file)).splitlines()
+        lines = decode(data, str(file)).removeprefix(BOM).splitlines()
     elif sys.stdin is not None and not sys.stdin.isatty():
         text = sys.stdin.read(MAX_INPUT + 1)
         _bounded(len(text), "stdin", verb)
-        lines = text.splitlines()
+        lines = text.removeprefix(BOM).splitlines()
     else:
         what = "documents" if verb == "rerank" else "texts"
         raise UsageError(f"nothing to {verb}: give {what} as arguments, --file, or lines on stdin")
@@ -310,7 +313,7 @@ def _id(value: Any) -> str:
     otherwise (null, true, an object would be stored as the words None, True, {...})."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if not isinstance(value, str) or not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if not isinstance(value, str) or not value or _controls(value):
         raise ValueError('its "id" must be a string on one line, or a whole number')
     return value
 
@@ -351,10 +354,14 @@ def run_embed(f: EmbedArgs) -> None:
     if f.pooling is not None and f.pooling not in POOLING:
         raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
     o.refuse_empty(("--store", f.store))
-    if f.store and any(ord(c) < 32 or ord(c) == 127 for c in f.store):  # one line a collection, wherever listed
+    if f.store and _controls(f.store):  # one line a collection, wherever listed
         raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
     if f.replace and not f.store:
         raise UsageError("--replace needs --store NAME (the collection whose other entries it removes)")
+    shaping = [flag for flag, on in (("--json", f.json_out), ("--format", f.given("fmt"))) if on]
+    if f.store and shaping:
+        raise UsageError(f"{' and '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the printed vectors; "
+                         "--store prints none (it stores them)", hint="leave out " + " and ".join(shaping))
     docs: list[tuple[str, str]] = []
     if f.docs or f.chunk_tokens is not None or f.chunk_overlap is not None:
         docs = _documents(f)  # every check and read before the model loads
@@ -362,15 +369,25 @@ def run_embed(f: EmbedArgs) -> None:
     else:
         items = _inputs(f.texts, f.file, by_content=True)
     backend = _backend(f, f.model)
+    reused: dict[str, bytes] = {}
     try:
         name = backend.name
+        if f.store:
+            # the collection's model, pooling and size are known now: a mismatch is refused before any work
+            embedder = backend.embedder(f.pooling)
+            if f.dimensions is None or f.dimensions <= embedder.n_embd:  # (more: embed's own error, below)
+                collections.check(collections.Collection(f.store, name, f.model, embedder.pooling,
+                                                         f.dimensions or embedder.n_embd, f.normalize))
         if f.docs:
             items = _chunked(f, backend, docs)
         if f.store:
             # with --replace every text must end up under its own id: one held under another id is stored again
-            # (a chunk is its file's: never found under another id)
+            # (with --docs, a chunk whose text another id holds takes that id's vector: a line added at the top
+            # of a file moves its chunks)
             skip = collections.unchanged(f.store, items, any_id=bool(f.texts) and not f.replace and not f.docs)
-            todo = [(i, t) for i, t in items if i not in skip]
+            if f.docs:
+                reused = collections.reusable(f.store, [(i, t) for i, t in items if i not in skip])
+            todo = [(i, t) for i, t in items if i not in skip and i not in reused]
         else:
             skip, todo = set(), items
         vectors = backend.embed([t for _, t in todo], f.pooling, f.normalize, f.dimensions, f.truncate)
@@ -384,14 +401,16 @@ def run_embed(f: EmbedArgs) -> None:
         err = ErrWriter()
         collections.ensure(collections.Collection(f.store, name, f.model, pooling, dims, f.normalize),
                            waiting=err.line)
-        rows = [(i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)]
+        rows: list[tuple[str, str, list[float] | bytes]] = [
+            (i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)]
+        rows += [(i, t, reused[i]) for i, t in items if i in reused]
         # the removal is in put's one transaction, after every row: a run that fails before it removes nothing
         # with --docs, also each file's chunks it no longer yields (a shorter file leaves no stale FILE#7)
         gone = collections.put(f.store, rows, keep=[i for i, _ in items] if f.replace else None, waiting=err.line,
                                files=[d for d, _ in docs], given=[i for i, _ in items])
         removed = f", {gone:,} removed" if f.replace or gone else ""
         cut = f" {_count(len(docs), 'file')} in {_count(len(items), 'chunk')}:" if f.docs else ""
-        err.line(f"{f.store}:{cut} {len(todo):,} embedded and stored, {len(skip):,} unchanged{removed}")
+        err.line(f"{f.store}:{cut} {len(todo):,} embedded and stored, {len(skip) + len(reused):,} unchanged{removed}")
         return
     data = [{"id": i, "embedding": collections.b64(v.vector) if f.fmt == "base64" else v.vector, "tokens": v.tokens}
             for (i, _), v in zip(todo, vectors, strict=True)]
@@ -428,7 +447,12 @@ def _documents(f: EmbedArgs) -> list[tuple[str, str]]:
     limit = f.chunk_tokens or CHUNK_TOKENS
     if f.chunk_overlap is not None and f.chunk_overlap >= limit:
         raise UsageError(f"--chunk-overlap {f.chunk_overlap:,} must be less than --chunk-tokens ({limit:,})")
-    found = _doc_files(f.texts)
+    found, unnamable = _doc_files(f.texts)
+    if unnamable:
+        named = ", ".join(repr(i) for i in unnamable[:NAMED_SKIPPED])
+        more = f" and {len(unnamable) - NAMED_SKIPPED:,} more" if len(unnamable) > NAMED_SKIPPED else ""
+        ErrWriter().line(f"skipped {_count(len(unnamable), 'file')} whose path holds control characters (a "
+                         f"newline, a tab), which an id cannot: {named}{more}")
     docs, skipped = _read_docs(found)
     if skipped:
         named = ", ".join(skipped[:NAMED_SKIPPED])
@@ -440,27 +464,43 @@ def _documents(f: EmbedArgs) -> list[tuple[str, str]]:
     return docs
 
 
-def _doc_files(args: list[str]) -> list[tuple[str, Path, bool]]:
+def _doc_files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:
     """(id, path, named) of each file the arguments give: a file as typed (normalised), a folder's regular files
     walked in sorted order (hidden files and folders skipped, linked folders not followed) as joined under it;
-    each id once. `named`: typed as a file (one that is not text is an error, not skipped)."""
+    each id once. `named`: typed as a file (one that is not text is an error, not skipped). And the folders'
+    files whose paths hold control characters (skipped: an id is one line); a file so named is an error."""
     import os
 
     out: dict[str, tuple[str, Path, bool]] = {}
+    unnamable: list[str] = []
     for arg in args:
         p = Path(arg)
         if p.is_dir():
+            if _controls(arg):
+                raise UsageError(f"the folder {arg!r}: a path with control characters (a newline, a tab) cannot be "
+                                 "an id")
             for rel in _walk(p):
                 ident = os.path.normpath(os.path.join(arg, rel))
-                out.setdefault(ident, (ident, p / rel, False))
+                if _controls(ident):
+                    unnamable.append(ident)
+                else:
+                    out.setdefault(ident, (ident, p / rel, False))
         elif p.is_file():
             ident = os.path.normpath(arg)
+            if _controls(ident):
+                raise UsageError(f"the file {arg!r}: a path with control characters (a newline, a tab) cannot be "
+                                 "an id", hint="rename it, or store its text with --file")
             out.setdefault(ident, (ident, p, True))
         elif p.exists():
             raise UsageError(f"{arg} is not a file or a folder")
         else:
             raise UsageError(f"no such file or folder: {arg}")
-    return list(out.values())
+    return list(out.values()), unnamable
+
+
+def _controls(text: str) -> bool:
+    """Whether a text holds control characters (as JSON ids may not)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
 def _walk(top: Path) -> list[str]:
@@ -536,7 +576,7 @@ def _read_docs(found: list[tuple[str, Path, bool]]) -> tuple[list[tuple[str, str
         if why:
             not_text(ident, named, why, skipped)
             continue
-        out.append((ident, data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")))
+        out.append((ident, data.decode("utf-8").removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n")))
     return out, skipped
 
 

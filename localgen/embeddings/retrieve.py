@@ -2,7 +2,9 @@
 pooling, dimensions and normalisation), its entries ranked by cosine similarity, the best K returned. `similar`
 prints them; `run --rag` and `chat --rag` put them into the user's message (`rag_message`, one fixed template
 naming each excerpt by its id), dropping the lowest-scoring ones that do not fit the window (`fit`). A Retriever
-loads its embedding model once, at its first search, and keeps it for many queries (a chat) until closed."""
+loads its embedding model once, at its first search, and keeps it for many queries (a chat) until closed; it
+keeps the vectors in memory too, and reads them again when the collection was written since (a chat sees
+entries stored or removed while it runs)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localgen.embeddings import store
-from localgen.errors import UsageError
+from localgen.errors import LocalgenError, UsageError
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Retriever:
 
     def __init__(self, name: str, load: Callable[[str | None], Any]) -> None:
         self.name = name
+        self.written = store.written(name)  # read before the vectors: a write after them reads them again
         self.collection = store.get(name)  # an unknown name: a usage error naming the collections there are
         self.rows = store.vectors(name)
         self._load = load
@@ -76,9 +79,31 @@ class Retriever:
         """The k entries nearest to a query's vector (cosine), best first; equal scores in stored order."""
         return rank(self.rows, [vector], k)
 
+    def refresh(self) -> None:
+        """Read the vectors again if the collection was written since they were read (entries stored or removed
+        by another process during a chat): one small read when it was not. A collection removed meanwhile has
+        no entries to search; one made again another way (its model, pooling or size) is an error."""
+        written = store.written(self.name)
+        if written == self.written:
+            return
+        self.written = written
+        if written is None:
+            self.rows = []
+            return
+        now = store.get(self.name)
+        if (now.model, now.pooling, now.dimensions, now.normalized) != (
+                self.collection.model, self.collection.pooling, self.collection.dimensions,
+                self.collection.normalized):
+            raise LocalgenError(f"the collection {self.name!r} was made again with {now.model} during this "
+                                "search; its vectors no longer match the loaded model",
+                                hint="start again to search it with its new model")
+        self.rows = store.vectors(self.name)
+
     def search(self, query: str, k: int, truncate: bool = False) -> list[Hit]:
-        """The k entries nearest to the query, best first."""
-        return self.rank(self.embed_query(query, truncate), k)
+        """The k entries nearest to the query, best first, as the collection is now (refresh())."""
+        vector = self.embed_query(query, truncate)
+        self.refresh()
+        return self.rank(vector, k)
 
     def close(self) -> None:
         """Free the embedding model (idempotent); a later search loads it again."""

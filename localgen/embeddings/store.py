@@ -1,14 +1,15 @@
-"""Collections: named sets of embeddings with their ids and texts, in one SQLite database in the data dir
-(through sqlite-utils; mode 0600 in a 0700 folder; WAL, a busy timeout, and the tables made once under a file
-lock, so several `embed --store` processes can write at once). A collection remembers the model, pooling and
-size it was made with, so every later text and query is embedded the same way; a text whose SHA-256 is
-unchanged is not embedded again (as `llm embed-multi` does). A text given without an id (embed's arguments)
-gets its content's (text_id), so writers in several processes never replace each other's texts. Collections
-are listed (`listing`), shown entry by entry (`described`, `entries`) and removed whole or by id (`remove`,
-`remove_ids`); `put(..., keep=...)` stores a run's texts and removes the ids it did not give in one
-transaction, so a failed run removes nothing, and `put(..., files=...)` removes the chunks (FILE#N) a
-document stored again no longer yields, in that transaction too. A writer that finds another holding the
-write lock says so (`waiting`) before it waits."""
+"""Collections: named sets of embeddings with their ids and texts, in one SQLite database in the data dir (through
+sqlite-utils; mode 0600 in a 0700 folder; WAL, a busy timeout, and the tables made once under a file lock, so
+several `embed --store` processes can write at once). A collection remembers the model, pooling and size it was
+made with (`check`, before a run embeds anything; `ensure`, as it stores), so every later text and query is
+embedded the same way; a text whose SHA-256 is unchanged is not embedded again (as `llm embed-multi` does), nor is
+a document's chunk whose text another id holds (`reusable`: its vector is stored again). A text given without an id
+(embed's arguments) gets its content's (text_id), so writers in several processes never replace each other's texts.
+Collections are listed (`listing`), shown entry by entry (`described`, `entries`) and removed whole or by id
+(`remove`, `remove_ids`); `put(..., keep=...)` stores a run's texts and removes the ids it did not give in one
+transaction, so a failed run removes nothing, and `put(..., files=...)` removes the chunks (FILE#N) a document
+stored again no longer yields, in that transaction too. A writer that finds another holding the write lock says so
+(`waiting`) before it waits. `written` says cheaply when a collection last changed."""
 
 from __future__ import annotations
 
@@ -149,6 +150,23 @@ def ensure(c: Collection, waiting: Waiting | None = None) -> None:
                             "normalized, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
                             (c.name, c.model, c.model_spec, c.pooling, c.dimensions, int(c.normalized), time.time()))
         r = next(iter(db.table("collections").rows_where("name = ?", [c.name])))
+    _same_way(r, c)
+
+
+def check(c: Collection) -> None:
+    """Before anything is embedded: a collection of that name made another way (model, pooling, size) is the
+    error ensure() gives; none yet is no error (nothing is created: ensure() does that once the texts are
+    embedded)."""
+    if not path().exists():
+        return
+    with _db(create=False) as db:
+        rows = list(db.table("collections").rows_where("name = ?", [c.name]))
+    if rows:
+        _same_way(rows[0], c)
+
+
+def _same_way(r: Any, c: Collection) -> None:
+    """A usage error when the stored collection `r` was made another way than `c`."""
     if (r["model"], r["pooling"], int(r["dimensions"])) != (c.model, c.pooling, c.dimensions):
         raise UsageError(f"collection {c.name!r} holds {r['model']} vectors ({r['pooling']} pooling, "
                          f"{r['dimensions']} dimensions), not {c.model} ({c.pooling}, {c.dimensions})",
@@ -190,13 +208,36 @@ def unchanged(name: str, items: Iterable[tuple[str, str]], any_id: bool = False)
     return {i for i, text in items if stored.get(i) == content_hash(text) or content_hash(text) in held}
 
 
-def put(name: str, rows: list[tuple[str, str, list[float]]], keep: Iterable[str] | None = None,
+def reusable(name: str, items: Iterable[tuple[str, str]]) -> dict[str, bytes]:
+    """Of (id, text) pairs whose id does not hold that text, the ones whose text the collection holds under
+    another id: each id's stored vector (packed), to store under it without embedding the text again (a line
+    added at the top of a document moves its chunks to other ids)."""
+    import json
+
+    wanted: dict[str, list[str]] = {}
+    with _db(create=True) as db:
+        stored = {r["id"]: r["content_hash"] for r in db.query(
+            "SELECT id, content_hash FROM embeddings WHERE collection = ?", [name])}
+        held = set(stored.values())
+        for i, text in items:
+            h = content_hash(text)
+            if stored.get(i) != h and h in held:
+                wanted.setdefault(h, []).append(i)
+        if not wanted:
+            return {}
+        found = {h: v for h, v in db.conn.execute(
+            "SELECT content_hash, embedding FROM embeddings WHERE collection = ? AND content_hash IN "
+            "(SELECT value FROM json_each(?)) GROUP BY content_hash", (name, json.dumps(sorted(wanted))))}
+    return {i: found[h] for h, ids in wanted.items() if h in found for i in ids}
+
+
+def put(name: str, rows: list[tuple[str, str, list[float] | bytes]], keep: Iterable[str] | None = None,
         waiting: Waiting | None = None, files: Iterable[str] = (), given: Iterable[str] = ()) -> int:
-    """Store (id, text, vector) rows, replacing what the ids held; with `keep` (every id of the run, stored now
-    or unchanged), then remove the collection's other ids; with `files` (documents stored in chunks, ids
-    FILE#1, FILE#2, ...), remove each file's chunk ids that are not in `given` (every id of the run). One
-    transaction, taken before anything is read (BEGIN IMMEDIATE: it waits for other writers): every row and
-    the removals, or nothing. How many were removed."""
+    """Store (id, text, vector) rows (a vector as floats, or packed as stored), replacing what the ids held;
+    with `keep` (every id of the run, stored now or unchanged), then remove the collection's other ids; with
+    `files` (documents stored in chunks, ids FILE#1, FILE#2, ...), remove each file's chunk ids that are not in
+    `given` (every id of the run). One transaction, taken before anything is read (BEGIN IMMEDIATE: it waits
+    for other writers): every row and the removals, or nothing. How many were removed."""
     import json
 
     now = time.time()
@@ -206,7 +247,8 @@ def put(name: str, rows: list[tuple[str, str, list[float]]], keep: Iterable[str]
             conn.executemany(
                 "INSERT OR REPLACE INTO embeddings (collection, id, content, content_hash, embedding, updated) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                [(name, i, text, content_hash(text), pack(vec), now) for i, text, vec in rows])
+                [(name, i, text, content_hash(text), vec if isinstance(vec, bytes) else pack(vec), now)
+                 for i, text, vec in rows])
             gone = 0
             if keep is not None:
                 gone = conn.execute(
@@ -369,6 +411,22 @@ def remove_ids(name: str, ids: list[str], waiting: Waiting | None = None) -> tup
             _written(conn, name, time.time())
             left: int = conn.execute("SELECT count(*) FROM embeddings WHERE collection = ?", (name,)).fetchone()[0]
         return removed, left
+
+
+def written(name: str) -> float | None:
+    """When the collection was last written (an entry stored or removed; made, before any was), read cheaply
+    (its one record); None when there is no such collection. A search that keeps the vectors in memory (a
+    chat's) reads them again when this changes."""
+    if not path().exists():
+        return None
+    with _db(create=False) as db:
+        if "written" in db["collections"].columns_dict:
+            row = db.conn.execute("SELECT coalesce(written, created) FROM collections WHERE name = ?",
+                                  (name,)).fetchone()
+            return None if row is None else float(row[0])
+        row = db.conn.execute("SELECT c.created, max(e.updated) FROM collections c LEFT JOIN embeddings e ON "
+                              "e.collection = c.name WHERE c.name = ? GROUP BY c.name", (name,)).fetchone()
+    return None if row is None else max(float(row[0]), float(row[1] or 0))
 
 
 def stored_bytes(name: str) -> int:

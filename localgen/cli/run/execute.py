@@ -18,7 +18,7 @@ from localgen.cli.options.plan import LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.run.options import DecodingOptions, ReportOptions
 from localgen.cli.run.plan import ManyPlan, RunPlan
-from localgen.errors import ModelNotFoundError
+from localgen.errors import ModelNotFoundError, UsageError
 from localgen.types import GenerationRequest, Message, thinking_args
 
 if TYPE_CHECKING:
@@ -106,6 +106,9 @@ def retrieve(plan: RunPlan, err: ErrWriter) -> list[Any]:
     from localgen.cli.options.rag import Rag
 
     assert plan.send.rag is not None and plan.parts
+    if not plan.parts[-1].strip():  # as an empty one is refused: nothing to search for
+        raise UsageError("the question is blank: --rag searches the collection for it",
+                         hint="give the question as an argument or with -p")
     try:
         rag = Rag(plan.send.rag, plan.load, err.warn)
         try:
@@ -120,7 +123,6 @@ def retrieve(plan: RunPlan, err: ErrWriter) -> list[Any]:
 
 def _needs_template(backend: Backend) -> None:
     """--rag writes the excerpts into a chat message: a model without a chat template (a base model) is refused."""
-    from localgen.errors import UsageError
     from localgen.tools.stream import template_of
 
     if not template_of(backend):
