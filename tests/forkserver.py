@@ -363,7 +363,9 @@ def _pipe_file(fd: int, reading: bool, text: bool, bufsize: int) -> Any:
     encoding (stdin written through, line-buffered when bufsize is 1)."""
     import io
 
-    raw = open(fd, "rb" if reading else "wb", bufsize)  # noqa: SIM115 (the caller closes it, as a Popen's)
+    # text with bufsize 1 is line-buffered text over a default binary buffer (as Popen makes it): a binary
+    # file cannot buffer by lines
+    raw = open(fd, "rb" if reading else "wb", -1 if text and bufsize == 1 else bufsize)  # noqa: SIM115
     if not text:
         return raw
     if reading:

@@ -89,7 +89,10 @@ def test_a_search_says_what_it_cannot_do(server: Server) -> None:
                        ({"query": "x", "max_num_results": 0}, "max_num_results"),
                        ({"query": "x", "max_num_results": 51}, "max_num_results"),
                        ({"query": "x", "filters": {"type": "eq", "key": "a", "value": "b"}}, "filters"),
-                       ({"query": "x", "rewrite_query": True}, "rewrite_query")):
+                       ({"query": "x", "rewrite_query": True}, "rewrite_query"),
+                       ({"query": "x", "ranking_options": {"score_threshold": 2}}, "ranking_options.score_threshold"),
+                       ({"query": "x", "ranking_options": []}, "ranking_options.score_threshold"),
+                       ({"query": [f"q{i}" for i in range(17)]}, "query")):
         r = httpx.post(f"{server.url}/v1/vector_stores/notes/search", json=bad,
                        headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)

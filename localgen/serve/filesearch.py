@@ -20,7 +20,7 @@ from localgen.embeddings.retrieve import Hit, rag_message
 from localgen.serve.apierror import HTTPError
 from localgen.serve.served import Served
 from localgen.serve.state import ServeState
-from localgen.serve.vectorstores import MAX_RESULTS, check_offered, search
+from localgen.serve.vectorstores import check_offered, search, search_options
 from localgen.types import GenerationRequest, Message
 
 DEFAULT_RESULTS = 5  # excerpts per request: a local model's window is small (OpenAI's default is 10)
@@ -46,20 +46,8 @@ def tool(state: ServeState, t: dict[str, Any]) -> FileSearch:
     if not isinstance(ids, list) or not ids:
         raise HTTPError(400, "a file_search tool needs vector_store_ids: a non-empty list", param="tools")
     stores = tuple(dict.fromkeys(check_offered(state, i, "tools") for i in ids))
-    count = t.get("max_num_results", DEFAULT_RESULTS)
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_RESULTS:
-        raise HTTPError(400, f"file_search's max_num_results must be a whole number from 1 to {MAX_RESULTS}",
-                        param="tools")
-    if t.get("filters") is not None:
-        raise HTTPError(400, "file_search's filters are not supported: a collection's entries have no attributes",
-                        param="tools")
-    ranking = t.get("ranking_options")
-    threshold = ranking.get("score_threshold") if isinstance(ranking, dict) else None
-    if (ranking is not None and not isinstance(ranking, dict)) or (threshold is not None and (
-            isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not -1 <= threshold <= 1)):
-        raise HTTPError(400, "file_search's ranking_options.score_threshold must be a number from -1 to 1",
-                        param="tools")
-    return FileSearch(stores, count, None if threshold is None else float(threshold))
+    count, threshold = search_options(t, DEFAULT_RESULTS, lambda field: (f"file_search's {field}", "tools"))
+    return FileSearch(stores, count, threshold)
 
 
 @dataclass

@@ -8,6 +8,7 @@ texts."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -106,26 +107,32 @@ def _search_args(body: dict[str, Any]) -> tuple[list[str], int, float | None]:
         raise HTTPError(400, "`query` must be a non-empty string or a list of them", param="query")
     if len(queries) > MAX_QUERIES:
         raise HTTPError(400, f"at most {MAX_QUERIES} queries in one search, not {len(queries):,}", param="query")
-    count = body.get("max_num_results", 10)
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_RESULTS:
-        raise HTTPError(400, f"`max_num_results` must be a whole number from 1 to {MAX_RESULTS}",
-                        param="max_num_results")
-    if body.get("filters") is not None:
-        raise HTTPError(400, "`filters` are not supported: a collection's entries have no attributes",
-                        param="filters")
     if body.get("rewrite_query") is True:
         raise HTTPError(400, "`rewrite_query` is not supported: the query is searched as it is sent",
                         param="rewrite_query")
-    ranking = body.get("ranking_options")
-    ranking = {} if ranking is None else ranking
-    if not isinstance(ranking, dict):
-        raise HTTPError(400, "`ranking_options` must be an object", param="ranking_options")
-    threshold = ranking.get("score_threshold")
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-                                  or not -1 <= threshold <= 1):
-        raise HTTPError(400, "`ranking_options.score_threshold` must be a number from -1 to 1 (a cosine)",
-                        param="ranking_options.score_threshold")
-    return queries, count, None if threshold is None else float(threshold)
+    count, threshold = search_options(body, 10, lambda field: (f"`{field}`", field))
+    return queries, count, threshold
+
+
+def search_options(where: dict[str, Any], default: int,
+                   named: Callable[[str], tuple[str, str]]) -> tuple[int, float | None]:
+    """How many results (max_num_results: 1 to MAX_RESULTS, else `default`) and the lowest score kept
+    (ranking_options.score_threshold, a cosine), as a search or a file_search tool gives them; filters are a
+    400 (entries have no attributes). `named`: a field's name in an error, and its param."""
+    count = where.get("max_num_results", default)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_RESULTS:
+        said, param = named("max_num_results")
+        raise HTTPError(400, f"{said} must be a whole number from 1 to {MAX_RESULTS}", param=param)
+    if where.get("filters") is not None:
+        said, param = named("filters")
+        raise HTTPError(400, f"{said} are not supported: a collection's entries have no attributes", param=param)
+    ranking = where.get("ranking_options")
+    threshold = ranking.get("score_threshold") if isinstance(ranking, dict) else None
+    if (ranking is not None and not isinstance(ranking, dict)) or (threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not -1 <= threshold <= 1)):
+        said, param = named("ranking_options.score_threshold")
+        raise HTTPError(400, f"{said} must be a number from -1 to 1 (a cosine)", param=param)
+    return count, None if threshold is None else float(threshold)
 
 
 def _gone(name: str) -> HTTPError:
