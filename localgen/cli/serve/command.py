@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from localgen.childserver import url_of
 from localgen.cli import options as o
 from localgen.cli.options import files, preset
 from localgen.cli.options.knobs import Knobs
@@ -163,7 +164,7 @@ def _serve(f: ServeArgs, log: ServeLog, checked: _Checked, toolbox: Any) -> None
     server = _listener(app, f, log)
     log.event("start", None, _started_line(f, list(state.workers), checked.cache_ram, checked.residency,
                                            store).removeprefix("localgen serve: "),
-              url=f"http://{_url_host(f.listen.host)}:{f.listen.port}", models=list(state.workers),
+              url=url_of(f.listen.host, f.listen.port), models=list(state.workers),
               default_model=state.default)
     for w in workers:
         _ctx_warning(w, checked.models, log)
@@ -349,8 +350,8 @@ def _started_line(f: ServeArgs, names: list[str], cache_ram: int, residency: Any
     default = f" (default {names[0]})" if len(names) > 1 else ""
     slots = f.batching.parallel
     disk = f"prompt cache on disk: up to {format_bytes(store.limit)}" if store else "no prompt cache on disk"
-    return (f"localgen serve: {', '.join(names)}{default}{others} on http://{_url_host(f.listen.host)}:"
-            f"{f.listen.port} · {'chat page at /, ' if f.listen.webui else ''}OpenAI API at /v1, Anthropic's at "
+    return (f"localgen serve: {', '.join(names)}{default}{others} on {url_of(f.listen.host, f.listen.port)}"
+            f" · {'chat page at /, ' if f.listen.webui else ''}OpenAI API at /v1, Anthropic's at "
             f"/v1/messages, Ollama's at /api · {slots} slot"
             f"{'s' if slots != 1 else ''} per model · {_cache_ram_label(cache_ram)} · {disk} · at most "
             f"{residency.max_models} model{'s' if residency.max_models != 1 else ''} or "
@@ -614,10 +615,6 @@ def _checked_key(key: str, where: str) -> str:
     if len(key) > MAX_KEY:  # past what the server reads of a request's headers (h11: 16 KiB in all)
         raise UsageError(f"{where}: the key is {len(key):,} characters; at most {MAX_KEY:,} fit a request's headers")
     return key
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 def _check_port(host: str, port: int) -> None:

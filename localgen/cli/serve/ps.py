@@ -32,6 +32,7 @@ def ps(
 
     import httpx
 
+    from localgen.childserver import url_of
     from localgen.cli.options.knobs import typed_by_user
     from localgen.cli.serve.options import check_host, host_and_port, key_file
     from localgen.units import format_bytes
@@ -43,7 +44,7 @@ def ps(
     if api_key and not (api_key.isprintable() and " " not in api_key):
         raise UsageError(f"{'the API key file' if api_key_file else '--api-key (or LOCALGEN_API_KEY)'} has spaces "
                          "or control characters inside: no HTTP header carries it as given")
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    url = url_of(host, port)
     try:
         # the key's UTF-8 bytes, as serve compares them (httpx would encode a str header as ASCII only)
         auth = {b"Authorization": f"Bearer {api_key}".encode()} if api_key else {}
