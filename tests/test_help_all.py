@@ -141,3 +141,18 @@ def test_serve_help_all_puts_every_server_option_in_a_panel(cli_in_process: InPr
     server = server[:server.index("╰")]
     for flag in ("--drain-timeout", "--allow-image-urls", "--allow-private-urls", "--fetch-timeout"):
         assert flag in server, flag
+
+
+def test_a_group_lists_each_command_on_one_row_when_the_terminal_is_wide(cli_in_process: InProcessCLI) -> None:
+    """A command's row in `localgen --help` (and bench's, logs', collections') is its help's first paragraph
+    run together: Typer kept the docstring's line breaks there, so `launch`'s row broke after "or start one"
+    and `show`'s after "weights are not loaded)." even on a wide terminal."""
+    cli_in_process.env["COLUMNS"] = "1000"
+    for path, command in _commands():
+        subs = getattr(command, "commands", {})
+        if not subs:
+            continue
+        out = _help(cli_in_process, *path, "--help")
+        panel = out[out.index("─ Commands ─"):]
+        rows = [ln.strip("│ ") for ln in panel[:panel.index("╰")].splitlines()[1:]]
+        assert [row.split()[0] for row in rows] == list(subs), (path, rows)

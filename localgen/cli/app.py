@@ -4,6 +4,7 @@ are imported only for the command that runs (a one-shot `run` pays for nothing e
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Annotated
 
 import typer
@@ -69,4 +70,18 @@ def build(only: str | None = None) -> typer.Typer:
             app.add_typer(obj, name=name)
         else:
             app.command(name=name)(obj)
+    _one_line_summaries(app)
     return app
+
+
+def _one_line_summaries(app: typer.Typer) -> None:
+    """A command's row in its group's list is its help's first paragraph as one line: Typer's rich help keeps
+    the docstring's line breaks there, so rows broke mid-sentence ("... running at --host/--port, or start one"
+    then "for the agent ..." on a row of its own)."""
+    for info in app.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if info.short_help is None and doc:
+            info.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
