@@ -12,8 +12,9 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.documents import BOM, MAX_INPUT, controls, plural
 from localgen.cli.options.knobs import Knobs
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import UsageError
 
 EMBED = "Embeddings"
 DOCS = "Documents"
@@ -255,10 +256,6 @@ def _ndjson(docs: Iterable[dict[str, Any]]) -> None:
             return
 
 
-MAX_INPUT = 256 * 2**20  # a --file or stdin, read whole before the model loads: bounded, as memory is
-BOM = "\ufeff"  # a byte order mark some editors write at a UTF-8 file's start: not text, dropped
-
-
 def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False,
             verb: str = "embed") -> list[tuple[str, str]]:
     """(id, text) pairs: the arguments (numbered, or with `by_content` each its content's id), else --file,
@@ -313,7 +310,7 @@ def _id(value: Any) -> str:
     otherwise (null, true, an object would be stored as the words None, True, {...})."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if not isinstance(value, str) or not value or _controls(value):
+    if not isinstance(value, str) or not value or controls(value):
         raise ValueError('its "id" must be a string on one line, or a whole number')
     return value
 
@@ -354,7 +351,7 @@ def run_embed(f: EmbedArgs) -> None:
     if f.pooling is not None and f.pooling not in POOLING:
         raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
     o.refuse_empty(("--store", f.store))
-    if f.store and _controls(f.store):  # one line a collection, wherever listed
+    if f.store and controls(f.store):  # one line a collection, wherever listed
         raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
     if f.replace and not f.store:
         raise UsageError("--replace needs --store NAME (the collection whose other entries it removes)")
@@ -409,7 +406,7 @@ def run_embed(f: EmbedArgs) -> None:
         gone = collections.put(f.store, rows, keep=[i for i, _ in items] if f.replace else None, waiting=err.line,
                                files=[d for d, _ in docs], given=[i for i, _ in items])
         removed = f", {gone:,} removed" if f.replace or gone else ""
-        cut = f" {_count(len(docs), 'file')} in {_count(len(items), 'chunk')}:" if f.docs else ""
+        cut = f" {plural(len(docs), 'file')} in {plural(len(items), 'chunk')}:" if f.docs else ""
         err.line(f"{f.store}:{cut} {len(todo):,} embedded and stored, {len(skip) + len(reused):,} unchanged{removed}")
         return
     data = [{"id": i, "embedding": collections.b64(v.vector) if f.fmt == "base64" else v.vector, "tokens": v.tokens}
@@ -422,18 +419,10 @@ def run_embed(f: EmbedArgs) -> None:
     _ndjson(data)
 
 
-def _count(n: int, what: str) -> str:
-    return f"{n:,} {what}" + ("" if n == 1 else "s")
-
-
-SNIFF_BYTES = 8192  # of each file in a folder, read first: a binary file is skipped without reading the rest
-NAMED_SKIPPED = 3  # skipped files named on stderr, at most
-
-
 def _documents(f: EmbedArgs) -> list[tuple[str, str]]:
-    """--docs: (id, text) of each file of the arguments (a folder's, walked), checked and read before the model
-    loads; the files of folders that are not UTF-8 text are skipped, and stderr says so."""
-    from localgen.cli.output import ErrWriter
+    """--docs: the flags checked, then (id, text) of each file of the arguments (cli/documents.py), read before
+    the model loads."""
+    from localgen.cli import documents
 
     if not f.docs:
         flag = "--chunk-tokens" if f.chunk_tokens is not None else "--chunk-overlap"
@@ -447,143 +436,7 @@ def _documents(f: EmbedArgs) -> list[tuple[str, str]]:
     limit = f.chunk_tokens or CHUNK_TOKENS
     if f.chunk_overlap is not None and f.chunk_overlap >= limit:
         raise UsageError(f"--chunk-overlap {f.chunk_overlap:,} must be less than --chunk-tokens ({limit:,})")
-    found, unnamable = _doc_files(f.texts)
-    if unnamable:
-        named = ", ".join(repr(i) for i in unnamable[:NAMED_SKIPPED])
-        more = f" and {len(unnamable) - NAMED_SKIPPED:,} more" if len(unnamable) > NAMED_SKIPPED else ""
-        ErrWriter().line(f"skipped {_count(len(unnamable), 'file')} whose path holds control characters (a "
-                         f"newline, a tab), which an id cannot: {named}{more}")
-    docs, skipped = _read_docs(found)
-    if skipped:
-        named = ", ".join(skipped[:NAMED_SKIPPED])
-        more = f" and {len(skipped) - NAMED_SKIPPED:,} more" if len(skipped) > NAMED_SKIPPED else ""
-        ErrWriter().line(f"skipped {_count(len(skipped), 'file')} that {'is' if len(skipped) == 1 else 'are'} "
-                         f"not UTF-8 text: {named}{more}")
-    if not docs:
-        raise UsageError(f"nothing to embed: no UTF-8 text files in {', '.join(f.texts)}")
-    return docs
-
-
-def _doc_files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:
-    """(id, path, named) of each file the arguments give: a file as typed (normalised), a folder's regular files
-    walked in sorted order (hidden files and folders skipped, linked folders not followed) as joined under it;
-    each id once. `named`: typed as a file (one that is not text is an error, not skipped). And the folders'
-    files whose paths hold control characters (skipped: an id is one line); a file so named is an error."""
-    import os
-
-    out: dict[str, tuple[str, Path, bool]] = {}
-    unnamable: list[str] = []
-    for arg in args:
-        p = Path(arg)
-        if p.is_dir():
-            if _controls(arg):
-                raise UsageError(f"the folder {arg!r}: a path with control characters (a newline, a tab) cannot be "
-                                 "an id")
-            for rel in _walk(p):
-                ident = os.path.normpath(os.path.join(arg, rel))
-                if _controls(ident):
-                    unnamable.append(ident)
-                else:
-                    out.setdefault(ident, (ident, p / rel, False))
-        elif p.is_file():
-            ident = os.path.normpath(arg)
-            if _controls(ident):
-                raise UsageError(f"the file {arg!r}: a path with control characters (a newline, a tab) cannot be "
-                                 "an id", hint="rename it, or store its text with --file")
-            out.setdefault(ident, (ident, p, True))
-        elif p.exists():
-            raise UsageError(f"{arg} is not a file or a folder")
-        else:
-            raise UsageError(f"no such file or folder: {arg}")
-    return list(out.values()), unnamable
-
-
-def _controls(text: str) -> bool:
-    """Whether a text holds control characters (as JSON ids may not)."""
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
-
-
-def _walk(top: Path) -> list[str]:
-    """A folder's regular files (and links to them), relative to it, in sorted order; hidden names skipped."""
-    import os
-
-    def fail(e: OSError) -> None:
-        raise LocalgenError(f"cannot read the folder {e.filename}: {e.strerror}")
-
-    rels = []
-    for root, dirs, files in os.walk(top, onerror=fail):  # a linked folder is listed, not entered
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            full = os.path.join(root, name)
-            if not name.startswith(".") and os.path.isfile(full):
-                rels.append(os.path.relpath(full, top))
-    return sorted(rels, key=lambda r: r.split(os.sep))
-
-
-def _not_text(data: bytes, final: bool = True) -> str | None:
-    """Why these bytes are not UTF-8 text (a NUL, or a byte that is not UTF-8: its line), or None; not
-    `final`: the start of a file, which may end inside a character."""
-    import codecs
-
-    newline = b"\n"
-    try:
-        codecs.getincrementaldecoder("utf-8")().decode(data, final)
-    except UnicodeDecodeError as e:
-        return f"byte 0x{data[e.start]:02x} on line {data.count(newline, 0, e.start) + 1:,} is not UTF-8"
-    nul = data.find(b"\0")
-    if nul >= 0:
-        return f"a NUL byte on line {data.count(newline, 0, nul) + 1:,} (a binary file)"
-    return None
-
-
-def _read_docs(found: list[tuple[str, Path, bool]]) -> tuple[list[tuple[str, str]], list[str]]:
-    """(id, text) of each file that is UTF-8 text, and the ids of the folders' files that are not. Each file's
-    start is read first, and the text files' sizes are added up: past MAX_INPUT, an error before any is read
-    whole."""
-    import os
-
-    def opened(ident: str, path: Path) -> Any:
-        try:
-            return path.open("rb")
-        except OSError as e:
-            raise LocalgenError(f"cannot read {ident}: {e.strerror}") from None
-
-    def not_text(ident: str, named: bool, why: str, skipped: list[str]) -> None:
-        if named:
-            raise UsageError(f"{ident} is not UTF-8 text: {why}")
-        skipped.append(ident)
-
-    texts: list[tuple[str, Path, bool]] = []
-    skipped: list[str] = []
-    total = 0
-    for ident, path, named in found:
-        with opened(ident, path) as fh:
-            head = fh.read(SNIFF_BYTES)
-            why = _not_text(head, final=len(head) < SNIFF_BYTES)
-            if why:
-                not_text(ident, named, why, skipped)
-                continue
-            total += os.fstat(fh.fileno()).st_size
-            texts.append((ident, path, named))
-    _docs_bounded(total)
-    out, used = [], 0
-    for ident, path, named in texts:
-        with opened(ident, path) as fh:
-            data = fh.read(MAX_INPUT - used + 1)  # a file that grew since: one byte past the bound at most
-        used += len(data)
-        _docs_bounded(used)
-        why = _not_text(data)
-        if why:
-            not_text(ident, named, why, skipped)
-            continue
-        out.append((ident, data.decode("utf-8").removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n")))
-    return out, skipped
-
-
-def _docs_bounded(size: int) -> None:
-    if size > MAX_INPUT:
-        raise UsageError(f"the documents are {size / 2**20:,.0f} MiB, more than {MAX_INPUT >> 20} MiB: store "
-                         "them in parts")
+    return documents.read(f.texts)
 
 
 def _chunked(f: EmbedArgs, backend: Any, docs: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -1,0 +1,170 @@
+"""The documents of `embed --store NAME --docs PATH...`: the files the arguments name, a folder's walked in sorted
+order (hidden names skipped, linked folders not entered), each checked to be UTF-8 text from its start and all
+read whole within one bound, before the model loads; a folder's file that is not text is skipped, and stderr
+says so. Also the bound, the byte order mark and the id rule that embed's --file and stdin reading share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from localgen.errors import LocalgenError, UsageError
+
+MAX_INPUT = 256 * 2**20  # a --file or stdin, or all the documents, read whole before the model loads: bounded
+BOM = "\ufeff"  # a byte order mark some editors write at a UTF-8 file's start: not text, dropped
+SNIFF_BYTES = 8192  # of each file in a folder, read first: a binary file is skipped without reading the rest
+NAMED_SKIPPED = 3  # skipped files named on stderr, at most
+
+
+def read(args: list[str]) -> list[tuple[str, str]]:
+    """(id, text) of each file of the arguments (a folder's, walked); the files of folders that are not UTF-8
+    text, or whose paths an id cannot hold, are skipped with a line on stderr each kind."""
+    from localgen.cli.output import ErrWriter
+
+    err = ErrWriter()
+    found, unnamable = _files(args)
+    if unnamable:
+        err.line(f"skipped {plural(len(unnamable), 'file')} whose path holds control characters (a newline, a "
+                 f"tab), which an id cannot: {_some(repr(i) for i in unnamable)}")
+    docs, skipped = _read(found)
+    if skipped:
+        err.line(f"skipped {plural(len(skipped), 'file')} that {'is' if len(skipped) == 1 else 'are'} not UTF-8 "
+                 f"text: {_some(skipped)}")
+    if not docs:
+        raise UsageError(f"nothing to embed: no UTF-8 text files in {', '.join(args)}")
+    return docs
+
+
+def _some(names: Iterable[str]) -> str:
+    """The first NAMED_SKIPPED names, and how many more."""
+    names = list(names)
+    more = f" and {len(names) - NAMED_SKIPPED:,} more" if len(names) > NAMED_SKIPPED else ""
+    return ", ".join(names[:NAMED_SKIPPED]) + more
+
+
+def plural(n: int, what: str) -> str:
+    """`n what`, with an s when n is not 1: "1 file", "2,048 chunks"."""
+    return f"{n:,} {what}" + ("" if n == 1 else "s")
+
+
+def _files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:
+    """(id, path, named) of each file the arguments give: a file as typed (normalised), a folder's regular files
+    walked in sorted order (hidden files and folders skipped, linked folders not followed) as joined under it;
+    each id once. `named`: typed as a file (one that is not text is an error, not skipped). And the folders'
+    files whose paths hold control characters (skipped: an id is one line); a file so named is an error."""
+    import os
+
+    out: dict[str, tuple[str, Path, bool]] = {}
+    unnamable: list[str] = []
+    for arg in args:
+        p = Path(arg)
+        if p.is_dir():
+            if controls(arg):
+                raise UsageError(f"the folder {arg!r}: a path with control characters (a newline, a tab) cannot be "
+                                 "an id")
+            for rel in _walk(p):
+                ident = os.path.normpath(os.path.join(arg, rel))
+                if controls(ident):
+                    unnamable.append(ident)
+                else:
+                    out.setdefault(ident, (ident, p / rel, False))
+        elif p.is_file():
+            ident = os.path.normpath(arg)
+            if controls(ident):
+                raise UsageError(f"the file {arg!r}: a path with control characters (a newline, a tab) cannot be "
+                                 "an id", hint="rename it, or store its text with --file")
+            out.setdefault(ident, (ident, p, True))
+        elif p.exists():
+            raise UsageError(f"{arg} is not a file or a folder")
+        else:
+            raise UsageError(f"no such file or folder: {arg}")
+    return list(out.values()), unnamable
+
+
+def controls(text: str) -> bool:
+    """Whether a text holds control characters (as JSON ids may not)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def _walk(top: Path) -> list[str]:
+    """A folder's regular files (and links to them), relative to it, in sorted order; hidden names skipped."""
+    import os
+
+    def fail(e: OSError) -> None:
+        raise LocalgenError(f"cannot read the folder {e.filename}: {e.strerror}")
+
+    rels = []
+    for root, dirs, files in os.walk(top, onerror=fail):  # a linked folder is listed, not entered
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            full = os.path.join(root, name)
+            if not name.startswith(".") and os.path.isfile(full):
+                rels.append(os.path.relpath(full, top))
+    return sorted(rels, key=lambda r: r.split(os.sep))
+
+
+def _not_text(data: bytes, final: bool = True) -> str | None:
+    """Why these bytes are not UTF-8 text (a NUL, or a byte that is not UTF-8: its line), or None; not
+    `final`: the start of a file, which may end inside a character."""
+    import codecs
+
+    newline = b"\n"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data, final)
+    except UnicodeDecodeError as e:
+        return f"byte 0x{data[e.start]:02x} on line {data.count(newline, 0, e.start) + 1:,} is not UTF-8"
+    nul = data.find(b"\0")
+    if nul >= 0:
+        return f"a NUL byte on line {data.count(newline, 0, nul) + 1:,} (a binary file)"
+    return None
+
+
+def _read(found: list[tuple[str, Path, bool]]) -> tuple[list[tuple[str, str]], list[str]]:
+    """(id, text) of each file that is UTF-8 text, and the ids of the folders' files that are not. Each file's
+    start is read first, and the text files' sizes are added up: past MAX_INPUT, an error before any is read
+    whole."""
+    import os
+
+    def opened(ident: str, path: Path) -> Any:
+        try:
+            return path.open("rb")
+        except OSError as e:
+            raise LocalgenError(f"cannot read {ident}: {e.strerror}") from None
+
+    def not_text(ident: str, named: bool, why: str, skipped: list[str]) -> None:
+        if named:
+            raise UsageError(f"{ident} is not UTF-8 text: {why}")
+        skipped.append(ident)
+
+    texts: list[tuple[str, Path, bool]] = []
+    skipped: list[str] = []
+    total = 0
+    for ident, path, named in found:
+        with opened(ident, path) as fh:
+            head = fh.read(SNIFF_BYTES)
+            why = _not_text(head, final=len(head) < SNIFF_BYTES)
+            if why:
+                not_text(ident, named, why, skipped)
+                continue
+            total += os.fstat(fh.fileno()).st_size
+            texts.append((ident, path, named))
+    _bounded(total)
+    out, used = [], 0
+    for ident, path, named in texts:
+        with opened(ident, path) as fh:
+            data = fh.read(MAX_INPUT - used + 1)  # a file that grew since: one byte past the bound at most
+        used += len(data)
+        _bounded(used)
+        why = _not_text(data)
+        if why:
+            not_text(ident, named, why, skipped)
+            continue
+        out.append((ident, data.decode("utf-8").removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n")))
+    return out, skipped
+
+
+def _bounded(size: int) -> None:
+    if size > MAX_INPUT:
+        raise UsageError(f"the documents are {size / 2**20:,.0f} MiB, more than {MAX_INPUT >> 20} MiB: store "
+                         "them in parts")
