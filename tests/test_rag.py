@@ -249,3 +249,19 @@ def test_a_model_without_chat_template_is_refused(hcli: CLI, bad_models: dict[st
                                                    input="hi\n", timeout=120)
         assert r.returncode == 2 and r.stdout == "", r.stderr
         assert "has no chat template (it may be a base model): --rag needs one" in r.stderr.splitlines()[-1]
+
+
+def test_a_continued_run_keeps_the_earlier_excerpts_and_adds_the_new_question_s(hcli: CLI) -> None:
+    """`run -C --rag`: the logged conversation goes on as it was sent (the first question's message with its
+    excerpts), and the new question gets its own excerpts, searched for it alone."""
+    first, second = "Where do llamas live?", "How is green tea brewed?"
+    r = hcli("run", "--rag", "notes", "--rag-top", "1", first, *QUICK)
+    assert r.returncode == 0, r.stderr
+    (entry,) = logged(hcli, 1)
+    r = hcli("run", "-C", "--rag", "notes", "--rag-top", "1", second, "--verbose-prompt", *QUICK)
+    assert r.returncode == 0, r.stderr
+    one, two = message(first, similar(hcli, first)[:1]), message(second, similar(hcli, second)[:1])
+    assert one != two and one in r.stderr and two in r.stderr and r.stderr.index(one) < r.stderr.index(two)
+    assert f"{entry['response']}" in r.stderr[r.stderr.index(one):r.stderr.index(two)], "the first answer between"
+    (cont,) = logged(hcli, 1)
+    assert cont["prompt"] == two and cont["conversation_id"] == entry["conversation_id"]

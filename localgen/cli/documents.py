@@ -20,7 +20,7 @@ NAMED_SKIPPED = 3  # skipped files named on stderr, at most
 def read(args: list[str]) -> list[tuple[str, str]]:
     """(id, text) of each file of the arguments (a folder's, walked); the files of folders that are not UTF-8
     text, or whose paths an id cannot hold, are skipped with a line on stderr each kind."""
-    from localgen.cli.output import ErrWriter
+    from localgen.cli.output import ErrWriter, plural
 
     err = ErrWriter()
     found, unnamable = _files(args)
@@ -41,11 +41,6 @@ def _some(names: Iterable[str]) -> str:
     names = list(names)
     more = f" and {len(names) - NAMED_SKIPPED:,} more" if len(names) > NAMED_SKIPPED else ""
     return ", ".join(names[:NAMED_SKIPPED]) + more
-
-
-def plural(n: int, what: str) -> str:
-    """`n what`, with an s when n is not 1: "1 file", "2,048 chunks"."""
-    return f"{n:,} {what}" + ("" if n == 1 else "s")
 
 
 def _files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:

@@ -12,8 +12,9 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.documents import BOM, MAX_INPUT, controls, plural
+from localgen.cli.documents import BOM, MAX_INPUT, controls
 from localgen.cli.options.knobs import Knobs
+from localgen.cli.output import plural
 from localgen.errors import UsageError
 
 EMBED = "Embeddings"

@@ -22,8 +22,9 @@ from localgen.text import checked
 
 
 def start(plan: ChatPlan) -> None:
-    """Open the conversation, load the model and chat: the REPL on a terminal, else the scripted loop."""
-    from localgen.chat.runner import ChatRunner, has_template
+    """Open the conversation, load the model and chat: the REPL on a terminal, else the scripted loop. What is
+    opened is closed however it ends, the conversation saved first."""
+    import contextlib
 
     load, send = plan.load, plan.send
     endpoints = list(load.endpoints)
@@ -38,63 +39,30 @@ def start(plan: ChatPlan) -> None:
                     model_given=load.model_given, yes=tools is not None and tools.yes, compact=plan.compact)
     view.loader = (lambda name: remote_backend(endpoints, name, load.assumed_ctx, view)) if endpoints else (
         lambda name: load_backend(name, load, view))
-    if send.rag is not None:  # its embedding model loads first, and stays for the chat
-        from localgen.cli.options.rag import Rag
+    with contextlib.ExitStack() as opened:
+        if send.rag is not None:  # its embedding model loads first, and stays for the chat
+            from localgen.cli.options.rag import Rag
 
-        view.rag = Rag(send.rag, load, view.warning)
-        try:
+            view.rag = Rag(send.rag, load, view.warning)
+            opened.callback(view.rag.close)
             view.rag.retriever.load()
-        except BaseException:
-            view.rag.close()
+        toolbox = open_toolbox(tools)
+        if toolbox is not None:
+            opened.callback(toolbox.close)
+        try:
+            backend = view.loader(session.model)
+        except ModelNotFoundError as e:
+            if plan.resume and not load.model_given:  # the resumed conversation's model is gone
+                raise model_gone(session.name, session.model, e, "resume") from None
             raise
-    toolbox = open_toolbox(tools)
-    try:
-        backend = view.loader(session.model)
-    except ModelNotFoundError as e:
-        if view.rag is not None:
-            view.rag.close()
-        if toolbox is not None:
-            toolbox.close()
-        if plan.resume and not load.model_given:  # the resumed conversation's model is gone
-            raise model_gone(session.name, session.model, e, "resume") from None
-        raise
-    except BaseException:
-        if view.rag is not None:
-            view.rag.close()
-        if toolbox is not None:
-            toolbox.close()
-        raise
-    preset.adopt(session, backend)
-    # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win. The grammar
-    # constrains every answer: locally as a sampling setting, remotely as the schema a server takes.
-    runner = ChatRunner(session, backend, send.sampling.params(backend.defaults, session.settings,
-                                                               grammar=send.grammar))
-    runner.json_schema = send.json_schema
-    log_warn = _Warn(view)
-    runner.warn = log_warn.warn  # a conversation that cannot be saved: a warning, and the chat goes on
-    runner.on_answer = lambda request, gen, text: _log_turn(log_warn, runner, request, gen, text, model=model,
-                                                            no_log=plan.no_log, remote=bool(endpoints))
-    if tools is not None:
-        runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, tools.tool_steps, tools.tool_timeout
-        runner.tool_choice = tools.tool_choice
-    runner.thinking = send.think
-    runner.compact = view.compaction(session)
-    runner.note, runner.alert = view.info, view.warning
-    runner.prompt_cache = send.prompt_cache
-    try:
-        if send.grammar is not None:
-            backend.engine.check_grammar(send.grammar)  # a grammar that does not parse fails now, not at the first turn
-        if toolbox is not None:
-            runner.plan(runner.tool_choice)  # a tool_choice naming no tool is refused now
-            if plan.interactive:
-                names = ", ".join(t.name for t in toolbox.specs)
-                view.info(f"tools: {names} · " + ("calls run without asking (--yes)" if view.yes else
-                                                     "each call asks first (y / n / always)"))
-        backend.render(runner.request([{"role": "user", "content": "hi"}]))  # no usable chat template: say so now
-        if view.rag is not None and not has_template(backend):
-            raise UsageError(f"{backend.name} has no chat template (it may be a base model): --rag needs one, as it "
-                             "puts the excerpts into a chat message", hint="use a chat model, or give "
-                                                                          "--chat-template-file")
+        try:
+            runner = _runner(plan, session, backend, view, toolbox, model)
+        except BaseException:
+            backend.close()
+            raise
+        opened.callback(lambda: runner.backend.close())  # the model a /model switch left, when it ends
+        opened.callback(save_state, runner)  # first: the conversation is saved before anything closes
+        _check(runner, view, toolbox, plan)
         if plan.resume:
             restore_state(runner, view)
         if plan.interactive:
@@ -104,13 +72,54 @@ def start(plan: ChatPlan) -> None:
         if runner.unsaved is not None:  # every answer was given; the exit status says the file is behind them
             raise LocalgenError(f"the conversation was not saved: {runner.unsaved}",
                                 hint="its answers are above; to keep chats, free space there or make it writable")
-    finally:
-        save_state(runner)
-        runner.backend.close()
-        if view.rag is not None:
-            view.rag.close()
-        if toolbox is not None:
-            toolbox.close()
+
+
+def _runner(plan: ChatPlan, session: Any, backend: Any, view: ChatView, toolbox: Any, model: str | None) -> Any:
+    """The ChatRunner of the conversation on the loaded model, with the plan's sampling, tools, thinking,
+    compaction and prompt cache, and its answers logged."""
+    from localgen.chat.runner import ChatRunner
+
+    send, tools = plan.send, plan.send.tools
+    preset.adopt(session, backend)
+    # A resumed chat keeps its /set values; the catalogue's defaults apply below them; flags win. The grammar
+    # constrains every answer: locally as a sampling setting, remotely as the schema a server takes.
+    runner = ChatRunner(session, backend, send.sampling.params(backend.defaults, session.settings,
+                                                               grammar=send.grammar))
+    runner.json_schema = send.json_schema
+    log_warn = _Warn(view)
+    runner.warn = log_warn.warn  # a conversation that cannot be saved: a warning, and the chat goes on
+    remote = bool(plan.load.endpoints)
+    runner.on_answer = lambda request, gen, text: _log_turn(log_warn, runner, request, gen, text, model=model,
+                                                            no_log=plan.no_log, remote=remote)
+    if tools is not None:
+        runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, tools.tool_steps, tools.tool_timeout
+        runner.tool_choice = tools.tool_choice
+    runner.thinking = send.think
+    runner.compact = view.compaction(session)
+    runner.note, runner.alert = view.info, view.warning
+    runner.prompt_cache = send.prompt_cache
+    return runner
+
+
+def _check(runner: Any, view: ChatView, toolbox: Any, plan: ChatPlan) -> None:
+    """What would fail at the first turn fails now: a grammar that does not parse, a tool_choice naming no tool,
+    a model with no usable chat template (and, for --rag, none at all)."""
+    from localgen.chat.runner import has_template
+
+    backend = runner.backend
+    if plan.send.grammar is not None:
+        backend.engine.check_grammar(plan.send.grammar)
+    if toolbox is not None:
+        runner.plan(runner.tool_choice)
+        if plan.interactive:
+            names = ", ".join(t.name for t in toolbox.specs)
+            view.info(f"tools: {names} · " + ("calls run without asking (--yes)" if view.yes else
+                                                 "each call asks first (y / n / always)"))
+    backend.render(runner.request([{"role": "user", "content": "hi"}]))
+    if view.rag is not None and not has_template(backend):
+        raise UsageError(f"{backend.name} has no chat template (it may be a base model): --rag needs one, as it "
+                         "puts the excerpts into a chat message", hint="use a chat model, or give "
+                                                                      "--chat-template-file")
 
 
 def _open_session(name: str | None, resume: bool, model: str | None, system: str | None) -> Any:
