@@ -252,3 +252,36 @@ def test_file_search_sends_what_fits_and_runs_no_tool_with_tool_choice_none(serv
                                        tool_choice="required",
                                        tools=[{"type": "file_search", "vector_store_ids": ["notes"]}])
     assert required.output[0].type == "file_search_call"
+
+
+def test_an_answer_that_cites_a_text_it_was_sent_carries_file_citations(server: Server) -> None:
+    """The answer's `[id]` of a text file_search sent is a file_citation annotation at the bracket, whole and
+    streamed (`response.output_text.annotation.added`); an id it was not sent is not one. The answer is held to
+    a schema here so that the model writes the citations whatever it would have said."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    said = "Paris [paris], not [cats] nor [rust]; [paris]"
+    fmt = {"type": "json_schema", "name": "cited", "schema": {"type": "string", "enum": [said]}}
+    tool = {"type": "file_search", "vector_store_ids": ["notes"], "max_num_results": 2}  # paris and one other
+    r = client.responses.create(model="smollm2:135m", input=QUESTION, temperature=0, tools=[tool],
+                                include=["file_search_call.results"], text={"format": fmt})  # type: ignore[typeddict-item]
+    sent = [x.file_id for x in r.output[0].results or []]  # type: ignore[union-attr]
+    assert "paris" in sent and len(sent) == 2, sent
+    text = r.output[1].content[0]  # type: ignore[union-attr]
+    assert text.text == json.dumps(said)
+    other = ({"cats", "rust"} & set(sent)).pop()  # the second text sent: cited; the third was not sent
+    want = sorted([(7, "paris"), ({"cats": 20, "rust": 31}[other], other), (39, "paris")])  # the brackets' places
+    got = [(a.index, a.file_id) for a in text.annotations]  # type: ignore[union-attr]
+    assert got == want and [a.type for a in text.annotations] == ["file_citation"] * 3, got
+
+    events = list(client.responses.create(model="smollm2:135m", input=QUESTION, temperature=0, tools=[tool],
+                                          text={"format": fmt}, stream=True))  # type: ignore[typeddict-item]
+    added = [e for e in events if e.type == "response.output_text.annotation.added"]
+    assert [(e.annotation_index, e.annotation.index, e.annotation.file_id) for e in added] == \
+        [(n, at, i) for n, (at, i) in enumerate(want)]  # type: ignore[union-attr]
+    final = events[-1].response  # type: ignore[union-attr]
+    assert [(a.index, a.file_id) for a in final.output[1].content[0].annotations] == want  # type: ignore[union-attr]
+
+    plain = client.responses.create(model="smollm2:135m", input=QUESTION, temperature=0, text={"format": fmt})  # type: ignore[typeddict-item]
+    assert plain.output[0].content[0].annotations == []  # type: ignore[union-attr]  # no search: nothing sent to cite

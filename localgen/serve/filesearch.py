@@ -5,11 +5,13 @@ them (embeddings/retrieve.py's rag_message: what run --rag and chat --rag send),
 with room for the answer, the lowest-scoring left out first (as --rag leaves them). The search is a
 `file_search_call` output item before the answer (its results with include ["file_search_call.results"]). The
 model is not asked to write the query: a small local model answers better from a search for the question
-itself, and the request is answered in one pass."""
+itself, and the request is answered in one pass. Where the answer cites a text sent as `[id]`, its message
+carries a file_citation annotation there."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,8 @@ DEFAULT_RESULTS = 5  # excerpts per request: a local model's window is small (Op
 # the file_search_call item a request's search made, for the encoder (set by the Responses parser, its results
 # those placed in the question)
 SEARCHED: ContextVar[dict[str, Any] | None] = ContextVar("localgen_file_search", default=None)
+# the ids of the texts placed in the question, which the answer may cite as [id] (its file_citation annotations)
+SENT: ContextVar[tuple[str, ...]] = ContextVar("localgen_file_search_sent", default=())
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class Excerpts:
         if self.results:
             self.item["results"] = self.item["results"][:kept]
         SEARCHED.set(self.item)
+        SENT.set(tuple(h.id for h in self.hits[:kept]))
         return dataclasses.replace(request, messages=tuple(messages)), tuple(messages)
 
 
@@ -113,6 +118,13 @@ async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]],
                          "attributes": {}} for h in hits] if results else None}
     SEARCHED.set(item)
     return Excerpts(question, hits, item, results) if hits else None
+
+
+def citations(text: str, sent: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The answer's file_citation annotations: one for each `[id]` it writes of a text it was sent (the
+    instruction asks it to cite so), at the index of the bracket, in the order they stand."""
+    found = [(m.start(), ident) for ident in dict.fromkeys(sent) for m in re.finditer(re.escape(f"[{ident}]"), text)]
+    return [{"type": "file_citation", "file_id": ident, "filename": ident, "index": at} for at, ident in sorted(found)]
 
 
 def _text(content: Any) -> str:

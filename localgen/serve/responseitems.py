@@ -14,7 +14,7 @@ from typing import Any
 
 from localgen.backend import Completion
 from localgen.serve.apierror import HTTPError, without_paths
-from localgen.serve.filesearch import DEFAULT_RESULTS
+from localgen.serve.filesearch import DEFAULT_RESULTS, citations
 from localgen.serve.jobs import Event, Job
 from localgen.serve.pipeline import parts
 from localgen.serve.responsestore import ResponseStore
@@ -37,7 +37,8 @@ class Encoder:
     media_type = "text/event-stream"
 
     def __init__(self, body: dict[str, Any], model: str, request: GenerationRequest, store: ResponseStore | None,
-                 conversation: list[dict[str, Any]], inputs: int = -1, searched: dict[str, Any] | None = None) -> None:
+                 conversation: list[dict[str, Any]], inputs: int = -1, searched: dict[str, Any] | None = None,
+                 sent: tuple[str, ...] = ()) -> None:
         self.ident, self.created, self.model, self.store = new_id("resp"), int(time.time()), model, store
         self.conversation = conversation
         self.inputs = inputs  # how many of the conversation's messages are this request's input
@@ -45,6 +46,7 @@ class Encoder:
         # the items closed so far, whole: first the file_search_call the request's search made (serve/filesearch.py)
         self.output: list[dict[str, Any]] = [searched] if searched is not None else []
         self.searched = searched
+        self.sent = sent  # the ids of the texts file_search put into the question: what the answer may cite
         self.kind: str | None = None  # the open item's: reasoning or message
         self.item, self.text = "", ""  # the open item's id and text
         self.content = ""  # the answer's, so far
@@ -131,11 +133,14 @@ class Encoder:
         if self.kind is None:
             return []
         at = {"item_id": self.item, "output_index": len(self.output), "content_index": 0}
-        item = _item(self.kind, self.item, self.text, "completed" if self.kind == "reasoning" else status)
-        done = self.event("response.reasoning_text.done", **at, text=self.text) if self.kind == "reasoning" else \
-            self.event("response.output_text.done", **at, text=self.text, logprobs=[])
-        out = [done, self.event("response.content_part.done", **at, part=_part(self.kind, self.text)),
-               self.event("response.output_item.done", output_index=len(self.output), item=item)]
+        cited = citations(self.text, self.sent) if self.kind == "message" and self.sent else []
+        item = _item(self.kind, self.item, self.text, "completed" if self.kind == "reasoning" else status, cited)
+        out = [self.event("response.output_text.annotation.added", **at, annotation_index=i, annotation=a)
+               for i, a in enumerate(cited)]
+        out.append(self.event("response.reasoning_text.done", **at, text=self.text) if self.kind == "reasoning" else
+                   self.event("response.output_text.done", **at, text=self.text, logprobs=[]))
+        out += [self.event("response.content_part.done", **at, part=_part(self.kind, self.text, cited)),
+                self.event("response.output_item.done", output_index=len(self.output), item=item)]
         self.output.append(item)
         self.kind = None
         return out
@@ -204,19 +209,21 @@ def usage(c: Completion) -> dict[str, Any]:
             "total_tokens": c.prompt_tokens + c.completion_tokens}
 
 
-def _part(kind: str, text: str) -> dict[str, Any]:
+def _part(kind: str, text: str, cited: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     if kind == "reasoning":
         return {"type": "reasoning_text", "text": text}
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "output_text", "text": text, "annotations": cited or [], "logprobs": []}
 
 
-def _item(kind: str, ident: str, text: str | None, status: str) -> dict[str, Any]:
-    """A reasoning or message item (text None: opened, with no content yet)."""
+def _item(kind: str, ident: str, text: str | None, status: str,
+          cited: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A reasoning or message item (text None: opened, with no content yet), a message's text with its
+    file_citation annotations."""
     if kind == "reasoning":
         return {"type": "reasoning", "id": ident, "summary": [], "status": status,
                 "content": [_part(kind, text)] if text else []}
     return {"type": "message", "id": ident, "status": status, "role": "assistant",
-            "content": [] if text is None else [_part(kind, text)]}
+            "content": [] if text is None else [_part(kind, text, cited)]}
 
 
 def _echoed_tool(t: dict[str, Any]) -> dict[str, Any]:

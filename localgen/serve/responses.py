@@ -87,6 +87,7 @@ class Responses:
         searching = _file_search(self.state, body.get("tools"))
         choice, tools = _choice(body.get("tool_choice")), _tools(body.get("tools"))
         filesearch.SEARCHED.set(None)
+        filesearch.SENT.set(())
         excerpts = None
         if searching is not None and choice != "none":  # the stores searched for the question (placed by the
             # pipeline, as many as the window holds); no tool runs with tool_choice none
@@ -109,7 +110,8 @@ class Responses:
             raise HTTPError(400, f"the conversation is over {MAX_CONVERSATION_CHARS:,} characters, more than a "
                                  "stored response may hold: send it with store: false", param="store")
         return Encoder(body, str(body.get("model") or made.model), made.request, self.store if keep else None,
-                       conversation, inputs=INPUTS.get(), searched=filesearch.SEARCHED.get())
+                       conversation, inputs=INPUTS.get(), searched=filesearch.SEARCHED.get(),
+                       sent=filesearch.SENT.get())
 
     async def _history(self, previous: Any) -> list[dict[str, Any]]:
         """The conversation a previous response ended (its instructions are not carried over, as OpenAI's
