@@ -143,10 +143,12 @@ def test_serve_help_all_puts_every_server_option_in_a_panel(cli_in_process: InPr
         assert flag in server, flag
 
 
-def test_a_group_lists_each_command_on_one_row_when_the_terminal_is_wide(cli_in_process: InProcessCLI) -> None:
-    """A command's row in `localgen --help` (and bench's, logs', collections') is its help's first paragraph
-    run together: Typer kept the docstring's line breaks there, so `launch`'s row broke after "or start one"
-    and `show`'s after "weights are not loaded)." even on a wide terminal."""
+def test_a_group_lists_each_command_on_one_row_its_first_sentence(cli_in_process: InProcessCLI) -> None:
+    """A command's row in `localgen --help` (and bench's, logs', collections') is the first sentence of its help,
+    on one line, its own --help having the rest: Typer kept the docstring's line breaks there, so `launch`'s row
+    broke after "or start one" even on a wide terminal, and the list ran long with detail."""
+    from localgen.cli.app import first_sentence
+
     cli_in_process.env["COLUMNS"] = "1000"
     for path, command in _commands():
         subs = getattr(command, "commands", {})
@@ -156,3 +158,8 @@ def test_a_group_lists_each_command_on_one_row_when_the_terminal_is_wide(cli_in_
         panel = out[out.index("─ Commands ─"):]
         rows = [ln.strip("│ ") for ln in panel[:panel.index("╰")].splitlines()[1:]]
         assert [row.split()[0] for row in rows] == list(subs), (path, rows)
+        for row, (name, sub) in zip(rows, subs.items(), strict=True):
+            assert row[len(name):].strip() == first_sentence(sub.help), (path, name)
+    assert first_sentence("Plan for 24 GB cards (e.g. 24GB). Then the rest.\n\nMore.") == \
+        "Plan for 24 GB cards (e.g. 24GB)."
+    assert first_sentence("One line\n    broken.  `x` next.") == "One line broken."

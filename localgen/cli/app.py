@@ -75,13 +75,22 @@ def build(only: str | None = None) -> typer.Typer:
 
 
 def _one_line_summaries(app: typer.Typer) -> None:
-    """A command's row in its group's list is its help's first paragraph as one line: Typer's rich help keeps
-    the docstring's line breaks there, so rows broke mid-sentence ("... running at --host/--port, or start one"
-    then "for the agent ..." on a row of its own)."""
+    """A command's row in its group's list is its help's first sentence, on one line (its own --help has the
+    rest): Typer's rich help kept the docstring's line breaks there, so rows broke mid-sentence, and the
+    list ran to three screens' worth of detail."""
     for info in app.registered_commands:
         doc = info.help or (info.callback.__doc__ if info.callback else None)
         if info.short_help is None and doc:
-            info.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+            info.short_help = first_sentence(doc)
     for group in app.registered_groups:
         if group.typer_instance is not None:
             _one_line_summaries(group.typer_instance)
+
+
+def first_sentence(doc: str) -> str:
+    """A help text's first sentence, on one line: up to a full stop followed by a capital or a backquote (so
+    "e.g. 24GB" does not end it)."""
+    import re
+
+    paragraph = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z`])", paragraph, maxsplit=1)[0]

@@ -62,10 +62,10 @@ def launch(
                             "$LOCALGEN_API_KEY); start nothing.")] = False,
     list_agents: Annotated[bool, typer.Option("--list", help="List the agents, and whether each is on PATH.")] = False,
 ) -> None:
-    """Start a coding agent on a local model: use the localgen server running at --host/--port, or start one
-    for the agent (a free loopback port, a fresh API key, --parallel 1, --keep-alive -1, a window of 32,768
-    tokens), run the agent with its settings in this terminal, then stop that server. Exits with the agent's
-    status."""
+    """Run a coding agent (Claude Code, Codex, OpenCode) on a local model. It uses the localgen server running
+    at --host/--port, or starts one for the agent (a free loopback port, a fresh API key, --parallel 1,
+    --keep-alive -1, a window of 32,768 tokens), runs the agent with its settings in this terminal, then stops
+    that server. Exits with the agent's status."""
     from localgen.agents import AGENTS
 
     if list_agents or agent is None:
