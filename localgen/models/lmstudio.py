@@ -64,8 +64,11 @@ def _folder(name: LmStudioName) -> Path:
     places = roots()
     for root in places:
         folder = root / name.publisher / name.repo
-        if folder.is_dir():
-            return folder
+        try:
+            if folder.is_dir():
+                return folder
+        except OSError as e:
+            raise LocalgenError(f"cannot read LM Studio's store {root}: {e.strerror or e}") from None
     raise ModelNotFoundError(f"no LM Studio model {name.folder}: no folder "
                              f"{' or '.join(str(r / name.publisher / name.repo) for r in places)}",
                              hint="`localgen list` shows LM Studio's models by the names run takes")
@@ -101,9 +104,11 @@ def all_models() -> Iterator[tuple[str, Path, int]]:
     name once (the first store's)."""
     seen: set[str] = set()
     for root in roots():
-        if not root.is_dir():
+        try:
+            folders = sorted(p for p in root.glob("*/*") if p.is_dir()) if root.is_dir() else []
+        except OSError:  # a store this user may not read
             continue
-        for folder in sorted(p for p in root.glob("*/*") if p.is_dir()):
+        for folder in folders:
             try:
                 name = parse_name(f"{folder.parent.name}/{folder.name}")
                 options = _options(folder)

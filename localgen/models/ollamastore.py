@@ -153,13 +153,23 @@ def manifest(name: OllamaName) -> Manifest:
     """The name's manifest from the first store that has it; a ModelNotFoundError naming where it looked."""
     places = roots()
     for root in places:
-        path = _find(root, name)
+        try:
+            path = _find(root, name)
+        except OSError as e:  # the service's store, unreadable to this user
+            raise LocalgenError(f"cannot read Ollama's store {root}: {e.strerror or e}") from None
         if path is not None:  # named as the store spells it (`list`'s name)
             return read_manifest(OllamaName(*path.relative_to(root / "manifests").parts), root, path)
-    looked = " or ".join(str(r / "manifests" / "/".join(name.parts())) for r in places if r.is_dir()) or (
+    looked = " or ".join(str(r / "manifests" / "/".join(name.parts())) for r in places if _is_dir(r)) or (
         " or ".join(str(r) for r in places) + " (no such folder)")
     raise ModelNotFoundError(f"no Ollama model {name.ollama}: no manifest at {looked}",
                              hint="`ollama list` shows Ollama's models; OLLAMA_MODELS names another store")
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a folder this user may not read (the Linux service's store): not one to look in
+        return False
 
 
 def read_manifest(name: OllamaName, root: Path, path: Path) -> Manifest:
@@ -309,17 +319,21 @@ def all_manifests() -> Iterator[Manifest]:
     seen: set[str] = set()
     for root in roots():
         top = root / "manifests"
-        if not top.is_dir():
+        if not _is_dir(top):
             continue
-        for path in sorted(top.glob("*/*/*/*")):
+        try:
+            found = sorted(top.glob("*/*/*/*"))
+        except OSError:
+            continue
+        for path in found:
             rel = path.relative_to(top).parts
             try:
                 name = parse_name("/".join(rel[:3]) + ":" + rel[3])
             except UsageError:
                 continue
-            if name.display.lower() in seen or not path.is_file():
-                continue
             try:
+                if name.display.lower() in seen or not path.is_file():
+                    continue
                 m = read_manifest(name, root, path)
             except LocalgenError:
                 continue
