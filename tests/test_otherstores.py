@@ -310,3 +310,11 @@ def test_serve_lists_and_answers_an_ollama_and_an_lm_studio_model(server: Server
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
     r = httpx.request("DELETE", f"{server.url}/api/delete", json={"model": "ollama:smollm2:135m"}, timeout=60)
     assert r.status_code == 400 and "ollama rm smollm2:135m" in r.text, r.text
+
+
+def test_a_chat_on_an_ollama_model_starts_with_its_system_prompt(lg: CLI) -> None:
+    ours = lg("chat", "-m", "ollama:hf.co/acme/seer", "-n", "12", "--temp", "0", input=PROMPT + "\n")
+    same = lg("chat", "-m", "smollm2:135m", "-n", "12", "--temp", "0", "--system", SYSTEM, input=PROMPT + "\n")
+    bare = lg("chat", "-m", "smollm2:135m", "-n", "12", "--temp", "0", input=PROMPT + "\n")
+    assert ours.returncode == 0 and same.returncode == 0, (ours.stderr, same.stderr)
+    assert ours.stdout.strip() and ours.stdout == same.stdout != bare.stdout, (ours.stdout, bare.stdout)

@@ -187,7 +187,8 @@ def list_models(
 
 
 def show(
-    name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], or path.")],
+    name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], path, ollama:NAME or "
+                                             "lmstudio:PUBLISHER/REPO.")],
     template: Annotated[bool, typer.Option("--template", help="Print the chat template, whole.")] = False,
     sha256: Annotated[
         bool, typer.Option("--sha256", help="Compute the file's SHA-256 when it is not known yet (reads the whole "
@@ -387,7 +388,8 @@ def rm(
     offline: o.Offline = False,
 ) -> None:
     """Remove a model's files from the cache; a blob another cached model still uses is kept. A preset: only
-    the preset goes, never its base model's files."""
+    the preset goes, never its base model's files. Ollama's and LM Studio's models are refused: their own tool
+    removes them."""
     from localgen.models import names, presets, store
     from localgen.models.resolve import embedded_model, target
 
