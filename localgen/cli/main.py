@@ -63,9 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     guard_stdout()
     _watch_sigint()
     err = ErrWriter()
-    from localgen.models import catalogue
+    from localgen.models import catalogue, ollamastore
 
     catalogue.warn_with(err.warn)  # what of the user's models.toml cannot be used: said once, the rest works
+    ollamastore.warn_with(err.warn)  # an Ollama model's settings localgen has no knob for: said once each
     rc: Any = 0
     try:
         if args and not ("--help" in args or "-h" in args):

@@ -1,6 +1,7 @@
 """The models on this machine, by the names `run -m` takes: embedded ones, every GGUF in the Hugging Face
-cache (any tool's; a catalogue entry's name where one matches), models quantized here, and presets (with their
-base's figures). What `localgen list` prints and what `serve` offers. Never touches the network."""
+cache (any tool's; a catalogue entry's name where one matches), models quantized here, the models Ollama and LM
+Studio downloaded (used in place), and presets (with their base's figures). What `localgen list` prints and what
+`serve` offers. Never touches the network."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ def _item(name: str, path: str | None, source: str, s: Any) -> dict[str, Any]:
 
 def installed() -> list[dict[str, Any]]:
     """Each model here: name, quantization, size, parameters, context_length, architecture, source
-    (embedded, hf cache, quantized, preset) and path (None for a chunked model not assembled yet: there is no
-    file until its first use makes it); a preset whose base is gone says so and has no figures."""
+    (embedded, hf cache, quantized, ollama, lmstudio, preset) and path (None for a chunked model not assembled yet:
+    there is no file until its first use makes it); a preset whose base is gone says so and has no figures."""
     from localgen.models import catalogue, embedded, quantized, store
     from localgen.models.gguf_meta import read_summary
 
@@ -46,7 +47,36 @@ def installed() -> list[dict[str, Any]]:
         except LocalgenError:
             continue
         items.append(_item(name, str(path), "quantized", summary))
+    items += _other_stores()
     return items + _presets({item["name"]: item for item in items})
+
+
+def _other_stores() -> list[dict[str, Any]]:
+    """The models Ollama and LM Studio downloaded, by the names run takes (ollama:..., lmstudio:...), used in
+    place; a damaged one is left for `show` and `run` to name."""
+    from localgen.models import lmstudio, ollamastore
+    from localgen.models.gguf_meta import read_summary
+
+    items = []
+    for m in ollamastore.all_manifests():
+        try:
+            layer = ollamastore.model_layer(m)
+            blob = ollamastore.checked_blob(m, layer)
+            summary = read_summary(str(blob), check_data=False)
+        except LocalgenError:
+            continue
+        item = _item(m.name.display, str(blob), "ollama", summary)
+        item["size"] = layer.size + sum(x.size for x in m.of("projector")[:1])
+        items.append(item)
+    for name, path, size in lmstudio.all_models():
+        try:
+            summary = read_summary(str(path), check_data=False)
+        except LocalgenError:
+            continue
+        item = _item(name, str(path), "lmstudio", summary)
+        item["size"] = size
+        items.append(item)
+    return items
 
 
 def _presets(listed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

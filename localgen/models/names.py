@@ -3,6 +3,7 @@
   smollm2:135m, qwen2.5:7b@Q8_0       catalogue name, optional @QUANT
   owner/repo, owner/repo:Q4_K_M       Hugging Face repo, optional :QUANT (also hf.co/..., huggingface.co/...)
   owner/repo/path/file.gguf           one file of a repo
+  ollama:llama3.2:1b, lmstudio:owner/repo  a model Ollama or LM Studio downloaded, used in place
   ./model.gguf, /abs/model.gguf, ~/m.gguf, model.gguf, dir/model.gguf, or any existing file: a local path
 """
 
@@ -52,7 +53,17 @@ class HubSpec:
         return f"{self.repo}:{self.quant.upper()}" if self.quant else self.repo
 
 
-Spec = PathSpec | CatalogueSpec | HubSpec
+@dataclass(frozen=True)
+class StoreSpec:
+    """A model another tool downloaded, used in place: `store` is "ollama" or "lmstudio", `name` the rest (its
+    store's module parses it: models/ollamastore.py, models/lmstudio.py)."""
+
+    store: str
+    name: str
+
+
+STORES = ("ollama", "lmstudio")
+Spec = PathSpec | CatalogueSpec | HubSpec | StoreSpec
 
 
 def parse(text: str, local: bool = True) -> Spec:
@@ -66,6 +77,11 @@ def parse(text: str, local: bool = True) -> Spec:
         raise UsageError(f"a model name is at most {MAX_NAME:,} characters; this one is {len(name):,}")
     if "\0" in name:
         raise UsageError("a model name cannot hold a NUL character")
+    store, colon, rest = name.partition(":")
+    if colon and store.lower() in STORES:  # before a file's name: the prefix says where the model is
+        if not rest.strip():
+            raise UsageError(f"{_short(name)} names no model: e.g. {store.lower()}:llama3.2")
+        return StoreSpec(store.lower(), rest.strip())
     if not local:
         if name.startswith(("/", "./", "../", "~", "file:")):
             raise UsageError(f"{_short(name)} is a file path; name a model of the catalogue or a Hub repo "

@@ -60,6 +60,9 @@ def check_name(name: str) -> str:
                          "e.g. mybot or mybot:short")
     if name.lower().endswith(".gguf"):  # models/names.py reads such a name as a file's path
         raise UsageError(f"bad preset name {name!r}: a name ending in .gguf means a file", hint="e.g. mybot")
+    if name.partition(":")[0].lower() in ("ollama", "lmstudio"):  # models/names.py: another tool's store
+        raise UsageError(f"bad preset name {name!r}: {name.partition(':')[0]}: names a model of another tool's store",
+                         hint="e.g. mybot")
     return name
 
 
@@ -324,7 +327,10 @@ def apply(p: Preset, ref: ModelRef) -> ModelRef:
     place of the GGUF's."""
     s = p.spec
     summary = dataclasses.replace(ref.summary, chat_template=s.template) if s.template else ref.summary
+    # a base with settings of its own (an Ollama model's params, system prompt, adapter): the preset's over them
     return dataclasses.replace(ref, name=p.name, summary=summary,
                                sampling_defaults={**ref.sampling_defaults, **s.parameters},
-                               system=s.system, messages=s.messages, context=s.context,
-                               adapters=tuple((a, 1.0) for a in s.adapters), load=dict(s.load))
+                               system=s.system if s.system is not None else ref.system,
+                               messages=s.messages or ref.messages,
+                               context=s.context if s.context is not None else ref.context,
+                               adapters=(*ref.adapters, *((a, 1.0) for a in s.adapters)), load={**ref.load, **s.load})

@@ -37,6 +37,8 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
     first use will assemble it."""
     text = embedded.DEFAULT_MODEL if name is None else name  # an empty name is a mistake (names.parse), not "none"
     spec = names.parse(text)
+    if isinstance(spec, names.StoreSpec):  # Ollama's or LM Studio's store, used in place: never the network
+        return other_store(spec)
     if isinstance(spec, names.PathSpec):
         if not spec.path.is_file() and not spec.path.exists():
             raise ModelNotFoundError(f"no such model file: {spec.path}")
@@ -72,6 +74,17 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
 
         progress = Quiet()
     return _hub_model(target, offline, progress, pull_missing)
+
+
+def other_store(spec: names.StoreSpec) -> ModelRef:
+    """A model Ollama or LM Studio downloaded, from its own store."""
+    if spec.store == "ollama":
+        from localgen.models import ollamastore
+
+        return ollamastore.resolve(spec.name)
+    from localgen.models import lmstudio
+
+    return lmstudio.resolve(spec.name)
 
 
 def _latest(spec: names.CatalogueSpec) -> names.CatalogueSpec:
@@ -310,4 +323,8 @@ def target(name: str, local: bool = True) -> Target:
         return _catalogue_target(entry, spec.quant)
     if isinstance(spec, names.HubSpec):
         return Target(spec, spec.display, {})
+    if isinstance(spec, names.StoreSpec):
+        tool = "Ollama" if spec.store == "ollama" else "LM Studio"
+        raise LocalgenError(f"{name} is {tool}'s model, used in place from its store; there is nothing to pull",
+                            hint=f"`ollama pull {spec.name}` updates it" if spec.store == "ollama" else None)
     raise LocalgenError(f"{name} is a local file; there is nothing to pull")

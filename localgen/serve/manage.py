@@ -434,6 +434,11 @@ async def _delete(state: ServeState, name: str) -> None:
         await _retire(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path])
         await asyncio.to_thread(quantized.remove, ref.name)
         return
+    if ref.source in ("ollama", "lmstudio"):  # another tool's store: never changed here
+        from localgen.models import lmstudio, ollamastore
+
+        store = ollamastore if ref.source == "ollama" else lmstudio
+        raise HTTPError(400, store.refuse_removal(ref.name).message)
     if ref.source != "hf":
         raise HTTPError(400, f"{ref.name} is a file localgen did not download; delete it yourself")
     # every worker on that file goes: the model's own, and its presets'

@@ -154,8 +154,9 @@ def list_models(
     show_catalogue: Annotated[bool, typer.Option("--catalogue", help="List the catalogue instead.")] = False,
     offline: o.Offline = False,
 ) -> None:
-    """Models on this machine: embedded ones and every GGUF in the Hugging Face cache (any tool's).
-    Never touches the network."""
+    """Models on this machine: embedded ones, every GGUF in the Hugging Face cache (any tool's), and the models
+    Ollama and LM Studio downloaded (ollama:NAME, lmstudio:PUBLISHER/REPO:QUANT, used in place). Never touches the
+    network."""
     from localgen.models import catalogue
     from localgen.models.installed import installed
 
@@ -186,7 +187,8 @@ def list_models(
 
 
 def show(
-    name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], or path.")],
+    name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], path, ollama:NAME or "
+                                             "lmstudio:PUBLISHER/REPO.")],
     template: Annotated[bool, typer.Option("--template", help="Print the chat template, whole.")] = False,
     sha256: Annotated[
         bool, typer.Option("--sha256", help="Compute the file's SHA-256 when it is not known yet (reads the whole "
@@ -357,7 +359,8 @@ def _modelfile(name: str, offline: bool) -> str:
     if p is not None:
         return modelfile.write(p.spec)
     ref = resolve(name, offline=offline, pull_missing=False)
-    return modelfile.write(modelfile.Modelfile(base=name, parameters=dict(ref.sampling_defaults)))
+    return modelfile.write(modelfile.Modelfile(base=name, parameters=dict(ref.sampling_defaults), context=ref.context,
+                                               system=ref.system, load=dict(ref.load)))
 
 
 def _known_sha256(ref: Any) -> str | None:
@@ -385,10 +388,16 @@ def rm(
     offline: o.Offline = False,
 ) -> None:
     """Remove a model's files from the cache; a blob another cached model still uses is kept. A preset: only
-    the preset goes, never its base model's files."""
+    the preset goes, never its base model's files. Ollama's and LM Studio's models are refused: their own tool
+    removes them."""
     from localgen.models import names, presets, store
     from localgen.models.resolve import embedded_model, target
 
+    spec = names.parse(name)
+    if isinstance(spec, names.StoreSpec):  # another tool's store: never changed here
+        from localgen.models import lmstudio, ollamastore
+
+        raise (ollamastore if spec.store == "ollama" else lmstudio).refuse_removal(spec.name)
     if presets.exists(name):
         _confirm(f"the preset {name} (its base model stays)", 0, yes, size=False)
         presets.remove(name)
@@ -402,7 +411,6 @@ def rm(
         _confirm(f"the quantized model {name} ({made})", made.stat().st_size, yes)
         print(f"removed {name}, freed {format_bytes(quantized.remove(name))}")
         return
-    spec = names.parse(name)
     if isinstance(spec, names.PathSpec):
         raise UsageError("rm removes models from the cache; delete your own .gguf files yourself")
     model = embedded_model(name)

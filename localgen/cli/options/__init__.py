@@ -79,7 +79,8 @@ Model = Annotated[
     str | None,
     typer.Option(
         "--model", "-m", envvar="LOCALGEN_MODEL", rich_help_panel=MODEL_PANEL, show_default=False,
-        help="Model name (e.g. smollm2:135m, the default), owner/repo[:QUANT], or path to a .gguf file.",
+        help="Model name (e.g. smollm2:135m, the default), owner/repo[:QUANT], path to a .gguf file, or a model "
+             "Ollama or LM Studio downloaded: ollama:NAME, lmstudio:PUBLISHER/REPO.",
     ),
 ]
 Ctx = Annotated[int, option("ctx")]

@@ -1,0 +1,348 @@
+"""Models Ollama downloaded, used in place and read-only: `ollama:MODEL[:TAG]` resolves through Ollama's own
+store ($OLLAMA_MODELS, else ~/.ollama/models and the Linux service's /usr/share/ollama/.ollama/models). A name's
+manifest (manifests/HOST/NAMESPACE/MODEL/TAG, JSON) lists layers by media type and digest; each layer's bytes are
+the blob blobs/sha256-HEX. The model layer is the GGUF; a projector layer is its mmproj; params give its default
+settings (as a catalogue entry's sampling: only where no flag is given), system its system prompt, messages its
+turns before the conversation, adapter a LoRA adapter; the Go template is not used (the GGUF's own template is).
+A blob's size is checked against its manifest's (Ollama verified its SHA-256 when it pulled it); nothing here
+writes into the store or touches the network."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localgen import settings
+from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
+from localgen.types import MIN_CTX_FLAG, TRAINED_CTX, ModelRef
+
+PREFIX = "ollama:"
+DEFAULT_HOST = "registry.ollama.ai"  # Ollama's fill for a name's missing parts (types/model/name.go)
+DEFAULT_NAMESPACE = "library"
+DEFAULT_TAG = "latest"
+MEDIA = "application/vnd.ollama.image."
+MAX_PART = 128  # Ollama's MaxNamePartLen: a name is at most this long
+MAX_JSON = 1 << 20  # a manifest, a params or messages layer: a few hundred bytes in Ollama's own
+MAX_TEXT = 1 << 20  # a system prompt
+DIGEST = re.compile(r"sha256[:-]([0-9a-fA-F]{64})")
+_PART = re.compile(r"[A-Za-z0-9_.-]+")
+SERVICE_STORE = Path("/usr/share/ollama/.ollama/models")  # the Linux install's service user's home
+
+_report: dict[str, Callable[[str], None]] = {"warn": lambda s: None}
+_warned: set[str] = set()
+
+
+def warn_with(warn: Callable[[str], None]) -> None:
+    """Where a params layer's settings that localgen has no knob for are said (each once): the CLI's warnings."""
+    _report["warn"] = warn
+
+
+def _warn_once(text: str) -> None:
+    if text not in _warned:
+        _warned.add(text)
+        _report["warn"](text)
+
+
+@dataclass(frozen=True)
+class OllamaName:
+    """A model name as Ollama reads it: [HOST/][NAMESPACE/]MODEL[:TAG], each part filled with Ollama's default."""
+
+    host: str
+    namespace: str
+    model: str
+    tag: str
+
+    @property
+    def display(self) -> str:
+        """The name as localgen shows it: ollama: and Ollama's shortest form, with its tag (`ollama list`'s)."""
+        if self.host.lower() != DEFAULT_HOST:
+            head = f"{self.host}/{self.namespace}/"
+        elif self.namespace.lower() != DEFAULT_NAMESPACE:
+            head = f"{self.namespace}/"
+        else:
+            head = ""
+        return f"{PREFIX}{head}{self.model}:{self.tag}"
+
+    @property
+    def ollama(self) -> str:
+        """The name as the `ollama` command takes it."""
+        return self.display[len(PREFIX):]
+
+    def parts(self) -> tuple[str, str, str, str]:
+        """The manifest's path below manifests/."""
+        return (self.host, self.namespace, self.model, self.tag)
+
+
+def parse_name(text: str) -> OllamaName:
+    """The name after `ollama:`, by Ollama's rules (letters, digits, '_', '-', '.'; no '.' in a namespace, no '..');
+    a UsageError for one Ollama would not take, so no part of it can leave the store's folders."""
+    rest = text[len(PREFIX):] if text.lower().startswith(PREFIX) else text
+    rest = rest.removeprefix("https://").removeprefix("http://")
+    bad = UsageError(f"{text!r} is not an Ollama model name: use ollama:MODEL[:TAG], ollama:USER/MODEL[:TAG] or "
+                     "ollama:HOST/NAMESPACE/MODEL[:TAG]")
+    if not rest or len(rest) > MAX_PART or ".." in rest:
+        raise bad
+    path, colon, tag = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    if colon and ("/" in tag or not tag):
+        raise bad
+    pieces = path.split("/")
+    if len(pieces) > 3 or not all(_PART.fullmatch(p) and p != "." for p in (*pieces, *([tag] if colon else []))):
+        raise bad
+    model = pieces[-1]
+    namespace = pieces[-2] if len(pieces) >= 2 else DEFAULT_NAMESPACE
+    host = pieces[-3] if len(pieces) == 3 else DEFAULT_HOST
+    if "." in namespace:
+        raise bad
+    return OllamaName(host, namespace, model, tag or DEFAULT_TAG)
+
+
+def roots() -> list[Path]:
+    """Where Ollama keeps its models: $OLLAMA_MODELS alone when set (as Ollama), else the user's store and the
+    Linux service's."""
+    env = os.environ.get("OLLAMA_MODELS")
+    if env:
+        return [Path(env).expanduser()]
+    return [Path.home() / ".ollama" / "models", SERVICE_STORE]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of a manifest: what it is, its blob and the size the manifest gives."""
+
+    media: str  # after application/vnd.ollama.image.: model, projector, params, system, template, adapter, ...
+    blob: Path
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A model's manifest, read and checked: its file and its layers in order."""
+
+    name: OllamaName
+    path: Path
+    layers: tuple[Layer, ...] = field(default=())
+
+    def of(self, media: str) -> list[Layer]:
+        """The layers of one kind."""
+        return [x for x in self.layers if x.media == media]
+
+
+def _find(root: Path, name: OllamaName) -> Path | None:
+    """The manifest file for a name below root/manifests, its parts matched without regard to case, as Ollama's
+    names compare."""
+    here = root / "manifests"
+    for part in name.parts():
+        exact = here / part
+        if exact.exists():
+            here = exact
+            continue
+        try:
+            here = next(p for p in here.iterdir() if p.name.lower() == part.lower())
+        except (OSError, StopIteration):
+            return None
+    return here if here.is_file() else None
+
+
+def manifest(name: OllamaName) -> Manifest:
+    """The name's manifest from the first store that has it; a ModelNotFoundError naming where it looked."""
+    places = roots()
+    for root in places:
+        try:
+            path = _find(root, name)
+        except OSError as e:  # the service's store, unreadable to this user
+            raise LocalgenError(f"cannot read Ollama's store {root}: {e.strerror or e}") from None
+        if path is not None:  # named as the store spells it (`list`'s name)
+            return read_manifest(OllamaName(*path.relative_to(root / "manifests").parts), root, path)
+    looked = " or ".join(str(r / "manifests" / "/".join(name.parts())) for r in places if _is_dir(r)) or (
+        " or ".join(str(r) for r in places) + " (no such folder)")
+    raise ModelNotFoundError(f"no Ollama model {name.ollama}: no manifest at {looked}",
+                             hint="`ollama list` shows Ollama's models; OLLAMA_MODELS names another store")
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a folder this user may not read (the Linux service's store): not one to look in
+        return False
+
+
+def read_manifest(name: OllamaName, root: Path, path: Path) -> Manifest:
+    """A manifest's layers, each with its blob's path; a LocalgenError naming the file when it is not one."""
+    def damaged(why: str) -> LocalgenError:
+        return LocalgenError(f"Ollama's manifest {path} is damaged: {why}",
+                             hint=f"`ollama pull {name.ollama}` fetches it again")
+
+    doc = _json(path, damaged)
+    if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
+        raise damaged("it has no list of layers")
+    layers = []
+    for raw in doc["layers"]:
+        if not isinstance(raw, dict) or not isinstance(raw.get("mediaType"), str):
+            raise damaged("a layer without a mediaType")
+        digest, size = raw.get("digest"), raw.get("size")
+        m = DIGEST.fullmatch(digest) if isinstance(digest, str) else None
+        if m is None:
+            raise damaged(f"a layer's digest is not sha256:HEX: {str(digest)[:80]!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise damaged(f"a layer's size is not a byte count: {str(size)[:40]!r}")
+        media = raw["mediaType"].removeprefix(MEDIA) if raw["mediaType"].startswith(MEDIA) else raw["mediaType"]
+        layers.append(Layer(media, root / "blobs" / f"sha256-{m.group(1).lower()}", size, f"sha256:{m.group(1)}"))
+    return Manifest(name, path, tuple(layers))
+
+
+def _json(path: Path, damaged: Callable[[str], LocalgenError]) -> Any:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON + 1)
+    except OSError as e:
+        raise LocalgenError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_JSON:
+        raise damaged(f"it is over {MAX_JSON:,} bytes")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise damaged("it is not JSON") from None
+
+
+def checked_blob(m: Manifest, layer: Layer) -> Path:
+    """A layer's blob, there and of the manifest's size (its SHA-256 Ollama checked when it pulled it; hashing
+    gigabytes at each use would not do)."""
+    try:
+        size = layer.blob.stat().st_size
+    except OSError:
+        raise LocalgenError(f"the {layer.media} layer of {m.name.display} is missing from Ollama's store "
+                            f"({layer.blob})", hint=f"`ollama pull {m.name.ollama}` fetches it again") from None
+    if size != layer.size or not layer.blob.is_file():
+        raise LocalgenError(f"the {layer.media} layer of {m.name.display} is damaged: {layer.blob} holds "
+                            f"{size:,} bytes, its manifest says {layer.size:,}",
+                            hint=f"`ollama pull {m.name.ollama}` fetches it again")
+    return layer.blob
+
+
+def model_layer(m: Manifest) -> Layer:
+    """The GGUF layer; a LocalgenError for a manifest without one (a model Ollama runs another way)."""
+    found = m.of("model")
+    if not found:
+        raise LocalgenError(f"{m.name.display} has no GGUF model layer in its manifest ({m.path}): "
+                            "localgen cannot run it")
+    return found[0]
+
+
+def resolve(text: str) -> ModelRef:
+    """An Ollama model as a ModelRef: its GGUF blob, projector, settings, system prompt, messages and adapter."""
+    from localgen.models.gguf_meta import read_summary
+
+    m = manifest(parse_name(text))
+    layer = model_layer(m)
+    blob = checked_blob(m, layer)
+    proj = [checked_blob(m, x) for x in m.of("projector")[:1]]
+    adapters = tuple((str(checked_blob(m, x)), 1.0) for x in m.of("adapter"))
+    sampling: dict[str, Any] = {}
+    load: dict[str, Any] = {}
+    context = None
+    for x in m.of("params"):
+        context = _params(m, x, sampling, load, context)
+    system = None
+    for x in m.of("system"):
+        system = _text(m, x)
+    messages: tuple[dict[str, str], ...] = ()
+    for x in m.of("messages"):
+        messages = _messages(m, x)
+    return ModelRef(name=m.name.display, path=str(blob), source="ollama", summary=read_summary(str(blob)),
+                    sha256=layer.digest.split(":", 1)[1].lower(), sampling_defaults=sampling,
+                    mmproj=str(proj[0]) if proj else None, system=system or None, messages=messages,
+                    context=context, adapters=adapters, load=load)
+
+
+def _params(m: Manifest, layer: Layer, sampling: dict[str, Any], load: dict[str, Any], ctx: int | None) -> int | None:
+    """A params layer's settings into `sampling` and `load` (by Ollama's names: settings.py's spellings); returns
+    the context (num_ctx). A setting localgen has no knob for, or a value it would refuse, is said once and left
+    out: the model works without it."""
+    blob = checked_blob(m, layer)
+    doc = _json(blob, lambda why: LocalgenError(f"the params layer of {m.name.display} ({blob}) is damaged: {why}"))
+    if not isinstance(doc, dict):
+        raise LocalgenError(f"the params layer of {m.name.display} ({blob}) is damaged: not a JSON object")
+    ollama = settings.spellings("ollama")
+    for key, value in doc.items():
+        name = str(key).lower()
+        try:
+            if name == "num_ctx":
+                ctx = _context(value)
+            elif name in ollama:
+                sampling[ollama[name]] = settings.check(ollama[name], value, name)
+            elif (knob := settings.load_name(name)) is not None and knob not in settings.NOT_IN_MODELFILE:
+                if name in settings.INVERTED and isinstance(value, bool):
+                    value = not value
+                load[knob] = settings.check_load(knob, tuple(value) if isinstance(value, list) else value)
+            else:
+                _warn_once(f"{m.name.display}: Ollama's parameter {key!r} has no localgen setting; it is left out")
+        except UsageError as e:
+            _warn_once(f"{m.name.display}: Ollama's parameter {key!r} is left out: {e.message}")
+    return ctx
+
+
+def _context(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (value != TRAINED_CTX and value < MIN_CTX_FLAG) or (
+            value > settings.INT32):
+        raise UsageError(f"num_ctx must be 0 or within {MIN_CTX_FLAG} to {settings.INT32}, not {value!r}")
+    return value
+
+
+def _text(m: Manifest, layer: Layer) -> str:
+    blob = checked_blob(m, layer)
+    if layer.size > MAX_TEXT:
+        raise LocalgenError(f"the {layer.media} layer of {m.name.display} is over {MAX_TEXT:,} bytes ({blob})")
+    try:
+        return blob.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LocalgenError(f"cannot read the {layer.media} layer of {m.name.display} ({blob}): {e}") from None
+
+
+def _messages(m: Manifest, layer: Layer) -> tuple[dict[str, str], ...]:
+    blob = checked_blob(m, layer)
+    doc = _json(blob, lambda why: LocalgenError(f"the messages layer of {m.name.display} ({blob}) is damaged: {why}"))
+    if not isinstance(doc, list) or not all(isinstance(x, dict) and isinstance(x.get("role"), str) and isinstance(
+            x.get("content"), str) for x in doc):
+        raise LocalgenError(f"the messages layer of {m.name.display} ({blob}) is damaged: not a list of messages")
+    return tuple({"role": x["role"], "content": x["content"]} for x in doc)
+
+
+def all_manifests() -> Iterator[Manifest]:
+    """Every readable manifest of every store, each name once (the first store's); damaged ones are left for
+    `show` and `run` to name."""
+    seen: set[str] = set()
+    for root in roots():
+        top = root / "manifests"
+        if not _is_dir(top):
+            continue
+        try:
+            found = sorted(top.glob("*/*/*/*"))
+        except OSError:
+            continue
+        for path in found:
+            rel = path.relative_to(top).parts
+            try:
+                name = parse_name("/".join(rel[:3]) + ":" + rel[3])
+            except UsageError:
+                continue
+            try:
+                if name.display.lower() in seen or not path.is_file():
+                    continue
+                m = read_manifest(name, root, path)
+            except LocalgenError:
+                continue
+            seen.add(name.display.lower())
+            yield m
+
+
+def refuse_removal(text: str) -> UsageError:
+    """`rm`'s answer for an Ollama model: Ollama owns its store."""
+    name = parse_name(text)
+    return UsageError(f"{name.display} is Ollama's model: remove it with `ollama rm {name.ollama}`",
+                      hint="localgen never changes Ollama's store")

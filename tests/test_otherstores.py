@@ -1,0 +1,320 @@
+"""Models Ollama and LM Studio downloaded, used in place (models/ollamastore.py, models/lmstudio.py): stores laid
+out as those tools write them, around the real SmolLM2 GGUF, driven through the real CLI and server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests import tiny_lora
+from tests.conftest import CLI, ROOT, InProcessCLI
+from tests.test_serve import Server
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from make_mmproj import write_mmproj
+
+PROMPT = "What is the capital of France?"
+MEDIA = "application/vnd.ollama.image."
+PARAMS = {"temperature": 0, "stop": ["Marseillaise"], "num_ctx": 1024, "top_k": 7, "penalize_newline": True,
+          "top_p": 7}  # penalize_newline: no localgen setting; top_p 7: out of its range
+SYSTEM = "You answer in one word."
+
+
+def _place(src: Path, dest: Path) -> None:
+    """The file at dest without a copy where the file system allows (the stores' own habit: a link)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+class OllamaStore:
+    """An Ollama models folder: blobs/sha256-HEX named by their SHA-256, manifests/HOST/NAMESPACE/MODEL/TAG."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "blobs").mkdir(parents=True, exist_ok=True)
+
+    def blob(self, media: str, data: bytes | Path) -> dict[str, Any]:
+        h = hashlib.sha256()
+        if isinstance(data, Path):
+            with open(data, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        else:
+            h.update(data)
+        dest = self.root / "blobs" / f"sha256-{h.hexdigest()}"
+        if not dest.exists():
+            if isinstance(data, Path):
+                _place(data, dest)
+            else:
+                dest.write_bytes(data)
+        return {"mediaType": media, "digest": f"sha256:{h.hexdigest()}", "size": dest.stat().st_size}
+
+    def manifest(self, name: str, layers: list[dict[str, Any]], host: str = "registry.ollama.ai",
+                 namespace: str = "library") -> Path:
+        model, _, tag = name.partition(":")
+        doc = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+               "config": self.blob("application/vnd.docker.container.image.v1+json", b'{"model_format":"gguf"}'),
+               "layers": layers}
+        path = self.root / "manifests" / host / namespace / model / (tag or "latest")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc))
+        return path
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> OllamaStore:
+    s = OllamaStore(tmp_path_factory.mktemp("ollama") / "models")
+    model = s.blob(MEDIA + "model", smollm2_path)
+    template = s.blob(MEDIA + "template", b"{{ .Prompt }}")  # a Go template: never used
+    params = s.blob(MEDIA + "params", json.dumps(PARAMS).encode())
+    s.manifest("smollm2:135m", [model, template, params])
+    s.manifest("bare:v1", [model], namespace="someone")
+    proj = write_mmproj(tmp_path_factory.mktemp("proj") / "mmproj.gguf")
+    s.manifest("seer:latest", [model, s.blob(MEDIA + "projector", proj),
+                               s.blob(MEDIA + "system", SYSTEM.encode())], host="hf.co", namespace="acme")
+    lora = tiny_lora.build(smollm2_path, tmp_path_factory.mktemp("lora") / "tiny-lora.gguf")
+    s.manifest("tuned:1", [model, s.blob(MEDIA + "adapter", lora)])
+    foreign = tiny_lora.build(smollm2_path, tmp_path_factory.mktemp("lora") / "foreign.gguf", arch="gemma3")
+    s.manifest("foreign:1", [model, s.blob(MEDIA + "adapter", foreign)])
+    s.manifest("chatty:1", [model, s.blob(MEDIA + "messages", json.dumps(
+        [{"role": "user", "content": "Hi there."}, {"role": "assistant", "content": "Hello! How can I help?"}]
+    ).encode())])
+    # damaged entries, each its own name
+    s.manifest("short:1", [{**model, "size": model["size"] + 1}])
+    s.manifest("gone:1", [{**model, "digest": "sha256:" + "0" * 64}])
+    notjson = s.root / "manifests" / "registry.ollama.ai" / "library" / "notjson" / "1"
+    notjson.parent.mkdir(parents=True)
+    notjson.write_text("{ this is not json")
+    return s
+
+
+@pytest.fixture(scope="module")
+def lmstudio_home(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    home = tmp_path_factory.mktemp("lmhome")
+    folder = home / ".lmstudio" / "models" / "acme" / "SmolLM2-GGUF"
+    _place(smollm2_path, folder / "SmolLM2-135M-Instruct-Q4_1.gguf")
+    _place(smollm2_path, folder / "SmolLM2-135M-Instruct-Q8_0.gguf")  # another tag, the same bytes
+    write_mmproj(folder / "mmproj-SmolLM2-f16.gguf")
+    _place(smollm2_path, home / ".cache" / "lm-studio" / "models" / "old" / "Smol-GGUF" / "smol-Q4_1.gguf")
+    return home
+
+
+@pytest.fixture(scope="module")
+def env(cli_env: dict[str, str], store: OllamaStore, lmstudio_home: Path) -> dict[str, str]:
+    return {**cli_env, "OLLAMA_MODELS": str(store.root), "HOME": str(lmstudio_home)}
+
+
+@pytest.fixture(scope="module")
+def lg(env: dict[str, str]) -> CLI:
+    return CLI(env)
+
+
+@pytest.fixture(scope="module")
+def lg_in(cli_in_process: InProcessCLI, env: dict[str, str]) -> InProcessCLI:
+    return InProcessCLI({**cli_in_process.env, "OLLAMA_MODELS": env["OLLAMA_MODELS"], "HOME": env["HOME"]})
+
+
+def _json(r: Any) -> Any:
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_an_ollama_model_runs_from_its_blob_with_its_params(lg: CLI, store: OllamaStore, smollm2_path: Path) -> None:
+    """docs/models.md: ollama:NAME runs Ollama's GGUF blob in place; its params layer's temperature, stop, top_k
+    and num_ctx apply where no flag is given; a parameter localgen has no knob for is one warning."""
+    ours = _json(lg("run", "-m", "ollama:smollm2:135m", "-p", PROMPT, "-n", "24", "--json"))
+    same = _json(lg("run", "-m", "smollm2:135m", "-p", PROMPT, "-n", "24", "--json", "--temperature", "0",
+                    "--stop", "Marseillaise", "--top-k", "7"))
+    assert ours["text"] == same["text"] and ours["text"], (ours["text"], same["text"])
+    assert ours["finish_reason"] == "stop", "the params layer's stop string ended it"
+    blob = store.root / "blobs" / ("sha256-" + hashlib.sha256(smollm2_path.read_bytes()).hexdigest())
+    assert ours["model"]["file"] == str(blob) and ours["model"]["source"] == "ollama"
+    assert ours["model"]["name"] == "ollama:smollm2:135m"
+    assert ours["load"]["n_ctx"] == 1024
+    assert ours["sampling"]["temperature"] == 0 and ours["sampling"]["stop"] == ["Marseillaise"]
+    assert ours["sampling"]["top_k"] == 7
+
+
+def test_flags_beat_an_ollama_model_s_params(lg: CLI) -> None:
+    r = lg("run", "-m", "ollama:smollm2:135m", "-p", PROMPT, "-n", "4", "--json", "--ctx", "2048",
+           "--stop", "femme", "--top-k", "3", "--temperature", "0.5", "--seed", "1")
+    doc = _json(r)
+    assert doc["load"]["n_ctx"] == 2048
+    assert doc["sampling"]["stop"] == ["femme"] and doc["sampling"]["top_k"] == 3
+    assert doc["sampling"]["temperature"] == 0.5
+    for key in ("penalize_newline", "top_p"):
+        warned = [line for line in r.stderr.splitlines() if f"parameter {key!r}" in line]
+        assert len(warned) == 1 and "left out" in warned[0], r.stderr
+    assert doc["sampling"]["top_p"] == 0.95, "a value localgen refuses is left out: the default stays"
+
+
+def test_list_shows_ollama_and_lm_studio_models(lg_in: InProcessCLI, store: OllamaStore) -> None:
+    items = {i["name"]: i for i in _json(lg_in("list", "--json"))}
+    o = items["ollama:smollm2:135m"]
+    assert o["source"] == "ollama" and o["quantization"] == "Q4_1" and o["path"].startswith(str(store.root))
+    assert o["size"] == Path(o["path"]).stat().st_size
+    assert "ollama:someone/bare:v1" in items and "ollama:hf.co/acme/seer:latest" in items
+    for broken in ("ollama:short:1", "ollama:gone:1", "ollama:notjson:1"):
+        assert broken not in items, "a damaged entry is left for run and show to name"
+    lm = {n: i for n, i in items.items() if i["source"] == "lmstudio"}
+    assert set(lm) == {"lmstudio:acme/SmolLM2-GGUF:Q4_1", "lmstudio:acme/SmolLM2-GGUF:Q8_0",
+                       "lmstudio:old/Smol-GGUF:Q4_1"}, lm
+    assert not any("mmproj" in n for n in items), "a projector is no model"
+    table = lg_in("list")
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if line.startswith("ollama:smollm2:135m "))
+    assert "Q4_1" in row and "94 MiB" in row and str(store.root) in row
+
+
+def test_show_reads_an_ollama_model_with_its_projector_and_system_prompt(lg_in: InProcessCLI,
+                                                                         smollm2_path: Path) -> None:
+    doc = _json(lg_in("show", "ollama:smollm2:135m", "--json"))
+    assert doc["sha256"] == hashlib.sha256(smollm2_path.read_bytes()).hexdigest()
+    assert doc["load"] == {"num_ctx": 1024} and doc["modalities"] == ["text"]
+    seer = _json(lg_in("show", "ollama:hf.co/acme/seer", "--json"))
+    assert seer["name"] == "ollama:hf.co/acme/seer:latest" and seer["modalities"] == ["text", "image"]
+    assert Path(seer["projector"]).name.startswith("sha256-")
+    bare = _json(lg_in("show", "OLLAMA:Someone/BARE:V1", "--json", "--offline"))  # the name in any case
+    assert bare["load"] == {} and bare["name"] == "ollama:someone/bare:v1"
+    modelfile = lg_in("show", "ollama:hf.co/acme/seer", "--modelfile")
+    assert modelfile.returncode == 0 and f"SYSTEM {SYSTEM}\n" in modelfile.stdout, modelfile.stdout
+    assert "PARAMETER num_ctx 1024" in lg_in("show", "ollama:smollm2:135m", "--modelfile").stdout
+
+
+def _prompt_tokens(lg: CLI, model: str, *flags: str) -> int:
+    doc = _json(lg("run", "-m", model, "-p", PROMPT, "-n", "1", "--json", "--temperature", "0", *flags))
+    return int(doc["stats"]["prompt_tokens"])
+
+
+def test_an_ollama_model_s_system_prompt_and_messages_go_first(lg: CLI) -> None:
+    bare = _prompt_tokens(lg, "smollm2:135m")
+    assert _prompt_tokens(lg, "ollama:hf.co/acme/seer") == _prompt_tokens(lg, "smollm2:135m", "--system", SYSTEM)
+    assert _prompt_tokens(lg, "ollama:hf.co/acme/seer", "--system", "Be brief, please, and kind.") == (
+        _prompt_tokens(lg, "smollm2:135m", "--system", "Be brief, please, and kind.")), "--system replaces it"
+    assert _prompt_tokens(lg, "ollama:chatty:1") > bare + 10, "the messages layer's turns come before the prompt"
+
+
+def test_an_ollama_model_s_adapter_applies(lg: CLI, store: OllamaStore) -> None:
+    m = json.loads((store.root / "manifests/registry.ollama.ai/library/tuned/1").read_text())
+    adapter = store.root / "blobs" / m["layers"][1]["digest"].replace(":", "-")
+    tuned = _json(lg("run", "-m", "ollama:tuned:1", "-p", PROMPT, "-n", "12", "--json", "--temperature", "0"))
+    same = _json(lg("run", "-m", "smollm2:135m", "-p", PROMPT, "-n", "12", "--json", "--temperature", "0",
+                    "--lora", str(adapter)))
+    plain = _json(lg("run", "-m", "smollm2:135m", "-p", PROMPT, "-n", "12", "--json", "--temperature", "0"))
+    assert tuned["text"] == same["text"] != plain["text"]
+    r = lg("run", "-m", "ollama:foreign:1", "-p", PROMPT, "-n", "2")
+    assert r.returncode == 2 and "is for the 'gemma3' architecture" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_preset_from_an_ollama_model_keeps_its_settings_under_its_own(lg_in: InProcessCLI, tmp_path: Path) -> None:
+    (tmp_path / "Modelfile").write_text("FROM ollama:smollm2:135m\nPARAMETER top_k 3\n")
+    r = lg_in("create", "ollamabot", "-f", str(tmp_path / "Modelfile"))
+    assert r.returncode == 0, r.stderr
+    try:
+        doc = _json(lg_in("show", "ollamabot", "--json"))
+        assert doc["load"] == {"num_ctx": 1024} and doc["preset"]["base"] == "ollama:smollm2:135m"
+        text = lg_in("show", "ollamabot", "--modelfile").stdout
+        assert "FROM ollama:smollm2:135m" in text
+    finally:
+        assert lg_in("rm", "ollamabot", "--yes").returncode == 0
+    (tmp_path / "Other").write_text("FROM smollm2:135m\n")
+    for name in ("ollama:mine", "LMStudio:x"):
+        r = lg_in("create", name, "-f", str(tmp_path / "Other"))
+        assert r.returncode == 2 and "names a model of another tool's store" in r.stderr, r.stderr
+
+
+def test_rm_refuses_an_ollama_or_lm_studio_model_and_keeps_its_files(lg_in: InProcessCLI, store: OllamaStore,
+                                                                       lmstudio_home: Path) -> None:
+    blobs = sorted(p.name for p in (store.root / "blobs").iterdir())
+    r = lg_in("rm", "ollama:smollm2:135m", "--yes")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "Ollama's model: remove it with `ollama rm smollm2:135m`" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = lg_in("rm", "lmstudio:acme/SmolLM2-GGUF:Q4_1", "--yes")
+    assert r.returncode == 2 and "LM Studio's model" in r.stderr
+    assert sorted(p.name for p in (store.root / "blobs").iterdir()) == blobs
+    assert (store.root / "manifests" / "registry.ollama.ai" / "library" / "smollm2" / "135m").is_file()
+    assert len(list((lmstudio_home / ".lmstudio" / "models" / "acme" / "SmolLM2-GGUF").iterdir())) == 3
+    r = lg_in("pull", "ollama:smollm2:135m")
+    assert r.returncode == 1 and "nothing to pull" in r.stderr
+
+
+@pytest.mark.parametrize(("name", "rc", "says"), [
+    ("ollama:short:1", 1, "holds 98,362,432 bytes, its manifest says 98,362,433 (`ollama pull short:1` fetches"),
+    ("ollama:gone:1", 1, "missing from Ollama's store"),
+    ("ollama:notjson:1", 1, "is damaged: it is not JSON"),
+    ("ollama:nothere", 1, "no Ollama model nothere:latest: no manifest at"),
+    ("ollama:../../etc/passwd", 2, "is not an Ollama model name"),
+    ("ollama:a/b/c/d", 2, "is not an Ollama model name"),
+    ("ollama:", 2, "names no model"),
+    ("lmstudio:acme/SmolLM2-GGUF:Q2_K", 1, "has no quantization Q2_K"),
+    ("lmstudio:acme/../x", 2, "is not an LM Studio model name"),
+    ("lmstudio:acme/none", 1, "no LM Studio model acme/none"),
+])
+def test_a_damaged_or_wrong_name_is_one_line(lg_in: InProcessCLI, name: str, rc: int, says: str) -> None:
+    r = lg_in("show", name)
+    assert r.returncode == rc, r.stderr
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_an_lm_studio_model_runs_by_its_tag_with_its_projector(lg: CLI, lmstudio_home: Path) -> None:
+    folder = lmstudio_home / ".lmstudio" / "models" / "acme" / "SmolLM2-GGUF"
+    doc = _json(lg("run", "-m", "lmstudio:acme/SmolLM2-GGUF:q4_1", "-p", PROMPT, "-n", "6", "--json",
+                   "--temperature", "0"))
+    same = _json(lg("run", "-m", "smollm2:135m", "-p", PROMPT, "-n", "6", "--json", "--temperature", "0"))
+    assert doc["text"] == same["text"] and doc["model"]["source"] == "lmstudio"
+    assert doc["model"]["file"] == str(folder / "SmolLM2-135M-Instruct-Q4_1.gguf")
+    assert doc["model"]["name"] == "lmstudio:acme/SmolLM2-GGUF:Q4_1"
+
+
+def test_an_lm_studio_name_without_a_tag_takes_the_best_file(lg_in: InProcessCLI) -> None:
+    doc = _json(lg_in("show", "lmstudio:acme/SmolLM2-GGUF", "--json"))
+    assert doc["name"] == "lmstudio:acme/SmolLM2-GGUF:Q8_0" and doc["file"].endswith("-Q8_0.gguf")
+    assert doc["modalities"] == ["text", "image"] and doc["projector"].endswith("mmproj-SmolLM2-f16.gguf")
+    old = _json(lg_in("show", "lmstudio:old/Smol-GGUF", "--json"))
+    assert old["file"].endswith(".cache/lm-studio/models/old/Smol-GGUF/smol-Q4_1.gguf")
+
+
+@pytest.fixture(scope="module")
+def server(env: dict[str, str]) -> Iterator[Server]:
+    s = Server(env, "--ctx", "1024")
+    yield s
+    assert s.stop() == 0
+
+
+def test_serve_lists_and_answers_an_ollama_and_an_lm_studio_model(server: Server) -> None:
+    tags = [m["name"] for m in httpx.get(f"{server.url}/api/tags", timeout=60).json()["models"]]
+    ids = [m["id"] for m in httpx.get(f"{server.url}/v1/models", timeout=60).json()["data"]]
+    for name in ("ollama:smollm2:135m", "lmstudio:acme/SmolLM2-GGUF:Q4_1"):
+        assert name in tags and name in ids
+    r = httpx.post(f"{server.url}/api/chat", timeout=600, json={
+        "model": "ollama:smollm2:135m", "stream": False, "options": {"num_predict": 24},
+        "messages": [{"role": "user", "content": PROMPT}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["done_reason"] == "stop", "the params layer's stop string and temperature apply"
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=600, json={
+        "model": "lmstudio:acme/SmolLM2-GGUF:Q4_1", "max_tokens": 4, "temperature": 0,
+        "messages": [{"role": "user", "content": PROMPT}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+    r = httpx.request("DELETE", f"{server.url}/api/delete", json={"model": "ollama:smollm2:135m"}, timeout=60)
+    assert r.status_code == 400 and "ollama rm smollm2:135m" in r.text, r.text
+
+
+def test_a_chat_on_an_ollama_model_starts_with_its_system_prompt(lg: CLI) -> None:
+    ours = lg("chat", "-m", "ollama:hf.co/acme/seer", "-n", "12", "--temp", "0", input=PROMPT + "\n")
+    same = lg("chat", "-m", "smollm2:135m", "-n", "12", "--temp", "0", "--system", SYSTEM, input=PROMPT + "\n")
+    bare = lg("chat", "-m", "smollm2:135m", "-n", "12", "--temp", "0", input=PROMPT + "\n")
+    assert ours.returncode == 0 and same.returncode == 0, (ours.stderr, same.stderr)
+    assert ours.stdout.strip() and ours.stdout == same.stdout != bare.stdout, (ours.stdout, bare.stdout)
