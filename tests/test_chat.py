@@ -388,6 +388,32 @@ def test_save_never_overwrites_another_conversation(cli: CLI, home: Path) -> Non
     assert (home / "data" / "chats" / "keepme.json").read_text() == before
 
 
+def test_two_chats_resumed_on_one_conversation_both_keep_their_turns(cli: CLI, cli_env: dict[str, str],
+                                                                        home: Path) -> None:
+    """A chat on a terminal resumed on `shared` while a scripted chat resumed on it too saved a turn: the
+    terminal's next save found the file changed since it read it, and kept its turns as `shared-2`, saying so,
+    instead of writing over the other chat's turn."""
+    chats = home / "data" / "chats"
+    r = cli("chat", "shared", "-n", "4", "--temp", "0", input="First question.\n")
+    assert r.returncode == 0, r.stderr
+    child = spawn(cli_env, "--resume", "shared", "-n", "4", "--temp", "0")
+    other = cli("chat", "--resume", "shared", "-n", "4", "--temp", "0", input="From the script.\n")
+    assert other.returncode == 0, other.stderr
+    said = send(child, "From the terminal.", "shared-2")
+    assert "'shared' was saved by another chat since this one read it" in " ".join(said.split()), said
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+    def users(name: str) -> list[str]:
+        data = json.loads((chats / f"{name}.json").read_text())
+        return [m["content"] for m in data["messages"] if m["role"] == "user"]
+
+    assert users("shared") == ["First question.", "From the script."]
+    assert users("shared-2") == ["First question.", "From the terminal."]
+
+
 def test_undo_and_retry_edit_the_saved_conversation_and_the_log_keeps_every_answer(cli: CLI, home: Path) -> None:
     """chat.md: /undo drops the last exchange and /retry the answer it replaces, from the conversation and its
     file; the log keeps them."""

@@ -342,6 +342,10 @@ class ChatRunner:
             self.unsaved = why
             return None
         self.unsaved = None
+        if self.session.forked is not None:
+            self.warn(f"the conversation {self.session.forked!r} was saved by another chat since this one read it: "
+                      f"this chat's turns are kept as {self.session.name!r} (nothing was overwritten)")
+            self.session.forked = None
         return path
 
     def forget(self) -> None:

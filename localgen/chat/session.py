@@ -3,6 +3,7 @@ window, crash-safe saving."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -98,6 +99,9 @@ class ChatSession:
     auto_named: bool = False  # the name came from the clock: if taken meanwhile, the next free one is used
     summary: Summary | None = None  # the oldest messages folded by compaction (they stay in `messages`)
     compact: bool | None = None  # compaction chosen on (--compact, /set compact) or off; None: never chosen
+    # the file as this chat last read or wrote it (path, mtime_ns, size): another chat's save since is seen
+    seen: tuple[str, int, int] | None = field(default=None, compare=False, repr=False)
+    forked: str | None = None  # the name this chat left, its file saved by another chat since (said once)
 
     def conversation(self) -> list[Message]:
         """Messages as the template sees them, system prompt first."""
@@ -161,6 +165,9 @@ class ChatSession:
         chats started in the same second never write over each other."""
         self.updated = time.time()
         paths.private_dir(chats_dir())
+        if not self.fresh and self._changed_since_seen():  # another chat on the same conversation saved since
+            self.forked, self.fresh, self.auto_named = self.name, True, True  # its turns and ours are both kept
+            self.name = _next_name(self.name)
         claimed = self.fresh
         if claimed:
             self._claim()
@@ -174,6 +181,7 @@ class ChatSession:
                 os.fsync(f.fileno())
             os.replace(tmp, target)
             paths.fsync_dir(target.parent)
+            self.seen = _stamp(target)
         except BaseException:
             if claimed:  # a full disk: the empty file claimed is not left to read as a corrupt conversation
                 target.unlink(missing_ok=True)
@@ -182,6 +190,16 @@ class ChatSession:
         finally:
             tmp.unlink(missing_ok=True)
         return target
+
+    def _changed_since_seen(self) -> bool:
+        """Whether this conversation's file is not as this chat last read or wrote it: another chat resumed on
+        it has saved since (a file this chat never read, such as one /save was told to overwrite, is not)."""
+        if self.seen is None or self.seen[0] != str(self.path):
+            return False
+        try:
+            return _stamp(self.path) != self.seen
+        except OSError:  # gone (removed by hand): this chat's save makes it again
+            return False
 
     def _claim(self) -> None:
         """Create this conversation's file exclusively, taking the next free name if an automatic one was
@@ -224,12 +242,19 @@ class ChatSession:
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             raise LocalgenError(f"the saved conversation {path} is not in localgen's format") from None
+        with contextlib.suppress(OSError):  # removed this instant: nothing to compare a save with
+            session.seen = _stamp(path)
         try:
             settings.validate(session.settings)
         except UsageError as e:
             raise LocalgenError(f"the saved conversation {path} has a bad setting: {e.message}",
                                 hint="fix or remove it in the file; the file was left as it is") from None
         return session
+
+
+def _stamp(path: Path) -> tuple[str, int, int]:
+    st = path.stat()
+    return str(path), st.st_mtime_ns, st.st_size
 
 
 def _message(m: dict[str, Any]) -> Message:
