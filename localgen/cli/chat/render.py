@@ -32,6 +32,25 @@ def split_blocks(text: str) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
+def chat_markdown(text: str) -> Any:
+    """An answer as Markdown on the terminal, its single line breaks kept as breaks (a poem's lines, an address,
+    steps written one per line), as chat pages show them (and ours: serve/webui/markdown.js) where plain
+    Markdown would run them together into one line; a blank line still ends a paragraph."""
+    from rich.markdown import Markdown
+
+    md = Markdown(text, code_theme="monokai")
+
+    def keep_breaks(tokens: Any) -> None:
+        for token in tokens:
+            if token.type == "softbreak":
+                token.type = "hardbreak"
+            if token.children:
+                keep_breaks(token.children)
+
+    keep_breaks(md.parsed)
+    return md
+
+
 class PlainView:
     """Plain text: for pipes, --plain and NO_COLOR. Thinking is shown between markers, or hidden; calls and
     results go to `notice` (stderr when scripted)."""
@@ -167,9 +186,7 @@ class RichView:
 
     def _renderable(self, text: str) -> Any:
         if self.markdown:
-            from rich.markdown import Markdown
-
-            return Markdown(text, code_theme="monokai")
+            return chat_markdown(text)
         from rich.text import Text
 
         return Text(text)
