@@ -11,6 +11,8 @@ from pathlib import Path
 from localgen.errors import UsageError
 
 MAX_PROMPT_TEXT = 64 * 2**20  # a prompt's file or piped stdin: some 16 million tokens, past any context window
+CHARS_PER_TOKEN = 32  # no tokenizer makes fewer tokens than one per this many characters: a text longer than this
+# many per token of the window cannot fit it, and is refused before it is templated or tokenized
 
 
 def too_long(what: str) -> UsageError:

@@ -470,6 +470,26 @@ def test_a_file_line_that_never_ends_is_one_usage_error_after_the_lines_before_a
     assert [json.loads(x)["line"] for x in r.stdout.splitlines()] == [1], r.stdout
 
 
+def test_a_prompt_too_long_for_any_window_is_refused_by_its_size_before_it_is_templated(
+        cli: CLI, tmp_path: Path) -> None:
+    """Megabytes piped into `run`, or one such line of --file, are refused by their size against the window
+    (at least one token per 32 characters), naming both; it was "the model's chat template produced an
+    absurdly long prompt" past 4 million characters, blaming the model."""
+    huge = "word " * 1_000_000  # 5,000,000 characters
+    r = cli("run", "Summarize", "-n", "2", input=huge)
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    sent = len(huge) + len("\n\nSummarize")  # the piped text, a blank line, the question
+    assert r.stderr.startswith(f"localgen: error: the prompt is {sent:,} "
+                               "characters; the context window of 4,096 tokens holds at most 131,072 (shorten the "
+                               "prompt or raise --ctx"), r.stderr
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text(json.dumps({"prompt": huge}) + "\n" + json.dumps({"prompt": "Name a color."}) + "\n")
+    r = cli("run", "--file", str(lines), "-n", "2", "--temperature", "0")
+    assert r.returncode == 1 and r.stderr.startswith("localgen: line 1: the prompt is 5,000,000 characters; the "
+                                                     "context window of 4,096 tokens holds at most 131,072"), r.stderr
+    assert r.stdout.strip(), "the next line is answered"
+
+
 def test_ctrl_c_of_a_file_on_a_terminal_says_interrupted_on_a_line_of_its_own(
         cli_env: dict[str, str], tmp_path: Path) -> None:
     """On a terminal, which echoes Ctrl-C as `^C` after the last whole answer line, `interrupted` starts a line of

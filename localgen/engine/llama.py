@@ -263,18 +263,22 @@ class Engine:
         if not prompt.tokens:  # nothing to decode: llama.cpp would abort the process on the empty batch
             raise EmptyPrompt()
         if len(prompt.tokens) >= self.n_ctx:
-            trained = self.model.summary.context_length
-            if trained and self.n_ctx >= trained:  # a larger --ctx is capped here: it cannot help
-                hint = (f"shorten the prompt: the window is already the {trained:,} tokens this model was trained "
-                        "on; --rope-scaling linear stretches it, at some cost in quality")
-            else:
-                hint = "shorten the prompt or raise --ctx" + (f"; this model was trained on up to {trained:,}"
-                                                              if trained else "")
-            raise ContextOverflowError(
-                f"the prompt is {len(prompt.tokens):,} tokens; the context window is {self.n_ctx:,}", hint=hint)
+            raise self.overflow(f"the prompt is {len(prompt.tokens):,} tokens; the context window is {self.n_ctx:,}")
         if sampling.grammar:
             self.check_grammar(sampling.grammar)
         return Generation(self, prompt, sampling, started, drafter, draft_max, logprobs, held_before)
+
+    def overflow(self, message: str) -> ContextOverflowError:
+        """The error for a prompt past the window, with what can help: a larger --ctx up to the trained context,
+        else a shorter prompt (or RoPE scaling)."""
+        trained = self.model.summary.context_length
+        if trained and self.n_ctx >= trained:  # a larger --ctx is capped here: it cannot help
+            hint = (f"shorten the prompt: the window is already the {trained:,} tokens this model was trained "
+                    "on; --rope-scaling linear stretches it, at some cost in quality")
+        else:
+            hint = "shorten the prompt or raise --ctx" + (f"; this model was trained on up to {trained:,}"
+                                                          if trained else "")
+        return ContextOverflowError(message, hint=hint)
 
     def close(self) -> None:
         """Free the context, the model and the batch (idempotent)."""

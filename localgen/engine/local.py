@@ -67,6 +67,19 @@ class LocalBackend:
             return prompt
         return Prompt.text(self.engine.chat_tokens(template_messages(request.messages), **template_extra(request)))
 
+    def _check_size(self, request: GenerationRequest) -> None:
+        """A prompt whose text cannot fit the window whatever the tokenizer makes of it is refused by its size,
+        before the template writes it out or the tokenizer reads it (tens of megabytes piped in)."""
+        from localgen.media import text_of
+        from localgen.text import CHARS_PER_TOKEN
+
+        chars = len(request.prompt) if request.prompt is not None else sum(
+            len(text_of(m.get("content"))) for m in request.messages or ())
+        most = CHARS_PER_TOKEN * self.engine.n_ctx
+        if chars > most:
+            raise self.engine.overflow(f"the prompt is {chars:,} characters; the context window of "
+                                       f"{self.engine.n_ctx:,} tokens holds at most {most:,}")
+
     def render(self, request: GenerationRequest) -> str:
         """The prompt text the model sees (media as libmtmd's marker)."""
         if request.prompt is not None:
@@ -108,6 +121,7 @@ class LocalBackend:
         """A stream of the answer; the shared prefix comes from (or goes to) the prompt cache first."""
         self.check_generates()
         started = started if started is not None else time.perf_counter()
+        self._check_size(request)
         prompt = self.prompt(request)
         tokens = prompt.tokens
         cache = "skipped" if request.prompt_cache else "off"
@@ -151,6 +165,7 @@ class LocalBackend:
         def prepared() -> Iterator[Request]:
             for item in requests:
                 try:
+                    self._check_size(item.request)
                     prompt = self.prompt(item.request)
                 except LocalgenError as e:
                     on_done(Completion(item.index, "", f"error: {e.message}", 0, 0, 0.0, 0.0, item.seed))

@@ -18,10 +18,11 @@ from localgen.serve.apierror import HTTPError, http_error
 from localgen.serve.ask import flag, keep_alive, one_of
 from localgen.serve.jobs import EmbedJob, Failed
 from localgen.serve.jsonbody import read_json
-from localgen.serve.pipeline import CHARS_PER_TOKEN, check_prompt_size
+from localgen.serve.pipeline import check_prompt_size
 from localgen.serve.running import watch_disconnect
 from localgen.serve.served import Served
 from localgen.serve.state import ServeState
+from localgen.text import CHARS_PER_TOKEN
 
 MAX_INPUTS = 2048  # texts in one embeddings request (OpenAI's bound)
 NS = 1_000_000_000

@@ -28,6 +28,7 @@ from localgen.serve.schema import schema_grammar
 from localgen.serve.served import Served
 from localgen.serve.state import ServeState
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
+from localgen.text import CHARS_PER_TOKEN
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
 from localgen.types import GenerationRequest, Message, SamplingParams
@@ -40,7 +41,6 @@ EFFORT_BUDGETS = {"low": 1024, "medium": 4096}
 
 # No vocabulary here averages anywhere near this many characters a token: text longer than this many per
 # token of the window cannot fit, whatever the tokenizer does.
-CHARS_PER_TOKEN = 32
 
 
 @dataclass(frozen=True)
