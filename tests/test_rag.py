@@ -128,6 +128,9 @@ def test_scripted_chat_retrieves_for_each_question_and_keeps_the_excerpts(hcli: 
     saved = json.loads((Path(hcli.env["LOCALGEN_HOME"]) / "data" / "chats" / "ragchat.json").read_text())
     users = [m["content"] for m in saved["messages"] if m["role"] == "user"]
     assert users == prompts, "the conversation keeps each message as sent, excerpts and all"
+    listed = hcli("chat", "--list")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("ragchat"))
+    assert row.endswith(questions[0]) and "excerpts" not in row, row  # listed by its question, not the template
 
 
 def test_a_chat_searches_the_collection_as_it_is_when_asked(hcli: CLI, tmp_path: Path) -> None:

@@ -298,7 +298,10 @@ class SessionInfo:
 
 
 def list_sessions() -> list[SessionInfo]:
-    """Saved conversations, most recent first; unreadable files are skipped, never removed."""
+    """Saved conversations, most recent first, each previewed by its first question (a --rag chat's question, not
+    its excerpts); unreadable files are skipped, never removed."""
+    from localgen.embeddings.retrieve import asked
+
     out = []
     d = chats_dir()
     if not d.is_dir():
@@ -307,7 +310,7 @@ def list_sessions() -> list[SessionInfo]:
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
             msgs = data.get("messages") or []
-            first = text_of(next((m.get("content", "") for m in msgs if m.get("role") == "user"), ""))
+            first = asked(text_of(next((m.get("content", "") for m in msgs if m.get("role") == "user"), "")))
             out.append(SessionInfo(
                 name=p.stem, model=str(data.get("model", "")),
                 turns=sum(1 for m in msgs if m.get("role") == "user"),

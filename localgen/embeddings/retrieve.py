@@ -139,6 +139,13 @@ def rag_message(question: str, hits: Sequence[Hit]) -> str:
     return f"{RAG_INSTRUCTION}\n\n{excerpts}\n\nQuestion: {question}"
 
 
+def asked(message: str) -> str:
+    """The question a message asks: a rag_message's own question (after its excerpts), else the message."""
+    if message.startswith(RAG_INSTRUCTION) and "\n\nQuestion: " in message:
+        return message.rsplit("\n\nQuestion: ", 1)[1]
+    return message
+
+
 def fit(hits: Sequence[Hit], fits: Callable[[list[Hit]], bool]) -> list[Hit]:
     """The best hits whose message fits (`fits`: whether a message with these hits fits the window): the
     lowest-scoring are dropped first, down to none (the question alone, which the caller then checks)."""
