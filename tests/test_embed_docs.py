@@ -196,8 +196,15 @@ def test_a_folder_is_walked_into_chunks_with_path_ids(dcli: CLI, bert: str, tmp_
     r = dcli("embed", "-m", bert, "--store", "m", "--docs", "twin.md", cwd=tmp_path)
     assert "m: 1 file in 1 chunk: 0 embedded and stored, 1 unchanged" in r.stderr
     assert _ids(dcli, "m", tmp_path)[-1] == "twin.md#1"
-    r = dcli("collections", "rm", "m", "--id", "twin.md#1", "--id", "notes/b.md#1", cwd=tmp_path)
-    assert r.returncode == 0 and "m: removed 2 entries, 2 left" in r.stderr, r.stderr
+    # ... which is what the same file stored by another path looks like, so stderr says so
+    assert r.stderr.splitlines()[-1] == (
+        "warning: m: twin.md holds the same text as notes/b.md, stored already: the same file by another path? The "
+        "collection now has both; remove one with `localgen collections rm m --id ID`, or store the folder again "
+        "with --replace"), r.stderr
+    r = dcli("embed", "-m", bert, "--store", "m", "--docs", "b.md", cwd=tmp_path / "notes")
+    assert "b.md holds the same text as notes/b.md" in r.stderr or "as twin.md" in r.stderr, r.stderr
+    r = dcli("collections", "rm", "m", "--id", "twin.md#1", "--id", "notes/b.md#1", "--id", "b.md#1", cwd=tmp_path)
+    assert r.returncode == 0 and "m: removed 3 entries, 2 left" in r.stderr, r.stderr
 
 
 def test_chunks_hold_at_most_chunk_tokens_of_the_models_own(dcli: CLI, bert: str, tmp_path: Path) -> None:
@@ -240,6 +247,7 @@ def test_storing_a_file_again_replaces_its_chunks(dcli: CLI, bert: str, tmp_path
     r = dcli(*args, "notes/a.md", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "n: 1 file in 2 chunks: 1 embedded and stored, 1 unchanged, 1 removed" in r.stderr
+    assert "warning" not in r.stderr, "a file's own chunks taking their stored vectors are no copy"
     texts = _texts(dcli, "n", tmp_path)
     assert sorted(texts) == ["notes/a.md#1", "notes/a.md#2", "notes/b.md#1", "notes/sub/c.txt#1",
                              "notes/sub/link.md#1"], \

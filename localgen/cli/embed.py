@@ -409,6 +409,11 @@ def run_embed(f: EmbedArgs) -> None:
         removed = f", {gone:,} removed" if f.replace or gone else ""
         cut = f" {plural(len(docs), 'file')} in {plural(len(items), 'chunk')}:" if f.docs else ""
         err.line(f"{f.store}:{cut} {len(todo):,} embedded and stored, {len(skip) + len(reused):,} unchanged{removed}")
+        if f.docs and reused:  # a document's texts came from another: the same file by another path?
+            for copy, other in collections.copies(f.store, [d for d, _ in docs]).items():
+                err.warn(f"{f.store}: {copy} holds the same text as {other}, stored already: the same file by "
+                         f"another path? The collection now has both; remove one with `localgen collections rm "
+                         f"{f.store} --id ID`, or store the folder again with --replace")
         return
     data = [{"id": i, "embedding": collections.b64(v.vector) if f.fmt == "base64" else v.vector, "tokens": v.tokens}
             for (i, _), v in zip(todo, vectors, strict=True)]

@@ -264,6 +264,29 @@ def put(name: str, rows: list[tuple[str, str, list[float] | bytes]], keep: Itera
             return gone
 
 
+def copies(name: str, files: Iterable[str]) -> dict[str, str]:
+    """Of documents stored in chunks (ids FILE#N), each one whose every chunk's text the collection also holds
+    under another document's ids, and that document (the same file stored by another path: `notes/a.md` and
+    `a.md`, which are two documents to the collection)."""
+    wanted = set(files)
+    if not wanted:
+        return {}
+    hashes: dict[str, set[str]] = {}  # document → its chunks' texts
+    holders: dict[str, set[str]] = {}  # text → the documents holding it
+    with _db(create=True) as db:  # called after a store: it is there
+        for ident, h in db.conn.execute(
+                "SELECT id, content_hash FROM embeddings WHERE collection = ? AND instr(id, '#') > 0", (name,)):
+            doc = ident.rpartition("#")[0]
+            hashes.setdefault(doc, set()).add(h)
+            holders.setdefault(h, set()).add(doc)
+    out = {}
+    for doc in sorted(wanted & hashes.keys()):
+        others = set.intersection(*(holders[h] - {doc} for h in hashes[doc]))
+        if others:
+            out[doc] = min(others)
+    return out
+
+
 def _stale_chunks(conn: sqlite3.Connection, name: str, files: Iterable[str], given: set[str]) -> list[str]:
     """The ids FILE#N (N digits) of these files that are not in `given`: chunks a file no longer yields."""
     wanted = set(files)
