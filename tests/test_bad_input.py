@@ -158,3 +158,16 @@ def test_cp_suggests_pull_only_for_what_pull_can_fetch(cli_in_process: InProcess
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and f"FROM {base}:" in r.stderr, r.stderr
     assert (hint in r.stderr) if hint else ("(" not in r.stderr), r.stderr
     assert ("localgen pull" in r.stderr) == (hint is not None and "pull it first" in hint), r.stderr
+
+
+def test_a_model_given_where_ollama_puts_it_gets_a_hint_to_name_it_with_m(cli_in_process: InProcessCLI) -> None:
+    """`localgen run MODEL PROMPT` and `localgen chat MODEL`, as `ollama run` is typed: a usage error whose hint
+    names -m; a prompt of two words with no model-like first one gets none."""
+    r = cli_in_process("run", "smollm2:135m", "Why is the sky blue?", "-n", "4")
+    assert r.returncode == 2 and r.stderr.endswith(
+        "(the model is named with -m: localgen run -m smollm2:135m \"PROMPT\")\n"), r.stderr
+    r = cli_in_process("chat", "smollm2:135m", input="hi\n")
+    assert r.returncode == 2 and r.stderr.endswith(
+        "(to chat with the model smollm2:135m: localgen chat -m smollm2:135m)\n"), r.stderr
+    r = cli_in_process("run", "hello", "world")
+    assert r.returncode == 2 and "-m" not in r.stderr, r.stderr

@@ -31,8 +31,10 @@ def chats_dir() -> Path:
 def check_name(name: str) -> str:
     """A conversation name is a plain file-name-safe word; anything else is a usage error."""
     if not _NAME.fullmatch(name):  # `$` alone would take a name ending in a newline
+        model = ":" in name or "/" in name  # `ollama run MODEL` habit: the model given where the name goes
         raise UsageError(f"bad conversation name {name!r}: use at most 64 letters, digits, '.', '_' or '-', "
-                         "beginning with a letter or digit")
+                         "beginning with a letter or digit",
+                         hint=f"to chat with the model {name}: localgen chat -m {name}" if model else None)
     return name
 
 

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         message = e.format_message() if hasattr(e, "format_message") else str(e)
         if message.strip():  # empty for "no arguments": the help was already printed
-            err.error(f"{message}{where}")
+            err.error(f"{message}{where}", _model_first(args, message))
         rc = getattr(e, "exit_code", 2)
     except LocalgenError as e:
         if debug:
@@ -214,3 +214,18 @@ def describe_os_error(e: OSError) -> str:
     if e.errno == errno.ENOENT:
         return f"cannot read {os.fsdecode(path)}: {reason}"
     return f"{os.fsdecode(path)}: {reason}"
+
+
+def _model_first(args: list[str], message: str) -> str | None:
+    """A hint for `localgen run MODEL PROMPT` (Ollama's `ollama run MODEL PROMPT`): the model goes after -m."""
+    import re
+    import shlex
+
+    positional = [a for a in args[1:] if not a.startswith("-")]
+    if args[:1] != ["run"] or not message.startswith("Got unexpected extra argument") or len(positional) < 2:
+        return None
+    model = positional[0]
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)*(:[\w.@-]+)?", model) or not (":" in model or "/" in model or
+                                                                      model.endswith(".gguf")):
+        return None
+    return f"the model is named with -m: localgen run -m {shlex.quote(model)} \"PROMPT\""
