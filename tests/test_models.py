@@ -334,6 +334,8 @@ def test_offline_and_unreachable(env: dict[str, str], hub: hub_server.FakeHub) -
     r = lg(dead, "pull", f"{REPO}:Q4_1")
     assert r.returncode == 1 and "--offline" in r.stderr
     assert "cannot reach the Hub at http://127.0.0.1:9: connection refused" in r.stderr, r.stderr  # not ConnectError
+    assert r.stderr.endswith("(`localgen list` shows the models already here, which --offline uses without the "
+                             "Hub)\n"), r.stderr  # one pair of brackets, and nothing pull could do with --offline
     online = lg(env, "pull", f"{REPO}:Q4_1")
     assert online.returncode == 0
     asked = len(hub.requests)

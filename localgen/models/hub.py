@@ -126,7 +126,7 @@ def list_repo(repo: str, revision: str = "main") -> RepoListing:
             if attempt + 1 == RETRIES:
                 raise HubUnreachableError(
                     f"cannot reach the Hub at {endpoint()}: {connection_reason(e)}",
-                    hint="use --offline to run models already in the cache (localgen list)",
+                    hint="`localgen list` shows the models already here, which --offline uses without the Hub",
                 ) from None
         time.sleep(0.5 * 2**attempt)
     commit = info.sha or ""
