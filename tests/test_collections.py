@@ -163,7 +163,11 @@ def test_rm_removes_whole_collections_and_checks_every_name_first(hcli: CLI, ber
     assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "no collection named 'nope' (there are: args, keep, notes)" in r.stderr, r.stderr
     assert [c["entries"] for c in _listed(hcli)] == [2, 1, 3], "an unknown name removes nothing"
-    r = hcli("collections", "rm", "notes", "args")
+    r = hcli("collections", "rm", "notes", "args")  # not on a terminal: only with --yes, as rm does
+    assert r.returncode == 2 and r.stderr == ("localgen: error: would remove the collections notes (3 entries), args "
+                                              "(2 entries); pass --yes to confirm when not on a terminal\n"), r.stderr
+    assert [c["entries"] for c in _listed(hcli)] == [2, 1, 3]
+    r = hcli("collections", "rm", "notes", "args", "--yes")
     assert r.returncode == 0 and r.stdout == "", r.stderr
     assert r.stderr.splitlines() == ["removed the collection notes (3 entries)",
                                      "removed the collection args (2 entries)"]
@@ -179,6 +183,22 @@ def test_rm_removes_whole_collections_and_checks_every_name_first(hcli: CLI, ber
         ("keep", "tiny-bert.gguf", 64), ("notes", "smollm2:135m", 32)]
     r = hcli("collections", "rm")
     assert r.returncode == 2 and "Missing argument" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_rm_on_a_terminal_asks_first_and_a_no_keeps_the_collection(hcli: CLI, bert: str) -> None:
+    import pexpect
+
+    from tests import terminal
+
+    _store(hcli, bert, "notes", input="\n".join(LINES) + "\n")
+    for answer, status in (("n", 1), ("y", 0)):
+        child = terminal.spawn(hcli.env, ["collections", "rm", "notes"])
+        child.expect_exact("Remove the collection notes (3 entries)? [y/N]")
+        child.sendline(answer)
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == status, (answer, child.before)
+        assert [c["name"] for c in _listed(hcli)] == (["notes"] if answer == "n" else [])
 
 
 def test_rm_id_removes_only_those_entries_and_an_unknown_id_removes_none(hcli: CLI, bert: str) -> None:
@@ -277,7 +297,8 @@ def test_rm_and_replace_wait_for_another_writer(hcli: CLI, bert: str) -> None:
     with closing(sqlite3.connect(_db(hcli), isolation_level=None)) as conn:
         conn.execute("BEGIN IMMEDIATE")  # the write lock, held
         conn.execute("UPDATE embeddings SET updated = updated WHERE collection = 'notes'")
-        procs = [hcli.popen("collections", "rm", "gone", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        procs = [hcli.popen("collections", "rm", "gone", "--yes", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True),
                  hcli.popen("embed", "-m", bert, "--store", "notes", "--replace", LINES[0], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
         listed = hcli("collections", "--json")  # readers never wait in WAL
@@ -309,7 +330,7 @@ def test_the_new_commands_on_a_damaged_database_are_one_line(hcli: CLI, bert: st
     for suffix in ("-wal", "-shm"):
         Path(str(db) + suffix).unlink(missing_ok=True)
     db.write_bytes(b"not a database at all " * 200)
-    for args in (["collections"], ["collections", "--json"], ["collections", "rm", "notes"],
+    for args in (["collections"], ["collections", "--json"], ["collections", "rm", "notes", "--yes"],
                  ["collections", "rm", "notes", "--id", "1"],
                  ["embed", "-m", bert, "x", "--store", "notes", "--replace"]):
         r = hcli(*args)

@@ -211,7 +211,7 @@ def test_a_store_removed_while_serving_is_gone_and_its_paths_say_what_is_served(
     itself and its search that names no collection the server does not offer; a store's other paths: a GET of
     its search is a 405, its files a 404 that says where a collection is changed."""
     auth = {"Authorization": f"Bearer {KEY}"}
-    r = CLI(home_env)("collections", "rm", "removed")
+    r = CLI(home_env)("collections", "rm", "removed", "--yes")
     assert r.returncode == 0, r.stderr
     listed = httpx.get(f"{server.url}/v1/vector_stores", headers=auth, timeout=30).json()
     assert "removed" not in [d["id"] for d in listed["data"]] and len(listed["data"]) == 3

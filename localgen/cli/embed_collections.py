@@ -136,8 +136,11 @@ def rm(
                      help="Remove only this entry of the one collection named (repeat for more); the collection "
                           "stays, even empty."),
     ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove whole collections without asking (needed when "
+                                                           "not on a terminal).")] = False,
 ) -> None:
-    """Remove collections with their entries (or some entries, --id); an unknown name or id removes nothing."""
+    """Remove collections with their entries (or some entries, --id); an unknown name or id removes nothing. A
+    whole collection is asked about first, as `rm` asks about a model: its vectors took the model's time."""
     from localgen.cli.output import ErrWriter
     from localgen.embeddings import store
     from localgen.errors import UsageError
@@ -149,8 +152,30 @@ def rm(
         removed, left = store.remove_ids(names[0], ids, waiting=err.line)
         err.line(f"{names[0]}: removed {_entries(removed)}, {left:,} left")
         return
+    if not yes:
+        _confirm(names)
     for name, count in store.remove(names, waiting=err.line).items():
         err.line(f"removed the collection {name} ({_entries(count)})")
+
+
+def _confirm(names: list[str]) -> None:
+    """Ask before removing whole collections (or want --yes when not on a terminal); a no is exit 1. Unknown
+    names are the usual error first, nothing asked or removed."""
+    import sys
+
+    from localgen.embeddings import store
+    from localgen.errors import UsageError
+
+    known = {c.name: c.entries for c in store.listing()}
+    if any(n not in known for n in names):
+        return  # store.remove names the unknown one, removing nothing
+    wanted = list(dict.fromkeys(names))
+    what = ", ".join(f"{n} ({_entries(known[n])})" for n in wanted)
+    what = f"the collection{'s' if len(wanted) > 1 else ''} {what}"
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise UsageError(f"would remove {what}; pass --yes to confirm when not on a terminal")
+    if not typer.confirm(f"Remove {what}?", default=False, err=True):
+        raise typer.Exit(1)
 
 
 def _entries(n: int) -> str:
