@@ -289,6 +289,35 @@ def test_an_interrupted_replace_run_removes_nothing(hcli: CLI, tmp_path: Path) -
     assert _held(hcli, "notes") == before
 
 
+def test_ctrl_c_keeps_what_was_embedded_and_the_same_command_embeds_the_rest(hcli: CLI, tmp_path: Path) -> None:
+    """On a terminal a long --store run says how far it is; Ctrl-C stores what was embedded (whole steps of 64
+    texts), says so, and exits 130; the same command again embeds only the rest."""
+    import re
+
+    import pexpect
+
+    from tests import terminal
+
+    texts = tmp_path / "long.jsonl"  # SmolLM2, some 30 tokens a text: seconds a step of 64 on one thread
+    texts.write_text("".join(json.dumps({"id": f"t{i}", "text": f"note {i}: " + "a longer line of text " * 6})
+                             + "\n" for i in range(128)))
+    child = terminal.spawn(hcli.env, ["embed", "--store", "big", "--file", str(texts)], timeout=SAFETY_NET_S)
+    child.expect_exact("embedding: 64 of 128")  # the second step under way
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    child.close()
+    said = " ".join(str(child.before).split())
+    assert child.exitstatus == 130, said
+    kept = re.search(r"big: ([\d,]+) of 128 embedded and stored before Ctrl-C; the same command again embeds the "
+                     r"rest", said)
+    assert kept is not None and "interrupted" in said, said
+    n = int(kept.group(1))
+    assert n == 64 and len(_held(hcli, "big")) == n, (n, len(_held(hcli, "big")))
+    r = hcli("embed", "--store", "big", "--file", str(texts))
+    assert r.returncode == 0 and r.stderr == "big: 64 embedded and stored, 64 unchanged\n", r.stderr
+    assert len(_held(hcli, "big")) == 128
+
+
 def test_rm_and_replace_wait_for_another_writer(hcli: CLI, bert: str) -> None:
     """Writers wait for each other (WAL, a busy timeout): rm and a replace run started while another
     connection holds the write lock finish once it lets go, and reading goes on meanwhile."""

@@ -388,11 +388,21 @@ def run_embed(f: EmbedArgs) -> None:
             todo = [(i, t) for i, t in items if i not in skip and i not in reused]
         else:
             skip, todo = set(), items
-        vectors = backend.embed([t for _, t in todo], f.pooling, f.normalize, f.dimensions, f.truncate)
+        vectors: list[Any] = []
+        interrupted = False
+        try:
+            _embed_steps(backend, [t for _, t in todo], f, vectors)
+        except KeyboardInterrupt:
+            if not (f.store and vectors) or f.replace:  # --replace: the collection as it was, or as asked
+                raise
+            interrupted = True  # what was embedded is stored below, then the interrupt goes on
         embedder = backend.embedder(f.pooling)
         pooling, size = embedder.pooling, embedder.n_embd
     finally:
         backend.close()
+    if f.store and interrupted:
+        _store_part(f, name, pooling, todo, vectors, [(i, t, reused[i]) for i, t in items if i in reused])
+        raise KeyboardInterrupt
     if f.store:
         dims = len(vectors[0].vector) if vectors else (f.dimensions or size)
         # checked even when every text is unchanged: another model's run must neither store nor remove
@@ -443,6 +453,46 @@ def _documents(f: EmbedArgs) -> list[tuple[str, str]]:
     if f.chunk_overlap is not None and f.chunk_overlap >= limit:
         raise UsageError(f"--chunk-overlap {f.chunk_overlap:,} must be less than --chunk-tokens ({limit:,})")
     return documents.read(f.texts)
+
+
+STEP = 64  # texts embedded at a time: how far it is shows on a terminal, and Ctrl-C with --store keeps them
+
+
+def _embed_steps(backend: Any, texts: list[str], f: EmbedArgs, done: list[Any]) -> None:
+    """Embed the texts into `done`, STEP at a time (so an interrupt leaves what was embedded there), saying how far
+    on stderr when it is a terminal and there is more than one step."""
+    err = sys.stderr
+    show = err is not None and err.isatty() and len(texts) > STEP
+    try:
+        for start in range(0, len(texts), STEP):
+            done += backend.embed(texts[start:start + STEP], f.pooling, f.normalize, f.dimensions, f.truncate)
+            if show:
+                err.write(f"\rembedding: {len(done):,} of {len(texts):,}")
+                err.flush()
+    finally:
+        if show:
+            err.write("\r\033[K")  # the progress line goes; what follows starts the line
+            err.flush()
+
+
+def _store_part(f: EmbedArgs, model: str, pooling: str, todo: list[tuple[str, str]], vectors: list[Any],
+                reused: list[tuple[str, str, bytes]]) -> None:
+    """After Ctrl-C: store what was embedded, and the texts that take a stored vector (nothing removed: a run that
+    ends removes the stale entries), so that the same command again embeds only the rest (stored texts are
+    unchanged ones)."""
+    from localgen.cli.output import ErrWriter
+    from localgen.embeddings import store as collections
+
+    assert f.store is not None
+    err = ErrWriter()
+    dims = len(vectors[0].vector)
+    collections.ensure(collections.Collection(f.store, model, f.model, pooling, dims, f.normalize),
+                       waiting=err.line)
+    rows: list[tuple[str, str, list[float] | bytes]] = [
+        (i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=False)]
+    collections.put(f.store, rows + list(reused), waiting=err.line)
+    err.line(f"{f.store}: {len(vectors):,} of {len(todo):,} embedded and stored before Ctrl-C; the same command "
+             "again embeds the rest")
 
 
 def _chunked(f: EmbedArgs, backend: Any, docs: list[tuple[str, str]]) -> list[tuple[str, str]]:
