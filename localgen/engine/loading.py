@@ -51,6 +51,11 @@ def error(ref: ModelRef, what: str) -> ModelLoadError:
             log=logs.lines(),
         )
     detail = reason or what
+    if ref.source == "ollama":  # often a GGUF of Ollama's own conversion: the model by its name, and what loads
+        from localgen.models.ollamastore import refused_hint
+
+        return ModelLoadError(f"llama.cpp could not load {ref.name} ({path}): {detail}", hint=refused_hint(ref.name),
+                              log=logs.lines())
     if "unknown model architecture" in detail:
         arch = ref.summary.architecture
         return ModelLoadError(
