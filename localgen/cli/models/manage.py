@@ -396,7 +396,7 @@ def rm(
 ) -> None:
     """Remove a model's files from the cache; a blob another cached model still uses is kept. A preset: only
     the preset goes, never its base model's files. Ollama's and LM Studio's models are refused: their own tool
-    removes them."""
+    removes them (a preset named ollama:X or lmstudio:X made before those names meant their stores is removed)."""
     from localgen.models import names, presets, store
     from localgen.models.resolve import embedded_model, target
 
