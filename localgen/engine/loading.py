@@ -52,10 +52,13 @@ def error(ref: ModelRef, what: str) -> ModelLoadError:
         )
     detail = reason or what
     if ref.source == "ollama":  # often a GGUF of Ollama's own conversion: the model by its name, and what loads
-        from localgen.models.ollamastore import refused_hint
-
-        return ModelLoadError(f"llama.cpp could not load {ref.name} ({path}): {detail}", hint=refused_hint(ref.name),
-                              log=logs.lines())
+        # (models/ollamastore.py's refused_hint says the same; the engine does not import models)
+        pull = f"`ollama pull {ref.name[len('ollama:'):]}` fetches it again if it is damaged; " if (
+            ref.name.startswith("ollama:")) else ""  # a preset of the model: its own name
+        return ModelLoadError(f"llama.cpp could not load {ref.name} ({path}): {detail}",
+                              hint=f"{pull}some of Ollama's library models are Ollama's own conversion, which "
+                                   "llama.cpp cannot load: run the same model's GGUF from Hugging Face "
+                                   "(localgen run -m OWNER/REPO)", log=logs.lines())
     if "unknown model architecture" in detail:
         arch = ref.summary.architecture
         return ModelLoadError(
