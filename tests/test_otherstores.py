@@ -17,6 +17,7 @@ import pytest
 
 from tests import tiny_lora
 from tests.conftest import CLI, ROOT, InProcessCLI
+from tests.gguf_edit import rewrite_strings
 from tests.test_serve import Server
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -318,3 +319,178 @@ def test_a_chat_on_an_ollama_model_starts_with_its_system_prompt(lg: CLI) -> Non
     bare = lg("chat", "-m", "smollm2:135m", "-n", "12", "--temp", "0", input=PROMPT + "\n")
     assert ours.returncode == 0 and same.returncode == 0, (ours.stderr, same.stderr)
     assert ours.stdout.strip() and ours.stdout == same.stdout != bare.stdout, (ours.stdout, bare.stdout)
+
+
+# ---- the red team's findings (each test fails on the code before its fix) ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def odd(store: OllamaStore, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> OllamaStore:
+    """Names and layers the first fixture has not: a model called `ollama`, a host with a port, a blob that is a
+    folder, a damaged params layer, two model layers, a system prompt on a GGUF without a chat template, a GGUF
+    llama.cpp cannot load."""
+    model = store.blob(MEDIA + "model", smollm2_path)
+    store.manifest("ollama:smol", [model])  # manifests/registry.ollama.ai/library/ollama/smol
+    store.manifest("y:z", [model], host="localhost:5000", namespace="x")
+    folder = store.blob(MEDIA + "system", b"a folder's digest")
+    blob = store.root / "blobs" / folder["digest"].replace(":", "-")
+    blob.unlink()
+    blob.mkdir()
+    (blob / "x").write_bytes(b"x" * 16)
+    store.manifest("folder:1", [model, {**folder, "size": blob.stat().st_size}])
+    store.manifest("badparams:1", [model, store.blob(MEDIA + "params", b"{ not json")])
+    lora = tiny_lora.build(smollm2_path, tmp_path_factory.mktemp("lora2") / "first.gguf")
+    store.manifest("twomodel:1", [store.blob(MEDIA + "model", lora), model])
+    d = tmp_path_factory.mktemp("gguf")
+    plain = rewrite_strings(smollm2_path, d / "plain.gguf", {"tokenizer.chat_template": None})
+    store.manifest("plain:1", [store.blob(MEDIA + "model", plain), store.blob(MEDIA + "system", SYSTEM.encode())])
+    with open(smollm2_path, "rb") as f:
+        (d / "cut.gguf").write_bytes(f.read(20_000_000))
+    store.manifest("cut:1", [store.blob(MEDIA + "model", d / "cut.gguf")])
+    alien = rewrite_strings(smollm2_path, d / "alien.gguf", {"general.architecture": "frobnicator"})
+    store.manifest("alien:1", [store.blob(MEDIA + "model", alien)])
+    return store
+
+
+def test_a_model_called_ollama_is_itself_and_a_third_part_is_a_usage_error(lg_in: InProcessCLI,
+                                                                           odd: OllamaStore) -> None:
+    """ollama: is taken off once: `ollama:ollama:smol` is Ollama's model ollama:smol, never smol:latest."""
+    doc = _json(lg_in("show", "ollama:ollama:smol", "--json"))
+    assert doc["name"] == "ollama:ollama:smol"
+    r = lg_in("show", "ollama:ollama:smol:latest")
+    assert r.returncode == 2 and "is not an Ollama model name" in r.stderr, r.stderr
+
+
+def test_a_registry_host_with_a_port_is_listed_and_resolves(lg_in: InProcessCLI, odd: OllamaStore) -> None:
+    items = {i["name"] for i in _json(lg_in("list", "--json"))}
+    assert "ollama:localhost:5000/x/y:z" in items
+    doc = _json(lg_in("show", "ollama:localhost:5000/x/y:z", "--json"))
+    assert doc["name"] == "ollama:localhost:5000/x/y:z" and doc["architecture"] == "llama"
+    long_total = "ollama:" + "/".join(["h" * 70, "n" * 70, "m" * 70]) + ":t"  # over 128, each part under 80
+    r = lg_in("show", long_total)
+    assert r.returncode == 1 and "no Ollama model" in r.stderr, r.stderr
+    r = lg_in("show", "ollama:" + "m" * 81)
+    assert r.returncode == 2 and "is not an Ollama model name" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("args", "rc", "says"), [
+    (("show", "ollama:-x"), 2, "is not an Ollama model name"),
+    (("show", "ollama:x/-y"), 2, "is not an Ollama model name"),
+    (("pull", "ollama:../x"), 2, "is not an Ollama model name"),
+    (("rm", "ollama:notthere", "--yes"), 1, "no Ollama model notthere:latest"),
+    (("rm", "lmstudio:acme/none", "--yes"), 1, "no LM Studio model acme/none"),
+    (("show", "ollama:folder:1"), 1, "is not a file"),
+])
+def test_names_ollama_would_not_take_and_missing_models_say_so(lg_in: InProcessCLI, odd: OllamaStore,
+                                                               args: tuple[str, ...], rc: int, says: str) -> None:
+    """docs/models.md: a name Ollama would not take is a usage error; rm of a model not there says so."""
+    r = lg_in(*args)
+    assert r.returncode == rc and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_list_hides_an_ollama_model_run_refuses_and_show_names_the_damage(lg_in: InProcessCLI,
+                                                                         odd: OllamaStore) -> None:
+    items = {i["name"] for i in _json(lg_in("list", "--json"))}
+    assert "ollama:badparams:1" not in items and "ollama:folder:1" not in items
+    r = lg_in("show", "ollama:badparams:1")
+    assert r.returncode == 1 and "the params layer of ollama:badparams:1" in r.stderr and "not JSON" in r.stderr
+    assert "`ollama pull badparams:1` fetches it again" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_of_two_model_layers_the_last_is_the_model(lg_in: InProcessCLI, odd: OllamaStore, smollm2_path: Path) -> None:
+    doc = _json(lg_in("show", "ollama:twomodel:1", "--json"))
+    assert doc["sha256"] == hashlib.sha256(smollm2_path.read_bytes()).hexdigest()
+
+
+def test_a_system_prompt_on_a_model_without_a_chat_template_is_said_once(lg: CLI, odd: OllamaStore) -> None:
+    r = lg("run", "-m", "ollama:plain:1", "-p", PROMPT, "-n", "2", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if "not used: the model has no chat template" in line]
+    assert len(said) == 1 and "ollama:plain:1" in said[0] and "system prompt" in said[0], r.stderr
+
+
+@pytest.mark.parametrize("name", ["cut:1", "alien:1"])
+def test_a_gguf_llama_cpp_cannot_load_is_one_line_naming_the_model(lg: CLI, odd: OllamaStore, name: str) -> None:
+    """docs/models.md: a GGUF llama.cpp refuses (truncated; an architecture it does not know, as Ollama's own
+    conversions have) is one line naming the model and pointing at the same model's GGUF on Hugging Face."""
+    r = lg("run", "-m", f"ollama:{name}", "-p", PROMPT, "-n", "2")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and f"ollama:{name}" in r.stderr, r.stderr
+    assert f"`ollama pull {name}`" in r.stderr and "GGUF from Hugging Face" in r.stderr, r.stderr
+
+
+def test_a_preset_named_ollama_before_is_shadowed_copied_and_removed(lg_in: InProcessCLI, tmp_path: Path) -> None:
+    """A preset made as `ollama:old` before ollama: named Ollama's store: run says it is shadowed and how to rename
+    it, cp copies it, rm removes it."""
+    (tmp_path / "Modelfile").write_text("FROM smollm2:135m\nPARAMETER top_k 5\n")
+    assert lg_in("create", "tobeold", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    folder = Path(lg_in.env["LOCALGEN_HOME"] or "") / "data" / "presets"
+    doc = json.loads((folder / "tobeold.json").read_text())
+    (folder / "tobeold.json").unlink()
+    (folder / "ollama@old.json").write_text(json.dumps({**doc, "name": "ollama:old"}))
+    r = lg_in("run", "-m", "ollama:old", "-p", PROMPT, "-n", "1")
+    assert r.returncode == 1 and "your preset ollama:old is shadowed" in r.stderr, r.stderr
+    assert "localgen cp ollama:old NEWNAME" in r.stderr, r.stderr
+    r = lg_in("cp", "ollama:old", "newold")
+    assert r.returncode == 0, r.stderr
+    try:
+        assert _json(lg_in("show", "newold", "--json"))["preset"]["settings"] == {"top_k": 5}
+    finally:
+        assert lg_in("rm", "newold", "--yes").returncode == 0
+    r = lg_in("rm", "ollama:old", "--yes")
+    assert r.returncode == 0 and "removed the preset ollama:old" in r.stdout, r.stderr
+    assert not (folder / "ollama@old.json").exists()
+
+
+def test_fit_names_an_ollama_model_s_num_ctx_as_its_params(lg_in: InProcessCLI) -> None:
+    r = lg_in("fit", "-m", "ollama:smollm2:135m")
+    assert r.returncode == 0, r.stderr
+    assert "its Ollama params' num_ctx" in r.stdout and "preset" not in r.stdout, r.stdout
+
+
+def test_show_of_a_preset_from_an_ollama_model_gives_what_it_keeps(lg_in: InProcessCLI, tmp_path: Path) -> None:
+    (tmp_path / "Modelfile").write_text("FROM ollama:smollm2:135m\n")
+    assert lg_in("create", "ollamakeeps", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    try:
+        lines = lg_in("show", "ollamakeeps").stdout.splitlines()
+        kept = next(line for line in lines if line.startswith("from its base "))
+        assert "temperature 0" in kept and "top_k 7" in kept and "context 1024" in kept, lines
+        doc = _json(lg_in("show", "ollamakeeps", "--json"))["preset"]
+        assert doc["inherited"]["top_k"] == 7 and doc["inherited_context"] == 1024 and doc["settings"] == {}
+    finally:
+        assert lg_in("rm", "ollamakeeps", "--yes").returncode == 0
+
+
+def test_serve_finds_an_ollama_model_by_any_spelling_of_its_name(server: Server, lg_in: InProcessCLI,
+                                                                 odd: OllamaStore) -> None:
+    """A request's ollama:NAME is compared as Ollama's canonical name: no tag (latest), case, library/; /api/show's
+    modelfile is `show --modelfile`'s."""
+    for name in ("ollama:hf.co/acme/seer", "OLLAMA:HF.co/Acme/Seer:latest", "ollama:library/smollm2:135m",
+                 "ollama:SmolLM2:135M"):
+        r = httpx.post(f"{server.url}/api/chat", timeout=600, json={
+            "model": name, "stream": False, "options": {"num_predict": 2},
+            "messages": [{"role": "user", "content": PROMPT}]})
+        assert r.status_code == 200, (name, r.text)
+        r = httpx.post(f"{server.url}/api/show", timeout=60, json={"model": name})
+        assert r.status_code == 200, (name, r.text)
+    assert httpx.get(f"{server.url}/v1/models/ollama:hf.co/acme/seer", timeout=60).status_code == 200
+    shown = httpx.post(f"{server.url}/api/show", timeout=60, json={"model": "ollama:smollm2:135m"}).json()
+    cli = lg_in("show", "ollama:smollm2:135m", "--modelfile").stdout
+    assert shown["modelfile"] == cli and "PARAMETER num_ctx 1024" in cli, (shown["modelfile"], cli)
+
+
+def test_serve_m_an_untagged_ollama_name_answers_it(env: dict[str, str]) -> None:
+    """`serve -m ollama:NAME` serves ollama:NAME:latest; a request for the name as given (or its other spellings)
+    is that model, not a 404."""
+    s = Server(env, "--ctx", "512", "-m", "ollama:hf.co/acme/seer")
+    try:
+        for name in ("ollama:hf.co/acme/seer", "ollama:HF.co/acme/seer:Latest", "ollama:hf.co/acme/seer:latest"):
+            r = httpx.post(f"{s.url}/v1/chat/completions", timeout=600, json={
+                "model": name, "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]})
+            assert r.status_code == 200, (name, r.text)
+        r = httpx.post(f"{s.url}/v1/chat/completions", timeout=600, json={
+            "model": "ollama:hf.co/acme/other", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]})
+        assert r.status_code == 404, r.text
+    finally:
+        assert s.stop() == 0

@@ -75,7 +75,15 @@ def fit(
     if json_out:
         print(json.dumps(doc))
         return
-    _print(doc, _why(plan, asked, asked_by))
+    # an Ollama model's num_ctx is its params layer's, not a preset's (JSON's asked_by stays "preset")
+    said_by = "ollama" if asked_by == "preset" and ref.source == "ollama" and not _is_preset(model) else asked_by
+    _print(doc, _why(plan, asked, said_by))
+
+
+def _is_preset(name: str | None) -> bool:
+    from localgen.models import presets
+
+    return name is not None and presets.exists(name)
 
 
 def machine_for(gpu_memory: str | None, ram: str | None) -> Any:
@@ -235,9 +243,10 @@ def _why(plan: Any, asked: int | None, asked_by: str | None) -> str:
             return "the training context"
         return "the largest that fits" if plan.whole else done[-1]
     if not done:
-        return {"preset": "the preset's num_ctx", "LOCALGEN_CTX": "as LOCALGEN_CTX asks"}.get(asked_by or "",
-                                                                                             "as asked")
-    by = {"preset": " by the preset", "LOCALGEN_CTX": " by LOCALGEN_CTX"}.get(asked_by or "", "")
+        return {"preset": "the preset's num_ctx", "ollama": "its Ollama params' num_ctx",
+                "LOCALGEN_CTX": "as LOCALGEN_CTX asks"}.get(asked_by or "", "as asked")
+    by = {"preset": " by the preset", "ollama": " by its Ollama params",
+          "LOCALGEN_CTX": " by LOCALGEN_CTX"}.get(asked_by or "", "")
     return ", ".join([f"{asked:,} asked{by}", *done])
 
 

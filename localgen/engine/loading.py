@@ -51,6 +51,14 @@ def error(ref: ModelRef, what: str) -> ModelLoadError:
             log=logs.lines(),
         )
     detail = reason or what
+    if ref.source == "ollama":  # often a GGUF of Ollama's own conversion: the model by its name, and what loads
+        # (models/ollamastore.py's refused_hint says the same; the engine does not import models)
+        pull = f"`ollama pull {ref.name[len('ollama:'):]}` fetches it again if it is damaged; " if (
+            ref.name.startswith("ollama:")) else ""  # a preset of the model: its own name
+        return ModelLoadError(f"llama.cpp could not load {ref.name} ({path}): {detail}",
+                              hint=f"{pull}some of Ollama's library models are Ollama's own conversion, which "
+                                   "llama.cpp cannot load: run the same model's GGUF from Hugging Face "
+                                   "(localgen run -m OWNER/REPO)", log=logs.lines())
     if "unknown model architecture" in detail:
         arch = ref.summary.architecture
         return ModelLoadError(

@@ -53,20 +53,20 @@ def installed() -> list[dict[str, Any]]:
 
 def _other_stores() -> list[dict[str, Any]]:
     """The models Ollama and LM Studio downloaded, by the names run takes (ollama:..., lmstudio:...), used in
-    place; a damaged one is left for `show` and `run` to name."""
+    place. An Ollama model with any damaged layer (its GGUF, projector, adapter, params, system prompt or messages:
+    the same reading run does) is not listed, as the server's listings leave it out: `show` names the damage."""
     from localgen.models import lmstudio, ollamastore
     from localgen.models.gguf_meta import read_summary
 
     items = []
     for m in ollamastore.all_manifests():
         try:
-            layer = ollamastore.model_layer(m)
-            blob = ollamastore.checked_blob(m, layer)
-            summary = read_summary(str(blob), check_data=False)
+            parts = ollamastore.read_parts(m, warn=False)
+            summary = read_summary(str(parts.blob), check_data=False)
         except LocalgenError:
             continue
-        item = _item(m.name.display, str(blob), "ollama", summary)
-        item["size"] = layer.size + sum(x.size for x in m.of("projector")[:1])
+        item = _item(m.name.display, str(parts.blob), "ollama", summary)
+        item["size"] = parts.layer.size + sum(x.size for x in m.of("projector")[:1])
         items.append(item)
     for name, path, size in lmstudio.all_models():
         try:

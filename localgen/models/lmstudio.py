@@ -35,13 +35,13 @@ class LmStudioName:
 
 
 def parse_name(text: str) -> LmStudioName:
-    """The name after `lmstudio:`: PUBLISHER/REPO[:QUANT], no part '.' or '..' (nothing outside the store)."""
-    rest = text[len(PREFIX):] if text.lower().startswith(PREFIX) else text
-    folder, colon, quant = rest.partition(":")
+    """The name after `lmstudio:` (names.parse takes the prefix off, once): PUBLISHER/REPO[:QUANT], no part '.' or
+    '..' (nothing outside the store)."""
+    folder, colon, quant = text.partition(":")
     parts = folder.split("/")
     if len(parts) != 2 or not all(_PART.fullmatch(p) and p not in (".", "..") for p in parts) or (
             colon and not _PART.fullmatch(quant)):
-        raise UsageError(f"{text!r} is not an LM Studio model name: use lmstudio:PUBLISHER/REPO[:QUANT], as "
+        raise UsageError(f"{PREFIX + text!r} is not an LM Studio model name: use lmstudio:PUBLISHER/REPO[:QUANT], as "
                          "`localgen list` shows them")
     return LmStudioName(parts[0], parts[1], quant or None)
 
@@ -122,7 +122,9 @@ def all_models() -> Iterator[tuple[str, Path, int]]:
 
 
 def refuse_removal(text: str) -> UsageError:
-    """`rm`'s answer for an LM Studio model: LM Studio owns its store."""
+    """`rm`'s answer for an LM Studio model (the name after `lmstudio:`): LM Studio owns its store. A
+    ModelNotFoundError where LM Studio has no such model."""
     name = parse_name(text)
+    _folder(name)
     return UsageError(f"lmstudio:{name.folder} is LM Studio's model: remove it in LM Studio (My Models)",
                       hint="localgen never changes LM Studio's store")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen import settings
-from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
+from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, UsageError
 from localgen.types import MIN_CTX_FLAG, TRAINED_CTX, ModelRef
 
 PREFIX = "ollama:"
@@ -26,11 +26,16 @@ DEFAULT_HOST = "registry.ollama.ai"  # Ollama's fill for a name's missing parts 
 DEFAULT_NAMESPACE = "library"
 DEFAULT_TAG = "latest"
 MEDIA = "application/vnd.ollama.image."
-MAX_PART = 128  # Ollama's MaxNamePartLen: a name is at most this long
+MAX_PART = 80  # Ollama's limit for a namespace, a model and a tag (types/model/name.go isValidLen)
+MAX_HOST = 350  # and for a host (which may hold :PORT)
 MAX_JSON = 1 << 20  # a manifest, a params or messages layer: a few hundred bytes in Ollama's own
 MAX_TEXT = 1 << 20  # a system prompt
 DIGEST = re.compile(r"sha256[:-]([0-9a-fA-F]{64})")
-_PART = re.compile(r"[A-Za-z0-9_.-]+")
+# types/model/name.go's isValidPart: a part starts with a letter, digit or '_'; '.' is not in a namespace and ':'
+# only in a host (its port)
+_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}")  # MAX_PART in all
+_NAMESPACE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,79}")  # MAX_PART in all
+_HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,349}")  # MAX_HOST in all
 SERVICE_STORE = Path("/usr/share/ollama/.ollama/models")  # the Linux install's service user's home
 
 _report: dict[str, Callable[[str], None]] = {"warn": lambda s: None}
@@ -79,26 +84,30 @@ class OllamaName:
 
 
 def parse_name(text: str) -> OllamaName:
-    """The name after `ollama:`, by Ollama's rules (letters, digits, '_', '-', '.'; no '.' in a namespace, no '..');
-    a UsageError for one Ollama would not take, so no part of it can leave the store's folders."""
-    rest = text[len(PREFIX):] if text.lower().startswith(PREFIX) else text
-    rest = rest.removeprefix("https://").removeprefix("http://")
-    bad = UsageError(f"{text!r} is not an Ollama model name: use ollama:MODEL[:TAG], ollama:USER/MODEL[:TAG] or "
-                     "ollama:HOST/NAMESPACE/MODEL[:TAG]")
-    if not rest or len(rest) > MAX_PART or ".." in rest:
+    """The name after `ollama:` (names.parse takes the prefix off, once: `ollama:ollama:x` is Ollama's model
+    ollama:x), read as Ollama's types/model/name.go reads one: the tag after the last ':' that follows the last
+    '/', then MODEL, NAMESPACE and HOST from the right (a host may hold :PORT). A UsageError for a name Ollama would
+    not take (a part too long, starting with anything but a letter, digit or '_', '..'), so no part of it can leave
+    the store's folders."""
+    rest = text
+    for scheme in ("https://", "http://"):
+        if rest.lower().startswith(scheme):
+            rest = rest[len(scheme):]
+    bad = UsageError(f"{PREFIX + text!r} is not an Ollama model name: use ollama:MODEL[:TAG], ollama:USER/MODEL[:TAG] "
+                     "or ollama:HOST/NAMESPACE/MODEL[:TAG]")
+    if not rest or ".." in rest:
         raise bad
-    path, colon, tag = rest.rpartition(":") if ":" in rest else (rest, "", "")
-    if colon and ("/" in tag or not tag):
-        raise bad
-    pieces = path.split("/")
-    if len(pieces) > 3 or not all(_PART.fullmatch(p) and p != "." for p in (*pieces, *([tag] if colon else []))):
-        raise bad
+    tag = DEFAULT_TAG
+    if rest.rfind(":") > rest.rfind("/"):
+        rest, _, tag = rest.rpartition(":")
+    pieces = rest.rsplit("/", 2)
     model = pieces[-1]
     namespace = pieces[-2] if len(pieces) >= 2 else DEFAULT_NAMESPACE
     host = pieces[-3] if len(pieces) == 3 else DEFAULT_HOST
-    if "." in namespace:
+    if not (_PART.fullmatch(model) and _PART.fullmatch(tag) and _NAMESPACE.fullmatch(namespace)
+            and _HOST.fullmatch(host)):
         raise bad
-    return OllamaName(host, namespace, model, tag or DEFAULT_TAG)
+    return OllamaName(host, namespace, model, tag)
 
 
 def roots() -> list[Path]:
@@ -218,7 +227,10 @@ def checked_blob(m: Manifest, layer: Layer) -> Path:
     except OSError:
         raise LocalgenError(f"the {layer.media} layer of {m.name.display} is missing from Ollama's store "
                             f"({layer.blob})", hint=f"`ollama pull {m.name.ollama}` fetches it again") from None
-    if size != layer.size or not layer.blob.is_file():
+    if not layer.blob.is_file():
+        raise LocalgenError(f"the {layer.media} layer of {m.name.display} is damaged: {layer.blob} is not a file",
+                            hint=f"`ollama pull {m.name.ollama}` fetches it again")
+    if size != layer.size:
         raise LocalgenError(f"the {layer.media} layer of {m.name.display} is damaged: {layer.blob} holds "
                             f"{size:,} bytes, its manifest says {layer.size:,}",
                             hint=f"`ollama pull {m.name.ollama}` fetches it again")
@@ -226,19 +238,33 @@ def checked_blob(m: Manifest, layer: Layer) -> Path:
 
 
 def model_layer(m: Manifest) -> Layer:
-    """The GGUF layer; a LocalgenError for a manifest without one (a model Ollama runs another way)."""
+    """The GGUF layer (the last, where a manifest has two: Ollama's server/images.go GetModel keeps the last); a
+    LocalgenError for a manifest without one (a model Ollama runs another way)."""
     found = m.of("model")
     if not found:
         raise LocalgenError(f"{m.name.display} has no GGUF model layer in its manifest ({m.path}): "
                             "localgen cannot run it")
-    return found[0]
+    return found[-1]
 
 
-def resolve(text: str) -> ModelRef:
-    """An Ollama model as a ModelRef: its GGUF blob, projector, settings, system prompt, messages and adapter."""
-    from localgen.models.gguf_meta import read_summary
+@dataclass
+class Parts:
+    """What a manifest's layers give a model, each read and checked."""
 
-    m = manifest(parse_name(text))
+    blob: Path
+    layer: Layer
+    projector: Path | None
+    adapters: tuple[tuple[str, float], ...]
+    sampling: dict[str, Any]
+    load: dict[str, Any]
+    context: int | None
+    system: str | None
+    messages: tuple[dict[str, str], ...]
+
+
+def read_parts(m: Manifest, warn: bool = True) -> Parts:
+    """A manifest's layers read: its GGUF, projector, adapters, params, system prompt and messages; a LocalgenError
+    naming the first damaged one. `warn`: say each params setting left out (run and show do; a listing does not)."""
     layer = model_layer(m)
     blob = checked_blob(m, layer)
     proj = [checked_blob(m, x) for x in m.of("projector")[:1]]
@@ -247,28 +273,60 @@ def resolve(text: str) -> ModelRef:
     load: dict[str, Any] = {}
     context = None
     for x in m.of("params"):
-        context = _params(m, x, sampling, load, context)
+        context = _params(m, x, sampling, load, context, warn)
     system = None
     for x in m.of("system"):
         system = _text(m, x)
     messages: tuple[dict[str, str], ...] = ()
     for x in m.of("messages"):
         messages = _messages(m, x)
-    return ModelRef(name=m.name.display, path=str(blob), source="ollama", summary=read_summary(str(blob)),
-                    sha256=layer.digest.split(":", 1)[1].lower(), sampling_defaults=sampling,
-                    mmproj=str(proj[0]) if proj else None, system=system or None, messages=messages,
-                    context=context, adapters=adapters, load=load)
+    return Parts(blob, layer, proj[0] if proj else None, adapters, sampling, load, context, system or None, messages)
 
 
-def _params(m: Manifest, layer: Layer, sampling: dict[str, Any], load: dict[str, Any], ctx: int | None) -> int | None:
+def resolve(text: str) -> ModelRef:
+    """An Ollama model (the name after `ollama:`) as a ModelRef: its GGUF blob, projector, settings, system prompt,
+    messages and adapter."""
+    from localgen.models.gguf_meta import read_summary
+
+    m = manifest(parse_name(text))
+    p = read_parts(m)
+    try:
+        summary = read_summary(str(p.blob))
+    except ModelFormatError as e:  # damaged, or a GGUF of Ollama's own conversion llama.cpp cannot read
+        raise ModelFormatError(f"{m.name.display}: its model blob is not a GGUF llama.cpp can load: {e.message}",
+                               hint=refused_hint(m.name.display)) from None
+    if (p.system or p.messages) and not summary.chat_template:
+        what = " and ".join(x for x, on in (("system prompt", p.system), ("messages", p.messages)) if on)
+        _warn_once(f"{m.name.display}: Ollama's {what} are not used: the model has no chat template, so prompts go "
+                   "to it as plain completions")
+    return ModelRef(name=m.name.display, path=str(p.blob), source="ollama", summary=summary,
+                    sha256=p.layer.digest.split(":", 1)[1].lower(), sampling_defaults=p.sampling,
+                    mmproj=str(p.projector) if p.projector else None, system=p.system, messages=p.messages,
+                    context=p.context, adapters=p.adapters, load=p.load)
+
+
+def refused_hint(name: str) -> str:
+    """What to do about an Ollama model's GGUF that llama.cpp refuses (damaged, or Ollama's own conversion); `name`
+    as localgen shows it (ollama:...), or a preset's."""
+    try:
+        pull = f"`ollama pull {parse_name(name.partition(':')[2]).ollama}` fetches it again if it is damaged; "
+    except UsageError:  # a preset of the model
+        pull = ""
+    return (f"{pull}some of Ollama's library models are Ollama's own conversion, which llama.cpp cannot load: run "
+            "the same model's GGUF from Hugging Face (localgen run -m OWNER/REPO)")
+
+
+def _params(m: Manifest, layer: Layer, sampling: dict[str, Any], load: dict[str, Any], ctx: int | None,
+            warn: bool = True) -> int | None:
     """A params layer's settings into `sampling` and `load` (by Ollama's names: settings.py's spellings); returns
     the context (num_ctx). A setting localgen has no knob for, or a value it would refuse, is said once and left
     out: the model works without it."""
     blob = checked_blob(m, layer)
-    doc = _json(blob, lambda why: LocalgenError(f"the params layer of {m.name.display} ({blob}) is damaged: {why}"))
+    doc = _json(blob, lambda why: _damaged(m, layer, why))
     if not isinstance(doc, dict):
-        raise LocalgenError(f"the params layer of {m.name.display} ({blob}) is damaged: not a JSON object")
+        raise _damaged(m, layer, "not a JSON object")
     ollama = settings.spellings("ollama")
+    said = _warn_once if warn else (lambda text: None)
     for key, value in doc.items():
         name = str(key).lower()
         try:
@@ -281,10 +339,15 @@ def _params(m: Manifest, layer: Layer, sampling: dict[str, Any], load: dict[str,
                     value = not value
                 load[knob] = settings.check_load(knob, tuple(value) if isinstance(value, list) else value)
             else:
-                _warn_once(f"{m.name.display}: Ollama's parameter {key!r} has no localgen setting; it is left out")
+                said(f"{m.name.display}: Ollama's parameter {key!r} has no localgen setting; it is left out")
         except UsageError as e:
-            _warn_once(f"{m.name.display}: Ollama's parameter {key!r} is left out: {e.message}")
+            said(f"{m.name.display}: Ollama's parameter {key!r} is left out: {e.message}")
     return ctx
+
+
+def _damaged(m: Manifest, layer: Layer, why: str) -> LocalgenError:
+    return LocalgenError(f"the {layer.media} layer of {m.name.display} ({layer.blob}) is damaged: {why}",
+                         hint=f"`ollama pull {m.name.ollama}` fetches it again")
 
 
 def _context(value: Any) -> int:
@@ -306,16 +369,16 @@ def _text(m: Manifest, layer: Layer) -> str:
 
 def _messages(m: Manifest, layer: Layer) -> tuple[dict[str, str], ...]:
     blob = checked_blob(m, layer)
-    doc = _json(blob, lambda why: LocalgenError(f"the messages layer of {m.name.display} ({blob}) is damaged: {why}"))
+    doc = _json(blob, lambda why: _damaged(m, layer, why))
     if not isinstance(doc, list) or not all(isinstance(x, dict) and isinstance(x.get("role"), str) and isinstance(
             x.get("content"), str) for x in doc):
-        raise LocalgenError(f"the messages layer of {m.name.display} ({blob}) is damaged: not a list of messages")
+        raise _damaged(m, layer, "not a list of messages")
     return tuple({"role": x["role"], "content": x["content"]} for x in doc)
 
 
 def all_manifests() -> Iterator[Manifest]:
-    """Every readable manifest of every store, each name once (the first store's); damaged ones are left for
-    `show` and `run` to name."""
+    """Every readable manifest of every store, each name once (the first store's); one that is not JSON is left
+    for `show` and `run` to name."""
     seen: set[str] = set()
     for root in roots():
         top = root / "manifests"
@@ -328,7 +391,7 @@ def all_manifests() -> Iterator[Manifest]:
         for path in found:
             rel = path.relative_to(top).parts
             try:
-                name = parse_name("/".join(rel[:3]) + ":" + rel[3])
+                name = parse_name("/".join(rel[:3]) + ":" + rel[3])  # a host's :PORT: before the last '/'
             except UsageError:
                 continue
             try:
@@ -342,7 +405,8 @@ def all_manifests() -> Iterator[Manifest]:
 
 
 def refuse_removal(text: str) -> UsageError:
-    """`rm`'s answer for an Ollama model: Ollama owns its store."""
-    name = parse_name(text)
+    """`rm`'s answer for an Ollama model (the name after `ollama:`): Ollama owns its store. A ModelNotFoundError
+    where Ollama has no such model."""
+    name = manifest(parse_name(text)).name
     return UsageError(f"{name.display} is Ollama's model: remove it with `ollama rm {name.ollama}`",
                       hint="localgen never changes Ollama's store")

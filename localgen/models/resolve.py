@@ -77,14 +77,27 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
 
 
 def other_store(spec: names.StoreSpec) -> ModelRef:
-    """A model Ollama or LM Studio downloaded, from its own store."""
-    if spec.store == "ollama":
-        from localgen.models import ollamastore
+    """A model Ollama or LM Studio downloaded, from its own store. Where the store has no such model but a preset
+    (or a user's catalogue entry) made before such names meant a store carries the whole name, the error says it is
+    shadowed and how to rename it."""
+    from localgen.models import lmstudio, ollamastore
 
-        return ollamastore.resolve(spec.name)
-    from localgen.models import lmstudio
+    try:
+        return ollamastore.resolve(spec.name) if spec.store == "ollama" else lmstudio.resolve(spec.name)
+    except ModelNotFoundError as e:
+        whole = f"{spec.store}:{spec.name}"
+        from localgen.models import presets
 
-    return lmstudio.resolve(spec.name)
+        if presets.exists(whole):
+            kind = "preset"
+        elif whole in catalogue.for_name(whole).entries:
+            kind = "catalogue entry"
+        else:
+            raise
+        raise ModelNotFoundError(f"{e.message}; your {kind} {whole} is shadowed: {spec.store}: now names "
+                                 f"{'Ollama' if spec.store == 'ollama' else 'LM Studio'}'s store",
+                                 hint=f"rename it: `localgen cp {whole} NEWNAME`, then `localgen rm {whole}`"
+                                 if kind == "preset" else f"rename it in {catalogue.user_file()}") from None
 
 
 def _latest(spec: names.CatalogueSpec) -> names.CatalogueSpec:
@@ -325,6 +338,9 @@ def target(name: str, local: bool = True) -> Target:
         return Target(spec, spec.display, {})
     if isinstance(spec, names.StoreSpec):
         tool = "Ollama" if spec.store == "ollama" else "LM Studio"
+        from localgen.models import lmstudio, ollamastore
+
+        (ollamastore if spec.store == "ollama" else lmstudio).parse_name(spec.name)  # a name it takes, or a usage error
         raise LocalgenError(f"{name} is {tool}'s model, used in place from its store; there is nothing to pull",
                             hint=f"`ollama pull {spec.name}` updates it" if spec.store == "ollama" else None)
     raise LocalgenError(f"{name} is a local file; there is nothing to pull")

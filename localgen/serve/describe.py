@@ -27,14 +27,16 @@ def show_doc(name: str, ref: ModelRef) -> dict[str, Any]:
 
 
 def modelfile_of(name: str, ref: ModelRef) -> str:
-    """What `localgen show --modelfile` prints: a preset's own Modelfile; for a model, FROM it with its
-    sampling defaults."""
+    """What `localgen show --modelfile` prints (one function for both): a preset's own Modelfile; for a model, FROM
+    it with its sampling defaults, context, system prompt and load settings (an Ollama model's params and system
+    layers)."""
     from localgen.models import modelfile, presets
 
     p = presets.find(name)
     if p is not None:
         return modelfile.write(p.spec)
-    return modelfile.write(modelfile.Modelfile(base=name, parameters=dict(ref.sampling_defaults)))
+    return modelfile.write(modelfile.Modelfile(base=name, parameters=dict(ref.sampling_defaults), context=ref.context,
+                                               system=ref.system, load=dict(ref.load)))
 
 
 def parameters_text(ref: ModelRef) -> str:

@@ -40,7 +40,9 @@ def routes(state: ServeState) -> list[Route]:
 
     async def model(request: Request) -> Response:
         ident = request.path_params["id"]
-        found = next((entry for entry in await asyncio.to_thread(state.offered) if entry[0] == ident), None)
+        offered = await asyncio.to_thread(state.offered)
+        meant = state.ollama_name(ident)  # an Ollama model's name in any of its spellings
+        found = next((entry for entry in offered if entry[0] in (ident, meant)), None)
         if found is None:
             raise HTTPError(404, f"The model '{ident[:100]}' does not exist", param="model")
         return JSONResponse(anthropic_model(ident) if _anthropic(request) else openai_model(*found))

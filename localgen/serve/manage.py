@@ -199,6 +199,7 @@ def _lookup(state: ServeState, assemble: bool = False) -> Any:
     from localgen.models.resolve import resolve
 
     def lookup(name: str) -> ModelRef:
+        name = state.ollama_name(name)  # an Ollama model's name in any of its spellings
         if name not in state.workers and name not in state.names():
             raise ModelNotFoundError(f"model {name!r} is not here (localgen list shows what is)")
         return resolve(name, offline=True, pull_missing=False, assemble=assemble)
@@ -208,6 +209,7 @@ def _lookup(state: ServeState, assemble: bool = False) -> Any:
 
 def _ref(state: ServeState, name: str) -> ModelRef:
     """An offered model's ModelRef, without loading it (a 404 for any other name)."""
+    name = state.ollama_name(name)  # an Ollama model's name in any of its spellings
     if name in state.workers:
         return state.workers[name].ref
     if state.on_demand is not None and name in state.on_demand.aliases:
@@ -438,7 +440,7 @@ async def _delete(state: ServeState, name: str) -> None:
         from localgen.models import lmstudio, ollamastore
 
         store = ollamastore if ref.source == "ollama" else lmstudio
-        raise HTTPError(400, store.refuse_removal(ref.name).message)
+        raise HTTPError(400, store.refuse_removal(ref.name.partition(":")[2]).message)
     if ref.source != "hf":
         raise HTTPError(400, f"{ref.name} is a file localgen did not download; delete it yourself")
     # every worker on that file goes: the model's own, and its presets'

@@ -63,17 +63,33 @@ class ServeState:
 
     def meant(self, name: object) -> object:
         """The model a request's `model` means: itself, or for none the default (or the one worker); Ollama's
-        NAME:latest, as its clients send an untagged name, is NAME where no model is called NAME:latest."""
+        NAME:latest, as its clients send an untagged name, is NAME where no model is called NAME:latest; an Ollama
+        model's name in another spelling (ollama:NAME for ollama:NAME:latest, its case, library/) is the one served
+        or listed."""
         if name is None or name == "":
             name = self.default
             if name is None and len(self.workers) == 1:
                 name = next(iter(self.workers))
+        if isinstance(name, str) and name not in self.workers and name.partition(":")[0].lower() == "ollama":
+            return self.ollama_name(name)
         if isinstance(name, str) and name.lower().endswith(LATEST) and name not in self.workers:
             bare = name[:-len(LATEST)]
             listed = self.on_demand.listing() if self.on_demand is not None else ()
             if name not in listed and (bare in self.workers or bare in listed):
                 return bare
         return name
+
+    def ollama_name(self, name: str) -> str:
+        """The served or listed spelling of an Ollama model's name (compared as Ollama's canonical names); the name
+        itself when none is (a 404 follows), or it is no `ollama:` name Ollama takes."""
+        want = _ollama_display(name)
+        if want is None:
+            return name
+        for n, w in self.workers.items():
+            if want in (_ollama_display(n), _ollama_display(w.ref.name)):
+                return n
+        listed = self.on_demand.listing() if self.on_demand is not None else ()
+        return next((n for n in listed if _ollama_display(n) == want), name)
 
     def _worker(self, name: object) -> ModelWorker:
         name = self.meant(name)
@@ -110,3 +126,17 @@ class ServeState:
         if n_ctx == 0:  # --ctx 0 (a preset's num_ctx 0): the model's training context
             return trained or 0
         return min(n_ctx, trained) if trained else n_ctx
+
+
+def _ollama_display(name: str) -> str | None:
+    """An `ollama:` name as Ollama's canonical one (models/ollamastore.py's display, in lower case), or None."""
+    from localgen.errors import UsageError
+    from localgen.models import ollamastore
+
+    store, colon, rest = name.partition(":")
+    if not colon or store.lower() != "ollama":
+        return None
+    try:
+        return ollamastore.parse_name(rest.strip()).display.lower()
+    except UsageError:
+        return None

@@ -219,7 +219,7 @@ def show(
         print(s.chat_template)
         return
     doc = _show_doc(ref, sha256)
-    preset = _preset_doc(name)
+    preset = _preset_doc(name, ref)
     if preset is not None:  # what the preset adds, before its base model's figures
         doc = {"name": doc.pop("name"), "preset": preset, **doc}
     if json_out:
@@ -283,9 +283,10 @@ def _load_settings(ref: Any) -> dict[str, Any]:
     return shown
 
 
-def _preset_doc(name: str) -> dict[str, Any] | None:
+def _preset_doc(name: str, ref: Any) -> dict[str, Any] | None:
     """What a preset layers on its base model (None when `name` is no preset): the base, its settings, window,
-    system prompt, messages, template and LoRA adapters."""
+    system prompt, messages, template and LoRA adapters; and the settings it keeps from its base (`inherited`: an
+    Ollama model's params, a catalogue entry's sampling) that it does not set itself."""
     from localgen import settings
     from localgen.models import presets
 
@@ -293,7 +294,9 @@ def _preset_doc(name: str) -> dict[str, Any] | None:
     if p is None:
         return None
     spec = p.spec
+    inherited = {k: settings.jsonable(v) for k, v in ref.sampling_defaults.items() if k not in spec.parameters}
     return {"base": p.base, "settings": {k: settings.jsonable(v) for k, v in spec.parameters.items()},
+            "inherited": inherited, "inherited_context": ref.context if spec.context is None else None,
             "context": spec.context, "system": spec.system, "messages": list(spec.messages),
             "template": spec.template is not None, "adapters": list(spec.adapters)}
 
@@ -305,6 +308,8 @@ def _print_preset(preset: dict[str, Any]) -> None:
     print(f"{'preset':15} of {preset['base']} (`show --modelfile` prints its Modelfile)")
     given = [f"{k} {settings.as_text(k, v) if k in settings.KNOBS else v}" for k, v in preset["settings"].items()]
     given += [f"context {preset['context']}"] if preset["context"] else []
+    kept = [f"{k} {settings.as_text(k, v) if k in settings.KNOBS else v}" for k, v in preset["inherited"].items()]
+    kept += [f"context {preset['inherited_context']}"] if preset["inherited_context"] is not None else []
     print(f"{'settings':15} {' · '.join(given) or 'none'}")
     if preset["system"]:
         print(f"{'system':15} " + preset["system"].replace("\n", "\n" + " " * 16))
@@ -314,6 +319,8 @@ def _print_preset(preset: dict[str, Any]) -> None:
         print(f"{'template':15} its own (--template prints it)")
     if preset["adapters"]:
         print(f"{'LoRA adapters':15} {', '.join(preset['adapters'])}")
+    if kept:  # what applies beside its own: the base's (an Ollama model's params, a catalogue entry's sampling)
+        print(f"{'from its base':15} {' · '.join(kept)}")
 
 
 _LABELS = {"model_name": "model", "size": "file size", "context_length": "context length",
@@ -351,16 +358,16 @@ def _shown(value: Any) -> str:
 
 
 def _modelfile(name: str, offline: bool) -> str:
-    """A preset's own Modelfile; for a model, FROM it with its catalogue sampling defaults."""
+    """A preset's own Modelfile (even when its base is gone); for a model, FROM it with its settings: what /api/show
+    gives as its modelfile (serve/describe.py)."""
     from localgen.models import modelfile, presets
     from localgen.models.resolve import resolve
+    from localgen.serve.describe import modelfile_of
 
     p = presets.find(name)
     if p is not None:
         return modelfile.write(p.spec)
-    ref = resolve(name, offline=offline, pull_missing=False)
-    return modelfile.write(modelfile.Modelfile(base=name, parameters=dict(ref.sampling_defaults), context=ref.context,
-                                               system=ref.system, load=dict(ref.load)))
+    return modelfile_of(name, resolve(name, offline=offline, pull_missing=False))
 
 
 def _known_sha256(ref: Any) -> str | None:
@@ -389,13 +396,13 @@ def rm(
 ) -> None:
     """Remove a model's files from the cache; a blob another cached model still uses is kept. A preset: only
     the preset goes, never its base model's files. Ollama's and LM Studio's models are refused: their own tool
-    removes them."""
+    removes them (a preset named ollama:X or lmstudio:X made before those names meant their stores is removed)."""
     from localgen.models import names, presets, store
     from localgen.models.resolve import embedded_model, target
 
     spec = names.parse(name)
-    if isinstance(spec, names.StoreSpec):  # another tool's store: never changed here
-        from localgen.models import lmstudio, ollamastore
+    if isinstance(spec, names.StoreSpec) and not presets.exists(name):  # another tool's store: never changed here
+        from localgen.models import lmstudio, ollamastore  # (a preset made before ollama: named a store goes)
 
         raise (ollamastore if spec.store == "ollama" else lmstudio).refuse_removal(spec.name)
     if presets.exists(name):
