@@ -242,6 +242,7 @@ def test_serve_draft_answers_two_requests_at_once_as_serve_without_a_draft(
     accepted = sum(d["timings"]["draft_n_accepted"] for d in docs)
     assert drafted > 0 and accepted > 0
     assert (health["drafted"], health["accepted"]) == (drafted, accepted)
+    assert health["draft_model_cost"] > 0 and health["draft_row_cost"] >= 0, "measured at the warm-up"
     assert f'localgen_draft_tokens_total{{model="smollm2:135m"}} {float(drafted)}' in metrics
     assert f'localgen_draft_accepted_tokens_total{{model="smollm2:135m"}} {float(accepted)}' in metrics
     assert hot["usage"]["completion_tokens"] == 40 and hot["choices"][0]["message"]["content"].strip()
@@ -305,6 +306,7 @@ def test_the_draft_is_the_first_models_and_none_with_exact(cli_env: dict[str, st
     assert f"smollm2:135m: throughput batching: --draft {smollm2_path.name}" in startup
     gemma = next(name for name in models if name != "smollm2:135m")
     assert models[gemma]["drafted"] is None and models["smollm2:135m"]["drafted"] == 0
+    assert models[gemma]["draft_model_cost"] is None
     assert f"{gemma}: throughput batching: --draft" not in startup
     s = Server(cli_env, "--draft", str(gemma_path), "--exact", "-np", "1", "--ctx", "512")
     assert s.stop() == 0

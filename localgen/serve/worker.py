@@ -225,6 +225,8 @@ class ModelWorker:
                 "drafted": drafting.drafted if drafting else None,
                 "accepted": drafting.accepted if drafting else None,
                 "draft_row_cost": round(drafting.row_cost, 3) if drafting and drafting.row_cost is not None else None,
+                "draft_model_cost": round(drafting.draft_cost, 3) if drafting and drafting.drafter is not None
+                and drafting.step_costs else None,
                 "kv_unified": pc.one_pool if pc else None,
                 "failed_jobs": self.failures,
                 "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": res.settings(),
