@@ -97,8 +97,8 @@ LOOKUP_HELP = ("Draft from n-grams already in the context (prompt lookup): fast 
                "their rows (measured at load), and every request is batched as with --no-exact.")
 # --draft means the same in run and serve (serve drafts for its first -m model, in the batch as --lookup's drafts)
 DRAFT_HELP = ("A small model with the same vocabulary proposes tokens; the model checks several at once "
-              "(llama.cpp's -md/--model-draft; --draft-max is its --draft-max). serve drafts for its first -m "
-              "model, in the batch as with --lookup.")
+              "(llama.cpp's -md/--model-draft and its --draft-max). serve drafts for its first -m model, in the "
+              "batch as with --lookup.")
 DRAFT_MAX_HELP = "Most tokens drafted per step."
 Endpoint = Annotated[
     list[str] | None,
