@@ -299,12 +299,12 @@ def test_the_preset_the_page_shows_is_one_a_page_it_links_makes() -> None:
     assert re.search(rf"^localgen create {name[1]} -f ", _page("models.md"), re.M)
 
 
-def test_serve_speculates_only_by_lookup_as_the_page_says(cli_in_process: InProcessCLI) -> None:
-    """bigger-engine.md: serve drafts by prompt lookup (tests/test_batch_lookup.py), a draft model is run's alone:
-    serve has no --draft (a usage error); run has both."""
-    assert "a draft\nmodel is `run`'s alone (`serve --draft` is no option)" in _page("bigger-engine.md")
-    r = cli_in_process("serve", "--draft", "smollm2:135m")
-    assert r.returncode == 2 and "No such option" in r.stderr, r.stderr
+def test_serve_speculates_by_lookup_or_a_draft_model_as_the_page_says(cli_in_process: InProcessCLI) -> None:
+    """bigger-engine.md: serve drafts by prompt lookup (tests/test_batch_lookup.py) or with a draft model
+    (tests/test_serve_draft.py), not both at once (a usage error); run has both."""
+    assert "`localgen\nserve --draft MODEL` (also `-md`, as llama-server's `-md FILE`)" in _page("bigger-engine.md")
+    r = cli_in_process("serve", "-md", "smollm2:135m", "--lookup")
+    assert r.returncode == 2 and "--draft and --lookup cannot be combined" in r.stderr, r.stderr
     r = cli_in_process("serve", "--lookup", "--draft-max", "0")  # an option, with its range
     assert r.returncode == 2 and "No such option" not in r.stderr and "--draft-max" in r.stderr, r.stderr
     r = cli_in_process("run", "--lookup", "--draft", "smollm2:135m", "-p", "hi", "--mmproj", "/nonexistent.gguf")

@@ -104,6 +104,11 @@ class ParallelContext:
         self.draft_max = draft_max if pooled and not native_model.whole_states_only(engine.model_ptr) and not (
             engine.encoder_only or native_model.has_encoder(engine.model_ptr)) else 0
         self.drafted = self.accepted = 0  # drafted tokens, and those kept
+        # serve --draft: a draft model proposes the drafts instead of prompt lookup (engine/speculative.py,
+        # SlotDrafter; set by whoever loads it, before warm_up), and what a drafted position costs it, in one-row
+        # steps of this model (measured by `calibrate`)
+        self.drafter: Any = None
+        self.draft_cost = 0.0
         # what a step of n rows costs in one-row steps, measured (`calibrate`: (n, cost), n ascending)
         self.step_costs: list[tuple[int, float]] = []
         self.batch = Batch(self.n_batch)
@@ -111,7 +116,10 @@ class ParallelContext:
         self.n_vocab = engine.n_vocab
 
     def close(self) -> None:
-        """Free the context and batch."""
+        """Free the context and batch, and the draft model's."""
+        if self.drafter is not None:
+            self.drafter.close()
+            self.drafter = None
         if self.ctx:
             self.batch.free()
             context.free(self.ctx)
@@ -151,7 +159,8 @@ class ParallelContext:
         times in turn, the fastest (what the hardware does; slower ones are other work on the machine). The
         cells are forgotten after. Call it while no sequence holds cells (after warm_up, before any request).
         Returns `row_cost`, what the first drafted row costs (on a CPU a step of two rows cost SmolLM2 twice one,
-        and of seven 4.2 times: rows get cheaper in larger batches, so the sizes are measured, not a slope)."""
+        and of seven 4.2 times: rows get cheaper in larger batches, so the sizes are measured, not a slope). With a
+        draft model (`drafter`), also `draft_cost`: its one-row decode, the fastest of `reps`, against this one's."""
         import time
 
         import numpy
@@ -188,6 +197,8 @@ class ParallelContext:
             last = max(last, min(times[n]) / t1 if t1 > 0 else float(n))
             costs.append((n, last))
         self.step_costs = costs
+        if self.drafter is not None and t1 > 0:  # a draft model's decode per drafted position, in those steps
+            self.draft_cost = self.drafter.measure(reps) / t1
         return costs[1][1] - 1.0
 
     @property

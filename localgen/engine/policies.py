@@ -31,6 +31,14 @@ class Policy(Protocol):
     def close(self) -> None: ...
 
 
+def _drafted(seq: Seq, trying: bool) -> None:
+    """A sequence drafts in this step: the count of steps without drafts starts again, and after a try the next
+    comes twice as late, unless this one is kept (Scheduler.verify sets the gap back)."""
+    seq.undrafted = 0
+    if trying:
+        seq.probe_gap = min(2 * seq.probe_gap, 1024)
+
+
 def _cancelled(req: Request) -> Completion:
     """The Completion of a request aborted before it started."""
     return Completion(req.index, "", "cancelled", len(req.tokens), 0, 0.0, 0.0, req.seed)
@@ -116,19 +124,27 @@ class Throughput:
         take as many rows of every sequence, so with several sequences decoding their drafts are a pass of
         their own over the weights: priced as such (step_cost(n) + step_cost(drafts)). The drafts take at most
         the step's `step_tokens` beside the decoding rows, half of that while a prompt is being evaluated (the
-        rest is its chunk's)."""
+        rest is its chunk's).
+
+        With a draft model (serve --draft: ParallelContext.drafter, engine/speculative.py's SlotDrafter) the tokens
+        are its greedy choices instead, proposed for every drafting sequence at once, a draft-model decode per
+        drafted position; each such decode is priced too (`draft_cost`, measured at load), once for the step:
+        a sequence pays only for the positions past the deepest draft asked before it."""
         from localgen.engine.speculative import NgramIndex, draft_length
 
         pc = self.s.pc
+        drafter = pc.drafter  # serve --draft: a draft model's greedy tokens instead of prompt lookup
         n = rows = len(decoding)
         tokens = float(rows)  # the step's expected tokens so far
         overall = (pc.accepted + 1) / (pc.drafted + 2)
         budget = max(0, pc.step_tokens - n) // (2 if filling else 1)  # rows the drafts may take in all
         if pc.one_pool or n == 1:
-            cost = pc.step_cost
+            step_cost = pc.step_cost
         else:
-            def cost(m: int) -> float:
+            def step_cost(m: int) -> float:
                 return float(pc.step_cost(n) + (pc.step_cost(m - n) if m > n else 0.0))
+        depth = 0  # a draft model's decodes so far in this step: one per drafted position, every slot in each
+        wanted: dict[int, tuple[Seq, int, bool]] = {}  # slot → (its sequence, tokens to draft, whether a try)
         out: dict[int, list[int]] = {}
         for seq in decoding:
             # room in the step, in the slot's window and under the request's limit, after the pending token
@@ -137,6 +153,11 @@ class Throughput:
             if seq.req.prompt.spans or room <= 0:
                 continue
             alpha = (seq.accepted + 4 * overall) / (seq.drafted + 4)
+
+            def cost(m: int, base: int = rows, deep: int = depth) -> float:
+                # and a draft model's decodes past those the sequences before this one already take
+                return float(step_cost(m) + pc.draft_cost * max(deep, m - base))
+
             k = draft_length(alpha, tokens, rows, cost, room)
             trying = k == 0
             if trying:
@@ -144,16 +165,24 @@ class Throughput:
                 if seq.undrafted < seq.probe_gap:
                     continue
                 k = 1  # a try, to see whether its drafts are kept again
-            if seq.lookup is None:
-                seq.lookup = NgramIndex(seq.req.tokens + seq.dec.tokens)
-            proposed = seq.lookup.propose(k)
-            if proposed:
-                out[seq.slot] = proposed
-                rows += len(proposed)
-                tokens += sum(alpha ** j for j in range(1, len(proposed) + 1))
-                seq.undrafted = 0
-                if trying:  # the next try comes twice as late, unless this one is kept (Scheduler.verify)
-                    seq.probe_gap = min(2 * seq.probe_gap, 1024)
+            if drafter is not None:  # proposed below, for every sequence at once: k tokens unless the text ends
+                wanted[seq.slot] = (seq, k, trying)
+                depth = max(depth, k)
+                proposed = [0] * k
+            else:
+                if seq.lookup is None:
+                    seq.lookup = NgramIndex(seq.req.tokens + seq.dec.tokens)
+                proposed = seq.lookup.propose(k)
+                if proposed:
+                    out[seq.slot] = proposed
+                    _drafted(seq, trying)
+            rows += len(proposed)
+            tokens += sum(alpha ** j for j in range(1, len(proposed) + 1))
+        if wanted:
+            out = drafter.propose({slot: (seq.req.tokens + seq.dec.tokens, k) for slot, (seq, k, _) in wanted.items()})
+            for slot, (seq, _, trying) in wanted.items():
+                if slot in out:
+                    _drafted(seq, trying)
         return out
 
     def _mixed_step(self) -> None:

@@ -153,6 +153,8 @@ class Scheduler:
         for seq in list(self.active.values()):
             chains.free(seq.sampler)
         self.active.clear()
+        if self.pc.drafter is not None:
+            self.pc.drafter.clear()
         self.policy.close()
         for task in self.tasks:
             _close(task)
@@ -238,9 +240,11 @@ class Scheduler:
         """Sample the sequence's tokens from its rows: the first (its pending token's), then, while each sample
         equals the token drafted after it (Seq.drafts, fed at the next row), the next (engine/speculative.py's
         rule: for a deterministic draft the tokens follow the model's distribution). The cells of the drafts
-        not kept are forgotten."""
+        not kept are forgotten, a draft model's too."""
         drafts, seq.drafts = seq.drafts, []
         first = seq.next_pos  # the position of the token fed at rows[0]
+        seq.drafted += len(drafts)  # counted now: a sequence that ends at one of these rows is handed on in it
+        self.pc.drafted += len(drafts)
         used = 0  # rows whose fed token stays in the cells
         for i, row in enumerate(rows):
             self.sample(seq, row)
@@ -252,9 +256,9 @@ class Scheduler:
                 break
             seq.accepted += 1
             seq.probe_gap = 16
+        if self.pc.drafter is not None:  # the draft model's cells past the kept tokens go too
+            self.pc.drafter.kept(seq.slot, first + used)
         if drafts:
-            seq.drafted += len(drafts)
-            self.pc.drafted += len(drafts)
             self.pc.accepted += used - 1
             if used < len(rows):
                 from localgen.errors import LocalgenError
@@ -272,6 +276,8 @@ class Scheduler:
         chains.free(seq.sampler)
         del self.active[seq.slot]
         heapq.heappush(self.free, seq.slot)
+        if self.pc.drafter is not None:  # the slot's next request drafts from a sequence of its own
+            self.pc.drafter.clear(seq.slot)
 
 
 def _close(task: Any) -> None:

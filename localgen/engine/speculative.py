@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localgen.errors import UsageError
 from localgen.native import sampler as chains
@@ -190,3 +190,148 @@ def tokens(engine: DecodingEngine, prompt: Prompt, s: SamplingParams, seed: int,
     finally:
         engine.kv.truncate(valid)  # drafts that were not checked, or were rejected, leave the cache
         chains.free(chain)
+
+
+class SlotDrafter:
+    """A draft model for the throughput scheduler (engine/policies.py, `serve --draft`): one llama context on it with a
+    sequence per slot (sequence id = the slot), each kept in step with its slot's tokens (the prompt and the answer
+    so far, evaluated in pieces of at most n_batch, only what it lacks), and greedy drafts for every drafting slot at
+    once: one decode of the draft model per drafted position, with each slot still drafting in it. `kept` drops a
+    sequence's cells past what the model kept; `clear` empties a slot's sequence (its request ended).
+
+    Built on a loaded draft Engine whose vocabulary `check_vocab` accepted; the Engine's own context is released
+    (this one has a window of `n_ctx_seq` cells per slot) and the model is freed by `close`."""
+
+    def __init__(self, draft: Any, n_parallel: int, n_ctx_seq: int) -> None:
+        from localgen.errors import LocalgenError
+        from localgen.native import context
+        from localgen.native.batch import Batch
+        from localgen.types import KV_CACHE_TYPES
+
+        draft.release_context()
+        self.engine = draft
+        prm = draft.params
+        self.n_batch = max(draft.n_batch, n_parallel)
+        self.n_vocab = draft.n_vocab
+        self.ctx = context.new(
+            draft.model_ptr, n_ctx=n_ctx_seq * n_parallel, n_batch=self.n_batch,
+            n_ubatch=max(min(prm.n_ubatch or 512, self.n_batch), 1), n_seq_max=n_parallel,
+            n_threads=prm.n_threads, n_threads_batch=prm.n_threads_batch,
+            flash_attn_type=1 if draft.flash_attn else 0, type_k=KV_CACHE_TYPES[prm.cache_type_k],
+            type_v=KV_CACHE_TYPES[prm.cache_type_v], kv_unified=False)
+        if not self.ctx:
+            raise LocalgenError(f"llama.cpp could not create the draft model's context for {n_parallel} sequences",
+                                hint="lower --parallel or --ctx")
+        self.mem = context.memory(self.ctx)
+        self.batch = Batch(self.n_batch)
+        self.held: list[list[int]] = [[] for _ in range(n_parallel)]  # what each slot's sequence holds
+        self.decodes = 0  # draft-model decodes, for the tests and the counters
+
+    def propose(self, wants: dict[int, tuple[list[int], int]]) -> dict[int, list[int]]:
+        """slot → (its tokens: the prompt, the answer so far and the pending token; k) → up to k greedy tokens
+        (fewer where the draft model ends the text). Each sequence first drops what is past its tokens (drafts
+        not kept) and evaluates what it lacks, the last token with logits; then every slot's next draft token
+        goes into one decode, until each has its k."""
+        for slot, (tokens, _) in wants.items():
+            self._trim(slot, tokens, len(tokens) - 1)  # the last is decoded below, for its logits
+        picks = self._decode([(slot, tokens[len(self.held[slot]):]) for slot, (tokens, _) in wants.items()])
+        out: dict[int, list[int]] = {slot: [] for slot in wants}
+        while picks:
+            feed: list[tuple[int, list[int]]] = []
+            for slot, tok in picks.items():
+                if self.engine.is_eog(tok):
+                    continue
+                out[slot].append(tok)
+                if len(out[slot]) < wants[slot][1]:
+                    feed.append((slot, [tok]))
+            picks = self._decode(feed) if feed else {}
+        return {slot: d for slot, d in out.items() if d}
+
+    def kept(self, slot: int, n: int) -> None:
+        """The model kept the slot's first `n` tokens: the cells past them (drafts it did not keep) go."""
+        if len(self.held[slot]) > n:
+            self._forget(slot, n)
+
+    def clear(self, slot: int = -1) -> None:
+        """Empty a slot's sequence (every slot's with -1)."""
+        for s in range(len(self.held)) if slot < 0 else (slot,):
+            if self.held[s]:
+                self._forget(s, 0)
+
+    def measure(self, reps: int = 3) -> float:
+        """Seconds a one-row decode of the draft model takes (the fastest of `reps`, after one untimed); its
+        cells are forgotten after. Call it while no sequence holds cells."""
+        import time
+
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            self._decode([(0, [0])])
+            times.append(time.perf_counter() - t0)
+            self._forget(0, 0)
+        return min(times[1:])
+
+    def close(self) -> None:
+        """Free the context, the batch and the draft model (once)."""
+        from localgen.native import context
+
+        if self.ctx:
+            self.batch.free()
+            context.free(self.ctx)
+            self.ctx = None
+            self.engine.close()
+
+    def _trim(self, slot: int, tokens: list[int], end: int) -> None:
+        """Keep the longest prefix of the slot's cells that `tokens[:end]` starts with."""
+        held = self.held[slot]
+        n = min(len(held), end)
+        if held[:n] != tokens[:n]:
+            n = next(i for i, (a, b) in enumerate(zip(held[:n], tokens[:n], strict=True)) if a != b)
+        if len(held) > n:
+            self._forget(slot, n)
+
+    def _forget(self, slot: int, n: int) -> None:
+        from localgen.errors import LocalgenError
+        from localgen.native import context
+
+        if not context.seq_rm(self.mem, slot, n, -1):
+            raise LocalgenError("llama.cpp could not forget the draft model's drafts", hint="serve without --draft")
+        del self.held[slot][n:]
+
+    def _decode(self, feed: list[tuple[int, list[int]]]) -> dict[int, int]:
+        """Evaluate each slot's tokens after what it holds, in decodes of at most n_batch rows, each slot's last
+        with logits: slot → the draft model's greedy choice after them."""
+        import numpy
+
+        from localgen.errors import LocalgenError
+        from localgen.native import context
+        from localgen.native.lib import logits_row
+
+        b = self.batch
+        picks: dict[int, int] = {}
+        lasts: list[tuple[int, int]] = []  # (slot, row) of the logits wanted in the batch being filled
+
+        def run() -> None:
+            rc = context.decode(self.ctx, b)
+            self.decodes += 1
+            if rc != 0:
+                self.clear()
+                raise LocalgenError(f"llama_decode failed ({rc}) in the draft model", hint="lower --parallel or --ctx")
+            for slot, row in lasts:
+                picks[slot] = int(numpy.argmax(logits_row(self.ctx, row, self.n_vocab)))
+            lasts.clear()
+            b.n_tokens = 0
+
+        b.n_tokens = 0
+        for slot, tokens in feed:
+            held = self.held[slot]
+            for j, tok in enumerate(tokens):
+                if b.n_tokens == self.n_batch:
+                    run()
+                row = b.add(tok, len(held), slot, j == len(tokens) - 1)
+                held.append(tok)
+                if j == len(tokens) - 1:
+                    lasts.append((slot, row))
+        if b.n_tokens:
+            run()
+        return picks

@@ -11,12 +11,17 @@ from localgen.types import LoadParams, ModelRef
 
 
 def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | None, share_prefixes: bool,
-               cache_ram: int, warn: Callable[[str], None], warm: bool, lookup: int = 0) -> tuple[Any, Any, Any]:
+               cache_ram: int, warn: Callable[[str], None], warm: bool, lookup: int = 0,
+               draft: ModelRef | None = None) -> tuple[Any, Any, Any]:
     """The LocalBackend, the ParallelContext of `parallel` slots, and the batching Mode; nothing held when it
     fails. `warm`: decode a warm-up now (only in the thread that decodes from now on: llama.cpp's CPU backend
     (OpenMP) keeps a team of threads per calling thread, and a warm-up decode in the loading thread made every
     later step in the worker thread much slower (docs/benchmarks.md, Warm-up); the worker warms a preloaded
-    model itself). `lookup`: tokens drafted per step at most, by prompt lookup (0: none)."""
+    model itself). `lookup`: tokens drafted per step at most (0: none), by prompt lookup or, with `draft`, by
+    that model (serve --draft), loaded with the same settings where the slots draft at all (not with --exact,
+    nor for a recurrent model): a UsageError when its vocabulary differs or its memory cannot drop drafts."""
+    import dataclasses
+
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchmode import batching_mode
     from localgen.engine.local import LocalBackend
@@ -28,8 +33,12 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
     pc = None
     try:
         mode = batching_mode(engine, exact, lookup > 0)
+        if draft is not None:  # the start-up line names the draft model where it names --lookup
+            mode = dataclasses.replace(mode, why=mode.why.replace("--lookup", f"--draft {draft.name}"))
         pc = ParallelContext(engine, parallel, engine.n_ctx, pooled=mode.throughput, share_prefixes=share_prefixes,
                              cache_ram=cache_ram, draft_max=lookup)
+        if draft is not None and pc.draft_max:
+            pc.drafter = _drafter(engine, draft, dataclasses.replace(load, lora=()), parallel, pc.n_ctx_seq, warn)
         if warm:  # a job waits for this load: it need not pay for ignore_eos's token scan
             pc.warm_up(eog=False)
     except BaseException:
@@ -38,6 +47,27 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
         backend.close()  # a failed load holds nothing: the next job loads again
         raise
     return backend, pc, mode
+
+
+def _drafter(engine: Any, ref: ModelRef, load: LoadParams, parallel: int, n_ctx_seq: int,
+             warn: Callable[[str], None]) -> Any:
+    """The draft model loaded for the slots (engine/speculative.py, SlotDrafter), once it is found fit to draft
+    for `engine`: the same vocabulary, and a memory that can drop the drafts not kept."""
+    from localgen.engine.speculative import SlotDrafter, check_vocab
+    from localgen.errors import UsageError
+    from localgen.models.load import open_engine
+    from localgen.native import model as native_model
+
+    d = open_engine(ref, load, warn=warn)
+    try:
+        if d.encoder_only or native_model.has_encoder(d.model_ptr) or native_model.whole_states_only(d.model_ptr):
+            raise UsageError(f"--draft {ref.name}: a recurrent, hybrid or encoder model cannot draft (its memory "
+                             "cannot drop the drafts not kept)", hint="pick a small transformer of the same family")
+        check_vocab(engine, d)
+        return SlotDrafter(d, parallel, n_ctx_seq)
+    except BaseException:
+        d.close()
+        raise
 
 
 def warm_template(backend: Any) -> None:
@@ -54,9 +84,12 @@ def warm_template(backend: Any) -> None:
     thinking_opened_by(template.source)
 
 
-def footprint(ref: ModelRef, load: LoadParams, parallel: int) -> int:
+def footprint(ref: ModelRef, load: LoadParams, parallel: int, draft: ModelRef | None = None) -> int:
     """The bytes loading `ref` for `parallel` slots will take on every device, by the plan the load follows
-    (models/fit.py): what serve's residency (serve/residency.py) sets against its budget."""
+    (models/fit.py): what serve's residency (serve/residency.py) sets against its budget; with a `draft`
+    model (serve --draft), its bytes for as many slots too."""
+    import dataclasses
+
     from localgen.models import fit
     from localgen.models import footprint as fp
     from localgen.native.devices import backend_info
@@ -64,7 +97,8 @@ def footprint(ref: ModelRef, load: LoadParams, parallel: int) -> int:
     machine = fit.this_machine(bool(backend_info()["gpu_offload"]))
     plan = fit.plan(ref.summary, fp.layout(ref.path), machine, load, ctx=load.n_ctx, parallel=parallel)
     adapters = sum(_size(path) for path, _ in (*ref.adapters, *load.lora))  # LoRA weights load beside the model's
-    return plan.footprint.total + adapters
+    own = plan.footprint.total + adapters
+    return own + (footprint(draft, dataclasses.replace(load, lora=()), parallel) if draft is not None else 0)
 
 
 def _size(path: str) -> int:

@@ -38,14 +38,15 @@ class Residence:
                  fault: Callable[[BaseException, str], None], warn: Callable[[str], None] = lambda s: None,
                  exact: bool | None = None, lookup: int = 0, share_prefixes: bool = True, cache_ram: int = 0,
                  residency: Residency | None = None, store: PrefixStore | None = None,
-                 log: ServeLog = STDERR_LOG) -> None:
+                 log: ServeLog = STDERR_LOG, draft: ModelRef | None = None) -> None:
         self.tenant = tenant  # what the residency is asked for room on behalf of
         self.ref, self.load, self.parallel = ref, load, parallel
         self.keep_alive = keep_alive  # seconds; < 0 never unload
         self._fault = fault
         self._warn = warn
         self._exact = exact
-        self._lookup = lookup  # tokens drafted per step at most, by prompt lookup (0: none)
+        self._lookup = lookup  # tokens drafted per step at most, by prompt lookup or the draft model (0: none)
+        self.draft = draft  # serve --draft: the model that drafts (loaded and unloaded with this one)
         self._share_prefixes = share_prefixes
         self._cache_ram = cache_ram  # bytes for slot states saved in host memory (-1 no limit, 0 off)
         self._residency = residency  # serve/residency.py: asked for room before each load (None: no limits)
@@ -85,12 +86,13 @@ class Residence:
         from localgen.engine.scheduler import Scheduler
         from localgen.serve.model import footprint, open_model
 
-        self.need = footprint(self.ref, self.load, self.parallel)
+        self.need = footprint(self.ref, self.load, self.parallel, self.draft)
         waited = self._residency.admit(self.tenant, self.need, wanted, patient) if self._residency is not None else 0.0
         t0 = time.perf_counter()
         try:
             backend, pc, mode = open_model(self.ref, self.load, self.parallel, self._exact, self._share_prefixes,
-                                           self._cache_ram, self._warn, warm=warm, lookup=self._lookup)
+                                           self._cache_ram, self._warn, warm=warm, lookup=self._lookup,
+                                           draft=self.draft)
         except BaseException:
             if self._residency is not None:
                 self._residency.released(self.tenant, failed=True)

@@ -56,7 +56,7 @@ class ModelWorker:
     def __init__(self, ref: ModelRef, load: LoadParams, parallel: int, keep_alive: float, max_queue: int,
                  warn: Callable[[str], None] = lambda s: None, exact: bool | None = None, lookup: int = 0,
                  share_prefixes: bool = True, cache_ram: int = 0, residency: Any = None, pinned: bool = True,
-                 store: Any = None, log: ServeLog = STDERR_LOG) -> None:
+                 store: Any = None, log: ServeLog = STDERR_LOG, draft: ModelRef | None = None) -> None:
         self.ref = ref
         self.name = ref.name
         self.parallel = parallel
@@ -66,7 +66,7 @@ class ModelWorker:
         self.log = log  # serve/servelog.py: its internal errors
         self.residence = Residence(self, ref, load, parallel, keep_alive, fault=self._internal, warn=warn, exact=exact,
                                    lookup=lookup, share_prefixes=share_prefixes, cache_ram=cache_ram,
-                                   residency=residency, store=store, log=log)
+                                   residency=residency, store=store, log=log, draft=draft)
         self._yield_to: list[str] = []  # models waiting for its room: it takes no new jobs (fair swaps)
         self._live: dict[int, Job | EmbedJob] = {}  # the jobs submitted and not ended, by id (arrival order)
         self._lock = threading.Lock()  # guards _live and _yield_to (the handlers' threads and this one)
@@ -213,7 +213,7 @@ class ModelWorker:
         """Slots, queue, batching counters and failures (for /health)."""
         res = self.residence
         pc, mode = res.pc, res.mode
-        drafting = pc if pc is not None and pc.draft_max else None  # serve --lookup, on a model that drafts
+        drafting = pc if pc is not None and pc.draft_max else None  # serve --lookup or --draft, on a model that drafts
         calls, rows = res.steps()
         states = [j.state for j in self._jobs()]
         return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel,
@@ -225,6 +225,8 @@ class ModelWorker:
                 "drafted": drafting.drafted if drafting else None,
                 "accepted": drafting.accepted if drafting else None,
                 "draft_row_cost": round(drafting.row_cost, 3) if drafting and drafting.row_cost is not None else None,
+                "draft_model_cost": round(drafting.draft_cost, 3) if drafting and drafting.drafter is not None
+                and drafting.step_costs else None,
                 "kv_unified": pc.one_pool if pc else None,
                 "failed_jobs": self.failures,
                 "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": res.settings(),

@@ -96,6 +96,10 @@ REMOTE_PANEL = "Remote endpoints"
 LOOKUP_HELP = ("Draft from n-grams already in the context (prompt lookup): fast for summaries, code edits, extraction. "
                "With many prompts (run --file, serve) the drafts are checked in the batch, only as many as pay for "
                "their rows (measured at load), and every request is batched as with --no-exact.")
+# --draft means the same in run and serve (serve drafts for its first -m model, in the batch as --lookup's drafts)
+DRAFT_HELP = ("A small model with the same vocabulary proposes tokens; the model checks several at once "
+              "(llama.cpp's -md/--model-draft and its --draft-max). serve drafts for its first -m model, in the "
+              "batch as with --lookup.")
 DRAFT_MAX_HELP = "Most tokens drafted per step."
 Endpoint = Annotated[
     list[str] | None,

@@ -58,8 +58,7 @@ class DecodingOptions(OptionGroup):
     draft: Annotated[
         str | None,
         typer.Option("--draft", "--model-draft", "-md", rich_help_panel=SPEC, show_default=False,
-                     help="A small model with the same vocabulary proposes tokens; the model checks several at once "
-                          "(llama.cpp's -md/--model-draft; --draft-max is its --draft-max)."),
+                     help=o.DRAFT_HELP),
     ] = None
     lookup: Annotated[
         bool, typer.Option("--lookup", rich_help_panel=SPEC,

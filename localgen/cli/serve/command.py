@@ -204,8 +204,12 @@ def _checked(f: ServeArgs, log: ServeLog) -> _Checked:
     o.refuse_empty(*(("--cors", origin) for origin in listen.cors or ()))
     if fetching.allow_private_urls and not fetching.allow_image_urls:
         raise UsageError("--allow-private-urls needs --allow-image-urls (without it no URL is fetched)")
-    if f.given("draft_max") and not f.batching.lookup:
-        raise UsageError("--draft-max sets how many tokens --lookup drafts: add --lookup")
+    if f.given("draft_max") and not (f.batching.lookup or f.batching.draft):
+        raise UsageError("--draft-max sets how many tokens --lookup or --draft drafts: add --lookup or --draft")
+    if f.batching.draft is not None and f.batching.lookup:
+        raise UsageError("--draft and --lookup cannot be combined")
+    if f.batching.draft is not None:
+        o.refuse_empty(("--draft", f.batching.draft))
     named = list(dict.fromkeys(f.models or []))
     if f.mmproj and len(named) > 1:  # refused before any loads, not after the first model that it fits
         raise UsageError(f"--mmproj pairs a projector with one model, and -m names {len(named)}",
@@ -447,23 +451,24 @@ def _uvicorn_logging(json_lines: bool) -> dict[str, Any]:
 
 
 def _maker(f: ServeArgs, models: ModelSettings, keep: float, cache_ram: int, residency: Residency,
-           store: PrefixStore | None, log: ServeLog) -> Callable[[ModelRef, bool, LoadParams], ModelWorker]:
-    """make(ref, pinned, load) → a ModelWorker with serve's settings (not started)."""
+           store: PrefixStore | None, log: ServeLog) -> Callable[..., ModelWorker]:
+    """make(ref, pinned, load, draft=None) → a ModelWorker with serve's settings (not started); `draft`: the
+    model that drafts for it (--draft, the first -m's)."""
     from localgen.serve.worker import ModelWorker
 
     slots = f.batching
 
-    def make(ref: ModelRef, pinned: bool, load: LoadParams) -> ModelWorker:
+    def make(ref: ModelRef, pinned: bool, load: LoadParams, draft: ModelRef | None = None) -> ModelWorker:
         return ModelWorker(ref, preset.load_params(ref, load, models.given), slots.parallel, keep,
                            f.residency.max_queue, warn=log.warning, exact=slots.exact,
-                           lookup=slots.draft_max if slots.lookup else 0,
+                           lookup=slots.draft_max if slots.lookup or draft is not None else 0,
                            share_prefixes=slots.share_prefix, cache_ram=cache_ram, residency=residency,
-                           pinned=pinned, store=store, log=log)
+                           pinned=pinned, store=store, log=log, draft=draft)
 
     return make
 
 
-def _on_demand(models: ModelSettings, make: Callable[[ModelRef, bool, LoadParams], ModelWorker]) -> OnDemand:
+def _on_demand(models: ModelSettings, make: Callable[..., ModelWorker]) -> OnDemand:
     """Every model on this machine, its worker made when a request first names it (serve/ondemand.py)."""
     from localgen.models.installed import installed
     from localgen.models.resolve import resolve
@@ -485,10 +490,11 @@ def _on_demand(models: ModelSettings, make: Callable[[ModelRef, bool, LoadParams
                                                                     assemble=False))
 
 
-def _workers(f: ServeArgs, models: ModelSettings, make: Callable[[ModelRef, bool, LoadParams], ModelWorker],
+def _workers(f: ServeArgs, models: ModelSettings, make: Callable[..., ModelWorker],
              err: ErrWriter, log: ServeLog) -> list[ModelWorker]:
-    """The models named at start, loaded. A download's progress is the log's lines with --log-format json, and
-    the terminal's "loading ..." is left out there (the load's own event follows)."""
+    """The models named at start, loaded, the first with --draft's model (found with them, loaded with it: a draft
+    that cannot draft for it is a usage error before the server listens). A download's progress is the log's lines
+    with --log-format json, and the terminal's "loading ..." is left out there (the load's own event follows)."""
     from localgen.cli.progress import LineProgress, make_progress
     from localgen.models.resolve import resolve
 
@@ -498,13 +504,17 @@ def _workers(f: ServeArgs, models: ModelSettings, make: Callable[[ModelRef, bool
     refs = [files.with_template(resolve(name, offline=f.offline,
                                         progress=LineProgress(log.line) if log.json else make_progress()),
                                 f.mmproj, f.chat_template_file) for name in names]
+    draft = f.batching.draft
+    draft_ref = resolve(draft, offline=f.offline, progress=LineProgress(log.line) if log.json else make_progress()) \
+        if draft is not None else None
     workers: list[ModelWorker] = []
     try:
-        for ref in refs:
+        for i, ref in enumerate(refs):
             # -m pins; the default model, loaded at start, may make room
-            w = make(ref, bool(f.models), load)
+            drafting = draft_ref if i == 0 else None
+            w = make(ref, bool(f.models), load, drafting)
             if not log.json:
-                err.status(f"loading {ref.name} ...")
+                err.status(f"loading {ref.name}{f' and its draft model {drafting.name}' if drafting else ''} ...")
             w.preload()
             w.start()
             workers.append(w)

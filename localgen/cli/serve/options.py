@@ -192,6 +192,11 @@ class SlotOptions(OptionGroup):
         bool, typer.Option("--lookup", rich_help_panel=SERVE,
                            help=o.LOOKUP_HELP)
     ] = False
+    draft: Annotated[
+        str | None,
+        typer.Option("--draft", "--model-draft", "-md", rich_help_panel=SERVE, show_default=False,
+                     help=o.DRAFT_HELP),
+    ] = None
     draft_max: Annotated[
         int, typer.Option("--draft-max", min=1, max=64, rich_help_panel=SERVE, metavar="N",
                           help=o.DRAFT_MAX_HELP)
