@@ -299,11 +299,9 @@ class SessionInfo:
     preview: str
 
 
-def list_sessions() -> list[SessionInfo]:
-    """Saved conversations, most recent first, each previewed by its first question (a --rag chat's question, not
-    its excerpts); unreadable files are skipped, never removed."""
-    from localgen.embeddings.retrieve import asked
-
+def list_sessions(asked: Callable[[str], str] = lambda text: text) -> list[SessionInfo]:
+    """Saved conversations, most recent first, each previewed by what `asked` makes of its first message (the CLI
+    gives a --rag chat's question, not its excerpts); unreadable files are skipped, never removed."""
     out = []
     d = chats_dir()
     if not d.is_dir():

@@ -398,8 +398,9 @@ def print_list() -> None:
     import time
 
     from localgen.chat import session as sessions
+    from localgen.embeddings.retrieve import asked
 
-    items = sessions.list_sessions()
+    items = sessions.list_sessions(asked)  # a --rag chat by its question, not the excerpts its message begins with
     if not items:
         print("no saved conversations")
         return
