@@ -178,6 +178,10 @@ def test_a_slot_catches_up_in_pieces_of_the_batch_size(smollm2_path: Path) -> No
         assert d.decodes == 8 and len(more[0]) == 2 and d.held[0] == tokens + first[0] + more[0][:1]
         d.kept(0, 150)
         assert d.held[0] == tokens
+        # a draft stops at a token past the model's vocabulary (a draft model with a few more tokens): here every
+        # token the draft model picks is past a "vocabulary" that ends below it, so nothing is proposed
+        d.limit = min(first[0] + more[0])
+        assert d.propose({0: (tokens, 3)}) == {}
     finally:
         d.close()
 
@@ -299,6 +303,8 @@ def test_the_draft_is_the_first_models_and_none_with_exact(cli_env: dict[str, st
                "--ctx", "512")
     try:
         models = httpx.get(f"{s.url}/health", timeout=5).json()["models"]
+        first_size = next(m["size"] for m in httpx.get(f"{s.url}/api/ps", timeout=5).json()["models"]
+                          if m["name"] == "smollm2:135m")
     finally:
         assert s.stop() == 0
     assert s.proc.stderr is not None
@@ -309,10 +315,48 @@ def test_the_draft_is_the_first_models_and_none_with_exact(cli_env: dict[str, st
     assert models[gemma]["draft_model_cost"] is None
     assert f"{gemma}: throughput batching: --draft" not in startup
     s = Server(cli_env, "--draft", str(gemma_path), "--exact", "-np", "1", "--ctx", "512")
-    assert s.stop() == 0
+    try:
+        exact_size = next(m["size"] for m in httpx.get(f"{s.url}/api/ps", timeout=5).json()["models"])
+    finally:
+        assert s.stop() == 0
+    # SmolLM2 drafting for itself counts twice its bytes; with --exact the draft is not loaded, nor counted
+    assert 2 * exact_size == first_size, (exact_size, first_size)
     assert s.proc.stderr is not None
     assert f"--exact: every answer identical to running alone (so nothing is drafted: --draft {gemma_path.name} is " \
            "off)" in s.proc.stderr.read().decode()
+
+
+def test_the_no_exact_start_line_names_the_drafts() -> None:
+    from localgen.engine.batchmode import batching_mode
+
+    assert batching_mode(None, False, True).why == "--no-exact: every request batched, its drafts (--lookup) checked " \
+                                                   "in the batch"  # serve/model.py names --draft MODEL in its place
+    assert batching_mode(None, False, False).why == "--no-exact: every request batched"
+
+
+def test_a_draft_vocabulary_may_differ_by_a_familys_padding_but_no_more() -> None:
+    """As llama.cpp's check: sizes within 128 tokens (Qwen2.5 7B's 152,064 and its 0.5B's 151,936), the tokens
+    both have of the same text."""
+    from dataclasses import dataclass
+
+    from localgen.engine.speculative import check_vocab
+    from localgen.errors import UsageError
+
+    @dataclass
+    class Vocab:  # the two things check_vocab reads of an engine
+        n_vocab: int
+        renamed: int = -1
+
+        def piece(self, t: int) -> bytes:
+            return b"other" if t == self.renamed else str(t).encode()
+
+    check_vocab(Vocab(152_064), Vocab(151_936))  # type: ignore[arg-type]
+    check_vocab(Vocab(151_936), Vocab(152_064))  # type: ignore[arg-type]
+    for target, draft, said in ((Vocab(152_064), Vocab(151_935), "differs from the model's (152,064) by more than 128"),
+                                (Vocab(1024), Vocab(1024, renamed=512), "differs from the model's (token 512)")):
+        with pytest.raises(UsageError) as e:
+            check_vocab(target, draft)  # type: ignore[arg-type]
+        assert said in e.value.message, e.value.message
 
 
 def test_draft_flags_that_cannot_go_together_are_usage_errors(cli: CLI) -> None:

@@ -47,7 +47,8 @@ def batching_mode(engine: Engine, exact: bool | None, lookup: bool = False) -> M
         return Mode(False, True, "--exact: every answer identical to running alone" +
                     (" (so nothing is drafted: --lookup is off)" if lookup else ""))
     if exact is False:
-        return Mode(True, False, "--no-exact: every request batched")
+        return Mode(True, False, "--no-exact: every request batched" +
+                    (", its drafts (--lookup) checked in the batch" if lookup else ""))
     if lookup:
         return Mode(True, False, "--lookup: every request batched, its drafts checked in the batch; --exact forces "
                                  "answers identical to running alone, without drafting")

@@ -18,6 +18,8 @@ from localgen.errors import LocalgenError, UsageError, WrongModel
 from localgen.native.prompt import Prompt
 from localgen.types import GenerationRequest
 
+SIZE_CHECKED = 1 << 20  # characters: a prompt past this, and past what the window could hold, is refused by its size
+
 
 class LocalBackend:
     """A loaded model behind the Backend protocol."""
@@ -70,13 +72,17 @@ class LocalBackend:
     def _check_size(self, request: GenerationRequest) -> None:
         """A prompt whose text cannot fit the window whatever the tokenizer makes of it is refused by its size,
         before the template writes it out or the tokenizer reads it (tens of megabytes piped in)."""
-        from localgen.media import text_of
         from localgen.text import CHARS_PER_TOKEN
 
+        def chars_of(content: Any) -> int:  # a message's text (its images and audio are not text)
+            if isinstance(content, list):
+                return sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
+            return len(content) if isinstance(content, str) else 0
+
         chars = len(request.prompt) if request.prompt is not None else sum(
-            len(text_of(m.get("content"))) for m in request.messages or ())
+            chars_of(m.get("content")) for m in request.messages or ())
         most = CHARS_PER_TOKEN * self.engine.n_ctx
-        if chars > most:
+        if chars > max(most, SIZE_CHECKED):  # below a megabyte the tokenizer is quick, and says the tokens exactly
             raise self.engine.overflow(f"the prompt is {chars:,} characters; the context window of "
                                        f"{self.engine.n_ctx:,} tokens holds at most {most:,}")
 

@@ -116,6 +116,7 @@ class ModelDrafter:
     def __init__(self, target: DecodingEngine, draft: DecodingEngine) -> None:
         check_vocab(target, draft)
         self.engine = draft
+        self.limit = target.n_vocab  # a draft token past the model's vocabulary ends the draft
         self.greedy = draft.sampler(SamplingParams(temperature=0.0, repeat_penalty=1.0), 0)
 
     def propose(self, context: list[int], k: int) -> list[int]:
@@ -126,7 +127,7 @@ class ModelDrafter:
         out: list[int] = []
         for j in range(k):
             tok = d.sample(self.greedy)
-            if d.is_eog(tok):
+            if d.is_eog(tok) or tok >= self.limit:
                 break
             out.append(tok)
             if j < k - 1:
@@ -138,14 +139,20 @@ class ModelDrafter:
         self.engine.close()
 
 
+VOCAB_SLACK = 128  # tokens two vocabularies of one family may differ by (llama.cpp's speculative check allows as
+# many: Qwen2.5 7B has 152,064 and its 0.5B draft 151,936, padding)
+
+
 def check_vocab(target: DecodingEngine, draft: DecodingEngine) -> None:
-    """Refuse a draft model whose vocabulary differs (size, or the text of sampled token ids)."""
+    """Refuse a draft model whose vocabulary differs: in size by more than VOCAB_SLACK, or in the text of sampled
+    token ids they share. A draft token past the model's vocabulary is never proposed (the drafters stop there)."""
     nt, nd = target.n_vocab, draft.n_vocab
-    if nt != nd:
-        raise UsageError(f"the draft model's vocabulary ({nd:,} tokens) differs from the model's ({nt:,})",
-                         hint="pick a draft model of the same family")
-    step = max(1, nt // 512)
-    for t in range(0, nt, step):
+    if abs(nt - nd) > VOCAB_SLACK:
+        raise UsageError(f"the draft model's vocabulary ({nd:,} tokens) differs from the model's ({nt:,}) by more "
+                         f"than {VOCAB_SLACK}", hint="pick a draft model of the same family")
+    shared = min(nt, nd)
+    step = max(1, shared // 512)
+    for t in range(0, shared, step):
         if target.piece(t) != draft.piece(t):
             raise UsageError(f"the draft model's vocabulary differs from the model's (token {t})",
                              hint="pick a draft model of the same family")
@@ -202,7 +209,7 @@ class SlotDrafter:
     Built on a loaded draft Engine whose vocabulary `check_vocab` accepted; the Engine's own context is released
     (this one has a window of `n_ctx_seq` cells per slot) and the model is freed by `close`."""
 
-    def __init__(self, draft: Any, n_parallel: int, n_ctx_seq: int) -> None:
+    def __init__(self, draft: Any, n_parallel: int, n_ctx_seq: int, limit: int | None = None) -> None:
         from localgen.errors import LocalgenError
         from localgen.native import context
         from localgen.native.batch import Batch
@@ -213,6 +220,7 @@ class SlotDrafter:
         prm = draft.params
         self.n_batch = max(draft.n_batch, n_parallel)
         self.n_vocab = draft.n_vocab
+        self.limit = limit or draft.n_vocab  # the model's vocabulary: a draft token past it ends that draft
         self.ctx = context.new(
             draft.model_ptr, n_ctx=n_ctx_seq * n_parallel, n_batch=self.n_batch,
             n_ubatch=max(min(prm.n_ubatch or 512, self.n_batch), 1), n_seq_max=n_parallel,
@@ -234,12 +242,14 @@ class SlotDrafter:
         goes into one decode, until each has its k."""
         for slot, (tokens, _) in wants.items():
             self._trim(slot, tokens, len(tokens) - 1)  # the last is decoded below, for its logits
+        wants = dict(sorted(wants.items()))  # in slot order: llama.cpp splits a batch of streams out of order into
+        # more passes over the weights (engine/policies.py sorts the model's rows so, for the same reason)
         picks = self._decode([(slot, tokens[len(self.held[slot]):]) for slot, (tokens, _) in wants.items()])
         out: dict[int, list[int]] = {slot: [] for slot in wants}
         while picks:
             feed: list[tuple[int, list[int]]] = []
             for slot, tok in picks.items():
-                if self.engine.is_eog(tok):
+                if self.engine.is_eog(tok) or tok >= self.limit:
                     continue
                 out[slot].append(tok)
                 if len(out[slot]) < wants[slot][1]:

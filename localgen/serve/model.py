@@ -38,7 +38,8 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
         pc = ParallelContext(engine, parallel, engine.n_ctx, pooled=mode.throughput, share_prefixes=share_prefixes,
                              cache_ram=cache_ram, draft_max=lookup)
         if draft is not None and pc.draft_max:
-            pc.drafter = _drafter(engine, draft, dataclasses.replace(load, lora=()), parallel, pc.n_ctx_seq, warn)
+            pc.drafter = _drafter(engine, draft, dataclasses.replace(load, lora=(), n_ctx=pc.n_ctx_seq), parallel,
+                                  pc.n_ctx_seq, warn)
         if warm:  # a job waits for this load: it need not pay for ignore_eos's token scan
             pc.warm_up(eog=False)
     except BaseException:
@@ -58,13 +59,13 @@ def _drafter(engine: Any, ref: ModelRef, load: LoadParams, parallel: int, n_ctx_
     from localgen.models.load import open_engine
     from localgen.native import model as native_model
 
-    d = open_engine(ref, load, warn=warn)
+    d = open_engine(ref, load, warn=warn, kv_tokens=parallel * n_ctx_seq)  # placed for the cells SlotDrafter makes
     try:
         if d.encoder_only or native_model.has_encoder(d.model_ptr) or native_model.whole_states_only(d.model_ptr):
             raise UsageError(f"--draft {ref.name}: a recurrent, hybrid or encoder model cannot draft (its memory "
                              "cannot drop the drafts not kept)", hint="pick a small transformer of the same family")
         check_vocab(engine, d)
-        return SlotDrafter(d, parallel, n_ctx_seq)
+        return SlotDrafter(d, parallel, n_ctx_seq, engine.n_vocab)
     except BaseException:
         d.close()
         raise

@@ -86,7 +86,8 @@ class Residence:
         from localgen.engine.scheduler import Scheduler
         from localgen.serve.model import footprint, open_model
 
-        self.need = footprint(self.ref, self.load, self.parallel, self.draft)
+        # the draft model's bytes only where it loads: not with --exact, under which nothing drafts
+        self.need = footprint(self.ref, self.load, self.parallel, self.draft if self._exact is not True else None)
         waited = self._residency.admit(self.tenant, self.need, wanted, patient) if self._residency is not None else 0.0
         t0 = time.perf_counter()
         try:
