@@ -1,20 +1,66 @@
-"""The documents of `embed --store NAME --docs PATH...`: the files the arguments name, a folder's walked in sorted
-order (hidden names skipped, linked folders not entered), each checked to be UTF-8 text from its start and all
-read whole within one bound, before the model loads; a folder's file that is not text is skipped, and stderr
-says so. Also the bound, the byte order mark and the id rule that embed's --file and stdin reading share."""
+"""The documents of `embed --store NAME --docs PATH...`, from the flags checked to the chunks: the files the
+arguments name, a folder's walked in sorted order (hidden names skipped, linked folders not entered), each
+checked to be UTF-8 text from its start and all read whole within one bound, before the model loads (a
+folder's file that is not text is skipped, and stderr says so); then each cut into chunks of the embedding
+model's own tokens (embeddings/chunk.py). Also the bound, the byte order mark and the id rule that embed's
+--file and stdin reading share."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localgen.errors import LocalgenError, UsageError
+
+if TYPE_CHECKING:
+    from localgen.cli.embed import EmbedArgs
 
 MAX_INPUT = 256 * 2**20  # a --file or stdin, or all the documents, read whole before the model loads: bounded
 BOM = "\ufeff"  # a byte order mark some editors write at a UTF-8 file's start: not text, dropped
 SNIFF_BYTES = 8192  # of each file in a folder, read first: a binary file is skipped without reading the rest
 NAMED_SKIPPED = 3  # skipped files named on stderr, at most
+CHUNK_TOKENS, CHUNK_OVERLAP = 256, 32  # --docs' defaults
+
+
+def checked(f: EmbedArgs) -> list[tuple[str, str]]:
+    """--docs: the flags checked, then (id, text) of each file of the arguments (cli/documents.py), read before
+    the model loads."""
+    if not f.docs:
+        flag = "--chunk-tokens" if f.chunk_tokens is not None else "--chunk-overlap"
+        raise UsageError(f"{flag} needs --docs (documents cut into chunks)")
+    if not f.store:
+        raise UsageError("--docs needs --store NAME (the collection the chunks go into)")
+    if f.file:
+        raise UsageError("--docs takes files and folders as arguments, not --file")
+    if not f.texts:
+        raise UsageError("--docs needs files or folders as arguments (it does not read stdin)")
+    limit = f.chunk_tokens or CHUNK_TOKENS
+    if f.chunk_overlap is not None and f.chunk_overlap >= limit:
+        raise UsageError(f"--chunk-overlap {f.chunk_overlap:,} must be less than --chunk-tokens ({limit:,})")
+    return read(f.texts)
+
+
+def chunked(f: EmbedArgs, backend: Any, docs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(FILE#N, chunk) of each document, cut by the model's own tokens as it embeds them."""
+    from localgen.embeddings.chunk import chunks
+
+    emb = backend.embedder(f.pooling)
+    window = emb.n_ctx
+    if f.chunk_tokens is not None and f.chunk_tokens > window:
+        raise UsageError(f"--chunk-tokens {f.chunk_tokens:,} is more than the embeddings window ({window:,} "
+                         "tokens)", hint=f"give at most {window:,}, or a larger --ctx")
+    limit = f.chunk_tokens or min(CHUNK_TOKENS, window)
+    overlap = f.chunk_overlap if f.chunk_overlap is not None else min(CHUNK_OVERLAP, limit // 4)
+    if overlap >= limit:
+        raise UsageError(f"--chunk-overlap {overlap:,} must be less than a chunk's {limit:,} tokens (the "
+                         "embeddings window)")
+
+    def count(text: str) -> int:
+        return len(emb.engine.tokenize(text, add_special=True))
+
+    return [(f"{ident}#{n}", c.text) for ident, text in docs
+            for n, c in enumerate(chunks(text, limit, overlap, count), 1)]
 
 
 def read(args: list[str]) -> list[tuple[str, str]]:

@@ -11,15 +11,15 @@ from typing import Annotated, Any
 
 import typer
 
+from localgen.cli import documents
 from localgen.cli import options as o
-from localgen.cli.documents import BOM, MAX_INPUT, controls
+from localgen.cli.documents import BOM, CHUNK_OVERLAP, CHUNK_TOKENS, MAX_INPUT, controls
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.output import plural
 from localgen.errors import UsageError
 
 EMBED = "Embeddings"
 DOCS = "Documents"
-CHUNK_TOKENS, CHUNK_OVERLAP = 256, 32  # --docs' defaults
 MIN_CHUNK = 8  # chunk.MIN_LIMIT: room for the special tokens and some text
 Pooling = Annotated[
     str | None,
@@ -345,24 +345,11 @@ def run_embed(f: EmbedArgs) -> None:
 
     from localgen.cli.output import ErrWriter
     from localgen.embeddings import store as collections
-    from localgen.engine.embed import POOLING
 
-    if f.fmt not in ("float", "base64"):
-        raise UsageError(f"--format takes float or base64, not {f.fmt!r}")
-    if f.pooling is not None and f.pooling not in POOLING:
-        raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
-    o.refuse_empty(("--store", f.store))
-    if f.store and controls(f.store):  # one line a collection, wherever listed
-        raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
-    if f.replace and not f.store:
-        raise UsageError("--replace needs --store NAME (the collection whose other entries it removes)")
-    shaping = [flag for flag, on in (("--json", f.json_out), ("--format", f.given("fmt"))) if on]
-    if f.store and shaping:
-        raise UsageError(f"{' and '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the printed vectors; "
-                         "--store prints none (it stores them)", hint="leave out " + " and ".join(shaping))
+    _check_flags(f)
     docs: list[tuple[str, str]] = []
     if f.docs or f.chunk_tokens is not None or f.chunk_overlap is not None:
-        docs = _documents(f)  # every check and read before the model loads
+        docs = documents.checked(f)  # every check and read before the model loads
         items = []
     else:
         items = _inputs(f.texts, f.file, by_content=True)
@@ -377,7 +364,7 @@ def run_embed(f: EmbedArgs) -> None:
                 collections.check(collections.Collection(f.store, name, f.model, embedder.pooling,
                                                          f.dimensions or embedder.n_embd, f.normalize))
         if f.docs:
-            items = _chunked(f, backend, docs)
+            items = documents.chunked(f, backend, docs)
         if f.store:
             # with --replace every text must end up under its own id: one held under another id is stored again
             # (with --docs, a chunk whose text another id holds takes that id's vector: a line added at the top
@@ -425,34 +412,40 @@ def run_embed(f: EmbedArgs) -> None:
                          f"another path? The collection now has both; remove one with `localgen collections rm "
                          f"{f.store} --id ID`, or store the folder again with --replace")
         return
+    _print_vectors(f, name, pooling, todo, vectors)
+
+
+def _check_flags(f: EmbedArgs) -> None:
+    """The usage errors of embed's flags and their combinations, before anything is read or loaded."""
+    from localgen.engine.embed import POOLING
+
+    if f.fmt not in ("float", "base64"):
+        raise UsageError(f"--format takes float or base64, not {f.fmt!r}")
+    if f.pooling is not None and f.pooling not in POOLING:
+        raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
+    o.refuse_empty(("--store", f.store))
+    if f.store and controls(f.store):  # one line a collection, wherever listed
+        raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
+    if f.replace and not f.store:
+        raise UsageError("--replace needs --store NAME (the collection whose other entries it removes)")
+    shaping = [flag for flag, on in (("--json", f.json_out), ("--format", f.given("fmt"))) if on]
+    if f.store and shaping:
+        raise UsageError(f"{' and '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the printed vectors; "
+                         "--store prints none (it stores them)", hint="leave out " + " and ".join(shaping))
+
+
+def _print_vectors(f: EmbedArgs, model: str, pooling: str, todo: list[tuple[str, str]], vectors: list[Any]) -> None:
+    """NDJSON lines {"id", "embedding", "tokens"}, or with --json one object with the model's name and pooling."""
+    from localgen.embeddings import store as collections
+
     data = [{"id": i, "embedding": collections.b64(v.vector) if f.fmt == "base64" else v.vector, "tokens": v.tokens}
             for (i, _), v in zip(todo, vectors, strict=True)]
     if f.json_out:
-        doc = {"model": name, "pooling": pooling, "dimensions": len(vectors[0].vector), "normalized": f.normalize,
+        doc = {"model": model, "pooling": pooling, "dimensions": len(vectors[0].vector), "normalized": f.normalize,
                "data": data, "tokens": sum(v.tokens for v in vectors)}
         _ndjson([doc])
         return
     _ndjson(data)
-
-
-def _documents(f: EmbedArgs) -> list[tuple[str, str]]:
-    """--docs: the flags checked, then (id, text) of each file of the arguments (cli/documents.py), read before
-    the model loads."""
-    from localgen.cli import documents
-
-    if not f.docs:
-        flag = "--chunk-tokens" if f.chunk_tokens is not None else "--chunk-overlap"
-        raise UsageError(f"{flag} needs --docs (documents cut into chunks)")
-    if not f.store:
-        raise UsageError("--docs needs --store NAME (the collection the chunks go into)")
-    if f.file:
-        raise UsageError("--docs takes files and folders as arguments, not --file")
-    if not f.texts:
-        raise UsageError("--docs needs files or folders as arguments (it does not read stdin)")
-    limit = f.chunk_tokens or CHUNK_TOKENS
-    if f.chunk_overlap is not None and f.chunk_overlap >= limit:
-        raise UsageError(f"--chunk-overlap {f.chunk_overlap:,} must be less than --chunk-tokens ({limit:,})")
-    return documents.read(f.texts)
 
 
 STEP = 64  # texts embedded at a time: how far it is shows on a terminal, and Ctrl-C with --store keeps them
@@ -493,28 +486,6 @@ def _store_part(f: EmbedArgs, model: str, pooling: str, todo: list[tuple[str, st
     collections.put(f.store, rows + list(reused), waiting=err.line)
     err.line(f"{f.store}: {len(vectors):,} of {len(todo):,} embedded and stored before Ctrl-C; the same command "
              "again embeds the rest")
-
-
-def _chunked(f: EmbedArgs, backend: Any, docs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(FILE#N, chunk) of each document, cut by the model's own tokens as it embeds them."""
-    from localgen.embeddings.chunk import chunks
-
-    emb = backend.embedder(f.pooling)
-    window = emb.n_ctx
-    if f.chunk_tokens is not None and f.chunk_tokens > window:
-        raise UsageError(f"--chunk-tokens {f.chunk_tokens:,} is more than the embeddings window ({window:,} "
-                         "tokens)", hint=f"give at most {window:,}, or a larger --ctx")
-    limit = f.chunk_tokens or min(CHUNK_TOKENS, window)
-    overlap = f.chunk_overlap if f.chunk_overlap is not None else min(CHUNK_OVERLAP, limit // 4)
-    if overlap >= limit:
-        raise UsageError(f"--chunk-overlap {overlap:,} must be less than a chunk's {limit:,} tokens (the "
-                         "embeddings window)")
-
-    def count(text: str) -> int:
-        return len(emb.engine.tokenize(text, add_special=True))
-
-    return [(f"{ident}#{n}", c.text) for ident, text in docs
-            for n, c in enumerate(chunks(text, limit, overlap, count), 1)]
 
 
 def run_similar(f: SimilarArgs) -> None:
