@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from localgen.errors import LocalgenError, UsageError
-
-if TYPE_CHECKING:
-    from localgen.cli.embed import EmbedArgs
 
 MAX_INPUT = 256 * 2**20  # a --file or stdin, or all the documents, read whole before the model loads: bounded
 BOM = "\ufeff"  # a byte order mark some editors write at a UTF-8 file's start: not text, dropped
@@ -23,9 +20,9 @@ NAMED_SKIPPED = 3  # skipped files named on stderr, at most
 CHUNK_TOKENS, CHUNK_OVERLAP = 256, 32  # --docs' defaults
 
 
-def checked(f: EmbedArgs) -> list[tuple[str, str]]:
-    """--docs: the flags checked, then (id, text) of each file of the arguments (cli/documents.py), read before
-    the model loads."""
+def checked(f: Any) -> list[tuple[str, str]]:
+    """--docs: the flags checked (`f`: cli/embed.py's EmbedArgs), then (id, text) of each file of the arguments,
+    read before the model loads."""
     if not f.docs:
         flag = "--chunk-tokens" if f.chunk_tokens is not None else "--chunk-overlap"
         raise UsageError(f"{flag} needs --docs (documents cut into chunks)")
@@ -41,7 +38,7 @@ def checked(f: EmbedArgs) -> list[tuple[str, str]]:
     return read(f.texts)
 
 
-def chunked(f: EmbedArgs, backend: Any, docs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def chunked(f: Any, backend: Any, docs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """(FILE#N, chunk) of each document, cut by the model's own tokens as it embeds them."""
     from localgen.embeddings.chunk import chunks
 
