@@ -161,21 +161,15 @@ def rm(
 def _confirm(names: list[str]) -> None:
     """Ask before removing whole collections (or want --yes when not on a terminal); a no is exit 1. Unknown
     names are the usual error first, nothing asked or removed."""
-    import sys
-
+    from localgen.cli.output import confirm_removal
     from localgen.embeddings import store
-    from localgen.errors import UsageError
 
     known = {c.name: c.entries for c in store.listing()}
     if any(n not in known for n in names):
         return  # store.remove names the unknown one, removing nothing
     wanted = list(dict.fromkeys(names))
     what = ", ".join(f"{n} ({_entries(known[n])})" for n in wanted)
-    what = f"the collection{'s' if len(wanted) > 1 else ''} {what}"
-    if sys.stdin is None or not sys.stdin.isatty():
-        raise UsageError(f"would remove {what}; pass --yes to confirm when not on a terminal")
-    if not typer.confirm(f"Remove {what}?", default=False, err=True):
-        raise typer.Exit(1)
+    confirm_removal(f"the collection{'s' if len(wanted) > 1 else ''} {what}")
 
 
 def _entries(n: int) -> str:

@@ -120,6 +120,19 @@ def _echoes_ctrl_c(stream: TextIO) -> bool:
     return bool(lflag & termios.ECHO and lflag & termios.ECHOCTL)
 
 
+def confirm_removal(what: str) -> None:
+    """Ask "Remove WHAT? [y/N]" on a terminal (a no is exit 1); off one, a usage error that wants --yes. The
+    caller asks only without --yes."""
+    import typer
+
+    from localgen.errors import UsageError
+
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise UsageError(f"would remove {what}; pass --yes to confirm when not on a terminal")
+    if not typer.confirm(f"Remove {what}?", default=False, err=True):
+        raise typer.Exit(1)
+
+
 def plural(n: int, word: str) -> str:
     """`n word`, with an s for any count but 1 ("1 exchange", "2 exchanges"); n with thousands separators."""
     return f"{n:,} {word}{'' if n == 1 else 's'}"

@@ -454,11 +454,9 @@ def _confirm(desc: str, total: int, yes: bool, size: bool = True) -> None:
     """Ask before removing (or want --yes when not on a terminal); a no is exit 1."""
     if yes:
         return
-    what = f"{desc} ({format_bytes(total)})" if size else desc
-    if not sys.stdin.isatty():
-        raise UsageError(f"would remove {what}; pass --yes to confirm when not on a terminal")
-    if not typer.confirm(f"Remove {what}?", default=False, err=True):
-        raise typer.Exit(1)
+    from localgen.cli.output import confirm_removal
+
+    confirm_removal(f"{desc} ({format_bytes(total)})" if size else desc)
 
 
 def _rm_embedded(model: Any, yes: bool) -> None:
