@@ -351,9 +351,10 @@ def test_an_answer_streams_in_as_markdown_with_its_stats_and_is_kept(tab: Tab) -
     page.click("#open-settings")
     assert page.input_value("#system") == "Answer in one sentence." and page.input_value("#max_tokens") == "64"
     assert page.locator("#tools-settings").is_hidden()  # no tools offered: no Tools part
+    assert page.locator("#documents-settings").is_hidden()  # no collection offered: no Documents part
     page.click("#settings-cancel")
     # the page called only the public routes any client calls, and nothing but this server
-    api = {"/v1/models", "/models", "/api/show", "/v1/chat/completions", "/tools"}
+    api = {"/v1/models", "/models", "/api/show", "/v1/chat/completions", "/tools", "/v1/vector_stores"}
     assert api <= paths and paths <= api | {"/"} | {f"/webui/{n}" for n in FILES}, paths
     # kept per address: the same server opened as localhost is another store (and another tab's key)
     other = tab.context.new_page()

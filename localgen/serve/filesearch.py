@@ -6,7 +6,8 @@ with room for the answer, the lowest-scoring left out first (as --rag leaves the
 `file_search_call` output item before the answer (its results with include ["file_search_call.results"]). The
 model is not asked to write the query: a small local model answers better from a search for the question
 itself, and the request is answered in one pass. Where the answer cites a text sent as `[id]`, its message
-carries a file_citation annotation there."""
+carries a file_citation annotation there. /v1/chat/completions takes the same search as localgen's `file_search`
+field (serve/openai.py), its file_search_call item beside the answer."""
 
 from __future__ import annotations
 
@@ -43,14 +44,15 @@ class FileSearch:
     threshold: float | None
 
 
-def tool(state: ServeState, t: dict[str, Any]) -> FileSearch:
-    """A file_search tool as OpenAI spells it, checked: every store one serve offers; what is not done here
-    (filters) a 400."""
+def tool(state: ServeState, t: dict[str, Any], param: str = "tools") -> FileSearch:
+    """A file_search tool as OpenAI spells it (or chat completions' `file_search` field: `param`), checked: every
+    store one serve offers; what is not done here (filters) a 400."""
     ids = t.get("vector_store_ids")
     if not isinstance(ids, list) or not ids:
-        raise HTTPError(400, "a file_search tool needs vector_store_ids: a non-empty list", param="tools")
-    stores = tuple(dict.fromkeys(check_offered(state, i, "tools") for i in ids))
-    count, threshold = search_options(t, DEFAULT_RESULTS, lambda field: (f"file_search's {field}", "tools"))
+        said = "a file_search tool" if param == "tools" else f"`{param}`"
+        raise HTTPError(400, f"{said} needs vector_store_ids: a non-empty list", param=param)
+    stores = tuple(dict.fromkeys(check_offered(state, i, param) for i in ids))
+    count, threshold = search_options(t, DEFAULT_RESULTS, lambda field: (f"file_search's {field}", param))
     return FileSearch(stores, count, threshold)
 
 
@@ -104,7 +106,7 @@ async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]],
     for the pipeline to place (None when there is nothing to search for, or nothing was found). The
     file_search_call item, for the encoder, is in SEARCHED."""
     at = next((i for i in range(len(messages) - 1, first - 1, -1) if messages[i].get("role") == "user"), None)
-    question = _text(messages[at]["content"]) if at is not None else ""
+    question = _text(messages[at].get("content")) if at is not None else ""  # no content: the pipeline's 400
     if not question.strip():
         SEARCHED.set({"type": "file_search_call", "id": ident, "status": "completed", "queries": [],
                       "results": [] if results else None})

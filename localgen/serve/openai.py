@@ -1,8 +1,9 @@
 """OpenAI's chat completions and completions, as llama-server and vLLM speak them: /v1/chat/completions and
 /v1/completions, read into the pipeline's Ask and answered whole or as server-sent events: `usage` (also in
 the last chunk with stream_options.include_usage), llama-server's `timings`, logprobs, tool_calls streamed
-as deltas, reasoning in `reasoning_content`. (/v1/models: serve/listings.py; /v1/embeddings and
-/v1/rerank: serve/embeds.py.)"""
+as deltas, reasoning in `reasoning_content`; localgen's `file_search` field searches serve --collection's stores
+for the question and places what it finds as Responses' file_search does (serve/filesearch.py). (/v1/models:
+serve/listings.py; /v1/embeddings and /v1/rerank: serve/embeds.py.)"""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from starlette.routing import Route
 
 from localgen.backend import Completion
+from localgen.serve import filesearch
 from localgen.serve.apierror import OPENAI, HTTPError, error_body
 from localgen.serve.ask import (
     Ask,
@@ -45,7 +47,8 @@ DONE = b"data: [DONE]\n\n"  # a stream's last event, after its end or an error
 
 def routes(state: ServeState) -> list[Route]:
     """/v1/chat/completions and /v1/completions."""
-    return [route(state, "/v1/chat/completions", CHAT), route(state, "/v1/completions", COMPLETIONS)]
+    return [route(state, "/v1/chat/completions", Completions(chat=True, state=state)),
+            route(state, "/v1/completions", COMPLETIONS)]
 
 
 class Completions:
@@ -53,8 +56,8 @@ class Completions:
 
     claude = False
 
-    def __init__(self, chat: bool) -> None:
-        self.chat = chat
+    def __init__(self, chat: bool, state: ServeState | None = None) -> None:
+        self.chat, self.state = chat, state  # the state: the stores `file_search` searches
 
     async def parse(self, body: dict[str, Any]) -> Ask:
         for key in UNSUPPORTED:
@@ -85,11 +88,14 @@ class Completions:
             logprobs=logprobs, exact=flag(body, "exact"), stream=flag(body, "stream"),
             keep_alive=keep_alive(body.get("ttl"), "ttl"), effort=effort)
         if self.chat:
-            return Ask(messages=body.get("messages"), template_vars=_template_vars(body.get("chat_template_kwargs")),
+            return Ask(messages=body.get("messages"), excerpts=await self._searched(body),
+                       template_vars=_template_vars(body.get("chat_template_kwargs")),
                        thinking=None if effort is None else effort not in ("none", "minimal"),
                        tools=body.get("tools"), tool_choice=body.get("tool_choice"),
                        parallel_tool_calls=flag(body, "parallel_tool_calls", default=True),
                        split_reasoning=split_reasoning(body), **common)
+        if body.get("file_search") is not None:
+            raise HTTPError(400, "`file_search` needs a chat: send it to /v1/chat/completions", param="file_search")
         if body.get("tools"):  # a raw prompt has no template to offer them in: refused, never dropped silently
             raise HTTPError(400, "`tools` need a chat: send them to /v1/chat/completions", param="tools")
         prompt = body.get("prompt")
@@ -102,13 +108,30 @@ class Completions:
                 raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
         return Ask(prompt=prompt, chat=False, **common)
 
+    async def _searched(self, body: dict[str, Any]) -> filesearch.Excerpts | None:
+        """localgen's `file_search` field (a file_search tool's fields, without its type): the question (the last
+        user message) searched for in the stores it names, for the pipeline to place; the file_search_call item,
+        its results those placed, in SEARCHED for the encoder."""
+        filesearch.SEARCHED.set(None)
+        spec = optional_object(body, "file_search")
+        if spec is None:
+            return None
+        if self.state is None:
+            raise HTTPError(400, "`file_search`: no vector store is offered here", param="file_search")
+        searching = filesearch.tool(self.state, dict(spec), "file_search")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            return None  # the pipeline's reading of `messages` says what is wrong with them
+        return await filesearch.run(self.state, searching, messages, 0, True, f"fs_{uuid.uuid4().hex[:24]}")
+
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> _Encoder:
         opts = body.get("stream_options")
         usage = isinstance(opts, dict) and opts.get("include_usage") is True  # checked by parse
-        return _Encoder(self.chat, made.model, ask.logprobs is not None, usage)
+        searched = filesearch.SEARCHED.get() if self.chat else None
+        return _Encoder(self.chat, made.model, ask.logprobs is not None, usage, searched)
 
 
-CHAT, COMPLETIONS = Completions(chat=True), Completions(chat=False)
+CHAT, COMPLETIONS = Completions(chat=True), Completions(chat=False)  # (the route's chat has the server's state)
 
 
 def _response_format(fmt: Any) -> Schema | None:
@@ -190,8 +213,10 @@ class _Encoder:
 
     media_type = "text/event-stream"
 
-    def __init__(self, chat: bool, model: str, logprobs: bool, usage: bool) -> None:
+    def __init__(self, chat: bool, model: str, logprobs: bool, usage: bool,
+                 searched: dict[str, Any] | None = None) -> None:
         self.chat, self.model, self.logprobs, self.usage = chat, model, logprobs, usage
+        self.searched = searched  # file_search's file_search_call item: in the first chunk, or the whole answer
         self.ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.calls = 0  # tool calls streamed
@@ -208,7 +233,10 @@ class _Encoder:
         return {**self.head(), "choices": [choice]}
 
     def opening(self, first: Event) -> list[bytes]:
-        return [_data(self.chunk({"role": "assistant", "content": ""}, None))] if self.chat else []
+        if not self.chat:
+            return []
+        opened = self.chunk({"role": "assistant", "content": ""}, None)
+        return [_data({**opened, "file_search_call": self.searched} if self.searched else opened)]
 
     def said(self, pieces: list[Said]) -> list[bytes]:
         """Content, reasoning_content, and each tool call as OpenAI streams one (id, name and empty arguments
@@ -251,7 +279,8 @@ class _Encoder:
             elif message["content"] is None:
                 message["content"] = ""
             choice["message"] = message
-        return {**self.head(whole=True), "choices": [choice], "usage": _usage(c), "timings": timings(c)}
+        found = {"file_search_call": self.searched} if self.searched else {}
+        return {**self.head(whole=True), "choices": [choice], "usage": _usage(c), "timings": timings(c), **found}
 
     def _logprobs(self, c: Completion) -> dict[str, Any]:
         items = c.logprobs

@@ -1,6 +1,7 @@
 // The server's API as any client calls it (no private route): the models (/v1/models, llama-server's /models
 // for what is loaded, Ollama's /api/show for what a model takes), the chat stream (/v1/chat/completions with
-// server-sent events), the server's tools (/tools, /tools/call: its --mcp and --functions), the API key
+// server-sent events), the server's tools (/tools, /tools/call: its --mcp and --functions), its documents
+// (/v1/vector_stores: serve --collection; searched by the chat request's file_search field), the API key
 // (asked for once on a 401 and kept in sessionStorage), and every failure as
 // an ApiError whose `kind` says what went wrong: "network" (the server is gone), "auth", "context" (the
 // conversation does not fit the model's window), "size" (the request is over serve's --max-body) or "refused"
@@ -124,6 +125,19 @@ export async function tools() {
     throw e;
   }
   return Array.isArray(doc.data) ? doc.data.filter((t) => t && t.function && typeof t.function.name === "string") : [];
+}
+
+/** The vector stores the server offers (serve --collection: embeddings collections), [{id, name, file_counts,
+ * metadata}], [] with none. A server older than the route (404) offers none. */
+export async function vectorStores() {
+  let doc;
+  try {
+    doc = await json("v1/vector_stores");
+  } catch (e) {
+    if (e.status === 404) return [];
+    throw e;
+  }
+  return Array.isArray(doc.data) ? doc.data.filter((s) => s && typeof s.id === "string") : [];
 }
 
 /** Runs one of the server's tools: {content, is_error}. A call that failed (the tool raised, timed out, its

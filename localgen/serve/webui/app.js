@@ -1,5 +1,6 @@
 // The chat page: the conversation on screen and its branches, the composer, the model picker, the
-// conversation list, settings, the key prompt, and the server's tools (an answer's rounds of calls).
+// conversation list, settings, the key prompt, the server's tools (an answer's rounds of calls), and its
+// documents (an answer's sources).
 // Everything the model writes reaches the page through markdown.js (DOM nodes, never HTML); every call to
 // the server goes through api.js.
 
@@ -33,6 +34,8 @@ const state = {
   running: null, // {controller, conv, answer, calls, asking, calling} while an answer streams or runs its tools
   tools: null, // the server's tools (/tools): a list, [] with none, null when it could not say
   toolsError: "", // why /tools could not be read
+  stores: null, // the server's vector stores (/v1/vector_stores: serve --collection): a list, [] with none, null unknown
+  storesError: "", // why /v1/vector_stores could not be read
   loading: null, // the model an answer waits for while it loads (until its first words)
   attachments: [], // data: URIs of the images waiting to be sent
   views: new Map(), // message id → the function that redraws it, for the messages on screen
@@ -136,7 +139,7 @@ async function loadModels() {
   }
   clearBanner();
   state.models = models;
-  await loadTools();
+  await Promise.all([loadTools(), loadStores()]);
   const offered = new Set(models.map((m) => m.id));
   const previous = ui.model.value;
   ui.model.replaceChildren(...models.map((m) => {
@@ -159,6 +162,16 @@ async function loadTools() {
   } catch (e) {
     state.tools = null;
     state.toolsError = e.message || String(e);
+  }
+}
+
+async function loadStores() {
+  try {
+    state.stores = await api.vectorStores();
+    state.storesError = "";
+  } catch (e) {
+    state.stores = null;
+    state.storesError = e.message || String(e);
   }
 }
 
@@ -385,6 +398,7 @@ function messageView(m) {
     fillTools(tools, m);
     return article;
   }
+  const sources = el("div", "sources-slot");
   const rounds = el("div", "rounds");
   const reasoning = el("details", "reasoning");
   const summary = el("summary");
@@ -394,9 +408,15 @@ function messageView(m) {
   const live = el("div", "tool-calls"); // the calls of the round that streams now
   const note = el("div", "note");
   note.setAttribute("role", "status");
-  article.append(rounds, reasoning, body, live, note, tools);
+  article.append(sources, rounds, reasoning, body, live, note, tools);
   const drawn = [];
+  let drawnSources = null;
   const redraw = () => {
+    const key = m.sources ? m.sources.map((x) => x.id).join("\n") + `|${m.sources.length}` : null;
+    if (key !== drawnSources) { // drawn again only when they change, so an excerpt opened stays open
+      drawnSources = key;
+      sources.replaceChildren(...(m.sources ? [sourcesView(m.sources)] : []));
+    }
     drawRounds(m, rounds, drawn);
     const run = runOf(m);
     const calls = run ? run.calls.filter(Boolean) : [];
@@ -404,8 +424,10 @@ function messageView(m) {
     summary.textContent = m.pending && !m.content ? "Thinking…" : "Reasoning";
     thought.textContent = m.reasoning || "";
     const waiting = run && (run.asking || run.calling || calls.length);
-    if (m.content) body.replaceChildren(markdown(m.content));
-    else body.replaceChildren(...(m.pending && !waiting ? [el("span", "typing", "…")] : []));
+    if (m.content) {
+      body.replaceChildren(markdown(m.content));
+      if (m.sources && m.sources.length) cite(body, m.sources, article);
+    } else body.replaceChildren(...(m.pending && !waiting ? [el("span", "typing", "…")] : []));
     live.replaceChildren(...calls.map((c) => callBlock(c, null, "writing")));
     article.classList.toggle("pending", Boolean(m.pending));
     note.replaceChildren(...noteOf(m));
@@ -415,6 +437,61 @@ function messageView(m) {
   state.views.set(m.id, redraw);
   redraw();
   return article;
+}
+
+/** The excerpts of the documents an answer was sent: each its number, id and score, its text folded. */
+function sourcesView(list) {
+  const box = el("section", "sources");
+  box.setAttribute("aria-label", "Sources");
+  if (!list.length) {
+    box.append(el("div", "sources-head", "No excerpt of the documents was sent with this question."));
+    return box;
+  }
+  box.append(el("div", "sources-head", `Sources (${list.length})`));
+  list.forEach((x, k) => {
+    const d = el("details", "source");
+    const summary = el("summary");
+    summary.append(el("span", "source-n", `[${k + 1}]`), el("code", "source-id", x.id));
+    if (Number.isFinite(x.score)) summary.append(el("span", "source-score", x.score.toFixed(3)));
+    d.append(summary, el("div", "source-text", x.text));
+    box.append(d);
+  });
+  return box;
+}
+
+/** The citations in an answer's text, `[id]` of an excerpt it was sent or `[n]` (its number), made links to that
+ * excerpt (outside code and links). */
+function cite(body, list, article) {
+  const ids = new Map(list.map((x, k) => [x.id, k]));
+  const walker = document.createTreeWalker(body, NodeFilter.SHOW_TEXT);
+  const texts = [];
+  while (walker.nextNode()) {
+    if (!walker.currentNode.parentElement.closest("code, pre, a, button")) texts.push(walker.currentNode);
+  }
+  for (const node of texts) {
+    const text = node.data;
+    const found = /\[([^[\]\n]{1,300})\]/g;
+    const parts = [];
+    let at = 0;
+    for (let hit = found.exec(text); hit; hit = found.exec(text)) {
+      const n = /^[1-9][0-9]{0,2}$/.test(hit[1]) ? Number(hit[1]) - 1 : -1;
+      const k = ids.has(hit[1]) ? ids.get(hit[1]) : n < list.length ? n : -1;
+      if (k < 0) continue;
+      const link = button(hit[0], "cite", () => showSource(article, k), `Source ${k + 1}: ${list[k].id}`);
+      parts.push(text.slice(at, hit.index), link);
+      at = found.lastIndex;
+    }
+    if (parts.length) node.replaceWith(...parts, text.slice(at));
+  }
+}
+
+/** Opens the answer's excerpt `k` and brings it into view. */
+function showSource(article, k) {
+  const d = article.querySelectorAll(".sources .source")[k];
+  if (!d) return;
+  d.open = true;
+  d.scrollIntoView({ block: "nearest" });
+  d.querySelector("summary").focus();
 }
 
 /** The run of `m` when it is this tab's answer now streaming or running its tools. */
@@ -641,6 +718,7 @@ function startEdit(m) {
     } else {
       const fields = { role: "assistant", content: text, reasoning: m.reasoning || "", model: m.model, edited: true };
       if (m.rounds) fields.rounds = m.rounds; // the calls it made stay with the edited answer
+      if (m.sources) fields.sources = m.sources; // and the excerpts it was sent
       tree.add(state.conv, m.parent, fields);
       persist(state.conv);
       renderConversation();
@@ -775,6 +853,7 @@ async function generate(conv, parent) {
   for (const m of tree.path(conv, parent)) prior.push(...wire(m));
   const tools = offeredTools(conv);
   const use = tree.toolSettings(conv);
+  const documents = tree.documentSettings(conv).stores;
   const answer = tree.add(conv, parent, { role: "assistant", content: "", reasoning: "", model, pending: true });
   await persist(conv);
   if (conv === state.conv) {
@@ -803,17 +882,21 @@ async function generate(conv, parent) {
   try {
     for (let step = 0; ; step++) {
       const body = { model, messages: [...prior, ...roundsWire(answer.rounds || [])], ...settings };
+      // the question is searched for in the documents, and the excerpts placed in it, by the server (as run --rag)
+      if (documents.length) body.file_search = { vector_store_ids: documents };
       if (tools) {
         body.tools = tools;
         body.tool_choice = mustAnswer ? "none" : step === 0 && use.mode === "required" ? "required" : "auto";
       }
       run.calls = [];
-      const round = { timings: null, usage: null };
+      const round = { timings: null, usage: null, pieces: 0 };
       steps.push(round);
       for await (const chunk of api.chat(body, controller.signal)) {
+        if (chunk.file_search_call) answer.sources = sourcesOf(chunk.file_search_call);
         const choice = chunk.choices && chunk.choices[0];
         if (choice) {
           const delta = choice.delta || {};
+          if (delta.content || delta.reasoning_content) round.pieces += 1; // a piece a token, as serve streams them
           if (typeof delta.content === "string") answer.content += delta.content;
           if (typeof delta.reasoning_content === "string") answer.reasoning += delta.reasoning_content;
           if (Array.isArray(delta.tool_calls)) takeCalls(run.calls, delta.tool_calls);
@@ -888,6 +971,14 @@ async function generate(conv, parent) {
   }
 }
 
+/** The excerpts a request's search sent (its file_search_call's results), as the answer keeps them. */
+function sourcesOf(item) {
+  const results = Array.isArray(item.results) ? item.results : [];
+  return results.filter((r) => r && typeof r.file_id === "string").map((r) => ({
+    id: r.file_id, score: Number.isFinite(r.score) ? r.score : null, text: typeof r.text === "string" ? r.text : "",
+  }));
+}
+
 /** Takes a streamed delta's tool_calls into the calls of the round (OpenAI's shape: the first piece of a
  * call has its id and name, the next ones more of its arguments). */
 function takeCalls(calls, pieces) {
@@ -953,16 +1044,18 @@ function approval(run, call) {
   });
 }
 
-/** An answer's stats over its rounds: tokens summed, the rate over all of them, the prompt the last round's. */
+/** An answer's stats over its rounds: tokens summed, the rate over all of them, the prompt the last round's. A round
+ * the server did not finish (stopped) has no usage: its tokens are the pieces that came. */
 function stats(steps, first, total, maxTokens, ctx) {
   const s = {};
   let tokens = null;
   let ms = 0;
   let made = 0;
-  for (const { timings, usage } of steps) {
+  for (const { timings, usage, pieces } of steps) {
     const t = timings || {};
     const u = usage || {};
-    const n = Number.isFinite(u.completion_tokens) ? u.completion_tokens : t.predicted_n;
+    const told = Number.isFinite(u.completion_tokens) ? u.completion_tokens : t.predicted_n;
+    const n = Number.isFinite(told) ? told : timings || usage ? null : pieces;
     if (Number.isFinite(n)) tokens = (tokens || 0) + n;
     if (Number.isFinite(t.predicted_n) && Number.isFinite(t.predicted_ms)) {
       made += t.predicted_n;
@@ -1037,6 +1130,7 @@ function openSettings() {
   for (const k of tree.SETTINGS) $(k).value = c.settings[k] === null ? "" : String(c.settings[k]);
   $("settings-error").hidden = true;
   drawToolSettings(c);
+  drawDocumentSettings(c);
   const saved = hasMessages(c);
   for (const id of ["export-json", "export-md", "delete-conv"]) $(id).disabled = !saved;
   ui.settings.showModal();
@@ -1062,6 +1156,37 @@ function drawToolSettings(c) {
   }));
 }
 
+/** The Documents part of the settings: shown when the server offers vector stores (or could not list them, or
+ * the conversation names one): a box to check for each, none checked by default. */
+function drawDocumentSettings(c) {
+  const offered = state.stores || [];
+  const chosen = tree.documentSettings(c).stores;
+  const gone = chosen.filter((id) => !offered.some((s) => s.id === id));
+  $("documents-settings").hidden = !offered.length && !gone.length && !state.storesError;
+  $("documents-error").textContent = state.storesError ? `The server's documents could not be listed: ${state.storesError}` : "";
+  $("documents-error").hidden = !state.storesError;
+  const item = (id, hint) => {
+    const li = el("li");
+    const label = el("label", "check");
+    const box = el("input");
+    box.type = "checkbox";
+    box.value = id;
+    box.checked = chosen.includes(id);
+    label.append(box, el("code", "store-name", id));
+    li.append(label);
+    if (hint) li.append(el("div", "hint", hint));
+    return li;
+  };
+  $("document-list").replaceChildren(
+    ...offered.map((s) => {
+      const n = s.file_counts && Number.isFinite(s.file_counts.total) ? s.file_counts.total : null;
+      const model = s.metadata && s.metadata.model ? `embedded by ${s.metadata.model}` : "";
+      return item(s.id, [n === null ? "" : `${n} text${n === 1 ? "" : "s"}`, model].filter(Boolean).join(" · "));
+    }),
+    ...gone.map((id) => item(id, "not offered by the server now: a question sent with it gets the server's reason")),
+  );
+}
+
 function saveSettings(e) {
   e.preventDefault();
   const c = state.conv;
@@ -1085,6 +1210,10 @@ function saveSettings(e) {
   }
   c.settings = values;
   if (state.tools && state.tools.length) c.tools = { mode: $("tool-mode").value, ask: $("tool-ask").checked };
+  if (!$("documents-settings").hidden) {
+    const boxes = [...$("document-list").querySelectorAll("input[type=checkbox]")];
+    c.documents = { stores: boxes.filter((b) => b.checked).map((b) => b.value) };
+  }
   c.system = $("system").value;
   c.name = $("conv-name").value.trim().slice(0, 200);
   c.meta = Date.now();

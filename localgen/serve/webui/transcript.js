@@ -40,8 +40,19 @@ export function exportMarkdown(conv) {
     if (m.reasoning) parts.push(m.reasoning.trim().split("\n").map((l) => `> ${l}`).join("\n"));
     if (m.images && m.images.length) parts.push(`*${m.images.length} image${m.images.length > 1 ? "s" : ""} attached*`);
     parts.push(m.content || "");
+    if (m.sources) parts.push(...sourcesMarkdown(m.sources));
   }
   return `${parts.join("\n\n")}\n`;
+}
+
+/** The excerpts of the documents an answer was sent: each with its number, id and score, then its text quoted. */
+function sourcesMarkdown(sources) {
+  if (!sources.length) return ["*Sources: no excerpt of the documents was sent.*"];
+  return ["**Sources:**", ...sources.map((s, k) => {
+    const score = Number.isFinite(s.score) ? ` (score ${s.score.toFixed(3)})` : "";
+    const quoted = s.text.split("\n").map((l) => `> ${l}`).join("\n");
+    return `${k + 1}. \`${s.id}\`${score}\n\n${quoted.replace(/^/gm, "   ")}`;
+  })];
 }
 
 /** A tool round of an answer: what the model said, each call with its arguments, and what came back. */

@@ -16,6 +16,7 @@ export function conversation() {
   const settings = Object.fromEntries(SETTINGS.map((k) => [k, null]));
   return {
     id: newId(), name: "", created: now, updated: now, model: null, system: "", settings, tools: toolSettings({}),
+    documents: documentSettings({}),
     current: ROOT, messages: { [ROOT]: { id: ROOT, parent: null, children: [], role: "root" } },
   };
 }
@@ -25,6 +26,14 @@ export function conversation() {
 export function toolSettings(conv) {
   const t = conv.tools && typeof conv.tools === "object" ? conv.tools : {};
   return { mode: TOOL_MODES.includes(t.mode) ? t.mode : "auto", ask: t.ask !== false };
+}
+
+/** The documents a conversation answers from: {stores: the ids of the server's vector stores searched for
+ * each question}, none by default (and in a conversation kept before the page had documents). */
+export function documentSettings(conv) {
+  const d = conv.documents && typeof conv.documents === "object" ? conv.documents : {};
+  const stores = Array.isArray(d.stores) ? d.stores.filter((s) => typeof s === "string" && s && s.length <= 200) : [];
+  return { stores: [...new Set(stores)].slice(0, 64) };
 }
 
 /** A new message under `parent`; the branch on screen becomes the one that ends with it. */
@@ -62,7 +71,7 @@ function changed(m) {
   return Number.isFinite(m.updated) ? m.updated : m.created || 0;
 }
 
-const META = ["name", "system", "settings", "model", "tools"];
+const META = ["name", "system", "settings", "model", "tools", "documents"];
 
 /** Takes into `conv` (in place: its objects stay the ones the page holds) what another copy of it, written by
  * another tab, has and it lacks: every message it has not got, a later version of one it has (the answer
@@ -128,6 +137,7 @@ export function imported(doc) {
     conv.settings[key] = v === undefined ? null : v;
   }
   conv.tools = toolSettings(doc);
+  conv.documents = documentSettings(doc);
   for (const k of ["created", "updated"]) if (Number.isFinite(doc[k])) conv[k] = doc[k];
   const ids = new Map([[ROOT, ROOT]]); // old id → new id
   const source = doc.messages;
@@ -175,11 +185,21 @@ function answerFields(copy, c) {
   else if (e && typeof e === "object" && typeof e.message === "string") {
     copy.error = { kind: ERRORS.has(e.kind) ? e.kind : "refused", message: e.message.slice(0, 2000) };
   }
+  if (c.sources !== undefined) copy.sources = sources(c.sources);
   if (c.rounds !== undefined) {
     if (!Array.isArray(c.rounds)) throw new Error("an answer's tool rounds are not a list");
     const rounds = c.rounds.map(round);
     if (rounds.length) copy.rounds = rounds;
   }
+}
+
+/** The excerpts an answer was sent from the conversation's documents: [{id, score, text}], best first. */
+function sources(list) {
+  if (!Array.isArray(list) || list.length > 64) throw new Error("an answer's sources are not a list");
+  return list.map((x) => {
+    if (!x || typeof x !== "object" || typeof x.id !== "string") throw new Error("a source has no id");
+    return { id: x.id.slice(0, 2000), score: Number.isFinite(x.score) ? x.score : null, text: text(x.text, "a source") };
+  });
 }
 
 /** One tool round of an answer, as the page keeps it: what the model said, then its calls and their results. */
