@@ -171,3 +171,28 @@ def test_a_model_given_where_ollama_puts_it_gets_a_hint_to_name_it_with_m(cli_in
         "(to chat with the model smollm2:135m: localgen chat -m smollm2:135m)\n"), r.stderr
     r = cli_in_process("run", "hello", "world")
     assert r.returncode == 2 and "-m" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("args", "stdin", "what"), [
+    (["-p", "   "], "", "the prompt is"),
+    (["\n\t "], "", "the prompt is"),
+    ([], "  \n\n", "stdin is"),
+    (["-p", " "], " \n", "the prompt and stdin are"),
+])
+def test_a_prompt_of_only_whitespace_is_a_usage_error(cli_in_process: InProcessCLI, args: list[str], stdin: str,
+                                                      what: str) -> None:
+    """A blank prompt was sent to the model as it was; `-p ""` says "no prompt", so a blank one says so too."""
+    r = cli_in_process("run", "-m", "/nonexistent.gguf", *args, input=stdin)
+    one_line_usage_error(r, f"{what} only whitespace: there is no prompt")
+
+
+def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n \n")
+    r = cli_in_process("run", "-m", "/nonexistent.gguf", "-f", str(blank))
+    one_line_usage_error(r, f"-f {blank} is only whitespace")
+    # a blank question after text piped in, or after a document, is not refused: they are the prompt
+    (tmp_path / "notes.txt").write_text("The cat sat on the mat.\n")
+    for args, stdin in ((["-p", " "], "Name a color.\n"), (["-f", str(tmp_path / "notes.txt"), "-p", " "], "")):
+        r = cli_in_process("run", "-m", "/nonexistent.gguf", *args, input=stdin)
+        assert r.returncode == 1 and "/nonexistent.gguf" in r.stderr and "whitespace" not in r.stderr, r.stderr
