@@ -59,7 +59,8 @@ def launch(
     print_env: Annotated[bool, typer.Option(
         "--print-env", help="Print the shell lines that point the agent at the running server, and the command "
                             "that starts it with the AGENT-ARGS (the key as $(tr -d '[:space:]' < FILE) or "
-                            "$LOCALGEN_API_KEY); start nothing.")] = False,
+                            "$LOCALGEN_API_KEY); start nothing. An agent not on PATH draws a warning with how to "
+                            "install it.")] = False,
     list_agents: Annotated[bool, typer.Option("--list", help="List the agents, and whether each is on PATH.")] = False,
 ) -> None:
     """Run a coding agent (Claude Code, Codex, OpenCode) on a local model. It uses the localgen server running
@@ -142,6 +143,8 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
         expr = (f"$(tr -d '[:space:]' < {shlex.quote(str(api_key_file))})" if api_key_file is not None
                 else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
         print("\n".join(shell_lines(a, Endpoint(url, "", name), expr, extra)))
+        if a.path() is None:  # the lines are for a shell where it may be (another PATH): said, not refused
+            err.warn(f"{a.program} is not on PATH (install {a.title.split(',')[0]}: {a.install})")
         return
     if found is None:
         err.warn(f"{other}: launch starts one for the agent on another port")
