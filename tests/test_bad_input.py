@@ -88,7 +88,7 @@ def test_a_modelfile_that_is_not_utf8_is_named(cli_in_process: InProcessCLI, tmp
 
 @pytest.mark.parametrize("flags", [["--template", "--json"], ["--json", "--modelfile"], ["--template", "--modelfile"],
                                    ["--template", "--sha256"], ["--modelfile", "--sha256"],
-                                   ["--template", "--mmproj", "x.gguf"]])
+                                   ["--template", "--mmproj", "/dev/null"]])
 def test_show_refuses_flags_it_cannot_both_honour(cli_in_process: InProcessCLI, flags: list[str]) -> None:
     # each of these printed one view and dropped the other flag without a word
     one_line_usage_error(cli_in_process("show", "smollm2:135m", *flags), flags[0], flags[1])

@@ -294,7 +294,7 @@ def test_a_relative_from_starts_at_the_modelfiles_folder(pcli: InProcessCLI, tmp
 
 
 def test_create_keeps_what_exists(pcli: InProcessCLI, tmp_path: Path) -> None:
-    one_error(pcli("create", "bot", "-f", str(tmp_path / "missing")), "cannot read the Modelfile")
+    one_error(pcli("create", "bot", "-f", str(tmp_path / "missing")), f"-f/--file {tmp_path / 'missing'}: no such file")
     assert pcli("create", "bot", "-f", "-", input="FROM smollm2:135m\nSYSTEM one\n").returncode == 0
     one_error(pcli("create", "bot", "-f", "-", input="FROM smollm2:135m\nSYSTEM two\n"),
               "a preset named 'bot' exists")

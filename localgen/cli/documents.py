@@ -132,9 +132,9 @@ def _files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:
                                  "an id", hint="rename it, or store its text with --file")
             out.setdefault(ident, (ident, p, True))
         elif p.exists():
-            raise UsageError(f"{arg} is not a file or a folder")
+            raise UsageError(f"--docs {arg}: not a file or a folder")
         else:
-            raise UsageError(f"no such file or folder: {arg}")
+            raise UsageError(f"--docs {arg}: no such file or folder")
     return list(out.values()), unnamable
 
 

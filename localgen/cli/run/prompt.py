@@ -27,8 +27,14 @@ def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tupl
     if "-" in attach and sys.stdin is not None and not sys.stdin.closed and sys.stdin.isatty():
         raise UsageError("-a - reads a picture or clip from stdin, but stdin is this terminal",
                          hint="pipe the file in: `-a - < photo.jpg`, or give its path: `-a photo.jpg`")
-    from localgen import media as readers
+    import re
 
+    from localgen import media as readers
+    from localgen.cli.inputfile import check_input
+
+    for name in attach:  # a path (not stdin's `-`, a data: URI or an http(s) URL): checked as --image's are
+        if name.strip() and name != "-" and not re.match(r"(data:|https?://)", name, re.I):
+            check_input("-a/--attach", name)
     out = []
     for spec in images:
         m = readers.read(str(spec))
