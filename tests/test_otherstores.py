@@ -494,3 +494,39 @@ def test_serve_m_an_untagged_ollama_name_answers_it(env: dict[str, str]) -> None
         assert r.status_code == 404, r.text
     finally:
         assert s.stop() == 0
+
+
+def test_lm_studio_s_models_folder_is_followed_where_its_settings_move_it(
+        cli_in_process: InProcessCLI, tmp_path: Path, smollm2_path: Path) -> None:
+    """LM Studio keeps a models folder chosen in My Models as `downloadsFolder` in ~/.lmstudio/settings.json (the
+    older ~/.cache/lm-studio/settings.json alike): its models are found there, where only the default folder was
+    looked in. A settings file that is not JSON is one warning, and the default folder is used."""
+    home, moved = tmp_path / "home", tmp_path / "big disk" / "models"
+    _place(smollm2_path, moved / "acme" / "Moved-GGUF" / "moved-Q4_1.gguf")
+    _place(smollm2_path, home / ".lmstudio" / "models" / "acme" / "Default-GGUF" / "default-Q4_1.gguf")
+    (home / ".lmstudio" / "settings.json").write_text(json.dumps({"downloadsFolder": str(moved), "other": 1}))
+    old_moved = tmp_path / "old disk"
+    _place(smollm2_path, old_moved / "old" / "Older-GGUF" / "older-Q4_1.gguf")
+    (home / ".cache" / "lm-studio").mkdir(parents=True)
+    (home / ".cache" / "lm-studio" / "settings.json").write_text(json.dumps({"downloadsFolder": str(old_moved)}))
+    lg = InProcessCLI({**cli_in_process.env, "HOME": str(home)})
+
+    def lm_names() -> list[str]:
+        r = lg("list", "--json")
+        assert r.returncode == 0, r.stderr
+        return sorted(i["name"] for i in json.loads(r.stdout) if i["source"] == "lmstudio")
+
+    assert lm_names() == ["lmstudio:acme/Moved-GGUF:Q4_1", "lmstudio:old/Older-GGUF:Q4_1"]
+    doc = _json(lg("show", "lmstudio:acme/Moved-GGUF", "--json"))
+    assert doc["file"] == str(moved / "acme" / "Moved-GGUF" / "moved-Q4_1.gguf")
+    # no downloadsFolder (or an empty one): the default folder
+    (home / ".lmstudio" / "settings.json").write_text(json.dumps({"downloadsFolder": ""}))
+    assert lm_names() == ["lmstudio:acme/Default-GGUF:Q4_1", "lmstudio:old/Older-GGUF:Q4_1"]
+    # not JSON: one warning naming the file, and the default folder
+    (home / ".lmstudio" / "settings.json").write_text('{"downloadsFolder": ')
+    r = lg("list", "--json")
+    assert r.returncode == 0 and "lmstudio:acme/Default-GGUF:Q4_1" in r.stdout, r.stderr
+    said = [line for line in r.stderr.splitlines() if "settings" in line]
+    assert len(said) == 1 and said[0].startswith(f"warning: LM Studio's settings {home}/.lmstudio/settings.json are "
+                                                 "not JSON"), r.stderr
+    assert said[0].endswith("its default models folder is used"), said
