@@ -295,8 +295,12 @@ def server(env: dict[str, str]) -> Iterator[Server]:
     assert s.stop() == 0
 
 
-def test_serve_lists_and_answers_an_ollama_and_an_lm_studio_model(server: Server) -> None:
-    tags = [m["name"] for m in httpx.get(f"{server.url}/api/tags", timeout=60).json()["models"]]
+def test_serve_lists_and_answers_an_ollama_and_an_lm_studio_model(server: Server, store: OllamaStore) -> None:
+    listed = {m["name"]: m for m in httpx.get(f"{server.url}/api/tags", timeout=60).json()["models"]}
+    tags = list(listed)
+    # an Ollama model's digest is its manifest's, as Ollama lists it (`ollama list`'s ID), not its blob's
+    manifest = store.root / "manifests" / "registry.ollama.ai" / "library" / "smollm2" / "135m"
+    assert listed["ollama:smollm2:135m"]["digest"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
     ids = [m["id"] for m in httpx.get(f"{server.url}/v1/models", timeout=60).json()["data"]]
     for name in ("ollama:smollm2:135m", "lmstudio:acme/SmolLM2-GGUF:Q4_1"):
         assert name in tags and name in ids

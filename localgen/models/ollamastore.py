@@ -379,6 +379,20 @@ def _messages(m: Manifest, layer: Layer) -> tuple[dict[str, str], ...]:
     return tuple({"role": x["role"], "content": x["content"]} for x in doc)
 
 
+def manifest_digest(name: str) -> str | None:
+    """The digest Ollama gives a model in its listings (`ollama list`'s ID, /api/tags' `digest`): the SHA-256 of its
+    manifest file's bytes (Ollama's ParseNamedManifest), not of the model's blob. `name` as localgen shows it
+    (ollama:...); None where the manifest cannot be found or read (a listing shows what it can)."""
+    import hashlib
+
+    try:
+        path = manifest(parse_name(name.removeprefix(PREFIX))).path
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read(MAX_JSON + 1)).hexdigest()
+    except (LocalgenError, OSError):
+        return None
+
+
 def all_manifests() -> Iterator[Manifest]:
     """Every readable manifest of every store, each name once (the first store's); one that is not JSON is left
     for `show` and `run` to name."""
