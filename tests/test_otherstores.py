@@ -534,3 +534,22 @@ def test_lm_studio_s_models_folder_is_followed_where_its_settings_move_it(
     assert len(said) == 1 and said[0].startswith(f"warning: LM Studio's settings {home}/.lmstudio/settings.json are "
                                                  "not JSON"), r.stderr
     assert said[0].endswith("its default models folder is used"), said
+
+
+def test_an_lm_studio_name_without_a_tag_takes_the_best_file_that_fits(cli_in_process: InProcessCLI, tmp_path: Path,
+                                                                       smollm2_path: Path) -> None:
+    """Without :QUANT (and no Q4_K_M in the folder), the best quantization that fits this machine's memory, as
+    `pull` picks a Hub repo's: it was the best in the folder, however large (here a Q8_0 twice the RAM)."""
+    from localgen import hardware
+
+    home = tmp_path / "home"
+    folder = home / ".lmstudio" / "models" / "acme" / "Big-GGUF"
+    _place(smollm2_path, folder / "big-Q4_1.gguf")
+    too_big = 2 * max(hardware.total_ram_bytes() or 0, hardware.available_ram_bytes() or 0, 1 << 36)
+    with (folder / "big-Q8_0.gguf").open("wb") as f:
+        f.truncate(too_big)  # sparse: nothing is written
+    lg = InProcessCLI({**cli_in_process.env, "HOME": str(home)})
+    doc = _json(lg("show", "lmstudio:acme/Big-GGUF", "--json"))
+    assert doc["name"] == "lmstudio:acme/Big-GGUF:Q4_1" and doc["file"].endswith("big-Q4_1.gguf"), doc
+    r = lg("show", "lmstudio:acme/Big-GGUF:Q8_0", "--json")  # asked for by its tag: that file, as before
+    assert r.returncode != 0 and "big-Q8_0.gguf" in r.stderr, r.stderr

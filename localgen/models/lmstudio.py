@@ -17,7 +17,7 @@ from localgen.models.quant import QuantOption, RemoteFile, group_options, pick
 from localgen.types import ModelRef
 
 PREFIX = "lmstudio:"
-DEFAULT_QUANT = "Q4_K_M"  # as a Hub repo without a tag: Q4_K_M where the folder has it, else the best there
+DEFAULT_QUANT = "Q4_K_M"  # as a Hub repo without a tag: Q4_K_M where the folder has it, else the best that fits
 _PART = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -118,7 +118,9 @@ def resolve(text: str) -> ModelRef:
             raise ModelNotFoundError(f"LM Studio's {name.folder} has no quantization {name.quant.upper()}",
                                      hint="it has: " + ", ".join(o.tag for o in options))
     else:
-        chosen = pick(options, DEFAULT_QUANT) or options[-1]  # options are in quality order
+        from localgen.models.resolve import best_that_fits
+
+        chosen = pick(options, DEFAULT_QUANT) or best_that_fits(options)  # as pull picks a Hub repo's
     path = folder / chosen.first.name
     proj = mmproj.in_folder(folder)
     return ModelRef(name=f"{PREFIX}{name.folder}:{chosen.tag}", path=str(path), source="lmstudio",

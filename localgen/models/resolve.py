@@ -246,9 +246,12 @@ def choose(options: list[QuantOption], t: Target, repo: str) -> QuantOption:
         return found
     if not options:
         raise ModelNotFoundError(f"{repo} has no GGUF model files")
-    default = pick(options, t.default_quant)
-    if default:
-        return default
+    return pick(options, t.default_quant) or best_that_fits(options)
+
+
+def best_that_fits(options: list[QuantOption]) -> QuantOption:
+    """The best quantization whose files, and a third more, fit the memory available; else the first (the
+    smallest: options are in quality order). A name without a tag takes it where its default is not there."""
     from localgen import hardware
 
     ram = hardware.available_ram_bytes() or hardware.total_ram_bytes() or 0
