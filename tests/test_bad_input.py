@@ -193,6 +193,18 @@ def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InP
     one_line_usage_error(r, f"-f {blank} is only whitespace")
     # a blank question after text piped in, or after a document, is not refused: they are the prompt
     (tmp_path / "notes.txt").write_text("The cat sat on the mat.\n")
-    for args, stdin in ((["-p", " "], "Name a color.\n"), (["-f", str(tmp_path / "notes.txt"), "-p", " "], "")):
+    # nor with a picture: it is the prompt, and the text may be blank or empty (it was "no prompt" with -p "")
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    red = tmp_path / "red.png"
+    red.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0))
+                    + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00\xff\x00\x00" * 2)) + chunk(b"IEND", b""))
+    for args, stdin in ((["-p", " "], "Name a color.\n"), (["-f", str(tmp_path / "notes.txt"), "-p", " "], ""),
+                        (["--image", str(red), "-p", ""], ""), (["--image", str(red), "-p", "  "], ""),
+                        (["--image", str(red)], "")):
         r = cli_in_process("run", "-m", "/nonexistent.gguf", *args, input=stdin)
         assert r.returncode == 1 and "/nonexistent.gguf" in r.stderr and "whitespace" not in r.stderr, r.stderr

@@ -94,7 +94,7 @@ def check(f: RunArgs) -> RunPlan:
     stdin_taken = any(a == "-" for a in f.media.attach or ())
     parts = () if many else tuple(prompt.prompt_parts(f.prompt if f.prompt is not None else f.prompt_arg,
                                                          f.document, no_stdin=f.no_stdin or stdin_taken,
-                                                         rag=f.rag.rag is not None))
+                                                         rag=f.rag.rag is not None, media=bool(media)))
     # many prompts promise no identity with plain decoding (they are batched), so nothing is pinned for them
     load, warnings = _speculative(model.load, f) if (d.draft or d.lookup) and not many else (model.load, ())
     return RunPlan(load=load, send=model.send, raw=f.raw, decoding=d, report=f.report, no_log=f.log.no_log,

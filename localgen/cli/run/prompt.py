@@ -46,10 +46,11 @@ def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tupl
 
 
 def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdin: bool,
-                 rag: bool = False) -> list[str]:
+                 rag: bool = False, media: bool = False) -> list[str]:
     """Documents (-f), piped stdin (unless `no_stdin`: --no-stdin, or stdin's bytes are an attachment), then the
     prompt. A lone -f FILE with no other prompt is the prompt itself, as llama.cpp's -f means. A prompt of only
-    whitespace is a UsageError (with `rag`, the search says so of its question: execute.retrieve)."""
+    whitespace is a UsageError (with `rag`, the search says so of its question: execute.retrieve), as none is,
+    unless `media` (images or audio) gives the model something: then the text may be empty."""
     piped = "" if no_stdin else _read_stdin()
     documents = list(documents or [])
     if question is None and not piped and len(documents) == 1:
@@ -60,6 +61,8 @@ def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdi
     if question is not None:
         checked(question, "the prompt")
     parts += [p for p in (piped, question) if p]
+    if media:
+        return parts or [""]  # the pictures or clips are the prompt
     if not parts:
         raise UsageError("no prompt: give it as an argument or with -p, or pipe text on stdin")
     if not rag:
