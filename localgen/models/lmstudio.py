@@ -13,7 +13,7 @@ from pathlib import Path
 
 from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
 from localgen.models import mmproj
-from localgen.models.quant import QuantOption, RemoteFile, group_options, pick
+from localgen.models.quant import QuantOption, RemoteFile, best_that_fits, group_options, pick
 from localgen.types import ModelRef
 
 PREFIX = "lmstudio:"
@@ -118,8 +118,6 @@ def resolve(text: str) -> ModelRef:
             raise ModelNotFoundError(f"LM Studio's {name.folder} has no quantization {name.quant.upper()}",
                                      hint="it has: " + ", ".join(o.tag for o in options))
     else:
-        from localgen.models.resolve import best_that_fits
-
         chosen = pick(options, DEFAULT_QUANT) or best_that_fits(options)  # as pull picks a Hub repo's
     path = folder / chosen.first.name
     proj = mmproj.in_folder(folder)
