@@ -88,7 +88,7 @@ def test_a_modelfile_that_is_not_utf8_is_named(cli_in_process: InProcessCLI, tmp
 
 @pytest.mark.parametrize("flags", [["--template", "--json"], ["--json", "--modelfile"], ["--template", "--modelfile"],
                                    ["--template", "--sha256"], ["--modelfile", "--sha256"],
-                                   ["--template", "--mmproj", "x.gguf"]])
+                                   ["--template", "--mmproj", "/dev/null"]])
 def test_show_refuses_flags_it_cannot_both_honour(cli_in_process: InProcessCLI, flags: list[str]) -> None:
     # each of these printed one view and dropped the other flag without a word
     one_line_usage_error(cli_in_process("show", "smollm2:135m", *flags), flags[0], flags[1])
@@ -171,3 +171,40 @@ def test_a_model_given_where_ollama_puts_it_gets_a_hint_to_name_it_with_m(cli_in
         "(to chat with the model smollm2:135m: localgen chat -m smollm2:135m)\n"), r.stderr
     r = cli_in_process("run", "hello", "world")
     assert r.returncode == 2 and "-m" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("args", "stdin", "what"), [
+    (["-p", "   "], "", "the prompt is"),
+    (["\n\t "], "", "the prompt is"),
+    ([], "  \n\n", "stdin is"),
+    (["-p", " "], " \n", "the prompt and stdin are"),
+])
+def test_a_prompt_of_only_whitespace_is_a_usage_error(cli_in_process: InProcessCLI, args: list[str], stdin: str,
+                                                      what: str) -> None:
+    """A blank prompt was sent to the model as it was; `-p ""` says "no prompt", so a blank one says so too."""
+    r = cli_in_process("run", "-m", "/nonexistent.gguf", *args, input=stdin)
+    one_line_usage_error(r, f"{what} only whitespace: there is no prompt")
+
+
+def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n \n")
+    r = cli_in_process("run", "-m", "/nonexistent.gguf", "-f", str(blank))
+    one_line_usage_error(r, f"-f {blank} is only whitespace")
+    # a blank question after text piped in, or after a document, is not refused: they are the prompt
+    (tmp_path / "notes.txt").write_text("The cat sat on the mat.\n")
+    # nor with a picture: it is the prompt, and the text may be blank or empty (it was "no prompt" with -p "")
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    red = tmp_path / "red.png"
+    red.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0))
+                    + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00\xff\x00\x00" * 2)) + chunk(b"IEND", b""))
+    for args, stdin in ((["-p", " "], "Name a color.\n"), (["-f", str(tmp_path / "notes.txt"), "-p", " "], ""),
+                        (["--image", str(red), "-p", ""], ""), (["--image", str(red), "-p", "  "], ""),
+                        (["--image", str(red)], "")):
+        r = cli_in_process("run", "-m", "/nonexistent.gguf", *args, input=stdin)
+        assert r.returncode == 1 and "/nonexistent.gguf" in r.stderr and "whitespace" not in r.stderr, r.stderr

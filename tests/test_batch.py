@@ -541,3 +541,31 @@ def test_ctrl_c_anywhere_says_interrupted_on_a_line_of_its_own(cli_env: dict[str
         child.close()
     assert child.exitstatus == 130, seen
     assert re.search(r"\A(\x1b\[[0-9;]*m)*\^C\r\n(\x1b\[[0-9;]*m)*$", seen), repr(seen)
+
+
+def test_a_file_with_no_prompts_is_a_usage_error(cli: CLI, tmp_path: Path) -> None:
+    """An empty --file, or one of blank lines, says so (exit 2) before the model loads; it printed nothing and
+    exited 0. A FIFO, which cannot be read ahead, says it after its lines are read."""
+    empty, blank = tmp_path / "empty.jsonl", tmp_path / "blank.txt"
+    empty.write_text("")
+    blank.write_text("\n  \n\t\n")
+    for path, why in ((empty, "it is empty"), (blank, "it holds only blank lines")):
+        r = cli("run", "-m", "/nonexistent.gguf", "--file", str(path))  # refused before the model is looked for
+        assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+        assert r.stderr == f"localgen: error: --file {path} has no prompts: {why} (one prompt a line)\n", r.stderr
+    fifo = tmp_path / "fifo"
+    import os
+    import threading
+
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with fifo.open("w") as f:
+            f.write("\n\n")
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    r = cli("run", "--file", str(fifo), "-n", "2", "--json")
+    writer.join()
+    assert r.returncode == 2 and f"--file {fifo} has no prompts: it holds only blank lines" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -118,6 +118,9 @@ def test_every_output_format(benv: dict[str, str], bench_here: InProcessCLI) -> 
     assert md.returncode == 0, md.stderr
     lines = md.stdout.splitlines()
     assert lines[0].startswith("| model") and "t/s" in lines[0] and "test" in lines[0]
+    # the generation rate's share of the memory-bandwidth limit, named as bench.md names it (it was "of limit")
+    assert lines[0].rstrip(" |").endswith("| of BW limit"), lines[0]
+    assert "the `of BW limit` column" in (ROOT / "docs" / "bench.md").read_text(encoding="utf-8")
     assert any("pp16" in ln and "±" in ln for ln in lines)
     rows = list(csv.DictReader(io.StringIO(bench(benv, *args, "-o", "csv").stdout)))
     assert [r["n_prompt"] for r in rows] == ["16", "0"] and float(rows[1]["avg_ts"]) > 0

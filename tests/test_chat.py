@@ -703,3 +703,26 @@ def test_a_scripted_message_past_64_mib_is_refused_without_reading_it_whole(cli_
     assert r.stderr == ("localgen: error: a message on stdin is larger than 64 MiB: more text than any context "
                         "window holds\n"), r.stderr
 
+
+
+def test_ctrl_d_inside_a_triple_quoted_block_sends_it(cli_env: dict[str, str], home: Path) -> None:
+    """chat.md: Ctrl-D inside a `\"\"\"` block ends it as a closing `\"\"\"` would, the lines typed sent as one message
+    (an empty block is dropped); on an empty prompt it still leaves. It did nothing: prompt_toolkit's Ctrl-D
+    deletes the character under the cursor, and at the end of the text there is none."""
+    screen = terminal.Screen(SCREEN)
+    child = spawn(cli_env, "ctrl-d-block", "-n", "8", "--temp", "0", log=screen)
+    child.send('"""\rSay hi.\rThen stop.')
+    wait_until(child, lambda: any(row.strip().endswith("Then stop.") for row in screen.rows()))
+    child.sendcontrol("d")
+    child.expect("tok/s", timeout=120)  # answered: on the old code Ctrl-D did nothing, and no answer came
+    child.expect_exact(PROMPT)
+    child.send('"""\r')  # an empty block: dropped, the prompt comes again
+    wait_until(child, lambda: any(row.strip() == "..." for row in screen.rows()))  # the block's second line
+    child.sendcontrol("d")
+    send(child, "/show", "conversation ctrl-d-block")  # at a prompt of its own (not inside the block)
+    child.sendcontrol("d")  # an empty prompt: leaves
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    saved = json.loads((home / "data" / "chats" / "ctrl-d-block.json").read_text())["messages"]
+    assert [m["content"] for m in saved if m["role"] == "user"] == ["Say hi.\nThen stop."], saved

@@ -398,3 +398,16 @@ def test_compaction_goes_through_a_remote_endpoint(home: Path, fake: FakeServer)
     assert last[0] == {"role": "system", "content": compact.summary_text(saved["summary"]["covers"], "Hello world")}
     assert last[1:] == [{"role": m["role"], "content": m["content"]}
                         for m in saved["messages"][saved["summary"]["covers"]:-1]], "the last answer came after it"
+
+
+def test_compact_with_nothing_to_fold_says_why(cli: CLI) -> None:
+    """/compact on an empty chat said `the last 1 exchange stay as they are`: now what there is and what it keeps."""
+    r = cli("chat", "nothing-to-fold", "-n", "4", "--temp", "0",
+            input="/compact\nHi\n/compact\n/compact 3\n")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if line.startswith("nothing to compact")]
+    assert said == ["nothing to compact: the conversation is empty",
+                    "nothing to compact: the conversation has 1 exchange, and /compact keeps the last exchange as "
+                    "it is",
+                    "nothing to compact: the conversation has 1 exchange, and /compact keeps the last 3 exchanges as "
+                    "they are"], r.stderr

@@ -84,12 +84,13 @@ def test_an_error_quoting_a_huge_value_keeps_its_start_and_end(cli_in_process: I
 
 @pytest.mark.parametrize("value", ["\x1b[2J\u202eX\x07", "a\rb", "\x9b31m"])
 def test_an_error_shows_a_value_s_control_characters_escaped(cli_in_process: InProcessCLI, value: str) -> None:
-    # "no such file: ESC[2J": the terminal cleared the screen instead of showing the name
+    # "-a/--attach ESC[2J: no such file": the terminal cleared the screen instead of showing the name
     r = cli_in_process("run", "-m", "smollm2:135m", "-n", "1", "--attach", value, "hi")
     assert r.returncode == 2
     assert r.stderr.isprintable() is False and r.stderr.endswith("\n")
     line = r.stderr[:-1]
-    assert line.isprintable() and line.startswith("localgen: error: no such file: "), repr(line)
+    assert line.isprintable() and line.startswith("localgen: error: -a/--attach "), repr(line)
+    assert line.endswith(": no such file"), repr(line)
     assert value.encode("unicode_escape").decode() in line
 
 

@@ -293,8 +293,8 @@ def test_docs_refuses_what_it_cannot_store(dcli: CLI, cli_in_process: InProcessC
         (["--docs", n], "--docs needs --store NAME"),
         (["--store", "s", "--docs", "--file", str(jl)], "--docs takes files and folders as arguments, not --file"),
         (["--store", "s", "--docs"], "--docs needs files or folders as arguments (it does not read stdin)"),
-        (["--store", "s", "--docs", f"{n}/nothing.md"], f"no such file or folder: {n}/nothing.md"),
-        (["--store", "s", "--docs", "/dev/null"], "/dev/null is not a file or a folder"),
+        (["--store", "s", "--docs", f"{n}/nothing.md"], f"--docs {n}/nothing.md: no such file or folder"),
+        (["--store", "s", "--docs", "/dev/null"], "--docs /dev/null: not a file or a folder"),
         (["--store", "s", "--docs", f"{n}/logo.png"], f"{n}/logo.png is not UTF-8 text: byte 0x89 on line 1"),
         (["--store", "s", "--chunk-tokens", "64", "x"], "--chunk-tokens needs --docs"),
         (["--store", "s", "--chunk-overlap", "4", "x"], "--chunk-overlap needs --docs"),
@@ -418,3 +418,28 @@ def test_a_file_deleted_from_a_folder_keeps_its_chunks_unless_replace(dcli: CLI,
     r = dcli(*args, "--replace", cwd=tmp_path)
     assert "d: 1 file in 1 chunk: 0 embedded and stored, 1 unchanged, 1 removed\n" in r.stderr, r.stderr
     assert _ids(dcli, "d", tmp_path) == ["notes/a.md#1"]
+
+
+def test_documents_that_are_all_empty_are_refused_and_nothing_is_created(dcli: CLI, bert: str,
+                                                                          tmp_path: Path) -> None:
+    """Files with no text (empty, or only whitespace) made an empty collection and exited 0: now one usage error
+    naming them, and no collection. One empty file among others is stored as before (it has no chunks), and so
+    are emptied files into a collection that is there (their chunks go)."""
+    blank = tmp_path / "blank"
+    blank.mkdir()
+    (blank / "a.md").write_text("")
+    (blank / "b.txt").write_text(" \n\n\t\n")
+    r = dcli("embed", "-m", bert, "--store", "e", "--docs", "blank", cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stderr)
+    assert r.stderr == "localgen: error: nothing to embed: blank/a.md, blank/b.txt are empty or only whitespace\n"
+    r = dcli("embed", "-m", bert, "--store", "e", "--docs", "blank/a.md", cwd=tmp_path)
+    assert r.returncode == 2 and "nothing to embed: blank/a.md is empty or only whitespace" in r.stderr, r.stderr
+    r = dcli("collections", "--json", cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout
+    (blank / "c.md").write_text("the cat sat on the mat.\n")
+    r = dcli("embed", "-m", bert, "--store", "e", "--docs", "blank", cwd=tmp_path)
+    assert r.returncode == 0 and _ids(dcli, "e", tmp_path) == ["blank/c.md#1"], r.stderr
+    # into a collection that is there, an emptied file is stored again as before: its chunks are removed
+    (blank / "c.md").write_text("\n")
+    r = dcli("embed", "-m", bert, "--store", "e", "--docs", "blank", cwd=tmp_path)
+    assert r.returncode == 0 and "1 removed" in r.stderr and _ids(dcli, "e", tmp_path) == [], r.stderr

@@ -216,13 +216,19 @@ def test_the_ci_pages_exit_codes_for_files(cli_in_process: InProcessCLI, tmp_pat
     The flags are the page's own."""
     page = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
     row2 = next(line for line in page.splitlines() if line.startswith("| 2 |"))
-    flags = re.findall(r"`(-[-a-z]+)`", row2.split("not there")[1].split(")")[0])
-    assert flags == ["--file", "-f", "-jf", "--grammar", "--chat-template-file", "--functions", "--lora"], row2
+    named = row2.split("not there")[1].split(")")[0]
+    flags = re.findall(r"`(-[-a-z]+)`", named.split(";")[0])  # run's; the other commands' after the `;`
+    assert flags == ["--file", "-f", "--image", "-a", "-jf", "-j", "--grammar", "--chat-template-file", "--functions",
+                     "--mmproj", "--lora"], row2
+    assert re.findall(r"`(-[-a-z]+)`", named.split(";")[1]) == ["--api-key-file", "--docs", "-f", "-f",
+                                                                  "--reference", "--imatrix"], row2
+    assert "one shape, `--file prompts.txt: no such file`" in named
     gone = str(tmp_path / "gone")
     for flag in flags:
         args = [flag, gone] + ([] if flag == "--file" else ["-p", "hi"])
         r = cli_in_process("run", *args, "--yes", "-n", "1")
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (flag, r.stderr)
+        assert f" {gone}: no such file" in r.stderr, (flag, r.stderr)  # the one shape (tests/test_input_files.py)
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"\xff\xfe not text, not a GGUF")
     for flag in ("-f", "-jf", "--grammar", "--chat-template-file"):

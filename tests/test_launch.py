@@ -340,6 +340,15 @@ def test_print_env_lines_start_the_agent_by_hand(env: dict[str, str], running: t
     run = subprocess.run(["bash", "-c", r.stdout], env={**env, "LOCALGEN_API_KEY": "sk-running-server"},
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0 and json.loads(run.stdout)["url"] == server.url, run.stderr
+    assert "not on PATH" not in r.stderr
+    # the agent not on PATH: the lines all the same (for a shell where it is), and one warning that says how to
+    # install it, as launch without --print-env says in its error
+    for agent, install in (("codex", "Codex: npm install -g @openai/codex"),
+                           ("opencode", "OpenCode: npm install -g opencode-ai")):
+        r = _launch(env, agent, "--print-env", "--api-key-file", str(key), LOCALGEN_PORT=str(server.port),
+                    PATH=env["PATH"].split(os.pathsep, 1)[1])  # without the fake agents' folder
+        assert r.returncode == 0 and r.stdout.splitlines()[-1].split()[0] == agent, (r.stdout, r.stderr)
+        assert r.stderr == f"warning: {agent} is not on PATH (install {install})\n", r.stderr
     r = _launch(env, "claude", "--print-env")  # nothing runs at LOCALGEN_PORT
     assert r.returncode == 1 and "no localgen serve is running" in r.stderr and not r.stdout
 

@@ -474,3 +474,13 @@ def test_a_servers_requests_never_name_each_others_media() -> None:
     with pytest.raises(HTTPError) as e:  # the same bytes where audio goes: the error names them
         messages([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": b64}}]}])
     assert e.value.message.startswith("base64 data is a PNG image"), e.value.message
+
+
+def test_a_picture_with_no_text_is_a_prompt(cli: CLI, mm: dict[str, Path]) -> None:
+    """run.md: with --image, the text may be empty or left out: the picture is the prompt (it was "no prompt")."""
+    for text in (["-p", ""], ["-p", "  "], []):
+        r = cli("run", "--mmproj", str(mm["proj"]), "--image", str(mm["96x64"]), *text, "-n", "4", "--ignore-eos",
+                "--temp", "0", "--json")
+        assert r.returncode == 0, (text, r.stderr)
+        doc = json.loads(r.stdout)
+        assert doc["stats"]["media_tokens"] == 16 and doc["stats"]["completion_tokens"] == 4, doc

@@ -295,8 +295,12 @@ def server(env: dict[str, str]) -> Iterator[Server]:
     assert s.stop() == 0
 
 
-def test_serve_lists_and_answers_an_ollama_and_an_lm_studio_model(server: Server) -> None:
-    tags = [m["name"] for m in httpx.get(f"{server.url}/api/tags", timeout=60).json()["models"]]
+def test_serve_lists_and_answers_an_ollama_and_an_lm_studio_model(server: Server, store: OllamaStore) -> None:
+    listed = {m["name"]: m for m in httpx.get(f"{server.url}/api/tags", timeout=60).json()["models"]}
+    tags = list(listed)
+    # an Ollama model's digest is its manifest's, as Ollama lists it (`ollama list`'s ID), not its blob's
+    manifest = store.root / "manifests" / "registry.ollama.ai" / "library" / "smollm2" / "135m"
+    assert listed["ollama:smollm2:135m"]["digest"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
     ids = [m["id"] for m in httpx.get(f"{server.url}/v1/models", timeout=60).json()["data"]]
     for name in ("ollama:smollm2:135m", "lmstudio:acme/SmolLM2-GGUF:Q4_1"):
         assert name in tags and name in ids
@@ -494,3 +498,58 @@ def test_serve_m_an_untagged_ollama_name_answers_it(env: dict[str, str]) -> None
         assert r.status_code == 404, r.text
     finally:
         assert s.stop() == 0
+
+
+def test_lm_studio_s_models_folder_is_followed_where_its_settings_move_it(
+        cli_in_process: InProcessCLI, tmp_path: Path, smollm2_path: Path) -> None:
+    """LM Studio keeps a models folder chosen in My Models as `downloadsFolder` in ~/.lmstudio/settings.json (the
+    older ~/.cache/lm-studio/settings.json alike): its models are found there, where only the default folder was
+    looked in. A settings file that is not JSON is one warning, and the default folder is used."""
+    home, moved = tmp_path / "home", tmp_path / "big disk" / "models"
+    _place(smollm2_path, moved / "acme" / "Moved-GGUF" / "moved-Q4_1.gguf")
+    _place(smollm2_path, home / ".lmstudio" / "models" / "acme" / "Default-GGUF" / "default-Q4_1.gguf")
+    (home / ".lmstudio" / "settings.json").write_text(json.dumps({"downloadsFolder": str(moved), "other": 1}))
+    old_moved = tmp_path / "old disk"
+    _place(smollm2_path, old_moved / "old" / "Older-GGUF" / "older-Q4_1.gguf")
+    (home / ".cache" / "lm-studio").mkdir(parents=True)
+    (home / ".cache" / "lm-studio" / "settings.json").write_text(json.dumps({"downloadsFolder": str(old_moved)}))
+    lg = InProcessCLI({**cli_in_process.env, "HOME": str(home)})
+
+    def lm_names() -> list[str]:
+        r = lg("list", "--json")
+        assert r.returncode == 0, r.stderr
+        return sorted(i["name"] for i in json.loads(r.stdout) if i["source"] == "lmstudio")
+
+    assert lm_names() == ["lmstudio:acme/Moved-GGUF:Q4_1", "lmstudio:old/Older-GGUF:Q4_1"]
+    doc = _json(lg("show", "lmstudio:acme/Moved-GGUF", "--json"))
+    assert doc["file"] == str(moved / "acme" / "Moved-GGUF" / "moved-Q4_1.gguf")
+    # no downloadsFolder (or an empty one): the default folder
+    (home / ".lmstudio" / "settings.json").write_text(json.dumps({"downloadsFolder": ""}))
+    assert lm_names() == ["lmstudio:acme/Default-GGUF:Q4_1", "lmstudio:old/Older-GGUF:Q4_1"]
+    # not JSON: one warning naming the file, and the default folder
+    (home / ".lmstudio" / "settings.json").write_text('{"downloadsFolder": ')
+    r = lg("list", "--json")
+    assert r.returncode == 0 and "lmstudio:acme/Default-GGUF:Q4_1" in r.stdout, r.stderr
+    said = [line for line in r.stderr.splitlines() if "settings" in line]
+    assert len(said) == 1 and said[0].startswith(f"warning: LM Studio's settings {home}/.lmstudio/settings.json are "
+                                                 "not JSON"), r.stderr
+    assert said[0].endswith("its default models folder is used"), said
+
+
+def test_an_lm_studio_name_without_a_tag_takes_the_best_file_that_fits(cli_in_process: InProcessCLI, tmp_path: Path,
+                                                                       smollm2_path: Path) -> None:
+    """Without :QUANT (and no Q4_K_M in the folder), the best quantization that fits this machine's memory, as
+    `pull` picks a Hub repo's: it was the best in the folder, however large (here a Q8_0 twice the RAM)."""
+    from localgen import hardware
+
+    home = tmp_path / "home"
+    folder = home / ".lmstudio" / "models" / "acme" / "Big-GGUF"
+    _place(smollm2_path, folder / "big-Q4_1.gguf")
+    too_big = 2 * max(hardware.total_ram_bytes() or 0, hardware.available_ram_bytes() or 0, 1 << 36)
+    with (folder / "big-Q8_0.gguf").open("wb") as f:
+        f.truncate(too_big)  # sparse: nothing is written
+    lg = InProcessCLI({**cli_in_process.env, "HOME": str(home)})
+    doc = _json(lg("show", "lmstudio:acme/Big-GGUF", "--json"))
+    assert doc["name"] == "lmstudio:acme/Big-GGUF:Q4_1" and doc["file"].endswith("big-Q4_1.gguf"), doc
+    r = lg("show", "lmstudio:acme/Big-GGUF:Q8_0", "--json")  # asked for by its tag: that file, as before
+    assert r.returncode != 0 and "big-Q8_0.gguf" in r.stderr, r.stderr

@@ -294,7 +294,7 @@ def test_a_relative_from_starts_at_the_modelfiles_folder(pcli: InProcessCLI, tmp
 
 
 def test_create_keeps_what_exists(pcli: InProcessCLI, tmp_path: Path) -> None:
-    one_error(pcli("create", "bot", "-f", str(tmp_path / "missing")), "cannot read the Modelfile")
+    one_error(pcli("create", "bot", "-f", str(tmp_path / "missing")), f"-f/--file {tmp_path / 'missing'}: no such file")
     assert pcli("create", "bot", "-f", "-", input="FROM smollm2:135m\nSYSTEM one\n").returncode == 0
     one_error(pcli("create", "bot", "-f", "-", input="FROM smollm2:135m\nSYSTEM two\n"),
               "a preset named 'bot' exists")
@@ -544,3 +544,20 @@ def test_rm_that_removes_nothing_warns_of_no_preset(pcli: InProcessCLI, tmp_path
     file.write_text(json.dumps({**doc, "base": base}))  # a preset made on it while it was cached
     assert pcli("list", "--json").returncode == 0
     one_error(pcli("rm", base, "--yes"), said)
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("café", "'é' is not allowed: a name takes ASCII letters (a-z, A-Z), digits, '.', '_' and '-', and one optional "
+             "':tag'"),
+    ("my bot", "' ' is not allowed: a name takes ASCII letters"),
+    ("-bot", "the name must start with a letter or a digit"),
+    ("bot:-x", "the tag must start with a letter or a digit"),
+    ("bot:a:b", "one ':tag' at most"),
+    ("b" * 81, "the name is 81 characters, more than 80"),
+])
+def test_cp_to_a_name_it_cannot_take_says_which_part_and_what_is_allowed(pcli: InProcessCLI, name: str,
+                                                                        why: str) -> None:
+    """`cp X café` said `use letters, digits, ...`, and é is a letter: now the character refused and the ones
+    allowed, or the rule the name breaks."""
+    r = pcli("cp", "smollm2:135m", "--", name)  # (after --: `-bot` is no flag)
+    one_error(r, f"bad preset name {name!r}: {why}", "(e.g. mybot or mybot:short)")

@@ -612,8 +612,8 @@ def test_a_logits_file_that_cannot_be_written_or_read_is_one_line(qcli: CLI, tmp
     assert "windows" not in r.stderr
     for missing in ("nope.logits", str(tmp_path / "nope.logits"), "./gone/f16.gguf"):
         r = qcli("perplexity", "-m", "smollm2:135m", "--reference", missing)
-        assert r.returncode != 0 and r.stdout == ""
-        assert _one_line(r.stderr) == f"localgen: error: no such file: {missing}"
+        assert r.returncode == 2 and r.stdout == ""
+        assert _one_line(r.stderr) == f"localgen: error: --reference {missing}: no such file"
 
 
 def test_save_logits_never_overwrites_the_text_or_another_file(qcli: CLI, test_text: Path, tmp_path: Path) -> None:

@@ -207,7 +207,7 @@ def test_ctrl_c_stops_generation_with_130(cli: CLI) -> None:
         (["--max-tokens", "-5"], "--max-tokens"),
         (["--seed", "-1"], "--seed"),
         (["--no-such-flag"], "No such option"),
-        (["--grammar", "/no/such/file"], "does not exist"),
+        (["--grammar", "/no/such/file"], "--grammar /no/such/file: no such file, and the text is not GBNF"),
     ],
 )
 def test_bad_flags_are_one_line_usage_errors(cli_in_process: InProcessCLI, args: list[str], needle: str) -> None:

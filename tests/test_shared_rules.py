@@ -102,7 +102,7 @@ def test_load_settings_are_checked_before_the_model(cli_in_process: InProcessCLI
     err = _refused(cli_in_process, tmp_path, command, "--flash-attn=sometimes")
     assert "--flash-attn takes on, off or auto, not 'sometimes'" in err, err
     err = _refused(cli_in_process, tmp_path, command, "--lora", str(tmp_path / "nothing.gguf"))
-    assert "no LoRA adapter file" in err, err
+    assert f"--lora {tmp_path / 'nothing.gguf'}: no such file" in err, err
 
 
 @pytest.mark.parametrize("command", COMMANDS)

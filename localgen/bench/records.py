@@ -126,7 +126,7 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Headers and cells of the llama-bench style table, with our extra columns after t/s."""
     cols = swept(records)
     headers = ["model", "size", "params", "backend", *[SHORT[c] for c in cols], "test", "t/s",
-               "ttft ms", "itl p50/p99 ms", "load s", "peak RSS", "of limit"]
+               "ttft ms", "itl p50/p99 ms", "load s", "peak RSS", "of BW limit"]
     cells = []
     for r in records:
         cells.append([
@@ -151,7 +151,7 @@ def markdown(records: list[dict[str, Any]]) -> str:
     """A Markdown table shaped like llama-bench's -o md."""
     headers, cells = rows(records)
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    right = {"size", "params", "t/s", "ttft ms", "itl p50/p99 ms", "load s", "peak RSS", "of limit"}
+    right = {"size", "params", "t/s", "ttft ms", "itl p50/p99 ms", "load s", "peak RSS", "of BW limit"}
 
     def line(values: list[str]) -> str:
         return "| " + " | ".join(v.rjust(w) if h in right else v.ljust(w)

@@ -35,7 +35,25 @@ def checked(f: Any) -> list[tuple[str, str]]:
     limit = f.chunk_tokens or CHUNK_TOKENS
     if f.chunk_overlap is not None and f.chunk_overlap >= limit:
         raise UsageError(f"--chunk-overlap {f.chunk_overlap:,} must be less than --chunk-tokens ({limit:,})")
-    return read(f.texts)
+    docs = read(f.texts)
+    if not any(text.strip() for _, text in docs) and not _exists(f.store):
+        # no chunk to store, and no chunks of theirs to remove (files emptied since): the collection would be empty
+        raise UsageError(f"nothing to embed: {_some(i for i, _ in docs)} "
+                         f"{'is' if len(docs) == 1 else 'are'} empty or only whitespace")
+    return docs
+
+
+def _exists(name: str) -> bool:
+    """Whether the collection `name` is there already."""
+    from localgen.embeddings import store
+
+    if not store.path().exists():
+        return False
+    try:
+        store.get(name)
+    except UsageError:  # no collection of that name
+        return False
+    return True
 
 
 def chunked(f: Any, backend: Any, docs: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -114,9 +132,9 @@ def _files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:
                                  "an id", hint="rename it, or store its text with --file")
             out.setdefault(ident, (ident, p, True))
         elif p.exists():
-            raise UsageError(f"{arg} is not a file or a folder")
+            raise UsageError(f"--docs {arg}: not a file or a folder")
         else:
-            raise UsageError(f"no such file or folder: {arg}")
+            raise UsageError(f"--docs {arg}: no such file or folder")
     return list(out.values()), unnamable
 
 

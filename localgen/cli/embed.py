@@ -14,6 +14,7 @@ import typer
 from localgen.cli import documents
 from localgen.cli import options as o
 from localgen.cli.documents import BOM, CHUNK_OVERLAP, CHUNK_TOKENS, MAX_INPUT, controls
+from localgen.cli.inputfile import input_file
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.output import plural
 from localgen.errors import UsageError
@@ -29,7 +30,7 @@ Pooling = Annotated[
 
 InputFile = Annotated[
     Path | None,
-    typer.Option("--file", exists=True, dir_okay=False, readable=True, show_default=False, rich_help_panel=EMBED,
+    typer.Option("--file", callback=input_file, show_default=False, rich_help_panel=EMBED,
                  help='One text per line, or JSON lines {"id": ..., "text": ...}.'),
 ]
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from localgen.cli.inputfile import input_file
 from localgen.errors import LocalgenError, UsageError
 from localgen.types import MIN_CTX_FLAG
 
@@ -52,14 +53,15 @@ def launch(
     port: Annotated[int, typer.Option("--port", envvar="LOCALGEN_PORT", min=1, max=65535,
                                       help="The running server's port.")] = 11435,
     api_key_file: Annotated[Path | None, typer.Option(
-        "--api-key-file", dir_okay=False, show_default=False,
+        "--api-key-file", callback=input_file, show_default=False,
         help="The running server's API key, from a file (else LOCALGEN_API_KEY).")] = None,
     own_server: Annotated[bool, typer.Option(
         "--own-server", help="Start a server for the agent even when one is running at --host/--port.")] = False,
     print_env: Annotated[bool, typer.Option(
         "--print-env", help="Print the shell lines that point the agent at the running server, and the command "
                             "that starts it with the AGENT-ARGS (the key as $(tr -d '[:space:]' < FILE) or "
-                            "$LOCALGEN_API_KEY); start nothing.")] = False,
+                            "$LOCALGEN_API_KEY); start nothing. An agent not on PATH draws a warning with how to "
+                            "install it.")] = False,
     list_agents: Annotated[bool, typer.Option("--list", help="List the agents, and whether each is on PATH.")] = False,
 ) -> None:
     """Run a coding agent (Claude Code, Codex, OpenCode) on a local model. It uses the localgen server running
@@ -142,6 +144,8 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
         expr = (f"$(tr -d '[:space:]' < {shlex.quote(str(api_key_file))})" if api_key_file is not None
                 else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
         print("\n".join(shell_lines(a, Endpoint(url, "", name), expr, extra)))
+        if a.path() is None:  # the lines are for a shell where it may be (another PATH): said, not refused
+            err.warn(f"{a.program} is not on PATH (install {a.title.split(',')[0]}: {a.install})")
         return
     if found is None:
         err.warn(f"{other}: launch starts one for the agent on another port")

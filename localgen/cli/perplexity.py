@@ -11,7 +11,8 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.errors import ModelNotFoundError, UsageError
+from localgen.cli.inputfile import check_input
+from localgen.errors import UsageError
 
 CtxOpt = Annotated[int, typer.Option("--ctx", "--ctx-size", "-c", min=8,
                                      help="Tokens per window; the second half of each is scored.")]
@@ -67,6 +68,8 @@ def perplexity(
     from localgen.quant import measure as ms
     from localgen.quant.text import default_text, read_text
 
+    if file and file != "-":  # ('-': stdin)
+        check_input("-f/--file", file)
     save_logits, reference, ref_file = _logits_options(kl_divergence, kl_base, save_logits, reference, file)
     ref_model = None
     if ctx is None:  # against a logits file: the context it was saved at, which the measure must use
@@ -147,7 +150,7 @@ def _logits_options(kl_divergence: bool, kl_base: str | None, save_logits: Path 
         elif Path(reference).is_file() and not reference.lower().endswith(".gguf"):
             raise UsageError(f"--reference: {reference} is neither a logits file nor a model")
         elif not Path(reference).exists() and _names_a_file(reference):
-            raise ModelNotFoundError(f"no such file: {reference}")
+            raise UsageError(f"--reference {reference}: no such file")
     return save_logits, reference, ref_file
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.inputfile import check_input, input_file
 from localgen.cli.perplexity import ChunksOpt, CtxOpt, GpuOpt
 from localgen.errors import UsageError
 
@@ -48,7 +49,7 @@ def quantize(
         "--token-embedding-type", metavar="GGML_TYPE", show_default=False,
         help="ggml type for the token embeddings.")] = None,
     imatrix: Annotated[Path | None, typer.Option(
-        "--imatrix", show_default=False, metavar="FILE",
+        "--imatrix", callback=input_file, show_default=False, metavar="FILE",
         help="An importance matrix (llama-imatrix's, GGUF or the older format).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a result that exists.")] = False,
     ladder_types: Annotated[str | None, typer.Option(
@@ -222,6 +223,8 @@ def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_
     types = list(dict.fromkeys(q.parse_type(t)[0] for t in types_text.split(",") if t.strip()))
     if not types:
         raise UsageError("--ladder: no types given")
+    if measure_text and measure_text != "-":
+        check_input("--measure", measure_text)
     text = read_text(measure_text) if measure_text else default_text()
     ms.check_text(ref, text, ctx)  # every refusal before the first type is made
     err = ErrWriter()

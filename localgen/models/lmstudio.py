@@ -1,5 +1,6 @@
 """Models LM Studio downloaded, used in place and read-only: `lmstudio:PUBLISHER/REPO[:QUANT]` is a GGUF of
-~/.lmstudio/models/PUBLISHER/REPO (LM Studio's documented layout; the older ~/.cache/lm-studio/models too). QUANT
+~/.lmstudio/models/PUBLISHER/REPO (LM Studio's documented layout; the older ~/.cache/lm-studio/models too), or of
+the models folder LM Studio's settings name instead (downloadsFolder). QUANT
 picks among the folder's files as a Hub repo's tag does (models/quant.py); an mmproj file beside them is the
 model's projector. Nothing here writes into the store or touches the network."""
 
@@ -12,11 +13,11 @@ from pathlib import Path
 
 from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
 from localgen.models import mmproj
-from localgen.models.quant import QuantOption, RemoteFile, group_options, pick
+from localgen.models.quant import QuantOption, RemoteFile, best_that_fits, group_options, pick
 from localgen.types import ModelRef
 
 PREFIX = "lmstudio:"
-DEFAULT_QUANT = "Q4_K_M"  # as a Hub repo without a tag: Q4_K_M where the folder has it, else the best there
+DEFAULT_QUANT = "Q4_K_M"  # as a Hub repo without a tag: Q4_K_M where the folder has it, else the best that fits
 _PART = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -47,9 +48,34 @@ def parse_name(text: str) -> LmStudioName:
 
 
 def roots() -> list[Path]:
-    """Where LM Studio keeps its models: ~/.lmstudio/models, and the older ~/.cache/lm-studio/models."""
+    """Where LM Studio keeps its models: the models folder its settings name (`downloadsFolder` in
+    ~/.lmstudio/settings.json, where My Models' "Models Directory" is kept), else ~/.lmstudio/models; then the
+    older ~/.cache/lm-studio's the same way. Each folder once."""
     home = Path.home()
-    return [home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"]
+    out: list[Path] = []
+    for top in (home / ".lmstudio", home / ".cache" / "lm-studio"):
+        folder = _settings_folder(top / "settings.json") or top / "models"
+        if folder not in out:
+            out.append(folder)
+    return out
+
+
+def _settings_folder(settings: Path) -> Path | None:
+    """The models folder an LM Studio settings file names (`downloadsFolder`), or None where it names none (no
+    file, no such key). A file that is not JSON is left out, said once as a warning."""
+    import json
+
+    from localgen.models.ollamastore import warn_once
+
+    try:
+        doc = json.loads(settings.read_bytes())
+    except OSError:  # none (or unreadable): LM Studio's default folder
+        return None
+    except ValueError as e:  # UnicodeDecodeError too
+        warn_once(f"LM Studio's settings {settings} are not JSON ({e}): its default models folder is used")
+        return None
+    folder = doc.get("downloadsFolder") if isinstance(doc, dict) else None
+    return Path(folder).expanduser() if isinstance(folder, str) and folder.strip() else None
 
 
 def _options(folder: Path) -> list[QuantOption]:
@@ -92,7 +118,7 @@ def resolve(text: str) -> ModelRef:
             raise ModelNotFoundError(f"LM Studio's {name.folder} has no quantization {name.quant.upper()}",
                                      hint="it has: " + ", ".join(o.tag for o in options))
     else:
-        chosen = pick(options, DEFAULT_QUANT) or options[-1]  # options are in quality order
+        chosen = pick(options, DEFAULT_QUANT) or best_that_fits(options)  # as pull picks a Hub repo's
     path = folder / chosen.first.name
     proj = mmproj.in_folder(folder)
     return ModelRef(name=f"{PREFIX}{name.folder}:{chosen.tag}", path=str(path), source="lmstudio",

@@ -43,11 +43,14 @@ _warned: set[str] = set()
 
 
 def warn_with(warn: Callable[[str], None]) -> None:
-    """Where a params layer's settings that localgen has no knob for are said (each once): the CLI's warnings."""
+    """Where a params layer's settings that localgen has no knob for, and LM Studio settings that are not JSON, are
+    said (each once, from now): the CLI's warnings."""
     _report["warn"] = warn
+    _warned.clear()
 
 
-def _warn_once(text: str) -> None:
+def warn_once(text: str) -> None:
+    """A warning about what a store holds, said once a process (LM Studio's store says its own here too)."""
     if text not in _warned:
         _warned.add(text)
         _report["warn"](text)
@@ -297,7 +300,7 @@ def resolve(text: str) -> ModelRef:
                                hint=refused_hint(m.name.display)) from None
     if (p.system or p.messages) and not summary.chat_template:
         what = " and ".join(x for x, on in (("system prompt", p.system), ("messages", p.messages)) if on)
-        _warn_once(f"{m.name.display}: Ollama's {what} are not used: the model has no chat template, so prompts go "
+        warn_once(f"{m.name.display}: Ollama's {what} are not used: the model has no chat template, so prompts go "
                    "to it as plain completions")
     return ModelRef(name=m.name.display, path=str(p.blob), source="ollama", summary=summary,
                     sha256=p.layer.digest.split(":", 1)[1].lower(), sampling_defaults=p.sampling,
@@ -326,7 +329,7 @@ def _params(m: Manifest, layer: Layer, sampling: dict[str, Any], load: dict[str,
     if not isinstance(doc, dict):
         raise _damaged(m, layer, "not a JSON object")
     ollama = settings.spellings("ollama")
-    said = _warn_once if warn else (lambda text: None)
+    said = warn_once if warn else (lambda text: None)
     for key, value in doc.items():
         name = str(key).lower()
         try:
@@ -374,6 +377,20 @@ def _messages(m: Manifest, layer: Layer) -> tuple[dict[str, str], ...]:
             x.get("content"), str) for x in doc):
         raise _damaged(m, layer, "not a list of messages")
     return tuple({"role": x["role"], "content": x["content"]} for x in doc)
+
+
+def manifest_digest(name: str) -> str | None:
+    """The digest Ollama gives a model in its listings (`ollama list`'s ID, /api/tags' `digest`): the SHA-256 of its
+    manifest file's bytes (Ollama's ParseNamedManifest), not of the model's blob. `name` as localgen shows it
+    (ollama:...); None where the manifest cannot be found or read (a listing shows what it can)."""
+    import hashlib
+
+    try:
+        path = manifest(parse_name(name.removeprefix(PREFIX))).path
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read(MAX_JSON + 1)).hexdigest()
+    except (LocalgenError, OSError):
+        return None
 
 
 def all_manifests() -> Iterator[Manifest]:

@@ -53,11 +53,27 @@ def presets_dir() -> Path:
     return paths.data_dir() / "presets"
 
 
+def _name_problem(name: str) -> str:
+    """What of NAME's rule a name breaks, in words: the first character it does not allow, where that is it."""
+    allowed = "ASCII letters (a-z, A-Z), digits, '.', '_' and '-'"
+    base, colon, tag = name.partition(":")
+    odd = next((c for c in name if not (c.isascii() and (c.isalnum() or c in "._-:"))), None)
+    if odd is not None:
+        return f"{odd!r} is not allowed: a name takes {allowed}, and one optional ':tag'"
+    if ":" in tag:
+        return "one ':tag' at most"
+    for part, what, most in ((base, "the name", 80), (tag, "the tag", 40)):
+        if (part and not part[0].isalnum()) or (not part and (what == "the name" or colon)):
+            return f"{what} must start with a letter or a digit"
+        if len(part) > most:
+            return f"{what} is {len(part)} characters, more than {most}"
+    return f"use {allowed}, and one optional ':tag'"
+
+
 def check_name(name: str) -> str:
     """A preset name: letters, digits, `.`, `_`, `-`, and one optional `:tag`, as Ollama's names."""
     if not NAME.fullmatch(name):
-        raise UsageError(f"bad preset name {name!r}: use letters, digits, '.', '_', '-' and an optional ':tag', "
-                         "e.g. mybot or mybot:short")
+        raise UsageError(f"bad preset name {name!r}: {_name_problem(name)}", hint="e.g. mybot or mybot:short")
     if name.lower().endswith(".gguf"):  # models/names.py reads such a name as a file's path
         raise UsageError(f"bad preset name {name!r}: a name ending in .gguf means a file", hint="e.g. mybot")
     if name.partition(":")[0].lower() in ("ollama", "lmstudio"):  # models/names.py: another tool's store

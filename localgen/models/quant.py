@@ -85,6 +85,17 @@ def rank(tag: str) -> int:
     return ORDER.index(t) if t in ORDER else -1
 
 
+def best_that_fits(options: list[QuantOption]) -> QuantOption:
+    """The best quantization whose files, and a third more, fit the memory available; else the first (the
+    smallest: options are in quality order). A name without a tag takes it where its default is not there (a Hub
+    repo's as `pull` picks it, an LM Studio folder's)."""
+    from localgen import hardware
+
+    ram = hardware.available_ram_bytes() or hardware.total_ram_bytes() or 0
+    fitting = [o for o in options if o.size * 1.3 < ram] or options[:1]
+    return max(fitting, key=lambda o: rank(o.tag))
+
+
 def pick(options: list[QuantOption], tag: str | None) -> QuantOption | None:
     """The option for a tag (case-insensitive; also a full file name), or None."""
     if tag is None:

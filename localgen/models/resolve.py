@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, NotDownloadedError
 from localgen.models import catalogue, embedded, hfcache, mmproj, names, store
 from localgen.models.gguf_meta import read_summary
-from localgen.models.quant import QuantOption, group_options, pick, rank
+from localgen.models.quant import QuantOption, best_that_fits, group_options, pick, rank
 from localgen.types import ModelRef
 
 if TYPE_CHECKING:  # the transfer code (urllib, http.client) loads only when a pull happens
@@ -246,14 +246,7 @@ def choose(options: list[QuantOption], t: Target, repo: str) -> QuantOption:
         return found
     if not options:
         raise ModelNotFoundError(f"{repo} has no GGUF model files")
-    default = pick(options, t.default_quant)
-    if default:
-        return default
-    from localgen import hardware
-
-    ram = hardware.available_ram_bytes() or hardware.total_ram_bytes() or 0
-    fitting = [o for o in options if o.size * 1.3 < ram] or options[:1]
-    return max(fitting, key=lambda o: rank(o.tag))
+    return pick(options, t.default_quant) or best_that_fits(options)
 
 
 def cached(t: Target, progress: download.Progress, flag: bool = True) -> ModelRef:

@@ -87,7 +87,19 @@ def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
     except OSError:  # not written yet: an embedded model in chunks, assembled when a request first uses it
         stamp = time.time()
     return {"name": name, "model": name, "modified_at": _iso(stamp), "size": ref.summary.file_size,
-            "digest": ref.sha256 or "", "details": details(ref)}
+            "digest": _digest(ref), "details": details(ref)}
+
+
+def _digest(ref: ModelRef) -> str:
+    """A model's digest as Ollama lists it: an Ollama model's is its manifest's (as `ollama list` shows it), not
+    its GGUF blob's; any other model's, its file's SHA-256 where known."""
+    if ref.source == "ollama":
+        from localgen.models import ollamastore
+
+        found = ollamastore.manifest_digest(ref.name)
+        if found is not None:
+            return found
+    return ref.sha256 or ""
 
 
 def _expires(worker: ModelWorker) -> str:

@@ -170,7 +170,7 @@ def rich_table(results: list[dict[str, Any]], system: dict[str, Any], console: A
                   markup=False, highlight=False)
 
 
-RIGHT = {"size", "params", "t/s", "ttft ms", "load s", "peak RSS", "of limit", "itl p50/p99 ms", "conc", "reqs",
+RIGHT = {"size", "params", "t/s", "ttft ms", "load s", "peak RSS", "of BW limit", "itl p50/p99 ms", "conc", "reqs",
          "prompt", "gen", "out tok/s", "req/s", "ttft p50/p90/p99 ms", "itl p50/p90/p99 ms", "e2e p50/p90/p99 ms"}
 
 

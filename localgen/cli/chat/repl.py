@@ -33,7 +33,8 @@ COMMANDS = {
 }
 KEYS_HELP = (
     "Enter sends · Alt-Enter (or Esc Enter) adds a line · a message starting with \"\"\" continues until "
-    "a closing \"\"\" · paste keeps newlines · Ctrl-G opens $EDITOR · Ctrl-C stops an answer · Ctrl-D leaves"
+    "a closing \"\"\" (or Ctrl-D) · paste keeps newlines · Ctrl-G opens $EDITOR · Ctrl-C stops an answer · "
+    "Ctrl-D leaves"
 )
 
 
@@ -84,6 +85,8 @@ class LineInput:
 
     def __init__(self, history: Path, completer: Any) -> None:
         from prompt_toolkit import PromptSession
+        from prompt_toolkit.application.current import get_app
+        from prompt_toolkit.filters import Condition
         from prompt_toolkit.history import FileHistory
         from prompt_toolkit.key_binding import KeyBindings
 
@@ -98,11 +101,18 @@ class LineInput:
         @kb.add("enter")
         def _enter(event: Any) -> None:
             buf = event.current_buffer
-            text = buf.text
-            if text.lstrip().startswith('"""') and text.count('"""') < 2:
+            if open_block(buf.text):
                 buf.insert_text("\n")
             else:
                 buf.validate_and_handle()
+
+        @kb.add("c-d", filter=Condition(lambda: open_block(get_app().current_buffer.text)))
+        def _end_block(event: Any) -> None:
+            # end of input, as Ctrl-D ends a heredoc: the block is closed and sent (an empty one is dropped), where
+            # prompt_toolkit's own Ctrl-D deletes the character under the cursor, which at the end is nothing
+            buf = event.current_buffer
+            buf.text = buf.text + ("" if buf.text.endswith("\n") else "\n") + '"""'
+            buf.validate_and_handle()
 
         @kb.add("c-g")
         def _editor(event: Any) -> None:
@@ -130,6 +140,11 @@ def _history(base: Any, path: Path) -> Any:
                 super().store_string(string)
 
     return History(str(path))
+
+
+def open_block(text: str) -> bool:
+    """Whether the text is a \"\"\" block not closed yet."""
+    return text.lstrip().startswith('"""') and text.count('"""') < 2
 
 
 def unquote(text: str) -> str:

@@ -109,10 +109,21 @@ def _compact(runner: Any, view: Any, arg: str) -> None:
         e.hint = e.hint or "nothing was compacted; the conversation is as it was"
         raise
     if done is None:
-        view.info("nothing to compact: " + (f"the last {plural(keep, 'exchange')} stay as they are"
-                                            if keep else "the conversation is empty"))
+        view.info("nothing to compact: " + _why_nothing(runner, keep))
         return
     runner.save()
+
+
+def _why_nothing(runner: Any, keep: int) -> str:
+    """Why /compact KEEP found nothing to fold, in words."""
+    exchanges = sum(1 for m in runner.session.messages if m["role"] == "user")
+    last = "the last exchange" if keep == 1 else f"the last {keep} exchanges"
+    if not runner.session.messages:
+        return "the conversation is empty"
+    if exchanges <= keep:
+        return (f"the conversation has {plural(exchanges, 'exchange')}, and /compact keeps {last} as "
+                f"{'it is' if keep == 1 else 'they are'}")
+    return f"what comes before {last} is summarized already"
 
 
 def _system(runner: Any, view: Any, arg: str) -> None:

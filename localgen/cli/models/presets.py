@@ -38,8 +38,10 @@ def create(
     if file == "-":
         text, where = sys.stdin.read(), "stdin"
     else:
+        from localgen.cli.inputfile import check_input
         from localgen.text import read_file
 
+        check_input("-f/--file", file)
         try:
             text = read_file(Path(file).expanduser(), f"the Modelfile {file}")
         except OSError as e:

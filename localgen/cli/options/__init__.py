@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localgen.cli.inputfile import input_file
 from localgen.cli.options.knobs import Knobs, given_by_user
 from localgen.settings import BIAS, BOOL, FLOAT, GPU, INT, KNOBS, LOAD_KNOBS, SWITCH, TEXT, TEXTS, Knob, LoadKnob
 from localgen.types import LoadParams, SamplingParams
@@ -148,7 +149,7 @@ JsonSchema = Annotated[
 ]
 JsonSchemaFile = Annotated[
     Path | None,
-    typer.Option("--json-schema-file", "-jf", exists=True, dir_okay=False, readable=True,
+    typer.Option("--json-schema-file", "-jf", callback=input_file,
                  rich_help_panel=SAMPLING_PANEL, show_default=False, help="A file holding the JSON schema."),
 ]
 Think = Annotated[
@@ -166,19 +167,19 @@ Logprobs = Annotated[
 
 ChatTemplateFile = Annotated[
     Path | None,
-    typer.Option("--chat-template-file", exists=True, dir_okay=False, readable=True, rich_help_panel=MODEL_PANEL,
+    typer.Option("--chat-template-file", callback=input_file, rich_help_panel=MODEL_PANEL,
                  show_default=False,
                  help="A Jinja chat template to use instead of the model's own (e.g. one that renders tools)."),
 ]
 MmProj = Annotated[
     Path | None,
-    typer.Option("--mmproj", dir_okay=False, rich_help_panel=MODEL_PANEL, show_default=False,
+    typer.Option("--mmproj", callback=input_file, rich_help_panel=MODEL_PANEL, show_default=False,
                  help="A multimodal projector (mmproj GGUF) for the model: lets it read images or audio."),
 ]
 TOOLS_PANEL = "Tools"
 Functions = Annotated[
     list[Path] | None,
-    typer.Option("--functions", exists=True, dir_okay=False, readable=True, rich_help_panel=TOOLS_PANEL,
+    typer.Option("--functions", callback=input_file, rich_help_panel=TOOLS_PANEL,
                  show_default=False,
                  help="A Python file whose public functions the model may call; type hints and docstrings make "
                       "each tool's schema (repeatable)."),

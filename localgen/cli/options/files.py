@@ -36,6 +36,16 @@ def with_template(ref: Any, proj: Path | None, path: Path | None) -> Any:
     return dataclasses.replace(ref, summary=dataclasses.replace(ref.summary, chat_template=text))
 
 
+def _is_json(text: str) -> bool:
+    import json
+
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def output_grammar(out: OutputFormat) -> tuple[str | None, str | None]:
     """The GBNF grammar of --grammar, -j/--json-schema or -jf/--json-schema-file (one of them: options/plan.py checks),
     and the JSON schema it came from (a remote server takes the schema itself); (None, None) without them."""
@@ -52,6 +62,12 @@ def output_grammar(out: OutputFormat) -> tuple[str | None, str | None]:
         if not schema.lstrip().startswith(("{", "[")) and Path(schema).expanduser().is_file():
             schema = read_file(Path(schema).expanduser(), f"the JSON schema file {schema}",
                                limit=MAX_PROMPT_TEXT)
+        elif not schema.lstrip().startswith(("{", "[")) and not _is_json(schema):  # a file's name, by its looks
+            from localgen.cli.inputfile import input_problem
+            from localgen.errors import UsageError
+
+            raise UsageError(f"-j/--json-schema {schema}: {input_problem(schema) or 'not a file'}, and the text is "
+                             "not JSON")
     if schema is None:
         return None, None
     from localgen.engine.grammar import grammar_from_json_schema
@@ -78,6 +94,7 @@ def _gbnf(value: str) -> str:
         return text
     if "::=" in value:
         return value
-    what = "is a directory" if path.is_dir() else "does not exist"
-    raise UsageError(f"--grammar {value[:100]!r}: the file {what}, and the text is not GBNF (a grammar has rules, "
-                     "such as root ::= \"yes\" | \"no\")")
+    from localgen.cli.inputfile import input_problem
+
+    raise UsageError(f"--grammar {value[:100]}: {input_problem(value) or 'not a file'}, and the text is not GBNF (a "
+                     "grammar has rules, such as root ::= \"yes\" | \"no\")")

@@ -121,9 +121,10 @@ class SamplingFlags:
 def lora_adapters(plain: str | None, scaled: str | None) -> tuple[tuple[str, float], ...]:
     """--lora FILE,... and --lora-scaled FILE:SCALE,... (llama.cpp's spellings) as (absolute path, scale)
     pairs; a file that is not there is an error before anything loads."""
+    from localgen.cli.inputfile import check_input
     from localgen.errors import UsageError
 
-    pairs: list[tuple[str, float]] = [(x, 1.0) for x in _items(plain)]
+    pairs: list[tuple[str, float, str]] = [(x, 1.0, "--lora") for x in _items(plain)]
     for item in _items(scaled):
         path, sep, text = item.rpartition(":")
         try:
@@ -132,13 +133,11 @@ def lora_adapters(plain: str | None, scaled: str | None) -> tuple[tuple[str, flo
             scale = float("nan")
         if not sep or not path or scale != scale or abs(scale) > 1e6:
             raise UsageError(f"--lora-scaled takes FILE:SCALE (e.g. style.gguf:0.5), not {item!r}")
-        pairs.append((path, scale))
+        pairs.append((path, scale, "--lora-scaled"))
     out = []
-    for path, scale in pairs:
-        full = Path(path).expanduser()
-        if not full.is_file():
-            raise UsageError(f"no LoRA adapter file {path!r}")
-        out.append((str(full.resolve()), scale))
+    for path, scale, flag in pairs:
+        check_input(flag, path)
+        out.append((str(Path(path).expanduser().resolve()), scale))
     return tuple(out)
 
 

@@ -363,7 +363,8 @@ def run_many(many: ManyPlan, plan: RunPlan, backend: Backend, err: ErrWriter) ->
     opts = BatchOptions(instruction=many.instruction, system=preset.system(backend, send.system), raw=plan.raw,
                         parallel=many.parallel, json_out=report.json_out, stats=report.stats, exact=many.exact,
                         logprobs=report.logprobs, json_schema=send.json_schema, resume_from=many.resume_from,
-                        think=send.think, source_name=str(many.file) if many.file is not None else "stdin")
+                        think=send.think, source_name=str(many.file) if many.file is not None else "stdin",
+                        needs_prompts=many.file is not None)
     try:
         if many.file is not None:
             # a line that is not UTF-8 fails alone, with its number, as --each-line's do (many.parse)

@@ -46,6 +46,26 @@ def _lines(source: TextIO, what: str) -> Iterator[str]:
         yield raw
 
 
+def no_prompts(path: Path) -> str:
+    """Why --file PATH gives no prompt, in words ("it is empty"), or "" when it holds one. Only a regular
+    file is read ahead, and only up to its first line that is not blank (a FIFO would be used up)."""
+    import os
+    import stat
+
+    number = 0
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return ""  # read as it comes: run_batch says so at its end instead
+        with open(path, encoding="utf-8", errors="surrogateescape") as source:
+            for raw in _lines(source, str(path)):
+                number += 1
+                if raw.strip():
+                    return ""
+    except OSError:
+        return ""  # the open that reads it says what is wrong
+    return "it is empty" if number == 0 else "it holds only blank lines"
+
+
 def parse(source: TextIO, instruction: str | None, system: str | None, base: SamplingParams,
           what: str = "stdin") -> Iterator[_Line]:
     """Input lines as prompts, JSON lines with their settings checked (a bad one carries its error). A line past
@@ -99,6 +119,7 @@ class BatchOptions:
     resume_from: Path | None = None  # an earlier JSONL output: its answered lines are not run again
     source_name: str = "stdin"  # the input as a too-long line's error names it
     think: bool | None = None  # the template's thinking switch (--think/--no-think); None: its default
+    needs_prompts: bool = False  # --file: an input without a line that is not blank is a UsageError
 
 
 def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions) -> int:
@@ -107,7 +128,7 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
     instruction, system, json_out = opts.instruction, opts.system, opts.json_out
     lines: dict[int, _Line] = {}
     ready: dict[int, tuple[_Line, Completion | None]] = {}
-    state = {"next": 1, "failed": 0, "tokens": 0, "prompts": 0, "skipped": 0}
+    state = {"next": 1, "failed": 0, "tokens": 0, "prompts": 0, "skipped": 0, "given": 0}
     answered, copy = _resume(opts.resume_from)
     promise = getattr(backend, "exactness", None)  # a local model's; remote endpoints promise nothing here
 
@@ -122,6 +143,8 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
     def requests() -> Iterator[Indexed]:
         for ln in lines_in():
             lines[ln.number] = ln
+            if ln.prompt is not None or ln.error is not None:
+                state["given"] += 1
             if ln.number in answered and (answered[ln.number][1] or (ln.prompt is None and ln.error is None)):
                 ln.previous = answered[ln.number][0] if copy else ""
                 ready[ln.number] = (ln, None)
@@ -165,6 +188,10 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
         _print_stats(state, time.perf_counter() - t0, counters, opts.parallel, len(getattr(backend, "endpoints", ())))
     if stopped:
         raise stopped[0]
+    if opts.needs_prompts and not state["given"]:  # a FIFO, which no_prompts() could not read ahead
+        raise UsageError(f"--file {opts.source_name} has no prompts: "
+                         f"{'it holds only blank lines' if state['next'] > 1 else 'it is empty'}",
+                         hint="one prompt a line")
     return 1 if state["failed"] else 0
 
 

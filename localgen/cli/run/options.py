@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.inputfile import input_file
 from localgen.cli.options import OptionGroup
 
 MANY = "Many prompts"
@@ -23,7 +24,7 @@ class ManyOptions(OptionGroup):
 
     file: Annotated[
         Path | None,
-        typer.Option("--file", exists=True, dir_okay=False, readable=True, rich_help_panel=MANY, show_default=False,
+        typer.Option("--file", callback=input_file, rich_help_panel=MANY, show_default=False,
                      help="One prompt per line (or JSONL with \"prompt\" and per-line settings); answers in input "
                           "order, one per line."),
     ] = None
@@ -84,7 +85,7 @@ class MediaOptions(OptionGroup):
 
     image: Annotated[
         list[Path] | None,
-        typer.Option("--image", dir_okay=False, show_default=False, rich_help_panel="Images and audio",
+        typer.Option("--image", callback=input_file, show_default=False, rich_help_panel="Images and audio",
                      help="An image for the model to read (PNG, JPEG, GIF, BMP); repeat for more. Needs a vision "
                           "model (or --mmproj)."),
     ] = None

@@ -81,13 +81,20 @@ def check(f: RunArgs) -> RunPlan:
         cannot_ask="run", ask_hint="or use `localgen chat`, which asks before each call"))
     if f.many.resume_from is not None and (f.many.file is None or not f.report.json_out):
         raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
+    if f.many.file is not None:
+        from localgen.cli.run.many import no_prompts
+
+        why = no_prompts(f.many.file)
+        if why:
+            raise UsageError(f"--file {f.many.file} has no prompts: {why}", hint="one prompt a line")
     media = prompt.attachments(f.media, [
         ("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams)),
         ("--draft/--lookup", bool(d.draft or d.lookup)), ("--endpoint", bool(f.remote.endpoint)),
         ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache)])
     stdin_taken = any(a == "-" for a in f.media.attach or ())
     parts = () if many else tuple(prompt.prompt_parts(f.prompt if f.prompt is not None else f.prompt_arg,
-                                                         f.document, no_stdin=f.no_stdin or stdin_taken))
+                                                         f.document, no_stdin=f.no_stdin or stdin_taken,
+                                                         rag=f.rag.rag is not None, media=bool(media)))
     # many prompts promise no identity with plain decoding (they are batched), so nothing is pinned for them
     load, warnings = _speculative(model.load, f) if (d.draft or d.lookup) and not many else (model.load, ())
     return RunPlan(load=load, send=model.send, raw=f.raw, decoding=d, report=f.report, no_log=f.log.no_log,

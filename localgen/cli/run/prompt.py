@@ -27,8 +27,14 @@ def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tupl
     if "-" in attach and sys.stdin is not None and not sys.stdin.closed and sys.stdin.isatty():
         raise UsageError("-a - reads a picture or clip from stdin, but stdin is this terminal",
                          hint="pipe the file in: `-a - < photo.jpg`, or give its path: `-a photo.jpg`")
-    from localgen import media as readers
+    import re
 
+    from localgen import media as readers
+    from localgen.cli.inputfile import check_input
+
+    for name in attach:  # a path (not stdin's `-`, a data: URI or an http(s) URL): checked as --image's are
+        if name.strip() and name != "-" and not re.match(r"(data:|https?://)", name, re.I):
+            check_input("-a/--attach", name)
     out = []
     for spec in images:
         m = readers.read(str(spec))
@@ -39,20 +45,37 @@ def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tupl
     return tuple(out)
 
 
-def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdin: bool) -> list[str]:
+def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdin: bool,
+                 rag: bool = False, media: bool = False) -> list[str]:
     """Documents (-f), piped stdin (unless `no_stdin`: --no-stdin, or stdin's bytes are an attachment), then the
-    prompt. A lone -f FILE with no other prompt is the prompt itself, as llama.cpp's -f means."""
+    prompt. A lone -f FILE with no other prompt is the prompt itself, as llama.cpp's -f means. A prompt of only
+    whitespace is a UsageError (with `rag`, the search says so of its question: execute.retrieve), as none is,
+    unless `media` (images or audio) gives the model something: then the text may be empty."""
     piped = "" if no_stdin else _read_stdin()
     documents = list(documents or [])
     if question is None and not piped and len(documents) == 1:
-        return [_read_text(documents[0])]
+        parts = [_read_text(documents[0])]
+        _not_blank(parts, f"-f {documents[0]}")
+        return parts
     parts = [*(f"{d.name}:\n\n{_read_text(d)}" for d in documents)]
     if question is not None:
         checked(question, "the prompt")
     parts += [p for p in (piped, question) if p]
+    if media:
+        return parts or [""]  # the pictures or clips are the prompt
     if not parts:
         raise UsageError("no prompt: give it as an argument or with -p, or pipe text on stdin")
+    if not rag:
+        _not_blank(parts, "the prompt and stdin" if question and piped else "stdin" if piped else "the prompt")
     return parts
+
+
+def _not_blank(parts: list[str], what: str) -> None:
+    """A prompt of only spaces and newlines is refused, as none is: the model would be asked nothing. (A document
+    is never blank: its name comes before its text.)"""
+    if not "".join(parts).strip():
+        raise UsageError(f"{what} {'are' if ' and ' in what else 'is'} only whitespace: there is no prompt",
+                         hint="give the prompt as an argument or with -p, or pipe text on stdin")
 
 
 def _read_text(path: Path) -> str:

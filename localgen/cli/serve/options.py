@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.inputfile import input_file
 from localgen.cli.options import CommandArgs, OptionGroup
 from localgen.cli.options.knobs import Knobs
 from localgen.errors import UsageError
@@ -39,8 +40,8 @@ class ListenOptions(OptionGroup):
                                       "page's files.")
     ] = None
     api_key_file: Annotated[
-        Path | None, typer.Option("--api-key-file", exists=True, dir_okay=False, readable=True,
-                                  rich_help_panel=SERVE, show_default=False, help="Read the API key from a file.")
+        Path | None, typer.Option("--api-key-file", callback=input_file, rich_help_panel=SERVE,
+                                  show_default=False, help="Read the API key from a file.")
     ] = None
     cors: Annotated[
         list[str] | None,

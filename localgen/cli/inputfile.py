@@ -1,0 +1,51 @@
+"""An input file a flag names (--file, -f, -jf, --image, --functions, --api-key-file, ...), checked as the flags
+are parsed: there, readable, not a folder; else one usage error of one shape, `--file notes.txt: no such file`,
+where Click's own exists=True would say it in another. Stdlib and Typer only: `ps` and `launch` use it too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def input_problem(path: str | Path) -> str | None:
+    """Why the input file at `path` cannot be read, in a few words ("no such file"), or None. A pipe or a device
+    (`/dev/stdin`, `<(cmd)`) is read as a file; only a folder is refused. Nothing is opened (a FIFO would wait)."""
+    import errno
+    import os
+    import stat
+
+    full = Path(path).expanduser()
+    try:
+        mode = os.stat(full).st_mode
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "no such file"
+        if e.errno in (errno.EACCES, errno.EPERM):
+            return "permission denied"
+        return (e.strerror or str(e)).lower()
+    if stat.S_ISDIR(mode):
+        return "a folder, not a file"
+    if not os.access(full, os.R_OK):
+        return "permission denied"
+    return None
+
+
+def check_input(flag: str, path: str | Path) -> None:
+    """A usage error, `FLAG PATH: why`, when the input file a flag names cannot be read."""
+    why = input_problem(path)
+    if why is not None:
+        from localgen.errors import UsageError
+
+        raise UsageError(f"{flag} {path}: {why}")
+
+
+def input_file(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """The Click callback of an option naming input files (one, or a list): each checked by check_input."""
+    if value and not ctx.resilient_parsing:  # (shell completion parses without acting)
+        flag = "/".join(sorted(param.opts, key=len))  # as --help shows it: -f/--document
+        for path in value if isinstance(value, (list, tuple)) else [value]:
+            check_input(flag, path)
+    return value

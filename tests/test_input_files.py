@@ -1,0 +1,72 @@
+"""Every input file a flag names, missing or a folder, is one usage error of one shape: `FLAG PATH: why`, exit 2,
+nothing on stdout, before anything loads. Click's own checks said `Invalid value for '--file': Path ... does not
+exist.`, the others each their own words (`no such file: X`, `no LoRA adapter file 'X'`, `cannot read the
+Modelfile X: ...`), and `perplexity --reference` exited 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import InProcessCLI
+
+# (the command with {} for the path, the flag as the error names it); each before a model loads
+FLAGS = [
+    (["run", "--file", "{}"], "--file"),
+    (["run", "-f", "{}"], "-f/--document"),
+    (["run", "--document", "{}"], "-f/--document"),
+    (["run", "-p", "hi", "--image", "{}"], "--image"),
+    (["run", "-p", "hi", "-a", "{}"], "-a/--attach"),
+    (["run", "-p", "hi", "-jf", "{}"], "-jf/--json-schema-file"),
+    (["run", "-p", "hi", "--chat-template-file", "{}"], "--chat-template-file"),
+    (["chat", "--functions", "{}"], "--functions"),
+    (["run", "-p", "hi", "--mmproj", "{}"], "--mmproj"),
+    (["run", "-p", "hi", "--lora", "{}"], "--lora"),
+    (["chat", "--lora-scaled", "{}:0.5"], "--lora-scaled"),
+    (["embed", "--file", "{}"], "--file"),
+    (["rerank", "a query", "--file", "{}"], "--file"),
+    (["serve", "--api-key-file", "{}"], "--api-key-file"),
+    (["ps", "--api-key-file", "{}"], "--api-key-file"),
+    (["launch", "codex", "--print-env", "--api-key-file", "{}"], "--api-key-file"),
+    (["create", "bot", "-f", "{}"], "-f/--file"),
+    (["perplexity", "-f", "{}"], "-f/--file"),
+    (["perplexity", "--reference", "{}"], "--reference"),
+    (["quantize", "smollm2:135m", "Q4_0", "--imatrix", "{}"], "--imatrix"),
+    (["quantize", "smollm2:135m", "--ladder", "Q4_0", "--measure", "{}"], "--measure"),
+]
+
+
+@pytest.mark.parametrize(("args", "flag"), FLAGS, ids=[" ".join(a[:-1]) for a, _ in FLAGS])
+def test_a_missing_input_file_is_one_usage_error_naming_the_flag(cli_in_process: InProcessCLI, tmp_path: Path,
+                                                                 args: list[str], flag: str) -> None:
+    missing = tmp_path / "no such dir" / "notes.txt"
+    r = cli_in_process(*(a.format(missing) for a in args))
+    assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
+    assert r.stderr == f"localgen: error: {flag} {missing}: no such file\n", r.stderr
+
+
+@pytest.mark.parametrize(("args", "flag"), [(a, f) for a, f in FLAGS if f != "--reference"],
+                         ids=[" ".join(a[:-1]) for a, f in FLAGS if f != "--reference"])
+def test_a_folder_for_an_input_file_is_one_usage_error_naming_the_flag(cli_in_process: InProcessCLI, tmp_path: Path,
+                                                                       args: list[str], flag: str) -> None:
+    r = cli_in_process(*(a.format(tmp_path) for a in args))
+    assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
+    assert r.stderr == f"localgen: error: {flag} {tmp_path}: a folder, not a file\n", r.stderr
+
+
+def test_the_flags_that_take_a_file_or_a_text_say_both(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """-j takes a schema or a file's path, --grammar a grammar or a file's path, --docs files or folders: a path to
+    nothing says so in the same shape."""
+    missing = tmp_path / "schema.json"
+    r = cli_in_process("run", "-p", "hi", "-j", str(missing))
+    assert (r.returncode, r.stderr) == (2, f"localgen: error: -j/--json-schema {missing}: no such file, and the "
+                                           "text is not JSON\n"), r.stderr
+    r = cli_in_process("run", "-p", "hi", "--grammar", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.startswith(f"localgen: error: --grammar {tmp_path}: a folder, not a file, "
+                                                     "and the text is not GBNF"), r.stderr
+    r = cli_in_process("embed", "--store", "s", "--docs", str(missing))
+    assert (r.returncode, r.stderr) == (2, f"localgen: error: --docs {missing}: no such file or folder\n"), r.stderr
+    # a pipe or a device is read as a file, as before: only what is not there, or a folder, is refused
+    r = cli_in_process("run", "-m", "/nonexistent.gguf", "-f", "/dev/null")
+    assert r.returncode == 2 and "-f /dev/null is only whitespace" in r.stderr, r.stderr
