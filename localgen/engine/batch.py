@@ -16,6 +16,7 @@ Two schedulers, one per mode (engine/batchmode.py):
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
@@ -105,10 +106,13 @@ class ParallelContext:
             engine.encoder_only or native_model.has_encoder(engine.model_ptr)) else 0
         self.drafted = self.accepted = 0  # drafted tokens, and those kept
         # serve --draft: a draft model proposes the drafts instead of prompt lookup (engine/speculative.py,
-        # SlotDrafter; set by whoever loads it, before warm_up), and what a drafted position costs it, in one-row
-        # steps of this model (measured by `calibrate`)
+        # SlotDrafter; set by whoever loads it, before warm_up), and what its decode of n rows costs, in one-row
+        # steps of this model (measured by `calibrate`: (n, cost), n ascending; `draft_cost` its one-row decode)
         self.drafter: Any = None
         self.draft_cost = 0.0
+        self.draft_costs: list[tuple[int, float]] = []
+        self.draft_off: str | None = None  # why drafting was turned off while serving (a draft-model failure)
+        self.draft_error: BaseException | None = None
         # what a step of n rows costs in one-row steps, measured (`calibrate`: (n, cost), n ascending)
         self.step_costs: list[tuple[int, float]] = []
         self.batch = Batch(self.n_batch)
@@ -160,7 +164,8 @@ class ParallelContext:
         cells are forgotten after. Call it while no sequence holds cells (after warm_up, before any request).
         Returns `row_cost`, what the first drafted row costs (on a CPU a step of two rows cost SmolLM2 twice one,
         and of seven 4.2 times: rows get cheaper in larger batches, so the sizes are measured, not a slope). With a
-        draft model (`drafter`), also `draft_cost`: its one-row decode, the fastest of `reps`, against this one's."""
+        draft model (`drafter`), also `draft_costs`: its decodes of 1, 2, 4, ... 64 rows (SlotDrafter.measure, the
+        same way), against this model's one-row step (`draft_cost` the one-row decode's)."""
         import time
 
         import numpy
@@ -197,8 +202,14 @@ class ParallelContext:
             last = max(last, min(times[n]) / t1 if t1 > 0 else float(n))
             costs.append((n, last))
         self.step_costs = costs
-        if self.drafter is not None and t1 > 0:  # a draft model's decode per drafted position, in those steps
-            self.draft_cost = self.drafter.measure(reps) / t1
+        if self.drafter is not None and t1 > 0:  # the draft model's decodes by rows, in those steps
+            dsizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= self.drafter.n_batch]
+            dlast, dcosts = 0.0, []
+            for n, t in self.drafter.measure(dsizes, reps):
+                dlast = max(dlast, t / t1)
+                dcosts.append((n, dlast))
+            self.draft_costs = dcosts
+            self.draft_cost = dcosts[0][1]
         return costs[1][1] - 1.0
 
     @property
@@ -209,16 +220,27 @@ class ParallelContext:
     def step_cost(self, n: int) -> float:
         """What a decoding step of n rows costs, in one-row steps (`calibrate`'s sizes, in between the line
         between two, past the largest its last slope); 1 for any n before a calibration (rows taken as free)."""
-        from itertools import pairwise
+        return _interpolate(self.step_costs, n) if self.step_costs else 1.0
 
-        costs = self.step_costs
-        if not costs:
-            return 1.0
-        for (a, ca), (b, cb) in pairwise(costs):
-            if n <= b:
-                return ca + (cb - ca) * (n - a) / (b - a)
-        (a, ca), (b, cb) = costs[-2], costs[-1]
-        return cb + (cb - ca) / (b - a) * (n - b)
+    def draft_rows_cost(self, n: int) -> float:
+        """What a draft-model decode of n rows costs, in one-row steps of this model (`calibrate`'s sizes, as
+        `step_cost`); before a calibration `draft_cost` a row. 0 for no rows."""
+        if n <= 0:
+            return 0.0
+        return _interpolate(self.draft_costs, n) if len(self.draft_costs) > 1 else self.draft_cost * n
+
+    def stop_drafting(self, error: BaseException) -> None:
+        """Turn a failing draft model off for good: the requests go on without drafts (serve's worker says so once
+        in its log, with the traceback of an error other than a LocalgenError; /health and /metrics show it). The
+        draft model is freed."""
+        if self.drafter is not None:
+            drafter, self.drafter = self.drafter, None
+            with contextlib.suppress(Exception):  # it failed already: what matters is that nothing uses it
+                drafter.close()
+        self.draft_max = 0
+        self.draft_off = error.message if isinstance(error, LocalgenError) else \
+            f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        self.draft_error = error
 
     def clear(self, seq: int = -1) -> None:
         """Forget one sequence's KV entries (all with -1)."""
@@ -340,3 +362,15 @@ class ParallelContext:
             raise LocalgenError(f"llama_decode failed ({rc}) with {n_seqs} sequence{'s' if n_seqs != 1 else ''}",
                                 hint="lower --parallel or raise --ctx")
         logs.raise_deferred()
+
+
+def _interpolate(costs: list[tuple[int, float]], n: int) -> float:
+    """The cost of n rows from measured (rows, cost) pairs, rows ascending: the line between the two around n, past
+    the largest its last slope."""
+    from itertools import pairwise
+
+    for (a, ca), (b, cb) in pairwise(costs):
+        if n <= b:
+            return ca + (cb - ca) * (n - a) / (b - a)
+    (a, ca), (b, cb) = costs[-2], costs[-1]
+    return cb + (cb - ca) / (b - a) * (n - b)

@@ -128,8 +128,13 @@ class Throughput:
 
         With a draft model (serve --draft: ParallelContext.drafter, engine/speculative.py's SlotDrafter) the tokens
         are its greedy choices instead, proposed for every drafting sequence at once, a draft-model decode per
-        drafted position; each such decode is priced too (`draft_cost`, measured at load), once for the step:
-        a sequence pays only for the positions past the deepest draft asked before it."""
+        drafted position with a row for each sequence drafting that deep, priced by its rows (`draft_rows_cost`,
+        measured at load): a sequence pays for the rows it adds to those decodes. A sequence whose draft sequence
+        is behind (a request's first draft: its prompt; a try after steps without drafts: the tokens since) first
+        catches up, at most `step_tokens` of the draft model's rows in the step for all sequences (one that is not
+        caught up by then goes on in the next steps, drafting once it is); that catch-up is priced too, as its
+        share per step over the steps it serves (as many as the tokens it evaluates, at most those the request may
+        still take). A try is made only where a kept draft would pay for what it costs the draft model."""
         from localgen.engine.speculative import NgramIndex, draft_length
 
         pc = self.s.pc
@@ -143,8 +148,13 @@ class Throughput:
         else:
             def step_cost(m: int) -> float:
                 return float(pc.step_cost(n) + (pc.step_cost(m - n) if m > n else 0.0))
-        depth = 0  # a draft model's decodes so far in this step: one per drafted position, every slot in each
+        dc = pc.draft_rows_cost
+        levels: list[int] = []  # the draft model's decodes in this step: the rows of each (a sequence each)
+        catch_room = pc.step_tokens  # the draft model's rows left for catching sequences up in this step
+        catch_rows = 0
+        committed = 0.0  # what the draft model's work given so far costs, in one-row steps of the model
         wanted: dict[int, tuple[Seq, int, bool]] = {}  # slot → (its sequence, tokens to draft, whether a try)
+        allowed: dict[int, int] = {}  # slot → tokens its draft sequence may catch up in this step
         out: dict[int, list[int]] = {}
         for seq in decoding:
             # room in the step, in the slot's window and under the request's limit, after the pending token
@@ -153,10 +163,17 @@ class Throughput:
             if seq.req.prompt.spans or room <= 0:
                 continue
             alpha = (seq.accepted + 4 * overall) / (seq.drafted + 4)
+            lag = drafter.lag(seq.slot, seq.req.tokens + seq.dec.tokens) if drafter is not None else 0
+            left = seq.dec.limit.tokens - len(seq.dec.tokens)
+            catch = dc(lag) / max(1, min(lag, left))  # the catch-up's share per step it serves
 
-            def cost(m: int, base: int = rows, deep: int = depth) -> float:
-                # and a draft model's decodes past those the sequences before this one already take
-                return float(step_cost(m) + pc.draft_cost * max(deep, m - base))
+            def cost(m: int, base: int = rows, levels: tuple[int, ...] = tuple(levels), catch: float = catch,
+                     committed: float = committed) -> float:
+                k = m - base
+                if k <= 0 or drafter is None:
+                    return float(step_cost(m) + committed)
+                depth = (*levels, *[0] * k)[:k]  # the rows this sequence joins, and past them decodes of its own
+                return float(step_cost(m) + committed + catch + sum(dc(r + 1) - dc(r) for r in depth))
 
             k = draft_length(alpha, tokens, rows, cost, room)
             trying = k == 0
@@ -164,10 +181,23 @@ class Throughput:
                 seq.undrafted += 1
                 if seq.undrafted < seq.probe_gap:
                     continue
+                if drafter is not None and draft_length(1.0, tokens, rows, cost, 1) == 0:
+                    continue  # even kept, its draft would not pay for the draft model's work (its catch-up too)
                 k = 1  # a try, to see whether its drafts are kept again
             if drafter is not None:  # proposed below, for every sequence at once: k tokens unless the text ends
+                part = min(lag, catch_room)
+                catch_room -= part
+                committed += dc(catch_rows + part) - dc(catch_rows)
+                catch_rows += part
                 wanted[seq.slot] = (seq, k, trying)
-                depth = max(depth, k)
+                allowed[seq.slot] = part
+                if part < lag:
+                    continue  # not caught up in this step: no drafts yet
+                for j in range(k):
+                    if j == len(levels):
+                        levels.append(0)
+                    committed += dc(levels[j] + 1) - dc(levels[j])
+                    levels[j] += 1
                 proposed = [0] * k
             else:
                 if seq.lookup is None:
@@ -179,7 +209,12 @@ class Throughput:
             rows += len(proposed)
             tokens += sum(alpha ** j for j in range(1, len(proposed) + 1))
         if wanted:
-            out = drafter.propose({slot: (seq.req.tokens + seq.dec.tokens, k) for slot, (seq, k, _) in wanted.items()})
+            try:
+                out = drafter.propose({slot: (seq.req.tokens + seq.dec.tokens, k)
+                                       for slot, (seq, k, _) in wanted.items()}, allowed)
+            except Exception as e:  # a failing draft model: the requests go on without drafts (stop_drafting)
+                pc.stop_drafting(e)
+                return {}
             for slot, (seq, _, trying) in wanted.items():
                 if slot in out:
                     _drafted(seq, trying)

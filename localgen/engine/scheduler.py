@@ -257,7 +257,10 @@ class Scheduler:
             seq.accepted += 1
             seq.probe_gap = 16
         if self.pc.drafter is not None:  # the draft model's cells past the kept tokens go too
-            self.pc.drafter.kept(seq.slot, first + used)
+            try:
+                self.pc.drafter.kept(seq.slot, first + used)
+            except Exception as e:  # a failing draft model: the requests go on without drafts
+                self.pc.stop_drafting(e)
         if drafts:
             self.pc.accepted += used - 1
             if used < len(rows):
@@ -276,8 +279,8 @@ class Scheduler:
         chains.free(seq.sampler)
         del self.active[seq.slot]
         heapq.heappush(self.free, seq.slot)
-        if self.pc.drafter is not None:  # the slot's next request drafts from a sequence of its own
-            self.pc.drafter.clear(seq.slot)
+        # a draft model's sequence stays: the slot's next request (the same conversation, given the slot that holds
+        # its prefix) keeps the prefix both share (engine/speculative.py, SlotDrafter)
 
 
 def _close(task: Any) -> None:

@@ -114,7 +114,8 @@ class ModelDrafter:
     """A small model with the same vocabulary, drafting greedily; its KV cache follows the context."""
 
     def __init__(self, target: DecodingEngine, draft: DecodingEngine) -> None:
-        check_vocab(target, draft)
+        engines: tuple[Any, Any] = (target, draft)  # Engines: their llama_vocab
+        check_vocab(VocabView(engines[0].vocab), VocabView(engines[1].vocab))
         self.engine = draft
         self.limit = target.n_vocab  # a draft token past the model's vocabulary ends the draft
         self.greedy = draft.sampler(SamplingParams(temperature=0.0, repeat_penalty=1.0), 0)
@@ -143,19 +144,74 @@ VOCAB_SLACK = 128  # tokens two vocabularies of one family may differ by (llama.
 # many: Qwen2.5 7B has 152,064 and its 0.5B draft 151,936, padding)
 
 
-def check_vocab(target: DecodingEngine, draft: DecodingEngine) -> None:
-    """Refuse a draft model whose vocabulary differs: in size by more than VOCAB_SLACK, or in the text of sampled
-    token ids they share. A draft token past the model's vocabulary is never proposed (the drafters stop there)."""
+class Vocabulary(Protocol):
+    """What check_vocab reads of a vocabulary."""
+
+    n_vocab: int
+
+    def piece(self, token: int) -> bytes: ...
+    def specials(self) -> tuple[int, int]: ...
+
+
+class VocabView:
+    """A loaded llama_vocab as check_vocab reads it: its size, each token's text, its BOS and EOS tokens."""
+
+    def __init__(self, vocab: Any) -> None:
+        from localgen.native import vocab as native_vocab
+
+        self.vocab = vocab
+        self.n_vocab = native_vocab.n_tokens(vocab)
+        self._buf = native_vocab.piece_buffer()
+
+    def piece(self, token: int) -> bytes:
+        from localgen.native import vocab as native_vocab
+
+        return native_vocab.piece(self.vocab, token, self._buf, False)
+
+    def specials(self) -> tuple[int, int]:
+        from localgen.native import vocab as native_vocab
+
+        return native_vocab.bos(self.vocab), native_vocab.eos(self.vocab)
+
+
+def check_vocab(target: Vocabulary, draft: Vocabulary) -> None:
+    """Refuse a draft model whose vocabulary differs: in size by more than VOCAB_SLACK, in its BOS or EOS token, or
+    in the text of sampled token ids they share. A draft token past the model's vocabulary is never proposed (the
+    drafters stop there)."""
     nt, nd = target.n_vocab, draft.n_vocab
     if abs(nt - nd) > VOCAB_SLACK:
         raise UsageError(f"the draft model's vocabulary ({nd:,} tokens) differs from the model's ({nt:,}) by more "
                          f"than {VOCAB_SLACK}", hint="pick a draft model of the same family")
+    (tb, te), (db, de) = target.specials(), draft.specials()
+    if (tb, te) != (db, de):
+        raise UsageError(f"the draft model's special tokens (BOS {db}, EOS {de}) differ from the model's (BOS {tb}, "
+                         f"EOS {te})", hint="pick a draft model of the same family")
     shared = min(nt, nd)
     step = max(1, shared // 512)
     for t in range(0, shared, step):
         if target.piece(t) != draft.piece(t):
             raise UsageError(f"the draft model's vocabulary differs from the model's (token {t})",
                              hint="pick a draft model of the same family")
+
+
+def check_vocab_files(model: str, draft: str, draft_name: str) -> None:
+    """check_vocab on two GGUF files, before either model loads: their vocabularies alone are read (llama.cpp's
+    vocab_only load: no weights, in a moment)."""
+    from localgen.errors import LocalgenError
+    from localgen.native import model as native_model
+    from localgen.native import vocab as native_vocab
+
+    ptrs: list[Any] = []
+    try:
+        for path, name in ((model, None), (draft, draft_name)):
+            ptr = native_model.load(path, native_model.ModelOptions(vocab_only=True))
+            if ptr is None:
+                raise LocalgenError(f"llama.cpp cannot read {'the model' if name is None else name}'s vocabulary")
+            ptrs.append(ptr)
+        check_vocab(VocabView(native_vocab.of_model(ptrs[0])), VocabView(native_vocab.of_model(ptrs[1])))
+    finally:
+        for ptr in ptrs:
+            native_model.free(ptr)
 
 
 def tokens(engine: DecodingEngine, prompt: Prompt, s: SamplingParams, seed: int, drafter: Drafter, k: int,
@@ -201,10 +257,13 @@ def tokens(engine: DecodingEngine, prompt: Prompt, s: SamplingParams, seed: int,
 
 class SlotDrafter:
     """A draft model for the throughput scheduler (engine/policies.py, `serve --draft`): one llama context on it with a
-    sequence per slot (sequence id = the slot), each kept in step with its slot's tokens (the prompt and the answer
-    so far, evaluated in pieces of at most n_batch, only what it lacks), and greedy drafts for every drafting slot at
-    once: one decode of the draft model per drafted position, with each slot still drafting in it. `kept` drops a
-    sequence's cells past what the model kept; `clear` empties a slot's sequence (its request ended).
+    sequence per slot (sequence id = the slot), each following its slot's tokens (the prompt and the answer so far),
+    and greedy drafts for every drafting slot at once: one decode of the draft model per drafted position, with each
+    slot still drafting in it. A sequence evaluates what it lacks (`lag`) only when its slot drafts, before its draft,
+    at most `catch_up` tokens a step for all the slots together (the rest in later steps, the slot drafting once it
+    has caught up), in decodes of at most n_batch rows. `kept` drops a sequence's cells past what the model kept; a
+    sequence outlives its request, so the slot's next request (the same conversation, given the slot that holds
+    its prefix) keeps the prefix both share; `clear` empties sequences.
 
     Built on a loaded draft Engine whose vocabulary `check_vocab` accepted; the Engine's own context is released
     (this one has a window of `n_ctx_seq` cells per slot) and the model is freed by `close`."""
@@ -234,25 +293,48 @@ class SlotDrafter:
         self.batch = Batch(self.n_batch)
         self.held: list[list[int]] = [[] for _ in range(n_parallel)]  # what each slot's sequence holds
         self.decodes = 0  # draft-model decodes, for the tests and the counters
+        self.caught_up = 0  # tokens evaluated to catch a sequence up (not drafts), for the tests
 
-    def propose(self, wants: dict[int, tuple[list[int], int]]) -> dict[int, list[int]]:
+    def lag(self, slot: int, tokens: list[int]) -> int:
+        """How many of `tokens` (the prompt, the answer so far and the pending token) the slot's sequence would
+        evaluate before its first draft decode: those past the prefix it holds, but the last."""
+        held = self.held[slot]
+        n = min(len(held), len(tokens) - 1)
+        if held[:n] != tokens[:n]:
+            n = next(i for i, (a, b) in enumerate(zip(held[:n], tokens[:n], strict=True)) if a != b)
+        return len(tokens) - 1 - n
+
+    def propose(self, wants: dict[int, tuple[list[int], int]],
+                catch_up: dict[int, int] | None = None) -> dict[int, list[int]]:
         """slot → (its tokens: the prompt, the answer so far and the pending token; k) → up to k greedy tokens
         (fewer where the draft model ends the text). Each sequence first drops what is past its tokens (drafts
-        not kept) and evaluates what it lacks, the last token with logits; then every slot's next draft token
-        goes into one decode, until each has its k."""
+        not kept) and evaluates what it lacks but the last token, at most `catch_up[slot]` tokens (no bound
+        without); a slot not caught up by then drafts nothing in this step. Then every caught-up slot's last token
+        goes into one decode, with logits, and each next draft token into the next, until each has its k."""
         for slot, (tokens, _) in wants.items():
-            self._trim(slot, tokens, len(tokens) - 1)  # the last is decoded below, for its logits
+            self._trim(slot, tokens, len(tokens) - 1)
         wants = dict(sorted(wants.items()))  # in slot order: llama.cpp splits a batch of streams out of order into
         # more passes over the weights (engine/policies.py sorts the model's rows so, for the same reason)
-        picks = self._decode([(slot, tokens[len(self.held[slot]):]) for slot, (tokens, _) in wants.items()])
-        out: dict[int, list[int]] = {slot: [] for slot in wants}
+        behind: list[tuple[int, list[int]]] = []
+        for slot, (tokens, _) in wants.items():
+            lacking = tokens[len(self.held[slot]):-1]
+            if catch_up is not None:
+                lacking = lacking[:max(catch_up.get(slot, 0), 0)]
+            if lacking:
+                behind.append((slot, lacking))
+        if behind:  # a pass of its own: llama.cpp would cut these rows beside the one-row slots into more passes
+            self._decode(behind, logits=False)
+            self.caught_up += sum(len(t) for _, t in behind)
+        ready = {slot: want for slot, want in wants.items() if len(self.held[slot]) == len(want[0]) - 1}
+        picks = self._decode([(slot, tokens[-1:]) for slot, (tokens, _) in ready.items()]) if ready else {}
+        out: dict[int, list[int]] = {slot: [] for slot in ready}
         while picks:
             feed: list[tuple[int, list[int]]] = []
             for slot, tok in picks.items():
                 if self.engine.is_eog(tok) or tok >= self.limit:
                     continue
                 out[slot].append(tok)
-                if len(out[slot]) < wants[slot][1]:
+                if len(out[slot]) < ready[slot][1]:
                     feed.append((slot, [tok]))
             picks = self._decode(feed) if feed else {}
         return {slot: d for slot, d in out.items() if d}
@@ -268,18 +350,23 @@ class SlotDrafter:
             if self.held[s]:
                 self._forget(s, 0)
 
-    def measure(self, reps: int = 3) -> float:
-        """Seconds a one-row decode of the draft model takes (the fastest of `reps`, after one untimed); its
-        cells are forgotten after. Call it while no sequence holds cells."""
+    def measure(self, sizes: list[int], reps: int = 3) -> list[tuple[int, float]]:
+        """Seconds a decode of n rows of the draft model takes, for each n of `sizes` (rows in one sequence, as
+        ParallelContext.calibrate measures the model's steps, with the last row's greedy pick): each size once
+        untimed, then `reps` times in turn, the fastest. Its cells are forgotten after each. Call it while no
+        sequence holds cells."""
         import time
 
-        times = []
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            self._decode([(0, [0])])
-            times.append(time.perf_counter() - t0)
-            self._forget(0, 0)
-        return min(times[1:])
+        times: dict[int, list[float]] = {n: [] for n in sizes}
+        for rep in range(reps + 1):
+            for n in sizes:
+                t0 = time.perf_counter()
+                self._decode([(0, [0] * n)])
+                dt = time.perf_counter() - t0
+                self._forget(0, 0)
+                if rep:
+                    times[n].append(dt)
+        return [(n, min(times[n])) for n in sizes]
 
     def close(self) -> None:
         """Free the context, the batch and the draft model (once)."""
@@ -308,9 +395,9 @@ class SlotDrafter:
             raise LocalgenError("llama.cpp could not forget the draft model's drafts", hint="serve without --draft")
         del self.held[slot][n:]
 
-    def _decode(self, feed: list[tuple[int, list[int]]]) -> dict[int, int]:
+    def _decode(self, feed: list[tuple[int, list[int]]], logits: bool = True) -> dict[int, int]:
         """Evaluate each slot's tokens after what it holds, in decodes of at most n_batch rows, each slot's last
-        with logits: slot → the draft model's greedy choice after them."""
+        with logits (none without `logits`): slot → the draft model's greedy choice after them."""
         import numpy
 
         from localgen.errors import LocalgenError
@@ -338,9 +425,10 @@ class SlotDrafter:
             for j, tok in enumerate(tokens):
                 if b.n_tokens == self.n_batch:
                     run()
-                row = b.add(tok, len(held), slot, j == len(tokens) - 1)
+                last = logits and j == len(tokens) - 1
+                row = b.add(tok, len(held), slot, last)
                 held.append(tok)
-                if j == len(tokens) - 1:
+                if last:
                     lasts.append((slot, row))
         if b.n_tokens:
             run()

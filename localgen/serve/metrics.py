@@ -106,14 +106,19 @@ class Gauges(Collector):
         loaded = GaugeMetricFamily("localgen_model_loaded", "1 while the model is loaded", labels=["model"])
         memory = GaugeMetricFamily("localgen_model_memory_bytes", "a loaded model's memory, by its estimate "
                                    "(weights, KV cache and buffers)", labels=["model"])
+        drafting = GaugeMetricFamily("localgen_drafting", "1 while a loaded model drafts (serve --lookup, --draft), "
+                                     "0 once its draft model failed and drafting is off", labels=["model"])
         for name, w in list(self.state.workers.items()):
+            pc = getattr(w.residence, "pc", None)  # its ParallelContext while loaded
+            if pc is not None and (pc.draft_max or pc.draft_off):
+                drafting.add_metric([name], 1 if pc.draft_max else 0)
             in_slots = min(w.outstanding, w.running)
             queued.add_metric([name], max(0, w.outstanding - in_slots))
             running.add_metric([name], in_slots)
             on = w.loaded
             loaded.add_metric([name], 1 if on else 0)
             memory.add_metric([name], w.residence.need if on else 0)
-        yield from (queued, running, loaded, memory)
+        yield from (queued, running, loaded, memory, drafting)
         residency = self.state.residency
         if residency is not None:
             s = residency.status()

@@ -19,7 +19,8 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
     later step in the worker thread much slower (docs/benchmarks.md, Warm-up); the worker warms a preloaded
     model itself). `lookup`: tokens drafted per step at most (0: none), by prompt lookup or, with `draft`, by
     that model (serve --draft), loaded with the same settings where the slots draft at all (not with --exact,
-    nor for a recurrent model): a UsageError when its vocabulary differs or its memory cannot drop drafts."""
+    nor for a recurrent model): a UsageError when its vocabulary differs (found from the two files' vocabularies
+    before either model loads) or its memory cannot drop drafts."""
     import dataclasses
 
     from localgen.engine.batch import ParallelContext
@@ -27,6 +28,10 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
     from localgen.engine.local import LocalBackend
     from localgen.models.load import open_engine
 
+    if draft is not None and exact is not True:  # a draft that cannot draft for it is refused before either loads
+        from localgen.engine.speculative import check_vocab_files
+
+        check_vocab_files(ref.path, draft.path, draft.name)
     engine = open_engine(ref, load, warn=warn, kv_tokens=parallel * load.n_ctx)
     engine.release_context()  # the slots have their own
     backend = LocalBackend(engine, warn=warn)
@@ -53,8 +58,8 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
 def _drafter(engine: Any, ref: ModelRef, load: LoadParams, parallel: int, n_ctx_seq: int,
              warn: Callable[[str], None]) -> Any:
     """The draft model loaded for the slots (engine/speculative.py, SlotDrafter), once it is found fit to draft
-    for `engine`: the same vocabulary, and a memory that can drop the drafts not kept."""
-    from localgen.engine.speculative import SlotDrafter, check_vocab
+    for `engine`: a memory that can drop the drafts not kept (its vocabulary was checked before the loads)."""
+    from localgen.engine.speculative import SlotDrafter
     from localgen.errors import UsageError
     from localgen.models.load import open_engine
     from localgen.native import model as native_model
@@ -64,7 +69,6 @@ def _drafter(engine: Any, ref: ModelRef, load: LoadParams, parallel: int, n_ctx_
         if d.encoder_only or native_model.has_encoder(d.model_ptr) or native_model.whole_states_only(d.model_ptr):
             raise UsageError(f"--draft {ref.name}: a recurrent, hybrid or encoder model cannot draft (its memory "
                              "cannot drop the drafts not kept)", hint="pick a small transformer of the same family")
-        check_vocab(engine, d)
         return SlotDrafter(d, parallel, n_ctx_seq, engine.n_vocab)
     except BaseException:
         d.close()

@@ -213,7 +213,8 @@ class ModelWorker:
         """Slots, queue, batching counters and failures (for /health)."""
         res = self.residence
         pc, mode = res.pc, res.mode
-        drafting = pc if pc is not None and pc.draft_max else None  # serve --lookup or --draft, on a model that drafts
+        # serve --lookup or --draft, on a model that drafts (or did, until its draft model failed)
+        drafting = pc if pc is not None and (pc.draft_max or pc.draft_off) else None
         calls, rows = res.steps()
         states = [j.state for j in self._jobs()]
         return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel,
@@ -227,6 +228,8 @@ class ModelWorker:
                 "draft_row_cost": round(drafting.row_cost, 3) if drafting and drafting.row_cost is not None else None,
                 "draft_model_cost": round(drafting.draft_cost, 3) if drafting and drafting.drafter is not None
                 and drafting.step_costs else None,
+                "drafting": bool(drafting.draft_max) if drafting else None,
+                "drafting_off": drafting.draft_off if drafting else None,
                 "kv_unified": pc.one_pool if pc else None,
                 "failed_jobs": self.failures,
                 "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": res.settings(),
@@ -338,6 +341,8 @@ class ModelWorker:
             self._internal(e, "decoding")
             self._drain_running(Failed(500, INTERNAL))
             return
+        finally:
+            self._draft_failure()
         for out in outputs:
             with self._lock:
                 job = self._live.get(out.id)
@@ -362,6 +367,17 @@ class ModelWorker:
                 self._keep(job.keep_alive)
         if sched.idle:
             self.residence.rested()
+
+    def _draft_failure(self) -> None:
+        """Say once that the draft model failed and drafting is off (engine/batch.py, stop_drafting)."""
+        pc = self.residence.pc
+        if pc is None or pc.draft_error is None:
+            return
+        e, pc.draft_error = pc.draft_error, None
+        self.log.warning(f"{self.name}: the draft model failed ({pc.draft_off}); drafting is off, the requests go "
+                         "on without drafts")
+        if not isinstance(e, LocalgenError):  # a bug: its traceback
+            self._internal(e, "drafting")
 
     def _finished(self, job: Job, c: Completion) -> None:
         """A generation job's end as its event: Done, or why it did not finish."""

@@ -100,7 +100,8 @@ LOOKUP_HELP = ("Draft from n-grams already in the context (prompt lookup): fast 
 # --draft means the same in run and serve (serve drafts for its first -m model, in the batch as --lookup's drafts)
 DRAFT_HELP = ("A small model with the same vocabulary proposes tokens; the model checks several at once "
               "(llama.cpp's -md/--model-draft and its --draft-max). serve drafts for its first -m model, in the "
-              "batch as with --lookup.")
+              "batch as with --lookup, only where the draft model's work pays (measured at load), and turns "
+              "drafting off if the draft model fails.")
 DRAFT_MAX_HELP = "Most tokens drafted per step."
 Endpoint = Annotated[
     list[str] | None,
