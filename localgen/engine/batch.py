@@ -165,7 +165,8 @@ class ParallelContext:
         Returns `row_cost`, what the first drafted row costs (on a CPU a step of two rows cost SmolLM2 twice one,
         and of seven 4.2 times: rows get cheaper in larger batches, so the sizes are measured, not a slope). With a
         draft model (`drafter`), also `draft_costs`: its decodes of 1, 2, 4, ... 64 rows (SlotDrafter.measure, the
-        same way), against this model's one-row step (`draft_cost` the one-row decode's)."""
+        same way), against this model's one-row step (`draft_cost` the one-row decode's, the two one-row decodes
+        measured in turn so that both see the same load)."""
         import time
 
         import numpy
@@ -204,9 +205,19 @@ class ParallelContext:
         self.step_costs = costs
         if self.drafter is not None and t1 > 0:  # the draft model's decodes by rows, in those steps
             dsizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= self.drafter.n_batch]
+            by_rows = self.drafter.measure(dsizes, reps)
+            # its one-row decode against this model's, measured in turn (each the fastest of its own), so that both
+            # see the same load: measured apart, a busy machine made the same model's ratio 0.3 or 8
+            mine, theirs = [], []
+            for _ in range(max(reps, 3)):
+                mine.append(step(1))
+                theirs.append(self.drafter.measure([1], 1)[0][1])
+            self.batch.n_tokens = 0
+            context.clear(mem, True)
+            one = min(theirs) / min(mine)
             dlast, dcosts = 0.0, []
-            for n, t in self.drafter.measure(dsizes, reps):
-                dlast = max(dlast, t / t1)
+            for n, t in by_rows:
+                dlast = max(dlast, t / by_rows[0][1] * one)
                 dcosts.append((n, dlast))
             self.draft_costs = dcosts
             self.draft_cost = dcosts[0][1]
