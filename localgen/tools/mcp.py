@@ -22,10 +22,13 @@ CONNECT_TIMEOUT_S = 30.0
 class McpServer:
     """One MCP server: its tools, and calls to them."""
 
-    def __init__(self, target: McpTarget) -> None:
+    def __init__(self, target: McpTarget, timeout: float = CONNECT_TIMEOUT_S) -> None:
         self.target = target
         self.label = target.label
         self.tools: tuple[ToolSpec, ...] = ()
+        # each tool as the server listed it (name, description, input_schema, annotations: what a Responses
+        # API's mcp_list_tools item shows)
+        self.listed: tuple[dict[str, Any], ...] = ()
         self.gone = False  # the connection was lost (the process died, the HTTP server went away): no more calls
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp {self.label}", daemon=True)
@@ -37,7 +40,7 @@ class McpServer:
         try:
             if target.url is not None:
                 _reachable(target.url)
-            self.tools = self._wait(self._connect(), CONNECT_TIMEOUT_S, "starting")
+            self.tools = self._wait(self._connect(), timeout, "starting")
         except BaseException:
             self.close()
             raise
@@ -106,11 +109,15 @@ class McpServer:
         self._session = await self._stack.enter_async_context(ClientSession(read, write))
         await self._session.initialize()
         listed = await self._session.list_tools()
-        out = []
+        out, shown = [], []
         for t in listed.tools:
             schema = dict(t.input_schema or {"type": "object", "properties": {}})
             check_schema(schema, f"the MCP server {self.label}'s tool {t.name}")
             out.append(ToolSpec(t.name, t.description or "", schema))
+            notes = t.annotations.model_dump(exclude_none=True) if t.annotations is not None else None
+            shown.append({"name": t.name, "description": t.description, "input_schema": schema,
+                          "annotations": notes or None})
+        self.listed = tuple(shown)
         return tuple(out)
 
     def call(self, name: str, args: dict[str, Any], timeout: float) -> str:
