@@ -296,3 +296,48 @@ def test_which_calls_need_approval() -> None:
     assert not _tool({**base, "require_approval": "never"}).needs_approval("add")
     mixed = _tool({**base, "require_approval": {"always": {"tool_names": ["rm"]}, "never": {"tool_names": ["ls"]}}})
     assert mixed.needs_approval("rm") and not mixed.needs_approval("ls") and mixed.needs_approval("cat")
+
+
+def _sse(server: Server, body: dict[str, Any], until: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """A streamed /v1/responses request read event by event (closed at the first `until` event after the mcp_call,
+    when given): the events read, and the request's id (the x-request-id its access line ends with)."""
+    out: list[dict[str, Any]] = []
+    with httpx.stream("POST", f"{server.url}/v1/responses", json={**body, "stream": True}, timeout=300) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+                called = any(e["type"] == "response.mcp_call.completed" for e in out)
+                if until is not None and called and out[-1]["type"] == until:
+                    break
+        return out, r.headers["x-request-id"]
+
+
+def _access_tokens(server: Server, ident: str) -> int:
+    """The completion tokens the access line of request `ident` counts (waiting for the line: a client that
+    left is logged once its jobs have stopped)."""
+    seen = ""
+    for _ in range(600):
+        seen += _log(server)
+        line = next((ln for ln in seen.splitlines() if ln.endswith(f"id={ident}")), None)
+        if line is not None:
+            return int(line.split(" tokens")[0].rsplit("+", 1)[1])
+        time.sleep(0.1)
+    raise AssertionError(f"no access line for {ident}: {seen}")
+
+
+def test_the_answer_round_streams_as_the_model_writes_it(server: Server, url: str) -> None:
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never"}
+    body = {"model": "smollm2:135m", "tools": [tool], "tool_choice": ADD, "temperature": 0, "max_output_tokens": 160,
+            "input": "What is 2 + 3? Use the add tool, then write a long story about the number five."}
+    events, whole = _sse(server, body)
+    kinds = [e["type"] for e in events]
+    after = kinds[kinds.index("response.mcp_call.completed"):]
+    assert after.count("response.output_text.delta") > 5, kinds  # the answer in pieces, as it was written
+    full = events[-1]["response"]["usage"]["output_tokens"]
+    assert _access_tokens(server, whole) == full
+    # the client leaves at the answer's first piece: the model was still writing it, and stops (the old way, a
+    # round was sent once written whole: the server had made every token by then)
+    events, cut = _sse(server, body, until="response.output_text.delta")
+    assert events[-1]["type"] == "response.output_text.delta"
+    assert _access_tokens(server, cut) < full

@@ -166,11 +166,13 @@ class Encoder:
 
     def listed(self, label: str, tools: list[dict[str, Any]], error: str | None) -> list[bytes]:
         """An mcp_list_tools item (the tools an MCP server listed, or why it could not) and its events."""
+        closed = self.close("completed")  # what the model said before it, first
         ident, index = new_id("mcpl"), len(self.output)
         item = {"type": "mcp_list_tools", "id": ident, "server_label": label, "tools": tools, "error": error}
         self.output.append(item)
         at = {"item_id": ident, "output_index": index}
-        return [self.event("response.output_item.added", output_index=index, item={**item, "tools": [], "error": None}),
+        return [*closed,
+                self.event("response.output_item.added", output_index=index, item={**item, "tools": [], "error": None}),
                 self.event("response.mcp_list_tools.in_progress", **at),
                 self.event(f"response.mcp_list_tools.{'failed' if error else 'completed'}", **at),
                 self.event("response.output_item.done", output_index=index, item=item)]
@@ -178,6 +180,7 @@ class Encoder:
     def mcp_call(self, label: str, name: str, arguments: str, output: str | None, error: dict[str, Any] | None,
                  approval: str | None = None) -> list[bytes]:
         """An mcp_call item (a call the server ran: its output, or its error) and its events."""
+        closed = self.close("completed")
         ident, index = new_id("mcp"), len(self.output)
         item = {"type": "mcp_call", "id": ident, "server_label": label, "name": name, "arguments": arguments,
                 "output": output, "error": error, "status": "failed" if error else "completed",
@@ -185,7 +188,7 @@ class Encoder:
         self.output.append(item)
         at = {"item_id": ident, "output_index": index}
         opened = {**item, "arguments": "", "output": None, "error": None, "status": "in_progress"}
-        return [self.event("response.output_item.added", output_index=index, item=opened),
+        return [*closed, self.event("response.output_item.added", output_index=index, item=opened),
                 self.event("response.mcp_call.in_progress", **at),
                 self.event("response.mcp_call_arguments.delta", **at, delta=arguments),
                 self.event("response.mcp_call_arguments.done", **at, arguments=arguments),
@@ -194,11 +197,12 @@ class Encoder:
 
     def approval(self, ident: str, label: str, name: str, arguments: str) -> list[bytes]:
         """An mcp_approval_request item (a call that waits for the client's mcp_approval_response) and its events."""
+        closed = self.close("completed")
         index = len(self.output)
         item = {"type": "mcp_approval_request", "id": ident, "server_label": label, "name": name,
                 "arguments": arguments}
         self.output.append(item)
-        return [self.event("response.output_item.added", output_index=index, item=item),
+        return [*closed, self.event("response.output_item.added", output_index=index, item=item),
                 self.event("response.output_item.done", output_index=index, item=item)]
 
     def failed(self, e: HTTPError) -> list[bytes]:

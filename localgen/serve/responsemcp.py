@@ -327,17 +327,26 @@ class _Rounds:
             if plan is not None and (answering or step == MAX_ROUNDS):
                 plan = answer_plan(plan)
             req = apply_plan(plan, dataclasses.replace(self.request, messages=(*self.request.messages, *extra)))
-            watch = stream_for(self.worker, plan, req, ask.split_reasoning) if plan is not None else None
-            _, final = await run_whole(self.worker, req, self.http, ask.keep_alive, watch)
-            done.append(final)
+            enc.content, enc.calls = "", []
             answer = stream_for(self.worker, plan, req, ask.split_reasoning)
-            answer.feed(final.text)
-            answer.finish()
+            if ask.stream:  # the round's text as the model writes it; the calls to mcp tools held for below
+                final = None
+                async for pieces, ended in self._streamed(req, answer):
+                    final = ended or final
+                    for chunk in enc.said([p for p in pieces if not (isinstance(p, ToolCall) and p.name in offered)]):
+                        yield chunk
+                assert final is not None
+            else:
+                watch = stream_for(self.worker, plan, req, ask.split_reasoning) if plan is not None else None
+                _, final = await run_whole(self.worker, req, self.http, ask.keep_alive, watch)
+                answer.feed(final.text)
+                answer.finish()
+                for chunk in enc.said([p for p in parts(answer)
+                                       if not (isinstance(p, ToolCall) and p.name in offered)]):
+                    yield chunk
+            done.append(final)
             mine = [c for c in answer.calls if c.name in offered]
             theirs = [c for c in answer.calls if c.name not in offered]
-            enc.content, enc.calls = "", []
-            for chunk in enc.said([p for p in parts(answer) if not (isinstance(p, ToolCall) and p.name in offered)]):
-                yield chunk
             new = [c for c in mine if (c.name, c.arguments) not in made]
             if not new and not theirs:
                 if mine and step < MAX_ROUNDS:  # only calls it made before (whose results it has): now answer
@@ -372,6 +381,22 @@ class _Rounds:
         self.finished = dataclasses.replace(
             last, prompt_tokens=sum(c.prompt_tokens for c in done), cached_tokens=sum(c.cached_tokens for c in done),
             completion_tokens=sum(c.completion_tokens for c in done))
+
+    async def _streamed(self, req: Any, answer: Any) -> AsyncIterator[tuple[list[Any], Any]]:
+        """One round streamed: the answer stage's pieces as the model's text comes (the job ended once the model
+        repeats a call it made), each with None, then the last pieces with the round's Completion."""
+        from localgen.serve.apierror import http_error
+        from localgen.serve.jobs import Failed, Text
+        from localgen.serve.running import events, run_job, watch_repeats
+
+        job, first = await run_job(self.worker, req, self.http, self.ask.keep_alive)
+        async for event in events(job, first):
+            if isinstance(event, Text):
+                yield watch_repeats(job, answer, event.text), None
+            elif isinstance(event, Failed):
+                raise http_error(event)
+            else:
+                yield list(answer.finish()), event.completion
 
     def _offer(self) -> dict[str, tuple[dict[str, Any], Remote]]:
         """The MCP tools the model may call, by the name it calls them: the server's own, or label_name where
