@@ -81,8 +81,9 @@ def _client(server: Server) -> Any:
 
 
 def _ask(server: Server, tools: list[dict[str, Any]], **kw: Any) -> Any:
-    return _client(server).responses.create(model="smollm2:135m", tools=tools, temperature=0, max_output_tokens=48,
-                                            **{"input": "What is 2 + 3? Use the add tool.", **kw})
+    return _client(server).responses.create(model="smollm2:135m", tools=tools, temperature=0,
+                                            **{"input": "What is 2 + 3? Use the add tool.", "max_output_tokens": 48,
+                                               **kw})
 
 
 def _log(server: Server) -> str:
@@ -341,3 +342,23 @@ def test_the_answer_round_streams_as_the_model_writes_it(server: Server, url: st
     events, cut = _sse(server, body, until="response.output_text.delta")
     assert events[-1]["type"] == "response.output_text.delta"
     assert _access_tokens(server, cut) < full
+
+
+def test_max_output_tokens_is_the_whole_responses_budget(server: Server, url: str) -> None:
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url}
+    asked = _ask(server, [tool], tool_choice=ADD, max_output_tokens=100)  # one round: the call, then approval
+    assert [o.type for o in asked.output] == ["mcp_list_tools", "mcp_approval_request"]
+    spent = asked.usage.output_tokens  # what the round that makes the call takes
+    never = {**tool, "require_approval": "never"}
+    full = _ask(server, [never], tool_choice=ADD, max_output_tokens=100)
+    assert full.status == "completed" and full.usage.output_tokens > spent + 2  # its answer takes more than 2
+    # 2 tokens past the call: the call runs, the answer round gets the 2 left and is cut short
+    r = _ask(server, [never], tool_choice=ADD, max_output_tokens=spent + 2)
+    assert [o.type for o in r.output] == ["mcp_list_tools", "mcp_call", "message"] and r.output[1].output == "5"
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == spent + 2
+    # fewer than the call takes: it is cut short and not run
+    r = _ask(server, [never], tool_choice=ADD, max_output_tokens=spent - 1)
+    assert [o.type for o in r.output] == ["mcp_list_tools"]  # no mcp_call, no approval request
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == spent - 1

@@ -321,12 +321,20 @@ class _Rounds:
         choice = self._choice(offered)
         made: set[tuple[str, str]] = set()
         answering, done = False, []
+        budget = self.request.sampling.max_tokens
         for step in range(MAX_ROUNDS + 1):
             specs = [*functions, *({"type": "function", "function": f} for f, _ in offered.values())]
             plan = await tool_plan(self.worker, specs or None, choice if specs else None, ask.parallel_tool_calls)
             if plan is not None and (answering or step == MAX_ROUNDS):
                 plan = answer_plan(plan)
             req = apply_plan(plan, dataclasses.replace(self.request, messages=(*self.request.messages, *extra)))
+            if budget > 0:  # max_output_tokens is the whole response's: this round gets what the others left
+                left = budget - sum(c.completion_tokens for c in done)
+                if left <= 0:  # none left: the response ends incomplete, as the last round cut short would
+                    done[-1] = dataclasses.replace(done[-1], finish_reason="length")
+                    extra.append({"role": "assistant", "content": ""})
+                    break
+                req = dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, max_tokens=left))
             enc.content, enc.calls = "", []
             answer = stream_for(self.worker, plan, req, ask.split_reasoning)
             if ask.stream:  # the round's text as the model writes it; the calls to mcp tools held for below
@@ -348,6 +356,9 @@ class _Rounds:
             mine = [c for c in answer.calls if c.name in offered]
             theirs = [c for c in answer.calls if c.name not in offered]
             new = [c for c in mine if (c.name, c.arguments) not in made]
+            if final.finish_reason in ("length", "context"):  # cut short: its calls not run, the response incomplete
+                extra.append({"role": "assistant", "content": answer.content})
+                break
             if not new and not theirs:
                 if mine and step < MAX_ROUNDS:  # only calls it made before (whose results it has): now answer
                     answering = True
