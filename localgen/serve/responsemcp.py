@@ -320,7 +320,8 @@ class _Rounds:
         functions = list(ask.tools or [])
         choice = self._choice(offered)
         made: set[tuple[str, str]] = set()
-        answering, done = False, []
+        answering = False
+        done: list[Any] = []  # each round's Completion
         budget = self.request.sampling.max_tokens
         for step in range(MAX_ROUNDS + 1):
             specs = [*functions, *({"type": "function", "function": f} for f, _ in offered.values())]
