@@ -81,8 +81,9 @@ def _client(server: Server) -> Any:
 
 
 def _ask(server: Server, tools: list[dict[str, Any]], **kw: Any) -> Any:
+    """A request with `tools` (max_output_tokens: the whole response's, every round's tokens together)."""
     return _client(server).responses.create(model="smollm2:135m", tools=tools, temperature=0,
-                                            **{"input": "What is 2 + 3? Use the add tool.", "max_output_tokens": 48,
+                                            **{"input": "What is 2 + 3? Use the add tool.", "max_output_tokens": 160,
                                                **kw})
 
 
@@ -105,11 +106,12 @@ def test_refused_without_the_flag_and_loopback_without_allow_private_urls(cli_en
         assert plain.stop() == 0
     public = Server(cli_env, "-np", "1", "--ctx", "2048", "--chat-template-file", str(QWEN), "--allow-mcp-urls")
     try:  # the URL's address is checked as an image URL's is: loopback needs --allow-private-urls
-        r = _ask(public, [tool], tool_choice="required")
-        assert r.status == "completed" and r.output[0].type == "mcp_list_tools"
-        assert r.output[0].tools == [] and "refused: a loopback address" in r.output[0].error
-        assert "--allow-private-urls" in r.output[0].error
-        assert all(o.type not in ("mcp_call", "mcp_approval_request") for o in r.output)
+        for u in (url, url.replace("127.0.0.1", "localhost")):  # an address, or a name that resolves to one
+            r = _ask(public, [{**tool, "server_url": u}], tool_choice="required")
+            assert r.status == "completed" and r.output[0].type == "mcp_list_tools"
+            assert r.output[0].tools == [] and "refused: a loopback address" in r.output[0].error
+            assert "--allow-private-urls" in r.output[0].error
+            assert all(o.type not in ("mcp_call", "mcp_approval_request") for o in r.output)
     finally:
         assert public.stop() == 0
 
@@ -222,7 +224,7 @@ def test_streamed_events_as_the_client_parses_them(server: Server, url: str) -> 
     tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": {"never": {
         "tool_names": ["add"]}}}
     with _client(server).responses.stream(model="smollm2:135m", input="What is 2 + 3?", tools=[tool],
-                                           tool_choice=ADD, temperature=0, max_output_tokens=48) as stream:
+                                           tool_choice=ADD, temperature=0, max_output_tokens=160) as stream:
         events = list(stream)
         final = stream.get_final_response()
     kinds = [e.type for e in events]
@@ -244,7 +246,8 @@ def test_a_dead_server_and_a_stalled_call_are_items_with_their_error(server: Ser
     with mcp_server() as url:
         tool = {"type": "mcp", "server_label": "slow", "server_url": url, "require_approval": "never"}
         r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "slow", "name": "fail"}, input="Fail.")
-        call = next(o for o in r.output if o.type == "mcp_call")
+        call = next((o for o in r.output if o.type == "mcp_call"), None)
+        assert call is not None, r.model_dump_json()
         assert call.name == "fail" and call.output is None and call.status == "failed"
         assert call.error.type == "mcp_tool_execution_error"  # the SDK's server says which tool, not why
         assert call.error.content == [{"type": "text", "text": "Error executing tool fail"}]
@@ -357,8 +360,37 @@ def test_max_output_tokens_is_the_whole_responses_budget(server: Server, url: st
     assert [o.type for o in r.output] == ["mcp_list_tools", "mcp_call", "message"] and r.output[1].output == "5"
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == spent + 2
-    # fewer than the call takes: it is cut short and not run
-    r = _ask(server, [never], tool_choice=ADD, max_output_tokens=spent - 1)
-    assert [o.type for o in r.output] == ["mcp_list_tools"]  # no mcp_call, no approval request
+    # too few for the call's arguments: the call, cut short, is not run
+    r = _ask(server, [never], tool_choice=ADD, max_output_tokens=3)
+    assert r.output[0].type == "mcp_list_tools"
+    assert all(o.type not in ("mcp_call", "mcp_approval_request") for o in r.output), r.output
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
-    assert r.usage.output_tokens == spent - 1
+    assert r.usage.output_tokens == 3
+
+
+def test_each_connection_to_a_requests_mcp_server_is_checked_as_it_is_made() -> None:
+    """No DNS rebinding: the SDK's HTTP client for a request's server resolves and checks the host at every
+    connection and connects to the checked address, not only once before (a name that resolves to loopback is
+    refused there, without private addresses allowed)."""
+    import asyncio
+
+    from localgen.errors import ToolError
+    from localgen.tools.mcp import McpServer, _pinned_client
+    from localgen.tools.mcpconfig import McpTarget
+
+    async def post(u: str, private: bool) -> int:
+        async with _pinned_client({"X-Test": "1"}, private) as client:
+            return int((await client.post(u, json={})).status_code)
+
+    with mcp_server() as url:
+        local = url.replace("127.0.0.1", "localhost")
+        with pytest.raises(Exception, match="refused: a loopback address"):
+            asyncio.run(post(local, False))
+        assert asyncio.run(post(local, True)) >= 200  # allowed: the server answered (its status: not our concern)
+        with pytest.raises(ToolError, match="refused: a loopback address"):
+            McpServer(McpTarget("calc", url=local), 10, private=False)
+        server = McpServer(McpTarget("calc", url=local), 10, private=True)
+        try:
+            assert "add" in [t.name for t in server.tools] and server.call("add", {"a": 2, "b": 3}, 10) == "5"
+        finally:
+            server.close()

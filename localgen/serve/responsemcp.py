@@ -357,9 +357,6 @@ class _Rounds:
             mine = [c for c in answer.calls if c.name in offered]
             theirs = [c for c in answer.calls if c.name not in offered]
             new = [c for c in mine if (c.name, c.arguments) not in made]
-            if final.finish_reason in ("length", "context"):  # cut short: its calls not run, the response incomplete
-                extra.append({"role": "assistant", "content": answer.content})
-                break
             if not new and not theirs:
                 if mine and step < MAX_ROUNDS:  # only calls it made before (whose results it has): now answer
                     answering = True
@@ -453,23 +450,16 @@ class _Rounds:
 
     def _open(self, tool: McpTool) -> Remote:
         """The tool's server connected and listed (in a thread), or the reason it is not, its secrets left out."""
-        from urllib.parse import urlsplit
-
-        from localgen.fetch import FetchError, addresses
         from localgen.tools.loop import redact
         from localgen.tools.mcp import McpServer
         from localgen.tools.mcpconfig import McpTarget
 
-        u = urlsplit(tool.url)
-        try:
-            addresses(u.hostname or "", u.port or (443 if u.scheme == "https" else 80), self.state.allow_private_urls)
-        except FetchError as e:
-            hint = " (serve --allow-private-urls allows it)" if e.message.startswith("refused") else ""
-            return Remote(tool, error=f"cannot connect to the MCP server {tool.label}: {e.message}{hint}")
-        try:
-            server = McpServer(McpTarget(tool.label, url=tool.url, headers=tool.headers), self.state.tool_timeout)
+        try:  # each connection made to the host's addresses as they are checked then (no DNS rebinding)
+            server = McpServer(McpTarget(tool.label, url=tool.url, headers=tool.headers), self.state.tool_timeout,
+                               private=self.state.allow_private_urls)
         except (ToolError, LocalgenError) as e:
-            return Remote(tool, error=redact(e.message, tool.secrets))
+            hint = " (serve --allow-private-urls allows it)" if "refused: " in e.message else ""
+            return Remote(tool, error=redact(e.message, tool.secrets) + hint)
         return Remote(tool, server=server)
 
     async def _call(self, remote: Remote, name: str, arguments: str) -> tuple[str | None, dict[str, Any] | None, str]:
