@@ -394,3 +394,20 @@ def test_each_connection_to_a_requests_mcp_server_is_checked_as_it_is_made() -> 
             assert "add" in [t.name for t in server.tools] and server.call("add", {"a": 2, "b": 3}, 10) == "5"
         finally:
             server.close()
+
+
+def test_credentials_in_server_url_are_never_shown(server: Server, url: str) -> None:
+    secret = "pw-5e4d3c2b1a0f"
+    tool = {"type": "mcp", "server_label": "calc", "require_approval": "never",
+            "server_url": url.replace("://", f"://alice:{secret}@")}
+    r = _ask(server, [tool], tool_choice=ADD)
+    assert r.output[1].type == "mcp_call" and r.output[1].output == "5"  # the URL works with them
+    assert r.tools[0].server_url == url.replace("://", "://[redacted]@")
+    got = httpx.get(f"{server.url}/v1/responses/{r.id}", timeout=10).text
+    with socket.socket() as s:  # a port nobody listens on: the error names the URL, without them
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://alice:{secret}@127.0.0.1:{s.getsockname()[1]}/mcp"
+    r2 = _ask(server, [{**tool, "server_url": dead}], max_output_tokens=8)
+    assert r2.output[0].error.startswith("cannot reach the MCP server http://[redacted]@127.0.0.1:")
+    for seen in (r.model_dump_json(), got, r2.model_dump_json(), _log(server)):
+        assert secret not in seen and "alice" not in seen

@@ -282,12 +282,27 @@ def _item(kind: str, ident: str, text: str | None, status: str,
             "content": [] if text is None else [_part(kind, text, cited)]}
 
 
+def without_userinfo(url: str) -> str:
+    """An URL as it may be shown: a `user:password@` in it as `[redacted]@`."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        u = urlsplit(url)
+    except ValueError:
+        return REDACTED
+    if "@" not in u.netloc:
+        return url
+    return urlunsplit(u._replace(netloc=f"{REDACTED}@{u.netloc.rpartition('@')[2]}"))
+
+
 def _echoed_tool(t: dict[str, Any]) -> dict[str, Any]:
     """A tool as the response echoes it: a function's fields, file_search's (serve/filesearch.py), or an mcp
     tool's, its headers' and authorization's values redacted."""
     if t.get("type") == "mcp":
         headers = t.get("headers")
-        return {"type": "mcp", "server_label": t.get("server_label"), "server_url": t.get("server_url"),
+        url = t.get("server_url")
+        return {"type": "mcp", "server_label": t.get("server_label"),
+                "server_url": without_userinfo(url) if isinstance(url, str) else url,
                 "allowed_tools": t.get("allowed_tools"), "require_approval": t.get("require_approval") or "always",
                 "headers": {k: REDACTED for k in headers} if isinstance(headers, dict) else None,
                 **({"authorization": REDACTED} if t.get("authorization") is not None else {}),

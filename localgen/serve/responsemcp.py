@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from localgen.errors import LocalgenError, ToolError
 from localgen.serve.apierror import HTTPError
 from localgen.serve.pipeline import STREAM_HEADERS, Made, generation, parts
-from localgen.serve.responseitems import Encoder, new_id
+from localgen.serve.responseitems import Encoder, new_id, without_userinfo
 from localgen.serve.running import run_whole
 from localgen.serve.state import ServeState
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
@@ -82,6 +82,11 @@ class McpTool:
     def secrets(self) -> dict[str, str]:
         """The header values to take out of whatever the server says (redact's names: each one a token)."""
         out = {f"{k} token": v for k, v in self.headers.items()}
+        userinfo = self.url.partition("://")[2].partition("/")[0].rpartition("@")[0]
+        if userinfo:  # the URL's user:password, and the password alone
+            out["server_url password"] = userinfo
+            if ":" in userinfo:
+                out["server_url password part"] = userinfo.partition(":")[2]
         for k, v in self.headers.items():  # "Bearer TOKEN": the token alone too
             scheme, _, token = v.partition(" ")
             if token and scheme.isalpha():
@@ -459,7 +464,8 @@ class _Rounds:
                                private=self.state.allow_private_urls)
         except (ToolError, LocalgenError) as e:
             hint = " (serve --allow-private-urls allows it)" if "refused: " in e.message else ""
-            return Remote(tool, error=redact(e.message, tool.secrets) + hint)
+            return Remote(tool, error=redact(e.message.replace(tool.url, without_userinfo(tool.url)),
+                                             tool.secrets) + hint)
         return Remote(tool, server=server)
 
     async def _call(self, remote: Remote, name: str, arguments: str) -> tuple[str | None, dict[str, Any] | None, str]:
