@@ -1,6 +1,7 @@
 """A stdio MCP server for the tests, written with the `mcp` SDK: `add` adds, `leak` returns an environment
 variable (to show secrets are redacted), `crash` kills the server mid-call; over HTTP (--http PORT),
-`authorization` returns the request's Authorization header."""
+`authorization` returns the request's Authorization header (and appends it to the file $LOCALGEN_TEST_MCP_HEADERS
+names, when set), `fail` fails and `stall` sleeps."""
 
 from __future__ import annotations
 
@@ -38,7 +39,24 @@ if __name__ == "__main__":
         @app.tool()
         def authorization(ctx: Context) -> str:  # type: ignore[type-arg]
             """The Authorization header this request came with (over HTTP only)."""
-            return str((ctx.headers or {}).get("authorization", "none"))
+            header = str((ctx.headers or {}).get("authorization", "none"))
+            if os.environ.get("LOCALGEN_TEST_MCP_HEADERS"):  # where a test reads what reached the server
+                with open(os.environ["LOCALGEN_TEST_MCP_HEADERS"], "a", encoding="utf-8") as f:
+                    f.write(header + "\n")
+            return header
+
+        @app.tool()
+        def fail() -> str:
+            """Fail, as a tool reports an error."""
+            raise ValueError("the disk is full")
+
+        @app.tool()
+        def stall() -> str:
+            """Sleep for a minute, then answer (past a client's timeout)."""
+            import time
+
+            time.sleep(60)
+            return "awake"
 
         app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

@@ -89,7 +89,7 @@ def test_function_tools_and_tool_choice_as_chat_completions() -> None:
     for other in ("web_search", "code_interpreter"):
         with pytest.raises(HTTPError) as e:
             r._tools([{"type": other}])
-        assert e.value.param == "tools" and "only function and file_search tools" in e.value.message
+        assert e.value.param == "tools" and "only function, file_search and mcp tools" in e.value.message
     # file_search is the server's own (serve/filesearch.py): no tool for the model; beside functions, the functions
     assert r._tools([{"type": "file_search", "vector_store_ids": ["notes"]}]) is None
     assert r._tools([{"type": "file_search"}, {"type": "function", "name": "f"}]) == [

@@ -1,8 +1,9 @@
 """The Responses API's answers (serve/responses.py reads the requests): the response object with the request's
-settings echoed, the output items an answer's pieces become (reasoning, message, function_call), and the
-`response.*` events that stream them, numbered, each item opened, streamed and closed before the next (a
-whole answer is the same items, unstreamed); the response kept in the store when the request asked (a stream's
-answer, already sent, stays whole when the store then fails: an `error` event says it was not stored)."""
+settings echoed, the output items an answer's pieces become (reasoning, message, function_call; an mcp tool's
+mcp_list_tools, mcp_call and mcp_approval_request), and the `response.*` events that stream them, numbered,
+each item opened, streamed and closed before the next (a whole answer is the same items, unstreamed); the
+response kept in the store when the request asked (a stream's answer, already sent, stays whole when the store
+then fails: an `error` event says it was not stored)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream
 from localgen.tools.stream import Event as Said
 from localgen.types import GenerationRequest
+
+REDACTED = "[redacted]"  # an mcp tool's header values, as a response echoes them
 
 
 def new_id(prefix: str) -> str:
@@ -51,11 +54,16 @@ class Encoder:
         self.item, self.text = "", ""  # the open item's id and text
         self.content = ""  # the answer's, so far
         self.calls: list[ToolCall] = []
+        # the messages the stored conversation ends with, when the server ran tools over several rounds (the
+        # Responses API's mcp tool: serve/responsemcp.py); None: the answer as one assistant message
+        self.tail: list[dict[str, Any]] | None = None
         tools, text = body.get("tools") or [], body.get("text") or {}
         reasoning: dict[str, Any] = body.get("reasoning") or {}
         # what is echoed is what was checked (serve/responses.py): the known fields, never a request's extras
         choice = body.get("tool_choice") or "auto"
-        if isinstance(choice, dict):
+        if isinstance(choice, dict) and choice.get("type") == "mcp":
+            choice = {"type": "mcp", "server_label": choice.get("server_label"), "name": choice.get("name")}
+        elif isinstance(choice, dict):
             choice = {"type": "function", "name": choice.get("name")}
         fmt = text.get("format") or {"type": "text"}
         said = {"format": {k: fmt[k] for k in ("type", "name", "schema", "description", "strict") if k in fmt}}
@@ -156,6 +164,47 @@ class Encoder:
                 self.event("response.function_call_arguments.done", **at, arguments=call.arguments),
                 self.event("response.output_item.done", output_index=index, item=self.output[-1])]
 
+    def listed(self, label: str, tools: list[dict[str, Any]], error: str | None) -> list[bytes]:
+        """An mcp_list_tools item (the tools an MCP server listed, or why it could not) and its events."""
+        closed = self.close("completed")  # what the model said before it, first
+        ident, index = new_id("mcpl"), len(self.output)
+        item = {"type": "mcp_list_tools", "id": ident, "server_label": label, "tools": tools, "error": error}
+        self.output.append(item)
+        at = {"item_id": ident, "output_index": index}
+        return [*closed,
+                self.event("response.output_item.added", output_index=index, item={**item, "tools": [], "error": None}),
+                self.event("response.mcp_list_tools.in_progress", **at),
+                self.event(f"response.mcp_list_tools.{'failed' if error else 'completed'}", **at),
+                self.event("response.output_item.done", output_index=index, item=item)]
+
+    def mcp_call(self, label: str, name: str, arguments: str, output: str | None, error: dict[str, Any] | None,
+                 approval: str | None = None) -> list[bytes]:
+        """An mcp_call item (a call the server ran: its output, or its error) and its events."""
+        closed = self.close("completed")
+        ident, index = new_id("mcp"), len(self.output)
+        item = {"type": "mcp_call", "id": ident, "server_label": label, "name": name, "arguments": arguments,
+                "output": output, "error": error, "status": "failed" if error else "completed",
+                "approval_request_id": approval}
+        self.output.append(item)
+        at = {"item_id": ident, "output_index": index}
+        opened = {**item, "arguments": "", "output": None, "error": None, "status": "in_progress"}
+        return [*closed, self.event("response.output_item.added", output_index=index, item=opened),
+                self.event("response.mcp_call.in_progress", **at),
+                self.event("response.mcp_call_arguments.delta", **at, delta=arguments),
+                self.event("response.mcp_call_arguments.done", **at, arguments=arguments),
+                self.event(f"response.mcp_call.{'failed' if error else 'completed'}", **at),
+                self.event("response.output_item.done", output_index=index, item=item)]
+
+    def approval(self, ident: str, label: str, name: str, arguments: str) -> list[bytes]:
+        """An mcp_approval_request item (a call that waits for the client's mcp_approval_response) and its events."""
+        closed = self.close("completed")
+        index = len(self.output)
+        item = {"type": "mcp_approval_request", "id": ident, "server_label": label, "name": name,
+                "arguments": arguments}
+        self.output.append(item)
+        return [*closed, self.event("response.output_item.added", output_index=index, item=item),
+                self.event("response.output_item.done", output_index=index, item=item)]
+
     def failed(self, e: HTTPError) -> list[bytes]:
         """After the stream began: what was said so far stays in the output, and the response fails."""
         error = {"code": "server_error" if e.status >= 500 else "invalid_prompt", "message": without_paths(e.message)}
@@ -184,6 +233,12 @@ class Encoder:
         await self._keep(doc)
         return doc
 
+    async def ended(self, c: Completion) -> dict[str, Any]:
+        """The whole answer of items already given (said, listed, called), kept when asked."""
+        doc = self._end(c)[1]
+        await self._keep(doc)
+        return doc
+
     def _end(self, c: Completion) -> tuple[list[bytes], dict[str, Any]]:
         """The last item closed (an empty answer is one empty message), and the response."""
         status = "incomplete" if c.finish_reason in ("length", "context") and not self.calls else "completed"
@@ -198,7 +253,8 @@ class Encoder:
         said: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.calls:
             said["tool_calls"] = [call.to_openai() for call in self.calls]
-        await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, said], self.inputs)
+        tail = self.tail if self.tail is not None else [said]
+        await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, *tail], self.inputs)
 
 
 def usage(c: Completion) -> dict[str, Any]:
@@ -226,8 +282,31 @@ def _item(kind: str, ident: str, text: str | None, status: str,
             "content": [] if text is None else [_part(kind, text, cited)]}
 
 
+def without_userinfo(url: str) -> str:
+    """An URL as it may be shown: a `user:password@` in it as `[redacted]@`."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        u = urlsplit(url)
+    except ValueError:
+        return REDACTED
+    if "@" not in u.netloc:
+        return url
+    return urlunsplit(u._replace(netloc=f"{REDACTED}@{u.netloc.rpartition('@')[2]}"))
+
+
 def _echoed_tool(t: dict[str, Any]) -> dict[str, Any]:
-    """A tool as the response echoes it: a function's fields, or file_search's (serve/filesearch.py)."""
+    """A tool as the response echoes it: a function's fields, file_search's (serve/filesearch.py), or an mcp
+    tool's, its headers' and authorization's values redacted."""
+    if t.get("type") == "mcp":
+        headers = t.get("headers")
+        url = t.get("server_url")
+        return {"type": "mcp", "server_label": t.get("server_label"),
+                "server_url": without_userinfo(url) if isinstance(url, str) else url,
+                "allowed_tools": t.get("allowed_tools"), "require_approval": t.get("require_approval") or "always",
+                "headers": {k: REDACTED for k in headers} if isinstance(headers, dict) else None,
+                **({"authorization": REDACTED} if t.get("authorization") is not None else {}),
+                "server_description": t.get("server_description")}
     if t.get("type") == "file_search":
         count, ranking = t.get("max_num_results"), t.get("ranking_options") or {}
         return {"type": "file_search", "vector_store_ids": t.get("vector_store_ids"),

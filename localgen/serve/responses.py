@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
 from localgen.serve import filesearch
@@ -26,7 +28,8 @@ from localgen.serve.ask import (
     sampling_values,
     split_reasoning,
 )
-from localgen.serve.pipeline import Made, route
+from localgen.serve.jsonbody import read_json
+from localgen.serve.pipeline import Made, handle
 from localgen.serve.responseitems import Encoder, new_id
 from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, check_metadata, default_path
 from localgen.serve.responsestore import routes as store_routes
@@ -55,9 +58,20 @@ INPUTS: ContextVar[int] = ContextVar("localgen_responses_inputs", default=-1)
 
 
 def routes(state: ServeState) -> list[Route]:
-    """POST /v1/responses, and the stored responses' GET and DELETE; the store is opened on first use."""
+    """POST /v1/responses (a request with an mcp tool answered over rounds: serve/responsemcp.py), and the
+    stored responses' GET and DELETE; the store is opened on first use."""
+    from localgen.serve import responsemcp
+
     store = ResponseStore(default_path())
-    return [route(state, "/v1/responses", Responses(store, state)), *store_routes(store)]
+    api = Responses(store, state)
+
+    async def endpoint(request: Request) -> Response:
+        body = await read_json(request)
+        if responsemcp.wanted(body):
+            return await responsemcp.respond(state, request, api, body)
+        return await handle(state, request, api, body)
+
+    return [Route("/v1/responses", endpoint, methods=["POST"]), *store_routes(store)]
 
 
 class Responses:
@@ -242,10 +256,38 @@ def _input_messages(raw: Any, history: list[dict[str, Any]] | tuple[()] = ()) ->
                 raise HTTPError(400, "a function_call_output item needs call_id and output (a string)", param="input")
             out.append({"role": "tool", "tool_call_id": call_id, "content": output,
                         **({"name": names[call_id]} if call_id in names else {})})
+        elif kind in ("mcp_call", "mcp_approval_request"):  # an mcp tool's call, answered or waiting
+            _mcp_call(item, out, names)
+        elif kind in ("mcp_approval_response", "mcp_list_tools"):  # read by serve/responsemcp.py
+            _mcp_checked(item)
         elif kind != "reasoning":
             raise HTTPError(400, f"input items of type {kind!r} are not served here (message, function_call, "
-                                 "function_call_output and reasoning are)", param="input")
+                                 "function_call_output, reasoning and the mcp tool's items are)", param="input")
     return out
+
+
+def _mcp_call(item: dict[str, Any], out: list[dict[str, Any]], names: dict[str, str]) -> None:
+    """An earlier mcp_call (its output or error as the tool's message) or mcp_approval_request (a call that waits
+    for its mcp_approval_response) as an assistant's tool call; its id is the call's."""
+    ident, name, args = item.get("id"), item.get("name"), item.get("arguments", "{}")
+    if not isinstance(ident, str) or not isinstance(name, str) or not isinstance(args, str):
+        raise HTTPError(400, f"an {item.get('type')} item needs id, name and arguments (a JSON string)", param="input")
+    names[ident] = name
+    call = {"id": ident, "type": "function", "function": {"name": name, "arguments": args}}
+    out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    if item.get("type") == "mcp_call":
+        said = item.get("output") if item.get("error") is None else json.dumps(item.get("error"), ensure_ascii=False)
+        out.append({"role": "tool", "tool_call_id": ident, "name": name, "content": str(said or "")})
+
+
+def _mcp_checked(item: dict[str, Any]) -> None:
+    """An mcp_approval_response or mcp_list_tools input item's fields, checked (serve/responsemcp.py reads them)."""
+    if item.get("type") == "mcp_list_tools":
+        if not isinstance(item.get("server_label"), str):
+            raise HTTPError(400, "an mcp_list_tools item needs its server_label", param="input")
+    elif not isinstance(item.get("approval_request_id"), str) or not isinstance(item.get("approve"), bool):
+        raise HTTPError(400, "an mcp_approval_response item needs approval_request_id and approve (true or false)",
+                        param="input")
 
 
 def _message(item: dict[str, Any]) -> dict[str, Any]:
@@ -297,10 +339,10 @@ def _tools(raw: Any) -> Any:
     out = []
     for i, t in enumerate(raw):
         kind = t.get("type") if isinstance(t, dict) else None
-        if kind == "file_search":
+        if kind in ("file_search", "mcp"):  # the server's own (serve/responsemcp.py reads mcp tools)
             continue
         if kind != "function":
-            raise HTTPError(400, f"only function and file_search tools are served here, not {kind!r}",
+            raise HTTPError(400, f"only function, file_search and mcp tools are served here, not {kind!r}",
                             param="tools")
         assert isinstance(t, dict)
         if t.get("strict") not in (None, True, False):  # echoed as given
@@ -309,17 +351,21 @@ def _tools(raw: Any) -> Any:
         fn = {"name": t.get("name"), "description": t.get("description") or "",
               "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
         out.append({"type": "function", "function": fn})
-    return out if out or not raw else None  # file_search alone: no tools for the model to call
+    return out if out or not raw else None  # file_search or mcp alone: no function tools
 
 
 def _choice(raw: Any) -> Any:
-    """tool_choice: auto, none, required, or {"type": "function", "name"} as chat completions' names it."""
+    """tool_choice: auto, none, required, or {"type": "function", "name"} as chat completions' names it; an mcp
+    tool's choice, {"type": "mcp", "server_label"[, "name"]}, as it is (serve/responsemcp.py names the tool)."""
     if raw is None or raw in ("auto", "none", "required"):
         return raw
     if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str):
         return {"type": "function", "function": {"name": raw["name"]}}
-    raise HTTPError(400, "tool_choice must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
-                    param="tool_choice")
+    if isinstance(raw, dict) and raw.get("type") == "mcp" and isinstance(raw.get("server_label"), str) \
+            and isinstance(raw.get("name"), (str, type(None))):
+        return raw
+    raise HTTPError(400, "tool_choice must be auto, none, required, {\"type\": \"function\", \"name\": ...} or "
+                         "{\"type\": \"mcp\", \"server_label\": ...}", param="tool_choice")
 
 
 def _cut(text: str, most: int = 100) -> str:

@@ -33,6 +33,8 @@ class ServeState:
     api_key: str | None = None
     flag_sampling: dict[str, Any] = field(default_factory=dict)  # the sampling flags `serve` was given
     allow_image_urls: bool = False  # fetch http(s) image URLs (else only data: URIs: no server-side requests)
+    allow_mcp_urls: bool = False  # serve --allow-mcp-urls: the Responses API's mcp tool connects to its server_url
+    allow_private_urls: bool = False  # serve --allow-private-urls: an mcp server_url may be loopback or private
     started: float = field(default_factory=time.time)
     default: str | None = None  # the model of a request that names none (serve's one -m model, or the default)
     on_demand: OnDemand | None = None  # installed models beside the workers, made when asked for

@@ -22,10 +22,18 @@ CONNECT_TIMEOUT_S = 30.0
 class McpServer:
     """One MCP server: its tools, and calls to them."""
 
-    def __init__(self, target: McpTarget) -> None:
+    def __init__(self, target: McpTarget, timeout: float = CONNECT_TIMEOUT_S, private: bool | None = None) -> None:
+        """`private`: None, a URL's host is reached by name (run's and chat's own servers); True or False (a
+        server that connects where a request says: serve/responsemcp.py), every connection goes to the host's
+        addresses resolved and checked as it is made (fetch.py's check, loopback and private ones only when
+        True), so a DNS answer that changes after a check cannot lead inside."""
         self.target = target
+        self.private = private
         self.label = target.label
         self.tools: tuple[ToolSpec, ...] = ()
+        # each tool as the server listed it (name, description, input_schema, annotations: what a Responses
+        # API's mcp_list_tools item shows)
+        self.listed: tuple[dict[str, Any], ...] = ()
         self.gone = False  # the connection was lost (the process died, the HTTP server went away): no more calls
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp {self.label}", daemon=True)
@@ -35,9 +43,11 @@ class McpServer:
         self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
         _quiet_sdk()
         try:
-            if target.url is not None:
+            if target.url is not None and private is not None:
+                _reachable_checked(target, private)
+            elif target.url is not None:
                 _reachable(target.url)
-            self.tools = self._wait(self._connect(), CONNECT_TIMEOUT_S, "starting")
+            self.tools = self._wait(self._connect(), timeout, "starting")
         except BaseException:
             self.close()
             raise
@@ -83,7 +93,9 @@ class McpServer:
         target = self.target
         if target.url is not None:
             client = None
-            if target.headers:  # a remote server's key, from a config file
+            if self.private is not None:
+                client = await self._stack.enter_async_context(_pinned_client(target.headers, self.private))
+            elif target.headers:  # a remote server's key, from a config file
                 from mcp.shared._httpx_utils import create_mcp_http_client
 
                 client = await self._stack.enter_async_context(create_mcp_http_client(headers=target.headers))
@@ -106,11 +118,15 @@ class McpServer:
         self._session = await self._stack.enter_async_context(ClientSession(read, write))
         await self._session.initialize()
         listed = await self._session.list_tools()
-        out = []
+        out, shown = [], []
         for t in listed.tools:
             schema = dict(t.input_schema or {"type": "object", "properties": {}})
             check_schema(schema, f"the MCP server {self.label}'s tool {t.name}")
             out.append(ToolSpec(t.name, t.description or "", schema))
+            notes = t.annotations.model_dump(exclude_none=True) if t.annotations is not None else None
+            shown.append({"name": t.name, "description": t.description, "input_schema": schema,
+                          "annotations": notes or None})
+        self.listed = tuple(shown)
         return tuple(out)
 
     def call(self, name: str, args: dict[str, Any], timeout: float) -> str:
@@ -177,6 +193,68 @@ def _reachable(url: str) -> None:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
         raise ToolError(f"cannot reach the MCP server {url}: {e.strerror or e}") from None
+
+
+def _reachable_checked(target: McpTarget, private: bool) -> None:
+    """_reachable for a URL a request gave: its host resolved and checked (a refused address is one line
+    naming why), and the probe made to a checked address."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from localgen.fetch import FetchError, addresses
+
+    u = urlsplit(target.url or "")
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        found = addresses(u.hostname or "", port, private)
+    except FetchError as e:
+        raise ToolError(f"cannot connect to the MCP server {target.label}: {e.message}") from None
+    failed: OSError | None = None
+    for ip in found:
+        try:
+            socket.create_connection((ip, port), timeout=5).close()
+            return
+        except OSError as e:
+            failed = e
+    assert failed is not None
+    raise ToolError(f"cannot reach the MCP server {target.url}: {failed.strerror or failed}") from None
+
+
+def _pinned_client(headers: dict[str, str] | None, private: bool) -> Any:
+    """The SDK's HTTP client (its timeouts, `headers` on every request) whose connections each go to an address
+    of the host resolved and checked then (fetch.py's check): never to a name resolved again after the check.
+    TLS's server name and the Host header keep the name. No proxy from the environment."""
+    from collections.abc import Iterable
+
+    import anyio.to_thread
+    import httpcore2
+    import httpx2
+    from httpcore2._backends.auto import AutoBackend
+    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+    from localgen.fetch import FetchError, addresses
+
+    class Backend(AutoBackend):
+        async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                              local_address: str | None = None,
+                              socket_options: Iterable[Any] | None = None) -> Any:
+            try:
+                found = await anyio.to_thread.run_sync(addresses, host, port, private)
+            except FetchError as e:
+                raise httpcore2.ConnectError(e.message) from None
+            failed: Exception = httpcore2.ConnectError("could not connect")
+            for ip in found:
+                try:
+                    return await super().connect_tcp(ip, port, timeout, local_address, socket_options)
+                except (httpcore2.ConnectError, httpcore2.ConnectTimeout) as e:
+                    failed = e
+            raise failed
+
+    transport = httpx2.AsyncHTTPTransport(trust_env=False)
+    # httpx2 takes no network backend itself: its pool is made again with ours (as _compat.httpx_transport does)
+    transport._pool = httpcore2.AsyncConnectionPool(ssl_context=httpx2.create_ssl_context(), network_backend=Backend())
+    return httpx2.AsyncClient(transport=transport, headers=headers, trust_env=False,
+                              timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
 
 
 def _why(e: BaseException) -> str:

@@ -207,7 +207,8 @@ Yes = Annotated[
 ]
 ToolTimeout = Annotated[
     float, typer.Option("--tool-timeout", min=0.1, rich_help_panel=TOOLS_PANEL,
-                        help="Seconds one tool call may take before it fails.")
+                        help="Seconds one tool call may take before it fails (in serve, also each call of a Responses "
+                             "request's mcp tool, with --allow-mcp-urls).")
 ]
 
 

@@ -153,7 +153,8 @@ def _serve(f: ServeArgs, log: ServeLog, checked: _Checked, toolbox: Any) -> None
     make = _maker(f, checked.models, checked.keep, checked.cache_ram, checked.residency, store, log)
     workers = _workers(f, checked.models, make, ErrWriter(), log)
     state = ServeState(workers={w.name: w for w in workers}, api_key=checked.key, flag_sampling=checked.models.sampling,
-                       allow_image_urls=f.fetching.allow_image_urls,
+                       allow_image_urls=f.fetching.allow_image_urls, allow_mcp_urls=f.fetching.allow_mcp_urls,
+                       allow_private_urls=f.fetching.allow_private_urls,
                        default=workers[0].name,  # the first -m, or the default model
                        on_demand=_on_demand(checked.models, make) if f.residency.on_demand else None,
                        residency=checked.residency, offline=f.offline, store=store,
@@ -202,8 +203,9 @@ def _checked(f: ServeArgs, log: ServeLog) -> _Checked:
     listen, fetching = f.listen, f.fetching
     check_host(listen.host)
     o.refuse_empty(*(("--cors", origin) for origin in listen.cors or ()))
-    if fetching.allow_private_urls and not fetching.allow_image_urls:
-        raise UsageError("--allow-private-urls needs --allow-image-urls (without it no URL is fetched)")
+    if fetching.allow_private_urls and not (fetching.allow_image_urls or fetching.allow_mcp_urls):
+        raise UsageError("--allow-private-urls needs --allow-image-urls or --allow-mcp-urls (without them no URL is "
+                         "fetched)")
     if f.given("draft_max") and not (f.batching.lookup or f.batching.draft):
         raise UsageError("--draft-max sets how many tokens --lookup or --draft drafts: add --lookup or --draft")
     if f.batching.draft is not None and f.batching.lookup:
@@ -234,8 +236,9 @@ def _checked(f: ServeArgs, log: ServeLog) -> _Checked:
 def _check_tools(f: ServeArgs, key: str | None) -> None:
     """--tool-timeout needs tools; tools on an address others reach need a key (POST /tools/call runs them), and
     so do collections (their texts are their owner's)."""
-    if f.given("tool_timeout") and not f.tools.any:
-        raise UsageError("--tool-timeout sets how long a tool of --functions or --mcp may take: give one")
+    if f.given("tool_timeout") and not (f.tools.any or f.fetching.allow_mcp_urls):
+        raise UsageError("--tool-timeout sets how long a tool of --functions or --mcp (or a request's mcp tool, "
+                         "with --allow-mcp-urls) may take: give one")
     if f.tools.collections and not key and not _is_loopback(f.listen.host):
         raise UsageError(f"--collection on {f.listen.host} with no API key would let anyone who can reach this port "
                          "read the collection", hint="add --api-key (or --api-key-file), or listen on 127.0.0.1")

@@ -227,7 +227,8 @@ class SlotOptions(OptionGroup):
 
 @dataclass(frozen=True)
 class FetchOptions(OptionGroup):
-    """Image URLs in requests: whether the server fetches them, from where, how long."""
+    """URLs in requests (images, MCP servers): whether the server fetches or connects to them, from where, how
+    long."""
 
     allow_image_urls: Annotated[
         bool, typer.Option("--allow-image-urls", rich_help_panel=SERVE,
@@ -235,10 +236,17 @@ class FetchOptions(OptionGroup):
                                 "cannot make the server fetch URLs). Loopback, private, link-local and cloud "
                                 "metadata addresses are refused, after redirects and DNS too.")
     ] = False
+    allow_mcp_urls: Annotated[
+        bool, typer.Option("--allow-mcp-urls", rich_help_panel=SERVE,
+                           help="Serve the Responses API's mcp tool: connect to the MCP server_url a request names "
+                                "(off: such a request is a 400). Loopback, private, link-local and cloud metadata "
+                                "addresses are refused.")
+    ] = False
     allow_private_urls: Annotated[
         bool, typer.Option("--allow-private-urls", rich_help_panel=SERVE,
-                           help="With --allow-image-urls, also fetch from loopback, private and link-local "
-                                "addresses (a LAN's own image server); any client can then reach them.")
+                           help="With --allow-image-urls or --allow-mcp-urls, also fetch from and connect to "
+                                "loopback, private and link-local addresses (a LAN's own image or MCP server); any "
+                                "client can then reach them.")
     ] = False
     fetch_timeout: Annotated[
         float, typer.Option("--fetch-timeout", min=0.1, max=600, rich_help_panel=SERVE,

@@ -1,0 +1,504 @@
+"""The Responses API's `mcp` tool (OpenAI's remote MCP): the server connects to each tool's `server_url` over
+streamable HTTP (tools/mcp.py's McpServer, only with `serve --allow-mcp-urls`, and to loopback or private
+addresses only with --allow-private-urls, checked as image URLs are: fetch.py), lists its tools (an
+`mcp_list_tools` item), offers the allowed ones to the model beside the request's function tools, and answers
+in rounds, as run's tool loop does: a call that needs no approval runs (an `mcp_call` item with its output or
+error) and the model goes on; one that does ends the response with an `mcp_approval_request`, which the client
+answers with an `mcp_approval_response` input item in its next request. A tool's header values never leave
+the request: the echoed tool and every output have them redacted."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from localgen.errors import LocalgenError, ToolError
+from localgen.serve.apierror import HTTPError
+from localgen.serve.pipeline import STREAM_HEADERS, Made, generation, parts
+from localgen.serve.responseitems import Encoder, new_id, without_userinfo
+from localgen.serve.running import run_whole
+from localgen.serve.state import ServeState
+from localgen.serve.tooling import apply_plan, stream_for, tool_plan
+from localgen.tools.spec import ToolCall
+
+MAX_ROUNDS = 8  # rounds of calls in one response, as run's --tool-steps: the round after them must answer
+MAX_SERVERS = 8  # mcp tools in one request (each a connection and a thread while the response lasts)
+MAX_HEADERS, MAX_HEADER_CHARS = 32, 8192
+MAX_CHAIN = 100  # previous responses looked through for a server's mcp_list_tools already given
+LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
+DECLINED = "The user declined to run this tool call."  # as run's and chat's loops tell the model
+
+
+_POOLS: list[Any] = []  # the one pool of threads that connect to and call MCP servers, made on first use
+
+
+def _pool() -> Any:
+    """Threads of their own for connecting and calling (each may wait up to --tool-timeout), as servertools'
+    calls have: the event loop's default pool parses, plans and stores for every route; past
+    servertools.MAX_CALLS at once, the rest wait."""
+    if not _POOLS:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from localgen.serve.servertools import MAX_CALLS
+
+        _POOLS.append(ThreadPoolExecutor(MAX_CALLS, thread_name_prefix="mcp tool"))
+    return _POOLS[0]
+
+
+def wanted(body: dict[str, Any]) -> bool:
+    """Whether a request has an mcp tool, or answers an approval request (it then needs its mcp tool too)."""
+    tools, items = body.get("tools"), body.get("input")
+    return (isinstance(tools, list) and any(isinstance(t, dict) and t.get("type") == "mcp" for t in tools)) or (
+        isinstance(items, list) and any(isinstance(i, dict) and i.get("type") == "mcp_approval_response"
+                                        for i in items))
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """A request's mcp tool, checked."""
+
+    label: str
+    url: str
+    headers: dict[str, str]
+    allowed: frozenset[str] | None  # None: all the server lists
+    always: frozenset[str]  # require_approval's always.tool_names
+    never: frozenset[str] | None  # its never.tool_names (None: "never", for every tool)
+
+    def needs_approval(self, name: str) -> bool:
+        """OpenAI's rule: a tool named under `always` needs approval, one under `never` (or every tool, with
+        "never") runs at once, and any other needs approval (the default is "always")."""
+        if name in self.always:
+            return True
+        return self.never is not None and name not in self.never
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        """The header values to take out of whatever the server says (redact's names: each one a token)."""
+        out = {f"{k} token": v for k, v in self.headers.items()}
+        userinfo = self.url.partition("://")[2].partition("/")[0].rpartition("@")[0]
+        if userinfo:  # the URL's user:password, and the password alone
+            out["server_url password"] = userinfo
+            if ":" in userinfo:
+                out["server_url password part"] = userinfo.partition(":")[2]
+        for k, v in self.headers.items():  # "Bearer TOKEN": the token alone too
+            scheme, _, token = v.partition(" ")
+            if token and scheme.isalpha():
+                out[f"{k} bearer token"] = token
+        return out
+
+
+@dataclass
+class Remote:
+    """One mcp tool's server for the response: connected (its tools listed), or why not."""
+
+    tool: McpTool
+    server: Any = None  # a tools/mcp.py McpServer
+    error: str | None = None
+    offered: dict[str, str] = field(default_factory=dict)  # the name the model calls → the server's tool name
+
+
+@dataclass(frozen=True)
+class Approval:
+    """An mcp_approval_response, matched to the request it answers."""
+
+    ident: str
+    label: str
+    name: str
+    arguments: str
+    approve: bool
+
+
+def checked(state: ServeState, body: dict[str, Any]) -> list[McpTool]:
+    """The request's mcp tools, or a 400 naming what is wrong (first: the flag that allows them)."""
+    raw = [t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "mcp"]
+    if not state.allow_mcp_urls:
+        raise HTTPError(400, "mcp tools connect this server to the MCP server a request names: start serve with "
+                             "--allow-mcp-urls to allow them", param="tools")
+    if len(raw) > MAX_SERVERS:
+        raise HTTPError(400, f"{len(raw)} mcp tools; at most {MAX_SERVERS} in one request", param="tools")
+    if any(isinstance(t, dict) and t.get("type") == "file_search" for t in body.get("tools") or []):
+        raise HTTPError(400, "file_search and mcp tools are not served together here", param="tools")
+    if body.get("truncation") == "auto":
+        raise HTTPError(400, "truncation \"auto\" is not served with mcp tools", param="truncation")
+    out: list[McpTool] = []
+    for t in raw:
+        tool = _tool(t)
+        if any(o.label == tool.label for o in out):
+            raise HTTPError(400, f"two mcp tools have the server_label {tool.label!r}", param="tools")
+        out.append(tool)
+    return out
+
+
+def _tool(t: dict[str, Any]) -> McpTool:
+    from urllib.parse import urlsplit
+
+    label = t.get("server_label")
+    if not isinstance(label, str) or not LABEL.fullmatch(label):
+        raise HTTPError(400, "an mcp tool's server_label must be 1 to 64 letters, digits, '_' or '-'", param="tools")
+    if t.get("connector_id") is not None:
+        raise HTTPError(400, f"mcp tool {label}: connectors are not served here; give its server_url", param="tools")
+    url = t.get("server_url")
+    parsed = urlsplit(url) if isinstance(url, str) else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise HTTPError(400, f"mcp tool {label}: server_url must be an http(s) URL", param="tools")
+    headers = t.get("headers") or {}
+    if not isinstance(headers, dict) or len(headers) > MAX_HEADERS or any(
+            not isinstance(k, str) or not isinstance(v, str) or len(k) + len(v) > MAX_HEADER_CHARS
+            for k, v in headers.items()):
+        raise HTTPError(400, f"mcp tool {label}: headers must be an object of at most {MAX_HEADERS} strings, each "
+                             f"at most {MAX_HEADER_CHARS:,} characters", param="tools")
+    headers = dict(headers)
+    authorization = t.get("authorization")
+    if authorization is not None:
+        if not isinstance(authorization, str) or len(authorization) > MAX_HEADER_CHARS:
+            raise HTTPError(400, f"mcp tool {label}: authorization must be a string", param="tools")
+        headers["Authorization"] = f"Bearer {authorization}"
+    description = t.get("server_description")
+    if description is not None and not (isinstance(description, str) and len(description) <= MAX_HEADER_CHARS):
+        raise HTTPError(400, f"mcp tool {label}: server_description must be a string of at most "
+                             f"{MAX_HEADER_CHARS:,} characters", param="tools")
+    allowed = _names(t.get("allowed_tools"), label, "allowed_tools")
+    approval = t.get("require_approval")
+    always: frozenset[str] = frozenset()
+    never: frozenset[str] | None = frozenset()
+    if approval == "never":
+        never = None
+    elif isinstance(approval, dict) and set(approval) <= {"always", "never"}:
+        always = _names(approval.get("always"), label, "require_approval.always") or frozenset()
+        never = _names(approval.get("never"), label, "require_approval.never") or frozenset()
+    elif approval not in (None, "always"):
+        raise HTTPError(400, f"mcp tool {label}: require_approval must be \"always\", \"never\" or an object of "
+                             "always and never, each with tool_names", param="tools")
+    return McpTool(label, str(url), headers, allowed, always, never)
+
+
+def _names(raw: Any, label: str, what: str) -> frozenset[str] | None:
+    """allowed_tools or an approval filter: a list of names, or {"tool_names": [...]} (None: not given)."""
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        if set(raw) - {"tool_names"}:
+            raise HTTPError(400, f"mcp tool {label}: {what} filters only by tool_names here (read_only is not "
+                                 "served)", param="tools")
+        raw = raw.get("tool_names") or []
+    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw) or len(raw) > 256:
+        raise HTTPError(400, f"mcp tool {label}: {what} must list tool names", param="tools")
+    return frozenset(raw)
+
+
+async def respond(state: ServeState, http: Request, api: Any, body: dict[str, Any]) -> Response:
+    """A request with mcp tools: its servers connected, its rounds run, answered whole or streamed."""
+    tools = checked(state, body)
+    worker = state.worker(body.get("model"))
+    ask = await api.parse(body)
+    approvals = await _approvals(api, body, tools, ask.messages)
+    listed = await _listed(api, body)
+    request, said = await generation(state, worker, ask)
+    encoder: Encoder = api.encoder(body, ask, Made(worker.name, request, said))
+    run = _Rounds(state, worker, http, ask, encoder, tools, approvals, listed, request)
+    if not ask.stream:
+        async for _ in run.events():
+            pass
+        assert run.finished is not None
+        return JSONResponse(await encoder.ended(run.finished))
+    return StreamingResponse(run.stream(), media_type=encoder.media_type, headers=STREAM_HEADERS)
+
+
+async def _approvals(api: Any, body: dict[str, Any], tools: list[McpTool],
+                     messages: list[dict[str, Any]]) -> list[Approval]:
+    """The request's mcp_approval_response items, each matched to its mcp_approval_request (in the input, or
+    in the previous response's output) and to a call still waiting in the conversation; else a 400."""
+    items = [i for i in body.get("input") or [] if isinstance(i, dict)] if isinstance(body.get("input"), list) else []
+    answers = [i for i in items if i.get("type") == "mcp_approval_response"]
+    if not answers:
+        return []
+    asked = {i.get("id"): i for i in items if i.get("type") == "mcp_approval_request"}
+    previous = body.get("previous_response_id")
+    if isinstance(previous, str):
+        found = await asyncio.to_thread(api.store.load, previous)
+        for item in (found.response.get("output") or []) if found is not None else []:
+            if item.get("type") == "mcp_approval_request":
+                asked.setdefault(item.get("id"), item)
+    waiting = {c["id"] for m in messages for c in m.get("tool_calls") or ()} - {
+        m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+    out = []
+    for answer in answers:
+        ident = answer["approval_request_id"]
+        request = asked.get(ident)
+        if request is None or ident not in waiting:
+            raise HTTPError(400, f"approval_request_id {ident[:100]!r} answers no mcp_approval_request that waits "
+                                 "(in this input or the previous response)", param="input")
+        label = request.get("server_label")
+        if not any(t.label == label for t in tools):
+            raise HTTPError(400, f"the approved call is to the mcp tool {str(label)[:64]!r}: give that tool again in "
+                                 "this request's tools", param="tools")
+        out.append(Approval(ident, str(label), str(request.get("name")), str(request.get("arguments") or "{}"),
+                            answer["approve"]))
+    return out
+
+
+async def _listed(api: Any, body: dict[str, Any]) -> set[str]:
+    """The servers whose mcp_list_tools the conversation already holds (in the input, or in a response it
+    continues): not listed again, as OpenAI does not."""
+    items: list[Any] = body["input"] if isinstance(body.get("input"), list) else []
+    labels = {str(i.get("server_label")) for i in items if isinstance(i, dict) and i.get("type") == "mcp_list_tools"}
+    previous = body.get("previous_response_id")
+    for _ in range(MAX_CHAIN):
+        if not isinstance(previous, str):
+            break
+        found = await asyncio.to_thread(api.store.load, previous)
+        if found is None:
+            break
+        labels |= {str(i.get("server_label")) for i in found.response.get("output") or []
+                   if i.get("type") == "mcp_list_tools" and not i.get("error")}
+        previous = found.response.get("previous_response_id")
+    return labels
+
+
+class _Rounds:
+    """One response's rounds: connect, list, run what was approved, then generate and run calls until the model
+    answers, a call waits for approval, the model calls a function tool (the client runs it), or MAX_ROUNDS."""
+
+    def __init__(self, state: ServeState, worker: Any, http: Request, ask: Any, encoder: Encoder,
+                 tools: list[McpTool], approvals: list[Approval], listed: set[str], request: Any) -> None:
+        self.state, self.worker, self.http, self.ask, self.encoder = state, worker, http, ask, encoder
+        self.tools, self.approvals, self.listed, self.request = tools, approvals, listed, request
+        self.remotes: list[Remote] = []
+        self.finished: Any = None  # the Completion the response reports: the last round's, its tokens summed
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        """The stream: the response opened, the rounds' events, and its end (an error after the start: failed)."""
+        for chunk in self.encoder.opening(None):  # type: ignore[arg-type]  # the opening reads no event
+            yield chunk
+        try:
+            async for chunk in self.events():
+                yield chunk
+        except HTTPError as e:
+            for chunk in self.encoder.failed(e):
+                yield chunk
+            return
+        assert self.finished is not None
+        for chunk in await self.encoder.done(self.finished, None):  # type: ignore[arg-type]  # done reads no job
+            yield chunk
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The rounds' events; the servers closed at the end, however it ends."""
+        try:
+            self.remotes = list(await asyncio.gather(*(self._connect(t) for t in self.tools)))
+            for remote in self.remotes:
+                if remote.tool.label not in self.listed or remote.error is not None:
+                    shown = list(remote.server.listed) if remote.server is not None else []
+                    shown = [s for s in shown if remote.tool.allowed is None or s["name"] in remote.tool.allowed]
+                    for chunk in self.encoder.listed(remote.tool.label, shown, remote.error):
+                        yield chunk
+            async for chunk in self._rounds():
+                yield chunk
+        finally:  # closed in a thread of their own: a server stuck in a call (past --tool-timeout) takes seconds
+            # to give up its session, and the answer need not wait for that
+            import threading
+
+            threading.Thread(target=self._close, name="mcp close", daemon=True).start()
+
+    async def _rounds(self) -> AsyncIterator[bytes]:
+        from localgen.tools.plan import answer_plan
+
+        enc, ask = self.encoder, self.ask
+        offered = self._offer()
+        extra: list[dict[str, Any]] = []  # the messages of the rounds, after the conversation
+        for a in self.approvals:
+            remote = next(r for r in self.remotes if r.tool.label == a.label)
+            name = next((k for k, v in remote.offered.items() if v == a.name), a.name)
+            if a.approve:
+                output, error, text = await self._call(remote, a.name, a.arguments)
+                for chunk in enc.mcp_call(a.label, a.name, a.arguments, output, error, approval=a.ident):
+                    yield chunk
+            else:
+                text = DECLINED
+            extra.append({"role": "tool", "tool_call_id": a.ident, "name": name, "content": text})
+        functions = list(ask.tools or [])
+        choice = self._choice(offered)
+        made: set[tuple[str, str]] = set()
+        answering = False
+        done: list[Any] = []  # each round's Completion
+        budget = self.request.sampling.max_tokens
+        for step in range(MAX_ROUNDS + 1):
+            specs = [*functions, *({"type": "function", "function": f} for f, _ in offered.values())]
+            plan = await tool_plan(self.worker, specs or None, choice if specs else None, ask.parallel_tool_calls)
+            if plan is not None and (answering or step == MAX_ROUNDS):
+                plan = answer_plan(plan)
+            req = apply_plan(plan, dataclasses.replace(self.request, messages=(*self.request.messages, *extra)))
+            if budget > 0:  # max_output_tokens is the whole response's: this round gets what the others left
+                left = budget - sum(c.completion_tokens for c in done)
+                if left <= 0:  # none left: the response ends incomplete, as the last round cut short would
+                    done[-1] = dataclasses.replace(done[-1], finish_reason="length")
+                    extra.append({"role": "assistant", "content": ""})
+                    break
+                req = dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, max_tokens=left))
+            enc.content, enc.calls = "", []
+            answer = stream_for(self.worker, plan, req, ask.split_reasoning)
+            if ask.stream:  # the round's text as the model writes it; the calls to mcp tools held for below
+                final = None
+                async for pieces, ended in self._streamed(req, answer):
+                    final = ended or final
+                    for chunk in enc.said([p for p in pieces if not (isinstance(p, ToolCall) and p.name in offered)]):
+                        yield chunk
+                assert final is not None
+            else:
+                watch = stream_for(self.worker, plan, req, ask.split_reasoning) if plan is not None else None
+                _, final = await run_whole(self.worker, req, self.http, ask.keep_alive, watch)
+                answer.feed(final.text)
+                answer.finish()
+                for chunk in enc.said([p for p in parts(answer)
+                                       if not (isinstance(p, ToolCall) and p.name in offered)]):
+                    yield chunk
+            done.append(final)
+            mine = [c for c in answer.calls if c.name in offered]
+            theirs = [c for c in answer.calls if c.name not in offered]
+            new = [c for c in mine if (c.name, c.arguments) not in made]
+            if not new and not theirs:
+                if mine and step < MAX_ROUNDS:  # only calls it made before (whose results it has): now answer
+                    answering = True
+                    continue
+                said: dict[str, Any] = {"role": "assistant", "content": answer.content}
+                extra.append(said)
+                break
+            made.update((c.name, c.arguments) for c in new)
+            settled, results, waiting = [], [], False
+            for call in new:
+                remote = offered[call.name][1]
+                name = remote.offered[call.name]
+                if remote.tool.needs_approval(name):
+                    call = dataclasses.replace(call, id=new_id("mcpr"))
+                    for chunk in enc.approval(call.id, remote.tool.label, name, call.arguments):
+                        yield chunk
+                    waiting = True
+                else:
+                    output, error, text = await self._call(remote, name, call.arguments)
+                    for chunk in enc.mcp_call(remote.tool.label, name, call.arguments, output, error):
+                        yield chunk
+                    results.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": text})
+                settled.append(call.to_openai())
+            extra += [{"role": "assistant", "content": answer.content,
+                       "tool_calls": [*settled, *(c.to_openai() for c in theirs)]}, *results]
+            if waiting or theirs:  # the client answers next: an approval, or its own function's result
+                break
+            choice = "auto"  # the request's choice held for the first round; the model may now answer
+        enc.tail = extra
+        last = done[-1]
+        self.finished = dataclasses.replace(
+            last, prompt_tokens=sum(c.prompt_tokens for c in done), cached_tokens=sum(c.cached_tokens for c in done),
+            completion_tokens=sum(c.completion_tokens for c in done))
+
+    async def _streamed(self, req: Any, answer: Any) -> AsyncIterator[tuple[list[Any], Any]]:
+        """One round streamed: the answer stage's pieces as the model's text comes (the job ended once the model
+        repeats a call it made), each with None, then the last pieces with the round's Completion."""
+        from localgen.serve.apierror import http_error
+        from localgen.serve.jobs import Failed, Text
+        from localgen.serve.running import events, run_job, watch_repeats
+
+        job, first = await run_job(self.worker, req, self.http, self.ask.keep_alive)
+        async for event in events(job, first):
+            if isinstance(event, Text):
+                yield watch_repeats(job, answer, event.text), None
+            elif isinstance(event, Failed):
+                raise http_error(event)
+            else:
+                yield list(answer.finish()), event.completion
+
+    def _offer(self) -> dict[str, tuple[dict[str, Any], Remote]]:
+        """The MCP tools the model may call, by the name it calls them: the server's own, or label_name where
+        two servers (or a function tool) share one."""
+        from localgen.tools.loop import _qualified
+
+        taken = {f["function"]["name"] for f in self.ask.tools or []}
+        counts: dict[str, int] = {}
+        for r in self.remotes:
+            for spec in r.server.tools if r.server is not None else ():
+                counts[spec.name] = counts.get(spec.name, 0) + 1
+        out: dict[str, tuple[dict[str, Any], Remote]] = {}
+        for r in self.remotes:
+            for spec in r.server.tools if r.server is not None else ():
+                if r.tool.allowed is not None and spec.name not in r.tool.allowed:
+                    continue
+                name = spec.name
+                if counts[name] > 1 or name in taken:
+                    name = _qualified(r.tool.label, spec.name)
+                r.offered[name] = spec.name
+                out[name] = ({"name": name, "description": spec.description, "parameters": spec.parameters}, r)
+        return out
+
+    def _choice(self, offered: dict[str, tuple[dict[str, Any], Remote]]) -> Any:
+        """The request's tool_choice in the names offered (an mcp tool's choice made a function's)."""
+        choice = self.ask.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "mcp":
+            label, name = choice.get("server_label"), choice.get("name")
+            if not any(t.label == label for t in self.tools):
+                raise HTTPError(400, f"tool_choice names the mcp server {str(label)[:64]!r}, which no mcp tool has",
+                                param="tool_choice")
+            mine = [k for k, (_, r) in offered.items() if r.tool.label == label and name in (None, r.offered[k])]
+            if not mine:
+                return "auto"  # the server listed no such tool (or could not list): nothing to force
+            return {"type": "function", "function": {"name": mine[0]}} if name is not None else "required"
+        if not offered and not self.ask.tools and choice == "required":
+            return None  # no server could list its tools: the model answers
+        return choice
+
+    async def _connect(self, tool: McpTool) -> Remote:
+        return await asyncio.get_running_loop().run_in_executor(_pool(), self._open, tool)
+
+    def _open(self, tool: McpTool) -> Remote:
+        """The tool's server connected and listed (in a thread), or the reason it is not, its secrets left out."""
+        from localgen.tools.loop import redact
+        from localgen.tools.mcp import McpServer
+        from localgen.tools.mcpconfig import McpTarget
+
+        try:  # each connection made to the host's addresses as they are checked then (no DNS rebinding)
+            server = McpServer(McpTarget(tool.label, url=tool.url, headers=tool.headers), self.state.tool_timeout,
+                               private=self.state.allow_private_urls)
+        except (ToolError, LocalgenError) as e:
+            hint = " (serve --allow-private-urls allows it)" if "refused: " in e.message else ""
+            return Remote(tool, error=redact(e.message.replace(tool.url, without_userinfo(tool.url)),
+                                             tool.secrets) + hint)
+        return Remote(tool, server=server)
+
+    async def _call(self, remote: Remote, name: str, arguments: str) -> tuple[str | None, dict[str, Any] | None, str]:
+        """A call run in a thread: its output or its error (in OpenAI's shape), and the text the model reads."""
+        return await asyncio.get_running_loop().run_in_executor(_pool(), self._run, remote, name, arguments)
+
+    def _run(self, remote: Remote, name: str, arguments: str) -> tuple[str | None, dict[str, Any] | None, str]:
+        from localgen.tools.loop import MAX_RESULT_CHARS, redact
+        from localgen.tools.spec import check_call
+
+        call = ToolCall(name, arguments)
+        try:
+            if remote.server is None or remote.server.gone:
+                raise ToolError(f"the MCP server {remote.tool.label} is not connected")
+            try:
+                check_call(call, remote.server.tools)
+            except ToolError as e:  # the model's arguments miss the tool's schema: JSON-RPC's invalid params
+                message = redact(e.message, remote.tool.secrets)
+                return None, {"type": "mcp_protocol_error", "code": -32602, "message": message}, message
+            text = remote.server.call(name, call.args, self.state.tool_timeout)
+            if len(text) > MAX_RESULT_CHARS:
+                raise ToolError(f"{name} returned {len(text):,} characters, more than the model can read "
+                                f"(at most {MAX_RESULT_CHARS:,})")
+        except ToolError as e:
+            message = redact(e.message, remote.tool.secrets)
+            if message.startswith(f"{name} failed: "):  # the tool said it failed (is_error): its own words
+                said = message.removeprefix(f"{name} failed: ")
+                return None, {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": said}]}, message
+            return None, {"type": "mcp_protocol_error", "code": -32603, "message": message}, message
+        text = redact(text, remote.tool.secrets)
+        return text, None, text
+
+    def _close(self) -> None:
+        for r in self.remotes:
+            if r.server is not None:
+                r.server.close()

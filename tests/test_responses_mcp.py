@@ -1,0 +1,413 @@
+"""The Responses API's `mcp` tool with the real `openai` client, a real `localgen serve` (SmolLM2 with Qwen2.5's
+template, for tools) and tests/mcp_server.py over streamable HTTP on loopback: refused without
+--allow-mcp-urls, tools listed and called (approved first, or not), streamed as the client parses the events, a
+dead server an mcp_list_tools with its error, a call past --tool-timeout an mcp_call with its error, and the
+headers a request gives reaching the MCP server but never the response, the store or the server's log."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_serve import Server
+from tests.test_tools import QWEN
+
+TOKEN = "mcp-secret-5e4d3c2b1a"
+ADD = {"type": "mcp", "server_label": "calc", "name": "add"}
+
+
+@contextlib.contextmanager
+def mcp_server(record: Path | None = None) -> Iterator[str]:
+    """tests/mcp_server.py over streamable HTTP on a free loopback port (recording the Authorization headers its
+    `authorization` tool sees in `record`): its URL, the server stopped after."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, **({"LOCALGEN_TEST_MCP_HEADERS": str(record)} if record else {})}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "mcp_server.py"), "--http", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:  # a call still sleeping in `stall` holds its shutdown
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mcp") / "headers.txt"
+
+
+@pytest.fixture(scope="module")
+def url(record: Path) -> Iterator[str]:
+    with mcp_server(record) as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def server(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(cli_env, "-np", "1", "--ctx", "2048", "--chat-template-file", str(QWEN), "--allow-mcp-urls",
+               "--allow-private-urls", "--tool-timeout", "3")
+    yield s
+    assert s.stop() == 0
+
+
+def _client(server: Server) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+
+def _ask(server: Server, tools: list[dict[str, Any]], **kw: Any) -> Any:
+    """A request with `tools` (max_output_tokens: the whole response's, every round's tokens together)."""
+    return _client(server).responses.create(model="smollm2:135m", tools=tools, temperature=0,
+                                            **{"input": "What is 2 + 3? Use the add tool.", "max_output_tokens": 160,
+                                               **kw})
+
+
+def _log(server: Server) -> str:
+    return server.proc.stderr.read().decode() if server.proc.stderr else ""
+
+
+def test_refused_without_the_flag_and_loopback_without_allow_private_urls(cli_env: dict[str, str],
+                                                                          url: str) -> None:
+    import openai
+
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never"}
+    plain = Server(cli_env, "-np", "1", "--ctx", "1024")
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            _ask(plain, [tool])
+        assert e.value.status_code == 400 and "--allow-mcp-urls" in str(e.value)
+        assert e.value.body["param"] == "tools"  # type: ignore[index]
+    finally:
+        assert plain.stop() == 0
+    public = Server(cli_env, "-np", "1", "--ctx", "2048", "--chat-template-file", str(QWEN), "--allow-mcp-urls")
+    try:  # the URL's address is checked as an image URL's is: loopback needs --allow-private-urls
+        for u in (url, url.replace("127.0.0.1", "localhost")):  # an address, or a name that resolves to one
+            r = _ask(public, [{**tool, "server_url": u}], tool_choice="required")
+            assert r.status == "completed" and r.output[0].type == "mcp_list_tools"
+            assert r.output[0].tools == [] and "refused: a loopback address" in r.output[0].error
+            assert "--allow-private-urls" in r.output[0].error
+            assert all(o.type not in ("mcp_call", "mcp_approval_request") for o in r.output)
+    finally:
+        assert public.stop() == 0
+
+
+def test_bad_mcp_tools_are_400s_naming_the_field(server: Server, url: str) -> None:
+    import openai
+
+    good = {"type": "mcp", "server_label": "calc", "server_url": url}
+    for bad, said in (({**good, "server_url": "file:///etc/passwd"}, "server_url must be an http(s) URL"),
+                      ({**good, "server_label": "a b"}, "server_label must be"),
+                      ({**good, "headers": {"X": 1}}, "headers must be an object"),
+                      ({**good, "require_approval": "sometimes"}, "require_approval must be"),
+                      ({**good, "allowed_tools": {"read_only": True}}, "read_only is not served"),
+                      ({**good, "connector_id": "connector_gmail"}, "connectors are not served here")):
+        with pytest.raises(openai.BadRequestError) as e:
+            _ask(server, [bad])
+        assert said in str(e.value) and e.value.body["param"] == "tools"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(server, [good, {**good}])
+    assert "two mcp tools have the server_label 'calc'" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(server, [good, {"type": "file_search", "vector_store_ids": ["notes"]}])
+    assert "file_search and mcp tools are not served together" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(server, [good], truncation="auto")
+    assert e.value.body["param"] == "truncation"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e:  # an approval that answers nothing waiting
+        _ask(server, [good], input=[{"type": "mcp_approval_response", "approval_request_id": "mcpr_x",
+                                     "approve": True}])
+    assert "answers no mcp_approval_request" in str(e.value)
+
+
+def test_listed_and_called_without_approval(server: Server, url: str) -> None:
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never",
+            "allowed_tools": ["add"]}
+    r = _ask(server, [tool], tool_choice=ADD)
+    kinds = [o.type for o in r.output]
+    assert kinds[:2] == ["mcp_list_tools", "mcp_call"] and kinds[-1] == "message", kinds
+    listed, call = r.output[0], r.output[1]
+    assert listed.server_label == "calc" and listed.error is None
+    assert [t.name for t in listed.tools] == ["add"]  # allowed_tools: only add is offered
+    assert listed.tools[0].input_schema["required"] == ["a", "b"] and listed.tools[0].description == "Add two integers."
+    assert (call.server_label, call.name, call.output, call.error) == ("calc", "add", "5", None)
+    assert json.loads(call.arguments) == {"a": 2, "b": 3} and call.status == "completed"
+    assert r.tools[0].type == "mcp" and r.tool_choice.type == "mcp"  # echoed as given
+    # stored: GET returns the same items
+    got = httpx.get(f"{server.url}/v1/responses/{r.id}", timeout=10).json()
+    assert [o["type"] for o in got["output"]] == kinds and got["output"][1]["output"] == "5"
+    # two servers with a tool of the same name: each kept apart by its label
+    other = {**tool, "server_label": "calc2"}
+    r = _ask(server, [tool, other], tool_choice={"type": "mcp", "server_label": "calc2", "name": "add"})
+    assert [(o.type, o.server_label) for o in r.output[:2]] == [("mcp_list_tools", "calc"), ("mcp_list_tools", "calc2")]
+    call = r.output[2]
+    assert (call.type, call.server_label, call.name, call.output) == ("mcp_call", "calc2", "add", "5")
+
+
+def test_a_function_call_beside_mcp_tools_ends_the_response(server: Server, url: str) -> None:
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never"}
+    weather = {"type": "function", "name": "weather", "description": "The weather in a city.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    r = _ask(server, [tool, weather], tool_choice={"type": "function", "name": "weather"},
+             input="What is the weather in Paris?")
+    assert [o.type for o in r.output] == ["mcp_list_tools", "function_call"]
+    assert r.output[1].name == "weather" and "city" in json.loads(r.output[1].arguments)
+
+
+def test_the_approval_round_trip(server: Server, url: str, record: Path) -> None:
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url}  # require_approval: "always" by default
+    asked = _ask(server, [tool], tool_choice=ADD)
+    assert [o.type for o in asked.output] == ["mcp_list_tools", "mcp_approval_request"]
+    request = asked.output[1]
+    assert (request.server_label, request.name) == ("calc", "add") and json.loads(request.arguments) == {"a": 2, "b": 3}
+    approved = _ask(server, [tool], previous_response_id=asked.id,
+                    input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}])
+    kinds = [o.type for o in approved.output]
+    assert kinds[0] == "mcp_call" and "mcp_list_tools" not in kinds, kinds  # listed once in the conversation
+    call = approved.output[0]
+    assert (call.approval_request_id, call.name, call.output, call.error) == (request.id, "add", "5", None)
+    # the same approval again answers nothing that waits
+    import openai
+
+    with pytest.raises(openai.BadRequestError):
+        _ask(server, [tool], previous_response_id=approved.id,
+             input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}])
+    # denied: the call never runs, and the model answers (it was told the user declined)
+    before = record.read_text() if record.exists() else ""
+    who = {"type": "mcp", "server_label": "calc", "server_url": url, "headers": {"Authorization": f"Bearer {TOKEN}"}}
+    pick = {"type": "mcp", "server_label": "calc", "name": "authorization"}
+    waiting = _ask(server, [who], tool_choice=pick, input="Who am I?")
+    assert waiting.output[-1].type == "mcp_approval_request" and waiting.output[-1].name == "authorization"
+    denied = _ask(server, [who], previous_response_id=waiting.id,
+                  input=[{"type": "mcp_approval_response", "approval_request_id": waiting.output[-1].id,
+                          "approve": False}])
+    assert [o.type for o in denied.output] == ["message"] and denied.status == "completed"
+    assert (record.read_text() if record.exists() else "") == before  # the tool did not run
+    # the approval's tool must come again
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(server, [], previous_response_id=waiting.id,
+             input=[{"type": "mcp_approval_response", "approval_request_id": waiting.output[-1].id, "approve": True}])
+    assert "give that tool again" in str(e.value)
+    # without the store: the items sent back as input, as the Agents SDK does
+    items = [{"type": "message", "role": "user", "content": "What is 2 + 3? Use the add tool."},
+             *(o.model_dump(exclude_none=True) for o in asked.output),
+             {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}]
+    again = _ask(server, [tool], input=items, store=False)
+    assert [o.type for o in again.output][:1] == ["mcp_call"] and again.output[0].output == "5"
+
+
+def test_streamed_events_as_the_client_parses_them(server: Server, url: str) -> None:
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": {"never": {
+        "tool_names": ["add"]}}}
+    with _client(server).responses.stream(model="smollm2:135m", input="What is 2 + 3?", tools=[tool],
+                                           tool_choice=ADD, temperature=0, max_output_tokens=160) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    mcp = [k for k in kinds if "mcp" in k]
+    assert mcp == ["response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed",
+                   "response.mcp_call.in_progress", "response.mcp_call_arguments.delta",
+                   "response.mcp_call_arguments.done", "response.mcp_call.completed"], kinds
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added[:2] == ["mcp_list_tools", "mcp_call"]
+    done = next(e for e in events if e.type == "response.mcp_call_arguments.done")
+    assert json.loads(done.arguments) == {"a": 2, "b": 3}
+    assert type(done).__name__ == "ResponseMcpCallArgumentsDoneEvent"  # the client's own type, not a fallback
+    assert [o.type for o in final.output][:2] == ["mcp_list_tools", "mcp_call"] and final.output[1].output == "5"
+
+
+def test_a_dead_server_and_a_stalled_call_are_items_with_their_error(server: Server) -> None:
+    with mcp_server() as url:
+        tool = {"type": "mcp", "server_label": "slow", "server_url": url, "require_approval": "never"}
+        r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "slow", "name": "fail"}, input="Fail.")
+        call = next((o for o in r.output if o.type == "mcp_call"), None)
+        assert call is not None, r.model_dump_json()
+        assert call.name == "fail" and call.output is None and call.status == "failed"
+        assert call.error.type == "mcp_tool_execution_error"  # the SDK's server says which tool, not why
+        assert call.error.content == [{"type": "text", "text": "Error executing tool fail"}]
+        r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "slow", "name": "stall"},
+                 input="Sleep.")
+        call = next(o for o in r.output if o.type == "mcp_call")
+        assert call.name == "stall" and call.output is None and call.status == "failed"
+        assert call.error.type == "mcp_protocol_error"  # parsed by the client as its own type
+        assert "did not answer within 3 s" in call.error.message  # --tool-timeout 3
+        assert r.status == "completed"
+    # nothing listens there now
+    tool = {"type": "mcp", "server_label": "gone", "server_url": url, "require_approval": "never"}
+    r = _ask(server, [tool], tool_choice="required")
+    assert r.output[0].type == "mcp_list_tools" and r.output[0].tools == []
+    assert r.output[0].error == f"cannot reach the MCP server {url}: Connection refused"
+    assert r.status == "completed" and r.output[-1].type == "message"
+    with _client(server).responses.stream(model="smollm2:135m", input="Hi", tools=[tool], temperature=0,
+                                           max_output_tokens=8) as stream:
+        kinds = [e.type for e in stream]
+    assert "response.mcp_list_tools.failed" in kinds and kinds[-1] in ("response.completed", "response.incomplete")
+
+
+def test_headers_reach_the_server_and_nothing_else(server: Server, url: str, record: Path) -> None:
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never",
+            "headers": {"Authorization": f"Bearer {TOKEN}"}}
+    r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "calc", "name": "authorization"},
+             input="Who am I?")
+    assert f"Bearer {TOKEN}" in record.read_text().splitlines()  # the MCP server got it
+    call = next(o for o in r.output if o.type == "mcp_call")
+    assert call.name == "authorization" and call.output == "[Authorization token redacted]"
+    assert r.tools[0].headers == {"Authorization": "[redacted]"}
+    stored = httpx.get(f"{server.url}/v1/responses/{r.id}", timeout=10).text
+    assert TOKEN not in stored and TOKEN not in r.model_dump_json()
+    # `authorization` is sent as a bearer token, and redacted as well
+    key = TOKEN[::-1]
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never",
+            "authorization": key}
+    r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "calc", "name": "authorization"},
+             input="Who am I?")
+    assert f"Bearer {key}" in record.read_text().splitlines()
+    assert r.tools[0].authorization == "[redacted]" and key not in r.model_dump_json()
+    assert TOKEN not in _log(server) and key not in _log(server)
+
+
+def test_which_calls_need_approval() -> None:
+    from localgen.serve.responsemcp import _tool
+
+    base = {"type": "mcp", "server_label": "s", "server_url": "https://example.com/mcp"}
+    assert _tool(base).needs_approval("add")  # "always" is the default, as at OpenAI
+    assert not _tool({**base, "require_approval": "never"}).needs_approval("add")
+    mixed = _tool({**base, "require_approval": {"always": {"tool_names": ["rm"]}, "never": {"tool_names": ["ls"]}}})
+    assert mixed.needs_approval("rm") and not mixed.needs_approval("ls") and mixed.needs_approval("cat")
+
+
+def _sse(server: Server, body: dict[str, Any], until: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """A streamed /v1/responses request read event by event (closed at the first `until` event after the mcp_call,
+    when given): the events read, and the request's id (the x-request-id its access line ends with)."""
+    out: list[dict[str, Any]] = []
+    with httpx.stream("POST", f"{server.url}/v1/responses", json={**body, "stream": True}, timeout=300) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+                called = any(e["type"] == "response.mcp_call.completed" for e in out)
+                if until is not None and called and out[-1]["type"] == until:
+                    break
+        return out, r.headers["x-request-id"]
+
+
+def _access_tokens(server: Server, ident: str) -> int:
+    """The completion tokens the access line of request `ident` counts (waiting for the line: a client that
+    left is logged once its jobs have stopped)."""
+    seen = ""
+    for _ in range(600):
+        seen += _log(server)
+        line = next((ln for ln in seen.splitlines() if ln.endswith(f"id={ident}")), None)
+        if line is not None:
+            return int(line.split(" tokens")[0].rsplit("+", 1)[1])
+        time.sleep(0.1)
+    raise AssertionError(f"no access line for {ident}: {seen}")
+
+
+def test_the_answer_round_streams_as_the_model_writes_it(server: Server, url: str) -> None:
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never"}
+    body = {"model": "smollm2:135m", "tools": [tool], "tool_choice": ADD, "temperature": 0, "max_output_tokens": 160,
+            "input": "What is 2 + 3? Use the add tool, then write a long story about the number five."}
+    events, whole = _sse(server, body)
+    kinds = [e["type"] for e in events]
+    after = kinds[kinds.index("response.mcp_call.completed"):]
+    assert after.count("response.output_text.delta") > 5, kinds  # the answer in pieces, as it was written
+    full = events[-1]["response"]["usage"]["output_tokens"]
+    assert _access_tokens(server, whole) == full
+    # the client leaves at the answer's first piece: the model was still writing it, and stops (the old way, a
+    # round was sent once written whole: the server had made every token by then)
+    events, cut = _sse(server, body, until="response.output_text.delta")
+    assert events[-1]["type"] == "response.output_text.delta"
+    assert _access_tokens(server, cut) < full
+
+
+def test_max_output_tokens_is_the_whole_responses_budget(server: Server, url: str) -> None:
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url}
+    asked = _ask(server, [tool], tool_choice=ADD, max_output_tokens=100)  # one round: the call, then approval
+    assert [o.type for o in asked.output] == ["mcp_list_tools", "mcp_approval_request"]
+    spent = asked.usage.output_tokens  # what the round that makes the call takes
+    never = {**tool, "require_approval": "never"}
+    full = _ask(server, [never], tool_choice=ADD, max_output_tokens=100)
+    assert full.status == "completed" and full.usage.output_tokens > spent + 2  # its answer takes more than 2
+    # 2 tokens past the call: the call runs, the answer round gets the 2 left and is cut short
+    r = _ask(server, [never], tool_choice=ADD, max_output_tokens=spent + 2)
+    assert [o.type for o in r.output] == ["mcp_list_tools", "mcp_call", "message"] and r.output[1].output == "5"
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == spent + 2
+    # too few for the call's arguments: the call, cut short, is not run
+    r = _ask(server, [never], tool_choice=ADD, max_output_tokens=3)
+    assert r.output[0].type == "mcp_list_tools"
+    assert all(o.type not in ("mcp_call", "mcp_approval_request") for o in r.output), r.output
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 3
+
+
+def test_each_connection_to_a_requests_mcp_server_is_checked_as_it_is_made() -> None:
+    """No DNS rebinding: the SDK's HTTP client for a request's server resolves and checks the host at every
+    connection and connects to the checked address, not only once before (a name that resolves to loopback is
+    refused there, without private addresses allowed)."""
+    import asyncio
+
+    from localgen.errors import ToolError
+    from localgen.tools.mcp import McpServer, _pinned_client
+    from localgen.tools.mcpconfig import McpTarget
+
+    async def post(u: str, private: bool) -> int:
+        async with _pinned_client({"X-Test": "1"}, private) as client:
+            return int((await client.post(u, json={})).status_code)
+
+    with mcp_server() as url:
+        local = url.replace("127.0.0.1", "localhost")
+        with pytest.raises(Exception, match="refused: a loopback address"):
+            asyncio.run(post(local, False))
+        assert asyncio.run(post(local, True)) >= 200  # allowed: the server answered (its status: not our concern)
+        with pytest.raises(ToolError, match="refused: a loopback address"):
+            McpServer(McpTarget("calc", url=local), 10, private=False)
+        server = McpServer(McpTarget("calc", url=local), 10, private=True)
+        try:
+            assert "add" in [t.name for t in server.tools] and server.call("add", {"a": 2, "b": 3}, 10) == "5"
+        finally:
+            server.close()
+
+
+def test_credentials_in_server_url_are_never_shown(server: Server, url: str) -> None:
+    secret = "pw-5e4d3c2b1a0f"
+    tool = {"type": "mcp", "server_label": "calc", "require_approval": "never",
+            "server_url": url.replace("://", f"://alice:{secret}@")}
+    r = _ask(server, [tool], tool_choice=ADD)
+    assert r.output[1].type == "mcp_call" and r.output[1].output == "5"  # the URL works with them
+    assert r.tools[0].server_url == url.replace("://", "://[redacted]@")
+    got = httpx.get(f"{server.url}/v1/responses/{r.id}", timeout=10).text
+    with socket.socket() as s:  # a port nobody listens on: the error names the URL, without them
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://alice:{secret}@127.0.0.1:{s.getsockname()[1]}/mcp"
+    r2 = _ask(server, [{**tool, "server_url": dead}], max_output_tokens=8)
+    assert r2.output[0].error.startswith("cannot reach the MCP server http://[redacted]@127.0.0.1:")
+    for seen in (r.model_dump_json(), got, r2.model_dump_json(), _log(server)):
+        assert secret not in seen and "alice" not in seen
