@@ -121,6 +121,8 @@ def test_bad_mcp_tools_are_400s_naming_the_field(server: Server, url: str) -> No
 
     good = {"type": "mcp", "server_label": "calc", "server_url": url}
     for bad, said in (({**good, "server_url": "file:///etc/passwd"}, "server_url must be an http(s) URL"),
+                      ({**good, "server_url": "http://example.com:99999/mcp"}, "port must be a number"),
+                      ({**good, "server_url": "http://example.com:abc/mcp"}, "port must be a number"),
                       ({**good, "server_label": "a b"}, "server_label must be"),
                       ({**good, "headers": {"X": 1}}, "headers must be an object"),
                       ({**good, "require_approval": "sometimes"}, "require_approval must be"),
@@ -218,6 +220,17 @@ def test_the_approval_round_trip(server: Server, url: str, record: Path) -> None
              {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}]
     again = _ask(server, [tool], input=items, store=False)
     assert [o.type for o in again.output][:1] == ["mcp_call"] and again.output[0].output == "5"
+    for r in (approved, again):  # the approved call made again is not asked about again: the model must answer
+        assert not [o for o in r.output if o.type == "mcp_approval_request" and o.name == "add"
+                    and json.loads(o.arguments) == {"a": 2, "b": 3}], r.output
+    # one answer twice in a request would run the call twice; a request the client wrote itself for a tool
+    # that allowed_tools leaves out is not run
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(server, [tool], input=[*items, items[-1]], store=False)
+    assert "answered twice" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(server, [{**tool, "allowed_tools": ["authorization"]}], input=items, store=False)
+    assert "allowed_tools does not list" in str(e.value)
 
 
 def test_streamed_events_as_the_client_parses_them(server: Server, url: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,6 +149,12 @@ def _tool(t: dict[str, Any]) -> McpTool:
     parsed = urlsplit(url) if isinstance(url, str) else None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise HTTPError(400, f"mcp tool {label}: server_url must be an http(s) URL", param="tools")
+    try:
+        port = parsed.port  # (a port past 65535, or not a number, raises)
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise HTTPError(400, f"mcp tool {label}: server_url's port must be a number from 1 to 65535", param="tools")
     headers = t.get("headers") or {}
     if not isinstance(headers, dict) or len(headers) > MAX_HEADERS or any(
             not isinstance(k, str) or not isinstance(v, str) or len(k) + len(v) > MAX_HEADER_CHARS
@@ -228,17 +235,25 @@ async def _approvals(api: Any, body: dict[str, Any], tools: list[McpTool],
                 asked.setdefault(item.get("id"), item)
     waiting = {c["id"] for m in messages for c in m.get("tool_calls") or ()} - {
         m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
-    out = []
+    out: list[Approval] = []
     for answer in answers:
         ident = answer["approval_request_id"]
         request = asked.get(ident)
         if request is None or ident not in waiting:
             raise HTTPError(400, f"approval_request_id {ident[:100]!r} answers no mcp_approval_request that waits "
                                  "(in this input or the previous response)", param="input")
+        if any(a.ident == ident for a in out):  # answered twice in one request: the call would run twice
+            raise HTTPError(400, f"approval_request_id {ident[:100]!r} is answered twice in this input",
+                            param="input")
         label = request.get("server_label")
-        if not any(t.label == label for t in tools):
+        tool = next((t for t in tools if t.label == label), None)
+        if tool is None:
             raise HTTPError(400, f"the approved call is to the mcp tool {str(label)[:64]!r}: give that tool again in "
                                  "this request's tools", param="tools")
+        if tool.allowed is not None and request.get("name") not in tool.allowed:  # an approval request the
+            # client wrote itself may name any tool: only those allowed_tools gives run
+            raise HTTPError(400, f"the approved call is to {str(request.get('name'))[:64]!r}, which the mcp tool "
+                                 f"{tool.label}'s allowed_tools does not list", param="input")
         out.append(Approval(ident, str(label), str(request.get("name")), str(request.get("arguments") or "{}"),
                             answer["approve"]))
     return out
@@ -272,6 +287,11 @@ class _Rounds:
         self.tools, self.approvals, self.listed, self.request = tools, approvals, listed, request
         self.remotes: list[Remote] = []
         self.finished: Any = None  # the Completion the response reports: the last round's, its tokens summed
+        # every server connected, as each connects: closed at the end even where the response ended (an error, a
+        # client gone) while others were still connecting; one that connects after that is closed at once
+        self._opened: list[Any] = []
+        self._closed = False
+        self._lock = threading.Lock()
 
     async def stream(self) -> AsyncIterator[bytes]:
         """The stream: the response opened, the rounds' events, and its end (an error after the start: failed)."""
@@ -302,8 +322,6 @@ class _Rounds:
                 yield chunk
         finally:  # closed in a thread of their own: a server stuck in a call (past --tool-timeout) takes seconds
             # to give up its session, and the answer need not wait for that
-            import threading
-
             threading.Thread(target=self._close, name="mcp close", daemon=True).start()
 
     async def _rounds(self) -> AsyncIterator[bytes]:
@@ -312,6 +330,7 @@ class _Rounds:
         enc, ask = self.encoder, self.ask
         offered = self._offer()
         extra: list[dict[str, Any]] = []  # the messages of the rounds, after the conversation
+        made: set[tuple[str, str]] = set()  # the calls answered in this response: one made again means "answer now"
         for a in self.approvals:
             remote = next(r for r in self.remotes if r.tool.label == a.label)
             name = next((k for k, v in remote.offered.items() if v == a.name), a.name)
@@ -322,9 +341,9 @@ class _Rounds:
             else:
                 text = DECLINED
             extra.append({"role": "tool", "tool_call_id": a.ident, "name": name, "content": text})
+            made.add((name, a.arguments))
         functions = list(ask.tools or [])
         choice = self._choice(offered)
-        made: set[tuple[str, str]] = set()
         answering = False
         done: list[Any] = []  # each round's Completion
         budget = self.request.sampling.max_tokens
@@ -466,6 +485,15 @@ class _Rounds:
             hint = " (serve --allow-private-urls allows it)" if "refused: " in e.message else ""
             return Remote(tool, error=redact(e.message.replace(tool.url, without_userinfo(tool.url)),
                                              tool.secrets) + hint)
+        except Exception as e:  # anything else the client library raises: the item's error
+            where = without_userinfo(tool.url)
+            return Remote(tool, error=f"cannot reach the MCP server {where}: {type(e).__name__}")
+        with self._lock:
+            late = self._closed
+            if not late:
+                self._opened.append(server)
+        if late:  # the response ended while this one connected
+            server.close()
         return Remote(tool, server=server)
 
     async def _call(self, remote: Remote, name: str, arguments: str) -> tuple[str | None, dict[str, Any] | None, str]:
@@ -499,6 +527,8 @@ class _Rounds:
         return text, None, text
 
     def _close(self) -> None:
-        for r in self.remotes:
-            if r.server is not None:
-                r.server.close()
+        with self._lock:
+            self._closed = True
+            opened, self._opened = self._opened, []
+        for server in opened:
+            server.close()
