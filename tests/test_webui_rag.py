@@ -8,6 +8,7 @@ stopped answer's token count. Chromium runs with a bounded heap and every wait h
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -329,3 +330,18 @@ def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(ser
     bad = httpx.post(f"{server.url}/v1/completions", headers=_auth(), timeout=60, json={
         "model": "smollm2:135m", "prompt": QUESTION, "file_search": {"vector_store_ids": ["notes"]}})
     assert bad.status_code == 400 and "`file_search` needs a chat" in bad.text, bad.text
+
+
+def test_serve_refuses_a_collection_whose_model_it_does_not_offer_before_any_load(
+        rag_home: tuple[dict[str, str], Path]) -> None:
+    """The tiny BERT's collection with only SmolLM2 -m (a model file is never offered on demand): exit 2 with the
+    -m that serves it, before SmolLM2 loads (no load line), and no crash on the way out."""
+    env, bert = rag_home
+    with socket.socket() as free:  # a port that is free: the check is not the port's
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    r = CLI(env)("serve", "-m", "smollm2:135m", "--collection", "notes", "-t", "1", "-np", "1", "--port", port)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"--collection 'notes' was made with {BERT}, which this server does not offer (serve it too: -m {bert})" \
+        in r.stderr, r.stderr
+    assert "loaded" not in r.stderr and "loading" not in r.stderr, r.stderr
