@@ -345,3 +345,20 @@ def test_serve_refuses_a_collection_whose_model_it_does_not_offer_before_any_loa
     assert f"--collection 'notes' was made with {BERT}, which this server does not offer (serve it too: -m {bert})" \
         in r.stderr, r.stderr
     assert "loaded" not in r.stderr and "loading" not in r.stderr, r.stderr
+
+
+def test_a_collection_of_a_model_on_this_machine_is_searched_on_demand(cli_env: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    """webui.md's Documents: a collection embedded with a model on this machine by its name (Gemma here) needs no
+    -m: serve offers that model on demand, and the search loads it."""
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in NOTES)
+    r = CLI(env)("embed", "-m", "gemma3:270m", "--store", "gem", input=lines)
+    assert r.returncode == 0, r.stderr
+    s = Server(env, "--api-key", KEY, "-m", "smollm2:135m", "--collection", "gem", "-np", "1", "--ctx", "512")
+    try:
+        assert "gemma3:270m" not in loaded(s)
+        assert found(s, "gem", QUESTION, 2)
+        assert "gemma3:270m" in loaded(s)
+    finally:
+        assert s.stop() == 0
