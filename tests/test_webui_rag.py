@@ -246,15 +246,31 @@ def test_citations_link_to_their_excerpts(tab: Tab) -> None:
 def test_a_search_that_fails_shows_the_servers_reason(tab: Tab, rag_home: tuple[dict[str, str], Path],
                                                       tmp_path: Path) -> None:
     """A store removed while the server runs, and one the server does not offer (a conversation imported from
-    elsewhere): the answer ends with the server's reason, and the page is ready for the next message."""
+    elsewhere): the answer ends with the server's reason, which says to uncheck it, and the page is ready for the
+    next message; the page reads the server's stores again after that error and when Settings opens, which then
+    shows a store removed since the page loaded as no longer offered."""
     env, _ = rag_home
     page = tab.open()
     documents(page, "gone")
     r = CLI(env)("collections", "rm", "gone", "--yes")
     assert r.returncode == 0, r.stderr
+    listed: list[str] = []
+    page.on("request", lambda q: listed.append(q.url) if q.url.endswith("/v1/vector_stores") else None)
+    page.click("#open-settings")  # the stores read again: the one removed is shown so, still checked
+    gone = page.locator("#document-list li", has_text="not offered by the server now")
+    gone.wait_for(timeout=20_000)
+    assert gone.locator("input").get_attribute("value") == "gone" and gone.locator("input").is_checked()
+    assert "uncheck it" in gone.inner_text() and len(listed) == 1, listed
+    page.click("#settings-cancel")
     article = ask(page, QUESTION)
     note = article.locator(".note.error").inner_text()
-    assert "vector store 'gone' is gone" in note and "(HTTP 404)" in note, note
+    assert "vector store 'gone' is gone" in note and "uncheck it under Documents in the chat page's Settings" in note \
+        and "(HTTP 404)" in note, note
+    for _ in range(100):  # read again after the error, as the answer ends: its event may come after
+        if len(listed) == 2:
+            break
+        page.wait_for_timeout(100)
+    assert len(listed) == 2, listed
     conv = {"name": "Elsewhere", "system": "", "settings": {}, "documents": {"stores": ["nosuch"]}, "current": "root",
             "messages": {"root": {"id": "root", "parent": None, "children": [], "role": "root"}}}
     file = tmp_path / "elsewhere.json"

@@ -42,6 +42,7 @@ class FileSearch:
     stores: tuple[str, ...]
     count: int
     threshold: float | None
+    param: str = "tools"  # the request's field it came in (chat completions': file_search), for its errors
 
 
 def tool(state: ServeState, t: dict[str, Any], param: str = "tools") -> FileSearch:
@@ -51,9 +52,20 @@ def tool(state: ServeState, t: dict[str, Any], param: str = "tools") -> FileSear
     if not isinstance(ids, list) or not ids:
         said = "a file_search tool" if param == "tools" else f"`{param}`"
         raise HTTPError(400, f"{said} needs vector_store_ids: a non-empty list", param=param)
-    stores = tuple(dict.fromkeys(check_offered(state, i, param) for i in ids))
+    try:
+        stores = tuple(dict.fromkeys(check_offered(state, i, param) for i in ids))
+    except HTTPError as e:
+        raise _unchecked(e, param) from None
     count, threshold = search_options(t, DEFAULT_RESULTS, lambda field: (f"file_search's {field}", param))
-    return FileSearch(stores, count, threshold)
+    return FileSearch(stores, count, threshold, param)
+
+
+def _unchecked(e: HTTPError, param: str) -> HTTPError:
+    """A store the search cannot use (not offered, or removed since serve started), with what to do: leave it out
+    of vector_store_ids (on the chat page, whose `file_search` field this is, uncheck it under Documents)."""
+    how = "uncheck it under Documents in the chat page's Settings (or leave it out of vector_store_ids)" \
+        if param == "file_search" else "leave it out of vector_store_ids"
+    return HTTPError(e.status, f"{e.message}; {how}", e.kind, e.param, e.logged)
 
 
 @dataclass
@@ -113,7 +125,12 @@ async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]],
         return None
     hits: list[Hit] = []
     for name in fs.stores:
-        hits += await search(state, name, [question], fs.count, fs.threshold)
+        try:
+            hits += await search(state, name, [question], fs.count, fs.threshold)
+        except HTTPError as e:
+            if e.param != "vector_store_id":  # the store is gone (serve/vectorstores.py's _gone)
+                raise
+            raise _unchecked(e, fs.param) from None
     hits = sorted(hits, key=lambda h: -h.score)[:fs.count]
     item = {"type": "file_search_call", "id": ident, "status": "completed", "queries": [question],
             "results": [{"file_id": h.id, "filename": h.id, "score": h.shown_score, "text": h.text,

@@ -955,6 +955,7 @@ async function generate(conv, parent) {
   } catch (e) {
     if (e.name === "AbortError") answer.stopped = true;
     else answer.error = { kind: e.kind || "refused", message: e.message || String(e) };
+    if (documents.length && !answer.stopped) loadStores(); // a store removed since: Settings shows it gone
   } finally {
     answer.pending = false;
     answer.stats = stats(steps, first, performance.now() - started, settings.max_tokens, windowOf(model));
@@ -1134,6 +1135,18 @@ function openSettings() {
   const saved = hasMessages(c);
   for (const id of ["export-json", "export-md", "delete-conv"]) $(id).disabled = !saved;
   ui.settings.showModal();
+  refreshStores(c);
+}
+
+/** The server's stores read again as Settings opens: where they changed (a collection removed since the page
+ * loaded), the Documents part is drawn again, its boxes as they are now (one checked that is gone shown so). */
+async function refreshStores(c) {
+  const seen = () => JSON.stringify([(state.stores || []).map((s) => s.id), state.storesError]);
+  const before = seen();
+  await loadStores();
+  if (seen() === before || !ui.settings.open || state.conv !== c) return;
+  const boxes = [...$("document-list").querySelectorAll("input[type=checkbox]")];
+  drawDocumentSettings(c, boxes.filter((b) => b.checked).map((b) => b.value));
 }
 
 /** The Tools part of the settings: shown when the server offers tools (or could not list them). */
@@ -1158,9 +1171,8 @@ function drawToolSettings(c) {
 
 /** The Documents part of the settings: shown when the server offers vector stores (or could not list them, or
  * the conversation names one): a box to check for each, none checked by default. */
-function drawDocumentSettings(c) {
+function drawDocumentSettings(c, chosen = tree.documentSettings(c).stores) {
   const offered = state.stores || [];
-  const chosen = tree.documentSettings(c).stores;
   const gone = chosen.filter((id) => !offered.some((s) => s.id === id));
   $("documents-settings").hidden = !offered.length && !gone.length && !state.storesError;
   $("documents-error").textContent = state.storesError ? `The server's documents could not be listed: ${state.storesError}` : "";
@@ -1183,7 +1195,8 @@ function drawDocumentSettings(c) {
       const model = s.metadata && s.metadata.model ? `embedded by ${s.metadata.model}` : "";
       return item(s.id, [n === null ? "" : `${n} text${n === 1 ? "" : "s"}`, model].filter(Boolean).join(" · "));
     }),
-    ...gone.map((id) => item(id, "not offered by the server now: a question sent with it gets the server's reason")),
+    ...gone.map((id) => item(id, "not offered by the server now (removed since, or never here): uncheck it, "
+      + "or every question sent with it is refused")),
   );
 }
 
