@@ -268,6 +268,9 @@ def test_an_answer_that_cites_a_text_it_was_sent_carries_file_citations(server: 
                                 include=["file_search_call.results"], text={"format": fmt})  # type: ignore[typeddict-item]
     sent = [x.file_id for x in r.output[0].results or []]  # type: ignore[union-attr]
     assert "paris" in sent and len(sent) == 2, sent
+    # as chat completions' file_search says them (tests/test_webui_rag.py): the store of each, its document
+    assert [(x.filename, x.attributes) for x in r.output[0].results or []] == \
+        [(i, {"vector_store_id": "notes"}) for i in sent]  # type: ignore[union-attr]
     text = r.output[1].content[0]  # type: ignore[union-attr]
     assert text.text == json.dumps(said)
     other = ({"cats", "rust"} & set(sent)).pop()  # the second text sent: cited; the third was not sent

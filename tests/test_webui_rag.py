@@ -28,7 +28,9 @@ NOTES = [("cats.md#1", "The cat named Whiskers sleeps on the red sofa."),
          ("llama.md#2", "Llamas live in the Andes mountains of South America."),
          ("tea.md#4", "Green tea is brewed with water below boiling.")]
 MORE = [("boats.md#1", "The harbour of Oslo holds wooden boats."),
-        ("bread.md#3", "Sourdough bread rises overnight.")]
+        ("bread.md#3", "Sourdough bread rises overnight."),
+        NOTES[2],  # the same id and text as in notes: sent once
+        ("cats.md#1", "A cat of the harbour sleeps on the boats.")]  # the same id as in notes, another text
 QUESTION = "Where do llamas live?"
 # texts of about 300 tokens each: five do not fit the 1,024 tokens a 2,048-token window leaves beside the answer's
 # room at its most (half the window)
@@ -109,6 +111,16 @@ def found(server: Server, store: str, query: str, n: int = 5) -> list[dict[str, 
                    json={"query": query, "max_num_results": n})
     assert r.status_code == 200, r.text
     return [{"id": d["file_id"], "score": d["score"], "text": d["content"][0]["text"]} for d in r.json()["data"]]
+
+
+def merged(server: Server, stores: list[str], query: str, n: int) -> list[dict[str, Any]]:
+    """What a file_search of `stores` sends, from the search route: each store's texts, best first (a tie in the
+    stores' order), the same id and text once (from the first store), `n` of them; each with its `store`."""
+    every = [{**h, "store": s} for s in stores for h in found(server, s, query, 50)]
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for h in sorted(every, key=lambda h: -h["score"]):
+        out.setdefault((h["id"], h["text"]), h)
+    return list(out.values())[:n]
 
 
 def shown_sources(article: Any) -> list[str]:
@@ -197,7 +209,7 @@ def test_documents_are_off_by_default_and_a_question_is_answered_from_the_excerp
     with page.expect_download() as got:
         page.click("#export-md")
     md = Path(got.value.path()).read_text()
-    first_md = f"1. `{hits[0]['id']}` (score {hits[0]['score']:.3f})\n\n   > {hits[0]['text']}"
+    first_md = f"1. `{hits[0]['id']}` in notes (score {hits[0]['score']:.3f})\n\n   > {hits[0]['text']}"
     assert "**Sources:**" in md and first_md in md, md
     page.click("#settings-cancel")
     file = tmp_path / "rag.json"
@@ -216,8 +228,9 @@ def test_documents_are_off_by_default_and_a_question_is_answered_from_the_excerp
     page.locator("article.assistant").last.get_by_role("button", name="Regenerate").click()
     again = wait_answer(page, ids)
     assert sent[-1]["file_search"] == {"vector_store_ids": ["notes", "more"]}
-    both = sorted(found(server, "notes", QUESTION) + found(server, "more", QUESTION), key=lambda h: -h["score"])[:5]
+    both = merged(server, ["notes", "more"], QUESTION, 5)
     assert shown_sources(again) == [h["id"] for h in both]
+    assert again.locator(".sources .source-store").all_inner_texts() == [h["store"] for h in both]
 
 
 def test_citations_link_to_their_excerpts(tab: Tab) -> None:
@@ -241,6 +254,35 @@ def test_citations_link_to_their_excerpts(tab: Tab) -> None:
     assert second.get_attribute("open") is not None and article.locator(".sources .source[open]").count() == 1
     cites.nth(1).click()
     assert article.locator(".sources .source").first.get_attribute("open") is not None
+
+
+def test_an_id_in_two_collections_shows_each_and_a_citation_opens_the_first(tab: Tab, tmp_path: Path) -> None:
+    """Sources of one id from two collections (as an answer keeps them): each shows its collection, `[id]`
+    opens the first, and Export Markdown names the collection of each."""
+    page = tab.open()
+    sources = [{"id": "cats.md#1", "store": "notes", "score": 0.9, "text": "The cat sleeps."},
+               {"id": "cats.md#1", "store": "more", "score": 0.8, "text": "A cat of the harbour."}]
+    conv = {"name": "Twice", "system": "", "settings": {}, "documents": {"stores": ["notes", "more"]},
+            "current": "a", "messages": {
+                "root": {"id": "root", "parent": None, "children": ["q"], "role": "root"},
+                "q": {"id": "q", "parent": "root", "children": ["a"], "role": "user", "content": "The cat?"},
+                "a": {"id": "a", "parent": "q", "children": [], "role": "assistant", "content": "See [cats.md#1].",
+                      "sources": sources}}}
+    file = tmp_path / "twice.json"
+    file.write_text(json.dumps(conv))
+    page.set_input_files("#import-file", str(file))
+    article = page.locator("article.assistant").last
+    article.locator(".sources").wait_for()
+    assert article.locator(".sources .source-store").all_inner_texts() == ["notes", "more"]
+    article.locator(".body button.cite").click()
+    assert article.locator(".sources .source").first.get_attribute("open") is not None
+    assert article.locator(".sources .source[open]").count() == 1
+    page.click("#open-settings")
+    with page.expect_download() as got:
+        page.click("#export-md")
+    md = Path(got.value.path()).read_text()
+    assert "1. `cats.md#1` in notes (score 0.900)" in md and "2. `cats.md#1` in more (score 0.800)" in md, md
+    page.click("#settings-cancel")
 
 
 def test_a_search_that_fails_shows_the_servers_reason(tab: Tab, rag_home: tuple[dict[str, str], Path],
@@ -319,8 +361,14 @@ def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(ser
     item = r.json()["file_search_call"]
     assert item["type"] == "file_search_call" and item["queries"] == [QUESTION], item
     hits = found(server, "notes", QUESTION, 2)
-    assert [(x["file_id"], x["filename"], x["score"], x["text"]) for x in item["results"]] == \
-        [(h["id"], h["id"], h["score"], h["text"]) for h in hits]
+    assert [(x["file_id"], x["filename"], x["score"], x["text"], x["attributes"]) for x in item["results"]] == \
+        [(h["id"], h["id"].split("#")[0], h["score"], h["text"], {"vector_store_id": "notes"}) for h in hits]
+    # an id in two stores: each result says its store; the same text under the same id is sent once
+    item = chat({"vector_store_ids": ["notes", "more"], "max_num_results": 50}).json()["file_search_call"]
+    got = [(x["file_id"], x["attributes"]["vector_store_id"], x["text"]) for x in item["results"]]
+    assert got == [(h["id"], h["store"], h["text"]) for h in merged(server, ["notes", "more"], QUESTION, 50)]
+    assert sorted(i for i, _, _ in got) == sorted(["boats.md#1", "bread.md#3", "cats.md#1", "cats.md#1",
+                                                   "llama.md#2", "paris.md#1", "tea.md#4"]), got
     above = chat({"vector_store_ids": ["notes"], "ranking_options": {"score_threshold": hits[0]["score"]}})
     assert [x["file_id"] for x in above.json()["file_search_call"]["results"]] == [hits[0]["id"]]
 

@@ -123,18 +123,24 @@ async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]],
         SEARCHED.set({"type": "file_search_call", "id": ident, "status": "completed", "queries": [],
                       "results": [] if results else None})
         return None
-    hits: list[Hit] = []
+    found: list[tuple[Hit, str]] = []
     for name in fs.stores:
         try:
-            hits += await search(state, name, [question], fs.count, fs.threshold)
+            found += [(h, name) for h in await search(state, name, [question], fs.count, fs.threshold)]
         except HTTPError as e:
             if e.param != "vector_store_id":  # the store is gone (serve/vectorstores.py's _gone)
                 raise
             raise _unchecked(e, fs.param) from None
-    hits = sorted(hits, key=lambda h: -h.score)[:fs.count]
+    # best first (a tie in the order the stores were named); the same text under the same id in two stores is
+    # sent once, from the first
+    best: dict[tuple[str, str], tuple[Hit, str]] = {}
+    for h, name in sorted(found, key=lambda f: -f[0].score):
+        best.setdefault((h.id, h.text), (h, name))
+    chosen = list(best.values())[:fs.count]
+    hits = [h for h, _ in chosen]
     item = {"type": "file_search_call", "id": ident, "status": "completed", "queries": [question],
-            "results": [{"file_id": h.id, "filename": h.id, "score": h.shown_score, "text": h.text,
-                         "attributes": {}} for h in hits] if results else None}
+            "results": [{"file_id": h.id, "filename": document(h.id), "score": h.shown_score, "text": h.text,
+                         "attributes": {"vector_store_id": name}} for h, name in chosen] if results else None}
     SEARCHED.set(item)
     return Excerpts(question, hits, item, results) if hits else None
 
@@ -143,7 +149,14 @@ def citations(text: str, sent: tuple[str, ...]) -> list[dict[str, Any]]:
     """The answer's file_citation annotations: one for each `[id]` it writes of a text it was sent (the
     instruction asks it to cite so), at the index of the bracket, in the order they stand."""
     found = [(m.start(), ident) for ident in dict.fromkeys(sent) for m in re.finditer(re.escape(f"[{ident}]"), text)]
-    return [{"type": "file_citation", "file_id": ident, "filename": ident, "index": at} for at, ident in sorted(found)]
+    return [{"type": "file_citation", "file_id": ident, "filename": document(ident), "index": at}
+            for at, ident in sorted(found)]
+
+
+def document(ident: str) -> str:
+    """The document a text's id names: the id without its chunk's `#N` (`notes.md#3`: notes.md), as a result's
+    and a citation's filename."""
+    return re.sub(r"#[0-9]+$", "", ident) or ident
 
 
 def _text(content: Any) -> str:

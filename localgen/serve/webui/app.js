@@ -439,7 +439,7 @@ function messageView(m) {
   return article;
 }
 
-/** The excerpts of the documents an answer was sent: each its number, id and score, its text folded. */
+/** The excerpts of the documents an answer was sent: each its number, id, collection and score, its text folded. */
 function sourcesView(list) {
   const box = el("section", "sources");
   box.setAttribute("aria-label", "Sources");
@@ -452,6 +452,7 @@ function sourcesView(list) {
     const d = el("details", "source");
     const summary = el("summary");
     summary.append(el("span", "source-n", `[${k + 1}]`), el("code", "source-id", x.id));
+    if (x.store) summary.append(el("span", "source-store", x.store));
     if (Number.isFinite(x.score)) summary.append(el("span", "source-score", x.score.toFixed(3)));
     d.append(summary, el("div", "source-text", x.text));
     box.append(d);
@@ -462,7 +463,8 @@ function sourcesView(list) {
 /** The citations in an answer's text, `[id]` of an excerpt it was sent or `[n]` (its number), made links to that
  * excerpt (outside code and links). */
 function cite(body, list, article) {
-  const ids = new Map(list.map((x, k) => [x.id, k]));
+  const ids = new Map();
+  list.forEach((x, k) => ids.has(x.id) || ids.set(x.id, k)); // an id two collections share: the first
   const walker = document.createTreeWalker(body, NodeFilter.SHOW_TEXT);
   const texts = [];
   while (walker.nextNode()) {
@@ -975,9 +977,11 @@ async function generate(conv, parent) {
 /** The excerpts a request's search sent (its file_search_call's results), as the answer keeps them. */
 function sourcesOf(item) {
   const results = Array.isArray(item.results) ? item.results : [];
-  return results.filter((r) => r && typeof r.file_id === "string").map((r) => ({
-    id: r.file_id, score: Number.isFinite(r.score) ? r.score : null, text: typeof r.text === "string" ? r.text : "",
-  }));
+  return results.filter((r) => r && typeof r.file_id === "string").map((r) => {
+    const store = r.attributes && typeof r.attributes.vector_store_id === "string" ? r.attributes.vector_store_id : null;
+    const text = typeof r.text === "string" ? r.text : "";
+    return { id: r.file_id, store, score: Number.isFinite(r.score) ? r.score : null, text };
+  });
 }
 
 /** Takes a streamed delta's tool_calls into the calls of the round (OpenAI's shape: the first piece of a
