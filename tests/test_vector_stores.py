@@ -199,10 +199,14 @@ def test_responses_file_search_answers_from_the_store(server: Server) -> None:
     for tools, words in (([{"type": "file_search", "vector_store_ids": ["nosuch"]}], "No vector store found"),
                          ([tool, tool], "at most one file_search tool"),
                          ([{**tool, "filters": {"type": "eq", "key": "a", "value": 1}}], "filters are not supported"),
-                         ([{"type": "file_search", "vector_store_ids": []}], "vector_store_ids")):
+                         ([{"type": "file_search", "vector_store_ids": []}], "vector_store_ids"),
+                         ([{**tool, "max_results": 2}], "a file_search tool has no field 'max_results'")):
         with pytest.raises(openai.BadRequestError) as bad:
             client.responses.create(model="smollm2:135m", input=QUESTION, tools=tools)  # type: ignore[arg-type]
         assert words in str(bad.value), bad.value
+    with pytest.raises(openai.BadRequestError) as bad:  # as chat completions' file_search and run --rag refuse it
+        client.responses.create(model="smollm2:135m", input=" ", tools=[tool])  # type: ignore[list-item]
+    assert "the question is blank" in str(bad.value), bad.value
 
 
 def test_a_store_removed_while_serving_is_gone_and_its_paths_say_what_is_served(server: Server,

@@ -389,8 +389,13 @@ def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(ser
         assert bad.json()["error"]["param"] == "file_search", bad.text
     bad = chat({"vector_store_ids": ["notes"]}, messages=[{"role": "user"}, "hello"])  # searched for nothing
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("messages"), bad.text
-    empty = chat({"vector_store_ids": ["notes"]}, messages=[{"role": "user"}])  # no text: nothing searched, none sent
-    assert empty.status_code == 200 and empty.json()["file_search_call"]["results"] == [], empty.text
+    for blank in ({"role": "user"}, {"role": "user", "content": " \n "},
+                  {"role": "user", "content": [{"type": "text", "text": "  "}]}):  # as run --rag refuses one
+        bad = chat({"vector_store_ids": ["notes"]}, messages=[blank])
+        assert bad.status_code == 400 and "the question is blank" in bad.json()["error"]["message"], bad.text
+        assert bad.json()["error"]["param"] == "file_search", bad.text
+    bad = chat({"vector_store_ids": ["notes"], "max_results": 2})  # a field not read is not silently ignored
+    assert bad.status_code == 400 and "`file_search` has no field 'max_results'" in bad.text, bad.text
     bad = httpx.post(f"{server.url}/v1/completions", headers=_auth(), timeout=60, json={
         "model": "smollm2:135m", "prompt": QUESTION, "file_search": {"vector_store_ids": ["notes"]}})
     assert bad.status_code == 400 and "`file_search` needs a chat" in bad.text, bad.text

@@ -26,6 +26,7 @@ from localgen.serve.state import ServeState
 from localgen.serve.vectorstores import check_offered, search, search_options
 from localgen.types import GenerationRequest, Message
 
+FIELDS = ("vector_store_ids", "max_num_results", "ranking_options", "filters")  # a file_search tool's, but its type
 DEFAULT_RESULTS = 5  # excerpts per request: a local model's window is small (OpenAI's default is 10)
 
 # the file_search_call item a request's search made, for the encoder (set by the Responses parser, its results
@@ -48,6 +49,11 @@ class FileSearch:
 def tool(state: ServeState, t: dict[str, Any], param: str = "tools") -> FileSearch:
     """A file_search tool as OpenAI spells it (or chat completions' `file_search` field: `param`), checked: every
     store one serve offers; what is not done here (filters) a 400."""
+    known = FIELDS if param == "file_search" else ("type", *FIELDS)
+    unknown = next((k for k in t if k not in known), None)
+    if unknown is not None:  # a field not read here is a 400, not silently ignored (max_results for max_num_results)
+        said = "a file_search tool" if param == "tools" else f"`{param}`"
+        raise HTTPError(400, f"{said} has no field {str(unknown)[:100]!r} (it takes {', '.join(FIELDS)})", param=param)
     ids = t.get("vector_store_ids")
     if not isinstance(ids, list) or not ids:
         said = "a file_search tool" if param == "tools" else f"`{param}`"
@@ -118,7 +124,11 @@ async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]],
     for the pipeline to place (None when there is nothing to search for, or nothing was found). The
     file_search_call item, for the encoder, is in SEARCHED."""
     at = next((i for i in range(len(messages) - 1, first - 1, -1) if messages[i].get("role") == "user"), None)
-    question = _text(messages[at].get("content")) if at is not None else ""  # no content: the pipeline's 400
+    question = _text(messages[at].get("content")) if at is not None else ""
+    if at is not None and not question.strip() and not _media(messages[at].get("content")):
+        # as run --rag refuses one: nothing to search for (a question of images or audio alone gets no excerpts)
+        raise HTTPError(400, "the question is blank: file_search searches the stores for the last user message's "
+                             "text", param=fs.param if fs.param == "file_search" else "input")
     if not question.strip():
         SEARCHED.set({"type": "file_search_call", "id": ident, "status": "completed", "queries": [],
                       "results": [] if results else None})
@@ -157,6 +167,12 @@ def document(ident: str) -> str:
     """The document a text's id names: the id without its chunk's `#N` (`notes.md#3`: notes.md), as a result's
     and a citation's filename."""
     return re.sub(r"#[0-9]+$", "", ident) or ident
+
+
+def _media(content: Any) -> bool:
+    """Whether a message's content has a part that is not text (an image, audio)."""
+    return isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") in ("text", "input_text"))
+                                             for p in content)
 
 
 def _text(content: Any) -> str:
