@@ -372,6 +372,14 @@ def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(ser
     above = chat({"vector_store_ids": ["notes"], "ranking_options": {"score_threshold": hits[0]["score"]}})
     assert [x["file_id"] for x in above.json()["file_search_call"]["results"]] == [hits[0]["id"]]
 
+    # a question past the embedding model's window (the tiny BERT's 512 tokens: 16,384 characters at most, in the
+    # check before tokenizing) but not the chat's: searched for its first tokens, as run --rag cuts it
+    long = f"{QUESTION}{' ' * 17_000}Answer briefly."
+    r = chat({"vector_store_ids": ["notes"]}, messages=[{"role": "user", "content": long}])
+    assert r.status_code == 200, r.text
+    assert [x["file_id"] for x in r.json()["file_search_call"]["results"]] == [h["id"] for h in found(server, "notes",
+                                                                                                       long)]
+
     r = chat({"vector_store_ids": ["long"]}, max_tokens=1024, messages=[{"role": "user", "content": "the cat"}])
     sent = [x["file_id"] for x in r.json()["file_search_call"]["results"]]
     best = [h["id"] for h in found(server, "long", "the cat")]
