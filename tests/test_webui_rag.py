@@ -156,6 +156,8 @@ def test_documents_are_off_by_default_and_a_question_is_answered_from_the_excerp
     assert [b.get_attribute("value") for b in boxes.all()] == ["notes", "more", "gone", "long"]
     assert not any(b.is_checked() for b in boxes.all())
     assert "4 texts · embedded by tiny-bert.gguf" in page.inner_text("#document-list")
+    # the list grows with the stores (the dialog scrolls), not a box of its own cut at a few of them
+    assert page.eval_on_selector("#document-list", "(e) => getComputedStyle(e).maxHeight") == "none"
     page.click("#settings-cancel")
 
     sent, urls = chat_requests(page), searches(page)
@@ -258,10 +260,14 @@ def test_citations_link_to_their_excerpts(tab: Tab) -> None:
 
 def test_an_id_in_two_collections_shows_each_and_a_citation_opens_the_first(tab: Tab, tmp_path: Path) -> None:
     """Sources of one id from two collections (as an answer keeps them): each shows its collection, `[id]`
-    opens the first, and Export Markdown names the collection of each."""
+    opens the first, and Export Markdown names the collection of each. A folded source has its marker (▸, ▾
+    open), a long id is cut on the source's one line, and Export Markdown's quoted excerpt keeps a `#` line a
+    line of text (not a heading)."""
     page = tab.open()
     sources = [{"id": "cats.md#1", "store": "notes", "score": 0.9, "text": "The cat sleeps."},
-               {"id": "cats.md#1", "store": "more", "score": 0.8, "text": "A cat of the harbour."}]
+               {"id": "cats.md#1", "store": "more", "score": 0.8, "text": "A cat of the harbour."},
+               {"id": f"{'a-very-long-folder-name/' * 12}cats.md#2", "store": "more", "score": 0.7,
+                "text": "# Cats\nThey purr."}]
     conv = {"name": "Twice", "system": "", "settings": {}, "documents": {"stores": ["notes", "more"]},
             "current": "a", "messages": {
                 "root": {"id": "root", "parent": None, "children": ["q"], "role": "root"},
@@ -273,15 +279,24 @@ def test_an_id_in_two_collections_shows_each_and_a_citation_opens_the_first(tab:
     page.set_input_files("#import-file", str(file))
     article = page.locator("article.assistant").last
     article.locator(".sources").wait_for()
-    assert article.locator(".sources .source-store").all_inner_texts() == ["notes", "more"]
+    assert article.locator(".sources .source-store").all_inner_texts() == ["notes", "more", "more"]
+    marker = "(s) => getComputedStyle(s, '::before').content"
+    first = article.locator(".sources .source summary").first
+    assert first.evaluate(marker) == '"▸"'
     article.locator(".body button.cite").click()
     assert article.locator(".sources .source").first.get_attribute("open") is not None
-    assert article.locator(".sources .source[open]").count() == 1
+    assert article.locator(".sources .source[open]").count() == 1 and first.evaluate(marker) == '"▾"'
+    long = article.locator(".sources .source summary").nth(2)
+    tops = {round(b["y"]) for b in (long.locator(k).bounding_box() for k in (".source-n", ".source-id",
+                                                                              ".source-score")) if b}
+    summary = long.bounding_box()
+    assert max(tops) - min(tops) <= 4 and summary and summary["height"] < 40, (tops, summary)  # one line
     page.click("#open-settings")
     with page.expect_download() as got:
         page.click("#export-md")
     md = Path(got.value.path()).read_text()
     assert "1. `cats.md#1` in notes (score 0.900)" in md and "2. `cats.md#1` in more (score 0.800)" in md, md
+    assert "   > \\# Cats\n   > They purr." in md, md
     page.click("#settings-cancel")
 
 
@@ -308,6 +323,7 @@ def test_a_search_that_fails_shows_the_servers_reason(tab: Tab, rag_home: tuple[
     note = article.locator(".note.error").inner_text()
     assert "vector store 'gone' is gone" in note and "uncheck it under Documents in the chat page's Settings" in note \
         and "(HTTP 404)" in note, note
+    assert article.locator(".stats").count() == 0  # refused before a word came: no `0 tokens`
     for _ in range(100):  # read again after the error, as the answer ends: its event may come after
         if len(listed) == 2:
             break

@@ -451,7 +451,9 @@ function sourcesView(list) {
   list.forEach((x, k) => {
     const d = el("details", "source");
     const summary = el("summary");
-    summary.append(el("span", "source-n", `[${k + 1}]`), el("code", "source-id", x.id));
+    const id = el("code", "source-id", x.id);
+    id.title = x.id; // a long id is cut on its line: all of it on hover
+    summary.append(el("span", "source-n", `[${k + 1}]`), id);
     if (x.store) summary.append(el("span", "source-store", x.store));
     if (Number.isFinite(x.score)) summary.append(el("span", "source-score", x.score.toFixed(3)));
     d.append(summary, el("div", "source-text", x.text));
@@ -960,7 +962,9 @@ async function generate(conv, parent) {
     if (documents.length && !answer.stopped) loadStores(); // a store removed since: Settings shows it gone
   } finally {
     answer.pending = false;
-    answer.stats = stats(steps, first, performance.now() - started, settings.max_tokens, windowOf(model));
+    // an answer refused before a word came (a search that failed) has no stats: `0 tokens` would say it ran
+    if (answer.error && first === null) delete answer.stats;
+    else answer.stats = stats(steps, first, performance.now() - started, settings.max_tokens, windowOf(model));
     state.running = null;
     conv.updated = Date.now();
     answer.updated = conv.updated;
