@@ -199,10 +199,14 @@ def test_responses_file_search_answers_from_the_store(server: Server) -> None:
     for tools, words in (([{"type": "file_search", "vector_store_ids": ["nosuch"]}], "No vector store found"),
                          ([tool, tool], "at most one file_search tool"),
                          ([{**tool, "filters": {"type": "eq", "key": "a", "value": 1}}], "filters are not supported"),
-                         ([{"type": "file_search", "vector_store_ids": []}], "vector_store_ids")):
+                         ([{"type": "file_search", "vector_store_ids": []}], "vector_store_ids"),
+                         ([{**tool, "max_results": 2}], "a file_search tool has no field 'max_results'")):
         with pytest.raises(openai.BadRequestError) as bad:
             client.responses.create(model="smollm2:135m", input=QUESTION, tools=tools)  # type: ignore[arg-type]
         assert words in str(bad.value), bad.value
+    with pytest.raises(openai.BadRequestError) as bad:  # as chat completions' file_search and run --rag refuse it
+        client.responses.create(model="smollm2:135m", input=" ", tools=[tool])  # type: ignore[list-item]
+    assert "the question is blank" in str(bad.value), bad.value
 
 
 def test_a_store_removed_while_serving_is_gone_and_its_paths_say_what_is_served(server: Server,
@@ -268,6 +272,9 @@ def test_an_answer_that_cites_a_text_it_was_sent_carries_file_citations(server: 
                                 include=["file_search_call.results"], text={"format": fmt})  # type: ignore[typeddict-item]
     sent = [x.file_id for x in r.output[0].results or []]  # type: ignore[union-attr]
     assert "paris" in sent and len(sent) == 2, sent
+    # as chat completions' file_search says them (tests/test_webui_rag.py): the store of each, its document
+    assert [(x.filename, x.attributes) for x in r.output[0].results or []] == \
+        [(i, {"vector_store_id": "notes"}) for i in sent]  # type: ignore[union-attr]
     text = r.output[1].content[0]  # type: ignore[union-attr]
     assert text.text == json.dumps(said)
     other = ({"cats", "rust"} & set(sent)).pop()  # the second text sent: cited; the third was not sent

@@ -8,6 +8,7 @@ stopped answer's token count. Chromium runs with a bounded heap and every wait h
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,9 @@ NOTES = [("cats.md#1", "The cat named Whiskers sleeps on the red sofa."),
          ("llama.md#2", "Llamas live in the Andes mountains of South America."),
          ("tea.md#4", "Green tea is brewed with water below boiling.")]
 MORE = [("boats.md#1", "The harbour of Oslo holds wooden boats."),
-        ("bread.md#3", "Sourdough bread rises overnight.")]
+        ("bread.md#3", "Sourdough bread rises overnight."),
+        NOTES[2],  # the same id and text as in notes: sent once
+        ("cats.md#1", "A cat of the harbour sleeps on the boats.")]  # the same id as in notes, another text
 QUESTION = "Where do llamas live?"
 # texts of about 300 tokens each: five do not fit the 1,024 tokens a 2,048-token window leaves beside the answer's
 # room at its most (half the window)
@@ -110,6 +113,16 @@ def found(server: Server, store: str, query: str, n: int = 5) -> list[dict[str, 
     return [{"id": d["file_id"], "score": d["score"], "text": d["content"][0]["text"]} for d in r.json()["data"]]
 
 
+def merged(server: Server, stores: list[str], query: str, n: int) -> list[dict[str, Any]]:
+    """What a file_search of `stores` sends, from the search route: each store's texts, best first (a tie in the
+    stores' order), the same id and text once (from the first store), `n` of them; each with its `store`."""
+    every = [{**h, "store": s} for s in stores for h in found(server, s, query, 50)]
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for h in sorted(every, key=lambda h: -h["score"]):
+        out.setdefault((h["id"], h["text"]), h)
+    return list(out.values())[:n]
+
+
 def shown_sources(article: Any) -> list[str]:
     return list(article.locator(".sources .source .source-id").all_inner_texts())
 
@@ -143,6 +156,8 @@ def test_documents_are_off_by_default_and_a_question_is_answered_from_the_excerp
     assert [b.get_attribute("value") for b in boxes.all()] == ["notes", "more", "gone", "long"]
     assert not any(b.is_checked() for b in boxes.all())
     assert "4 texts · embedded by tiny-bert.gguf" in page.inner_text("#document-list")
+    # the list grows with the stores (the dialog scrolls), not a box of its own cut at a few of them
+    assert page.eval_on_selector("#document-list", "(e) => getComputedStyle(e).maxHeight") == "none"
     page.click("#settings-cancel")
 
     sent, urls = chat_requests(page), searches(page)
@@ -196,7 +211,7 @@ def test_documents_are_off_by_default_and_a_question_is_answered_from_the_excerp
     with page.expect_download() as got:
         page.click("#export-md")
     md = Path(got.value.path()).read_text()
-    first_md = f"1. `{hits[0]['id']}` (score {hits[0]['score']:.3f})\n\n   > {hits[0]['text']}"
+    first_md = f"1. `{hits[0]['id']}` in notes (score {hits[0]['score']:.3f})\n\n   > {hits[0]['text']}"
     assert "**Sources:**" in md and first_md in md, md
     page.click("#settings-cancel")
     file = tmp_path / "rag.json"
@@ -215,8 +230,9 @@ def test_documents_are_off_by_default_and_a_question_is_answered_from_the_excerp
     page.locator("article.assistant").last.get_by_role("button", name="Regenerate").click()
     again = wait_answer(page, ids)
     assert sent[-1]["file_search"] == {"vector_store_ids": ["notes", "more"]}
-    both = sorted(found(server, "notes", QUESTION) + found(server, "more", QUESTION), key=lambda h: -h["score"])[:5]
+    both = merged(server, ["notes", "more"], QUESTION, 5)
     assert shown_sources(again) == [h["id"] for h in both]
+    assert again.locator(".sources .source-store").all_inner_texts() == [h["store"] for h in both]
 
 
 def test_citations_link_to_their_excerpts(tab: Tab) -> None:
@@ -242,18 +258,77 @@ def test_citations_link_to_their_excerpts(tab: Tab) -> None:
     assert article.locator(".sources .source").first.get_attribute("open") is not None
 
 
+def test_an_id_in_two_collections_shows_each_and_a_citation_opens_the_first(tab: Tab, tmp_path: Path) -> None:
+    """Sources of one id from two collections (as an answer keeps them): each shows its collection, `[id]`
+    opens the first, and Export Markdown names the collection of each. A folded source has its marker (▸, ▾
+    open), a long id is cut on the source's one line, and Export Markdown's quoted excerpt keeps a `#` line a
+    line of text (not a heading)."""
+    page = tab.open()
+    sources = [{"id": "cats.md#1", "store": "notes", "score": 0.9, "text": "The cat sleeps."},
+               {"id": "cats.md#1", "store": "more", "score": 0.8, "text": "A cat of the harbour."},
+               {"id": f"{'a-very-long-folder-name/' * 12}cats.md#2", "store": "more", "score": 0.7,
+                "text": "# Cats\nThey purr."}]
+    conv = {"name": "Twice", "system": "", "settings": {}, "documents": {"stores": ["notes", "more"]},
+            "current": "a", "messages": {
+                "root": {"id": "root", "parent": None, "children": ["q"], "role": "root"},
+                "q": {"id": "q", "parent": "root", "children": ["a"], "role": "user", "content": "The cat?"},
+                "a": {"id": "a", "parent": "q", "children": [], "role": "assistant", "content": "See [cats.md#1].",
+                      "sources": sources}}}
+    file = tmp_path / "twice.json"
+    file.write_text(json.dumps(conv))
+    page.set_input_files("#import-file", str(file))
+    article = page.locator("article.assistant").last
+    article.locator(".sources").wait_for()
+    assert article.locator(".sources .source-store").all_inner_texts() == ["notes", "more", "more"]
+    marker = "(s) => getComputedStyle(s, '::before').content"
+    first = article.locator(".sources .source summary").first
+    assert first.evaluate(marker) == '"▸"'
+    article.locator(".body button.cite").click()
+    assert article.locator(".sources .source").first.get_attribute("open") is not None
+    assert article.locator(".sources .source[open]").count() == 1 and first.evaluate(marker) == '"▾"'
+    long = article.locator(".sources .source summary").nth(2)
+    tops = {round(b["y"]) for b in (long.locator(k).bounding_box() for k in (".source-n", ".source-id",
+                                                                              ".source-score")) if b}
+    summary = long.bounding_box()
+    assert max(tops) - min(tops) <= 4 and summary and summary["height"] < 40, (tops, summary)  # one line
+    page.click("#open-settings")
+    with page.expect_download() as got:
+        page.click("#export-md")
+    md = Path(got.value.path()).read_text()
+    assert "1. `cats.md#1` in notes (score 0.900)" in md and "2. `cats.md#1` in more (score 0.800)" in md, md
+    assert "   > \\# Cats\n   > They purr." in md, md
+    page.click("#settings-cancel")
+
+
 def test_a_search_that_fails_shows_the_servers_reason(tab: Tab, rag_home: tuple[dict[str, str], Path],
                                                       tmp_path: Path) -> None:
     """A store removed while the server runs, and one the server does not offer (a conversation imported from
-    elsewhere): the answer ends with the server's reason, and the page is ready for the next message."""
+    elsewhere): the answer ends with the server's reason, which says to uncheck it, and the page is ready for the
+    next message; the page reads the server's stores again after that error and when Settings opens, which then
+    shows a store removed since the page loaded as no longer offered."""
     env, _ = rag_home
     page = tab.open()
     documents(page, "gone")
     r = CLI(env)("collections", "rm", "gone", "--yes")
     assert r.returncode == 0, r.stderr
+    listed: list[str] = []
+    page.on("request", lambda q: listed.append(q.url) if q.url.endswith("/v1/vector_stores") else None)
+    page.click("#open-settings")  # the stores read again: the one removed is shown so, still checked
+    gone = page.locator("#document-list li", has_text="not offered by the server now")
+    gone.wait_for(timeout=20_000)
+    assert gone.locator("input").get_attribute("value") == "gone" and gone.locator("input").is_checked()
+    assert "uncheck it" in gone.inner_text() and len(listed) == 1, listed
+    page.click("#settings-cancel")
     article = ask(page, QUESTION)
     note = article.locator(".note.error").inner_text()
-    assert "vector store 'gone' is gone" in note and "(HTTP 404)" in note, note
+    assert "vector store 'gone' is gone" in note and "uncheck it under Documents in the chat page's Settings" in note \
+        and "(HTTP 404)" in note, note
+    assert article.locator(".stats").count() == 0  # refused before a word came: no `0 tokens`
+    for _ in range(100):  # read again after the error, as the answer ends: its event may come after
+        if len(listed) == 2:
+            break
+        page.wait_for_timeout(100)
+    assert len(listed) == 2, listed
     conv = {"name": "Elsewhere", "system": "", "settings": {}, "documents": {"stores": ["nosuch"]}, "current": "root",
             "messages": {"root": {"id": "root", "parent": None, "children": [], "role": "root"}}}
     file = tmp_path / "elsewhere.json"
@@ -302,10 +377,24 @@ def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(ser
     item = r.json()["file_search_call"]
     assert item["type"] == "file_search_call" and item["queries"] == [QUESTION], item
     hits = found(server, "notes", QUESTION, 2)
-    assert [(x["file_id"], x["filename"], x["score"], x["text"]) for x in item["results"]] == \
-        [(h["id"], h["id"], h["score"], h["text"]) for h in hits]
+    assert [(x["file_id"], x["filename"], x["score"], x["text"], x["attributes"]) for x in item["results"]] == \
+        [(h["id"], h["id"].split("#")[0], h["score"], h["text"], {"vector_store_id": "notes"}) for h in hits]
+    # an id in two stores: each result says its store; the same text under the same id is sent once
+    item = chat({"vector_store_ids": ["notes", "more"], "max_num_results": 50}).json()["file_search_call"]
+    got = [(x["file_id"], x["attributes"]["vector_store_id"], x["text"]) for x in item["results"]]
+    assert got == [(h["id"], h["store"], h["text"]) for h in merged(server, ["notes", "more"], QUESTION, 50)]
+    assert sorted(i for i, _, _ in got) == sorted(["boats.md#1", "bread.md#3", "cats.md#1", "cats.md#1",
+                                                   "llama.md#2", "paris.md#1", "tea.md#4"]), got
     above = chat({"vector_store_ids": ["notes"], "ranking_options": {"score_threshold": hits[0]["score"]}})
     assert [x["file_id"] for x in above.json()["file_search_call"]["results"]] == [hits[0]["id"]]
+
+    # a question past the embedding model's window (the tiny BERT's 512 tokens: 16,384 characters at most, in the
+    # check before tokenizing) but not the chat's: searched for its first tokens, as run --rag cuts it
+    long = f"{QUESTION}{' ' * 17_000}Answer briefly."
+    r = chat({"vector_store_ids": ["notes"]}, messages=[{"role": "user", "content": long}])
+    assert r.status_code == 200, r.text
+    assert [x["file_id"] for x in r.json()["file_search_call"]["results"]] == [h["id"] for h in found(server, "notes",
+                                                                                                       long)]
 
     r = chat({"vector_store_ids": ["long"]}, max_tokens=1024, messages=[{"role": "user", "content": "the cat"}])
     sent = [x["file_id"] for x in r.json()["file_search_call"]["results"]]
@@ -324,8 +413,45 @@ def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(ser
         assert bad.json()["error"]["param"] == "file_search", bad.text
     bad = chat({"vector_store_ids": ["notes"]}, messages=[{"role": "user"}, "hello"])  # searched for nothing
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("messages"), bad.text
-    empty = chat({"vector_store_ids": ["notes"]}, messages=[{"role": "user"}])  # no text: nothing searched, none sent
-    assert empty.status_code == 200 and empty.json()["file_search_call"]["results"] == [], empty.text
+    for blank in ({"role": "user"}, {"role": "user", "content": " \n "},
+                  {"role": "user", "content": [{"type": "text", "text": "  "}]}):  # as run --rag refuses one
+        bad = chat({"vector_store_ids": ["notes"]}, messages=[blank])
+        assert bad.status_code == 400 and "the question is blank" in bad.json()["error"]["message"], bad.text
+        assert bad.json()["error"]["param"] == "file_search", bad.text
+    bad = chat({"vector_store_ids": ["notes"], "max_results": 2})  # a field not read is not silently ignored
+    assert bad.status_code == 400 and "`file_search` has no field 'max_results'" in bad.text, bad.text
     bad = httpx.post(f"{server.url}/v1/completions", headers=_auth(), timeout=60, json={
         "model": "smollm2:135m", "prompt": QUESTION, "file_search": {"vector_store_ids": ["notes"]}})
     assert bad.status_code == 400 and "`file_search` needs a chat" in bad.text, bad.text
+
+
+def test_serve_refuses_a_collection_whose_model_it_does_not_offer_before_any_load(
+        rag_home: tuple[dict[str, str], Path]) -> None:
+    """The tiny BERT's collection with only SmolLM2 -m (a model file is never offered on demand): exit 2 with the
+    -m that serves it, before SmolLM2 loads (no load line), and no crash on the way out."""
+    env, bert = rag_home
+    with socket.socket() as free:  # a port that is free: the check is not the port's
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    r = CLI(env)("serve", "-m", "smollm2:135m", "--collection", "notes", "-t", "1", "-np", "1", "--port", port)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"--collection 'notes' was made with {BERT}, which this server does not offer (serve it too: -m {bert})" \
+        in r.stderr, r.stderr
+    assert "loaded" not in r.stderr and "loading" not in r.stderr, r.stderr
+
+
+def test_a_collection_of_a_model_on_this_machine_is_searched_on_demand(cli_env: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    """webui.md's Documents: a collection embedded with a model on this machine by its name (Gemma here) needs no
+    -m: serve offers that model on demand, and the search loads it."""
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in NOTES)
+    r = CLI(env)("embed", "-m", "gemma3:270m", "--store", "gem", input=lines)
+    assert r.returncode == 0, r.stderr
+    s = Server(env, "--api-key", KEY, "-m", "smollm2:135m", "--collection", "gem", "-np", "1", "--ctx", "512")
+    try:
+        assert "gemma3:270m" not in loaded(s)
+        assert found(s, "gem", QUESTION, 2)
+        assert "gemma3:270m" in loaded(s)
+    finally:
+        assert s.stop() == 0

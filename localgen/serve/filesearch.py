@@ -26,6 +26,7 @@ from localgen.serve.state import ServeState
 from localgen.serve.vectorstores import check_offered, search, search_options
 from localgen.types import GenerationRequest, Message
 
+FIELDS = ("vector_store_ids", "max_num_results", "ranking_options", "filters")  # a file_search tool's, but its type
 DEFAULT_RESULTS = 5  # excerpts per request: a local model's window is small (OpenAI's default is 10)
 
 # the file_search_call item a request's search made, for the encoder (set by the Responses parser, its results
@@ -42,18 +43,35 @@ class FileSearch:
     stores: tuple[str, ...]
     count: int
     threshold: float | None
+    param: str = "tools"  # the request's field it came in (chat completions': file_search), for its errors
 
 
 def tool(state: ServeState, t: dict[str, Any], param: str = "tools") -> FileSearch:
     """A file_search tool as OpenAI spells it (or chat completions' `file_search` field: `param`), checked: every
     store one serve offers; what is not done here (filters) a 400."""
+    known = FIELDS if param == "file_search" else ("type", *FIELDS)
+    unknown = next((k for k in t if k not in known), None)
+    if unknown is not None:  # a field not read here is a 400, not silently ignored (max_results for max_num_results)
+        said = "a file_search tool" if param == "tools" else f"`{param}`"
+        raise HTTPError(400, f"{said} has no field {str(unknown)[:100]!r} (it takes {', '.join(FIELDS)})", param=param)
     ids = t.get("vector_store_ids")
     if not isinstance(ids, list) or not ids:
         said = "a file_search tool" if param == "tools" else f"`{param}`"
         raise HTTPError(400, f"{said} needs vector_store_ids: a non-empty list", param=param)
-    stores = tuple(dict.fromkeys(check_offered(state, i, param) for i in ids))
+    try:
+        stores = tuple(dict.fromkeys(check_offered(state, i, param) for i in ids))
+    except HTTPError as e:
+        raise _unchecked(e, param) from None
     count, threshold = search_options(t, DEFAULT_RESULTS, lambda field: (f"file_search's {field}", param))
-    return FileSearch(stores, count, threshold)
+    return FileSearch(stores, count, threshold, param)
+
+
+def _unchecked(e: HTTPError, param: str) -> HTTPError:
+    """A store the search cannot use (not offered, or removed since serve started), with what to do: leave it out
+    of vector_store_ids (on the chat page, whose `file_search` field this is, uncheck it under Documents)."""
+    how = "uncheck it under Documents in the chat page's Settings (or leave it out of vector_store_ids)" \
+        if param == "file_search" else "leave it out of vector_store_ids"
+    return HTTPError(e.status, f"{e.message}; {how}", e.kind, e.param, e.logged)
 
 
 @dataclass
@@ -106,18 +124,33 @@ async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]],
     for the pipeline to place (None when there is nothing to search for, or nothing was found). The
     file_search_call item, for the encoder, is in SEARCHED."""
     at = next((i for i in range(len(messages) - 1, first - 1, -1) if messages[i].get("role") == "user"), None)
-    question = _text(messages[at].get("content")) if at is not None else ""  # no content: the pipeline's 400
+    question = _text(messages[at].get("content")) if at is not None else ""
+    if at is not None and not question.strip() and not _media(messages[at].get("content")):
+        # as run --rag refuses one: nothing to search for (a question of images or audio alone gets no excerpts)
+        raise HTTPError(400, "the question is blank: file_search searches the stores for the last user message's "
+                             "text", param=fs.param if fs.param == "file_search" else "input")
     if not question.strip():
         SEARCHED.set({"type": "file_search_call", "id": ident, "status": "completed", "queries": [],
                       "results": [] if results else None})
         return None
-    hits: list[Hit] = []
+    found: list[tuple[Hit, str]] = []
     for name in fs.stores:
-        hits += await search(state, name, [question], fs.count, fs.threshold)
-    hits = sorted(hits, key=lambda h: -h.score)[:fs.count]
+        try:
+            found += [(h, name) for h in await search(state, name, [question], fs.count, fs.threshold)]
+        except HTTPError as e:
+            if e.param != "vector_store_id":  # the store is gone (serve/vectorstores.py's _gone)
+                raise
+            raise _unchecked(e, fs.param) from None
+    # best first (a tie in the order the stores were named); the same text under the same id in two stores is
+    # sent once, from the first
+    best: dict[tuple[str, str], tuple[Hit, str]] = {}
+    for h, name in sorted(found, key=lambda f: -f[0].score):
+        best.setdefault((h.id, h.text), (h, name))
+    chosen = list(best.values())[:fs.count]
+    hits = [h for h, _ in chosen]
     item = {"type": "file_search_call", "id": ident, "status": "completed", "queries": [question],
-            "results": [{"file_id": h.id, "filename": h.id, "score": h.shown_score, "text": h.text,
-                         "attributes": {}} for h in hits] if results else None}
+            "results": [{"file_id": h.id, "filename": document(h.id), "score": h.shown_score, "text": h.text,
+                         "attributes": {"vector_store_id": name}} for h, name in chosen] if results else None}
     SEARCHED.set(item)
     return Excerpts(question, hits, item, results) if hits else None
 
@@ -126,7 +159,20 @@ def citations(text: str, sent: tuple[str, ...]) -> list[dict[str, Any]]:
     """The answer's file_citation annotations: one for each `[id]` it writes of a text it was sent (the
     instruction asks it to cite so), at the index of the bracket, in the order they stand."""
     found = [(m.start(), ident) for ident in dict.fromkeys(sent) for m in re.finditer(re.escape(f"[{ident}]"), text)]
-    return [{"type": "file_citation", "file_id": ident, "filename": ident, "index": at} for at, ident in sorted(found)]
+    return [{"type": "file_citation", "file_id": ident, "filename": document(ident), "index": at}
+            for at, ident in sorted(found)]
+
+
+def document(ident: str) -> str:
+    """The document a text's id names: the id without its chunk's `#N` (`notes.md#3`: notes.md), as a result's
+    and a citation's filename."""
+    return re.sub(r"#[0-9]+$", "", ident) or ident
+
+
+def _media(content: Any) -> bool:
+    """Whether a message's content has a part that is not text (an image, audio)."""
+    return isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") in ("text", "input_text"))
+                                             for p in content)
 
 
 def _text(content: Any) -> str:

@@ -18,6 +18,7 @@ from starlette.routing import Route
 from localgen.serve.apierror import HTTPError
 from localgen.serve.jsonbody import read_json
 from localgen.serve.state import ServeState
+from localgen.text import CHARS_PER_TOKEN
 
 MAX_RESULTS = 50  # max_num_results: OpenAI's bound
 MAX_QUERIES = 16  # queries in one search (OpenAI's API takes a list and names no bound)
@@ -90,6 +91,11 @@ async def search(state: ServeState, name: str, queries: list[str], count: int, t
     except LocalgenError:  # removed (localgen collections rm) since serve started
         raise _gone(name) from None
     worker = state.worker(coll.model)
+    # each query cut to its first tokens the embedding model's window holds, as run --rag cuts a question: here
+    # first to the characters that hold them (no token is longer than CHARS_PER_TOKEN), where a longer text
+    # would be refused as past that window before it is tokenized
+    most = CHARS_PER_TOKEN * worker.n_ctx
+    queries = [q[:most] for q in queries]
     vectors = (await embed(worker, queries, coll.dimensions, truncate=True, http=http, pooling=coll.pooling)).values
     rows = await asyncio.to_thread(collections.vectors, name)
     from localgen.embeddings.retrieve import rank

@@ -160,21 +160,21 @@ def _serve(f: ServeArgs, log: ServeLog, checked: _Checked, toolbox: Any) -> None
                        residency=checked.residency, offline=f.offline, store=store,
                        batch_lines=f.batching.batch_lines, toolbox=toolbox, tool_timeout=f.tools.tool_timeout,
                        collections=list(dict.fromkeys(f.tools.collections or [])))
-    _check_collections(state)
-    app = build(state, checked.policy, webui=f.listen.webui)
-    server = _listener(app, f, log)
-    log.event("start", None, _started_line(f, list(state.workers), checked.cache_ram, checked.residency,
-                                           store).removeprefix("localgen serve: "),
-              url=url_of(f.listen.host, f.listen.port), models=list(state.workers),
-              default_model=state.default)
-    for w in workers:
-        _ctx_warning(w, checked.models, log)
-        _worker_lines(w, log)
-    if toolbox is not None:
-        _tool_lines(toolbox, log)
-    if state.collections:
-        log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
-    try:
+    try:  # every way out stops the workers: a worker's thread left in llama.cpp as the interpreter ends segfaults
+        _check_collections(state)
+        app = build(state, checked.policy, webui=f.listen.webui)
+        server = _listener(app, f, log)
+        log.event("start", None, _started_line(f, list(state.workers), checked.cache_ram, checked.residency,
+                                               store).removeprefix("localgen serve: "),
+                  url=url_of(f.listen.host, f.listen.port), models=list(state.workers),
+                  default_model=state.default)
+        for w in workers:
+            _ctx_warning(w, checked.models, log)
+            _worker_lines(w, log)
+        if toolbox is not None:
+            _tool_lines(toolbox, log)
+        if state.collections:
+            log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
         server.run()
     finally:
         for w in list(state.workers.values()):
@@ -243,7 +243,7 @@ def _check_tools(f: ServeArgs, key: str | None) -> None:
         raise UsageError(f"--collection on {f.listen.host} with no API key would let anyone who can reach this port "
                          "read the collection", hint="add --api-key (or --api-key-file), or listen on 127.0.0.1")
     for name in f.tools.collections or []:
-        _collection(name)
+        _refuse_unoffered(f, name, _collection(name))
     if f.tools.any and not key and not _is_loopback(f.listen.host):
         raise UsageError(f"--functions and --mcp on {f.listen.host} with no API key would let anyone who can reach "
                          "this port run the tools", hint="add --api-key (or --api-key-file), or listen on 127.0.0.1")
@@ -266,6 +266,33 @@ def _collection(name: str) -> Any:
         raise UsageError(f"--collection: {e.message}") from None
 
 
+def _refuse_unoffered(f: ServeArgs, name: str, coll: Any) -> None:
+    """Before any model loads: a usage error for a --collection whose model is plainly not one this server will
+    offer (no -m names it, and on demand it is not a model on disk by that name). A -m not on disk yet (fetched
+    at start) leaves the answer to the check after the load (_check_collections)."""
+    from localgen.models.installed import installed
+    from localgen.models.resolve import resolve
+
+    names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
+    if coll.model in names or coll.model_spec in names:
+        return
+    for n in names:
+        try:
+            if resolve(n, offline=True, pull_missing=False, assemble=False).name == coll.model:
+                return
+        except LocalgenError:
+            return
+    if f.residency.on_demand and (coll.model.lower().startswith("ollama:") or coll.model.lower().endswith(":latest")
+                                  or coll.model in (i["name"] for i in installed())):
+        return
+    raise _unoffered(name, coll)
+
+
+def _unoffered(name: str, coll: Any) -> UsageError:
+    return UsageError(f"--collection {name!r} was made with {coll.model}, which this server does not offer",
+                      hint=f"serve it too: -m {coll.model_spec or coll.model}")
+
+
 def _check_collections(state: Any) -> None:
     """Each --collection's model is one this server offers (its queries are embedded on that model)."""
     from localgen.serve.apierror import HTTPError
@@ -275,8 +302,7 @@ def _check_collections(state: Any) -> None:
         try:
             state.worker(coll.model)
         except HTTPError:
-            raise UsageError(f"--collection {name!r} was made with {coll.model}, which this server does not offer",
-                             hint=f"serve it too: -m {coll.model_spec or coll.model}") from None
+            raise _unoffered(name, coll) from None
 
 
 def _is_loopback(host: str) -> bool:

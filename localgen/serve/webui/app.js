@@ -439,7 +439,7 @@ function messageView(m) {
   return article;
 }
 
-/** The excerpts of the documents an answer was sent: each its number, id and score, its text folded. */
+/** The excerpts of the documents an answer was sent: each its number, id, collection and score, its text folded. */
 function sourcesView(list) {
   const box = el("section", "sources");
   box.setAttribute("aria-label", "Sources");
@@ -451,7 +451,10 @@ function sourcesView(list) {
   list.forEach((x, k) => {
     const d = el("details", "source");
     const summary = el("summary");
-    summary.append(el("span", "source-n", `[${k + 1}]`), el("code", "source-id", x.id));
+    const id = el("code", "source-id", x.id);
+    id.title = x.id; // a long id is cut on its line: all of it on hover
+    summary.append(el("span", "source-n", `[${k + 1}]`), id);
+    if (x.store) summary.append(el("span", "source-store", x.store));
     if (Number.isFinite(x.score)) summary.append(el("span", "source-score", x.score.toFixed(3)));
     d.append(summary, el("div", "source-text", x.text));
     box.append(d);
@@ -462,7 +465,8 @@ function sourcesView(list) {
 /** The citations in an answer's text, `[id]` of an excerpt it was sent or `[n]` (its number), made links to that
  * excerpt (outside code and links). */
 function cite(body, list, article) {
-  const ids = new Map(list.map((x, k) => [x.id, k]));
+  const ids = new Map();
+  list.forEach((x, k) => ids.has(x.id) || ids.set(x.id, k)); // an id two collections share: the first
   const walker = document.createTreeWalker(body, NodeFilter.SHOW_TEXT);
   const texts = [];
   while (walker.nextNode()) {
@@ -955,9 +959,12 @@ async function generate(conv, parent) {
   } catch (e) {
     if (e.name === "AbortError") answer.stopped = true;
     else answer.error = { kind: e.kind || "refused", message: e.message || String(e) };
+    if (documents.length && !answer.stopped) loadStores(); // a store removed since: Settings shows it gone
   } finally {
     answer.pending = false;
-    answer.stats = stats(steps, first, performance.now() - started, settings.max_tokens, windowOf(model));
+    // an answer refused before a word came (a search that failed) has no stats: `0 tokens` would say it ran
+    if (answer.error && first === null) delete answer.stats;
+    else answer.stats = stats(steps, first, performance.now() - started, settings.max_tokens, windowOf(model));
     state.running = null;
     conv.updated = Date.now();
     answer.updated = conv.updated;
@@ -974,9 +981,11 @@ async function generate(conv, parent) {
 /** The excerpts a request's search sent (its file_search_call's results), as the answer keeps them. */
 function sourcesOf(item) {
   const results = Array.isArray(item.results) ? item.results : [];
-  return results.filter((r) => r && typeof r.file_id === "string").map((r) => ({
-    id: r.file_id, score: Number.isFinite(r.score) ? r.score : null, text: typeof r.text === "string" ? r.text : "",
-  }));
+  return results.filter((r) => r && typeof r.file_id === "string").map((r) => {
+    const store = r.attributes && typeof r.attributes.vector_store_id === "string" ? r.attributes.vector_store_id : null;
+    const text = typeof r.text === "string" ? r.text : "";
+    return { id: r.file_id, store, score: Number.isFinite(r.score) ? r.score : null, text };
+  });
 }
 
 /** Takes a streamed delta's tool_calls into the calls of the round (OpenAI's shape: the first piece of a
@@ -1134,6 +1143,18 @@ function openSettings() {
   const saved = hasMessages(c);
   for (const id of ["export-json", "export-md", "delete-conv"]) $(id).disabled = !saved;
   ui.settings.showModal();
+  refreshStores(c);
+}
+
+/** The server's stores read again as Settings opens: where they changed (a collection removed since the page
+ * loaded), the Documents part is drawn again, its boxes as they are now (one checked that is gone shown so). */
+async function refreshStores(c) {
+  const seen = () => JSON.stringify([(state.stores || []).map((s) => s.id), state.storesError]);
+  const before = seen();
+  await loadStores();
+  if (seen() === before || !ui.settings.open || state.conv !== c) return;
+  const boxes = [...$("document-list").querySelectorAll("input[type=checkbox]")];
+  drawDocumentSettings(c, boxes.filter((b) => b.checked).map((b) => b.value));
 }
 
 /** The Tools part of the settings: shown when the server offers tools (or could not list them). */
@@ -1158,9 +1179,8 @@ function drawToolSettings(c) {
 
 /** The Documents part of the settings: shown when the server offers vector stores (or could not list them, or
  * the conversation names one): a box to check for each, none checked by default. */
-function drawDocumentSettings(c) {
+function drawDocumentSettings(c, chosen = tree.documentSettings(c).stores) {
   const offered = state.stores || [];
-  const chosen = tree.documentSettings(c).stores;
   const gone = chosen.filter((id) => !offered.some((s) => s.id === id));
   $("documents-settings").hidden = !offered.length && !gone.length && !state.storesError;
   $("documents-error").textContent = state.storesError ? `The server's documents could not be listed: ${state.storesError}` : "";
@@ -1183,7 +1203,8 @@ function drawDocumentSettings(c) {
       const model = s.metadata && s.metadata.model ? `embedded by ${s.metadata.model}` : "";
       return item(s.id, [n === null ? "" : `${n} text${n === 1 ? "" : "s"}`, model].filter(Boolean).join(" · "));
     }),
-    ...gone.map((id) => item(id, "not offered by the server now: a question sent with it gets the server's reason")),
+    ...gone.map((id) => item(id, "not offered by the server now (removed since, or never here): uncheck it, "
+      + "or every question sent with it is refused")),
   );
 }
 

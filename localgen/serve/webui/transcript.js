@@ -45,13 +45,16 @@ export function exportMarkdown(conv) {
   return `${parts.join("\n\n")}\n`;
 }
 
-/** The excerpts of the documents an answer was sent: each with its number, id and score, then its text quoted. */
+/** The excerpts of the documents an answer was sent: each with its number, id, collection and score, then its text
+ * quoted. */
 function sourcesMarkdown(sources) {
   if (!sources.length) return ["*Sources: no excerpt of the documents was sent.*"];
   return ["**Sources:**", ...sources.map((s, k) => {
     const score = Number.isFinite(s.score) ? ` (score ${s.score.toFixed(3)})` : "";
-    const quoted = s.text.split("\n").map((l) => `> ${l}`).join("\n");
-    return `${k + 1}. \`${s.id}\`${score}\n\n${quoted.replace(/^/gm, "   ")}`;
+    // a line Markdown would read as a heading, a quote, a list item or a rule stays the excerpt's text
+    const quoted = s.text.split("\n").map((l) => `> ${l.replace(/^(\s*)([#>+*-])/, "$1\\$2")}`).join("\n");
+    const store = s.store ? ` in ${s.store}` : "";
+    return `${k + 1}. \`${s.id}\`${store}${score}\n\n${quoted.replace(/^/gm, "   ")}`;
   })];
 }
 

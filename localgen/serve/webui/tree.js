@@ -193,12 +193,15 @@ function answerFields(copy, c) {
   }
 }
 
-/** The excerpts an answer was sent from the conversation's documents: [{id, score, text}], best first. */
+/** The excerpts an answer was sent from the conversation's documents: [{id, store, score, text}], best first
+ * (store: the collection it came from, null in an answer kept before the page said). */
 function sources(list) {
   if (!Array.isArray(list) || list.length > 64) throw new Error("an answer's sources are not a list");
   return list.map((x) => {
     if (!x || typeof x !== "object" || typeof x.id !== "string") throw new Error("a source has no id");
-    return { id: x.id.slice(0, 2000), score: Number.isFinite(x.score) ? x.score : null, text: text(x.text, "a source") };
+    const store = typeof x.store === "string" ? x.store.slice(0, 200) : null;
+    return { id: x.id.slice(0, 2000), store, score: Number.isFinite(x.score) ? x.score : null,
+      text: text(x.text, "a source") };
   });
 }
 
