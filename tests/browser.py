@@ -39,3 +39,16 @@ def chromium(*more: str, timeout_ms: float | None = None) -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+@contextmanager
+def bounded() -> Iterator[Any]:
+    """Chromium for a module of page tests: its JavaScript heap bounded and its start under a deadline, so a runaway
+    page fails fast; where it cannot start, the test fails (never a skip: a page nobody tested does not work)."""
+    import pytest
+
+    why = missing()
+    if why is not None:
+        pytest.fail(why)
+    with chromium("--js-flags=--max-old-space-size=512", timeout_ms=60_000) as b:
+        yield b

@@ -205,6 +205,6 @@ def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InP
                     + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00\xff\x00\x00" * 2)) + chunk(b"IEND", b""))
     for args, stdin in ((["-p", " "], "Name a color.\n"), (["-f", str(tmp_path / "notes.txt"), "-p", " "], ""),
                         (["--image", str(red), "-p", ""], ""), (["--image", str(red), "-p", "  "], ""),
-                        (["--image", str(red)], "")):
+                        (["--image", str(red)], ""), (["--image", str(red), "-f", str(blank)], "")):
         r = cli_in_process("run", "-m", "/nonexistent.gguf", *args, input=stdin)
         assert r.returncode == 1 and "/nonexistent.gguf" in r.stderr and "whitespace" not in r.stderr, r.stderr

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import CLI, ROOT
 from tests.test_serve import Server
 from tests.test_tools import QWEN
 
@@ -116,6 +116,13 @@ def test_refused_without_the_flag_and_loopback_without_allow_private_urls(cli_en
         assert public.stop() == 0
 
 
+def test_off_loopback_the_flag_needs_a_key(cli_env: dict[str, str]) -> None:
+    """--allow-mcp-urls on an address others reach, with no key, would let anyone make the server call MCP servers
+    of their choosing (with headers they choose): refused before anything loads, as --mcp and --collection are."""
+    r = CLI(cli_env)("serve", "--allow-mcp-urls", "--host", "0.0.0.0", "--port", "1")
+    assert r.returncode == 2 and "--allow-mcp-urls on 0.0.0.0 with no API key" in r.stderr, r.stderr
+
+
 def test_bad_mcp_tools_are_400s_naming_the_field(server: Server, url: str) -> None:
     import openai
 
@@ -137,6 +144,9 @@ def test_bad_mcp_tools_are_400s_naming_the_field(server: Server, url: str) -> No
     with pytest.raises(openai.BadRequestError) as e:
         _ask(server, [good, {"type": "file_search", "vector_store_ids": ["notes"]}])
     assert "file_search and mcp tools are not served together" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:  # before any server is connected to
+        _ask(server, [good], tool_choice={"type": "mcp", "server_label": "other", "name": "add"})
+    assert "which no mcp tool has" in str(e.value) and e.value.body["param"] == "tool_choice"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as e:
         _ask(server, [good], truncation="auto")
     assert e.value.body["param"] == "truncation"  # type: ignore[index]
@@ -220,6 +230,13 @@ def test_the_approval_round_trip(server: Server, url: str, record: Path) -> None
              {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}]
     again = _ask(server, [tool], input=items, store=False)
     assert [o.type for o in again.output][:1] == ["mcp_call"] and again.output[0].output == "5"
+    # the next turn sends all that back (as the Agents SDK's to_input_list does): the approval is history, answered
+    # then, and the call does not run again
+    history = [*items, *(o.model_dump(exclude_none=True) for o in again.output),
+               {"type": "message", "role": "user", "content": "Thank you."}]
+    third = _ask(server, [tool], input=history, store=False, tool_choice="none")
+    assert not [o for o in third.output if o.type == "mcp_call"], third.output
+    assert third.status == "completed" and third.output[-1].type == "message"
     for r in (approved, again):  # the approved call made again is not asked about again: the model must answer
         assert not [o for o in r.output if o.type == "mcp_approval_request" and o.name == "add"
                     and json.loads(o.arguments) == {"a": 2, "b": 3}], r.output

@@ -908,7 +908,7 @@ def test_ps_takes_a_key_file_and_the_address_from_the_environment(server: Server
     (tmp_path / "empty.txt").write_text("\n")
     for args, said in ((["--api-key", KEY, "--api-key-file", str(key)], "cannot be combined"),
                        (["--api-key-file", str(tmp_path / "empty.txt")], "is empty"),
-                       (["--api-key-file", str(tmp_path / "nothing.txt")], "cannot be read")):
+                       (["--api-key-file", str(tmp_path / "nothing.txt")], "nothing.txt: no such file")):
         r = at("ps", *args)
         assert r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1, r.stderr
     r = CLI({**cli.env, "LOCALGEN_PORT": "x"})("ps")

@@ -150,20 +150,32 @@ def test_calibrate_measures_the_draft_models_decode_and_leaves_no_cells(
 @pytest.mark.slow  # loads SmolLM2 twice and decodes in this process
 def test_a_draft_models_decodes_are_priced_beside_the_rows(smollm2_engine: object, smollm2_path: Path) -> None:
     """Rows free, one slot: where a draft-model decode costs nothing the request drafts at every step; where a row
-    of one costs 100 steps of the model nothing is drafted, not even the tries (kept, a try would not pay)."""
+    of one costs 100 steps of the model nothing is drafted, not even the tries (kept, a try would not pay), and the
+    sequence's tokens are compared with its draft sequence's only when a try is due (every 16 steps), not at every
+    step."""
     eng: Any = smollm2_engine
     prompt = Prompt.text(_chat(eng, _copy_prompt(4)))
     greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     ends: list[Any] = []
+    compared: list[int] = []
     for price in (0.0, 100.0):
         pc = _drafting_pc(eng, smollm2_path, 1)
         pc.draft_cost = price
+        lag = pc.drafter.lag
+        compared.append(0)
+
+        def counted(slot: int, tokens: list[int], lag: Any = lag) -> int:
+            compared[-1] += 1
+            return int(lag(slot, tokens))
+
+        pc.drafter.lag = counted
         try:
             pc.run(iter([Request(0, prompt, greedy)]), ends.append, exact=False)
         finally:
             pc.close()
     drafted = [c.drafted for c in ends]
     assert drafted[0] > 20 and drafted[1] == 0
+    assert compared[1] <= 48 // 16 + 1, compared
 
 
 @pytest.mark.slow  # loads SmolLM2 twice and decodes in this process

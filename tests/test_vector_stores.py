@@ -68,6 +68,7 @@ def test_collections_are_listed_and_searched_as_openais_vector_stores(server: Se
     expected = [(d["id"], d["score"], d["content"]) for d in map(json.loads, similar.stdout.splitlines())]
     assert got == expected and got[0][0] == "paris", got  # the same ranking and scores as `localgen similar`
     assert [d.filename for d in page.data] == [g[0] for g in got] and page.search_query == [QUESTION]
+    assert [d.attributes for d in page.data] == [{"vector_store_id": "notes"}] * 2  # as file_search's results
 
     # several queries: each text scored by the query it is most like
     both = client.vector_stores.search("notes", query=[QUESTION, "a purring pet"], max_num_results=3)

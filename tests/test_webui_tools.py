@@ -39,10 +39,7 @@ def server(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    why = chromium.missing()
-    if why is not None:
-        pytest.fail(why)
-    with chromium.chromium("--js-flags=--max-old-space-size=512", timeout_ms=60_000) as b:
+    with chromium.bounded() as b:
         yield b
 
 

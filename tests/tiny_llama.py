@@ -9,6 +9,7 @@ usage: python -m tests.tiny_llama TOKENIZER.gguf OUT.gguf
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 N_EMBD, N_FF, N_LAYER, N_HEAD, N_HEAD_KV, N_CTX = 64, 128, 2, 4, 2, 8192
@@ -19,19 +20,11 @@ def build(tokenizer: Path, out: Path, seed: int = 0) -> Path:
     import gguf
     import numpy as np
 
-    r = gguf.GGUFReader(str(tokenizer))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from make_random_llama import copy_tokenizer  # (the GPU check's 8B-shaped models take theirs so too)
+
     w = gguf.GGUFWriter(str(out), "llama")
-    n_vocab = 0
-    for name, f in r.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vtype = f.types[0]
-        sub = f.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
-        val = f.contents()
-        if name == "tokenizer.ggml.tokens":
-            n_vocab = len(val)
-        w.add_key_value(name, val, vtype, sub_type=sub)
-    assert n_vocab, f"no tokenizer.ggml.tokens in {tokenizer}"
+    n_vocab = copy_tokenizer(str(tokenizer), w)
     head_dim = N_EMBD // N_HEAD
     w.add_name("tiny-random-llama")
     w.add_context_length(N_CTX)

@@ -135,6 +135,8 @@ class Throughput:
         caught up by then goes on in the next steps, drafting once it is); that catch-up is priced too, as its
         share per step over the steps it serves (as many as the tokens it evaluates, at most those the request may
         still take). A try is made only where a kept draft would pay for what it costs the draft model."""
+        import functools
+
         from localgen.engine.speculative import NgramIndex, draft_length
 
         pc = self.s.pc
@@ -163,26 +165,36 @@ class Throughput:
             if seq.req.prompt.spans or room <= 0:
                 continue
             alpha = (seq.accepted + 4 * overall) / (seq.drafted + 4)
-            lag = drafter.lag(seq.slot, seq.req.tokens + seq.dec.tokens) if drafter is not None else 0
-            left = seq.dec.limit.tokens - len(seq.dec.tokens)
-            catch = dc(lag) / max(1, min(lag, left))  # the catch-up's share per step it serves
 
-            def cost(m: int, base: int = rows, levels: tuple[int, ...] = tuple(levels), catch: float = catch,
-                     committed: float = committed) -> float:
+            def cost(m: int, base: int = rows, levels: tuple[int, ...] = tuple(levels), committed: float = committed,
+                     catch: float = 0.0) -> float:
                 k = m - base
                 if k <= 0 or drafter is None:
                     return float(step_cost(m) + committed)
                 depth = (*levels, *[0] * k)[:k]  # the rows this sequence joins, and past them decodes of its own
                 return float(step_cost(m) + committed + catch + sum(dc(r + 1) - dc(r) for r in depth))
 
-            k = draft_length(alpha, tokens, rows, cost, room)
+            lag, priced = 0, cost
+            if drafter is not None:
+                if seq.undrafted + 1 < seq.probe_gap and draft_length(alpha, tokens, rows, cost, room) == 0:
+                    # no draft pays even with its catch-up free, and no try is due: passed over without comparing
+                    # its tokens with its draft sequence's (a pass over its whole context, every step)
+                    seq.undrafted += 1
+                    continue
+                lag = drafter.lag(seq.slot, seq.req.tokens + seq.dec.tokens)
+                left = seq.dec.limit.tokens - len(seq.dec.tokens)
+                priced = functools.partial(cost, catch=dc(lag) / max(1, min(lag, left)))  # the catch-up's share
+                # per step it serves
+
+            k = draft_length(alpha, tokens, rows, priced, room)
             trying = k == 0
             if trying:
                 seq.undrafted += 1
                 if seq.undrafted < seq.probe_gap:
                     continue
-                if drafter is not None and draft_length(1.0, tokens, rows, cost, 1) == 0:
-                    continue  # even kept, its draft would not pay for the draft model's work (its catch-up too)
+                if drafter is not None and draft_length(1.0, tokens, rows, priced, 1) == 0:
+                    seq.undrafted = 0  # even kept, its draft would not pay for the draft model's work (its catch-up
+                    continue  # too): asked again after another gap
                 k = 1  # a try, to see whether its drafts are kept again
             if drafter is not None:  # proposed below, for every sequence at once: k tokens unless the text ends
                 part = min(lag, catch_room)

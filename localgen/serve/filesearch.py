@@ -23,7 +23,7 @@ from localgen.embeddings.retrieve import Hit, rag_message
 from localgen.serve.apierror import HTTPError
 from localgen.serve.served import Served
 from localgen.serve.state import ServeState
-from localgen.serve.vectorstores import check_offered, search, search_options
+from localgen.serve.vectorstores import check_offered, document, search, search_options
 from localgen.types import GenerationRequest, Message
 
 FIELDS = ("vector_store_ids", "max_num_results", "ranking_options", "filters")  # a file_search tool's, but its type
@@ -128,7 +128,7 @@ async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]],
     if at is not None and not question.strip() and not _media(messages[at].get("content")):
         # as run --rag refuses one: nothing to search for (a question of images or audio alone gets no excerpts)
         raise HTTPError(400, "the question is blank: file_search searches the stores for the last user message's "
-                             "text", param=fs.param if fs.param == "file_search" else "input")
+                             "text", param="messages" if fs.param == "file_search" else "input")
     if not question.strip():
         SEARCHED.set({"type": "file_search_call", "id": ident, "status": "completed", "queries": [],
                       "results": [] if results else None})
@@ -161,12 +161,6 @@ def citations(text: str, sent: tuple[str, ...]) -> list[dict[str, Any]]:
     found = [(m.start(), ident) for ident in dict.fromkeys(sent) for m in re.finditer(re.escape(f"[{ident}]"), text)]
     return [{"type": "file_citation", "file_id": ident, "filename": document(ident), "index": at}
             for at, ident in sorted(found)]
-
-
-def document(ident: str) -> str:
-    """The document a text's id names: the id without its chunk's `#N` (`notes.md#3`: notes.md), as a result's
-    and a citation's filename."""
-    return re.sub(r"#[0-9]+$", "", ident) or ident
 
 
 def _media(content: Any) -> bool:

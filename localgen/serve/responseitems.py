@@ -27,6 +27,9 @@ from localgen.types import GenerationRequest
 
 REDACTED = "[redacted]"  # an mcp tool's header values, as a response echoes them
 
+DECLINED = "The user declined to run this tool call."  # what the model is told of a call refused (as run's and chat's
+# tool loops tell it)
+
 
 def new_id(prefix: str) -> str:
     """A new id for a response or an output item: resp_…, msg_…, rs_…, fc_…."""
@@ -320,3 +323,11 @@ def _echoed_tool(t: dict[str, Any]) -> dict[str, Any]:
 def _call_item(ident: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:
     return {"type": "function_call", "id": ident, "call_id": call.id, "name": call.name,
             "arguments": call.arguments if arguments is None else arguments, "status": status}
+
+
+def replayed_answers(raw: Any) -> int:
+    """Where a request's fresh mcp_approval_response items start: those before any other kind of item are an
+    earlier turn's, sent back with its history (store: false), answered then and not run again."""
+    items = raw if isinstance(raw, list) else []
+    return 1 + max((at for at, i in enumerate(items)
+                    if not (isinstance(i, dict) and i.get("type") == "mcp_approval_response")), default=-1)

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from localgen.errors import LocalgenError, ToolError
 from localgen.serve.apierror import HTTPError
 from localgen.serve.pipeline import STREAM_HEADERS, Made, generation, parts
-from localgen.serve.responseitems import Encoder, new_id, without_userinfo
+from localgen.serve.responseitems import DECLINED, Encoder, new_id, replayed_answers, without_userinfo
 from localgen.serve.running import run_whole
 from localgen.serve.state import ServeState
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
@@ -34,7 +34,6 @@ MAX_SERVERS = 8  # mcp tools in one request (each a connection and a thread whil
 MAX_HEADERS, MAX_HEADER_CHARS = 32, 8192
 MAX_CHAIN = 100  # previous responses looked through for a server's mcp_list_tools already given
 LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
-DECLINED = "The user declined to run this tool call."  # as run's and chat's loops tell the model
 
 
 _POOLS: list[Any] = []  # the one pool of threads that connect to and call MCP servers, made on first use
@@ -134,6 +133,11 @@ def checked(state: ServeState, body: dict[str, Any]) -> list[McpTool]:
         if any(o.label == tool.label for o in out):
             raise HTTPError(400, f"two mcp tools have the server_label {tool.label!r}", param="tools")
         out.append(tool)
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "mcp" and not any(
+            t.label == choice.get("server_label") for t in out):  # before any server is connected to
+        raise HTTPError(400, f"tool_choice names the mcp server {str(choice.get('server_label'))[:64]!r}, which no "
+                             "mcp tool has", param="tool_choice")
     return out
 
 
@@ -222,8 +226,10 @@ async def _approvals(api: Any, body: dict[str, Any], tools: list[McpTool],
                      messages: list[dict[str, Any]]) -> list[Approval]:
     """The request's mcp_approval_response items, each matched to its mcp_approval_request (in the input, or
     in the previous response's output) and to a call still waiting in the conversation; else a 400."""
-    items = [i for i in body.get("input") or [] if isinstance(i, dict)] if isinstance(body.get("input"), list) else []
-    answers = [i for i in items if i.get("type") == "mcp_approval_response"]
+    raw = body.get("input")
+    items = [i for i in raw if isinstance(i, dict)] if isinstance(raw, list) else []
+    fresh = raw[replayed_answers(raw):] if isinstance(raw, list) else []  # earlier turns' answers: answered then
+    answers = [i for i in fresh if isinstance(i, dict) and i.get("type") == "mcp_approval_response"]
     if not answers:
         return []
     asked = {i.get("id"): i for i in items if i.get("type") == "mcp_approval_request"}
@@ -263,7 +269,8 @@ async def _listed(api: Any, body: dict[str, Any]) -> set[str]:
     """The servers whose mcp_list_tools the conversation already holds (in the input, or in a response it
     continues): not listed again, as OpenAI does not."""
     items: list[Any] = body["input"] if isinstance(body.get("input"), list) else []
-    labels = {str(i.get("server_label")) for i in items if isinstance(i, dict) and i.get("type") == "mcp_list_tools"}
+    labels = {str(i.get("server_label")) for i in items
+              if isinstance(i, dict) and i.get("type") == "mcp_list_tools" and not i.get("error")}
     previous = body.get("previous_response_id")
     for _ in range(MAX_CHAIN):
         if not isinstance(previous, str):
@@ -384,6 +391,10 @@ class _Rounds:
             if not new and not theirs:
                 if mine and step < MAX_ROUNDS:  # only calls it made before (whose results it has): now answer
                     answering = True
+                    for chunk in enc.close("completed"):  # what it said before them is a message of its own
+                        yield chunk
+                    if answer.content:
+                        extra.append({"role": "assistant", "content": answer.content})
                     continue
                 said: dict[str, Any] = {"role": "assistant", "content": answer.content}
                 extra.append(said)
@@ -457,10 +468,7 @@ class _Rounds:
         """The request's tool_choice in the names offered (an mcp tool's choice made a function's)."""
         choice = self.ask.tool_choice
         if isinstance(choice, dict) and choice.get("type") == "mcp":
-            label, name = choice.get("server_label"), choice.get("name")
-            if not any(t.label == label for t in self.tools):
-                raise HTTPError(400, f"tool_choice names the mcp server {str(label)[:64]!r}, which no mcp tool has",
-                                param="tool_choice")
+            label, name = choice.get("server_label"), choice.get("name")  # (a label no tool has: checked)
             mine = [k for k, (_, r) in offered.items() if r.tool.label == label and name in (None, r.offered[k])]
             if not mine:
                 return "auto"  # the server listed no such tool (or could not list): nothing to force
@@ -474,7 +482,6 @@ class _Rounds:
 
     def _open(self, tool: McpTool) -> Remote:
         """The tool's server connected and listed (in a thread), or the reason it is not, its secrets left out."""
-        from localgen.tools.loop import redact
         from localgen.tools.mcp import McpServer
         from localgen.tools.mcpconfig import McpTarget
 
@@ -483,8 +490,7 @@ class _Rounds:
                                private=self.state.allow_private_urls)
         except (ToolError, LocalgenError) as e:
             hint = " (serve --allow-private-urls allows it)" if "refused: " in e.message else ""
-            return Remote(tool, error=redact(e.message.replace(tool.url, without_userinfo(tool.url)),
-                                             tool.secrets) + hint)
+            return Remote(tool, error=_shown(e.message, tool) + hint)
         except Exception as e:  # anything else the client library raises: the item's error
             where = without_userinfo(tool.url)
             return Remote(tool, error=f"cannot reach the MCP server {where}: {type(e).__name__}")
@@ -511,14 +517,14 @@ class _Rounds:
             try:
                 check_call(call, remote.server.tools)
             except ToolError as e:  # the model's arguments miss the tool's schema: JSON-RPC's invalid params
-                message = redact(e.message, remote.tool.secrets)
+                message = _shown(e.message, remote.tool)
                 return None, {"type": "mcp_protocol_error", "code": -32602, "message": message}, message
             text = remote.server.call(name, call.args, self.state.tool_timeout)
             if len(text) > MAX_RESULT_CHARS:
                 raise ToolError(f"{name} returned {len(text):,} characters, more than the model can read "
                                 f"(at most {MAX_RESULT_CHARS:,})")
         except ToolError as e:
-            message = redact(e.message, remote.tool.secrets)
+            message = _shown(e.message, remote.tool)
             if message.startswith(f"{name} failed: "):  # the tool said it failed (is_error): its own words
                 said = message.removeprefix(f"{name} failed: ")
                 return None, {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": said}]}, message
@@ -532,3 +538,12 @@ class _Rounds:
             opened, self._opened = self._opened, []
         for server in opened:
             server.close()
+
+
+def _shown(message: str, tool: McpTool) -> str:
+    """An error's text as the response and the log may show it: any URL's `user:password@` (as the tool's URL is
+    written, or as the HTTP library rewrote it) as `[redacted]@`, and the tool's secrets redacted."""
+    from localgen.tools.loop import redact
+
+    said = re.sub(r"//[^/@\s]*@", "//[redacted]@", message.replace(tool.url, without_userinfo(tool.url)))
+    return str(redact(said, tool.secrets))

@@ -30,7 +30,7 @@ from localgen.serve.ask import (
 )
 from localgen.serve.jsonbody import read_json
 from localgen.serve.pipeline import Made, handle
-from localgen.serve.responseitems import Encoder, new_id
+from localgen.serve.responseitems import DECLINED, Encoder, new_id, replayed_answers
 from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, check_metadata, default_path
 from localgen.serve.responsestore import routes as store_routes
 from localgen.serve.schema import MAX_SCHEMA_CHARS
@@ -230,7 +230,8 @@ def _input_messages(raw: Any, history: list[dict[str, Any]] | tuple[()] = ()) ->
     out: list[dict[str, Any]] = []
     # call_id → the tool's name (from this input or the conversation it continues), for the output answering it
     names = {c["id"]: c["function"]["name"] for m in history for c in m.get("tool_calls") or ()}
-    for item in raw:
+    replayed = replayed_answers(raw)
+    for at, item in enumerate(raw):
         if not isinstance(item, dict):
             raise HTTPError(400, "each input item must be an object", param="input")
         kind = item.get("type", "message")
@@ -260,6 +261,11 @@ def _input_messages(raw: Any, history: list[dict[str, Any]] | tuple[()] = ()) ->
             _mcp_call(item, out, names)
         elif kind in ("mcp_approval_response", "mcp_list_tools"):  # read by serve/responsemcp.py
             _mcp_checked(item)
+            if at < replayed and kind == "mcp_approval_response" and not item["approve"]:  # a refusal answered in
+                # an earlier turn (its history sent back): what the model was told then
+                ident = item["approval_request_id"]
+                out.append({"role": "tool", "tool_call_id": ident, "content": DECLINED,
+                            **({"name": names[ident]} if ident in names else {})})
         elif kind != "reasoning":
             raise HTTPError(400, f"input items of type {kind!r} are not served here (message, function_call, "
                                  "function_call_output, reasoning and the mcp tool's items are)", param="input")
@@ -273,8 +279,13 @@ def _mcp_call(item: dict[str, Any], out: list[dict[str, Any]], names: dict[str, 
     if not isinstance(ident, str) or not isinstance(name, str) or not isinstance(args, str):
         raise HTTPError(400, f"an {item.get('type')} item needs id, name and arguments (a JSON string)", param="input")
     names[ident] = name
-    call = {"id": ident, "type": "function", "function": {"name": name, "arguments": args}}
-    out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    asked = item.get("approval_request_id")
+    if item.get("type") == "mcp_call" and isinstance(asked, str) and asked in names:  # the approved call's result
+        # answers its mcp_approval_request, the call the model made (not a second one)
+        ident = asked
+    else:
+        call = {"id": ident, "type": "function", "function": {"name": name, "arguments": args}}
+        out.append({"role": "assistant", "content": "", "tool_calls": [call]})
     if item.get("type") == "mcp_call":
         said = item.get("output") if item.get("error") is None else json.dumps(item.get("error"), ensure_ascii=False)
         out.append({"role": "tool", "tool_call_id": ident, "name": name, "content": str(said or "")})

@@ -8,6 +8,7 @@ texts."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -59,13 +60,20 @@ def routes(state: ServeState) -> list[Route]:
         queries, count, threshold = _search_args(body)
         hits = await search(state, name, queries, count, threshold, request)
         return JSONResponse({"object": "vector_store.search_results.page", "search_query": queries,
-                             "data": [{"file_id": h.id, "filename": h.id, "score": h.shown_score, "attributes": {},
+                             "data": [{"file_id": h.id, "filename": document(h.id), "score": h.shown_score,
+                                       "attributes": {"vector_store_id": name},
                                        "content": [{"type": "text", "text": h.text}]} for h in hits],
                              "has_more": False, "next_page": None})
 
     return [Route("/v1/vector_stores", listing),
             Route("/v1/vector_stores/{id:path}/search", searched, methods=["POST"]),
             Route("/v1/vector_stores/{id:path}", one)]
+
+
+def document(ident: str) -> str:
+    """The document a text's id names: the id without its chunk's `#N` (`notes.md#3`: notes.md), as a result's
+    and a citation's filename."""
+    return re.sub(r"#[0-9]+$", "", ident) or ident
 
 
 def check_offered(state: ServeState, ident: object, param: str) -> str:

@@ -55,7 +55,8 @@ def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdi
     documents = list(documents or [])
     if question is None and not piped and len(documents) == 1:
         parts = [_read_text(documents[0])]
-        _not_blank(parts, f"-f {documents[0]}")
+        if not media:  # (with pictures or clips, the text may be blank)
+            _not_blank(parts, f"-f {documents[0]}")
         return parts
     parts = [*(f"{d.name}:\n\n{_read_text(d)}" for d in documents)]
     if question is not None:

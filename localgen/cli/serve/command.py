@@ -152,15 +152,17 @@ def _serve(f: ServeArgs, log: ServeLog, checked: _Checked, toolbox: Any) -> None
     store = _prefix_store(checked.cache_disk, checked.cache_ram, log)
     make = _maker(f, checked.models, checked.keep, checked.cache_ram, checked.residency, store, log)
     workers = _workers(f, checked.models, make, ErrWriter(), log)
-    state = ServeState(workers={w.name: w for w in workers}, api_key=checked.key, flag_sampling=checked.models.sampling,
-                       allow_image_urls=f.fetching.allow_image_urls, allow_mcp_urls=f.fetching.allow_mcp_urls,
-                       allow_private_urls=f.fetching.allow_private_urls,
-                       default=workers[0].name,  # the first -m, or the default model
-                       on_demand=_on_demand(checked.models, make) if f.residency.on_demand else None,
-                       residency=checked.residency, offline=f.offline, store=store,
-                       batch_lines=f.batching.batch_lines, toolbox=toolbox, tool_timeout=f.tools.tool_timeout,
-                       collections=list(dict.fromkeys(f.tools.collections or [])))
+    state: ServeState | None = None
     try:  # every way out stops the workers: a worker's thread left in llama.cpp as the interpreter ends segfaults
+        state = ServeState(workers={w.name: w for w in workers}, api_key=checked.key,
+                           flag_sampling=checked.models.sampling,
+                           allow_image_urls=f.fetching.allow_image_urls, allow_mcp_urls=f.fetching.allow_mcp_urls,
+                           allow_private_urls=f.fetching.allow_private_urls,
+                           default=workers[0].name,  # the first -m, or the default model
+                           on_demand=_on_demand(checked.models, make) if f.residency.on_demand else None,
+                           residency=checked.residency, offline=f.offline, store=store,
+                           batch_lines=f.batching.batch_lines, toolbox=toolbox, tool_timeout=f.tools.tool_timeout,
+                           collections=list(dict.fromkeys(f.tools.collections or [])))
         _check_collections(state)
         app = build(state, checked.policy, webui=f.listen.webui)
         server = _listener(app, f, log)
@@ -177,7 +179,7 @@ def _serve(f: ServeArgs, log: ServeLog, checked: _Checked, toolbox: Any) -> None
             log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
         server.run()
     finally:
-        for w in list(state.workers.values()):
+        for w in list(state.workers.values()) if state is not None else workers:
             w.stop(timeout=5)
     if getattr(server, "started", True) is False:
         raise LocalgenError(f"the server could not start on {f.listen.host}:{f.listen.port}")
@@ -247,6 +249,10 @@ def _check_tools(f: ServeArgs, key: str | None) -> None:
     if f.tools.any and not key and not _is_loopback(f.listen.host):
         raise UsageError(f"--functions and --mcp on {f.listen.host} with no API key would let anyone who can reach "
                          "this port run the tools", hint="add --api-key (or --api-key-file), or listen on 127.0.0.1")
+    if f.fetching.allow_mcp_urls and not key and not _is_loopback(f.listen.host):
+        raise UsageError(f"--allow-mcp-urls on {f.listen.host} with no API key would let anyone who can reach this "
+                         "port make the server call MCP servers of their choosing",
+                         hint="add --api-key (or --api-key-file), or listen on 127.0.0.1")
     widened = [*(f.listen.cors or ()), *(o for o in os.environ.get("LOCALGEN_ORIGINS", "").split(",") if o.strip())]
     if f.tools.any and not key and widened:
         raise UsageError(f"--functions and --mcp with more web origins allowed ({', '.join(widened)[:100]}) and no API "
@@ -285,6 +291,12 @@ def _refuse_unoffered(f: ServeArgs, name: str, coll: Any) -> None:
     if f.residency.on_demand and (coll.model.lower().startswith("ollama:") or coll.model.lower().endswith(":latest")
                                   or coll.model in (i["name"] for i in installed())):
         return
+    if f.residency.on_demand:  # on demand, serve offers whatever resolves on this machine (serve/ondemand.py)
+        try:
+            resolve(coll.model, offline=True, pull_missing=False, assemble=False)
+            return
+        except LocalgenError:
+            pass
     raise _unoffered(name, coll)
 
 
