@@ -5,6 +5,7 @@ its Scheduler (typed Any: the scheduler imports this module, and the engine keep
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from localgen.backend import Completion
@@ -29,6 +30,77 @@ class Policy(Protocol):
     def step(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def _step_cost(pc: Any, n: int) -> Callable[[int], float]:
+    """What a step of m rows costs with n sequences decoding: where each slot has a stream of its own cells, the
+    drafts are a pass of their own over the weights (Throughput.drafts)."""
+    if pc.one_pool or n == 1:
+        return pc.step_cost  # type: ignore[no-any-return]
+    return lambda m: float(pc.step_cost(n) + (pc.step_cost(m - n) if m > n else 0.0))
+
+
+class _DraftWork:
+    """A draft model's work in one step (serve --draft): a decode per drafted position with a row for each sequence
+    drafting that deep, priced by its rows (`draft_rows` a ParallelContext's draft_rows_cost, measured at load),
+    so a sequence pays for the rows it adds to those decodes; and the catch-up of sequences whose draft sequence
+    is behind (a request's first draft: its prompt; a try after steps without drafts: the tokens since), at most
+    `room` rows in the step for all (one not caught up by then goes on in the next steps, drafting once it is),
+    priced as its share per step over the steps it serves (as many as the tokens it evaluates, at most those the
+    request may still take)."""
+
+    def __init__(self, draft_rows: Callable[[int], float], room: int) -> None:
+        self.dc = draft_rows
+        self.levels: list[int] = []  # the draft model's decodes in this step: the rows of each (a sequence each)
+        self.room = room  # rows left for catching sequences up
+        self.caught = 0  # rows of catch-up taken
+        self.committed = 0.0  # what the work given so far costs, in one-row steps of the model
+
+    def cost(self, step_cost: Callable[[int], float], base: int, drafting: bool, m: int, catch: float = 0.0) -> float:
+        """What the model's step of m rows costs with the work given so far and, past `base` rows (the step's rows
+        before this sequence), this sequence's drafts (with a draft model, `drafting`) and its catch-up's share."""
+        k = m - base
+        if k <= 0 or not drafting:
+            return float(step_cost(m) + self.committed)
+        dc = self.dc
+        depth = (*self.levels, *[0] * k)[:k]  # the rows this sequence joins, and past them decodes of its own
+        return float(step_cost(m) + self.committed + catch + sum(dc(r + 1) - dc(r) for r in depth))
+
+    def share(self, lag: int, left: int) -> float:
+        """A catch-up of `lag` tokens, priced per step it serves (`left`: the tokens the request may still take)."""
+        return self.dc(lag) / max(1, min(lag, left))
+
+    def take(self, lag: int, k: int) -> int:
+        """A sequence's catch-up, as much of `lag` as room is left, and once caught up its k drafts, added to the
+        step's work: the tokens it catches up in this step."""
+        dc = self.dc
+        part = min(lag, self.room)
+        self.room -= part
+        self.committed += dc(self.caught + part) - dc(self.caught)
+        self.caught += part
+        if part == lag:
+            for j in range(k):
+                if j == len(self.levels):
+                    self.levels.append(0)
+                self.committed += dc(self.levels[j] + 1) - dc(self.levels[j])
+                self.levels[j] += 1
+        return part
+
+
+def _proposed(pc: Any, wanted: dict[int, tuple[Seq, int, bool]], allowed: dict[int, int]) -> dict[int, list[int]]:
+    """The draft model's drafts for the sequences that want them (slot → (sequence, tokens, whether a try)), each
+    catching up at most `allowed[slot]` first; a failing draft model turns drafting off (stop_drafting) and the
+    requests go on without drafts."""
+    try:
+        out: dict[int, list[int]] = pc.drafter.propose(
+            {slot: (seq.req.tokens + seq.dec.tokens, k) for slot, (seq, k, _) in wanted.items()}, allowed)
+    except Exception as e:
+        pc.stop_drafting(e)
+        return {}
+    for slot, (seq, _, trying) in wanted.items():
+        if slot in out:
+            _drafted(seq, trying)
+    return out
 
 
 def _drafted(seq: Seq, trying: bool) -> None:
@@ -127,14 +199,8 @@ class Throughput:
         rest is its chunk's).
 
         With a draft model (serve --draft: ParallelContext.drafter, engine/speculative.py's SlotDrafter) the tokens
-        are its greedy choices instead, proposed for every drafting sequence at once, a draft-model decode per
-        drafted position with a row for each sequence drafting that deep, priced by its rows (`draft_rows_cost`,
-        measured at load): a sequence pays for the rows it adds to those decodes. A sequence whose draft sequence
-        is behind (a request's first draft: its prompt; a try after steps without drafts: the tokens since) first
-        catches up, at most `step_tokens` of the draft model's rows in the step for all sequences (one that is not
-        caught up by then goes on in the next steps, drafting once it is); that catch-up is priced too, as its
-        share per step over the steps it serves (as many as the tokens it evaluates, at most those the request may
-        still take). A try is made only where a kept draft would pay for what it costs the draft model."""
+        are its greedy choices instead, proposed for every drafting sequence at once, its work priced too
+        (_DraftWork). A try is made only where a kept draft would pay for what it costs the draft model."""
         import functools
 
         from localgen.engine.speculative import NgramIndex, draft_length
@@ -145,16 +211,8 @@ class Throughput:
         tokens = float(rows)  # the step's expected tokens so far
         overall = (pc.accepted + 1) / (pc.drafted + 2)
         budget = max(0, pc.step_tokens - n) // (2 if filling else 1)  # rows the drafts may take in all
-        if pc.one_pool or n == 1:
-            step_cost = pc.step_cost
-        else:
-            def step_cost(m: int) -> float:
-                return float(pc.step_cost(n) + (pc.step_cost(m - n) if m > n else 0.0))
-        dc = pc.draft_rows_cost
-        levels: list[int] = []  # the draft model's decodes in this step: the rows of each (a sequence each)
-        catch_room = pc.step_tokens  # the draft model's rows left for catching sequences up in this step
-        catch_rows = 0
-        committed = 0.0  # what the draft model's work given so far costs, in one-row steps of the model
+        step_cost = _step_cost(pc, n)
+        work = _DraftWork(pc.draft_rows_cost, pc.step_tokens)
         wanted: dict[int, tuple[Seq, int, bool]] = {}  # slot → (its sequence, tokens to draft, whether a try)
         allowed: dict[int, int] = {}  # slot → tokens its draft sequence may catch up in this step
         out: dict[int, list[int]] = {}
@@ -166,14 +224,7 @@ class Throughput:
                 continue
             alpha = (seq.accepted + 4 * overall) / (seq.drafted + 4)
 
-            def cost(m: int, base: int = rows, levels: tuple[int, ...] = tuple(levels), committed: float = committed,
-                     catch: float = 0.0) -> float:
-                k = m - base
-                if k <= 0 or drafter is None:
-                    return float(step_cost(m) + committed)
-                depth = (*levels, *[0] * k)[:k]  # the rows this sequence joins, and past them decodes of its own
-                return float(step_cost(m) + committed + catch + sum(dc(r + 1) - dc(r) for r in depth))
-
+            cost = functools.partial(work.cost, step_cost, rows, drafter is not None)
             lag, priced = 0, cost
             if drafter is not None:
                 if seq.undrafted + 1 < seq.probe_gap and draft_length(alpha, tokens, rows, cost, room) == 0:
@@ -183,8 +234,7 @@ class Throughput:
                     continue
                 lag = drafter.lag(seq.slot, seq.req.tokens + seq.dec.tokens)
                 left = seq.dec.limit.tokens - len(seq.dec.tokens)
-                priced = functools.partial(cost, catch=dc(lag) / max(1, min(lag, left)))  # the catch-up's share
-                # per step it serves
+                priced = functools.partial(cost, catch=work.share(lag, left))
 
             k = draft_length(alpha, tokens, rows, priced, room)
             trying = k == 0
@@ -197,19 +247,10 @@ class Throughput:
                     continue  # too): asked again after another gap
                 k = 1  # a try, to see whether its drafts are kept again
             if drafter is not None:  # proposed below, for every sequence at once: k tokens unless the text ends
-                part = min(lag, catch_room)
-                catch_room -= part
-                committed += dc(catch_rows + part) - dc(catch_rows)
-                catch_rows += part
                 wanted[seq.slot] = (seq, k, trying)
-                allowed[seq.slot] = part
+                allowed[seq.slot] = part = work.take(lag, k)
                 if part < lag:
                     continue  # not caught up in this step: no drafts yet
-                for j in range(k):
-                    if j == len(levels):
-                        levels.append(0)
-                    committed += dc(levels[j] + 1) - dc(levels[j])
-                    levels[j] += 1
                 proposed = [0] * k
             else:
                 if seq.lookup is None:
@@ -220,17 +261,7 @@ class Throughput:
                     _drafted(seq, trying)
             rows += len(proposed)
             tokens += sum(alpha ** j for j in range(1, len(proposed) + 1))
-        if wanted:
-            try:
-                out = drafter.propose({slot: (seq.req.tokens + seq.dec.tokens, k)
-                                       for slot, (seq, k, _) in wanted.items()}, allowed)
-            except Exception as e:  # a failing draft model: the requests go on without drafts (stop_drafting)
-                pc.stop_drafting(e)
-                return {}
-            for slot, (seq, _, trying) in wanted.items():
-                if slot in out:
-                    _drafted(seq, trying)
-        return out
+        return _proposed(pc, wanted, allowed) if wanted else out
 
     def _mixed_step(self) -> None:
         s = self.s

@@ -338,17 +338,8 @@ class _Rounds:
         offered = self._offer()
         extra: list[dict[str, Any]] = []  # the messages of the rounds, after the conversation
         made: set[tuple[str, str]] = set()  # the calls answered in this response: one made again means "answer now"
-        for a in self.approvals:
-            remote = next(r for r in self.remotes if r.tool.label == a.label)
-            name = next((k for k, v in remote.offered.items() if v == a.name), a.name)
-            if a.approve:
-                output, error, text = await self._call(remote, a.name, a.arguments)
-                for chunk in enc.mcp_call(a.label, a.name, a.arguments, output, error, approval=a.ident):
-                    yield chunk
-            else:
-                text = DECLINED
-            extra.append({"role": "tool", "tool_call_id": a.ident, "name": name, "content": text})
-            made.add((name, a.arguments))
+        async for chunk in self._approved(extra, made):
+            yield chunk
         functions = list(ask.tools or [])
         choice = self._choice(offered)
         answering = False
@@ -400,31 +391,39 @@ class _Rounds:
                 extra.append(said)
                 break
             made.update((c.name, c.arguments) for c in new)
-            settled, results, waiting = [], [], False
-            for call in new:
-                remote = offered[call.name][1]
-                name = remote.offered[call.name]
-                if remote.tool.needs_approval(name):
-                    call = dataclasses.replace(call, id=new_id("mcpr"))
-                    for chunk in enc.approval(call.id, remote.tool.label, name, call.arguments):
-                        yield chunk
-                    waiting = True
-                else:
-                    output, error, text = await self._call(remote, name, call.arguments)
-                    for chunk in enc.mcp_call(remote.tool.label, name, call.arguments, output, error):
-                        yield chunk
-                    results.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": text})
-                settled.append(call.to_openai())
+            settled: list[dict[str, Any]] = []
+            results: list[dict[str, Any]] = []
+            async for chunk in self._run_calls(new, offered, settled, results):
+                yield chunk
             extra += [{"role": "assistant", "content": answer.content,
                        "tool_calls": [*settled, *(c.to_openai() for c in theirs)]}, *results]
-            if waiting or theirs:  # the client answers next: an approval, or its own function's result
-                break
+            if len(results) < len(settled) or theirs:  # the client answers next: an approval, or its own function's
+                break  # result
             choice = "auto"  # the request's choice held for the first round; the model may now answer
         enc.tail = extra
         last = done[-1]
         self.finished = dataclasses.replace(
             last, prompt_tokens=sum(c.prompt_tokens for c in done), cached_tokens=sum(c.cached_tokens for c in done),
             completion_tokens=sum(c.completion_tokens for c in done))
+
+    async def _run_calls(self, new: list[ToolCall], offered: dict[str, tuple[dict[str, Any], Remote]],
+                         settled: list[dict[str, Any]], results: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+        """The model's new calls to mcp tools: one that needs approval an mcp_approval_request item (the call's id
+        the request's), any other run (its mcp_call item, its result a tool message in `results`); each call in
+        `settled`, as the assistant's message holds it."""
+        for call in new:
+            remote = offered[call.name][1]
+            name = remote.offered[call.name]
+            if remote.tool.needs_approval(name):
+                call = dataclasses.replace(call, id=new_id("mcpr"))
+                for chunk in self.encoder.approval(call.id, remote.tool.label, name, call.arguments):
+                    yield chunk
+            else:
+                output, error, text = await self._call(remote, name, call.arguments)
+                for chunk in self.encoder.mcp_call(remote.tool.label, name, call.arguments, output, error):
+                    yield chunk
+                results.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": text})
+            settled.append(call.to_openai())
 
     async def _streamed(self, req: Any, answer: Any) -> AsyncIterator[tuple[list[Any], Any]]:
         """One round streamed: the answer stage's pieces as the model's text comes (the job ended once the model
@@ -441,6 +440,21 @@ class _Rounds:
                 raise http_error(event)
             else:
                 yield list(answer.finish()), event.completion
+
+    async def _approved(self, extra: list[dict[str, Any]], made: set[tuple[str, str]]) -> AsyncIterator[bytes]:
+        """The calls this request's approvals answer: each approved one run (its mcp_call item), each result (or
+        DECLINED) a tool message in `extra`, each call counted as `made`."""
+        for a in self.approvals:
+            remote = next(r for r in self.remotes if r.tool.label == a.label)
+            name = next((k for k, v in remote.offered.items() if v == a.name), a.name)
+            if a.approve:
+                output, error, text = await self._call(remote, a.name, a.arguments)
+                for chunk in self.encoder.mcp_call(a.label, a.name, a.arguments, output, error, approval=a.ident):
+                    yield chunk
+            else:
+                text = DECLINED
+            extra.append({"role": "tool", "tool_call_id": a.ident, "name": name, "content": text})
+            made.add((name, a.arguments))
 
     def _offer(self) -> dict[str, tuple[dict[str, Any], Remote]]:
         """The MCP tools the model may call, by the name it calls them: the server's own, or label_name where
