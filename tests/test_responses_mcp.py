@@ -323,7 +323,7 @@ def test_headers_reach_the_server_and_nothing_else(server: Server, url: str, rec
 
 
 def test_which_calls_need_approval() -> None:
-    from localgen.serve.responsemcp import _tool
+    from localgen.serve.mcprequest import _tool
 
     base = {"type": "mcp", "server_label": "s", "server_url": "https://example.com/mcp"}
     assert _tool(base).needs_approval("add")  # "always" is the default, as at OpenAI
