@@ -148,8 +148,8 @@ def test_chat_keys_as_the_readme_documents_them(cli_env: dict[str, str], home: P
     time.sleep(0.5)
     turn(child, "\r")
     turn(child, "\x1b[A\r")  # Up: the last message again
-    child.send("/set temp\t")  # Tab completes the command's argument
-    child.expect_exact("temperature")
+    child.send("/set temp\t")  # Tab completes the command's argument (from a thread: drawn with the rest of the
+    child.expect_exact("erature")  # line, or as only its new letters when "/set temp" was drawn first)
     child.send(" 0.5\r")
     child.expect(r"temperature = 0\.5")
     child.expect_exact(PROMPT)

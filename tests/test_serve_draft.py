@@ -371,9 +371,10 @@ class DraftServer:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         self.pc = self.worker.residence.pc
-        deadline = time.monotonic() + 120
-        while not (self.server.started and self.pc.draft_costs) and time.monotonic() < deadline:
-            time.sleep(0.05)  # the worker's thread warms the model up and measures the costs
+        deadline = time.monotonic() + 300
+        while not (self.server.started and self.pc.warmed_in) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the worker's thread warms the model up and measures the costs (warmed_in is set last)
+        assert self.pc.warmed_in and self.pc.draft_costs, "the worker never finished its warm-up and calibration"
         self.pc.step_costs, self.pc.draft_costs, self.pc.draft_cost = [(1, 1.0), (64, 1.0)], [], 0.0
 
     def health(self) -> dict[str, Any]:

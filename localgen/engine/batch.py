@@ -219,8 +219,8 @@ class ParallelContext:
             for n, t in by_rows:
                 dlast = max(dlast, t / by_rows[0][1] * one)
                 dcosts.append((n, dlast))
-            self.draft_costs = dcosts
             self.draft_cost = dcosts[0][1]
+            self.draft_costs = dcosts
         return costs[1][1] - 1.0
 
     @property
