@@ -206,7 +206,7 @@ class ModelRef:
     context: int | None = None
     adapters: tuple[tuple[str, float], ...] = ()  # a preset's LoRA adapters (GGUF path, scale): ADAPTER lines
     # a preset's load settings (n_cpu_moe, override_tensor, num_gpu, ...) by the table's names, as their flags take
-    # them (settings.py's LOAD_KNOBS); a flag given wins over each (cli/options/preset.py)
+    # them (loadsettings.py's LOAD_KNOBS); a flag given wins over each (cli/options/preset.py)
     load: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from localgen import settings
+from localgen import loadsettings, settings
 from localgen.serve import anthropic as a
 from localgen.serve.apierror import ANTHROPIC, HTTPError, error_body
 from localgen.serve.ask import Schema
@@ -109,4 +109,4 @@ def test_the_api_page_names_every_field_the_routes_read() -> None:
     named = set(re.findall(r"`([a-z0-9_]+)`", page))
     for api in ("openai", "anthropic", "responses", "ollama"):
         assert set(settings.spellings(api)) <= named, api
-    assert named >= settings.OLLAMA_LOAD_OPTIONS
+    assert named >= loadsettings.OLLAMA_LOAD_OPTIONS

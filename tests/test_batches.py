@@ -293,18 +293,18 @@ def test_an_upload_sent_in_chunks_stops_at_the_bound(monkeypatch: pytest.MonkeyP
 def test_a_file_over_the_line_bound_fails_with_too_many_tasks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """More requests than MAX_LINES (OpenAI's 50,000; 3 here) is one fault, too_many_tasks, on the first line past
     it, and reading stops there."""
-    from localgen.serve import batches
+    from localgen.serve import batchinput
 
-    assert batches.MAX_LINES == 50_000
-    monkeypatch.setattr(batches, "MAX_LINES", 3)
+    assert batchinput.MAX_LINES == 50_000
+    monkeypatch.setattr(batchinput, "MAX_LINES", 3)
     path = tmp_path / "in.jsonl"
     path.write_bytes(_jsonl([_line(f"m{i}", _chat(i)) for i in range(3)]) + b"\n" + _jsonl([_line("m9", _chat(9))])
                      + b"not json\n")
-    total, model, errors = batches.validate(path, "/v1/chat/completions")
+    total, model, errors = batchinput.validate(path, "/v1/chat/completions")
     assert (total, model) == (3, MODEL)
     assert [(e["code"], e["line"]) for e in errors] == [("too_many_tasks", 5)]
     path.write_bytes(_jsonl([_line(f"m{i}", _chat(i)) for i in range(3)]))
-    assert batches.validate(path, "/v1/chat/completions") == (3, MODEL, [])
+    assert batchinput.validate(path, "/v1/chat/completions") == (3, MODEL, [])
 
 
 def test_cancel_ends_after_the_lines_in_flight(server: Server) -> None:
@@ -467,19 +467,19 @@ def test_a_hostile_query_or_a_bare_cancel_gets_a_plain_answer(monkeypatch: pytes
 def test_a_line_longer_than_a_request_may_be_is_refused_unread(tmp_path: Path) -> None:
     """docs/batch.md: a line over the server's --max-body is `invalid_request` on its line (it could only be a 413),
     found without holding it whole; the lines after it are still read, numbered as they are."""
-    from localgen.serve import batches
+    from localgen.serve import batchinput
 
     path = tmp_path / "in.jsonl"
     long = json.dumps(_line("long", {**_chat(1), "messages": [{"role": "user", "content": "a " * 5000}]}))
     path.write_bytes(_jsonl([_line("a", _chat(1))]) + long.encode() + b"\r\n" + _jsonl([_line("b", _chat(2))]) + b"{")
-    assert [(n, raw is None) for n, raw in batches.read_lines(path, 4096)] == [(1, False), (2, True), (3, False),
-                                                                             (4, False)]
-    total, _, errors = batches.validate(path, "/v1/chat/completions", 4096)
+    assert [(n, raw is None) for n, raw in batchinput.read_lines(path, 4096)] == [(1, False), (2, True), (3, False),
+                                                                                (4, False)]
+    total, _, errors = batchinput.validate(path, "/v1/chat/completions", 4096)
     assert total == 4
     assert [(e["code"], e["line"], e["param"]) for e in errors] == [("invalid_request", 2, "body"),
                                                                    ("invalid_json_line", 4, None)]
     assert "--max-body" in errors[0]["message"]
-    assert batches.validate(path, "/v1/chat/completions", 1 << 20)[2] == [errors[1]]
+    assert batchinput.validate(path, "/v1/chat/completions", 1 << 20)[2] == [errors[1]]
 
 
 def test_a_crash_while_finalizing_keeps_every_answer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -1028,7 +1028,7 @@ def test_a_request_that_never_reached_its_route_is_kept_with_openais_code(tmp_pa
     record with no response and OpenAI's string code `server_error`, said in the log; the next line still runs."""
     import asyncio
 
-    from localgen.serve import batches
+    from localgen.serve import batches, batchinput
     from localgen.serve.batchrun import Runner
 
     class Broken:  # the in-process client, failing before any answer
@@ -1038,7 +1038,7 @@ def test_a_request_that_never_reached_its_route_is_kept_with_openais_code(tmp_pa
     progress = batches.Progress(tmp_path)
     said: list[str] = []
     runner = Runner(batches.Desk(tmp_path), None, None, None, lambda: False, 1, said.append)  # type: ignore[arg-type]
-    line = batches.Line(1, "a", "/v1/chat/completions", _chat(1))
+    line = batchinput.Line(1, "a", "/v1/chat/completions", _chat(1))
     asyncio.run(runner.one(Broken(), progress, line, asyncio.Semaphore(0)))
     [record] = [json.loads(raw) for raw in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert record["response"] is None and record["custom_id"] == "a"

@@ -19,7 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from localgen import settings
+from localgen import loadsettings, settings
 from localgen.cli import app, params
 from localgen.cli.chat.plan import ChatArgs
 from localgen.cli.embed import EmbedArgs, RerankArgs, SimilarArgs
@@ -205,7 +205,7 @@ def _held(cls: type[CommandArgs]) -> list[str]:
         if kind is typer.Context:
             continue
         if kind is Knobs:
-            out += [*settings.KNOBS, *settings.LOAD_KNOBS]
+            out += [*settings.KNOBS, *loadsettings.LOAD_KNOBS]
         elif isinstance(kind, type) and issubclass(kind, OptionGroup):
             out += [f.name for f in dataclasses.fields(kind)]  # type: ignore[arg-type]
         else:

@@ -45,15 +45,15 @@ def test_all_keeps_a_conversations_answer_and_exact_does_not(smollm2_path: Any) 
 
 
 def test_the_setting_is_a_load_setting_a_modelfile_takes() -> None:
-    from localgen import settings
+    from localgen import loadsettings
     from localgen.errors import UsageError
     from localgen.types import LoadParams
 
     assert LoadParams().prefix_reuse == "exact"
-    key, value = settings.parse_load_text("prefix_reuse", "ALL")
-    assert LoadParams(**settings.load_fields({key: value})).prefix_reuse == "all"
+    key, value = loadsettings.parse_load_text("prefix_reuse", "ALL")
+    assert LoadParams(**loadsettings.load_fields({key: value})).prefix_reuse == "all"
     with pytest.raises(UsageError, match="--prefix-reuse takes exact or all"):
-        settings.parse_load_text("prefix_reuse", "most")
+        loadsettings.parse_load_text("prefix_reuse", "most")
 
 
 @pytest.fixture(scope="module")

@@ -269,7 +269,7 @@ def test_defaults_three_models_and_most_of_the_memory(monkeypatch: pytest.Monkey
     """--max-models 3 (per GPU when offloading), --max-memory 90 % of RAM (plus GPU memory when offloading);
     a size in the flag's units, and a bad one is a usage error."""
     from localgen import hardware
-    from localgen.cli.serve import command as serve
+    from localgen.cli.serve import checks as serve
     from localgen.cli.serve.options import ResidencyOptions
     from localgen.errors import UsageError
 

@@ -356,7 +356,7 @@ def test_serve_sizes_say_what_they_mean(cli_in_process: InProcessCLI) -> None:
             r = cli_in_process("serve", "--port", port, "--max-memory", bad)
             assert r.returncode == 2 and "--max-memory" in r.stderr and "no room" in r.stderr, r.stderr
             assert r.stderr.count("\n") == 1, r.stderr
-    from localgen.cli.serve.command import _cache_disk, _cache_ram
+    from localgen.cli.serve.checks import _cache_disk, _cache_ram
 
     assert _cache_disk("1.5") == _cache_ram("1.5") == 3 << 19
     assert _cache_disk("0.5") == 1 << 19 and _cache_disk("1") == 1 << 20 and _cache_disk("64K") == 64 << 10

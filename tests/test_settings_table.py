@@ -1,6 +1,6 @@
-"""The one table of settings (settings.py): every sampling knob and load setting is declared once, and the
-CLI's options, the HTTP routes' field names, JSONL and `/set` spellings and what a remote endpoint is sent are
-derived from it. In process, but for the routes' names, which a running `serve` is asked for."""
+"""The tables of settings (settings.py, loadsettings.py): every sampling knob and load setting is declared once,
+and the CLI's options, the HTTP routes' field names, JSONL and `/set` spellings and what a remote endpoint is sent
+are derived from them. In process, but for the routes' names, which a running `serve` is asked for."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import typer
 
-from localgen import settings
+from localgen import loadsettings, settings
 from localgen.cli import options as o
 from localgen.cli.options.knobs import Knobs
-from localgen.settings import KNOBS, LOAD_KNOBS
+from localgen.loadsettings import LOAD_KNOBS
+from localgen.settings import KNOBS
 from localgen.types import GenerationRequest, LoadParams, SamplingParams
 
 
@@ -71,7 +72,7 @@ def test_each_front_end_reaches_every_knob() -> None:
     assert "max_tokens" not in ollama  # Ollama spells it num_predict
     for name in ("temp", "typical", "n_predict", "num_predict", "max-tokens", "dry_sequence_breakers"):
         assert settings.field_name(name) is not None, name
-    assert "num_ctx" in settings.OLLAMA_LOAD_OPTIONS and "num_thread" in settings.OLLAMA_LOAD_OPTIONS
+    assert "num_ctx" in loadsettings.OLLAMA_LOAD_OPTIONS and "num_thread" in loadsettings.OLLAMA_LOAD_OPTIONS
 
 
 def test_the_server_routes_take_the_tables_names(cli_env: dict[str, str]) -> None:
@@ -96,7 +97,7 @@ def test_the_server_routes_take_the_tables_names(cli_env: dict[str, str]) -> Non
         for theirs, ours in settings.spellings("ollama").items():
             r = httpx.post(server.url + "/api/chat", json={**ask, "options": {theirs: bad}}, timeout=60)
             assert r.status_code == 400 and r.json()["error"].startswith(f"options.{theirs}"), (theirs, ours, r.text)
-        load = dict.fromkeys(settings.OLLAMA_LOAD_OPTIONS, 1)
+        load = dict.fromkeys(loadsettings.OLLAMA_LOAD_OPTIONS, 1)
         r = httpx.post(server.url + "/api/chat", json={**ask, "options": {**load, "num_predict": 1}}, timeout=60)
         assert r.status_code == 200, r.text
         r = httpx.post(server.url + "/api/chat", json={**ask, "options": {"num_ctxx": 1}}, timeout=60)

@@ -11,7 +11,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.options.knobs import Knobs
-from localgen.settings import LOAD_KNOBS, rpc_servers
+from localgen.loadsettings import LOAD_KNOBS, rpc_servers
 
 PLACEMENT = ("gpu_layers", "n_cpu_moe", "cpu_moe", "override_tensor")  # where the checked load puts the weights
 

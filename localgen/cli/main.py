@@ -15,7 +15,8 @@ _WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EP
 def llama_env_switches() -> None:
     """llama.cpp's LLAMA_ARG_* switches (LLAMA_ARG_CPU_MOE, LLAMA_ARG_KV_UNIFIED) take `enabled` and `disabled` too,
     which Click does not: say them as Click does (1, 0), for this process and what it starts."""
-    from localgen.settings import BOOL, LOAD_KNOBS, SWITCH
+    from localgen.loadsettings import LOAD_KNOBS, SWITCH
+    from localgen.settings import BOOL
 
     for k in LOAD_KNOBS.values():
         name = k.envvar or ""

@@ -5,7 +5,7 @@ has no folder, as over HTTP). A relative FROM path starts at the Modelfile's fol
 Syntax as Ollama's: one instruction per line, its name in any case; `#` starts a comment line; a value is
 bare text, a "quoted string" (with \\" \\\\ and \\n escapes) or a \"\"\"multi-line string\"\"\". PARAMETER takes
 Ollama's names (num_predict, mirostat_tau, ...) or localgen's; num_ctx, the context size to load with; and the
-load settings of the table (settings.py's LOAD_KNOBS) by Ollama's names where it has one (num_gpu, num_thread,
+load settings of the table (loadsettings.py's LOAD_KNOBS) by Ollama's names where it has one (num_gpu, num_thread,
 use_mmap, ...), else llama.cpp's (n_cpu_moe, cpu_moe, override_tensor, flash_attn, ...). `PARAMETER stop` and
 `PARAMETER override_tensor` repeat. Every value is checked here (but -ot's buffer names, which name the devices of
 the machine that loads), so a preset never fails for its settings at use."""
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localgen import settings
+from localgen import loadsettings, settings
 from localgen.errors import UsageError
 from localgen.text import checked
 from localgen.types import MIN_CTX_FLAG, TRAINED_CTX
@@ -103,9 +103,9 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Mo
             raise UsageError(f"{where}: PARAMETER {name}: {e.message}") from None
     for key, texts in got.placed.items():  # override_tensor's lines, in order
         try:
-            got.load[key] = settings.check_load(key, tuple(texts))
+            got.load[key] = loadsettings.check_load(key, tuple(texts))
         except UsageError as e:
-            raise UsageError(f"{where}: PARAMETER {settings.modelfile_name(key)}: {e.message}") from None
+            raise UsageError(f"{where}: PARAMETER {loadsettings.modelfile_name(key)}: {e.message}") from None
     return Modelfile(base=got.single["FROM"], parameters=got.params, context=got.context,
                      system=got.single.get("SYSTEM"), template=got.single.get("TEMPLATE"),
                      messages=tuple(got.messages), adapters=tuple(got.adapters), load=got.load)
@@ -128,7 +128,7 @@ class _Found:
 def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> None:
     """One PARAMETER line: num_ctx, a load setting, a repeated sampling setting, or one given once."""
     name = key.lower()
-    knob = settings.load_name(name)
+    knob = loadsettings.load_name(name)
     if knob == "ctx":
         got.context = _context(src, number, value)
         return
@@ -151,9 +151,9 @@ def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> N
 
 def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, got: _Found) -> None:
     """A load setting's line (n_cpu_moe, num_gpu, override_tensor, ...), checked as its flag is."""
-    if settings.LOAD_KNOBS[knob].kind == settings.TEXTS:  # repeats, as the flag does
+    if loadsettings.LOAD_KNOBS[knob].kind == settings.TEXTS:  # repeats, as the flag does
         try:
-            settings.parse_load_text(key, value)
+            loadsettings.parse_load_text(key, value)
         except UsageError as e:
             raise src.error(number, f"PARAMETER {key}: {e.message}") from None
         got.placed.setdefault(knob, []).append(value)
@@ -161,7 +161,7 @@ def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, g
     if knob in got.load:
         raise src.error(number, f"PARAMETER {key} is given twice")
     try:
-        got.load[knob] = settings.parse_load_text(key, value)[1]
+        got.load[knob] = loadsettings.parse_load_text(key, value)[1]
     except UsageError as e:
         raise src.error(number, f"PARAMETER {key}: {e.message}") from None
 
@@ -294,7 +294,7 @@ def load_lines(knob: str, value: Any) -> list[tuple[str, str]]:
     --no-mmap, the opposite value), else llama.cpp's; -ot one line a value."""
     if knob == "no_mmap":
         return [("use_mmap", "false" if value else "true")]
-    name = settings.modelfile_name(knob)
+    name = loadsettings.modelfile_name(knob)
     if isinstance(value, tuple):
         return [(name, quote(v)) for v in value]
     if isinstance(value, bool):

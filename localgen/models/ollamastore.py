@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localgen import settings
+from localgen import loadsettings, settings
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, UsageError
 from localgen.types import MIN_CTX_FLAG, TRAINED_CTX, ModelRef
 
@@ -337,10 +337,10 @@ def _params(m: Manifest, layer: Layer, sampling: dict[str, Any], load: dict[str,
                 ctx = _context(value)
             elif name in ollama:
                 sampling[ollama[name]] = settings.check(ollama[name], value, name)
-            elif (knob := settings.load_name(name)) is not None and knob not in settings.NOT_IN_MODELFILE:
-                if name in settings.INVERTED and isinstance(value, bool):
+            elif (knob := loadsettings.load_name(name)) is not None and knob not in loadsettings.NOT_IN_MODELFILE:
+                if name in loadsettings.INVERTED and isinstance(value, bool):
                     value = not value
-                load[knob] = settings.check_load(knob, tuple(value) if isinstance(value, list) else value)
+                load[knob] = loadsettings.check_load(knob, tuple(value) if isinstance(value, list) else value)
             else:
                 said(f"{m.name.display}: Ollama's parameter {key!r} has no localgen setting; it is left out")
         except UsageError as e:

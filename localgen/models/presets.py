@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localgen import paths, settings
+from localgen import loadsettings, paths, settings
 from localgen.errors import LocalgenError, ModelNotFoundError, NotDownloadedError, UsageError
 from localgen.models import modelfile
 from localgen.types import ModelRef
@@ -158,7 +158,7 @@ def _from_json(name: str, d: dict[str, Any]) -> Preset:
                                messages=tuple({"role": str(m["role"]), "content": str(m["content"])}
                                               for m in d.get("messages") or ()),
                                adapters=tuple(str(a) for a in d.get("adapters") or ()),
-                               load={k: settings.check_load(k, tuple(v) if isinstance(v, list) else v)
+                               load={k: loadsettings.check_load(k, tuple(v) if isinstance(v, list) else v)
                                      for k, v in (d.get("load") or {}).items()})
     modelfile.parse(modelfile.write(spec))  # every value as create checks it
     return Preset(name, spec)

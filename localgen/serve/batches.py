@@ -7,10 +7,8 @@ output, any other to the errors). Those two files are what has been done: a `ser
 (a line cut short by a crash is dropped), and serve/batchrun.py's runner goes on with the requests they do not
 answer yet, so a finished request is never run twice or lost.
 
-A batch's lines are all checked before any runs (validate): each a JSON object with `custom_id` (unique),
-`method` POST, `url` the batch's endpoint and a `body` object that does not stream and names the same `model` as
-the others (OpenAI's rule), at most MAX_LINES; a
-file that is not so makes the batch `failed`, with OpenAI's `errors.data` (code, line, message, param).
+A batch's lines are all checked before any runs (serve/batchinput.py); a file that is not so makes the batch
+`failed`, with OpenAI's `errors.data`.
 Only one server runs a data dir's batches: the first to use them holds `batches/lock` while it runs; another
 answers these routes with 503."""
 
@@ -19,13 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import itertools
 import json
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,18 +34,16 @@ from starlette.routing import Route
 from localgen import paths
 from localgen.serve import files
 from localgen.serve.apierror import HTTPError
+from localgen.serve.batchinput import MAX_LINE, input_gone, validate
 from localgen.serve.jsonbody import read_json
 from localgen.serve.responsestore import check_metadata
 from localgen.serve.routing import by_method
 from localgen.serve.stalls import DEFAULT_READ_TIMEOUT_S
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
-MAX_LINES = 50_000  # OpenAI's bound on the requests of one batch
-MAX_ERRORS = 100  # the input's faults a failed batch lists (errors.data), the first ones
 WINDOWS = ("24h",)  # OpenAI's only completion_window; here a batch runs until it is done or cancelled
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")  # the statuses of a batch not ended
 STATUSES = (*RUNNING, "completed", "failed", "cancelled")  # OpenAI's, but "expired": nothing expires here
-MAX_LINE = 16 << 20  # a line's bound in bytes: the server's --max-body (serve/guard.py's Policy), set by the app
 MAX_BATCHES_LISTED = 100  # GET /v1/batches' largest `limit` (its default: 20)
 UPLOADS = files.UPLOADS  # the paths whose bodies the gate leaves to the route (serve/guard.py)
 BODILESS = (r"/v1/batches/[^/]+/cancel",)  # a POST that reads no body: the gate asks for no JSON type
@@ -57,109 +52,6 @@ BODILESS = (r"/v1/batches/[^/]+/cancel",)  # a POST that reads no body: the gate
 def default_root() -> Path:
     """Where the server keeps its batches and their files."""
     return paths.data_dir() / "batches"
-
-
-@dataclass(frozen=True)
-class Line:
-    """A request of a batch's input: its line number (from 1), custom_id, url and body."""
-
-    number: int
-    custom_id: str
-    url: str
-    body: dict[str, Any]
-
-
-def read_lines(path: Path, bound: int) -> Generator[tuple[int, bytes | None], None, None]:
-    """The input's lines that are not blank, with their numbers (from 1), read one at a time; a line over `bound`
-    bytes (the server's --max-body: no request may be larger) is None, skipped without being held whole."""
-    with open(path, "rb") as f:
-        for number in itertools.count(1):
-            raw = f.readline(bound + 1)
-            if not raw:
-                return
-            if len(raw) > bound and not raw.endswith(b"\n"):
-                while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
-                    pass
-                yield number, None
-            elif raw.strip():
-                yield number, raw
-
-
-def parse(number: int, raw: bytes | None, endpoint: str) -> Line | dict[str, Any]:
-    """One input line as a Line, or its fault as an entry of OpenAI's errors.data (None: a line over the bound)."""
-    def fault(code: str, message: str, param: str | None = None) -> dict[str, Any]:
-        return {"code": code, "line": number, "message": message, "param": param}
-
-    if raw is None:
-        return fault("invalid_request", "This line is longer than a request's body may be (serve --max-body).",
-                     "body")
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):  # bad JSON or UTF-8, a number too long, nesting too deep
-        return fault("invalid_json_line", "This line is not parseable as valid JSON.")
-    if not isinstance(doc, dict):
-        return fault("invalid_json_line", "This line is not a JSON object.")
-    for name in ("custom_id", "method", "url", "body"):
-        if name not in doc:
-            return fault("missing_required_parameter", f"Missing required parameter: '{name}'.", name)
-    custom_id, method, url, body = doc["custom_id"], doc["method"], doc["url"], doc["body"]
-    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512:
-        return fault("invalid_request", "custom_id must be a string of 1 to 512 characters.", "custom_id")
-    if method != "POST":
-        return fault("invalid_request", f"method must be POST (got {str(method)[:20]!r}).", "method")
-    if url != endpoint:
-        return fault("url_mismatch", f"The url {str(url)[:100]!r} does not match the batch's endpoint "
-                                     f"{endpoint!r}.", "url")
-    if not isinstance(body, dict):
-        return fault("invalid_request", "body must be a JSON object.", "body")
-    if body.get("stream") not in (None, False):
-        return fault("invalid_request", "A batch request cannot stream: leave stream out or false.", "body.stream")
-    return Line(number, custom_id, url, body)
-
-
-NO_MODEL = object()  # the batch's model before its first request is read
-
-
-def validate(path: Path, endpoint: str, bound: int = MAX_LINE) -> tuple[int, str | None, list[dict[str, Any]]]:
-    """The input's requests counted and checked before any runs: their number, their model (OpenAI's rule: every
-    request of a batch names the same one, or here every one none, for the server's default), and the faults
-    found (the first MAX_ERRORS; more lines than MAX_LINES is one fault, and reading stops there)."""
-    errors: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    total, model = 0, NO_MODEL
-    for number, raw in read_lines(path, bound):
-        total += 1
-        if total > MAX_LINES:
-            errors.append({"code": "too_many_tasks", "line": number, "message": f"The batch has more than "
-                           f"{MAX_LINES:,} requests: split it into several.", "param": None})
-            break
-        found = parse(number, raw, endpoint)
-        if isinstance(found, dict):
-            errors.append(found)
-            with contextlib.suppress(ValueError, RecursionError, KeyError, TypeError):
-                seen.add(json.loads(raw or b"")["custom_id"])  # a later line may not take it either
-        elif found.custom_id in seen:
-            errors.append({"code": "duplicate_custom_id", "line": number, "message": "The custom_id "
-                           f"{found.custom_id[:100]!r} is used by an earlier line.", "param": "custom_id"})
-        else:
-            seen.add(found.custom_id)
-            named = found.body.get("model")
-            if model is NO_MODEL:
-                model = named
-            elif named != model:
-                errors.append({"code": "mismatched_model", "line": number, "message": f"The provided model "
-                               f"{_model_text(named)} does not match the model for the rest of the batch "
-                               f"({_model_text(model)}): all requests in a batch must use the same model.",
-                               "param": "body.model"})
-    if total == 0:
-        errors.append({"code": "empty_file", "line": None, "message": "The input file has no requests.",
-                       "param": None})
-    return min(total, MAX_LINES), model if isinstance(model, str) else None, errors[:MAX_ERRORS]
-
-
-def _model_text(model: Any) -> str:
-    """A request's `model` as an error names it: quoted, cut short, or "none" when it names none."""
-    return "none (the server's default)" if model is None else repr(str(model)[:100])
 
 
 def answered(path: Path) -> Iterator[dict[str, Any]]:
@@ -440,12 +332,6 @@ class Desk:
         self.progress.pop(doc["id"], None)
         for name in ("output.jsonl", "errors.jsonl"):  # the results' files hold them now, and the object says so
             (folder / name).unlink(missing_ok=True)
-
-
-def input_gone(doc: dict[str, Any]) -> dict[str, Any]:
-    """The fault of a batch whose input file is no longer there, as an entry of errors.data."""
-    return {"code": "file_not_found", "line": None, "param": "input_file_id",
-            "message": f"The input file {doc['input_file_id']} was deleted before the batch's requests ran."}
 
 
 def routes(desk: Desk) -> list[Route]:

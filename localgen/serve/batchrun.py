@@ -22,7 +22,8 @@ from typing import Any
 
 from localgen.serve import files
 from localgen.serve.apierror import HTTPError
-from localgen.serve.batches import Desk, Line, Progress, input_gone, parse, read_lines
+from localgen.serve.batches import Desk, Progress
+from localgen.serve.batchinput import Line, input_gone, parse, read_lines
 from localgen.serve.jobs import INTERNAL
 from localgen.serve.state import ServeState
 

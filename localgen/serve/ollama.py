@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from localgen import settings
+from localgen import loadsettings, settings
 from localgen.backend import Completion
 from localgen.serve.apierror import OLLAMA, HTTPError, error_body
 from localgen.serve.ask import Ask, Schema, flag, keep_alive, sampling_values, split_reasoning
@@ -55,7 +55,7 @@ class Generate:
         if not isinstance(opts, dict):
             raise HTTPError(400, "`options` must be an object", param="options")
         # load-time options are ignored (`serve` loaded the model before any request); others are a 400
-        unknown = set(opts) - set(settings.spellings("ollama")) - settings.OLLAMA_LOAD_OPTIONS - {"exact"}
+        unknown = set(opts) - set(settings.spellings("ollama")) - loadsettings.OLLAMA_LOAD_OPTIONS - {"exact"}
         if unknown:
             raise HTTPError(400, f"unknown options: {', '.join(sorted(unknown))}", param="options")
         think = body.get("think")

@@ -18,7 +18,7 @@ from localgen.cli.bench.view import ProgressView, emit, emit_serving
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
 from localgen.errors import LocalgenError, RemoteError, UsageError
-from localgen.settings import rpc_servers
+from localgen.loadsettings import rpc_servers
 
 bench_app = typer.Typer(
     help="Benchmark models and settings (llama-bench compatible), keep the results, compare runs.",

@@ -18,7 +18,8 @@ import typer
 
 from localgen.cli.inputfile import input_file
 from localgen.cli.options.knobs import Knobs, given_by_user
-from localgen.settings import BIAS, BOOL, FLOAT, GPU, INT, KNOBS, LOAD_KNOBS, SWITCH, TEXT, TEXTS, Knob, LoadKnob
+from localgen.loadsettings import GPU, LOAD_KNOBS, SWITCH, TEXT, LoadKnob
+from localgen.settings import BIAS, BOOL, FLOAT, INT, KNOBS, TEXTS, Knob
 from localgen.types import LoadParams, SamplingParams
 
 _D = SamplingParams()
@@ -292,8 +293,8 @@ LOAD_ALL = tuple(LOAD_KNOBS)
 def with_knobs(sampling: bool = True, load: tuple[str, ...] = LOAD_ALL,
                ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a command the table's settings as options: every sampling knob (when `sampling`) and the load
-    settings named in `load`, each built from its entry (settings.py). The command declares a parameter
-    `knobs: Knobs` and receives them there, typed, with which the user set; Typer sees the options. The
+    settings named in `load`, each built from its entry (settings.py, loadsettings.py). The command declares a
+    parameter `knobs: Knobs` and receives them there, typed, with which the user set; Typer sees the options. The
     command takes a typer.Context too (which says what the user set)."""
     names = [*(KNOBS if sampling else ()), *load]
 

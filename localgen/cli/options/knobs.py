@@ -1,4 +1,4 @@
-"""The generation and load settings a command took (Knobs), typed by the one table (settings.py): the
+"""The generation and load settings a command took (Knobs), typed by the tables (settings.py, loadsettings.py): the
 sampling and load parameters derived from them, which the user set, and --lora's adapters."""
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ from typing import Any
 
 import typer
 
-from localgen.settings import KNOBS, LOAD_KNOBS
+from localgen.loadsettings import LOAD_KNOBS
+from localgen.settings import KNOBS
 from localgen.types import LoadParams, SamplingParams
 
 
 @dataclass(frozen=True)
 class Knobs:
-    """The generation and load settings a command took, typed by the one table (settings.py), and which of
+    """The generation and load settings a command took, typed by the tables (settings.py, loadsettings.py), and which of
     them the user set (command line or environment) as opposed to their defaults."""
 
     values: Mapping[str, Any]
@@ -45,16 +46,16 @@ class Knobs:
 
     def flash_attn(self) -> bool | str | None:
         """-fa on|off|auto and --no-flash-attn, as LoadParams wants them (None: not given)."""
-        from localgen import settings
+        from localgen import loadsettings
 
-        return settings.flash_attn_value(self.get("flash_attn"), bool(self.get("no_flash_attn")))
+        return loadsettings.flash_attn_value(self.get("flash_attn"), bool(self.get("no_flash_attn")))
 
     def load(self, check_buffers: bool = True, **override: Any) -> LoadParams:
         """LoadParams from the load settings (those the command lacks keep their defaults); -ot's buffer types
         checked against this build's devices (`check_buffers`: `fit` plans for devices described instead)."""
-        from localgen import settings
+        from localgen import loadsettings
 
-        values = settings.load_fields({n: v for n, v in self.values.items() if n in LOAD_KNOBS})
+        values = loadsettings.load_fields({n: v for n, v in self.values.items() if n in LOAD_KNOBS})
         values.update(lora=lora_adapters(self.get("lora"), self.get("lora_scaled")))
         values.update(override)
         params = LoadParams(**values)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from localgen.cli.options import ModelArgs, RemoteOptions, ToolOptions, refuse_empty
 from localgen.cli.options.knobs import SamplingFlags
 from localgen.errors import UsageError
-from localgen.settings import LOAD_KNOBS
+from localgen.loadsettings import LOAD_KNOBS
 from localgen.text import checked
 from localgen.types import LoadParams
 

@@ -17,7 +17,7 @@ def load_params(ref: ModelRef, load: LoadParams, given: Callable[[str], bool],
     unless the user gave its flag (`given`, by the table's names: a flag or its environment variable); -ot's
     buffer types checked against this build's devices (`check_buffers`: `fit` plans for devices described). A
     window of 0 (--ctx 0, num_ctx 0) is the model's trained context from here on."""
-    from localgen import settings
+    from localgen import loadsettings
 
     if ref.context is not None and not given("ctx"):
         load = dataclasses.replace(load, n_ctx=ref.context)
@@ -25,7 +25,7 @@ def load_params(ref: ModelRef, load: LoadParams, given: Callable[[str], bool],
     mine = {k: v for k, v in ref.load.items() if not given(k) and not (k == "flash_attn" and given("no_flash_attn"))}
     if not mine:
         return load
-    params = dataclasses.replace(load, **settings.load_fields(mine))
+    params = dataclasses.replace(load, **loadsettings.load_fields(mine))
     if check_buffers and "override_tensor" in mine and not params.rpc:  # its buffer types name this machine's devices
         from localgen.errors import UsageError
         from localgen.native import devices

@@ -301,7 +301,8 @@ class ModelSettings:
 def model_settings(knobs: Knobs, parallel: int) -> ModelSettings:
     """The settings serve took, checked (a bad sampling flag or -ot buffer is a usage error before anything
     loads)."""
-    from localgen.settings import KNOBS, LOAD_KNOBS
+    from localgen.loadsettings import LOAD_KNOBS
+    from localgen.settings import KNOBS
 
     params = knobs.sampling()
     sampling = {k: getattr(params, k) for k in knobs.values if k in KNOBS and knobs.given(k)}
