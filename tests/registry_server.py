@@ -1,7 +1,9 @@
 """A loopback stand-in for Ollama's registry (a Docker v2 registry's read side, as `ollama pull` uses it):
 GET /v2/NAMESPACE/MODEL/manifests/TAG and GET /v2/NAMESPACE/MODEL/blobs/sha256:HEX with byte ranges, 404s with
 the registry's JSON errors. Faults on demand: dropped connections (at byte offsets, once each), a blob whose bytes
-are not its digest's, answers of a given status. Binds to 127.0.0.1 and stops with the session."""
+are not its digest's, answers of a given status. Like registry.ollama.ai, whose blobs are a redirect to a CDN,
+blob GETs can answer 307 to a second host (127.0.0.2), which logs what it is sent. Binds to loopback only and
+stops with the session."""
 
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ class FakeRegistry:
     requests: list[tuple[str, str, str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     port: int = 0
+    redirect_blobs: bool = False  # blob GETs answer 307 to the CDN
+    cdn_port: int = 0
+    cdn_requests: list[tuple[str, str]] = field(default_factory=list)  # (path, Range)
 
     @property
     def host(self) -> str:
@@ -50,6 +55,8 @@ class FakeRegistry:
             self.drop_after.clear()
             self.fail_statuses.clear()
             self.requests.clear()
+            self.redirect_blobs = False
+            self.cdn_requests.clear()
 
     def add(self, name: str, layers: list[tuple[str, HubFile]], config: HubFile | None = None) -> bytes:
         """Serve a model NAMESPACE/MODEL:TAG made of these (media, bytes) layers; returns its manifest's bytes."""
@@ -78,7 +85,7 @@ def sha256(data: bytes | Path) -> str:
     return HubFile(data).sha256 if isinstance(data, Path) else hashlib.sha256(data).hexdigest()
 
 
-def _handler(reg: FakeRegistry) -> type[BaseHTTPRequestHandler]:
+def _handler(reg: FakeRegistry, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
     route = re.compile(r"^/v2/([^/]+)/([^/]+)/(manifests|blobs)/([^/]+)$")
 
     class Handler(BaseHTTPRequestHandler):
@@ -98,8 +105,11 @@ def _handler(reg: FakeRegistry) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = unquote(urlparse(self.path).path)
             with reg.lock:
-                reg.requests.append(("GET", path, self.headers.get("Range", ""), self.headers.get("Accept", "")))
-                status = reg.fail_statuses.pop(0) if reg.fail_statuses else None
+                if cdn:
+                    reg.cdn_requests.append((path, self.headers.get("Range", "")))
+                else:
+                    reg.requests.append(("GET", path, self.headers.get("Range", ""), self.headers.get("Accept", "")))
+                status = reg.fail_statuses.pop(0) if reg.fail_statuses and not cdn else None
             if status:
                 return self._error(status, "INJECTED", f"injected {status}")
             m = route.match(path)
@@ -119,6 +129,12 @@ def _handler(reg: FakeRegistry) -> type[BaseHTTPRequestHandler]:
             data = reg.blobs.get(ref)
             if data is None:
                 return self._error(404, "BLOB_UNKNOWN", "blob unknown to registry")
+            if reg.redirect_blobs and not cdn:
+                self.send_response(307)
+                self.send_header("Location", f"http://127.0.0.2:{reg.cdn_port}{self.path}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
             return self._blob(ref, data)
 
         def _blob(self, digest: str, f: HubFile) -> None:
@@ -162,10 +178,15 @@ def _handler(reg: FakeRegistry) -> type[BaseHTTPRequestHandler]:
 
 
 def start() -> tuple[FakeRegistry, ThreadingHTTPServer]:
-    """Start the fake registry on a free loopback port."""
+    """Start the fake registry on a free loopback port, and its CDN on 127.0.0.2 (stopped with it)."""
     reg = FakeRegistry()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(reg))
     server.daemon_threads = True
     reg.port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    cdn = ThreadingHTTPServer(("127.0.0.2", 0), _handler(reg, cdn=True))
+    cdn.daemon_threads = True
+    reg.cdn_port = cdn.server_address[1]
+    threading.Thread(target=cdn.serve_forever, daemon=True).start()
+    server.cdn = cdn  # type: ignore[attr-defined]  (stopped with the registry)
     return reg, server

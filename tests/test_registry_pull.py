@@ -28,6 +28,7 @@ def served() -> Iterator[FakeRegistry]:
     reg, server = registry_server.start()
     yield reg
     server.shutdown()
+    server.cdn.shutdown()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +143,18 @@ def test_a_cut_connection_resumes_and_a_partial_blob_never_takes_its_digest_s_na
     assert blob.stat().st_size == gguf.size and not blob.with_name(blob.name + ".incomplete").exists()
 
 
+def test_blobs_follow_the_registry_s_redirect_to_its_cdn_and_resume_there(lg: Lg, reg: FakeRegistry,
+                                                                            gguf: HubFile) -> None:
+    """registry.ollama.ai answers a blob's GET with a redirect to a CDN: the pull follows it, with its Range."""
+    reg.redirect_blobs = True
+    reg.drop_after["sha256:" + gguf.sha256] = [20_000_000]
+    r = lg("pull", name(reg, "smollm2:plain"))
+    assert r.returncode == 0, r.stderr
+    got = [rng for path, rng in reg.cdn_requests if path.endswith(gguf.sha256)]
+    assert got == ["bytes=0-", "bytes=20000000-"], reg.cdn_requests
+    assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}").stat().st_size == gguf.size
+
+
 def test_a_blob_that_is_not_its_digest_is_deleted_and_nothing_is_listed(lg: Lg, reg: FakeRegistry,
                                                                           gguf: HubFile) -> None:
     reg.blobs["sha256:" + gguf.sha256] = registry_server.wrong(gguf)
@@ -183,6 +196,7 @@ def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry)
     one_line(lg("pull", name(reg), LOCALGEN_OFFLINE="1"), 1, "is not pulled and localgen is offline")
     r = lg("show", name(reg))  # online, but show never downloads
     one_line(r, 1, f"`localgen pull {name(reg)}` downloads it from {reg.host}")
+    one_line(lg("pull", name(reg), "--list"), 2, "pull --list lists a Hugging Face repo's quantizations")
     assert reg.requests == []
     r = lg("run", "-m", name(reg), "-p", "Hi", "-n", "2")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
@@ -237,9 +251,12 @@ def test_a_registry_that_wants_a_login_refuses_in_one_line(lg: Lg, reg: FakeRegi
     assert len(reg.requests) == 1 and not (lg.pulled / "manifests").exists()
 
 
-def test_an_unreachable_registry_is_named(lg: Lg, served: FakeRegistry) -> None:
-    r = lg("pull", "ollama:127.0.0.1:1/library/smollm2")
-    one_line(r, 1, "cannot reach the registry 127.0.0.1:1: connection refused")
+@pytest.mark.parametrize(("host", "why"), [("127.0.0.1:1", "connection refused"),
+                                         ("registry.invalid", "")])  # .invalid never resolves (RFC 2606)
+def test_an_unreachable_registry_is_named_with_the_reason(lg: Lg, host: str, why: str) -> None:
+    r = lg("pull", f"ollama:{host}/library/smollm2")
+    one_line(r, 1, f"cannot reach the registry {host}: {why}")
+    assert ">" not in r.stderr and "urlopen" not in r.stderr, r.stderr  # the reason alone, not urllib's wrapping
 
 
 @pytest.mark.parametrize("bad", ["ollama:a/../b", "ollama:../x", "ollama:127.0.0.1:1/../x/y", "ollama:x:.."])

@@ -13,12 +13,15 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from localgen import paths
 from localgen.errors import LocalgenError, ModelNotFoundError
 from localgen.models import ollamastore
 from localgen.models.ollamastore import DIGEST, MEDIA, OllamaName
+
+if TYPE_CHECKING:  # the transfer code (urllib, http.client) loads only when a pull happens
+    from localgen.models.download import Progress
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"  # what Ollama's pull asks for
 MAX_MANIFEST = 1 << 20  # Ollama's are a few hundred bytes
@@ -62,7 +65,7 @@ def _url(name: OllamaName, what: str) -> str:
     return f"{base_url(name.host)}/v2/{name.namespace}/{name.model}/{what}"
 
 
-def pull(name: OllamaName, progress: Any) -> Path:
+def pull(name: OllamaName, progress: Progress) -> Path:
     """Download a model's manifest and every blob it names (those already here are hashed once and kept), and
     store the manifest last; returns its path. Nothing is downloaded for a manifest without a GGUF model layer,
     with a layer over its size limit, or for which the disk has no room."""
@@ -140,8 +143,10 @@ def fetch_manifest(name: OllamaName) -> bytes:
                 raise LocalgenError(f"{name.host} answered {e.code} for the manifest of {name.ollama}") from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             if attempt + 1 == RETRIES:
+                reason = getattr(e, "reason", None)  # urllib's URLError: the socket's error inside it
                 raise RegistryUnreachableError(
-                    f"cannot reach the registry {name.host}: {hub.connection_reason(e)}",
+                    f"cannot reach the registry {name.host}: "
+                    f"{hub.connection_reason(reason if isinstance(reason, BaseException) else e)}",
                     hint="`localgen list` shows the models already here, which --offline uses without a network",
                 ) from None
         time.sleep(0.5 * 2**attempt)
