@@ -18,7 +18,8 @@ import os
 import shutil
 import time
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -146,12 +147,47 @@ def fetch(repo: str, commit: str, revision: str, f: RemoteFile, progress: Progre
         raise DownloadError(f"the Hub lists no SHA-256 for {f.name}, so it cannot be verified")
     blob = hfcache.blob_path(repo, f.sha256)
     hfcache.snapshot_path(repo, commit, f.name)  # validates the names before any write
-    with _locked(hfcache.lock_path(repo, f.sha256), f.name, progress):
+    fetch_file(hub.file_url(repo, commit, f.name), hub.auth_headers, blob, hfcache.lock_path(repo, f.sha256), f,
+               progress, HUB)
+    return hfcache.link_snapshot(repo, commit, f.name, f.sha256, revision)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a file comes from, as a transfer's errors name it: the Hub, or a model registry."""
+
+    name: str
+    digest: str  # what the bytes are checked against, in words
+    refused: str | None = None  # why a 401 or 403 happens, where that is known
+    refused_hint: str | None = None
+
+
+HUB = Source("the Hub", "the SHA-256 the Hub publishes", "the repo is gated or private",
+             "accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)")
+
+
+def fetch_file(url: str, headers: Callable[[], dict[str, str]], blob: Path, lock: Path, f: RemoteFile,
+               progress: Progress, source: Source) -> None:
+    """Make one file present at `blob` and verified against `f.sha256`: a blob there already is hashed once (a
+    bad one goes), a missing one comes from `url` through `blob`.incomplete, resumed where an earlier pull
+    stopped, under the lock `lock` (a file) so that two pulls never write it at once."""
+    assert f.sha256 is not None
+    with _locked(lock, f.name, progress):
         if blob.exists() and not _check_existing(blob, f, progress):
             blob.unlink()
         if not blob.exists():
-            _transfer(repo, commit, f, blob, progress)
-    return hfcache.link_snapshot(repo, commit, f.name, f.sha256, revision)
+            _transfer(url, headers(), f, blob, progress, source)
+
+
+def check_space(folder: Path, need: int, what: str) -> None:
+    """A DownloadError when `folder`'s disk has less than `need` bytes free and MARGIN to spare."""
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    if free < need + MARGIN:
+        raise DownloadError(
+            f"not enough disk space for {what}: need {format_bytes(need + MARGIN)}, have {format_bytes(free)} "
+            f"in {folder}",
+        )
 
 
 def verify_blob(blob: Path, sha256: str, label: str, progress: Progress) -> bool:
@@ -178,37 +214,35 @@ def _check_existing(blob: Path, f: RemoteFile, progress: Progress) -> bool:
     return ok
 
 
-def _transfer(repo: str, commit: str, f: RemoteFile, blob: Path, progress: Progress) -> None:
-    partial = blob.with_name(blob.name + ".incomplete")
+def partial_path(blob: Path) -> Path:
+    """Where a blob's bytes arrive until they are whole and verified."""
+    return blob.with_name(blob.name + ".incomplete")
+
+
+def _transfer(url: str, headers: dict[str, str], f: RemoteFile, blob: Path, progress: Progress,
+              source: Source) -> None:
+    partial = partial_path(blob)
     blob.parent.mkdir(parents=True, exist_ok=True)
     have = partial.stat().st_size if partial.exists() else 0
     if have > f.size:
         partial.unlink()
         have = 0
-    free = shutil.disk_usage(blob.parent).free
-    need = f.size - have
-    if free < need + MARGIN:
-        raise DownloadError(
-            f"not enough disk space for {f.name}: need {format_bytes(need + MARGIN)}, have {format_bytes(free)} "
-            f"in {blob.parent}",
-        )
+    check_space(blob.parent, f.size - have, f.name)
     digest = hashlib.sha256()
     if have:
         progress.note(f"{f.name}: resuming at {format_bytes(have)} of {format_bytes(f.size)}")
         with open(partial, "rb") as existing:
             while block := existing.read(CHUNK * 4):
                 digest.update(block)
-    url = hub.file_url(repo, commit, f.name)
-    headers = hub.auth_headers()
     progress.start(f.name, f.size, have)
     failures = 0
     with _open_partial(partial) as out:
         while have < f.size:
             try:
-                have, restarted = _stream(url, headers, have, f.size, out, digest, progress)
+                have, restarted = _stream(url, headers, have, f.size, out, digest, progress, source)
                 if restarted:
                     digest = hashlib.sha256()
-                    have, _ = _stream(url, headers, 0, f.size, out, digest, progress, truncate=True)
+                    have, _ = _stream(url, headers, 0, f.size, out, digest, progress, source, truncate=True)
                 failures = 0
             except _Transient as e:
                 _flush(out, f.size)
@@ -232,7 +266,7 @@ def _transfer(repo: str, commit: str, f: RemoteFile, blob: Path, progress: Progr
     if digest.hexdigest() != f.sha256:
         partial.unlink(missing_ok=True)
         raise DownloadError(
-            f"{f.name} does not match the SHA-256 the Hub publishes; the bad download was deleted",
+            f"{f.name} does not match {source.digest}; the bad download was deleted",
             hint="pull again; if it keeps failing the server or a proxy is corrupting it",
         )
     os.replace(partial, blob)
@@ -270,7 +304,7 @@ def _write(out: object, block: bytes) -> None:
 
 def _stream(
     url: str, headers: dict[str, str], start: int, size: int, out: object, digest: object, progress: Progress,
-    truncate: bool = False,
+    source: Source, truncate: bool = False,
 ) -> tuple[int, bool]:
     """Fetch bytes from `start`; returns (bytes now held, whether the server ignored the range)."""
     from io import BufferedWriter
@@ -282,10 +316,11 @@ def _stream(
         if e.code == 416 and start >= size:
             return start, False
         if e.code in (401, 403):
-            raise DownloadError(f"the Hub refused the download ({e.code}): the repo is gated or private",
-                                hint="accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)") from None
+            why = f": {source.refused}" if source.refused else ""
+            raise DownloadError(f"{source.name} refused the download ({e.code}){why}",
+                                hint=source.refused_hint) from None
         if e.code == 404:
-            raise DownloadError("the file is gone from the Hub (404)") from None
+            raise DownloadError(f"the file is gone from {source.name} (404)") from None
         raise _Transient(f"HTTP {e.code}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         raise _Transient(str(getattr(e, "reason", e))) from None

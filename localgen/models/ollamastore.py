@@ -4,8 +4,9 @@ manifest (manifests/HOST/NAMESPACE/MODEL/TAG, JSON) lists layers by media type a
 the blob blobs/sha256-HEX. The model layer is the GGUF; a projector layer is its mmproj; params give its default
 settings (as a catalogue entry's sampling: only where no flag is given), system its system prompt, messages its
 turns before the conversation, adapter a LoRA adapter; the Go template is not used (the GGUF's own template is).
-A blob's size is checked against its manifest's (Ollama verified its SHA-256 when it pulled it); nothing here
-writes into the store or touches the network."""
+Models `localgen pull ollama:NAME` downloaded (models/registry.py) are kept in the same layout in localgen's data
+dir (pulled_root()), read after Ollama's store. A blob's size is checked against its manifest's (Ollama, or
+localgen's pull, verified its SHA-256 when it was pulled); nothing here writes into a store or touches the network."""
 
 from __future__ import annotations
 
@@ -114,12 +115,33 @@ def parse_name(text: str) -> OllamaName:
 
 
 def roots() -> list[Path]:
-    """Where Ollama keeps its models: $OLLAMA_MODELS alone when set (as Ollama), else the user's store and the
-    Linux service's."""
+    """Where Ollama's models are: Ollama's store ($OLLAMA_MODELS alone when set, as Ollama reads it, else the user's
+    store and the Linux service's), then the models localgen pulled (pulled_root())."""
     env = os.environ.get("OLLAMA_MODELS")
-    if env:
-        return [Path(env).expanduser()]
-    return [Path.home() / ".ollama" / "models", SERVICE_STORE]
+    ollama = [Path(env).expanduser()] if env else [Path.home() / ".ollama" / "models", SERVICE_STORE]
+    return [*ollama, pulled_root()]
+
+
+def pulled_root() -> Path:
+    """The store of the models `localgen pull ollama:NAME` downloaded, in Ollama's layout; never Ollama's own."""
+    from localgen import paths
+
+    return paths.data_dir() / "ollama"
+
+
+def is_pulled(m: Manifest) -> bool:
+    """Whether a manifest is one localgen pulled (rather than Ollama's)."""
+    return m.path.is_relative_to(pulled_root())
+
+
+def _refetch(m: Manifest) -> str:
+    """How to fetch a damaged model again: Ollama's pull for Ollama's store, localgen's for its own."""
+    return f"`localgen pull {m.name.display}` fetches it again" if is_pulled(m) else (
+        f"`ollama pull {m.name.ollama}` fetches it again")
+
+
+def _store(m: Manifest) -> str:
+    return "localgen's pulled models" if is_pulled(m) else "Ollama's store"
 
 
 @dataclass(frozen=True)
@@ -145,7 +167,7 @@ class Manifest:
         return [x for x in self.layers if x.media == media]
 
 
-def _find(root: Path, name: OllamaName) -> Path | None:
+def find_manifest(root: Path, name: OllamaName) -> Path | None:
     """The manifest file for a name below root/manifests, its parts matched without regard to case, as Ollama's
     names compare."""
     here = root / "manifests"
@@ -166,7 +188,7 @@ def manifest(name: OllamaName) -> Manifest:
     places = roots()
     for root in places:
         try:
-            path = _find(root, name)
+            path = find_manifest(root, name)
         except OSError as e:  # the service's store, unreadable to this user
             raise LocalgenError(f"cannot read Ollama's store {root}: {e.strerror or e}") from None
         if path is not None:  # named as the store spells it (`list`'s name)
@@ -174,7 +196,8 @@ def manifest(name: OllamaName) -> Manifest:
     looked = " or ".join(str(r / "manifests" / "/".join(name.parts())) for r in places if _is_dir(r)) or (
         " or ".join(str(r) for r in places) + " (no such folder)")
     raise ModelNotFoundError(f"no Ollama model {name.ollama}: no manifest at {looked}",
-                             hint="`ollama list` shows Ollama's models; OLLAMA_MODELS names another store")
+                             hint=f"`localgen pull {name.display}` downloads it from {name.host}; `ollama list` "
+                                  "shows Ollama's models, OLLAMA_MODELS names another store")
 
 
 def _is_dir(path: Path) -> bool:
@@ -187,8 +210,7 @@ def _is_dir(path: Path) -> bool:
 def read_manifest(name: OllamaName, root: Path, path: Path) -> Manifest:
     """A manifest's layers, each with its blob's path; a LocalgenError naming the file when it is not one."""
     def damaged(why: str) -> LocalgenError:
-        return LocalgenError(f"Ollama's manifest {path} is damaged: {why}",
-                             hint=f"`ollama pull {name.ollama}` fetches it again")
+        return LocalgenError(f"Ollama's manifest {path} is damaged: {why}", hint=_refetch(Manifest(name, path)))
 
     doc = _json(path, damaged)
     if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
@@ -228,15 +250,14 @@ def checked_blob(m: Manifest, layer: Layer) -> Path:
     try:
         size = layer.blob.stat().st_size
     except OSError:
-        raise LocalgenError(f"the {layer.media} layer of {m.name.display} is missing from Ollama's store "
-                            f"({layer.blob})", hint=f"`ollama pull {m.name.ollama}` fetches it again") from None
+        raise LocalgenError(f"the {layer.media} layer of {m.name.display} is missing from {_store(m)} "
+                            f"({layer.blob})", hint=_refetch(m)) from None
     if not layer.blob.is_file():
         raise LocalgenError(f"the {layer.media} layer of {m.name.display} is damaged: {layer.blob} is not a file",
-                            hint=f"`ollama pull {m.name.ollama}` fetches it again")
+                            hint=_refetch(m))
     if size != layer.size:
         raise LocalgenError(f"the {layer.media} layer of {m.name.display} is damaged: {layer.blob} holds "
-                            f"{size:,} bytes, its manifest says {layer.size:,}",
-                            hint=f"`ollama pull {m.name.ollama}` fetches it again")
+                            f"{size:,} bytes, its manifest says {layer.size:,}", hint=_refetch(m))
     return layer.blob
 
 
@@ -297,7 +318,7 @@ def resolve(text: str) -> ModelRef:
         summary = read_summary(str(p.blob))
     except ModelFormatError as e:  # damaged, or a GGUF of Ollama's own conversion llama.cpp cannot read
         raise ModelFormatError(f"{m.name.display}: its model blob is not a GGUF llama.cpp can load: {e.message}",
-                               hint=refused_hint(m.name.display)) from None
+                               hint=refused_hint(m.name.display, is_pulled(m))) from None
     if (p.system or p.messages) and not summary.chat_template:
         what = " and ".join(x for x, on in (("system prompt", p.system), ("messages", p.messages)) if on)
         warn_once(f"{m.name.display}: Ollama's {what} are not used: the model has no chat template, so prompts go "
@@ -308,11 +329,13 @@ def resolve(text: str) -> ModelRef:
                     context=p.context, adapters=p.adapters, load=p.load)
 
 
-def refused_hint(name: str) -> str:
+def refused_hint(name: str, pulled: bool = False) -> str:
     """What to do about an Ollama model's GGUF that llama.cpp refuses (damaged, or Ollama's own conversion); `name`
-    as localgen shows it (ollama:...), or a preset's."""
+    as localgen shows it (ollama:...), or a preset's; `pulled`: one localgen pulled (its pull fetches it again)."""
     try:
-        pull = f"`ollama pull {parse_name(name.partition(':')[2]).ollama}` fetches it again if it is damaged; "
+        parsed = parse_name(name.partition(':')[2])
+        how = f"localgen pull {parsed.display}" if pulled else f"ollama pull {parsed.ollama}"
+        pull = f"`{how}` fetches it again if it is damaged; "
     except UsageError:  # a preset of the model
         pull = ""
     return (f"{pull}some of Ollama's library models are Ollama's own conversion, which llama.cpp cannot load: run "
@@ -350,7 +373,7 @@ def _params(m: Manifest, layer: Layer, sampling: dict[str, Any], load: dict[str,
 
 def _damaged(m: Manifest, layer: Layer, why: str) -> LocalgenError:
     return LocalgenError(f"the {layer.media} layer of {m.name.display} ({layer.blob}) is damaged: {why}",
-                         hint=f"`ollama pull {m.name.ollama}` fetches it again")
+                         hint=_refetch(m))
 
 
 def _context(value: Any) -> int:

@@ -17,7 +17,7 @@ from localgen.models.quant import QuantOption, best_that_fits, group_options, pi
 from localgen.types import ModelRef
 
 if TYPE_CHECKING:  # the transfer code (urllib, http.client) loads only when a pull happens
-    from localgen.models import download, presets
+    from localgen.models import download, ollamastore, presets
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
     first use will assemble it."""
     text = embedded.DEFAULT_MODEL if name is None else name  # an empty name is a mistake (names.parse), not "none"
     spec = names.parse(text)
-    if isinstance(spec, names.StoreSpec):  # Ollama's or LM Studio's store, used in place: never the network
-        return other_store(spec)
+    if isinstance(spec, names.StoreSpec):  # Ollama's or LM Studio's store, used in place; Ollama's registry
+        return other_store(spec, offline, progress, pull_missing)
     if isinstance(spec, names.PathSpec):
         if not spec.path.is_file() and not spec.path.exists():
             raise ModelNotFoundError(f"no such model file: {spec.path}")
@@ -76,10 +76,13 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
     return _hub_model(target, offline, progress, pull_missing)
 
 
-def other_store(spec: names.StoreSpec) -> ModelRef:
+def other_store(spec: names.StoreSpec, offline: bool = True, progress: download.Progress | None = None,
+                pull_missing: bool = False) -> ModelRef:
     """A model Ollama or LM Studio downloaded, from its own store. Where the store has no such model but a preset
     (or a user's catalogue entry) made before such names meant a store carries the whole name, the error says it is
-    shadowed and how to rename it."""
+    shadowed and how to rename it. An Ollama model in no store is pulled from its registry as a Hub model is from
+    the Hub (`offline`, `pull_missing`: as _hub_model's); where it may not be, a NotDownloadedError names the
+    pull."""
     from localgen.models import lmstudio, ollamastore
 
     try:
@@ -92,12 +95,38 @@ def other_store(spec: names.StoreSpec) -> ModelRef:
             kind = "preset"
         elif whole in catalogue.for_name(whole).entries:
             kind = "catalogue entry"
+        elif spec.store == "ollama":
+            return _ollama_registry(spec.name, e, offline, progress, pull_missing)
         else:
             raise
         raise ModelNotFoundError(f"{e.message}; your {kind} {whole} is shadowed: {spec.store}: now names "
                                  f"{'Ollama' if spec.store == 'ollama' else 'LM Studio'}'s store",
                                  hint=f"rename it: `localgen cp {whole} NEWNAME`, then `localgen rm {whole}`"
                                  if kind == "preset" else f"rename it in {catalogue.user_file()}") from None
+
+
+def _ollama_registry(text: str, e: ModelNotFoundError, flag: bool, progress: download.Progress | None,
+                     pull_missing: bool) -> ModelRef:
+    """An Ollama model in no store, pulled from its registry (unless offline: `flag`, or HF_HUB_OFFLINE; or not
+    `pull_missing`), then read from localgen's pulled models."""
+    from localgen.models import ollamastore
+
+    name = ollamastore.parse_name(text)
+    offline = flag or hfcache.offline_env()
+    if offline or not pull_missing:
+        how = f" {hfcache.without_offline(flag)}" if offline else ""
+        raise NotDownloadedError(e.message, hint=f"`localgen pull {name.display}`{how} downloads it from {name.host}",
+                                 name=name.display) from None
+    return pull_ollama(name, progress)
+
+
+def pull_ollama(name: ollamastore.OllamaName, progress: download.Progress | None) -> ModelRef:
+    """Download an Ollama model from its registry into localgen's pulled models, and read it from there."""
+    from localgen.models import ollamastore, registry
+    from localgen.models.download import Quiet
+
+    registry.pull(name, progress or Quiet())
+    return ollamastore.resolve(name.display.removeprefix(ollamastore.PREFIX))
 
 
 def _latest(spec: names.CatalogueSpec) -> names.CatalogueSpec:

@@ -34,7 +34,9 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
 
 def pull(
     name: Annotated[
-        str, typer.Argument(help="Catalogue name (qwen2.5:7b@Q8_0), owner/repo[:QUANT], or owner/repo/file.gguf.")
+        str, typer.Argument(help="Catalogue name (qwen2.5:7b@Q8_0), owner/repo[:QUANT], owner/repo/file.gguf, or "
+                                 "ollama:NAME[:TAG] from Ollama's library (ollama:HOST/NAMESPACE/NAME[:TAG] from "
+                                 "another registry).")
     ],
     list_quants: Annotated[
         bool,
@@ -46,7 +48,9 @@ def pull(
     gpu_memory: GpuMemory = None,
     ram: Ram = None,
 ) -> None:
-    """Download a model into the shared Hugging Face cache, resumably, verified by SHA-256."""
+    """Download a model into the shared Hugging Face cache, resumably, verified by SHA-256. An ollama: name that
+    Ollama's store lacks comes from its registry (registry.ollama.ai by default; http only for a loopback host),
+    each blob checked against its digest, into localgen's data dir in Ollama's layout."""
     from localgen.cli.progress import make_progress
     from localgen.models import hfcache, resolve
 
@@ -56,18 +60,26 @@ def pull(
     if model is not None:
         _pull_embedded(name, model, list_quants, json_out)
         return
-    target = resolve.target(name)
-    flag, offline = offline, offline or hfcache.offline_env()
-    if offline and list_quants:
-        raise UsageError("pull --list reads the Hub's listing; it cannot run offline")
-    if list_quants:
-        _list_quants(target, ctx, json_out, machine_for(gpu_memory, ram))
-        return
-    if offline:  # what the cache holds whole, verified, or one line saying it is not there
-        ref = resolve.cached(target, make_progress(), flag)
-        print(f"offline: {ref.name} is in the cache (not checked for a newer version on the Hub)", file=sys.stderr)
+    ollama = _pulled_ollama_name(name)
+    if ollama is not None:
+        if list_quants:
+            raise UsageError("pull --list lists a Hugging Face repo's quantizations; an Ollama model's tag names "
+                             "the one it has")
+        ref = _pull_ollama(ollama, offline)
     else:
-        ref = resolve.pull(target, make_progress())
+        target = resolve.target(name)
+        flag, offline = offline, offline or hfcache.offline_env()
+        if offline and list_quants:
+            raise UsageError("pull --list reads the Hub's listing; it cannot run offline")
+        if list_quants:
+            _list_quants(target, ctx, json_out, machine_for(gpu_memory, ram))
+            return
+        if offline:  # what the cache holds whole, verified, or one line saying it is not there
+            ref = resolve.cached(target, make_progress(), flag)
+            print(f"offline: {ref.name} is in the cache (not checked for a newer version on the Hub)",
+                  file=sys.stderr)
+        else:
+            ref = resolve.pull(target, make_progress())
     if json_out:
         print(json.dumps({"name": ref.name, "file": ref.path, "sha256": ref.sha256,
                           "quantization": ref.quantization, "size": ref.summary.file_size}))
@@ -76,6 +88,41 @@ def pull(
     from localgen.cli.hints import tune_tip
 
     tune_tip(sys.stderr.isatty(), lambda text: print(text, file=sys.stderr), ref.name, ref.path)
+
+
+def _pulled_ollama_name(name: str) -> Any:
+    """The OllamaName of an `ollama:` name that Ollama's own store does not hold (localgen pulls it from the
+    registry); None for any other name, and for a model in Ollama's store (which Ollama updates: `pull` of it says
+    there is nothing to pull)."""
+    from localgen.errors import ModelNotFoundError
+    from localgen.models import names, ollamastore, presets
+
+    spec = names.parse(name)
+    if not isinstance(spec, names.StoreSpec) or spec.store != "ollama" or presets.exists(name):
+        return None
+    parsed = ollamastore.parse_name(spec.name)
+    try:
+        found = ollamastore.manifest(parsed)
+    except ModelNotFoundError:
+        return parsed
+    return parsed if ollamastore.is_pulled(found) else None
+
+
+def _pull_ollama(name: Any, flag: bool) -> Any:
+    """`pull ollama:NAME`: the manifest and blobs from its registry (blobs already here are kept), into localgen's
+    pulled models; offline, the pulled copy as it is, or one line saying there is none."""
+    from localgen.cli.progress import make_progress
+    from localgen.errors import NotDownloadedError
+    from localgen.models import hfcache, ollamastore, registry, resolve
+
+    if not (flag or hfcache.offline_env()):
+        return resolve.pull_ollama(name, make_progress())
+    if registry.pulled(name) is None:
+        raise NotDownloadedError(f"{name.display} is not pulled and localgen is offline",
+                                 hint=f"pull it {hfcache.without_offline(flag)}", name=name.display)
+    ref = ollamastore.resolve(name.display.removeprefix(ollamastore.PREFIX))
+    print(f"offline: {ref.name} is pulled (not checked for a newer version on {name.host})", file=sys.stderr)
+    return ref
 
 
 def _pull_embedded(name: str, model: Any, list_quants: bool, json_out: bool) -> None:
@@ -395,8 +442,9 @@ def rm(
     offline: o.Offline = False,
 ) -> None:
     """Remove a model's files from the cache; a blob another cached model still uses is kept. A preset: only
-    the preset goes, never its base model's files. Ollama's and LM Studio's models are refused: their own tool
-    removes them (a preset named ollama:X or lmstudio:X made before those names meant their stores is removed)."""
+    the preset goes, never its base model's files. An ollama: model localgen pulled: its manifest and the blobs no
+    other pulled model uses. Ollama's and LM Studio's own models are refused: their own tool removes them (a preset
+    named ollama:X or lmstudio:X made before those names meant their stores is removed)."""
     from localgen.models import names, presets, store
     from localgen.models.resolve import embedded_model, target
 
@@ -404,6 +452,8 @@ def rm(
     if isinstance(spec, names.StoreSpec) and not presets.exists(name):  # another tool's store: never changed here
         from localgen.models import lmstudio, ollamastore  # (a preset made before ollama: named a store goes)
 
+        if spec.store == "ollama" and _rm_pulled_ollama(name, spec.name, yes):
+            return
         raise (ollamastore if spec.store == "ollama" else lmstudio).refuse_removal(spec.name)
     if presets.exists(name):
         _confirm(f"the preset {name} (its base model stays)", 0, yes, size=False)
@@ -437,6 +487,24 @@ def rm(
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
     print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 bytes'}{kept}")
+
+
+def _rm_pulled_ollama(given: str, text: str, yes: bool) -> bool:
+    """rm of a model `localgen pull ollama:...` downloaded: its manifest and the blobs no other pulled model uses
+    go; False where localgen pulled no such model (Ollama's own store is never changed)."""
+    from localgen.models import ollamastore, registry
+
+    name = ollamastore.parse_name(text)
+    path = registry.pulled(name)
+    if path is None:
+        return False
+    m = ollamastore.read_manifest(name, ollamastore.pulled_root(), path)
+    _warn_presets_on(given)
+    _confirm(f"{name.display}, pulled from {name.host}", sum(x.size for x in m.layers), yes)
+    freed, kept = registry.remove(name)
+    shared = f" ({kept} blob(s) another pulled model uses were kept)" if kept else ""
+    print(f"removed {name.display}, freed {format_bytes(freed) if freed else '0 bytes'}{shared}")
+    return True
 
 
 def _warn_presets_on(name: str) -> None:

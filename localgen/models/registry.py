@@ -1,0 +1,261 @@
+"""Models pulled from Ollama's library (registry.ollama.ai, or the registry a name's host part names) without
+Ollama: GET /v2/NAMESPACE/MODEL/manifests/TAG (a Docker v2 manifest), then each layer's blob, resumable and
+checked against its digest and size (models/download.py's transfer), into localgen's own copy of Ollama's layout
+(ollamastore.pulled_root(): manifests/HOST/NAMESPACE/MODEL/TAG and blobs/sha256-HEX). ollamastore reads it after
+Ollama's own store, which nothing here writes into. Blobs two models share are kept once; remove() takes a
+model's manifest and the blobs no other pulled manifest uses."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from localgen import paths
+from localgen.errors import LocalgenError, ModelNotFoundError
+from localgen.models import ollamastore
+from localgen.models.ollamastore import DIGEST, MEDIA, OllamaName
+
+if TYPE_CHECKING:  # the transfer code (urllib, http.client) loads only when a pull happens
+    from localgen.models.download import Progress
+
+MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"  # what Ollama's pull asks for
+MAX_MANIFEST = 1 << 20  # Ollama's are a few hundred bytes
+MAX_SMALL = 1 << 20  # a layer that is not weights (params, system, template, license, ...), and the config
+MAX_WEIGHTS = 2 << 40  # a model, projector or adapter layer: more than any GGUF published
+WEIGHTS = ("model", "projector", "adapter")
+RETRIES = 3
+TIMEOUT_S = 30
+
+
+class RegistryUnreachableError(LocalgenError):
+    """No answer from a registry."""
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A blob a manifest names: its digest (sha256:HEX, lower case), size and what it is."""
+
+    digest: str
+    size: int
+    media: str
+
+    @property
+    def filename(self) -> str:
+        """Its file in blobs/, as Ollama names it."""
+        return self.digest.replace(":", "-", 1)
+
+
+def base_url(host: str) -> str:
+    """https://HOST, or http://HOST for a loopback host (localhost, 127.0.0.0/8, as Docker treats a local registry
+    as insecure): a registry anywhere else is never spoken to in the clear."""
+    hostname = host.rpartition(":")[0] if ":" in host else host
+    try:
+        loopback = hostname.lower() == "localhost" or ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        loopback = False
+    return f"{'http' if loopback else 'https'}://{host}"
+
+
+def _url(name: OllamaName, what: str) -> str:
+    return f"{base_url(name.host)}/v2/{name.namespace}/{name.model}/{what}"
+
+
+def pull(name: OllamaName, progress: Progress) -> Path:
+    """Download a model's manifest and every blob it names (those already here are hashed once and kept), and
+    store the manifest last; returns its path. Nothing is downloaded for a manifest without a GGUF model layer,
+    with a layer over its size limit, or for which the disk has no room."""
+    from localgen.models import download
+    from localgen.models.quant import RemoteFile
+
+    raw = fetch_manifest(name)
+    blobs = read_blobs(name, raw)
+    root = ollamastore.pulled_root()
+    folder = root / "blobs"
+    missing = {b.digest: b for b in blobs if not _whole(folder / b.filename, b.size)}
+    need = sum(b.size - _size(download.partial_path(folder / b.filename)) for b in missing.values())
+    download.check_space(folder, max(need, 0), name.display)
+    source = download.Source(name.host, f"its digest in {name.display}'s manifest")
+    for b in {b.digest: b for b in blobs}.values():
+        label = f"{name.ollama} {b.media}"
+        shown = progress if b.media in WEIGHTS else download.Quiet()  # a few bytes of settings: no bar of their own
+        download.fetch_file(_url(name, f"blobs/{b.digest}"), lambda: {}, folder / b.filename,
+                            root / ".locks" / f"{b.filename}.lock", RemoteFile(label, b.size, b.digest.split(":")[1]),
+                            shown, source)
+    path = _manifest_path(root, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(raw)
+    os.replace(tmp, path)  # the manifest last: a model is listed only once every blob is whole
+    paths.fsync_dir(path.parent)
+    return path
+
+
+def _whole(blob: Path, size: int) -> bool:
+    return _size(blob) == size
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _manifest_path(root: Path, name: OllamaName) -> Path:
+    """Where the name's manifest is (an earlier pull's, as its parts were spelt then), else where it goes."""
+    found = ollamastore.find_manifest(root, name)
+    return found if found is not None else root / "manifests" / Path(*name.parts())
+
+
+def fetch_manifest(name: OllamaName) -> bytes:
+    """The name's manifest as the registry sends it (its bytes are kept as they are, so that its SHA-256 is the
+    digest Ollama lists); a one-line error for an unknown name or tag, a refusal, a registry that does not answer,
+    or a manifest over MAX_MANIFEST (refused by its Content-Length before its body is read)."""
+    import http.client
+    import urllib.error
+
+    from localgen.models import hub
+
+    url = _url(name, f"manifests/{name.tag}")
+    for attempt in range(RETRIES):
+        try:
+            with hub.open_url(url, {"Accept": MANIFEST_TYPE}, TIMEOUT_S) as resp:
+                length = resp.headers.get("Content-Length")
+                if length is not None and length.strip().isdigit() and int(length) > MAX_MANIFEST:
+                    raise _too_big(name, f"{int(length):,}")
+                raw: bytes = resp.read(MAX_MANIFEST + 1)
+                if len(raw) > MAX_MANIFEST:
+                    raise _too_big(name, f"over {MAX_MANIFEST:,}")
+                return raw
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                raise ModelNotFoundError(f"{name.host} has no model {name.namespace}/{name.model} with the tag "
+                                         f"{name.tag} (404)", hint=_library_hint(name)) from None
+            if e.code in (401, 403):
+                raise LocalgenError(f"{name.host} refused the manifest of {name.ollama} ({e.code}): the model is "
+                                    "private or needs a login, which localgen cannot give") from None
+            if e.code < 500 or attempt + 1 == RETRIES:
+                raise LocalgenError(f"{name.host} answered {e.code} for the manifest of {name.ollama}") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            if attempt + 1 == RETRIES:
+                reason = getattr(e, "reason", None)  # urllib's URLError: the socket's error inside it
+                raise RegistryUnreachableError(
+                    f"cannot reach the registry {name.host}: "
+                    f"{hub.connection_reason(reason if isinstance(reason, BaseException) else e)}",
+                    hint="`localgen list` shows the models already here, which --offline uses without a network",
+                ) from None
+        time.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _too_big(name: OllamaName, size: str) -> LocalgenError:
+    return LocalgenError(f"the manifest {name.host} sent for {name.ollama} is {size} bytes; a manifest over "
+                         f"{MAX_MANIFEST:,} bytes is refused")
+
+
+def _library_hint(name: OllamaName) -> str | None:
+    """Where Ollama's library lists a model's tags (for its own registry only)."""
+    if name.host.lower() != ollamastore.DEFAULT_HOST:
+        return None
+    page = f"library/{name.model}" if name.namespace.lower() == ollamastore.DEFAULT_NAMESPACE else (
+        f"{name.namespace}/{name.model}")
+    return f"https://ollama.com/{page}/tags lists its tags"
+
+
+def read_blobs(name: OllamaName, raw: bytes) -> list[Blob]:
+    """The blobs a manifest names, config first, each checked (digest, size, its limit); a LocalgenError for a
+    manifest that is not one or has no GGUF model layer."""
+    def bad(why: str) -> LocalgenError:
+        return LocalgenError(f"the manifest {name.host} sent for {name.ollama} is not one localgen can use: {why}")
+
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise bad("it is not JSON") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
+        raise bad("it has no list of layers")
+    entries = ([("config", doc["config"])] if isinstance(doc.get("config"), dict) else []) + [
+        ("layer", x) for x in doc["layers"]]
+    blobs = []
+    for kind, raw_layer in entries:
+        if not isinstance(raw_layer, dict) or not isinstance(raw_layer.get("mediaType"), str):
+            raise bad(f"a {kind} without a mediaType")
+        digest, size = raw_layer.get("digest"), raw_layer.get("size")
+        m = DIGEST.fullmatch(digest) if isinstance(digest, str) and digest.startswith("sha256:") else None
+        if m is None:
+            raise bad(f"a {kind}'s digest is not sha256:HEX: {str(digest)[:80]!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise bad(f"a {kind}'s size is not a byte count: {str(size)[:40]!r}")
+        media = "config" if kind == "config" else raw_layer["mediaType"].removeprefix(MEDIA)
+        limit = MAX_WEIGHTS if media in WEIGHTS else MAX_SMALL
+        if size > limit:
+            raise bad(f"its {media} layer is {size:,} bytes, over the {limit:,} localgen takes")
+        blobs.append(Blob(f"sha256:{m.group(1).lower()}", size, media))
+    if not any(b.media == "model" for b in blobs):
+        raise LocalgenError(f"{name.display} has no GGUF model layer in its manifest: localgen cannot run it "
+                            "(nothing was downloaded)")
+    return blobs
+
+
+def _digests(path: Path) -> set[str]:
+    """The blob files a stored manifest names (a damaged one: none)."""
+    try:
+        doc = json.loads(path.read_bytes()[:MAX_MANIFEST + 1])
+    except (OSError, ValueError, UnicodeDecodeError):
+        return set()
+    if not isinstance(doc, dict):
+        return set()
+    layers = doc.get("layers")
+    found = set()
+    for x in [doc.get("config"), *(layers if isinstance(layers, list) else [])]:
+        m = DIGEST.fullmatch(x.get("digest", "")) if isinstance(x, dict) and isinstance(x.get("digest"), str) else None
+        if m is not None:
+            found.add(f"sha256-{m.group(1).lower()}")
+    return found
+
+
+def pulled(name: OllamaName) -> Path | None:
+    """The manifest of a model localgen pulled, or None."""
+    return ollamastore.find_manifest(ollamastore.pulled_root(), name)
+
+
+def remove(name: OllamaName) -> tuple[int, int]:
+    """Remove a pulled model: its manifest, and the blobs no other pulled manifest names. Returns the bytes freed
+    and the number of blobs kept for other models; a ModelNotFoundError when localgen pulled no such model."""
+    root = ollamastore.pulled_root()
+    path = pulled(name)
+    if path is None:
+        raise ModelNotFoundError(f"localgen pulled no model {name.ollama}", hint="localgen list shows what is here")
+    mine = _digests(path)
+    path.unlink()
+    _prune(path.parent, root / "manifests")
+    used: set[str] = set()
+    top = root / "manifests"
+    for other in top.glob("*/*/*/*") if top.is_dir() else ():
+        if other.is_file():
+            used |= _digests(other)
+    freed, kept = 0, 0
+    for blob in sorted(mine):
+        if blob in used:
+            kept += 1
+            continue
+        file = root / "blobs" / blob
+        freed += _size(file)
+        file.unlink(missing_ok=True)
+        (root / ".locks" / f"{blob}.lock").unlink(missing_ok=True)
+    return freed, kept
+
+
+def _prune(folder: Path, top: Path) -> None:
+    """Remove empty folders from `folder` up to (not including) `top`."""
+    while folder != top and folder.is_relative_to(top):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent

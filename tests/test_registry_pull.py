@@ -1,0 +1,275 @@
+"""`localgen pull ollama:NAME` from a registry without Ollama (models/registry.py): a loopback registry
+(tests/registry_server.py) serving SmolLM2's GGUF as Ollama's library does, pulled over http by the real CLI into
+localgen's data dir in Ollama's layout, then run, listed, shown and removed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import registry_server
+from tests.conftest import ROOT
+from tests.forkserver import ForkServer
+from tests.hub_server import HubFile
+from tests.registry_server import MANIFEST_TYPE, FakeRegistry
+
+PARAMS = b'{"temperature": 0, "num_predict": 6}'
+SYSTEM = b"You answer in one word."
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[FakeRegistry]:
+    reg, server = registry_server.start()
+    yield reg
+    server.shutdown()
+    server.cdn.shutdown()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def gguf(smollm2_path: Path) -> HubFile:
+    return HubFile(smollm2_path)
+
+
+@pytest.fixture
+def reg(served: FakeRegistry, gguf: HubFile) -> FakeRegistry:
+    """The registry with library/smollm2:135m (GGUF, params, system prompt) and library/smollm2:plain (the same
+    GGUF blob alone)."""
+    served.reset()
+    served.add("library/smollm2:135m", [("model", gguf), ("params", HubFile(PARAMS)), ("system", HubFile(SYSTEM))])
+    served.add("library/smollm2:plain", [("model", gguf)])
+    return served
+
+
+@pytest.fixture(scope="module")
+def forks(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """A fork server in this module's environment: online (no HF_HUB_OFFLINE) and with an empty Ollama store of
+    its own, so that nothing of the real ~/.ollama is read and what Ollama's store holds after a pull is seen."""
+    e = {k: v for k, v in cli_env.items() if k != "HF_HUB_OFFLINE"}
+    e["OLLAMA_MODELS"] = str(tmp_path_factory.mktemp("ollama-store"))
+    server = ForkServer(e, ROOT, Path(tempfile.mkdtemp(prefix="localgen-forks-")))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def env(forks: ForkServer, tmp_path: Path) -> dict[str, str]:
+    return {**forks.env, "LOCALGEN_HOME": str(tmp_path / "home")}
+
+
+@pytest.fixture
+def lg(forks: ForkServer, env: dict[str, str]) -> Lg:
+    return Lg(forks, env)
+
+
+class Lg:
+    """`localgen ARGS` in the test's environment (forked where the environment allows, else a new interpreter)."""
+
+    def __init__(self, forks: ForkServer, env: dict[str, str]) -> None:
+        self.forks, self.env = forks, env
+
+    def __call__(self, *args: str, **more: str) -> subprocess.CompletedProcess[str]:
+        env = {**self.env, **more}
+        if self.forks.accepts(env):
+            return self.forks.run(list(args), env, "", 600)
+        return subprocess.run([sys.executable, "-m", "localgen", *args], env=env, capture_output=True, text=True,
+                              timeout=600, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+    @property
+    def pulled(self) -> Path:
+        return Path(self.env["LOCALGEN_HOME"]) / "data" / "ollama"
+
+
+def name(reg: FakeRegistry, model: str = "smollm2:135m") -> str:
+    return f"ollama:{reg.host}/library/{model}"
+
+
+def one_line(r: subprocess.CompletedProcess[str], rc: int, says: str, progress: bool = False) -> None:
+    """The command failed with `rc` and one error line saying `says` (after a download's progress lines, with
+    `progress`)."""
+    assert r.returncode == rc, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert says in lines[-1] and "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1 or (progress and sum("error" in x for x in lines) == 1), r.stderr
+
+
+def test_pull_stores_ollama_s_layout_that_run_list_and_show_read(lg: Lg, reg: FakeRegistry, gguf: HubFile) -> None:
+    """docs/models.md "Models from Ollama's library": the manifest (asked for as a Docker v2 manifest) and each
+    blob land in localgen's data dir in Ollama's layout, never in Ollama's store; run answers with the model and
+    its params, list and show name it, show gives its system prompt."""
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[:3] == [name(reg), "Q4_1", "94"], r.stdout
+    method, path, _, accept = reg.requests[0]
+    assert (method, path, accept) == ("GET", "/v2/library/smollm2/manifests/135m", MANIFEST_TYPE)
+    manifest = lg.pulled / "manifests" / reg.host / "library" / "smollm2" / "135m"
+    assert manifest.read_bytes() == reg.manifests["library/smollm2:135m"]  # as sent: Ollama's digest of it holds
+    blobs = sorted(p.name for p in (lg.pulled / "blobs").iterdir())
+    assert len(blobs) == 4 and f"sha256-{gguf.sha256}" in blobs, blobs  # config, model, params, system
+    assert not any(Path(lg.env["OLLAMA_MODELS"]).iterdir())
+    r = lg("run", "-m", name(reg), "-p", "What is the capital of France?", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["model"]["name"] == name(reg) and out["model"]["source"] == "ollama", out
+    assert out["text"] and out["stats"]["completion_tokens"] <= 6, out
+    assert (out["sampling"]["temperature"], out["sampling"]["max_tokens"]) == (0, 6), out  # the params layer's
+    listed = {m["name"]: m for m in json.loads(lg("list", "--json").stdout)}
+    assert listed[name(reg)]["source"] == "ollama"
+    shown = json.loads(lg("show", name(reg), "--json").stdout)
+    assert shown["name"] == name(reg) and shown["sha256"] == gguf.sha256, shown
+    assert f"SYSTEM {SYSTEM.decode()}\n" in lg("show", name(reg), "--modelfile").stdout
+
+
+def test_a_cut_connection_resumes_and_a_partial_blob_never_takes_its_digest_s_name(lg: Lg, reg: FakeRegistry,
+                                                                                     gguf: HubFile) -> None:
+    """docs/models.md: a pull that stops keeps its bytes in sha256-HEX.incomplete, lists nothing, and the next
+    pull continues from there with a Range request."""
+    digest = "sha256:" + gguf.sha256
+    reg.drop_after[digest] = [i * 10_000_000 for i in range(1, 7)]  # six cuts: the pull gives up after six tries
+    r = lg("pull", name(reg, "smollm2:plain"))
+    one_line(r, 1, "failed after 6 tries", progress=True)
+    blob = lg.pulled / "blobs" / f"sha256-{gguf.sha256}"
+    assert not blob.exists() and blob.with_name(blob.name + ".incomplete").stat().st_size == 60_000_000
+    assert not (lg.pulled / "manifests").exists()
+    assert name(reg, "smollm2:plain") not in lg("list").stdout
+    r = lg("pull", name(reg, "smollm2:plain"))
+    assert r.returncode == 0, r.stderr
+    assert "resuming at" in r.stderr and reg.blob_requests(digest)[-1] == "bytes=60000000-", reg.requests
+    assert blob.stat().st_size == gguf.size and not blob.with_name(blob.name + ".incomplete").exists()
+
+
+def test_blobs_follow_the_registry_s_redirect_to_its_cdn_and_resume_there(lg: Lg, reg: FakeRegistry,
+                                                                            gguf: HubFile) -> None:
+    """registry.ollama.ai answers a blob's GET with a redirect to a CDN: the pull follows it, with its Range."""
+    reg.redirect_blobs = True
+    reg.drop_after["sha256:" + gguf.sha256] = [20_000_000]
+    r = lg("pull", name(reg, "smollm2:plain"))
+    assert r.returncode == 0, r.stderr
+    got = [rng for path, rng in reg.cdn_requests if path.endswith(gguf.sha256)]
+    assert got == ["bytes=0-", "bytes=20000000-"], reg.cdn_requests
+    assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}").stat().st_size == gguf.size
+
+
+def test_a_blob_that_is_not_its_digest_is_deleted_and_nothing_is_listed(lg: Lg, reg: FakeRegistry,
+                                                                          gguf: HubFile) -> None:
+    reg.blobs["sha256:" + gguf.sha256] = registry_server.wrong(gguf)
+    r = lg("pull", name(reg, "smollm2:plain"))
+    one_line(r, 1, "does not match its digest in", progress=True)
+    assert "the bad download was deleted" in r.stderr
+    assert [p.name for p in (lg.pulled / "blobs").iterdir()] == [next(
+        f"sha256-{d.split(':')[1]}" for d in reg.blobs if d != "sha256:" + gguf.sha256)]  # the config alone
+    assert not (lg.pulled / "manifests").exists()
+
+
+def test_rm_removes_a_pulled_model_and_keeps_the_blobs_another_uses(lg: Lg, reg: FakeRegistry,
+                                                                     gguf: HubFile) -> None:
+    """docs/models.md: blobs two pulled models share are stored once; rm takes a model's manifest and the blobs
+    no other pulled model uses."""
+    for tag in ("smollm2:135m", "smollm2:plain"):
+        assert lg("pull", name(reg, tag)).returncode == 0
+    model = lg.pulled / "blobs" / f"sha256-{gguf.sha256}"
+    assert len(list((lg.pulled / "blobs").iterdir())) == 4  # config, GGUF, params, system: each once
+    assert len(reg.blob_requests("sha256:" + gguf.sha256)) == 1  # the second tag's GGUF was here already
+    r = lg("rm", name(reg), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert "removed" in r.stdout and "2 blob(s) another pulled model uses were kept" in r.stdout, r.stdout
+    assert model.exists() and len(list((lg.pulled / "blobs").iterdir())) == 2  # the GGUF and the config stay
+    assert not (lg.pulled / "manifests" / reg.host / "library" / "smollm2" / "135m").exists()
+    assert lg("show", name(reg, "smollm2:plain")).returncode == 0
+    r = lg("rm", name(reg, "smollm2:plain"), "--yes")
+    assert r.returncode == 0 and "freed 94" in r.stdout, r.stdout
+    assert not any((lg.pulled / "blobs").iterdir()) and not any((lg.pulled / "manifests").iterdir())
+    one_line(lg("rm", name(reg), "--yes"), 1, f"no Ollama model {reg.host}/library/smollm2:135m")
+
+
+def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry) -> None:
+    """docs/models.md: `run -m ollama:NAME` of a model in neither store downloads it, as a Hub name does;
+    offline it is one line naming `localgen pull`, which offline uses a pulled copy as it is."""
+    r = lg("run", "-m", name(reg), "-p", "Hi", "-n", "2", LOCALGEN_OFFLINE="1")
+    one_line(r, 1, f"no Ollama model {reg.host}/library/smollm2:135m")
+    assert f"`localgen pull {name(reg)}` with LOCALGEN_OFFLINE unset downloads it from {reg.host}" in r.stderr
+    one_line(lg("pull", name(reg), LOCALGEN_OFFLINE="1"), 1, "is not pulled and localgen is offline")
+    r = lg("show", name(reg))  # online, but show never downloads
+    one_line(r, 1, f"`localgen pull {name(reg)}` downloads it from {reg.host}")
+    one_line(lg("pull", name(reg), "--list"), 2, "pull --list lists a Hugging Face repo's quantizations")
+    assert reg.requests == []
+    r = lg("run", "-m", name(reg), "-p", "Hi", "-n", "2")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert reg.requests[0][1] == "/v2/library/smollm2/manifests/135m"
+    r = lg("pull", name(reg), LOCALGEN_OFFLINE="1")
+    assert r.returncode == 0 and r.stdout.startswith(name(reg)), r.stderr
+    assert f"is pulled (not checked for a newer version on {reg.host})" in r.stderr
+
+
+def _no_model(reg: FakeRegistry) -> None:
+    reg.add("library/textonly:1", [("params", HubFile(PARAMS))])
+
+
+def _big_manifest(reg: FakeRegistry) -> None:
+    reg.manifests["library/big:1"] = b" " * (1 << 20) + reg.manifests["library/smollm2:plain"]
+
+
+def _big_layer(reg: FakeRegistry) -> None:
+    reg.add("library/big:1", [("model", HubFile(b"x")), ("system", HubFile(b"y"))])
+    doc = json.loads(reg.manifests["library/big:1"])
+    doc["layers"][1]["size"] = 2 << 20
+    reg.manifests["library/big:1"] = json.dumps(doc).encode()
+
+
+def _no_room(reg: FakeRegistry) -> None:
+    reg.add("library/big:1", [("model", HubFile(b"x"))])
+    doc = json.loads(reg.manifests["library/big:1"])
+    doc["layers"][0]["size"] = 1 << 40  # 1 TiB: within a model layer's limit, beyond this disk
+    reg.manifests["library/big:1"] = json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(("model", "setup", "says"), [
+    ("nothere", None, "has no model library/nothere with the tag latest (404)"),
+    ("smollm2:nosuchtag", None, "has no model library/smollm2 with the tag nosuchtag (404)"),
+    ("textonly:1", _no_model, "has no GGUF model layer in its manifest: localgen cannot run it"),
+    ("big:1", _big_manifest, "a manifest over 1,048,576 bytes is refused"),
+    ("big:1", _big_layer, "its system layer is 2,097,152 bytes, over the 1,048,576 localgen takes"),
+    ("big:1", _no_room, "not enough disk space for"),
+])
+def test_registry_errors_are_one_line_before_any_blob(lg: Lg, reg: FakeRegistry, model: str, setup: object,
+                                                      says: str) -> None:
+    if callable(setup):
+        setup(reg)
+    one_line(lg("pull", name(reg, model)), 1, says)
+    assert [p for _, p, _, _ in reg.requests if "/blobs/" in p] == []
+    assert not (lg.pulled / "manifests").exists()
+
+
+def test_a_registry_that_wants_a_login_refuses_in_one_line(lg: Lg, reg: FakeRegistry) -> None:
+    reg.fail_statuses.append(401)
+    one_line(lg("pull", name(reg)), 1, f"{reg.host} refused the manifest of {reg.host}/library/smollm2:135m (401)")
+    assert len(reg.requests) == 1 and not (lg.pulled / "manifests").exists()
+
+
+@pytest.mark.parametrize(("host", "why"), [("127.0.0.1:1", "connection refused"),
+                                         ("registry.invalid", "")])  # .invalid never resolves (RFC 2606)
+def test_an_unreachable_registry_is_named_with_the_reason(lg: Lg, host: str, why: str) -> None:
+    r = lg("pull", f"ollama:{host}/library/smollm2")
+    one_line(r, 1, f"cannot reach the registry {host}: {why}")
+    assert ">" not in r.stderr and "urlopen" not in r.stderr, r.stderr  # the reason alone, not urllib's wrapping
+
+
+@pytest.mark.parametrize("bad", ["ollama:a/../b", "ollama:../x", "ollama:127.0.0.1:1/../x/y", "ollama:x:.."])
+def test_a_name_that_leaves_the_store_is_refused_before_any_request(lg: Lg, reg: FakeRegistry, bad: str) -> None:
+    for cmd in (("pull", bad), ("run", "-m", bad, "-p", "x"), ("rm", bad, "--yes")):
+        one_line(lg(*cmd), 2, "is not an Ollama model name")
+    assert reg.requests == [] and not lg.pulled.exists()
+
+
+def test_only_a_loopback_registry_is_spoken_to_over_http() -> None:
+    from localgen.models.registry import base_url
+
+    assert base_url("registry.ollama.ai") == "https://registry.ollama.ai"
+    assert base_url("10.0.0.1:5000") == "https://10.0.0.1:5000"
+    assert base_url("127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert base_url("localhost") == "http://localhost"
