@@ -273,3 +273,37 @@ def test_only_a_loopback_registry_is_spoken_to_over_http() -> None:
     assert base_url("10.0.0.1:5000") == "https://10.0.0.1:5000"
     assert base_url("127.0.0.1:5000") == "http://127.0.0.1:5000"
     assert base_url("localhost") == "http://localhost"
+
+
+def test_serve_pulls_an_ollama_name_over_ollama_s_api_and_deletes_it(env: dict[str, str], reg: FakeRegistry,
+                                                                    gguf: HubFile, tmp_path: Path) -> None:
+    """docs/models.md "Models from Ollama's library": serve's /api/pull takes an ollama: name as `localgen pull`
+    does (progress lines, the blobs in localgen's pulled models), the model then answers and is listed, a model
+    Ollama's own store holds is here already (nothing asked of the registry), a tag the registry lacks is a 404,
+    and /api/delete removes the pulled copy (never Ollama's)."""
+    import httpx
+    import ollama
+
+    from tests.test_serve import Server
+
+    s = Server({**env, "LOCALGEN_HOME": str(tmp_path / "serve-home")}, "-np", "1", "--ctx", "512")
+    try:
+        client = ollama.Client(host=s.url)
+        model = name(reg, "smollm2:plain")
+        lines = list(client.pull(model, stream=True))
+        statuses = [x.status for x in lines]
+        assert statuses[0] == "pulling manifest" and statuses[-1] == "success", statuses
+        assert any(x.total == gguf.size and x.completed == gguf.size for x in lines), lines
+        assert f"/v2/library/smollm2/blobs/sha256:{gguf.sha256}" in [p for _, p, _, _ in reg.requests]
+        assert model in [m.model for m in client.list().models]
+        r = client.generate(model=model, prompt="Say hi.", options={"num_predict": 3, "temperature": 0})
+        assert r.done and r.eval_count and r.eval_count <= 3
+        r2 = httpx.post(f"{s.url}/api/pull", json={"model": name(reg, "smollm2:none"), "stream": False}, timeout=60)
+        assert r2.status_code == 404 and "with the tag none (404)" in r2.json()["error"], r2.text
+        client.delete(model)
+        assert model not in [m.model for m in client.list().models]
+        assert not list((tmp_path / "serve-home" / "data" / "ollama" / "blobs").iterdir())
+    finally:
+        assert s.stop() == 0
+        log = s.proc.stderr.read().decode() if s.proc.stderr else ""
+    assert "Traceback" not in log, log

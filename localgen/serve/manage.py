@@ -281,6 +281,7 @@ class Lines:
 def _pull_error(e: BaseException) -> HTTPError:
     from localgen.models.download import DownloadError
     from localgen.models.hub import HubUnreachableError
+    from localgen.models.registry import RegistryUnreachableError
 
     assert isinstance(e, LocalgenError)
     if isinstance(e, ServeError):  # the server is stopping (Pull.end)
@@ -291,7 +292,7 @@ def _pull_error(e: BaseException) -> HTTPError:
         return HTTPError(400, e.message)
     if isinstance(e, ModelFormatError):  # the repo's file is not a model (pull removed it again)
         return HTTPError(422, e.message)
-    if isinstance(e, (DownloadError, HubUnreachableError)):
+    if isinstance(e, (DownloadError, HubUnreachableError, RegistryUnreachableError)):
         return HTTPError(502, e.message, "server_error")
     return HTTPError(500, e.message, "server_error")
 
@@ -313,7 +314,7 @@ class Pull:
 def _pulling(target: Any) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
     """Start the pull in a thread: its progress lines come on the queue, then None when done or the error; the
     event stops it (the client left); Lines says whether the download was verified."""
-    from localgen.models import resolve
+    from localgen.models import ollamastore, registry, resolve
 
     out: asyncio.Queue[Any] = asyncio.Queue()
     stop = threading.Event()
@@ -321,7 +322,10 @@ def _pulling(target: Any) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
 
     def work() -> None:
         try:
-            resolve.pull(target, lines)
+            if isinstance(target, ollamastore.OllamaName):
+                registry.pull(target, lines)
+            else:
+                resolve.pull(target, lines)
         except (LocalgenError, Stopped) as e:
             lines.put(e)
         except BaseException as e:  # a bug: its traceback goes to the server's log, the client gets a 500
@@ -340,7 +344,10 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
     try:  # a name from a client: never a file here, and no file is looked for (names.parse's local=False)
         if resolve.embedded_model(name, local=False) is not None:  # it ships inside a Python package: here
             return _answer([{"status": "success"}], stream)
-        target = resolve.target(name, local=False)
+        from_registry = _from_registry(name)
+        if from_registry is not None and _in_store(from_registry):
+            return _answer([{"status": "success"}], stream)  # Ollama's own store has it: here already
+        target = from_registry if from_registry is not None else resolve.target(name, local=False)
     except ModelNotFoundError as e:
         raise HTTPError(404, e.message, "not_found_error", "model") from None
     except LocalgenError as e:
@@ -393,6 +400,36 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
     return StreamingResponse(lines_out(), media_type="application/x-ndjson")
 
 
+def _from_registry(name: str) -> Any:
+    """An `ollama:` name's parts (pulled from its registry, models/registry.py), else None; a UsageError for a name
+    Ollama does not take."""
+    from localgen.models import names, ollamastore
+
+    spec = names.parse(name, False)
+    if isinstance(spec, names.StoreSpec) and spec.store == "ollama":
+        return ollamastore.parse_name(spec.name)
+    return None
+
+
+def _in_store(name: Any) -> bool:
+    """Whether Ollama's own store holds the model (Ollama updates it; a copy localgen pulled is pulled again, as
+    `localgen pull` does: its blobs are kept, the manifest comes anew)."""
+    from localgen.models import ollamastore
+
+    try:
+        return not ollamastore.is_pulled(ollamastore.manifest(name))
+    except ModelNotFoundError:
+        return False
+
+
+def _pulled_here(ref: Any) -> bool:
+    """Whether an Ollama model's manifest is one `localgen pull` (or /api/pull) wrote, not Ollama's own."""
+    from localgen.models import ollamastore
+
+    return ollamastore.is_pulled(ollamastore.manifest(ollamastore.parse_name(ref.name.removeprefix(
+        ollamastore.PREFIX))))
+
+
 def _answer(lines: list[dict[str, Any]], stream: bool) -> Response:
     if not stream:
         return JSONResponse(lines[-1])
@@ -435,6 +472,12 @@ async def _delete(state: ServeState, name: str) -> None:
 
         await _retire(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path])
         await asyncio.to_thread(quantized.remove, ref.name)
+        return
+    if ref.source == "ollama" and await asyncio.to_thread(_pulled_here, ref):  # localgen pulled it: it can go
+        from localgen.models import ollamastore, registry
+
+        await _retire(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path])
+        await asyncio.to_thread(registry.remove, ollamastore.parse_name(ref.name.removeprefix(ollamastore.PREFIX)))
         return
     if ref.source in ("ollama", "lmstudio"):  # another tool's store: never changed here
         from localgen.models import lmstudio, ollamastore
