@@ -506,7 +506,12 @@ def test_anthropic_client_whole_streamed_counted_and_keyed(server: Server) -> No
                                            system="You are a helpful AI assistant named SmolLM, trained by "
                                                   "Hugging Face")
     assert counted.input_tokens == want.usage.prompt_tokens
+    long = [{"role": "user", "content": "hi " * 2000}]  # over a slot's window: counted all the same
+    over = client.messages.count_tokens(model="smollm2:135m", messages=long)  # type: ignore[arg-type]
+    assert over.input_tokens > 2000, over
     assert server.health()["decode_calls"] == calls, "counting evaluates nothing"
+    with pytest.raises(anthropic.BadRequestError, match=f"prompt is too long: {over.input_tokens} tokens > "):
+        client.messages.create(model="smollm2:135m", max_tokens=8, messages=long)  # type: ignore[arg-type]
     stop = client.messages.create(model="smollm2:135m", max_tokens=40, messages=ask,  # type: ignore[arg-type]
                                   stop_sequences=[" "], extra_body={"temperature": 0})
     assert stop.stop_reason == "stop_sequence" and stop.stop_sequence == " " and " " not in stop.content[0].text  # type: ignore[union-attr]

@@ -93,7 +93,7 @@ def request(backend: Any, pc: Any, job_id: int, job: Job, prompt: Prompt | None 
     n = len(prompt.tokens)
     if n == 0 and job.request.sampling.max_tokens != 0:  # "" without a BOS: nothing llama.cpp can decode
         raise EmptyPrompt("messages" if job.request.messages else "prompt")
-    if n >= pc.n_ctx_seq:
+    if n >= pc.n_ctx_seq and job.request.sampling.max_tokens != 0:  # nothing to generate: counted (count_tokens)
         raise prompt_too_long(f"the prompt is {n:,} tokens; each slot's context window is {pc.n_ctx_seq:,}", n,
                               pc.n_ctx_seq)
     return Request(job_id, prompt, job.request.sampling, job.seed, job.request.logprobs, exact=job.request.exact)
