@@ -168,3 +168,23 @@ def test_a_store_whose_folder_cannot_be_made_is_the_stores_error(tmp_path: Path)
     with pytest.raises(HTTPError, match=r"the Responses store .*responses\.db cannot be used") as e:
         store.save("resp_x", {"id": "resp_x"}, [])
     assert e.value.status == 500 and e.value.logged is not None
+
+
+def test_a_store_sqlite_cannot_open_is_not_called_damaged(tmp_path: Path) -> None:
+    """A store SQLite cannot open (a folder it cannot write, the server out of open files: the file itself may be
+    fine) says what to check, never to move the file aside, which would hide the stored responses; a damaged one
+    still says to move it aside."""
+    from localgen.serve.apierror import HTTPError
+    from localgen.serve.responsestore import ResponseStore
+
+    folder = tmp_path / "not-a-folder"
+    folder.write_text("a file where the store's folder should be\n")  # as root, a read-only folder is no bar
+    with pytest.raises(HTTPError) as caught:
+        ResponseStore(folder / "responses.db").check()
+    assert "cannot be used" in caught.value.message and "ulimit -n" in caught.value.message, caught.value.message
+    assert "move it aside" not in caught.value.message
+    damaged = ResponseStore(tmp_path / "responses.db")
+    (tmp_path / "responses.db").write_bytes(b"this is not a database at all " * 200)
+    with pytest.raises(HTTPError) as caught:
+        damaged.check()
+    assert "is damaged" in caught.value.message and "move it aside" in caught.value.message

@@ -111,9 +111,12 @@ class ResponseStore:
             raise self._unusable(e) from None
 
     def _unusable(self, e: sqlite3.DatabaseError | OSError) -> HTTPError:
-        how = "cannot be used" if isinstance(e, sqlite3.OperationalError | OSError) else "is damaged"
-        what = (f"the Responses store {self.path} {how} ({e}): move it aside (the next request starts a new one), "
-                "or send \"store\": false")
+        if isinstance(e, sqlite3.OperationalError | OSError):  # the file may be fine: what is around it is not
+            what = (f"the Responses store {self.path} cannot be used ({e}): check its folder's permissions and free "
+                    "space and the server's limit of open files (ulimit -n), or send \"store\": false")
+        else:
+            what = (f"the Responses store {self.path} is damaged ({e}): move it aside (the next request starts a "
+                    "new one), or send \"store\": false")
         return HTTPError(500, what, "server_error", logged=f"localgen serve: {what}")
 
     def check(self) -> None:
