@@ -201,6 +201,9 @@ def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.files.create(file=("in.jsonl", b"{}\n"), purpose="fine-tune")
     assert dict(e.value.body)["param"] == "purpose"  # type: ignore[call-overload]
+    bare = httpx.post(f"{server.url}/v1/files", files={"file": ("in.jsonl", b"{}\n")},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert bare.status_code == 400 and "the form has no `purpose`" in bare.json()["error"]["message"], bare.text
     good = client.files.create(file=("in.jsonl", _jsonl([_line("a", _chat(1))])), purpose="batch")
     cases: list[tuple[dict[str, Any], str]] = [(dict(input_file_id="file-0123456789abcdef01234567"), "input_file_id"),
                                                 (dict(endpoint="/v1/moderations"), "endpoint"),

@@ -262,6 +262,9 @@ async def _upload(request: Request, store: FileStore, read_timeout: float) -> di
                                  "file=@requests.jsonl)", param="file")
         if not isinstance(file, UploadFile):
             raise HTTPError(400, "the form has no file: send it as the field `file`", param="file")
+        if purpose is None:
+            raise HTTPError(400, "the form has no `purpose`: send purpose=batch (this server keeps files for the "
+                                 "Batch API only)", param="purpose")
         if purpose not in PURPOSES:
             raise HTTPError(400, f"purpose must be \"batch\" (got {str(purpose)[:40]!r}): this server keeps "
                                  "files for the Batch API only", param="purpose")
