@@ -244,9 +244,10 @@ class FetchOptions(OptionGroup):
     ] = False
     allow_private_urls: Annotated[
         bool, typer.Option("--allow-private-urls", rich_help_panel=SERVE,
-                           help="With --allow-image-urls or --allow-mcp-urls, also fetch from and connect to "
-                                "loopback, private and link-local addresses (a LAN's own image or MCP server); any "
-                                "client can then reach them.")
+                           help="Also fetch from and connect to loopback, private and link-local addresses: "
+                                "with --allow-image-urls or --allow-mcp-urls a LAN's own image or MCP server, and "
+                                "/api/pull's ollama:HOST/... registry on this machine or the LAN; any client can then "
+                                "reach them.")
     ] = False
     fetch_timeout: Annotated[
         float, typer.Option("--fetch-timeout", min=0.1, max=600, rich_help_panel=SERVE,
