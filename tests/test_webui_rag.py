@@ -422,6 +422,28 @@ def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(ser
     assert bad.status_code == 400 and "`file_search` needs a chat" in bad.text, bad.text
 
 
+def test_a_chat_request_refused_is_refused_before_its_file_search(server: Server) -> None:
+    """docs/api.md: the search is made once the rest of the request is checked: a request refused for its messages
+    or its tools is the same 400 with `file_search` as without, and the collection's embedding model (unloaded
+    first) is not loaded for it."""
+    r = httpx.post(f"{server.url}/models/unload", headers=_auth(), json={"model": BERT}, timeout=60)
+    assert r.status_code == 200 and BERT not in loaded(server), r.text
+    question = {"role": "user", "content": QUESTION}
+    for bad in ({"messages": [{"role": "wizard", "content": "Hi."}, question]},
+                {"messages": [{"role": "assistant", "content": 5}, question]},
+                {"messages": [question], "tools": [{"type": "nope"}]},
+                {"messages": [question], "chat_template_kwargs": "thinking"},
+                {"messages": [question], "temperature": -1}):
+        said = []
+        for more in ({}, {"file_search": {"vector_store_ids": ["notes"]}}):
+            r = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=120,
+                           json={"model": "smollm2:135m", "max_tokens": 2, **bad, **more})
+            assert r.status_code == 400, (bad, r.text)
+            said.append(r.json()["error"])
+        assert said[0] == said[1], (bad, said)
+    assert BERT not in loaded(server)  # no search was made: the embedding model was not asked
+
+
 def test_serve_refuses_a_collection_whose_model_it_does_not_offer_before_any_load(
         rag_home: tuple[dict[str, str], Path]) -> None:
     """The tiny BERT's collection with only SmolLM2 -m (a model file is never offered on demand): exit 2 with the
