@@ -359,6 +359,41 @@ def test_a_stopped_answer_says_the_tokens_that_came(tab: Tab) -> None:
     assert tokens > 0 and stats.startswith(f"{tokens} token"), (stats, tokens)
 
 
+def checked_stores(page: Any) -> list[str]:
+    """The stores checked under Documents in Settings (once the server's stores are listed), the dialog closed."""
+    page.click("#open-settings")
+    page.locator("#documents-settings").wait_for(state="visible")
+    page.wait_for_function("() => document.getElementById('document-list').textContent.includes('embedded by')")
+    boxes = page.locator("#document-list input[type=checkbox]").all()
+    out = [str(b.get_attribute("value")) for b in boxes if b.is_checked()]
+    page.click("#settings-cancel")
+    return out
+
+
+def test_a_new_conversations_documents_are_kept_through_a_reload(tab: Tab) -> None:
+    """webui.md: Documents (and the other settings) chosen before the first question of a new conversation are
+    kept through a reload, and its first question is sent with them; New chat starts one with none."""
+    page = tab.open()
+    documents(page, "notes", "more", max_tokens=2)
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert checked_stores(page) == ["notes", "more"]
+    page.click("#open-settings")
+    assert page.input_value("#max_tokens") == "2" and page.input_value("#temperature") == "0"
+    page.click("#settings-cancel")
+    sent = chat_requests(page)
+    ask(page, QUESTION)
+    assert sent[0]["file_search"] == {"vector_store_ids": ["notes", "more"]} and sent[0]["max_tokens"] == 2, sent
+    page.reload()  # the conversation now: kept with it, as before
+    page.locator("article.assistant").last.wait_for()
+    assert checked_stores(page) == ["notes", "more"]
+    page.click("#new-chat")
+    assert checked_stores(page) == []
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert checked_stores(page) == []
+
+
 def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(server: Server) -> None:
     """The field the page sends, as any client sends it: the whole answer carries file_search_call (the texts
     sent, best first, max_num_results of them), a score threshold drops texts, the excerpts past the window

@@ -14,6 +14,9 @@ const $ = (id) => document.getElementById(id);
 const MAX_IMAGE_BYTES = 10 * 1024 * 1024;
 const SAVE_EVERY_MS = 1500; // while an answer streams, what came so far is kept this often (a reload keeps it)
 const MODEL_KEY = "localgen.model";
+// the settings of the new conversation on screen (no message yet, so not kept in IndexedDB), chosen in Settings:
+// a reload brings them back, until its first question keeps the conversation or New chat starts another
+const DRAFT_KEY = "localgen.draft";
 const MAX_TOOL_ROUNDS = 8; // rounds of calls in one answer, as run's and chat's --tool-steps
 const DECLINED = "The user declined to run this tool call."; // what the model is told, as chat tells it
 const LONG_RESULT = 400; // characters (or 8 lines) past which a tool's result is shown folded
@@ -232,6 +235,43 @@ function hasMessages(conv) {
   return conv.messages[tree.ROOT].children.length > 0;
 }
 
+/** A new conversation's settings kept (DRAFT_KEY) for a reload: its name, system prompt, sampling, tools and
+ * documents. */
+function keepDraft(conv) {
+  const { id, name, system, settings, tools, documents } = conv;
+  try {
+    localStorage.setItem(DRAFT_KEY, JSON.stringify({ id, name, system, settings, tools, documents }));
+  } catch {
+    // a browser that keeps nothing (storage full or off): the settings stay for this page only
+  }
+}
+
+/** The new conversation a reload comes back to: the kept settings, checked as an import's are; null when none
+ * (or what was kept is not a conversation's settings: then dropped). */
+function draftConversation() {
+  const raw = localStorage.getItem(DRAFT_KEY);
+  if (!raw) return null;
+  try {
+    const d = JSON.parse(raw);
+    const conv = tree.imported({ ...d, messages: { [tree.ROOT]: { children: [] } } });
+    if (typeof d.id === "string" && /^[\w-]{1,100}$/.test(d.id)) conv.id = d.id;
+    return conv;
+  } catch {
+    localStorage.removeItem(DRAFT_KEY);
+    return null;
+  }
+}
+
+/** Forget the kept settings of a new conversation (of `id` only, when given): it was kept, or replaced. */
+function dropDraft(id = null) {
+  try {
+    const d = JSON.parse(localStorage.getItem(DRAFT_KEY) || "null");
+    if (d && (id === null || d.id === id)) localStorage.removeItem(DRAFT_KEY);
+  } catch {
+    localStorage.removeItem(DRAFT_KEY);
+  }
+}
+
 async function persist(conv) {
   if (state.deleted.has(conv.id)) return;
   let took;
@@ -363,6 +403,7 @@ function show(conv) {
 }
 
 function newChat() {
+  dropDraft();
   state.conv = tree.conversation();
   state.conv.model = ui.model.value || null;
   history.replaceState(null, "", location.pathname);
@@ -860,6 +901,7 @@ async function generate(conv, parent) {
   const documents = tree.documentSettings(conv).stores;
   const answer = tree.add(conv, parent, { role: "assistant", content: "", reasoning: "", model, pending: true });
   await persist(conv);
+  dropDraft(conv.id); // its settings are kept with it now
   if (conv === state.conv) {
     history.replaceState(null, "", `#${conv.id}`);
     renderConversation();
@@ -1241,6 +1283,8 @@ function saveSettings(e) {
   ui.settings.close();
   if (hasMessages(c)) {
     persist(c).then(refreshList);
+  } else {
+    keepDraft(c);
   }
 }
 
@@ -1374,7 +1418,10 @@ async function start() {
   }
   await refreshList();
   if (id) await openConversation(id);
-  else renderConversation();
+  else {
+    state.conv = draftConversation() || state.conv; // a new conversation's settings, chosen before a reload
+    renderConversation();
+  }
   await loadModels();
   ui.input.focus();
 }
