@@ -677,7 +677,9 @@ function noteOf(m) {
 
 function statsText(s) {
   const parts = [];
-  if (Number.isFinite(s.tokens)) parts.push(`${s.tokens} token${s.tokens === 1 ? "" : "s"}`);
+  // the server's count (usage), or, where it never came (an answer stopped), the pieces it streamed: an estimate
+  const about = s.counted === "pieces" ? "about " : "";
+  if (Number.isFinite(s.tokens)) parts.push(`${about}${s.tokens} token${s.tokens === 1 ? "" : "s"}`);
   if (Number.isFinite(s.ttft_ms)) parts.push(`${(s.ttft_ms / 1000).toFixed(2)} s to first token`);
   if (Number.isFinite(s.tps)) parts.push(`${s.tps.toFixed(1)} tokens/s`);
   if (Number.isFinite(s.rounds) && s.rounds > 1) parts.push(`${s.rounds} rounds`);
@@ -712,6 +714,7 @@ function fillTools(tools, m) {
       const detail = [];
       if (Number.isFinite(s.prompt)) detail.push(`prompt: ${s.prompt} tokens${Number.isFinite(s.cached) ? ` (${s.cached} from the cache)` : ""}`);
       if (Number.isFinite(s.total_ms)) detail.push(`whole answer: ${(s.total_ms / 1000).toFixed(2)} s`);
+      if (s.counted === "pieces") detail.push("tokens: the pieces streamed before the stop (the server's count never came)");
       stats.title = detail.join(" · ");
       items.push(stats);
     }
@@ -1102,12 +1105,14 @@ function stats(steps, first, total, maxTokens, ctx) {
   let tokens = null;
   let ms = 0;
   let made = 0;
+  let counted = false; // a round whose count is its streamed pieces: the server's usage never came (Stop)
   for (const { timings, usage, pieces } of steps) {
     const t = timings || {};
     const u = usage || {};
     const told = Number.isFinite(u.completion_tokens) ? u.completion_tokens : t.predicted_n;
     const n = Number.isFinite(told) ? told : timings || usage ? null : pieces;
     if (Number.isFinite(n)) tokens = (tokens || 0) + n;
+    if (!Number.isFinite(told) && !timings && !usage) counted = true;
     if (Number.isFinite(t.predicted_n) && Number.isFinite(t.predicted_ms)) {
       made += t.predicted_n;
       ms += t.predicted_ms;
@@ -1117,6 +1122,7 @@ function stats(steps, first, total, maxTokens, ctx) {
   const t = last.timings || {};
   const u = last.usage || {};
   if (tokens !== null) s.tokens = tokens;
+  if (tokens !== null && counted) s.counted = "pieces"; // an estimate: said so (statsText)
   const prompt = Number.isFinite(u.prompt_tokens) ? u.prompt_tokens : t.prompt_n;
   if (Number.isFinite(prompt)) s.prompt = prompt;
   if (Number.isFinite(t.cache_n)) s.cached = t.cache_n;
