@@ -405,6 +405,40 @@ def test_a_new_conversations_documents_are_kept_through_a_reload(tab: Tab) -> No
     assert checked_stores(page) == []
 
 
+def test_how_many_excerpts_a_question_is_sent_is_a_setting_kept_with_the_conversation(tab: Tab,
+                                                                                        server: Server) -> None:
+    """webui.md: Excerpts per question is sent as file_search's max_num_results (left out when empty: the
+    server's 5), the answer shows that many sources, the setting is kept with the conversation (a reload, Export
+    JSON), and a number out of 1 to 50 is refused in the dialog."""
+    page = tab.open()
+    sent = chat_requests(page)
+    documents(page, "notes", max_tokens=2, max_num_results=2)
+    article = ask(page, QUESTION)
+    assert sent[0]["file_search"] == {"vector_store_ids": ["notes"], "max_num_results": 2}, sent
+    assert shown_sources(article) == [h["id"] for h in found(server, "notes", QUESTION, 2)]
+    page.reload()
+    page.locator("article.assistant").last.wait_for()
+    page.click("#open-settings")
+    assert page.input_value("#max_num_results") == "2"
+    for bad in ("0", "51", "2.5"):  # the browser's check of the field keeps the dialog open, nothing saved
+        page.fill("#max_num_results", bad)
+        page.click("#settings-form button[type=submit]")
+        assert page.locator("#settings").is_visible(), bad
+        assert not page.eval_on_selector("#max_num_results", "(e) => e.validity.valid"), bad
+    page.click("#settings-cancel")
+    page.click("#open-settings")
+    assert page.input_value("#max_num_results") == "2"
+    with page.expect_download() as download:
+        page.click("#export-json")
+    kept = json.loads(Path(download.value.path()).read_text())["conversations"][0]["documents"]
+    assert kept == {"stores": ["notes"], "results": 2}, kept
+    page.fill("#max_num_results", "")
+    page.click("#settings-form button[type=submit]")
+    page.locator("#settings").wait_for(state="hidden")
+    ask(page, QUESTION)
+    assert sent[1]["file_search"] == {"vector_store_ids": ["notes"]}, sent[1]
+
+
 def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(server: Server) -> None:
     """The field the page sends, as any client sends it: the whole answer carries file_search_call (the texts
     sent, best first, max_num_results of them), a score threshold drops texts, the excerpts past the window

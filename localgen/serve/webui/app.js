@@ -901,7 +901,7 @@ async function generate(conv, parent) {
   for (const m of tree.path(conv, parent)) prior.push(...wire(m));
   const tools = offeredTools(conv);
   const use = tree.toolSettings(conv);
-  const documents = tree.documentSettings(conv).stores;
+  const { stores: documents, results } = tree.documentSettings(conv);
   const answer = tree.add(conv, parent, { role: "assistant", content: "", reasoning: "", model, pending: true });
   await persist(conv);
   dropDraft(conv.id); // its settings are kept with it now
@@ -932,7 +932,9 @@ async function generate(conv, parent) {
     for (let step = 0; ; step++) {
       const body = { model, messages: [...prior, ...roundsWire(answer.rounds || [])], ...settings };
       // the question is searched for in the documents, and the excerpts placed in it, by the server (as run --rag)
-      if (documents.length) body.file_search = { vector_store_ids: documents };
+      if (documents.length) {
+        body.file_search = { vector_store_ids: documents, ...(results === null ? {} : { max_num_results: results }) };
+      }
       if (tools) {
         body.tools = tools;
         body.tool_choice = mustAnswer ? "none" : step === 0 && use.mode === "required" ? "required" : "auto";
@@ -1188,6 +1190,8 @@ function openSettings() {
   $("settings-error").hidden = true;
   drawToolSettings(c);
   drawDocumentSettings(c);
+  const { results } = tree.documentSettings(c);
+  $("max_num_results").value = results === null ? "" : String(results);
   const saved = hasMessages(c);
   for (const id of ["export-json", "export-md", "delete-conv"]) $(id).disabled = !saved;
   ui.settings.showModal();
@@ -1277,11 +1281,25 @@ function saveSettings(e) {
     }
     values[k] = n;
   }
+  let results = null;
+  if (!$("documents-settings").hidden && $("max_num_results").value.trim() !== "") {
+    const input = $("max_num_results");
+    const n = Number(input.value);
+    if (!input.checkValidity() || !Number.isInteger(n)) {
+      const error = $("settings-error");
+      error.textContent = `max_num_results: ${input.validationMessage || "not a whole number"}`;
+      error.hidden = false;
+      input.focus();
+      return;
+    }
+    results = n;
+  }
   c.settings = values;
   if (state.tools && state.tools.length) c.tools = { mode: $("tool-mode").value, ask: $("tool-ask").checked };
   if (!$("documents-settings").hidden) {
     const boxes = [...$("document-list").querySelectorAll("input[type=checkbox]")];
-    c.documents = { stores: boxes.filter((b) => b.checked).map((b) => b.value) };
+    const stores = boxes.filter((b) => b.checked).map((b) => b.value);
+    c.documents = results === null ? { stores } : { stores, results }; // none: the server's default
   }
   c.system = $("system").value;
   c.name = $("conv-name").value.trim().slice(0, 200);
