@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import input_file
+from localgen.cli.inputfile import input_file, model_file
 from localgen.cli.options import CommandArgs, OptionGroup
 from localgen.cli.options.knobs import Knobs
 from localgen.errors import UsageError
@@ -195,7 +195,7 @@ class SlotOptions(OptionGroup):
     ] = False
     draft: Annotated[
         str | None,
-        typer.Option("--draft", "--model-draft", "-md", rich_help_panel=SERVE, show_default=False,
+        typer.Option("--draft", "--model-draft", "-md", callback=model_file, rich_help_panel=SERVE, show_default=False,
                      help=o.DRAFT_HELP),
     ] = None
     draft_max: Annotated[
