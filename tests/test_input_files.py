@@ -84,6 +84,8 @@ MODEL_FLAGS = [
     (["bench", "-m", "{}", "-p", "8", "-n", "0"], "-m/--model"),
     (["bench", "-m", "smollm2:135m,{}", "-p", "8", "-n", "0"], "-m/--model"),  # one of a sweep's models
     (["serve", "--draft", "{}"], "-md/--draft"),
+    (["serve", "-m", "{}"], "-m/--model"),
+    (["serve", "-m", "smollm2:135m", "-m", "{}"], "-m/--model"),
 ]
 
 
