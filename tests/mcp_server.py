@@ -1,7 +1,10 @@
 """A stdio MCP server for the tests, written with the `mcp` SDK: `add` adds, `leak` returns an environment
 variable (to show secrets are redacted), `crash` kills the server mid-call; over HTTP (--http PORT),
 `authorization` returns the request's Authorization header (and appends it to the file $LOCALGEN_TEST_MCP_HEADERS
-names, when set), `fail` fails and `stall` sleeps."""
+names, when set), `fail` fails and `stall` sleeps; `--oversized KIND` makes its listing too big for serve's mcp tool
+(tools/mcp.py's limits): `body` (one JSON body over 4 MB), `event` (one server-sent event over 4 MB), `count`
+(1,001 tools) or `description` (a tool's description of 70,000 characters), or adds `flood`, whose result is 5 MB
+(`result`)."""
 
 from __future__ import annotations
 
@@ -58,6 +61,21 @@ if __name__ == "__main__":
             time.sleep(60)
             return "awake"
 
-        app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+        kind = sys.argv[sys.argv.index("--oversized") + 1] if "--oversized" in sys.argv else None
+        if kind in ("body", "event"):
+            app.add_tool(add, name="huge", description="x" * (5 * 1024 * 1024))
+        elif kind == "count":
+            for i in range(1001):
+                app.add_tool(add, name=f"add{i}")
+        elif kind == "description":
+            app.add_tool(add, name="wordy", description="Add. " * 14_000)
+        elif kind == "result":
+
+            @app.tool()
+            def flood() -> str:
+                """Answer with 5 MB of text."""
+                return "x" * (5 * 1024 * 1024)
+
+        app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]), json_response=kind == "body")
     else:
         app.run()

@@ -29,14 +29,14 @@ ADD = {"type": "mcp", "server_label": "calc", "name": "add"}
 
 
 @contextlib.contextmanager
-def mcp_server(record: Path | None = None) -> Iterator[str]:
+def mcp_server(record: Path | None = None, *args: str) -> Iterator[str]:
     """tests/mcp_server.py over streamable HTTP on a free loopback port (recording the Authorization headers its
-    `authorization` tool sees in `record`): its URL, the server stopped after."""
+    `authorization` tool sees in `record`; `args`: its other options): its URL, the server stopped after."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, **({"LOCALGEN_TEST_MCP_HEADERS": str(record)} if record else {})}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "mcp_server.py"), "--http", str(port)],
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "mcp_server.py"), "--http", str(port), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 60
@@ -441,3 +441,26 @@ def test_credentials_in_server_url_are_never_shown(server: Server, url: str) -> 
     assert r2.output[0].error.startswith("cannot reach the MCP server http://[redacted]@127.0.0.1:")
     for seen in (r.model_dump_json(), got, r2.model_dump_json(), _log(server)):
         assert secret not in seen and "alice" not in seen
+
+
+def test_an_oversized_listing_is_an_item_with_its_error(server: Server) -> None:
+    """A server's listing is read only up to tools/mcp.py's limits, each checked before what is past it is parsed:
+    its mcp_list_tools item has the error, no tools, and the model answers without them."""
+    for kind, said in (("body", "sent a body of 5,2"), ("event", "sent a server-sent event over 4 MB"),
+                       ("count", "listed 1,007 tools: at most 1,000 are read"),
+                       ("description", "tool wordy has a description of 70,000 characters: at most 65,536")):
+        with mcp_server(None, "--oversized", kind) as url:
+            tool = {"type": "mcp", "server_label": "big", "server_url": url, "require_approval": "never"}
+            r = _ask(server, [tool], max_output_tokens=8)
+        listed = r.output[0]
+        assert listed.type == "mcp_list_tools" and listed.tools == [], (kind, listed)
+        assert said in listed.error and listed.error.startswith("the MCP server big"), (kind, listed.error)
+        assert r.output[-1].type == "message" and not [o for o in r.output if o.type == "mcp_call"]
+    with mcp_server(None, "--oversized", "result") as url:  # a call's result past 4 MB: its mcp_call's error
+        tool = {"type": "mcp", "server_label": "big", "server_url": url, "require_approval": "never"}
+        r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "big", "name": "flood"}, input="Flood.",
+                 max_output_tokens=40)
+    call = next(o for o in r.output if o.type == "mcp_call")
+    assert call.output is None and call.error.type == "mcp_protocol_error"
+    assert call.error.message == "the MCP server big sent a server-sent event over 4 MB: at most 4,194,304 bytes are " \
+                                 "read (calling flood)"
