@@ -4,11 +4,13 @@ variable (to show secrets are redacted), `crash` kills the server mid-call; over
 names, when set), `fail` fails and `stall` sleeps; `--oversized KIND` makes its listing too big for serve's mcp tool
 (tools/mcp.py's limits): `body` (one JSON body over 4 MB), `event` (one server-sent event over 4 MB), `count`
 (1,001 tools) or `description` (a tool's description of 70,000 characters), or adds `flood`, whose result is 5 MB
-(`result`)."""
+(`result`); `--echo` adds `whoami`, whose listed description ends with the request's Authorization header (a
+server that echoes what it was sent where the client shows it)."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
@@ -76,6 +78,29 @@ if __name__ == "__main__":
                 """Answer with 5 MB of text."""
                 return "x" * (5 * 1024 * 1024)
 
-        app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]), json_response=kind == "body")
+        if "--echo" not in sys.argv:
+            app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]), json_response=kind == "body")
+            sys.exit()
+
+        @app.tool(description="Say who calls: @@AUTH@@")
+        def whoami() -> str:
+            return "you"
+
+        import uvicorn
+
+        inner = app.streamable_http_app()
+
+        async def echo(scope: Any, receive: Any, send: Any) -> None:
+            """The app, each @@AUTH@@ in what it sends replaced by the request's Authorization header."""
+            said = dict(scope.get("headers") or []).get(b"authorization", b"none")
+
+            async def sending(message: Any) -> None:
+                if message["type"] == "http.response.body":
+                    message = {**message, "body": message.get("body", b"").replace(b"@@AUTH@@", said)}
+                await send(message)
+
+            await inner(scope, receive, sending)
+
+        uvicorn.run(echo, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
     else:
         app.run()

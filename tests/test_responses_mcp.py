@@ -332,6 +332,18 @@ def test_which_calls_need_approval() -> None:
     assert mixed.needs_approval("rm") and not mixed.needs_approval("ls") and mixed.needs_approval("cat")
 
 
+def test_what_is_redacted_whatever_its_length() -> None:
+    from localgen.serve.mcprequest import _tool
+
+    t = _tool({"type": "mcp", "server_label": "s", "server_url": "https://al:p%40ss@example.com/mcp",
+               "headers": {"X-N": "1"}, "authorization": "tok"})
+    assert t.redact("12+1") == "[X-N token redacted]2+[X-N token redacted]"  # one digit: out of every number
+    assert t.redact("Bearer tok, tok") == "[Authorization token redacted], [Authorization bearer token redacted]"
+    assert t.redact("al:p%40ss al:p@ss p@ss al") == ("[server_url password redacted] [server_url decoded password "
+                                                     "redacted] [server_url decoded password part redacted] al")
+    assert t.redact("Basic YWw6cEBzcw==") == "Basic [server_url credentials redacted]"  # base64 of al:p@ss
+
+
 def _sse(server: Server, body: dict[str, Any], until: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """A streamed /v1/responses request read event by event (closed at the first `until` event after the mcp_call,
     when given): the events read, and the request's id (the x-request-id its access line ends with)."""
@@ -464,3 +476,34 @@ def test_an_oversized_listing_is_an_item_with_its_error(server: Server) -> None:
     assert call.output is None and call.error.type == "mcp_protocol_error"
     assert call.error.message == "the MCP server big sent a server-sent event over 4 MB: at most 4,194,304 bytes are " \
                                  "read (calling flood)"
+
+
+def test_short_secrets_are_never_shown(server: Server) -> None:
+    """A header value and a server_url's user:password of any length (3 characters here) are redacted wherever the
+    server may echo them: a listed tool's description, a call's output (the Basic credentials the URL's become), an
+    error that names the URL; never in the stored response or the server's log."""
+    import base64
+
+    key, password = "k7W", "zQ9"
+    basic = base64.b64encode(f"al:{password}".encode()).decode()
+    pick = {"type": "mcp", "server_label": "echo", "name": "authorization"}
+    seen = []
+    with mcp_server(None, "--echo") as url:
+        for tool, shown in (({"authorization": key, "server_url": url}, "[Authorization token redacted]"),
+                            ({"server_url": url.replace("://", f"://al:{password}@")},
+                             "Basic [server_url credentials redacted]")):
+            tool = {"type": "mcp", "server_label": "echo", "require_approval": "never", **tool}
+            r = _ask(server, [tool], tool_choice=pick, input="Who am I?", max_output_tokens=40)
+            whoami = next(t for t in r.output[0].tools if t.name == "whoami")
+            assert whoami.description == f"Say who calls: {shown}", whoami
+            call = next(o for o in r.output if o.type == "mcp_call")
+            assert call.output == shown, call
+            seen += [r.model_dump_json(), httpx.get(f"{server.url}/v1/responses/{r.id}", timeout=10).text]
+    tool = {"type": "mcp", "server_label": "gone", "server_url": url.replace("://", f"://al:{password}@"),
+            "require_approval": "never"}
+    r = _ask(server, [tool], max_output_tokens=8)  # nothing listens there now: the error names the URL
+    hidden = url.replace("://", "://[redacted]@")
+    assert r.output[0].error == f"cannot reach the MCP server {hidden}: Connection refused"
+    seen += [r.model_dump_json(), _log(server)]
+    for text in seen:
+        assert key not in text and password not in text and basic not in text
