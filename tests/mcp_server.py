@@ -5,7 +5,10 @@ names, when set), `fail` fails and `stall` sleeps; `--oversized KIND` makes its 
 (tools/mcp.py's limits): `body` (one JSON body over 4 MB), `event` (one server-sent event over 4 MB), `count`
 (1,001 tools) or `description` (a tool's description of 70,000 characters), or adds `flood`, whose result is 5 MB
 (`result`); `--echo` adds `whoami`, whose listed description ends with the request's Authorization header (a
-server that echoes what it was sent where the client shows it)."""
+server that echoes what it was sent where the client shows it); `--hang PORT` accepts connections there and never
+answers (a server that hangs); `--slow S` answers each request after S seconds; `--freeze` answers the first
+three requests (initialize, its notification, the listing) and then none (a server that hangs mid-session);
+`--steps` adds `step`, whose result asks for the next step (a model that follows it calls it round after round)."""
 
 from __future__ import annotations
 
@@ -38,6 +41,14 @@ def crash() -> str:
 if __name__ == "__main__":
     import sys
 
+    if len(sys.argv) > 2 and sys.argv[1] == "--hang":
+        import socket
+
+        held = []
+        with socket.create_server(("127.0.0.1", int(sys.argv[2]))) as listening:
+            while True:
+                held.append(listening.accept()[0])  # read nothing, answer nothing, close nothing
+
     if len(sys.argv) > 2 and sys.argv[1] == "--http":  # streamable HTTP on this port, at /mcp
         from mcp.server.mcpserver import Context
 
@@ -63,6 +74,13 @@ if __name__ == "__main__":
             time.sleep(60)
             return "awake"
 
+        if "--steps" in sys.argv:
+
+            @app.tool()
+            def step(n: int) -> str:
+                """Take step n of the task. Each step says which to take next."""
+                return f"Step {n} is done. Now call step with n={n + 1}."
+
         kind = sys.argv[sys.argv.index("--oversized") + 1] if "--oversized" in sys.argv else None
         if kind in ("body", "event"):
             app.add_tool(add, name="huge", description="x" * (5 * 1024 * 1024))
@@ -78,20 +96,32 @@ if __name__ == "__main__":
                 """Answer with 5 MB of text."""
                 return "x" * (5 * 1024 * 1024)
 
-        if "--echo" not in sys.argv:
+        if not {"--echo", "--slow", "--freeze"} & set(sys.argv):
             app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]), json_response=kind == "body")
             sys.exit()
+        if "--echo" in sys.argv:
 
-        @app.tool(description="Say who calls: @@AUTH@@")
-        def whoami() -> str:
-            return "you"
+            @app.tool(description="Say who calls: @@AUTH@@")
+            def whoami() -> str:
+                return "you"
+
+        import asyncio
 
         import uvicorn
 
         inner = app.streamable_http_app()
+        posts: list[str] = []
+        slow = float(sys.argv[sys.argv.index("--slow") + 1]) if "--slow" in sys.argv else 0.0
 
         async def echo(scope: Any, receive: Any, send: Any) -> None:
-            """The app, each @@AUTH@@ in what it sends replaced by the request's Authorization header."""
+            """The app, each @@AUTH@@ in what it sends replaced by the request's Authorization header (after
+            `slow` seconds, with --slow)."""
+            if scope["type"] == "http":
+                await asyncio.sleep(slow)
+                if "--freeze" in sys.argv and scope["method"] != "GET":
+                    posts.append(scope["method"])
+                    if len(posts) > 3:
+                        await asyncio.sleep(3600)
             said = dict(scope.get("headers") or []).get(b"authorization", b"none")
 
             async def sending(message: Any) -> None:

@@ -36,7 +36,8 @@ def mcp_server(record: Path | None = None, *args: str) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, **({"LOCALGEN_TEST_MCP_HEADERS": str(record)} if record else {})}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "mcp_server.py"), "--http", str(port), *args],
+    mode = ["--hang", str(port)] if "--hang" in args else ["--http", str(port), *args]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "mcp_server.py"), *mode],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 60
@@ -507,3 +508,85 @@ def test_short_secrets_are_never_shown(server: Server) -> None:
     seen += [r.model_dump_json(), _log(server)]
     for text in seen:
         assert key not in text and password not in text and basic not in text
+
+
+def _held(pid: int, ports: set[int]) -> tuple[list[str], int]:
+    """What process `pid` holds of MCP servers: its threads named for one (not the pool's, which wait for the next
+    request), and its TCP connections to `ports`."""
+    task = Path(f"/proc/{pid}/task")
+    names = [n for n in (_read(t / "comm") for t in task.iterdir()) if n.startswith("mcp ") and
+             not n.startswith("mcp tool")]
+    inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+              if _link(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+    held = 0
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].rpartition(":")[2], 16) in ports and fields[9] in inodes:
+            held += 1
+    return names, held
+
+
+def _read(path: Path) -> str:
+    with contextlib.suppress(OSError):  # a thread that ended as we looked
+        return path.read_text().strip()
+    return ""
+
+
+def _link(path: str) -> str:
+    with contextlib.suppress(OSError):
+        return os.readlink(path)
+    return ""
+
+
+def _let_go(server: Server, ports: set[int]) -> None:
+    """Waits until serve holds no MCP server's thread or connection to `ports` (a close waits at most
+    tools/mcp.py's CLOSE_S for a server that hangs), else fails naming what it still holds."""
+    held: tuple[list[str], int] = ([], 0)
+    for _ in range(300):
+        held = _held(server.proc.pid, ports)
+        if held == ([], 0):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"serve still holds {held}")
+
+
+def _port(url: str) -> int:
+    return int(url.rpartition(":")[2].partition("/")[0])
+
+
+def test_servers_that_hang_close_or_connect_late_leave_nothing_behind(server: Server, url: str) -> None:
+    """Connecting and each call take at most --tool-timeout (3 s here), a server that hangs included; a server
+    that dies mid-call is that call's error; one that connects after the client left is closed. However the
+    response ends, no thread or connection to any of them is left (a server that never answers held four of
+    them open, its loop's thread ended under them)."""
+    calc = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never"}
+    with mcp_server(None, "--hang") as hung, mcp_server() as dying, mcp_server(None, "--slow", "2") as late, \
+            mcp_server(None, "--freeze") as frozen:
+        ports = {_port(u) for u in (url, hung, dying, late, frozen)}
+        # one server of two that cannot list: its item has the error, the other's tools are called
+        r = _ask(server, [{**calc, "server_label": "hung", "server_url": hung}, calc], tool_choice=ADD)
+        assert [(o.type, o.server_label, o.error) for o in r.output[:2]] == [
+            ("mcp_list_tools", "hung", "the MCP server hung did not answer within 3 s (starting)"),
+            ("mcp_list_tools", "calc", None)]
+        assert (r.output[2].type, r.output[2].output) == ("mcp_call", "5") and r.status == "completed"
+        # a server that dies in the middle of a call
+        pick = {"type": "mcp", "server_label": "dying", "name": "crash"}
+        r = _ask(server, [{**calc, "server_label": "dying", "server_url": dying}], tool_choice=pick, input="Crash.",
+                 max_output_tokens=40)
+        call = next(o for o in r.output if o.type == "mcp_call")
+        assert call.error.type == "mcp_protocol_error" and "the MCP server dying failed (calling crash)" in \
+            call.error.message and r.status in ("completed", "incomplete")
+        # one that stops answering mid-session: the call past --tool-timeout, its connections closed all the same
+        pick = {"type": "mcp", "server_label": "frozen", "name": "add"}
+        r = _ask(server, [{**calc, "server_label": "frozen", "server_url": frozen}], tool_choice=pick)
+        call = next(o for o in r.output if o.type == "mcp_call")
+        assert call.error.message == "the MCP server frozen did not answer within 3 s (calling add)"
+        _let_go(server, ports)
+        # the client leaves while a server is still connecting: it is closed once it has
+        body = {"model": "smollm2:135m", "input": "Hi", "stream": True, "max_output_tokens": 8,
+                "tools": [{**calc, "server_label": "late", "server_url": late}]}
+        with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as s:
+            assert next(s.iter_lines()).startswith("event: response.created")
+        time.sleep(3)  # (the late server answers each request after 2 s)
+        _let_go(server, ports)
+

@@ -17,6 +17,7 @@ from localgen.tools.mcpconfig import McpTarget
 from localgen.tools.spec import ToolSpec, check_schema
 
 CONNECT_TIMEOUT_S = 30.0
+CLOSE_S = 5.0  # how long closing waits for a session to end as it should, before it is cut
 # what a server a request names (serve's mcp tool: `private` not None) may send, checked before it is parsed: a
 # response body's or a server-sent event's bytes, the tools one listing has, a tool's description or input schema
 MAX_BODY = 4 * 1024 * 1024
@@ -45,26 +46,35 @@ class McpServer:
         self._thread.start()
         self._stack = contextlib.AsyncExitStack()
         self._session: Any = None
+        self._client: Any = None  # the HTTP client, when it is ours: closed after the session, whatever happened
         self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
         self._refused: list[str] = []  # why a body the server sent was not read (past MAX_BODY): the error
         _quiet_sdk()
+        import time
+
+        started = time.monotonic()
         try:
-            if target.url is not None and private is not None:
-                _reachable_checked(target, private)
+            if target.url is not None and private is not None:  # `timeout` is the whole start's: the probe's too
+                _reachable_checked(target, private, started + timeout)
             elif target.url is not None:
                 _reachable(target.url)
-            self.tools = self._wait(self._connect(), timeout, "starting")
+            left = max(0.1, started + timeout - time.monotonic())
+            self.tools = self._wait(self._connect(), timeout, "starting", left)
         except BaseException:
-            self.close()
+            if private is None:
+                self.close()
+            else:  # a request's server: the thread that started it is free at once (closing may wait CLOSE_S)
+                threading.Thread(target=self.close, name=f"mcp close {self.label}", daemon=True).start()
             raise
 
-    def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float, doing: str) -> Any:
+    def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float, doing: str, left: float | None = None) -> Any:
+        """`coro` run on the session's loop for at most `timeout` seconds (`left`, when less is left of it)."""
         import concurrent.futures
 
         self._refused.clear()  # (a reason from before: not this one's)
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return future.result(timeout)
+            return future.result(timeout if left is None else left)
         except concurrent.futures.TimeoutError:
             future.cancel()
             if self._refused:
@@ -112,6 +122,7 @@ class McpServer:
                 from mcp.shared._httpx_utils import create_mcp_http_client
 
                 client = await self._stack.enter_async_context(create_mcp_http_client(headers=target.headers))
+            self._client = client
             transport = (streamable_http_client(target.url, http_client=client, max_sse_event_size=most) if most
                          else streamable_http_client(target.url, http_client=client))
         else:
@@ -165,12 +176,29 @@ class McpServer:
         return text
 
     def close(self) -> None:
-        """End the session and the server process."""
+        """End the session and the server process, and close every connection to it (a server that hangs too)."""
         if self._loop.is_running():
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._stack.aclose(), self._loop).result(5)
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(CLOSE_S + 2)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    async def _shutdown(self) -> None:
+        """The session ended as it was opened (an HTTP server told so, a process stopped) within CLOSE_S; then
+        whatever still runs on the loop (a request to a server that hangs, the session's own tasks) cancelled,
+        and the HTTP client's connections closed."""
+        with contextlib.suppress(BaseException):  # a timeout, the SDK's own errors on the way out
+            await asyncio.wait_for(self._stack.aclose(), CLOSE_S)
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 1)
+        if self._client is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._client.aclose(), 1)
 
 
 def _lost(e: BaseException) -> bool:
@@ -224,10 +252,11 @@ def _reachable(url: str) -> None:
         raise ToolError(f"cannot reach the MCP server {url}: {e.strerror or e}") from None
 
 
-def _reachable_checked(target: McpTarget, private: bool) -> None:
+def _reachable_checked(target: McpTarget, private: bool, deadline: float) -> None:
     """_reachable for a URL a request gave: its host resolved and checked (a refused address is one line
-    naming why), and the probe made to a checked address."""
+    naming why), and the probe made to a checked address, each try at most 5 s and none past `deadline`."""
     import socket
+    import time
     from urllib.parse import urlsplit
 
     from localgen.fetch import FetchError, addresses
@@ -241,10 +270,12 @@ def _reachable_checked(target: McpTarget, private: bool) -> None:
     failed: OSError | None = None
     for ip in found:
         try:
-            socket.create_connection((ip, port), timeout=5).close()
+            socket.create_connection((ip, port), timeout=min(5.0, max(0.1, deadline - time.monotonic()))).close()
             return
         except OSError as e:
             failed = e
+        if time.monotonic() >= deadline:
+            break
     assert failed is not None
     raise ToolError(f"cannot reach the MCP server {target.url}: {failed.strerror or failed}") from None
 
