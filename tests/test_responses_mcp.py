@@ -2,7 +2,9 @@
 template, for tools) and tests/mcp_server.py over streamable HTTP on loopback: refused without
 --allow-mcp-urls, tools listed and called (approved first, or not), streamed as the client parses the events, a
 dead server an mcp_list_tools with its error, a call past --tool-timeout an mcp_call with its error, and the
-headers a request gives reaching the MCP server but never the response, the store or the server's log."""
+headers a request gives reaching the MCP server but never the response, the store or the server's log (short
+ones, and a server_url's password, too); a listing past tools/mcp.py's limits an item with its error, servers that
+hang, die or connect late leaving no thread or connection behind, and the 8 rounds' limit."""
 
 from __future__ import annotations
 
@@ -191,7 +193,17 @@ def test_a_function_call_beside_mcp_tools_ends_the_response(server: Server, url:
     assert r.output[1].name == "weather" and "city" in json.loads(r.output[1].arguments)
 
 
-def test_the_approval_round_trip(server: Server, url: str, record: Path) -> None:
+def _conversation(cli_env: dict[str, str], ident: str) -> list[dict[str, Any]]:
+    """The conversation serve stored for response `ident` (what the model read, and its answer)."""
+    from localgen.serve.responsestore import ResponseStore
+
+    path = next(Path(cli_env["LOCALGEN_HOME"]).rglob("responses.db"))
+    found = ResponseStore(path).load(ident)
+    assert found is not None
+    return found.conversation
+
+
+def test_the_approval_round_trip(server: Server, url: str, record: Path, cli_env: dict[str, str]) -> None:
     tool = {"type": "mcp", "server_label": "calc", "server_url": url}  # require_approval: "always" by default
     asked = _ask(server, [tool], tool_choice=ADD)
     assert [o.type for o in asked.output] == ["mcp_list_tools", "mcp_approval_request"]
@@ -220,6 +232,9 @@ def test_the_approval_round_trip(server: Server, url: str, record: Path) -> None
                           "approve": False}])
     assert [o.type for o in denied.output] == ["message"] and denied.status == "completed"
     assert (record.read_text() if record.exists() else "") == before  # the tool did not run
+    told = [m for m in _conversation(cli_env, denied.id) if m.get("role") == "tool"]  # what the model read of it
+    assert [(m["tool_call_id"], m["content"]) for m in told] == [
+        (waiting.output[-1].id, "The user declined to run this tool call.")]
     # the approval's tool must come again
     with pytest.raises(openai.BadRequestError) as e:
         _ask(server, [], previous_response_id=waiting.id,
@@ -590,3 +605,40 @@ def test_servers_that_hang_close_or_connect_late_leave_nothing_behind(server: Se
         time.sleep(3)  # (the late server answers each request after 2 s)
         _let_go(server, ports)
 
+
+def test_a_url_rewritten_between_turns_is_redacted_as_it_now_is(server: Server, url: str) -> None:
+    """The approved call runs with the server_url of the request that approves it: its user:password (here
+    rewritten since the call was asked for) is the one redacted from the call's output, as Basic credentials."""
+    import base64
+
+    pick = {"type": "mcp", "server_label": "calc", "name": "authorization"}
+    first = {"type": "mcp", "server_label": "calc", "server_url": url.replace("://", "://al:pw1@")}
+    asked = _ask(server, [first], tool_choice=pick, input="Who am I?", max_output_tokens=40)
+    request = asked.output[-1]
+    assert request.type == "mcp_approval_request" and request.name == "authorization"
+    now = {**first, "server_url": url.replace("://", "://bo:pw2@")}
+    r = _ask(server, [now], previous_response_id=asked.id, max_output_tokens=40,
+             input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}])
+    call = r.output[0]
+    assert call.type == "mcp_call" and call.output == "Basic [server_url credentials redacted]", call
+    assert r.tools[0].server_url == url.replace("://", "://[redacted]@")
+    stored = httpx.get(f"{server.url}/v1/responses/{r.id}", timeout=10).text
+    for text in (asked.model_dump_json(), r.model_dump_json(), stored, _log(server)):
+        for secret in ("pw1", "pw2", base64.b64encode(b"al:pw1").decode(), base64.b64encode(b"bo:pw2").decode()):
+            assert secret not in text, secret
+
+
+def test_after_eight_rounds_of_calls_the_model_must_answer(server: Server, cli_env: dict[str, str]) -> None:
+    """`step`'s result asks for the next step, as a call written out (the model copies it): the model calls it
+    round after round, until the round after the 8th, which may only answer (its calls written as text)."""
+    with mcp_server(None, "--steps") as url:
+        tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never",
+                "allowed_tools": ["step"]}
+        r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "calc", "name": "step"},
+                 input="Do the task: call step with n=1, then each step it says, until step 20.",
+                 max_output_tokens=1000)
+    assert r.status == "completed" and r.output[-1].type == "message", r.output
+    calls = [o for o in r.output if o.type == "mcp_call"]
+    assert len(calls) >= 8 and all(c.output.startswith("Step ") for c in calls)
+    rounds = [m for m in _conversation(cli_env, r.id) if m["role"] == "assistant"]
+    assert [bool(m.get("tool_calls")) for m in rounds] == [True] * 8 + [False], rounds
