@@ -325,7 +325,7 @@ class _Rounds:
         return await asyncio.get_running_loop().run_in_executor(_pool(), self._run, remote, name, arguments)
 
     def _run(self, remote: Remote, name: str, arguments: str) -> tuple[str | None, dict[str, Any] | None, str]:
-        from localgen.tools.loop import MAX_RESULT_CHARS
+        from localgen.tools.loop import MAX_RESULT_CHARS, redact
         from localgen.tools.spec import check_call
 
         call = ToolCall(name, arguments)
@@ -347,7 +347,7 @@ class _Rounds:
                 said = message.removeprefix(f"{name} failed: ")
                 return None, {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": said}]}, message
             return None, {"type": "mcp_protocol_error", "code": -32603, "message": message}, message
-        text = remote.tool.redact(text)
+        text = redact(remote.tool.redact(text))  # (and this process's secrets, as run's tool loop takes them out)
         return text, None, text
 
     def _close(self) -> None:
@@ -360,6 +360,9 @@ class _Rounds:
 
 def _shown(message: str, tool: McpTool) -> str:
     """An error's text as the response and the log may show it: any URL's `user:password@` (as the tool's URL is
-    written, or as the HTTP library rewrote it) as `[redacted]@`, and the tool's secrets redacted."""
+    written, or as the HTTP library rewrote it) as `[redacted]@`, and the tool's secrets (and this process's)
+    redacted."""
+    from localgen.tools.loop import redact
+
     said = re.sub(r"//[^/@\s]*@", "//[redacted]@", message.replace(tool.url, without_userinfo(tool.url)))
-    return tool.redact(said)
+    return redact(tool.redact(said))

@@ -2,13 +2,15 @@
 SDK's safe subset of the environment, so secrets stay out of it, and what a config file gives it:
 tools/mcpconfig.py), an http(s) URL reaches one over streamable HTTP (with a config file's headers).
 The SDK is asynchronous; a server's session lives on its own event loop in a thread, and `run` and
-`chat` call it with a timeout."""
+`chat` call it with a timeout. A server a request names (serve's mcp tool) is read only within MAX_BODY, MAX_TOOLS
+and MAX_TOOL_TEXT, and closing any server cuts a session that hangs after CLOSE_S, every connection closed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -50,8 +52,6 @@ class McpServer:
         self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
         self._refused: list[str] = []  # why a body the server sent was not read (past MAX_BODY): the error
         _quiet_sdk()
-        import time
-
         started = time.monotonic()
         try:
             if target.url is not None and private is not None:  # `timeout` is the whole start's: the probe's too
@@ -256,7 +256,6 @@ def _reachable_checked(target: McpTarget, private: bool, deadline: float) -> Non
     """_reachable for a URL a request gave: its host resolved and checked (a refused address is one line
     naming why), and the probe made to a checked address, each try at most 5 s and none past `deadline`."""
     import socket
-    import time
     from urllib.parse import urlsplit
 
     from localgen.fetch import FetchError, addresses
