@@ -2,7 +2,9 @@
 template, for tools) and tests/mcp_server.py over streamable HTTP on loopback: refused without
 --allow-mcp-urls, tools listed and called (approved first, or not), streamed as the client parses the events, a
 dead server an mcp_list_tools with its error, a call past --tool-timeout an mcp_call with its error, and the
-headers a request gives reaching the MCP server but never the response, the store or the server's log."""
+headers a request gives reaching the MCP server but never the response, the store or the server's log (short
+ones, and a server_url's password, too); a listing past tools/mcp.py's limits an item with its error, servers that
+hang, die or connect late leaving no thread or connection behind, and the 8 rounds' limit."""
 
 from __future__ import annotations
 
@@ -29,14 +31,15 @@ ADD = {"type": "mcp", "server_label": "calc", "name": "add"}
 
 
 @contextlib.contextmanager
-def mcp_server(record: Path | None = None) -> Iterator[str]:
+def mcp_server(record: Path | None = None, *args: str) -> Iterator[str]:
     """tests/mcp_server.py over streamable HTTP on a free loopback port (recording the Authorization headers its
-    `authorization` tool sees in `record`): its URL, the server stopped after."""
+    `authorization` tool sees in `record`; `args`: its other options): its URL, the server stopped after."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, **({"LOCALGEN_TEST_MCP_HEADERS": str(record)} if record else {})}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "mcp_server.py"), "--http", str(port)],
+    mode = ["--hang", str(port)] if "--hang" in args else ["--http", str(port), *args]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "mcp_server.py"), *mode],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 60
@@ -190,7 +193,17 @@ def test_a_function_call_beside_mcp_tools_ends_the_response(server: Server, url:
     assert r.output[1].name == "weather" and "city" in json.loads(r.output[1].arguments)
 
 
-def test_the_approval_round_trip(server: Server, url: str, record: Path) -> None:
+def _conversation(cli_env: dict[str, str], ident: str) -> list[dict[str, Any]]:
+    """The conversation serve stored for response `ident` (what the model read, and its answer)."""
+    from localgen.serve.responsestore import ResponseStore
+
+    path = next(Path(cli_env["LOCALGEN_HOME"]).rglob("responses.db"))
+    found = ResponseStore(path).load(ident)
+    assert found is not None
+    return found.conversation
+
+
+def test_the_approval_round_trip(server: Server, url: str, record: Path, cli_env: dict[str, str]) -> None:
     tool = {"type": "mcp", "server_label": "calc", "server_url": url}  # require_approval: "always" by default
     asked = _ask(server, [tool], tool_choice=ADD)
     assert [o.type for o in asked.output] == ["mcp_list_tools", "mcp_approval_request"]
@@ -219,6 +232,9 @@ def test_the_approval_round_trip(server: Server, url: str, record: Path) -> None
                           "approve": False}])
     assert [o.type for o in denied.output] == ["message"] and denied.status == "completed"
     assert (record.read_text() if record.exists() else "") == before  # the tool did not run
+    told = [m for m in _conversation(cli_env, denied.id) if m.get("role") == "tool"]  # what the model read of it
+    assert [(m["tool_call_id"], m["content"]) for m in told] == [
+        (waiting.output[-1].id, "The user declined to run this tool call.")]
     # the approval's tool must come again
     with pytest.raises(openai.BadRequestError) as e:
         _ask(server, [], previous_response_id=waiting.id,
@@ -332,6 +348,18 @@ def test_which_calls_need_approval() -> None:
     assert mixed.needs_approval("rm") and not mixed.needs_approval("ls") and mixed.needs_approval("cat")
 
 
+def test_what_is_redacted_whatever_its_length() -> None:
+    from localgen.serve.mcprequest import _tool
+
+    t = _tool({"type": "mcp", "server_label": "s", "server_url": "https://al:p%40ss@example.com/mcp",
+               "headers": {"X-N": "1"}, "authorization": "tok"})
+    assert t.redact("12+1") == "[X-N token redacted]2+[X-N token redacted]"  # one digit: out of every number
+    assert t.redact("Bearer tok, tok") == "[Authorization token redacted], [Authorization bearer token redacted]"
+    assert t.redact("al:p%40ss al:p@ss p@ss al") == ("[server_url password redacted] [server_url decoded password "
+                                                     "redacted] [server_url decoded password part redacted] al")
+    assert t.redact("Basic YWw6cEBzcw==") == "Basic [server_url credentials redacted]"  # base64 of al:p@ss
+
+
 def _sse(server: Server, body: dict[str, Any], until: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """A streamed /v1/responses request read event by event (closed at the first `until` event after the mcp_call,
     when given): the events read, and the request's id (the x-request-id its access line ends with)."""
@@ -441,3 +469,176 @@ def test_credentials_in_server_url_are_never_shown(server: Server, url: str) -> 
     assert r2.output[0].error.startswith("cannot reach the MCP server http://[redacted]@127.0.0.1:")
     for seen in (r.model_dump_json(), got, r2.model_dump_json(), _log(server)):
         assert secret not in seen and "alice" not in seen
+
+
+def test_an_oversized_listing_is_an_item_with_its_error(server: Server) -> None:
+    """A server's listing is read only up to tools/mcp.py's limits, each checked before what is past it is parsed:
+    its mcp_list_tools item has the error, no tools, and the model answers without them."""
+    for kind, said in (("body", "sent a body of 5,2"), ("event", "sent a server-sent event over 4 MB"),
+                       ("count", "listed 1,007 tools: at most 1,000 are read"),
+                       ("description", "tool wordy has a description of 70,000 characters: at most 65,536")):
+        with mcp_server(None, "--oversized", kind) as url:
+            tool = {"type": "mcp", "server_label": "big", "server_url": url, "require_approval": "never"}
+            r = _ask(server, [tool], max_output_tokens=8)
+        listed = r.output[0]
+        assert listed.type == "mcp_list_tools" and listed.tools == [], (kind, listed)
+        assert said in listed.error and listed.error.startswith("the MCP server big"), (kind, listed.error)
+        assert r.output[-1].type == "message" and not [o for o in r.output if o.type == "mcp_call"]
+    with mcp_server(None, "--oversized", "result") as url:  # a call's result past 4 MB: its mcp_call's error
+        tool = {"type": "mcp", "server_label": "big", "server_url": url, "require_approval": "never"}
+        r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "big", "name": "flood"}, input="Flood.",
+                 max_output_tokens=40)
+    call = next(o for o in r.output if o.type == "mcp_call")
+    assert call.output is None and call.error.type == "mcp_protocol_error"
+    assert call.error.message == "the MCP server big sent a server-sent event over 4 MB: at most 4,194,304 bytes are " \
+                                 "read (calling flood)"
+
+
+def test_short_secrets_are_never_shown(server: Server) -> None:
+    """A header value and a server_url's user:password of any length (3 characters here) are redacted wherever the
+    server may echo them: a listed tool's description, a call's output (the Basic credentials the URL's become), an
+    error that names the URL; never in the stored response or the server's log."""
+    import base64
+
+    key, password = "k7W", "zQ9"
+    basic = base64.b64encode(f"al:{password}".encode()).decode()
+    pick = {"type": "mcp", "server_label": "echo", "name": "authorization"}
+    seen = []
+    with mcp_server(None, "--echo") as url:
+        for tool, shown in (({"authorization": key, "server_url": url}, "[Authorization token redacted]"),
+                            ({"server_url": url.replace("://", f"://al:{password}@")},
+                             "Basic [server_url credentials redacted]")):
+            tool = {"type": "mcp", "server_label": "echo", "require_approval": "never", **tool}
+            r = _ask(server, [tool], tool_choice=pick, input="Who am I?", max_output_tokens=40)
+            whoami = next(t for t in r.output[0].tools if t.name == "whoami")
+            assert whoami.description == f"Say who calls: {shown}", whoami
+            call = next(o for o in r.output if o.type == "mcp_call")
+            assert call.output == shown, call
+            seen += [r.model_dump_json(), httpx.get(f"{server.url}/v1/responses/{r.id}", timeout=10).text]
+    tool = {"type": "mcp", "server_label": "gone", "server_url": url.replace("://", f"://al:{password}@"),
+            "require_approval": "never"}
+    r = _ask(server, [tool], max_output_tokens=8)  # nothing listens there now: the error names the URL
+    hidden = url.replace("://", "://[redacted]@")
+    assert r.output[0].error == f"cannot reach the MCP server {hidden}: Connection refused"
+    seen += [r.model_dump_json(), _log(server)]
+    for text in seen:
+        assert key not in text and password not in text and basic not in text
+
+
+def _held(pid: int, ports: set[int]) -> tuple[list[str], int]:
+    """What process `pid` holds of MCP servers: its threads named for one (not the pool's, which wait for the next
+    request), and its TCP connections to `ports`."""
+    task = Path(f"/proc/{pid}/task")
+    names = [n for n in (_read(t / "comm") for t in task.iterdir()) if n.startswith("mcp ") and
+             not n.startswith("mcp tool")]
+    inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+              if _link(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+    held = 0
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].rpartition(":")[2], 16) in ports and fields[9] in inodes:
+            held += 1
+    return names, held
+
+
+def _read(path: Path) -> str:
+    with contextlib.suppress(OSError):  # a thread that ended as we looked
+        return path.read_text().strip()
+    return ""
+
+
+def _link(path: str) -> str:
+    with contextlib.suppress(OSError):
+        return os.readlink(path)
+    return ""
+
+
+def _let_go(server: Server, ports: set[int]) -> None:
+    """Waits until serve holds no MCP server's thread or connection to `ports` (a close waits at most
+    tools/mcp.py's CLOSE_S for a server that hangs), else fails naming what it still holds."""
+    held: tuple[list[str], int] = ([], 0)
+    for _ in range(300):
+        held = _held(server.proc.pid, ports)
+        if held == ([], 0):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"serve still holds {held}")
+
+
+def _port(url: str) -> int:
+    return int(url.rpartition(":")[2].partition("/")[0])
+
+
+def test_servers_that_hang_close_or_connect_late_leave_nothing_behind(server: Server, url: str) -> None:
+    """Connecting and each call take at most --tool-timeout (3 s here), a server that hangs included; a server
+    that dies mid-call is that call's error; one that connects after the client left is closed. However the
+    response ends, no thread or connection to any of them is left (a server that never answers held four of
+    them open, its loop's thread ended under them)."""
+    calc = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never"}
+    with mcp_server(None, "--hang") as hung, mcp_server() as dying, mcp_server(None, "--slow", "2") as late, \
+            mcp_server(None, "--freeze") as frozen:
+        ports = {_port(u) for u in (url, hung, dying, late, frozen)}
+        # one server of two that cannot list: its item has the error, the other's tools are called
+        r = _ask(server, [{**calc, "server_label": "hung", "server_url": hung}, calc], tool_choice=ADD)
+        assert [(o.type, o.server_label, o.error) for o in r.output[:2]] == [
+            ("mcp_list_tools", "hung", "the MCP server hung did not answer within 3 s (starting)"),
+            ("mcp_list_tools", "calc", None)]
+        assert (r.output[2].type, r.output[2].output) == ("mcp_call", "5") and r.status == "completed"
+        # a server that dies in the middle of a call
+        pick = {"type": "mcp", "server_label": "dying", "name": "crash"}
+        r = _ask(server, [{**calc, "server_label": "dying", "server_url": dying}], tool_choice=pick, input="Crash.",
+                 max_output_tokens=40)
+        call = next(o for o in r.output if o.type == "mcp_call")
+        assert call.error.type == "mcp_protocol_error" and "the MCP server dying failed (calling crash)" in \
+            call.error.message and r.status in ("completed", "incomplete")
+        # one that stops answering mid-session: the call past --tool-timeout, its connections closed all the same
+        pick = {"type": "mcp", "server_label": "frozen", "name": "add"}
+        r = _ask(server, [{**calc, "server_label": "frozen", "server_url": frozen}], tool_choice=pick)
+        call = next(o for o in r.output if o.type == "mcp_call")
+        assert call.error.message == "the MCP server frozen did not answer within 3 s (calling add)"
+        _let_go(server, ports)
+        # the client leaves while a server is still connecting: it is closed once it has
+        body = {"model": "smollm2:135m", "input": "Hi", "stream": True, "max_output_tokens": 8,
+                "tools": [{**calc, "server_label": "late", "server_url": late}]}
+        with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as s:
+            assert next(s.iter_lines()).startswith("event: response.created")
+        time.sleep(3)  # (the late server answers each request after 2 s)
+        _let_go(server, ports)
+
+
+def test_a_url_rewritten_between_turns_is_redacted_as_it_now_is(server: Server, url: str) -> None:
+    """The approved call runs with the server_url of the request that approves it: its user:password (here
+    rewritten since the call was asked for) is the one redacted from the call's output, as Basic credentials."""
+    import base64
+
+    pick = {"type": "mcp", "server_label": "calc", "name": "authorization"}
+    first = {"type": "mcp", "server_label": "calc", "server_url": url.replace("://", "://al:pw1@")}
+    asked = _ask(server, [first], tool_choice=pick, input="Who am I?", max_output_tokens=40)
+    request = asked.output[-1]
+    assert request.type == "mcp_approval_request" and request.name == "authorization"
+    now = {**first, "server_url": url.replace("://", "://bo:pw2@")}
+    r = _ask(server, [now], previous_response_id=asked.id, max_output_tokens=40,
+             input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}])
+    call = r.output[0]
+    assert call.type == "mcp_call" and call.output == "Basic [server_url credentials redacted]", call
+    assert r.tools[0].server_url == url.replace("://", "://[redacted]@")
+    stored = httpx.get(f"{server.url}/v1/responses/{r.id}", timeout=10).text
+    for text in (asked.model_dump_json(), r.model_dump_json(), stored, _log(server)):
+        for secret in ("pw1", "pw2", base64.b64encode(b"al:pw1").decode(), base64.b64encode(b"bo:pw2").decode()):
+            assert secret not in text, secret
+
+
+def test_after_eight_rounds_of_calls_the_model_must_answer(server: Server, cli_env: dict[str, str]) -> None:
+    """`step`'s result asks for the next step, as a call written out (the model copies it): the model calls it
+    round after round, until the round after the 8th, which may only answer (its calls written as text)."""
+    with mcp_server(None, "--steps") as url:
+        tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never",
+                "allowed_tools": ["step"]}
+        r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "calc", "name": "step"},
+                 input="Do the task: call step with n=1, then each step it says, until step 20.",
+                 max_output_tokens=1000)
+    assert r.status == "completed" and r.output[-1].type == "message", r.output
+    calls = [o for o in r.output if o.type == "mcp_call"]
+    assert len(calls) >= 8 and all(c.output.startswith("Step ") for c in calls)
+    rounds = [m for m in _conversation(cli_env, r.id) if m["role"] == "assistant"]
+    assert [bool(m.get("tool_calls")) for m in rounds] == [True] * 8 + [False], rounds

@@ -39,18 +39,48 @@ class McpTool:
 
     @property
     def secrets(self) -> dict[str, str]:
-        """The header values to take out of whatever the server says (redact's names: each one a token)."""
+        """What never leaves the request, each value by the name its redaction shows ("[NAME redacted]"): every
+        header value, a "Bearer TOKEN"'s token, and the URL's `user:password@` (whole, its password, each decoded
+        from %-escapes, and as the Basic credentials the HTTP client sends for it), whatever their length (the
+        user's name alone is no secret: a short one would be taken out of every word that holds it)."""
+        import base64
+        from urllib.parse import unquote
+
         out = {f"{k} token": v for k, v in self.headers.items()}
-        userinfo = self.url.partition("://")[2].partition("/")[0].rpartition("@")[0]
-        if userinfo:  # the URL's user:password, and the password alone
-            out["server_url password"] = userinfo
-            if ":" in userinfo:
-                out["server_url password part"] = userinfo.partition(":")[2]
         for k, v in self.headers.items():  # "Bearer TOKEN": the token alone too
             scheme, _, token = v.partition(" ")
             if token and scheme.isalpha():
                 out[f"{k} bearer token"] = token
-        return out
+        userinfo = self.url.partition("://")[2].partition("/")[0].rpartition("@")[0]
+        if userinfo:  # the URL's user:password, and the password alone
+            user, _, password = userinfo.partition(":")
+            basic = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+            out |= {"server_url password": userinfo, "server_url password part": password,
+                    "server_url decoded password": unquote(userinfo),
+                    "server_url decoded password part": unquote(password), "server_url credentials": basic}
+        return {k: v for k, v in out.items() if v}
+
+    def redact(self, text: str) -> str:
+        """`text` with each of the secrets replaced by `[NAME redacted]`, in one pass (the longest first where one
+        holds another, and a replacement's own letters never replaced)."""
+        secrets = self.secrets
+        if not secrets or not text:
+            return text
+        names: dict[str, str] = {}
+        for name, value in sorted(secrets.items(), key=lambda kv: -len(kv[1])):
+            names.setdefault(value, name)
+        pattern = re.compile("|".join(re.escape(v) for v in names))
+        return pattern.sub(lambda m: f"[{names[m.group()]} redacted]", text)
+
+    def redacted(self, value: Any) -> Any:
+        """A listed tool's fields (strings, lists and objects of them, keys too) with the secrets redacted."""
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, list):
+            return [self.redacted(v) for v in value]
+        if isinstance(value, dict):
+            return {self.redact(k) if isinstance(k, str) else k: self.redacted(v) for k, v in value.items()}
+        return value
 
 
 @dataclass(frozen=True)

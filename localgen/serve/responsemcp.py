@@ -124,7 +124,8 @@ class _Rounds:
             for remote in self.remotes:
                 if remote.tool.label not in self.listed or remote.error is not None:
                     shown = list(remote.server.listed) if remote.server is not None else []
-                    shown = [s for s in shown if remote.tool.allowed is None or s["name"] in remote.tool.allowed]
+                    shown = [remote.tool.redacted(s) for s in shown
+                             if remote.tool.allowed is None or s["name"] in remote.tool.allowed]
                     for chunk in self.encoder.listed(remote.tool.label, shown, remote.error):
                         yield chunk
             async for chunk in self._rounds():
@@ -276,8 +277,9 @@ class _Rounds:
                 name = spec.name
                 if counts[name] > 1 or name in taken:
                     name = _qualified(r.tool.label, spec.name)
-                r.offered[name] = spec.name
-                out[name] = ({"name": name, "description": spec.description, "parameters": spec.parameters}, r)
+                r.offered[name] = spec.name  # (what the model reads has the secrets redacted, as the listing has)
+                out[name] = ({"name": name, "description": r.tool.redact(spec.description),
+                              "parameters": r.tool.redacted(spec.parameters)}, r)
         return out
 
     def _choice(self, offered: dict[str, tuple[dict[str, Any], Remote]]) -> Any:
@@ -345,7 +347,7 @@ class _Rounds:
                 said = message.removeprefix(f"{name} failed: ")
                 return None, {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": said}]}, message
             return None, {"type": "mcp_protocol_error", "code": -32603, "message": message}, message
-        text = redact(text, remote.tool.secrets)
+        text = redact(remote.tool.redact(text))  # (and this process's secrets, as run's tool loop takes them out)
         return text, None, text
 
     def _close(self) -> None:
@@ -358,8 +360,9 @@ class _Rounds:
 
 def _shown(message: str, tool: McpTool) -> str:
     """An error's text as the response and the log may show it: any URL's `user:password@` (as the tool's URL is
-    written, or as the HTTP library rewrote it) as `[redacted]@`, and the tool's secrets redacted."""
+    written, or as the HTTP library rewrote it) as `[redacted]@`, and the tool's secrets (and this process's)
+    redacted."""
     from localgen.tools.loop import redact
 
     said = re.sub(r"//[^/@\s]*@", "//[redacted]@", message.replace(tool.url, without_userinfo(tool.url)))
-    return str(redact(said, tool.secrets))
+    return redact(tool.redact(said))

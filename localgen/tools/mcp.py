@@ -2,13 +2,15 @@
 SDK's safe subset of the environment, so secrets stay out of it, and what a config file gives it:
 tools/mcpconfig.py), an http(s) URL reaches one over streamable HTTP (with a config file's headers).
 The SDK is asynchronous; a server's session lives on its own event loop in a thread, and `run` and
-`chat` call it with a timeout."""
+`chat` call it with a timeout. A server a request names (serve's mcp tool) is read only within MAX_BODY, MAX_TOOLS
+and MAX_TOOL_TEXT, and closing any server cuts a session that hangs after CLOSE_S, every connection closed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -17,6 +19,12 @@ from localgen.tools.mcpconfig import McpTarget
 from localgen.tools.spec import ToolSpec, check_schema
 
 CONNECT_TIMEOUT_S = 30.0
+CLOSE_S = 5.0  # how long closing waits for a session to end as it should, before it is cut
+# what a server a request names (serve's mcp tool: `private` not None) may send, checked before it is parsed: a
+# response body's or a server-sent event's bytes, the tools one listing has, a tool's description or input schema
+MAX_BODY = 4 * 1024 * 1024
+MAX_TOOLS = 1000
+MAX_TOOL_TEXT = 65_536  # characters of a listed tool's description, and of its input schema written as JSON
 
 
 class McpServer:
@@ -40,30 +48,43 @@ class McpServer:
         self._thread.start()
         self._stack = contextlib.AsyncExitStack()
         self._session: Any = None
+        self._client: Any = None  # the HTTP client, when it is ours: closed after the session, whatever happened
         self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
+        self._refused: list[str] = []  # why a body the server sent was not read (past MAX_BODY): the error
         _quiet_sdk()
+        started = time.monotonic()
         try:
-            if target.url is not None and private is not None:
-                _reachable_checked(target, private)
+            if target.url is not None and private is not None:  # `timeout` is the whole start's: the probe's too
+                _reachable_checked(target, private, started + timeout)
             elif target.url is not None:
                 _reachable(target.url)
-            self.tools = self._wait(self._connect(), timeout, "starting")
+            left = max(0.1, started + timeout - time.monotonic())
+            self.tools = self._wait(self._connect(), timeout, "starting", left)
         except BaseException:
-            self.close()
+            if private is None:
+                self.close()
+            else:  # a request's server: the thread that started it is free at once (closing may wait CLOSE_S)
+                threading.Thread(target=self.close, name=f"mcp close {self.label}", daemon=True).start()
             raise
 
-    def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float, doing: str) -> Any:
+    def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float, doing: str, left: float | None = None) -> Any:
+        """`coro` run on the session's loop for at most `timeout` seconds (`left`, when less is left of it)."""
         import concurrent.futures
 
+        self._refused.clear()  # (a reason from before: not this one's)
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return future.result(timeout)
+            return future.result(timeout if left is None else left)
         except concurrent.futures.TimeoutError:
             future.cancel()
+            if self._refused:
+                raise ToolError(f"{self._refused[0]} ({doing})") from None
             raise ToolError(f"the MCP server {self.label} did not answer within {timeout:g} s ({doing})") from None
         except ToolError:
             raise
         except Exception as e:  # the SDK's errors, a dead process, a refused connection: one line each
+            if self._refused:  # a body past MAX_BODY (the SDK says "Failed to parse JSON response" or the like)
+                raise ToolError(f"{self._refused[0]} ({doing})") from None
             if _lost(e):
                 self.gone = True
                 raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}",
@@ -92,14 +113,18 @@ class McpServer:
 
         target = self.target
         if target.url is not None:
-            client = None
+            client, most = None, None
             if self.private is not None:
-                client = await self._stack.enter_async_context(_pinned_client(target.headers, self.private))
+                client = await self._stack.enter_async_context(
+                    _pinned_client(target.headers, self.private, self._refused, self.label))
+                most = MAX_BODY
             elif target.headers:  # a remote server's key, from a config file
                 from mcp.shared._httpx_utils import create_mcp_http_client
 
                 client = await self._stack.enter_async_context(create_mcp_http_client(headers=target.headers))
-            transport = streamable_http_client(target.url, http_client=client)
+            self._client = client
+            transport = (streamable_http_client(target.url, http_client=client, max_sse_event_size=most) if most
+                         else streamable_http_client(target.url, http_client=client))
         else:
             import sys
             import tempfile
@@ -118,9 +143,14 @@ class McpServer:
         self._session = await self._stack.enter_async_context(ClientSession(read, write))
         await self._session.initialize()
         listed = await self._session.list_tools()
+        if self.private is not None and len(listed.tools) > MAX_TOOLS:
+            raise ToolError(f"the MCP server {self.label} listed {len(listed.tools):,} tools: at most {MAX_TOOLS:,} "
+                            "are read")
         out, shown = [], []
         for t in listed.tools:
             schema = dict(t.input_schema or {"type": "object", "properties": {}})
+            if self.private is not None:
+                _check_sizes(self.label, t.name, t.description or "", schema)
             check_schema(schema, f"the MCP server {self.label}'s tool {t.name}")
             out.append(ToolSpec(t.name, t.description or "", schema))
             notes = t.annotations.model_dump(exclude_none=True) if t.annotations is not None else None
@@ -146,12 +176,29 @@ class McpServer:
         return text
 
     def close(self) -> None:
-        """End the session and the server process."""
+        """End the session and the server process, and close every connection to it (a server that hangs too)."""
         if self._loop.is_running():
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._stack.aclose(), self._loop).result(5)
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(CLOSE_S + 2)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    async def _shutdown(self) -> None:
+        """The session ended as it was opened (an HTTP server told so, a process stopped) within CLOSE_S; then
+        whatever still runs on the loop (a request to a server that hangs, the session's own tasks) cancelled,
+        and the HTTP client's connections closed."""
+        with contextlib.suppress(BaseException):  # a timeout, the SDK's own errors on the way out
+            await asyncio.wait_for(self._stack.aclose(), CLOSE_S)
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 1)
+        if self._client is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._client.aclose(), 1)
 
 
 def _lost(e: BaseException) -> bool:
@@ -165,6 +212,16 @@ def _lost(e: BaseException) -> bool:
 
     return getattr(getattr(e, "error", None), "code", None) == CONNECTION_CLOSED or any(
         type(c).__name__ == "ConnectError" for c in (e.__cause__, e.__context__) if c is not None)
+
+
+def _check_sizes(label: str, name: str, description: str, schema: dict[str, Any]) -> None:
+    """A listed tool's description and input schema at most MAX_TOOL_TEXT characters each, else a ToolError."""
+    import json
+
+    for what, size in (("description", len(description)), ("input schema", len(json.dumps(schema)))):
+        if size > MAX_TOOL_TEXT:
+            raise ToolError(f"the MCP server {label}'s tool {name[:64]} has a {what} of {size:,} characters: at "
+                            f"most {MAX_TOOL_TEXT:,} are read")
 
 
 def _quiet_sdk() -> None:
@@ -195,9 +252,9 @@ def _reachable(url: str) -> None:
         raise ToolError(f"cannot reach the MCP server {url}: {e.strerror or e}") from None
 
 
-def _reachable_checked(target: McpTarget, private: bool) -> None:
+def _reachable_checked(target: McpTarget, private: bool, deadline: float) -> None:
     """_reachable for a URL a request gave: its host resolved and checked (a refused address is one line
-    naming why), and the probe made to a checked address."""
+    naming why), and the probe made to a checked address, each try at most 5 s and none past `deadline`."""
     import socket
     from urllib.parse import urlsplit
 
@@ -212,18 +269,23 @@ def _reachable_checked(target: McpTarget, private: bool) -> None:
     failed: OSError | None = None
     for ip in found:
         try:
-            socket.create_connection((ip, port), timeout=5).close()
+            socket.create_connection((ip, port), timeout=min(5.0, max(0.1, deadline - time.monotonic()))).close()
             return
         except OSError as e:
             failed = e
+        if time.monotonic() >= deadline:
+            break
     assert failed is not None
     raise ToolError(f"cannot reach the MCP server {target.url}: {failed.strerror or failed}") from None
 
 
-def _pinned_client(headers: dict[str, str] | None, private: bool) -> Any:
+def _pinned_client(headers: dict[str, str] | None, private: bool, refused: list[str] | None = None,
+                   label: str = "") -> Any:
     """The SDK's HTTP client (its timeouts, `headers` on every request) whose connections each go to an address
     of the host resolved and checked then (fetch.py's check): never to a name resolved again after the check.
-    TLS's server name and the Host header keep the name. No proxy from the environment."""
+    TLS's server name and the Host header keep the name. No proxy from the environment. A response body (a
+    server-sent event, in a stream of them) past MAX_BODY bytes is not read on: an error, its reason added to
+    `refused`; bodies come unencoded (a compressed one could grow past any size once decoded)."""
     from collections.abc import Iterable
 
     import anyio.to_thread
@@ -250,10 +312,56 @@ def _pinned_client(headers: dict[str, str] | None, private: bool) -> Any:
                     failed = e
             raise failed
 
-    transport = httpx2.AsyncHTTPTransport(trust_env=False)
+    said = refused if refused is not None else []
+
+    def too_big(why: str) -> httpx2.StreamError:
+        said.append(f"the MCP server {label} sent {why}: at most {MAX_BODY:,} bytes are read")
+        return httpx2.StreamError(said[-1])
+
+    class Capped(httpx2.AsyncByteStream):
+        """A response's bytes, counted as they come: a body's, or each server-sent event's."""
+
+        def __init__(self, inner: Any, events: bool, error: httpx2.StreamError | None) -> None:
+            self.inner, self.events, self.error = inner, events, error
+
+        async def __aiter__(self) -> Any:
+            if self.error is not None:  # refused by its headers: nothing of it read (raised here, as the SDK
+                raise self.error  # expects of a body it cannot read)
+            seen, tail = 0, b""
+            async for part in self.inner:
+                if self.events:  # bytes since the last blank line (an event's end), the separator looked for
+                    buf = tail + part  # across the chunks' edges
+                    end = max(buf.rfind(b"\n\n"), buf.rfind(b"\r\r"), buf.rfind(b"\r\n\r\n"))
+                    seen = len(buf) - end if end >= 0 else seen + len(part)
+                    tail = buf[-3:]
+                else:
+                    seen += len(part)
+                if seen > MAX_BODY:
+                    raise too_big("a server-sent event over 4 MB" if self.events else "a body over 4 MB")
+                yield part
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class Transport(httpx2.AsyncHTTPTransport):
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            response = await super().handle_async_request(request)
+            size = response.headers.get("content-length", "")
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
+            error = None
+            if size.isdigit() and int(size) > MAX_BODY:
+                error = too_big(f"a body of {int(size):,} bytes")
+            elif encoding not in ("", "identity"):
+                error = too_big(f"a body encoded as {encoding[:32]}, not asked for (it could decode past any size)")
+            return httpx2.Response(response.status_code, headers=response.headers,
+                                   stream=Capped(response.stream, events, error), extensions=response.extensions)
+
+    transport = Transport(trust_env=False)
     # httpx2 takes no network backend itself: its pool is made again with ours (as _compat.httpx_transport does)
     transport._pool = httpcore2.AsyncConnectionPool(ssl_context=httpx2.create_ssl_context(), network_backend=Backend())
-    return httpx2.AsyncClient(transport=transport, headers=headers, trust_env=False,
+    return httpx2.AsyncClient(transport=transport, headers={**(headers or {}), "Accept-Encoding": "identity"},
+                              trust_env=False,
                               timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
 
 
