@@ -642,3 +642,24 @@ def test_after_eight_rounds_of_calls_the_model_must_answer(server: Server, cli_e
     assert len(calls) >= 8 and all(c.output.startswith("Step ") for c in calls)
     rounds = [m for m in _conversation(cli_env, r.id) if m["role"] == "assistant"]
     assert [bool(m.get("tool_calls")) for m in rounds] == [True] * 8 + [False], rounds
+
+
+def test_requests_with_the_mcp_tool_leave_no_open_files_behind(server: Server, url: str) -> None:
+    """Each request connects to its MCP servers on an event loop of their own: once it is answered, the loop is
+    closed (a trial found each request left its loop open, three descriptors, until the server ran out of them and
+    its Responses store could no longer be opened)."""
+    tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never"}
+    body = {"model": "smollm2:135m", "input": "Hi", "max_output_tokens": 1, "tools": [tool]}
+
+    def fds() -> int:  # event loops' epoll descriptors: one for each loop not closed (the leak's mark)
+        return sum(_link(f"/proc/{server.proc.pid}/fd/{fd}") == "anon_inode:[eventpoll]"
+                   for fd in os.listdir(f"/proc/{server.proc.pid}/fd"))
+
+    with httpx.Client(base_url=server.url, timeout=120) as client:  # one connection to the server throughout
+        assert client.post("/v1/responses", json=body).status_code == 200
+        before = fds()
+        for _ in range(6):
+            r = client.post("/v1/responses", json=body)
+            assert r.status_code == 200 and r.json()["output"][0]["type"] == "mcp_list_tools", r.text
+        after = fds()
+    assert after <= before, (before, after)  # one loop (and its two sockets) a request were left before
