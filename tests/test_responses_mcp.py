@@ -662,4 +662,9 @@ def test_requests_with_the_mcp_tool_leave_no_open_files_behind(server: Server, u
             r = client.post("/v1/responses", json=body)
             assert r.status_code == 200 and r.json()["output"][0]["type"] == "mcp_list_tools", r.text
         after = fds()
+        for _ in range(100):  # the last request's servers are closed as its answer goes: wait for that
+            if after <= before:
+                break
+            time.sleep(0.1)
+            after = fds()
     assert after <= before, (before, after)  # one loop (and its two sockets) a request were left before
