@@ -135,6 +135,10 @@ def test_bad_mcp_tools_are_400s_naming_the_field(server: Server, url: str) -> No
                       ({**good, "server_url": "http://example.com:abc/mcp"}, "port must be a number"),
                       ({**good, "server_label": "a b"}, "server_label must be"),
                       ({**good, "headers": {"X": 1}}, "headers must be an object"),
+                      ({**good, "headers": {"X-A": "v\r\nX-Injected: 1"}}, "'X-A' is not a header HTTP can send"),
+                      ({**good, "headers": {"bad name:": "v"}}, "'bad name:' is not a header HTTP can send"),
+                      ({**good, "headers": {"X-A": "\u00fc\u20ac"}}, "'X-A' is not a header HTTP can send"),
+                      ({**good, "authorization": "tok\nen"}, "authorization must be a string of printable ASCII"),
                       ({**good, "require_approval": "sometimes"}, "require_approval must be"),
                       ({**good, "allowed_tools": {"read_only": True}}, "read_only is not served"),
                       ({**good, "connector_id": "connector_gmail"}, "connectors are not served here")):

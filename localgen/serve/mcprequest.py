@@ -15,6 +15,8 @@ from localgen.serve.state import ServeState
 
 MAX_SERVERS = 8  # mcp tools in one request (each a connection and a thread while the response lasts)
 MAX_HEADERS, MAX_HEADER_CHARS = 32, 8192
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
+HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")  # no CR, LF, NUL or other controls; ASCII (httpx sends no other)
 MAX_CHAIN = 100  # previous responses looked through for a server's mcp_list_tools already given
 LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -145,10 +147,17 @@ def _tool(t: dict[str, Any]) -> McpTool:
         raise HTTPError(400, f"mcp tool {label}: headers must be an object of at most {MAX_HEADERS} strings, each "
                              f"at most {MAX_HEADER_CHARS:,} characters", param="tools")
     headers = dict(headers)
+    for k, v in headers.items():  # what HTTP can carry: a token for a name, visible ASCII and blanks for a value
+        if not HEADER_NAME.fullmatch(k) or not HEADER_VALUE.fullmatch(v):
+            raise HTTPError(400, f"mcp tool {label}: headers: {k[:40]!r} is not a header HTTP can send (a name of "
+                                 "letters, digits and !#$%&'*+-.^_`|~; a value of printable ASCII, no line breaks)",
+                            param="tools")
     authorization = t.get("authorization")
     if authorization is not None:
-        if not isinstance(authorization, str) or len(authorization) > MAX_HEADER_CHARS:
-            raise HTTPError(400, f"mcp tool {label}: authorization must be a string", param="tools")
+        if not isinstance(authorization, str) or len(authorization) > MAX_HEADER_CHARS or not HEADER_VALUE.fullmatch(
+                authorization):
+            raise HTTPError(400, f"mcp tool {label}: authorization must be a string of printable ASCII",
+                            param="tools")
         headers["Authorization"] = f"Bearer {authorization}"
     description = t.get("server_description")
     if description is not None and not (isinstance(description, str) and len(description) <= MAX_HEADER_CHARS):
