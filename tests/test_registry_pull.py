@@ -187,6 +187,31 @@ def test_rm_removes_a_pulled_model_and_keeps_the_blobs_another_uses(lg: Lg, reg:
     one_line(lg("rm", name(reg), "--yes"), 1, f"no Ollama model {reg.host}/library/smollm2:135m")
 
 
+def test_pulling_a_moved_tag_again_removes_the_blobs_only_its_old_manifest_named(lg: Lg, reg: FakeRegistry,
+                                                                                   gguf: HubFile,
+                                                                                   tmp_path: Path) -> None:
+    """docs/models.md: pulling a tag again after it moved (a new model blob, new params) deletes the blobs of its
+    old manifest that no pulled manifest names, as Ollama's pull prunes; a blob another tag uses stays."""
+    moved = tmp_path / "moved.gguf"
+    moved.write_bytes(Path(gguf.source).read_bytes() + b"\0" * 64)  # another blob that is still a GGUF
+    new = HubFile(moved)
+    blob = lambda f: lg.pulled / "blobs" / f"sha256-{f.sha256}"  # noqa: E731
+    params, system = HubFile(PARAMS), HubFile(SYSTEM)
+    for tag in ("smollm2:135m", "smollm2:plain"):  # 135m: the GGUF, params, system; plain: the GGUF alone
+        assert lg("pull", name(reg, tag)).returncode == 0
+    params2 = HubFile(b'{"temperature": 0.5}')
+    reg.add("library/smollm2:135m", [("model", new), ("params", params2), ("system", system)])
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    assert not blob(params).exists()  # only the old manifest named it
+    assert blob(gguf).exists() and blob(system).exists() and blob(new).exists() and blob(params2).exists()
+    reg.add("library/smollm2:135m", [("model", gguf), ("params", params), ("system", system)])
+    assert lg("pull", name(reg)).returncode == 0
+    assert not blob(new).exists() and not blob(params2).exists()  # the model blob the tag left
+    assert len(list((lg.pulled / "blobs").iterdir())) == 4  # config, GGUF, params, system
+    assert lg("run", "-m", name(reg, "smollm2:plain"), "-p", "Hi", "-n", "2").returncode == 0
+
+
 def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry) -> None:
     """docs/models.md: `run -m ollama:NAME` of a model in neither store downloads it, as a Hub name does;
     offline it is one line naming `localgen pull`, which offline uses a pulled copy as it is."""

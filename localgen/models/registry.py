@@ -87,11 +87,13 @@ def pull(name: OllamaName, progress: Progress) -> Path:
                             root / ".locks" / f"{b.filename}.lock", RemoteFile(label, b.size, b.digest.split(":")[1]),
                             shown, source)
     path = _manifest_path(root, name)
+    old = _digests(path)  # an earlier pull's: the blobs of a tag that has moved since go once nothing names them
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(raw)
     os.replace(tmp, path)  # the manifest last: a model is listed only once every blob is whole
     paths.fsync_dir(path.parent)
+    _sweep(root, old - {b.filename for b in blobs})
     return path
 
 
@@ -234,13 +236,19 @@ def remove(name: OllamaName) -> tuple[int, int]:
     mine = _digests(path)
     path.unlink()
     _prune(path.parent, root / "manifests")
+    return _sweep(root, mine)
+
+
+def _sweep(root: Path, candidates: set[str]) -> tuple[int, int]:
+    """Delete the blob files in `candidates` that no pulled manifest names (as Ollama's pull and rm prune);
+    returns the bytes freed and the number kept because a manifest names them."""
     used: set[str] = set()
     top = root / "manifests"
     for other in top.glob("*/*/*/*") if top.is_dir() else ():
         if other.is_file():
             used |= _digests(other)
     freed, kept = 0, 0
-    for blob in sorted(mine):
+    for blob in sorted(candidates):
         if blob in used:
             kept += 1
             continue
