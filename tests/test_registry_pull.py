@@ -4,6 +4,7 @@ localgen's data dir in Ollama's layout, then run, listed, shown and removed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -210,6 +211,50 @@ def test_pulling_a_moved_tag_again_removes_the_blobs_only_its_old_manifest_named
     assert not blob(new).exists() and not blob(params2).exists()  # the model blob the tag left
     assert len(list((lg.pulled / "blobs").iterdir())) == 4  # config, GGUF, params, system
     assert lg("run", "-m", name(reg, "smollm2:plain"), "-p", "Hi", "-n", "2").returncode == 0
+
+
+def test_two_threads_pulling_one_model_both_succeed(reg: FakeRegistry, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve's /api/pull pulls in threads of one process: two pulls of one model at once both write the
+    manifest (each through a temporary file of its own: they shared one, and the second's rename failed). Both
+    reach the manifest's rename before either does it (a barrier; a pull that waits for the other's blob locks
+    goes on after a few seconds)."""
+    import os
+    import threading
+
+    from localgen.models import ollamastore, registry
+    from localgen.models.download import Quiet
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    reg.add("library/tiny:1", [("model", HubFile(b"GGUF" + b"\0" * 60)), ("params", HubFile(PARAMS))])
+    target = ollamastore.parse_name(f"{reg.host}/library/tiny:1")
+    both = threading.Barrier(2, timeout=3)
+    replace = os.replace
+
+    def rename_together(src: str, dst: str) -> None:
+        if "manifests" in str(dst):
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both.wait()
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", rename_together)
+    errors: list[BaseException] = []
+
+    def pull() -> None:
+        try:
+            registry.pull(target, Quiet())
+        except BaseException as e:  # the test reports it
+            errors.append(e)
+
+    threads = [threading.Thread(target=pull) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [], errors
+    manifest = tmp_path / "home" / "data" / "ollama" / "manifests" / reg.host / "library" / "tiny" / "1"
+    assert manifest.read_bytes() == reg.manifests["library/tiny:1"]
+    assert [p.name for p in manifest.parent.iterdir()] == ["1"]  # no temporary file left
 
 
 def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,9 +90,15 @@ def pull(name: OllamaName, progress: Progress) -> Path:
     path = _manifest_path(root, name)
     old = _digests(path)  # an earlier pull's: the blobs of a tag that has moved since go once nothing names them
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(raw)
-    os.replace(tmp, path)  # the manifest last: a model is listed only once every blob is whole
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # one per pull, as
+    try:  # serve's /api/pull pulls in threads of one process
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o644)  # as the blobs are (mkstemp's file is 0600)
+            out.write(raw)
+        os.replace(tmp, path)  # the manifest last: a model is listed only once every blob is whole
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     paths.fsync_dir(path.parent)
     _sweep(root, old - {b.filename for b in blobs})
     return path
