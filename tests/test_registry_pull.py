@@ -257,6 +257,44 @@ def test_two_threads_pulling_one_model_both_succeed(reg: FakeRegistry, tmp_path:
     assert [p.name for p in manifest.parent.iterdir()] == ["1"]  # no temporary file left
 
 
+def test_rm_waits_for_a_pull_that_holds_a_blob_and_keeps_what_its_manifest_names(lg: Lg, reg: FakeRegistry,
+                                                                                  gguf: HubFile) -> None:
+    """A pull holds each blob's lock from its fetch until its manifest is written: rm of another model that
+    shares the blob waits for that lock (saying so), then keeps the blob the new manifest names; the lock files
+    stay (another process may hold one)."""
+    from filelock import FileLock
+
+    assert lg("pull", name(reg, "smollm2:plain")).returncode == 0
+    manifest = lg.pulled / "manifests" / reg.host / "library" / "smollm2" / "plain"
+    raw = manifest.read_bytes()
+    blobs = sorted(p.name for p in (lg.pulled / "blobs").iterdir())  # the config and the GGUF
+    locks = [FileLock(str(lg.pulled / ".locks" / f"{b}.lock")) for b in blobs]
+    for lock in locks:  # as a pull of smollm2:other (the same blobs) holds them before its manifest is written
+        lock.acquire(timeout=0)
+    rm = subprocess.Popen([sys.executable, "-m", "localgen", "rm", name(reg, "smollm2:plain"), "--yes"],
+                          env=lg.env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    try:
+        assert rm.stderr is not None
+        said = ""
+        while "waiting for it to finish" not in said and (line := rm.stderr.readline()):
+            said += line
+        assert f"{blobs[0]}: another process is downloading it; waiting for it to finish" in said, said
+        assert all((lg.pulled / "blobs" / b).exists() for b in blobs)
+        other = manifest.with_name("other")
+        other.parent.mkdir(parents=True, exist_ok=True)  # rm took the empty folders
+        other.write_bytes(raw)  # the other pull's manifest, then its locks go
+    finally:
+        for lock in locks:
+            lock.release()
+        out, err = rm.communicate(timeout=120)
+    assert rm.returncode == 0, err
+    assert "freed 0 bytes (2 blob(s) another pulled model uses were kept)" in out, out
+    assert all((lg.pulled / "blobs" / b).exists() for b in blobs) and not manifest.exists()
+    assert all((lg.pulled / ".locks" / f"{b}.lock").exists() for b in blobs)
+    assert lg("run", "-m", name(reg, "smollm2:other"), "-p", "Hi", "-n", "2").returncode == 0
+
+
 def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry) -> None:
     """docs/models.md: `run -m ollama:NAME` of a model in neither store downloads it, as a Hub name does;
     offline it is one line naming `localgen pull`, which offline uses a pulled copy as it is."""

@@ -7,6 +7,7 @@ model's manifest and the blobs no other pulled manifest uses."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -81,27 +82,37 @@ def pull(name: OllamaName, progress: Progress) -> Path:
     need = sum(b.size - _size(download.partial_path(folder / b.filename)) for b in missing.values())
     download.check_space(folder, max(need, 0), name.display)
     source = download.Source(name.host, f"its digest in {name.display}'s manifest")
-    for b in {b.digest: b for b in blobs}.values():
-        label = f"{name.ollama} {b.media}"
-        shown = progress if b.media in WEIGHTS else download.Quiet()  # a few bytes of settings: no bar of their own
-        download.fetch_file(_url(name, f"blobs/{b.digest}"), lambda: {}, folder / b.filename,
-                            root / ".locks" / f"{b.filename}.lock", RemoteFile(label, b.size, b.digest.split(":")[1]),
-                            shown, source)
-    path = _manifest_path(root, name)
-    old = _digests(path)  # an earlier pull's: the blobs of a tag that has moved since go once nothing names them
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # one per pull, as
-    try:  # serve's /api/pull pulls in threads of one process
-        with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), 0o644)  # as the blobs are (mkstemp's file is 0600)
-            out.write(raw)
-        os.replace(tmp, path)  # the manifest last: a model is listed only once every blob is whole
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    paths.fsync_dir(path.parent)
-    _sweep(root, old - {b.filename for b in blobs})
+    unique = {b.digest: b for b in blobs}
+    with contextlib.ExitStack() as held:
+        # Each blob's lock from before its fetch until the manifest names it, so that no rm or other pull's prune
+        # deletes a verified blob before then; taken in one order (by digest), so two pulls never wait in a circle.
+        for digest in sorted(unique):
+            held.enter_context(download.locked(_lock(root, unique[digest].filename),
+                                               f"{name.ollama} {unique[digest].media}", progress))
+        for b in unique.values():
+            label = f"{name.ollama} {b.media}"
+            shown = progress if b.media in WEIGHTS else download.Quiet()  # a few bytes of settings: no bar of its own
+            download.fetch_held(_url(name, f"blobs/{b.digest}"), lambda: {}, folder / b.filename,
+                                RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source)
+        path = _manifest_path(root, name)
+        old = _digests(path)  # an earlier pull's: the blobs of a tag that has moved since go once nothing names them
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # one per pull, as
+        try:  # serve's /api/pull pulls in threads of one process
+            with os.fdopen(fd, "wb") as out:
+                os.fchmod(out.fileno(), 0o644)  # as the blobs are (mkstemp's file is 0600)
+                out.write(raw)
+            os.replace(tmp, path)  # the manifest last: a model is listed only once every blob is whole
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        paths.fsync_dir(path.parent)
+    _sweep(root, old - {b.filename for b in blobs}, progress)  # its locks released: the sweep takes one at a time
     return path
+
+
+def _lock(root: Path, blob: str) -> Path:
+    return root / ".locks" / f"{blob}.lock"
 
 
 def _whole(blob: Path, size: int) -> bool:
@@ -233,9 +244,10 @@ def pulled(name: OllamaName) -> Path | None:
     return ollamastore.find_manifest(ollamastore.pulled_root(), name)
 
 
-def remove(name: OllamaName) -> tuple[int, int]:
-    """Remove a pulled model: its manifest, and the blobs no other pulled manifest names. Returns the bytes freed
-    and the number of blobs kept for other models; a ModelNotFoundError when localgen pulled no such model."""
+def remove(name: OllamaName, progress: Progress | None = None) -> tuple[int, int]:
+    """Remove a pulled model: its manifest, and the blobs no other pulled manifest names (each under its lock,
+    waiting for a pull that holds it: `progress` says so). Returns the bytes freed and the number of blobs kept for
+    other models; a ModelNotFoundError when localgen pulled no such model."""
     root = ollamastore.pulled_root()
     path = pulled(name)
     if path is None:
@@ -243,27 +255,36 @@ def remove(name: OllamaName) -> tuple[int, int]:
     mine = _digests(path)
     path.unlink()
     _prune(path.parent, root / "manifests")
-    return _sweep(root, mine)
+    return _sweep(root, mine, progress)
 
 
-def _sweep(root: Path, candidates: set[str]) -> tuple[int, int]:
-    """Delete the blob files in `candidates` that no pulled manifest names (as Ollama's pull and rm prune);
-    returns the bytes freed and the number kept because a manifest names them."""
+def _sweep(root: Path, candidates: set[str], progress: Progress | None = None) -> tuple[int, int]:
+    """Delete the blob files in `candidates` that no pulled manifest names (as Ollama's pull and rm prune), each
+    under its lock, and looking at the manifests once it holds it: a pull holds its blobs' locks until its manifest
+    names them. The lock files stay (another process may hold one). Returns the bytes freed and the number kept
+    because a manifest names them."""
+    from localgen.models import download
+
+    freed, kept = 0, 0
+    for blob in sorted(candidates):
+        with download.locked(_lock(root, blob), blob, progress or download.Quiet()):
+            if blob in _used(root):
+                kept += 1
+                continue
+            file = root / "blobs" / blob
+            freed += _size(file)
+            file.unlink(missing_ok=True)
+    return freed, kept
+
+
+def _used(root: Path) -> set[str]:
+    """The blob files the pulled manifests name."""
     used: set[str] = set()
     top = root / "manifests"
     for other in top.glob("*/*/*/*") if top.is_dir() else ():
         if other.is_file():
             used |= _digests(other)
-    freed, kept = 0, 0
-    for blob in sorted(candidates):
-        if blob in used:
-            kept += 1
-            continue
-        file = root / "blobs" / blob
-        freed += _size(file)
-        file.unlink(missing_ok=True)
-        (root / ".locks" / f"{blob}.lock").unlink(missing_ok=True)
-    return freed, kept
+    return used
 
 
 def _prune(folder: Path, top: Path) -> None:

@@ -492,6 +492,7 @@ def rm(
 def _rm_pulled_ollama(given: str, text: str, yes: bool) -> bool:
     """rm of a model `localgen pull ollama:...` downloaded: its manifest and the blobs no other pulled model uses
     go; False where localgen pulled no such model (Ollama's own store is never changed)."""
+    from localgen.cli.progress import make_progress
     from localgen.models import ollamastore, registry
 
     name = ollamastore.parse_name(text)
@@ -501,7 +502,7 @@ def _rm_pulled_ollama(given: str, text: str, yes: bool) -> bool:
     m = ollamastore.read_manifest(name, ollamastore.pulled_root(), path)
     _warn_presets_on(given)
     _confirm(f"{name.display}, pulled from {name.host}", sum(x.size for x in m.layers), yes)
-    freed, kept = registry.remove(name)
+    freed, kept = registry.remove(name, make_progress())  # says so while a pull holds a blob
     shared = f" ({kept} blob(s) another pulled model uses were kept)" if kept else ""
     print(f"removed {name.display}, freed {format_bytes(freed) if freed else '0 bytes'}{shared}")
     return True
