@@ -318,6 +318,15 @@ def _no_model(reg: FakeRegistry) -> None:
     reg.add("library/textonly:1", [("params", HubFile(PARAMS))])
 
 
+def _mlx(reg: FakeRegistry) -> None:
+    """As Ollama's MLX and safetensors tags (-nvfp4, mxfp8, mlx...): big tensor layers and no model layer."""
+    reg.add("library/mlx:1", [("tensor", HubFile(b"t")), ("tokenizer", HubFile(b"k"))])
+    doc = json.loads(reg.manifests["library/mlx:1"])
+    doc["layers"][0]["size"] = 3 << 30
+    doc["layers"][1]["size"] = 2 << 20
+    reg.manifests["library/mlx:1"] = json.dumps(doc).encode()
+
+
 def _big_manifest(reg: FakeRegistry) -> None:
     reg.manifests["library/big:1"] = b" " * (1 << 20) + reg.manifests["library/smollm2:plain"]
 
@@ -340,6 +349,7 @@ def _no_room(reg: FakeRegistry) -> None:
     ("nothere", None, "has no model library/nothere with the tag latest (404)"),
     ("smollm2:nosuchtag", None, "has no model library/smollm2 with the tag nosuchtag (404)"),
     ("textonly:1", _no_model, "has no GGUF model layer in its manifest: localgen cannot run it"),
+    ("mlx:1", _mlx, "has no GGUF model layer in its manifest: localgen cannot run it"),
     ("big:1", _big_manifest, "a manifest over 1,048,576 bytes is refused"),
     ("big:1", _big_layer, "its system layer is 2,097,152 bytes, over the 1,048,576 localgen takes"),
     ("big:1", _no_room, "not enough disk space for"),

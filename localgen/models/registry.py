@@ -212,13 +212,14 @@ def read_blobs(name: OllamaName, raw: bytes) -> list[Blob]:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise bad(f"a {kind}'s size is not a byte count: {str(size)[:40]!r}")
         media = "config" if kind == "config" else raw_layer["mediaType"].removeprefix(MEDIA)
-        limit = MAX_WEIGHTS if media in WEIGHTS else MAX_SMALL
-        if size > limit:
-            raise bad(f"its {media} layer is {size:,} bytes, over the {limit:,} localgen takes")
         blobs.append(Blob(f"sha256:{m.group(1).lower()}", size, media))
-    if not any(b.media == "model" for b in blobs):
+    if not any(b.media == "model" for b in blobs):  # before the limits: an MLX tag's big tensor layers say this
         raise LocalgenError(f"{name.display} has no GGUF model layer in its manifest: localgen cannot run it "
                             "(nothing was downloaded)")
+    for b in blobs:
+        limit = MAX_WEIGHTS if b.media in WEIGHTS else MAX_SMALL
+        if b.size > limit:
+            raise bad(f"its {b.media} layer is {b.size:,} bytes, over the {limit:,} localgen takes")
     return blobs
 
 
