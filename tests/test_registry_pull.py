@@ -144,6 +144,27 @@ def test_a_cut_connection_resumes_and_a_partial_blob_never_takes_its_digest_s_na
     assert blob.stat().st_size == gguf.size and not blob.with_name(blob.name + ".incomplete").exists()
 
 
+def test_rm_of_a_pull_that_gave_up_removes_what_it_left(lg: Lg, reg: FakeRegistry, gguf: HubFile) -> None:
+    """docs/models.md: `rm ollama:NAME` of a name whose pull gave up (no manifest) removes the blobs it left,
+    whole (the config) or partial (.incomplete), and keeps those another unfinished pull names."""
+    reg.add("library/smollm2:again", [("model", gguf), ("params", HubFile(PARAMS))])
+    reg.drop_after["sha256:" + gguf.sha256] = [i * 10_000_000 for i in range(1, 7)] + [
+        60_000_000 + i * 1_000_000 for i in range(1, 7)]  # each pull gives up after six cuts
+    for tag in ("plain", "again"):
+        one_line(lg("pull", name(reg, f"smollm2:{tag}")), 1, "failed after 6 tries", progress=True)
+    partial = lg.pulled / "blobs" / f"sha256-{gguf.sha256}.incomplete"
+    assert partial.stat().st_size == 66_000_000 and name(reg, "smollm2:plain") not in lg("list").stdout
+    r = lg("rm", name(reg, "smollm2:plain"), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"removed the unfinished pull of {name(reg, 'smollm2:plain')}, freed"), r.stdout
+    assert "2 blob(s) another pulled model or unfinished pull uses were kept" in r.stdout, r.stdout
+    assert partial.exists()  # the pull of smollm2:again would resume it
+    r = lg("rm", name(reg, "smollm2:again"), "--yes")
+    assert r.returncode == 0 and "freed 63" in r.stdout, r.stdout  # 66,000,000 bytes and the config
+    assert not any((lg.pulled / "blobs").iterdir()), list((lg.pulled / "blobs").iterdir())
+    one_line(lg("rm", name(reg, "smollm2:plain"), "--yes"), 1, f"no Ollama model {reg.host}/library/smollm2:plain")
+
+
 def test_blobs_follow_the_registry_s_redirect_to_its_cdn_and_resume_there(lg: Lg, reg: FakeRegistry,
                                                                             gguf: HubFile) -> None:
     """registry.ollama.ai answers a blob's GET with a redirect to a CDN: the pull follows it, with its Range."""
@@ -178,7 +199,8 @@ def test_rm_removes_a_pulled_model_and_keeps_the_blobs_another_uses(lg: Lg, reg:
     assert len(reg.blob_requests("sha256:" + gguf.sha256)) == 1  # the second tag's GGUF was here already
     r = lg("rm", name(reg), "--yes")
     assert r.returncode == 0, r.stderr
-    assert "removed" in r.stdout and "2 blob(s) another pulled model uses were kept" in r.stdout, r.stdout
+    assert "removed" in r.stdout, r.stdout
+    assert "2 blob(s) another pulled model or unfinished pull uses were kept" in r.stdout, r.stdout
     assert model.exists() and len(list((lg.pulled / "blobs").iterdir())) == 2  # the GGUF and the config stay
     assert not (lg.pulled / "manifests" / reg.host / "library" / "smollm2" / "135m").exists()
     assert lg("show", name(reg, "smollm2:plain")).returncode == 0
@@ -289,7 +311,7 @@ def test_rm_waits_for_a_pull_that_holds_a_blob_and_keeps_what_its_manifest_names
             lock.release()
         out, err = rm.communicate(timeout=120)
     assert rm.returncode == 0, err
-    assert "freed 0 bytes (2 blob(s) another pulled model uses were kept)" in out, out
+    assert "freed 0 bytes (2 blob(s) another pulled model or unfinished pull uses were kept)" in out, out
     assert all((lg.pulled / "blobs" / b).exists() for b in blobs) and not manifest.exists()
     assert all((lg.pulled / ".locks" / f"{b}.lock").exists() for b in blobs)
     assert lg("run", "-m", name(reg, "smollm2:other"), "-p", "Hi", "-n", "2").returncode == 0

@@ -31,6 +31,7 @@ MAX_SMALL = 1 << 20  # a layer that is not weights (params, system, template, li
 MAX_WEIGHTS = 2 << 40  # a model, projector or adapter layer: more than any GGUF published
 WEIGHTS = ("model", "projector", "adapter")
 RETRIES = 3
+UNFINISHED = ".unfinished"  # the manifests of pulls that have not finished (or gave up), in manifests/'s layout
 TIMEOUT_S = 30
 
 
@@ -82,6 +83,9 @@ def pull(name: OllamaName, progress: Progress) -> Path:
     need = sum(b.size - _size(download.partial_path(folder / b.filename)) for b in missing.values())
     download.check_space(folder, max(need, 0), name.display)
     source = download.Source(name.host, f"its digest in {name.display}'s manifest")
+    unfinished = _unfinished_path(root, name)  # until the manifest is written: what rm of a pull that gave up takes
+    unfinished.parent.mkdir(parents=True, exist_ok=True)
+    _write(unfinished, raw)
     unique = {b.digest: b for b in blobs}
     with contextlib.ExitStack() as held:
         # Each blob's lock from before its fetch until the manifest names it, so that no rm or other pull's prune
@@ -97,22 +101,35 @@ def pull(name: OllamaName, progress: Progress) -> Path:
         path = _manifest_path(root, name)
         old = _digests(path)  # an earlier pull's: the blobs of a tag that has moved since go once nothing names them
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # one per pull, as
-        try:  # serve's /api/pull pulls in threads of one process
-            with os.fdopen(fd, "wb") as out:
-                os.fchmod(out.fileno(), 0o644)  # as the blobs are (mkstemp's file is 0600)
-                out.write(raw)
-            os.replace(tmp, path)  # the manifest last: a model is listed only once every blob is whole
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        paths.fsync_dir(path.parent)
+        _write(path, raw)  # the manifest last: a model is listed only once every blob is whole
+        unfinished.unlink(missing_ok=True)
+        _prune(unfinished.parent, root / UNFINISHED)
     _sweep(root, old - {b.filename for b in blobs}, progress)  # its locks released: the sweep takes one at a time
     return path
 
 
 def _lock(root: Path, blob: str) -> Path:
     return root / ".locks" / f"{blob}.lock"
+
+
+def _unfinished_path(root: Path, name: OllamaName) -> Path:
+    """Where a pull keeps the manifest it is downloading the blobs of, until it writes it to manifests/."""
+    return root / UNFINISHED / Path(*name.parts())
+
+
+def _write(path: Path, raw: bytes) -> None:
+    """Write `path` whole or not at all, through a temporary file of this call's own (serve's /api/pull pulls in
+    threads of one process)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o644)  # as the blobs are (mkstemp's file is 0600)
+            out.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    paths.fsync_dir(path.parent)
 
 
 def _whole(blob: Path, size: int) -> bool:
@@ -245,25 +262,41 @@ def pulled(name: OllamaName) -> Path | None:
     return ollamastore.find_manifest(ollamastore.pulled_root(), name)
 
 
+def unfinished(name: OllamaName) -> int | None:
+    """For a pull of `name` that has not finished (or gave up): the bytes on disk of the blobs its manifest names,
+    whole or partial; None when there is none."""
+    from localgen.models import download
+
+    root = ollamastore.pulled_root()
+    path = _unfinished_path(root, name)
+    if not path.is_file():
+        return None
+    return sum(_size(f) + _size(download.partial_path(f)) for f in (root / "blobs" / b for b in _digests(path)))
+
+
 def remove(name: OllamaName, progress: Progress | None = None) -> tuple[int, int]:
-    """Remove a pulled model: its manifest, and the blobs no other pulled manifest names (each under its lock,
+    """Remove a pulled model: its manifest (and that of a pull of it that gave up, whose partial blobs go too),
+    and the blobs no other pulled manifest or unfinished pull names (each under its lock,
     waiting for a pull that holds it: `progress` says so). Returns the bytes freed and the number of blobs kept for
     other models; a ModelNotFoundError when localgen pulled no such model."""
     root = ollamastore.pulled_root()
-    path = pulled(name)
-    if path is None:
+    path, part = pulled(name), _unfinished_path(root, name)
+    if path is None and not part.is_file():
         raise ModelNotFoundError(f"localgen pulled no model {name.ollama}", hint="localgen list shows what is here")
-    mine = _digests(path)
-    path.unlink()
-    _prune(path.parent, root / "manifests")
+    mine: set[str] = set()
+    for done, top in ((path, root / "manifests"), (part if part.is_file() else None, root / UNFINISHED)):
+        if done is not None:
+            mine |= _digests(done)
+            done.unlink()
+            _prune(done.parent, top)
     return _sweep(root, mine, progress)
 
 
 def _sweep(root: Path, candidates: set[str], progress: Progress | None = None) -> tuple[int, int]:
-    """Delete the blob files in `candidates` that no pulled manifest names (as Ollama's pull and rm prune), each
-    under its lock, and looking at the manifests once it holds it: a pull holds its blobs' locks until its manifest
-    names them. The lock files stay (another process may hold one). Returns the bytes freed and the number kept
-    because a manifest names them."""
+    """Delete the blob files in `candidates` (and their .incomplete partials) that no pulled manifest or unfinished
+    pull names (as Ollama's pull and rm prune), each under its lock, and looking at the manifests once it holds it:
+    a pull holds its blobs' locks until its manifest names them. The lock files stay (another process may hold
+    one). Returns the bytes freed and the number kept because a manifest names them."""
     from localgen.models import download
 
     freed, kept = 0, 0
@@ -272,19 +305,19 @@ def _sweep(root: Path, candidates: set[str], progress: Progress | None = None) -
             if blob in _used(root):
                 kept += 1
                 continue
-            file = root / "blobs" / blob
-            freed += _size(file)
-            file.unlink(missing_ok=True)
+            for file in (root / "blobs" / blob, download.partial_path(root / "blobs" / blob)):
+                freed += _size(file)
+                file.unlink(missing_ok=True)
     return freed, kept
 
 
 def _used(root: Path) -> set[str]:
-    """The blob files the pulled manifests name."""
+    """The blob files the pulled manifests name, and those of the pulls that have not finished."""
     used: set[str] = set()
-    top = root / "manifests"
-    for other in top.glob("*/*/*/*") if top.is_dir() else ():
-        if other.is_file():
-            used |= _digests(other)
+    for top in (root / "manifests", root / UNFINISHED):
+        for other in top.glob("*/*/*/*") if top.is_dir() else ():
+            if other.is_file():
+                used |= _digests(other)
     return used
 
 
