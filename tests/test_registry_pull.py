@@ -385,6 +385,14 @@ def test_registry_errors_are_one_line_before_any_blob(lg: Lg, reg: FakeRegistry,
     assert not (lg.pulled / "manifests").exists()
 
 
+def test_a_registry_over_its_rate_is_asked_again(lg: Lg, reg: FakeRegistry) -> None:
+    """docs/models.md: a 429 for the manifest (Retry-After: 1) is retried as a 5xx is."""
+    reg.fail_statuses.extend([429, 503])
+    r = lg("pull", name(reg, "smollm2:plain"))
+    assert r.returncode == 0, r.stderr
+    assert [p for _, p, _, _ in reg.requests[:3]] == ["/v2/library/smollm2/manifests/plain"] * 3, reg.requests
+
+
 def test_a_registry_that_wants_a_login_refuses_in_one_line(lg: Lg, reg: FakeRegistry) -> None:
     reg.fail_statuses.append(401)
     one_line(lg("pull", name(reg)), 1, f"{reg.host} refused the manifest of {reg.host}/library/smollm2:135m (401)")

@@ -31,6 +31,7 @@ MAX_SMALL = 1 << 20  # a layer that is not weights (params, system, template, li
 MAX_WEIGHTS = 2 << 40  # a model, projector or adapter layer: more than any GGUF published
 WEIGHTS = ("model", "projector", "adapter")
 RETRIES = 3
+MAX_RETRY_AFTER = 5  # seconds: the most a manifest's retry waits for a registry's Retry-After
 UNFINISHED = ".unfinished"  # the manifests of pulls that have not finished (or gave up), in manifests/'s layout
 TIMEOUT_S = 30
 
@@ -176,8 +177,12 @@ def fetch_manifest(name: OllamaName) -> bytes:
             if e.code in (401, 403):
                 raise LocalgenError(f"{name.host} refused the manifest of {name.ollama} ({e.code}): the model is "
                                     "private or needs a login, which localgen cannot give") from None
-            if e.code < 500 or attempt + 1 == RETRIES:
+            if (e.code < 500 and e.code != 429) or attempt + 1 == RETRIES:
                 raise LocalgenError(f"{name.host} answered {e.code} for the manifest of {name.ollama}") from None
+            wait = _retry_after(e.headers.get("Retry-After") if e.headers is not None else None)
+            if wait is not None:  # a registry over its rate (429) or busy (503) says when to come back
+                time.sleep(wait)
+                continue
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             if attempt + 1 == RETRIES:
                 reason = getattr(e, "reason", None)  # urllib's URLError: the socket's error inside it
@@ -188,6 +193,14 @@ def fetch_manifest(name: OllamaName) -> bytes:
                 ) from None
         time.sleep(0.5 * 2**attempt)
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (RFC 9110's delay-seconds; its HTTP-date form is not read), at most MAX_RETRY_AFTER:
+    a registry asking for longer gets a retry at that point all the same."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(min(int(value.strip()), MAX_RETRY_AFTER))
 
 
 def _too_big(name: OllamaName, size: str) -> LocalgenError:
