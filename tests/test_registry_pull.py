@@ -317,6 +317,20 @@ def test_rm_waits_for_a_pull_that_holds_a_blob_and_keeps_what_its_manifest_names
     assert lg("run", "-m", name(reg, "smollm2:other"), "-p", "Hi", "-n", "2").returncode == 0
 
 
+def test_rm_removes_a_pulled_model_whose_manifest_is_damaged(lg: Lg, reg: FakeRegistry) -> None:
+    """docs/models.md: a pulled model whose manifest is damaged is removed all the same, with the blobs no
+    other manifest names."""
+    for tag in ("smollm2:135m", "smollm2:plain"):
+        assert lg("pull", name(reg, tag)).returncode == 0
+    manifest = lg.pulled / "manifests" / reg.host / "library" / "smollm2" / "135m"
+    manifest.write_bytes(b"{not json")
+    r = lg("rm", name(reg), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"removed {name(reg)}, freed"), r.stdout
+    assert not manifest.exists() and len(list((lg.pulled / "blobs").iterdir())) == 2  # plain's config and GGUF
+    assert lg("run", "-m", name(reg, "smollm2:plain"), "-p", "Hi", "-n", "2").returncode == 0
+
+
 def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry) -> None:
     """docs/models.md: `run -m ollama:NAME` of a model in neither store downloads it, as a Hub name does;
     offline it is one line naming `localgen pull`, which offline uses a pulled copy as it is."""

@@ -299,7 +299,10 @@ def remove(name: OllamaName, progress: Progress | None = None) -> tuple[int, int
     mine: set[str] = set()
     for done, top in ((path, root / "manifests"), (part if part.is_file() else None, root / UNFINISHED)):
         if done is not None:
-            mine |= _digests(done)
+            names = _digests(done)
+            if not names:  # a damaged manifest names none it can be trusted for: every blob nothing names goes
+                names = {f.name.removesuffix(".incomplete") for f in (root / "blobs").glob("sha256-*")}
+            mine |= names
             done.unlink()
             _prune(done.parent, top)
     return _sweep(root, mine, progress)

@@ -505,9 +505,12 @@ def _rm_pulled_ollama(given: str, text: str, yes: bool) -> bool:
         _confirm(f"{what} from {name.host}", left or 0, yes)
     else:
         what = name.display
-        m = ollamastore.read_manifest(name, ollamastore.pulled_root(), path)
+        try:
+            size = sum(x.size for x in ollamastore.read_manifest(name, ollamastore.pulled_root(), path).layers)
+        except LocalgenError:  # a damaged manifest: it goes all the same, and the blobs nothing names with it
+            size = 0
         _warn_presets_on(given)
-        _confirm(f"{name.display}, pulled from {name.host}", sum(x.size for x in m.layers), yes)
+        _confirm(f"{name.display}, pulled from {name.host}", size, yes)
     freed, kept = registry.remove(name, make_progress())  # says so while a pull holds a blob
     shared = f" ({kept} blob(s) another pulled model or unfinished pull uses were kept)" if kept else ""
     print(f"removed {what}, freed {format_bytes(freed) if freed else '0 bytes'}{shared}")
