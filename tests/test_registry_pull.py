@@ -448,7 +448,8 @@ def test_serve_pulls_an_ollama_name_over_ollama_s_api_and_deletes_it(env: dict[s
 
     from tests.test_serve import Server
 
-    s = Server({**env, "LOCALGEN_HOME": str(tmp_path / "serve-home")}, "-np", "1", "--ctx", "512")
+    s = Server({**env, "LOCALGEN_HOME": str(tmp_path / "serve-home")}, "-np", "1", "--ctx", "512",
+               "--max-models", "2")
     try:
         client = ollama.Client(host=s.url)
         model = name(reg, "smollm2:plain")
@@ -462,8 +463,13 @@ def test_serve_pulls_an_ollama_name_over_ollama_s_api_and_deletes_it(env: dict[s
         assert r.done and r.eval_count and r.eval_count <= 3
         r2 = httpx.post(f"{s.url}/api/pull", json={"model": name(reg, "smollm2:none"), "stream": False}, timeout=60)
         assert r2.status_code == 404 and "with the tag none (404)" in r2.json()["error"], r2.text
+        other = name(reg, "smollm2:135m")  # the same GGUF blob: its worker stays when plain is deleted
+        assert list(client.pull(other, stream=True))[-1].status == "success"
+        assert client.generate(model=other, prompt="Hi", options={"num_predict": 2}).done
         client.delete(model)
         assert model not in [m.model for m in client.list().models]
+        assert [m.model for m in client.ps().models] == [other]
+        client.delete(other)
         assert not list((tmp_path / "serve-home" / "data" / "ollama" / "blobs").iterdir())
     finally:
         assert s.stop() == 0
