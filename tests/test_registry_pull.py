@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from tests.conftest import ROOT
 from tests.forkserver import ForkServer
 from tests.hub_server import HubFile
 from tests.registry_server import MANIFEST_TYPE, FakeRegistry
+from tests.test_otherstores import MEDIA, OllamaStore
 
 PARAMS = b'{"temperature": 0, "num_predict": 6}'
 SYSTEM = b"You answer in one word."
@@ -331,13 +333,20 @@ def test_rm_removes_a_pulled_model_whose_manifest_is_damaged(lg: Lg, reg: FakeRe
     assert lg("run", "-m", name(reg, "smollm2:plain"), "-p", "Hi", "-n", "2").returncode == 0
 
 
-def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry) -> None:
+@pytest.mark.parametrize(("flag", "how", "online"), [
+    ([], {"LOCALGEN_OFFLINE": "1"}, "with LOCALGEN_OFFLINE unset"),
+    (["--offline"], {}, "without --offline"),
+    ([], {"HF_HUB_OFFLINE": "1"}, "with HF_HUB_OFFLINE unset"),
+])
+def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry, flag: list[str],
+                                                      how: dict[str, str], online: str) -> None:
     """docs/models.md: `run -m ollama:NAME` of a model in neither store downloads it, as a Hub name does;
-    offline it is one line naming `localgen pull`, which offline uses a pulled copy as it is."""
-    r = lg("run", "-m", name(reg), "-p", "Hi", "-n", "2", LOCALGEN_OFFLINE="1")
+    offline (--offline, LOCALGEN_OFFLINE=1, HF_HUB_OFFLINE=1) it is one line naming `localgen pull`, which
+    offline uses a pulled copy as it is."""
+    r = lg("run", "-m", name(reg), "-p", "Hi", "-n", "2", *flag, **how)
     one_line(r, 1, f"no Ollama model {reg.host}/library/smollm2:135m")
-    assert f"`localgen pull {name(reg)}` with LOCALGEN_OFFLINE unset downloads it from {reg.host}" in r.stderr
-    one_line(lg("pull", name(reg), LOCALGEN_OFFLINE="1"), 1, "is not pulled and localgen is offline")
+    assert f"`localgen pull {name(reg)}` {online} downloads it from {reg.host}" in r.stderr
+    one_line(lg("pull", name(reg), *flag, **how), 1, "is not pulled and localgen is offline")
     r = lg("show", name(reg))  # online, but show never downloads
     one_line(r, 1, f"`localgen pull {name(reg)}` downloads it from {reg.host}")
     one_line(lg("pull", name(reg), "--list"), 2, "pull --list lists a Hugging Face repo's quantizations")
@@ -345,9 +354,11 @@ def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry)
     r = lg("run", "-m", name(reg), "-p", "Hi", "-n", "2")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     assert reg.requests[0][1] == "/v2/library/smollm2/manifests/135m"
-    r = lg("pull", name(reg), LOCALGEN_OFFLINE="1")
+    asked = len(reg.requests)
+    r = lg("pull", name(reg), *flag, **how)
     assert r.returncode == 0 and r.stdout.startswith(name(reg)), r.stderr
     assert f"is pulled (not checked for a newer version on {reg.host})" in r.stderr
+    assert len(reg.requests) == asked  # nothing asked of the registry
 
 
 def _no_model(reg: FakeRegistry) -> None:
@@ -461,6 +472,15 @@ def test_serve_pulls_an_ollama_name_over_ollama_s_api_and_deletes_it(env: dict[s
         assert model in [m.model for m in client.list().models]
         r = client.generate(model=model, prompt="Say hi.", options={"num_predict": 3, "temperature": 0})
         assert r.done and r.eval_count and r.eval_count <= 3
+        ollamas = OllamaStore(Path(env["OLLAMA_MODELS"]))  # Ollama's own store holds this one: nothing to pull
+        theirs = ollamas.manifest("theirs:1", [ollamas.blob(MEDIA + "model", Path(gguf.source))], host=reg.host)
+        try:
+            before = len(reg.requests)
+            lines = list(client.pull(name(reg, "theirs:1"), stream=True))
+            assert lines[-1].status == "success" and len(reg.requests) == before, (lines, reg.requests)
+        finally:  # the module's Ollama store is empty again
+            for made in theirs.parents[4].iterdir():
+                shutil.rmtree(made)
         r2 = httpx.post(f"{s.url}/api/pull", json={"model": name(reg, "smollm2:none"), "stream": False}, timeout=60)
         assert r2.status_code == 404 and "with the tag none (404)" in r2.json()["error"], r2.text
         other = name(reg, "smollm2:135m")  # the same GGUF blob: its worker stays when plain is deleted

@@ -1,10 +1,12 @@
-"""Resumable, verified downloads into the shared HF cache.
+"""Resumable, verified downloads: into the shared HF cache (fetch), and for models/registry.py's pulls from
+Ollama's registry into localgen's pulled models (fetch_file, or fetch_held under locks the caller holds).
 
 huggingface_hub no longer resumes across runs and checks only the size, so large files come through
-our own ranged transfer: bytes go to blobs/SHA256.incomplete (the name huggingface_hub uses too), a
-later pull continues from where that file ends, transient errors are retried, and the SHA-256 the Hub
-publishes is checked before the file becomes blobs/SHA256. A mismatch deletes the bytes. The blob lock is
-the one huggingface_hub takes, so two pulls (ours or theirs) never write the same file at once.
+our own ranged transfer: bytes go to blobs/SHA256.incomplete (the name huggingface_hub uses too; a registry's
+blobs/sha256-HEX.incomplete), a later pull continues from where that file ends, transient errors are retried,
+and the digest the source publishes is checked before the file takes its name. A mismatch deletes the bytes.
+The blob lock (locked) is the one huggingface_hub takes, so two pulls (ours or theirs) never write the same
+file at once; its lock files are never deleted, as another process may hold one.
 """
 
 from __future__ import annotations
