@@ -207,4 +207,4 @@ def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InP
                         (["--image", str(red), "-p", ""], ""), (["--image", str(red), "-p", "  "], ""),
                         (["--image", str(red)], ""), (["--image", str(red), "-f", str(blank)], "")):
         r = cli_in_process("run", "-m", "/nonexistent.gguf", *args, input=stdin)
-        assert r.returncode == 1 and "/nonexistent.gguf" in r.stderr and "whitespace" not in r.stderr, r.stderr
+        assert r.returncode == 2 and "-m/--model /nonexistent.gguf: no such file" in r.stderr, r.stderr

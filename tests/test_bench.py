@@ -277,7 +277,7 @@ def test_bad_bench_flags(bench_here: InProcessCLI) -> None:
     r = bench_here("bench", "-p", "0", "-n", "0", "--no-e2e")
     assert r.returncode == 2 and "nothing to measure" in r.stderr
     r = bench_here("bench", "-m", "/no/such.gguf", "-p", "8", "-n", "0")
-    assert r.returncode == 1 and "no such model file" in r.stderr
+    assert r.returncode == 2 and "-m/--model /no/such.gguf: no such file" in r.stderr
 
 
 def test_doctor(cli: CLI) -> None:

@@ -193,6 +193,6 @@ def test_the_documented_options_check_has_teeth(tmp_path: Path) -> None:
     chat = (tmp_path / "chat.md").read_text(encoding="utf-8")
     (tmp_path / "chat.md").write_text(chat.replace("](run.md#options)", "]"), encoding="utf-8")
     missing = _undocumented(tmp_path)
-    assert "serve --allow-private-urls (on serve.md or a page it links)" in missing
+    assert "serve --fetch-timeout (on serve.md or a page it links)" in missing
     assert "chat --top-p (on chat.md or a page it links)" in missing
     assert not [m for m in missing if not m.startswith(("serve ", "chat "))]

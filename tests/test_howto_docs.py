@@ -219,7 +219,7 @@ def test_the_ci_pages_exit_codes_for_files(cli_in_process: InProcessCLI, tmp_pat
     named = row2.split("not there")[1].split(")")[0]
     flags = re.findall(r"`(-[-a-z]+)`", named.split(";")[0])  # run's; the other commands' after the `;`
     assert flags == ["--file", "-f", "--image", "-a", "-jf", "-j", "--grammar", "--chat-template-file", "--functions",
-                     "--mmproj", "--lora"], row2
+                     "--mmproj", "--lora", "-m", "--draft"], row2
     assert re.findall(r"`(-[-a-z]+)`", named.split(";")[1]) == ["--api-key-file", "--docs", "-f", "-f",
                                                                   "--reference", "--imatrix"], row2
     assert "one shape, `--file prompts.txt: no such file`" in named

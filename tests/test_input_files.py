@@ -70,3 +70,48 @@ def test_the_flags_that_take_a_file_or_a_text_say_both(cli_in_process: InProcess
     # a pipe or a device is read as a file, as before: only what is not there, or a folder, is refused
     r = cli_in_process("run", "-m", "/nonexistent.gguf", "-f", "/dev/null")
     assert r.returncode == 2 and "-f /dev/null is only whitespace" in r.stderr, r.stderr
+
+
+# a model flag's name that is a file's path (models/names.py: /abs, ./rel, ~/m, NAME.gguf, or a file that is there),
+# with what else the command needs; each refused before a model loads, after the command's other usage errors
+MODEL_FLAGS = [
+    (["run", "-m", "{}", "-p", "hi"], "-m/--model"),
+    (["run", "--draft", "{}", "-p", "hi"], "-md/--draft"),
+    (["run", "-md", "{}", "-p", "hi"], "-md/--draft"),
+    (["chat", "-m", "{}"], "-m/--model"),
+    (["embed", "-m", "{}", "a text"], "-m/--model"),
+    (["rerank", "a query", "a document", "-m", "{}"], "-m/--model"),
+    (["bench", "-m", "{}", "-p", "8", "-n", "0"], "-m/--model"),
+    (["bench", "-m", "smollm2:135m,{}", "-p", "8", "-n", "0"], "-m/--model"),  # one of a sweep's models
+    (["serve", "--draft", "{}"], "-md/--draft"),
+    (["serve", "-m", "{}"], "-m/--model"),
+    (["serve", "-m", "smollm2:135m", "-m", "{}"], "-m/--model"),
+]
+
+
+@pytest.mark.parametrize(("args", "flag"), MODEL_FLAGS, ids=[" ".join(a[:3]) for a, _ in MODEL_FLAGS])
+def test_a_model_path_to_nothing_is_one_usage_error_naming_the_flag(cli_in_process: InProcessCLI, tmp_path: Path,
+                                                                    args: list[str], flag: str) -> None:
+    """A path given as the model is an input file: not there, or a folder, is the same usage error as any other
+    flag's (exit 2, `FLAG PATH: why`), where it said `no such model file: PATH` and exited 1."""
+    missing = tmp_path / "no such dir" / "model.gguf"
+    for path, why in ((missing, "no such file"), (tmp_path, "a folder, not a file")):
+        r = cli_in_process(*(a.format(path) for a in args), input="hi\n")
+        assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
+        assert r.stderr == f"localgen: error: {flag} {path}: {why}\n", r.stderr
+
+
+def test_a_model_path_is_one_by_its_look_and_a_name_keeps_its_own_error(cli_in_process: InProcessCLI,
+                                                                         tmp_path: Path) -> None:
+    """nope.gguf and sub/nope.gguf are paths (relative to the working folder), as LOCALGEN_MODEL's value is -m's;
+    a name that is no path is the resolver's (`unknown model`, exit 1), as before."""
+    for name in ("nope.gguf", "sub/nope.gguf", "./nope", "~/no-such-dir/m.gguf"):
+        r = cli_in_process("run", "-m", name, "-p", "hi")
+        assert (r.returncode, r.stderr) == (2, f"localgen: error: -m/--model {name}: no such file\n"), r.stderr
+    env = InProcessCLI({**cli_in_process.env, "LOCALGEN_MODEL": str(tmp_path / "gone.gguf")})
+    r = env("run", "-p", "hi")
+    assert (r.returncode, r.stderr) == (2, f"localgen: error: -m/--model {tmp_path / 'gone.gguf'}: no such file\n")
+    for name in ("nosuchmodel", "nosuchmodel@Q8_0"):
+        r = cli_in_process("run", "-m", name, "-p", "hi")
+        assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: unknown model {name.split('@')[0]!r}"), \
+            r.stderr

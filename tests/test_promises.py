@@ -369,7 +369,7 @@ def test_localgen_environment_variables(cli_env: dict[str, str], smollm2_path: P
     assert doc["model"]["file"] == str(copy) and doc["load"]["n_ctx"] == 768
     one_line_error(lg("run", "-m", "acme/Nothing-GGUF:Q4_0", "-p", "hi", extra={"LOCALGEN_OFFLINE": "1"}), 1,
                    "localgen is offline")
-    debug = lg("run", "-m", "/no/such.gguf", "-p", "x", extra={"LOCALGEN_DEBUG": "1"})
+    debug = lg("run", "-m", "nosuchmodel", "-p", "x", extra={"LOCALGEN_DEBUG": "1"})
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "ModelNotFoundError" in debug.stderr
     # 22 lines: a shared prefix of some 300 tokens, past the prompt cache's 256, so a state is made unless the cap
     # is 0 (a shorter one is never saved)

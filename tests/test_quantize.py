@@ -242,8 +242,8 @@ def _made(q: CLI) -> list[str]:
 
 
 @pytest.mark.parametrize("args", [
-    ["quantize", "nope.gguf", "Q4_K_M"], ["quantize", "sub/nope.gguf", "Q8_0"], ["bench", "-m", "nope.gguf"],
-    ["perplexity", "-m", "nope.gguf", "-f", "README.md"], ["run", "-m", "nope.gguf", "-p", "hi"],
+    ["quantize", "nope.gguf", "Q4_K_M"], ["quantize", "sub/nope.gguf", "Q8_0"],
+    ["perplexity", "-m", "nope.gguf", "-f", "README.md"],  # (run's, bench's -m: a usage error, test_input_files.py)
 ])
 def test_a_name_that_looks_like_a_file_and_is_not_there_is_no_such_file(qcli: CLI, args: list[str]) -> None:
     """Every command, through models/resolve.py: a .gguf name (with at most one '/') is a path, never a catalogue

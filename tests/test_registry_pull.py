@@ -453,17 +453,25 @@ def test_serve_pulls_an_ollama_name_over_ollama_s_api_and_deletes_it(env: dict[s
     """docs/models.md "Models from Ollama's library": serve's /api/pull takes an ollama: name as `localgen pull`
     does (progress lines, the blobs in localgen's pulled models), the model then answers and is listed, a model
     Ollama's own store holds is here already (nothing asked of the registry), a tag the registry lacks is a 404,
-    and /api/delete removes the pulled copy (never Ollama's)."""
+    and /api/delete removes the pulled copy, unloading that tag alone (not another tag on the same blob); a
+    registry on a loopback address is a 403 without serve --allow-private-urls."""
     import httpx
     import ollama
 
     from tests.test_serve import Server
 
+    model = name(reg, "smollm2:plain")
+    s = Server({**env, "LOCALGEN_HOME": str(tmp_path / "serve-home")}, "-np", "1", "--ctx", "512")
+    try:  # a registry on a loopback or private address: not for a client to make the server reach
+        r = httpx.post(f"{s.url}/api/pull", json={"model": model, "stream": False}, timeout=60)
+        assert r.status_code == 403 and "is a loopback address" in r.json()["error"], r.text
+        assert "--allow-private-urls" in r.json()["error"] and reg.requests == []
+    finally:
+        assert s.stop() == 0
     s = Server({**env, "LOCALGEN_HOME": str(tmp_path / "serve-home")}, "-np", "1", "--ctx", "512",
-               "--max-models", "2")
+               "--allow-private-urls", "--max-models", "2")
     try:
         client = ollama.Client(host=s.url)
-        model = name(reg, "smollm2:plain")
         lines = list(client.pull(model, stream=True))
         statuses = [x.status for x in lines]
         assert statuses[0] == "pulling manifest" and statuses[-1] == "success", statuses

@@ -268,8 +268,8 @@ def test_bad_models_get_one_line_errors(cli: CLI, bad_models: dict[str, Path], n
 
 
 def test_missing_model(cli_in_process: InProcessCLI) -> None:
-    r = cli_in_process("run", "-m", "/no/such/model.gguf", "-p", "x")
-    assert r.returncode == 1 and "no such model file" in r.stderr
+    r = cli_in_process("run", "-m", "/no/such/model.gguf", "-p", "x")  # a path: a usage error (test_input_files.py)
+    assert r.returncode == 2 and "-m/--model /no/such/model.gguf: no such file" in r.stderr
     r = cli_in_process("run", "-m", "not-a-model-name", "-p", "x")
     assert r.returncode == 1 and "unknown model" in r.stderr
 

@@ -341,8 +341,9 @@ def test_a_search_that_fails_shows_the_servers_reason(tab: Tab, rag_home: tuple[
 
 
 def test_a_stopped_answer_says_the_tokens_that_came(tab: Tab) -> None:
-    """Stop ends the answer; its stats say how many tokens came (the pieces streamed), as the note says it was
-    stopped."""
+    """Stop ends the answer; its stats say how many tokens came, as the note says it was stopped: the pieces
+    streamed, since the server's count (usage, in the stream's last chunk) never comes, said as an estimate
+    (`about N tokens`), where a whole answer's count is the server's."""
     page = tab.open()
     settings(page, temperature=0, max_tokens=400)
     page.fill("#input", "Write a long story about a dragon and a knight.")
@@ -355,8 +356,87 @@ def test_a_stopped_answer_says_the_tokens_that_came(tab: Tab) -> None:
     article = wait_answer(page, [])
     assert article.locator(".note").inner_text() == "Stopped."
     stats = article.locator(".stats").inner_text()
-    tokens = stored_answers(page)[0]["stats"]["tokens"]
-    assert tokens > 0 and stats.startswith(f"{tokens} token"), (stats, tokens)
+    kept = stored_answers(page)[0]["stats"]
+    tokens = kept["tokens"]
+    assert tokens > 0 and stats.startswith(f"about {tokens} token"), (stats, tokens)
+    assert kept["counted"] == "pieces" and "the server's count never came" in str(
+        article.locator(".stats").get_attribute("title")), kept
+    page.reload()  # kept so: the estimate is said again
+    assert page.locator("article.assistant .stats").last.inner_text().startswith(f"about {tokens} token")
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")  # else nothing is sent
+    settings(page, max_tokens=3)
+    whole = ask(page, "Say hi.").locator(".stats").inner_text()
+    done = stored_answers(page)[-1]["stats"]
+    assert "counted" not in done and whole.startswith(f"{done['tokens']} token"), (whole, done)
+
+
+def checked_stores(page: Any) -> list[str]:
+    """The stores checked under Documents in Settings (once the server's stores are listed), the dialog closed."""
+    page.click("#open-settings")
+    page.locator("#documents-settings").wait_for(state="visible")
+    page.wait_for_function("() => document.getElementById('document-list').textContent.includes('embedded by')")
+    boxes = page.locator("#document-list input[type=checkbox]").all()
+    out = [str(b.get_attribute("value")) for b in boxes if b.is_checked()]
+    page.click("#settings-cancel")
+    return out
+
+
+def test_a_new_conversations_documents_are_kept_through_a_reload(tab: Tab) -> None:
+    """webui.md: Documents (and the other settings) chosen before the first question of a new conversation are
+    kept through a reload, and its first question is sent with them; New chat starts one with none."""
+    page = tab.open()
+    documents(page, "notes", "more", max_tokens=2)
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert checked_stores(page) == ["notes", "more"]
+    page.click("#open-settings")
+    assert page.input_value("#max_tokens") == "2" and page.input_value("#temperature") == "0"
+    page.click("#settings-cancel")
+    sent = chat_requests(page)
+    ask(page, QUESTION)
+    assert sent[0]["file_search"] == {"vector_store_ids": ["notes", "more"]} and sent[0]["max_tokens"] == 2, sent
+    page.reload()  # the conversation now: kept with it, as before
+    page.locator("article.assistant").last.wait_for()
+    assert checked_stores(page) == ["notes", "more"]
+    page.click("#new-chat")
+    assert checked_stores(page) == []
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert checked_stores(page) == []
+
+
+def test_how_many_excerpts_a_question_is_sent_is_a_setting_kept_with_the_conversation(tab: Tab,
+                                                                                        server: Server) -> None:
+    """webui.md: Excerpts per question is sent as file_search's max_num_results (left out when empty: the
+    server's 5), the answer shows that many sources, the setting is kept with the conversation (a reload, Export
+    JSON), and a number out of 1 to 50 is refused in the dialog."""
+    page = tab.open()
+    sent = chat_requests(page)
+    documents(page, "notes", max_tokens=2, max_num_results=2)
+    article = ask(page, QUESTION)
+    assert sent[0]["file_search"] == {"vector_store_ids": ["notes"], "max_num_results": 2}, sent
+    assert shown_sources(article) == [h["id"] for h in found(server, "notes", QUESTION, 2)]
+    page.reload()
+    page.locator("article.assistant").last.wait_for()
+    page.click("#open-settings")
+    assert page.input_value("#max_num_results") == "2"
+    for bad in ("0", "51", "2.5"):  # the browser's check of the field keeps the dialog open, nothing saved
+        page.fill("#max_num_results", bad)
+        page.click("#settings-form button[type=submit]")
+        assert page.locator("#settings").is_visible(), bad
+        assert not page.eval_on_selector("#max_num_results", "(e) => e.validity.valid"), bad
+    page.click("#settings-cancel")
+    page.click("#open-settings")
+    assert page.input_value("#max_num_results") == "2"
+    with page.expect_download() as download:
+        page.click("#export-json")
+    kept = json.loads(Path(download.value.path()).read_text())["conversations"][0]["documents"]
+    assert kept == {"stores": ["notes"], "results": 2}, kept
+    page.fill("#max_num_results", "")
+    page.click("#settings-form button[type=submit]")
+    page.locator("#settings").wait_for(state="hidden")
+    ask(page, QUESTION)
+    assert sent[1]["file_search"] == {"vector_store_ids": ["notes"]}, sent[1]
 
 
 def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(server: Server) -> None:
@@ -420,6 +500,28 @@ def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(ser
     bad = httpx.post(f"{server.url}/v1/completions", headers=_auth(), timeout=60, json={
         "model": "smollm2:135m", "prompt": QUESTION, "file_search": {"vector_store_ids": ["notes"]}})
     assert bad.status_code == 400 and "`file_search` needs a chat" in bad.text, bad.text
+
+
+def test_a_chat_request_refused_is_refused_before_its_file_search(server: Server) -> None:
+    """docs/api.md: the search is made once the rest of the request is checked: a request refused for its messages
+    or its tools is the same 400 with `file_search` as without, and the collection's embedding model (unloaded
+    first) is not loaded for it."""
+    r = httpx.post(f"{server.url}/models/unload", headers=_auth(), json={"model": BERT}, timeout=60)
+    assert r.status_code == 200 and BERT not in loaded(server), r.text
+    question = {"role": "user", "content": QUESTION}
+    for bad in ({"messages": [{"role": "wizard", "content": "Hi."}, question]},
+                {"messages": [{"role": "assistant", "content": 5}, question]},
+                {"messages": [question], "tools": [{"type": "nope"}]},
+                {"messages": [question], "chat_template_kwargs": "thinking"},
+                {"messages": [question], "temperature": -1}):
+        said = []
+        for more in ({}, {"file_search": {"vector_store_ids": ["notes"]}}):
+            r = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=120,
+                           json={"model": "smollm2:135m", "max_tokens": 2, **bad, **more})
+            assert r.status_code == 400, (bad, r.text)
+            said.append(r.json()["error"])
+        assert said[0] == said[1], (bad, said)
+    assert BERT not in loaded(server)  # no search was made: the embedding model was not asked
 
 
 def test_serve_refuses_a_collection_whose_model_it_does_not_offer_before_any_load(

@@ -237,7 +237,7 @@ def run_rerank(f: RerankArgs) -> None:
 
     query = checked(_asked(f.query), "the query")
     items = _inputs(f.documents, f.file, verb="rerank")
-    backend = _backend(f, f.model)
+    backend = _backend(f, _typed(f.model))
     try:
         scored = backend.rerank(query, [t for _, t in items], f.truncate)
     finally:
@@ -322,6 +322,14 @@ def _bounded(size: int, what: str, verb: str) -> None:
         raise UsageError(f"{what} is larger than {MAX_INPUT >> 20} MiB: {verb} it in parts")
 
 
+def _typed(model: str | None) -> str | None:
+    """-m's model (or LOCALGEN_MODEL's), a path to nothing a usage error, as any input file's."""
+    from localgen.cli.inputfile import check_model
+
+    check_model("-m/--model", model)
+    return model
+
+
 def _backend(f: _LoadArgs, model: str | None) -> Any:
     from localgen.cli.output import ErrWriter
     from localgen.cli.progress import make_progress
@@ -354,7 +362,7 @@ def run_embed(f: EmbedArgs) -> None:
         items = []
     else:
         items = _inputs(f.texts, f.file, by_content=True)
-    backend = _backend(f, f.model)
+    backend = _backend(f, _typed(f.model))
     reused: dict[str, bytes] = {}
     try:
         name = backend.name

@@ -1,6 +1,7 @@
 """An input file a flag names (--file, -f, -jf, --image, --functions, --api-key-file, ...), checked as the flags
 are parsed: there, readable, not a folder; else one usage error of one shape, `--file notes.txt: no such file`,
-where Click's own exists=True would say it in another. Stdlib and Typer only: `ps` and `launch` use it too."""
+where Click's own exists=True would say it in another. A model flag's name that is a path (-m ./m.gguf, --draft)
+is such a file too. Stdlib and Typer only: `ps` and `launch` use it too."""
 
 from __future__ import annotations
 
@@ -49,3 +50,35 @@ def input_file(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> An
         for path in value if isinstance(value, (list, tuple)) else [value]:
             check_input(flag, path)
     return value
+
+
+def check_model(flag: str, name: str | None) -> None:
+    """A usage error, `FLAG PATH: why`, when a model name the user typed is a file's path (models/names.py: ./m.gguf,
+    /abs/m.gguf, m.gguf, dir/m.gguf, or a file that is there) that cannot be read. Any other name (a catalogue name,
+    owner/repo, ollama:NAME) is the resolver's to find, with its own errors; so is a model a conversation or a
+    collection recorded (its file gone since is no mistake on this command line)."""
+    from localgen.errors import LocalgenError
+    from localgen.models import names
+
+    if not name:
+        return
+    try:
+        spec = names.parse(name)
+    except LocalgenError:  # not a name at all (empty, too long): the resolver says why
+        return
+    if isinstance(spec, names.PathSpec):
+        check_input(flag, name.strip())
+
+
+def model_file(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """The Click callback of an option naming models (-m, --draft; one, or a list): each checked by check_model."""
+    if value and not ctx.resilient_parsing:
+        flag = model_flag(param.opts)
+        for name in value if isinstance(value, (list, tuple)) else [value]:
+            check_model(flag, name)
+    return value
+
+
+def model_flag(opts: list[str]) -> str:
+    """A model option as its errors name it: its short name and its first long one (-m/--model, -md/--draft)."""
+    return "/".join([*(o for o in opts if not o.startswith("--")), *[o for o in opts if o.startswith("--")][:1]])

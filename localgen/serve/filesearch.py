@@ -118,6 +118,25 @@ class Excerpts:
         return dataclasses.replace(request, messages=tuple(messages)), tuple(messages)
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """Chat completions' search, made when the pipeline places its texts (`place`, as Excerpts'): after the request
+    was read and checked (its messages, sampling, tools), so a request refused costs no embedding."""
+
+    state: ServeState
+    fs: FileSearch
+    messages: list[dict[str, Any]]
+    ident: str
+
+    async def place(self, worker: Served, request: GenerationRequest, plan: Any, http: Request,
+                    keep_alive: float | None) -> tuple[GenerationRequest, tuple[Message, ...]]:
+        """The search (its file_search_call item in SEARCHED), then what it found placed as Excerpts.place does."""
+        found = await run(self.state, self.fs, self.messages, 0, True, self.ident)
+        if found is None:
+            return request, tuple(request.messages or ())
+        return await found.place(worker, request, plan, http, keep_alive)
+
+
 async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]], first: int, results: bool,
               ident: str) -> Excerpts | None:
     """Search for the text of the last user message from `first` on (the request's own input); the texts found,

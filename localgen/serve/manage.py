@@ -345,6 +345,8 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
         if resolve.embedded_model(name, local=False) is not None:  # it ships inside a Python package: here
             return _answer([{"status": "success"}], stream)
         from_registry = _from_registry(name)
+        if from_registry is not None and not state.allow_private_urls:
+            await asyncio.to_thread(_public_registry, from_registry.host)
         if from_registry is not None and _in_store(from_registry):
             return _answer([{"status": "success"}], stream)  # Ollama's own store has it: here already
         target = from_registry if from_registry is not None else resolve.target(name, local=False)
@@ -409,6 +411,22 @@ def _from_registry(name: str) -> Any:
     if isinstance(spec, names.StoreSpec) and spec.store == "ollama":
         return ollamastore.parse_name(spec.name)
     return None
+
+
+def _public_registry(host: str) -> None:
+    """A 403 for a registry host that resolves to a loopback, private, link-local or metadata address (a client
+    of the server would otherwise reach what only the server can: `serve --allow-private-urls` allows it); a host
+    that does not resolve is left to the pull (a 502 naming it)."""
+    from localgen.fetch import FetchError, addresses
+
+    hostname, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+    try:
+        addresses(hostname, int(port) if port.isdigit() else 443, private=False)
+    except FetchError as e:
+        if e.message.startswith("refused: "):
+            raise HTTPError(403, f"the registry {host} is {e.message.removeprefix('refused: ')}: a client may "
+                                 "not make this server pull from it (serve --allow-private-urls allows it)",
+                            "permission_error", "model") from None
 
 
 def _in_store(name: Any) -> bool:

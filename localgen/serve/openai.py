@@ -88,7 +88,7 @@ class Completions:
             logprobs=logprobs, exact=flag(body, "exact"), stream=flag(body, "stream"),
             keep_alive=keep_alive(body.get("ttl"), "ttl"), effort=effort)
         if self.chat:
-            return Ask(messages=body.get("messages"), excerpts=await self._searched(body),
+            return Ask(messages=body.get("messages"), excerpts=self._searched(body),
                        template_vars=_template_vars(body.get("chat_template_kwargs")),
                        thinking=None if effort is None else effort not in ("none", "minimal"),
                        tools=body.get("tools"), tool_choice=body.get("tool_choice"),
@@ -108,10 +108,11 @@ class Completions:
                 raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
         return Ask(prompt=prompt, chat=False, **common)
 
-    async def _searched(self, body: dict[str, Any]) -> filesearch.Excerpts | None:
-        """localgen's `file_search` field (a file_search tool's fields, without its type): the question (the last
-        user message) searched for in the stores it names, for the pipeline to place; the file_search_call item,
-        its results those placed, in SEARCHED for the encoder."""
+    def _searched(self, body: dict[str, Any]) -> filesearch.Deferred | None:
+        """localgen's `file_search` field (a file_search tool's fields, without its type), checked: the question
+        (the last user message) is searched for in the stores it names when the pipeline places the texts found,
+        once the request's messages, sampling and tools were checked; the file_search_call item, its results those
+        placed, in SEARCHED for the encoder."""
         filesearch.SEARCHED.set(None)
         spec = optional_object(body, "file_search")
         if spec is None:
@@ -122,7 +123,7 @@ class Completions:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             return None  # the pipeline's reading of `messages` says what is wrong with them
-        return await filesearch.run(self.state, searching, messages, 0, True, f"fs_{uuid.uuid4().hex[:24]}")
+        return filesearch.Deferred(self.state, searching, messages, f"fs_{uuid.uuid4().hex[:24]}")
 
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> _Encoder:
         opts = body.get("stream_options")

@@ -138,7 +138,7 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
 
     if q.quality is None or q.reference is None:
         raise UsageError("--quality TEXT and --reference SOURCE go together")
-    names = sweep.str_values("--model", models, _env_model())
+    names = _models(sweep.str_values("--model", models, _env_model()))
     if not names:
         raise UsageError("--quality measures the -m models: give -m a.gguf,b.gguf,...")
     one = {flag: sweep.int_values(flag, v, []) for flag, v in
@@ -306,7 +306,7 @@ def _plan(**flags: Any) -> Any:
     # only where there are -npl sequences to lay out
     kvu = flags.get("kv_unified") if flags.get("kv_typed") or any(n > 1 for n in parallel) else None
     return sweep.build(
-        models=sweep.str_values("--model", flags["model"], _env_model() or ["smollm2:135m"]),
+        models=_models(sweep.str_values("--model", flags["model"], _env_model() or ["smollm2:135m"])),
         # threads, physical batch and flash attention not given: the load's defaults (tuning record, else rule)
         threads=sweep.int_values("--threads", flags["threads"], []) or [None],
         ngl=sweep.int_values("--n-gpu-layers", flags["ngl"], [-1 if offload or flags.get("rpc") else 0]),
@@ -322,6 +322,15 @@ def _plan(**flags: Any) -> Any:
         exact=flags.get("exact"), ncmoe=sweep.int_values("--n-cpu-moe", flags["ncmoe"], _env_ncmoe()),
         ot=_placements(flags["ot"], bool(flags.get("rpc"))), cmoe=flags["cmoe"], kv_unified=kvu,
     )
+
+
+def _models(names: list[str]) -> list[str]:
+    """The -m models, each that is a path there to read (a usage error before anything loads, as run's -m)."""
+    from localgen.cli.inputfile import check_model
+
+    for name in names:
+        check_model("-m/--model", name)
+    return names
 
 
 def _env_model() -> list[str]:

@@ -49,6 +49,10 @@ def start(plan: ChatPlan) -> None:
         toolbox = open_toolbox(tools)
         if toolbox is not None:
             opened.callback(toolbox.close)
+        if not endpoints and load.model_given:  # a model path typed that is not there: a usage error
+            from localgen.cli.inputfile import check_model
+
+            check_model("-m/--model", model)
         try:
             backend = view.loader(session.model)
         except ModelNotFoundError as e:

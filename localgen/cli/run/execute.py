@@ -37,6 +37,12 @@ def execute(plan: RunPlan) -> None:
         from localgen.cli.options.tools import open_toolbox
 
         toolbox = open_toolbox(send.tools)
+    try:
+        _typed_models(plan)  # before --rag's search loads its embedding model
+    except UsageError:
+        if toolbox is not None:
+            toolbox.close()
+        raise
     hits = retrieve(plan, err) if send.rag is not None else None  # before the model loads: one model at a time
     try:
         backend: Backend = remote_backend(load) if load.remote else open_backend(plan, err)
@@ -192,6 +198,16 @@ def remote_backend(load: LoadPlan) -> Backend:
 
     model = load.model or pick_model(list(load.endpoints))
     return RemoteBackend(list(load.endpoints), model, assumed_ctx=load.assumed_ctx)
+
+
+def _typed_models(plan: RunPlan) -> None:
+    """A model path typed (-m, LOCALGEN_MODEL, --draft) that is not there: a usage error, as any input file's."""
+    from localgen.cli.inputfile import check_model
+
+    if not plan.load.remote:
+        if plan.load.model_given:  # else a continued conversation's own model (gone: model_gone says so)
+            check_model("-m/--model", plan.load.model)
+        check_model("-md/--draft", plan.decoding.draft)
 
 
 def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:

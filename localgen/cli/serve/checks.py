@@ -38,12 +38,9 @@ def checked(f: ServeArgs, log: ServeLog) -> Checked:
     from localgen.serve.guard import Policy, origins_from
     from localgen.serve.jobs import parse_duration
 
-    listen, fetching = f.listen, f.fetching
+    listen = f.listen
     check_host(listen.host)
     o.refuse_empty(*(("--cors", origin) for origin in listen.cors or ()))
-    if fetching.allow_private_urls and not (fetching.allow_image_urls or fetching.allow_mcp_urls):
-        raise UsageError("--allow-private-urls needs --allow-image-urls or --allow-mcp-urls (without them no URL is "
-                         "fetched)")
     if f.given("draft_max") and not (f.batching.lookup or f.batching.draft):
         raise UsageError("--draft-max sets how many tokens --lookup or --draft drafts: add --lookup or --draft")
     if f.batching.draft is not None and f.batching.lookup:

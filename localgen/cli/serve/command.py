@@ -14,6 +14,7 @@ import typer
 
 from localgen.childserver import url_of
 from localgen.cli import options as o
+from localgen.cli.inputfile import model_file
 from localgen.cli.options import files, preset
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.serve import checks
@@ -48,7 +49,8 @@ def serve(
     ctx_: typer.Context,
     models: Annotated[
         list[str] | None,
-        typer.Option("--model", "-m", envvar="LOCALGEN_MODEL", rich_help_panel=SERVE, show_default=False,
+        typer.Option("--model", "-m", envvar="LOCALGEN_MODEL", callback=model_file, rich_help_panel=SERVE,
+                     show_default=False,
                      help="A model to load at start and pin: never unloaded to make room for another, only "
                           "after --keep-alive idle or when a client unloads it (repeatable; default: smollm2:135m, "
                           "loaded at start, unpinned). Requests name a model in `model`; the first -m is the model "

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import input_file
+from localgen.cli.inputfile import input_file, model_file
 from localgen.cli.options import CommandArgs, OptionGroup
 from localgen.cli.options.knobs import Knobs
 from localgen.errors import UsageError
@@ -195,7 +195,7 @@ class SlotOptions(OptionGroup):
     ] = False
     draft: Annotated[
         str | None,
-        typer.Option("--draft", "--model-draft", "-md", rich_help_panel=SERVE, show_default=False,
+        typer.Option("--draft", "--model-draft", "-md", callback=model_file, rich_help_panel=SERVE, show_default=False,
                      help=o.DRAFT_HELP),
     ] = None
     draft_max: Annotated[
@@ -244,9 +244,10 @@ class FetchOptions(OptionGroup):
     ] = False
     allow_private_urls: Annotated[
         bool, typer.Option("--allow-private-urls", rich_help_panel=SERVE,
-                           help="With --allow-image-urls or --allow-mcp-urls, also fetch from and connect to "
-                                "loopback, private and link-local addresses (a LAN's own image or MCP server); any "
-                                "client can then reach them.")
+                           help="Also fetch from and connect to loopback, private and link-local addresses: "
+                                "with --allow-image-urls or --allow-mcp-urls a LAN's own image or MCP server, and "
+                                "/api/pull's ollama:HOST/... registry on this machine or the LAN; any client can then "
+                                "reach them.")
     ] = False
     fetch_timeout: Annotated[
         float, typer.Option("--fetch-timeout", min=0.1, max=600, rich_help_panel=SERVE,

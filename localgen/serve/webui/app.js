@@ -14,6 +14,9 @@ const $ = (id) => document.getElementById(id);
 const MAX_IMAGE_BYTES = 10 * 1024 * 1024;
 const SAVE_EVERY_MS = 1500; // while an answer streams, what came so far is kept this often (a reload keeps it)
 const MODEL_KEY = "localgen.model";
+// the settings of the new conversation on screen (no message yet, so not kept in IndexedDB), chosen in Settings:
+// a reload brings them back, until its first question keeps the conversation or New chat starts another
+const DRAFT_KEY = "localgen.draft";
 const MAX_TOOL_ROUNDS = 8; // rounds of calls in one answer, as run's and chat's --tool-steps
 const DECLINED = "The user declined to run this tool call."; // what the model is told, as chat tells it
 const LONG_RESULT = 400; // characters (or 8 lines) past which a tool's result is shown folded
@@ -232,6 +235,43 @@ function hasMessages(conv) {
   return conv.messages[tree.ROOT].children.length > 0;
 }
 
+/** A new conversation's settings kept (DRAFT_KEY) for a reload: its name, system prompt, sampling, tools and
+ * documents. */
+function keepDraft(conv) {
+  const { id, name, system, settings, tools, documents } = conv;
+  try {
+    localStorage.setItem(DRAFT_KEY, JSON.stringify({ id, name, system, settings, tools, documents }));
+  } catch {
+    // a browser that keeps nothing (storage full or off): the settings stay for this page only
+  }
+}
+
+/** The new conversation a reload comes back to: the kept settings, checked as an import's are; null when none
+ * (or what was kept is not a conversation's settings: then dropped). */
+function draftConversation() {
+  const raw = localStorage.getItem(DRAFT_KEY);
+  if (!raw) return null;
+  try {
+    const d = JSON.parse(raw);
+    const conv = tree.imported({ ...d, messages: { [tree.ROOT]: { children: [] } } });
+    if (typeof d.id === "string" && /^[\w-]{1,100}$/.test(d.id)) conv.id = d.id;
+    return conv;
+  } catch {
+    localStorage.removeItem(DRAFT_KEY);
+    return null;
+  }
+}
+
+/** Forget the kept settings of a new conversation (of `id` only, when given): it was kept, or replaced. */
+function dropDraft(id = null) {
+  try {
+    const d = JSON.parse(localStorage.getItem(DRAFT_KEY) || "null");
+    if (d && (id === null || d.id === id)) localStorage.removeItem(DRAFT_KEY);
+  } catch {
+    localStorage.removeItem(DRAFT_KEY);
+  }
+}
+
 async function persist(conv) {
   if (state.deleted.has(conv.id)) return;
   let took;
@@ -363,6 +403,7 @@ function show(conv) {
 }
 
 function newChat() {
+  dropDraft();
   state.conv = tree.conversation();
   state.conv.model = ui.model.value || null;
   history.replaceState(null, "", location.pathname);
@@ -636,7 +677,9 @@ function noteOf(m) {
 
 function statsText(s) {
   const parts = [];
-  if (Number.isFinite(s.tokens)) parts.push(`${s.tokens} token${s.tokens === 1 ? "" : "s"}`);
+  // the server's count (usage), or, where it never came (an answer stopped), the pieces it streamed: an estimate
+  const about = s.counted === "pieces" ? "about " : "";
+  if (Number.isFinite(s.tokens)) parts.push(`${about}${s.tokens} token${s.tokens === 1 ? "" : "s"}`);
   if (Number.isFinite(s.ttft_ms)) parts.push(`${(s.ttft_ms / 1000).toFixed(2)} s to first token`);
   if (Number.isFinite(s.tps)) parts.push(`${s.tps.toFixed(1)} tokens/s`);
   if (Number.isFinite(s.rounds) && s.rounds > 1) parts.push(`${s.rounds} rounds`);
@@ -671,6 +714,7 @@ function fillTools(tools, m) {
       const detail = [];
       if (Number.isFinite(s.prompt)) detail.push(`prompt: ${s.prompt} tokens${Number.isFinite(s.cached) ? ` (${s.cached} from the cache)` : ""}`);
       if (Number.isFinite(s.total_ms)) detail.push(`whole answer: ${(s.total_ms / 1000).toFixed(2)} s`);
+      if (s.counted === "pieces") detail.push("tokens: the pieces streamed before the stop (the server's count never came)");
       stats.title = detail.join(" · ");
       items.push(stats);
     }
@@ -857,9 +901,10 @@ async function generate(conv, parent) {
   for (const m of tree.path(conv, parent)) prior.push(...wire(m));
   const tools = offeredTools(conv);
   const use = tree.toolSettings(conv);
-  const documents = tree.documentSettings(conv).stores;
+  const { stores: documents, results } = tree.documentSettings(conv);
   const answer = tree.add(conv, parent, { role: "assistant", content: "", reasoning: "", model, pending: true });
   await persist(conv);
+  dropDraft(conv.id); // its settings are kept with it now
   if (conv === state.conv) {
     history.replaceState(null, "", `#${conv.id}`);
     renderConversation();
@@ -887,7 +932,9 @@ async function generate(conv, parent) {
     for (let step = 0; ; step++) {
       const body = { model, messages: [...prior, ...roundsWire(answer.rounds || [])], ...settings };
       // the question is searched for in the documents, and the excerpts placed in it, by the server (as run --rag)
-      if (documents.length) body.file_search = { vector_store_ids: documents };
+      if (documents.length) {
+        body.file_search = { vector_store_ids: documents, ...(results === null ? {} : { max_num_results: results }) };
+      }
       if (tools) {
         body.tools = tools;
         body.tool_choice = mustAnswer ? "none" : step === 0 && use.mode === "required" ? "required" : "auto";
@@ -1060,12 +1107,14 @@ function stats(steps, first, total, maxTokens, ctx) {
   let tokens = null;
   let ms = 0;
   let made = 0;
+  let counted = false; // a round whose count is its streamed pieces: the server's usage never came (Stop)
   for (const { timings, usage, pieces } of steps) {
     const t = timings || {};
     const u = usage || {};
     const told = Number.isFinite(u.completion_tokens) ? u.completion_tokens : t.predicted_n;
     const n = Number.isFinite(told) ? told : timings || usage ? null : pieces;
     if (Number.isFinite(n)) tokens = (tokens || 0) + n;
+    if (!Number.isFinite(told) && !timings && !usage) counted = true;
     if (Number.isFinite(t.predicted_n) && Number.isFinite(t.predicted_ms)) {
       made += t.predicted_n;
       ms += t.predicted_ms;
@@ -1075,6 +1124,7 @@ function stats(steps, first, total, maxTokens, ctx) {
   const t = last.timings || {};
   const u = last.usage || {};
   if (tokens !== null) s.tokens = tokens;
+  if (tokens !== null && counted) s.counted = "pieces"; // an estimate: said so (statsText)
   const prompt = Number.isFinite(u.prompt_tokens) ? u.prompt_tokens : t.prompt_n;
   if (Number.isFinite(prompt)) s.prompt = prompt;
   if (Number.isFinite(t.cache_n)) s.cached = t.cache_n;
@@ -1140,6 +1190,8 @@ function openSettings() {
   $("settings-error").hidden = true;
   drawToolSettings(c);
   drawDocumentSettings(c);
+  const { results } = tree.documentSettings(c);
+  $("max_num_results").value = results === null ? "" : String(results);
   const saved = hasMessages(c);
   for (const id of ["export-json", "export-md", "delete-conv"]) $(id).disabled = !saved;
   ui.settings.showModal();
@@ -1229,11 +1281,25 @@ function saveSettings(e) {
     }
     values[k] = n;
   }
+  let results = null;
+  if (!$("documents-settings").hidden && $("max_num_results").value.trim() !== "") {
+    const input = $("max_num_results");
+    const n = Number(input.value);
+    if (!input.checkValidity() || !Number.isInteger(n)) {
+      const error = $("settings-error");
+      error.textContent = `max_num_results: ${input.validationMessage || "not a whole number"}`;
+      error.hidden = false;
+      input.focus();
+      return;
+    }
+    results = n;
+  }
   c.settings = values;
   if (state.tools && state.tools.length) c.tools = { mode: $("tool-mode").value, ask: $("tool-ask").checked };
   if (!$("documents-settings").hidden) {
     const boxes = [...$("document-list").querySelectorAll("input[type=checkbox]")];
-    c.documents = { stores: boxes.filter((b) => b.checked).map((b) => b.value) };
+    const stores = boxes.filter((b) => b.checked).map((b) => b.value);
+    c.documents = results === null ? { stores } : { stores, results }; // none: the server's default
   }
   c.system = $("system").value;
   c.name = $("conv-name").value.trim().slice(0, 200);
@@ -1241,6 +1307,8 @@ function saveSettings(e) {
   ui.settings.close();
   if (hasMessages(c)) {
     persist(c).then(refreshList);
+  } else {
+    keepDraft(c);
   }
 }
 
@@ -1374,7 +1442,10 @@ async function start() {
   }
   await refreshList();
   if (id) await openConversation(id);
-  else renderConversation();
+  else {
+    state.conv = draftConversation() || state.conv; // a new conversation's settings, chosen before a reload
+    renderConversation();
+  }
   await loadModels();
   ui.input.focus();
 }

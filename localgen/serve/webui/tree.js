@@ -28,12 +28,17 @@ export function toolSettings(conv) {
   return { mode: TOOL_MODES.includes(t.mode) ? t.mode : "auto", ask: t.ask !== false };
 }
 
+export const MAX_RESULTS = 50; // excerpts a question may be sent at most (file_search's max_num_results)
+
 /** The documents a conversation answers from: {stores: the ids of the server's vector stores searched for
- * each question}, none by default (and in a conversation kept before the page had documents). */
+ * each question, results: how many excerpts at most (null: the server's default)}, none by default (and in a
+ * conversation kept before the page had documents). */
 export function documentSettings(conv) {
   const d = conv.documents && typeof conv.documents === "object" ? conv.documents : {};
   const stores = Array.isArray(d.stores) ? d.stores.filter((s) => typeof s === "string" && s && s.length <= 200) : [];
-  return { stores: [...new Set(stores)].slice(0, 64) };
+  const n = d.results;
+  const results = Number.isInteger(n) && n >= 1 && n <= MAX_RESULTS ? n : null;
+  return { stores: [...new Set(stores)].slice(0, 64), results };
 }
 
 /** A new message under `parent`; the branch on screen becomes the one that ends with it. */
