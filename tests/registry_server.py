@@ -99,6 +99,8 @@ def _handler(reg: FakeRegistry, cdn: bool = False) -> type[BaseHTTPRequestHandle
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            if status == 429:
+                self.send_header("Retry-After", "1")  # as a registry that limits its rate says when to come back
             self.end_headers()
             self.wfile.write(body)
 

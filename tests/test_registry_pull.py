@@ -4,7 +4,9 @@ localgen's data dir in Ollama's layout, then run, listed, shown and removed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,7 @@ from tests.conftest import ROOT
 from tests.forkserver import ForkServer
 from tests.hub_server import HubFile
 from tests.registry_server import MANIFEST_TYPE, FakeRegistry
+from tests.test_otherstores import MEDIA, OllamaStore
 
 PARAMS = b'{"temperature": 0, "num_predict": 6}'
 SYSTEM = b"You answer in one word."
@@ -143,6 +146,27 @@ def test_a_cut_connection_resumes_and_a_partial_blob_never_takes_its_digest_s_na
     assert blob.stat().st_size == gguf.size and not blob.with_name(blob.name + ".incomplete").exists()
 
 
+def test_rm_of_a_pull_that_gave_up_removes_what_it_left(lg: Lg, reg: FakeRegistry, gguf: HubFile) -> None:
+    """docs/models.md: `rm ollama:NAME` of a name whose pull gave up (no manifest) removes the blobs it left,
+    whole (the config) or partial (.incomplete), and keeps those another unfinished pull names."""
+    reg.add("library/smollm2:again", [("model", gguf), ("params", HubFile(PARAMS))])
+    reg.drop_after["sha256:" + gguf.sha256] = [i * 10_000_000 for i in range(1, 7)] + [
+        60_000_000 + i * 1_000_000 for i in range(1, 7)]  # each pull gives up after six cuts
+    for tag in ("plain", "again"):
+        one_line(lg("pull", name(reg, f"smollm2:{tag}")), 1, "failed after 6 tries", progress=True)
+    partial = lg.pulled / "blobs" / f"sha256-{gguf.sha256}.incomplete"
+    assert partial.stat().st_size == 66_000_000 and name(reg, "smollm2:plain") not in lg("list").stdout
+    r = lg("rm", name(reg, "smollm2:plain"), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"removed the unfinished pull of {name(reg, 'smollm2:plain')}, freed"), r.stdout
+    assert "2 blob(s) another pulled model or unfinished pull uses were kept" in r.stdout, r.stdout
+    assert partial.exists()  # the pull of smollm2:again would resume it
+    r = lg("rm", name(reg, "smollm2:again"), "--yes")
+    assert r.returncode == 0 and "freed 63" in r.stdout, r.stdout  # 66,000,000 bytes and the config
+    assert not any((lg.pulled / "blobs").iterdir()), list((lg.pulled / "blobs").iterdir())
+    one_line(lg("rm", name(reg, "smollm2:plain"), "--yes"), 1, f"no Ollama model {reg.host}/library/smollm2:plain")
+
+
 def test_blobs_follow_the_registry_s_redirect_to_its_cdn_and_resume_there(lg: Lg, reg: FakeRegistry,
                                                                             gguf: HubFile) -> None:
     """registry.ollama.ai answers a blob's GET with a redirect to a CDN: the pull follows it, with its Range."""
@@ -177,7 +201,8 @@ def test_rm_removes_a_pulled_model_and_keeps_the_blobs_another_uses(lg: Lg, reg:
     assert len(reg.blob_requests("sha256:" + gguf.sha256)) == 1  # the second tag's GGUF was here already
     r = lg("rm", name(reg), "--yes")
     assert r.returncode == 0, r.stderr
-    assert "removed" in r.stdout and "2 blob(s) another pulled model uses were kept" in r.stdout, r.stdout
+    assert "removed" in r.stdout, r.stdout
+    assert "2 blob(s) another pulled model or unfinished pull uses were kept" in r.stdout, r.stdout
     assert model.exists() and len(list((lg.pulled / "blobs").iterdir())) == 2  # the GGUF and the config stay
     assert not (lg.pulled / "manifests" / reg.host / "library" / "smollm2" / "135m").exists()
     assert lg("show", name(reg, "smollm2:plain")).returncode == 0
@@ -187,13 +212,141 @@ def test_rm_removes_a_pulled_model_and_keeps_the_blobs_another_uses(lg: Lg, reg:
     one_line(lg("rm", name(reg), "--yes"), 1, f"no Ollama model {reg.host}/library/smollm2:135m")
 
 
-def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry) -> None:
+def test_pulling_a_moved_tag_again_removes_the_blobs_only_its_old_manifest_named(lg: Lg, reg: FakeRegistry,
+                                                                                   gguf: HubFile,
+                                                                                   tmp_path: Path) -> None:
+    """docs/models.md: pulling a tag again after it moved (a new model blob, new params) deletes the blobs of its
+    old manifest that no pulled manifest names, as Ollama's pull prunes; a blob another tag uses stays."""
+    moved = tmp_path / "moved.gguf"
+    moved.write_bytes(Path(gguf.source).read_bytes() + b"\0" * 64)  # another blob that is still a GGUF
+    new = HubFile(moved)
+    blob = lambda f: lg.pulled / "blobs" / f"sha256-{f.sha256}"  # noqa: E731
+    params, system = HubFile(PARAMS), HubFile(SYSTEM)
+    for tag in ("smollm2:135m", "smollm2:plain"):  # 135m: the GGUF, params, system; plain: the GGUF alone
+        assert lg("pull", name(reg, tag)).returncode == 0
+    params2 = HubFile(b'{"temperature": 0.5}')
+    reg.add("library/smollm2:135m", [("model", new), ("params", params2), ("system", system)])
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    assert not blob(params).exists()  # only the old manifest named it
+    assert blob(gguf).exists() and blob(system).exists() and blob(new).exists() and blob(params2).exists()
+    reg.add("library/smollm2:135m", [("model", gguf), ("params", params), ("system", system)])
+    assert lg("pull", name(reg)).returncode == 0
+    assert not blob(new).exists() and not blob(params2).exists()  # the model blob the tag left
+    assert len(list((lg.pulled / "blobs").iterdir())) == 4  # config, GGUF, params, system
+    assert lg("run", "-m", name(reg, "smollm2:plain"), "-p", "Hi", "-n", "2").returncode == 0
+
+
+def test_two_threads_pulling_one_model_both_succeed(reg: FakeRegistry, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve's /api/pull pulls in threads of one process: two pulls of one model at once both write the
+    manifest (each through a temporary file of its own: they shared one, and the second's rename failed). Both
+    reach the manifest's rename before either does it (a barrier; a pull that waits for the other's blob locks
+    goes on after a few seconds)."""
+    import os
+    import threading
+
+    from localgen.models import ollamastore, registry
+    from localgen.models.download import Quiet
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    reg.add("library/tiny:1", [("model", HubFile(b"GGUF" + b"\0" * 60)), ("params", HubFile(PARAMS))])
+    target = ollamastore.parse_name(f"{reg.host}/library/tiny:1")
+    both = threading.Barrier(2, timeout=3)
+    replace = os.replace
+
+    def rename_together(src: str, dst: str) -> None:
+        if "manifests" in str(dst):
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both.wait()
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", rename_together)
+    errors: list[BaseException] = []
+
+    def pull() -> None:
+        try:
+            registry.pull(target, Quiet())
+        except BaseException as e:  # the test reports it
+            errors.append(e)
+
+    threads = [threading.Thread(target=pull) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [], errors
+    manifest = tmp_path / "home" / "data" / "ollama" / "manifests" / reg.host / "library" / "tiny" / "1"
+    assert manifest.read_bytes() == reg.manifests["library/tiny:1"]
+    assert [p.name for p in manifest.parent.iterdir()] == ["1"]  # no temporary file left
+
+
+def test_rm_waits_for_a_pull_that_holds_a_blob_and_keeps_what_its_manifest_names(lg: Lg, reg: FakeRegistry,
+                                                                                  gguf: HubFile) -> None:
+    """A pull holds each blob's lock from its fetch until its manifest is written: rm of another model that
+    shares the blob waits for that lock (saying so), then keeps the blob the new manifest names; the lock files
+    stay (another process may hold one)."""
+    from filelock import FileLock
+
+    assert lg("pull", name(reg, "smollm2:plain")).returncode == 0
+    manifest = lg.pulled / "manifests" / reg.host / "library" / "smollm2" / "plain"
+    raw = manifest.read_bytes()
+    blobs = sorted(p.name for p in (lg.pulled / "blobs").iterdir())  # the config and the GGUF
+    locks = [FileLock(str(lg.pulled / ".locks" / f"{b}.lock")) for b in blobs]
+    for lock in locks:  # as a pull of smollm2:other (the same blobs) holds them before its manifest is written
+        lock.acquire(timeout=0)
+    rm = subprocess.Popen([sys.executable, "-m", "localgen", "rm", name(reg, "smollm2:plain"), "--yes"],
+                          env=lg.env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    try:
+        assert rm.stderr is not None
+        said = ""
+        while "waiting for it to finish" not in said and (line := rm.stderr.readline()):
+            said += line
+        assert f"{blobs[0]}: another process is downloading it; waiting for it to finish" in said, said
+        assert all((lg.pulled / "blobs" / b).exists() for b in blobs)
+        other = manifest.with_name("other")
+        other.parent.mkdir(parents=True, exist_ok=True)  # rm took the empty folders
+        other.write_bytes(raw)  # the other pull's manifest, then its locks go
+    finally:
+        for lock in locks:
+            lock.release()
+        out, err = rm.communicate(timeout=120)
+    assert rm.returncode == 0, err
+    assert "freed 0 bytes (2 blob(s) another pulled model or unfinished pull uses were kept)" in out, out
+    assert all((lg.pulled / "blobs" / b).exists() for b in blobs) and not manifest.exists()
+    assert all((lg.pulled / ".locks" / f"{b}.lock").exists() for b in blobs)
+    assert lg("run", "-m", name(reg, "smollm2:other"), "-p", "Hi", "-n", "2").returncode == 0
+
+
+def test_rm_removes_a_pulled_model_whose_manifest_is_damaged(lg: Lg, reg: FakeRegistry) -> None:
+    """docs/models.md: a pulled model whose manifest is damaged is removed all the same, with the blobs no
+    other manifest names."""
+    for tag in ("smollm2:135m", "smollm2:plain"):
+        assert lg("pull", name(reg, tag)).returncode == 0
+    manifest = lg.pulled / "manifests" / reg.host / "library" / "smollm2" / "135m"
+    manifest.write_bytes(b"{not json")
+    r = lg("rm", name(reg), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"removed {name(reg)}, freed"), r.stdout
+    assert not manifest.exists() and len(list((lg.pulled / "blobs").iterdir())) == 2  # plain's config and GGUF
+    assert lg("run", "-m", name(reg, "smollm2:plain"), "-p", "Hi", "-n", "2").returncode == 0
+
+
+@pytest.mark.parametrize(("flag", "how", "online"), [
+    ([], {"LOCALGEN_OFFLINE": "1"}, "with LOCALGEN_OFFLINE unset"),
+    (["--offline"], {}, "without --offline"),
+    ([], {"HF_HUB_OFFLINE": "1"}, "with HF_HUB_OFFLINE unset"),
+])
+def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry, flag: list[str],
+                                                      how: dict[str, str], online: str) -> None:
     """docs/models.md: `run -m ollama:NAME` of a model in neither store downloads it, as a Hub name does;
-    offline it is one line naming `localgen pull`, which offline uses a pulled copy as it is."""
-    r = lg("run", "-m", name(reg), "-p", "Hi", "-n", "2", LOCALGEN_OFFLINE="1")
+    offline (--offline, LOCALGEN_OFFLINE=1, HF_HUB_OFFLINE=1) it is one line naming `localgen pull`, which
+    offline uses a pulled copy as it is."""
+    r = lg("run", "-m", name(reg), "-p", "Hi", "-n", "2", *flag, **how)
     one_line(r, 1, f"no Ollama model {reg.host}/library/smollm2:135m")
-    assert f"`localgen pull {name(reg)}` with LOCALGEN_OFFLINE unset downloads it from {reg.host}" in r.stderr
-    one_line(lg("pull", name(reg), LOCALGEN_OFFLINE="1"), 1, "is not pulled and localgen is offline")
+    assert f"`localgen pull {name(reg)}` {online} downloads it from {reg.host}" in r.stderr
+    one_line(lg("pull", name(reg), *flag, **how), 1, "is not pulled and localgen is offline")
     r = lg("show", name(reg))  # online, but show never downloads
     one_line(r, 1, f"`localgen pull {name(reg)}` downloads it from {reg.host}")
     one_line(lg("pull", name(reg), "--list"), 2, "pull --list lists a Hugging Face repo's quantizations")
@@ -201,13 +354,24 @@ def test_run_pulls_a_model_in_no_store_unless_offline(lg: Lg, reg: FakeRegistry)
     r = lg("run", "-m", name(reg), "-p", "Hi", "-n", "2")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     assert reg.requests[0][1] == "/v2/library/smollm2/manifests/135m"
-    r = lg("pull", name(reg), LOCALGEN_OFFLINE="1")
+    asked = len(reg.requests)
+    r = lg("pull", name(reg), *flag, **how)
     assert r.returncode == 0 and r.stdout.startswith(name(reg)), r.stderr
     assert f"is pulled (not checked for a newer version on {reg.host})" in r.stderr
+    assert len(reg.requests) == asked  # nothing asked of the registry
 
 
 def _no_model(reg: FakeRegistry) -> None:
     reg.add("library/textonly:1", [("params", HubFile(PARAMS))])
+
+
+def _mlx(reg: FakeRegistry) -> None:
+    """As Ollama's MLX and safetensors tags (-nvfp4, mxfp8, mlx...): big tensor layers and no model layer."""
+    reg.add("library/mlx:1", [("tensor", HubFile(b"t")), ("tokenizer", HubFile(b"k"))])
+    doc = json.loads(reg.manifests["library/mlx:1"])
+    doc["layers"][0]["size"] = 3 << 30
+    doc["layers"][1]["size"] = 2 << 20
+    reg.manifests["library/mlx:1"] = json.dumps(doc).encode()
 
 
 def _big_manifest(reg: FakeRegistry) -> None:
@@ -232,6 +396,7 @@ def _no_room(reg: FakeRegistry) -> None:
     ("nothere", None, "has no model library/nothere with the tag latest (404)"),
     ("smollm2:nosuchtag", None, "has no model library/smollm2 with the tag nosuchtag (404)"),
     ("textonly:1", _no_model, "has no GGUF model layer in its manifest: localgen cannot run it"),
+    ("mlx:1", _mlx, "has no GGUF model layer in its manifest: localgen cannot run it"),
     ("big:1", _big_manifest, "a manifest over 1,048,576 bytes is refused"),
     ("big:1", _big_layer, "its system layer is 2,097,152 bytes, over the 1,048,576 localgen takes"),
     ("big:1", _no_room, "not enough disk space for"),
@@ -243,6 +408,14 @@ def test_registry_errors_are_one_line_before_any_blob(lg: Lg, reg: FakeRegistry,
     one_line(lg("pull", name(reg, model)), 1, says)
     assert [p for _, p, _, _ in reg.requests if "/blobs/" in p] == []
     assert not (lg.pulled / "manifests").exists()
+
+
+def test_a_registry_over_its_rate_is_asked_again(lg: Lg, reg: FakeRegistry) -> None:
+    """docs/models.md: a 429 for the manifest (Retry-After: 1) is retried as a 5xx is."""
+    reg.fail_statuses.extend([429, 503])
+    r = lg("pull", name(reg, "smollm2:plain"))
+    assert r.returncode == 0, r.stderr
+    assert [p for _, p, _, _ in reg.requests[:3]] == ["/v2/library/smollm2/manifests/plain"] * 3, reg.requests
 
 
 def test_a_registry_that_wants_a_login_refuses_in_one_line(lg: Lg, reg: FakeRegistry) -> None:
@@ -278,9 +451,10 @@ def test_only_a_loopback_registry_is_spoken_to_over_http() -> None:
 def test_serve_pulls_an_ollama_name_over_ollama_s_api_and_deletes_it(env: dict[str, str], reg: FakeRegistry,
                                                                     gguf: HubFile, tmp_path: Path) -> None:
     """docs/models.md "Models from Ollama's library": serve's /api/pull takes an ollama: name as `localgen pull`
-    does (progress lines, the blobs in localgen's pulled models), the model then answers and is listed, a tag the
-    registry lacks is a 404, and /api/delete removes the pulled copy; a registry on a loopback address is a 403
-    without serve --allow-private-urls."""
+    does (progress lines, the blobs in localgen's pulled models), the model then answers and is listed, a model
+    Ollama's own store holds is here already (nothing asked of the registry), a tag the registry lacks is a 404,
+    and /api/delete removes the pulled copy, unloading that tag alone (not another tag on the same blob); a
+    registry on a loopback address is a 403 without serve --allow-private-urls."""
     import httpx
     import ollama
 
@@ -295,7 +469,7 @@ def test_serve_pulls_an_ollama_name_over_ollama_s_api_and_deletes_it(env: dict[s
     finally:
         assert s.stop() == 0
     s = Server({**env, "LOCALGEN_HOME": str(tmp_path / "serve-home")}, "-np", "1", "--ctx", "512",
-               "--allow-private-urls")
+               "--allow-private-urls", "--max-models", "2")
     try:
         client = ollama.Client(host=s.url)
         lines = list(client.pull(model, stream=True))
@@ -306,10 +480,24 @@ def test_serve_pulls_an_ollama_name_over_ollama_s_api_and_deletes_it(env: dict[s
         assert model in [m.model for m in client.list().models]
         r = client.generate(model=model, prompt="Say hi.", options={"num_predict": 3, "temperature": 0})
         assert r.done and r.eval_count and r.eval_count <= 3
+        ollamas = OllamaStore(Path(env["OLLAMA_MODELS"]))  # Ollama's own store holds this one: nothing to pull
+        theirs = ollamas.manifest("theirs:1", [ollamas.blob(MEDIA + "model", Path(gguf.source))], host=reg.host)
+        try:
+            before = len(reg.requests)
+            lines = list(client.pull(name(reg, "theirs:1"), stream=True))
+            assert lines[-1].status == "success" and len(reg.requests) == before, (lines, reg.requests)
+        finally:  # the module's Ollama store is empty again
+            for made in theirs.parents[4].iterdir():
+                shutil.rmtree(made)
         r2 = httpx.post(f"{s.url}/api/pull", json={"model": name(reg, "smollm2:none"), "stream": False}, timeout=60)
         assert r2.status_code == 404 and "with the tag none (404)" in r2.json()["error"], r2.text
+        other = name(reg, "smollm2:135m")  # the same GGUF blob: its worker stays when plain is deleted
+        assert list(client.pull(other, stream=True))[-1].status == "success"
+        assert client.generate(model=other, prompt="Hi", options={"num_predict": 2}).done
         client.delete(model)
         assert model not in [m.model for m in client.list().models]
+        assert [m.model for m in client.ps().models] == [other]
+        client.delete(other)
         assert not list((tmp_path / "serve-home" / "data" / "ollama" / "blobs").iterdir())
     finally:
         assert s.stop() == 0

@@ -1,10 +1,12 @@
-"""Resumable, verified downloads into the shared HF cache.
+"""Resumable, verified downloads: into the shared HF cache (fetch), and for models/registry.py's pulls from
+Ollama's registry into localgen's pulled models (fetch_file, or fetch_held under locks the caller holds).
 
 huggingface_hub no longer resumes across runs and checks only the size, so large files come through
-our own ranged transfer: bytes go to blobs/SHA256.incomplete (the name huggingface_hub uses too), a
-later pull continues from where that file ends, transient errors are retried, and the SHA-256 the Hub
-publishes is checked before the file becomes blobs/SHA256. A mismatch deletes the bytes. The blob lock is
-the one huggingface_hub takes, so two pulls (ours or theirs) never write the same file at once.
+our own ranged transfer: bytes go to blobs/SHA256.incomplete (the name huggingface_hub uses too; a registry's
+blobs/sha256-HEX.incomplete), a later pull continues from where that file ends, transient errors are retried,
+and the digest the source publishes is checked before the file takes its name. A mismatch deletes the bytes.
+The blob lock (locked) is the one huggingface_hub takes, so two pulls (ours or theirs) never write the same
+file at once; its lock files are never deleted, as another process may hold one.
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPER
 
 
 @contextlib.contextmanager
-def _locked(path: Path, label: str, progress: Progress) -> Iterator[None]:
-    """The blob lock huggingface_hub takes (filelock, portable); says so when another process holds it."""
+def locked(path: Path, label: str, progress: Progress) -> Iterator[None]:
+    """The blob lock huggingface_hub takes (filelock, portable); says so when another process holds it. The lock
+    file stays: another process may hold it, and a lock file unlinked under it locks nothing."""
     from filelock import FileLock, Timeout
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -171,12 +174,19 @@ def fetch_file(url: str, headers: Callable[[], dict[str, str]], blob: Path, lock
     """Make one file present at `blob` and verified against `f.sha256`: a blob there already is hashed once (a
     bad one goes), a missing one comes from `url` through `blob`.incomplete, resumed where an earlier pull
     stopped, under the lock `lock` (a file) so that two pulls never write it at once."""
+    with locked(lock, f.name, progress):
+        fetch_held(url, headers, blob, f, progress, source)
+
+
+def fetch_held(url: str, headers: Callable[[], dict[str, str]], blob: Path, f: RemoteFile, progress: Progress,
+               source: Source) -> None:
+    """fetch_file for a caller that holds the blob's lock already (a registry pull holds each of its blobs' until
+    its manifest names them)."""
     assert f.sha256 is not None
-    with _locked(lock, f.name, progress):
-        if blob.exists() and not _check_existing(blob, f, progress):
-            blob.unlink()
-        if not blob.exists():
-            _transfer(url, headers(), f, blob, progress, source)
+    if blob.exists() and not _check_existing(blob, f, progress):
+        blob.unlink()
+    if not blob.exists():
+        _transfer(url, headers(), f, blob, progress, source)
 
 
 def check_space(folder: Path, need: int, what: str) -> None:

@@ -7,9 +7,11 @@ model's manifest and the blobs no other pulled manifest uses."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,8 @@ MAX_SMALL = 1 << 20  # a layer that is not weights (params, system, template, li
 MAX_WEIGHTS = 2 << 40  # a model, projector or adapter layer: more than any GGUF published
 WEIGHTS = ("model", "projector", "adapter")
 RETRIES = 3
+MAX_RETRY_AFTER = 5  # seconds: the most a manifest's retry waits for a registry's Retry-After
+UNFINISHED = ".unfinished"  # the manifests of pulls that have not finished (or gave up), in manifests/'s layout
 TIMEOUT_S = 30
 
 
@@ -80,19 +84,53 @@ def pull(name: OllamaName, progress: Progress) -> Path:
     need = sum(b.size - _size(download.partial_path(folder / b.filename)) for b in missing.values())
     download.check_space(folder, max(need, 0), name.display)
     source = download.Source(name.host, f"its digest in {name.display}'s manifest")
-    for b in {b.digest: b for b in blobs}.values():
-        label = f"{name.ollama} {b.media}"
-        shown = progress if b.media in WEIGHTS else download.Quiet()  # a few bytes of settings: no bar of their own
-        download.fetch_file(_url(name, f"blobs/{b.digest}"), lambda: {}, folder / b.filename,
-                            root / ".locks" / f"{b.filename}.lock", RemoteFile(label, b.size, b.digest.split(":")[1]),
-                            shown, source)
-    path = _manifest_path(root, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(raw)
-    os.replace(tmp, path)  # the manifest last: a model is listed only once every blob is whole
-    paths.fsync_dir(path.parent)
+    unfinished = _unfinished_path(root, name)  # until the manifest is written: what rm of a pull that gave up takes
+    unfinished.parent.mkdir(parents=True, exist_ok=True)
+    _write(unfinished, raw)
+    unique = {b.digest: b for b in blobs}
+    with contextlib.ExitStack() as held:
+        # Each blob's lock from before its fetch until the manifest names it, so that no rm or other pull's prune
+        # deletes a verified blob before then; taken in one order (by digest), so two pulls never wait in a circle.
+        for digest in sorted(unique):
+            held.enter_context(download.locked(_lock(root, unique[digest].filename),
+                                               f"{name.ollama} {unique[digest].media}", progress))
+        for b in unique.values():
+            label = f"{name.ollama} {b.media}"
+            shown = progress if b.media in WEIGHTS else download.Quiet()  # a few bytes of settings: no bar of its own
+            download.fetch_held(_url(name, f"blobs/{b.digest}"), lambda: {}, folder / b.filename,
+                                RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source)
+        path = _manifest_path(root, name)
+        old = _digests(path)  # an earlier pull's: the blobs of a tag that has moved since go once nothing names them
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, raw)  # the manifest last: a model is listed only once every blob is whole
+        unfinished.unlink(missing_ok=True)
+        _prune(unfinished.parent, root / UNFINISHED)
+    _sweep(root, old - {b.filename for b in blobs}, progress)  # its locks released: the sweep takes one at a time
     return path
+
+
+def _lock(root: Path, blob: str) -> Path:
+    return root / ".locks" / f"{blob}.lock"
+
+
+def _unfinished_path(root: Path, name: OllamaName) -> Path:
+    """Where a pull keeps the manifest it is downloading the blobs of, until it writes it to manifests/."""
+    return root / UNFINISHED / Path(*name.parts())
+
+
+def _write(path: Path, raw: bytes) -> None:
+    """Write `path` whole or not at all, through a temporary file of this call's own (serve's /api/pull pulls in
+    threads of one process)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o644)  # as the blobs are (mkstemp's file is 0600)
+            out.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    paths.fsync_dir(path.parent)
 
 
 def _whole(blob: Path, size: int) -> bool:
@@ -139,8 +177,12 @@ def fetch_manifest(name: OllamaName) -> bytes:
             if e.code in (401, 403):
                 raise LocalgenError(f"{name.host} refused the manifest of {name.ollama} ({e.code}): the model is "
                                     "private or needs a login, which localgen cannot give") from None
-            if e.code < 500 or attempt + 1 == RETRIES:
+            if (e.code < 500 and e.code != 429) or attempt + 1 == RETRIES:
                 raise LocalgenError(f"{name.host} answered {e.code} for the manifest of {name.ollama}") from None
+            wait = _retry_after(e.headers.get("Retry-After") if e.headers is not None else None)
+            if wait is not None:  # a registry over its rate (429) or busy (503) says when to come back
+                time.sleep(wait)
+                continue
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             if attempt + 1 == RETRIES:
                 reason = getattr(e, "reason", None)  # urllib's URLError: the socket's error inside it
@@ -151,6 +193,14 @@ def fetch_manifest(name: OllamaName) -> bytes:
                 ) from None
         time.sleep(0.5 * 2**attempt)
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (RFC 9110's delay-seconds; its HTTP-date form is not read), at most MAX_RETRY_AFTER:
+    a registry asking for longer gets a retry at that point all the same."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(min(int(value.strip()), MAX_RETRY_AFTER))
 
 
 def _too_big(name: OllamaName, size: str) -> LocalgenError:
@@ -192,13 +242,14 @@ def read_blobs(name: OllamaName, raw: bytes) -> list[Blob]:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise bad(f"a {kind}'s size is not a byte count: {str(size)[:40]!r}")
         media = "config" if kind == "config" else raw_layer["mediaType"].removeprefix(MEDIA)
-        limit = MAX_WEIGHTS if media in WEIGHTS else MAX_SMALL
-        if size > limit:
-            raise bad(f"its {media} layer is {size:,} bytes, over the {limit:,} localgen takes")
         blobs.append(Blob(f"sha256:{m.group(1).lower()}", size, media))
-    if not any(b.media == "model" for b in blobs):
+    if not any(b.media == "model" for b in blobs):  # before the limits: an MLX tag's big tensor layers say this
         raise LocalgenError(f"{name.display} has no GGUF model layer in its manifest: localgen cannot run it "
                             "(nothing was downloaded)")
+    for b in blobs:
+        limit = MAX_WEIGHTS if b.media in WEIGHTS else MAX_SMALL
+        if b.size > limit:
+            raise bad(f"its {b.media} layer is {b.size:,} bytes, over the {limit:,} localgen takes")
     return blobs
 
 
@@ -224,31 +275,66 @@ def pulled(name: OllamaName) -> Path | None:
     return ollamastore.find_manifest(ollamastore.pulled_root(), name)
 
 
-def remove(name: OllamaName) -> tuple[int, int]:
-    """Remove a pulled model: its manifest, and the blobs no other pulled manifest names. Returns the bytes freed
-    and the number of blobs kept for other models; a ModelNotFoundError when localgen pulled no such model."""
+def unfinished(name: OllamaName) -> int | None:
+    """For a pull of `name` that has not finished (or gave up): the bytes on disk of the blobs its manifest names,
+    whole or partial; None when there is none."""
+    from localgen.models import download
+
     root = ollamastore.pulled_root()
-    path = pulled(name)
-    if path is None:
+    path = _unfinished_path(root, name)
+    if not path.is_file():
+        return None
+    return sum(_size(f) + _size(download.partial_path(f)) for f in (root / "blobs" / b for b in _digests(path)))
+
+
+def remove(name: OllamaName, progress: Progress | None = None) -> tuple[int, int]:
+    """Remove a pulled model: its manifest (and that of a pull of it that gave up, whose partial blobs go too),
+    and the blobs no other pulled manifest or unfinished pull names (each under its lock,
+    waiting for a pull that holds it: `progress` says so). Returns the bytes freed and the number of blobs kept for
+    other models; a ModelNotFoundError when localgen pulled no such model."""
+    root = ollamastore.pulled_root()
+    path, part = pulled(name), _unfinished_path(root, name)
+    if path is None and not part.is_file():
         raise ModelNotFoundError(f"localgen pulled no model {name.ollama}", hint="localgen list shows what is here")
-    mine = _digests(path)
-    path.unlink()
-    _prune(path.parent, root / "manifests")
-    used: set[str] = set()
-    top = root / "manifests"
-    for other in top.glob("*/*/*/*") if top.is_dir() else ():
-        if other.is_file():
-            used |= _digests(other)
+    mine: set[str] = set()
+    for done, top in ((path, root / "manifests"), (part if part.is_file() else None, root / UNFINISHED)):
+        if done is not None:
+            names = _digests(done)
+            if not names:  # a damaged manifest names none it can be trusted for: every blob nothing names goes
+                names = {f.name.removesuffix(".incomplete") for f in (root / "blobs").glob("sha256-*")}
+            mine |= names
+            done.unlink()
+            _prune(done.parent, top)
+    return _sweep(root, mine, progress)
+
+
+def _sweep(root: Path, candidates: set[str], progress: Progress | None = None) -> tuple[int, int]:
+    """Delete the blob files in `candidates` (and their .incomplete partials) that no pulled manifest or unfinished
+    pull names (as Ollama's pull and rm prune), each under its lock, and looking at the manifests once it holds it:
+    a pull holds its blobs' locks until its manifest names them. The lock files stay (another process may hold
+    one). Returns the bytes freed and the number kept because a manifest names them."""
+    from localgen.models import download
+
     freed, kept = 0, 0
-    for blob in sorted(mine):
-        if blob in used:
-            kept += 1
-            continue
-        file = root / "blobs" / blob
-        freed += _size(file)
-        file.unlink(missing_ok=True)
-        (root / ".locks" / f"{blob}.lock").unlink(missing_ok=True)
+    for blob in sorted(candidates):
+        with download.locked(_lock(root, blob), blob, progress or download.Quiet()):
+            if blob in _used(root):
+                kept += 1
+                continue
+            for file in (root / "blobs" / blob, download.partial_path(root / "blobs" / blob)):
+                freed += _size(file)
+                file.unlink(missing_ok=True)
     return freed, kept
+
+
+def _used(root: Path) -> set[str]:
+    """The blob files the pulled manifests name, and those of the pulls that have not finished."""
+    used: set[str] = set()
+    for top in (root / "manifests", root / UNFINISHED):
+        for other in top.glob("*/*/*/*") if top.is_dir() else ():
+            if other.is_file():
+                used |= _digests(other)
+    return used
 
 
 def _prune(folder: Path, top: Path) -> None:

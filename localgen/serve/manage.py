@@ -494,7 +494,7 @@ async def _delete(state: ServeState, name: str) -> None:
     if ref.source == "ollama" and await asyncio.to_thread(_pulled_here, ref):  # localgen pulled it: it can go
         from localgen.models import ollamastore, registry
 
-        await _retire(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path])
+        await _retire(state, [w for w in list(state.workers.values()) if w.ref.name == ref.name])  # not by blob
         await asyncio.to_thread(registry.remove, ollamastore.parse_name(ref.name.removeprefix(ollamastore.PREFIX)))
         return
     if ref.source in ("ollama", "lmstudio"):  # another tool's store: never changed here

@@ -491,19 +491,29 @@ def rm(
 
 def _rm_pulled_ollama(given: str, text: str, yes: bool) -> bool:
     """rm of a model `localgen pull ollama:...` downloaded: its manifest and the blobs no other pulled model uses
-    go; False where localgen pulled no such model (Ollama's own store is never changed)."""
+    go, and what a pull of it that gave up left (its blobs, whole or partial, that nothing else names); False where
+    localgen pulled no such model and has no unfinished pull of it (Ollama's own store is never changed)."""
+    from localgen.cli.progress import make_progress
     from localgen.models import ollamastore, registry
 
     name = ollamastore.parse_name(text)
-    path = registry.pulled(name)
-    if path is None:
+    path, left = registry.pulled(name), registry.unfinished(name)
+    if path is None and left is None:
         return False
-    m = ollamastore.read_manifest(name, ollamastore.pulled_root(), path)
-    _warn_presets_on(given)
-    _confirm(f"{name.display}, pulled from {name.host}", sum(x.size for x in m.layers), yes)
-    freed, kept = registry.remove(name)
-    shared = f" ({kept} blob(s) another pulled model uses were kept)" if kept else ""
-    print(f"removed {name.display}, freed {format_bytes(freed) if freed else '0 bytes'}{shared}")
+    if path is None:
+        what = f"the unfinished pull of {name.display}"
+        _confirm(f"{what} from {name.host}", left or 0, yes)
+    else:
+        what = name.display
+        try:
+            size = sum(x.size for x in ollamastore.read_manifest(name, ollamastore.pulled_root(), path).layers)
+        except LocalgenError:  # a damaged manifest: it goes all the same, and the blobs nothing names with it
+            size = 0
+        _warn_presets_on(given)
+        _confirm(f"{name.display}, pulled from {name.host}", size, yes)
+    freed, kept = registry.remove(name, make_progress())  # says so while a pull holds a blob
+    shared = f" ({kept} blob(s) another pulled model or unfinished pull uses were kept)" if kept else ""
+    print(f"removed {what}, freed {format_bytes(freed) if freed else '0 bytes'}{shared}")
     return True
 
 
