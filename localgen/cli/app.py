@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("localgen.cli.launch", "launch"),
     "pull": ("localgen.cli.models.manage", "pull"),
     "list": ("localgen.cli.models.manage", "list_models"),
-    "show": ("localgen.cli.models.manage", "show"),
+    "show": ("localgen.cli.models.show", "show"),
     "rm": ("localgen.cli.models.manage", "rm"),
     "create": ("localgen.cli.models.presets", "create"),
     "cp": ("localgen.cli.models.presets", "cp"),

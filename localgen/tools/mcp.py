@@ -318,6 +318,36 @@ def _pinned_client(headers: dict[str, str] | None, private: bool, refused: list[
         said.append(f"the MCP server {label} sent {why}: at most {MAX_BODY:,} bytes are read")
         return httpx2.StreamError(said[-1])
 
+    Capped = _capped_stream(too_big)
+
+    class Transport(httpx2.AsyncHTTPTransport):
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            response = await super().handle_async_request(request)
+            size = response.headers.get("content-length", "")
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
+            error = None
+            if size.isdigit() and int(size) > MAX_BODY:
+                error = too_big(f"a body of {int(size):,} bytes")
+            elif encoding not in ("", "identity"):
+                error = too_big(f"a body encoded as {encoding[:32]}, not asked for (it could decode past any size)")
+            return httpx2.Response(response.status_code, headers=response.headers,
+                                   stream=Capped(response.stream, events, error), extensions=response.extensions)
+
+    transport = Transport(trust_env=False)
+    # httpx2 takes no network backend itself: its pool is made again with ours (as _compat.httpx_transport does)
+    transport._pool = httpcore2.AsyncConnectionPool(ssl_context=httpx2.create_ssl_context(), network_backend=Backend())
+    return httpx2.AsyncClient(transport=transport, headers={**(headers or {}), "Accept-Encoding": "identity"},
+                              trust_env=False,
+                              timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
+
+
+
+def _capped_stream(too_big: Any) -> Any:
+    """The class of a response's bytes counted as they come (_pinned_client's): a body's, or each server-sent
+    event's; past MAX_BODY, `too_big`'s error."""
+    import httpx2
+
     class Capped(httpx2.AsyncByteStream):
         """A response's bytes, counted as they come: a body's, or each server-sent event's."""
 
@@ -343,26 +373,7 @@ def _pinned_client(headers: dict[str, str] | None, private: bool, refused: list[
         async def aclose(self) -> None:
             await self.inner.aclose()
 
-    class Transport(httpx2.AsyncHTTPTransport):
-        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-            response = await super().handle_async_request(request)
-            size = response.headers.get("content-length", "")
-            encoding = response.headers.get("content-encoding", "identity").strip().lower()
-            events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
-            error = None
-            if size.isdigit() and int(size) > MAX_BODY:
-                error = too_big(f"a body of {int(size):,} bytes")
-            elif encoding not in ("", "identity"):
-                error = too_big(f"a body encoded as {encoding[:32]}, not asked for (it could decode past any size)")
-            return httpx2.Response(response.status_code, headers=response.headers,
-                                   stream=Capped(response.stream, events, error), extensions=response.extensions)
-
-    transport = Transport(trust_env=False)
-    # httpx2 takes no network backend itself: its pool is made again with ours (as _compat.httpx_transport does)
-    transport._pool = httpcore2.AsyncConnectionPool(ssl_context=httpx2.create_ssl_context(), network_backend=Backend())
-    return httpx2.AsyncClient(transport=transport, headers={**(headers or {}), "Accept-Encoding": "identity"},
-                              trust_env=False,
-                              timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
+    return Capped
 
 
 def _why(e: BaseException) -> str:

@@ -1,0 +1,211 @@
+"""`localgen show`: look inside a model (or a preset) without loading it: its header's facts, the chat template
+alone, a Modelfile that makes it again, or all of it as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from localgen.cli import options as o
+from localgen.cli.models.manage import Json, shown_params
+from localgen.errors import LocalgenError, UsageError
+from localgen.units import format_bytes
+
+
+def show(
+    name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], path, ollama:NAME or "
+                                             "lmstudio:PUBLISHER/REPO.")],
+    template: Annotated[bool, typer.Option("--template", help="Print the chat template, whole.")] = False,
+    sha256: Annotated[
+        bool, typer.Option("--sha256", help="Compute the file's SHA-256 when it is not known yet (reads the whole "
+                                            "file, with a progress bar).")
+    ] = False,
+    json_out: Json = False,
+    offline: o.Offline = False,
+    mmproj: o.MmProj = None,
+    as_modelfile: Annotated[
+        bool, typer.Option("--modelfile", help="Print a Modelfile that `localgen create` makes this model from.")
+    ] = False,
+) -> None:
+    """What a model is, read from its GGUF header (bounded; weights are not loaded). Local files only."""
+    from localgen.models import mmproj as projectors
+    from localgen.models.resolve import resolve
+
+    _one_view(template, as_modelfile, json_out, sha256, mmproj is not None)
+    if as_modelfile:  # a preset's own, even when its base is gone; a model's from its catalogue entry
+        print(_modelfile(name, offline), end="")
+        return
+    ref = resolve(name, offline=offline, pull_missing=False)
+    if mmproj is not None:
+        ref = projectors.attach(ref, str(mmproj))
+    s = ref.summary
+    if template:
+        if not s.chat_template:
+            raise LocalgenError(f"{ref.name} has no chat template")
+        print(s.chat_template)
+        return
+    doc = _show_doc(ref, sha256)
+    preset = _preset_doc(name, ref)
+    if preset is not None:  # what the preset adds, before its base model's figures
+        doc = {"name": doc.pop("name"), "preset": preset, **doc}
+    if json_out:
+        doc["chat_template"] = s.chat_template
+        print(json.dumps(doc))
+        return
+    _print_doc(doc)
+
+
+def _one_view(template: bool, modelfile: bool, json_out: bool, sha256: bool, mmproj: bool) -> None:
+    """show prints one thing: the header (plain or --json), the template alone, or a Modelfile; a flag the view asked
+    for cannot honour is a usage error, not dropped."""
+    views = [flag for flag, on in (("--template", template), ("--modelfile", modelfile), ("--json", json_out)) if on]
+    if len(views) > 1:
+        raise UsageError(f"show prints one of --template, --modelfile and --json: give one, not {' and '.join(views)}",
+                         hint="--json holds the chat template too, as chat_template" if template and json_out else None)
+    if template or modelfile:
+        extra = [flag for flag, on in (("--sha256", sha256), ("--mmproj", mmproj)) if on]
+        if extra:
+            raise UsageError(f"{views[0]} prints {'the chat template' if template else 'a Modelfile'} alone: "
+                             f"{' and '.join(extra)} would show nothing there")
+
+
+def _show_doc(ref: Any, hash_now: bool) -> dict[str, Any]:
+    """What `show` says of a model (`hash_now`: compute an unknown SHA-256, with a progress bar)."""
+    from pathlib import Path
+
+    from localgen.models import download
+    from localgen.models import mmproj as projectors
+
+    s = ref.summary
+    sha = ref.sha256 or _known_sha256(ref)
+    if sha is None and hash_now:
+        from localgen.cli.progress import make_progress
+
+        target = Path(ref.path).resolve()
+        progress = make_progress()
+        progress.start(f"hashing {target.name}", target.stat().st_size, 0)
+        sha = download.sha256_file(target, progress)
+        progress.finish()
+    return {
+        "name": ref.name, "file": ref.path, "sha256": sha, "architecture": s.architecture, "model_name": s.name,
+        "parameters": s.n_params, "quantization": s.quantization, "size": s.file_size,
+        "context_length": s.context_length, "layers": s.n_layers, "embedding_length": s.n_embd,
+        "heads": s.n_head, "kv_heads": s.n_head_kv, "vocab_size": s.vocab_size, "license": s.license,
+        "chat_template": bool(s.chat_template),
+        "modalities": ["text", *projectors.modalities(ref)],
+        "projector": ref.mmproj,
+        "adapters": [path for path, _ in ref.adapters],  # a preset's LoRA adapters (ADAPTER)
+        "load": _load_settings(ref),  # a preset's num_ctx and load settings, as its Modelfile spells them
+    }
+
+
+def _load_settings(ref: Any) -> dict[str, Any]:
+    from localgen.models import modelfile
+
+    shown: dict[str, Any] = {"num_ctx": ref.context} if ref.context is not None else {}
+    for knob, value in ref.load.items():
+        for name, _ in modelfile.load_lines(knob, value):
+            shown[name] = not value if knob == "no_mmap" else list(value) if isinstance(value, tuple) else value
+    return shown
+
+
+def _preset_doc(name: str, ref: Any) -> dict[str, Any] | None:
+    """What a preset layers on its base model (None when `name` is no preset): the base, its settings, window,
+    system prompt, messages, template and LoRA adapters; and the settings it keeps from its base (`inherited`: an
+    Ollama model's params, a catalogue entry's sampling) that it does not set itself."""
+    from localgen import settings
+    from localgen.models import presets
+
+    p = presets.find(name)
+    if p is None:
+        return None
+    spec = p.spec
+    inherited = {k: settings.jsonable(v) for k, v in ref.sampling_defaults.items() if k not in spec.parameters}
+    return {"base": p.base, "settings": {k: settings.jsonable(v) for k, v in spec.parameters.items()},
+            "inherited": inherited, "inherited_context": ref.context if spec.context is None else None,
+            "context": spec.context, "system": spec.system, "messages": list(spec.messages),
+            "template": spec.template is not None, "adapters": list(spec.adapters)}
+
+
+def _print_preset(preset: dict[str, Any]) -> None:
+    """`show`'s lines for a preset: what it is and each setting it gives, as `/set` and the flags take them."""
+    from localgen import settings
+
+    print(f"{'preset':15} of {preset['base']} (`show --modelfile` prints its Modelfile)")
+    given = [f"{k} {settings.as_text(k, v) if k in settings.KNOBS else v}" for k, v in preset["settings"].items()]
+    given += [f"context {preset['context']}"] if preset["context"] else []
+    kept = [f"{k} {settings.as_text(k, v) if k in settings.KNOBS else v}" for k, v in preset["inherited"].items()]
+    kept += [f"context {preset['inherited_context']}"] if preset["inherited_context"] is not None else []
+    print(f"{'settings':15} {' · '.join(given) or 'none'}")
+    if preset["system"]:
+        print(f"{'system':15} " + preset["system"].replace("\n", "\n" + " " * 16))
+    if preset["messages"]:
+        print(f"{'messages':15} {len(preset['messages'])} before the conversation")
+    if preset["template"]:
+        print(f"{'template':15} its own (--template prints it)")
+    if preset["adapters"]:
+        print(f"{'LoRA adapters':15} {', '.join(preset['adapters'])}")
+    if kept:  # what applies beside its own: the base's (an Ollama model's params, a catalogue entry's sampling)
+        print(f"{'from its base':15} {' · '.join(kept)}")
+
+
+_LABELS = {"model_name": "model", "size": "file size", "context_length": "context length",
+           "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary",
+           "adapters": "LoRA adapters", "load": "load settings"}
+
+
+def _print_doc(doc: dict[str, Any]) -> None:
+    """`show`'s lines: a label and a value each."""
+    for k, v in doc.items():
+        if k == "preset":
+            _print_preset(v)
+            continue
+        if k == "size":
+            v = format_bytes(v)
+        elif k == "parameters":
+            v = f"{shown_params(v)} ({v:,})"
+        elif k == "chat_template":
+            v = "yes (--template prints it)" if v else "none (a base model: prompts go to it as plain completions)"
+        elif k == "sha256" and v is None:
+            v = "not known yet (--sha256 computes it)"
+        elif k in ("projector", "adapters", "load") and not v:
+            continue
+        elif k in ("modalities", "adapters"):
+            v = ", ".join(v)
+        elif k == "load":
+            v = " · ".join(f"{name} {_shown(x)}" for name, x in v.items())
+        print(f"{_LABELS.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return ", ".join(value) if isinstance(value, list) else str(value)
+
+
+def _modelfile(name: str, offline: bool) -> str:
+    """A preset's own Modelfile (even when its base is gone); for a model, FROM it with its settings: what /api/show
+    gives as its modelfile (serve/describe.py)."""
+    from localgen.models import modelfile, presets
+    from localgen.models.resolve import resolve
+    from localgen.serve.describe import modelfile_of
+
+    p = presets.find(name)
+    if p is not None:
+        return modelfile.write(p.spec)
+    return modelfile_of(name, resolve(name, offline=offline, pull_missing=False))
+
+
+def _known_sha256(ref: Any) -> str | None:
+    """A SHA-256 known without reading the file: a cache blob's name, or an embedded model's published one."""
+    from pathlib import Path
+
+    from localgen.models import embedded, hfcache
+
+    blob = Path(ref.path).resolve().name
+    if hfcache.SHA256.match(blob):
+        return blob
+    model = embedded.EMBEDDED.get(ref.name)
+    return model.sha256 if model is not None and ref.source == "embedded" else None
