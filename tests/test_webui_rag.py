@@ -521,6 +521,13 @@ def test_a_chat_request_refused_is_refused_before_its_file_search(server: Server
             assert r.status_code == 400, (bad, r.text)
             said.append(r.json()["error"])
         assert said[0] == said[1], (bad, said)
+    long = "cat " * 300_000  # past 32 characters a token of the window: refused before anything is tokenized
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": long}], "max_tokens": 2,
+                                                 "file_search": {"vector_store_ids": ["notes"]}}),
+                       ("/v1/responses", {"input": long, "max_output_tokens": 2,
+                                          "tools": [{"type": "file_search", "vector_store_ids": ["notes"]}]})):
+        r = httpx.post(f"{server.url}{path}", headers=_auth(), timeout=120, json={"model": "smollm2:135m", **body})
+        assert r.status_code == 400 and "the prompt is 1,200,000 characters" in r.json()["error"]["message"], r.text
     assert BERT not in loaded(server)  # no search was made: the embedding model was not asked
 
 

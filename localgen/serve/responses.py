@@ -29,7 +29,7 @@ from localgen.serve.ask import (
     split_reasoning,
 )
 from localgen.serve.jsonbody import read_json
-from localgen.serve.pipeline import Made, handle
+from localgen.serve.pipeline import Made, check_prompt_size, handle
 from localgen.serve.responseitems import DECLINED, Encoder, new_id, replayed_answers
 from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, check_metadata, default_path
 from localgen.serve.responsestore import routes as store_routes
@@ -104,7 +104,9 @@ class Responses:
         filesearch.SENT.set(())
         excerpts = None
         if searching is not None and choice != "none":  # the stores searched for the question (placed by the
-            # pipeline, as many as the window holds); no tool runs with tool_choice none
+            # pipeline, as many as the window holds); no tool runs with tool_choice none. A prompt that cannot fit
+            # is refused before any embedding, as the pipeline would refuse it after
+            check_prompt_size(self.state.worker(body.get("model")), [m.get("content") for m in messages])
             excerpts = await filesearch.run(self.state, searching, messages, len(lead) + len(history),
                                             "file_search_call.results" in (body.get("include") or []), new_id("fs"))
         if searching is not None and choice == "required" and tools is None:  # file_search ran: nothing more to call
