@@ -632,15 +632,22 @@ def test_a_url_rewritten_between_turns_is_redacted_as_it_now_is(server: Server, 
             assert secret not in text, secret
 
 
-def test_after_eight_rounds_of_calls_the_model_must_answer(server: Server, cli_env: dict[str, str]) -> None:
+def test_after_eight_rounds_of_calls_the_model_must_answer(cli_env: dict[str, str]) -> None:
     """`step`'s result asks for the next step, as a call written out (the model copies it): the model calls it
-    round after round, until the round after the 8th, which may only answer (its calls written as text)."""
-    with mcp_server(None, "--steps") as url:
-        tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never",
-                "allowed_tools": ["step"]}
-        r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "calc", "name": "step"},
-                 input="Do the task: call step with n=1, then each step it says, until step 20.",
-                 max_output_tokens=1000)
+    round after round, until the round after the 8th, which may only answer (its calls written as text). A server of
+    its own, whose calls have time enough on a busy machine (the module's has 3 s, for the hung servers' tests: a
+    call cut there changed what the model did next)."""
+    server = Server(cli_env, "-np", "1", "--ctx", "2048", "--chat-template-file", str(QWEN), "--allow-mcp-urls",
+                    "--allow-private-urls", "--tool-timeout", "120")
+    try:
+        with mcp_server(None, "--steps") as url:
+            tool = {"type": "mcp", "server_label": "calc", "server_url": url, "require_approval": "never",
+                    "allowed_tools": ["step"]}
+            r = _ask(server, [tool], tool_choice={"type": "mcp", "server_label": "calc", "name": "step"},
+                     input="Do the task: call step with n=1, then each step it says, until step 20.",
+                     max_output_tokens=1000)
+    finally:
+        assert server.stop() == 0
     assert r.status == "completed" and r.output[-1].type == "message", r.output
     calls = [o for o in r.output if o.type == "mcp_call"]
     assert len(calls) >= 8 and all(c.output.startswith("Step ") for c in calls)

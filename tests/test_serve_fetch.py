@@ -408,5 +408,3 @@ def test_run_attach_url_goes_through_the_same_fetcher(cli: CLI, proj: Path, pict
     bad = cli("run", "--mmproj", str(proj), "-a", f"{pictures.url}/404", "-p", "What is it?", "-n", "2")
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [f"localgen: error: cannot fetch {pictures.url}/404: HTTP 404"]
-    flag = cli("serve", "--allow-private-urls")
-    assert flag.returncode == 2 and "--allow-private-urls needs --allow-image-urls" in flag.stderr
