@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 
@@ -268,13 +269,19 @@ def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
 def start() -> tuple[FakeHub, ThreadingHTTPServer]:
     """Start the fake Hub on a free loopback port, and its CDN on 127.0.0.2."""
     hub = FakeHub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
+    return hub, with_cdn(hub, _handler)
+
+
+def with_cdn(state: Any, handler: Any) -> ThreadingHTTPServer:
+    """Serve `handler(state)` on a free loopback port and `handler(state, cdn=True)` on 127.0.0.2 (the server's
+    `cdn`, stopped with it), each in a thread; their ports go to state.port and state.cdn_port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(state))
     server.daemon_threads = True
-    hub.port = server.server_address[1]
+    state.port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    cdn = ThreadingHTTPServer(("127.0.0.2", 0), _handler(hub, cdn=True))
+    cdn = ThreadingHTTPServer(("127.0.0.2", 0), handler(state, cdn=True))
     cdn.daemon_threads = True
-    hub.cdn_port = cdn.server_address[1]
+    state.cdn_port = cdn.server_address[1]
     threading.Thread(target=cdn.serve_forever, daemon=True).start()
-    server.cdn = cdn  # type: ignore[attr-defined]  (stopped with the hub)
-    return hub, server
+    server.cdn = cdn  # type: ignore[attr-defined]  (stopped with the server)
+    return server

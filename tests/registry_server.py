@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from tests import hub_server
 from tests.hub_server import HubFile
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
@@ -182,13 +183,4 @@ def _handler(reg: FakeRegistry, cdn: bool = False) -> type[BaseHTTPRequestHandle
 def start() -> tuple[FakeRegistry, ThreadingHTTPServer]:
     """Start the fake registry on a free loopback port, and its CDN on 127.0.0.2 (stopped with it)."""
     reg = FakeRegistry()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(reg))
-    server.daemon_threads = True
-    reg.port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    cdn = ThreadingHTTPServer(("127.0.0.2", 0), _handler(reg, cdn=True))
-    cdn.daemon_threads = True
-    reg.cdn_port = cdn.server_address[1]
-    threading.Thread(target=cdn.serve_forever, daemon=True).start()
-    server.cdn = cdn  # type: ignore[attr-defined]  (stopped with the registry)
-    return reg, server
+    return reg, hub_server.with_cdn(reg, _handler)
