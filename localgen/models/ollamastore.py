@@ -134,6 +134,14 @@ def is_pulled(m: Manifest) -> bool:
     return m.path.is_relative_to(pulled_root())
 
 
+def in_ollamas_store(name: OllamaName) -> bool:
+    """Whether Ollama's own store holds the model (Ollama updates it); False for one only localgen pulled, or none."""
+    try:
+        return not is_pulled(manifest(name))
+    except ModelNotFoundError:
+        return False
+
+
 def _refetch(m: Manifest) -> str:
     """How to fetch a damaged model again: Ollama's pull for Ollama's store, localgen's for its own."""
     return f"`localgen pull {m.name.display}` fetches it again" if is_pulled(m) else (

@@ -339,7 +339,7 @@ def _pulling(target: Any) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
 
 
 async def _pull(state: ServeState, name: str, stream: bool) -> Response:
-    from localgen.models import hfcache, resolve
+    from localgen.models import hfcache, ollamastore, resolve
 
     try:  # a name from a client: never a file here, and no file is looked for (names.parse's local=False)
         if resolve.embedded_model(name, local=False) is not None:  # it ships inside a Python package: here
@@ -347,7 +347,7 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
         from_registry = _from_registry(name)
         if from_registry is not None and not state.allow_private_urls:
             await asyncio.to_thread(_public_registry, from_registry.host)
-        if from_registry is not None and _in_store(from_registry):
+        if from_registry is not None and ollamastore.in_ollamas_store(from_registry):  # a pulled copy: pulled anew
             return _answer([{"status": "success"}], stream)  # Ollama's own store has it: here already
         target = from_registry if from_registry is not None else resolve.target(name, local=False)
     except ModelNotFoundError as e:
@@ -427,17 +427,6 @@ def _public_registry(host: str) -> None:
             raise HTTPError(403, f"the registry {host} is {e.message.removeprefix('refused: ')}: a client may "
                                  "not make this server pull from it (serve --allow-private-urls allows it)",
                             "permission_error", "model") from None
-
-
-def _in_store(name: Any) -> bool:
-    """Whether Ollama's own store holds the model (Ollama updates it; a copy localgen pulled is pulled again, as
-    `localgen pull` does: its blobs are kept, the manifest comes anew)."""
-    from localgen.models import ollamastore
-
-    try:
-        return not ollamastore.is_pulled(ollamastore.manifest(name))
-    except ModelNotFoundError:
-        return False
 
 
 def _pulled_here(ref: Any) -> bool:

@@ -94,18 +94,13 @@ def _pulled_ollama_name(name: str) -> Any:
     """The OllamaName of an `ollama:` name that Ollama's own store does not hold (localgen pulls it from the
     registry); None for any other name, and for a model in Ollama's store (which Ollama updates: `pull` of it says
     there is nothing to pull)."""
-    from localgen.errors import ModelNotFoundError
     from localgen.models import names, ollamastore, presets
 
     spec = names.parse(name)
     if not isinstance(spec, names.StoreSpec) or spec.store != "ollama" or presets.exists(name):
         return None
     parsed = ollamastore.parse_name(spec.name)
-    try:
-        found = ollamastore.manifest(parsed)
-    except ModelNotFoundError:
-        return parsed
-    return parsed if ollamastore.is_pulled(found) else None
+    return None if ollamastore.in_ollamas_store(parsed) else parsed
 
 
 def _pull_ollama(name: Any, flag: bool) -> Any:
