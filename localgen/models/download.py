@@ -179,14 +179,14 @@ def fetch_file(url: str, headers: Callable[[], dict[str, str]], blob: Path, lock
 
 
 def fetch_held(url: str, headers: Callable[[], dict[str, str]], blob: Path, f: RemoteFile, progress: Progress,
-               source: Source) -> None:
+               source: Source, redirect: Callable[[str, str], None] | None = None) -> None:
     """fetch_file for a caller that holds the blob's lock already (a registry pull holds each of its blobs' until
-    its manifest names them)."""
+    its manifest names them); `redirect`: as hub.open_url's, asked about each redirect."""
     assert f.sha256 is not None
     if blob.exists() and not _check_existing(blob, f, progress):
         blob.unlink()
     if not blob.exists():
-        _transfer(url, headers(), f, blob, progress, source)
+        _transfer(url, headers(), f, blob, progress, source, redirect)
 
 
 def check_space(folder: Path, need: int, what: str) -> None:
@@ -230,7 +230,7 @@ def partial_path(blob: Path) -> Path:
 
 
 def _transfer(url: str, headers: dict[str, str], f: RemoteFile, blob: Path, progress: Progress,
-              source: Source) -> None:
+              source: Source, redirect: Callable[[str, str], None] | None = None) -> None:
     partial = partial_path(blob)
     blob.parent.mkdir(parents=True, exist_ok=True)
     have = partial.stat().st_size if partial.exists() else 0
@@ -249,10 +249,12 @@ def _transfer(url: str, headers: dict[str, str], f: RemoteFile, blob: Path, prog
     with _open_partial(partial) as out:
         while have < f.size:
             try:
-                have, restarted = _stream(url, headers, have, f.size, out, digest, progress, source)
+                have, restarted = _stream(url, headers, have, f.size, out, digest, progress, source,
+                                          redirect=redirect)
                 if restarted:
                     digest = hashlib.sha256()
-                    have, _ = _stream(url, headers, 0, f.size, out, digest, progress, source, truncate=True)
+                    have, _ = _stream(url, headers, 0, f.size, out, digest, progress, source, truncate=True,
+                                      redirect=redirect)
                 failures = 0
             except _Transient as e:
                 _flush(out, f.size)
@@ -314,14 +316,14 @@ def _write(out: object, block: bytes) -> None:
 
 def _stream(
     url: str, headers: dict[str, str], start: int, size: int, out: object, digest: object, progress: Progress,
-    source: Source, truncate: bool = False,
+    source: Source, truncate: bool = False, redirect: Callable[[str, str], None] | None = None,
 ) -> tuple[int, bool]:
     """Fetch bytes from `start`; returns (bytes now held, whether the server ignored the range)."""
     from io import BufferedWriter
 
     assert isinstance(out, BufferedWriter)
     try:
-        resp = hub.open_url(url, {**headers, "Range": f"bytes={start}-"}, TIMEOUT_S)
+        resp = hub.open_url(url, {**headers, "Range": f"bytes={start}-"}, TIMEOUT_S, redirect)
     except urllib.error.HTTPError as e:
         if e.code == 416 and start >= size:
             return start, False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -53,14 +54,18 @@ def file_url(repo: str, commit: str, filename: str) -> str:
     return f"{endpoint()}/{check_repo_id(repo)}/resolve/{commit}/{quote(safe_filename(filename))}"
 
 
-def open_url(url: str, headers: dict[str, str], timeout: float) -> Any:
+def open_url(url: str, headers: dict[str, str], timeout: float,
+             redirect: Callable[[str, str], None] | None = None) -> Any:
     """GET with urllib, following redirects, but never carrying Authorization to another host: every LFS
     or Xet file on the Hub is a redirect to a CDN, and with a mirror in HF_ENDPOINT the target can be anyone
-    (huggingface_hub drops it the same way)."""
+    (huggingface_hub drops it the same way). `redirect(from, to)` is asked first about each redirect, and raises
+    to refuse it (a model registry's: models/registry.py)."""
     import urllib.request
 
     class KeepTokenHome(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, req: Any, fp: Any, code: int, msg: str, hdrs: Any, newurl: str) -> Any:
+            if redirect is not None:
+                redirect(req.full_url, newurl)
             new = super().redirect_request(req, fp, code, msg, hdrs, newurl)
             if new is not None and not keeps_token(req.full_url, newurl):
                 for name in list(new.headers):

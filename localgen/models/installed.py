@@ -53,9 +53,10 @@ def installed() -> list[dict[str, Any]]:
 
 def _other_stores() -> list[dict[str, Any]]:
     """The models Ollama and LM Studio downloaded, by the names run takes (ollama:..., lmstudio:...), used in
-    place. An Ollama model with any damaged layer (its GGUF, projector, adapter, params, system prompt or messages:
-    the same reading run does) is not listed, as the server's listings leave it out: `show` names the damage."""
-    from localgen.models import lmstudio, ollamastore
+    place, and those localgen pulled from OCI registries (oci:...). An Ollama model with any damaged layer (its
+    GGUF, projector, adapter, params, system prompt or messages: the same reading run does) is not listed, as the
+    server's listings leave it out: `show` names the damage."""
+    from localgen.models import lmstudio, oci, ollamastore
     from localgen.models.gguf_meta import read_summary
 
     items = []
@@ -67,6 +68,15 @@ def _other_stores() -> list[dict[str, Any]]:
             continue
         item = _item(m.name.display, str(parts.blob), "ollama", summary)
         item["size"] = parts.layer.size + sum(x.size for x in m.of("projector")[:1])
+        items.append(item)
+    for om in oci.all_manifests():  # pulled from an OCI registry (localgen pull oci:...)
+        try:
+            op = oci.read_parts(om)
+            summary = read_summary(str(op.path), check_data=False)
+        except LocalgenError:
+            continue
+        item = _item(om.name.display, str(op.path), "oci", summary)
+        item["size"] = sum(x.size for x in op.ggufs) + sum(x.size for x in om.of(oci.MMPROJ)[:1])
         items.append(item)
     for name, path, size in lmstudio.all_models():
         try:

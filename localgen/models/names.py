@@ -4,6 +4,7 @@
   owner/repo, owner/repo:Q4_K_M       Hugging Face repo, optional :QUANT (also hf.co/..., huggingface.co/...)
   owner/repo/path/file.gguf           one file of a repo
   ollama:llama3.2:1b, lmstudio:owner/repo  a model Ollama or LM Studio downloaded, used in place
+  oci:ai/smollm2, oci:HOST/REPO:TAG   a model from an OCI registry (Docker Model Runner's), pulled by localgen
   ./model.gguf, /abs/model.gguf, ~/m.gguf, model.gguf, dir/model.gguf, or any existing file: a local path
 """
 
@@ -56,13 +57,14 @@ class HubSpec:
 @dataclass(frozen=True)
 class StoreSpec:
     """A model another tool downloaded, used in place: `store` is "ollama" or "lmstudio", `name` the rest (its
-    store's module parses it: models/ollamastore.py, models/lmstudio.py)."""
+    store's module parses it: models/ollamastore.py, models/lmstudio.py); or "oci", a model of an OCI registry
+    (models/oci.py)."""
 
     store: str
     name: str
 
 
-STORES = ("ollama", "lmstudio")
+STORES = ("ollama", "lmstudio", "oci")
 Spec = PathSpec | CatalogueSpec | HubSpec | StoreSpec
 
 

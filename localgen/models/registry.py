@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,6 +66,46 @@ def base_url(host: str) -> str:
     return f"{'http' if loopback else 'https'}://{host}"
 
 
+def redirect_guard(host: str) -> Callable[[str, str], None]:
+    """What a pull from the registry `host` asks about each redirect (hub.open_url's `redirect`): one to a
+    loopback, private, link-local or metadata address is refused when the registry itself is public (a registry on
+    the internet must not make localgen fetch from this machine or its LAN; one on the LAN may send it anywhere);
+    a scheme other than http(s) is always refused."""
+    from urllib.parse import urlsplit
+
+    from localgen.fetch import FetchError, refusal
+    from localgen.fetch import resolve as lookup
+
+    known: dict[str, bool] = {}
+
+    def public() -> bool:
+        if "public" not in known:
+            hostname = urlsplit("//" + host).hostname or host
+            try:
+                found = lookup(hostname, 443)
+            except FetchError:
+                found = []
+            known["public"] = bool(found) and not any(refusal(ip) for ip in found)
+        return known["public"]
+
+    def check(old: str, new: str) -> None:
+        target = urlsplit(new)
+        if target.scheme.lower() not in ("http", "https") or not target.hostname:
+            raise LocalgenError(f"{host} redirected a download to {new[:100]!r}, which is not an http(s) URL")
+        if not public():
+            return
+        try:
+            found = lookup(target.hostname, target.port or (443 if target.scheme.lower() == "https" else 80))
+        except FetchError:
+            return  # a name that does not resolve: the download says so
+        why = next((r for r in map(refusal, found) if r), None)
+        if why is not None:
+            raise LocalgenError(f"{host} redirected a download to {target.hostname}, {why}: a public registry may not "
+                                "send localgen to this machine or its network; nothing was fetched from there")
+
+    return check
+
+
 def _url(name: OllamaName, what: str) -> str:
     return f"{base_url(name.host)}/v2/{name.namespace}/{name.model}/{what}"
 
@@ -84,6 +125,7 @@ def pull(name: OllamaName, progress: Progress) -> Path:
     need = sum(b.size - _size(download.partial_path(folder / b.filename)) for b in missing.values())
     download.check_space(folder, max(need, 0), name.display)
     source = download.Source(name.host, f"its digest in {name.display}'s manifest")
+    guard = redirect_guard(name.host)
     unfinished = _unfinished_path(root, name)  # until the manifest is written: what rm of a pull that gave up takes
     unfinished.parent.mkdir(parents=True, exist_ok=True)
     _write(unfinished, raw)
@@ -98,7 +140,7 @@ def pull(name: OllamaName, progress: Progress) -> Path:
             label = f"{name.ollama} {b.media}"
             shown = progress if b.media in WEIGHTS else download.Quiet()  # a few bytes of settings: no bar of its own
             download.fetch_held(_url(name, f"blobs/{b.digest}"), lambda: {}, folder / b.filename,
-                                RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source)
+                                RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source, guard)
         path = _manifest_path(root, name)
         old = _digests(path)  # an earlier pull's: the blobs of a tag that has moved since go once nothing names them
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +204,7 @@ def fetch_manifest(name: OllamaName) -> bytes:
     url = _url(name, f"manifests/{name.tag}")
     for attempt in range(RETRIES):
         try:
-            with hub.open_url(url, {"Accept": MANIFEST_TYPE}, TIMEOUT_S) as resp:
+            with hub.open_url(url, {"Accept": MANIFEST_TYPE}, TIMEOUT_S, redirect_guard(name.host)) as resp:
                 length = resp.headers.get("Content-Length")
                 if length is not None and length.strip().isdigit() and int(length) > MAX_MANIFEST:
                     raise _too_big(name, f"{int(length):,}")
@@ -179,7 +221,7 @@ def fetch_manifest(name: OllamaName) -> bytes:
                                     "private or needs a login, which localgen cannot give") from None
             if (e.code < 500 and e.code != 429) or attempt + 1 == RETRIES:
                 raise LocalgenError(f"{name.host} answered {e.code} for the manifest of {name.ollama}") from None
-            wait = _retry_after(e.headers.get("Retry-After") if e.headers is not None else None)
+            wait = retry_after(e.headers.get("Retry-After") if e.headers is not None else None)
             if wait is not None:  # a registry over its rate (429) or busy (503) says when to come back
                 time.sleep(wait)
                 continue
@@ -195,12 +237,25 @@ def fetch_manifest(name: OllamaName) -> bytes:
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
-def _retry_after(value: str | None) -> float | None:
-    """Retry-After in seconds (RFC 9110's delay-seconds; its HTTP-date form is not read), at most MAX_RETRY_AFTER:
-    a registry asking for longer gets a retry at that point all the same."""
-    if value is None or not value.strip().isdigit():
+def retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (RFC 9110: delay-seconds, or an HTTP-date, read as the seconds from now to it), at
+    most MAX_RETRY_AFTER: a registry asking for longer gets a retry at that point all the same; None for a value
+    that is neither."""
+    if value is None:
         return None
-    return float(min(int(value.strip()), MAX_RETRY_AFTER))
+    text = value.strip()
+    if text.isdigit():
+        return float(min(int(text), MAX_RETRY_AFTER))
+    import email.utils
+    from datetime import UTC, datetime
+
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is GMT
+        when = when.replace(tzinfo=UTC)
+    return float(min(max((when - datetime.now(UTC)).total_seconds(), 0.0), MAX_RETRY_AFTER))
 
 
 def _too_big(name: OllamaName, size: str) -> LocalgenError:
@@ -308,17 +363,19 @@ def remove(name: OllamaName, progress: Progress | None = None) -> tuple[int, int
     return _sweep(root, mine, progress)
 
 
-def _sweep(root: Path, candidates: set[str], progress: Progress | None = None) -> tuple[int, int]:
+def _sweep(root: Path, candidates: set[str], progress: Progress | None = None,
+           used: Callable[[Path], set[str]] | None = None) -> tuple[int, int]:
     """Delete the blob files in `candidates` (and their .incomplete partials) that no pulled manifest or unfinished
     pull names (as Ollama's pull and rm prune), each under its lock, and looking at the manifests once it holds it:
     a pull holds its blobs' locks until its manifest names them. The lock files stay (another process may hold
-    one). Returns the bytes freed and the number kept because a manifest names them."""
+    one). `used`: what names blobs in the store (Ollama's layout's manifests, or models/ocipull.py's). Returns the
+    bytes freed and the number kept because a manifest names them."""
     from localgen.models import download
 
     freed, kept = 0, 0
     for blob in sorted(candidates):
         with download.locked(_lock(root, blob), blob, progress or download.Quiet()):
-            if blob in _used(root):
+            if blob in (used or _used)(root):
                 kept += 1
                 continue
             for file in (root / "blobs" / blob, download.partial_path(root / "blobs" / blob)):

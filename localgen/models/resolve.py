@@ -17,7 +17,7 @@ from localgen.models.quant import QuantOption, best_that_fits, group_options, pi
 from localgen.types import ModelRef
 
 if TYPE_CHECKING:  # the transfer code (urllib, http.client) loads only when a pull happens
-    from localgen.models import download, ollamastore, presets
+    from localgen.models import download, oci, ollamastore, presets
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,11 @@ def other_store(spec: names.StoreSpec, offline: bool = True, progress: download.
     shadowed and how to rename it. An Ollama model in no store is pulled from its registry as a Hub model is from
     the Hub (`offline`, `pull_missing`: as _hub_model's); where it may not be, a NotDownloadedError names the
     pull."""
-    from localgen.models import lmstudio, ollamastore
+    from localgen.models import lmstudio, oci, ollamastore
 
     try:
+        if spec.store == "oci":
+            return oci.resolve(spec.name)
         return ollamastore.resolve(spec.name) if spec.store == "ollama" else lmstudio.resolve(spec.name)
     except ModelNotFoundError as e:
         whole = f"{spec.store}:{spec.name}"
@@ -97,12 +99,41 @@ def other_store(spec: names.StoreSpec, offline: bool = True, progress: download.
             kind = "catalogue entry"
         elif spec.store == "ollama":
             return _ollama_registry(spec.name, e, offline, progress, pull_missing)
+        elif spec.store == "oci":
+            return _oci_registry(spec.name, e, offline, progress, pull_missing)
         else:
             raise
         raise ModelNotFoundError(f"{e.message}; your {kind} {whole} is shadowed: {spec.store}: now names "
-                                 f"{'Ollama' if spec.store == 'ollama' else 'LM Studio'}'s store",
+                                 f"{_STORE_NAMES[spec.store]}",
                                  hint=f"rename it: `localgen cp {whole} NEWNAME`, then `localgen rm {whole}`"
                                  if kind == "preset" else f"rename it in {catalogue.user_file()}") from None
+
+
+_STORE_NAMES = {"ollama": "Ollama's store", "lmstudio": "LM Studio's store", "oci": "a model of an OCI registry"}
+
+
+def _oci_registry(text: str, e: ModelNotFoundError, flag: bool, progress: download.Progress | None,
+                  pull_missing: bool) -> ModelRef:
+    """An OCI model not pulled yet, pulled from its registry (unless offline, or not `pull_missing`), then read
+    from localgen's pulled models."""
+    from localgen.models import oci
+
+    name = oci.parse_name(text)
+    offline = flag or hfcache.offline_env()
+    if offline or not pull_missing:
+        how = f" {hfcache.without_offline(flag)}" if offline else ""
+        raise NotDownloadedError(e.message, hint=f"`localgen pull {name.display}`{how} downloads it from {name.host}",
+                                 name=name.display) from None
+    return pull_oci(name, progress)
+
+
+def pull_oci(name: oci.OciName, progress: download.Progress | None) -> ModelRef:
+    """Download a model from its OCI registry into localgen's pulled models, and read it from there."""
+    from localgen.models import oci, ocipull
+    from localgen.models.download import Quiet
+
+    ocipull.pull(name, progress or Quiet())
+    return oci.resolve(name.display.removeprefix(oci.PREFIX))
 
 
 def _ollama_registry(text: str, e: ModelNotFoundError, flag: bool, progress: download.Progress | None,
@@ -358,6 +389,11 @@ def target(name: str, local: bool = True) -> Target:
         return _catalogue_target(entry, spec.quant)
     if isinstance(spec, names.HubSpec):
         return Target(spec, spec.display, {})
+    if isinstance(spec, names.StoreSpec) and spec.store == "oci":
+        from localgen.models import oci
+
+        raise LocalgenError(f"{oci.parse_name(spec.name).display} comes from its OCI registry, not the Hub",
+                            hint=f"localgen pull {name}")
     if isinstance(spec, names.StoreSpec):
         tool = "Ollama" if spec.store == "ollama" else "LM Studio"
         from localgen.models import lmstudio, ollamastore

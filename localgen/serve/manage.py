@@ -314,7 +314,7 @@ class Pull:
 def _pulling(target: Any) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
     """Start the pull in a thread: its progress lines come on the queue, then None when done or the error; the
     event stops it (the client left); Lines says whether the download was verified."""
-    from localgen.models import ollamastore, registry, resolve
+    from localgen.models import oci, ocipull, ollamastore, registry, resolve
 
     out: asyncio.Queue[Any] = asyncio.Queue()
     stop = threading.Event()
@@ -324,6 +324,8 @@ def _pulling(target: Any) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
         try:
             if isinstance(target, ollamastore.OllamaName):
                 registry.pull(target, lines)
+            elif isinstance(target, oci.OciName):
+                ocipull.pull(target, lines)
             else:
                 resolve.pull(target, lines)
         except (LocalgenError, Stopped) as e:
@@ -346,9 +348,9 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
             return _answer([{"status": "success"}], stream)
         from_registry = _from_registry(name)
         if from_registry is not None and not state.allow_private_urls:
-            await asyncio.to_thread(_public_registry, from_registry.host)
-        if from_registry is not None and ollamastore.in_ollamas_store(from_registry):  # a pulled copy: pulled anew
-            return _answer([{"status": "success"}], stream)  # Ollama's own store has it: here already
+            await asyncio.to_thread(_public_registry, getattr(from_registry, "api_host", from_registry.host))
+        if isinstance(from_registry, ollamastore.OllamaName) and ollamastore.in_ollamas_store(from_registry):
+            return _answer([{"status": "success"}], stream)  # Ollama's own store has it (a pulled copy: anew)
         target = from_registry if from_registry is not None else resolve.target(name, local=False)
     except ModelNotFoundError as e:
         raise HTTPError(404, e.message, "not_found_error", "model") from None
@@ -403,13 +405,15 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
 
 
 def _from_registry(name: str) -> Any:
-    """An `ollama:` name's parts (pulled from its registry, models/registry.py), else None; a UsageError for a name
-    Ollama does not take."""
-    from localgen.models import names, ollamastore
+    """An `ollama:` name's parts (pulled from its registry, models/registry.py), or an `oci:` name's (models/
+    ocipull.py), else None; a UsageError for a name Ollama (or Docker) does not take."""
+    from localgen.models import names, oci, ollamastore
 
     spec = names.parse(name, False)
     if isinstance(spec, names.StoreSpec) and spec.store == "ollama":
         return ollamastore.parse_name(spec.name)
+    if isinstance(spec, names.StoreSpec) and spec.store == "oci":
+        return oci.parse_name(spec.name)
     return None
 
 
@@ -485,6 +489,12 @@ async def _delete(state: ServeState, name: str) -> None:
 
         await _retire(state, [w for w in list(state.workers.values()) if w.ref.name == ref.name])  # not by blob
         await asyncio.to_thread(registry.remove, ollamastore.parse_name(ref.name.removeprefix(ollamastore.PREFIX)))
+        return
+    if ref.source == "oci":  # localgen pulled it from an OCI registry: it can go
+        from localgen.models import oci, ocipull
+
+        await _retire(state, [w for w in list(state.workers.values()) if w.ref.name == ref.name])
+        await asyncio.to_thread(ocipull.remove, oci.parse_name(ref.name.removeprefix(oci.PREFIX)))
         return
     if ref.source in ("ollama", "lmstudio"):  # another tool's store: never changed here
         from localgen.models import lmstudio, ollamastore

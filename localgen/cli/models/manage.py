@@ -36,7 +36,8 @@ def pull(
     name: Annotated[
         str, typer.Argument(help="Catalogue name (qwen2.5:7b@Q8_0), owner/repo[:QUANT], owner/repo/file.gguf, or "
                                  "ollama:NAME[:TAG] from Ollama's library (ollama:HOST/NAMESPACE/NAME[:TAG] from "
-                                 "another registry).")
+                                 "another registry), or oci:[HOST/]REPO[:TAG|@sha256:DIGEST] from an OCI registry "
+                                 "as Docker Model Runner packages models (docker.io by default: oci:ai/smollm2).")
     ],
     list_quants: Annotated[
         bool,
@@ -50,7 +51,9 @@ def pull(
 ) -> None:
     """Download a model into the shared Hugging Face cache, resumably, verified by SHA-256. An ollama: name that
     Ollama's store lacks comes from its registry (registry.ollama.ai by default; http only for a loopback host),
-    each blob checked against its digest, into localgen's data dir in Ollama's layout."""
+    each blob checked against its digest, into localgen's data dir in Ollama's layout. An oci: name comes from its
+    OCI registry (Docker Hub's token sign-in is anonymous; http only for a loopback host): its GGUF layers (a split
+    model's parts too), projector, chat template and license, each checked against its digest."""
     from localgen.cli.progress import make_progress
     from localgen.models import hfcache, resolve
 
@@ -60,8 +63,16 @@ def pull(
     if model is not None:
         _pull_embedded(name, model, list_quants, json_out)
         return
+    from localgen.models import names
+
+    spec = names.parse(name)
     ollama = _pulled_ollama_name(name)
-    if ollama is not None:
+    if isinstance(spec, names.StoreSpec) and spec.store == "oci":
+        if list_quants:
+            raise UsageError("pull --list lists a Hugging Face repo's quantizations; an OCI model's tag names the "
+                             "one it has")
+        ref = _pull_oci(spec.name, offline)
+    elif ollama is not None:
         if list_quants:
             raise UsageError("pull --list lists a Hugging Face repo's quantizations; an Ollama model's tag names "
                              "the one it has")
@@ -116,6 +127,24 @@ def _pull_ollama(name: Any, flag: bool) -> Any:
         raise NotDownloadedError(f"{name.display} is not pulled and localgen is offline",
                                  hint=f"pull it {hfcache.without_offline(flag)}", name=name.display)
     ref = ollamastore.resolve(name.display.removeprefix(ollamastore.PREFIX))
+    print(f"offline: {ref.name} is pulled (not checked for a newer version on {name.host})", file=sys.stderr)
+    return ref
+
+
+def _pull_oci(text: str, flag: bool) -> Any:
+    """`pull oci:NAME`: the manifest and the blobs localgen uses from its registry (blobs already here are kept);
+    offline, the pulled copy as it is, or one line saying there is none."""
+    from localgen.cli.progress import make_progress
+    from localgen.errors import NotDownloadedError
+    from localgen.models import hfcache, oci, resolve
+
+    name = oci.parse_name(text)
+    if not (flag or hfcache.offline_env()):
+        return resolve.pull_oci(name, make_progress())
+    if oci.find(name) is None:
+        raise NotDownloadedError(f"{name.display} is not pulled and localgen is offline",
+                                 hint=f"pull it {hfcache.without_offline(flag)}", name=name.display)
+    ref = oci.resolve(name.display.removeprefix(oci.PREFIX))
     print(f"offline: {ref.name} is pulled (not checked for a newer version on {name.host})", file=sys.stderr)
     return ref
 
@@ -197,8 +226,8 @@ def list_models(
     offline: o.Offline = False,
 ) -> None:
     """Models on this machine: embedded ones, every GGUF in the Hugging Face cache (any tool's), and the models
-    Ollama and LM Studio downloaded (ollama:NAME, lmstudio:PUBLISHER/REPO:QUANT, used in place). Never touches the
-    network."""
+    Ollama and LM Studio downloaded (ollama:NAME, lmstudio:PUBLISHER/REPO:QUANT, used in place), and those pulled
+    from OCI registries (oci:REPO:TAG). Never touches the network."""
     from localgen.models import catalogue
     from localgen.models.installed import installed
 
@@ -238,8 +267,9 @@ def rm(
 ) -> None:
     """Remove a model's files from the cache; a blob another cached model still uses is kept. A preset: only
     the preset goes, never its base model's files. An ollama: model localgen pulled: its manifest and the blobs no
-    other pulled model uses. Ollama's and LM Studio's own models are refused: their own tool removes them (a preset
-    named ollama:X or lmstudio:X made before those names meant their stores is removed)."""
+    other pulled model uses; an oci: model likewise. Ollama's and LM Studio's own models are refused: their own
+    tool removes them (a preset named ollama:X or lmstudio:X made before those names meant their stores is
+    removed)."""
     from localgen.models import names, presets, store
     from localgen.models.resolve import embedded_model, target
 
@@ -247,6 +277,9 @@ def rm(
     if isinstance(spec, names.StoreSpec) and not presets.exists(name):  # another tool's store: never changed here
         from localgen.models import lmstudio, ollamastore  # (a preset made before ollama: named a store goes)
 
+        if spec.store == "oci":
+            _rm_pulled_oci(name, spec.name, yes)
+            return
         if spec.store == "ollama" and _rm_pulled_ollama(name, spec.name, yes):
             return
         raise (ollamastore if spec.store == "ollama" else lmstudio).refuse_removal(spec.name)
@@ -310,6 +343,24 @@ def _rm_pulled_ollama(given: str, text: str, yes: bool) -> bool:
     shared = f" ({kept} blob(s) another pulled model or unfinished pull uses were kept)" if kept else ""
     print(f"removed {what}, freed {format_bytes(freed) if freed else '0 bytes'}{shared}")
     return True
+
+
+def _rm_pulled_oci(given: str, text: str, yes: bool) -> None:
+    """rm of a model `localgen pull oci:...` downloaded: its manifest, and the blobs no other pulled model uses
+    (a ModelNotFoundError where localgen pulled no such model)."""
+    from localgen.cli.progress import make_progress
+    from localgen.models import oci, ocipull
+
+    name = oci.parse_name(text)
+    found = oci.find(name) if ocipull.pulled(name) is not None else None
+    if found is not None:
+        size = sum(x.size for x in found.layers if x.blob.exists()) + (
+            found.config.size if found.config is not None else 0)
+        _warn_presets_on(given)
+        _confirm(f"{name.display}, pulled from {name.host}", size, yes)
+    freed, kept = ocipull.remove(name, make_progress())
+    shared = f" ({kept} blob(s) another pulled model uses were kept)" if kept else ""
+    print(f"removed {name.display}, freed {format_bytes(freed) if freed else '0 bytes'}{shared}")
 
 
 def _warn_presets_on(name: str) -> None:

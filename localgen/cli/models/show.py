@@ -15,8 +15,8 @@ from localgen.units import format_bytes
 
 
 def show(
-    name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], path, ollama:NAME or "
-                                             "lmstudio:PUBLISHER/REPO.")],
+    name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], path, ollama:NAME, "
+                                             "lmstudio:PUBLISHER/REPO or oci:REPO[:TAG].")],
     template: Annotated[bool, typer.Option("--template", help="Print the chat template, whole.")] = False,
     sha256: Annotated[
         bool, typer.Option("--sha256", help="Compute the file's SHA-256 when it is not known yet (reads the whole "
@@ -98,7 +98,22 @@ def _show_doc(ref: Any, hash_now: bool) -> dict[str, Any]:
         "projector": ref.mmproj,
         "adapters": [path for path, _ in ref.adapters],  # a preset's LoRA adapters (ADAPTER)
         "load": _load_settings(ref),  # a preset's num_ctx and load settings, as its Modelfile spells them
+        **_oci_doc(ref),
     }
+
+
+def _oci_doc(ref: Any) -> dict[str, Any]:
+    """An oci: model's config (format, quantization, parameters, size, context size as its packager wrote them),
+    and its GGUF parts; {} for any other model."""
+    if ref.source != "oci":
+        return {}
+    from localgen.models import oci
+
+    m = oci.find(oci.parse_name(ref.name.removeprefix(oci.PREFIX)))
+    if m is None:
+        return {}
+    return {"oci_config": oci.shown_config(m), "gguf_layers": len(m.of(oci.GGUF)),
+            "license_layers": len(m.of(oci.LICENSE))}
 
 
 def _load_settings(ref: Any) -> dict[str, Any]:
@@ -153,7 +168,7 @@ def _print_preset(preset: dict[str, Any]) -> None:
 
 _LABELS = {"model_name": "model", "size": "file size", "context_length": "context length",
            "embedding_length": "embedding", "kv_heads": "KV heads", "vocab_size": "vocabulary",
-           "adapters": "LoRA adapters", "load": "load settings"}
+           "adapters": "LoRA adapters", "load": "load settings", "oci_config": "OCI config"}
 
 
 def _print_doc(doc: dict[str, Any]) -> None:
@@ -170,8 +185,10 @@ def _print_doc(doc: dict[str, Any]) -> None:
             v = "yes (--template prints it)" if v else "none (a base model: prompts go to it as plain completions)"
         elif k == "sha256" and v is None:
             v = "not known yet (--sha256 computes it)"
-        elif k in ("projector", "adapters", "load") and not v:
+        elif k in ("projector", "adapters", "load", "oci_config") and not v:
             continue
+        elif k == "oci_config":
+            v = " · ".join(f"{name} {x}" for name, x in v.items())
         elif k in ("modalities", "adapters"):
             v = ", ".join(v)
         elif k == "load":

@@ -1,0 +1,296 @@
+"""`localgen pull oci:NAME` from an OCI registry as Docker Model Runner packages models (models/oci.py,
+models/ocipull.py): a loopback registry (tests/oci_server.py) that wants Docker Hub's anonymous bearer token and
+serves SmolLM2's GGUF, pulled over http by the real CLI into localgen's data dir, then run, listed, shown and
+removed; serve's /api/pull and /api/delete do the same for a client."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import oci_server
+from tests.conftest import ROOT
+from tests.forkserver import ForkServer
+from tests.hub_server import HubFile
+from tests.oci_server import (
+    DOCKER_MANIFEST,
+    GGUF,
+    LICENSE,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    SAFETENSORS,
+    SERVICE,
+    TEMPLATE,
+    TOKEN,
+    FakeOci,
+    config_blob,
+)
+
+MY_TEMPLATE = b"{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" \
+              b"{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{# from the OCI layer #}"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[FakeOci]:
+    reg, server = oci_server.start()
+    yield reg
+    server.shutdown()
+    server.cdn.shutdown()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def gguf(smollm2_path: Path) -> HubFile:
+    return HubFile(smollm2_path)
+
+
+@pytest.fixture
+def reg(served: FakeOci, gguf: HubFile) -> FakeOci:
+    """ai/smollm2:latest (GGUF, license) and ai/smollm2:templated (the same GGUF with a chat template layer)."""
+    served.reset()
+    served.add("ai/smollm2", "latest", [(GGUF, gguf), (LICENSE, HubFile(b"Apache-2.0\n"))],
+               config_blob(quantization="Q4_1", parameters="135M", size="94MB", context_size=2048))
+    served.add("ai/smollm2", "templated", [(GGUF, gguf), (TEMPLATE, HubFile(MY_TEMPLATE))])
+    return served
+
+
+@pytest.fixture(scope="module")
+def forks(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """A fork server in this module's environment: online (no HF_HUB_OFFLINE)."""
+    e = {k: v for k, v in cli_env.items() if k != "HF_HUB_OFFLINE"}
+    server = ForkServer(e, ROOT, Path(tempfile.mkdtemp(prefix="localgen-forks-")))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def lg(forks: ForkServer, tmp_path: Path) -> Lg:
+    return Lg(forks, {**forks.env, "LOCALGEN_HOME": str(tmp_path / "home")})
+
+
+class Lg:
+    """`localgen ARGS` in the test's environment (forked where the environment allows)."""
+
+    def __init__(self, forks: ForkServer, env: dict[str, str]) -> None:
+        self.forks, self.env = forks, env
+
+    def __call__(self, *args: str, **more: str) -> subprocess.CompletedProcess[str]:
+        env = {**self.env, **more}
+        if self.forks.accepts(env):
+            return self.forks.run(list(args), env, "", 600)
+        return subprocess.run([sys.executable, "-m", "localgen", *args], env=env, capture_output=True, text=True,
+                              timeout=600, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+    @property
+    def pulled(self) -> Path:
+        return Path(self.env["LOCALGEN_HOME"]) / "data" / "oci"
+
+
+def name(reg: FakeOci, ref: str = "ai/smollm2") -> str:
+    return f"oci:{reg.host}/{ref}"
+
+
+def one_line(r: subprocess.CompletedProcess[str], rc: int, says: str) -> None:
+    assert r.returncode == rc, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert says in lines[-1] and "Traceback" not in r.stderr, r.stderr
+    assert sum("error" in x for x in lines) == 1, r.stderr
+
+
+def test_pull_with_a_token_then_run_list_show_and_rm(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
+    """docs/models.md "Models from OCI registries": the 401's challenge is answered with the realm's anonymous
+    token (service and scope as the challenge names them), the manifest is asked for as an OCI or Docker manifest
+    or an index, the layers land in localgen's data dir; run answers with SmolLM2, list and show name it (show with
+    the config's quantization and size), rm takes every blob back."""
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[:3] == [name(reg) + ":latest", "Q4_1", "94"], r.stdout
+    assert reg.token_requests == [{"service": [SERVICE], "scope": ["repository:ai/smollm2:pull"]}]
+    first, *rest = reg.requests
+    assert first[0] == "/v2/ai/smollm2/manifests/latest" and first[3] == ""  # asked without a token: the 401
+    accept = rest[0][2]
+    assert all(t in accept for t in (OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX)), accept
+    assert all(auth == f"Bearer {TOKEN}" for _, _, _, auth in rest), rest  # then every request with it
+    stored = lg.pulled / "manifests" / reg.host / "ai" / "smollm2" / "@latest"
+    assert stored.read_bytes() == reg.manifests["ai/smollm2:latest"][0]
+    blobs = sorted(p.name for p in (lg.pulled / "blobs").iterdir())
+    assert len(blobs) == 3 and f"sha256-{gguf.sha256}" in blobs, blobs  # config, GGUF, license
+    r = lg("run", "-m", name(reg), "-p", "What is the capital of France?", "--json", "-n", "8", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["model"]["name"] == name(reg) + ":latest" and out["model"]["source"] == "oci" and out["text"].strip()
+    r = lg("list", "--json")
+    item = next(x for x in json.loads(r.stdout) if x["name"] == name(reg) + ":latest")
+    assert item["source"] == "oci" and item["size"] == gguf.size, item
+    r = lg("show", name(reg), "--json")
+    doc = json.loads(r.stdout)
+    assert doc["oci_config"] == {"format": "gguf", "quantization": "Q4_1", "parameters": "135M", "size": "94MB",
+                                 "context_size": 2048}, doc
+    assert doc["load"] == {"num_ctx": 2048} and doc["license_layers"] == 1, doc
+    r = lg("show", name(reg))
+    assert "OCI config" in r.stdout and "quantization Q4_1" in r.stdout, r.stdout
+    r = lg("rm", name(reg), "--yes")
+    assert r.returncode == 0 and "removed" in r.stdout, r.stderr
+    assert not list((lg.pulled / "blobs").glob("sha256-*")) and not stored.exists()
+    r = lg("list", "--json")
+    assert name(reg) + ":latest" not in {x["name"] for x in json.loads(r.stdout)}
+
+
+def test_run_of_a_name_not_pulled_pulls_it_and_uses_its_chat_template(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
+    """run -m oci:... pulls a model first (as an ollama: name does); a chat template layer is the model's
+    template in place of the GGUF's own; a second tag sharing the GGUF does not download it again."""
+    r = lg("run", "-m", name(reg, "ai/smollm2:templated"), "-p", "Hi", "-n", "4", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    r = lg("show", name(reg, "ai/smollm2:templated"), "--template")
+    assert r.stdout.strip() == MY_TEMPLATE.decode(), r.stdout
+    before = len(reg.requests)
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    got = [p for p, _, _, _ in reg.requests[before:] if "/blobs/" in p]
+    assert len(got) == 2 and not any(p.endswith(gguf.sha256) for p in got), got  # its config and license
+
+
+def test_a_docker_v2_manifest_and_an_index_and_a_digest(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
+    """A Docker v2 manifest is read as an OCI one; an image index's model entry (artifactType: Docker's model
+    config) is taken, checked against its digest; a name @sha256:DIGEST is fetched by its digest."""
+    raw = reg.add("ai/docker", "v2", [(GGUF, gguf)], media=DOCKER_MANIFEST)
+    r = lg("pull", name(reg, "ai/docker:v2"))
+    assert r.returncode == 0, r.stderr
+    other = reg.add("ai/multi", "image", [("application/vnd.oci.image.layer.v1.tar+gzip", HubFile(b"x"))])
+    model = reg.add("ai/multi", "model", [(GGUF, gguf)])
+    reg.add_index("ai/multi", "latest", [(other, {"platform": {"os": "linux", "architecture": "amd64"}}),
+                                         (model, {"artifactType": oci_server.CONFIG})])
+    r = lg("pull", name(reg, "ai/multi"))
+    assert r.returncode == 0, r.stderr
+    stored = lg.pulled / "manifests" / reg.host / "ai" / "multi" / "@latest"
+    assert stored.read_bytes() == model  # the model's manifest, not the index
+    import hashlib
+
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    r = lg("pull", name(reg, f"ai/docker@{digest}"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == name(reg, f"ai/docker@{digest}"), r.stdout
+    assert f"/v2/ai/docker/manifests/{digest}" in [p for p, _, _, _ in reg.requests]
+
+
+def test_index_without_a_model_and_manifest_without_gguf_are_one_line(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
+    """An index with no model entry, and a safetensors-only model (vLLM's), are refused in one line, nothing
+    downloaded; a missing tag is a 404 named."""
+    a = reg.add("ai/img", "a", [("application/vnd.oci.image.layer.v1.tar", HubFile(b"a"))])
+    b = reg.add("ai/img", "b", [("application/vnd.oci.image.layer.v1.tar", HubFile(b"b"))])
+    reg.add_index("ai/img", "latest", [(a, {"platform": {"os": "linux"}}), (b, {"platform": {"os": "windows"}})])
+    one_line(lg("pull", name(reg, "ai/img")), 1, "image index with no model entry")
+    reg.add("ai/vllm", "latest", [(SAFETENSORS, HubFile(b"safetensors" * 100))])
+    one_line(lg("pull", name(reg, "ai/vllm")), 1, "has no GGUF layer")
+    assert not any("/blobs/" in p for p, _, _, _ in reg.requests)
+    one_line(lg("pull", name(reg, "ai/smollm2:nope")), 1, "has no model ai/smollm2 with the tag nope (404)")
+    assert not (lg.pulled / "blobs").exists() or not any((lg.pulled / "blobs").iterdir())
+
+
+def test_cdn_redirect_goes_without_the_token_and_a_cut_blob_resumes(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
+    """Blobs redirected to a CDN (another host) are fetched there without the registry's token; a connection cut
+    mid-blob resumes with a Range from where it stopped."""
+    reg.redirect_blobs = True
+    reg.drop_after["sha256:" + gguf.sha256] = [gguf.size // 3]
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    assert reg.cdn_requests and all(auth == "" for _, _, auth in reg.cdn_requests), reg.cdn_requests
+    assert all(auth == f"Bearer {TOKEN}" for p, _, _, auth in reg.requests if "/blobs/" in p)  # the registry's: it
+    ranges = [a for p, a, _ in reg.cdn_requests if p.endswith(gguf.sha256)]
+    assert len(ranges) == 2 and ranges[0] == "bytes=0-" and ranges[1] != "bytes=0-", ranges
+
+
+def test_a_wrong_blob_is_refused_and_not_kept(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
+    """A blob whose bytes are not its digest fails the pull (one line), and no manifest is written."""
+    reg.blobs["sha256:" + gguf.sha256] = HubFile(gguf.source, gguf.sha256, corrupt_at=gguf.size // 2)
+    r = lg("pull", name(reg))
+    assert r.returncode != 0 and "does not match" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (lg.pulled / "manifests").exists() or not list((lg.pulled / "manifests").rglob("@*"))
+    assert not (lg.pulled / "blobs" / f"sha256-{gguf.sha256}").exists()
+
+
+def test_split_gguf_over_several_layers_loads(lg: Lg, reg: FakeOci, smollm2_path: Path, tmp_path: Path) -> None:
+    """A model split by gguf-split into several GGUF layers: every part is pulled in the manifest's order and linked
+    as model-0000I-of-0000N.gguf (Docker Model Runner's names), which llama.cpp loads; run answers."""
+    from tests.gguf_split import split_model
+
+    parts = split_model(smollm2_path, tmp_path / "split", "smol", 100)
+    assert len(parts) >= 2
+    reg.add("ai/split", "latest", [(GGUF, HubFile(p)) for p in parts])
+    r = lg("pull", name(reg, "ai/split"))
+    assert r.returncode == 0, r.stderr
+    links = sorted((lg.pulled / "splits").glob("*/*.gguf"))
+    assert [p.name for p in links] == [f"model-{i:05d}-of-{len(parts):05d}.gguf" for i in range(1, len(parts) + 1)]
+    assert [os.path.realpath(p) for p in links] == [
+        str((lg.pulled / "blobs" / f"sha256-{HubFile(p).sha256}").resolve()) for p in parts]
+    r = lg("run", "-m", name(reg, "ai/split"), "-p", "What is the capital of France?", "-n", "8", "--temp", "0")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    r = lg("rm", name(reg, "ai/split"), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert not list((lg.pulled / "splits").glob("*"))
+
+
+def test_bad_names_are_usage_errors(lg: Lg) -> None:
+    """A name Docker would not take (upper case in the repository, a bad digest) is a usage error (exit 2)."""
+    one_line(lg("pull", "oci:ai/SmolLM2"), 2, "is not an OCI image reference")
+    one_line(lg("pull", "oci:ai/smollm2@sha256:abc"), 2, "is not an OCI image reference")
+
+
+def test_docker_hub_names_follow_docker_s_rules() -> None:
+    """oci:ai/smollm2 is docker.io's ai/smollm2:latest, asked of registry-1.docker.io; oci:smollm2 is
+    library/smollm2; a first part with a '.' or ':' (or localhost) is a host."""
+    from localgen.models.oci import parse_name
+
+    n = parse_name("ai/smollm2")
+    assert (n.host, n.repo, n.tag, n.api_host, n.display) == (
+        "docker.io", "ai/smollm2", "latest", "registry-1.docker.io", "oci:ai/smollm2:latest")
+    assert parse_name("smollm2:135M-Q4_K_M").repo == "library/smollm2"
+    assert parse_name("//quay.io/org/model:v1").host == "quay.io"
+    assert parse_name("localhost:5000/m").host == "localhost:5000"
+    assert parse_name("docker.io/ai/smollm2").display == "oci:ai/smollm2:latest"
+
+
+def test_public_registry_may_not_redirect_to_this_machine() -> None:
+    """registry.redirect_guard: a public registry host's redirect (or realm) to a loopback, private or
+    link-local address is refused in one line; a registry on loopback may redirect there (the tests' CDN)."""
+    from localgen.errors import LocalgenError
+    from localgen.models.registry import redirect_guard
+
+    guard = redirect_guard("8.8.8.8")
+    for target in ("http://127.0.0.2:9/blob", "http://10.0.0.1/blob", "http://169.254.169.254/latest"):
+        with pytest.raises(LocalgenError, match="a public registry may not send localgen"):
+            guard("https://8.8.8.8/v2/x/blobs/sha256:1", target)
+    guard("https://8.8.8.8/v2/x/blobs/sha256:1", "https://1.1.1.1/blob")
+    redirect_guard("127.0.0.1:5000")("http://127.0.0.1:5000/v2/x", "http://127.0.0.2:9/blob")
+    with pytest.raises(LocalgenError, match="not an http"):
+        redirect_guard("127.0.0.1:5000")("http://127.0.0.1:5000/v2/x", "file:///etc/passwd")
+
+
+def test_retry_after_http_date_is_honoured_and_capped() -> None:
+    """registry.retry_after reads an HTTP-date as the seconds until it, capped as the seconds form is."""
+    import email.utils
+    import time
+
+    from localgen.models.registry import MAX_RETRY_AFTER, retry_after
+
+    assert retry_after("Thu, 01 Jan 1970 00:00:00 GMT") == 0.0
+    soon = email.utils.formatdate(time.time() + 2, usegmt=True)
+    assert 0.5 < (retry_after(soon) or 0) <= 2.0
+    assert retry_after(email.utils.formatdate(time.time() + 3600, usegmt=True)) == MAX_RETRY_AFTER
+    assert retry_after("3") == 3.0 and retry_after("soon") is None
+
+
+def test_503_with_a_retry_after_date_is_retried(lg: Lg, reg: FakeOci) -> None:
+    """A registry busy (503, Retry-After as an HTTP-date) is asked again, and the pull succeeds."""
+    reg.fail_statuses[:] = [503]
+    reg.token = False
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    assert [p for p, _, _, _ in reg.requests[:2]] == ["/v2/ai/smollm2/manifests/latest"] * 2
+    assert reg.token_requests == []
