@@ -294,3 +294,54 @@ def test_503_with_a_retry_after_date_is_retried(lg: Lg, reg: FakeOci) -> None:
     assert r.returncode == 0, r.stderr
     assert [p for p, _, _, _ in reg.requests[:2]] == ["/v2/ai/smollm2/manifests/latest"] * 2
     assert reg.token_requests == []
+
+
+def test_serve_pulls_an_oci_name_and_deletes_it(lg: Lg, reg: FakeOci, gguf: HubFile, tmp_path: Path) -> None:
+    """serve's /api/pull takes an oci: name as `localgen pull` does (a loopback registry is a 403 without serve
+    --allow-private-urls, as for ollama: names); the model then answers and is listed; /api/delete removes it."""
+    import httpx
+    import ollama
+
+    from tests.test_serve import Server
+
+    model = name(reg) + ":latest"
+    home = str(tmp_path / "serve-home")
+    s = Server({**lg.env, "LOCALGEN_HOME": home}, "-np", "1", "--ctx", "512")
+    try:
+        r = httpx.post(f"{s.url}/api/pull", json={"model": model, "stream": False}, timeout=60)
+        assert r.status_code == 403 and "is a loopback address" in r.json()["error"], r.text
+        assert reg.requests == []
+    finally:
+        assert s.stop() == 0
+    s = Server({**lg.env, "LOCALGEN_HOME": home}, "-np", "1", "--ctx", "512", "--allow-private-urls")
+    try:
+        client = ollama.Client(host=s.url)
+        lines = list(client.pull(model, stream=True))
+        assert lines[0].status == "pulling manifest" and lines[-1].status == "success", lines
+        assert any(x.total == gguf.size and x.completed == gguf.size for x in lines), lines
+        assert model in [m.model for m in client.list().models]
+        r = client.generate(model=model, prompt="Say hi.", options={"num_predict": 3, "temperature": 0})
+        assert r.done and r.eval_count
+        r2 = httpx.post(f"{s.url}/api/pull", json={"model": name(reg, "ai/smollm2:none"), "stream": False},
+                        timeout=60)
+        assert r2.status_code == 404 and "with the tag none (404)" in r2.json()["error"], r2.text
+        client.delete(model)
+        assert model not in [m.model for m in client.list().models]
+        assert not list((Path(home) / "data" / "oci" / "blobs").glob("sha256-*"))
+    finally:
+        assert s.stop() == 0
+        log = s.proc.stderr.read().decode() if s.proc.stderr else ""
+    assert "Traceback" not in log, log
+
+
+def test_offline_and_list_quants(lg: Lg, reg: FakeOci) -> None:
+    """Offline, run of a model not pulled is one line naming the pull, and nothing is asked of the registry;
+    pull --offline of a pulled one prints it without asking; pull --list of an oci: name is a usage error."""
+    one_line(lg("run", "-m", name(reg), "-p", "Hi", "--offline"), 1, "no OCI model")
+    r = lg("run", "-m", name(reg), "-p", "Hi", "--offline")
+    assert f"localgen pull {name(reg)}:latest" in r.stderr and reg.requests == [], r.stderr
+    one_line(lg("pull", name(reg), "--list"), 2, "an OCI model's tag names the one it has")
+    assert lg("pull", name(reg)).returncode == 0
+    before = len(reg.requests)
+    r = lg("pull", name(reg), "--offline")
+    assert r.returncode == 0 and "is pulled (not checked" in r.stderr and len(reg.requests) == before, r.stderr
