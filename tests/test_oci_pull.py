@@ -160,8 +160,10 @@ def test_a_docker_v2_manifest_and_an_index_and_a_digest(lg: Lg, reg: FakeOci, gg
     """A Docker v2 manifest is read as an OCI one; an image index's model entry (artifactType: Docker's model
     config) is taken, checked against its digest; a name @sha256:DIGEST is fetched by its digest."""
     raw = reg.add("ai/docker", "v2", [(GGUF, gguf)], media=DOCKER_MANIFEST)
+    reg.token_key = "access_token"  # a realm may answer with OAuth's name for the token
     r = lg("pull", name(reg, "ai/docker:v2"))
     assert r.returncode == 0, r.stderr
+    assert reg.token_requests and reg.requests[-1][3] == f"Bearer {TOKEN}"
     other = reg.add("ai/multi", "image", [("application/vnd.oci.image.layer.v1.tar+gzip", HubFile(b"x"))])
     model = reg.add("ai/multi", "model", [(GGUF, gguf)])
     reg.add_index("ai/multi", "latest", [(other, {"platform": {"os": "linux", "architecture": "amd64"}}),
@@ -213,6 +215,22 @@ def test_a_wrong_blob_is_refused_and_not_kept(lg: Lg, reg: FakeOci, gguf: HubFil
     assert r.returncode != 0 and "does not match" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (lg.pulled / "manifests").exists() or not list((lg.pulled / "manifests").rglob("@*"))
     assert not (lg.pulled / "blobs" / f"sha256-{gguf.sha256}").exists()
+    assert list((lg.pulled / ".unfinished").rglob("@latest"))  # what rm of the pull that gave up takes
+    r = lg("rm", name(reg), "--yes")
+    assert r.returncode == 0 and not list((lg.pulled / "blobs").glob("sha256-*")), (r.stderr, r.stdout)
+    assert not list((lg.pulled / ".unfinished").rglob("@*"))
+    one_line(lg("rm", name(reg), "--yes"), 1, "localgen pulled no model")
+
+
+def test_a_moved_tag_prunes_the_blobs_no_manifest_names(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
+    """pull of a tag that has moved (a new license layer) deletes the old blob no pulled manifest names, once
+    the new manifest is written; the GGUF both name stays."""
+    old = HubFile(b"Apache-2.0\n")
+    assert lg("pull", name(reg)).returncode == 0
+    reg.add("ai/smollm2", "latest", [(GGUF, gguf), (LICENSE, HubFile(b"MIT\n"))])
+    assert lg("pull", name(reg)).returncode == 0
+    blobs = {p.name for p in (lg.pulled / "blobs").glob("sha256-*")}
+    assert f"sha256-{old.sha256}" not in blobs and f"sha256-{gguf.sha256}" in blobs, blobs
 
 
 def test_split_gguf_over_several_layers_loads(lg: Lg, reg: FakeOci, smollm2_path: Path, tmp_path: Path) -> None:
@@ -345,3 +363,34 @@ def test_offline_and_list_quants(lg: Lg, reg: FakeOci) -> None:
     before = len(reg.requests)
     r = lg("pull", name(reg), "--offline")
     assert r.returncode == 0 and "is pulled (not checked" in r.stderr and len(reg.requests) == before, r.stderr
+
+
+def test_serve_m_serves_a_pulled_oci_model(lg: Lg, reg: FakeOci) -> None:
+    """serve -m oci:NAME loads a pulled OCI model and answers with it under that name."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    assert lg("pull", name(reg)).returncode == 0
+    model = name(reg) + ":latest"
+    s = Server(lg.env, "-m", model, "-np", "1", "--ctx", "512")
+    try:
+        r = httpx.post(f"{s.url}/v1/chat/completions", timeout=120, json={
+            "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["model"] == model, r.text
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_projector_layer_is_the_model_s_projector(lg: Lg, reg: FakeOci, gguf: HubFile, tmp_path: Path) -> None:
+    """An application/vnd.docker.ai.mmproj layer is pulled and is the model's projector: show names it and the
+    image modality it gives."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_mmproj import write_mmproj
+
+    proj = HubFile(write_mmproj(tmp_path / "mmproj.gguf"))
+    reg.add("ai/seer", "latest", [(GGUF, gguf), (oci_server.MMPROJ, proj)])
+    assert lg("pull", name(reg, "ai/seer")).returncode == 0
+    doc = json.loads(lg("show", name(reg, "ai/seer"), "--json").stdout)
+    assert doc["projector"] == str(lg.pulled / "blobs" / f"sha256-{proj.sha256}"), doc
+    assert doc["modalities"] == ["text", "image"], doc

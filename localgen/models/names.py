@@ -82,7 +82,8 @@ def parse(text: str, local: bool = True) -> Spec:
     store, colon, rest = name.partition(":")
     if colon and store.lower() in STORES:  # before a file's name: the prefix says where the model is
         if not rest.strip():
-            raise UsageError(f"{_short(name)} names no model: e.g. {store.lower()}:llama3.2")
+            raise UsageError(f"{_short(name)} names no model: e.g. "
+                             f"{'oci:ai/smollm2' if store.lower() == 'oci' else store.lower() + ':llama3.2'}")
         return StoreSpec(store.lower(), rest.strip())
     if not local:
         if name.startswith(("/", "./", "../", "~", "file:")):
