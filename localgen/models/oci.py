@@ -327,12 +327,8 @@ def name_of(root: Path, path: Path) -> OciName | None:
     if len(parts) < 3 or not parts[-1].startswith("@"):
         return None
     ref = parts[-1][1:]
-    host = parts[0]
-    repo = "/".join(parts[1:-1])
-    text = f"{host}/{repo}" + (f"@{ref}" if ref.startswith("sha256:") else f":{ref}")
-    try:
-        name = parse_name(text) if host != DEFAULT_HOST else parse_name(
-            repo + (f"@{ref}" if ref.startswith("sha256:") else f":{ref}"))
+    try:  # the host first, always: parse_name reads a first part with a '.' or ':' (docker.io too) as one
+        name = parse_name("/".join(parts[:-1]) + (f"@{ref}" if ref.startswith("sha256:") else f":{ref}"))
     except UsageError:
         return None
     return name if name.parts() == parts else None
