@@ -208,6 +208,29 @@ def test_cdn_redirect_goes_without_the_token_and_a_cut_blob_resumes(lg: Lg, reg:
     assert len(ranges) == 2 and ranges[0] == "bytes=0-" and ranges[1] != "bytes=0-", ranges
 
 
+def test_each_try_of_a_blob_asks_for_its_headers_again(reg: FakeOci, gguf: HubFile, tmp_path: Path) -> None:
+    """A blob's retry after a cut connection asks the pull for its headers again, so that a registry token that ran
+    out while the first try streamed (Docker Hub's last five minutes) is renewed, not sent stale into a 401."""
+    from localgen.models import download
+    from localgen.models.quant import RemoteFile
+
+    reg.token = False
+    reg.drop_after["sha256:" + gguf.sha256] = [gguf.size // 3]
+    calls: list[int] = []
+
+    def headers() -> dict[str, str]:
+        calls.append(1)
+        return {"Authorization": f"Bearer try-{len(calls)}"}
+
+    blob = tmp_path / "blob"
+    download.fetch_held(f"http://{reg.host}/v2/ai/smollm2/blobs/sha256:{gguf.sha256}", headers, blob,
+                        RemoteFile("gguf", gguf.size, gguf.sha256), download.Quiet(),
+                        download.Source("test", "its digest"))
+    assert blob.stat().st_size == gguf.size
+    sent = [auth for p, _, _, auth in reg.requests if p.endswith(gguf.sha256)]
+    assert sent == ["Bearer try-1", "Bearer try-2"], sent
+
+
 def test_a_wrong_blob_is_refused_and_not_kept(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
     """A blob whose bytes are not its digest fails the pull (one line), and no manifest is written."""
     reg.blobs["sha256:" + gguf.sha256] = HubFile(gguf.source, gguf.sha256, corrupt_at=gguf.size // 2)

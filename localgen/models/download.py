@@ -186,7 +186,7 @@ def fetch_held(url: str, headers: Callable[[], dict[str, str]], blob: Path, f: R
     if blob.exists() and not _check_existing(blob, f, progress):
         blob.unlink()
     if not blob.exists():
-        _transfer(url, headers(), f, blob, progress, source, redirect)
+        _transfer(url, headers, f, blob, progress, source, redirect)
 
 
 def check_space(folder: Path, need: int, what: str) -> None:
@@ -229,7 +229,7 @@ def partial_path(blob: Path) -> Path:
     return blob.with_name(blob.name + ".incomplete")
 
 
-def _transfer(url: str, headers: dict[str, str], f: RemoteFile, blob: Path, progress: Progress,
+def _transfer(url: str, headers: Callable[[], dict[str, str]], f: RemoteFile, blob: Path, progress: Progress,
               source: Source, redirect: Callable[[str, str], None] | None = None) -> None:
     partial = partial_path(blob)
     blob.parent.mkdir(parents=True, exist_ok=True)
@@ -249,11 +249,12 @@ def _transfer(url: str, headers: dict[str, str], f: RemoteFile, blob: Path, prog
     with _open_partial(partial) as out:
         while have < f.size:
             try:
-                have, restarted = _stream(url, headers, have, f.size, out, digest, progress, source,
+                # headers() for each try: a registry's token that ran out while a try was streaming is renewed
+                have, restarted = _stream(url, headers(), have, f.size, out, digest, progress, source,
                                           redirect=redirect)
                 if restarted:
                     digest = hashlib.sha256()
-                    have, _ = _stream(url, headers, 0, f.size, out, digest, progress, source, truncate=True,
+                    have, _ = _stream(url, headers(), 0, f.size, out, digest, progress, source, truncate=True,
                                       redirect=redirect)
                 failures = 0
             except _Transient as e:
