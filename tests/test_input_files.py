@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import InProcessCLI
+from tests.conftest import CLI, InProcessCLI
 
 # (the command with {} for the path, the flag as the error names it); each before a model loads
 FLAGS = [
@@ -86,17 +86,23 @@ MODEL_FLAGS = [
     (["serve", "--draft", "{}"], "-md/--draft"),
     (["serve", "-m", "{}"], "-m/--model"),
     (["serve", "-m", "smollm2:135m", "-m", "{}"], "-m/--model"),
+    (["perplexity", "-m", "{}"], "-m/--model"),
+    (["fit", "-m", "{}"], "-m/--model"),
+    (["doctor", "-m", "{}"], "-m/--model"),
+    (["tune", "-m", "{}"], "-m/--model"),
+    (["quantize", "{}", "Q4_0"], "SOURCE"),  # quantize's model is its first argument
 ]
 
 
 @pytest.mark.parametrize(("args", "flag"), MODEL_FLAGS, ids=[" ".join(a[:3]) for a, _ in MODEL_FLAGS])
-def test_a_model_path_to_nothing_is_one_usage_error_naming_the_flag(cli_in_process: InProcessCLI, tmp_path: Path,
-                                                                    args: list[str], flag: str) -> None:
+def test_a_model_path_to_nothing_is_one_usage_error_naming_the_flag(cli: CLI, tmp_path: Path, args: list[str],
+                                                                    flag: str) -> None:
     """A path given as the model is an input file: not there, or a folder, is the same usage error as any other
-    flag's (exit 2, `FLAG PATH: why`), where it said `no such model file: PATH` and exited 1."""
+    flag's (exit 2, `FLAG PATH: why`), where it said `no such model file: PATH` and exited 1 (perplexity, fit,
+    doctor, tune and quantize did until this session); every command that takes a model, in a process of its own."""
     missing = tmp_path / "no such dir" / "model.gguf"
     for path, why in ((missing, "no such file"), (tmp_path, "a folder, not a file")):
-        r = cli_in_process(*(a.format(path) for a in args), input="hi\n")
+        r = cli(*(a.format(path) for a in args), input="hi\n")
         assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
         assert r.stderr == f"localgen: error: {flag} {path}: {why}\n", r.stderr
 
