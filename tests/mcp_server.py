@@ -8,7 +8,9 @@ names, when set), `fail` fails and `stall` sleeps; `--oversized KIND` makes its 
 server that echoes what it was sent where the client shows it); `--hang PORT` accepts connections there and never
 answers (a server that hangs); `--slow S` answers each request after S seconds; `--freeze` answers the first
 three requests (initialize, its notification, the listing) and then none (a server that hangs mid-session);
-`--steps` adds `step`, whose result asks for the next step (a model that follows it calls it round after round)."""
+`--steps` adds `step`, whose result asks for the next step (a model that follows it calls it round after round);
+`--pages N` lists its tools N a page, each page's nextCursor the next one's start, over stdio or HTTP (`--pages
+same`: one tool and the same cursor every time; `--pages endless`: no tools and a new cursor every time)."""
 
 from __future__ import annotations
 
@@ -39,8 +41,28 @@ def crash() -> str:
     os._exit(3)
 
 
+def _paged(how: str) -> None:
+    """tools/list answered a page at a time (--pages)."""
+    from mcp.types import ListToolsResult, PaginatedRequestParams
+
+    async def pages(ctx: Any, params: PaginatedRequestParams) -> ListToolsResult:
+        tools = await app.list_tools()
+        if how == "same":
+            return ListToolsResult(tools=tools[:1], next_cursor="again")
+        at = int(params.cursor or 0)
+        if how == "endless":
+            return ListToolsResult(tools=[], next_cursor=str(at + 1))
+        end = at + int(how)
+        return ListToolsResult(tools=tools[at:end], next_cursor=str(end) if end < len(tools) else None)
+
+    app._lowlevel_server.add_request_handler("tools/list", PaginatedRequestParams, pages)
+
+
 if __name__ == "__main__":
     import sys
+
+    if "--pages" in sys.argv:  # (after every tool is added: the handler lists them when asked)
+        _paged(sys.argv[sys.argv.index("--pages") + 1])
 
     if len(sys.argv) > 2 and sys.argv[1] == "--hang":
         import socket

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import InProcessCLI
+from tests.conftest import CLI, InProcessCLI
 
 # (the command with {} for the path, the flag as the error names it); each before a model loads
 FLAGS = [
@@ -86,19 +86,47 @@ MODEL_FLAGS = [
     (["serve", "--draft", "{}"], "-md/--draft"),
     (["serve", "-m", "{}"], "-m/--model"),
     (["serve", "-m", "smollm2:135m", "-m", "{}"], "-m/--model"),
+    (["perplexity", "-m", "{}"], "-m/--model"),
+    (["fit", "-m", "{}"], "-m/--model"),
+    (["doctor", "-m", "{}"], "-m/--model"),
+    (["tune", "-m", "{}"], "-m/--model"),
+    (["quantize", "{}", "Q4_0"], "SOURCE"),  # quantize's model is its first argument
 ]
 
 
 @pytest.mark.parametrize(("args", "flag"), MODEL_FLAGS, ids=[" ".join(a[:3]) for a, _ in MODEL_FLAGS])
-def test_a_model_path_to_nothing_is_one_usage_error_naming_the_flag(cli_in_process: InProcessCLI, tmp_path: Path,
-                                                                    args: list[str], flag: str) -> None:
+def test_a_model_path_to_nothing_is_one_usage_error_naming_the_flag(cli: CLI, tmp_path: Path, args: list[str],
+                                                                    flag: str) -> None:
     """A path given as the model is an input file: not there, or a folder, is the same usage error as any other
-    flag's (exit 2, `FLAG PATH: why`), where it said `no such model file: PATH` and exited 1."""
+    flag's (exit 2, `FLAG PATH: why`), where it said `no such model file: PATH` and exited 1 (perplexity, fit,
+    doctor, tune and quantize did until this session); every command that takes a model, in a process of its own."""
     missing = tmp_path / "no such dir" / "model.gguf"
     for path, why in ((missing, "no such file"), (tmp_path, "a folder, not a file")):
-        r = cli_in_process(*(a.format(path) for a in args), input="hi\n")
+        r = cli(*(a.format(path) for a in args), input="hi\n")
         assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
         assert r.stderr == f"localgen: error: {flag} {path}: {why}\n", r.stderr
+
+
+# each command whose -m LOCALGEN_MODEL gives, with what else it needs
+ENV_MODEL = [["run", "-p", "hi"], ["chat"], ["serve"], ["bench", "-p", "8", "-n", "0"], ["embed", "a text"],
+             ["rerank", "a query", "a document"], ["perplexity"], ["fit"], ["doctor"], ["tune"]]
+
+
+@pytest.mark.parametrize("args", ENV_MODEL, ids=[a[0] for a in ENV_MODEL])
+def test_a_model_from_localgen_model_that_is_not_there_names_the_variable(cli: CLI, tmp_path: Path,
+                                                                         args: list[str]) -> None:
+    """LOCALGEN_MODEL's model, a path to nothing or a name that is no model, says where it came from: the
+    variable, not the -m that was never typed (`LOCALGEN_MODEL=PATH: no such file`, exit 2, as -m's; `LOCALGEN_MODEL=
+    NAME: unknown model ...`, exit 1); a -m typed beside it is the one named."""
+    gone = tmp_path / "gone.gguf"
+    env = CLI({**cli.env, "LOCALGEN_MODEL": str(gone)})
+    r = env(*args, input="hi\n")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"localgen: error: LOCALGEN_MODEL={gone}: no such file\n")
+    r = env(args[0], "-m", str(tmp_path / "typed.gguf"), *args[1:], input="hi\n")
+    assert (r.returncode, r.stderr) == (2, f"localgen: error: -m/--model {tmp_path / 'typed.gguf'}: no such file\n")
+    r = CLI({**cli.env, "LOCALGEN_MODEL": "nosuchmodel"})(*args, input="hi\n")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("localgen: error: LOCALGEN_MODEL=nosuchmodel: unknown model 'nosuchmodel'"), r.stderr
 
 
 def test_a_model_path_is_one_by_its_look_and_a_name_keeps_its_own_error(cli_in_process: InProcessCLI,
@@ -108,9 +136,6 @@ def test_a_model_path_is_one_by_its_look_and_a_name_keeps_its_own_error(cli_in_p
     for name in ("nope.gguf", "sub/nope.gguf", "./nope", "~/no-such-dir/m.gguf"):
         r = cli_in_process("run", "-m", name, "-p", "hi")
         assert (r.returncode, r.stderr) == (2, f"localgen: error: -m/--model {name}: no such file\n"), r.stderr
-    env = InProcessCLI({**cli_in_process.env, "LOCALGEN_MODEL": str(tmp_path / "gone.gguf")})
-    r = env("run", "-p", "hi")
-    assert (r.returncode, r.stderr) == (2, f"localgen: error: -m/--model {tmp_path / 'gone.gguf'}: no such file\n")
     for name in ("nosuchmodel", "nosuchmodel@Q8_0"):
         r = cli_in_process("run", "-m", name, "-p", "hi")
         assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: unknown model {name.split('@')[0]!r}"), \

@@ -246,6 +246,26 @@ def test_usage_errors_before_anything_loads(hcli: CLI, args: list[str], error: s
     assert "loading" not in r.stderr
 
 
+def test_a_chat_model_that_is_not_there_is_said_before_the_embedding_model_loads(hcli: CLI, tmp_path: Path) -> None:
+    """The chat's model is found before --rag's embedding model loads (which may take minutes): a collection whose
+    embedding model is gone too shows which was looked for first, the error naming -m, not the collection's model."""
+    from tests.tiny_bert import build
+
+    bert = build(tmp_path / "gone-bert.gguf")
+    r = hcli("embed", "-m", str(bert), "--store", "orphan", "A text whose model goes.")
+    assert r.returncode == 0, r.stderr
+    bert.unlink()
+    missing = tmp_path / "missing.gguf"
+    for command in (["run", "hi"], ["chat"]):
+        r = hcli(*command, "-m", str(missing), "--rag", "orphan", input="hi\n")
+        assert (r.returncode, r.stderr) == (2, f"localgen: error: -m/--model {missing}: no such file\n"), r.stderr
+        r = hcli(*command, "-m", "nosuchmodel", "--rag", "orphan", input="hi\n")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("localgen: error: unknown model 'nosuchmodel'"), r.stderr
+    r = hcli("chat", "--rag", "orphan", input="hi\n")  # the chat's model there: then the collection's is missed
+    assert r.returncode != 0 and "gone-bert.gguf" in r.stderr, r.stderr
+
+
 def test_a_model_without_chat_template_is_refused(hcli: CLI, bad_models: dict[str, Path]) -> None:
     for command in (["run", "hi"], ["chat"]):
         r: subprocess.CompletedProcess[str] = hcli(*command, "-m", str(bad_models["no_template"]), "--rag", "notes",

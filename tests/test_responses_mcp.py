@@ -475,6 +475,22 @@ def test_credentials_in_server_url_are_never_shown(server: Server, url: str) -> 
         assert secret not in seen and "alice" not in seen
 
 
+def test_a_listing_in_pages_is_read_to_its_end(server: Server) -> None:
+    """The mcp tool's server is listed as run's are (tools/mcp.py): every page of its tools/list, its nextCursor
+    followed; a cursor sent twice is the item's error, not a loop."""
+    with mcp_server(None, "--pages", "2") as url:
+        tool = {"type": "mcp", "server_label": "paged", "server_url": url, "require_approval": "never"}
+        r = _ask(server, [tool], max_output_tokens=8)
+    listed = r.output[0]
+    assert listed.type == "mcp_list_tools" and not listed.error, listed
+    assert [t.name for t in listed.tools] == ["add", "leak", "crash", "authorization", "fail", "stall"]
+    with mcp_server(None, "--pages", "same") as url:
+        r = _ask(server, [{**tool, "server_url": url}], max_output_tokens=8)
+    listed = r.output[0]
+    assert listed.type == "mcp_list_tools" and listed.tools == [], listed
+    assert listed.error == "the MCP server paged sent the same tools/list cursor twice: its listing would never end"
+
+
 def test_an_oversized_listing_is_an_item_with_its_error(server: Server) -> None:
     """A server's listing is read only up to tools/mcp.py's limits, each checked before what is past it is parsed:
     its mcp_list_tools item has the error, no tools, and the model answers without them."""

@@ -348,7 +348,10 @@ def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(child: Server) ->
     assert r.status_code == 400 and "characters" in r.json()["error"]
     r = httpx.post(f"{child.url}/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": [
         {"role": "user", "content": "word " * 30_000}]}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["message"] == "prompt is too long: 4687 tokens > 4096 maximum"
+    # Anthropic's words, counted honestly: its characters (no tokenizer ran), not a token count made up from them
+    assert r.status_code == 400 and r.json()["error"]["message"] == "prompt is too long: 150000 characters > 131072 " \
+                                                                    "maximum (a window of 4096 tokens holds at most " \
+                                                                    "32 characters a token)", r.text
 
 
 def test_grammar_bounds_and_deep_nesting_are_400s_without_internals(child: Server) -> None:

@@ -411,6 +411,28 @@ def test_run_with_a_stdio_mcp_server(cli: CLI, cli_in_process: InProcessCLI, mon
     assert "failed (starting)" in r.stderr and "it said: No module named mcp (a test)" in r.stderr, r.stderr
 
 
+def test_a_listing_in_pages_is_read_to_its_end_and_one_that_never_ends_is_one_line(cli_in_process: InProcessCLI,
+                                                                                   tmp_path: Path) -> None:
+    """tools/list's nextCursor is followed until there is none (run and chat offer the tools of every page: a
+    --tool-choice naming the last page's tool is no error, the missing model is); a server that sends the same
+    cursor again, or pages without end, is one line past tools/mcp.py's limits, never a loop."""
+    missing = str(tmp_path / "missing.gguf")
+    for command in ("run", "chat"):
+        r = cli_in_process(command, "-m", missing, "--mcp", f"{MCP} --pages 1", "--yes", "--tool-choice", "crash",
+                           *(["Go."] if command == "run" else []), input="Go.\n")
+        assert r.returncode != 0 and "missing.gguf" in r.stderr and "not among the tools" not in r.stderr, r.stderr
+    for how, said in (("same", "sent the same tools/list cursor twice: its listing would never end"),
+                      ("endless", "listed its tools in more than 1,000 pages: at most 1,000 are read")):
+        r = cli_in_process("run", "-m", missing, "--mcp", f"{MCP} --pages {how}", "--yes", "Go.")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
+    from tests.test_responses_mcp import mcp_server
+
+    with mcp_server(None, "--oversized", "count", "--pages", "100") as url:  # 1,007 tools, 100 a page
+        r = cli_in_process("run", "-m", missing, "--mcp", url, "--yes", "Go.")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "listed 1,007 tools: at most 1,000 are read" in r.stderr, r.stderr
+
+
 def test_run_hides_thinking_unless_asked(cli: CLI) -> None:
     base = ("run", "-m", "smollm2:135m", "--chat-template-file", str(R1), "--temperature", "0", "-n", "16")
     hidden = cli(*base, "Why is the sky blue?")

@@ -122,6 +122,20 @@ def test_serve_refuses_a_collection_it_cannot_offer(home_env: dict[str, str], tm
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_serve_refuses_an_empty_collection(home_env: dict[str, str], tmp_path: Path) -> None:
+    """A collection with no entries has nothing to search: refused at start, as run --rag refuses it."""
+    env = {**home_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    r = CLI(env)("embed", "--store", "hollow", "a text to remove")
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(CLI(env)("collections", "show", "hollow", "--json").stdout)["items"][0]["id"]
+    r = CLI(env)("collections", "rm", "hollow", "--id", entry)
+    assert r.returncode == 0, r.stderr
+    r = CLI(env)("serve", "--collection", "hollow", "--port", "1", timeout=120)  # (a server that starts: no end)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr == "localgen: error: --collection 'hollow' is empty: there is nothing to search (store texts in " \
+                       "it with `localgen embed --file FILE --store hollow`)\n", r.stderr
+
+
 def test_a_collection_of_a_model_file_is_searched_once_serve_offers_that_file(
         home_env: dict[str, str], tmp_path: Path) -> None:
     """A collection made with `-m FILE` (the tiny BERT, an encoder with CLS pooling): serve without that model is
@@ -208,6 +222,29 @@ def test_responses_file_search_answers_from_the_store(server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as bad:  # as chat completions' file_search and run --rag refuse it
         client.responses.create(model="smollm2:135m", input=" ", tools=[tool])  # type: ignore[list-item]
     assert "the question is blank" in str(bad.value), bad.value
+
+
+def test_file_search_with_no_user_message_is_a_400(server: Server) -> None:
+    """A conversation with no user message has no question to search for: a 400, not an answer without the
+    search; a chain whose question came before (a request of an assistant turn, a tool's output) goes on."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    tool = {"type": "file_search", "vector_store_ids": ["notes"], "max_num_results": 1}
+    said = "file_search searches the stores for the last user message's text: this request has no user message"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.responses.create(model="smollm2:135m", input=[{"role": "developer", "content": "Answer briefly."}],
+                                tools=[tool], max_output_tokens=4)  # type: ignore[list-item]
+    assert said in str(bad.value) and bad.value.body["param"] == "input", bad.value  # type: ignore[index]
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                   json={"model": "smollm2:135m", "messages": [{"role": "system", "content": "Be brief."}],
+                         "max_tokens": 4, "file_search": {"vector_store_ids": ["notes"]}})
+    assert r.status_code == 400 and r.json()["error"]["message"] == said, r.text
+    assert r.json()["error"]["param"] == "messages", r.text
+    first = client.responses.create(model="smollm2:135m", input=QUESTION, tools=[tool], max_output_tokens=4)  # type: ignore[list-item]
+    then = client.responses.create(model="smollm2:135m", input=[{"role": "assistant", "content": "Paris."}],
+                                   previous_response_id=first.id, tools=[tool], max_output_tokens=4)  # type: ignore[list-item]
+    assert then.status == "completed" and then.output[-1].type == "message", then.output
 
 
 def test_a_store_removed_while_serving_is_gone_and_its_paths_say_what_is_served(server: Server,

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.inputfile import check_model
 from localgen.cli.options.knobs import Knobs
 from localgen.loadsettings import LOAD_KNOBS, rpc_servers
 
@@ -46,6 +47,7 @@ def doctor(
         raise UsageError(f"{', '.join(named)} {'says' if one else 'say'} what --check loads; "
                          f"{'it means' if one else 'they mean'} nothing with --no-check")
     servers = rpc_servers(rpc)
+    check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m
     planned = _planned(model, knobs, servers) if check else None  # a bad flag or name: one error, before anything
     import localgen
     from localgen import hardware

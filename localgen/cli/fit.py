@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.inputfile import check_model
 from localgen.cli.options import preset
 from localgen.cli.options.knobs import Knobs, typed_by_user
 from localgen.errors import UsageError
@@ -59,6 +60,7 @@ def fit(
 
     machine = machine_for(gpu_memory, ram)
     load = knobs.load(check_buffers=False)
+    check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m
     ref = resolve(model, offline=offline, pull_missing=False)
     load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
     _check_buffers(load, len(machine.gpus))

@@ -1,7 +1,8 @@
 """An input file a flag names (--file, -f, -jf, --image, --functions, --api-key-file, ...), checked as the flags
 are parsed: there, readable, not a folder; else one usage error of one shape, `--file notes.txt: no such file`,
 where Click's own exists=True would say it in another. A model flag's name that is a path (-m ./m.gguf, --draft)
-is such a file too. Stdlib and Typer only: `ps` and `launch` use it too."""
+is such a file too (`LOCALGEN_MODEL=./m.gguf: no such file` when the environment gave it). Stdlib and Typer only:
+`ps` and `launch` use it too."""
 
 from __future__ import annotations
 
@@ -52,12 +53,13 @@ def input_file(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> An
     return value
 
 
-def check_model(flag: str, name: str | None) -> None:
+def check_model(flag: str, name: str | None, env: str | None = None) -> None:
     """A usage error, `FLAG PATH: why`, when a model name the user typed is a file's path (models/names.py: ./m.gguf,
-    /abs/m.gguf, m.gguf, dir/m.gguf, or a file that is there) that cannot be read. Any other name (a catalogue name,
-    owner/repo, ollama:NAME) is the resolver's to find, with its own errors; so is a model a conversation or a
-    collection recorded (its file gone since is no mistake on this command line)."""
-    from localgen.errors import LocalgenError
+    /abs/m.gguf, m.gguf, dir/m.gguf, or a file that is there) that cannot be read; `ENV=PATH: why` when the
+    environment gave it (`env`, else the running command's option of that flag read from its envvar: origin). Any
+    other name (a catalogue name, owner/repo, ollama:NAME) is the resolver's to find, with its own errors; so is a
+    model a conversation or a collection recorded (its file gone since is no mistake on this command line)."""
+    from localgen.errors import LocalgenError, UsageError
     from localgen.models import names
 
     if not name:
@@ -67,7 +69,27 @@ def check_model(flag: str, name: str | None) -> None:
     except LocalgenError:  # not a name at all (empty, too long): the resolver says why
         return
     if isinstance(spec, names.PathSpec):
+        env = env or origin(flag)
+        why = input_problem(name.strip())
+        if why is not None and env is not None:
+            raise UsageError(f"{env}={name}: {why}")
         check_input(flag, name.strip())
+
+
+def origin(flag: str) -> str | None:
+    """The environment variable the running command's option `flag` (as model_flag names it) took its value from,
+    or None when it was typed, or has no envvar, or no command runs (typer vendors click: typer._click)."""
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return None
+    for p in ctx.command.params:
+        if (p.name and isinstance(p.envvar, str) and model_flag(list(p.opts)) == flag
+                and ctx.get_parameter_source(p.name) is ParameterSource.ENVIRONMENT):
+            return p.envvar
+    return None
 
 
 def model_file(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:

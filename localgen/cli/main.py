@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     except LocalgenError as e:
         if debug:
             raise
-        err.error(e.message, e.hint)
+        from localgen.errors import ModelNotFoundError
+
+        err.error(_named_where(args, e.message) if isinstance(e, ModelNotFoundError) else e.message, e.hint)
         rc = e.exit_code
     except KeyboardInterrupt:
         err.interrupted()
@@ -215,6 +217,22 @@ def describe_os_error(e: OSError) -> str:
     if e.errno == errno.ENOENT:
         return f"cannot read {os.fsdecode(path)}: {reason}"
     return f"{os.fsdecode(path)}: {reason}"
+
+
+# the commands whose -m defaults to LOCALGEN_MODEL (docs/configuration.md)
+_MODEL_ENV_COMMANDS = ("run", "chat", "serve", "bench", "fit", "doctor", "tune", "perplexity", "embed", "rerank",
+                       "launch")
+
+
+def _named_where(args: list[str], message: str) -> str:
+    """The error of a model that is not there, named by LOCALGEN_MODEL rather than -m: it says so
+    (`LOCALGEN_MODEL=NAME: unknown model ...`), or a name the user never typed would seem to come from nowhere."""
+    name = os.environ.get("LOCALGEN_MODEL", "")
+    typed = any(a in ("-m", "--model") or a.startswith("--model=") for a in args)
+    bare = name.partition(":")[2] if name.startswith(("ollama:", "lmstudio:")) else name  # as their errors name it
+    if not name or typed or not args or args[0] not in _MODEL_ENV_COMMANDS or bare not in message:
+        return message
+    return f"LOCALGEN_MODEL={name}: {message}"
 
 
 def _model_first(args: list[str], message: str) -> str | None:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import check_input
+from localgen.cli.inputfile import check_input, check_model
 from localgen.errors import UsageError
 
 CtxOpt = Annotated[int, typer.Option("--ctx", "--ctx-size", "-c", min=8,
@@ -68,6 +68,7 @@ def perplexity(
     from localgen.quant import measure as ms
     from localgen.quant.text import default_text, read_text
 
+    check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m
     if file and file != "-":  # ('-': stdin)
         check_input("-f/--file", file)
     save_logits, reference, ref_file = _logits_options(kl_divergence, kl_base, save_logits, reference, file)

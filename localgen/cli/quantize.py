@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import check_input, input_file
+from localgen.cli.inputfile import check_input, check_model, input_file
 from localgen.cli.perplexity import ChunksOpt, CtxOpt, GpuOpt
 from localgen.errors import UsageError
 
@@ -93,6 +93,7 @@ def quantize(
     asked = [type_name] if type_name is not None else [t for t in (ladder_types or "").split(",") if t.strip()]
     for t in asked:  # the types before the source is found (or pulled)
         q.parse_type(t)
+    check_model("SOURCE", source)  # a path to nothing: a usage error, as run's -m
     ref = resolve(source, offline=offline)
     src = Path(ref.path)
     base = name or quantized.base_for(ref.name if ref.source != "path" else source)

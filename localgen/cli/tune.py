@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.inputfile import check_model
 from localgen.cli.options import preset
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.output import plural
@@ -78,6 +79,7 @@ def tune(
               f"{f' of {model}' if model is not None else ''}", file=sys.stderr)
         return
     load = knobs.load()  # a bad flag is one error before anything loads
+    check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m (--reset forgets a gone file's)
     ref = _resolve(model, offline)
     _run(ref, _plan(ref, depth, prompt, answer, preset.load_params(ref, load, knobs.given)), parallel, as_json,
          even_if_busy)

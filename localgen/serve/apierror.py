@@ -27,7 +27,7 @@ class HTTPError(Exception):
     for the server's log too (the server's own fault, said there in full: a damaged file and where it is)."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 logged: str | None = None, overflow: tuple[int, int] | None = None):
+                 logged: str | None = None, overflow: tuple[int, int] | None = None, chars: int | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -35,6 +35,7 @@ class HTTPError(Exception):
         self.param = param
         self.logged = logged
         self.overflow = overflow  # a prompt past the window: (its tokens, the window), worded as each API does
+        self.chars = chars  # one refused by its characters before it was tokenized: how many (its tokens: 0, uncounted)
 
 
 def http_error(f: Failed) -> HTTPError:
@@ -77,6 +78,11 @@ def error_body(api: str, e: HTTPError) -> dict[str, Any]:
         kind = ANTHROPIC_KINDS.get(e.status, "api_error")
         if e.overflow is not None:  # Anthropic's own words, which Claude Code reads to compact its context
             message = f"prompt is too long: {e.overflow[0]} tokens > {e.overflow[1]} maximum"
+            if e.chars is not None:  # no token count was made: what was counted, its characters, in those words
+                from localgen.text import CHARS_PER_TOKEN
+
+                message = (f"prompt is too long: {e.chars} characters > {CHARS_PER_TOKEN * e.overflow[1]} maximum (a "
+                           f"window of {e.overflow[1]} tokens holds at most {CHARS_PER_TOKEN} characters a token)")
         return {"type": "error", "error": {"type": kind, "message": message}, **extra}
     code: int | str = "context_length_exceeded" if e.overflow is not None else e.status  # OpenAI's, read by Codex
     return {"error": {"message": message, "type": e.kind, "param": e.param, "code": code}, **extra}

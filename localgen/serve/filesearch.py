@@ -140,9 +140,14 @@ class Deferred:
 async def run(state: ServeState, fs: FileSearch, messages: list[dict[str, Any]], first: int, results: bool,
               ident: str) -> Excerpts | None:
     """Search for the text of the last user message from `first` on (the request's own input); the texts found,
-    for the pipeline to place (None when there is nothing to search for, or nothing was found). The
-    file_search_call item, for the encoder, is in SEARCHED."""
+    for the pipeline to place (None when there is nothing to search for, or nothing was found). A conversation
+    with no user message at all, or a blank one, is a 400. The file_search_call item, for the encoder, is in
+    SEARCHED."""
     at = next((i for i in range(len(messages) - 1, first - 1, -1) if messages[i].get("role") == "user"), None)
+    if at is None and not any(m.get("role") == "user" for m in messages[:first]):  # (one before `first`: a chain
+        # whose question was searched for then, answered on without a search, as after a tool's output)
+        raise HTTPError(400, "file_search searches the stores for the last user message's text: this request has "
+                             "no user message", param="messages" if fs.param == "file_search" else "input")
     question = _text(messages[at].get("content")) if at is not None else ""
     if at is not None and not question.strip() and not _media(messages[at].get("content")):
         # as run --rag refuses one: nothing to search for (a question of images or audio alone gets no excerpts)

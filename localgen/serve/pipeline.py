@@ -189,7 +189,7 @@ def template_args(ask: Ask) -> tuple[tuple[str, Any], ...]:
 
 def check_prompt_size(worker: Served, texts: list[Any]) -> None:
     """A 400 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it (its
-    tokens, for the APIs that say them: at least one per CHARS_PER_TOKEN characters)."""
+    characters, for the APIs that say a count: its tokens were not counted)."""
     from localgen.media import text_of
 
     chars = sum(len(text_of(t)) for t in texts)
@@ -197,7 +197,7 @@ def check_prompt_size(worker: Served, texts: list[Any]) -> None:
     if chars > most:
         raise HTTPError(400, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
                              f"takes at most {most:,} here", param="prompt",
-                        overflow=(chars // CHARS_PER_TOKEN, worker.n_ctx))
+                        overflow=(0, worker.n_ctx), chars=chars)
 
 
 def parts(answer: AnswerStream) -> list[Said]:

@@ -2,8 +2,9 @@
 SDK's safe subset of the environment, so secrets stay out of it, and what a config file gives it:
 tools/mcpconfig.py), an http(s) URL reaches one over streamable HTTP (with a config file's headers).
 The SDK is asynchronous; a server's session lives on its own event loop in a thread, and `run` and
-`chat` call it with a timeout. A server a request names (serve's mcp tool) is read only within MAX_BODY, MAX_TOOLS
-and MAX_TOOL_TEXT, and closing any server cuts a session that hangs after CLOSE_S, every connection closed."""
+`chat` call it with a timeout. A server's tool listing is read page by page (its nextCursor followed) up to
+MAX_TOOLS tools in MAX_PAGES pages; a server a request names (serve's mcp tool) is read only within MAX_BODY and
+MAX_TOOL_TEXT too, and closing any server cuts a session that hangs after CLOSE_S, every connection closed."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from localgen.tools.spec import ToolSpec, check_schema
 CONNECT_TIMEOUT_S = 30.0
 CLOSE_S = 5.0  # how long closing waits for a session to end as it should, before it is cut
 # what a server a request names (serve's mcp tool: `private` not None) may send, checked before it is parsed: a
-# response body's or a server-sent event's bytes, the tools one listing has, a tool's description or input schema
+# response body's or a server-sent event's bytes, a tool's description or input schema
 MAX_BODY = 4 * 1024 * 1024
-MAX_TOOLS = 1000
 MAX_TOOL_TEXT = 65_536  # characters of a listed tool's description, and of its input schema written as JSON
+MAX_TOOLS = 1000  # tools in one server's listing, all its pages together (any server's)
+MAX_PAGES = 1000  # pages of a listing (its nextCursor followed until there is none)
 
 
 class McpServer:
@@ -142,12 +144,8 @@ class McpServer:
         read, write = await self._stack.enter_async_context(transport)
         self._session = await self._stack.enter_async_context(ClientSession(read, write))
         await self._session.initialize()
-        listed = await self._session.list_tools()
-        if self.private is not None and len(listed.tools) > MAX_TOOLS:
-            raise ToolError(f"the MCP server {self.label} listed {len(listed.tools):,} tools: at most {MAX_TOOLS:,} "
-                            "are read")
         out, shown = [], []
-        for t in listed.tools:
+        for t in await self._list_tools():
             schema = dict(t.input_schema or {"type": "object", "properties": {}})
             if self.private is not None:
                 _check_sizes(self.label, t.name, t.description or "", schema)
@@ -158,6 +156,31 @@ class McpServer:
                           "annotations": notes or None})
         self.listed = tuple(shown)
         return tuple(out)
+
+    async def _list_tools(self) -> list[Any]:
+        """Every page of the server's tools/list, its `nextCursor` followed until there is none: at most MAX_TOOLS
+        tools in MAX_PAGES pages, and a cursor the server already sent is an error, not a loop."""
+        from mcp.types import PaginatedRequestParams
+
+        tools: list[Any] = []
+        cursor: str | None = None
+        seen: set[str] = set()
+        for _ in range(MAX_PAGES):
+            page = await self._session.list_tools(
+                params=None if cursor is None else PaginatedRequestParams(cursor=cursor))
+            tools += page.tools
+            if len(tools) > MAX_TOOLS:
+                raise ToolError(f"the MCP server {self.label} listed {len(tools):,} tools: at most {MAX_TOOLS:,} "
+                                "are read")
+            cursor = page.next_cursor
+            if cursor is None:
+                return tools
+            if cursor in seen:
+                raise ToolError(f"the MCP server {self.label} sent the same tools/list cursor twice: its listing "
+                                "would never end")
+            seen.add(cursor)
+        raise ToolError(f"the MCP server {self.label} listed its tools in more than {MAX_PAGES:,} pages: at most "
+                        f"{MAX_PAGES:,} are read")
 
     def call(self, name: str, args: dict[str, Any], timeout: float) -> str:
         """The tool's result as text (a ToolError when the server reports an error, dies, or times out)."""

@@ -138,7 +138,7 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
 
     if q.quality is None or q.reference is None:
         raise UsageError("--quality TEXT and --reference SOURCE go together")
-    names = _models(sweep.str_values("--model", models, _env_model()))
+    names = _models(sweep.str_values("--model", models, _env_model()), typed=bool(models))
     if not names:
         raise UsageError("--quality measures the -m models: give -m a.gguf,b.gguf,...")
     one = {flag: sweep.int_values(flag, v, []) for flag, v in
@@ -306,7 +306,8 @@ def _plan(**flags: Any) -> Any:
     # only where there are -npl sequences to lay out
     kvu = flags.get("kv_unified") if flags.get("kv_typed") or any(n > 1 for n in parallel) else None
     return sweep.build(
-        models=_models(sweep.str_values("--model", flags["model"], _env_model() or ["smollm2:135m"])),
+        models=_models(sweep.str_values("--model", flags["model"], _env_model() or ["smollm2:135m"]),
+                       typed=bool(flags["model"])),
         # threads, physical batch and flash attention not given: the load's defaults (tuning record, else rule)
         threads=sweep.int_values("--threads", flags["threads"], []) or [None],
         ngl=sweep.int_values("--n-gpu-layers", flags["ngl"], [-1 if offload or flags.get("rpc") else 0]),
@@ -324,12 +325,13 @@ def _plan(**flags: Any) -> Any:
     )
 
 
-def _models(names: list[str]) -> list[str]:
-    """The -m models, each that is a path there to read (a usage error before anything loads, as run's -m)."""
+def _models(names: list[str], typed: bool) -> list[str]:
+    """The -m models (LOCALGEN_MODEL's, not `typed`), each that is a path there to read (a usage error before
+    anything loads, as run's -m)."""
     from localgen.cli.inputfile import check_model
 
     for name in names:
-        check_model("-m/--model", name)
+        check_model("-m/--model", name, env=None if typed else "LOCALGEN_MODEL")
     return names
 
 

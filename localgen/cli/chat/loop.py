@@ -43,6 +43,8 @@ def start(plan: ChatPlan) -> None:
         if send.rag is not None:  # its embedding model loads first, and stays for the chat
             from localgen.cli.options.rag import Rag
 
+            if not endpoints:  # but a chat model that is not there is said before it loads
+                _chat_model_there(plan, session)
             view.rag = Rag(send.rag, load, view.warning)
             opened.callback(view.rag.close)
             view.rag.retriever.load()
@@ -185,6 +187,22 @@ class _Warn:
             self.view.console.print(f"warning: {text}", style="yellow", markup=False)
         else:
             self.view.err.warn(text)
+
+
+def _chat_model_there(plan: ChatPlan, session: Any) -> None:
+    """The chat's model found (a path's file, a name's model; nothing loaded or downloaded), or its error: a path
+    to nothing, a name that is no model. A model that would be downloaded as it loads is no mistake."""
+    from localgen.cli.inputfile import check_model
+    from localgen.cli.options.rag import answering_model_there
+
+    if plan.load.model_given:
+        check_model("-m/--model", session.model)
+    try:
+        answering_model_there(session.model)
+    except ModelNotFoundError as e:
+        if plan.resume and not plan.load.model_given:  # the resumed conversation's model is gone
+            raise model_gone(session.name, session.model, e, "resume") from None
+        raise
 
 
 def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:

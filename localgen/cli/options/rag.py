@@ -11,6 +11,19 @@ from localgen.cli.options.plan import LoadPlan, RagPlan
 from localgen.embeddings.retrieve import Hit, Retriever, dropped_line, fit, rag_message
 
 
+def answering_model_there(name: str | None) -> None:
+    """The model that answers found (a path's file, a name's model; nothing loaded or downloaded) before the
+    collection's embedding model loads, which may take minutes: its ModelNotFoundError, or nothing. One that would
+    be downloaded as it loads (a NotDownloadedError here) is no mistake."""
+    import contextlib
+
+    from localgen.errors import NotDownloadedError
+    from localgen.models.resolve import resolve
+
+    with contextlib.suppress(NotDownloadedError):
+        resolve(name, offline=True, pull_missing=False)
+
+
 def embedding_loader(load: LoadPlan, warn: Callable[[str], None]) -> Callable[[str | None], Any]:
     """Loads a collection's embedding model as `similar` does: its default window, llama.cpp's repacked CPU
     layouts (unless --no-repack was given), the command's threads."""

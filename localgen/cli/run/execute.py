@@ -201,13 +201,18 @@ def remote_backend(load: LoadPlan) -> Backend:
 
 
 def _typed_models(plan: RunPlan) -> None:
-    """A model path typed (-m, LOCALGEN_MODEL, --draft) that is not there: a usage error, as any input file's."""
+    """A model path typed (-m, LOCALGEN_MODEL, --draft) that is not there: a usage error, as any input file's; with
+    --rag, a name that is no model: its error, before the collection's embedding model loads."""
     from localgen.cli.inputfile import check_model
 
     if not plan.load.remote:
         if plan.load.model_given:  # else a continued conversation's own model (gone: model_gone says so)
             check_model("-m/--model", plan.load.model)
         check_model("-md/--draft", plan.decoding.draft)
+        if plan.send.rag is not None and plan.load.model_given:
+            from localgen.cli.options.rag import answering_model_there
+
+            answering_model_there(plan.load.model)
 
 
 def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:

@@ -93,16 +93,20 @@ def _check_tools(f: ServeArgs, key: str | None) -> None:
 
 
 def _collection(name: str) -> Any:
-    """A --collection by name (a usage error naming those there are)."""
+    """A --collection by name (a usage error naming those there are), with entries to search (as run --rag's)."""
     from localgen.embeddings import store as collections
 
     if not collections.path().exists():
         raise UsageError(f"--collection {name!r}: there are no collections yet",
                          hint="make one with localgen embed --store NAME")
     try:
-        return collections.get(name)
+        coll = collections.get(name)
     except LocalgenError as e:
         raise UsageError(f"--collection: {e.message}") from None
+    if collections.described(name).entries == 0:
+        raise UsageError(f"--collection {name!r} is empty: there is nothing to search",
+                         hint=f"store texts in it with `localgen embed --file FILE --store {name}`")
+    return coll
 
 
 def _refuse_unoffered(f: ServeArgs, name: str, coll: Any) -> None:
