@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import CLI
 from tests.test_serve import Server
+from tests.test_user_processes import free_port
 
 KEY = "sk-vector-test"
 TEXTS = {"cats": "Cats are small furry pets that purr and chase mice.",
@@ -130,7 +131,8 @@ def test_serve_refuses_an_empty_collection(home_env: dict[str, str], tmp_path: P
     entry = json.loads(CLI(env)("collections", "show", "hollow", "--json").stdout)["items"][0]["id"]
     r = CLI(env)("collections", "rm", "hollow", "--id", entry)
     assert r.returncode == 0, r.stderr
-    r = CLI(env)("serve", "--collection", "hollow", "--port", "1", timeout=120)  # (a server that starts: no end)
+    # a port of its own, not 1: were the check gone, the server would start and hold it until the timeout
+    r = CLI(env)("serve", "--collection", "hollow", "--port", str(free_port()), timeout=120)
     assert (r.returncode, r.stdout) == (2, ""), r.stderr
     assert r.stderr == "localgen: error: --collection 'hollow' is empty: there is nothing to search (store texts in " \
                        "it with `localgen embed --file FILE --store hollow`)\n", r.stderr
