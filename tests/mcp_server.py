@@ -10,7 +10,8 @@ answers (a server that hangs); `--slow S` answers each request after S seconds; 
 three requests (initialize, its notification, the listing) and then none (a server that hangs mid-session);
 `--steps` adds `step`, whose result asks for the next step (a model that follows it calls it round after round);
 `--pages N` lists its tools N a page, each page's nextCursor the next one's start, over stdio or HTTP (`--pages
-same`: one tool and the same cursor every time; `--pages endless`: no tools and a new cursor every time)."""
+same`: one tool and the same cursor every time; `--pages endless`: no tools and a new cursor every time;
+`--pages bigcursor`: a cursor of 5,000 characters; `--pages emptycursor`: every tool and an empty cursor)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,10 @@ def _paged(how: str) -> None:
         tools = await app.list_tools()
         if how == "same":
             return ListToolsResult(tools=tools[:1], next_cursor="again")
+        if how == "bigcursor":
+            return ListToolsResult(tools=tools[:1], next_cursor="x" * 5000)
+        if how == "emptycursor":  # every tool, and a cursor of nothing: the end
+            return ListToolsResult(tools=tools, next_cursor="")
         at = int(params.cursor or 0)
         if how == "endless":
             return ListToolsResult(tools=[], next_cursor=str(at + 1))

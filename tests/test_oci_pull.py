@@ -299,18 +299,43 @@ def test_docker_hub_names_follow_docker_s_rules() -> None:
 
 def test_public_registry_may_not_redirect_to_this_machine() -> None:
     """registry.redirect_guard: a public registry host's redirect (or realm) to a loopback, private or
-    link-local address is refused in one line; a registry on loopback may redirect there (the tests' CDN)."""
+    link-local address is refused in one line, as is one from https to http; a registry on loopback may redirect
+    there (the tests' CDN); a registry whose name does not resolve counts as public (a name that answers otherwise
+    the next time cannot open the door), and so does any registry serve was told is public."""
     from localgen.errors import LocalgenError
     from localgen.models.registry import redirect_guard
 
-    guard = redirect_guard("8.8.8.8")
-    for target in ("http://127.0.0.2:9/blob", "http://10.0.0.1/blob", "http://169.254.169.254/latest"):
-        with pytest.raises(LocalgenError, match="a public registry may not send localgen"):
-            guard("https://8.8.8.8/v2/x/blobs/sha256:1", target)
-    guard("https://8.8.8.8/v2/x/blobs/sha256:1", "https://1.1.1.1/blob")
+    for guard, old in ((redirect_guard("8.8.8.8"), "http://8.8.8.8/v2/x/blobs/sha256:1"),
+                       (redirect_guard("registry.does-not-resolve.invalid"), "http://registry.invalid/v2/x"),
+                       (redirect_guard("127.0.0.1:5000", public=True), "http://127.0.0.1:5000/v2/x")):
+        for target in ("http://127.0.0.2:9/blob", "http://10.0.0.1/blob", "http://169.254.169.254/latest"):
+            with pytest.raises(LocalgenError, match="a public registry may not send localgen"):
+                guard(old, target)
+        guard(old, "https://1.1.1.1/blob")
+    with pytest.raises(LocalgenError, match="must not leave https"):
+        redirect_guard("8.8.8.8")("https://8.8.8.8/v2/x/blobs/sha256:1", "http://1.1.1.1/blob")
     redirect_guard("127.0.0.1:5000")("http://127.0.0.1:5000/v2/x", "http://127.0.0.2:9/blob")
     with pytest.raises(LocalgenError, match="not an http"):
         redirect_guard("127.0.0.1:5000")("http://127.0.0.1:5000/v2/x", "file:///etc/passwd")
+
+
+def test_a_pull_asks_the_guard_about_its_realm_and_its_blobs(reg: FakeOci, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull told its registry is public (as serve's /api/pull is without --allow-private-urls) refuses a token
+    realm and a blob redirect on 127.0.0.2, and downloads nothing: the guard is asked on both paths."""
+    from localgen.errors import LocalgenError
+    from localgen.models import download, oci, ocipull
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    target = oci.parse_name(f"{reg.host}/ai/smollm2")
+    with pytest.raises(LocalgenError, match=r"127\.0\.0\.2, .*a public registry may not send localgen"):
+        ocipull.pull(target, download.Quiet(), public=True)
+    assert not reg.token_requests
+    reg.token, reg.redirect_blobs = False, True
+    with pytest.raises(LocalgenError, match=r"127\.0\.0\.2, .*a public registry may not send localgen"):
+        ocipull.pull(target, download.Quiet(), public=True)
+    assert not reg.cdn_requests
+    assert ocipull.pull(target, download.Quiet()).is_file()  # a loopback registry, not said public: its CDN serves
 
 
 def test_retry_after_http_date_is_honoured_and_capped() -> None:

@@ -417,12 +417,13 @@ def test_a_listing_in_pages_is_read_to_its_end_and_one_that_never_ends_is_one_li
     --tool-choice naming the last page's tool is no error, the missing model is); a server that sends the same
     cursor again, or pages without end, is one line past tools/mcp.py's limits, never a loop."""
     missing = str(tmp_path / "missing.gguf")
-    for command in ("run", "chat"):
-        r = cli_in_process(command, "-m", missing, "--mcp", f"{MCP} --pages 1", "--yes", "--tool-choice", "crash",
-                           *(["Go."] if command == "run" else []), input="Go.\n")
+    for command, pages in (("run", "1"), ("chat", "1"), ("run", "emptycursor")):  # an empty cursor: the end
+        r = cli_in_process(command, "-m", missing, "--mcp", f"{MCP} --pages {pages}", "--yes", "--tool-choice",
+                           "crash", *(["Go."] if command == "run" else []), input="Go.\n")
         assert r.returncode != 0 and "missing.gguf" in r.stderr and "not among the tools" not in r.stderr, r.stderr
     for how, said in (("same", "sent the same tools/list cursor twice: its listing would never end"),
-                      ("endless", "listed its tools in more than 1,000 pages: at most 1,000 are read")):
+                      ("endless", "listed its tools in more than 1,000 pages: at most 1,000 are read"),
+                      ("bigcursor", "sent a tools/list cursor of 5,000 characters: at most 4,096 are sent back")):
         r = cli_in_process("run", "-m", missing, "--mcp", f"{MCP} --pages {how}", "--yes", "Go.")
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
     from tests.test_responses_mcp import mcp_server

@@ -39,10 +39,10 @@ _PARAM = re.compile(r'([A-Za-z_]+)="([^"]*)"')
 class Session:
     """One pull's conversation with a registry: its base URL, the token its realm gave (and when it runs out)."""
 
-    def __init__(self, name: OciName) -> None:
+    def __init__(self, name: OciName, public: bool | None = None) -> None:
         self.name = name
         self.base = registry.base_url(name.api_host)
-        self.guard = registry.redirect_guard(name.api_host)
+        self.guard = registry.redirect_guard(name.api_host, public)
         self.challenge: dict[str, str] | None = None
         self.token: str | None = None
         self.expires = 0.0
@@ -254,14 +254,15 @@ def _used(root: Path) -> set[str]:
     return used
 
 
-def pull(name: OciName, progress: Progress) -> Path:
+def pull(name: OciName, progress: Progress, public: bool | None = None) -> Path:
     """Download a model's manifest and the blobs localgen uses (those already here are hashed once and kept), and
-    store the manifest last; returns its path. Nothing is downloaded for a manifest without a GGUF layer, with a
+    store the manifest last; returns its path. `public`: as registry.redirect_guard's.
+    Nothing is downloaded for a manifest without a GGUF layer, with a
     layer over its size limit, or for which the disk has no room."""
     from localgen.models import download
     from localgen.models.quant import RemoteFile
 
-    session = Session(name)
+    session = Session(name, public)
     raw = fetch_manifest(session, name)
     blobs = read_blobs(name, raw)
     root = oci.pulled_root()

@@ -66,41 +66,47 @@ def base_url(host: str) -> str:
     return f"{'http' if loopback else 'https'}://{host}"
 
 
-def redirect_guard(host: str) -> Callable[[str, str], None]:
-    """What a pull from the registry `host` asks about each redirect (hub.open_url's `redirect`): one to a
-    loopback, private, link-local or metadata address is refused when the registry itself is public (a registry on
-    the internet must not make localgen fetch from this machine or its LAN; one on the LAN may send it anywhere);
-    a scheme other than http(s) is always refused."""
+def redirect_guard(host: str, public: bool | None = None) -> Callable[[str, str], None]:
+    """What a pull from the registry `host` asks about each redirect (hub.open_url's `redirect`) and each token
+    realm: one to a loopback, private, link-local or metadata address is refused when the registry is public (a
+    registry on the internet must not make localgen fetch from this machine or its LAN; one on the LAN may send it
+    anywhere); a scheme other than http(s), and https to http, are always refused. `public`: whether the registry
+    counts as public (serve, which refused a private registry for a client, says True); else the registry is public
+    unless every address its host resolves to is private (a name that does not resolve counts as public)."""
     from urllib.parse import urlsplit
 
     from localgen.fetch import FetchError, refusal
     from localgen.fetch import resolve as lookup
 
-    known: dict[str, bool] = {}
+    known: dict[str, bool] = {} if public is None else {"public": public}
 
-    def public() -> bool:
+    def is_public() -> bool:
         if "public" not in known:
             hostname = urlsplit("//" + host).hostname or host
             try:
                 found = lookup(hostname, 443)
             except FetchError:
                 found = []
-            known["public"] = bool(found) and not any(refusal(ip) for ip in found)
+            known["public"] = not found or not all(refusal(ip) for ip in found)
         return known["public"]
 
     def check(old: str, new: str) -> None:
         target = urlsplit(new)
-        if target.scheme.lower() not in ("http", "https") or not target.hostname:
-            raise LocalgenError(f"{host} redirected a download to {new[:100]!r}, which is not an http(s) URL")
-        if not public():
+        scheme = target.scheme.lower()
+        if scheme not in ("http", "https") or not target.hostname:
+            raise LocalgenError(f"{host} sent localgen to {new[:100]!r}, which is not an http(s) URL")
+        if scheme == "http" and urlsplit(old).scheme.lower() == "https":
+            raise LocalgenError(f"{host} sent localgen from https to {target.hostname} over http: refused, since "
+                                "a download or a token must not leave https")
+        if not is_public():
             return
         try:
-            found = lookup(target.hostname, target.port or (443 if target.scheme.lower() == "https" else 80))
+            found = lookup(target.hostname, target.port or (443 if scheme == "https" else 80))
         except FetchError:
             return  # a name that does not resolve: the download says so
         why = next((r for r in map(refusal, found) if r), None)
         if why is not None:
-            raise LocalgenError(f"{host} redirected a download to {target.hostname}, {why}: a public registry may not "
+            raise LocalgenError(f"{host} sent localgen to {target.hostname}, {why}: a public registry may not "
                                 "send localgen to this machine or its network; nothing was fetched from there")
 
     return check
@@ -110,14 +116,16 @@ def _url(name: OllamaName, what: str) -> str:
     return f"{base_url(name.host)}/v2/{name.namespace}/{name.model}/{what}"
 
 
-def pull(name: OllamaName, progress: Progress) -> Path:
+def pull(name: OllamaName, progress: Progress, public: bool | None = None) -> Path:
     """Download a model's manifest and every blob it names (those already here are hashed once and kept), and
-    store the manifest last; returns its path. Nothing is downloaded for a manifest without a GGUF model layer,
+    store the manifest last; returns its path. `public`: as redirect_guard's.
+    Nothing is downloaded for a manifest without a GGUF model layer,
     with a layer over its size limit, or for which the disk has no room."""
     from localgen.models import download
     from localgen.models.quant import RemoteFile
 
-    raw = fetch_manifest(name)
+    guard = redirect_guard(name.host, public)
+    raw = fetch_manifest(name, guard)
     blobs = read_blobs(name, raw)
     root = ollamastore.pulled_root()
     folder = root / "blobs"
@@ -125,7 +133,6 @@ def pull(name: OllamaName, progress: Progress) -> Path:
     need = sum(b.size - _size(download.partial_path(folder / b.filename)) for b in missing.values())
     download.check_space(folder, max(need, 0), name.display)
     source = download.Source(name.host, f"its digest in {name.display}'s manifest")
-    guard = redirect_guard(name.host)
     unfinished = _unfinished_path(root, name)  # until the manifest is written: what rm of a pull that gave up takes
     unfinished.parent.mkdir(parents=True, exist_ok=True)
     _write(unfinished, raw)
@@ -192,7 +199,7 @@ def _manifest_path(root: Path, name: OllamaName) -> Path:
     return found if found is not None else root / "manifests" / Path(*name.parts())
 
 
-def fetch_manifest(name: OllamaName) -> bytes:
+def fetch_manifest(name: OllamaName, guard: Callable[[str, str], None] | None = None) -> bytes:
     """The name's manifest as the registry sends it (its bytes are kept as they are, so that its SHA-256 is the
     digest Ollama lists); a one-line error for an unknown name or tag, a refusal, a registry that does not answer,
     or a manifest over MAX_MANIFEST (refused by its Content-Length before its body is read)."""
@@ -204,7 +211,8 @@ def fetch_manifest(name: OllamaName) -> bytes:
     url = _url(name, f"manifests/{name.tag}")
     for attempt in range(RETRIES):
         try:
-            with hub.open_url(url, {"Accept": MANIFEST_TYPE}, TIMEOUT_S, redirect_guard(name.host)) as resp:
+            with hub.open_url(url, {"Accept": MANIFEST_TYPE}, TIMEOUT_S,
+                               guard or redirect_guard(name.host)) as resp:
                 length = resp.headers.get("Content-Length")
                 if length is not None and length.strip().isdigit() and int(length) > MAX_MANIFEST:
                     raise _too_big(name, f"{int(length):,}")

@@ -311,9 +311,11 @@ class Pull:
         self.out.put_nowait(Overloaded(message))
 
 
-def _pulling(target: Any) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
+def _pulling(target: Any, strict: bool) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
     """Start the pull in a thread: its progress lines come on the queue, then None when done or the error; the
-    event stops it (the client left); Lines says whether the download was verified."""
+    event stops it (the client left); Lines says whether the download was verified. `strict`: the registry was
+    checked to be public (no --allow-private-urls), and a redirect or token realm to a private address is refused
+    without asking the registry's name again (which could answer otherwise the second time)."""
     from localgen.models import oci, ocipull, ollamastore, registry, resolve
 
     out: asyncio.Queue[Any] = asyncio.Queue()
@@ -323,9 +325,9 @@ def _pulling(target: Any) -> tuple[asyncio.Queue[Any], threading.Event, Lines]:
     def work() -> None:
         try:
             if isinstance(target, ollamastore.OllamaName):
-                registry.pull(target, lines)
+                registry.pull(target, lines, True if strict else None)
             elif isinstance(target, oci.OciName):
-                ocipull.pull(target, lines)
+                ocipull.pull(target, lines, True if strict else None)
             else:
                 resolve.pull(target, lines)
         except (LocalgenError, Stopped) as e:
@@ -358,7 +360,7 @@ async def _pull(state: ServeState, name: str, stream: bool) -> Response:
         raise HTTPError(400, e.message) from None
     if state.offline or hfcache.offline_env():
         raise HTTPError(403, "this server is offline (serve --offline, or HF_HUB_OFFLINE): it cannot pull")
-    out, stop, lines = _pulling(target)
+    out, stop, lines = _pulling(target, not state.allow_private_urls)
     pull = Pull(out, stop)
     state.pulls.add(pull)
     if not stream:

@@ -27,6 +27,7 @@ MAX_BODY = 4 * 1024 * 1024
 MAX_TOOL_TEXT = 65_536  # characters of a listed tool's description, and of its input schema written as JSON
 MAX_TOOLS = 1000  # tools in one server's listing, all its pages together (any server's)
 MAX_PAGES = 1000  # pages of a listing (its nextCursor followed until there is none)
+MAX_CURSOR = 4096  # characters of a listing's cursor (sent back to the server for the next page)
 
 
 class McpServer:
@@ -147,8 +148,6 @@ class McpServer:
         out, shown = [], []
         for t in await self._list_tools():
             schema = dict(t.input_schema or {"type": "object", "properties": {}})
-            if self.private is not None:
-                _check_sizes(self.label, t.name, t.description or "", schema)
             check_schema(schema, f"the MCP server {self.label}'s tool {t.name}")
             out.append(ToolSpec(t.name, t.description or "", schema))
             notes = t.annotations.model_dump(exclude_none=True) if t.annotations is not None else None
@@ -158,27 +157,45 @@ class McpServer:
         return tuple(out)
 
     async def _list_tools(self) -> list[Any]:
-        """Every page of the server's tools/list, its `nextCursor` followed until there is none: at most MAX_TOOLS
-        tools in MAX_PAGES pages, and a cursor the server already sent is an error, not a loop."""
+        """Every page of the server's tools/list, its `nextCursor` followed until there is none (or an empty one): at
+        most MAX_TOOLS tools in MAX_PAGES pages, a cursor at most MAX_CURSOR characters, and a cursor the server
+        already sent is an error, not a loop. A server a request names has each page's tools checked as the page
+        comes (MAX_TOOL_TEXT), and all its tools' text at most MAX_BODY characters, as one body of them was."""
+        import hashlib
+        import json
+
         from mcp.types import PaginatedRequestParams
 
         tools: list[Any] = []
         cursor: str | None = None
-        seen: set[str] = set()
+        seen: set[bytes] = set()
+        text = 0
         for _ in range(MAX_PAGES):
             page = await self._session.list_tools(
                 params=None if cursor is None else PaginatedRequestParams(cursor=cursor))
+            if len(tools) + len(page.tools) > MAX_TOOLS:
+                raise ToolError(f"the MCP server {self.label} listed {len(tools) + len(page.tools):,} tools: at most "
+                                f"{MAX_TOOLS:,} are read")
+            for t in page.tools:
+                if self.private is not None:
+                    schema = t.input_schema or {}
+                    _check_sizes(self.label, t.name, t.description or "", schema)
+                    text += len(t.description or "") + len(json.dumps(schema)) + len(t.name)
+                    if text > MAX_BODY:
+                        raise ToolError(f"the MCP server {self.label}'s tool listing is over {MAX_BODY:,} characters "
+                                        "of names, descriptions and schemas: at most that is read")
             tools += page.tools
-            if len(tools) > MAX_TOOLS:
-                raise ToolError(f"the MCP server {self.label} listed {len(tools):,} tools: at most {MAX_TOOLS:,} "
-                                "are read")
             cursor = page.next_cursor
-            if cursor is None:
+            if not cursor:
                 return tools
-            if cursor in seen:
+            if len(cursor) > MAX_CURSOR:
+                raise ToolError(f"the MCP server {self.label} sent a tools/list cursor of {len(cursor):,} characters: "
+                                f"at most {MAX_CURSOR:,} are sent back")
+            key = hashlib.sha256(cursor.encode("utf-8", "surrogatepass")).digest()
+            if key in seen:
                 raise ToolError(f"the MCP server {self.label} sent the same tools/list cursor twice: its listing "
                                 "would never end")
-            seen.add(cursor)
+            seen.add(key)
         raise ToolError(f"the MCP server {self.label} listed its tools in more than {MAX_PAGES:,} pages: at most "
                         f"{MAX_PAGES:,} are read")
 
