@@ -118,6 +118,9 @@ if __name__ == "__main__":
                 app.add_tool(add, name=f"add{i}")
         elif kind == "description":
             app.add_tool(add, name="wordy", description="Add. " * 14_000)
+        elif kind == "total":  # 80 tools of 60,000 characters each: under every tool's limit, over the listing's
+            for i in range(80):
+                app.add_tool(add, name=f"long{i}", description="Add. " * 12_000)
         elif kind == "result":
 
             @app.tool()

@@ -496,8 +496,10 @@ def test_an_oversized_listing_is_an_item_with_its_error(server: Server) -> None:
     its mcp_list_tools item has the error, no tools, and the model answers without them."""
     for kind, said in (("body", "sent a body of 5,2"), ("event", "sent a server-sent event over 4 MB"),
                        ("count", "listed 1,007 tools: at most 1,000 are read"),
-                       ("description", "tool wordy has a description of 70,000 characters: at most 65,536")):
-        with mcp_server(None, "--oversized", kind) as url:
+                       ("description", "tool wordy has a description of 70,000 characters: at most 65,536"),
+                       ("total", "tool listing is over 4,194,304 characters of names, descriptions and schemas")):
+        paged = ("--pages", "40") if kind == "total" else ()  # two pages, each body under 4 MB
+        with mcp_server(None, "--oversized", kind, *paged) as url:
             tool = {"type": "mcp", "server_label": "big", "server_url": url, "require_approval": "never"}
             r = _ask(server, [tool], max_output_tokens=8)
         listed = r.output[0]
