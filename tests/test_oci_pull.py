@@ -245,6 +245,33 @@ def test_a_wrong_blob_is_refused_and_not_kept(lg: Lg, reg: FakeOci, gguf: HubFil
     one_line(lg("rm", name(reg), "--yes"), 1, "localgen pulled no model")
 
 
+def test_a_damaged_manifest_is_removed_and_layers_it_skips_are_not_read(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
+    """A layer localgen does not use (safetensors) is not checked, as the pull skips it, so a pulled manifest with a
+    bare one is used; a pulled manifest damaged afterwards is still removed by rm, its blobs with it; a manifest of
+    more than 256 layers is refused before anything is downloaded."""
+    import hashlib
+
+    doc = json.loads(reg.manifests["ai/smollm2:latest"][0])
+    doc["layers"].append({"mediaType": SAFETENSORS})  # no digest, no size: nothing localgen fetches
+    raw = json.dumps(doc).encode()
+    reg.manifests["ai/smollm2:bare"] = (raw, OCI_MANIFEST)
+    r = lg("pull", name(reg, "ai/smollm2:bare"))
+    assert r.returncode == 0, r.stderr
+    r = lg("show", name(reg, "ai/smollm2:bare"))
+    assert r.returncode == 0, r.stderr
+    (manifest,) = (lg.pulled / "manifests").rglob("@bare")
+    manifest.write_text("garbage")
+    r = lg("rm", name(reg, "ai/smollm2:bare"), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert not manifest.exists() and not list((lg.pulled / "blobs").glob("sha256-*")), r.stdout
+    many = {**doc, "layers": [{"mediaType": GGUF, "digest": "sha256:" + hashlib.sha256(b"%d" % i).hexdigest(),
+                               "size": 1} for i in range(257)]}
+    reg.manifests["ai/smollm2:many"] = (json.dumps(many).encode(), OCI_MANIFEST)
+    fetched = len([p for p, _, _, _ in reg.requests if "/blobs/" in p])
+    one_line(lg("pull", name(reg, "ai/smollm2:many")), 1, "it has 257 layers, over the 256 localgen takes")
+    assert len([p for p, _, _, _ in reg.requests if "/blobs/" in p]) == fetched
+
+
 def test_a_moved_tag_prunes_the_blobs_no_manifest_names(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
     """pull of a tag that has moved (a new license layer) deletes the old blob no pulled manifest names, once
     the new manifest is written; the GGUF both name stays."""

@@ -177,7 +177,8 @@ def read_manifest(name: OciName, root: Path, path: Path) -> Manifest:
         return Layer(x["mediaType"], root / "blobs" / f"sha256-{m.group(1)}", size, m.group(0))
 
     config = layer(doc["config"]) if isinstance(doc.get("config"), dict) else None
-    return Manifest(name, path, config, tuple(layer(x) for x in doc["layers"]))
+    used = [x for x in doc["layers"] if not isinstance(x, dict) or x.get("mediaType") in USED]  # as a pull takes them
+    return Manifest(name, path, config, tuple(layer(x) for x in used))
 
 
 def find(name: OciName) -> Manifest | None:

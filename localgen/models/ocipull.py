@@ -212,6 +212,8 @@ def read_blobs(name: OciName, raw: bytes) -> list[registry.Blob]:
     doc = _json(name, raw)
     if not isinstance(doc.get("layers"), list):
         raise _bad(name, "it has no list of layers")
+    if len(doc["layers"]) > registry.MAX_LAYERS:  # a lock (an open file) a blob while the pull lasts, a request each
+        raise _bad(name, f"it has {len(doc['layers']):,} layers, over the {registry.MAX_LAYERS:,} localgen takes")
     entries = ([("config", doc["config"])] if isinstance(doc.get("config"), dict) else []) + [
         ("layer", x) for x in doc["layers"]]
     blobs: list[registry.Blob] = []

@@ -32,6 +32,7 @@ MAX_SMALL = 1 << 20  # a layer that is not weights (params, system, template, li
 MAX_WEIGHTS = 2 << 40  # a model, projector or adapter layer: more than any GGUF published
 WEIGHTS = ("model", "projector", "adapter")
 RETRIES = 3
+MAX_LAYERS = 256  # layers of a manifest (Ollama's: a model, a projector, adapters, a few settings)
 MAX_RETRY_AFTER = 5  # seconds: the most a manifest's retry waits for a registry's Retry-After
 UNFINISHED = ".unfinished"  # the manifests of pulls that have not finished (or gave up), in manifests/'s layout
 TIMEOUT_S = 30
@@ -292,6 +293,8 @@ def read_blobs(name: OllamaName, raw: bytes) -> list[Blob]:
         raise bad("it is not JSON") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
         raise bad("it has no list of layers")
+    if len(doc["layers"]) > MAX_LAYERS:  # a lock (an open file) a blob while the pull lasts, a request each
+        raise bad(f"it has {len(doc['layers']):,} layers, over the {MAX_LAYERS:,} localgen takes")
     entries = ([("config", doc["config"])] if isinstance(doc.get("config"), dict) else []) + [
         ("layer", x) for x in doc["layers"]]
     blobs = []

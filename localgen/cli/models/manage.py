@@ -352,7 +352,11 @@ def _rm_pulled_oci(given: str, text: str, yes: bool) -> None:
     from localgen.models import oci, ocipull
 
     name = oci.parse_name(text)
-    found = oci.find(name) if ocipull.pulled(name) is not None else None
+    try:
+        found = oci.find(name) if ocipull.pulled(name) is not None else None
+    except LocalgenError:  # a damaged manifest: removed all the same (its blobs no other model names go with it)
+        _confirm(f"{name.display}, pulled from {name.host} (its manifest is damaged)", 0, yes, size=False)
+        found = None
     if found is not None:
         size = sum(x.size for x in found.layers if x.blob.exists()) + (
             found.config.size if found.config is not None else 0)
