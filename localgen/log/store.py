@@ -122,7 +122,9 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.OperationalError:
-            if create or not _cannot_write(db.parent):
+            from localgen.sqlitedb import cannot_write
+
+            if create or not cannot_write(db.parent):
                 raise
             # a log on a read-only disk, or a full one: WAL wants a file beside it to read, which cannot be
             # made there; read as it is (no one can write it either)
@@ -145,16 +147,6 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
                        hint="move it away, and the next run starts a new log" if damaged else None) from None
     finally:
         conn.close()
-
-
-def _cannot_write(folder: Path) -> bool:
-    """Whether nothing can be written in the log's folder: read-only, or no room left on its disk."""
-    import shutil
-
-    try:
-        return not os.access(folder, os.W_OK) or shutil.disk_usage(folder).free < 1 << 20
-    except OSError:
-        return False
 
 
 def _os_why(e: OSError, folder: Path) -> str:
