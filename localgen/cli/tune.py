@@ -69,18 +69,30 @@ def tune(
         raise UsageError("--show lists the records and --reset forgets them: give one of the two")
     if show or reset:
         _measures_nothing(ctx, knobs, "--show" if show else "--reset", allowed=("model",) if reset else ("as_json",))
+    bad = tuning.unreadable() if show or reset else 0
     if show:
+        _unreadable(bad, "left out")
         _show(tuning.records(), as_json)
         return
     if reset:
         n = _forget(model) if model is not None else tuning.reset()
         print(f"forgot {n} tuning record{'s' if n != 1 else ''}"
               f"{f' of {model}' if model is not None else ''}", file=sys.stderr)
+        _unreadable(bad, "removed")
         return
     load = knobs.load()  # a bad flag is one error before anything loads
     ref = _resolve(model, offline)
     _run(ref, _plan(ref, depth, prompt, answer, preset.load_params(ref, load, knobs.given)), parallel, as_json,
          even_if_busy)
+
+
+def _unreadable(n: int, done: str) -> None:
+    """One warning line for the records in the file this localgen cannot read (wrong types: a hand edit)."""
+    if n:
+        from localgen.tuning import store_path
+
+        print(f"warning: {plural(n, 'tuning record')} in {store_path()} cannot be read "
+              f"(wrong fields or types): {'it is' if n == 1 else 'they are'} {done}", file=sys.stderr)
 
 
 MEASURING = ("depth", "parallel", "prompt", "answer", "even_if_busy")  # what only a measurement reads
