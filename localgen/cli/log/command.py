@@ -57,8 +57,8 @@ def logs(
         if json_out:  # still a JSON array: a script reads none
             out.write("[]\n")
         return
-    _say_damage()
     entries = store.recent(count, query=query, model=model, cid=cid)
+    _say_damage()  # (a log that cannot be read at all is the one error line of recent())
     if not entries:
         what = " and ".join(f"{k} {v!r}" for k, v in (("-q", query), ("-m", model), ("--cid", cid)) if v)
         ErrWriter().line(f"no logged exchange matches {what}" if what else "the log holds no exchange yet")
