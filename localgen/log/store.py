@@ -11,8 +11,8 @@ again from the rows by the first reader or writer to meet it. Concurrent writers
 timeout), so no row is lost and nobody is locked out; any failure of the log is a LogError, which callers
 turn into a one-line warning: the log never stops an answer. A schema whose making stopped half-way (a full
 disk) reads as an empty log and is finished by the next writer; a log that cannot be written (a read-only or
-full disk) is still read, opened immutable. A write that finds the log damaged leaves a note beside it
-(logs.db.damaged, cleared by the next write that succeeds), as readers may still read a damaged log's pages."""
+full disk) is still read, opened immutable. A write that finds the log damaged leaves a note in the state
+dir (log-damaged, cleared by the next write that succeeds), as readers may still read a damaged log's pages."""
 
 from __future__ import annotations
 
@@ -241,15 +241,16 @@ def record(entry: Entry) -> str:
 
 
 def _marker(db: Path) -> Path:
-    """The file beside the log that says a write found it damaged (its inode, then SQLite's words): readers can
-    read a damaged log's other pages, so only a writer learns that nothing is being logged."""
-    return db.with_name(db.name + ".damaged")
+    """The file in the state dir that says a write found the log damaged (its inode, then SQLite's words):
+    readers can read a damaged log's other pages, so only a writer learns that nothing is being logged."""
+    return paths.state_dir() / "log-damaged"
 
 
 def _mark_damaged(db: Path, said: str) -> None:
     import contextlib
 
     with contextlib.suppress(OSError):  # a read-only or full disk: nothing more to say than the warning
+        paths.private_dir(_marker(db).parent)
         _marker(db).write_text(f"{os.stat(db).st_ino}\n{said}\n")
 
 
