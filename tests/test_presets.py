@@ -561,3 +561,24 @@ def test_cp_to_a_name_it_cannot_take_says_which_part_and_what_is_allowed(pcli: I
     allowed, or the rule the name breaks."""
     r = pcli("cp", "smollm2:135m", "--", name)  # (after --: `-bot` is no flag)
     one_error(r, f"bad preset name {name!r}: {why}", "(e.g. mybot or mybot:short)")
+
+
+def test_a_damaged_preset_is_listed_as_a_warning_and_its_error_is_in_words(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """`list` names each damaged preset file in one warning line, as it does a bad models.toml, where they
+    vanished with no word; a file holding `[]` is an error in words, where it was "'list' object has no
+    attribute 'get'"."""
+    assert pcli("create", "good", "-f", "-", input="FROM smollm2:135m\nSYSTEM hi\n").returncode == 0
+    folder = tmp_path / "home" / "data" / "presets"
+    damage = {"lst": (b"[]\n", "it holds a JSON list, not a preset's object"),
+              "binary": (b"\xff\xfe", "byte 0xff at offset 0 is not UTF-8"),
+              "empty": (b"", "it is empty"),
+              "cut": (b'{"format', "it is not JSON (Unterminated string starting at: line 1, column 2)")}
+    for name, (raw, _) in damage.items():
+        (folder / f"{name}.json").write_bytes(raw)
+    r = pcli("list", "--json")
+    assert r.returncode == 0 and [m["name"] for m in json.loads(r.stdout) if m["source"] == "preset"] == ["good"]
+    assert r.stderr.splitlines() == [
+        f"warning: the preset file {folder / f'{name}.json'} is damaged: {why} (left out; create it again, or "
+        f"remove it with localgen rm {name})" for name, (_, why) in sorted(damage.items())], r.stderr
+    one_error(pcli("run", "-m", "lst", "-p", "hi"), f"the preset file {folder / 'lst.json'} is damaged: it holds a "
+              "JSON list, not a preset's object")

@@ -116,7 +116,7 @@ def find(name: str) -> Preset | None:
         except OSError as e:
             raise LocalgenError(f"cannot read the preset {path}: {e}") from None
         try:
-            return _from_json(canonical(name), json.loads(raw.decode("utf-8")))
+            return _from_json(canonical(name), _document(raw))
         except (ValueError, TypeError, KeyError, AttributeError, UsageError) as e:
             why = e.message if isinstance(e, UsageError) else str(e)
             raise LocalgenError(f"the preset file {path} is damaged: {why}",
@@ -124,14 +124,39 @@ def find(name: str) -> Preset | None:
     return None
 
 
+def _document(raw: bytes) -> dict[str, Any]:
+    """A preset file's JSON object; a ValueError in words (empty, not UTF-8, not JSON, not an object)."""
+    if not raw.strip():
+        raise ValueError("it is empty")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"byte 0x{raw[e.start]:02x} at offset {e.start:,} is not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"it is not JSON ({e.msg}: line {e.lineno}, column {e.colno})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"it holds a JSON {type(doc).__name__.replace('dict', 'object')}, not a preset's object")
+    return doc
+
+
+_report: dict[str, Callable[[str], None]] = {"warn": lambda s: None}
+
+
+def warn_with(warn: Callable[[str], None]) -> None:
+    """Where all_presets() says which preset files it leaves out (damaged): the CLI's warnings."""
+    _report["warn"] = warn
+
+
 def all_presets() -> list[Preset]:
-    """Every readable preset, by name, once (damaged files are left for `show` and `rm` to name)."""
+    """Every readable preset, by name, once; a damaged file is left out with a warning naming it (warn_with),
+    and `show` and `rm` name it too."""
     found: dict[str, Preset] = {}
     d = presets_dir()
     for path in sorted(d.glob("*.json")) if d.is_dir() else []:
         try:
             p = find(path.stem.replace("@", ":"))
-        except LocalgenError:
+        except LocalgenError as e:
+            _report["warn"](f"{e.message} (left out{f'; {e.hint}' if e.hint else ''})")
             continue
         if p is not None:
             found.setdefault(p.name, p)
