@@ -582,3 +582,22 @@ def test_a_damaged_preset_is_listed_as_a_warning_and_its_error_is_in_words(pcli:
         f"remove it with localgen rm {name})" for name, (_, why) in sorted(damage.items())], r.stderr
     one_error(pcli("run", "-m", "lst", "-p", "hi"), f"the preset file {folder / 'lst.json'} is damaged: it holds a "
               "JSON list, not a preset's object")
+
+
+def test_create_renders_a_template_as_run_would_and_refuses_one_run_would_refuse(pcli: InProcessCLI) -> None:
+    """A TEMPLATE is rendered once with a sample conversation in run's sandbox: one that reaches past it is
+    refused by `create` (exit 2, one line), where it was kept and every `run -m NAME` failed "tried something
+    unsafe"; a template that refuses a system message (some models take none) is kept, and so is a plain one."""
+    unsafe = 'FROM smollm2:135m\nTEMPLATE """{{ self.__init__.__globals__ }}{{ messages }}"""\n'
+    line = one_error(pcli("create", "tpl", "-f", "-", input=unsafe), "stdin: TEMPLATE fails when rendered, so run "
+                     "would refuse it: tried something unsafe: access to attribute '__init__'")
+    assert pcli("run", "-m", "tpl", "-p", "hi").returncode != 0, line  # nothing was kept
+    never = 'FROM smollm2:135m\nTEMPLATE """{{ raise_exception("never") }}{{ messages }}"""\n'
+    one_error(pcli("create", "never", "-f", "-", input=never), "TEMPLATE fails when rendered", "failed: never")
+    no_system = ('FROM smollm2:135m\nTEMPLATE """{% for m in messages %}{% if m.role == "system" %}'
+                 '{{ raise_exception("no system role") }}{% endif %}<|{{ m.role }}|>{{ m.content }}\n'
+                 '{% endfor %}<|assistant|>"""\n')
+    r = pcli("create", "nosys", "-f", "-", input=no_system)
+    assert r.returncode == 0, r.stderr
+    r = pcli("run", "-m", "nosys", "-p", "Name a colour.", "-n", "2")
+    assert r.returncode == 0, r.stderr

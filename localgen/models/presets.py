@@ -350,7 +350,8 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup) -> model
 
 
 def _check_template(source: str, where: str) -> None:
-    """A TEMPLATE is a Jinja chat template, as in a GGUF (not Ollama's Go template): it must compile."""
+    """A TEMPLATE is a Jinja chat template, as in a GGUF (not Ollama's Go template): it must compile, and render a
+    sample conversation as `run` renders a prompt."""
     from localgen.engine.template import ChatTemplate
     from localgen.errors import TemplateError
 
@@ -358,9 +359,25 @@ def _check_template(source: str, where: str) -> None:
         raise UsageError(f"{where}: TEMPLATE looks like an Ollama Go template; localgen takes a Jinja chat "
                          "template, as GGUF files carry")
     try:
-        ChatTemplate(source, "", "")
+        template = ChatTemplate(source, "<s>", "</s>")
     except TemplateError as e:
         raise UsageError(f"{where}: TEMPLATE does not compile: {e.message.split(': ', 1)[-1]}") from None
+    # rendered once, in the sandbox and under the limits `run` renders it in: what run would refuse (an unsafe
+    # attribute, no end, an absurd prompt) is refused now. A template may refuse a system message (some
+    # models take none): a failure of its own is looked at again without one.
+    for sample in (SAMPLE_CONVERSATION, SAMPLE_CONVERSATION[1:]):
+        try:
+            template.render([dict(m) for m in sample])
+            return
+        except TemplateError as e:
+            said = e.message.removeprefix("the model's chat template ")
+            if not said.startswith("failed: ") or sample is not SAMPLE_CONVERSATION:
+                raise UsageError(f"{where}: TEMPLATE fails when rendered, so run would refuse it: {said}") from None
+
+
+SAMPLE_CONVERSATION = ({"role": "system", "content": "You are a helpful assistant."},
+                       {"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hi! How can I help?"},
+                       {"role": "user", "content": "Name a colour."})
 
 
 def apply(p: Preset, ref: ModelRef) -> ModelRef:
