@@ -601,3 +601,24 @@ def test_create_renders_a_template_as_run_would_and_refuses_one_run_would_refuse
     assert r.returncode == 0, r.stderr
     r = pcli("run", "-m", "nosys", "-p", "Name a colour.", "-n", "2")
     assert r.returncode == 0, r.stderr
+
+
+def test_create_and_cp_on_a_full_disk_name_the_preset_file(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """A preset that cannot be written (a full disk) is one error naming its file, where create and cp said only
+    "localgen: error: No space left on device"; nothing half-written is left."""
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    folder = tmp_path / "home" / "data" / "presets"
+    folder.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
+    env.update({k: v for k, v in pcli.env.items() if v is not None}, F=str(folder), PY=sys.executable)
+    full = ('mount -t tmpfs -o size=4k tmpfs "$F" && { dd if=/dev/zero of="$F/filler" bs=4k 2>/dev/null; true; } '
+            '&& "$PY" -m localgen "$@"; rc=$?; ls -A "$F"; exit $rc')
+    for args, name in ((["create", "bot", "-f", "-"], "bot"), (["cp", "smollm2:135m", "mine"], "mine")):
+        r = subprocess.run(["unshare", "-m", "sh", "-c", full, "sh", *args], input="FROM smollm2:135m\nSYSTEM hi\n",
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert (r.returncode, r.stdout) == (1, "filler\n"), (r.returncode, r.stdout, r.stderr)
+        assert r.stderr == (f"localgen: error: cannot write the preset {folder / f'{name}.json'}: no space left on "
+                            "device\n"), r.stderr

@@ -193,8 +193,16 @@ def save(p: Preset, replace: bool) -> None:
     """Write a preset; a PresetExists (a UsageError) when one of that name exists and `replace` is not given.
     Written whole to a temporary file, then put in place in one step: a reader sees the old preset or the new
     one, never half of one. Without `replace` that step is a hard link, which fails when the name exists, so of
-    saves racing for one name (two /api/create, or one beside `localgen create`) exactly one succeeds."""
+    saves racing for one name (two /api/create, or one beside `localgen create`) exactly one succeeds. A write
+    that fails (a full or read-only disk) is an error naming the preset's file."""
     path = _file(p.name)
+    try:
+        _write(p, replace, path)
+    except OSError as e:
+        raise LocalgenError(f"cannot write the preset {path}: {(e.strerror or str(e)).lower()}") from None
+
+
+def _write(p: Preset, replace: bool, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     exists = _exists(p.name)
     if not replace and any(f.exists() for f in _files(p.name)):
