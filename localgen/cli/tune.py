@@ -219,7 +219,7 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool
     from localgen.engine.defaults import build_id, device_id
 
     err = ErrWriter()
-    load = _Load.before(err)
+    load = CpuLoad.before(err)
     points: dict[tuple[bool, bool], list[Any]] = {}
     view = _View(plan.count)
     interrupted = False
@@ -313,7 +313,7 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
 BUSY = 0.25  # other work's share of all CPU time past which a tune's figures are not kept (without --even-if-busy)
 
 
-class _Load:
+class CpuLoad:
     """Other work on the CPUs, before and while measuring: it slows every configuration unevenly (and favours
     fewer threads), so a tune made under it is not kept as a default without saying so. Before: a half-second
     sample; while: every configuration's span, the time this process took subtracted (hardware.others_share;
@@ -328,8 +328,9 @@ class _Load:
         self.last = hardware.cpu_sample()
 
     @classmethod
-    def before(cls, err: Any) -> _Load:
-        """Sampled now; a warning when the machine is busy already."""
+    def before(cls, err: Any, then: str = "the record is not kept unless --even-if-busy") -> CpuLoad:
+        """Sampled now; a warning when the machine is busy already, saying what follows (`then`). quantize
+        --ladder's speeds are measured under the same check."""
         import os
 
         from localgen import hardware
@@ -349,8 +350,7 @@ class _Load:
             busy = f"a load of {avg:.1f} on {plural(cores, 'core')}" if avg > 0.5 * cores else None
         what = f"{busy} just before measuring" if busy else None
         if busy is not None:
-            err.warn(f"this machine is busy (other work takes {busy}): the figures will reflect it, and the "
-                     "record is not kept unless --even-if-busy")
+            err.warn(f"this machine is busy (other work takes {busy}): the figures will reflect it, and {then}")
         return cls(share, what)
 
     def sample(self, view: Any) -> None:
