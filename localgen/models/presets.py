@@ -140,11 +140,14 @@ def _document(raw: bytes) -> dict[str, Any]:
 
 
 _report: dict[str, Callable[[str], None]] = {"warn": lambda s: None}
+_said: set[str] = set()
 
 
 def warn_with(warn: Callable[[str], None]) -> None:
-    """Where all_presets() says which preset files it leaves out (damaged): the CLI's warnings."""
+    """Where all_presets() says which preset files it leaves out (damaged), each once from now (a server lists
+    them on every request): the CLI's warnings."""
     _report["warn"] = warn
+    _said.clear()
 
 
 def all_presets() -> list[Preset]:
@@ -156,7 +159,10 @@ def all_presets() -> list[Preset]:
         try:
             p = find(path.stem.replace("@", ":"))
         except LocalgenError as e:
-            _report["warn"](f"{e.message} (left out{f'; {e.hint}' if e.hint else ''})")
+            said = f"{e.message} (left out{f'; {e.hint}' if e.hint else ''})"
+            if said not in _said:
+                _said.add(said)
+                _report["warn"](said)
             continue
         if p is not None:
             found.setdefault(p.name, p)
