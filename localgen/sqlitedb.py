@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -10,3 +11,26 @@ def sqlite_utils_module() -> Any:
     from localgen._compat import sqlite_utils_module as imported
 
     return imported()
+
+
+def cannot_write(folder: Path) -> bool:
+    """Whether nothing can be written in a database's folder: read-only, or no room left on its disk (SQLite's
+    WAL then cannot make the file beside the database that even a reader needs)."""
+    import os
+    import shutil
+
+    try:
+        return not os.access(folder, os.W_OK) or shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
+
+
+def read_only(path: Path) -> Any:
+    """A sqlite3 connection that only reads `path` as it is (immutable: no WAL file beside it is made or read),
+    for a database on a read-only or full disk, which no one can write either."""
+    import sqlite3
+
+    return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro&immutable=1", uri=True)
+
+
+DAMAGED = ("file is not a database", "database disk image is malformed")  # SQLite's words for a damaged file

@@ -15,9 +15,38 @@ CHARS_PER_TOKEN = 32  # no tokenizer makes fewer tokens than one per this many c
 # many per token of the window cannot fit it, and is refused before it is templated or tokenized
 
 
-def too_long(what: str) -> UsageError:
-    """The error for a prompt's text past MAX_PROMPT_TEXT (read only up to one byte past it)."""
-    return UsageError(f"{what} is larger than {MAX_PROMPT_TEXT >> 20} MiB: more text than any context window holds")
+def too_long(what: str, limit: int = MAX_PROMPT_TEXT) -> UsageError:
+    """The error for a text past its bound, `limit` bytes (a prompt's: MAX_PROMPT_TEXT), read only up to one byte
+    past it or refused by its size on disk."""
+    if limit == MAX_PROMPT_TEXT:
+        return UsageError(f"{what} is larger than {MAX_PROMPT_TEXT >> 20} MiB: more text than any context window "
+                          "holds")
+    return UsageError(f"{what} is larger than {size_words(limit)}, the most localgen reads of it")
+
+
+def size_words(n: int) -> str:
+    """A bound in bytes as its errors say it: 64 KiB, 1 MiB."""
+    if n >= 1 << 20 and not n % (1 << 20):
+        return f"{n >> 20} MiB"
+    return f"{n >> 10} KiB" if not n % 1024 else f"{n:,} bytes"
+
+
+def read_bounded(path: str | Path, limit: int, what: str) -> bytes:
+    """A file's bytes, at most `limit` of them: a UsageError naming `what` and the bound when there are more. A
+    regular file is refused by its size before it is opened; anything else (a device such as /dev/zero, a pipe, a
+    file /proc sizes as 0) is read up to one byte past the bound. OSError is the caller's to word."""
+    import os
+    import stat
+
+    full = Path(path)
+    st = os.stat(full)
+    if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+        raise too_long(what, limit)
+    with full.open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise too_long(what, limit)
+    return data
 
 
 def problem(text: str) -> str | None:
@@ -43,15 +72,11 @@ def checked(text: str, what: str) -> str:
 def read_file(path: str | Path, what: str | None = None, limit: int | None = None) -> str:
     """A text file's contents, all of it UTF-8; a UsageError naming the file (or `what`), the line and the first
     byte that is not. Line ends read as Path.read_text reads them (CRLF and CR as LF). With `limit` (bytes), a
-    larger file is refused after reading one byte past it (a huge file, /dev/zero). OSError is the caller's to
-    word."""
+    larger file is refused by its size, or after reading one byte past it (/dev/zero): read_bounded. OSError is
+    the caller's to word."""
     if limit is None:
         return decode(Path(path).read_bytes(), what or str(path))
-    with Path(path).open("rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise too_long(what or str(path))
-    return decode(data, what or str(path))
+    return decode(read_bounded(path, limit, what or str(path)), what or str(path))
 
 
 def decode(data: bytes, what: str) -> str:

@@ -76,16 +76,39 @@ def store_path() -> Path:
     return paths.state_dir() / "tuning.json"
 
 
-def _read() -> dict[str, Any]:
+def _read(unreadable: list[int] | None = None) -> dict[str, Any]:
+    """The records' file, with only the records this version can read (a hand-edited or damaged one is left out,
+    and dropped at the next write); how many were left out is appended to `unreadable`."""
     try:
         doc = json.loads(store_path().read_text())
     except (OSError, ValueError):
         return {"format": FORMAT, "records": [], "hashes": []}
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         return {"format": FORMAT, "records": [], "hashes": []}
-    doc.setdefault("records", [])
-    doc.setdefault("hashes", [])
+    given = doc.get("records")
+    given = given if isinstance(given, list) else [given] if given is not None else []
+    doc["records"] = [d for d in given if _readable(d)]
+    if unreadable is not None:
+        unreadable.append(len(given) - len(doc["records"]))
+    if not isinstance(doc.get("hashes"), list):
+        doc["hashes"] = []
     return doc
+
+
+def _readable(d: Any) -> bool:
+    try:
+        Record.from_json(d)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+    return True
+
+
+def unreadable() -> int:
+    """How many records in the file this version cannot read (wrong types, a hand edit): `tune --show` and
+    `--reset` say so; everything else leaves them out."""
+    count: list[int] = []
+    _read(count)
+    return count[0] if count else 0
 
 
 def _write(doc: dict[str, Any]) -> None:
@@ -107,12 +130,8 @@ def _locked() -> Any:
 
 
 def records() -> list[Record]:
-    """Every record, as stored (ones this version cannot read are skipped)."""
-    out = []
-    for d in _read()["records"]:
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            out.append(Record.from_json(d))
-    return out
+    """Every record, as stored (ones this version cannot read are skipped: unreadable() counts them)."""
+    return [Record.from_json(d) for d in _read()["records"]]
 
 
 def save(record: Record) -> Record | None:
@@ -123,9 +142,8 @@ def save(record: Record) -> Record | None:
         doc = _read()
         if record.partial:
             for d in doc["records"]:
-                with contextlib.suppress(KeyError, TypeError, ValueError):  # one this version cannot read: replaced
-                    if d.get("key") == key and not (earlier := Record.from_json(d)).partial:
-                        return earlier
+                if d.get("key") == key and not (earlier := Record.from_json(d)).partial:
+                    return earlier
         doc["records"] = [d for d in doc["records"] if d.get("key") != key]
         doc["records"].append(record.to_json())
         _write(doc)
@@ -134,7 +152,8 @@ def save(record: Record) -> Record | None:
 
 def reset(sha256: str | None = None, model: str | None = None) -> int:
     """Forget every record, or those of one model: of its file (`sha256`) or its name (`model`, the name the
-    record was made under: a file that is gone has no hash to match); how many were forgotten."""
+    record was made under: a file that is gone has no hash to match); how many were forgotten, of the records
+    `records()` lists (ones this version cannot read are removed too, and not counted: unreadable())."""
     def mine(d: dict[str, Any]) -> bool:
         if sha256 is None and model is None:
             return True
@@ -155,7 +174,7 @@ def file_sha256(path: str | Path) -> str:
     st = p.stat()
     stamp = [str(p), st.st_size, st.st_mtime_ns]
     for entry in _read()["hashes"]:
-        if isinstance(entry, list) and entry[:3] == stamp:
+        if isinstance(entry, list) and len(entry) == 4 and entry[:3] == stamp:
             return str(entry[3])
     h = hashlib.sha256()
     with open(p, "rb") as f:

@@ -409,3 +409,63 @@ def test_a_json_line_s_id_is_a_string_on_one_line_or_a_whole_number(hcli: CLI, b
     assert not _db(hcli).exists()
     _store(hcli, bert, "notes", input='{"id": 7, "text": "the cat"}\n{"id": "a b", "text": "the dog"}\n')
     assert _held(hcli, "notes") == {"7": "the cat", "a b": "the dog"}
+
+
+def test_an_empty_or_tableless_database_holds_no_collections_yet_and_the_next_store_makes_it(hcli: CLI,
+                                                                                           bert: str) -> None:
+    """A 0-byte embeddings.db (a full disk while it was made), or one with no table at all, reads as no
+    collections and `embed --store` makes it anew, as the log does; it was "no collections or embeddings table
+    (it is damaged ...: move it aside ...)" for every command, for good."""
+    db = _db(hcli)
+    for make in ("empty", "tableless"):
+        db.parent.mkdir(parents=True, exist_ok=True)
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(db) + suffix).unlink(missing_ok=True)
+        db.touch()
+        if make == "tableless":
+            with closing(sqlite3.connect(db)) as conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+        assert db.stat().st_size == 0 or make == "tableless"
+        r = hcli("collections", "--json")
+        assert (r.returncode, r.stdout) == (0, "[]\n") and "no collections yet" in r.stderr, (make, r.stderr)
+        r = hcli("similar", "notes", "a cat")
+        assert r.returncode == 2 and "there are no collections yet" in r.stderr and "damaged" not in r.stderr, r.stderr
+        _store(hcli, bert, "notes", *LINES)
+        assert sorted(_held(hcli, "notes").values()) == sorted(LINES), make
+        r = hcli("similar", "notes", "a cat", "-n", "1")
+        assert r.returncode == 0 and r.stdout.count("\n") == 1, r.stderr
+
+
+def _read_only(hcli: CLI, *args: str) -> subprocess.CompletedProcess[str]:
+    """`localgen ARGS` with the home on a read-only disk (a bind mount in a mount namespace of its own)."""
+    import shutil
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    env = {**hcli.env, "H": hcli.env["LOCALGEN_HOME"], "PY": sys.executable}
+    return subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$H" "$H" && exec "$PY" -m localgen "$@"',
+                           "sh", *args], env=env, capture_output=True, text=True, timeout=SAFETY_NET_S)
+
+
+def test_collections_on_a_read_only_disk_are_read_and_a_store_says_it_cannot_write(hcli: CLI, bert: str) -> None:
+    """On a read-only disk `similar`, `collections` and `run --rag` read the collections as they are (WAL cannot
+    make the file it reads beside the database there), and `embed --store` and `collections rm` say the database
+    cannot be written; all said "is unusable: unable to open database file (move it aside and store the
+    collections again ...)", advice that throws good data away."""
+    _store(hcli, bert, "notes", *LINES)
+    r = _read_only(hcli, "collections", "--json")
+    assert r.returncode == 0 and [c["name"] for c in json.loads(r.stdout)] == ["notes"], r.stderr
+    r = _read_only(hcli, "similar", "notes", "the cat sat on the mat", "-n", "1")  # its own text: the nearest
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[0])["content"] == "the cat sat on the mat"
+    r = _read_only(hcli, "run", "-m", "smollm2:135m", "--rag", "notes", "-p", "Where did the cat sit?", "-n", "2")
+    assert r.returncode == 0 and "collections database" not in r.stderr, r.stderr
+    db = _db(hcli)
+    for args in (["embed", "-m", bert, "a dog", "--store", "notes"], ["collections", "rm", "notes", "--yes"]):
+        r = _read_only(hcli, *args)
+        assert (r.returncode, r.stdout) == (1, ""), (args, r.stderr)
+        assert r.stderr == (f"localgen: error: the collections database {db} cannot be written: its folder is "
+                            "read-only (the collections in it can still be read: similar, collections, run "
+                            "--rag)\n"), (args, r.stderr)
+    assert sorted(_held(hcli, "notes").values()) == sorted(LINES)

@@ -199,3 +199,25 @@ def test_a_localgen_home_that_cannot_hold_its_folders_is_one_usage_line(own: CLI
     assert file.read_text() == "mine\n" and not (tmp_path / "relative").exists()
     r = CLI({**own.env, "LOCALGEN_HOME": value})("--help")
     assert r.returncode == 0, r.stderr
+
+
+def test_an_entry_of_a_shipped_name_is_laid_over_the_shipped_entry(own: CLI) -> None:
+    """A user's `[models."smollm2:135m"]` with only `context` (and one sampling key) changes those and keeps the
+    rest of the shipped entry (embedded, its quantization, its other sampling), where it replaced the entry
+    whole and failed "needs a repo"; `list --catalogue` shows what is used. A `repo` of the user's is another
+    model: the shipped entry's `embedded` is not kept."""
+    import json
+
+    _models(own, b'[models."smollm2:135m"]\ncontext = 2048\nsampling = { temperature = 0.5 }\n')
+    r = own("list", "--catalogue", "--json")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    entry = next(e for e in json.loads(r.stdout) if e["name"] == "smollm2:135m")
+    assert (entry["context"], entry["repo"], entry["default_quant"]) == (2048, "(embedded)", "Q4_1"), entry
+    r = own("run", "-m", "smollm2:135m", "-p", "hi", "-n", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    used = json.loads(r.stdout)["sampling"]
+    assert (used["temperature"], used["top_p"]) == (0.5, 0.9), used  # the user's, and the shipped entry's
+    _models(own, b'[models."smollm2:135m"]\nrepo = "someone/Other-GGUF"\n')
+    r = own("list", "--catalogue", "--json")
+    entry = next(e for e in json.loads(r.stdout) if e["name"] == "smollm2:135m")
+    assert (entry["repo"], entry["context"]) == ("someone/Other-GGUF", 8192), entry

@@ -140,3 +140,54 @@ def test_a_model_path_is_one_by_its_look_and_a_name_keeps_its_own_error(cli_in_p
         r = cli_in_process("run", "-m", name, "-p", "hi")
         assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: unknown model {name.split('@')[0]!r}"), \
             r.stderr
+
+
+def _limited() -> None:  # a file read whole stops at this bound instead of at the machine's memory
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+# (the command with {} for the path, what the error calls the file {} names, the bound)
+CAPPED = [
+    (["create", "bot", "-f", "{}"], "the Modelfile {}", "1 MiB, the most localgen reads of it"),
+    (["serve", "--port", "18999", "--api-key-file", "{}"], "the API key file {}",
+     "64 KiB, the most localgen reads of it"),
+    (["ps", "--api-key-file", "{}"], "the API key file {}", "64 KiB, the most localgen reads of it"),
+    (["launch", "claude", "--print-env", "--api-key-file", "{}"], "the API key file {}",
+     "64 KiB, the most localgen reads of it"),
+    (["run", "-m", "smollm2:135m", "-p", "hi", "--image", "{}"], "{}",
+     "{size}; an attachment may be at most 64 MiB"),
+]
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "sparse"])
+@pytest.mark.parametrize(("args", "what", "bound"), CAPPED, ids=[" ".join(a[:-1]) for a, _, _ in CAPPED])
+def test_a_file_read_whole_is_refused_past_its_bound_before_it_is_read(cli_env: dict[str, str], tmp_path: Path,
+                                                                        kind: str, args: list[str], what: str,
+                                                                        bound: str) -> None:
+    """A Modelfile, an API key file and an image are read only up to one byte past their bound (a device such as
+    /dev/zero stats as 0 bytes), and a regular file past it is refused by its size unread: one usage error naming
+    the file and the bound. /dev/zero was read until MemoryError, a 300 MB Modelfile read whole."""
+    import subprocess
+    import sys
+
+    path = "/dev/zero"
+    if kind == "sparse":
+        path = str(tmp_path / "big")
+        with open(path, "wb") as f:
+            f.truncate(300 << 20)
+    r = subprocess.run([sys.executable, "-m", "localgen", *(a.format(path) for a in args)],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, env=cli_env, timeout=300,
+                       preexec_fn=_limited)
+    assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
+    size = "is 300.0 MiB" if kind == "sparse" else "is larger than 64 MiB"  # an image's error says its size
+    bound = bound.format(size=size) if "{size}" in bound else f"is larger than {bound}"
+    assert r.stderr == f"localgen: error: {what.format(path)} {bound}\n", r.stderr
+
+
+def test_a_modelfile_on_stdin_is_read_only_to_its_bound(cli_in_process: InProcessCLI) -> None:
+    """`create -f -` reads stdin up to one character past 1 MiB: a larger text is one usage error."""
+    r = cli_in_process("create", "bot", "-f", "-", input="#" * ((1 << 20) + 1))
+    assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
+    assert r.stderr == "localgen: error: the Modelfile on stdin is larger than 1 MiB, the most localgen reads of it\n"

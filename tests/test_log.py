@@ -10,6 +10,7 @@ import stat
 import subprocess
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -370,3 +371,38 @@ def test_a_log_held_past_the_wait_says_so(tmp_path: Path, monkeypatch: pytest.Mo
         hold.close()
     assert "another process held it for the 0.2 s a writer waits (database is locked)" in e.value.message
     assert store.count() == 1
+
+
+def test_a_log_whose_writes_meet_damage_is_called_damaged_by_logs_and_status(lcli: CLI, tmp_path: Path) -> None:
+    """A log damaged in its middle pages still reads (count, the latest rows) while every run's write fails: `logs
+    status` and `logs` say it is damaged and runs are not logged (one warning line), where status said "logging
+    is on · 33 exchanges" as if all were well; the next good write (a new log) clears it."""
+    r = lcli("run", "-m", "smollm2:135m", "A first question.", *N)
+    assert r.returncode == 0, r.stderr
+    db = _db(lcli)
+    with closing(sqlite3.connect(db)) as conn, conn:  # some pages of rows, then all of it in the file itself
+        conn.executemany("INSERT INTO responses (id, conversation_id, source, model, prompt, response, settings, "
+                         "datetime_utc) VALUES (?, ?, 'run', 'm', ?, ?, '{}', '2026-11-30T00:00:00')",
+                         [(f"id{i}", f"c{i}", f"p{i} " + "x" * 300, "r" * 300) for i in range(32)])
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with db.open("r+b") as f:
+        f.seek(8192)
+        f.write(bytes(range(256)) * 16)
+    r = lcli("run", "-m", "smollm2:135m", "Another question.", *N)
+    assert r.returncode == 0 and "database disk image is malformed" in r.stderr, r.stderr
+    warning = (f"warning: the log at {db} is damaged (database disk image is malformed): runs are not logged; move "
+               "it away, and the next run starts a new log\n")
+    status = lcli("logs", "status")
+    assert status.returncode == 0, status.stderr
+    assert status.stdout == (f"logging is on but failing · {db} · 33 exchanges · damaged: database disk image is "
+                             "malformed\n"), status.stdout
+    assert status.stderr == warning, status.stderr
+    listed = lcli("logs", "-n", "1")
+    assert listed.returncode == 0 and listed.stderr == warning, listed.stderr
+    db.rename(tmp_path / "damaged.db")
+    for suffix in ("-wal", "-shm"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+    assert lcli("run", "-m", "smollm2:135m", "A third question.", *N).returncode == 0
+    status = lcli("logs", "status")
+    assert (status.stdout, status.stderr) == (f"logging is on · {db} · 1 exchange\n", ""), status

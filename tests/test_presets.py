@@ -561,3 +561,64 @@ def test_cp_to_a_name_it_cannot_take_says_which_part_and_what_is_allowed(pcli: I
     allowed, or the rule the name breaks."""
     r = pcli("cp", "smollm2:135m", "--", name)  # (after --: `-bot` is no flag)
     one_error(r, f"bad preset name {name!r}: {why}", "(e.g. mybot or mybot:short)")
+
+
+def test_a_damaged_preset_is_listed_as_a_warning_and_its_error_is_in_words(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """`list` names each damaged preset file in one warning line, as it does a bad models.toml, where they
+    vanished with no word; a file holding `[]` is an error in words, where it was "'list' object has no
+    attribute 'get'"."""
+    assert pcli("create", "good", "-f", "-", input="FROM smollm2:135m\nSYSTEM hi\n").returncode == 0
+    folder = tmp_path / "home" / "data" / "presets"
+    damage = {"lst": (b"[]\n", "it holds a JSON list, not a preset's object"),
+              "binary": (b"\xff\xfe", "byte 0xff at offset 0 is not UTF-8"),
+              "empty": (b"", "it is empty"),
+              "cut": (b'{"format', "it is not JSON (Unterminated string starting at: line 1, column 2)")}
+    for name, (raw, _) in damage.items():
+        (folder / f"{name}.json").write_bytes(raw)
+    r = pcli("list", "--json")
+    assert r.returncode == 0 and [m["name"] for m in json.loads(r.stdout) if m["source"] == "preset"] == ["good"]
+    assert r.stderr.splitlines() == [
+        f"warning: the preset file {folder / f'{name}.json'} is damaged: {why} (left out; create it again, or "
+        f"remove it with localgen rm {name})" for name, (_, why) in sorted(damage.items())], r.stderr
+    one_error(pcli("run", "-m", "lst", "-p", "hi"), f"the preset file {folder / 'lst.json'} is damaged: it holds a "
+              "JSON list, not a preset's object")
+
+
+def test_create_renders_a_template_as_run_would_and_refuses_one_run_would_refuse(pcli: InProcessCLI) -> None:
+    """A TEMPLATE is rendered once with a sample conversation in run's sandbox: one that reaches past it is
+    refused by `create` (exit 2, one line), where it was kept and every `run -m NAME` failed "tried something
+    unsafe"; a template that refuses a system message (some models take none) is kept, and so is a plain one."""
+    unsafe = 'FROM smollm2:135m\nTEMPLATE """{{ self.__init__.__globals__ }}{{ messages }}"""\n'
+    line = one_error(pcli("create", "tpl", "-f", "-", input=unsafe), "stdin: TEMPLATE fails when rendered, so run "
+                     "would refuse it: tried something unsafe: access to attribute '__init__'")
+    assert pcli("run", "-m", "tpl", "-p", "hi").returncode != 0, line  # nothing was kept
+    never = 'FROM smollm2:135m\nTEMPLATE """{{ raise_exception("never") }}{{ messages }}"""\n'
+    one_error(pcli("create", "never", "-f", "-", input=never), "TEMPLATE fails when rendered", "failed: never")
+    no_system = ('FROM smollm2:135m\nTEMPLATE """{% for m in messages %}{% if m.role == "system" %}'
+                 '{{ raise_exception("no system role") }}{% endif %}<|{{ m.role }}|>{{ m.content }}\n'
+                 '{% endfor %}<|assistant|>"""\n')
+    r = pcli("create", "nosys", "-f", "-", input=no_system)
+    assert r.returncode == 0, r.stderr
+    r = pcli("run", "-m", "nosys", "-p", "Name a colour.", "-n", "2")
+    assert r.returncode == 0, r.stderr
+
+
+def test_create_and_cp_on_a_full_disk_name_the_preset_file(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """A preset that cannot be written (a full disk) is one error naming its file, where create and cp said only
+    "localgen: error: No space left on device"; nothing half-written is left."""
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    folder = tmp_path / "home" / "data" / "presets"
+    folder.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
+    env.update({k: v for k, v in pcli.env.items() if v is not None}, F=str(folder), PY=sys.executable)
+    full = ('mount -t tmpfs -o size=4k tmpfs "$F" && { dd if=/dev/zero of="$F/filler" bs=4k 2>/dev/null; true; } '
+            '&& "$PY" -m localgen "$@"; rc=$?; ls -A "$F"; exit $rc')
+    for args, name in ((["create", "bot", "-f", "-"], "bot"), (["cp", "smollm2:135m", "mine"], "mine")):
+        r = subprocess.run(["unshare", "-m", "sh", "-c", full, "sh", *args], input="FROM smollm2:135m\nSYSTEM hi\n",
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert (r.returncode, r.stdout) == (1, "filler\n"), (r.returncode, r.stdout, r.stderr)
+        assert r.stderr == (f"localgen: error: cannot write the preset {folder / f'{name}.json'}: no space left on "
+                            "device\n"), r.stderr

@@ -194,6 +194,27 @@ def test_an_unwritable_prompt_cache_warns_once_and_answers(cli_env: dict[str, st
     assert r.stderr.count("warning: the prompt cache cannot be written") == 1 and r.stderr.count("\n") == 1
 
 
+def test_a_prompt_cache_on_a_full_disk_names_its_file_once_and_says_why(cli_env: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    """On a full disk the warning names the state file llama.cpp could not write with one temporary suffix (it
+    said `....14259.tmp.14259.tmp`, the inner step's own) and says the disk is full."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    home = tmp_path / "home"
+    folder = home / "cache" / "prompt-states"
+    folder.mkdir(parents=True)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("\n".join(f"Line {i}: the river passes mill number {i}." for i in range(20)))
+    env = {**cli_env, "LOCALGEN_HOME": str(home), "F": str(folder), "PY": sys.executable}
+    r = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64k tmpfs "$F" && exec "$PY" -m '
+                        'localgen "$@"', "sh", "run", "-f", str(doc), "-p", "Which mill is first?", "--json", "-n",
+                        "4", "--ctx", "2048"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and json.loads(r.stdout)["prompt_cache"] == "unwritable", r.stderr
+    assert re.fullmatch(rf"warning: the prompt cache cannot be written \({re.escape(str(folder))}: llama\.cpp could "
+                        rf"not write {re.escape(str(folder))}/\.[0-9a-f]{{64}}\.\d+\.tmp; no space is left on its "
+                        r"disk\); answering without it\n", r.stderr), r.stderr
+
+
 def test_resume_with_another_model_file_never_reuses_its_kv(cli: CLI, smollm2_path: Path, tmp_path: Path) -> None:
     r = cli("chat", "kvswap", "-n", "6", "--temperature", "0", input="Tell me about rivers.\n")
     assert r.returncode == 0, r.stderr

@@ -887,3 +887,26 @@ def test_most_of_smollm2s_matrices_take_a_fallback_type(smollm2_f16: Path, tmp_p
     m = re.search(r"(\d+) of (\d+) tensor\(s\) required fallback", "\n".join(logs.lines(last=80)))
     assert m and int(m.group(1)) > int(m.group(2)) / 2
     assert list(tmp_path.iterdir()) == []  # a plan writes nothing
+
+
+def test_the_ladder_on_a_busy_machine_says_so_as_tune_does(qcli: CLI, smollm2_f16: Path, test_text: Path) -> None:
+    """Other work on every CPU (busy loops) while the ladder measures: it warns before measuring and after the
+    table, with tune's check, that the speeds reflect it; under load it once concluded F16 fastest unsaid."""
+    from tests.test_tune import _hogs
+
+    hogs = _hogs()
+    try:
+        r = qcli("quantize", str(smollm2_f16), "--ladder", "Q8_0", "--measure", str(test_text),
+                 *[a for a in _ladder_args(test_text) if a not in ("-f", str(test_text))])
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert any(ln.startswith("warning: this machine is busy (other work takes ") and ln.endswith(
+        "the figures will reflect it, and the speeds will favour whichever type was measured when it was "
+        "quieter") for ln in lines), r.stderr
+    assert lines[-1].startswith("warning: measured on a busy machine: other work took "), r.stderr
+    assert lines[-1].endswith("so the speeds reflect it; measure again on a quiet machine before choosing a type "
+                              "by its speed"), r.stderr

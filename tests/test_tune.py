@@ -532,3 +532,32 @@ def test_reset_of_a_name_that_is_no_model_and_no_record_is_an_error(
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and said in r.stderr, (name, r.stderr)
         assert "forgot" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(tuning.records()) == 1
+
+
+def test_records_of_wrong_types_are_left_out_with_a_warning_and_reset_counts_as_show_does(
+        cli_in_process: InProcessCLI, own_home: Path, smollm2_path: Path) -> None:
+    """A tuning.json whose records have the wrong types (a hand edit) is read without them: --show and --reset say
+    so in one warning line, --reset counts only what --show lists, and a load still uses the good record; `--reset
+    -m` was an AttributeError traceback, and --reset counted "1 tuning record" where --show listed none."""
+    from localgen import tuning
+
+    tuning.save(_record(_ref(smollm2_path)))
+    path = tuning.store_path()
+    doc = json.loads(path.read_text())
+    doc["records"] += [5, {"key": [1]}, {"key": {"sha256": "x"}, "model": "m"}]
+    doc["hashes"] += [[1], 7]
+    path.write_text(json.dumps(doc))
+    _, origins = _resolve(_ref(smollm2_path))
+    assert origins["flash_attn"].startswith("tuned on"), origins
+    cli = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(own_home)})
+    warning = f"warning: 3 tuning records in {path} cannot be read (wrong fields or types): they are "
+    r = cli("tune", "--show", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["settings"] == SETTINGS, r.stderr  # one JSON line
+    assert r.stderr == warning + "left out\n", r.stderr
+    r = cli("tune", "--reset", "-m", "smollm2:135m")
+    assert r.returncode == 0 and r.stderr == f"forgot 1 tuning record of smollm2:135m\n{warning}removed\n", r.stderr
+    assert json.loads(path.read_text())["records"] == []
+    path.write_text(json.dumps({"format": 1, "records": [5], "hashes": []}))
+    r = cli("tune", "--reset")
+    assert r.returncode == 0 and r.stderr == ("forgot 0 tuning records\nwarning: 1 tuning record in "
+                                              f"{path} cannot be read (wrong fields or types): it is removed\n")

@@ -35,10 +35,14 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
         view.end()
         err.line(what)
 
+    from localgen.cli.tune import CpuLoad
+
+    load = CpuLoad.before(err, "the speeds will favour whichever type was measured when it was quieter")
     kept = 0  # rows in the history
     try:
         for row in ladder.rows(reference, files, text, settings, speed, view.chunk, step):
             view.end()
+            load.sample(_Notes(err))
             found.append(row)
             history.add(recording, kept, {**row.record(settings, speed, text_label), "kld_bound": kld_bound})
             kept += 1
@@ -65,6 +69,20 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
     show(found, kld_bound, output, recording.id)
     if recording.id is not None:
         err.line(f"saved as run {recording.id}: localgen bench history {recording.id}")
+    busy = load.busy()
+    if busy is not None:
+        err.warn(f"measured on a busy machine: other work took {busy}, so the speeds reflect it; measure again "
+                 "on a quiet machine before choosing a type by its speed")
+
+
+class _Notes:
+    """Where CpuLoad.sample says that other work took the CPUs while a row was measured: a warning line."""
+
+    def __init__(self, err: Any) -> None:
+        self.err = err
+
+    def note(self, text: str) -> None:
+        self.err.warn(text.replace("that configuration", "that type"))
 
 
 def kept_where(kept: int, measured: int, run_id: int | None) -> str:

@@ -64,10 +64,11 @@ def main(argv: list[str] | None = None) -> None:
     guard_stdout()
     _watch_sigint()
     err = ErrWriter()
-    from localgen.models import catalogue, ollamastore
+    from localgen.models import catalogue, ollamastore, presets
 
     catalogue.warn_with(err.warn)  # what of the user's models.toml cannot be used: said once, the rest works
     ollamastore.warn_with(err.warn)  # an Ollama model's settings localgen has no knob for: said once each
+    presets.warn_with(err.warn)  # a damaged preset file that `list` (and every listing) leaves out
     rc: Any = 0
     try:
         if args and not ("--help" in args or "-h" in args):

@@ -70,19 +70,31 @@ def tune(
         raise UsageError("--show lists the records and --reset forgets them: give one of the two")
     if show or reset:
         _measures_nothing(ctx, knobs, "--show" if show else "--reset", allowed=("model",) if reset else ("as_json",))
+    bad = tuning.unreadable() if show or reset else 0
     if show:
+        _unreadable(bad, "left out")
         _show(tuning.records(), as_json)
         return
     if reset:
         n = _forget(model) if model is not None else tuning.reset()
         print(f"forgot {n} tuning record{'s' if n != 1 else ''}"
               f"{f' of {model}' if model is not None else ''}", file=sys.stderr)
+        _unreadable(bad, "removed")
         return
     load = knobs.load()  # a bad flag is one error before anything loads
     check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m (--reset forgets a gone file's)
     ref = _resolve(model, offline)
     _run(ref, _plan(ref, depth, prompt, answer, preset.load_params(ref, load, knobs.given)), parallel, as_json,
          even_if_busy)
+
+
+def _unreadable(n: int, done: str) -> None:
+    """One warning line for the records in the file this localgen cannot read (wrong types: a hand edit)."""
+    if n:
+        from localgen.tuning import store_path
+
+        print(f"warning: {plural(n, 'tuning record')} in {store_path()} cannot be read "
+              f"(wrong fields or types): {'it is' if n == 1 else 'they are'} {done}", file=sys.stderr)
 
 
 MEASURING = ("depth", "parallel", "prompt", "answer", "even_if_busy")  # what only a measurement reads
@@ -209,7 +221,7 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool
     from localgen.engine.defaults import build_id, device_id
 
     err = ErrWriter()
-    load = _Load.before(err)
+    load = CpuLoad.before(err)
     points: dict[tuple[bool, bool], list[Any]] = {}
     view = _View(plan.count)
     interrupted = False
@@ -303,7 +315,7 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
 BUSY = 0.25  # other work's share of all CPU time past which a tune's figures are not kept (without --even-if-busy)
 
 
-class _Load:
+class CpuLoad:
     """Other work on the CPUs, before and while measuring: it slows every configuration unevenly (and favours
     fewer threads), so a tune made under it is not kept as a default without saying so. Before: a half-second
     sample; while: every configuration's span, the time this process took subtracted (hardware.others_share;
@@ -318,8 +330,9 @@ class _Load:
         self.last = hardware.cpu_sample()
 
     @classmethod
-    def before(cls, err: Any) -> _Load:
-        """Sampled now; a warning when the machine is busy already."""
+    def before(cls, err: Any, then: str = "the record is not kept unless --even-if-busy") -> CpuLoad:
+        """Sampled now; a warning when the machine is busy already, saying what follows (`then`). quantize
+        --ladder's speeds are measured under the same check."""
         import os
 
         from localgen import hardware
@@ -339,8 +352,7 @@ class _Load:
             busy = f"a load of {avg:.1f} on {plural(cores, 'core')}" if avg > 0.5 * cores else None
         what = f"{busy} just before measuring" if busy else None
         if busy is not None:
-            err.warn(f"this machine is busy (other work takes {busy}): the figures will reflect it, and the "
-                     "record is not kept unless --even-if-busy")
+            err.warn(f"this machine is busy (other work takes {busy}): the figures will reflect it, and {then}")
         return cls(share, what)
 
     def sample(self, view: Any) -> None:

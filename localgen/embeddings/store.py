@@ -64,15 +64,75 @@ Waiting = Callable[[str], None]  # where a writer says that it waits for another
 
 
 def _unusable(db_path: Path, e: sqlite3.Error) -> LocalgenError:
-    return LocalgenError(f"the collections database {db_path} is unusable: {e}",
-                         hint="move it aside and store the collections again with `localgen embed --store`")
+    """SQLite's failure as one error naming the file: "move it aside" only for a file that is damaged, never for
+    one that cannot be written (a read-only or full disk) or that another process held."""
+    from localgen.sqlitedb import DAMAGED, cannot_write
+
+    said = str(e)
+    if said in DAMAGED:
+        return LocalgenError(f"the collections database {db_path} is unusable: {said}",
+                             hint="move it aside and store the collections again with `localgen embed --store`")
+    if cannot_write(db_path.parent):
+        return _unwritable(db_path)
+    return LocalgenError(f"the collections database {db_path} is unusable: {said}")
+
+
+def _unwritable(db_path: Path) -> LocalgenError:
+    """The error for a database that cannot be written (its folder read-only, or its disk full), which is read."""
+    import os
+
+    folder = db_path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    why = "its folder is read-only" if not os.access(folder, os.W_OK) else "no space is left on its disk"
+    return LocalgenError(f"the collections database {db_path} cannot be written: {why}",
+                         hint="the collections in it can still be read: similar, collections, run --rag")
+
+
+def _present() -> bool:
+    """Whether there is a database with tables: a missing file, an empty one, or one whose making stopped before
+    its first table (a full disk) holds no collections yet, and the next `embed --store` makes it anew. A file
+    SQLite cannot read counts as there, for _db to say why."""
+    db_path = path()
+    try:
+        if db_path.stat().st_size == 0:
+            return False
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        conn = sqlite3.connect(f"{db_path.absolute().as_uri()}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'").fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return True
+
+
+def _connect(db_path: Path, writes: bool) -> sqlite3.Connection:
+    """A connection to the database; for a reader on a read-only or full disk (where WAL cannot make the file it
+    reads beside the database), one that reads the file as it is."""
+    from localgen.sqlitedb import cannot_write, read_only
+
+    conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_S)
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+    except sqlite3.OperationalError:
+        conn.close()
+        if writes or not cannot_write(db_path.parent):
+            raise
+        conn = read_only(db_path)
+    return conn
 
 
 @contextmanager
 def _db(create: bool, write: bool = False) -> Iterator[Any]:
     """The database (its tables made first if `create`; an older one's missing column added where the caller
     writes, `create` or `write`, never by a reader); any SQLite failure, in here or in the caller's statements,
-    is one LocalgenError naming the file."""
+    is one LocalgenError naming the file. A reader on a read-only disk reads it as it is; a database with no
+    table at all (empty, or its making stopped) holds no collections yet."""
     from localgen.sqlitedb import sqlite_utils_module
 
     sqlite_utils = sqlite_utils_module()
@@ -81,14 +141,20 @@ def _db(create: bool, write: bool = False) -> Iterator[Any]:
     if not db_path.exists():
         if not create:
             raise UsageError("there are no collections yet", hint="make one with `localgen embed --store NAME`")
-        paths.private_file(db_path)
+        try:
+            paths.private_file(db_path)
+        except OSError:
+            raise _unwritable(db_path) from None
     conn = None
     try:
-        conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_S)
+        conn = _connect(db_path, create or write)
         db = sqlite_utils.Database(conn)
-        missing = [t for t in TABLES if t not in db.table_names()]
+        names = db.table_names()
+        missing = [t for t in TABLES if t not in names]
         if create and (missing or conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal"):
             _make_schema(db_path)
+        elif not names:
+            raise UsageError("there are no collections yet", hint="make one with `localgen embed --store NAME`")
         elif missing:
             raise LocalgenError(f"the collections database {db_path} has no {' or '.join(missing)} table",
                                 hint="it is damaged or not localgen's: move it aside and store the collections "
@@ -98,6 +164,8 @@ def _db(create: bool, write: bool = False) -> Iterator[Any]:
         yield db
     except sqlite3.Error as e:  # sqlite3.DatabaseError and kin: a damaged file, a lock held past the timeout
         raise _unusable(db_path, e) from None
+    except OSError:  # the lock file the tables are made under (a read-only folder)
+        raise _unwritable(db_path) from None
     finally:
         if conn is not None:
             conn.close()
@@ -156,8 +224,15 @@ def ensure(c: Collection, waiting: Waiting | None = None) -> None:
 def check(c: Collection) -> None:
     """Before anything is embedded: a collection of that name made another way (model, pooling, size) is the
     error ensure() gives; none yet is no error (nothing is created: ensure() does that once the texts are
-    embedded)."""
-    if not path().exists():
+    embedded). A database that cannot be written is said now, before the texts are embedded."""
+    from localgen.sqlitedb import cannot_write
+
+    folder = path().parent
+    while not folder.exists() and folder != folder.parent:  # (the folders are made as it is stored)
+        folder = folder.parent
+    if cannot_write(folder):
+        raise _unwritable(path())
+    if not _present():
         return
     with _db(create=False) as db:
         rows = list(db.table("collections").rows_where("name = ?", [c.name]))
@@ -332,7 +407,7 @@ def _writing(conn: sqlite3.Connection, waiting: Waiting | None = None) -> Iterat
 
 def listing() -> list[Listed]:
     """Every collection with its entry count and when it was last written, by name; none without a database."""
-    if not path().exists():
+    if not _present():
         return []
     with _db(create=False) as db:
         rows = db.conn.execute(_listing(db, "") + " ORDER BY c.name").fetchall()
@@ -355,7 +430,7 @@ def _listed(r: Any) -> Listed:
 
 def described(name: str) -> Listed:
     """One collection as `localgen collections` lists it; an error naming the ones there are."""
-    if not path().exists():
+    if not _present():
         raise LocalgenError(f"no collection named {name!r}: there are no collections yet")
     with _db(create=False) as db:
         rows = db.conn.execute(_listing(db, "WHERE c.name = ?"), (name,)).fetchall()
@@ -388,7 +463,7 @@ def _missing(conn: sqlite3.Connection, names: list[str]) -> LocalgenError | None
 def remove(names: list[str], waiting: Waiting | None = None) -> dict[str, int]:
     """Remove whole collections (their entries and their record), each name's entry count; every name is checked
     first, in the same transaction, and an unknown one removes nothing."""
-    if not path().exists():
+    if not _present():
         raise LocalgenError(f"no collection named {names[0]!r}: there are no collections yet")
     with _db(create=False, write=True) as db:
         conn = db.conn
@@ -411,7 +486,7 @@ def remove_ids(name: str, ids: list[str], waiting: Waiting | None = None) -> tup
     transaction, and an unknown one removes nothing. How many were removed, and how many are left."""
     import json
 
-    if not path().exists():
+    if not _present():
         raise LocalgenError(f"no collection named {name!r}: there are no collections yet")
     wanted = sorted(set(ids))
     with _db(create=False, write=True) as db:
@@ -440,7 +515,7 @@ def written(name: str) -> float | None:
     """When the collection was last written (an entry stored or removed; made, before any was), read cheaply
     (its one record); None when there is no such collection. A search that keeps the vectors in memory (a
     chat's) reads them again when this changes."""
-    if not path().exists():
+    if not _present():
         return None
     with _db(create=False) as db:
         if "written" in db["collections"].columns_dict:

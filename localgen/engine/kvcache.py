@@ -185,7 +185,7 @@ class KVCache:
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))  # llama.cpp keeps the mode
             if not context.save_file(self._ctx(), tmp, tokens):
-                raise OSError(f"llama.cpp could not write {tmp}")
+                raise OSError(f"llama.cpp could not write {path}")  # the file asked for, not this step's own
             os.chmod(tmp, 0o600)
             os.replace(tmp, path)
             paths.fsync_dir(path.parent)

@@ -213,5 +213,14 @@ def evict() -> None:
 
 
 def _reason(e: OSError, path: Path) -> str:
+    """Why the cache could not be written, in words: llama.cpp's failed write says no cause, so a disk with no
+    room left is said."""
+    import shutil
+
     where = e.filename or path
-    return f"{where}: {e.strerror or e}"
+    why = f"{where}: {e.strerror or e}"
+    if e.errno is None:
+        with contextlib.suppress(OSError):
+            if shutil.disk_usage(path).free < 1 << 20:
+                why += "; no space is left on its disk"
+    return why

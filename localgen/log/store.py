@@ -11,7 +11,8 @@ again from the rows by the first reader or writer to meet it. Concurrent writers
 timeout), so no row is lost and nobody is locked out; any failure of the log is a LogError, which callers
 turn into a one-line warning: the log never stops an answer. A schema whose making stopped half-way (a full
 disk) reads as an empty log and is finished by the next writer; a log that cannot be written (a read-only or
-full disk) is still read, opened immutable."""
+full disk) is still read, opened immutable. A write that finds the log damaged leaves a note in the state
+dir (log-damaged, cleared by the next write that succeeds), as readers may still read a damaged log's pages."""
 
 from __future__ import annotations
 
@@ -122,7 +123,9 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.OperationalError:
-            if create or not _cannot_write(db.parent):
+            from localgen.sqlitedb import cannot_write
+
+            if create or not cannot_write(db.parent):
                 raise
             # a log on a read-only disk, or a full one: WAL wants a file beside it to read, which cannot be
             # made there; read as it is (no one can write it either)
@@ -141,20 +144,12 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
         yield conn
     except (sqlite3.Error, OSError) as e:  # OSError: the lock the schema is made under (a read-only folder)
         damaged = str(e) in ("file is not a database", "database disk image is malformed")
+        if damaged and create:
+            _mark_damaged(db, str(e))
         raise LogError(f"the log at {db} is unusable: {_why(e, db.parent)}",
                        hint="move it away, and the next run starts a new log" if damaged else None) from None
     finally:
         conn.close()
-
-
-def _cannot_write(folder: Path) -> bool:
-    """Whether nothing can be written in the log's folder: read-only, or no room left on its disk."""
-    import shutil
-
-    try:
-        return not os.access(folder, os.W_OK) or shutil.disk_usage(folder).free < 1 << 20
-    except OSError:
-        return False
 
 
 def _os_why(e: OSError, folder: Path) -> str:
@@ -241,7 +236,35 @@ def record(entry: Entry) -> str:
                 if again or not _fts_missing(conn, e):
                     raise
         _rebuild_fts(path())  # then again on a new connection: this one still holds the old schema
+    _marker(path()).unlink(missing_ok=True)  # written again: no longer damaged (moved away, or mended)
     return str(row["id"])
+
+
+def _marker(db: Path) -> Path:
+    """The file in the state dir that says a write found the log damaged (its inode, then SQLite's words):
+    readers can read a damaged log's other pages, so only a writer learns that nothing is being logged."""
+    return paths.state_dir() / "log-damaged"
+
+
+def _mark_damaged(db: Path, said: str) -> None:
+    import contextlib
+
+    with contextlib.suppress(OSError):  # a read-only or full disk: nothing more to say than the warning
+        paths.private_dir(_marker(db).parent)
+        _marker(db).write_text(f"{os.stat(db).st_ino}\n{said}\n")
+
+
+def damage() -> str | None:
+    """SQLite's words for the damage the last write met in the log (`database disk image is malformed`), while
+    that same file is the log and no write has succeeded since; else None. `logs` and `logs status` say it."""
+    db = path()
+    try:
+        ino, _, said = _marker(db).read_text()[:1000].partition("\n")
+        if int(ino) == os.stat(db).st_ino:
+            return said.strip() or "damaged"
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _fts_missing(conn: sqlite3.Connection, e: sqlite3.Error) -> bool:

@@ -157,11 +157,29 @@ def _entry(name: str, raw: Any, source: Path) -> CatalogueEntry:
     )
 
 
+def _over(shipped: Any, mine: Any) -> Any:
+    """A user's entry laid over the shipped entry of its name, field by field (`sampling` and `files` key by
+    key), so `context = 2048` alone changes the window and keeps the rest. A `repo` of the user's is another
+    model: the shipped entry's files, and its `embedded` (which means its own repo), are not kept then."""
+    if not isinstance(shipped, dict) or not isinstance(mine, dict):
+        return mine
+    base = dict(shipped)
+    if "repo" in mine:
+        base.pop("files", None)
+        base.pop("embedded", None)
+    merged = {**base, **mine}
+    for key in ("sampling", "files"):
+        if isinstance(base.get(key), dict) and isinstance(mine.get(key), dict):
+            merged[key] = {**base[key], **mine[key]}
+    return merged
+
+
 def read(using: str | None = None) -> Catalogue:
-    """The shipped catalogue with the user's file on top (the user's entry wins by name). What of the user's
-    file cannot be used is said through warn_with()'s warning, once, and left out: the rest works. `using`: the
-    name the caller is about to use, whose fault is its error rather than a warning."""
-    entries = {name: _entry(name, raw, SHIPPED) for name, raw in _read(SHIPPED, required=True).items()}
+    """The shipped catalogue with the user's file on top (a user's entry of a shipped name laid over it: _over).
+    What of the user's file cannot be used is said through warn_with()'s warning, once, and left out: the rest
+    works. `using`: the name the caller is about to use, whose fault is its error rather than a warning."""
+    shipped = _read(SHIPPED, required=True)
+    entries = {name: _entry(name, raw, SHIPPED) for name, raw in shipped.items()}
     path = user_file()
     try:
         mine = _read(path)
@@ -171,7 +189,7 @@ def read(using: str | None = None) -> Catalogue:
     broken: dict[str, UsageError] = {}
     for name, raw in mine.items():
         try:
-            entries[name] = _entry(name, raw, path)
+            entries[name] = _entry(name, _over(shipped.get(name), raw), path)
         except UsageError as e:
             entries.pop(name, None)
             broken[name] = e

@@ -27,6 +27,9 @@ MIN_CTX = MIN_CTX_FLAG  # as --ctx
 # localgen's field → Ollama's name, where they differ (what `show --modelfile` writes): the settings table's
 OLLAMA_NAMES = {k.name: k.ollama for k in settings.KNOBS.values() if k.ollama and k.ollama != k.name}
 REPEATED = ("stop", "dry_sequence_breaker", "logit_bias")
+# the most of a Modelfile `create -f` reads: the longest chat template of llama.cpp's 70 (gpt-oss's) is 17 KB,
+# and the longest system prompts published (some 25,000 tokens) about 100 KiB; past this it is not a Modelfile
+MAX_MODELFILE = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ def find(name: str) -> Preset | None:
         except OSError as e:
             raise LocalgenError(f"cannot read the preset {path}: {e}") from None
         try:
-            return _from_json(canonical(name), json.loads(raw.decode("utf-8")))
+            return _from_json(canonical(name), _document(raw))
         except (ValueError, TypeError, KeyError, AttributeError, UsageError) as e:
             why = e.message if isinstance(e, UsageError) else str(e)
             raise LocalgenError(f"the preset file {path} is damaged: {why}",
@@ -124,14 +124,45 @@ def find(name: str) -> Preset | None:
     return None
 
 
+def _document(raw: bytes) -> dict[str, Any]:
+    """A preset file's JSON object; a ValueError in words (empty, not UTF-8, not JSON, not an object)."""
+    if not raw.strip():
+        raise ValueError("it is empty")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"byte 0x{raw[e.start]:02x} at offset {e.start:,} is not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"it is not JSON ({e.msg}: line {e.lineno}, column {e.colno})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"it holds a JSON {type(doc).__name__.replace('dict', 'object')}, not a preset's object")
+    return doc
+
+
+_report: dict[str, Callable[[str], None]] = {"warn": lambda s: None}
+_said: set[str] = set()
+
+
+def warn_with(warn: Callable[[str], None]) -> None:
+    """Where all_presets() says which preset files it leaves out (damaged), each once from now (a server lists
+    them on every request): the CLI's warnings."""
+    _report["warn"] = warn
+    _said.clear()
+
+
 def all_presets() -> list[Preset]:
-    """Every readable preset, by name, once (damaged files are left for `show` and `rm` to name)."""
+    """Every readable preset, by name, once; a damaged file is left out with a warning naming it (warn_with),
+    and `show` and `rm` name it too."""
     found: dict[str, Preset] = {}
     d = presets_dir()
     for path in sorted(d.glob("*.json")) if d.is_dir() else []:
         try:
             p = find(path.stem.replace("@", ":"))
-        except LocalgenError:
+        except LocalgenError as e:
+            said = f"{e.message} (left out{f'; {e.hint}' if e.hint else ''})"
+            if said not in _said:
+                _said.add(said)
+                _report["warn"](said)
             continue
         if p is not None:
             found.setdefault(p.name, p)
@@ -168,8 +199,16 @@ def save(p: Preset, replace: bool) -> None:
     """Write a preset; a PresetExists (a UsageError) when one of that name exists and `replace` is not given.
     Written whole to a temporary file, then put in place in one step: a reader sees the old preset or the new
     one, never half of one. Without `replace` that step is a hard link, which fails when the name exists, so of
-    saves racing for one name (two /api/create, or one beside `localgen create`) exactly one succeeds."""
+    saves racing for one name (two /api/create, or one beside `localgen create`) exactly one succeeds. A write
+    that fails (a full or read-only disk) is an error naming the preset's file."""
     path = _file(p.name)
+    try:
+        _write(p, replace, path)
+    except OSError as e:
+        raise LocalgenError(f"cannot write the preset {path}: {(e.strerror or str(e)).lower()}") from None
+
+
+def _write(p: Preset, replace: bool, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     exists = _exists(p.name)
     if not replace and any(f.exists() for f in _files(p.name)):
@@ -325,7 +364,8 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup) -> model
 
 
 def _check_template(source: str, where: str) -> None:
-    """A TEMPLATE is a Jinja chat template, as in a GGUF (not Ollama's Go template): it must compile."""
+    """A TEMPLATE is a Jinja chat template, as in a GGUF (not Ollama's Go template): it must compile, and render a
+    sample conversation as `run` renders a prompt."""
     from localgen.engine.template import ChatTemplate
     from localgen.errors import TemplateError
 
@@ -333,9 +373,25 @@ def _check_template(source: str, where: str) -> None:
         raise UsageError(f"{where}: TEMPLATE looks like an Ollama Go template; localgen takes a Jinja chat "
                          "template, as GGUF files carry")
     try:
-        ChatTemplate(source, "", "")
+        template = ChatTemplate(source, "<s>", "</s>")
     except TemplateError as e:
         raise UsageError(f"{where}: TEMPLATE does not compile: {e.message.split(': ', 1)[-1]}") from None
+    # rendered once, in the sandbox and under the limits `run` renders it in: what run would refuse (an unsafe
+    # attribute, no end, an absurd prompt) is refused now. A template may refuse a system message (some
+    # models take none): a failure of its own is looked at again without one.
+    for sample in (SAMPLE_CONVERSATION, SAMPLE_CONVERSATION[1:]):
+        try:
+            template.render([dict(m) for m in sample])
+            return
+        except TemplateError as e:
+            said = e.message.removeprefix("the model's chat template ")
+            if not said.startswith("failed: ") or sample is not SAMPLE_CONVERSATION:
+                raise UsageError(f"{where}: TEMPLATE fails when rendered, so run would refuse it: {said}") from None
+
+
+SAMPLE_CONVERSATION = ({"role": "system", "content": "You are a helpful assistant."},
+                       {"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hi! How can I help?"},
+                       {"role": "user", "content": "Name a colour."})
 
 
 def apply(p: Preset, ref: ModelRef) -> ModelRef:

@@ -58,6 +58,7 @@ def logs(
             out.write("[]\n")
         return
     entries = store.recent(count, query=query, model=model, cid=cid)
+    _say_damage()  # (a log that cannot be read at all is the one error line of recent())
     if not entries:
         what = " and ".join(f"{k} {v!r}" for k, v in (("-q", query), ("-m", model), ("--cid", cid)) if v)
         ErrWriter().line(f"no logged exchange matches {what}" if what else "the log holds no exchange yet")
@@ -109,4 +110,19 @@ def status() -> None:
     from localgen.log import store
 
     n = store.count() if store.path().exists() else 0
-    typer.echo(f"logging is {'on' if store.enabled() else 'off'} · {store.path()} · {plural(n, 'exchange')}")
+    damage = store.damage()
+    typer.echo(f"logging is {'on' if store.enabled() else 'off'}{' but failing' if damage else ''} · {store.path()} · "
+               f"{plural(n, 'exchange')}{f' · damaged: {damage}' if damage else ''}")
+    _say_damage()
+
+
+def _say_damage() -> None:
+    """One warning line when the last write found the log damaged: it may still read, but nothing is logged."""
+    from localgen.log import store
+
+    damage = store.damage()
+    if damage:
+        from localgen.cli.output import ErrWriter
+
+        ErrWriter().warn(f"the log at {store.path()} is damaged ({damage}): runs are not logged; move it "
+                         "away, and the next run starts a new log")

@@ -21,7 +21,8 @@ def create(
     name: Annotated[str, typer.Argument(help="The preset's name, e.g. mybot or mybot:short.")],
     file: Annotated[
         str, typer.Option("--file", "-f", show_default=False,
-                          help="The Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE, ADAPTER); - reads stdin.")
+                          help="The Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE, ADAPTER; 1 MiB at most); - "
+                               "reads stdin.")
     ],
     force: CreateForce = False,
     json_out: Json = False,
@@ -32,18 +33,23 @@ def create(
 ) -> None:
     """Make a preset from a Modelfile: a name usable wherever a model name is. Its base must be on this
     machine; every value is checked now."""
+    from localgen.models.modelfile import MAX_MODELFILE
     from localgen.models.presets import create_preset
 
     folder = None  # stdin: ADAPTER paths must be absolute
     if file == "-":
-        text, where = sys.stdin.read(), "stdin"
+        from localgen.text import too_long
+
+        text, where = sys.stdin.read(MAX_MODELFILE + 1), "stdin"  # characters: one past the bound, no more
+        if len(text) > MAX_MODELFILE:
+            raise too_long("the Modelfile on stdin", MAX_MODELFILE)
     else:
         from localgen.cli.inputfile import check_input
         from localgen.text import read_file
 
         check_input("-f/--file", file)
         try:
-            text = read_file(Path(file).expanduser(), f"the Modelfile {file}")
+            text = read_file(Path(file).expanduser(), f"the Modelfile {file}", limit=MAX_MODELFILE)
         except OSError as e:
             raise UsageError(f"cannot read the Modelfile {file}: {e.strerror or e}") from None
         where = file

@@ -41,7 +41,7 @@ class ListenOptions(OptionGroup):
     ] = None
     api_key_file: Annotated[
         Path | None, typer.Option("--api-key-file", callback=input_file, rich_help_panel=SERVE,
-                                  show_default=False, help="Read the API key from a file.")
+                                  show_default=False, help="Read the API key from a file (64 KiB at most).")
     ] = None
     cors: Annotated[
         list[str] | None,
@@ -80,14 +80,20 @@ def host_and_port(host: str, port: int, port_typed: bool) -> tuple[str, int]:
     return named, port if port_typed or m[2] is None else int(m[2])
 
 
+MAX_KEY_FILE = 64 << 10  # a key is some dozens of characters; a file past this is not one (/dev/zero, a log)
+
+
 def key_file(path: Path, typed: str | None) -> str:
     """The key in --api-key-file, stripped (serve's and ps's); a usage error when --api-key is typed too, or
-    when the file cannot be read, is not UTF-8 text or is empty. A typed file wins over LOCALGEN_API_KEY."""
+    when the file cannot be read, is larger than 64 KiB, is not UTF-8 text or is empty. A typed file wins over
+    LOCALGEN_API_KEY."""
     if typed is not None:
         raise UsageError("--api-key and --api-key-file cannot be combined")
+    from localgen.text import read_bounded
+
     where = f"the API key file {path}"
     try:
-        key = path.read_text(encoding="utf-8").strip()
+        key = read_bounded(path.expanduser(), MAX_KEY_FILE, where).decode("utf-8").strip()
     except UnicodeDecodeError:
         raise UsageError(f"{where} is not UTF-8 text") from None
     except OSError as e:
