@@ -114,7 +114,7 @@ def test_a_pull_thread_that_wakes_after_the_server_stopped_leaves_no_traceback(m
     monkeypatch.setattr(resolve, "pull", pull)
 
     async def serve() -> None:
-        _, stop, _ = manage._pulling(None)
+        _, stop, _ = manage._pulling(None, True)
         stop.set()  # serve/app.py's Drain ends the pull (Pull.end), then the loop closes
 
     asyncio.run(serve())
