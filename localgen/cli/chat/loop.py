@@ -181,10 +181,7 @@ class _Warn:
         if text in self.said:
             return
         self.said.add(text)
-        if self.view.console is not None:
-            self.view.console.print(f"warning: {text}", style="yellow", markup=False)
-        else:
-            self.view.err.warn(text)
+        self.view.warning(text)
 
 
 def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:
@@ -402,6 +399,7 @@ def print_list() -> None:
     import time
 
     from localgen.chat import session as sessions
+    from localgen.cli.output import for_terminal
     from localgen.embeddings.retrieve import asked
 
     items = sessions.list_sessions(asked)  # a --rag chat by its question, not the excerpts its message begins with
@@ -411,4 +409,5 @@ def print_list() -> None:
     for s in items:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated))
         turns = f"{s.turns:3} turn{'' if s.turns == 1 else 's'}"
-        print(f"{s.name:30} {when}  {turns:9}  {s.model:16} {s.preview}")
+        # a saved prompt's ESC shows as \x1b on a terminal (it would set the title, write the clipboard)
+        print(for_terminal(f"{s.name:30} {when}  {turns:9}  {s.model:16} {s.preview}", sys.stdout))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -319,10 +320,12 @@ def _think(runner: Any, view: Any, arg: str) -> None:
     if not reasoning:
         view.info("the last answer has no thinking")
         return
+    from localgen.cli.output import for_terminal, visible
+
     if view.console is not None:
-        view.console.print(reasoning.strip(), style="dim", markup=False, highlight=False)
+        view.console.print(visible(reasoning.strip()), style="dim", markup=False, highlight=False)
     else:
-        print(reasoning.strip())
+        print(for_terminal(reasoning.strip(), sys.stdout))
 
 
 def _tools(runner: Any, view: Any, arg: str) -> None:
