@@ -150,6 +150,9 @@ def _open_session(name: str | None, resume: bool, model: str | None, system: str
                                        fresh=True, auto_named=not name)
     if model:
         session.model = model
+    if not session.model:  # a saved file without "model", and no -m
+        raise LocalgenError(f"the saved conversation {session.path} names no model",
+                            hint=f"give one: localgen chat --resume {session.name} -m MODEL")
     if system is not None:
         session.system = system
     if session.log_id is None:  # its conversation in the log, saved with the chat from the first turn on

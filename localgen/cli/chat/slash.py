@@ -252,6 +252,10 @@ def _load(runner: Any, view: Any, arg: str) -> None:
     if not arg:
         raise UsageError("usage: /load NAME")
     loaded = sessions.ChatSession.load(arg)
+    if loaded.log_id is None:  # a file written by hand or by another tool: its answers are logged from now on
+        from localgen.log.store import new_id
+
+        loaded.log_id = new_id()
     save_state(runner)
     if loaded.model and loaded.model != runner.session.model and not view.model_given:
         runner.switch(view.loader(loaded.model), loaded.model)  # its own model, as --resume takes it
