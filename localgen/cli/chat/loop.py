@@ -338,7 +338,7 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
             return True
         if command_ok and text.startswith("/"):
             return run_command(text, runner, view)
-        before = list(view.attachments)
+        before, media = list(view.attachments), list(view.media)
         text = checked(text, "the message")
         text = _with_excerpts(text, before, runner, view) if view.rag is not None else "\n\n".join([*before, text])
         view.attachments.clear()
@@ -349,19 +349,32 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
         if not view.interactive:
             raise
         view.info("(stopped before the answer began; the message was taken back)")
+        _attach_again(view, before, media)
         return True
     except LocalgenError as e:
         if not view.interactive:
             raise
         view.error(e.message, e.hint)
         return True
-    stream(runner, view, first)
+    if stream(runner, view, first):  # taken back (Ctrl-C before the answer began, a tool's or endpoint's failure)
+        _attach_again(view, before, media)
     messages = runner.session.messages
     if view.rag is not None and messages and messages[-1]["role"] != "user" and (view.interactive or view.err.tty):
         from localgen.embeddings.retrieve import sources_line
 
         view.info(sources_line(view.rag.last))  # (an answer was kept: a question taken back has none)
     return True
+
+
+def _attach_again(view: ChatView, attachments: list[str], media: list[Any]) -> None:
+    """A message taken back gives back what was attached to it: sent again (Up, Enter), it goes with the files, as
+    it first did, and /detach drops them."""
+    view.attachments[:0] = [a for a in attachments if a not in view.attachments]
+    view.media[:0] = [m for m in media if m not in view.media]
+    n = len(attachments) + len(media)
+    if n:
+        view.info(f"(its {plural(n, 'attachment')} stay{'s' if n == 1 else ''} attached for your next message; "
+                  f"/detach drops {'it' if n == 1 else 'them'})")
 
 
 def _with_excerpts(question: str, before: list[str], runner: Any, view: ChatView) -> str:
