@@ -60,3 +60,20 @@ def test_resuming_a_file_without_a_model_names_the_file_and_takes_m(scli: CLI) -
     assert f"the saved conversation {f} names no model" in r.stderr and "-m MODEL" in r.stderr, r.stderr
     r = scli("chat", "--resume", "nomodel", "-m", "smollm2:135m", *N, input="What is my name?\n")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
+
+
+@pytest.mark.parametrize(("line", "said", "not_said"), [
+    ("/save ../x", "bad conversation name '../x'", "chat -m"),
+    ("/set nosuch 1", "unknown setting 'nosuch'; /set takes: ", None),
+    ("/undo extra", "/undo takes no argument", None),
+])
+def test_slash_command_words_it_cannot_take_are_one_line_refusals(scli: CLI, line: str, said: str,
+                                                                   not_said: str | None) -> None:
+    r = scli("chat", *N, input=f"{line}\n")
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    error = r.stderr.strip().splitlines()[-1]
+    assert said in error, r.stderr
+    assert not_said is None or not_said not in r.stderr
+    if line.startswith("/set"):
+        named = set(error.rsplit("takes: ", 1)[-1].split(" (")[0].split(", "))
+        assert {"system", "reasoning", "compact", "think", "verbose", "markdown", "temperature", "top_k"} <= named

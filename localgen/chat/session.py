@@ -28,10 +28,11 @@ def chats_dir() -> Path:
     return paths.data_dir() / "chats"
 
 
-def check_name(name: str) -> str:
-    """A conversation name is a plain file-name-safe word; anything else is a usage error."""
+def check_name(name: str, model_hint: bool = True) -> str:
+    """A conversation name is a plain file-name-safe word; anything else is a usage error (with `model_hint`, one
+    that looks like a model's name says how to chat with that model: not for /save, whose word is a name)."""
     if not _NAME.fullmatch(name):  # `$` alone would take a name ending in a newline
-        model = ":" in name or "/" in name  # `ollama run MODEL` habit: the model given where the name goes
+        model = model_hint and (":" in name or "/" in name)  # `ollama run MODEL`: the model where the name goes
         raise UsageError(f"bad conversation name {name!r}: use at most 64 letters, digits, '.', '_' or '-', "
                          "beginning with a letter or digit",
                          hint=f"to chat with the model {name}: localgen chat -m {name}" if model else None)

@@ -64,8 +64,14 @@ def _set(runner: Any, view: Any, arg: str) -> None:
         setattr(view, {"think": "think", "verbose": "footer", "markdown": "markdown"}[key], value == "on")
         view.info(f"{key} {value}")
     else:
+        if settings.field_name(key) is None:  # every name /set takes, its own ones too (settings knows its knobs only)
+            names = ", ".join(sorted([*settings.KNOBS, *CHAT_SETTINGS]))
+            raise UsageError(f"unknown setting {key!r}; /set takes: {names}")
         view.info(runner.set(key, value))
     runner.save()
+
+
+CHAT_SETTINGS = ("system", "reasoning", "compact", "think", "verbose", "markdown")  # /set's own, beside sampling
 
 
 def _show(runner: Any, view: Any, arg: str) -> None:
@@ -161,6 +167,8 @@ def _clear(runner: Any, view: Any, arg: str) -> None:
 
 
 def _undo(runner: Any, view: Any, arg: str) -> None:
+    if arg:
+        raise UsageError(f"/undo takes no argument (it drops the last exchange): {arg!r} was not understood")
     view.info("last exchange dropped" if runner.session.undo() else "nothing to undo")
     runner.forget()
     runner.save()
@@ -227,7 +235,7 @@ def _save(runner: Any, view: Any, arg: str) -> None:
 
     if not arg:
         raise UsageError("usage: /save NAME")
-    name = sessions.check_name(arg)
+    name = sessions.check_name(arg, model_hint=False)
     target = sessions.chats_dir() / f"{name}.json"
     if name != runner.session.name and target.exists():
         if not view.interactive:
