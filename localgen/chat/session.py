@@ -28,10 +28,11 @@ def chats_dir() -> Path:
     return paths.data_dir() / "chats"
 
 
-def check_name(name: str) -> str:
-    """A conversation name is a plain file-name-safe word; anything else is a usage error."""
+def check_name(name: str, model_hint: bool = True) -> str:
+    """A conversation name is a plain file-name-safe word; anything else is a usage error (with `model_hint`, one
+    that looks like a model's name says how to chat with that model: not for /save, whose word is a name)."""
     if not _NAME.fullmatch(name):  # `$` alone would take a name ending in a newline
-        model = ":" in name or "/" in name  # `ollama run MODEL` habit: the model given where the name goes
+        model = model_hint and (":" in name or "/" in name)  # `ollama run MODEL`: the model where the name goes
         raise UsageError(f"bad conversation name {name!r}: use at most 64 letters, digits, '.', '_' or '-', "
                          "beginning with a letter or digit",
                          hint=f"to chat with the model {name}: localgen chat -m {name}" if model else None)
@@ -230,7 +231,7 @@ class ChatSession:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise LocalgenError(f"the saved conversation {path} is unreadable: {e}") from None
         try:
-            messages = [_message(m) for m in data["messages"] if m.get("role") in ("user", "assistant", "tool")]
+            messages = _messages(data["messages"], path)
             saved = dict(data.get("settings") or {})
             system = data.get("system")
             if system is not None and not isinstance(system, str):
@@ -259,14 +260,46 @@ def _stamp(path: Path) -> tuple[str, int, int]:
     return str(path), st.st_mtime_ns, st.st_size
 
 
+ROLES = ("user", "assistant", "tool")  # what `messages` holds (the system prompt is saved apart)
+
+
+def _messages(saved: Any, path: Path) -> list[Message]:
+    """A saved file's messages; a LocalgenError naming the file and the first entry that is not a message (a
+    conversation loaded without it would be saved without it: the file is reported, and left as it is)."""
+    if not isinstance(saved, list):
+        raise TypeError("messages")
+    out = []
+    for i, m in enumerate(saved, 1):
+        why = _malformed(m)
+        if why is not None:
+            raise LocalgenError(f"the saved conversation {path} has a malformed message: entry {i} of "
+                                f"\"messages\" {why}", hint="fix or remove it in the file; the file was left as it is")
+        out.append(_message(m))
+    return out
+
+
+def _malformed(m: Any) -> str | None:
+    """What keeps a saved entry from being a message (None when it is one)."""
+    if not isinstance(m, dict):
+        return f"is {type(m).__name__}, not an object"
+    role = m.get("role")
+    if role not in ROLES:
+        return f"has the role {json.dumps(role, ensure_ascii=False)[:40]} (user, assistant or tool)"
+    content = m.get("content")
+    if isinstance(content, str) or (isinstance(content, list) and all(isinstance(p, dict) and
+                                                                         isinstance(p.get("type"), str)
+                                                                         for p in content)):
+        return None
+    if content is None and role == "assistant" and m.get("tool_calls"):  # OpenAI's shape of a call alone
+        return None
+    return "has no text content" if content is None else f"has a content of type {type(content).__name__}"
+
+
 def _message(m: dict[str, Any]) -> Message:
-    """A saved message: role and content, and the tool fields it has (calls, a result's call id and name,
-    the reasoning)."""
-    content = m["content"]
-    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content):
-        kept: Any = content  # text with images or audio: OpenAI's content parts (checked again when sent)
-    else:
-        kept = str(content)
+    """A saved message (checked by _malformed): role and content, and the tool fields it has (calls, a result's
+    call id and name, the reasoning)."""
+    content = m.get("content")
+    kept: Any = content if content is not None else ""  # parts: text with images or audio (checked when sent)
     out: Message = {"role": str(m["role"]), "content": kept}
     for key in TOOL_KEYS:
         value = m.get(key)

@@ -6,7 +6,10 @@ import contextlib
 import errno
 import os
 import sys
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported before main() can catch a Ctrl-C: its import is the widest gap
+if TYPE_CHECKING:
+    from typing import Any
 
 _WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENOTDIR,
                  errno.EISDIR, errno.EFBIG}
@@ -35,7 +38,33 @@ def switch_on(name: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback."""
+    """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback. Ctrl-C at any
+    moment, even while the command's modules are imported, is one "interrupted" line and exit 130."""
+    try:
+        _main(argv)
+    except KeyboardInterrupt:  # before _main's own handling was set up (an import), or after it had done
+        interrupted_early()
+
+
+def interrupted_early() -> None:
+    """Ctrl-C outside the command's own handling (while Typer, Rich or the command's module is imported): one
+    "interrupted" line on stderr, unless it was said already, and exit 130. A second Ctrl-C meanwhile is ignored,
+    so no traceback can follow the line."""
+    import signal
+
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    output = sys.modules.get("localgen.cli.output")
+    said = output is not None and getattr(output, "_said", {}).get("interrupted")
+    if not said:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.write("interrupted\n")  # plain: Rich may be the module the press stopped half-imported
+            sys.stderr.flush()
+    eval("0")  # clears CPython's "unhandled KeyboardInterrupt" mark (see _main), so the exit is 130, not SIGINT
+    sys.exit(130)
+
+
+def _main(argv: list[str] | None) -> None:
     if (sys.argv[1:] if argv is None else argv) in (["--version"], ["-V"]):
         from localgen.cli import version_line
 
@@ -181,7 +210,8 @@ def _watch_sigint() -> None:
         if output is not None:
             output.ctrl_c_pressed()
         logs = sys.modules.get("localgen.native.logs")  # not loaded: no llama.cpp callback can be running
-        if logs is not None and logs.defer_interrupt(frame):
+        defer = getattr(logs, "defer_interrupt", None)  # None too while the press stops its import half-way
+        if defer is not None and defer(frame):
             return  # raised once llama.cpp returns: an exception cannot cross its C frames
         raise KeyboardInterrupt
 

@@ -76,13 +76,14 @@ class TextWriter:
         self.stream = stream
         self.enabled = enabled
         self.wrote = ""
+        self.visible = is_terminal(stream)  # on a terminal, control characters show escaped (visible())
 
     def write(self, text: str) -> bool:
         """Write and flush; False once the reader has gone away."""
         if not self.enabled or not text:
             return True
         try:
-            self.stream.write(text)
+            self.stream.write(visible(text) if self.visible else text)
             self.stream.flush()
         except (BrokenPipeError, ReaderGone):
             silence_stdout()
@@ -167,6 +168,35 @@ def format_stats(s: Stats) -> str:
 ERROR_HEAD, ERROR_TAIL = 600, 400  # what an error line keeps of its start and end when it quotes a huge value
 # characters that would act on a terminal instead of showing (ESC, BEL, CR, ...) or reorder the line (bidi controls)
 _INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but line break and tab, DEL, C1
+
+
+def _escaped(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    # DEL and C1 as \u00NN, which JSON reads as the same character (`logs --json` on a terminal stays JSON);
+    # C0 as \x1b (JSON already escapes those)
+    return f"\\x{code:02x}" if code < 0x20 else f"\\u{code:04x}"
+
+
+def visible(text: str) -> str:
+    """Text a model or a user wrote, as a terminal must get it: every control character but a line break and a tab
+    (ESC, BEL, CR, DEL, C1) shown escaped (`\\x1b`, `\\u009b`), so a saved prompt or an answer cannot set the
+    window's title, write the clipboard (OSC 52) or move the cursor. For text bound for a terminal only: piped, an
+    answer stays byte for byte (for_terminal)."""
+    return _CONTROLS.sub(_escaped, text)
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether `stream` is a terminal (False for one closed or without isatty)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def for_terminal(text: str, stream: Any) -> str:
+    """`text` made visible (visible()) where `stream` is a terminal; unchanged into a pipe or a file."""
+    return visible(text) if is_terminal(stream) else text
 
 
 def error_text(line: str) -> str:
@@ -196,7 +226,7 @@ class ErrWriter:
         _wrote("\n")
         try:
             if self._console is not None:
-                self._console.print(text, style=style, markup=False)
+                self._console.print(visible(text), style=style, markup=False)
             else:
                 print(text, file=self.stream, flush=True)
         except (BrokenPipeError, ValueError):
@@ -240,7 +270,7 @@ class ErrWriter:
         """Streamed text (a model's thinking), dimmed on a terminal, no newline added."""
         try:
             if self._console is not None:
-                self._console.print(text, style="dim", markup=False, end="")
+                self._console.print(visible(text), style="dim", markup=False, end="")
             else:
                 self.stream.write(text)
                 self.stream.flush()

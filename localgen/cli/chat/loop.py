@@ -152,6 +152,9 @@ def _open_session(name: str | None, resume: bool, model: str | None, system: str
                                        fresh=True, auto_named=not name)
     if model:
         session.model = model
+    if not session.model:  # a saved file without "model", and no -m
+        raise LocalgenError(f"the saved conversation {session.path} names no model",
+                            hint=f"give one: localgen chat --resume {session.name} -m MODEL")
     if system is not None:
         session.system = system
     if session.log_id is None:  # its conversation in the log, saved with the chat from the first turn on
@@ -183,10 +186,7 @@ class _Warn:
         if text in self.said:
             return
         self.said.add(text)
-        if self.view.console is not None:
-            self.view.console.print(f"warning: {text}", style="yellow", markup=False)
-        else:
-            self.view.err.warn(text)
+        self.view.warning(text)
 
 
 def _chat_model_there(plan: ChatPlan, session: Any) -> None:
@@ -356,7 +356,7 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
             return True
         if command_ok and text.startswith("/"):
             return run_command(text, runner, view)
-        before = list(view.attachments)
+        before, media = list(view.attachments), list(view.media)
         text = checked(text, "the message")
         text = _with_excerpts(text, before, runner, view) if view.rag is not None else "\n\n".join([*before, text])
         view.attachments.clear()
@@ -367,19 +367,32 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
         if not view.interactive:
             raise
         view.info("(stopped before the answer began; the message was taken back)")
+        _attach_again(view, before, media)
         return True
     except LocalgenError as e:
         if not view.interactive:
             raise
         view.error(e.message, e.hint)
         return True
-    stream(runner, view, first)
+    if stream(runner, view, first):  # taken back (Ctrl-C before the answer began, a tool's or endpoint's failure)
+        _attach_again(view, before, media)
     messages = runner.session.messages
     if view.rag is not None and messages and messages[-1]["role"] != "user" and (view.interactive or view.err.tty):
         from localgen.embeddings.retrieve import sources_line
 
         view.info(sources_line(view.rag.last))  # (an answer was kept: a question taken back has none)
     return True
+
+
+def _attach_again(view: ChatView, attachments: list[str], media: list[Any]) -> None:
+    """A message taken back gives back what was attached to it: sent again (Up, Enter), it goes with the files, as
+    it first did, and /detach drops them."""
+    view.attachments[:0] = [a for a in attachments if a not in view.attachments]
+    view.media[:0] = [m for m in media if m not in view.media]
+    n = len(attachments) + len(media)
+    if n:
+        view.info(f"(its {plural(n, 'attachment')} stay{'s' if n == 1 else ''} attached for your next message; "
+                  f"/detach drops {'it' if n == 1 else 'them'})")
 
 
 def _with_excerpts(question: str, before: list[str], runner: Any, view: ChatView) -> str:
@@ -420,6 +433,7 @@ def print_list() -> None:
     import time
 
     from localgen.chat import session as sessions
+    from localgen.cli.output import for_terminal
     from localgen.embeddings.retrieve import asked
 
     items = sessions.list_sessions(asked)  # a --rag chat by its question, not the excerpts its message begins with
@@ -429,4 +443,5 @@ def print_list() -> None:
     for s in items:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated))
         turns = f"{s.turns:3} turn{'' if s.turns == 1 else 's'}"
-        print(f"{s.name:30} {when}  {turns:9}  {s.model:16} {s.preview}")
+        # a saved prompt's ESC shows as \x1b on a terminal (it would set the title, write the clipboard)
+        print(for_terminal(f"{s.name:30} {when}  {turns:9}  {s.model:16} {s.preview}", sys.stdout))

@@ -61,6 +61,9 @@ class PlainView:
         self.notice = notice
         self.mode = ""
         self.last = ""
+        from localgen.cli.output import is_terminal
+
+        self.visible = is_terminal(out)  # --plain on a terminal: control characters show escaped; piped, untouched
 
     def show(self, event: Any) -> None:
         """Write one event of the answer stage."""
@@ -91,7 +94,9 @@ class PlainView:
 
     def _w(self, s: str) -> None:
         if s:
-            self.out.write(s)
+            from localgen.cli.output import visible
+
+            self.out.write(visible(s) if self.visible else s)
             self.out.flush()
             self.last = s[-1]
 
@@ -139,7 +144,10 @@ class RichView:
 
     def show(self, event: Any) -> None:
         """Show one event of the answer stage."""
+        from localgen.cli.output import visible
+
         kind, text = _kind(event)
+        text = visible(text)  # a model's ESC shows as \x1b, never acts on the terminal
         if kind == "line":
             self._flush()
             self.live.console.print(text, style="yellow", markup=False, highlight=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,14 @@ def _set(runner: Any, view: Any, arg: str) -> None:
         setattr(view, {"think": "think", "verbose": "footer", "markdown": "markdown"}[key], value == "on")
         view.info(f"{key} {value}")
     else:
+        if settings.field_name(key) is None:  # every name /set takes, its own ones too (settings knows its knobs only)
+            names = ", ".join(sorted([*settings.KNOBS, *CHAT_SETTINGS]))
+            raise UsageError(f"unknown setting {key!r}; /set takes: {names}")
         view.info(runner.set(key, value))
     runner.save()
+
+
+CHAT_SETTINGS = ("system", "reasoning", "compact", "think", "verbose", "markdown")  # /set's own, beside sampling
 
 
 def _show(runner: Any, view: Any, arg: str) -> None:
@@ -160,6 +167,8 @@ def _clear(runner: Any, view: Any, arg: str) -> None:
 
 
 def _undo(runner: Any, view: Any, arg: str) -> None:
+    if arg:
+        raise UsageError(f"/undo takes no argument (it drops the last exchange): {arg!r} was not understood")
     view.info("last exchange dropped" if runner.session.undo() else "nothing to undo")
     runner.forget()
     runner.save()
@@ -226,7 +235,7 @@ def _save(runner: Any, view: Any, arg: str) -> None:
 
     if not arg:
         raise UsageError("usage: /save NAME")
-    name = sessions.check_name(arg)
+    name = sessions.check_name(arg, model_hint=False)
     target = sessions.chats_dir() / f"{name}.json"
     if name != runner.session.name and target.exists():
         if not view.interactive:
@@ -251,6 +260,10 @@ def _load(runner: Any, view: Any, arg: str) -> None:
     if not arg:
         raise UsageError("usage: /load NAME")
     loaded = sessions.ChatSession.load(arg)
+    if loaded.log_id is None:  # a file written by hand or by another tool: its answers are logged from now on
+        from localgen.log.store import new_id
+
+        loaded.log_id = new_id()
     save_state(runner)
     if loaded.model and loaded.model != runner.session.model and not view.model_given:
         runner.switch(view.loader(loaded.model), loaded.model)  # its own model, as --resume takes it
@@ -319,10 +332,12 @@ def _think(runner: Any, view: Any, arg: str) -> None:
     if not reasoning:
         view.info("the last answer has no thinking")
         return
+    from localgen.cli.output import for_terminal, visible
+
     if view.console is not None:
-        view.console.print(reasoning.strip(), style="dim", markup=False, highlight=False)
+        view.console.print(visible(reasoning.strip()), style="dim", markup=False, highlight=False)
     else:
-        print(reasoning.strip())
+        print(for_terminal(reasoning.strip(), sys.stdout))
 
 
 def _tools(runner: Any, view: Any, arg: str) -> None:

@@ -65,10 +65,10 @@ def summary_interrupts(runner: Any) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None) -> None:
+def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None) -> bool:
     """Show one answer as it comes (with the tools it calls, each asked for first unless allowed), record
     it, and print its footer. A tool's failure takes the whole turn back: the question goes, or, for
-    /retry, the answer it replaced (`restore`) comes back."""
+    /retry, the answer it replaced (`restore`) comes back. True when the turn was taken back."""
     from localgen.cli.output import ReaderGone
     from localgen.errors import RemoteError, ToolError
     from localgen.tools.loop import Turn
@@ -89,15 +89,14 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
                 runner.gen.close()
         except RemoteError as e:  # the endpoint failed: keep what arrived, or take the question back
             screen.finish()
-            _remote_failed(e, turn, runner, view, restore)
-            return
+            return _remote_failed(e, turn, runner, view, restore)
         except ToolError as e:  # nothing of the turn is kept: the question is taken back
             screen.finish()
             _take_back(runner, restore)
             if not view.interactive:
                 raise
             view.error(e.message, e.hint or "the message was taken back; the conversation is as it was")
-            return
+            return True
         except (ReaderGone, OSError):  # stdout's reader went away (`| head -1`) or its disk is full: the chat
             if runner.gen is not None:  # ends, and keeps what was said, as Ctrl-C keeps a partial answer
                 runner.gen.close()
@@ -117,7 +116,7 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
         view.info("(stopped before the answer began; the message was taken back)")
         if not view.interactive:  # scripted: Ctrl-C ends the script (130), not only this answer
             _end_script(view)
-        return
+        return True
     runner.record(turn)
     if not view.interactive and not screen.answered:
         sys.stdout.write("\n")  # an empty answer still ends with a line break: one line an answer, piped
@@ -129,6 +128,7 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
         _show_footer(s, turn, runner, view)
     if interrupted and not view.interactive:  # scripted: the answer is kept, and Ctrl-C ends the script (130)
         _end_script(view)
+    return False
 
 
 def _end_script(view: Any) -> None:
@@ -230,9 +230,9 @@ def _take_back(runner: Any, restore: list[Any] | None) -> None:
         runner.session.messages.extend(restore)
 
 
-def _remote_failed(e: Any, turn: Any, runner: Any, view: Any, restore: list[Any] | None) -> None:
+def _remote_failed(e: Any, turn: Any, runner: Any, view: Any, restore: list[Any] | None) -> bool:
     """A partial answer is kept (and said to be partial); with nothing received, the message is taken back
-    so that the conversation stays as it was. Scripted, the error then ends the chat."""
+    so that the conversation stays as it was. Scripted, the error then ends the chat. True when taken back."""
     if turn.messages:
         runner.record(turn)
         e.message += " (the partial answer is kept)"
@@ -241,6 +241,7 @@ def _remote_failed(e: Any, turn: Any, runner: Any, view: Any, restore: list[Any]
     if not view.interactive:
         raise e
     view.error(e.message, e.hint)
+    return not turn.messages
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localgen.cli.options.knobs import SamplingFlags
-from localgen.cli.output import ErrWriter
+from localgen.cli.output import ErrWriter, visible
 
 
 @dataclass
@@ -47,9 +47,10 @@ class ChatView:
             self.console = Console(highlight=False, no_color=self.plain, soft_wrap=False)
 
     def info(self, text: str) -> None:
-        """A notice: dim on the terminal; stderr when scripted."""
+        """A notice: dim on the terminal; stderr when scripted. Saved text it quotes (a system prompt, a summary,
+        an excerpt) shows its control characters escaped on a terminal (output.visible)."""
         if self.console is not None:
-            self.console.print(text, style="dim", markup=False)
+            self.console.print(visible(text), style="dim", markup=False)
         else:
             self.err.line(text)
 
@@ -63,14 +64,15 @@ class ChatView:
     def warning(self, text: str) -> None:
         """A warning the chat goes on after: yellow on the terminal; stderr when scripted."""
         if self.console is not None:
-            self.console.print(f"warning: {text}", style="yellow", markup=False)
+            self.console.print(visible(f"warning: {text}"), style="yellow", markup=False)
         else:
             self.err.warn(text)
 
     def error(self, message: str, hint: str | None = None) -> None:
         """An error the chat survives (on a terminal) or ends with (scripted)."""
         if self.console is not None:
-            self.console.print(f"error: {message}" + (f" ({hint})" if hint else ""), style="red", markup=False)
+            self.console.print(visible(f"error: {message}" + (f" ({hint})" if hint else "")), style="red",
+                               markup=False)
         else:
             self.err.error(message, hint)
 

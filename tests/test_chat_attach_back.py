@@ -1,0 +1,62 @@
+"""Ctrl-C before the answer begins takes the message back, and what /read attached to it stays attached for the
+next message (docs/chat.md, Ctrl-C): sent again, it goes with the file, as it first did."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import termios
+import time
+from pathlib import Path
+from typing import Any
+
+import pexpect
+
+from tests.conftest import CLI, ROOT, default_sigint
+
+
+def answering(child: Any) -> None:
+    """Wait until the chat has taken the message: the prompt has let go of the terminal (ISIG on) and the answer's
+    screen holds it, not echoing keys (cli/echo.py): a Ctrl-C now stops the turn, not the prompt's read."""
+    tty = os.open(f"/proc/{child.pid}/fd/0", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    try:
+        deadline = time.monotonic() + 60
+        while (termios.tcgetattr(tty)[3] & (termios.ISIG | termios.ECHO)) != termios.ISIG:
+            assert time.monotonic() < deadline, "the chat never took the message"
+            time.sleep(0.005)
+    finally:
+        os.close(tty)
+
+
+def test_ctrl_c_that_takes_a_message_back_keeps_its_attachment(cli_env: dict[str, str], tmp_path: Path) -> None:
+    lcli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    big = tmp_path / "big.txt"  # some 2,800 tokens, read in pieces of 16: long enough to be stopped before it ends
+    big.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200)))
+    env = {**lcli.env, "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1"}
+    # pexpect's own child, the pty's foreground process as in a terminal emulator (the chat's echo-off needs that)
+    child = pexpect.spawn(sys.executable, ["-m", "localgen", "chat", "att", "-n", "5", "--temperature", "0",
+                                           "--batch-size", "16", "--no-prompt-cache"], env=env, cwd=str(ROOT),
+                          encoding="utf-8", timeout=120, dimensions=(40, 120), preexec_fn=default_sigint)
+    try:
+        child.expect("ready in")
+        child.expect_exact(">>>")
+        child.sendline(f"/read {big}")
+        child.expect_exact("will be sent with your next message")
+        child.expect_exact(">>>")
+        child.sendline("Summarize.")
+        answering(child)
+        child.sendintr()
+        child.expect_exact("the message was taken back")
+        child.expect_exact("its 1 attachment stays attached for your next message; /detach drops it")
+        child.expect_exact(">>>")
+        child.sendline("/detach")
+        child.expect_exact("dropped 1 attachment")
+        child.expect_exact(">>>")
+        child.sendcontrol("d")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    chats = Path(lcli.env["LOCALGEN_HOME"]) / "data" / "chats" / "att.json"
+    assert not chats.exists() or json.loads(chats.read_text())["messages"] == [], "the message was taken back"

@@ -1,0 +1,79 @@
+"""Saved chat files written by hand or by another tool (docs/chat.md, Saving): one without a log id is logged as a
+conversation of its own once loaded; one with a malformed message is reported (the file and the entry) and left as
+it is; one without a model is named when it cannot be resumed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI
+
+N = ["-n", "5", "--temperature", "0"]
+
+
+@pytest.fixture
+def scli(cli_env: dict[str, str], tmp_path: Path) -> CLI:
+    return CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+
+
+def _chats(scli: CLI) -> Path:
+    d = Path(scli.env["LOCALGEN_HOME"]) / "data" / "chats"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+ADA = [{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Hi Ada."}]
+
+
+def test_loading_a_file_without_a_log_id_logs_its_answers_under_an_id_of_its_own(scli: CLI) -> None:
+    (_chats(scli) / "ed3.json").write_text(json.dumps({"model": "smollm2:135m", "messages": ADA}))
+    r = scli("chat", *N, input="/load ed3\nWhat is my name?\n")
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr and "unusable" not in r.stderr, r.stderr
+    saved = json.loads((_chats(scli) / "ed3.json").read_text())
+    assert saved["log_id"] and len(saved["messages"]) == 4
+    rows = json.loads(scli("logs", "-n", "0", "--json").stdout)
+    assert [(x["conversation_id"], x["prompt"]) for x in rows] == [(saved["log_id"], "What is my name?")]
+
+
+@pytest.mark.parametrize("how", ["load", "resume"])
+def test_a_saved_file_with_a_malformed_message_is_reported_and_never_rewritten(scli: CLI, how: str) -> None:
+    bad = _chats(scli) / "bad.json"
+    bad.write_text(json.dumps({"model": "smollm2:135m", "messages": [*ADA, {"role": 5, "content": None}]}))
+    before = bad.read_bytes()
+    r = (scli("chat", *N, input="/load bad\nWhat is my name?\n") if how == "load" else
+         scli("chat", "--resume", "bad", *N, input="What is my name?\n"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"localgen: error: the saved conversation {bad} has a "
+                                                        "malformed message: entry 3 of \"messages\" has the role 5")
+    assert bad.read_bytes() == before, "a corrupt saved file is never overwritten"
+
+
+def test_resuming_a_file_without_a_model_names_the_file_and_takes_m(scli: CLI) -> None:
+    f = _chats(scli) / "nomodel.json"
+    f.write_text(json.dumps({"messages": ADA}))
+    r = scli("chat", "--resume", "nomodel", *N, input="What is my name?\n")
+    assert r.returncode == 1 and r.stdout == ""
+    assert f"the saved conversation {f} names no model" in r.stderr and "-m MODEL" in r.stderr, r.stderr
+    r = scli("chat", "--resume", "nomodel", "-m", "smollm2:135m", *N, input="What is my name?\n")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+
+
+@pytest.mark.parametrize(("line", "said", "not_said"), [
+    ("/save ../x", "bad conversation name '../x'", "chat -m"),
+    ("/set nosuch 1", "unknown setting 'nosuch'; /set takes: ", None),
+    ("/undo extra", "/undo takes no argument", None),
+])
+def test_slash_command_words_it_cannot_take_are_one_line_refusals(scli: CLI, line: str, said: str,
+                                                                   not_said: str | None) -> None:
+    r = scli("chat", *N, input=f"{line}\n")
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    error = r.stderr.strip().splitlines()[-1]
+    assert said in error, r.stderr
+    assert not_said is None or not_said not in r.stderr
+    if line.startswith("/set"):
+        named = set(error.rsplit("takes: ", 1)[-1].split(" (")[0].split(", "))
+        assert {"system", "reasoning", "compact", "think", "verbose", "markdown", "temperature", "top_k"} <= named

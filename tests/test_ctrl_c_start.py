@@ -1,0 +1,41 @@
+"""Ctrl-C at any moment of a command's start (while Typer, Rich and the command's modules are imported, the model
+loaded): one "interrupted" line and exit 130, never a traceback (README's exit codes; docs/run.md). A press before
+the entry module is imported (Python's own start-up, some 40 ms) is Python's, outside localgen's reach: each
+process here says on a descriptor of its own when it has imported it, and the presses come after that."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, default_sigint
+
+# the console script's own two lines, with a byte on descriptor READY_FD once localgen.cli.main is imported
+SCRIPT = ("import os, sys\nfrom localgen.cli.main import main\nfd = int(os.environ.pop('READY_FD'))\n"
+          "os.write(fd, b'.')\nos.close(fd)\nsys.exit(main())\n")
+DELAYS = (0.0, 0.005, 0.01, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5)  # after the import
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_ctrl_c_during_start_is_one_line_and_exit_130(cli_env: dict[str, str], delay: float) -> None:
+    ready_r, ready_w = os.pipe()
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT, "run", "-p", "Write a long story.", "-n", "200",
+                          "--temperature", "0"], env={**cli_env, "READY_FD": str(ready_w)}, cwd=str(ROOT),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         pass_fds=(ready_w,), preexec_fn=default_sigint)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b".", "the process ended before it imported localgen.cli.main"
+    finally:
+        os.close(ready_r)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert p.returncode == 130, (p.returncode, err)
+    assert err.strip() == "interrupted", err
