@@ -36,3 +36,29 @@ def test_alt_enter_typed_while_an_answer_streams_is_a_new_line(cli_env: dict[str
     messages = json.loads((home / "data" / "chats" / "typeahead.json").read_text())["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == [LETTER, "foo\nbar"], \
         "\n".join(screen.rows())
+
+
+def test_a_paste_while_an_answer_streams_is_one_message(cli_env: dict[str, str], home: Path) -> None:
+    """The held terminal asks for bracketed paste while the answer streams (as the prompt does), so a terminal marks
+    a paste made then; the next prompt takes the marked lines as one paste: one message with its newlines, not a
+    message sent at each line (the terminal, asked for nothing, sent the paste's lines as Enter-ended lines)."""
+    screen = terminal.Screen(SCREEN)
+    child = spawn(cli_env, "pasted", "-n", "200", "--ignore-eos", "--temp", "0", log=screen)
+    child.sendline(LETTER)
+    child.expect_exact("\x1b[?2004l")  # the prompt's last word to the terminal: what follows is the answer's
+    child.expect_exact("\x1b[?2004h")  # the answer's screen asks for marked pastes: before the answer ends
+    assert "tok/s" not in child.before, "bracketed paste came back on only at the next prompt"
+    wait_until(child, lambda: bool(paragraphs_shown([*screen.rows(), "tok/s"], LETTER)))  # it streams
+    child.send("\x1b[200~Q1 hello\rQ2 hello\rQ3 hello\x1b[201~")  # as a terminal sends a paste it marks
+    child.expect("tok/s", timeout=SAFETY_NET_S)
+    wait_until(child, lambda: any(row.endswith("Q3 hello") for row in screen.rows()))
+    child.send("\r")
+    child.expect("tok/s", timeout=SAFETY_NET_S)
+    child.expect_exact(PROMPT)
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    messages = json.loads((home / "data" / "chats" / "pasted.json").read_text())["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == [LETTER, "Q1 hello\nQ2 hello\nQ3 hello"], \
+        "\n".join(screen.rows())

@@ -19,7 +19,8 @@ line editing (ICANON) is off too. In cooked mode, Ctrl-D typed during the answer
 keeps for the next read; the prompt, which reads in raw mode, then gets a NUL in its place (a key that does
 nothing), and a user who pressed Ctrl-D to leave once the answer ends finds the chat still open. With ICANON off,
 Ctrl-D stays the key Ctrl-D, and the prompt takes it as it takes Ctrl-D pressed there: on an empty line, the chat
-ends. (Ctrl-C still stops the answer: ISIG is left on.)"""
+ends. (Ctrl-C still stops the answer: ISIG is left on.) The terminal marks pastes meanwhile (bracketed paste, as the
+prompt has it), so a paste typed ahead reaches the prompt as one paste, its newlines kept."""
 
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ class EchoOff:
         except (OSError, ValueError, AttributeError, termios.error):  # no descriptor, or the terminal refused
             return
         self.fd, self.saved = fd, saved
+        if self.for_prompt:
+            _bracketed_paste(fd, True)
 
     def drop_typed(self) -> None:
         """At Ctrl-C: drop the keys typed and not yet read, as the terminal does where NOFLSH is off (off() set it,
@@ -94,6 +97,16 @@ class EchoOff:
         import termios
 
         saved, self.saved = self.saved, None
+        if self.for_prompt:
+            _bracketed_paste(self.fd, False)
         with contextlib.suppress(OSError, termios.error):  # the terminal is gone: nothing to put back
             if os.tcgetpgrp(self.fd) == os.getpgrp():  # put in the background since (Ctrl-Z, bg): the shell's now
                 termios.tcsetattr(self.fd, termios.TCSANOW, saved)
+
+
+def _bracketed_paste(fd: int, on: bool) -> None:
+    """Ask the terminal `fd` to mark pastes (ESC[200~ ... ESC[201~) or not. Chat's prompt asks for it while it reads,
+    and while an answer streams the held terminal asks for it too: a paste made then reaches the next prompt marked,
+    as one message with its newlines, not as a line sent at each of them."""
+    with contextlib.suppress(OSError):
+        os.write(fd, b"\x1b[?2004h" if on else b"\x1b[?2004l")

@@ -4,6 +4,7 @@ saving after each turn."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 from localgen.cli.chat.plan import ChatPlan
 from localgen.cli.chat.turn import restore_state, save_state, stream, summary_interrupts
 from localgen.cli.chat.view import ChatView, summarized
+from localgen.cli.echo import EchoOff
 from localgen.cli.hints import model_gone
 from localgen.cli.options import files, preset
 from localgen.cli.options.plan import LoadPlan
@@ -360,7 +362,10 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> b
         text = checked(text, "the message")
         text = _with_excerpts(text, before, runner, view) if view.rag is not None else "\n\n".join([*before, text])
         view.attachments.clear()
-        with summary_interrupts(runner):  # Ctrl-C while a summary is written stops only the summary
+        # the terminal held from Enter on (the answer's screen takes it over): keys typed while the message is
+        # made ready are not echoed into the answer's place, and a paste is kept marked for the next prompt
+        with EchoOff(for_prompt=True) if view.interactive else contextlib.nullcontext(), \
+                summary_interrupts(runner):  # Ctrl-C while a summary is written stops only the summary
             first = runner.start(text, view.media)
         view.media.clear()
     except KeyboardInterrupt:  # Ctrl-C between Enter and the answer (fitting a long history to the window)
