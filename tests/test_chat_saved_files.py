@@ -77,3 +77,21 @@ def test_slash_command_words_it_cannot_take_are_one_line_refusals(scli: CLI, lin
     if line.startswith("/set"):
         named = set(error.rsplit("takes: ", 1)[-1].split(" (")[0].split(", "))
         assert {"system", "reasoning", "compact", "think", "verbose", "markdown", "temperature", "top_k"} <= named
+
+
+def test_a_damaged_saved_file_is_listed_as_a_warning_and_left_as_it_is(scli: CLI) -> None:
+    """`chat --list` names each saved file it cannot read, and why, in a warning line, beside the ones it lists;
+    the files stay byte for byte."""
+    d = _chats(scli)
+    damaged = {"list.json": b"[]", "latin.json": b"\xff", "cut.json": b"{"}
+    for name, raw in damaged.items():
+        (d / name).write_bytes(raw)
+    (d / "ada.json").write_text(json.dumps({"model": "smollm2:135m", "messages": ADA}))
+    r = scli("chat", "--list")
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()] == ["ada"], r.stdout
+    assert sorted(r.stderr.splitlines()) == sorted(
+        f"warning: the saved conversation {d / name} cannot be read ({why}): it is left as it is"
+        for name, why in (("cut.json", "it is not JSON"), ("latin.json", "it is not UTF-8 text"),
+                          ("list.json", "it is not a saved conversation"))), r.stderr
+    assert {name: (d / name).read_bytes() for name in damaged} == damaged

@@ -332,9 +332,11 @@ class SessionInfo:
     preview: str
 
 
-def list_sessions(asked: Callable[[str], str] = lambda text: text) -> list[SessionInfo]:
+def list_sessions(asked: Callable[[str], str] = lambda text: text,
+                  skipped: list[tuple[Path, str]] | None = None) -> list[SessionInfo]:
     """Saved conversations, most recent first, each previewed by what `asked` makes of its first message (the CLI
-    gives a --rag chat's question, not its excerpts); unreadable files are skipped, never removed."""
+    gives a --rag chat's question, not its excerpts); unreadable files are skipped, never removed, and added to
+    `skipped` (the file, why) when it is given."""
     out = []
     d = chats_dir()
     if not d.is_dir():
@@ -342,6 +344,8 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text) -> list[Sessi
     for p in d.glob("*.json"):
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise TypeError
             msgs = data.get("messages") or []
             first = asked(text_of(next((m.get("content", "") for m in msgs if m.get("role") == "user"), "")))
             out.append(SessionInfo(
@@ -349,9 +353,22 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text) -> list[Sessi
                 turns=sum(1 for m in msgs if m.get("role") == "user"),
                 updated=float(data.get("updated", p.stat().st_mtime)), preview=" ".join(str(first).split())[:60],
             ))
-        except (OSError, ValueError, AttributeError, TypeError):
+        except (OSError, ValueError, AttributeError, TypeError) as e:
+            if skipped is not None:
+                skipped.append((p, _unreadable(e)))
             continue
     return sorted(out, key=lambda s: s.updated, reverse=True)
+
+
+def _unreadable(e: Exception) -> str:
+    """Why a saved conversation's file could not be listed, in words."""
+    if isinstance(e, UnicodeDecodeError):
+        return "it is not UTF-8 text"
+    if isinstance(e, json.JSONDecodeError):
+        return "it is not JSON"
+    if isinstance(e, OSError):
+        return (e.strerror or str(e)).lower()
+    return "it is not a saved conversation"
 
 
 def latest() -> str | None:

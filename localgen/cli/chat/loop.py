@@ -8,6 +8,7 @@ import contextlib
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from localgen.cli.chat.plan import ChatPlan
@@ -441,7 +442,13 @@ def print_list() -> None:
     from localgen.cli.output import for_terminal
     from localgen.embeddings.retrieve import asked
 
-    items = sessions.list_sessions(asked)  # a --rag chat by its question, not the excerpts its message begins with
+    skipped: list[tuple[Path, str]] = []
+    items = sessions.list_sessions(asked, skipped)  # a --rag chat by its question, not the excerpts it begins with
+    if skipped:
+        from localgen.cli.output import ErrWriter
+
+        for path, why in sorted(skipped):
+            ErrWriter().warn(f"the saved conversation {path} cannot be read ({why}): it is left as it is")
     if not items:
         print("no saved conversations")
         return
