@@ -178,7 +178,8 @@ def test_an_exception_is_the_apis_500_with_the_request_id_and_the_access_line_sa
     monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 
-    def pulling(target: Any, strict: bool) -> tuple[Any, threading.Event, Any]:  # the pull's thread, as its lines reach the loop
+    # the pull's thread, as its lines reach the loop
+    def pulling(target: Any, strict: bool) -> tuple[Any, threading.Event, Any]:
         out: asyncio.Queue[Any] = asyncio.Queue()
         if when == "mid-stream":
             out.put_nowait({"status": "pulling x.gguf", "digest": "x.gguf", "total": 10, "completed": 0})
