@@ -35,7 +35,7 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label
         view.end()
         err.line(what)
 
-    from localgen.cli.tune import CpuLoad
+    from localgen.cli.cpuload import CpuLoad
 
     load = CpuLoad.before(err, "the speeds will favour whichever type was measured when it was quieter")
     kept = 0  # rows in the history
