@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from localgen import paths
+from localgen.embeddings import storedb
+from localgen.embeddings.storedb import path as path  # where the collections are (the CLI names it)
 from localgen.errors import LocalgenError, UsageError
 
 
@@ -53,153 +53,12 @@ class Listed:
     last_written: float  # when an entry was last stored or removed (created, before any was)
 
 
-def path() -> Path:
-    """Where collections are kept."""
-    return paths.data_dir() / "embeddings" / "embeddings.db"
-
-
-BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another (several `embed --store` at once)
-TABLES = ("collections", "embeddings")
 Waiting = Callable[[str], None]  # where a writer says that it waits for another (the CLI's stderr)
-
-
-def _unusable(db_path: Path, e: sqlite3.Error) -> LocalgenError:
-    """SQLite's failure as one error naming the file: "move it aside" only for a file that is damaged, never for
-    one that cannot be written (a read-only or full disk) or that another process held."""
-    from localgen.sqlitedb import DAMAGED, cannot_write
-
-    said = str(e)
-    if said in DAMAGED:
-        return LocalgenError(f"the collections database {db_path} is unusable: {said}",
-                             hint="move it aside and store the collections again with `localgen embed --store`")
-    if cannot_write(db_path.parent):
-        return _unwritable(db_path)
-    return LocalgenError(f"the collections database {db_path} is unusable: {said}")
-
-
-def _unwritable(db_path: Path) -> LocalgenError:
-    """The error for a database that cannot be written (its folder read-only, or its disk full), which is read."""
-    import os
-
-    folder = db_path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    why = "its folder is read-only" if not os.access(folder, os.W_OK) else "no space is left on its disk"
-    return LocalgenError(f"the collections database {db_path} cannot be written: {why}",
-                         hint="the collections in it can still be read: similar, collections, run --rag")
-
-
-def _present() -> bool:
-    """Whether there is a database with tables: a missing file, an empty one, or one whose making stopped before
-    its first table (a full disk) holds no collections yet, and the next `embed --store` makes it anew. A file
-    SQLite cannot read counts as there, for _db to say why."""
-    db_path = path()
-    try:
-        if db_path.stat().st_size == 0:
-            return False
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    try:
-        conn = sqlite3.connect(f"{db_path.absolute().as_uri()}?mode=ro", uri=True)
-        try:
-            return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'").fetchone() is not None
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return True
-
-
-def _connect(db_path: Path, writes: bool) -> sqlite3.Connection:
-    """A connection to the database; for a reader on a read-only or full disk (where WAL cannot make the file it
-    reads beside the database), one that reads the file as it is."""
-    from localgen.sqlitedb import cannot_write, read_only
-
-    conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_S)
-    try:
-        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-    except sqlite3.OperationalError:
-        conn.close()
-        if writes or not cannot_write(db_path.parent):
-            raise
-        conn = read_only(db_path)
-    return conn
-
-
-@contextmanager
-def _db(create: bool, write: bool = False) -> Iterator[Any]:
-    """The database (its tables made first if `create`; an older one's missing column added where the caller
-    writes, `create` or `write`, never by a reader); any SQLite failure, in here or in the caller's statements,
-    is one LocalgenError naming the file. A reader on a read-only disk reads it as it is; a database with no
-    table at all (empty, or its making stopped) holds no collections yet."""
-    from localgen.sqlitedb import sqlite_utils_module
-
-    sqlite_utils = sqlite_utils_module()
-
-    db_path = path()
-    if not db_path.exists():
-        if not create:
-            raise UsageError("there are no collections yet", hint="make one with `localgen embed --store NAME`")
-        try:
-            paths.private_file(db_path)
-        except OSError:
-            raise _unwritable(db_path) from None
-    conn = None
-    try:
-        conn = _connect(db_path, create or write)
-        db = sqlite_utils.Database(conn)
-        names = db.table_names()
-        missing = [t for t in TABLES if t not in names]
-        if create and (missing or conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal"):
-            _make_schema(db_path)
-        elif not names:
-            raise UsageError("there are no collections yet", hint="make one with `localgen embed --store NAME`")
-        elif missing:
-            raise LocalgenError(f"the collections database {db_path} has no {' or '.join(missing)} table",
-                                hint="it is damaged or not localgen's: move it aside and store the collections "
-                                     "again with `localgen embed --store`")
-        elif write and "written" not in db["collections"].columns_dict:  # made before removals counted
-            _make_schema(db_path)
-        yield db
-    except sqlite3.Error as e:  # sqlite3.DatabaseError and kin: a damaged file, a lock held past the timeout
-        raise _unusable(db_path, e) from None
-    except OSError:  # the lock file the tables are made under (a read-only folder)
-        raise _unwritable(db_path) from None
-    finally:
-        if conn is not None:
-            conn.close()
-
-
-def _make_schema(db_path: Path) -> None:
-    """WAL (readers never wait for a writer) and the tables, once, whoever gets there first (a file lock: the
-    switch to WAL needs the database to itself)."""
-    from filelock import FileLock
-
-    from localgen.sqlitedb import sqlite_utils_module
-
-    sqlite_utils = sqlite_utils_module()
-    with FileLock(str(db_path) + ".lock"):
-        conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_S)
-        try:
-            db = sqlite_utils.Database(conn)
-            conn.execute("PRAGMA journal_mode=WAL")
-            db.table("collections").create({"name": str, "model": str, "model_spec": str, "pooling": str,
-                                            "dimensions": int, "normalized": int, "created": float,
-                                            "written": float}, pk="name", if_not_exists=True)
-            if "written" not in db["collections"].columns_dict:
-                db["collections"].add_column("written", float)
-            db.table("embeddings").create({"collection": str, "id": str, "content": str, "content_hash": str,
-                                           "embedding": bytes, "updated": float}, pk=("collection", "id"),
-                                          if_not_exists=True)
-            conn.commit()
-        finally:
-            conn.close()
 
 
 def get(name: str) -> Collection:
     """A collection by name; an error naming the ones there are."""
-    with _db(create=False) as db:
+    with storedb.db(create=False) as db:
         rows = list(db.table("collections").rows_where("name = ?", [name]))
         names = [r["name"] for r in db["collections"].rows] if not rows else []
     if not rows:
@@ -212,7 +71,7 @@ def get(name: str) -> Collection:
 def ensure(c: Collection, waiting: Waiting | None = None) -> None:
     """Create the collection, or check that it was made the same way (several processes may create it at once:
     the first row stays, and the others are checked against it)."""
-    with _db(create=True) as db:
+    with storedb.db(create=True) as db:
         with _writing(db.conn, waiting):
             db.conn.execute("INSERT OR IGNORE INTO collections (name, model, model_spec, pooling, dimensions, "
                             "normalized, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -231,10 +90,10 @@ def check(c: Collection) -> None:
     while not folder.exists() and folder != folder.parent:  # (the folders are made as it is stored)
         folder = folder.parent
     if cannot_write(folder):
-        raise _unwritable(path())
-    if not _present():
+        raise storedb.unwritable(path())
+    if not storedb.present():
         return
-    with _db(create=False) as db:
+    with storedb.db(create=False) as db:
         rows = list(db.table("collections").rows_where("name = ?", [c.name]))
     if rows:
         _same_way(rows[0], c)
@@ -276,7 +135,7 @@ def text_id(text: str) -> str:
 def unchanged(name: str, items: Iterable[tuple[str, str]], any_id: bool = False) -> set[str]:
     """Of (id, text) pairs, the ids stored with the same text already; with `any_id`, under whatever id (a
     collection stored before text ids were content-derived holds its argument texts under 1, 2, ...)."""
-    with _db(create=True) as db:
+    with storedb.db(create=True) as db:
         stored = {r["id"]: r["content_hash"] for r in db.query(
             "SELECT id, content_hash FROM embeddings WHERE collection = ?", [name])}
     held = set(stored.values()) if any_id else set()
@@ -290,7 +149,7 @@ def reusable(name: str, items: Iterable[tuple[str, str]]) -> dict[str, bytes]:
     import json
 
     wanted: dict[str, list[str]] = {}
-    with _db(create=True) as db:
+    with storedb.db(create=True) as db:
         stored = {r["id"]: r["content_hash"] for r in db.query(
             "SELECT id, content_hash FROM embeddings WHERE collection = ?", [name])}
         held = set(stored.values())
@@ -316,7 +175,7 @@ def put(name: str, rows: list[tuple[str, str, list[float] | bytes]], keep: Itera
     import json
 
     now = time.time()
-    with _db(create=True) as db:
+    with storedb.db(create=True) as db:
         conn = db.conn
         with _writing(conn, waiting):
             conn.executemany(
@@ -348,7 +207,7 @@ def copies(name: str, files: Iterable[str]) -> dict[str, str]:
         return {}
     hashes: dict[str, set[str]] = {}  # document → its chunks' texts
     holders: dict[str, set[str]] = {}  # text → the documents holding it
-    with _db(create=True) as db:  # called after a store: it is there
+    with storedb.db(create=True) as db:  # called after a store: it is there
         for ident, h in db.conn.execute(
                 "SELECT id, content_hash FROM embeddings WHERE collection = ? AND instr(id, '#') > 0", (name,)):
             doc = ident.rpartition("#")[0]
@@ -385,7 +244,7 @@ def _writing(conn: sqlite3.Connection, waiting: Waiting | None = None) -> Iterat
     """One write transaction, the write lock taken first (a read then a write in WAL mode fails at once when
     another writer committed in between, instead of waiting); committed at the end, rolled back on any error
     or interruption. When another process holds the lock, `waiting` hears so before the wait (up to
-    BUSY_TIMEOUT_S)."""
+    storedb.BUSY_TIMEOUT_S)."""
     conn.execute("PRAGMA busy_timeout = 0")
     try:
         conn.execute("BEGIN IMMEDIATE")
@@ -393,10 +252,10 @@ def _writing(conn: sqlite3.Connection, waiting: Waiting | None = None) -> Iterat
         if e.sqlite_errorcode != sqlite3.SQLITE_BUSY:
             raise
         if waiting is not None:
-            waiting(f"waiting for another process writing {path()} (at most {BUSY_TIMEOUT_S:.0f} s)")
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            waiting(f"waiting for another process writing {path()} (at most {storedb.BUSY_TIMEOUT_S:.0f} s)")
+        conn.execute(f"PRAGMA busy_timeout = {int(storedb.BUSY_TIMEOUT_S * 1000)}")
         conn.execute("BEGIN IMMEDIATE")
-    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    conn.execute(f"PRAGMA busy_timeout = {int(storedb.BUSY_TIMEOUT_S * 1000)}")
     try:
         yield
     except BaseException:
@@ -407,9 +266,9 @@ def _writing(conn: sqlite3.Connection, waiting: Waiting | None = None) -> Iterat
 
 def listing() -> list[Listed]:
     """Every collection with its entry count and when it was last written, by name; none without a database."""
-    if not _present():
+    if not storedb.present():
         return []
-    with _db(create=False) as db:
+    with storedb.db(create=False) as db:
         rows = db.conn.execute(_listing(db, "") + " ORDER BY c.name").fetchall()
     return [_listed(r) for r in rows]
 
@@ -430,9 +289,9 @@ def _listed(r: Any) -> Listed:
 
 def described(name: str) -> Listed:
     """One collection as `localgen collections` lists it; an error naming the ones there are."""
-    if not _present():
+    if not storedb.present():
         raise LocalgenError(f"no collection named {name!r}: there are no collections yet")
-    with _db(create=False) as db:
+    with storedb.db(create=False) as db:
         rows = db.conn.execute(_listing(db, "WHERE c.name = ?"), (name,)).fetchall()
         error = None if rows else _missing(db.conn, [name])
     if error is not None:
@@ -443,7 +302,7 @@ def described(name: str) -> Listed:
 def entries(name: str, chars: int) -> Iterator[tuple[str, str, int]]:
     """Each entry of a collection in the order stored: its id, the first `chars` characters of its text and the
     text's length (the texts and vectors are never read whole)."""
-    with _db(create=False) as db:
+    with storedb.db(create=False) as db:
         yield from db.conn.execute("SELECT id, substr(content, 1, ?), length(content) FROM embeddings "
                                    "WHERE collection = ? ORDER BY rowid", (chars, name))
 
@@ -463,9 +322,9 @@ def _missing(conn: sqlite3.Connection, names: list[str]) -> LocalgenError | None
 def remove(names: list[str], waiting: Waiting | None = None) -> dict[str, int]:
     """Remove whole collections (their entries and their record), each name's entry count; every name is checked
     first, in the same transaction, and an unknown one removes nothing."""
-    if not _present():
+    if not storedb.present():
         raise LocalgenError(f"no collection named {names[0]!r}: there are no collections yet")
-    with _db(create=False, write=True) as db:
+    with storedb.db(create=False, write=True) as db:
         conn = db.conn
         with _writing(conn, waiting):
             error = _missing(conn, names)
@@ -486,10 +345,10 @@ def remove_ids(name: str, ids: list[str], waiting: Waiting | None = None) -> tup
     transaction, and an unknown one removes nothing. How many were removed, and how many are left."""
     import json
 
-    if not _present():
+    if not storedb.present():
         raise LocalgenError(f"no collection named {name!r}: there are no collections yet")
     wanted = sorted(set(ids))
-    with _db(create=False, write=True) as db:
+    with storedb.db(create=False, write=True) as db:
         conn = db.conn
         with _writing(conn, waiting):
             error = _missing(conn, [name])
@@ -515,9 +374,9 @@ def written(name: str) -> float | None:
     """When the collection was last written (an entry stored or removed; made, before any was), read cheaply
     (its one record); None when there is no such collection. A search that keeps the vectors in memory (a
     chat's) reads them again when this changes."""
-    if not _present():
+    if not storedb.present():
         return None
-    with _db(create=False) as db:
+    with storedb.db(create=False) as db:
         if "written" in db["collections"].columns_dict:
             row = db.conn.execute("SELECT coalesce(written, created) FROM collections WHERE name = ?",
                                   (name,)).fetchone()
@@ -529,7 +388,7 @@ def written(name: str) -> float | None:
 
 def stored_bytes(name: str) -> int:
     """What a collection's texts and vectors take in the database (their bytes, without SQLite's overhead)."""
-    with _db(create=False) as db:
+    with storedb.db(create=False) as db:
         row = db.conn.execute("SELECT coalesce(sum(length(CAST(content AS BLOB)) + length(embedding)), 0) "
                               "FROM embeddings WHERE collection = ?", (name,)).fetchone()
     return int(row[0])
@@ -537,7 +396,7 @@ def stored_bytes(name: str) -> int:
 
 def vectors(name: str) -> list[tuple[str, str, bytes]]:
     """Every (id, text, packed vector) of a collection."""
-    with _db(create=False) as db:
+    with storedb.db(create=False) as db:
         return [(r["id"], r["content"], r["embedding"]) for r in db.query(
             "SELECT id, content, embedding FROM embeddings WHERE collection = ?", [name])]
 
