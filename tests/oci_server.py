@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
 
-from tests import hub_server
+from tests import hub_server, registry_server
 from tests.hub_server import HubFile
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -164,40 +164,7 @@ def _handler(reg: FakeOci, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
             return self._blob(ref, data)
 
         def _blob(self, digest: str, f: HubFile) -> None:
-            start, end, status = 0, f.size, 200
-            m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
-            if m:
-                start = int(m.group(1))
-                end = min(f.size, int(m.group(2)) + 1) if m.group(2) else f.size
-                if start >= f.size:
-                    return self._error(416, "RANGE", "Range Not Satisfiable")
-                status = 206
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(end - start))
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{f.size}")
-            self.end_headers()
-            pos = start
-            while pos < end:
-                n = min(1 << 20, end - pos)
-                with reg.lock:
-                    drops = reg.drop_after.get(digest, [])
-                    cut = next((d for d in drops if pos <= d < pos + n), None)
-                    if cut is not None:
-                        drops.remove(cut)
-                if cut is not None:
-                    self.wfile.write(f.read(pos, cut))
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(2)
-                    return None
-                try:
-                    self.wfile.write(f.read(pos, pos + n))
-                except (BrokenPipeError, ConnectionResetError):
-                    return None
-                pos += n
-            return None
+            registry_server.send_blob(self, reg.lock, reg.drop_after, digest, f, self._error)
 
     return Handler
 

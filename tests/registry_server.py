@@ -11,9 +11,11 @@ import hashlib
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from tests import hub_server
@@ -141,41 +143,7 @@ def _handler(reg: FakeRegistry, cdn: bool = False) -> type[BaseHTTPRequestHandle
             return self._blob(ref, data)
 
         def _blob(self, digest: str, f: HubFile) -> None:
-            start, end, status = 0, f.size, 200
-            m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
-            if m:
-                start = int(m.group(1))
-                end = min(f.size, int(m.group(2)) + 1) if m.group(2) else f.size
-                if start >= f.size:
-                    return self._error(416, "RANGE", "Range Not Satisfiable")
-                status = 206
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Length", str(end - start))
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{f.size}")
-            self.end_headers()
-            pos = start
-            while pos < end:
-                n = min(1 << 20, end - pos)
-                with reg.lock:
-                    drops = reg.drop_after.get(digest, [])
-                    cut = next((d for d in drops if pos <= d < pos + n), None)
-                    if cut is not None:
-                        drops.remove(cut)
-                if cut is not None:
-                    self.wfile.write(f.read(pos, cut))
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(2)
-                    return None
-                try:
-                    self.wfile.write(f.read(pos, pos + n))
-                except (BrokenPipeError, ConnectionResetError):
-                    return None
-                pos += n
-            return None
+            send_blob(self, reg.lock, reg.drop_after, digest, f, self._error)
 
     return Handler
 
@@ -184,3 +152,44 @@ def start() -> tuple[FakeRegistry, ThreadingHTTPServer]:
     """Start the fake registry on a free loopback port, and its CDN on 127.0.0.2 (stopped with it)."""
     reg = FakeRegistry()
     return reg, hub_server.with_cdn(reg, _handler)
+
+
+def send_blob(h: Any, lock: threading.Lock, drop_after: dict[str, list[int]], digest: str, f: HubFile,
+              error: Callable[[int, str, str], None]) -> None:
+    """A blob's bytes as a registry sends them, from its Range on (206), or an `error` 416 past its end; the
+    connection cut at the first offset of drop_after[digest] the bytes reach (each offset once)."""
+    start, end, status = 0, f.size, 200
+    m = re.match(r"bytes=(\d+)-(\d*)$", h.headers.get("Range", ""))
+    if m:
+        start = int(m.group(1))
+        end = min(f.size, int(m.group(2)) + 1) if m.group(2) else f.size
+        if start >= f.size:
+            return error(416, "RANGE", "Range Not Satisfiable")
+        status = 206
+    h.send_response(status)
+    h.send_header("Content-Type", "application/octet-stream")
+    h.send_header("Accept-Ranges", "bytes")
+    h.send_header("Content-Length", str(end - start))
+    if status == 206:
+        h.send_header("Content-Range", f"bytes {start}-{end - 1}/{f.size}")
+    h.end_headers()
+    pos = start
+    while pos < end:
+        n = min(1 << 20, end - pos)
+        with lock:
+            drops = drop_after.get(digest, [])
+            cut = next((d for d in drops if pos <= d < pos + n), None)
+            if cut is not None:
+                drops.remove(cut)
+        if cut is not None:
+            h.wfile.write(f.read(pos, cut))
+            h.wfile.flush()
+            h.close_connection = True
+            h.connection.shutdown(2)
+            return None
+        try:
+            h.wfile.write(f.read(pos, pos + n))
+        except (BrokenPipeError, ConnectionResetError):
+            return None
+        pos += n
+    return None
