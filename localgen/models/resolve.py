@@ -97,10 +97,8 @@ def other_store(spec: names.StoreSpec, offline: bool = True, progress: download.
             kind = "preset"
         elif whole in catalogue.for_name(whole).entries:
             kind = "catalogue entry"
-        elif spec.store == "ollama":
-            return _ollama_registry(spec.name, e, offline, progress, pull_missing)
-        elif spec.store == "oci":
-            return _oci_registry(spec.name, e, offline, progress, pull_missing)
+        elif spec.store in ("ollama", "oci"):
+            return _from_registry(spec.store, spec.name, e, offline, progress, pull_missing)
         else:
             raise
         raise ModelNotFoundError(f"{e.message}; your {kind} {whole} is shadowed: {spec.store}: now names "
@@ -112,50 +110,30 @@ def other_store(spec: names.StoreSpec, offline: bool = True, progress: download.
 _STORE_NAMES = {"ollama": "Ollama's store", "lmstudio": "LM Studio's store", "oci": "a model of an OCI registry"}
 
 
-def _oci_registry(text: str, e: ModelNotFoundError, flag: bool, progress: download.Progress | None,
-                  pull_missing: bool) -> ModelRef:
-    """An OCI model not pulled yet, pulled from its registry (unless offline, or not `pull_missing`), then read
-    from localgen's pulled models."""
-    from localgen.models import oci
+def _from_registry(store: str, text: str, e: ModelNotFoundError, flag: bool, progress: download.Progress | None,
+                   pull_missing: bool) -> ModelRef:
+    """An `ollama:` or `oci:` model not here, pulled from its registry (unless offline: `flag`, or HF_HUB_OFFLINE;
+    or not `pull_missing`), then read from localgen's pulled models."""
+    from localgen.models import oci, ollamastore
 
-    name = oci.parse_name(text)
+    name = (oci if store == "oci" else ollamastore).parse_name(text)
     offline = flag or hfcache.offline_env()
     if offline or not pull_missing:
         how = f" {hfcache.without_offline(flag)}" if offline else ""
         raise NotDownloadedError(e.message, hint=f"`localgen pull {name.display}`{how} downloads it from {name.host}",
                                  name=name.display) from None
-    return pull_oci(name, progress)
+    return pull_from_registry(name, progress)
 
 
-def pull_oci(name: oci.OciName, progress: download.Progress | None) -> ModelRef:
-    """Download a model from its OCI registry into localgen's pulled models, and read it from there."""
-    from localgen.models import oci, ocipull
+def pull_from_registry(name: oci.OciName | ollamastore.OllamaName, progress: download.Progress | None) -> ModelRef:
+    """Download a model from its registry (Ollama's, or an OCI one) into localgen's pulled models, and read it from
+    there."""
+    from localgen.models import oci, ocipull, ollamastore, registry
     from localgen.models.download import Quiet
 
-    ocipull.pull(name, progress or Quiet())
-    return oci.resolve(name.display.removeprefix(oci.PREFIX))
-
-
-def _ollama_registry(text: str, e: ModelNotFoundError, flag: bool, progress: download.Progress | None,
-                     pull_missing: bool) -> ModelRef:
-    """An Ollama model in no store, pulled from its registry (unless offline: `flag`, or HF_HUB_OFFLINE; or not
-    `pull_missing`), then read from localgen's pulled models."""
-    from localgen.models import ollamastore
-
-    name = ollamastore.parse_name(text)
-    offline = flag or hfcache.offline_env()
-    if offline or not pull_missing:
-        how = f" {hfcache.without_offline(flag)}" if offline else ""
-        raise NotDownloadedError(e.message, hint=f"`localgen pull {name.display}`{how} downloads it from {name.host}",
-                                 name=name.display) from None
-    return pull_ollama(name, progress)
-
-
-def pull_ollama(name: ollamastore.OllamaName, progress: download.Progress | None) -> ModelRef:
-    """Download an Ollama model from its registry into localgen's pulled models, and read it from there."""
-    from localgen.models import ollamastore, registry
-    from localgen.models.download import Quiet
-
+    if isinstance(name, oci.OciName):
+        ocipull.pull(name, progress or Quiet())
+        return oci.resolve(name.display.removeprefix(oci.PREFIX))
     registry.pull(name, progress or Quiet())
     return ollamastore.resolve(name.display.removeprefix(ollamastore.PREFIX))
 

@@ -71,12 +71,14 @@ def pull(
         if list_quants:
             raise UsageError("pull --list lists a Hugging Face repo's quantizations; an OCI model's tag names the "
                              "one it has")
-        ref = _pull_oci(spec.name, offline)
+        from localgen.models import oci
+
+        ref = _pull_registry(oci.parse_name(spec.name), offline)
     elif ollama is not None:
         if list_quants:
             raise UsageError("pull --list lists a Hugging Face repo's quantizations; an Ollama model's tag names "
                              "the one it has")
-        ref = _pull_ollama(ollama, offline)
+        ref = _pull_registry(ollama, offline)
     else:
         target = resolve.target(name)
         flag, offline = offline, offline or hfcache.offline_env()
@@ -114,37 +116,22 @@ def _pulled_ollama_name(name: str) -> Any:
     return None if ollamastore.in_ollamas_store(parsed) else parsed
 
 
-def _pull_ollama(name: Any, flag: bool) -> Any:
-    """`pull ollama:NAME`: the manifest and blobs from its registry (blobs already here are kept), into localgen's
-    pulled models; offline, the pulled copy as it is, or one line saying there is none."""
+def _pull_registry(name: Any, flag: bool) -> Any:
+    """`pull ollama:NAME` or `pull oci:NAME`: the manifest and the blobs localgen uses from its registry (blobs
+    already here are kept), into localgen's pulled models; offline, the pulled copy as it is, or one line saying
+    there is none."""
     from localgen.cli.progress import make_progress
     from localgen.errors import NotDownloadedError
-    from localgen.models import hfcache, ollamastore, registry, resolve
+    from localgen.models import hfcache, oci, ollamastore, registry, resolve
 
     if not (flag or hfcache.offline_env()):
-        return resolve.pull_ollama(name, make_progress())
-    if registry.pulled(name) is None:
+        return resolve.pull_from_registry(name, make_progress())
+    is_oci = isinstance(name, oci.OciName)
+    if (oci.find(name) if is_oci else registry.pulled(name)) is None:
         raise NotDownloadedError(f"{name.display} is not pulled and localgen is offline",
                                  hint=f"pull it {hfcache.without_offline(flag)}", name=name.display)
-    ref = ollamastore.resolve(name.display.removeprefix(ollamastore.PREFIX))
-    print(f"offline: {ref.name} is pulled (not checked for a newer version on {name.host})", file=sys.stderr)
-    return ref
-
-
-def _pull_oci(text: str, flag: bool) -> Any:
-    """`pull oci:NAME`: the manifest and the blobs localgen uses from its registry (blobs already here are kept);
-    offline, the pulled copy as it is, or one line saying there is none."""
-    from localgen.cli.progress import make_progress
-    from localgen.errors import NotDownloadedError
-    from localgen.models import hfcache, oci, resolve
-
-    name = oci.parse_name(text)
-    if not (flag or hfcache.offline_env()):
-        return resolve.pull_oci(name, make_progress())
-    if oci.find(name) is None:
-        raise NotDownloadedError(f"{name.display} is not pulled and localgen is offline",
-                                 hint=f"pull it {hfcache.without_offline(flag)}", name=name.display)
-    ref = oci.resolve(name.display.removeprefix(oci.PREFIX))
+    store: Any = oci if is_oci else ollamastore
+    ref = store.resolve(name.display.removeprefix(store.PREFIX))
     print(f"offline: {ref.name} is pulled (not checked for a newer version on {name.host})", file=sys.stderr)
     return ref
 
