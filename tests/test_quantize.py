@@ -251,8 +251,9 @@ def test_a_name_that_looks_like_a_file_and_is_not_there_is_no_such_file(qcli: CL
     name = next(a for a in args if a.endswith(".gguf"))
     assert not (ROOT / name).exists()
     r = qcli(*args)
-    assert r.returncode == 1
-    assert _one_line(r.stderr) == f"localgen: error: no such model file: {name}"
+    assert r.returncode == 2  # a usage error naming the argument, as run's -m to nothing is
+    flag = "SOURCE" if args[0] == "quantize" else "-m/--model"
+    assert _one_line(r.stderr) == f"localgen: error: {flag} {name}: no such file"
 
 
 def test_a_type_by_number_or_alias_is_named_by_the_type_it_stands_for(qcli: CLI, smollm2_f16: Path) -> None:
@@ -495,7 +496,7 @@ def test_a_text_other_than_the_logits_files_is_named_as_such(qcli: CLI, test_tex
 
 def test_a_batch_that_is_no_multiple_of_the_context_suggests_one(qcli: CLI, test_text: Path) -> None:
     """perplexity.md: the batch is smaller than --ctx or a multiple of it; the refusal says which -b fits."""
-    r = InProcessCLI(qcli.env)("perplexity", "-m", "nope-not-loaded.gguf", "-f", str(test_text), "-c", "63")
+    r = InProcessCLI(qcli.env)("perplexity", "-m", str(test_text), "-f", str(test_text), "-c", "63")  # never loaded
     assert r.returncode == 2
     line = _one_line(r.stderr)
     assert "the batch (2048) must be smaller than the context (63) or a multiple of it" in line
