@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import oci_server
+from tests import oci_server, test_registry_pull
 from tests.conftest import ROOT
 from tests.forkserver import ForkServer
 from tests.hub_server import HubFile
@@ -74,18 +74,8 @@ def lg(forks: ForkServer, tmp_path: Path) -> Lg:
     return Lg(forks, {**forks.env, "LOCALGEN_HOME": str(tmp_path / "home")})
 
 
-class Lg:
-    """`localgen ARGS` in the test's environment (forked where the environment allows)."""
-
-    def __init__(self, forks: ForkServer, env: dict[str, str]) -> None:
-        self.forks, self.env = forks, env
-
-    def __call__(self, *args: str, **more: str) -> subprocess.CompletedProcess[str]:
-        env = {**self.env, **more}
-        if self.forks.accepts(env):
-            return self.forks.run(list(args), env, "", 600)
-        return subprocess.run([sys.executable, "-m", "localgen", *args], env=env, capture_output=True, text=True,
-                              timeout=600, cwd=ROOT, stdin=subprocess.DEVNULL)
+class Lg(test_registry_pull.Lg):
+    """`localgen ARGS` in the test's environment, as the Ollama registry's tests run it; its pulls in oci/."""
 
     @property
     def pulled(self) -> Path:
