@@ -543,6 +543,30 @@ def test_ctrl_c_anywhere_says_interrupted_on_a_line_of_its_own(cli_env: dict[str
     assert re.search(r"\A(\x1b\[[0-9;]*m)*\^C\r\n(\x1b\[[0-9;]*m)*$", seen), repr(seen)
 
 
+def test_a_line_written_after_the_ctrl_c_echo_begins_a_line_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal that echoes Ctrl-C as `^C`, a stderr line written after the press (a load that ran on to its
+    end) starts after a new line, not on the echo's line; the line after it needs none. A wait met twice in one
+    command is said once (line_once)."""
+    import os
+
+    from localgen.cli import output
+
+    master, slave = os.openpty()
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setattr(output, "_cursor", {"mid_line": False, "writes": 0, "writes_at_press": -1})
+    with os.fdopen(slave, "w") as stream:
+        err = output.ErrWriter(stream)
+        assert err.tty
+        output.ctrl_c_pressed()
+        err.line("first")
+        err.line_once("waiting")
+        err.line_once("waiting")
+        stream.flush()
+        got = os.read(master, 4096).decode()
+    os.close(master)
+    assert re.sub(r"\x1b\[[0-9;]*m", "", got) == "\r\nfirst\r\nwaiting\r\n", repr(got)
+
+
 def test_a_file_with_no_prompts_is_a_usage_error(cli: CLI, tmp_path: Path) -> None:
     """An empty --file, or one of blank lines, says so (exit 2) before the model loads; it printed nothing and
     exited 0. A FIFO, which cannot be read ahead, says it after its lines are read."""

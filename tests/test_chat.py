@@ -503,9 +503,12 @@ def test_corrupt_save_is_reported_and_kept(cli: CLI, home: Path) -> None:
     path = home / "data" / "chats" / "broken.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"messages": [')
-    r = cli("chat", "--resume", "broken", input="hi\n")
-    assert r.returncode == 1 and "unreadable" in r.stderr
-    assert path.read_text() == '{"messages": [', "a user's file is never overwritten or removed"
+    try:
+        r = cli("chat", "--resume", "broken", input="hi\n")
+        assert r.returncode == 1 and "unreadable" in r.stderr
+        assert path.read_text() == '{"messages": [', "a user's file is never overwritten or removed"
+    finally:  # the home is the session's: `chat --list` elsewhere would warn of it
+        path.unlink()
 
 
 def test_interrupted_save_keeps_the_previous_one(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -320,6 +320,19 @@ def test_the_tune_tip_is_said_once_per_model_and_only_on_a_terminal(own_home: Pa
     assert len(said) == 1 and "`localgen tune -m m`" in said[0]
 
 
+def test_no_tip_once_ctrl_c_was_pressed(own_home: Path, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command on its way out gives no advice: the tip printed after a `^C` echo, on its line, before the
+    "interrupted" line (a load that a Ctrl-C does not cut short ends first)."""
+    from localgen.cli import output
+    from localgen.cli.hints import tune_tip
+
+    monkeypatch.setitem(output._cursor, "writes_at_press", -1)
+    output.ctrl_c_pressed()
+    said: list[str] = []
+    tune_tip(True, said.append, "m", str(smollm2_path), {"flash_attn": "rule: on"})
+    assert said == []
+
+
 def test_run_on_a_terminal_tips_once_and_a_pipe_never(cli_env: dict[str, str], tmp_path: Path) -> None:
     import pexpect
 

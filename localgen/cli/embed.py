@@ -404,14 +404,15 @@ def run_embed(f: EmbedArgs) -> None:
         # checked even when every text is unchanged: another model's run must neither store nor remove
         err = ErrWriter()
         collections.ensure(collections.Collection(f.store, name, f.model, pooling, dims, f.normalize),
-                           waiting=err.line)
+                           waiting=err.line_once)
         rows: list[tuple[str, str, list[float] | bytes]] = [
             (i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)]
         rows += [(i, t, reused[i]) for i, t in items if i in reused]
         # the removal is in put's one transaction, after every row: a run that fails before it removes nothing
         # with --docs, also each file's chunks it no longer yields (a shorter file leaves no stale FILE#7)
-        gone = collections.put(f.store, rows, keep=[i for i, _ in items] if f.replace else None, waiting=err.line,
-                               files=[d for d, _ in docs], given=[i for i, _ in items])
+        keep = [i for i, _ in items] if f.replace else None
+        gone = collections.put(f.store, rows, keep=keep, waiting=err.line_once, files=[d for d, _ in docs],
+                               given=[i for i, _ in items])
         removed = f", {gone:,} removed" if f.replace or gone else ""
         cut = f" {plural(len(docs), 'file')} in {plural(len(items), 'chunk')}:" if f.docs else ""
         err.line(f"{f.store}:{cut} {len(todo):,} embedded and stored, {len(skip) + len(reused):,} unchanged{removed}")
@@ -489,10 +490,10 @@ def _store_part(f: EmbedArgs, model: str, pooling: str, todo: list[tuple[str, st
     err = ErrWriter()
     dims = len(vectors[0].vector)
     collections.ensure(collections.Collection(f.store, model, f.model, pooling, dims, f.normalize),
-                       waiting=err.line)
+                       waiting=err.line_once)
     rows: list[tuple[str, str, list[float] | bytes]] = [
         (i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=False)]
-    collections.put(f.store, rows + list(reused), waiting=err.line)
+    collections.put(f.store, rows + list(reused), waiting=err.line_once)
     err.line(f"{f.store}: {len(vectors):,} of {len(todo):,} embedded and stored before Ctrl-C; the same command "
              "again embeds the rest")
 

@@ -149,12 +149,12 @@ def rm(
     if ids:
         if len(names) != 1:
             raise UsageError("--id removes entries of one collection: give one NAME")
-        removed, left = store.remove_ids(names[0], ids, waiting=err.line)
+        removed, left = store.remove_ids(names[0], ids, waiting=err.line_once)
         err.line(f"{names[0]}: removed {_entries(removed)}, {left:,} left")
         return
     if not yes:
         _confirm(names)
-    for name, count in store.remove(names, waiting=err.line).items():
+    for name, count in store.remove(names, waiting=err.line_once).items():
         err.line(f"removed the collection {name} ({_entries(count)})")
 
 

@@ -13,7 +13,9 @@ from localgen.errors import ModelNotFoundError
 def tune_tip(tty: bool, say: Callable[[str], object], name: str, path: str,
              origins: dict[str, str] | None = None) -> None:
     """Once per model file: `localgen tune` can make it faster (not when its settings are already tuned)."""
-    if not tty:
+    from localgen.cli.output import ctrl_c_seen
+
+    if not tty or ctrl_c_seen():  # no advice for a command on its way out
         return
     if origins is not None and any(v.startswith(("tuned", "partly tuned")) for v in origins.values()):
         return

@@ -63,6 +63,11 @@ def ctrl_c_pressed() -> None:
         _cursor["writes_at_press"] = _cursor["writes"]
 
 
+def ctrl_c_seen() -> bool:
+    """Whether Ctrl-C has been pressed in this process (the command is on its way out)."""
+    return _cursor["writes_at_press"] >= 0
+
+
 def after_the_echo() -> bool:
     """Whether the cursor is where the terminal's `^C` echo left it (nothing written since the press), or on a
     line left open since: either way "interrupted" needs a line of its own."""
@@ -217,12 +222,16 @@ class ErrWriter:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self._console = None
+        self._once: set[str] = set()
         if self.tty:
             from rich.console import Console
 
             self._console = Console(file=self.stream, highlight=False, soft_wrap=True)
 
-    def _print(self, text: str, style: str | None = None) -> None:
+    def _print(self, text: str, style: str | None = None, fresh: bool = True) -> None:
+        """One line. `fresh`: a line written right after a terminal's `^C` echo begins a line of its own."""
+        if fresh and self.tty and _cursor["writes"] == _cursor["writes_at_press"] and _echoes_ctrl_c(self.stream):
+            text = "\n" + text
         _wrote("\n")
         try:
             if self._console is not None:
@@ -241,6 +250,12 @@ class ErrWriter:
         """A plain informational line."""
         self._print(text, "dim")
 
+    def line_once(self, text: str) -> None:
+        """A plain line said at most once by this writer (a wait met twice in one command is one line)."""
+        if text not in self._once:
+            self._once.add(text)
+            self.line(text)
+
     def interrupted(self, text: str = "interrupted", at_line_start: bool | None = None) -> None:
         """The one "interrupted" line of a Ctrl-C (printed once, whoever notices first): `text` says what was kept
         where the command knows, and then the exit adds no second line. `at_line_start`: the output was whole
@@ -252,7 +267,7 @@ class ErrWriter:
             _said["interrupted"] = True
             if at_line_start and self.tty and _echoes_ctrl_c(self.stream):
                 text = "\n" + text
-            self._print(text, "dim")
+            self._print(text, "dim", fresh=False)
 
     def warn(self, text: str) -> None:
         """A warning, always shown."""
