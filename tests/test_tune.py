@@ -307,8 +307,12 @@ def test_the_exchange_weighs_the_answer_by_its_tokens() -> None:
     assert exchange(pts, (0,), 2, 2, 512, streams=2, answer=64) == pytest.approx(2 * 1.0 + 64 * 0.01)
 
 
-def test_the_tune_tip_is_said_once_per_model_and_only_on_a_terminal(own_home: Path, smollm2_path: Path) -> None:
+def test_the_tune_tip_is_said_once_per_model_and_only_on_a_terminal(own_home: Path, smollm2_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from localgen.cli import output
     from localgen.cli.hints import tune_tip
+
+    monkeypatch.setitem(output._cursor, "writes_at_press", -1)  # no Ctrl-C left by a command run in this process
 
     said: list[str] = []
     path = str(smollm2_path)

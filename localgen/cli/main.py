@@ -74,8 +74,11 @@ def _main(argv: list[str] | None) -> None:
 
     from localgen._compat import fast_typer_coercion
     from localgen.cli import app
-    from localgen.cli.output import ErrWriter, ReaderGone, guard_stdout, silence_stdout
+    from localgen.cli.output import ErrWriter, ReaderGone, command_starts, guard_stdout, silence_stdout
     from localgen.errors import LocalgenError
+
+    command_starts()
+    _sigint["seen"] = False
 
     fast_typer_coercion()
     llama_env_switches()

@@ -57,6 +57,13 @@ def _wrote(text: str) -> None:
     _cursor["mid_line"] = not text.endswith("\n")
 
 
+def command_starts() -> None:
+    """A command begins (once per process, or per call where a test runs commands in one): nothing written yet,
+    no Ctrl-C seen, no "interrupted" said."""
+    _said["interrupted"] = False
+    _cursor.update(mid_line=False, writes=0, writes_at_press=-1)
+
+
 def ctrl_c_pressed() -> None:
     """Called by a SIGINT handler at the first press: where the output stood when the terminal echoed it."""
     if _cursor["writes_at_press"] < 0:
