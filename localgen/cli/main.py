@@ -74,11 +74,8 @@ def _main(argv: list[str] | None) -> None:
 
     from localgen._compat import fast_typer_coercion
     from localgen.cli import app
-    from localgen.cli.output import ErrWriter, ReaderGone, command_starts, guard_stdout, silence_stdout
+    from localgen.cli.output import ErrWriter, ReaderGone, guard_stdout, silence_stdout
     from localgen.errors import LocalgenError
-
-    command_starts()
-    _sigint["seen"] = False
 
     fast_typer_coercion()
     llama_env_switches()
@@ -201,8 +198,14 @@ _sigint = {"seen": False}
 
 
 def _watch_sigint() -> None:
-    """Note that Ctrl-C came (then raise KeyboardInterrupt as usual), so the exit can say "interrupted"."""
+    """Note that Ctrl-C came (then raise KeyboardInterrupt as usual), so the exit can say "interrupted". The command
+    starts with none seen (also where a test runs several commands in one process)."""
     import signal
+
+    from localgen.cli.output import command_starts
+
+    command_starts()
+    _sigint["seen"] = False
 
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return  # ignored (a background job) or handled by someone else: leave it so
