@@ -271,13 +271,16 @@ def test_upstream_errors_come_back_with_their_status_naming_the_endpoint(front: 
 
 
 def test_a_stream_that_breaks_ends_with_an_error_event(front: Server) -> None:
-    r = _error(front, "broken")
+    r = httpx.post(f"{front.url}/v1/chat/completions", headers={**_auth(), "X-Request-Id": "broken-stream-1"},
+                   json=_chat("broken"), timeout=WAIT_S)
     assert r.status_code == 200
     events = [line.removeprefix("data: ") for line in r.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["code"] == 502 and "fakebox" in error["message"] and "partial" in error["message"]
     assert "Hel" in "".join(events[:-2])
+    assert any(line.startswith("POST /v1/chat/completions 502 ") and line.endswith(" via fakebox id=broken-stream-1")
+               for line in _log(front).splitlines())  # logged with the error that ended it, not its 200
 
 
 def test_the_other_apis_refuse_a_remote_model_in_their_own_shape(front: Server) -> None:
@@ -311,12 +314,16 @@ def test_the_log_and_metrics_count_remote_requests_and_never_show_the_key(front:
 
 # ---- what stops the start ----
 
-def test_what_stops_the_start(front_env: dict[str, str], tiny: str) -> None:
+def test_what_stops_the_start(front_env: dict[str, str], upstream: Upstream) -> None:
     cli = CLI(front_env)
     port = str(_free_port())
     r = cli("serve", "--port", port, "--endpoint", f"http://127.0.0.1:{_free_port()}", timeout=120)
     assert r.returncode == 1 and "--endpoint: cannot reach 127.0.0.1:" in r.stderr and "Traceback" not in r.stderr
-    r = cli("serve", "--port", port, "--api-key-env", "UPSTREAM_KEY", timeout=120)
+    r = cli("serve", "--port", port, "--endpoint", f"{upstream.url}/nothing-here", timeout=120)
+    assert r.returncode == 1 and "lists no models at" in r.stderr and "Traceback" not in r.stderr
+    # LOCALGEN_ENDPOINT is run's: serve does not take it for --endpoint
+    r = CLI({**front_env, "LOCALGEN_ENDPOINT": upstream.url})("serve", "--port", port, "--api-key-env", "UPSTREAM_KEY",
+                                                               timeout=120)
     assert r.returncode == 2 and "--api-key-env goes with --endpoint" in r.stderr
     r = cli("serve", "--port", port, "--endpoint", "nosuchbox", timeout=120)
     assert r.returncode == 2 and "neither an http:// or https:// URL nor an entry of" in r.stderr
@@ -335,7 +342,7 @@ def real(cli_env: dict[str, str]) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def real_front(front_env: dict[str, str], tiny: str, real: Server) -> Iterator[Server]:
-    s = Server(front_env, "-m", tiny, "--no-on-demand", "--endpoint", real.url)
+    s = Server(front_env, "-m", tiny, "--no-on-demand", "--endpoint", real.url, "--log-format", "json")
     yield s
     assert s.stop() == 0
 
@@ -364,6 +371,10 @@ def test_a_real_localgen_serve_behind_the_front(real_front: Server, real: Server
         "type": "json_schema", "json_schema": {"name": "c", "schema": {
             "type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"]}}})
     assert isinstance(json.loads(shaped.choices[0].message.content or "")["colour"], str)
+    lines = [json.loads(line) for line in _log(real_front).splitlines() if line.startswith("{")]
+    sent = [d for d in lines if d["event"] == "request" and d["path"] == "/v1/chat/completions"]
+    assert sent and all(d["upstream"] == f"127.0.0.1:{real.port}" and d["model"] == "smollm2:135m" for d in sent)
+    assert sent[0]["completion_tokens"] == whole.usage.completion_tokens  # from the answer's usage
 
 
 def test_a_name_served_here_and_upstream_stops_the_start(cli_env: dict[str, str], tiny: str, real: Server) -> None:

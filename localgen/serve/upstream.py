@@ -28,6 +28,7 @@ from localgen.errors import LocalgenError, UsageError
 from localgen.remote.endpoints import Endpoint
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.jsonbody import read_json
+from localgen.serve.pipeline import STREAM_HEADERS
 from localgen.serve.servelog import TRACE, Tally, named
 
 # the routes a remote model answers at, and what each appends to the endpoint's base URL
@@ -39,7 +40,6 @@ LIST_S = 10.0  # the start's GET /models
 MAX_ERROR_BODY = 64 << 10  # bytes of an upstream's error body read for its message
 _TAIL = 4096  # bytes of an answer kept to read its usage from
 _COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens)":\s*(\d+)')
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass
