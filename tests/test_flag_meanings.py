@@ -52,6 +52,9 @@ LONG_EXCEPTIONS = {
                              "run one prompt at a time unless asked",
     ("--stats", "chat"): "a chat on a terminal shows each answer's stats in its footer: --stats is for a scripted "
                          "chat, which prints them to stderr",
+    ("--endpoint", "serve"): "serve fronts the endpoint, its models served beside the local ones (a URL or an "
+                             "endpoints.toml name; no LOCALGEN_ENDPOINT, which would make every serve front run's "
+                             "endpoint); run, chat and bench send their work there instead of loading a model",
     ("--verbose", "serve"): "serve's workers load without llama.cpp's log echo; its --verbose adds uvicorn's info "
                             "lines (the access log is serve's own line per request, unless --quiet)",
 }

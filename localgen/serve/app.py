@@ -77,6 +77,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
               *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state),
               *batches.routes(desk), *servertools.routes(state.toolbox, state.tool_timeout),
               *transcribe.routes(state, lambda: (gate.max_body, gate.read_timeout)), *vectorstores.routes(state)]
+    if state.upstreams is not None:  # serve --endpoint: a remote model's requests go to its server
+        routes = state.upstreams.wrap(routes)
     policy = gate
     desk.read_timeout, desk.max_line = policy.read_timeout, policy.max_body
     if webui:
@@ -86,6 +88,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     metrics = Metrics(state, routes, desk)
     routes.append(Route("/metrics", metrics.endpoint))
     state.on_completion = metrics.observe
+    if state.upstreams is not None:
+        state.upstreams.bind(metrics.registry)
 
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPError)
@@ -115,6 +119,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         drain.loop = asyncio.get_running_loop()
         async with batchrun.running(desk, state, app, policy.api_key, lambda: drain.stopping, front.log.error):
             yield
+        if state.upstreams is not None:
+            await state.upstreams.aclose()
 
     # the routes whose tokens no worker counts (embeddings, rerank): their access line reads the response's usage
     front = Front(metrics=metrics, usage_paths=frozenset(r.path for r in embeds.routes(state)))

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from localgen.serve.apierror import HTTPError
 from localgen.serve.state import ServeState
+from localgen.serve.upstream import Remote
 from localgen.serve.worker import ModelWorker
 from localgen.types import ModelRef
 
@@ -34,12 +35,24 @@ def routes(state: ServeState) -> list[Route]:
 
     async def models(request: Request) -> Response:
         offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
-        if _anthropic(request):
+        if _anthropic(request):  # a remote model is not listed here: /v1/messages cannot reach it
             return JSONResponse(_anthropic_page([anthropic_model(name) for name, _, _ in offered], request))
-        return JSONResponse({"object": "list", "data": [openai_model(*entry) for entry in offered]})
+        return JSONResponse({"object": "list", "data": [*(openai_model(*entry) for entry in offered),
+                                                        *(remote_model(n, r) for n, r in remote())]})
+
+    def remote() -> list[tuple[str, Remote]]:
+        return state.upstreams.listing() if state.upstreams is not None else []
+
+    def remote_model(name: str, where: Remote) -> dict[str, Any]:
+        """A model another server runs (serve --endpoint): owned_by names that server, `upstream` its URL."""
+        return {"id": name, "object": "model", "created": int(state.started), "owned_by": where.label,
+                "upstream": where.endpoint.url}
 
     async def model(request: Request) -> Response:
         ident = request.path_params["id"]
+        where = state.upstreams.find(ident) if state.upstreams is not None and not _anthropic(request) else None
+        if where is not None:
+            return JSONResponse(remote_model(ident, where))
         offered = await asyncio.to_thread(state.offered)
         meant = state.ollama_name(ident)  # an Ollama model's name in any of its spellings
         found = next((entry for entry in offered if entry[0] in (ident, meant)), None)
@@ -59,7 +72,8 @@ def routes(state: ServeState) -> list[Route]:
 
     async def tags(request: Request) -> Response:
         offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
-        return JSONResponse({"models": [_model_entry(name, ref) for name, ref, _ in offered]})
+        return JSONResponse({"models": [*(_model_entry(name, ref) for name, ref, _ in offered),
+                                        *(_remote_entry(name, where, state.started) for name, where in remote())]})
 
     async def ps(request: Request) -> Response:
         return JSONResponse({"models": [{**_model_entry(w.name, w.ref),
@@ -88,6 +102,15 @@ def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
         stamp = time.time()
     return {"name": name, "model": name, "modified_at": _iso(stamp), "size": ref.summary.file_size,
             "digest": _digest(ref), "details": details(ref)}
+
+
+def _remote_entry(name: str, where: Remote, started: float) -> dict[str, Any]:
+    """A model another server runs (serve --endpoint), as Ollama lists its cloud models: remote_host its URL,
+    no size or digest known here."""
+    return {"name": name, "model": name, "modified_at": _iso(started), "size": 0, "digest": "",
+            "remote_model": name, "remote_host": where.endpoint.url,
+            "details": {"format": "remote", "family": "", "families": [], "parameter_size": "",
+                        "quantization_level": "", "parent_model": ""}}
 
 
 def _digest(ref: ModelRef) -> str:

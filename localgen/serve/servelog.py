@@ -61,13 +61,16 @@ class Trace:
     model: str | None = None
     jobs: list[Any] = field(default_factory=list)  # its generation jobs (a client that left waits for their counts)
     failed: int | None = None  # the status of an error that ended its stream after the stream began
+    upstream: str | None = None  # the endpoint a remote model's request was sent on to (serve/upstream.py)
+    usage: Tally | None = None  # that request's tokens, from the usage its answer ended with
+
 
     def counted(self) -> Tally | None:
         """The request's tokens now: its jobs' tallies (each read once: the worker may replace it meanwhile)
         summed, None when no job counted any."""
         tallies = [t for job in self.jobs if (t := job.tally) is not None]
         if not tallies:
-            return None
+            return self.usage
         return Tally(sum(t.prompt_tokens for t in tallies), sum(t.cached_tokens for t in tallies),
                      sum(t.completion_tokens for t in tallies),
                      next((t.ttft_s for t in tallies if t.completion_tokens), None))
@@ -125,10 +128,13 @@ class ServeLog:
                                  status=status or None, method=method, path=path, prompt_tokens=prompt,
                                  cached_tokens=tally.cached_tokens if tally is not None else None,
                                  completion_tokens=made, ttft_ms=None if ttft is None else round(ttft * 1000, 1),
-                                 total_ms=round(seconds * 1000, 1), client=trace.client))
+                                 total_ms=round(seconds * 1000, 1), client=trace.client,
+                                 **({"upstream": trace.upstream} if trace.upstream else {})))
             return
         shown = path if path.isprintable() else repr(path)  # %0A in a path: no forged lines
-        self.write(f"{method} {shown} {status or '-'}{_tokens(prompt, made)} {seconds * 1000:.0f} ms id={trace.id}")
+        via = f" via {_UNSAFE.sub('_', trace.upstream)}" if trace.upstream else ""  # a remote model's endpoint
+        self.write(f"{method} {shown} {status or '-'}{_tokens(prompt, made)} {seconds * 1000:.0f} ms{via} "
+                   f"id={trace.id}")
 
     def event(self, kind: str, model: str | None, text: str, **fields: Any) -> None:
         """A model's load, unload, eviction or wait for room, the server's start: `text` is the plain line,

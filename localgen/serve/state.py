@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from localgen.engine.prefixstore import PrefixStore
     from localgen.serve.ondemand import OnDemand
     from localgen.serve.residency import Residency
+    from localgen.serve.upstream import Upstreams
 
 
 LATEST = ":latest"  # Ollama's tag for a name given without one
@@ -47,6 +48,7 @@ class ServeState:
     toolbox: Any = None  # serve --mcp / --functions: the tools /tools lists and /tools/call runs (a Toolbox)
     tool_timeout: float = 30.0  # serve --tool-timeout: seconds one call may take
     collections: list[str] = field(default_factory=list)  # serve --collection: offered as vector stores
+    upstreams: Upstreams | None = None  # serve --endpoint: the models other servers run (serve/upstream.py)
 
     def worker(self, name: object, claude: bool = False) -> Served:
         """The model a request's `model` names, as its handler sees it: one served, or an installed model (its
@@ -58,6 +60,9 @@ class ServeState:
             except HTTPError:
                 return self.worker(None)
         named(name)  # the access line's model, when no worker answers it (a 404)
+        refused = self.upstreams.refusal(name) if self.upstreams is not None else None
+        if refused is not None:  # a remote model, at a route that cannot send it on
+            raise refused
         w = self._worker(name)
         named(w.name)
         w.on_completion = self.on_completion  # every request passes here: pinned and on-demand workers alike

@@ -29,6 +29,7 @@ from localgen.cli.serve.options import (
     ServeArgs,
     ServeToolOptions,
     SlotOptions,
+    UpstreamOptions,
     host_and_port,
 )
 from localgen.errors import LocalgenError, UsageError
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from localgen.serve.ondemand import OnDemand
     from localgen.serve.residency import Residency
     from localgen.serve.servelog import ServeLog
+    from localgen.serve.upstream import Upstreams
     from localgen.serve.worker import ModelWorker
     from localgen.types import LoadParams, ModelRef
 
@@ -84,18 +86,21 @@ def serve(
     batching: SlotOptions,
     fetching: FetchOptions,
     tools: ServeToolOptions,
+    upstream: UpstreamOptions,
     knobs: Knobs,
 ) -> None:
     """Serve models over HTTP: OpenAI's API (chat completions, Responses) under /v1, Anthropic's Messages API
     at /v1/messages and Ollama's API under /api, from one process.
 
     Sampling flags set the defaults that requests override. Ctrl-C or SIGTERM finish the requests in
-    flight (for a few seconds) and exit 0.
+    flight (for a few seconds) and exit 0. --endpoint URL also serves the models of another OpenAI-compatible
+    server, sending their requests on to it.
     """
     start(ServeArgs(context=ctx_, models=models, offline=offline, chat_template_file=chat_template_file,
                     mmproj=mmproj, drain_timeout=drain_timeout, quiet=quiet, verbose=verbose, log_format=log_format,
                     listen=listen,
-                    residency=residency, batching=batching, fetching=fetching, tools=tools, knobs=knobs))
+                    residency=residency, batching=batching, fetching=fetching, tools=tools, upstream=upstream,
+                    knobs=knobs))
 
 
 def start(f: ServeArgs) -> None:
@@ -136,15 +141,16 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     if not is_loopback(f.listen.host) and not checked.key:
         log.warning(f"listening on {f.listen.host} with no API key: anyone who can reach this port can use the "
                     "models")
+    upstreams = _upstreams(f, log)  # their models known (or one clear error) before any model loads
     toolbox = _toolbox(f.tools)  # its servers started (or one clear error) before any model loads
     try:
-        _serve(f, log, checked, toolbox)
+        _serve(f, log, checked, toolbox, upstreams)
     finally:
         if toolbox is not None:
             toolbox.close()
 
 
-def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any) -> None:
+def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, upstreams: Upstreams | None) -> None:
     from localgen.cli.output import ErrWriter
     from localgen.serve.app import build
     from localgen.serve.state import ServeState
@@ -162,8 +168,10 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any) -
                            on_demand=_on_demand(checked.models, make) if f.residency.on_demand else None,
                            residency=checked.residency, offline=f.offline, store=store,
                            batch_lines=f.batching.batch_lines, toolbox=toolbox, tool_timeout=f.tools.tool_timeout,
-                           collections=list(dict.fromkeys(f.tools.collections or [])))
+                           collections=list(dict.fromkeys(f.tools.collections or [])), upstreams=upstreams)
         checks.check_collections(state)
+        if upstreams is not None:  # a name served both here and upstream would mean two models
+            upstreams.check_names([*state.workers, *(state.on_demand.listing() if state.on_demand else [])])
         app = build(state, checked.policy, webui=f.listen.webui)
         server = _listener(app, f, log)
         log.event("start", None, _started_line(f, list(state.workers), checked.cache_ram, checked.residency,
@@ -177,6 +185,8 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any) -
             _tool_lines(toolbox, log)
         if state.collections:
             log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
+        for remote in upstreams.remotes if upstreams is not None else []:
+            log.line(f"  remote models (--endpoint {remote.label}, {remote.endpoint.url}): {', '.join(remote.models)}")
         server.run()
     finally:
         for w in list(state.workers.values()) if state is not None else workers:
@@ -208,6 +218,39 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     server.on_exit = app.state.drain.signal
     app.state.drain.seconds = f.drain_timeout
     return server
+
+
+def _upstreams(f: ServeArgs, log: ServeLog) -> Upstreams | None:
+    """The servers --endpoint names (URLs, or entries of endpoints.toml), each with its models (None without
+    --endpoint)."""
+    given = f.upstream
+    if not given.endpoints:
+        if given.api_key_env:
+            raise UsageError("--api-key-env goes with --endpoint: it names the variable holding an endpoint's key",
+                             hint="serve's own key is --api-key or --api-key-file")
+        return None
+    from localgen.remote.endpoints import Endpoint, base_url, endpoints_file, entry, read_key, url_list
+    from localgen.serve.upstream import Upstreams, discover
+
+    items = url_list(given.endpoints)
+    urls = [item for item in items if "://" in item]
+    if given.api_key_env and not urls:
+        raise UsageError("--api-key-env is for --endpoint URLs: a named endpoint's key is its api_key_env in "
+                         f"{endpoints_file()}")
+    key = read_key(given.api_key_env) if urls else None
+    found: dict[str, Endpoint] = {}
+    for item in items:
+        if "://" in item:
+            ep = Endpoint(base_url(item), key)
+        else:
+            named = entry(item, log.warning)
+            if named is None:
+                raise UsageError(f"--endpoint {item[:100]!r} is neither an http:// or https:// URL nor an entry of "
+                                 f"{endpoints_file()}")
+            ep = named
+        found.setdefault(ep.url, ep)
+    return Upstreams([discover(ep) for ep in found.values()], parallel=f.batching.parallel,
+                     queue=f.residency.max_queue)
 
 
 def _toolbox(tools: ServeToolOptions) -> Any:

@@ -262,6 +262,22 @@ class FetchOptions(OptionGroup):
     ] = 10.0
 
 
+@dataclass(frozen=True)
+class UpstreamOptions(OptionGroup):
+    """Other OpenAI-compatible servers whose models serve offers beside its own (serve/upstream.py)."""
+
+    endpoints: Annotated[
+        list[str] | None,
+        typer.Option("--endpoint", rich_help_panel=o.REMOTE_PANEL, show_default=False, metavar="URL|NAME",
+                     help="Also serve the models of this OpenAI-compatible server (vLLM, llama-server, Ollama, LM "
+                          "Studio, another localgen serve): a URL, or an entry of endpoints.toml. Its models "
+                          "(the entry's models, else its /v1/models, asked at start) are listed beside this "
+                          "server's, and their requests at /v1/chat/completions, /v1/completions and "
+                          "/v1/embeddings are sent on to it (repeatable).")
+    ] = None
+    api_key_env: o.ApiKeyEnv = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServeArgs(CommandArgs):
     """`localgen serve`'s parameters (serve/command.py): its own, its groups and the table's settings."""
@@ -279,6 +295,7 @@ class ServeArgs(CommandArgs):
     batching: SlotOptions
     fetching: FetchOptions
     tools: ServeToolOptions
+    upstream: UpstreamOptions
     knobs: Knobs
 
 

@@ -1,0 +1,421 @@
+"""serve --endpoint: models that run on other OpenAI-compatible servers (vLLM, llama-server, Ollama's /v1, LM
+Studio, another `localgen serve`), served beside the local ones under the names those servers give them.
+
+A request naming one of them at /v1/chat/completions, /v1/completions or /v1/embeddings is sent on as it came
+(its body unchanged, so tools, response_format and every field work as the upstream does them), once serve's own
+gate (key, body size) let it in and a place in the model's lanes (--parallel at once, --max-queue waiting) is
+free; the upstream's answer comes back chunk by chunk as it arrives, never held whole. Its errors come back in
+OpenAI's shape with the upstream's status and the endpoint's name (never its key); one it cannot reach is a 502,
+one that does not answer in time a 504; a client that leaves closes the upstream connection. The other APIs
+(Anthropic's, the Responses API, Ollama's) refuse a remote model with a 400 that names these three routes
+(ServeState.worker asks `refusal`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from localgen.errors import LocalgenError, UsageError
+from localgen.remote.endpoints import Endpoint
+from localgen.serve.apierror import HTTPError, error_response
+from localgen.serve.jsonbody import read_json
+from localgen.serve.pipeline import STREAM_HEADERS
+from localgen.serve.servelog import TRACE, Tally, named
+
+# the routes a remote model answers at, and what each appends to the endpoint's base URL
+ROUTES = {"/v1/chat/completions": "/chat/completions", "/v1/completions": "/completions",
+          "/v1/embeddings": "/embeddings"}
+CONNECT_S = 10.0  # to open a connection to an upstream
+READ_S = 600.0  # the longest an upstream may go without sending a byte (a whole answer's wait included)
+LIST_S = 10.0  # the start's GET /models
+MAX_ERROR_BODY = 64 << 10  # bytes of an upstream's error body read for its message
+_TAIL = 4096  # bytes of an answer kept to read its usage from
+_COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens)":\s*(\d+)')
+
+
+@dataclass
+class Lane:
+    """One remote model's requests: `parallel` sent at once, `queue` more waiting, the rest refused (503), as a
+    local model's slots and --max-queue."""
+
+    parallel: int
+    queue: int
+    outstanding: int = 0  # sent or waiting
+    _free: asyncio.Semaphore | None = None
+
+    async def enter(self, name: str) -> None:
+        """A place for one request (waiting while `parallel` are sent), or a 503 when the queue is full."""
+        if self.outstanding >= self.parallel + self.queue:
+            raise HTTPError(503, f"{name}: {self.outstanding} requests are sent or waiting already (serve "
+                                 f"--parallel {self.parallel}, --max-queue {self.queue}): try again shortly",
+                            "server_error")
+        self.outstanding += 1
+        if self._free is None:
+            self._free = asyncio.Semaphore(self.parallel)
+        try:
+            await self._free.acquire()
+        except BaseException:
+            self.outstanding -= 1
+            raise
+
+    def leave(self) -> None:
+        """The request's answer has ended (or never began)."""
+        assert self._free is not None
+        self._free.release()
+        self.outstanding -= 1
+
+
+@dataclass
+class Remote:
+    """An upstream server and the models serve offers from it."""
+
+    endpoint: Endpoint
+    models: tuple[str, ...]
+    listed: bool = False  # the models came from endpoints.toml (the server was not asked at start)
+
+    @property
+    def label(self) -> str:
+        """Its name in endpoints.toml, else host:port: what errors, the log and the listings call it."""
+        return self.endpoint.label
+
+
+def discover(endpoint: Endpoint) -> Remote:
+    """The endpoint with its models: endpoints.toml's `models`, else its GET /models now (one that cannot be
+    reached, refuses the key or lists none is an error: serve does not start without knowing what it fronts)."""
+    if endpoint.models:
+        return Remote(endpoint, endpoint.models, listed=True)
+    import httpx
+
+    where = endpoint.label
+    headers = {"User-Agent": "localgen", **({"Authorization": f"Bearer {endpoint.key}"} if endpoint.key else {})}
+    hint = "name its models in endpoints.toml (models = [...]) to start without asking it" if endpoint.name else \
+        "give it a name and its models in endpoints.toml (docs/remote.md) to start without asking it"
+    try:
+        r = httpx.get(endpoint.url + "/models", headers=headers, timeout=LIST_S, follow_redirects=False)
+    except httpx.TimeoutException:
+        raise LocalgenError(f"--endpoint {where} did not list its models within {LIST_S:g} s", hint=hint) from None
+    except httpx.HTTPError as e:
+        raise LocalgenError(f"--endpoint: cannot reach {where}: {_scrubbed(str(e) or type(e).__name__, endpoint)}",
+                            hint=hint) from None
+    if r.status_code in (401, 403):
+        raise LocalgenError(f"--endpoint {where} refused to list its models ({r.status_code}): "
+                            f"{_scrubbed(_message(r.content), endpoint)}",
+                            hint="name the variable holding its key with --api-key-env NAME")
+    ids: list[str] = []
+    if r.status_code == 200:
+        try:
+            doc = r.json()
+        except ValueError:
+            doc = None
+        data = doc.get("data") if isinstance(doc, dict) else None
+        ids = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]] \
+            if isinstance(data, list) else []
+    if not ids:
+        raise LocalgenError(f"--endpoint {where} lists no models at {endpoint.url}/models "
+                            f"({r.status_code if r.status_code != 200 else 'an empty or unreadable list'})",
+                            hint="check the URL: it is the API base, e.g. http://host:8000/v1; or " + hint)
+    return Remote(endpoint, tuple(dict.fromkeys(ids)))
+
+
+@dataclass
+class Upstreams:
+    """The remote models by name, each request to one sent on (`wrap` puts the proxy in front of the local
+    routes), and their counts in /metrics."""
+
+    remotes: list[Remote]
+    parallel: int = 4
+    queue: int = 64
+    by_name: dict[str, Remote] = field(init=False)
+    lanes: dict[str, Lane] = field(init=False)
+    _client: Any = None
+    _counter: Any = None
+
+    def __post_init__(self) -> None:
+        self.by_name, self.lanes = {}, {}
+        for remote in self.remotes:
+            for name in remote.models:
+                other = self.by_name.get(name)
+                if other is not None and other is not remote:
+                    raise UsageError(f"--endpoint: the model {name!r} is served by both {other.label} and "
+                                     f"{remote.label}", hint="front one of them (each name must mean one model)")
+                self.by_name[name] = remote
+                self.lanes[name] = Lane(self.parallel, self.queue)
+
+    def find(self, name: object) -> Remote | None:
+        """The endpoint serving this model name, if a remote one."""
+        return self.by_name.get(name) if isinstance(name, str) else None
+
+    def refusal(self, name: object) -> HTTPError | None:
+        """For a route that cannot send a request on: the 400 a remote model gets there (None for a local one)."""
+        remote = self.find(name)
+        if remote is None:
+            return None
+        return HTTPError(400, f"the model {name!r} runs on {remote.label} (serve --endpoint): only "
+                              f"{', '.join(ROUTES)} reach it through this server", param="model")
+
+    def check_names(self, local: list[str]) -> None:
+        """A name served both here (a -m model, or one on disk offered on demand) and upstream stops the start."""
+        clash = [n for n in local if n in self.by_name]
+        if clash:
+            first = clash[0]
+            raise UsageError(f"--endpoint {self.by_name[first].label} serves {first!r}, and so does this server"
+                             + (f" (and {len(clash) - 1} more: {', '.join(clash[1:4])})" if len(clash) > 1 else ""),
+                             hint="each name must mean one model: --no-on-demand serves only the -m models here")
+
+    def bind(self, registry: Any) -> None:
+        """Count the remote requests in this app's metrics (serve/metrics.py's registry)."""
+        from prometheus_client import Counter
+
+        self._counter = Counter("localgen_upstream_requests", "requests sent on to an upstream (serve --endpoint), "
+                                "by endpoint, model and status", ["endpoint", "model", "status"], registry=registry)
+
+    async def aclose(self) -> None:
+        """Close the connections (the app's shutdown)."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def wrap(self, routes: list[Route]) -> list[Route]:
+        """The routes, the three a remote model answers at put behind the proxy: a request naming a remote model
+        goes upstream, any other to the route itself."""
+        return [self._fronted(r) if r.path in ROUTES else r for r in routes]
+
+    def _fronted(self, inner: Route) -> Route:
+        local: Callable[[Request], Awaitable[Response]] = inner.endpoint
+
+        async def endpoint(request: Request) -> Response:
+            body = await read_json(request)  # the route reads it again: Starlette keeps the bytes
+            remote = self.find(body.get("model"))
+            if remote is None:
+                return await local(request)
+            return await self.send(request, remote, str(body["model"]), ROUTES[inner.path])
+
+        return Route(inner.path, endpoint, methods=["POST"])
+
+    def _http(self) -> Any:
+        import httpx
+
+        if self._client is None:  # made on the app's loop, at the first remote request
+            self._client = httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(READ_S, connect=CONNECT_S),
+                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
+        return self._client
+
+    async def send(self, request: Request, remote: Remote, model: str, suffix: str) -> Response:
+        """The request sent on as it came, its answer passed back as it arrives (errors in OpenAI's shape)."""
+        named(model)
+        trace = TRACE.get()
+        if trace is not None:
+            trace.upstream = remote.label
+        lane = self.lanes[model]
+        try:
+            await lane.enter(model)
+        except HTTPError as e:
+            self._count(remote, model, e.status)
+            raise
+        status, handed = 499, False  # 499: cancelled (the client left, or the server stops)
+        try:
+            response = await self._open(request, remote, suffix)
+            status = response.status_code
+            if status != 200:
+                return await self._refused(request, remote, model, response)
+            kind = response.headers.get("content-type", "")
+            if "json" not in kind and "event-stream" not in kind:
+                await response.aclose()
+                raise HTTPError(502, f"{remote.label} answered with {kind or 'no content type'}, not an OpenAI "
+                                     "answer (its URL should be the API base, e.g. http://host:8000/v1)",
+                                "server_error")
+            stream, handed = "event-stream" in kind, True
+            return StreamingResponse(self._passed(request, response, remote, lane, stream), status_code=200,
+                                     media_type=kind, headers=STREAM_HEADERS if stream else None)
+        except HTTPError as e:
+            status = e.status
+            raise
+        finally:
+            self._count(remote, model, status)
+            if not handed:  # else the answer's end leaves the lane
+                lane.leave()
+
+    async def _open(self, request: Request, remote: Remote, suffix: str) -> Any:
+        """The upstream's response (its headers; the body still to come), or a 502/504; a client that leaves
+        while the upstream works on a whole answer closes the connection."""
+        import httpx
+
+        ep = remote.endpoint
+        headers = {"Content-Type": "application/json", "Accept": request.headers.get("accept", "*/*"),
+                   "Accept-Encoding": "identity", "User-Agent": "localgen"}
+        if ep.key:
+            headers["Authorization"] = f"Bearer {ep.key}"  # the client's own key was serve's: never sent on
+        trace = TRACE.get()
+        if trace is not None:
+            headers["X-Request-Id"] = trace.id
+        client = self._http()
+        sent = asyncio.ensure_future(client.send(
+            client.build_request("POST", ep.url + suffix, content=await request.body(), headers=headers), stream=True))
+        gone = asyncio.ensure_future(_client_left(request))
+        try:
+            await asyncio.wait({sent, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not sent.done():  # the client left first: the upstream's connection is closed, its work stops
+                sent.cancel()
+                with contextlib.suppress(BaseException):
+                    await sent
+        if sent.cancelled():
+            raise HTTPError(499, "the client closed the connection")
+        try:
+            return sent.result()
+        except httpx.ConnectTimeout:
+            raise HTTPError(504, f"{remote.label} did not accept the connection within {CONNECT_S:g} s",
+                            "server_error") from None
+        except httpx.TimeoutException:
+            raise HTTPError(504, f"{remote.label} did not answer within {READ_S:g} s", "server_error") from None
+        except httpx.ConnectError as e:
+            raise HTTPError(502, f"cannot reach {remote.label}: {_scrubbed(str(e) or 'connection refused', ep)}",
+                            "server_error") from None
+        except httpx.HTTPError as e:
+            raise HTTPError(502, f"{remote.label}: {type(e).__name__}: {_scrubbed(str(e), ep)}",
+                            "server_error") from None
+
+    async def _refused(self, request: Request, remote: Remote, model: str, response: Any) -> Response:
+        """An upstream's error answer as OpenAI's error, with its status (a redirect: 502, never followed)."""
+        import httpx
+
+        body = b""
+        try:
+            async for part in response.aiter_bytes():
+                body += part
+                if len(body) > MAX_ERROR_BODY:
+                    break
+        except httpx.HTTPError:  # what came is enough for the message
+            pass
+        finally:
+            await response.aclose()
+        status = response.status_code
+        ep, where = remote.endpoint, remote.label
+        said = _scrubbed(_message(body) or response.reason_phrase or "no message", ep)
+        if 300 <= status < 400:
+            raise HTTPError(502, f"{where} redirects elsewhere ({status}); serve does not follow redirects (the key "
+                                 "stays with the URL given)", "server_error")
+        if status in (401, 403):
+            message = f"{where} refused the request ({status}): {said}"
+        elif status == 404:
+            message = f"{where} has no model {model!r} or no such route (404): {said}"
+        elif status in (429, 503):
+            message = f"{where} is busy ({status}): {said}"
+        else:
+            message = f"{where} answered {status}: {said}"
+        status = status if 400 <= status < 600 else 502
+        e = HTTPError(status, message, _kind(body) or ("invalid_request_error" if status < 500 else "server_error"))
+        after = response.headers.get("retry-after")
+        return error_response(request, e, {"Retry-After": after} if after and status in (429, 503) else None)
+
+    async def _passed(self, request: Request, response: Any, remote: Remote, lane: Lane,
+                      stream: bool) -> AsyncIterator[bytes]:
+        """The upstream's body, each piece sent on as it arrives; the upstream closed when it ends, breaks or the
+        client leaves; its usage read for the access line and the token counts."""
+        import httpx
+
+        tail = b""
+        pieces = response.aiter_bytes()
+        gone = asyncio.ensure_future(_client_left(request))
+        piece: asyncio.Future[bytes] | None = None
+        try:
+            while True:
+                piece = asyncio.ensure_future(anext(pieces))
+                await asyncio.wait({piece, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not piece.done():  # the client left: the upstream's stream is closed below, its work stops
+                    piece.cancel()
+                    with contextlib.suppress(BaseException):
+                        await piece
+                    return
+                try:
+                    data = piece.result()
+                except StopAsyncIteration:
+                    break
+                except httpx.HTTPError as e:
+                    failed = 504 if isinstance(e, httpx.TimeoutException) else 502
+                    trace = TRACE.get()
+                    if trace is not None:  # the answer said 200 at its start: its access line says how it ended
+                        trace.failed = failed
+                    if stream:  # an error event, then the stream's end, as a local model's failure mid-stream
+                        yield _error_event(HTTPError(failed, f"the answer from {remote.label} broke off "
+                                                             f"({type(e).__name__}): it is partial", "server_error"))
+                        yield b"data: [DONE]\n\n"
+                    return
+                tail = (tail + data)[-_TAIL:]
+                yield data
+        finally:  # also when Starlette cancels the stream (its client left)
+            gone.cancel()
+            if piece is not None:
+                piece.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(response.aclose())
+            lane.leave()
+            self._usage(tail)
+
+    def _usage(self, tail: bytes) -> None:
+        """The answer's usage (its last usage object), as the access line's tokens (no time to first token:
+        the upstream's first bytes are often a chunk without text)."""
+        found = dict(_COUNTS.findall(tail))
+        trace = TRACE.get()
+        if trace is not None and found:
+            trace.usage = Tally(int(found.get(b"prompt_tokens", 0)), 0, int(found.get(b"completion_tokens", 0)),
+                                None)
+
+    def _count(self, remote: Remote, model: str, status: int) -> None:
+        if self._counter is not None:
+            self._counter.labels(remote.label, model, str(status)).inc()
+
+    def listing(self) -> list[tuple[str, Remote]]:
+        """Every remote model and its endpoint, in the order given."""
+        return list(self.by_name.items())
+
+
+async def _client_left(request: Request) -> None:
+    """Returns when the client disconnects (its body was read: nothing else comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _error_event(e: HTTPError) -> bytes:
+    from localgen.serve.apierror import OPENAI, error_body
+
+    return b"data: " + json.dumps(error_body(OPENAI, e), ensure_ascii=False).encode() + b"\n\n"
+
+
+def _message(body: bytes) -> str:
+    """An error body's message: OpenAI's error.message, Ollama's error, else its first line."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        lines = body.decode("utf-8", "replace").strip().splitlines()
+        return lines[0][:300] if lines else ""
+    err = doc.get("error", doc) if isinstance(doc, dict) else doc
+    if isinstance(err, dict):
+        return str(err.get("message") or json.dumps(err)[:300])
+    return str(err)[:300]
+
+
+def _kind(body: bytes) -> str | None:
+    """An OpenAI error body's error.type."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    kind = err.get("type") if isinstance(err, dict) else None
+    return kind if isinstance(kind, str) and kind else None
+
+
+def _scrubbed(text: str, endpoint: Endpoint) -> str:
+    """The text with the endpoint's key, should the server have echoed it, replaced by ***."""
+    return text.replace(endpoint.key, "***") if endpoint.key else text
