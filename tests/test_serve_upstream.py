@@ -143,6 +143,19 @@ def _log(server: Server) -> str:
     return str(server.proc.stderr.read().decode())
 
 
+def _logged(server: Server, wanted: Any) -> bool:
+    """Whether a line of the server's log is `wanted` (a callable), waiting for it: a stream's access line is
+    written once its end was sent, which the client may see first."""
+    import time
+
+    deadline = time.monotonic() + WAIT_S
+    while not any(wanted(line) for line in _log(server).splitlines()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 # ---- (i) the fake upstream ----
 
 def test_remote_models_are_listed_beside_the_local_ones(front: Server, upstream: Upstream) -> None:
@@ -279,8 +292,9 @@ def test_a_stream_that_breaks_ends_with_an_error_event(front: Server) -> None:
     error = json.loads(events[-2])["error"]
     assert error["code"] == 502 and "fakebox" in error["message"] and "partial" in error["message"]
     assert "Hel" in "".join(events[:-2])
-    assert any(line.startswith("POST /v1/chat/completions 502 ") and line.endswith(" via fakebox id=broken-stream-1")
-               for line in _log(front).splitlines())  # logged with the error that ended it, not its 200
+    # logged with the error that ended it, not its 200
+    assert _logged(front, lambda line: line.startswith("POST /v1/chat/completions 502 ")
+                   and line.endswith(" via fakebox id=broken-stream-1"))
 
 
 def test_the_other_apis_refuse_a_remote_model_in_their_own_shape(front: Server) -> None:
@@ -304,9 +318,9 @@ def test_the_log_and_metrics_count_remote_requests_and_never_show_the_key(front:
     assert 'localgen_upstream_requests_total{endpoint="fakebox",model="busy",status="503"}' in metrics
     assert 'localgen_upstream_requests_total{endpoint="downbox",model="gone",status="502"}' in metrics
     shown = [metrics, httpx.get(f"{front.url}/health").text, httpx.get(f"{front.url}/api/ps", headers=_auth()).text]
+    assert _logged(front, lambda line: line.startswith("POST /v1/chat/completions 200 7+2 tokens")
+                   and " via fakebox id=" in line), _log(front)
     log = _log(front)
-    assert any(line.startswith("POST /v1/chat/completions 200 7+2 tokens") and " via fakebox id=" in line
-               for line in log.splitlines()), log
     assert "remote models (--endpoint fakebox" in log
     for text in [*shown, log]:
         assert UPSTREAM_KEY not in text
@@ -327,8 +341,27 @@ def test_what_stops_the_start(front_env: dict[str, str], upstream: Upstream) -> 
     assert r.returncode == 2 and "--api-key-env goes with --endpoint" in r.stderr
     r = cli("serve", "--port", port, "--endpoint", "nosuchbox", timeout=120)
     assert r.returncode == 2 and "neither an http:// or https:// URL nor an entry of" in r.stderr
-    r = cli("serve", "--port", port, "--endpoint", "fakebox", "--endpoint", "twin", timeout=120)
-    assert r.returncode == 2 and "'plain' is served by both fakebox and twin" in r.stderr
+
+
+def test_a_name_two_endpoints_serve_is_reached_by_endpoint_name(front_env: dict[str, str], tiny: str,
+                                                                 upstream: Upstream) -> None:
+    """`plain` is served by fakebox and by twin: the bare name means neither, `fakebox/plain` and `twin/plain`
+    each its own (sent on under the server's own id); a name one endpoint alone serves keeps its bare name."""
+    s = Server(front_env, "-m", tiny, "--no-on-demand", "--endpoint", "fakebox", "--endpoint", "twin")
+    try:
+        ids = [m["id"] for m in httpx.get(f"{s.url}/v1/models", timeout=WAIT_S).json()["data"]]
+        assert "fakebox/plain" in ids and "twin/plain" in ids and "plain" not in ids, ids
+        assert "usage" in ids and "fakebox/usage" not in ids, "listed once, by its bare name"
+        before = len(upstream.requests)
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("fakebox/plain", stream=False), timeout=WAIT_S)
+        assert r.status_code == 200, r.text
+        assert upstream.requests[before]["body"]["model"] == "plain", "sent under its server's own id"
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("fakebox/usage", stream=False), timeout=WAIT_S)
+        assert r.status_code == 200 and upstream.requests[-1]["body"]["model"] == "usage", r.text
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("plain", stream=False), timeout=WAIT_S)
+        assert r.status_code == 404 and len(upstream.requests) == before + 2, r.text
+    finally:
+        assert s.stop() == 0
 
 
 # ---- (ii) a real localgen serve upstream ----
@@ -371,16 +404,31 @@ def test_a_real_localgen_serve_behind_the_front(real_front: Server, real: Server
         "type": "json_schema", "json_schema": {"name": "c", "schema": {
             "type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"]}}})
     assert isinstance(json.loads(shaped.choices[0].message.content or "")["colour"], str)
-    lines = [json.loads(line) for line in _log(real_front).splitlines() if line.startswith("{")]
-    sent = [d for d in lines if d["event"] == "request" and d["path"] == "/v1/chat/completions"]
+    def requests() -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in _log(real_front).splitlines() if line.startswith("{")]
+        return [d for d in lines if d["event"] == "request" and d["path"] == "/v1/chat/completions"]
+
+    assert _logged(real_front, lambda line: len(requests()) >= 3), "whole, streamed and shaped"
+    sent = requests()
     assert sent and all(d["upstream"] == f"127.0.0.1:{real.port}" and d["model"] == "smollm2:135m" for d in sent)
     assert sent[0]["completion_tokens"] == whole.usage.completion_tokens  # from the answer's usage
 
 
-def test_a_name_served_here_and_upstream_stops_the_start(cli_env: dict[str, str], tiny: str, real: Server) -> None:
-    # the session's home has smollm2:135m on disk, offered on demand: the upstream's smollm2:135m clashes
-    r = CLI(cli_env)("serve", "--port", str(_free_port()), "-m", tiny, "--endpoint", real.url, timeout=300)
-    assert r.returncode == 2, r.stderr
-    said = f"--endpoint 127.0.0.1:{real.port} serves '"
-    assert said in r.stderr and "', and so does this server" in r.stderr
-    assert "--no-on-demand" in r.stderr and "Traceback" not in r.stderr
+def test_a_name_served_here_stays_here_and_its_upstream_twin_is_reached_by_endpoint(cli_env: dict[str, str],
+                                                                                    tiny: str, real: Server) -> None:
+    # the session's home has smollm2:135m on disk, offered on demand: the bare name is this server's model, the
+    # upstream's is ENDPOINT/smollm2:135m
+    s = Server(cli_env, "-m", tiny, "--endpoint", real.url)
+    try:
+        label = f"127.0.0.1:{real.port}"
+        listed = {m["id"]: m for m in httpx.get(f"{s.url}/v1/models", timeout=WAIT_S).json()["data"]}
+        assert listed[f"{label}/smollm2:135m"]["owned_by"] == label, listed
+        assert listed["smollm2:135m"]["owned_by"] != label and "upstream" not in listed["smollm2:135m"]
+        raw = {"model": f"{label}/smollm2:135m", "prompt": "The capital of France is", "max_tokens": 4,
+               "temperature": 0}
+        r = httpx.post(f"{s.url}/v1/completions", json=raw, timeout=WAIT_S)
+        direct = httpx.post(f"{real.url}/v1/completions", json={**raw, "model": "smollm2:135m"}, timeout=WAIT_S)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == direct.json()["choices"][0]["text"]
+        assert "served here, so reached upstream only as ENDPOINT/NAME: smollm2:135m" in _log(s)
+    finally:
+        assert s.stop() == 0

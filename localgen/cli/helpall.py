@@ -19,7 +19,8 @@ COMMON: dict[str, frozenset[str]] = {
     "chat": frozenset({"name", "resume", "list_", "plain", "stats", "compact", "think", "no_log", "endpoint",
                        "functions", "mcp", "rag", "verbose", *_SAMPLING, *_LOADING}),
     "serve": frozenset({"models", "host", "port", "parallel", "api_key", "api_key_file", "keep_alive", "max_models",
-                        "max_memory", "cors", "endpoints", "quiet", "verbose", *_SAMPLING, *_LOADING} - {"system", "model"}),
+                        "max_memory", "cors", "endpoints", "quiet", "verbose", *_SAMPLING, *_LOADING}
+                       - {"system", "model"}),
 }
 
 

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import LocalgenError
 from localgen.remote.endpoints import Endpoint
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.jsonbody import read_json
@@ -129,26 +129,28 @@ def discover(endpoint: Endpoint) -> Remote:
 @dataclass
 class Upstreams:
     """The remote models by name, each request to one sent on (`wrap` puts the proxy in front of the local
-    routes), and their counts in /metrics."""
+    routes), and their counts in /metrics. Every remote model answers to `LABEL/ID` (its endpoint's label, its
+    server's id), and to its bare `ID` too where that means no other model: not one this server runs, not one
+    another endpoint serves."""
 
     remotes: list[Remote]
     parallel: int = 4
     queue: int = 64
-    by_name: dict[str, Remote] = field(init=False)
-    lanes: dict[str, Lane] = field(init=False)
+    by_name: dict[str, Remote] = field(init=False)  # every name a remote model answers to
+    real: dict[str, str] = field(init=False)  # each of those names: the model's id on its server
+    lanes: dict[str, Lane] = field(init=False)  # by LABEL/ID: a model's two names share its lanes
     _client: Any = None
     _counter: Any = None
 
     def __post_init__(self) -> None:
-        self.by_name, self.lanes = {}, {}
+        self.by_name, self.real, self.lanes = {}, {}, {}
+        ids = [ident for remote in self.remotes for ident in remote.models]
         for remote in self.remotes:
-            for name in remote.models:
-                other = self.by_name.get(name)
-                if other is not None and other is not remote:
-                    raise UsageError(f"--endpoint: the model {name!r} is served by both {other.label} and "
-                                     f"{remote.label}", hint="front one of them (each name must mean one model)")
-                self.by_name[name] = remote
-                self.lanes[name] = Lane(self.parallel, self.queue)
+            for ident in remote.models:
+                qualified = f"{remote.label}/{ident}"
+                for name in (qualified, ident) if ids.count(ident) == 1 else (qualified,):
+                    self.by_name[name], self.real[name] = remote, ident
+                self.lanes[qualified] = Lane(self.parallel, self.queue)
 
     def find(self, name: object) -> Remote | None:
         """The endpoint serving this model name, if a remote one."""
@@ -162,14 +164,17 @@ class Upstreams:
         return HTTPError(400, f"the model {name!r} runs on {remote.label} (serve --endpoint): only "
                               f"{', '.join(ROUTES)} reach it through this server", param="model")
 
-    def check_names(self, local: list[str]) -> None:
-        """A name served both here (a -m model, or one on disk offered on demand) and upstream stops the start."""
-        clash = [n for n in local if n in self.by_name]
-        if clash:
-            first = clash[0]
-            raise UsageError(f"--endpoint {self.by_name[first].label} serves {first!r}, and so does this server"
-                             + (f" (and {len(clash) - 1} more: {', '.join(clash[1:4])})" if len(clash) > 1 else ""),
-                             hint="each name must mean one model: --no-on-demand serves only the -m models here")
+    def check_names(self, local: list[str]) -> list[str]:
+        """The bare names that are also this server's models (a -m model, or one on disk offered on demand) are
+        left to those; their remote models keep their LABEL/ID. Returns the names so left."""
+        shadowed = [n for n in local if self.real.get(n) == n]  # a bare id (a LABEL/ID is never its own id)
+        for name in shadowed:
+            del self.by_name[name], self.real[name]
+        return shadowed
+
+    def names_of(self, remote: Remote) -> list[str]:
+        """A remote's models as a client names them: the bare id where it is served so, else LABEL/ID."""
+        return [ident if self.by_name.get(ident) is remote else f"{remote.label}/{ident}" for ident in remote.models]
 
     def bind(self, registry: Any) -> None:
         """Count the remote requests in this app's metrics (serve/metrics.py's registry)."""
@@ -197,7 +202,11 @@ class Upstreams:
             remote = self.find(body.get("model"))
             if remote is None:
                 return await local(request)
-            return await self.send(request, remote, str(body["model"]), ROUTES[inner.path])
+            name = str(body["model"])
+            real = self.real[name]
+            content = await request.body() if real == name else \
+                json.dumps({**body, "model": real}, ensure_ascii=False).encode()
+            return await self.send(request, remote, name, ROUTES[inner.path], content)
 
         return Route(inner.path, endpoint, methods=["POST"])
 
@@ -209,13 +218,14 @@ class Upstreams:
                                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
         return self._client
 
-    async def send(self, request: Request, remote: Remote, model: str, suffix: str) -> Response:
-        """The request sent on as it came, its answer passed back as it arrives (errors in OpenAI's shape)."""
+    async def send(self, request: Request, remote: Remote, model: str, suffix: str, content: bytes) -> Response:
+        """The request sent on (`content`: its body, with the model's id on its server), its answer passed back as
+        it arrives (errors in OpenAI's shape)."""
         named(model)
         trace = TRACE.get()
         if trace is not None:
             trace.upstream = remote.label
-        lane = self.lanes[model]
+        lane = self.lanes[f"{remote.label}/{self.real[model]}"]
         try:
             await lane.enter(model)
         except HTTPError as e:
@@ -223,7 +233,7 @@ class Upstreams:
             raise
         status, handed = 499, False  # 499: cancelled (the client left, or the server stops)
         try:
-            response = await self._open(request, remote, suffix)
+            response = await self._open(request, remote, suffix, content)
             status = response.status_code
             if status != 200:
                 return await self._refused(request, remote, model, response)
@@ -244,7 +254,7 @@ class Upstreams:
             if not handed:  # else the answer's end leaves the lane
                 lane.leave()
 
-    async def _open(self, request: Request, remote: Remote, suffix: str) -> Any:
+    async def _open(self, request: Request, remote: Remote, suffix: str, content: bytes) -> Any:
         """The upstream's response (its headers; the body still to come), or a 502/504; a client that leaves
         while the upstream works on a whole answer closes the connection."""
         import httpx
@@ -259,7 +269,7 @@ class Upstreams:
             headers["X-Request-Id"] = trace.id
         client = self._http()
         sent = asyncio.ensure_future(client.send(
-            client.build_request("POST", ep.url + suffix, content=await request.body(), headers=headers), stream=True))
+            client.build_request("POST", ep.url + suffix, content=content, headers=headers), stream=True))
         gone = asyncio.ensure_future(_client_left(request))
         try:
             await asyncio.wait({sent, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -376,8 +386,8 @@ class Upstreams:
             self._counter.labels(remote.label, model, str(status)).inc()
 
     def listing(self) -> list[tuple[str, Remote]]:
-        """Every remote model and its endpoint, in the order given."""
-        return list(self.by_name.items())
+        """Every remote model, once, by the name names_of gives it, and its endpoint, in the order given."""
+        return [(name, remote) for remote in self.remotes for name in self.names_of(remote)]
 
 
 async def _client_left(request: Request) -> None:

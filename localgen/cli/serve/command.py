@@ -170,7 +170,7 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
                            batch_lines=f.batching.batch_lines, toolbox=toolbox, tool_timeout=f.tools.tool_timeout,
                            collections=list(dict.fromkeys(f.tools.collections or [])), upstreams=upstreams)
         checks.check_collections(state)
-        if upstreams is not None:  # a name served both here and upstream would mean two models
+        shadowed = [] if upstreams is None else \
             upstreams.check_names([*state.workers, *(state.on_demand.listing() if state.on_demand else [])])
         app = build(state, checked.policy, webui=f.listen.webui)
         server = _listener(app, f, log)
@@ -186,7 +186,10 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
         if state.collections:
             log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
         for remote in upstreams.remotes if upstreams is not None else []:
-            log.line(f"  remote models (--endpoint {remote.label}, {remote.endpoint.url}): {', '.join(remote.models)}")
+            log.line(f"  remote models (--endpoint {remote.label}, {remote.endpoint.url}): "
+                     f"{', '.join(upstreams.names_of(remote))}")
+        if shadowed:
+            log.line(f"  served here, so reached upstream only as ENDPOINT/NAME: {', '.join(shadowed)}")
         server.run()
     finally:
         for w in list(state.workers.values()) if state is not None else workers:

@@ -272,8 +272,9 @@ class UpstreamOptions(OptionGroup):
                      help="Also serve the models of this OpenAI-compatible server (vLLM, llama-server, Ollama, LM "
                           "Studio, another localgen serve): a URL, or an entry of endpoints.toml. Its models "
                           "(the entry's models, else its /v1/models, asked at start) are listed beside this "
-                          "server's, and their requests at /v1/chat/completions, /v1/completions and "
-                          "/v1/embeddings are sent on to it (repeatable).")
+                          "server's as ENDPOINT/ID (and by the bare ID where no other model has it), and their "
+                          "requests at /v1/chat/completions, /v1/completions and /v1/embeddings are sent on to it "
+                          "(repeatable).")
     ] = None
     api_key_env: o.ApiKeyEnv = None
 
