@@ -548,6 +548,7 @@ def test_a_line_written_after_the_ctrl_c_echo_begins_a_line_of_its_own(monkeypat
     end) starts after a new line, not on the echo's line; the line after it needs none. A wait met twice in one
     command is said once (line_once)."""
     import os
+    import select
 
     from localgen.cli import output
 
@@ -562,7 +563,9 @@ def test_a_line_written_after_the_ctrl_c_echo_begins_a_line_of_its_own(monkeypat
         err.line_once("waiting")
         err.line_once("waiting")
         stream.flush()
-        got = os.read(master, 4096).decode()
+        got = ""
+        while got.count("\n") < 3 and select.select([master], [], [], 10)[0]:  # a pty hands it over in pieces
+            got += os.read(master, 4096).decode()
     os.close(master)
     assert re.sub(r"\x1b\[[0-9;]*m", "", got) == "\r\nfirst\r\nwaiting\r\n", repr(got)
 

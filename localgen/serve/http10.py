@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # a stream's: no cache, no proxy buffer
 BODILESS = (*range(100, 200), 204, 304)  # statuses that carry no body, and so no length (RFC 9110, section 8.6)
 
 

@@ -20,6 +20,7 @@ from localgen.backend import Completion
 from localgen.errors import UsageError
 from localgen.serve.apierror import HTTPError, http_error
 from localgen.serve.ask import Ask
+from localgen.serve.http10 import STREAM_HEADERS
 from localgen.serve.incoming import read_messages
 from localgen.serve.jobs import Event, Failed, Job, Text
 from localgen.serve.jsonbody import read_json
@@ -32,8 +33,6 @@ from localgen.text import CHARS_PER_TOKEN
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
 from localgen.types import GenerationRequest, Message, SamplingParams
-
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 # An effort level as a reasoning budget in tokens: the lower levels bound the thinking, the higher leave it
 # unbounded (none and minimal turn it off, through the template's switch)

@@ -23,8 +23,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from localgen.errors import LocalgenError, ToolError
 from localgen.serve import mcprequest
 from localgen.serve.apierror import HTTPError
+from localgen.serve.http10 import STREAM_HEADERS
 from localgen.serve.mcprequest import Approval, McpTool
-from localgen.serve.pipeline import STREAM_HEADERS, Made, generation, parts
+from localgen.serve.pipeline import Made, generation, parts
 from localgen.serve.responseitems import DECLINED, Encoder, new_id, without_userinfo
 from localgen.serve.running import run_whole
 from localgen.serve.state import ServeState

@@ -27,8 +27,8 @@ from starlette.routing import Route
 from localgen.errors import LocalgenError
 from localgen.remote.endpoints import Endpoint
 from localgen.serve.apierror import HTTPError, error_response
+from localgen.serve.http10 import STREAM_HEADERS
 from localgen.serve.jsonbody import read_json
-from localgen.serve.pipeline import STREAM_HEADERS
 from localgen.serve.servelog import TRACE, Tally, named
 
 # the routes a remote model answers at, and what each appends to the endpoint's base URL

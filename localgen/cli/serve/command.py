@@ -185,11 +185,8 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
             _tool_lines(toolbox, log)
         if state.collections:
             log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
-        for remote in upstreams.remotes if upstreams is not None else []:
-            log.line(f"  remote models (--endpoint {remote.label}, {remote.endpoint.url}): "
-                     f"{', '.join(upstreams.names_of(remote))}")
-        if shadowed:
-            log.line(f"  served here, so reached upstream only as ENDPOINT/NAME: {', '.join(shadowed)}")
+        if upstreams is not None:
+            _upstream_lines(upstreams, shadowed, log)
         server.run()
     finally:
         for w in list(state.workers.values()) if state is not None else workers:
@@ -272,6 +269,16 @@ def _tool_lines(toolbox: Any, log: ServeLog) -> None:
         by_source.setdefault(toolbox.source(spec.name), []).append(spec.name)
     for source, names in by_source.items():
         log.line(f"  tools ({source}): {', '.join(names)}")
+
+
+def _upstream_lines(upstreams: Any, shadowed: list[str], log: Any) -> None:
+    """The start's lines on the remote models: each endpoint's, by the names a client uses, and the bare names
+    left to this server's own models."""
+    for remote in upstreams.remotes:
+        log.line(f"  remote models (--endpoint {remote.label}, {remote.endpoint.url}): "
+                 f"{', '.join(upstreams.names_of(remote))}")
+    if shadowed:
+        log.line(f"  served here, so reached upstream only as ENDPOINT/NAME: {', '.join(shadowed)}")
 
 
 def _ctx_warning(w: ModelWorker, models: ModelSettings, log: ServeLog) -> None:
