@@ -290,6 +290,8 @@ def pull(name: OciName, progress: Progress, public: bool | None = None) -> Path:
             shown = progress if b.media in ("model", "projector") else download.Quiet()
             download.fetch_held(session.url(f"blobs/{b.digest}"), session.headers, folder / b.filename,
                                 RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source, session.guard)
+        # a split's links before its manifest: list and show read the store as it is, and write nothing in it
+        oci.split_links(root, [folder / b.filename for b in blobs if b.media == "model"])
         path = oci.manifest_path(root, name)
         old = registry._digests(path)
         path.parent.mkdir(parents=True, exist_ok=True)
