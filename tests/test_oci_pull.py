@@ -564,3 +564,47 @@ def test_a_split_folder_is_seen_whole_or_not_at_all(tmp_path: Path) -> None:
     assert json.loads(out) in ([-1, len(blobs)], [len(blobs)], [-1]), out
     assert not folder.exists() and list((tmp_path / "splits").iterdir()) == []
 
+
+def test_a_token_refused_mid_pull_is_one_line_and_the_same_command_resumes(lg: Lg, reg: FakeOci,
+                                                                          gguf: HubFile) -> None:
+    """docs/models.md "Sign-in": a registry that sent the manifest, then refuses the token on a blob (here after
+    a cut connection, on the try that resumes it) stops the pull with one line naming the registry and the blob,
+    saying what is kept and that the same command resumes; run again, the pull goes on from the bytes it had (it
+    said "the model is private or needs a login")."""
+    from localgen.units import format_bytes
+
+    digest = "sha256:" + gguf.sha256
+    cut = gguf.size // 2
+    reg.drop_after[digest] = [cut]
+    reg.refuse_from[digest] = cut
+    r = lg("pull", name(reg))
+    config = json.loads(reg.manifests["ai/smollm2:latest"][0])["config"]["size"]
+    one_line(r, 1, f"localgen: error: {reg.host} refused localgen's token mid-pull: 401 for the model blob {digest} "
+                   f"of {name(reg)}:latest, after it sent the manifest; the {format_bytes(config + cut)} downloaded "
+                   "so far are kept (the same command resumes the pull where it stopped)")
+    assert "private" not in r.stderr, r.stderr
+    assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}.incomplete").stat().st_size == cut
+    del reg.refuse_from[digest]
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    assert reg.blob_requests(digest) == ["bytes=0-", f"bytes={cut}-", f"bytes={cut}-"], reg.blob_requests(digest)
+    assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}").stat().st_size == gguf.size
+
+
+def test_an_ollama_registry_refusing_a_blob_mid_pull_is_one_line(lg: Lg, gguf: HubFile, tmp_path: Path) -> None:
+    """docs/models.md "What it asks for": an `ollama:` pull (no token is sent to Ollama's registry) whose blob is
+    refused after the manifest came says so in one line, naming the registry and the blob (it said "refused the
+    download (401)")."""
+    from tests import registry_server
+
+    reg, server = registry_server.start()
+    try:
+        reg.add("library/smollm2:135m", [("model", gguf)])
+        reg.fail_statuses.extend([0, 0, 401])  # the manifest and the config answered (0: as usual), the GGUF refused
+        r = lg("pull", f"ollama:{reg.host}/library/smollm2:135m", OLLAMA_MODELS=str(tmp_path / "ollama"))
+    finally:
+        server.shutdown()
+        server.cdn.shutdown()  # type: ignore[attr-defined]
+    one_line(r, 1, f"{reg.host} refused the download mid-pull: 401 for the model blob sha256:{gguf.sha256} of ")
+    assert r.stderr.rstrip().endswith("downloaded so far are kept (the same command resumes the pull where it "
+                                      "stopped)"), r.stderr
