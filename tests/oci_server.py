@@ -4,7 +4,8 @@ ranges, the distribution spec's JSON errors. With `token` set, as Docker Hub doe
 `Authorization: Bearer TOKEN` is a 401 with a `WWW-Authenticate: Bearer realm=...,service=...,scope=...` challenge,
 and the realm (GET /token on the second host, 127.0.0.2, as auth.docker.io is another host) hands out TOKEN for the
 right service and scope. Blob GETs can answer 307 to that second host (the CDN), which logs whether a token came
-with them. Faults on demand: dropped connections at byte offsets (once each), answers of a given status."""
+with them. Faults on demand: dropped connections at byte offsets (once each), answers of a given status, a token
+refused from a blob's byte offset on (as a registry that revokes a token mid-pull: a 401 with error="invalid_token")."""
 
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class FakeOci:
     blobs: dict[str, HubFile] = field(default_factory=dict)
     drop_after: dict[str, list[int]] = field(default_factory=dict)
     fail_statuses: list[int] = field(default_factory=list)
+    refuse_from: dict[str, int] = field(default_factory=dict)  # digest -> a GET of it from this byte on is a 401
     requests: list[tuple[str, str, str, str]] = field(default_factory=list)
     cdn_requests: list[tuple[str, str, str]] = field(default_factory=list)
     token_requests: list[dict[str, list[str]]] = field(default_factory=list)
@@ -68,7 +70,7 @@ class FakeOci:
 
     def reset(self) -> None:
         with self.lock:
-            for d in (self.manifests, self.blobs, self.drop_after):
+            for d in (self.manifests, self.blobs, self.drop_after, self.refuse_from):
                 d.clear()
             for x in (self.fail_statuses, self.requests, self.cdn_requests, self.token_requests):
                 x.clear()
@@ -148,6 +150,13 @@ def _handler(reg: FakeOci, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
                 challenge = (f'Bearer realm="http://127.0.0.2:{reg.cdn_port}/token",service="{SERVICE}",'
                              f'scope="repository:{repo}:pull"')
                 return self._error(401, "UNAUTHORIZED", "authentication required", {"WWW-Authenticate": challenge})
+            start = re.match(r"bytes=(\d+)-", self.headers.get("Range", ""))
+            with reg.lock:
+                refused = kind == "blobs" and int(start.group(1) if start else 0) >= reg.refuse_from.get(ref, 1 << 62)
+            if refused:
+                challenge = (f'Bearer realm="http://127.0.0.2:{reg.cdn_port}/token",service="{SERVICE}",'
+                             f'scope="repository:{repo}:pull",error="invalid_token"')
+                return self._error(401, "UNAUTHORIZED", "token revoked", {"WWW-Authenticate": challenge})
             if status:
                 return self._error(status, "INJECTED", f"injected {status}",
                                    {"Retry-After": "Thu, 01 Jan 1970 00:00:00 GMT"} if status in (429, 503) else None)

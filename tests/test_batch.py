@@ -596,3 +596,60 @@ def test_a_file_with_no_prompts_is_a_usage_error(cli: CLI, tmp_path: Path) -> No
     writer.join()
     assert r.returncode == 2 and f"--file {fifo} has no prompts: it holds only blank lines" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_resume_from_that_is_no_earlier_output_is_one_line_before_the_model(cli: CLI, tmp_path: Path) -> None:
+    """docs/run.md, --resume-from: a FIFO, or a file whose first line is not `run --json`'s output (the input file
+    given by mistake; 5 GB of something else, of which only the start is read), is one line, exit 2, before the
+    model is looked for (a FIFO was read to its end, the input resumed nothing without a word); a directory is
+    refused by the flag itself."""
+    import os
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "Name a colour."}\n')
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.bin"
+    with big.open("wb") as f:
+        f.write(b"GGUF")
+        f.truncate(5 << 30)  # sparse: nothing on the disk
+    output = "is not an earlier run's JSONL output: its first line is not a JSON object with a \"line\" number " \
+             "(give it the output of `run --file ... --json`)"
+    for path, says in ((fifo, "is a FIFO, not a regular file: it reads an earlier run's JSONL output, which a file "
+                              "holds"), (prompts, output), (big, output)):
+        r = cli("run", "-m", "/nonexistent.gguf", "--file", str(prompts), "--json", "--resume-from", str(path),
+                timeout=60)
+        assert (r.returncode, r.stdout) == (2, ""), (path, r.returncode, r.stderr)
+        assert r.stderr == f"localgen: error: --resume-from {path} {says}\n", r.stderr
+    r = cli("run", "-m", "/nonexistent.gguf", "--file", str(prompts), "--json", "--resume-from", str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_resume_from_reads_a_big_output_a_line_at_a_time(cli: CLI, tmp_path: Path) -> None:
+    """docs/run.md, --resume-from: the earlier output is read a line at a time, holding only the line numbers it
+    answered. With 2 GiB of NULs in it (the torn line a crash can leave) and the process's data limited to 1 GiB,
+    the answered lines are copied as they were, in order, and only the others are answered (it read the file whole:
+    a MemoryError)."""
+    import resource
+
+    from tests.conftest import ROOT, SAFETY_NET_S, default_sigint
+
+    prompts = _prompt_file(tmp_path, PROMPTS)
+    out = tmp_path / "out.jsonl"
+    done = [json.dumps({"line": i, "text": f"answer {i}", "finish_reason": "stop"}) for i in (1, 2, 4)]
+    with out.open("wb") as f:
+        f.write(f"{done[0]}\n{done[1]}\n".encode())
+        f.seek(2 << 30, 1)  # a hole: 2 GiB of NULs, no line break in them
+        f.write(f'\n{{"line": 3, "error": "failed"}}\n{done[2]}\n'.encode())
+
+    def capped() -> None:
+        default_sigint()
+        resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))
+
+    r = subprocess.run(cli.argv("run", "--file", str(prompts), "--json", "-n", "2", "--temperature", "0", "--stats",
+                                "--resume-from", str(out)), env=cli.env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=SAFETY_NET_S, preexec_fn=capped)
+    assert r.returncode == 0 and "3 already answered" in r.stderr, r.stderr
+    lines = r.stdout.splitlines()
+    assert [lines[0], lines[1], lines[3]] == done, lines
+    assert [json.loads(x)["line"] for x in lines] == [1, 2, 3, 4, 5] and "text" in json.loads(lines[4]), lines

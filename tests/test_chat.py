@@ -729,3 +729,72 @@ def test_ctrl_d_inside_a_triple_quoted_block_sends_it(cli_env: dict[str, str], h
     assert child.exitstatus == 0
     saved = json.loads((home / "data" / "chats" / "ctrl-d-block.json").read_text())["messages"]
     assert [m["content"] for m in saved if m["role"] == "user"] == ["Say hi.\nThen stop."], saved
+
+
+def _command_runs(child: Any) -> None:
+    """Wait until the prompt has let go of the terminal (ISIG on: a Ctrl-C is a signal again, not a key of the
+    prompt's): the line sent is being handled."""
+    import os
+    import termios
+
+    tty = os.open(f"/proc/{child.pid}/fd/0", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    try:
+        deadline = time.monotonic() + 60
+        while not termios.tcgetattr(tty)[3] & termios.ISIG:
+            assert time.monotonic() < deadline, "the prompt never let go of the terminal"
+            time.sleep(0.005)
+    finally:
+        os.close(tty)
+
+
+def test_ctrl_c_while_model_loads_stops_the_command_and_the_chat_goes_on(cli_env: dict[str, str],
+                                                                         home: Path) -> None:
+    """docs/chat.md, Ctrl-C: pressed while /model loads another model, it stops the command in one line and the
+    chat goes on with the model it had (it said "the message was taken back" of no message, then ended with a
+    traceback: UnboundLocalError)."""
+    child = spawn(cli_env, "switching", "-n", "4", "--temp", "0")
+    child.sendline("/model gemma3:270m")
+    _command_runs(child)
+    child.sendintr()
+    child.expect_exact("(Ctrl-C stopped /model before it finished)")
+    assert "taken back" not in str(child.before), child.before
+    child.expect_exact(PROMPT)
+    send(child, "Say hi.", r"tok/s")
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    saved = json.loads((home / "data" / "chats" / "switching.json").read_text())
+    assert "gemma" not in saved["model"] and saved["messages"][0]["content"] == "Say hi.", saved
+
+
+def test_two_ctrl_c_while_a_long_message_is_read_in_take_it_back_once(cli_env: dict[str, str],
+                                                                      tmp_path: Path) -> None:
+    """docs/chat.md, Ctrl-C: a second press while a long message is read in does what one does, at the same
+    point (llama.cpp is not stopped inside a piece): the message is taken back once, and the chat goes on."""
+    from tests.test_chat_attach_back import answering
+
+    lcli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    big = tmp_path / "big.txt"  # some 2,800 tokens, read in pieces of 16
+    big.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200)))
+    child = spawn(lcli.env, "twice", "-n", "4", "--temperature", "0", "--batch-size", "16", "--no-prompt-cache")
+    child.sendline(f"/read {big}")
+    child.expect_exact("will be sent with your next message")
+    child.expect_exact(PROMPT)
+    child.sendline("Summarize.")
+    answering(child)
+    child.sendintr()
+    time.sleep(0.05)
+    child.sendintr()
+    child.expect_exact("the message was taken back")
+    child.expect_exact(PROMPT)
+    shown = str(child.before)
+    send(child, "/detach", "dropped 1 attachment")
+    send(child, "Say hi.", r"tok/s")
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert "taken back" not in shown and "Traceback" not in shown, shown
+    saved = json.loads((tmp_path / "home" / "data" / "chats" / "twice.json").read_text())
+    assert [m["content"] for m in saved["messages"] if m["role"] == "user"] == ["Say hi."], saved

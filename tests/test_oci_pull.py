@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -459,3 +460,151 @@ def test_a_projector_layer_is_the_model_s_projector(lg: Lg, reg: FakeOci, gguf: 
     doc = json.loads(lg("show", name(reg, "ai/seer"), "--json").stdout)
     assert doc["projector"] == str(lg.pulled / "blobs" / f"sha256-{proj.sha256}"), doc
     assert doc["modalities"] == ["text", "image"], doc
+
+
+def _read_only(lg: Lg, folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`localgen ARGS` with `folder` read-only (a bind mount in a mount namespace of its own, as
+    tests/test_collections.py makes a read-only disk: root writes through a chmod)."""
+    import shutil
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    env = {**lg.env, "D": str(folder), "PY": sys.executable}
+    return subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$D" "$D" && exec "$PY" -m localgen "$@"',
+                           "sh", *args], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_a_split_model_lists_and_shows_from_a_read_only_data_dir(lg: Lg, reg: FakeOci, smollm2_path: Path,
+                                                                 tmp_path: Path) -> None:
+    """docs/models.md "Layers": the pull makes a split's links; list and show read the store as it is and write
+    nothing in it, so they work on a read-only data dir, also where the links are missing (they made them there,
+    and on a read-only one failed: "cannot write .../splits: Read-only file system"); a run makes missing links
+    again, and says in one line when it cannot."""
+    import shutil
+
+    from tests.gguf_split import split_model
+
+    parts = split_model(smollm2_path, tmp_path / "split", "smol", 100)
+    reg.add("ai/split", "latest", [(GGUF, HubFile(p)) for p in parts])
+    model = name(reg, "ai/split") + ":latest"
+    assert lg("pull", model).returncode == 0
+    splits = lg.pulled / "splits"
+    made = sorted(str(p.relative_to(splits)) for p in splits.glob("*/*.gguf"))
+    assert len(made) == len(parts), made
+    whole = json.loads(lg("show", str(smollm2_path), "--json").stdout)
+    data = lg.pulled.parent
+    for missing in (False, True):
+        if missing:  # links gone (a store copied without them, an older pull's): read through links of its own
+            shutil.rmtree(splits)
+        r = _read_only(lg, data, "list", "--json")
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        item = next(x for x in json.loads(r.stdout) if x["name"] == model)
+        assert item["parameters"] == whole["parameters"] and item["size"] == sum(p.stat().st_size for p in parts), item
+        r = _read_only(lg, data, "show", model, "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["parameters"] == whole["parameters"] and doc["gguf_layers"] == len(parts), doc
+    assert not splits.exists(), "list and show wrote nothing"
+    r = _read_only(lg, data, "run", "-m", model, "-p", "Hi", "-n", "2", "--no-log")
+    one_line(r, 1, "cannot make the links a split model loads through")
+    r = lg("run", "-m", model, "-p", "What is the capital of France?", "-n", "4", "--temp", "0")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert sorted(str(p.relative_to(splits)) for p in splits.glob("*/*.gguf")) == made
+    assert [p.name for p in splits.iterdir()] == [Path(made[0]).parent.name], "no folder of a maker's own is left"
+
+
+# what a run finds at the folder's path: its entries, counted where the folder read is still the one there once
+# read (one renamed away meanwhile is what a later look finds gone: -1)
+WATCH = """import os, sys
+folder, stop = sys.argv[1], sys.argv[2]
+seen = set()
+while not os.path.exists(stop):
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        seen.add(-1)
+        continue
+    try:
+        n = len(os.listdir(fd))
+        seen.add(n if os.stat(folder).st_ino == os.fstat(fd).st_ino else -1)
+    except FileNotFoundError:
+        seen.add(-1)
+    finally:
+        os.close(fd)
+print(sorted(seen))
+"""
+
+
+def test_a_split_folder_is_seen_whole_or_not_at_all(tmp_path: Path) -> None:
+    """docs/models.md "Layers": a run starting while a split's links are made (a pull, a run after they went) or
+    taken away (rm, a pull that moves a tag) finds all of them or none, never some: they are made in a folder of
+    the maker's own, renamed into place, and a folder is renamed away before it is emptied. Another process
+    watches the folder while it is made and pruned again and again."""
+    from localgen.models import oci
+
+    blobs = [tmp_path / "blobs" / f"sha256-{i:064x}" for i in range(12)]
+    blobs[0].parent.mkdir()
+    for b in blobs:
+        b.write_bytes(b"x")
+    folder, _ = oci.split_folder(tmp_path, blobs)
+    stop = tmp_path / "stop"
+    watcher = subprocess.Popen([sys.executable, "-c", WATCH, str(folder), str(stop)], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        time.sleep(0.2)
+        for _ in range(200):
+            oci.split_links(tmp_path, blobs)
+            blobs[3].rename(tmp_path / "aside")  # rm took a part: prune takes the folder
+            oci.prune_splits(tmp_path)
+            (tmp_path / "aside").rename(blobs[3])
+    finally:
+        stop.touch()
+        out, _ = watcher.communicate(timeout=60)
+    assert json.loads(out) in ([-1, len(blobs)], [len(blobs)], [-1]), out
+    assert not folder.exists() and list((tmp_path / "splits").iterdir()) == []
+
+
+def test_a_token_refused_mid_pull_is_one_line_and_the_same_command_resumes(lg: Lg, reg: FakeOci,
+                                                                          gguf: HubFile) -> None:
+    """docs/models.md "Sign-in": a registry that sent the manifest, then refuses the token on a blob (here after
+    a cut connection, on the try that resumes it) stops the pull with one line naming the registry and the blob,
+    saying what is kept and that the same command resumes; run again, the pull goes on from the bytes it had (it
+    said "the model is private or needs a login")."""
+    from localgen.units import format_bytes
+
+    digest = "sha256:" + gguf.sha256
+    cut = gguf.size // 2
+    reg.drop_after[digest] = [cut]
+    reg.refuse_from[digest] = cut
+    r = lg("pull", name(reg))
+    config = json.loads(reg.manifests["ai/smollm2:latest"][0])["config"]["size"]
+    one_line(r, 1, f"localgen: error: {reg.host} refused localgen's token mid-pull: 401 for the model blob {digest} "
+                   f"of {name(reg)}:latest, after it sent the manifest; the {format_bytes(config + cut)} downloaded "
+                   "so far are kept (the same command resumes the pull where it stopped)")
+    assert "private" not in r.stderr, r.stderr
+    assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}.incomplete").stat().st_size == cut
+    del reg.refuse_from[digest]
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    assert reg.blob_requests(digest) == ["bytes=0-", f"bytes={cut}-", f"bytes={cut}-"], reg.blob_requests(digest)
+    assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}").stat().st_size == gguf.size
+
+
+def test_an_ollama_registry_refusing_a_blob_mid_pull_is_one_line(lg: Lg, gguf: HubFile, tmp_path: Path) -> None:
+    """docs/models.md "What it asks for": an `ollama:` pull (no token is sent to Ollama's registry) whose blob is
+    refused after the manifest came says so in one line, naming the registry and the blob (it said "refused the
+    download (401)")."""
+    from tests import registry_server
+
+    reg, server = registry_server.start()
+    try:
+        reg.add("library/smollm2:135m", [("model", gguf)])
+        reg.fail_statuses.extend([0, 0, 401])  # the manifest and the config answered (0: as usual), the GGUF refused
+        r = lg("pull", f"ollama:{reg.host}/library/smollm2:135m", OLLAMA_MODELS=str(tmp_path / "ollama"))
+    finally:
+        server.shutdown()
+        server.cdn.shutdown()  # type: ignore[attr-defined]
+    one_line(r, 1, f"{reg.host} refused the download mid-pull: 401 for the model blob sha256:{gguf.sha256} of ")
+    assert r.stderr.rstrip().endswith("downloaded so far are kept (the same command resumes the pull where it "
+                                      "stopped)"), r.stderr

@@ -66,6 +66,15 @@ class DownloadError(LocalgenError):
     """A transfer failed for good (after retries) or its bytes were wrong."""
 
 
+class RefusedError(DownloadError):
+    """The source refused a transfer (401 or 403): `code`. A registry's pull, which had its manifest, says it
+    was refused mid-pull (registry.refused_mid_pull)."""
+
+    def __init__(self, message: str, code: int, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.code = code
+
+
 # Errors of the local disk (not the connection): retrying cannot help, so a pull stops at once.
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
 
@@ -330,8 +339,8 @@ def _stream(
             return start, False
         if e.code in (401, 403):
             why = f": {source.refused}" if source.refused else ""
-            raise DownloadError(f"{source.name} refused the download ({e.code}){why}",
-                                hint=source.refused_hint) from None
+            raise RefusedError(f"{source.name} refused the download ({e.code}){why}", e.code,
+                               hint=source.refused_hint) from None
         if e.code == 404:
             raise DownloadError(f"the file is gone from {source.name} (404)") from None
         raise _Transient(f"HTTP {e.code}") from None

@@ -71,8 +71,8 @@ def _other_stores() -> list[dict[str, Any]]:
         items.append(item)
     for om in oci.all_manifests():  # pulled from an OCI registry (localgen pull oci:...)
         try:
-            op = oci.read_parts(om)
-            summary = read_summary(str(op.path), check_data=False)
+            op = oci.read_parts(om, make=False)  # a split's links as they are: a listing writes nothing
+            summary = op.summary(check_data=False)
         except LocalgenError:
             continue
         item = _item(om.name.display, str(op.path), "oci", summary)

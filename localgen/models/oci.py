@@ -4,7 +4,8 @@ unless the first part has a '.' or ':' or is localhost; a one-part repo on docke
 latest). `localgen pull oci:...` (models/ocipull.py) stores them in localgen's data dir (pulled_root()):
 manifests/HOST/REPO/@TAG (or @sha256:HEX) holds the image manifest as the registry sent it, blobs/sha256-HEX each
 layer, and splits/HEX/model-0000I-of-0000N.gguf the symbolic links a GGUF split over several layers loads through
-(llama.cpp finds a split's parts by file name; Docker Model Runner names them so, in the manifest's order). A
+(llama.cpp finds a split's parts by file name; Docker Model Runner names them so, in the manifest's order), made by
+the pull (a run makes them again where they are missing; list and show never write). A
 layer's media type says what it is: application/vnd.docker.ai.gguf.v3 a GGUF (several: the parts of one split
 model), .mmproj its projector, .chat.template.jinja a chat template used instead of the GGUF's own, .license a
 license; the config blob (application/vnd.docker.ai.model.config.v0.*+json) gives format, quantization, parameters,
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, UsageError
-from localgen.types import MIN_CTX_FLAG, ModelRef
+from localgen.types import MIN_CTX_FLAG, GGUFSummary, ModelRef
 
 PREFIX = "oci:"
 DEFAULT_HOST = "docker.io"
@@ -210,40 +211,104 @@ def checked_blob(m: Manifest, layer: Layer) -> Path:
     return layer.blob
 
 
-def split_links(root: Path, ggufs: list[Path]) -> Path:
-    """The path llama.cpp loads a model from: the one GGUF's blob, or, for a model split over several layers, the
-    first of the symbolic links splits/HEX/model-0000I-of-0000N.gguf to its blobs in order (made if missing; HEX
-    is the SHA-256 of the blobs' names, so that one split's links serve every manifest that names it)."""
-    if len(ggufs) == 1:
-        return ggufs[0]
+def split_folder(root: Path, ggufs: list[Path]) -> tuple[Path, list[Path]]:
+    """Where a split's links are: splits/HEX (HEX the SHA-256 of its blobs' names, so that one split's links serve
+    every manifest that names it), and each link's path, model-0000I-of-0000N.gguf in the manifest's order."""
     key = hashlib.sha256("\n".join(p.name for p in ggufs).encode()).hexdigest()
     folder = root / "splits" / key
-    n = len(ggufs)
-    links = [folder / f"model-{i + 1:05d}-of-{n:05d}.gguf" for i in range(n)]
-    folder.mkdir(parents=True, exist_ok=True)
-    for link, blob in zip(links, ggufs, strict=True):
-        target = os.path.relpath(blob, folder)
-        if os.path.islink(link) and os.readlink(link) == target:
-            continue
-        tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
-        os.symlink(target, tmp)
-        os.replace(tmp, link)
+    return folder, [folder / name for name in _link_names(len(ggufs))]
+
+
+def _link_names(n: int) -> list[str]:
+    return [f"model-{i + 1:05d}-of-{n:05d}.gguf" for i in range(n)]
+
+
+def _whole(folder: Path, links: list[Path], ggufs: list[Path]) -> bool:
+    """Whether a split's folder holds its links, each naming its blob, and nothing else."""
+    try:
+        if sorted(os.listdir(folder)) != sorted(x.name for x in links):
+            return False
+        return all(os.readlink(link) == os.path.relpath(blob, folder) for link, blob in zip(links, ggufs, strict=True))
+    except OSError:
+        return False
+
+
+def split_links(root: Path, ggufs: list[Path], make: bool = True) -> Path:
+    """The path llama.cpp loads a model from: the one GGUF's blob, or, for a model split over several layers, the
+    first of its links (split_folder), made if they are not there and `make` (a pull, a run); without `make` (list,
+    show) nothing is written and the path is where they are, or will be."""
+    if len(ggufs) == 1:
+        return ggufs[0]
+    folder, links = split_folder(root, ggufs)
+    if make and not _whole(folder, links, ggufs):
+        _make_links(folder, links, ggufs)
     return links[0]
 
 
+def _make_links(folder: Path, links: list[Path], ggufs: list[Path]) -> None:
+    """Make a split's folder whole, atomically: its links go into a folder of this process's own, renamed into
+    place, so that a run starting meanwhile finds the whole folder or none (never some of its links); a damaged
+    folder there is moved aside first. A LocalgenError when the store cannot be written."""
+    import shutil
+
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for link, blob in zip(links, ggufs, strict=True):
+            os.symlink(os.path.relpath(blob, folder), tmp / link.name)  # relative to splits/, as tmp is too
+        for _ in range(3):
+            try:
+                os.rename(tmp, folder)  # fails when a folder is there (ENOTEMPTY, EEXIST)
+                return
+            except OSError:
+                if _whole(folder, links, ggufs):  # another process made it meanwhile
+                    return
+            aside = folder.with_name(f".{folder.name}.{os.getpid()}.old")
+            with contextlib.suppress(FileNotFoundError):  # gone meanwhile: the next rename puts ours there
+                os.rename(folder, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        raise OSError(f"{folder} kept changing while localgen made it")
+    except OSError as e:
+        raise LocalgenError(f"cannot make the links a split model loads through in {folder.parent}: "
+                            f"{e.strerror or e}", hint="localgen pull makes them; run it where the data dir is "
+                                                       "writable") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def prune_splits(root: Path) -> None:
-    """Remove the split folders whose links name a blob that is gone (after rm)."""
+    """Remove the split folders whose links name a blob that is gone (after rm), each renamed away before it is
+    emptied (a run never finds some of its links), and those a process that has ended left half made."""
+    import shutil
+
     top = root / "splits"
     if not top.is_dir():
         return
     for folder in top.iterdir():
+        if folder.name.startswith("."):  # another process's folder being made (or moved aside): its own
+            pid = folder.name.rsplit(".", 2)[-2] if folder.name.count(".") >= 3 else ""
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(folder, ignore_errors=True)
+            continue
         links = list(folder.glob("*.gguf")) if folder.is_dir() else []
         if any(not p.exists() for p in links) or not links:
-            for p in folder.iterdir() if folder.is_dir() else ():
-                p.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+            gone = folder.with_name(f".{folder.name}.{os.getpid()}.old")
+            try:
+                os.rename(folder, gone)
+            except OSError:
+                continue
+            shutil.rmtree(gone, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def config(m: Manifest) -> dict[str, Any]:
@@ -277,15 +342,31 @@ class Parts:
     template: str | None
     context: int | None
 
+    def summary(self, check_data: bool = True) -> GGUFSummary:
+        """The model's GGUF header (a split's: all its parts). A split whose links are not there (a store that
+        cannot be written, a listing) is read through links in a temporary folder of its own: reading the store
+        never writes in it."""
+        from localgen.models.gguf_meta import read_summary
 
-def read_parts(m: Manifest) -> Parts:
-    """A manifest's GGUF layers (a split's links made), projector, chat template and context size; a LocalgenError
-    for a damaged or missing one."""
+        if len(self.ggufs) == 1 or os.path.lexists(self.path):
+            return read_summary(str(self.path), check_data=check_data)
+        import tempfile
+
+        names = _link_names(len(self.ggufs))
+        with tempfile.TemporaryDirectory(prefix="localgen-split-") as tmp:
+            for name, layer in zip(names, self.ggufs, strict=True):
+                os.symlink(layer.blob.absolute(), Path(tmp) / name)
+            return read_summary(str(Path(tmp) / names[0]), check_data=check_data, use_cache=False)
+
+
+def read_parts(m: Manifest, make: bool = True) -> Parts:
+    """A manifest's GGUF layers (a split's links made, with `make`), projector, chat template and context size; a
+    LocalgenError for a damaged or missing one."""
     ggufs = m.of(GGUF)
     if not ggufs:
         raise LocalgenError(f"{m.name.display} has no GGUF layer in its manifest ({m.path}): localgen cannot run it")
     blobs = [checked_blob(m, x) for x in ggufs]
-    path = split_links(pulled_root(), blobs)
+    path = split_links(pulled_root(), blobs, make)
     proj = [checked_blob(m, x) for x in m.of(MMPROJ)[:1]]
     template = None
     for x in m.of(TEMPLATE)[-1:]:
@@ -300,17 +381,16 @@ def read_parts(m: Manifest) -> Parts:
     return Parts(path, tuple(ggufs), proj[0] if proj else None, template, context)
 
 
-def resolve(text: str) -> ModelRef:
+def resolve(text: str, make: bool = True) -> ModelRef:
     """A pulled OCI model (the name after `oci:`) as a ModelRef: its GGUF (a split's first part), projector, chat
-    template (the layer's, else the GGUF's) and context size (the config's)."""
+    template (the layer's, else the GGUF's) and context size (the config's). `make`: make a split's links where
+    they are missing (a run); without it (show) nothing is written."""
     import dataclasses
 
-    from localgen.models.gguf_meta import read_summary
-
     m = manifest(parse_name(text))
-    p = read_parts(m)
+    p = read_parts(m, make)
     try:
-        summary = read_summary(str(p.path))
+        summary = p.summary()
     except ModelFormatError as e:
         raise ModelFormatError(f"{m.name.display}: its GGUF layer is not one llama.cpp can load: {e.message}",
                                hint=f"`localgen pull {m.name.display}` fetches it again if it is damaged") from None

@@ -272,8 +272,7 @@ def pull(name: OciName, progress: Progress, public: bool | None = None) -> Path:
     missing = {b.digest: b for b in blobs if registry._size(folder / b.filename) != b.size}
     need = sum(b.size - registry._size(download.partial_path(folder / b.filename)) for b in missing.values())
     download.check_space(folder, max(need, 0), name.display)
-    source = download.Source(name.host, f"its digest in {name.display}'s manifest", "the model is private or "
-                             "needs a login, which localgen cannot give")
+    source = download.Source(name.host, f"its digest in {name.display}'s manifest")  # a refusal: refused_mid_pull
     unfinished = _unfinished_path(root, name)
     unfinished.parent.mkdir(parents=True, exist_ok=True)
     registry._write(unfinished, raw)
@@ -286,10 +285,17 @@ def pull(name: OciName, progress: Progress, public: bool | None = None) -> Path:
         index = 0
         for b in unique.values():
             index += b.media == "model"
-            label = f"{name.short} {b.media}" + (f" {index}/{parts}" if b.media == "model" and parts > 1 else "")
+            kind = b.media + (f" {index}/{parts}" if b.media == "model" and parts > 1 else "")
+            label = f"{name.short} {kind}"
             shown = progress if b.media in ("model", "projector") else download.Quiet()
-            download.fetch_held(session.url(f"blobs/{b.digest}"), session.headers, folder / b.filename,
-                                RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source, session.guard)
+            try:
+                download.fetch_held(session.url(f"blobs/{b.digest}"), session.headers, folder / b.filename,
+                                    RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source, session.guard)
+            except download.RefusedError as e:
+                raise registry.refused_mid_pull(name.host, name.display, b, kind, e.code, folder, blobs,
+                                                session.token is not None) from None
+        # a split's links before its manifest: list and show read the store as it is, and write nothing in it
+        oci.split_links(root, [folder / b.filename for b in blobs if b.media == "model"])
         path = oci.manifest_path(root, name)
         old = registry._digests(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,7 @@ def pull(name: OllamaName, progress: Progress, public: bool | None = None) -> Pa
     missing = {b.digest: b for b in blobs if not _whole(folder / b.filename, b.size)}
     need = sum(b.size - _size(download.partial_path(folder / b.filename)) for b in missing.values())
     download.check_space(folder, max(need, 0), name.display)
-    source = download.Source(name.host, f"its digest in {name.display}'s manifest")
+    source = download.Source(name.host, f"its digest in {name.display}'s manifest")  # a refusal: refused_mid_pull
     unfinished = _unfinished_path(root, name)  # until the manifest is written: what rm of a pull that gave up takes
     unfinished.parent.mkdir(parents=True, exist_ok=True)
     _write(unfinished, raw)
@@ -147,8 +147,11 @@ def pull(name: OllamaName, progress: Progress, public: bool | None = None) -> Pa
         for b in unique.values():
             label = f"{name.ollama} {b.media}"
             shown = progress if b.media in WEIGHTS else download.Quiet()  # a few bytes of settings: no bar of its own
-            download.fetch_held(_url(name, f"blobs/{b.digest}"), lambda: {}, folder / b.filename,
-                                RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source, guard)
+            try:
+                download.fetch_held(_url(name, f"blobs/{b.digest}"), lambda: {}, folder / b.filename,
+                                    RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source, guard)
+            except download.RefusedError as e:
+                raise refused_mid_pull(name.host, name.display, b, b.media, e.code, folder, blobs, False) from None
         path = _manifest_path(root, name)
         old = _digests(path)  # an earlier pull's: the blobs of a tag that has moved since go once nothing names them
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,6 +160,23 @@ def pull(name: OllamaName, progress: Progress, public: bool | None = None) -> Pa
         _prune(unfinished.parent, root / UNFINISHED)
     _sweep(root, old - {b.filename for b in blobs}, progress)  # its locks released: the sweep takes one at a time
     return path
+
+
+def refused_mid_pull(host: str, display: str, blob: Blob, kind: str, code: int, folder: Path, blobs: list[Blob],
+                     token: bool) -> LocalgenError:
+    """A registry that sent a model's manifest, then refused one of its blobs (401, 403: a token revoked or run
+    out, a CDN's signed link gone stale), in one line: what was refused, and that what arrived is kept for the same
+    command to resume (a blob's partial file, the blobs already whole, the unfinished pull's manifest)."""
+    from localgen.models import download
+    from localgen.units import format_bytes
+
+    kept = sum(_size(folder / b.filename) + _size(download.partial_path(folder / b.filename))
+               for b in {b.digest: b for b in blobs}.values())
+    what = "localgen's token" if token else "the download"
+    return download.DownloadError(
+        f"{host} refused {what} mid-pull: {code} for the {kind} blob {blob.digest} of {display}, after it sent "
+        f"the manifest; the {format_bytes(kept)} downloaded so far are kept",
+        hint="the same command resumes the pull where it stopped")
 
 
 def _lock(root: Path, blob: str) -> Path:

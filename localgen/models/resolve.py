@@ -32,13 +32,14 @@ class Target:
 
 def resolve(name: str | None, offline: bool = False, progress: download.Progress | None = None,
             pull_missing: bool = True, assemble: bool = True) -> ModelRef:
-    """Resolve a model name to a verified local file and its GGUF summary. Without `assemble` (a listing), an
-    embedded model in chunks not assembled yet is described from its first chunk, and its path is where its
-    first use will assemble it."""
+    """Resolve a model name to a verified local file and its GGUF summary. Without `assemble` (a listing), nothing
+    is written: an embedded model in chunks not assembled yet is described from its first chunk, and its path is
+    where its first use will assemble it; an OCI split whose links are missing is read through links of its own
+    (its path is where a run makes them)."""
     text = embedded.DEFAULT_MODEL if name is None else name  # an empty name is a mistake (names.parse), not "none"
     spec = names.parse(text)
     if isinstance(spec, names.StoreSpec):  # Ollama's or LM Studio's store, used in place; Ollama's registry
-        return other_store(spec, offline, progress, pull_missing)
+        return other_store(spec, offline, progress, pull_missing, assemble)
     if isinstance(spec, names.PathSpec):
         if not spec.path.is_file() and not spec.path.exists():
             raise ModelNotFoundError(f"no such model file: {spec.path}")
@@ -77,17 +78,17 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
 
 
 def other_store(spec: names.StoreSpec, offline: bool = True, progress: download.Progress | None = None,
-                pull_missing: bool = False) -> ModelRef:
+                pull_missing: bool = False, assemble: bool = True) -> ModelRef:
     """A model Ollama or LM Studio downloaded, from its own store. Where the store has no such model but a preset
     (or a user's catalogue entry) made before such names meant a store carries the whole name, the error says it is
     shadowed and how to rename it. An Ollama model in no store is pulled from its registry as a Hub model is from
     the Hub (`offline`, `pull_missing`: as _hub_model's); where it may not be, a NotDownloadedError names the
-    pull."""
+    pull. Without `assemble` (a listing, show) an OCI split's missing links are not made: nothing is written."""
     from localgen.models import lmstudio, oci, ollamastore
 
     try:
         if spec.store == "oci":
-            return oci.resolve(spec.name)
+            return oci.resolve(spec.name, make=assemble)
         return ollamastore.resolve(spec.name) if spec.store == "ollama" else lmstudio.resolve(spec.name)
     except ModelNotFoundError as e:
         whole = f"{spec.store}:{spec.name}"

@@ -348,17 +348,29 @@ def _scripted(runner: Any, view: ChatView) -> None:
         handle("\n".join(block), runner, view, command_ok=False)
 
 
-def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> bool:
-    """One input: a /command or a message. False to leave. Scripted, an error ends the script."""
+def _command(text: str, runner: Any, view: ChatView) -> bool:
+    """A /command; Ctrl-C while it runs (a /model or /load loading a model) stops it where it is, and the chat
+    goes on (it went on to "the message was taken back" about no message, and ended with a traceback)."""
     from localgen.cli.chat.slash import run_command
 
+    try:
+        return run_command(text, runner, view)
+    except KeyboardInterrupt:
+        if not view.interactive:
+            raise
+        view.info(f"(Ctrl-C stopped {text.split()[0]} before it finished)")
+        return True
+
+
+def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> bool:
+    """One input: a /command or a message. False to leave. Scripted, an error ends the script."""
     if not text.strip():
         return True
     try:
         if view.interactive and attach_dropped(text, runner, view):  # before commands: a path starts with /
             return True
         if command_ok and text.startswith("/"):
-            return run_command(text, runner, view)
+            return _command(text, runner, view)
         before, media = list(view.attachments), list(view.media)
         text = checked(text, "the message")
         text = _with_excerpts(text, before, runner, view) if view.rag is not None else "\n\n".join([*before, text])

@@ -37,7 +37,8 @@ def show(
     if as_modelfile:  # a preset's own, even when its base is gone; a model's from its catalogue entry
         print(_modelfile(name, offline), end="")
         return
-    ref = resolve(name, offline=offline, pull_missing=False)
+    # an OCI model is read as it is: pull made its split's links (show writes nothing in the store)
+    ref = resolve(name, offline=offline, pull_missing=False, assemble=not name.strip().lower().startswith("oci:"))
     if mmproj is not None:
         ref = projectors.attach(ref, str(mmproj))
     s = ref.summary

@@ -8,13 +8,15 @@ then the -p text. A blank input line gives a blank output line. A failed line is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import re
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from localgen import settings
 from localgen.backend import Completion, Indexed
@@ -125,11 +127,18 @@ class BatchOptions:
 def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions) -> int:
     """Complete every line; returns the exit status (1 if any line failed). A line past MAX_PROMPT_TEXT ends the
     input there: the lines before it are answered and written, then its UsageError is raised."""
+    resumed = _resume(opts.resume_from)
+    try:
+        return _run(backend, source, base, opts, resumed)
+    finally:
+        resumed.close()
+
+
+def _run(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions, resumed: Resumed) -> int:
     instruction, system, json_out = opts.instruction, opts.system, opts.json_out
     lines: dict[int, _Line] = {}
     ready: dict[int, tuple[_Line, Completion | None]] = {}
     state = {"next": 1, "failed": 0, "tokens": 0, "prompts": 0, "skipped": 0, "given": 0}
-    answered, copy = _resume(opts.resume_from)
     promise = getattr(backend, "exactness", None)  # a local model's; remote endpoints promise nothing here
 
     stopped: list[UsageError] = []  # a line too long to read: the input ends there
@@ -145,8 +154,9 @@ def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOpt
             lines[ln.number] = ln
             if ln.prompt is not None or ln.error is not None:
                 state["given"] += 1
-            if ln.number in answered and (answered[ln.number][1] or (ln.prompt is None and ln.error is None)):
-                ln.previous = answered[ln.number][0] if copy else ""
+            answer = resumed.answer(ln.number)
+            if answer or (answer is not None and ln.prompt is None and ln.error is None):
+                ln.previous = resumed.line(ln.number) if resumed.copy else ""
                 ready[ln.number] = (ln, None)
                 state["skipped"] += 1
                 flush()
@@ -237,45 +247,160 @@ def _print_stats(state: dict[str, int], secs: float, counters: dict[str, Any], p
           + (f" · {state['failed']} failed" if state["failed"] else ""), file=sys.stderr)
 
 
-def _resume(path: Path | None) -> tuple[dict[int, tuple[str, bool]], bool]:
-    """The lines an earlier JSONL output answered (line number -> its output line, and whether it holds an answer
-    rather than a blank input line's `{"line": N}`), and whether to copy them to this output: not when stdout
-    appends to that same file (`>> OUTPUT.jsonl`)."""
-    if path is None:
-        return {}, False
+MAX_RECORD = 64 * 2**20  # an output line longer than this (no answer is) is read past, not held
+
+
+def check_resume(path: Path) -> None:
+    """A UsageError unless --resume-from names a regular file that starts as an earlier run's JSONL output does
+    (a JSON object with a "line" number, or the start of one a crash cut short), or no file yet (a first run).
+    Only its first line is read: a FIFO or a device is never opened, a big file of something else never read."""
+    with _opened(path) as f:
+        if f is not None:
+            _first_line(f, path)
+
+
+class Resumed:
+    """What --resume-from read of an earlier output, a line at a time: the input line numbers it answered, each
+    with where its output line starts (an answer's at `offset`, a blank input line's `{"line": N}` at ~offset), and
+    whether to copy them to this output. Only that index is held; a copied line is read again from the file when
+    its turn comes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.answered: dict[int, int] = {}
+        self.copy = False
+        self._file: BinaryIO | None = None
+        self._path = path
+        self.torn = False  # the file ends inside a line (a crash cut it short)
+
+    def answer(self, number: int) -> bool | None:
+        """Whether the earlier output holds an answer for this line (True), only its blank-line record (False), or
+        nothing (None)."""
+        at = self.answered.get(number)
+        return None if at is None else at >= 0
+
+    def line(self, number: int) -> str:
+        """The earlier output's line for `number`, as it was written; a UsageError when the file changed since."""
+        at = self.answered[number]
+        assert self._file is not None
+        self._file.seek(at if at >= 0 else ~at)
+        raw = self._file.readline(MAX_RECORD + 1)
+        if _record(raw) != (number, at >= 0):
+            raise UsageError(f"--resume-from {self._path} changed while this run read it: line {number}'s answer is "
+                             "no longer where it was", hint="run again (with a file that no other job writes)")
+        return raw.decode("utf-8").rstrip("\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def _resume(path: Path | None) -> Resumed:
+    """The lines an earlier JSONL output answered (see Resumed), read as a stream (a 5 GB output costs its index,
+    not its size), and whether to copy them to this output: not when stdout appends to that same file
+    (`>> OUTPUT.jsonl`)."""
     import os
 
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return {}, True  # nothing answered yet: the first run of a job that will resume from its output
-    except OSError as e:
-        raise UsageError(f"cannot read --resume-from {path}: {e}") from None
-    answered: dict[int, tuple[str, bool]] = {}
-    for line in data.splitlines():
+    resumed = Resumed(path)
+    if path is None:
+        return resumed
+    with _opened(path) as f:
+        if f is None:
+            resumed.copy = True  # nothing answered yet: the first run of a job that will resume from its output
+            return resumed
+        _first_line(f, path)
+        f.seek(0)
+        resumed.torn = _index(f, resumed.answered)
         try:
-            raw = line.decode("utf-8")
-            doc = json.loads(raw)
-        except ValueError:  # UnicodeDecodeError too: a crash can cut a character in two
-            continue  # a line cut short by a crash: that line runs again
-        # an answer, or a blank input line's `{"line": N}` (which counts only where that line is still blank)
-        if (isinstance(doc, dict) and isinstance(doc.get("line"), int) and "error" not in doc
-                and ("text" in doc or set(doc) == {"line"})):
-            answered[doc["line"]] = (raw, "text" in doc)
-    try:
-        out, old = os.fstat(sys.stdout.fileno()), os.stat(path)
-        same = (out.st_dev, out.st_ino) == (old.st_dev, old.st_ino)
-        if same:
-            import fcntl
+            out, old = os.fstat(sys.stdout.fileno()), os.fstat(f.fileno())
+            same = (out.st_dev, out.st_ino) == (old.st_dev, old.st_ino)
+            if same:
+                import fcntl
 
-            if not fcntl.fcntl(sys.stdout.fileno(), fcntl.F_GETFL) & os.O_APPEND:
-                raise UsageError(f"stdout writes over {path} (`>`), the file --resume-from reads",
-                                 hint=f"append with `>> {path}`, or write to a new file")
-    except (OSError, ValueError, AttributeError):
-        same = False
-    if same and data and not data.endswith(b"\n"):
-        sys.stdout.write("\n")  # end the line a crash cut short, so the next answer starts a line of its own
-    return answered, not same
+                if not fcntl.fcntl(sys.stdout.fileno(), fcntl.F_GETFL) & os.O_APPEND:
+                    raise UsageError(f"stdout writes over {path} (`>`), the file --resume-from reads",
+                                     hint=f"append with `>> {path}`, or write to a new file")
+        except (OSError, ValueError, AttributeError):
+            same = False
+        if same and resumed.torn:
+            sys.stdout.write("\n")  # end the line a crash cut short, so the next answer starts a line of its own
+        resumed.copy = not same
+        if resumed.copy and resumed.answered:
+            resumed._file = open(path, "rb")  # noqa: SIM115 (closed by run_batch: Resumed.close)
+    return resumed
+
+
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[BinaryIO | None]:
+    """The file --resume-from names, open for reading (None when there is none yet); a UsageError for one that is
+    not a regular file (a FIFO would be used up, a device never ends), checked before it is opened."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        yield None
+        return
+    except OSError as e:
+        raise UsageError(f"cannot read --resume-from {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else (
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "not a file")
+        raise UsageError(f"--resume-from {path} is {kind}, not a regular file: it reads an earlier run's JSONL "
+                         "output, which a file holds")
+    try:
+        f = open(path, "rb", buffering=CHUNK)  # noqa: SIM115 (closed below)
+    except OSError as e:
+        raise UsageError(f"cannot read --resume-from {path}: {e.strerror or e}") from None
+    with f:
+        yield f
+
+
+CHUNK = 1 << 20
+_START = re.compile(rb'\s*\{\s*"line"\s*:\s*[0-9]')  # how an output line begins, even one a crash cut short
+
+
+def _first_line(f: BinaryIO, path: Path) -> None:
+    """A UsageError unless the file is empty or begins as run --json's output does (read: its first CHUNK)."""
+    head = f.read(CHUNK)
+    if head.strip() and _START.match(head) is None:
+        raise UsageError(f"--resume-from {path} is not an earlier run's JSONL output: its first line is not a JSON "
+                         'object with a "line" number', hint="give it the output of `run --file ... --json`")
+
+
+def _index(f: BinaryIO, answered: dict[int, int]) -> bool:
+    """Read the output a line at a time into `answered` (see Resumed); a line too long to be one is read past in
+    pieces. True when the file ends inside a line."""
+    offset, torn = 0, False
+    while raw := f.readline(MAX_RECORD + 1):
+        start = offset
+        offset += len(raw)
+        torn = not raw.endswith(b"\n")
+        if len(raw) > MAX_RECORD:  # no answer is this long: read past it, a piece at a time
+            while torn and (raw := f.readline(CHUNK)):
+                offset += len(raw)
+                torn = not raw.endswith(b"\n")
+            continue
+        found = _record(raw)
+        if found is not None:
+            number, answer = found
+            answered[number] = start if answer else ~start
+    return torn
+
+
+def _record(raw: bytes) -> tuple[int, bool] | None:
+    """An output line's input line number and whether it holds an answer (rather than a blank input line's
+    `{"line": N}`, which counts only where that line is still blank); None for a line that failed (it runs
+    again), and for one a crash cut short, even in the middle of a character."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError too
+        return None
+    if (isinstance(doc, dict) and isinstance(doc.get("line"), int) and "error" not in doc
+            and ("text" in doc or set(doc) == {"line"})):
+        return doc["line"], "text" in doc
+    return None
 
 
 def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = None) -> None:

@@ -81,6 +81,10 @@ def check(f: RunArgs) -> RunPlan:
         cannot_ask="run", ask_hint="or use `localgen chat`, which asks before each call"))
     if f.many.resume_from is not None and (f.many.file is None or not f.report.json_out):
         raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
+    if f.many.resume_from is not None:  # before the model loads: a FIFO or a file of something else is one line
+        from localgen.cli.run.many import check_resume
+
+        check_resume(f.many.resume_from)
     if f.many.file is not None:
         from localgen.cli.run.many import no_prompts
 
