@@ -312,6 +312,33 @@ def test_a_head_under_64_kib_and_a_body_sent_with_it_are_read(child: Server) -> 
     assert out.startswith(b"HTTP/1.1 200") and b'"completion_tokens":1' in out.replace(b" ", b""), out[:300]
 
 
+# serve.md: every body is bounded, Ollama's DELETE /api/delete's too (it read any body, whole, with no deadline)
+DELETE = b"DELETE /api/delete HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+
+
+def test_a_delete_body_over_max_body_is_a_413(child: Server) -> None:
+    out = _sent_then_answer(child.port, DELETE + b"Content-Length: %d\r\n\r\n{" % (17 << 20))
+    assert out.startswith(b"HTTP/1.1 413") and b"--max-body" in out, out[:300]
+
+
+def test_a_stalled_delete_body_is_a_408_and_closed(child: Server) -> None:
+    out = _closed_by_server(child.port, DELETE + b"Content-Length: 100\r\n\r\n{")
+    assert out.startswith(b"HTTP/1.1 408") and b"--read-timeout" in out, out
+
+
+def test_a_delete_client_that_leaves_mid_body_is_a_499_not_a_traceback(child: Server) -> None:
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.sendall(DELETE + b"X-Request-Id: deleteleaver\r\nContent-Length: 100\r\n\r\n{\"mo")
+        time.sleep(0.5)
+    assert " 499 " in _access(child, "deleteleaver"), _log(child)
+    assert "Traceback" not in _log(child)
+
+
+def test_a_delete_with_no_type_still_deletes_what_it_names(child: Server) -> None:
+    r = httpx.request("DELETE", f"{child.url}/api/delete", content=b'{"model": "no-such-model:1b"}', timeout=30)
+    assert r.status_code == 404, r.text  # read as JSON, as Ollama's /api/* bodies are: its name was looked up
+
+
 # ---- 6. headers a request may carry once --------------------------------------------------------------
 
 @pytest.mark.parametrize("doubled", [b"Host: localhost\r\nHost: evil.com",

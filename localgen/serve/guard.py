@@ -41,6 +41,10 @@ OLLAMA_BODY_TYPES = ("application/x-www-form-urlencoded", "")
 # the route reads the other; two Content-Types, a body checked as one type and read as another.
 SINGLE_HEADERS = ("Host", "Content-Type", "Content-Length")
 
+# Methods whose body a route may read (Ollama's DELETE /api/delete reads JSON): each body is bounded by
+# --max-body and --read-timeout here. A DELETE's type is not asked for: OpenAI's clients send none.
+BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -180,15 +184,16 @@ class Gate:
                     401, "a valid API key is needed (Authorization: Bearer KEY, or x-api-key: KEY)",
                     "authentication_error"))
                 return
-        if scope["method"] not in ("POST", "PUT", "PATCH") or not self._routed(scope):
+        if scope["method"] not in BODY_METHODS or not self._routed(scope):
             await self.app(scope, receive, send)  # a path no route serves, a method it does not take: 404, 405
             return
         if path in self.policy.uploads:  # multipart, up to its route's own bound (serve/files.py), read as it comes
             await self.app(scope, receive, send)
             return
         kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if kind != "application/json" and not (path.startswith("/api/") and kind in OLLAMA_BODY_TYPES) \
-                and not any(re.fullmatch(p, path) for p in self.policy.bodiless):  # `curl -X POST .../cancel`
+        typed = scope["method"] == "DELETE" or kind == "application/json" \
+            or (path.startswith("/api/") and kind in OLLAMA_BODY_TYPES)
+        if not typed and not any(re.fullmatch(p, path) for p in self.policy.bodiless):  # `curl -X POST .../cancel`
             await _refuse(scope, receive, send, HTTPError(
                 415, f"the body must be JSON, sent with Content-Type: application/json (got {kind or 'none'!r}; "
                      "with curl, use --json or -H 'Content-Type: application/json')"))
