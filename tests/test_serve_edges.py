@@ -456,6 +456,41 @@ def test_a_true_false_field_of_no_is_a_400(child: Server, path: str, body: dict[
 
 
 
+# api.md: every field is validated as the flags are. JSON allows an integer past a float's range (1 and 400
+# zeros); float() raised OverflowError on it: a 500 with a traceback, and the connection reset after it.
+HUGE = "1" + "0" * 400
+HUGE_FIELDS = [  # (route, body with the number as "HUGE", the field as the 400 names it)
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "temperature": "HUGE"}, "temperature"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "top_p": "HUGE"}, "top_p"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "min_p": "HUGE"}, "min_p"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "presence_penalty": "-HUGE"}, "presence_penalty"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "mirostat_tau": "HUGE"}, "mirostat_tau"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 1, "temperature": "HUGE"}, "temperature"),
+    ("/api/chat", {"messages": HI, "stream": False, "options": {"temperature": "HUGE"}}, "temperature"),
+    ("/api/chat", {"messages": HI, "stream": False, "keep_alive": "HUGE"}, "keep_alive"),
+    ("/api/generate", {"prompt": "hi", "stream": False, "keep_alive": "-HUGE"}, "keep_alive"),
+    ("/api/embed", {"input": "hi", "keep_alive": "HUGE"}, "keep_alive"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), HUGE_FIELDS, ids=[f"{p}-{f}" for p, _, f in HUGE_FIELDS])
+def test_an_integer_past_a_floats_range_is_a_400_naming_the_field(child: Server, path: str, body: dict[str, Any],
+                                                                  field: str) -> None:
+    text = json.dumps({"model": MODEL, **body}).replace('"HUGE"', HUGE).replace('"-HUGE"', "-" + HUGE)
+    r = httpx.post(f"{child.url}{path}", content=text, headers={"Content-Type": "application/json"}, timeout=120)
+    assert r.status_code == 400, r.text
+    assert field in r.text and "finite" in r.text, r.text
+
+
+@pytest.mark.parametrize("bias", ['{"1": -HUGE}', "[[1, -HUGE]]"])
+def test_a_logit_bias_past_a_floats_range_is_minus_infinity(child: Server, bias: str) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1, "logit_bias": "BIAS"})
+    body = body.replace('"BIAS"', bias.replace("HUGE", HUGE))
+    r = httpx.post(f"{child.url}/v1/completions", content=body, headers={"Content-Type": "application/json"},
+                   timeout=120)
+    assert r.status_code == 200, r.text  # as -1e400 is: a bias of -inf bans the token
+
+
 # ---- a worker thread that stops -----------------------------------------------------------------------
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread's end, on purpose
