@@ -166,9 +166,12 @@ class Gate:
         origin = headers.get("origin")
         if (origin is not None and not self.policy.origin_allowed(origin)
                 and not same_origin(origin, headers.get("host", ""))):
+            cure = (f"start serve with --cors {origin[:100]} (or set LOCALGEN_ORIGINS)"
+                    if _ORIGIN.fullmatch(origin.strip().rstrip("/")) else  # as --cors takes it
+                    "that names no origin --cors takes (a sandboxed frame or a local file sends null): only "
+                    "--cors '*' (any page) allows it")
             await _refuse(scope, receive, send, HTTPError(
-                403, f"requests from web pages at {origin[:100]} are not allowed: start serve with --cors "
-                     f"{origin[:100]} (or set LOCALGEN_ORIGINS)", "permission_error"))
+                403, f"requests from web pages at {origin[:100]} are not allowed: {cure}", "permission_error"))
             return
         await self.cors(scope, receive, send)
 
