@@ -339,6 +339,15 @@ def test_a_delete_with_no_type_still_deletes_what_it_names(child: Server) -> Non
     assert r.status_code == 404, r.text  # read as JSON, as Ollama's /api/* bodies are: its name was looked up
 
 
+# api.md: a path no route serves is the API's 404, a trailing slash too (Starlette answered a bare 307 to a URL
+# built from the Host header)
+@pytest.mark.parametrize("path", ["/health/", "/v1/chat/completions/", "/api/tags/"])
+def test_a_trailing_slash_is_the_apis_404_not_a_redirect(child: Server, path: str) -> None:
+    r = httpx.get(f"{child.url}{path}", timeout=30)
+    assert r.status_code == 404 and "error" in r.json(), (r.status_code, r.headers, r.text)
+    assert "location" not in r.headers
+
+
 # ---- 6. headers a request may carry once --------------------------------------------------------------
 
 @pytest.mark.parametrize("doubled", [b"Host: localhost\r\nHost: evil.com",
