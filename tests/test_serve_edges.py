@@ -348,6 +348,19 @@ def test_a_trailing_slash_is_the_apis_404_not_a_redirect(child: Server, path: st
     assert "location" not in r.headers
 
 
+# serve.md: a transfer coding other than chunked is a 501 (RFC 9112); `gzip, chunked` was read as if not gzipped
+def test_a_transfer_coding_the_server_does_not_decode_is_a_501(child: Server) -> None:
+    body = b'{"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 1}'
+    out = _sent_then_answer(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                            b"application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                            % (len(body), body))
+    assert out.startswith(b"HTTP/1.1 501") and b"gzip, chunked" in out, out[:300]
+    chunked = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close"
+    out = _sent_then_answer(child.port, chunked + b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                            % (len(body), body))
+    assert out.startswith(b"HTTP/1.1 200"), out[:300]  # chunked alone is read
+
+
 # ---- 6. headers a request may carry once --------------------------------------------------------------
 
 @pytest.mark.parametrize("doubled", [b"Host: localhost\r\nHost: evil.com",

@@ -157,6 +157,12 @@ class Gate:
             await _refuse(scope, receive, send, HTTPError(400, f"the request has more than one {doubled} header",
                                                           "invalid_request_error"))
             return
+        coding = headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":  # gzip, chunked: read as plain (RFC 9112: 501)
+            await _refuse(scope, receive, send, HTTPError(
+                501, f"the request's Transfer-Encoding {coding[:100]!r} is not one the server decodes: send the body "
+                     "as it is, with a Content-Length or chunked", "invalid_request_error"), {"Connection": "close"})
+            return
         if self.policy.check_host and not host_allowed(headers.get("host", "")):
             await _refuse(scope, receive, send, HTTPError(
                 403, f"Host {headers.get('host', '')[:100]!r} is not this machine's name: a server on loopback "
