@@ -361,6 +361,14 @@ def test_a_transfer_coding_the_server_does_not_decode_is_a_501(child: Server) ->
     assert out.startswith(b"HTTP/1.1 200"), out[:300]  # chunked alone is read
 
 
+# /api/pull read " smollm2:135m\n" as smollm2:135m and answered success, where other routes found no such model
+@pytest.mark.parametrize("path", ["/api/pull", "/api/show"])
+@pytest.mark.parametrize("name", [MODEL + "\n", " " + MODEL, MODEL + "\t"])
+def test_a_model_name_with_blanks_around_it_is_a_400(child: Server, path: str, name: str) -> None:
+    r = httpx.post(f"{child.url}{path}", json={"model": name, "stream": False}, timeout=60)
+    assert r.status_code == 400 and "blanks around it or control characters" in r.json()["error"], r.text
+
+
 # ---- 6. headers a request may carry once --------------------------------------------------------------
 
 @pytest.mark.parametrize("doubled", [b"Host: localhost\r\nHost: evil.com",
