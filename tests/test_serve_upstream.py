@@ -9,6 +9,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -279,8 +280,14 @@ def test_a_stream_that_breaks_ends_with_an_error_event(front: Server) -> None:
     error = json.loads(events[-2])["error"]
     assert error["code"] == 502 and "fakebox" in error["message"] and "partial" in error["message"]
     assert "Hel" in "".join(events[:-2])
-    assert any(line.startswith("POST /v1/chat/completions 502 ") and line.endswith(" via fakebox id=broken-stream-1")
-               for line in _log(front).splitlines())  # logged with the error that ended it, not its 200
+    # logged with the error that ended it, not its 200 (written as the request's task ends: waited for)
+    deadline = time.monotonic() + 30
+    while not (logged := any(line.startswith("POST /v1/chat/completions 502 ") and line.endswith(
+            " via fakebox id=broken-stream-1") for line in _log(front).splitlines())):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert logged, _log(front)
 
 
 def test_the_other_apis_refuse_a_remote_model_in_their_own_shape(front: Server) -> None:
