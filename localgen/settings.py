@@ -186,7 +186,7 @@ def check(name: str, value: Any, label: str | None = None) -> Any:
         if not isinstance(value, int):
             raise UsageError(f"{shown} must be an integer, not {value!r}")
     else:
-        value = float(value)
+        value = as_float(value)
         if not math.isfinite(value):
             raise UsageError(f"{shown} must be a finite number, not {value!r}")
     if (k.lo is not None and value < k.lo) or (k.hi is not None and value > k.hi):
@@ -214,10 +214,20 @@ def _check_bias(value: Any, shown: str = "logit_bias") -> tuple[tuple[int, float
             tok = int(tok)
         if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= INT32:
             raise UsageError(f"{shown}: a token id must be a non-negative integer, not {tok!r}")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias):
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(as_float(bias)):
             raise UsageError(f"{shown}: the bias of token {tok} must be a number, not {bias!r}")
-        out.append((tok, float(bias)))
+        out.append((tok, as_float(bias)))
     return tuple(out)
+
+
+def as_float(value: float) -> float:
+    """A number read from JSON (a request, a JSONL line) as a float. JSON allows an integer past a float's
+    range (a 1 and 400 zeros), where float() raises OverflowError: it is ±inf here, as `1e400` is read, so each
+    caller's finiteness check refuses both alike (a bias may be infinite: -inf bans a token)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def parse_bias(text: str) -> tuple[int, float]:

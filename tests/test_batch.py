@@ -239,6 +239,17 @@ def test_file_lines_jsonl_blank_and_bad_lines(cli: CLI, tmp_path: Path) -> None:
     assert 'localgen: line 4: a JSON line needs a "prompt" string' in plain.stderr
 
 
+def test_a_line_with_an_integer_past_a_floats_range_fails_alone(cli: CLI, tmp_path: Path) -> None:
+    # JSON allows a 1 and 400 zeros; float() raised OverflowError on it, a traceback that ended the whole file
+    f = tmp_path / "huge.jsonl"
+    f.write_text('{"prompt": "Say yes."}\n{"prompt": "Hi", "temperature": 1%s}\n{"prompt": "Say no."}\n' % ("0" * 400))
+    r = cli("run", "--file", str(f), "-n", "2", "--ctx", "512")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "localgen: line 2: temperature must be a finite number" in r.stderr, r.stderr
+    lines = r.stdout.split("\n")[:-1]
+    assert len(lines) == 3 and lines[0] and lines[1] == "" and lines[2], r.stdout
+
+
 def test_each_line_from_stdin_with_instruction(cli: CLI) -> None:
     r = cli("run", "--each-line", "-p", "Answer with one word: positive or negative.", "-n", "3",
             "--parallel", "4", "--json", "--stats", "--ctx", "512",

@@ -279,6 +279,96 @@ def test_a_stalled_body_is_a_408_and_closed(child: Server) -> None:
     assert out.startswith(b"HTTP/1.1 408") and b"--read-timeout" in out, out
 
 
+def _sent_then_answer(port: int, data: bytes) -> bytes:
+    """What the server answers to `data`, sent whole, until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(60)
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+# serve.md: a request's line and headers are at most 64 KiB together (httptools bounds neither, and builds
+# them at a cost quadratic in their length, holding every client: the server answered /health after 12 s
+# while one client sent a 128 MB URL)
+@pytest.mark.parametrize("head", [b"GET /health?" + b"x" * (70 << 10),  # never ends: refused as it comes
+                                  b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"y" * (70 << 10),
+                                  b"GET /health?" + b"x" * (40 << 10) + b" HTTP/1.1\r\nHost: localhost\r\nX-Big: "
+                                  + b"y" * (30 << 10) + b"\r\n\r\n"],  # each under the bound, not the two
+                         ids=["url", "header", "both"])
+def test_a_request_head_over_64_kib_is_a_431_and_closed(child: Server, head: bytes) -> None:
+    out = _sent_then_answer(child.port, head)
+    assert out.startswith(b"HTTP/1.1 431") and b"65536 bytes" in out, out[:300]
+    assert httpx.get(f"{child.url}/health", timeout=10).status_code == 200
+
+
+def test_a_head_under_64_kib_and_a_body_sent_with_it_are_read(child: Server) -> None:
+    body = b'{"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 1}' + b" " * (200 << 10)
+    out = _sent_then_answer(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close"
+                            b"\r\nContent-Type: application/json\r\nX-Big: " + b"y" * (60 << 10) +
+                            b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert out.startswith(b"HTTP/1.1 200") and b'"completion_tokens":1' in out.replace(b" ", b""), out[:300]
+
+
+# serve.md: every body is bounded, Ollama's DELETE /api/delete's too (it read any body, whole, with no deadline)
+DELETE = b"DELETE /api/delete HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+
+
+def test_a_delete_body_over_max_body_is_a_413(child: Server) -> None:
+    out = _sent_then_answer(child.port, DELETE + b"Content-Length: %d\r\n\r\n{" % (17 << 20))
+    assert out.startswith(b"HTTP/1.1 413") and b"--max-body" in out, out[:300]
+
+
+def test_a_stalled_delete_body_is_a_408_and_closed(child: Server) -> None:
+    out = _closed_by_server(child.port, DELETE + b"Content-Length: 100\r\n\r\n{")
+    assert out.startswith(b"HTTP/1.1 408") and b"--read-timeout" in out, out
+
+
+def test_a_delete_client_that_leaves_mid_body_is_a_499_not_a_traceback(child: Server) -> None:
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.sendall(DELETE + b"X-Request-Id: deleteleaver\r\nContent-Length: 100\r\n\r\n{\"mo")
+        time.sleep(0.5)
+    assert " 499 " in _access(child, "deleteleaver"), _log(child)
+    assert "Traceback" not in _log(child)
+
+
+def test_a_delete_with_no_type_still_deletes_what_it_names(child: Server) -> None:
+    r = httpx.request("DELETE", f"{child.url}/api/delete", content=b'{"model": "no-such-model:1b"}', timeout=30)
+    assert r.status_code == 404, r.text  # read as JSON, as Ollama's /api/* bodies are: its name was looked up
+
+
+# api.md: a path no route serves is the API's 404, a trailing slash too (Starlette answered a bare 307 to a URL
+# built from the Host header)
+@pytest.mark.parametrize("path", ["/health/", "/v1/chat/completions/", "/api/tags/"])
+def test_a_trailing_slash_is_the_apis_404_not_a_redirect(child: Server, path: str) -> None:
+    r = httpx.get(f"{child.url}{path}", timeout=30)
+    assert r.status_code == 404 and "error" in r.json(), (r.status_code, r.headers, r.text)
+    assert "location" not in r.headers
+
+
+# serve.md: a transfer coding other than chunked is a 501 (RFC 9112); `gzip, chunked` was read as if not gzipped
+def test_a_transfer_coding_the_server_does_not_decode_is_a_501(child: Server) -> None:
+    body = b'{"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 1}'
+    out = _sent_then_answer(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                            b"application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                            % (len(body), body))
+    assert out.startswith(b"HTTP/1.1 501") and b"gzip, chunked" in out, out[:300]
+    chunked = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close"
+    out = _sent_then_answer(child.port, chunked + b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                            % (len(body), body))
+    assert out.startswith(b"HTTP/1.1 200"), out[:300]  # chunked alone is read
+
+
+# /api/pull read " smollm2:135m\n" as smollm2:135m and answered success, where other routes found no such model
+@pytest.mark.parametrize("path", ["/api/pull", "/api/show"])
+@pytest.mark.parametrize("name", [MODEL + "\n", " " + MODEL, MODEL + "\t"])
+def test_a_model_name_with_blanks_around_it_is_a_400(child: Server, path: str, name: str) -> None:
+    r = httpx.post(f"{child.url}{path}", json={"model": name, "stream": False}, timeout=60)
+    assert r.status_code == 400 and "blanks around it or control characters" in r.json()["error"], r.text
+
+
 # ---- 6. headers a request may carry once --------------------------------------------------------------
 
 @pytest.mark.parametrize("doubled", [b"Host: localhost\r\nHost: evil.com",
@@ -394,6 +484,41 @@ def test_a_true_false_field_of_no_is_a_400(child: Server, path: str, body: dict[
     message = err if isinstance(err, str) else err["message"]
     assert f"`{field}` must be true or false" in message, message
 
+
+
+# api.md: every field is validated as the flags are. JSON allows an integer past a float's range (1 and 400
+# zeros); float() raised OverflowError on it: a 500 with a traceback, and the connection reset after it.
+HUGE = "1" + "0" * 400
+HUGE_FIELDS = [  # (route, body with the number as "HUGE", the field as the 400 names it)
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "temperature": "HUGE"}, "temperature"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "top_p": "HUGE"}, "top_p"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "min_p": "HUGE"}, "min_p"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "presence_penalty": "-HUGE"}, "presence_penalty"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "mirostat_tau": "HUGE"}, "mirostat_tau"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 1, "temperature": "HUGE"}, "temperature"),
+    ("/api/chat", {"messages": HI, "stream": False, "options": {"temperature": "HUGE"}}, "temperature"),
+    ("/api/chat", {"messages": HI, "stream": False, "keep_alive": "HUGE"}, "keep_alive"),
+    ("/api/generate", {"prompt": "hi", "stream": False, "keep_alive": "-HUGE"}, "keep_alive"),
+    ("/api/embed", {"input": "hi", "keep_alive": "HUGE"}, "keep_alive"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), HUGE_FIELDS, ids=[f"{p}-{f}" for p, _, f in HUGE_FIELDS])
+def test_an_integer_past_a_floats_range_is_a_400_naming_the_field(child: Server, path: str, body: dict[str, Any],
+                                                                  field: str) -> None:
+    text = json.dumps({"model": MODEL, **body}).replace('"HUGE"', HUGE).replace('"-HUGE"', "-" + HUGE)
+    r = httpx.post(f"{child.url}{path}", content=text, headers={"Content-Type": "application/json"}, timeout=120)
+    assert r.status_code == 400, r.text
+    assert field in r.text and "finite" in r.text, r.text
+
+
+@pytest.mark.parametrize("bias", ['{"1": -HUGE}', "[[1, -HUGE]]"])
+def test_a_logit_bias_past_a_floats_range_is_minus_infinity(child: Server, bias: str) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1, "logit_bias": "BIAS"})
+    body = body.replace('"BIAS"', bias.replace("HUGE", HUGE))
+    r = httpx.post(f"{child.url}/v1/completions", content=body, headers={"Content-Type": "application/json"},
+                   timeout=120)
+    assert r.status_code == 200, r.text  # as -1e400 is: a bias of -inf bans the token
 
 
 # ---- a worker thread that stops -----------------------------------------------------------------------

@@ -410,6 +410,20 @@ def test_cors_flag_and_env_widen_the_origins(cli_env: dict[str, str]) -> None:
         assert s.stop() == 0
 
 
+def test_an_origins_403_names_a_cure_that_serve_takes(cli_env: dict[str, str], child: Server) -> None:
+    # `Origin: null` (a sandboxed frame, a local file) was told to start serve with --cors null, which --cors refuses
+    said = {o: httpx.get(f"{child.url}/v1/models", headers={"Origin": o}, timeout=30) for o in ("https://d.example",
+                                                                                                 "null")}
+    assert all(r.status_code == 403 for r in said.values())
+    assert "start serve with --cors https://d.example " in said["https://d.example"].text
+    assert "--cors null" not in said["null"].text and "only --cors '*'" in said["null"].text, said["null"].text
+    s = Server(cli_env, "--cors", "*")
+    try:
+        assert httpx.get(f"{s.url}/v1/models", headers={"Origin": "null"}, timeout=30).status_code == 200
+    finally:
+        assert s.stop() == 0
+
+
 @pytest.mark.parametrize(("flag", "env", "bad"), [
     ("not an origin", None, "not an origin"), ("http://x/path", None, "http://x/path"),
     ("*.example.com", None, "*.example.com"), ("https://ok.example", "https://a.example, http://[::1]:80/x",

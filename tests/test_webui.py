@@ -222,6 +222,8 @@ def test_with_a_key_only_the_page_and_health_answer_without_it(server: Server) -
         assert a.headers["content-security-policy"] == page.CSP and a.headers["x-content-type-options"] == "nosniff"
         again = httpx.get(f"{server.url}{path}", headers={"Accept": "text/html", "If-None-Match": a.headers["etag"]})
         assert again.status_code == 304 and not again.content
+        head = httpx.head(f"{server.url}{path}", headers={"Accept": "text/html"})  # GET's headers (RFC 9110)
+        assert head.headers["content-length"] == str(len(a.content)) and not head.content, path
     assert "default-src 'self'; script-src 'self'; style-src 'self';" in page.CSP
     assert "frame-ancestors 'none'" in page.CSP
     # a client that does not ask for HTML gets Ollama's answer at /, as before the page

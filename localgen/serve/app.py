@@ -128,6 +128,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     app = Starlette(routes=routes, exception_handlers={HTTPError: on_error, HTTPException: on_routing,
                                                        Exception: on_unexpected},
                     lifespan=lifespan)
+    # `/health/` is the API's 404, not Starlette's redirect to a URL built from the Host header
+    app.router.redirect_slashes = False
     app.state.drain = drain
     app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
     # each added outside the ones before it: FrontDoor, the Gate, Unhandled, then Http10 around the routes

@@ -121,4 +121,4 @@ def keep_alive(value: Any, param: str) -> float | None:
     try:
         return parse_duration(value)
     except LocalgenError as e:
-        raise HTTPError(400, e.message, param=param) from None
+        raise HTTPError(400, f"`{param}`: {e.message}", param=param) from None

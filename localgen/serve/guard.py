@@ -41,6 +41,10 @@ OLLAMA_BODY_TYPES = ("application/x-www-form-urlencoded", "")
 # the route reads the other; two Content-Types, a body checked as one type and read as another.
 SINGLE_HEADERS = ("Host", "Content-Type", "Content-Length")
 
+# Methods whose body a route may read (Ollama's DELETE /api/delete reads JSON): each body is bounded by
+# --max-body and --read-timeout here. A DELETE's type is not asked for: OpenAI's clients send none.
+BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -153,6 +157,12 @@ class Gate:
             await _refuse(scope, receive, send, HTTPError(400, f"the request has more than one {doubled} header",
                                                           "invalid_request_error"))
             return
+        coding = headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":  # gzip, chunked: read as plain (RFC 9112: 501)
+            await _refuse(scope, receive, send, HTTPError(
+                501, f"the request's Transfer-Encoding {coding[:100]!r} is not one the server decodes: send the body "
+                     "as it is, with a Content-Length or chunked", "invalid_request_error"), {"Connection": "close"})
+            return
         if self.policy.check_host and not host_allowed(headers.get("host", "")):
             await _refuse(scope, receive, send, HTTPError(
                 403, f"Host {headers.get('host', '')[:100]!r} is not this machine's name: a server on loopback "
@@ -162,9 +172,12 @@ class Gate:
         origin = headers.get("origin")
         if (origin is not None and not self.policy.origin_allowed(origin)
                 and not same_origin(origin, headers.get("host", ""))):
+            cure = (f"start serve with --cors {origin[:100]} (or set LOCALGEN_ORIGINS)"
+                    if _ORIGIN.fullmatch(origin.strip().rstrip("/")) else  # as --cors takes it
+                    "that names no origin --cors takes (a sandboxed frame or a local file sends null): only "
+                    "--cors '*' (any page) allows it")
             await _refuse(scope, receive, send, HTTPError(
-                403, f"requests from web pages at {origin[:100]} are not allowed: start serve with --cors "
-                     f"{origin[:100]} (or set LOCALGEN_ORIGINS)", "permission_error"))
+                403, f"requests from web pages at {origin[:100]} are not allowed: {cure}", "permission_error"))
             return
         await self.cors(scope, receive, send)
 
@@ -180,15 +193,16 @@ class Gate:
                     401, "a valid API key is needed (Authorization: Bearer KEY, or x-api-key: KEY)",
                     "authentication_error"))
                 return
-        if scope["method"] not in ("POST", "PUT", "PATCH") or not self._routed(scope):
+        if scope["method"] not in BODY_METHODS or not self._routed(scope):
             await self.app(scope, receive, send)  # a path no route serves, a method it does not take: 404, 405
             return
         if path in self.policy.uploads:  # multipart, up to its route's own bound (serve/files.py), read as it comes
             await self.app(scope, receive, send)
             return
         kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if kind != "application/json" and not (path.startswith("/api/") and kind in OLLAMA_BODY_TYPES) \
-                and not any(re.fullmatch(p, path) for p in self.policy.bodiless):  # `curl -X POST .../cancel`
+        typed = scope["method"] == "DELETE" or kind == "application/json" \
+            or (path.startswith("/api/") and kind in OLLAMA_BODY_TYPES)
+        if not typed and not any(re.fullmatch(p, path) for p in self.policy.bodiless):  # `curl -X POST .../cancel`
             await _refuse(scope, receive, send, HTTPError(
                 415, f"the body must be JSON, sent with Content-Type: application/json (got {kind or 'none'!r}; "
                      "with curl, use --json or -H 'Content-Type: application/json')"))

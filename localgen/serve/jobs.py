@@ -243,7 +243,9 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool):
         raise LocalgenError(f"bad duration {value!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        from localgen.settings import as_float
+
+        seconds = as_float(value)  # an integer past a float's range: inf, refused below
     else:
         text = str(value).strip().lower()
         try:

@@ -96,7 +96,7 @@ def _preset_routes(state: ServeState) -> list[Route]:
 
     async def create(request: Request) -> Response:
         body = await read_json(request)
-        name = _name(body)
+        name = _name(body, new=True)
         text = modelfile_text(body)
         from localgen.models import modelfile, presets
 
@@ -174,11 +174,16 @@ def _exists(name: str) -> HTTPError:
                           "localgen create --force), or delete it first")
 
 
-def _name(body: dict[str, Any]) -> str:
-    """The request's model name (`model`, or the older `name`)."""
+def _name(body: dict[str, Any], new: bool = False) -> str:
+    """The request's model name (`model`, or the older `name`); a `new` one (a preset to create) is checked by
+    the preset's own rule (models/presets.py), as on the command line."""
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         raise HTTPError(400, "`model` must be a model's name", param="model")
+    # pull read " x\n" as x, the other routes found no such model
+    if not new and (name != name.strip() or not name.isprintable()):
+        raise HTTPError(400, f"`model` {name[:200]!r} has blanks around it or control characters in it",
+                        param="model")
     named(name)  # the access line's model
     return name
 

@@ -45,7 +45,8 @@ def _send(request: Request, name: str) -> Response:
     headers = {**HEADERS, "ETag": etag}
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=headers)
-    return Response(body if request.method == "GET" else b"", headers=headers, media_type=FILES[name])
+    # HEAD too: its Content-Length is GET's (RFC 9110); uvicorn sends no body for a HEAD
+    return Response(body, headers=headers, media_type=FILES[name])
 
 
 def wants_html(request: Request) -> bool:

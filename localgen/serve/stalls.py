@@ -1,7 +1,10 @@
 """Connections that stall (slow-loris): uvicorn closes a connection idle between requests (its keep-alive
 timeout) but waits forever for a request's headers, whether none came or half of them. `with_header_deadline`
 makes uvicorn's HTTP protocol close a connection whose next request's headers are not complete within the
-read timeout of its opening or of the previous response's end. (A stalled body is serve/guard.py's: a 408.)"""
+read timeout of its opening or of the previous response's end. (A stalled body is serve/guard.py's: a 408.)
+httptools, which serve's uvicorn uses, bounds neither the request line nor a header, and builds each at a cost
+quadratic in its length on the event loop: a request's head (its line and headers) past `MAX_HEAD` bytes is
+answered 431 and the connection closed, counted as bytes arrive, before the parser sees more of them."""
 
 from __future__ import annotations
 
@@ -10,16 +13,20 @@ import time
 from typing import Any
 
 DEFAULT_READ_TIMEOUT_S = 30.0  # serve --read-timeout: headers, and each part of a body, within this
+MAX_HEAD = 64 << 10  # bytes of a request's line and headers together (llama-server's and nginx's are of this order)
+TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+             b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 
 
 def with_header_deadline(base: type[asyncio.Protocol], seconds: float) -> type[asyncio.Protocol]:
-    """uvicorn's protocol class `base` (its h11 or httptools one: both keep the request in hand as `cycle`),
-    closing a connection that takes longer than `seconds` to send a request's headers."""
+    """uvicorn's httptools protocol class `base`, closing a connection that takes longer than `seconds` to send
+    a request's headers, and answering 431 to one whose request line and headers pass `MAX_HEAD` bytes."""
 
     class HeaderDeadline(base):  # type: ignore[valid-type,misc]
         _since: float | None = None  # when the wait for the next request's headers began (None: one is in hand)
         _seen: Any = None  # the request in hand when last looked at
         _timer: asyncio.TimerHandle | None = None
+        _head: int | None = 0  # bytes read of the request's head so far (None: its headers are complete)
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -27,9 +34,38 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float) -> type[a
             self._timer = self.loop.call_later(seconds, self._check)
 
         def data_received(self, data: bytes) -> None:
+            while data:  # a head's bytes are fed only up to the bound: the parser never holds more of one
+                if self._head is None:  # a body: the Gate's --max-body bounds it
+                    self._feed(data)
+                    return
+                room = MAX_HEAD - self._head
+                if room <= 0:
+                    self._too_large()
+                    return
+                part, data = data[:room], data[room:]
+                self._head += len(part)
+                self._feed(part)
+                if self.transport.is_closing():
+                    return
+
+        def _feed(self, data: bytes) -> None:
             super().data_received(data)
             if self.cycle is not None and self.cycle is not self._seen:  # a request's headers are complete
                 self._seen, self._since = self.cycle, None
+
+        def on_headers_complete(self) -> None:
+            self._head = None
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._head = 0  # the next request's head begins (a pipelined one's bytes may already be here)
+            super().on_message_complete()
+
+        def _too_large(self) -> None:
+            body = (b'{"error":{"message":"the request line and headers are over the limit of %d bytes",'
+                    b'"type":"invalid_request_error","param":null,"code":null}}' % MAX_HEAD)
+            self.transport.write(TOO_LARGE % (len(body), body))
+            self.transport.close()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

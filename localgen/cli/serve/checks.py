@@ -265,7 +265,8 @@ def _api_key(f: ServeArgs) -> str | None:
     return _checked_key(listen.api_key, where)
 
 
-MAX_KEY = 4096  # an API key's characters: the Authorization header must fit the server's 16 KiB of headers
+MAX_KEY = 4096  # an API key's characters: the Authorization header must fit the 64 KiB of a request's line and
+# headers the server reads (serve/stalls.py's MAX_HEAD), beside the client's other headers
 
 
 def _checked_key(key: str, where: str) -> str:
@@ -274,7 +275,7 @@ def _checked_key(key: str, where: str) -> str:
         raise UsageError(f"{where}: the key has spaces, line breaks or control characters inside; a client "
                          "sends it on one header line, so no request could match",
                          hint="one key, on one line")
-    if len(key) > MAX_KEY:  # past what the server reads of a request's headers (h11: 16 KiB in all)
+    if len(key) > MAX_KEY:  # past what a request's headers may hold beside the others
         raise UsageError(f"{where}: the key is {len(key):,} characters; at most {MAX_KEY:,} fit a request's headers")
     return key
 

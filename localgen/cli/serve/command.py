@@ -198,7 +198,7 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
 def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     """uvicorn's server for `app`, with its fetch pool, our access line and the read deadlines; drained on exit."""
     import uvicorn
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     from localgen.fetch import Fetcher, FetchPool
     from localgen.serve.stalls import with_header_deadline
@@ -208,9 +208,10 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
                                      size=MAX_FETCHES, wait=FETCH_WAIT_S)
     app.state.front.log = log  # our access line (serve/app.py's FrontDoor) replaces uvicorn's, off even with -v
     # a connection that sends no request, or half its headers, is closed after --read-timeout (uvicorn would
-    # wait forever); so is one idle between requests (uvicorn's keep-alive timeout is no shorter: serve.md)
+    # wait forever); so is one idle between requests (uvicorn's keep-alive timeout is no shorter: serve.md); one
+    # whose request line and headers pass 64 KiB gets a 431 (httptools, a dependency, is the parser: serve/stalls.py)
     config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning" if not f.verbose else "info",
-                            http=with_header_deadline(AutoHTTPProtocol, listen.read_timeout),
+                            http=with_header_deadline(HttpToolsProtocol, listen.read_timeout),
                             timeout_keep_alive=math.ceil(listen.read_timeout),
                             timeout_graceful_shutdown=math.ceil(f.drain_timeout) + 1, access_log=False,
                             lifespan="on", **_uvicorn_logging(log.json))
