@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from localgen.serve import describe, manage
+from localgen.serve import describe, manage, pulls
 from localgen.serve.apierror import HTTPError
 from localgen.serve.state import ServeState
 from tests import hub_server
@@ -73,7 +73,7 @@ def test_show_reads_the_header_without_loading(smollm2_path: Path) -> None:
 
 def test_an_offline_server_refuses_to_pull() -> None:
     with pytest.raises(HTTPError, match="offline") as e:
-        asyncio.run(manage._pull(ServeState(workers={}, offline=True), PULLED, True))
+        asyncio.run(pulls.pull(ServeState(workers={}, offline=True), PULLED, True))
     assert e.value.status == 403
 
 
@@ -114,7 +114,7 @@ def test_a_pull_thread_that_wakes_after_the_server_stopped_leaves_no_traceback(m
     monkeypatch.setattr(resolve, "pull", pull)
 
     async def serve() -> None:
-        _, stop, _ = manage._pulling(None, True)
+        _, stop, _ = pulls._pulling(None, True)
         stop.set()  # serve/app.py's Drain ends the pull (Pull.end), then the loop closes
 
     asyncio.run(serve())
