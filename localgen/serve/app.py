@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,9 +55,7 @@ DRAIN_S = 4.0
 STOPPING = "the server is shutting down"
 
 
-def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -> Starlette:
-    """The app: every API behind the gate (host, origin, key, body), errors in each API's shape; with `webui`,
-    the chat page at `/` for browsers (serve/page.py), its files open without the key as `/` is."""
+def _health(state: ServeState) -> Callable[[Request], Awaitable[Response]]:
     async def health(request: Request) -> Response:
         """Liveness for load balancers and scripts, with each model's slots at a glance: 503 when a model's
         worker has stopped."""
@@ -70,11 +68,18 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
             doc["prefix_store"] = await asyncio.to_thread(state.store.status)
         return JSONResponse(doc, status_code=200 if ok else 503)
 
+    return health
+
+
+def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -> Starlette:
+    """The app: every API behind the gate (host, origin, key, body), errors in each API's shape; with `webui`,
+    the chat page at `/` for browsers (serve/page.py), its files open without the key as `/` is."""
     desk = batches.Desk()  # the Batch and Files APIs (serve/batches.py; its runner: serve/batchrun.py)
     gate = dataclasses.replace(policy or Policy(api_key=state.api_key), uploads=batches.UPLOADS + transcribe.PATHS,
                                bodiless=batches.BODILESS)
-    routes = [Route("/health", health), *listings.routes(state), *openai.routes(state), *anthropic.routes(state),
-              *responses.routes(state), *ollama.routes(state), *embeds.routes(state), *manage.routes(state),
+    routes = [Route("/health", _health(state)), *listings.routes(state), *openai.routes(state),
+              *anthropic.routes(state), *responses.routes(state), *ollama.routes(state), *embeds.routes(state),
+              *manage.routes(state),
               *batches.routes(desk), *servertools.routes(state.toolbox, state.tool_timeout),
               *transcribe.routes(state, lambda: (gate.max_body, gate.read_timeout)), *vectorstores.routes(state)]
     if state.upstreams is not None:  # serve --endpoint: a remote model's requests go to its server
