@@ -169,7 +169,7 @@ def test_an_exception_is_the_apis_500_with_the_request_id_and_the_access_line_sa
     import threading
     import types
 
-    from localgen.serve import manage
+    from localgen.serve import pulls
     from localgen.serve.app import build
     from localgen.serve.jobs import INTERNAL
     from localgen.serve.servelog import ServeLog
@@ -186,7 +186,7 @@ def test_an_exception_is_the_apis_500_with_the_request_id_and_the_access_line_sa
         out.put_nowait(RuntimeError("a bug"))
         return out, threading.Event(), types.SimpleNamespace(verified=False)
 
-    monkeypatch.setattr(manage, "_pulling", pulling)
+    monkeypatch.setattr(pulls, "_pulling", pulling)
     lines: list[str] = []
     app = build(ServeState(workers={}), webui=False)
     app.state.front.log = ServeLog(write=lines.append)
