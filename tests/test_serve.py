@@ -313,6 +313,24 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(cli_env: dict[str, s
     assert last["choices"][0]["finish_reason"] == "length" and last["timings"]["predicted_n"] == 16
 
 
+def test_sigterm_again_and_again_while_the_server_stops_still_exits_0(cli_env: dict[str, str]) -> None:
+    """A service manager or a script that repeats SIGTERM while the server finishes (its workers stopping, its
+    prefixes written) does not kill it half-way: exit 0, as after one (serve.md, Stopping). It was killed by the
+    signal (-15) when one came after uvicorn had given SIGTERM back to its default."""
+    import time
+
+    s = Server(cli_env, "-np", "1", "--ctx", "512")
+    r = httpx.post(f"{s.url}/v1/completions", json={"model": "smollm2:135m", "prompt": "Once", "max_tokens": 4},
+                   timeout=600)
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 600  # a safety net
+    while s.proc.poll() is None and time.monotonic() < deadline:
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.005)
+    assert s.proc.wait(timeout=60) == 0
+    assert s.proc.stderr is not None and "Traceback" not in s.proc.stderr.read().decode()
+
+
 def test_serve_usage_errors(cli_env: dict[str, str], cli_in_process: InProcessCLI, tmp_path: Path) -> None:
     # the refusals come before any model loads: in this process
     with socket.socket() as busy:

@@ -5,6 +5,7 @@ localgen/serve/ is the server."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -187,12 +188,33 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
             log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
         if upstreams is not None:
             _upstream_lines(upstreams, shadowed, log)
+        _sigterm_stops(server)
         server.run()
     finally:
+        _ignore_sigterm()
         for w in list(state.workers.values()) if state is not None else workers:
             w.stop(timeout=5)
     if getattr(server, "started", True) is False:
         raise LocalgenError(f"the server could not start on {f.listen.host}:{f.listen.port}")
+
+
+def _sigterm_stops(server: Any) -> None:
+    """SIGTERM asks the server to stop also outside uvicorn's own handling (installed while it serves, and given
+    back to what was there before when it returns): a repeated one (a service manager's, a script's) that came in
+    between killed the process half-way through its stopping (-15), the prefixes not yet written."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread (a test's server)
+        signal.signal(signal.SIGTERM, server.handle_exit)
+
+
+def _ignore_sigterm() -> None:
+    """While the workers stop and write their prefixes to the prompt cache on disk, a repeated SIGTERM changes
+    nothing: the server is on its way out already, and exits 0."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread (a test's server)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
