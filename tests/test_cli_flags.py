@@ -127,7 +127,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         return build(state, policy, **options)
 
     monkeypatch.setattr(serve_cli, "_workers", lambda *a: [worker])
-    monkeypatch.setattr(serve_cli, "_Server", lambda config: SimpleNamespace(run=lambda: None))
+    monkeypatch.setattr(serve_cli, "_Server", lambda config: SimpleNamespace(run=lambda: None, handle_exit=None))
+    monkeypatch.setattr(serve_cli, "_sigterm", lambda handler: None)  # this process's SIGTERM is pytest's
     monkeypatch.setattr(serve_app, "build", keep)
     monkeypatch.setattr(devices, "has_gpu", lambda: False)
     with socket.socket() as s:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -188,33 +189,24 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
             log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
         if upstreams is not None:
             _upstream_lines(upstreams, shadowed, log)
-        _sigterm_stops(server)
+        _sigterm(server.handle_exit)  # also outside uvicorn's own handling: see _sigterm
         server.run()
     finally:
-        _ignore_sigterm()
+        _sigterm(signal.SIG_IGN)  # on its way out: a repeated one changes nothing while the workers stop
         for w in list(state.workers.values()) if state is not None else workers:
             w.stop(timeout=5)
     if getattr(server, "started", True) is False:
         raise LocalgenError(f"the server could not start on {f.listen.host}:{f.listen.port}")
 
 
-def _sigterm_stops(server: Any) -> None:
-    """SIGTERM asks the server to stop also outside uvicorn's own handling (installed while it serves, and given
-    back to what was there before when it returns): a repeated one (a service manager's, a script's) that came in
+def _sigterm(handler: Any) -> Any:
+    """SIGTERM's handler set (not from the main thread, a test's server: left as it is). serve keeps SIGTERM as
+    "stop" outside uvicorn's own handling (installed while it serves, and given back to what was there when it
+    returns), and ignores it while the workers stop: a repeated one (a service manager's, a script's) that came in
     between killed the process half-way through its stopping (-15), the prefixes not yet written."""
-    import signal
-
-    with contextlib.suppress(ValueError):  # not the main thread (a test's server)
-        signal.signal(signal.SIGTERM, server.handle_exit)
-
-
-def _ignore_sigterm() -> None:
-    """While the workers stop and write their prefixes to the prompt cache on disk, a repeated SIGTERM changes
-    nothing: the server is on its way out already, and exits 0."""
-    import signal
-
-    with contextlib.suppress(ValueError):  # not the main thread (a test's server)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(ValueError, TypeError):
+        return signal.signal(signal.SIGTERM, handler)
+    return None
 
 
 def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
