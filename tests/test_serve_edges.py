@@ -279,17 +279,6 @@ def test_a_stalled_body_is_a_408_and_closed(child: Server) -> None:
     assert out.startswith(b"HTTP/1.1 408") and b"--read-timeout" in out, out
 
 
-def _sent_then_answer(port: int, data: bytes) -> bytes:
-    """What the server answers to `data`, sent whole, until it closes the connection."""
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.settimeout(60)
-        sock.sendall(data)
-        out = b""
-        while chunk := sock.recv(65536):
-            out += chunk
-        return out
-
-
 # serve.md: a request's line and headers are at most 64 KiB together (httptools bounds neither, and builds
 # them at a cost quadratic in their length, holding every client: the server answered /health after 12 s
 # while one client sent a 128 MB URL)
@@ -299,14 +288,14 @@ def _sent_then_answer(port: int, data: bytes) -> bytes:
                                   + b"y" * (30 << 10) + b"\r\n\r\n"],  # each under the bound, not the two
                          ids=["url", "header", "both"])
 def test_a_request_head_over_64_kib_is_a_431_and_closed(child: Server, head: bytes) -> None:
-    out = _sent_then_answer(child.port, head)
+    out = _closed_by_server(child.port, head)
     assert out.startswith(b"HTTP/1.1 431") and b"65536 bytes" in out, out[:300]
     assert httpx.get(f"{child.url}/health", timeout=10).status_code == 200
 
 
 def test_a_head_under_64_kib_and_a_body_sent_with_it_are_read(child: Server) -> None:
     body = b'{"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 1}' + b" " * (200 << 10)
-    out = _sent_then_answer(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close"
+    out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close"
                             b"\r\nContent-Type: application/json\r\nX-Big: " + b"y" * (60 << 10) +
                             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     assert out.startswith(b"HTTP/1.1 200") and b'"completion_tokens":1' in out.replace(b" ", b""), out[:300]
@@ -317,7 +306,7 @@ DELETE = b"DELETE /api/delete HTTP/1.1\r\nHost: localhost\r\nContent-Type: appli
 
 
 def test_a_delete_body_over_max_body_is_a_413(child: Server) -> None:
-    out = _sent_then_answer(child.port, DELETE + b"Content-Length: %d\r\n\r\n{" % (17 << 20))
+    out = _closed_by_server(child.port, DELETE + b"Content-Length: %d\r\n\r\n{" % (17 << 20))
     assert out.startswith(b"HTTP/1.1 413") and b"--max-body" in out, out[:300]
 
 
@@ -351,12 +340,12 @@ def test_a_trailing_slash_is_the_apis_404_not_a_redirect(child: Server, path: st
 # serve.md: a transfer coding other than chunked is a 501 (RFC 9112); `gzip, chunked` was read as if not gzipped
 def test_a_transfer_coding_the_server_does_not_decode_is_a_501(child: Server) -> None:
     body = b'{"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 1}'
-    out = _sent_then_answer(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+    out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
                             b"application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
                             % (len(body), body))
     assert out.startswith(b"HTTP/1.1 501") and b"gzip, chunked" in out, out[:300]
     chunked = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close"
-    out = _sent_then_answer(child.port, chunked + b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+    out = _closed_by_server(child.port, chunked + b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
                             % (len(body), body))
     assert out.startswith(b"HTTP/1.1 200"), out[:300]  # chunked alone is read
 
