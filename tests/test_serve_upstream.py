@@ -24,7 +24,8 @@ from tests.test_serve import Server
 KEY = "sk-front-own-key"  # the front's own key (serve --api-key)
 UPSTREAM_KEY = "sk-upstream-secret-9f8e7d"  # the key the front sends the fake (endpoints.toml's api_key_env)
 FAKE_MODELS = ("plain", "usage", "gated", "held", "busy", "busy-once", "broken", "html", "redirect",
-               "unauthorized", "missing")
+               "unauthorized", "missing", "counted")
+HOLD_S = 0.3  # what `counted` waits after its role chunk before its first content
 WAIT_S = 60.0  # a safety net for what the tests wait for, never a timing asserted
 
 
@@ -36,6 +37,10 @@ class Upstream(FakeServer):
     - missing: 404, no such model
     - held: no answer at all until `release` is set, then a whole (not streamed) answer; `closed` is set when
       the connection closed before (its client left while the upstream was still working)
+    - counted: as OpenAI streams: a role chunk, HOLD_S of nothing, then "Hello" " world" and the end; with
+      stream_options.include_usage, `"usage": null` in every chunk and a last chunk with no choices and the usage
+      (5 prompt tokens, 2 of them cached, 3 made), without it no usage at all; a whole answer has its usage
+    Its /v1/models answers 401, repeating the key it was sent, to any key but UPSTREAM_KEY.
     """
 
     def __init__(self) -> None:
@@ -43,12 +48,21 @@ class Upstream(FakeServer):
         self.closed = threading.Event()
         super().__init__()
 
+    async def models(self, request: Request) -> Response:
+        sent = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if sent != UPSTREAM_KEY:
+            return JSONResponse({"error": {"message": f"Incorrect API key provided: {sent}",
+                                           "type": "invalid_request_error"}}, status_code=401)
+        return await super().models(request)
+
     async def chat(self, request: Request) -> Response:
         body = await request.json()  # Starlette keeps it: FakeServer.chat reads it again
         model = body.get("model")
-        if model not in ("gated", "unauthorized", "missing", "held"):
+        if model not in ("gated", "unauthorized", "missing", "held", "counted"):
             return await super().chat(request)
         self.requests.append({"headers": dict(request.headers), "body": body})
+        if model == "counted":
+            return _counted(body)
         if model == "unauthorized":
             sent = request.headers.get("authorization", "").removeprefix("Bearer ")
             return JSONResponse({"error": {"message": f"Incorrect API key provided: {sent}",
@@ -82,6 +96,35 @@ class Upstream(FakeServer):
                     self.closed.set()
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def _counted(body: dict[str, Any]) -> Response:
+    usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+             "prompt_tokens_details": {"cached_tokens": 2}}
+    if not body.get("stream"):
+        return JSONResponse({"id": "c", "object": "chat.completion", "model": "counted", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "Hello world"}, "finish_reason": "stop"}],
+            "usage": usage})
+    opts = body.get("stream_options")
+    asked = isinstance(opts, dict) and opts.get("include_usage") is True
+
+    def event(delta: dict[str, Any], finish: str | None = None) -> str:
+        doc: dict[str, Any] = {"id": "c", "object": "chat.completion.chunk", "model": "counted",
+                               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return f"data: {json.dumps({**doc, 'usage': None} if asked else doc)}\n\n"
+
+    async def stream() -> AsyncIterator[str]:
+        yield event({"role": "assistant", "content": ""})
+        await asyncio.sleep(HOLD_S)
+        yield event({"content": "Hello"})
+        yield event({"content": " world"})
+        yield event({}, "stop")
+        if asked:
+            yield "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "model": "counted",
+                                         "choices": [], "usage": usage}) + "\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
 
 
 def _free_port() -> int:
@@ -267,6 +310,7 @@ def test_upstream_errors_come_back_with_their_status_naming_the_endpoint(front: 
     r = _error(front, "unauthorized")
     message = r.json()["error"]["message"]
     assert r.status_code == 401 and "fakebox refused the request (401)" in message and "***" in message
+    assert "the one this server sends fakebox (its api_key_env in endpoints.toml), not this request's" in message
     assert UPSTREAM_KEY not in r.text
     r = _error(front, "missing")
     assert r.status_code == 404 and "fakebox has no model 'missing'" in r.json()["error"]["message"]
@@ -326,6 +370,101 @@ def test_the_log_and_metrics_count_remote_requests_and_never_show_the_key(front:
         assert UPSTREAM_KEY not in text
 
 
+def _metric(text: str, series: str) -> float:
+    """A series' value in a /metrics text (0 where it has none yet)."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _events(body: str) -> list[Any]:
+    """A stream's data events, each JSON read ([DONE] as it is)."""
+    return [json.loads(d) if d != "[DONE]" else d for line in body.splitlines()
+            if line.startswith("data: ") and (d := line.removeprefix("data: "))]
+
+
+def test_a_streams_usage_is_asked_for_the_log_and_metrics_and_the_client_gets_what_it_asked_for(
+        front: Server, upstream: Upstream) -> None:
+    import openai
+
+    def scrape() -> dict[str, float]:
+        text = httpx.get(f"{front.url}/metrics", headers=_auth(), timeout=WAIT_S).text
+        return {name: _metric(text, f'{name}{{model="counted"}}') for name in (
+            "localgen_prompt_tokens_total", "localgen_generated_tokens_total",
+            "localgen_time_to_first_token_seconds_count", "localgen_inter_token_seconds_count")} | {
+            "fast": _metric(text, 'localgen_time_to_first_token_seconds_bucket{le="0.25",model="counted"}')}
+
+    before = scrape()
+    direct = httpx.post(f"{upstream.url}/v1/chat/completions", json=_chat("counted"), timeout=WAIT_S)
+    via = httpx.post(f"{front.url}/v1/chat/completions", headers={**_auth(), "X-Request-Id": "counted-stream-1"},
+                     json=_chat("counted"), timeout=WAIT_S)
+    assert via.status_code == 200 and _events(via.text) == _events(direct.text), via.text  # no usage: none asked
+    assert "usage" not in via.text
+    assert upstream.requests[-1]["body"]["stream_options"] == {"include_usage": True}  # serve asked for it
+    assert _logged(front, lambda line: line.startswith("POST /v1/chat/completions 200 5+3 tokens ")
+                   and line.endswith(" via fakebox id=counted-stream-1")), _log(front)
+    after = scrape()
+    assert after["localgen_prompt_tokens_total"] == before["localgen_prompt_tokens_total"] + 5
+    assert after["localgen_generated_tokens_total"] == before["localgen_generated_tokens_total"] + 3
+    assert after["localgen_time_to_first_token_seconds_count"] == \
+        before["localgen_time_to_first_token_seconds_count"] + 1
+    assert after["localgen_inter_token_seconds_count"] == before["localgen_inter_token_seconds_count"] + 1
+    # the first content came HOLD_S after the role chunk: the time to it is not the time to the first byte
+    assert after["fast"] == before["fast"]
+
+    client = openai.OpenAI(base_url=f"{front.url}/v1", api_key=KEY)
+    ask: dict[str, Any] = {"model": "counted", "messages": [{"role": "user", "content": "hi"}]}
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello world"
+    assert all(c.choices and "usage" not in c.model_fields_set for c in chunks)
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+    assert all(c.usage is None and "usage" in c.model_fields_set for c in chunks[:-1])  # as the upstream sent them
+    whole = client.chat.completions.create(**ask)
+    assert whole.usage is not None and whole.usage.prompt_tokens == 5
+    assert _metric(httpx.get(f"{front.url}/metrics", headers=_auth(), timeout=WAIT_S).text,
+                   'localgen_generated_tokens_total{model="counted"}') == after["localgen_generated_tokens_total"] + 9
+
+
+def test_an_upstream_silent_past_the_timeout_is_a_504_and_leaves_nothing_open(front_env: dict[str, str], tiny: str,
+                                                                              upstream: Upstream) -> None:
+    """--endpoint-timeout 1, one request at a time and none waiting: a request whose answer never starts is a 504
+    in OpenAI's shape, a stream that stops sending ends with a 504 error event; each time the upstream's connection
+    is closed and the model's one place is free again (a next request goes through, not a 503)."""
+    s = Server(front_env, "-m", tiny, "--no-on-demand", "-np", "1", "--max-queue", "0", "--endpoint", "fakebox",
+               "--endpoint-timeout", "1")
+    try:
+        upstream.release.clear()
+        upstream.closed.clear()
+        r = httpx.post(f"{s.url}/v1/chat/completions", json={**_chat("held"), "stream": False}, timeout=WAIT_S)
+        assert r.status_code == 504, r.text
+        error = r.json()["error"]
+        assert error["type"] == "server_error" and "fakebox did not answer within 1 s" in error["message"], error
+        assert "--endpoint-timeout" in error["message"] and r.json()["request_id"]
+        assert upstream.closed.wait(WAIT_S), "the upstream's connection was left open"
+        upstream.release.set()
+        r = httpx.post(f"{s.url}/v1/chat/completions", json={**_chat("held"), "stream": False}, timeout=WAIT_S)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "all at once", r.text
+
+        upstream.release.clear()
+        upstream.closed.clear()
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("gated"), timeout=WAIT_S)
+        events = _events(r.text)
+        assert r.status_code == 200 and events[-1] == "[DONE]"
+        assert events[1]["choices"][0]["delta"]["content"] == "first"
+        error = events[-2]["error"]
+        assert error["code"] == 504 and "fakebox sent nothing for 1 s" in error["message"], error
+        assert upstream.closed.wait(WAIT_S), "the upstream's stream was left open"
+        upstream.release.set()
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("gated"), timeout=WAIT_S)
+        assert r.status_code == 200 and "second" in r.text and r.text.rstrip().endswith("[DONE]"), r.text
+        assert _logged(s, lambda line: line.startswith("POST /v1/chat/completions 504 ")), _log(s)
+    finally:
+        upstream.release.set()
+        assert s.stop() == 0
+
+
 # ---- what stops the start ----
 
 def test_what_stops_the_start(front_env: dict[str, str], upstream: Upstream) -> None:
@@ -341,6 +480,15 @@ def test_what_stops_the_start(front_env: dict[str, str], upstream: Upstream) -> 
     assert r.returncode == 2 and "--api-key-env goes with --endpoint" in r.stderr
     r = cli("serve", "--port", port, "--endpoint", "nosuchbox", timeout=120)
     assert r.returncode == 2 and "neither an http:// or https:// URL nor an entry of" in r.stderr
+    r = cli("serve", "--port", port, "--endpoint-timeout", "5", timeout=120)
+    assert r.returncode == 2 and "--endpoint-timeout goes with --endpoint" in r.stderr
+    # a server that refuses the key it was sent (and repeats it): exit 1, the key nowhere in what serve says
+    wrong = "sk-wrong-key-0a1b2c"
+    r = CLI({**front_env, "WRONG_KEY": wrong})("serve", "--port", port, "--endpoint", upstream.url,
+                                              "--api-key-env", "WRONG_KEY", timeout=120)
+    assert r.returncode == 1 and f"--endpoint 127.0.0.1:{upstream.port} refused to list its models (401)" in r.stderr
+    assert "Incorrect API key provided: ***" in r.stderr and "--api-key-env" in r.stderr, r.stderr
+    assert wrong not in r.stderr + r.stdout and "Traceback" not in r.stderr
 
 
 def test_a_name_two_endpoints_serve_is_reached_by_endpoint_name(front_env: dict[str, str], tiny: str,
@@ -392,9 +540,13 @@ def test_a_real_localgen_serve_behind_the_front(real_front: Server, real: Server
     whole = front.chat.completions.create(**ask)
     assert whole.model == "smollm2:135m" and whole.choices[0].message.content
     assert whole.usage is not None and 0 < whole.usage.completion_tokens <= 8
-    chunks = list(front.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    chunks = list(front.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True},
+                                                extra_headers={"X-Request-Id": "real-asked"}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    unasked = list(front.chat.completions.create(**ask, stream=True, extra_headers={"X-Request-Id": "real-unasked"}))
+    assert "".join(c.choices[0].delta.content or "" for c in unasked if c.choices) == whole.choices[0].message.content
+    assert all(c.choices and c.usage is None for c in unasked)  # serve asked for the usage, and kept it
     raw = {"model": "smollm2:135m", "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
     assert front.completions.create(**raw).choices[0].text == direct.completions.create(**raw).choices[0].text
     via = front.embeddings.create(model="smollm2:135m", input=["a cat sat", "stocks fell"])
@@ -408,10 +560,22 @@ def test_a_real_localgen_serve_behind_the_front(real_front: Server, real: Server
         lines = [json.loads(line) for line in _log(real_front).splitlines() if line.startswith("{")]
         return [d for d in lines if d["event"] == "request" and d["path"] == "/v1/chat/completions"]
 
-    assert _logged(real_front, lambda line: len(requests()) >= 3), "whole, streamed and shaped"
+    assert _logged(real_front, lambda line: len(requests()) >= 4), "whole, streamed twice and shaped"
     sent = requests()
     assert sent and all(d["upstream"] == f"127.0.0.1:{real.port}" and d["model"] == "smollm2:135m" for d in sent)
-    assert sent[0]["completion_tokens"] == whole.usage.completion_tokens  # from the answer's usage
+    assert sent[0]["completion_tokens"] == whole.usage.completion_tokens, sent  # from the answer's usage
+    assert sent[0]["ttft_ms"] is None  # a whole answer's text comes at once: no time to a first token
+    streamed = next(d for d in sent if d["request_id"] == "real-unasked")
+    assert streamed["completion_tokens"] == whole.usage.completion_tokens and streamed["prompt_tokens"] > 5
+    assert streamed["ttft_ms"] > 0
+    asked = next(d for d in sent if d["request_id"] == "real-asked")
+    details = chunks[-1].usage.prompt_tokens_details
+    assert details is not None and asked["cached_tokens"] == details.cached_tokens
+    metrics = httpx.get(f"{real_front.url}/metrics", timeout=WAIT_S).text
+    assert _metric(metrics, 'localgen_time_to_first_token_seconds_count{model="smollm2:135m"}') == 2  # the streams
+    every = [json.loads(line) for line in _log(real_front).splitlines() if line.startswith("{")]  # completions too
+    assert _metric(metrics, 'localgen_generated_tokens_total{model="smollm2:135m"}') == sum(
+        d["completion_tokens"] or 0 for d in every if d["event"] == "request" and d.get("upstream"))
 
 
 def test_a_name_served_here_stays_here_and_its_upstream_twin_is_reached_by_endpoint(cli_env: dict[str, str],

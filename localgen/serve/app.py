@@ -94,7 +94,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     routes.append(Route("/metrics", metrics.endpoint))
     state.on_completion = metrics.observe
     if state.upstreams is not None:
-        state.upstreams.bind(metrics.registry)
+        state.upstreams.bind(metrics)
 
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPError)

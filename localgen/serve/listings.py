@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from localgen.serve.apierror import HTTPError
+from localgen.serve.remotes import Remote
 from localgen.serve.state import ServeState
-from localgen.serve.upstream import Remote
 from localgen.serve.worker import ModelWorker
 from localgen.types import ModelRef
 

@@ -80,6 +80,17 @@ class Metrics:
         if c.completion_tokens >= 2:
             self.itl.labels(model).observe(max(0.0, c.total_s - c.ttft_s) / (c.completion_tokens - 1))
 
+    def remote(self, model: str, prompt_tokens: int | None, completion_tokens: int | None, ttft_s: float | None,
+               total_s: float | None) -> None:
+        """A remote model's answer has ended (serve --endpoint): its tokens from the usage it carried, its time to
+        first content once a stream had some, ITL from those once it made two tokens."""
+        self.prompt_tokens.labels(model).inc(prompt_tokens or 0)
+        self.generated_tokens.labels(model).inc(completion_tokens or 0)
+        if ttft_s is not None:
+            self.ttft.labels(model).observe(ttft_s)
+            if completion_tokens is not None and completion_tokens >= 2 and total_s is not None:
+                self.itl.labels(model).observe(max(0.0, total_s - ttft_s) / (completion_tokens - 1))
+
     def text(self) -> bytes:
         """The exposition, in Prometheus' text format."""
         return generate_latest(self.registry)
@@ -118,6 +129,10 @@ class Gauges(Collector):
             on = w.loaded
             loaded.add_metric([name], 1 if on else 0)
             memory.add_metric([name], w.residence.need if on else 0)
+        if self.state.upstreams is not None:  # serve --endpoint: a remote model's requests sent on, and waiting
+            for name, sent, waiting in self.state.upstreams.lines():
+                queued.add_metric([name], waiting)
+                running.add_metric([name], sent)
         yield from (queued, running, loaded, memory, drafting)
         residency = self.state.residency
         if residency is not None:

@@ -4,18 +4,18 @@ Studio, another `localgen serve`), served beside the local ones under the names 
 A request naming one of them at /v1/chat/completions, /v1/completions or /v1/embeddings is sent on as it came
 (its body unchanged, so tools, response_format and every field work as the upstream does them), once serve's own
 gate (key, body size) let it in and a place in the model's lanes (--parallel at once, --max-queue waiting) is
-free; the upstream's answer comes back chunk by chunk as it arrives, never held whole. Its errors come back in
-OpenAI's shape with the upstream's status and the endpoint's name (never its key); one it cannot reach is a 502,
-one that does not answer in time a 504; a client that leaves closes the upstream connection. The other APIs
-(Anthropic's, the Responses API, Ollama's) refuse a remote model with a 400 that names these three routes
-(ServeState.worker asks `refusal`)."""
+free; the upstream's answer comes back as it arrives, never held whole (serve/remoteanswer.py reads its usage
+and time to first content on the way, a stream's usage asked for where the client did not ask and taken out
+again). Its errors come back in OpenAI's shape with the upstream's status and the endpoint's name (never its
+key); one it cannot reach is a 502, one silent past --endpoint-timeout a 504; a client that leaves closes the
+upstream connection. The other APIs (Anthropic's, the Responses API, Ollama's) refuse a remote model with a 400
+that names these three routes (ServeState.worker asks `refusal`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,22 +24,20 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from localgen.errors import LocalgenError
-from localgen.remote.endpoints import Endpoint
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.http10 import STREAM_HEADERS
 from localgen.serve.jsonbody import read_json
-from localgen.serve.servelog import TRACE, Tally, named
+from localgen.serve.remoteanswer import RemoteAnswer
+from localgen.serve.remotes import Remote, message_of, scrubbed
+from localgen.serve.servelog import TRACE, named
 
 # the routes a remote model answers at, and what each appends to the endpoint's base URL
 ROUTES = {"/v1/chat/completions": "/chat/completions", "/v1/completions": "/completions",
           "/v1/embeddings": "/embeddings"}
 CONNECT_S = 10.0  # to open a connection to an upstream
 READ_S = 600.0  # the longest an upstream may go without sending a byte (a whole answer's wait included)
-LIST_S = 10.0  # the start's GET /models
 MAX_ERROR_BODY = 64 << 10  # bytes of an upstream's error body read for its message
-_TAIL = 4096  # bytes of an answer kept to read its usage from
-_COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens)":\s*(\d+)')
+STREAMED = ("/v1/chat/completions", "/v1/completions")  # the routes whose streams serve asks the usage of
 
 
 @dataclass
@@ -75,58 +73,6 @@ class Lane:
 
 
 @dataclass
-class Remote:
-    """An upstream server and the models serve offers from it."""
-
-    endpoint: Endpoint
-    models: tuple[str, ...]
-    listed: bool = False  # the models came from endpoints.toml (the server was not asked at start)
-
-    @property
-    def label(self) -> str:
-        """Its name in endpoints.toml, else host:port: what errors, the log and the listings call it."""
-        return self.endpoint.label
-
-
-def discover(endpoint: Endpoint) -> Remote:
-    """The endpoint with its models: endpoints.toml's `models`, else its GET /models now (one that cannot be
-    reached, refuses the key or lists none is an error: serve does not start without knowing what it fronts)."""
-    if endpoint.models:
-        return Remote(endpoint, endpoint.models, listed=True)
-    import httpx
-
-    where = endpoint.label
-    headers = {"User-Agent": "localgen", **({"Authorization": f"Bearer {endpoint.key}"} if endpoint.key else {})}
-    hint = "name its models in endpoints.toml (models = [...]) to start without asking it" if endpoint.name else \
-        "give it a name and its models in endpoints.toml (docs/remote.md) to start without asking it"
-    try:
-        r = httpx.get(endpoint.url + "/models", headers=headers, timeout=LIST_S, follow_redirects=False)
-    except httpx.TimeoutException:
-        raise LocalgenError(f"--endpoint {where} did not list its models within {LIST_S:g} s", hint=hint) from None
-    except httpx.HTTPError as e:
-        raise LocalgenError(f"--endpoint: cannot reach {where}: {_scrubbed(str(e) or type(e).__name__, endpoint)}",
-                            hint=hint) from None
-    if r.status_code in (401, 403):
-        raise LocalgenError(f"--endpoint {where} refused to list its models ({r.status_code}): "
-                            f"{_scrubbed(_message(r.content), endpoint)}",
-                            hint="name the variable holding its key with --api-key-env NAME")
-    ids: list[str] = []
-    if r.status_code == 200:
-        try:
-            doc = r.json()
-        except ValueError:
-            doc = None
-        data = doc.get("data") if isinstance(doc, dict) else None
-        ids = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]] \
-            if isinstance(data, list) else []
-    if not ids:
-        raise LocalgenError(f"--endpoint {where} lists no models at {endpoint.url}/models "
-                            f"({r.status_code if r.status_code != 200 else 'an empty or unreadable list'})",
-                            hint="check the URL: it is the API base, e.g. http://host:8000/v1; or " + hint)
-    return Remote(endpoint, tuple(dict.fromkeys(ids)))
-
-
-@dataclass
 class Upstreams:
     """The remote models by name, each request to one sent on (`wrap` puts the proxy in front of the local
     routes), and their counts in /metrics. Every remote model answers to `LABEL/ID` (its endpoint's label, its
@@ -136,11 +82,13 @@ class Upstreams:
     remotes: list[Remote]
     parallel: int = 4
     queue: int = 64
+    timeout: float = READ_S  # serve --endpoint-timeout: the longest an upstream may send nothing
     by_name: dict[str, Remote] = field(init=False)  # every name a remote model answers to
     real: dict[str, str] = field(init=False)  # each of those names: the model's id on its server
     lanes: dict[str, Lane] = field(init=False)  # by LABEL/ID: a model's two names share its lanes
     _client: Any = None
     _counter: Any = None
+    _metrics: Any = None  # serve/metrics.py's Metrics: a remote answer's tokens and times, as a local one's
 
     def __post_init__(self) -> None:
         self.by_name, self.real, self.lanes = {}, {}, {}
@@ -174,14 +122,34 @@ class Upstreams:
 
     def names_of(self, remote: Remote) -> list[str]:
         """A remote's models as a client names them: the bare id where it is served so, else LABEL/ID."""
-        return [ident if self.by_name.get(ident) is remote else f"{remote.label}/{ident}" for ident in remote.models]
+        return [self._listed(remote, ident) for ident in remote.models]
 
-    def bind(self, registry: Any) -> None:
-        """Count the remote requests in this app's metrics (serve/metrics.py's registry)."""
+    def shown(self, name: str) -> str:
+        """The name /v1/models lists a remote model by (a model's two names are one in the log and /metrics)."""
+        return self._listed(self.by_name[name], self.real[name])
+
+    def _listed(self, remote: Remote, ident: str) -> str:
+        return ident if self.by_name.get(ident) is remote else f"{remote.label}/{ident}"
+
+    def lines(self) -> list[tuple[str, int, int]]:
+        """Each remote model's requests now, by its listed name: those sent on and those waiting (/metrics)."""
+        out = []
+        for remote in self.remotes:
+            for ident in remote.models:
+                lane = self.lanes[f"{remote.label}/{ident}"]
+                sent = min(lane.outstanding, lane.parallel)
+                out.append((self._listed(remote, ident), sent, lane.outstanding - sent))
+        return out
+
+    def bind(self, metrics: Any) -> None:
+        """Count the remote requests in this app's metrics (serve/metrics.py's Metrics): by endpoint, model and
+        status, and their tokens and times in the series a local model's fill."""
         from prometheus_client import Counter
 
+        self._metrics = metrics
         self._counter = Counter("localgen_upstream_requests", "requests sent on to an upstream (serve --endpoint), "
-                                "by endpoint, model and status", ["endpoint", "model", "status"], registry=registry)
+                                "by endpoint, model and status", ["endpoint", "model", "status"],
+                                registry=metrics.registry)
 
     async def aclose(self) -> None:
         """Close the connections (the app's shutdown)."""
@@ -204,9 +172,17 @@ class Upstreams:
                 return await local(request)
             name = str(body["model"])
             real = self.real[name]
-            content = await request.body() if real == name else \
-                json.dumps({**body, "model": real}, ensure_ascii=False).encode()
-            return await self.send(request, remote, name, ROUTES[inner.path], content)
+            changes: dict[str, Any] = {} if real == name else {"model": real}
+            opts = body.get("stream_options")
+            # a stream's usage, for the access line and /metrics: asked for where the client did not ask, and
+            # taken out of what it gets (serve/remoteanswer.py)
+            strip = inner.path in STREAMED and body.get("stream") is True and (
+                opts is None or (isinstance(opts, dict) and opts.get("include_usage") in (None, False)))
+            if strip:
+                changes["stream_options"] = {**(opts or {}), "include_usage": True}
+            content = json.dumps({**body, **changes}, ensure_ascii=False).encode() if changes else \
+                await request.body()
+            return await self.send(request, remote, name, ROUTES[inner.path], content, strip)
 
         return Route(inner.path, endpoint, methods=["POST"])
 
@@ -214,18 +190,21 @@ class Upstreams:
         import httpx
 
         if self._client is None:  # made on the app's loop, at the first remote request
-            self._client = httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(READ_S, connect=CONNECT_S),
+            self._client = httpx.AsyncClient(follow_redirects=False,
+                                             timeout=httpx.Timeout(self.timeout, connect=CONNECT_S),
                                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
         return self._client
 
-    async def send(self, request: Request, remote: Remote, model: str, suffix: str, content: bytes) -> Response:
+    async def send(self, request: Request, remote: Remote, model: str, suffix: str, content: bytes,
+                   strip: bool = False) -> Response:
         """The request sent on (`content`: its body, with the model's id on its server), its answer passed back as
-        it arrives (errors in OpenAI's shape)."""
+        it arrives (errors in OpenAI's shape); `strip`: serve asked for the stream's usage, the client did not."""
+        lane = self.lanes[f"{remote.label}/{self.real[model]}"]
+        model = self.shown(model)
         named(model)
         trace = TRACE.get()
         if trace is not None:
             trace.upstream = remote.label
-        lane = self.lanes[f"{remote.label}/{self.real[model]}"]
         try:
             await lane.enter(model)
         except HTTPError as e:
@@ -233,6 +212,7 @@ class Upstreams:
             raise
         status, handed = 499, False  # 499: cancelled (the client left, or the server stops)
         try:
+            answer = RemoteAnswer(stream=False, strip_usage=strip)  # its clock starts as the request is sent on
             response = await self._open(request, remote, suffix, content)
             status = response.status_code
             if status != 200:
@@ -243,8 +223,9 @@ class Upstreams:
                 raise HTTPError(502, f"{remote.label} answered with {kind or 'no content type'}, not an OpenAI "
                                      "answer (its URL should be the API base, e.g. http://host:8000/v1)",
                                 "server_error")
-            stream, handed = "event-stream" in kind, True
-            return StreamingResponse(self._passed(request, response, remote, lane, stream), status_code=200,
+            answer.stream = stream = "event-stream" in kind
+            handed = True
+            return StreamingResponse(self._passed(request, response, remote, model, lane, answer), status_code=200,
                                      media_type=kind, headers=STREAM_HEADERS if stream else None)
         except HTTPError as e:
             status = e.status
@@ -287,12 +268,13 @@ class Upstreams:
             raise HTTPError(504, f"{remote.label} did not accept the connection within {CONNECT_S:g} s",
                             "server_error") from None
         except httpx.TimeoutException:
-            raise HTTPError(504, f"{remote.label} did not answer within {READ_S:g} s", "server_error") from None
+            raise HTTPError(504, f"{remote.label} did not answer within {self.timeout:g} s (serve "
+                                 "--endpoint-timeout)", "server_error") from None
         except httpx.ConnectError as e:
-            raise HTTPError(502, f"cannot reach {remote.label}: {_scrubbed(str(e) or 'connection refused', ep)}",
+            raise HTTPError(502, f"cannot reach {remote.label}: {scrubbed(str(e) or 'connection refused', ep)}",
                             "server_error") from None
         except httpx.HTTPError as e:
-            raise HTTPError(502, f"{remote.label}: {type(e).__name__}: {_scrubbed(str(e), ep)}",
+            raise HTTPError(502, f"{remote.label}: {type(e).__name__}: {scrubbed(str(e), ep)}",
                             "server_error") from None
 
     async def _refused(self, request: Request, remote: Remote, model: str, response: Any) -> Response:
@@ -311,12 +293,16 @@ class Upstreams:
             await response.aclose()
         status = response.status_code
         ep, where = remote.endpoint, remote.label
-        said = _scrubbed(_message(body) or response.reason_phrase or "no message", ep)
+        said = scrubbed(message_of(body) or response.reason_phrase or "no message", ep)
         if 300 <= status < 400:
             raise HTTPError(502, f"{where} redirects elsewhere ({status}); serve does not follow redirects (the key "
                                  "stays with the URL given)", "server_error")
-        if status in (401, 403):
-            message = f"{where} refused the request ({status}): {said}"
+        if status == 401:  # not the client's key (serve's own, never sent on): the one serve sends
+            which = "its api_key_env in endpoints.toml" if ep.name else "serve --api-key-env"
+            message = f"{where} refused the request (401): {said}; the key refused is the one this server sends " \
+                      f"{where} ({which}), not this request's"
+        elif status == 403:
+            message = f"{where} refused the request (403): {said}"
         elif status == 404:
             message = f"{where} has no model {model!r} or no such route (404): {said}"
         elif status in (429, 503):
@@ -328,16 +314,17 @@ class Upstreams:
         after = response.headers.get("retry-after")
         return error_response(request, e, {"Retry-After": after} if after and status in (429, 503) else None)
 
-    async def _passed(self, request: Request, response: Any, remote: Remote, lane: Lane,
-                      stream: bool) -> AsyncIterator[bytes]:
-        """The upstream's body, each piece sent on as it arrives; the upstream closed when it ends, breaks or the
-        client leaves; its usage read for the access line and the token counts."""
+    async def _passed(self, request: Request, response: Any, remote: Remote, model: str, lane: Lane,
+                      answer: RemoteAnswer) -> AsyncIterator[bytes]:
+        """The upstream's body, sent on as it arrives (a stream's events as each is complete); the upstream closed
+        when it ends, breaks or the client leaves; what `answer` read of it kept for the access line and /metrics
+        (the counts and times of an answer that ended, not of one cut short)."""
         import httpx
 
-        tail = b""
         pieces = response.aiter_bytes()
         gone = asyncio.ensure_future(_client_left(request))
         piece: asyncio.Future[bytes] | None = None
+        ended = False
         try:
             while True:
                 piece = asyncio.ensure_future(anext(pieces))
@@ -356,13 +343,20 @@ class Upstreams:
                     trace = TRACE.get()
                     if trace is not None:  # the answer said 200 at its start: its access line says how it ended
                         trace.failed = failed
-                    if stream:  # an error event, then the stream's end, as a local model's failure mid-stream
-                        yield _error_event(HTTPError(failed, f"the answer from {remote.label} broke off "
-                                                             f"({type(e).__name__}): it is partial", "server_error"))
+                    if answer.stream:  # an error event, then the stream's end, as a local model's failure mid-stream
+                        why = f"sent nothing for {self.timeout:g} s (serve --endpoint-timeout)" if failed == 504 \
+                            else f"broke off ({type(e).__name__})"
+                        yield _error_event(HTTPError(failed, f"the answer from {remote.label} {why}: it is partial",
+                                                     "server_error"))
                         yield b"data: [DONE]\n\n"
                     return
-                tail = (tail + data)[-_TAIL:]
-                yield data
+                out = answer.feed(data)
+                if out:
+                    yield out
+            ended = True
+            rest = answer.end()
+            if rest:
+                yield rest
         finally:  # also when Starlette cancels the stream (its client left)
             gone.cancel()
             if piece is not None:
@@ -370,16 +364,19 @@ class Upstreams:
             with contextlib.suppress(BaseException):
                 await asyncio.shield(response.aclose())
             lane.leave()
-            self._usage(tail)
+            if ended:
+                self._observe(model, answer)
 
-    def _usage(self, tail: bytes) -> None:
-        """The answer's usage (its last usage object), as the access line's tokens (no time to first token:
-        the upstream's first bytes are often a chunk without text)."""
-        found = dict(_COUNTS.findall(tail))
+    def _observe(self, model: str, answer: RemoteAnswer) -> None:
+        """An answer that ended: its tokens and time to first content on its access line, and in /metrics as a
+        local model's generation is counted."""
+        tally = answer.tally
         trace = TRACE.get()
-        if trace is not None and found:
-            trace.usage = Tally(int(found.get(b"prompt_tokens", 0)), 0, int(found.get(b"completion_tokens", 0)),
-                                None)
+        if trace is not None and tally is not None:
+            trace.usage = tally
+        if self._metrics is not None:
+            self._metrics.remote(model, answer.prompt_tokens, answer.completion_tokens, answer.first_s,
+                                 answer.total_s)
 
     def _count(self, remote: Remote, model: str, status: int) -> None:
         if self._counter is not None:
@@ -402,19 +399,6 @@ def _error_event(e: HTTPError) -> bytes:
     return b"data: " + json.dumps(error_body(OPENAI, e), ensure_ascii=False).encode() + b"\n\n"
 
 
-def _message(body: bytes) -> str:
-    """An error body's message: OpenAI's error.message, Ollama's error, else its first line."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        lines = body.decode("utf-8", "replace").strip().splitlines()
-        return lines[0][:300] if lines else ""
-    err = doc.get("error", doc) if isinstance(doc, dict) else doc
-    if isinstance(err, dict):
-        return str(err.get("message") or json.dumps(err)[:300])
-    return str(err)[:300]
-
-
 def _kind(body: bytes) -> str | None:
     """An OpenAI error body's error.type."""
     try:
@@ -424,8 +408,3 @@ def _kind(body: bytes) -> str | None:
     err = doc.get("error") if isinstance(doc, dict) else None
     kind = err.get("type") if isinstance(err, dict) else None
     return kind if isinstance(kind, str) and kind else None
-
-
-def _scrubbed(text: str, endpoint: Endpoint) -> str:
-    """The text with the endpoint's key, should the server have echoed it, replaced by ***."""
-    return text.replace(endpoint.key, "***") if endpoint.key else text

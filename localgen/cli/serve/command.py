@@ -243,9 +243,12 @@ def _upstreams(f: ServeArgs, log: ServeLog) -> Upstreams | None:
         if given.api_key_env:
             raise UsageError("--api-key-env goes with --endpoint: it names the variable holding an endpoint's key",
                              hint="serve's own key is --api-key or --api-key-file")
+        if f.given("endpoint_timeout"):
+            raise UsageError("--endpoint-timeout goes with --endpoint: it bounds an endpoint's silence")
         return None
     from localgen.remote.endpoints import Endpoint, base_url, endpoints_file, entry, read_key, url_list
-    from localgen.serve.upstream import Upstreams, discover
+    from localgen.serve.remotes import discover
+    from localgen.serve.upstream import Upstreams
 
     items = url_list(given.endpoints)
     urls = [item for item in items if "://" in item]
@@ -265,7 +268,7 @@ def _upstreams(f: ServeArgs, log: ServeLog) -> Upstreams | None:
             ep = named
         found.setdefault(ep.url, ep)
     return Upstreams([discover(ep) for ep in found.values()], parallel=f.batching.parallel,
-                     queue=f.residency.max_queue)
+                     queue=f.residency.max_queue, timeout=given.endpoint_timeout)
 
 
 def _toolbox(tools: ServeToolOptions) -> Any:

@@ -277,6 +277,12 @@ class UpstreamOptions(OptionGroup):
                           "(repeatable).")
     ] = None
     api_key_env: o.ApiKeyEnv = None
+    endpoint_timeout: Annotated[
+        float, typer.Option("--endpoint-timeout", min=0.1, max=86400, rich_help_panel=o.REMOTE_PANEL, metavar="SECONDS",
+                            help="The longest an --endpoint server may send nothing, its wait for a whole answer "
+                                 "included: past it, a request that had no answer yet gets 504, and a stream ends "
+                                 "with a 504 error event.")
+    ] = 600.0
 
 
 @dataclass(frozen=True, kw_only=True)

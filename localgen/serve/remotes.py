@@ -1,0 +1,83 @@
+"""serve --endpoint's servers (serve/upstream.py sends their models' requests on): each with the models serve offers
+from it, from endpoints.toml's `models` or its GET /models at start; and how an upstream's error reads in what serve
+says (its message, its key never in it)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from localgen.errors import LocalgenError
+from localgen.remote.endpoints import Endpoint
+
+LIST_S = 10.0  # the start's GET /models
+
+
+@dataclass
+class Remote:
+    """An upstream server and the models serve offers from it."""
+
+    endpoint: Endpoint
+    models: tuple[str, ...]
+    listed: bool = False  # the models came from endpoints.toml (the server was not asked at start)
+
+    @property
+    def label(self) -> str:
+        """Its name in endpoints.toml, else host:port: what errors, the log and the listings call it."""
+        return self.endpoint.label
+
+
+def discover(endpoint: Endpoint) -> Remote:
+    """The endpoint with its models: endpoints.toml's `models`, else its GET /models now (one that cannot be
+    reached, refuses the key or lists none is an error: serve does not start without knowing what it fronts)."""
+    if endpoint.models:
+        return Remote(endpoint, endpoint.models, listed=True)
+    import httpx
+
+    where = endpoint.label
+    headers = {"User-Agent": "localgen", **({"Authorization": f"Bearer {endpoint.key}"} if endpoint.key else {})}
+    hint = "name its models in endpoints.toml (models = [...]) to start without asking it" if endpoint.name else \
+        "give it a name and its models in endpoints.toml (docs/remote.md) to start without asking it"
+    try:
+        r = httpx.get(endpoint.url + "/models", headers=headers, timeout=LIST_S, follow_redirects=False)
+    except httpx.TimeoutException:
+        raise LocalgenError(f"--endpoint {where} did not list its models within {LIST_S:g} s", hint=hint) from None
+    except httpx.HTTPError as e:
+        raise LocalgenError(f"--endpoint: cannot reach {where}: {scrubbed(str(e) or type(e).__name__, endpoint)}",
+                            hint=hint) from None
+    if r.status_code in (401, 403):
+        raise LocalgenError(f"--endpoint {where} refused to list its models ({r.status_code}): "
+                            f"{scrubbed(message_of(r.content), endpoint)}",
+                            hint="name the variable holding its key with --api-key-env NAME")
+    ids: list[str] = []
+    if r.status_code == 200:
+        try:
+            doc = r.json()
+        except ValueError:
+            doc = None
+        data = doc.get("data") if isinstance(doc, dict) else None
+        ids = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]] \
+            if isinstance(data, list) else []
+    if not ids:
+        raise LocalgenError(f"--endpoint {where} lists no models at {endpoint.url}/models "
+                            f"({r.status_code if r.status_code != 200 else 'an empty or unreadable list'})",
+                            hint="check the URL: it is the API base, e.g. http://host:8000/v1; or " + hint)
+    return Remote(endpoint, tuple(dict.fromkeys(ids)))
+
+
+def message_of(body: bytes) -> str:
+    """An error body's message: OpenAI's error.message, Ollama's error, else its first line."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        lines = body.decode("utf-8", "replace").strip().splitlines()
+        return lines[0][:300] if lines else ""
+    err = doc.get("error", doc) if isinstance(doc, dict) else doc
+    if isinstance(err, dict):
+        return str(err.get("message") or json.dumps(err)[:300])
+    return str(err)[:300]
+
+
+def scrubbed(text: str, endpoint: Endpoint) -> str:
+    """The text with the endpoint's key, should the server have echoed it, replaced by ***."""
+    return text.replace(endpoint.key, "***") if endpoint.key else text
