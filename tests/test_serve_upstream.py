@@ -465,6 +465,35 @@ def test_an_upstream_silent_past_the_timeout_is_a_504_and_leaves_nothing_open(fr
         assert s.stop() == 0
 
 
+def test_with_endpoint_and_no_model_named_nothing_loads_at_start(front_env: dict[str, str],
+                                                                upstream: Upstream) -> None:
+    """serve --endpoint without -m: the remote models, and every model here on demand (the embedded smollm2:135m
+    in this empty home), with no load at start; a request that names no model is told to name one."""
+    s = Server(front_env, "--endpoint", "fakebox")
+    try:
+        log = _log(s)
+        assert "localgen serve: remote models, no model loaded at start (every model here on demand) on " in log, log
+        assert "remote models (--endpoint fakebox" in log and "loaded smollm2:135m" not in log
+        assert httpx.get(f"{s.url}/health", timeout=WAIT_S).json()["models"] == {}
+        assert httpx.get(f"{s.url}/api/ps", timeout=WAIT_S).json()["models"] == []
+        listed = {m["id"]: m for m in httpx.get(f"{s.url}/v1/models", timeout=WAIT_S).json()["data"]}
+        assert listed["plain"]["owned_by"] == "fakebox" and listed["smollm2:135m"]["owned_by"] == "localgen", listed
+        assert not any(m.get("default") for m in listed.values())
+        r = httpx.post(f"{s.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
+                       timeout=WAIT_S)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+        assert "name a model: this server has no default model (serve --endpoint without -m)" in r.text
+        assert "plain" in r.json()["error"]["message"] and "smollm2:135m" in r.json()["error"]["message"]
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("counted", stream=False), timeout=WAIT_S)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Hello world", r.text
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 2},
+                       timeout=WAIT_S * 5)
+        assert r.status_code == 200, r.text  # loaded on demand, as ever
+        assert [m["name"] for m in httpx.get(f"{s.url}/api/ps", timeout=WAIT_S).json()["models"]] == ["smollm2:135m"]
+    finally:
+        assert s.stop() == 0
+
+
 # ---- what stops the start ----
 
 def test_what_stops_the_start(front_env: dict[str, str], upstream: Upstream) -> None:
@@ -480,6 +509,9 @@ def test_what_stops_the_start(front_env: dict[str, str], upstream: Upstream) -> 
     assert r.returncode == 2 and "--api-key-env goes with --endpoint" in r.stderr
     r = cli("serve", "--port", port, "--endpoint", "nosuchbox", timeout=120)
     assert r.returncode == 2 and "neither an http:// or https:// URL nor an entry of" in r.stderr
+    r = cli("serve", "--port", port, "--endpoint", "fakebox", "--draft", "smollm2:135m", timeout=120)
+    assert r.returncode == 2 and "--draft goes with a model loaded at start, and with --endpoint and no -m none is" \
+        in r.stderr and "-m" in r.stderr
     r = cli("serve", "--port", port, "--endpoint-timeout", "5", timeout=120)
     assert r.returncode == 2 and "--endpoint-timeout goes with --endpoint" in r.stderr
     # a server that refuses the key it was sent (and repeats it): exit 1, the key nowhere in what serve says

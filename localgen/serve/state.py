@@ -99,6 +99,10 @@ class ServeState:
         return next((n for n in listed if _ollama_display(n) == want), name)
 
     def _worker(self, name: object) -> ModelWorker:
+        if name in (None, "") and self.default is None and self.upstreams is not None:  # --endpoint with no -m
+            offered = ", ".join([*self.names(), *(n for n, _ in self.upstreams.listing())][:20])
+            raise HTTPError(400, f"name a model: this server has no default model (serve --endpoint without -m); it "
+                                 f"serves {offered}", param="model")
         name = self.meant(name)
         if isinstance(name, str) and name in self.workers:
             return self.workers[name]

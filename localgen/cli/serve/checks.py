@@ -48,6 +48,12 @@ def checked(f: ServeArgs, log: ServeLog) -> Checked:
     if f.batching.draft is not None:
         o.refuse_empty(("--draft", f.batching.draft))
     named = list(dict.fromkeys(f.models or []))
+    if f.upstream.endpoints and not named:  # nothing loads at start: what pairs with the first model has none
+        paired = [flag for flag, on in (("--draft", f.batching.draft is not None), ("--mmproj", f.mmproj is not None),
+                                         ("--chat-template-file", f.chat_template_file is not None)) if on]
+        if paired:
+            raise UsageError(f"{paired[0]} goes with a model loaded at start, and with --endpoint and no -m none is",
+                             hint="name that model with -m")
     if f.mmproj and len(named) > 1:  # refused before any loads, not after the first model that it fits
         raise UsageError(f"--mmproj pairs a projector with one model, and -m names {len(named)}",
                          hint="serve the model it belongs to with it alone; a vision model from the catalogue "
@@ -116,7 +122,7 @@ def _refuse_unoffered(f: ServeArgs, name: str, coll: Any) -> None:
     from localgen.models.installed import installed
     from localgen.models.resolve import resolve
 
-    names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
+    names = f.at_start
     if coll.model in names or coll.model_spec in names:
         return
     for n in names:

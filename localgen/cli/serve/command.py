@@ -57,8 +57,8 @@ def serve(
                      show_default=False,
                      help="A model to load at start and pin: never unloaded to make room for another, only "
                           "after --keep-alive idle or when a client unloads it (repeatable; default: smollm2:135m, "
-                          "loaded at start, unpinned). Requests name a model in `model`; the first -m is the model "
-                          "of a request that names none (or a claude-* model not here)."),
+                          "loaded at start, unpinned; with --endpoint, none). Requests name a model in `model`; the "
+                          "first -m is the model of a request that names none (or a claude-* model not here)."),
     ] = None,
     offline: o.Offline = False,
     chat_template_file: o.ChatTemplateFile = None,
@@ -166,7 +166,7 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
                            flag_sampling=checked.models.sampling,
                            allow_image_urls=f.fetching.allow_image_urls, allow_mcp_urls=f.fetching.allow_mcp_urls,
                            allow_private_urls=f.fetching.allow_private_urls,
-                           default=workers[0].name,  # the first -m, or the default model
+                           default=workers[0].name if workers else None,  # the first -m, or the default model
                            on_demand=_on_demand(checked.models, make) if f.residency.on_demand else None,
                            residency=checked.residency, offline=f.offline, store=store,
                            batch_lines=f.batching.batch_lines, toolbox=toolbox, tool_timeout=f.tools.tool_timeout,
@@ -326,6 +326,9 @@ def _started_line(f: ServeArgs, names: list[str], cache_ram: int, residency: Any
     """What serve says once its models are loaded: where it listens, its APIs, slots, caches and limits."""
     others = " (and every model here, on demand)" if f.residency.on_demand else ""
     default = f" (default {names[0]})" if len(names) > 1 else ""
+    if not names:  # serve --endpoint without -m: its remote models (their lines follow), nothing loaded
+        others = " (every model here on demand)" if f.residency.on_demand else ""
+        names = ["remote models, no model loaded at start"]
     slots = f.batching.parallel
     disk = f"prompt cache on disk: up to {format_bytes(store.limit)}" if store else "no prompt cache on disk"
     return (f"localgen serve: {', '.join(names)}{default}{others} on {url_of(f.listen.host, f.listen.port)}"
@@ -448,7 +451,7 @@ def _workers(f: ServeArgs, models: ModelSettings, make: Callable[..., ModelWorke
     from localgen.models.resolve import resolve
 
     load = models.load  # the tuning record for this many streams, if one was made
-    names = list(dict.fromkeys(f.models or ["smollm2:135m"]))
+    names = f.at_start
     # every name found (or fetched) before any model loads: a bad second -m costs no load of the first
     refs = [files.with_template(resolve(name, offline=f.offline,
                                         progress=LineProgress(log.line) if log.json else make_progress()),

@@ -20,6 +20,7 @@ from localgen.serve.stalls import DEFAULT_READ_TIMEOUT_S
 from localgen.types import LoadParams
 
 SERVE = "Server"
+DEFAULT_MODEL = "smollm2:135m"  # loaded at start when -m names none (and no --endpoint serves remote models)
 MAX_FETCHES = 8  # image URL fetches at once, per server
 FETCH_WAIT_S = 2.0  # how long a fetch waits for one of them before its request gets 503
 
@@ -304,6 +305,12 @@ class ServeArgs(CommandArgs):
     tools: ServeToolOptions
     upstream: UpstreamOptions
     knobs: Knobs
+
+    @property
+    def at_start(self) -> list[str]:
+        """The models loaded at start: the -m models, else the default one; none with --endpoint and no -m (its
+        remote models, and every model here on demand, are served without a load nobody asked for)."""
+        return list(dict.fromkeys(self.models or ([] if self.upstream.endpoints else [DEFAULT_MODEL])))
 
 
 @dataclass(frozen=True)
