@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from tests.conftest import CLI
 from tests.fake_openai import FakeServer, _chunk
 from tests.test_serve import Server
+from tests.test_webui import Tab, ask, browser  # noqa: F401  # browser: the chat page's fixture
 
 KEY = "sk-front-own-key"  # the front's own key (serve --api-key)
 UPSTREAM_KEY = "sk-upstream-secret-9f8e7d"  # the key the front sends the fake (endpoints.toml's api_key_env)
@@ -292,6 +293,9 @@ def test_the_queue_is_serves_own_and_nothing_past_it_goes_upstream(front: Server
         while "first" not in seen:
             seen += next(lines)
         sent = len(upstream.requests)
+        metrics = httpx.get(f"{front.url}/metrics", headers=_auth(), timeout=WAIT_S).text
+        assert _metric(metrics, 'localgen_running_requests{model="gated"}') == 1, metrics
+        assert 'localgen_queue_depth{model="gated"} 0.0' in metrics
         second = httpx.post(f"{front.url}/v1/chat/completions", headers=_auth(), json=_chat("gated"), timeout=WAIT_S)
         assert second.status_code == 503 and "--max-queue 0" in second.json()["error"]["message"], second.text
         assert len(upstream.requests) == sent  # refused here, never sent on
@@ -427,6 +431,35 @@ def test_a_streams_usage_is_asked_for_the_log_and_metrics_and_the_client_gets_wh
                    'localgen_generated_tokens_total{model="counted"}') == after["localgen_generated_tokens_total"] + 9
 
 
+def test_a_batch_of_a_remote_models_requests_runs_through_the_front(front: Server, upstream: Upstream) -> None:
+    """The Batch API sends each line through the server's own routes: a remote model's lines go upstream as a
+    client's request would, one after another (the lines of a batch never fill its place in line)."""
+    import time
+
+    import openai
+
+    client = openai.OpenAI(base_url=f"{front.url}/v1", api_key=KEY)
+    sent = len(upstream.requests)
+    lines = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "counted", "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n" for i in range(3))
+    given = client.files.create(file=("remote.jsonl", lines.encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=given.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + WAIT_S
+    while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
+        time.sleep(0.1)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.output_file_id, batch
+    assert batch.request_counts is not None and batch.request_counts.completed == 3, batch.request_counts
+    records = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
+    assert sorted(r["custom_id"] for r in records) == ["line-0", "line-1", "line-2"]
+    for r in records:
+        assert r["response"]["status_code"] == 200 and r["error"] is None, r
+        assert r["response"]["body"]["choices"][0]["message"]["content"] == "Hello world"
+        assert r["response"]["body"]["usage"]["completion_tokens"] == 3  # the upstream's own answer
+    assert sorted(m["body"]["messages"][0]["content"] for m in upstream.requests[sent:]) == ["hi 0", "hi 1", "hi 2"]
+    assert all(m["headers"]["authorization"] == f"Bearer {UPSTREAM_KEY}" for m in upstream.requests[sent:])
+
+
 def test_an_upstream_silent_past_the_timeout_is_a_504_and_leaves_nothing_open(front_env: dict[str, str], tiny: str,
                                                                               upstream: Upstream) -> None:
     """--endpoint-timeout 1, one request at a time and none waiting: a request whose answer never starts is a 504
@@ -491,6 +524,28 @@ def test_with_endpoint_and_no_model_named_nothing_loads_at_start(front_env: dict
         assert r.status_code == 200, r.text  # loaded on demand, as ever
         assert [m["name"] for m in httpx.get(f"{s.url}/api/ps", timeout=WAIT_S).json()["models"]] == ["smollm2:135m"]
     finally:
+        assert s.stop() == 0
+
+
+def test_the_chat_page_chats_with_a_remote_model(browser: Any, front_env: dict[str, str],  # noqa: F811
+                                                 upstream: Upstream) -> None:
+    """The chat page (serve --endpoint without -m) lists the remote models, says where one runs instead of
+    "not loaded yet", and streams its answer with the upstream's count."""
+    s = Server(front_env, "--endpoint", "fakebox")
+    tab = Tab(browser, s)
+    try:
+        page = tab.open(key=False)
+        page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+        page.select_option("#model", "counted")
+        page.wait_for_function("() => document.getElementById('model-note')?.textContent === 'on fakebox'")
+        article = ask(page, "hi")
+        assert article.locator(".body").inner_text().strip() == "Hello world"
+        stats = article.locator(".stats").inner_text()
+        assert stats.startswith("3 tokens"), stats  # the upstream's usage
+        assert upstream.requests[-1]["body"]["model"] == "counted"
+        assert page.text_content("#model-note") == "on fakebox"
+    finally:
+        tab.close()
         assert s.stop() == 0
 
 

@@ -215,10 +215,21 @@ async function modelChanged(chosen) {
   showNote();
 }
 
+/** The /v1/models entry of a model another server runs (serve --endpoint), else undefined: nothing loads here. */
+function remoteOf(name) {
+  return state.models.find((m) => m.id === name && m.upstream);
+}
+
 function showNote() {
   const name = ui.model.value;
   if (!name) {
     ui.note.textContent = "";
+    return;
+  }
+  const remote = remoteOf(name);
+  if (remote) {
+    ui.note.className = "";
+    ui.note.textContent = `on ${remote.owned_by}`;
     return;
   }
   const loading = state.loading === name;
@@ -914,7 +925,7 @@ async function generate(conv, parent) {
   const run = { controller, conv, answer, calls: [], asking: null, calling: null };
   state.running = run;
   setRunning(true);
-  if (!state.loaded.has(model)) {
+  if (!state.loaded.has(model) && !remoteOf(model)) {
     state.loading = model;
     showNote();
   }
