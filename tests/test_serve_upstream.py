@@ -25,8 +25,9 @@ from tests.test_webui import Tab, ask, browser  # noqa: F401  # browser: the cha
 KEY = "sk-front-own-key"  # the front's own key (serve --api-key)
 UPSTREAM_KEY = "sk-upstream-secret-9f8e7d"  # the key the front sends the fake (endpoints.toml's api_key_env)
 FAKE_MODELS = ("plain", "usage", "gated", "held", "busy", "busy-once", "broken", "html", "redirect",
-               "unauthorized", "missing", "counted")
+               "unauthorized", "missing", "counted", "lingering")
 HOLD_S = 0.3  # what `counted` waits after its role chunk before its first content
+LINGER_S = 2.0  # what `lingering` waits after its [DONE] before its body ends
 WAIT_S = 60.0  # a safety net for what the tests wait for, never a timing asserted
 
 
@@ -41,6 +42,7 @@ class Upstream(FakeServer):
     - counted: as OpenAI streams: a role chunk, HOLD_S of nothing, then "Hello" " world" and the end; with
       stream_options.include_usage, `"usage": null` in every chunk and a last chunk with no choices and the usage
       (5 prompt tokens, 2 of them cached, 3 made), without it no usage at all; a whole answer has its usage
+    - lingering: as counted, its body ending LINGER_S after its `data: [DONE]`
     Its /v1/models answers 401, repeating the key it was sent, to any key but UPSTREAM_KEY.
     """
 
@@ -59,11 +61,11 @@ class Upstream(FakeServer):
     async def chat(self, request: Request) -> Response:
         body = await request.json()  # Starlette keeps it: FakeServer.chat reads it again
         model = body.get("model")
-        if model not in ("gated", "unauthorized", "missing", "held", "counted"):
+        if model not in ("gated", "unauthorized", "missing", "held", "counted", "lingering"):
             return await super().chat(request)
         self.requests.append({"headers": dict(request.headers), "body": body})
-        if model == "counted":
-            return _counted(body)
+        if model in ("counted", "lingering"):
+            return _counted(body, LINGER_S if model == "lingering" else 0.0)
         if model == "unauthorized":
             sent = request.headers.get("authorization", "").removeprefix("Bearer ")
             return JSONResponse({"error": {"message": f"Incorrect API key provided: {sent}",
@@ -99,7 +101,7 @@ class Upstream(FakeServer):
         return StreamingResponse(stream(), media_type="text/event-stream")
 
 
-def _counted(body: dict[str, Any]) -> Response:
+def _counted(body: dict[str, Any], linger: float) -> Response:
     usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
              "prompt_tokens_details": {"cached_tokens": 2}}
     if not body.get("stream"):
@@ -124,6 +126,7 @@ def _counted(body: dict[str, Any]) -> Response:
             yield "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "model": "counted",
                                          "choices": [], "usage": usage}) + "\n\n"
         yield "data: [DONE]\n\n"
+        await asyncio.sleep(linger)
 
     return StreamingResponse(stream(), media_type="text/event-stream")
 
@@ -429,6 +432,21 @@ def test_a_streams_usage_is_asked_for_the_log_and_metrics_and_the_client_gets_wh
     assert whole.usage is not None and whole.usage.prompt_tokens == 5
     assert _metric(httpx.get(f"{front.url}/metrics", headers=_auth(), timeout=WAIT_S).text,
                    'localgen_generated_tokens_total{model="counted"}') == after["localgen_generated_tokens_total"] + 9
+
+
+def test_a_client_that_closes_at_done_has_its_answer_logged_whole(front: Server) -> None:
+    """Clients close the connection once they read `data: [DONE]` (the `openai` client does): the answer ends there
+    for the front too, not when the upstream's body ends, so its access line has its 200 and its tokens."""
+    headers = {**_auth(), "X-Request-Id": "lingering-1"}
+    with httpx.Client(timeout=WAIT_S) as c, c.stream("POST", f"{front.url}/v1/chat/completions", headers=headers,
+                                                     json=_chat("lingering")) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                break  # and the connection is closed, LINGER_S before the upstream ends its body
+    assert _logged(front, lambda line: line.endswith(" via fakebox id=lingering-1")), _log(front)
+    assert any(line.startswith("POST /v1/chat/completions 200 5+3 tokens ") and line.endswith("id=lingering-1")
+               for line in _log(front).splitlines()), _log(front)
 
 
 def test_a_batch_of_a_remote_models_requests_runs_through_the_front(front: Server, upstream: Upstream) -> None:

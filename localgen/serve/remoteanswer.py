@@ -38,6 +38,7 @@ class RemoteAnswer:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int = 0
+    done: bool = False  # a stream's `data: [DONE]` has passed: the answer is whole (what follows is not sent)
     _pending: bytes = b""  # a stream's unfinished event
     _tail: bytes = b""  # a whole answer's last bytes
     _blind: bool = False  # an event grew past MAX_EVENT: the rest passes as it comes
@@ -53,10 +54,10 @@ class RemoteAnswer:
         buffer = self._pending + data
         out: list[bytes] = []
         start = 0
-        while (end := _END.search(buffer, start)) is not None:
+        while not self.done and (end := _END.search(buffer, start)) is not None:
             out.append(self._event(buffer[start:end.end()]))
             start = end.end()
-        self._pending = buffer[start:]
+        self._pending = buffer[start:] if not self.done else b""
         if len(self._pending) > MAX_EVENT:
             self._blind = True
             out.append(self._pending)
@@ -65,7 +66,8 @@ class RemoteAnswer:
 
     def end(self) -> bytes:
         """The answer has ended: what is left to send (a last event with no blank line after it)."""
-        self.total_s = time.perf_counter() - self.sent
+        if self.total_s is None:
+            self.total_s = time.perf_counter() - self.sent
         if not self.stream:
             self._counts(dict(_COUNTS.findall(self._tail)))
             return b""
@@ -81,16 +83,20 @@ class RemoteAnswer:
 
     def _event(self, event: bytes) -> bytes:
         """One complete event as the client gets it; what it says of content and usage noted."""
-        if b'"usage"' not in event and self.first_s is not None:
+        if b'"usage"' not in event and b"[DONE]" not in event and self.first_s is not None:
             return event
         lines = event.splitlines(keepends=True)
         data = [line for line in lines if line.startswith(b"data:")]
         if not data:  # a comment (": ping"), an event with no data
             return event
         text = b"".join(line[5:].removeprefix(b" ").rstrip(b"\r\n") + b"\n" for line in data).rstrip(b"\n")
+        if text.strip() == b"[DONE]":  # the stream's end (many clients close the connection once they read it)
+            self.done = True
+            self.total_s = time.perf_counter() - self.sent
+            return event
         try:
             doc = json.loads(text)
-        except ValueError:  # [DONE], or what the client will make of it
+        except ValueError:  # what the client will make of it
             return event
         if not isinstance(doc, dict):
             return event

@@ -38,6 +38,7 @@ CONNECT_S = 10.0  # to open a connection to an upstream
 READ_S = 600.0  # the longest an upstream may go without sending a byte (a whole answer's wait included)
 MAX_ERROR_BODY = 64 << 10  # bytes of an upstream's error body read for its message
 STREAMED = ("/v1/chat/completions", "/v1/completions")  # the routes whose streams serve asks the usage of
+DRAIN_S = 5.0  # how long an upstream's stream may take to end after its [DONE]
 
 
 @dataclass
@@ -89,6 +90,7 @@ class Upstreams:
     _client: Any = None
     _counter: Any = None
     _metrics: Any = None  # serve/metrics.py's Metrics: a remote answer's tokens and times, as a local one's
+    _draining: set[asyncio.Future[None]] = field(default_factory=set)  # streams read to their end after [DONE]
 
     def __post_init__(self) -> None:
         self.by_name, self.real, self.lanes = {}, {}, {}
@@ -353,6 +355,8 @@ class Upstreams:
                 out = answer.feed(data)
                 if out:
                     yield out
+                if answer.done:  # [DONE]: the client has the whole answer, and may close at once
+                    break
             ended = True
             rest = answer.end()
             if rest:
@@ -361,10 +365,15 @@ class Upstreams:
             gone.cancel()
             if piece is not None:
                 piece.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(response.aclose())
+            if answer.done and not response.is_closed:  # the upstream's last bytes read apart: its connection kept
+                drain = asyncio.ensure_future(_drained(pieces, response))
+                self._draining.add(drain)
+                drain.add_done_callback(self._draining.discard)
+            else:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(response.aclose())
             lane.leave()
-            if ended:
+            if ended or answer.done:
                 self._observe(model, answer)
 
     def _observe(self, model: str, answer: RemoteAnswer) -> None:
@@ -385,6 +394,18 @@ class Upstreams:
     def listing(self) -> list[tuple[str, Remote]]:
         """Every remote model, once, by the name names_of gives it, and its endpoint, in the order given."""
         return [(name, remote) for remote in self.remotes for name in self.names_of(remote)]
+
+
+async def _drained(pieces: AsyncIterator[bytes], response: Any) -> None:
+    """What an upstream sends after [DONE] (its body's end), read and dropped for DRAIN_S at most, then the
+    response closed: its connection goes back to the pool instead of being cut."""
+    with contextlib.suppress(BaseException):
+        try:
+            async with asyncio.timeout(DRAIN_S):
+                async for _ in pieces:
+                    pass
+        finally:
+            await response.aclose()
 
 
 async def _client_left(request: Request) -> None:
