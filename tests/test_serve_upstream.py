@@ -585,6 +585,10 @@ def test_what_stops_the_start(front_env: dict[str, str], upstream: Upstream) -> 
     r = cli("serve", "--port", port, "--endpoint", "fakebox", "--draft", "smollm2:135m", timeout=120)
     assert r.returncode == 2 and "--draft goes with a model loaded at start, and with --endpoint and no -m none is" \
         in r.stderr and "-m" in r.stderr
+    some_file = front_env["LOCALGEN_HOME"] + "/config/endpoints.toml"  # a file that exists: read no further
+    for flag in ("--mmproj", "--chat-template-file"):
+        r = cli("serve", "--port", port, "--endpoint", "fakebox", flag, some_file, timeout=120)
+        assert r.returncode == 2 and f"{flag} goes with a model loaded at start" in r.stderr, r.stderr
     r = cli("serve", "--port", port, "--endpoint-timeout", "5", timeout=120)
     assert r.returncode == 2 and "--endpoint-timeout goes with --endpoint" in r.stderr
     # a server that refuses the key it was sent (and repeats it): exit 1, the key nowhere in what serve says

@@ -154,7 +154,10 @@ class Upstreams:
                                 registry=metrics.registry)
 
     async def aclose(self) -> None:
-        """Close the connections (the app's shutdown)."""
+        """Close the connections (the app's shutdown), those still read to their end after [DONE] too."""
+        for drain in list(self._draining):
+            drain.cancel()
+        await asyncio.gather(*self._draining, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
             self._client = None
