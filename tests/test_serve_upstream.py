@@ -685,6 +685,10 @@ def test_a_real_localgen_serve_behind_the_front(real_front: Server, real: Server
     every = [json.loads(line) for line in _log(real_front).splitlines() if line.startswith("{")]  # completions too
     assert _metric(metrics, 'localgen_generated_tokens_total{model="smollm2:135m"}') == sum(
         d["completion_tokens"] or 0 for d in every if d["event"] == "request" and d.get("upstream"))
+    embedded = [d for d in every if d["event"] == "request" and d["path"] == "/v1/embeddings"]
+    assert embedded and embedded[0]["prompt_tokens"] > 0  # logged, and (as a local model's) not in the series:
+    assert _metric(metrics, 'localgen_prompt_tokens_total{model="smollm2:135m"}') == sum(
+        d["prompt_tokens"] for d in every if d["event"] == "request" and d.get("upstream") and d not in embedded)
 
 
 def test_a_name_served_here_stays_here_and_its_upstream_twin_is_reached_by_endpoint(cli_env: dict[str, str],

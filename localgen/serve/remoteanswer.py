@@ -32,6 +32,7 @@ class RemoteAnswer:
 
     stream: bool
     strip_usage: bool  # serve added stream_options.include_usage: the usage it brings is serve's, not the client's
+    generation: bool = True  # a completion's (its tokens go to /metrics' generation series), not embeddings'
     sent: float = field(default_factory=time.perf_counter)  # when the request was sent on
     first_s: float | None = None  # to the first event with content (a stream's)
     total_s: float | None = None  # to the answer's end

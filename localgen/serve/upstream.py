@@ -217,7 +217,8 @@ class Upstreams:
             raise
         status, handed = 499, False  # 499: cancelled (the client left, or the server stops)
         try:
-            answer = RemoteAnswer(stream=False, strip_usage=strip)  # its clock starts as the request is sent on
+            # its clock starts as the request is sent on
+            answer = RemoteAnswer(stream=False, strip_usage=strip, generation=suffix != ROUTES["/v1/embeddings"])
             response = await self._open(request, remote, suffix, content)
             status = response.status_code
             if status != 200:
@@ -386,7 +387,7 @@ class Upstreams:
         trace = TRACE.get()
         if trace is not None and tally is not None:
             trace.usage = tally
-        if self._metrics is not None:
+        if self._metrics is not None and answer.generation:  # as a local model's: embeddings count no tokens there
             self._metrics.remote(model, answer.prompt_tokens, answer.completion_tokens, answer.first_s,
                                  answer.total_s)
 
